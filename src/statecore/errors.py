@@ -1,0 +1,28 @@
+"""Exceptions raised by statecore. Every error a user can cause derives from :class:`StateError`."""
+
+
+class StateError(Exception):
+    """Base class of every statecore error."""
+
+
+class InvalidInputError(StateError, ValueError):
+    """Bad input to a state call: wrong Arrow type, null keys, mismatched lengths, out-of-range key
+    group. Raised before any state is modified."""
+
+
+class StateMigrationError(StateError):
+    """A state descriptor does not match the state restored under the same name (kind, key type,
+    namespace type or value type differ), as Flink's StateMigrationException."""
+
+
+class CheckpointError(StateError):
+    """Base class of checkpoint errors."""
+
+
+class CheckpointNotFoundError(CheckpointError, LookupError):
+    """The requested checkpoint version (or the checkpoint directory) does not exist."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint file is truncated, fails its xxhash64 checksum, cannot be decompressed, or is
+    missing although a manifest references it. The message names the file."""
