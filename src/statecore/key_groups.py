@@ -1,0 +1,448 @@
+"""Key-group assignment, key-group ranges and operator indexes (pure-Python reference).
+
+A key group is the unit of state partitioning and rescaling: every key maps to exactly one key
+group in ``[0, max_parallelism)``, and each operator instance (parallel task) owns one contiguous,
+inclusive :class:`KeyGroupRange`. Two assigners are provided:
+
+* ``"spark"`` (default of statecore): ``pmod(xxhash64(enc(key), seed=42) as signed int64, maxP)``,
+  bit-identical to Spark SQL's ``pmod(xxhash64(col), maxP)`` so that Spark can compute the key
+  group (and the owning partition) as a column before ``repartitionById``. Encodings follow Spark's
+  ``XxHash64Function``: int32 -> 4 bytes little-endian, int64 -> 8 bytes little-endian, string ->
+  UTF-8, binary -> raw bytes. Several columns chain: the hash of one column seeds the next.
+* ``"flink"``: ``murmurHash(key.hashCode()) % maxP`` as Flink's ``KeyGroupRangeAssignment`` with
+  Java hash codes of ``Integer``, ``Long`` and ``String`` (UTF-16 code units).
+
+Ranges and operator indexes follow Flink ``KeyGroupRangeAssignment`` exactly
+(see ``/work/shared/reference/flink-state.md``). Verified against ``tests/data/*.json``, which were
+produced by real Flink and Spark runs. The native extension implements the same functions; this
+module is the reference it is tested against.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import mmh3
+import numpy as np
+import xxhash
+
+from statecore.errors import InvalidInputError
+
+__all__ = [
+    "KEY_TYPES",
+    "ASSIGNERS",
+    "UPPER_BOUND_MAX_PARALLELISM",
+    "DEFAULT_LOWER_BOUND_MAX_PARALLELISM",
+    "SPARK_SEED",
+    "KeyGroupRange",
+    "xxh64",
+    "murmur3_32",
+    "spark_murmur3_32",
+    "flink_murmur_hash",
+    "java_hash_code",
+    "spark_key_bytes",
+    "spark_xxhash64",
+    "spark_hash",
+    "spark_key_group",
+    "flink_key_group",
+    "assign_key_group",
+    "assign_key_groups",
+    "compute_default_max_parallelism",
+    "check_max_parallelism",
+    "key_group_range_for_operator",
+    "operator_index_for_key_group",
+    "normalize_key_type",
+    "check_key",
+]
+
+KEY_TYPES = ("int32", "int64", "string", "binary")
+ASSIGNERS = ("spark", "flink")
+UPPER_BOUND_MAX_PARALLELISM = 1 << 15  # Flink Transformation.UPPER_BOUND_MAX_PARALLELISM
+DEFAULT_LOWER_BOUND_MAX_PARALLELISM = 1 << 7
+SPARK_SEED = 42  # seed of Spark SQL's hash() and xxhash64()
+
+_M32 = 0xFFFFFFFF
+_M64 = 0xFFFFFFFFFFFFFFFF
+_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+_KEY_TYPE_ALIASES = {
+    "int32": "int32", "int": "int32", "integer": "int32",
+    "int64": "int64", "long": "int64", "bigint": "int64",
+    "string": "string", "str": "string", "utf8": "string", "large_string": "string",
+    "binary": "binary", "bytes": "binary", "large_binary": "binary",
+}
+
+
+def _to_signed(v: int, bits: int) -> int:
+    return v - (1 << bits) if v >= (1 << (bits - 1)) else v
+
+
+def normalize_key_type(key_type) -> str:
+    """Return the canonical key type name (``int32``, ``int64``, ``string``, ``binary``).
+
+    Accepts those names, common aliases (``int``, ``long``, ``bigint``, ``str``, ``bytes``) and
+    pyarrow DataTypes (int32, int64, string/large_string, binary/large_binary).
+    Raises InvalidInputError for anything else.
+    """
+    if isinstance(key_type, str):
+        canon = _KEY_TYPE_ALIASES.get(key_type.lower())
+        if canon is not None:
+            return canon
+    else:
+        try:
+            import pyarrow as pa
+
+            if isinstance(key_type, pa.DataType):
+                canon = _KEY_TYPE_ALIASES.get(str(key_type))
+                if canon is not None:
+                    return canon
+        except ImportError:  # pragma: no cover - pyarrow is a hard dependency
+            pass
+    raise InvalidInputError(
+        f"unsupported key type {key_type!r}; expected one of {', '.join(KEY_TYPES)}"
+    )
+
+
+def check_key(key, key_type: str):
+    """Validate ``key`` against ``key_type`` and return it in canonical Python form.
+
+    int32/int64 -> ``int`` within range (numpy integers accepted, ``bool`` rejected);
+    string -> ``str``; binary -> ``bytes`` (bytearray/memoryview accepted).
+    Raises InvalidInputError for None, a wrong type or an out-of-range integer.
+    """
+    if key is None:
+        raise InvalidInputError("key must not be None")
+    if key_type in ("int32", "int64"):
+        if isinstance(key, (bool, np.bool_)) or not isinstance(key, (int, np.integer)):
+            raise InvalidInputError(
+                f"key {key!r} of type {type(key).__name__} does not match key type {key_type}"
+            )
+        k = int(key)
+        lo, hi = (_INT32_MIN, _INT32_MAX) if key_type == "int32" else (_INT64_MIN, _INT64_MAX)
+        if not lo <= k <= hi:
+            raise InvalidInputError(f"key {k} is out of range for key type {key_type}")
+        return k
+    if key_type == "string":
+        if not isinstance(key, str):
+            raise InvalidInputError(
+                f"key {key!r} of type {type(key).__name__} does not match key type string"
+            )
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidInputError(f"string key is not valid Unicode (lone surrogate?): {e}") from None
+        return key
+    if key_type == "binary":
+        if isinstance(key, (bytes, bytearray, memoryview)):
+            return bytes(key)
+        raise InvalidInputError(
+            f"key {key!r} of type {type(key).__name__} does not match key type binary"
+        )
+    raise InvalidInputError(f"unsupported key type {key_type!r}")
+
+
+# --------------------------------------------------------------------------- hash primitives
+
+def xxh64(data: bytes, seed: int) -> int:
+    """XXH64 of ``data`` with a 64-bit ``seed`` (signed or unsigned); returns the unsigned digest."""
+    return xxhash.xxh64_intdigest(bytes(data), seed=seed & _M64)
+
+
+def murmur3_32(data: bytes, seed: int) -> int:
+    """Standard MurmurHash3_x86_32 of ``data``; returns a signed int32 (as Java would)."""
+    return mmh3.hash(bytes(data), seed & _M32, signed=True)
+
+
+def _rotl32(x: int, r: int) -> int:
+    return ((x << r) | (x >> (32 - r))) & _M32
+
+
+def _mix_k1(k1: int) -> int:
+    k1 = (k1 * 0xCC9E2D51) & _M32
+    k1 = _rotl32(k1, 15)
+    return (k1 * 0x1B873593) & _M32
+
+
+def _mix_h1(h1: int, k1: int) -> int:
+    h1 ^= k1
+    h1 = _rotl32(h1, 13)
+    return (h1 * 5 + 0xE6546B64) & _M32
+
+
+def _fmix32(h1: int, length: int) -> int:
+    h1 ^= length
+    h1 ^= h1 >> 16
+    h1 = (h1 * 0x85EBCA6B) & _M32
+    h1 ^= h1 >> 13
+    h1 = (h1 * 0xC2B2AE35) & _M32
+    h1 ^= h1 >> 16
+    return h1
+
+
+def spark_murmur3_32(data: bytes, seed: int) -> int:
+    """Spark's ``Murmur3_x86_32.hashUnsafeBytes`` (used by Spark SQL ``hash()``), signed int32.
+
+    Differs from standard Murmur3 only when ``len(data) % 4 != 0``: each trailing byte is
+    sign-extended and mixed as a full block (Spark's historical variant). Provided so the
+    ``hash``/``repartition`` vectors of ``spark_hashes.json`` can be checked; statecore routes with
+    xxhash64, not with this.
+    """
+    data = bytes(data)
+    n = len(data)
+    aligned = n - n % 4
+    h1 = seed & _M32
+    for i in range(0, aligned, 4):
+        h1 = _mix_h1(h1, _mix_k1(int.from_bytes(data[i:i + 4], "little")))
+    for i in range(aligned, n):
+        b = data[i] - 256 if data[i] >= 128 else data[i]
+        h1 = _mix_h1(h1, _mix_k1(b & _M32))
+    return _to_signed(_fmix32(h1, n), 32)
+
+
+def flink_murmur_hash(code: int) -> int:
+    """Flink ``MathUtils.murmurHash(int)``: one Murmur3 block over the int32 ``code`` plus fmix,
+    made non-negative (``Integer.MIN_VALUE`` -> 0). ``code`` must fit in int32."""
+    code = operator.index(code)
+    if not _INT32_MIN <= code <= _INT32_MAX:
+        raise InvalidInputError(f"hash code {code} does not fit in int32")
+    raw = mmh3.hash(code.to_bytes(4, "little", signed=True), 0, signed=True)
+    if raw >= 0:
+        return raw
+    return 0 if raw == _INT32_MIN else -raw
+
+
+def java_hash_code(key, key_type: str) -> int:
+    """Java ``hashCode()`` of the boxed key: Integer -> value; Long -> ``(int)(v ^ (v >>> 32))``;
+    String -> ``s[0]*31^(n-1) + ... + s[n-1]`` over UTF-16 code units (int32 overflow);
+    binary -> ``java.util.Arrays.hashCode(byte[])`` (signed bytes, start value 1)."""
+    key_type = normalize_key_type(key_type)
+    key = check_key(key, key_type)
+    if key_type == "int32":
+        return key
+    if key_type == "int64":
+        u = key & _M64
+        return _to_signed((u ^ (u >> 32)) & _M32, 32)
+    if key_type == "string":
+        units = key.encode("utf-16-le", "surrogatepass")
+        h = 0
+        for i in range(0, len(units), 2):
+            h = (31 * h + (units[i] | (units[i + 1] << 8))) & _M32
+        return _to_signed(h, 32)
+    h = 1
+    for b in key:
+        h = (31 * h + (b - 256 if b >= 128 else b)) & _M32
+    return _to_signed(h, 32)
+
+
+def spark_key_bytes(key, key_type: str) -> bytes:
+    """Bytes Spark's xxhash64/hash feed to the hash for one column value (see module docstring)."""
+    key_type = normalize_key_type(key_type)
+    key = check_key(key, key_type)
+    if key_type == "int32":
+        return key.to_bytes(4, "little", signed=True)
+    if key_type == "int64":
+        return key.to_bytes(8, "little", signed=True)
+    if key_type == "string":
+        return key.encode("utf-8")
+    return key
+
+
+def spark_xxhash64(values: Sequence, types: Sequence[str], seed: int = SPARK_SEED) -> int:
+    """Spark SQL ``xxhash64(c1, c2, ...)``: signed int64; each column's hash seeds the next."""
+    if len(values) != len(types):
+        raise InvalidInputError("values and types must have the same length")
+    h = seed
+    for v, t in zip(values, types):
+        h = _to_signed(xxh64(spark_key_bytes(v, t), h), 64)
+    return h
+
+
+def spark_hash(values: Sequence, types: Sequence[str], seed: int = SPARK_SEED) -> int:
+    """Spark SQL ``hash(c1, c2, ...)`` (Murmur3 Spark variant): signed int32, chained seeds."""
+    if len(values) != len(types):
+        raise InvalidInputError("values and types must have the same length")
+    h = seed
+    for v, t in zip(values, types):
+        h = spark_murmur3_32(spark_key_bytes(v, t), h)
+    return h
+
+
+def check_max_parallelism(max_parallelism) -> int:
+    """Validate ``0 < max_parallelism <= 32768`` (Flink's bound) and return it as int."""
+    if isinstance(max_parallelism, bool) or not isinstance(max_parallelism, (int, np.integer)):
+        raise InvalidInputError(f"max_parallelism must be an int, got {max_parallelism!r}")
+    mp = int(max_parallelism)
+    if not 0 < mp <= UPPER_BOUND_MAX_PARALLELISM:
+        raise InvalidInputError(
+            f"max_parallelism must be in [1, {UPPER_BOUND_MAX_PARALLELISM}], got {mp}"
+        )
+    return mp
+
+
+def spark_key_group(key, key_type: str, max_parallelism: int) -> int:
+    """Spark-compatible key group: ``pmod(xxhash64(key), max_parallelism)`` (int in [0, maxP))."""
+    mp = check_max_parallelism(max_parallelism)
+    return spark_xxhash64((key,), (key_type,)) % mp  # Python % on a positive modulus == pmod
+
+
+def flink_key_group(key, key_type: str, max_parallelism: int) -> int:
+    """Flink ``KeyGroupRangeAssignment.assignToKeyGroup``: ``murmurHash(hashCode) % maxP``."""
+    mp = check_max_parallelism(max_parallelism)
+    return flink_murmur_hash(java_hash_code(key, key_type)) % mp
+
+
+def assign_key_group(key, key_type: str, max_parallelism: int, assigner: str = "spark") -> int:
+    """Key group of ``key`` under ``assigner`` ("spark" or "flink"). Raises InvalidInputError."""
+    if assigner == "spark":
+        return spark_key_group(key, key_type, max_parallelism)
+    if assigner == "flink":
+        return flink_key_group(key, key_type, max_parallelism)
+    raise InvalidInputError(f"unknown assigner {assigner!r}; expected 'spark' or 'flink'")
+
+
+def assign_key_groups(keys, key_type: str, max_parallelism: int, assigner: str = "spark") -> np.ndarray:
+    """Key groups of every element of ``keys`` (pa.Array/ChunkedArray or Python sequence) as a
+    numpy int32 array of the same length. Nulls raise InvalidInputError. (Row-by-row reference
+    implementation; the native extension provides the fast path.)"""
+    if hasattr(keys, "to_pylist"):
+        keys = keys.to_pylist()
+    out = np.empty(len(keys), dtype=np.int32)
+    for i, k in enumerate(keys):
+        if k is None:
+            raise InvalidInputError(f"null key at row {i}")
+        out[i] = assign_key_group(k, key_type, max_parallelism, assigner)
+    return out
+
+
+# --------------------------------------------------------------------------- ranges
+
+def compute_default_max_parallelism(parallelism: int) -> int:
+    """Flink ``computeDefaultMaxParallelism``:
+    ``min(max(roundUpToPowerOfTwo(p + p // 2), 128), 32768)`` for ``0 < p <= 32768``."""
+    if isinstance(parallelism, bool) or not isinstance(parallelism, (int, np.integer)):
+        raise InvalidInputError(f"parallelism must be an int, got {parallelism!r}")
+    p = int(parallelism)
+    if not 0 < p <= UPPER_BOUND_MAX_PARALLELISM:
+        raise InvalidInputError(
+            f"parallelism must be in [1, {UPPER_BOUND_MAX_PARALLELISM}], got {p}"
+        )
+    x = p + p // 2
+    pow2 = 1 << (x - 1).bit_length()
+    return min(max(pow2, DEFAULT_LOWER_BOUND_MAX_PARALLELISM), UPPER_BOUND_MAX_PARALLELISM)
+
+
+def _check_parallelism(max_parallelism: int, parallelism: int) -> tuple[int, int]:
+    mp = check_max_parallelism(max_parallelism)
+    if isinstance(parallelism, bool) or not isinstance(parallelism, (int, np.integer)):
+        raise InvalidInputError(f"parallelism must be an int, got {parallelism!r}")
+    p = int(parallelism)
+    if not 0 < p <= mp:
+        raise InvalidInputError(
+            f"parallelism must be in [1, max_parallelism={mp}], got {p}"
+        )
+    return mp, p
+
+
+@dataclass(frozen=True)
+class KeyGroupRange:
+    """Inclusive range ``[start, end]`` of key groups (Flink ``KeyGroupRange``).
+
+    ``KeyGroupRange.EMPTY`` is ``(0, -1)``. Otherwise ``0 <= start <= end`` is required
+    (InvalidInputError). Supports ``len``, iteration, ``in`` and :meth:`intersection`.
+    """
+
+    start: int
+    end: int
+
+    def __post_init__(self):
+        for v in (self.start, self.end):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise InvalidInputError(f"key-group range bounds must be ints, got {v!r}")
+        object.__setattr__(self, "start", int(self.start))
+        object.__setattr__(self, "end", int(self.end))
+        if (self.start, self.end) == (0, -1):
+            return
+        if self.start < 0 or self.end < self.start:
+            raise InvalidInputError(
+                f"invalid key-group range [{self.start}, {self.end}]: need 0 <= start <= end"
+            )
+
+    @classmethod
+    def of(cls, spec) -> "KeyGroupRange":
+        """Build from a KeyGroupRange or a ``(start, end)`` pair (inclusive)."""
+        if isinstance(spec, KeyGroupRange):
+            return spec
+        try:
+            start, end = spec
+        except (TypeError, ValueError):
+            raise InvalidInputError(
+                f"key_group_range must be a KeyGroupRange or (start, end), got {spec!r}"
+            ) from None
+        return cls(start, end)
+
+    @classmethod
+    def all(cls, max_parallelism: int) -> "KeyGroupRange":
+        """The full range ``[0, max_parallelism - 1]``."""
+        return cls(0, check_max_parallelism(max_parallelism) - 1)
+
+    @property
+    def number_of_key_groups(self) -> int:
+        return self.end - self.start + 1
+
+    def __len__(self) -> int:
+        return self.end - self.start + 1
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.start, self.end + 1))
+
+    def __contains__(self, key_group) -> bool:
+        return isinstance(key_group, (int, np.integer)) and self.start <= key_group <= self.end
+
+    def contains(self, key_group: int) -> bool:
+        return key_group in self
+
+    def is_empty(self) -> bool:
+        return self.end < self.start
+
+    def intersection(self, other: "KeyGroupRange") -> "KeyGroupRange":
+        """The key groups in both ranges; EMPTY when they do not overlap."""
+        other = KeyGroupRange.of(other)
+        s, e = max(self.start, other.start), min(self.end, other.end)
+        return KeyGroupRange(s, e) if s <= e else KeyGroupRange.EMPTY
+
+    def to_tuple(self) -> tuple[int, int]:
+        return (self.start, self.end)
+
+    def __repr__(self) -> str:
+        return f"KeyGroupRange({self.start}, {self.end})"
+
+
+KeyGroupRange.EMPTY = KeyGroupRange(0, -1)
+
+
+def key_group_range_for_operator(max_parallelism: int, parallelism: int, operator_index: int) -> KeyGroupRange:
+    """Flink ``computeKeyGroupRangeForOperatorIndex``:
+    ``[(i*maxP + p - 1) // p, ((i+1)*maxP - 1) // p]``. Requires ``0 < p <= maxP <= 32768`` and
+    ``0 <= i < p`` (InvalidInputError otherwise)."""
+    mp, p = _check_parallelism(max_parallelism, parallelism)
+    if isinstance(operator_index, bool) or not isinstance(operator_index, (int, np.integer)):
+        raise InvalidInputError(f"operator index must be an int, got {operator_index!r}")
+    i = int(operator_index)
+    if not 0 <= i < p:
+        raise InvalidInputError(f"operator index must be in [0, {p - 1}], got {i}")
+    return KeyGroupRange((i * mp + p - 1) // p, ((i + 1) * mp - 1) // p)
+
+
+def operator_index_for_key_group(max_parallelism: int, parallelism: int, key_group: int) -> int:
+    """Flink ``computeOperatorIndexForKeyGroup``: ``kg * p // maxP``. Requires
+    ``0 <= kg < maxP`` and ``0 < p <= maxP`` (InvalidInputError otherwise)."""
+    mp, p = _check_parallelism(max_parallelism, parallelism)
+    if isinstance(key_group, bool) or not isinstance(key_group, (int, np.integer)):
+        raise InvalidInputError(f"key group must be an int, got {key_group!r}")
+    kg = int(key_group)
+    if not 0 <= kg < mp:
+        raise InvalidInputError(f"key group must be in [0, {mp - 1}], got {kg}")
+    return kg * p // mp
