@@ -1,0 +1,574 @@
+"""Value / key serializers and the key codec (pure-Python reference of docs/architecture.md).
+
+Two families of serializers, both selected by a type name (or a pyarrow DataType):
+
+* Value serializers (:func:`value_serializer`): how a state value is stored.
+  ``int64``/``float64`` 8 bytes little-endian, ``int32`` 4 bytes LE, ``bool`` 1 byte,
+  ``string`` UTF-8, ``binary`` raw, ``pickle`` ``pickle.dumps(obj, protocol=5)``.
+* Key serializers (:func:`key_serializer`): how a key, namespace or map user key is written in an
+  encoded key, after Flink's ``IntSerializer``/``LongSerializer``/``StringSerializer``:
+  ``int32``/``int64`` big-endian two's complement, ``string``/``binary``
+  ``varlen(len + 1) | bytes``, ``void`` (VoidNamespace) one byte ``00``, ``pickle`` (map user keys
+  only) as binary over ``pickle.dumps(obj, protocol=5)``.
+
+The encoded key is Flink's ``SerializedCompositeKeyBuilder`` layout::
+
+    prefix | ser(key) [| lenbytes] | ser(namespace) [| lenbytes] [| ser(user_key)]
+
+with a 1-byte key-group prefix when max_parallelism <= 128, else 2 bytes big-endian, and the two
+``lenbytes`` (Flink ``writeVariableIntBytes``) only when both key and namespace serializers are
+variable-length. Blobs: list state (fixed-width elements concatenated, variable ones
+``varlen(len) | bytes`` each), map state (``varlen(len(ser_uk)) | ser_uk | varlen(len(ser_uv)) |
+ser_uv`` pairs sorted by ``ser_uk`` bytes, where ``ser_uk`` is the user-KEY serializer form and
+``ser_uv`` the value serializer form), timers (``prefix | ts big-endian with sign bit flipped |
+ser(key) | ser(namespace)``).
+
+Every function raises :class:`statecore.errors.InvalidInputError` on bad input or malformed bytes.
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from typing import Any, Iterable
+
+import numpy as np
+import pyarrow as pa
+
+from statecore.errors import InvalidInputError
+
+__all__ = [
+    "VALUE_TYPES",
+    "KEY_SERIALIZER_TYPES",
+    "NAMESPACE_TYPES",
+    "ValueSerializer",
+    "KeySerializer",
+    "normalize_value_type",
+    "value_serializer",
+    "key_serializer",
+    "is_fixed_width",
+    "write_varlen",
+    "read_varlen",
+    "len_bytes",
+    "key_group_prefix",
+    "read_key_group_prefix",
+    "encode_key",
+    "decode_key",
+    "encode_list",
+    "decode_list",
+    "encode_map",
+    "encode_map_serialized",
+    "decode_map",
+    "encode_timer_key",
+    "decode_timer_key",
+]
+
+PICKLE_PROTOCOL = 5
+VALUE_TYPES = ("int32", "int64", "float64", "bool", "string", "binary", "pickle")
+KEY_SERIALIZER_TYPES = ("int32", "int64", "string", "binary", "void", "pickle")
+NAMESPACE_TYPES = ("void", "int32", "int64", "string", "binary")
+
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+_ALIASES = {
+    "int32": "int32", "int": "int32", "integer": "int32",
+    "int64": "int64", "long": "int64", "bigint": "int64",
+    "float64": "float64", "double": "float64", "float": "float64",
+    "bool": "bool", "boolean": "bool",
+    "string": "string", "str": "string", "utf8": "string", "large_string": "string",
+    "binary": "binary", "bytes": "binary", "large_binary": "binary",
+    "pickle": "pickle", "object": "pickle",
+    "void": "void",
+}
+
+
+def _canonical(type_, allowed: Iterable[str], what: str) -> str:
+    name = None
+    if isinstance(type_, str):
+        name = _ALIASES.get(type_.lower())
+    elif isinstance(type_, pa.DataType):
+        name = _ALIASES.get(str(type_))
+    allowed = tuple(allowed)
+    if name is None or name not in allowed:
+        raise InvalidInputError(
+            f"unsupported {what} type {type_!r}; expected one of {', '.join(allowed)} "
+            "(or the matching pyarrow DataType)"
+        )
+    return name
+
+
+def normalize_value_type(type_) -> str:
+    """Canonical value type name for a name/alias or pyarrow DataType (InvalidInputError else)."""
+    return _canonical(type_, VALUE_TYPES, "value")
+
+
+# --------------------------------------------------------------------------- varints
+
+def write_varlen(n: int) -> bytes:
+    """Unsigned LEB128-style varint: 7-bit groups, low group first, high bit = more follows
+    (Flink ``StringValue`` length encoding)."""
+    if n < 0:
+        raise InvalidInputError(f"varlen of a negative number {n}")
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def read_varlen(buf: bytes, pos: int) -> tuple[int, int]:
+    """Read a :func:`write_varlen` number at ``pos``; returns ``(value, next_pos)``."""
+    n = 0
+    shift = 0
+    while True:
+        if pos >= len(buf):
+            raise InvalidInputError("truncated varlen")
+        b = buf[pos]
+        pos += 1
+        n |= (b & 0x7F) << shift
+        if b < 0x80:
+            return n, pos
+        shift += 7
+        if shift > 63:
+            raise InvalidInputError("varlen longer than 64 bits")
+
+
+def len_bytes(n: int) -> bytes:
+    """Flink ``CompositeKeySerializationUtils.writeVariableIntBytes``: the low byte of ``n``, then
+    ``n >>>= 8``, repeated while ``n != 0`` (6 -> ``06``, 300 -> ``2c 01``, 0 -> ``00``)."""
+    out = bytearray()
+    while True:
+        out.append(n & 0xFF)
+        n >>= 8
+        if n == 0:
+            return bytes(out)
+
+
+# --------------------------------------------------------------------------- value serializers
+
+class ValueSerializer:
+    """Serializer of a state value type (see module docstring for the byte layout).
+
+    Attributes: ``name`` (canonical type name), ``fixed_width`` (bytes, or None when variable),
+    ``arrow_type`` (pa.DataType used by the batch API, None for pickle).
+    """
+
+    def __init__(self, name: str):
+        self.name = name
+        self.fixed_width = {"int32": 4, "int64": 8, "float64": 8, "bool": 1}.get(name)
+        self.arrow_type = {
+            "int32": pa.int32(), "int64": pa.int64(), "float64": pa.float64(),
+            "bool": pa.bool_(), "string": pa.string(), "binary": pa.binary(),
+        }.get(name)
+
+    def __repr__(self):
+        return f"ValueSerializer({self.name!r})"
+
+    def check(self, v: Any) -> Any:
+        """Validate ``v`` and return its canonical Python form: int for int32/int64, float for
+        float64, bool, str, bytes; pickle values (None included) are returned as is. None is
+        rejected for every other type."""
+        n = self.name
+        if v is None and n != "pickle":
+            raise InvalidInputError(f"None is not a valid {n} value")
+        if n in ("int32", "int64"):
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+                raise InvalidInputError(f"value {v!r} of type {type(v).__name__} is not an {n}")
+            lo, hi = _INT32 if n == "int32" else _INT64
+            if not lo <= int(v) <= hi:
+                raise InvalidInputError(f"value {int(v)} overflows {n}")
+            return int(v)
+        if n == "float64":
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+                raise InvalidInputError(f"value {v!r} of type {type(v).__name__} is not a float64")
+            try:
+                return float(v)
+            except OverflowError:
+                raise InvalidInputError(f"value {v!r} does not fit in float64") from None
+        if n == "bool":
+            if not isinstance(v, (bool, np.bool_)):
+                raise InvalidInputError(f"value {v!r} of type {type(v).__name__} is not a bool")
+            return bool(v)
+        if n == "string":
+            if not isinstance(v, str):
+                raise InvalidInputError(f"value {v!r} of type {type(v).__name__} is not a string")
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise InvalidInputError(f"string value is not valid Unicode: {e}") from None
+            return v
+        if n == "binary":
+            if not isinstance(v, (bytes, bytearray, memoryview)):
+                raise InvalidInputError(f"value {v!r} of type {type(v).__name__} is not binary")
+            return bytes(v)
+        return v
+
+    def serialize(self, v: Any) -> bytes:
+        """Bytes of ``v`` (validated with :meth:`check`)."""
+        v = self.check(v)
+        n = self.name
+        if n == "int64":
+            return struct.pack("<q", v)
+        if n == "int32":
+            return struct.pack("<i", v)
+        if n == "float64":
+            return struct.pack("<d", v)
+        if n == "bool":
+            return b"\x01" if v else b"\x00"
+        if n == "string":
+            return v.encode("utf-8")
+        if n == "binary":
+            return v
+        try:
+            return pickle.dumps(v, protocol=PICKLE_PROTOCOL)
+        except Exception as e:  # pickling errors have many types
+            raise InvalidInputError(f"value of type {type(v).__name__} cannot be pickled: {e}") from e
+
+    def deserialize(self, b) -> Any:
+        """Inverse of :meth:`serialize`. Raises InvalidInputError on a wrong length."""
+        b = bytes(b)
+        n = self.name
+        if self.fixed_width is not None and len(b) != self.fixed_width:
+            raise InvalidInputError(f"{n} value must be {self.fixed_width} bytes, got {len(b)}")
+        if n == "int64":
+            return struct.unpack("<q", b)[0]
+        if n == "int32":
+            return struct.unpack("<i", b)[0]
+        if n == "float64":
+            return struct.unpack("<d", b)[0]
+        if n == "bool":
+            return b != b"\x00"
+        if n == "string":
+            try:
+                return b.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise InvalidInputError(f"malformed UTF-8 string value: {e}") from None
+        if n == "binary":
+            return b
+        try:
+            return pickle.loads(b)
+        except Exception as e:
+            raise InvalidInputError(f"malformed pickled value: {e}") from e
+
+
+# --------------------------------------------------------------------------- key serializers
+
+class KeySerializer:
+    """Serializer of keys, namespaces and map user keys inside encoded keys (module docstring).
+
+    ``fixed_width`` is the byte width (int32 4, int64 8, void 1) or None for variable-length
+    serializers (string, binary, pickle), which carry their own ``varlen(len + 1)`` length.
+    """
+
+    def __init__(self, name: str):
+        self.name = name
+        self.fixed_width = {"int32": 4, "int64": 8, "void": 1}.get(name)
+
+    def __repr__(self):
+        return f"KeySerializer({self.name!r})"
+
+    def check(self, v: Any) -> Any:
+        """Validate and canonicalize; ``void`` accepts only None, the others reject None."""
+        n = self.name
+        if n == "void":
+            if v is not None:
+                raise InvalidInputError(f"the void namespace accepts only None, got {v!r}")
+            return None
+        if n == "pickle":
+            return v
+        if v is None:
+            raise InvalidInputError(f"None is not a valid {n} key/namespace")
+        if n in ("int32", "int64"):
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+                raise InvalidInputError(f"{v!r} of type {type(v).__name__} is not an {n}")
+            lo, hi = _INT32 if n == "int32" else _INT64
+            if not lo <= int(v) <= hi:
+                raise InvalidInputError(f"{int(v)} is out of range for {n}")
+            return int(v)
+        if n == "string":
+            if not isinstance(v, str):
+                raise InvalidInputError(f"{v!r} of type {type(v).__name__} is not a string")
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise InvalidInputError(f"string is not valid Unicode: {e}") from None
+            return v
+        if not isinstance(v, (bytes, bytearray, memoryview)):
+            raise InvalidInputError(f"{v!r} of type {type(v).__name__} is not binary")
+        return bytes(v)
+
+    def serialize(self, v: Any) -> bytes:
+        v = self.check(v)
+        n = self.name
+        if n == "void":
+            return b"\x00"
+        if n == "int32":
+            return struct.pack(">i", v)
+        if n == "int64":
+            return struct.pack(">q", v)
+        if n == "string":
+            raw = v.encode("utf-8")
+        elif n == "binary":
+            raw = v
+        else:
+            try:
+                raw = pickle.dumps(v, protocol=PICKLE_PROTOCOL)
+            except Exception as e:
+                raise InvalidInputError(f"user key of type {type(v).__name__} cannot be pickled: {e}") from e
+        return write_varlen(len(raw) + 1) + raw
+
+    def read(self, buf: bytes, pos: int) -> tuple[Any, int]:
+        """Decode one value at ``pos``; returns ``(value, next_pos)``."""
+        n = self.name
+        w = self.fixed_width
+        if w is not None:
+            if pos + w > len(buf):
+                raise InvalidInputError(f"truncated {n} in encoded key")
+            chunk = buf[pos:pos + w]
+            if n == "void":
+                if chunk != b"\x00":
+                    raise InvalidInputError("void namespace byte must be 00")
+                return None, pos + 1
+            return struct.unpack(">i" if n == "int32" else ">q", chunk)[0], pos + w
+        ln, pos = read_varlen(buf, pos)
+        if ln == 0:
+            raise InvalidInputError(f"null {n} (length 0) in encoded key")
+        end = pos + ln - 1
+        if end > len(buf):
+            raise InvalidInputError(f"truncated {n} in encoded key")
+        raw = bytes(buf[pos:end])
+        if n == "string":
+            try:
+                return raw.decode("utf-8"), end
+            except UnicodeDecodeError as e:
+                raise InvalidInputError(f"malformed UTF-8 in encoded key: {e}") from None
+        if n == "binary":
+            return raw, end
+        try:
+            return pickle.loads(raw), end
+        except Exception as e:
+            raise InvalidInputError(f"malformed pickled user key: {e}") from e
+
+    def deserialize(self, b) -> Any:
+        """Decode a whole buffer holding exactly one value."""
+        b = bytes(b)
+        v, pos = self.read(b, 0)
+        if pos != len(b):
+            raise InvalidInputError(f"{len(b) - pos} trailing bytes after {self.name}")
+        return v
+
+
+_VALUE_SERS = {n: ValueSerializer(n) for n in VALUE_TYPES}
+_KEY_SERS = {n: KeySerializer(n) for n in KEY_SERIALIZER_TYPES}
+
+
+def value_serializer(type_) -> ValueSerializer:
+    """The (shared, stateless) value serializer of a value type name or pyarrow DataType."""
+    if isinstance(type_, ValueSerializer):
+        return type_
+    return _VALUE_SERS[normalize_value_type(type_)]
+
+
+def key_serializer(type_) -> KeySerializer:
+    """The (shared, stateless) key serializer of int32/int64/string/binary/void/pickle."""
+    if isinstance(type_, KeySerializer):
+        return type_
+    return _KEY_SERS[_canonical(type_, KEY_SERIALIZER_TYPES, "key/namespace")]
+
+
+def is_fixed_width(ser) -> bool:
+    """True when every serialized value of ``ser`` (a serializer or type name) has one width."""
+    if isinstance(ser, (ValueSerializer, KeySerializer)):
+        return ser.fixed_width is not None
+    try:
+        return key_serializer(ser).fixed_width is not None
+    except InvalidInputError:
+        return value_serializer(ser).fixed_width is not None
+
+
+# --------------------------------------------------------------------------- encoded keys
+
+def key_group_prefix(key_group: int, max_parallelism: int) -> bytes:
+    """1 byte when max_parallelism <= 128, else 2 bytes big-endian (Flink
+    ``CompositeKeySerializationUtils.computeRequiredBytesInKeyGroupPrefix``)."""
+    if not 0 < max_parallelism <= 32768:
+        raise InvalidInputError(f"max_parallelism must be in [1, 32768], got {max_parallelism}")
+    if not 0 <= key_group < max_parallelism:
+        raise InvalidInputError(f"key group {key_group} outside [0, {max_parallelism - 1}]")
+    return key_group.to_bytes(1 if max_parallelism <= 128 else 2, "big")
+
+
+def read_key_group_prefix(data: bytes, max_parallelism: int) -> tuple[int, int]:
+    """Key group of an encoded key and the offset after its prefix."""
+    w = 1 if max_parallelism <= 128 else 2
+    if len(data) < w:
+        raise InvalidInputError("encoded key shorter than its key-group prefix")
+    kg = int.from_bytes(data[:w], "big")
+    if kg >= max_parallelism:
+        raise InvalidInputError(f"encoded key group {kg} >= max_parallelism {max_parallelism}")
+    return kg, w
+
+
+def encode_key(key_group: int, max_parallelism: int, key, key_ser, namespace, ns_ser,
+               user_key=None, user_key_ser=None) -> bytes:
+    """Encoded key ``prefix | ser(key) [| lenbytes] | ser(ns) [| lenbytes] [| ser(user_key)]``.
+
+    ``key_ser``/``ns_ser``/``user_key_ser`` are KeySerializers or type names. The user key is
+    appended only when ``user_key_ser`` is given. Raises InvalidInputError on bad input.
+    """
+    ks = key_serializer(key_ser)
+    ns = key_serializer(ns_ser)
+    kb = ks.serialize(key)
+    nb = ns.serialize(namespace)
+    parts = [key_group_prefix(key_group, max_parallelism), kb]
+    ambiguous = ks.fixed_width is None and ns.fixed_width is None
+    if ambiguous:
+        parts.append(len_bytes(len(kb)))
+    parts.append(nb)
+    if ambiguous:
+        parts.append(len_bytes(len(nb)))
+    if user_key_ser is not None:
+        parts.append(key_serializer(user_key_ser).serialize(user_key))
+    return b"".join(parts)
+
+
+def decode_key(data, max_parallelism: int, key_ser, ns_ser, user_key_ser=None):
+    """Inverse of :func:`encode_key`: ``(key_group, key, namespace, user_key)`` (user_key is None
+    when ``user_key_ser`` is None). Raises InvalidInputError on malformed or trailing bytes."""
+    data = bytes(data)
+    ks = key_serializer(key_ser)
+    ns = key_serializer(ns_ser)
+    kg, pos = read_key_group_prefix(data, max_parallelism)
+    ambiguous = ks.fixed_width is None and ns.fixed_width is None
+    start = pos
+    key, pos = ks.read(data, pos)
+    if ambiguous:
+        pos = _expect(data, pos, len_bytes(pos - start))
+    start = pos
+    namespace, pos = ns.read(data, pos)
+    if ambiguous:
+        pos = _expect(data, pos, len_bytes(pos - start))
+    user_key = None
+    if user_key_ser is not None:
+        user_key, pos = key_serializer(user_key_ser).read(data, pos)
+    if pos != len(data):
+        raise InvalidInputError(f"{len(data) - pos} trailing bytes in encoded key {data.hex()}")
+    return kg, key, namespace, user_key
+
+
+def _expect(data: bytes, pos: int, expected: bytes) -> int:
+    if data[pos:pos + len(expected)] != expected:
+        raise InvalidInputError(f"bad length bytes in encoded key {data.hex()} at offset {pos}")
+    return pos + len(expected)
+
+
+# --------------------------------------------------------------------------- blobs
+
+def encode_list(elements: Iterable, element_ser) -> bytes:
+    """List-state blob: fixed-width elements concatenated; variable ones ``varlen(len) | bytes``."""
+    s = value_serializer(element_ser)
+    if s.fixed_width is not None:
+        return b"".join(s.serialize(e) for e in elements)
+    out = []
+    for e in elements:
+        b = s.serialize(e)
+        out.append(write_varlen(len(b)))
+        out.append(b)
+    return b"".join(out)
+
+
+def decode_list(blob, element_ser) -> list:
+    """Inverse of :func:`encode_list`."""
+    s = value_serializer(element_ser)
+    blob = bytes(blob)
+    w = s.fixed_width
+    if w is not None:
+        if len(blob) % w:
+            raise InvalidInputError(f"list blob of {len(blob)} bytes is not a multiple of {w}")
+        return [s.deserialize(blob[i:i + w]) for i in range(0, len(blob), w)]
+    out = []
+    pos = 0
+    while pos < len(blob):
+        n, pos = read_varlen(blob, pos)
+        if pos + n > len(blob):
+            raise InvalidInputError("truncated list element")
+        out.append(s.deserialize(blob[pos:pos + n]))
+        pos += n
+    return out
+
+
+def encode_map_serialized(pairs: dict) -> bytes:
+    """Map-state blob from already serialized ``{ser_uk: ser_uv}`` (sorted by ser_uk bytes)."""
+    out = []
+    for kb in sorted(pairs):
+        vb = pairs[kb]
+        out += [write_varlen(len(kb)), kb, write_varlen(len(vb)), vb]
+    return b"".join(out)
+
+
+def encode_map(items: Iterable, user_key_ser, user_value_ser) -> bytes:
+    """Map-state blob of ``(user_key, user_value)`` pairs (or a dict). A user key given twice keeps
+    the last value. ``user_key_ser`` is a key-serializer type, ``user_value_ser`` a value type."""
+    ks = key_serializer(user_key_ser)
+    vs = value_serializer(user_value_ser)
+    if isinstance(items, dict):
+        items = items.items()
+    return encode_map_serialized({ks.serialize(k): vs.serialize(v) for k, v in items})
+
+
+def decode_map(blob, user_key_ser, user_value_ser, raw: bool = False) -> list:
+    """Inverse of :func:`encode_map`: list of ``(user_key, user_value)`` in blob order; with
+    ``raw=True`` the serialized ``(ser_uk, ser_uv)`` byte pairs instead."""
+    ks = key_serializer(user_key_ser)
+    vs = value_serializer(user_value_ser)
+    blob = bytes(blob)
+    out = []
+    pos = 0
+    while pos < len(blob):
+        n, pos = read_varlen(blob, pos)
+        kb = blob[pos:pos + n]
+        pos += n
+        if pos > len(blob):
+            raise InvalidInputError("truncated map blob")
+        m, pos = read_varlen(blob, pos)
+        vb = blob[pos:pos + m]
+        pos += m
+        if pos > len(blob):
+            raise InvalidInputError("truncated map blob")
+        out.append((kb, vb) if raw else (ks.deserialize(kb), vs.deserialize(vb)))
+    return out
+
+
+# --------------------------------------------------------------------------- timers
+
+def encode_timer_key(key_group: int, max_parallelism: int, timestamp: int, key, key_ser,
+                     namespace, ns_ser) -> bytes:
+    """Timer key ``prefix | (ts ^ 1<<63) as 8 bytes big-endian | ser(key) | ser(namespace)``:
+    sorting encoded timer keys orders them by timestamp within a key group."""
+    if isinstance(timestamp, (bool, np.bool_)) or not isinstance(timestamp, (int, np.integer)):
+        raise InvalidInputError(f"timer timestamp must be an int (ms), got {timestamp!r}")
+    ts = int(timestamp)
+    if not _INT64[0] <= ts <= _INT64[1]:
+        raise InvalidInputError(f"timer timestamp {ts} does not fit in int64")
+    return b"".join((
+        key_group_prefix(key_group, max_parallelism),
+        ((ts + (1 << 63)) & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "big"),
+        key_serializer(key_ser).serialize(key),
+        key_serializer(ns_ser).serialize(namespace),
+    ))
+
+
+def decode_timer_key(data, max_parallelism: int, key_ser, ns_ser):
+    """Inverse of :func:`encode_timer_key`: ``(key_group, timestamp, key, namespace)``."""
+    data = bytes(data)
+    kg, pos = read_key_group_prefix(data, max_parallelism)
+    if len(data) < pos + 8:
+        raise InvalidInputError("truncated timer timestamp")
+    ts = int.from_bytes(data[pos:pos + 8], "big") - (1 << 63)
+    key, pos = key_serializer(key_ser).read(data, pos + 8)
+    ns, pos = key_serializer(ns_ser).read(data, pos)
+    if pos != len(data):
+        raise InvalidInputError(f"{len(data) - pos} trailing bytes in timer key {data.hex()}")
+    return kg, ts, key, ns
