@@ -1,0 +1,582 @@
+"""statecore checkpoint data file format, version 1 (``.sckp``).
+
+One data file holds the snapshot of one writer (one Spark task / one backend) for one checkpoint
+version: every state of the snapshot, for every key group of the writer's key-group range. It is
+written sequentially (so it can be streamed to an object store) and read with ranged reads (so a
+restore fetches only the byte ranges of the key groups it owns), after the layout of Flink's
+key-group-partitioned heap snapshots (``KeyGroupRangeOffsets``) and of Parquet's footer + trailer.
+
+Specification
+=============
+
+All integers are unsigned little-endian unless stated. ``xxh64(b)`` is XXH64 with seed 0 (the
+``xxhash`` package, ``xxhash.xxh64_intdigest``). Offsets and lengths are in bytes from the start
+of the file.
+
+File::
+
+    header   8 bytes   MAGIC = b"SCKGDAT1"
+    blocks   block 0 | block 1 | ... | block N-1      (contiguous, no gaps)
+    footer   footer_length bytes
+    trailer  48 bytes
+
+Order of blocks: by key group ascending, then by state in the order of the footer's ``states``
+list, then by encoded key ascending (byte-wise). The blocks of one (state, key group) are
+contiguous and never hold entries of another key group or state. So the blocks of one key group
+(all states) are one contiguous byte range, and so are those of a run of key groups.
+
+Block (stored bytes): ``lz4.block.compress(payload, store_size=False)`` (LZ4 block format,
+default mode; the uncompressed size is kept in the block table, not in the block). The block's
+checksum is ``xxh64(stored bytes)``. Payloads are cut at roughly ``block_target_bytes``
+(default 64 KiB) of uncompressed size; a single entry larger than the target is a block on its
+own.
+
+Block payload (uncompressed), an Arrow-compatible columnar layout of ``n`` entries::
+
+    n               u32
+    key_offsets     (n + 1) x int32, key_offsets[0] == 0, non-decreasing
+    value_offsets   (n + 1) x int32, value_offsets[0] == 0, non-decreasing
+    key_data        key_offsets[n] bytes   (encoded keys, architecture.md "Encoded key")
+    value_data      value_offsets[n] bytes (serialized values, architecture.md "Values")
+
+so key ``i`` is ``key_data[key_offsets[i]:key_offsets[i+1]]`` (the offsets buffers are exactly
+Arrow ``binary`` offsets, which lets a reader build ``pa.BinaryArray`` without copying).
+The payload length must be exactly ``4 + 8 * (n + 1) + key_offsets[n] + value_offsets[n]``.
+
+Footer::
+
+    meta_length     u32
+    meta            meta_length bytes of UTF-8 JSON: {"format_version": 1, "version": int,
+                    "writer": str, "max_parallelism": int, "key_type": str, "assigner": str,
+                    "key_group_range": [start, end] (inclusive, Flink KeyGroupRange; (0, -1) = empty),
+                    "states": [state meta dicts, architecture.md StateSnapshot.state_metas()],
+                    "compression": "lz4.block", "block_target_bytes": int}
+    n_blocks        u64
+    n_index         u64
+    block table     n_blocks records of 32 bytes:
+                      offset u64, stored_length u32, raw_length u32, entries u32,
+                      reserved u32 (0), xxh64 u64 (of the stored bytes)
+    key-group index n_index records of 40 bytes, sorted by (key_group, state), one per
+                    (state, key group) holding at least one entry:
+                      key_group u32, state u32 (index into meta.states), first_block u32,
+                      block_count u32, offset u64, length u64, entries u64
+                    where [offset, offset + length) is the byte range of blocks
+                    first_block .. first_block + block_count - 1.
+
+A (state, key group) of the writer's range without an index record holds no entries.
+
+Trailer (48 bytes, at file size - 48)::
+
+    0   footer_offset   u64
+    8   footer_length   u64
+    16  footer_xxh64    u64   xxh64 of the footer bytes
+    24  format_version  u32   (1)
+    28  flags           u32   (0, reserved)
+    32  trailer_xxh64   u64   xxh64 of trailer bytes [0, 32)
+    40  MAGIC           8 bytes b"SCKGDAT1"
+
+Readers check, and raise :class:`statecore.errors.CorruptCheckpointError` naming the file (and the
+state, key group and block where it applies) on any violation: the file size, both magics, the
+trailer checksum, the format version, the footer checksum, the footer structure (blocks tile
+``[8, footer_offset)`` exactly, index records tile the block table in order), each block's
+checksum before decompressing it, the decompressed size and the payload structure.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import lz4.block
+import numpy as np
+import pyarrow as pa
+import xxhash
+
+from statecore.errors import CorruptCheckpointError, InvalidInputError
+from statecore.key_groups import KeyGroupRange
+
+MAGIC = b"SCKGDAT1"
+FORMAT_VERSION = 1
+HEADER_SIZE = len(MAGIC)
+TRAILER = struct.Struct("<QQQIIQ8s")
+TRAILER_SIZE = TRAILER.size  # 48
+DEFAULT_BLOCK_TARGET_BYTES = 64 * 1024
+COMPRESSION = "lz4.block"
+MAX_KEY_GROUPS = 32768  # Flink's upper bound on max parallelism (KeyGroupRangeAssignment)
+
+BLOCK_DTYPE = np.dtype(
+    [("offset", "<u8"), ("stored_length", "<u4"), ("raw_length", "<u4"), ("entries", "<u4"),
+     ("reserved", "<u4"), ("xxh64", "<u8")]
+)
+INDEX_DTYPE = np.dtype(
+    [("key_group", "<u4"), ("state", "<u4"), ("first_block", "<u4"), ("block_count", "<u4"),
+     ("offset", "<u8"), ("length", "<u8"), ("entries", "<u8")]
+)
+assert BLOCK_DTYPE.itemsize == 32 and INDEX_DTYPE.itemsize == 40 and TRAILER_SIZE == 48
+
+_U32 = struct.Struct("<I")
+_U64x2 = struct.Struct("<QQ")
+_INT32_MAX = 2**31 - 1
+
+
+def xxh64(data) -> int:
+    """XXH64 (seed 0) of ``data`` (bytes-like) as an unsigned 64-bit int."""
+    return xxhash.xxh64_intdigest(data)
+
+
+def key_group_prefix_bytes(max_parallelism: int) -> int:
+    """Width in bytes of the key-group prefix of encoded keys: 1 when ``max_parallelism <= 128``,
+    else 2 (Flink ``CompositeKeySerializationUtils``)."""
+    return 1 if max_parallelism <= 128 else 2
+
+
+def make_key_group_range(start: int, end: int) -> KeyGroupRange:
+    """The :class:`statecore.key_groups.KeyGroupRange` for inclusive ``[start, end]``
+    (``end < start`` gives ``KeyGroupRange.EMPTY``)."""
+    return KeyGroupRange(start, end) if end >= start else KeyGroupRange.EMPTY
+
+
+def range_bounds(kg_range: Any) -> tuple[int, int]:
+    """``(start, end)`` (inclusive) of a key-group range object with ``.start``/``.end``, or of a
+    2-sequence. Raises InvalidInputError for anything else."""
+    try:
+        if hasattr(kg_range, "start") and hasattr(kg_range, "end"):
+            start, end = int(kg_range.start), int(kg_range.end)
+        else:
+            start, end = (int(x) for x in kg_range)
+    except Exception as exc:
+        raise InvalidInputError(f"not a key-group range: {kg_range!r}") from exc
+    return start, end
+
+
+# ---------------------------------------------------------------------------------------------
+# Blocks
+
+
+def _as_binary(arr: Any, what: str) -> pa.BinaryArray:
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if not isinstance(arr, pa.Array):
+        raise InvalidInputError(f"{what} must be a pyarrow binary array, got {type(arr).__name__}")
+    if pa.types.is_large_binary(arr.type):
+        arr = arr.cast(pa.binary())
+    if not pa.types.is_binary(arr.type):
+        raise InvalidInputError(f"{what} must be a pyarrow binary array, got type {arr.type}")
+    if arr.null_count:
+        raise InvalidInputError(f"{what} must not contain nulls")
+    return arr
+
+
+def _offsets_and_data(arr: pa.BinaryArray) -> tuple[np.ndarray, memoryview]:
+    """Zero-based int32 offsets (n + 1) and the data bytes spanned by a binary array."""
+    n = len(arr)
+    bufs = arr.buffers()
+    offsets = np.frombuffer(bufs[1], dtype="<i4", count=n + 1, offset=arr.offset * 4)
+    start, stop = int(offsets[0]), int(offsets[-1])
+    data = memoryview(bufs[2])[start:stop] if bufs[2] is not None else memoryview(b"")
+    return offsets - offsets[0], data
+
+
+def encode_block(key_offsets: np.ndarray, key_data, value_offsets: np.ndarray, value_data) -> bytes:
+    """Uncompressed block payload (see module spec) from zero-based int32 offsets (n + 1 each)
+    and the matching data bytes."""
+    n = len(key_offsets) - 1
+    return b"".join(
+        (_U32.pack(n), key_offsets.astype("<i4", copy=False).tobytes(),
+         value_offsets.astype("<i4", copy=False).tobytes(), bytes(key_data), bytes(value_data))
+    )
+
+
+def decode_block(payload, expected_entries: int, where: str) -> tuple[pa.BinaryArray, pa.BinaryArray]:
+    """Parse an uncompressed block payload into ``(keys, values)`` binary arrays (zero-copy over
+    ``payload``). Raises CorruptCheckpointError (message starts with ``where``) when the
+    structure is inconsistent."""
+    buf = pa.py_buffer(payload)
+    size = buf.size
+    if size < 4:
+        raise CorruptCheckpointError(f"{where}: block payload of {size} bytes is too short")
+    (n,) = _U32.unpack_from(buf, 0)
+    if n != expected_entries:
+        raise CorruptCheckpointError(
+            f"{where}: block holds {n} entries, block table says {expected_entries}")
+    head = 4 + 8 * (n + 1)
+    if size < head:
+        raise CorruptCheckpointError(f"{where}: block payload truncated in its offsets")
+    koff = np.frombuffer(buf, dtype="<i4", count=n + 1, offset=4)
+    voff = np.frombuffer(buf, dtype="<i4", count=n + 1, offset=4 + 4 * (n + 1))
+    for name, off in (("key", koff), ("value", voff)):
+        if off[0] != 0 or (n and bool(np.any(np.diff(off) < 0))):
+            raise CorruptCheckpointError(f"{where}: {name} offsets are not non-decreasing from 0")
+    klen, vlen = int(koff[-1]), int(voff[-1])
+    if size != head + klen + vlen:
+        raise CorruptCheckpointError(
+            f"{where}: block payload is {size} bytes, its offsets describe {head + klen + vlen}")
+    keys = pa.BinaryArray.from_buffers(
+        pa.binary(), n, [None, buf.slice(4, 4 * (n + 1)), buf.slice(head, klen)])
+    values = pa.BinaryArray.from_buffers(
+        pa.binary(), n, [None, buf.slice(4 + 4 * (n + 1), 4 * (n + 1)), buf.slice(head + klen, vlen)])
+    return keys, values
+
+
+def cut_points(key_offsets: np.ndarray, value_offsets: np.ndarray, target: int) -> list[int]:
+    """Entry indices ``[0, c1, ..., n]`` cutting ``n`` entries into blocks whose payload
+    (12 bytes of count and leading offsets, then 8 bytes of offsets + key + value per entry) is at
+    most ``target`` bytes; an entry too large for that forms a block of its own."""
+    n = len(key_offsets) - 1
+    sizes = np.diff(key_offsets).astype(np.int64) + np.diff(value_offsets) + 8
+    cum = np.cumsum(sizes)
+    cuts = [0]
+    i = 0
+    while i < n:
+        base = int(cum[i - 1]) if i else 0
+        j = int(np.searchsorted(cum, base + target - 12, side="right"))
+        j = max(j, i + 1)
+        cuts.append(j)
+        i = j
+    return cuts
+
+
+# ---------------------------------------------------------------------------------------------
+# Writer
+
+
+@dataclass
+class WriteSummary:
+    """What :func:`write_data_file` wrote: sizes in bytes, counts, and the footer checksum."""
+
+    size: int
+    footer_xxh64: int
+    blocks: int
+    raw_bytes: int
+    stored_bytes: int
+    entries: dict[str, int]
+    key_groups_nonempty: int
+    meta: dict
+
+
+def _check_sorted_and_prefixed(keys: pa.BinaryArray, koff: np.ndarray, kdata, kg: int,
+                               prefix: int, state: str) -> None:
+    n = len(keys)
+    lengths = np.diff(koff)
+    if bool(np.any(lengths < prefix)):
+        raise InvalidInputError(
+            f"state {state!r} key group {kg}: an encoded key is shorter than its {prefix}-byte "
+            "key-group prefix")
+    raw = np.frombuffer(kdata, dtype=np.uint8)
+    starts = koff[:-1]
+    got = raw[starts].astype(np.int64)
+    if prefix == 2:
+        got = (got << 8) | raw[starts + 1]
+    if bool(np.any(got != kg)):
+        bad = int(got[np.nonzero(got != kg)[0][0]])
+        raise InvalidInputError(
+            f"state {state!r}: entries(…, {kg}) returned a key with key-group prefix {bad}")
+    if n > 1:
+        import pyarrow.compute as pc
+
+        ordered = pc.all(pc.less(keys.slice(0, n - 1), keys.slice(1))).as_py()
+        if not ordered:
+            raise InvalidInputError(
+                f"state {state!r} key group {kg}: keys are not strictly ascending by bytes")
+
+
+def write_data_file(
+    out,
+    snap: Any,
+    *,
+    version: int,
+    writer: str,
+    block_target_bytes: int = DEFAULT_BLOCK_TARGET_BYTES,
+) -> WriteSummary:
+    """Stream the snapshot ``snap`` (StateSnapshot read interface, architecture.md) into the
+    writable binary stream ``out`` (anything with ``write(bytes)``) in the format of this module.
+
+    Reads ``snap.entries(name, kg)`` once per state per key group of ``snap.key_group_range``,
+    ascending. Raises InvalidInputError when the snapshot breaks its contract: metas not
+    JSON-able or without a unique ``name``, arrays not binary / of different lengths / with
+    nulls, keys not strictly ascending, or a key whose key-group prefix is not ``kg``. Does not
+    call ``snap.release()``.
+    """
+    if not isinstance(block_target_bytes, int) or block_target_bytes < 1:
+        raise InvalidInputError(f"block_target_bytes must be a positive int, got {block_target_bytes!r}")
+    max_par = int(snap.max_parallelism)
+    if not 1 <= max_par <= MAX_KEY_GROUPS:
+        raise InvalidInputError(f"max_parallelism must be in [1, {MAX_KEY_GROUPS}], got {max_par}")
+    start, end = range_bounds(snap.key_group_range)
+    if end >= start and (start < 0 or end >= max_par):
+        raise InvalidInputError(
+            f"key-group range [{start}, {end}] is outside [0, {max_par - 1}]")
+    if end < start:
+        start, end = 0, -1
+    metas = [dict(m) for m in snap.state_metas()]
+    names = [m.get("name") for m in metas]
+    if any(not isinstance(nm, str) for nm in names) or len(set(names)) != len(names):
+        raise InvalidInputError(f"state metas need unique string names, got {names!r}")
+    meta = {
+        "format_version": FORMAT_VERSION, "version": int(version), "writer": str(writer),
+        "max_parallelism": max_par, "key_type": str(snap.key_type),
+        "assigner": str(snap.assigner), "key_group_range": [start, end], "states": metas,
+        "compression": COMPRESSION, "block_target_bytes": block_target_bytes,
+    }
+    try:
+        meta_bytes = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"state metas are not JSON-serializable: {exc}") from exc
+
+    prefix = key_group_prefix_bytes(max_par)
+    pos = 0
+
+    def emit(data) -> None:
+        nonlocal pos
+        out.write(data)
+        pos += len(data)
+
+    emit(MAGIC)
+    blocks: list[tuple] = []
+    index: list[tuple] = []
+    counts = {nm: 0 for nm in names}
+    raw_total = 0
+    nonempty_kgs = 0
+    for kg in range(start, end + 1):
+        kg_has_entries = False
+        for si, name in enumerate(names):
+            keys, values = snap.entries(name, kg)
+            keys = _as_binary(keys, f"keys of state {name!r} key group {kg}")
+            values = _as_binary(values, f"values of state {name!r} key group {kg}")
+            n = len(keys)
+            if len(values) != n:
+                raise InvalidInputError(
+                    f"state {name!r} key group {kg}: {n} keys but {len(values)} values")
+            if n == 0:
+                continue
+            koff, kdata = _offsets_and_data(keys)
+            voff, vdata = _offsets_and_data(values)
+            if int(koff[-1]) > _INT32_MAX or int(voff[-1]) > _INT32_MAX:
+                raise InvalidInputError(f"state {name!r} key group {kg}: more than 2 GiB of bytes")
+            _check_sorted_and_prefixed(keys, koff, kdata, kg, prefix, name)
+            first_block, first_offset = len(blocks), pos
+            cuts = cut_points(koff, voff, block_target_bytes)
+            for a, b in zip(cuts[:-1], cuts[1:]):
+                ko, vo = koff[a:b + 1], voff[a:b + 1]
+                payload = encode_block(ko - ko[0], kdata[int(ko[0]):int(ko[-1])],
+                                       vo - vo[0], vdata[int(vo[0]):int(vo[-1])])
+                stored = lz4.block.compress(payload, store_size=False)
+                blocks.append((pos, len(stored), len(payload), b - a, 0, xxh64(stored)))
+                raw_total += len(payload)
+                emit(stored)
+            index.append((kg, si, first_block, len(blocks) - first_block, first_offset,
+                          pos - first_offset, n))
+            counts[name] += n
+            kg_has_entries = True
+        nonempty_kgs += kg_has_entries
+
+    stored_total = pos - HEADER_SIZE
+    footer = b"".join((
+        _U32.pack(len(meta_bytes)), meta_bytes, _U64x2.pack(len(blocks), len(index)),
+        np.array(blocks, dtype=BLOCK_DTYPE).tobytes(), np.array(index, dtype=INDEX_DTYPE).tobytes(),
+    ))
+    footer_offset = pos
+    footer_sum = xxh64(footer)
+    emit(footer)
+    head = TRAILER.pack(footer_offset, len(footer), footer_sum, FORMAT_VERSION, 0, 0, MAGIC)[:32]
+    emit(TRAILER.pack(footer_offset, len(footer), footer_sum, FORMAT_VERSION, 0, xxh64(head), MAGIC))
+    return WriteSummary(size=pos, footer_xxh64=footer_sum, blocks=len(blocks), raw_bytes=raw_total,
+                        stored_bytes=stored_total, entries=counts,
+                        key_groups_nonempty=nonempty_kgs, meta=meta)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reader
+
+
+class DataFileReader:
+    """Random-access reader of one data file through a ``pyarrow.NativeFile`` opened for reading.
+
+    ``name`` is used in error messages. ``expected_size`` (bytes) and ``expected_footer_xxh64``,
+    when given (from the manifest), are checked too. Opening reads 3 byte ranges: the header
+    magic, the trailer and the footer; :meth:`entries` reads exactly the blocks of one
+    (state, key group). All violations raise CorruptCheckpointError naming ``name``.
+    """
+
+    def __init__(self, file, name: str, expected_size: int | None = None,
+                 expected_footer_xxh64: int | None = None):
+        self.name = name
+        self._file = file
+        self._prefetched: list[tuple[int, int, pa.Buffer]] = []
+        try:
+            self._open(expected_size, expected_footer_xxh64)
+        except Exception:
+            file.close()
+            raise
+
+    def _fail(self, msg: str) -> CorruptCheckpointError:
+        return CorruptCheckpointError(f"checkpoint data file {self.name}: {msg}")
+
+    def _read(self, offset: int, length: int, what: str) -> pa.Buffer:
+        try:
+            data = self._file.read_at(length, offset)
+        except OSError as exc:
+            raise self._fail(f"cannot read {what} ({length} bytes at {offset}): {exc}") from exc
+        if not isinstance(data, pa.Buffer):
+            data = pa.py_buffer(data)
+        if data.size != length:
+            raise self._fail(f"truncated: {what} needs {length} bytes at {offset}, got {data.size}")
+        return data
+
+    def _open(self, expected_size, expected_footer_xxh64) -> None:
+        size = self._file.size()
+        self.size = size
+        if expected_size is not None and size != expected_size:
+            raise self._fail(f"size is {size} bytes, the manifest says {expected_size} (truncated "
+                             "or overwritten)")
+        if size < HEADER_SIZE + TRAILER_SIZE:
+            raise self._fail(f"truncated: {size} bytes is shorter than header + trailer")
+        if self._read(0, HEADER_SIZE, "header").to_pybytes() != MAGIC:
+            raise self._fail("bad magic in header (not a statecore checkpoint data file)")
+        trailer = self._read(size - TRAILER_SIZE, TRAILER_SIZE, "trailer").to_pybytes()
+        f_off, f_len, f_sum, fmt, flags, t_sum, magic = TRAILER.unpack(trailer)
+        if magic != MAGIC:
+            raise self._fail("bad magic in trailer (truncated or not a statecore data file)")
+        if xxh64(trailer[:32]) != t_sum:
+            raise self._fail("trailer checksum mismatch")
+        if fmt != FORMAT_VERSION:
+            raise self._fail(f"unsupported format version {fmt} (this reader reads {FORMAT_VERSION})")
+        if flags != 0:
+            raise self._fail(f"unknown trailer flags {flags:#x}")
+        if f_off < HEADER_SIZE or f_off + f_len != size - TRAILER_SIZE:
+            raise self._fail(f"footer [{f_off}, {f_off + f_len}) does not end at the trailer")
+        footer = self._read(f_off, f_len, "footer")
+        if xxh64(footer) != f_sum:
+            raise self._fail("footer checksum mismatch")
+        if expected_footer_xxh64 is not None and f_sum != expected_footer_xxh64:
+            raise self._fail("footer checksum differs from the manifest's (file overwritten?)")
+        self.footer_xxh64 = f_sum
+        self._parse_footer(footer, f_off)
+
+    def _parse_footer(self, footer: pa.Buffer, footer_offset: int) -> None:
+        fb = footer.to_pybytes()
+        try:
+            (mlen,) = _U32.unpack_from(fb, 0)
+            meta = json.loads(fb[4:4 + mlen].decode("utf-8"))
+            n_blocks, n_index = _U64x2.unpack_from(fb, 4 + mlen)
+        except (struct.error, ValueError, UnicodeDecodeError) as exc:
+            raise self._fail(f"footer is malformed: {exc}") from exc
+        tables = 4 + mlen + 16
+        if len(fb) != tables + n_blocks * BLOCK_DTYPE.itemsize + n_index * INDEX_DTYPE.itemsize:
+            raise self._fail("footer length does not match its block and index table sizes")
+        blocks = np.frombuffer(fb, dtype=BLOCK_DTYPE, count=n_blocks, offset=tables)
+        index = np.frombuffer(fb, dtype=INDEX_DTYPE, count=n_index,
+                              offset=tables + n_blocks * BLOCK_DTYPE.itemsize)
+        try:
+            states = [m["name"] for m in meta["states"]]
+            kg_start, kg_end = (int(x) for x in meta["key_group_range"])
+            self.max_parallelism = int(meta["max_parallelism"])
+            self.key_type = meta["key_type"]
+            self.assigner = meta["assigner"]
+            if meta.get("compression") != COMPRESSION:
+                raise ValueError(f"unknown compression {meta.get('compression')!r}")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise self._fail(f"footer metadata is malformed: {exc}") from exc
+        # Blocks must tile [HEADER_SIZE, footer_offset) so that every stored byte is covered by
+        # a checksum; index records must tile the block table in order.
+        ends = blocks["offset"].astype(np.int64) + blocks["stored_length"]
+        starts = np.concatenate(([HEADER_SIZE], ends[:-1])) if n_blocks else np.zeros(0, np.int64)
+        if n_blocks and (bool(np.any(blocks["offset"] != starts)) or int(ends[-1]) != footer_offset):
+            raise self._fail("block table does not tile the data region")
+        if not n_blocks and footer_offset != HEADER_SIZE:
+            raise self._fail("no blocks but bytes between header and footer")
+        first = index["first_block"].astype(np.int64)
+        count = index["block_count"].astype(np.int64)
+        exp_first = np.concatenate(([0], np.cumsum(count)[:-1])) if n_index else first
+        if (bool(np.any(first != exp_first)) or int(count.sum()) != n_blocks
+                or bool(np.any(count == 0))):
+            raise self._fail("key-group index does not tile the block table")
+        order = index["key_group"].astype(np.int64) * (1 << 32) + index["state"]
+        if n_index > 1 and bool(np.any(np.diff(order) <= 0)):
+            raise self._fail("key-group index is not sorted by (key group, state)")
+        if n_index and (int(index["state"].max()) >= len(states)
+                        or int(index["key_group"].min()) < kg_start
+                        or int(index["key_group"].max()) > kg_end):
+            raise self._fail("key-group index names a state or key group outside the file")
+        if n_index:
+            csum_len = np.concatenate(([0], np.cumsum(blocks["stored_length"].astype(np.int64))))
+            csum_ent = np.concatenate(([0], np.cumsum(blocks["entries"].astype(np.int64))))
+            if (bool(np.any(index["offset"] != blocks["offset"][first]))
+                    or bool(np.any(index["length"] != csum_len[first + count] - csum_len[first]))
+                    or bool(np.any(index["entries"] != csum_ent[first + count] - csum_ent[first]))):
+                raise self._fail("key-group index disagrees with the block table")
+        self.meta = meta
+        self.state_names = states
+        self.key_group_start, self.key_group_end = kg_start, kg_end
+        self._blocks = blocks
+        self._index = {(int(r["state"]), int(r["key_group"])): i for i, r in enumerate(index)}
+        self._index_rows = index
+
+    def state_metas(self) -> list[dict]:
+        """State metas recorded by the writer (list of JSON-able dicts, in file order)."""
+        return [dict(m) for m in self.meta["states"]]
+
+    def prefetch(self, start: int, end: int) -> int:
+        """Read the byte range of key groups ``[start, end]`` (all states) with one ranged read
+        and keep it for :meth:`entries`. Returns the number of bytes read."""
+        rows = self._index_rows
+        if not len(rows):
+            return 0
+        sel = rows[(rows["key_group"] >= start) & (rows["key_group"] <= end)]
+        if not len(sel):
+            return 0
+        lo = int(sel["offset"].min())
+        hi = int((sel["offset"] + sel["length"]).max())
+        self._prefetched.append((lo, hi, self._read(lo, hi - lo, f"key groups {start}..{end}")))
+        return hi - lo
+
+    def _range(self, offset: int, length: int, what: str) -> pa.Buffer:
+        for lo, hi, buf in self._prefetched:
+            if lo <= offset and offset + length <= hi:
+                return buf.slice(offset - lo, length)
+        return self._read(offset, length, what)
+
+    def entries(self, state: str, key_group: int) -> tuple[pa.BinaryArray, pa.BinaryArray]:
+        """``(keys, values)`` of ``state`` in ``key_group``, sorted by key bytes; empty arrays when
+        the file holds no entry for them. The caller checks that ``key_group`` belongs to this
+        file. Raises CorruptCheckpointError naming the file, state, key group and block."""
+        try:
+            si = self.state_names.index(state)
+        except ValueError:
+            return pa.array([], pa.binary()), pa.array([], pa.binary())
+        i = self._index.get((si, key_group))
+        if i is None:
+            return pa.array([], pa.binary()), pa.array([], pa.binary())
+        rec = self._index_rows[i]
+        offset, length = int(rec["offset"]), int(rec["length"])
+        where = f"state {state!r} key group {key_group}"
+        data = self._range(offset, length, where)
+        keys_parts, value_parts = [], []
+        first = int(rec["first_block"])
+        for b in range(first, first + int(rec["block_count"])):
+            blk = self._blocks[b]
+            bwhere = f"checkpoint data file {self.name}: {where} block {b}"
+            stored = data.slice(int(blk["offset"]) - offset, int(blk["stored_length"]))
+            if xxh64(stored) != int(blk["xxh64"]):
+                raise CorruptCheckpointError(f"{bwhere}: block checksum mismatch")
+            try:
+                payload = lz4.block.decompress(stored, uncompressed_size=int(blk["raw_length"]))
+            except Exception as exc:  # lz4.block.LZ4BlockError
+                raise CorruptCheckpointError(f"{bwhere}: cannot decompress: {exc}") from exc
+            if len(payload) != int(blk["raw_length"]):
+                raise CorruptCheckpointError(f"{bwhere}: decompressed size mismatch")
+            k, v = decode_block(payload, int(blk["entries"]), bwhere)
+            keys_parts.append(k)
+            value_parts.append(v)
+        if len(keys_parts) == 1:
+            return keys_parts[0], value_parts[0]
+        return pa.concat_arrays(keys_parts), pa.concat_arrays(value_parts)
+
+    def close(self) -> None:
+        """Close the underlying file and drop prefetched bytes (idempotent)."""
+        self._prefetched = []
+        if self._file is not None:
+            self._file.close()
+            self._file = None
