@@ -1,0 +1,58 @@
+// Hash functions of the native core, all implemented from their public specifications and
+// verified bit-exact in native/tests/test_hash.cpp against the Spark 4.3 / Flink vectors in
+// tests/data/ and against the Python `xxhash` / `mmh3` packages.
+//
+// These are the primitives of key-group assignment (key_groups.h): Spark-compatible routing uses
+// XXH64 with seed 42, Flink-compatible routing uses Java hashCode() followed by Flink's
+// MathUtils.murmurHash.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace statecore {
+
+// XXH64 (spec: github.com/Cyan4973/xxHash doc/xxhash_spec.md, "XXH64 algorithm") of `size` bytes
+// at `data` with a 64-bit seed. Returns the canonical unsigned digest; Spark's `xxhash64(col)`
+// equals `static_cast<int64_t>(xxh64(bytes, n, 42))`. `data` may be null when `size` is 0.
+// Never throws.
+uint64_t xxh64(const void* data, size_t size, uint64_t seed) noexcept;
+
+// MurmurHash3_x86_32 (Austin Appleby's reference MurmurHash3.cpp) of `size` bytes with a 32-bit
+// seed; the result as unsigned. `mmh3.hash(b, seed)` in Python is the same value as int32.
+// Note: Spark's SQL `hash()` uses a non-standard tail for lengths not divisible by 4 and is NOT
+// this function (see /work/shared/reference/spark.md). `data` may be null when `size` is 0.
+uint32_t murmur3_32(const void* data, size_t size, uint32_t seed) noexcept;
+
+// Flink's MathUtils.murmurHash(int): one Murmur3 block over the 4 bytes of `code` (seed 0, length
+// 4, fmix32), made non-negative: a negative result is negated, Integer.MIN_VALUE maps to 0.
+// Result in [0, 2^31 - 1]. Equals abs(mmh3.hash(code as 4 LE bytes, 0)) with MIN -> 0.
+int32_t flink_murmur_hash(int32_t code) noexcept;
+
+// The raw (signed, before the abs step) value of flink_murmur_hash; exposed for the vectors in
+// tests/data/flink_keygroups.json ("murmurRaw").
+int32_t flink_murmur_hash_raw(int32_t code) noexcept;
+
+// java.lang.Integer.hashCode(): the value itself.
+inline int32_t java_hash_int32(int32_t v) noexcept { return v; }
+
+// java.lang.Long.hashCode(): (int)(v ^ (v >>> 32)) (so -1 -> 0, Long.MIN_VALUE -> Integer.MIN_VALUE).
+inline int32_t java_hash_int64(int64_t v) noexcept {
+  const uint64_t u = static_cast<uint64_t>(v);
+  return static_cast<int32_t>(static_cast<uint32_t>(u ^ (u >> 32)));
+}
+
+// java.lang.String.hashCode() of the string whose UTF-8 encoding is `utf8[0..size)`:
+// s[0]*31^(n-1) + ... + s[n-1] over the UTF-16 code units of the string (code points above
+// U+FFFF count as their surrogate pair), with int32 overflow (two's complement wrap).
+// Throws std::invalid_argument when the bytes are not well-formed UTF-8 (truncated or invalid
+// sequences, overlong forms, encoded surrogates, code points above U+10FFFF): Java would have
+// replaced such bytes with U+FFFD, which no Python str key can produce, so they indicate bad input.
+int32_t java_hash_string_utf8(const char* utf8, size_t size);
+
+// java.util.Arrays.hashCode(byte[]): h = 1, then h = 31*h + b for every byte as a SIGNED Java
+// byte, int32 overflow. Used for binary keys under the Flink assigner (as the Python reference
+// statecore.key_groups.java_hash_code does), since a plain Java byte[] key would have an identity
+// hashCode() and no reproducible key group.
+int32_t java_hash_bytes(const void* data, size_t size) noexcept;
+
+}  // namespace statecore

@@ -1,0 +1,147 @@
+// Encoded-key codec (docs/architecture.md "Encoded key", Flink SerializedCompositeKeyBuilder).
+#include "statecore/key_codec.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace statecore {
+
+int key_group_prefix_size(int32_t max_parallelism) {
+  check_max_parallelism(max_parallelism);
+  return max_parallelism > 128 ? 2 : 1;
+}
+
+void append_key_group_prefix(std::vector<uint8_t>& out, int32_t key_group,
+                             int32_t max_parallelism) {
+  const int width = key_group_prefix_size(max_parallelism);
+  if (key_group < 0 || key_group >= max_parallelism)
+    throw std::invalid_argument("key group " + std::to_string(key_group) +
+                                " outside [0, max_parallelism=" +
+                                std::to_string(max_parallelism) + ")");
+  if (width == 2) out.push_back(static_cast<uint8_t>(key_group >> 8));
+  out.push_back(static_cast<uint8_t>(key_group));
+}
+
+int32_t read_key_group_prefix(const uint8_t* key, size_t size, int32_t max_parallelism) {
+  const int width = key_group_prefix_size(max_parallelism);
+  if (size < static_cast<size_t>(width))
+    throw std::invalid_argument("encoded key of " + std::to_string(size) +
+                                " bytes is shorter than its " + std::to_string(width) +
+                                "-byte key-group prefix");
+  return width == 2 ? (static_cast<int32_t>(key[0]) << 8) | key[1] : key[0];
+}
+
+void append_varlen(std::vector<uint8_t>& out, uint64_t n) {
+  while (n >= 0x80) {
+    out.push_back(static_cast<uint8_t>(n | 0x80));
+    n >>= 7;
+  }
+  out.push_back(static_cast<uint8_t>(n));
+}
+
+size_t read_varlen(const uint8_t* data, size_t size, uint64_t* value) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < size && i < 10; ++i) {
+    v |= static_cast<uint64_t>(data[i] & 0x7F) << (7 * i);
+    if ((data[i] & 0x80) == 0) {
+      *value = v;
+      return i + 1;
+    }
+  }
+  return 0;
+}
+
+void append_lenbytes(std::vector<uint8_t>& out, uint32_t n) {
+  do {
+    out.push_back(static_cast<uint8_t>(n));
+    n >>= 8;
+  } while (n != 0);
+}
+
+void append_ser_int32(std::vector<uint8_t>& out, int32_t v) {
+  const uint32_t u = static_cast<uint32_t>(v);
+  for (int s = 24; s >= 0; s -= 8) out.push_back(static_cast<uint8_t>(u >> s));
+}
+
+void append_ser_int64(std::vector<uint8_t>& out, int64_t v) {
+  const uint64_t u = static_cast<uint64_t>(v);
+  for (int s = 56; s >= 0; s -= 8) out.push_back(static_cast<uint8_t>(u >> s));
+}
+
+void append_ser_bytes(std::vector<uint8_t>& out, const void* data, size_t size) {
+  append_varlen(out, static_cast<uint64_t>(size) + 1);
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  out.insert(out.end(), p, p + size);
+}
+
+KeyEncoder::KeyEncoder(KeyType key_type, NamespaceType namespace_type, int32_t max_parallelism)
+    : key_type_(key_type),
+      namespace_type_(namespace_type),
+      max_parallelism_(max_parallelism),
+      ambiguous_(is_variable_length(key_type) && is_variable_length(namespace_type)) {
+  check_max_parallelism(max_parallelism);
+  buf_.reserve(64);
+}
+
+void KeyEncoder::begin_key(int32_t key_group, bool type_ok) {
+  if (!type_ok) throw std::invalid_argument("KeyEncoder: key method does not match the key type");
+  buf_.clear();
+  key_end_ = 0;  // a failed key leaves no half-built key for namespace_*() to extend
+  append_key_group_prefix(buf_, key_group, max_parallelism_);
+  key_start_ = buf_.size();
+}
+
+void KeyEncoder::end_key() {
+  if (ambiguous_) append_lenbytes(buf_, static_cast<uint32_t>(buf_.size() - key_start_));
+  key_end_ = buf_.size();
+}
+
+void KeyEncoder::begin_namespace(bool type_ok) {
+  if (!type_ok)
+    throw std::invalid_argument("KeyEncoder: namespace method does not match the namespace type");
+  if (key_end_ == 0) throw std::invalid_argument("KeyEncoder: namespace set before the key");
+  buf_.resize(key_end_);
+  ns_start_ = buf_.size();
+}
+
+void KeyEncoder::end_namespace() {
+  if (ambiguous_) append_lenbytes(buf_, static_cast<uint32_t>(buf_.size() - ns_start_));
+}
+
+void KeyEncoder::key_int32(int32_t key_group, int32_t key) {
+  begin_key(key_group, key_type_ == KeyType::Int32);
+  append_ser_int32(buf_, key);
+  end_key();
+}
+
+void KeyEncoder::key_int64(int32_t key_group, int64_t key) {
+  begin_key(key_group, key_type_ == KeyType::Int64);
+  append_ser_int64(buf_, key);
+  end_key();
+}
+
+void KeyEncoder::key_bytes(int32_t key_group, const void* data, size_t size) {
+  begin_key(key_group, is_variable_length(key_type_));
+  append_ser_bytes(buf_, data, size);
+  end_key();
+}
+
+void KeyEncoder::namespace_void() {
+  begin_namespace(namespace_type_ == NamespaceType::Void);
+  append_ser_void(buf_);
+  end_namespace();
+}
+
+void KeyEncoder::namespace_int64(int64_t ns) {
+  begin_namespace(namespace_type_ == NamespaceType::Int64);
+  append_ser_int64(buf_, ns);
+  end_namespace();
+}
+
+void KeyEncoder::namespace_string(const void* utf8, size_t size) {
+  begin_namespace(namespace_type_ == NamespaceType::String);
+  append_ser_bytes(buf_, utf8, size);
+  end_namespace();
+}
+
+}  // namespace statecore
