@@ -1,0 +1,425 @@
+"""The keyed state backend protocol, the state interfaces and the StateSnapshot protocol.
+
+Every backend (``python``: the reference; ``native``: the C++ engine) subclasses
+:class:`KeyedStateBackend` and implements the state interfaces below with the same observable
+behaviour; ``statecore.testing.conformance.BackendConformance`` checks that.
+
+Common rules (both backends):
+
+* Keys have the backend's ``key_type`` (int32, int64, string, binary); each key belongs to the key
+  group given by the backend's assigner ("spark" or "flink", :mod:`statecore.key_groups`). A key
+  whose key group is outside the backend's key-group range, a None key or a key of the wrong type
+  raises InvalidInputError, and nothing is modified.
+* Every state object has its own current namespace (``set_current_namespace``). States of
+  namespace type ``void`` use the VoidNamespace (None) and accept only None; for the other
+  namespace types (int32, int64, string, binary) a namespace must be set before use.
+* Per-record reads: ``ValueState.value()`` returns a copy of the descriptor default when absent;
+  ``ListState.get()`` returns ``[]``; ``MapState.get(uk)`` returns None for an absent user key;
+  ``ReducingState.get()``/``AggregatingState.get()`` return None when absent.
+  Map iteration (``items``/``keys``/``values``) is in ascending order of the serialized user key.
+* Writes: ``ValueState.update(None)`` clears. ``ListState.add(None)`` or a None element in
+  ``add_all``/``update`` raises InvalidInputError (Flink). ``ListState.update([])`` clears. Removing
+  the last user key of a map clears the map (Flink heap). ``add(None)`` on reducing/aggregating
+  state is a no-op. A value that does not fit the value type (e.g. an int64 sum overflow) raises
+  InvalidInputError and leaves the state unchanged.
+
+Batch API (``get_batch``/``put_batch``/``clear_batch`` on ValueState; ``get_batch``/``add_batch``/
+``clear_batch`` on ReducingState) -- does not change the backend's current key:
+
+* ``keys``: a pa.Array, pa.ChunkedArray or any object with ``__arrow_c_array__`` whose type is
+  exactly the key type's Arrow type (int32 / int64; string or large_string; binary or
+  large_binary). Nulls, a wrong type, or a key outside the key-group range raise InvalidInputError
+  before anything changes.
+* ``values``: same length as ``keys`` (else InvalidInputError) and the value type's Arrow type
+  (``ValueSerializer.arrow_type``; large_string/large_binary accepted). For a ``count`` reducer any
+  Arrow type is accepted. States whose value type is ``pickle`` do not support the batch API
+  (InvalidInputError).
+* ``namespaces``: ``None`` -> every row uses the state's current namespace (the VoidNamespace for
+  void states; for other namespace types it must have been set); a pa.Array (or ChunkedArray /
+  ``__arrow_c_array__``) of the namespace type's Arrow type, same length, no nulls -> one namespace
+  per row; any other value -> that single namespace for every row (validated like
+  ``set_current_namespace``). Void states accept only ``None``.
+* ``put_batch``: a null value clears that key. ``add_batch``: a null value leaves the state
+  unchanged and outputs the current aggregate (null if none). Rows with the same key apply in row
+  order. ``get_batch`` returns nulls where absent (descriptor defaults are not applied).
+* Outputs: pa.Array of the value type's Arrow type (``count`` -> int64), one row per input row;
+  ``add_batch`` returns the running aggregate after each row.
+* A batch that raises leaves every state exactly as it was.
+
+Snapshots: :meth:`KeyedStateBackend.snapshot` returns a :class:`StateSnapshot` that is isolated
+from later writes. :meth:`KeyedStateBackend.restore` loads the key groups of the snapshot that
+fall inside the backend's key-group range and may be called several times (e.g. one operator of a
+rescaled job restores from every old operator's snapshot); entries of the same key are overwritten.
+It raises StateMigrationError when the key type, max parallelism or assigner differ, or when a
+state's meta conflicts with an already registered state of the same name.
+``num_entries()`` counts (state, key, namespace) entries holding a value (a whole list or map is one
+entry), timers excluded; ``state_bytes()`` is the size of their encoded keys plus serialized values.
+Timers are counted by ``backend.timers.num_timers()``.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, Protocol, runtime_checkable
+
+import pyarrow as pa
+
+from statecore import key_groups as K
+from statecore import serializers as S
+from statecore.errors import InvalidInputError, StateError, StateMigrationError
+from statecore.key_groups import KeyGroupRange
+from statecore.timers import TimerService
+
+__all__ = [
+    "KeyedStateBackend",
+    "State",
+    "ValueState",
+    "ListState",
+    "MapState",
+    "ReducingState",
+    "AggregatingState",
+    "StateSnapshot",
+    "NAMESPACE_TYPES",
+    "as_arrow_array",
+    "coerce_key_array",
+    "coerce_value_array",
+    "resolve_batch_namespaces",
+    "check_snapshot_compatible",
+]
+
+NAMESPACE_TYPES = ("void", "int32", "int64", "string", "binary")
+
+_ARROW_TYPES = {
+    "int32": (pa.int32(),),
+    "int64": (pa.int64(),),
+    "float64": (pa.float64(),),
+    "bool": (pa.bool_(),),
+    "string": (pa.string(), pa.large_string()),
+    "binary": (pa.binary(), pa.large_binary()),
+}
+
+
+@runtime_checkable
+class StateSnapshot(Protocol):
+    """What checkpoints write and restores read (docs/architecture.md).
+
+    ``max_parallelism``, ``key_group_range`` (KeyGroupRange), ``key_type``, ``assigner``;
+    ``state_metas()`` -> list of JSON-able dicts (name, kind, namespace_type, value_type, ...);
+    ``entries(state_name, key_group)`` -> (keys: pa.BinaryArray, values: pa.BinaryArray) sorted
+    ascending by key bytes; ``release()`` idempotent.
+    """
+
+    max_parallelism: int
+    key_group_range: KeyGroupRange
+    key_type: str
+    assigner: str
+
+    def state_metas(self) -> list[dict]: ...
+
+    def entries(self, state_name: str, key_group: int) -> tuple[pa.Array, pa.Array]: ...
+
+    def release(self) -> None: ...
+
+
+# --------------------------------------------------------------------------- batch helpers
+
+def as_arrow_array(obj, what: str) -> pa.Array:
+    """A pa.Array from a pa.Array, pa.ChunkedArray (chunks combined) or ``__arrow_c_array__``
+    object; InvalidInputError for anything else."""
+    if isinstance(obj, pa.ChunkedArray):
+        return obj.combine_chunks() if obj.num_chunks != 1 else obj.chunk(0)
+    if isinstance(obj, pa.Array):
+        return obj
+    if hasattr(obj, "__arrow_c_array__"):
+        try:
+            return pa.array(obj)
+        except Exception as e:
+            raise InvalidInputError(f"{what}: cannot import through the Arrow C data interface: {e}") from e
+    raise InvalidInputError(
+        f"{what} must be a pyarrow Array/ChunkedArray or implement __arrow_c_array__, "
+        f"got {type(obj).__name__}"
+    )
+
+
+def _check_type(arr: pa.Array, type_name: str, what: str) -> None:
+    allowed = _ARROW_TYPES[type_name]
+    if arr.type not in allowed:
+        raise InvalidInputError(
+            f"{what} must have Arrow type {' or '.join(str(t) for t in allowed)} "
+            f"({type_name}), got {arr.type}"
+        )
+
+
+def coerce_key_array(keys, key_type: str) -> pa.Array:
+    """Validate a batch of keys (see module docstring): type and no nulls."""
+    arr = as_arrow_array(keys, "keys")
+    _check_type(arr, key_type, "keys")
+    if arr.null_count:
+        raise InvalidInputError(f"keys contain {arr.null_count} null(s); keys must not be null")
+    return arr
+
+
+def coerce_value_array(values, value_type: str, length: int, any_type: bool = False) -> pa.Array:
+    """Validate a batch of values: length ``length`` and the value type's Arrow type (any type
+    when ``any_type``). Nulls are allowed (their meaning depends on the operation)."""
+    if value_type == "pickle":
+        raise InvalidInputError("the batch API needs a typed value (not pickle) state")
+    arr = as_arrow_array(values, "values")
+    if len(arr) != length:
+        raise InvalidInputError(f"values have {len(arr)} rows but keys have {length}")
+    if not any_type:
+        _check_type(arr, value_type, "values")
+    return arr
+
+
+def resolve_batch_namespaces(namespaces, state: "State", length: int) -> list:
+    """Per-row namespaces as a Python list (see module docstring for the rules)."""
+    ns_type = state.namespace_type
+    if namespaces is None:
+        return [state._require_namespace()] * length
+    if ns_type == "void":
+        raise InvalidInputError("a state with the void namespace accepts only namespaces=None")
+    if isinstance(namespaces, (pa.Array, pa.ChunkedArray)) or hasattr(namespaces, "__arrow_c_array__"):
+        arr = as_arrow_array(namespaces, "namespaces")
+        if len(arr) != length:
+            raise InvalidInputError(f"namespaces have {len(arr)} rows but keys have {length}")
+        _check_type(arr, ns_type, "namespaces")
+        if arr.null_count:
+            raise InvalidInputError("namespaces must not contain nulls")
+        return arr.to_pylist()
+    return [S.key_serializer(ns_type).check(namespaces)] * length
+
+
+def check_snapshot_compatible(backend: "KeyedStateBackend", snap) -> None:
+    """Raise StateMigrationError unless ``snap`` has the backend's key type, max parallelism and
+    assigner (rescaling changes parallelism, never max parallelism)."""
+    for attr in ("key_type", "max_parallelism", "assigner"):
+        mine, theirs = getattr(backend, attr), getattr(snap, attr)
+        if mine != theirs:
+            raise StateMigrationError(f"snapshot has {attr}={theirs!r} but the backend has {attr}={mine!r}")
+
+
+# --------------------------------------------------------------------------- backend
+
+class KeyedStateBackend(abc.ABC):
+    """Keyed state of one operator instance: the key groups of ``key_group_range``.
+
+    Args: ``key_type`` (int32|int64|string|binary or pyarrow type), ``max_parallelism``
+    (1..32768, number of key groups), ``key_group_range`` (KeyGroupRange or (start, end), default
+    all key groups), ``assigner`` ("spark"|"flink"), ``timer_namespace_type`` (namespace type of
+    timers, default "void"). Raises InvalidInputError on bad arguments.
+    """
+
+    def __init__(self, key_type="int64", max_parallelism: int = 128, key_group_range=None,
+                 assigner: str = "spark", timer_namespace_type: str = "void"):
+        self.key_type = K.normalize_key_type(key_type)
+        self.max_parallelism = K.check_max_parallelism(max_parallelism)
+        if key_group_range is None:
+            kgr = KeyGroupRange.all(self.max_parallelism)
+        else:
+            kgr = KeyGroupRange.of(key_group_range)
+            if not kgr.is_empty() and kgr.end >= self.max_parallelism:
+                raise InvalidInputError(
+                    f"key-group range {kgr} exceeds max_parallelism {self.max_parallelism}"
+                )
+        self.key_group_range = kgr
+        if assigner not in K.ASSIGNERS:
+            raise InvalidInputError(f"unknown assigner {assigner!r}; expected 'spark' or 'flink'")
+        self.assigner = assigner
+        self._key_ser = S.key_serializer(self.key_type)
+        self._current_key = None
+        self._current_key_group = None
+        self._closed = False
+        self.timers = TimerService(self, timer_namespace_type)
+
+    # ------------------------------------------------------------------ keys
+    def key_group_of(self, key) -> int:
+        """Key group of ``key`` (validated); InvalidInputError when it is not owned here."""
+        k = K.check_key(key, self.key_type)
+        kg = K.assign_key_group(k, self.key_type, self.max_parallelism, self.assigner)
+        if kg not in self.key_group_range:
+            raise InvalidInputError(
+                f"key {key!r} belongs to key group {kg}, outside this backend's key-group range "
+                f"{self.key_group_range}"
+            )
+        return kg
+
+    def set_current_key(self, key) -> None:
+        """Make ``key`` the key of subsequent per-record state calls and timer registrations."""
+        self._check_open()
+        kg = self.key_group_of(key)
+        self._current_key = K.check_key(key, self.key_type)
+        self._current_key_group = kg
+
+    @property
+    def current_key(self):
+        return self._current_key
+
+    @property
+    def current_key_group(self):
+        return self._current_key_group
+
+    def _require_key(self):
+        if self._current_key is None:
+            raise InvalidInputError("no current key: call set_current_key() first")
+        return self._current_key, self._current_key_group
+
+    def _check_open(self):
+        if self._closed:
+            raise StateError("the backend is closed")
+
+    # ------------------------------------------------------------------ abstract
+    @abc.abstractmethod
+    def get_state(self, descriptor, namespace_type: str = "void") -> "State":
+        """The state for ``descriptor`` (registered on first use). Raises StateMigrationError when
+        a state of the same name exists (registered or restored) with another kind, value type,
+        user key type or namespace type."""
+
+    @abc.abstractmethod
+    def snapshot(self) -> StateSnapshot:
+        """A StateSnapshot of every state and timer of the key-group range, isolated from later
+        writes."""
+
+    @abc.abstractmethod
+    def restore(self, snapshot_like) -> None:
+        """Load the key groups of ``snapshot_like`` inside this backend's key-group range."""
+
+    @abc.abstractmethod
+    def num_entries(self) -> int:
+        """Number of (state, key, namespace) entries holding a value (timers excluded)."""
+
+    @abc.abstractmethod
+    def state_bytes(self) -> int:
+        """Bytes of encoded keys plus serialized values of all entries (timers excluded)."""
+
+    def close(self) -> None:
+        """Release the backend's memory; later calls raise StateError. Idempotent."""
+        self._closed = True
+        self.timers.clear()
+
+
+# --------------------------------------------------------------------------- states
+
+_UNSET = object()
+
+
+class State(abc.ABC):
+    """Base of every state object: the descriptor, the namespace type and the current namespace."""
+
+    def __init__(self, backend: KeyedStateBackend, descriptor, namespace_type: str):
+        if namespace_type not in NAMESPACE_TYPES:
+            raise InvalidInputError(
+                f"namespace type {namespace_type!r} not supported; use one of {', '.join(NAMESPACE_TYPES)}"
+            )
+        self.backend = backend
+        self.descriptor = descriptor
+        self.name = descriptor.name
+        self.namespace_type = namespace_type
+        self._ns_ser = S.key_serializer(namespace_type)
+        self._namespace = None if namespace_type == "void" else _UNSET
+
+    def set_current_namespace(self, namespace) -> None:
+        """Set the namespace of later calls on this state object (InvalidInputError when it does
+        not match the namespace type)."""
+        self._namespace = self._ns_ser.check(namespace)
+
+    @property
+    def current_namespace(self):
+        return None if self._namespace is _UNSET else self._namespace
+
+    def _require_namespace(self):
+        if self._namespace is _UNSET:
+            raise InvalidInputError(
+                f"state {self.name!r} has namespace type {self.namespace_type}: "
+                "call set_current_namespace() first"
+            )
+        return self._namespace
+
+    @abc.abstractmethod
+    def clear(self) -> None:
+        """Remove the value of the current key and namespace."""
+
+
+class ValueState(State):
+    @abc.abstractmethod
+    def value(self) -> Any: ...
+
+    @abc.abstractmethod
+    def update(self, value) -> None: ...
+
+    @abc.abstractmethod
+    def get_batch(self, keys, namespaces=None) -> pa.Array: ...
+
+    @abc.abstractmethod
+    def put_batch(self, keys, values, namespaces=None) -> None: ...
+
+    @abc.abstractmethod
+    def clear_batch(self, keys, namespaces=None) -> None: ...
+
+
+class ListState(State):
+    @abc.abstractmethod
+    def get(self) -> list: ...
+
+    @abc.abstractmethod
+    def add(self, value) -> None: ...
+
+    @abc.abstractmethod
+    def add_all(self, values) -> None: ...
+
+    @abc.abstractmethod
+    def update(self, values) -> None: ...
+
+
+class MapState(State):
+    @abc.abstractmethod
+    def get(self, user_key): ...
+
+    @abc.abstractmethod
+    def put(self, user_key, user_value) -> None: ...
+
+    @abc.abstractmethod
+    def put_all(self, mapping) -> None: ...
+
+    @abc.abstractmethod
+    def contains(self, user_key) -> bool: ...
+
+    @abc.abstractmethod
+    def remove(self, user_key) -> None: ...
+
+    @abc.abstractmethod
+    def items(self) -> list: ...
+
+    @abc.abstractmethod
+    def keys(self) -> list: ...
+
+    @abc.abstractmethod
+    def values(self) -> list: ...
+
+    @abc.abstractmethod
+    def is_empty(self) -> bool: ...
+
+
+class ReducingState(State):
+    @abc.abstractmethod
+    def get(self): ...
+
+    @abc.abstractmethod
+    def add(self, value) -> None: ...
+
+    @abc.abstractmethod
+    def get_batch(self, keys, namespaces=None) -> pa.Array: ...
+
+    @abc.abstractmethod
+    def add_batch(self, keys, values, namespaces=None) -> pa.Array: ...
+
+    @abc.abstractmethod
+    def clear_batch(self, keys, namespaces=None) -> None: ...
+
+
+class AggregatingState(State):
+    @abc.abstractmethod
+    def get(self): ...
+
+    @abc.abstractmethod
+    def add(self, value) -> None: ...

@@ -1,0 +1,479 @@
+"""PythonBackend: the pure-Python reference backend and test oracle.
+
+State lives in plain dicts: per state, per key group, ``{(key, namespace): stored}``. ``stored``
+is the canonical Python value for typed values and the pickled bytes for ``pickle`` values (so a
+caller mutating an object after ``update`` cannot change state, as with the native backend which
+serializes on write). List state stores a Python list of such values; map state a dict
+``{serialized user key: stored user value}`` (user-key equality is byte equality, as natively).
+Snapshots serialize everything at snapshot time (O(entries), deliberately simple), so later writes
+never leak into them. Semantics: see :mod:`statecore.backends.base`.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pyarrow as pa
+
+from statecore import serializers as S
+from statecore.backends import base
+from statecore.descriptors import (
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    ValueStateDescriptor,
+)
+from statecore.errors import InvalidInputError, StateError, StateMigrationError
+from statecore.key_groups import KeyGroupRange
+from statecore.timers import TIMERS_STATE_NAME
+
+__all__ = ["PythonBackend", "PythonSnapshot"]
+
+_KINDS = {
+    "value": ValueStateDescriptor,
+    "list": ListStateDescriptor,
+    "map": MapStateDescriptor,
+    "reducing": ReducingStateDescriptor,
+    "aggregating": AggregatingStateDescriptor,
+}
+
+
+def _to_stored(ser: S.ValueSerializer, v):
+    """Validated, immutable stored form of ``v``."""
+    if ser.name == "pickle":
+        return ser.serialize(v)
+    return ser.check(v)
+
+
+def _from_stored(ser: S.ValueSerializer, s):
+    return pickle.loads(s) if ser.name == "pickle" else s
+
+
+def _stored_bytes(ser: S.ValueSerializer, s) -> bytes:
+    return s if ser.name == "pickle" else ser.serialize(s)
+
+
+def _stored_from_bytes(ser: S.ValueSerializer, b: bytes):
+    return bytes(b) if ser.name == "pickle" else ser.deserialize(b)
+
+
+class _Table:
+    """All entries of one state: ``data[key_group][(key, namespace)] = stored``."""
+
+    def __init__(self, meta: dict):
+        self.meta = dict(meta)
+        self.name = meta["name"]
+        self.kind = meta["kind"]
+        self.namespace_type = meta["namespace_type"]
+        self.ns_ser = S.key_serializer(self.namespace_type)
+        self.value_ser = S.value_serializer(meta["value_type"])
+        self.user_key_ser = S.key_serializer(meta["user_key_type"]) if self.kind == "map" else None
+        self.data: dict[int, dict] = {}
+
+    def group(self, kg: int) -> dict:
+        g = self.data.get(kg)
+        if g is None:
+            g = self.data[kg] = {}
+        return g
+
+    def get(self, kg, k):
+        g = self.data.get(kg)
+        return None if g is None else g.get(k)
+
+    def put(self, kg, k, stored):
+        self.group(kg)[k] = stored
+
+    def remove(self, kg, k):
+        g = self.data.get(kg)
+        if g is not None:
+            g.pop(k, None)
+            if not g:
+                del self.data[kg]
+
+    def encode_value(self, stored) -> bytes:
+        if self.kind == "list":
+            return b"".join(
+                _stored_bytes(self.value_ser, e) if self.value_ser.fixed_width
+                else S.write_varlen(len(b := _stored_bytes(self.value_ser, e))) + b
+                for e in stored
+            )
+        if self.kind == "map":
+            return S.encode_map_serialized({uk: _stored_bytes(self.value_ser, uv) for uk, uv in stored.items()})
+        return _stored_bytes(self.value_ser, stored)
+
+    def decode_value(self, b: bytes):
+        if self.kind == "list":
+            if self.value_ser.name == "pickle":
+                out, pos = [], 0
+                while pos < len(b):
+                    n, pos = S.read_varlen(b, pos)
+                    out.append(bytes(b[pos:pos + n]))
+                    pos += n
+                return out
+            return S.decode_list(b, self.value_ser)
+        if self.kind == "map":
+            return {bytes(uk): _stored_from_bytes(self.value_ser, uv)
+                    for uk, uv in S.decode_map(b, self.user_key_ser, self.value_ser, raw=True)}
+        return _stored_from_bytes(self.value_ser, b)
+
+
+class PythonSnapshot:
+    """StateSnapshot holding fully serialized entries (pa.binary arrays) taken at snapshot time."""
+
+    def __init__(self, max_parallelism, key_group_range, key_type, assigner, metas, data):
+        self.max_parallelism = max_parallelism
+        self.key_group_range = key_group_range
+        self.key_type = key_type
+        self.assigner = assigner
+        self._metas = metas
+        self._data = data  # name -> kg -> (keys, values)
+        self._released = False
+
+    def state_metas(self) -> list[dict]:
+        return copy.deepcopy(self._metas)
+
+    def entries(self, state_name: str, key_group: int):
+        """(keys, values) pa.binary arrays of one state and key group, sorted by key bytes; empty
+        for key groups without entries. Raises StateError after release, InvalidInputError for an
+        unknown state or a key group outside [0, max_parallelism)."""
+        if self._released:
+            raise StateError("snapshot was released")
+        if state_name not in self._data:
+            raise InvalidInputError(f"snapshot has no state named {state_name!r}")
+        if not 0 <= key_group < self.max_parallelism:
+            raise InvalidInputError(f"key group {key_group} outside [0, {self.max_parallelism - 1}]")
+        got = self._data[state_name].get(key_group)
+        if got is None:
+            return pa.array([], pa.binary()), pa.array([], pa.binary())
+        return got
+
+    def release(self) -> None:
+        self._released = True
+        self._data = {n: {} for n in self._data}
+
+
+class PythonBackend(base.KeyedStateBackend):
+    """The pure-Python reference backend (see module docstring and :mod:`..base`)."""
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self._tables: dict[str, _Table] = {}
+        self._states: dict[str, base.State] = {}
+
+    # ------------------------------------------------------------------ registration
+    def get_state(self, descriptor, namespace_type: str = "void"):
+        self._check_open()
+        if not isinstance(descriptor, StateDescriptor):
+            raise InvalidInputError(f"expected a state descriptor, got {descriptor!r}")
+        namespace_type = S.key_serializer(namespace_type).name
+        if namespace_type not in base.NAMESPACE_TYPES:
+            raise InvalidInputError(f"namespace type {namespace_type!r} is not supported")
+        meta = dict(descriptor.meta(), namespace_type=namespace_type)
+        table = self._tables.get(descriptor.name)
+        if table is None:
+            table = self._tables[descriptor.name] = _Table(meta)
+        else:
+            descriptor.check_compatible(table.meta, namespace_type)
+        cached = self._states.get(descriptor.name)
+        if cached is not None and cached.descriptor is descriptor and cached.namespace_type == namespace_type:
+            return cached
+        cls = {"value": _Value, "list": _List, "map": _Map, "reducing": _Reducing,
+               "aggregating": _Aggregating}[descriptor.kind]
+        st = cls(self, descriptor, namespace_type, table)
+        self._states[descriptor.name] = st
+        return st
+
+    # ------------------------------------------------------------------ snapshot / restore
+    def _encode_entry_key(self, table: _Table, kg: int, k) -> bytes:
+        return S.encode_key(kg, self.max_parallelism, k[0], self._key_ser, k[1], table.ns_ser)
+
+    def snapshot(self) -> PythonSnapshot:
+        self._check_open()
+        metas, data = [], {}
+        for name, table in self._tables.items():
+            metas.append(dict(table.meta))
+            per_kg = {}
+            for kg, g in table.data.items():
+                pairs = sorted((self._encode_entry_key(table, kg, k), table.encode_value(v)) for k, v in g.items())
+                per_kg[kg] = (pa.array([p[0] for p in pairs], pa.binary()),
+                              pa.array([p[1] for p in pairs], pa.binary()))
+            data[name] = per_kg
+        metas.append(self.timers.meta())
+        tdata = {}
+        for kg in self.key_group_range:
+            keys, vals = self.timers.snapshot_entries(kg)
+            if len(keys):
+                tdata[kg] = (keys, vals)
+        data[TIMERS_STATE_NAME] = tdata
+        return PythonSnapshot(self.max_parallelism, self.key_group_range, self.key_type,
+                              self.assigner, metas, data)
+
+    def restore(self, snapshot_like) -> None:
+        self._check_open()
+        base.check_snapshot_compatible(self, snapshot_like)
+        metas = snapshot_like.state_metas()
+        kgs = list(self.key_group_range.intersection(KeyGroupRange.of(snapshot_like.key_group_range)))
+        # Decode everything first so that a malformed snapshot leaves the backend unchanged.
+        staged = []
+        for meta in metas:
+            if meta["kind"] == "timers":
+                continue
+            if meta["kind"] not in _KINDS:
+                raise StateMigrationError(f"unknown state kind {meta['kind']!r} in snapshot")
+            existing = self._tables.get(meta["name"])
+            table = existing if existing is not None else _Table(meta)
+            if existing is not None:
+                for f in ("kind", "value_type", "user_key_type", "namespace_type"):
+                    if existing.meta.get(f) != meta.get(f):
+                        raise StateMigrationError(
+                            f"state {meta['name']!r}: {f}={meta.get(f)!r} in the snapshot but "
+                            f"{existing.meta.get(f)!r} here"
+                        )
+            rows = []
+            for kg in kgs:
+                keys, vals = snapshot_like.entries(meta["name"], kg)
+                for kb, vb in zip(keys.to_pylist(), vals.to_pylist()):
+                    kg2, key, ns, _ = S.decode_key(kb, self.max_parallelism, self._key_ser, table.ns_ser)
+                    if kg2 != kg:
+                        raise InvalidInputError(f"entry {kb.hex()} of state {meta['name']!r} listed under key group {kg}")
+                    rows.append((kg, (key, ns), table.decode_value(vb)))
+            staged.append((table, rows))
+        for table, rows in staged:
+            self._tables.setdefault(table.name, table)
+            for kg, k, v in rows:
+                table.put(kg, k, v)
+        self.timers.restore(snapshot_like)
+
+    # ------------------------------------------------------------------ accounting
+    def num_entries(self) -> int:
+        return sum(len(g) for t in self._tables.values() for g in t.data.values())
+
+    def state_bytes(self) -> int:
+        return sum(len(self._encode_entry_key(t, kg, k)) + len(t.encode_value(v))
+                   for t in self._tables.values() for kg, g in t.data.items() for k, v in g.items())
+
+    def close(self) -> None:
+        super().close()
+        self._tables.clear()
+        self._states.clear()
+
+    # ------------------------------------------------------------------ batch helpers
+    def _batch_slots(self, state, keys, namespaces):
+        arr = base.coerce_key_array(keys, self.key_type)
+        ks = arr.to_pylist()
+        nss = base.resolve_batch_namespaces(namespaces, state, len(ks))
+        return [(self.key_group_of(k), (k, ns)) for k, ns in zip(ks, nss)]
+
+
+class _PyState:
+    def __init__(self, backend: PythonBackend, descriptor, namespace_type, table: _Table):
+        base.State.__init__(self, backend, descriptor, namespace_type)
+        self._table = table
+        self._ser = table.value_ser
+
+    def _slot(self):
+        self.backend._check_open()
+        key, kg = self.backend._require_key()
+        return kg, (key, self._require_namespace())
+
+    def clear(self) -> None:
+        kg, k = self._slot()
+        self._table.remove(kg, k)
+
+    def clear_batch(self, keys, namespaces=None) -> None:
+        for kg, k in self.backend._batch_slots(self, keys, namespaces):
+            self._table.remove(kg, k)
+
+    def get_batch(self, keys, namespaces=None) -> pa.Array:
+        if self._table.kind not in ("value", "reducing"):
+            raise InvalidInputError(f"{self._table.kind} state has no get_batch")
+        if self._ser.arrow_type is None:
+            raise InvalidInputError("the batch API needs a typed value (not pickle) state")
+        slots = self.backend._batch_slots(self, keys, namespaces)
+        return pa.array([self._table.get(kg, k) for kg, k in slots], self._ser.arrow_type)
+
+
+class _Value(_PyState, base.ValueState):
+    def value(self):
+        kg, k = self._slot()
+        s = self._table.get(kg, k)
+        return self.descriptor.default_value() if s is None else _from_stored(self._ser, s)
+
+    def update(self, value) -> None:
+        kg, k = self._slot()
+        if value is None:
+            self._table.remove(kg, k)
+        else:
+            self._table.put(kg, k, _to_stored(self._ser, value))
+
+    def put_batch(self, keys, values, namespaces=None) -> None:
+        arr = base.coerce_key_array(keys, self.backend.key_type)
+        vals = base.coerce_value_array(values, self._ser.name, len(arr)).to_pylist()
+        slots = self.backend._batch_slots(self, arr, namespaces)
+        for (kg, k), v in zip(slots, vals):
+            if v is None:
+                self._table.remove(kg, k)
+            else:
+                self._table.put(kg, k, _to_stored(self._ser, v))
+
+
+class _List(_PyState, base.ListState):
+    def get(self) -> list:
+        kg, k = self._slot()
+        return [_from_stored(self._ser, e) for e in self._table.get(kg, k) or ()]
+
+    def _elements(self, values) -> list:
+        if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+            raise InvalidInputError(f"expected an iterable of elements, got {type(values).__name__}")
+        out = []
+        for v in values:
+            if v is None:
+                raise InvalidInputError("list state elements must not be None")
+            out.append(_to_stored(self._ser, v))
+        return out
+
+    def add(self, value) -> None:
+        kg, k = self._slot()
+        if value is None:
+            raise InvalidInputError("cannot add None to a list state")
+        e = _to_stored(self._ser, value)
+        self._table.put(kg, k, (self._table.get(kg, k) or []) + [e])
+
+    def add_all(self, values) -> None:
+        kg, k = self._slot()
+        es = self._elements(values)
+        if es:
+            self._table.put(kg, k, (self._table.get(kg, k) or []) + es)
+
+    def update(self, values) -> None:
+        kg, k = self._slot()
+        es = self._elements(values)
+        if es:
+            self._table.put(kg, k, es)
+        else:
+            self._table.remove(kg, k)
+
+
+class _Map(_PyState, base.MapState):
+    def __init__(self, *a):
+        super().__init__(*a)
+        self._uks = self._table.user_key_ser
+
+    def _map(self):
+        kg, k = self._slot()
+        return self._table.get(kg, k) or {}
+
+    def get(self, user_key):
+        s = self._map().get(self._uks.serialize(user_key))
+        return None if s is None else _from_stored(self._ser, s)
+
+    def put(self, user_key, user_value) -> None:
+        self.put_all([(user_key, user_value)])
+
+    def put_all(self, mapping) -> None:
+        kg, k = self._slot()
+        items = mapping.items() if isinstance(mapping, dict) else mapping
+        staged = [(self._uks.serialize(uk), _to_stored(self._ser, uv)) for uk, uv in items]
+        if staged:
+            m = dict(self._table.get(kg, k) or {})
+            m.update(staged)
+            self._table.put(kg, k, m)
+
+    def contains(self, user_key) -> bool:
+        return self._uks.serialize(user_key) in self._map()
+
+    def remove(self, user_key) -> None:
+        kg, k = self._slot()
+        ukb = self._uks.serialize(user_key)
+        m = self._table.get(kg, k)
+        if m is None or ukb not in m:
+            return
+        m = dict(m)
+        del m[ukb]
+        if m:
+            self._table.put(kg, k, m)
+        else:
+            self._table.remove(kg, k)
+
+    def items(self) -> list:
+        m = self._map()
+        return [(self._uks.deserialize(uk), _from_stored(self._ser, m[uk])) for uk in sorted(m)]
+
+    def keys(self) -> list:
+        return [uk for uk, _ in self.items()]
+
+    def values(self) -> list:
+        return [uv for _, uv in self.items()]
+
+    def is_empty(self) -> bool:
+        return not self._map()
+
+
+class _Reducing(_PyState, base.ReducingState):
+    def get(self):
+        kg, k = self._slot()
+        s = self._table.get(kg, k)
+        return None if s is None else _from_stored(self._ser, s)
+
+    def _reduce(self, cur_stored, v):
+        r = self.descriptor.reducer
+        if r.name != "count":
+            v = self._ser.check(v)
+        acc = None if cur_stored is None else _from_stored(self._ser, cur_stored)
+        try:
+            new = r.add(acc, v)
+        except InvalidInputError:
+            raise
+        except Exception as e:
+            raise InvalidInputError(f"reducer {r.name!r} failed on {v!r}: {e}") from e
+        return _to_stored(self._ser, new)
+
+    def add(self, value) -> None:
+        kg, k = self._slot()
+        if value is None:
+            return
+        self._table.put(kg, k, self._reduce(self._table.get(kg, k), value))
+
+    def add_batch(self, keys, values, namespaces=None) -> pa.Array:
+        arr = base.coerce_key_array(keys, self.backend.key_type)
+        is_count = self.descriptor.reducer.name == "count"
+        vals = base.coerce_value_array(values, self._ser.name, len(arr), any_type=is_count).to_pylist()
+        slots = self.backend._batch_slots(self, arr, namespaces)
+        staged, out = {}, []
+        for (kg, k), v in zip(slots, vals):
+            cur = staged[(kg, k)] if (kg, k) in staged else self._table.get(kg, k)
+            if v is not None:
+                cur = self._reduce(cur, v)
+                staged[(kg, k)] = cur
+            out.append(cur)
+        for (kg, k), s in staged.items():
+            self._table.put(kg, k, s)
+        return pa.array(out, self._ser.arrow_type)
+
+
+class _Aggregating(_PyState, base.AggregatingState):
+    def get(self):
+        kg, k = self._slot()
+        s = self._table.get(kg, k)
+        if s is None:
+            return None
+        return self.descriptor.aggregate_function.get_result(_from_stored(self._ser, s))
+
+    def add(self, value) -> None:
+        kg, k = self._slot()
+        if value is None:
+            return
+        fn = self.descriptor.aggregate_function
+        s = self._table.get(kg, k)
+        acc = fn.create_accumulator() if s is None else _from_stored(self._ser, s)
+        self._table.put(kg, k, _to_stored(self._ser, fn.add(value, acc)))
+
+    def get_batch(self, keys, namespaces=None):
+        raise InvalidInputError("AggregatingState has no batch API")
+
+    def clear_batch(self, keys, namespaces=None):
+        for kg, k in self.backend._batch_slots(self, keys, namespaces):
+            self._table.remove(kg, k)

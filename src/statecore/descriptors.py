@@ -1,0 +1,247 @@
+"""State descriptors (after Flink's ``StateDescriptor`` family) and built-in reducers.
+
+A descriptor names a piece of keyed state and fixes its kind and the types it stores. Types are
+value-type names (``"int32"``, ``"int64"``, ``"float64"``, ``"bool"``, ``"string"``,
+``"binary"``, ``"pickle"``) or pyarrow DataTypes; see :mod:`statecore.serializers` for the
+bytes. :meth:`StateDescriptor.meta` is the JSON-able description written into snapshots; on
+restore, :meth:`StateDescriptor.check_compatible` compares it with the restored meta and raises
+:class:`~statecore.errors.StateMigrationError` when kind or types differ (Flink's
+``StateMigrationException``).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+from statecore import serializers as S
+from statecore.errors import InvalidInputError, StateMigrationError
+
+__all__ = [
+    "StateDescriptor",
+    "ValueStateDescriptor",
+    "ListStateDescriptor",
+    "MapStateDescriptor",
+    "ReducingStateDescriptor",
+    "AggregatingStateDescriptor",
+    "AggregateFunction",
+    "Reducer",
+    "BUILTIN_REDUCERS",
+    "USER_KEY_TYPES",
+]
+
+USER_KEY_TYPES = ("int32", "int64", "string", "binary", "pickle")
+BUILTIN_REDUCERS = ("sum", "min", "max", "count")
+_NUMERIC = ("int32", "int64", "float64")
+
+# Meta fields that must agree between a descriptor and restored state (others are informative).
+_COMPAT_FIELDS = ("kind", "value_type", "user_key_type", "namespace_type")
+
+
+def _check_name(name) -> str:
+    if not isinstance(name, str) or not name:
+        raise InvalidInputError(f"state name must be a non-empty string, got {name!r}")
+    if name.startswith("__"):
+        raise InvalidInputError(f"state names starting with '__' are reserved, got {name!r}")
+    return name
+
+
+class StateDescriptor:
+    """Base class: ``name`` (non-empty, not starting with ``__``) and ``kind``."""
+
+    kind = ""
+
+    def __init__(self, name: str):
+        self.name = _check_name(name)
+
+    def meta(self) -> dict:
+        """JSON-able description: ``name``, ``kind``, ``value_type`` and kind-specific fields."""
+        raise NotImplementedError
+
+    def check_compatible(self, meta: dict, namespace_type: str | None = None) -> None:
+        """Raise StateMigrationError if restored state ``meta`` cannot be read with this
+        descriptor (kind, value_type, user_key_type or namespace_type differ)."""
+        mine = dict(self.meta())
+        if namespace_type is not None:
+            mine["namespace_type"] = namespace_type
+        for f in _COMPAT_FIELDS:
+            if f in mine and f in meta and mine[f] != meta[f]:
+                raise StateMigrationError(
+                    f"state {self.name!r}: descriptor has {f}={mine[f]!r} but the restored "
+                    f"state has {f}={meta[f]!r}"
+                )
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.meta()!r})"
+
+
+class ValueStateDescriptor(StateDescriptor):
+    """One value per (key, namespace). ``value()`` returns a copy of ``default`` when absent.
+
+    Raises InvalidInputError if ``default`` is not None and not a valid ``value_type`` value.
+    """
+
+    kind = "value"
+
+    def __init__(self, name: str, value_type="pickle", default: Any = None):
+        super().__init__(name)
+        self.value_type = S.normalize_value_type(value_type)
+        self.serializer = S.value_serializer(self.value_type)
+        self.default = None if default is None else self.serializer.check(default)
+
+    def default_value(self) -> Any:
+        return copy.deepcopy(self.default)
+
+    def meta(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "value_type": self.value_type}
+
+
+class ListStateDescriptor(StateDescriptor):
+    """A list of elements per (key, namespace); ``element_type`` is stored as ``value_type``."""
+
+    kind = "list"
+
+    def __init__(self, name: str, element_type="pickle"):
+        super().__init__(name)
+        self.value_type = S.normalize_value_type(element_type)
+        self.element_type = self.value_type
+        self.serializer = S.value_serializer(self.value_type)
+
+    def meta(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "value_type": self.value_type}
+
+
+class MapStateDescriptor(StateDescriptor):
+    """A map per (key, namespace). User keys: int32/int64/string/binary/pickle (serialized with
+    the key serializers; equality of user keys is equality of their serialized bytes)."""
+
+    kind = "map"
+
+    def __init__(self, name: str, user_key_type="pickle", user_value_type="pickle"):
+        super().__init__(name)
+        t = S.normalize_value_type(user_key_type)
+        if t not in USER_KEY_TYPES:
+            raise InvalidInputError(
+                f"map user key type {t!r} is not supported; use one of {', '.join(USER_KEY_TYPES)}"
+            )
+        self.user_key_type = t
+        self.value_type = S.normalize_value_type(user_value_type)
+        self.user_value_type = self.value_type
+        self.user_key_serializer = S.key_serializer(t)
+        self.serializer = S.value_serializer(self.value_type)
+
+    def meta(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "value_type": self.value_type,
+                "user_key_type": self.user_key_type}
+
+
+class Reducer:
+    """A reduce function for ReducingState: ``add(acc, v)`` returns the new aggregate, with
+    ``acc`` None for the first value. Built-ins: ``sum``, ``min``, ``max`` (first value is the
+    value itself) and ``count`` (number of non-None values added; first add gives 1). A custom
+    Python callable ``f(a, b) -> c`` behaves like Flink's ``ReduceFunction``."""
+
+    def __init__(self, spec):
+        if isinstance(spec, Reducer):
+            self.name, self.fn = spec.name, spec.fn
+        elif isinstance(spec, str):
+            if spec not in BUILTIN_REDUCERS:
+                raise InvalidInputError(
+                    f"unknown reducer {spec!r}; use one of {', '.join(BUILTIN_REDUCERS)} or a callable"
+                )
+            self.name, self.fn = spec, None
+        elif callable(spec):
+            self.name, self.fn = "custom", spec
+        else:
+            raise InvalidInputError(f"reducer must be a built-in name or a callable, got {spec!r}")
+
+    @property
+    def builtin(self) -> bool:
+        return self.fn is None
+
+    def add(self, acc, v):
+        """New aggregate after adding ``v`` (not None) to ``acc`` (None when absent)."""
+        n = self.name
+        if n == "count":
+            return 1 if acc is None else acc + 1
+        if acc is None:
+            return v
+        if n == "sum":
+            return acc + v
+        if n == "min":
+            return v if v < acc else acc
+        if n == "max":
+            return v if v > acc else acc
+        return self.fn(acc, v)
+
+
+class ReducingStateDescriptor(StateDescriptor):
+    """One aggregate per (key, namespace) folded with ``reducer`` on every ``add``.
+
+    ``value_type`` defaults to int64 for ``count`` (the only allowed type for it) and to pickle
+    otherwise; ``sum`` needs int32/int64/float64/pickle; ``min``/``max`` any type but bool.
+    Raises InvalidInputError on an unknown reducer or an unsupported type.
+    """
+
+    kind = "reducing"
+
+    def __init__(self, name: str, reducer, value_type=None):
+        super().__init__(name)
+        self.reducer = Reducer(reducer)
+        r = self.reducer.name
+        if value_type is None:
+            value_type = "int64" if r == "count" else "pickle"
+        self.value_type = S.normalize_value_type(value_type)
+        if r == "count" and self.value_type != "int64":
+            raise InvalidInputError(f"reducer 'count' stores int64, not {self.value_type}")
+        if r == "sum" and self.value_type not in _NUMERIC + ("pickle",):
+            raise InvalidInputError(f"reducer 'sum' needs a numeric value type, not {self.value_type}")
+        if r in ("min", "max") and self.value_type == "bool":
+            raise InvalidInputError(f"reducer {r!r} does not support bool values")
+        self.serializer = S.value_serializer(self.value_type)
+
+    def meta(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "value_type": self.value_type,
+                "reducer": self.reducer.name}
+
+
+class AggregateFunction:
+    """Flink ``AggregateFunction``: subclass and implement the three methods.
+
+    ``create_accumulator() -> acc``; ``add(value, acc) -> acc``; ``get_result(acc) -> result``.
+    The accumulator is stored with the descriptor's ``accumulator_type`` serializer.
+    """
+
+    def create_accumulator(self):
+        raise NotImplementedError
+
+    def add(self, value, accumulator):
+        raise NotImplementedError
+
+    def get_result(self, accumulator):
+        raise NotImplementedError
+
+
+class AggregatingStateDescriptor(StateDescriptor):
+    """One accumulator per (key, namespace); ``get()`` returns ``get_result(acc)``.
+
+    ``aggregate_function`` needs ``create_accumulator``, ``add`` and ``get_result`` methods
+    (InvalidInputError otherwise)."""
+
+    kind = "aggregating"
+
+    def __init__(self, name: str, aggregate_function, accumulator_type="pickle"):
+        super().__init__(name)
+        for m in ("create_accumulator", "add", "get_result"):
+            if not callable(getattr(aggregate_function, m, None)):
+                raise InvalidInputError(
+                    f"aggregate_function must have a callable {m}() (see AggregateFunction)"
+                )
+        self.aggregate_function = aggregate_function
+        self.value_type = S.normalize_value_type(accumulator_type)
+        self.accumulator_type = self.value_type
+        self.serializer = S.value_serializer(self.value_type)
+
+    def meta(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "value_type": self.value_type,
+                "aggregate_function": type(self.aggregate_function).__qualname__}

@@ -1,0 +1,187 @@
+"""Event-time timer service shared by every backend (after Flink's ``InternalTimerService``).
+
+Timers belong to (key, namespace) and are partitioned by the key group of their key, so they
+snapshot, restore and rescale exactly like keyed state. They are stored under their encoded timer
+key (``prefix | ts big-endian with the sign bit flipped | ser(key) | ser(namespace)``, see
+:func:`statecore.serializers.encode_timer_key`) and appear in snapshots as the pseudo-state
+``__timers__`` (kind ``timers``) with empty values.
+
+Semantics (Flink's): registering the same (timestamp, key, namespace) twice keeps one timer;
+``advance_watermark(wm)`` fires and removes every timer with ``ts <= wm`` in ascending timestamp
+order, ties broken by key group and then by encoded key. A watermark that does not advance fires
+nothing. Timers registered while handling fired timers fire on a later advance.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from statecore import serializers as S
+from statecore.errors import InvalidInputError, StateMigrationError
+
+__all__ = ["TimerService", "TIMERS_STATE_NAME"]
+
+TIMERS_STATE_NAME = "__timers__"
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+class TimerService:
+    """Event-time timers of one keyed backend.
+
+    ``backend`` provides ``key_type``, ``max_parallelism``, ``key_group_range`` (KeyGroupRange),
+    ``current_key`` and ``current_key_group`` (the backend validates the key and raises
+    InvalidInputError when none is set). ``namespace_type`` is the key-serializer type of timer
+    namespaces: ``"void"`` (namespace must be None), ``"int64"``, ``"int32"``, ``"string"`` or
+    ``"binary"``. Timestamps are int64 milliseconds.
+    """
+
+    def __init__(self, backend, namespace_type: str = "void"):
+        self._backend = backend
+        self.namespace_type = S.key_serializer(namespace_type).name
+        if self.namespace_type == "pickle":
+            raise InvalidInputError("timer namespaces cannot be pickled objects")
+        self._key_ser = S.key_serializer(backend.key_type)
+        self._ns_ser = S.key_serializer(self.namespace_type)
+        # key group -> {encoded timer key: (ts, key, namespace)}
+        self._timers: dict[int, dict[bytes, tuple[int, Any, Any]]] = {}
+        # (ts, key group, encoded key); may hold entries already deleted (checked on pop)
+        self._heap: list[tuple[int, int, bytes]] = []
+        self._count = 0
+        self.current_watermark = _INT64_MIN
+
+    # ------------------------------------------------------------------ per-key API
+    def _encode(self, ts, namespace) -> tuple[int, bytes, int, Any]:
+        b = self._backend
+        key = b.current_key  # backend raises when no key is set
+        kg = b.current_key_group
+        if key is None:
+            raise InvalidInputError("no current key: call set_current_key() first")
+        ns = self._ns_ser.check(namespace)
+        enc = S.encode_timer_key(kg, b.max_parallelism, ts, key, self._key_ser, ns, self._ns_ser)
+        return kg, enc, key, ns
+
+    def register_event_time_timer(self, timestamp: int, namespace=None) -> None:
+        """Register a timer at ``timestamp`` (ms) for the current key and ``namespace``.
+        Registering an existing timer is a no-op. Raises InvalidInputError on a bad timestamp or
+        namespace, or when no current key is set."""
+        kg, enc, key, ns = self._encode(timestamp, namespace)
+        self._insert(kg, enc, (int(timestamp), key, ns))
+
+    def delete_event_time_timer(self, timestamp: int, namespace=None) -> None:
+        """Delete the timer at ``timestamp`` for the current key and ``namespace`` (no-op when
+        absent)."""
+        kg, enc, _, _ = self._encode(timestamp, namespace)
+        group = self._timers.get(kg)
+        if group is not None and group.pop(enc, None) is not None:
+            self._count -= 1
+            if not group:
+                del self._timers[kg]
+            self._maybe_compact()
+
+    def list_event_time_timers(self) -> list[tuple[int, Any]]:
+        """``(timestamp, namespace)`` of every timer of the current key, ascending by encoded key."""
+        b = self._backend
+        key = b.current_key
+        if key is None:
+            raise InvalidInputError("no current key: call set_current_key() first")
+        group = self._timers.get(b.current_key_group, {})
+        return [(ts, ns) for enc, (ts, k, ns) in sorted(group.items()) if k == key]
+
+    def _insert(self, kg: int, enc: bytes, entry) -> None:
+        group = self._timers.setdefault(kg, {})
+        if enc in group:
+            return
+        group[enc] = entry
+        self._count += 1
+        heapq.heappush(self._heap, (entry[0], kg, enc))
+
+    def _maybe_compact(self) -> None:
+        # Deleted timers stay in the heap until popped; rebuild when they dominate so that
+        # register/delete churn cannot grow memory without bound.
+        if len(self._heap) > 64 and len(self._heap) > 2 * self._count:
+            self._heap = [(e[0], kg, enc) for kg, g in self._timers.items() for enc, e in g.items()]
+            heapq.heapify(self._heap)
+
+    # ------------------------------------------------------------------ time
+    def advance_watermark(self, watermark: int) -> list[tuple[int, Any, Any]]:
+        """Fire (remove and return) every timer with ``ts <= watermark``, as
+        ``[(ts, key, namespace), ...]`` in ascending (ts, key group, encoded key) order.
+        Raises InvalidInputError when ``watermark`` is not an int64."""
+        if isinstance(watermark, (bool, np.bool_)) or not isinstance(watermark, (int, np.integer)):
+            raise InvalidInputError(f"watermark must be an int (ms), got {watermark!r}")
+        wm = int(watermark)
+        if not _INT64_MIN <= wm <= _INT64_MAX:
+            raise InvalidInputError(f"watermark {wm} does not fit in int64")
+        if wm > self.current_watermark:
+            self.current_watermark = wm
+        fired = []
+        heap = self._heap
+        while heap and heap[0][0] <= wm:
+            ts, kg, enc = heapq.heappop(heap)
+            group = self._timers.get(kg)
+            entry = group.pop(enc, None) if group is not None else None
+            if entry is None:
+                continue  # deleted earlier, or a duplicate heap entry of a re-registered timer
+            if not group:
+                del self._timers[kg]
+            self._count -= 1
+            fired.append(entry)
+        return fired
+
+    # ------------------------------------------------------------------ bookkeeping
+    def num_timers(self) -> int:
+        """Number of registered timers."""
+        return self._count
+
+    def num_bytes(self) -> int:
+        """Bytes of all encoded timer keys (values are empty)."""
+        return sum(len(enc) for g in self._timers.values() for enc in g)
+
+    def clear(self) -> None:
+        self._timers.clear()
+        self._heap.clear()
+        self._count = 0
+
+    def meta(self) -> dict:
+        """Snapshot meta of the ``__timers__`` pseudo-state."""
+        return {"name": TIMERS_STATE_NAME, "kind": "timers", "namespace_type": self.namespace_type,
+                "value_type": "binary"}
+
+    def snapshot_entries(self, key_group: int) -> tuple[pa.Array, pa.Array]:
+        """``(keys, values)`` of one key group as pa.binary arrays sorted by key bytes; values
+        are empty."""
+        keys = sorted(self._timers.get(key_group, {}))
+        return pa.array(keys, pa.binary()), pa.array([b""] * len(keys), pa.binary())
+
+    def restore(self, snapshot) -> int:
+        """Load the ``__timers__`` entries of every key group of the backend's key-group range
+        from a StateSnapshot-like object; returns the number loaded. Raises StateMigrationError
+        when the snapshot's timer namespace type differs, InvalidInputError on malformed keys."""
+        metas = {m["name"]: m for m in snapshot.state_metas()}
+        meta = metas.get(TIMERS_STATE_NAME)
+        if meta is None:
+            return 0
+        if meta.get("namespace_type", "void") != self.namespace_type:
+            raise StateMigrationError(
+                f"timers were snapshotted with namespace type {meta.get('namespace_type')!r}, "
+                f"this backend uses {self.namespace_type!r}"
+            )
+        b = self._backend
+        snap_range = snapshot.key_group_range
+        n = 0
+        for kg in b.key_group_range.intersection(snap_range):
+            keys, _ = snapshot.entries(TIMERS_STATE_NAME, kg)
+            decoded = []
+            for enc in keys.to_pylist():
+                kg2, ts, key, ns = S.decode_timer_key(enc, b.max_parallelism, self._key_ser, self._ns_ser)
+                if kg2 != kg:
+                    raise InvalidInputError(f"timer key {enc.hex()} listed under key group {kg}")
+                decoded.append((bytes(enc), (ts, key, ns)))
+            for enc, entry in decoded:
+                self._insert(kg, enc, entry)
+                n += 1
+        return n
