@@ -22,11 +22,96 @@ class MapSnapshot;
 
 // Copy-on-write, incrementally rehashing chained hash map from byte keys to byte values
 // (after Flink's CopyOnWriteStateMap). One instance per key group of a state.
+//
+// ===================================== Design =====================================
+// Purpose. Hold the keyed state of one key group in process memory so that (a) every state access
+// is a hash lookup, (b) a checkpoint can take a consistent snapshot in O(1) on the processing
+// thread and serialize it on another thread while processing continues, and (c) no single
+// operation ever stalls on O(entries) work (no stop-the-world rehash, no stop-the-world copy).
+//
+// Table. Chained hashing over a power-of-two number of buckets (bucket = hash & (capacity-1)),
+// minimum capacity 4, maximum 2^30, new entries pushed at the chain head, load factor 3/4.
+// Tables only grow: removals never shrink them, clear() keeps the capacity. The bucket array is
+// paged: a table is a Directory of Pages of min(capacity, 512) bucket heads (detail/pages.h), both
+// reference counted, pages allocated on first write (a missing page = empty buckets).
+// Trade-off: one extra indirection per lookup (directory -> page -> head) buys O(1) snapshots.
+//
+// Entries (detail/entry.h). One allocation per key: header {next, version, hash, key_size,
+// value_size}, key bytes padded to 8, then the value bytes. Values are inline (an int64/float64
+// value is 8 aligned bytes in the entry); put() with a different value size allocates a new
+// entry and relinks it in place of the old one. `version` is the map version at which the
+// allocation was made (Flink entryVersion; there is no separate stateVersion because the value
+// lives in the entry, so copying the entry copies the value).
+//
+// Incremental rehash (as Flink). When an insert finds size() > threshold and no rehash is in
+// flight, a table of twice the capacity is allocated (only its directory: O(capacity/512)) and
+// `rehash_index` starts at 0. Every get/put/get_for_update/remove first migrates whole bucket
+// chains of the old table, from rehash_index upward, into the new table until at least 4 entries
+// moved (MIN_TRANSFERRED_PER_INCREMENTAL_REHASH) -- additionally capped at 64 buckets visited (a
+// missing page counts as one) so a sparse old table cannot make one step O(capacity). A lookup
+// uses the old table when (hash & (old_capacity-1)) >= rehash_index, else the new table. When
+// rehash_index reaches the old capacity the new table becomes the only one. One rehash at a time:
+// if size passes the new threshold before the migration ends (the caps make this impossible for
+// capacities >= 8: at most ~capacity/3 inserts can happen during a migration), doubling waits for
+// the running one to finish. Migrated old buckets are not cleared (that would copy shared pages);
+// nothing ever reads old buckets below rehash_index, neither the map nor snapshots.
+//
+// Snapshots are versions (O(1)). snapshot() increments `version` to s, records s as the highest
+// required snapshot version (`required`) and in the live-snapshot set, and takes one reference
+// to each directory (both during a rehash) plus rehash_index and size(). It copies no bucket
+// (Flink copies the bucket array: O(capacity)). The snapshot sees exactly the entries reachable
+// from its directories, and all of them have version < s.
+//
+// Copy-on-write, bucket level. Before writing a bucket slot the map makes it exclusive: a
+// directory with refs > 1 is copied (page pointers, O(capacity/512), at most once per table per
+// snapshot), then a page with refs > 1 is copied (O(512) pointers, at most once per page per
+// snapshot). Snapshots keep the originals.
+//
+// Copy-on-write, entry level (as Flink). An entry with version < required may be reachable from a
+// live snapshot and is never modified. Writing its value, or its `next` link (to unlink or
+// relink a successor), first copies the chain from the bucket head down to it, copying only the
+// entries with version < required (Flink handleChainedEntryCopyOnWrite); the copies get the
+// current version. Migration copies moved entries with version < required. Entries with
+// version >= required were created after every live snapshot and are written in place.
+// So a write after a snapshot copies only what it touches: at most one directory, one page and
+// the chain prefix down to the written entry.
+//
+// Reclamation without GC. An entry created at version e and unlinked from the live table (removed,
+// superseded by its copy, or reallocated) when the map version is u is reachable from snapshot s
+// iff e < s <= u. Every live snapshot has s <= u, so it is needed iff e < required: then it goes
+// to the retire list with u, else it is freed at once. A release (any thread) removes its version
+// from the live set under `mu` and lowers `required`; the freeing of retired entries happens on
+// the owning thread at its next operation (flag `sweep_pending`), or in reclaim(). If the map is
+// already destroyed (`orphaned`), the releasing thread sweeps itself under `mu`. Directories and
+// pages are freed by whoever drops their last reference (atomic counts). Snapshots hold a
+// shared_ptr to the engine state, so the map may be destroyed while snapshots live; its
+// destructor frees every live entry no snapshot needs.
+//
+// Invariants.
+//  I1 version >= every live snapshot version; required = max live snapshot version or 0.
+//  I2 no entry with version < required (as last raised by the owner) is written.
+//  I3 every directory/page reachable from a live snapshot is unchanged since the snapshot.
+//  I4 every entry reachable from a live snapshot is either in the live table or retired.
+//  I5 size() = live entries; bytes() = sum of their key and value sizes.
+//  I6 during a rehash, live entries with bucket (old) < rehash_index are in the new table only.
+//
+// Work per operation (n = chain length of the touched bucket, C = capacity):
+//  get: one rehash step [<= 64 bucket visits + moved chains (>= 4 entries, whole chains)] + O(n).
+//  put/get_for_update/remove: the same + at most one directory copy O(C/512) + one page copy
+//  O(512) + O(n) entry copies + (new rehash only) one directory allocation O(C/512)
+//  + when a snapshot was released since the last operation, one sweep O(retired * log snapshots).
+//  snapshot(): O(1) (+ amortized O(1) for the live-snapshot list).  clear(): O(size + C/512).
+//  MapSnapshot::sorted_entries(): O(m log m) over the m entries of the snapshot, C/512 page visits.
+//
 // Thread contract: all mutating calls and snapshot() come from one owning thread; a MapSnapshot
-// may be read (sorted_entries) from any one other thread while the owner keeps mutating.
+// may be read (sorted_entries) from any one other thread while the owner keeps mutating, and may
+// be released (explicitly or by destruction) from any thread. A single MapSnapshot object must not
+// be used by two threads at once. stats()/retired_entries() are owner-thread calls.
 class StateMap {
  public:
-  explicit StateMap(KeyHashFunction hash = nullptr);  // nullptr: xxh64-based default
+  // nullptr: detail::default_key_hash (64-bit multiply/rotate + fmix64, folded to 32 bits).
+  // An injected hash is passed through MurmurHash3 fmix32 before selecting the bucket.
+  explicit StateMap(KeyHashFunction hash = nullptr);
   ~StateMap();
   StateMap(const StateMap&) = delete;
   StateMap& operator=(const StateMap&) = delete;
@@ -36,6 +121,8 @@ class StateMap {
   size_t bytes() const;
 
   // Lookup; false when absent. *out stays valid until the next mutating call.
+  // Keys and values are limited to 2^32-1 bytes each (std::length_error); a null pointer with a
+  // nonzero size is std::invalid_argument.
   bool get(const uint8_t* key, size_t key_size, ByteView* out);
   // Insert or overwrite: returns `value_size` writable bytes owned by the map (copy-on-write
   // already applied); the caller fills them. Valid until the next mutating call.
@@ -58,6 +145,20 @@ class StateMap {
   uint64_t version() const;
   size_t retired_entries() const;  // entries kept alive only for snapshots
 
+  // Cumulative counters (owner thread).
+  struct Stats {
+    uint64_t entry_copies = 0;      // entries copied for copy-on-write (writes and migration)
+    uint64_t page_copies = 0;       // bucket pages copied because a snapshot shared them
+    uint64_t directory_copies = 0;  // directories copied because a snapshot shared them
+    uint64_t entries_retired = 0;   // entries put on the retire list
+    uint64_t retired_freed = 0;     // retired entries freed after their snapshots were released
+    uint64_t rehashes = 0;          // incremental rehashes started
+    uint64_t snapshots = 0;         // snapshots taken
+  };
+  Stats stats() const;
+  // Frees now the retired entries of released snapshots (otherwise done at the next operation).
+  void reclaim();
+
   struct Impl;
  private:
   std::shared_ptr<Impl> impl_;
@@ -71,7 +172,7 @@ class MapSnapshot {
   void release();  // idempotent; after the last release the map stops copying
   size_t size() const;
   // Entries as of snapshot time, sorted ascending by key bytes (memcmp, shorter prefix first).
-  // Views stay valid while this snapshot is not released.
+  // Views stay valid while this snapshot is not released. std::logic_error after release().
   std::vector<std::pair<ByteView, ByteView>> sorted_entries() const;
   uint64_t version() const;
 

@@ -1,0 +1,65 @@
+// One key/value pair of the state map: a single heap allocation (engine internal).
+//
+// Layout: [Entry header, 32 bytes][key bytes, padded to a multiple of 8][value bytes]
+// The value starts 8-byte aligned, so fixed-width values (int64, float64) are inline and aligned;
+// a value of another size means a new allocation (StateMap::put relinks the new entry).
+// An entry is immutable once some live snapshot may reach it (version < highest required
+// snapshot version): then writers copy it instead (see StateMap's class comment).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <new>
+
+namespace statecore {
+namespace detail {
+
+struct Entry {
+  Entry* next;       // next entry of the bucket chain (or nullptr)
+  uint64_t version;  // map version at which this allocation was created ("entry version")
+  uint32_t hash;     // mixed key hash; bucket = hash & (capacity - 1)
+  uint32_t key_size;
+  uint32_t value_size;
+  uint32_t reserved_;  // keeps the header 32 bytes so the key starts 8-byte aligned
+
+  static size_t value_offset(size_t key_size) { return (key_size + 7) & ~static_cast<size_t>(7); }
+  static size_t alloc_size(size_t key_size, size_t value_size) {
+    return sizeof(Entry) + value_offset(key_size) + value_size;
+  }
+
+  uint8_t* key() { return reinterpret_cast<uint8_t*>(this + 1); }
+  const uint8_t* key() const { return reinterpret_cast<const uint8_t*>(this + 1); }
+  uint8_t* value() { return key() + value_offset(key_size); }
+  const uint8_t* value() const { return key() + value_offset(key_size); }
+
+  bool matches(uint32_t h, const uint8_t* k, size_t ks) const {
+    return hash == h && key_size == ks && (ks == 0 || std::memcmp(key(), k, ks) == 0);
+  }
+
+  // New entry with the key copied in and `vs` zeroed value bytes.
+  static Entry* make(uint32_t h, const uint8_t* k, size_t ks, size_t vs, uint64_t version) {
+    void* mem = ::operator new(alloc_size(ks, vs));
+    Entry* e = new (mem) Entry{nullptr, version, h, static_cast<uint32_t>(ks),
+                               static_cast<uint32_t>(vs), 0};
+    if (ks) std::memcpy(e->key(), k, ks);
+    std::memset(e->key() + ks, 0, value_offset(ks) - ks + vs);
+    return e;
+  }
+
+  // Copy-on-write copy: same key, value and next link, new version.
+  static Entry* make_copy(const Entry* src, uint64_t version) {
+    size_t n = alloc_size(src->key_size, src->value_size);
+    void* mem = ::operator new(n);
+    std::memcpy(mem, static_cast<const void*>(src), n);
+    Entry* e = static_cast<Entry*>(mem);
+    e->version = version;
+    return e;
+  }
+
+  static void destroy(Entry* e) { ::operator delete(static_cast<void*>(e)); }
+};
+
+static_assert(sizeof(Entry) == 32, "entry header must keep keys 8-byte aligned");
+
+}  // namespace detail
+}  // namespace statecore

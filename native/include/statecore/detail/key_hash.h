@@ -1,0 +1,67 @@
+// Default key hash of the state map (engine internal).
+//
+// Why not XXH64 from hash.h: key-group assignment is `pmod(xxhash64(key, 42), maxParallelism)`,
+// so inside one key group's map the low bits of that hash are constant for all keys. The map
+// hashes the whole encoded key (prefix, key, namespace) with an unrelated function instead, so
+// its bucket index never correlates with the key group. Quality target: good avalanche for
+// short keys (8-40 bytes); not a cryptographic or a persisted hash (never written to disk, so it
+// may change between versions).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace statecore {
+namespace detail {
+
+// MurmurHash3 fmix64 finalizer (Austin Appleby, public domain): full avalanche of 64 bits.
+inline uint64_t fmix64(uint64_t k) {
+  k ^= k >> 33;
+  k *= 0xff51afd7ed558ccdULL;
+  k ^= k >> 33;
+  k *= 0xc4ceb9fe1a85ec53ULL;
+  k ^= k >> 33;
+  return k;
+}
+
+// MurmurHash3 fmix32 finalizer: applied to injected hashes so weak ones (e.g. identity on an
+// integer) still spread over the low bits that select the bucket (as Flink's MathUtils.bitMix).
+inline uint32_t fmix32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x85ebca6bU;
+  h ^= h >> 13;
+  h *= 0xc2b2ae35U;
+  h ^= h >> 16;
+  return h;
+}
+
+inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+// 8-byte-word multiply/rotate accumulation (the XXH64 round shape) over the bytes, the tail
+// packed into one last word, then fmix64; folded to 32 bits by xor of the halves.
+inline uint32_t default_key_hash(const uint8_t* data, size_t size) {
+  const uint64_t p1 = 0x9E3779B185EBCA87ULL;
+  const uint64_t p2 = 0xC2B2AE3D27D4EB4FULL;
+  uint64_t h = 0x27D4EB2F165667C5ULL ^ (static_cast<uint64_t>(size) * p1);
+  size_t n = size;
+  const uint8_t* p = data;
+  while (n >= 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    h ^= rotl64(w * p2, 31) * p1;
+    h = rotl64(h, 27) * p1 + 0x85EBCA77C2B2AE63ULL;
+    p += 8;
+    n -= 8;
+  }
+  if (n > 0) {
+    uint64_t w = 0;
+    std::memcpy(&w, p, n);
+    h ^= rotl64((w ^ (static_cast<uint64_t>(n) << 56)) * p2, 31) * p1;
+    h = rotl64(h, 27) * p1 + 0x85EBCA77C2B2AE63ULL;
+  }
+  h = fmix64(h);
+  return static_cast<uint32_t>(h ^ (h >> 32));
+}
+
+}  // namespace detail
+}  // namespace statecore

@@ -1,0 +1,116 @@
+// Engine state of StateMap and MapSnapshot (internal; see the class comment of StateMap in
+// state_map.h for the design, invariants and thread contract).
+#pragma once
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "statecore/detail/entry.h"
+#include "statecore/detail/pages.h"
+#include "statecore/state_map.h"
+
+namespace statecore {
+
+struct StateMap::Impl {
+  // An entry unlinked from the live table (removed, replaced by a copy, or reallocated) while a
+  // live snapshot may still reach it. It was created at entry->version and unlinked at map
+  // version `unlinked_at`; a snapshot of version s reaches it iff entry->version < s <= unlinked_at.
+  struct Retired {
+    detail::Entry* entry;
+    uint64_t unlinked_at;
+  };
+
+  explicit Impl(KeyHashFunction h);
+  ~Impl();
+
+  // ---- owner-thread state (only the owning thread reads or writes these) ----
+  KeyHashFunction hash_fn;        // injected hash, or nullptr for detail::default_key_hash
+  detail::Directory* primary;     // the table; during a rehash the OLD table (Flink primaryTable)
+  detail::Directory* rehash_table = nullptr;  // the NEW table (2x) during a rehash, else nullptr
+  size_t rehash_index = 0;        // old buckets [0, rehash_index) are migrated (and stale)
+  size_t primary_size = 0;        // live entries reachable from `primary` buckets >= rehash_index
+  size_t rehash_size = 0;         // live entries in `rehash_table`
+  size_t threshold;               // 3/4 of the newest table's capacity; passing it starts a rehash
+  size_t live_bytes = 0;          // key + value bytes of live entries
+  uint64_t version = 0;           // map version: bumped by every snapshot(); new entries carry it
+  uint64_t req = 0;               // `required` as read at the start of the current operation
+  std::vector<Retired> retired;   // owner-only unless `orphaned` (then guarded by `mu`)
+  Stats stats;
+
+  // ---- shared with threads that release snapshots ----
+  // Highest version of a live snapshot, 0 when none (Flink highestRequiredSnapshotVersion).
+  // Raised only by the owner (snapshot()); lowered by releases. The owner may read a stale,
+  // higher value: that only causes a superfluous copy, never a missed one.
+  std::atomic<uint64_t> required{0};
+  std::atomic<bool> sweep_pending{false};  // a release happened: sweep `retired` at the next op
+  std::mutex mu;                           // guards live_versions, orphaned
+  std::vector<uint64_t> live_versions;     // versions of unreleased snapshots, ascending
+  bool orphaned = false;                   // the StateMap is destroyed; releases sweep themselves
+
+  uint32_t hash_of(const uint8_t* key, size_t ks) const;
+  size_t size() const { return primary_size + rehash_size; }
+
+  // Called first by every operation: deferred sweep, cache `required`, one incremental rehash step.
+  void begin_op(bool rehash_step_allowed);
+  void rehash_step();
+  void start_rehash();
+
+  // Table (as a pointer to the field, because copy-on-write may replace the directory) and bucket
+  // for a hash: the old table when its bucket is not migrated yet, else the new one.
+  detail::Directory** table_for(uint32_t h, size_t* bucket);
+  size_t& size_of(detail::Directory** table) { return table == &primary ? primary_size : rehash_size; }
+  detail::Entry* find(const detail::Directory* d, size_t bucket, uint32_t h, const uint8_t* key,
+                      size_t ks) const;
+
+  // Writable bucket slot: copies the directory and/or the page first when shared.
+  detail::Entry** slot_for_write(detail::Directory** table, size_t bucket);
+  // Writable link (bucket slot or predecessor's `next`) that points at `target`, copying the
+  // chain entries above `target` that snapshots may reach (Flink handleChainedEntryCopyOnWrite).
+  detail::Entry** writable_link(detail::Directory** table, size_t bucket, detail::Entry* target);
+  detail::Entry* copy_entry(const detail::Entry* e);
+  // The entry left the live table: free now, or retire while a live snapshot may reach it.
+  void dispose(detail::Entry* e);
+  // Frees retired entries no live snapshot reaches. Caller holds `mu`.
+  void sweep_locked();
+
+  template <class Fn> void visit_live(Fn&& fn);  // fn(Entry*); may free the visited entry
+  void release_snapshot(uint64_t v);             // any thread
+  void teardown();                               // ~StateMap
+  void reset_tables(size_t capacity);
+};
+
+struct MapSnapshot::State {
+  std::shared_ptr<StateMap::Impl> impl;  // keeps retired entries (and the mutex) alive
+  detail::Directory* primary = nullptr;  // referenced directories as of snapshot time
+  detail::Directory* rehash_table = nullptr;
+  size_t rehash_index = 0;  // primary buckets below it were migrated: read them from rehash_table
+  size_t size = 0;
+  uint64_t version = 0;
+  bool released = false;
+};
+
+template <class Fn> void StateMap::Impl::visit_live(Fn&& fn) {
+  auto visit_table = [&](detail::Directory* d, size_t from) {
+    if (!d) return;
+    for (size_t b = from; b < d->capacity;) {
+      detail::Page* p = d->pages()[b >> d->page_shift];
+      if (!p) {
+        b = (b | d->page_mask()) + 1;
+        continue;
+      }
+      for (detail::Entry* e = p->slots()[b & d->page_mask()]; e;) {
+        detail::Entry* n = e->next;
+        fn(e);
+        e = n;
+      }
+      ++b;
+    }
+  };
+  visit_table(primary, rehash_table ? rehash_index : 0);
+  visit_table(rehash_table, 0);
+}
+
+}  // namespace statecore

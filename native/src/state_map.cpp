@@ -1,0 +1,457 @@
+// StateMap / MapSnapshot: see the class comment in statecore/state_map.h for the design.
+#include "statecore/state_map.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+
+#include "statecore/detail/key_hash.h"
+#include "statecore/detail/map_impl.h"
+
+namespace statecore {
+
+using detail::Directory;
+using detail::Entry;
+using detail::Page;
+
+namespace {
+
+constexpr size_t kMinTransferredPerStep = 4;  // Flink MIN_TRANSFERRED_PER_INCREMENTAL_REHASH
+constexpr size_t kMaxBucketVisitsPerStep = 64;
+
+size_t threshold_for(size_t capacity) { return (capacity >> 1) + (capacity >> 2); }
+
+void check_buffer(const uint8_t* p, size_t n, const char* what) {
+  if (n > std::numeric_limits<uint32_t>::max()) {
+    throw std::length_error(std::string("StateMap: ") + what + " larger than 4 GiB - 1 bytes");
+  }
+  if (p == nullptr && n != 0) {
+    throw std::invalid_argument(std::string("StateMap: null ") + what + " pointer with nonzero size");
+  }
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------
+// Impl
+// ------------------------------------------------------------------------------------------------
+
+StateMap::Impl::Impl(KeyHashFunction h)
+    : hash_fn(h), primary(Directory::make(detail::kMinCapacity)),
+      threshold(threshold_for(detail::kMinCapacity)) {}
+
+StateMap::Impl::~Impl() {
+  // Only reached when no snapshot holds this state any more: nothing is needed.
+  for (const Retired& r : retired) Entry::destroy(r.entry);
+  Directory::unref(primary);
+  Directory::unref(rehash_table);
+}
+
+uint32_t StateMap::Impl::hash_of(const uint8_t* key, size_t ks) const {
+  return hash_fn ? detail::fmix32(hash_fn(key, ks)) : detail::default_key_hash(key, ks);
+}
+
+void StateMap::Impl::begin_op(bool rehash_step_allowed) {
+  if (sweep_pending.load(std::memory_order_relaxed) &&
+      sweep_pending.exchange(false, std::memory_order_acq_rel)) {
+    std::lock_guard<std::mutex> lock(mu);
+    sweep_locked();
+  }
+  req = required.load(std::memory_order_acquire);
+  if (rehash_step_allowed && rehash_table) rehash_step();
+}
+
+void StateMap::Impl::start_rehash() {
+  size_t cap = primary->capacity;
+  if (cap >= detail::kMaxCapacity) return;  // as Flink: stay at the maximum, overloaded
+  rehash_table = Directory::make(cap * 2);
+  rehash_index = 0;
+  threshold = threshold_for(cap * 2);
+  ++stats.rehashes;
+}
+
+void StateMap::Impl::rehash_step() {
+  Directory* old = primary;
+  const size_t old_cap = old->capacity;
+  const size_t new_mask = rehash_table->capacity - 1;
+  size_t rh = rehash_index;
+  size_t transferred = 0;
+  size_t visits = 0;
+  while (transferred < kMinTransferredPerStep && visits < kMaxBucketVisitsPerStep &&
+         rh < old_cap) {
+    ++visits;
+    Page* p = old->pages()[rh >> old->page_shift];
+    if (!p) {
+      rh = (rh | old->page_mask()) + 1;
+      continue;
+    }
+    Entry* e = p->slots()[rh & old->page_mask()];
+    while (e) {
+      if (e->version < req) {
+        Entry* c = copy_entry(e);
+        dispose(e);
+        e = c;
+      }
+      Entry* n = e->next;
+      Entry** slot = slot_for_write(&rehash_table, e->hash & new_mask);
+      e->next = *slot;
+      *slot = e;
+      e = n;
+      ++transferred;
+    }
+    ++rh;
+  }
+  primary_size -= transferred;
+  rehash_size += transferred;
+  rehash_index = rh;
+  if (rh == old_cap) {
+    Directory::unref(primary);
+    primary = rehash_table;
+    rehash_table = nullptr;
+    primary_size += rehash_size;
+    rehash_size = 0;
+    rehash_index = 0;
+  }
+}
+
+Directory** StateMap::Impl::table_for(uint32_t h, size_t* bucket) {
+  size_t b = h & (primary->capacity - 1);
+  if (rehash_table && b < rehash_index) {
+    *bucket = h & (rehash_table->capacity - 1);
+    return &rehash_table;
+  }
+  *bucket = b;
+  return &primary;
+}
+
+Entry* StateMap::Impl::find(const Directory* d, size_t bucket, uint32_t h, const uint8_t* key,
+                            size_t ks) const {
+  for (Entry* e = d->head(bucket); e; e = e->next) {
+    if (e->matches(h, key, ks)) return e;
+  }
+  return nullptr;
+}
+
+Entry** StateMap::Impl::slot_for_write(Directory** table, size_t bucket) {
+  Directory* d = *table;
+  if (d->refs.load(std::memory_order_acquire) != 1) {
+    Directory* c = Directory::make_copy(d);
+    Directory::unref(d);
+    *table = d = c;
+    ++stats.directory_copies;
+  }
+  Page*& p = d->pages()[bucket >> d->page_shift];
+  if (!p) {
+    p = Page::make_empty(static_cast<uint32_t>(d->page_mask() + 1));
+  } else if (p->refs.load(std::memory_order_acquire) != 1) {
+    Page* c = Page::make_copy(p);
+    Page::unref(p);
+    p = c;
+    ++stats.page_copies;
+  }
+  return &p->slots()[bucket & d->page_mask()];
+}
+
+Entry* StateMap::Impl::copy_entry(const Entry* e) {
+  ++stats.entry_copies;
+  return Entry::make_copy(e, version);
+}
+
+Entry** StateMap::Impl::writable_link(Directory** table, size_t bucket, Entry* target) {
+  Entry* cur = (*table)->head(bucket);
+  if (cur == target) return slot_for_write(table, bucket);
+  if (cur->version < req) {
+    Entry* c = copy_entry(cur);
+    *slot_for_write(table, bucket) = c;
+    dispose(cur);
+    cur = c;
+  }
+  // `cur` is writable from here on: either new since the last snapshot or a fresh copy.
+  while (cur->next != target) {
+    Entry* n = cur->next;
+    if (n->version < req) {
+      Entry* c = copy_entry(n);
+      cur->next = c;
+      dispose(n);
+      cur = c;
+    } else {
+      cur = n;
+    }
+  }
+  return &cur->next;
+}
+
+void StateMap::Impl::dispose(Entry* e) {
+  if (e->version < req) {
+    retired.push_back({e, version});
+    ++stats.entries_retired;
+  } else {
+    Entry::destroy(e);
+  }
+}
+
+void StateMap::Impl::sweep_locked() {
+  const std::vector<uint64_t>& live = live_versions;
+  size_t kept = 0;
+  for (size_t i = 0; i < retired.size(); ++i) {
+    const Retired& r = retired[i];
+    auto it = std::upper_bound(live.begin(), live.end(), r.entry->version);
+    if (it != live.end() && *it <= r.unlinked_at) {
+      retired[kept++] = r;
+    } else {
+      Entry::destroy(r.entry);
+      ++stats.retired_freed;
+    }
+  }
+  retired.resize(kept);
+}
+
+void StateMap::Impl::release_snapshot(uint64_t v) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = std::lower_bound(live_versions.begin(), live_versions.end(), v);
+  if (it != live_versions.end() && *it == v) live_versions.erase(it);
+  required.store(live_versions.empty() ? 0 : live_versions.back(), std::memory_order_release);
+  if (orphaned) {
+    sweep_locked();
+  } else {
+    sweep_pending.store(true, std::memory_order_release);
+  }
+}
+
+void StateMap::Impl::reset_tables(size_t capacity) {
+  Directory::unref(primary);
+  Directory::unref(rehash_table);
+  primary = Directory::make(capacity);
+  rehash_table = nullptr;
+  rehash_index = 0;
+  primary_size = rehash_size = 0;
+  live_bytes = 0;
+  threshold = threshold_for(capacity);
+}
+
+void StateMap::Impl::teardown() {
+  begin_op(false);
+  visit_live([this](Entry* e) { dispose(e); });
+  Directory::unref(primary);
+  Directory::unref(rehash_table);
+  primary = rehash_table = nullptr;
+  primary_size = rehash_size = 0;
+  live_bytes = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  orphaned = true;
+  sweep_locked();
+}
+
+// ------------------------------------------------------------------------------------------------
+// StateMap
+// ------------------------------------------------------------------------------------------------
+
+StateMap::StateMap(KeyHashFunction hash) : impl_(std::make_shared<Impl>(hash)) {}
+
+StateMap::~StateMap() {
+  if (impl_) impl_->teardown();
+}
+
+size_t StateMap::size() const { return impl_->size(); }
+size_t StateMap::bytes() const { return impl_->live_bytes; }
+
+bool StateMap::get(const uint8_t* key, size_t key_size, ByteView* out) {
+  check_buffer(key, key_size, "key");
+  Impl& m = *impl_;
+  m.begin_op(true);
+  uint32_t h = m.hash_of(key, key_size);
+  size_t b;
+  Directory** t = m.table_for(h, &b);
+  Entry* e = m.find(*t, b, h, key, key_size);
+  if (!e) return false;
+  if (out) *out = ByteView{e->value(), e->value_size};
+  return true;
+}
+
+uint8_t* StateMap::put(const uint8_t* key, size_t key_size, size_t value_size) {
+  check_buffer(key, key_size, "key");
+  if (value_size > std::numeric_limits<uint32_t>::max()) {
+    throw std::length_error("StateMap: value larger than 4 GiB - 1 bytes");
+  }
+  Impl& m = *impl_;
+  m.begin_op(true);
+  uint32_t h = m.hash_of(key, key_size);
+  size_t b;
+  Directory** t = m.table_for(h, &b);
+  Entry* e = m.find(*t, b, h, key, key_size);
+  if (e) {
+    if (e->value_size == value_size) {
+      if (e->version < m.req) {
+        Entry** link = m.writable_link(t, b, e);
+        Entry* c = m.copy_entry(e);
+        *link = c;
+        m.dispose(e);
+        e = c;
+      }
+      return e->value();
+    }
+    Entry** link = m.writable_link(t, b, e);
+    Entry* n = Entry::make(h, key, key_size, value_size, m.version);
+    n->next = e->next;
+    *link = n;
+    m.live_bytes = m.live_bytes - e->value_size + value_size;
+    m.dispose(e);
+    return n->value();
+  }
+  if (m.size() > m.threshold && !m.rehash_table) {
+    m.start_rehash();
+    t = m.table_for(h, &b);
+  }
+  Entry* n = Entry::make(h, key, key_size, value_size, m.version);
+  Entry** slot = m.slot_for_write(t, b);
+  n->next = *slot;
+  *slot = n;
+  ++m.size_of(t);
+  m.live_bytes += key_size + value_size;
+  return n->value();
+}
+
+uint8_t* StateMap::get_for_update(const uint8_t* key, size_t key_size, size_t* value_size) {
+  check_buffer(key, key_size, "key");
+  Impl& m = *impl_;
+  m.begin_op(true);
+  uint32_t h = m.hash_of(key, key_size);
+  size_t b;
+  Directory** t = m.table_for(h, &b);
+  Entry* e = m.find(*t, b, h, key, key_size);
+  if (!e) return nullptr;
+  if (e->version < m.req) {
+    Entry** link = m.writable_link(t, b, e);
+    Entry* c = m.copy_entry(e);
+    *link = c;
+    m.dispose(e);
+    e = c;
+  }
+  if (value_size) *value_size = e->value_size;
+  return e->value();
+}
+
+bool StateMap::remove(const uint8_t* key, size_t key_size) {
+  check_buffer(key, key_size, "key");
+  Impl& m = *impl_;
+  m.begin_op(true);
+  uint32_t h = m.hash_of(key, key_size);
+  size_t b;
+  Directory** t = m.table_for(h, &b);
+  Entry* e = m.find(*t, b, h, key, key_size);
+  if (!e) return false;
+  Entry** link = m.writable_link(t, b, e);
+  *link = e->next;
+  --m.size_of(t);
+  m.live_bytes -= size_t(e->key_size) + e->value_size;
+  m.dispose(e);
+  return true;
+}
+
+void StateMap::clear() {
+  Impl& m = *impl_;
+  m.begin_op(false);
+  m.visit_live([&m](Entry* e) { m.dispose(e); });
+  m.reset_tables(m.rehash_table ? m.rehash_table->capacity : m.primary->capacity);
+}
+
+std::shared_ptr<MapSnapshot> StateMap::snapshot() {
+  Impl& m = *impl_;
+  ++m.version;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.live_versions.push_back(m.version);
+    m.required.store(m.version, std::memory_order_release);
+  }
+  m.req = m.version;
+  ++m.stats.snapshots;
+  auto s = std::make_unique<MapSnapshot::State>();
+  s->impl = impl_;
+  m.primary->ref();
+  s->primary = m.primary;
+  if (m.rehash_table) m.rehash_table->ref();
+  s->rehash_table = m.rehash_table;
+  s->rehash_index = m.rehash_index;
+  s->size = m.size();
+  s->version = m.version;
+  return std::make_shared<MapSnapshot>(std::move(s));
+}
+
+void StateMap::for_each_impl(void (*cb)(void*, ByteView, ByteView), void* ctx) {
+  impl_->visit_live([&](Entry* e) {
+    cb(ctx, ByteView{e->key(), e->key_size}, ByteView{e->value(), e->value_size});
+  });
+}
+
+bool StateMap::is_rehashing() const { return impl_->rehash_table != nullptr; }
+
+size_t StateMap::capacity() const {
+  return impl_->rehash_table ? impl_->rehash_table->capacity : impl_->primary->capacity;
+}
+
+uint64_t StateMap::version() const { return impl_->version; }
+size_t StateMap::retired_entries() const { return impl_->retired.size(); }
+StateMap::Stats StateMap::stats() const { return impl_->stats; }
+
+void StateMap::reclaim() {
+  Impl& m = *impl_;
+  m.sweep_pending.store(false, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(m.mu);
+  m.sweep_locked();
+}
+
+// ------------------------------------------------------------------------------------------------
+// MapSnapshot
+// ------------------------------------------------------------------------------------------------
+
+MapSnapshot::MapSnapshot(std::unique_ptr<State> s) : s_(std::move(s)) {
+  if (!s_ || !s_->impl || !s_->primary) {
+    throw std::invalid_argument("MapSnapshot: constructed without snapshot state");
+  }
+}
+
+MapSnapshot::~MapSnapshot() { release(); }
+
+void MapSnapshot::release() {
+  if (!s_ || s_->released) return;
+  s_->released = true;
+  s_->impl->release_snapshot(s_->version);
+  Directory::unref(s_->primary);
+  Directory::unref(s_->rehash_table);
+  s_->primary = s_->rehash_table = nullptr;
+  s_->impl.reset();  // may destroy the engine state when the map is already gone
+}
+
+size_t MapSnapshot::size() const { return s_->size; }
+uint64_t MapSnapshot::version() const { return s_->version; }
+
+std::vector<std::pair<ByteView, ByteView>> MapSnapshot::sorted_entries() const {
+  if (s_->released) throw std::logic_error("MapSnapshot::sorted_entries() after release()");
+  std::vector<std::pair<ByteView, ByteView>> out;
+  out.reserve(s_->size);
+  auto collect = [&out](const Directory* d, size_t from) {
+    if (!d) return;
+    for (size_t b = from; b < d->capacity;) {
+      const Page* p = d->pages()[b >> d->page_shift];
+      if (!p) {
+        b = (b | d->page_mask()) + 1;
+        continue;
+      }
+      for (const Entry* e = p->slots()[b & d->page_mask()]; e; e = e->next) {
+        out.emplace_back(ByteView{e->key(), e->key_size}, ByteView{e->value(), e->value_size});
+      }
+      ++b;
+    }
+  };
+  collect(s_->primary, s_->rehash_table ? s_->rehash_index : 0);
+  collect(s_->rehash_table, 0);
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    size_t n = std::min(a.first.size, b.first.size);
+    int c = n ? std::memcmp(a.first.data, b.first.data, n) : 0;
+    return c != 0 ? c < 0 : a.first.size < b.first.size;
+  });
+  return out;
+}
+
+}  // namespace statecore
