@@ -8,8 +8,10 @@ key (``prefix | ts big-endian with the sign bit flipped | ser(key) | ser(namespa
 
 Semantics (Flink's): registering the same (timestamp, key, namespace) twice keeps one timer;
 ``advance_watermark(wm)`` fires and removes every timer with ``ts <= wm`` in ascending timestamp
-order, ties broken by key group and then by encoded key. A watermark that does not advance fires
-nothing. Timers registered while handling fired timers fire on a later advance.
+order, ties broken by key group and then by encoded key. The watermark never moves back: a call
+with a lower ``wm`` fires the timers at or behind the current watermark (e.g. ones registered
+late, after the watermark passed them), as the next advance would in Flink. Timers registered
+while handling fired timers fire on a later call.
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ class TimerService:
 
     # ------------------------------------------------------------------ time
     def advance_watermark(self, watermark: int) -> list[tuple[int, Any, Any]]:
-        """Fire (remove and return) every timer with ``ts <= watermark``, as
+        """Fire (remove and return) every timer with ``ts <= max(watermark, current_watermark)``, as
         ``[(ts, key, namespace), ...]`` in ascending (ts, key group, encoded key) order.
         Raises InvalidInputError when ``watermark`` is not an int64."""
         if isinstance(watermark, (bool, np.bool_)) or not isinstance(watermark, (int, np.integer)):
@@ -118,6 +120,7 @@ class TimerService:
             raise InvalidInputError(f"watermark {wm} does not fit in int64")
         if wm > self.current_watermark:
             self.current_watermark = wm
+        wm = self.current_watermark
         fired = []
         heap = self._heap
         while heap and heap[0][0] <= wm:

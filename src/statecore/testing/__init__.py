@@ -1,0 +1,1 @@
+"""Test support shipped with statecore: the backend conformance suite (:mod:`.conformance`)."""

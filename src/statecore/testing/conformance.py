@@ -1,0 +1,820 @@
+"""Backend conformance suite: every keyed state backend must pass it.
+
+Subclass :class:`BackendConformance` in a test module and implement ``make_backend(**options)``
+(options as ``statecore.create_backend``); ``make_reference_backend`` defaults to the
+PythonBackend, the oracle the differential tests (``test_differential_*``) compare against, byte
+for byte on snapshots. Example::
+
+    class TestPythonBackend(BackendConformance):
+        def make_backend(self, **kw):
+            return PythonBackend(**kw)
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
+
+from statecore import key_groups as K
+from statecore import serializers as S
+from statecore.descriptors import (
+    AggregateFunction,
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    ValueStateDescriptor,
+)
+from statecore.errors import InvalidInputError, StateError, StateMigrationError
+from statecore.key_groups import KeyGroupRange
+
+__all__ = ["BackendConformance", "snapshot_dump", "AverageAggregate"]
+
+
+class AverageAggregate(AggregateFunction):
+    """Mean of the added numbers; accumulator ``[sum, count]``."""
+
+    def create_accumulator(self):
+        return [0, 0]
+
+    def add(self, value, acc):
+        acc[0] += value
+        acc[1] += 1
+        return acc
+
+    def get_result(self, acc):
+        return acc[0] / acc[1] if acc[1] else None
+
+
+def snapshot_dump(snap, key_groups=None) -> dict:
+    """``{state_name: {key_group: [(key_bytes, value_bytes), ...]}}`` of every non-empty key group
+    of ``snap`` (or of ``key_groups``)."""
+    out = {}
+    kgs = list(snap.key_group_range) if key_groups is None else list(key_groups)
+    for meta in snap.state_metas():
+        per = {}
+        for kg in kgs:
+            keys, vals = snap.entries(meta["name"], kg)
+            if len(keys):
+                per[kg] = list(zip(keys.to_pylist(), vals.to_pylist()))
+        out[meta["name"]] = per
+    return out
+
+
+def _metas(snap) -> dict:
+    return {m["name"]: m for m in snap.state_metas()}
+
+
+class BackendConformance:
+    """Pytest base class; see module docstring."""
+
+    # ------------------------------------------------------------------ factories
+    def make_backend(self, **options):
+        raise NotImplementedError("subclasses return a fresh backend for these options")
+
+    def make_reference_backend(self, **options):
+        from statecore.backends.python import PythonBackend
+
+        return PythonBackend(**options)
+
+    def _backend(self, **kw):
+        kw.setdefault("key_type", "int64")
+        kw.setdefault("max_parallelism", 128)
+        return self.make_backend(**kw)
+
+    # ------------------------------------------------------------------ value state
+    def test_value_state(self):
+        b = self._backend()
+        v = b.get_state(ValueStateDescriptor("v", "int64", default=7))
+        b.set_current_key(1)
+        assert v.value() == 7
+        v.update(42)
+        assert v.value() == 42
+        b.set_current_key(2)
+        assert v.value() == 7
+        v.update(-(1 << 63))
+        assert v.value() == -(1 << 63)
+        b.set_current_key(1)
+        assert v.value() == 42
+        v.update(None)
+        assert v.value() == 7
+        v.update(5)
+        v.clear()
+        assert v.value() == 7
+        assert b.num_entries() == 1
+
+    @pytest.mark.parametrize("vt,val", [("float64", 1.25), ("bool", True), ("string", "héllo"),
+                                        ("binary", b"\x00\xff"), ("int32", -3),
+                                        ("pickle", {"a": [1, 2]})])
+    def test_value_types(self, vt, val):
+        b = self._backend()
+        v = b.get_state(ValueStateDescriptor("v", vt))
+        b.set_current_key(3)
+        assert v.value() is None
+        v.update(val)
+        assert v.value() == val
+
+    def test_pickle_values_are_copied(self):
+        b = self._backend()
+        v = b.get_state(ValueStateDescriptor("v"))
+        b.set_current_key(1)
+        obj = [1, 2]
+        v.update(obj)
+        obj.append(3)
+        got = v.value()
+        assert got == [1, 2]
+        got.append(4)
+        assert v.value() == [1, 2]
+        d = b.get_state(ValueStateDescriptor("d", default=[]))
+        d.value().append(1)
+        assert d.value() == []
+
+    def test_value_wrong_type_rejected(self):
+        b = self._backend()
+        v = b.get_state(ValueStateDescriptor("v", "int64"))
+        b.set_current_key(1)
+        v.update(1)
+        for bad in ["x", 1.5, 1 << 63, True]:
+            with pytest.raises(InvalidInputError):
+                v.update(bad)
+        assert v.value() == 1
+
+    # ------------------------------------------------------------------ list state
+    def test_list_state(self):
+        b = self._backend()
+        ls = b.get_state(ListStateDescriptor("l", "string"))
+        b.set_current_key(1)
+        assert ls.get() == []
+        ls.add("a")
+        ls.add_all(["b", "c"])
+        assert ls.get() == ["a", "b", "c"]
+        ls.add_all([])
+        assert ls.get() == ["a", "b", "c"]
+        with pytest.raises(InvalidInputError):
+            ls.add(None)
+        with pytest.raises(InvalidInputError):
+            ls.add_all(["d", None])
+        with pytest.raises(InvalidInputError):
+            ls.add(3)
+        assert ls.get() == ["a", "b", "c"]
+        ls.update(["z"])
+        assert ls.get() == ["z"]
+        ls.update([])
+        assert ls.get() == [] and b.num_entries() == 0
+        ls.add("q")
+        ls.clear()
+        assert ls.get() == []
+        li = b.get_state(ListStateDescriptor("li", "int64"))
+        li.add_all([3, 1, 2])
+        assert li.get() == [3, 1, 2]
+        lp = b.get_state(ListStateDescriptor("lp"))
+        lp.add({"x": 1})
+        lp.add((2,))
+        assert lp.get() == [{"x": 1}, (2,)]
+
+    # ------------------------------------------------------------------ map state
+    def test_map_state(self):
+        b = self._backend()
+        m = b.get_state(MapStateDescriptor("m", "string", "int64"))
+        b.set_current_key(1)
+        assert m.is_empty() and m.items() == [] and m.get("a") is None
+        m.put("b", 2)
+        m.put("a", 1)
+        m.put_all({"c": 3, "b": 20})
+        assert m.items() == [("a", 1), ("b", 20), ("c", 3)]
+        assert m.keys() == ["a", "b", "c"] and m.values() == [1, 20, 3]
+        assert m.contains("a") and not m.contains("zz") and m.get("b") == 20
+        m.remove("zz")
+        m.remove("a")
+        assert m.keys() == ["b", "c"]
+        with pytest.raises(InvalidInputError):
+            m.put(1, 1)
+        with pytest.raises(InvalidInputError):
+            m.put("d", "x")
+        with pytest.raises(InvalidInputError):
+            m.put_all({"e": 1, "f": "bad"})
+        assert m.keys() == ["b", "c"]
+        m.remove("b")
+        m.remove("c")
+        assert m.is_empty() and b.num_entries() == 0
+        m.put("x", 1)
+        m.clear()
+        assert m.is_empty()
+        b.set_current_key(2)
+        assert m.is_empty()
+
+    def test_map_state_pickle_user_keys(self):
+        b = self._backend()
+        m = b.get_state(MapStateDescriptor("m"))
+        b.set_current_key(1)
+        m.put((1, "a"), [1])
+        m.put(None, "none")
+        m.put(frozenset(), {})
+        assert m.get((1, "a")) == [1] and m.get(None) == "none" and m.contains(frozenset())
+        assert len(m.items()) == 3
+        enc = sorted(S.key_serializer("pickle").serialize(k) for k in [(1, "a"), None, frozenset()])
+        assert [S.key_serializer("pickle").serialize(k) for k in m.keys()] == enc
+
+    # ------------------------------------------------------------------ reducing / aggregating
+    def test_reducing_builtins(self):
+        b = self._backend()
+        s = b.get_state(ReducingStateDescriptor("s", "sum", "int64"))
+        mn = b.get_state(ReducingStateDescriptor("mn", "min", "float64"))
+        mx = b.get_state(ReducingStateDescriptor("mx", "max", "string"))
+        c = b.get_state(ReducingStateDescriptor("c", "count"))
+        b.set_current_key(9)
+        for st_ in (s, mn, mx, c):
+            assert st_.get() is None
+        for x in [5, -2, 10]:
+            s.add(x)
+            mn.add(x)
+            mx.add(str(x))
+            c.add(x)
+        c.add(None)
+        s.add(None)
+        assert (s.get(), mn.get(), mx.get(), c.get()) == (13, -2.0, "5", 3)
+        s.add((1 << 63) - 14)
+        assert s.get() == (1 << 63) - 1
+        with pytest.raises(InvalidInputError):
+            s.add(1)
+        assert s.get() == (1 << 63) - 1
+        with pytest.raises(InvalidInputError):
+            s.add("x")
+        s.clear()
+        assert s.get() is None
+
+    def test_reducing_custom_and_aggregating(self):
+        b = self._backend()
+        r = b.get_state(ReducingStateDescriptor("r", lambda a, x: a * 10 + x, "int64"))
+        a = b.get_state(AggregatingStateDescriptor("a", AverageAggregate()))
+        b.set_current_key(1)
+        for x in [1, 2, 3]:
+            r.add(x)
+            a.add(x)
+        assert r.get() == 123 and a.get() == 2.0
+        a.add(None)
+        assert a.get() == 2.0
+        a.clear()
+        assert a.get() is None
+        b.set_current_key(2)
+        assert r.get() is None and a.get() is None
+
+    # ------------------------------------------------------------------ namespaces
+    def test_namespaces(self):
+        b = self._backend()
+        v = b.get_state(ValueStateDescriptor("v", "int64"), namespace_type="int64")
+        w = b.get_state(ValueStateDescriptor("w", "string"), namespace_type="string")
+        b.set_current_key(1)
+        with pytest.raises(InvalidInputError):
+            v.value()
+        v.set_current_namespace(10)
+        v.update(1)
+        v.set_current_namespace(20)
+        assert v.value() is None
+        v.update(2)
+        v.set_current_namespace(10)
+        assert v.value() == 1
+        with pytest.raises(InvalidInputError):
+            v.set_current_namespace("x")
+        assert v.current_namespace == 10
+        w.set_current_namespace("")
+        w.update("e")
+        w.set_current_namespace("a")
+        assert w.value() is None
+        assert b.num_entries() == 3
+        void = b.get_state(ValueStateDescriptor("void"))
+        with pytest.raises(InvalidInputError):
+            void.set_current_namespace(1)
+        void.set_current_namespace(None)
+
+    def test_state_registration_conflicts(self):
+        b = self._backend()
+        b.get_state(ValueStateDescriptor("x", "int64"))
+        with pytest.raises(StateMigrationError):
+            b.get_state(ListStateDescriptor("x", "int64"))
+        with pytest.raises(StateMigrationError):
+            b.get_state(ValueStateDescriptor("x", "string"))
+        with pytest.raises(StateMigrationError):
+            b.get_state(ValueStateDescriptor("x", "int64"), namespace_type="int64")
+        again = b.get_state(ValueStateDescriptor("x", "int64"))
+        b.set_current_key(1)
+        again.update(3)
+        assert b.get_state(ValueStateDescriptor("x", pa.int64())).value() == 3
+        with pytest.raises(InvalidInputError):
+            b.get_state(ValueStateDescriptor("y"), namespace_type="float64")
+
+    # ------------------------------------------------------------------ keys
+    def test_invalid_keys(self):
+        b = self._backend(key_group_range=(0, 63))
+        v = b.get_state(ValueStateDescriptor("v", "int64"))
+        with pytest.raises(InvalidInputError):
+            v.value()  # no current key yet
+        inside = next(k for k in range(1000) if K.spark_key_group(k, "int64", 128) <= 63)
+        outside = next(k for k in range(1000) if K.spark_key_group(k, "int64", 128) > 63)
+        b.set_current_key(inside)
+        v.update(1)
+        for bad in [None, "1", 1.0, True, 1 << 64, outside]:
+            with pytest.raises(InvalidInputError):
+                b.set_current_key(bad)
+            assert b.current_key == inside
+        assert v.value() == 1
+        assert b.current_key_group == K.spark_key_group(inside, "int64", 128)
+
+    @pytest.mark.parametrize("key_type,keys", [
+        ("int32", [0, -1, (1 << 31) - 1]), ("string", ["", "a", "日本語", "😀emoji"]),
+        ("binary", [b"", b"\x00", b"abc"])])
+    def test_key_types(self, key_type, keys):
+        for assigner in ("spark", "flink"):
+            b = self._backend(key_type=key_type, assigner=assigner)
+            v = b.get_state(ValueStateDescriptor("v", "int64"))
+            for i, k in enumerate(keys):
+                b.set_current_key(k)
+                assert b.current_key_group == K.assign_key_group(k, key_type, 128, assigner)
+                v.update(i)
+            for i, k in enumerate(keys):
+                b.set_current_key(k)
+                assert v.value() == i
+            arrow_type = {"int32": pa.int32(), "string": pa.string(), "binary": pa.binary()}[key_type]
+            got = v.get_batch(pa.array(keys, arrow_type))
+            assert got.to_pylist() == list(range(len(keys)))
+
+    # ------------------------------------------------------------------ batch API
+    def test_value_batch(self):
+        b = self._backend()
+        v = b.get_state(ValueStateDescriptor("v", "float64"))
+        v.put_batch(pa.array([1, 2, 3, 1], pa.int64()), pa.array([1.0, 2.0, 3.0, 4.0]))
+        assert v.get_batch(pa.array([1, 2, 3, 4])).to_pylist() == [4.0, 2.0, 3.0, None]
+        assert v.get_batch(pa.array([1, 2])).type == pa.float64()
+        v.put_batch(pa.array([2, 2]), pa.array([None, 5.0]))
+        v.put_batch(pa.array([3]), pa.array([None], pa.float64()))
+        assert v.get_batch(pa.chunked_array([[1, 2], [3]])).to_pylist() == [4.0, 5.0, None]
+        b.set_current_key(1)
+        assert v.value() == 4.0
+        v.clear_batch(pa.array([1]))
+        assert v.value() is None and b.current_key == 1
+        assert v.get_batch(pa.array([], pa.int64())).to_pylist() == []
+
+    def test_batch_namespaces(self):
+        b = self._backend()
+        v = b.get_state(ValueStateDescriptor("v", "int64"), namespace_type="string")
+        with pytest.raises(InvalidInputError):
+            v.get_batch(pa.array([1]))  # no current namespace
+        v.put_batch(pa.array([1, 1]), pa.array([10, 20]), namespaces=pa.array(["a", "b"]))
+        v.put_batch(pa.array([2]), pa.array([30]), namespaces="a")
+        v.set_current_namespace("b")
+        assert v.get_batch(pa.array([1, 2])).to_pylist() == [20, None]
+        assert v.get_batch(pa.array([1, 2]), namespaces="a").to_pylist() == [10, 30]
+        b.set_current_key(2)
+        v.set_current_namespace("a")
+        assert v.value() == 30
+        for bad in [pa.array(["a", None]), pa.array([1, 2]), pa.array(["a"]), 5]:
+            with pytest.raises(InvalidInputError):
+                v.put_batch(pa.array([1, 2]), pa.array([0, 0]), namespaces=bad)
+        void = b.get_state(ValueStateDescriptor("w", "int64"))
+        with pytest.raises(InvalidInputError):
+            void.get_batch(pa.array([1]), namespaces=pa.array(["a"]))
+
+    def test_reducing_batch(self):
+        b = self._backend()
+        s = b.get_state(ReducingStateDescriptor("s", "sum", "int64"))
+        c = b.get_state(ReducingStateDescriptor("c", "count"))
+        mx = b.get_state(ReducingStateDescriptor("mx", "max", "float64"))
+        b.set_current_key(1)
+        s.add(100)
+        out = s.add_batch(pa.array([1, 2, 1, 3, 2]), pa.array([1, 5, None, None, 7]))
+        assert out.type == pa.int64()
+        assert out.to_pylist() == [101, 5, 101, None, 12]
+        assert s.get_batch(pa.array([1, 2, 3])).to_pylist() == [101, 12, None]
+        oc = c.add_batch(pa.array([1, 1, 2]), pa.array(["x", None, "y"]))
+        assert oc.type == pa.int64() and oc.to_pylist() == [1, 1, 1]
+        om = mx.add_batch(pa.array([4, 4, 4]), pa.array([2.0, 1.0, 3.0]))
+        assert om.to_pylist() == [2.0, 2.0, 3.0]
+        c.clear_batch(pa.array([1, 2]))
+        assert c.get_batch(pa.array([1, 2])).to_pylist() == [None, None]
+
+    def test_batch_errors_leave_state_untouched(self):
+        b = self._backend(key_group_range=(0, 63))
+        inside = [k for k in range(1000) if K.spark_key_group(k, "int64", 128) <= 63][:3]
+        outside = next(k for k in range(1000) if K.spark_key_group(k, "int64", 128) > 63)
+        v = b.get_state(ValueStateDescriptor("v", "int64"))
+        s = b.get_state(ReducingStateDescriptor("s", "sum", "int64"))
+        p = b.get_state(ValueStateDescriptor("p"))
+        v.put_batch(pa.array(inside), pa.array([1, 2, 3]))
+        s.add_batch(pa.array(inside), pa.array([1, 2, 3]))
+        before = snapshot_dump(b.snapshot())
+        k2 = pa.array(inside[:2])
+        bad_calls = [
+            lambda: v.put_batch(pa.array([inside[0], None]), pa.array([9, 9])),
+            lambda: v.put_batch(k2, pa.array([9])),
+            lambda: v.put_batch(k2, pa.array([9, 9], pa.int32())),
+            lambda: v.put_batch(k2, pa.array(["a", "b"])),
+            lambda: v.put_batch(pa.array(inside[:2], pa.int32()), pa.array([9, 9])),
+            lambda: v.put_batch(pa.array([inside[0], outside]), pa.array([9, 9])),
+            lambda: v.put_batch([1, 2], pa.array([9, 9])),
+            lambda: v.get_batch(pa.array([inside[0], None])),
+            lambda: s.add_batch(pa.array([inside[0], outside]), pa.array([9, 9])),
+            lambda: s.add_batch(pa.array([inside[0], inside[0]]), pa.array([5, (1 << 63) - 1])),
+            lambda: s.add_batch(k2, pa.array([1.0, 2.0])),
+            lambda: v.clear_batch(pa.array([inside[0], outside])),
+            lambda: p.put_batch(k2, pa.array([1, 2])),
+            lambda: p.get_batch(k2),
+        ]
+        for call in bad_calls:
+            with pytest.raises(InvalidInputError):
+                call()
+            assert snapshot_dump(b.snapshot()) == before
+
+    def test_batch_accepts_c_data_interface(self):
+        class Wrapped:
+            def __init__(self, arr):
+                self.arr = arr
+
+            def __arrow_c_array__(self, requested_schema=None):
+                return self.arr.__arrow_c_array__(requested_schema)
+
+        b = self._backend(key_type="string")
+        v = b.get_state(ValueStateDescriptor("v", "string"))
+        v.put_batch(Wrapped(pa.array(["a", "b"])), Wrapped(pa.array(["x", "y"])))
+        assert v.get_batch(pa.array(["b", "a", "c"], pa.large_string())).to_pylist() == ["y", "x", None]
+
+    # ------------------------------------------------------------------ timers
+    def test_timers(self):
+        b = self._backend(timer_namespace_type="int64")
+        t = b.timers
+        keys = list(range(20))
+        for k in keys:
+            b.set_current_key(k)
+            t.register_event_time_timer(100, namespace=0)
+            t.register_event_time_timer(100, namespace=0)  # duplicate: registered once
+            t.register_event_time_timer(50 + k, namespace=1)
+        assert t.num_timers() == 40
+        b.set_current_key(3)
+        assert t.list_event_time_timers() == [(53, 1), (100, 0)]
+        t.delete_event_time_timer(53, namespace=1)
+        t.delete_event_time_timer(999, namespace=1)  # absent: no-op
+        assert t.advance_watermark(49) == []
+        fired = t.advance_watermark(60)
+        assert [(ts, k, ns) for ts, k, ns in fired] == [(50 + k, k, 1) for k in range(11) if k != 3]
+        fired = t.advance_watermark(100)
+        assert [(ts, k) for ts, k, _ in fired[:9]] == [(50 + k, k) for k in range(11, 20)]
+        ties = fired[9:]
+        assert len(ties) == 20 and all(ts == 100 and ns == 0 for ts, _, ns in ties)
+
+        def tie_order(k):
+            kg = K.spark_key_group(k, "int64", 128)
+            return kg, S.encode_timer_key(kg, 128, 100, k, "int64", 0, "int64")
+
+        assert [k for _, k, _ in ties] == sorted(keys, key=tie_order)
+        assert t.num_timers() == 0
+        assert t.advance_watermark(10_000) == []
+        b.set_current_key(1)
+        t.register_event_time_timer(-5, namespace=0)
+        # the watermark never goes back: a lower value still fires what is behind 10_000
+        assert t.advance_watermark(50) == [(-5, 1, 0)]
+        assert t.current_watermark == 10_000
+
+    def test_timer_ordering_and_validation(self):
+        b = self._backend()
+        t = b.timers
+        with pytest.raises(InvalidInputError):
+            t.register_event_time_timer(5)  # no current key
+        b.set_current_key(1)
+        for bad in [1.5, None, "1", 1 << 63]:
+            with pytest.raises(InvalidInputError):
+                t.register_event_time_timer(bad)
+        with pytest.raises(InvalidInputError):
+            t.register_event_time_timer(1, namespace=3)  # void timer namespace
+        for ts in [30, -10, 20, 10]:
+            t.register_event_time_timer(ts)
+        t.delete_event_time_timer(20)
+        t.register_event_time_timer(20)
+        t.delete_event_time_timer(20)
+        assert t.advance_watermark(25) == [(-10, 1, None), (10, 1, None)]
+        t.register_event_time_timer(5)  # behind the watermark: fires at the next advance
+        assert t.advance_watermark(25) == [(5, 1, None)]
+        assert t.advance_watermark(30) == [(30, 1, None)]
+        with pytest.raises(InvalidInputError):
+            t.advance_watermark("x")
+
+    # ------------------------------------------------------------------ snapshots
+    def _populate(self, b, keys, tag=0):
+        v = b.get_state(ValueStateDescriptor("v", "int64"))
+        ls = b.get_state(ListStateDescriptor("l", "string"), namespace_type="int64")
+        m = b.get_state(MapStateDescriptor("m", "int64", "pickle"))
+        r = b.get_state(ReducingStateDescriptor("r", "sum", "float64"))
+        ls.set_current_namespace(7)
+        for k in keys:
+            b.set_current_key(k)
+            v.update(k * 10 + tag)
+            ls.add_all([f"{k}", "x"])
+            m.put(k, {"k": k})
+            m.put(-1, None)
+            r.add(k / 2)
+            b.timers.register_event_time_timer(1000 + k)
+
+    def test_snapshot_isolation(self):
+        b = self._backend()
+        self._populate(b, range(30))
+        snap = b.snapshot()
+        dump = snapshot_dump(snap)
+        assert dump == snapshot_dump(snap)
+        self._populate(b, range(20, 60), tag=1)
+        v = b.get_state(ValueStateDescriptor("v", "int64"))
+        b.set_current_key(0)
+        v.clear()
+        b.timers.advance_watermark(1010)
+        assert snapshot_dump(snap) == dump
+        snap.release()
+        snap.release()
+        with pytest.raises(StateError):
+            snap.entries("v", 0)
+
+    def test_snapshot_format(self):
+        b = self._backend()
+        self._populate(b, range(10))
+        snap = b.snapshot()
+        metas = _metas(snap)
+        assert metas["v"]["kind"] == "value" and metas["v"]["value_type"] == "int64"
+        assert metas["l"]["namespace_type"] == "int64" and metas["m"]["user_key_type"] == "int64"
+        assert metas["__timers__"]["kind"] == "timers"
+        assert snap.max_parallelism == 128 and snap.key_type == "int64" and snap.assigner == "spark"
+        n = 0
+        for kg, rows in snapshot_dump(snap)["v"].items():
+            keys = [k for k, _ in rows]
+            assert keys == sorted(keys)
+            for kb, vb in rows:
+                kg2, key, ns, _ = S.decode_key(kb, 128, "int64", "void")
+                assert kg2 == kg == K.spark_key_group(key, "int64", 128)
+                assert S.value_serializer("int64").deserialize(vb) == key * 10
+                n += 1
+        assert n == 10
+        for rows in snapshot_dump(snap)["l"].values():
+            for kb, vb in rows:
+                _, key, ns, _ = S.decode_key(kb, 128, "int64", "int64")
+                assert ns == 7 and S.decode_list(vb, "string") == [str(key), "x"]
+        for rows in snapshot_dump(snap)["m"].values():
+            for kb, vb in rows:
+                _, key, _, _ = S.decode_key(kb, 128, "int64", "void")
+                # sorted by serialized user key: big-endian two's complement puts -1 last
+                assert S.decode_map(vb, "int64", "pickle") == [(key, {"k": key}), (-1, None)]
+        ts = sorted(S.decode_timer_key(kb, 128, "int64", "void")[1]
+                    for rows in snapshot_dump(snap)["__timers__"].values() for kb, _ in rows)
+        assert ts == [1000 + k for k in range(10)]
+        expected = sum(len(kb) + len(vb) for name, per in snapshot_dump(snap).items()
+                       if name != "__timers__" for rows in per.values() for kb, vb in rows)
+        assert b.state_bytes() == expected
+        assert b.num_entries() == 40
+
+    def test_snapshot_restore_round_trip(self):
+        b = self._backend()
+        self._populate(b, range(50))
+        snap = b.snapshot()
+        fresh = self._backend()
+        fresh.restore(snap)
+        assert snapshot_dump(fresh.snapshot()) == snapshot_dump(snap)
+        assert fresh.num_entries() == b.num_entries() and fresh.state_bytes() == b.state_bytes()
+        fresh.set_current_key(7)
+        assert fresh.get_state(ValueStateDescriptor("v", "int64")).value() == 70
+        assert fresh.get_state(MapStateDescriptor("m", "int64", "pickle")).get(7) == {"k": 7}
+        with pytest.raises(StateMigrationError):
+            fresh.get_state(ValueStateDescriptor("m", "int64"))
+        with pytest.raises(StateMigrationError):
+            fresh.get_state(ListStateDescriptor("l", "string"))  # namespace type differs
+        assert [f[0] for f in fresh.timers.advance_watermark(1005)] == [1000, 1001, 1002, 1003, 1004, 1005]
+        ref = self.make_reference_backend(key_type="int64", max_parallelism=128)
+        ref.restore(snap)
+        assert snapshot_dump(ref.snapshot()) == snapshot_dump(snap)
+
+    def test_restore_rejects_incompatible(self):
+        b = self._backend()
+        self._populate(b, range(5))
+        snap = b.snapshot()
+        for kw in [dict(key_type="string"), dict(max_parallelism=256), dict(assigner="flink")]:
+            other = self._backend(**kw)
+            with pytest.raises(StateMigrationError):
+                other.restore(snap)
+            assert other.num_entries() == 0
+        other = self._backend()
+        other.get_state(ValueStateDescriptor("v", "string"))
+        with pytest.raises(StateMigrationError):
+            other.restore(snap)
+
+    @pytest.mark.parametrize("max_parallelism", [128, 300])
+    def test_rescale_two_to_three(self, max_parallelism):
+        mp = max_parallelism
+        old = []
+        for i in range(2):
+            kgr = K.key_group_range_for_operator(mp, 2, i)
+            b = self._backend(max_parallelism=mp, key_group_range=kgr)
+            mine = [k for k in range(400) if K.spark_key_group(k, "int64", mp) in kgr]
+            self._populate(b, mine)
+            old.append((b.snapshot(), mine))
+        all_keys = sorted(k for _, ks in old for k in ks)
+        assert all_keys == list(range(400))
+        seen_keys, seen_timers = [], []
+        for j in range(3):
+            kgr = K.key_group_range_for_operator(mp, 3, j)
+            nb = self._backend(max_parallelism=mp, key_group_range=kgr)
+            for snap, _ in old:
+                nb.restore(snap)
+            owned = [k for k in range(400) if K.spark_key_group(k, "int64", mp) in kgr]
+            assert nb.num_entries() == 4 * len(owned)
+            v = nb.get_state(ValueStateDescriptor("v", "int64"))
+            assert v.get_batch(pa.array(owned)).to_pylist() == [k * 10 for k in owned]
+            dump = snapshot_dump(nb.snapshot())
+            for name, per in dump.items():
+                assert set(per) <= set(kgr), name
+                if mp > 128:
+                    for kg, rows in per.items():
+                        assert all(kb[:2] == kg.to_bytes(2, "big") for kb, _ in rows)
+            seen_keys += owned
+            fired = nb.timers.advance_watermark(10_000)
+            assert sorted(k for _, k, _ in fired) == owned
+            seen_timers += [k for _, k, _ in fired]
+        assert sorted(seen_keys) == list(range(400))
+        assert sorted(seen_timers) == list(range(400))
+
+    def test_flink_assigner_and_large_max_parallelism(self):
+        b = self._backend(key_type="string", max_parallelism=4096, assigner="flink")
+        v = b.get_state(ValueStateDescriptor("v", "int32"), namespace_type="string")
+        b.set_current_key("hello")
+        assert b.current_key_group == 2723
+        v.set_current_namespace("ns")
+        v.update(1)
+        (kb, vb), = snapshot_dump(b.snapshot())["v"][2723]
+        assert kb.hex() == "0aa30668656c6c6f06036e7303"
+        assert vb == (1).to_bytes(4, "little")
+        b.set_current_key("a")
+        assert b.current_key_group == 3025
+
+    def test_close(self):
+        b = self._backend()
+        v = b.get_state(ValueStateDescriptor("v", "int64"))
+        b.set_current_key(1)
+        v.update(1)
+        b.close()
+        b.close()
+        with pytest.raises(StateError):
+            b.set_current_key(1)
+
+    # ------------------------------------------------------------------ differential testing
+    def test_differential_state_machine(self):
+        suite = self
+
+        class Machine(_DifferentialMachine):
+            def make_pair(self, **kw):
+                return suite.make_backend(**kw), suite.make_reference_backend(**kw)
+
+        run_state_machine_as_test(Machine, settings=settings(
+            max_examples=40, stateful_step_count=40, derandomize=True, deadline=None,
+            suppress_health_check=list(HealthCheck)))
+
+
+KEYS = st.integers(-3, 12)
+SMALL = st.integers(-5, 5)
+
+
+class _DifferentialMachine(RuleBasedStateMachine):
+    """Drives a backend under test and the reference with identical operations; every result,
+    every raised error class and every snapshot (byte for byte) must agree."""
+
+    def make_pair(self, **kw):  # overridden
+        raise NotImplementedError
+
+    @initialize(mp=st.sampled_from([128, 200]), assigner=st.sampled_from(["spark", "flink"]))
+    def setup(self, mp, assigner):
+        self.opts = dict(key_type="int64", max_parallelism=mp, assigner=assigner,
+                         timer_namespace_type="int64")
+        self._install(*self.make_pair(**self.opts))
+
+    def _install(self, a, b):
+        self.backends = (a, b)
+        self.states = []
+        for be in self.backends:
+            self.states.append(dict(
+                v=be.get_state(ValueStateDescriptor("v", "int64")),
+                l=be.get_state(ListStateDescriptor("l", "pickle"), namespace_type="int64"),
+                m=be.get_state(MapStateDescriptor("m", "string", "int64")),
+                s=be.get_state(ReducingStateDescriptor("s", "sum", "int64"), namespace_type="string"),
+                c=be.get_state(ReducingStateDescriptor("c", "count")),
+                a=be.get_state(AggregatingStateDescriptor("a", AverageAggregate())),
+            ))
+        for sts in self.states:
+            sts["l"].set_current_namespace(0)
+            sts["s"].set_current_namespace("x")
+
+    def _both(self, fn):
+        results = []
+        for be, sts in zip(self.backends, self.states):
+            try:
+                r = fn(be, sts)
+                if isinstance(r, (pa.Array, pa.ChunkedArray)):
+                    r = (str(r.type), r.to_pylist())
+                results.append(("ok", r))
+            except (InvalidInputError, StateError) as e:
+                results.append(("error", type(e).__name__))
+        assert results[0] == results[1], results
+        return results[0]
+
+    @rule(k=KEYS)
+    def set_key(self, k):
+        self._both(lambda be, s: be.set_current_key(k))
+
+    @rule(v=st.one_of(st.none(), SMALL, st.just(1 << 63)))
+    def value_update(self, v):
+        self._both(lambda be, s: s["v"].update(v))
+
+    @rule()
+    def value_read(self):
+        self._both(lambda be, s: s["v"].value())
+
+    @rule(ns=st.integers(0, 2))
+    def list_namespace(self, ns):
+        self._both(lambda be, s: s["l"].set_current_namespace(ns))
+
+    @rule(op=st.sampled_from(["add", "add_all", "update", "get", "clear"]),
+          xs=st.lists(st.one_of(SMALL, st.text(max_size=2)), max_size=3))
+    def list_op(self, op, xs):
+        def f(be, s):
+            ls = s["l"]
+            if op == "add":
+                return ls.add(xs[0] if xs else None)
+            if op in ("add_all", "update"):
+                return getattr(ls, op)(xs)
+            return getattr(ls, op)()
+        self._both(f)
+
+    @rule(op=st.sampled_from(["put", "get", "remove", "contains", "items", "is_empty", "clear"]),
+          uk=st.sampled_from(["a", "b", "", "ü"]), uv=SMALL)
+    def map_op(self, op, uk, uv):
+        def f(be, s):
+            m = s["m"]
+            if op == "put":
+                return m.put(uk, uv)
+            if op in ("get", "remove", "contains"):
+                return getattr(m, op)(uk)
+            return getattr(m, op)()
+        self._both(f)
+
+    @rule(name=st.sampled_from(["s", "c", "a"]), v=st.one_of(st.none(), SMALL))
+    def reduce_add(self, name, v):
+        self._both(lambda be, s: s[name].add(v))
+
+    @rule(name=st.sampled_from(["s", "c", "a"]))
+    def reduce_get(self, name):
+        self._both(lambda be, s: s[name].get())
+
+    @rule(ns=st.sampled_from(["x", "y"]))
+    def sum_namespace(self, ns):
+        self._both(lambda be, s: s["s"].set_current_namespace(ns))
+
+    @rule(keys=st.lists(st.one_of(KEYS, st.none()), max_size=6), data=st.data())
+    def batch_value(self, keys, data):
+        vals = data.draw(st.lists(st.one_of(st.none(), SMALL), min_size=len(keys), max_size=len(keys)))
+        ka, va = pa.array(keys, pa.int64()), pa.array(vals, pa.int64())
+        self._both(lambda be, s: s["v"].put_batch(ka, va))
+        self._both(lambda be, s: s["v"].get_batch(ka))
+
+    @rule(keys=st.lists(KEYS, max_size=6), data=st.data(), name=st.sampled_from(["s", "c"]),
+          per_row_ns=st.booleans())
+    def batch_reduce(self, keys, data, name, per_row_ns):
+        vals = data.draw(st.lists(st.one_of(st.none(), SMALL), min_size=len(keys), max_size=len(keys)))
+        ka, va = pa.array(keys, pa.int64()), pa.array(vals, pa.int64())
+        ns = None
+        if per_row_ns and name == "s":
+            ns = pa.array(data.draw(st.lists(st.sampled_from(["x", "y"]), min_size=len(keys), max_size=len(keys))), pa.string())
+        self._both(lambda be, s: s[name].add_batch(ka, va, namespaces=ns))
+        self._both(lambda be, s: s[name].get_batch(ka, namespaces=ns))
+
+    @rule(ts=st.integers(0, 30), ns=st.integers(0, 1), delete=st.booleans())
+    def timer(self, ts, ns, delete):
+        if delete:
+            self._both(lambda be, s: be.timers.delete_event_time_timer(ts, ns))
+        else:
+            self._both(lambda be, s: be.timers.register_event_time_timer(ts, ns))
+
+    @rule(wm=st.integers(0, 30))
+    def watermark(self, wm):
+        self._both(lambda be, s: be.timers.advance_watermark(wm))
+
+    @rule(cross=st.booleans())
+    def snapshot_restore(self, cross):
+        snaps = [be.snapshot() for be in self.backends]
+        assert snapshot_dump(snaps[0]) == snapshot_dump(snaps[1])
+        key = self.backends[1].current_key
+        fresh = self.make_pair(**self.opts)
+        # cross: restore each fresh backend from the OTHER backend's snapshot
+        for be, snap in zip(fresh, snaps[::-1] if cross else snaps):
+            be.restore(snap)
+        self._install(*fresh)
+        if key is not None:
+            self._both(lambda be, s: be.set_current_key(key))
+        for s in snaps:
+            s.release()
+
+    @invariant()
+    def same_accounting(self):
+        if hasattr(self, "backends"):
+            self._both(lambda be, s: (be.num_entries(), be.state_bytes(), be.timers.num_timers()))
