@@ -648,42 +648,134 @@ def test_hypothesis_round_trip(tmp_path_factory):
 
 def _python_backend_available():
     try:
-        from statecore.backends import python  # noqa: F401
-        import statecore
+        from statecore.backends import create_backend  # noqa: F401
+        from statecore.backends.python import PythonBackend  # noqa: F401
 
-        return hasattr(statecore, "create_backend")
-    except Exception:
+        return True
+    except ImportError:
         return False
 
 
+def _filled_python_backend(key_type, max_parallelism, n_keys):
+    from statecore.backends import create_backend
+    from statecore.descriptors import (
+        ListStateDescriptor,
+        MapStateDescriptor,
+        ReducingStateDescriptor,
+        ValueStateDescriptor,
+    )
+
+    b = create_backend("python", key_type=key_type, max_parallelism=max_parallelism)
+    descs = {
+        "count": ValueStateDescriptor("count", "int64"),
+        "events": ListStateDescriptor("events", "string"),
+        "attrs": MapStateDescriptor("attrs", "string", "int64"),
+        "total": ReducingStateDescriptor("total", "sum", "int64"),
+    }
+    count = b.get_state(descs["count"])
+    events = b.get_state(descs["events"], namespace_type="int64")
+    attrs = b.get_state(descs["attrs"])
+    total = b.get_state(descs["total"])
+    keys = [k if key_type == "int64" else f"user-{k}" for k in range(n_keys)]
+    for i, k in enumerate(keys):
+        b.set_current_key(k)
+        count.update(i * 3)
+        events.set_current_namespace(i % 3)
+        events.add_all([f"e{i}", "x" * (i % 50)])
+        if i % 2:
+            attrs.put_all({"a": i, "b": -i})
+        total.add(i)
+        total.add(1)
+        if i % 5 == 0:
+            b.timers.register_event_time_timer(1000 + i)
+    return b, descs, keys
+
+
+def _entries_by_kg(snap, kgs):
+    return {(m["name"], kg): tuple(a.to_pylist() for a in snap.entries(m["name"], kg))
+            for m in snap.state_metas() for kg in kgs}
+
+
 @pytest.mark.skipif(not _python_backend_available(), reason="pure-Python backend not importable yet")
-def test_round_trip_through_python_backend(tmp_path):
-    import statecore
-    from statecore.descriptors import ValueStateDescriptor
+@pytest.mark.parametrize("key_type,max_parallelism", [("int64", 128), ("string", 1024)])
+def test_round_trip_through_python_backend(tmp_path, key_type, max_parallelism):
+    from statecore.backends import create_backend
+    from statecore.key_groups import KeyGroupRange as KGR, key_group_range_for_operator
 
     store = CheckpointStore(tmp_path)
-    src = statecore.create_backend("python", key_type="int64", max_parallelism=128)
-    desc = ValueStateDescriptor("count", "int64")
-    st = src.get_state(desc)
-    for k in range(500):
-        src.set_current_key(k)
-        st.update(k * 3)
+    src, descs, keys = _filled_python_backend(key_type, max_parallelism, 400)
+    kg_of = {k: src.key_group_of(k) for k in keys}
     snap = src.snapshot()
     try:
-        store.commit(1, [store.write_snapshot(snap, 1)])
+        # written by 3 writers (parallelism 3), as the Spark tasks of one micro-batch would
+        descs_written = []
+        for i in range(3):
+            r = key_group_range_for_operator(max_parallelism, 3, i)
+
+            class Part:
+                max_parallelism = snap.max_parallelism
+                key_group_range = r
+                key_type = snap.key_type
+                assigner = snap.assigner
+                state_metas = snap.state_metas
+                entries = snap.entries
+
+            descs_written.append(store.write_snapshot(Part, 8, f"p{i}"))
+        store.commit(8, descs_written, metadata={"batch_id": 8})
+        want = _entries_by_kg(snap, range(max_parallelism))
     finally:
         snap.release()
-    for rng in [None, (0, 63), (64, 127)]:
-        kwargs = {} if rng is None else {"key_group_range": rng}
-        dst = statecore.create_backend("python", key_type="int64", max_parallelism=128, **kwargs)
-        store.restore(dst, 1)
-        st2 = dst.get_state(desc)
-        for k in range(500):
-            dst_range = dst.key_group_range
-            from statecore.key_groups import assign_key_group
-
-            if assign_key_group(k, "int64", 128, "spark") in dst_range:
-                dst.set_current_key(k)
-                assert st2.value() == k * 3
-        dst.close()
+    assert store.verify(8)["entries"]["count"] == 400
+    # restore with parallelism 1 and 2 (rescaling 3 -> 1, 3 -> 2)
+    for parallelism in (1, 2):
+        for i in range(parallelism):
+            r = key_group_range_for_operator(max_parallelism, parallelism, i)
+            dst = create_backend("python", key_type=key_type, max_parallelism=max_parallelism,
+                                 key_group_range=r)
+            store.restore(dst, 8)
+            got_snap = dst.snapshot()
+            got = _entries_by_kg(got_snap, r)
+            got_snap.release()
+            assert got == {k: v for k, v in want.items() if k[1] in r}
+            count = dst.get_state(descs["count"])
+            total = dst.get_state(descs["total"])
+            attrs = dst.get_state(descs["attrs"])
+            seen = 0
+            for idx, k in enumerate(keys):
+                if kg_of[k] in r:
+                    dst.set_current_key(k)
+                    assert count.value() == idx * 3
+                    assert total.get() == idx + 1
+                    assert dict(attrs.items()) == ({"a": idx, "b": -idx} if idx % 2 else {})
+                    seen += 1
+            assert seen == sum(1 for k in keys if kg_of[k] in r) > 0
+            fired = dst.timers.advance_watermark(10**6)
+            assert sorted(ts for ts, _, _ in fired) == sorted(
+                1000 + idx for idx, k in enumerate(keys)
+                if idx % 5 == 0 and kg_of[k] in r)
+            dst.close()
     src.close()
+    assert KGR(0, max_parallelism - 1) == store.open(8).key_group_range
+
+
+@pytest.mark.skipif(not _python_backend_available(), reason="pure-Python backend not importable yet")
+def test_restore_into_incompatible_backend_raises_state_migration_error(tmp_path):
+    from statecore.backends import create_backend
+    from statecore.descriptors import ListStateDescriptor
+    from statecore.errors import StateMigrationError
+
+    store = CheckpointStore(tmp_path)
+    src, _, _ = _filled_python_backend("int64", 128, 50)
+    snap = src.snapshot()
+    store.commit(1, [store.write_snapshot(snap, 1)])
+    snap.release()
+    dst = create_backend("python", key_type="int64", max_parallelism=128)
+    lst = dst.get_state(ListStateDescriptor("count", "int64"))  # "count" was a ValueState
+    dst.set_current_key(7)
+    lst.add(1)
+    with pytest.raises(StateMigrationError):
+        store.restore(dst, 1)
+    assert lst.get() == [1]
+    other = create_backend("python", key_type="string", max_parallelism=128)
+    with pytest.raises(StateMigrationError):
+        store.restore(other, 1)
