@@ -1,0 +1,273 @@
+"""The bundled job: aircraft sessions and route delays over the real 2013 New York flights.
+
+Pipeline::
+
+    landing/ (one Parquet file per day, event-time order)
+      -> readStream.parquet (maxFilesPerTrigger = files_per_trigger; Spark checkpoint = offsets)
+      -> foreachBatch(df, batch_id):
+           sessions     StatefulOperator(AircraftSessions, key tailnum)  -> OUTPUT/sessions/batch_id=N/
+           route_delays StatefulOperator(RouteDelays, key origin|dest)  -> OUTPUT/route_delays/batch_id=N/
+      -> trigger(availableNow=True): the query stops by itself once every landed file is processed
+      -> sessions.flush(): open sessions emitted once, as version last_batch + 1 (final)
+
+Exactly-once: each operator commits version N only after its sink overwrote its own
+``batch_id=N`` directory; Spark commits batch N only after ``foreachBatch`` returned. A run killed
+at any point replays the uncommitted batch, whose operators restore N - 1 and overwrite their
+output. ``max_batches`` stops a run after that many micro-batches of this run (the next one is
+refused before any side effect, so Spark re-plans it on restart).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+from statecore.errors import InvalidInputError, StateError
+
+__all__ = ["DemoConfig", "DemoSummary", "run_demo", "parse_duration_ms", "native_backend_available"]
+
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_duration_ms(text: str) -> int:
+    """Parse ``"6h"``, ``"90m"``, ``"30s"``, ``"1d"``, ``"1h30m"``, ``"250ms"`` into milliseconds.
+
+    Raises InvalidInputError for anything else or for a zero duration.
+    """
+    if not isinstance(text, str):
+        raise InvalidInputError(f"duration must be a string like '6h', got {text!r}")
+    s = text.strip().lower()
+    parts = re.findall(r"(\d+)\s*(ms|s|m|h|d)", s)
+    if not s or not parts or re.sub(r"\s+", "", "".join(n + u for n, u in parts)) != re.sub(r"\s+", "", s):
+        raise InvalidInputError(
+            f"cannot parse duration {text!r}; use e.g. 6h, 90m, 30s, 1d, 1h30m, 500ms")
+    total = sum(int(n) * _UNITS_MS[u] for n, u in parts)
+    if total <= 0:
+        raise InvalidInputError(f"duration must be positive, got {text!r}")
+    return total
+
+
+def native_backend_available() -> bool:
+    """True when ``statecore.backends.native`` (and the compiled extension) imports."""
+    try:
+        import statecore.backends.native  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@dataclass
+class DemoConfig:
+    """Options of ``statecore demo`` (see ``statecore demo --help``).
+
+    ``days``: only the first ``days`` New York days of 2013 (None = the whole year).
+    ``landing``: where the daily files are landed (default ``<checkpoint>/landing``).
+    ``session_gap_ms``: session gap in ms (default 6 h).
+    """
+
+    checkpoint: str = "./statecore-checkpoint"
+    output: str = "./statecore-output"
+    landing: Optional[str] = None
+    files_per_trigger: int = 7
+    parallelism: int = 2
+    max_parallelism: int = 128
+    backend: str = "native"
+    session_gap_ms: int = 6 * 3_600_000
+    max_batches: Optional[int] = None
+    days: Optional[int] = None
+    master: str = "local[2]"
+
+    def validate(self) -> None:
+        """Raise InvalidInputError for out-of-range options."""
+        for name in ("files_per_trigger", "parallelism", "max_parallelism", "session_gap_ms"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InvalidInputError(f"{name} must be a positive int, got {v!r}")
+        if self.parallelism > self.max_parallelism:
+            raise InvalidInputError(
+                f"parallelism {self.parallelism} exceeds max_parallelism {self.max_parallelism}")
+        if self.max_batches is not None and (isinstance(self.max_batches, bool)
+                                             or not isinstance(self.max_batches, int) or self.max_batches < 1):
+            raise InvalidInputError(f"max_batches must be a positive int, got {self.max_batches!r}")
+        if self.backend not in ("python", "native"):
+            raise InvalidInputError(f"backend must be 'native' or 'python', got {self.backend!r}")
+
+
+@dataclass
+class DemoSummary:
+    """Result of one run. ``events`` counts rows processed by this run (replays included);
+    ``sessions`` is the number of session rows in the output (all runs); state and checkpoint
+    figures describe the latest committed versions."""
+
+    events: int = 0
+    seconds: float = 0.0
+    micro_batches: int = 0
+    last_batch_id: Optional[int] = None
+    stopped_early: bool = False
+    flushed: bool = False
+    sessions: int = 0
+    route_rows: int = 0
+    state_entries: int = 0
+    state_bytes: int = 0
+    checkpoint_bytes: int = 0
+    late_rows: int = 0
+    cache_loads: int = 0
+    checkpoint_loads: int = 0
+    batches: List[Dict] = field(default_factory=list)
+
+    @property
+    def events_per_second(self) -> float:
+        return self.events / self.seconds if self.seconds > 0 else 0.0
+
+    def lines(self) -> List[str]:
+        """Human-readable summary lines."""
+        return [
+            f"events processed   {self.events:,} in {self.seconds:.1f} s ({self.events_per_second:,.0f} events/s)",
+            f"micro-batches      {self.micro_batches} this run (last batch id {self.last_batch_id})"
+            + ("; stopped at --max-batches" if self.stopped_early else ""),
+            f"sessions emitted   {self.sessions:,} (final flush {'done' if self.flushed else 'not yet'})",
+            f"route updates      {self.route_rows:,} rows",
+            f"state              {self.state_entries:,} entries, {self.state_bytes:,} bytes",
+            f"checkpoint         {self.checkpoint_bytes:,} bytes on disk",
+            f"state loads        {self.cache_loads} from the worker cache, {self.checkpoint_loads} from the checkpoint",
+            f"late rows dropped  {self.late_rows}",
+        ]
+
+
+class _StopAfterMaxBatches(Exception):
+    """Raised inside foreachBatch to end a run after --max-batches micro-batches."""
+
+
+def _dir_bytes(path: str, exclude: Optional[str] = None) -> int:
+    total = 0
+    ex = os.path.abspath(exclude) if exclude else None
+    for root, dirs, files in os.walk(path):
+        if ex and os.path.abspath(root).startswith(ex):
+            continue
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(root, f))
+            except OSError:
+                pass
+    return total
+
+
+def run_demo(cfg: DemoConfig, spark=None, progress: Optional[Callable[[str], None]] = print) -> DemoSummary:
+    """Run the flights job (module docstring) and return its summary.
+
+    ``spark``: an existing SparkSession (default: :func:`statecore.spark.local_session` on
+    ``cfg.master``). ``progress``: called with one line per micro-batch (None = silent).
+    Raises InvalidInputError for bad options, StateError when the native backend is requested
+    but not importable, and whatever the streaming query raised.
+    """
+    cfg.validate()
+    if cfg.backend == "native" and not native_backend_available():
+        raise StateError(
+            "the native backend (statecore.backends.native / statecore._native) is not available "
+            "in this installation; build it (pip install .) or run with --backend python")
+    from pyspark.sql import functions as F
+
+    from statecore.demo.data import land_flights
+    from statecore.demo.processors import ROUTE_KEY_SEPARATOR, AircraftSessions, RouteDelays
+    from statecore.spark import StatefulOperator, local_session
+
+    say = progress or (lambda _line: None)
+    checkpoint = os.path.abspath(cfg.checkpoint)
+    output = os.path.abspath(cfg.output)
+    landing_dir = os.path.abspath(cfg.landing or os.path.join(checkpoint, "landing"))
+    os.makedirs(checkpoint, exist_ok=True)
+    landing = land_flights(landing_dir, cfg.days)
+    say(f"landed {landing.rows:,} flights in {len(landing.files)} daily files under {landing_dir}")
+
+    if spark is None:
+        spark = local_session("statecore-demo", master=cfg.master, shuffle_partitions=cfg.parallelism)
+    ops_dir = os.path.join(checkpoint, "operators")
+    common = dict(parallelism=cfg.parallelism, max_parallelism=cfg.max_parallelism, backend=cfg.backend)
+    sessions_op = StatefulOperator(
+        "sessions", AircraftSessions(cfg.session_gap_ms), "tailnum", ops_dir,
+        output=os.path.join(output, "sessions"), event_time_column="event_time", **common)
+    routes_op = StatefulOperator(
+        "route_delays", RouteDelays(), "route", ops_dir,
+        output=os.path.join(output, "route_delays"), **common)
+
+    summary = DemoSummary()
+    schema = spark.read.parquet(landing.files[0]).schema
+    source = (spark.readStream.schema(schema)
+              .option("maxFilesPerTrigger", cfg.files_per_trigger)
+              .option("maxFileAge", "36500d")
+              .option("pathGlobFilter", "*.parquet")
+              .parquet(landing_dir))
+    state = {"done": 0, "stop": False}
+
+    def each_batch(df, batch_id: int) -> None:
+        if cfg.max_batches is not None and state["done"] >= cfg.max_batches:
+            state["stop"] = True
+            raise _StopAfterMaxBatches(f"statecore demo: --max-batches {cfg.max_batches} reached")
+        t0 = time.perf_counter()
+        df = df.persist()
+        try:
+            s = sessions_op(df.where(F.col("tailnum").isNotNull()), batch_id)
+            r = routes_op(df.select("*", F.concat_ws(ROUTE_KEY_SEPARATOR, "origin", "dest").alias("route")),
+                          batch_id)
+        finally:
+            df.unpersist()
+        dt = time.perf_counter() - t0
+        state["done"] += 1
+        summary.micro_batches += 1
+        summary.last_batch_id = batch_id
+        summary.events += r.rows
+        summary.late_rows += s.metrics.get("late_rows", 0)
+        for rep in (s, r):
+            summary.cache_loads += rep.loads.get("cache", 0)
+            summary.checkpoint_loads += rep.loads.get("checkpoint", 0)
+        summary.batches.append({"batch_id": batch_id, "events": r.rows, "sessions": s.output_rows,
+                                "routes": r.output_rows, "seconds": dt})
+        wm = "-" if s.watermark_ms is None else time.strftime("%Y-%m-%d %H:%M", time.gmtime(s.watermark_ms / 1000))
+        say(f"batch {batch_id:>4}: {r.rows:>6,} events  {s.output_rows:>5,} sessions closed  "
+            f"{r.output_rows:>4} routes updated  watermark {wm}  state "
+            f"{s.state_entries + r.state_entries:,} entries / {s.state_bytes + r.state_bytes:,} B  "
+            f"{dt:.2f} s")
+
+    t_start = time.perf_counter()
+    query = (source.writeStream.foreachBatch(each_batch)
+             .option("checkpointLocation", os.path.join(checkpoint, "spark"))
+             .trigger(availableNow=True)
+             .queryName(f"statecore_demo_{os.getpid()}_{int(time.time() * 1000)}")
+             .start())
+    try:
+        query.awaitTermination()
+    except Exception:
+        if not state["stop"]:
+            raise
+    finally:
+        if query.isActive:
+            query.stop()
+    summary.seconds = time.perf_counter() - t_start
+    if state["stop"]:
+        summary.stopped_early = True
+    else:
+        rep = sessions_op.flush(spark)
+        if rep is not None:
+            say(f"end of input: flushed {rep.output_rows:,} open sessions as version {rep.version}")
+    summary.flushed = sessions_op.is_finalized()
+
+    # Figures of the latest committed versions (this run or an earlier one).
+    for op in (sessions_op, routes_op):
+        v = op.latest_version()
+        if v is not None:
+            meta = op.store.metadata(v)
+            summary.state_entries += int(meta["state_entries"])
+            summary.state_bytes += int(meta["state_bytes"])
+    summary.checkpoint_bytes = _dir_bytes(ops_dir)
+    for name, attr in (("sessions", "sessions"), ("route_delays", "route_rows")):
+        path = os.path.join(output, name)
+        if os.path.isdir(path):
+            import pyarrow.dataset as ds
+
+            setattr(summary, attr, ds.dataset(path, format="parquet", partitioning="hive").count_rows())
+    for line in summary.lines():
+        say(line)
+    return summary

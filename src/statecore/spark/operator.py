@@ -1,0 +1,589 @@
+"""The statecore Structured Streaming operator: keyed state with exactly-once checkpoints for a
+Python processor, built from ``foreachBatch`` + ``repartitionById`` + ``mapInArrow``.
+
+One micro-batch (``StatefulOperator.__call__(df, batch_id)``, used as the ``foreachBatch``
+function, or called from one):
+
+1. Driver: read the manifest of version ``batch_id - 1`` (watermark, attempt id); add the
+   columns ``kg = pmod(xxhash64(key), maxP)`` and ``op = (kg * n) div maxP`` in Spark SQL; union
+   one *control row* per partition id (so every partition runs, even without input, and fires its
+   timers); ``repartitionById(n, op)``; ``mapInArrow(task)``; hand the result to the sink, whose
+   single action runs the tasks.
+2. Task (partition ``i``, in a Python worker): its key-group range is Flink's
+   ``computeKeyGroupRangeForOperatorIndex(maxP, n, i)``. State at version ``batch_id - 1`` comes
+   from the in-process cache when this worker process produced exactly that committed version
+   for this (checkpoint, operator, partition, n, maxP) — PySpark reuses workers, but a partition
+   lands on the same worker only about half the time — and otherwise is restored from the
+   checkpoint store (only the key groups of the range, from whichever files cover them, which is
+   also how a restart with another ``n`` re-splits key groups). The processor runs; the backend is
+   snapshotted into the data file ``data/<batch_id>/p<i>-<attempt>.sckp``; the task reports its
+   descriptor and counters through a Spark accumulator (only successful task attempts count).
+3. Driver, after the sink's action succeeded: check that every partition reported for this
+   attempt, commit version ``batch_id`` (the manifest carries the watermark for the next batch
+   and the attempt id), and drop old versions (``retain``).
+
+A micro-batch replayed after a failure restores ``batch_id - 1`` again and its sink overwrites
+its own output, so state and output are exactly-once if the processor is deterministic and the
+sink is idempotent per batch id (the default sink overwrites ``OUTPUT/batch_id=N/``).
+
+End of input: :meth:`StatefulOperator.flush` runs one more version (``latest + 1``) in which
+every partition calls ``processor.flush``; it is committed with ``"final": true`` and a rerun is
+a no-op. A finalized checkpoint accepts no further micro-batches.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from statecore.errors import InvalidInputError, StateError
+from statecore.key_groups import (
+    KeyGroupRange,
+    check_max_parallelism,
+    key_group_range_for_operator,
+)
+from statecore.spark.processor import KeyedProcessor, ProcessorContext
+from statecore.spark.routing import (
+    CONTROL_COLUMN,
+    KEY_GROUP_COLUMN,
+    OPERATOR_INDEX_COLUMN,
+    backend_key_type,
+    key_group_column,
+    operator_index_column,
+)
+
+__all__ = ["StatefulOperator", "BatchReport", "parquet_batch_sink", "clear_state_cache"]
+
+_INTERNAL = (KEY_GROUP_COLUMN, OPERATOR_INDEX_COLUMN, CONTROL_COLUMN)
+
+
+# ------------------------------------------------------------------------------------------
+# Worker side: in-process cache of partition state
+# ------------------------------------------------------------------------------------------
+
+@dataclass
+class _CachedState:
+    version: int
+    attempt: str
+    num_partitions: int
+    max_parallelism: int
+    backend_kind: str
+    key_type: str
+    backend: Any
+
+
+_STATE_CACHE: Dict[tuple, _CachedState] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def clear_state_cache() -> None:
+    """Close and forget every backend cached in this process (tests; memory pressure)."""
+    with _CACHE_LOCK:
+        entries = list(_STATE_CACHE.values())
+        _STATE_CACHE.clear()
+    for e in entries:
+        e.backend.close()
+
+
+def _take_cached(key: tuple, want: tuple) -> Optional[Any]:
+    """Remove and return the cached backend for ``key`` if it holds exactly ``want`` =
+    (version, attempt, n, maxP, kind, key_type); a non-matching entry is closed. Taking the entry
+    out before mutating it means a task that fails midway can never leave a half-updated backend
+    labelled with the old version."""
+    with _CACHE_LOCK:
+        entry = _STATE_CACHE.pop(key, None)
+    if entry is None:
+        return None
+    have = (entry.version, entry.attempt, entry.num_partitions, entry.max_parallelism,
+            entry.backend_kind, entry.key_type)
+    if have == want:
+        return entry.backend
+    entry.backend.close()
+    return None
+
+
+def _put_cached(key: tuple, entry: _CachedState) -> None:
+    with _CACHE_LOCK:
+        old = _STATE_CACHE.pop(key, None)
+        _STATE_CACHE[key] = entry
+    if old is not None and old.backend is not entry.backend:
+        old.backend.close()
+
+
+def _event_time_ms(arr) -> Optional[int]:
+    """Max of a timestamp (any unit) or int64-milliseconds column, in ms; None when all null."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    t = arr.type
+    if pa.types.is_timestamp(t):
+        per_ms = {"s": None, "ms": 1, "us": 1000, "ns": 1_000_000}[t.unit]
+        m = pc.max(arr.cast(pa.int64())).as_py()
+        if m is None:
+            return None
+        return m * 1000 if per_ms is None else m // per_ms
+    if pa.types.is_integer(t):
+        return pc.max(arr).as_py()
+    raise InvalidInputError(
+        f"event-time column must be a timestamp or int64 milliseconds, got {t}")
+
+
+@dataclass(frozen=True)
+class _TaskSpec:
+    """Everything a task needs, pickled once per micro-batch into the ``mapInArrow`` function."""
+
+    operator_name: str
+    store_uri: str
+    processor: KeyedProcessor
+    backend_kind: str
+    key_type: str
+    key_column: str
+    event_time_column: Optional[str]
+    max_parallelism: int
+    num_partitions: int
+    batch_id: int
+    prev_version: Optional[int]
+    prev_attempt: Optional[str]
+    attempt: str
+    watermark_ms: Optional[int]
+    is_flush: bool
+    output_schema: pa.Schema
+    reports: Any  # pyspark Accumulator of list[dict]
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        t0 = time.perf_counter()
+        partition_id = None
+        inputs: List[pa.RecordBatch] = []
+        for b in batches:
+            if b.num_rows == 0:
+                continue
+            ops = b.column(OPERATOR_INDEX_COLUMN)
+            pid = pc.min(ops).as_py()
+            if pid != pc.max(ops).as_py() or (partition_id is not None and pid != partition_id):
+                raise StateError(
+                    f"operator {self.operator_name}: one Spark partition received rows of several "
+                    "operator indexes; was the routed DataFrame repartitioned again?")
+            partition_id = pid
+            data = b.filter(pc.invert(b.column(CONTROL_COLUMN)))
+            if data.num_rows:
+                keep = [n for n in data.schema.names if n not in _INTERNAL]
+                inputs.append(data.select(keep))
+        if partition_id is None:
+            # Cannot happen while control rows are unioned in; fall back to Spark's own id.
+            from pyspark import TaskContext
+
+            partition_id = TaskContext.get().partitionId()
+        yield from self._run(partition_id, inputs, t0)
+
+    def _run(self, partition_id: int, inputs: List[pa.RecordBatch], t0: float):
+        from statecore.backends import create_backend
+        from statecore.checkpoint import CheckpointStore
+
+        kg_range = key_group_range_for_operator(self.max_parallelism, self.num_partitions, partition_id)
+        store = CheckpointStore(self.store_uri)
+        cache_key = (store.uri, self.operator_name, partition_id)
+        backend = None
+        source = "empty"
+        if self.prev_version is not None:
+            backend = _take_cached(cache_key, (
+                self.prev_version, self.prev_attempt, self.num_partitions, self.max_parallelism,
+                self.backend_kind, self.key_type))
+            source = "cache" if backend is not None else "checkpoint"
+        if backend is None:
+            backend = create_backend(self.backend_kind, key_type=self.key_type,
+                                     max_parallelism=self.max_parallelism,
+                                     key_group_range=kg_range, assigner="spark")
+        ctx = ProcessorContext(
+            backend=backend, operator_name=self.operator_name, batch_id=self.batch_id,
+            partition_id=partition_id, num_partitions=self.num_partitions,
+            max_parallelism=self.max_parallelism, key_group_range=kg_range,
+            key_column=self.key_column, watermark_ms=self.watermark_ms, is_flush=self.is_flush)
+        try:
+            t_load = time.perf_counter()
+            if source == "checkpoint":
+                store.restore(backend, self.prev_version)
+            # State is declared after the restore, as in Flink: get_state then checks the
+            # descriptor against the restored meta (StateMigrationError on a mismatch).
+            self.processor.open(ctx)
+            load_s = time.perf_counter() - t_load
+
+            rows = 0
+            max_event_ms = None
+            out_rows = 0
+            t_proc = time.perf_counter()
+            if self.is_flush:
+                produced = self.processor.flush(ctx)
+                for ob in produced or ():
+                    ob = self._check_output(ob)
+                    out_rows += ob.num_rows
+                    yield ob
+            else:
+                if inputs:
+                    table = pa.Table.from_batches(inputs).combine_chunks()
+                    batch = table.to_batches()[0] if table.num_rows else None
+                    if batch is not None:
+                        rows = batch.num_rows
+                        keys = batch.column(self.key_column)
+                        if keys.null_count:
+                            raise InvalidInputError(
+                                f"operator {self.operator_name}: {keys.null_count} rows have a "
+                                f"null key in column {self.key_column!r}; filter them before the "
+                                "operator")
+                        if self.event_time_column is not None:
+                            max_event_ms = _event_time_ms(batch.column(self.event_time_column))
+                        for ob in self.processor.process_batch(batch, ctx) or ():
+                            ob = self._check_output(ob)
+                            out_rows += ob.num_rows
+                            yield ob
+                if self.watermark_ms is not None:
+                    for ob in self.processor.on_watermark(ctx, self.watermark_ms) or ():
+                        ob = self._check_output(ob)
+                        out_rows += ob.num_rows
+                        yield ob
+            proc_s = time.perf_counter() - t_proc
+
+            t_snap = time.perf_counter()
+            snap = backend.snapshot()
+            try:
+                desc = store.write_snapshot(snap, self.batch_id,
+                                            writer=f"p{partition_id}-{self.attempt}")
+            finally:
+                snap.release()
+            snap_s = time.perf_counter() - t_snap
+            report = {
+                "partition": partition_id, "attempt": self.attempt, "descriptor": desc,
+                "rows": rows, "output_rows": out_rows, "max_event_ms": max_event_ms,
+                "state_entries": int(backend.num_entries()), "state_bytes": int(backend.state_bytes()),
+                "load": source, "load_s": load_s, "process_s": proc_s, "snapshot_s": snap_s,
+                "task_s": time.perf_counter() - t0, "pid": os.getpid(),
+                "metrics": {k: int(v) for k, v in ctx.metrics.items()},
+            }
+        except BaseException:
+            backend.close()
+            raise
+        _put_cached(cache_key, _CachedState(
+            self.batch_id, self.attempt, self.num_partitions, self.max_parallelism,
+            self.backend_kind, self.key_type, backend))
+        self.reports.add([report])
+
+    def _check_output(self, ob) -> pa.RecordBatch:
+        if isinstance(ob, pa.Table):
+            ob = ob.combine_chunks()
+            ob = ob.to_batches()[0] if ob.num_rows else pa.RecordBatch.from_pylist([], schema=ob.schema)
+        if not isinstance(ob, pa.RecordBatch):
+            raise InvalidInputError(
+                f"operator {self.operator_name}: the processor must return pyarrow RecordBatches, "
+                f"got {type(ob).__name__}")
+        schema = self.output_schema
+        if ob.schema.equals(schema):
+            return ob
+        missing = [n for n in schema.names if n not in ob.schema.names]
+        if missing:
+            raise InvalidInputError(
+                f"operator {self.operator_name}: output batch lacks columns {missing} of the "
+                f"processor's output_schema")
+        try:
+            t = pa.Table.from_batches([ob.select(schema.names)]).cast(schema)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
+            raise InvalidInputError(
+                f"operator {self.operator_name}: output batch {ob.schema} does not match "
+                f"output_schema {schema}: {exc}") from exc
+        return t.combine_chunks().to_batches()[0] if t.num_rows else \
+            pa.RecordBatch.from_pylist([], schema=schema)
+
+
+# ------------------------------------------------------------------------------------------
+# Driver side
+# ------------------------------------------------------------------------------------------
+
+def _report_param():
+    """AccumulatorParam concatenating lists of task reports (Spark merges the updates of
+    successful task attempts only)."""
+    from pyspark.accumulators import AccumulatorParam
+
+    class _ListParam(AccumulatorParam):
+        def zero(self, value):
+            return []
+
+        def addInPlace(self, a, b):
+            a.extend(b)
+            return a
+
+    return _ListParam()
+
+
+def parquet_batch_sink(output_path: str) -> Callable:
+    """A sink idempotent per batch id: overwrite ``<output_path>/batch_id=<N>/`` with Parquet.
+
+    Spark's file commit protocol makes the directory appear complete or not at all; a replayed
+    batch replaces it. Reading ``output_path`` with Spark yields a ``batch_id`` column through
+    partition discovery.
+    """
+    root = output_path.rstrip("/")
+
+    def sink(out_df, batch_id: int) -> None:
+        out_df.write.mode("overwrite").parquet(f"{root}/batch_id={int(batch_id)}")
+
+    return sink
+
+
+@dataclass
+class BatchReport:
+    """What one committed version cost and produced (driver side)."""
+
+    operator_name: str
+    version: int
+    rows: int
+    output_rows: int
+    state_entries: int
+    state_bytes: int
+    checkpoint_bytes: int
+    watermark_ms: Optional[int]
+    seconds: float
+    loads: Dict[str, int] = field(default_factory=dict)
+    metrics: Dict[str, int] = field(default_factory=dict)
+    final: bool = False
+
+
+class StatefulOperator:
+    """A keyed, checkpointed Python operator for Structured Streaming micro-batches.
+
+    Args:
+        name: operator name; its checkpoint lives in ``<checkpoint>/<name>`` (``[A-Za-z0-9_.-]``).
+        processor: a :class:`statecore.spark.KeyedProcessor` (see its module for the contract).
+        key_column: name of the key column (Spark string, bigint, int or binary). Composite keys:
+            derive one column first (e.g. ``concat_ws('|', a, b)``) so that Spark's routing hash
+            and the backend's key-group assignment see the same key.
+        checkpoint: directory or URI (``pyarrow.fs``) under which the operator checkpoints.
+        sink: ``sink(out_df, batch_id)`` performing exactly ONE Spark action on ``out_df`` and
+            idempotent per batch id; default :func:`parquet_batch_sink` (``output`` required).
+        output: output directory for the default sink.
+        parallelism: number of partitions (operator instances) ``n``; may differ between runs
+            (rescaling: restores re-split key groups).
+        max_parallelism: number of key groups (fixed for the life of the checkpoint).
+        backend: ``"python"`` or ``"native"`` (``statecore.backends.create_backend``).
+        event_time_column: timestamp (or int64 ms) column whose maximum over earlier micro-batches
+            is the watermark handed to the processor; None = no watermark.
+        retain_versions: committed versions kept (>= 2, so a replay of the latest batch can
+            restore its predecessor).
+
+    Raises InvalidInputError for bad arguments (at construction) and for inputs the contract
+    forbids (at run time: null keys, a key column of another type, output not matching the
+    schema); StateError when a finalized checkpoint receives more input or a partition did not
+    report; CheckpointNotFoundError when the previous version needed by a micro-batch is gone.
+    """
+
+    def __init__(self, name: str, processor: KeyedProcessor, key_column: str, checkpoint: str, *,
+                 sink: Optional[Callable] = None, output: Optional[str] = None,
+                 parallelism: int = 2, max_parallelism: int = 128, backend: str = "python",
+                 event_time_column: Optional[str] = None, retain_versions: int = 3):
+        import re
+
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", name):
+            raise InvalidInputError(f"operator name must match [A-Za-z0-9_.-]+, got {name!r}")
+        if not isinstance(processor, KeyedProcessor):
+            for hook in ("open", "process_batch", "on_watermark", "flush", "output_schema"):
+                if not hasattr(processor, hook):
+                    raise InvalidInputError(f"processor lacks {hook!r} (see statecore.spark.KeyedProcessor)")
+        if not isinstance(getattr(processor, "output_schema", None), pa.Schema):
+            raise InvalidInputError("processor.output_schema must be a pyarrow.Schema")
+        if not isinstance(key_column, str) or not key_column:
+            raise InvalidInputError(f"key_column must be a column name, got {key_column!r}")
+        self.max_parallelism = check_max_parallelism(max_parallelism)
+        if isinstance(parallelism, bool) or not isinstance(parallelism, int) \
+                or not 0 < parallelism <= self.max_parallelism:
+            raise InvalidInputError(
+                f"parallelism must be an int in [1, max_parallelism={self.max_parallelism}], "
+                f"got {parallelism!r}")
+        if backend not in ("python", "native"):
+            raise InvalidInputError(f"backend must be 'python' or 'native', got {backend!r}")
+        if isinstance(retain_versions, bool) or not isinstance(retain_versions, int) or retain_versions < 2:
+            raise InvalidInputError(f"retain_versions must be an int >= 2, got {retain_versions!r}")
+        if sink is None:
+            if output is None:
+                raise InvalidInputError("give either sink= or output= (directory of the default sink)")
+            sink = parquet_batch_sink(output)
+        self.name = name
+        self.processor = processor
+        self.key_column = key_column
+        self.checkpoint = os.fspath(checkpoint)
+        self.store_uri = self.checkpoint.rstrip("/") + "/" + name
+        if "://" not in self.store_uri:
+            self.store_uri = os.path.abspath(self.store_uri)
+        self.sink = sink
+        self.parallelism = parallelism
+        self.backend = backend
+        self.event_time_column = event_time_column
+        self.retain_versions = retain_versions
+        self.reports: List[BatchReport] = []
+
+    # -------------------------------------------------------------------------- public API
+
+    @property
+    def store(self):
+        """The operator's :class:`statecore.checkpoint.CheckpointStore`."""
+        from statecore.checkpoint import CheckpointStore
+
+        return CheckpointStore(self.store_uri)
+
+    def latest_version(self) -> Optional[int]:
+        """Highest committed version (micro-batch id, or the flush version), or None."""
+        return self.store.latest_version()
+
+    def is_finalized(self) -> bool:
+        """True once the end-of-input flush has been committed."""
+        store = self.store
+        v = store.latest_version()
+        return v is not None and bool(store.metadata(v).get("final"))
+
+    def __call__(self, df, batch_id: int) -> BatchReport:
+        """``foreachBatch`` entry point: process micro-batch ``batch_id`` of ``df``."""
+        return self.process(df, int(batch_id))
+
+    def process(self, df, batch_id: int) -> BatchReport:
+        """Run micro-batch ``batch_id`` on DataFrame ``df`` and commit version ``batch_id``.
+        See the module docstring for the protocol; errors: class docstring."""
+        if isinstance(batch_id, bool) or not isinstance(batch_id, int) or batch_id < 0:
+            raise InvalidInputError(f"batch_id must be an int >= 0, got {batch_id!r}")
+        store = self.store
+        latest = store.latest_version()
+        if latest is not None and batch_id >= latest and store.metadata(latest).get("final"):
+            raise StateError(
+                f"operator {self.name}: checkpoint {self.store_uri} was finalized by the "
+                f"end-of-input flush at version {latest}; it cannot take micro-batch {batch_id}")
+        field_names = df.schema.fieldNames()
+        if self.key_column not in field_names:
+            raise InvalidInputError(
+                f"operator {self.name}: key column {self.key_column!r} not in {field_names}")
+        if self.event_time_column is not None and self.event_time_column not in field_names:
+            raise InvalidInputError(
+                f"operator {self.name}: event-time column {self.event_time_column!r} not in "
+                f"{field_names}")
+        key_type = backend_key_type(df.schema[self.key_column].dataType)
+        return self._run(df.sparkSession, df, batch_id, key_type, is_flush=False)
+
+    def flush(self, spark) -> Optional[BatchReport]:
+        """End of input, exactly once: run version ``latest + 1`` in which every partition calls
+        ``processor.flush`` (no input rows, no watermark), write its output through the sink
+        under that id and commit it with ``"final": true``. Returns None without doing anything
+        when the checkpoint is empty or already finalized (so a rerun of a finished job is a
+        no-op). A flush killed midway is redone by the next call."""
+        store = self.store
+        latest = store.latest_version()
+        if latest is None:
+            return None
+        meta = store.metadata(latest)
+        if meta.get("final"):
+            return None
+        return self._run(spark, None, latest + 1, meta["key_type"], is_flush=True)
+
+    # ------------------------------------------------------------------------------ internals
+
+    def _run(self, spark, df, batch_id: int, key_type: str, *, is_flush: bool) -> BatchReport:
+        from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        t0 = time.perf_counter()
+        store = self.store
+        n, mp = self.parallelism, self.max_parallelism
+        prev = batch_id - 1 if batch_id > 0 else None
+        prev_meta: Dict[str, Any] = {}
+        if prev is not None:
+            if prev in store.versions():
+                prev_meta = store.metadata(prev)
+            elif store.versions():
+                from statecore.errors import CheckpointNotFoundError
+
+                raise CheckpointNotFoundError(
+                    f"operator {self.name}: micro-batch {batch_id} needs version {prev} of "
+                    f"{self.store_uri}, which is not committed (have {store.versions()[-5:]}); "
+                    "the Spark checkpoint and the statecore checkpoint do not belong together")
+            else:
+                prev = None  # a fresh statecore checkpoint joining a query mid-way starts empty
+        if prev_meta:
+            if int(prev_meta["max_parallelism"]) != mp:
+                raise InvalidInputError(
+                    f"operator {self.name}: max_parallelism is fixed for the life of a checkpoint "
+                    f"({prev_meta['max_parallelism']}), got {mp}")
+            if prev_meta.get("key_type") not in (None, key_type):
+                raise InvalidInputError(
+                    f"operator {self.name}: key column type {key_type} differs from the "
+                    f"checkpoint's {prev_meta['key_type']}")
+        watermark = None if is_flush else prev_meta.get("watermark_ms")
+        attempt = uuid.uuid4().hex[:12]
+
+        reports = spark.sparkContext.accumulator([], _report_param())
+        spec = _TaskSpec(
+            operator_name=self.name, store_uri=self.store_uri, processor=self.processor,
+            backend_kind=self.backend, key_type=key_type, key_column=self.key_column,
+            event_time_column=self.event_time_column, max_parallelism=mp, num_partitions=n,
+            batch_id=batch_id, prev_version=prev, prev_attempt=prev_meta.get("attempt"),
+            attempt=attempt, watermark_ms=watermark, is_flush=is_flush,
+            output_schema=self.processor.output_schema, reports=reports)
+
+        control = spark.range(n).select(
+            F.lit(None).cast("bigint").alias(KEY_GROUP_COLUMN),
+            F.col("id").cast("int").alias(OPERATOR_INDEX_COLUMN),
+            F.lit(True).alias(CONTROL_COLUMN))
+        if df is None:
+            routed_in = control
+        else:
+            data = df.select(
+                "*",
+                key_group_column(self.key_column, mp).alias(KEY_GROUP_COLUMN),
+            ).select("*", operator_index_column(KEY_GROUP_COLUMN, n, mp).alias(OPERATOR_INDEX_COLUMN),
+                     F.lit(False).alias(CONTROL_COLUMN))
+            routed_in = data.unionByName(control, allowMissingColumns=True)
+        out = routed_in.repartitionById(n, F.col(OPERATOR_INDEX_COLUMN)).mapInArrow(
+            spec, from_arrow_schema(self.processor.output_schema))
+        self.sink(out, batch_id)
+
+        got = [r for r in reports.value if r["attempt"] == attempt]
+        by_part: Dict[int, dict] = {}
+        for r in got:  # a sink that ran the tasks twice reports twice: keep one per partition
+            by_part[r["partition"]] = r
+        if sorted(by_part) != list(range(n)):
+            raise StateError(
+                f"operator {self.name}: micro-batch {batch_id}: partitions {sorted(by_part)} "
+                f"reported, expected 0..{n - 1}; the sink must run exactly one action over all "
+                "rows of the DataFrame it is given")
+        parts = [by_part[i] for i in range(n)]
+        batch_max = [r["max_event_ms"] for r in parts if r["max_event_ms"] is not None]
+        new_wm = prev_meta.get("watermark_ms")
+        if batch_max:
+            new_wm = max(batch_max) if new_wm is None else max(new_wm, max(batch_max))
+        metrics: Dict[str, int] = {}
+        for r in parts:
+            for k, v in r["metrics"].items():
+                metrics[k] = metrics.get(k, 0) + v
+        loads: Dict[str, int] = {}
+        for r in parts:
+            loads[r["load"]] = loads.get(r["load"], 0) + 1
+        rows = sum(r["rows"] for r in parts)
+        out_rows = sum(r["output_rows"] for r in parts)
+        entries = sum(r["state_entries"] for r in parts)
+        sbytes = sum(r["state_bytes"] for r in parts)
+        ckpt_bytes = sum(r["descriptor"]["size"] for r in parts)
+        metadata = {
+            "operator": self.name, "batch_id": batch_id, "attempt": attempt,
+            "num_partitions": n, "max_parallelism": mp, "key_type": key_type,
+            "key_column": self.key_column, "backend": self.backend,
+            "input_watermark_ms": watermark, "watermark_ms": new_wm,
+            "rows": rows, "output_rows": out_rows, "state_entries": entries,
+            "state_bytes": sbytes, "metrics": metrics, "loads": loads, "final": is_flush,
+        }
+        store.commit(batch_id, [r["descriptor"] for r in parts], metadata)
+        store.retain(self.retain_versions)
+        report = BatchReport(
+            operator_name=self.name, version=batch_id, rows=rows, output_rows=out_rows,
+            state_entries=entries, state_bytes=sbytes, checkpoint_bytes=ckpt_bytes,
+            watermark_ms=new_wm, seconds=time.perf_counter() - t0, loads=loads,
+            metrics=metrics, final=is_flush)
+        self.reports.append(report)
+        return report

@@ -1,0 +1,110 @@
+"""The user's side of the statecore Spark operator: :class:`KeyedProcessor` and :class:`ProcessorContext`.
+
+A processor is the stateful logic of one keyed operator. The operator
+(:class:`statecore.spark.StatefulOperator`) routes every row to the partition that owns its key
+group, restores that partition's key-group range at version ``batch_id - 1`` into a keyed state
+backend, and then, once per partition and micro-batch, calls on the processor::
+
+    open(ctx)                              # declare state: ctx.backend.get_state(descriptor)
+    process_batch(batch, ctx)  -> batches  # all input rows routed to this partition (if any)
+    on_watermark(ctx, wm_ms)   -> batches  # after the input, when a watermark is known
+    flush(ctx)                 -> batches  # only in the end-of-input flush, instead of the above
+
+and finally snapshots the backend as version ``batch_id``. Every partition runs every micro-batch,
+even one without input rows, so event-time timers fire on time.
+
+Contract for processors
+-----------------------
+* The processor object is pickled to the Spark workers; keep it small (configuration only).
+  State lives in ``ctx.backend`` only — anything kept on ``self`` is lost between micro-batches.
+* ``open`` is called for each task (one partition, one micro-batch) before the other methods,
+  possibly on a backend that was reused from an earlier micro-batch in the same worker process:
+  ``get_state`` with the same descriptor returns the same state.
+* ``process_batch`` receives one ``pa.RecordBatch`` holding all input rows routed to this partition
+  for the micro-batch (the operator's internal columns removed), in no particular order: the
+  order of rows after a Spark shuffle is not deterministic, so a processor whose result depends on
+  order must sort (``batch.sort_by(...)``). The key column is ``ctx.key_column``.
+* Returned/yielded batches must match ``output_schema`` (same field names; types are cast when
+  safe, otherwise :class:`statecore.errors.InvalidInputError` fails the micro-batch).
+* Determinism: a replayed micro-batch restores version ``batch_id - 1`` and runs again on the same
+  rows; its output replaces the earlier attempt's. A processor that is a deterministic function of
+  (state, rows, watermark) therefore gives exactly-once state and output.
+* Watermark: ``ctx.watermark_ms`` is the largest event time (milliseconds since the epoch, UTC)
+  seen in EARLIER micro-batches (Spark's rule: a micro-batch never moves its own watermark), or
+  ``None`` before the first micro-batch with an event time. ``on_watermark`` is called only when
+  it is not ``None``.
+* Counters: ``ctx.metrics[name] += n`` (ints) are summed over partitions and stored in the
+  committed version's metadata (e.g. late rows dropped).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, Optional
+
+import pyarrow as pa
+
+__all__ = ["KeyedProcessor", "ProcessorContext"]
+
+
+@dataclass
+class ProcessorContext:
+    """What a processor sees of the running task.
+
+    Attributes:
+        backend: the keyed state backend (``statecore.backends``) holding this partition's
+            key-group range at version ``batch_id - 1`` when the task starts.
+        operator_name: name of the operator (also its checkpoint sub-directory).
+        batch_id: Spark micro-batch id; the state version this task produces. The end-of-input
+            flush uses the id after the last micro-batch.
+        partition_id: Spark partition = operator index in ``[0, num_partitions)``.
+        num_partitions: the operator's parallelism for this micro-batch.
+        max_parallelism: number of key groups.
+        key_group_range: the inclusive ``KeyGroupRange`` this partition owns
+            (Flink ``computeKeyGroupRangeForOperatorIndex``).
+        key_column: name of the key column in the batches given to ``process_batch``.
+        watermark_ms: event-time watermark (ms since the epoch, UTC) or None; see module doc.
+        is_flush: True only during the end-of-input flush.
+        metrics: int counters summed over partitions into the version's metadata.
+    """
+
+    backend: Any
+    operator_name: str
+    batch_id: int
+    partition_id: int
+    num_partitions: int
+    max_parallelism: int
+    key_group_range: Any
+    key_column: str
+    watermark_ms: Optional[int]
+    is_flush: bool = False
+    metrics: Dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+
+class KeyedProcessor:
+    """Base class of processors; every hook defaults to doing nothing.
+
+    Subclasses set :attr:`output_schema` (a ``pa.Schema``) and override the hooks they need.
+    Only schemas whose types Spark's ``mapInArrow`` understands may be used (timestamps must be
+    ``timestamp[us, tz=UTC]`` to round-trip unchanged in a UTC session).
+    """
+
+    #: Schema of every batch the processor returns.
+    output_schema: pa.Schema = pa.schema([])
+
+    def open(self, ctx: ProcessorContext) -> None:
+        """Declare state (``ctx.backend.get_state(descriptor)``) and keep the handles on ``self``."""
+
+    def process_batch(self, batch: pa.RecordBatch, ctx: ProcessorContext) -> Iterable[pa.RecordBatch]:
+        """Consume the micro-batch's rows for this partition; return output batches (may be empty)."""
+        return ()
+
+    def on_watermark(self, ctx: ProcessorContext, watermark_ms: int) -> Iterable[pa.RecordBatch]:
+        """Called after ``process_batch`` with the watermark (ms); fire event-time timers here,
+        typically through ``ctx.backend.timers.advance_watermark(...)``."""
+        return ()
+
+    def flush(self, ctx: ProcessorContext) -> Iterable[pa.RecordBatch]:
+        """End of input: emit whatever is still pending (open windows, sessions) and clear it."""
+        return ()
