@@ -1,7 +1,7 @@
 // Tiny unit-test harness for the native core (no third-party test framework, so the C++ tests
 // build anywhere the library builds, also under ASan/UBSan/TSan).
 //
-// Usage, one executable per test_*.cpp:
+// Usage, one executable per test_*.cpp (`./test_x [name substring]` runs a subset):
 //   #include "check.h"
 //   TEST(put_then_get) { CHECK(x); CHECK_EQ(a, b); CHECK_THROWS(f(), std::out_of_range); }
 //   TEST_MAIN()
@@ -74,9 +74,11 @@ void check_eq(const A& a, const B& b, const char* ea, const char* eb, const char
   }
 }
 
-// Runs every registered test in registration order; returns the process exit code.
-inline int run_all() {
+// Runs every registered test in registration order (only those whose name contains `filter`,
+// when given); returns the process exit code.
+inline int run_all(const char* filter = nullptr) {
   for (const TestCase& t : registry()) {
+    if (filter && std::string(t.name).find(filter) == std::string::npos) continue;
     long long before = counters().failed;
     try {
       t.fn();
@@ -125,5 +127,8 @@ inline int run_all() {
     }                                                                            \
   } while (0)
 
-#define TEST_MAIN() \
-  int main() { return ::check::run_all(); }
+// `./test_x [substring]` runs the tests whose name contains the substring.
+#define TEST_MAIN()                                                    \
+  int main(int argc, char** argv) {                                    \
+    return ::check::run_all(argc > 1 ? argv[1] : nullptr);             \
+  }

@@ -608,21 +608,21 @@ TEST(snapshots_during_rehash) {
   StateMap m;
   std::mt19937_64 rng(5);
   Ref ref;
+  std::vector<std::string> inserted;
   std::vector<std::pair<std::shared_ptr<MapSnapshot>, Ref>> held;
   size_t taken_while_rehashing = 0;
   bool ok = true;
-  for (uint64_t i = 0; i < 30000; ++i) {
+  for (uint64_t i = 0; i < 12000; ++i) {
     std::string k = be64(i * 2654435761u);
     std::string v = std::to_string(i);
     put(m, k, v);
     ref[k] = v;
+    inserted.push_back(k);
     if (i % 5 == 0) {
-      auto victim = ref.begin();
-      std::advance(victim, static_cast<long>(rng() % ref.size()));
-      del(m, victim->first);
-      ref.erase(victim);
+      const std::string& victim = inserted[rng() % inserted.size()];
+      if (del(m, victim) != (ref.erase(victim) == 1)) ok = false;
     }
-    if (i % 41 == 0) {
+    if (i % 29 == 0) {
       if (m.is_rehashing()) ++taken_while_rehashing;
       held.emplace_back(m.snapshot(), ref);
     }
@@ -637,6 +637,7 @@ TEST(snapshots_during_rehash) {
   }
   CHECK(ok);
   CHECK(taken_while_rehashing > 10);
+  CHECK(m.capacity() >= 8192);
   CHECK(live_contents(m) == ref);
   held.clear();
   m.reclaim();

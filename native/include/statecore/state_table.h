@@ -1,0 +1,63 @@
+// One keyed state of a backend: one StateMap per key group of the backend's key-group range
+// (after Flink's CopyOnWriteStateTable, which keeps one CopyOnWriteStateMap per key group so that
+// a snapshot can be written key group by key group and a rescale reads only the key groups it
+// needs).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "statecore/state_map.h"
+
+namespace statecore {
+
+// Snapshot of a StateTable: one MapSnapshot per key group of [kg_start, kg_end], all taken in the
+// same synchronous step. Released key group by key group (e.g. after a key group is serialized)
+// through map(kg)->release(), or all at once through release(). Thread contract as MapSnapshot:
+// may be read and released from one other thread while the owner keeps writing the table.
+class TableSnapshot {
+ public:
+  TableSnapshot(int32_t kg_start, int32_t kg_end, std::vector<std::shared_ptr<MapSnapshot>> maps);
+  int32_t kg_start() const { return kg_start_; }
+  int32_t kg_end() const { return kg_end_; }
+  // The snapshot of key group `kg`; std::out_of_range (naming the key group and the range) when
+  // kg is outside [kg_start, kg_end].
+  const std::shared_ptr<MapSnapshot>& map(int32_t kg) const;
+  // Entries over all key groups as of snapshot time.
+  size_t size() const;
+  // Releases every key group's snapshot; idempotent.
+  void release();
+
+ private:
+  int32_t kg_start_;
+  int32_t kg_end_;
+  std::vector<std::shared_ptr<MapSnapshot>> maps_;  // index kg - kg_start
+};
+
+class StateTable {
+ public:
+  // Key groups are 0 <= kg_start <= kg_end < 32768 (Flink's upper bound for max parallelism,
+  // KeyGroupRangeAssignment.UPPER_BOUND_MAX_PARALLELISM); std::invalid_argument otherwise.
+  // `h` is passed to every StateMap (nullptr: the map's default key hash).
+  StateTable(int32_t kg_start, int32_t kg_end, KeyHashFunction h = nullptr);
+
+  int32_t kg_start() const { return kg_start_; }
+  int32_t kg_end() const { return kg_end_; }
+  // The map of key group `kg`; std::out_of_range (naming the key group and the range) outside.
+  StateMap& map(int32_t kg);
+  const StateMap& map(int32_t kg) const;
+  // Live entries / key+value bytes over all key groups.
+  size_t size() const;
+  size_t bytes() const;
+  // One O(1) map snapshot per key group: O(number of key groups), never O(entries).
+  TableSnapshot snapshot();
+
+ private:
+  size_t index_of(int32_t kg) const;
+  int32_t kg_start_;
+  int32_t kg_end_;
+  std::vector<std::unique_ptr<StateMap>> maps_;  // index kg - kg_start
+};
+
+}  // namespace statecore

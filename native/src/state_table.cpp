@@ -1,0 +1,81 @@
+#include "statecore/state_table.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace statecore {
+
+namespace {
+
+constexpr int32_t kMaxKeyGroups = 32768;  // Flink UPPER_BOUND_MAX_PARALLELISM
+
+[[noreturn]] void throw_out_of_range(int32_t kg, int32_t start, int32_t end) {
+  throw std::out_of_range("key group " + std::to_string(kg) + " is outside the key-group range [" +
+                          std::to_string(start) + ", " + std::to_string(end) + "]");
+}
+
+}  // namespace
+
+TableSnapshot::TableSnapshot(int32_t kg_start, int32_t kg_end,
+                             std::vector<std::shared_ptr<MapSnapshot>> maps)
+    : kg_start_(kg_start), kg_end_(kg_end), maps_(std::move(maps)) {
+  if (kg_end < kg_start || maps_.size() != static_cast<size_t>(kg_end - kg_start) + 1) {
+    throw std::invalid_argument("TableSnapshot: need one map snapshot per key group of [" +
+                                std::to_string(kg_start) + ", " + std::to_string(kg_end) + "]");
+  }
+}
+
+const std::shared_ptr<MapSnapshot>& TableSnapshot::map(int32_t kg) const {
+  if (kg < kg_start_ || kg > kg_end_) throw_out_of_range(kg, kg_start_, kg_end_);
+  return maps_[static_cast<size_t>(kg - kg_start_)];
+}
+
+size_t TableSnapshot::size() const {
+  size_t n = 0;
+  for (const auto& m : maps_) n += m->size();
+  return n;
+}
+
+void TableSnapshot::release() {
+  for (const auto& m : maps_) m->release();
+}
+
+StateTable::StateTable(int32_t kg_start, int32_t kg_end, KeyHashFunction h)
+    : kg_start_(kg_start), kg_end_(kg_end) {
+  if (kg_start < 0 || kg_end < kg_start || kg_end >= kMaxKeyGroups) {
+    throw std::invalid_argument("StateTable: invalid key-group range [" + std::to_string(kg_start) +
+                                ", " + std::to_string(kg_end) + "] (need 0 <= start <= end < " +
+                                std::to_string(kMaxKeyGroups) + ")");
+  }
+  maps_.reserve(static_cast<size_t>(kg_end - kg_start) + 1);
+  for (int32_t kg = kg_start; kg <= kg_end; ++kg) maps_.push_back(std::make_unique<StateMap>(h));
+}
+
+size_t StateTable::index_of(int32_t kg) const {
+  if (kg < kg_start_ || kg > kg_end_) throw_out_of_range(kg, kg_start_, kg_end_);
+  return static_cast<size_t>(kg - kg_start_);
+}
+
+StateMap& StateTable::map(int32_t kg) { return *maps_[index_of(kg)]; }
+const StateMap& StateTable::map(int32_t kg) const { return *maps_[index_of(kg)]; }
+
+size_t StateTable::size() const {
+  size_t n = 0;
+  for (const auto& m : maps_) n += m->size();
+  return n;
+}
+
+size_t StateTable::bytes() const {
+  size_t n = 0;
+  for (const auto& m : maps_) n += m->bytes();
+  return n;
+}
+
+TableSnapshot StateTable::snapshot() {
+  std::vector<std::shared_ptr<MapSnapshot>> snaps;
+  snaps.reserve(maps_.size());
+  for (const auto& m : maps_) snaps.push_back(m->snapshot());
+  return TableSnapshot(kg_start_, kg_end_, std::move(snaps));
+}
+
+}  // namespace statecore
