@@ -154,6 +154,10 @@ class TimerService:
         return {"name": TIMERS_STATE_NAME, "kind": "timers", "namespace_type": self.namespace_type,
                 "value_type": "binary"}
 
+    def key_groups(self) -> list[int]:
+        """Key groups holding at least one timer, ascending."""
+        return sorted(self._timers)
+
     def snapshot_entries(self, key_group: int) -> tuple[pa.Array, pa.Array]:
         """``(keys, values)`` of one key group as pa.binary arrays sorted by key bytes; values
         are empty."""

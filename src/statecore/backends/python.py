@@ -120,6 +120,9 @@ class _Table:
         return _stored_from_bytes(self.value_ser, b)
 
 
+_EMPTY = (pa.array([], pa.binary()), pa.array([], pa.binary()))
+
+
 class PythonSnapshot:
     """StateSnapshot holding fully serialized entries (pa.binary arrays) taken at snapshot time."""
 
@@ -146,9 +149,7 @@ class PythonSnapshot:
         if not 0 <= key_group < self.max_parallelism:
             raise InvalidInputError(f"key group {key_group} outside [0, {self.max_parallelism - 1}]")
         got = self._data[state_name].get(key_group)
-        if got is None:
-            return pa.array([], pa.binary()), pa.array([], pa.binary())
-        return got
+        return _EMPTY if got is None else got
 
     def release(self) -> None:
         self._released = True
@@ -164,6 +165,10 @@ class PythonBackend(base.KeyedStateBackend):
         self._states: dict[str, base.State] = {}
 
     # ------------------------------------------------------------------ registration
+    def _new_table(self, meta: dict) -> _Table:
+        """The storage of one state (the native backend substitutes its own)."""
+        return _Table(meta)
+
     def get_state(self, descriptor, namespace_type: str = "void"):
         self._check_open()
         if not isinstance(descriptor, StateDescriptor):
@@ -174,15 +179,13 @@ class PythonBackend(base.KeyedStateBackend):
         meta = dict(descriptor.meta(), namespace_type=namespace_type)
         table = self._tables.get(descriptor.name)
         if table is None:
-            table = self._tables[descriptor.name] = _Table(meta)
+            table = self._tables[descriptor.name] = self._new_table(meta)
         else:
             descriptor.check_compatible(table.meta, namespace_type)
         cached = self._states.get(descriptor.name)
         if cached is not None and cached.descriptor is descriptor and cached.namespace_type == namespace_type:
             return cached
-        cls = {"value": _Value, "list": _List, "map": _Map, "reducing": _Reducing,
-               "aggregating": _Aggregating}[descriptor.kind]
-        st = cls(self, descriptor, namespace_type, table)
+        st = self._state_classes[descriptor.kind](self, descriptor, namespace_type, table)
         self._states[descriptor.name] = st
         return st
 
@@ -203,10 +206,8 @@ class PythonBackend(base.KeyedStateBackend):
             data[name] = per_kg
         metas.append(self.timers.meta())
         tdata = {}
-        for kg in self.key_group_range:
-            keys, vals = self.timers.snapshot_entries(kg)
-            if len(keys):
-                tdata[kg] = (keys, vals)
+        for kg in self.timers.key_groups():
+            tdata[kg] = self.timers.snapshot_entries(kg)
         data[TIMERS_STATE_NAME] = tdata
         return PythonSnapshot(self.max_parallelism, self.key_group_range, self.key_type,
                               self.assigner, metas, data)
@@ -224,7 +225,7 @@ class PythonBackend(base.KeyedStateBackend):
             if meta["kind"] not in _KINDS:
                 raise StateMigrationError(f"unknown state kind {meta['kind']!r} in snapshot")
             existing = self._tables.get(meta["name"])
-            table = existing if existing is not None else _Table(meta)
+            table = existing if existing is not None else self._new_table(meta)
             if existing is not None:
                 for f in ("kind", "value_type", "user_key_type", "namespace_type"):
                     if existing.meta.get(f) != meta.get(f):
@@ -477,3 +478,7 @@ class _Aggregating(_PyState, base.AggregatingState):
     def clear_batch(self, keys, namespaces=None):
         for kg, k in self.backend._batch_slots(self, keys, namespaces):
             self._table.remove(kg, k)
+
+
+PythonBackend._state_classes = {"value": _Value, "list": _List, "map": _Map, "reducing": _Reducing,
+                                "aggregating": _Aggregating}
