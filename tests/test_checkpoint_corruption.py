@@ -74,8 +74,8 @@ def read_everything(store, version):
 def small_ckpt(tmp_path):
     """A committed version 1 whose single data file has many small blocks."""
     store = CheckpointStore(tmp_path)
-    snap = build()
-    desc = store.write_snapshot(snap, 1, block_target_bytes=200)
+    snap = build(per_kg=6)
+    desc = store.write_snapshot(snap, 1, block_target_bytes=150)
     store.commit(1, [desc])
     path = tmp_path / desc["path"]
     with pafs.LocalFileSystem().open_input_file(str(path)) as f:
@@ -89,14 +89,15 @@ def small_ckpt(tmp_path):
     return store, path, desc, blocks, index, states, good
 
 
-def _block_owner(blocks, index, states, pos):
-    """(state name, key group, block number) of the block holding byte ``pos``, or None."""
-    for b, blk in enumerate(blocks):
-        if int(blk["offset"]) <= pos < int(blk["offset"]) + int(blk["stored_length"]):
-            for rec in index:
-                if int(rec["first_block"]) <= b < int(rec["first_block"]) + int(rec["block_count"]):
-                    return states[int(rec["state"])], int(rec["key_group"]), b
-    return None
+def _block_owners(blocks, index, states):
+    """{byte position: (state name, key group, block number)} over all block bytes."""
+    owners = {}
+    for rec in index:
+        for b in range(int(rec["first_block"]), int(rec["first_block"]) + int(rec["block_count"])):
+            start = int(blocks[b]["offset"])
+            for pos in range(start, start + int(blocks[b]["stored_length"])):
+                owners[pos] = (states[int(rec["state"])], int(rec["key_group"]), b)
+    return owners
 
 
 @pytest.mark.parametrize("mask", [0x01, 0x80, 0xFF])
@@ -108,16 +109,17 @@ def test_flipped_byte_anywhere_in_data_file_is_detected(small_ckpt, mask):
     positions = range(size) if mask == 0x01 else sorted(
         set(random.Random(mask).sample(range(size), 300)) | set(range(size - TRAILER_SIZE, size))
         | set(range(HEADER_SIZE)) | {footer_offset, footer_offset + 4})
+    owners = _block_owners(blocks, index, states)
+    fd = os.open(path, os.O_RDWR)  # patch in place: one byte per position, restored after
     try:
         for pos in positions:
-            damaged = bytearray(original)
-            damaged[pos] ^= mask
-            path.write_bytes(bytes(damaged))
+            os.pwrite(fd, bytes([original[pos] ^ mask]), pos)
             with pytest.raises(CorruptCheckpointError) as ei:
                 read_everything(store, 1)
+            os.pwrite(fd, original[pos:pos + 1], pos)
             msg = str(ei.value)
             assert str(path) in msg, (pos, msg)
-            owner = _block_owner(blocks, index, states, pos)
+            owner = owners.get(pos)
             if owner is not None:
                 name, kg, b = owner
                 assert f"state {name!r} key group {kg} block {b}" in msg, (pos, msg)
@@ -129,6 +131,7 @@ def test_flipped_byte_anywhere_in_data_file_is_detected(small_ckpt, mask):
             else:
                 assert "footer" in msg, (pos, msg)
     finally:
+        os.close(fd)
         path.write_bytes(original)
     assert read_everything(store, 1) == good
 
@@ -136,9 +139,10 @@ def test_flipped_byte_anywhere_in_data_file_is_detected(small_ckpt, mask):
 def test_truncation_at_every_length_is_detected(small_ckpt):
     store, path, desc, *_ = small_ckpt
     original = path.read_bytes()
+    fd = os.open(path, os.O_RDWR)
     try:
-        for n in range(len(original)):
-            path.write_bytes(original[:n])
+        for n in range(len(original) - 1, -1, -1):  # shrink one byte at a time
+            os.ftruncate(fd, n)
             with pytest.raises(CorruptCheckpointError) as ei:
                 read_everything(store, 1)
             assert str(path) in str(ei.value)
@@ -147,7 +151,9 @@ def test_truncation_at_every_length_is_detected(small_ckpt):
                 with pytest.raises(CorruptCheckpointError):
                     DataFileReader(f, str(path))
     finally:
+        os.close(fd)
         path.write_bytes(original)
+    assert len(read_everything(store, 1)) == 8
 
 
 @pytest.mark.parametrize("extra", [b"\x00", b"x" * 47, b"y" * 48, b"z" * 1000])
@@ -259,15 +265,16 @@ def test_flipped_byte_anywhere_in_manifest_is_detected(small_ckpt):
     store, path, *_ = small_ckpt
     mpath = _manifest_path(path.parents[2], 1)
     original = mpath.read_bytes()
+    fd = os.open(mpath, os.O_RDWR)
     try:
         for pos in range(len(original)):
-            damaged = bytearray(original)
-            damaged[pos] ^= 0x01
-            mpath.write_bytes(bytes(damaged))
+            os.pwrite(fd, bytes([original[pos] ^ 0x01]), pos)
             with pytest.raises(CorruptCheckpointError) as ei:
                 store.manifest(1)
             assert str(mpath) in str(ei.value), (pos, str(ei.value))
+            os.pwrite(fd, original[pos:pos + 1], pos)
     finally:
+        os.close(fd)
         mpath.write_bytes(original)
     store.manifest(1)
 
