@@ -1,0 +1,443 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Thin wrappers over the native core (declarations in _native.pxd).
+
+Errors are translated once, here: C++ std::invalid_argument / std::out_of_range (and BatchError,
+a std::invalid_argument) become :class:`statecore.errors.InvalidInputError`. Batch kernels read
+Arrow arrays through the Arrow C Data Interface (``__arrow_c_array__`` PyCapsules, zero copy) and
+run with the GIL released.
+
+Thread contract: a StateTable is owned by one Python thread at a time (the task's). Snapshots may
+be read from another thread.
+"""
+from cpython.pycapsule cimport PyCapsule_GetPointer
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memcpy
+from libcpp.memory cimport shared_ptr
+from libcpp.pair cimport pair
+from libcpp.vector cimport vector
+
+import numpy as np
+import pyarrow as pa
+
+from statecore.errors import InvalidInputError
+
+cimport _native_core as c
+
+_KEY_TYPES = {"int32": c.KeyType.Int32, "int64": c.KeyType.Int64,
+              "string": c.KeyType.String, "binary": c.KeyType.Binary}
+_VALUE_TYPES = {"int64": c.ValueType.Int64, "float64": c.ValueType.Float64,
+                "string": c.ValueType.String, "binary": c.ValueType.Binary}
+_REDUCERS = {"sum": c.Reducer.Sum, "min": c.Reducer.Min, "max": c.Reducer.Max,
+             "count": c.Reducer.Count}
+
+#: Value types the batch kernels serve natively (others go through the per-row path).
+BATCH_VALUE_TYPES = frozenset(_VALUE_TYPES)
+#: Built-in reducers the add_batch kernel serves natively.
+BATCH_REDUCERS = frozenset(_REDUCERS)
+
+
+cdef c.Assigner _assigner(str name) except *:
+    if name == "spark":
+        return c.Assigner.Spark
+    if name == "flink":
+        return c.Assigner.Flink
+    raise InvalidInputError(f"unknown assigner {name!r}; expected 'spark' or 'flink'")
+
+
+# ----------------------------------------------------------------------------- hashes, key groups
+
+def xxh64(data, uint64_t seed=0):
+    """XXH64 (XXH64 spec) of ``data`` (bytes-like); unsigned 64-bit int."""
+    cdef const uint8_t[::1] v = memoryview(data).cast("B")
+    return c.xxh64(&v[0] if v.shape[0] else NULL, v.shape[0], seed)
+
+
+def murmur3_32(data, uint32_t seed=0):
+    """Murmur3_x86_32 (public spec) of ``data``; signed 32-bit int (as ``mmh3.hash``)."""
+    cdef const uint8_t[::1] v = memoryview(data).cast("B")
+    cdef uint32_t h = c.murmur3_32(&v[0] if v.shape[0] else NULL, v.shape[0], seed)
+    return <int32_t>h
+
+
+def flink_murmur_hash(int32_t code):
+    """Flink MathUtils.murmurHash(int): non-negative int."""
+    return c.flink_murmur_hash(code)
+
+
+cdef int32_t _key_group(key, str key_type, int32_t max_parallelism, c.Assigner a) except -1:
+    cdef bytes b
+    try:
+        if key_type == "int64":
+            return c.key_group_for_int64(a, key, max_parallelism)
+        if key_type == "int32":
+            return c.key_group_for_int32(a, key, max_parallelism)
+        if key_type == "string":
+            b = key.encode("utf-8")
+            return c.key_group_for_string(a, b, len(b), max_parallelism)
+        if key_type == "binary":
+            b = bytes(key)
+            return c.key_group_for_binary(a, <const char*>b, len(b), max_parallelism)
+    except (ValueError, OverflowError, TypeError, AttributeError) as e:
+        raise InvalidInputError(f"key {key!r} of type {key_type}: {e}") from None
+    raise InvalidInputError(f"unknown key type {key_type!r}")
+
+
+def spark_key_group(key, str key_type, int32_t max_parallelism):
+    """pmod(xxhash64(key, seed 42), max_parallelism) with Spark SQL's byte encodings."""
+    return _key_group(key, key_type, max_parallelism, c.Assigner.Spark)
+
+
+def flink_key_group(key, str key_type, int32_t max_parallelism):
+    """murmurHash(javaHashCode(key)) % max_parallelism (Flink KeyGroupRangeAssignment)."""
+    return _key_group(key, key_type, max_parallelism, c.Assigner.Flink)
+
+
+def default_max_parallelism(int32_t parallelism):
+    """Flink computeDefaultMaxParallelism."""
+    try:
+        return c.default_max_parallelism(parallelism)
+    except ValueError as e:
+        raise InvalidInputError(str(e)) from None
+
+
+def key_group_range_for_operator(int32_t max_parallelism, int32_t parallelism, int32_t index):
+    """Flink computeKeyGroupRangeForOperatorIndex -> (start, end), inclusive."""
+    try:
+        r = c.key_group_range_for_operator(max_parallelism, parallelism, index)
+    except ValueError as e:
+        raise InvalidInputError(str(e)) from None
+    return (r.start, r.end)
+
+
+def operator_index_for_key_group(int32_t max_parallelism, int32_t parallelism, int32_t key_group):
+    """Flink computeOperatorIndexForKeyGroup."""
+    try:
+        return c.operator_index_for_key_group(max_parallelism, parallelism, key_group)
+    except ValueError as e:
+        raise InvalidInputError(str(e)) from None
+
+
+# ----------------------------------------------------------------------------- Arrow import
+
+cdef class _Imported:
+    """Keeps the PyCapsules of one exported Arrow array alive while a kernel reads it."""
+    cdef object capsules
+    cdef c.ArrowInput input
+
+    def __cinit__(self, obj):
+        try:
+            schema_capsule, array_capsule = obj.__arrow_c_array__()
+        except AttributeError:
+            raise InvalidInputError(
+                f"expected an Arrow array (__arrow_c_array__), got {type(obj).__name__}") from None
+        self.capsules = (schema_capsule, array_capsule)
+        self.input.schema = <c.ArrowSchema*>PyCapsule_GetPointer(schema_capsule, "arrow_schema")
+        self.input.array = <c.ArrowArray*>PyCapsule_GetPointer(array_capsule, "arrow_array")
+
+    cdef int64_t length(self):
+        return self.input.array.length
+
+
+cdef object _bitmap(uint8_t[::1] valid, int64_t n):
+    """Arrow validity bitmap (LSB bit order) from a byte map; None when all valid."""
+    arr = np.asarray(valid)
+    if n == 0 or arr.all():
+        return None
+    return pa.py_buffer(np.packbits(arr, bitorder="little"))
+
+
+# ----------------------------------------------------------------------------- state table
+
+cdef class NativeTableSnapshot:
+    """One StateTable's snapshot: one O(1) map snapshot per key group (taken in O(key groups)).
+
+    ``entries(kg)`` -> (keys, values) as ``pa.binary()`` arrays sorted by key bytes, as of snapshot
+    time, whatever the owner writes meanwhile. ``release()`` is idempotent; after it entries()
+    raises InvalidInputError.
+    """
+    cdef c.TableSnapshot* snap
+    cdef bint released
+
+    def __dealloc__(self):
+        if self.snap != NULL:
+            self.snap.release()
+            del self.snap
+
+    @property
+    def kg_start(self):
+        return self.snap.kg_start()
+
+    @property
+    def kg_end(self):
+        return self.snap.kg_end()
+
+    def __len__(self):
+        return 0 if self.released else self.snap.size()
+
+    def entries(self, int32_t kg):
+        cdef vector[pair[c.ByteView, c.ByteView]] rows
+        cdef size_t i, n, kbytes = 0, vbytes = 0
+        cdef int32_t[::1] koff
+        cdef int32_t[::1] voff
+        cdef uint8_t[::1] kdata
+        cdef uint8_t[::1] vdata
+        cdef int32_t kpos = 0, vpos = 0
+        if self.released:
+            raise InvalidInputError("the snapshot was released")
+        if kg < self.snap.kg_start() or kg > self.snap.kg_end():
+            raise InvalidInputError(
+                f"key group {kg} outside the snapshot's range "
+                f"[{self.snap.kg_start()}, {self.snap.kg_end()}]")
+        with nogil:
+            rows = self.snap.map(kg).get().sorted_entries()
+            n = rows.size()
+            for i in range(n):
+                kbytes += rows[i].first.size
+                vbytes += rows[i].second.size
+        if kbytes > 2**31 - 1 or vbytes > 2**31 - 1:
+            raise InvalidInputError(f"key group {kg} holds more than 2 GiB of keys or values")
+        ko = np.empty(n + 1, np.int32); vo = np.empty(n + 1, np.int32)
+        kd = np.empty(kbytes, np.uint8); vd = np.empty(vbytes, np.uint8)
+        koff = ko; voff = vo; kdata = kd; vdata = vd
+        with nogil:
+            koff[0] = 0
+            voff[0] = 0
+            for i in range(n):
+                if rows[i].first.size:
+                    memcpy(&kdata[kpos], rows[i].first.data, rows[i].first.size)
+                kpos += rows[i].first.size
+                koff[i + 1] = kpos
+                if rows[i].second.size:
+                    memcpy(&vdata[vpos], rows[i].second.data, rows[i].second.size)
+                vpos += rows[i].second.size
+                voff[i + 1] = vpos
+        keys = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(ko), pa.py_buffer(kd)])
+        values = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(vo), pa.py_buffer(vd)])
+        return keys, values
+
+    def release(self):
+        if not self.released:
+            self.released = True
+            self.snap.release()
+
+
+cdef class NativeStateTable:
+    """One keyed state's entries: a copy-on-write StateMap per key group of [kg_start, kg_end].
+
+    Keys are encoded keys (docs/architecture.md), values serialized bytes. Raises
+    InvalidInputError for a key group outside the range.
+    """
+    cdef c.StateTable* table
+    cdef readonly int32_t kg_start, kg_end
+
+    def __cinit__(self, int32_t kg_start, int32_t kg_end):
+        try:
+            self.table = new c.StateTable(kg_start, kg_end)
+        except ValueError as e:
+            raise InvalidInputError(str(e)) from None
+        self.kg_start = kg_start
+        self.kg_end = kg_end
+
+    def __dealloc__(self):
+        del self.table
+
+    cdef c.StateMap* _map(self, int32_t kg) except NULL:
+        if kg < self.kg_start or kg > self.kg_end:
+            raise InvalidInputError(
+                f"key group {kg} outside the table's range [{self.kg_start}, {self.kg_end}]")
+        return &self.table.map(kg)
+
+    def get(self, int32_t kg, const uint8_t[::1] key):
+        """Value bytes of ``key`` in key group ``kg``, or None."""
+        cdef c.ByteView out
+        cdef c.StateMap* m = self._map(kg)
+        if not m.get(&key[0] if key.shape[0] else NULL, key.shape[0], &out):
+            return None
+        return (<const char*>out.data)[:out.size] if out.size else b""
+
+    def put(self, int32_t kg, const uint8_t[::1] key, const uint8_t[::1] value):
+        """Insert or overwrite."""
+        cdef c.StateMap* m = self._map(kg)
+        cdef uint8_t* dst = m.put(&key[0] if key.shape[0] else NULL, key.shape[0], value.shape[0])
+        if value.shape[0]:
+            memcpy(dst, &value[0], value.shape[0])
+
+    def remove(self, int32_t kg, const uint8_t[::1] key):
+        """True when the key was present."""
+        cdef c.StateMap* m = self._map(kg)
+        return m.remove(&key[0] if key.shape[0] else NULL, key.shape[0])
+
+    def load(self, int32_t kg, keys, values):
+        """Bulk insert (restore): ``keys``/``values`` pa.binary arrays of equal length, no nulls.
+        Reads the Arrow buffers directly (no Python object per entry)."""
+        cdef c.StateMap* m = self._map(kg)
+        cdef const int32_t[::1] ko
+        cdef const int32_t[::1] vo
+        cdef const uint8_t[::1] kd
+        cdef const uint8_t[::1] vd
+        cdef int64_t i, n = len(keys)
+        cdef uint8_t* dst
+        cdef int32_t vlen
+        keys = keys.cast(pa.binary()) if keys.type != pa.binary() else keys
+        values = values.cast(pa.binary()) if values.type != pa.binary() else values
+        if len(values) != n:
+            raise InvalidInputError(f"{n} keys but {len(values)} values")
+        if keys.null_count or values.null_count:
+            raise InvalidInputError("restored keys/values must not be null")
+        if n == 0:
+            return
+        kbufs = keys.buffers(); vbufs = values.buffers()
+        ko = np.frombuffer(kbufs[1], np.int32)[keys.offset:keys.offset + n + 1]
+        vo = np.frombuffer(vbufs[1], np.int32)[values.offset:values.offset + n + 1]
+        kd = np.frombuffer(kbufs[2], np.uint8) if kbufs[2] is not None and kbufs[2].size else np.zeros(1, np.uint8)
+        vd = np.frombuffer(vbufs[2], np.uint8) if vbufs[2] is not None and vbufs[2].size else np.zeros(1, np.uint8)
+        with nogil:
+            for i in range(n):
+                vlen = vo[i + 1] - vo[i]
+                dst = m.put(&kd[ko[i]], ko[i + 1] - ko[i], vlen)
+                if vlen:
+                    memcpy(dst, &vd[vo[i]], vlen)
+
+    def key_group_size(self, int32_t kg):
+        return self._map(kg).size()
+
+    def __len__(self):
+        return self.table.size()
+
+    @property
+    def nbytes(self):
+        """Bytes of encoded keys + values of live entries."""
+        return self.table.bytes()
+
+    def stats(self):
+        """Copy-on-write counters summed over key groups (for tests and metrics)."""
+        cdef int32_t kg
+        cdef c.MapStats st
+        out = {"entry_copies": 0, "page_copies": 0, "directory_copies": 0, "retired_entries": 0,
+               "rehashing_maps": 0}
+        for kg in range(self.kg_start, self.kg_end + 1):
+            st = self.table.map(kg).stats()
+            out["entry_copies"] += st.entry_copies
+            out["page_copies"] += st.page_copies
+            out["directory_copies"] += st.directory_copies
+            out["retired_entries"] += self.table.map(kg).retired_entries()
+            out["rehashing_maps"] += self.table.map(kg).is_rehashing()
+        return out
+
+    def snapshot(self):
+        """A NativeTableSnapshot; O(key groups), independent of the number of entries."""
+        cdef NativeTableSnapshot s = NativeTableSnapshot.__new__(NativeTableSnapshot)
+        s.snap = c.new_table_snapshot(self.table[0])
+        return s
+
+    # -------------------------------------------------------------------- batch kernels
+    cdef c.BatchKeySpec _spec(self, str key_type, str assigner, int32_t max_parallelism) except *:
+        cdef c.BatchKeySpec spec
+        if key_type not in _KEY_TYPES:
+            raise InvalidInputError(f"key type {key_type!r} has no batch kernel")
+        spec.kind = _KEY_TYPES[key_type]
+        spec.assigner = _assigner(assigner)
+        spec.max_parallelism = max_parallelism
+        spec.kg_start = self.kg_start
+        spec.kg_end = self.kg_end
+        return spec
+
+    def get_batch(self, keys, str key_type, str assigner, int32_t max_parallelism, str value_type):
+        """Values of ``keys`` (one Arrow array) as an Arrow array of ``value_type`` (int64 ->
+        int64, float64 -> float64, string -> large_string, binary -> large_binary); null where
+        absent."""
+        cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism)
+        cdef _Imported k = _Imported(keys)
+        cdef int64_t n = k.length()
+        cdef c.ValueType vt
+        cdef vector[int64_t] offsets
+        cdef vector[uint8_t] data
+        cdef uint8_t[::1] valid
+        cdef int64_t[::1] ivals
+        cdef double[::1] fvals
+        if value_type not in _VALUE_TYPES:
+            raise InvalidInputError(f"value type {value_type!r} has no batch kernel")
+        vt = _VALUE_TYPES[value_type]
+        valid_np = np.zeros(max(n, 1), np.uint8)
+        valid = valid_np
+        try:
+            if value_type == "int64":
+                vals = np.zeros(max(n, 1), np.int64)
+                ivals = vals
+                with nogil:
+                    c.get_batch_fixed(self.table[0], spec, k.input, vt, &ivals[0], &valid[0])
+                return pa.Array.from_buffers(pa.int64(), n, [_bitmap(valid[:n], n), pa.py_buffer(vals[:n])])
+            if value_type == "float64":
+                vals = np.zeros(max(n, 1), np.float64)
+                fvals = vals
+                with nogil:
+                    c.get_batch_fixed(self.table[0], spec, k.input, vt, &fvals[0], &valid[0])
+                return pa.Array.from_buffers(pa.float64(), n, [_bitmap(valid[:n], n), pa.py_buffer(vals[:n])])
+            with nogil:
+                c.get_batch_var(self.table[0], spec, k.input, vt, offsets, data, &valid[0])
+        except ValueError as e:
+            raise InvalidInputError(str(e)) from None
+        off_np = np.empty(n + 1, np.int64)
+        data_np = np.empty(data.size(), np.uint8)
+        if n + 1 > 0 and offsets.size() == <size_t>(n + 1):
+            memcpy(<void*><size_t>off_np.ctypes.data, offsets.data(), (n + 1) * 8)
+        else:
+            off_np[:] = 0
+        if data.size():
+            memcpy(<void*><size_t>data_np.ctypes.data, data.data(), data.size())
+        typ = pa.large_string() if value_type == "string" else pa.large_binary()
+        return pa.Array.from_buffers(typ, n, [_bitmap(valid[:n], n), pa.py_buffer(off_np), pa.py_buffer(data_np)])
+
+    def put_batch(self, keys, values, str key_type, str assigner, int32_t max_parallelism,
+                  str value_type):
+        """values[i] for keys[i] in row order; a null value removes the key."""
+        cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism)
+        cdef _Imported k = _Imported(keys)
+        cdef _Imported v = _Imported(values)
+        cdef c.ValueType vt
+        if value_type not in _VALUE_TYPES:
+            raise InvalidInputError(f"value type {value_type!r} has no batch kernel")
+        vt = _VALUE_TYPES[value_type]
+        try:
+            with nogil:
+                c.put_batch(self.table[0], spec, k.input, vt, v.input)
+        except ValueError as e:
+            raise InvalidInputError(str(e)) from None
+
+    def add_batch(self, keys, values, str key_type, str assigner, int32_t max_parallelism,
+                  str value_type, str reducer):
+        """Fold values into the state with a built-in reducer; the running aggregate after each
+        row as int64 (Int64 state, count) or float64 array, null where none."""
+        cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism)
+        cdef _Imported k = _Imported(keys)
+        cdef _Imported v = _Imported(values)
+        cdef int64_t n = k.length()
+        cdef uint8_t[::1] valid
+        cdef int64_t[::1] ivals
+        cdef double[::1] fvals
+        cdef c.ValueType vt
+        cdef c.Reducer red
+        if value_type not in ("int64", "float64"):
+            raise InvalidInputError(f"add_batch kernel needs an int64 or float64 state, got {value_type!r}")
+        if reducer not in _REDUCERS:
+            raise InvalidInputError(f"reducer {reducer!r} has no batch kernel")
+        vt = _VALUE_TYPES[value_type]
+        red = _REDUCERS[reducer]
+        valid_np = np.zeros(max(n, 1), np.uint8)
+        valid = valid_np
+        try:
+            if value_type == "int64" or reducer == "count":
+                vals = np.zeros(max(n, 1), np.int64)
+                ivals = vals
+                with nogil:
+                    c.add_batch(self.table[0], spec, k.input, vt, red, v.input, &ivals[0], &valid[0])
+                typ = pa.int64()
+            else:
+                vals = np.zeros(max(n, 1), np.float64)
+                fvals = vals
+                with nogil:
+                    c.add_batch(self.table[0], spec, k.input, vt, red, v.input, &fvals[0], &valid[0])
+                typ = pa.float64()
+        except ValueError as e:
+            raise InvalidInputError(str(e)) from None
+        return pa.Array.from_buffers(typ, n, [_bitmap(valid[:n], n), pa.py_buffer(vals[:n])])

@@ -1,0 +1,276 @@
+"""NativeBackend: keyed state in the C++ copy-on-write state map (``statecore._native``).
+
+Each registered state is one native ``StateTable``: a copy-on-write, incrementally rehashing map
+per key group of the backend's key-group range, holding encoded keys and serialized values in the
+byte formats of docs/architecture.md, so native snapshots, checkpoints and Python-backend
+snapshots are interchangeable.
+
+Per-record state objects are the reference backend's own classes (``statecore.backends.python``)
+running over a table adapter that encodes (key group, key, namespace) and values into the native
+map: the per-record semantics of the two backends are the same code. What differs is where the
+bytes live and the batch paths: ``get_batch``/``put_batch`` on value state and
+``get_batch``/``add_batch`` on reducing state with built-in reducers, for the VoidNamespace and
+int64/float64/string/binary values, run as native kernels that read the Arrow buffers through the
+C Data Interface (no Python object per row) with the GIL released. Other batch calls (namespaced
+rows, pickle or bool values, custom reducers) take the per-row path and behave identically.
+
+Snapshots: :meth:`NativeBackend.snapshot` takes one O(1) map snapshot per key group of every
+state (O(states x key groups), independent of the number of entries); entries are serialized
+only when a reader asks for a key group.
+
+Thread contract: one thread uses a backend at a time; a snapshot may be read from another thread.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pyarrow as pa
+
+from statecore import _native
+from statecore import serializers as S
+from statecore.backends import base
+from statecore.backends import python as py
+from statecore.errors import InvalidInputError, StateError, StateMigrationError
+from statecore.key_groups import KeyGroupRange
+from statecore.timers import TIMERS_STATE_NAME
+
+__all__ = ["NativeBackend", "NativeSnapshot"]
+
+
+class _NativeTable(py._Table):
+    """The reference backend's table interface over a native StateTable.
+
+    ``get/put/remove(kg, (key, namespace))`` take and return the reference backend's stored
+    forms; bytes in the map are the encoded key and the serialized value.
+    """
+
+    def __init__(self, meta: dict, backend: "NativeBackend"):
+        super().__init__(meta)
+        r = backend.key_group_range
+        self.native = _native.NativeStateTable(r.start, r.end)
+        self._max_p = backend.max_parallelism
+        self._key_ser = backend._key_ser
+
+    def _ekey(self, kg, k) -> bytes:
+        return S.encode_key(kg, self._max_p, k[0], self._key_ser, k[1], self.ns_ser)
+
+    def get(self, kg, k):
+        b = self.native.get(kg, self._ekey(kg, k))
+        return None if b is None else self.decode_value(b)
+
+    def put(self, kg, k, stored):
+        self.native.put(kg, self._ekey(kg, k), self.encode_value(stored))
+
+    def remove(self, kg, k):
+        self.native.remove(kg, self._ekey(kg, k))
+
+
+class NativeSnapshot:
+    """StateSnapshot over native table snapshots (see ``base.StateSnapshot``).
+
+    Taking it costs O(states x key groups); ``entries(name, kg)`` serializes one key group on
+    demand, sorted by encoded key. ``release()`` is idempotent and lets the maps stop copying.
+    """
+
+    def __init__(self, backend: "NativeBackend", tables: dict, timer_data: dict):
+        self.max_parallelism = backend.max_parallelism
+        self.key_group_range = backend.key_group_range
+        self.key_type = backend.key_type
+        self.assigner = backend.assigner
+        self._metas = [dict(t.meta) for t in tables.values()] + [backend.timers.meta()]
+        self._snaps = {name: t.native.snapshot() for name, t in tables.items()}
+        self._timers = timer_data
+        self._released = False
+
+    def state_metas(self) -> list[dict]:
+        return copy.deepcopy(self._metas)
+
+    def entries(self, state_name: str, key_group: int):
+        """(keys, values) pa.binary arrays of one state and key group sorted by key bytes; empty
+        for key groups outside the snapshot's range. Raises StateError after release,
+        InvalidInputError for an unknown state or a key group outside [0, max_parallelism)."""
+        if self._released:
+            raise StateError("snapshot was released")
+        if not 0 <= key_group < self.max_parallelism:
+            raise InvalidInputError(f"key group {key_group} outside [0, {self.max_parallelism - 1}]")
+        empty = (pa.array([], pa.binary()), pa.array([], pa.binary()))
+        if state_name == TIMERS_STATE_NAME:
+            return self._timers.get(key_group, empty)
+        snap = self._snaps.get(state_name)
+        if snap is None:
+            raise InvalidInputError(f"snapshot has no state named {state_name!r}")
+        if key_group not in self.key_group_range:
+            return empty
+        return snap.entries(key_group)
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            for s in self._snaps.values():
+                s.release()
+            self._timers = {}
+
+
+class NativeBackend(py.PythonBackend):
+    """Keyed state backend over the native engine (see module docstring; arguments as
+    :class:`statecore.backends.base.KeyedStateBackend`)."""
+
+    def _new_table(self, meta: dict) -> _NativeTable:
+        return _NativeTable(meta, self)
+
+    # ------------------------------------------------------------------ snapshot / restore
+    def snapshot(self) -> NativeSnapshot:
+        self._check_open()
+        timer_data = {}
+        for kg in self.key_group_range:
+            keys, vals = self.timers.snapshot_entries(kg)
+            if len(keys):
+                timer_data[kg] = (keys, vals)
+        return NativeSnapshot(self, self._tables, timer_data)
+
+    def restore(self, snapshot_like) -> None:
+        """Load the snapshot's key groups inside this backend's range: entries are bulk-loaded as
+        bytes (no decoding). Everything is validated and staged first, so a malformed snapshot
+        raises (InvalidInputError / StateMigrationError / the reader's CorruptCheckpointError)
+        and leaves the backend unchanged."""
+        self._check_open()
+        base.check_snapshot_compatible(self, snapshot_like)
+        kgs = list(self.key_group_range.intersection(KeyGroupRange.of(snapshot_like.key_group_range)))
+        staged = []
+        for meta in snapshot_like.state_metas():
+            if meta["kind"] == "timers":
+                continue
+            if meta["kind"] not in py._KINDS:
+                raise StateMigrationError(f"unknown state kind {meta['kind']!r} in snapshot")
+            existing = self._tables.get(meta["name"])
+            if existing is not None:
+                for f in ("kind", "value_type", "user_key_type", "namespace_type"):
+                    if existing.meta.get(f) != meta.get(f):
+                        raise StateMigrationError(
+                            f"state {meta['name']!r}: {f}={meta.get(f)!r} in the snapshot but "
+                            f"{existing.meta.get(f)!r} here"
+                        )
+            table = existing if existing is not None else self._new_table(meta)
+            for kg in kgs:
+                keys, vals = snapshot_like.entries(meta["name"], kg)
+                if len(keys):
+                    self._check_prefixes(meta["name"], kg, keys)
+                    staged.append((table, kg, keys, vals))
+            if existing is None:
+                staged.append((table, None, None, None))
+        # Timers are validated before anything is applied too (restore() decodes them all first).
+        timer_backup = copy.deepcopy(self.timers._timers), self.timers._count
+        for table, kg, keys, vals in staged:
+            self._tables.setdefault(table.name, table)
+            if kg is not None:
+                table.native.load(kg, keys, vals)
+        try:
+            self.timers.restore(snapshot_like)
+        except Exception:
+            self.timers._timers, self.timers._count = timer_backup
+            raise
+
+    def _check_prefixes(self, name: str, kg: int, keys: pa.Array) -> None:
+        """Every encoded key listed under a key group must be longer than the key-group prefix
+        and carry that key group's prefix (InvalidInputError otherwise)."""
+        keys = keys.cast(pa.binary()) if keys.type != pa.binary() else keys
+        w = S.key_group_prefix_size(self.max_parallelism) if hasattr(S, "key_group_prefix_size") \
+            else len(S.key_group_prefix(kg, self.max_parallelism))
+        n = len(keys)
+        offs = np.frombuffer(keys.buffers()[1], np.int32)[keys.offset:keys.offset + n + 1]
+        if keys.null_count or np.any(np.diff(offs) <= w):
+            raise InvalidInputError(f"state {name!r}: an encoded key of key group {kg} is null or too short")
+        data = np.frombuffer(keys.buffers()[2], np.uint8)
+        starts = offs[:-1]
+        got = data[starts].astype(np.int32) if w == 1 else \
+            (data[starts].astype(np.int32) << 8) | data[starts + 1].astype(np.int32)
+        if np.any(got != kg):
+            raise InvalidInputError(
+                f"state {name!r}: entries listed under key group {kg} carry another key-group prefix")
+
+    # ------------------------------------------------------------------ accounting
+    def num_entries(self) -> int:
+        return sum(len(t.native) for t in self._tables.values())
+
+    def state_bytes(self) -> int:
+        return sum(t.native.nbytes for t in self._tables.values())
+
+    def copy_on_write_stats(self) -> dict:
+        """Copy-on-write counters of every state's maps (entry/page/directory copies, entries
+        retired for live snapshots, maps in the middle of an incremental rehash)."""
+        return {name: t.native.stats() for name, t in self._tables.items()}
+
+
+# --------------------------------------------------------------------------- batch fast paths
+
+_COUNT_KERNEL_TYPES = (pa.int64(), pa.float64(), pa.string(), pa.large_string(), pa.binary(),
+                       pa.large_binary())
+
+
+def _kernel_ok(state, namespaces) -> bool:
+    return (namespaces is None and state.namespace_type == "void"
+            and state._ser.name in _native.BATCH_VALUE_TYPES)
+
+
+def _key_array(state, keys) -> pa.Array:
+    # Chunked input stays zero-copy: the kernel runs once per chunk, in row order.
+    return base.coerce_key_array(keys, state.backend.key_type)
+
+
+def _cast_out(arr: pa.Array, ser) -> pa.Array:
+    return arr if arr.type == ser.arrow_type else arr.cast(ser.arrow_type)
+
+
+class _FastValue(py._Value):
+    def get_batch(self, keys, namespaces=None) -> pa.Array:
+        if not _kernel_ok(self, namespaces):
+            return super().get_batch(keys, namespaces)
+        b = self.backend
+        b._check_open()
+        arr = _key_array(self, keys)
+        out = self._table.native.get_batch(arr, b.key_type, b.assigner, b.max_parallelism, self._ser.name)
+        return _cast_out(out, self._ser)
+
+    def put_batch(self, keys, values, namespaces=None) -> None:
+        if not _kernel_ok(self, namespaces):
+            return super().put_batch(keys, values, namespaces)
+        b = self.backend
+        b._check_open()
+        arr = _key_array(self, keys)
+        vals = base.coerce_value_array(values, self._ser.name, len(arr))
+        self._table.native.put_batch(arr, vals, b.key_type, b.assigner, b.max_parallelism, self._ser.name)
+
+
+class _FastReducing(py._Reducing):
+    def _kernel_reducer(self, namespaces) -> bool:
+        return (_kernel_ok(self, namespaces) and self.descriptor.reducer.name in _native.BATCH_REDUCERS
+                and self._ser.name in ("int64", "float64"))
+
+    def get_batch(self, keys, namespaces=None) -> pa.Array:
+        if not _kernel_ok(self, namespaces):
+            return super().get_batch(keys, namespaces)
+        b = self.backend
+        b._check_open()
+        arr = _key_array(self, keys)
+        out = self._table.native.get_batch(arr, b.key_type, b.assigner, b.max_parallelism, self._ser.name)
+        return _cast_out(out, self._ser)
+
+    def add_batch(self, keys, values, namespaces=None) -> pa.Array:
+        if not self._kernel_reducer(namespaces):
+            return super().add_batch(keys, values, namespaces)
+        b = self.backend
+        b._check_open()
+        arr = _key_array(self, keys)
+        is_count = self.descriptor.reducer.name == "count"
+        vals = base.coerce_value_array(values, self._ser.name, len(arr), any_type=is_count)
+        if is_count and vals.type not in _COUNT_KERNEL_TYPES:
+            return super().add_batch(arr, vals, namespaces)
+        out = self._table.native.add_batch(arr, vals, b.key_type, b.assigner, b.max_parallelism,
+                                           self._ser.name, self.descriptor.reducer.name)
+        return _cast_out(out, self._ser)
+
+
+NativeBackend._state_classes = dict(py.PythonBackend._state_classes, value=_FastValue,
+                                   reducing=_FastReducing)

@@ -1,0 +1,82 @@
+"""The conformance suite on the native backend: every test of BackendConformance, including the
+differential state machine against the pure-Python reference backend, plus native-only checks
+(copy-on-write isolation through the Python API, O(key groups) snapshots, bulk restore)."""
+
+import pyarrow as pa
+import pytest
+
+pytest.importorskip("statecore._native")
+
+from statecore import ReducingStateDescriptor, ValueStateDescriptor, create_backend  # noqa: E402
+from statecore.backends.native import NativeBackend  # noqa: E402
+from statecore.errors import InvalidInputError  # noqa: E402
+from statecore.testing.conformance import BackendConformance, snapshot_dump  # noqa: E402
+
+
+class TestNativeBackend(BackendConformance):
+    def make_backend(self, **options):
+        return create_backend("native", **options)
+
+
+def test_create_backend_native():
+    assert isinstance(create_backend("native"), NativeBackend)
+
+
+def test_snapshot_isolated_while_writing_many_keys():
+    b = create_backend("native", key_type="int64")
+    st = b.get_state(ReducingStateDescriptor("sum", "sum", "int64"))
+    keys = pa.array(range(20_000), pa.int64())
+    st.add_batch(keys, pa.array([1] * 20_000, pa.int64()))
+    snap = b.snapshot()
+    before = snapshot_dump(snap)
+    # Writes after the snapshot (enough to drive rehashes) copy only what they touch.
+    st.add_batch(keys, pa.array([5] * 20_000, pa.int64()))
+    st.add_batch(pa.array(range(20_000, 60_000), pa.int64()), pa.array([7] * 40_000, pa.int64()))
+    assert snapshot_dump(snap) == before
+    assert b.copy_on_write_stats()["sum"]["entry_copies"] >= 20_000
+    snap.release()
+    copies = b.copy_on_write_stats()["sum"]["entry_copies"]
+    st.add_batch(keys, pa.array([1] * 20_000, pa.int64()))
+    # After the last release no copy-on-write happens any more.
+    assert b.copy_on_write_stats()["sum"]["entry_copies"] == copies
+    assert st.get_batch(pa.array([0, 59_999], pa.int64())).to_pylist() == [7, 7]
+
+
+def test_batch_and_per_record_address_the_same_entries():
+    for key_type, keys in [("int64", [3, -9, 2**40]), ("string", ["a", "ü", ""]),
+                           ("int32", [1, -1, 7]), ("binary", [b"\x00", b"xy", b""])]:
+        b = create_backend("native", key_type=key_type)
+        st = b.get_state(ValueStateDescriptor("v", "float64"))
+        typ = {"int64": pa.int64(), "string": pa.string(), "int32": pa.int32(), "binary": pa.binary()}[key_type]
+        st.put_batch(pa.array(keys, typ), pa.array([1.5, 2.5, None], pa.float64()))
+        got = []
+        for k in keys:
+            b.set_current_key(k)
+            got.append(st.value())
+        assert got == [1.5, 2.5, None]
+        b.set_current_key(keys[2])
+        st.update(9.0)
+        assert st.get_batch(pa.array(keys, typ)).to_pylist() == [1.5, 2.5, 9.0]
+
+
+def test_rejected_batch_leaves_state_untouched():
+    b = create_backend("native", key_type="int64", key_group_range=(0, 63))
+    st = b.get_state(ReducingStateDescriptor("s", "sum", "int64"))
+    ok_keys = []
+    for k in range(1000):
+        try:
+            b.key_group_of(k)
+            ok_keys.append(k)
+        except InvalidInputError:
+            foreign = k
+    st.add_batch(pa.array(ok_keys[:10], pa.int64()), pa.array([1] * 10, pa.int64()))
+    before = snapshot_dump(b.snapshot())
+    with pytest.raises(InvalidInputError, match="key group"):
+        st.add_batch(pa.array(ok_keys[:5] + [foreign], pa.int64()), pa.array([1] * 6, pa.int64()))
+    with pytest.raises(InvalidInputError):
+        st.add_batch(pa.array([ok_keys[0], None], pa.int64()), pa.array([1, 2], pa.int64()))
+    with pytest.raises(InvalidInputError):
+        st.add_batch(pa.array(ok_keys[:3], pa.int64()), pa.array([1, 2], pa.int64()))
+    with pytest.raises(InvalidInputError):
+        st.add_batch(pa.array(ok_keys[:2], pa.int64()), pa.array([1.0, 2.0], pa.float64()))
+    assert snapshot_dump(b.snapshot()) == before
