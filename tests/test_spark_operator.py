@@ -1,0 +1,314 @@
+"""statecore.spark.StatefulOperator on a real local PySpark (local[2]).
+
+The operator is driven directly, as Spark's ``foreachBatch`` would call it, with static
+DataFrames per micro-batch, and checked against a plain-Python model of the same processor:
+routing by key group, state carried across micro-batches, watermark and event-time timers in
+partitions without input, replayed batch ids, rescaling between micro-batches, the end-of-input
+flush, and error reporting.
+"""
+
+import os
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from statecore.descriptors import ValueStateDescriptor
+from statecore.errors import InvalidInputError, StateError
+from statecore.key_groups import operator_index_for_key_group, spark_key_group
+from statecore.spark import KeyedProcessor, StatefulOperator
+
+pytestmark = pytest.mark.spark
+
+MAXP = 128
+
+
+def _by_value():
+    # Test-module classes must travel to the Python workers by value: the workers cannot
+    # import this module.
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+OUT_SCHEMA = pa.schema([("kind", pa.string()), ("k", pa.int64()), ("count", pa.int64()),
+                        ("total", pa.int64()), ("ts", pa.int64())])
+REMIND_AFTER = 10
+
+
+class CountAndRemind(KeyedProcessor):
+    """Per key: running count and sum of ``v``; an event-time timer ``t + 10`` per row. Emits a
+    ``count`` row per key touched, a ``timer`` row per fired timer and ``flush`` rows at the end."""
+
+    output_schema = OUT_SCHEMA
+
+    def open(self, ctx):
+        self.count = ctx.backend.get_state(ValueStateDescriptor("count", "int64", default=0))
+        self.total = ctx.backend.get_state(ValueStateDescriptor("total", "int64", default=0))
+
+    def process_batch(self, batch, ctx):
+        rows = sorted(zip(batch.column("k").to_pylist(), batch.column("v").to_pylist(),
+                          batch.column("t").to_pylist()))
+        out = []
+        for i, (k, v, t) in enumerate(rows):
+            ctx.backend.set_current_key(k)
+            self.count.update(self.count.value() + 1)
+            self.total.update(self.total.value() + v)
+            ctx.backend.timers.register_event_time_timer(t + REMIND_AFTER)
+            if i + 1 == len(rows) or rows[i + 1][0] != k:
+                out.append(("count", k, self.count.value(), self.total.value(), None))
+        if out:
+            yield _batch(out)
+
+    def _fire(self, ctx, wm, kind):
+        out = []
+        for ts, k, _ in ctx.backend.timers.advance_watermark(wm):
+            ctx.backend.set_current_key(k)
+            out.append((kind, k, self.count.value(), self.total.value(), ts))
+        if out:
+            yield _batch(out)
+
+    def on_watermark(self, ctx, watermark_ms):
+        return self._fire(ctx, watermark_ms, "timer")
+
+    def flush(self, ctx):
+        return self._fire(ctx, 2**63 - 1, "flush")
+
+
+def _batch(rows):
+    cols = list(zip(*rows))
+    return pa.RecordBatch.from_arrays([pa.array(c, t) for c, t in zip(cols, OUT_SCHEMA.types)],
+                                      schema=OUT_SCHEMA)
+
+
+class Model:
+    """Plain-Python reference of CountAndRemind under the operator's watermark rule."""
+
+    def __init__(self):
+        self.count, self.total, self.timers, self.wm = {}, {}, set(), None
+
+    def batch(self, rows):
+        out = set()
+        for k, v, t in rows:
+            self.count[k] = self.count.get(k, 0) + 1
+            self.total[k] = self.total.get(k, 0) + v
+            self.timers.add((t + REMIND_AFTER, k))
+        for k in {r[0] for r in rows}:
+            out.add(("count", k, self.count[k], self.total[k], None))
+        if self.wm is not None:
+            for ts, k in sorted(x for x in self.timers if x[0] <= self.wm):
+                self.timers.discard((ts, k))
+                out.add(("timer", k, self.count[k], self.total[k], ts))
+        if rows:
+            m = max(t for _, _, t in rows)
+            self.wm = m if self.wm is None else max(self.wm, m)
+        return out
+
+    def flush(self):
+        out = {("flush", k, self.count[k], self.total[k], ts) for ts, k in self.timers}
+        self.timers.clear()
+        return out
+
+
+def _rows_of(path):
+    if not os.path.isdir(path):
+        return set()
+    t = pq.read_table(path, schema=OUT_SCHEMA)
+    return {tuple(r.values()) for r in t.to_pylist()}
+
+
+def _df(spark, rows):
+    return spark.createDataFrame(rows, "k bigint, v bigint, t bigint")
+
+
+def _keys_of_partition(pid, n, count, start=0):
+    out, k = [], start
+    while len(out) < count:
+        if operator_index_for_key_group(MAXP, n, spark_key_group(k, "int64", MAXP)) == pid:
+            out.append(k)
+        k += 1
+    return out
+
+
+BATCHES = [
+    [(k, k * 10, 100 + k) for k in range(12)],
+    [(k, 1, 120 + k) for k in range(6, 18)] + [(3, 5, 101)],
+    [],
+    [(k, 2, 200) for k in range(0, 30, 3)],
+]
+
+
+@pytest.fixture(params=["python", "native"])
+def backend(request):
+    if request.param == "native":
+        pytest.importorskip("statecore.backends.native")
+    return request.param
+
+
+def _op(tmp_path, backend, parallelism=2, name="counts"):
+    _by_value()
+    return StatefulOperator(name, CountAndRemind(), "k", str(tmp_path / "ckpt"),
+                            output=str(tmp_path / "out"), parallelism=parallelism,
+                            max_parallelism=MAXP, backend=backend, event_time_column="t")
+
+
+def _run_all(spark, op, batches, tmp_path, parallelisms=None):
+    model, outputs = Model(), []
+    for i, rows in enumerate(batches):
+        if parallelisms:
+            op.parallelism = parallelisms[i]
+        rep = op(_df(spark, rows), i)
+        assert rep.version == i and rep.rows == len(rows)
+        expected = model.batch(rows)
+        got = _rows_of(str(tmp_path / "out" / f"batch_id={i}"))
+        assert got == expected, f"micro-batch {i}"
+        assert op.store.metadata(i)["watermark_ms"] == model.wm
+        outputs.append(got)
+    return model, outputs
+
+
+def test_routing_columns_match_statecore_key_groups(spark):
+    from pyspark.sql import functions as F
+
+    from statecore.spark.routing import key_group_column, operator_index_column
+
+    strings = ["", "a", "N14228", "EWR|IAH", "héllo wörld", "日本語", "x" * 100]
+    longs = [0, 1, -1, 42, 2**63 - 1, -(2**63), 123456789012]
+    ints = [0, 1, -1, 2**31 - 1, -(2**31), 77]
+    for values, sql_type, key_type in ((strings, "string", "string"), (longs, "bigint", "int64"),
+                                       (ints, "int", "int32")):
+        df = spark.createDataFrame([(v,) for v in values], f"k {sql_type}")
+        for n in (1, 2, 3, 7):
+            got = (df.select("k", key_group_column("k", MAXP).alias("kg"))
+                   .select("k", "kg", operator_index_column("kg", n, MAXP).alias("op"))
+                   .collect())
+            for row in got:
+                kg = spark_key_group(row.k, key_type, MAXP)
+                assert row.kg == kg, (row.k, key_type)
+                assert row.op == operator_index_for_key_group(MAXP, n, kg)
+    typed = spark.range(1).select(F.lit(5).cast("bigint").alias("kg"))
+    assert dict(typed.select(operator_index_column("kg", 2, MAXP).alias("op")).dtypes)["op"] == "int"
+
+
+def test_state_watermark_and_timers_across_micro_batches(spark, tmp_path, backend):
+    op = _op(tmp_path, backend)
+    model, _ = _run_all(spark, op, BATCHES, tmp_path)
+    rep = op.flush(spark)
+    assert rep is not None and rep.final and rep.version == len(BATCHES)
+    assert _rows_of(str(tmp_path / "out" / f"batch_id={rep.version}")) == model.flush()
+    assert op.flush(spark) is None  # exactly once: a second flush is a no-op
+    assert op.is_finalized()
+    with pytest.raises(StateError, match="finalized"):
+        op(_df(spark, [(1, 1, 1)]), len(BATCHES) + 1)
+    meta = op.store.metadata(len(BATCHES) - 1)
+    assert meta["state_entries"] == 2 * len(model.count)
+    assert sum(meta["loads"].values()) == 2
+
+
+def test_timers_fire_in_partitions_without_input(spark, tmp_path, backend):
+    op = _op(tmp_path, backend, name="quiet")
+    p0 = _keys_of_partition(0, 2, 3)
+    p1 = _keys_of_partition(1, 2, 3)
+    batches = [[(k, 1, 50) for k in p0 + p1], [(p0[0], 1, 100)], [], []]
+    _, outs = _run_all(spark, op, batches, tmp_path)
+    fired = {(r[1], r[4]) for r in outs[1] if r[0] == "timer"}
+    # Batch 1 runs with watermark 50 (batch 0's max): the timers at 60 wait. Batch 2 runs with
+    # watermark 100 and no input at all: both partitions must still run and fire them.
+    assert fired == set()
+    fired2 = {(r[1], r[4]) for r in outs[2] if r[0] == "timer"}
+    assert fired2 == {(k, 60) for k in p0 + p1}
+
+
+def test_replayed_batch_id_gives_the_same_state_and_output(spark, tmp_path, backend):
+    op = _op(tmp_path / "a", backend)
+    for i in (0, 1):
+        op(_df(spark, BATCHES[i]), i)
+    first = _rows_of(str(tmp_path / "a" / "out" / "batch_id=1"))
+    first_meta = op.store.metadata(1)
+    # The driver failed after the batch: Spark calls foreachBatch again with the same id.
+    op(_df(spark, BATCHES[1]), 1)
+    assert _rows_of(str(tmp_path / "a" / "out" / "batch_id=1")) == first
+    again = op.store.metadata(1)
+    assert again["attempt"] != first_meta["attempt"]
+    for k in ("watermark_ms", "rows", "output_rows", "state_entries", "state_bytes"):
+        assert again[k] == first_meta[k], k
+    # A replay of an older id (Spark restarted from an older commit) also restores its predecessor.
+    op(_df(spark, BATCHES[1]), 1)
+    # Continuing after the replays matches a run without any replay.
+    op(_df(spark, BATCHES[2]), 2)
+    op(_df(spark, BATCHES[3]), 3)
+    ref = _op(tmp_path / "b", backend)
+    _run_all(spark, ref, BATCHES, tmp_path / "b")
+    for i in range(len(BATCHES)):
+        assert _rows_of(str(tmp_path / "a" / "out" / f"batch_id={i}")) == \
+            _rows_of(str(tmp_path / "b" / "out" / f"batch_id={i}"))
+    assert _state(op, 3) == _state(ref, 3)
+
+
+def _state(op, version):
+    from statecore.backends import create_backend
+
+    b = create_backend("python", key_type="int64", max_parallelism=MAXP)
+    op.store.restore(b, version)
+    keys = pa.array(range(40), pa.int64())
+    out = {}
+    for name in ("count", "total"):
+        st = b.get_state(ValueStateDescriptor(name, "int64", default=0))
+        out[name] = st.get_batch(keys).to_pylist()
+    return out
+
+
+def test_rescaling_between_micro_batches(spark, tmp_path, backend):
+    op = _op(tmp_path / "r", backend)
+    model, _ = _run_all(spark, op, BATCHES, tmp_path / "r", parallelisms=[2, 3, 1, 4])
+    # retain_versions=3: version 0 is gone, the others record the parallelism they ran with.
+    assert op.store.versions() == [1, 2, 3]
+    assert [op.store.metadata(i)["num_partitions"] for i in (1, 2, 3)] == [3, 1, 4]
+    op.parallelism = 3
+    rep = op.flush(spark)
+    assert _rows_of(str(tmp_path / "r" / "out" / f"batch_id={rep.version}")) == model.flush()
+
+
+def test_bad_input_is_reported(spark, tmp_path):
+    op = _op(tmp_path, "python", name="bad")
+    with pytest.raises(Exception, match="null key"):
+        op(spark.createDataFrame([(None, 1, 1), (2, 1, 1)], "k bigint, v bigint, t bigint"), 0)
+    assert op.latest_version() is None  # nothing committed
+    with pytest.raises(InvalidInputError, match="unsupported key column type"):
+        op(spark.createDataFrame([(1.5, 1, 1)], "k double, v bigint, t bigint"), 0)
+    with pytest.raises(InvalidInputError, match="key column"):
+        op(spark.createDataFrame([(1, 1)], "x bigint, v bigint"), 0)
+
+    class WrongOutput(CountAndRemind):
+        def process_batch(self, batch, ctx):
+            yield pa.RecordBatch.from_pydict({"kind": ["x"]})
+
+    wrong = StatefulOperator("wrong", WrongOutput(), "k", str(tmp_path / "ckpt"),
+                             output=str(tmp_path / "out2"), backend="python")
+    with pytest.raises(Exception, match="lacks columns"):
+        wrong(_df(spark, [(1, 1, 1)]), 0)
+    # A micro-batch whose predecessor version is gone cannot silently start from empty state.
+    good = _op(tmp_path / "g", "python", name="gap")
+    good(_df(spark, BATCHES[0]), 0)
+    with pytest.raises(StateError, match="needs version 4"):
+        good(_df(spark, BATCHES[1]), 5)
+
+
+def test_constructor_validation(tmp_path):
+    p = CountAndRemind()
+    ck = str(tmp_path)
+    with pytest.raises(InvalidInputError):
+        StatefulOperator("bad name!", p, "k", ck, output=ck)
+    with pytest.raises(InvalidInputError):
+        StatefulOperator("x", p, "k", ck)  # neither sink nor output
+    with pytest.raises(InvalidInputError):
+        StatefulOperator("x", p, "k", ck, output=ck, parallelism=0)
+    with pytest.raises(InvalidInputError):
+        StatefulOperator("x", p, "k", ck, output=ck, parallelism=5, max_parallelism=4)
+    with pytest.raises(InvalidInputError):
+        StatefulOperator("x", p, "k", ck, output=ck, backend="rocksdb")
+    with pytest.raises(InvalidInputError):
+        StatefulOperator("x", p, "k", ck, output=ck, retain_versions=1)
+    with pytest.raises(InvalidInputError):
+        StatefulOperator("x", object(), "k", ck, output=ck)
