@@ -87,6 +87,30 @@ class MapSnapshot;
 // shared_ptr to the engine state, so the map may be destroyed while snapshots live; its
 // destructor frees every live entry no snapshot needs.
 //
+// Fields (StateMap::Impl in detail/map_impl.h; StateMap itself holds only impl_, a shared_ptr
+// that snapshots share so the engine state outlives the map while they need it).
+//  Owner thread only:
+//   hash_fn        injected hash or nullptr (default hash)
+//   primary        the table's Directory; during a rehash the OLD table (Flink primaryTable)
+//   rehash_table   the NEW, twice as large table during a rehash, else nullptr
+//   rehash_index   old buckets below it have been migrated (their slots are stale, never read)
+//   primary_size / rehash_size   live entries in each table; size() is their sum
+//   threshold      3/4 of the newest table's capacity: an insert when size() > threshold (and
+//                  no rehash in flight) starts a rehash
+//   live_bytes     bytes(): key + value bytes of live entries
+//   version        map version, +1 per snapshot(); stamped on every new or copied entry
+//   req            `required` as read at the start of the current operation
+//   retired        retire list: {entry, map version when unlinked}
+//   stats          Stats counters
+//  Shared with releasing threads:
+//   required       highest live snapshot version, 0 when none (atomic; only the owner raises it)
+//   sweep_pending  a release happened since the last sweep (atomic flag)
+//   mu             guards live_versions and orphaned (and `retired` once orphaned)
+//   live_versions  versions of unreleased snapshots, ascending
+//   orphaned       the StateMap was destroyed: releasing threads sweep `retired` themselves
+//  MapSnapshot::State: shared_ptr to the engine state, one reference to each directory as of
+//  snapshot time, rehash_index, size, version, released flag.
+//
 // Invariants.
 //  I1 version >= every live snapshot version; required = max live snapshot version or 0.
 //  I2 no entry with version < required (as last raised by the owner) is written.
@@ -125,7 +149,9 @@ class StateMap {
   // nonzero size is std::invalid_argument.
   bool get(const uint8_t* key, size_t key_size, ByteView* out);
   // Insert or overwrite: returns `value_size` writable bytes owned by the map (copy-on-write
-  // already applied); the caller fills them. Valid until the next mutating call.
+  // already applied); the caller fills them. Valid until the next mutating call (snapshot()
+  // counts as one: writing through the pointer after a snapshot would change the snapshot).
+  // A new entry's value bytes are zero; an overwrite of the same size keeps the old bytes.
   uint8_t* put(const uint8_t* key, size_t key_size, size_t value_size);
   // Writable access to an existing value (copy-on-write applied); nullptr when absent.
   uint8_t* get_for_update(const uint8_t* key, size_t key_size, size_t* value_size);
