@@ -1,0 +1,114 @@
+// Batch kernels: Arrow arrays of keys (and values) in, state of one StateTable read/written per
+// row, Arrow-shaped results out — without Python objects, without libarrow, without allocating per
+// row (one reused key buffer and one per-thread key-group scratch vector).
+//
+// Scope: value state and reducing state of one state table, VoidNamespace. Every row addresses the
+// entry whose encoded key is `prefix(kg) | ser(key) | 00` (docs/architecture.md "Encoded key",
+// the same bytes as KeyEncoder in key_codec.h), kg from the spec's Assigner (key_groups.h), so the
+// per-record Python path and these kernels read and write the same entries.
+//
+// Values are stored as docs/architecture.md "Values" says: int64 / float64 as 8 bytes
+// little-endian, string as UTF-8 bytes, binary as raw bytes.
+//
+// Validation happens BEFORE any mutation: a BatchError leaves the table exactly as it was. Checked
+// up front: the Arrow structs (format, buffers, offsets), key/value formats against the declared
+// types, equal lengths, no null keys, every key's key group inside [kg_start, kg_end] and inside
+// the table, output pointers. The only error that can surface mid-batch is a stored entry of the
+// wrong width for the declared value type (the table was written as another value type — a caller
+// bug, not bad input); it is reported as a BatchError naming the row, and the rows before it have
+// then been applied.
+//
+// Thread contract: as StateTable's — the calling thread owns the table for the call; kernels on
+// different tables may run concurrently (no shared mutable state; the scratch is thread_local).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "statecore/arrow_abi.h"
+#include "statecore/key_groups.h"
+#include "statecore/state_table.h"
+
+namespace statecore {
+
+// Bad batch input (wrong Arrow type, null key, length mismatch, key group outside the table's
+// range, ...). The message says what and, when a row is at fault, which row (0-based, relative to
+// the array's logical start, i.e. after its offset). Thrown before any state is modified.
+class BatchError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// Value type of the state (its descriptor's value type). Accepted Arrow formats per type:
+// Int64 <- "l", Float64 <- "g", String <- "u" or "U", Binary <- "z" or "Z".
+enum class ValueType : uint8_t { Int64, Float64, String, Binary };
+
+// Reducing functions of add_batch. Sum/Min/Max keep the value type (Int64 or Float64); Count
+// keeps an int64 count of non-null values (any supported value format; only validity is read).
+// Int64 Sum wraps on overflow (two's complement, like Java long). Min/Max follow Python's
+// min(acc, v)/max(acc, v): the accumulator is replaced only when v < acc (resp. v > acc), so a NaN
+// value never replaces an accumulator and a NaN accumulator is never replaced.
+enum class Reducer : uint8_t { Sum, Min, Max, Count };
+
+// How keys map to entries of the table.
+struct BatchKeySpec {
+  // Logical key type; the key array's format must be: Int32 "i", Int64 "l", String "u" or "U",
+  // Binary "z" or "Z". It decides the key serializer and the hash (Spark: int32 -> 4 bytes LE,
+  // int64 -> 8 bytes LE; Flink: Integer/Long/String hashCode(), binary: Arrays.hashCode(byte[])).
+  KeyType kind = KeyType::Int64;
+  Assigner assigner = Assigner::Spark;
+  int32_t max_parallelism = 128;
+  // Inclusive key-group range served by the table (the operator's key-group range); must satisfy
+  // 0 <= kg_start <= kg_end < max_parallelism and lie inside the table's own range.
+  int32_t kg_start = 0;
+  int32_t kg_end = 127;
+};
+
+// One Arrow array as received through the C Data Interface (e.g. from `__arrow_c_array__`).
+// Borrowed: the kernels neither release nor retain it.
+struct ArrowInput {
+  const ArrowSchema* schema = nullptr;
+  const ArrowArray* array = nullptr;
+};
+
+// Looks up every key. For fixed-width value types (Int64, Float64):
+//   out_values: int64_t[n] (Int64) or double[n] (Float64), n = keys length; written for present
+//               keys, 0 for absent ones;
+//   out_valid:  uint8_t[n] byte map, 1 = present, 0 = absent (-> null in the Arrow result).
+// Both may be null only when n == 0. Throws BatchError on bad input (see above) or when value_type
+// is not fixed-width. Does not modify the table.
+void get_batch_fixed(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
+                     ValueType value_type, void* out_values, uint8_t* out_valid);
+
+// Looks up every key of a String/Binary-valued state, producing the large_binary/large_utf8
+// layout: `offsets` is resized to n + 1 int64 byte offsets into `data` (offsets[0] = 0; an absent
+// key gets an empty slot), `data` receives the concatenated value bytes (cleared first), and
+// out_valid (uint8_t[n], may be null only when n == 0) gets 1 = present, 0 = absent.
+// int64 offsets because one batch's values may exceed 2 GiB; Python wraps them as
+// pa.large_binary()/pa.large_string() (cast to binary/string when small, if needed).
+// Throws BatchError on bad input or when value_type is not String/Binary. Does not modify the
+// table.
+void get_batch_var(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
+                   ValueType value_type, std::vector<int64_t>& offsets, std::vector<uint8_t>& data,
+                   uint8_t* out_valid);
+
+// Writes values[i] for keys[i], in row order (so for repeated keys the last row wins). A null
+// value removes the key (Flink: ValueState.update(null) == clear()). keys and values must have
+// the same length. Throws BatchError before any mutation on bad input.
+void put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys, ValueType value_type,
+               ArrowInput values);
+
+// Folds values[i] into the state of keys[i] with `reducer`, in row order, and writes the
+// aggregate AFTER each row:
+//   out_values: int64_t[n] (Int64 state, and always for Count) or double[n] (Float64 state);
+//   out_valid:  uint8_t[n], 1 = an aggregate exists, 0 = none (null in the Arrow result).
+// An absent state starts at the first non-null value (Count: 1). A null value leaves the state
+// unchanged and outputs the current aggregate (null when none). value_type is the state's type:
+// Int64 or Float64 for Sum/Min/Max (values "l" / "g"), Int64 for Count (values any supported
+// format). Throws BatchError before any mutation on bad input.
+void add_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys, ValueType value_type,
+               Reducer reducer, ArrowInput values, void* out_values, uint8_t* out_valid);
+
+}  // namespace statecore

@@ -1,0 +1,404 @@
+// Batch kernels over one StateTable (see batch.h for the contract). Every kernel runs in two
+// passes: a validation pass that touches no state (Arrow structure, formats, lengths, null keys,
+// key groups — computed once and kept in a per-thread scratch vector) and an apply pass that
+// encodes each row's key into one reused buffer and reads/writes the row's key-group map.
+#include "statecore/batch.h"
+
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+#include "statecore/hash.h"
+#include "statecore/key_codec.h"
+
+namespace statecore {
+namespace {
+
+[[noreturn]] void fail(const std::string& msg) { throw BatchError(msg); }
+
+std::string row_str(int64_t row) { return "row " + std::to_string(row); }
+
+const char* key_type_name(KeyType t) {
+  switch (t) {
+    case KeyType::Int32: return "int32";
+    case KeyType::Int64: return "int64";
+    case KeyType::String: return "string";
+    case KeyType::Binary: return "binary";
+  }
+  return "?";
+}
+
+const char* value_type_name(ValueType t) {
+  switch (t) {
+    case ValueType::Int64: return "int64";
+    case ValueType::Float64: return "float64";
+    case ValueType::String: return "string";
+    case ValueType::Binary: return "binary";
+  }
+  return "?";
+}
+
+bool key_format_ok(KeyType t, ArrowKind k) {
+  switch (t) {
+    case KeyType::Int32: return k == ArrowKind::Int32;
+    case KeyType::Int64: return k == ArrowKind::Int64;
+    case KeyType::String: return k == ArrowKind::Utf8 || k == ArrowKind::LargeUtf8;
+    case KeyType::Binary: return k == ArrowKind::Binary || k == ArrowKind::LargeBinary;
+  }
+  return false;
+}
+
+bool value_format_ok(ValueType t, ArrowKind k) {
+  switch (t) {
+    case ValueType::Int64: return k == ArrowKind::Int64;
+    case ValueType::Float64: return k == ArrowKind::Float64;
+    case ValueType::String: return k == ArrowKind::Utf8 || k == ArrowKind::LargeUtf8;
+    case ValueType::Binary: return k == ArrowKind::Binary || k == ArrowKind::LargeBinary;
+  }
+  return false;
+}
+
+ArrayView make_view(ArrowInput in, const char* role) {
+  try {
+    ArrayView v(in.schema, in.array);
+    const int64_t bad = v.check_offsets();
+    if (bad >= 0)
+      fail(std::string(role) + ": invalid variable-width offsets at " + row_str(bad));
+    return v;
+  } catch (const BatchError&) {
+    throw;
+  } catch (const std::invalid_argument& e) {
+    fail(std::string(role) + ": " + e.what());
+  }
+}
+
+// Stored fixed-width values are little-endian regardless of the host (docs/architecture.md).
+inline uint64_t load_le64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+inline void store_le64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+inline int64_t load_i64(const uint8_t* p) { return static_cast<int64_t>(load_le64(p)); }
+inline double load_f64(const uint8_t* p) {
+  const uint64_t u = load_le64(p);
+  double d;
+  std::memcpy(&d, &u, 8);
+  return d;
+}
+inline void store_i64(uint8_t* p, int64_t v) { store_le64(p, static_cast<uint64_t>(v)); }
+inline void store_f64(uint8_t* p, double d) {
+  uint64_t u;
+  std::memcpy(&u, &d, 8);
+  store_le64(p, u);
+}
+
+[[noreturn]] void wrong_width(int64_t row, size_t got) {
+  fail(row_str(row) + ": the stored value holds " + std::to_string(got) +
+       " bytes, expected 8 (the table holds values of another type than declared)");
+}
+
+// Per-thread key-group scratch: one allocation per thread and growth, not per batch or row.
+std::vector<int32_t>& kg_scratch() {
+  thread_local std::vector<int32_t> kgs;
+  return kgs;
+}
+
+// Validation pass over the keys: spec, table range, format, nulls, key groups. Returns the key
+// group of every row (kg_scratch()). Touches no state.
+const int32_t* validate_keys(StateTable& table, const BatchKeySpec& spec, const ArrayView& keys) {
+  try {
+    check_max_parallelism(spec.max_parallelism);
+  } catch (const std::invalid_argument& e) {
+    fail(e.what());
+  }
+  if (spec.kg_start < 0 || spec.kg_start > spec.kg_end || spec.kg_end >= spec.max_parallelism)
+    fail("key-group range [" + std::to_string(spec.kg_start) + ", " + std::to_string(spec.kg_end) +
+         "] must satisfy 0 <= kg_start <= kg_end < max_parallelism (" +
+         std::to_string(spec.max_parallelism) + ")");
+  try {
+    // StateTable ranges are contiguous, so holding both ends means holding every key group the
+    // apply pass can reach; checking now keeps map() from throwing half-way through a batch.
+    table.map(spec.kg_start);
+    table.map(spec.kg_end);
+  } catch (const std::out_of_range&) {
+    fail("the state table does not hold the key-group range [" + std::to_string(spec.kg_start) +
+         ", " + std::to_string(spec.kg_end) + "]");
+  }
+  if (!key_format_ok(spec.kind, keys.kind()))
+    fail(std::string("keys: expected an Arrow array of key type ") + key_type_name(spec.kind) +
+         ", got " + arrow_kind_name(keys.kind()));
+  const int64_t n = keys.length();
+  if (keys.null_count() != 0) {
+    for (int64_t i = 0; i < n; ++i)
+      if (!keys.is_valid(i)) fail("keys: null key at " + row_str(i));
+  }
+  std::vector<int32_t>& kgs = kg_scratch();
+  kgs.resize(static_cast<size_t>(n));
+  const int32_t maxp = spec.max_parallelism;
+  const Assigner a = spec.assigner;
+  switch (spec.kind) {
+    case KeyType::Int32:
+      for (int64_t i = 0; i < n; ++i) kgs[i] = key_group_for_int32(a, keys.int32_at(i), maxp);
+      break;
+    case KeyType::Int64:
+      for (int64_t i = 0; i < n; ++i) kgs[i] = key_group_for_int64(a, keys.int64_at(i), maxp);
+      break;
+    case KeyType::String:
+    case KeyType::Binary:
+      for (int64_t i = 0; i < n; ++i) {
+        size_t sz;
+        const uint8_t* p = keys.bytes_at(i, &sz);
+        try {
+          kgs[i] = spec.kind == KeyType::String
+                       ? key_group_for_string(a, reinterpret_cast<const char*>(p), sz, maxp)
+                       : key_group_for_binary(a, p, sz, maxp);
+        } catch (const std::invalid_argument& e) {
+          fail("keys: " + row_str(i) + ": " + e.what());
+        }
+      }
+      break;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (kgs[i] < spec.kg_start || kgs[i] > spec.kg_end)
+      fail("keys: " + row_str(i) + " belongs to key group " + std::to_string(kgs[i]) +
+           ", outside this table's key-group range [" + std::to_string(spec.kg_start) + ", " +
+           std::to_string(spec.kg_end) + "] (was the batch routed by the same assigner and "
+           "max parallelism?)");
+  }
+  return kgs.data();
+}
+
+// Encodes row i's key as prefix | ser(key) | 00 (VoidNamespace) into the reused buffer.
+class RowKeys {
+ public:
+  RowKeys(const BatchKeySpec& spec, const ArrayView& keys)
+      : enc_(spec.kind, NamespaceType::Void, spec.max_parallelism), keys_(keys), kind_(spec.kind) {}
+
+  void encode(int64_t i, int32_t kg) {
+    switch (kind_) {
+      case KeyType::Int32: enc_.key_int32(kg, keys_.int32_at(i)); break;
+      case KeyType::Int64: enc_.key_int64(kg, keys_.int64_at(i)); break;
+      case KeyType::String:
+      case KeyType::Binary: {
+        size_t sz;
+        const uint8_t* p = keys_.bytes_at(i, &sz);
+        enc_.key_bytes(kg, p, sz);
+        break;
+      }
+    }
+    enc_.namespace_void();
+  }
+  const uint8_t* data() const { return enc_.data(); }
+  size_t size() const { return enc_.size(); }
+
+ private:
+  KeyEncoder enc_;
+  const ArrayView& keys_;
+  KeyType kind_;
+};
+
+void check_values(ValueType vt, const ArrayView& keys, const ArrayView& values) {
+  if (!value_format_ok(vt, values.kind()))
+    fail(std::string("values: expected an Arrow array of value type ") + value_type_name(vt) +
+         ", got " + arrow_kind_name(values.kind()));
+  if (values.length() != keys.length())
+    fail("values: length " + std::to_string(values.length()) + " differs from keys length " +
+         std::to_string(keys.length()));
+}
+
+// add_batch apply pass for accumulator type T. `value_at(i)` gives row i's (non-null) input.
+template <class T, class Combine, class ValueAt>
+void fold_rows(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayView& values,
+               Combine combine, ValueAt value_at, T* out, uint8_t* valid) {
+  const int64_t n = values.length();
+  for (int64_t i = 0; i < n; ++i) {
+    rk.encode(i, kgs[i]);
+    StateMap& m = table.map(kgs[i]);
+    if (!values.is_valid(i)) {
+      ByteView v;
+      if (m.get(rk.data(), rk.size(), &v)) {
+        if (v.size != 8) wrong_width(i, v.size);
+        if constexpr (std::is_same<T, double>::value) out[i] = load_f64(v.data);
+        else out[i] = load_i64(v.data);
+        valid[i] = 1;
+      } else {
+        out[i] = T{};
+        valid[i] = 0;
+      }
+      continue;
+    }
+    const T x = value_at(i);
+    size_t sz = 0;
+    uint8_t* p = m.get_for_update(rk.data(), rk.size(), &sz);
+    T acc;
+    if (p != nullptr) {
+      if (sz != 8) wrong_width(i, sz);
+      if constexpr (std::is_same<T, double>::value) acc = combine(load_f64(p), x);
+      else acc = combine(load_i64(p), x);
+    } else {
+      p = m.put(rk.data(), rk.size(), 8);
+      acc = x;
+    }
+    if constexpr (std::is_same<T, double>::value) store_f64(p, acc);
+    else store_i64(p, acc);
+    out[i] = acc;
+    valid[i] = 1;
+  }
+}
+
+template <class T, class ValueAt>
+void fold_reducer(Reducer r, StateTable& table, const int32_t* kgs, RowKeys& rk,
+                  const ArrayView& values, ValueAt value_at, T* out, uint8_t* valid) {
+  switch (r) {
+    case Reducer::Sum:
+      if constexpr (std::is_same<T, int64_t>::value) {
+        // Wrap like Java long instead of signed-overflow UB.
+        fold_rows<T>(table, kgs, rk, values,
+                     [](T a, T b) {
+                       return static_cast<T>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+                     },
+                     value_at, out, valid);
+      } else {
+        fold_rows<T>(table, kgs, rk, values, [](T a, T b) { return a + b; }, value_at, out, valid);
+      }
+      break;
+    case Reducer::Min:
+      fold_rows<T>(table, kgs, rk, values, [](T acc, T v) { return v < acc ? v : acc; }, value_at,
+                   out, valid);
+      break;
+    case Reducer::Max:
+      fold_rows<T>(table, kgs, rk, values, [](T acc, T v) { return v > acc ? v : acc; }, value_at,
+                   out, valid);
+      break;
+    case Reducer::Count:
+      break;  // handled by the caller (different value input)
+  }
+}
+
+}  // namespace
+
+void get_batch_fixed(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
+                     ValueType value_type, void* out_values, uint8_t* out_valid) {
+  const ArrayView keys = make_view(keys_in, "keys");
+  if (value_type != ValueType::Int64 && value_type != ValueType::Float64)
+    fail(std::string("get_batch_fixed: value type ") + value_type_name(value_type) +
+         " is not fixed-width (use get_batch_var)");
+  const int32_t* kgs = validate_keys(table, spec, keys);
+  const int64_t n = keys.length();
+  if (n > 0 && (out_values == nullptr || out_valid == nullptr))
+    fail("get_batch_fixed: null output buffer");
+  RowKeys rk(spec, keys);
+  for (int64_t i = 0; i < n; ++i) {
+    rk.encode(i, kgs[i]);
+    ByteView v;
+    const bool found = table.map(kgs[i]).get(rk.data(), rk.size(), &v);
+    if (found && v.size != 8) wrong_width(i, v.size);
+    if (value_type == ValueType::Int64)
+      static_cast<int64_t*>(out_values)[i] = found ? load_i64(v.data) : 0;
+    else
+      static_cast<double*>(out_values)[i] = found ? load_f64(v.data) : 0.0;
+    out_valid[i] = found ? 1 : 0;
+  }
+}
+
+void get_batch_var(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
+                   ValueType value_type, std::vector<int64_t>& offsets, std::vector<uint8_t>& data,
+                   uint8_t* out_valid) {
+  const ArrayView keys = make_view(keys_in, "keys");
+  if (value_type != ValueType::String && value_type != ValueType::Binary)
+    fail(std::string("get_batch_var: value type ") + value_type_name(value_type) +
+         " is not variable-width (use get_batch_fixed)");
+  const int32_t* kgs = validate_keys(table, spec, keys);
+  const int64_t n = keys.length();
+  if (n > 0 && out_valid == nullptr) fail("get_batch_var: null validity output buffer");
+  offsets.resize(static_cast<size_t>(n) + 1);
+  data.clear();
+  offsets[0] = 0;
+  RowKeys rk(spec, keys);
+  for (int64_t i = 0; i < n; ++i) {
+    rk.encode(i, kgs[i]);
+    ByteView v;
+    const bool found = table.map(kgs[i]).get(rk.data(), rk.size(), &v);
+    if (found) data.insert(data.end(), v.data, v.data + v.size);
+    out_valid[i] = found ? 1 : 0;
+    offsets[i + 1] = static_cast<int64_t>(data.size());
+  }
+}
+
+void put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
+               ValueType value_type, ArrowInput values_in) {
+  const ArrayView keys = make_view(keys_in, "keys");
+  const ArrayView values = make_view(values_in, "values");
+  check_values(value_type, keys, values);
+  const int32_t* kgs = validate_keys(table, spec, keys);
+  const int64_t n = keys.length();
+  RowKeys rk(spec, keys);
+  for (int64_t i = 0; i < n; ++i) {
+    rk.encode(i, kgs[i]);
+    StateMap& m = table.map(kgs[i]);
+    if (!values.is_valid(i)) {
+      m.remove(rk.data(), rk.size());
+      continue;
+    }
+    switch (value_type) {
+      case ValueType::Int64: store_i64(m.put(rk.data(), rk.size(), 8), values.int64_at(i)); break;
+      case ValueType::Float64:
+        store_f64(m.put(rk.data(), rk.size(), 8), values.float64_at(i));
+        break;
+      case ValueType::String:
+      case ValueType::Binary: {
+        size_t sz;
+        const uint8_t* src = values.bytes_at(i, &sz);
+        uint8_t* dst = m.put(rk.data(), rk.size(), sz);
+        if (sz > 0) std::memcpy(dst, src, sz);
+        break;
+      }
+    }
+  }
+}
+
+void add_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
+               ValueType value_type, Reducer reducer, ArrowInput values_in, void* out_values,
+               uint8_t* out_valid) {
+  const ArrayView keys = make_view(keys_in, "keys");
+  const ArrayView values = make_view(values_in, "values");
+  if (reducer == Reducer::Count) {
+    if (value_type != ValueType::Int64)
+      fail(std::string("add_batch: a Count state holds int64 counts, not ") +
+           value_type_name(value_type));
+    if (values.length() != keys.length())
+      fail("values: length " + std::to_string(values.length()) + " differs from keys length " +
+           std::to_string(keys.length()));
+  } else {
+    if (value_type != ValueType::Int64 && value_type != ValueType::Float64)
+      fail(std::string("add_batch: Sum/Min/Max need an int64 or float64 state, not ") +
+           value_type_name(value_type));
+    check_values(value_type, keys, values);
+  }
+  const int32_t* kgs = validate_keys(table, spec, keys);
+  const int64_t n = keys.length();
+  if (n > 0 && (out_values == nullptr || out_valid == nullptr))
+    fail("add_batch: null output buffer");
+  RowKeys rk(spec, keys);
+  if (reducer == Reducer::Count) {
+    fold_rows<int64_t>(
+        table, kgs, rk, values,
+        [](int64_t a, int64_t b) {
+          return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+        },
+        [](int64_t) { return int64_t{1}; }, static_cast<int64_t*>(out_values), out_valid);
+  } else if (value_type == ValueType::Int64) {
+    fold_reducer<int64_t>(reducer, table, kgs, rk, values,
+                          [&](int64_t i) { return values.int64_at(i); },
+                          static_cast<int64_t*>(out_values), out_valid);
+  } else {
+    fold_reducer<double>(reducer, table, kgs, rk, values,
+                         [&](int64_t i) { return values.float64_at(i); },
+                         static_cast<double*>(out_values), out_valid);
+  }
+}
+
+}  // namespace statecore

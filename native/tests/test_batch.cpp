@@ -1,0 +1,509 @@
+// Batch kernels (batch.h) over hand-built Arrow C Data Interface arrays: round trips, running
+// aggregates against a reference computed here, sliced arrays (offset != 0) with validity bitmaps,
+// the same entries as the per-record key codec, and errors that leave the table untouched.
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "check.h"
+#include "statecore/arrow_abi.h"
+#include "statecore/batch.h"
+#include "statecore/key_codec.h"
+#include "statecore/key_groups.h"
+#include "statecore/state_table.h"
+
+using namespace statecore;
+
+namespace {
+
+void release_schema(ArrowSchema* s) { s->release = nullptr; }
+void release_array(ArrowArray* a) { a->release = nullptr; }
+
+// An Arrow array owned by the test. `pad` leading elements (junk values, marked null) are placed
+// before the logical start and array.offset = pad, so every kernel sees a sliced array.
+struct TestArray {
+  std::string format;
+  std::vector<uint8_t> validity, data, values;
+  const void* buffers[3] = {nullptr, nullptr, nullptr};
+  ArrowSchema schema{};
+  ArrowArray array{};
+
+  ArrowInput in() const { return ArrowInput{&schema, &array}; }
+
+  void finish(int64_t length, int64_t offset, int64_t n_buffers, bool any_null) {
+    buffers[0] = any_null ? validity.data() : nullptr;
+    buffers[1] = data.data();
+    buffers[2] = values.data();
+    schema.format = format.c_str();
+    schema.name = "";
+    schema.flags = ARROW_FLAG_NULLABLE;
+    schema.release = &release_schema;
+    array.length = length;
+    array.offset = offset;
+    array.null_count = any_null ? -1 : 0;  // -1: "unknown", the kernels must count themselves
+    array.n_buffers = n_buffers;
+    array.buffers = buffers;
+    array.release = &release_array;
+  }
+  void set_valid(int64_t j, bool v) {
+    if (validity.size() <= static_cast<size_t>(j / 8)) validity.resize(j / 8 + 1, 0);
+    if (v) validity[j / 8] |= static_cast<uint8_t>(1u << (j % 8));
+    else validity[j / 8] &= static_cast<uint8_t>(~(1u << (j % 8)));
+  }
+};
+
+template <class T>
+TestArray fixed(const char* format, const std::vector<std::optional<T>>& xs, int64_t pad = 0) {
+  TestArray a;
+  a.format = format;
+  bool any_null = pad > 0;
+  const int64_t total = pad + static_cast<int64_t>(xs.size());
+  a.data.resize(static_cast<size_t>(total) * sizeof(T) + 1);
+  for (int64_t j = 0; j < total; ++j) {
+    const bool valid = j >= pad && xs[j - pad].has_value();
+    T v = valid ? *xs[j - pad] : static_cast<T>(0x5A5A5A5A);  // junk under nulls / padding
+    std::memcpy(a.data.data() + j * sizeof(T), &v, sizeof(T));
+    a.set_valid(j, valid);
+    any_null = any_null || !valid;
+  }
+  a.finish(static_cast<int64_t>(xs.size()), pad, 2, any_null);
+  return a;
+}
+
+template <class Off>
+TestArray varwidth(const char* format, const std::vector<std::optional<std::string>>& xs,
+                   int64_t pad = 0) {
+  TestArray a;
+  a.format = format;
+  bool any_null = pad > 0;
+  const int64_t total = pad + static_cast<int64_t>(xs.size());
+  std::vector<Off> offs(1, 0);
+  for (int64_t j = 0; j < total; ++j) {
+    const bool valid = j >= pad && xs[j - pad].has_value();
+    const std::string s = valid ? *xs[j - pad] : std::string(j < pad ? "pad" : "");
+    a.values.insert(a.values.end(), s.begin(), s.end());
+    offs.push_back(static_cast<Off>(a.values.size()));
+    a.set_valid(j, valid);
+    any_null = any_null || !valid;
+  }
+  a.values.push_back(0);  // never empty, so the buffer pointer is non-null
+  a.data.resize(offs.size() * sizeof(Off));
+  std::memcpy(a.data.data(), offs.data(), a.data.size());
+  a.finish(static_cast<int64_t>(xs.size()), pad, 3, any_null);
+  return a;
+}
+
+using I64 = std::vector<std::optional<int64_t>>;
+using F64 = std::vector<std::optional<double>>;
+using Str = std::vector<std::optional<std::string>>;
+
+// Whole table contents: encoded key -> value bytes.
+std::map<std::string, std::string> dump(StateTable& t) {
+  std::map<std::string, std::string> out;
+  for (int32_t kg = t.kg_start(); kg <= t.kg_end(); ++kg) {
+    t.map(kg).for_each([&](ByteView k, ByteView v) {
+      out[std::string(reinterpret_cast<const char*>(k.data), k.size)] =
+          std::string(reinterpret_cast<const char*>(v.data), v.size);
+    });
+  }
+  return out;
+}
+
+// Runs fn, expecting a BatchError whose message contains `needle`.
+bool batch_error(const std::function<void()>& fn, const std::string& needle) {
+  try {
+    fn();
+  } catch (const BatchError& e) {
+    if (std::string(e.what()).find(needle) != std::string::npos) return true;
+    std::fprintf(stderr, "  BatchError without '%s': %s\n", needle.c_str(), e.what());
+    return false;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "  unexpected exception: %s\n", e.what());
+    return false;
+  }
+  std::fprintf(stderr, "  no exception (wanted '%s')\n", needle.c_str());
+  return false;
+}
+
+BatchKeySpec spec_for(KeyType kind, Assigner a = Assigner::Spark, int32_t maxp = 128,
+                      int32_t s = 0, int32_t e = 127) {
+  BatchKeySpec sp;
+  sp.kind = kind;
+  sp.assigner = a;
+  sp.max_parallelism = maxp;
+  sp.kg_start = s;
+  sp.kg_end = e;
+  return sp;
+}
+
+int64_t le_i64(const std::string& v) {
+  uint64_t u = 0;
+  for (int i = 7; i >= 0; --i) u = (u << 8) | static_cast<uint8_t>(v[i]);
+  return static_cast<int64_t>(u);
+}
+
+}  // namespace
+
+TEST(put_get_int64_roundtrip_and_null_removes) {
+  StateTable t(0, 127);
+  const BatchKeySpec sp = spec_for(KeyType::Int64);
+  TestArray keys = fixed<int64_t>("l", I64{1, 2, 3, -7, 1LL << 40});
+  TestArray vals = fixed<int64_t>("l", I64{10, 20, 30, -70, INT64_MIN});
+  put_batch(t, sp, keys.in(), ValueType::Int64, vals.in());
+  CHECK_EQ(t.size(), size_t{5});
+
+  TestArray q = fixed<int64_t>("l", I64{3, 4, 1LL << 40, 1, -7, 2});
+  int64_t out[6];
+  uint8_t valid[6];
+  get_batch_fixed(t, sp, q.in(), ValueType::Int64, out, valid);
+  const int64_t want[6] = {30, 0, INT64_MIN, 10, -70, 20};
+  const uint8_t want_valid[6] = {1, 0, 1, 1, 1, 1};
+  for (int i = 0; i < 6; ++i) {
+    CHECK_EQ(int(valid[i]), int(want_valid[i]));
+    CHECK_EQ(out[i], want[i]);
+  }
+  // A null value removes the key (update(null) == clear()); last row wins for repeated keys.
+  TestArray k2 = fixed<int64_t>("l", I64{2, 3, 3});
+  TestArray v2 = fixed<int64_t>("l", I64{std::nullopt, 5, 6});
+  put_batch(t, sp, k2.in(), ValueType::Int64, v2.in());
+  CHECK_EQ(t.size(), size_t{4});
+  TestArray q2 = fixed<int64_t>("l", I64{2, 3});
+  get_batch_fixed(t, sp, q2.in(), ValueType::Int64, out, valid);
+  CHECK_EQ(int(valid[0]), 0);
+  CHECK_EQ(int(valid[1]), 1);
+  CHECK_EQ(out[1], int64_t{6});
+}
+
+TEST(batch_path_and_key_codec_address_the_same_entries) {
+  // put through the kernel, read back through KeyEncoder + the key group of the per-record path.
+  for (Assigner a : {Assigner::Spark, Assigner::Flink}) {
+    for (int32_t maxp : {128, 4096}) {
+      StateTable t(0, maxp - 1);
+      const BatchKeySpec sp = spec_for(KeyType::String, a, maxp, 0, maxp - 1);
+      TestArray keys = varwidth<int32_t>("u", Str{"hello", "", "\xe6\x97\xa5\xf0\x9f\x98\x80", "k"});
+      TestArray vals = fixed<double>("g", F64{1.5, -2.0, 3.25, NAN});
+      put_batch(t, sp, keys.in(), ValueType::Float64, vals.in());
+      KeyEncoder enc(KeyType::String, NamespaceType::Void, maxp);
+      const char* ks[] = {"hello", "", "\xe6\x97\xa5\xf0\x9f\x98\x80", "k"};
+      const double vs[] = {1.5, -2.0, 3.25, NAN};
+      for (int i = 0; i < 4; ++i) {
+        const int32_t kg = key_group_for_string(a, ks[i], std::strlen(ks[i]), maxp);
+        enc.key_bytes(kg, ks[i], std::strlen(ks[i]));
+        enc.namespace_void();
+        ByteView v;
+        CHECK(t.map(kg).get(enc.data(), enc.size(), &v));
+        CHECK_EQ(v.size, size_t{8});
+        uint64_t u = 0;
+        for (int b = 7; b >= 0; --b) u = (u << 8) | v.data[b];  // stored little-endian
+        uint64_t w;
+        std::memcpy(&w, &vs[i], 8);
+        CHECK_EQ(u, w);
+      }
+    }
+  }
+  // Int32 keys under Flink with the documented Flink vector: key 42 -> kg 29 -> 1d0000002a00.
+  StateTable t(0, 127);
+  TestArray k = fixed<int32_t>("i", std::vector<std::optional<int32_t>>{42});
+  TestArray v = fixed<int64_t>("l", I64{7});
+  put_batch(t, spec_for(KeyType::Int32, Assigner::Flink), k.in(), ValueType::Int64, v.in());
+  const auto d = dump(t);
+  CHECK_EQ(d.size(), size_t{1});
+  CHECK(d.count(std::string("\x1d\x00\x00\x00\x2a\x00", 6)) == 1);
+  CHECK_EQ(le_i64(d.begin()->second), int64_t{7});
+}
+
+TEST(running_sum_matches_reference_with_repeats_and_nulls) {
+  StateTable t(0, 127);
+  const BatchKeySpec sp = spec_for(KeyType::Int64);
+  std::map<int64_t, int64_t> ref;
+  uint64_t rng = 12345;
+  auto next = [&] {
+    rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+    return rng >> 33;
+  };
+  for (int batch = 0; batch < 20; ++batch) {
+    I64 ks, vs;
+    for (int i = 0; i < 500; ++i) {
+      ks.push_back(static_cast<int64_t>(next() % 50) - 25);
+      if (next() % 7 == 0) vs.push_back(std::nullopt);
+      else vs.push_back(static_cast<int64_t>(next() % 1000) - 300);
+    }
+    const int64_t pad = batch % 3;  // some batches sliced
+    TestArray ka = fixed<int64_t>("l", ks, pad);
+    TestArray va = fixed<int64_t>("l", vs, pad);
+    std::vector<int64_t> out(ks.size());
+    std::vector<uint8_t> valid(ks.size());
+    add_batch(t, sp, ka.in(), ValueType::Int64, Reducer::Sum, va.in(), out.data(), valid.data());
+    bool ok = true;
+    for (size_t i = 0; i < ks.size(); ++i) {
+      const int64_t k = *ks[i];
+      if (vs[i]) ref[k] += *vs[i];
+      const bool have = ref.count(k) > 0;
+      ok = ok && (valid[i] == (have ? 1 : 0)) && (!have || out[i] == ref[k]);
+    }
+    CHECK(ok);
+  }
+  CHECK_EQ(t.size(), ref.size());
+  // get_batch sees the final sums.
+  I64 all;
+  for (const auto& kv : ref) all.push_back(kv.first);
+  TestArray q = fixed<int64_t>("l", all);
+  std::vector<int64_t> out(all.size());
+  std::vector<uint8_t> valid(all.size());
+  get_batch_fixed(t, sp, q.in(), ValueType::Int64, out.data(), valid.data());
+  size_t i = 0;
+  for (const auto& kv : ref) {
+    CHECK_EQ(int(valid[i]), 1);
+    CHECK_EQ(out[i], kv.second);
+    ++i;
+  }
+}
+
+TEST(min_max_count_float64) {
+  StateTable t(0, 127);
+  const BatchKeySpec sp = spec_for(KeyType::Int32);
+  using I32 = std::vector<std::optional<int32_t>>;
+  TestArray keys = fixed<int32_t>("i", I32{1, 2, 1, 1, 2, 3});
+  TestArray vals = fixed<double>("g", F64{5.0, std::nullopt, 3.0, 9.0, -1.0, std::nullopt});
+  double out[6];
+  uint8_t valid[6];
+  add_batch(t, sp, keys.in(), ValueType::Float64, Reducer::Min, vals.in(), out, valid);
+  const double want_min[6] = {5.0, 0, 3.0, 3.0, -1.0, 0};
+  const uint8_t want_valid[6] = {1, 0, 1, 1, 1, 0};
+  for (int i = 0; i < 6; ++i) {
+    CHECK_EQ(int(valid[i]), int(want_valid[i]));
+    if (want_valid[i]) CHECK_EQ(out[i], want_min[i]);
+  }
+  StateTable tmax(0, 127);
+  add_batch(tmax, sp, keys.in(), ValueType::Float64, Reducer::Max, vals.in(), out, valid);
+  const double want_max[6] = {5.0, 0, 5.0, 9.0, -1.0, 0};
+  for (int i = 0; i < 6; ++i)
+    if (want_valid[i]) CHECK_EQ(out[i], want_max[i]);
+
+  // Count: +1 per non-null value, whatever the value type; int64 output.
+  StateTable tc(0, 127);
+  int64_t cnt[6];
+  add_batch(tc, sp, keys.in(), ValueType::Int64, Reducer::Count, vals.in(), cnt, valid);
+  const int64_t want_cnt[6] = {1, 0, 2, 3, 1, 0};
+  for (int i = 0; i < 6; ++i) {
+    CHECK_EQ(int(valid[i]), int(want_valid[i]));
+    if (want_valid[i]) CHECK_EQ(cnt[i], want_cnt[i]);
+  }
+  TestArray svals = varwidth<int32_t>("u", Str{"a", "b", std::nullopt, "c", "d", "e"});
+  add_batch(tc, sp, keys.in(), ValueType::Int64, Reducer::Count, svals.in(), cnt, valid);
+  const int64_t want_cnt2[6] = {4, 2, 4, 5, 3, 1};
+  for (int i = 0; i < 6; ++i) CHECK_EQ(cnt[i], want_cnt2[i]);
+
+  // Python min(acc, v) semantics with NaN: a NaN value never replaces the accumulator.
+  StateTable tn(0, 127);
+  TestArray k1 = fixed<int32_t>("i", I32{7, 7, 7});
+  TestArray v1 = fixed<double>("g", F64{2.0, NAN, 1.0});
+  add_batch(tn, sp, k1.in(), ValueType::Float64, Reducer::Min, v1.in(), out, valid);
+  CHECK_EQ(out[1], 2.0);
+  CHECK_EQ(out[2], 1.0);
+}
+
+TEST(int64_sum_wraps_like_java_long) {
+  StateTable t(0, 127);
+  const BatchKeySpec sp = spec_for(KeyType::Int64);
+  TestArray k = fixed<int64_t>("l", I64{1, 1});
+  TestArray v = fixed<int64_t>("l", I64{INT64_MAX, 1});
+  int64_t out[2];
+  uint8_t valid[2];
+  add_batch(t, sp, k.in(), ValueType::Int64, Reducer::Sum, v.in(), out, valid);
+  CHECK_EQ(out[1], INT64_MIN);
+}
+
+TEST(string_and_binary_values_var_output_and_large_offsets) {
+  StateTable t(0, 127);
+  const BatchKeySpec sp = spec_for(KeyType::Binary);
+  TestArray keys = varwidth<int64_t>("Z", Str{std::string("\x00\x01", 2), "k2", "k3"}, 2);
+  TestArray vals = varwidth<int32_t>("z", Str{"value-one", std::string("\x00", 1), ""});
+  put_batch(t, sp, keys.in(), ValueType::Binary, vals.in());
+  CHECK_EQ(t.size(), size_t{3});
+  TestArray q = varwidth<int32_t>("z", Str{"k3", "nope", std::string("\x00\x01", 2), "k2"});
+  std::vector<int64_t> offs;
+  std::vector<uint8_t> data(5, 0xEE);  // cleared by the kernel
+  uint8_t valid[4];
+  get_batch_var(t, sp, q.in(), ValueType::Binary, offs, data, valid);
+  CHECK_EQ(offs.size(), size_t{5});
+  const int64_t want_offs[5] = {0, 0, 0, 9, 10};
+  for (int i = 0; i < 5; ++i) CHECK_EQ(offs[i], want_offs[i]);
+  const uint8_t want_valid[4] = {1, 0, 1, 1};
+  for (int i = 0; i < 4; ++i) CHECK_EQ(int(valid[i]), int(want_valid[i]));
+  CHECK_EQ(std::string(data.begin(), data.end()), std::string("value-one\x00", 10));
+
+  // large_utf8 keys + utf8 values under a string key type.
+  StateTable ts(0, 127);
+  const BatchKeySpec ss = spec_for(KeyType::String, Assigner::Flink);
+  TestArray sk = varwidth<int64_t>("U", Str{"a", "\xe6\x97\xa5"});
+  TestArray sv = varwidth<int64_t>("U", Str{"x", "yz"});
+  put_batch(ts, ss, sk.in(), ValueType::String, sv.in());
+  TestArray sq = varwidth<int32_t>("u", Str{"\xe6\x97\xa5", "a"});
+  get_batch_var(ts, ss, sq.in(), ValueType::String, offs, data, valid);
+  CHECK_EQ(std::string(data.begin(), data.end()), std::string("yzx"));
+}
+
+TEST(sliced_arrays_ignore_elements_before_the_offset) {
+  // Padding elements before the offset are null and hold junk; nulls there must not count as
+  // null keys, and a validity bit inside the slice must be read at (offset + i).
+  StateTable t(0, 127);
+  const BatchKeySpec sp = spec_for(KeyType::Int64);
+  TestArray keys = fixed<int64_t>("l", I64{100, 200, 300}, 13);
+  TestArray vals = fixed<int64_t>("l", I64{1, std::nullopt, 3}, 5);
+  int64_t out[3];
+  uint8_t valid[3];
+  add_batch(t, sp, keys.in(), ValueType::Int64, Reducer::Sum, vals.in(), out, valid);
+  CHECK_EQ(int(valid[0]), 1);
+  CHECK_EQ(int(valid[1]), 0);
+  CHECK_EQ(int(valid[2]), 1);
+  CHECK_EQ(out[0], int64_t{1});
+  CHECK_EQ(out[2], int64_t{3});
+  CHECK_EQ(t.size(), size_t{2});
+  // A null inside the slice of the key array is found at the right row.
+  TestArray bad = fixed<int64_t>("l", I64{1, 2, std::nullopt, 4}, 9);
+  CHECK(batch_error([&] { get_batch_fixed(t, sp, bad.in(), ValueType::Int64, out, valid); },
+                    "null key at row 2"));
+}
+
+TEST(errors_leave_the_table_untouched) {
+  StateTable t(0, 127);
+  const BatchKeySpec sp = spec_for(KeyType::Int64);
+  TestArray k0 = fixed<int64_t>("l", I64{1, 2, 3, 4});
+  TestArray v0 = fixed<int64_t>("l", I64{10, 20, 30, 40});
+  put_batch(t, sp, k0.in(), ValueType::Int64, v0.in());
+  const auto before = dump(t);
+  int64_t out[8];
+  uint8_t valid[8];
+
+  // Length mismatch.
+  TestArray k1 = fixed<int64_t>("l", I64{1, 2, 3});
+  TestArray v1 = fixed<int64_t>("l", I64{5, 5});
+  CHECK(batch_error([&] { put_batch(t, sp, k1.in(), ValueType::Int64, v1.in()); }, "length"));
+  CHECK(batch_error([&] { add_batch(t, sp, k1.in(), ValueType::Int64, Reducer::Sum, v1.in(), out, valid); },
+                    "length"));
+  // Null key in the last row: rows before it must not have been applied.
+  TestArray k2 = fixed<int64_t>("l", I64{1, 2, std::nullopt});
+  TestArray v2 = fixed<int64_t>("l", I64{5, 5, 5});
+  CHECK(batch_error([&] { add_batch(t, sp, k2.in(), ValueType::Int64, Reducer::Sum, v2.in(), out, valid); },
+                    "null key at row 2"));
+  CHECK(batch_error([&] { put_batch(t, sp, k2.in(), ValueType::Int64, v2.in()); }, "row 2"));
+  // Unsupported formats: float32 keys, timestamp values, wrong key type, wrong value type.
+  TestArray f32 = fixed<float>("f", std::vector<std::optional<float>>{1.f, 2.f, 3.f});
+  CHECK(batch_error([&] { put_batch(t, sp, f32.in(), ValueType::Int64, v2.in()); },
+                    "unsupported Arrow format 'f'"));
+  TestArray ts = fixed<int64_t>("tsu:", I64{1, 2, 3});
+  CHECK(batch_error([&] { put_batch(t, sp, k1.in(), ValueType::Int64, ts.in()); }, "tsu:"));
+  TestArray i32 = fixed<int32_t>("i", std::vector<std::optional<int32_t>>{1, 2, 3});
+  CHECK(batch_error([&] { put_batch(t, sp, i32.in(), ValueType::Int64, v2.in()); },
+                    "key type int64, got int32"));
+  TestArray dv = fixed<double>("g", F64{1, 2, 3});
+  CHECK(batch_error([&] { put_batch(t, sp, k1.in(), ValueType::Int64, dv.in()); },
+                    "value type int64, got float64"));
+  CHECK(batch_error([&] { add_batch(t, sp, k1.in(), ValueType::String, Reducer::Sum, dv.in(), out, valid); },
+                    "int64 or float64"));
+  // Released array.
+  TestArray rel = fixed<int64_t>("l", I64{1, 2, 3});
+  rel.array.release = nullptr;
+  CHECK(batch_error([&] { put_batch(t, sp, rel.in(), ValueType::Int64, v2.in()); }, "released"));
+  // Corrupt (decreasing) offsets.
+  TestArray so = varwidth<int32_t>("u", Str{"ab", "c"});
+  int32_t* o = reinterpret_cast<int32_t*>(so.data.data());
+  o[1] = 3;
+  o[2] = 1;
+  const BatchKeySpec ssp = spec_for(KeyType::String);
+  CHECK(batch_error([&] { get_batch_fixed(t, ssp, so.in(), ValueType::Int64, out, valid); },
+                    "offsets at row 1"));
+  // Flink + malformed UTF-8 key at row 1.
+  TestArray badutf = varwidth<int32_t>("u", Str{"ok", "\xff"});
+  TestArray v3 = fixed<int64_t>("l", I64{1, 1});
+  CHECK(batch_error([&] { put_batch(t, spec_for(KeyType::String, Assigner::Flink), badutf.in(),
+                                    ValueType::Int64, v3.in()); },
+                    "row 1"));
+  CHECK(dump(t) == before);
+}
+
+TEST(key_group_outside_range_is_rejected_before_mutation) {
+  // A table serving only key groups [0, 63] of 128 (operator 0 of 2).
+  StateTable t(0, 63);
+  const BatchKeySpec sp = spec_for(KeyType::Int64, Assigner::Spark, 128, 0, 63);
+  // Find keys on both sides of the range.
+  I64 inside, outside;
+  for (int64_t k = 0; inside.size() < 5 || outside.empty(); ++k) {
+    const int32_t kg = key_group_for_int64(Assigner::Spark, k, 128);
+    if (kg <= 63 && inside.size() < 5) inside.push_back(k);
+    else if (kg > 63 && outside.empty()) outside.push_back(k);
+  }
+  I64 ks = inside;
+  ks.push_back(outside[0]);
+  I64 vs(ks.size(), int64_t{1});
+  TestArray ka = fixed<int64_t>("l", ks);
+  TestArray va = fixed<int64_t>("l", vs);
+  int64_t out[6];
+  uint8_t valid[6];
+  CHECK(batch_error([&] { add_batch(t, sp, ka.in(), ValueType::Int64, Reducer::Sum, va.in(), out, valid); },
+                    "row 5 belongs to key group"));
+  CHECK_EQ(t.size(), size_t{0});
+  // The first five alone are fine.
+  TestArray k5 = fixed<int64_t>("l", inside);
+  TestArray v5 = fixed<int64_t>("l", I64(5, int64_t{1}));
+  add_batch(t, sp, k5.in(), ValueType::Int64, Reducer::Sum, v5.in(), out, valid);
+  CHECK_EQ(t.size(), size_t{5});
+  // A spec range the table does not hold, or an invalid one.
+  const BatchKeySpec wide = spec_for(KeyType::Int64, Assigner::Spark, 128, 0, 127);
+  CHECK(batch_error([&] { get_batch_fixed(t, wide, k5.in(), ValueType::Int64, out, valid); },
+                    "does not hold"));
+  const BatchKeySpec inverted = spec_for(KeyType::Int64, Assigner::Spark, 128, 10, 5);
+  CHECK(batch_error([&] { get_batch_fixed(t, inverted, k5.in(), ValueType::Int64, out, valid); },
+                    "kg_start <= kg_end"));
+  const BatchKeySpec badmaxp = spec_for(KeyType::Int64, Assigner::Spark, 0, 0, 0);
+  CHECK(batch_error([&] { get_batch_fixed(t, badmaxp, k5.in(), ValueType::Int64, out, valid); },
+                    "max_parallelism"));
+}
+
+TEST(output_and_type_checks_for_get) {
+  StateTable t(0, 127);
+  const BatchKeySpec sp = spec_for(KeyType::Int64);
+  TestArray k = fixed<int64_t>("l", I64{1});
+  std::vector<int64_t> offs;
+  std::vector<uint8_t> data;
+  uint8_t valid[1];
+  int64_t out[1];
+  CHECK(batch_error([&] { get_batch_fixed(t, sp, k.in(), ValueType::String, out, valid); },
+                    "not fixed-width"));
+  CHECK(batch_error([&] { get_batch_var(t, sp, k.in(), ValueType::Int64, offs, data, valid); },
+                    "not variable-width"));
+  CHECK(batch_error([&] { get_batch_fixed(t, sp, k.in(), ValueType::Int64, nullptr, valid); },
+                    "null output"));
+  // Empty batches are fine and need no buffers.
+  TestArray e = fixed<int64_t>("l", I64{});
+  get_batch_fixed(t, sp, e.in(), ValueType::Int64, nullptr, nullptr);
+  get_batch_var(t, sp, e.in(), ValueType::String, offs, data, nullptr);
+  CHECK_EQ(offs.size(), size_t{1});
+  put_batch(t, sp, e.in(), ValueType::Int64, e.in());
+  add_batch(t, sp, e.in(), ValueType::Int64, Reducer::Sum, e.in(), nullptr, nullptr);
+  CHECK_EQ(t.size(), size_t{0});
+}
+
+TEST(stored_value_of_wrong_width_is_reported) {
+  // The table was written as a string-valued state; reading it as int64 is a caller bug that the
+  // kernels report (naming the row) instead of reading out of bounds.
+  StateTable t(0, 127);
+  const BatchKeySpec sp = spec_for(KeyType::Int64);
+  TestArray k = fixed<int64_t>("l", I64{1});
+  TestArray v = varwidth<int32_t>("u", Str{"abc"});
+  put_batch(t, sp, k.in(), ValueType::String, v.in());
+  int64_t out[1];
+  uint8_t valid[1];
+  CHECK(batch_error([&] { get_batch_fixed(t, sp, k.in(), ValueType::Int64, out, valid); },
+                    "holds 3 bytes"));
+  TestArray n = fixed<int64_t>("l", I64{5});
+  CHECK(batch_error([&] { add_batch(t, sp, k.in(), ValueType::Int64, Reducer::Sum, n.in(), out, valid); },
+                    "row 0"));
+}
+
+TEST_MAIN()
