@@ -249,18 +249,79 @@ void fold_rows(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayVi
   }
 }
 
+// Int64 Sum with the reference backend's rule: a sum that overflows int64 raises and leaves the
+// state exactly as before the batch. Overflow can only be known while applying, so every write is
+// recorded in an undo log (row, whether the key existed, its old value: 16 bytes per row, reused
+// per thread) and replayed backwards on overflow. Rows are applied in order, so undoing them in
+// reverse order restores every entry, including keys repeated within the batch.
+template <class ValueAt>
+void sum_int64_checked(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayView& values,
+                       ValueAt value_at, int64_t* out, uint8_t* valid) {
+  struct Undo {
+    int64_t row;
+    int64_t old;  // meaningful when existed
+    bool existed;
+  };
+  thread_local std::vector<Undo> undo;
+  undo.clear();
+  const int64_t n = values.length();
+  for (int64_t i = 0; i < n; ++i) {
+    rk.encode(i, kgs[i]);
+    StateMap& m = table.map(kgs[i]);
+    if (!values.is_valid(i)) {
+      ByteView v;
+      if (m.get(rk.data(), rk.size(), &v)) {
+        if (v.size != 8) wrong_width(i, v.size);
+        out[i] = load_i64(v.data);
+        valid[i] = 1;
+      } else {
+        out[i] = 0;
+        valid[i] = 0;
+      }
+      continue;
+    }
+    const int64_t x = value_at(i);
+    size_t sz = 0;
+    uint8_t* p = m.get_for_update(rk.data(), rk.size(), &sz);
+    int64_t acc;
+    if (p != nullptr) {
+      if (sz != 8) wrong_width(i, sz);
+      const int64_t old = load_i64(p);
+      if (__builtin_add_overflow(old, x, &acc)) {
+        for (auto it = undo.rbegin(); it != undo.rend(); ++it) {
+          rk.encode(it->row, kgs[it->row]);
+          StateMap& um = table.map(kgs[it->row]);
+          if (it->existed) {
+            size_t usz = 0;
+            store_i64(um.get_for_update(rk.data(), rk.size(), &usz), it->old);
+          } else {
+            um.remove(rk.data(), rk.size());
+          }
+        }
+        undo.clear();
+        fail("values: " + row_str(i) + ": int64 sum overflows (" + std::to_string(old) + " + " +
+             std::to_string(x) + "); the batch was not applied");
+      }
+      undo.push_back({i, old, true});
+    } else {
+      p = m.put(rk.data(), rk.size(), 8);
+      acc = x;
+      undo.push_back({i, 0, false});
+    }
+    store_i64(p, acc);
+    out[i] = acc;
+    valid[i] = 1;
+  }
+  undo.clear();
+}
+
 template <class T, class ValueAt>
 void fold_reducer(Reducer r, StateTable& table, const int32_t* kgs, RowKeys& rk,
                   const ArrayView& values, ValueAt value_at, T* out, uint8_t* valid) {
   switch (r) {
     case Reducer::Sum:
       if constexpr (std::is_same<T, int64_t>::value) {
-        // Wrap like Java long instead of signed-overflow UB.
-        fold_rows<T>(table, kgs, rk, values,
-                     [](T a, T b) {
-                       return static_cast<T>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
-                     },
-                     value_at, out, valid);
+        sum_int64_checked(table, kgs, rk, values, value_at, out, valid);
       } else {
         fold_rows<T>(table, kgs, rk, values, [](T a, T b) { return a + b; }, value_at, out, valid);
       }

@@ -307,15 +307,26 @@ TEST(min_max_count_float64) {
   CHECK_EQ(out[2], 1.0);
 }
 
-TEST(int64_sum_wraps_like_java_long) {
+TEST(int64_sum_overflow_throws_and_rolls_the_batch_back) {
   StateTable t(0, 127);
   const BatchKeySpec sp = spec_for(KeyType::Int64);
-  TestArray k = fixed<int64_t>("l", I64{1, 1});
-  TestArray v = fixed<int64_t>("l", I64{INT64_MAX, 1});
-  int64_t out[2];
-  uint8_t valid[2];
-  add_batch(t, sp, k.in(), ValueType::Int64, Reducer::Sum, v.in(), out, valid);
-  CHECK_EQ(out[1], INT64_MIN);
+  TestArray k0 = fixed<int64_t>("l", I64{1, 2});
+  TestArray v0 = fixed<int64_t>("l", I64{10, 20});
+  int64_t out[5];
+  uint8_t valid[5];
+  add_batch(t, sp, k0.in(), ValueType::Int64, Reducer::Sum, v0.in(), out, valid);
+  const auto before = dump(t);
+  // Rows touch existing keys (1, 2), a new key (3) and a repeated key before the overflow on row 4.
+  TestArray k = fixed<int64_t>("l", I64{1, 3, 2, 1, 2});
+  TestArray v = fixed<int64_t>("l", I64{5, 7, 1, 3, INT64_MAX});
+  CHECK_THROWS(add_batch(t, sp, k.in(), ValueType::Int64, Reducer::Sum, v.in(), out, valid), BatchError);
+  CHECK(dump(t) == before);
+  CHECK_EQ(t.size(), size_t{2});
+  // A batch that does not overflow still applies in row order.
+  TestArray k2 = fixed<int64_t>("l", I64{1, 1});
+  TestArray v2 = fixed<int64_t>("l", I64{INT64_MAX - 11, 1});
+  add_batch(t, sp, k2.in(), ValueType::Int64, Reducer::Sum, v2.in(), out, valid);
+  CHECK_EQ(out[1], INT64_MAX);
 }
 
 TEST(string_and_binary_values_var_output_and_large_offsets) {

@@ -47,7 +47,8 @@ enum class ValueType : uint8_t { Int64, Float64, String, Binary };
 
 // Reducing functions of add_batch. Sum/Min/Max keep the value type (Int64 or Float64); Count
 // keeps an int64 count of non-null values (any supported value format; only validity is read).
-// Int64 Sum wraps on overflow (two's complement, like Java long). Min/Max follow Python's
+// Int64 Sum that overflows throws BatchError and leaves the table as before the batch (the
+// reference backend's rule; an undo log makes it exact). Min/Max follow Python's
 // min(acc, v)/max(acc, v): the accumulator is replaced only when v < acc (resp. v > acc), so a NaN
 // value never replaces an accumulator and a NaN accumulator is never replaced.
 enum class Reducer : uint8_t { Sum, Min, Max, Count };
