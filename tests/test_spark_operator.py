@@ -293,6 +293,9 @@ def test_bad_input_is_reported(spark, tmp_path):
     good(_df(spark, BATCHES[0]), 0)
     with pytest.raises(StateError, match="needs version 4"):
         good(_df(spark, BATCHES[1]), 5)
+    fresh = _op(tmp_path / "f", "python", name="fresh")
+    with pytest.raises(StateError, match="holds no committed version"):
+        fresh(_df(spark, BATCHES[1]), 3)
 
 
 def test_constructor_validation(tmp_path):

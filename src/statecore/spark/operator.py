@@ -43,7 +43,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from statecore.errors import InvalidInputError, StateError
+from statecore.errors import CheckpointNotFoundError, InvalidInputError, StateError
 from statecore.key_groups import (
     KeyGroupRange,
     check_max_parallelism,
@@ -109,12 +109,28 @@ def _take_cached(key: tuple, want: tuple) -> Optional[Any]:
     return None
 
 
+#: Cached partitions per worker process beyond which the oldest are closed.
+MAX_CACHED_PARTITIONS = 32
+
+
 def _put_cached(key: tuple, entry: _CachedState) -> None:
+    """Cache ``entry`` for ``key``; close entries that can no longer match: other partitions of
+    the same operator at an older version (the next micro-batch needs this version or a newer
+    one), and the oldest entries beyond :data:`MAX_CACHED_PARTITIONS`."""
+    closing = []
     with _CACHE_LOCK:
         old = _STATE_CACHE.pop(key, None)
+        if old is not None:
+            closing.append(old)
+        for k in [k for k, e in _STATE_CACHE.items()
+                  if k[:2] == key[:2] and e.version < entry.version]:
+            closing.append(_STATE_CACHE.pop(k))
         _STATE_CACHE[key] = entry
-    if old is not None and old.backend is not entry.backend:
-        old.backend.close()
+        while len(_STATE_CACHE) > MAX_CACHED_PARTITIONS:
+            closing.append(_STATE_CACHE.pop(next(iter(_STATE_CACHE))))
+    for e in closing:
+        if e.backend is not entry.backend:
+            e.backend.close()
 
 
 def _event_time_ms(arr) -> Optional[int]:
@@ -498,14 +514,16 @@ class StatefulOperator:
             if prev in store.versions():
                 prev_meta = store.metadata(prev)
             elif store.versions():
-                from statecore.errors import CheckpointNotFoundError
-
                 raise CheckpointNotFoundError(
                     f"operator {self.name}: micro-batch {batch_id} needs version {prev} of "
                     f"{self.store_uri}, which is not committed (have {store.versions()[-5:]}); "
                     "the Spark checkpoint and the statecore checkpoint do not belong together")
             else:
-                prev = None  # a fresh statecore checkpoint joining a query mid-way starts empty
+                # Starting empty here would silently lose the state of batches 0..prev.
+                raise CheckpointNotFoundError(
+                    f"operator {self.name}: micro-batch {batch_id} needs version {prev} but "
+                    f"{self.store_uri} holds no committed version; the Spark checkpoint is "
+                    "older than the statecore checkpoint (use a fresh Spark checkpoint too)")
         if prev_meta:
             if int(prev_meta["max_parallelism"]) != mp:
                 raise InvalidInputError(
