@@ -195,3 +195,72 @@ def test_replayed_micro_batch_in_the_pipeline(spark, tmp_path):
     pipe.sessions.flush(spark)
     landing_cfg = dataclasses.replace(cfg, checkpoint=str(tmp_path))  # landing = tmp/landing
     _assert_matches_spark_sql(spark, landing_cfg)
+
+
+# ------------------------------------------------- the sessions processor without Spark
+
+def _sessions_ctx(batch_id, watermark_ms):
+    from statecore.key_groups import KeyGroupRange
+    from statecore.spark.processor import ProcessorContext
+
+    backend = _sessions_ctx.backend
+    return ProcessorContext(backend=backend, operator_name="sessions", batch_id=batch_id,
+                            partition_id=0, num_partitions=1, max_parallelism=128,
+                            key_group_range=KeyGroupRange(0, 127), key_column="tailnum",
+                            watermark_ms=watermark_ms)
+
+
+def _flights(rows):
+    import pyarrow as pa
+
+    minute = 60_000
+    return pa.RecordBatch.from_pydict({
+        "tailnum": [r[0] for r in rows],
+        "event_time": pa.array([r[1] * minute * 1000 for r in rows], pa.int64()).cast(
+            pa.timestamp("us", tz="UTC")),
+        "dep_time": pa.array([None if r[2] else 1.0 for r in rows], pa.float64()),
+        "dep_delay": pa.array([r[3] for r in rows], pa.float64()),
+    })
+
+
+def _sessions(batches):
+    return sorted((r["tailnum"], int(r["session_start"].timestamp()) // 60,
+                   int(r["session_end"].timestamp()) // 60, r["flights"], r["cancelled"],
+                   r["dep_delay_minutes"]) for b in batches for r in b.to_pylist())
+
+
+def test_session_rules_exact_gap_late_events_and_flush():
+    from statecore.backends import create_backend
+    from statecore.demo.processors import AircraftSessions
+
+    gap = 60  # minutes
+    p = AircraftSessions(gap * 60_000)
+    _sessions_ctx.backend = create_backend("python", key_type="string", max_parallelism=128)
+    ctx = _sessions_ctx(0, None)
+    p.open(ctx)
+    # Out of order inside the batch; B's events exactly one gap apart form ONE session;
+    # A's third flight starts a new session and closes the first one right away.
+    out0 = list(p.process_batch(_flights([
+        ("A", 10, False, 5.0), ("B", 100, False, None), ("A", 0, True, None),
+        ("B", 160, False, 3.0), ("A", 200, False, -2.0)]), ctx))
+    assert _sessions(out0) == [("A", 0, 70, 2, 1, 5)]
+    ctx = _sessions_ctx(1, 200 * 60_000)
+    p.open(ctx)
+    out1 = list(p.process_batch(_flights([
+        ("A", 150, False, 1.0),   # late but within a gap before A's open session: joins it
+        ("A", 20, False, 1.0),    # late and far before the open session: dropped
+        ("C", 30, False, 1.0),    # late, no open session, its session is long over: dropped
+    ]), ctx))
+    assert out1 == []
+    assert ctx.metrics["late_rows"] == 2
+    # Watermark 200: B's session ends at 220 and stays open; nothing fires.
+    assert list(p.on_watermark(ctx, 200 * 60_000)) == []
+    ctx = _sessions_ctx(2, 221 * 60_000)
+    p.open(ctx)
+    fired = list(p.on_watermark(ctx, 221 * 60_000))
+    assert _sessions(fired) == [("B", 100, 220, 2, 0, 3)]
+    ctx = _sessions_ctx(3, None)
+    p.open(ctx)
+    assert _sessions(p.flush(ctx)) == [("A", 150, 260, 2, 0, -1)]
+    assert list(p.flush(ctx)) == []
+    assert _sessions_ctx.backend.num_entries() == 0
