@@ -235,8 +235,14 @@ def test_replayed_batch_id_gives_the_same_state_and_output(spark, tmp_path, back
         assert again[k] == first_meta[k], k
     # A replay of an older id (Spark restarted from an older commit) also restores its predecessor.
     op(_df(spark, BATCHES[1]), 1)
+    assert op.store.pending(1) == []  # cleared once committed
+    # A pending descriptor left by a killed attempt of batch 2 (another writer) is ignored.
+    stale = {"version": 2, "writer": "p7-0badattempt",
+             "spark_report": {"attempt": "0badattempt", "partition": 7}}
+    op.store.write_pending(2, "p7-0badattempt", stale)
     # Continuing after the replays matches a run without any replay.
     op(_df(spark, BATCHES[2]), 2)
+    assert op.store.pending(2) == []
     op(_df(spark, BATCHES[3]), 3)
     ref = _op(tmp_path / "b", backend)
     _run_all(spark, ref, BATCHES, tmp_path / "b")

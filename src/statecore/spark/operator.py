@@ -8,7 +8,7 @@ function, or called from one):
    columns ``kg = pmod(xxhash64(key), maxP)`` and ``op = (kg * n) div maxP`` in Spark SQL; union
    one *control row* per partition id (so every partition runs, even without input, and fires its
    timers); ``repartitionById(n, op)``; ``mapInArrow(task)``; hand the result to the sink, whose
-   single action runs the tasks.
+   action runs the tasks.
 2. Task (partition ``i``, in a Python worker): its key-group range is Flink's
    ``computeKeyGroupRangeForOperatorIndex(maxP, n, i)``. State at version ``batch_id - 1`` comes
    from the in-process cache when this worker process produced exactly that committed version
@@ -16,8 +16,9 @@ function, or called from one):
    lands on the same worker only about half the time — and otherwise is restored from the
    checkpoint store (only the key groups of the range, from whichever files cover them, which is
    also how a restart with another ``n`` re-splits key groups). The processor runs; the backend is
-   snapshotted into the data file ``data/<batch_id>/p<i>-<attempt>.sckp``; the task reports its
-   descriptor and counters through a Spark accumulator (only successful task attempts count).
+   snapshotted into the data file ``data/<batch_id>/p<i>-<attempt>.sckp`` and the task records
+   its descriptor and counters as a pending descriptor (``pending/<batch_id>/p<i>-<attempt>.json``;
+   files rather than an accumulator, so the commit does not rely on the driver's SparkContext).
 3. Driver, after the sink's action succeeded: check that every partition reported for this
    attempt, commit version ``batch_id`` (the manifest carries the watermark for the next batch
    and the attempt id), and drop old versions (``retain``).
@@ -170,7 +171,6 @@ class _TaskSpec:
     watermark_ms: Optional[int]
     is_flush: bool
     output_schema: pa.Schema
-    reports: Any  # pyspark Accumulator of list[dict]
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         t0 = time.perf_counter()
@@ -273,7 +273,7 @@ class _TaskSpec:
                 snap.release()
             snap_s = time.perf_counter() - t_snap
             report = {
-                "partition": partition_id, "attempt": self.attempt, "descriptor": desc,
+                "partition": partition_id, "attempt": self.attempt,
                 "rows": rows, "output_rows": out_rows, "max_event_ms": max_event_ms,
                 "state_entries": int(backend.num_entries()), "state_bytes": int(backend.state_bytes()),
                 "load": source, "load_s": load_s, "process_s": proc_s, "snapshot_s": snap_s,
@@ -286,7 +286,9 @@ class _TaskSpec:
         _put_cached(cache_key, _CachedState(
             self.batch_id, self.attempt, self.num_partitions, self.max_parallelism,
             self.backend_kind, self.key_type, backend))
-        self.reports.add([report])
+        # Last step of the task: the pending descriptor says "partition i of this attempt is
+        # complete". A retried task attempt rewrites the same names.
+        store.write_pending(self.batch_id, desc["writer"], dict(desc, spark_report=report))
 
     def _check_output(self, ob) -> pa.RecordBatch:
         if isinstance(ob, pa.Table):
@@ -317,22 +319,6 @@ class _TaskSpec:
 # ------------------------------------------------------------------------------------------
 # Driver side
 # ------------------------------------------------------------------------------------------
-
-def _report_param():
-    """AccumulatorParam concatenating lists of task reports (Spark merges the updates of
-    successful task attempts only)."""
-    from pyspark.accumulators import AccumulatorParam
-
-    class _ListParam(AccumulatorParam):
-        def zero(self, value):
-            return []
-
-        def addInPlace(self, a, b):
-            a.extend(b)
-            return a
-
-    return _ListParam()
-
 
 def parquet_batch_sink(output_path: str) -> Callable:
     """A sink idempotent per batch id: overwrite ``<output_path>/batch_id=<N>/`` with Parquet.
@@ -377,8 +363,10 @@ class StatefulOperator:
             derive one column first (e.g. ``concat_ws('|', a, b)``) so that Spark's routing hash
             and the backend's key-group assignment see the same key.
         checkpoint: directory or URI (``pyarrow.fs``) under which the operator checkpoints.
-        sink: ``sink(out_df, batch_id)`` performing exactly ONE Spark action on ``out_df`` and
-            idempotent per batch id; default :func:`parquet_batch_sink` (``output`` required).
+        sink: ``sink(out_df, batch_id)``, idempotent per batch id, running an action that
+            evaluates every partition of ``out_df`` (each action re-runs the tasks, so one is
+            cheapest; the last one's state wins); default :func:`parquet_batch_sink`
+            (``output`` required).
         output: output directory for the default sink.
         parallelism: number of partitions (operator instances) ``n``; may differ between runs
             (rescaling: restores re-split key groups).
@@ -536,14 +524,13 @@ class StatefulOperator:
         watermark = None if is_flush else prev_meta.get("watermark_ms")
         attempt = uuid.uuid4().hex[:12]
 
-        reports = spark.sparkContext.accumulator([], _report_param())
         spec = _TaskSpec(
             operator_name=self.name, store_uri=self.store_uri, processor=self.processor,
             backend_kind=self.backend, key_type=key_type, key_column=self.key_column,
             event_time_column=self.event_time_column, max_parallelism=mp, num_partitions=n,
             batch_id=batch_id, prev_version=prev, prev_attempt=prev_meta.get("attempt"),
             attempt=attempt, watermark_ms=watermark, is_flush=is_flush,
-            output_schema=self.processor.output_schema, reports=reports)
+            output_schema=self.processor.output_schema)
 
         control = spark.range(n).select(
             F.lit(None).cast("bigint").alias(KEY_GROUP_COLUMN),
@@ -562,15 +549,18 @@ class StatefulOperator:
             spec, from_arrow_schema(self.processor.output_schema))
         self.sink(out, batch_id)
 
-        got = [r for r in reports.value if r["attempt"] == attempt]
         by_part: Dict[int, dict] = {}
-        for r in got:  # a sink that ran the tasks twice reports twice: keep one per partition
-            by_part[r["partition"]] = r
+        for d in store.pending(batch_id):
+            r = d.get("spark_report")
+            # Earlier attempts of this batch id (other writers, maybe another n) are ignored.
+            if isinstance(r, dict) and r.get("attempt") == attempt:
+                r = dict(r, descriptor={k: v for k, v in d.items() if k != "spark_report"})
+                by_part[r["partition"]] = r
         if sorted(by_part) != list(range(n)):
             raise StateError(
                 f"operator {self.name}: micro-batch {batch_id}: partitions {sorted(by_part)} "
-                f"reported, expected 0..{n - 1}; the sink must run exactly one action over all "
-                "rows of the DataFrame it is given")
+                f"reported, expected 0..{n - 1}; the sink must run an action that evaluates "
+                "every partition of the DataFrame it is given (e.g. a write, not a limit)")
         parts = [by_part[i] for i in range(n)]
         batch_max = [r["max_event_ms"] for r in parts if r["max_event_ms"] is not None]
         new_wm = prev_meta.get("watermark_ms")
@@ -597,6 +587,7 @@ class StatefulOperator:
             "state_bytes": sbytes, "metrics": metrics, "loads": loads, "final": is_flush,
         }
         store.commit(batch_id, [r["descriptor"] for r in parts], metadata)
+        store.clear_pending(batch_id)
         store.retain(self.retain_versions)
         report = BatchReport(
             operator_name=self.name, version=batch_id, rows=rows, output_rows=out_rows,
