@@ -236,13 +236,17 @@ class KeyedStateBackend(abc.ABC):
     def key_group_of(self, key) -> int:
         """Key group of ``key`` (validated); InvalidInputError when it is not owned here."""
         k = K.check_key(key, self.key_type)
-        kg = K.assign_key_group(k, self.key_type, self.max_parallelism, self.assigner)
+        kg = self._assign_key_group(k)
         if kg not in self.key_group_range:
             raise InvalidInputError(
                 f"key {key!r} belongs to key group {kg}, outside this backend's key-group range "
                 f"{self.key_group_range}"
             )
         return kg
+
+    def _assign_key_group(self, key) -> int:
+        """Key group of a validated key (the native backend computes it natively)."""
+        return K.assign_key_group(key, self.key_type, self.max_parallelism, self.assigner)
 
     def set_current_key(self, key) -> None:
         """Make ``key`` the key of subsequent per-record state calls and timer registrations."""

@@ -52,9 +52,16 @@ class _NativeTable(py._Table):
         self.native = _native.NativeStateTable(r.start, r.end)
         self._max_p = backend.max_parallelism
         self._key_ser = backend._key_ser
+        # Per-record code reads then writes the same (key, namespace): encode it once.
+        self._last = (None, None, None)
 
     def _ekey(self, kg, k) -> bytes:
-        return S.encode_key(kg, self._max_p, k[0], self._key_ser, k[1], self.ns_ser)
+        last_kg, last_k, last_e = self._last
+        if kg == last_kg and k == last_k and type(k[0]) is type(last_k[0]):
+            return last_e
+        e = S.encode_key(kg, self._max_p, k[0], self._key_ser, k[1], self.ns_ser)
+        self._last = (kg, k, e)
+        return e
 
     def get(self, kg, k):
         b = self.native.get(kg, self._ekey(kg, k))
@@ -116,6 +123,10 @@ class NativeSnapshot:
 class NativeBackend(py.PythonBackend):
     """Keyed state backend over the native engine (see module docstring; arguments as
     :class:`statecore.backends.base.KeyedStateBackend`)."""
+
+    def _assign_key_group(self, key) -> int:
+        fn = _native.spark_key_group if self.assigner == "spark" else _native.flink_key_group
+        return fn(key, self.key_type, self.max_parallelism)
 
     def _new_table(self, meta: dict) -> _NativeTable:
         return _NativeTable(meta, self)
