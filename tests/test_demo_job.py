@@ -192,6 +192,10 @@ def test_replayed_micro_batch_in_the_pipeline(spark, tmp_path):
     for a, b in ((s1, s1b), (r1, r1b)):
         assert (a.rows, a.output_rows, a.state_entries, a.state_bytes, a.watermark_ms) == \
             (b.rows, b.output_rows, b.state_entries, b.state_bytes, b.watermark_ms)
+    # The session gap gives the state its meaning: a checkpoint cannot continue with another.
+    other = DemoPipeline(dataclasses.replace(cfg, session_gap_ms=parse_duration_ms("2h")))
+    with pytest.raises(InvalidInputError, match="configuration"):
+        other.sessions(b1, 2)
     pipe.sessions.flush(spark)
     landing_cfg = dataclasses.replace(cfg, checkpoint=str(tmp_path))  # landing = tmp/landing
     _assert_matches_spark_sql(spark, landing_cfg)

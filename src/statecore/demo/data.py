@@ -73,6 +73,7 @@ class Landing:
     files: List[str]
     rows: int
     days: Optional[int]
+    reused: bool = False
 
 
 def land_flights(landing_dir: str, days: Optional[int] = None) -> Landing:
@@ -92,7 +93,7 @@ def land_flights(landing_dir: str, days: Optional[int] = None) -> Landing:
                 f"{landing_dir} already holds flights landed with days={info.get('days')}, not "
                 f"days={days}; use a fresh --checkpoint directory")
         return Landing(landing_dir, [os.path.join(landing_dir, n) for n in info["files"]],
-                       int(info["rows"]), days)
+                       int(info["rows"]), days, reused=True)
     os.makedirs(landing_dir, exist_ok=True)
     table = load_flights(days)
     ymd = pa.table({"y": table["year"], "m": table["month"], "d": table["day"]}).to_pandas()

@@ -219,7 +219,8 @@ def run_demo(cfg: DemoConfig, spark=None, progress: Optional[Callable[[str], Non
     landing_dir = os.path.abspath(cfg.landing or os.path.join(checkpoint, "landing"))
     os.makedirs(checkpoint, exist_ok=True)
     landing = land_flights(landing_dir, cfg.days)
-    say(f"landed {landing.rows:,} flights in {len(landing.files)} daily files under {landing_dir}")
+    say(f"{'reusing' if landing.reused else 'landed'} {landing.rows:,} flights in "
+        f"{len(landing.files)} daily files under {landing_dir}")
 
     if spark is None:
         spark = local_session("statecore-demo", master=cfg.master, shuffle_partitions=cfg.parallelism)

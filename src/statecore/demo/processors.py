@@ -99,6 +99,9 @@ class AircraftSessions(KeyedProcessor):
             raise InvalidInputError(f"session gap must be a positive int (ms), got {gap_ms!r}")
         self.gap_ms = gap_ms
 
+    def config(self):
+        return {"gap_ms": self.gap_ms}
+
     def open(self, ctx: ProcessorContext) -> None:
         self.state = ctx.backend.get_state(ValueStateDescriptor("open_session", "binary"))
         self.timers = ctx.backend.timers

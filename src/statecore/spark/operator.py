@@ -320,6 +320,17 @@ class _TaskSpec:
 # Driver side
 # ------------------------------------------------------------------------------------------
 
+def _processor_config(processor) -> Any:
+    """``processor.config()`` as canonical JSON data (None when the processor has no config)."""
+    import json
+
+    cfg = processor.config() if hasattr(processor, "config") else None
+    try:
+        return json.loads(json.dumps(cfg, sort_keys=True))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"processor.config() must return JSON-able data: {exc}") from exc
+
+
 def parquet_batch_sink(output_path: str) -> Callable:
     """A sink idempotent per batch id: overwrite ``<output_path>/batch_id=<N>/`` with Parquet.
 
@@ -498,6 +509,7 @@ class StatefulOperator:
         n, mp = self.parallelism, self.max_parallelism
         prev = batch_id - 1 if batch_id > 0 else None
         prev_meta: Dict[str, Any] = {}
+        processor_config = _processor_config(self.processor)
         if prev is not None:
             if prev in store.versions():
                 prev_meta = store.metadata(prev)
@@ -521,6 +533,11 @@ class StatefulOperator:
                 raise InvalidInputError(
                     f"operator {self.name}: key column type {key_type} differs from the "
                     f"checkpoint's {prev_meta['key_type']}")
+            if "processor_config" in prev_meta and prev_meta["processor_config"] != processor_config:
+                raise InvalidInputError(
+                    f"operator {self.name}: the processor's configuration "
+                    f"{processor_config} differs from the one the checkpoint was built with "
+                    f"{prev_meta['processor_config']}; use a new checkpoint")
         watermark = None if is_flush else prev_meta.get("watermark_ms")
         attempt = uuid.uuid4().hex[:12]
 
@@ -582,6 +599,7 @@ class StatefulOperator:
             "operator": self.name, "batch_id": batch_id, "attempt": attempt,
             "num_partitions": n, "max_parallelism": mp, "key_type": key_type,
             "key_column": self.key_column, "backend": self.backend,
+            "processor": type(self.processor).__qualname__, "processor_config": processor_config,
             "input_watermark_ms": watermark, "watermark_ms": new_wm,
             "rows": rows, "output_rows": out_rows, "state_entries": entries,
             "state_bytes": sbytes, "metrics": metrics, "loads": loads, "final": is_flush,

@@ -33,6 +33,8 @@ Contract for processors
   seen in EARLIER micro-batches (Spark's rule: a micro-batch never moves its own watermark), or
   ``None`` before the first micro-batch with an event time. ``on_watermark`` is called only when
   it is not ``None``.
+* Configuration: ``config()`` returns JSON-able settings that give the state its meaning (a
+  window size, a gap); a checkpoint cannot be continued with different ones.
 * Counters: ``ctx.metrics[name] += n`` (ints) are summed over partitions and stored in the
   committed version's metadata (e.g. late rows dropped).
 """
@@ -92,6 +94,12 @@ class KeyedProcessor:
 
     #: Schema of every batch the processor returns.
     output_schema: pa.Schema = pa.schema([])
+
+    def config(self) -> Any:
+        """JSON-able settings that change the meaning of the state (e.g. a session gap). The
+        operator stores them with every version and refuses to continue a checkpoint with a
+        different value (InvalidInputError). Default: None (nothing to check)."""
+        return None
 
     def open(self, ctx: ProcessorContext) -> None:
         """Declare state (``ctx.backend.get_state(descriptor)``) and keep the handles on ``self``."""
