@@ -45,11 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from statecore.errors import CheckpointNotFoundError, InvalidInputError, StateError
-from statecore.key_groups import (
-    KeyGroupRange,
-    check_max_parallelism,
-    key_group_range_for_operator,
-)
+from statecore.key_groups import check_max_parallelism, key_group_range_for_operator
 from statecore.spark.processor import KeyedProcessor, ProcessorContext
 from statecore.spark.routing import (
     CONTROL_COLUMN,
