@@ -209,6 +209,21 @@ void check_values(ValueType vt, const ArrayView& keys, const ArrayView& values) 
          std::to_string(keys.length()));
 }
 
+// A null value row leaves the state unchanged and outputs the current aggregate (null if none).
+template <class T>
+void emit_current(StateMap& m, const RowKeys& rk, int64_t i, T* out, uint8_t* valid) {
+  ByteView v;
+  if (m.get(rk.data(), rk.size(), &v)) {
+    if (v.size != 8) wrong_width(i, v.size);
+    if constexpr (std::is_same<T, double>::value) out[i] = load_f64(v.data);
+    else out[i] = load_i64(v.data);
+    valid[i] = 1;
+  } else {
+    out[i] = T{};
+    valid[i] = 0;
+  }
+}
+
 // add_batch apply pass for accumulator type T. `value_at(i)` gives row i's (non-null) input.
 template <class T, class Combine, class ValueAt>
 void fold_rows(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayView& values,
@@ -218,16 +233,7 @@ void fold_rows(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayVi
     rk.encode(i, kgs[i]);
     StateMap& m = table.map(kgs[i]);
     if (!values.is_valid(i)) {
-      ByteView v;
-      if (m.get(rk.data(), rk.size(), &v)) {
-        if (v.size != 8) wrong_width(i, v.size);
-        if constexpr (std::is_same<T, double>::value) out[i] = load_f64(v.data);
-        else out[i] = load_i64(v.data);
-        valid[i] = 1;
-      } else {
-        out[i] = T{};
-        valid[i] = 0;
-      }
+      emit_current(m, rk, i, out, valid);
       continue;
     }
     const T x = value_at(i);
@@ -269,15 +275,7 @@ void sum_int64_checked(StateTable& table, const int32_t* kgs, RowKeys& rk, const
     rk.encode(i, kgs[i]);
     StateMap& m = table.map(kgs[i]);
     if (!values.is_valid(i)) {
-      ByteView v;
-      if (m.get(rk.data(), rk.size(), &v)) {
-        if (v.size != 8) wrong_width(i, v.size);
-        out[i] = load_i64(v.data);
-        valid[i] = 1;
-      } else {
-        out[i] = 0;
-        valid[i] = 0;
-      }
+      emit_current(m, rk, i, out, valid);
       continue;
     }
     const int64_t x = value_at(i);

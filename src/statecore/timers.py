@@ -167,28 +167,35 @@ class TimerService:
     def restore(self, snapshot) -> int:
         """Load the ``__timers__`` entries of every key group of the backend's key-group range
         from a StateSnapshot-like object; returns the number loaded. Raises StateMigrationError
-        when the snapshot's timer namespace type differs, InvalidInputError on malformed keys."""
+        when the snapshot's timer namespace type differs, InvalidInputError on malformed keys;
+        nothing is loaded then."""
+        return self.apply_restore(self.stage_restore(snapshot))
+
+    def stage_restore(self, snapshot) -> list:
+        """Decode and validate the snapshot's timers without changing anything (first half of
+        :meth:`restore`, so a backend can validate every state before applying any)."""
         metas = {m["name"]: m for m in snapshot.state_metas()}
         meta = metas.get(TIMERS_STATE_NAME)
         if meta is None:
-            return 0
+            return []
         if meta.get("namespace_type", "void") != self.namespace_type:
             raise StateMigrationError(
                 f"timers were snapshotted with namespace type {meta.get('namespace_type')!r}, "
                 f"this backend uses {self.namespace_type!r}"
             )
         b = self._backend
-        snap_range = snapshot.key_group_range
-        n = 0
-        for kg in b.key_group_range.intersection(snap_range):
+        decoded = []
+        for kg in b.key_group_range.intersection(snapshot.key_group_range):
             keys, _ = snapshot.entries(TIMERS_STATE_NAME, kg)
-            decoded = []
             for enc in keys.to_pylist():
                 kg2, ts, key, ns = S.decode_timer_key(enc, b.max_parallelism, self._key_ser, self._ns_ser)
                 if kg2 != kg:
                     raise InvalidInputError(f"timer key {enc.hex()} listed under key group {kg}")
-                decoded.append((bytes(enc), (ts, key, ns)))
-            for enc, entry in decoded:
-                self._insert(kg, enc, entry)
-                n += 1
-        return n
+                decoded.append((kg, bytes(enc), (ts, key, ns)))
+        return decoded
+
+    def apply_restore(self, staged: list) -> int:
+        """Insert timers returned by :meth:`stage_restore`; returns how many."""
+        for kg, enc, entry in staged:
+            self._insert(kg, enc, entry)
+        return len(staged)

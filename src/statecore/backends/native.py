@@ -153,46 +153,35 @@ class NativeBackend(py.PythonBackend):
         for meta in snapshot_like.state_metas():
             if meta["kind"] == "timers":
                 continue
-            if meta["kind"] not in py._KINDS:
-                raise StateMigrationError(f"unknown state kind {meta['kind']!r} in snapshot")
-            existing = self._tables.get(meta["name"])
-            if existing is not None:
-                for f in ("kind", "value_type", "user_key_type", "namespace_type"):
-                    if existing.meta.get(f) != meta.get(f):
-                        raise StateMigrationError(
-                            f"state {meta['name']!r}: {f}={meta.get(f)!r} in the snapshot but "
-                            f"{existing.meta.get(f)!r} here"
-                        )
-            table = existing if existing is not None else self._new_table(meta)
+            table = self._table_for_restore(meta)
+            staged.append((table, None, None, None))  # registers a state even without entries
             for kg in kgs:
                 keys, vals = snapshot_like.entries(meta["name"], kg)
                 if len(keys):
-                    self._check_prefixes(meta["name"], kg, keys)
+                    self._check_entries(table, kg, keys, vals)
                     staged.append((table, kg, keys, vals))
-            if existing is None:
-                staged.append((table, None, None, None))
-        # Timers are validated before anything is applied too (restore() decodes them all first).
-        timer_backup = copy.deepcopy(self.timers._timers), self.timers._count
+        timers = self.timers.stage_restore(snapshot_like)
         for table, kg, keys, vals in staged:
             self._tables.setdefault(table.name, table)
             if kg is not None:
                 table.native.load(kg, keys, vals)
-        try:
-            self.timers.restore(snapshot_like)
-        except Exception:
-            self.timers._timers, self.timers._count = timer_backup
-            raise
+        self.timers.apply_restore(timers)
 
-    def _check_prefixes(self, name: str, kg: int, keys: pa.Array) -> None:
-        """Every encoded key listed under a key group must be longer than the key-group prefix
-        and carry that key group's prefix (InvalidInputError otherwise)."""
+    def _check_entries(self, table: _NativeTable, kg: int, keys: pa.Array, vals: pa.Array) -> None:
+        """Entries are loaded as bytes without decoding, so check what can be checked cheaply:
+        no nulls, every encoded key longer than the key-group prefix and carrying the prefix of
+        the key group it is listed under, and for fixed-width value/reducing states every value
+        exactly that wide. InvalidInputError names the state and key group otherwise."""
+        name = table.name
         keys = keys.cast(pa.binary()) if keys.type != pa.binary() else keys
-        w = S.key_group_prefix_size(self.max_parallelism) if hasattr(S, "key_group_prefix_size") \
-            else len(S.key_group_prefix(kg, self.max_parallelism))
+        vals = vals.cast(pa.binary()) if vals.type != pa.binary() else vals
+        w = len(S.key_group_prefix(kg, self.max_parallelism))
         n = len(keys)
+        if len(vals) != n or keys.null_count or vals.null_count:
+            raise InvalidInputError(f"state {name!r}, key group {kg}: keys and values must be non-null and pair up")
         offs = np.frombuffer(keys.buffers()[1], np.int32)[keys.offset:keys.offset + n + 1]
-        if keys.null_count or np.any(np.diff(offs) <= w):
-            raise InvalidInputError(f"state {name!r}: an encoded key of key group {kg} is null or too short")
+        if np.any(np.diff(offs) <= w):
+            raise InvalidInputError(f"state {name!r}: an encoded key of key group {kg} is too short")
         data = np.frombuffer(keys.buffers()[2], np.uint8)
         starts = offs[:-1]
         got = data[starts].astype(np.int32) if w == 1 else \
@@ -200,6 +189,12 @@ class NativeBackend(py.PythonBackend):
         if np.any(got != kg):
             raise InvalidInputError(
                 f"state {name!r}: entries listed under key group {kg} carry another key-group prefix")
+        width = table.value_ser.fixed_width
+        if table.kind in ("value", "reducing") and width is not None:
+            voffs = np.frombuffer(vals.buffers()[1], np.int32)[vals.offset:vals.offset + n + 1]
+            if np.any(np.diff(voffs) != width):
+                raise InvalidInputError(
+                    f"state {name!r}, key group {kg}: {table.value_ser.name} values must be {width} bytes")
 
     # ------------------------------------------------------------------ accounting
     def num_entries(self) -> int:
@@ -234,7 +229,9 @@ def _cast_out(arr: pa.Array, ser) -> pa.Array:
     return arr if arr.type == ser.arrow_type else arr.cast(ser.arrow_type)
 
 
-class _FastValue(py._Value):
+class _KernelGet:
+    """get_batch through the native kernel when it applies (see _kernel_ok)."""
+
     def get_batch(self, keys, namespaces=None) -> pa.Array:
         if not _kernel_ok(self, namespaces):
             return super().get_batch(keys, namespaces)
@@ -244,6 +241,8 @@ class _FastValue(py._Value):
         out = self._table.native.get_batch(arr, b.key_type, b.assigner, b.max_parallelism, self._ser.name)
         return _cast_out(out, self._ser)
 
+
+class _FastValue(_KernelGet, py._Value):
     def put_batch(self, keys, values, namespaces=None) -> None:
         if not _kernel_ok(self, namespaces):
             return super().put_batch(keys, values, namespaces)
@@ -254,19 +253,10 @@ class _FastValue(py._Value):
         self._table.native.put_batch(arr, vals, b.key_type, b.assigner, b.max_parallelism, self._ser.name)
 
 
-class _FastReducing(py._Reducing):
+class _FastReducing(_KernelGet, py._Reducing):
     def _kernel_reducer(self, namespaces) -> bool:
         return (_kernel_ok(self, namespaces) and self.descriptor.reducer.name in _native.BATCH_REDUCERS
                 and self._ser.name in ("int64", "float64"))
-
-    def get_batch(self, keys, namespaces=None) -> pa.Array:
-        if not _kernel_ok(self, namespaces):
-            return super().get_batch(keys, namespaces)
-        b = self.backend
-        b._check_open()
-        arr = _key_array(self, keys)
-        out = self._table.native.get_batch(arr, b.key_type, b.assigner, b.max_parallelism, self._ser.name)
-        return _cast_out(out, self._ser)
 
     def add_batch(self, keys, values, namespaces=None) -> pa.Array:
         if not self._kernel_reducer(namespaces):

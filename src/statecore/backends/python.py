@@ -212,6 +212,22 @@ class PythonBackend(base.KeyedStateBackend):
         return PythonSnapshot(self.max_parallelism, self.key_group_range, self.key_type,
                               self.assigner, metas, data)
 
+    def _table_for_restore(self, meta: dict) -> _Table:
+        """The registered table for a snapshot's state meta (checked compatible), or a new
+        unregistered one. Raises StateMigrationError on an unknown kind or a conflicting meta."""
+        if meta["kind"] not in _KINDS:
+            raise StateMigrationError(f"unknown state kind {meta['kind']!r} in snapshot")
+        existing = self._tables.get(meta["name"])
+        if existing is None:
+            return self._new_table(meta)
+        for f in ("kind", "value_type", "user_key_type", "namespace_type"):
+            if existing.meta.get(f) != meta.get(f):
+                raise StateMigrationError(
+                    f"state {meta['name']!r}: {f}={meta.get(f)!r} in the snapshot but "
+                    f"{existing.meta.get(f)!r} here"
+                )
+        return existing
+
     def restore(self, snapshot_like) -> None:
         self._check_open()
         base.check_snapshot_compatible(self, snapshot_like)
@@ -222,17 +238,7 @@ class PythonBackend(base.KeyedStateBackend):
         for meta in metas:
             if meta["kind"] == "timers":
                 continue
-            if meta["kind"] not in _KINDS:
-                raise StateMigrationError(f"unknown state kind {meta['kind']!r} in snapshot")
-            existing = self._tables.get(meta["name"])
-            table = existing if existing is not None else self._new_table(meta)
-            if existing is not None:
-                for f in ("kind", "value_type", "user_key_type", "namespace_type"):
-                    if existing.meta.get(f) != meta.get(f):
-                        raise StateMigrationError(
-                            f"state {meta['name']!r}: {f}={meta.get(f)!r} in the snapshot but "
-                            f"{existing.meta.get(f)!r} here"
-                        )
+            table = self._table_for_restore(meta)
             rows = []
             for kg in kgs:
                 keys, vals = snapshot_like.entries(meta["name"], kg)
@@ -242,11 +248,12 @@ class PythonBackend(base.KeyedStateBackend):
                         raise InvalidInputError(f"entry {kb.hex()} of state {meta['name']!r} listed under key group {kg}")
                     rows.append((kg, (key, ns), table.decode_value(vb)))
             staged.append((table, rows))
+        timers = self.timers.stage_restore(snapshot_like)
         for table, rows in staged:
             self._tables.setdefault(table.name, table)
             for kg, k, v in rows:
                 table.put(kg, k, v)
-        self.timers.restore(snapshot_like)
+        self.timers.apply_restore(timers)
 
     # ------------------------------------------------------------------ accounting
     def num_entries(self) -> int:

@@ -603,6 +603,44 @@ class BackendConformance:
         with pytest.raises(StateMigrationError):
             other.restore(snap)
 
+    def test_restore_of_malformed_snapshot_changes_nothing(self):
+        """A snapshot whose timers, keys or values are malformed is rejected as a whole: the
+        states and timers the backend already held are exactly as before."""
+        b = self._backend()
+        self._populate(b, range(20))
+        snap = b.snapshot()
+
+        class Tampered:
+            def __init__(self, inner, state, mangle):
+                self._inner, self._state, self._mangle = inner, state, mangle
+                for a in ("max_parallelism", "key_group_range", "key_type", "assigner"):
+                    setattr(self, a, getattr(inner, a))
+
+            def state_metas(self):
+                return self._inner.state_metas()
+
+            def entries(self, name, kg):
+                keys, vals = self._inner.entries(name, kg)
+                return self._mangle(keys, vals) if name == self._state and len(keys) else (keys, vals)
+
+            def release(self):
+                pass
+
+        target = self._backend()
+        self._populate(target, range(100, 110))
+        before = snapshot_dump(target.snapshot())
+        timers_before = target.timers.num_timers()
+        bad = [
+            ("__timers__", lambda k, v: (pa.array([b"\x00"] * len(k), pa.binary()), v)),
+            ("v", lambda k, v: (pa.array([x[:1] for x in k.to_pylist()], pa.binary()), v)),
+            ("v", lambda k, v: (k, pa.array([b"\x01\x02"] * len(v), pa.binary()))),
+        ]
+        for state, mangle in bad:
+            with pytest.raises((InvalidInputError, StateMigrationError)):
+                target.restore(Tampered(snap, state, mangle))
+            assert snapshot_dump(target.snapshot()) == before
+            assert target.timers.num_timers() == timers_before
+
     @pytest.mark.parametrize("max_parallelism", [128, 300])
     def test_rescale_two_to_three(self, max_parallelism):
         mp = max_parallelism
