@@ -1,0 +1,123 @@
+"""Benchmarks of statecore, run by ``statecore bench`` (results and plots go to ``bench/``).
+
+Every case is a function ``case(size: Size) -> list[Record]`` registered with :func:`case`; a
+record is ``{"case", "impl", "metric", "value", "unit"}``. All cases of one invocation run in one
+process on one machine, so ratios between implementations (native backend, pure-Python backend,
+peers) are meaningful; absolute wall-clock numbers on a shared machine are not. Nothing here is
+asserted anywhere: tests only check that the harness runs and reports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import sys
+import time
+from typing import Callable, Dict, List
+
+Record = dict
+
+__all__ = ["Size", "case", "CASES", "run", "write_json", "plot", "machine"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+    """Problem sizes of a run: ``full`` (default), ``quick`` (a few minutes in all) or a
+    ``scale`` factor applied to both (tests use a tiny one)."""
+
+    quick: bool = False
+    scale: float = 1.0
+
+    def n(self, full: int, quick: int) -> int:
+        """``full`` or ``quick`` entries/rows, times ``scale`` (at least 1)."""
+        return max(1, int((quick if self.quick else full) * self.scale))
+
+
+CASES: Dict[str, tuple] = {}
+
+
+def case(name: str, description: str) -> Callable:
+    """Register a benchmark case under ``name``."""
+
+    def wrap(fn):
+        CASES[name] = (fn, description)
+        return fn
+
+    return wrap
+
+
+def record(case_name: str, impl: str, metric: str, value: float, unit: str) -> Record:
+    return {"case": case_name, "impl": impl, "metric": metric, "value": float(value), "unit": unit}
+
+
+def timed(fn) -> float:
+    """Seconds taken by ``fn()`` (perf_counter)."""
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def machine() -> dict:
+    return {"platform": platform.platform(), "machine": platform.machine(), "cpus": os.cpu_count(),
+            "python": sys.version.split()[0]}
+
+
+def _load_cases() -> None:
+    from statecore.bench import state_ops  # noqa: F401  (registers its cases)
+
+
+def run(names: List[str] | None, size: Size, progress=print) -> List[Record]:
+    """Run the named cases (all when empty) and return their records. Raises KeyError naming an
+    unknown case."""
+    _load_cases()
+    names = list(names or CASES)
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        raise KeyError(f"unknown benchmark case(s) {', '.join(unknown)}; known: {', '.join(CASES)}")
+    out: List[Record] = []
+    for n in names:
+        fn, _ = CASES[n]
+        recs = fn(size)
+        for r in recs:
+            progress(f"{r['case']:20s} {r['impl']:8s} {r['metric']:30s} {r['value']:>16,.2f} {r['unit']}")
+        out.extend(recs)
+    return out
+
+
+def write_json(records: List[Record], path: str) -> None:
+    """Write ``records`` (a JSON list, as ``statecore bench --json`` promises) to ``path``; the
+    machine description goes to ``<path>.machine.json`` beside it."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(records, f, indent=1)
+    with open(path + ".machine.json", "w") as f:
+        json.dump(machine(), f, indent=1)
+
+
+def plot(records: List[Record], path: str) -> None:
+    """One bar chart per case of the throughput-like records (log scale), native highlighted.
+    Needs matplotlib (``pip install 'statecore[bench]'``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rates = [r for r in records if r["unit"].endswith("/s")]
+    cases = list(dict.fromkeys(r["case"] for r in rates))
+    if not cases:
+        raise ValueError("no throughput records to plot")
+    fig, axes = plt.subplots(1, len(cases), figsize=(3.2 * len(cases), 3.6), squeeze=False)
+    for ax, c in zip(axes[0], cases):
+        rs = [r for r in rates if r["case"] == c]
+        ax.bar([r["impl"] for r in rs], [r["value"] for r in rs],
+               color=["#1f77b4" if r["impl"] == "native" else "#9a9a9a" for r in rs])
+        ax.set_yscale("log")
+        ax.set_title(c, fontsize=9)
+        ax.set_ylabel(rs[0]["unit"], fontsize=8)
+        ax.tick_params(labelsize=8)
+    m = machine()
+    fig.suptitle(f"statecore bench ({m['machine']}, {m['cpus']} cores, Python {m['python']})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
