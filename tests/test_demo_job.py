@@ -135,8 +135,9 @@ def test_full_run_matches_spark_sql(spark, tmp_path, backend):
 
 
 @pytest.mark.spark
-def test_stop_and_restart_with_another_parallelism(spark, tmp_path):
-    cfg = _cfg(tmp_path, files_per_trigger=5, max_batches=2, session_gap_ms=parse_duration_ms("90m"))
+def test_stop_and_restart_with_another_parallelism(spark, tmp_path, backend):
+    cfg = _cfg(tmp_path, backend=backend, files_per_trigger=5, max_batches=2,
+               session_gap_ms=parse_duration_ms("90m"))
     first = run_demo(cfg, spark=spark, progress=None)
     assert first.stopped_early and not first.flushed and first.micro_batches == 2
     rest = run_demo(dataclasses.replace(cfg, max_batches=None, parallelism=3), spark=spark,
