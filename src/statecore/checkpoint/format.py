@@ -1,7 +1,9 @@
-"""statecore checkpoint data file format, version 1 (``.sckp``).
+"""statecore checkpoint data file format, version 2 (``.sckp``; version 1 files are still read).
 
-One data file holds the snapshot of one writer (one Spark task / one backend) for one checkpoint
-version: every state of the snapshot, for every key group of the writer's key-group range. It is
+One data file holds one *run*: the snapshot of one writer (one Spark task / one backend) for one
+checkpoint version, either *full* (every entry of every state, for every key group of the
+writer's key-group range) or *incremental* (only the entries changed since the writer's base
+snapshot, removals as tombstones; architecture.md "Incremental snapshots and checkpoints"). It is
 written sequentially (so it can be streamed to an object store) and read with ranged reads (so a
 restore fetches only the byte ranges of the key groups it owns), after the layout of Flink's
 key-group-partitioned heap snapshots (``KeyGroupRangeOffsets``) and of Parquet's footer + trailer.
@@ -41,16 +43,27 @@ Block payload (uncompressed), an Arrow-compatible columnar layout of ``n`` entri
 
 so key ``i`` is ``key_data[key_offsets[i]:key_offsets[i+1]]`` (the offsets buffers are exactly
 Arrow ``binary`` offsets, which lets a reader build ``pa.BinaryArray`` without copying).
-The payload length must be exactly ``4 + 8 * (n + 1) + key_offsets[n] + value_offsets[n]``.
+
+Incremental files (meta ``"kind": "incremental"``, format version 2) append a validity bitmap::
+
+    validity        ceil(n / 8) bytes, Arrow validity layout (bit i = byte i // 8, bit i % 8,
+                    least significant first): 1 = the key holds a value, 0 = tombstone (the key
+                    was removed since the base). A tombstone's value is empty; bits past n are 0.
+
+Full files (and every version-1 file) have no bitmap: every entry holds a value. The payload
+length must be exactly ``4 + 8 * (n + 1) + key_offsets[n] + value_offsets[n]`` (``+ ceil(n / 8)``
+for incremental files).
 
 Footer::
 
     meta_length     u32
-    meta            meta_length bytes of UTF-8 JSON: {"format_version": 1, "version": int,
+    meta            meta_length bytes of UTF-8 JSON: {"format_version": 2, "version": int,
                     "writer": str, "max_parallelism": int, "key_type": str, "assigner": str,
                     "key_group_range": [start, end] (inclusive, Flink KeyGroupRange; (0, -1) = empty),
                     "states": [state meta dicts, architecture.md StateSnapshot.state_metas()],
-                    "compression": "lz4.block", "block_target_bytes": int}
+                    "compression": "lz4.block", "block_target_bytes": int,
+                    "kind": "full" | "incremental", "tombstones": {state name: int}}
+                    (version 1: no "kind" / "tombstones"; the file is full)
     n_blocks        u64
     n_index         u64
     block table     n_blocks records of 32 bytes:
@@ -59,7 +72,7 @@ Footer::
     key-group index n_index records of 40 bytes, sorted by (key_group, state), one per
                     (state, key group) holding at least one entry:
                       key_group u32, state u32 (index into meta.states), first_block u32,
-                      block_count u32, offset u64, length u64, entries u64
+                      block_count u32, offset u64, length u64, entries u64 (incl. tombstones)
                     where [offset, offset + length) is the byte range of blocks
                     first_block .. first_block + block_count - 1.
 
@@ -70,7 +83,7 @@ Trailer (48 bytes, at file size - 48)::
     0   footer_offset   u64
     8   footer_length   u64
     16  footer_xxh64    u64   xxh64 of the footer bytes
-    24  format_version  u32   (1)
+    24  format_version  u32   (2; readers accept 1 and 2)
     28  flags           u32   (0, reserved)
     32  trailer_xxh64   u64   xxh64 of trailer bytes [0, 32)
     40  MAGIC           8 bytes b"SCKGDAT1"
@@ -98,7 +111,10 @@ from statecore.errors import CorruptCheckpointError, InvalidInputError
 from statecore.key_groups import KeyGroupRange
 
 MAGIC = b"SCKGDAT1"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_FORMAT_VERSIONS = (1, 2)
+KIND_FULL = "full"
+KIND_INCREMENTAL = "incremental"
 HEADER_SIZE = len(MAGIC)
 TRAILER = struct.Struct("<QQQIIQ8s")
 TRAILER_SIZE = TRAILER.size  # 48
@@ -155,7 +171,7 @@ def range_bounds(kg_range: Any) -> tuple[int, int]:
 # Blocks
 
 
-def _as_binary(arr: Any, what: str) -> pa.BinaryArray:
+def _as_binary(arr: Any, what: str, allow_nulls: bool = False) -> pa.BinaryArray:
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     if not isinstance(arr, pa.Array):
@@ -164,7 +180,7 @@ def _as_binary(arr: Any, what: str) -> pa.BinaryArray:
         arr = arr.cast(pa.binary())
     if not pa.types.is_binary(arr.type):
         raise InvalidInputError(f"{what} must be a pyarrow binary array, got type {arr.type}")
-    if arr.null_count:
+    if arr.null_count and not allow_nulls:
         raise InvalidInputError(f"{what} must not contain nulls")
     return arr
 
@@ -179,20 +195,25 @@ def _offsets_and_data(arr: pa.BinaryArray) -> tuple[np.ndarray, memoryview]:
     return offsets - offsets[0], data
 
 
-def encode_block(key_offsets: np.ndarray, key_data, value_offsets: np.ndarray, value_data) -> bytes:
+def encode_block(key_offsets: np.ndarray, key_data, value_offsets: np.ndarray, value_data,
+                 validity: np.ndarray | None = None) -> bytes:
     """Uncompressed block payload (see module spec) from zero-based int32 offsets (n + 1 each)
-    and the matching data bytes."""
+    and the matching data bytes. ``validity`` (n bools, False = tombstone) appends the bitmap of
+    incremental files; ``None`` writes a full-file payload."""
     n = len(key_offsets) - 1
-    return b"".join(
-        (_U32.pack(n), key_offsets.astype("<i4", copy=False).tobytes(),
-         value_offsets.astype("<i4", copy=False).tobytes(), bytes(key_data), bytes(value_data))
-    )
+    parts = [_U32.pack(n), key_offsets.astype("<i4", copy=False).tobytes(),
+             value_offsets.astype("<i4", copy=False).tobytes(), bytes(key_data), bytes(value_data)]
+    if validity is not None:
+        parts.append(np.packbits(np.asarray(validity, dtype=bool), bitorder="little").tobytes())
+    return b"".join(parts)
 
 
-def decode_block(payload, expected_entries: int, where: str) -> tuple[pa.BinaryArray, pa.BinaryArray]:
+def decode_block(payload, expected_entries: int, where: str, has_validity: bool = False
+                 ) -> tuple[pa.BinaryArray, pa.BinaryArray]:
     """Parse an uncompressed block payload into ``(keys, values)`` binary arrays (zero-copy over
-    ``payload``). Raises CorruptCheckpointError (message starts with ``where``) when the
-    structure is inconsistent."""
+    ``payload``). With ``has_validity`` (incremental files) the payload ends with the validity
+    bitmap and tombstones come back as NULL values. Raises CorruptCheckpointError (message
+    starts with ``where``) when the structure is inconsistent."""
     buf = pa.py_buffer(payload)
     size = buf.size
     if size < 4:
@@ -210,13 +231,27 @@ def decode_block(payload, expected_entries: int, where: str) -> tuple[pa.BinaryA
         if off[0] != 0 or (n and bool(np.any(np.diff(off) < 0))):
             raise CorruptCheckpointError(f"{where}: {name} offsets are not non-decreasing from 0")
     klen, vlen = int(koff[-1]), int(voff[-1])
-    if size != head + klen + vlen:
+    blen = (n + 7) // 8 if has_validity else 0
+    if size != head + klen + vlen + blen:
         raise CorruptCheckpointError(
-            f"{where}: block payload is {size} bytes, its offsets describe {head + klen + vlen}")
+            f"{where}: block payload is {size} bytes, its offsets describe "
+            f"{head + klen + vlen + blen}")
+    validity = None
+    if has_validity:
+        bits = np.frombuffer(buf, dtype=np.uint8, count=blen, offset=head + klen + vlen)
+        valid = np.unpackbits(bits, bitorder="little")
+        if bool(np.any(valid[n:])):
+            raise CorruptCheckpointError(f"{where}: validity bitmap has bits set past the entries")
+        valid = valid[:n].astype(bool)
+        if bool(np.any(np.diff(voff)[~valid] != 0)):
+            raise CorruptCheckpointError(f"{where}: a tombstone carries value bytes")
+        if not bool(valid.all()):
+            validity = buf.slice(head + klen + vlen, blen)
     keys = pa.BinaryArray.from_buffers(
         pa.binary(), n, [None, buf.slice(4, 4 * (n + 1)), buf.slice(head, klen)])
     values = pa.BinaryArray.from_buffers(
-        pa.binary(), n, [None, buf.slice(4 + 4 * (n + 1), 4 * (n + 1)), buf.slice(head + klen, vlen)])
+        pa.binary(), n, [validity, buf.slice(4 + 4 * (n + 1), 4 * (n + 1)),
+                         buf.slice(head + klen, vlen)])
     return keys, values
 
 
@@ -254,6 +289,8 @@ class WriteSummary:
     entries: dict[str, int]
     key_groups_nonempty: int
     meta: dict
+    kind: str = KIND_FULL
+    tombstones: dict[str, int] | None = None
 
 
 def _check_sorted_and_prefixed(keys: pa.BinaryArray, koff: np.ndarray, kdata, kg: int,
@@ -289,16 +326,21 @@ def write_data_file(
     version: int,
     writer: str,
     block_target_bytes: int = DEFAULT_BLOCK_TARGET_BYTES,
+    incremental: bool | None = None,
 ) -> WriteSummary:
     """Stream the snapshot ``snap`` (StateSnapshot read interface, architecture.md) into the
     writable binary stream ``out`` (anything with ``write(bytes)``) in the format of this module.
 
-    Reads ``snap.entries(name, kg)`` once per state per key group of ``snap.key_group_range``,
-    ascending. Raises InvalidInputError when the snapshot breaks its contract: metas not
-    JSON-able or without a unique ``name``, arrays not binary / of different lengths / with
-    nulls, keys not strictly ascending, or a key whose key-group prefix is not ``kg``. Does not
-    call ``snap.release()``.
+    ``incremental``: write an incremental run (NULL values are tombstones); ``None`` takes
+    ``getattr(snap, "incremental", False)``. Reads ``snap.entries(name, kg)`` once per state per
+    key group of ``snap.key_group_range``, ascending. Raises InvalidInputError when the snapshot
+    breaks its contract: metas not JSON-able or without a unique ``name``, arrays not binary /
+    of different lengths / with null keys (or null values in a full snapshot), keys not strictly
+    ascending, or a key whose key-group prefix is not ``kg``. Does not call ``snap.release()``.
     """
+    if incremental is None:
+        incremental = bool(getattr(snap, "incremental", False))
+    kind = KIND_INCREMENTAL if incremental else KIND_FULL
     if not isinstance(block_target_bytes, int) or block_target_bytes < 1:
         raise InvalidInputError(f"block_target_bytes must be a positive int, got {block_target_bytes!r}")
     max_par = int(snap.max_parallelism)
@@ -318,7 +360,7 @@ def write_data_file(
         "format_version": FORMAT_VERSION, "version": int(version), "writer": str(writer),
         "max_parallelism": max_par, "key_type": str(snap.key_type),
         "assigner": str(snap.assigner), "key_group_range": [start, end], "states": metas,
-        "compression": COMPRESSION, "block_target_bytes": block_target_bytes,
+        "compression": COMPRESSION, "block_target_bytes": block_target_bytes, "kind": kind,
     }
     try:
         meta_bytes = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode("utf-8")
@@ -337,6 +379,7 @@ def write_data_file(
     blocks: list[tuple] = []
     index: list[tuple] = []
     counts = {nm: 0 for nm in names}
+    tombstones = {nm: 0 for nm in names}
     raw_total = 0
     nonempty_kgs = 0
     for kg in range(start, end + 1):
@@ -344,13 +387,24 @@ def write_data_file(
         for si, name in enumerate(names):
             keys, values = snap.entries(name, kg)
             keys = _as_binary(keys, f"keys of state {name!r} key group {kg}")
-            values = _as_binary(values, f"values of state {name!r} key group {kg}")
+            values = _as_binary(values, f"values of state {name!r} key group {kg}",
+                                allow_nulls=incremental)
             n = len(keys)
             if len(values) != n:
                 raise InvalidInputError(
                     f"state {name!r} key group {kg}: {n} keys but {len(values)} values")
             if n == 0:
                 continue
+            valid = None
+            if incremental:
+                valid = np.ones(n, dtype=bool)
+                if values.null_count:
+                    import pyarrow.compute as pc
+
+                    valid = values.is_valid().to_numpy(zero_copy_only=False)
+                    # a NULL slot may still span bytes in Arrow; tombstones store none
+                    values = pc.if_else(valid, values, pa.scalar(b"", pa.binary()))
+                    tombstones[name] += int(n - valid.sum())
             koff, kdata = _offsets_and_data(keys)
             voff, vdata = _offsets_and_data(values)
             if int(koff[-1]) > _INT32_MAX or int(voff[-1]) > _INT32_MAX:
@@ -361,7 +415,8 @@ def write_data_file(
             for a, b in zip(cuts[:-1], cuts[1:]):
                 ko, vo = koff[a:b + 1], voff[a:b + 1]
                 payload = encode_block(ko - ko[0], kdata[int(ko[0]):int(ko[-1])],
-                                       vo - vo[0], vdata[int(vo[0]):int(vo[-1])])
+                                       vo - vo[0], vdata[int(vo[0]):int(vo[-1])],
+                                       None if valid is None else valid[a:b])
                 stored = lz4.block.compress(payload, store_size=False)
                 blocks.append((pos, len(stored), len(payload), b - a, 0, xxh64(stored)))
                 raw_total += len(payload)
@@ -373,6 +428,11 @@ def write_data_file(
         nonempty_kgs += kg_has_entries
 
     stored_total = pos - HEADER_SIZE
+    meta["tombstones"] = tombstones
+    try:
+        meta_bytes = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    except (TypeError, ValueError) as exc:  # pragma: no cover - checked above already
+        raise InvalidInputError(f"state metas are not JSON-serializable: {exc}") from exc
     footer = b"".join((
         _U32.pack(len(meta_bytes)), meta_bytes, _U64x2.pack(len(blocks), len(index)),
         np.array(blocks, dtype=BLOCK_DTYPE).tobytes(), np.array(index, dtype=INDEX_DTYPE).tobytes(),
@@ -384,7 +444,8 @@ def write_data_file(
     emit(TRAILER.pack(footer_offset, len(footer), footer_sum, FORMAT_VERSION, 0, xxh64(head), MAGIC))
     return WriteSummary(size=pos, footer_xxh64=footer_sum, blocks=len(blocks), raw_bytes=raw_total,
                         stored_bytes=stored_total, entries=counts,
-                        key_groups_nonempty=nonempty_kgs, meta=meta)
+                        key_groups_nonempty=nonempty_kgs, meta=meta, kind=kind,
+                        tombstones=tombstones)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -441,8 +502,10 @@ class DataFileReader:
             raise self._fail("bad magic in trailer (truncated or not a statecore data file)")
         if xxh64(trailer[:32]) != t_sum:
             raise self._fail("trailer checksum mismatch")
-        if fmt != FORMAT_VERSION:
-            raise self._fail(f"unsupported format version {fmt} (this reader reads {FORMAT_VERSION})")
+        if fmt not in READABLE_FORMAT_VERSIONS:
+            raise self._fail(f"unsupported format version {fmt} (this reader reads "
+                             f"{', '.join(map(str, READABLE_FORMAT_VERSIONS))})")
+        self.format_version = fmt
         if flags != 0:
             raise self._fail(f"unknown trailer flags {flags:#x}")
         if f_off < HEADER_SIZE or f_off + f_len != size - TRAILER_SIZE:
@@ -477,6 +540,12 @@ class DataFileReader:
             self.assigner = meta["assigner"]
             if meta.get("compression") != COMPRESSION:
                 raise ValueError(f"unknown compression {meta.get('compression')!r}")
+            if meta.get("format_version", 1) != self.format_version:
+                raise ValueError(f"meta says format version {meta.get('format_version')}, "
+                                 f"the trailer {self.format_version}")
+            kind = meta.get("kind", KIND_FULL) if self.format_version >= 2 else KIND_FULL
+            if kind not in (KIND_FULL, KIND_INCREMENTAL):
+                raise ValueError(f"unknown run kind {kind!r}")
         except (KeyError, TypeError, ValueError) as exc:
             raise self._fail(f"footer metadata is malformed: {exc}") from exc
         # Blocks must tile [HEADER_SIZE, footer_offset) so that every stored byte is covered by
@@ -508,6 +577,7 @@ class DataFileReader:
                     or bool(np.any(index["entries"] != csum_ent[first + count] - csum_ent[first]))):
                 raise self._fail("key-group index disagrees with the block table")
         self.meta = meta
+        self.kind = kind
         self.state_names = states
         self.key_group_start, self.key_group_end = kg_start, kg_end
         self._blocks = blocks
@@ -540,8 +610,9 @@ class DataFileReader:
 
     def entries(self, state: str, key_group: int) -> tuple[pa.BinaryArray, pa.BinaryArray]:
         """``(keys, values)`` of ``state`` in ``key_group``, sorted by key bytes; empty arrays when
-        the file holds no entry for them. The caller checks that ``key_group`` belongs to this
-        file. Raises CorruptCheckpointError naming the file, state, key group and block."""
+        the file holds no entry for them. In an incremental file a NULL value is a tombstone.
+        The caller checks that ``key_group`` belongs to this file. Raises
+        CorruptCheckpointError naming the file, state, key group and block."""
         try:
             si = self.state_names.index(state)
         except ValueError:
@@ -567,7 +638,8 @@ class DataFileReader:
                 raise CorruptCheckpointError(f"{bwhere}: cannot decompress: {exc}") from exc
             if len(payload) != int(blk["raw_length"]):
                 raise CorruptCheckpointError(f"{bwhere}: decompressed size mismatch")
-            k, v = decode_block(payload, int(blk["entries"]), bwhere)
+            k, v = decode_block(payload, int(blk["entries"]), bwhere,
+                                has_validity=self.kind == KIND_INCREMENTAL)
             keys_parts.append(k)
             value_parts.append(v)
         if len(keys_parts) == 1:

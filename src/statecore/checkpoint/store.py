@@ -1,29 +1,84 @@
-"""Checkpoint store: versioned, key-group partitioned snapshots on any ``pyarrow.fs`` filesystem.
+"""Checkpoint store: versioned, key-group partitioned, incremental snapshots on any ``pyarrow.fs``
+filesystem.
 
 Layout under the root (``V`` = the version as 20 zero-padded decimal digits, so names sort by
 version)::
 
     manifest-V.json              one per committed version, written last and atomically
-    data/V/<writer>.sckp         one data file per writer (format: statecore.checkpoint.format)
+    data/V/<writer>.sckp         one data file (a *run*) per writer (statecore.checkpoint.format)
+    data/V/compacted-s<seq>-<start>-<end>-<12 hex>.sckp   a run written by compaction of V
     pending/V/<writer>.json      optional: a writer's descriptor, for a driver to commit from
 
-A version exists for readers only once its manifest exists. Names are deterministic, so a replayed
-(re-run) micro-batch rewrites its own files and re-commits its manifest. Every file is written
-atomically: on filesystems with an atomic rename (local disk, HDFS) to a temporary name in the
-same directory and then moved (``fs.move``); on object stores (S3, GCS, Azure) a single put of the
-complete bytes, which is atomic there.
+A version exists for readers only once its manifest exists. Names of writer runs are
+deterministic, so a replayed (re-run) micro-batch rewrites its own files and re-commits its
+manifest; compaction outputs carry a random suffix and are never overwritten. Every file is
+written atomically: on filesystems with an atomic rename (local disk, HDFS) to a temporary name
+in the same directory and then moved (``fs.move``); on object stores (S3, GCS, Azure) a single put
+of the complete bytes, which is atomic there.
 
-Manifest (UTF-8 JSON object, keys sorted)::
+Runs and versions (architecture.md "Incremental snapshots and checkpoints")
+--------------------------------------------------------------------------
+A version's manifest lists *runs*: data files, each with a key-group range, a kind (``full``: the
+complete state of its key groups; ``incremental``: the changes since the writer's base, removals
+as tombstones) and a sequence number ``seq``. ``commit(V, descriptors)`` gives all of V's new runs
+(which must tile V's key-group range, as before) ``seq = 1 + max seq of the previous version``
+(the highest committed version below V), so seqs increase along the chain of versions; the
+manifest of V = the new runs + the runs of the previous version that V still needs. For a key
+group ``kg`` the *chain* of a version is its runs covering ``kg`` from the newest (highest seq)
+down to and including the newest full one; a run in no chain of V's range is dropped from V's
+manifest (a full run makes all older runs of its key groups unnecessary). Runs are shared between
+versions by path and never rewritten. A chain without a full run is an error at commit
+(``InvalidInputError``: an incremental snapshot needs a committed base) and, in a stored manifest,
+corruption. A reader merges a chain newest-wins per (state, key group): a tombstone deletes, the
+result holds no tombstones. Timers (the state of kind ``timers``) are complete in every run, so
+they come from the newest run of the chain alone.
 
-    {"format": "statecore-checkpoint", "format_version": 1, "version": int, "created_ms": int,
+Compaction (crash safety)
+-------------------------
+``compact(V, max_runs=N)`` looks at V's *top runs* (those of V's own commit: ``seq`` = the
+highest in the manifest; they tile V's range). For each top run whose range has a chain longer
+than N it writes one full run over the same range, same ``seq`` (the merged chain, tombstones
+dropped), as a new file with a unique name; then it atomically replaces ``manifest-V.json`` with a
+manifest listing the compacted runs instead (same version, same metadata, runs no chain needs
+any more dropped). We chose rewriting V's manifest over recording compaction results for the next
+commit because (1) every step is one atomic file operation and the manifest replace is the only
+publishing step: a crash before it leaves an unreferenced file (deleted by a later
+:meth:`CheckpointStore.retain`), a crash after it leaves a complete manifest; (2) the compacted
+manifest restores exactly what the old one did (same merged content), so no version ever changes
+what it restores to; (3) the next commit simply starts from V's (compacted) manifest, no side
+state to keep consistent. The replace happens only when V's manifest is still the one compaction
+read (checksum compared under the store's lock); otherwise (V re-committed meanwhile) the new file
+is abandoned. Compaction inputs stay on disk while any retained manifest (e.g. of V+1, committed
+before the compaction) references them.
+
+:meth:`CheckpointStore.commit` compacts the committed version automatically when a chain is longer
+than the store's ``max_runs`` (default 8; ``None`` disables it), synchronously or, with
+``background_compaction=True``, in a background thread (:meth:`CheckpointStore.compact_async`).
+
+Retention deletes manifests of dropped versions first (oldest first, so the committed versions
+stay a suffix), then every file under ``data/`` and ``pending/`` that no retained manifest
+references, except files of versions at or above the newest retained one (writes of a version
+in flight), compaction outputs excepted, and files of a compaction in progress in this process.
+The retained manifests are all read and checked before anything is deleted. Commit, compaction
+publishing and retention of one store must run in one process (the Spark driver); within it they
+are serialized by a lock.
+
+Manifest (UTF-8 JSON object, keys sorted; format_version 2, version-1 manifests are read as
+manifests of full runs with ``seq`` 0)::
+
+    {"format": "statecore-checkpoint", "format_version": 2, "version": int, "created_ms": int,
      "max_parallelism": int, "key_type": str, "assigner": str,
-     "key_group_range": [start, end],     # inclusive union of the files' ranges; (0, -1) = empty
-     "states": [state meta, ...],         # union over the files, by name
+     "key_group_range": [start, end],     # inclusive union of the top runs' ranges; (0, -1) = empty
+     "states": [state meta, ...],         # union over the runs, by name
      "files": [{"path": "data/V/p0.sckp" (relative to the root), "size": bytes, "writer": str,
-                "key_group_range": [start, end], "states": [names], "entries": {name: int},
-                "blocks": int, "raw_bytes": int, "stored_bytes": int,
-                "key_groups_nonempty": int, "footer_xxh64": "16 hex digits"}, ...],
+                "version": int (the version the run was written for), "seq": int,
+                "kind": "full" | "incremental", "key_group_range": [start, end],
+                "states": [names], "entries": {name: int (incl. tombstones)},
+                "tombstones": {name: int}, "blocks": int, "raw_bytes": int,
+                "stored_bytes": int, "key_groups_nonempty": int,
+                "footer_xxh64": "16 hex digits"}, ...],          # the runs
      "metadata": {...user metadata...},
+     "compacted_ms": int (only after a compaction),
      "checksum_xxh64": "16 hex digits"}   # xxh64 of the canonical JSON of all other keys
 
 Canonical JSON = ``json.dumps(obj, sort_keys=True, separators=(",", ":"))`` (ASCII).
@@ -35,16 +90,22 @@ import json
 import operator
 import os
 import re
+import threading
 import time
 import uuid
 from bisect import bisect_right
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterable
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from statecore.checkpoint.format import (
     FORMAT_VERSION,
+    KIND_FULL,
+    KIND_INCREMENTAL,
     DataFileReader,
     make_key_group_range,
     range_bounds,
@@ -59,6 +120,10 @@ from statecore.errors import (
 )
 
 MANIFEST_FORMAT = "statecore-checkpoint"
+MANIFEST_FORMAT_VERSION = 2
+_READABLE_MANIFEST_VERSIONS = (1, 2)
+DEFAULT_MAX_RUNS = 8
+_COMPACTED_RE = re.compile(r"^compacted-s\d+-\d+-\d+-[0-9a-f]{12}\.sckp$")
 _MANIFEST_RE = re.compile(r"^manifest-(\d{20})\.json$")
 _VERSION_DIR_RE = re.compile(r"^\d{20}$")
 _WRITER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
@@ -84,6 +149,12 @@ def _check_writer(writer: Any) -> str:
     return writer
 
 
+def _check_max_runs(max_runs: Any) -> int:
+    if isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1:
+        raise InvalidInputError(f"max_runs must be an int >= 1, got {max_runs!r}")
+    return max_runs
+
+
 def _vdir(version: int) -> str:
     return f"{version:020d}"
 
@@ -103,9 +174,22 @@ class CheckpointStore:
     ``filesystem``: a ``pyarrow.fs.FileSystem`` to use instead; ``uri_or_path`` is then a path
     inside it. Versions are ints in ``[0, 10**20)`` (a Spark micro-batch id). Nothing is created
     until the first write.
+    ``max_runs``: :meth:`commit` compacts a version whose key groups need more than this many
+    runs (int >= 1; ``None`` = never automatically). ``background_compaction``: run that
+    compaction in a background thread (:meth:`compact_async`) instead of inside :meth:`commit`.
+    Raises InvalidInputError for a bad root, filesystem or ``max_runs``.
     """
 
-    def __init__(self, uri_or_path: str | os.PathLike, filesystem: pafs.FileSystem | None = None):
+    def __init__(self, uri_or_path: str | os.PathLike, filesystem: pafs.FileSystem | None = None,
+                 *, max_runs: int | None = DEFAULT_MAX_RUNS, background_compaction: bool = False):
+        if max_runs is not None:
+            _check_max_runs(max_runs)
+        self.max_runs = max_runs
+        self.background_compaction = bool(background_compaction)
+        # Serializes manifest publishing and retention in this process (compaction in a thread).
+        self._lock = threading.RLock()
+        self._inflight: set[str] = set()  # compaction outputs written but not yet published
+        self._executor: ThreadPoolExecutor | None = None
         raw = os.fspath(uri_or_path)
         if not isinstance(raw, str) or not raw:
             raise InvalidInputError(f"checkpoint root must be a non-empty path or URI, got {raw!r}")
@@ -179,9 +263,12 @@ class CheckpointStore:
 
     def write_snapshot(self, snap: Any, version: int, writer: str = "p0", *,
                        block_target_bytes: int | None = None) -> dict:
-        """Write the data file of ``snap`` (StateSnapshot read interface) for ``version`` as
-        ``writer`` and return its descriptor: a JSON-able dict to pass to :meth:`commit` (or to
-        :meth:`write_pending`). Writes no manifest: the version stays invisible until committed.
+        """Write the data file (run) of ``snap`` (StateSnapshot read interface) for ``version``
+        as ``writer`` and return its descriptor: a JSON-able dict to pass to :meth:`commit` (or
+        to :meth:`write_pending`). The run is incremental (NULL values = tombstones) when
+        ``getattr(snap, "incremental", False)``, else full; the descriptor records ``kind``,
+        ``tombstones`` {state: n} and ``snapshot_id`` (``snap.snapshot_id`` or None).
+        Writes no manifest: the version stays invisible until committed.
         Re-running with the same (version, writer) atomically replaces the file.
 
         ``block_target_bytes``: uncompressed block size target (default 64 KiB).
@@ -193,6 +280,7 @@ class CheckpointStore:
         writer = _check_writer(writer)
         rel = self.data_path(version, writer)
         kwargs = {} if block_target_bytes is None else {"block_target_bytes": block_target_bytes}
+        snapshot_id = getattr(snap, "snapshot_id", None)
         summary = self._write_atomic(
             rel, lambda out: write_data_file(out, snap, version=version, writer=writer, **kwargs))
         meta = summary.meta
@@ -213,6 +301,9 @@ class CheckpointStore:
             "stored_bytes": summary.stored_bytes,
             "key_groups_nonempty": summary.key_groups_nonempty,
             "footer_xxh64": f"{summary.footer_xxh64:016x}",
+            "kind": summary.kind,
+            "tombstones": summary.tombstones,
+            "snapshot_id": snapshot_id if isinstance(snapshot_id, int) else None,
         }
 
     def write_pending(self, version: int, writer: str, descriptor: dict) -> str:
@@ -271,13 +362,22 @@ class CheckpointStore:
         """Make ``version`` visible: check the descriptors and write its manifest, last and
         atomically (replacing the manifest of a replayed version). Returns the manifest (dict).
 
+        The manifest lists the descriptors' runs (``seq`` = 1 + the previous version's highest)
+        and the runs of the previous committed version (the highest below ``version``) that the
+        new version still needs (module docstring "Runs and versions"). Afterwards, when a key
+        group needs more than ``self.max_runs`` runs, the version is compacted (synchronously,
+        or in the background with ``background_compaction``); the returned manifest is then the
+        compacted one (synchronous case).
+
         ``descriptors``: from :meth:`write_snapshot`; ``None`` takes :meth:`pending` (version).
         ``metadata``: JSON-able dict stored with the version (e.g. the Spark batch id, watermark).
         Raises InvalidInputError when there are no descriptors, a descriptor is malformed or of
         another version, writers disagree on max parallelism / key type / assigner / a state's
-        meta, two descriptors overlap in key groups, their ranges leave a gap, or metadata is
-        not a JSON-able dict; CorruptCheckpointError (naming the file) when a data file is
-        missing or its size differs from its descriptor.
+        meta (also with the previous version's runs that are kept), two descriptors overlap in
+        key groups, their ranges leave a gap, an incremental run has no full base run for some of
+        its key groups in the previous version, or metadata is not a JSON-able dict;
+        CorruptCheckpointError (naming the file) when a data file is missing or its size differs
+        from its descriptor, or the previous version's manifest is damaged.
         """
         version = _check_version(version)
         if descriptors is None:
@@ -307,11 +407,16 @@ class CheckpointStore:
                 start, end = (int(x) for x in d["key_group_range"])
                 this = (int(d["max_parallelism"]), str(d["key_type"]), str(d["assigner"]))
                 metas = list(d["states"])
+                kind = d.get("kind", KIND_FULL)
+                if kind not in (KIND_FULL, KIND_INCREMENTAL):
+                    raise InvalidInputError(f"descriptor of {path!r} has unknown kind {kind!r}")
                 entry = {
                     "path": path, "size": int(d["size"]), "writer": _check_writer(d["writer"]),
+                    "version": version, "seq": 0, "kind": kind,
                     "key_group_range": [start, end] if end >= start else [0, -1],
                     "states": [m["name"] for m in metas],
                     "entries": {str(k): int(v) for k, v in d["entries"].items()},
+                    "tombstones": {str(k): int(v) for k, v in (d.get("tombstones") or {}).items()},
                     "blocks": int(d["blocks"]), "raw_bytes": int(d["raw_bytes"]),
                     "stored_bytes": int(d["stored_bytes"]),
                     "key_groups_nonempty": int(d["key_groups_nonempty"]),
@@ -349,18 +454,159 @@ class CheckpointStore:
                 raise CorruptCheckpointError(
                     f"checkpoint data file {self._abs(f['path'])} is {info.size} bytes, its "
                     f"descriptor says {f['size']}")
-        body = {
-            "format": MANIFEST_FORMAT, "format_version": FORMAT_VERSION, "version": version,
-            "created_ms": int(time.time() * 1000), "max_parallelism": common[0],
-            "key_type": common[1], "assigner": common[2], "key_group_range": list(union),
-            "states": list(states.values()),
-            "files": sorted(files, key=lambda f: (f["key_group_range"][0], f["writer"])),
-            "metadata": metadata,
-        }
+
+        with self._lock:
+            prev_version = max((v for v in self.versions() if v < version), default=None)
+            prev = self.manifest(prev_version) if prev_version is not None else None
+            prev_runs = prev["files"] if prev is not None else []
+            seq = 1 + max((r["seq"] for r in prev_runs), default=0)
+            for f in files:
+                f["seq"] = seq
+            where = (f"commit of version {version} on top of version {prev_version}"
+                     if prev is not None else f"commit of version {version} (no earlier version)")
+            segments = _plan(prev_runs + files, union, InvalidInputError, where)
+            used = _ids(segments)
+            kept = [r for r in prev_runs if id(r) in used]
+            if kept:
+                prev_common = (prev["max_parallelism"], prev["key_type"], prev["assigner"])
+                if prev_common != common:
+                    raise InvalidInputError(
+                        f"{where}: (max_parallelism, key_type, assigner) {common} differs from "
+                        f"the previous version's {prev_common}, whose runs are still needed")
+                prev_metas = {m["name"]: m for m in prev["states"]}
+                for r in kept:
+                    for name in r["states"]:
+                        m = states.setdefault(name, prev_metas[name])
+                        if m != prev_metas[name]:
+                            raise InvalidInputError(
+                                f"{where}: the meta of state {name!r} changed from "
+                                f"{prev_metas[name]} to {m} while runs of the previous version "
+                                "are still needed (write full snapshots to change a state)")
+            paths = [r["path"] for r in kept + files]
+            if len(set(paths)) != len(paths):
+                raise InvalidInputError(
+                    f"{where}: a descriptor names a data file the previous version still uses "
+                    f"as an older run: {sorted(p for p in paths if paths.count(p) > 1)}")
+            body = {
+                "format": MANIFEST_FORMAT, "format_version": MANIFEST_FORMAT_VERSION,
+                "version": version, "created_ms": int(time.time() * 1000),
+                "max_parallelism": common[0], "key_type": common[1], "assigner": common[2],
+                "key_group_range": list(union), "states": list(states.values()),
+                "files": _sort_runs(kept + files), "metadata": metadata,
+            }
+            manifest = self._write_manifest(body)
+        if self.max_runs is not None and _max_depth(segments) > self.max_runs:
+            if self.background_compaction:
+                self.compact_async(version)
+            else:
+                manifest = self.compact(version)
+        return manifest
+
+    def _write_manifest(self, body: dict) -> dict:
         manifest = dict(body, checksum_xxh64=f"{xxh64(_canonical(body)):016x}")
         data = json.dumps(manifest, sort_keys=True, indent=1).encode("ascii")
-        self._write_atomic(self.manifest_name(version), lambda out: out.write(data))
+        self._write_atomic(self.manifest_name(body["version"]), lambda out: out.write(data))
         return manifest
+
+    # ------------------------------------------------------------------------------ compaction
+
+    def compact(self, version: int | None = None, max_runs: int | None = None) -> dict:
+        """Compact ``version`` (default: the latest): for every top run (one of the version's own
+        commit) whose key groups need more than ``max_runs`` runs (default: the store's
+        ``max_runs``, or 1 when that is None), write one full run over the top run's range (the
+        merged state, no tombstones) and atomically replace the version's manifest with one
+        listing it instead (module docstring "Compaction"). What the version restores to does not
+        change. Returns the (possibly unchanged) manifest. Raises CheckpointNotFoundError for an
+        unknown version, InvalidInputError for a bad ``max_runs``, CorruptCheckpointError when a
+        run cannot be read; filesystem errors propagate (nothing published then)."""
+        if max_runs is None:
+            max_runs = self.max_runs if self.max_runs is not None else 1
+        max_runs = _check_max_runs(max_runs)
+        with self._lock:
+            if version is None:
+                version = self.latest_version()
+                if version is None:
+                    raise CheckpointNotFoundError(f"no committed checkpoint under {self.uri}")
+            version = _check_version(version)
+            manifest = self.manifest(version)
+        segments = _plan(manifest["files"], manifest["key_group_range"], CorruptCheckpointError,
+                         f"manifest of version {version}")
+        top_seq = max((r["seq"] for r in manifest["files"]), default=0)
+        tops = [r for r in manifest["files"] if r["seq"] == top_seq
+                and r["key_group_range"][1] >= r["key_group_range"][0]]
+        targets = []
+        for t in tops:
+            s, e = t["key_group_range"]
+            depth = max((len(c) for a, b, c in segments if a <= e and b >= s), default=0)
+            if depth > max_runs:
+                targets.append(t)
+        if not targets:
+            return manifest
+        written: list[dict] = []
+        inflight: list[str] = []
+        reader = CheckpointReader(self, version, manifest)
+        try:
+            for t in targets:
+                s, e = t["key_group_range"]
+                writer = f"compacted-{s}-{e}"
+                rel = f"data/{_vdir(version)}/compacted-s{t['seq']}-{s}-{e}-{uuid.uuid4().hex[:12]}.sckp"
+                with self._lock:
+                    self._inflight.add(rel)
+                    inflight.append(rel)
+                reader.prefetch(s, e)
+                view = _RangeView(reader, s, e)
+                summary = self._write_atomic(
+                    rel, lambda out: write_data_file(out, view, version=version, writer=writer,
+                                                     incremental=False))
+                written.append({
+                    "path": rel, "size": summary.size, "writer": writer, "version": version,
+                    "seq": t["seq"], "kind": KIND_FULL, "key_group_range": [s, e],
+                    "states": [m["name"] for m in summary.meta["states"]],
+                    "entries": summary.entries, "tombstones": summary.tombstones,
+                    "blocks": summary.blocks, "raw_bytes": summary.raw_bytes,
+                    "stored_bytes": summary.stored_bytes,
+                    "key_groups_nonempty": summary.key_groups_nonempty,
+                    "footer_xxh64": f"{summary.footer_xxh64:016x}",
+                    "replaces": t["path"],
+                })
+                reader._drop_prefetched()
+            with self._lock:
+                try:
+                    current = self.manifest(version)
+                except CheckpointNotFoundError:
+                    return manifest  # retained away meanwhile: the outputs are orphans
+                if current["checksum_xxh64"] != manifest["checksum_xxh64"]:
+                    return current  # re-committed meanwhile: publish nothing
+                replaced = {w.pop("replaces") for w in written}
+                runs = [r for r in manifest["files"] if r["path"] not in replaced] + written
+                segs = _plan(runs, manifest["key_group_range"], CorruptCheckpointError,
+                             f"compaction of version {version}")
+                ids = _ids(segs)
+                runs = [r for r in runs if id(r) in ids or r in written]
+                body = {k: v for k, v in manifest.items() if k != "checksum_xxh64"}
+                body.update(files=_sort_runs(runs), compacted_ms=int(time.time() * 1000),
+                            format_version=MANIFEST_FORMAT_VERSION)
+                return self._write_manifest(body)
+        finally:
+            reader.release()
+            with self._lock:
+                self._inflight.difference_update(inflight)
+
+    def compact_async(self, version: int | None = None, max_runs: int | None = None) -> Future:
+        """:meth:`compact` in the store's single background thread; returns its Future (whose
+        result is the manifest, or the exception :meth:`compact` raised)."""
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1,
+                                                    thread_name_prefix="statecore-compaction")
+            return self._executor.submit(self.compact, version, max_runs)
+
+    def close(self) -> None:
+        """Wait for background compactions and stop their thread (idempotent)."""
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True)
 
     # ----------------------------------------------------------------------------------- reads
 
@@ -381,9 +627,12 @@ class CheckpointStore:
         return vs[-1] if vs else None
 
     def manifest(self, version: int) -> dict:
-        """The validated manifest of ``version`` (dict, format: module docstring).
+        """The validated manifest of ``version`` (dict, format: module docstring; a version-1
+        manifest comes back upgraded: runs with ``seq`` 0, kind ``full``).
         Raises CheckpointNotFoundError when ``version`` has no manifest; CorruptCheckpointError
-        (naming the manifest) when it is not valid JSON, fails its checksum or is malformed."""
+        (naming the manifest) when it is not valid JSON, fails its checksum or is malformed
+        (incl. overlapping runs of one seq, top runs that do not tile the range, a key group
+        without a full run)."""
         version = _check_version(version)
         path = self._abs(self.manifest_name(version))
         try:
@@ -407,25 +656,48 @@ class CheckpointStore:
         if not ok:
             raise CorruptCheckpointError(f"manifest {path}: checksum mismatch")
         try:
-            if body["format"] != MANIFEST_FORMAT or body["format_version"] != FORMAT_VERSION:
+            if (body["format"] != MANIFEST_FORMAT
+                    or body["format_version"] not in _READABLE_MANIFEST_VERSIONS):
                 raise ValueError(f"format {body['format']!r} v{body['format_version']}")
             if body["version"] != version:
                 raise ValueError(f"it describes version {body['version']}")
             for f in body["files"]:
+                if body["format_version"] == 1:
+                    f.update(seq=0, kind=KIND_FULL, version=version,
+                             tombstones={n: 0 for n in f["entries"]})
                 if f["path"].startswith("/") or ".." in f["path"].split("/"):
                     raise ValueError(f"file path {f['path']!r} leaves the root")
                 int(f["size"]), int(f["footer_xxh64"], 16), range_bounds(f["key_group_range"])
+                if f["kind"] not in (KIND_FULL, KIND_INCREMENTAL):
+                    raise ValueError(f"run {f['path']!r} has unknown kind {f['kind']!r}")
+                if isinstance(f["seq"], bool) or not isinstance(f["seq"], int) or f["seq"] < 0:
+                    raise ValueError(f"run {f['path']!r} has a bad seq {f['seq']!r}")
             int(body["max_parallelism"]), range_bounds(body["key_group_range"])
             [m["name"] for m in body["states"]]
             if not isinstance(body["metadata"], dict):
                 raise ValueError("metadata is not an object")
         except (KeyError, TypeError, ValueError, AttributeError, InvalidInputError) as exc:
             raise CorruptCheckpointError(f"manifest {path} is malformed: {exc}") from exc
-        union = _union_range(body["files"], version, CorruptCheckpointError, path)
+        body["format_version"] = MANIFEST_FORMAT_VERSION
+        top_seq = max((f["seq"] for f in body["files"]), default=0)
+        by_seq: dict[int, list] = {}
+        for f in body["files"]:
+            by_seq.setdefault(f["seq"], []).append(f)
+        union = None
+        for sq, group in by_seq.items():
+            # runs of one seq come from one commit: they must not overlap; the top ones tile
+            u = _union_range(group, version, CorruptCheckpointError, path) if sq == top_seq \
+                else _check_disjoint(group, version, path)
+            if sq == top_seq:
+                union = u
+        if union is None:
+            union = (0, -1)
         if list(union) != list(body["key_group_range"]):
             raise CorruptCheckpointError(
                 f"manifest {path}: key-group range {body['key_group_range']} is not the union "
                 f"{list(union)} of its files")
+        _plan(body["files"], union, CorruptCheckpointError, f"manifest {path}")
+        body["checksum_xxh64"] = doc["checksum_xxh64"]
         return body
 
     def metadata(self, version: int) -> dict:
@@ -444,8 +716,8 @@ class CheckpointStore:
 
     def restore(self, backend: Any, version: int | None = None) -> int:
         """``backend.restore(self.open(version))``, reading only the byte ranges of the key
-        groups in ``backend.key_group_range`` (one ranged read per data file). Releases the
-        reader afterwards. Returns the version restored. Errors as :meth:`open` and
+        groups in ``backend.key_group_range`` (one ranged read per run needed there). Releases
+        the reader afterwards. Returns the version restored. Errors as :meth:`open` and
         CorruptCheckpointError from the data read."""
         reader = self.open(version)
         try:
@@ -458,48 +730,74 @@ class CheckpointStore:
         return reader.version
 
     def describe(self, version: int) -> dict:
-        """Statistics of ``version`` from its manifest, for inspection: ``files``, ``bytes``
-        (stored size of the data files), ``raw_bytes`` (uncompressed block payloads),
-        ``blocks``, ``entries`` {state: count}, ``key_group_range``, ``key_groups`` (in range),
-        ``key_groups_nonempty``, ``writers`` (per file: path, writer, key_group_range, size,
-        entries), ``states`` (metas), ``metadata``, ``max_parallelism``, ``key_type``,
-        ``assigner``, ``created_ms``. Errors as :meth:`manifest`."""
+        """Statistics of ``version`` from its manifest, for inspection: ``files`` / ``runs``
+        (number of runs), ``bytes`` (stored size of all its runs), ``bytes_added`` (size of the
+        runs written for this version), ``raw_bytes`` (uncompressed block payloads), ``blocks``,
+        ``entries`` {state: stored entries over all runs, tombstones included},
+        ``tombstones`` {state: n}, ``max_runs_per_key_group`` (longest chain),
+        ``key_group_range``, ``key_groups`` (in range), ``key_groups_nonempty`` (summed over
+        runs), ``writers`` (per run: path, writer, key_group_range, size, entries), ``run_list``
+        (per run: path, writer, version, seq, kind, key_group_range, size, entries,
+        tombstones), ``states`` (metas), ``metadata``, ``max_parallelism``, ``key_type``,
+        ``assigner``, ``created_ms``, ``compacted_ms`` (None unless compacted). Errors as
+        :meth:`manifest`."""
         m = self.manifest(version)
         entries: dict[str, int] = {s["name"]: 0 for s in m["states"]}
+        tombs: dict[str, int] = {s["name"]: 0 for s in m["states"]}
         for f in m["files"]:
             for name, n in f["entries"].items():
                 entries[name] = entries.get(name, 0) + n
+            for name, n in f.get("tombstones", {}).items():
+                tombs[name] = tombs.get(name, 0) + n
         start, end = m["key_group_range"]
+        segments = _plan(m["files"], (start, end), CorruptCheckpointError, "describe")
         return {
             "version": m["version"], "root": self.uri, "created_ms": m["created_ms"],
+            "compacted_ms": m.get("compacted_ms"),
             "max_parallelism": m["max_parallelism"], "key_type": m["key_type"],
             "assigner": m["assigner"], "key_group_range": [start, end],
             "key_groups": max(0, end - start + 1),
             "key_groups_nonempty": sum(f["key_groups_nonempty"] for f in m["files"]),
-            "files": len(m["files"]), "bytes": sum(f["size"] for f in m["files"]),
+            "files": len(m["files"]), "runs": len(m["files"]),
+            "bytes": sum(f["size"] for f in m["files"]),
+            "bytes_added": sum(f["size"] for f in m["files"] if f["version"] == m["version"]),
             "raw_bytes": sum(f["raw_bytes"] for f in m["files"]),
             "blocks": sum(f["blocks"] for f in m["files"]), "entries": entries,
+            "tombstones": tombs, "max_runs_per_key_group": _max_depth(segments),
             "states": m["states"], "metadata": m["metadata"],
             "writers": [{k: f[k] for k in ("path", "writer", "key_group_range", "size", "entries")}
                         for f in m["files"]],
+            "run_list": [{k: f[k] for k in ("path", "writer", "version", "seq", "kind",
+                                            "key_group_range", "size", "entries", "tombstones")}
+                         for f in m["files"]],
         }
 
     def verify(self, version: int) -> dict:
-        """Read and check every block of every data file of ``version`` (checksums, structure,
-        entry counts against the manifest). Returns :meth:`describe` (version). Raises
-        CorruptCheckpointError on the first problem."""
+        """Read and check every block of every run of ``version`` (checksums, structure, entry
+        and tombstone counts against the manifest), then the merged view of every (state, key
+        group). Returns :meth:`describe` (version). Raises CorruptCheckpointError on the first
+        problem."""
         reader = self.open(version)
         try:
             for f in reader.manifest["files"]:
                 start, end = f["key_group_range"]
+                data = reader._data_file(f)
                 got = {name: 0 for name in f["states"]}
+                tombs = {name: 0 for name in f["states"]}
                 for kg in range(start, end + 1):
                     for name in f["states"]:
-                        got[name] += len(reader.entries(name, kg)[0])
-                if got != f["entries"]:
+                        _, vals = data.entries(name, kg)
+                        got[name] += len(vals)
+                        tombs[name] += vals.null_count
+                want_t = {n: f.get("tombstones", {}).get(n, 0) for n in f["states"]}
+                if got != f["entries"] or tombs != want_t:
                     raise CorruptCheckpointError(
-                        f"checkpoint data file {self._abs(f['path'])}: entry counts {got} differ "
-                        f"from the manifest's {f['entries']}")
+                        f"checkpoint data file {self._abs(f['path'])}: entry counts {got} "
+                        f"(tombstones {tombs}) differ from the manifest's {f['entries']} "
+                        f"({want_t})")
+            for m in reader.state_metas():
+                for kg in reader.key_group_range:
+                    reader.entries(m["name"], kg)
         finally:
             reader.release()
         return self.describe(version)
@@ -507,43 +805,49 @@ class CheckpointStore:
     # ------------------------------------------------------------------------------- retention
 
     def retain(self, k: int) -> list[int]:
-        """Keep the newest ``k`` (>= 1) committed versions: delete older manifests first, then
-        every data file and pending descriptor of a version older than the newest retained one
-        that no retained manifest references (files of versions newer than the latest commit,
-        which may be in flight, are never touched; nor is any file a retained version needs).
-        Returns the versions deleted. Raises InvalidInputError for ``k < 1`` and
-        CorruptCheckpointError (deleting nothing) when a retained manifest cannot be read."""
+        """Keep the newest ``k`` (>= 1) committed versions: delete older manifests first (oldest
+        first), then every data file and pending descriptor that no retained manifest references
+        (runs shared with retained versions stay, compaction inputs go once no retained version
+        uses them). Files of versions at or above the newest retained one are left alone (they
+        may be in flight), except unreferenced compaction outputs; so are outputs of a
+        compaction in progress in this process. Returns the versions deleted. Raises
+        InvalidInputError for ``k < 1`` and CorruptCheckpointError (deleting nothing) when a
+        retained manifest cannot be read. A crash at any point leaves every retained version
+        restorable; calling it again finishes the job."""
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise InvalidInputError(f"retain needs k >= 1, got {k!r}")
-        versions = self.versions()
-        if not versions:
-            return []
-        keep, drop = versions[-k:], versions[:-k]
-        referenced = {f["path"] for v in keep for f in self.manifest(v)["files"]}
-        for v in drop:
-            self.fs.delete_file(self._abs(self.manifest_name(v)))
-        newest = keep[-1]
-        for top in ("data", "pending"):
-            base = self._abs(top)
-            infos = self.fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
-            for d in infos:
-                if d.type != pafs.FileType.Directory or not _VERSION_DIR_RE.match(d.base_name):
-                    continue
-                if int(d.base_name) >= newest:
-                    continue
-                files = self.fs.get_file_info(pafs.FileSelector(d.path, recursive=True))
-                kept_any = False
-                for f in files:
-                    if f.type != pafs.FileType.File:
+        with self._lock:
+            versions = self.versions()
+            if not versions:
+                return []
+            keep, drop = versions[-k:], versions[:-k]
+            referenced = {f["path"] for v in keep for f in self.manifest(v)["files"]}
+            referenced |= self._inflight
+            for v in drop:
+                self.fs.delete_file(self._abs(self.manifest_name(v)))
+            newest = keep[-1]
+            for top in ("data", "pending"):
+                base = self._abs(top)
+                infos = self.fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
+                for d in infos:
+                    if d.type != pafs.FileType.Directory or not _VERSION_DIR_RE.match(d.base_name):
                         continue
-                    rel = f"{top}/{d.base_name}/{f.path[len(d.path) + 1:]}"
-                    if rel in referenced:
-                        kept_any = True
-                    else:
-                        self.fs.delete_file(f.path)
-                if not kept_any:
-                    self.fs.delete_dir(d.path)
-        return drop
+                    in_flight_dir = int(d.base_name) >= newest
+                    files = self.fs.get_file_info(pafs.FileSelector(d.path, recursive=True))
+                    kept_any = False
+                    for f in files:
+                        if f.type != pafs.FileType.File:
+                            continue
+                        rel = f"{top}/{d.base_name}/{f.path[len(d.path) + 1:]}"
+                        if rel in referenced or (
+                                in_flight_dir and not (top == "data"
+                                                       and _COMPACTED_RE.match(f.base_name))):
+                            kept_any = True
+                        else:
+                            self.fs.delete_file(f.path)
+                    if not kept_any and not in_flight_dir:
+                        self.fs.delete_dir(d.path)
+            return drop
 
 
 def _short(vs: list[int]) -> str:
@@ -569,15 +873,108 @@ def _union_range(files: list[dict], version: int, err, where: str) -> tuple[int,
     return (spans[0][0], spans[-1][1])
 
 
+def _check_disjoint(files: list[dict], version: int, where: str) -> None:
+    """Raise CorruptCheckpointError when two runs of one seq overlap (gaps are fine)."""
+    spans = sorted((f["key_group_range"][0], f["key_group_range"][1], f["path"])
+                   for f in files if f["key_group_range"][1] >= f["key_group_range"][0])
+    for (s0, e0, p0), (s1, e1, p1) in zip(spans, spans[1:]):
+        if s1 <= e0:
+            raise CorruptCheckpointError(
+                f"{where}: version {version}: runs {p0} [{s0}, {e0}] and {p1} [{s1}, {e1}] of "
+                f"one seq both claim key group {s1}")
+
+
+def _plan(runs: list[dict], kg_range, err, where: str) -> list[tuple[int, int, list[dict]]]:
+    """Split the inclusive ``kg_range`` into segments ``(start, end, chain)`` over which the
+    same runs apply; ``chain`` = the runs covering the segment, newest (highest seq) first, down
+    to and including the newest full run. Raises ``err`` when a segment has no run or no full
+    run (an incremental run without base)."""
+    start, end = (int(x) for x in kg_range)
+    if end < start:
+        return []
+    live = [r for r in runs if r["key_group_range"][1] >= r["key_group_range"][0]
+            and r["key_group_range"][0] <= end and r["key_group_range"][1] >= start]
+    cuts = {start, end + 1}
+    for r in live:
+        cuts.add(max(r["key_group_range"][0], start))
+        cuts.add(min(r["key_group_range"][1], end) + 1)
+    cuts = sorted(cuts)
+    newest_first = sorted(live, key=lambda r: -r["seq"])
+    segments = []
+    for a, b1 in zip(cuts, cuts[1:]):
+        b = b1 - 1
+        chain = []
+        for r in newest_first:
+            s, e = r["key_group_range"]
+            if s <= a and b <= e:
+                chain.append(r)
+                if r["kind"] == KIND_FULL:
+                    break
+        if not chain:
+            raise err(f"{where}: no run holds key groups {a}..{b}")
+        if chain[-1]["kind"] != KIND_FULL:
+            raise err(
+                f"{where}: incremental run(s) {[r['path'] for r in chain]} have no full base run "
+                f"for key groups {a}..{b} (an incremental snapshot needs a committed full one "
+                "below it)")
+        if segments and segments[-1][2] == chain:
+            segments[-1] = (segments[-1][0], b, chain)
+        else:
+            segments.append((a, b, chain))
+    return segments
+
+
+def _ids(segments) -> set[int]:
+    return {id(r) for _, _, chain in segments for r in chain}
+
+
+def _max_depth(segments) -> int:
+    return max((len(c) for _, _, c in segments), default=0)
+
+
+def _sort_runs(runs: list[dict]) -> list[dict]:
+    return sorted(runs, key=lambda f: (-f["seq"], f["key_group_range"][0], f["writer"], f["path"]))
+
+
+_EMPTY = (pa.array([], pa.binary()), pa.array([], pa.binary()))
+
+
+def _merge_newest_wins(parts: list[tuple[pa.Array, pa.Array]]) -> tuple[pa.Array, pa.Array]:
+    """Merge ``(keys, values)`` pairs given newest first (each sorted by key): per key the newest
+    value wins, NULL (tombstone) values delete. Returns sorted binary arrays without NULLs."""
+    if len(parts) == 1:
+        keys, values = parts[0]
+    else:
+        keys = pa.concat_arrays([k for k, _ in parts])
+        values = pa.concat_arrays([v for _, v in parts])
+        rank = np.concatenate([np.full(len(k), i, dtype=np.int32) for i, (k, _) in enumerate(parts)])
+        order = pc.sort_indices(pa.table({"k": keys, "r": rank}),
+                                sort_keys=[("k", "ascending"), ("r", "ascending")])
+        sk = keys.take(order)
+        first = np.ones(len(sk), dtype=bool)
+        if len(sk) > 1:
+            first[1:] = pc.not_equal(sk.slice(1), sk.slice(0, len(sk) - 1)).to_numpy(
+                zero_copy_only=False)
+        sel = order.filter(pa.array(first))
+        keys, values = keys.take(sel), values.take(sel)
+    if values.null_count:
+        live = values.is_valid()
+        keys, values = keys.filter(live), values.filter(live)
+    return keys, values
+
+
 class CheckpointReader:
     """Lazy StateSnapshot (architecture.md) over one committed version of a CheckpointStore.
 
     Attributes: ``version``, ``max_parallelism``, ``key_type``, ``assigner``,
-    ``key_group_range`` (inclusive union of the data files' ranges, ``.start``/``.end``),
-    ``metadata`` (user dict), ``manifest``. Data files are opened on first use; ``entries``
-    reads exactly the blocks of one (state, key group) unless :meth:`prefetch` fetched them.
-    Usable as a context manager; :meth:`release` is idempotent.
+    ``key_group_range`` (the version's inclusive range, ``.start``/``.end``), ``metadata``
+    (user dict), ``manifest``, ``incremental`` (False: entries are complete, without
+    tombstones). ``entries`` merges the runs of the key group newest-wins (module docstring)
+    and reads exactly the blocks of one (state, key group) per run unless :meth:`prefetch`
+    fetched them. Usable as a context manager; :meth:`release` is idempotent.
     """
+
+    incremental = False
 
     def __init__(self, store: CheckpointStore, version: int, manifest: dict):
         self._store = store
@@ -590,11 +987,10 @@ class CheckpointReader:
         self.metadata = manifest["metadata"]
         self._metas = [dict(m) for m in manifest["states"]]
         self._names = {m["name"] for m in self._metas}
-        files = sorted((f for f in manifest["files"]
-                        if f["key_group_range"][1] >= f["key_group_range"][0]),
-                       key=lambda f: f["key_group_range"][0])
-        self._files = files
-        self._starts = [f["key_group_range"][0] for f in files]
+        self._timer_states = {m["name"] for m in self._metas if m.get("kind") == "timers"}
+        self._segments = _plan(manifest["files"], manifest["key_group_range"],
+                               CorruptCheckpointError, f"manifest of version {version}")
+        self._starts = [a for a, _, _ in self._segments]
         self._open_files: dict[str, DataFileReader] = {}
         self._released = False
 
@@ -608,13 +1004,13 @@ class CheckpointReader:
         """State metas of the version (JSON-able dicts: name, kind, namespace_type, ...)."""
         return [dict(m) for m in self._metas]
 
-    def _file_for(self, key_group: int) -> dict:
+    def _chain_for(self, key_group: int) -> list[dict]:
         i = bisect_right(self._starts, key_group) - 1
-        if i < 0 or key_group > self._files[i]["key_group_range"][1]:
+        if i < 0 or key_group > self._segments[i][1]:
             raise InvalidInputError(
                 f"key group {key_group} is outside the key-group range "
                 f"{self.manifest['key_group_range']} of checkpoint version {self.version}")
-        return self._files[i]
+        return self._segments[i][2]
 
     def _data_file(self, f: dict) -> DataFileReader:
         if self._released:
@@ -633,9 +1029,10 @@ class CheckpointReader:
                     f"{exc}") from exc
             reader = DataFileReader(handle, path, expected_size=f["size"],
                                     expected_footer_xxh64=int(f["footer_xxh64"], 16))
-            mine = (self.max_parallelism, self.key_type, self.assigner, list(f["key_group_range"]))
+            mine = (self.max_parallelism, self.key_type, self.assigner, list(f["key_group_range"]),
+                    f["kind"])
             theirs = (reader.max_parallelism, reader.key_type, reader.assigner,
-                      [reader.key_group_start, reader.key_group_end])
+                      [reader.key_group_start, reader.key_group_end], reader.kind)
             if mine != theirs:
                 reader.close()
                 raise CorruptCheckpointError(
@@ -645,20 +1042,28 @@ class CheckpointReader:
 
     def prefetch(self, start: int, end: int) -> int:
         """Fetch the blocks of key groups ``[start, end]`` ∩ this version's range with one ranged
-        read per data file, for later :meth:`entries` calls. Returns the bytes read."""
-        total = 0
-        for f in self._files:
-            s, e = f["key_group_range"]
-            lo, hi = max(s, start), min(e, end)
-            if lo <= hi:
-                total += self._data_file(f).prefetch(lo, hi)
-        return total
+        read per run that those key groups need, for later :meth:`entries` calls. Returns the
+        bytes read."""
+        spans: dict[str, list] = {}
+        for a, b, chain in self._segments:
+            lo, hi = max(a, start), min(b, end)
+            if lo > hi:
+                continue
+            for r in chain:
+                sp = spans.setdefault(r["path"], [r, lo, hi])
+                sp[1], sp[2] = min(sp[1], lo), max(sp[2], hi)
+        return sum(self._data_file(r).prefetch(lo, hi) for r, lo, hi in spans.values())
+
+    def _drop_prefetched(self) -> None:
+        for r in self._open_files.values():
+            r._prefetched = []
 
     def entries(self, state_name: str, key_group: int) -> tuple[pa.BinaryArray, pa.BinaryArray]:
-        """``(keys, values)`` (``pa.binary()`` arrays, sorted ascending by key bytes) of
-        ``state_name`` in ``key_group``. Raises InvalidInputError for a state not in
+        """``(keys, values)`` (``pa.binary()`` arrays, sorted ascending by key bytes, no NULLs) of
+        ``state_name`` in ``key_group``: the runs of the key group merged newest-wins, timers
+        from the newest run only. Raises InvalidInputError for a state not in
         :meth:`state_metas` or a key group outside ``key_group_range``; CorruptCheckpointError
-        when the owning data file is missing, truncated or fails a checksum."""
+        when a data file is missing, truncated or fails a checksum."""
         if state_name not in self._names:
             raise InvalidInputError(
                 f"checkpoint version {self.version} has no state {state_name!r} "
@@ -669,7 +1074,21 @@ class CheckpointReader:
             key_group = operator.index(key_group)
         except TypeError:
             raise InvalidInputError(f"key group must be an int, got {key_group!r}") from None
-        return self._data_file(self._file_for(key_group)).entries(state_name, key_group)
+        chain = self._chain_for(key_group)
+        if state_name in self._timer_states:
+            chain = chain[:1]  # timers are complete in every run
+        parts = []
+        for r in chain:
+            if state_name not in r["states"]:
+                if r["kind"] == KIND_FULL:
+                    break
+                continue
+            k, v = self._data_file(r).entries(state_name, key_group)
+            if len(k):
+                parts.append((k, v))
+        if not parts:
+            return _EMPTY
+        return _merge_newest_wins(parts)
 
     def release(self) -> None:
         """Close the data files opened so far (idempotent); later reads raise CheckpointError."""
@@ -677,3 +1096,26 @@ class CheckpointReader:
         files, self._open_files = self._open_files, {}
         for r in files.values():
             r.close()
+
+
+class _RangeView:
+    """Full StateSnapshot of a reader restricted to key groups ``[start, end]`` (what compaction
+    writes)."""
+
+    incremental = False
+
+    def __init__(self, reader: CheckpointReader, start: int, end: int):
+        self._reader = reader
+        self.max_parallelism = reader.max_parallelism
+        self.key_type = reader.key_type
+        self.assigner = reader.assigner
+        self.key_group_range = make_key_group_range(start, end)
+
+    def state_metas(self) -> list[dict]:
+        return self._reader.state_metas()
+
+    def entries(self, name: str, key_group: int):
+        return self._reader.entries(name, key_group)
+
+    def release(self) -> None:
+        pass
