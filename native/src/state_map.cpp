@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <string>
 
 #include "statecore/detail/key_hash.h"
 #include "statecore/detail/map_impl.h"
@@ -182,6 +183,13 @@ Entry** StateMap::Impl::writable_link(Directory** table, size_t bucket, Entry* t
   return &cur->next;
 }
 
+uint64_t StateMap::Impl::advance_version() {
+  if (version >= std::numeric_limits<uint32_t>::max()) {
+    throw std::overflow_error("StateMap: version counter exhausted (2^32 - 1 snapshots/rebases)");
+  }
+  return ++version;
+}
+
 void StateMap::Impl::dispose(Entry* e) {
   if (e->version < req) {
     retired.push_back({e, version});
@@ -289,6 +297,7 @@ uint8_t* StateMap::put(const uint8_t* key, size_t key_size, size_t value_size) {
         m.dispose(e);
         e = c;
       }
+      e->modified = static_cast<uint32_t>(m.version);
       return e->value();
     }
     Entry** link = m.writable_link(t, b, e);
@@ -328,6 +337,7 @@ uint8_t* StateMap::get_for_update(const uint8_t* key, size_t key_size, size_t* v
     m.dispose(e);
     e = c;
   }
+  e->modified = static_cast<uint32_t>(m.version);
   if (value_size) *value_size = e->value_size;
   return e->value();
 }
@@ -343,6 +353,7 @@ bool StateMap::remove(const uint8_t* key, size_t key_size) {
   if (!e) return false;
   Entry** link = m.writable_link(t, b, e);
   *link = e->next;
+  m.log_removal(e);
   --m.size_of(t);
   m.live_bytes -= size_t(e->key_size) + e->value_size;
   m.dispose(e);
@@ -352,13 +363,16 @@ bool StateMap::remove(const uint8_t* key, size_t key_size) {
 void StateMap::clear() {
   Impl& m = *impl_;
   m.begin_op(false);
-  m.visit_live([&m](Entry* e) { m.dispose(e); });
+  m.visit_live([&m](Entry* e) {
+    m.log_removal(e);
+    m.dispose(e);
+  });
   m.reset_tables(m.rehash_table ? m.rehash_table->capacity : m.primary->capacity);
 }
 
 std::shared_ptr<MapSnapshot> StateMap::snapshot() {
   Impl& m = *impl_;
-  ++m.version;
+  m.advance_version();
   {
     std::lock_guard<std::mutex> lock(m.mu);
     m.live_versions.push_back(m.version);
@@ -375,8 +389,33 @@ std::shared_ptr<MapSnapshot> StateMap::snapshot() {
   s->rehash_index = m.rehash_index;
   s->size = m.size();
   s->version = m.version;
+  s->base = m.base;
+  s->removals = m.removals.view();
   return std::make_shared<MapSnapshot>(std::move(s));
 }
+
+uint64_t StateMap::base_version() const { return impl_->base; }
+
+void StateMap::mark_base(uint64_t version) {
+  Impl& m = *impl_;
+  if (version > m.version) {
+    throw std::invalid_argument("StateMap::mark_base: version " + std::to_string(version) +
+                                " is newer than the map version " + std::to_string(m.version));
+  }
+  if (version <= m.base) return;  // an older completion: the base only moves forward
+  m.base = version;
+  m.removals.drop_before(version);
+}
+
+uint64_t StateMap::rebase() {
+  Impl& m = *impl_;
+  m.advance_version();
+  m.base = m.version;
+  m.removals.reset();
+  return m.base;
+}
+
+size_t StateMap::removal_log_size() const { return impl_->removals.size(); }
 
 void StateMap::for_each_impl(void (*cb)(void*, ByteView, ByteView), void* ctx) {
   impl_->visit_live([&](Entry* e) {
@@ -425,6 +464,80 @@ void MapSnapshot::release() {
 
 size_t MapSnapshot::size() const { return s_->size; }
 uint64_t MapSnapshot::version() const { return s_->version; }
+
+uint64_t MapSnapshot::base_version() const { return s_->base; }
+
+namespace {
+
+bool key_less(ByteView a, ByteView b) {
+  size_t n = std::min(a.size, b.size);
+  int c = n ? std::memcmp(a.data, b.data, n) : 0;
+  return c != 0 ? c < 0 : a.size < b.size;
+}
+
+bool key_equal(ByteView a, ByteView b) {
+  return a.size == b.size && (a.size == 0 || std::memcmp(a.data, b.data, a.size) == 0);
+}
+
+}  // namespace
+
+bool MapSnapshot::contains_hashed(uint32_t hash, const uint8_t* key, size_t key_size) const {
+  const Directory* d = s_->primary;
+  size_t b = hash & (d->capacity - 1);
+  if (s_->rehash_table && b < s_->rehash_index) {
+    d = s_->rehash_table;
+    b = hash & (d->capacity - 1);
+  }
+  for (const Entry* e = d->head(b); e; e = e->next) {
+    if (e->matches(hash, key, key_size)) return true;
+  }
+  return false;
+}
+
+std::vector<MapChange> MapSnapshot::sorted_changes(uint64_t base) const {
+  if (s_->released) throw std::logic_error("MapSnapshot::sorted_changes() after release()");
+  if (base < s_->base || base > s_->version) {
+    throw std::invalid_argument("MapSnapshot::sorted_changes: base " + std::to_string(base) +
+                                " outside the tracked versions [" + std::to_string(s_->base) +
+                                ", " + std::to_string(s_->version) + "]");
+  }
+  const uint64_t s = s_->version;
+  std::vector<MapChange> out;
+  auto collect = [&](const Directory* d, size_t from) {
+    if (!d) return;
+    for (size_t b = from; b < d->capacity;) {
+      const Page* p = d->pages()[b >> d->page_shift];
+      if (!p) {
+        b = (b | d->page_mask()) + 1;
+        continue;
+      }
+      for (const Entry* e = p->slots()[b & d->page_mask()]; e; e = e->next) {
+        if (e->modified >= base && e->modified < s) {
+          out.push_back({ByteView{e->key(), e->key_size}, ByteView{e->value(), e->value_size}, false});
+        }
+      }
+      ++b;
+    }
+  };
+  collect(s_->primary, s_->rehash_table ? s_->rehash_index : 0);
+  collect(s_->rehash_table, 0);
+  const size_t puts = out.size();
+  s_->removals.for_each([&](const detail::Removal& r) {
+    if (r.version >= base && r.version < s && !contains_hashed(r.hash, r.key, r.key_size)) {
+      out.push_back({ByteView{r.key, r.key_size}, ByteView{}, true});
+    }
+  });
+  // A key removed several times is logged several times: keep one tombstone. Puts and
+  // tombstones never share a key (a tombstone's key is absent from the snapshot).
+  std::sort(out.begin() + static_cast<std::ptrdiff_t>(puts), out.end(),
+            [](const MapChange& a, const MapChange& b) { return key_less(a.key, b.key); });
+  out.erase(std::unique(out.begin() + static_cast<std::ptrdiff_t>(puts), out.end(),
+                        [](const MapChange& a, const MapChange& b) { return key_equal(a.key, b.key); }),
+            out.end());
+  std::sort(out.begin(), out.end(),
+            [](const MapChange& a, const MapChange& b) { return key_less(a.key, b.key); });
+  return out;
+}
 
 std::vector<std::pair<ByteView, ByteView>> MapSnapshot::sorted_entries() const {
   if (s_->released) throw std::logic_error("MapSnapshot::sorted_entries() after release()");

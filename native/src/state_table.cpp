@@ -51,6 +51,29 @@ StateTable::StateTable(int32_t kg_start, int32_t kg_end, KeyHashFunction h)
   for (int32_t kg = kg_start; kg <= kg_end; ++kg) maps_.push_back(std::make_unique<StateMap>(h));
 }
 
+uint64_t StateTable::version() const { return maps_.front()->version(); }
+uint64_t StateTable::base_version() const { return maps_.front()->base_version(); }
+
+void StateTable::mark_base(uint64_t version) {
+  if (version > this->version()) {
+    throw std::invalid_argument("StateTable::mark_base: version " + std::to_string(version) +
+                                " is newer than the table version " + std::to_string(this->version()));
+  }
+  for (const auto& m : maps_) m->mark_base(version);
+}
+
+uint64_t StateTable::rebase() {
+  uint64_t b = 0;
+  for (const auto& m : maps_) b = m->rebase();
+  return b;
+}
+
+size_t StateTable::removal_log_size() const {
+  size_t n = 0;
+  for (const auto& m : maps_) n += m->removal_log_size();
+  return n;
+}
+
 size_t StateTable::index_of(int32_t kg) const {
   if (kg < kg_start_ || kg > kg_end_) throw_out_of_range(kg, kg_start_, kg_end_);
   return static_cast<size_t>(kg - kg_start_);
@@ -74,8 +97,12 @@ size_t StateTable::bytes() const {
 TableSnapshot StateTable::snapshot() {
   std::vector<std::shared_ptr<MapSnapshot>> snaps;
   snaps.reserve(maps_.size());
+  const uint64_t base = base_version();
   for (const auto& m : maps_) snaps.push_back(m->snapshot());
-  return TableSnapshot(kg_start_, kg_end_, std::move(snaps));
+  TableSnapshot t(kg_start_, kg_end_, std::move(snaps));
+  t.version_ = version();
+  t.base_ = base;
+  return t;
 }
 
 }  // namespace statecore

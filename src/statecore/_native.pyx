@@ -215,6 +215,74 @@ cdef class NativeTableSnapshot:
         values = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(vo), pa.py_buffer(vd)])
         return keys, values
 
+    @property
+    def version(self):
+        """Table version of this snapshot (change tracking, StateMap "Change tracking")."""
+        return self.snap.version()
+
+    @property
+    def base_version(self):
+        """The table's change-tracking base when the snapshot was taken: the oldest ``base``
+        that :meth:`changes` accepts."""
+        return self.snap.base_version()
+
+    def changes(self, int32_t kg, uint64_t base):
+        """Changes of key group ``kg`` since table version ``base`` as (keys, values)
+        ``pa.binary()`` arrays sorted by key bytes: a present key written since ``base`` with its
+        value, or a key removed since ``base`` and absent now with a NULL value (tombstone).
+        InvalidInputError after release, for ``kg`` outside the range, or unless
+        ``base_version <= base <= version``."""
+        cdef vector[c.MapChange] rows
+        cdef size_t i, n, kbytes = 0, vbytes = 0
+        cdef int32_t[::1] koff
+        cdef int32_t[::1] voff
+        cdef uint8_t[::1] kdata
+        cdef uint8_t[::1] vdata
+        cdef uint8_t[::1] valid
+        cdef int32_t kpos = 0, vpos = 0
+        cdef size_t tombstones = 0
+        if self.released:
+            raise InvalidInputError("the snapshot was released")
+        if kg < self.snap.kg_start() or kg > self.snap.kg_end():
+            raise InvalidInputError(
+                f"key group {kg} outside the snapshot's range "
+                f"[{self.snap.kg_start()}, {self.snap.kg_end()}]")
+        try:
+            with nogil:
+                rows = self.snap.map(kg).get().sorted_changes(base)
+        except ValueError as e:
+            raise InvalidInputError(str(e)) from None
+        n = rows.size()
+        for i in range(n):
+            kbytes += rows[i].key.size
+            vbytes += rows[i].value.size
+            tombstones += rows[i].removed
+        if kbytes > 2**31 - 1 or vbytes > 2**31 - 1:
+            raise InvalidInputError(f"key group {kg} changed more than 2 GiB of keys or values")
+        ko = np.empty(n + 1, np.int32); vo = np.empty(n + 1, np.int32)
+        kd = np.empty(kbytes, np.uint8); vd = np.empty(vbytes, np.uint8)
+        va = np.ones(max(n, 1), np.uint8)
+        koff = ko; voff = vo; kdata = kd; vdata = vd; valid = va
+        with nogil:
+            koff[0] = 0
+            voff[0] = 0
+            for i in range(n):
+                if rows[i].key.size:
+                    memcpy(&kdata[kpos], rows[i].key.data, rows[i].key.size)
+                kpos += rows[i].key.size
+                koff[i + 1] = kpos
+                if rows[i].removed:
+                    valid[i] = 0
+                elif rows[i].value.size:
+                    memcpy(&vdata[vpos], rows[i].value.data, rows[i].value.size)
+                vpos += rows[i].value.size
+                voff[i + 1] = vpos
+        keys = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(ko), pa.py_buffer(kd)])
+        vbitmap = _bitmap(valid[:n], n) if tombstones else None
+        values = pa.Array.from_buffers(pa.binary(), n, [vbitmap, pa.py_buffer(vo), pa.py_buffer(vd)],
+                                       null_count=tombstones)
+        return keys, values
+
     def release(self):
         if not self.released:
             self.released = True
@@ -323,6 +391,33 @@ cdef class NativeStateTable:
             out["retired_entries"] += self.table.map(kg).retired_entries()
             out["rehashing_maps"] += self.table.map(kg).is_rehashing()
         return out
+
+    @property
+    def version(self):
+        """Table version: +1 per snapshot() and per rebase() (StateMap "Change tracking")."""
+        return self.table.version()
+
+    @property
+    def base_version(self):
+        """Change-tracking base: entries written at a version >= it are changes."""
+        return self.table.base_version()
+
+    def mark_base(self, uint64_t version):
+        """The snapshot of table version ``version`` was checkpointed: stop tracking older changes
+        (no-op when not newer than the base; InvalidInputError when newer than ``version``)."""
+        try:
+            self.table.mark_base(version)
+        except ValueError as e:
+            raise InvalidInputError(str(e)) from None
+
+    def rebase(self):
+        """Make the current contents the base (after a restore's bulk load); returns it."""
+        return self.table.rebase()
+
+    @property
+    def removal_log_size(self):
+        """Removal-log records held over all key groups (memory accounting, tests)."""
+        return self.table.removal_log_size()
 
     def snapshot(self):
         """A NativeTableSnapshot; O(key groups), independent of the number of entries."""

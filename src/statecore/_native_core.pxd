@@ -56,6 +56,11 @@ cdef extern from "statecore/state_map.h" namespace "statecore" nogil:
         const uint8_t* data
         size_t size
 
+    cdef cppclass MapChange:
+        ByteView key
+        ByteView value
+        cbool removed
+
     cdef cppclass MapStats "statecore::StateMap::Stats":
         uint64_t entry_copies
         uint64_t page_copies
@@ -72,11 +77,16 @@ cdef extern from "statecore/state_map.h" namespace "statecore" nogil:
         size_t capacity()
         size_t retired_entries()
         MapStats stats()
+        uint64_t version()
+        uint64_t base_version()
 
     cdef cppclass MapSnapshot:
         void release()
         size_t size()
         vector[pair[ByteView, ByteView]] sorted_entries() except +
+        vector[MapChange] sorted_changes(uint64_t base) except +
+        uint64_t version()
+        uint64_t base_version()
 
 
 cdef extern from "statecore/state_table.h" namespace "statecore" nogil:
@@ -87,6 +97,8 @@ cdef extern from "statecore/state_table.h" namespace "statecore" nogil:
         const shared_ptr[MapSnapshot]& map(int32_t kg) except +
         size_t size()
         void release()
+        uint64_t version()
+        uint64_t base_version()
 
     cdef cppclass StateTable:
         StateTable(int32_t kg_start, int32_t kg_end) except +
@@ -96,6 +108,11 @@ cdef extern from "statecore/state_table.h" namespace "statecore" nogil:
         size_t size()
         size_t bytes()
         TableSnapshot snapshot() except +
+        uint64_t version()
+        uint64_t base_version()
+        void mark_base(uint64_t version) except +
+        uint64_t rebase() except +
+        size_t removal_log_size()
 
 
 cdef extern from "statecore/batch.h" namespace "statecore" nogil:

@@ -20,6 +20,15 @@ using KeyHashFunction = uint32_t (*)(const uint8_t* data, size_t size);
 
 class MapSnapshot;
 
+// One change listed by MapSnapshot::sorted_changes: a key present at snapshot time whose value was
+// written since the base (`removed` false, `value` = its value at snapshot time), or a key removed
+// since the base and absent at snapshot time (`removed` true, `value` empty: a tombstone).
+struct MapChange {
+  ByteView key;
+  ByteView value;
+  bool removed;
+};
+
 // Copy-on-write, incrementally rehashing chained hash map from byte keys to byte values
 // (after Flink's CopyOnWriteStateMap). One instance per key group of a state.
 //
@@ -98,10 +107,13 @@ class MapSnapshot;
 //   threshold      3/4 of the newest table's capacity: an insert when size() > threshold (and
 //                  no rehash in flight) starts a rehash
 //   live_bytes     bytes(): key + value bytes of live entries
-//   version        map version, +1 per snapshot(); stamped on every new or copied entry
+//   version        map version, +1 per snapshot() and rebase(); stamped on every new or copied
+//                  entry (`version`) and on every value write (`modified`)
 //   req            `required` as read at the start of the current operation
 //   retired        retire list: {entry, map version when unlinked}
 //   stats          Stats counters
+//   base           change-tracking base version (see "Change tracking")
+//   removals       removal log (owner side; snapshots hold views)
 //  Shared with releasing threads:
 //   required       highest live snapshot version, 0 when none (atomic; only the owner raises it)
 //   sweep_pending  a release happened since the last sweep (atomic flag)
@@ -109,7 +121,8 @@ class MapSnapshot;
 //   live_versions  versions of unreleased snapshots, ascending
 //   orphaned       the StateMap was destroyed: releasing threads sweep `retired` themselves
 //  MapSnapshot::State: shared_ptr to the engine state, one reference to each directory as of
-//  snapshot time, rehash_index, size, version, released flag.
+//  snapshot time, rehash_index, size, version, the base and a view of the removal log as of
+//  snapshot time, released flag.
 //
 // Invariants.
 //  I1 version >= every live snapshot version; required = max live snapshot version or 0.
@@ -126,6 +139,41 @@ class MapSnapshot;
 //  + when a snapshot was released since the last operation, one sweep O(retired * log snapshots).
 //  snapshot(): O(1) (+ amortized O(1) for the live-snapshot list).  clear(): O(size + C/512).
 //  MapSnapshot::sorted_entries(): O(m log m) over the m entries of the snapshot, C/512 page visits.
+//
+// Change tracking (incremental snapshots, after Flink's versioned entries; docs/architecture.md
+// "Incremental snapshots and checkpoints"). Every entry carries besides `version` (allocation,
+// for copy-on-write) `modified`: the map version of the last write of its value (put,
+// get_for_update; a new key, a reallocated value). Copies made by copy-on-write or by a rehash
+// migration keep `modified`, so only real writes count as changes (stricter than the contract's
+// allowance for migrated entries, which lets both backends list byte-identical changes). Every
+// removal of a present key (remove(), clear()) appends {map version, hash, key bytes} to the
+// removal log (detail/removal_log.h), a chunked append-only list that snapshots share.
+// The map's `base` is a version: everything written at a version >= base is "changed".
+//   - mark_base(v) (a checkpoint of the snapshot of version v completed) raises base to v and
+//     drops the log chunks holding only records older than v; older or equal v are no-ops.
+//   - rebase() (after a bulk load such as a restore) bumps the version and sets base to it and
+//     empties the log: what was loaded is the base, not a change.
+//   - A fresh map has base 0 = version 0: everything written is a change against the empty map.
+// A snapshot of version s records the base b0 as of snapshot time and the log as of snapshot
+// time. sorted_changes(b) for b0 <= b <= s lists, sorted by key: every present entry with
+// b <= modified < s (a put, with its value), and every key with a removal logged in [b, s) that is
+// absent from the snapshot (a tombstone; logged twice = one tombstone). Applying these to the
+// contents of the snapshot of version b (newest wins, tombstones delete) gives exactly the contents
+// of snapshot s. A tombstone may name a key absent at b too (created and removed after b): harmless
+// for the merge, and the reference backend reports the same.
+// Invariants (besides I1-I6 below):
+//  C1 base <= version; base never decreases except by rebase() (which raises it too).
+//  C2 `modified` is stamped from the map version at the time of the write, so an entry reachable
+//     from a snapshot of version s has modified < s.
+//  C3 the log holds every removal at a version >= base, in version order; the memory it holds is
+//     those records plus at most one partially older chunk (RemovalChunk::kChunkRecords), i.e.
+//     bounded by the removals since the last completed checkpoint (or the last rebase).
+//  C4 a snapshot's listing never changes after it was taken: its directories are immutable (I3),
+//     `modified` of an entry reachable from it is never rewritten (I2: writing the value first
+//     copies the entry), and its view of the log covers only records appended before it, which
+//     the owner never rewrites; trimming drops the map's reference to chunks, not the snapshot's.
+// Versions are limited to 2^32 - 1 (Entry::modified is 32 bits, as Flink limits its int version):
+// snapshot() and rebase() throw std::overflow_error beyond.
 //
 // Thread contract: all mutating calls and snapshot() come from one owning thread; a MapSnapshot
 // may be read (sorted_entries) from any one other thread while the owner keeps mutating, and may
@@ -161,6 +209,16 @@ class StateMap {
 
   // O(1) (independent of the number of entries). Several snapshots may be alive.
   std::shared_ptr<MapSnapshot> snapshot();
+
+  // ---- change tracking (see "Change tracking" above); owner thread ----
+  uint64_t base_version() const;
+  // A checkpoint of the snapshot of this version completed: changes before it stop being tracked.
+  // No-op when version <= base_version(); std::invalid_argument when version > version().
+  void mark_base(uint64_t version);
+  // After a bulk load: the current contents become the base. Returns the new base (= version()).
+  uint64_t rebase();
+  // Records in the removal log (for memory accounting and tests).
+  size_t removal_log_size() const;
 
   // Visit live entries (unordered). fn(ByteView key, ByteView value).
   template <class Fn> void for_each(Fn&& fn);
@@ -201,10 +259,19 @@ class MapSnapshot {
   // Views stay valid while this snapshot is not released. std::logic_error after release().
   std::vector<std::pair<ByteView, ByteView>> sorted_entries() const;
   uint64_t version() const;
+  // The map's base at snapshot time: the oldest base sorted_changes accepts.
+  uint64_t base_version() const;
+  // Changes since `base` (see "Change tracking" in StateMap's comment), sorted ascending by key
+  // bytes like sorted_entries. O(m + r + c log c) over the m entries of the snapshot, the r
+  // logged removals and the c changes. Views stay valid while this snapshot is not released.
+  // std::invalid_argument unless base_version() <= base <= version(); std::logic_error after
+  // release(). Readable from another thread while the owner writes (thread contract below).
+  std::vector<MapChange> sorted_changes(uint64_t base) const;
 
   struct State;
   explicit MapSnapshot(std::unique_ptr<State> s);
  private:
+  bool contains_hashed(uint32_t hash, const uint8_t* key, size_t key_size) const;
   std::unique_ptr<State> s_;
 };
 

@@ -26,15 +26,26 @@ class TableSnapshot {
   const std::shared_ptr<MapSnapshot>& map(int32_t kg) const;
   // Entries over all key groups as of snapshot time.
   size_t size() const;
+  // Table version of this snapshot (every key group's map snapshot has it) and the table's
+  // change-tracking base at snapshot time (the oldest base map(kg)->sorted_changes accepts).
+  uint64_t version() const { return version_; }
+  uint64_t base_version() const { return base_; }
   // Releases every key group's snapshot; idempotent.
   void release();
 
  private:
+  friend class StateTable;
   int32_t kg_start_;
   int32_t kg_end_;
   std::vector<std::shared_ptr<MapSnapshot>> maps_;  // index kg - kg_start
+  uint64_t version_ = 0;
+  uint64_t base_ = 0;
 };
 
+// Versions: the maps of a table move in lockstep -- created together at version 0, snapshotted
+// together (snapshot()) and rebased together (rebase()) -- so one table version names the same
+// moment in every key group, and a table-level base (mark_base) applies to every map. Callers
+// must not call snapshot()/rebase()/mark_base() on single maps of a table.
 class StateTable {
  public:
   // Key groups are 0 <= kg_start <= kg_end < 32768 (Flink's upper bound for max parallelism,
@@ -52,6 +63,17 @@ class StateTable {
   size_t bytes() const;
   // One O(1) map snapshot per key group: O(number of key groups), never O(entries).
   TableSnapshot snapshot();
+
+  // Change tracking over every key group (StateMap "Change tracking").
+  uint64_t version() const;
+  uint64_t base_version() const;
+  // The snapshot of table version `version` was checkpointed: std::invalid_argument when it is
+  // newer than version(); no-op when not newer than base_version().
+  void mark_base(uint64_t version);
+  // After bulk-loading (restore): the contents become the base of every key group. Returns it.
+  uint64_t rebase();
+  // Removal-log records over all key groups.
+  size_t removal_log_size() const;
 
  private:
   size_t index_of(int32_t kg) const;

@@ -5,6 +5,9 @@
 // a value of another size means a new allocation (StateMap::put relinks the new entry).
 // An entry is immutable once some live snapshot may reach it (version < highest required
 // snapshot version): then writers copy it instead (see StateMap's class comment).
+// Two versions per entry (as Flink's entryVersion / stateVersion): `version` says when this
+// allocation was made (copy-on-write decisions), `modified` when the key's value was last written
+// (change tracking); a copy-on-write or rehash copy keeps `modified`, so copies never look changed.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -20,7 +23,10 @@ struct Entry {
   uint32_t hash;     // mixed key hash; bucket = hash & (capacity - 1)
   uint32_t key_size;
   uint32_t value_size;
-  uint32_t reserved_;  // keeps the header 32 bytes so the key starts 8-byte aligned
+  // Map version of the last write of the value (Flink stateVersion). 32 bits keep the header at
+  // 32 bytes (key 8-byte aligned); StateMap refuses versions above UINT32_MAX (as Flink refuses
+  // Integer.MAX_VALUE snapshots of a CopyOnWriteStateMap).
+  uint32_t modified;
 
   static size_t value_offset(size_t key_size) { return (key_size + 7) & ~static_cast<size_t>(7); }
   static size_t alloc_size(size_t key_size, size_t value_size) {
@@ -40,13 +46,13 @@ struct Entry {
   static Entry* make(uint32_t h, const uint8_t* k, size_t ks, size_t vs, uint64_t version) {
     void* mem = ::operator new(alloc_size(ks, vs));
     Entry* e = new (mem) Entry{nullptr, version, h, static_cast<uint32_t>(ks),
-                               static_cast<uint32_t>(vs), 0};
+                               static_cast<uint32_t>(vs), static_cast<uint32_t>(version)};
     if (ks) std::memcpy(e->key(), k, ks);
     std::memset(e->key() + ks, 0, value_offset(ks) - ks + vs);
     return e;
   }
 
-  // Copy-on-write copy: same key, value and next link, new version.
+  // Copy-on-write copy: same key, value, `modified` and next link, new version.
   static Entry* make_copy(const Entry* src, uint64_t version) {
     size_t n = alloc_size(src->key_size, src->value_size);
     void* mem = ::operator new(n);

@@ -10,6 +10,7 @@
 
 #include "statecore/detail/entry.h"
 #include "statecore/detail/pages.h"
+#include "statecore/detail/removal_log.h"
 #include "statecore/state_map.h"
 
 namespace statecore {
@@ -39,6 +40,9 @@ struct StateMap::Impl {
   uint64_t req = 0;               // `required` as read at the start of the current operation
   std::vector<Retired> retired;   // owner-only unless `orphaned` (then guarded by `mu`)
   Stats stats;
+  // Change tracking: entries with modified >= base are changed; removals logged since `base`.
+  uint64_t base = 0;              // only raised (mark_base, rebase)
+  detail::RemovalLog removals;    // removals of present keys, version order
 
   // ---- shared with threads that release snapshots ----
   // Highest version of a live snapshot, 0 when none (Flink highestRequiredSnapshotVersion).
@@ -71,6 +75,10 @@ struct StateMap::Impl {
   // chain entries above `target` that snapshots may reach (Flink handleChainedEntryCopyOnWrite).
   detail::Entry** writable_link(detail::Directory** table, size_t bucket, detail::Entry* target);
   detail::Entry* copy_entry(const detail::Entry* e);
+  // Next map version (snapshot(), rebase()); std::overflow_error past UINT32_MAX (Entry::modified).
+  uint64_t advance_version();
+  // A present key is being removed: log it for change tracking.
+  void log_removal(const detail::Entry* e) { removals.append(version, e->hash, e->key(), e->key_size); }
   // The entry left the live table: free now, or retire while a live snapshot may reach it.
   void dispose(detail::Entry* e);
   // Frees retired entries no live snapshot reaches. Caller holds `mu`.
@@ -89,6 +97,8 @@ struct MapSnapshot::State {
   size_t rehash_index = 0;  // primary buckets below it were migrated: read them from rehash_table
   size_t size = 0;
   uint64_t version = 0;
+  uint64_t base = 0;              // the map's base at snapshot time: changes are tracked from it
+  detail::RemovalLogView removals;  // the removal log as of snapshot time
   bool released = false;
 };
 

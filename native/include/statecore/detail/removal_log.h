@@ -1,0 +1,126 @@
+// Removal log of the state map's change tracking (engine internal; see "Change tracking" in the
+// class comment of StateMap in state_map.h).
+//
+// Records {map version at removal, key hash, key bytes} in version order, in fixed-size chunks
+// linked oldest -> newest through shared_ptr. The owner appends at the tail; a snapshot keeps a
+// shared_ptr to the head chunk as of snapshot time plus the tail chunk and its record count, so it
+// reads exactly the records logged before it, from any thread, while the owner keeps appending:
+// the owner only ever writes record slots and the `next` link beyond what a snapshot recorded,
+// never the ones it may read. Trimming (mark_base) drops whole chunks from the head: chunks stay
+// alive while a snapshot references them, so a listing taken earlier never loses its records.
+//
+// Memory: records logged at versions >= the base, plus at most one partially-old chunk
+// (kChunkRecords records) -- i.e. bounded by the removals since the last completed checkpoint.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+
+namespace statecore {
+namespace detail {
+
+struct Removal {
+  uint64_t version = 0;    // map version when the key was removed
+  uint32_t hash = 0;       // mixed key hash (as Entry::hash), so readers never call the hash fn
+  uint32_t key_size = 0;
+  uint8_t* key = nullptr;  // owned by the chunk (new[]), nullptr for an empty key
+};
+
+struct RemovalChunk {
+  static constexpr size_t kChunkRecords = 64;
+  Removal recs[kChunkRecords];
+  std::shared_ptr<RemovalChunk> next;  // newer chunk; written by the owner only while this is the tail
+
+  RemovalChunk() = default;
+  RemovalChunk(const RemovalChunk&) = delete;
+  RemovalChunk& operator=(const RemovalChunk&) = delete;
+  ~RemovalChunk() {
+    for (Removal& r : recs) delete[] r.key;
+    // Unlink the rest of the chain iteratively: a recursive shared_ptr release of thousands of
+    // chunks could overflow the stack.
+    std::shared_ptr<RemovalChunk> n = std::move(next);
+    while (n && n.use_count() == 1) {
+      std::shared_ptr<RemovalChunk> after = std::move(n->next);
+      n = std::move(after);
+    }
+  }
+};
+
+// What a snapshot sees of the log: records of head..tail, the tail holding `tail_count` of them.
+struct RemovalLogView {
+  std::shared_ptr<const RemovalChunk> head;
+  const RemovalChunk* tail = nullptr;
+  size_t tail_count = 0;
+
+  template <class Fn> void for_each(Fn&& fn) const {  // fn(const Removal&), oldest first
+    for (const RemovalChunk* c = head.get(); c; c = c->next.get()) {
+      size_t n = c == tail ? tail_count : RemovalChunk::kChunkRecords;
+      for (size_t i = 0; i < n; ++i) fn(c->recs[i]);
+      if (c == tail) break;
+    }
+  }
+};
+
+// Owner-thread side of the log.
+class RemovalLog {
+ public:
+  void append(uint64_t version, uint32_t hash, const uint8_t* key, size_t key_size) {
+    if (!tail_ || tail_count_ == RemovalChunk::kChunkRecords) {
+      auto c = std::make_shared<RemovalChunk>();
+      if (tail_) {
+        tail_->next = c;
+      } else {
+        head_ = c;
+      }
+      tail_ = c.get();
+      tail_count_ = 0;
+    }
+    Removal& r = tail_->recs[tail_count_];
+    r.version = version;
+    r.hash = hash;
+    r.key_size = static_cast<uint32_t>(key_size);
+    if (key_size) {
+      r.key = new uint8_t[key_size];
+      std::memcpy(r.key, key, key_size);
+    }
+    ++tail_count_;
+    ++size_;
+  }
+
+  // Drops the chunks whose records all have version < base (whole chunks only, see file comment).
+  void drop_before(uint64_t base) {
+    while (head_) {
+      const bool is_tail = head_.get() == tail_;
+      const size_t n = is_tail ? tail_count_ : RemovalChunk::kChunkRecords;
+      if (n == 0 || head_->recs[n - 1].version >= base) return;
+      size_ -= n;
+      if (is_tail) {
+        head_.reset();
+        tail_ = nullptr;
+        tail_count_ = 0;
+        return;
+      }
+      head_ = head_->next;
+    }
+  }
+
+  void reset() {
+    head_.reset();
+    tail_ = nullptr;
+    tail_count_ = 0;
+    size_ = 0;
+  }
+
+  RemovalLogView view() const { return RemovalLogView{head_, tail_, tail_count_}; }
+  size_t size() const { return size_; }  // records held (including the old part of the head chunk)
+
+ private:
+  std::shared_ptr<RemovalChunk> head_;
+  RemovalChunk* tail_ = nullptr;
+  size_t tail_count_ = 0;
+  size_t size_ = 0;
+};
+
+}  // namespace detail
+}  // namespace statecore
