@@ -52,6 +52,21 @@ fall inside the backend's key-group range and may be called several times (e.g. 
 rescaled job restores from every old operator's snapshot); entries of the same key are overwritten.
 It raises StateMigrationError when the key type, max parallelism or assigner differ, or when a
 state's meta conflicts with an already registered state of the same name.
+Incremental snapshots (docs/architecture.md "Incremental snapshots and checkpoints"):
+``snapshot(incremental=True)`` lists only what changed since the backend's *base*: for every
+(state, key, namespace) written or removed since then, sorted by encoded key, either the present
+value or a NULL value (tombstone: absent now). A key written and removed again after the base is
+listed as a tombstone too (harmless: a merge deletes what is not there). Timers (``__timers__``)
+are always complete. Every snapshot has ``snapshot_id`` (1, 2, ... per backend) and
+``incremental``. The base is the empty state for a fresh backend, the state right after the last
+:meth:`KeyedStateBackend.restore`, or the snapshot whose id was last passed to
+:meth:`KeyedStateBackend.notify_checkpoint_complete` (the base only moves forward: an id not newer
+than the base is ignored; an id never issued raises InvalidInputError). An incremental snapshot
+taken while earlier ones never completed holds everything since the base. Both backends list
+byte-identical changes for the same history (conformance suite), except after an ``add_batch``
+rejected by an int64 sum overflow: the native kernel's rollback rewrites the touched entries, so
+the native backend may then list them (with their unchanged values) or tombstones for keys it
+created and rolled back -- merging still gives the same state.
 ``num_entries()`` counts (state, key, namespace) entries holding a value (a whole list or map is one
 entry), timers excluded; ``state_bytes()`` is the size of their encoded keys plus serialized values.
 Timers are counted by ``backend.timers.num_timers()``.
@@ -62,6 +77,7 @@ from __future__ import annotations
 import abc
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import pyarrow as pa
 
 from statecore import key_groups as K
@@ -106,7 +122,10 @@ class StateSnapshot(Protocol):
     ``max_parallelism``, ``key_group_range`` (KeyGroupRange), ``key_type``, ``assigner``;
     ``state_metas()`` -> list of JSON-able dicts (name, kind, namespace_type, value_type, ...);
     ``entries(state_name, key_group)`` -> (keys: pa.BinaryArray, values: pa.BinaryArray) sorted
-    ascending by key bytes; ``release()`` idempotent.
+    ascending by key bytes; ``release()`` idempotent. Snapshots taken by a backend also carry
+    ``snapshot_id`` (int) and ``incremental`` (bool): an incremental snapshot's values are NULL
+    for removed keys (tombstones) and list only changes (see the module docstring); readers such
+    as checkpoint readers may lack both attributes (they are then full).
     """
 
     max_parallelism: int
@@ -231,6 +250,10 @@ class KeyedStateBackend(abc.ABC):
         self._current_key_group = None
         self._closed = False
         self.timers = TimerService(self, timer_namespace_type)
+        # Snapshot ids: the last one issued and the base (last completed id, or the last id issued
+        # before the latest restore: ids up to it are older than the restored state).
+        self._last_snapshot_id = 0
+        self._base_snapshot_id = 0
 
     # ------------------------------------------------------------------ keys
     def key_group_of(self, key) -> int:
@@ -280,13 +303,50 @@ class KeyedStateBackend(abc.ABC):
         user key type or namespace type."""
 
     @abc.abstractmethod
-    def snapshot(self) -> StateSnapshot:
+    def snapshot(self, incremental: bool = False) -> StateSnapshot:
         """A StateSnapshot of every state and timer of the key-group range, isolated from later
-        writes."""
+        writes; with ``incremental`` only the changes since the base (module docstring)."""
 
     @abc.abstractmethod
     def restore(self, snapshot_like) -> None:
-        """Load the key groups of ``snapshot_like`` inside this backend's key-group range."""
+        """Load the key groups of ``snapshot_like`` inside this backend's key-group range; the
+        resulting state becomes the base of incremental snapshots."""
+
+    # ------------------------------------------------------------------ checkpoints
+    @property
+    def base_snapshot_id(self) -> int:
+        """Id of the snapshot incremental snapshots are relative to (0: the empty state or, after a
+        restore, ids up to this one predate the restored state)."""
+        return self._base_snapshot_id
+
+    def _next_snapshot_id(self) -> int:
+        self._last_snapshot_id += 1
+        return self._last_snapshot_id
+
+    def notify_checkpoint_complete(self, snapshot_id: int) -> None:
+        """The checkpoint holding snapshot ``snapshot_id`` is durable: it becomes the base, and
+        changes up to it stop being tracked. Idempotent; an id not newer than the current base is
+        ignored. Raises InvalidInputError for a non-int or an id this backend never issued,
+        StateError when closed."""
+        self._check_open()
+        if isinstance(snapshot_id, (bool, np.bool_)) or not isinstance(snapshot_id, (int, np.integer)):
+            raise InvalidInputError(f"snapshot_id must be an int, got {snapshot_id!r}")
+        sid = int(snapshot_id)
+        if sid < 1 or sid > self._last_snapshot_id:
+            raise InvalidInputError(
+                f"unknown snapshot id {sid}: this backend issued ids 1..{self._last_snapshot_id}")
+        if sid <= self._base_snapshot_id:
+            return
+        self._complete_snapshot(sid)
+        self._base_snapshot_id = sid
+
+    @abc.abstractmethod
+    def _complete_snapshot(self, snapshot_id: int) -> None:
+        """Move the change tracking's base to snapshot ``snapshot_id`` (newer than the base)."""
+
+    def _restored_is_base(self) -> None:
+        """After a restore: every snapshot issued so far predates the base."""
+        self._base_snapshot_id = self._last_snapshot_id
 
     @abc.abstractmethod
     def num_entries(self) -> int:

@@ -18,6 +18,13 @@ Snapshots: :meth:`NativeBackend.snapshot` takes one O(1) map snapshot per key gr
 state (O(states x key groups), independent of the number of entries); entries are serialized
 only when a reader asks for a key group.
 
+Incremental snapshots: the native maps track changes themselves (state_map.h "Change tracking":
+a per-entry `modified` version and a per-map removal log). Table versions move by one per
+snapshot, so the backend remembers, per snapshot id not yet completed, each table's version;
+``notify_checkpoint_complete(id)`` marks those versions as the tables' bases. A restore rebases
+every table after its bulk load. An incremental snapshot lists ``changes(kg, base)`` with the
+table's base as of snapshot time.
+
 Thread contract: one thread uses a backend at a time; a snapshot may be read from another thread.
 """
 
@@ -81,15 +88,22 @@ class NativeSnapshot:
     demand, sorted by encoded key. ``release()`` is idempotent and lets the maps stop copying.
     """
 
-    def __init__(self, backend: "NativeBackend", tables: dict, timer_data: dict):
+    def __init__(self, backend: "NativeBackend", tables: dict, timer_data: dict,
+                 snapshot_id: int = 0, incremental: bool = False):
         self.max_parallelism = backend.max_parallelism
         self.key_group_range = backend.key_group_range
         self.key_type = backend.key_type
         self.assigner = backend.assigner
+        self.snapshot_id = snapshot_id
+        self.incremental = incremental
         self._metas = [dict(t.meta) for t in tables.values()] + [backend.timers.meta()]
         self._snaps = {name: t.native.snapshot() for name, t in tables.items()}
         self._timers = timer_data
         self._released = False
+
+    def table_versions(self) -> dict:
+        """``{state name: table version of this snapshot}`` (what completing it marks as base)."""
+        return {name: s.version for name, s in self._snaps.items()}
 
     def state_metas(self) -> list[dict]:
         return copy.deepcopy(self._metas)
@@ -110,6 +124,8 @@ class NativeSnapshot:
             raise InvalidInputError(f"snapshot has no state named {state_name!r}")
         if key_group not in self.key_group_range:
             return empty
+        if self.incremental:
+            return snap.changes(key_group, snap.base_version)
         return snap.entries(key_group)
 
     def release(self) -> None:
@@ -128,18 +144,33 @@ class NativeBackend(py.PythonBackend):
         fn = _native.spark_key_group if self.assigner == "spark" else _native.flink_key_group
         return fn(key, self.key_type, self.max_parallelism)
 
+    def __init__(self, **options):
+        super().__init__(**options)
+        # snapshot id -> {state name: table version}, for ids newer than the base
+        self._pending: dict[int, dict[str, int]] = {}
+
     def _new_table(self, meta: dict) -> _NativeTable:
         return _NativeTable(meta, self)
 
     # ------------------------------------------------------------------ snapshot / restore
-    def snapshot(self) -> NativeSnapshot:
+    def snapshot(self, incremental: bool = False) -> NativeSnapshot:
         self._check_open()
         timer_data = {}
         for kg in self.key_group_range:
             keys, vals = self.timers.snapshot_entries(kg)
             if len(keys):
                 timer_data[kg] = (keys, vals)
-        return NativeSnapshot(self, self._tables, timer_data)
+        sid = self._next_snapshot_id()
+        snap = NativeSnapshot(self, self._tables, timer_data, sid, bool(incremental))
+        self._pending[sid] = snap.table_versions()
+        return snap
+
+    def _complete_snapshot(self, snapshot_id: int) -> None:
+        versions = self._pending.get(snapshot_id, {})
+        for name, version in versions.items():
+            self._tables[name].native.mark_base(version)
+        # Older ids can no longer move the base.
+        self._pending = {sid: v for sid, v in self._pending.items() if sid > snapshot_id}
 
     def restore(self, snapshot_like) -> None:
         """Load the snapshot's key groups inside this backend's range: entries are bulk-loaded as
@@ -166,6 +197,11 @@ class NativeBackend(py.PythonBackend):
             if kg is not None:
                 table.native.load(kg, keys, vals)
         self.timers.apply_restore(timers)
+        # The restored state is the base: the bulk load is not a change.
+        for table in self._tables.values():
+            table.native.rebase()
+        self._pending.clear()
+        self._restored_is_base()
 
     def _check_entries(self, table: _NativeTable, kg: int, keys: pa.Array, vals: pa.Array) -> None:
         """Entries are loaded as bytes without decoding, so check what can be checked cheaply:
@@ -202,6 +238,11 @@ class NativeBackend(py.PythonBackend):
 
     def state_bytes(self) -> int:
         return sum(t.native.nbytes for t in self._tables.values())
+
+    def removal_log_sizes(self) -> dict:
+        """``{state name: records in its maps' removal logs}`` (bounded by the removals since the
+        last completed checkpoint)."""
+        return {name: t.native.removal_log_size for name, t in self._tables.items()}
 
     def copy_on_write_stats(self) -> dict:
         """Copy-on-write counters of every state's maps (entry/page/directory copies, entries

@@ -7,6 +7,13 @@ serializes on write). List state stores a Python list of such values; map state 
 ``{serialized user key: stored user value}`` (user-key equality is byte equality, as natively).
 Snapshots serialize everything at snapshot time (O(entries), deliberately simple), so later writes
 never leak into them. Semantics: see :mod:`statecore.backends.base`.
+
+Change tracking (incremental snapshots): every table records ``changes[(kg, (key, namespace))] =
+stamp`` on each put and on each removal of a present entry, where ``stamp`` is the id of the last
+snapshot taken before the write (the backend's ``_ChangeClock``). With base snapshot ``b``, the
+changes are the records with ``stamp >= b``: those present now are listed with their value, the
+absent ones as tombstones. Completing snapshot ``b`` drops the records older than ``b``; a restore
+drops them all. This is the oracle for the native engine's versioned entries and removal log.
 """
 
 from __future__ import annotations
@@ -60,10 +67,21 @@ def _stored_from_bytes(ser: S.ValueSerializer, b: bytes):
     return bytes(b) if ser.name == "pickle" else ser.deserialize(b)
 
 
-class _Table:
-    """All entries of one state: ``data[key_group][(key, namespace)] = stored``."""
+class _ChangeClock:
+    """Snapshot epoch shared by a backend's tables: ``now`` = id of the last snapshot taken."""
 
-    def __init__(self, meta: dict):
+    __slots__ = ("now",)
+
+    def __init__(self):
+        self.now = 0
+
+
+class _Table:
+    """All entries of one state: ``data[key_group][(key, namespace)] = stored``; with a ``clock``,
+    ``changes[(key_group, (key, namespace))]`` = stamp of the last write or removal (see module
+    docstring)."""
+
+    def __init__(self, meta: dict, clock: _ChangeClock | None = None):
         self.meta = dict(meta)
         self.name = meta["name"]
         self.kind = meta["kind"]
@@ -72,6 +90,8 @@ class _Table:
         self.value_ser = S.value_serializer(meta["value_type"])
         self.user_key_ser = S.key_serializer(meta["user_key_type"]) if self.kind == "map" else None
         self.data: dict[int, dict] = {}
+        self.clock = clock
+        self.changes: dict[tuple, int] = {}
 
     def group(self, kg: int) -> dict:
         g = self.data.get(kg)
@@ -85,13 +105,21 @@ class _Table:
 
     def put(self, kg, k, stored):
         self.group(kg)[k] = stored
+        if self.clock is not None:
+            self.changes[(kg, k)] = self.clock.now
 
     def remove(self, kg, k):
         g = self.data.get(kg)
-        if g is not None:
-            g.pop(k, None)
+        if g is not None and k in g:
+            del g[k]
             if not g:
                 del self.data[kg]
+            if self.clock is not None:
+                self.changes[(kg, k)] = self.clock.now
+
+    def drop_changes_before(self, stamp: int) -> None:
+        """Forget the changes recorded before snapshot ``stamp`` (it became the base)."""
+        self.changes = {ck: st for ck, st in self.changes.items() if st >= stamp}
 
     def encode_value(self, stored) -> bytes:
         if self.kind == "list":
@@ -124,9 +152,11 @@ _EMPTY = (pa.array([], pa.binary()), pa.array([], pa.binary()))
 
 
 class PythonSnapshot:
-    """StateSnapshot holding fully serialized entries (pa.binary arrays) taken at snapshot time."""
+    """StateSnapshot holding serialized entries (pa.binary arrays) taken at snapshot time: all of
+    them, or with ``incremental`` the changes since the base (NULL value = tombstone)."""
 
-    def __init__(self, max_parallelism, key_group_range, key_type, assigner, metas, data):
+    def __init__(self, max_parallelism, key_group_range, key_type, assigner, metas, data,
+                 snapshot_id: int = 0, incremental: bool = False):
         self.max_parallelism = max_parallelism
         self.key_group_range = key_group_range
         self.key_type = key_type
@@ -134,6 +164,8 @@ class PythonSnapshot:
         self._metas = metas
         self._data = data  # name -> kg -> (keys, values)
         self._released = False
+        self.snapshot_id = snapshot_id
+        self.incremental = incremental
 
     def state_metas(self) -> list[dict]:
         return copy.deepcopy(self._metas)
@@ -163,11 +195,12 @@ class PythonBackend(base.KeyedStateBackend):
         super().__init__(**options)
         self._tables: dict[str, _Table] = {}
         self._states: dict[str, base.State] = {}
+        self._clock = _ChangeClock()
 
     # ------------------------------------------------------------------ registration
     def _new_table(self, meta: dict) -> _Table:
         """The storage of one state (the native backend substitutes its own)."""
-        return _Table(meta)
+        return _Table(meta, self._clock)
 
     def get_state(self, descriptor, namespace_type: str = "void"):
         self._check_open()
@@ -193,14 +226,26 @@ class PythonBackend(base.KeyedStateBackend):
     def _encode_entry_key(self, table: _Table, kg: int, k) -> bytes:
         return S.encode_key(kg, self.max_parallelism, k[0], self._key_ser, k[1], table.ns_ser)
 
-    def snapshot(self) -> PythonSnapshot:
+    def snapshot(self, incremental: bool = False) -> PythonSnapshot:
         self._check_open()
         metas, data = [], {}
         for name, table in self._tables.items():
             metas.append(dict(table.meta))
             per_kg = {}
-            for kg, g in table.data.items():
-                pairs = sorted((self._encode_entry_key(table, kg, k), table.encode_value(v)) for k, v in g.items())
+            if incremental:
+                # Every recorded change is at or after the base (older ones were dropped).
+                rows: dict[int, list] = {}
+                for (kg, k) in table.changes:
+                    stored = table.get(kg, k)
+                    rows.setdefault(kg, []).append(
+                        (self._encode_entry_key(table, kg, k),
+                         None if stored is None else table.encode_value(stored)))
+                groups = rows.items()
+            else:
+                groups = ((kg, [(self._encode_entry_key(table, kg, k), table.encode_value(v))
+                                for k, v in g.items()]) for kg, g in table.data.items())
+            for kg, pairs in groups:
+                pairs.sort(key=lambda p: p[0])
                 per_kg[kg] = (pa.array([p[0] for p in pairs], pa.binary()),
                               pa.array([p[1] for p in pairs], pa.binary()))
             data[name] = per_kg
@@ -209,8 +254,14 @@ class PythonBackend(base.KeyedStateBackend):
         for kg in self.timers.key_groups():
             tdata[kg] = self.timers.snapshot_entries(kg)
         data[TIMERS_STATE_NAME] = tdata
+        sid = self._next_snapshot_id()
+        self._clock.now = sid
         return PythonSnapshot(self.max_parallelism, self.key_group_range, self.key_type,
-                              self.assigner, metas, data)
+                              self.assigner, metas, data, snapshot_id=sid, incremental=bool(incremental))
+
+    def _complete_snapshot(self, snapshot_id: int) -> None:
+        for table in self._tables.values():
+            table.drop_changes_before(snapshot_id)
 
     def _table_for_restore(self, meta: dict) -> _Table:
         """The registered table for a snapshot's state meta (checked compatible), or a new
@@ -254,6 +305,10 @@ class PythonBackend(base.KeyedStateBackend):
             for kg, k, v in rows:
                 table.put(kg, k, v)
         self.timers.apply_restore(timers)
+        # The restored state is the base: nothing before it is a change any more.
+        for table in self._tables.values():
+            table.changes.clear()
+        self._restored_is_base()
 
     # ------------------------------------------------------------------ accounting
     def num_entries(self) -> int:

@@ -32,7 +32,7 @@ from statecore.descriptors import (
 from statecore.errors import InvalidInputError, StateError, StateMigrationError
 from statecore.key_groups import KeyGroupRange
 
-__all__ = ["BackendConformance", "snapshot_dump", "AverageAggregate"]
+__all__ = ["BackendConformance", "snapshot_dump", "merge_incremental", "AverageAggregate"]
 
 
 class AverageAggregate(AggregateFunction):
@@ -62,6 +62,30 @@ def snapshot_dump(snap, key_groups=None) -> dict:
             if len(keys):
                 per[kg] = list(zip(keys.to_pylist(), vals.to_pylist()))
         out[meta["name"]] = per
+    return out
+
+
+def merge_incremental(base: dict | None, incremental: dict) -> dict:
+    """What a restore of "base run + incremental run" yields, as a :func:`snapshot_dump`: per state
+    and key group, the base's entries overwritten by the incremental's (newest wins), a ``None``
+    value (tombstone) deleting the key; the ``__timers__`` pseudo-state is taken whole from the
+    incremental dump (timers are complete in every snapshot). ``base`` None = the empty state.
+    A test helper over dumps; the checkpoint store implements the real merge over runs."""
+    base = base or {}
+    out = {}
+    for name in set(base) | set(incremental):
+        if name == "__timers__":
+            out[name] = dict(incremental.get(name, base.get(name, {})))
+            continue
+        merged: dict[int, dict] = {kg: dict(rows) for kg, rows in base.get(name, {}).items()}
+        for kg, rows in incremental.get(name, {}).items():
+            g = merged.setdefault(kg, {})
+            for k, v in rows:
+                if v is None:
+                    g.pop(k, None)
+                else:
+                    g[k] = v
+        out[name] = {kg: sorted(g.items()) for kg, g in merged.items() if g}
     return out
 
 
@@ -699,6 +723,174 @@ class BackendConformance:
         with pytest.raises(StateError):
             b.set_current_key(1)
 
+    # ------------------------------------------------------------------ incremental snapshots
+    def _incremental_history(self, b, seed: int, steps: int):
+        """Seeded random writes over value / list / map / reducing (per record and batch) states,
+        with namespaces. Returns nothing; the states are registered on ``b``."""
+        rng = random.Random(seed)
+        v = b.get_state(ValueStateDescriptor("v", "int64"))
+        ls = b.get_state(ListStateDescriptor("l", "string"), namespace_type="int64")
+        m = b.get_state(MapStateDescriptor("m", "string", "int64"))
+        r = b.get_state(ReducingStateDescriptor("r", "sum", "int64"), namespace_type="string")
+        for _ in range(steps):
+            b.set_current_key(rng.randint(0, 40))
+            op = rng.random()
+            if op < 0.25:
+                v.update(rng.choice([None, rng.randint(-9, 9)]))
+            elif op < 0.4:
+                ls.set_current_namespace(rng.randint(0, 2))
+                rng.choice([lambda: ls.add("x" * rng.randint(0, 3)), ls.clear,
+                            lambda: ls.update([])])()
+            elif op < 0.6:
+                uk = rng.choice(["a", "b", "c"])
+                (m.put(uk, rng.randint(0, 5)) if rng.random() < 0.6 else m.remove(uk))
+            elif op < 0.75:
+                r.set_current_namespace(rng.choice(["x", "y"]))
+                r.add(rng.randint(-3, 3)) if rng.random() < 0.8 else r.clear()
+            elif op < 0.85:
+                ks = [rng.randint(0, 40) for _ in range(rng.randint(1, 8))]
+                vals = [rng.choice([None, rng.randint(-9, 9)]) for _ in ks]
+                v.put_batch(pa.array(ks, pa.int64()), pa.array(vals, pa.int64()))
+            elif op < 0.95:
+                ks = [rng.randint(0, 40) for _ in range(rng.randint(1, 8))]
+                r.add_batch(pa.array(ks, pa.int64()), pa.array([1] * len(ks), pa.int64()),
+                            namespaces=rng.choice(["x", "y"]))
+            else:
+                ks = [rng.randint(0, 40) for _ in range(rng.randint(1, 4))]
+                v.clear_batch(pa.array(ks, pa.int64()))
+            if rng.random() < 0.05:
+                b.timers.register_event_time_timer(rng.randint(0, 100))
+
+    def test_incremental_random_histories(self):
+        """For each seed: the backend and the reference run the same history with snapshots,
+        some completed (the latest or an older one), some never; every incremental snapshot is
+        byte-identical on both, and base + incremental merged equals the full snapshot taken at
+        the same moment."""
+        for seed in (1, 2, 3, 4):
+            b, ref = self._backend(), self.make_reference_backend(key_type="int64", max_parallelism=128)
+            rng = random.Random(seed * 7919)
+            base_dump, pending = None, {}
+            for _ in range(12):
+                # The same seed gives the same operations on both backends.
+                hist_seed, steps = rng.randint(0, 1 << 30), rng.randint(5, 80)
+                self._incremental_history(b, hist_seed, steps)
+                self._incremental_history(ref, hist_seed, steps)
+                inc, inc_ref = b.snapshot(incremental=True), ref.snapshot(incremental=True)
+                full, full_ref = b.snapshot(), ref.snapshot()
+                assert inc.incremental and not full.incremental
+                assert inc.snapshot_id == inc_ref.snapshot_id and full.snapshot_id > inc.snapshot_id
+                inc_dump, full_dump = snapshot_dump(inc), snapshot_dump(full)
+                assert inc_dump == snapshot_dump(inc_ref)
+                assert full_dump == snapshot_dump(full_ref)
+                assert merge_incremental(base_dump, inc_dump) == full_dump
+                pending[inc.snapshot_id] = pending[full.snapshot_id] = full_dump
+                choice = rng.random()
+                if choice < 0.5:
+                    sid = max(pending) if choice < 0.35 else min(pending)
+                    b.notify_checkpoint_complete(sid)
+                    ref.notify_checkpoint_complete(sid)
+                    base_dump = pending[sid]
+                    pending = {i: d for i, d in pending.items() if i > sid}
+                for snap in (inc, inc_ref, full, full_ref):
+                    snap.release()
+
+    def test_incremental_snapshot_lists_changes_and_tombstones(self):
+        b = self._backend()
+        v = b.get_state(ValueStateDescriptor("v", "int64"))
+        for k in range(5):
+            b.set_current_key(k)
+            v.update(k * 10)
+        b.timers.register_event_time_timer(7)
+        s1 = b.snapshot(incremental=True)
+        assert s1.incremental and s1.snapshot_id == 1
+        assert merge_incremental(None, snapshot_dump(s1)) == snapshot_dump(b.snapshot())
+        b.notify_checkpoint_complete(s1.snapshot_id)
+        b.set_current_key(1)
+        v.update(11)
+        b.set_current_key(2)
+        v.clear()
+        b.set_current_key(3)
+        v.clear()
+        v.update(33)  # removed then re-put: a put
+        b.set_current_key(9)
+        v.update(1)
+        v.clear()  # created and removed after the base: a (harmless) tombstone
+        s3 = b.snapshot(incremental=True)
+        assert s3.snapshot_id == 3
+        got = {}
+        for kg in b.key_group_range:
+            keys, vals = s3.entries("v", kg)
+            assert keys.to_pylist() == sorted(keys.to_pylist())
+            for kb, vb in zip(keys.to_pylist(), vals.to_pylist()):
+                _, key, _, _ = S.decode_key(kb, 128, S.key_serializer("int64"), S.key_serializer("void"))
+                got[key] = None if vb is None else S.value_serializer("int64").deserialize(vb)
+        assert got == {1: 11, 2: None, 3: 33, 9: None}
+        # Timers are complete in an incremental snapshot.
+        assert sum(len(s3.entries("__timers__", kg)[0]) for kg in b.key_group_range) == 1
+
+    def test_incremental_snapshot_isolation(self):
+        b = self._backend()
+        v = b.get_state(ValueStateDescriptor("v", "string"))
+        for k in range(200):
+            b.set_current_key(k)
+            v.update("a" * (k % 5))
+        b.notify_checkpoint_complete(b.snapshot().snapshot_id)
+        for k in range(0, 200, 3):
+            b.set_current_key(k)
+            v.update("changed") if k % 2 else v.clear()
+        inc = b.snapshot(incremental=True)
+        before = snapshot_dump(inc)
+        for k in range(200):
+            b.set_current_key(k)
+            v.update("later")
+        b.set_current_key(1)
+        v.clear()
+        b.notify_checkpoint_complete(inc.snapshot_id)  # completing it does not change it either
+        assert snapshot_dump(inc) == before
+        nonempty = {kg: rows for kg, rows in before["v"].items()}
+        assert sum(len(r) for r in nonempty.values()) == len(range(0, 200, 3))
+
+    def test_notify_checkpoint_complete_validation(self):
+        b = self._backend()
+        v = b.get_state(ValueStateDescriptor("v", "int64"))
+        for bad in (0, 1, "1", 1.0, True, None):
+            with pytest.raises(InvalidInputError):
+                b.notify_checkpoint_complete(bad)  # nothing issued yet / not an int
+        b.set_current_key(1)
+        v.update(1)
+        s1, s2 = b.snapshot(), b.snapshot(incremental=True)
+        with pytest.raises(InvalidInputError):
+            b.notify_checkpoint_complete(s2.snapshot_id + 1)
+        b.notify_checkpoint_complete(s2.snapshot_id)
+        b.notify_checkpoint_complete(s2.snapshot_id)  # idempotent
+        b.notify_checkpoint_complete(s1.snapshot_id)  # older than the base: ignored
+        assert b.base_snapshot_id == s2.snapshot_id
+        assert snapshot_dump(b.snapshot(incremental=True))["v"] == {}
+
+    def test_incremental_after_restore_holds_only_later_changes(self):
+        src = self._backend()
+        v = src.get_state(ValueStateDescriptor("v", "int64"))
+        for k in range(50):
+            src.set_current_key(k)
+            v.update(k)
+        full = src.snapshot()
+        for b in (self._backend(), self.make_reference_backend(key_type="int64", max_parallelism=128)):
+            b.snapshot()  # an id issued before the restore
+            b.restore(full)
+            assert b.base_snapshot_id == 1
+            b.notify_checkpoint_complete(1)  # predates the restored state: ignored
+            inc = b.snapshot(incremental=True)
+            assert snapshot_dump(inc)["v"] == {}
+            w = b.get_state(ValueStateDescriptor("v", "int64"))
+            b.set_current_key(3)
+            w.update(300)
+            b.set_current_key(4)
+            w.clear()
+            inc2 = b.snapshot(incremental=True)
+            d = snapshot_dump(inc2)
+            assert sum(len(r) for r in d["v"].values()) == 2
+            assert merge_incremental(snapshot_dump(full), d) == snapshot_dump(b.snapshot())
+
     # ------------------------------------------------------------------ differential testing
     def test_differential_state_machine(self):
         suite = self
@@ -763,8 +955,10 @@ def _random_program(machine: "_DifferentialMachine", rng, steps: int) -> None:
                                   rng.choice(["s", "c"]), ns)
         elif r < 0.9:
             machine.timer(rng.randint(0, 30), rng.randint(0, 1), rng.random() < 0.3)
-        elif r < 0.97:
+        elif r < 0.95:
             machine.watermark(rng.randint(0, 30))
+        elif r < 0.985:
+            machine.incremental_snapshot(rng.choice(["none", "latest", "latest", "oldest"]))
         else:
             machine.snapshot_restore(rng.random() < 0.5)
         machine.same_accounting_and_reads()
@@ -783,6 +977,8 @@ class _DifferentialMachine(RuleBasedStateMachine):
         self.opts = dict(key_type="int64", max_parallelism=mp, assigner=assigner,
                          timer_namespace_type="int64")
         self._install(*self.make_pair(**self.opts))
+        self._base_dump = None  # contents at the base of incremental snapshots (None: empty)
+        self._pending_dumps = {}  # snapshot id -> contents, for ids newer than the base
 
     def _install(self, a, b):
         self.backends = (a, b)
@@ -910,11 +1106,37 @@ class _DifferentialMachine(RuleBasedStateMachine):
         # cross: restore each fresh backend from the OTHER backend's snapshot
         for be, snap in zip(fresh, snaps[::-1] if cross else snaps):
             be.restore(snap)
+        self._base_dump = snapshot_dump(snaps[0])  # the restored state is the base
+        self._pending_dumps = {}
         self._install(*fresh)
         if key is not None:
             self._both(lambda be, s: be.set_current_key(key))
         for s in snaps:
             s.release()
+
+    @rule(complete=st.sampled_from(["none", "latest", "oldest"]))
+    def incremental_snapshot(self, complete):
+        """Incremental snapshots: byte-identical on both backends, and base + incremental merged
+        equals a full snapshot taken at the same moment; then maybe complete a pending one."""
+        incs = [be.snapshot(incremental=True) for be in self.backends]
+        fulls = [be.snapshot() for be in self.backends]
+        assert [s.incremental for s in incs + fulls] == [True, True, False, False]
+        assert incs[0].snapshot_id == incs[1].snapshot_id < fulls[0].snapshot_id == fulls[1].snapshot_id
+        inc_dump = snapshot_dump(incs[0])
+        assert inc_dump == snapshot_dump(incs[1])
+        full_dump = snapshot_dump(fulls[0])
+        assert full_dump == snapshot_dump(fulls[1])
+        assert merge_incremental(self._base_dump, inc_dump) == full_dump
+        self._pending_dumps[incs[0].snapshot_id] = full_dump
+        self._pending_dumps[fulls[0].snapshot_id] = full_dump
+        if complete != "none":
+            sid = (max if complete == "latest" else min)(self._pending_dumps)
+            for be in self.backends:
+                be.notify_checkpoint_complete(sid)
+            self._base_dump = self._pending_dumps[sid]
+            self._pending_dumps = {i: d for i, d in self._pending_dumps.items() if i > sid}
+        for snap in incs + fulls:
+            snap.release()
 
     @invariant()
     def same_accounting_and_reads(self):
