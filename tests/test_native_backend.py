@@ -123,3 +123,23 @@ def test_checkpoint_round_trip_native_and_python_interchangeable(tmp_path):
     store.restore(ref, 1)
     st = ref.get_state(ReducingStateDescriptor("n", "sum", "int64"))
     assert dict(zip(keys, st.get_batch(pa.array(keys)).to_pylist())) == expected
+
+
+def test_removal_log_bounded_and_migration_copies_not_listed():
+    b = create_backend("native", key_type="int64", max_parallelism=4)
+    st = b.get_state(ValueStateDescriptor("v", "int64"))
+    keys = pa.array(range(20_000), pa.int64())
+    st.put_batch(keys, pa.array([1] * 20_000, pa.int64()))
+    held = b.snapshot()  # held while the maps grow: migrations copy entries
+    b.notify_checkpoint_complete(held.snapshot_id)
+    st.put_batch(pa.array(range(20_000, 60_000), pa.int64()), pa.array([2] * 40_000, pa.int64()))
+    st.put_batch(pa.array(range(0, 5_000), pa.int64()), pa.array([None] * 5_000, pa.int64()))
+    assert b.copy_on_write_stats()["v"]["entry_copies"] >= 10_000
+    inc = b.snapshot(incremental=True)
+    rows = [v for kg in range(4) for v in inc.entries("v", kg)[1].to_pylist()]
+    # Exactly the 40,000 new keys and 5,000 tombstones: no unchanged entry copied by a migration.
+    assert len(rows) == 45_000 and rows.count(None) == 5_000
+    assert b.removal_log_sizes()["v"] >= 5_000
+    b.notify_checkpoint_complete(inc.snapshot_id)
+    # Completed: at most one partly older chunk (64 records) per key-group map remains.
+    assert b.removal_log_sizes()["v"] <= 4 * 64
