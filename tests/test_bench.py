@@ -3,6 +3,8 @@ promised shape, for every implementation it claims to compare. Nothing about spe
 
 import json
 
+import pytest
+
 from statecore import bench
 from statecore.cli import main
 
@@ -11,7 +13,9 @@ def test_bench_command_writes_records_for_every_case(tmp_path):
     out = tmp_path / "r.json"
     assert main(["bench", "--quick", "--scale", "0.01", "--json", str(out)]) == 0
     records = json.loads(out.read_text())
-    assert {r["case"] for r in records} >= {"add_batch_int64", "per_record", "snapshot", "checkpoint_write"}
+    assert {r["case"] for r in records} >= {"add_batch_int64", "per_record", "snapshot", "checkpoint_write",
+                                            "snapshot_pause", "materialize", "throughput_during_snapshot",
+                                            "incremental_checkpoint", "restore"}
     for r in records:
         assert set(r) == {"case", "impl", "metric", "value", "unit"}
         assert r["value"] >= 0
@@ -19,6 +23,57 @@ def test_bench_command_writes_records_for_every_case(tmp_path):
     assert ("add_batch_int64", "native") in impls and ("add_batch_int64", "python") in impls
     assert ("add_batch_int64", "dict") in impls
     assert json.loads((tmp_path / "r.json.machine.json").read_text())["cpus"] >= 1
+    _check_snapshot_cases(records)
+
+
+def _check_snapshot_cases(records):
+    """Issue-3 cases: both backends measured, the background write path named in the impl, the
+    goals reported next to the figures, and the figures consistent with the workload."""
+    by = {(r["case"], r["impl"], r["metric"]): r["value"] for r in records}
+    for impl in ("native", "python"):
+        for c, metric in (("snapshot_pause", "pause_ms_full_median"),
+                          ("snapshot_pause", "pause_ms_incremental_median"),
+                          ("materialize", "state_MB_per_s"), ("materialize", "rss_bytes_per_entry"),
+                          ("incremental_checkpoint", "ratio_incremental_over_full_bytes"),
+                          ("restore", "full_state_MB_per_s"), ("restore", "chain_state_MB_per_s")):
+            assert by[(c, impl, metric)] > 0, (c, impl, metric)
+        assert by[("snapshot_pause", impl, "goal_max_pause_ms")] == 1.0
+        assert by[("incremental_checkpoint", impl, "goal_max_ratio")] == 0.05
+        # 1% of the keys changed: the incremental run is smaller than the full one.
+        assert by[("incremental_checkpoint", impl, "incremental_bytes")] < \
+            by[("incremental_checkpoint", impl, "full_bytes")]
+        assert by[("incremental_checkpoint", impl, "keys_changed")] == \
+            by[("incremental_checkpoint", impl, "entries")] // 100
+    during = [r for r in records if r["case"] == "throughput_during_snapshot"]
+    labels = {r["impl"] for r in during}
+    assert labels in ({"native+async", "python+async"}, {"native+thread", "python+thread"})
+    for label in labels:
+        got = {r["metric"]: r["value"] for r in during if r["impl"] == label}
+        assert got["rows_per_s_during"] > 0 and got["rows_per_s_without"] > 0
+        assert abs(got["ratio_during_over_without"]
+                   - got["rows_per_s_during"] / got["rows_per_s_without"]) < 1e-9
+        assert got["goal_min_ratio"] == 0.8
+        if label.startswith("native"):
+            # Random updates of existing keys while the snapshot lives retire old entries; the
+            # snapshot's release (and the next operation) frees them all.
+            assert got["retired_entries_during"] > 0
+            assert got["retired_entries_after"] == 0
+
+
+def test_plot_panels_per_case_and_unit_with_goals(tmp_path):
+    pytest.importorskip("matplotlib")
+    recs = [bench.record("c", "native", "pause_ms", 0.5, "ms"),
+            bench.record("c", "python", "pause_ms", 30.0, "ms"),
+            bench.record("c", "native", "goal_max_pause_ms", 1.0, "ms"),
+            bench.record("c", "native", "rows_per_s", 1e6, "rows/s"),
+            bench.record("c", "native", "file_bytes", 10, "bytes")]
+    panels = bench._plot_panels(recs)
+    assert [(c, u, len(bars), [g["metric"] for g in goals]) for c, u, bars, goals in panels] == \
+        [("c", "ms", 2, ["goal_max_pause_ms"]), ("c", "rows/s", 1, [])]
+    bench.plot(recs, str(tmp_path / "p.png"))
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError):
+        bench.plot([bench.record("c", "native", "file_bytes", 10, "bytes")], str(tmp_path / "q.png"))
 
 
 def test_bench_rejects_unknown_case(capsys):

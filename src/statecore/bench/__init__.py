@@ -65,7 +65,7 @@ def machine() -> dict:
 
 
 def _load_cases() -> None:
-    from statecore.bench import state_ops  # noqa: F401  (registers its cases)
+    from statecore.bench import snapshots, state_ops  # noqa: F401  (register their cases)
 
 
 def run(names: List[str] | None, size: Size, progress=print) -> List[Record]:
@@ -96,27 +96,53 @@ def write_json(records: List[Record], path: str) -> None:
         json.dump(machine(), f, indent=1)
 
 
+def _plot_panels(records: List[Record]) -> List[tuple]:
+    """``[(case, unit, bars, goals)]``: one panel per case and plottable unit (rates ``*/s``,
+    ``ms``, ``ratio``), in record order. ``goal_*`` records are not bars but reference lines."""
+    panels: Dict[tuple, tuple] = {}
+    for r in records:
+        u = r["unit"]
+        if not (u.endswith("/s") or u in ("ms", "ratio")):
+            continue
+        bars, goals = panels.setdefault((r["case"], u), ([], []))
+        (goals if r["metric"].startswith("goal_") else bars).append(r)
+    return [(c, u, bars, goals) for (c, u), (bars, goals) in panels.items() if bars]
+
+
 def plot(records: List[Record], path: str) -> None:
-    """One bar chart per case of the throughput-like records (log scale), native highlighted.
-    Needs matplotlib (``pip install 'statecore[bench]'``)."""
+    """One bar chart per case and unit of the rate (``*/s``, log scale), pause (``ms``, log
+    scale) and ``ratio`` records; native implementations (impl ``native...``) highlighted,
+    ``goal_*`` records drawn as dashed lines. Needs matplotlib (``pip install
+    'statecore[bench]'``). Raises ValueError when no record is plottable."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rates = [r for r in records if r["unit"].endswith("/s")]
-    cases = list(dict.fromkeys(r["case"] for r in rates))
-    if not cases:
-        raise ValueError("no throughput records to plot")
-    fig, axes = plt.subplots(1, len(cases), figsize=(3.2 * len(cases), 3.6), squeeze=False)
-    for ax, c in zip(axes[0], cases):
-        rs = [r for r in rates if r["case"] == c]
-        ax.bar([r["impl"] for r in rs], [r["value"] for r in rs],
-               color=["#1f77b4" if r["impl"] == "native" else "#9a9a9a" for r in rs])
-        ax.set_yscale("log")
+    panels = _plot_panels(records)
+    if not panels:
+        raise ValueError("no rate, ms or ratio records to plot")
+    cols = min(4, len(panels))
+    rows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 3.8 * rows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (c, unit, rs, goals) in zip(axes.flat, panels):
+        several = len({r["metric"] for r in rs}) > 1
+        labels = [f"{r['impl']}\n{r['metric']}" if several else r["impl"] for r in rs]
+        ax.bar(range(len(rs)), [r["value"] for r in rs],
+               color=["#1f77b4" if r["impl"].startswith("native") else "#9a9a9a" for r in rs])
+        ax.set_xticks(range(len(rs)))
+        ax.set_xticklabels(labels, rotation=30 if several else 0, ha="right" if several else "center",
+                           fontsize=6 if several else 8)
+        for g in {(r["metric"], r["value"]) for r in goals}:
+            ax.axhline(g[1], color="#d62728", linestyle="--", linewidth=1)
+            ax.annotate(g[0], (0, g[1]), fontsize=6, color="#d62728", va="bottom")
+        if unit != "ratio" and all(r["value"] > 0 for r in rs):
+            ax.set_yscale("log")
         ax.set_title(c, fontsize=9)
-        ax.set_ylabel(rs[0]["unit"], fontsize=8)
-        ax.tick_params(labelsize=8)
+        ax.set_ylabel(unit, fontsize=8)
+        ax.tick_params(axis="y", labelsize=8)
     m = machine()
     fig.suptitle(f"statecore bench ({m['machine']}, {m['cpus']} cores, Python {m['python']})", fontsize=10)
     fig.tight_layout()

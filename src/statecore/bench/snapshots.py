@@ -1,0 +1,362 @@
+"""Snapshot and checkpoint cases of issue 3 (incremental snapshots and checkpoints): snapshot pause,
+materialization speed, owner-thread throughput while a checkpoint is written in the background,
+incremental vs full checkpoint size, restore speed, and memory (RSS per entry, entries retired for
+live snapshots).
+
+Workload of every case: one ReducingState ``sum`` over int64 keys and int64 values (void
+namespace), keys ``0 .. n-1`` loaded in 1M-row Arrow batches, max parallelism 128. The native
+backend runs at ``n`` = 10M entries (``--quick``: 1M). The pure-Python backend runs at 1M entries at
+most: at 10M it needs minutes per load and several GB (about 380 bytes of RSS per entry), so its
+figures are at 1M in both sizes; every case reports an ``entries`` record per implementation so
+the size measured is explicit.
+
+Goals of issue 3 are reported as ``goal_*`` records right after the figure they apply to (printed
+next to the numbers, drawn as dashed lines by :func:`statecore.bench.plot`, never asserted):
+``snapshot()`` pause < 1 ms at 10M entries, owner-thread throughput during materialization >= 80%
+of the throughput without, incremental checkpoint bytes <= 5% of the full checkpoint after 1% of
+the keys changed.
+
+The background write uses ``CheckpointStore.write_snapshot_async(snap, version, writer) -> Future``
+when the store has it, otherwise ``CheckpointStore.write_snapshot`` in a plain thread; the impl of
+those records says which (``native+async`` / ``native+thread``).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pyarrow as pa
+
+from statecore import CheckpointStore, ReducingStateDescriptor, create_backend
+from statecore.bench import Size, case, record, timed
+
+_LOAD_BATCH = 1 << 20
+_WORK_BATCH = 1 << 14  # rows per add_batch of the owner-thread workload
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _sizes(size: Size) -> list[tuple[str, int]]:
+    """``[(impl, entries), ...]``: native at 10M (quick 1M), python at most 1M (see module
+    docstring), both scaled by ``size.scale``. Native is left out when the extension is missing."""
+    n_native = size.n(10_000_000, 1_000_000)
+    n_python = min(n_native, size.n(1_000_000, 1_000_000))
+    out = []
+    try:
+        import statecore._native  # noqa: F401
+        out.append(("native", n_native))
+    except ImportError:
+        pass
+    out.append(("python", n_python))
+    return out
+
+
+def _rss_bytes() -> int:
+    """Resident set size of this process in bytes (``/proc/self/statm`` field 2 x page size)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * _PAGE
+
+
+def _descriptor() -> ReducingStateDescriptor:
+    return ReducingStateDescriptor("sum", "sum", "int64")
+
+
+def _loaded(impl: str, n: int):
+    """A backend of ``impl`` holding keys 0..n-1 (value = key) and its ReducingState."""
+    b = create_backend(impl, key_type="int64")
+    st = b.get_state(_descriptor())
+    for s in range(0, n, _LOAD_BATCH):
+        k = pa.array(np.arange(s, min(n, s + _LOAD_BATCH), dtype=np.int64))
+        st.add_batch(k, k)
+    return b, st
+
+
+def _close(*backends) -> None:
+    for b in backends:
+        b.close()
+    gc.collect()
+
+
+def _change_one_percent(st, n: int, seed: int = 3) -> int:
+    """Change 1% of the n keys (at least one): 90% of them get +1 added, 10% are removed (so the
+    incremental run carries tombstones). Returns the number of keys changed."""
+    m = max(1, n // 100)
+    keys = np.random.default_rng(seed).permutation(n)[:m].astype(np.int64)
+    cut = max(1, (m * 9) // 10)
+    upd = pa.array(keys[:cut])
+    st.add_batch(upd, pa.array(np.ones(len(upd), np.int64)))
+    if cut < m:
+        st.clear_batch(pa.array(keys[cut:]))
+    return m
+
+
+def _work_batches(n: int, count: int = 64, seed: int = 5):
+    """``count`` batches of ``_WORK_BATCH`` random existing keys (updates: no growth), values 1."""
+    rng = np.random.default_rng(seed)
+    ones = pa.array(np.ones(_WORK_BATCH, np.int64))
+    return [(pa.array(rng.integers(0, n, _WORK_BATCH, dtype=np.int64)), ones) for _ in range(count)]
+
+
+def _dir_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
+
+
+def _write_in_background(store: CheckpointStore, snap, version: int, writer: str = "p0"):
+    """(future, path label): the store's own async write when it has one, else a thread around
+    the synchronous write. The caller shuts the returned executor down (None for the async API)."""
+    if hasattr(store, "write_snapshot_async"):
+        return store.write_snapshot_async(snap, version, writer), "async", None
+    ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-ckpt")
+    return ex.submit(store.write_snapshot, snap, version, writer), "thread", ex
+
+
+def _retired(backend) -> int:
+    """Entries currently kept alive only for live snapshots (native; 0 for other backends)."""
+    stats = getattr(backend, "copy_on_write_stats", None)
+    if stats is None:
+        return 0
+    return sum(s["retired_entries"] for s in stats().values())
+
+
+def rss_probe(impl: str, n: int) -> dict:
+    """Load ``n`` entries into a fresh ``impl`` backend and return ``{"rss_delta": bytes,
+    "state_bytes": bytes, "entries": int}``. Meant for a fresh interpreter (see
+    :func:`_rss_per_entry`): in a process that already freed memory the allocator reuses it and
+    the RSS delta understates."""
+    gc.collect()
+    r0 = _rss_bytes()
+    b, _ = _loaded(impl, n)
+    return {"rss_delta": _rss_bytes() - r0, "state_bytes": b.state_bytes(), "entries": b.num_entries()}
+
+
+def _rss_per_entry(impl: str, n: int) -> float:
+    """RSS growth per entry in bytes from loading ``n`` entries, measured in a child interpreter
+    (this package's import path passed on). Raises RuntimeError if the child fails."""
+    src_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([src_root] + [p for p in [env.get("PYTHONPATH")] if p])
+    code = ("import json,sys; from statecore.bench.snapshots import rss_probe; "
+            "print(json.dumps(rss_probe(sys.argv[1], int(sys.argv[2]))))")
+    proc = subprocess.run([sys.executable, "-c", code, impl, str(n)], env=env,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"RSS probe of {impl} at {n} entries failed: {proc.stderr.strip()[-2000:]}")
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    return got["rss_delta"] / max(1, got["entries"])
+
+
+# --------------------------------------------------------------------------- cases
+
+@case("snapshot_pause", "synchronous backend.snapshot() pause, median of repeats, full and incremental "
+                        "(after 1% of the keys changed); int64 -> int64, native 10M / python 1M entries")
+def snapshot_pause(size: Size):
+    """Records per impl: ``entries``; ``pause_ms_full_median`` / ``pause_ms_incremental_median``
+    (ms, median over 7 snapshots natively, 3 for python whose snapshot copies everything), each
+    snapshot released before the next; ``goal_max_pause_ms`` (1 ms, for 10M entries)."""
+    out = []
+    for impl, n in _sizes(size):
+        reps = 7 if impl == "native" else 3
+        b, st = _loaded(impl, n)
+        out.append(record("snapshot_pause", impl, "entries", n, "entries"))
+
+        def pauses(incremental: bool) -> list[float]:
+            got = []
+            for _ in range(reps):
+                t = time.perf_counter()
+                snap = b.snapshot(incremental=incremental)
+                got.append(time.perf_counter() - t)
+                snap.release()
+            return got
+
+        out.append(record("snapshot_pause", impl, "pause_ms_full_median",
+                          statistics.median(pauses(False)) * 1e3, "ms"))
+        # A completed full snapshot is the base; then 1% changes make the incremental content.
+        base = b.snapshot()
+        b.notify_checkpoint_complete(base.snapshot_id)
+        base.release()
+        _change_one_percent(st, n)
+        out.append(record("snapshot_pause", impl, "pause_ms_incremental_median",
+                          statistics.median(pauses(True)) * 1e3, "ms"))
+        out.append(record("snapshot_pause", impl, "goal_max_pause_ms", 1.0, "ms"))
+        _close(b)
+    return out
+
+
+@case("materialize", "write a full snapshot to a local CheckpointStore: state MB/s; RSS per entry "
+                     "after loading (fresh interpreter); native 10M / python 1M entries")
+def materialize(size: Size):
+    """Records per impl: ``entries``; ``state_MB_per_s`` (backend.state_bytes() / seconds of
+    ``write_snapshot``, 1e6 bytes per MB); ``file_bytes``; ``state_bytes``;
+    ``rss_bytes_per_entry`` (RSS growth from loading, measured in a child interpreter)."""
+    out = []
+    for impl, n in _sizes(size):
+        b, _ = _loaded(impl, n)
+        out.append(record("materialize", impl, "entries", n, "entries"))
+        snap = b.snapshot()
+        with tempfile.TemporaryDirectory(prefix="statecore-bench-") as d:
+            store = CheckpointStore(d)
+            dt = timed(lambda: store.write_snapshot(snap, 1))
+            file_bytes = _dir_bytes(d)
+        snap.release()
+        state_bytes = b.state_bytes()
+        out.append(record("materialize", impl, "state_MB_per_s", state_bytes / dt / 1e6, "MB/s"))
+        out.append(record("materialize", impl, "file_bytes", file_bytes, "bytes"))
+        out.append(record("materialize", impl, "state_bytes", state_bytes, "bytes"))
+        _close(b)
+        out.append(record("materialize", impl, "rss_bytes_per_entry", _rss_per_entry(impl, n), "bytes"))
+    return out
+
+
+@case("throughput_during_snapshot", "owner-thread add_batch rows/s (16k random updates a batch) while "
+                                    "a full snapshot is written in the background vs without; "
+                                    "native 10M / python 1M entries")
+def throughput_during_snapshot(size: Size):
+    """Per impl (impl label ``<impl>+async`` or ``<impl>+thread``: the background write path):
+    ``entries``; ``rows_per_s_during`` (batches run while the write is in flight, at least one;
+    the snapshot() pause itself is excluded and reported as ``pause_ms``); ``rows_per_s_without``
+    (the same batches, no snapshot alive); ``ratio_during_over_without``;
+    ``goal_min_ratio`` (0.8); ``write_s``; ``retired_entries_during`` (entries kept for the
+    snapshot when the write finished, before release) and ``retired_entries_after`` (after release
+    and one more batch, which frees them); ``rss_growth_during_bytes`` (RSS after the in-flight
+    batches minus before the snapshot: copy-on-write cost, an underestimate if the allocator
+    reused freed memory)."""
+    out = []
+    for impl, n in _sizes(size):
+        b, st = _loaded(impl, n)
+        work = _work_batches(n)
+        # Warm-up, so both measured runs see the same caches and allocator state.
+        for k, v in work[:4]:
+            st.add_batch(k, v)
+        with tempfile.TemporaryDirectory(prefix="statecore-bench-") as d:
+            store = CheckpointStore(d)
+            rss0 = _rss_bytes()
+            t = time.perf_counter()
+            snap = b.snapshot()
+            pause = time.perf_counter() - t
+            fut, path, ex = _write_in_background(store, snap, 1)
+            t0 = time.perf_counter()
+            done = 0
+            while True:
+                k, v = work[done % len(work)]
+                st.add_batch(k, v)
+                done += 1
+                if fut.done():
+                    break
+            during = time.perf_counter() - t0
+            rss_growth = _rss_bytes() - rss0
+            fut.result()
+            write_s = time.perf_counter() - t0
+            if ex is not None:
+                ex.shutdown()
+            retired_during = _retired(b)
+            snap.release()
+        st.add_batch(*work[0])  # the next operation frees what the released snapshot retired
+        retired_after = _retired(b)
+        same = [work[i % len(work)] for i in range(done)]
+        without = timed(lambda: [st.add_batch(k, v) for k, v in same])
+        rows = done * _WORK_BATCH
+        label = f"{impl}+{path}"
+        c = "throughput_during_snapshot"
+        out += [record(c, label, "entries", n, "entries"),
+                record(c, label, "pause_ms", pause * 1e3, "ms"),
+                record(c, label, "rows_per_s_during", rows / during, "rows/s"),
+                record(c, label, "rows_per_s_without", rows / without, "rows/s"),
+                record(c, label, "ratio_during_over_without", without / during, "ratio"),
+                record(c, label, "goal_min_ratio", 0.8, "ratio"),
+                record(c, label, "write_s", write_s, "s"),
+                record(c, label, "retired_entries_during", retired_during, "entries"),
+                record(c, label, "retired_entries_after", retired_after, "entries"),
+                record(c, label, "rss_growth_during_bytes", max(0, rss_growth), "bytes")]
+        _close(b)
+    return out
+
+
+def _checkpoints(impl: str, n: int, d: str):
+    """Full checkpoint v1 of n entries, then 1% of the keys changed and an incremental checkpoint
+    v2 (runs: v1's full + v2's incremental) plus, of the same state, a full checkpoint in the
+    separate store ``d/full``. Returns ``(backend, stats)`` with seconds and bytes of each write."""
+    b, st = _loaded(impl, n)
+    store = CheckpointStore(os.path.join(d, "chain"))
+    snap = b.snapshot()
+    store.commit(1, [store.write_snapshot(snap, 1)])
+    b.notify_checkpoint_complete(snap.snapshot_id)
+    snap.release()
+    changed = _change_one_percent(st, n)
+    inc = b.snapshot(incremental=True)
+    full = b.snapshot()
+    t = time.perf_counter()
+    inc_desc = store.write_snapshot(inc, 2)
+    inc_s = time.perf_counter() - t
+    store.commit(2, [inc_desc])
+    full_store = CheckpointStore(os.path.join(d, "full"))
+    t = time.perf_counter()
+    full_desc = full_store.write_snapshot(full, 2)
+    full_s = time.perf_counter() - t
+    full_store.commit(2, [full_desc])
+    b.notify_checkpoint_complete(inc.snapshot_id)
+    inc.release()
+    full.release()
+    return b, {"changed": changed, "inc_s": inc_s, "inc_bytes": inc_desc["size"],
+               "full_s": full_s, "full_bytes": full_desc["size"], "store": store}
+
+
+@case("incremental_checkpoint", "after a full checkpoint, 1% of the keys changed (10% of them removed): "
+                                "incremental vs full checkpoint bytes and seconds; native 10M / python 1M")
+def incremental_checkpoint(size: Size):
+    """Records per impl: ``entries``, ``keys_changed``, ``incremental_bytes`` / ``full_bytes``
+    (data file sizes), ``incremental_s`` / ``full_s`` (seconds of write_snapshot),
+    ``ratio_incremental_over_full_bytes``, ``goal_max_ratio`` (0.05),
+    ``ratio_incremental_over_full_s``."""
+    out = []
+    c = "incremental_checkpoint"
+    for impl, n in _sizes(size):
+        with tempfile.TemporaryDirectory(prefix="statecore-bench-") as d:
+            b, s = _checkpoints(impl, n, d)
+        out += [record(c, impl, "entries", n, "entries"),
+                record(c, impl, "keys_changed", s["changed"], "entries"),
+                record(c, impl, "incremental_bytes", s["inc_bytes"], "bytes"),
+                record(c, impl, "full_bytes", s["full_bytes"], "bytes"),
+                record(c, impl, "ratio_incremental_over_full_bytes", s["inc_bytes"] / s["full_bytes"], "ratio"),
+                record(c, impl, "goal_max_ratio", 0.05, "ratio"),
+                record(c, impl, "incremental_s", s["inc_s"], "s"),
+                record(c, impl, "full_s", s["full_s"], "s"),
+                record(c, impl, "ratio_incremental_over_full_s", s["inc_s"] / s["full_s"], "ratio")]
+        _close(b)
+    return out
+
+
+@case("restore", "restore a checkpoint into a fresh backend: state MB/s of a full run and of a full + "
+                 "incremental (1% changed) chain; native 10M / python 1M entries")
+def restore(size: Size):
+    """Records per impl: ``entries``; ``full_state_MB_per_s`` / ``chain_state_MB_per_s`` (restored
+    backend.state_bytes() / seconds of ``CheckpointStore.restore``; 1e6 bytes per MB) and the
+    matching ``*_s`` seconds. Raises RuntimeError if a restored backend's entry count is wrong (the
+    figure would be meaningless)."""
+    out = []
+    c = "restore"
+    for impl, n in _sizes(size):
+        with tempfile.TemporaryDirectory(prefix="statecore-bench-") as d:
+            b, s = _checkpoints(impl, n, d)
+            expected = {1: n, 2: b.num_entries()}
+            _close(b)
+            out.append(record(c, impl, "entries", n, "entries"))
+            for version, what in ((1, "full"), (2, "chain")):
+                fresh = create_backend(impl, key_type="int64")
+                dt = timed(lambda: s["store"].restore(fresh, version))
+                if fresh.num_entries() != expected[version]:
+                    raise RuntimeError(f"{impl} restore of v{version}: {fresh.num_entries()} entries, "
+                                       f"expected {expected[version]}")
+                out.append(record(c, impl, f"{what}_state_MB_per_s", fresh.state_bytes() / dt / 1e6, "MB/s"))
+                out.append(record(c, impl, f"{what}_s", dt, "s"))
+                _close(fresh)
+    return out
