@@ -93,6 +93,13 @@ class TimerService:
         group = self._timers.get(b.current_key_group, {})
         return [(ts, ns) for enc, (ts, k, ns) in sorted(group.items()) if k == key]
 
+    def all_timers(self) -> list[tuple[int, int, Any, Any]]:
+        """``(key_group, timestamp, key, namespace)`` of every timer held, in firing order
+        (timestamp, then key group and encoded key); nothing is removed. For inspection."""
+        return [(kg, ts, k, ns) for kg, enc, (ts, k, ns) in
+                sorted(((kg, enc, e) for kg, g in self._timers.items() for enc, e in g.items()),
+                       key=lambda r: (r[2][0], r[0], r[1]))]
+
     def _insert(self, kg: int, enc: bytes, entry) -> None:
         group = self._timers.setdefault(kg, {})
         if enc in group:

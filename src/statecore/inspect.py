@@ -1,0 +1,152 @@
+"""Inspection of checkpoints: what ``statecore inspect`` prints and exports.
+
+A checkpoint root is a directory (or URI) holding ``manifest-*.json`` files (one
+:class:`statecore.checkpoint.CheckpointStore`). The Spark operator keeps one root per operator
+(``<checkpoint>/operators/<name>``); :func:`find_stores` finds them under a local directory.
+Entries are decoded by restoring the version into the pure-Python reference backend, so what is
+shown is exactly what a restore would load (timers included).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Iterator, List, Optional
+
+import pyarrow as pa
+
+from statecore.checkpoint import CheckpointStore
+from statecore.errors import CheckpointNotFoundError
+
+__all__ = ["find_stores", "summary_lines", "entries_table"]
+
+
+def _has_manifest(path: str) -> bool:
+    try:
+        return any(n.startswith("manifest-") and n.endswith(".json") for n in os.listdir(path))
+    except OSError:
+        return False
+
+
+def find_stores(path: str, max_depth: int = 3) -> List[str]:
+    """Checkpoint roots at or below ``path``: ``[path]`` for a URI or a root itself, else the
+    local sub-directories (at most ``max_depth`` levels down) that hold manifests, sorted.
+    Raises CheckpointNotFoundError when there is none."""
+    if "://" in path and not path.startswith("file://"):
+        return [path]
+    local = path[len("file://"):] if path.startswith("file://") else path
+    if not os.path.isdir(local):
+        raise CheckpointNotFoundError(f"no checkpoint directory at {path!r}")
+    if _has_manifest(local):
+        return [local]
+    found = []
+    base_depth = local.rstrip(os.sep).count(os.sep)
+    for root, dirs, _ in os.walk(local):
+        if root.count(os.sep) - base_depth >= max_depth:
+            dirs[:] = []
+        if _has_manifest(root):
+            found.append(root)
+            dirs[:] = []
+    if not found:
+        raise CheckpointNotFoundError(f"no checkpoint (manifest-*.json) at or below {path!r}")
+    return sorted(found)
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def summary_lines(root: str, version: Optional[int] = None, verify: bool = False) -> Iterator[str]:
+    """Human-readable description of one checkpoint root at ``version`` (default: latest):
+    versions retained, runs, bytes, entries and tombstones per state, key groups, timers, the
+    committed metadata. ``verify`` first reads and checks every block (CorruptCheckpointError on
+    the first problem)."""
+    store = CheckpointStore(root)
+    versions = store.versions()
+    if not versions:
+        raise CheckpointNotFoundError(f"no committed version in {root!r}")
+    v = versions[-1] if version is None else version
+    d = store.verify(v) if verify else store.describe(v)
+    yield f"checkpoint {root}"
+    yield f"  versions retained  {', '.join(map(str, versions))}"
+    yield (f"  version {v}: {d['runs']} run(s), {_fmt_bytes(d['bytes'])} stored "
+           f"({_fmt_bytes(d['bytes_added'])} written for this version), {_fmt_bytes(d['raw_bytes'])} uncompressed"
+           + (", verified" if verify else ""))
+    yield (f"  key groups         {d['key_group_range'][0]}..{d['key_group_range'][1]} of max parallelism "
+           f"{d['max_parallelism']} (key type {d['key_type']}, assigner {d['assigner']})")
+    yield f"  longest run chain  {d['max_runs_per_key_group']}"
+    for meta in d["states"]:
+        name = meta["name"]
+        what = ", ".join(f"{k}={meta[k]}" for k in ("kind", "value_type", "user_key_type", "reducer",
+                                                     "namespace_type") if meta.get(k) is not None)
+        yield (f"  state {name:18s} {d['entries'].get(name, 0):>10,} entries "
+               f"{d['tombstones'].get(name, 0):>8,} tombstones  ({what})")
+    if d["metadata"]:
+        yield f"  metadata           {json.dumps(d['metadata'], sort_keys=True, default=str)[:400]}"
+
+
+def _jsonish(v) -> str:
+    return json.dumps(v, sort_keys=True, default=repr)
+
+
+def entries_table(root: str, version: Optional[int] = None, limit: Optional[int] = None) -> pa.Table:
+    """The entries of ``version`` (default: latest) as an Arrow table with columns ``state``
+    (string), ``key_group`` (int32), ``key`` (the checkpoint's key type), ``namespace`` and
+    ``value`` (JSON text; lists, maps and pickled objects rendered as JSON, ``repr`` where JSON
+    has no form); timers appear as state ``__timers__`` with the timestamp (ms) as value.
+    ``limit`` caps the rows. Errors as CheckpointStore.restore."""
+    from statecore.backends.python import PythonBackend, _from_stored
+
+    store = CheckpointStore(root)
+    v = store.latest_version() if version is None else version
+    m = store.describe(v)
+    backend = PythonBackend(key_type=m["key_type"], max_parallelism=m["max_parallelism"],
+                            key_group_range=tuple(m["key_group_range"]), assigner=m["assigner"],
+                            timer_namespace_type=_timer_ns(m["states"]))
+    store.restore(backend, v)
+    rows = {"state": [], "key_group": [], "key": [], "namespace": [], "value": []}
+
+    def add(state, kg, key, ns, value) -> bool:
+        for col, x in zip(rows, (state, kg, key, _jsonish(ns), _jsonish(value))):
+            rows[col].append(x)
+        return limit is not None and len(rows["state"]) >= limit
+
+    done = False
+    for name, table in sorted(backend._tables.items()):
+        for kg in sorted(table.data):
+            for (key, ns), stored in table.data[kg].items():
+                if table.kind == "list":
+                    value = [_from_stored(table.value_ser, e) for e in stored]
+                elif table.kind == "map":
+                    value = {repr(table.user_key_ser.deserialize(uk)): _from_stored(table.value_ser, uv)
+                             for uk, uv in sorted(stored.items())}
+                else:
+                    value = _from_stored(table.value_ser, stored)
+                if add(name, kg, key, ns, value):
+                    done = True
+                    break
+            if done:
+                break
+        if done:
+            break
+    if not done:
+        for kg, ts, key, ns in backend.timers.all_timers():
+            if add("__timers__", kg, key, ns, ts):
+                break
+    key_type = {"int32": pa.int32(), "int64": pa.int64(), "string": pa.string(), "binary": pa.binary()}[m["key_type"]]
+    return pa.table({"state": pa.array(rows["state"], pa.string()),
+                     "key_group": pa.array(rows["key_group"], pa.int32()),
+                     "key": pa.array(rows["key"], key_type),
+                     "namespace": pa.array(rows["namespace"], pa.string()),
+                     "value": pa.array(rows["value"], pa.string())})
+
+
+def _timer_ns(metas) -> str:
+    for s in metas:
+        if s.get("kind") == "timers":
+            return s.get("namespace_type", "void")
+    return "void"
