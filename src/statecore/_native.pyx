@@ -536,3 +536,208 @@ cdef class NativeStateTable:
         except ValueError as e:
             raise InvalidInputError(str(e)) from None
         return pa.Array.from_buffers(typ, n, [_bitmap(valid[:n], n), pa.py_buffer(vals[:n])])
+
+
+# ----------------------------------------------------------------------------- async snapshot writer
+
+from concurrent.futures import CancelledError
+from cpython.buffer cimport PyBUF_WRITABLE
+
+
+def xxh64_nogil(data, uint64_t seed=0):
+    """XXH64 (XXH64 spec) of ``data`` (any contiguous bytes-like object) with the GIL released
+    while hashing, so a background checkpoint writer does not stall the owning thread.
+    Unsigned 64-bit int, equal to :func:`xxh64` and ``xxhash.xxh64_intdigest``."""
+    cdef const uint8_t[::1] v = memoryview(data).cast("B")
+    cdef size_t n = v.shape[0]
+    cdef const uint8_t* p = &v[0] if n else NULL
+    cdef uint64_t h
+    with nogil:
+        h = c.xxh64(p, n, seed)
+    return h
+
+
+cdef class SerializedBlock:
+    """One uncompressed block payload of a checkpoint data file (layout: checkpoint/format.py),
+    produced by :class:`SnapshotBlockSerializer`. Exposes its bytes through the read-only buffer
+    protocol (zero copy: ``lz4.block.compress(block)``, ``memoryview(block)``). Attributes:
+    ``key_group``, ``state`` (index into the serializer's sources), ``entries`` (incl.
+    tombstones), ``tombstones``, ``last_of_group`` (last block of its (state, key group))."""
+    cdef c.BlockPayload payload
+    cdef Py_ssize_t shape[1]
+    cdef Py_ssize_t strides[1]
+
+    @property
+    def key_group(self):
+        return self.payload.key_group
+
+    @property
+    def state(self):
+        return self.payload.state
+
+    @property
+    def entries(self):
+        return self.payload.entries
+
+    @property
+    def tombstones(self):
+        return self.payload.tombstones
+
+    @property
+    def last_of_group(self):
+        return self.payload.last_of_group
+
+    def __len__(self):
+        return self.payload.bytes.size()
+
+    def __getbuffer__(self, Py_buffer* buf, int flags):
+        if flags & PyBUF_WRITABLE:
+            raise BufferError("a serialized block is read-only")
+        self.shape[0] = self.payload.bytes.size()
+        self.strides[0] = 1
+        buf.buf = <void*>self.payload.bytes.data()
+        buf.obj = self
+        buf.len = self.shape[0]
+        buf.readonly = 1
+        buf.itemsize = 1
+        buf.format = "B"
+        buf.ndim = 1
+        buf.shape = self.shape
+        buf.strides = self.strides
+        buf.suboffsets = NULL
+        buf.internal = NULL
+
+    def __releasebuffer__(self, Py_buffer* buf):
+        pass
+
+
+cdef void _fill_static(c.StaticEntries* out, keys, values) except *:
+    """Copies (keys, values) pa.binary arrays (NULL value = tombstone) into StaticEntries."""
+    cdef int64_t n = len(keys), i
+    if len(values) != n:
+        raise InvalidInputError(f"{n} keys but {len(values)} values")
+    keys = keys.cast(pa.binary()) if keys.type != pa.binary() else keys
+    values = values.cast(pa.binary()) if values.type != pa.binary() else values
+    if keys.null_count:
+        raise InvalidInputError("keys must not be null")
+    kb, vb = keys.buffers(), values.buffers()
+    ko = np.frombuffer(kb[1], np.int32)[keys.offset:keys.offset + n + 1].astype(np.uint64)
+    vo = np.frombuffer(vb[1], np.int32)[values.offset:values.offset + n + 1].astype(np.uint64)
+    kd = np.frombuffer(kb[2], np.uint8)[int(ko[0]):int(ko[n])] if kb[2] is not None else np.zeros(0, np.uint8)
+    vd = np.frombuffer(vb[2], np.uint8)[int(vo[0]):int(vo[n])] if vb[2] is not None else np.zeros(0, np.uint8)
+    ko -= ko[0]
+    vo -= vo[0]
+    out.key_offsets.resize(n + 1)
+    out.value_offsets.resize(n + 1)
+    out.key_data.resize(kd.shape[0])
+    out.value_data.resize(vd.shape[0])
+    cdef const uint64_t[::1] kov = ko
+    cdef const uint64_t[::1] vov = vo
+    cdef const uint8_t[::1] kdv = kd
+    cdef const uint8_t[::1] vdv = vd
+    for i in range(n + 1):
+        out.key_offsets[i] = kov[i]
+        out.value_offsets[i] = vov[i]
+    if kd.shape[0]:
+        memcpy(out.key_data.data(), &kdv[0], kd.shape[0])
+    if vd.shape[0]:
+        memcpy(out.value_data.data(), &vdv[0], vd.shape[0])
+    if values.null_count:
+        valid = values.is_valid().to_numpy(zero_copy_only=False)
+        out.valid.resize(n)
+        for i in range(n):
+            out.valid[i] = 1 if valid[i] else 0
+
+
+cdef class SnapshotBlockSerializer:
+    """Background C++ thread producing the block payloads of one checkpoint data file from native
+    table snapshots (native/include/statecore/snapshot_writer.h is the design).
+
+    ``sources``: one tuple per state in file order: ``(name, NativeTableSnapshot, changes: bool,
+    base: int)`` -- entries, or with ``changes`` the changes since table version ``base`` with
+    tombstones -- or ``(name, None, False, 0, {kg: (keys, values)})`` for entries materialized
+    in Python (timers; pa.binary arrays, NULL value = tombstone). ``kg_start``/``kg_end``:
+    inclusive key-group range of the file (``kg_end < kg_start``: empty). ``prefix_bytes``: 1 or
+    2 (key-group prefix width). ``block_target_bytes``: uncompressed block target (bytes).
+    ``incremental``: append the validity bitmap. ``queue_blocks``: bounded queue capacity (memory
+    bound: that many payloads). ``release_as_written``: release each key group's map snapshot
+    as soon as it is encoded (the table snapshots become unusable for readers).
+
+    The table snapshots must stay unreleased by others while the serializer runs (the Python
+    wrapper keeps references to them). Raises InvalidInputError for bad arguments or a released
+    table snapshot.
+    """
+    cdef c.SnapshotSerializer* ser
+    cdef object keep
+
+    def __cinit__(self, sources, int32_t kg_start, int32_t kg_end, int prefix_bytes,
+                  size_t block_target_bytes, bint incremental, size_t queue_blocks=4,
+                  bint release_as_written=False):
+        cdef vector[c.SerializerSource]* srcs = c.new_sources()
+        cdef c.SerializerSource* st
+        cdef c.SerializerOptions o
+        cdef NativeTableSnapshot ts
+        self.keep = []
+        try:
+            for src in sources:
+                name = src[0].encode("utf-8")
+                if src[1] is not None:
+                    ts = src[1]
+                    if ts.released:
+                        raise InvalidInputError(f"state {src[0]!r}: the table snapshot was released")
+                    c.add_table_source(srcs, name, ts.snap[0], bool(src[2]), src[3])
+                    self.keep.append(ts)
+                else:
+                    st = c.add_static_source(srcs, name)
+                    for kg, (keys, values) in sorted((src[4] or {}).items()):
+                        if len(keys):
+                            _fill_static(c.static_group(st, kg), keys, values)
+            o.kg_start = kg_start
+            o.kg_end = kg_end
+            o.prefix_bytes = prefix_bytes
+            o.block_target_bytes = block_target_bytes
+            o.incremental = incremental
+            o.queue_blocks = queue_blocks
+            o.release_as_written = release_as_written
+            try:
+                self.ser = c.new_serializer(srcs, o)
+            except ValueError as e:
+                raise InvalidInputError(str(e)) from None
+        finally:
+            del srcs
+
+    def __dealloc__(self):
+        if self.ser != NULL:
+            with nogil:
+                del self.ser  # cancels and joins the producer
+
+    def start(self):
+        """Launch the producer thread."""
+        self.ser.start()
+
+    def next_block(self):
+        """The next :class:`SerializedBlock` in file order, or None after the last one. Waits
+        with the GIL released. Raises InvalidInputError when the snapshot broke its contract,
+        ``concurrent.futures.CancelledError`` after :meth:`cancel`."""
+        cdef SerializedBlock b = SerializedBlock.__new__(SerializedBlock)
+        cdef int r
+        try:
+            with nogil:
+                r = c.serializer_next(self.ser, &b.payload)
+        except ValueError as e:
+            raise InvalidInputError(str(e)) from None
+        if r < 0:
+            raise CancelledError("snapshot serialization was cancelled")
+        return b if r else None
+
+    def cancel(self):
+        """Stop the producer (at its next block) and wait for its thread; idempotent, any
+        thread."""
+        with nogil:
+            self.ser.cancel()
+
+    def stats(self):
+        """``{"blocks", "payload_bytes", "max_queued", "producer_waits"}`` so far."""
+        cdef c.SerializerStats s = self.ser.stats()
+        return {"blocks": s.blocks, "payload_bytes": s.payload_bytes,
+                "max_queued": s.max_queued, "producer_waits": s.producer_waits}

@@ -4,6 +4,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libcpp cimport bool as cbool
 from libcpp.memory cimport shared_ptr
 from libcpp.pair cimport pair
+from libcpp.string cimport string
 from libcpp.vector cimport vector
 
 
@@ -160,3 +161,101 @@ cdef extern from *:
     }
     """
     TableSnapshot* new_table_snapshot "statecore_new_table_snapshot"(StateTable& t) except +
+
+
+cdef extern from "statecore/snapshot_writer.h" namespace "statecore" nogil:
+    cdef cppclass StaticEntries:
+        vector[uint8_t] key_data
+        vector[uint64_t] key_offsets
+        vector[uint8_t] value_data
+        vector[uint64_t] value_offsets
+        vector[uint8_t] valid
+
+    cdef cppclass SerializerOptions:
+        int32_t kg_start
+        int32_t kg_end
+        int prefix_bytes
+        size_t block_target_bytes
+        cbool incremental
+        size_t queue_blocks
+        cbool release_as_written
+
+    cdef cppclass BlockPayload:
+        int32_t key_group
+        uint32_t state
+        uint32_t entries
+        uint32_t tombstones
+        cbool last_of_group
+        vector[uint8_t] bytes
+
+    cdef cppclass SerializerSource:
+        pass
+
+    cdef cppclass SerializerStats "statecore::SnapshotSerializer::Stats":
+        uint64_t blocks
+        uint64_t payload_bytes
+        uint64_t max_queued
+        uint64_t producer_waits
+
+    cdef cppclass SnapshotSerializer:
+        void start() except +
+        void cancel()
+        SerializerStats stats()
+
+
+cdef extern from *:
+    """
+    #include <map>
+    #include <string>
+    #include "statecore/snapshot_writer.h"
+    // Builders for the serializer's sources (Cython cannot easily fill structs holding
+    // shared_ptr and std::map members) and a next() that reports cancellation as -1 instead of
+    // an exception, so the wrapper can raise concurrent.futures.CancelledError.
+    static std::vector<statecore::SerializerSource>* statecore_new_sources() {
+      return new std::vector<statecore::SerializerSource>();
+    }
+    static void statecore_add_table_source(std::vector<statecore::SerializerSource>* v,
+                                           const std::string& name,
+                                           const statecore::TableSnapshot& t, bool changes,
+                                           uint64_t base) {
+      statecore::SerializerSource s;
+      s.name = name;
+      s.table = std::make_shared<statecore::TableSnapshot>(t);
+      s.changes = changes;
+      s.base = base;
+      v->push_back(std::move(s));
+    }
+    static statecore::SerializerSource* statecore_add_static_source(
+        std::vector<statecore::SerializerSource>* v, const std::string& name) {
+      statecore::SerializerSource s;
+      s.name = name;
+      v->push_back(std::move(s));
+      return &v->back();
+    }
+    static statecore::StaticEntries* statecore_static_group(statecore::SerializerSource* s,
+                                                           int32_t kg) {
+      return &s->fixed[kg];
+    }
+    static statecore::SnapshotSerializer* statecore_new_serializer(
+        std::vector<statecore::SerializerSource>* v, const statecore::SerializerOptions& o) {
+      return new statecore::SnapshotSerializer(std::move(*v), o);
+    }
+    static int statecore_serializer_next(statecore::SnapshotSerializer* s,
+                                         statecore::BlockPayload* out) {
+      try {
+        return s->next(out) ? 1 : 0;
+      } catch (const statecore::SerializerCancelled&) {
+        return -1;
+      }
+    }
+    """
+    vector[SerializerSource]* new_sources "statecore_new_sources"()
+    void add_table_source "statecore_add_table_source"(
+        vector[SerializerSource]* v, const string& name, const TableSnapshot& t, cbool changes,
+        uint64_t base) except +
+    SerializerSource* add_static_source "statecore_add_static_source"(
+        vector[SerializerSource]* v, const string& name) except +
+    StaticEntries* static_group "statecore_static_group"(SerializerSource* s, int32_t kg) except +
+    SnapshotSerializer* new_serializer "statecore_new_serializer"(
+        vector[SerializerSource]* v, const SerializerOptions& o) except +
+    int serializer_next "statecore_serializer_next"(SnapshotSerializer* s, BlockPayload* out) except + nogil

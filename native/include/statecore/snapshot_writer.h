@@ -1,0 +1,145 @@
+// Asynchronous snapshot materialization: a background std::thread that turns the table snapshots
+// of one backend snapshot into the block payloads of a checkpoint data file, while the owning
+// thread keeps reading and writing the tables (docs/architecture.md "Incremental snapshots and
+// checkpoints"; payload layout: src/statecore/checkpoint/format.py module docstring).
+//
+// Design. The serializer walks the file's order -- key group ascending, then the states in the
+// order given (the footer's `states` list), then encoded key ascending -- and for each (state,
+// key group) lists the map snapshot's entries (sorted_entries) or changes (sorted_changes(base),
+// incremental runs), cuts them into blocks exactly as format.cut_points does (12 bytes of count
+// and leading offsets, then 8 bytes of offsets + key + value bytes per entry, at most
+// `block_target_bytes` per block unless a single entry is larger), and encodes each block:
+//     n u32 | (n+1) x int32 key offsets | (n+1) x int32 value offsets | keys | values
+//     [| ceil(n/8) bytes validity bitmap, LSB first, 0 = tombstone -- incremental runs only]
+// (all little-endian). Compression and checksums are left to the consumer (Python: lz4.block +
+// xxh64), so the bytes stay identical to the synchronous Python writer's.
+// Finished payloads go to a bounded queue (`queue_blocks`): the producer waits while it is full,
+// so memory is bounded by queue_blocks payloads + the key group being cut. With
+// `release_as_written`, each map snapshot is released as soon as its key group was encoded, so
+// the owner stops copying (and retired entries get reclaimed) progressively during the write.
+//
+// Errors. A source that breaks the snapshot contract (a key without the key group's prefix,
+// keys not strictly ascending, more than 2 GiB of key or value bytes in one (state, key group))
+// makes the producer stop; next() rethrows it as std::invalid_argument naming the state and key
+// group. cancel() (any thread, idempotent) stops the producer at its next entry batch and makes
+// next() throw SerializerCancelled.
+//
+// Thread contract. Construct, start(), next() from one consumer thread; cancel() from any thread;
+// the destructor cancels and joins. The table snapshots must not be released by anyone else
+// while the serializer runs (MapSnapshot: one reading thread at a time); the serializer holds
+// copies of the TableSnapshots, so the map snapshots stay alive as long as it does.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "statecore/state_table.h"
+
+namespace statecore {
+
+// Entries of one (state, key group) materialized outside the engine (e.g. the timers), sorted by
+// key bytes. offsets have n + 1 elements starting at 0; `valid` is empty (all present) or n
+// bytes, 0 = tombstone (its value must be empty).
+struct StaticEntries {
+  std::vector<uint8_t> key_data;
+  std::vector<uint64_t> key_offsets{0};
+  std::vector<uint8_t> value_data;
+  std::vector<uint64_t> value_offsets{0};
+  std::vector<uint8_t> valid;
+  size_t size() const { return key_offsets.size() - 1; }
+};
+
+// One state of the snapshot, in file order: either a table snapshot (entries, or changes since
+// `base` when `changes`) or static entries per key group (key groups absent from `fixed` hold
+// nothing).
+struct SerializerSource {
+  std::string name;
+  std::shared_ptr<TableSnapshot> table;  // nullptr: static source
+  bool changes = false;
+  uint64_t base = 0;
+  std::map<int32_t, StaticEntries> fixed;
+};
+
+struct SerializerOptions {
+  int32_t kg_start = 0;
+  int32_t kg_end = -1;                 // kg_end < kg_start: empty range, no blocks
+  int prefix_bytes = 1;                // key-group prefix width of encoded keys (1 or 2)
+  size_t block_target_bytes = 64 * 1024;
+  bool incremental = false;            // append the validity bitmap to every payload
+  size_t queue_blocks = 4;             // bounded queue capacity (>= 1)
+  bool release_as_written = false;     // release each map snapshot once its key group is encoded
+};
+
+// One finished block payload and where it belongs.
+struct BlockPayload {
+  int32_t key_group = 0;
+  uint32_t state = 0;       // index into the sources
+  uint32_t entries = 0;     // n (incl. tombstones)
+  uint32_t tombstones = 0;
+  bool last_of_group = false;  // the last block of its (state, key group)
+  std::vector<uint8_t> bytes;
+};
+
+class SerializerCancelled : public std::runtime_error {
+ public:
+  SerializerCancelled() : std::runtime_error("snapshot serialization was cancelled") {}
+};
+
+class SnapshotSerializer {
+ public:
+  // std::invalid_argument for bad options (prefix not 1/2, block target 0, queue 0, a table
+  // source whose key-group range does not cover [kg_start, kg_end]).
+  SnapshotSerializer(std::vector<SerializerSource> sources, SerializerOptions options);
+  ~SnapshotSerializer();
+  SnapshotSerializer(const SnapshotSerializer&) = delete;
+  SnapshotSerializer& operator=(const SnapshotSerializer&) = delete;
+
+  // Launches the producer thread (once; std::logic_error when called twice).
+  void start();
+  // Waits for the next payload in file order; false after the last one. Rethrows the producer's
+  // error; throws SerializerCancelled after cancel().
+  bool next(BlockPayload* out);
+  // Stops the producer and joins it (unless called from the producer itself). Idempotent.
+  void cancel();
+
+  struct Stats {
+    uint64_t blocks = 0;         // payloads produced
+    uint64_t payload_bytes = 0;  // their total size
+    uint64_t max_queued = 0;     // highest queue length observed (<= queue_blocks)
+    uint64_t producer_waits = 0; // times the producer waited on a full queue (backpressure)
+  };
+  Stats stats() const;
+
+ private:
+  void run();
+  void produce();
+  void emit(BlockPayload&& p);  // blocks while the queue is full; throws SerializerCancelled
+  void serialize_group(size_t si, int32_t kg);
+
+  std::vector<SerializerSource> sources_;
+  SerializerOptions opt_;
+  std::thread thread_;
+  bool started_ = false;
+  std::mutex join_mu_;
+
+  mutable std::mutex mu_;
+  std::condition_variable not_full_;
+  std::condition_variable not_empty_;
+  std::deque<BlockPayload> queue_;
+  bool done_ = false;       // producer finished (ok or error)
+  std::atomic<bool> cancelled_{false};
+  std::exception_ptr error_;
+  Stats stats_;
+};
+
+}  // namespace statecore

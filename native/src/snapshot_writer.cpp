@@ -1,0 +1,270 @@
+// Background block serializer of checkpoint data files (design: snapshot_writer.h).
+#include "statecore/snapshot_writer.h"
+
+#include <cstring>
+#include <limits>
+#include <utility>
+
+namespace statecore {
+
+namespace {
+
+constexpr uint64_t kInt32Max = static_cast<uint64_t>(std::numeric_limits<int32_t>::max());
+
+struct Row {
+  ByteView key;
+  ByteView value;
+  bool removed;
+};
+
+void put_u32(uint8_t* p, uint32_t v) {
+  p[0] = static_cast<uint8_t>(v);
+  p[1] = static_cast<uint8_t>(v >> 8);
+  p[2] = static_cast<uint8_t>(v >> 16);
+  p[3] = static_cast<uint8_t>(v >> 24);
+}
+
+std::string where(const std::string& state, int32_t kg) {
+  return "state '" + state + "' key group " + std::to_string(kg);
+}
+
+// memcmp order, a proper prefix first (the order of format.py's byte comparison).
+int compare(ByteView a, ByteView b) {
+  size_t n = a.size < b.size ? a.size : b.size;
+  int c = n ? std::memcmp(a.data, b.data, n) : 0;
+  if (c != 0) return c;
+  return a.size < b.size ? -1 : (a.size > b.size ? 1 : 0);
+}
+
+}  // namespace
+
+SnapshotSerializer::SnapshotSerializer(std::vector<SerializerSource> sources,
+                                       SerializerOptions options)
+    : sources_(std::move(sources)), opt_(options) {
+  if (opt_.prefix_bytes != 1 && opt_.prefix_bytes != 2)
+    throw std::invalid_argument("key-group prefix must be 1 or 2 bytes");
+  if (opt_.block_target_bytes == 0) throw std::invalid_argument("block target must be > 0 bytes");
+  if (opt_.queue_blocks == 0) throw std::invalid_argument("queue must hold at least one block");
+  if (sources_.size() > std::numeric_limits<uint32_t>::max())
+    throw std::invalid_argument("too many states");
+  if (opt_.kg_end >= opt_.kg_start) {
+    for (const auto& s : sources_) {
+      if (s.table && (s.table->kg_start() > opt_.kg_start || s.table->kg_end() < opt_.kg_end))
+        throw std::invalid_argument("state '" + s.name + "': table snapshot covers key groups [" +
+                                    std::to_string(s.table->kg_start()) + ", " +
+                                    std::to_string(s.table->kg_end()) + "], the file needs [" +
+                                    std::to_string(opt_.kg_start) + ", " +
+                                    std::to_string(opt_.kg_end) + "]");
+    }
+  }
+}
+
+SnapshotSerializer::~SnapshotSerializer() { cancel(); }
+
+void SnapshotSerializer::start() {
+  std::lock_guard<std::mutex> j(join_mu_);
+  std::lock_guard<std::mutex> g(mu_);
+  if (started_) throw std::logic_error("serializer already started");
+  started_ = true;
+  thread_ = std::thread([this] { run(); });
+}
+
+void SnapshotSerializer::run() {
+  std::exception_ptr err;
+  try {
+    produce();
+  } catch (const SerializerCancelled&) {
+    // next() reports the cancellation itself
+  } catch (...) {
+    err = std::current_exception();
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  error_ = err;
+  done_ = true;
+  not_empty_.notify_all();
+}
+
+void SnapshotSerializer::produce() {
+  for (int32_t kg = opt_.kg_start; kg <= opt_.kg_end; ++kg) {
+    for (size_t si = 0; si < sources_.size(); ++si) {
+      if (cancelled_.load(std::memory_order_relaxed)) throw SerializerCancelled();
+      serialize_group(si, kg);
+    }
+  }
+}
+
+void SnapshotSerializer::serialize_group(size_t si, int32_t kg) {
+  SerializerSource& src = sources_[si];
+  std::vector<Row> rows;
+  std::shared_ptr<MapSnapshot> map;
+  if (src.table) {
+    map = src.table->map(kg);
+    if (src.changes) {
+      std::vector<MapChange> ch = map->sorted_changes(src.base);
+      rows.reserve(ch.size());
+      for (const auto& c : ch) rows.push_back({c.key, c.removed ? ByteView{} : c.value, c.removed});
+    } else {
+      auto es = map->sorted_entries();
+      rows.reserve(es.size());
+      for (const auto& e : es) rows.push_back({e.first, e.second, false});
+    }
+  } else {
+    auto it = src.fixed.find(kg);
+    if (it != src.fixed.end()) {
+      const StaticEntries& f = it->second;
+      size_t n = f.size();
+      if (f.value_offsets.size() != n + 1 || (!f.valid.empty() && f.valid.size() != n))
+        throw std::invalid_argument(where(src.name, kg) + ": keys and values do not pair up");
+      rows.reserve(n);
+      for (size_t i = 0; i < n; ++i) {
+        bool removed = !f.valid.empty() && f.valid[i] == 0;
+        ByteView k{f.key_data.data() + f.key_offsets[i], f.key_offsets[i + 1] - f.key_offsets[i]};
+        ByteView v{f.value_data.data() + f.value_offsets[i],
+                   removed ? 0 : f.value_offsets[i + 1] - f.value_offsets[i]};
+        rows.push_back({k, v, removed});
+      }
+    }
+  }
+  const size_t n = rows.size();
+  if (n == 0) {
+    if (map && opt_.release_as_written) map->release();
+    return;
+  }
+  if (!opt_.incremental) {
+    for (const Row& r : rows)
+      if (r.removed)
+        throw std::invalid_argument(where(src.name, kg) + ": a tombstone in a full snapshot");
+  }
+  // The contract checks of format.write_data_file, so both writers refuse the same snapshots.
+  uint64_t kbytes = 0, vbytes = 0;
+  const size_t pw = static_cast<size_t>(opt_.prefix_bytes);
+  for (size_t i = 0; i < n; ++i) {
+    const Row& r = rows[i];
+    if (r.key.size < pw)
+      throw std::invalid_argument(where(src.name, kg) + ": an encoded key is shorter than its " +
+                                  std::to_string(pw) + "-byte key-group prefix");
+    int32_t got = pw == 1 ? r.key.data[0] : (int32_t{r.key.data[0]} << 8) | r.key.data[1];
+    if (got != kg)
+      throw std::invalid_argument("state '" + src.name + "': entries(..., " + std::to_string(kg) +
+                                  ") returned a key with key-group prefix " + std::to_string(got));
+    if (i > 0 && compare(rows[i - 1].key, r.key) >= 0)
+      throw std::invalid_argument(where(src.name, kg) + ": keys are not strictly ascending by bytes");
+    kbytes += r.key.size;
+    vbytes += r.value.size;
+  }
+  if (kbytes > kInt32Max || vbytes > kInt32Max)
+    throw std::invalid_argument(where(src.name, kg) + ": more than 2 GiB of bytes");
+
+  // Cut exactly as format.cut_points: from entry i take entries while their cumulative size
+  // (8 + key + value each) stays <= target - 12; at least one entry per block.
+  const int64_t budget = static_cast<int64_t>(opt_.block_target_bytes) - 12;
+  size_t i = 0;
+  while (i < n) {
+    size_t j = i;
+    int64_t acc = 0;
+    while (j < n) {
+      int64_t sz = 8 + static_cast<int64_t>(rows[j].key.size + rows[j].value.size);
+      if (acc + sz > budget) break;
+      acc += sz;
+      ++j;
+    }
+    if (j == i) j = i + 1;
+    const size_t m = j - i;
+    uint64_t kb = 0, vb = 0;
+    uint32_t tomb = 0;
+    for (size_t r = i; r < j; ++r) {
+      kb += rows[r].key.size;
+      vb += rows[r].value.size;
+      tomb += rows[r].removed;
+    }
+    const size_t bitmap = opt_.incremental ? (m + 7) / 8 : 0;
+    BlockPayload p;
+    p.key_group = kg;
+    p.state = static_cast<uint32_t>(si);
+    p.entries = static_cast<uint32_t>(m);
+    p.tombstones = tomb;
+    p.last_of_group = j == n;
+    p.bytes.assign(4 + 8 * (m + 1) + kb + vb + bitmap, 0);
+    uint8_t* out = p.bytes.data();
+    put_u32(out, static_cast<uint32_t>(m));
+    uint8_t* ko = out + 4;
+    uint8_t* vo = ko + 4 * (m + 1);
+    uint8_t* kd = vo + 4 * (m + 1);
+    uint8_t* vd = kd + kb;
+    uint8_t* bits = vd + vb;
+    uint32_t kpos = 0, vpos = 0;
+    put_u32(ko, 0);
+    put_u32(vo, 0);
+    for (size_t r = i; r < j; ++r) {
+      const Row& row = rows[r];
+      if (row.key.size) std::memcpy(kd + kpos, row.key.data, row.key.size);
+      kpos += static_cast<uint32_t>(row.key.size);
+      if (row.value.size) std::memcpy(vd + vpos, row.value.data, row.value.size);
+      vpos += static_cast<uint32_t>(row.value.size);
+      size_t e = r - i;
+      put_u32(ko + 4 * (e + 1), kpos);
+      put_u32(vo + 4 * (e + 1), vpos);
+      if (opt_.incremental && !row.removed) bits[e / 8] |= static_cast<uint8_t>(1u << (e % 8));
+    }
+    i = j;
+    if (i == n && map && opt_.release_as_written) {
+      // Everything of this key group is copied into payloads: the views are no longer needed.
+      rows.clear();
+      map->release();
+    }
+    emit(std::move(p));
+  }
+}
+
+void SnapshotSerializer::emit(BlockPayload&& p) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (queue_.size() >= opt_.queue_blocks) {
+    ++stats_.producer_waits;
+    not_full_.wait(lk, [this] {
+      return queue_.size() < opt_.queue_blocks || cancelled_.load(std::memory_order_relaxed);
+    });
+  }
+  if (cancelled_.load(std::memory_order_relaxed)) throw SerializerCancelled();
+  ++stats_.blocks;
+  stats_.payload_bytes += p.bytes.size();
+  queue_.push_back(std::move(p));
+  if (queue_.size() > stats_.max_queued) stats_.max_queued = queue_.size();
+  not_empty_.notify_one();
+}
+
+bool SnapshotSerializer::next(BlockPayload* out) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (!started_) throw std::logic_error("serializer not started");
+  not_empty_.wait(lk, [this] {
+    return !queue_.empty() || done_ || cancelled_.load(std::memory_order_relaxed);
+  });
+  if (cancelled_.load(std::memory_order_relaxed)) throw SerializerCancelled();
+  if (!queue_.empty()) {
+    *out = std::move(queue_.front());
+    queue_.pop_front();
+    not_full_.notify_one();
+    return true;
+  }
+  if (error_) std::rethrow_exception(error_);
+  return false;
+}
+
+void SnapshotSerializer::cancel() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    cancelled_.store(true, std::memory_order_relaxed);
+    queue_.clear();
+    not_full_.notify_all();
+    not_empty_.notify_all();
+  }
+  // Two threads may cancel at once (the consumer's error path and a Future.cancel()).
+  std::lock_guard<std::mutex> j(join_mu_);
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+}
+
+SnapshotSerializer::Stats SnapshotSerializer::stats() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return stats_;
+}
+
+}  // namespace statecore

@@ -1,0 +1,343 @@
+// Unit tests of the background block serializer (snapshot_writer.h): payload layout, cut
+// boundaries, tombstone bitmaps, file order across states, backpressure, cancellation, contract
+// errors, and a serializer thread reading while the owner writes (run under TSan too). Fixed seeds.
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "check.h"
+#include "statecore/snapshot_writer.h"
+#include "statecore/state_table.h"
+
+using statecore::BlockPayload;
+using statecore::ByteView;
+using statecore::SerializerCancelled;
+using statecore::SerializerOptions;
+using statecore::SerializerSource;
+using statecore::SnapshotSerializer;
+using statecore::StateMap;
+using statecore::StateTable;
+using statecore::StaticEntries;
+using statecore::TableSnapshot;
+
+namespace {
+
+const uint8_t* u8(const std::string& s) { return reinterpret_cast<const uint8_t*>(s.data()); }
+
+void put(StateMap& m, const std::string& k, const std::string& v) {
+  uint8_t* p = m.put(u8(k), k.size(), v.size());
+  if (!v.empty()) std::memcpy(p, v.data(), v.size());
+}
+
+std::string key(int32_t kg, uint32_t id) {
+  std::string s(1, static_cast<char>(kg));
+  for (int i = 3; i >= 0; --i) s.push_back(static_cast<char>((id >> (8 * i)) & 0xff));
+  return s;
+}
+
+uint32_t rd32(const uint8_t* p) {
+  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+}
+
+struct Decoded {
+  std::vector<std::string> keys, values;
+  std::vector<bool> valid;
+};
+
+// Parses a payload per format.py; CHECKs its structure.
+Decoded decode(const BlockPayload& b, bool incremental) {
+  Decoded d;
+  const uint8_t* p = b.bytes.data();
+  uint32_t n = rd32(p);
+  CHECK_EQ(n, b.entries);
+  const uint8_t* ko = p + 4;
+  const uint8_t* vo = ko + 4 * (n + 1);
+  uint32_t kb = rd32(ko + 4 * n), vb = rd32(vo + 4 * n);
+  const uint8_t* kd = vo + 4 * (n + 1);
+  const uint8_t* vd = kd + kb;
+  size_t bitmap = incremental ? (n + 7) / 8 : 0;
+  CHECK_EQ(b.bytes.size(), 4 + 8 * (size_t{n} + 1) + kb + vb + bitmap);
+  CHECK_EQ(rd32(ko), 0u);
+  CHECK_EQ(rd32(vo), 0u);
+  uint32_t tomb = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    uint32_t k0 = rd32(ko + 4 * i), k1 = rd32(ko + 4 * (i + 1));
+    uint32_t v0 = rd32(vo + 4 * i), v1 = rd32(vo + 4 * (i + 1));
+    d.keys.emplace_back(reinterpret_cast<const char*>(kd + k0), k1 - k0);
+    d.values.emplace_back(reinterpret_cast<const char*>(vd + v0), v1 - v0);
+    bool ok = !incremental || ((vd + vb)[i / 8] >> (i % 8)) & 1;
+    d.valid.push_back(ok);
+    tomb += !ok;
+  }
+  for (size_t bit = n; bit < bitmap * 8; ++bit) CHECK_EQ(((vd + vb)[bit / 8] >> (bit % 8)) & 1, 0);
+  CHECK_EQ(tomb, b.tombstones);
+  return d;
+}
+
+std::vector<BlockPayload> drain(SnapshotSerializer& s) {
+  std::vector<BlockPayload> out;
+  BlockPayload b;
+  while (s.next(&b)) out.push_back(std::move(b));
+  return out;
+}
+
+SerializerOptions opts(int32_t a, int32_t b, size_t target, bool inc = false) {
+  SerializerOptions o;
+  o.kg_start = a;
+  o.kg_end = b;
+  o.block_target_bytes = target;
+  o.incremental = inc;
+  return o;
+}
+
+}  // namespace
+
+TEST(full_payloads_cut_like_format_py) {
+  StateTable t(0, 3);
+  std::mt19937 rng(7);
+  std::map<std::pair<int32_t, std::string>, std::string> ref;
+  for (uint32_t i = 0; i < 400; ++i) {
+    int32_t kg = static_cast<int32_t>(rng() % 4);
+    std::string v(rng() % 300, static_cast<char>('a' + i % 26));
+    put(t.map(kg), key(kg, i), v);
+    ref[{kg, key(kg, i)}] = v;
+  }
+  auto snap = std::make_shared<TableSnapshot>(t.snapshot());
+  const size_t target = 1000;
+  SnapshotSerializer s({SerializerSource{"s", snap, false, 0, {}}}, opts(0, 3, target));
+  s.start();
+  auto blocks = drain(s);
+  auto it = ref.begin();
+  int32_t last_kg = -1;
+  for (size_t bi = 0; bi < blocks.size(); ++bi) {
+    const auto& b = blocks[bi];
+    CHECK(b.key_group >= last_kg);
+    last_kg = b.key_group;
+    Decoded d = decode(b, false);
+    size_t body = 0;
+    for (size_t i = 0; i < d.keys.size(); ++i, ++it) {
+      CHECK_EQ(it->first.first, b.key_group);
+      CHECK_EQ(d.keys[i], it->first.second);
+      CHECK_EQ(d.values[i], it->second);
+      body += 8 + d.keys[i].size() + d.values[i].size();
+    }
+    // At most the target unless a single entry; maximal: the next entry of the group would not fit.
+    CHECK(body + 12 <= target || d.keys.size() == 1);
+    if (!b.last_of_group) {
+      CHECK(it != ref.end());
+      CHECK(body + 8 + it->first.second.size() + it->second.size() + 12 > target);
+    }
+  }
+  CHECK(it == ref.end());
+  CHECK_EQ(s.stats().blocks, blocks.size());
+}
+
+TEST(incremental_bitmap_and_static_source_interleaved) {
+  StateTable t(5, 6);
+  put(t.map(5), key(5, 1), "one");
+  put(t.map(5), key(5, 2), "two");
+  put(t.map(6), key(6, 3), "three");
+  uint64_t base = t.snapshot().version();  // snapshot of version 1; changes after it count
+  t.mark_base(base);
+  t.map(5).remove(u8(key(5, 1)), 5);
+  put(t.map(5), key(5, 4), "four");
+  auto snap = std::make_shared<TableSnapshot>(t.snapshot());
+  StaticEntries timers;
+  std::string tk = key(6, 99);
+  timers.key_data.assign(tk.begin(), tk.end());
+  timers.key_offsets = {0, tk.size()};
+  timers.value_offsets = {0, 0};
+  SerializerSource a{"a", snap, true, snap->base_version(), {}};
+  SerializerSource tm{"__timers__", nullptr, false, 0, {}};
+  tm.fixed.emplace(6, timers);
+  SnapshotSerializer s({a, tm}, opts(5, 6, 64 * 1024, true));
+  s.start();
+  auto blocks = drain(s);
+  CHECK_EQ(blocks.size(), 2u);  // kg 5: state a; kg 6: a has no change, then the timers
+  Decoded d0 = decode(blocks[0], true);
+  CHECK_EQ(blocks[0].key_group, 5);
+  CHECK_EQ(blocks[0].state, 0u);
+  CHECK_EQ(d0.keys.size(), 2u);
+  CHECK_EQ(d0.keys[0], key(5, 1));
+  CHECK(!d0.valid[0]);
+  CHECK_EQ(d0.values[0], std::string());
+  CHECK_EQ(d0.keys[1], key(5, 4));
+  CHECK(d0.valid[1]);
+  CHECK_EQ(d0.values[1], std::string("four"));
+  CHECK_EQ(blocks[1].key_group, 6);
+  CHECK_EQ(blocks[1].state, 1u);
+  Decoded d1 = decode(blocks[1], true);
+  CHECK_EQ(d1.keys.size(), 1u);
+  CHECK(d1.valid[0]);
+}
+
+TEST(backpressure_bounds_the_queue) {
+  StateTable t(0, 0);
+  for (uint32_t i = 0; i < 2000; ++i) put(t.map(0), key(0, i), std::string(100, 'x'));
+  auto snap = std::make_shared<TableSnapshot>(t.snapshot());
+  SerializerOptions o = opts(0, 0, 1024);
+  o.queue_blocks = 2;
+  SnapshotSerializer s({SerializerSource{"s", snap, false, 0, {}}}, o);
+  s.start();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  size_t entries = 0;
+  BlockPayload b;
+  while (s.next(&b)) entries += b.entries;
+  CHECK_EQ(entries, 2000u);
+  CHECK(s.stats().max_queued <= 2);
+  CHECK(s.stats().producer_waits > 0);
+}
+
+TEST(cancel_stops_the_producer) {
+  StateTable t(0, 7);
+  for (uint32_t i = 0; i < 4000; ++i) put(t.map(static_cast<int32_t>(i % 8)), key(i % 8, i), "v");
+  auto snap = std::make_shared<TableSnapshot>(t.snapshot());
+  SerializerOptions o = opts(0, 7, 256);
+  o.queue_blocks = 1;
+  SnapshotSerializer s({SerializerSource{"s", snap, false, 0, {}}}, o);
+  s.start();
+  BlockPayload b;
+  CHECK(s.next(&b));
+  s.cancel();
+  s.cancel();  // idempotent
+  CHECK_THROWS(s.next(&b), SerializerCancelled);
+  CHECK(s.stats().blocks < 4000 / 20);
+}
+
+TEST(contract_errors_surface_in_next) {
+  StaticEntries bad;  // a key of key group 2 listed under key group 1
+  std::string k = key(2, 1);
+  bad.key_data.assign(k.begin(), k.end());
+  bad.key_offsets = {0, k.size()};
+  bad.value_offsets = {0, 0};
+  SerializerSource src{"x", nullptr, false, 0, {}};
+  src.fixed.emplace(1, bad);
+  SnapshotSerializer s({src}, opts(0, 3, 100));
+  s.start();
+  BlockPayload b;
+  CHECK_THROWS(s.next(&b), std::invalid_argument);
+
+  StaticEntries unsorted;
+  std::string k1 = key(1, 2), k2 = key(1, 1);
+  unsorted.key_data.assign(k1.begin(), k1.end());
+  unsorted.key_data.insert(unsorted.key_data.end(), k2.begin(), k2.end());
+  unsorted.key_offsets = {0, k1.size(), k1.size() + k2.size()};
+  unsorted.value_offsets = {0, 0, 0};
+  SerializerSource src2{"y", nullptr, false, 0, {}};
+  src2.fixed.emplace(1, unsorted);
+  SnapshotSerializer s2({src2}, opts(1, 1, 100));
+  s2.start();
+  CHECK_THROWS(s2.next(&b), std::invalid_argument);
+
+  StateTable t(0, 1);
+  auto snap = std::make_shared<TableSnapshot>(t.snapshot());
+  CHECK_THROWS(SnapshotSerializer({SerializerSource{"z", snap, false, 0, {}}}, opts(0, 2, 100)),
+               std::invalid_argument);
+  SerializerOptions o = opts(0, 1, 100);
+  o.prefix_bytes = 3;
+  CHECK_THROWS(SnapshotSerializer({}, o), std::invalid_argument);
+  SnapshotSerializer never_started({}, opts(0, 1, 100));
+  CHECK_THROWS(never_started.next(&b), std::logic_error);
+}
+
+// The serializer thread reads the snapshot while the owner keeps writing (puts, overwrites with
+// new sizes, removals, inserts that trigger incremental rehashes); the payloads hold exactly the
+// contents at snapshot time. release_as_written frees the snapshot key group by key group, and
+// once it is all released the owner's retired entries drain to 0.
+TEST(serializer_reads_while_owner_writes) {
+  for (unsigned seed : {1u, 2u, 3u}) {
+    StateTable t(0, 7);
+    std::mt19937 rng(seed);
+    std::map<std::pair<int32_t, std::string>, std::string> ref;
+    for (uint32_t i = 0; i < 3000; ++i) {
+      int32_t kg = static_cast<int32_t>(rng() % 8);
+      std::string v(rng() % 40, static_cast<char>('a' + rng() % 26));
+      put(t.map(kg), key(kg, rng() % 5000), v);
+    }
+    for (int32_t kg = 0; kg < 8; ++kg)
+      t.map(kg).for_each([&](ByteView k, ByteView v) {
+        ref[{kg, std::string(reinterpret_cast<const char*>(k.data), k.size)}] =
+            std::string(reinterpret_cast<const char*>(v.data), v.size);
+      });
+    auto snap = std::make_shared<TableSnapshot>(t.snapshot());
+    SerializerOptions o = opts(0, 7, 512);
+    o.queue_blocks = 3;
+    o.release_as_written = true;
+    SnapshotSerializer s({SerializerSource{"s", snap, false, 0, {}}}, o);
+    s.start();
+    // The owner writes on this thread, interleaved with draining (as the Python side does).
+    std::vector<BlockPayload> blocks;
+    BlockPayload b;
+    bool more = true;
+    uint32_t op = 0;
+    while (more) {
+      for (int k = 0; k < 50; ++k, ++op) {
+        int32_t kg = static_cast<int32_t>(rng() % 8);
+        std::string kk = key(kg, rng() % 20000);
+        switch (rng() % 3) {
+          case 0: put(t.map(kg), kk, std::string(rng() % 60, 'z')); break;
+          case 1: t.map(kg).remove(u8(kk), kk.size()); break;
+          default: put(t.map(kg), key(kg, 100000 + op), "new"); break;
+        }
+      }
+      more = s.next(&b);
+      if (more) blocks.push_back(std::move(b));
+    }
+    auto it = ref.begin();
+    for (const auto& blk : blocks) {
+      Decoded d = decode(blk, false);
+      for (size_t i = 0; i < d.keys.size(); ++i, ++it) {
+        CHECK(it != ref.end());
+        if (it == ref.end()) break;
+        CHECK_EQ(it->first.first, blk.key_group);
+        CHECK_EQ(d.keys[i], it->first.second);
+        CHECK_EQ(d.values[i], it->second);
+      }
+    }
+    CHECK(it == ref.end());
+    uint64_t rehashes = 0;
+    for (int32_t kg = 0; kg < 8; ++kg) rehashes += t.map(kg).stats().rehashes;
+    CHECK(rehashes > 0);
+    snap->release();
+    size_t retired = 0;
+    for (int32_t kg = 0; kg < 8; ++kg) {
+      t.map(kg).reclaim();
+      retired += t.map(kg).retired_entries();
+    }
+    CHECK_EQ(retired, 0u);
+  }
+}
+
+// The producer runs on its own thread while another thread (not the owner) consumes and a
+// third cancels: exercises cancel racing next() and the producer's wait (TSan).
+TEST(cancel_races_consumer) {
+  StateTable t(0, 3);
+  for (uint32_t i = 0; i < 5000; ++i) put(t.map(static_cast<int32_t>(i % 4)), key(i % 4, i), "vv");
+  for (int round = 0; round < 20; ++round) {
+    auto snap = std::make_shared<TableSnapshot>(t.snapshot());
+    SerializerOptions o = opts(0, 3, 128);
+    o.queue_blocks = 2;
+    SnapshotSerializer s({SerializerSource{"s", snap, false, 0, {}}}, o);
+    s.start();
+    std::thread consumer([&s] {
+      BlockPayload b;
+      try {
+        while (s.next(&b)) {
+        }
+      } catch (const SerializerCancelled&) {
+      }
+    });
+    std::this_thread::sleep_for(std::chrono::microseconds(100 * round));
+    s.cancel();
+    consumer.join();
+    snap->release();
+  }
+  CHECK(true);
+}
+
+TEST_MAIN()
