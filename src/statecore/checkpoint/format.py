@@ -338,10 +338,71 @@ def write_data_file(
     of different lengths / with null keys (or null values in a full snapshot), keys not strictly
     ascending, or a key whose key-group prefix is not ``kg``. Does not call ``snap.release()``.
     """
+    plan = _plan_file(snap, version, writer, block_target_bytes, incremental)
+    asm = _Assembler(out, plan)
+    names, prefix, incremental = plan.names, plan.prefix, plan.incremental
+    for kg in range(plan.start, plan.end + 1):
+        for si, name in enumerate(names):
+            keys, values = snap.entries(name, kg)
+            keys = _as_binary(keys, f"keys of state {name!r} key group {kg}")
+            values = _as_binary(values, f"values of state {name!r} key group {kg}",
+                                allow_nulls=incremental)
+            n = len(keys)
+            if len(values) != n:
+                raise InvalidInputError(
+                    f"state {name!r} key group {kg}: {n} keys but {len(values)} values")
+            if n == 0:
+                continue
+            valid = None
+            tomb = 0
+            if incremental:
+                valid = np.ones(n, dtype=bool)
+                if values.null_count:
+                    import pyarrow.compute as pc
+
+                    valid = values.is_valid().to_numpy(zero_copy_only=False)
+                    # a NULL slot may still span bytes in Arrow; tombstones store none
+                    values = pc.if_else(valid, values, pa.scalar(b"", pa.binary()))
+                    tomb = int(n - valid.sum())
+            koff, kdata = _offsets_and_data(keys)
+            voff, vdata = _offsets_and_data(values)
+            if int(koff[-1]) > _INT32_MAX or int(voff[-1]) > _INT32_MAX:
+                raise InvalidInputError(f"state {name!r} key group {kg}: more than 2 GiB of bytes")
+            _check_sorted_and_prefixed(keys, koff, kdata, kg, prefix, name)
+            cuts = cut_points(koff, voff, plan.block_target_bytes)
+            for a, b in zip(cuts[:-1], cuts[1:]):
+                ko, vo = koff[a:b + 1], voff[a:b + 1]
+                payload = encode_block(ko - ko[0], kdata[int(ko[0]):int(ko[-1])],
+                                       vo - vo[0], vdata[int(vo[0]):int(vo[-1])],
+                                       None if valid is None else valid[a:b])
+                asm.add_block(kg, si, payload, b - a)
+            asm.end_group(kg, si, tomb)
+    return asm.finish()
+
+
+@dataclass
+class _FilePlan:
+    """Header-level facts of one data file, shared by the synchronous and asynchronous writers."""
+
+    meta: dict
+    names: list
+    start: int
+    end: int
+    prefix: int
+    incremental: bool
+    kind: str
+    block_target_bytes: int
+
+
+def _plan_file(snap: Any, version: int, writer: str, block_target_bytes: int,
+               incremental: bool | None) -> _FilePlan:
+    """Validates the snapshot's header facts and builds the footer meta (module spec).
+    Raises InvalidInputError as documented in :func:`write_data_file`."""
     if incremental is None:
         incremental = bool(getattr(snap, "incremental", False))
     kind = KIND_INCREMENTAL if incremental else KIND_FULL
-    if not isinstance(block_target_bytes, int) or block_target_bytes < 1:
+    if (isinstance(block_target_bytes, bool) or not isinstance(block_target_bytes, int)
+            or block_target_bytes < 1):
         raise InvalidInputError(f"block_target_bytes must be a positive int, got {block_target_bytes!r}")
     max_par = int(snap.max_parallelism)
     if not 1 <= max_par <= MAX_KEY_GROUPS:
@@ -363,89 +424,124 @@ def write_data_file(
         "compression": COMPRESSION, "block_target_bytes": block_target_bytes, "kind": kind,
     }
     try:
-        meta_bytes = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode("utf-8")
+        json.dumps(meta, sort_keys=True, separators=(",", ":")).encode("utf-8")
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"state metas are not JSON-serializable: {exc}") from exc
+    return _FilePlan(meta=meta, names=names, start=start, end=end,
+                     prefix=key_group_prefix_bytes(max_par), incremental=bool(incremental),
+                     kind=kind, block_target_bytes=block_target_bytes)
 
-    prefix = key_group_prefix_bytes(max_par)
-    pos = 0
 
-    def emit(data) -> None:
-        nonlocal pos
-        out.write(data)
-        pos += len(data)
+class _Assembler:
+    """Writes header, compressed blocks, footer and trailer of one data file (module spec) from
+    uncompressed block payloads given in file order, and keeps the block table, the key-group
+    index and the counts. ``hasher`` computes the blocks' XXH64 (seed 0): ``xxh64`` here, the
+    GIL-releasing native one on the asynchronous path -- the same function, so the same bytes."""
 
-    emit(MAGIC)
-    blocks: list[tuple] = []
-    index: list[tuple] = []
-    counts = {nm: 0 for nm in names}
-    tombstones = {nm: 0 for nm in names}
-    raw_total = 0
-    nonempty_kgs = 0
-    for kg in range(start, end + 1):
-        kg_has_entries = False
-        for si, name in enumerate(names):
-            keys, values = snap.entries(name, kg)
-            keys = _as_binary(keys, f"keys of state {name!r} key group {kg}")
-            values = _as_binary(values, f"values of state {name!r} key group {kg}",
-                                allow_nulls=incremental)
-            n = len(keys)
-            if len(values) != n:
-                raise InvalidInputError(
-                    f"state {name!r} key group {kg}: {n} keys but {len(values)} values")
-            if n == 0:
-                continue
-            valid = None
-            if incremental:
-                valid = np.ones(n, dtype=bool)
-                if values.null_count:
-                    import pyarrow.compute as pc
+    def __init__(self, out, plan: _FilePlan, hasher=None):
+        self.out = out
+        self.plan = plan
+        self.hasher = hasher or xxh64
+        self.pos = 0
+        self.blocks: list[tuple] = []
+        self.index: list[tuple] = []
+        self.counts = {nm: 0 for nm in plan.names}
+        self.tombstones = {nm: 0 for nm in plan.names}
+        self.raw_total = 0
+        self.nonempty_kgs = 0
+        self._group_first: tuple[int, int] | None = None  # (first block, first offset)
+        self._group_entries = 0
+        self._last_kg = None
+        self.emit(MAGIC)
 
-                    valid = values.is_valid().to_numpy(zero_copy_only=False)
-                    # a NULL slot may still span bytes in Arrow; tombstones store none
-                    values = pc.if_else(valid, values, pa.scalar(b"", pa.binary()))
-                    tombstones[name] += int(n - valid.sum())
-            koff, kdata = _offsets_and_data(keys)
-            voff, vdata = _offsets_and_data(values)
-            if int(koff[-1]) > _INT32_MAX or int(voff[-1]) > _INT32_MAX:
-                raise InvalidInputError(f"state {name!r} key group {kg}: more than 2 GiB of bytes")
-            _check_sorted_and_prefixed(keys, koff, kdata, kg, prefix, name)
-            first_block, first_offset = len(blocks), pos
-            cuts = cut_points(koff, voff, block_target_bytes)
-            for a, b in zip(cuts[:-1], cuts[1:]):
-                ko, vo = koff[a:b + 1], voff[a:b + 1]
-                payload = encode_block(ko - ko[0], kdata[int(ko[0]):int(ko[-1])],
-                                       vo - vo[0], vdata[int(vo[0]):int(vo[-1])],
-                                       None if valid is None else valid[a:b])
-                stored = lz4.block.compress(payload, store_size=False)
-                blocks.append((pos, len(stored), len(payload), b - a, 0, xxh64(stored)))
-                raw_total += len(payload)
-                emit(stored)
-            index.append((kg, si, first_block, len(blocks) - first_block, first_offset,
-                          pos - first_offset, n))
-            counts[name] += n
-            kg_has_entries = True
-        nonempty_kgs += kg_has_entries
+    def emit(self, data) -> None:
+        self.out.write(data)
+        self.pos += len(data)
 
-    stored_total = pos - HEADER_SIZE
-    meta["tombstones"] = tombstones
-    try:
-        meta_bytes = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode("utf-8")
-    except (TypeError, ValueError) as exc:  # pragma: no cover - checked above already
-        raise InvalidInputError(f"state metas are not JSON-serializable: {exc}") from exc
-    footer = b"".join((
-        _U32.pack(len(meta_bytes)), meta_bytes, _U64x2.pack(len(blocks), len(index)),
-        np.array(blocks, dtype=BLOCK_DTYPE).tobytes(), np.array(index, dtype=INDEX_DTYPE).tobytes(),
-    ))
-    footer_offset = pos
-    footer_sum = xxh64(footer)
-    emit(footer)
-    head = TRAILER.pack(footer_offset, len(footer), footer_sum, FORMAT_VERSION, 0, 0, MAGIC)[:32]
-    emit(TRAILER.pack(footer_offset, len(footer), footer_sum, FORMAT_VERSION, 0, xxh64(head), MAGIC))
-    return WriteSummary(size=pos, footer_xxh64=footer_sum, blocks=len(blocks), raw_bytes=raw_total,
-                        stored_bytes=stored_total, entries=counts,
-                        key_groups_nonempty=nonempty_kgs, meta=meta, kind=kind,
-                        tombstones=tombstones)
+    def add_block(self, kg: int, si: int, payload, entries: int) -> None:
+        """Compress (lz4.block, no stored size), checksum and write one payload of the current
+        (state ``si``, key group ``kg``) group."""
+        if self._group_first is None:
+            self._group_first = (len(self.blocks), self.pos)
+            self._group_entries = 0
+        stored = lz4.block.compress(payload, store_size=False)
+        self.blocks.append((self.pos, len(stored), len(payload), entries, 0, self.hasher(stored)))
+        self.raw_total += len(payload)
+        self._group_entries += entries
+        self.emit(stored)
+
+    def end_group(self, kg: int, si: int, tombstones: int) -> None:
+        """Close the blocks of (state ``si``, key group ``kg``): one key-group index record."""
+        if self._group_first is None:
+            return
+        first_block, first_offset = self._group_first
+        n = self._group_entries
+        self.index.append((kg, si, first_block, len(self.blocks) - first_block, first_offset,
+                           self.pos - first_offset, n))
+        name = self.plan.names[si]
+        self.counts[name] += n
+        self.tombstones[name] += tombstones
+        if kg != self._last_kg:
+            self.nonempty_kgs += 1
+            self._last_kg = kg
+        self._group_first = None
+
+    def finish(self) -> WriteSummary:
+        """Footer (meta with the tombstone counts, block table, index) and trailer."""
+        meta = self.plan.meta
+        stored_total = self.pos - HEADER_SIZE
+        meta["tombstones"] = self.tombstones
+        try:
+            meta_bytes = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode("utf-8")
+        except (TypeError, ValueError) as exc:  # pragma: no cover - checked by _plan_file
+            raise InvalidInputError(f"state metas are not JSON-serializable: {exc}") from exc
+        footer = b"".join((
+            _U32.pack(len(meta_bytes)), meta_bytes, _U64x2.pack(len(self.blocks), len(self.index)),
+            np.array(self.blocks, dtype=BLOCK_DTYPE).tobytes(),
+            np.array(self.index, dtype=INDEX_DTYPE).tobytes(),
+        ))
+        footer_offset = self.pos
+        footer_sum = xxh64(footer)
+        self.emit(footer)
+        head = TRAILER.pack(footer_offset, len(footer), footer_sum, FORMAT_VERSION, 0, 0, MAGIC)[:32]
+        self.emit(TRAILER.pack(footer_offset, len(footer), footer_sum, FORMAT_VERSION, 0,
+                               xxh64(head), MAGIC))
+        return WriteSummary(size=self.pos, footer_xxh64=footer_sum, blocks=len(self.blocks),
+                            raw_bytes=self.raw_total, stored_bytes=stored_total,
+                            entries=self.counts, key_groups_nonempty=self.nonempty_kgs, meta=meta,
+                            kind=self.plan.kind, tombstones=self.tombstones)
+
+
+def write_data_file_from_blocks(out, snap: Any, serializer, *, version: int, writer: str,
+                                block_target_bytes: int = DEFAULT_BLOCK_TARGET_BYTES,
+                                incremental: bool | None = None, hasher=None,
+                                check_stop=None) -> WriteSummary:
+    """Write the data file of ``snap`` like :func:`write_data_file`, taking the uncompressed
+    block payloads from ``serializer`` (``statecore._native.SnapshotBlockSerializer``, already
+    started, built over the same snapshot, range, states order, block target and kind) instead
+    of ``snap.entries``. Produces byte-identical files. ``hasher``: XXH64 function for the
+    blocks (e.g. ``_native.xxh64_nogil``); ``check_stop()``: called once per block, raises to
+    abort. Raises what the serializer raises (InvalidInputError for a snapshot breaking its
+    contract, ``concurrent.futures.CancelledError``) and the stream's errors."""
+    plan = _plan_file(snap, version, writer, block_target_bytes, incremental)
+    asm = _Assembler(out, plan, hasher)
+    tomb = 0
+    while True:
+        if check_stop is not None:
+            check_stop()
+        blk = serializer.next_block()
+        if blk is None:
+            break
+        kg, si = blk.key_group, blk.state
+        if not plan.start <= kg <= plan.end or not 0 <= si < len(plan.names):
+            raise InvalidInputError(
+                f"serializer produced a block of key group {kg}, state {si} outside the file")
+        asm.add_block(kg, si, blk, blk.entries)
+        tomb += blk.tombstones
+        if blk.last_of_group:
+            asm.end_group(kg, si, tomb)
+            tomb = 0
+    return asm.finish()
 
 
 # ---------------------------------------------------------------------------------------------
