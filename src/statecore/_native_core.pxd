@@ -77,6 +77,7 @@ cdef extern from "statecore/state_map.h" namespace "statecore" nogil:
         cbool is_rehashing()
         size_t capacity()
         size_t retired_entries()
+        void reclaim()
         MapStats stats()
         uint64_t version()
         uint64_t base_version()

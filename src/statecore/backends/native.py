@@ -100,6 +100,8 @@ class NativeSnapshot:
         self._snaps = {name: t.native.snapshot() for name, t in tables.items()}
         self._timers = timer_data
         self._released = False
+        self._pins = 0  # background writes reading the snapshot
+        self._release_requested = False
 
     def table_versions(self) -> dict:
         """``{state name: table version of this snapshot}`` (what completing it marks as base)."""
@@ -129,11 +131,55 @@ class NativeSnapshot:
         return snap.entries(key_group)
 
     def release(self) -> None:
+        """Idempotent. While an asynchronous checkpoint write reads this snapshot (see
+        :meth:`pin_for_write`) the release is deferred until that write ends, because a map
+        snapshot must not be released while another thread reads it."""
+        if self._pins:
+            self._release_requested = True
+            return
         if not self._released:
             self._released = True
             for s in self._snaps.values():
                 s.release()
             self._timers = {}
+
+    # ---- what the asynchronous checkpoint writer needs (CheckpointStore.write_snapshot_async)
+    def block_sources(self) -> list[tuple]:
+        """Sources of ``statecore._native.SnapshotBlockSerializer``, one per state in
+        :meth:`state_metas` order: ``(name, NativeTableSnapshot, incremental, base version)`` for
+        native states, ``(name, None, False, 0, {kg: (keys, values)})`` for the timers.
+        Raises StateError after release."""
+        if self._released:
+            raise StateError("snapshot was released")
+        out = []
+        for m in self._metas:
+            name = m["name"]
+            if name == TIMERS_STATE_NAME:
+                out.append((name, None, False, 0, dict(self._timers)))
+            else:
+                s = self._snaps[name]
+                out.append((name, s, self.incremental, s.base_version if self.incremental else 0))
+        return out
+
+    def pin_for_write(self):
+        """Defer :meth:`release` while a background write reads the table snapshots; returns the
+        function ending that (performs a release requested meanwhile). Raises StateError after
+        release."""
+        if self._released:
+            raise StateError("snapshot was released")
+        self._pins += 1
+        done = []
+
+        def unpin() -> None:
+            if done:
+                return
+            done.append(True)
+            self._pins -= 1
+            if not self._pins and self._release_requested:
+                self._release_requested = False
+                self.release()
+
+        return unpin
 
 
 class NativeBackend(py.PythonBackend):

@@ -327,6 +327,7 @@ def write_data_file(
     writer: str,
     block_target_bytes: int = DEFAULT_BLOCK_TARGET_BYTES,
     incremental: bool | None = None,
+    check_stop=None,
 ) -> WriteSummary:
     """Stream the snapshot ``snap`` (StateSnapshot read interface, architecture.md) into the
     writable binary stream ``out`` (anything with ``write(bytes)``) in the format of this module.
@@ -337,12 +338,16 @@ def write_data_file(
     breaks its contract: metas not JSON-able or without a unique ``name``, arrays not binary /
     of different lengths / with null keys (or null values in a full snapshot), keys not strictly
     ascending, or a key whose key-group prefix is not ``kg``. Does not call ``snap.release()``.
+    ``check_stop()`` (optional) is called before each (state, key group) and raises to abort
+    (the asynchronous writer's cancellation).
     """
     plan = _plan_file(snap, version, writer, block_target_bytes, incremental)
     asm = _Assembler(out, plan)
     names, prefix, incremental = plan.names, plan.prefix, plan.incremental
     for kg in range(plan.start, plan.end + 1):
         for si, name in enumerate(names):
+            if check_stop is not None:
+                check_stop()
             keys, values = snap.entries(name, kg)
             keys = _as_binary(keys, f"keys of state {name!r} key group {kg}")
             values = _as_binary(values, f"values of state {name!r} key group {kg}",

@@ -33,6 +33,15 @@ corruption. A reader merges a chain newest-wins per (state, key group): a tombst
 result holds no tombstones. Timers (the state of kind ``timers``) are complete in every run, so
 they come from the newest run of the chain alone.
 
+Asynchronous writes
+-------------------
+:meth:`CheckpointStore.write_snapshot_async` writes the same file as :meth:`write_snapshot`
+(byte-identical) in the background: for native snapshots a C++ thread encodes block payloads
+from the copy-on-write map snapshots into a bounded queue (native snapshot_writer.h) while a
+Python thread compresses (lz4.block releases the GIL), checksums (native XXH64, GIL released) and
+writes them; the owner keeps processing. It publishes the file only if not cancelled
+(:class:`SnapshotWriteFuture`), so a cancelled or failed write leaves nothing at the final path.
+
 Compaction (crash safety)
 -------------------------
 ``compact(V, max_runs=N)`` looks at V's *top runs* (those of V's own commit: ``seq`` = the
@@ -94,7 +103,7 @@ import threading
 import time
 import uuid
 from bisect import bisect_right
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import Any, Iterable
 
 import numpy as np
@@ -103,13 +112,16 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from statecore.checkpoint.format import (
+    DEFAULT_BLOCK_TARGET_BYTES,
     FORMAT_VERSION,
     KIND_FULL,
     KIND_INCREMENTAL,
     DataFileReader,
     make_key_group_range,
+    _plan_file,
     range_bounds,
     write_data_file,
+    write_data_file_from_blocks,
     xxh64,
 )
 from statecore.errors import (
@@ -236,14 +248,18 @@ class CheckpointStore:
 
     # ---------------------------------------------------------------------------------- writes
 
-    def _write_atomic(self, rel: str, produce) -> Any:
-        """Run ``produce(stream)`` and make its bytes appear at ``rel`` all at once."""
+    def _write_atomic(self, rel: str, produce, before_publish=None) -> Any:
+        """Run ``produce(stream)`` and make its bytes appear at ``rel`` all at once.
+        ``before_publish()`` (optional) runs after ``produce`` and before the bytes become
+        visible; it raises to abandon the write (nothing appears at ``rel``)."""
         final = self._abs(rel)
         parent = final.rsplit("/", 1)[0]
         if not self._atomic_rename:
             buf = pa.BufferOutputStream()
             result = produce(buf)
             data = buf.getvalue()
+            if before_publish is not None:
+                before_publish()
             with self.fs.open_output_stream(final) as out:
                 out.write(data)
             return result
@@ -252,6 +268,8 @@ class CheckpointStore:
         try:
             with self.fs.open_output_stream(tmp) as out:
                 result = produce(out)
+            if before_publish is not None:
+                before_publish()
             self.fs.move(tmp, final)
         except BaseException:
             try:
@@ -280,9 +298,13 @@ class CheckpointStore:
         writer = _check_writer(writer)
         rel = self.data_path(version, writer)
         kwargs = {} if block_target_bytes is None else {"block_target_bytes": block_target_bytes}
-        snapshot_id = getattr(snap, "snapshot_id", None)
         summary = self._write_atomic(
             rel, lambda out: write_data_file(out, snap, version=version, writer=writer, **kwargs))
+        return self._descriptor(snap, version, writer, rel, summary)
+
+    @staticmethod
+    def _descriptor(snap: Any, version: int, writer: str, rel: str, summary) -> dict:
+        snapshot_id = getattr(snap, "snapshot_id", None)
         meta = summary.meta
         return {
             "format_version": FORMAT_VERSION,
@@ -305,6 +327,103 @@ class CheckpointStore:
             "tombstones": summary.tombstones,
             "snapshot_id": snapshot_id if isinstance(snapshot_id, int) else None,
         }
+
+    def write_snapshot_async(self, snap: Any, version: int, writer: str = "p0", *,
+                             block_target_bytes: int | None = None, release_snapshot: bool = False,
+                             queue_blocks: int = 4) -> "SnapshotWriteFuture":
+        """:meth:`write_snapshot` in the background; returns a :class:`SnapshotWriteFuture` whose
+        result is the same descriptor, and whose file is byte-identical to the synchronous one.
+
+        Native snapshots (``snap.block_sources``): a C++ thread encodes the block payloads from
+        the map snapshots into a queue bounded to ``queue_blocks`` payloads (backpressure), and a
+        Python thread compresses them (``lz4.block``, which releases the GIL while compressing),
+        checksums them (native XXH64, GIL released) and writes them through ``pyarrow.fs``
+        (GIL released during I/O). The owning thread keeps reading and writing state meanwhile:
+        the snapshot is copy-on-write (state_map.h). Other snapshots (the Python backend's, which
+        are materialized at snapshot time) are written by the Python thread alone.
+
+        ``release_snapshot``: with True the write owns ``snap`` and releases it when it ends;
+        native map snapshots are even released key group by key group as they are encoded, so
+        the owner stops copying early (do not read ``snap`` yourself then). With False (default)
+        the caller releases it after the future succeeded; a ``snap.release()`` while the write
+        runs is deferred until the write ends.
+
+        ``future.cancel()`` stops the serializer thread, removes the partial temporary file and
+        releases the snapshot (whatever ``release_snapshot`` says: the copy-on-write memory it
+        pins is reclaimed); it returns False once the file is being published (the write then
+        completes). A failure (filesystem ``OSError``, a snapshot breaking its contract:
+        InvalidInputError) becomes the future's exception, with the same cleanup. Nothing appears
+        at the final path unless the future succeeds.
+        Raises InvalidInputError at once for a bad version, writer, block target or queue size.
+        """
+        version = _check_version(version)
+        writer = _check_writer(writer)
+        if isinstance(queue_blocks, bool) or not isinstance(queue_blocks, int) or queue_blocks < 1:
+            raise InvalidInputError(f"queue_blocks must be an int >= 1, got {queue_blocks!r}")
+        target = DEFAULT_BLOCK_TARGET_BYTES if block_target_bytes is None else block_target_bytes
+        plan = _plan_file(snap, version, writer, target, None)  # argument errors raise here
+        rel = self.data_path(version, writer)
+        fut = SnapshotWriteFuture()
+        serializer = None
+        unpin = None
+        sources = getattr(snap, "block_sources", None)
+        if callable(sources):
+            from statecore import _native
+
+            unpin = snap.pin_for_write()
+            try:
+                serializer = _native.SnapshotBlockSerializer(
+                    sources(), plan.start, plan.end, plan.prefix, plan.block_target_bytes,
+                    plan.incremental, queue_blocks, bool(release_snapshot))
+                serializer.start()
+            except BaseException:
+                unpin()
+                raise
+            hasher = _native.xxh64_nogil
+        else:
+            hasher = None
+        fut._serializer = serializer
+
+        def produce(out):
+            if serializer is not None:
+                return write_data_file_from_blocks(
+                    out, snap, serializer, version=version, writer=writer,
+                    block_target_bytes=target, hasher=hasher, check_stop=fut._check_stop)
+            return write_data_file(out, snap, version=version, writer=writer,
+                                   block_target_bytes=target, check_stop=fut._check_stop)
+
+        def run() -> None:
+            outcome: Any = None
+            failed = False
+            try:
+                summary = self._write_atomic(rel, produce, before_publish=fut._begin_publish)
+                outcome = self._descriptor(snap, version, writer, rel, summary)
+            except BaseException as exc:  # delivered through the future
+                failed, outcome = True, exc
+            # Stop the producer and drop its payloads before releasing what it reads.
+            with fut._lock:
+                ser, fut._serializer = fut._serializer, None
+            if ser is not None:
+                ser.cancel()
+                del ser
+            if unpin is not None:
+                unpin()
+            if release_snapshot or failed:
+                try:
+                    snap.release()
+                except Exception as exc:  # pragma: no cover - release is documented not to fail
+                    if not failed:
+                        failed, outcome = True, exc
+            if failed and fut._stop:
+                Future.cancel(fut)
+            elif failed:
+                fut.set_exception(outcome)
+            else:
+                fut.set_result(outcome)
+
+        fut._thread = threading.Thread(target=run, name=f"statecore-write-{writer}-{version}")
+        fut._thread.start()
+        return fut
 
     def write_pending(self, version: int, writer: str, descriptor: dict) -> str:
         """Record ``descriptor`` (from :meth:`write_snapshot`) as ``pending/V/<writer>.json`` so a
@@ -848,6 +967,50 @@ class CheckpointStore:
                     if not kept_any and not in_flight_dir:
                         self.fs.delete_dir(d.path)
             return drop
+
+
+class SnapshotWriteFuture(Future):
+    """Future of :meth:`CheckpointStore.write_snapshot_async` (a ``concurrent.futures.Future``).
+
+    Unlike a plain Future, :meth:`cancel` also stops a write that is running: it stops the
+    native serializer thread, waits until the writing thread removed its temporary file and
+    released the snapshot, and returns True; it returns False when the write already finished or
+    is publishing its file. ``running()`` is True while the writing thread works.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self._lock = threading.Lock()
+        self._stop = False
+        self._publishing = False
+        self._serializer = None
+        self._thread: threading.Thread | None = None
+
+    def running(self) -> bool:
+        return self._thread is not None and not self.done()
+
+    def cancel(self) -> bool:
+        with self._lock:
+            if self.done() or self._publishing:
+                return False
+            self._stop = True
+            ser = self._serializer
+        if ser is not None:
+            ser.cancel()  # wakes the writing thread waiting for the next block
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join()
+        return self.cancelled()
+
+    def _check_stop(self) -> None:
+        if self._stop:
+            raise CancelledError("checkpoint write cancelled")
+
+    def _begin_publish(self) -> None:
+        with self._lock:
+            if self._stop:
+                raise CancelledError("checkpoint write cancelled")
+            self._publishing = True
 
 
 def _short(vs: list[int]) -> str:
