@@ -126,6 +126,12 @@ def test_full_run_matches_spark_sql(spark, tmp_path, backend):
     assert s.events == load_flights(DAYS).num_rows
     assert s.sessions == read_sessions(spark, cfg.output).count() > 0
     assert s.state_entries > 0 and s.checkpoint_bytes > 0 and s.late_rows == 0
+    assert s.checkpoint_bytes_written > 0
+    pipe = DemoPipeline(cfg)
+    for op in (pipe.sessions, pipe.routes):
+        # Version 0 full, every later one incremental on top of it.
+        assert {f["kind"] for f in op.store.manifest(op.latest_version())["files"]} == \
+            {"full", "incremental"}
     _assert_matches_spark_sql(spark, cfg)
     before = _output_rows(os.path.join(cfg.output, "sessions"))
     # A rerun of a finished job processes nothing and changes nothing.
@@ -150,25 +156,29 @@ def test_stop_and_restart_with_another_parallelism(spark, tmp_path, backend):
 
 @pytest.mark.spark
 def test_failure_between_the_two_operators_then_restart(spark, tmp_path, monkeypatch):
-    """Batch 1 fails after the sessions operator committed version 1 but before the route
-    operator ran: Spark does not commit the batch, the restart replays it, the sessions
-    operator restores version 0 again and overwrites its output."""
+    """Batch 1 fails after the sessions operator's action ran but before the route operator
+    ran: both operators commit only at the end of foreachBatch, so neither commits version 1;
+    Spark does not commit the batch, the restart replays it, the sessions operator restores
+    version 0 again and overwrites its output."""
     from statecore.spark import StatefulOperator
 
     cfg = _cfg(tmp_path)
-    real = StatefulOperator.process
+    real = StatefulOperator.start
 
     def failing(self, df, batch_id):
         if self.name == "route_delays" and batch_id == 1:
             raise RuntimeError("injected failure")
         return real(self, df, batch_id)
 
-    monkeypatch.setattr(StatefulOperator, "process", failing)
+    monkeypatch.setattr(StatefulOperator, "start", failing)
     with pytest.raises(Exception, match="injected failure"):
         run_demo(cfg, spark=spark, progress=None)
-    monkeypatch.setattr(StatefulOperator, "process", real)
-    sessions_versions = DemoPipeline(cfg).sessions.store.versions()
-    assert sessions_versions == [0, 1]
+    monkeypatch.setattr(StatefulOperator, "start", real)
+    pipe = DemoPipeline(cfg)
+    assert pipe.sessions.store.versions() == [0]
+    assert pipe.routes.store.versions() == [0]
+    # The sessions operator's output of the failed attempt is there; the replay overwrites it.
+    assert os.path.isdir(os.path.join(cfg.output, "sessions", "batch_id=1"))
     s = run_demo(cfg, spark=spark, progress=None)
     assert s.last_batch_id == 2 and s.flushed and s.micro_batches == 2
     _assert_matches_spark_sql(spark, cfg)

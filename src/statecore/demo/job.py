@@ -11,9 +11,12 @@ Pipeline::
       -> sessions.flush(): open sessions emitted once, as version last_batch + 1 (final)
 
 Exactly-once: each operator commits version N only after its sink overwrote its own
-``batch_id=N`` directory; Spark commits batch N only after ``foreachBatch`` returned. A run killed
-at any point replays the uncommitted batch, whose operators restore N - 1 and overwrite their
-output. ``max_batches`` stops a run after that many micro-batches of this run (the next one is
+``batch_id=N`` directory and its tasks' background checkpoint writes reported; both operators'
+actions run first and both commit at the end of ``foreachBatch`` (so the checkpoint writes of the
+sessions operator overlap the route operator's job); Spark commits batch N only after
+``foreachBatch`` returned. A run killed at any point replays the uncommitted batch, whose
+operators restore N - 1 and overwrite their output. Checkpoints are incremental after the first
+version (``statecore.spark.operator`` docstring). ``max_batches`` stops a run after that many micro-batches of this run (the next one is
 refused before any side effect, so Spark re-plans it on restart).
 """
 
@@ -100,7 +103,9 @@ class DemoConfig:
 class DemoSummary:
     """Result of one run. ``events`` counts rows processed by this run (replays included);
     ``sessions`` is the number of session rows in the output (all runs); state and checkpoint
-    figures describe the latest committed versions."""
+    figures describe the latest committed versions; ``checkpoint_bytes_written`` sums the data
+    files this run wrote (both operators, every micro-batch and the flush) and
+    ``commit_wait_seconds`` the time the driver waited for background checkpoint writes."""
 
     events: int = 0
     seconds: float = 0.0
@@ -113,6 +118,8 @@ class DemoSummary:
     state_entries: int = 0
     state_bytes: int = 0
     checkpoint_bytes: int = 0
+    checkpoint_bytes_written: int = 0
+    commit_wait_seconds: float = 0.0
     late_rows: int = 0
     cache_loads: int = 0
     checkpoint_loads: int = 0
@@ -131,7 +138,9 @@ class DemoSummary:
             f"sessions emitted   {self.sessions:,} (final flush {'done' if self.flushed else 'not yet'})",
             f"route updates      {self.route_rows:,} rows",
             f"state              {self.state_entries:,} entries, {self.state_bytes:,} bytes",
-            f"checkpoint         {self.checkpoint_bytes:,} bytes on disk",
+            f"checkpoint         {self.checkpoint_bytes:,} bytes on disk, "
+            f"{self.checkpoint_bytes_written:,} bytes written by this run "
+            f"(driver waited {self.commit_wait_seconds:.2f} s for background writes)",
             f"state loads        {self.cache_loads} from the worker cache, {self.checkpoint_loads} from the checkpoint",
             f"late rows dropped  {self.late_rows}",
         ]
@@ -141,7 +150,8 @@ class DemoPipeline:
     """The job's ``foreachBatch`` body: both operators on one micro-batch.
 
     ``pipeline(df, batch_id)`` runs the sessions operator on the rows with a ``tailnum`` and the
-    route operator on all rows (key ``origin|dest``), each committing version ``batch_id``, and
+    route operator on all rows (key ``origin|dest``), then commits version ``batch_id`` of both
+    (:func:`statecore.spark.commit_batches`: both actions first, commits at the end), and
     returns their :class:`statecore.spark.BatchReport` pair. Calling it again with the same
     ``batch_id`` and rows (a replay) reproduces the same state and output.
     """
@@ -166,16 +176,18 @@ class DemoPipeline:
         from pyspark.sql import functions as F
 
         from statecore.demo.processors import ROUTE_KEY_SEPARATOR
+        from statecore.spark import commit_batches
 
         # Both operators read the micro-batch: keep it instead of reading the files twice.
         df = df.persist()
         try:
-            s = self.sessions(df.where(F.col("tailnum").isNotNull()), batch_id)
-            r = self.routes(
+            s = self.sessions.start(df.where(F.col("tailnum").isNotNull()), batch_id)
+            r = self.routes.start(
                 df.select("*", F.concat_ws(ROUTE_KEY_SEPARATOR, "origin", "dest").alias("route")),
                 batch_id)
         finally:
             df.unpersist()
+        s, r = commit_batches([s, r])
         return s, r
 
 
@@ -250,6 +262,8 @@ def run_demo(cfg: DemoConfig, spark=None, progress: Optional[Callable[[str], Non
         summary.events += r.rows
         summary.late_rows += s.metrics.get("late_rows", 0)
         for rep in (s, r):
+            summary.checkpoint_bytes_written += rep.checkpoint_bytes
+            summary.commit_wait_seconds += rep.wait_seconds
             summary.cache_loads += rep.loads.get("cache", 0)
             summary.checkpoint_loads += rep.loads.get("checkpoint", 0)
         summary.batches.append({"batch_id": batch_id, "events": r.rows, "sessions": s.output_rows,
@@ -280,6 +294,8 @@ def run_demo(cfg: DemoConfig, spark=None, progress: Optional[Callable[[str], Non
     else:
         rep = sessions_op.flush(spark)
         if rep is not None:
+            summary.checkpoint_bytes_written += rep.checkpoint_bytes
+            summary.commit_wait_seconds += rep.wait_seconds
             say(f"end of input: flushed {rep.output_rows:,} open sessions as version {rep.version}")
     summary.flushed = sessions_op.is_finalized()
 

@@ -14,7 +14,14 @@ Usage (inside ``foreachBatch``)::
 pyspark is imported lazily; importing this package needs only pyarrow.
 """
 
-from statecore.spark.operator import BatchReport, StatefulOperator, clear_state_cache, parquet_batch_sink
+from statecore.spark.operator import (
+    BatchReport,
+    PendingBatch,
+    StatefulOperator,
+    clear_state_cache,
+    commit_batches,
+    parquet_batch_sink,
+)
 from statecore.spark.processor import KeyedProcessor, ProcessorContext
 from statecore.spark.session import local_session
 
@@ -23,6 +30,8 @@ __all__ = [
     "KeyedProcessor",
     "ProcessorContext",
     "BatchReport",
+    "PendingBatch",
+    "commit_batches",
     "parquet_batch_sink",
     "clear_state_cache",
     "local_session",

@@ -12,16 +12,60 @@ function, or called from one):
 2. Task (partition ``i``, in a Python worker): its key-group range is Flink's
    ``computeKeyGroupRangeForOperatorIndex(maxP, n, i)``. State at version ``batch_id - 1`` comes
    from the in-process cache when this worker process produced exactly that committed version
-   for this (checkpoint, operator, partition, n, maxP) — PySpark reuses workers, but a partition
-   lands on the same worker only about half the time — and otherwise is restored from the
-   checkpoint store (only the key groups of the range, from whichever files cover them, which is
-   also how a restart with another ``n`` re-splits key groups). The processor runs; the backend is
-   snapshotted into the data file ``data/<batch_id>/p<i>-<attempt>.sckp`` and the task records
-   its descriptor and counters as a pending descriptor (``pending/<batch_id>/p<i>-<attempt>.json``;
-   files rather than an accumulator, so the commit does not rely on the driver's SparkContext).
-3. Driver, after the sink's action succeeded: check that every partition reported for this
-   attempt, commit version ``batch_id`` (the manifest carries the watermark for the next batch
-   and the attempt id), and drop old versions (``retain``).
+   (same attempt, and its data file is one of the writers the driver committed) for this
+   (checkpoint, operator, partition, n, maxP) — PySpark reuses workers, but a partition lands on
+   the same worker only about half the time — and otherwise is restored from the checkpoint
+   store (only the key groups of the range, from whichever runs cover them, which is also how a
+   restart with another ``n`` re-splits key groups). The processor runs (its output batches
+   stream to the sink while it runs). Then the checkpoint, in two parts:
+
+   * synchronous: ``backend.snapshot(incremental=...)`` — O(1) to O(changes), isolated from
+     later writes;
+   * asynchronous (a background thread of the worker, or the store's ``write_snapshot_async``):
+     write the run ``data/<batch_id>/p<i>-<attempt>-t<task attempt>.sckp``, release the
+     snapshot, then record the pending descriptor ``pending/<batch_id>/<same writer>.json``
+     (descriptor + the task's counters as ``spark_report``; files rather than an accumulator, so
+     the commit does not rely on the driver's SparkContext). A failed write records a pending
+     descriptor with an ``error`` instead.
+
+   The task returns as soon as the write started, so the write overlaps the rest of the sink's
+   work, the other partitions' tasks and the next operator's job. (A worker that Spark does not
+   reuse — ``spark.python.worker.reuse=false`` — exits with ``os._exit`` after the task, so there
+   the task waits for its write.) Each Spark task attempt writes its own file, so a retried or
+   speculative attempt can never pair one attempt's descriptor with another's bytes.
+3. Driver, after the sink's action returned (:meth:`PendingBatch.commit`): wait until every
+   partition of this attempt recorded its pending descriptor (at most ``commit_timeout_s``),
+   commit version ``batch_id`` (the manifest carries the watermark for the next batch, the
+   attempt id and the committed writers), clear the pending descriptors and apply retention
+   (``retain_versions``). The store compacts a version whose run chain grew past ``max_runs``.
+
+Incremental checkpoints
+-----------------------
+Version 0 (no predecessor) is written full. Every later version is incremental: the changes
+since the backend's base (tombstones for removals), stored as new runs on top of the previous
+version's runs (``checkpoint/store.py`` "Runs and versions"). The base is either the restored
+state (a task that restored ``batch_id - 1`` from the store) or, for a backend taken from the
+worker cache, its own snapshot of ``batch_id - 1``: the cache entry keeps that snapshot's id and
+the task calls ``backend.notify_checkpoint_complete(id)`` once it knows the driver committed
+that version with that very data file (``attempt`` and ``writers`` of the manifest) — the
+Flink ``notifyCheckpointComplete`` rule: the base moves only to a durable checkpoint. If the
+commit never happened (failed batch, replay) the entry does not match and the next task
+restores from the store instead, so an incremental run is never relative to an uncommitted one.
+
+Why the driver waits before ``foreachBatch`` returns (exactly-once vs asynchronous writes)
+-----------------------------------------------------------------------------------------
+Spark records micro-batch ``v`` in its commit log when ``foreachBatch(v)`` returns and never
+runs ``v`` again after that. If the operator returned while state ``v`` was still being written,
+a crash right then would leave Spark past ``v`` and statecore without version ``v``: batch
+``v + 1`` would have no predecessor (or silently miss ``v``'s updates). So version ``v`` is
+committed (manifest written) before ``foreachBatch`` returns; what is asynchronous is only the
+part between the snapshot and that commit. With several operators in one ``foreachBatch`` (the
+demo has two), each :meth:`StatefulOperator.start` runs its sink's action without committing
+and :func:`commit_batches` then waits for all of them and commits them at the end, so the
+writes of the first operator overlap the second operator's job. A background write that never
+reports (its worker died) makes the driver time out with StateError after
+``commit_timeout_s``; one that fails reports its error at once. Either way nothing is committed,
+``foreachBatch`` raises, and Spark replays ``v``, which restores ``v - 1``.
 
 A micro-batch replayed after a failure restores ``batch_id - 1`` again and its sink overwrites
 its own output, so state and output are exactly-once if the processor is deterministic and the
@@ -38,6 +82,7 @@ import os
 import threading
 import time
 import uuid
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
@@ -56,7 +101,8 @@ from statecore.spark.routing import (
     operator_index_column,
 )
 
-__all__ = ["StatefulOperator", "BatchReport", "parquet_batch_sink", "clear_state_cache"]
+__all__ = ["StatefulOperator", "PendingBatch", "BatchReport", "commit_batches",
+           "parquet_batch_sink", "clear_state_cache"]
 
 _INTERNAL = (KEY_GROUP_COLUMN, OPERATOR_INDEX_COLUMN, CONTROL_COLUMN)
 
@@ -67,6 +113,14 @@ _INTERNAL = (KEY_GROUP_COLUMN, OPERATOR_INDEX_COLUMN, CONTROL_COLUMN)
 
 @dataclass
 class _CachedState:
+    """A backend kept in the worker process after the task that produced ``version``.
+
+    ``writer``: the writer name of its data file; ``snapshot_id``: the id of the snapshot that
+    file was written from (passed to ``notify_checkpoint_complete`` once the driver committed
+    ``version`` with this writer, so the next incremental snapshot starts from there);
+    ``write``: a Future that resolves when the background write (data file + pending
+    descriptor) finished, successfully or not (the backend may be closed only after that)."""
+
     version: int
     attempt: str
     num_partitions: int
@@ -74,36 +128,58 @@ class _CachedState:
     backend_kind: str
     key_type: str
     backend: Any
+    writer: Optional[str] = None
+    snapshot_id: Optional[int] = None
+    write: Optional[Future] = None
 
 
 _STATE_CACHE: Dict[tuple, _CachedState] = {}
 _CACHE_LOCK = threading.Lock()
 
 
+def _close_entry(entry: _CachedState) -> None:
+    """Close ``entry``'s backend, after its background write finished (a snapshot being written
+    must not lose its backend); a write that never finishes keeps the backend open."""
+    if entry.write is not None and not entry.write.done():
+        entry.write.add_done_callback(lambda _f: entry.backend.close())
+    else:
+        entry.backend.close()
+
+
 def clear_state_cache() -> None:
-    """Close and forget every backend cached in this process (tests; memory pressure)."""
+    """Close and forget every backend cached in this process (tests; memory pressure). Backends
+    with a background checkpoint write in flight are closed when it finishes."""
     with _CACHE_LOCK:
         entries = list(_STATE_CACHE.values())
         _STATE_CACHE.clear()
     for e in entries:
-        e.backend.close()
+        _close_entry(e)
 
 
-def _take_cached(key: tuple, want: tuple) -> Optional[Any]:
+def _take_cached(key: tuple, want: tuple, committed_writers: Optional[frozenset]) -> Optional[Any]:
     """Remove and return the cached backend for ``key`` if it holds exactly ``want`` =
-    (version, attempt, n, maxP, kind, key_type); a non-matching entry is closed. Taking the entry
-    out before mutating it means a task that fails midway can never leave a half-updated backend
-    labelled with the old version."""
+    (version, attempt, n, maxP, kind, key_type) and its data file is one the driver committed
+    (``committed_writers``; None = not recorded, older checkpoints); a non-matching entry is
+    closed. Taking the entry out before mutating it means a task that fails midway can never
+    leave a half-updated backend labelled with the old version. On a hit the backend is told
+    that its snapshot of that version is complete, which moves its incremental base there."""
     with _CACHE_LOCK:
         entry = _STATE_CACHE.pop(key, None)
     if entry is None:
         return None
     have = (entry.version, entry.attempt, entry.num_partitions, entry.max_parallelism,
             entry.backend_kind, entry.key_type)
-    if have == want:
-        return entry.backend
-    entry.backend.close()
-    return None
+    if have != want or (committed_writers is not None and entry.writer not in committed_writers):
+        _close_entry(entry)
+        return None
+    if entry.write is not None and entry.write.exception() is not None:
+        # Committed means its pending descriptor exists, written after the data file and the
+        # snapshot's release, so this only waits for the Future's bookkeeping to settle.
+        entry.backend.close()
+        return None
+    if entry.snapshot_id is not None:
+        entry.backend.notify_checkpoint_complete(entry.snapshot_id)
+    return entry.backend
 
 
 #: Cached partitions per worker process beyond which the oldest are closed.
@@ -127,7 +203,78 @@ def _put_cached(key: tuple, entry: _CachedState) -> None:
             closing.append(_STATE_CACHE.pop(next(iter(_STATE_CACHE))))
     for e in closing:
         if e.backend is not entry.backend:
-            e.backend.close()
+            _close_entry(e)
+
+
+# ------------------------------------------------------------------------------------------
+# Worker side: the background checkpoint write
+# ------------------------------------------------------------------------------------------
+
+def _start_snapshot_write(store, snap, version: int, writer: str) -> Future:
+    """Start writing ``snap`` as the data file of ``writer`` at ``version``; the Future resolves
+    to the descriptor of :meth:`CheckpointStore.write_snapshot` (or its exception). Uses the
+    store's own ``write_snapshot_async`` when it has one, else a plain non-daemon thread (a
+    Python interpreter that exits normally finishes it first). Does not release ``snap``."""
+    native_async = getattr(store, "write_snapshot_async", None)
+    if native_async is not None:
+        return native_async(snap, version, writer)
+    fut: Future = Future()
+    fut.set_running_or_notify_cancel()
+
+    def run():
+        try:
+            fut.set_result(store.write_snapshot(snap, version, writer=writer))
+        except BaseException as exc:  # handed to the Future's consumer
+            fut.set_exception(exc)
+
+    threading.Thread(target=run, name=f"statecore-write-{writer}", daemon=False).start()
+    return fut
+
+
+def _checkpoint_in_background(store, snap, version: int, writer: str, report: dict,
+                              start_write: Callable) -> Future:
+    """The asynchronous part of a task's checkpoint: write ``snap``'s data file, release the
+    snapshot, then record the pending descriptor (``report`` as its ``spark_report``). When the
+    write fails, a pending descriptor carrying ``report["error"]`` is recorded instead, so the
+    driver fails the micro-batch at once rather than at its timeout. Returns a Future that
+    resolves (to the descriptor, or with the exception) once all of that is done."""
+    done: Future = Future()
+    done.set_running_or_notify_cancel()
+
+    def finish(write: Future) -> None:
+        try:
+            try:
+                desc = write.result()
+            finally:
+                snap.release()
+            store.write_pending(version, writer, dict(desc, spark_report=report))
+            done.set_result(desc)
+        except BaseException as exc:
+            try:
+                store.write_pending(version, writer, {
+                    "version": version, "writer": writer,
+                    "spark_report": dict(report, error=f"{type(exc).__name__}: {exc}")})
+            except BaseException:
+                pass  # the driver's timeout reports it
+            done.set_exception(exc)
+
+    try:
+        write = start_write(store, snap, version, writer)
+    except BaseException as exc:
+        write = Future()
+        write.set_exception(exc)
+    write.add_done_callback(finish)
+    return done
+
+
+def _task_attempt_number() -> int:
+    """Spark's attempt number of the running task (0 outside a Spark task)."""
+    try:
+        from pyspark import TaskContext
+    except ImportError:
+        return 0
+    tc = TaskContext.get()
+    return int(tc.attemptNumber()) if tc is not None else 0
 
 
 def _event_time_ms(arr) -> Optional[int]:
@@ -167,6 +314,8 @@ class _TaskSpec:
     watermark_ms: Optional[int]
     is_flush: bool
     output_schema: pa.Schema
+    prev_writers: Optional[frozenset] = None
+    start_write: Optional[Callable] = None
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         t0 = time.perf_counter()
@@ -205,7 +354,7 @@ class _TaskSpec:
         if self.prev_version is not None:
             backend = _take_cached(cache_key, (
                 self.prev_version, self.prev_attempt, self.num_partitions, self.max_parallelism,
-                self.backend_kind, self.key_type))
+                self.backend_kind, self.key_type), self.prev_writers)
             source = "cache" if backend is not None else "checkpoint"
         if backend is None:
             backend = create_backend(self.backend_kind, key_type=self.key_type,
@@ -216,9 +365,11 @@ class _TaskSpec:
             partition_id=partition_id, num_partitions=self.num_partitions,
             max_parallelism=self.max_parallelism, key_group_range=kg_range,
             key_column=self.key_column, watermark_ms=self.watermark_ms, is_flush=self.is_flush)
+        writer = f"p{partition_id}-{self.attempt}-t{_task_attempt_number()}"
         try:
             t_load = time.perf_counter()
             if source == "checkpoint":
+                # The restored state becomes the backend's incremental base.
                 store.restore(backend, self.prev_version)
             # State is declared after the restore, as in Flink: get_state then checks the
             # descriptor against the restored meta (StateMigrationError on a mismatch).
@@ -260,31 +411,39 @@ class _TaskSpec:
                         yield ob
             proc_s = time.perf_counter() - t_proc
 
+            # Synchronous part of the checkpoint: the snapshot (isolated from later writes).
+            # The first version of a checkpoint is full; every later one holds the changes
+            # since the backend's base (the restored state, or the cached backend's snapshot
+            # of the committed previous version).
             t_snap = time.perf_counter()
-            snap = backend.snapshot()
-            try:
-                desc = store.write_snapshot(snap, self.batch_id,
-                                            writer=f"p{partition_id}-{self.attempt}")
-            finally:
-                snap.release()
+            snap = backend.snapshot(incremental=self.prev_version is not None)
+            snapshot_id = int(snap.snapshot_id)
             snap_s = time.perf_counter() - t_snap
             report = {
                 "partition": partition_id, "attempt": self.attempt,
+                "task_attempt": _task_attempt_number(), "writer": writer,
                 "rows": rows, "output_rows": out_rows, "max_event_ms": max_event_ms,
                 "state_entries": int(backend.num_entries()), "state_bytes": int(backend.state_bytes()),
                 "load": source, "load_s": load_s, "process_s": proc_s, "snapshot_s": snap_s,
+                "incremental": bool(snap.incremental), "snapshot_id": snapshot_id,
                 "task_s": time.perf_counter() - t0, "pid": os.getpid(),
                 "metrics": {k: int(v) for k, v in ctx.metrics.items()},
             }
         except BaseException:
             backend.close()
             raise
+        # Asynchronous part: the data file and then the pending descriptor ("partition i of
+        # this attempt is complete") are written in the background while the task ends.
+        done = _checkpoint_in_background(store, snap, self.batch_id, writer, report,
+                                         self.start_write or _start_snapshot_write)
         _put_cached(cache_key, _CachedState(
             self.batch_id, self.attempt, self.num_partitions, self.max_parallelism,
-            self.backend_kind, self.key_type, backend))
-        # Last step of the task: the pending descriptor says "partition i of this attempt is
-        # complete". A retried task attempt rewrites the same names.
-        store.write_pending(self.batch_id, desc["writer"], dict(desc, spark_report=report))
+            self.backend_kind, self.key_type, backend, writer=writer, snapshot_id=snapshot_id,
+            write=done))
+        if not os.environ.get("SPARK_REUSE_WORKER"):
+            # A worker that is not reused exits with os._exit right after the task (pyspark
+            # daemon), which would kill the write: finish it inside the task.
+            done.result()
 
     def _check_output(self, ob) -> pa.RecordBatch:
         if isinstance(ob, pa.Table):
@@ -344,7 +503,13 @@ def parquet_batch_sink(output_path: str) -> Callable:
 
 @dataclass
 class BatchReport:
-    """What one committed version cost and produced (driver side)."""
+    """What one committed version cost and produced (driver side).
+
+    ``checkpoint_bytes``: bytes of the data files written for this version (the new runs);
+    ``checkpoint_total_bytes``: bytes of every run the committed manifest lists (what a restore
+    reads); ``incremental``: every partition wrote an incremental run; ``wait_seconds``: time
+    the driver waited for background checkpoint writes after the sink's action; ``seconds``:
+    from the start of the micro-batch to its commit."""
 
     operator_name: str
     version: int
@@ -358,6 +523,9 @@ class BatchReport:
     loads: Dict[str, int] = field(default_factory=dict)
     metrics: Dict[str, int] = field(default_factory=dict)
     final: bool = False
+    checkpoint_total_bytes: int = 0
+    incremental: bool = False
+    wait_seconds: float = 0.0
 
 
 class StatefulOperator:
@@ -382,7 +550,14 @@ class StatefulOperator:
         event_time_column: timestamp (or int64 ms) column whose maximum over earlier micro-batches
             is the watermark handed to the processor; None = no watermark.
         retain_versions: committed versions kept (>= 2, so a replay of the latest batch can
-            restore its predecessor).
+            restore its predecessor); older versions' manifests and the runs no kept version
+            references are deleted after each commit.
+        max_runs: the store compacts a committed version whose key groups need more than this
+            many runs (incremental chain length, int >= 1), so restores stay bounded; None =
+            never.
+        commit_timeout_s: seconds the driver waits, after the sink's action, for every
+            partition's background checkpoint write to report (> 0); past it the micro-batch
+            fails with StateError and Spark replays it.
 
     Raises InvalidInputError for bad arguments (at construction) and for inputs the contract
     forbids (at run time: null keys, a key column of another type, output not matching the
@@ -393,7 +568,8 @@ class StatefulOperator:
     def __init__(self, name: str, processor: KeyedProcessor, key_column: str, checkpoint: str, *,
                  sink: Optional[Callable] = None, output: Optional[str] = None,
                  parallelism: int = 2, max_parallelism: int = 128, backend: str = "python",
-                 event_time_column: Optional[str] = None, retain_versions: int = 3):
+                 event_time_column: Optional[str] = None, retain_versions: int = 3,
+                 max_runs: Optional[int] = 8, commit_timeout_s: float = 300.0):
         import re
 
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", name):
@@ -416,6 +592,12 @@ class StatefulOperator:
             raise InvalidInputError(f"backend must be 'python' or 'native', got {backend!r}")
         if isinstance(retain_versions, bool) or not isinstance(retain_versions, int) or retain_versions < 2:
             raise InvalidInputError(f"retain_versions must be an int >= 2, got {retain_versions!r}")
+        if max_runs is not None and (isinstance(max_runs, bool) or not isinstance(max_runs, int)
+                                     or max_runs < 1):
+            raise InvalidInputError(f"max_runs must be an int >= 1 or None, got {max_runs!r}")
+        if isinstance(commit_timeout_s, bool) or not isinstance(commit_timeout_s, (int, float)) \
+                or not commit_timeout_s > 0:
+            raise InvalidInputError(f"commit_timeout_s must be a number > 0, got {commit_timeout_s!r}")
         if sink is None:
             if output is None:
                 raise InvalidInputError("give either sink= or output= (directory of the default sink)")
@@ -432,16 +614,24 @@ class StatefulOperator:
         self.backend = backend
         self.event_time_column = event_time_column
         self.retain_versions = retain_versions
+        self.max_runs = max_runs
+        self.commit_timeout_s = float(commit_timeout_s)
         self.reports: List[BatchReport] = []
+        self._store = None
+        # Tests replace the worker-side write (a Callable like _start_snapshot_write).
+        self._start_write: Optional[Callable] = None
 
     # -------------------------------------------------------------------------- public API
 
     @property
     def store(self):
-        """The operator's :class:`statecore.checkpoint.CheckpointStore`."""
+        """The operator's :class:`statecore.checkpoint.CheckpointStore` (one per operator object:
+        commit, compaction and retention of a store are serialized by its lock)."""
         from statecore.checkpoint import CheckpointStore
 
-        return CheckpointStore(self.store_uri)
+        if self._store is None or self._store.max_runs != self.max_runs:
+            self._store = CheckpointStore(self.store_uri, max_runs=self.max_runs)
+        return self._store
 
     def latest_version(self) -> Optional[int]:
         """Highest committed version (micro-batch id, or the flush version), or None."""
@@ -458,8 +648,17 @@ class StatefulOperator:
         return self.process(df, int(batch_id))
 
     def process(self, df, batch_id: int) -> BatchReport:
-        """Run micro-batch ``batch_id`` on DataFrame ``df`` and commit version ``batch_id``.
-        See the module docstring for the protocol; errors: class docstring."""
+        """Run micro-batch ``batch_id`` on DataFrame ``df`` and commit version ``batch_id``
+        (:meth:`start` then :meth:`PendingBatch.commit`). See the module docstring for the
+        protocol; errors: class docstring."""
+        return self.start(df, batch_id).commit()
+
+    def start(self, df, batch_id: int) -> "PendingBatch":
+        """Run micro-batch ``batch_id`` on ``df`` up to and including the sink's action, without
+        committing: returns a :class:`PendingBatch` whose ``commit()`` waits for the background
+        checkpoint writes and commits version ``batch_id``. Several operators in one
+        ``foreachBatch`` start each and then commit all (:func:`commit_batches`), so the writes
+        of one overlap the actions of the others. Errors: class docstring."""
         if isinstance(batch_id, bool) or not isinstance(batch_id, int) or batch_id < 0:
             raise InvalidInputError(f"batch_id must be an int >= 0, got {batch_id!r}")
         store = self.store
@@ -477,7 +676,7 @@ class StatefulOperator:
                 f"operator {self.name}: event-time column {self.event_time_column!r} not in "
                 f"{field_names}")
         key_type = backend_key_type(df.schema[self.key_column].dataType)
-        return self._run(df.sparkSession, df, batch_id, key_type, is_flush=False)
+        return self._launch(df.sparkSession, df, batch_id, key_type, is_flush=False)
 
     def flush(self, spark) -> Optional[BatchReport]:
         """End of input, exactly once: run version ``latest + 1`` in which every partition calls
@@ -492,11 +691,12 @@ class StatefulOperator:
         meta = store.metadata(latest)
         if meta.get("final"):
             return None
-        return self._run(spark, None, latest + 1, meta["key_type"], is_flush=True)
+        return self._launch(spark, None, latest + 1, meta["key_type"], is_flush=True).commit()
 
     # ------------------------------------------------------------------------------ internals
 
-    def _run(self, spark, df, batch_id: int, key_type: str, *, is_flush: bool) -> BatchReport:
+    def _launch(self, spark, df, batch_id: int, key_type: str, *,
+                is_flush: bool) -> "PendingBatch":
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -543,7 +743,9 @@ class StatefulOperator:
             event_time_column=self.event_time_column, max_parallelism=mp, num_partitions=n,
             batch_id=batch_id, prev_version=prev, prev_attempt=prev_meta.get("attempt"),
             attempt=attempt, watermark_ms=watermark, is_flush=is_flush,
-            output_schema=self.processor.output_schema)
+            output_schema=self.processor.output_schema,
+            prev_writers=(frozenset(prev_meta["writers"]) if "writers" in prev_meta else None),
+            start_write=self._start_write)
 
         control = spark.range(n).select(
             F.lit(None).cast("bigint").alias(KEY_GROUP_COLUMN),
@@ -561,22 +763,99 @@ class StatefulOperator:
         out = routed_in.repartitionById(n, F.col(OPERATOR_INDEX_COLUMN)).mapInArrow(
             spec, from_arrow_schema(self.processor.output_schema))
         self.sink(out, batch_id)
+        return PendingBatch(self, batch_id, attempt, n, key_type, is_flush, prev_meta, watermark,
+                            processor_config, t0)
 
-        by_part: Dict[int, dict] = {}
-        for d in store.pending(batch_id):
-            r = d.get("spark_report")
-            # Earlier attempts of this batch id (other writers, maybe another n) are ignored.
-            if isinstance(r, dict) and r.get("attempt") == attempt:
+
+class PendingBatch:
+    """A micro-batch of one operator whose sink action ran but whose version is not committed
+    yet (from :meth:`StatefulOperator.start`). The tasks' checkpoint writes may still be in
+    flight; :meth:`wait` blocks until every partition of this attempt reported and
+    :meth:`commit` then commits the version. Not thread-safe; commit at most once."""
+
+    def __init__(self, op: StatefulOperator, batch_id: int, attempt: str, num_partitions: int,
+                 key_type: str, is_flush: bool, prev_meta: Dict[str, Any], watermark: Optional[int],
+                 processor_config: Any, t0: float):
+        self.op = op
+        self.batch_id = batch_id
+        self.attempt = attempt
+        self.num_partitions = num_partitions
+        self.key_type = key_type
+        self.is_flush = is_flush
+        self.prev_meta = prev_meta
+        self.watermark = watermark
+        self.processor_config = processor_config
+        self.t0 = t0
+        self.report: Optional[BatchReport] = None
+        self._parts: Optional[List[dict]] = None
+        self._wait_s = 0.0
+
+    def wait(self, timeout_s: Optional[float] = None) -> List[dict]:
+        """Wait until every partition ``0..n-1`` of this attempt recorded its pending descriptor
+        and return their reports (with ``descriptor``), by partition. Polls the store's pending
+        descriptors (10 ms growing to 200 ms). ``timeout_s``: default the operator's
+        ``commit_timeout_s``. Raises StateError when a partition's background write reported
+        an error (at once) or when some partition did not report within the timeout (its worker
+        died, or the sink's action did not evaluate every partition): the micro-batch then
+        fails and Spark replays it from the previous version."""
+        if self._parts is not None:
+            return self._parts
+        op = self.op
+        n = self.num_partitions
+        timeout = op.commit_timeout_s if timeout_s is None else float(timeout_s)
+        t_start = time.perf_counter()
+        deadline = t_start + timeout
+        delay = 0.01
+        while True:
+            by_part: Dict[int, dict] = {}
+            for d in op.store.pending(self.batch_id):
+                r = d.get("spark_report")
+                # Earlier attempts of this batch id (other writers, maybe another n) are ignored.
+                if not isinstance(r, dict) or r.get("attempt") != self.attempt:
+                    continue
+                if r.get("error"):
+                    raise StateError(
+                        f"operator {op.name}: micro-batch {self.batch_id}: the checkpoint write "
+                        f"of partition {r.get('partition')} ({d.get('writer')}) failed: "
+                        f"{r['error']}; the micro-batch is not committed (Spark replays it "
+                        "from the previous version)")
                 r = dict(r, descriptor={k: v for k, v in d.items() if k != "spark_report"})
-                by_part[r["partition"]] = r
-        if sorted(by_part) != list(range(n)):
-            raise StateError(
-                f"operator {self.name}: micro-batch {batch_id}: partitions {sorted(by_part)} "
-                f"reported, expected 0..{n - 1}; the sink must run an action that evaluates "
-                "every partition of the DataFrame it is given (e.g. a write, not a limit)")
-        parts = [by_part[i] for i in range(n)]
+                # Several Spark task attempts of one partition each write their own file; all
+                # hold the same state (deterministic processor): the latest attempt wins.
+                have = by_part.get(r["partition"])
+                if have is None or r.get("task_attempt", 0) > have.get("task_attempt", 0):
+                    by_part[r["partition"]] = r
+            if sorted(by_part) == list(range(n)):
+                break
+            now = time.perf_counter()
+            if now >= deadline:
+                missing = sorted(set(range(n)) - set(by_part))
+                raise StateError(
+                    f"operator {op.name}: micro-batch {self.batch_id}: partitions {missing} did "
+                    f"not report their checkpoint within {timeout:g} s after the sink's action "
+                    f"(reported: {sorted(by_part)}); either their worker died before the "
+                    "background write finished or the sink's action did not evaluate every "
+                    "partition of the DataFrame it is given (use a write, not a limit). The "
+                    "micro-batch is not committed; Spark replays it from the previous version")
+            time.sleep(min(delay, max(deadline - now, 0.0)))
+            delay = min(delay * 2, 0.2)
+        self._wait_s = time.perf_counter() - t_start
+        self._parts = [by_part[i] for i in range(n)]
+        return self._parts
+
+    def commit(self) -> BatchReport:
+        """Wait (:meth:`wait`) and commit version ``batch_id``: manifest with the watermark for
+        the next micro-batch, the attempt id, the committed writers (the worker caches' key),
+        the processor config and counters; then clear the pending descriptors and apply
+        retention. Returns the :class:`BatchReport`; a second call returns the same one."""
+        if self.report is not None:
+            return self.report
+        op = self.op
+        parts = self.wait()
+        store = op.store
+        n, mp = self.num_partitions, op.max_parallelism
         batch_max = [r["max_event_ms"] for r in parts if r["max_event_ms"] is not None]
-        new_wm = prev_meta.get("watermark_ms")
+        new_wm = self.prev_meta.get("watermark_ms")
         if batch_max:
             new_wm = max(batch_max) if new_wm is None else max(new_wm, max(batch_max))
         metrics: Dict[str, int] = {}
@@ -591,22 +870,39 @@ class StatefulOperator:
         entries = sum(r["state_entries"] for r in parts)
         sbytes = sum(r["state_bytes"] for r in parts)
         ckpt_bytes = sum(r["descriptor"]["size"] for r in parts)
+        incremental = all(r["descriptor"].get("kind") == "incremental" for r in parts)
         metadata = {
-            "operator": self.name, "batch_id": batch_id, "attempt": attempt,
-            "num_partitions": n, "max_parallelism": mp, "key_type": key_type,
-            "key_column": self.key_column, "backend": self.backend,
-            "processor": type(self.processor).__qualname__, "processor_config": processor_config,
-            "input_watermark_ms": watermark, "watermark_ms": new_wm,
+            "operator": op.name, "batch_id": self.batch_id, "attempt": self.attempt,
+            "writers": [r["descriptor"]["writer"] for r in parts],
+            "num_partitions": n, "max_parallelism": mp, "key_type": self.key_type,
+            "key_column": op.key_column, "backend": op.backend,
+            "processor": type(op.processor).__qualname__,
+            "processor_config": self.processor_config,
+            "input_watermark_ms": self.watermark, "watermark_ms": new_wm,
             "rows": rows, "output_rows": out_rows, "state_entries": entries,
-            "state_bytes": sbytes, "metrics": metrics, "loads": loads, "final": is_flush,
+            "state_bytes": sbytes, "checkpoint_bytes": ckpt_bytes, "metrics": metrics,
+            "loads": loads, "final": self.is_flush,
         }
-        store.commit(batch_id, [r["descriptor"] for r in parts], metadata)
-        store.clear_pending(batch_id)
-        store.retain(self.retain_versions)
-        report = BatchReport(
-            operator_name=self.name, version=batch_id, rows=rows, output_rows=out_rows,
+        manifest = store.commit(self.batch_id, [r["descriptor"] for r in parts], metadata)
+        store.clear_pending(self.batch_id)
+        store.retain(op.retain_versions)
+        self.report = BatchReport(
+            operator_name=op.name, version=self.batch_id, rows=rows, output_rows=out_rows,
             state_entries=entries, state_bytes=sbytes, checkpoint_bytes=ckpt_bytes,
-            watermark_ms=new_wm, seconds=time.perf_counter() - t0, loads=loads,
-            metrics=metrics, final=is_flush)
-        self.reports.append(report)
-        return report
+            watermark_ms=new_wm, seconds=time.perf_counter() - self.t0, loads=loads,
+            metrics=metrics, final=self.is_flush,
+            checkpoint_total_bytes=sum(int(f["size"]) for f in manifest["files"]),
+            incremental=incremental, wait_seconds=self._wait_s)
+        op.reports.append(self.report)
+        return self.report
+
+
+def commit_batches(pending: List[PendingBatch]) -> List[BatchReport]:
+    """Commit several operators' micro-batches of one ``foreachBatch`` call: first wait until
+    every one's checkpoint writes reported (so none is committed when another's failed), then
+    commit them in order. Returns their reports, in order. Errors: :meth:`PendingBatch.wait`,
+    ``CheckpointStore.commit``. A crash between two commits leaves some operators one version
+    ahead; Spark replays the batch and each operator restores ``batch_id - 1`` again."""
+    for p in pending:
+        p.wait()
+    return [p.commit() for p in pending]
