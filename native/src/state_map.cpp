@@ -277,6 +277,39 @@ bool StateMap::get(const uint8_t* key, size_t key_size, ByteView* out) {
   return true;
 }
 
+uint32_t StateMap::hash(const uint8_t* key, size_t key_size) const {
+  check_buffer(key, key_size, "key");
+  return impl_->hash_of(key, key_size);
+}
+
+// Impl::table_for hands out a writable table pointer for updates; prefetching only reads.
+static const Directory* prefetch_table(const StateMap::Impl& m, uint32_t h, size_t* bucket) {
+  size_t b = h & (m.primary->capacity - 1);
+  if (m.rehash_table && b < m.rehash_index) {
+    *bucket = h & (m.rehash_table->capacity - 1);
+    return m.rehash_table;
+  }
+  *bucket = b;
+  return m.primary;
+}
+
+void StateMap::prefetch_bucket(uint32_t h) const {
+  size_t b;
+  const Directory* d = prefetch_table(*impl_, h, &b);
+  const Page* p = d->pages()[b >> d->page_shift];
+  if (p) __builtin_prefetch(&p->slots()[b & d->page_mask()], 0, 1);
+}
+
+void StateMap::prefetch_entry(uint32_t h) const {
+  size_t b;
+  const Directory* d = prefetch_table(*impl_, h, &b);
+  const Entry* e = d->head(b);
+  if (e) {
+    __builtin_prefetch(e, 0, 1);
+    __builtin_prefetch(reinterpret_cast<const char*>(e) + 64, 0, 1);
+  }
+}
+
 uint8_t* StateMap::put(const uint8_t* key, size_t key_size, size_t value_size) {
   check_buffer(key, key_size, "key");
   if (value_size > std::numeric_limits<uint32_t>::max()) {

@@ -203,6 +203,14 @@ class StateMap {
   uint8_t* put(const uint8_t* key, size_t key_size, size_t value_size);
   // Writable access to an existing value (copy-on-write applied); nullptr when absent.
   uint8_t* get_for_update(const uint8_t* key, size_t key_size, size_t* value_size);
+  // Cache hints for batch kernels (no effect on contents, versions or counters): a kernel hashes
+  // a group of rows ahead, calls prefetch_bucket(h) for each, then prefetch_entry(h) for each,
+  // then performs the rows' operations in order. hash() is the map's key hash (the injected one,
+  // mixed, or the default); prefetch_entry also touches the first chained entry's header and key.
+  uint32_t hash(const uint8_t* key, size_t key_size) const;
+  void prefetch_bucket(uint32_t hash) const;
+  void prefetch_entry(uint32_t hash) const;
+
   // True when the key was present.
   bool remove(const uint8_t* key, size_t key_size);
   void clear();
