@@ -201,11 +201,7 @@ class NativeBackend(py.PythonBackend):
     # ------------------------------------------------------------------ snapshot / restore
     def snapshot(self, incremental: bool = False) -> NativeSnapshot:
         self._check_open()
-        timer_data = {}
-        for kg in self.key_group_range:
-            keys, vals = self.timers.snapshot_entries(kg)
-            if len(keys):
-                timer_data[kg] = (keys, vals)
+        timer_data = self.timers.snapshot_all()
         sid = self._next_snapshot_id()
         snap = NativeSnapshot(self, self._tables, timer_data, sid, bool(incremental))
         self._pending[sid] = snap.table_versions()

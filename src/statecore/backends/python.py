@@ -250,10 +250,7 @@ class PythonBackend(base.KeyedStateBackend):
                               pa.array([p[1] for p in pairs], pa.binary()))
             data[name] = per_kg
         metas.append(self.timers.meta())
-        tdata = {}
-        for kg in self.timers.key_groups():
-            tdata[kg] = self.timers.snapshot_entries(kg)
-        data[TIMERS_STATE_NAME] = tdata
+        data[TIMERS_STATE_NAME] = self.timers.snapshot_all()
         sid = self._next_snapshot_id()
         self._clock.now = sid
         return PythonSnapshot(self.max_parallelism, self.key_group_range, self.key_type,
