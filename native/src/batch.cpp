@@ -268,10 +268,25 @@ void emit_current(StateMap& m, const RowKeys& rk, int64_t i, T* out, uint8_t* va
   }
 }
 
-// add_batch apply pass for accumulator type T. `value_at(i)` gives row i's (non-null) input.
-template <class T, class Combine, class ValueAt>
+// add_batch apply pass for accumulator type T. `value_at(i)` gives row i's (non-null) input;
+// `combine(acc, x, &result)` folds one value and returns false when the result does not fit T.
+//
+// kUndo (the int64 Sum, whose overflow the reference backend rejects): a failed combine must
+// leave the state exactly as before the batch, and overflow can only be known while applying, so
+// every write is recorded in an undo log (row, whether the key existed, its old value: 16 bytes a
+// row, reused per thread) and replayed backwards before the error is raised. Rows are applied in
+// order, so undoing them in reverse restores every entry, keys repeated in the batch included.
+// Without kUndo, combine never fails.
+template <class T, bool kUndo, class Combine, class ValueAt>
 void fold_rows(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayView& values,
                Combine combine, ValueAt value_at, T* out, uint8_t* valid) {
+  struct Undo {
+    int64_t row;
+    T old;  // meaningful when existed
+    bool existed;
+  };
+  thread_local std::vector<Undo> undo;
+  undo.clear();
   const int64_t n = values.length();
   for (int64_t i = 0; i < n; ++i) {
     rk.ahead(i);
@@ -287,72 +302,36 @@ void fold_rows(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayVi
     T acc;
     if (p != nullptr) {
       if (sz != 8) wrong_width(i, sz);
-      if constexpr (std::is_same<T, double>::value) acc = combine(load_f64(p), x);
-      else acc = combine(load_i64(p), x);
-    } else {
-      p = m.put(rk.data(), rk.size(), 8);
-      acc = x;
-    }
-    if constexpr (std::is_same<T, double>::value) store_f64(p, acc);
-    else store_i64(p, acc);
-    out[i] = acc;
-    valid[i] = 1;
-  }
-}
-
-// Int64 Sum with the reference backend's rule: a sum that overflows int64 raises and leaves the
-// state exactly as before the batch. Overflow can only be known while applying, so every write is
-// recorded in an undo log (row, whether the key existed, its old value: 16 bytes per row, reused
-// per thread) and replayed backwards on overflow. Rows are applied in order, so undoing them in
-// reverse order restores every entry, including keys repeated within the batch.
-template <class ValueAt>
-void sum_int64_checked(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayView& values,
-                       ValueAt value_at, int64_t* out, uint8_t* valid) {
-  struct Undo {
-    int64_t row;
-    int64_t old;  // meaningful when existed
-    bool existed;
-  };
-  thread_local std::vector<Undo> undo;
-  undo.clear();
-  const int64_t n = values.length();
-  for (int64_t i = 0; i < n; ++i) {
-    rk.ahead(i);
-    rk.encode(i, kgs[i]);
-    StateMap& m = table.map(kgs[i]);
-    if (!values.is_valid(i)) {
-      emit_current(m, rk, i, out, valid);
-      continue;
-    }
-    const int64_t x = value_at(i);
-    size_t sz = 0;
-    uint8_t* p = m.get_for_update(rk.data(), rk.size(), &sz);
-    int64_t acc;
-    if (p != nullptr) {
-      if (sz != 8) wrong_width(i, sz);
-      const int64_t old = load_i64(p);
-      if (__builtin_add_overflow(old, x, &acc)) {
-        for (auto it = undo.rbegin(); it != undo.rend(); ++it) {
-          rk.encode(it->row, kgs[it->row]);
-          StateMap& um = table.map(kgs[it->row]);
-          if (it->existed) {
-            size_t usz = 0;
-            store_i64(um.get_for_update(rk.data(), rk.size(), &usz), it->old);
-          } else {
-            um.remove(rk.data(), rk.size());
+      T old;
+      if constexpr (std::is_same<T, double>::value) old = load_f64(p);
+      else old = load_i64(p);
+      if (!combine(old, x, &acc)) {
+        if constexpr (kUndo) {
+          for (auto it = undo.rbegin(); it != undo.rend(); ++it) {
+            rk.encode(it->row, kgs[it->row]);
+            StateMap& um = table.map(kgs[it->row]);
+            if (it->existed) {
+              size_t usz = 0;
+              uint8_t* up = um.get_for_update(rk.data(), rk.size(), &usz);
+              if constexpr (std::is_same<T, double>::value) store_f64(up, it->old);
+              else store_i64(up, it->old);
+            } else {
+              um.remove(rk.data(), rk.size());
+            }
           }
+          undo.clear();
         }
-        undo.clear();
         fail("values: " + row_str(i) + ": int64 sum overflows (" + std::to_string(old) + " + " +
              std::to_string(x) + "); the batch was not applied");
       }
-      undo.push_back({i, old, true});
+      if constexpr (kUndo) undo.push_back({i, old, true});
     } else {
       p = m.put(rk.data(), rk.size(), 8);
       acc = x;
-      undo.push_back({i, 0, false});
+      if constexpr (kUndo) undo.push_back({i, T{}, false});
     }
-    store_i64(p, acc);
+    if constexpr (std::is_same<T, double>::value) store_f64(p, acc);
+    else store_i64(p, acc);
     out[i] = acc;
     valid[i] = 1;
   }
@@ -365,18 +344,23 @@ void fold_reducer(Reducer r, StateTable& table, const int32_t* kgs, RowKeys& rk,
   switch (r) {
     case Reducer::Sum:
       if constexpr (std::is_same<T, int64_t>::value) {
-        sum_int64_checked(table, kgs, rk, values, value_at, out, valid);
+        fold_rows<T, true>(table, kgs, rk, values,
+                           [](T a, T b, T* res) { return !__builtin_add_overflow(a, b, res); },
+                           value_at, out, valid);
       } else {
-        fold_rows<T>(table, kgs, rk, values, [](T a, T b) { return a + b; }, value_at, out, valid);
+        fold_rows<T, false>(table, kgs, rk, values,
+                            [](T a, T b, T* res) { return *res = a + b, true; }, value_at, out, valid);
       }
       break;
     case Reducer::Min:
-      fold_rows<T>(table, kgs, rk, values, [](T acc, T v) { return v < acc ? v : acc; }, value_at,
-                   out, valid);
+      fold_rows<T, false>(table, kgs, rk, values,
+                          [](T acc, T v, T* res) { return *res = v < acc ? v : acc, true; },
+                          value_at, out, valid);
       break;
     case Reducer::Max:
-      fold_rows<T>(table, kgs, rk, values, [](T acc, T v) { return v > acc ? v : acc; }, value_at,
-                   out, valid);
+      fold_rows<T, false>(table, kgs, rk, values,
+                          [](T acc, T v, T* res) { return *res = v > acc ? v : acc, true; },
+                          value_at, out, valid);
       break;
     case Reducer::Count:
       break;  // handled by the caller (different value input)
@@ -492,10 +476,11 @@ void add_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
     fail("add_batch: null output buffer");
   RowKeys rk(spec, keys, table, kgs);
   if (reducer == Reducer::Count) {
-    fold_rows<int64_t>(
+    fold_rows<int64_t, false>(
         table, kgs, rk, values,
-        [](int64_t a, int64_t b) {
-          return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+        [](int64_t a, int64_t b, int64_t* res) {
+          *res = static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+          return true;
         },
         [](int64_t) { return int64_t{1}; }, static_cast<int64_t*>(out_values), out_valid);
   } else if (value_type == ValueType::Int64) {
