@@ -21,6 +21,7 @@ from statecore.descriptors import (
     ValueStateDescriptor,
 )
 from statecore.errors import InvalidInputError
+from fs_wrappers import LocalDelegatingHandler
 
 _native = pytest.importorskip("statecore._native")
 if not hasattr(_native, "SnapshotBlockSerializer"):
@@ -224,51 +225,14 @@ def test_cancel_stops_and_cleans_up(tmp_path, kind):
     assert (tmp_path / "data" / f"{8:020d}" / "p0.sckp").exists()
 
 
-class _FailingHandler(pafs.FileSystemHandler):
+class _FailingHandler(LocalDelegatingHandler):
     """Local filesystem whose output streams raise OSError after ``limit`` bytes."""
 
+    type_name = "failing"
+
     def __init__(self, limit):
-        self.fs = pafs.LocalFileSystem()
+        super().__init__()
         self.limit = limit
-
-    def get_type_name(self):
-        return "failing"
-
-    def normalize_path(self, path):
-        return path
-
-    def get_file_info(self, paths):
-        return self.fs.get_file_info(paths)
-
-    def get_file_info_selector(self, selector):
-        return self.fs.get_file_info(selector)
-
-    def create_dir(self, path, recursive):
-        self.fs.create_dir(path, recursive=recursive)
-
-    def delete_dir(self, path):
-        self.fs.delete_dir(path)
-
-    def delete_dir_contents(self, path, missing_dir_ok=False):
-        self.fs.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
-
-    def delete_root_dir_contents(self):
-        raise OSError("not supported")
-
-    def delete_file(self, path):
-        self.fs.delete_file(path)
-
-    def move(self, src, dest):
-        self.fs.move(src, dest)
-
-    def copy_file(self, src, dest):
-        self.fs.copy_file(src, dest)
-
-    def open_input_stream(self, path):
-        return self.fs.open_input_stream(path)
-
-    def open_input_file(self, path):
-        return self.fs.open_input_file(path)
 
     def open_output_stream(self, path, metadata):
         inner = self.fs.open_output_stream(path)

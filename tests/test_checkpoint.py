@@ -27,6 +27,7 @@ from statecore.errors import (
     InvalidInputError,
 )
 from statecore.key_groups import KeyGroupRange
+from fs_wrappers import LocalDelegatingHandler
 
 
 # ------------------------------------------------------------------------------------ fakes
@@ -119,55 +120,15 @@ class RecordingBackend:
         self.metas = snap.state_metas()
 
 
-class CountingHandler(pafs.FileSystemHandler):
+class CountingHandler(LocalDelegatingHandler):
     """pyarrow filesystem over the local disk counting bytes read from input files."""
 
+    type_name = "counting"
+
     def __init__(self):
-        self.fs = pafs.LocalFileSystem()
+        super().__init__()
         self.bytes_read = 0
         self.opened = []
-
-    def __eq__(self, other):
-        return self is other
-
-    def __ne__(self, other):
-        return self is not other
-
-    def get_type_name(self):
-        return "counting"
-
-    def normalize_path(self, path):
-        return path
-
-    def get_file_info(self, paths):
-        return self.fs.get_file_info(paths)
-
-    def get_file_info_selector(self, selector):
-        return self.fs.get_file_info(selector)
-
-    def create_dir(self, path, recursive):
-        self.fs.create_dir(path, recursive=recursive)
-
-    def delete_dir(self, path):
-        self.fs.delete_dir(path)
-
-    def delete_dir_contents(self, path, missing_dir_ok=False):
-        self.fs.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
-
-    def delete_root_dir_contents(self):
-        raise NotImplementedError
-
-    def delete_file(self, path):
-        self.fs.delete_file(path)
-
-    def move(self, src, dest):
-        self.fs.move(src, dest)
-
-    def copy_file(self, src, dest):
-        self.fs.copy_file(src, dest)
-
-    def open_input_stream(self, path):
-        return self.fs.open_input_stream(path)
 
     def open_input_file(self, path):
         handler = self
@@ -204,12 +165,6 @@ class CountingHandler(pafs.FileSystemHandler):
                 super().close()
 
         return pa.PythonFile(Counting(), mode="r")
-
-    def open_output_stream(self, path, metadata):
-        return self.fs.open_output_stream(path)
-
-    def open_append_stream(self, path, metadata):
-        return self.fs.open_append_stream(path)
 
 
 # ------------------------------------------------------------------------------- round trips

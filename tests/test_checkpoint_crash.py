@@ -12,18 +12,21 @@ import pytest
 
 from statecore.checkpoint import CheckpointStore
 from test_checkpoint_incremental import Model, read_all
+from fs_wrappers import LocalDelegatingHandler
 
 
 class InjectedCrash(OSError):
     pass
 
 
-class FaultyHandler(pafs.FileSystemHandler):
+class FaultyHandler(LocalDelegatingHandler):
     """Local filesystem whose ``crash_at``-th mutation (1-based) and every later one raise
     InjectedCrash, as if the process died there. A crashing output stream leaves a torn file."""
 
+    type_name = "faulty"
+
     def __init__(self, crash_at):
-        self.fs = pafs.LocalFileSystem()
+        super().__init__()
         self.crash_at = crash_at
         self.mutations = 0
 
@@ -32,27 +35,6 @@ class FaultyHandler(pafs.FileSystemHandler):
         if self.crash_at is not None and self.mutations >= self.crash_at:
             raise InjectedCrash(f"injected crash at mutation {self.mutations} ({what})")
 
-    def __eq__(self, other):
-        return self is other
-
-    def __ne__(self, other):
-        return self is not other
-
-    def get_type_name(self):
-        return "faulty"
-
-    def normalize_path(self, path):
-        return path
-
-    def get_file_info(self, paths):
-        return self.fs.get_file_info(paths)
-
-    def get_file_info_selector(self, selector):
-        return self.fs.get_file_info(selector)
-
-    def create_dir(self, path, recursive):
-        self.fs.create_dir(path, recursive=recursive)
-
     def delete_dir(self, path):
         self._step(f"delete_dir {path}")
         self.fs.delete_dir(path)
@@ -60,9 +42,6 @@ class FaultyHandler(pafs.FileSystemHandler):
     def delete_dir_contents(self, path, missing_dir_ok=False):
         self._step(f"delete_dir_contents {path}")
         self.fs.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
-
-    def delete_root_dir_contents(self):
-        raise NotImplementedError
 
     def delete_file(self, path):
         self._step(f"delete_file {path}")
@@ -75,12 +54,6 @@ class FaultyHandler(pafs.FileSystemHandler):
     def copy_file(self, src, dest):
         self._step(f"copy {src}")
         self.fs.copy_file(src, dest)
-
-    def open_input_stream(self, path):
-        return self.fs.open_input_stream(path)
-
-    def open_input_file(self, path):
-        return self.fs.open_input_file(path)
 
     def open_output_stream(self, path, metadata):
         try:

@@ -1,0 +1,64 @@
+"""A pyarrow filesystem handler that forwards everything to the local disk; tests subclass it to
+count reads or inject failures by overriding only the calls they care about."""
+
+import pyarrow.fs as pafs
+
+
+class LocalDelegatingHandler(pafs.FileSystemHandler):
+    """Every call goes to ``pafs.LocalFileSystem()`` (``self.fs``); ``type_name`` names it."""
+
+    type_name = "local-delegating"
+
+    def __init__(self):
+        self.fs = pafs.LocalFileSystem()
+
+    def __eq__(self, other):
+        return self is other
+
+    def __ne__(self, other):
+        return self is not other
+
+    def get_type_name(self):
+        return self.type_name
+
+    def normalize_path(self, path):
+        return path
+
+    def get_file_info(self, paths):
+        return self.fs.get_file_info(paths)
+
+    def get_file_info_selector(self, selector):
+        return self.fs.get_file_info(selector)
+
+    def create_dir(self, path, recursive):
+        self.fs.create_dir(path, recursive=recursive)
+
+    def delete_dir(self, path):
+        self.fs.delete_dir(path)
+
+    def delete_dir_contents(self, path, missing_dir_ok=False):
+        self.fs.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
+
+    def delete_root_dir_contents(self):
+        raise NotImplementedError
+
+    def delete_file(self, path):
+        self.fs.delete_file(path)
+
+    def move(self, src, dest):
+        self.fs.move(src, dest)
+
+    def copy_file(self, src, dest):
+        self.fs.copy_file(src, dest)
+
+    def open_input_stream(self, path):
+        return self.fs.open_input_stream(path)
+
+    def open_input_file(self, path):
+        return self.fs.open_input_file(path)
+
+    def open_output_stream(self, path, metadata):
+        return self.fs.open_output_stream(path)
+
+    def open_append_stream(self, path, metadata):
+        return self.fs.open_append_stream(path)
