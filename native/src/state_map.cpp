@@ -116,6 +116,25 @@ void StateMap::Impl::rehash_step() {
   }
 }
 
+StateMap::Impl::Location StateMap::Impl::locate(const uint8_t* key, size_t ks) {
+  begin_op(true);
+  Location at;
+  at.h = hash_of(key, ks);
+  at.table = table_for(at.h, &at.bucket);
+  at.entry = find(*at.table, at.bucket, at.h, key, ks);
+  return at;
+}
+
+Entry* StateMap::Impl::own_for_write(const Location& at) {
+  Entry* e = at.entry;
+  if (e->version >= req) return e;
+  Entry** link = writable_link(at.table, at.bucket, e);
+  Entry* c = copy_entry(e);
+  *link = c;
+  dispose(e);
+  return c;
+}
+
 Directory** StateMap::Impl::table_for(uint32_t h, size_t* bucket) {
   size_t b = h & (primary->capacity - 1);
   if (rehash_table && b < rehash_index) {
@@ -267,11 +286,7 @@ size_t StateMap::bytes() const { return impl_->live_bytes; }
 bool StateMap::get(const uint8_t* key, size_t key_size, ByteView* out) {
   check_buffer(key, key_size, "key");
   Impl& m = *impl_;
-  m.begin_op(true);
-  uint32_t h = m.hash_of(key, key_size);
-  size_t b;
-  Directory** t = m.table_for(h, &b);
-  Entry* e = m.find(*t, b, h, key, key_size);
+  const Entry* e = m.locate(key, key_size).entry;
   if (!e) return false;
   if (out) *out = ByteView{e->value(), e->value_size};
   return true;
@@ -316,20 +331,14 @@ uint8_t* StateMap::put(const uint8_t* key, size_t key_size, size_t value_size) {
     throw std::length_error("StateMap: value larger than 4 GiB - 1 bytes");
   }
   Impl& m = *impl_;
-  m.begin_op(true);
-  uint32_t h = m.hash_of(key, key_size);
-  size_t b;
-  Directory** t = m.table_for(h, &b);
-  Entry* e = m.find(*t, b, h, key, key_size);
+  const Impl::Location at = m.locate(key, key_size);
+  const uint32_t h = at.h;
+  size_t b = at.bucket;
+  Directory** t = at.table;
+  Entry* e = at.entry;
   if (e) {
     if (e->value_size == value_size) {
-      if (e->version < m.req) {
-        Entry** link = m.writable_link(t, b, e);
-        Entry* c = m.copy_entry(e);
-        *link = c;
-        m.dispose(e);
-        e = c;
-      }
+      e = m.own_for_write(at);
       e->modified = static_cast<uint32_t>(m.version);
       return e->value();
     }
@@ -357,19 +366,9 @@ uint8_t* StateMap::put(const uint8_t* key, size_t key_size, size_t value_size) {
 uint8_t* StateMap::get_for_update(const uint8_t* key, size_t key_size, size_t* value_size) {
   check_buffer(key, key_size, "key");
   Impl& m = *impl_;
-  m.begin_op(true);
-  uint32_t h = m.hash_of(key, key_size);
-  size_t b;
-  Directory** t = m.table_for(h, &b);
-  Entry* e = m.find(*t, b, h, key, key_size);
-  if (!e) return nullptr;
-  if (e->version < m.req) {
-    Entry** link = m.writable_link(t, b, e);
-    Entry* c = m.copy_entry(e);
-    *link = c;
-    m.dispose(e);
-    e = c;
-  }
+  const Impl::Location at = m.locate(key, key_size);
+  if (!at.entry) return nullptr;
+  Entry* e = m.own_for_write(at);
   e->modified = static_cast<uint32_t>(m.version);
   if (value_size) *value_size = e->value_size;
   return e->value();
@@ -378,16 +377,13 @@ uint8_t* StateMap::get_for_update(const uint8_t* key, size_t key_size, size_t* v
 bool StateMap::remove(const uint8_t* key, size_t key_size) {
   check_buffer(key, key_size, "key");
   Impl& m = *impl_;
-  m.begin_op(true);
-  uint32_t h = m.hash_of(key, key_size);
-  size_t b;
-  Directory** t = m.table_for(h, &b);
-  Entry* e = m.find(*t, b, h, key, key_size);
+  const Impl::Location at = m.locate(key, key_size);
+  Entry* e = at.entry;
   if (!e) return false;
-  Entry** link = m.writable_link(t, b, e);
+  Entry** link = m.writable_link(at.table, at.bucket, e);
   *link = e->next;
   m.log_removal(e);
-  --m.size_of(t);
+  --m.size_of(at.table);
   m.live_bytes -= size_t(e->key_size) + e->value_size;
   m.dispose(e);
   return true;

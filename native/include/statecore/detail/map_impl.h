@@ -69,12 +69,25 @@ struct StateMap::Impl {
   detail::Entry* find(const detail::Directory* d, size_t bucket, uint32_t h, const uint8_t* key,
                       size_t ks) const;
 
+  // Where a key is: hash, table, bucket and entry (nullptr when absent).
+  struct Location {
+    uint32_t h;
+    detail::Directory** table;
+    size_t bucket;
+    detail::Entry* entry;
+  };
+  // The start of every keyed operation: begin_op(true), then hash, table_for and find.
+  Location locate(const uint8_t* key, size_t ks);
+
   // Writable bucket slot: copies the directory and/or the page first when shared.
   detail::Entry** slot_for_write(detail::Directory** table, size_t bucket);
   // Writable link (bucket slot or predecessor's `next`) that points at `target`, copying the
   // chain entries above `target` that snapshots may reach (Flink handleChainedEntryCopyOnWrite).
   detail::Entry** writable_link(detail::Directory** table, size_t bucket, detail::Entry* target);
   detail::Entry* copy_entry(const detail::Entry* e);
+  // The entry at `at`, made safe to write in place: an entry older than the required snapshot
+  // version is replaced in its chain by a copy first (the old one goes to dispose()).
+  detail::Entry* own_for_write(const Location& at);
   // Next map version (snapshot(), rebase()); std::overflow_error past UINT32_MAX (Entry::modified).
   uint64_t advance_version();
   // A present key is being removed: log it for change tracking.
