@@ -443,6 +443,52 @@ def test_pending_descriptors(tmp_path):
         store.write_pending(9, "p0", {"version": 8, "writer": "p0"})
 
 
+class RacingListingHandler(LocalDelegatingHandler):
+    """Directory listings fail ``races`` times with FileNotFoundError, as LocalFileSystem's do
+    when a temporary file is renamed between the directory read and its stat; ``vanish`` names
+    files deleted right after they were listed (a concurrent clear_pending)."""
+
+    type_name = "racing-listing"
+
+    def __init__(self, races: int):
+        super().__init__()
+        self.races = races
+        self.vanish: set = set()
+
+    def get_file_info_selector(self, selector):
+        if self.races > 0:
+            self.races -= 1
+            raise FileNotFoundError(f"{selector.base_dir}/x.json.tmp-0: vanished during listing")
+        infos = self.fs.get_file_info(selector)
+        for i in infos:
+            if i.base_name in self.vanish:
+                self.fs.delete_file(i.path)
+        return infos
+
+
+def test_listings_survive_concurrent_renames_and_deletes(tmp_path):
+    handler = RacingListingHandler(races=0)
+    store = CheckpointStore(str(tmp_path), filesystem=pafs.PyFileSystem(handler))
+    snap = make_snapshot(kg_range=(0, 15), seed=2)
+    for v in range(3):
+        desc = store.write_snapshot(snap, v, "p0")
+        store.write_pending(v, "p0", desc)
+        store.write_pending(v, "p1", dict(desc, writer="p1"))
+        store.commit(v, [desc])
+    handler.races = 3
+    assert [d["writer"] for d in store.pending(2)] == ["p0", "p1"]
+    handler.races = 3
+    assert store.versions() == [0, 1, 2]
+    handler.races = 2
+    assert store.retain(2) == [0]
+    handler.vanish = {"p0.json"}
+    assert [d["writer"] for d in store.pending(2)] == ["p1"]
+    # a listing that keeps failing is a real error, not a race
+    handler.races = 10**6
+    with pytest.raises(FileNotFoundError):
+        store.pending(2)
+
+
 def test_commit_rejects_inconsistent_descriptors(tmp_path):
     store = CheckpointStore(tmp_path)
     a = store.write_snapshot(make_snapshot(kg_range=(0, 9)), 1, "a")

@@ -451,7 +451,7 @@ class CheckpointStore:
         object."""
         version = _check_version(version)
         base = self._abs(f"pending/{_vdir(version)}")
-        infos = self.fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
+        infos = self._list(base)
         out = []
         for info in sorted(infos, key=lambda i: i.path):
             if info.type != pafs.FileType.File or not info.base_name.endswith(".json"):
@@ -459,6 +459,8 @@ class CheckpointStore:
             try:
                 with self.fs.open_input_file(info.path) as f:
                     desc = json.loads(f.read().decode("utf-8"))
+            except FileNotFoundError:
+                continue  # cleared by clear_pending() after the listing
             except (ValueError, UnicodeDecodeError) as exc:
                 raise CorruptCheckpointError(
                     f"pending descriptor {info.path} is not valid JSON: {exc}") from exc
@@ -729,10 +731,30 @@ class CheckpointStore:
 
     # ----------------------------------------------------------------------------------- reads
 
+    #: Listings retried when a file vanished between the directory read and its stat.
+    _LIST_ATTEMPTS = 8
+
+    def _list(self, base: str, recursive: bool = False) -> list:
+        """FileInfos under the absolute path ``base`` (empty when it does not exist).
+
+        Writers publish files by renaming a temporary file, and LocalFileSystem (like others)
+        lists a directory by reading its entries and then stat-ing each: a temporary file
+        renamed in between makes the whole listing fail with FileNotFoundError. Such a race is
+        momentary, so the listing is retried; a persistent error is raised."""
+        for attempt in range(self._LIST_ATTEMPTS):
+            try:
+                return self.fs.get_file_info(
+                    pafs.FileSelector(base, allow_not_found=True, recursive=recursive))
+            except FileNotFoundError:
+                if attempt == self._LIST_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.001 * (attempt + 1))
+        raise AssertionError("unreachable")
+
     def versions(self) -> list[int]:
         """Committed versions (those with a manifest), ascending. Empty when the root does not
         exist."""
-        infos = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
+        infos = self._list(self.root)
         out = []
         for info in infos:
             m = _MANIFEST_RE.match(info.base_name)
@@ -947,12 +969,12 @@ class CheckpointStore:
             newest = keep[-1]
             for top in ("data", "pending"):
                 base = self._abs(top)
-                infos = self.fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
+                infos = self._list(base)
                 for d in infos:
                     if d.type != pafs.FileType.Directory or not _VERSION_DIR_RE.match(d.base_name):
                         continue
                     in_flight_dir = int(d.base_name) >= newest
-                    files = self.fs.get_file_info(pafs.FileSelector(d.path, recursive=True))
+                    files = self._list(d.path, recursive=True)
                     kept_any = False
                     for f in files:
                         if f.type != pafs.FileType.File:

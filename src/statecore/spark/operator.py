@@ -808,13 +808,7 @@ class PendingBatch:
         delay = 0.01
         while True:
             by_part: Dict[int, dict] = {}
-            try:
-                pending = op.store.pending(self.batch_id)
-            except OSError:
-                # Listing races with the workers' atomic renames (a temporary file vanishes
-                # between the directory read and its stat): look again at the next poll.
-                pending = []
-            for d in pending:
+            for d in op.store.pending(self.batch_id):
                 r = d.get("spark_report")
                 # Earlier attempts of this batch id (other writers, maybe another n) are ignored.
                 if not isinstance(r, dict) or r.get("attempt") != self.attempt:
