@@ -11,12 +11,6 @@ namespace {
 
 constexpr uint64_t kInt32Max = static_cast<uint64_t>(std::numeric_limits<int32_t>::max());
 
-struct Row {
-  ByteView key;
-  ByteView value;
-  bool removed;
-};
-
 void put_u32(uint8_t* p, uint32_t v) {
   p[0] = static_cast<uint8_t>(v);
   p[1] = static_cast<uint8_t>(v >> 8);
@@ -95,62 +89,58 @@ void SnapshotSerializer::produce() {
 
 void SnapshotSerializer::serialize_group(size_t si, int32_t kg) {
   SerializerSource& src = sources_[si];
-  std::vector<Row> rows;
+  const SortedRun* run = &listed_;
   std::shared_ptr<MapSnapshot> map;
   if (src.table) {
     map = src.table->map(kg);
     if (src.changes) {
-      std::vector<MapChange> ch = map->sorted_changes(src.base);
-      rows.reserve(ch.size());
-      for (const auto& c : ch) rows.push_back({c.key, c.removed ? ByteView{} : c.value, c.removed});
+      map->sorted_changes(src.base, builder_, listed_);
     } else {
-      auto es = map->sorted_entries();
-      rows.reserve(es.size());
-      for (const auto& e : es) rows.push_back({e.first, e.second, false});
+      map->sorted_entries(builder_, listed_);
     }
+    // The run is a copy: the map snapshot is no longer needed.
+    if (opt_.release_as_written) map->release();
   } else {
     auto it = src.fixed.find(kg);
-    if (it != src.fixed.end()) {
-      const StaticEntries& f = it->second;
-      size_t n = f.size();
-      if (f.value_offsets.size() != n + 1 || (!f.valid.empty() && f.valid.size() != n))
-        throw std::invalid_argument(where(src.name, kg) + ": keys and values do not pair up");
-      rows.reserve(n);
-      for (size_t i = 0; i < n; ++i) {
-        bool removed = !f.valid.empty() && f.valid[i] == 0;
-        ByteView k{f.key_data.data() + f.key_offsets[i], f.key_offsets[i + 1] - f.key_offsets[i]};
-        ByteView v{f.value_data.data() + f.value_offsets[i],
-                   removed ? 0 : f.value_offsets[i + 1] - f.value_offsets[i]};
-        rows.push_back({k, v, removed});
-      }
+    if (it == src.fixed.end()) return;
+    const StaticEntries& f = it->second;
+    const size_t n = f.size();
+    if (f.key_offsets.empty() || f.value_offsets.size() != n + 1 ||
+        (!f.valid.empty() && f.valid.size() != n) || f.key_offsets[n] != f.key_data.size() ||
+        f.value_offsets[n] != f.value_data.size())
+      throw std::invalid_argument(where(src.name, kg) + ": keys and values do not pair up");
+    for (size_t i = 0; i < n; ++i) {
+      if (f.key_offsets[i] > f.key_offsets[i + 1] || f.value_offsets[i] > f.value_offsets[i + 1])
+        throw std::invalid_argument(where(src.name, kg) + ": offsets are not ascending");
+      if (f.removed(i) && f.value_offsets[i] != f.value_offsets[i + 1])
+        throw std::invalid_argument(where(src.name, kg) + ": a tombstone with a value");
     }
+    run = &f;
   }
+  const SortedRun& rows = *run;
   const size_t n = rows.size();
-  if (n == 0) {
-    if (map && opt_.release_as_written) map->release();
-    return;
-  }
-  if (!opt_.incremental) {
-    for (const Row& r : rows)
-      if (r.removed)
+  if (n == 0) return;
+  if (!opt_.incremental && !rows.valid.empty()) {
+    for (size_t i = 0; i < n; ++i)
+      if (rows.removed(i))
         throw std::invalid_argument(where(src.name, kg) + ": a tombstone in a full snapshot");
   }
   // The contract checks of format.write_data_file, so both writers refuse the same snapshots.
   uint64_t kbytes = 0, vbytes = 0;
   const size_t pw = static_cast<size_t>(opt_.prefix_bytes);
   for (size_t i = 0; i < n; ++i) {
-    const Row& r = rows[i];
-    if (r.key.size < pw)
+    const ByteView key = rows.key(i);
+    if (key.size < pw)
       throw std::invalid_argument(where(src.name, kg) + ": an encoded key is shorter than its " +
                                   std::to_string(pw) + "-byte key-group prefix");
-    int32_t got = pw == 1 ? r.key.data[0] : (int32_t{r.key.data[0]} << 8) | r.key.data[1];
+    int32_t got = pw == 1 ? key.data[0] : (int32_t{key.data[0]} << 8) | key.data[1];
     if (got != kg)
       throw std::invalid_argument("state '" + src.name + "': entries(..., " + std::to_string(kg) +
                                   ") returned a key with key-group prefix " + std::to_string(got));
-    if (i > 0 && compare(rows[i - 1].key, r.key) >= 0)
+    if (i > 0 && compare(rows.key(i - 1), key) >= 0)
       throw std::invalid_argument(where(src.name, kg) + ": keys are not strictly ascending by bytes");
-    kbytes += r.key.size;
-    vbytes += r.value.size;
+    kbytes += key.size;
+    vbytes += rows.value(i).size;
   }
   if (kbytes > kInt32Max || vbytes > kInt32Max)
     throw std::invalid_argument(where(src.name, kg) + ": more than 2 GiB of bytes");
@@ -163,20 +153,18 @@ void SnapshotSerializer::serialize_group(size_t si, int32_t kg) {
     size_t j = i;
     int64_t acc = 0;
     while (j < n) {
-      int64_t sz = 8 + static_cast<int64_t>(rows[j].key.size + rows[j].value.size);
+      int64_t sz = 8 + static_cast<int64_t>(rows.key(j).size + rows.value(j).size);
       if (acc + sz > budget) break;
       acc += sz;
       ++j;
     }
     if (j == i) j = i + 1;
     const size_t m = j - i;
-    uint64_t kb = 0, vb = 0;
     uint32_t tomb = 0;
-    for (size_t r = i; r < j; ++r) {
-      kb += rows[r].key.size;
-      vb += rows[r].value.size;
-      tomb += rows[r].removed;
-    }
+    for (size_t r = i; r < j; ++r) tomb += rows.removed(r);
+    // Keys (values) of consecutive entries are contiguous in the run: one copy per block.
+    const uint64_t kb = rows.key_offsets[j] - rows.key_offsets[i];
+    const uint64_t vb = rows.value_offsets[j] - rows.value_offsets[i];
     const size_t bitmap = opt_.incremental ? (m + 7) / 8 : 0;
     BlockPayload p;
     p.key_group = kg;
@@ -192,26 +180,15 @@ void SnapshotSerializer::serialize_group(size_t si, int32_t kg) {
     uint8_t* kd = vo + 4 * (m + 1);
     uint8_t* vd = kd + kb;
     uint8_t* bits = vd + vb;
-    uint32_t kpos = 0, vpos = 0;
-    put_u32(ko, 0);
-    put_u32(vo, 0);
-    for (size_t r = i; r < j; ++r) {
-      const Row& row = rows[r];
-      if (row.key.size) std::memcpy(kd + kpos, row.key.data, row.key.size);
-      kpos += static_cast<uint32_t>(row.key.size);
-      if (row.value.size) std::memcpy(vd + vpos, row.value.data, row.value.size);
-      vpos += static_cast<uint32_t>(row.value.size);
-      size_t e = r - i;
-      put_u32(ko + 4 * (e + 1), kpos);
-      put_u32(vo + 4 * (e + 1), vpos);
-      if (opt_.incremental && !row.removed) bits[e / 8] |= static_cast<uint8_t>(1u << (e % 8));
+    if (kb) std::memcpy(kd, rows.key_data.data() + rows.key_offsets[i], kb);
+    if (vb) std::memcpy(vd, rows.value_data.data() + rows.value_offsets[i], vb);
+    for (size_t e = 0; e <= m; ++e) {
+      put_u32(ko + 4 * e, static_cast<uint32_t>(rows.key_offsets[i + e] - rows.key_offsets[i]));
+      put_u32(vo + 4 * e, static_cast<uint32_t>(rows.value_offsets[i + e] - rows.value_offsets[i]));
+      if (opt_.incremental && e < m && !rows.removed(i + e))
+        bits[e / 8] |= static_cast<uint8_t>(1u << (e % 8));
     }
     i = j;
-    if (i == n && map && opt_.release_as_written) {
-      // Everything of this key group is copied into payloads: the views are no longer needed.
-      rows.clear();
-      map->release();
-    }
     emit(std::move(p));
   }
 }

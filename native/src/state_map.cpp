@@ -498,14 +498,25 @@ uint64_t MapSnapshot::base_version() const { return s_->base; }
 
 namespace {
 
-bool key_less(ByteView a, ByteView b) {
-  size_t n = std::min(a.size, b.size);
-  int c = n ? std::memcmp(a.data, b.data, n) : 0;
-  return c != 0 ? c < 0 : a.size < b.size;
-}
-
-bool key_equal(ByteView a, ByteView b) {
-  return a.size == b.size && (a.size == 0 || std::memcmp(a.data, b.data, a.size) == 0);
+// Visits every entry of `d` from bucket `from` on, in bucket order. The entries are scattered
+// over the heap: the head a few buckets ahead is prefetched so its miss overlaps this bucket's.
+template <class Fn>
+void walk_entries(const Directory* d, size_t from, Fn&& fn) {
+  if (!d) return;
+  constexpr size_t kAhead = 8;
+  for (size_t b = from; b < d->capacity;) {
+    const Page* p = d->pages()[b >> d->page_shift];
+    if (!p) {
+      b = (b | d->page_mask()) + 1;
+      continue;
+    }
+    const size_t slot = b & d->page_mask();
+    if (slot + kAhead <= d->page_mask()) {
+      if (const Entry* ahead = p->slots()[slot + kAhead]) __builtin_prefetch(ahead);
+    }
+    for (const Entry* e = p->slots()[slot]; e; e = e->next) fn(e);
+    ++b;
+  }
 }
 
 }  // namespace
@@ -523,7 +534,14 @@ bool MapSnapshot::contains_hashed(uint32_t hash, const uint8_t* key, size_t key_
   return false;
 }
 
-std::vector<MapChange> MapSnapshot::sorted_changes(uint64_t base) const {
+SortedRun MapSnapshot::sorted_changes(uint64_t base) const {
+  SortedRunBuilder run;
+  SortedRun out;
+  sorted_changes(base, run, out);
+  return out;
+}
+
+void MapSnapshot::sorted_changes(uint64_t base, SortedRunBuilder& run, SortedRun& out) const {
   if (s_->released) throw std::logic_error("MapSnapshot::sorted_changes() after release()");
   if (base < s_->base || base > s_->version) {
     throw std::invalid_argument("MapSnapshot::sorted_changes: base " + std::to_string(base) +
@@ -531,69 +549,40 @@ std::vector<MapChange> MapSnapshot::sorted_changes(uint64_t base) const {
                                 ", " + std::to_string(s_->version) + "]");
   }
   const uint64_t s = s_->version;
-  std::vector<MapChange> out;
-  auto collect = [&](const Directory* d, size_t from) {
-    if (!d) return;
-    for (size_t b = from; b < d->capacity;) {
-      const Page* p = d->pages()[b >> d->page_shift];
-      if (!p) {
-        b = (b | d->page_mask()) + 1;
-        continue;
-      }
-      for (const Entry* e = p->slots()[b & d->page_mask()]; e; e = e->next) {
-        if (e->modified >= base && e->modified < s) {
-          out.push_back({ByteView{e->key(), e->key_size}, ByteView{e->value(), e->value_size}, false});
-        }
-      }
-      ++b;
-    }
+  run.clear();
+  auto collect = [&](const Entry* e) {
+    if (e->modified >= base && e->modified < s)
+      run.add(ByteView{e->key(), e->key_size}, ByteView{e->value(), e->value_size}, false);
   };
-  collect(s_->primary, s_->rehash_table ? s_->rehash_index : 0);
-  collect(s_->rehash_table, 0);
-  const size_t puts = out.size();
+  walk_entries(s_->primary, s_->rehash_table ? s_->rehash_index : 0, collect);
+  walk_entries(s_->rehash_table, 0, collect);
   s_->removals.for_each([&](const detail::Removal& r) {
     if (r.version >= base && r.version < s && !contains_hashed(r.hash, r.key, r.key_size)) {
-      out.push_back({ByteView{r.key, r.key_size}, ByteView{}, true});
+      run.add(ByteView{r.key, r.key_size}, ByteView{}, true);
     }
   });
-  // A key removed several times is logged several times: keep one tombstone. Puts and
+  // A key removed several times is logged several times: `unique` keeps one tombstone. Puts and
   // tombstones never share a key (a tombstone's key is absent from the snapshot).
-  std::sort(out.begin() + static_cast<std::ptrdiff_t>(puts), out.end(),
-            [](const MapChange& a, const MapChange& b) { return key_less(a.key, b.key); });
-  out.erase(std::unique(out.begin() + static_cast<std::ptrdiff_t>(puts), out.end(),
-                        [](const MapChange& a, const MapChange& b) { return key_equal(a.key, b.key); }),
-            out.end());
-  std::sort(out.begin(), out.end(),
-            [](const MapChange& a, const MapChange& b) { return key_less(a.key, b.key); });
+  run.finish(/*unique=*/true, out);
+}
+
+SortedRun MapSnapshot::sorted_entries() const {
+  SortedRunBuilder run;
+  SortedRun out;
+  sorted_entries(run, out);
   return out;
 }
 
-std::vector<std::pair<ByteView, ByteView>> MapSnapshot::sorted_entries() const {
+void MapSnapshot::sorted_entries(SortedRunBuilder& run, SortedRun& out) const {
   if (s_->released) throw std::logic_error("MapSnapshot::sorted_entries() after release()");
-  std::vector<std::pair<ByteView, ByteView>> out;
-  out.reserve(s_->size);
-  auto collect = [&out](const Directory* d, size_t from) {
-    if (!d) return;
-    for (size_t b = from; b < d->capacity;) {
-      const Page* p = d->pages()[b >> d->page_shift];
-      if (!p) {
-        b = (b | d->page_mask()) + 1;
-        continue;
-      }
-      for (const Entry* e = p->slots()[b & d->page_mask()]; e; e = e->next) {
-        out.emplace_back(ByteView{e->key(), e->key_size}, ByteView{e->value(), e->value_size});
-      }
-      ++b;
-    }
+  run.clear();
+  run.reserve(s_->size, 0, 0);
+  auto collect = [&run](const Entry* e) {
+    run.add(ByteView{e->key(), e->key_size}, ByteView{e->value(), e->value_size}, false);
   };
-  collect(s_->primary, s_->rehash_table ? s_->rehash_index : 0);
-  collect(s_->rehash_table, 0);
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
-    size_t n = std::min(a.first.size, b.first.size);
-    int c = n ? std::memcmp(a.first.data, b.first.data, n) : 0;
-    return c != 0 ? c < 0 : a.first.size < b.first.size;
-  });
-  return out;
+  walk_entries(s_->primary, s_->rehash_table ? s_->rehash_index : 0, collect);
+  walk_entries(s_->rehash_table, 0, collect);
+  run.finish(/*unique=*/false, out);
 }
 
 }  // namespace statecore

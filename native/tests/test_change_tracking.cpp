@@ -41,7 +41,7 @@ std::string be64(uint64_t x) {
 
 Ref contents(const MapSnapshot& s) {
   Ref r;
-  for (const auto& kv : s.sorted_entries()) r.emplace(str(kv.first), str(kv.second));
+  for (const MapChange& kv : s.sorted_entries()) r.emplace(str(kv.key), str(kv.value));
   return r;
 }
 

@@ -12,6 +12,7 @@
 #include "statecore/state_map.h"
 
 using statecore::ByteView;
+using statecore::MapChange;
 using statecore::MapSnapshot;
 using statecore::StateMap;
 using Ref = std::map<std::string, std::string>;  // std::string order == memcmp, shorter first
@@ -49,7 +50,7 @@ std::string be64(uint64_t x) {
 
 Ref snapshot_contents(const MapSnapshot& s) {
   Ref r;
-  for (const auto& kv : s.sorted_entries()) r.emplace(str(kv.first), str(kv.second));
+  for (const MapChange& kv : s.sorted_entries()) r.emplace(str(kv.key), str(kv.value));
   return r;
 }
 
@@ -65,7 +66,7 @@ bool snapshot_equals(const MapSnapshot& s, const Ref& ref) {
   if (entries.size() != ref.size() || s.size() != ref.size()) return false;
   size_t i = 0;
   for (const auto& kv : ref) {
-    if (str(entries[i].first) != kv.first || str(entries[i].second) != kv.second) return false;
+    if (str(entries[i].key) != kv.first || str(entries[i].value) != kv.second) return false;
     ++i;
   }
   return true;
@@ -260,11 +261,11 @@ TEST(sorted_entries_order_is_memcmp_shorter_prefix_first) {
   auto s = m.snapshot();
   auto e = s->sorted_entries();
   std::vector<std::string> got;
-  for (const auto& kv : e) got.push_back(str(kv.first));
+  for (const MapChange& kv : e) got.push_back(str(kv.key));
   std::vector<std::string> want = {"", "a", std::string("a\0", 2), "a\x01", "aa", "ab", "b",
                                    "\x7f", std::string("\xff", 1)};
   CHECK(got == want);
-  CHECK_EQ(str(e[0].second), std::string("v"));
+  CHECK_EQ(str(e[0].value), std::string("v"));
 }
 
 TEST(snapshot_isolation_basic_and_release_idempotent) {

@@ -122,8 +122,8 @@ TEST(table_snapshot_isolation_per_key_group) {
       if (entries.size() != want.size()) ok = false;
       size_t i = 0;
       for (const auto& kv : want) {
-        if (i >= entries.size() || str(entries[i].first) != kv.first ||
-            str(entries[i].second) != kv.second) {
+        if (i >= entries.size() || str(entries[i].key) != kv.first ||
+            str(entries[i].value) != kv.second) {
           ok = false;
         }
         ++i;
@@ -156,8 +156,8 @@ TEST(table_destroyed_while_snapshot_alive) {
   }
   auto entries = keep->map(2)->sorted_entries();
   CHECK_EQ(entries.size(), 1u);
-  CHECK_EQ(str(entries[0].first), key);
-  CHECK_EQ(str(entries[0].second), std::string("before"));
+  CHECK_EQ(str(entries[0].key), key);
+  CHECK_EQ(str(entries[0].value), std::string("before"));
   CHECK_EQ(keep->map(1)->size(), 0u);
   delete keep;  // releases every key group
 }

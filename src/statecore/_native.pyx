@@ -148,6 +148,44 @@ cdef object _bitmap(uint8_t[::1] valid, int64_t n):
 
 # ----------------------------------------------------------------------------- state table
 
+cdef _run_to_arrow(c.SortedRun& run, int32_t kg):
+    """(keys, values) ``pa.binary()`` arrays of a SortedRun (a tombstone = NULL value). Raises
+    InvalidInputError when the key group holds more than 2 GiB of keys or values (int32 offsets
+    of ``pa.binary()``)."""
+    cdef size_t i, n = run.size()
+    cdef uint64_t kbytes = run.key_data.size(), vbytes = run.value_data.size()
+    if kbytes > 2**31 - 1 or vbytes > 2**31 - 1:
+        raise InvalidInputError(f"key group {kg} holds more than 2 GiB of keys or values")
+    ko = np.empty(n + 1, np.int32); vo = np.empty(n + 1, np.int32)
+    kd = np.empty(kbytes, np.uint8); vd = np.empty(vbytes, np.uint8)
+    cdef int32_t[::1] koff = ko
+    cdef int32_t[::1] voff = vo
+    cdef uint8_t[::1] kdata = kd
+    cdef uint8_t[::1] vdata = vd
+    cdef uint8_t[::1] vmap
+    with nogil:
+        for i in range(n + 1):
+            koff[i] = <int32_t>run.key_offsets[i]
+            voff[i] = <int32_t>run.value_offsets[i]
+        if kbytes:
+            memcpy(&kdata[0], run.key_data.data(), kbytes)
+        if vbytes:
+            memcpy(&vdata[0], run.value_data.data(), vbytes)
+    keys = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(ko), pa.py_buffer(kd)])
+    bitmap = None
+    tombstones = 0
+    if n and run.valid.size():
+        va = np.empty(n, np.uint8)
+        vmap = va
+        memcpy(&vmap[0], run.valid.data(), n)
+        tombstones = n - int(np.count_nonzero(va))
+        if tombstones:
+            bitmap = _bitmap(va, n)
+    values = pa.Array.from_buffers(pa.binary(), n, [bitmap, pa.py_buffer(vo), pa.py_buffer(vd)],
+                                   null_count=tombstones)
+    return keys, values
+
+
 cdef class NativeTableSnapshot:
     """One StateTable's snapshot: one O(1) map snapshot per key group (taken in O(key groups)).
 
@@ -175,45 +213,21 @@ cdef class NativeTableSnapshot:
         return 0 if self.released else self.snap.size()
 
     def entries(self, int32_t kg):
-        cdef vector[pair[c.ByteView, c.ByteView]] rows
-        cdef size_t i, n, kbytes = 0, vbytes = 0
-        cdef int32_t[::1] koff
-        cdef int32_t[::1] voff
-        cdef uint8_t[::1] kdata
-        cdef uint8_t[::1] vdata
-        cdef int32_t kpos = 0, vpos = 0
+        """Entries of key group ``kg`` as (keys, values) ``pa.binary()`` arrays sorted by key
+        bytes. InvalidInputError after release or for ``kg`` outside the range."""
+        cdef c.SortedRun run
+        self._check_group(kg)
+        with nogil:
+            run = self.snap.map(kg).get().sorted_entries()
+        return _run_to_arrow(run, kg)
+
+    cdef _check_group(self, int32_t kg):
         if self.released:
             raise InvalidInputError("the snapshot was released")
         if kg < self.snap.kg_start() or kg > self.snap.kg_end():
             raise InvalidInputError(
                 f"key group {kg} outside the snapshot's range "
                 f"[{self.snap.kg_start()}, {self.snap.kg_end()}]")
-        with nogil:
-            rows = self.snap.map(kg).get().sorted_entries()
-            n = rows.size()
-            for i in range(n):
-                kbytes += rows[i].first.size
-                vbytes += rows[i].second.size
-        if kbytes > 2**31 - 1 or vbytes > 2**31 - 1:
-            raise InvalidInputError(f"key group {kg} holds more than 2 GiB of keys or values")
-        ko = np.empty(n + 1, np.int32); vo = np.empty(n + 1, np.int32)
-        kd = np.empty(kbytes, np.uint8); vd = np.empty(vbytes, np.uint8)
-        koff = ko; voff = vo; kdata = kd; vdata = vd
-        with nogil:
-            koff[0] = 0
-            voff[0] = 0
-            for i in range(n):
-                if rows[i].first.size:
-                    memcpy(&kdata[kpos], rows[i].first.data, rows[i].first.size)
-                kpos += rows[i].first.size
-                koff[i + 1] = kpos
-                if rows[i].second.size:
-                    memcpy(&vdata[vpos], rows[i].second.data, rows[i].second.size)
-                vpos += rows[i].second.size
-                voff[i + 1] = vpos
-        keys = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(ko), pa.py_buffer(kd)])
-        values = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(vo), pa.py_buffer(vd)])
-        return keys, values
 
     @property
     def version(self):
@@ -232,56 +246,14 @@ cdef class NativeTableSnapshot:
         value, or a key removed since ``base`` and absent now with a NULL value (tombstone).
         InvalidInputError after release, for ``kg`` outside the range, or unless
         ``base_version <= base <= version``."""
-        cdef vector[c.MapChange] rows
-        cdef size_t i, n, kbytes = 0, vbytes = 0
-        cdef int32_t[::1] koff
-        cdef int32_t[::1] voff
-        cdef uint8_t[::1] kdata
-        cdef uint8_t[::1] vdata
-        cdef uint8_t[::1] valid
-        cdef int32_t kpos = 0, vpos = 0
-        cdef size_t tombstones = 0
-        if self.released:
-            raise InvalidInputError("the snapshot was released")
-        if kg < self.snap.kg_start() or kg > self.snap.kg_end():
-            raise InvalidInputError(
-                f"key group {kg} outside the snapshot's range "
-                f"[{self.snap.kg_start()}, {self.snap.kg_end()}]")
+        cdef c.SortedRun run
+        self._check_group(kg)
         try:
             with nogil:
-                rows = self.snap.map(kg).get().sorted_changes(base)
+                run = self.snap.map(kg).get().sorted_changes(base)
         except ValueError as e:
             raise InvalidInputError(str(e)) from None
-        n = rows.size()
-        for i in range(n):
-            kbytes += rows[i].key.size
-            vbytes += rows[i].value.size
-            tombstones += rows[i].removed
-        if kbytes > 2**31 - 1 or vbytes > 2**31 - 1:
-            raise InvalidInputError(f"key group {kg} changed more than 2 GiB of keys or values")
-        ko = np.empty(n + 1, np.int32); vo = np.empty(n + 1, np.int32)
-        kd = np.empty(kbytes, np.uint8); vd = np.empty(vbytes, np.uint8)
-        va = np.ones(max(n, 1), np.uint8)
-        koff = ko; voff = vo; kdata = kd; vdata = vd; valid = va
-        with nogil:
-            koff[0] = 0
-            voff[0] = 0
-            for i in range(n):
-                if rows[i].key.size:
-                    memcpy(&kdata[kpos], rows[i].key.data, rows[i].key.size)
-                kpos += rows[i].key.size
-                koff[i + 1] = kpos
-                if rows[i].removed:
-                    valid[i] = 0
-                elif rows[i].value.size:
-                    memcpy(&vdata[vpos], rows[i].value.data, rows[i].value.size)
-                vpos += rows[i].value.size
-                voff[i + 1] = vpos
-        keys = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(ko), pa.py_buffer(kd)])
-        vbitmap = _bitmap(valid[:n], n) if tombstones else None
-        values = pa.Array.from_buffers(pa.binary(), n, [vbitmap, pa.py_buffer(vo), pa.py_buffer(vd)],
-                                       null_count=tombstones)
-        return keys, values
+        return _run_to_arrow(run, kg)
 
     def release(self):
         if not self.released:
@@ -611,8 +583,8 @@ cdef class SerializedBlock:
         pass
 
 
-cdef void _fill_static(c.StaticEntries* out, keys, values) except *:
-    """Copies (keys, values) pa.binary arrays (NULL value = tombstone) into StaticEntries."""
+cdef void _fill_static(c.SortedRun* out, keys, values) except *:
+    """Copies (keys, values) pa.binary arrays (NULL value = tombstone) into a SortedRun."""
     cdef int64_t n = len(keys), i
     if len(values) != n:
         raise InvalidInputError(f"{n} keys but {len(values)} values")

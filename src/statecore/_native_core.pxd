@@ -52,16 +52,21 @@ cdef extern from "statecore/key_groups.h" namespace "statecore" nogil:
                                          int32_t key_group) except +
 
 
-cdef extern from "statecore/state_map.h" namespace "statecore" nogil:
+cdef extern from "statecore/sorted_run.h" namespace "statecore" nogil:
     cdef cppclass ByteView:
         const uint8_t* data
         size_t size
 
-    cdef cppclass MapChange:
-        ByteView key
-        ByteView value
-        cbool removed
+    cdef cppclass SortedRun:
+        vector[uint8_t] key_data
+        vector[uint64_t] key_offsets
+        vector[uint8_t] value_data
+        vector[uint64_t] value_offsets
+        vector[uint8_t] valid
+        size_t size()
 
+
+cdef extern from "statecore/state_map.h" namespace "statecore" nogil:
     cdef cppclass MapStats "statecore::StateMap::Stats":
         uint64_t entry_copies
         uint64_t page_copies
@@ -85,8 +90,8 @@ cdef extern from "statecore/state_map.h" namespace "statecore" nogil:
     cdef cppclass MapSnapshot:
         void release()
         size_t size()
-        vector[pair[ByteView, ByteView]] sorted_entries() except +
-        vector[MapChange] sorted_changes(uint64_t base) except +
+        SortedRun sorted_entries() except +
+        SortedRun sorted_changes(uint64_t base) except +
         uint64_t version()
         uint64_t base_version()
 
@@ -165,13 +170,6 @@ cdef extern from *:
 
 
 cdef extern from "statecore/snapshot_writer.h" namespace "statecore" nogil:
-    cdef cppclass StaticEntries:
-        vector[uint8_t] key_data
-        vector[uint64_t] key_offsets
-        vector[uint8_t] value_data
-        vector[uint64_t] value_offsets
-        vector[uint8_t] valid
-
     cdef cppclass SerializerOptions:
         int32_t kg_start
         int32_t kg_end
@@ -233,7 +231,7 @@ cdef extern from *:
       v->push_back(std::move(s));
       return &v->back();
     }
-    static statecore::StaticEntries* statecore_static_group(statecore::SerializerSource* s,
+    static statecore::SortedRun* statecore_static_group(statecore::SerializerSource* s,
                                                            int32_t kg) {
       return &s->fixed[kg];
     }
@@ -256,7 +254,7 @@ cdef extern from *:
         uint64_t base) except +
     SerializerSource* add_static_source "statecore_add_static_source"(
         vector[SerializerSource]* v, const string& name) except +
-    StaticEntries* static_group "statecore_static_group"(SerializerSource* s, int32_t kg) except +
+    SortedRun* static_group "statecore_static_group"(SerializerSource* s, int32_t kg) except +
     SnapshotSerializer* new_serializer "statecore_new_serializer"(
         vector[SerializerSource]* v, const SerializerOptions& o) except +
     int serializer_next "statecore_serializer_next"(SnapshotSerializer* s, BlockPayload* out) except + nogil

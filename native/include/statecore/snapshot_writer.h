@@ -48,16 +48,8 @@
 namespace statecore {
 
 // Entries of one (state, key group) materialized outside the engine (e.g. the timers), sorted by
-// key bytes. offsets have n + 1 elements starting at 0; `valid` is empty (all present) or n
-// bytes, 0 = tombstone (its value must be empty).
-struct StaticEntries {
-  std::vector<uint8_t> key_data;
-  std::vector<uint64_t> key_offsets{0};
-  std::vector<uint8_t> value_data;
-  std::vector<uint64_t> value_offsets{0};
-  std::vector<uint8_t> valid;
-  size_t size() const { return key_offsets.size() - 1; }
-};
+// key bytes; tombstones (valid[i] == 0) must have empty values.
+using StaticEntries = SortedRun;
 
 // One state of the snapshot, in file order: either a table snapshot (entries, or changes since
 // `base` when `changes`) or static entries per key group (key groups absent from `fixed` hold
@@ -128,6 +120,10 @@ class SnapshotSerializer {
 
   std::vector<SerializerSource> sources_;
   SerializerOptions opt_;
+  // Producer-thread scratch reused from key group to key group (sorted_run.h: fresh memory is
+  // the dominant cost of listing a key group).
+  SortedRunBuilder builder_;
+  SortedRun listed_;
   std::thread thread_;
   bool started_ = false;
   std::mutex join_mu_;

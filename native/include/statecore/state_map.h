@@ -8,26 +8,14 @@
 #include <utility>
 #include <vector>
 
-namespace statecore {
+#include "statecore/sorted_run.h"
 
-struct ByteView {
-  const uint8_t* data = nullptr;
-  size_t size = 0;
-};
+namespace statecore {
 
 // Hash of an encoded key. Injectable so tests can run over a deliberately colliding hash.
 using KeyHashFunction = uint32_t (*)(const uint8_t* data, size_t size);
 
 class MapSnapshot;
-
-// One change listed by MapSnapshot::sorted_changes: a key present at snapshot time whose value was
-// written since the base (`removed` false, `value` = its value at snapshot time), or a key removed
-// since the base and absent at snapshot time (`removed` true, `value` empty: a tombstone).
-struct MapChange {
-  ByteView key;
-  ByteView value;
-  bool removed;
-};
 
 // Copy-on-write, incrementally rehashing chained hash map from byte keys to byte values
 // (after Flink's CopyOnWriteStateMap). One instance per key group of a state.
@@ -138,7 +126,8 @@ struct MapChange {
 //  O(512) + O(n) entry copies + (new rehash only) one directory allocation O(C/512)
 //  + when a snapshot was released since the last operation, one sweep O(retired * log snapshots).
 //  snapshot(): O(1) (+ amortized O(1) for the live-snapshot list).  clear(): O(size + C/512).
-//  MapSnapshot::sorted_entries(): O(m log m) over the m entries of the snapshot, C/512 page visits.
+//  MapSnapshot::sorted_entries(): O(m log m) over the m entries of the snapshot (O(m) radix passes
+//  for short keys), C/512 page visits, one touch of each entry.
 //
 // Change tracking (incremental snapshots, after Flink's versioned entries; docs/architecture.md
 // "Incremental snapshots and checkpoints"). Every entry carries besides `version` (allocation,
@@ -263,18 +252,25 @@ class MapSnapshot {
   ~MapSnapshot();  // releases
   void release();  // idempotent; after the last release the map stops copying
   size_t size() const;
-  // Entries as of snapshot time, sorted ascending by key bytes (memcmp, shorter prefix first).
-  // Views stay valid while this snapshot is not released. std::logic_error after release().
-  std::vector<std::pair<ByteView, ByteView>> sorted_entries() const;
+  // Entries as of snapshot time, sorted ascending by key bytes (key_less), copied into a flat
+  // run (sorted_run.h: one pass over the entries in bucket order, then sorting compact memory).
+  // std::logic_error after release().
+  SortedRun sorted_entries() const;
+  // The same into `out`, reusing the buffers of `builder` and `out` (a writer listing many key
+  // groups allocates once).
+  void sorted_entries(SortedRunBuilder& builder, SortedRun& out) const;
   uint64_t version() const;
   // The map's base at snapshot time: the oldest base sorted_changes accepts.
   uint64_t base_version() const;
   // Changes since `base` (see "Change tracking" in StateMap's comment), sorted ascending by key
-  // bytes like sorted_entries. O(m + r + c log c) over the m entries of the snapshot, the r
-  // logged removals and the c changes. Views stay valid while this snapshot is not released.
+  // bytes like sorted_entries: a key present at snapshot time whose value was written since the
+  // base (its value at snapshot time), or a key removed since the base and absent at snapshot
+  // time (a tombstone: removed(i), empty value). O(m + r + c log c) over the m entries of the
+  // snapshot, the r logged removals and the c changes.
   // std::invalid_argument unless base_version() <= base <= version(); std::logic_error after
   // release(). Readable from another thread while the owner writes (thread contract below).
-  std::vector<MapChange> sorted_changes(uint64_t base) const;
+  SortedRun sorted_changes(uint64_t base) const;
+  void sorted_changes(uint64_t base, SortedRunBuilder& builder, SortedRun& out) const;
 
   struct State;
   explicit MapSnapshot(std::unique_ptr<State> s);

@@ -1,0 +1,115 @@
+// Entries in encoded-key order in flat buffers: what a map snapshot hands to a checkpoint writer
+// (MapSnapshot::sorted_entries / sorted_changes) and what the block serializer cuts into blocks.
+//
+// Why flat copies rather than views into the map's entries: entries are scattered over the heap
+// in hash order, so every pass over them in key order misses the cache once per entry. Listing a
+// snapshot touches each entry exactly once, in bucket order, copying its bytes into the builder's
+// staging buffers; sorting and cutting into blocks then run over compact memory. Measured on the
+// 2-core VM, int64 keys, 10M entries in 128 key groups: listing went from 225-290 ns per entry
+// (views + std::sort through key pointers) to 120-195 ns, of which ~50 ns is the unavoidable
+// walk; a full checkpoint write from 29 to 60 MB/s (`statecore bench --case materialize`).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace statecore {
+
+struct ByteView {
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+};
+
+// memcmp order of byte strings, a proper prefix before its extensions (the order of encoded keys
+// in snapshots and checkpoint files).
+bool key_less(ByteView a, ByteView b);
+bool key_equal(ByteView a, ByteView b);
+
+// One listed entry: a key with its value, or a tombstone (`removed`, empty value) of a key
+// removed since an incremental snapshot's base.
+struct MapChange {
+  ByteView key;
+  ByteView value;
+  bool removed;
+};
+
+// n entries: key i = key_data[key_offsets[i], key_offsets[i+1]), likewise values; `valid` is
+// empty (no tombstones) or n bytes, 0 = tombstone (whose value is empty). Sorted ascending by
+// key_less, keys unique, when produced by SortedRunBuilder::finish.
+struct SortedRun {
+  std::vector<uint8_t> key_data;
+  std::vector<uint64_t> key_offsets{0};
+  std::vector<uint8_t> value_data;
+  std::vector<uint64_t> value_offsets{0};
+  std::vector<uint8_t> valid;
+
+  size_t size() const { return key_offsets.size() - 1; }
+  bool empty() const { return size() == 0; }
+  ByteView key(size_t i) const {
+    return {key_data.data() + key_offsets[i], static_cast<size_t>(key_offsets[i + 1] - key_offsets[i])};
+  }
+  ByteView value(size_t i) const {
+    return {value_data.data() + value_offsets[i],
+            static_cast<size_t>(value_offsets[i + 1] - value_offsets[i])};
+  }
+  bool removed(size_t i) const { return !valid.empty() && valid[i] == 0; }
+  MapChange operator[](size_t i) const { return {key(i), value(i), removed(i)}; }
+
+  // Appends one entry (no order check); `valid` is materialized at the first tombstone.
+  void push_back(ByteView key, ByteView value, bool removed);
+
+  class const_iterator {
+   public:
+    const_iterator(const SortedRun* run, size_t i) : run_(run), i_(i) {}
+    MapChange operator*() const { return (*run_)[i_]; }
+    const_iterator& operator++() { ++i_; return *this; }
+    bool operator!=(const const_iterator& o) const { return i_ != o.i_; }
+    bool operator==(const const_iterator& o) const { return i_ == o.i_; }
+   private:
+    const SortedRun* run_;
+    size_t i_;
+  };
+  const_iterator begin() const { return {this, 0}; }
+  const_iterator end() const { return {this, size()}; }
+};
+
+// Collects entries in any order, then sorts them (finish). The sort works on 24-byte slots that
+// carry the first 16 key bytes as two big-endian words (an int64 key with its key-group prefix
+// and a void namespace fits), so almost every comparison is between integers next to each other
+// in memory; the words are sorted by LSD radix over only the bytes that differ between entries
+// (a key group's prefix and the high bytes of small integers cost nothing), std::sort when too
+// many bytes differ; equal words fall back to comparing the bytes.
+class SortedRunBuilder {
+ public:
+  void reserve(size_t entries, size_t key_bytes, size_t value_bytes);
+  void add(ByteView key, ByteView value, bool removed);
+  // The entries sorted by key_less. With `unique`, an entry whose key equals the previous one's
+  // is dropped (callers use it only where equal keys carry equal contents, e.g. a key removed
+  // several times). Leaves the builder empty, its buffers allocated for the next run: a writer
+  // that lists key group after key group through one builder and one `out` touches no fresh
+  // memory after the first (fresh pages cost a fault each, the largest cost of listing a small
+  // key group on a VM).
+  SortedRun finish(bool unique);
+  void finish(bool unique, SortedRun& out);
+  void clear();
+
+  // hi, lo: key bytes [0, 8) and [8, 16) big-endian, zero padded; index: the entry's position
+  // in the staging buffers, with kRemovedBit set for a tombstone.
+  struct Slot {
+    uint64_t hi, lo;
+    uint64_t index;
+  };
+  static constexpr uint64_t kRemovedBit = uint64_t{1} << 63;
+
+ private:
+  // Staging: entries in the order added.
+  std::vector<uint8_t> key_data_;
+  std::vector<uint64_t> key_offsets_{0};
+  std::vector<uint8_t> value_data_;
+  std::vector<uint64_t> value_offsets_{0};
+  size_t tombstones_ = 0;
+  std::vector<Slot> slots_;
+  std::vector<Slot> radix_tmp_;
+};
+
+}  // namespace statecore

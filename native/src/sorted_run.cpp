@@ -1,0 +1,177 @@
+// Flat sorted runs and their builder (design: sorted_run.h).
+#include "statecore/sorted_run.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace statecore {
+
+bool key_less(ByteView a, ByteView b) {
+  size_t n = std::min(a.size, b.size);
+  int c = n ? std::memcmp(a.data, b.data, n) : 0;
+  return c != 0 ? c < 0 : a.size < b.size;
+}
+
+bool key_equal(ByteView a, ByteView b) {
+  return a.size == b.size && (a.size == 0 || std::memcmp(a.data, b.data, a.size) == 0);
+}
+
+void SortedRun::push_back(ByteView k, ByteView v, bool is_removed) {
+  const bool flags = is_removed || !valid.empty();
+  if (is_removed && valid.empty()) valid.assign(size(), 1);
+  key_data.insert(key_data.end(), k.data, k.data + k.size);
+  key_offsets.push_back(key_data.size());
+  value_data.insert(value_data.end(), v.data, v.data + v.size);
+  value_offsets.push_back(value_data.size());
+  if (flags) valid.push_back(is_removed ? 0 : 1);
+}
+
+namespace {
+
+using Slot = SortedRunBuilder::Slot;
+
+// Big-endian word of key bytes [0, 8) zero padded: a zero pad sorts before every byte value,
+// as a shorter key sorts before its extensions, so distinct words order keys as key_less does.
+uint64_t be_word(const uint8_t* p, size_t n) {
+  if (n >= 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    return __builtin_bswap64(w);
+  }
+  uint64_t w = 0;
+  for (size_t i = 0; i < 8; ++i) w = (w << 8) | (i < n ? p[i] : 0u);
+  return w;
+}
+
+bool words_less(const Slot& a, const Slot& b) {
+  return a.hi != b.hi ? a.hi < b.hi : a.lo < b.lo;
+}
+
+// Beyond this many differing bytes a comparison sort wins (radix: one pass per byte).
+constexpr int kMaxRadixPasses = 8;
+constexpr size_t kMinRadixSize = 256;
+
+void sort_words(std::vector<Slot>& s, std::vector<Slot>& tmp) {
+  uint64_t and_hi = ~uint64_t{0}, or_hi = 0, and_lo = ~uint64_t{0}, or_lo = 0;
+  for (const Slot& x : s) {
+    and_hi &= x.hi;
+    or_hi |= x.hi;
+    and_lo &= x.lo;
+    or_lo |= x.lo;
+  }
+  const uint64_t differ[2] = {and_lo ^ or_lo, and_hi ^ or_hi};  // least significant word first
+  int passes = 0;
+  for (uint64_t d : differ)
+    for (int shift = 0; shift < 64; shift += 8) passes += ((d >> shift) & 0xff) != 0;
+  if (s.size() < kMinRadixSize || passes > kMaxRadixPasses) {
+    std::sort(s.begin(), s.end(), words_less);
+    return;
+  }
+  tmp.resize(s.size());
+  for (int w = 0; w < 2; ++w) {
+    for (int shift = 0; shift < 64; shift += 8) {
+      if (((differ[w] >> shift) & 0xff) == 0) continue;
+      size_t count[256] = {};
+      for (const Slot& x : s) ++count[((w ? x.hi : x.lo) >> shift) & 0xff];
+      size_t sum = 0;
+      for (size_t& c : count) {
+        size_t here = c;
+        c = sum;
+        sum += here;
+      }
+      for (const Slot& x : s) tmp[count[((w ? x.hi : x.lo) >> shift) & 0xff]++] = x;
+      s.swap(tmp);
+    }
+  }
+}
+
+}  // namespace
+
+void SortedRunBuilder::reserve(size_t entries, size_t key_bytes, size_t value_bytes) {
+  slots_.reserve(entries);
+  key_offsets_.reserve(entries + 1);
+  value_offsets_.reserve(entries + 1);
+  key_data_.reserve(key_bytes);
+  value_data_.reserve(value_bytes);
+}
+
+void SortedRunBuilder::add(ByteView key, ByteView value, bool removed) {
+  const size_t n = key.size;
+  const uint64_t index = key_offsets_.size() - 1;
+  slots_.push_back({be_word(key.data, n), n > 8 ? be_word(key.data + 8, n - 8) : 0,
+                    index | (removed ? kRemovedBit : 0)});
+  tombstones_ += removed;
+  key_data_.insert(key_data_.end(), key.data, key.data + n);
+  key_offsets_.push_back(key_data_.size());
+  value_data_.insert(value_data_.end(), value.data, value.data + value.size);
+  value_offsets_.push_back(value_data_.size());
+}
+
+SortedRun SortedRunBuilder::finish(bool unique) {
+  SortedRun out;
+  finish(unique, out);
+  return out;
+}
+
+void SortedRunBuilder::finish(bool unique, SortedRun& out) {
+  sort_words(slots_, radix_tmp_);
+  auto key_at = [this](const Slot& s) {
+    const uint64_t i = s.index & ~kRemovedBit;
+    return ByteView{key_data_.data() + key_offsets_[i],
+                    static_cast<size_t>(key_offsets_[i + 1] - key_offsets_[i])};
+  };
+  // Equal words: keys longer than 16 bytes sharing their first 16, or equal keys.
+  for (size_t i = 0; i < slots_.size();) {
+    size_t j = i + 1;
+    while (j < slots_.size() && slots_[j].hi == slots_[i].hi && slots_[j].lo == slots_[i].lo) ++j;
+    if (j - i > 1) {
+      std::sort(slots_.begin() + static_cast<std::ptrdiff_t>(i),
+                slots_.begin() + static_cast<std::ptrdiff_t>(j),
+                [&key_at](const Slot& a, const Slot& b) { return key_less(key_at(a), key_at(b)); });
+    }
+    i = j;
+  }
+  // Emit into buffers sized once (an upper bound when `unique` drops entries).
+  out.key_offsets.resize(slots_.size() + 1);
+  out.value_offsets.resize(slots_.size() + 1);
+  out.key_data.resize(key_data_.size());
+  out.value_data.resize(value_data_.size());
+  out.key_offsets[0] = out.value_offsets[0] = 0;
+  out.valid.clear();
+  if (tombstones_) out.valid.resize(slots_.size());
+  uint8_t* kd = out.key_data.data();
+  uint8_t* vd = out.value_data.data();
+  uint64_t kpos = 0, vpos = 0;
+  size_t m = 0;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const uint64_t at = slots_[i].index & ~kRemovedBit;
+    const uint64_t k0 = key_offsets_[at], kn = key_offsets_[at + 1] - k0;
+    if (unique && i > 0 && key_equal(key_at(slots_[i]), key_at(slots_[i - 1]))) continue;
+    const uint64_t v0 = value_offsets_[at], vn = value_offsets_[at + 1] - v0;
+    if (kn) std::memcpy(kd + kpos, key_data_.data() + k0, kn);
+    if (vn) std::memcpy(vd + vpos, value_data_.data() + v0, vn);
+    kpos += kn;
+    vpos += vn;
+    if (tombstones_) out.valid[m] = (slots_[i].index & kRemovedBit) ? 0 : 1;
+    ++m;
+    out.key_offsets[m] = kpos;
+    out.value_offsets[m] = vpos;
+  }
+  out.key_offsets.resize(m + 1);
+  out.value_offsets.resize(m + 1);
+  out.key_data.resize(kpos);
+  out.value_data.resize(vpos);
+  if (tombstones_) out.valid.resize(m);
+  clear();
+}
+
+void SortedRunBuilder::clear() {
+  key_data_.clear();
+  key_offsets_.assign(1, 0);
+  value_data_.clear();
+  value_offsets_.assign(1, 0);
+  tombstones_ = 0;
+  slots_.clear();
+}
+
+}  // namespace statecore
