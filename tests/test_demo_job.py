@@ -66,6 +66,10 @@ def test_config_validation(tmp_path, monkeypatch):
         DemoConfig(backend="rocksdb").validate()
     with pytest.raises(InvalidInputError):
         DemoConfig(max_batches=0).validate()
+    for bad in (dict(retain_versions=1), dict(max_runs=0), dict(commit_timeout_s=0),
+                dict(commit_timeout_s=float("nan")), dict(retain_versions=True)):
+        with pytest.raises(InvalidInputError):
+            DemoConfig(**bad).validate()
     monkeypatch.setattr(job_mod, "native_backend_available", lambda: False)
     with pytest.raises(StateError, match="--backend python"):
         run_demo(DemoConfig(checkpoint=str(tmp_path), output=str(tmp_path), backend="native"))
@@ -80,6 +84,27 @@ def test_cli_rejects_bad_arguments(capsys):
     assert "cannot parse duration" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["demo", "--parallelism", "0"])
+    for bad in (["--commit-timeout", "0"], ["--commit-timeout", "soon"], ["--max-runs", "0"]):
+        with pytest.raises(SystemExit):
+            main(["demo", *bad])
+
+
+def test_checkpoint_options_reach_both_operators(tmp_path, monkeypatch):
+    from statecore.cli import main
+
+    class Summary:
+        def lines(self):
+            return []
+
+    seen = []
+    monkeypatch.setattr(job_mod, "run_demo", lambda cfg, progress=None: seen.append(cfg) or Summary())
+    main(["demo", "--checkpoint", str(tmp_path / "c"), "--output", str(tmp_path / "o"),
+          "--backend", "python", "--retain-versions", "5", "--max-runs", "3",
+          "--commit-timeout", "12.5", "--quiet"])
+    (cfg,) = seen
+    pipe = DemoPipeline(cfg)
+    for op in (pipe.sessions, pipe.routes):
+        assert (op.retain_versions, op.max_runs, op.commit_timeout_s) == (5, 3, 12.5)
 
 
 # ----------------------------------------------------------------------------- with Spark

@@ -30,6 +30,16 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return v
+
+
 def _duration_ms(text: str) -> int:
     from statecore.demo.job import parse_duration_ms
 
@@ -69,6 +79,14 @@ def _add_demo(sub) -> None:
     p.add_argument("--days", type=_positive_int, default=None,
                    help="only the first N days of 2013 (default: the whole year)")
     p.add_argument("--master", default="local[2]", help="Spark master (default: %(default)s)")
+    p.add_argument("--retain-versions", type=_positive_int, default=3,
+                   help="committed state versions kept, >= 2 (default: %(default)s)")
+    p.add_argument("--max-runs", type=_positive_int, default=8,
+                   help="incremental runs a key group may need before its version is compacted "
+                        "(default: %(default)s)")
+    p.add_argument("--commit-timeout", type=_positive_float, default=300.0, metavar="SECONDS",
+                   help="how long the driver waits for the partitions' background checkpoint "
+                        "writes before failing the micro-batch (default: %(default)s)")
     p.add_argument("--quiet", action="store_true", help="print only the summary")
     p.set_defaults(run=_run_demo)
 
@@ -81,7 +99,8 @@ def _run_demo(args) -> int:
         files_per_trigger=args.files_per_trigger, parallelism=args.parallelism,
         max_parallelism=args.max_parallelism, backend=args.backend,
         session_gap_ms=args.session_gap, max_batches=args.max_batches, days=args.days,
-        master=args.master)
+        master=args.master, retain_versions=args.retain_versions, max_runs=args.max_runs,
+        commit_timeout_s=args.commit_timeout)
     if args.quiet:
         summary = run_demo(cfg, progress=None)
         for line in summary.lines():

@@ -69,6 +69,10 @@ class DemoConfig:
     ``days``: only the first ``days`` New York days of 2013 (None = the whole year).
     ``landing``: where the daily files are landed (default ``<checkpoint>/landing``).
     ``session_gap_ms``: session gap in ms (default 6 h).
+    ``retain_versions``, ``max_runs``, ``commit_timeout_s``: passed to both operators
+    (:class:`statecore.spark.StatefulOperator`: committed versions kept, incremental runs per key
+    group before a compaction (None = never compact), seconds the driver waits for the
+    partitions' background checkpoint writes).
     """
 
     checkpoint: str = "./statecore-checkpoint"
@@ -82,6 +86,9 @@ class DemoConfig:
     max_batches: Optional[int] = None
     days: Optional[int] = None
     master: str = "local[2]"
+    retain_versions: int = 3
+    max_runs: Optional[int] = 8
+    commit_timeout_s: float = 300.0
 
     def validate(self) -> None:
         """Raise InvalidInputError for out-of-range options."""
@@ -97,6 +104,15 @@ class DemoConfig:
             raise InvalidInputError(f"max_batches must be a positive int, got {self.max_batches!r}")
         if self.backend not in ("python", "native"):
             raise InvalidInputError(f"backend must be 'native' or 'python', got {self.backend!r}")
+        r = self.retain_versions
+        if isinstance(r, bool) or not isinstance(r, int) or r < 2:
+            raise InvalidInputError(f"retain_versions must be an int >= 2, got {r!r}")
+        m = self.max_runs
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
+            raise InvalidInputError(f"max_runs must be a positive int or None, got {m!r}")
+        t = self.commit_timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf"):
+            raise InvalidInputError(f"commit_timeout_s must be a positive number, got {t!r}")
 
 
 @dataclass
@@ -164,7 +180,8 @@ class DemoPipeline:
         output = os.path.abspath(cfg.output)
         self.ops_dir = os.path.join(checkpoint, "operators")
         common = dict(parallelism=cfg.parallelism, max_parallelism=cfg.max_parallelism,
-                      backend=cfg.backend)
+                      backend=cfg.backend, retain_versions=cfg.retain_versions,
+                      max_runs=cfg.max_runs, commit_timeout_s=cfg.commit_timeout_s)
         self.sessions = StatefulOperator(
             "sessions", AircraftSessions(cfg.session_gap_ms), "tailnum", self.ops_dir,
             output=os.path.join(output, "sessions"), event_time_column="event_time", **common)
