@@ -119,7 +119,9 @@ class _CachedState:
     file was written from (passed to ``notify_checkpoint_complete`` once the driver committed
     ``version`` with this writer, so the next incremental snapshot starts from there);
     ``write``: a Future that resolves when the background write (data file + pending
-    descriptor) finished, successfully or not (the backend may be closed only after that)."""
+    descriptor) finished, successfully or not (the backend may be closed only after that);
+    ``abandon_after_s``: once the entry is dropped, how long its write may still run before it
+    is cancelled (the driver has given up on it by then, see :func:`_close_entry`)."""
 
     version: int
     attempt: str
@@ -131,6 +133,7 @@ class _CachedState:
     writer: Optional[str] = None
     snapshot_id: Optional[int] = None
     write: Optional[Future] = None
+    abandon_after_s: float = 600.0
 
 
 _STATE_CACHE: Dict[tuple, _CachedState] = {}
@@ -138,12 +141,29 @@ _CACHE_LOCK = threading.Lock()
 
 
 def _close_entry(entry: _CachedState) -> None:
-    """Close ``entry``'s backend, after its background write finished (a snapshot being written
-    must not lose its backend); a write that never finishes keeps the backend open."""
-    if entry.write is not None and not entry.write.done():
-        entry.write.add_done_callback(lambda _f: entry.backend.close())
-    else:
+    """Close ``entry``'s backend, after its background write finished (a native snapshot being
+    written reads the backend's maps). A write still running ``abandon_after_s`` later is
+    cancelled (``cancel_write``: stops the serializer at its next block, removes the temporary
+    file, releases the snapshot), so a write stuck on slow storage cannot keep a dropped
+    backend's memory for the life of the worker. By then the driver, which waits at most
+    ``commit_timeout_s`` after the sink's action, has failed that micro-batch anyway. (A write
+    blocked inside a filesystem call cannot be interrupted; it is cancelled when the call
+    returns.)"""
+    write = entry.write
+    if write is None or write.done():
         entry.backend.close()
+        return
+    write.add_done_callback(lambda _f: entry.backend.close())
+
+    def abandon() -> None:
+        cancel = getattr(write, "cancel_write", None)
+        if not write.done() and cancel is not None:
+            cancel()
+
+    timer = threading.Timer(entry.abandon_after_s, abandon)
+    timer.daemon = True
+    timer.start()
+    write.add_done_callback(lambda _f: timer.cancel())
 
 
 def clear_state_cache() -> None:
@@ -263,6 +283,8 @@ def _checkpoint_in_background(store, snap, version: int, writer: str, report: di
     except BaseException as exc:
         write = Future()
         write.set_exception(exc)
+    # SnapshotWriteFuture.cancel stops a running write; a plain Future's cancel is a no-op then.
+    done.cancel_write = write.cancel
     write.add_done_callback(finish)
     return done
 
@@ -316,6 +338,7 @@ class _TaskSpec:
     output_schema: pa.Schema
     prev_writers: Optional[frozenset] = None
     start_write: Optional[Callable] = None
+    commit_timeout_s: float = 300.0
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         t0 = time.perf_counter()
@@ -439,7 +462,7 @@ class _TaskSpec:
         _put_cached(cache_key, _CachedState(
             self.batch_id, self.attempt, self.num_partitions, self.max_parallelism,
             self.backend_kind, self.key_type, backend, writer=writer, snapshot_id=snapshot_id,
-            write=done))
+            write=done, abandon_after_s=2 * self.commit_timeout_s))
         if not os.environ.get("SPARK_REUSE_WORKER"):
             # A worker that is not reused exits with os._exit right after the task (pyspark
             # daemon), which would kill the write: finish it inside the task.
@@ -745,7 +768,7 @@ class StatefulOperator:
             attempt=attempt, watermark_ms=watermark, is_flush=is_flush,
             output_schema=self.processor.output_schema,
             prev_writers=(frozenset(prev_meta["writers"]) if "writers" in prev_meta else None),
-            start_write=self._start_write)
+            start_write=self._start_write, commit_timeout_s=self.commit_timeout_s)
 
         control = spark.range(n).select(
             F.lit(None).cast("bigint").alias(KEY_GROUP_COLUMN),

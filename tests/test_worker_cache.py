@@ -1,0 +1,121 @@
+"""The Spark operator's per-worker state cache (no Spark needed): a dropped backend is closed
+once its background checkpoint write ends, and a write that does not end in time is cancelled
+so it cannot keep the backend's memory for the life of the worker."""
+
+import threading
+import time
+from concurrent.futures import CancelledError
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pytest
+
+from statecore.backends import create_backend
+from statecore.checkpoint import CheckpointStore
+from statecore.descriptors import ReducingStateDescriptor
+from statecore.spark import operator as op_mod
+from fs_wrappers import LocalDelegatingHandler
+
+pytest.importorskip("statecore._native")
+
+
+class SlowHandler(LocalDelegatingHandler):
+    """Local disk whose output streams sleep ``delay_s`` per write: storage that is slow but
+    alive."""
+
+    type_name = "slow"
+
+    def __init__(self, delay_s):
+        super().__init__()
+        self.delay_s = delay_s
+
+    def open_output_stream(self, path, metadata):
+        inner = self.fs.open_output_stream(path)
+        delay = self.delay_s
+
+        class _W:
+            closed = False
+
+            def write(self, data):
+                time.sleep(delay)
+                return inner.write(data)
+
+            def flush(self):
+                inner.flush()
+
+            def close(self):
+                _W.closed = True
+                inner.close()
+
+        return pa.PythonFile(_W(), mode="w")
+
+
+def _loaded_native(n=20_000):
+    b = create_backend("native", key_type="int64")
+    st = b.get_state(ReducingStateDescriptor("sum", "sum", "int64"))
+    k = pa.array(np.arange(n, dtype=np.int64))
+    st.add_batch(k, k)
+    return b
+
+
+def _entry(backend, write, abandon_after_s):
+    return op_mod._CachedState(7, "a", 1, 128, "native", "int64", backend, writer="p0-a-t0",
+                               snapshot_id=None, write=write, abandon_after_s=abandon_after_s)
+
+
+def _background_write(store, backend):
+    snap = backend.snapshot()
+    report = {"attempt": "a", "partition": 0}
+    start = lambda st, s, v, w: st.write_snapshot_async(s, v, w, block_target_bytes=256)
+    return op_mod._checkpoint_in_background(store, snap, 7, "p0-a-t0", report, start)
+
+
+def _wait(pred, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_dropped_entry_closes_after_its_write(tmp_path):
+    backend = _loaded_native(2_000)
+    store = CheckpointStore(tmp_path)
+    done = _background_write(store, backend)
+    op_mod._close_entry(_entry(backend, done, abandon_after_s=60.0))
+    done.result(timeout=60)
+    _wait(lambda: backend._closed)
+    # The write was not cancelled: its data file and pending descriptor exist.
+    assert [d["writer"] for d in store.pending(7)] == ["p0-a-t0"]
+    assert "error" not in store.pending(7)[0]["spark_report"]
+
+
+def test_write_outliving_the_abandon_delay_is_cancelled_and_the_backend_closed(tmp_path):
+    backend = _loaded_native()
+    store = CheckpointStore(str(tmp_path), filesystem=pafs.PyFileSystem(SlowHandler(0.05)))
+    done = _background_write(store, backend)  # ~1,000 blocks at 50 ms each: minutes
+    t0 = time.monotonic()
+    op_mod._close_entry(_entry(backend, done, abandon_after_s=0.3))
+    assert not backend._closed
+    with pytest.raises(CancelledError):
+        done.result(timeout=30)
+    _wait(lambda: backend._closed)
+    assert time.monotonic() - t0 < 30
+    # No data file was published, the temporary file is gone, and the driver learns about the
+    # failure from the pending descriptor instead of waiting for its timeout.
+    data = tmp_path / "data"
+    assert not [p for p in data.rglob("*") if p.is_file()]
+    (desc,) = store.pending(7)
+    assert "cancelled" in desc["spark_report"]["error"].lower()
+
+
+def test_entry_without_a_write_in_flight_closes_at_once():
+    backend = _loaded_native(10)
+    op_mod._close_entry(_entry(backend, None, abandon_after_s=0.1))
+    assert backend._closed
+    backend2 = _loaded_native(10)
+    finished = op_mod.Future()
+    finished.set_result({})
+    op_mod._close_entry(_entry(backend2, finished, abandon_after_s=0.1))
+    assert backend2._closed
+    assert threading.active_count() < 50
