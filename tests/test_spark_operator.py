@@ -321,3 +321,31 @@ def test_constructor_validation(tmp_path):
         StatefulOperator("x", p, "k", ck, output=ck, retain_versions=1)
     with pytest.raises(InvalidInputError):
         StatefulOperator("x", object(), "k", ck, output=ck)
+
+
+def test_operator_without_python_worker_reuse(tmp_path):
+    """With ``spark.python.worker.reuse=false`` each worker exits after its task (os._exit):
+    the task finishes its background write before returning and every micro-batch after the
+    first restores from the checkpoint. Needs its own SparkContext, hence a fresh interpreter."""
+    import json
+    import subprocess
+
+    pytest.importorskip("pyspark")
+    backends = ["python"]
+    try:
+        import statecore.backends.native  # noqa: F401
+        backends.append("native")
+    except ImportError:
+        pass
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spark_no_reuse_job.py")
+    proc = subprocess.run([sys.executable, script, str(tmp_path), *backends],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert [r["backend"] for r in results] == backends
+    for r in results:
+        first, *rest = r["loads"]
+        assert set(first) == {"empty"}
+        for loads in rest:
+            assert set(loads) == {"checkpoint"}, r
+            assert sum(loads.values()) == 2
