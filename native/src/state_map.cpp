@@ -337,6 +337,7 @@ uint8_t* StateMap::put(const uint8_t* key, size_t key_size, size_t value_size) {
   Directory** t = at.table;
   Entry* e = at.entry;
   if (e) {
+    m.log_rewrite(e);
     if (e->value_size == value_size) {
       e = m.own_for_write(at);
       e->modified = static_cast<uint32_t>(m.version);
@@ -354,6 +355,7 @@ uint8_t* StateMap::put(const uint8_t* key, size_t key_size, size_t value_size) {
     m.start_rehash();
     t = m.table_for(h, &b);
   }
+  m.log_write(h, key, key_size);
   Entry* n = Entry::make(h, key, key_size, value_size, m.version);
   Entry** slot = m.slot_for_write(t, b);
   n->next = *slot;
@@ -368,6 +370,7 @@ uint8_t* StateMap::get_for_update(const uint8_t* key, size_t key_size, size_t* v
   Impl& m = *impl_;
   const Impl::Location at = m.locate(key, key_size);
   if (!at.entry) return nullptr;
+  m.log_rewrite(at.entry);
   Entry* e = m.own_for_write(at);
   e->modified = static_cast<uint32_t>(m.version);
   if (value_size) *value_size = e->value_size;
@@ -420,6 +423,8 @@ std::shared_ptr<MapSnapshot> StateMap::snapshot() {
   s->version = m.version;
   s->base = m.base;
   s->removals = m.removals.view();
+  s->writes = m.writes.view();
+  s->writes_complete_from = m.writes_complete_from;
   return std::make_shared<MapSnapshot>(std::move(s));
 }
 
@@ -434,6 +439,7 @@ void StateMap::mark_base(uint64_t version) {
   if (version <= m.base) return;  // an older completion: the base only moves forward
   m.base = version;
   m.removals.drop_before(version);
+  m.writes.drop_before(version);
 }
 
 uint64_t StateMap::rebase() {
@@ -441,10 +447,14 @@ uint64_t StateMap::rebase() {
   m.advance_version();
   m.base = m.version;
   m.removals.reset();
+  m.writes.reset();
+  m.writes_complete_from = 0;
   return m.base;
 }
 
 size_t StateMap::removal_log_size() const { return impl_->removals.size(); }
+size_t StateMap::write_log_size() const { return impl_->writes.size(); }
+void StateMap::set_write_log_min(size_t records) { impl_->write_log_min = records; }
 
 void StateMap::for_each_impl(void (*cb)(void*, ByteView, ByteView), void* ctx) {
   impl_->visit_live([&](Entry* e) {
@@ -521,7 +531,7 @@ void walk_entries(const Directory* d, size_t from, Fn&& fn) {
 
 }  // namespace
 
-bool MapSnapshot::contains_hashed(uint32_t hash, const uint8_t* key, size_t key_size) const {
+const Entry* MapSnapshot::find_hashed(uint32_t hash, const uint8_t* key, size_t key_size) const {
   const Directory* d = s_->primary;
   size_t b = hash & (d->capacity - 1);
   if (s_->rehash_table && b < s_->rehash_index) {
@@ -529,9 +539,13 @@ bool MapSnapshot::contains_hashed(uint32_t hash, const uint8_t* key, size_t key_
     b = hash & (d->capacity - 1);
   }
   for (const Entry* e = d->head(b); e; e = e->next) {
-    if (e->matches(hash, key, key_size)) return true;
+    if (e->matches(hash, key, key_size)) return e;
   }
-  return false;
+  return nullptr;
+}
+
+bool MapSnapshot::changes_from_log(uint64_t base) const {
+  return base >= s_->writes_complete_from;
 }
 
 SortedRun MapSnapshot::sorted_changes(uint64_t base) const {
@@ -554,10 +568,19 @@ void MapSnapshot::sorted_changes(uint64_t base, SortedRunBuilder& run, SortedRun
     if (e->modified >= base && e->modified < s)
       run.add(ByteView{e->key(), e->key_size}, ByteView{e->value(), e->value_size}, false);
   };
-  walk_entries(s_->primary, s_->rehash_table ? s_->rehash_index : 0, collect);
-  walk_entries(s_->rehash_table, 0, collect);
-  s_->removals.for_each([&](const detail::Removal& r) {
-    if (r.version >= base && r.version < s && !contains_hashed(r.hash, r.key, r.key_size)) {
+  if (changes_from_log(base)) {
+    // Every key written in [base, s) has a record there (C5): look each one up instead of
+    // walking every entry. A key written in several epochs has several records: `unique`.
+    s_->writes.for_each([&](const detail::KeyRecord& r) {
+      if (r.version < base || r.version >= s) return;
+      if (const Entry* e = find_hashed(r.hash, r.key, r.key_size)) collect(e);
+    });
+  } else {
+    walk_entries(s_->primary, s_->rehash_table ? s_->rehash_index : 0, collect);
+    walk_entries(s_->rehash_table, 0, collect);
+  }
+  s_->removals.for_each([&](const detail::KeyRecord& r) {
+    if (r.version >= base && r.version < s && !find_hashed(r.hash, r.key, r.key_size)) {
       run.add(ByteView{r.key, r.key_size}, ByteView{}, true);
     }
   });

@@ -244,8 +244,12 @@ namespace {
 // snapshots kept alive and some released. For every snapshot s and every base b it accepts
 // (b = 0 or the version of an older snapshot, b >= s.base_version()), applying
 // s.sorted_changes(b) to the contents of snapshot b gives the contents of s.
-void run_random(uint64_t seed, statecore::KeyHashFunction hash, size_t key_space, int rounds) {
+// Returns how many listings used the write log and how many walked the table.
+std::pair<size_t, size_t> run_random(uint64_t seed, statecore::KeyHashFunction hash,
+                                     size_t key_space, int rounds, size_t write_log_min = 1024) {
   StateMap m(hash);
+  m.set_write_log_min(write_log_min);
+  size_t from_log = 0, walked = 0;
   std::mt19937_64 rng(seed);
   Ref ref;
   std::map<uint64_t, Ref> at;  // version -> contents at that snapshot (0 -> empty)
@@ -314,6 +318,7 @@ void run_random(uint64_t seed, statecore::KeyHashFunction hash, size_t key_space
       uint64_t b = kv.first;
       if (b < s->base_version() || b > s->version()) continue;
       auto cs = changes(*s, b);
+      (s->changes_from_log(b) ? from_log : walked) += 1;
       ok_sorted = ok_sorted && strictly_sorted(cs);
       ok_merge = ok_merge && merge_changes(kv.second, cs) == at[s->version()];
       ++pairs;
@@ -324,6 +329,7 @@ void run_random(uint64_t seed, statecore::KeyHashFunction hash, size_t key_space
   CHECK(ok_merge);
   CHECK(ok_bound);
   CHECK(pairs > static_cast<size_t>(rounds));
+  return {from_log, walked};
 }
 
 }  // namespace
@@ -334,6 +340,76 @@ TEST(randomized_incremental_reproduces_snapshots_default_hash) {
 
 TEST(randomized_incremental_reproduces_snapshots_colliding_hash) {
   run_random(7, colliding_hash, 300, 40);
+}
+
+// A small write-log limit makes busy epochs give up, so listings mix both paths.
+TEST(randomized_incremental_with_a_small_write_log_uses_both_paths) {
+  size_t from_log = 0, walked = 0;
+  for (uint64_t seed : {11u, 12u}) {
+    auto r = run_random(seed, nullptr, 3000, 60, 150);
+    from_log += r.first;
+    walked += r.second;
+  }
+  auto r = run_random(13, colliding_hash, 300, 40, 20);
+  from_log += r.first;
+  walked += r.second;
+  CHECK(from_log > 20);
+  CHECK(walked > 20);
+}
+
+TEST(write_log_lists_a_few_changes_of_a_large_map_without_walking) {
+  StateMap m;
+  for (uint64_t k = 0; k < 50000; ++k) put(m, be64(k), "v");
+  CHECK_EQ(m.write_log_size(), 0u);  // the bulk load's epoch gave up at 1024 records, freed them
+  auto s0 = m.snapshot();
+  CHECK(!s0->changes_from_log(0));
+  m.mark_base(s0->version());
+  CHECK_EQ(m.write_log_size(), 0u);
+  for (uint64_t k = 100; k < 110; ++k) put(m, be64(k), "changed");
+  put(m, be64(100), "changed twice");  // second write of the epoch: no second record
+  size_t vs = 0;
+  m.get_for_update(u8(be64(200)), 8, &vs)[0] = 'W';
+  del(m, be64(300));
+  put(m, be64(90000), "new");
+  put(m, be64(90001), "new, then removed");
+  del(m, be64(90001));
+  CHECK_EQ(m.write_log_size(), 13u);  // 10 puts + 1 get_for_update + 2 new keys
+  auto s1 = m.snapshot();
+  CHECK(s1->changes_from_log(s0->version()));
+  auto c = changes(*s1, s0->version());
+  CHECK_EQ(c.size(), 14u);  // 10 + 200 + 90000 + tombstones of 300 and 90001
+  CHECK(merge_changes(contents(*s0), c) == contents(*s1));
+  // The next epoch writes key 100 again: logged again, listed once.
+  put(m, be64(100), "third");
+  auto s2 = m.snapshot();
+  auto c2 = changes(*s2, s0->version());
+  CHECK(merge_changes(contents(*s0), c2) == contents(*s2));
+  CHECK_EQ(c2.size(), 14u);
+  m.mark_base(s2->version());
+  CHECK_EQ(m.write_log_size(), 0u);
+}
+
+TEST(an_epoch_past_the_write_log_limit_walks_and_the_next_one_logs_again) {
+  StateMap m;
+  m.set_write_log_min(8);
+  for (uint64_t k = 0; k < 1000; ++k) put(m, be64(k), "v");
+  m.rebase();
+  auto a = m.snapshot();
+  m.mark_base(a->version());
+  for (uint64_t k = 0; k < 100; ++k) put(m, be64(k), "w");  // > max(8, 1000 / 16) records
+  CHECK_EQ(m.write_log_size(), 0u);  // given up and freed
+  auto b = m.snapshot();
+  CHECK(!b->changes_from_log(a->version()));
+  CHECK_EQ(changes(*b, a->version()).size(), 100u);
+  CHECK(merge_changes(contents(*a), changes(*b, a->version())) == contents(*b));
+  for (uint64_t k = 500; k < 505; ++k) put(m, be64(k), "x");
+  auto c = m.snapshot();
+  CHECK(c->changes_from_log(b->version()));
+  CHECK(!c->changes_from_log(a->version()));  // covers the epoch that gave up
+  CHECK_EQ(changes(*c, b->version()).size(), 5u);
+  CHECK(merge_changes(contents(*a), changes(*c, a->version())) == contents(*c));
+  m.mark_base(b->version());
+  CHECK(c->changes_from_log(b->version()));
 }
 
 TEST(never_completed_snapshots_accumulate_changes) {

@@ -16,6 +16,9 @@ namespace statecore {
 using KeyHashFunction = uint32_t (*)(const uint8_t* data, size_t size);
 
 class MapSnapshot;
+namespace detail {
+struct Entry;
+}
 
 // Copy-on-write, incrementally rehashing chained hash map from byte keys to byte values
 // (after Flink's CopyOnWriteStateMap). One instance per key group of a state.
@@ -136,12 +139,19 @@ class MapSnapshot;
 // migration keep `modified`, so only real writes count as changes (stricter than the contract's
 // allowance for migrated entries, which lets both backends list byte-identical changes). Every
 // removal of a present key (remove(), clear()) appends {map version, hash, key bytes} to the
-// removal log (detail/removal_log.h), a chunked append-only list that snapshots share.
+// removal log (detail/key_log.h), a chunked append-only list that snapshots share. The first write
+// of a key in each epoch (the writes between two snapshots: an entry whose `modified` is older
+// than the map version, or a new key) appends {version, hash, key bytes} to the write log, the same
+// kind of list, so a listing costs what changed rather than what is stored (the issue's "checkpoint
+// time scales with the change set"). The write log is bounded: past max(write_log_min, size/16)
+// records an epoch stops logging and `writes_complete_from` moves past it; listings whose range
+// includes such an epoch walk the table instead (when more than 1/16 of the keys changed, a walk
+// costs about what the lookups would). Bulk loads therefore log at most write_log_min records.
 // The map's `base` is a version: everything written at a version >= base is "changed".
 //   - mark_base(v) (a checkpoint of the snapshot of version v completed) raises base to v and
 //     drops the log chunks holding only records older than v; older or equal v are no-ops.
 //   - rebase() (after a bulk load such as a restore) bumps the version and sets base to it and
-//     empties the log: what was loaded is the base, not a change.
+//     empties both logs: what was loaded is the base, not a change.
 //   - A fresh map has base 0 = version 0: everything written is a change against the empty map.
 // A snapshot of version s records the base b0 as of snapshot time and the log as of snapshot
 // time. sorted_changes(b) for b0 <= b <= s lists, sorted by key: every present entry with
@@ -155,12 +165,18 @@ class MapSnapshot;
 //  C2 `modified` is stamped from the map version at the time of the write, so an entry reachable
 //     from a snapshot of version s has modified < s.
 //  C3 the log holds every removal at a version >= base, in version order; the memory it holds is
-//     those records plus at most one partially older chunk (RemovalChunk::kChunkRecords), i.e.
+//     those records plus at most one partially older chunk (KeyLogChunk::kChunkRecords), i.e.
 //     bounded by the removals since the last completed checkpoint (or the last rebase).
 //  C4 a snapshot's listing never changes after it was taken: its directories are immutable (I3),
 //     `modified` of an entry reachable from it is never rewritten (I2: writing the value first
 //     copies the entry), and its view of the log covers only records appended before it, which
 //     the owner never rewrites; trimming drops the map's reference to chunks, not the snapshot's.
+//  C5 every live entry with modified = m >= writes_complete_from has a write-log record at a
+//     version in [e, m], e = the epoch start (snapshot version) that m belongs to: the first write
+//     of the epoch logs (or gives the epoch up, which raises writes_complete_from past it), later
+//     writes of the epoch find modified = version. Bases are snapshot versions, so trimming to a
+//     base b never drops the record of an entry with modified >= b. The removal log's bound (C3)
+//     holds for it likewise.
 // Versions are limited to 2^32 - 1 (Entry::modified is 32 bits, as Flink limits its int version):
 // snapshot() and rebase() throw std::overflow_error beyond.
 //
@@ -214,8 +230,12 @@ class StateMap {
   void mark_base(uint64_t version);
   // After a bulk load: the current contents become the base. Returns the new base (= version()).
   uint64_t rebase();
-  // Records in the removal log (for memory accounting and tests).
+  // Records in the removal log / the write log (for memory accounting and tests).
   size_t removal_log_size() const;
+  size_t write_log_size() const;
+  // The write log may always hold this many records (default 1024), more only up to size / 16
+  // (see "Change tracking"). Tuning and tests.
+  void set_write_log_min(size_t records);
 
   // Visit live entries (unordered). fn(ByteView key, ByteView value).
   template <class Fn> void for_each(Fn&& fn);
@@ -265,17 +285,21 @@ class MapSnapshot {
   // Changes since `base` (see "Change tracking" in StateMap's comment), sorted ascending by key
   // bytes like sorted_entries: a key present at snapshot time whose value was written since the
   // base (its value at snapshot time), or a key removed since the base and absent at snapshot
-  // time (a tombstone: removed(i), empty value). O(m + r + c log c) over the m entries of the
-  // snapshot, the r logged removals and the c changes.
+  // time (a tombstone: removed(i), empty value). O(w + r + c log c) over the w logged writes,
+  // the r logged removals and the c changes when changes_from_log(base), else O(m + r + c log c)
+  // over the m entries of the snapshot (a walk).
   // std::invalid_argument unless base_version() <= base <= version(); std::logic_error after
   // release(). Readable from another thread while the owner writes (thread contract below).
   SortedRun sorted_changes(uint64_t base) const;
   void sorted_changes(uint64_t base, SortedRunBuilder& builder, SortedRun& out) const;
+  // True when the write log covers every epoch in [base, version()), so sorted_changes(base)
+  // looks up the logged keys instead of walking the table.
+  bool changes_from_log(uint64_t base) const;
 
   struct State;
   explicit MapSnapshot(std::unique_ptr<State> s);
  private:
-  bool contains_hashed(uint32_t hash, const uint8_t* key, size_t key_size) const;
+  const detail::Entry* find_hashed(uint32_t hash, const uint8_t* key, size_t key_size) const;
   std::unique_ptr<State> s_;
 };
 

@@ -10,7 +10,7 @@
 
 #include "statecore/detail/entry.h"
 #include "statecore/detail/pages.h"
-#include "statecore/detail/removal_log.h"
+#include "statecore/detail/key_log.h"
 #include "statecore/state_map.h"
 
 namespace statecore {
@@ -42,7 +42,10 @@ struct StateMap::Impl {
   Stats stats;
   // Change tracking: entries with modified >= base are changed; removals logged since `base`.
   uint64_t base = 0;              // only raised (mark_base, rebase)
-  detail::RemovalLog removals;    // removals of present keys, version order
+  detail::KeyLog removals;        // removals of present keys, version order
+  detail::KeyLog writes;          // first write of a key in each epoch, version order
+  uint64_t writes_complete_from = 0;  // every epoch (version) >= it has all its first writes logged
+  size_t write_log_min = 1024;    // the write log may always hold this many records (log_write)
 
   // ---- shared with threads that release snapshots ----
   // Highest version of a live snapshot, 0 when none (Flink highestRequiredSnapshotVersion).
@@ -92,6 +95,25 @@ struct StateMap::Impl {
   uint64_t advance_version();
   // A present key is being removed: log it for change tracking.
   void log_removal(const detail::Entry* e) { removals.append(version, e->hash, e->key(), e->key_size); }
+  // The first write of a key in this epoch (a new key, or log_rewrite: an entry whose previous
+  // write is older than the epoch): log it. Past the log's limit (max(write_log_min, size / 16)
+  // records) the epoch is given up instead: its records are dropped, it stops logging, and
+  // listings over it walk the table (a change set that large costs a walk's order anyway).
+  void log_write(uint32_t h, const uint8_t* key, size_t ks) {
+    if (writes_complete_from > version) return;  // this epoch already gave up
+    const size_t limit = size() / 16 > write_log_min ? size() / 16 : write_log_min;
+    if (writes.size() >= limit) {
+      // This epoch's records are useless now (listings over it walk): free them, so they do
+      // not count against the next epoch's limit.
+      writes.drop_from(version);
+      writes_complete_from = version + 1;
+      return;
+    }
+    writes.append(version, h, key, ks);
+  }
+  void log_rewrite(const detail::Entry* e) {
+    if (e->modified != static_cast<uint32_t>(version)) log_write(e->hash, e->key(), e->key_size);
+  }
   // The entry left the live table: free now, or retire while a live snapshot may reach it.
   void dispose(detail::Entry* e);
   // Frees retired entries no live snapshot reaches. Caller holds `mu`.
@@ -111,7 +133,9 @@ struct MapSnapshot::State {
   size_t size = 0;
   uint64_t version = 0;
   uint64_t base = 0;              // the map's base at snapshot time: changes are tracked from it
-  detail::RemovalLogView removals;  // the removal log as of snapshot time
+  detail::KeyLogView removals;    // the removal log as of snapshot time
+  detail::KeyLogView writes;      // the write log as of snapshot time
+  uint64_t writes_complete_from = 0;
   bool released = false;
 };
 

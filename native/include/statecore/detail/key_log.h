@@ -1,7 +1,7 @@
-// Removal log of the state map's change tracking (engine internal; see "Change tracking" in the
-// class comment of StateMap in state_map.h).
+// Key logs of the state map's change tracking (engine internal; see "Change tracking" in the
+// class comment of StateMap in state_map.h): the removal log and the write log.
 //
-// Records {map version at removal, key hash, key bytes} in version order, in fixed-size chunks
+// Records {map version, key hash, key bytes} in version order, in fixed-size chunks
 // linked oldest -> newest through shared_ptr. The owner appends at the tail; a snapshot keeps a
 // shared_ptr to the head chunk as of snapshot time plus the tail chunk and its record count, so it
 // reads exactly the records logged before it, from any thread, while the owner keeps appending:
@@ -10,7 +10,8 @@
 // alive while a snapshot references them, so a listing taken earlier never loses its records.
 //
 // Memory: records logged at versions >= the base, plus at most one partially-old chunk
-// (kChunkRecords records) -- i.e. bounded by the removals since the last completed checkpoint.
+// (kChunkRecords records) -- i.e. bounded by the removals (writes) since the last completed
+// checkpoint.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -20,42 +21,42 @@
 namespace statecore {
 namespace detail {
 
-struct Removal {
-  uint64_t version = 0;    // map version when the key was removed
+struct KeyRecord {
+  uint64_t version = 0;    // map version when the key was removed (first written in the epoch)
   uint32_t hash = 0;       // mixed key hash (as Entry::hash), so readers never call the hash fn
   uint32_t key_size = 0;
   uint8_t* key = nullptr;  // owned by the chunk (new[]), nullptr for an empty key
 };
 
-struct RemovalChunk {
+struct KeyLogChunk {
   static constexpr size_t kChunkRecords = 64;
-  Removal recs[kChunkRecords];
-  std::shared_ptr<RemovalChunk> next;  // newer chunk; written by the owner only while this is the tail
+  KeyRecord recs[kChunkRecords];
+  std::shared_ptr<KeyLogChunk> next;  // newer chunk; written by the owner only while this is the tail
 
-  RemovalChunk() = default;
-  RemovalChunk(const RemovalChunk&) = delete;
-  RemovalChunk& operator=(const RemovalChunk&) = delete;
-  ~RemovalChunk() {
-    for (Removal& r : recs) delete[] r.key;
+  KeyLogChunk() = default;
+  KeyLogChunk(const KeyLogChunk&) = delete;
+  KeyLogChunk& operator=(const KeyLogChunk&) = delete;
+  ~KeyLogChunk() {
+    for (KeyRecord& r : recs) delete[] r.key;
     // Unlink the rest of the chain iteratively: a recursive shared_ptr release of thousands of
     // chunks could overflow the stack.
-    std::shared_ptr<RemovalChunk> n = std::move(next);
+    std::shared_ptr<KeyLogChunk> n = std::move(next);
     while (n && n.use_count() == 1) {
-      std::shared_ptr<RemovalChunk> after = std::move(n->next);
+      std::shared_ptr<KeyLogChunk> after = std::move(n->next);
       n = std::move(after);
     }
   }
 };
 
 // What a snapshot sees of the log: records of head..tail, the tail holding `tail_count` of them.
-struct RemovalLogView {
-  std::shared_ptr<const RemovalChunk> head;
-  const RemovalChunk* tail = nullptr;
+struct KeyLogView {
+  std::shared_ptr<const KeyLogChunk> head;
+  const KeyLogChunk* tail = nullptr;
   size_t tail_count = 0;
 
-  template <class Fn> void for_each(Fn&& fn) const {  // fn(const Removal&), oldest first
-    for (const RemovalChunk* c = head.get(); c; c = c->next.get()) {
-      size_t n = c == tail ? tail_count : RemovalChunk::kChunkRecords;
+  template <class Fn> void for_each(Fn&& fn) const {  // fn(const KeyRecord&), oldest first
+    for (const KeyLogChunk* c = head.get(); c; c = c->next.get()) {
+      size_t n = c == tail ? tail_count : KeyLogChunk::kChunkRecords;
       for (size_t i = 0; i < n; ++i) fn(c->recs[i]);
       if (c == tail) break;
     }
@@ -63,11 +64,11 @@ struct RemovalLogView {
 };
 
 // Owner-thread side of the log.
-class RemovalLog {
+class KeyLog {
  public:
   void append(uint64_t version, uint32_t hash, const uint8_t* key, size_t key_size) {
-    if (!tail_ || tail_count_ == RemovalChunk::kChunkRecords) {
-      auto c = std::make_shared<RemovalChunk>();
+    if (!tail_ || tail_count_ == KeyLogChunk::kChunkRecords) {
+      auto c = std::make_shared<KeyLogChunk>();
       if (tail_) {
         tail_->next = c;
       } else {
@@ -76,7 +77,7 @@ class RemovalLog {
       tail_ = c.get();
       tail_count_ = 0;
     }
-    Removal& r = tail_->recs[tail_count_];
+    KeyRecord& r = tail_->recs[tail_count_];
     r.version = version;
     r.hash = hash;
     r.key_size = static_cast<uint32_t>(key_size);
@@ -92,7 +93,7 @@ class RemovalLog {
   void drop_before(uint64_t base) {
     while (head_) {
       const bool is_tail = head_.get() == tail_;
-      const size_t n = is_tail ? tail_count_ : RemovalChunk::kChunkRecords;
+      const size_t n = is_tail ? tail_count_ : KeyLogChunk::kChunkRecords;
       if (n == 0 || head_->recs[n - 1].version >= base) return;
       size_ -= n;
       if (is_tail) {
@@ -105,6 +106,33 @@ class RemovalLog {
     }
   }
 
+  // Drops the records with version >= v from the tail. Only for records no snapshot can see
+  // (appended since the newest snapshot): the record slots and chunks it frees lie beyond every
+  // snapshot's view. O(chunks) to find the cut; the write log calls it once per epoch at most.
+  void drop_from(uint64_t v) {
+    KeyLogChunk* c = head_.get();
+    size_t n = 0;
+    for (; c; c = c->next.get()) {
+      n = c == tail_ ? tail_count_ : KeyLogChunk::kChunkRecords;
+      if (n > 0 && c->recs[n - 1].version >= v) break;
+      if (c == tail_) return;
+    }
+    if (!c) return;
+    size_t i = 0;
+    while (i < n && c->recs[i].version < v) ++i;
+    size_t dropped = n - i;
+    for (KeyLogChunk* d = c == tail_ ? nullptr : c->next.get(); d; d = d == tail_ ? nullptr : d->next.get())
+      dropped += d == tail_ ? tail_count_ : KeyLogChunk::kChunkRecords;
+    for (size_t j = i; j < n; ++j) {
+      delete[] c->recs[j].key;
+      c->recs[j] = KeyRecord{};
+    }
+    c->next.reset();
+    tail_ = c;
+    tail_count_ = i;
+    size_ -= dropped;
+  }
+
   void reset() {
     head_.reset();
     tail_ = nullptr;
@@ -112,12 +140,12 @@ class RemovalLog {
     size_ = 0;
   }
 
-  RemovalLogView view() const { return RemovalLogView{head_, tail_, tail_count_}; }
+  KeyLogView view() const { return KeyLogView{head_, tail_, tail_count_}; }
   size_t size() const { return size_; }  // records held (including the old part of the head chunk)
 
  private:
-  std::shared_ptr<RemovalChunk> head_;
-  RemovalChunk* tail_ = nullptr;
+  std::shared_ptr<KeyLogChunk> head_;
+  KeyLogChunk* tail_ = nullptr;
   size_t tail_count_ = 0;
   size_t size_ = 0;
 };
