@@ -295,7 +295,7 @@ def test_bad_arguments_raise_at_once(tmp_path):
     b, _, _ = _populate("native", seed=9, n=10)
     store = CheckpointStore(str(tmp_path))
     snap = b.snapshot()
-    for kwargs in ({"queue_blocks": 0}, {"block_target_bytes": 0}):
+    for kwargs in ({"queue_blocks": 0}, {"block_target_bytes": 0}, {"nice": -1}, {"nice": True}):
         with pytest.raises(InvalidInputError):
             store.write_snapshot_async(snap, 1, "p0", **kwargs)
     with pytest.raises(InvalidInputError):
@@ -336,3 +336,77 @@ def test_owner_runs_while_serializer_waits():
     th.join()
     assert n == 20000 and counter[0] > 0
     assert ser.stats()["max_queued"] <= 1
+
+
+class _GatedHandler(LocalDelegatingHandler):
+    """Local filesystem whose output streams block in write() until ``gate`` is set."""
+
+    type_name = "gated"
+
+    def __init__(self):
+        super().__init__()
+        self.gate = threading.Event()
+        self.waiting = threading.Event()
+
+    def open_output_stream(self, path, metadata):
+        inner = self.fs.open_output_stream(path)
+        handler = self
+
+        class _W:
+            closed = False
+
+            def write(self, data):
+                handler.waiting.set()
+                handler.gate.wait(60)
+                return inner.write(data)
+
+            def flush(self):
+                inner.flush()
+
+            def close(self):
+                _W.closed = True
+                inner.close()
+
+        return pa.PythonFile(_W(), mode="w")
+
+
+def _thread_nices() -> dict:
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(tid)] = int(fields[16])  # field 19 of stat(5), counted after the "(comm)"
+    return out
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="Linux thread priorities")
+def test_writer_threads_yield_the_cpu_to_the_owner(tmp_path):
+    b, _, _ = _populate("native", seed=4, n=3000)
+    handler = _GatedHandler()
+    store = CheckpointStore(str(tmp_path), filesystem=pafs.PyFileSystem(handler))
+    base = _thread_nices()[threading.get_native_id()]
+    want = min(19, base + 7)
+    fut = store.write_snapshot_async(b.snapshot(), 3, "p0", block_target_bytes=64,
+                                     queue_blocks=1, release_snapshot=True, nice=7)
+    try:
+        assert handler.waiting.wait(30)  # the Python writer is inside write(), the C++ producer
+        nices = _thread_nices()         # waits on the full queue
+        assert nices[threading.get_native_id()] == base  # the owner keeps its priority
+        assert sum(1 for n in nices.values() if n == want) >= 2
+    finally:
+        handler.gate.set()
+    fut.result(timeout=60)
+    # nice=0 leaves the writing threads alone
+    handler.gate.clear()
+    handler.waiting.clear()
+    fut = store.write_snapshot_async(b.snapshot(), 4, "p0", block_target_bytes=64, queue_blocks=1,
+                                     release_snapshot=True, nice=0)
+    try:
+        assert handler.waiting.wait(30)
+        assert sum(1 for n in _thread_nices().values() if n == want) == 0
+    finally:
+        handler.gate.set()
+    fut.result(timeout=60)

@@ -1,9 +1,16 @@
 // Background block serializer of checkpoint data files (design: snapshot_writer.h).
 #include "statecore/snapshot_writer.h"
 
+#include <cerrno>
 #include <cstring>
 #include <limits>
 #include <utility>
+
+#ifdef __linux__
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace statecore {
 
@@ -63,7 +70,27 @@ void SnapshotSerializer::start() {
   thread_ = std::thread([this] { run(); });
 }
 
+namespace {
+
+// Linux applies setpriority(PRIO_PROCESS, tid) to that one thread. Best effort: a failure only
+// leaves the thread at its inherited priority.
+void lower_thread_priority(int by) {
+#ifdef __linux__
+  if (by <= 0) return;
+  const id_t tid = static_cast<id_t>(::syscall(SYS_gettid));
+  errno = 0;
+  int now = ::getpriority(PRIO_PROCESS, tid);
+  if (now == -1 && errno != 0) return;
+  ::setpriority(PRIO_PROCESS, tid, now + by > 19 ? 19 : now + by);
+#else
+  (void)by;
+#endif
+}
+
+}  // namespace
+
 void SnapshotSerializer::run() {
+  lower_thread_priority(opt_.nice);
   std::exception_ptr err;
   try {
     produce();

@@ -633,7 +633,8 @@ cdef class SnapshotBlockSerializer:
     2 (key-group prefix width). ``block_target_bytes``: uncompressed block target (bytes).
     ``incremental``: append the validity bitmap. ``queue_blocks``: bounded queue capacity (memory
     bound: that many payloads). ``release_as_written``: release each key group's map snapshot
-    as soon as it is encoded (the table snapshots become unusable for readers).
+    as soon as it is encoded (the table snapshots become unusable for readers). ``nice``: added to
+    the producer thread's nice value (Linux; 0 = unchanged).
 
     The table snapshots must stay unreleased by others while the serializer runs (the Python
     wrapper keeps references to them). Raises InvalidInputError for bad arguments or a released
@@ -644,7 +645,7 @@ cdef class SnapshotBlockSerializer:
 
     def __cinit__(self, sources, int32_t kg_start, int32_t kg_end, int prefix_bytes,
                   size_t block_target_bytes, bint incremental, size_t queue_blocks=4,
-                  bint release_as_written=False):
+                  bint release_as_written=False, int nice=0):
         cdef vector[c.SerializerSource]* srcs = c.new_sources()
         cdef c.SerializerSource* st
         cdef c.SerializerOptions o
@@ -671,6 +672,7 @@ cdef class SnapshotBlockSerializer:
             o.incremental = incremental
             o.queue_blocks = queue_blocks
             o.release_as_written = release_as_written
+            o.nice = nice
             try:
                 self.ser = c.new_serializer(srcs, o)
             except ValueError as e:

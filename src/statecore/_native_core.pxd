@@ -178,6 +178,7 @@ cdef extern from "statecore/snapshot_writer.h" namespace "statecore" nogil:
         cbool incremental
         size_t queue_blocks
         cbool release_as_written
+        int nice
 
     cdef cppclass BlockPayload:
         int32_t key_group

@@ -70,6 +70,9 @@ struct SerializerOptions {
   bool incremental = false;            // append the validity bitmap to every payload
   size_t queue_blocks = 4;             // bounded queue capacity (>= 1)
   bool release_as_written = false;     // release each map snapshot once its key group is encoded
+  // Added to the producer thread's nice value (Linux; 0 = unchanged, capped at 19): a checkpoint
+  // is background work and should yield the CPU to the owning (processing) thread.
+  int nice = 0;
 };
 
 // One finished block payload and where it belongs.

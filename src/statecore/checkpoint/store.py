@@ -99,6 +99,7 @@ import json
 import operator
 import os
 import re
+import sys
 import threading
 import time
 import uuid
@@ -330,7 +331,7 @@ class CheckpointStore:
 
     def write_snapshot_async(self, snap: Any, version: int, writer: str = "p0", *,
                              block_target_bytes: int | None = None, release_snapshot: bool = False,
-                             queue_blocks: int = 4) -> "SnapshotWriteFuture":
+                             queue_blocks: int = 4, nice: int = 10) -> "SnapshotWriteFuture":
         """:meth:`write_snapshot` in the background; returns a :class:`SnapshotWriteFuture` whose
         result is the same descriptor, and whose file is byte-identical to the synchronous one.
 
@@ -341,6 +342,12 @@ class CheckpointStore:
         (GIL released during I/O). The owning thread keeps reading and writing state meanwhile:
         the snapshot is copy-on-write (state_map.h). Other snapshots (the Python backend's, which
         are materialized at snapshot time) are written by the Python thread alone.
+
+        ``nice`` (int >= 0): added to the nice value of the writing threads (Linux; others
+        ignore it): the write is background work, and on a machine with as many busy threads as
+        cores it should yield the CPU to processing. Measured with ``statecore bench --case
+        throughput_during_snapshot`` (10M entries, 2 cores, five interleaved runs each): owner
+        throughput during the write 0.78 of without at nice 0, 0.85 at nice 10, same write time.
 
         ``release_snapshot``: with True the write owns ``snap`` and releases it when it ends;
         native map snapshots are even released key group by key group as they are encoded, so
@@ -360,6 +367,8 @@ class CheckpointStore:
         writer = _check_writer(writer)
         if isinstance(queue_blocks, bool) or not isinstance(queue_blocks, int) or queue_blocks < 1:
             raise InvalidInputError(f"queue_blocks must be an int >= 1, got {queue_blocks!r}")
+        if isinstance(nice, bool) or not isinstance(nice, int) or nice < 0:
+            raise InvalidInputError(f"nice must be an int >= 0, got {nice!r}")
         target = DEFAULT_BLOCK_TARGET_BYTES if block_target_bytes is None else block_target_bytes
         plan = _plan_file(snap, version, writer, target, None)  # argument errors raise here
         rel = self.data_path(version, writer)
@@ -374,7 +383,7 @@ class CheckpointStore:
             try:
                 serializer = _native.SnapshotBlockSerializer(
                     sources(), plan.start, plan.end, plan.prefix, plan.block_target_bytes,
-                    plan.incremental, queue_blocks, bool(release_snapshot))
+                    plan.incremental, queue_blocks, bool(release_snapshot), nice)
                 serializer.start()
             except BaseException:
                 unpin()
@@ -393,6 +402,7 @@ class CheckpointStore:
                                    block_target_bytes=target, check_stop=fut._check_stop)
 
         def run() -> None:
+            _lower_thread_priority(nice)
             outcome: Any = None
             failed = False
             try:
@@ -989,6 +999,18 @@ class CheckpointStore:
                     if not kept_any and not in_flight_dir:
                         self.fs.delete_dir(d.path)
             return drop
+
+
+def _lower_thread_priority(by: int) -> None:
+    """Add ``by`` to the calling thread's nice value (Linux applies PRIO_PROCESS with a thread id
+    to that thread alone); best effort, a no-op elsewhere or on failure."""
+    if by <= 0 or not hasattr(os, "setpriority") or not sys.platform.startswith("linux"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + by))
+    except OSError:
+        pass
 
 
 class SnapshotWriteFuture(Future):
