@@ -47,20 +47,42 @@ def _check_name(name) -> str:
 
 
 class StateDescriptor:
-    """Base class: ``name`` (non-empty, not starting with ``__``) and ``kind``."""
+    """Base class: ``name`` (non-empty, not starting with ``__``), ``kind`` and ``ttl_config``
+    (None, or a :class:`statecore.ttl.StateTtlConfig` set by :meth:`enable_time_to_live`)."""
 
     kind = ""
 
     def __init__(self, name: str):
         self.name = _check_name(name)
+        self.ttl_config = None
+
+    def enable_time_to_live(self, ttl_config) -> "StateDescriptor":
+        """Give the state a time-to-live (Flink ``StateDescriptor.enableTimeToLive``); returns
+        self. Raises InvalidInputError unless ``ttl_config`` is a StateTtlConfig."""
+        from statecore.ttl import StateTtlConfig
+
+        if not isinstance(ttl_config, StateTtlConfig):
+            raise InvalidInputError(f"expected a StateTtlConfig, got {ttl_config!r}")
+        self.ttl_config = ttl_config
+        return self
+
+    def _meta(self, **fields) -> dict:
+        m = {"name": self.name, "kind": self.kind, **fields}
+        if self.ttl_config is not None:
+            m["ttl"] = self.ttl_config.meta()
+        return m
 
     def meta(self) -> dict:
-        """JSON-able description: ``name``, ``kind``, ``value_type`` and kind-specific fields."""
+        """JSON-able description: ``name``, ``kind``, ``value_type``, kind-specific fields and
+        ``ttl`` (the TTL config's meta) when TTL is enabled."""
         raise NotImplementedError
 
     def check_compatible(self, meta: dict, namespace_type: str | None = None) -> None:
         """Raise StateMigrationError if restored state ``meta`` cannot be read with this
-        descriptor (kind, value_type, user_key_type or namespace_type differ)."""
+        descriptor (kind, value_type, user_key_type or namespace_type differ, or TTL is enabled
+        on one side only: values with and without the 8-byte timestamp suffix are different
+        formats, as in Flink). Other TTL settings (time to live, update type, cleanup) may
+        change between runs."""
         mine = dict(self.meta())
         if namespace_type is not None:
             mine["namespace_type"] = namespace_type
@@ -70,6 +92,11 @@ class StateDescriptor:
                     f"state {self.name!r}: descriptor has {f}={mine[f]!r} but the restored "
                     f"state has {f}={meta[f]!r}"
                 )
+        if bool(mine.get("ttl")) != bool(meta.get("ttl")):
+            raise StateMigrationError(
+                f"state {self.name!r}: the restored state was written with TTL "
+                f"{'enabled' if meta.get('ttl') else 'disabled'} but the descriptor has it "
+                f"{'enabled' if mine.get('ttl') else 'disabled'}")
 
     def __repr__(self):
         return f"{type(self).__name__}({self.meta()!r})"
@@ -93,7 +120,7 @@ class ValueStateDescriptor(StateDescriptor):
         return copy.deepcopy(self.default)
 
     def meta(self) -> dict:
-        return {"name": self.name, "kind": self.kind, "value_type": self.value_type}
+        return self._meta(value_type=self.value_type)
 
 
 class ListStateDescriptor(StateDescriptor):
@@ -108,7 +135,7 @@ class ListStateDescriptor(StateDescriptor):
         self.serializer = S.value_serializer(self.value_type)
 
     def meta(self) -> dict:
-        return {"name": self.name, "kind": self.kind, "value_type": self.value_type}
+        return self._meta(value_type=self.value_type)
 
 
 class MapStateDescriptor(StateDescriptor):
@@ -131,8 +158,7 @@ class MapStateDescriptor(StateDescriptor):
         self.serializer = S.value_serializer(self.value_type)
 
     def meta(self) -> dict:
-        return {"name": self.name, "kind": self.kind, "value_type": self.value_type,
-                "user_key_type": self.user_key_type}
+        return self._meta(value_type=self.value_type, user_key_type=self.user_key_type)
 
 
 class Reducer:
@@ -201,8 +227,7 @@ class ReducingStateDescriptor(StateDescriptor):
         self.serializer = S.value_serializer(self.value_type)
 
     def meta(self) -> dict:
-        return {"name": self.name, "kind": self.kind, "value_type": self.value_type,
-                "reducer": self.reducer.name}
+        return self._meta(value_type=self.value_type, reducer=self.reducer.name)
 
 
 class AggregateFunction:
@@ -243,5 +268,5 @@ class AggregatingStateDescriptor(StateDescriptor):
         self.serializer = S.value_serializer(self.value_type)
 
     def meta(self) -> dict:
-        return {"name": self.name, "kind": self.kind, "value_type": self.value_type,
-                "aggregate_function": type(self.aggregate_function).__qualname__}
+        return self._meta(value_type=self.value_type,
+                          aggregate_function=type(self.aggregate_function).__qualname__)

@@ -85,6 +85,10 @@ from statecore import serializers as S
 from statecore.errors import InvalidInputError, StateError, StateMigrationError
 from statecore.key_groups import KeyGroupRange
 from statecore.timers import TimerService
+from statecore.ttl import wall_clock_ms
+
+#: Cleanup strategies counted by KeyedStateBackend.ttl_statistics().
+TTL_CLEANUP_STRATEGIES = ("read", "full_snapshot", "incremental", "background")
 
 __all__ = [
     "KeyedStateBackend",
@@ -226,11 +230,13 @@ class KeyedStateBackend(abc.ABC):
     Args: ``key_type`` (int32|int64|string|binary or pyarrow type), ``max_parallelism``
     (1..32768, number of key groups), ``key_group_range`` (KeyGroupRange or (start, end), default
     all key groups), ``assigner`` ("spark"|"flink"), ``timer_namespace_type`` (namespace type of
-    timers, default "void"). Raises InvalidInputError on bad arguments.
+    timers, default "void"), ``ttl_clock`` (processing-time clock of TTL states: a callable
+    returning milliseconds, default the wall clock; see :mod:`statecore.ttl`). Raises
+    InvalidInputError on bad arguments.
     """
 
     def __init__(self, key_type="int64", max_parallelism: int = 128, key_group_range=None,
-                 assigner: str = "spark", timer_namespace_type: str = "void"):
+                 assigner: str = "spark", timer_namespace_type: str = "void", ttl_clock=None):
         self.key_type = K.normalize_key_type(key_type)
         self.max_parallelism = K.check_max_parallelism(max_parallelism)
         if key_group_range is None:
@@ -254,6 +260,35 @@ class KeyedStateBackend(abc.ABC):
         # before the latest restore: ids up to it are older than the restored state).
         self._last_snapshot_id = 0
         self._base_snapshot_id = 0
+        if ttl_clock is not None and not callable(ttl_clock):
+            raise InvalidInputError(f"ttl_clock must be a callable returning ms, got {ttl_clock!r}")
+        self.ttl_clock = ttl_clock or wall_clock_ms
+        #: Expired entries removed, per cleanup strategy (see ttl_statistics()).
+        self._ttl_removed = dict.fromkeys(TTL_CLEANUP_STRATEGIES, 0)
+
+    # ------------------------------------------------------------------ TTL
+    def ttl_now(self, config) -> int:
+        """Current time (ms) for a state with TTL ``config``: the processing-time clock, or for
+        event-time TTL the timers' current watermark (lowest int64 before the first one).
+        Raises InvalidInputError when the clock returns something other than an int."""
+        if config.event_time:
+            return self.timers.current_watermark
+        now = self.ttl_clock()
+        if isinstance(now, bool) or not isinstance(now, int):
+            try:
+                now = int(now)
+            except (TypeError, ValueError):
+                raise InvalidInputError(f"ttl_clock returned {now!r}, not milliseconds") from None
+        return now
+
+    def ttl_statistics(self) -> dict:
+        """``{strategy: expired entries removed}`` since the backend was created, for the
+        strategies ``read``, ``full_snapshot``, ``incremental``, ``background`` (an expired
+        list element or map entry counts as one)."""
+        return dict(self._ttl_removed)
+
+    def _count_expired(self, strategy: str, n: int = 1) -> None:
+        self._ttl_removed[strategy] += n
 
     # ------------------------------------------------------------------ keys
     def key_group_of(self, key) -> int:

@@ -249,7 +249,8 @@ class NativeBackend(py.PythonBackend):
         """Entries are loaded as bytes without decoding, so check what can be checked cheaply:
         no nulls, every encoded key longer than the key-group prefix and carrying the prefix of
         the key group it is listed under, and for fixed-width value/reducing states every value
-        exactly that wide. InvalidInputError names the state and key group otherwise."""
+        exactly that wide (plus the 8-byte timestamp with TTL). InvalidInputError names the
+        state and key group otherwise."""
         name = table.name
         keys = keys.cast(pa.binary()) if keys.type != pa.binary() else keys
         vals = vals.cast(pa.binary()) if vals.type != pa.binary() else vals
@@ -268,6 +269,8 @@ class NativeBackend(py.PythonBackend):
             raise InvalidInputError(
                 f"state {name!r}: entries listed under key group {kg} carry another key-group prefix")
         width = table.value_ser.fixed_width
+        if width is not None and table.ttl:
+            width += 8  # the TTL timestamp suffix
         if table.kind in ("value", "reducing") and width is not None:
             voffs = np.frombuffer(vals.buffers()[1], np.int32)[vals.offset:vals.offset + n + 1]
             if np.any(np.diff(voffs) != width):

@@ -67,6 +67,21 @@ def _stored_from_bytes(ser: S.ValueSerializer, b: bytes):
     return bytes(b) if ser.name == "pickle" else ser.deserialize(b)
 
 
+def _ts_bytes(ts: int) -> bytes:
+    return ts.to_bytes(8, "big", signed=True)
+
+
+def _ts_from(b: bytes, pos: int) -> int:
+    return int.from_bytes(b[pos:pos + 8], "big", signed=True)
+
+
+def _split_ttl(ser: S.ValueSerializer, b: bytes):
+    """(stored, ts) of ``value bytes + 8-byte timestamp``."""
+    if len(b) < 8:
+        raise InvalidInputError(f"TTL value of {len(b)} bytes lacks its 8-byte timestamp")
+    return _stored_from_bytes(ser, b[:-8]), _ts_from(b, len(b) - 8)
+
+
 class _ChangeClock:
     """Snapshot epoch shared by a backend's tables: ``now`` = id of the last snapshot taken."""
 
@@ -89,6 +104,9 @@ class _Table:
         self.ns_ser = S.key_serializer(self.namespace_type)
         self.value_ser = S.value_serializer(meta["value_type"])
         self.user_key_ser = S.key_serializer(meta["user_key_type"]) if self.kind == "map" else None
+        # With TTL every stored value, list element and map entry is a (stored, timestamp ms)
+        # pair; the bytes carry the timestamp as an 8-byte big-endian suffix (statecore.ttl).
+        self.ttl = bool(meta.get("ttl"))
         self.data: dict[int, dict] = {}
         self.clock = clock
         self.changes: dict[tuple, int] = {}
@@ -122,30 +140,61 @@ class _Table:
         self.changes = {ck: st for ck, st in self.changes.items() if st >= stamp}
 
     def encode_value(self, stored) -> bytes:
+        """Bytes of a stored value (docs/architecture.md). With TTL: value bytes + 8-byte
+        big-endian timestamp; list elements each ``bytes + ts`` (fixed width: a stride of
+        width + 8; otherwise ``varlen(len(bytes)) + bytes + ts``); map entries ``bytes + ts``
+        as the user value."""
+        ser, ttl = self.value_ser, self.ttl
         if self.kind == "list":
-            return b"".join(
-                _stored_bytes(self.value_ser, e) if self.value_ser.fixed_width
-                else S.write_varlen(len(b := _stored_bytes(self.value_ser, e))) + b
-                for e in stored
-            )
+            out = []
+            for e in stored:
+                s, ts = e if ttl else (e, None)
+                b = _stored_bytes(ser, s)
+                if not ser.fixed_width:
+                    out.append(S.write_varlen(len(b)))
+                out.append(b)
+                if ttl:
+                    out.append(_ts_bytes(ts))
+            return b"".join(out)
         if self.kind == "map":
-            return S.encode_map_serialized({uk: _stored_bytes(self.value_ser, uv) for uk, uv in stored.items()})
-        return _stored_bytes(self.value_ser, stored)
+            if ttl:
+                return S.encode_map_serialized(
+                    {uk: _stored_bytes(ser, s) + _ts_bytes(ts) for uk, (s, ts) in stored.items()})
+            return S.encode_map_serialized({uk: _stored_bytes(ser, uv) for uk, uv in stored.items()})
+        if ttl:
+            s, ts = stored
+            return _stored_bytes(ser, s) + _ts_bytes(ts)
+        return _stored_bytes(ser, stored)
 
     def decode_value(self, b: bytes):
+        """Inverse of :meth:`encode_value`; InvalidInputError for malformed bytes."""
+        ser, ttl = self.value_ser, self.ttl
+        b = bytes(b)
         if self.kind == "list":
-            if self.value_ser.name == "pickle":
-                out, pos = [], 0
-                while pos < len(b):
+            w = ser.fixed_width
+            if not ttl and ser.name != "pickle":
+                return S.decode_list(b, ser)
+            out, pos = [], 0
+            while pos < len(b):
+                if w:
+                    n = w
+                else:
                     n, pos = S.read_varlen(b, pos)
-                    out.append(bytes(b[pos:pos + n]))
-                    pos += n
-                return out
-            return S.decode_list(b, self.value_ser)
+                end = pos + n + (8 if ttl else 0)
+                if end > len(b):
+                    raise InvalidInputError("truncated list element")
+                s = _stored_from_bytes(ser, b[pos:pos + n])
+                out.append((s, _ts_from(b, pos + n)) if ttl else s)
+                pos = end
+            return out
         if self.kind == "map":
-            return {bytes(uk): _stored_from_bytes(self.value_ser, uv)
-                    for uk, uv in S.decode_map(b, self.user_key_ser, self.value_ser, raw=True)}
-        return _stored_from_bytes(self.value_ser, b)
+            pairs = S.decode_map(b, self.user_key_ser, self.value_ser, raw=True)
+            if ttl:
+                return {bytes(uk): _split_ttl(ser, uv) for uk, uv in pairs}
+            return {bytes(uk): _stored_from_bytes(ser, uv) for uk, uv in pairs}
+        if ttl:
+            return _split_ttl(ser, b)
+        return _stored_from_bytes(ser, b)
 
 
 _EMPTY = (pa.array([], pa.binary()), pa.array([], pa.binary()))
@@ -218,7 +267,13 @@ class PythonBackend(base.KeyedStateBackend):
         cached = self._states.get(descriptor.name)
         if cached is not None and cached.descriptor is descriptor and cached.namespace_type == namespace_type:
             return cached
-        st = self._state_classes[descriptor.kind](self, descriptor, namespace_type, table)
+        if descriptor.ttl_config is not None:
+            from statecore.backends.ttl_states import TTL_STATE_CLASSES
+
+            cls = TTL_STATE_CLASSES[descriptor.kind]
+        else:
+            cls = self._state_classes[descriptor.kind]
+        st = cls(self, descriptor, namespace_type, table)
         self._states[descriptor.name] = st
         return st
 
@@ -274,6 +329,12 @@ class PythonBackend(base.KeyedStateBackend):
                     f"state {meta['name']!r}: {f}={meta.get(f)!r} in the snapshot but "
                     f"{existing.meta.get(f)!r} here"
                 )
+        if bool(existing.meta.get("ttl")) != bool(meta.get("ttl")):
+            raise StateMigrationError(
+                f"state {meta['name']!r}: written with TTL "
+                f"{'enabled' if meta.get('ttl') else 'disabled'}, registered here with TTL "
+                f"{'enabled' if existing.meta.get('ttl') else 'disabled'} (the values' formats "
+                "differ: 8-byte timestamp suffix)")
         return existing
 
     def restore(self, snapshot_like) -> None:

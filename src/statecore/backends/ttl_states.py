@@ -1,0 +1,267 @@
+"""State classes of TTL-enabled states, shared by both backends (after Flink's ``ttl`` package:
+``TtlValueState``, ``TtlListState``, ``TtlMapState``, ``TtlReducingState``,
+``TtlAggregatingState``, ``AbstractTtlDecorator``).
+
+They subclass the reference backend's state classes and keep their table interface; what changes
+is the stored form (``statecore.backends.python._Table`` with ``ttl``): ``(stored, ts)`` per value,
+per list element and per map entry, ``ts`` the last-access time in milliseconds
+(``backend.ttl_now(config)``). The rules (``shared/reference/flink-state.md``, TTL):
+
+* a write stamps what it writes with ``now`` (one list call: one timestamp for all its elements);
+* a read of an expired entry removes it (cleanup on read, counted as ``read`` in
+  ``backend.ttl_statistics()``) and returns nothing, or under ``ReturnExpiredIfNotCleanedUp``
+  returns the stale value this once;
+* ``OnReadAndWrite`` renews the timestamp of what a successful read returned;
+* reducing/aggregating ``add`` on an expired aggregate starts from nothing (Flink
+  ``TtlReduceFunction``/``TtlAggregateFunction``: expired = absent, whatever the visibility);
+* list ``add`` appends without looking at older elements; ``get`` returns the unexpired ones (all
+  under ``ReturnExpiredIfNotCleanedUp``) and writes back only the unexpired ones;
+* batch calls behave as the same rows one at a time (the native kernels do not run for TTL
+  states).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from statecore.backends import base
+from statecore.backends import python as py
+from statecore.ttl import is_expired
+
+__all__ = ["TTL_STATE_CLASSES"]
+
+
+class _Ttl:
+    """Shared helpers; ``self._cfg`` is the descriptor's StateTtlConfig."""
+
+    def __init__(self, *a):
+        super().__init__(*a)
+        self._cfg = self.descriptor.ttl_config
+
+    def _now(self) -> int:
+        return self.backend.ttl_now(self._cfg)
+
+    def _expired(self, ts: int, now: int) -> bool:
+        return is_expired(ts, self._cfg.ttl_ms, now)
+
+    def _fresh(self, kg, k):
+        """Stored value of a value-like state as a read sees it (None when absent or expired and
+        not visible), applying cleanup on read and renewal on read."""
+        cur = self._table.get(kg, k)
+        if cur is None:
+            return None
+        s, ts = cur
+        now = self._now()
+        if self._expired(ts, now):
+            self._table.remove(kg, k)
+            self.backend._count_expired("read")
+            return s if self._cfg.return_expired else None
+        if self._cfg.update_on_read:
+            self._table.put(kg, k, (s, now))
+        return s
+
+    def _unexpired(self, kg, k):
+        """Stored value of a value-like state if present and unexpired (a write's view: an
+        expired value counts as absent, whatever the visibility)."""
+        cur = self._table.get(kg, k)
+        if cur is None:
+            return None
+        s, ts = cur
+        if self._expired(ts, self._now()):
+            self.backend._count_expired("read")
+            return None
+        return s
+
+    def get_batch(self, keys, namespaces=None) -> pa.Array:
+        if self._table.kind not in ("value", "reducing"):
+            return super().get_batch(keys, namespaces)
+        if self._ser.arrow_type is None:
+            return super().get_batch(keys, namespaces)  # raises the same error
+        slots = self.backend._batch_slots(self, keys, namespaces)
+        return pa.array([self._fresh(kg, k) for kg, k in slots], self._ser.arrow_type)
+
+
+class _TtlValue(_Ttl, py._Value):
+    def value(self):
+        kg, k = self._slot()
+        s = self._fresh(kg, k)
+        return self.descriptor.default_value() if s is None else py._from_stored(self._ser, s)
+
+    def update(self, value) -> None:
+        kg, k = self._slot()
+        if value is None:
+            self._table.remove(kg, k)
+        else:
+            self._table.put(kg, k, (py._to_stored(self._ser, value), self._now()))
+
+    def put_batch(self, keys, values, namespaces=None) -> None:
+        arr = base.coerce_key_array(keys, self.backend.key_type)
+        vals = base.coerce_value_array(values, self._ser.name, len(arr)).to_pylist()
+        slots = self.backend._batch_slots(self, arr, namespaces)
+        now = self._now()
+        for (kg, k), v in zip(slots, vals):
+            if v is None:
+                self._table.remove(kg, k)
+            else:
+                self._table.put(kg, k, (py._to_stored(self._ser, v), now))
+
+
+class _TtlReducing(_Ttl, py._Reducing):
+    def get(self):
+        kg, k = self._slot()
+        s = self._fresh(kg, k)
+        return None if s is None else py._from_stored(self._ser, s)
+
+    def add(self, value) -> None:
+        kg, k = self._slot()
+        if value is None:
+            return
+        cur = self._unexpired(kg, k)
+        self._table.put(kg, k, (self._reduce(cur, value), self._now()))
+
+    def add_batch(self, keys, values, namespaces=None) -> pa.Array:
+        """Rows one at a time: a row with a value is ``add`` and yields the new aggregate, a null
+        row yields what ``get()`` returns. Writes are staged and applied at the end, so a reducer
+        error leaves the aggregates unchanged (expired entries read meanwhile may be gone)."""
+        arr = base.coerce_key_array(keys, self.backend.key_type)
+        is_count = self.descriptor.reducer.name == "count"
+        vals = base.coerce_value_array(values, self._ser.name, len(arr), any_type=is_count).to_pylist()
+        slots = self.backend._batch_slots(self, arr, namespaces)
+        now = self._now()
+        staged, out = {}, []
+        for slot, v in zip(slots, vals):
+            if v is None:
+                out.append(staged[slot] if slot in staged else self._fresh(*slot))
+                continue
+            acc = staged[slot] if slot in staged else self._unexpired(*slot)
+            staged[slot] = self._reduce(acc, v)
+            out.append(staged[slot])
+        for (kg, k), st in staged.items():
+            self._table.put(kg, k, (st, now))
+        return pa.array(out, self._ser.arrow_type)
+
+
+class _TtlAggregating(_Ttl, py._Aggregating):
+    def get(self):
+        kg, k = self._slot()
+        s = self._fresh(kg, k)
+        if s is None:
+            return None
+        return self.descriptor.aggregate_function.get_result(py._from_stored(self._ser, s))
+
+    def add(self, value) -> None:
+        kg, k = self._slot()
+        if value is None:
+            return
+        fn = self.descriptor.aggregate_function
+        s = self._unexpired(kg, k)
+        acc = fn.create_accumulator() if s is None else py._from_stored(self._ser, s)
+        self._table.put(kg, k, (py._to_stored(self._ser, fn.add(value, acc)), self._now()))
+
+
+class _TtlList(_Ttl, py._List):
+    def get(self) -> list:
+        kg, k = self._slot()
+        cur = self._table.get(kg, k)
+        if not cur:
+            return []
+        now = self._now()
+        live = [(s, ts) for s, ts in cur if not self._expired(ts, now)]
+        expired = len(cur) - len(live)
+        shown = cur if self._cfg.return_expired else live
+        if self._cfg.update_on_read:
+            live = [(s, now) for s, _ in live]
+        if expired:
+            self.backend._count_expired("read", expired)
+            if live:
+                self._table.put(kg, k, live)
+            else:
+                self._table.remove(kg, k)
+        elif self._cfg.update_on_read:
+            self._table.put(kg, k, live)
+        return [py._from_stored(self._ser, s) for s, _ in shown]
+
+    def add(self, value) -> None:
+        if value is None:
+            # Same error as without TTL.
+            return super().add(value)
+        kg, k = self._slot()
+        e = (py._to_stored(self._ser, value), self._now())
+        self._table.put(kg, k, (self._table.get(kg, k) or []) + [e])
+
+    def add_all(self, values) -> None:
+        kg, k = self._slot()
+        es = self._elements(values)
+        if es:
+            now = self._now()
+            self._table.put(kg, k, (self._table.get(kg, k) or []) + [(e, now) for e in es])
+
+    def update(self, values) -> None:
+        kg, k = self._slot()
+        es = self._elements(values)
+        if es:
+            now = self._now()
+            self._table.put(kg, k, [(e, now) for e in es])
+        else:
+            self._table.remove(kg, k)
+
+
+class _TtlMap(_Ttl, py._Map):
+    def _read(self, only=None) -> dict:
+        """``{user key bytes: stored}`` visible to a read of the whole map (or of the user key
+        ``only``), with cleanup on read and renewal on read applied to what was looked at."""
+        kg, k = self._slot()
+        cur = self._table.get(kg, k)
+        if not cur:
+            return {}
+        look = cur if only is None else ({only: cur[only]} if only in cur else {})
+        if not look:
+            return {}
+        now = self._now()
+        expired = [uk for uk, (_, ts) in look.items() if self._expired(ts, now)]
+        shown = {uk: s for uk, (s, ts) in look.items()
+                 if self._cfg.return_expired or uk not in expired}
+        if expired or self._cfg.update_on_read:
+            m = dict(cur)
+            for uk in expired:
+                del m[uk]
+            if self._cfg.update_on_read:
+                for uk in look:
+                    if uk in m:
+                        m[uk] = (m[uk][0], now)
+            if expired:
+                self.backend._count_expired("read", len(expired))
+            if m:
+                self._table.put(kg, k, m)
+            else:
+                self._table.remove(kg, k)
+        return shown
+
+    def get(self, user_key):
+        ukb = self._uks.serialize(user_key)
+        s = self._read(ukb).get(ukb)
+        return None if s is None else py._from_stored(self._ser, s)
+
+    def contains(self, user_key) -> bool:
+        return self._uks.serialize(user_key) in self._read(self._uks.serialize(user_key))
+
+    def put_all(self, mapping) -> None:
+        kg, k = self._slot()
+        items = mapping.items() if isinstance(mapping, dict) else mapping
+        now = self._now()
+        staged = [(self._uks.serialize(uk), (py._to_stored(self._ser, uv), now)) for uk, uv in items]
+        if staged:
+            m = dict(self._table.get(kg, k) or {})
+            m.update(staged)
+            self._table.put(kg, k, m)
+
+    def items(self) -> list:
+        m = self._read()
+        return [(self._uks.deserialize(uk), py._from_stored(self._ser, m[uk])) for uk in sorted(m)]
+
+    def is_empty(self) -> bool:
+        return not self._read()
+
+
+TTL_STATE_CLASSES = {"value": _TtlValue, "list": _TtlList, "map": _TtlMap,
+                     "reducing": _TtlReducing, "aggregating": _TtlAggregating}

@@ -1,0 +1,220 @@
+"""State time-to-live: :class:`StateTtlConfig` and the expiry rule (after Flink's
+``StateTtlConfig`` and ``TtlUtils``; ``shared/reference/flink-state.md``, section TTL).
+
+A state whose descriptor carries a TTL config stores every value, list element and map entry with
+the time of its last access (milliseconds, int64): in memory next to the value, in snapshots and
+checkpoint files as an 8-byte big-endian suffix after the value's bytes (docs/architecture.md).
+An entry with timestamp ``ts`` is expired at time ``now`` when ``ts + ttl_ms <= now`` -- exactly at
+``ts + ttl_ms`` it is expired -- unless ``ts + ttl_ms`` overflows int64, in which case it never
+expires (Flink ``TtlUtils.expired``).
+
+Time: ``processing_time`` (Flink's only option) reads the backend's processing-time clock, an
+injectable callable returning milliseconds (``KeyedStateBackend(ttl_clock=...)``; default the
+wall clock; tests use :class:`ManualClock`). ``event_time`` (new, not in Flink) uses the
+backend's current watermark (``backend.timers.advance_watermark(ms)``, which the Spark operator
+calls with each micro-batch's watermark). Before any watermark the time is the lowest int64:
+nothing expires, and writes are stamped with it, so such entries expire at the first watermark
+(the rule's arithmetic, as for any timestamp); advance the watermark before writing event-time
+TTL state.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from typing import Callable, Optional
+
+from statecore.errors import InvalidInputError
+
+__all__ = [
+    "StateTtlConfig",
+    "UpdateType",
+    "StateVisibility",
+    "TtlTimeCharacteristic",
+    "ManualClock",
+    "is_expired",
+    "expiration_time",
+    "INT64_MIN",
+    "INT64_MAX",
+]
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+
+class UpdateType(str, enum.Enum):
+    """When the last-access timestamp is renewed (Flink ``StateTtlConfig.UpdateType``)."""
+
+    #: Flink: TTL switched off. StateTtlConfig rejects it (leave TTL off instead).
+    Disabled = "Disabled"
+    #: On creation and on every write (default).
+    OnCreateAndWrite = "OnCreateAndWrite"
+    #: Also on every successful read.
+    OnReadAndWrite = "OnReadAndWrite"
+
+
+class StateVisibility(str, enum.Enum):
+    """Whether a read may see an expired entry not yet cleaned up (Flink
+    ``StateTtlConfig.StateVisibility``)."""
+
+    #: An expired entry is never returned (default); the read removes it.
+    NeverReturnExpired = "NeverReturnExpired"
+    #: An expired entry that is still stored is returned once; the read removes it.
+    ReturnExpiredIfNotCleanedUp = "ReturnExpiredIfNotCleanedUp"
+
+
+class TtlTimeCharacteristic(str, enum.Enum):
+    """Which clock ages entries: the processing-time clock (Flink) or the watermark (new)."""
+
+    ProcessingTime = "processing_time"
+    EventTime = "event_time"
+
+
+def _positive_int(name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise InvalidInputError(f"{name} must be an int > 0, got {v!r}")
+    if v > INT64_MAX:
+        raise InvalidInputError(f"{name} must fit in int64, got {v!r}")
+    return v
+
+
+def _enum(cls, v, name: str):
+    try:
+        return cls(v.value if isinstance(v, enum.Enum) else v)
+    except ValueError:
+        raise InvalidInputError(
+            f"{name} must be one of {', '.join(m.value for m in cls)}, got {v!r}") from None
+
+
+class StateTtlConfig:
+    """Time-to-live of a state (attach with ``descriptor.enable_time_to_live(config)``).
+
+    Args:
+        ttl_ms: time to live in milliseconds (int, > 0; ``2**63 - 1`` is allowed and never
+            expires thanks to the overflow guard).
+        update_type: :class:`UpdateType` (or its name); ``Disabled`` is rejected -- leave TTL
+            off instead (Flink treats it the same way).
+        state_visibility: :class:`StateVisibility` (or its name).
+        time_characteristic: ``"processing_time"`` (default) or ``"event_time"``.
+        cleanup_full_snapshot: leave expired entries out of full snapshots and savepoints.
+        cleanup_incrementally: ``cleanup_size`` > 0 to visit that many entries per state access
+            (Flink default 5) and remove expired ones, resuming where the last step stopped.
+        run_cleanup_for_every_record: with incremental cleanup, also step on every record
+            (``set_current_key``), not only on state accesses.
+        cleanup_in_compaction: when checkpoint runs are merged, drop expired entries; the clock
+            is re-read every ``query_time_after_num_entries`` entries (Flink default 1000).
+        cleanup_in_background: expire a key group at a time when the backend is idle
+            (``backend.run_background_ttl_cleanup()``).
+
+    Raises InvalidInputError for a bad value. ``meta()`` is the JSON-able form written into
+    snapshots and compared on restore (TTL on vs off is a state migration).
+    """
+
+    def __init__(self, ttl_ms: int, *,
+                 update_type=UpdateType.OnCreateAndWrite,
+                 state_visibility=StateVisibility.NeverReturnExpired,
+                 time_characteristic=TtlTimeCharacteristic.ProcessingTime,
+                 cleanup_full_snapshot: bool = False,
+                 cleanup_incrementally: Optional[int] = None,
+                 run_cleanup_for_every_record: bool = False,
+                 cleanup_in_compaction: Optional[int] = None,
+                 cleanup_in_background: bool = False):
+        self.ttl_ms = _positive_int("ttl_ms", ttl_ms)
+        self.update_type = _enum(UpdateType, update_type, "update_type")
+        if self.update_type is UpdateType.Disabled:
+            raise InvalidInputError("update_type Disabled means no TTL: do not enable TTL instead")
+        self.state_visibility = _enum(StateVisibility, state_visibility, "state_visibility")
+        self.time_characteristic = _enum(TtlTimeCharacteristic, time_characteristic,
+                                         "time_characteristic")
+        self.cleanup_full_snapshot = bool(cleanup_full_snapshot)
+        self.cleanup_size = None if cleanup_incrementally is None else \
+            _positive_int("cleanup_incrementally", cleanup_incrementally)
+        self.run_cleanup_for_every_record = bool(run_cleanup_for_every_record)
+        if self.run_cleanup_for_every_record and self.cleanup_size is None:
+            raise InvalidInputError("run_cleanup_for_every_record needs cleanup_incrementally")
+        self.query_time_after_num_entries = None if cleanup_in_compaction is None else \
+            _positive_int("cleanup_in_compaction", cleanup_in_compaction)
+        self.cleanup_in_background = bool(cleanup_in_background)
+
+    @property
+    def update_on_read(self) -> bool:
+        return self.update_type is UpdateType.OnReadAndWrite
+
+    @property
+    def return_expired(self) -> bool:
+        return self.state_visibility is StateVisibility.ReturnExpiredIfNotCleanedUp
+
+    @property
+    def event_time(self) -> bool:
+        return self.time_characteristic is TtlTimeCharacteristic.EventTime
+
+    def meta(self) -> dict:
+        """JSON-able description (snapshot metadata)."""
+        return {
+            "ttl_ms": self.ttl_ms,
+            "update_type": self.update_type.value,
+            "state_visibility": self.state_visibility.value,
+            "time_characteristic": self.time_characteristic.value,
+            "cleanup_full_snapshot": self.cleanup_full_snapshot,
+            "cleanup_incrementally": self.cleanup_size,
+            "run_cleanup_for_every_record": self.run_cleanup_for_every_record,
+            "cleanup_in_compaction": self.query_time_after_num_entries,
+            "cleanup_in_background": self.cleanup_in_background,
+        }
+
+    @classmethod
+    def from_meta(cls, meta: dict) -> "StateTtlConfig":
+        """Inverse of :meth:`meta`; InvalidInputError for a malformed dict."""
+        if not isinstance(meta, dict) or "ttl_ms" not in meta:
+            raise InvalidInputError(f"not a TTL config: {meta!r}")
+        return cls(meta["ttl_ms"], update_type=meta.get("update_type", "OnCreateAndWrite"),
+                   state_visibility=meta.get("state_visibility", "NeverReturnExpired"),
+                   time_characteristic=meta.get("time_characteristic", "processing_time"),
+                   cleanup_full_snapshot=meta.get("cleanup_full_snapshot", False),
+                   cleanup_incrementally=meta.get("cleanup_incrementally"),
+                   run_cleanup_for_every_record=meta.get("run_cleanup_for_every_record", False),
+                   cleanup_in_compaction=meta.get("cleanup_in_compaction"),
+                   cleanup_in_background=meta.get("cleanup_in_background", False))
+
+    def __eq__(self, other):
+        return isinstance(other, StateTtlConfig) and self.meta() == other.meta()
+
+    def __repr__(self):
+        return f"StateTtlConfig({self.meta()!r})"
+
+
+def expiration_time(ts: int, ttl_ms: int) -> int:
+    """``ts + ttl_ms``, or INT64_MAX when that overflows int64 (never expires)."""
+    t = ts + ttl_ms
+    return INT64_MAX if t > INT64_MAX else t
+
+
+def is_expired(ts: int, ttl_ms: int, now: int) -> bool:
+    """Flink ``TtlUtils.expired``: ``ts + ttl <= now``; never when ``ts + ttl`` overflows int64."""
+    t = ts + ttl_ms
+    return t <= INT64_MAX and t <= now
+
+
+class ManualClock:
+    """A processing-time clock for tests: ``clock()`` returns ``now`` (ms); ``advance(ms)`` and
+    ``set(ms)`` move it (backwards too, as Flink's tests do)."""
+
+    def __init__(self, now: int = 0):
+        self.now = int(now)
+
+    def __call__(self) -> int:
+        return self.now
+
+    def set(self, now: int) -> None:
+        self.now = int(now)
+
+    def advance(self, ms: int) -> None:
+        self.now += int(ms)
+
+
+def wall_clock_ms() -> int:
+    """Milliseconds since the epoch (the default processing-time clock)."""
+    return time.time_ns() // 1_000_000
+
+
+TtlClock = Callable[[], int]
