@@ -373,6 +373,8 @@ def test_restore_with_ttl_switched_on_or_off_is_a_state_migration(kind):
     ok.set_current_key(1)
     clock.set(30)
     assert st.value() == 1
+    metas = {m["name"]: m for m in ok.snapshot().state_metas()}
+    assert metas["v"]["ttl"]["ttl_ms"] == 50 and metas["v"]["ttl"]["update_type"] == "OnReadAndWrite"
 
 
 @KIND

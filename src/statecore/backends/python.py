@@ -264,6 +264,9 @@ class PythonBackend(base.KeyedStateBackend):
             table = self._tables[descriptor.name] = self._new_table(meta)
         else:
             descriptor.check_compatible(table.meta, namespace_type)
+            if descriptor.ttl_config is not None:
+                # TTL settings may change between runs; snapshots carry the current ones.
+                table.meta["ttl"] = descriptor.ttl_config.meta()
         cached = self._states.get(descriptor.name)
         if cached is not None and cached.descriptor is descriptor and cached.namespace_type == namespace_type:
             return cached
