@@ -21,7 +21,14 @@ from statecore.descriptors import (
     ValueStateDescriptor,
 )
 from statecore.errors import InvalidInputError, StateMigrationError
-from statecore.ttl import INT64_MAX, INT64_MIN, ManualClock, StateTtlConfig, is_expired
+from statecore.ttl import (
+    INT64_MAX,
+    INT64_MIN,
+    ManualClock,
+    StateTtlConfig,
+    filter_expired,
+    is_expired,
+)
 
 BACKENDS = ["python"]
 try:
@@ -428,3 +435,71 @@ def test_a_clock_returning_garbage_is_reported(kind):
     with pytest.raises(InvalidInputError, match="ttl_clock"):
         v.update(1)
     assert b.num_entries() == 0
+
+
+def _ts(t):
+    return struct.pack(">q", t)
+
+
+def test_compaction_filter_values():
+    v = struct.pack("<q", 42)
+    assert filter_expired("value", 8, 100, 99, v + _ts(0)) == v + _ts(0)  # kept
+    assert filter_expired("reducing", 8, 100, 100, v + _ts(0)) is None  # expired
+    assert filter_expired("value", None, 100, 10**9, b"short") == b"short"  # too short: kept
+    assert filter_expired("aggregating", None, INT64_MAX, INT64_MAX, b"x" + _ts(5)) == b"x" + _ts(5)
+
+
+def test_compaction_filter_lists_keep_the_unexpired_suffix():
+    fixed = b"".join(struct.pack("<i", i) + _ts(t) for i, t in ((1, 0), (2, 50), (3, 90)))
+    assert filter_expired("list", 4, 100, 99, fixed) == fixed  # first unexpired: all kept
+    assert filter_expired("list", 4, 100, 120, fixed) == fixed[12:]  # stride 4 + 8
+    assert filter_expired("list", 4, 100, 160, fixed) == fixed[24:]
+    assert filter_expired("list", 4, 100, 190, fixed) is None
+    var = b"".join(bytes([len(s)]) + s + _ts(t) for s, t in ((b"ab", 0), (b"", 60), (b"xyz", 70)))
+    assert filter_expired("list", None, 100, 100, var) == var[11:]
+    assert filter_expired("list", None, 100, 165, var) == var[20:]
+    assert filter_expired("list", None, 100, 170, var) is None
+    with pytest.raises(InvalidInputError):
+        filter_expired("list", 4, 100, 190, fixed[:-3])  # the walk reaches the cut
+
+
+def test_compaction_filter_map_entries():
+    def entry(uk, uv, t):
+        body = uv + _ts(t)
+        return bytes([len(uk)]) + uk + bytes([len(body)]) + body
+
+    blob = entry(b"a", b"1", 0) + entry(b"b", b"22", 80) + entry(b"c", b"", 30)
+    assert filter_expired("map", None, 100, 50, blob) == blob
+    assert filter_expired("map", None, 100, 100, blob) == entry(b"b", b"22", 80) + entry(b"c", b"", 30)
+    assert filter_expired("map", None, 100, 130, blob) == entry(b"b", b"22", 80)
+    assert filter_expired("map", None, 100, 180, blob) is None
+    with pytest.raises(InvalidInputError):
+        filter_expired("map", None, 100, 0, blob[:-2])
+    with pytest.raises(InvalidInputError):
+        filter_expired("timers", None, 100, 0, b"")
+
+
+@KIND
+def test_compaction_filter_reads_what_the_backends_write(kind):
+    clock = ManualClock(0)
+    b = create_backend(kind, key_type="int64", ttl_clock=clock)
+    lst = b.get_state(ListStateDescriptor("l", "int64").enable_time_to_live(StateTtlConfig(100)))
+    mp = b.get_state(MapStateDescriptor("m", "string", "string").enable_time_to_live(StateTtlConfig(100)))
+    b.set_current_key(1)
+    lst.add(1)
+    mp.put("a", "x")
+    clock.set(60)
+    lst.add(2)
+    mp.put("b", "y")
+    snap = b.snapshot()
+    kg = b.key_group_of(1)
+    (lblob,) = snap.entries("l", kg)[1].to_pylist()
+    (mblob,) = snap.entries("m", kg)[1].to_pylist()
+    trimmed_l = filter_expired("list", 8, 100, 100, lblob)
+    trimmed_m = filter_expired("map", None, 100, 100, mblob)
+    clock.set(100)
+    assert lst.get() == [2]
+    assert mp.items() == [("b", "y")]
+    after = b.snapshot()
+    assert after.entries("l", kg)[1].to_pylist() == [trimmed_l]
+    assert after.entries("m", kg)[1].to_pylist() == [trimmed_m]

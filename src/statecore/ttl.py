@@ -25,6 +25,7 @@ import time
 from typing import Callable, Optional
 
 from statecore.errors import InvalidInputError
+from statecore.serializers import read_varlen
 
 __all__ = [
     "StateTtlConfig",
@@ -34,6 +35,7 @@ __all__ = [
     "ManualClock",
     "is_expired",
     "expiration_time",
+    "filter_expired",
     "INT64_MIN",
     "INT64_MAX",
 ]
@@ -193,6 +195,67 @@ def is_expired(ts: int, ttl_ms: int, now: int) -> bool:
     """Flink ``TtlUtils.expired``: ``ts + ttl <= now``; never when ``ts + ttl`` overflows int64."""
     t = ts + ttl_ms
     return t <= INT64_MAX and t <= now
+
+
+def filter_expired(kind: str, fixed_width: Optional[int], ttl_ms: int, now: int,
+                   value: bytes) -> Optional[bytes]:
+    """The compaction filter over one serialized TTL value (after frocksdb's
+    ``FlinkCompactionFilter``, statecore's suffix layout, docs/architecture.md "Values"):
+    returns ``value`` unchanged when nothing in it expired, the trimmed bytes when part of it did,
+    or None when all of it expired (drop the entry).
+
+    ``kind``: value, reducing or aggregating (one timestamp at the end: a value shorter than 8
+    bytes is kept, as Flink keeps values too short to hold one); list (``fixed_width`` = the
+    element width in bytes, or None for ``varlen(len) | bytes | ts`` elements: when the first
+    element is unexpired the list is kept whole, since elements are appended in timestamp order,
+    otherwise only the suffix from the first unexpired element on); map (each
+    ``varlen(len(uk)) | uk | varlen(len(uv)) | uv`` entry whose user value ends with a timestamp
+    is kept or dropped on its own). Raises InvalidInputError for a list or map value whose
+    layout is broken."""
+    if kind in ("value", "reducing", "aggregating"):
+        if len(value) < 8:
+            return value
+        return None if is_expired(_ts_at(value, len(value) - 8), ttl_ms, now) else value
+    if kind == "list":
+        pos = 0
+        first = True
+        while pos < len(value):
+            start = pos
+            if fixed_width:
+                n = fixed_width
+            else:
+                n, pos = read_varlen(value, pos)
+            end = pos + n + 8
+            if end > len(value):
+                raise InvalidInputError("truncated TTL list element")
+            if not is_expired(_ts_at(value, end - 8), ttl_ms, now):
+                return value if first else value[start:]
+            first = False
+            pos = end
+        return None
+    if kind == "map":
+        kept, pos, changed = [], 0, False
+        while pos < len(value):
+            start = pos
+            n, pos = read_varlen(value, pos)
+            pos += n
+            m, pos = read_varlen(value, pos)
+            end = pos + m
+            if end > len(value):
+                raise InvalidInputError("truncated TTL map entry")
+            if m >= 8 and is_expired(_ts_at(value, end - 8), ttl_ms, now):
+                changed = True
+            else:
+                kept.append(value[start:end])
+            pos = end
+        if not kept:
+            return None
+        return b"".join(kept) if changed else value
+    raise InvalidInputError(f"no TTL filter for state kind {kind!r}")
+
+
+def _ts_at(b: bytes, pos: int) -> int:
+    return int.from_bytes(b[pos:pos + 8], "big", signed=True)
 
 
 class ManualClock:
