@@ -11,6 +11,7 @@ import struct
 import pyarrow as pa
 import pytest
 
+import statecore
 from statecore import create_backend
 from statecore.descriptors import (
     AggregateFunction,
@@ -503,3 +504,20 @@ def test_compaction_filter_reads_what_the_backends_write(kind):
     after = b.snapshot()
     assert after.entries("l", kg)[1].to_pylist() == [trimmed_l]
     assert after.entries("m", kg)[1].to_pylist() == [trimmed_m]
+
+
+def test_public_names_and_the_readme_example():
+    assert statecore.StateTtlConfig is StateTtlConfig
+    clock = ManualClock(0)
+    backend = create_backend(BACKENDS[-1], key_type="int64", ttl_clock=clock)
+    last = backend.get_state(ValueStateDescriptor("last", "int64").enable_time_to_live(
+        statecore.StateTtlConfig(60_000, update_type=statecore.UpdateType.OnReadAndWrite)))
+    backend.set_current_key(7)
+    last.update(1)
+    clock.advance(59_999)
+    assert last.value() == 1  # renews
+    clock.advance(59_999)
+    assert last.value() == 1
+    clock.advance(60_000)
+    assert last.value() is None
+    assert backend.num_entries() == 0

@@ -33,6 +33,7 @@ from statecore.errors import (
     StateError,
     StateMigrationError,
 )
+from statecore.ttl import StateTtlConfig, StateVisibility, UpdateType
 from statecore.key_groups import (
     KeyGroupRange,
     compute_default_max_parallelism,
@@ -49,5 +50,5 @@ __all__ = [
     "ReducingStateDescriptor", "ValueStateDescriptor", "CheckpointError", "CheckpointNotFoundError",
     "CorruptCheckpointError", "InvalidInputError", "StateError", "StateMigrationError",
     "KeyGroupRange", "compute_default_max_parallelism", "key_group_range_for_operator",
-    "operator_index_for_key_group",
+    "operator_index_for_key_group", "StateTtlConfig", "StateVisibility", "UpdateType",
 ]
