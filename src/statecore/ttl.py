@@ -110,6 +110,10 @@ class StateTtlConfig:
 
     Raises InvalidInputError for a bad value. ``meta()`` is the JSON-able form written into
     snapshots and compared on restore (TTL on vs off is a state migration).
+
+    Status (issue 4 in progress): cleanup on read is always active; the full-snapshot,
+    incremental, compaction and background strategies are validated and recorded in snapshot
+    metadata but do not remove anything yet (``ttl_statistics()`` shows 0 for them).
     """
 
     def __init__(self, ttl_ms: int, *,
