@@ -36,6 +36,7 @@ __all__ = [
     "is_expired",
     "expiration_time",
     "filter_expired",
+    "filter_entries",
     "INT64_MIN",
     "INT64_MAX",
 ]
@@ -111,9 +112,9 @@ class StateTtlConfig:
     Raises InvalidInputError for a bad value. ``meta()`` is the JSON-able form written into
     snapshots and compared on restore (TTL on vs off is a state migration).
 
-    Status (issue 4 in progress): cleanup on read is always active; the full-snapshot,
-    incremental, compaction and background strategies are validated and recorded in snapshot
-    metadata but do not remove anything yet (``ttl_statistics()`` shows 0 for them).
+    Status (issue 4 in progress): cleanup on read and in full snapshots act; the incremental,
+    compaction and background strategies are validated and recorded in snapshot metadata but do
+    not remove anything yet (``ttl_statistics()`` shows 0 for them).
     """
 
     def __init__(self, ttl_ms: int, *,
@@ -256,6 +257,31 @@ def filter_expired(kind: str, fixed_width: Optional[int], ttl_ms: int, now: int,
             return None
         return b"".join(kept) if changed else value
     raise InvalidInputError(f"no TTL filter for state kind {kind!r}")
+
+
+def filter_entries(kind: str, fixed_width: Optional[int], ttl_ms: int, now: int, keys, values):
+    """:func:`filter_expired` over one key group's sorted ``(keys, values)`` ``pa.binary()``
+    arrays (no tombstones): returns ``(keys, values, changed)`` with the dropped entries left
+    out and trimmed values replaced; ``changed`` counts entries dropped or trimmed. The arrays
+    come back unchanged (same objects) when nothing expired."""
+    import pyarrow as pa
+
+    vals = values.to_pylist()
+    out_k, out_v, changed = [], [], 0
+    ks = None
+    for i, v in enumerate(vals):
+        f = filter_expired(kind, fixed_width, ttl_ms, now, v)
+        if f is not v:
+            changed += 1
+        if changed and ks is None:
+            ks = keys.to_pylist()
+            out_k, out_v = ks[:i], vals[:i]
+        if ks is not None and f is not None:
+            out_k.append(ks[i])
+            out_v.append(f)
+    if not changed:
+        return keys, values, 0
+    return pa.array(out_k, pa.binary()), pa.array(out_v, pa.binary()), changed
 
 
 def _ts_at(b: bytes, pos: int) -> int:

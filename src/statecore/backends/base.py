@@ -283,8 +283,10 @@ class KeyedStateBackend(abc.ABC):
 
     def ttl_statistics(self) -> dict:
         """``{strategy: expired entries removed}`` since the backend was created, for the
-        strategies ``read``, ``full_snapshot``, ``incremental``, ``background`` (an expired
-        list element or map entry counts as one)."""
+        strategies ``read`` (an expired value, list element or map entry counts as one),
+        ``full_snapshot`` (entries left out of or trimmed in full snapshots, counted as the
+        snapshot is serialized: by snapshot() in the python backend, when read in the native
+        one), ``incremental`` and ``background``."""
         return dict(self._ttl_removed)
 
     def _count_expired(self, strategy: str, n: int = 1) -> None:

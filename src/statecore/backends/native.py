@@ -42,6 +42,7 @@ from statecore.backends import python as py
 from statecore.errors import InvalidInputError, StateError, StateMigrationError
 from statecore.key_groups import KeyGroupRange
 from statecore.timers import TIMERS_STATE_NAME
+from statecore.ttl import filter_entries
 
 __all__ = ["NativeBackend", "NativeSnapshot"]
 
@@ -98,6 +99,11 @@ class NativeSnapshot:
         self.incremental = incremental
         self._metas = [dict(t.meta) for t in tables.values()] + [backend.timers.meta()]
         self._snaps = {name: t.native.snapshot() for name, t in tables.items()}
+        # TTL full-snapshot cleanup: entries expired at snapshot time are left out when read.
+        self._ttl_filters = {} if incremental else {
+            name: f for name, t in tables.items()
+            if (f := backend._full_snapshot_ttl_filter(t)) is not None}
+        self._count_expired = backend._count_expired
         self._timers = timer_data
         self._released = False
         self._pins = 0  # background writes reading the snapshot
@@ -128,7 +134,12 @@ class NativeSnapshot:
             return empty
         if self.incremental:
             return snap.changes(key_group, snap.base_version)
-        return snap.entries(key_group)
+        keys, values = snap.entries(key_group)
+        filt = self._ttl_filters.get(state_name)
+        if filt is not None:
+            keys, values, n = filter_entries(*filt, keys, values)
+            self._count_expired("full_snapshot", n)
+        return keys, values
 
     def release(self) -> None:
         """Idempotent. While an asynchronous checkpoint write reads this snapshot (see
@@ -147,7 +158,8 @@ class NativeSnapshot:
     def block_sources(self) -> list[tuple]:
         """Sources of ``statecore._native.SnapshotBlockSerializer``, one per state in
         :meth:`state_metas` order: ``(name, NativeTableSnapshot, incremental, base version)`` for
-        native states, ``(name, None, False, 0, {kg: (keys, values)})`` for the timers.
+        native states, ``(name, None, False, 0, {kg: (keys, values)})`` for the timers and for
+        TTL states with full-snapshot cleanup (filtered here).
         Raises StateError after release."""
         if self._released:
             raise StateError("snapshot was released")
@@ -156,6 +168,13 @@ class NativeSnapshot:
             name = m["name"]
             if name == TIMERS_STATE_NAME:
                 out.append((name, None, False, 0, dict(self._timers)))
+            elif name in self._ttl_filters:
+                # Filtered in Python (statecore.ttl.filter_entries) at this call, so the file
+                # matches the synchronous writer's; a C++ filter in the serializer would avoid
+                # materializing these states on the calling thread.
+                r = self.key_group_range
+                groups = {kg: self.entries(name, kg) for kg in range(r.start, r.end + 1)}
+                out.append((name, None, False, 0, {kg: g for kg, g in groups.items() if len(g[0])}))
             else:
                 s = self._snaps[name]
                 out.append((name, s, self.incremental, s.base_version if self.incremental else 0))

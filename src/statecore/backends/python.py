@@ -36,6 +36,7 @@ from statecore.descriptors import (
 from statecore.errors import InvalidInputError, StateError, StateMigrationError
 from statecore.key_groups import KeyGroupRange
 from statecore.timers import TIMERS_STATE_NAME
+from statecore.ttl import StateTtlConfig, filter_entries
 
 __all__ = ["PythonBackend", "PythonSnapshot"]
 
@@ -302,10 +303,17 @@ class PythonBackend(base.KeyedStateBackend):
             else:
                 groups = ((kg, [(self._encode_entry_key(table, kg, k), table.encode_value(v))
                                 for k, v in g.items()]) for kg, g in table.data.items())
+            filt = None if incremental else self._full_snapshot_ttl_filter(table)
             for kg, pairs in groups:
                 pairs.sort(key=lambda p: p[0])
-                per_kg[kg] = (pa.array([p[0] for p in pairs], pa.binary()),
-                              pa.array([p[1] for p in pairs], pa.binary()))
+                keys = pa.array([p[0] for p in pairs], pa.binary())
+                vals = pa.array([p[1] for p in pairs], pa.binary())
+                if filt is not None:
+                    keys, vals, n = filter_entries(*filt, keys, vals)
+                    self._count_expired("full_snapshot", n)
+                    if not len(keys):
+                        continue
+                per_kg[kg] = (keys, vals)
             data[name] = per_kg
         metas.append(self.timers.meta())
         data[TIMERS_STATE_NAME] = self.timers.snapshot_all()
@@ -317,6 +325,22 @@ class PythonBackend(base.KeyedStateBackend):
     def _complete_snapshot(self, snapshot_id: int) -> None:
         for table in self._tables.values():
             table.drop_changes_before(snapshot_id)
+
+    def _ttl_config_of(self, table: _Table):
+        """The TTL config in force for ``table``: the registered descriptor's, else the one
+        recorded in its meta (restored, not registered yet), else None."""
+        st = self._states.get(table.name)
+        if st is not None:
+            return st.descriptor.ttl_config
+        return StateTtlConfig.from_meta(table.meta["ttl"]) if table.meta.get("ttl") else None
+
+    def _full_snapshot_ttl_filter(self, table: _Table):
+        """``(kind, fixed_width, ttl_ms, now)`` for :func:`statecore.ttl.filter_entries` when
+        ``table`` has TTL with full-snapshot cleanup (now = the time of the snapshot), else None."""
+        cfg = self._ttl_config_of(table)
+        if cfg is None or not cfg.cleanup_full_snapshot:
+            return None
+        return (table.kind, table.value_ser.fixed_width, cfg.ttl_ms, self.ttl_now(cfg))
 
     def _table_for_restore(self, meta: dict) -> _Table:
         """The registered table for a snapshot's state meta (checked compatible), or a new
