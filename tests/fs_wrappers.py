@@ -1,6 +1,7 @@
 """A pyarrow filesystem handler that forwards everything to the local disk; tests subclass it to
 count reads or inject failures by overriding only the calls they care about."""
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 
@@ -58,7 +59,36 @@ class LocalDelegatingHandler(pafs.FileSystemHandler):
         return self.fs.open_input_file(path)
 
     def open_output_stream(self, path, metadata):
-        return self.fs.open_output_stream(path)
+        if type(self).before_write is LocalDelegatingHandler.before_write:
+            return self.fs.open_output_stream(path)
+        return pa.PythonFile(_HookedOutput(self, self.fs.open_output_stream(path)), mode="w")
+
+    def before_write(self, stream, data) -> None:
+        """Called before every write of ``data`` to an output stream (``stream.written``: bytes
+        it took so far); subclasses delay, block or raise."""
 
     def open_append_stream(self, path, metadata):
         return self.fs.open_append_stream(path)
+
+
+class _HookedOutput:
+    """Output stream that calls ``handler.before_write(self, data)`` and then writes to
+    ``inner``."""
+
+    def __init__(self, handler, inner):
+        self.handler = handler
+        self.inner = inner
+        self.closed = False
+        self.written = 0
+
+    def write(self, data):
+        self.handler.before_write(self, data)
+        self.written += len(data)
+        return self.inner.write(data)
+
+    def flush(self):
+        self.inner.flush()
+
+    def close(self):
+        self.closed = True
+        self.inner.close()

@@ -234,28 +234,9 @@ class _FailingHandler(LocalDelegatingHandler):
         super().__init__()
         self.limit = limit
 
-    def open_output_stream(self, path, metadata):
-        inner = self.fs.open_output_stream(path)
-        limit = self.limit
-
-        class _W:
-            written = 0
-            closed = False
-
-            def write(self, data):
-                if _W.written + len(data) > limit:
-                    raise OSError("disk full (injected)")
-                _W.written += len(data)
-                return inner.write(data)
-
-            def flush(self):
-                inner.flush()
-
-            def close(self):
-                _W.closed = True
-                inner.close()
-
-        return pa.PythonFile(_W(), mode="w")
+    def before_write(self, stream, data):
+        if stream.written + len(data) > self.limit:
+            raise OSError("disk full (injected)")
 
     def open_append_stream(self, path, metadata):
         raise OSError("not supported")
@@ -348,26 +329,9 @@ class _GatedHandler(LocalDelegatingHandler):
         self.gate = threading.Event()
         self.waiting = threading.Event()
 
-    def open_output_stream(self, path, metadata):
-        inner = self.fs.open_output_stream(path)
-        handler = self
-
-        class _W:
-            closed = False
-
-            def write(self, data):
-                handler.waiting.set()
-                handler.gate.wait(60)
-                return inner.write(data)
-
-            def flush(self):
-                inner.flush()
-
-            def close(self):
-                _W.closed = True
-                inner.close()
-
-        return pa.PythonFile(_W(), mode="w")
+    def before_write(self, stream, data):
+        self.waiting.set()
+        self.gate.wait(60)
 
 
 def _thread_nices() -> dict:

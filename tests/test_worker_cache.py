@@ -30,25 +30,8 @@ class SlowHandler(LocalDelegatingHandler):
         super().__init__()
         self.delay_s = delay_s
 
-    def open_output_stream(self, path, metadata):
-        inner = self.fs.open_output_stream(path)
-        delay = self.delay_s
-
-        class _W:
-            closed = False
-
-            def write(self, data):
-                time.sleep(delay)
-                return inner.write(data)
-
-            def flush(self):
-                inner.flush()
-
-            def close(self):
-                _W.closed = True
-                inner.close()
-
-        return pa.PythonFile(_W(), mode="w")
+    def before_write(self, stream, data):
+        time.sleep(self.delay_s)
 
 
 def _loaded_native(n=20_000):
