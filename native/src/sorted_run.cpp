@@ -16,16 +16,6 @@ bool key_equal(ByteView a, ByteView b) {
   return a.size == b.size && (a.size == 0 || std::memcmp(a.data, b.data, a.size) == 0);
 }
 
-void SortedRun::push_back(ByteView k, ByteView v, bool is_removed) {
-  const bool flags = is_removed || !valid.empty();
-  if (is_removed && valid.empty()) valid.assign(size(), 1);
-  key_data.insert(key_data.end(), k.data, k.data + k.size);
-  key_offsets.push_back(key_data.size());
-  value_data.insert(value_data.end(), v.data, v.data + v.size);
-  value_offsets.push_back(value_data.size());
-  if (flags) valid.push_back(is_removed ? 0 : 1);
-}
-
 namespace {
 
 using Slot = SortedRunBuilder::Slot;

@@ -24,6 +24,8 @@ import enum
 import time
 from typing import Callable, Optional
 
+import pyarrow as pa
+
 from statecore.errors import InvalidInputError
 from statecore.serializers import read_varlen
 
@@ -264,8 +266,6 @@ def filter_entries(kind: str, fixed_width: Optional[int], ttl_ms: int, now: int,
     arrays (no tombstones): returns ``(keys, values, changed)`` with the dropped entries left
     out and trimmed values replaced; ``changed`` counts entries dropped or trimmed. The arrays
     come back unchanged (same objects) when nothing expired."""
-    import pyarrow as pa
-
     vals = values.to_pylist()
     out_k, out_v, changed = [], [], 0
     ks = None

@@ -55,9 +55,6 @@ struct SortedRun {
   bool removed(size_t i) const { return !valid.empty() && valid[i] == 0; }
   MapChange operator[](size_t i) const { return {key(i), value(i), removed(i)}; }
 
-  // Appends one entry (no order check); `valid` is materialized at the first tombstone.
-  void push_back(ByteView key, ByteView value, bool removed);
-
   class const_iterator {
    public:
     const_iterator(const SortedRun* run, size_t i) : run_(run), i_(i) {}

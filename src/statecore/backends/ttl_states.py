@@ -243,7 +243,8 @@ class _TtlMap(_Ttl, py._Map):
         return None if s is None else py._from_stored(self._ser, s)
 
     def contains(self, user_key) -> bool:
-        return self._uks.serialize(user_key) in self._read(self._uks.serialize(user_key))
+        ukb = self._uks.serialize(user_key)
+        return ukb in self._read(ukb)
 
     def put_all(self, mapping) -> None:
         kg, k = self._slot()
