@@ -1,0 +1,80 @@
+// State TTL in the native core: the timestamp suffix, the expiry rule and the filter over one
+// serialized value (Flink TtlUtils + frocksdb FlinkCompactionFilter, on statecore's layout).
+//
+// Layout (docs/architecture.md "Values"): every value, list element and map entry of a
+// TTL-enabled state ends with its last-access time as an 8-byte big-endian signed int64
+// (milliseconds). Flink stores it BEFORE the value; statecore appends it, so a fixed-width value
+// keeps its alignment at offset 0 and a list element's timestamp is found by stride.
+//
+// Expiry (Flink TtlUtils.expired): an entry with timestamp ts is expired at `now` when
+// ts + ttl_ms <= now, unless ts + ttl_ms overflows int64 (then it never expires).
+//
+// filter_value() is the one filter used wherever stored bytes are filtered without decoding them:
+// full-snapshot cleanup in the snapshot serializer, incremental and background cleanup, store
+// compaction. It must agree byte for byte with statecore.ttl.filter_expired (Python), which the
+// differential tests check.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+#include "statecore/sorted_run.h"
+
+namespace statecore {
+namespace ttl {
+
+constexpr size_t kTimestampBytes = 8;
+
+inline int64_t load_timestamp(const uint8_t* p) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < kTimestampBytes; ++i) v = (v << 8) | p[i];
+  return static_cast<int64_t>(v);
+}
+
+inline void store_timestamp(uint8_t* p, int64_t ts) {
+  uint64_t v = static_cast<uint64_t>(ts);
+  for (size_t i = kTimestampBytes; i-- > 0;) {
+    p[i] = static_cast<uint8_t>(v);
+    v >>= 8;
+  }
+}
+
+// ts + ttl_ms <= now without overflow; ttl_ms > 0. When ts + ttl_ms would exceed INT64_MAX the
+// entry never expires (Flink's overflow guard).
+inline bool expired(int64_t ts, int64_t ttl_ms, int64_t now) {
+  if (ts > INT64_MAX - ttl_ms) return false;
+  return ts + ttl_ms <= now;
+}
+
+// How a state's serialized value is laid out (Python: statecore.ttl.filter_expired's `kind`).
+//  Value: value, reducing and aggregating state: user bytes | ts. Values shorter than 8 bytes are
+//         kept (frocksdb keeps values too short to hold a timestamp).
+//  List:  elements in append order; fixed width w > 0: each element is w bytes | ts (stride w+8);
+//         fixed width 0: varlen(len) | bytes | ts.
+//  Map:   entries varlen(len(uk)) | uk | varlen(len(uv)) | uv, uv ending with the entry's ts
+//         (an entry whose uv is shorter than 8 bytes is kept).
+enum class Layout : uint8_t { Value, List, Map };
+
+struct FilterSpec {
+  Layout layout = Layout::Value;
+  uint32_t fixed_width = 0;  // List only: element width in bytes, 0 = variable length
+  int64_t ttl_ms = 1;        // > 0
+};
+
+enum class FilterResult : uint8_t {
+  Keep,  // nothing expired: keep the value as it is
+  Drop,  // everything expired: remove the entry
+  Trim,  // some list elements / map entries expired: *out holds the bytes to keep (non-empty)
+};
+
+// Filters one serialized value at time `now`. List: when the first element is unexpired the list
+// is kept whole (elements are appended in timestamp order), otherwise only the suffix from the
+// first unexpired element on (Drop when none). Map: each entry on its own. `out` is cleared and
+// filled only for Trim. Throws std::invalid_argument naming the problem when a list or map value
+// is truncated or its varlen is broken (stored bytes that were not written by a TTL state).
+FilterResult filter_value(const FilterSpec& spec, int64_t now, ByteView value,
+                          std::vector<uint8_t>* out);
+
+}  // namespace ttl
+}  // namespace statecore
