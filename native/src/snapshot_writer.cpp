@@ -127,6 +127,17 @@ void SnapshotSerializer::serialize_group(size_t si, int32_t kg) {
     }
     // The run is a copy: the map snapshot is no longer needed.
     if (opt_.release_as_written) map->release();
+    if (src.ttl_filter && !src.changes) {
+      size_t expired;
+      try {
+        expired = ttl::filter_run(src.ttl_spec, src.ttl_now, listed_, filtered_);
+      } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument(where(src.name, kg) + ": " + e.what());
+      }
+      run = &filtered_;
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.ttl_expired += expired;
+    }
   } else {
     auto it = src.fixed.find(kg);
     if (it == src.fixed.end()) return;

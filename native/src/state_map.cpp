@@ -462,6 +462,51 @@ void StateMap::for_each_impl(void (*cb)(void*, ByteView, ByteView), void* ctx) {
   });
 }
 
+bool StateMap::collect_buckets(uint64_t* cursor, size_t min_entries, SortedRun* out) const {
+  const Impl& m = *impl_;
+  out->key_data.clear();
+  out->value_data.clear();
+  out->key_offsets.assign(1, 0);
+  out->value_offsets.assign(1, 0);
+  out->valid.clear();
+  auto add = [out](const Entry* e) {
+    out->key_data.insert(out->key_data.end(), e->key(), e->key() + e->key_size);
+    out->key_offsets.push_back(out->key_data.size());
+    out->value_data.insert(out->value_data.end(), e->value(), e->value() + e->value_size);
+    out->value_offsets.push_back(out->value_data.size());
+  };
+  const Directory* newest = m.rehash_table ? m.rehash_table : m.primary;
+  const size_t cap = newest->capacity;
+  const size_t max_visits = min_entries > 16 ? 4 * min_entries : 64;
+  size_t b = *cursor < cap ? static_cast<size_t>(*cursor) : 0;
+  for (size_t visits = 0; b < cap && out->size() < min_entries && visits < max_visits; ++visits) {
+    if (m.rehash_table) {
+      const size_t old_mask = m.primary->capacity - 1;
+      const size_t ob = b & old_mask;
+      if (ob >= m.rehash_index) {
+        for (const Entry* e = m.primary->head(ob); e; e = e->next)
+          if ((e->hash & (cap - 1)) == b) add(e);
+      } else {
+        for (const Entry* e = m.rehash_table->head(b); e; e = e->next) add(e);
+      }
+      ++b;
+      continue;
+    }
+    if (newest->pages()[b >> newest->page_shift] == nullptr) {
+      b = (b | newest->page_mask()) + 1;
+      continue;
+    }
+    for (const Entry* e = newest->head(b); e; e = e->next) add(e);
+    ++b;
+  }
+  if (b >= cap) {
+    *cursor = 0;
+    return true;
+  }
+  *cursor = b;
+  return false;
+}
+
 bool StateMap::is_rehashing() const { return impl_->rehash_table != nullptr; }
 
 size_t StateMap::capacity() const {

@@ -1,5 +1,6 @@
 #include "statecore/ttl.h"
 
+#include <cstring>
 #include <string>
 
 #include "statecore/key_codec.h"
@@ -21,7 +22,8 @@ size_t varlen_at(ByteView v, size_t pos, uint64_t* n) {
 }
 
 FilterResult filter_list(const FilterSpec& spec, int64_t now, ByteView v,
-                         std::vector<uint8_t>* out) {
+                         std::vector<uint8_t>* out, size_t* expired_count) {
+  size_t dropped = 0;
   size_t pos = 0;
   while (pos < v.size) {
     const size_t start = pos;
@@ -32,16 +34,19 @@ FilterResult filter_list(const FilterSpec& spec, int64_t now, ByteView v,
     if (!expired(load_timestamp(v.data + end - kTimestampBytes), spec.ttl_ms, now)) {
       if (start == 0) return FilterResult::Keep;
       out->assign(v.data + start, v.data + v.size);
+      *expired_count += dropped;
       return FilterResult::Trim;
     }
+    ++dropped;
     pos = end;
   }
+  *expired_count += dropped;
   return FilterResult::Drop;
 }
 
 FilterResult filter_map(const FilterSpec& spec, int64_t now, ByteView v,
-                        std::vector<uint8_t>* out) {
-  size_t pos = 0;
+                        std::vector<uint8_t>* out, size_t* expired_count) {
+  size_t pos = 0, n_dropped = 0;
   bool dropped = false, kept = false;
   while (pos < v.size) {
     const size_t start = pos;
@@ -55,12 +60,14 @@ FilterResult filter_map(const FilterSpec& spec, int64_t now, ByteView v,
         expired(load_timestamp(v.data + end - kTimestampBytes), spec.ttl_ms, now)) {
       if (!dropped) out->assign(v.data, v.data + start);  // everything before was kept
       dropped = true;
+      ++n_dropped;
     } else {
       kept = true;
       if (dropped) out->insert(out->end(), v.data + start, v.data + end);
     }
     pos = end;
   }
+  *expired_count += n_dropped;
   if (!kept) return FilterResult::Drop;  // also an empty map, as the Python filter
   return dropped ? FilterResult::Trim : FilterResult::Keep;
 }
@@ -68,23 +75,78 @@ FilterResult filter_map(const FilterSpec& spec, int64_t now, ByteView v,
 }  // namespace
 
 FilterResult filter_value(const FilterSpec& spec, int64_t now, ByteView value,
-                          std::vector<uint8_t>* out) {
+                          std::vector<uint8_t>* out, size_t* expired_count) {
   if (spec.ttl_ms <= 0) throw std::invalid_argument("TTL must be > 0 ms");
+  size_t ignored = 0;
+  if (expired_count == nullptr) expired_count = &ignored;
   if (out) out->clear();
   switch (spec.layout) {
     case Layout::Value:
-      if (value.size < kTimestampBytes) return FilterResult::Keep;
-      return expired(load_timestamp(value.data + value.size - kTimestampBytes), spec.ttl_ms, now)
-                 ? FilterResult::Drop
-                 : FilterResult::Keep;
+      if (value.size < kTimestampBytes ||
+          !expired(load_timestamp(value.data + value.size - kTimestampBytes), spec.ttl_ms, now))
+        return FilterResult::Keep;
+      *expired_count += 1;
+      return FilterResult::Drop;
     case Layout::List:
     case Layout::Map: {
       if (out == nullptr) throw std::invalid_argument("filter_value: a list/map filter needs `out`");
-      return spec.layout == Layout::List ? filter_list(spec, now, value, out)
-                                         : filter_map(spec, now, value, out);
+      return spec.layout == Layout::List ? filter_list(spec, now, value, out, expired_count)
+                                         : filter_map(spec, now, value, out, expired_count);
     }
   }
   throw std::invalid_argument("filter_value: unknown layout");
+}
+
+size_t filter_run(const FilterSpec& spec, int64_t now, const SortedRun& in, SortedRun& out) {
+  if (!in.valid.empty()) {
+    for (uint8_t v : in.valid)
+      if (v == 0) throw std::invalid_argument("filter_run: a tombstone in a full listing");
+  }
+  out.key_data.clear();
+  out.value_data.clear();
+  out.key_offsets.assign(1, 0);
+  out.value_offsets.assign(1, 0);
+  out.valid.clear();
+  out.key_data.reserve(in.key_data.size());
+  out.value_data.reserve(in.value_data.size());
+  out.key_offsets.reserve(in.key_offsets.size());
+  out.value_offsets.reserve(in.value_offsets.size());
+  std::vector<uint8_t> trimmed;
+  size_t expired_count = 0;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const ByteView v = in.value(i);
+    const FilterResult r = filter_value(spec, now, v, &trimmed, &expired_count);
+    if (r == FilterResult::Drop) continue;
+    const ByteView k = in.key(i);
+    out.key_data.insert(out.key_data.end(), k.data, k.data + k.size);
+    out.key_offsets.push_back(out.key_data.size());
+    if (r == FilterResult::Keep) {
+      out.value_data.insert(out.value_data.end(), v.data, v.data + v.size);
+    } else {
+      out.value_data.insert(out.value_data.end(), trimmed.begin(), trimmed.end());
+    }
+    out.value_offsets.push_back(out.value_data.size());
+  }
+  return expired_count;
+}
+
+CleanupStep cleanup_step(StateMap& map, uint64_t* cursor, size_t min_entries,
+                         const FilterSpec& spec, int64_t now, SortedRun* scratch) {
+  CleanupStep step;
+  step.wrapped = map.collect_buckets(cursor, min_entries, scratch);
+  std::vector<uint8_t> trimmed;
+  step.visited = scratch->size();
+  for (size_t i = 0; i < scratch->size(); ++i) {
+    const ByteView k = scratch->key(i);
+    const FilterResult r = filter_value(spec, now, scratch->value(i), &trimmed, &step.expired);
+    if (r == FilterResult::Drop) {
+      map.remove(k.data, k.size);
+    } else if (r == FilterResult::Trim) {
+      uint8_t* dst = map.put(k.data, k.size, trimmed.size());
+      std::memcpy(dst, trimmed.data(), trimmed.size());
+    }
+  }
+  return step;
 }
 
 }  // namespace ttl

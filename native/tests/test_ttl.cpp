@@ -1,11 +1,16 @@
 // The TTL suffix and filter (ttl.h). The same cases run in Python against
 // statecore.ttl.filter_expired (tests/test_ttl.py), which must agree byte for byte.
 #include <cstdint>
+#include <cstring>
+#include <map>
+#include <set>
+#include <string>
 #include <stdexcept>
 #include <vector>
 
 #include "check.h"
 #include "statecore/key_codec.h"
+#include "statecore/state_map.h"
 #include "statecore/ttl.h"
 
 using namespace statecore;
@@ -156,6 +161,162 @@ TEST(map_entries_one_by_one) {
   CHECK(run(Layout::Map, 0, 100, 0, empty, &out) == FilterResult::Drop);
   Bytes truncated(v.begin(), v.end() - 3);
   CHECK_THROWS(run(Layout::Map, 0, 100, 0, truncated, &out), std::invalid_argument);
+}
+
+namespace {
+
+uint32_t bad_hash(const uint8_t*, size_t) { return 7; }  // every key collides
+
+std::string key_of(int i) { return "k" + std::to_string(i); }
+
+void put_value(StateMap& m, const std::string& k, int64_t ts) {
+  uint8_t* dst = m.put(reinterpret_cast<const uint8_t*>(k.data()), k.size(), 16);
+  std::memset(dst, 0xab, 8);
+  store_timestamp(dst + 8, ts);
+}
+
+std::set<std::string> keys_of(const SortedRun& r) {
+  std::set<std::string> s;
+  for (size_t i = 0; i < r.size(); ++i) {
+    ByteView k = r.key(i);
+    s.insert(std::string(reinterpret_cast<const char*>(k.data), k.size));
+  }
+  return s;
+}
+
+// One full pass of collect_buckets in steps of `step` entries; returns how often each key was seen.
+std::map<std::string, int> one_pass(StateMap& m, size_t step, int max_calls = 1 << 20) {
+  std::map<std::string, int> seen;
+  uint64_t cursor = 0;
+  SortedRun run;
+  for (int calls = 0; calls < max_calls; ++calls) {
+    bool wrapped = m.collect_buckets(&cursor, step, &run);
+    for (const auto& k : keys_of(run)) seen[k]++;
+    if (wrapped) break;
+  }
+  return seen;
+}
+
+}  // namespace
+
+TEST(collect_buckets_visits_every_entry_once_per_pass) {
+  for (KeyHashFunction h : {static_cast<KeyHashFunction>(nullptr), &bad_hash}) {
+    StateMap m(h);
+    for (int i = 0; i < 3000; ++i) put_value(m, key_of(i), i);
+    for (size_t step : {1, 5, 1000}) {
+      auto seen = one_pass(m, step);
+      CHECK_EQ(seen.size(), size_t{3000});
+      bool once = true;
+      for (auto& kv : seen) once = once && kv.second == 1;
+      CHECK(once);
+    }
+  }
+}
+
+TEST(collect_buckets_survives_rehash_and_snapshots) {
+  StateMap m;
+  for (int i = 0; i < 96; ++i) put_value(m, key_of(i), i);  // capacity 128, threshold 96
+  uint64_t cursor = 0;
+  SortedRun run;
+  std::map<std::string, int> seen;
+  bool wrapped = false;
+  int next = 96;
+  auto snap = m.snapshot();
+  while (!wrapped) {
+    wrapped = m.collect_buckets(&cursor, 3, &run);
+    for (const auto& k : keys_of(run)) seen[k]++;
+    // Grow during the walk: rehashes start and run while the cursor moves.
+    for (int j = 0; j < 4; ++j) put_value(m, key_of(next++), next);
+  }
+  CHECK(m.stats().rehashes >= 1);
+  // Every key present from start to end of the pass was seen (revisits allowed, no misses).
+  for (int i = 0; i < 96; ++i) CHECK(seen.count(key_of(i)) == 1);
+  CHECK_EQ(snap->size(), size_t{96});
+  // A cursor past the capacity restarts.
+  cursor = uint64_t{1} << 40;
+  m.collect_buckets(&cursor, 1, &run);
+  CHECK(run.size() >= 1);
+}
+
+TEST(collect_buckets_during_a_rehash_reads_both_tables) {
+  StateMap n;
+  int count = 0;
+  while (!n.is_rehashing() && count < 100000) put_value(n, key_of(count++), 0);
+  CHECK(n.is_rehashing());
+  auto seen = one_pass(n, 1);
+  CHECK(n.is_rehashing());  // collect_buckets never migrates
+  CHECK_EQ(seen.size(), size_t(count));
+  bool once = true;
+  for (auto& kv : seen) once = once && kv.second == 1;
+  CHECK(once);
+}
+
+TEST(cleanup_step_removes_expired_and_keeps_snapshots) {
+  StateMap m;
+  for (int i = 0; i < 1000; ++i) put_value(m, key_of(i), i < 970 ? 0 : 100);
+  auto snap = m.snapshot();
+  FilterSpec spec;
+  spec.ttl_ms = 100;
+  uint64_t cursor = 0;
+  SortedRun scratch;
+  size_t visited = 0, expired_total = 0;
+  int steps = 0;
+  for (;;) {
+    CleanupStep s = cleanup_step(m, &cursor, 5, spec, 120, &scratch);
+    visited += s.visited;
+    expired_total += s.expired;
+    ++steps;
+    if (s.wrapped) break;
+  }
+  CHECK_EQ(expired_total, size_t{970});
+  CHECK_EQ(m.size(), size_t{30});
+  CHECK(visited >= 1000);
+  CHECK(steps >= 1000 / 5 / 4);
+  CHECK_EQ(snap->size(), size_t{1000});
+  CHECK_EQ(snap->sorted_entries().size(), size_t{1000});
+}
+
+TEST(cleanup_step_trims_lists_in_place) {
+  StateMap m;
+  Bytes v;
+  fixed_elem(v, 1, 8, 0);
+  fixed_elem(v, 2, 8, 50);
+  const std::string k = "list";
+  uint8_t* dst = m.put(reinterpret_cast<const uint8_t*>(k.data()), k.size(), v.size());
+  std::memcpy(dst, v.data(), v.size());
+  FilterSpec spec;
+  spec.layout = Layout::List;
+  spec.fixed_width = 8;
+  spec.ttl_ms = 100;
+  uint64_t cursor = 0;
+  SortedRun scratch;
+  CleanupStep s = cleanup_step(m, &cursor, 10, spec, 120, &scratch);
+  CHECK_EQ(s.expired, size_t{1});
+  ByteView got;
+  CHECK(m.get(reinterpret_cast<const uint8_t*>(k.data()), k.size(), &got));
+  CHECK(Bytes(got.data, got.data + got.size) == Bytes(v.begin() + 16, v.end()));
+}
+
+TEST(filter_run_keeps_order_and_counts) {
+  SortedRun in;
+  auto push = [&](const std::string& k, const Bytes& v) {
+    in.key_data.insert(in.key_data.end(), k.begin(), k.end());
+    in.key_offsets.push_back(in.key_data.size());
+    in.value_data.insert(in.value_data.end(), v.begin(), v.end());
+    in.value_offsets.push_back(in.value_data.size());
+  };
+  push("a", value({1}, 0));
+  push("b", value({2}, 90));
+  push("c", value({3}, 0));
+  SortedRun out;
+  FilterSpec spec;
+  spec.ttl_ms = 100;
+  CHECK_EQ(filter_run(spec, 150, in, out), size_t{2});
+  CHECK_EQ(out.size(), size_t{1});
+  CHECK(keys_of(out) == std::set<std::string>{"b"});
+  in.valid.assign(3, 1);
+  in.valid[1] = 0;
+  CHECK_THROWS(filter_run(spec, 150, in, out), std::invalid_argument);
 }
 
 TEST_MAIN()

@@ -186,6 +186,24 @@ cdef _run_to_arrow(c.SortedRun& run, int32_t kg):
     return keys, values
 
 
+cdef c.FilterSpec _ttl_spec(str kind, fixed_width, int64_t ttl_ms) except *:
+    """ttl.h FilterSpec of a state kind (statecore.ttl.filter_expired's arguments)."""
+    cdef c.FilterSpec spec
+    if ttl_ms <= 0:
+        raise InvalidInputError(f"TTL must be > 0 ms, got {ttl_ms}")
+    if kind in ("value", "reducing", "aggregating"):
+        spec.layout = c.Layout.Value
+    elif kind == "list":
+        spec.layout = c.Layout.List
+        spec.fixed_width = fixed_width or 0
+    elif kind == "map":
+        spec.layout = c.Layout.Map
+    else:
+        raise InvalidInputError(f"no TTL filter for state kind {kind!r}")
+    spec.ttl_ms = ttl_ms
+    return spec
+
+
 cdef class NativeTableSnapshot:
     """One StateTable's snapshot: one O(1) map snapshot per key group (taken in O(key groups)).
 
@@ -220,6 +238,25 @@ cdef class NativeTableSnapshot:
         with nogil:
             run = self.snap.map(kg).get().sorted_entries()
         return _run_to_arrow(run, kg)
+
+    def entries_ttl_filtered(self, int32_t kg, str kind, fixed_width, int64_t ttl_ms, int64_t now):
+        """:meth:`entries` through the TTL filter (ttl.h ``filter_run``, the filter the
+        asynchronous serializer applies): ``(keys, values, expired)``, ``expired`` = values,
+        list elements and map entries left out. ``kind``/``fixed_width``/``ttl_ms``/``now`` as
+        :func:`statecore.ttl.filter_expired`. InvalidInputError as :meth:`entries`, or for a
+        stored value whose TTL layout is broken."""
+        cdef c.SortedRun run, out
+        cdef c.FilterSpec spec = _ttl_spec(kind, fixed_width, ttl_ms)
+        cdef size_t expired
+        self._check_group(kg)
+        try:
+            with nogil:
+                run = self.snap.map(kg).get().sorted_entries()
+                expired = c.filter_run(spec, now, run, out)
+        except ValueError as e:
+            raise InvalidInputError(f"key group {kg}: {e}") from None
+        keys, values = _run_to_arrow(out, kg)
+        return keys, values, expired
 
     cdef _check_group(self, int32_t kg):
         if self.released:
@@ -306,6 +343,26 @@ cdef class NativeStateTable:
         """True when the key was present."""
         cdef c.StateMap* m = self._map(kg)
         return m.remove(&key[0] if key.shape[0] else NULL, key.shape[0])
+
+    def ttl_cleanup_step(self, int32_t kg, uint64_t cursor, size_t min_entries, str kind,
+                         fixed_width, int64_t ttl_ms, int64_t now):
+        """One step of incremental TTL cleanup in key group ``kg`` (ttl.h ``cleanup_step``):
+        visits whole buckets from bucket ``cursor`` until at least ``min_entries`` entries were
+        seen or the map ended, removing expired values and trimming lists/maps through the
+        copy-on-write map operations. Returns ``(visited, expired, next_cursor, wrapped)``;
+        ``wrapped`` = the end of the map was reached (next_cursor is 0). InvalidInputError for a
+        key group outside the range or a stored value whose TTL layout is broken (the entries
+        handled before it stay handled)."""
+        cdef c.StateMap* m = self._map(kg)
+        cdef c.FilterSpec spec = _ttl_spec(kind, fixed_width, ttl_ms)
+        cdef c.CleanupStep step
+        cdef c.SortedRun scratch
+        try:
+            with nogil:
+                step = c.cleanup_step(m[0], &cursor, min_entries, spec, now, &scratch)
+        except ValueError as e:
+            raise InvalidInputError(f"key group {kg}: {e}") from None
+        return step.visited, step.expired, cursor, step.wrapped
 
     def load(self, int32_t kg, keys, values):
         """Bulk insert (restore): ``keys``/``values`` pa.binary arrays of equal length, no nulls.
@@ -626,8 +683,9 @@ cdef class SnapshotBlockSerializer:
     table snapshots (native/include/statecore/snapshot_writer.h is the design).
 
     ``sources``: one tuple per state in file order: ``(name, NativeTableSnapshot, changes: bool,
-    base: int)`` -- entries, or with ``changes`` the changes since table version ``base`` with
-    tombstones -- or ``(name, None, False, 0, {kg: (keys, values)})`` for entries materialized
+    base: int[, None, ttl])`` -- entries, or with ``changes`` the changes since table version
+    ``base`` with tombstones; ``ttl`` = ``(kind, fixed_width, ttl_ms, now)`` filters full listings
+    through the TTL filter (full-snapshot cleanup, counted in ``stats()["ttl_expired"]``) -- or ``(name, None, False, 0, {kg: (keys, values)})`` for entries materialized
     in Python (timers; pa.binary arrays, NULL value = tombstone). ``kg_start``/``kg_end``:
     inclusive key-group range of the file (``kg_end < kg_start``: empty). ``prefix_bytes``: 1 or
     2 (key-group prefix width). ``block_target_bytes``: uncompressed block target (bytes).
@@ -659,6 +717,9 @@ cdef class SnapshotBlockSerializer:
                     if ts.released:
                         raise InvalidInputError(f"state {src[0]!r}: the table snapshot was released")
                     c.add_table_source(srcs, name, ts.snap[0], bool(src[2]), src[3])
+                    if len(src) > 5 and src[5] is not None:
+                        kind, width, ttl_ms, now = src[5]
+                        c.set_source_ttl(srcs, _ttl_spec(kind, width, ttl_ms), now)
                     self.keep.append(ts)
                 else:
                     st = c.add_static_source(srcs, name)
@@ -711,10 +772,12 @@ cdef class SnapshotBlockSerializer:
             self.ser.cancel()
 
     def stats(self):
-        """``{"blocks", "payload_bytes", "max_queued", "producer_waits"}`` so far."""
+        """``{"blocks", "payload_bytes", "max_queued", "producer_waits", "ttl_expired"}`` so
+        far."""
         cdef c.SerializerStats s = self.ser.stats()
         return {"blocks": s.blocks, "payload_bytes": s.payload_bytes,
-                "max_queued": s.max_queued, "producer_waits": s.producer_waits}
+                "max_queued": s.max_queued, "producer_waits": s.producer_waits,
+                "ttl_expired": s.ttl_expired}
 
 
 def _table_reclaim(NativeStateTable table):

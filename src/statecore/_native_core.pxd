@@ -169,6 +169,28 @@ cdef extern from *:
     TableSnapshot* new_table_snapshot "statecore_new_table_snapshot"(StateTable& t) except +
 
 
+cdef extern from "statecore/ttl.h" namespace "statecore::ttl" nogil:
+    cdef enum class Layout(uint8_t):
+        Value
+        List
+        Map
+
+    cdef cppclass FilterSpec:
+        Layout layout
+        uint32_t fixed_width
+        int64_t ttl_ms
+
+    cdef cppclass CleanupStep:
+        size_t visited
+        size_t expired
+        cbool wrapped
+
+    size_t filter_run(const FilterSpec& spec, int64_t now, const SortedRun& src,
+                      SortedRun& out) except +
+    CleanupStep cleanup_step(StateMap& map, uint64_t* cursor, size_t min_entries,
+                             const FilterSpec& spec, int64_t now, SortedRun* scratch) except +
+
+
 cdef extern from "statecore/snapshot_writer.h" namespace "statecore" nogil:
     cdef cppclass SerializerOptions:
         int32_t kg_start
@@ -196,6 +218,7 @@ cdef extern from "statecore/snapshot_writer.h" namespace "statecore" nogil:
         uint64_t payload_bytes
         uint64_t max_queued
         uint64_t producer_waits
+        uint64_t ttl_expired
 
     cdef cppclass SnapshotSerializer:
         void start() except +
@@ -225,6 +248,12 @@ cdef extern from *:
       s.base = base;
       v->push_back(std::move(s));
     }
+    static void statecore_set_source_ttl(std::vector<statecore::SerializerSource>* v,
+                                         const statecore::ttl::FilterSpec& spec, int64_t now) {
+      v->back().ttl_filter = true;
+      v->back().ttl_spec = spec;
+      v->back().ttl_now = now;
+    }
     static statecore::SerializerSource* statecore_add_static_source(
         std::vector<statecore::SerializerSource>* v, const std::string& name) {
       statecore::SerializerSource s;
@@ -253,6 +282,8 @@ cdef extern from *:
     void add_table_source "statecore_add_table_source"(
         vector[SerializerSource]* v, const string& name, const TableSnapshot& t, cbool changes,
         uint64_t base) except +
+    void set_source_ttl "statecore_set_source_ttl"(
+        vector[SerializerSource]* v, const FilterSpec& spec, int64_t now) except +
     SerializerSource* add_static_source "statecore_add_static_source"(
         vector[SerializerSource]* v, const string& name) except +
     SortedRun* static_group "statecore_static_group"(SerializerSource* s, int32_t kg) except +

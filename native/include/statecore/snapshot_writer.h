@@ -18,6 +18,9 @@
 // `release_as_written`, each map snapshot is released as soon as its key group was encoded, so
 // the owner stops copying (and retired entries get reclaimed) progressively during the write.
 //
+// TTL. A table source with `ttl_filter` has each listed key group filtered (ttl::filter_run)
+// before it is cut, so full snapshots with TTL cleanup need no pass on the owning thread.
+//
 // Errors. A source that breaks the snapshot contract (a key without the key group's prefix,
 // keys not strictly ascending, more than 2 GiB of key or value bytes in one (state, key group))
 // makes the producer stop; next() rethrows it as std::invalid_argument naming the state and key
@@ -44,6 +47,7 @@
 #include <vector>
 
 #include "statecore/state_table.h"
+#include "statecore/ttl.h"
 
 namespace statecore {
 
@@ -54,12 +58,18 @@ using StaticEntries = SortedRun;
 // One state of the snapshot, in file order: either a table snapshot (entries, or changes since
 // `base` when `changes`) or static entries per key group (key groups absent from `fixed` hold
 // nothing).
+// With `ttl_filter` (TTL full-snapshot cleanup of a table source listed in full), every listed
+// key group goes through ttl::filter_run at `ttl_now` first: expired entries are left out,
+// expired list elements / map entries trimmed (Flink's cleanupFullSnapshot), on this thread.
 struct SerializerSource {
   std::string name;
   std::shared_ptr<TableSnapshot> table;  // nullptr: static source
   bool changes = false;
   uint64_t base = 0;
   std::map<int32_t, StaticEntries> fixed;
+  bool ttl_filter = false;
+  ttl::FilterSpec ttl_spec;
+  int64_t ttl_now = 0;
 };
 
 struct SerializerOptions {
@@ -112,6 +122,7 @@ class SnapshotSerializer {
     uint64_t payload_bytes = 0;  // their total size
     uint64_t max_queued = 0;     // highest queue length observed (<= queue_blocks)
     uint64_t producer_waits = 0; // times the producer waited on a full queue (backpressure)
+    uint64_t ttl_expired = 0;    // expired things left out by TTL filters (ttl::filter_run)
   };
   Stats stats() const;
 
@@ -127,6 +138,7 @@ class SnapshotSerializer {
   // the dominant cost of listing a key group).
   SortedRunBuilder builder_;
   SortedRun listed_;
+  SortedRun filtered_;  // listed_ after a TTL filter
   std::thread thread_;
   bool started_ = false;
   std::mutex join_mu_;

@@ -240,6 +240,20 @@ class StateMap {
   // Visit live entries (unordered). fn(ByteView key, ByteView value).
   template <class Fn> void for_each(Fn&& fn);
 
+  // Resumable walk (incremental TTL cleanup; Flink's StateIncrementalVisitor): copies the live
+  // entries of whole buckets of the NEWEST table -- bucket b = hash & (newest capacity - 1) --
+  // from bucket `*cursor` upward into `out` (cleared first; unsorted, no tombstones) until at least
+  // `min_entries` entries were copied, the table ended, or max(64, 4 * min_entries) buckets were
+  // looked at (a missing page counts as one), and advances *cursor. Returns true when the end of
+  // the table was reached (*cursor is 0 again). The copies stay valid whatever the map does next,
+  // so the caller may remove or rewrite the visited keys. During an incremental rehash bucket b of
+  // the new table is read from the old table's chain b & (old capacity - 1) while that one is not
+  // migrated. A cursor survives snapshots and rehashes: tables only double, so after a doubling
+  // the walk goes on at the same index and at most revisits entries (of buckets split off below
+  // it), never skips one; a cursor past the capacity (a value from elsewhere) restarts at 0.
+  // O(buckets looked at + entries copied); never triggers a rehash step. Owner thread.
+  bool collect_buckets(uint64_t* cursor, size_t min_entries, SortedRun* out) const;
+
   // Introspection for tests and stats.
   bool is_rehashing() const;
   size_t capacity() const;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "statecore/sorted_run.h"
+#include "statecore/state_map.h"
 
 namespace statecore {
 namespace ttl {
@@ -71,10 +72,31 @@ enum class FilterResult : uint8_t {
 // Filters one serialized value at time `now`. List: when the first element is unexpired the list
 // is kept whole (elements are appended in timestamp order), otherwise only the suffix from the
 // first unexpired element on (Drop when none). Map: each entry on its own. `out` is cleared and
-// filled only for Trim. Throws std::invalid_argument naming the problem when a list or map value
-// is truncated or its varlen is broken (stored bytes that were not written by a TTL state).
+// filled only for Trim (it may be null for Layout::Value). `expired`, when given, is increased by
+// the number of expired things removed: 1 for a dropped value, the leading expired list
+// elements, the expired map entries. Throws std::invalid_argument naming the problem when a list
+// or map value is truncated or its varlen is broken (bytes not written by a TTL state).
 FilterResult filter_value(const FilterSpec& spec, int64_t now, ByteView value,
-                          std::vector<uint8_t>* out);
+                          std::vector<uint8_t>* out, size_t* expired = nullptr);
+
+// filter_value over every entry of a run without tombstones (a full snapshot listing), in order:
+// `out` receives the kept and trimmed entries (same keys, same order), `in` is not modified.
+// Returns the number of expired things removed (as filter_value counts). Throws what
+// filter_value throws, and std::invalid_argument for a run with tombstones.
+size_t filter_run(const FilterSpec& spec, int64_t now, const SortedRun& in, SortedRun& out);
+
+// One step of incremental (or, with a large min_entries, background) cleanup of one map:
+// visits whole buckets from `*cursor` on (StateMap::collect_buckets) until at least min_entries
+// entries were visited or the table ended, and removes or trims what filter_value says through
+// the map's normal, copy-on-write aware operations (so live snapshots are unaffected and the
+// changes are tracked like any write). `scratch` is reused between calls.
+struct CleanupStep {
+  size_t visited = 0;   // entries looked at
+  size_t expired = 0;   // expired things removed (filter_value's count)
+  bool wrapped = false; // the walk reached the end of the table; *cursor is 0 again
+};
+CleanupStep cleanup_step(StateMap& map, uint64_t* cursor, size_t min_entries,
+                         const FilterSpec& spec, int64_t now, SortedRun* scratch);
 
 }  // namespace ttl
 }  // namespace statecore

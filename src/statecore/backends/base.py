@@ -75,6 +75,7 @@ Timers are counted by ``backend.timers.num_timers()``.
 from __future__ import annotations
 
 import abc
+import threading
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -265,6 +266,8 @@ class KeyedStateBackend(abc.ABC):
         self.ttl_clock = ttl_clock or wall_clock_ms
         #: Expired entries removed, per cleanup strategy (see ttl_statistics()).
         self._ttl_removed = dict.fromkeys(TTL_CLEANUP_STRATEGIES, 0)
+        # Asynchronous checkpoint writers count full-snapshot cleanup from their own thread.
+        self._ttl_lock = threading.Lock()
 
     # ------------------------------------------------------------------ TTL
     def ttl_now(self, config) -> int:
@@ -290,7 +293,8 @@ class KeyedStateBackend(abc.ABC):
         return dict(self._ttl_removed)
 
     def _count_expired(self, strategy: str, n: int = 1) -> None:
-        self._ttl_removed[strategy] += n
+        with self._ttl_lock:
+            self._ttl_removed[strategy] += n
 
     # ------------------------------------------------------------------ keys
     def key_group_of(self, key) -> int:

@@ -42,7 +42,6 @@ from statecore.backends import python as py
 from statecore.errors import InvalidInputError, StateError, StateMigrationError
 from statecore.key_groups import KeyGroupRange
 from statecore.timers import TIMERS_STATE_NAME
-from statecore.ttl import filter_entries
 
 __all__ = ["NativeBackend", "NativeSnapshot"]
 
@@ -134,11 +133,11 @@ class NativeSnapshot:
             return empty
         if self.incremental:
             return snap.changes(key_group, snap.base_version)
-        keys, values = snap.entries(key_group)
         filt = self._ttl_filters.get(state_name)
-        if filt is not None:
-            keys, values, n = filter_entries(*filt, keys, values)
-            self._count_expired("full_snapshot", n)
+        if filt is None:
+            return snap.entries(key_group)
+        keys, values, n = snap.entries_ttl_filtered(key_group, *filt)
+        self._count_expired("full_snapshot", n)
         return keys, values
 
     def release(self) -> None:
@@ -157,10 +156,10 @@ class NativeSnapshot:
     # ---- what the asynchronous checkpoint writer needs (CheckpointStore.write_snapshot_async)
     def block_sources(self) -> list[tuple]:
         """Sources of ``statecore._native.SnapshotBlockSerializer``, one per state in
-        :meth:`state_metas` order: ``(name, NativeTableSnapshot, incremental, base version)`` for
-        native states, ``(name, None, False, 0, {kg: (keys, values)})`` for the timers and for
-        TTL states with full-snapshot cleanup (filtered here).
-        Raises StateError after release."""
+        :meth:`state_metas` order: ``(name, NativeTableSnapshot, incremental, base version,
+        None, ttl filter or None)`` for native states (TTL full-snapshot cleanup runs in the
+        serializer thread, the same ttl.h filter as :meth:`entries`), ``(name, None, False, 0,
+        {kg: (keys, values)})`` for the timers. Raises StateError after release."""
         if self._released:
             raise StateError("snapshot was released")
         out = []
@@ -168,17 +167,17 @@ class NativeSnapshot:
             name = m["name"]
             if name == TIMERS_STATE_NAME:
                 out.append((name, None, False, 0, dict(self._timers)))
-            elif name in self._ttl_filters:
-                # Filtered in Python (statecore.ttl.filter_entries) at this call, so the file
-                # matches the synchronous writer's; a C++ filter in the serializer would avoid
-                # materializing these states on the calling thread.
-                r = self.key_group_range
-                groups = {kg: self.entries(name, kg) for kg in range(r.start, r.end + 1)}
-                out.append((name, None, False, 0, {kg: g for kg, g in groups.items() if len(g[0])}))
             else:
                 s = self._snaps[name]
-                out.append((name, s, self.incremental, s.base_version if self.incremental else 0))
+                out.append((name, s, self.incremental, s.base_version if self.incremental else 0,
+                            None, self._ttl_filters.get(name)))
         return out
+
+    def serializer_finished(self, stats: dict) -> None:
+        """Called by the asynchronous writer once the file is written: counts what the
+        serializer's TTL filters left out as ``full_snapshot`` cleanup."""
+        if stats.get("ttl_expired"):
+            self._count_expired("full_snapshot", stats["ttl_expired"])
 
     def pin_for_write(self):
         """Defer :meth:`release` while a background write reads the table snapshots; returns the

@@ -408,6 +408,9 @@ class CheckpointStore:
             try:
                 summary = self._write_atomic(rel, produce, before_publish=fut._begin_publish)
                 outcome = self._descriptor(snap, version, writer, rel, summary)
+                finished = getattr(snap, "serializer_finished", None)
+                if serializer is not None and callable(finished):
+                    finished(serializer.stats())
             except BaseException as exc:  # delivered through the future
                 failed, outcome = True, exc
             # Stop the producer and drop its payloads before releasing what it reads.
