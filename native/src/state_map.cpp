@@ -477,7 +477,8 @@ bool StateMap::collect_buckets(uint64_t* cursor, size_t min_entries, SortedRun* 
   };
   const Directory* newest = m.rehash_table ? m.rehash_table : m.primary;
   const size_t cap = newest->capacity;
-  const size_t max_visits = min_entries > 16 ? 4 * min_entries : 64;
+  const size_t max_visits = min_entries <= 16 ? 64
+                            : min_entries > SIZE_MAX / 4 ? SIZE_MAX : 4 * min_entries;
   size_t b = *cursor < cap ? static_cast<size_t>(*cursor) : 0;
   for (size_t visits = 0; b < cap && out->size() < min_entries && visits < max_visits; ++visits) {
     if (m.rehash_table) {

@@ -149,5 +149,30 @@ CleanupStep cleanup_step(StateMap& map, uint64_t* cursor, size_t min_entries,
   return step;
 }
 
+CleanupStep cleanup_step(StateTable& table, TableCursor* cursor, size_t min_entries,
+                         const FilterSpec& spec, int64_t now, SortedRun* scratch) {
+  CleanupStep total;
+  if (cursor->key_group < table.kg_start() || cursor->key_group > table.kg_end()) {
+    cursor->key_group = table.kg_start();
+    cursor->bucket = 0;
+  }
+  for (;;) {
+    const size_t want = min_entries > total.visited ? min_entries - total.visited : 0;
+    CleanupStep s = cleanup_step(table.map(cursor->key_group), &cursor->bucket, want, spec, now,
+                                 scratch);
+    total.visited += s.visited;
+    total.expired += s.expired;
+    if (s.wrapped) {
+      if (cursor->key_group == table.kg_end()) {
+        cursor->key_group = table.kg_start();
+        total.wrapped = true;
+        return total;
+      }
+      ++cursor->key_group;
+    }
+    if (total.visited >= min_entries) return total;
+  }
+}
+
 }  // namespace ttl
 }  // namespace statecore

@@ -11,6 +11,7 @@
 #include "check.h"
 #include "statecore/key_codec.h"
 #include "statecore/state_map.h"
+#include "statecore/state_table.h"
 #include "statecore/ttl.h"
 
 using namespace statecore;
@@ -317,6 +318,35 @@ TEST(filter_run_keeps_order_and_counts) {
   in.valid.assign(3, 1);
   in.valid[1] = 0;
   CHECK_THROWS(filter_run(spec, 150, in, out), std::invalid_argument);
+}
+
+TEST(table_cursor_walks_every_key_group_and_wraps) {
+  StateTable t(3, 9);
+  // Flink scenario 6 shape: 970 of 1000 entries expired, spread over key groups 3..9.
+  for (int i = 0; i < 1000; ++i) put_value(t.map(3 + i % 7), key_of(i), i < 970 ? 0 : 100);
+  TableCursor cur;  // key group 0 is outside: restarts at 3
+  FilterSpec spec;
+  spec.ttl_ms = 100;
+  SortedRun scratch;
+  size_t visited = 0, expired_total = 0, steps = 0;
+  for (;;) {
+    CleanupStep s = cleanup_step(t, &cur, 5, spec, 120, &scratch);
+    visited += s.visited;
+    expired_total += s.expired;
+    ++steps;
+    if (s.wrapped) break;
+  }
+  CHECK_EQ(cur.key_group, 3);
+  CHECK_EQ(expired_total, size_t{970});
+  CHECK_EQ(t.size(), size_t{30});
+  CHECK_EQ(visited, size_t{1000});
+  CHECK(steps >= 1000 / 5 / 4);
+  // An empty table wraps at once.
+  StateTable empty(0, 127);
+  TableCursor c2;
+  CleanupStep s = cleanup_step(empty, &c2, 5, spec, 120, &scratch);
+  CHECK(s.wrapped);
+  CHECK_EQ(s.visited, size_t{0});
 }
 
 TEST_MAIN()

@@ -364,6 +364,28 @@ cdef class NativeStateTable:
             raise InvalidInputError(f"key group {kg}: {e}") from None
         return step.visited, step.expired, cursor, step.wrapped
 
+    def ttl_cleanup_table_step(self, int32_t kg, uint64_t bucket, size_t min_entries, str kind,
+                               fixed_width, int64_t ttl_ms, int64_t now):
+        """Incremental TTL cleanup over the whole table (ttl.h ``cleanup_step`` with a
+        ``TableCursor``): from key group ``kg``, bucket ``bucket`` on, key group after key
+        group, until at least ``min_entries`` entries were visited or the last key group ended.
+        Returns ``(visited, expired, next_kg, next_bucket, wrapped)``; ``wrapped`` = a pass over
+        the table completed (the cursor is back at the first key group). A ``kg`` outside the
+        range restarts at the first one. InvalidInputError for a stored value whose TTL layout
+        is broken."""
+        cdef c.FilterSpec spec = _ttl_spec(kind, fixed_width, ttl_ms)
+        cdef c.CleanupStep step
+        cdef c.SortedRun scratch
+        cdef c.TableCursor cur
+        cur.key_group = kg
+        cur.bucket = bucket
+        try:
+            with nogil:
+                step = c.cleanup_table_step(self.table[0], &cur, min_entries, spec, now, &scratch)
+        except ValueError as e:
+            raise InvalidInputError(str(e)) from None
+        return step.visited, step.expired, cur.key_group, cur.bucket, step.wrapped
+
     def load(self, int32_t kg, keys, values):
         """Bulk insert (restore): ``keys``/``values`` pa.binary arrays of equal length, no nulls.
         Reads the Arrow buffers directly (no Python object per entry)."""

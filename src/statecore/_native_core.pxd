@@ -185,6 +185,13 @@ cdef extern from "statecore/ttl.h" namespace "statecore::ttl" nogil:
         size_t expired
         cbool wrapped
 
+    cdef cppclass TableCursor:
+        int32_t key_group
+        uint64_t bucket
+
+    CleanupStep cleanup_table_step "statecore::ttl::cleanup_step"(
+        StateTable& table, TableCursor* cursor, size_t min_entries, const FilterSpec& spec,
+        int64_t now, SortedRun* scratch) except +
     size_t filter_run(const FilterSpec& spec, int64_t now, const SortedRun& src,
                       SortedRun& out) except +
     CleanupStep cleanup_step(StateMap& map, uint64_t* cursor, size_t min_entries,

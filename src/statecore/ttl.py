@@ -38,6 +38,7 @@ __all__ = [
     "is_expired",
     "expiration_time",
     "filter_expired",
+    "filter_expired_counted",
     "filter_entries",
     "INT64_MIN",
     "INT64_MAX",
@@ -219,13 +220,21 @@ def filter_expired(kind: str, fixed_width: Optional[int], ttl_ms: int, now: int,
     ``varlen(len(uk)) | uk | varlen(len(uv)) | uv`` entry whose user value ends with a timestamp
     is kept or dropped on its own). Raises InvalidInputError for a list or map value whose
     layout is broken."""
+    return filter_expired_counted(kind, fixed_width, ttl_ms, now, value)[0]
+
+
+def filter_expired_counted(kind: str, fixed_width: Optional[int], ttl_ms: int, now: int,
+                           value: bytes) -> tuple[Optional[bytes], int]:
+    """:func:`filter_expired` and the number of expired things it removed: 1 for a dropped
+    value, the leading expired list elements, the expired map entries (native ``ttl.h``
+    ``filter_value`` counts the same)."""
     if kind in ("value", "reducing", "aggregating"):
-        if len(value) < 8:
-            return value
-        return None if is_expired(_ts_at(value, len(value) - 8), ttl_ms, now) else value
+        if len(value) < 8 or not is_expired(_ts_at(value, len(value) - 8), ttl_ms, now):
+            return value, 0
+        return None, 1
     if kind == "list":
         pos = 0
-        first = True
+        dropped = 0
         while pos < len(value):
             start = pos
             if fixed_width:
@@ -236,12 +245,12 @@ def filter_expired(kind: str, fixed_width: Optional[int], ttl_ms: int, now: int,
             if end > len(value):
                 raise InvalidInputError("truncated TTL list element")
             if not is_expired(_ts_at(value, end - 8), ttl_ms, now):
-                return value if first else value[start:]
-            first = False
+                return (value if not dropped else value[start:]), dropped
+            dropped += 1
             pos = end
-        return None
+        return None, dropped
     if kind == "map":
-        kept, pos, changed = [], 0, False
+        kept, pos, dropped = [], 0, 0
         while pos < len(value):
             start = pos
             n, pos = read_varlen(value, pos)
@@ -251,26 +260,28 @@ def filter_expired(kind: str, fixed_width: Optional[int], ttl_ms: int, now: int,
             if end > len(value):
                 raise InvalidInputError("truncated TTL map entry")
             if m >= 8 and is_expired(_ts_at(value, end - 8), ttl_ms, now):
-                changed = True
+                dropped += 1
             else:
                 kept.append(value[start:end])
             pos = end
         if not kept:
-            return None
-        return b"".join(kept) if changed else value
+            return None, dropped
+        return (b"".join(kept) if dropped else value), dropped
     raise InvalidInputError(f"no TTL filter for state kind {kind!r}")
 
 
 def filter_entries(kind: str, fixed_width: Optional[int], ttl_ms: int, now: int, keys, values):
     """:func:`filter_expired` over one key group's sorted ``(keys, values)`` ``pa.binary()``
-    arrays (no tombstones): returns ``(keys, values, changed)`` with the dropped entries left
-    out and trimmed values replaced; ``changed`` counts entries dropped or trimmed. The arrays
+    arrays (no tombstones): returns ``(keys, values, expired)`` with the dropped entries left
+    out and trimmed values replaced; ``expired`` counts what was removed as
+    :func:`filter_expired_counted` does. The arrays
     come back unchanged (same objects) when nothing expired."""
     vals = values.to_pylist()
-    out_k, out_v, changed = [], [], 0
+    out_k, out_v, changed, expired = [], [], 0, 0
     ks = None
     for i, v in enumerate(vals):
-        f = filter_expired(kind, fixed_width, ttl_ms, now, v)
+        f, n = filter_expired_counted(kind, fixed_width, ttl_ms, now, v)
+        expired += n
         if f is not v:
             changed += 1
         if changed and ks is None:
@@ -281,7 +292,7 @@ def filter_entries(kind: str, fixed_width: Optional[int], ttl_ms: int, now: int,
             out_v.append(f)
     if not changed:
         return keys, values, 0
-    return pa.array(out_k, pa.binary()), pa.array(out_v, pa.binary()), changed
+    return pa.array(out_k, pa.binary()), pa.array(out_v, pa.binary()), expired
 
 
 def _ts_at(b: bytes, pos: int) -> int:

@@ -21,6 +21,7 @@
 
 #include "statecore/sorted_run.h"
 #include "statecore/state_map.h"
+#include "statecore/state_table.h"
 
 namespace statecore {
 namespace ttl {
@@ -96,6 +97,20 @@ struct CleanupStep {
   bool wrapped = false; // the walk reached the end of the table; *cursor is 0 again
 };
 CleanupStep cleanup_step(StateMap& map, uint64_t* cursor, size_t min_entries,
+                         const FilterSpec& spec, int64_t now, SortedRun* scratch);
+
+// The lazy global iterator of incremental cleanup over all key groups of a table (Flink keeps one
+// per state over all its key-group maps): a key group and a bucket cursor inside its map.
+struct TableCursor {
+  int32_t key_group = 0;  // outside the table's range: restarts at kg_start
+  uint64_t bucket = 0;
+};
+
+// cleanup_step over the table from `*cursor`, moving to the next key group whenever a map ends,
+// until at least min_entries entries were visited or the last key group ended; `wrapped` then
+// says the pass is complete and the cursor is back at the first key group (the next step starts a
+// new pass, as Flink recreates its iterator). Empty key groups cost one bucket visit each.
+CleanupStep cleanup_step(StateTable& table, TableCursor* cursor, size_t min_entries,
                          const FilterSpec& spec, int64_t now, SortedRun* scratch);
 
 }  // namespace ttl

@@ -268,6 +268,9 @@ class KeyedStateBackend(abc.ABC):
         self._ttl_removed = dict.fromkeys(TTL_CLEANUP_STRATEGIES, 0)
         # Asynchronous checkpoint writers count full-snapshot cleanup from their own thread.
         self._ttl_lock = threading.Lock()
+        # {state name: (table, config)} of states cleaned up on every record (set_current_key)
+        self._every_record_ttl: dict = {}
+        self._bg_ttl_kg = None  # next key group of the background cleanup
 
     # ------------------------------------------------------------------ TTL
     def ttl_now(self, config) -> int:
@@ -291,6 +294,46 @@ class KeyedStateBackend(abc.ABC):
         snapshot is serialized: by snapshot() in the python backend, when read in the native
         one), ``incremental`` and ``background``."""
         return dict(self._ttl_removed)
+
+    def _ttl_accessed(self, table, config, accesses: int = 1) -> None:
+        """Incremental cleanup after ``accesses`` state accesses of ``table`` (TTL ``config``
+        with ``cleanup_incrementally``): one step of ``cleanup_size * accesses`` entries of the
+        table's lazy global iterator (Flink TtlIncrementalCleanup.stateAccessed)."""
+        if not config.cleanup_size or accesses <= 0:
+            return
+        _, expired, _ = table.ttl_cleanup_step(self.key_group_range, config.cleanup_size * accesses,
+                                               config.ttl_ms, self.ttl_now(config))
+        if expired:
+            self._count_expired("incremental", expired)
+
+    def run_background_ttl_cleanup(self, max_key_groups: int = 1) -> int:
+        """Background cleanup: for every registered state whose TTL config has
+        ``cleanup_in_background``, expire the next ``max_key_groups`` key groups of this
+        backend's range entirely (round robin over the range, one cursor per backend), through
+        the same copy-on-write map operations as any write (live snapshots are unaffected; the
+        removals go into the next incremental checkpoint). Meant for idle time -- the Spark
+        operator calls it after each micro-batch's snapshot; the caller owns the backend meanwhile
+        (thread contract). Returns the expired values, list elements and map entries removed
+        (also counted as ``background`` in :meth:`ttl_statistics`). InvalidInputError for
+        ``max_key_groups`` < 1."""
+        self._check_open()
+        if isinstance(max_key_groups, bool) or not isinstance(max_key_groups, int) or max_key_groups < 1:
+            raise InvalidInputError(f"max_key_groups must be an int >= 1, got {max_key_groups!r}")
+        targets = [(st._table, st.descriptor.ttl_config) for st in self._states.values()
+                   if st.descriptor.ttl_config is not None
+                   and st.descriptor.ttl_config.cleanup_in_background]
+        if not targets:
+            return 0
+        r = self.key_group_range
+        removed = 0
+        for _ in range(min(max_key_groups, len(r))):
+            kg = self._bg_ttl_kg if self._bg_ttl_kg in r else r.start
+            self._bg_ttl_kg = kg + 1
+            for table, cfg in targets:
+                removed += table.ttl_cleanup_key_group(kg, cfg.ttl_ms, self.ttl_now(cfg))
+        if removed:
+            self._count_expired("background", removed)
+        return removed
 
     def _count_expired(self, strategy: str, n: int = 1) -> None:
         with self._ttl_lock:
@@ -318,6 +361,8 @@ class KeyedStateBackend(abc.ABC):
         kg = self.key_group_of(key)
         self._current_key = K.check_key(key, self.key_type)
         self._current_key_group = kg
+        for table, cfg in self._every_record_ttl.values():
+            self._ttl_accessed(table, cfg)
 
     @property
     def current_key(self):

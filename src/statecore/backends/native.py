@@ -80,6 +80,19 @@ class _NativeTable(py._Table):
     def remove(self, kg, k):
         self.native.remove(kg, self._ekey(kg, k))
 
+    # TTL cleanup passes run in C++ over the stored bytes (ttl.h cleanup_step); the cursor is
+    # a key group and a bucket of its map (StateMap::collect_buckets survives rehashes).
+    def ttl_cleanup_step(self, kgs, min_entries: int, ttl_ms: int, now: int):
+        kg, bucket = self._ttl_cursor or (kgs.start, 0)
+        visited, expired, kg, bucket, wrapped = self.native.ttl_cleanup_table_step(
+            kg, bucket, min_entries, self.kind, self.value_ser.fixed_width, ttl_ms, now)
+        self._ttl_cursor = (kg, bucket)
+        return visited, expired, wrapped
+
+    def ttl_cleanup_key_group(self, kg: int, ttl_ms: int, now: int) -> int:
+        return self.native.ttl_cleanup_step(kg, 0, 2**62, self.kind, self.value_ser.fixed_width,
+                                            ttl_ms, now)[1]
+
 
 class NativeSnapshot:
     """StateSnapshot over native table snapshots (see ``base.StateSnapshot``).

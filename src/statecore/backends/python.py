@@ -36,7 +36,7 @@ from statecore.descriptors import (
 from statecore.errors import InvalidInputError, StateError, StateMigrationError
 from statecore.key_groups import KeyGroupRange
 from statecore.timers import TIMERS_STATE_NAME
-from statecore.ttl import StateTtlConfig, filter_entries
+from statecore.ttl import StateTtlConfig, filter_entries, is_expired
 
 __all__ = ["PythonBackend", "PythonSnapshot"]
 
@@ -83,6 +83,21 @@ def _split_ttl(ser: S.ValueSerializer, b: bytes):
     return _stored_from_bytes(ser, b[:-8]), _ts_from(b, len(b) - 8)
 
 
+def _filter_stored(kind: str, stored, ttl_ms: int, now: int):
+    """statecore.ttl.filter_expired_counted on the stored form of a TTL value: ``(stored,
+    0)`` unchanged, ``(trimmed, n)`` or ``(None, n)``."""
+    if kind == "list":
+        for i, (_, ts) in enumerate(stored):
+            if not is_expired(ts, ttl_ms, now):
+                return (stored, 0) if i == 0 else (stored[i:], i)
+        return None, len(stored)
+    if kind == "map":
+        kept = {uk: e for uk, e in stored.items() if not is_expired(e[1], ttl_ms, now)}
+        n = len(stored) - len(kept)
+        return (stored if not n else (kept or None)), n
+    return (None, 1) if is_expired(stored[1], ttl_ms, now) else (stored, 0)
+
+
 class _ChangeClock:
     """Snapshot epoch shared by a backend's tables: ``now`` = id of the last snapshot taken."""
 
@@ -111,6 +126,7 @@ class _Table:
         self.data: dict[int, dict] = {}
         self.clock = clock
         self.changes: dict[tuple, int] = {}
+        self._ttl_cursor = None  # [key group, its keys as listed on entry, position]
 
     def group(self, kg: int) -> dict:
         g = self.data.get(kg)
@@ -139,6 +155,52 @@ class _Table:
     def drop_changes_before(self, stamp: int) -> None:
         """Forget the changes recorded before snapshot ``stamp`` (it became the base)."""
         self.changes = {ck: st for ck, st in self.changes.items() if st >= stamp}
+
+    # ---- TTL cleanup passes (incremental and background; statecore.ttl)
+    def ttl_cleanup_step(self, kgs: KeyGroupRange, min_entries: int, ttl_ms: int, now: int):
+        """One step of the lazy global iterator over the key groups ``kgs`` (Flink heap
+        incremental cleanup): visits at least ``min_entries`` entries from where the last step
+        stopped (or up to the end of a pass) and removes or trims expired ones through
+        :meth:`put`/:meth:`remove` (so they are tracked as changes). Each key group's keys are
+        listed when the walk enters it, so writes meanwhile never invalidate the iterator
+        (keys added after that are seen in the next pass). Returns ``(visited, expired,
+        wrapped)``, ``expired`` counted as :func:`statecore.ttl.filter_expired_counted`."""
+        cur = self._ttl_cursor
+        if cur is None or cur[0] not in kgs:
+            cur = self._ttl_cursor = [kgs.start, None, 0]
+        visited = expired = 0
+        while True:
+            kg, keys, i = cur
+            if keys is None:
+                keys = cur[1] = list(self.data.get(kg, ()))
+            while i < len(keys) and visited < min_entries:
+                visited += 1
+                expired += self._ttl_filter_one(kg, keys[i], ttl_ms, now)
+                i += 1
+            cur[2] = i
+            if i < len(keys):
+                return visited, expired, False
+            if kg >= kgs.end:
+                self._ttl_cursor = [kgs.start, None, 0]
+                return visited, expired, True
+            cur[:] = [kg + 1, None, 0]
+            if visited >= min_entries:
+                return visited, expired, False
+
+    def ttl_cleanup_key_group(self, kg: int, ttl_ms: int, now: int) -> int:
+        """Background cleanup of one whole key group; returns the expired things removed."""
+        return sum(self._ttl_filter_one(kg, k, ttl_ms, now) for k in list(self.data.get(kg, ())))
+
+    def _ttl_filter_one(self, kg: int, k, ttl_ms: int, now: int) -> int:
+        cur = self.get(kg, k)
+        if cur is None:
+            return 0
+        new, n = _filter_stored(self.kind, cur, ttl_ms, now)
+        if new is None:
+            self.remove(kg, k)
+        elif new is not cur:
+            self.put(kg, k, new)
+        return n
 
     def encode_value(self, stored) -> bytes:
         """Bytes of a stored value (docs/architecture.md). With TTL: value bytes + 8-byte
@@ -279,6 +341,11 @@ class PythonBackend(base.KeyedStateBackend):
             cls = self._state_classes[descriptor.kind]
         st = cls(self, descriptor, namespace_type, table)
         self._states[descriptor.name] = st
+        cfg = descriptor.ttl_config
+        if cfg is not None and cfg.run_cleanup_for_every_record:
+            self._every_record_ttl[descriptor.name] = (table, cfg)
+        else:
+            self._every_record_ttl.pop(descriptor.name, None)
         return st
 
     # ------------------------------------------------------------------ snapshot / restore
@@ -412,6 +479,9 @@ class PythonBackend(base.KeyedStateBackend):
     def _batch_slots(self, state, keys, namespaces):
         arr = base.coerce_key_array(keys, self.key_type)
         ks = arr.to_pylist()
+        cfg = state.descriptor.ttl_config
+        if cfg is not None and cfg.cleanup_size:
+            self._ttl_accessed(state._table, cfg, len(ks))  # one access per row
         nss = base.resolve_batch_namespaces(namespaces, state, len(ks))
         return [(self.key_group_of(k), (k, ns)) for k, ns in zip(ks, nss)]
 

@@ -38,6 +38,13 @@ class _Ttl:
         super().__init__(*a)
         self._cfg = self.descriptor.ttl_config
 
+    def _slot(self):
+        slot = super()._slot()
+        if self._cfg.cleanup_size:
+            # Flink runs the incremental step before the access (TtlIncrementalCleanup).
+            self.backend._ttl_accessed(self._table, self._cfg)
+        return slot
+
     def _now(self) -> int:
         return self.backend.ttl_now(self._cfg)
 
