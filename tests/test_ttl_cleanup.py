@@ -290,3 +290,109 @@ def test_native_filter_rejects_broken_layout_without_changing_state():
     with pytest.raises(InvalidInputError):
         snap.entries_ttl_filtered(0, "value", None, 0, 0)
     snap.release()
+
+
+# ---------------------------------------------------------------------------------------------
+# Compaction filter (checkpoint store compaction; frocksdb FlinkCompactionFilter semantics).
+
+from statecore.ttl import CompactionTimeProvider, compaction_filter  # noqa: E402
+
+
+class _CountingClock:
+    def __init__(self, times):
+        self.times = list(times)
+        self.calls = 0
+
+    def __call__(self):
+        t = self.times[min(self.calls, len(self.times) - 1)]
+        self.calls += 1
+        return t
+
+
+def _vals(ts_list):
+    return pa.array([b"\x01" * 8 + _ts(t) for t in ts_list], pa.binary())
+
+
+def test_compaction_filter_caches_the_clock_for_n_entries():
+    keys = pa.array([bytes([0, i]) for i in range(10)], pa.binary())
+    # N = 5: entries 0-4 see t=105 (ts 0..4 expired), entries 5-9 see t=200 (all expired).
+    clock = _CountingClock([105, 200, 300])
+    tp = CompactionTimeProvider(clock, 5)
+    k, v, n = compaction_filter("value", None, 100, tp, keys, _vals(range(10)))
+    assert n == 10 and len(k) == 0
+    assert clock.calls == 3  # once at start, after 5 and after 10 entries
+    # N = 10: one cached time for all ten: only ts 0..5 expire.
+    clock = _CountingClock([105, 200])
+    tp = CompactionTimeProvider(clock, 10)
+    k, v, n = compaction_filter("value", None, 100, tp, keys, _vals(range(10)))
+    assert n == 6 and k.to_pylist() == keys.to_pylist()[6:]
+    # The count carries over between key groups: 4 more entries use t=200 until the 10th.
+    clock = _CountingClock([105, 200])
+    tp = CompactionTimeProvider(clock, 8)
+    compaction_filter("value", None, 100, tp, keys.slice(0, 6), _vals(range(6)))
+    assert clock.calls == 1
+    k, _, n = compaction_filter("value", None, 100, tp, keys.slice(0, 4), _vals([50, 50, 90, 90]))
+    assert clock.calls == 2 and n == 2  # 50s seen at t=105 (kept), 90s at t=200 (dropped)
+    assert k.to_pylist() == keys.to_pylist()[:2]
+    with pytest.raises(InvalidInputError):
+        CompactionTimeProvider(clock, 0)
+    with pytest.raises(InvalidInputError):
+        CompactionTimeProvider(lambda: "now", 5)
+
+
+def test_compaction_filter_keeps_short_values_trims_lists_and_maps():
+    tp = CompactionTimeProvider(lambda: 150, 1000)
+    keys = pa.array([b"\x00a", b"\x00b"], pa.binary())
+    vals = pa.array([b"short", b"x" + _ts(0)], pa.binary())
+    k, v, n = compaction_filter("value", None, 100, tp, keys, vals)
+    assert k.to_pylist() == [b"\x00a"] and v.to_pylist() == [b"short"] and n == 1
+    lst = b"".join(i.to_bytes(4, "big") + _ts(t) for i, t in enumerate([0, 10, 60, 70]))
+    k, v, n = compaction_filter("list", 4, 100, tp, keys.slice(0, 1), pa.array([lst], pa.binary()))
+    assert v.to_pylist() == [lst[24:]] and n == 2  # stride 4 + 8: the suffix from element 2
+    var = b"".join(S.write_varlen(len(e)) + e + _ts(t) for e, t in [(b"abc", 0), (b"", 60)])
+    k, v, n = compaction_filter("list", None, 100, tp, keys.slice(0, 1), pa.array([var], pa.binary()))
+    assert v.to_pylist() == [var[1 + 3 + 8:]] and n == 1
+    ent = [S.write_varlen(1) + bytes([c]) + S.write_varlen(9) + b"v" + _ts(t)
+           for c, t in [(1, 0), (2, 60), (3, 40)]]
+    k, v, n = compaction_filter("map", None, 100, tp, keys.slice(0, 1),
+                                pa.array([b"".join(ent)], pa.binary()))
+    assert v.to_pylist() == [ent[1]] and n == 2
+
+
+@KIND
+def test_store_compaction_drops_expired_entries(kind, tmp_path):
+    clock = ManualClock(0)
+    cfg = StateTtlConfig(100, cleanup_in_compaction=3)
+    b = create_backend(kind, key_type="int64", ttl_clock=clock)
+    v = b.get_state(ValueStateDescriptor("v", "int64").enable_time_to_live(cfg))
+    lst = b.get_state(ListStateDescriptor("l", "int64").enable_time_to_live(cfg))
+    plain = b.get_state(ValueStateDescriptor("p", "int64").enable_time_to_live(StateTtlConfig(100)))
+    for k in range(50):
+        b.set_current_key(k)
+        v.update(k)
+        lst.add(k)
+        plain.update(k)
+    store = CheckpointStore(tmp_path, max_runs=None, ttl_clock=clock)
+    snap = b.snapshot()
+    store.commit(1, [store.write_snapshot(snap, 1)])
+    b.notify_checkpoint_complete(snap.snapshot_id)
+    clock.set(60)
+    for k in range(10):  # written again at 60: survive the compaction at 120
+        b.set_current_key(k)
+        v.update(-k)
+        lst.add(1000 + k)
+    snap = b.snapshot(incremental=True)
+    store.commit(2, [store.write_snapshot(snap, 2)])
+    clock.set(120)
+    m = store.compact(2, max_runs=1)
+    assert m["ttl_compaction_expired"] == {"v": 40, "l": 50}  # 40 values; 40 lists + 10 elements
+    assert store.describe(2)["ttl_compaction_expired"] == {"v": 40, "l": 50}
+    r = create_backend(kind, key_type="int64", ttl_clock=ManualClock(0))
+    r.restore(store.open(2))
+    rv = r.get_state(ValueStateDescriptor("v", "int64").enable_time_to_live(cfg))
+    rl = r.get_state(ListStateDescriptor("l", "int64").enable_time_to_live(cfg))
+    rp = r.get_state(ValueStateDescriptor("p", "int64").enable_time_to_live(StateTtlConfig(100)))
+    # Moving the clock back cannot bring back what compaction dropped.
+    assert r.num_entries() == 10 + 10 + 50  # the state without the filter keeps everything
+    r.set_current_key(3)
+    assert rv.value() == -3 and rl.get() == [1003] and rp.value() == 3

@@ -271,6 +271,7 @@ class KeyedStateBackend(abc.ABC):
         # {state name: (table, config)} of states cleaned up on every record (set_current_key)
         self._every_record_ttl: dict = {}
         self._bg_ttl_kg = None  # next key group of the background cleanup
+        self._ttl_reported: dict = {}  # ttl_statistics() as of the last snapshot
 
     # ------------------------------------------------------------------ TTL
     def ttl_now(self, config) -> int:
@@ -334,6 +335,14 @@ class KeyedStateBackend(abc.ABC):
         if removed:
             self._count_expired("background", removed)
         return removed
+
+    def _take_ttl_delta(self) -> dict:
+        """``{strategy: n}`` removed since the previous call (nonzero only); snapshots carry it
+        as ``ttl_expired`` into checkpoint descriptors and manifests."""
+        with self._ttl_lock:
+            cur = dict(self._ttl_removed)
+        prev, self._ttl_reported = self._ttl_reported, cur
+        return {k: v - prev.get(k, 0) for k, v in cur.items() if v - prev.get(k, 0)}
 
     def _count_expired(self, strategy: str, n: int = 1) -> None:
         with self._ttl_lock:

@@ -109,6 +109,7 @@ class NativeSnapshot:
         self.assigner = backend.assigner
         self.snapshot_id = snapshot_id
         self.incremental = incremental
+        self.ttl_expired: dict = {}  # TTL cleanup counts since the previous snapshot
         self._metas = [dict(t.meta) for t in tables.values()] + [backend.timers.meta()]
         self._snaps = {name: t.native.snapshot() for name, t in tables.items()}
         # TTL full-snapshot cleanup: entries expired at snapshot time are left out when read.
@@ -235,6 +236,7 @@ class NativeBackend(py.PythonBackend):
         timer_data = self.timers.snapshot_all()
         sid = self._next_snapshot_id()
         snap = NativeSnapshot(self, self._tables, timer_data, sid, bool(incremental))
+        snap.ttl_expired = self._take_ttl_delta()
         self._pending[sid] = snap.table_versions()
         return snap
 

@@ -278,6 +278,7 @@ class PythonSnapshot:
         self._released = False
         self.snapshot_id = snapshot_id
         self.incremental = incremental
+        self.ttl_expired: dict = {}  # TTL cleanup counts since the previous snapshot
 
     def state_metas(self) -> list[dict]:
         return copy.deepcopy(self._metas)
@@ -386,8 +387,10 @@ class PythonBackend(base.KeyedStateBackend):
         data[TIMERS_STATE_NAME] = self.timers.snapshot_all()
         sid = self._next_snapshot_id()
         self._clock.now = sid
-        return PythonSnapshot(self.max_parallelism, self.key_group_range, self.key_type,
+        snap = PythonSnapshot(self.max_parallelism, self.key_group_range, self.key_type,
                               self.assigner, metas, data, snapshot_id=sid, incremental=bool(incremental))
+        snap.ttl_expired = self._take_ttl_delta()
+        return snap
 
     def _complete_snapshot(self, snapshot_id: int) -> None:
         for table in self._tables.values():

@@ -64,6 +64,18 @@ before the compaction) references them.
 than the store's ``max_runs`` (default 8; ``None`` disables it), synchronously or, with
 ``background_compaction=True``, in a background thread (:meth:`CheckpointStore.compact_async`).
 
+TTL compaction filter
+---------------------
+A state whose TTL config has ``cleanup_in_compaction`` (``query_time_after_num_entries`` N) loses
+its expired entries whenever compaction merges its runs (frocksdb's FlinkCompactionFilter on
+statecore's suffix layout, ``statecore.ttl.compaction_filter``): expired values are dropped, a
+list keeps only its unexpired suffix (fixed-width elements skipped by stride), map entries are
+dropped one by one, values too short to hold a timestamp are kept. The time is read from the
+store's ``ttl_clock`` once per compaction and again after every N entries (cached in between, as
+frocksdb does); event-time TTL uses the version's ``metadata["watermark_ms"]`` (none: nothing
+expires). The compacted version restores without those entries -- which is what a read would
+have done with them -- and the manifest counts them per state (``ttl_compaction_expired``).
+
 Retention deletes manifests of dropped versions first (oldest first, so the committed versions
 stay a suffix), then every file under ``data/`` and ``pending/`` that no retained manifest
 references, except files of versions at or above the newest retained one (writes of a version
@@ -125,6 +137,8 @@ from statecore.checkpoint.format import (
     write_data_file_from_blocks,
     xxh64,
 )
+from statecore import serializers as S
+from statecore.ttl import CompactionTimeProvider, StateTtlConfig, compaction_filter, wall_clock_ms
 from statecore.errors import (
     CheckpointError,
     CheckpointNotFoundError,
@@ -190,13 +204,19 @@ class CheckpointStore:
     ``max_runs``: :meth:`commit` compacts a version whose key groups need more than this many
     runs (int >= 1; ``None`` = never automatically). ``background_compaction``: run that
     compaction in a background thread (:meth:`compact_async`) instead of inside :meth:`commit`.
-    Raises InvalidInputError for a bad root, filesystem or ``max_runs``.
+    ``ttl_clock``: processing-time clock (callable returning ms; default the wall clock) of the
+    TTL compaction filter (module docstring "TTL compaction filter").
+    Raises InvalidInputError for a bad root, filesystem, ``max_runs`` or ``ttl_clock``.
     """
 
     def __init__(self, uri_or_path: str | os.PathLike, filesystem: pafs.FileSystem | None = None,
-                 *, max_runs: int | None = DEFAULT_MAX_RUNS, background_compaction: bool = False):
+                 *, max_runs: int | None = DEFAULT_MAX_RUNS, background_compaction: bool = False,
+                 ttl_clock=None):
         if max_runs is not None:
             _check_max_runs(max_runs)
+        if ttl_clock is not None and not callable(ttl_clock):
+            raise InvalidInputError(f"ttl_clock must be callable, got {ttl_clock!r}")
+        self.ttl_clock = ttl_clock or wall_clock_ms
         self.max_runs = max_runs
         self.background_compaction = bool(background_compaction)
         # Serializes manifest publishing and retention in this process (compaction in a thread).
@@ -323,6 +343,8 @@ class CheckpointStore:
             "raw_bytes": summary.raw_bytes,
             "stored_bytes": summary.stored_bytes,
             "key_groups_nonempty": summary.key_groups_nonempty,
+            # TTL cleanup counts of the writing backend since its previous snapshot.
+            "ttl_expired": {str(k): int(v) for k, v in (getattr(snap, "ttl_expired", None) or {}).items()},
             "footer_xxh64": f"{summary.footer_xxh64:016x}",
             "kind": summary.kind,
             "tombstones": summary.tombstones,
@@ -529,6 +551,7 @@ class CheckpointStore:
             raise InvalidInputError(f"metadata is not JSON-serializable: {exc}") from exc
 
         files, states, common = [], {}, None
+        ttl_expired: dict[str, int] = {}
         for d in descriptors:
             try:
                 if d["version"] != version:
@@ -541,6 +564,8 @@ class CheckpointStore:
                 start, end = (int(x) for x in d["key_group_range"])
                 this = (int(d["max_parallelism"]), str(d["key_type"]), str(d["assigner"]))
                 metas = list(d["states"])
+                for strategy, n in (d.get("ttl_expired") or {}).items():
+                    ttl_expired[str(strategy)] = ttl_expired.get(str(strategy), 0) + int(n)
                 kind = d.get("kind", KIND_FULL)
                 if kind not in (KIND_FULL, KIND_INCREMENTAL):
                     raise InvalidInputError(f"descriptor of {path!r} has unknown kind {kind!r}")
@@ -628,6 +653,8 @@ class CheckpointStore:
                 "key_group_range": list(union), "states": list(states.values()),
                 "files": _sort_runs(kept + files), "metadata": metadata,
             }
+            if ttl_expired:
+                body["ttl_expired"] = ttl_expired
             manifest = self._write_manifest(body)
         if self.max_runs is not None and _max_depth(segments) > self.max_runs:
             if self.background_compaction:
@@ -688,7 +715,7 @@ class CheckpointStore:
                     self._inflight.add(rel)
                     inflight.append(rel)
                 reader.prefetch(s, e)
-                view = _RangeView(reader, s, e)
+                view = _RangeView(reader, s, e, self._ttl_filters(manifest))
                 summary = self._write_atomic(
                     rel, lambda out: write_data_file(out, view, version=version, writer=writer,
                                                      incremental=False))
@@ -702,6 +729,7 @@ class CheckpointStore:
                     "key_groups_nonempty": summary.key_groups_nonempty,
                     "footer_xxh64": f"{summary.footer_xxh64:016x}",
                     "replaces": t["path"],
+                    "ttl_expired": dict(view.ttl_expired),
                 })
                 reader._drop_prefetched()
             with self._lock:
@@ -718,13 +746,44 @@ class CheckpointStore:
                 ids = _ids(segs)
                 runs = [r for r in runs if id(r) in ids or r in written]
                 body = {k: v for k, v in manifest.items() if k != "checksum_xxh64"}
+                expired = dict(body.get("ttl_compaction_expired", {}))
+                for w in written:
+                    for name, n in w.pop("ttl_expired").items():
+                        expired[name] = expired.get(name, 0) + n
                 body.update(files=_sort_runs(runs), compacted_ms=int(time.time() * 1000),
                             format_version=MANIFEST_FORMAT_VERSION)
+                if expired:
+                    body["ttl_compaction_expired"] = expired
                 return self._write_manifest(body)
         finally:
             reader.release()
             with self._lock:
                 self._inflight.difference_update(inflight)
+
+    def _ttl_filters(self, manifest: dict) -> dict:
+        """``{state name: (kind, fixed_width, ttl_ms, CompactionTimeProvider)}`` for the states
+        of ``manifest`` whose TTL config has ``cleanup_in_compaction``. Processing-time TTL
+        reads :attr:`ttl_clock`; event-time TTL uses the version's recorded watermark
+        (``metadata["watermark_ms"]``, which the Spark operator writes) and is skipped when
+        there is none."""
+        out = {}
+        for m in manifest["states"]:
+            if not m.get("ttl"):
+                continue
+            cfg = StateTtlConfig.from_meta(m["ttl"])
+            if not cfg.query_time_after_num_entries:
+                continue
+            if cfg.event_time:
+                wm = (manifest.get("metadata") or {}).get("watermark_ms")
+                if not isinstance(wm, int) or isinstance(wm, bool):
+                    continue
+                clock = lambda wm=wm: wm  # noqa: E731 - the watermark does not move here
+            else:
+                clock = self.ttl_clock
+            width = S.value_serializer(m["value_type"]).fixed_width if m["kind"] == "list" else None
+            out[m["name"]] = (m["kind"], width, cfg.ttl_ms,
+                              CompactionTimeProvider(clock, cfg.query_time_after_num_entries))
+        return out
 
     def compact_async(self, version: int | None = None, max_runs: int | None = None) -> Future:
         """:meth:`compact` in the store's single background thread; returns its Future (whose
@@ -893,8 +952,10 @@ class CheckpointStore:
         runs), ``writers`` (per run: path, writer, key_group_range, size, entries), ``run_list``
         (per run: path, writer, version, seq, kind, key_group_range, size, entries,
         tombstones), ``states`` (metas), ``metadata``, ``max_parallelism``, ``key_type``,
-        ``assigner``, ``created_ms``, ``compacted_ms`` (None unless compacted). Errors as
-        :meth:`manifest`."""
+        ``assigner``, ``created_ms``, ``compacted_ms`` (None unless compacted),
+        ``ttl_expired`` {strategy: expired values/list elements/map entries the writers' TTL
+        cleanup removed since their previous snapshot}, ``ttl_compaction_expired`` {state: n
+        dropped by the compaction filter}. Errors as :meth:`manifest`."""
         m = self.manifest(version)
         entries: dict[str, int] = {s["name"]: 0 for s in m["states"]}
         tombs: dict[str, int] = {s["name"]: 0 for s in m["states"]}
@@ -919,6 +980,8 @@ class CheckpointStore:
             "blocks": sum(f["blocks"] for f in m["files"]), "entries": entries,
             "tombstones": tombs, "max_runs_per_key_group": _max_depth(segments),
             "states": m["states"], "metadata": m["metadata"],
+            "ttl_expired": dict(m.get("ttl_expired", {})),
+            "ttl_compaction_expired": dict(m.get("ttl_compaction_expired", {})),
             "writers": [{k: f[k] for k in ("path", "writer", "key_group_range", "size", "entries")}
                         for f in m["files"]],
             "run_list": [{k: f[k] for k in ("path", "writer", "version", "seq", "kind",
@@ -1314,18 +1377,32 @@ class _RangeView:
 
     incremental = False
 
-    def __init__(self, reader: CheckpointReader, start: int, end: int):
+    def __init__(self, reader: CheckpointReader, start: int, end: int, ttl_filters=None):
         self._reader = reader
         self.max_parallelism = reader.max_parallelism
         self.key_type = reader.key_type
         self.assigner = reader.assigner
         self.key_group_range = make_key_group_range(start, end)
+        self._ttl = ttl_filters or {}
+        self.ttl_expired: dict[str, int] = {}
 
     def state_metas(self) -> list[dict]:
         return self._reader.state_metas()
 
     def entries(self, name: str, key_group: int):
-        return self._reader.entries(name, key_group)
+        keys, values = self._reader.entries(name, key_group)
+        f = self._ttl.get(name)
+        if f is None or not len(keys):
+            return keys, values
+        kind, width, ttl_ms, time_provider = f
+        try:
+            keys, values, n = compaction_filter(kind, width, ttl_ms, time_provider, keys, values)
+        except InvalidInputError as exc:
+            raise CorruptCheckpointError(
+                f"state {name!r}, key group {key_group}: TTL value layout broken: {exc}") from exc
+        if n:
+            self.ttl_expired[name] = self.ttl_expired.get(name, 0) + n
+        return keys, values
 
     def release(self) -> None:
         pass
