@@ -396,3 +396,95 @@ def test_store_compaction_drops_expired_entries(kind, tmp_path):
     assert r.num_entries() == 10 + 10 + 50  # the state without the filter keeps everything
     r.set_current_key(3)
     assert rv.value() == -3 and rl.get() == [1003] and rp.value() == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Event time: the operator's watermark, and writes made before the first watermark.
+
+EVENT = StateTtlConfig(100, time_characteristic="event_time")
+
+
+@KIND
+def test_writes_before_the_first_watermark_count_as_written_at_it(kind):
+    b = create_backend(kind, key_type="int64")
+    v = b.get_state(ValueStateDescriptor("v", "int64").enable_time_to_live(EVENT))
+    lst = b.get_state(ListStateDescriptor("l", "int64").enable_time_to_live(EVENT))
+    m = b.get_state(MapStateDescriptor("m", "int64", "int64").enable_time_to_live(EVENT))
+    for k in range(20):
+        b.set_current_key(k)
+        v.update(k)
+        lst.add(k)
+        m.put(k, k)
+    snap1 = b.snapshot()  # taken before the first watermark: stamps are the lowest int64
+    b.observe_watermark(5_000)  # first watermark: re-stamps the 60 timestamps above
+    b.set_current_key(3)
+    lst.add(33)  # stamped 5_000 as well
+    b.observe_watermark(5_099)
+    b.set_current_key(3)
+    assert v.value() == 3 and lst.get() == [3, 33] and m.get(3) == 3
+    b.timers.advance_watermark(5_100)  # timers' watermark drives TTL too
+    assert v.value() is None and lst.get() == [] and m.get(3) is None
+    b.observe_watermark(10)  # never moves back
+    assert b.ttl_now(EVENT) == 5_100
+    # Restored from the snapshot taken before the first watermark: re-stamped at its own.
+    r = create_backend(kind, key_type="int64")
+    rv = r.get_state(ValueStateDescriptor("v", "int64").enable_time_to_live(EVENT))
+    r.restore(snap1)
+    snap1.release()
+    r.observe_watermark(9_000)
+    r.set_current_key(4)
+    assert rv.value() == 4
+    r.observe_watermark(9_100)
+    assert rv.value() is None
+    with pytest.raises(InvalidInputError):
+        b.observe_watermark("soon")
+
+
+@KIND
+def test_restored_backend_stamps_with_the_observed_watermark(kind):
+    b = create_backend(kind, key_type="int64")
+    v = b.get_state(ValueStateDescriptor("v", "int64").enable_time_to_live(EVENT))
+    b.observe_watermark(1_000)
+    b.set_current_key(1)
+    v.update(1)
+    snap = b.snapshot()
+    r = create_backend(kind, key_type="int64")
+    rv = r.get_state(ValueStateDescriptor("v", "int64").enable_time_to_live(EVENT))
+    r.restore(snap)
+    r.observe_watermark(1_050)  # what the operator does at the start of a micro-batch
+    r.set_current_key(2)
+    rv.update(2)  # stamped 1_050, not the lowest int64
+    r.observe_watermark(1_100)
+    r.set_current_key(1)
+    assert rv.value() is None  # written at 1_000
+    r.set_current_key(2)
+    assert rv.value() == 2
+    r.observe_watermark(1_150)
+    assert rv.value() is None
+
+
+@KIND
+def test_ttl_counts_reach_the_manifest_and_the_inspection_output(kind, tmp_path):
+    from statecore.inspect import summary_lines
+
+    b, _, clock = _scenario_6_state(kind, StateTtlConfig(100, cleanup_incrementally=5,
+                                                         run_cleanup_for_every_record=True,
+                                                         cleanup_in_compaction=10))
+    store = CheckpointStore(tmp_path, max_runs=None, ttl_clock=clock)
+    snap = b.snapshot()
+    store.commit(1, [store.write_snapshot(snap, 1)])
+    b.notify_checkpoint_complete(snap.snapshot_id)
+    for k in range(100):
+        b.set_current_key(k)  # incremental cleanup of about half the state
+    snap = b.snapshot(incremental=True)
+    store.commit(2, [store.write_snapshot(snap, 2)])
+    d = store.describe(2)
+    assert d["ttl_expired"] == {"incremental": b.ttl_statistics()["incremental"]}
+    store.compact(2, max_runs=1)
+    text = "\n".join(summary_lines(str(tmp_path), 2))
+    assert "ttl 100 ms processing_time, OnCreateAndWrite, NeverReturnExpired; cleanup: on read, " \
+           "incremental 5 every record, compaction (clock every 10 entries)" in text
+    assert f"incremental {d['ttl_expired']['incremental']:,}" in text
+    assert "compaction " in text.split("ttl expired")[1]
+    assert sum(store.describe(2)["ttl_compaction_expired"].values()) + \
+        d["ttl_expired"]["incremental"] == 970

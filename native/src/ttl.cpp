@@ -149,6 +149,64 @@ CleanupStep cleanup_step(StateMap& map, uint64_t* cursor, size_t min_entries,
   return step;
 }
 
+namespace {
+
+// Positions of the timestamps inside one value (the layout walk of filter_value).
+void timestamp_positions(const FilterSpec& spec, ByteView v, std::vector<size_t>* out) {
+  out->clear();
+  if (spec.layout == Layout::Value) {
+    if (v.size >= kTimestampBytes) out->push_back(v.size - kTimestampBytes);
+    return;
+  }
+  size_t pos = 0;
+  while (pos < v.size) {
+    const size_t start = pos;
+    uint64_t n = 0;
+    if (spec.layout == Layout::List) {
+      n = spec.fixed_width;
+      if (n == 0) pos = varlen_at(v, pos, &n);
+      if (n > v.size - pos || v.size - pos - n < kTimestampBytes) broken("truncated list element", start);
+      pos += n + kTimestampBytes;
+      out->push_back(pos - kTimestampBytes);
+    } else {
+      uint64_t m = 0;
+      pos = varlen_at(v, pos, &n);
+      if (n > v.size - pos) broken("truncated map user key", start);
+      pos = varlen_at(v, pos + n, &m);
+      if (m > v.size - pos) broken("truncated map user value", start);
+      pos += m;
+      if (m >= kTimestampBytes) out->push_back(pos - kTimestampBytes);
+    }
+  }
+}
+
+}  // namespace
+
+size_t restamp(StateMap& map, const FilterSpec& spec, int64_t from, int64_t to) {
+  SortedRun all;
+  uint64_t cursor = 0;
+  map.collect_buckets(&cursor, SIZE_MAX, &all);
+  std::vector<size_t> at;
+  size_t rewritten = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const ByteView v = all.value(i);
+    timestamp_positions(spec, v, &at);
+    bool hit = false;
+    for (size_t p : at) hit = hit || load_timestamp(v.data + p) == from;
+    if (!hit) continue;
+    const ByteView k = all.key(i);
+    uint8_t* dst = map.put(k.data, k.size, v.size);
+    std::memcpy(dst, v.data, v.size);
+    for (size_t p : at) {
+      if (load_timestamp(dst + p) == from) {
+        store_timestamp(dst + p, to);
+        ++rewritten;
+      }
+    }
+  }
+  return rewritten;
+}
+
 CleanupStep cleanup_step(StateTable& table, TableCursor* cursor, size_t min_entries,
                          const FilterSpec& spec, int64_t now, SortedRun* scratch) {
   CleanupStep total;

@@ -349,4 +349,36 @@ TEST(table_cursor_walks_every_key_group_and_wraps) {
   CHECK_EQ(s.visited, size_t{0});
 }
 
+TEST(restamp_rewrites_only_the_given_timestamp) {
+  StateMap m;
+  put_value(m, "a", INT64_MIN);
+  put_value(m, "b", 5);
+  Bytes lv;
+  fixed_elem(lv, 1, 4, INT64_MIN);
+  fixed_elem(lv, 2, 4, 7);
+  fixed_elem(lv, 3, 4, INT64_MIN);
+  auto snap = m.snapshot();
+  FilterSpec vs;
+  CHECK_EQ(restamp(m, vs, INT64_MIN, 1000), size_t{1});
+  ByteView got;
+  CHECK(m.get(reinterpret_cast<const uint8_t*>("a"), 1, &got));
+  CHECK_EQ(load_timestamp(got.data + 8), 1000);
+  CHECK(m.get(reinterpret_cast<const uint8_t*>("b"), 1, &got));
+  CHECK_EQ(load_timestamp(got.data + 8), 5);
+  // The snapshot still sees the old stamp (copy-on-write).
+  SortedRun r = snap->sorted_entries();
+  CHECK_EQ(load_timestamp(r.value(0).data + 8), INT64_MIN);
+  StateMap l;
+  uint8_t* dst = l.put(reinterpret_cast<const uint8_t*>("l"), 1, lv.size());
+  std::memcpy(dst, lv.data(), lv.size());
+  FilterSpec ls;
+  ls.layout = Layout::List;
+  ls.fixed_width = 4;
+  CHECK_EQ(restamp(l, ls, INT64_MIN, 9), size_t{2});
+  CHECK(l.get(reinterpret_cast<const uint8_t*>("l"), 1, &got));
+  CHECK_EQ(load_timestamp(got.data + 4), 9);
+  CHECK_EQ(load_timestamp(got.data + 16), 7);
+  CHECK_EQ(load_timestamp(got.data + 28), 9);
+}
+
 TEST_MAIN()

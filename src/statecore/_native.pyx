@@ -364,6 +364,21 @@ cdef class NativeStateTable:
             raise InvalidInputError(f"key group {kg}: {e}") from None
         return step.visited, step.expired, cursor, step.wrapped
 
+    def ttl_restamp(self, str kind, fixed_width, int64_t ts_from, int64_t ts_to):
+        """Rewrite every TTL timestamp equal to ``ts_from`` to ``ts_to`` in every key group
+        (ttl.h ``restamp``; copy-on-write aware). Returns how many were rewritten.
+        InvalidInputError for a stored value whose TTL layout is broken."""
+        cdef c.FilterSpec spec = _ttl_spec(kind, fixed_width, 1)
+        cdef size_t n = 0
+        cdef int32_t kg
+        try:
+            for kg in range(self.kg_start, self.kg_end + 1):
+                with nogil:
+                    n += c.restamp(self.table.map(kg), spec, ts_from, ts_to)
+        except ValueError as e:
+            raise InvalidInputError(str(e)) from None
+        return n
+
     def ttl_cleanup_table_step(self, int32_t kg, uint64_t bucket, size_t min_entries, str kind,
                                fixed_width, int64_t ttl_ms, int64_t now):
         """Incremental TTL cleanup over the whole table (ttl.h ``cleanup_step`` with a

@@ -192,6 +192,7 @@ cdef extern from "statecore/ttl.h" namespace "statecore::ttl" nogil:
     CleanupStep cleanup_table_step "statecore::ttl::cleanup_step"(
         StateTable& table, TableCursor* cursor, size_t min_entries, const FilterSpec& spec,
         int64_t now, SortedRun* scratch) except +
+    size_t restamp(StateMap& map, const FilterSpec& spec, int64_t ts_from, int64_t ts_to) except +
     size_t filter_run(const FilterSpec& spec, int64_t now, const SortedRun& src,
                       SortedRun& out) except +
     CleanupStep cleanup_step(StateMap& map, uint64_t* cursor, size_t min_entries,

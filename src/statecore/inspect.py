@@ -85,8 +85,32 @@ def summary_lines(root: str, version: Optional[int] = None, verify: bool = False
                                                      "namespace_type") if meta.get(k) is not None)
         yield (f"  state {name:18s} {d['entries'].get(name, 0):>10,} entries "
                f"{d['tombstones'].get(name, 0):>8,} tombstones  ({what})")
+        if meta.get("ttl"):
+            yield f"    ttl {_ttl_text(meta['ttl'])}"
+    expired = dict(d.get("ttl_expired") or {})
+    if d.get("ttl_compaction_expired"):
+        expired["compaction"] = sum(d["ttl_compaction_expired"].values())
+    if expired:
+        yield ("  ttl expired        " + ", ".join(f"{k} {n:,}" for k, n in sorted(expired.items()))
+               + "  (removed by TTL cleanup since the writers' previous versions)")
     if d["metadata"]:
         yield f"  metadata           {json.dumps(d['metadata'], sort_keys=True, default=str)[:400]}"
+
+
+def _ttl_text(ttl: dict) -> str:
+    """One line for a state's TTL config (statecore.ttl.StateTtlConfig.meta())."""
+    cleanup = ["on read"]
+    if ttl.get("cleanup_full_snapshot"):
+        cleanup.append("full snapshot")
+    if ttl.get("cleanup_incrementally"):
+        cleanup.append(f"incremental {ttl['cleanup_incrementally']}"
+                       + (" every record" if ttl.get("run_cleanup_for_every_record") else ""))
+    if ttl.get("cleanup_in_compaction"):
+        cleanup.append(f"compaction (clock every {ttl['cleanup_in_compaction']} entries)")
+    if ttl.get("cleanup_in_background"):
+        cleanup.append("background")
+    return (f"{ttl['ttl_ms']:,} ms {ttl.get('time_characteristic', 'processing_time')}, "
+            f"{ttl.get('update_type')}, {ttl.get('state_visibility')}; cleanup: {', '.join(cleanup)}")
 
 
 def _jsonish(v) -> str:

@@ -127,6 +127,9 @@ class TimerService:
             raise InvalidInputError(f"watermark {wm} does not fit in int64")
         if wm > self.current_watermark:
             self.current_watermark = wm
+            observe = getattr(self._backend, "observe_watermark", None)
+            if observe is not None:
+                observe(wm)  # event-time TTL follows the timers' watermark
         wm = self.current_watermark
         fired = []
         heap = self._heap

@@ -99,6 +99,13 @@ struct CleanupStep {
 CleanupStep cleanup_step(StateMap& map, uint64_t* cursor, size_t min_entries,
                          const FilterSpec& spec, int64_t now, SortedRun* scratch);
 
+// Rewrites every timestamp equal to `from` (values, list elements, map entries) to `to`, in every
+// entry of the map, through put() (copy-on-write aware, tracked as a write). Used once per
+// event-time TTL state when the first watermark arrives: writes made before any watermark carry
+// INT64_MIN and are re-stamped with it. Returns the timestamps rewritten. Throws what
+// filter_value throws for a broken layout (entries before it stay rewritten).
+size_t restamp(StateMap& map, const FilterSpec& spec, int64_t from, int64_t to);
+
 // The lazy global iterator of incremental cleanup over all key groups of a table (Flink keeps one
 // per state over all its key-group maps): a key group and a bucket cursor inside its map.
 struct TableCursor {

@@ -90,6 +90,7 @@ from statecore.ttl import wall_clock_ms
 
 #: Cleanup strategies counted by KeyedStateBackend.ttl_statistics().
 TTL_CLEANUP_STRATEGIES = ("read", "full_snapshot", "incremental", "background")
+_INT64_MIN = -(2**63)
 
 __all__ = [
     "KeyedStateBackend",
@@ -272,6 +273,7 @@ class KeyedStateBackend(abc.ABC):
         self._every_record_ttl: dict = {}
         self._bg_ttl_kg = None  # next key group of the background cleanup
         self._ttl_reported: dict = {}  # ttl_statistics() as of the last snapshot
+        self._ttl_watermark = _INT64_MIN  # event time of event-time TTL (observe_watermark)
 
     # ------------------------------------------------------------------ TTL
     def ttl_now(self, config) -> int:
@@ -279,7 +281,7 @@ class KeyedStateBackend(abc.ABC):
         event-time TTL the timers' current watermark (lowest int64 before the first one).
         Raises InvalidInputError when the clock returns something other than an int."""
         if config.event_time:
-            return self.timers.current_watermark
+            return self._ttl_watermark
         now = self.ttl_clock()
         if isinstance(now, bool) or not isinstance(now, int):
             try:
@@ -287,6 +289,32 @@ class KeyedStateBackend(abc.ABC):
             except (TypeError, ValueError):
                 raise InvalidInputError(f"ttl_clock returned {now!r}, not milliseconds") from None
         return now
+
+    def observe_watermark(self, watermark: int) -> None:
+        """Raise the event time of event-time TTL to ``watermark`` (ms) without firing timers:
+        the Spark operator calls it with each micro-batch's watermark before the processor runs,
+        so writes are stamped with it even on a backend restored from a checkpoint.
+        ``timers.advance_watermark`` raises it too; it never moves back.
+
+        The first watermark (the event time moving up from the lowest int64) re-stamps what was
+        written before any watermark -- entries stamped with the lowest int64 -- with it, once,
+        so they count as written at the first watermark instead of expiring at once (an
+        operator's first micro-batch has no watermark). That costs one pass over the event-time
+        TTL states, once per backend. InvalidInputError for a non-int64."""
+        if isinstance(watermark, (bool, np.bool_)) or not isinstance(watermark, (int, np.integer)):
+            raise InvalidInputError(f"watermark must be an int (ms), got {watermark!r}")
+        wm = int(watermark)
+        if not -(2**63) <= wm < 2**63:
+            raise InvalidInputError(f"watermark {wm} does not fit in int64")
+        if wm <= self._ttl_watermark:
+            return
+        first = self._ttl_watermark == _INT64_MIN
+        self._ttl_watermark = wm
+        if first:
+            for table in self._tables.values():  # registered or restored
+                cfg = self._ttl_config_of(table)
+                if cfg is not None and cfg.event_time:
+                    table.ttl_restamp(_INT64_MIN, wm)
 
     def ttl_statistics(self) -> dict:
         """``{strategy: expired entries removed}`` since the backend was created, for the

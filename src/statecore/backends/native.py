@@ -89,6 +89,9 @@ class _NativeTable(py._Table):
         self._ttl_cursor = (kg, bucket)
         return visited, expired, wrapped
 
+    def ttl_restamp(self, ts_from: int, ts_to: int) -> int:
+        return self.native.ttl_restamp(self.kind, self.value_ser.fixed_width, ts_from, ts_to)
+
     def ttl_cleanup_key_group(self, kg: int, ttl_ms: int, now: int) -> int:
         return self.native.ttl_cleanup_step(kg, 0, 2**62, self.kind, self.value_ser.fixed_width,
                                             ttl_ms, now)[1]

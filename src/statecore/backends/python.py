@@ -187,6 +187,26 @@ class _Table:
             if visited >= min_entries:
                 return visited, expired, False
 
+    def ttl_restamp(self, ts_from: int, ts_to: int) -> int:
+        """Rewrite every timestamp equal to ``ts_from`` to ``ts_to`` (through :meth:`put`);
+        returns how many were rewritten."""
+        n = 0
+        for kg, group in list(self.data.items()):
+            for k, stored in list(group.items()):
+                if self.kind == "list":
+                    hits = sum(ts == ts_from for _, ts in stored)
+                    new = [(s, ts_to if ts == ts_from else ts) for s, ts in stored]
+                elif self.kind == "map":
+                    hits = sum(e[1] == ts_from for e in stored.values())
+                    new = {uk: (e[0], ts_to if e[1] == ts_from else e[1]) for uk, e in stored.items()}
+                else:
+                    hits = int(stored[1] == ts_from)
+                    new = (stored[0], ts_to)
+                if hits:
+                    self.put(kg, k, new)
+                    n += hits
+        return n
+
     def ttl_cleanup_key_group(self, kg: int, ttl_ms: int, now: int) -> int:
         """Background cleanup of one whole key group; returns the expired things removed."""
         return sum(self._ttl_filter_one(kg, k, ttl_ms, now) for k in list(self.data.get(kg, ())))

@@ -343,6 +343,7 @@ class _TaskSpec:
     prev_writers: Optional[frozenset] = None
     start_write: Optional[Callable] = None
     commit_timeout_s: float = 300.0
+    ttl_background_key_groups: int = 0
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         t0 = time.perf_counter()
@@ -401,6 +402,10 @@ class _TaskSpec:
             # State is declared after the restore, as in Flink: get_state then checks the
             # descriptor against the restored meta (StateMigrationError on a mismatch).
             self.processor.open(ctx)
+            if self.watermark_ms is not None:
+                # Event-time TTL stamps writes with the micro-batch's watermark (also on a
+                # backend restored from the checkpoint), after open() registered the states.
+                backend.observe_watermark(self.watermark_ms)
             load_s = time.perf_counter() - t_load
 
             rows = 0
@@ -446,6 +451,10 @@ class _TaskSpec:
             snap = backend.snapshot(incremental=self.prev_version is not None)
             snapshot_id = int(snap.snapshot_id)
             snap_s = time.perf_counter() - t_snap
+            # TTL background cleanup while the write runs (copy-on-write keeps the snapshot);
+            # its removals go into the next version.
+            if self.ttl_background_key_groups and not self.is_flush:
+                backend.run_background_ttl_cleanup(self.ttl_background_key_groups)
             report = {
                 "partition": partition_id, "attempt": self.attempt,
                 "task_attempt": _task_attempt_number(), "writer": writer,
@@ -536,7 +545,9 @@ class BatchReport:
     ``checkpoint_total_bytes``: bytes of every run the committed manifest lists (what a restore
     reads); ``incremental``: every partition wrote an incremental run; ``wait_seconds``: time
     the driver waited for background checkpoint writes after the sink's action; ``seconds``:
-    from the start of the micro-batch to its commit."""
+    from the start of the micro-batch to its commit; ``ttl_expired``: {TTL cleanup strategy:
+    expired values, list elements and map entries removed} over all partitions since their
+    previous snapshots (the manifest's ``ttl_expired``)."""
 
     operator_name: str
     version: int
@@ -553,6 +564,7 @@ class BatchReport:
     checkpoint_total_bytes: int = 0
     incremental: bool = False
     wait_seconds: float = 0.0
+    ttl_expired: Dict[str, int] = field(default_factory=dict)
 
 
 class StatefulOperator:
@@ -585,6 +597,9 @@ class StatefulOperator:
         commit_timeout_s: seconds the driver waits, after the sink's action, for every
             partition's background checkpoint write to report (> 0); past it the micro-batch
             fails with StateError and Spark replays it.
+        ttl_background_key_groups: key groups per partition and micro-batch that TTL background
+            cleanup (``StateTtlConfig(cleanup_in_background=True)``) expires right after the
+            snapshot (int >= 0; 0 = none).
 
     Raises InvalidInputError for bad arguments (at construction) and for inputs the contract
     forbids (at run time: null keys, a key column of another type, output not matching the
@@ -596,7 +611,8 @@ class StatefulOperator:
                  sink: Optional[Callable] = None, output: Optional[str] = None,
                  parallelism: int = 2, max_parallelism: int = 128, backend: str = "python",
                  event_time_column: Optional[str] = None, retain_versions: int = 3,
-                 max_runs: Optional[int] = 8, commit_timeout_s: float = 300.0):
+                 max_runs: Optional[int] = 8, commit_timeout_s: float = 300.0,
+                 ttl_background_key_groups: int = 0):
         import re
 
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", name):
@@ -625,6 +641,10 @@ class StatefulOperator:
         if isinstance(commit_timeout_s, bool) or not isinstance(commit_timeout_s, (int, float)) \
                 or not commit_timeout_s > 0:
             raise InvalidInputError(f"commit_timeout_s must be a number > 0, got {commit_timeout_s!r}")
+        if isinstance(ttl_background_key_groups, bool) or not isinstance(ttl_background_key_groups, int) \
+                or ttl_background_key_groups < 0:
+            raise InvalidInputError(
+                f"ttl_background_key_groups must be an int >= 0, got {ttl_background_key_groups!r}")
         if sink is None:
             if output is None:
                 raise InvalidInputError("give either sink= or output= (directory of the default sink)")
@@ -643,6 +663,7 @@ class StatefulOperator:
         self.retain_versions = retain_versions
         self.max_runs = max_runs
         self.commit_timeout_s = float(commit_timeout_s)
+        self.ttl_background_key_groups = ttl_background_key_groups
         self.reports: List[BatchReport] = []
         self._store = None
         # Tests replace the worker-side write (a Callable like _start_snapshot_write).
@@ -772,7 +793,8 @@ class StatefulOperator:
             attempt=attempt, watermark_ms=watermark, is_flush=is_flush,
             output_schema=self.processor.output_schema,
             prev_writers=(frozenset(prev_meta["writers"]) if "writers" in prev_meta else None),
-            start_write=self._start_write, commit_timeout_s=self.commit_timeout_s)
+            start_write=self._start_write, commit_timeout_s=self.commit_timeout_s,
+            ttl_background_key_groups=self.ttl_background_key_groups)
 
         control = spark.range(n).select(
             F.lit(None).cast("bigint").alias(KEY_GROUP_COLUMN),
@@ -919,7 +941,8 @@ class PendingBatch:
             watermark_ms=new_wm, seconds=time.perf_counter() - self.t0, loads=loads,
             metrics=metrics, final=self.is_flush,
             checkpoint_total_bytes=sum(int(f["size"]) for f in manifest["files"]),
-            incremental=incremental, wait_seconds=self._wait_s)
+            incremental=incremental, wait_seconds=self._wait_s,
+            ttl_expired=dict(manifest.get("ttl_expired", {})))
         op.reports.append(self.report)
         return self.report
 
