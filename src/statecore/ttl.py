@@ -11,11 +11,20 @@ expires (Flink ``TtlUtils.expired``).
 Time: ``processing_time`` (Flink's only option) reads the backend's processing-time clock, an
 injectable callable returning milliseconds (``KeyedStateBackend(ttl_clock=...)``; default the
 wall clock; tests use :class:`ManualClock`). ``event_time`` (new, not in Flink) uses the
-backend's current watermark (``backend.timers.advance_watermark(ms)``, which the Spark operator
-calls with each micro-batch's watermark). Before any watermark the time is the lowest int64:
-nothing expires, and writes are stamped with it, so such entries expire at the first watermark
-(the rule's arithmetic, as for any timestamp); advance the watermark before writing event-time
-TTL state.
+backend's event time: the highest watermark seen through ``backend.observe_watermark(ms)`` (the
+Spark operator calls it with each micro-batch's watermark before the processor runs) or
+``backend.timers.advance_watermark(ms)``. Before any watermark the time is the lowest int64:
+nothing expires and writes are stamped with it; the first watermark then re-stamps those writes
+with itself (once per backend), so they count as written at the first watermark -- never
+earlier than they happened, since a watermark is at least the event time of what came before.
+
+Cleanup (each per state, Flink's strategies): on read (always); ``cleanup_full_snapshot``
+(expired entries left out of full snapshots); ``cleanup_incrementally`` (a lazy global iterator
+per state over its key groups, ``cleanup_size`` entries per state access / batch row, optionally
+per record: ``set_current_key``); ``cleanup_in_compaction`` (checkpoint store compaction, the
+clock re-read every N entries: :class:`CompactionTimeProvider`); ``cleanup_in_background``
+(``backend.run_background_ttl_cleanup()``, a key group at a time). The native backend runs the
+filter in C++ (``native/include/statecore/ttl.h``), byte-identical to :func:`filter_expired`.
 """
 
 from __future__ import annotations
@@ -117,10 +126,9 @@ class StateTtlConfig:
     Raises InvalidInputError for a bad value. ``meta()`` is the JSON-able form written into
     snapshots and compared on restore (TTL on vs off is a state migration).
 
-    Status (issue 4 in progress): cleanup on read and in full snapshots act; the incremental,
-    compaction and background strategies are validated and recorded in snapshot metadata but do
-    not remove anything yet (``ttl_statistics()`` shows 0 for them).
-    """
+    Counts of what each strategy removed: ``backend.ttl_statistics()``, per checkpoint version in
+    the manifest (``ttl_expired``, ``ttl_compaction_expired``) and ``statecore inspect``.
+"""
 
     def __init__(self, ttl_ms: int, *,
                  update_type=UpdateType.OnCreateAndWrite,
