@@ -363,6 +363,7 @@ def test_writer_threads_yield_the_cpu_to_the_owner(tmp_path):
     finally:
         handler.gate.set()
     fut.result(timeout=60)
+    fut._thread.join(30)  # the result is set just before the writer thread exits
     # nice=0 leaves the writing threads alone
     handler.gate.clear()
     handler.waiting.clear()
