@@ -1,9 +1,10 @@
 """TTL batch kernels of the native backend against the Python TTL states (the specification,
 statecore/backends/ttl_states.py): random sequences of clock moves, batch calls (get_batch,
 put_batch, add_batch with sum/min/max/count, int64/float64/string values, repeated keys, null
-rows, int64 sum overflows), per-record calls and snapshot+restore, run on the python and the
-native backend for every update type x visibility; outputs, errors, ``ttl_statistics()`` and the
-stored bytes (snapshot entries, timestamps included) must be identical after every step.
+rows, int64 sum overflows), per-record calls, snapshot+restore and incremental snapshots, run on
+the python and the native backend for every update type x visibility; outputs, errors,
+``ttl_statistics()``, the stored bytes (snapshot entries, timestamps included) and the changes an
+incremental snapshot lists must be identical after every step.
 Fixed seeds (``derandomize``), so a failure reproduces. A second group of tests makes sure the
 native runs really go through the kernels."""
 
@@ -72,6 +73,7 @@ def _ops(value_state, reducing_state):
         st.tuples(st.just("radd"), st.just(r), _one(r)),
         st.tuples(st.just("read"), st.sampled_from([v, r]), st.sampled_from(KEYS)),
         st.just(("snapshot_restore",)),
+        st.just(("incremental",)),
     )
 
 
@@ -80,6 +82,33 @@ _SEQUENCES = st.tuples(st.sampled_from(VALUE_STATES), st.sampled_from(REDUCING_S
 
 COMBOS = [(u, v) for u in ("OnCreateAndWrite", "OnReadAndWrite")
           for v in ("NeverReturnExpired", "ReturnExpiredIfNotCleanedUp")]
+
+
+class Changes:
+    """What an incremental snapshot listed ({(state, encoded key): value or None = tombstone})
+    with the full contents at that time. Equal when both list the same changes, except that the
+    native side may list more as long as they are no-ops on the current state: the int64-sum
+    undo of the native kernel (with or without TTL) rewrites or removes entries the Python path
+    never touched (it applies its staged writes only on success), which leaves a tombstone for a
+    key that was never there or an entry "changed" to its own value."""
+
+    def __init__(self, listed, contents, python):
+        self.listed = listed
+        self.python = python
+        self.current = {(n, k): v for n, groups in contents.items()
+                        for keys, vals in groups for k, v in zip(keys, vals)}
+
+    def __eq__(self, other):
+        if not isinstance(other, Changes):
+            return NotImplemented
+        py, nat = (self, other) if self.python else (other, self)
+        extra = {k: v for k, v in nat.listed.items() if k not in py.listed}
+        return (py.current == nat.current
+                and all(nat.listed.get(k, "missing") == v for k, v in py.listed.items())
+                and all(py.current.get(k) == v for k, v in extra.items()))
+
+    def __repr__(self):
+        return f"Changes({self.listed!r})"
 
 
 class Run:
@@ -123,6 +152,16 @@ class Run:
         if what == "advance":
             self.clock.advance(op[1])
             return None
+        if what == "incremental":
+            # The entries changed since the last completed checkpoint (renewals and removals on
+            # read are changes too), then this one completes.
+            snap = self.b.snapshot(incremental=True)
+            kgs = sorted({self.b.key_group_of(k) for k in KEYS})
+            got = {(n, k): v for n in STATES for kg in kgs
+                   for k, v in zip(*(a.to_pylist() for a in snap.entries(n, kg)))}
+            self.b.notify_checkpoint_complete(snap.snapshot_id)
+            snap.release()
+            return Changes(got, self.contents(), self.kind == "python")
         if what == "snapshot_restore":
             snap = self.b.snapshot()
             nb = create_backend(self.kind, key_type="int64", ttl_clock=self.clock)
