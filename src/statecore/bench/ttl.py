@@ -5,7 +5,7 @@ Workload: ReducingState ``sum`` int64 -> int64 over keys 0..n-1 (loaded first wi
 per key), then random existing keys in 64k-row Arrow batches: ``add_batch`` (running sum, one
 write per row) and ``get_batch``. TTL is one day with the default wall clock (processing time,
 OnCreateAndWrite, NeverReturnExpired), so nothing expires during a run: the figures are the
-steady-state cost of reading and writing timestamps (best of two interleaved runs per
+steady-state cost of reading and writing timestamps (best of three interleaved runs per
 configuration). Impl names: ``native`` / ``python`` (no
 TTL) and ``native+ttl`` / ``python+ttl``.
 """
@@ -96,10 +96,10 @@ def ttl_throughput(size: Size):
     out = []
     for impl, sizes in _impls(size):
         for keys, rows in sizes:
-            # Best of two interleaved runs: the first run in a process is measurably slower
+            # Best of three interleaved runs: the first run in a process is measurably slower
             # (warm-up, allocator state), which would otherwise favour whichever runs second.
             got = {False: {}, True: {}}
-            for _ in range(2):
+            for _ in range(3):
                 for ttl in (False, True):
                     for op, v in _throughput(impl, keys, rows, ttl).items():
                         got[ttl][op] = max(v, got[ttl].get(op, 0.0))
