@@ -60,6 +60,32 @@ def _check_snapshot_cases(records):
             assert got["retired_entries_after"] == 0
 
 
+def test_ttl_cases_report_on_and_off_for_both_backends(tmp_path):
+    """ttl_throughput: add_batch and get_batch rows/s with TTL on and off for native and python
+    plus the on/off ratios; ttl_memory: bytes per entry on and off (the timestamp adds 8 bytes
+    of value per entry)."""
+    pytest.importorskip("statecore._native")
+    out = tmp_path / "ttl.json"
+    assert main(["bench", "--quick", "--scale", "0.005", "--case", "ttl_throughput",
+                 "--case", "ttl_memory", "--json", str(out)]) == 0
+    records = json.loads(out.read_text())
+    by = {(r["case"], r["impl"], r["metric"]): r for r in records}
+    for impl, tag in (("native", "1k_keys"), ("python", "250_keys")):
+        for op in ("add_batch", "get_batch"):
+            for suffix in ("", "+ttl"):
+                r = by[("ttl_throughput", impl + suffix, f"{op}_rows_per_s_{tag}")]
+                assert r["value"] > 0 and r["unit"] == "rows/s"
+            ratio = by[("ttl_throughput", impl, f"{op}_ttl_over_plain_{tag}")]
+            assert ratio["unit"] == "ratio" and abs(
+                ratio["value"] - by[("ttl_throughput", impl + "+ttl", f"{op}_rows_per_s_{tag}")]["value"]
+                / by[("ttl_throughput", impl, f"{op}_rows_per_s_{tag}")]["value"]) < 1e-9
+    plain = by[("ttl_memory", "native", "state_bytes_per_entry_1k_entries")]["value"]
+    with_ttl = by[("ttl_memory", "native+ttl", "state_bytes_per_entry_1k_entries")]["value"]
+    assert with_ttl == plain + 8
+    assert ("ttl_memory", "native", "rss_ttl_over_plain_1k_entries") in by
+    assert not any("10M" in r["metric"] for r in records)  # --quick: no 10M run
+
+
 def test_plot_panels_per_case_and_unit_with_goals(tmp_path):
     pytest.importorskip("matplotlib")
     recs = [bench.record("c", "native", "pause_ms", 0.5, "ms"),

@@ -12,6 +12,7 @@
 
 #include "statecore/hash.h"
 #include "statecore/key_codec.h"
+#include "statecore/ttl.h"
 
 namespace statecore {
 namespace {
@@ -97,9 +98,27 @@ inline void store_f64(uint8_t* p, double d) {
   store_le64(p, u);
 }
 
-[[noreturn]] void wrong_width(int64_t row, size_t got) {
-  fail(row_str(row) + ": the stored value holds " + std::to_string(got) +
-       " bytes, expected 8 (the table holds values of another type than declared)");
+[[noreturn]] void wrong_width(int64_t row, size_t got, size_t want = 8) {
+  fail(row_str(row) + ": the stored value holds " + std::to_string(got) + " bytes, expected " +
+       std::to_string(want) + " (the table holds values of another type than declared" +
+       (want > 8 ? ", or without TTL)" : ")"));
+}
+
+// Bytes of a stored fixed-width value: 8, plus the timestamp suffix with TTL.
+inline size_t fixed_width(const TtlBatchSpec& ttl) {
+  return ttl.enabled ? 8 + ttl::kTimestampBytes : 8;
+}
+
+void check_ttl(const TtlBatchSpec& ttl) {
+  if (ttl.enabled && ttl.ttl_ms <= 0)
+    fail("ttl: ttl_ms must be > 0, got " + std::to_string(ttl.ttl_ms));
+}
+
+// Callers may pass no counter; the kernels always count somewhere.
+int64_t* expired_sink(int64_t* expired, int64_t* local) {
+  int64_t* p = expired != nullptr ? expired : local;
+  *p = 0;
+  return p;
 }
 
 // Per-thread key-group scratch: one allocation per thread and growth, not per batch or row.
@@ -253,47 +272,105 @@ void check_values(ValueType vt, const ArrayView& keys, const ArrayView& values) 
          std::to_string(keys.length()));
 }
 
-// A null value row leaves the state unchanged and outputs the current aggregate (null if none).
+// One TTL read of row i (Python `_Ttl._fresh`): absent -> false; expired -> the entry is removed
+// and counted, and the stale user bytes are shown (emit) only under return_expired; fresh -> shown,
+// and renewed to `now` under update_on_read. `width` is the exact stored width, or 0 for
+// variable-width values (then at least the timestamp). emit(user bytes, size) runs before any
+// mutation, since a removal or a copy-on-write invalidates the bytes read. Returns whether a value
+// was shown.
+template <class Emit>
+bool ttl_read(StateMap& m, const RowKeys& rk, int64_t i, size_t width, const TtlBatchSpec& ttl,
+              int64_t* expired, Emit emit) {
+  ByteView v;
+  if (!m.get(rk.data(), rk.size(), &v)) return false;
+  if (width != 0 && v.size != width) wrong_width(i, v.size, width);
+  if (v.size < ttl::kTimestampBytes)
+    fail(row_str(i) + ": the stored value holds " + std::to_string(v.size) +
+         " bytes, too few for the 8-byte TTL timestamp (was the state written without TTL?)");
+  const size_t user = v.size - ttl::kTimestampBytes;
+  if (ttl::expired(ttl::load_timestamp(v.data + user), ttl.ttl_ms, ttl.now)) {
+    if (ttl.return_expired) emit(v.data, user);
+    m.remove(rk.data(), rk.size());
+    ++*expired;
+    return ttl.return_expired;
+  }
+  emit(v.data, user);
+  if (ttl.update_on_read) {
+    // Always written, even when the timestamp already equals `now`: the per-record path puts
+    // too, so the entry counts as changed for incremental snapshots on both paths.
+    size_t sz = 0;
+    uint8_t* p = m.get_for_update(rk.data(), rk.size(), &sz);
+    ttl::store_timestamp(p + user, ttl.now);
+  }
+  return true;
+}
+
 template <class T>
-void emit_current(StateMap& m, const RowKeys& rk, int64_t i, T* out, uint8_t* valid) {
+inline T load_fixed(const uint8_t* p) {
+  if constexpr (std::is_same<T, double>::value) return load_f64(p);
+  else return load_i64(p);
+}
+template <class T>
+inline void store_fixed(uint8_t* p, T v) {
+  if constexpr (std::is_same<T, double>::value) store_f64(p, v);
+  else store_i64(p, v);
+}
+
+// A null value row leaves the aggregate unchanged and outputs it (null if none); with TTL it is a
+// TTL read (ttl_read: may remove, show stale once, renew).
+template <class T>
+void emit_current(StateMap& m, const RowKeys& rk, int64_t i, T* out, uint8_t* valid,
+                  const TtlBatchSpec& ttl, int64_t* expired) {
+  out[i] = T{};
+  if (ttl.enabled) {
+    valid[i] = ttl_read(m, rk, i, fixed_width(ttl), ttl, expired,
+                        [&](const uint8_t* p, size_t) { out[i] = load_fixed<T>(p); })
+                   ? 1 : 0;
+    return;
+  }
   ByteView v;
   if (m.get(rk.data(), rk.size(), &v)) {
     if (v.size != 8) wrong_width(i, v.size);
-    if constexpr (std::is_same<T, double>::value) out[i] = load_f64(v.data);
-    else out[i] = load_i64(v.data);
+    out[i] = load_fixed<T>(v.data);
     valid[i] = 1;
   } else {
-    out[i] = T{};
     valid[i] = 0;
   }
 }
 
 // add_batch apply pass for accumulator type T. `value_at(i)` gives row i's (non-null) input;
 // `combine(acc, x, &result)` folds one value and returns false when the result does not fit T.
+// With TTL an expired aggregate is replaced by x (counted in *expired) and every write is
+// stamped ttl.now; null rows are TTL reads (emit_current).
 //
 // kUndo (the int64 Sum, whose overflow the reference backend rejects): a failed combine must
-// leave the state exactly as before the batch, and overflow can only be known while applying, so
-// every write is recorded in an undo log (row, whether the key existed, its old value: 16 bytes a
-// row, reused per thread) and replayed backwards before the error is raised. Rows are applied in
-// order, so undoing them in reverse restores every entry, keys repeated in the batch included.
-// Without kUndo, combine never fails.
+// leave the aggregates exactly as before the batch, and overflow can only be known while
+// applying, so every write is recorded in an undo log (row, whether the key existed, its old value
+// and timestamp: 32 bytes a row, reused per thread) and replayed backwards before the error is
+// raised. Rows are applied in order, so undoing them in reverse restores every entry, keys
+// repeated in the batch included. What null rows did (TTL removals and renewals) is not in the log
+// and stays, as in the Python path (see batch.h "TTL"): undoing a later write on the same key
+// restores the bytes as that null row left them. Without kUndo, combine never fails.
 template <class T, bool kUndo, class Combine, class ValueAt>
 void fold_rows(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayView& values,
-               Combine combine, ValueAt value_at, T* out, uint8_t* valid) {
+               Combine combine, ValueAt value_at, T* out, uint8_t* valid, const TtlBatchSpec& ttl,
+               int64_t* expired) {
   struct Undo {
     int64_t row;
-    T old;  // meaningful when existed
+    T old;           // meaningful when existed
+    int64_t old_ts;  // meaningful when existed and TTL is on
     bool existed;
   };
   thread_local std::vector<Undo> undo;
   undo.clear();
+  const size_t width = fixed_width(ttl);
   const int64_t n = values.length();
   for (int64_t i = 0; i < n; ++i) {
     rk.ahead(i);
     rk.encode(i, kgs[i]);
     StateMap& m = table.map(kgs[i]);
     if (!values.is_valid(i)) {
-      emit_current(m, rk, i, out, valid);
+      emit_current(m, rk, i, out, valid, ttl, expired);
       continue;
     }
     const T x = value_at(i);
@@ -301,11 +378,14 @@ void fold_rows(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayVi
     uint8_t* p = m.get_for_update(rk.data(), rk.size(), &sz);
     T acc;
     if (p != nullptr) {
-      if (sz != 8) wrong_width(i, sz);
-      T old;
-      if constexpr (std::is_same<T, double>::value) old = load_f64(p);
-      else old = load_i64(p);
-      if (!combine(old, x, &acc)) {
+      if (sz != width) wrong_width(i, sz, width);
+      const T old = load_fixed<T>(p);
+      const int64_t old_ts = ttl.enabled ? ttl::load_timestamp(p + 8) : 0;
+      if (ttl.enabled && ttl::expired(old_ts, ttl.ttl_ms, ttl.now)) {
+        // Python `_unexpired`: counted, not removed; the write below overwrites it in place.
+        ++*expired;
+        acc = x;
+      } else if (!combine(old, x, &acc)) {
         if constexpr (kUndo) {
           for (auto it = undo.rbegin(); it != undo.rend(); ++it) {
             rk.encode(it->row, kgs[it->row]);
@@ -313,8 +393,8 @@ void fold_rows(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayVi
             if (it->existed) {
               size_t usz = 0;
               uint8_t* up = um.get_for_update(rk.data(), rk.size(), &usz);
-              if constexpr (std::is_same<T, double>::value) store_f64(up, it->old);
-              else store_i64(up, it->old);
+              store_fixed<T>(up, it->old);
+              if (ttl.enabled) ttl::store_timestamp(up + 8, it->old_ts);
             } else {
               um.remove(rk.data(), rk.size());
             }
@@ -324,14 +404,14 @@ void fold_rows(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayVi
         fail("values: " + row_str(i) + ": int64 sum overflows (" + std::to_string(old) + " + " +
              std::to_string(x) + "); the batch was not applied");
       }
-      if constexpr (kUndo) undo.push_back({i, old, true});
+      if constexpr (kUndo) undo.push_back({i, old, old_ts, true});
     } else {
-      p = m.put(rk.data(), rk.size(), 8);
+      p = m.put(rk.data(), rk.size(), width);
       acc = x;
-      if constexpr (kUndo) undo.push_back({i, T{}, false});
+      if constexpr (kUndo) undo.push_back({i, T{}, 0, false});
     }
-    if constexpr (std::is_same<T, double>::value) store_f64(p, acc);
-    else store_i64(p, acc);
+    store_fixed<T>(p, acc);
+    if (ttl.enabled) ttl::store_timestamp(p + 8, ttl.now);
     out[i] = acc;
     valid[i] = 1;
   }
@@ -340,27 +420,29 @@ void fold_rows(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayVi
 
 template <class T, class ValueAt>
 void fold_reducer(Reducer r, StateTable& table, const int32_t* kgs, RowKeys& rk,
-                  const ArrayView& values, ValueAt value_at, T* out, uint8_t* valid) {
+                  const ArrayView& values, ValueAt value_at, T* out, uint8_t* valid,
+                  const TtlBatchSpec& ttl, int64_t* expired) {
   switch (r) {
     case Reducer::Sum:
       if constexpr (std::is_same<T, int64_t>::value) {
         fold_rows<T, true>(table, kgs, rk, values,
                            [](T a, T b, T* res) { return !__builtin_add_overflow(a, b, res); },
-                           value_at, out, valid);
+                           value_at, out, valid, ttl, expired);
       } else {
         fold_rows<T, false>(table, kgs, rk, values,
-                            [](T a, T b, T* res) { return *res = a + b, true; }, value_at, out, valid);
+                            [](T a, T b, T* res) { return *res = a + b, true; }, value_at, out,
+                            valid, ttl, expired);
       }
       break;
     case Reducer::Min:
       fold_rows<T, false>(table, kgs, rk, values,
                           [](T acc, T v, T* res) { return *res = v < acc ? v : acc, true; },
-                          value_at, out, valid);
+                          value_at, out, valid, ttl, expired);
       break;
     case Reducer::Max:
       fold_rows<T, false>(table, kgs, rk, values,
                           [](T acc, T v, T* res) { return *res = v > acc ? v : acc, true; },
-                          value_at, out, valid);
+                          value_at, out, valid, ttl, expired);
       break;
     case Reducer::Count:
       break;  // handled by the caller (different value input)
@@ -370,37 +452,61 @@ void fold_reducer(Reducer r, StateTable& table, const int32_t* kgs, RowKeys& rk,
 }  // namespace
 
 void get_batch_fixed(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
-                     ValueType value_type, void* out_values, uint8_t* out_valid) {
+                     ValueType value_type, void* out_values, uint8_t* out_valid,
+                     const TtlBatchSpec& ttl, int64_t* expired) {
+  int64_t local = 0;
+  expired = expired_sink(expired, &local);
   const ArrayView keys = make_view(keys_in, "keys");
   if (value_type != ValueType::Int64 && value_type != ValueType::Float64)
     fail(std::string("get_batch_fixed: value type ") + value_type_name(value_type) +
          " is not fixed-width (use get_batch_var)");
+  check_ttl(ttl);
   const int32_t* kgs = validate_keys(table, spec, keys);
   const int64_t n = keys.length();
   if (n > 0 && (out_values == nullptr || out_valid == nullptr))
     fail("get_batch_fixed: null output buffer");
   RowKeys rk(spec, keys, table, kgs);
+  const bool i64 = value_type == ValueType::Int64;
+  auto* oi = static_cast<int64_t*>(out_values);
+  auto* of = static_cast<double*>(out_values);
+  if (ttl.enabled) {
+    const size_t width = fixed_width(ttl);
+    for (int64_t i = 0; i < n; ++i) {
+      rk.ahead(i);
+      rk.encode(i, kgs[i]);
+      if (i64) oi[i] = 0;
+      else of[i] = 0.0;
+      out_valid[i] = ttl_read(table.map(kgs[i]), rk, i, width, ttl, expired,
+                              [&](const uint8_t* p, size_t) {
+                                if (i64) oi[i] = load_i64(p);
+                                else of[i] = load_f64(p);
+                              })
+                         ? 1 : 0;
+    }
+    return;
+  }
   for (int64_t i = 0; i < n; ++i) {
     rk.ahead(i);
     rk.encode(i, kgs[i]);
     ByteView v;
     const bool found = table.map(kgs[i]).get(rk.data(), rk.size(), &v);
     if (found && v.size != 8) wrong_width(i, v.size);
-    if (value_type == ValueType::Int64)
-      static_cast<int64_t*>(out_values)[i] = found ? load_i64(v.data) : 0;
-    else
-      static_cast<double*>(out_values)[i] = found ? load_f64(v.data) : 0.0;
+    if (i64) oi[i] = found ? load_i64(v.data) : 0;
+    else of[i] = found ? load_f64(v.data) : 0.0;
     out_valid[i] = found ? 1 : 0;
   }
 }
 
 void get_batch_var(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
                    ValueType value_type, std::vector<int64_t>& offsets, std::vector<uint8_t>& data,
-                   uint8_t* out_valid) {
+                   uint8_t* out_valid, const TtlBatchSpec& ttl, int64_t* expired) {
+  int64_t local = 0;
+  expired = expired_sink(expired, &local);
   const ArrayView keys = make_view(keys_in, "keys");
   if (value_type != ValueType::String && value_type != ValueType::Binary)
     fail(std::string("get_batch_var: value type ") + value_type_name(value_type) +
          " is not variable-width (use get_batch_fixed)");
+  check_ttl(ttl);
   const int32_t* kgs = validate_keys(table, spec, keys);
   const int64_t n = keys.length();
   if (n > 0 && out_valid == nullptr) fail("get_batch_var: null validity output buffer");
@@ -408,24 +514,33 @@ void get_batch_var(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_
   data.clear();
   offsets[0] = 0;
   RowKeys rk(spec, keys, table, kgs);
+  auto append = [&](const uint8_t* p, size_t sz) { data.insert(data.end(), p, p + sz); };
   for (int64_t i = 0; i < n; ++i) {
     rk.ahead(i);
     rk.encode(i, kgs[i]);
-    ByteView v;
-    const bool found = table.map(kgs[i]).get(rk.data(), rk.size(), &v);
-    if (found) data.insert(data.end(), v.data, v.data + v.size);
+    StateMap& m = table.map(kgs[i]);
+    bool found;
+    if (ttl.enabled) {
+      found = ttl_read(m, rk, i, 0, ttl, expired, append);
+    } else {
+      ByteView v;
+      found = m.get(rk.data(), rk.size(), &v);
+      if (found) append(v.data, v.size);
+    }
     out_valid[i] = found ? 1 : 0;
     offsets[i + 1] = static_cast<int64_t>(data.size());
   }
 }
 
 void put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
-               ValueType value_type, ArrowInput values_in) {
+               ValueType value_type, ArrowInput values_in, const TtlBatchSpec& ttl) {
   const ArrayView keys = make_view(keys_in, "keys");
   const ArrayView values = make_view(values_in, "values");
   check_values(value_type, keys, values);
+  check_ttl(ttl);
   const int32_t* kgs = validate_keys(table, spec, keys);
   const int64_t n = keys.length();
+  const size_t suffix = ttl.enabled ? ttl::kTimestampBytes : 0;
   RowKeys rk(spec, keys, table, kgs);
   for (int64_t i = 0; i < n; ++i) {
     rk.ahead(i);
@@ -435,26 +550,35 @@ void put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
       m.remove(rk.data(), rk.size());
       continue;
     }
+    uint8_t* dst;
+    size_t sz = 8;
     switch (value_type) {
-      case ValueType::Int64: store_i64(m.put(rk.data(), rk.size(), 8), values.int64_at(i)); break;
+      case ValueType::Int64:
+        dst = m.put(rk.data(), rk.size(), 8 + suffix);
+        store_i64(dst, values.int64_at(i));
+        break;
       case ValueType::Float64:
-        store_f64(m.put(rk.data(), rk.size(), 8), values.float64_at(i));
+        dst = m.put(rk.data(), rk.size(), 8 + suffix);
+        store_f64(dst, values.float64_at(i));
         break;
       case ValueType::String:
-      case ValueType::Binary: {
-        size_t sz;
+      case ValueType::Binary:
+      default: {
         const uint8_t* src = values.bytes_at(i, &sz);
-        uint8_t* dst = m.put(rk.data(), rk.size(), sz);
+        dst = m.put(rk.data(), rk.size(), sz + suffix);
         if (sz > 0) std::memcpy(dst, src, sz);
         break;
       }
     }
+    if (ttl.enabled) ttl::store_timestamp(dst + sz, ttl.now);
   }
 }
 
 void add_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
                ValueType value_type, Reducer reducer, ArrowInput values_in, void* out_values,
-               uint8_t* out_valid) {
+               uint8_t* out_valid, const TtlBatchSpec& ttl, int64_t* expired) {
+  int64_t local = 0;
+  expired = expired_sink(expired, &local);
   const ArrayView keys = make_view(keys_in, "keys");
   const ArrayView values = make_view(values_in, "values");
   if (reducer == Reducer::Count) {
@@ -470,6 +594,7 @@ void add_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
            value_type_name(value_type));
     check_values(value_type, keys, values);
   }
+  check_ttl(ttl);
   const int32_t* kgs = validate_keys(table, spec, keys);
   const int64_t n = keys.length();
   if (n > 0 && (out_values == nullptr || out_valid == nullptr))
@@ -482,15 +607,16 @@ void add_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
           *res = static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
           return true;
         },
-        [](int64_t) { return int64_t{1}; }, static_cast<int64_t*>(out_values), out_valid);
+        [](int64_t) { return int64_t{1}; }, static_cast<int64_t*>(out_values), out_valid, ttl,
+        expired);
   } else if (value_type == ValueType::Int64) {
     fold_reducer<int64_t>(reducer, table, kgs, rk, values,
                           [&](int64_t i) { return values.int64_at(i); },
-                          static_cast<int64_t*>(out_values), out_valid);
+                          static_cast<int64_t*>(out_values), out_valid, ttl, expired);
   } else {
     fold_reducer<double>(reducer, table, kgs, rk, values,
                          [&](int64_t i) { return values.float64_at(i); },
-                         static_cast<double*>(out_values), out_valid);
+                         static_cast<double*>(out_values), out_valid, ttl, expired);
   }
 }
 

@@ -1,6 +1,7 @@
 // Batch kernels (batch.h) over hand-built Arrow C Data Interface arrays: round trips, running
 // aggregates against a reference computed here, sliced arrays (offset != 0) with validity bitmaps,
-// the same entries as the per-record key codec, and errors that leave the table untouched.
+// the same entries as the per-record key codec, errors that leave the table untouched, and the
+// TTL kernels (expiry, renewal, visibility, a model of the Python TTL states, undo, snapshots).
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -15,6 +16,7 @@
 #include "statecore/key_codec.h"
 #include "statecore/key_groups.h"
 #include "statecore/state_table.h"
+#include "statecore/ttl.h"
 
 using namespace statecore;
 
@@ -515,6 +517,404 @@ TEST(stored_value_of_wrong_width_is_reported) {
   TestArray n = fixed<int64_t>("l", I64{5});
   CHECK(batch_error([&] { add_batch(t, sp, k.in(), ValueType::Int64, Reducer::Sum, n.in(), out, valid); },
                     "row 0"));
+}
+
+// ---------------------------------------------------------------------------------------- TTL
+// The TTL kernels against statecore/backends/ttl_states.py (the specification): expiry exactly at
+// ts + ttl, the overflow guard, renewal, ReturnExpiredIfNotCleanedUp, add_batch against a model
+// of Python's staged `_TtlReducing.add_batch`, the overflow undo, copy-on-write isolation.
+namespace {
+
+TtlBatchSpec ttl_at(int64_t ttl_ms, int64_t now, bool update_on_read = false,
+                    bool return_expired = false) {
+  TtlBatchSpec t;
+  t.enabled = true;
+  t.ttl_ms = ttl_ms;
+  t.now = now;
+  t.update_on_read = update_on_read;
+  t.return_expired = return_expired;
+  return t;
+}
+
+std::string ekey(int64_t k) {
+  KeyEncoder enc(KeyType::Int64, NamespaceType::Void, 128);
+  enc.key_int64(key_group_for_int64(Assigner::Spark, k, 128), k);
+  enc.namespace_void();
+  return std::string(reinterpret_cast<const char*>(enc.data()), enc.size());
+}
+
+StateMap& map_of(StateTable& t, int64_t k) {
+  return t.map(key_group_for_int64(Assigner::Spark, k, 128));
+}
+
+// (value, ts) of an int64 TTL entry, nullopt when absent.
+std::optional<std::pair<int64_t, int64_t>> entry(StateTable& t, int64_t k) {
+  const std::string e = ekey(k);
+  ByteView v;
+  if (!map_of(t, k).get(reinterpret_cast<const uint8_t*>(e.data()), e.size(), &v))
+    return std::nullopt;
+  if (v.size != 16) return std::make_pair(int64_t{-999}, int64_t{-999});
+  const std::string b(reinterpret_cast<const char*>(v.data), 8);
+  return std::make_pair(le_i64(b), ttl::load_timestamp(v.data + 8));
+}
+
+void put_entry(StateTable& t, int64_t k, int64_t value, int64_t ts) {
+  const std::string e = ekey(k);
+  uint8_t* p = map_of(t, k).put(reinterpret_cast<const uint8_t*>(e.data()), e.size(), 16);
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(static_cast<uint64_t>(value) >> (8 * i));
+  ttl::store_timestamp(p + 8, ts);
+}
+
+struct GetResult {
+  std::vector<std::optional<int64_t>> values;
+  int64_t expired = 0;
+};
+
+GetResult ttl_get(StateTable& t, const I64& keys, const TtlBatchSpec& ttl) {
+  TestArray k = fixed<int64_t>("l", keys, 1);
+  std::vector<int64_t> out(keys.size() + 1);
+  std::vector<uint8_t> valid(keys.size() + 1);
+  GetResult r;
+  get_batch_fixed(t, spec_for(KeyType::Int64), k.in(), ValueType::Int64, out.data(), valid.data(),
+                  ttl, &r.expired);
+  for (size_t i = 0; i < keys.size(); ++i)
+    r.values.push_back(valid[i] ? std::optional<int64_t>(out[i]) : std::nullopt);
+  return r;
+}
+
+GetResult ttl_add(StateTable& t, const I64& keys, const I64& vals, const TtlBatchSpec& ttl,
+                  Reducer red = Reducer::Sum) {
+  TestArray k = fixed<int64_t>("l", keys);
+  TestArray v = fixed<int64_t>("l", vals, 2);
+  std::vector<int64_t> out(keys.size() + 1);
+  std::vector<uint8_t> valid(keys.size() + 1);
+  GetResult r;
+  add_batch(t, spec_for(KeyType::Int64), k.in(), ValueType::Int64, red, v.in(), out.data(),
+            valid.data(), ttl, &r.expired);
+  for (size_t i = 0; i < keys.size(); ++i)
+    r.values.push_back(valid[i] ? std::optional<int64_t>(out[i]) : std::nullopt);
+  return r;
+}
+
+// Python's TTL reducing/value state over {key: (value, ts)}, transcribed from ttl_states.py
+// (`_fresh`, `_unexpired`, `_TtlReducing.add_batch` with its staged writes, `_Ttl.get_batch`).
+struct TtlModel {
+  std::map<int64_t, std::pair<int64_t, int64_t>> table;
+  int64_t expired = 0;
+
+  std::optional<int64_t> fresh(int64_t k, const TtlBatchSpec& c) {
+    auto it = table.find(k);
+    if (it == table.end()) return std::nullopt;
+    const auto [s, ts] = it->second;
+    if (ttl::expired(ts, c.ttl_ms, c.now)) {
+      table.erase(it);
+      ++expired;
+      return c.return_expired ? std::optional<int64_t>(s) : std::nullopt;
+    }
+    if (c.update_on_read) it->second = {s, c.now};
+    return s;
+  }
+  std::optional<int64_t> unexpired(int64_t k, const TtlBatchSpec& c) {
+    auto it = table.find(k);
+    if (it == table.end()) return std::nullopt;
+    if (ttl::expired(it->second.second, c.ttl_ms, c.now)) {
+      ++expired;
+      return std::nullopt;
+    }
+    return it->second.first;
+  }
+  std::vector<std::optional<int64_t>> get(const I64& keys, const TtlBatchSpec& c) {
+    std::vector<std::optional<int64_t>> out;
+    for (const auto& k : keys) out.push_back(fresh(*k, c));
+    return out;
+  }
+  std::vector<std::optional<int64_t>> add_sum(const I64& keys, const I64& vals,
+                                              const TtlBatchSpec& c) {
+    std::map<int64_t, int64_t> staged;
+    std::vector<std::optional<int64_t>> out;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const int64_t k = *keys[i];
+      auto st = staged.find(k);
+      if (!vals[i]) {
+        out.push_back(st != staged.end() ? std::optional<int64_t>(st->second) : fresh(k, c));
+        continue;
+      }
+      const std::optional<int64_t> acc =
+          st != staged.end() ? std::optional<int64_t>(st->second) : unexpired(k, c);
+      staged[k] = acc ? *acc + *vals[i] : *vals[i];
+      out.push_back(staged[k]);
+    }
+    for (const auto& [k, v] : staged) table[k] = {v, c.now};
+    return out;
+  }
+};
+
+std::map<int64_t, std::pair<int64_t, int64_t>> contents(StateTable& t) {
+  std::map<int64_t, std::pair<int64_t, int64_t>> out;
+  for (int64_t k = 0; k < 8; ++k)
+    if (auto e = entry(t, k)) out[k] = *e;
+  return out;
+}
+
+}  // namespace
+
+TEST(ttl_get_expires_exactly_at_ts_plus_ttl) {
+  StateTable t(0, 127);
+  put_entry(t, 1, 10, 1000);
+  put_entry(t, 2, 20, 1000);
+  // now = ts + ttl - 1: fresh, left as is (OnCreateAndWrite).
+  GetResult r = ttl_get(t, I64{1, 2, 3}, ttl_at(100, 1099));
+  CHECK(r.values == (std::vector<std::optional<int64_t>>{10, 20, std::nullopt}));
+  CHECK_EQ(r.expired, int64_t{0});
+  CHECK(entry(t, 1) == std::make_pair(int64_t{10}, int64_t{1000}));
+  // now = ts + ttl: expired, removed, counted once even when the key repeats.
+  r = ttl_get(t, I64{1, 1, 2}, ttl_at(100, 1100));
+  CHECK(r.values == (std::vector<std::optional<int64_t>>{std::nullopt, std::nullopt, std::nullopt}));
+  CHECK_EQ(r.expired, int64_t{2});
+  CHECK_EQ(t.size(), size_t{0});
+}
+
+TEST(ttl_overflow_guard_never_expires) {
+  StateTable t(0, 127);
+  put_entry(t, 1, 7, INT64_MAX - 5);
+  put_entry(t, 2, 8, INT64_MAX - 200);
+  // ts + ttl overflows for key 1: never expired; key 2: INT64_MAX - 100 <= now -> expired.
+  GetResult r = ttl_get(t, I64{1, 2}, ttl_at(100, INT64_MAX));
+  CHECK(r.values == (std::vector<std::optional<int64_t>>{7, std::nullopt}));
+  CHECK_EQ(r.expired, int64_t{1});
+  // ttl = INT64_MAX: nothing with ts > 0 ever expires.
+  put_entry(t, 3, 9, 1);
+  r = ttl_get(t, I64{3}, ttl_at(INT64_MAX, INT64_MAX));
+  CHECK(r.values == (std::vector<std::optional<int64_t>>{9}));
+  TestArray k = fixed<int64_t>("l", I64{1});
+  int64_t out[1];
+  uint8_t valid[1];
+  CHECK(batch_error([&] {
+    get_batch_fixed(t, spec_for(KeyType::Int64), k.in(), ValueType::Int64, out, valid,
+                    ttl_at(-1, 0));
+  }, "ttl_ms must be > 0"));
+  CHECK_EQ(t.size(), size_t{2});
+}
+
+TEST(ttl_renewal_on_read_and_return_expired_once) {
+  StateTable t(0, 127);
+  put_entry(t, 1, 10, 1000);
+  put_entry(t, 2, 20, 1000);
+  // OnReadAndWrite: a fresh read renews to now; an expired one is not renewed but removed.
+  GetResult r = ttl_get(t, I64{1}, ttl_at(100, 1050, true));
+  CHECK(r.values == (std::vector<std::optional<int64_t>>{10}));
+  CHECK(entry(t, 1) == std::make_pair(int64_t{10}, int64_t{1050}));
+  CHECK(entry(t, 2) == std::make_pair(int64_t{20}, int64_t{1000}));
+  r = ttl_get(t, I64{1, 2}, ttl_at(100, 1120, true));  // 1 renewed at 1050 -> fresh until 1150
+  CHECK(r.values == (std::vector<std::optional<int64_t>>{10, std::nullopt}));
+  CHECK_EQ(r.expired, int64_t{1});
+  CHECK(entry(t, 1) == std::make_pair(int64_t{10}, int64_t{1120}));
+  CHECK(!entry(t, 2));
+  // ReturnExpiredIfNotCleanedUp: the stale value once, then nothing.
+  put_entry(t, 3, 30, 0);
+  r = ttl_get(t, I64{3, 3}, ttl_at(100, 5000, false, true));
+  CHECK(r.values == (std::vector<std::optional<int64_t>>{30, std::nullopt}));
+  CHECK_EQ(r.expired, int64_t{1});
+  // Variable-width values: the suffix is not output.
+  TestArray keys = fixed<int64_t>("l", I64{5, 6});
+  TestArray vals = varwidth<int32_t>("u", Str{"abc", ""});
+  put_batch(t, spec_for(KeyType::Int64), keys.in(), ValueType::String, vals.in(),
+            ttl_at(100, 7000));
+  std::vector<int64_t> offs;
+  std::vector<uint8_t> data;
+  uint8_t valid[3];
+  int64_t expired = -1;
+  TestArray q = fixed<int64_t>("l", I64{5, 6, 5});
+  get_batch_var(t, spec_for(KeyType::Int64), q.in(), ValueType::String, offs, data, valid,
+                ttl_at(100, 7099, true), &expired);
+  CHECK_EQ(std::string(data.begin(), data.end()), std::string("abcabc"));
+  CHECK(offs == (std::vector<int64_t>{0, 3, 3, 6}));
+  CHECK_EQ(int(valid[0]) + int(valid[1]) + int(valid[2]), 3);
+  CHECK_EQ(expired, int64_t{0});
+  get_batch_var(t, spec_for(KeyType::Int64), q.in(), ValueType::String, offs, data, valid,
+                ttl_at(100, 7198, false, true), &expired);  // renewed at 7099: still fresh
+  CHECK_EQ(std::string(data.begin(), data.end()), std::string("abcabc"));
+  get_batch_var(t, spec_for(KeyType::Int64), q.in(), ValueType::String, offs, data, valid,
+                ttl_at(100, 7300, false, true), &expired);
+  CHECK_EQ(std::string(data.begin(), data.end()), std::string("abc"));
+  CHECK(offs == (std::vector<int64_t>{0, 3, 3, 3}));
+  CHECK_EQ(int(valid[0]) * 100 + int(valid[1]) * 10 + int(valid[2]), 110);
+  CHECK_EQ(expired, int64_t{2});
+}
+
+TEST(ttl_put_batch_stamps_now_and_null_removes) {
+  StateTable t(0, 127);
+  TestArray keys = fixed<int64_t>("l", I64{1, 2, 1});
+  TestArray vals = fixed<int64_t>("l", I64{5, 6, 7}, 3);
+  put_batch(t, spec_for(KeyType::Int64), keys.in(), ValueType::Int64, vals.in(), ttl_at(10, 42));
+  CHECK(entry(t, 1) == std::make_pair(int64_t{7}, int64_t{42}));
+  CHECK(entry(t, 2) == std::make_pair(int64_t{6}, int64_t{42}));
+  TestArray k2 = fixed<int64_t>("l", I64{2});
+  TestArray v2 = fixed<int64_t>("l", I64{std::nullopt});
+  put_batch(t, spec_for(KeyType::Int64), k2.in(), ValueType::Int64, v2.in(), ttl_at(10, 43));
+  CHECK(!entry(t, 2));
+  TtlBatchSpec bad = ttl_at(0, 1);
+  CHECK(batch_error([&] {
+    put_batch(t, spec_for(KeyType::Int64), keys.in(), ValueType::Int64, vals.in(), bad);
+  }, "ttl_ms"));
+  CHECK(entry(t, 1) == std::make_pair(int64_t{7}, int64_t{42}));
+}
+
+TEST(ttl_add_batch_matches_python_staged_model_with_repeats) {
+  // Random batches over 5 keys with many repeats, null rows and clock moves, for every
+  // combination of update type and visibility: outputs, counts and contents equal the model.
+  uint64_t rng = 0x9E3779B97F4A7C15ULL;
+  auto next = [&](uint64_t m) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng % m;
+  };
+  for (int combo = 0; combo < 4; ++combo) {
+    const bool uor = combo & 1, ret = combo & 2;
+    StateTable t(0, 127);
+    TtlModel model;
+    int64_t now = 0, kernel_expired = 0;
+    for (int step = 0; step < 400; ++step) {
+      now += static_cast<int64_t>(next(4)) * 20;  // ttl 50: expiries every few steps
+      const TtlBatchSpec c = ttl_at(50, now, uor, ret);
+      const size_t n = next(8);
+      I64 keys, vals;
+      for (size_t i = 0; i < n; ++i) {
+        keys.push_back(static_cast<int64_t>(next(5)));
+        vals.push_back(next(3) == 0 ? std::nullopt : std::optional<int64_t>(next(100)));
+      }
+      if (next(3) == 0) {
+        const auto want = model.get(keys, c);
+        GetResult r = ttl_get(t, keys, c);
+        CHECK(r.values == want);
+        kernel_expired += r.expired;
+      } else {
+        const auto want = model.add_sum(keys, vals, c);
+        GetResult r = ttl_add(t, keys, vals, c);
+        CHECK(r.values == want);
+        kernel_expired += r.expired;
+      }
+      CHECK_EQ(kernel_expired, model.expired);
+      CHECK(contents(t) == model.table);
+    }
+    CHECK(model.expired > 20);  // the sequence does exercise expiry
+  }
+}
+
+TEST(ttl_add_batch_expired_aggregate_starts_over_whatever_the_visibility) {
+  for (bool ret : {false, true}) {
+    StateTable t(0, 127);
+    put_entry(t, 1, 100, 0);
+    for (Reducer red : {Reducer::Sum, Reducer::Min, Reducer::Max, Reducer::Count}) {
+      put_entry(t, 1, 100, 0);
+      GetResult r = ttl_add(t, I64{1, 1}, I64{5, 3}, ttl_at(10, 10, false, ret), red);
+      std::vector<std::optional<int64_t>> want;
+      switch (red) {
+        case Reducer::Sum: want = {5, 8}; break;
+        case Reducer::Min: want = {5, 3}; break;
+        case Reducer::Max: want = {5, 5}; break;
+        case Reducer::Count: want = {1, 2}; break;
+      }
+      CHECK(r.values == want);
+      CHECK_EQ(r.expired, int64_t{1});
+      CHECK(entry(t, 1) == std::make_pair(*want[1], int64_t{10}));
+    }
+  }
+}
+
+TEST(ttl_int64_sum_overflow_undoes_aggregates_keeps_read_cleanup) {
+  StateTable t(0, 127);
+  put_entry(t, 1, 10, 500);           // fresh at 1000 (ttl 1000), overwritten then restored
+  put_entry(t, 2, 20, 0);             // expired: replaced by the batch, restored with ts 0
+  put_entry(t, 3, INT64_MAX - 1, 900);
+  put_entry(t, 4, 40, 0);             // expired, read by a null row: removed and stays removed
+  put_entry(t, 5, 50, 800);           // fresh, renewed by a null row: the renewal stays
+  const auto before_1 = entry(t, 1);
+  GetResult r;
+  int64_t expired = -1;
+  TestArray k = fixed<int64_t>("l", I64{1, 2, 6, 4, 5, 5, 1, 3});
+  TestArray v = fixed<int64_t>("l", I64{1, 2, 3, std::nullopt, std::nullopt, 7, 4, 5});
+  std::vector<int64_t> out(8);
+  std::vector<uint8_t> valid(8);
+  CHECK(batch_error([&] {
+    add_batch(t, spec_for(KeyType::Int64), k.in(), ValueType::Int64, Reducer::Sum, v.in(),
+              out.data(), valid.data(), ttl_at(1000, 1000, true), &expired);
+  }, "overflows"));
+  CHECK(entry(t, 1) == before_1);
+  CHECK(entry(t, 2) == std::make_pair(int64_t{20}, int64_t{0}));
+  CHECK(entry(t, 3) == std::make_pair(INT64_MAX - 1, int64_t{900}));
+  CHECK(!entry(t, 4));
+  CHECK(entry(t, 5) == std::make_pair(int64_t{50}, int64_t{1000}));
+  CHECK(!entry(t, 6));
+  CHECK_EQ(expired, int64_t{2});  // key 2 (an add found it expired) and key 4 (removed on read)
+  // The model agrees: Python raises before applying its staged writes.
+  TtlModel model;
+  model.table = {{1, {10, 500}}, {2, {20, 0}}, {3, {INT64_MAX - 1, 900}}, {4, {40, 0}},
+                 {5, {50, 800}}};
+  const TtlBatchSpec c = ttl_at(1000, 1000, true);
+  model.unexpired(1, c);
+  model.unexpired(2, c);
+  model.unexpired(6, c);
+  model.fresh(4, c);
+  model.fresh(5, c);
+  model.unexpired(3, c);
+  CHECK_EQ(model.expired, expired);
+  CHECK(contents(t) == model.table);
+}
+
+TEST(ttl_get_and_add_leave_a_prior_snapshot_unchanged) {
+  StateTable t(0, 127);
+  for (int64_t k = 0; k < 6; ++k) put_entry(t, k, k * 10, k < 3 ? 0 : 900);
+  TableSnapshot snap = t.snapshot();
+  auto snap_dump = [&] {
+    std::map<std::string, std::string> out;
+    for (int32_t kg = snap.kg_start(); kg <= snap.kg_end(); ++kg) {
+      const SortedRun run = snap.map(kg)->sorted_entries();
+      for (size_t i = 0; i < run.size(); ++i)
+        out[std::string(reinterpret_cast<const char*>(run.key(i).data), run.key(i).size)] =
+            std::string(reinterpret_cast<const char*>(run.value(i).data), run.value(i).size);
+    }
+    return out;
+  };
+  const auto before = snap_dump();
+  CHECK_EQ(before, dump(t));
+  // Removes 0..2 (expired), renews 3..5; then an add overwrites 3 and recreates 0.
+  GetResult r = ttl_get(t, I64{0, 1, 2, 3, 4, 5}, ttl_at(100, 950, true));
+  CHECK_EQ(r.expired, int64_t{3});
+  ttl_add(t, I64{3, 0}, I64{1, 1}, ttl_at(100, 960));
+  CHECK(entry(t, 4) == std::make_pair(int64_t{40}, int64_t{950}));
+  CHECK(entry(t, 3) == std::make_pair(int64_t{31}, int64_t{960}));
+  CHECK(snap_dump() == before);
+  CHECK(before != dump(t));
+  snap.release();
+}
+
+TEST(ttl_wrong_width_is_a_batch_error) {
+  StateTable t(0, 127);
+  TestArray keys = fixed<int64_t>("l", I64{1});
+  TestArray vals = fixed<int64_t>("l", I64{5});
+  put_batch(t, spec_for(KeyType::Int64), keys.in(), ValueType::Int64, vals.in());  // no TTL
+  int64_t out[1];
+  uint8_t valid[1];
+  CHECK(batch_error([&] {
+    get_batch_fixed(t, spec_for(KeyType::Int64), keys.in(), ValueType::Int64, out, valid,
+                    ttl_at(10, 0));
+  }, "expected 16"));
+  CHECK(batch_error([&] {
+    add_batch(t, spec_for(KeyType::Int64), keys.in(), ValueType::Int64, Reducer::Sum, vals.in(),
+              out, valid, ttl_at(10, 0));
+  }, "expected 16"));
+  TestArray k2 = fixed<int64_t>("l", I64{2});
+  TestArray v2 = varwidth<int32_t>("z", Str{"abc"});
+  put_batch(t, spec_for(KeyType::Int64), k2.in(), ValueType::Binary, v2.in());  // 3 bytes, no TTL
+  std::vector<int64_t> offs;
+  std::vector<uint8_t> data;
+  CHECK(batch_error([&] {
+    get_batch_var(t, spec_for(KeyType::Int64), k2.in(), ValueType::Binary, offs, data, valid,
+                  ttl_at(10, 0));
+  }, "8-byte TTL timestamp"));
+  CHECK_EQ(t.size(), size_t{2});
 }
 
 TEST_MAIN()

@@ -44,6 +44,25 @@ cdef c.Assigner _assigner(str name) except *:
     raise InvalidInputError(f"unknown assigner {name!r}; expected 'spark' or 'flink'")
 
 
+cdef c.TtlBatchSpec _ttl_spec(ttl) except *:
+    """TtlBatchSpec from ``None`` (no TTL) or ``(ttl_ms, now_ms, update_on_read,
+    return_expired)``; InvalidInputError for a malformed tuple or values outside int64."""
+    cdef c.TtlBatchSpec t
+    if ttl is None:
+        return t
+    try:
+        ttl_ms, now, update_on_read, return_expired = ttl
+        t.ttl_ms = ttl_ms
+        t.now = now
+    except (TypeError, ValueError, OverflowError) as e:
+        raise InvalidInputError(f"ttl must be (ttl_ms, now_ms, update_on_read, return_expired) "
+                                f"with int64 times, got {ttl!r}: {e}") from None
+    t.enabled = True
+    t.update_on_read = bool(update_on_read)
+    t.return_expired = bool(return_expired)
+    return t
+
+
 # ----------------------------------------------------------------------------- hashes, key groups
 
 def xxh64(data, uint64_t seed=0):
@@ -503,13 +522,23 @@ cdef class NativeStateTable:
         spec.kg_end = self.kg_end
         return spec
 
-    def get_batch(self, keys, str key_type, str assigner, int32_t max_parallelism, str value_type):
+    def get_batch(self, keys, str key_type, str assigner, int32_t max_parallelism, str value_type,
+                  ttl=None, count_expired=None):
         """Values of ``keys`` (one Arrow array) as an Arrow array of ``value_type`` (int64 ->
         int64, float64 -> float64, string -> large_string, binary -> large_binary); null where
-        absent."""
+        absent.
+
+        ``ttl``: None, or ``(ttl_ms, now_ms, update_on_read, return_expired)`` for a TTL state
+        (stored values end with an 8-byte timestamp; batch.h "TTL"): expired entries are then
+        removed (null, or their stale value once under return_expired) and read ones renewed
+        under update_on_read -- the call then MODIFIES the table. ``count_expired(n)`` is called
+        with the number of expired entries removed when n > 0, also when the call raises
+        mid-batch. InvalidInputError on bad input."""
         cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism)
+        cdef c.TtlBatchSpec tspec = _ttl_spec(ttl)
         cdef _Imported k = _Imported(keys)
         cdef int64_t n = k.length()
+        cdef int64_t expired = 0
         cdef c.ValueType vt
         cdef vector[int64_t] offsets
         cdef vector[uint8_t] data
@@ -526,18 +555,24 @@ cdef class NativeStateTable:
                 vals = np.zeros(max(n, 1), np.int64)
                 ivals = vals
                 with nogil:
-                    c.get_batch_fixed(self.table[0], spec, k.input, vt, &ivals[0], &valid[0])
+                    c.get_batch_fixed(self.table[0], spec, k.input, vt, &ivals[0], &valid[0],
+                                      tspec, &expired)
                 return pa.Array.from_buffers(pa.int64(), n, [_bitmap(valid[:n], n), pa.py_buffer(vals[:n])])
             if value_type == "float64":
                 vals = np.zeros(max(n, 1), np.float64)
                 fvals = vals
                 with nogil:
-                    c.get_batch_fixed(self.table[0], spec, k.input, vt, &fvals[0], &valid[0])
+                    c.get_batch_fixed(self.table[0], spec, k.input, vt, &fvals[0], &valid[0],
+                                      tspec, &expired)
                 return pa.Array.from_buffers(pa.float64(), n, [_bitmap(valid[:n], n), pa.py_buffer(vals[:n])])
             with nogil:
-                c.get_batch_var(self.table[0], spec, k.input, vt, offsets, data, &valid[0])
+                c.get_batch_var(self.table[0], spec, k.input, vt, offsets, data, &valid[0],
+                                tspec, &expired)
         except ValueError as e:
             raise InvalidInputError(str(e)) from None
+        finally:
+            if expired and count_expired is not None:
+                count_expired(expired)
         off_np = np.empty(n + 1, np.int64)
         data_np = np.empty(data.size(), np.uint8)
         if n + 1 > 0 and offsets.size() == <size_t>(n + 1):
@@ -550,9 +585,11 @@ cdef class NativeStateTable:
         return pa.Array.from_buffers(typ, n, [_bitmap(valid[:n], n), pa.py_buffer(off_np), pa.py_buffer(data_np)])
 
     def put_batch(self, keys, values, str key_type, str assigner, int32_t max_parallelism,
-                  str value_type):
-        """values[i] for keys[i] in row order; a null value removes the key."""
+                  str value_type, ttl=None):
+        """values[i] for keys[i] in row order; a null value removes the key. ``ttl`` as in
+        :meth:`get_batch`: every written value is stamped ``now_ms``."""
         cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism)
+        cdef c.TtlBatchSpec tspec = _ttl_spec(ttl)
         cdef _Imported k = _Imported(keys)
         cdef _Imported v = _Imported(values)
         cdef c.ValueType vt
@@ -561,15 +598,22 @@ cdef class NativeStateTable:
         vt = _VALUE_TYPES[value_type]
         try:
             with nogil:
-                c.put_batch(self.table[0], spec, k.input, vt, v.input)
+                c.put_batch(self.table[0], spec, k.input, vt, v.input, tspec)
         except ValueError as e:
             raise InvalidInputError(str(e)) from None
 
     def add_batch(self, keys, values, str key_type, str assigner, int32_t max_parallelism,
-                  str value_type, str reducer):
+                  str value_type, str reducer, ttl=None, count_expired=None):
         """Fold values into the state with a built-in reducer; the running aggregate after each
-        row as int64 (Int64 state, count) or float64 array, null where none."""
+        row as int64 (Int64 state, count) or float64 array, null where none.
+
+        ``ttl``/``count_expired`` as in :meth:`get_batch` (batch.h "TTL"): rows fold into the
+        unexpired aggregate and stamp ``now_ms``, null rows read as get_batch does; expired
+        entries met are reported also when the batch fails (an int64 sum overflow undoes the
+        aggregates but not what null rows removed or renewed, as the Python path)."""
         cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism)
+        cdef c.TtlBatchSpec tspec = _ttl_spec(ttl)
+        cdef int64_t expired = 0
         cdef _Imported k = _Imported(keys)
         cdef _Imported v = _Imported(values)
         cdef int64_t n = k.length()
@@ -591,16 +635,21 @@ cdef class NativeStateTable:
                 vals = np.zeros(max(n, 1), np.int64)
                 ivals = vals
                 with nogil:
-                    c.add_batch(self.table[0], spec, k.input, vt, red, v.input, &ivals[0], &valid[0])
+                    c.add_batch(self.table[0], spec, k.input, vt, red, v.input, &ivals[0],
+                                &valid[0], tspec, &expired)
                 typ = pa.int64()
             else:
                 vals = np.zeros(max(n, 1), np.float64)
                 fvals = vals
                 with nogil:
-                    c.add_batch(self.table[0], spec, k.input, vt, red, v.input, &fvals[0], &valid[0])
+                    c.add_batch(self.table[0], spec, k.input, vt, red, v.input, &fvals[0],
+                                &valid[0], tspec, &expired)
                 typ = pa.float64()
         except ValueError as e:
             raise InvalidInputError(str(e)) from None
+        finally:
+            if expired and count_expired is not None:
+                count_expired(expired)
         return pa.Array.from_buffers(typ, n, [_bitmap(valid[:n], n), pa.py_buffer(vals[:n])])
 
 

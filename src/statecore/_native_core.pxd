@@ -146,16 +146,25 @@ cdef extern from "statecore/batch.h" namespace "statecore" nogil:
         const ArrowSchema* schema
         const ArrowArray* array
 
+    cdef cppclass TtlBatchSpec:
+        cbool enabled
+        int64_t ttl_ms
+        int64_t now
+        cbool update_on_read
+        cbool return_expired
+
     void get_batch_fixed(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
-                         ValueType value_type, void* out_values, uint8_t* out_valid) except +
+                         ValueType value_type, void* out_values, uint8_t* out_valid,
+                         const TtlBatchSpec& ttl, int64_t* expired) except +
     void get_batch_var(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                        ValueType value_type, vector[int64_t]& offsets, vector[uint8_t]& data,
-                       uint8_t* out_valid) except +
+                       uint8_t* out_valid, const TtlBatchSpec& ttl, int64_t* expired) except +
     void put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
-                   ValueType value_type, ArrowInput values) except +
+                   ValueType value_type, ArrowInput values, const TtlBatchSpec& ttl) except +
     void add_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                    ValueType value_type, Reducer reducer, ArrowInput values,
-                   void* out_values, uint8_t* out_valid) except +
+                   void* out_values, uint8_t* out_valid, const TtlBatchSpec& ttl,
+                   int64_t* expired) except +
 
 
 cdef extern from *:

@@ -18,6 +18,26 @@
 // bug, not bad input); it is reported as a BatchError naming the row, and the rows before it have
 // then been applied.
 //
+// TTL (TtlBatchSpec, statecore/ttl.h): with `ttl.enabled` every stored value is the user bytes
+// followed by the 8-byte big-endian last-access timestamp (ms), and each kernel behaves exactly as
+// the per-row Python TTL states (statecore/backends/ttl_states.py, `_TtlValue`/`_TtlReducing`:
+// the specification these kernels are tested against, row for row):
+//  * the batch reads the clock once: `ttl.now` stamps every write and decides every expiry;
+//  * a read (get rows, null rows of add_batch) of an expired entry removes it and counts it; it
+//    yields null, or under `return_expired` the stale value this once; a fresh entry is returned
+//    and under `update_on_read` its timestamp is rewritten to `now` (through get_for_update, so a
+//    live snapshot keeps the old bytes);
+//  * a write stamps `now`; add_batch folds into the UNEXPIRED aggregate (an expired one counts as
+//    absent, whatever the visibility, and counts as one expired entry) and overwrites it.
+// So with TTL the get kernels MUTATE the table (removals, renewals) and need the same exclusive
+// ownership as the writing kernels. `*expired` receives the number of expired entries the call
+// met (removed on read, or found expired under an add); it is written even when the call throws
+// mid-batch, since the rows before the error keep their effects (the Python path counts them
+// too). An int64 Sum overflow with TTL undoes the aggregate writes (old bytes, timestamp
+// included, and entries the batch created), as Python never applies its staged aggregates then,
+// but keeps what null rows did before the failing row (expired entries removed on read, renewed
+// timestamps) and reports their count: Python's `_fresh` applies those immediately.
+//
 // Thread contract: as StateTable's — the calling thread owns the table for the call; kernels on
 // different tables may run concurrently (no shared mutable state; the scratch is thread_local).
 #pragma once
@@ -67,6 +87,16 @@ struct BatchKeySpec {
   int32_t kg_end = 127;
 };
 
+// TTL of the state a kernel serves (see "TTL" above). Default: disabled, values carry no
+// timestamp and the kernels never mutate on read.
+struct TtlBatchSpec {
+  bool enabled = false;
+  int64_t ttl_ms = 1;             // time to live, ms; must be > 0 when enabled (else BatchError)
+  int64_t now = 0;                // the batch's clock reading, ms (processing time or watermark)
+  bool update_on_read = false;    // UpdateType.OnReadAndWrite: renew on a successful read
+  bool return_expired = false;    // StateVisibility.ReturnExpiredIfNotCleanedUp
+};
+
 // One Arrow array as received through the C Data Interface (e.g. from `__arrow_c_array__`).
 // Borrowed: the kernels neither release nor retain it.
 struct ArrowInput {
@@ -79,9 +109,12 @@ struct ArrowInput {
 //               keys, 0 for absent ones;
 //   out_valid:  uint8_t[n] byte map, 1 = present, 0 = absent (-> null in the Arrow result).
 // Both may be null only when n == 0. Throws BatchError on bad input (see above) or when value_type
-// is not fixed-width. Does not modify the table.
+// is not fixed-width. Without TTL it does not modify the table; with TTL it removes the expired
+// entries it reads and renews read ones under update_on_read (stored width then 8 + 8 bytes), and
+// `expired` (may be null) receives the number of expired entries removed.
 void get_batch_fixed(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
-                     ValueType value_type, void* out_values, uint8_t* out_valid);
+                     ValueType value_type, void* out_values, uint8_t* out_valid,
+                     const TtlBatchSpec& ttl = TtlBatchSpec(), int64_t* expired = nullptr);
 
 // Looks up every key of a String/Binary-valued state, producing the large_binary/large_utf8
 // layout: `offsets` is resized to n + 1 int64 byte offsets into `data` (offsets[0] = 0; an absent
@@ -89,17 +122,20 @@ void get_batch_fixed(StateTable& table, const BatchKeySpec& spec, ArrowInput key
 // out_valid (uint8_t[n], may be null only when n == 0) gets 1 = present, 0 = absent.
 // int64 offsets because one batch's values may exceed 2 GiB; Python wraps them as
 // pa.large_binary()/pa.large_string() (cast to binary/string when small, if needed).
-// Throws BatchError on bad input or when value_type is not String/Binary. Does not modify the
-// table.
+// Throws BatchError on bad input or when value_type is not String/Binary. TTL as
+// get_batch_fixed: the timestamp suffix is not part of the output, a stored value shorter than 8
+// bytes is a BatchError naming the row.
 void get_batch_var(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                    ValueType value_type, std::vector<int64_t>& offsets, std::vector<uint8_t>& data,
-                   uint8_t* out_valid);
+                   uint8_t* out_valid, const TtlBatchSpec& ttl = TtlBatchSpec(),
+                   int64_t* expired = nullptr);
 
 // Writes values[i] for keys[i], in row order (so for repeated keys the last row wins). A null
 // value removes the key (Flink: ValueState.update(null) == clear()). keys and values must have
-// the same length. Throws BatchError before any mutation on bad input.
+// the same length. Throws BatchError before any mutation on bad input. With TTL every written
+// value is stamped `ttl.now` (a put reads nothing, so nothing expires here).
 void put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys, ValueType value_type,
-               ArrowInput values);
+               ArrowInput values, const TtlBatchSpec& ttl = TtlBatchSpec());
 
 // Folds values[i] into the state of keys[i] with `reducer`, in row order, and writes the
 // aggregate AFTER each row:
@@ -109,7 +145,14 @@ void put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys, Val
 // unchanged and outputs the current aggregate (null when none). value_type is the state's type:
 // Int64 or Float64 for Sum/Min/Max (values "l" / "g"), Int64 for Count (values any supported
 // format). Throws BatchError before any mutation on bad input.
+// With TTL (see "TTL" above): a row with a value folds into the unexpired aggregate, writes
+// aggregate | now and outputs the aggregate; a null row outputs what get_batch would (removing an
+// expired aggregate, showing it once under return_expired, renewing under update_on_read).
+// Because every aggregate written here is fresh at `now`, applying rows immediately gives the
+// same results as Python's staged writes for any sequence, repeated keys included. `expired` (may
+// be null) receives the expired entries met (see "TTL" for the overflow case).
 void add_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys, ValueType value_type,
-               Reducer reducer, ArrowInput values, void* out_values, uint8_t* out_valid);
+               Reducer reducer, ArrowInput values, void* out_values, uint8_t* out_valid,
+               const TtlBatchSpec& ttl = TtlBatchSpec(), int64_t* expired = nullptr);
 
 }  // namespace statecore

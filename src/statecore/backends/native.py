@@ -13,6 +13,9 @@ bytes live and the batch paths: ``get_batch``/``put_batch`` on value state and
 int64/float64/string/binary values, run as native kernels that read the Arrow buffers through the
 C Data Interface (no Python object per row) with the GIL released. Other batch calls (namespaced
 rows, pickle or bool values, custom reducers) take the per-row path and behave identically.
+TTL-enabled value/reducing states use the same kernels with TTL on (batch.h "TTL": the value
+bytes carry the timestamp suffix; reads remove expired entries and renew, writes stamp the
+batch's one clock reading); their semantics are ttl_states.py's, row for row.
 
 Snapshots: :meth:`NativeBackend.snapshot` takes one O(1) map snapshot per key group of every
 state (O(states x key groups), independent of the number of entries); entries are serialized
@@ -39,6 +42,7 @@ from statecore import _native
 from statecore import serializers as S
 from statecore.backends import base
 from statecore.backends import python as py
+from statecore.backends import ttl_states
 from statecore.errors import InvalidInputError, StateError, StateMigrationError
 from statecore.key_groups import KeyGroupRange
 from statecore.timers import TIMERS_STATE_NAME
@@ -330,6 +334,9 @@ class NativeBackend(py.PythonBackend):
         retired for live snapshots, maps in the middle of an incremental rehash)."""
         return {name: t.native.stats() for name, t in self._tables.items()}
 
+    def _ttl_state_classes(self) -> dict:
+        return _TTL_STATE_CLASSES
+
 
 # --------------------------------------------------------------------------- batch fast paths
 
@@ -375,13 +382,14 @@ class _FastValue(_KernelGet, py._Value):
         self._table.native.put_batch(arr, vals, b.key_type, b.assigner, b.max_parallelism, self._ser.name)
 
 
-class _FastReducing(_KernelGet, py._Reducing):
-    def _kernel_reducer(self, namespaces) -> bool:
-        return (_kernel_ok(self, namespaces) and self.descriptor.reducer.name in _native.BATCH_REDUCERS
-                and self._ser.name in ("int64", "float64"))
+def _reducer_kernel_ok(state, namespaces) -> bool:
+    return (_kernel_ok(state, namespaces) and state.descriptor.reducer.name in _native.BATCH_REDUCERS
+            and state._ser.name in ("int64", "float64"))
 
+
+class _FastReducing(_KernelGet, py._Reducing):
     def add_batch(self, keys, values, namespaces=None) -> pa.Array:
-        if not self._kernel_reducer(namespaces):
+        if not _reducer_kernel_ok(self, namespaces):
             return super().add_batch(keys, values, namespaces)
         b = self.backend
         b._check_open()
@@ -397,3 +405,69 @@ class _FastReducing(_KernelGet, py._Reducing):
 
 NativeBackend._state_classes = dict(py.PythonBackend._state_classes, value=_FastValue,
                                    reducing=_FastReducing)
+
+
+# TTL-enabled value/reducing states: ttl_states.py's classes (per-record calls and the batch calls
+# the kernels do not serve) with the batch calls the kernels serve run natively, TTL on. The
+# clock is read once per batch (ttl_now, ms): the Python path stamps its writes with one reading
+# too, and re-reads it per present row for expiry decisions, which is the same reading unless the
+# clock moves during the call.
+
+def _ttl_kernel_args(state) -> tuple:
+    cfg = state._cfg
+    return (cfg.ttl_ms, state.backend.ttl_now(cfg), cfg.update_on_read, cfg.return_expired)
+
+
+def _count_read(backend):
+    return lambda n: backend._count_expired("read", n)
+
+
+class _KernelTtlGet:
+    """TTL get_batch through the kernel when it applies (see _kernel_ok): removes expired entries
+    and renews read ones as ``_Ttl._fresh`` does, counting removals as ``read``."""
+
+    def get_batch(self, keys, namespaces=None) -> pa.Array:
+        if not _kernel_ok(self, namespaces):
+            return super().get_batch(keys, namespaces)
+        b = self.backend
+        b._check_open()
+        arr = _key_array(self, keys)
+        out = self._table.native.get_batch(arr, b.key_type, b.assigner, b.max_parallelism,
+                                           self._ser.name, ttl=_ttl_kernel_args(self),
+                                           count_expired=_count_read(b))
+        return _cast_out(out, self._ser)
+
+
+class _NativeTtlValue(_KernelTtlGet, ttl_states._TtlValue):
+    def put_batch(self, keys, values, namespaces=None) -> None:
+        if not _kernel_ok(self, namespaces):
+            return super().put_batch(keys, values, namespaces)
+        b = self.backend
+        b._check_open()
+        arr = _key_array(self, keys)
+        vals = base.coerce_value_array(values, self._ser.name, len(arr))
+        self._table.native.put_batch(arr, vals, b.key_type, b.assigner, b.max_parallelism,
+                                     self._ser.name, ttl=_ttl_kernel_args(self))
+
+
+class _NativeTtlReducing(_KernelTtlGet, ttl_states._TtlReducing):
+    def add_batch(self, keys, values, namespaces=None) -> pa.Array:
+        """As ``_TtlReducing.add_batch``; on an int64 sum overflow the aggregates are unchanged
+        while expired entries removed by earlier null rows stay removed (and counted)."""
+        if not _reducer_kernel_ok(self, namespaces):
+            return super().add_batch(keys, values, namespaces)
+        b = self.backend
+        b._check_open()
+        arr = _key_array(self, keys)
+        is_count = self.descriptor.reducer.name == "count"
+        vals = base.coerce_value_array(values, self._ser.name, len(arr), any_type=is_count)
+        if is_count and vals.type not in _COUNT_KERNEL_TYPES:
+            return super().add_batch(arr, vals, namespaces)
+        out = self._table.native.add_batch(arr, vals, b.key_type, b.assigner, b.max_parallelism,
+                                           self._ser.name, self.descriptor.reducer.name,
+                                           ttl=_ttl_kernel_args(self), count_expired=_count_read(b))
+        return _cast_out(out, self._ser)
+
+
+_TTL_STATE_CLASSES = dict(ttl_states.TTL_STATE_CLASSES, value=_NativeTtlValue,
+                          reducing=_NativeTtlReducing)

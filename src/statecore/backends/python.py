@@ -355,9 +355,7 @@ class PythonBackend(base.KeyedStateBackend):
         if cached is not None and cached.descriptor is descriptor and cached.namespace_type == namespace_type:
             return cached
         if descriptor.ttl_config is not None:
-            from statecore.backends.ttl_states import TTL_STATE_CLASSES
-
-            cls = TTL_STATE_CLASSES[descriptor.kind]
+            cls = self._ttl_state_classes()[descriptor.kind]
         else:
             cls = self._state_classes[descriptor.kind]
         st = cls(self, descriptor, namespace_type, table)
@@ -368,6 +366,13 @@ class PythonBackend(base.KeyedStateBackend):
         else:
             self._every_record_ttl.pop(descriptor.name, None)
         return st
+
+    def _ttl_state_classes(self) -> dict:
+        """``{kind: class}`` of TTL-enabled states (the native backend swaps in kernel-backed
+        value/reducing classes). Imported lazily: ttl_states imports this module."""
+        from statecore.backends.ttl_states import TTL_STATE_CLASSES
+
+        return TTL_STATE_CLASSES
 
     # ------------------------------------------------------------------ snapshot / restore
     def _encode_entry_key(self, table: _Table, kg: int, k) -> bytes:

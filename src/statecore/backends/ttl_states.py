@@ -16,8 +16,9 @@ per list element and per map entry, ``ts`` the last-access time in milliseconds
   ``TtlReduceFunction``/``TtlAggregateFunction``: expired = absent, whatever the visibility);
 * list ``add`` appends without looking at older elements; ``get`` returns the unexpired ones (all
   under ``ReturnExpiredIfNotCleanedUp``) and writes back only the unexpired ones;
-* batch calls behave as the same rows one at a time (the native kernels do not run for TTL
-  states).
+* batch calls behave as the same rows one at a time (the native backend runs value/reducing
+  batch calls as C++ kernels with exactly these semantics, ``native.py`` ``_NativeTtlValue``/
+  ``_NativeTtlReducing``; tests/test_ttl_batch.py compares the two).
 """
 
 from __future__ import annotations

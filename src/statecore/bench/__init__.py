@@ -65,7 +65,7 @@ def machine() -> dict:
 
 
 def _load_cases() -> None:
-    from statecore.bench import snapshots, state_ops  # noqa: F401  (register their cases)
+    from statecore.bench import snapshots, state_ops, ttl  # noqa: F401  (register their cases)
 
 
 def run(names: List[str] | None, size: Size, progress=print) -> List[Record]:

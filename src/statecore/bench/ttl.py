@@ -1,0 +1,169 @@
+"""TTL cases: what state TTL costs the batch paths (native kernels with the timestamp suffix vs
+without; the pure-Python TTL states at a reduced size) and the memory per entry it adds.
+
+Workload: ReducingState ``sum`` int64 -> int64 over keys 0..n-1 (loaded first with one add_batch
+per key), then random existing keys in 64k-row Arrow batches: ``add_batch`` (running sum, one
+write per row) and ``get_batch``. TTL is one day with the default wall clock (processing time,
+OnCreateAndWrite, NeverReturnExpired), so nothing expires during a run: the figures are the
+steady-state cost of reading and writing timestamps (best of three interleaved runs per
+configuration). Impl names: ``native`` / ``python`` (no
+TTL) and ``native+ttl`` / ``python+ttl``.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+
+from statecore import ReducingStateDescriptor, create_backend
+from statecore.bench import Size, case, record, timed
+from statecore.ttl import StateTtlConfig
+
+_BATCH = 65_536
+_LOAD_BATCH = 1_000_000
+_DAY_MS = 86_400_000
+
+
+def _label(n: int) -> str:
+    """1000000 -> '1M', 200000 -> '200k' (metric names)."""
+    for div, suffix in ((1_000_000, "M"), (1_000, "k")):
+        if n >= div and n % div == 0:
+            return f"{n // div}{suffix}"
+    return str(n)
+
+
+def _descriptor(ttl: bool) -> ReducingStateDescriptor:
+    d = ReducingStateDescriptor("sum", "sum", "int64")
+    return d.enable_time_to_live(StateTtlConfig(_DAY_MS)) if ttl else d
+
+
+def _loaded(impl: str, n: int, ttl: bool):
+    """A backend of ``impl`` holding keys 0..n-1 (value = key), TTL on or off, and its state."""
+    b = create_backend(impl, key_type="int64")
+    st = b.get_state(_descriptor(ttl))
+    for s in range(0, n, _LOAD_BATCH):
+        k = pa.array(np.arange(s, min(n, s + _LOAD_BATCH), dtype=np.int64))
+        st.add_batch(k, k)
+    return b, st
+
+
+def _random_batches(keys: int, rows: int, seed: int = 7):
+    rng = np.random.default_rng(seed)
+    ones = pa.array(np.ones(_BATCH, np.int64))
+    return [(pa.array(rng.integers(0, keys, min(_BATCH, rows - s), dtype=np.int64)),
+             ones[:min(_BATCH, rows - s)]) for s in range(0, rows, _BATCH)]
+
+
+def _throughput(impl: str, keys: int, rows: int, ttl: bool) -> dict:
+    """rows/s of add_batch and get_batch over ``rows`` random existing keys."""
+    b, st = _loaded(impl, keys, ttl)
+    batches = _random_batches(keys, rows)
+    n = sum(len(k) for k, _ in batches)
+    add = n / timed(lambda: [st.add_batch(k, v) for k, v in batches])
+    get = n / timed(lambda: [st.get_batch(k) for k, _ in batches])
+    b.close()
+    del b, st
+    gc.collect()
+    return {"add_batch": add, "get_batch": get}
+
+
+def _impls(size: Size) -> list:
+    """(impl, [(keys, rows)]) to measure: native at 1M keys (and 10M unless quick), python at a
+    reduced size. Python is left out when the extension is missing (and native then too)."""
+    out = []
+    try:
+        import statecore._native  # noqa: F401
+
+        sizes = [(size.n(1_000_000, 200_000), size.n(4_000_000, 500_000))]
+        if not size.quick:
+            sizes.append((size.n(10_000_000, 10_000_000), size.n(4_000_000, 500_000)))
+        out.append(("native", sizes))
+    except ImportError:
+        pass
+    out.append(("python", [(size.n(200_000, 50_000), size.n(400_000, 100_000))]))
+    return out
+
+
+@case("ttl_throughput", "add_batch (running sum) and get_batch rows/s, int64 -> int64, "
+                        "TTL on vs off, native at 1M (and 10M) keys, python at a reduced size")
+def ttl_throughput(size: Size):
+    out = []
+    for impl, sizes in _impls(size):
+        for keys, rows in sizes:
+            # Best of three interleaved runs: the first run in a process is measurably slower
+            # (warm-up, allocator state), which would otherwise favour whichever runs second.
+            got = {False: {}, True: {}}
+            for _ in range(3):
+                for ttl in (False, True):
+                    for op, v in _throughput(impl, keys, rows, ttl).items():
+                        got[ttl][op] = max(v, got[ttl].get(op, 0.0))
+            tag = f"{_label(keys)}_keys"
+            for op in ("add_batch", "get_batch"):
+                for ttl in (False, True):
+                    out.append(record("ttl_throughput", impl + ("+ttl" if ttl else ""),
+                                      f"{op}_rows_per_s_{tag}", got[ttl][op], "rows/s"))
+                out.append(record("ttl_throughput", impl, f"{op}_ttl_over_plain_{tag}",
+                                  got[True][op] / got[False][op], "ratio"))
+    return out
+
+
+# --------------------------------------------------------------------------- memory
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_probe(impl: str, n: int, ttl: bool) -> dict:
+    """Load ``n`` entries (TTL on or off) into a fresh ``impl`` backend: ``{"rss_delta": bytes,
+    "state_bytes": bytes, "entries": int}``. Meant for a fresh interpreter (see
+    :func:`_rss_per_entry`)."""
+    gc.collect()
+    r0 = _rss_bytes()
+    b, _ = _loaded(impl, n, ttl)
+    return {"rss_delta": _rss_bytes() - r0, "state_bytes": b.state_bytes(), "entries": b.num_entries()}
+
+
+def _probe_in_child(impl: str, n: int, ttl: bool) -> dict:
+    """rss_probe in a child interpreter (a process that already freed memory reuses it, and the
+    RSS delta would understate). Raises RuntimeError if the child fails."""
+    src_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([src_root] + [p for p in [env.get("PYTHONPATH")] if p])
+    code = ("import json,sys; from statecore.bench.ttl import rss_probe; "
+            "print(json.dumps(rss_probe(sys.argv[1], int(sys.argv[2]), sys.argv[3] == '1')))")
+    proc = subprocess.run([sys.executable, "-c", code, impl, str(n), "1" if ttl else "0"],
+                          env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"RSS probe of {impl} at {n} entries failed: {proc.stderr.strip()[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@case("ttl_memory", "bytes per entry (RSS growth / entries, child interpreter; and key+value "
+                    "bytes) of the native backend, TTL on vs off, at 1M and 10M entries")
+def ttl_memory(size: Size):
+    try:
+        import statecore._native  # noqa: F401
+    except ImportError:
+        return []
+    out = []
+    ns = [size.n(1_000_000, 200_000)] + ([] if size.quick else [size.n(10_000_000, 10_000_000)])
+    for n in ns:
+        got = {ttl: _probe_in_child("native", n, ttl) for ttl in (False, True)}
+        tag = f"{_label(n)}_entries"
+        for ttl in (False, True):
+            impl = "native+ttl" if ttl else "native"
+            e = max(1, got[ttl]["entries"])
+            out.append(record("ttl_memory", impl, f"rss_bytes_per_entry_{tag}",
+                              got[ttl]["rss_delta"] / e, "bytes"))
+            out.append(record("ttl_memory", impl, f"state_bytes_per_entry_{tag}",
+                              got[ttl]["state_bytes"] / e, "bytes"))
+        out.append(record("ttl_memory", "native", f"rss_ttl_over_plain_{tag}",
+                          got[True]["rss_delta"] / max(1, got[False]["rss_delta"]), "ratio"))
+    return out
