@@ -488,3 +488,18 @@ def test_ttl_counts_reach_the_manifest_and_the_inspection_output(kind, tmp_path)
     assert "compaction " in text.split("ttl expired")[1]
     assert sum(store.describe(2)["ttl_compaction_expired"].values()) + \
         d["ttl_expired"]["incremental"] == 970
+
+
+@KIND
+def test_incremental_cleanup_on_batch_kernels(kind):
+    """put_batch / add_batch rows count as accesses too (the native kernels included)."""
+    cfg = StateTtlConfig(100, cleanup_incrementally=5)
+    b, _, _ = _scenario_6_state(kind, cfg)
+    r = b.get_state(ReducingStateDescriptor("r", "sum", "int64").enable_time_to_live(cfg))
+    v = b.get_state(ValueStateDescriptor("v", "int64").enable_time_to_live(cfg))
+    for _ in range(2):
+        r.add_batch(pa.array([5000] * 250, pa.int64()), pa.array([1] * 250, pa.int64()))
+    assert r.get_batch(pa.array([5000], pa.int64())).to_pylist() == [500]
+    for _ in range(2):
+        v.put_batch(pa.array([6000] * 250, pa.int64()), pa.array([1] * 250, pa.int64()))
+    assert b.num_entries() == 30 + 2

@@ -205,7 +205,7 @@ cdef _run_to_arrow(c.SortedRun& run, int32_t kg):
     return keys, values
 
 
-cdef c.FilterSpec _ttl_spec(str kind, fixed_width, int64_t ttl_ms) except *:
+cdef c.FilterSpec _ttl_filter_spec(str kind, fixed_width, int64_t ttl_ms) except *:
     """ttl.h FilterSpec of a state kind (statecore.ttl.filter_expired's arguments)."""
     cdef c.FilterSpec spec
     if ttl_ms <= 0:
@@ -265,7 +265,7 @@ cdef class NativeTableSnapshot:
         :func:`statecore.ttl.filter_expired`. InvalidInputError as :meth:`entries`, or for a
         stored value whose TTL layout is broken."""
         cdef c.SortedRun run, out
-        cdef c.FilterSpec spec = _ttl_spec(kind, fixed_width, ttl_ms)
+        cdef c.FilterSpec spec = _ttl_filter_spec(kind, fixed_width, ttl_ms)
         cdef size_t expired
         self._check_group(kg)
         try:
@@ -373,7 +373,7 @@ cdef class NativeStateTable:
         key group outside the range or a stored value whose TTL layout is broken (the entries
         handled before it stay handled)."""
         cdef c.StateMap* m = self._map(kg)
-        cdef c.FilterSpec spec = _ttl_spec(kind, fixed_width, ttl_ms)
+        cdef c.FilterSpec spec = _ttl_filter_spec(kind, fixed_width, ttl_ms)
         cdef c.CleanupStep step
         cdef c.SortedRun scratch
         try:
@@ -387,7 +387,7 @@ cdef class NativeStateTable:
         """Rewrite every TTL timestamp equal to ``ts_from`` to ``ts_to`` in every key group
         (ttl.h ``restamp``; copy-on-write aware). Returns how many were rewritten.
         InvalidInputError for a stored value whose TTL layout is broken."""
-        cdef c.FilterSpec spec = _ttl_spec(kind, fixed_width, 1)
+        cdef c.FilterSpec spec = _ttl_filter_spec(kind, fixed_width, 1)
         cdef size_t n = 0
         cdef int32_t kg
         try:
@@ -407,7 +407,7 @@ cdef class NativeStateTable:
         the table completed (the cursor is back at the first key group). A ``kg`` outside the
         range restarts at the first one. InvalidInputError for a stored value whose TTL layout
         is broken."""
-        cdef c.FilterSpec spec = _ttl_spec(kind, fixed_width, ttl_ms)
+        cdef c.FilterSpec spec = _ttl_filter_spec(kind, fixed_width, ttl_ms)
         cdef c.CleanupStep step
         cdef c.SortedRun scratch
         cdef c.TableCursor cur
@@ -805,7 +805,7 @@ cdef class SnapshotBlockSerializer:
                     c.add_table_source(srcs, name, ts.snap[0], bool(src[2]), src[3])
                     if len(src) > 5 and src[5] is not None:
                         kind, width, ttl_ms, now = src[5]
-                        c.set_source_ttl(srcs, _ttl_spec(kind, width, ttl_ms), now)
+                        c.set_source_ttl(srcs, _ttl_filter_spec(kind, width, ttl_ms), now)
                     self.keep.append(ts)
                 else:
                     st = c.add_static_source(srcs, name)

@@ -432,6 +432,7 @@ class _KernelTtlGet:
         b = self.backend
         b._check_open()
         arr = _key_array(self, keys)
+        b._ttl_accessed(self._table, self._cfg, len(arr))  # incremental cleanup: one access per row
         out = self._table.native.get_batch(arr, b.key_type, b.assigner, b.max_parallelism,
                                            self._ser.name, ttl=_ttl_kernel_args(self),
                                            count_expired=_count_read(b))
@@ -445,6 +446,7 @@ class _NativeTtlValue(_KernelTtlGet, ttl_states._TtlValue):
         b = self.backend
         b._check_open()
         arr = _key_array(self, keys)
+        b._ttl_accessed(self._table, self._cfg, len(arr))  # incremental cleanup: one access per row
         vals = base.coerce_value_array(values, self._ser.name, len(arr))
         self._table.native.put_batch(arr, vals, b.key_type, b.assigner, b.max_parallelism,
                                      self._ser.name, ttl=_ttl_kernel_args(self))
@@ -459,6 +461,7 @@ class _NativeTtlReducing(_KernelTtlGet, ttl_states._TtlReducing):
         b = self.backend
         b._check_open()
         arr = _key_array(self, keys)
+        b._ttl_accessed(self._table, self._cfg, len(arr))  # incremental cleanup: one access per row
         is_count = self.descriptor.reducer.name == "count"
         vals = base.coerce_value_array(values, self._ser.name, len(arr), any_type=is_count)
         if is_count and vals.type not in _COUNT_KERNEL_TYPES:
