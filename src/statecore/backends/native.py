@@ -361,13 +361,20 @@ def _cast_out(arr: pa.Array, ser) -> pa.Array:
 class _KernelGet:
     """get_batch through the native kernel when it applies (see _kernel_ok)."""
 
+    def _ttl_args(self, rows: int):
+        """The kernels' ``ttl`` argument: None here; TTL states override it (_TtlKernel)."""
+        return None
+
     def get_batch(self, keys, namespaces=None) -> pa.Array:
         if not _kernel_ok(self, namespaces):
             return super().get_batch(keys, namespaces)
         b = self.backend
         b._check_open()
         arr = _key_array(self, keys)
-        out = self._table.native.get_batch(arr, b.key_type, b.assigner, b.max_parallelism, self._ser.name)
+        ttl = self._ttl_args(len(arr))
+        out = self._table.native.get_batch(arr, b.key_type, b.assigner, b.max_parallelism,
+                                           self._ser.name, ttl=ttl,
+                                           count_expired=_count_read(b) if ttl else None)
         return _cast_out(out, self._ser)
 
 
@@ -379,7 +386,8 @@ class _FastValue(_KernelGet, py._Value):
         b._check_open()
         arr = _key_array(self, keys)
         vals = base.coerce_value_array(values, self._ser.name, len(arr))
-        self._table.native.put_batch(arr, vals, b.key_type, b.assigner, b.max_parallelism, self._ser.name)
+        self._table.native.put_batch(arr, vals, b.key_type, b.assigner, b.max_parallelism,
+                                     self._ser.name, ttl=self._ttl_args(len(arr)))
 
 
 def _reducer_kernel_ok(state, namespaces) -> bool:
@@ -398,8 +406,10 @@ class _FastReducing(_KernelGet, py._Reducing):
         vals = base.coerce_value_array(values, self._ser.name, len(arr), any_type=is_count)
         if is_count and vals.type not in _COUNT_KERNEL_TYPES:
             return super().add_batch(arr, vals, namespaces)
+        ttl = self._ttl_args(len(arr))
         out = self._table.native.add_batch(arr, vals, b.key_type, b.assigner, b.max_parallelism,
-                                           self._ser.name, self.descriptor.reducer.name)
+                                           self._ser.name, self.descriptor.reducer.name, ttl=ttl,
+                                           count_expired=_count_read(b) if ttl else None)
         return _cast_out(out, self._ser)
 
 
@@ -413,6 +423,18 @@ NativeBackend._state_classes = dict(py.PythonBackend._state_classes, value=_Fast
 # too, and re-reads it per present row for expiry decisions, which is the same reading unless the
 # clock moves during the call.
 
+class _TtlKernel:
+    """The kernels run with TTL on: the incremental cleanup step of the batch's rows first (one
+    access per row, as the Python path), then ``ttl = (ttl_ms, now, update_on_read,
+    return_expired)``; expired entries the kernels remove are counted as ``read``. On an int64
+    sum overflow the aggregates are unchanged while expired entries removed by earlier null
+    rows stay removed (and counted), as in ``_TtlReducing.add_batch``."""
+
+    def _ttl_args(self, rows: int):
+        self.backend._ttl_accessed(self._table, self._cfg, rows)
+        return _ttl_kernel_args(self)
+
+
 def _ttl_kernel_args(state) -> tuple:
     cfg = state._cfg
     return (cfg.ttl_ms, state.backend.ttl_now(cfg), cfg.update_on_read, cfg.return_expired)
@@ -422,54 +444,13 @@ def _count_read(backend):
     return lambda n: backend._count_expired("read", n)
 
 
-class _KernelTtlGet:
-    """TTL get_batch through the kernel when it applies (see _kernel_ok): removes expired entries
-    and renews read ones as ``_Ttl._fresh`` does, counting removals as ``read``."""
-
-    def get_batch(self, keys, namespaces=None) -> pa.Array:
-        if not _kernel_ok(self, namespaces):
-            return super().get_batch(keys, namespaces)
-        b = self.backend
-        b._check_open()
-        arr = _key_array(self, keys)
-        b._ttl_accessed(self._table, self._cfg, len(arr))  # incremental cleanup: one access per row
-        out = self._table.native.get_batch(arr, b.key_type, b.assigner, b.max_parallelism,
-                                           self._ser.name, ttl=_ttl_kernel_args(self),
-                                           count_expired=_count_read(b))
-        return _cast_out(out, self._ser)
+# MRO: the kernel methods first; their fallbacks (super()) reach ttl_states' Python TTL paths.
+class _NativeTtlValue(_TtlKernel, _FastValue, ttl_states._TtlValue):
+    pass
 
 
-class _NativeTtlValue(_KernelTtlGet, ttl_states._TtlValue):
-    def put_batch(self, keys, values, namespaces=None) -> None:
-        if not _kernel_ok(self, namespaces):
-            return super().put_batch(keys, values, namespaces)
-        b = self.backend
-        b._check_open()
-        arr = _key_array(self, keys)
-        b._ttl_accessed(self._table, self._cfg, len(arr))  # incremental cleanup: one access per row
-        vals = base.coerce_value_array(values, self._ser.name, len(arr))
-        self._table.native.put_batch(arr, vals, b.key_type, b.assigner, b.max_parallelism,
-                                     self._ser.name, ttl=_ttl_kernel_args(self))
-
-
-class _NativeTtlReducing(_KernelTtlGet, ttl_states._TtlReducing):
-    def add_batch(self, keys, values, namespaces=None) -> pa.Array:
-        """As ``_TtlReducing.add_batch``; on an int64 sum overflow the aggregates are unchanged
-        while expired entries removed by earlier null rows stay removed (and counted)."""
-        if not _reducer_kernel_ok(self, namespaces):
-            return super().add_batch(keys, values, namespaces)
-        b = self.backend
-        b._check_open()
-        arr = _key_array(self, keys)
-        b._ttl_accessed(self._table, self._cfg, len(arr))  # incremental cleanup: one access per row
-        is_count = self.descriptor.reducer.name == "count"
-        vals = base.coerce_value_array(values, self._ser.name, len(arr), any_type=is_count)
-        if is_count and vals.type not in _COUNT_KERNEL_TYPES:
-            return super().add_batch(arr, vals, namespaces)
-        out = self._table.native.add_batch(arr, vals, b.key_type, b.assigner, b.max_parallelism,
-                                           self._ser.name, self.descriptor.reducer.name,
-                                           ttl=_ttl_kernel_args(self), count_expired=_count_read(b))
-        return _cast_out(out, self._ser)
+class _NativeTtlReducing(_TtlKernel, _FastReducing, ttl_states._TtlReducing):
+    pass
 
 
 _TTL_STATE_CLASSES = dict(ttl_states.TTL_STATE_CLASSES, value=_NativeTtlValue,
