@@ -21,55 +21,76 @@ size_t varlen_at(ByteView v, size_t pos, uint64_t* n) {
   return pos + used;
 }
 
-FilterResult filter_list(const FilterSpec& spec, int64_t now, ByteView v,
-                         std::vector<uint8_t>* out, size_t* expired_count) {
-  size_t dropped = 0;
+// The one walk over a TTL value's layout: fn(start, end, has_ts) for each list element / map
+// entry (bytes [start, end), its timestamp at end - 8 when has_ts; a Value layout is a single
+// element), in order, until fn returns false. Throws (broken) on a truncated layout.
+template <class Fn>
+void for_each_element(const FilterSpec& spec, ByteView v, Fn&& fn) {
+  if (spec.layout == Layout::Value) {
+    fn(size_t{0}, v.size, v.size >= kTimestampBytes);
+    return;
+  }
   size_t pos = 0;
   while (pos < v.size) {
     const size_t start = pos;
-    uint64_t n = spec.fixed_width;
-    if (n == 0) pos = varlen_at(v, pos, &n);
-    if (n > v.size - pos || v.size - pos - n < kTimestampBytes) broken("truncated list element", start);
-    const size_t end = pos + n + kTimestampBytes;
-    if (!expired(load_timestamp(v.data + end - kTimestampBytes), spec.ttl_ms, now)) {
-      if (start == 0) return FilterResult::Keep;
-      out->assign(v.data + start, v.data + v.size);
-      *expired_count += dropped;
-      return FilterResult::Trim;
+    uint64_t n = 0;
+    bool has_ts = true;
+    if (spec.layout == Layout::List) {
+      n = spec.fixed_width;
+      if (n == 0) pos = varlen_at(v, pos, &n);
+      if (n > v.size - pos || v.size - pos - n < kTimestampBytes) broken("truncated list element", start);
+      pos += n + kTimestampBytes;
+    } else {
+      uint64_t m = 0;
+      pos = varlen_at(v, pos, &n);
+      if (n > v.size - pos) broken("truncated map user key", start);
+      pos = varlen_at(v, pos + n, &m);
+      if (m > v.size - pos) broken("truncated map user value", start);
+      pos += m;
+      has_ts = m >= kTimestampBytes;  // a user value too short for a timestamp is kept
     }
-    ++dropped;
-    pos = end;
+    if (!fn(start, pos, has_ts)) return;
   }
+}
+
+FilterResult filter_list(const FilterSpec& spec, int64_t now, ByteView v,
+                         std::vector<uint8_t>* out, size_t* expired_count) {
+  size_t dropped = 0;
+  FilterResult result = FilterResult::Drop;
+  for_each_element(spec, v, [&](size_t start, size_t end, bool) {
+    if (expired(load_timestamp(v.data + end - kTimestampBytes), spec.ttl_ms, now)) {
+      ++dropped;
+      return true;
+    }
+    // Elements are appended in timestamp order: the rest is unexpired too.
+    if (start == 0) {
+      result = FilterResult::Keep;
+    } else {
+      out->assign(v.data + start, v.data + v.size);
+      result = FilterResult::Trim;
+    }
+    return false;
+  });
   *expired_count += dropped;
-  return FilterResult::Drop;
+  return result;
 }
 
 FilterResult filter_map(const FilterSpec& spec, int64_t now, ByteView v,
                         std::vector<uint8_t>* out, size_t* expired_count) {
-  size_t pos = 0, n_dropped = 0;
-  bool dropped = false, kept = false;
-  while (pos < v.size) {
-    const size_t start = pos;
-    uint64_t n = 0, m = 0;
-    pos = varlen_at(v, pos, &n);
-    if (n > v.size - pos) broken("truncated map user key", start);
-    pos = varlen_at(v, pos + n, &m);
-    if (m > v.size - pos) broken("truncated map user value", start);
-    const size_t end = pos + m;
-    if (m >= kTimestampBytes &&
-        expired(load_timestamp(v.data + end - kTimestampBytes), spec.ttl_ms, now)) {
-      if (!dropped) out->assign(v.data, v.data + start);  // everything before was kept
-      dropped = true;
-      ++n_dropped;
+  size_t n_dropped = 0;
+  bool kept = false;
+  for_each_element(spec, v, [&](size_t start, size_t end, bool has_ts) {
+    if (has_ts && expired(load_timestamp(v.data + end - kTimestampBytes), spec.ttl_ms, now)) {
+      if (n_dropped++ == 0) out->assign(v.data, v.data + start);  // everything before was kept
     } else {
       kept = true;
-      if (dropped) out->insert(out->end(), v.data + start, v.data + end);
+      if (n_dropped) out->insert(out->end(), v.data + start, v.data + end);
     }
-    pos = end;
-  }
+    return true;
+  });
   *expired_count += n_dropped;
   if (!kept) return FilterResult::Drop;  // also an empty map, as the Python filter
-  return dropped ? FilterResult::Trim : FilterResult::Keep;
+  return n_dropped ? FilterResult::Trim : FilterResult::Keep;
 }
 
 }  // namespace
@@ -149,38 +170,6 @@ CleanupStep cleanup_step(StateMap& map, uint64_t* cursor, size_t min_entries,
   return step;
 }
 
-namespace {
-
-// Positions of the timestamps inside one value (the layout walk of filter_value).
-void timestamp_positions(const FilterSpec& spec, ByteView v, std::vector<size_t>* out) {
-  out->clear();
-  if (spec.layout == Layout::Value) {
-    if (v.size >= kTimestampBytes) out->push_back(v.size - kTimestampBytes);
-    return;
-  }
-  size_t pos = 0;
-  while (pos < v.size) {
-    const size_t start = pos;
-    uint64_t n = 0;
-    if (spec.layout == Layout::List) {
-      n = spec.fixed_width;
-      if (n == 0) pos = varlen_at(v, pos, &n);
-      if (n > v.size - pos || v.size - pos - n < kTimestampBytes) broken("truncated list element", start);
-      pos += n + kTimestampBytes;
-      out->push_back(pos - kTimestampBytes);
-    } else {
-      uint64_t m = 0;
-      pos = varlen_at(v, pos, &n);
-      if (n > v.size - pos) broken("truncated map user key", start);
-      pos = varlen_at(v, pos + n, &m);
-      if (m > v.size - pos) broken("truncated map user value", start);
-      pos += m;
-      if (m >= kTimestampBytes) out->push_back(pos - kTimestampBytes);
-    }
-  }
-}
-
-}  // namespace
 
 size_t restamp(StateMap& map, const FilterSpec& spec, int64_t from, int64_t to) {
   SortedRun all;
@@ -190,7 +179,11 @@ size_t restamp(StateMap& map, const FilterSpec& spec, int64_t from, int64_t to) 
   size_t rewritten = 0;
   for (size_t i = 0; i < all.size(); ++i) {
     const ByteView v = all.value(i);
-    timestamp_positions(spec, v, &at);
+    at.clear();
+    for_each_element(spec, v, [&at](size_t, size_t end, bool has_ts) {
+      if (has_ts) at.push_back(end - kTimestampBytes);
+      return true;
+    });
     bool hit = false;
     for (size_t p : at) hit = hit || load_timestamp(v.data + p) == from;
     if (!hit) continue;
