@@ -287,20 +287,18 @@ def filter_entries(kind: str, fixed_width: Optional[int], ttl_ms: int, now: int,
     :func:`filter_expired_counted` does. The arrays
     come back unchanged (same objects) when nothing expired."""
     vals = values.to_pylist()
-    out_k, out_v, changed, expired = [], [], 0, 0
+    out_k, out_v, expired = [], [], 0
     ks = None
     for i, v in enumerate(vals):
         f, n = filter_expired_counted(kind, fixed_width, ttl_ms, now, v)
-        expired += n
-        if f is not v:
-            changed += 1
-        if changed and ks is None:
+        expired += n  # a value is dropped or trimmed exactly when something in it expired
+        if expired and ks is None:
             ks = keys.to_pylist()
             out_k, out_v = ks[:i], vals[:i]
         if ks is not None and f is not None:
             out_k.append(ks[i])
             out_v.append(f)
-    if not changed:
+    if not expired:
         return keys, values, 0
     return pa.array(out_k, pa.binary()), pa.array(out_v, pa.binary()), expired
 
@@ -349,7 +347,7 @@ def compaction_filter(kind: str, fixed_width: Optional[int], ttl_ms: int,
     n = len(keys)
     if n == 0:
         return keys, values, 0
-    parts, expired, pos, changed = [], 0, 0, False
+    parts, expired, pos = [], 0, 0
     while pos < n:
         take = min(time.budget(), n - pos)
         k, v, e = filter_entries(kind, fixed_width, ttl_ms, time.now(), keys.slice(pos, take),
@@ -357,9 +355,8 @@ def compaction_filter(kind: str, fixed_width: Optional[int], ttl_ms: int,
         time.processed(take)
         parts.append((k, v))
         expired += e
-        changed = changed or e > 0
         pos += take
-    if not changed:
+    if not expired:
         return keys, values, 0
     return (pa.concat_arrays([k for k, _ in parts]), pa.concat_arrays([v for _, v in parts]),
             expired)
