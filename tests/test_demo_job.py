@@ -3,7 +3,8 @@
 Every run streams the first three weeks of 2013 (21 daily files, ~19k flights) through a real
 local Spark and compares the output with batch queries over the same landed rows:
 ``groupBy(tailnum, session_window(event_time, gap))`` for the sessions and
-``groupBy(origin, dest)`` for the last statistics emitted per route.
+``groupBy(origin, dest)`` for the last statistics emitted per route, both split into the
+activity periods that the event-time idle TTL defines (micro-batches from Spark's source log).
 """
 
 import dataclasses
@@ -16,6 +17,7 @@ from statecore.demo import job as job_mod
 from statecore.demo.data import load_flights
 from statecore.demo.job import DemoConfig, DemoPipeline, parse_duration_ms, run_demo
 from statecore.demo.reference import (
+    batch_plan,
     final_route_stats,
     read_sessions,
     reference_routes,
@@ -24,6 +26,7 @@ from statecore.demo.reference import (
 from statecore.errors import InvalidInputError, StateError
 
 DAYS = 21
+DAY_MS = 86_400_000
 
 
 # ------------------------------------------------------------------------- no Spark needed
@@ -110,8 +113,11 @@ def test_checkpoint_options_reach_both_operators(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- with Spark
 
 def _cfg(tmp_path, **kw):
+    # An idle TTL of 6 days with micro-batches of 4 or 5 days: keys idle for one micro-batch
+    # expire, keys seen in consecutive ones do not.
     base = dict(checkpoint=str(tmp_path / "ckpt"), output=str(tmp_path / "out"), backend="python",
-                days=DAYS, files_per_trigger=7, parallelism=2, max_parallelism=128)
+                days=DAYS, files_per_trigger=7, parallelism=2, max_parallelism=128,
+                aircraft_idle_ttl_ms=6 * DAY_MS, route_idle_ttl_ms=6 * DAY_MS)
     base.update(kw)
     return DemoConfig(**base)
 
@@ -122,13 +128,27 @@ def _same(a, b):
     assert b.exceptAll(a).count() == 0
 
 
-def _assert_matches_spark_sql(spark, cfg):
+def _assert_matches_spark_sql(spark, cfg, plan=None):
+    """The job's output equals the Spark SQL reference; returns the number of activity periods
+    beyond the first (sessions, routes) so that a test can check the TTL did something."""
     landing = os.path.join(cfg.checkpoint, "landing")
+    if plan is None:
+        plan = batch_plan(os.path.join(cfg.checkpoint, "spark"))
     got = read_sessions(spark, cfg.output)
-    want = reference_sessions(spark, landing, cfg.session_gap_ms)
+    want = reference_sessions(spark, landing, cfg.session_gap_ms, cfg.aircraft_idle_ttl_ms, plan)
     assert got.columns == want.columns
     _same(got, want)
-    _same(final_route_stats(spark, cfg.output), reference_routes(spark, landing))
+    routes = final_route_stats(spark, cfg.output)
+    want_routes = reference_routes(spark, landing, cfg.route_idle_ttl_ms, plan)
+    assert routes.columns == want_routes.columns
+    _same(routes, want_routes)
+    restarted_aircraft = want.where("session_number = 1").count() - \
+        want.select("tailnum").distinct().count()
+    # A route's last period is not its first when it started after the route's first flight.
+    restarted_routes = want_routes.join(
+        spark.read.parquet(landing).groupBy("origin", "dest").agg({"event_time": "min"}),
+        ["origin", "dest"]).where("active_since > `min(event_time)`").count()
+    return restarted_aircraft, restarted_routes
 
 
 def _output_rows(path):
@@ -145,9 +165,9 @@ def backend(request):
 
 @pytest.mark.spark
 def test_full_run_matches_spark_sql(spark, tmp_path, backend):
-    cfg = _cfg(tmp_path, backend=backend)
+    cfg = _cfg(tmp_path, backend=backend, files_per_trigger=4)
     s = run_demo(cfg, spark=spark, progress=None)
-    assert (s.micro_batches, s.last_batch_id, s.flushed, s.stopped_early) == (3, 2, True, False)
+    assert (s.micro_batches, s.last_batch_id, s.flushed, s.stopped_early) == (6, 5, True, False)
     assert s.events == load_flights(DAYS).num_rows
     assert s.sessions == read_sessions(spark, cfg.output).count() > 0
     assert s.state_entries > 0 and s.checkpoint_bytes > 0 and s.late_rows == 0
@@ -157,7 +177,10 @@ def test_full_run_matches_spark_sql(spark, tmp_path, backend):
         # Version 0 full, every later one incremental on top of it.
         assert {f["kind"] for f in op.store.manifest(op.latest_version())["files"]} == \
             {"full", "incremental"}
-    _assert_matches_spark_sql(spark, cfg)
+    restarted_aircraft, restarted_routes = _assert_matches_spark_sql(spark, cfg)
+    # The idle TTL changed the results (periods beyond the first) and cleanup removed state.
+    assert restarted_aircraft > 0 and restarted_routes > 0
+    assert s.ttl_expired.get("incremental", 0) + s.ttl_expired.get("background", 0) > 0
     before = _output_rows(os.path.join(cfg.output, "sessions"))
     # A rerun of a finished job processes nothing and changes nothing.
     again = run_demo(cfg, spark=spark, progress=None)
@@ -234,7 +257,8 @@ def test_replayed_micro_batch_in_the_pipeline(spark, tmp_path):
         other.sessions(b1, 2)
     pipe.sessions.flush(spark)
     landing_cfg = dataclasses.replace(cfg, checkpoint=str(tmp_path))  # landing = tmp/landing
-    _assert_matches_spark_sql(spark, landing_cfg)
+    plan = {os.path.basename(f): 0 if i < 3 else 1 for i, f in enumerate(landing.files)}
+    _assert_matches_spark_sql(spark, landing_cfg, plan)
 
 
 # ------------------------------------------------- the sessions processor without Spark
@@ -264,9 +288,11 @@ def _flights(rows):
 
 
 def _sessions(batches):
+    """(tailnum, start, end, flights, cancelled, delay, active_since, number), times in minutes."""
     return sorted((r["tailnum"], int(r["session_start"].timestamp()) // 60,
                    int(r["session_end"].timestamp()) // 60, r["flights"], r["cancelled"],
-                   r["dep_delay_minutes"]) for b in batches for r in b.to_pylist())
+                   r["dep_delay_minutes"], int(r["active_since"].timestamp()) // 60,
+                   r["session_number"]) for b in batches for r in b.to_pylist())
 
 
 def test_session_rules_exact_gap_late_events_and_flush():
@@ -283,7 +309,7 @@ def test_session_rules_exact_gap_late_events_and_flush():
     out0 = list(p.process_batch(_flights([
         ("A", 10, False, 5.0), ("B", 100, False, None), ("A", 0, True, None),
         ("B", 160, False, 3.0), ("A", 200, False, -2.0)]), ctx))
-    assert _sessions(out0) == [("A", 0, 70, 2, 1, 5)]
+    assert _sessions(out0) == [("A", 0, 70, 2, 1, 5, 0, 1)]
     ctx = _sessions_ctx(1, 200 * 60_000)
     p.open(ctx)
     out1 = list(p.process_batch(_flights([
@@ -298,9 +324,42 @@ def test_session_rules_exact_gap_late_events_and_flush():
     ctx = _sessions_ctx(2, 221 * 60_000)
     p.open(ctx)
     fired = list(p.on_watermark(ctx, 221 * 60_000))
-    assert _sessions(fired) == [("B", 100, 220, 2, 0, 3)]
+    assert _sessions(fired) == [("B", 100, 220, 2, 0, 3, 100, 1)]
     ctx = _sessions_ctx(3, None)
     p.open(ctx)
-    assert _sessions(p.flush(ctx)) == [("A", 150, 260, 2, 0, -1)]
+    assert _sessions(p.flush(ctx)) == [("A", 150, 260, 2, 0, -1, 0, 2)]
     assert list(p.flush(ctx)) == []
-    assert _sessions_ctx.backend.num_entries() == 0
+    # Sessions and timers are gone; the activity of A, B and C (no TTL) is kept.
+    assert _sessions_ctx.backend.num_entries() == 3
+
+
+@pytest.mark.parametrize("ttl", [None, 500])
+def test_idle_aircraft_starts_a_new_activity_period(backend, ttl):
+    """Event-time TTL on the aircraft state, driven as the operator drives it (the watermark
+    observed before process_batch): written at batch 0 (stamped with the first watermark, 100)
+    and batch 1 (watermark 100), read at watermark 600 = 100 + TTL: expired, so the next
+    session is number 1 of a new period. Without a TTL it is number 3 of the first."""
+    from statecore.backends import create_backend
+    from statecore.demo.processors import AircraftSessions
+
+    minute = 60_000
+    p = AircraftSessions(60 * minute, None if ttl is None else ttl * minute)
+    b = _sessions_ctx.backend = create_backend(backend, key_type="string", max_parallelism=128)
+    got = []
+    for batch_id, wm, rows in ((0, None, [("A", 0, False, 1.0)]),
+                               (1, 100, [("A", 100, False, 2.0)]),
+                               (2, 600, [("A", 700, False, 3.0)])):
+        ctx = _sessions_ctx(batch_id, None if wm is None else wm * minute)
+        p.open(ctx)
+        if wm is not None:
+            b.observe_watermark(wm * minute)
+        got += list(p.process_batch(_flights(rows), ctx))
+        if wm is not None:
+            got += list(p.on_watermark(ctx, wm * minute))
+    ctx = _sessions_ctx(3, None)
+    p.open(ctx)
+    got += list(p.flush(ctx))
+    last = ("A", 700, 760, 1, 0, 3) + ((0, 3) if ttl is None else (700, 1))
+    assert _sessions(got) == [("A", 0, 60, 1, 0, 1, 0, 1), ("A", 100, 160, 1, 0, 2, 0, 2), last]
+    # Removed by the incremental cleanup step that runs before the read (or by the read).
+    assert sum(b.ttl_statistics().values()) == (0 if ttl is None else 1)

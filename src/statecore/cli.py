@@ -20,14 +20,22 @@ from statecore.errors import StateError
 __all__ = ["main", "build_parser"]
 
 
-def _positive_int(text: str) -> int:
+def _int_at_least(text: str, low: int, what: str) -> int:
     try:
         v = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a {what} integer, got {text!r}") from None
+    if v < low:
+        raise argparse.ArgumentTypeError(f"expected a {what} integer, got {text!r}")
     return v
+
+
+def _positive_int(text: str) -> int:
+    return _int_at_least(text, 1, "positive")
+
+
+def _non_negative_int(text: str) -> int:
+    return _int_at_least(text, 0, "non-negative")
 
 
 def _positive_float(text: str) -> float:
@@ -47,6 +55,11 @@ def _duration_ms(text: str) -> int:
         return parse_duration_ms(text)
     except StateError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _ttl_ms(text: str):
+    """A duration (see _duration_ms) or ``none`` (no TTL: state kept forever)."""
+    return None if text.strip().lower() in ("none", "off") else _duration_ms(text)
 
 
 def _add_demo(sub) -> None:
@@ -74,6 +87,16 @@ def _add_demo(sub) -> None:
                    help="keyed state backend (default: %(default)s)")
     p.add_argument("--session-gap", type=_duration_ms, default="6h",
                    help="session gap, e.g. 6h, 90m, 30s, 1d (default: 6h)")
+    p.add_argument("--aircraft-idle-ttl", type=_ttl_ms, default="30d",
+                   help="event-time TTL of an aircraft's state: idle longer (on the watermark) "
+                        "and its next session starts a new activity period; 'none' keeps it "
+                        "forever (default: 30d)")
+    p.add_argument("--route-idle-ttl", type=_ttl_ms, default="30d",
+                   help="event-time TTL of a route's statistics: not flown for longer and they "
+                        "start from zero; 'none' keeps them forever (default: 30d)")
+    p.add_argument("--ttl-background-key-groups", type=_non_negative_int, default=8,
+                   help="key groups per partition that TTL background cleanup expires after "
+                        "each micro-batch's snapshot; 0 = off (default: %(default)s)")
     p.add_argument("--max-batches", type=_positive_int, default=None,
                    help="stop after this many micro-batches of this run (resume later)")
     p.add_argument("--days", type=_positive_int, default=None,
@@ -99,6 +122,8 @@ def _run_demo(args) -> int:
         files_per_trigger=args.files_per_trigger, parallelism=args.parallelism,
         max_parallelism=args.max_parallelism, backend=args.backend,
         session_gap_ms=args.session_gap, max_batches=args.max_batches, days=args.days,
+        aircraft_idle_ttl_ms=args.aircraft_idle_ttl, route_idle_ttl_ms=args.route_idle_ttl,
+        ttl_background_key_groups=args.ttl_background_key_groups,
         master=args.master, retain_versions=args.retain_versions, max_runs=args.max_runs,
         commit_timeout_s=args.commit_timeout)
     if args.quiet:

@@ -69,6 +69,10 @@ class DemoConfig:
     ``days``: only the first ``days`` New York days of 2013 (None = the whole year).
     ``landing``: where the daily files are landed (default ``<checkpoint>/landing``).
     ``session_gap_ms``: session gap in ms (default 6 h).
+    ``aircraft_idle_ttl_ms``, ``route_idle_ttl_ms``: event-time TTL in ms of the per-aircraft
+    activity and the per-route statistics (default 30 days; None = kept forever), see
+    :mod:`statecore.demo.processors`. ``ttl_background_key_groups``: key groups per partition
+    that TTL background cleanup expires after each micro-batch's snapshot (0 = off).
     ``retain_versions``, ``max_runs``, ``commit_timeout_s``: passed to both operators
     (:class:`statecore.spark.StatefulOperator`: committed versions kept, incremental runs per key
     group before a compaction (None = never compact), seconds the driver waits for the
@@ -83,6 +87,9 @@ class DemoConfig:
     max_parallelism: int = 128
     backend: str = "native"
     session_gap_ms: int = 6 * 3_600_000
+    aircraft_idle_ttl_ms: Optional[int] = 30 * 86_400_000
+    route_idle_ttl_ms: Optional[int] = 30 * 86_400_000
+    ttl_background_key_groups: int = 8
     max_batches: Optional[int] = None
     days: Optional[int] = None
     master: str = "local[2]"
@@ -102,6 +109,13 @@ class DemoConfig:
         if self.max_batches is not None and (isinstance(self.max_batches, bool)
                                              or not isinstance(self.max_batches, int) or self.max_batches < 1):
             raise InvalidInputError(f"max_batches must be a positive int, got {self.max_batches!r}")
+        for name in ("aircraft_idle_ttl_ms", "route_idle_ttl_ms"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise InvalidInputError(f"{name} must be a positive int (ms) or None, got {v!r}")
+        g = self.ttl_background_key_groups
+        if isinstance(g, bool) or not isinstance(g, int) or g < 0:
+            raise InvalidInputError(f"ttl_background_key_groups must be an int >= 0, got {g!r}")
         if self.backend not in ("python", "native"):
             raise InvalidInputError(f"backend must be 'native' or 'python', got {self.backend!r}")
         r = self.retain_versions
@@ -121,7 +135,9 @@ class DemoSummary:
     ``sessions`` is the number of session rows in the output (all runs); state and checkpoint
     figures describe the latest committed versions; ``checkpoint_bytes_written`` sums the data
     files this run wrote (both operators, every micro-batch and the flush) and
-    ``commit_wait_seconds`` the time the driver waited for background checkpoint writes."""
+    ``commit_wait_seconds`` the time the driver waited for background checkpoint writes;
+    ``ttl_expired`` counts the state entries TTL cleanup removed during this run, by strategy
+    (read, incremental, background, full_snapshot; as the checkpoint manifests report them)."""
 
     events: int = 0
     seconds: float = 0.0
@@ -139,6 +155,7 @@ class DemoSummary:
     late_rows: int = 0
     cache_loads: int = 0
     checkpoint_loads: int = 0
+    ttl_expired: Dict[str, int] = field(default_factory=dict)
     batches: List[Dict] = field(default_factory=list)
 
     @property
@@ -159,6 +176,8 @@ class DemoSummary:
             f"(driver waited {self.commit_wait_seconds:.2f} s for background writes)",
             f"state loads        {self.cache_loads} from the worker cache, {self.checkpoint_loads} from the checkpoint",
             f"late rows dropped  {self.late_rows}",
+            "ttl expired        " + (", ".join(f"{n:,} {s}" for s, n in sorted(self.ttl_expired.items()))
+                                     or "none") + " (state entries, by cleanup strategy)",
         ]
 
 
@@ -181,13 +200,15 @@ class DemoPipeline:
         self.ops_dir = os.path.join(checkpoint, "operators")
         common = dict(parallelism=cfg.parallelism, max_parallelism=cfg.max_parallelism,
                       backend=cfg.backend, retain_versions=cfg.retain_versions,
-                      max_runs=cfg.max_runs, commit_timeout_s=cfg.commit_timeout_s)
+                      max_runs=cfg.max_runs, commit_timeout_s=cfg.commit_timeout_s,
+                      ttl_background_key_groups=cfg.ttl_background_key_groups)
         self.sessions = StatefulOperator(
-            "sessions", AircraftSessions(cfg.session_gap_ms), "tailnum", self.ops_dir,
+            "sessions", AircraftSessions(cfg.session_gap_ms, cfg.aircraft_idle_ttl_ms), "tailnum",
+            self.ops_dir,
             output=os.path.join(output, "sessions"), event_time_column="event_time", **common)
         self.routes = StatefulOperator(
-            "route_delays", RouteDelays(), "route", self.ops_dir,
-            output=os.path.join(output, "route_delays"), **common)
+            "route_delays", RouteDelays(cfg.route_idle_ttl_ms), "route", self.ops_dir,
+            output=os.path.join(output, "route_delays"), event_time_column="event_time", **common)
 
     def __call__(self, df, batch_id: int):
         from pyspark.sql import functions as F
@@ -283,6 +304,8 @@ def run_demo(cfg: DemoConfig, spark=None, progress: Optional[Callable[[str], Non
             summary.commit_wait_seconds += rep.wait_seconds
             summary.cache_loads += rep.loads.get("cache", 0)
             summary.checkpoint_loads += rep.loads.get("checkpoint", 0)
+            for strategy, n in rep.ttl_expired.items():
+                summary.ttl_expired[strategy] = summary.ttl_expired.get(strategy, 0) + n
         summary.batches.append({"batch_id": batch_id, "events": r.rows, "sessions": s.output_rows,
                                 "routes": r.output_rows, "seconds": dt})
         wm = "-" if s.watermark_ms is None else time.strftime("%Y-%m-%d %H:%M", time.gmtime(s.watermark_ms / 1000))

@@ -3,39 +3,152 @@
 They read the landed Parquet files as one batch and aggregate with Spark's own operators, so
 they are an independent oracle for the statecore operators: the sessions must equal
 ``groupBy(tailnum, session_window(event_time, gap))`` row for row, and the last statistics
-emitted per route must equal ``groupBy(origin, dest)``.
+emitted per route must equal ``groupBy(origin, dest)`` over the route's last activity period.
+
+Activity periods (the idle TTL of :mod:`statecore.demo.processors`) depend on which micro-batch
+each row arrived in, because event-time TTL runs on the watermark. The queries take that from
+Spark's own record: the file source's log in the streaming checkpoint (:func:`batch_plan`), or
+an explicit ``{file name: batch id}`` mapping. For one operator and key they model:
+
+* the watermark of micro-batch ``b`` = the largest event time of the operator's rows in
+  micro-batches before ``b`` (none for the first);
+* a key's state written in micro-batch ``b`` is stamped with ``b``'s watermark; writes before
+  the first watermark are stamped with the first watermark (the backend's re-stamp);
+* the key's next micro-batch ``c`` starts a new period when ``stamp + ttl <= watermark(c)``;
+  the period's ``active_since`` is the key's smallest event time in the micro-batch that
+  started it.
+
+Without a TTL a key has one period, from its first event.
 """
 
 from __future__ import annotations
 
-__all__ = ["reference_sessions", "reference_routes", "final_route_stats", "read_sessions"]
+import json
+import os
+from typing import Dict, List, Mapping, Optional
+
+__all__ = ["batch_plan", "reference_sessions", "reference_routes", "final_route_stats",
+           "read_sessions"]
 
 
-def reference_sessions(spark, landing_path: str, gap_ms: int):
-    """DataFrame(tailnum, session_start, session_end, flights, cancelled, dep_delay_minutes)
-    from ``session_window(event_time, '<gap_ms/1000> seconds')`` over rows with a tailnum.
-    ``dep_delay_minutes`` is 0 for a session without any known delay (as the operator)."""
+def batch_plan(spark_checkpoint: str) -> Dict[str, int]:
+    """``{file name: micro-batch id}`` of the first file source of a Structured Streaming query,
+    from its checkpoint's source log (``<spark_checkpoint>/sources/0/``: files ``N`` and
+    ``N.compact``, a ``v1`` line then one JSON object per file with ``path`` and ``batchId``).
+
+    Raises FileNotFoundError when there is no such log and ValueError for an entry that does
+    not parse."""
+    log_dir = os.path.join(spark_checkpoint, "sources", "0")
+    names = [n for n in os.listdir(log_dir) if not n.startswith(".")]
+    if not names:
+        raise FileNotFoundError(f"no file-source log entries in {log_dir}")
+    plan: Dict[str, int] = {}
+    for name in names:
+        with open(os.path.join(log_dir, name), encoding="utf-8") as f:
+            lines = f.read().splitlines()
+        for line in lines[1:]:  # the first line is the log format version
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+                plan[entry["path"].rstrip("/").rsplit("/", 1)[-1]] = int(entry["batchId"])
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise ValueError(f"{os.path.join(log_dir, name)}: bad entry {line!r}") from exc
+    return plan
+
+
+def _with_batches(spark, df, plan: Mapping[str, int]):
+    """``df`` (read from Parquet files) with ``_batch``: the micro-batch of its row's file.
+    Raises ValueError when a file is not in ``plan``."""
+    from pyspark.sql import functions as F
+
+    plan_df = spark.createDataFrame(sorted(plan.items()), "_file string, _batch long")
+    out = df.withColumn("_file", F.col("_metadata.file_name")).join(
+        F.broadcast(plan_df), "_file", "left")
+    missing = out.where(F.col("_batch").isNull()).select("_file").distinct().limit(5).collect()
+    if missing:
+        raise ValueError(f"files not in the batch plan: {[r[0] for r in missing]}")
+    return out.drop("_file")
+
+
+def _periods(spark, rows, keys: List[str], idle_ttl_ms: Optional[int],
+             plan: Optional[Mapping[str, int]]):
+    """``rows`` with ``_period`` (1, 2, ... per key) and ``_since`` (ms): the activity period
+    each row's micro-batch belongs to (module docstring). Needs ``plan`` with a TTL."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    t = F.unix_millis("event_time")
+    if idle_ttl_ms is None:
+        first = rows.groupBy(*keys).agg(F.min(t).alias("_since"))
+        return rows.join(first, keys).withColumn("_period", F.lit(1))
+    if plan is None:
+        raise ValueError("an idle TTL needs the micro-batch plan (batch_plan)")
+    rows = _with_batches(spark, rows, plan)
+    upto = Window.orderBy("_batch").rowsBetween(Window.unboundedPreceding, -1)
+    wm = (rows.groupBy("_batch").agg(F.max(t).alias("_max"))
+          .withColumn("_wm", F.max("_max").over(upto)).drop("_max"))
+    first_wm = wm.agg(F.min("_wm")).first()[0]
+    per_key = Window.partitionBy(*keys).orderBy("_batch")
+    stamp = F.coalesce(F.col("_wm"), F.lit(first_wm).cast("long"))
+    prev = F.lag("_stamp").over(per_key)
+    kb = (rows.groupBy(*keys, "_batch").agg(F.min(t).alias("_first"))
+          .join(wm, "_batch").withColumn("_stamp", stamp))
+    new = prev.isNull() | (F.col("_wm").isNotNull() & (prev + F.lit(idle_ttl_ms) <= F.col("_wm")))
+    kb = kb.withColumn("_new", new.cast("int")).withColumn(
+        "_period", F.sum("_new").over(per_key.rowsBetween(Window.unboundedPreceding, 0)))
+    starts = kb.where("_new = 1").select(*keys, "_period", F.col("_first").alias("_since"))
+    kb = kb.select(*keys, "_batch", "_period").join(starts, keys + ["_period"])
+    return rows.join(kb, keys + ["_batch"]).drop("_batch")
+
+
+def reference_sessions(spark, landing_path: str, gap_ms: int, idle_ttl_ms: Optional[int] = None,
+                       plan: Optional[Mapping[str, int]] = None):
+    """DataFrame(tailnum, session_start, session_end, flights, cancelled, dep_delay_minutes,
+    active_since, session_number) from ``session_window(event_time, '<gap_ms/1000> seconds')``
+    over rows with a tailnum. ``dep_delay_minutes`` is 0 for a session without any known delay
+    (as the operator). A session belongs to the activity period of its first row; sessions are
+    numbered by start within their period. ``idle_ttl_ms``: the aircraft state's TTL (None =
+    none); ``plan``: ``{file name: batch id}`` (:func:`batch_plan`), needed with a TTL.
+    Raises ValueError for a gap that is not whole seconds or a TTL without a plan."""
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     if gap_ms % 1000:
         raise ValueError("the reference query needs a gap of whole seconds")
     df = spark.read.parquet(landing_path).where(F.col("tailnum").isNotNull())
+    df = _periods(spark, df, ["tailnum"], idle_ttl_ms, plan)
     w = F.session_window("event_time", f"{gap_ms // 1000} seconds")
-    return df.groupBy("tailnum", w.alias("w")).agg(
+    sessions = df.groupBy("tailnum", w.alias("w")).agg(
         F.count(F.lit(1)).alias("flights"),
         F.sum(F.when(F.col("dep_time").isNull(), 1).otherwise(0)).cast("bigint").alias("cancelled"),
         F.coalesce(F.sum(F.col("dep_delay").cast("bigint")), F.lit(0)).cast("bigint").alias("dep_delay_minutes"),
-    ).select("tailnum", F.col("w.start").alias("session_start"), F.col("w.end").alias("session_end"),
-             "flights", "cancelled", "dep_delay_minutes")
+        F.min_by("_period", "event_time").alias("_period"),
+        F.min_by("_since", "event_time").alias("_since"),
+    )
+    number = F.row_number().over(Window.partitionBy("tailnum", "_period").orderBy("w.start"))
+    return sessions.select(
+        "tailnum", F.col("w.start").alias("session_start"), F.col("w.end").alias("session_end"),
+        "flights", "cancelled", "dep_delay_minutes",
+        F.timestamp_millis("_since").alias("active_since"),
+        number.cast("bigint").alias("session_number"))
 
 
-def reference_routes(spark, landing_path: str):
-    """DataFrame(origin, dest, flights, arr_delay_count, arr_delay_sum, arr_delay_max) over all
-    rows; ``arr_delay_sum`` is 0 and ``arr_delay_max`` null for a route without arrival delays."""
+def reference_routes(spark, landing_path: str, idle_ttl_ms: Optional[int] = None,
+                     plan: Optional[Mapping[str, int]] = None):
+    """DataFrame(origin, dest, active_since, flights, arr_delay_count, arr_delay_sum,
+    arr_delay_max) over the rows of each route's last activity period; ``arr_delay_sum`` is 0
+    and ``arr_delay_max`` null for a period without arrival delays. ``idle_ttl_ms`` / ``plan``
+    as in :func:`reference_sessions`."""
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     d = F.col("arr_delay").cast("bigint")
-    return spark.read.parquet(landing_path).groupBy("origin", "dest").agg(
+    df = _periods(spark, spark.read.parquet(landing_path), ["origin", "dest"], idle_ttl_ms, plan)
+    last = F.max("_period").over(Window.partitionBy("origin", "dest"))
+    df = df.withColumn("_last", last).where(F.col("_period") == F.col("_last"))
+    return df.groupBy("origin", "dest").agg(
+        F.timestamp_millis(F.min("_since")).alias("active_since"),
         F.count(F.lit(1)).alias("flights"),
         F.count(d).alias("arr_delay_count"),
         F.coalesce(F.sum(d), F.lit(0)).cast("bigint").alias("arr_delay_sum"),
