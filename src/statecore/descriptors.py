@@ -53,6 +53,7 @@ class StateDescriptor:
     ``ttl_migration`` (bool, set by :meth:`enable_ttl_migration`; not part of :meth:`meta`)."""
 
     kind = ""
+    ttl_migration = False  # also the default of descriptors unpickled from before the flag
 
     def __init__(self, name: str):
         self.name = _check_name(name)
