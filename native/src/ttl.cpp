@@ -23,23 +23,26 @@ size_t varlen_at(ByteView v, size_t pos, uint64_t* n) {
 
 // The one walk over a TTL value's layout: fn(start, end, has_ts) for each list element / map
 // entry (bytes [start, end), its timestamp at end - 8 when has_ts; a Value layout is a single
-// element), in order, until fn returns false. Throws (broken) on a truncated layout.
+// element), in order, until fn returns false. Throws (broken) on a truncated layout. With
+// `timestamps` false it walks the same state's layout without TTL (migration reads it): list
+// elements have no suffix and has_ts is always false.
 template <class Fn>
-void for_each_element(const FilterSpec& spec, ByteView v, Fn&& fn) {
+void for_each_element(const FilterSpec& spec, ByteView v, Fn&& fn, bool timestamps = true) {
   if (spec.layout == Layout::Value) {
-    fn(size_t{0}, v.size, v.size >= kTimestampBytes);
+    fn(size_t{0}, v.size, timestamps && v.size >= kTimestampBytes);
     return;
   }
+  const size_t suffix = timestamps ? kTimestampBytes : 0;
   size_t pos = 0;
   while (pos < v.size) {
     const size_t start = pos;
     uint64_t n = 0;
-    bool has_ts = true;
+    bool has_ts = timestamps;
     if (spec.layout == Layout::List) {
       n = spec.fixed_width;
       if (n == 0) pos = varlen_at(v, pos, &n);
-      if (n > v.size - pos || v.size - pos - n < kTimestampBytes) broken("truncated list element", start);
-      pos += n + kTimestampBytes;
+      if (n > v.size - pos || v.size - pos - n < suffix) broken("truncated list element", start);
+      pos += n + suffix;
     } else {
       uint64_t m = 0;
       pos = varlen_at(v, pos, &n);
@@ -47,7 +50,7 @@ void for_each_element(const FilterSpec& spec, ByteView v, Fn&& fn) {
       pos = varlen_at(v, pos + n, &m);
       if (m > v.size - pos) broken("truncated map user value", start);
       pos += m;
-      has_ts = m >= kTimestampBytes;  // a user value too short for a timestamp is kept
+      has_ts = timestamps && m >= kTimestampBytes;  // a user value too short for one is kept
     }
     if (!fn(start, pos, has_ts)) return;
   }
@@ -198,6 +201,90 @@ size_t restamp(StateMap& map, const FilterSpec& spec, int64_t from, int64_t to) 
     }
   }
   return rewritten;
+}
+
+namespace {
+
+// A map entry [start, end) of a value `v` whose layout was walked already: the user value's
+// varlen is at *uv_len_at, its bytes at [*uv_at, end).
+void map_entry_parts(ByteView v, size_t start, size_t* uv_len_at, size_t* uv_at) {
+  uint64_t n = 0, m = 0;
+  *uv_len_at = varlen_at(v, start, &n) + n;
+  *uv_at = varlen_at(v, *uv_len_at, &m);
+}
+
+}  // namespace
+
+bool migrate_value(const MigrationSpec& spec, ByteView v, std::vector<uint8_t>* out,
+                   size_t* expired_count) {
+  if (out == nullptr) throw std::invalid_argument("migrate_value needs `out`");
+  if (!spec.add_timestamps && spec.ttl_ms <= 0) throw std::invalid_argument("TTL must be > 0 ms");
+  size_t ignored = 0;
+  if (expired_count == nullptr) expired_count = &ignored;
+  out->clear();
+  FilterSpec walk;
+  walk.layout = spec.layout;
+  walk.fixed_width = spec.fixed_width;
+  uint8_t ts[kTimestampBytes];
+  store_timestamp(ts, spec.ts);
+  const bool add = spec.add_timestamps;
+  bool any = false;
+  // A throw midway leaves *out partial; callers discard it (migrate() never writes it).
+  for_each_element(walk, v, [&](size_t start, size_t end, bool has_ts) {
+    if (!add && !has_ts) broken("value shorter than its 8-byte timestamp", start);
+    if (!add && expired(load_timestamp(v.data + end - kTimestampBytes), spec.ttl_ms, spec.now)) {
+      ++*expired_count;
+      return true;
+    }
+    any = true;
+    const size_t body_end = add ? end : end - kTimestampBytes;
+    if (spec.layout == Layout::Map) {
+      // The user value's varlen counts the suffix: rewrite it.
+      size_t uv_len_at = 0, uv_at = 0;
+      map_entry_parts(v, start, &uv_len_at, &uv_at);
+      out->insert(out->end(), v.data + start, v.data + uv_len_at);
+      append_varlen(*out, body_end - uv_at + (add ? kTimestampBytes : 0));
+      out->insert(out->end(), v.data + uv_at, v.data + body_end);
+    } else {
+      out->insert(out->end(), v.data + start, v.data + body_end);
+    }
+    if (add) out->insert(out->end(), ts, ts + kTimestampBytes);
+    return true;
+  }, !add);
+  // Adding keeps every value (an empty list/map value stays empty, as the Python backend keeps
+  // it); stripping removes the entry when nothing in it survived.
+  return add || any;
+}
+
+MigrationResult migrate(StateTable& table, const MigrationSpec& spec) {
+  if (!spec.add_timestamps && spec.ttl_ms <= 0) throw std::invalid_argument("TTL must be > 0 ms");
+  std::vector<uint8_t> out;
+  for (int32_t kg = table.kg_start(); kg <= table.kg_end(); ++kg) {
+    try {
+      table.map(kg).for_each([&](ByteView, ByteView v) { migrate_value(spec, v, &out); });
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument("key group " + std::to_string(kg) + ": " + e.what());
+    }
+  }
+  MigrationResult result;
+  SortedRun all;
+  for (int32_t kg = table.kg_start(); kg <= table.kg_end(); ++kg) {
+    StateMap& map = table.map(kg);
+    uint64_t cursor = 0;
+    map.collect_buckets(&cursor, SIZE_MAX, &all);
+    for (size_t i = 0; i < all.size(); ++i) {
+      const ByteView k = all.key(i);
+      if (migrate_value(spec, all.value(i), &out, &result.expired)) {
+        uint8_t* dst = map.put(k.data, k.size, out.size());
+        if (!out.empty()) std::memcpy(dst, out.data(), out.size());
+        ++result.rewritten;
+      } else {
+        map.remove(k.data, k.size);
+        ++result.removed;
+      }
+    }
+  }
+  return result;
 }
 
 CleanupStep cleanup_step(StateTable& table, TableCursor* cursor, size_t min_entries,

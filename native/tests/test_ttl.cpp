@@ -381,4 +381,161 @@ TEST(restamp_rewrites_only_the_given_timestamp) {
   CHECK_EQ(load_timestamp(got.data + 28), 9);
 }
 
+namespace {
+
+Bytes migrated(const MigrationSpec& spec, const Bytes& v, bool* kept, size_t* expired) {
+  Bytes out;
+  *kept = migrate_value(spec, ByteView{v.data(), v.size()}, &out, expired);
+  return out;
+}
+
+MigrationSpec adding(Layout l, uint32_t w, int64_t ts) {
+  MigrationSpec s;
+  s.layout = l;
+  s.fixed_width = w;
+  s.add_timestamps = true;
+  s.ts = ts;
+  return s;
+}
+
+MigrationSpec stripping(Layout l, uint32_t w, int64_t ttl, int64_t now) {
+  MigrationSpec s;
+  s.layout = l;
+  s.fixed_width = w;
+  s.add_timestamps = false;
+  s.ttl_ms = ttl;
+  s.now = now;
+  return s;
+}
+
+void plain_map_entry(Bytes& b, uint8_t uk, size_t len) {
+  append_varlen(b, 1);
+  b.push_back(uk);
+  append_varlen(b, len);
+  b.insert(b.end(), len, uk);
+}
+
+}  // namespace
+
+TEST(migrate_value_adds_and_strips_every_layout) {
+  bool kept = false;
+  size_t expired = 0;
+  // Value: suffix appended / removed.
+  CHECK(migrated(adding(Layout::Value, 0, 42), Bytes{1, 2, 3}, &kept, &expired) == value({1, 2, 3}, 42));
+  CHECK(kept);
+  CHECK(migrated(stripping(Layout::Value, 0, 10, 100), value({1, 2, 3}, 95), &kept, &expired) == (Bytes{1, 2, 3}));
+  CHECK(kept);
+  migrated(stripping(Layout::Value, 0, 10, 100), value({1, 2, 3}, 90), &kept, &expired);
+  CHECK(!kept);
+  CHECK_EQ(expired, size_t{1});
+  // Fixed-width list: stride w -> w + 8 and back; expired elements dropped wherever they are.
+  Bytes plain{1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3}, with, expect;
+  fixed_elem(with, 1, 4, 7);
+  fixed_elem(with, 2, 4, 7);
+  fixed_elem(with, 3, 4, 7);
+  CHECK(migrated(adding(Layout::List, 4, 7), plain, &kept, &expired) == with);
+  Bytes mixed;
+  fixed_elem(mixed, 1, 4, 95);
+  fixed_elem(mixed, 2, 4, 50);  // expired, between two live ones
+  fixed_elem(mixed, 3, 4, 99);
+  expired = 0;
+  CHECK(migrated(stripping(Layout::List, 4, 10, 100), mixed, &kept, &expired) ==
+        (Bytes{1, 1, 1, 1, 3, 3, 3, 3}));
+  CHECK(kept);
+  CHECK_EQ(expired, size_t{1});
+  // Variable-length list: the element varlen counts the bytes only, so it stays.
+  Bytes vplain, vwith;
+  append_varlen(vplain, 2);
+  vplain.insert(vplain.end(), 2, 2);
+  append_varlen(vplain, 0);
+  var_elem(vwith, 2, -5);
+  var_elem(vwith, 0, -5);
+  CHECK(migrated(adding(Layout::List, 0, -5), vplain, &kept, &expired) == vwith);
+  CHECK(migrated(stripping(Layout::List, 0, 1, -5), vwith, &kept, &expired) == vplain);
+  expired = 0;
+  migrated(stripping(Layout::List, 0, 1, -4), vwith, &kept, &expired);
+  CHECK(!kept);
+  CHECK_EQ(expired, size_t{2});
+  // Map: the user value's varlen grows / shrinks by 8 (3 -> 11 and back).
+  Bytes mplain, mwith;
+  plain_map_entry(mplain, 'a', 3);
+  plain_map_entry(mplain, 'b', 3);
+  map_entry(mwith, 'a', 20);
+  map_entry(mwith, 'b', 20);
+  CHECK(migrated(adding(Layout::Map, 0, 20), mplain, &kept, &expired) == mwith);
+  CHECK(migrated(stripping(Layout::Map, 0, 100, 50), mwith, &kept, &expired) == mplain);
+  Bytes mhalf, monly_b;
+  map_entry(mhalf, 'a', 0);   // expired at 50 with ttl 10
+  map_entry(mhalf, 'b', 45);
+  plain_map_entry(monly_b, 'b', 3);
+  expired = 0;
+  CHECK(migrated(stripping(Layout::Map, 0, 10, 50), mhalf, &kept, &expired) == monly_b);
+  CHECK_EQ(expired, size_t{1});
+  // The empty list stays on add, is removed on strip.
+  CHECK(migrated(adding(Layout::List, 4, 1), Bytes{}, &kept, &expired).empty());
+  CHECK(kept);
+  migrated(stripping(Layout::List, 4, 1, 0), Bytes{}, &kept, &expired);
+  CHECK(!kept);
+}
+
+TEST(migrate_value_rejects_broken_layouts) {
+  Bytes out;
+  auto bv = [](const Bytes& b) { return ByteView{b.data(), b.size()}; };
+  Bytes short_value{1, 2, 3};
+  CHECK_THROWS(migrate_value(stripping(Layout::Value, 0, 1, 0), bv(short_value), &out), std::invalid_argument);
+  Bytes ragged{1, 1, 1, 1, 2};  // not a multiple of the element width
+  CHECK_THROWS(migrate_value(adding(Layout::List, 4, 0), bv(ragged), &out), std::invalid_argument);
+  Bytes m;
+  plain_map_entry(m, 'a', 3);  // a user value too short for a timestamp
+  CHECK_THROWS(migrate_value(stripping(Layout::Map, 0, 1, 0), bv(m), &out), std::invalid_argument);
+  m.pop_back();
+  CHECK_THROWS(migrate_value(adding(Layout::Map, 0, 0), bv(m), &out), std::invalid_argument);
+  CHECK_THROWS(migrate_value(stripping(Layout::Value, 0, 0, 0), bv(short_value), &out), std::invalid_argument);
+}
+
+TEST(migrate_table_all_or_nothing_and_copy_on_write) {
+  StateTable t(0, 3);
+  auto k = [](const std::string& s) { return reinterpret_cast<const uint8_t*>(s.data()); };
+  for (int kg = 0; kg <= 3; ++kg) {
+    for (int i = 0; i < 50; ++i) {
+      std::string key = key_of(kg * 100 + i);
+      uint8_t* dst = t.map(kg).put(k(key), key.size(), 4);
+      std::memset(dst, i, 4);
+    }
+  }
+  TableSnapshot snap = t.snapshot();
+  // A broken value in the last key group: nothing is converted.
+  std::string bad = "bad";
+  t.map(3).put(k(bad), bad.size(), 5);
+  CHECK_THROWS(migrate(t, adding(Layout::List, 4, 9)), std::invalid_argument);
+  ByteView got;
+  std::string k0 = key_of(0);
+  CHECK(t.map(0).get(k(k0), k0.size(), &got));
+  CHECK_EQ(got.size, size_t{4});
+  t.map(3).remove(k(bad), bad.size());
+  MigrationResult r = migrate(t, adding(Layout::List, 4, 9));
+  CHECK_EQ(r.rewritten, size_t{200});
+  CHECK_EQ(r.removed, size_t{0});
+  CHECK(t.map(0).get(k(k0), k0.size(), &got));
+  CHECK_EQ(got.size, size_t{12});
+  CHECK_EQ(load_timestamp(got.data + 4), 9);
+  // The snapshot taken before keeps the old format.
+  SortedRun before = snap.map(0)->sorted_entries();
+  CHECK_EQ(before.size(), size_t{50});
+  CHECK_EQ(before.value(0).size, size_t{4});
+  // And back, dropping nothing (ttl far from expiring): the original bytes again.
+  r = migrate(t, stripping(Layout::List, 4, 1000, 10));
+  CHECK_EQ(r.rewritten, size_t{200});
+  CHECK_EQ(r.expired, size_t{0});
+  CHECK(t.map(0).get(k(k0), k0.size(), &got));
+  CHECK_EQ(got.size, size_t{4});
+  // Stripping with everything expired removes every entry.
+  migrate(t, adding(Layout::Value, 0, 0));
+  r = migrate(t, stripping(Layout::Value, 0, 1, 1));
+  CHECK_EQ(r.removed, size_t{200});
+  CHECK_EQ(r.expired, size_t{200});
+  CHECK_EQ(t.size(), size_t{0});
+  snap.release();
+}
+
 TEST_MAIN()

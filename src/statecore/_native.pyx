@@ -398,6 +398,35 @@ cdef class NativeStateTable:
             raise InvalidInputError(str(e)) from None
         return n
 
+    def ttl_migrate(self, str kind, fixed_width, bint add_timestamps, int64_t ts, int64_t ttl_ms,
+                    int64_t now):
+        """Convert every entry between the layouts with and without the TTL suffix (ttl.h
+        ``migrate``; restoring with TTL switched on or off). ``add_timestamps``: every value,
+        list element and map entry gets timestamp ``ts`` (ms); otherwise those expired under
+        ``ttl_ms`` at ``now`` (ms) are dropped and the rest lose their suffix. ``fixed_width``:
+        a list's element width without the suffix (None = variable length). All or nothing:
+        InvalidInputError naming the key group for a value whose layout is broken, and then
+        the table is unchanged. Copy-on-write aware (live snapshots keep the old bytes).
+        Returns ``(rewritten, removed, expired)`` (entries rewritten, entries removed, expired
+        values/elements/entries dropped)."""
+        cdef c.FilterSpec layout = _ttl_filter_spec(kind, fixed_width, ttl_ms if ttl_ms > 0 else 1)
+        cdef c.MigrationSpec spec
+        cdef c.MigrationResult r
+        if not add_timestamps and ttl_ms <= 0:
+            raise InvalidInputError(f"TTL must be > 0 ms, got {ttl_ms}")
+        spec.layout = layout.layout
+        spec.fixed_width = layout.fixed_width
+        spec.add_timestamps = add_timestamps
+        spec.ts = ts
+        spec.ttl_ms = ttl_ms if ttl_ms > 0 else 1
+        spec.now = now
+        try:
+            with nogil:
+                r = c.migrate(self.table[0], spec)
+        except ValueError as e:
+            raise InvalidInputError(str(e)) from None
+        return r.rewritten, r.removed, r.expired
+
     def ttl_cleanup_table_step(self, int32_t kg, uint64_t bucket, size_t min_entries, str kind,
                                fixed_width, int64_t ttl_ms, int64_t now):
         """Incremental TTL cleanup over the whole table (ttl.h ``cleanup_step`` with a

@@ -198,6 +198,21 @@ cdef extern from "statecore/ttl.h" namespace "statecore::ttl" nogil:
         int32_t key_group
         uint64_t bucket
 
+    cdef cppclass MigrationSpec:
+        Layout layout
+        uint32_t fixed_width
+        cbool add_timestamps
+        int64_t ts
+        int64_t ttl_ms
+        int64_t now
+
+    cdef cppclass MigrationResult:
+        size_t rewritten
+        size_t removed
+        size_t expired
+
+    MigrationResult migrate(StateTable& table, const MigrationSpec& spec) except +
+
     CleanupStep cleanup_table_step "statecore::ttl::cleanup_step"(
         StateTable& table, TableCursor* cursor, size_t min_entries, const FilterSpec& spec,
         int64_t now, SortedRun* scratch) except +

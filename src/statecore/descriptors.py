@@ -5,8 +5,9 @@ value-type names (``"int32"``, ``"int64"``, ``"float64"``, ``"bool"``, ``"string
 ``"binary"``, ``"pickle"``) or pyarrow DataTypes; see :mod:`statecore.serializers` for the
 bytes. :meth:`StateDescriptor.meta` is the JSON-able description written into snapshots; on
 restore, :meth:`StateDescriptor.check_compatible` compares it with the restored meta and raises
-:class:`~statecore.errors.StateMigrationError` when kind or types differ (Flink's
-``StateMigrationException``).
+:class:`~statecore.errors.StateMigrationError` when kind or types differ, or TTL is switched on
+or off (Flink's ``StateMigrationException``) -- unless the descriptor requests that TTL
+migration with :meth:`StateDescriptor.enable_ttl_migration` (:mod:`statecore.ttl` "Migration").
 """
 
 from __future__ import annotations
@@ -47,14 +48,17 @@ def _check_name(name) -> str:
 
 
 class StateDescriptor:
-    """Base class: ``name`` (non-empty, not starting with ``__``), ``kind`` and ``ttl_config``
-    (None, or a :class:`statecore.ttl.StateTtlConfig` set by :meth:`enable_time_to_live`)."""
+    """Base class: ``name`` (non-empty, not starting with ``__``), ``kind``, ``ttl_config``
+    (None, or a :class:`statecore.ttl.StateTtlConfig` set by :meth:`enable_time_to_live`) and
+    ``ttl_migration`` (bool, set by :meth:`enable_ttl_migration`; not part of :meth:`meta`)."""
 
     kind = ""
+    ttl_migration = False  # also the default of descriptors unpickled from before the flag
 
     def __init__(self, name: str):
         self.name = _check_name(name)
         self.ttl_config = None
+        self.ttl_migration = False
 
     def enable_time_to_live(self, ttl_config) -> "StateDescriptor":
         """Give the state a time-to-live (Flink ``StateDescriptor.enableTimeToLive``); returns
@@ -64,6 +68,30 @@ class StateDescriptor:
         if not isinstance(ttl_config, StateTtlConfig):
             raise InvalidInputError(f"expected a StateTtlConfig, got {ttl_config!r}")
         self.ttl_config = ttl_config
+        return self
+
+    def enable_ttl_migration(self) -> "StateDescriptor":
+        """Allow restored state written with TTL switched the other way (TTL in the checkpoint
+        but not in this descriptor, or the reverse) to be converted instead of raising
+        StateMigrationError; returns self. Works in both directions, so it is a flag of the
+        descriptor, not of the TTL config; it is not written into snapshots, and when nothing
+        differs it does nothing.
+
+        The backend converts the state when it is matched to this descriptor: by ``get_state``
+        for state restored before, by ``restore`` for a state registered before. Off -> on:
+        every value, list element and map entry gets the TTL clock's current time as its
+        last-access time (``backend.ttl_now``: the processing-time clock, or for event-time
+        TTL the current watermark -- the lowest int64 before the first one, which the first
+        watermark re-stamps as it does writes), so migrated entries count as written at
+        migration time. On -> off: what is expired under the checkpoint's TTL config at the
+        clock's current time (ms) is dropped -- it was invisible there -- and counted as
+        ``migration`` in ``backend.ttl_statistics()``; the rest loses its timestamp. A list
+        loses its expired elements, a map its expired entries, one by one.
+
+        The next snapshot of the backend is a full one even if an incremental one is asked for
+        (until a snapshot taken after the migration completes): its base is in the old format.
+        See :mod:`statecore.ttl` "Migration" for the errors and the cost."""
+        self.ttl_migration = True
         return self
 
     def _meta(self, **fields) -> dict:
@@ -79,10 +107,12 @@ class StateDescriptor:
 
     def check_compatible(self, meta: dict, namespace_type: str | None = None) -> None:
         """Raise StateMigrationError if restored state ``meta`` cannot be read with this
-        descriptor (kind, value_type, user_key_type or namespace_type differ, or TTL is enabled
-        on one side only: values with and without the 8-byte timestamp suffix are different
-        formats, as in Flink). Other TTL settings (time to live, update type, cleanup) may
-        change between runs."""
+        descriptor: kind, value_type, user_key_type or namespace_type differ, or TTL is enabled
+        on one side only (values with and without the 8-byte timestamp suffix are different
+        formats, as in Flink) and this descriptor did not request the conversion with
+        :meth:`enable_ttl_migration` -- with it, a TTL on/off difference passes here and the
+        backend converts the state. Other TTL settings (time to live, update type, cleanup)
+        may change between runs."""
         mine = dict(self.meta())
         if namespace_type is not None:
             mine["namespace_type"] = namespace_type
@@ -92,11 +122,12 @@ class StateDescriptor:
                     f"state {self.name!r}: descriptor has {f}={mine[f]!r} but the restored "
                     f"state has {f}={meta[f]!r}"
                 )
-        if bool(mine.get("ttl")) != bool(meta.get("ttl")):
+        if bool(mine.get("ttl")) != bool(meta.get("ttl")) and not self.ttl_migration:
             raise StateMigrationError(
                 f"state {self.name!r}: the restored state was written with TTL "
                 f"{'enabled' if meta.get('ttl') else 'disabled'} but the descriptor has it "
-                f"{'enabled' if mine.get('ttl') else 'disabled'}")
+                f"{'enabled' if mine.get('ttl') else 'disabled'}; call "
+                "descriptor.enable_ttl_migration() to convert the restored state")
 
     def __repr__(self):
         return f"{type(self).__name__}({self.meta()!r})"

@@ -25,6 +25,25 @@ per record: ``set_current_key``); ``cleanup_in_compaction`` (checkpoint store co
 clock re-read every N entries: :class:`CompactionTimeProvider`); ``cleanup_in_background``
 (``backend.run_background_ttl_cleanup()``, a key group at a time). The native backend runs the
 filter in C++ (``native/include/statecore/ttl.h``), byte-identical to :func:`filter_expired`.
+
+Migration: restoring state written with TTL off under a descriptor with TTL on, or the reverse,
+raises StateMigrationError (as Flink does) unless the descriptor asks for the conversion with
+``descriptor.enable_ttl_migration()`` (not persisted; a no-op when nothing differs). Off -> on:
+every value, list element and map entry is stamped with the TTL clock's time at migration
+(processing time: the clock; event time: the current watermark, or the lowest int64 before the
+first one, which the first watermark then re-stamps like any write) -- migrated entries count as
+written then. On -> off: what is expired under the checkpoint's TTL config at the clock's current
+time is dropped (list elements and map entries one by one; counted as ``migration`` in
+``backend.ttl_statistics()``), the rest loses its timestamp. The state is converted when it is
+matched to the descriptor -- ``get_state`` after a restore, or ``restore`` of a state registered
+before -- and never once its state objects are in use (StateMigrationError). All or nothing: a
+value whose bytes do not have the expected layout fails the migration with StateMigrationError
+(native backend; the Python backend rejects such a snapshot on restore, InvalidInputError) and
+the state stays as restored. Cost: one pass over the state's entries (native: in C++, each value
+converted twice -- a checking pass, then the writing pass -- and one key group's entries copied
+at a time; restoring into a registered state stages the converted copy first). Until a snapshot
+taken after the migration completes, ``snapshot(incremental=True)`` takes a full snapshot: the
+base holds the old format, which a checkpoint chain cannot mix with the new one.
 """
 
 from __future__ import annotations

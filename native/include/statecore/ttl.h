@@ -106,6 +106,47 @@ CleanupStep cleanup_step(StateMap& map, uint64_t* cursor, size_t min_entries,
 // filter_value throws for a broken layout (entries before it stay rewritten).
 size_t restamp(StateMap& map, const FilterSpec& spec, int64_t from, int64_t to);
 
+// ---- Migration: restoring with TTL switched on or off (explicitly requested) ---------------
+// Flink refuses such a restore (StateMigrationException); statecore converts the state when the
+// descriptor asks for it (StateDescriptor.enable_ttl_migration, statecore.ttl "Migration"). The
+// layout without TTL is the one above without the suffix -- Value: the user bytes; List: w-byte
+// elements (w = fixed_width) or varlen(len) | bytes; Map: varlen(len(uk)) | uk | varlen(len(uv))
+// | uv -- so the conversion needs no value decoding, only the layout walk.
+struct MigrationSpec {
+  Layout layout = Layout::Value;
+  uint32_t fixed_width = 0;     // List only: element width WITHOUT the timestamp, 0 = varlen
+  bool add_timestamps = true;   // true: off -> on; false: on -> off (strip them)
+  int64_t ts = 0;               // add: the timestamp (ms) every value/element/entry gets
+  int64_t ttl_ms = 1;           // strip: the TTL (ms, > 0) the state was written with, and
+  int64_t now = 0;              //   the time (ms) at which what is expired under it is dropped
+};
+
+// Converts one serialized value into *out (cleared first). Add: every value, list element and
+// map entry gets `ts` as its suffix (a map entry's user-value varlen grows by 8). Strip: every
+// one expired under (ttl_ms, now) is dropped -- each list element and map entry on its own, not
+// only a leading run as filter_value does -- and the rest lose their suffix; *expired (when
+// given) is increased by the number dropped. Returns false when nothing remains (strip only;
+// also a list/map value without elements): the entry is to be removed. Throws
+// std::invalid_argument naming the problem for a broken layout, and when stripping, for a value
+// or map user value shorter than its 8-byte timestamp.
+bool migrate_value(const MigrationSpec& spec, ByteView value, std::vector<uint8_t>* out,
+                   size_t* expired = nullptr);
+
+struct MigrationResult {
+  size_t rewritten = 0;  // entries rewritten in the new format
+  size_t removed = 0;    // entries removed (strip: everything in them expired)
+  size_t expired = 0;    // expired values, list elements and map entries dropped (strip)
+};
+
+// Converts every entry of every key group of `table`, all or nothing: a first pass converts each
+// value into a scratch buffer without writing (for_each over the live entries), so a broken
+// layout throws std::invalid_argument (prefixed with the key group) before anything changed; the
+// second pass copies one key group's entries at a time (collect_buckets) and writes the
+// conversions through put()/remove(), copy-on-write aware (live snapshots keep the old bytes)
+// and tracked as writes. Cost: two conversions per value, plus one key group's entries copied.
+// std::invalid_argument also for a strip spec with ttl_ms <= 0.
+MigrationResult migrate(StateTable& table, const MigrationSpec& spec);
+
 // The lazy global iterator of incremental cleanup over all key groups of a table (Flink keeps one
 // per state over all its key-group maps): a key group and a bucket cursor inside its map.
 struct TableCursor {

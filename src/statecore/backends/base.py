@@ -58,7 +58,10 @@ Incremental snapshots (docs/architecture.md "Incremental snapshots and checkpoin
 value or a NULL value (tombstone: absent now). A key written and removed again after the base is
 listed as a tombstone too (harmless: a merge deletes what is not there). Timers (``__timers__``)
 are always complete. Every snapshot has ``snapshot_id`` (1, 2, ... per backend) and
-``incremental``. The base is the empty state for a fresh backend, the state right after the last
+``incremental``. After a TTL migration (``StateDescriptor.enable_ttl_migration``) an incremental
+snapshot is taken as a full one (``incremental`` False) until a snapshot taken after the
+migration completes: the base holds the migrated state in its old format, so changes against it
+could not be merged. The base is the empty state for a fresh backend, the state right after the last
 :meth:`KeyedStateBackend.restore`, or the snapshot whose id was last passed to
 :meth:`KeyedStateBackend.notify_checkpoint_complete` (the base only moves forward: an id not newer
 than the base is ignored; an id never issued raises InvalidInputError). An incremental snapshot
@@ -89,7 +92,7 @@ from statecore.timers import TimerService
 from statecore.ttl import wall_clock_ms
 
 #: Cleanup strategies counted by KeyedStateBackend.ttl_statistics().
-TTL_CLEANUP_STRATEGIES = ("read", "full_snapshot", "incremental", "background")
+TTL_CLEANUP_STRATEGIES = ("read", "full_snapshot", "incremental", "background", "migration")
 _INT64_MIN = -(2**63)
 
 __all__ = [
@@ -274,6 +277,9 @@ class KeyedStateBackend(abc.ABC):
         self._bg_ttl_kg = None  # next key group of the background cleanup
         self._ttl_reported: dict = {}  # ttl_statistics() as of the last snapshot
         self._ttl_watermark = _INT64_MIN  # event time of event-time TTL (observe_watermark)
+        # The last snapshot id issued before the latest TTL migration (-1: none): while the base
+        # is not newer, the base has a state in its old format and snapshots must be full.
+        self._ttl_migrated_at = -1
 
     # ------------------------------------------------------------------ TTL
     def ttl_now(self, config) -> int:
@@ -321,7 +327,8 @@ class KeyedStateBackend(abc.ABC):
         strategies ``read`` (an expired value, list element or map entry counts as one),
         ``full_snapshot`` (entries left out of or trimmed in full snapshots, counted as the
         snapshot is serialized: by snapshot() in the python backend, when read in the native
-        one), ``incremental`` and ``background``."""
+        one), ``incremental``, ``background`` and ``migration`` (what a TTL migration from TTL on
+        to off dropped as expired, ``StateDescriptor.enable_ttl_migration``)."""
         return dict(self._ttl_removed)
 
     def _ttl_accessed(self, table, config, accesses: int = 1) -> None:
@@ -441,6 +448,11 @@ class KeyedStateBackend(abc.ABC):
         """Id of the snapshot incremental snapshots are relative to (0: the empty state or, after a
         restore, ids up to this one predate the restored state)."""
         return self._base_snapshot_id
+
+    def _snapshot_incremental(self, incremental) -> bool:
+        """Whether a snapshot asked for with ``incremental`` is taken as one: not while the base
+        predates a TTL migration (module docstring)."""
+        return bool(incremental) and self._base_snapshot_id > self._ttl_migrated_at
 
     def _next_snapshot_id(self) -> int:
         self._last_snapshot_id += 1

@@ -96,6 +96,19 @@ class _NativeTable(py._Table):
     def ttl_restamp(self, ts_from: int, ts_to: int) -> int:
         return self.native.ttl_restamp(self.kind, self.value_ser.fixed_width, ts_from, ts_to)
 
+    def ttl_migrate(self, ttl_meta, ts: int, ttl_ms: int, now: int) -> int:
+        """py._Table.ttl_migrate over the stored bytes, in C++ (ttl.h ``migrate``: all or
+        nothing, copy-on-write aware). StateMigrationError, with the state unchanged, for a
+        value whose layout is broken (bytes restored without decoding)."""
+        try:
+            _, _, expired = self.native.ttl_migrate(self.kind, self.value_ser.fixed_width,
+                                                    ttl_meta is not None, ts, ttl_ms, now)
+        except InvalidInputError as e:
+            raise StateMigrationError(
+                f"state {self.name!r}: TTL migration failed, the state is unchanged: {e}") from e
+        self._set_ttl_meta(ttl_meta)
+        return expired
+
     def ttl_cleanup_key_group(self, kg: int, ttl_ms: int, now: int) -> int:
         return self.native.ttl_cleanup_step(kg, 0, 2**62, self.kind, self.value_ser.fixed_width,
                                             ttl_ms, now)[1]
@@ -242,7 +255,8 @@ class NativeBackend(py.PythonBackend):
         self._check_open()
         timer_data = self.timers.snapshot_all()
         sid = self._next_snapshot_id()
-        snap = NativeSnapshot(self, self._tables, timer_data, sid, bool(incremental))
+        snap = NativeSnapshot(self, self._tables, timer_data, sid,
+                              self._snapshot_incremental(incremental))
         snap.ttl_expired = self._take_ttl_delta()
         self._pending[sid] = snap.table_versions()
         return snap
@@ -258,21 +272,38 @@ class NativeBackend(py.PythonBackend):
         """Load the snapshot's key groups inside this backend's range: entries are bulk-loaded as
         bytes (no decoding). Everything is validated and staged first, so a malformed snapshot
         raises (InvalidInputError / StateMigrationError / the reader's CorruptCheckpointError)
-        and leaves the backend unchanged."""
+        and leaves the backend unchanged. A state registered with a TTL migration request whose
+        snapshot has the other TTL setting is loaded into a private table, converted there in
+        C++ and staged from it (one more copy of that state's entries)."""
         self._check_open()
         base.check_snapshot_compatible(self, snapshot_like)
         kgs = list(self.key_group_range.intersection(KeyGroupRange.of(snapshot_like.key_group_range)))
         staged = []
+        migrated, expired = False, 0
         for meta in snapshot_like.state_metas():
             if meta["kind"] == "timers":
                 continue
             table = self._table_for_restore(meta)
+            migration = self._restore_migration(table, meta)
+            src = table if migration is None else _NativeTable(meta, self)
             staged.append((table, None, None, None))  # registers a state even without entries
+            loaded = []
             for kg in kgs:
                 keys, vals = snapshot_like.entries(meta["name"], kg)
                 if len(keys):
-                    self._check_entries(table, kg, keys, vals)
-                    staged.append((table, kg, keys, vals))
+                    self._check_entries(src, kg, keys, vals)
+                    loaded.append((kg, keys, vals))
+            if migration is not None:
+                migrated = True
+                for kg, keys, vals in loaded:
+                    src.native.load(kg, keys, vals)
+                expired += src.ttl_migrate(*migration)
+                snap = src.native.snapshot()
+                try:
+                    loaded = [(kg, *snap.entries(kg)) for kg, _, _ in loaded]
+                finally:
+                    snap.release()
+            staged.extend((table, kg, keys, vals) for kg, keys, vals in loaded if len(keys))
         timers = self.timers.stage_restore(snapshot_like)
         for table, kg, keys, vals in staged:
             self._tables.setdefault(table.name, table)
@@ -284,6 +315,8 @@ class NativeBackend(py.PythonBackend):
             table.native.rebase()
         self._pending.clear()
         self._restored_is_base()
+        if migrated:
+            self._migrated(expired)
 
     def _check_entries(self, table: _NativeTable, kg: int, keys: pa.Array, vals: pa.Array) -> None:
         """Entries are loaded as bytes without decoding, so check what can be checked cheaply:

@@ -98,6 +98,27 @@ def _filter_stored(kind: str, stored, ttl_ms: int, now: int):
     return (None, 1) if is_expired(stored[1], ttl_ms, now) else (stored, 0)
 
 
+def _migrate_stored(kind: str, stored, add: bool, ts: int, ttl_ms: int, now: int):
+    """The stored form of one value converted by a TTL migration (ttl.h ``migrate_value`` on
+    the stored form): ``add`` wraps every value, list element and map entry as ``(stored,
+    ts)``; otherwise those expired under ``ttl_ms`` at ``now`` are dropped and the rest
+    unwrapped. Returns ``(new, expired)``, ``new`` None when nothing remains (never when
+    adding)."""
+    if add:
+        if kind == "list":
+            return [(s, ts) for s in stored], 0
+        if kind == "map":
+            return {uk: (s, ts) for uk, s in stored.items()}, 0
+        return (stored, ts), 0
+    if kind == "list":
+        kept = [s for s, t in stored if not is_expired(t, ttl_ms, now)]
+        return (kept or None), len(stored) - len(kept)
+    if kind == "map":
+        kept = {uk: s for uk, (s, t) in stored.items() if not is_expired(t, ttl_ms, now)}
+        return (kept or None), len(stored) - len(kept)
+    return (None, 1) if is_expired(stored[1], ttl_ms, now) else (stored[0], 0)
+
+
 class _ChangeClock:
     """Snapshot epoch shared by a backend's tables: ``now`` = id of the last snapshot taken."""
 
@@ -206,6 +227,36 @@ class _Table:
                     self.put(kg, k, new)
                     n += hits
         return n
+
+    def ttl_migrate(self, ttl_meta, ts: int, ttl_ms: int, now: int) -> int:
+        """Convert every entry to the other TTL format (restoring with TTL switched on or off):
+        with ``ttl_meta`` (the new TTL config's meta) every value, list element and map entry
+        gets timestamp ``ts`` (ms); with None, what is expired under ``ttl_ms`` at ``now`` (ms)
+        is dropped and the rest loses its timestamp. Writes go through :meth:`put`/:meth:`remove`
+        (tracked as changes); the meta's ``ttl`` and :attr:`ttl` follow. Returns the expired
+        things dropped. Every entry is converted before any is written, so an error leaves the
+        table unchanged (decoded stored forms cannot fail here; the native table can)."""
+        add = ttl_meta is not None
+        staged, expired = [], 0
+        for kg, group in self.data.items():
+            for k, stored in group.items():
+                new, n = _migrate_stored(self.kind, stored, add, ts, ttl_ms, now)
+                staged.append((kg, k, new))
+                expired += n
+        for kg, k, new in staged:
+            if new is None:
+                self.remove(kg, k)
+            else:
+                self.put(kg, k, new)
+        self._set_ttl_meta(ttl_meta)
+        return expired
+
+    def _set_ttl_meta(self, ttl_meta) -> None:
+        self.ttl = ttl_meta is not None
+        if self.ttl:
+            self.meta["ttl"] = dict(ttl_meta)
+        else:
+            self.meta.pop("ttl", None)
 
     def ttl_cleanup_key_group(self, kg: int, ttl_ms: int, now: int) -> int:
         """Background cleanup of one whole key group; returns the expired things removed."""
@@ -348,6 +399,9 @@ class PythonBackend(base.KeyedStateBackend):
             table = self._tables[descriptor.name] = self._new_table(meta)
         else:
             descriptor.check_compatible(table.meta, namespace_type)
+            if (descriptor.ttl_config is not None) != table.ttl:
+                # check_compatible let it pass: the descriptor requested the TTL migration.
+                self._migrate_on_register(descriptor, table)
             if descriptor.ttl_config is not None:
                 # TTL settings may change between runs; snapshots carry the current ones.
                 table.meta["ttl"] = descriptor.ttl_config.meta()
@@ -367,6 +421,35 @@ class PythonBackend(base.KeyedStateBackend):
             self._every_record_ttl.pop(descriptor.name, None)
         return st
 
+    def _migrate_on_register(self, descriptor, table: _Table) -> None:
+        """TTL migration of restored, not yet registered state ``table`` to ``descriptor``'s
+        TTL setting (StateDescriptor.enable_ttl_migration). StateMigrationError when the state
+        is registered already (its state objects read the current format), or when the
+        conversion fails (the state is then unchanged)."""
+        if table.name in self._states:
+            raise StateMigrationError(
+                f"state {table.name!r} is registered in this backend with TTL "
+                f"{'enabled' if table.ttl else 'disabled'}; a TTL migration converts restored "
+                "state when a descriptor first registers it, not a state in use")
+        self._migrated(table.ttl_migrate(*self._ttl_migration_args(descriptor.ttl_config,
+                                                                    table.meta)))
+
+    def _ttl_migration_args(self, new_cfg, old_meta: dict) -> tuple:
+        """``(ttl_meta, ts, ttl_ms, now)`` of :meth:`_Table.ttl_migrate`: to TTL config
+        ``new_cfg`` stamped with its clock's current time, or (None) from the TTL config in
+        ``old_meta`` (the checkpoint's), expiring at that config's current time."""
+        if new_cfg is not None:
+            return new_cfg.meta(), self.ttl_now(new_cfg), 1, 0
+        old = StateTtlConfig.from_meta(old_meta["ttl"])
+        return None, 0, old.ttl_ms, self.ttl_now(old)
+
+    def _migrated(self, expired: int) -> None:
+        """Bookkeeping after a TTL migration: the expired things it dropped, and snapshots are
+        full until one taken from now on completes (base._snapshot_incremental)."""
+        if expired:
+            self._count_expired("migration", expired)
+        self._ttl_migrated_at = self._last_snapshot_id
+
     def _ttl_state_classes(self) -> dict:
         """``{kind: class}`` of TTL-enabled states (the native backend swaps in kernel-backed
         value/reducing classes). Imported lazily: ttl_states imports this module."""
@@ -380,6 +463,7 @@ class PythonBackend(base.KeyedStateBackend):
 
     def snapshot(self, incremental: bool = False) -> PythonSnapshot:
         self._check_open()
+        incremental = self._snapshot_incremental(incremental)
         metas, data = [], {}
         for name, table in self._tables.items():
             metas.append(dict(table.meta))
@@ -452,12 +536,27 @@ class PythonBackend(base.KeyedStateBackend):
                     f"{existing.meta.get(f)!r} here"
                 )
         if bool(existing.meta.get("ttl")) != bool(meta.get("ttl")):
+            st = self._states.get(meta["name"])
+            if st is not None and st.descriptor.ttl_migration:
+                return existing  # restore converts the entries (_restore_migration)
             raise StateMigrationError(
                 f"state {meta['name']!r}: written with TTL "
-                f"{'enabled' if meta.get('ttl') else 'disabled'}, registered here with TTL "
+                f"{'enabled' if meta.get('ttl') else 'disabled'}, "
+                f"{'registered' if st is not None else 'restored'} here with TTL "
                 f"{'enabled' if existing.meta.get('ttl') else 'disabled'} (the values' formats "
-                "differ: 8-byte timestamp suffix)")
+                "differ: 8-byte timestamp suffix); "
+                + ("register the state with descriptor.enable_ttl_migration() to convert it"
+                   if st is not None else
+                   "restore snapshots with the same TTL setting into one backend"))
         return existing
+
+    def _restore_migration(self, table: _Table, meta: dict):
+        """None when the snapshot's state ``meta`` has ``table``'s TTL setting, else the
+        ``(ttl_meta, ts, ttl_ms, now)`` converting its entries to the registered descriptor's
+        (which requested the migration: _table_for_restore checked)."""
+        if bool(meta.get("ttl")) == table.ttl:
+            return None
+        return self._ttl_migration_args(self._states[table.name].descriptor.ttl_config, meta)
 
     def restore(self, snapshot_like) -> None:
         self._check_open()
@@ -466,10 +565,15 @@ class PythonBackend(base.KeyedStateBackend):
         kgs = list(self.key_group_range.intersection(KeyGroupRange.of(snapshot_like.key_group_range)))
         # Decode everything first so that a malformed snapshot leaves the backend unchanged.
         staged = []
+        migrated, expired = False, 0
         for meta in metas:
             if meta["kind"] == "timers":
                 continue
             table = self._table_for_restore(meta)
+            migration = self._restore_migration(table, meta)
+            # A TTL migration reads the snapshot's format and converts to the table's.
+            src = table if migration is None else _Table(meta)
+            migrated = migrated or migration is not None
             rows = []
             for kg in kgs:
                 keys, vals = snapshot_like.entries(meta["name"], kg)
@@ -477,7 +581,14 @@ class PythonBackend(base.KeyedStateBackend):
                     kg2, key, ns, _ = S.decode_key(kb, self.max_parallelism, self._key_ser, table.ns_ser)
                     if kg2 != kg:
                         raise InvalidInputError(f"entry {kb.hex()} of state {meta['name']!r} listed under key group {kg}")
-                    rows.append((kg, (key, ns), table.decode_value(vb)))
+                    v = src.decode_value(vb)
+                    if migration is not None:
+                        ttl_meta, ts, ttl_ms, now = migration
+                        v, n = _migrate_stored(table.kind, v, ttl_meta is not None, ts, ttl_ms, now)
+                        expired += n
+                        if v is None:
+                            continue  # expired under the snapshot's TTL: not restored
+                    rows.append((kg, (key, ns), v))
             staged.append((table, rows))
         timers = self.timers.stage_restore(snapshot_like)
         for table, rows in staged:
@@ -489,6 +600,8 @@ class PythonBackend(base.KeyedStateBackend):
         for table in self._tables.values():
             table.changes.clear()
         self._restored_is_base()
+        if migrated:
+            self._migrated(expired)
 
     # ------------------------------------------------------------------ accounting
     def num_entries(self) -> int:
