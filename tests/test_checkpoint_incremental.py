@@ -330,8 +330,32 @@ def test_state_meta_change_needs_a_full_run(tmp_path):
     store.commit(0, [store.write_snapshot(m.snapshot((0, 3), False), 0)])
     snap = m.snapshot((0, 3), True)
     snap.state_metas = lambda: [dict(METAS[0], value_type="int64")] + [dict(x) for x in METAS[1:]]
-    with pytest.raises(InvalidInputError, match="meta of state 'a' changed"):
+    with pytest.raises(InvalidInputError, match="stored format of state 'a' changed"):
         store.commit(1, [store.write_snapshot(snap, 1)])
+
+
+def test_state_meta_change_that_keeps_the_stored_format_commits_incrementally(tmp_path):
+    """A new TTL duration or cleanup strategy (or reduce function) leaves the stored entries
+    readable: an incremental run commits on top of the old ones and the manifest carries the
+    new meta. Switching TTL on or off changes the format and still needs a full run."""
+    ttl = {"ttl_ms": 1000, "update_type": "OnCreateAndWrite"}
+    metas = [dict(METAS[0], ttl=ttl)] + [dict(x) for x in METAS[1:]]
+    store = CheckpointStore(tmp_path)
+    m = Model()
+    snap = m.snapshot((0, 3), False)
+    snap.state_metas = lambda: [dict(x) for x in metas]
+    store.commit(0, [store.write_snapshot(snap, 0)])
+    longer = [dict(metas[0], ttl=dict(ttl, ttl_ms=5000))] + metas[1:]
+    snap = m.snapshot((0, 3), True)
+    snap.state_metas = lambda: [dict(x) for x in longer]
+    store.commit(1, [store.write_snapshot(snap, 1)])
+    man = store.manifest(1)
+    assert {f["kind"] for f in man["files"]} == {"full", "incremental"}
+    assert [s["ttl"]["ttl_ms"] for s in man["states"] if s["name"] == "a"] == [5000]
+    snap = m.snapshot((0, 3), True)
+    snap.state_metas = lambda: [dict(METAS[0])] + metas[1:]
+    with pytest.raises(InvalidInputError, match="stored format of state 'a' changed"):
+        store.commit(2, [store.write_snapshot(snap, 2)])
 
 
 # ------------------------------------------------------------------------------------ sizes

@@ -570,3 +570,31 @@ def test_native_migration_matches_python_byte_for_byte(tmp_path):
                 b, _ = restored(kind, store, 1, desc, "restore_then_register", ManualClock(120))
                 dumps.append((snapshot_dump(b.snapshot()), b.ttl_statistics()))
             assert dumps[0] == dumps[1], (type(spec).__name__, direction)
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_new_ttl_settings_are_not_a_migration_and_commit_incrementally(tmp_path, kind):
+    """Another time to live (or cleanup strategy) on restore keeps the stored format: no
+    migration request, the next snapshot stays incremental, the manifest and the expiry follow
+    the new setting."""
+    clock = ManualClock(0)
+    store = CheckpointStore(tmp_path)
+    b = create_backend(kind, key_type="int64", ttl_clock=clock)
+    st = b.get_state(ValueStateDescriptor("v", "int64").enable_time_to_live(StateTtlConfig(TTL)))
+    st.put_batch(pa.array([1, 2, 3]), pa.array([10, 20, 30]))
+    store.commit(0, [store.write_snapshot(b.snapshot(), 0)])
+    b2 = create_backend(kind, key_type="int64", ttl_clock=clock)
+    store.restore(b2, 0)
+    longer = StateTtlConfig(5 * TTL, cleanup_incrementally=5)
+    st2 = b2.get_state(ValueStateDescriptor("v", "int64").enable_time_to_live(longer))
+    clock.advance(2 * TTL)
+    assert st2.get_batch(pa.array([1, 2])).to_pylist() == [10, 20]  # alive under the new TTL
+    snap = b2.snapshot(incremental=True)
+    assert snap.incremental
+    store.commit(1, [store.write_snapshot(snap, 1)])
+    (meta,) = [m for m in store.manifest(1)["states"] if m["name"] == "v"]
+    assert meta["ttl"] == longer.meta()
+    b3 = create_backend(kind, key_type="int64", ttl_clock=clock)
+    store.restore(b3, 1)
+    st3 = b3.get_state(ValueStateDescriptor("v", "int64").enable_time_to_live(longer))
+    assert st3.get_batch(pa.array([1, 2, 3])).to_pylist() == [10, 20, 30]

@@ -39,6 +39,14 @@ _NUMERIC = ("int32", "int64", "float64")
 _COMPAT_FIELDS = ("kind", "value_type", "user_key_type", "namespace_type")
 
 
+def stored_format(meta: dict) -> tuple:
+    """What of a state's ``meta`` decides how its entries are stored: the kind, the value, user
+    key and namespace types and whether values carry the 8-byte TTL timestamp. Two metas with
+    the same stored format can read each other's entries, so runs written under one stay
+    valid under the other (a new TTL duration, cleanup strategy or reduce function)."""
+    return tuple(meta.get(f) for f in _COMPAT_FIELDS) + (bool(meta.get("ttl")),)
+
+
 def _check_name(name) -> str:
     if not isinstance(name, str) or not name:
         raise InvalidInputError(f"state name must be a non-empty string, got {name!r}")

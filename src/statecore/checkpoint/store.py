@@ -138,6 +138,7 @@ from statecore.checkpoint.format import (
     xxh64,
 )
 from statecore import serializers as S
+from statecore.descriptors import stored_format
 from statecore.ttl import CompactionTimeProvider, StateTtlConfig, compaction_filter, wall_clock_ms
 from statecore.errors import (
     CheckpointError,
@@ -635,10 +636,12 @@ class CheckpointStore:
                 prev_metas = {m["name"]: m for m in prev["states"]}
                 for r in kept:
                     for name in r["states"]:
+                        # The new meta wins (e.g. a new TTL duration, which the compaction
+                        # filter then applies) as long as the older runs stay readable with it.
                         m = states.setdefault(name, prev_metas[name])
-                        if m != prev_metas[name]:
+                        if stored_format(m) != stored_format(prev_metas[name]):
                             raise InvalidInputError(
-                                f"{where}: the meta of state {name!r} changed from "
+                                f"{where}: the stored format of state {name!r} changed from "
                                 f"{prev_metas[name]} to {m} while runs of the previous version "
                                 "are still needed (write full snapshots to change a state)")
             paths = [r["path"] for r in kept + files]

@@ -71,7 +71,8 @@ class DemoConfig:
     ``session_gap_ms``: session gap in ms (default 6 h).
     ``aircraft_idle_ttl_ms``, ``route_idle_ttl_ms``: event-time TTL in ms of the per-aircraft
     activity and the per-route statistics (default 30 days; None = kept forever), see
-    :mod:`statecore.demo.processors`. ``ttl_background_key_groups``: key groups per partition
+    :mod:`statecore.demo.processors`. The durations may change between runs of one checkpoint;
+    switching a TTL on or off is a state migration and is refused (StateMigrationError). ``ttl_background_key_groups``: key groups per partition
     that TTL background cleanup expires after each micro-batch's snapshot (0 = off).
     ``retain_versions``, ``max_runs``, ``commit_timeout_s``: passed to both operators
     (:class:`statecore.spark.StatefulOperator`: committed versions kept, incremental runs per key
