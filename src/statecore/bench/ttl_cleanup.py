@@ -34,7 +34,7 @@ Strategies over the whole state (n entries, half expired):
   (``statecore.ttl.compaction_filter``) whichever backend wrote them: native and python differ
   only in size here.
 
-Times are best of three interleaved runs (per-record loops: best of two, one with --quick),
+Times are best of three interleaved runs (per-record loops: one with --quick),
 normalised to seconds per 1M accesses or per 1M entries of the state. Metrics (impl = backend +
 suffix): ``{per_record,get_batch}_s_per_1M_accesses``, ``{...}_removed_read`` and
 ``{...}_removed_incremental`` (entries the run removed, ``backend.ttl_statistics()``),
@@ -341,7 +341,7 @@ def ttl_cleanup(size: Size):
     """Records of the ``ttl_cleanup`` case (module docstring: workload, configurations,
     metrics). Raises AssertionError if a pass that must remove nothing removed something."""
     out = []
-    reps = {"per_record": 1 if size.quick else 2, "get_batch": 3}
+    reps = {"per_record": 1 if size.quick else 3, "get_batch": 3}
     with tempfile.TemporaryDirectory(prefix="statecore-bench-ttl-") as root:
         for impl, n in _sizes(size):
             out.append(record(_CASE, impl, "state_entries", n, "entries"))
