@@ -86,6 +86,65 @@ def test_ttl_cases_report_on_and_off_for_both_backends(tmp_path):
     assert not any("10M" in r["metric"] for r in records)  # --quick: no 10M run
 
 
+def test_ttl_cleanup_reports_every_strategy_for_both_backends(tmp_path):
+    """ttl_cleanup: every strategy reports a time and what it removed for native and python;
+    the cleanup strategies remove expired entries (all of them where the workload guarantees
+    it), the baseline only through reads, TTL off and the idle passes nothing; the ratios are
+    the quotients of the times; the plot lays the case out in its own panels."""
+    pytest.importorskip("statecore._native")
+    out = tmp_path / "ttl_cleanup.json"
+    assert main(["bench", "--quick", "--scale", "0.01", "--case", "ttl_cleanup",
+                 "--json", str(out)]) == 0
+    records = json.loads(out.read_text())
+    assert {r["case"] for r in records} == {"ttl_cleanup"}
+    by = {(r["impl"], r["metric"]): r for r in records}
+
+    def val(impl, metric, unit):
+        r = by[(impl, metric)]
+        assert r["unit"] == unit, (impl, metric)
+        return r["value"]
+
+    for impl, n in (("native", 2000), ("python", 500)):
+        assert val(impl, "state_entries", "entries") == n
+        expired = val(impl, "expired_entries", "entries")
+        assert expired == n // 2
+        for op, strategies in (("per_record", ("+read", "+incremental5", "+every_record5")),
+                               ("get_batch", ("+read", "+incremental5"))):
+            t = {s: val(impl + s, f"{op}_s_per_1M_accesses", "s") for s in ("",) + strategies}
+            assert all(v > 0 for v in t.values())
+            assert (impl, f"{op}_removed_read") not in by  # TTL off removes nothing
+            read = val(impl + "+read", f"{op}_removed_read", "entries")
+            assert 0 < read < expired  # about 63% of the keys are read
+            assert val(impl + "+read", f"{op}_removed_incremental", "entries") == 0
+            for s in strategies[1:]:
+                # n accesses x 5 entries: passes over the whole state, so every expired entry
+                # goes, by the incremental cleanup or by a read that got there first.
+                inc = val(impl + s, f"{op}_removed_incremental", "entries")
+                assert inc > 0
+                assert inc + val(impl + s, f"{op}_removed_read", "entries") == expired
+                assert val(impl + s, f"{op}_ratio_over_read_only", "ratio") == \
+                    pytest.approx(t[s] / t["+read"])
+            assert val(impl + "+read", f"{op}_ratio_over_ttl_off", "ratio") == \
+                pytest.approx(t["+read"] / t[""])
+        bg = impl + "+background"
+        assert val(bg, "background_pass_s_per_1M_entries", "s") > 0
+        assert val(bg, "background_idle_pass_s_per_1M_entries", "s") > 0
+        assert val(bg, "background_removed", "entries") == expired
+        for c, removed in (("full_snapshot", expired), ("compaction", expired - n // 100)):
+            strategy = f"{impl}+{c}"
+            t = {s: val(s, f"{c}_s_per_1M_entries", "s") for s in (impl + "+read", strategy)}
+            assert all(v > 0 for v in t.values())
+            assert val(impl + "+read", f"{c}_removed", "entries") == 0
+            # compaction: the incremental run re-wrote every 100th key (even: an expired one)
+            assert val(strategy, f"{c}_removed", "entries") == removed
+            assert val(strategy, f"{c}_ratio_over_read_only", "ratio") == \
+                pytest.approx(t[strategy] / t[impl + "+read"])
+    panels = bench._plot_panels(records)
+    assert all(title.startswith("ttl_cleanup: ") for title, *_ in panels)
+    assert sum(len(bars) for _, _, bars, _ in panels) == \
+        sum(r["unit"] in ("s", "ratio") for r in records)
+
+
 def test_plot_panels_per_case_and_unit_with_goals(tmp_path):
     pytest.importorskip("matplotlib")
     recs = [bench.record("c", "native", "pause_ms", 0.5, "ms"),

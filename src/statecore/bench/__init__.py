@@ -15,7 +15,7 @@ import os
 import platform
 import sys
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 Record = dict
 
@@ -36,16 +36,34 @@ class Size:
 
 
 CASES: Dict[str, tuple] = {}
+#: ``{case: panel function}`` of the cases that lay out their own plot (see :func:`case`).
+PANELS: Dict[str, Callable[[Record], object]] = {}
 
 
-def case(name: str, description: str) -> Callable:
-    """Register a benchmark case under ``name``."""
+def case(name: str, description: str, panel: Optional[Callable[[Record], object]] = None
+         ) -> Callable:
+    """Register a benchmark case under ``name``. ``panel`` (optional) lays out the case's plot:
+    it maps a record to the title of the panel that draws it (whatever its unit), or to
+    ``(title, bar label)``, or to None to leave it out. Without it the case gets one panel per
+    plottable unit (see :func:`plot`); a case with many configurations needs it, or its bars
+    crowd one panel."""
 
     def wrap(fn):
         CASES[name] = (fn, description)
+        if panel is not None:
+            PANELS[name] = panel
         return fn
 
     return wrap
+
+
+def _layout(r: Record) -> Optional[tuple]:
+    """``(panel title, bar label or None)`` of a record of a case with a ``panel`` function, or
+    None when the case leaves it out of the plot."""
+    got = PANELS[r["case"]](r)
+    if got is None:
+        return None
+    return (got, None) if isinstance(got, str) else (got[0], got[1])
 
 
 def record(case_name: str, impl: str, metric: str, value: float, unit: str) -> Record:
@@ -65,7 +83,7 @@ def machine() -> dict:
 
 
 def _load_cases() -> None:
-    from statecore.bench import snapshots, state_ops, ttl  # noqa: F401  (register their cases)
+    from statecore.bench import snapshots, state_ops, ttl, ttl_cleanup  # noqa: F401  (register their cases)
 
 
 def run(names: List[str] | None, size: Size, progress=print) -> List[Record]:
@@ -81,7 +99,7 @@ def run(names: List[str] | None, size: Size, progress=print) -> List[Record]:
         fn, _ = CASES[n]
         recs = fn(size)
         for r in recs:
-            progress(f"{r['case']:20s} {r['impl']:8s} {r['metric']:30s} {r['value']:>16,.2f} {r['unit']}")
+            progress(f"{r['case']:20s} {r['impl']:20s} {r['metric']:38s} {r['value']:>16,.2f} {r['unit']}")
         out.extend(recs)
     return out
 
@@ -97,21 +115,32 @@ def write_json(records: List[Record], path: str) -> None:
 
 
 def _plot_panels(records: List[Record]) -> List[tuple]:
-    """``[(case, unit, bars, goals)]``: one panel per case and plottable unit (rates ``*/s``,
-    ``ms``, ``ratio``), in record order. ``goal_*`` records are not bars but reference lines."""
+    """``[(title, unit, bars, goals)]``: one panel per case and plottable unit (rates ``*/s``,
+    ``ms``, ``ratio``; title = the case), or as the case's ``panel`` function lays them out
+    (title ``case: panel title``, any unit), in record order. ``goal_*`` records are not bars but
+    reference lines."""
+    _load_cases()  # the panel functions of the cases
     panels: Dict[tuple, tuple] = {}
     for r in records:
         u = r["unit"]
-        if not (u.endswith("/s") or u in ("ms", "ratio")):
+        if r["case"] in PANELS:
+            lay = _layout(r)
+            if lay is None:
+                continue
+            title = f"{r['case']}: {lay[0]}"
+        elif u.endswith("/s") or u in ("ms", "ratio"):
+            title = r["case"]
+        else:
             continue
-        bars, goals = panels.setdefault((r["case"], u), ([], []))
+        bars, goals = panels.setdefault((title, u), ([], []))
         (goals if r["metric"].startswith("goal_") else bars).append(r)
     return [(c, u, bars, goals) for (c, u), (bars, goals) in panels.items() if bars]
 
 
 def plot(records: List[Record], path: str) -> None:
     """One bar chart per case and unit of the rate (``*/s``, log scale), pause (``ms``, log
-    scale) and ``ratio`` records; native implementations (impl ``native...``) highlighted,
+    scale) and ``ratio`` records, or per panel of a case that lays out its own (``case(...,
+    panel=)``; log scale unless ``ratio``); native implementations (impl ``native...``) highlighted,
     ``goal_*`` records drawn as dashed lines. Needs matplotlib (``pip install
     'statecore[bench]'``). Raises ValueError when no record is plottable."""
     import matplotlib
@@ -129,12 +158,19 @@ def plot(records: List[Record], path: str) -> None:
         ax.set_visible(False)
     for ax, (c, unit, rs, goals) in zip(axes.flat, panels):
         several = len({r["metric"] for r in rs}) > 1
-        labels = [f"{r['impl']}\n{r['metric']}" if several else r["impl"] for r in rs]
-        ax.bar(range(len(rs)), [r["value"] for r in rs],
-               color=["#1f77b4" if r["impl"].startswith("native") else "#9a9a9a" for r in rs])
+        if rs[0]["case"] in PANELS:
+            # Such a case has many configurations: its own (short) labels, slanted.
+            labels = [_layout(r)[1] or r["impl"] for r in rs]
+            rotation, ha, fontsize = 30, "right", 7
+        else:
+            labels = [f"{r['impl']}\n{r['metric']}" if several else r["impl"] for r in rs]
+            rotation, ha, fontsize = (30, "right", 6) if several else (0, "center", 8)
+        drawn = ax.bar(range(len(rs)), [r["value"] for r in rs],
+                       color=["#1f77b4" if r["impl"].startswith("native") else "#9a9a9a" for r in rs])
+        if rs[0]["case"] in PANELS:
+            ax.bar_label(drawn, fmt="%.3g", fontsize=6)
         ax.set_xticks(range(len(rs)))
-        ax.set_xticklabels(labels, rotation=30 if several else 0, ha="right" if several else "center",
-                           fontsize=6 if several else 8)
+        ax.set_xticklabels(labels, rotation=rotation, ha=ha, fontsize=fontsize)
         for g in {(r["metric"], r["value"]) for r in goals}:
             ax.axhline(g[1], color="#d62728", linestyle="--", linewidth=1)
             ax.annotate(g[0], (0, g[1]), fontsize=6, color="#d62728", va="bottom")
