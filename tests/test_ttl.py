@@ -111,6 +111,19 @@ class ListH(_Harness):
         return [str(xs[-1]), str(xs[-1]) * 2]
 
 
+class ListBatchH(ListH):
+    batch = True
+
+    def write(self, x):
+        # update() as a batch: clear, then one append_batch row = one add_all call.
+        self.state.clear_batch(pa.array([KEY]))
+        self.state.append_batch(pa.array([KEY]), pa.array([[str(x), str(x) * 2]],
+                                                          pa.list_(pa.string())))
+
+    def read(self):
+        return self.state.get_batch(pa.array([KEY])).to_pylist()[0] or None
+
+
 class MapH(_Harness):
     def descriptor(self):
         return MapStateDescriptor("s", "string", "float64")
@@ -125,6 +138,16 @@ class MapH(_Harness):
 
     def expect(self, xs):
         return float(xs[-1])
+
+
+class MapBatchH(MapH):
+    batch = True
+
+    def write(self, x):
+        self.state.put_batch(pa.array([KEY]), pa.array(["u"]), pa.array([float(x)]))
+
+    def read(self):
+        return self.state.get_batch(pa.array([KEY]), pa.array(["u"])).to_pylist()[0]
 
 
 class ReducingH(_Harness):
@@ -169,7 +192,8 @@ class AggregatingH(_Harness):
         return sum(xs) / len(xs)
 
 
-HARNESSES = [ValueH, ValueBatchH, ListH, MapH, ReducingH, ReducingBatchH, AggregatingH]
+HARNESSES = [ValueH, ValueBatchH, ListH, ListBatchH, MapH, MapBatchH, ReducingH, ReducingBatchH,
+             AggregatingH]
 
 
 class Scenario:

@@ -503,3 +503,34 @@ def test_incremental_cleanup_on_batch_kernels(kind):
     for _ in range(2):
         v.put_batch(pa.array([6000] * 250, pa.int64()), pa.array([1] * 250, pa.int64()))
     assert b.num_entries() == 30 + 2
+
+
+@KIND
+def test_list_and_map_batch_rows_count_once_as_accesses(kind):
+    """append_batch / get_batch of list state and put_batch / get_batch of map state step the
+    incremental cleanup once per row, exactly as value state's batch calls do (same entries,
+    same row counts, same removals)."""
+    cfg = StateTtlConfig(100, cleanup_incrementally=3)
+    removed = {}
+    for what in ("value", "list", "map"):
+        clock = ManualClock(0)
+        b = create_backend(kind, key_type="int64", ttl_clock=clock)
+        keys = pa.array(range(600), pa.int64())
+        ones = pa.array([1] * 600, pa.int64())
+        if what == "value":
+            st = b.get_state(ValueStateDescriptor("s", "int64").enable_time_to_live(cfg))
+            st.put_batch(keys, ones)
+            read = lambda ks: st.get_batch(ks)  # noqa: E731
+        elif what == "list":
+            st = b.get_state(ListStateDescriptor("s", "int64").enable_time_to_live(cfg))
+            st.append_batch(keys, ones)
+            read = lambda ks: st.get_batch(ks)  # noqa: E731
+        else:
+            st = b.get_state(MapStateDescriptor("s", "int64", "int64").enable_time_to_live(cfg))
+            st.put_batch(keys, ones, ones)
+            read = lambda ks: st.get_batch(ks, ks)  # noqa: E731
+        clock.set(200)
+        read(pa.array([10_000] * 50, pa.int64()))  # absent key: only the cleanup removes
+        removed[what] = (b.ttl_statistics()["incremental"], b.num_entries())
+    assert removed["list"] == removed["map"] == removed["value"]
+    assert 0 < removed["value"][0] < 600

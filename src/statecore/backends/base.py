@@ -24,7 +24,9 @@ Common rules (both backends):
   InvalidInputError and leaves the state unchanged.
 
 Batch API (``get_batch``/``put_batch``/``clear_batch`` on ValueState; ``get_batch``/``add_batch``/
-``clear_batch`` on ReducingState) -- does not change the backend's current key:
+``clear_batch`` on ReducingState; ``append_batch``/``get_batch``/``clear_batch`` on ListState;
+``put_batch``/``get_batch``/``contains_batch``/``remove_batch``/``clear_batch`` on MapState, one
+row per (key, user key)) -- does not change the backend's current key:
 
 * ``keys``: a pa.Array, pa.ChunkedArray or any object with ``__arrow_c_array__`` whose type is
   exactly the key type's Arrow type (int32 / int64; string or large_string; binary or
@@ -42,6 +44,14 @@ Batch API (``get_batch``/``put_batch``/``clear_batch`` on ValueState; ``get_batc
 * ``put_batch``: a null value clears that key. ``add_batch``: a null value leaves the state
   unchanged and outputs the current aggregate (null if none). Rows with the same key apply in row
   order. ``get_batch`` returns nulls where absent (descriptor defaults are not applied).
+* ``append_batch``: ``values`` of the element type (one element per row) or a list /
+  large_list of it (the row's elements, appended as one ``add_all`` call: one TTL timestamp);
+  null elements raise, a null or empty list row appends nothing. List ``get_batch`` returns a
+  ``list<element type>`` array, ``[]`` where absent (what ``get()`` returns).
+* Map batch calls take ``user_keys`` (the user key type's Arrow type, no nulls, same length);
+  ``put_batch`` values must not be null (``remove_batch`` removes); ``get_batch`` returns the
+  value type, null where absent; ``contains_batch`` a bool array. Pickle user keys or values do
+  not support the batch API.
 * Outputs: pa.Array of the value type's Arrow type (``count`` -> int64), one row per input row;
   ``add_batch`` returns the running aggregate after each row.
 * A batch that raises leaves every state exactly as it was.
@@ -167,6 +177,13 @@ def as_arrow_array(obj, what: str) -> pa.Array:
         f"{what} must be a pyarrow Array/ChunkedArray or implement __arrow_c_array__, "
         f"got {type(obj).__name__}"
     )
+
+
+def check_arrow_type(arr: pa.Array, type_name: str, what: str) -> None:
+    """InvalidInputError unless ``arr`` has one of the Arrow types of statecore type
+    ``type_name`` (int32, int64, float64, bool; string or large_string; binary or
+    large_binary)."""
+    _check_type(arr, type_name, what)
 
 
 def _check_type(arr: pa.Array, type_name: str, what: str) -> None:
@@ -561,6 +578,15 @@ class ListState(State):
     def get(self) -> list: ...
 
     @abc.abstractmethod
+    def append_batch(self, keys, values, namespaces=None) -> None: ...
+
+    @abc.abstractmethod
+    def get_batch(self, keys, namespaces=None) -> pa.Array: ...
+
+    @abc.abstractmethod
+    def clear_batch(self, keys, namespaces=None) -> None: ...
+
+    @abc.abstractmethod
     def add(self, value) -> None: ...
 
     @abc.abstractmethod
@@ -573,6 +599,21 @@ class ListState(State):
 class MapState(State):
     @abc.abstractmethod
     def get(self, user_key): ...
+
+    @abc.abstractmethod
+    def put_batch(self, keys, user_keys, values, namespaces=None) -> None: ...
+
+    @abc.abstractmethod
+    def get_batch(self, keys, user_keys, namespaces=None) -> pa.Array: ...
+
+    @abc.abstractmethod
+    def contains_batch(self, keys, user_keys, namespaces=None) -> pa.Array: ...
+
+    @abc.abstractmethod
+    def remove_batch(self, keys, user_keys, namespaces=None) -> None: ...
+
+    @abc.abstractmethod
+    def clear_batch(self, keys, namespaces=None) -> None: ...
 
     @abc.abstractmethod
     def put(self, user_key, user_value) -> None: ...

@@ -628,15 +628,41 @@ class PythonBackend(base.KeyedStateBackend):
 
 
 class _PyState:
+    # The slot of the batch row being applied (see _rows), else None: per-record code then
+    # addresses the backend's current key.
+    _row_slot = None
+
     def __init__(self, backend: PythonBackend, descriptor, namespace_type, table: _Table):
         base.State.__init__(self, backend, descriptor, namespace_type)
         self._table = table
         self._ser = table.value_ser
 
     def _slot(self):
+        if self._row_slot is not None:
+            return self._row_slot
         self.backend._check_open()
         key, kg = self.backend._require_key()
         return kg, (key, self._require_namespace())
+
+    def _apply_rows(self, keys, namespaces, fn, *columns) -> list:
+        """``[fn(*row) for each row]``, ``row`` = the row's items of ``columns``, with the row's
+        (key, namespace) as the slot of the per-record methods meanwhile: the generic batch
+        path, which applies a batch exactly as the same rows one at a time (TTL included)
+        without touching the backend's current key."""
+        slots = self.backend._batch_slots(self, keys, namespaces)
+        out = []
+        try:
+            for i, slot in enumerate(slots):
+                self._row_slot = slot
+                out.append(fn(*(c[i] for c in columns)))
+        finally:
+            self._row_slot = None
+        return out
+
+    def _typed(self, what: str) -> pa.DataType:
+        if self._ser.arrow_type is None:
+            raise InvalidInputError(f"{what}: the batch API needs a typed value (not pickle) state")
+        return self._ser.arrow_type
 
     def clear(self) -> None:
         kg, k = self._slot()
@@ -715,6 +741,35 @@ class _List(_PyState, base.ListState):
         else:
             self._table.remove(kg, k)
 
+    def append_batch(self, keys, values, namespaces=None) -> None:
+        t = self._typed("append_batch")
+        arr = base.coerce_key_array(keys, self.backend.key_type)
+        vals = base.as_arrow_array(values, "values")
+        if len(vals) != len(arr):
+            raise InvalidInputError(f"values have {len(vals)} rows but keys have {len(arr)}")
+        if pa.types.is_list(vals.type) or pa.types.is_large_list(vals.type):
+            base.check_arrow_type(vals.values, self._ser.name, "list elements")
+            rows = [[] if r is None else r for r in vals.to_pylist()]
+            bad = sum(e is None for r in rows for e in r)
+            if bad:
+                raise InvalidInputError(f"values contain {bad} null list element(s); list "
+                                        "state elements must not be null")
+        else:
+            base.check_arrow_type(vals, self._ser.name, f"values (or a list<{t}> array)")
+            if vals.null_count:
+                raise InvalidInputError(f"values contain {vals.null_count} null(s); list state "
+                                        "elements must not be null")
+            rows = [[v] for v in vals.to_pylist()]
+        for r in rows:  # validate every element before anything changes
+            for e in r:
+                _to_stored(self._ser, e)
+        # One row = one add_all call: its elements share one TTL timestamp.
+        self._apply_rows(arr, namespaces, lambda r: r and self.add_all(r), rows)
+
+    def get_batch(self, keys, namespaces=None) -> pa.Array:
+        t = self._typed("get_batch")
+        return pa.array(self._apply_rows(keys, namespaces, self.get), pa.list_(t))
+
 
 class _Map(_PyState, base.MapState):
     def __init__(self, *a):
@@ -769,6 +824,47 @@ class _Map(_PyState, base.MapState):
 
     def is_empty(self) -> bool:
         return not self._map()
+
+    def _user_keys(self, user_keys, length: int) -> list:
+        if self._uks.name == "pickle":
+            raise InvalidInputError("the batch API needs a typed user key (not pickle) map state")
+        arr = base.as_arrow_array(user_keys, "user_keys")
+        if len(arr) != length:
+            raise InvalidInputError(f"user_keys have {len(arr)} rows but keys have {length}")
+        base.check_arrow_type(arr, self._uks.name, "user_keys")
+        if arr.null_count:
+            raise InvalidInputError(f"user_keys contain {arr.null_count} null(s); map user keys "
+                                    "must not be null")
+        return arr.to_pylist()
+
+    def put_batch(self, keys, user_keys, values, namespaces=None) -> None:
+        self._typed("put_batch")
+        arr = base.coerce_key_array(keys, self.backend.key_type)
+        uks = self._user_keys(user_keys, len(arr))
+        vals = base.coerce_value_array(values, self._ser.name, len(arr))
+        if vals.null_count:
+            raise InvalidInputError(f"values contain {vals.null_count} null(s); use remove_batch "
+                                    "to remove user keys")
+        vals = vals.to_pylist()
+        for v in vals:  # validate every value before anything changes
+            _to_stored(self._ser, v)
+        self._apply_rows(arr, namespaces, self.put, uks, vals)
+
+    def get_batch(self, keys, user_keys, namespaces=None) -> pa.Array:
+        t = self._typed("get_batch")
+        arr = base.coerce_key_array(keys, self.backend.key_type)
+        uks = self._user_keys(user_keys, len(arr))
+        return pa.array(self._apply_rows(arr, namespaces, self.get, uks), t)
+
+    def contains_batch(self, keys, user_keys, namespaces=None) -> pa.Array:
+        arr = base.coerce_key_array(keys, self.backend.key_type)
+        uks = self._user_keys(user_keys, len(arr))
+        return pa.array(self._apply_rows(arr, namespaces, self.contains, uks), pa.bool_())
+
+    def remove_batch(self, keys, user_keys, namespaces=None) -> None:
+        arr = base.coerce_key_array(keys, self.backend.key_type)
+        uks = self._user_keys(user_keys, len(arr))
+        self._apply_rows(arr, namespaces, self.remove, uks)
 
 
 class _Reducing(_PyState, base.ReducingState):

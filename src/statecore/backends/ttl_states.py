@@ -18,7 +18,8 @@ per list element and per map entry, ``ts`` the last-access time in milliseconds
   under ``ReturnExpiredIfNotCleanedUp``) and writes back only the unexpired ones;
 * batch calls behave as the same rows one at a time (the native backend runs value/reducing
   batch calls as C++ kernels with exactly these semantics, ``native.py`` ``_NativeTtlValue``/
-  ``_NativeTtlReducing``; tests/test_ttl_batch.py compares the two).
+  ``_NativeTtlReducing``; tests/test_ttl_batch.py compares the two; list and map batch calls
+  run the per-record methods row by row, ``python._PyState._apply_rows``).
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ class _Ttl:
 
     def _slot(self):
         slot = super()._slot()
-        if self._cfg.cleanup_size:
-            # Flink runs the incremental step before the access (TtlIncrementalCleanup).
+        if self._cfg.cleanup_size and self._row_slot is None:
+            # Flink runs the incremental step before the access (TtlIncrementalCleanup); batch
+            # rows (_row_slot) were counted as accesses by _batch_slots already.
             self.backend._ttl_accessed(self._table, self._cfg)
         return slot
 
@@ -80,16 +82,18 @@ class _Ttl:
             return None
         return s
 
+
+class _TtlValueLike(_Ttl):
+    """get_batch of value and reducing state: each row reads as ``value()``/``get()`` does."""
+
     def get_batch(self, keys, namespaces=None) -> pa.Array:
-        if self._table.kind not in ("value", "reducing"):
-            return super().get_batch(keys, namespaces)
         if self._ser.arrow_type is None:
             return super().get_batch(keys, namespaces)  # raises the same error
         slots = self.backend._batch_slots(self, keys, namespaces)
         return pa.array([self._fresh(kg, k) for kg, k in slots], self._ser.arrow_type)
 
 
-class _TtlValue(_Ttl, py._Value):
+class _TtlValue(_TtlValueLike, py._Value):
     def value(self):
         kg, k = self._slot()
         s = self._fresh(kg, k)
@@ -114,7 +118,7 @@ class _TtlValue(_Ttl, py._Value):
                 self._table.put(kg, k, (py._to_stored(self._ser, v), now))
 
 
-class _TtlReducing(_Ttl, py._Reducing):
+class _TtlReducing(_TtlValueLike, py._Reducing):
     def get(self):
         kg, k = self._slot()
         s = self._fresh(kg, k)

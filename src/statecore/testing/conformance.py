@@ -420,6 +420,67 @@ class BackendConformance:
         c.clear_batch(pa.array([1, 2]))
         assert c.get_batch(pa.array([1, 2])).to_pylist() == [None, None]
 
+    def test_list_batch(self):
+        b = self._backend()
+        lst = b.get_state(ListStateDescriptor("l", "string"))
+        lst.append_batch(pa.array([1, 2, 1]), pa.array(["a", "b", "c"]))
+        lst.append_batch(pa.array([1, 3, 2], pa.int64()),
+                         pa.array([["d", "e"], None, []], pa.list_(pa.string())))
+        lst.append_batch(pa.chunked_array([[2]]), pa.array([["f"]], pa.large_list(pa.large_string())))
+        got = lst.get_batch(pa.array([1, 2, 3]))
+        assert got.type == pa.list_(pa.string())
+        assert got.to_pylist() == [["a", "c", "d", "e"], ["b", "f"], []]
+        lst.clear_batch(pa.array([1]))
+        assert lst.get_batch(pa.array([1, 2])).to_pylist() == [[], ["b", "f"]]
+        b.set_current_key(2)
+        assert lst.get() == ["b", "f"]  # the batch calls did not move the current key
+        assert b.current_key == 2
+
+    def test_map_batch(self):
+        b = self._backend()
+        m = b.get_state(MapStateDescriptor("m", "int32", "float64"))
+        m.put_batch(pa.array([1, 1, 2, 1]), pa.array([10, 20, 10, 10], pa.int32()),
+                    pa.array([1.0, 2.0, 3.0, 4.0]))
+        got = m.get_batch(pa.array([1, 1, 2, 2]), pa.array([10, 20, 10, 20], pa.int32()))
+        assert got.type == pa.float64() and got.to_pylist() == [4.0, 2.0, 3.0, None]
+        m.remove_batch(pa.array([1, 2, 2]), pa.array([10, 10, 99], pa.int32()))
+        assert m.contains_batch(pa.array([1, 1, 2]), pa.array([10, 20, 10], pa.int32())
+                                ).to_pylist() == [False, True, False]
+        b.set_current_key(1)
+        assert m.items() == [(20, 2.0)]
+        b.set_current_key(2)
+        assert m.is_empty()  # removing the last user key removed the map
+        ns = b.get_state(MapStateDescriptor("n", "string", "int64"), namespace_type="string")
+        ns.put_batch(pa.array([1, 1]), pa.array(["u", "u"]), pa.array([5, 6]),
+                     namespaces=pa.array(["w1", "w2"]))
+        assert ns.get_batch(pa.array([1, 1]), pa.array(["u", "u"]),
+                            namespaces=pa.array(["w2", "w1"])).to_pylist() == [6, 5]
+
+    def test_list_and_map_batches_equal_the_rows_one_at_a_time(self):
+        rng = random.Random(5)
+        keys = [rng.randrange(20) for _ in range(300)]
+        uks = [rng.choice("abcde") for _ in keys]
+        vals = [rng.randrange(-50, 50) for _ in keys]
+        batched, single = self._backend(), self._backend()
+        for be, batch in ((batched, True), (single, False)):
+            lst = be.get_state(ListStateDescriptor("l", "int64"))
+            m = be.get_state(MapStateDescriptor("m", "string", "int64"))
+            for lo in range(0, len(keys), 60):
+                ks, us, vs = keys[lo:lo + 60], uks[lo:lo + 60], vals[lo:lo + 60]
+                if batch:
+                    lst.append_batch(pa.array(ks, pa.int64()), pa.array(vs, pa.int64()))
+                    m.put_batch(pa.array(ks, pa.int64()), pa.array(us), pa.array(vs, pa.int64()))
+                    m.remove_batch(pa.array(ks[::7], pa.int64()), pa.array(us[::3][:len(ks[::7])]))
+                else:
+                    for k, u, v in zip(ks, us, vs):
+                        be.set_current_key(k)
+                        lst.add(v)
+                        m.put(u, v)
+                    for k, u in zip(ks[::7], us[::3]):
+                        be.set_current_key(k)
+                        m.remove(u)
+        assert snapshot_dump(batched.snapshot()) == snapshot_dump(single.snapshot())
+
     def test_batch_errors_leave_state_untouched(self):
         b = self._backend(key_group_range=(0, 63))
         inside = [k for k in range(1000) if K.spark_key_group(k, "int64", 128) <= 63][:3]
@@ -427,8 +488,12 @@ class BackendConformance:
         v = b.get_state(ValueStateDescriptor("v", "int64"))
         s = b.get_state(ReducingStateDescriptor("s", "sum", "int64"))
         p = b.get_state(ValueStateDescriptor("p"))
+        lst = b.get_state(ListStateDescriptor("l", "int64"))
+        m = b.get_state(MapStateDescriptor("m", "string", "int64"))
         v.put_batch(pa.array(inside), pa.array([1, 2, 3]))
         s.add_batch(pa.array(inside), pa.array([1, 2, 3]))
+        lst.append_batch(pa.array(inside), pa.array([1, 2, 3]))
+        m.put_batch(pa.array(inside), pa.array(["a", "b", "c"]), pa.array([1, 2, 3]))
         before = snapshot_dump(b.snapshot())
         k2 = pa.array(inside[:2])
         bad_calls = [
@@ -446,6 +511,17 @@ class BackendConformance:
             lambda: v.clear_batch(pa.array([inside[0], outside])),
             lambda: p.put_batch(k2, pa.array([1, 2])),
             lambda: p.get_batch(k2),
+            lambda: lst.append_batch(k2, pa.array([1, None])),
+            lambda: lst.append_batch(k2, pa.array([[1], [2, None]], pa.list_(pa.int64()))),
+            lambda: lst.append_batch(k2, pa.array([[1], [2]], pa.list_(pa.int32()))),
+            lambda: lst.append_batch(k2, pa.array([1])),
+            lambda: lst.append_batch(pa.array([inside[0], outside]), pa.array([1, 2])),
+            lambda: m.put_batch(k2, pa.array(["a", None]), pa.array([1, 2])),
+            lambda: m.put_batch(k2, pa.array(["a", "b"]), pa.array([1, None])),
+            lambda: m.put_batch(k2, pa.array([1, 2]), pa.array([1, 2])),
+            lambda: m.put_batch(k2, pa.array(["a"]), pa.array([1, 2])),
+            lambda: m.remove_batch(pa.array([inside[0], outside]), pa.array(["a", "b"])),
+            lambda: m.get_batch(k2, pa.array(["a", None])),
         ]
         for call in bad_calls:
             with pytest.raises(InvalidInputError):
