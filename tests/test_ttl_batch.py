@@ -34,9 +34,11 @@ STATES = {
     "fmax": (lambda: ReducingStateDescriptor("fmax", "max", "float64"), pa.float64()),
     "fsum": (lambda: ReducingStateDescriptor("fsum", "sum", "float64"), pa.float64()),
     "cnt": (lambda: ReducingStateDescriptor("cnt", "count"), pa.int64()),
+    "first": (lambda: ReducingStateDescriptor("first", "first", "int64"), pa.int64()),
+    "flast": (lambda: ReducingStateDescriptor("flast", "last", "float64"), pa.float64()),
 }
 VALUE_STATES = ["v", "vs"]
-REDUCING_STATES = ["sum", "min", "fmax", "fsum", "cnt"]
+REDUCING_STATES = ["sum", "min", "fmax", "fsum", "cnt", "first", "flast"]
 
 # int64 values include huge ones so that sums overflow now and then.
 _INTS = st.one_of(st.integers(-50, 50), st.sampled_from([2**62, -(2**62), 2**63 - 1, -(2**63)]))

@@ -28,7 +28,7 @@ _KEY_TYPES = {"int32": c.KeyType.Int32, "int64": c.KeyType.Int64,
 _VALUE_TYPES = {"int64": c.ValueType.Int64, "float64": c.ValueType.Float64,
                 "string": c.ValueType.String, "binary": c.ValueType.Binary}
 _REDUCERS = {"sum": c.Reducer.Sum, "min": c.Reducer.Min, "max": c.Reducer.Max,
-             "count": c.Reducer.Count}
+             "count": c.Reducer.Count, "first": c.Reducer.First, "last": c.Reducer.Last}
 
 #: Value types the batch kernels serve natively (others go through the per-row path).
 BATCH_VALUE_TYPES = frozenset(_VALUE_TYPES)

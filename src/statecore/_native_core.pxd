@@ -134,6 +134,8 @@ cdef extern from "statecore/batch.h" namespace "statecore" nogil:
         Min
         Max
         Count
+        First
+        Last
 
     cdef cppclass BatchKeySpec:
         KeyType kind

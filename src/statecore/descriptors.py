@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 USER_KEY_TYPES = ("int32", "int64", "string", "binary", "pickle")
-BUILTIN_REDUCERS = ("sum", "min", "max", "count")
+BUILTIN_REDUCERS = ("sum", "min", "max", "count", "first", "last")
 _NUMERIC = ("int32", "int64", "float64")
 
 # Meta fields that must agree between a descriptor and restored state (others are informative).
@@ -203,8 +203,9 @@ class MapStateDescriptor(StateDescriptor):
 class Reducer:
     """A reduce function for ReducingState: ``add(acc, v)`` returns the new aggregate, with
     ``acc`` None for the first value. Built-ins: ``sum``, ``min``, ``max`` (first value is the
-    value itself) and ``count`` (number of non-None values added; first add gives 1). A custom
-    Python callable ``f(a, b) -> c`` behaves like Flink's ``ReduceFunction``."""
+    value itself), ``count`` (number of non-None values added; first add gives 1), ``first``
+    (the first value added is kept) and ``last`` (the latest value added). A custom Python
+    callable ``f(a, b) -> c`` behaves like Flink's ``ReduceFunction``."""
 
     def __init__(self, spec):
         if isinstance(spec, Reducer):
@@ -230,6 +231,10 @@ class Reducer:
         if n == "count":
             return 1 if acc is None else acc + 1
         if acc is None:
+            return v
+        if n == "first":
+            return acc
+        if n == "last":
             return v
         if n == "sum":
             return acc + v

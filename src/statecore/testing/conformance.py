@@ -271,6 +271,28 @@ class BackendConformance:
         s.clear()
         assert s.get() is None
 
+    @pytest.mark.parametrize("vt,vals", [("int64", [5, -2, 10]), ("float64", [0.5, -2.0, 7.25]),
+                                         ("string", ["b", "a", "c"])])
+    def test_reducing_first_and_last(self, vt, vals):
+        """``first`` keeps the first value added, ``last`` the latest; nulls change nothing. The
+        batch (kernels for int64/float64) and per-record paths agree."""
+        b = self._backend()
+        f = b.get_state(ReducingStateDescriptor("f", "first", vt))
+        la = b.get_state(ReducingStateDescriptor("l", "last", vt))
+        b.set_current_key(1)
+        for x in vals:
+            f.add(x)
+            la.add(x)
+        la.add(None)
+        assert (f.get(), la.get()) == (vals[0], vals[-1])
+        t = {"int64": pa.int64(), "float64": pa.float64(), "string": pa.string()}[vt]
+        keys = pa.array([2, 3, 2, 2, 3], pa.int64())
+        batch = pa.array([vals[0], vals[1], None, vals[2], vals[0]], t)
+        assert f.add_batch(keys, batch).to_pylist() == [vals[0], vals[1], vals[0], vals[0], vals[1]]
+        assert la.add_batch(keys, batch).to_pylist() == [vals[0], vals[1], vals[0], vals[2], vals[0]]
+        assert f.get_batch(pa.array([1, 2, 3])).to_pylist() == [vals[0], vals[0], vals[1]]
+        assert la.get_batch(pa.array([1, 2, 3])).to_pylist() == [vals[-1], vals[2], vals[0]]
+
     def test_reducing_custom_and_aggregating(self):
         b = self._backend()
         r = b.get_state(ReducingStateDescriptor("r", lambda a, x: a * 10 + x, "int64"))
