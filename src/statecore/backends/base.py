@@ -23,7 +23,7 @@ Common rules (both backends):
   state is a no-op. A value that does not fit the value type (e.g. an int64 sum overflow) raises
   InvalidInputError and leaves the state unchanged.
 
-Batch API (``get_batch``/``put_batch``/``clear_batch`` on ValueState; ``get_batch``/``add_batch``/
+Batch API (``get_batch``/``put_batch``/``clear_batch``/``contains_batch`` on ValueState; ``get_batch``/``add_batch``/
 ``clear_batch`` on ReducingState; ``append_batch``/``get_batch``/``clear_batch`` on ListState;
 ``put_batch``/``get_batch``/``contains_batch``/``remove_batch``/``clear_batch`` on MapState, one
 row per (key, user key)) -- does not change the backend's current key:
@@ -571,6 +571,9 @@ class ValueState(State):
 
     @abc.abstractmethod
     def clear_batch(self, keys, namespaces=None) -> None: ...
+
+    @abc.abstractmethod
+    def contains_batch(self, keys, namespaces=None) -> pa.Array: ...
 
 
 class ListState(State):

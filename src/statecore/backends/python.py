@@ -22,6 +22,7 @@ import copy
 import pickle
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from statecore import serializers as S
 from statecore.backends import base
@@ -682,6 +683,11 @@ class _PyState:
 
 
 class _Value(_PyState, base.ValueState):
+    def contains_batch(self, keys, namespaces=None) -> pa.Array:
+        """A row reads as get_batch does (TTL visibility and cleanup on read included) and is
+        true where that read returns a value (bool array, no nulls)."""
+        return pc.is_valid(self.get_batch(keys, namespaces))
+
     def value(self):
         kg, k = self._slot()
         s = self._table.get(kg, k)

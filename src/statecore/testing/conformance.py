@@ -400,6 +400,7 @@ class BackendConformance:
         assert v.get_batch(pa.chunked_array([[1, 2], [3]])).to_pylist() == [4.0, 5.0, None]
         b.set_current_key(1)
         assert v.value() == 4.0
+        assert v.contains_batch(pa.array([1, 4, 3])).to_pylist() == [True, False, False]
         v.clear_batch(pa.array([1]))
         assert v.value() is None and b.current_key == 1
         assert v.get_batch(pa.array([], pa.int64())).to_pylist() == []
@@ -544,6 +545,11 @@ class BackendConformance:
             lambda: m.put_batch(k2, pa.array(["a"]), pa.array([1, 2])),
             lambda: m.remove_batch(pa.array([inside[0], outside]), pa.array(["a", "b"])),
             lambda: m.get_batch(k2, pa.array(["a", None])),
+            lambda: b.timers.register_batch(pa.array([inside[0], outside]), pa.array([1, 2])),
+            lambda: b.timers.register_batch(k2, pa.array([1, None], pa.int64())),
+            lambda: b.timers.register_batch(k2, pa.array([1.0, 2.0])),
+            lambda: b.timers.register_batch(k2, pa.array([1])),
+            lambda: b.timers.register_batch(k2, pa.array([1, 2]), namespaces=pa.array([1, 2])),
         ]
         for call in bad_calls:
             with pytest.raises(InvalidInputError):
@@ -598,6 +604,29 @@ class BackendConformance:
         # the watermark never goes back: a lower value still fires what is behind 10_000
         assert t.advance_watermark(50) == [(-5, 1, 0)]
         assert t.current_watermark == 10_000
+
+    def test_timer_batch_equals_the_rows_one_at_a_time(self):
+        batched = self._backend(timer_namespace_type="int64")
+        single = self._backend(timer_namespace_type="int64")
+        keys, ts, nss = [1, 2, 1, 3, 1], [100, 50, 100, 70, 40], [0, 0, 0, 1, 2]
+        batched.timers.register_batch(pa.array(keys, pa.int64()), pa.array(ts, pa.int64()),
+                                      namespaces=pa.array(nss, pa.int64()))
+        batched.timers.delete_batch(pa.array([3]), pa.array([70]), namespaces=1)
+        for k, t, ns in zip(keys, ts, nss):
+            single.set_current_key(k)
+            single.timers.register_event_time_timer(t, namespace=ns)
+        single.set_current_key(3)
+        single.timers.delete_event_time_timer(70, namespace=1)
+        assert batched.current_key is None  # the batch did not set a current key
+        assert batched.timers.all_timers() == single.timers.all_timers()
+        assert batched.timers.num_timers() == 3
+        # Timestamp arrays are taken in ms, finer units floored.
+        b = self._backend()
+        b.timers.register_batch(pa.array([1, 2]), pa.array([1_500, -1], pa.int64()).cast(
+            pa.timestamp("us", tz="UTC")))
+        assert [ts for _, ts, _, _ in b.timers.all_timers()] == [-1, 1]
+        b.timers.delete_batch(pa.array([1, 2]), pa.array([1, -1], pa.int64()))
+        assert b.timers.num_timers() == 0
 
     def test_timer_ordering_and_validation(self):
         b = self._backend()
