@@ -183,9 +183,9 @@ ValuesFiltered filter_values_impl(const FilterSpec& spec, int64_t now, const uin
     if (res == FilterResult::Drop) continue;
     const uint8_t* src = res == FilterResult::Keep ? v.data : trimmed.data();
     const size_t size = res == FilterResult::Keep ? v.size : trimmed.size();
-    if (size) std::memcpy(out_data + r.bytes, src, size);
-    r.bytes += size;
-    out_offsets[++r.kept] = static_cast<Offset>(r.bytes);
+    if (size) std::memcpy(out_data + r.data_bytes, src, size);
+    r.data_bytes += size;
+    out_offsets[++r.kept] = static_cast<Offset>(r.data_bytes);
   }
   return r;
 }

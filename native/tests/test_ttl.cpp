@@ -353,9 +353,9 @@ void check_block_agrees(const FilterSpec& spec, int64_t now, const std::vector<B
   }
   CHECK_EQ(out_offsets[0], Offset{0});
   CHECK_EQ(r.kept, kept);
-  CHECK_EQ(r.bytes, want_data.size());
+  CHECK_EQ(r.data_bytes, want_data.size());
   CHECK_EQ(r.expired, want_expired);
-  CHECK(Bytes(out_data.begin(), out_data.begin() + r.bytes) == want_data);
+  CHECK(Bytes(out_data.begin(), out_data.begin() + r.data_bytes) == want_data);
 }
 
 }  // namespace

@@ -100,9 +100,9 @@ size_t filter_run(const FilterSpec& spec, int64_t now, const SortedRun& in, Sort
 // are negative, decreasing or point past data_size, or, prefixed with the value's index, what
 // filter_value throws for a broken list/map layout; the outputs are then partly written.
 struct ValuesFiltered {
-  size_t kept = 0;     // values that stay (ones in keep)
-  size_t bytes = 0;    // bytes written to out_data (= out_offsets[kept])
-  size_t expired = 0;  // expired things removed, as filter_value counts them
+  size_t kept = 0;        // values that stay (ones in keep)
+  size_t data_bytes = 0;  // bytes written to out_data (= out_offsets[kept])
+  size_t expired = 0;     // expired things removed, as filter_value counts them
 };
 ValuesFiltered filter_values(const FilterSpec& spec, int64_t now, const uint8_t* data,
                              size_t data_size, const int32_t* offsets, size_t n, uint8_t* keep,
