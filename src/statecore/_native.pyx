@@ -236,9 +236,9 @@ def ttl_filter_entries(str kind, fixed_width, int64_t ttl_ms, int64_t now, keys,
 
     Returns what ``filter_entries`` returns: ``(keys, values, expired)`` -- the same array
     objects and 0 when nothing expired, otherwise new ``pa.binary()`` arrays without the dropped
-    entries and with trimmed values (an empty list or map value is then dropped too, as the
-    Python filter drops it). ``expired`` counts the values, list elements and map entries
-    removed. Raises InvalidInputError naming the value for a list or map value whose layout is
+    entries and with trimmed values (an empty list or map value stays when it comes before the
+    first value in which something expired and is dropped after it, as in the Python filter).
+    ``expired`` counts the values, list elements and map entries removed. Raises InvalidInputError naming the value for a list or map value whose layout is
     broken, and for mismatched lengths, another value type, a NULL value (tombstone) or offsets
     outside the data buffer."""
     cdef c.FilterSpec spec = _ttl_filter_spec(kind, fixed_width, ttl_ms)

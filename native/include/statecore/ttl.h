@@ -92,9 +92,12 @@ size_t filter_run(const FilterSpec& spec, int64_t now, const SortedRun& in, Sort
 // (statecore.ttl.compaction_filter), which hands over one chunk of a key group's values per
 // clock reading, straight from the Arrow buffers, so no value becomes a Python object.
 //
-// keep[i] becomes 1 when value i stays (whole or trimmed), 0 when filter_value dropped it; the
-// values that stay, trimmed where filter_value trims, are written back to back to out_data with
-// their offsets in out_offsets[0..kept] (out_offsets[0] = 0, same width as the input offsets).
+// keep[i] becomes 1 when value i stays (whole or trimmed), 0 when filter_value dropped it --
+// except an empty list/map value (dropped by filter_value with nothing expired) before the first
+// value in which something expired, which stays as statecore.ttl.filter_entries keeps it (that
+// function returns the block unchanged while nothing expired). The values that stay, trimmed
+// where filter_value trims, are written back to back to out_data with their offsets in
+// out_offsets[0..kept] (out_offsets[0] = 0, same width as the input offsets).
 // Capacities the caller provides: keep n, out_offsets n + 1, out_data offsets[n] - offsets[0]
 // bytes (filtering never makes a value longer). Throws std::invalid_argument when the offsets
 // are negative, decreasing or point past data_size, or, prefixed with the value's index, what
