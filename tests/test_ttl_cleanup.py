@@ -410,17 +410,30 @@ def test_native_compaction_filter_agrees_with_python(kind, width, data):
 
 
 @pytest.mark.skipif(_native is None, reason="native extension not built")
-def test_native_compaction_filter_reads_large_binary_and_sliced_arrays():
-    tp = CompactionTimeProvider(lambda: 150, 1000)
+def test_native_chunk_filter_reads_large_binary_and_sliced_arrays():
     keys = pa.array([bytes([0, i]) for i in range(6)], pa.binary())
     vals = _vals([0, 90, 10, 80, 20, 70])
-    want = compaction_filter("value", None, 100, tp, keys.slice(1, 4), vals.slice(1, 4),
-                             native=False)
+    want = filter_entries("value", None, 100, 150, keys.slice(1, 4), vals.slice(1, 4))
     for k, v in [(keys.slice(1, 4), vals.slice(1, 4)),
                  (keys.cast(pa.large_binary()).slice(1, 4), vals.cast(pa.large_binary()).slice(1, 4))]:
-        got = compaction_filter("value", None, 100, tp, k, v, native=True)
+        got = _native.ttl_filter_entries("value", None, 100, 150, k, v)
         assert got[0].to_pylist() == want[0].to_pylist() == [bytes([0, 1]), bytes([0, 3])]
         assert got[1].equals(want[1]) and got[1].type == pa.binary() and got[2] == want[2] == 2
+    with pytest.raises(InvalidInputError, match="3 keys but 4 values"):
+        _native.ttl_filter_entries("value", None, 100, 150, keys.slice(0, 3), vals.slice(0, 4))
+    with pytest.raises(InvalidInputError, match="binary"):
+        _native.ttl_filter_entries("value", None, 100, 150, keys, pa.array(range(6)))
+
+
+@pytest.mark.skipif(_native is None, reason="native extension not built")
+@pytest.mark.parametrize("now", [2**64, 2**63 - 1, -2**63, -2**64])
+def test_native_chunk_filter_takes_times_beyond_int64(now):
+    keys = pa.array([bytes([0, i]) for i in range(3)], pa.binary())
+    vals = _vals([0, 2**63 - 1, -2**63])
+    want = filter_entries("value", None, 100, now, keys, vals)
+    got = _native.ttl_filter_entries("value", None, 100, now, keys, vals)
+    assert (got[0].to_pylist(), got[1].to_pylist(), got[2]) == \
+        (want[0].to_pylist(), want[1].to_pylist(), want[2])
 
 
 _BROKEN = [("list", 4, b"\x00\x00\x00\x01" + _ts(0) + b"\x00"),  # truncated 2nd element

@@ -226,11 +226,11 @@ cdef c.FilterSpec _ttl_filter_spec(str kind, fixed_width, int64_t ttl_ms) except
 _ZERO_BYTE = np.zeros(1, np.uint8)  # a valid address for an empty data buffer
 
 
-def ttl_filter_entries(str kind, fixed_width, int64_t ttl_ms, int64_t now, keys, values):
+def ttl_filter_entries(str kind, fixed_width, int64_t ttl_ms, now_ms, keys, values):
     """:func:`statecore.ttl.filter_entries` in C++ (ttl.h ``filter_values``, the frocksdb
     ``FlinkCompactionFilter`` rule of ``filter_value``) over one chunk of a key group: ``keys``
     and ``values`` are ``pa.binary()`` or ``pa.large_binary()`` arrays of equal length (sliced
-    ones too), ``now`` the time (ms) of the whole chunk, the other arguments as
+    ones too), ``now_ms`` the time (int, ms) of the whole chunk, the other arguments as
     :func:`statecore.ttl.filter_expired`. The values are read from the Arrow buffers in place
     with the GIL released; no Python object is made per value.
 
@@ -238,10 +238,14 @@ def ttl_filter_entries(str kind, fixed_width, int64_t ttl_ms, int64_t now, keys,
     objects and 0 when nothing expired, otherwise new ``pa.binary()`` arrays without the dropped
     entries and with trimmed values (an empty list or map value stays when it comes before the
     first value in which something expired and is dropped after it, as in the Python filter).
-    ``expired`` counts the values, list elements and map entries removed. Raises InvalidInputError naming the value for a list or map value whose layout is
-    broken, and for mismatched lengths, another value type, a NULL value (tombstone) or offsets
-    outside the data buffer."""
+    ``expired`` counts the values, list elements and map entries removed. Raises
+    InvalidInputError naming the value for a list or map value whose layout is broken, and for
+    mismatched lengths, another value type, a NULL value (tombstone) or offsets outside the data
+    buffer."""
     cdef c.FilterSpec spec = _ttl_filter_spec(kind, fixed_width, ttl_ms)
+    # Exact for any int: beyond INT64_MAX only entries whose ts + ttl overflows are unexpired,
+    # as at INT64_MAX; below INT64_MIN nothing is expired, as at INT64_MIN.
+    cdef int64_t now = max(-2**63, min(now_ms, 2**63 - 1))
     cdef int64_t n = len(values)
     cdef int64_t start
     cdef bint large

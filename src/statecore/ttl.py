@@ -397,9 +397,9 @@ def compaction_filter(kind: str, fixed_width: Optional[int], ttl_ms: int,
     store's TTL compaction filter, after frocksdb's ``FlinkCompactionFilter`` (the entries of one
     chunk share one cached time; the count of entries since the last clock read carries over
     between calls, i.e. key groups and states). ``ttl_ms`` and the clock's times are
-    milliseconds; ``keys``/``values`` are one key group's sorted ``pa.binary()`` (or
-    ``pa.large_binary()``) arrays without tombstones. Returns ``(keys, values, expired)`` as
-    :func:`filter_entries` does (the same objects when nothing expired).
+    milliseconds; ``keys``/``values`` are one key group's sorted ``pa.binary()`` arrays without
+    tombstones. Returns ``(keys, values, expired)`` as :func:`filter_entries` does (the same
+    objects when nothing expired).
 
     Each chunk runs in C++ (``statecore._native.ttl_filter_entries``, ttl.h ``filter_values``,
     byte-identical to :func:`filter_entries`, which stays the reference) when the extension
