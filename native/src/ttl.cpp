@@ -179,9 +179,8 @@ ValuesFiltered filter_values_impl(const FilterSpec& spec, int64_t now, const uin
     } catch (const std::invalid_argument& err) {
       throw std::invalid_argument("value " + std::to_string(i) + ": " + err.what());
     }
-    // Only an empty list/map value is dropped with nothing expired in it. filter_entries, the
-    // Python reference, copies every value before the first expiry unchanged: keep it there too.
-    if (res == FilterResult::Drop && r.expired == 0) res = FilterResult::Keep;
+    // An empty list/map value holds nothing alive: dropped (expired count 0), as the full
+    // snapshot filter drops it.
     keep[i] = res != FilterResult::Drop;
     if (res == FilterResult::Drop) continue;
     const uint8_t* src = res == FilterResult::Keep ? v.data : trimmed.data();

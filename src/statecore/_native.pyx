@@ -235,9 +235,9 @@ def ttl_filter_entries(str kind, fixed_width, int64_t ttl_ms, now_ms, keys, valu
     with the GIL released; no Python object is made per value.
 
     Returns what ``filter_entries`` returns: ``(keys, values, expired)`` -- the same array
-    objects and 0 when nothing expired, otherwise new ``pa.binary()`` arrays without the dropped
-    entries and with trimmed values (an empty list or map value stays when it comes before the
-    first value in which something expired and is dropped after it, as in the Python filter).
+    objects and 0 when nothing changed, otherwise new ``pa.binary()`` arrays without the dropped
+    entries and with trimmed values (an empty list or map value holds nothing alive and is
+    dropped, with nothing counted).
     ``expired`` counts the values, list elements and map entries removed. Raises
     InvalidInputError naming the value for a list or map value whose layout is broken, and for
     mismatched lengths, another value type, a NULL value (tombstone) or offsets outside the data
@@ -304,7 +304,7 @@ def ttl_filter_entries(str kind, fixed_width, int64_t ttl_ms, now_ms, keys, valu
                                     &out32[0], &out_data[0])
     except ValueError as e:
         raise InvalidInputError(str(e)) from None
-    if r.expired == 0:
+    if r.expired == 0 and r.kept == <size_t>n:  # trims only come with expiries
         return keys, values, 0
     out_keys = keys.filter(pa.array(keep_np.view(np.bool_)))
     if out_keys.type != pa.binary():

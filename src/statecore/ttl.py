@@ -305,8 +305,9 @@ def filter_entries(kind: str, fixed_width: Optional[int], ttl_ms: int, now: int,
     """:func:`filter_expired` over one key group's sorted ``(keys, values)`` ``pa.binary()``
     arrays (no tombstones): returns ``(keys, values, expired)`` with the dropped entries left
     out and trimmed values replaced; ``expired`` counts what was removed as
-    :func:`filter_expired_counted` does. The arrays
-    come back unchanged (same objects) when nothing expired. InvalidInputError for a NULL value
+    :func:`filter_expired_counted` does (an empty list or map value, which holds nothing alive,
+    is dropped without being counted). The arrays come back unchanged (same objects) when
+    nothing changed. InvalidInputError for a NULL value
     and as :func:`filter_expired`."""
     if values.null_count:
         raise InvalidInputError("a NULL value (tombstone) among the values to filter")
@@ -315,14 +316,15 @@ def filter_entries(kind: str, fixed_width: Optional[int], ttl_ms: int, now: int,
     ks = None
     for i, v in enumerate(vals):
         f, n = filter_expired_counted(kind, fixed_width, ttl_ms, now, v)
-        expired += n  # a value is dropped or trimmed exactly when something in it expired
-        if expired and ks is None:
+        expired += n
+        # Dropped or trimmed; an empty list/map value is dropped with nothing expired in it.
+        if f is not v and ks is None:
             ks = keys.to_pylist()
             out_k, out_v = ks[:i], vals[:i]
         if ks is not None and f is not None:
             out_k.append(ks[i])
             out_v.append(f)
-    if not expired:
+    if ks is None:
         return keys, values, 0
     return pa.array(out_k, pa.binary()), pa.array(out_v, pa.binary()), expired
 
@@ -410,16 +412,17 @@ def compaction_filter(kind: str, fixed_width: Optional[int], ttl_ms: int,
     if n == 0:
         return keys, values, 0
     chunk_filter = _chunk_filter(native)
-    parts, expired, pos = [], 0, 0
+    parts, expired, pos, changed = [], 0, 0, False
     while pos < n:
         take = min(time.budget(), n - pos)
-        k, v, e = chunk_filter(kind, fixed_width, ttl_ms, time.now(), keys.slice(pos, take),
-                               values.slice(pos, take))
+        vs = values.slice(pos, take)
+        k, v, e = chunk_filter(kind, fixed_width, ttl_ms, time.now(), keys.slice(pos, take), vs)
         time.processed(take)
         parts.append((k, v))
         expired += e
+        changed = changed or v is not vs  # an empty list/map value is dropped uncounted
         pos += take
-    if not expired:
+    if not changed:
         return keys, values, 0
     return (pa.concat_arrays([k for k, _ in parts]), pa.concat_arrays([v for _, v in parts]),
             expired)
