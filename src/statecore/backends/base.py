@@ -95,6 +95,7 @@ import numpy as np
 import pyarrow as pa
 
 from statecore import key_groups as K
+from statecore import key_types as KT
 from statecore import serializers as S
 from statecore.errors import InvalidInputError, StateError, StateMigrationError
 from statecore.key_groups import KeyGroupRange
@@ -117,6 +118,7 @@ __all__ = [
     "NAMESPACE_TYPES",
     "as_arrow_array",
     "coerce_key_array",
+    "key_pylist",
     "coerce_value_array",
     "resolve_batch_namespaces",
     "check_snapshot_compatible",
@@ -195,13 +197,55 @@ def _check_type(arr: pa.Array, type_name: str, what: str) -> None:
         )
 
 
-def coerce_key_array(keys, key_type: str) -> pa.Array:
-    """Validate a batch of keys (see module docstring): type and no nulls."""
-    arr = as_arrow_array(keys, "keys")
-    _check_type(arr, key_type, "keys")
+def coerce_key_array(keys, key_type) -> pa.Array:
+    """Validate a batch of keys (see module docstring) and return it as one pa.Array: the key
+    type's Arrow type (:meth:`statecore.key_types.KeyType.accepts`), no null key and, for a
+    multi-column key, no null field. A multi-column key type also takes a list/tuple of arrays
+    (one per column, equal lengths), combined into a struct array. InvalidInputError names what
+    is wrong (and the first null row)."""
+    kt = KT.key_type(key_type)
+    if kt.is_struct and isinstance(keys, (list, tuple)):
+        arr = _struct_from_columns(keys, kt)
+    else:
+        arr = as_arrow_array(keys, "keys")
+    if not kt.accepts(arr.type):
+        raise InvalidInputError(
+            f"keys must have Arrow type {kt.describe_arrow()} (key type {kt.name}), got {arr.type}")
     if arr.null_count:
-        raise InvalidInputError(f"keys contain {arr.null_count} null(s); keys must not be null")
+        raise InvalidInputError(f"keys contain {arr.null_count} null(s) (first at row "
+                                f"{_first_null(arr)}); keys must not be null")
+    if kt.is_struct:
+        for i in range(len(kt.fields)):
+            f = arr.field(i)
+            if f.null_count:
+                raise InvalidInputError(
+                    f"keys: field {i} ({arr.type.field(i).name!r}) has {f.null_count} null(s) "
+                    f"(first at row {_first_null(f)}); a multi-column key must not have null fields")
     return arr
+
+
+def _first_null(arr: pa.Array) -> int:
+    return int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
+
+
+def _struct_from_columns(columns, kt) -> pa.Array:
+    if len(columns) != len(kt.fields):
+        raise InvalidInputError(f"keys: {len(columns)} arrays for key type {kt.name}, which has "
+                                f"{len(kt.fields)} columns")
+    arrays = [as_arrow_array(c, f"keys[{i}]") for i, c in enumerate(columns)]
+    if len({len(a) for a in arrays}) > 1:
+        raise InvalidInputError(f"keys: the column arrays differ in length "
+                                f"({', '.join(str(len(a)) for a in arrays)})")
+    try:
+        return pa.StructArray.from_arrays(arrays, names=[f"f{i}" for i in range(len(arrays))])
+    except (pa.ArrowException, TypeError, ValueError) as e:
+        raise InvalidInputError(f"keys: cannot combine the column arrays: {e}") from e
+
+
+def key_pylist(arr: pa.Array, key_type) -> list:
+    """The canonical per-record keys of a validated key array (:func:`coerce_key_array`):
+    ints for timestamps, canonical floats, tuples for multi-column keys."""
+    return KT.key_type(key_type).to_pylist(arr)
 
 
 def coerce_value_array(values, value_type: str, length: int, any_type: bool = False) -> pa.Array:
