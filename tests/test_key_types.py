@@ -16,7 +16,7 @@ import pytest
 from statecore import key_groups as K
 from statecore import key_types as KT
 from statecore import serializers as S
-from statecore.errors import InvalidInputError
+from statecore.errors import InvalidInputError, StateMigrationError
 
 DATA = pathlib.Path(__file__).parent / "data"
 SPARK = json.loads((DATA / "spark_key_types.json").read_text())
@@ -251,3 +251,43 @@ def test_namespace_and_user_key_types_unchanged():
         b.get_state(ValueStateDescriptor("v"), namespace_type="float64")
     with pytest.raises(InvalidInputError):
         MapStateDescriptor("m", "float64", "int64")
+
+
+# ------------------------------------------------------------------ checkpoints and inspect
+
+@pytest.mark.parametrize("key_type,keys", [
+    (("timestamp[ms]", "string"), [(-1, "a"), (1_600_000_000_123, "")]),
+    ("fixed_size_binary[2]", [b"ab", b"\x00\x00"]),
+    ("float64", [0.0, float("nan"), -1.5]),
+])
+def test_checkpoint_round_trip_and_inspect(tmp_path, key_type, keys):
+    """New key types through a real checkpoint directory: written by the native backend (when
+    built) and the reference, restored by both, listed by ``statecore.inspect``."""
+    from statecore import CheckpointStore, ReducingStateDescriptor, create_backend
+    from statecore.inspect import entries_table
+
+    kinds = ["python"]
+    try:
+        import statecore._native  # noqa: F401
+
+        kinds.append("native")
+    except ImportError:
+        pass
+    kt = KT.key_type(key_type)
+    arr = pa.array(keys, kt.arrow_type)
+    for writer in kinds:
+        store = CheckpointStore(str(tmp_path / writer))
+        b = create_backend(writer, key_type=key_type)
+        st = b.get_state(ReducingStateDescriptor("n", "sum", "int64"))
+        st.add_batch(arr, pa.array(range(1, len(keys) + 1), pa.int64()))
+        store.commit(1, [store.write_snapshot(b.snapshot(), 1, writer="p0")])
+        for reader in kinds:
+            r = create_backend(reader, key_type=key_type)
+            store.restore(r, 1)
+            got = r.get_state(ReducingStateDescriptor("n", "sum", "int64")).get_batch(arr)
+            assert got.to_pylist() == list(range(1, len(keys) + 1)), (writer, reader)
+        table = entries_table(str(tmp_path / writer))
+        assert table.schema.field("key").type == kt.arrow_type
+        assert sorted(table.column("value").to_pylist()) == sorted(str(i) for i in range(1, len(keys) + 1))
+        with pytest.raises(StateMigrationError, match="key_type"):
+            store.restore(create_backend("python", key_type="int64"), 1)
