@@ -6,10 +6,15 @@ behaviour; ``statecore.testing.conformance.BackendConformance`` checks that.
 
 Common rules (both backends):
 
-* Keys have the backend's ``key_type`` (int32, int64, string, binary); each key belongs to the key
-  group given by the backend's assigner ("spark" or "flink", :mod:`statecore.key_groups`). A key
-  whose key group is outside the backend's key-group range, a None key or a key of the wrong type
-  raises InvalidInputError, and nothing is modified.
+* Keys have the backend's ``key_type`` (:mod:`statecore.key_types`: int32, int64, uint64,
+  float64, bool, timestamp[s|ms|us|ns], string, binary, fixed_size_binary[N], or a multi-column
+  ``struct<...>`` of those, given as a tuple/list of types or a pa.struct); each key belongs to
+  the key group given by the backend's assigner ("spark" or "flink", :mod:`statecore.key_groups`).
+  Per record a key is its canonical Python value (an int for timestamps -- a datetime is
+  accepted -- a float with -0.0 read as 0.0 and one NaN, a tuple for a multi-column key;
+  ``current_key`` returns that form). A key whose key group is outside the backend's key-group
+  range, a None key (or None field) or a key of the wrong type raises InvalidInputError, and
+  nothing is modified.
 * Every state object has its own current namespace (``set_current_namespace``). States of
   namespace type ``void`` use the VoidNamespace (None) and accept only None; for the other
   namespace types (int32, int64, string, binary) a namespace must be set before use.
@@ -29,8 +34,12 @@ Batch API (``get_batch``/``put_batch``/``clear_batch``/``contains_batch`` on Val
 row per (key, user key)) -- does not change the backend's current key:
 
 * ``keys``: a pa.Array, pa.ChunkedArray or any object with ``__arrow_c_array__`` whose type is
-  exactly the key type's Arrow type (int32 / int64; string or large_string; binary or
-  large_binary). Nulls, a wrong type, or a key outside the key-group range raise InvalidInputError
+  exactly the key type's Arrow type: int32, int64, uint64, float64, bool; timestamp of the key
+  type's unit (any time zone); string or large_string; binary or large_binary;
+  fixed_size_binary(N) of the key type's width; for a multi-column key a struct array whose
+  fields have those types in order (any names), or a list/tuple of one array per column. Sliced
+  arrays (offset != 0) and chunked arrays are honoured. A null key (or a null field of a
+  multi-column key), a wrong type, or a key outside the key-group range raise InvalidInputError
   before anything changes.
 * ``values``: same length as ``keys`` (else InvalidInputError) and the value type's Arrow type
   (``ValueSerializer.arrow_type``; large_string/large_binary accepted). For a ``count`` reducer any
@@ -293,7 +302,9 @@ def check_snapshot_compatible(backend: "KeyedStateBackend", snap) -> None:
 class KeyedStateBackend(abc.ABC):
     """Keyed state of one operator instance: the key groups of ``key_group_range``.
 
-    Args: ``key_type`` (int32|int64|string|binary or pyarrow type), ``max_parallelism``
+    Args: ``key_type`` (a key type of :mod:`statecore.key_types`: a name such as ``"int64"``,
+    ``"timestamp[us]"``, ``"fixed_size_binary[16]"``, a pyarrow type, or a tuple/list of them for
+    a multi-column key), ``max_parallelism``
     (1..32768, number of key groups), ``key_group_range`` (KeyGroupRange or (start, end), default
     all key groups), ``assigner`` ("spark"|"flink"), ``timer_namespace_type`` (namespace type of
     timers, default "void"), ``ttl_clock`` (processing-time clock of TTL states: a callable
