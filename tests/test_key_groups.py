@@ -209,7 +209,7 @@ def test_key_group_range():
     lambda: kgm.spark_key_group(1 << 40, "int32", 128),
     lambda: kgm.spark_key_group(None, "string", 128),
     lambda: kgm.spark_key_group(True, "int64", 128),
-    lambda: kgm.flink_key_group(1, "float64", 128),
+    lambda: kgm.flink_key_group(1, "float32", 128),
     lambda: kgm.assign_key_group(1, "int64", 128, "hive"),
     lambda: kgm.flink_murmur_hash(1 << 31),
 ])

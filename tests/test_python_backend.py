@@ -16,7 +16,7 @@ class TestPythonBackend(BackendConformance):
 
 def test_create_backend_validation():
     assert isinstance(create_backend("python"), PythonBackend)
-    for kw in [dict(key_type="float64"), dict(max_parallelism=0), dict(max_parallelism=40000),
+    for kw in [dict(key_type="float32"), dict(max_parallelism=0), dict(max_parallelism=40000),
                dict(assigner="hive"), dict(key_group_range=(0, 128)), dict(key_group_range=(5, 3)),
                dict(timer_namespace_type="pickle")]:
         with pytest.raises(InvalidInputError):

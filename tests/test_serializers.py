@@ -196,7 +196,7 @@ def test_special_floats():
     lambda: S.value_serializer("pickle").serialize(lambda: 1),
     lambda: S.value_serializer("decimal"),
     lambda: S.value_serializer(pa.list_(pa.int64())),
-    lambda: S.key_serializer("float64"),
+    lambda: S.key_serializer("decimal"),
     lambda: S.key_serializer("void").serialize(0),
     lambda: S.key_serializer("int64").serialize(None),
     lambda: S.encode_key(128, 128, 1, "int64", None, "void"),

@@ -282,7 +282,7 @@ def test_bad_input_is_reported(spark, tmp_path):
         op(spark.createDataFrame([(None, 1, 1), (2, 1, 1)], "k bigint, v bigint, t bigint"), 0)
     assert op.latest_version() is None  # nothing committed
     with pytest.raises(InvalidInputError, match="unsupported key column type"):
-        op(spark.createDataFrame([(1.5, 1, 1)], "k double, v bigint, t bigint"), 0)
+        op(spark.createDataFrame([(1.5, 1, 1)], "k float, v bigint, t bigint"), 0)  # no float32 keys
     with pytest.raises(InvalidInputError, match="key column"):
         op(spark.createDataFrame([(1, 1)], "x bigint, v bigint"), 0)
 

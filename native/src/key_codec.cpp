@@ -4,7 +4,26 @@
 #include <stdexcept>
 #include <string>
 
+#include "statecore/key_columns.h"
+
 namespace statecore {
+
+std::string KeySchema::name() const {
+  if (!is_struct) return columns.empty() ? "?" : key_column_name(columns[0]);
+  std::string s = "struct<";
+  for (size_t i = 0; i < columns.size(); ++i) s += (i ? "," : "") + key_column_name(columns[i]);
+  return s + ">";
+}
+
+void KeySchema::validate() const {
+  if (columns.empty()) throw std::invalid_argument("a key needs at least one column");
+  if (!is_struct && columns.size() != 1)
+    throw std::invalid_argument("a key of several columns must be a struct key");
+  for (const KeyColumn& c : columns)
+    if (c.type == KeyType::FixedSizeBinary && c.width < 1)
+      throw std::invalid_argument("fixed_size_binary key columns need a width >= 1, got " +
+                                  std::to_string(c.width));
+}
 
 int key_group_prefix_size(int32_t max_parallelism) {
   check_max_parallelism(max_parallelism);
@@ -68,6 +87,14 @@ void append_ser_int64(std::vector<uint8_t>& out, int64_t v) {
   for (int s = 56; s >= 0; s -= 8) out.push_back(static_cast<uint8_t>(u >> s));
 }
 
+void append_ser_uint64(std::vector<uint8_t>& out, uint64_t v) {
+  for (int s = 56; s >= 0; s -= 8) out.push_back(static_cast<uint8_t>(v >> s));
+}
+
+void append_ser_float64(std::vector<uint8_t>& out, double v) {
+  append_ser_uint64(out, canonical_double_bits(v));
+}
+
 void append_ser_bytes(std::vector<uint8_t>& out, const void* data, size_t size) {
   append_varlen(out, static_cast<uint64_t>(size) + 1);
   const uint8_t* p = static_cast<const uint8_t*>(data);
@@ -75,11 +102,15 @@ void append_ser_bytes(std::vector<uint8_t>& out, const void* data, size_t size) 
 }
 
 KeyEncoder::KeyEncoder(KeyType key_type, NamespaceType namespace_type, int32_t max_parallelism)
-    : key_type_(key_type),
+    : KeyEncoder(KeySchema::scalar(key_type), namespace_type, max_parallelism) {}
+
+KeyEncoder::KeyEncoder(const KeySchema& key, NamespaceType namespace_type, int32_t max_parallelism)
+    : key_(key),
       namespace_type_(namespace_type),
       max_parallelism_(max_parallelism),
-      ambiguous_(is_variable_length(key_type) && is_variable_length(namespace_type)) {
+      ambiguous_(key.variable_length() && is_variable_length(namespace_type)) {
   check_max_parallelism(max_parallelism);
+  key.validate();
   buf_.reserve(64);
 }
 
@@ -109,20 +140,68 @@ void KeyEncoder::end_namespace() {
 }
 
 void KeyEncoder::key_int32(int32_t key_group, int32_t key) {
-  begin_key(key_group, key_type_ == KeyType::Int32);
+  begin_key(key_group, scalar_is(KeyType::Int32));
   append_ser_int32(buf_, key);
   end_key();
 }
 
 void KeyEncoder::key_int64(int32_t key_group, int64_t key) {
-  begin_key(key_group, key_type_ == KeyType::Int64);
+  begin_key(key_group, scalar_is(KeyType::Int64));
+  append_ser_int64(buf_, key);
+  end_key();
+}
+
+void KeyEncoder::key_uint64(int32_t key_group, uint64_t key) {
+  begin_key(key_group, scalar_is(KeyType::UInt64));
+  append_ser_uint64(buf_, key);
+  end_key();
+}
+
+void KeyEncoder::key_float64(int32_t key_group, double key) {
+  begin_key(key_group, scalar_is(KeyType::Float64));
+  append_ser_float64(buf_, key);
+  end_key();
+}
+
+void KeyEncoder::key_bool(int32_t key_group, bool key) {
+  begin_key(key_group, scalar_is(KeyType::Bool));
+  append_ser_bool(buf_, key);
+  end_key();
+}
+
+void KeyEncoder::key_timestamp(int32_t key_group, int64_t key) {
+  begin_key(key_group, scalar_is(KeyType::Timestamp));
   append_ser_int64(buf_, key);
   end_key();
 }
 
 void KeyEncoder::key_bytes(int32_t key_group, const void* data, size_t size) {
-  begin_key(key_group, is_variable_length(key_type_));
+  begin_key(key_group, scalar_is(KeyType::String) || scalar_is(KeyType::Binary));
   append_ser_bytes(buf_, data, size);
+  end_key();
+}
+
+void KeyEncoder::key_fixed(int32_t key_group, const void* data, size_t size) {
+  begin_key(key_group, scalar_is(KeyType::FixedSizeBinary));
+  if (size != static_cast<size_t>(key_.columns[0].width)) {
+    key_end_ = 0;
+    throw std::invalid_argument("KeyEncoder: a key of " + std::to_string(size) +
+                                " bytes for key type " + key_.name());
+  }
+  append_ser_fixed(buf_, data, size);
+  end_key();
+}
+
+void KeyEncoder::bind(const KeyArrays& keys) {
+  if (keys.schema() != key_)
+    throw std::invalid_argument("KeyEncoder: batch keys of key type " + keys.schema().name() +
+                                " for an encoder of key type " + key_.name());
+  bound_ = &keys;
+}
+
+void KeyEncoder::key_row(int32_t key_group, int64_t row) {
+  begin_key(key_group, bound_ != nullptr);
+  bound_->append_ser(buf_, row);
   end_key();
 }
 

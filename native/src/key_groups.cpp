@@ -2,6 +2,7 @@
 // key_groups.h for the formulas and the vectors they are tested against).
 #include "statecore/key_groups.h"
 
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -35,22 +36,96 @@ void check_max_parallelism(int32_t max_parallelism) {
         std::to_string(max_parallelism));
 }
 
-int64_t spark_xxhash64_int32(int32_t v) noexcept {
+std::string key_column_name(const KeyColumn& c) {
+  switch (c.type) {
+    case KeyType::Int32: return "int32";
+    case KeyType::Int64: return "int64";
+    case KeyType::String: return "string";
+    case KeyType::Binary: return "binary";
+    case KeyType::UInt64: return "uint64";
+    case KeyType::Float64: return "float64";
+    case KeyType::Bool: return "bool";
+    case KeyType::Timestamp: {
+      static const char* units[] = {"s", "ms", "us", "ns"};
+      return std::string("timestamp[") + units[static_cast<int>(c.unit) & 3] + "]";
+    }
+    case KeyType::FixedSizeBinary: return "fixed_size_binary[" + std::to_string(c.width) + "]";
+  }
+  return "?";
+}
+
+uint64_t canonical_double_bits(double v) noexcept {
+  if (v != v) return 0x7FF8000000000000ull;  // Java doubleToLongBits: one NaN
+  if (v == 0.0) return 0;                    // -0.0 is the key 0.0
+  uint64_t u;
+  std::memcpy(&u, &v, 8);
+  return u;
+}
+
+int64_t spark_xxhash64_int32(int32_t v, uint64_t seed) noexcept {
   const uint32_t u = static_cast<uint32_t>(v);
   const uint8_t b[4] = {static_cast<uint8_t>(u), static_cast<uint8_t>(u >> 8),
                         static_cast<uint8_t>(u >> 16), static_cast<uint8_t>(u >> 24)};
-  return static_cast<int64_t>(xxh64(b, 4, kSparkXxhashSeed));
+  return static_cast<int64_t>(xxh64(b, 4, seed));
 }
 
-int64_t spark_xxhash64_int64(int64_t v) noexcept {
+int64_t spark_xxhash64_int64(int64_t v, uint64_t seed) noexcept {
   const uint64_t u = static_cast<uint64_t>(v);
   uint8_t b[8];
   for (int i = 0; i < 8; ++i) b[i] = static_cast<uint8_t>(u >> (8 * i));
-  return static_cast<int64_t>(xxh64(b, 8, kSparkXxhashSeed));
+  return static_cast<int64_t>(xxh64(b, 8, seed));
 }
 
-int64_t spark_xxhash64_bytes(const void* data, size_t size) noexcept {
-  return static_cast<int64_t>(xxh64(data, size, kSparkXxhashSeed));
+int64_t spark_xxhash64_float64(double v, uint64_t seed) noexcept {
+  // Spark: d == -0.0d (true for both zeros) -> hashLong(0L), else doubleToLongBits(d).
+  return spark_xxhash64_int64(static_cast<int64_t>(canonical_double_bits(v)), seed);
+}
+
+int64_t spark_xxhash64_bool(bool v, uint64_t seed) noexcept {
+  return spark_xxhash64_int32(v ? 1 : 0, seed);
+}
+
+int64_t spark_xxhash64_bytes(const void* data, size_t size, uint64_t seed) noexcept {
+  return static_cast<int64_t>(xxh64(data, size, seed));
+}
+
+void KeyHasher::add_int32(int32_t v) noexcept {
+  if (assigner_ == Assigner::Spark) spark_ = static_cast<uint64_t>(spark_xxhash64_int32(v, spark_));
+  else add_java(java_hash_int32(v));
+}
+
+void KeyHasher::add_int64(int64_t v) noexcept {
+  if (assigner_ == Assigner::Spark) spark_ = static_cast<uint64_t>(spark_xxhash64_int64(v, spark_));
+  else add_java(java_hash_int64(v));
+}
+
+void KeyHasher::add_uint64(uint64_t v) noexcept { add_int64(static_cast<int64_t>(v)); }
+
+void KeyHasher::add_float64(double v) noexcept {
+  add_int64(static_cast<int64_t>(canonical_double_bits(v)));  // Spark hashLong, Java Double
+}
+
+void KeyHasher::add_bool(bool v) noexcept {
+  if (assigner_ == Assigner::Spark) spark_ = static_cast<uint64_t>(spark_xxhash64_bool(v, spark_));
+  else add_java(java_hash_bool(v));
+}
+
+void KeyHasher::add_string(const char* utf8, size_t size) {
+  if (assigner_ == Assigner::Spark)
+    spark_ = static_cast<uint64_t>(spark_xxhash64_bytes(utf8, size, spark_));
+  else add_java(java_hash_string_utf8(utf8, size));
+}
+
+void KeyHasher::add_binary(const void* data, size_t size) noexcept {
+  if (assigner_ == Assigner::Spark)
+    spark_ = static_cast<uint64_t>(spark_xxhash64_bytes(data, size, spark_));
+  else add_java(java_hash_bytes(data, size));
+}
+
+int32_t KeyHasher::key_group(int32_t max_parallelism) const {
+  check_max_parallelism(max_parallelism);
+  if (assigner_ == Assigner::Spark) return spark_pmod(static_cast<int64_t>(spark_), max_parallelism);
+  return flink_kg(static_cast<int32_t>(java_), max_parallelism);
 }
 
 int32_t key_group_for_int32(Assigner a, int32_t key, int32_t max_parallelism) {
@@ -75,6 +150,20 @@ int32_t key_group_for_binary(Assigner a, const void* data, size_t size, int32_t 
   check_max_parallelism(max_parallelism);
   if (a == Assigner::Spark) return spark_pmod(spark_xxhash64_bytes(data, size), max_parallelism);
   return flink_kg(java_hash_bytes(data, size), max_parallelism);
+}
+
+int32_t key_group_for_uint64(Assigner a, uint64_t key, int32_t max_parallelism) {
+  return key_group_for_int64(a, static_cast<int64_t>(key), max_parallelism);
+}
+
+int32_t key_group_for_float64(Assigner a, double key, int32_t max_parallelism) {
+  return key_group_for_int64(a, static_cast<int64_t>(canonical_double_bits(key)), max_parallelism);
+}
+
+int32_t key_group_for_bool(Assigner a, bool key, int32_t max_parallelism) {
+  KeyHasher h(a);
+  h.add_bool(key);
+  return h.key_group(max_parallelism);
 }
 
 int32_t default_max_parallelism(int32_t parallelism) {

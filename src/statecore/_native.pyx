@@ -19,12 +19,17 @@ from libcpp.vector cimport vector
 import numpy as np
 import pyarrow as pa
 
+from statecore import key_types as KT
 from statecore.errors import InvalidInputError
 
 cimport _native_core as c
 
-_KEY_TYPES = {"int32": c.KeyType.Int32, "int64": c.KeyType.Int64,
-              "string": c.KeyType.String, "binary": c.KeyType.Binary}
+_KEY_KINDS = {"int32": c.KeyType.Int32, "int64": c.KeyType.Int64, "string": c.KeyType.String,
+              "binary": c.KeyType.Binary, "uint64": c.KeyType.UInt64,
+              "float64": c.KeyType.Float64, "bool": c.KeyType.Bool,
+              "timestamp": c.KeyType.Timestamp, "fixed_size_binary": c.KeyType.FixedSizeBinary}
+_TIME_UNITS = {"s": c.TimeUnit.Second, "ms": c.TimeUnit.Milli, "us": c.TimeUnit.Micro,
+               "ns": c.TimeUnit.Nano}
 _VALUE_TYPES = {"int64": c.ValueType.Int64, "float64": c.ValueType.Float64,
                 "string": c.ValueType.String, "binary": c.ValueType.Binary}
 _REDUCERS = {"sum": c.Reducer.Sum, "min": c.Reducer.Min, "max": c.Reducer.Max,
@@ -83,8 +88,46 @@ def flink_murmur_hash(int32_t code):
     return c.flink_murmur_hash(code)
 
 
+cdef c.KeySchema _key_schema(str key_type) except *:
+    """The native KeySchema of a statecore key type name (statecore.key_types)."""
+    cdef c.KeySchema schema
+    cdef c.KeyColumn col
+    kt = KT.key_type(key_type)
+    schema.columns.clear()
+    for f in (kt.fields if kt.is_struct else (kt,)):
+        col.type = _KEY_KINDS[f.kind]
+        col.width = f.width or 0
+        col.unit = _TIME_UNITS[f.unit or "us"]
+        schema.columns.push_back(col)
+    schema.is_struct = kt.is_struct
+    return schema
+
+
+cdef void _add_column(c.KeyHasher* h, f, v) except *:
+    """Feeds one canonical column value (KeyType.check) of field type ``f`` to the hasher."""
+    cdef bytes b
+    k = f.kind
+    if k == "int32":
+        h.add_int32(v)
+    elif k in ("int64", "timestamp"):
+        h.add_int64(v)
+    elif k == "uint64":
+        h.add_uint64(v)
+    elif k == "float64":
+        h.add_float64(v)
+    elif k == "bool":
+        h.add_bool(v)
+    elif k == "string":
+        b = v.encode("utf-8")
+        h.add_string(b, len(b))
+    else:
+        b = v
+        h.add_binary(<const char*>b, len(b))
+
+
 cdef int32_t _key_group(key, str key_type, int32_t max_parallelism, c.Assigner a) except -1:
     cdef bytes b
+    cdef c.KeyHasher* h
     try:
         if key_type == "int64":
             return c.key_group_for_int64(a, key, max_parallelism)
@@ -98,11 +141,27 @@ cdef int32_t _key_group(key, str key_type, int32_t max_parallelism, c.Assigner a
             return c.key_group_for_binary(a, <const char*>b, len(b), max_parallelism)
     except (ValueError, OverflowError, TypeError, AttributeError) as e:
         raise InvalidInputError(f"key {key!r} of type {key_type}: {e}") from None
-    raise InvalidInputError(f"unknown key type {key_type!r}")
+    # Every other key type (and multi-column keys): validated to its canonical form first, then
+    # hashed column by column.
+    kt = KT.key_type(key_type)
+    v = kt.check(key)
+    h = new c.KeyHasher(a)
+    try:
+        if kt.is_struct:
+            for f, x in zip(kt.fields, v):
+                _add_column(h, f, x)
+        else:
+            _add_column(h, kt, v)
+        return h.key_group(max_parallelism)
+    except ValueError as e:
+        raise InvalidInputError(f"key {key!r} of type {key_type}: {e}") from None
+    finally:
+        del h
 
 
 def spark_key_group(key, str key_type, int32_t max_parallelism):
-    """pmod(xxhash64(key, seed 42), max_parallelism) with Spark SQL's byte encodings."""
+    """pmod(xxhash64(key, seed 42), max_parallelism) with Spark SQL's encodings
+    (key_groups.h); ``key_type`` a canonical key type name (statecore.key_types)."""
     return _key_group(key, key_type, max_parallelism, c.Assigner.Spark)
 
 
@@ -636,9 +695,7 @@ cdef class NativeStateTable:
     # -------------------------------------------------------------------- batch kernels
     cdef c.BatchKeySpec _spec(self, str key_type, str assigner, int32_t max_parallelism) except *:
         cdef c.BatchKeySpec spec
-        if key_type not in _KEY_TYPES:
-            raise InvalidInputError(f"key type {key_type!r} has no batch kernel")
-        spec.kind = _KEY_TYPES[key_type]
+        spec.key = _key_schema(key_type)
         spec.assigner = _assigner(assigner)
         spec.max_parallelism = max_parallelism
         spec.kg_start = self.kg_start

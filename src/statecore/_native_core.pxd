@@ -36,6 +36,33 @@ cdef extern from "statecore/key_groups.h" namespace "statecore" nogil:
         Int64
         String
         Binary
+        UInt64
+        Float64
+        Bool
+        Timestamp
+        FixedSizeBinary
+
+    cdef enum class TimeUnit(uint8_t):
+        Second
+        Milli
+        Micro
+        Nano
+
+    cdef cppclass KeyColumn:
+        KeyType type
+        int32_t width
+        TimeUnit unit
+
+    cdef cppclass KeyHasher:
+        KeyHasher(Assigner a)
+        void add_int32(int32_t v)
+        void add_int64(int64_t v)
+        void add_uint64(uint64_t v)
+        void add_float64(double v)
+        void add_bool(cbool v)
+        void add_string(const char* utf8, size_t size) except +
+        void add_binary(const void* data, size_t size)
+        int32_t key_group(int32_t max_parallelism) except +
 
     cdef cppclass KeyGroupRange:
         int32_t start
@@ -45,6 +72,15 @@ cdef extern from "statecore/key_groups.h" namespace "statecore" nogil:
     int32_t key_group_for_int64(Assigner a, int64_t key, int32_t max_parallelism) except +
     int32_t key_group_for_string(Assigner a, const char* utf8, size_t size, int32_t max_parallelism) except +
     int32_t key_group_for_binary(Assigner a, const void* data, size_t size, int32_t max_parallelism) except +
+    int32_t key_group_for_uint64(Assigner a, uint64_t key, int32_t max_parallelism) except +
+    int32_t key_group_for_float64(Assigner a, double key, int32_t max_parallelism) except +
+    int32_t key_group_for_bool(Assigner a, cbool key, int32_t max_parallelism) except +
+
+
+cdef extern from "statecore/key_codec.h" namespace "statecore" nogil:
+    cdef cppclass KeySchema:
+        vector[KeyColumn] columns
+        cbool is_struct
     int32_t default_max_parallelism(int32_t parallelism) except +
     KeyGroupRange key_group_range_for_operator(int32_t max_parallelism, int32_t parallelism,
                                                int32_t operator_index) except +
@@ -138,7 +174,7 @@ cdef extern from "statecore/batch.h" namespace "statecore" nogil:
         Last
 
     cdef cppclass BatchKeySpec:
-        KeyType kind
+        KeySchema key
         Assigner assigner
         int32_t max_parallelism
         int32_t kg_start

@@ -15,6 +15,7 @@ from typing import Iterator, List, Optional
 
 import pyarrow as pa
 
+from statecore import key_types
 from statecore.checkpoint import CheckpointStore
 from statecore.errors import CheckpointNotFoundError
 
@@ -161,7 +162,7 @@ def entries_table(root: str, version: Optional[int] = None, limit: Optional[int]
         for kg, ts, key, ns in backend.timers.all_timers():
             if add("__timers__", kg, key, ns, ts):
                 break
-    key_type = {"int32": pa.int32(), "int64": pa.int64(), "string": pa.string(), "binary": pa.binary()}[m["key_type"]]
+    key_type = key_types.key_type(m["key_type"]).arrow_type
     return pa.table({"state": pa.array(rows["state"], pa.string()),
                      "key_group": pa.array(rows["key_group"], pa.int32()),
                      "key": pa.array(rows["key"], key_type),

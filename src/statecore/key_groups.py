@@ -4,14 +4,18 @@ A key group is the unit of state partitioning and rescaling: every key maps to e
 group in ``[0, max_parallelism)``, and each operator instance (parallel task) owns one contiguous,
 inclusive :class:`KeyGroupRange`. Two assigners are provided:
 
-* ``"spark"`` (default of statecore): ``pmod(xxhash64(enc(key), seed=42) as signed int64, maxP)``,
-  bit-identical to Spark SQL's ``pmod(xxhash64(col), maxP)`` so that Spark can compute the key
+* ``"spark"`` (default of statecore): ``pmod(xxhash64(key, seed=42) as signed int64, maxP)``,
+  bit-identical to Spark SQL's ``pmod(xxhash64(col...), maxP)`` so that Spark can compute the key
   group (and the owning partition) as a column before ``repartitionById``. Encodings follow Spark's
-  ``XxHash64Function``: int32 -> 4 bytes little-endian, int64 -> 8 bytes little-endian, string ->
-  UTF-8, binary -> raw bytes. Several columns chain: the hash of one column seeds the next.
+  ``XxHash64Function`` (HashExpression): int32/bool -> 4 bytes little-endian, int64/timestamp ->
+  8 bytes little-endian, float64 -> doubleToLongBits (0 for -0.0), string -> UTF-8, binary ->
+  raw bytes; uint64 as the bigint with the same bits. The columns of a multi-column key chain:
+  the hash of one column seeds the next.
 * ``"flink"``: ``murmurHash(key.hashCode()) % maxP`` as Flink's ``KeyGroupRangeAssignment`` with
-  Java hash codes of ``Integer``, ``Long`` and ``String`` (UTF-16 code units).
+  the Java hash codes of ``Integer``, ``Long``, ``Double``, ``Boolean``, ``String`` (UTF-16 code
+  units), ``Arrays.hashCode(byte[])`` and Flink ``TupleN`` for multi-column keys.
 
+The key types, their per-record values and encodings: :mod:`statecore.key_types`.
 Ranges and operator indexes follow Flink ``KeyGroupRangeAssignment`` exactly
 (see ``/work/shared/reference/flink-state.md``). Verified against ``tests/data/*.json``, which were
 produced by real Flink and Spark runs. The native extension implements the same functions; this
@@ -28,6 +32,7 @@ import mmh3
 import numpy as np
 import xxhash
 
+from statecore import key_types as KT
 from statecore.errors import InvalidInputError
 
 __all__ = [
@@ -57,7 +62,9 @@ __all__ = [
     "check_key",
 ]
 
-KEY_TYPES = ("int32", "int64", "string", "binary")
+#: Scalar key types (timestamp is timestamp[s|ms|us|ns], fixed_size_binary is
+#: fixed_size_binary[N]); several of them form a multi-column key "struct<t1,t2,...>".
+KEY_TYPES = KT.SCALAR_KINDS
 ASSIGNERS = ("spark", "flink")
 UPPER_BOUND_MAX_PARALLELISM = 1 << 15  # Flink Transformation.UPPER_BOUND_MAX_PARALLELISM
 DEFAULT_LOWER_BOUND_MAX_PARALLELISM = 1 << 7
@@ -66,14 +73,6 @@ SPARK_SEED = 42  # seed of Spark SQL's hash() and xxhash64()
 _M32 = 0xFFFFFFFF
 _M64 = 0xFFFFFFFFFFFFFFFF
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
-_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
-
-_KEY_TYPE_ALIASES = {
-    "int32": "int32", "int": "int32", "integer": "int32",
-    "int64": "int64", "long": "int64", "bigint": "int64",
-    "string": "string", "str": "string", "utf8": "string", "large_string": "string",
-    "binary": "binary", "bytes": "binary", "large_binary": "binary",
-}
 
 
 def _to_signed(v: int, bits: int) -> int:
@@ -81,67 +80,24 @@ def _to_signed(v: int, bits: int) -> int:
 
 
 def normalize_key_type(key_type) -> str:
-    """Return the canonical key type name (``int32``, ``int64``, ``string``, ``binary``).
+    """Return the canonical key type name (``int32``, ``int64``, ``uint64``, ``float64``,
+    ``bool``, ``timestamp[us]``, ``string``, ``binary``, ``fixed_size_binary[16]``,
+    ``struct<int32,string>``, ...; see :mod:`statecore.key_types`).
 
-    Accepts those names, common aliases (``int``, ``long``, ``bigint``, ``str``, ``bytes``) and
-    pyarrow DataTypes (int32, int64, string/large_string, binary/large_binary).
+    Accepts those names, aliases (``int``, ``long``, ``bigint``, ``double``, ``boolean``,
+    ``timestamp`` = ``timestamp[us]``, ``str``, ``bytes``, ``large_string``, ...), pyarrow
+    DataTypes, and a tuple/list of key types or a pa.struct for a multi-column key.
     Raises InvalidInputError for anything else.
     """
-    if isinstance(key_type, str):
-        canon = _KEY_TYPE_ALIASES.get(key_type.lower())
-        if canon is not None:
-            return canon
-    else:
-        try:
-            import pyarrow as pa
-
-            if isinstance(key_type, pa.DataType):
-                canon = _KEY_TYPE_ALIASES.get(str(key_type))
-                if canon is not None:
-                    return canon
-        except ImportError:  # pragma: no cover - pyarrow is a hard dependency
-            pass
-    raise InvalidInputError(
-        f"unsupported key type {key_type!r}; expected one of {', '.join(KEY_TYPES)}"
-    )
+    return KT.key_type(key_type).name
 
 
-def check_key(key, key_type: str):
-    """Validate ``key`` against ``key_type`` and return it in canonical Python form.
-
-    int32/int64 -> ``int`` within range (numpy integers accepted, ``bool`` rejected);
-    string -> ``str``; binary -> ``bytes`` (bytearray/memoryview accepted).
-    Raises InvalidInputError for None, a wrong type or an out-of-range integer.
-    """
-    if key is None:
-        raise InvalidInputError("key must not be None")
-    if key_type in ("int32", "int64"):
-        if isinstance(key, (bool, np.bool_)) or not isinstance(key, (int, np.integer)):
-            raise InvalidInputError(
-                f"key {key!r} of type {type(key).__name__} does not match key type {key_type}"
-            )
-        k = int(key)
-        lo, hi = (_INT32_MIN, _INT32_MAX) if key_type == "int32" else (_INT64_MIN, _INT64_MAX)
-        if not lo <= k <= hi:
-            raise InvalidInputError(f"key {k} is out of range for key type {key_type}")
-        return k
-    if key_type == "string":
-        if not isinstance(key, str):
-            raise InvalidInputError(
-                f"key {key!r} of type {type(key).__name__} does not match key type string"
-            )
-        try:
-            key.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise InvalidInputError(f"string key is not valid Unicode (lone surrogate?): {e}") from None
-        return key
-    if key_type == "binary":
-        if isinstance(key, (bytes, bytearray, memoryview)):
-            return bytes(key)
-        raise InvalidInputError(
-            f"key {key!r} of type {type(key).__name__} does not match key type binary"
-        )
-    raise InvalidInputError(f"unsupported key type {key_type!r}")
+def check_key(key, key_type):
+    """Validate ``key`` against ``key_type`` and return it in canonical Python form
+    (:meth:`statecore.key_types.KeyType.check`): int for the integer and timestamp types, float
+    for float64 (-0.0 -> 0.0, one NaN), bool, str, bytes, a tuple for a multi-column key.
+    Raises InvalidInputError for None, a wrong type or an out-of-range value."""
+    return KT.key_type(key_type).check(key)
 
 
 # --------------------------------------------------------------------------- hash primitives
@@ -214,59 +170,45 @@ def flink_murmur_hash(code: int) -> int:
     return 0 if raw == _INT32_MIN else -raw
 
 
-def java_hash_code(key, key_type: str) -> int:
-    """Java ``hashCode()`` of the boxed key: Integer -> value; Long -> ``(int)(v ^ (v >>> 32))``;
-    String -> ``s[0]*31^(n-1) + ... + s[n-1]`` over UTF-16 code units (int32 overflow);
-    binary -> ``java.util.Arrays.hashCode(byte[])`` (signed bytes, start value 1)."""
-    key_type = normalize_key_type(key_type)
-    key = check_key(key, key_type)
-    if key_type == "int32":
-        return key
-    if key_type == "int64":
-        u = key & _M64
-        return _to_signed((u ^ (u >> 32)) & _M32, 32)
-    if key_type == "string":
-        units = key.encode("utf-16-le", "surrogatepass")
-        h = 0
-        for i in range(0, len(units), 2):
-            h = (31 * h + (units[i] | (units[i + 1] << 8))) & _M32
-        return _to_signed(h, 32)
-    h = 1
-    for b in key:
-        h = (31 * h + (b - 256 if b >= 128 else b)) & _M32
-    return _to_signed(h, 32)
+def java_hash_code(key, key_type) -> int:
+    """Java ``hashCode()`` of the boxed key, a signed int32: Integer -> value; Long (int64,
+    timestamp, uint64 as the same bits) -> ``(int)(v ^ (v >>> 32))``; Double -> the same over
+    ``doubleToLongBits`` (canonical NaN; -0.0 hashes as 0.0, the same key); Boolean -> 1231 /
+    1237; String -> ``s[0]*31^(n-1) + ... + s[n-1]`` over UTF-16 code units (int32 overflow);
+    binary, fixed_size_binary -> ``java.util.Arrays.hashCode(byte[])`` (signed bytes, start 1);
+    multi-column -> Flink ``TupleN.hashCode`` (``h = 31*h + field hash``, from 0)."""
+    return KT.key_type(key_type).java_hash(key)
 
 
-def spark_key_bytes(key, key_type: str) -> bytes:
-    """Bytes Spark's xxhash64/hash feed to the hash for one column value (see module docstring)."""
-    key_type = normalize_key_type(key_type)
-    key = check_key(key, key_type)
-    if key_type == "int32":
-        return key.to_bytes(4, "little", signed=True)
-    if key_type == "int64":
-        return key.to_bytes(8, "little", signed=True)
-    if key_type == "string":
-        return key.encode("utf-8")
-    return key
+def spark_key_bytes(key, key_type) -> bytes:
+    """Bytes Spark's xxhash64/hash feed to the hash for one column value (module docstring);
+    InvalidInputError for a multi-column key type (see :func:`spark_xxhash64`)."""
+    return KT.key_type(key_type).spark_bytes(key)
 
 
-def spark_xxhash64(values: Sequence, types: Sequence[str], seed: int = SPARK_SEED) -> int:
-    """Spark SQL ``xxhash64(c1, c2, ...)``: signed int64; each column's hash seeds the next."""
+def _columns(values: Sequence, types: Sequence) -> list[bytes]:
     if len(values) != len(types):
         raise InvalidInputError("values and types must have the same length")
-    h = seed
+    out = []
     for v, t in zip(values, types):
-        h = _to_signed(xxh64(spark_key_bytes(v, t), h), 64)
+        out += KT.key_type(t).spark_columns(v)
+    return out
+
+
+def spark_xxhash64(values: Sequence, types: Sequence, seed: int = SPARK_SEED) -> int:
+    """Spark SQL ``xxhash64(c1, c2, ...)`` (Spark ``XxHash64Function``): signed int64; each
+    column's hash seeds the next (a multi-column key type contributes its fields in order)."""
+    h = seed
+    for b in _columns(values, types):
+        h = _to_signed(xxh64(b, h), 64)
     return h
 
 
-def spark_hash(values: Sequence, types: Sequence[str], seed: int = SPARK_SEED) -> int:
+def spark_hash(values: Sequence, types: Sequence, seed: int = SPARK_SEED) -> int:
     """Spark SQL ``hash(c1, c2, ...)`` (Murmur3 Spark variant): signed int32, chained seeds."""
-    if len(values) != len(types):
-        raise InvalidInputError("values and types must have the same length")
     h = seed
-    for v, t in zip(values, types):
-        h = spark_murmur3_32(spark_key_bytes(v, t), h)
+    for b in _columns(values, types):
+        h = spark_murmur3_32(b, h)
     return h
 
 
@@ -282,19 +224,20 @@ def check_max_parallelism(max_parallelism) -> int:
     return mp
 
 
-def spark_key_group(key, key_type: str, max_parallelism: int) -> int:
-    """Spark-compatible key group: ``pmod(xxhash64(key), max_parallelism)`` (int in [0, maxP))."""
+def spark_key_group(key, key_type, max_parallelism: int) -> int:
+    """Spark-compatible key group: ``pmod(xxhash64(key...), max_parallelism)`` (int in
+    [0, maxP)); a multi-column key hashes as ``xxhash64(c1, c2, ...)``."""
     mp = check_max_parallelism(max_parallelism)
     return spark_xxhash64((key,), (key_type,)) % mp  # Python % on a positive modulus == pmod
 
 
-def flink_key_group(key, key_type: str, max_parallelism: int) -> int:
+def flink_key_group(key, key_type, max_parallelism: int) -> int:
     """Flink ``KeyGroupRangeAssignment.assignToKeyGroup``: ``murmurHash(hashCode) % maxP``."""
     mp = check_max_parallelism(max_parallelism)
     return flink_murmur_hash(java_hash_code(key, key_type)) % mp
 
 
-def assign_key_group(key, key_type: str, max_parallelism: int, assigner: str = "spark") -> int:
+def assign_key_group(key, key_type, max_parallelism: int, assigner: str = "spark") -> int:
     """Key group of ``key`` under ``assigner`` ("spark" or "flink"). Raises InvalidInputError."""
     if assigner == "spark":
         return spark_key_group(key, key_type, max_parallelism)
@@ -303,12 +246,17 @@ def assign_key_group(key, key_type: str, max_parallelism: int, assigner: str = "
     raise InvalidInputError(f"unknown assigner {assigner!r}; expected 'spark' or 'flink'")
 
 
-def assign_key_groups(keys, key_type: str, max_parallelism: int, assigner: str = "spark") -> np.ndarray:
+def assign_key_groups(keys, key_type, max_parallelism: int, assigner: str = "spark") -> np.ndarray:
     """Key groups of every element of ``keys`` (pa.Array/ChunkedArray or Python sequence) as a
     numpy int32 array of the same length. Nulls raise InvalidInputError. (Row-by-row reference
     implementation; the native extension provides the fast path.)"""
     if hasattr(keys, "to_pylist"):
-        keys = keys.to_pylist()
+        kt = KT.key_type(key_type)
+        arr = keys.combine_chunks() if hasattr(keys, "combine_chunks") else keys
+        if arr.null_count:
+            keys = arr.to_pylist()  # the loop below names the null row
+        else:
+            keys = kt.to_pylist(arr)
     out = np.empty(len(keys), dtype=np.int32)
     for i, k in enumerate(keys):
         if k is None:

@@ -9,7 +9,9 @@ Two families of serializers, both selected by a type name (or a pyarrow DataType
   encoded key, after Flink's ``IntSerializer``/``LongSerializer``/``StringSerializer``:
   ``int32``/``int64`` big-endian two's complement, ``string``/``binary``
   ``varlen(len + 1) | bytes``, ``void`` (VoidNamespace) one byte ``00``, ``pickle`` (map user keys
-  only) as binary over ``pickle.dumps(obj, protocol=5)``.
+  only) as binary over ``pickle.dumps(obj, protocol=5)``; every key type of
+  :mod:`statecore.key_types` (uint64, float64, bool, timestamp, fixed_size_binary, multi-column
+  keys) as that module specifies.
 
 The encoded key is Flink's ``SerializedCompositeKeyBuilder`` layout::
 
@@ -35,6 +37,7 @@ from typing import Any, Iterable
 import numpy as np
 import pyarrow as pa
 
+from statecore import key_types as KT
 from statecore.errors import InvalidInputError
 
 __all__ = [
@@ -65,7 +68,10 @@ __all__ = [
 
 PICKLE_PROTOCOL = 5
 VALUE_TYPES = ("int32", "int64", "float64", "bool", "string", "binary", "pickle")
-KEY_SERIALIZER_TYPES = ("int32", "int64", "string", "binary", "void", "pickle")
+#: Key serializers: every key type (statecore.key_types; timestamp[u], fixed_size_binary[N] and
+#: struct<...> take parameters) plus void (namespaces) and pickle (map user keys).
+KEY_SERIALIZER_TYPES = ("int32", "int64", "uint64", "float64", "bool", "timestamp", "string",
+                        "binary", "fixed_size_binary", "struct", "void", "pickle")
 NAMESPACE_TYPES = ("void", "int32", "int64", "string", "binary")
 
 _INT32 = (-(1 << 31), (1 << 31) - 1)
@@ -258,13 +264,18 @@ class ValueSerializer:
 class KeySerializer:
     """Serializer of keys, namespaces and map user keys inside encoded keys (module docstring).
 
-    ``fixed_width`` is the byte width (int32 4, int64 8, void 1) or None for variable-length
-    serializers (string, binary, pickle), which carry their own ``varlen(len + 1)`` length.
+    ``fixed_width`` is the byte width (int32 4, int64 8, void 1, ...) or None for variable-length
+    serializers (string, binary, pickle, multi-column keys with such a field), which carry their
+    own lengths. Key types delegate to their :class:`statecore.key_types.KeyType`.
     """
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, key_type=None):
         self.name = name
-        self.fixed_width = {"int32": 4, "int64": 8, "void": 1}.get(name)
+        self.key_type = key_type
+        if key_type is not None:
+            self.fixed_width = key_type.fixed_width
+        else:
+            self.fixed_width = 1 if name == "void" else None
 
     def __repr__(self):
         return f"KeySerializer({self.name!r})"
@@ -278,78 +289,37 @@ class KeySerializer:
             return None
         if n == "pickle":
             return v
-        if v is None:
-            raise InvalidInputError(f"None is not a valid {n} key/namespace")
-        if n in ("int32", "int64"):
-            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-                raise InvalidInputError(f"{v!r} of type {type(v).__name__} is not an {n}")
-            lo, hi = _INT32 if n == "int32" else _INT64
-            if not lo <= int(v) <= hi:
-                raise InvalidInputError(f"{int(v)} is out of range for {n}")
-            return int(v)
-        if n == "string":
-            if not isinstance(v, str):
-                raise InvalidInputError(f"{v!r} of type {type(v).__name__} is not a string")
-            try:
-                v.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise InvalidInputError(f"string is not valid Unicode: {e}") from None
-            return v
-        if not isinstance(v, (bytes, bytearray, memoryview)):
-            raise InvalidInputError(f"{v!r} of type {type(v).__name__} is not binary")
-        return bytes(v)
+        return self.key_type.check(v)
 
     def serialize(self, v: Any) -> bytes:
-        v = self.check(v)
         n = self.name
         if n == "void":
+            self.check(v)
             return b"\x00"
-        if n == "int32":
-            return struct.pack(">i", v)
-        if n == "int64":
-            return struct.pack(">q", v)
-        if n == "string":
-            raw = v.encode("utf-8")
-        elif n == "binary":
-            raw = v
-        else:
+        if n == "pickle":
             try:
                 raw = pickle.dumps(v, protocol=PICKLE_PROTOCOL)
             except Exception as e:
                 raise InvalidInputError(f"user key of type {type(v).__name__} cannot be pickled: {e}") from e
-        return write_varlen(len(raw) + 1) + raw
+            return write_varlen(len(raw) + 1) + raw
+        return self.key_type.serialize(v)
 
     def read(self, buf: bytes, pos: int) -> tuple[Any, int]:
         """Decode one value at ``pos``; returns ``(value, next_pos)``."""
         n = self.name
-        w = self.fixed_width
-        if w is not None:
-            if pos + w > len(buf):
-                raise InvalidInputError(f"truncated {n} in encoded key")
-            chunk = buf[pos:pos + w]
-            if n == "void":
-                if chunk != b"\x00":
-                    raise InvalidInputError("void namespace byte must be 00")
-                return None, pos + 1
-            return struct.unpack(">i" if n == "int32" else ">q", chunk)[0], pos + w
-        ln, pos = read_varlen(buf, pos)
-        if ln == 0:
-            raise InvalidInputError(f"null {n} (length 0) in encoded key")
-        end = pos + ln - 1
-        if end > len(buf):
-            raise InvalidInputError(f"truncated {n} in encoded key")
-        raw = bytes(buf[pos:end])
-        if n == "string":
+        if n == "void":
+            if pos + 1 > len(buf):
+                raise InvalidInputError("truncated void in encoded key")
+            if buf[pos:pos + 1] != b"\x00":
+                raise InvalidInputError("void namespace byte must be 00")
+            return None, pos + 1
+        if n == "pickle":
+            raw, end = _BINARY_KEY.read(buf, pos)
             try:
-                return raw.decode("utf-8"), end
-            except UnicodeDecodeError as e:
-                raise InvalidInputError(f"malformed UTF-8 in encoded key: {e}") from None
-        if n == "binary":
-            return raw, end
-        try:
-            return pickle.loads(raw), end
-        except Exception as e:
-            raise InvalidInputError(f"malformed pickled user key: {e}") from e
+                return pickle.loads(raw), end
+            except Exception as e:
+                raise InvalidInputError(f"malformed pickled user key: {e}") from e
+        return self.key_type.read(buf, pos)
 
     def deserialize(self, b) -> Any:
         """Decode a whole buffer holding exactly one value."""
@@ -361,7 +331,10 @@ class KeySerializer:
 
 
 _VALUE_SERS = {n: ValueSerializer(n) for n in VALUE_TYPES}
-_KEY_SERS = {n: KeySerializer(n) for n in KEY_SERIALIZER_TYPES}
+_BINARY_KEY = KT.key_type("binary")
+_KEY_SERS = {"void": KeySerializer("void"), "pickle": KeySerializer("pickle"),
+             "object": KeySerializer("pickle")}
+_KEY_TYPE_SERS: dict = {}
 
 
 def value_serializer(type_) -> ValueSerializer:
@@ -372,10 +345,23 @@ def value_serializer(type_) -> ValueSerializer:
 
 
 def key_serializer(type_) -> KeySerializer:
-    """The (shared, stateless) key serializer of int32/int64/string/binary/void/pickle."""
+    """The (shared, stateless) key serializer of a key type (name, pyarrow type, KeyType or a
+    tuple of them for a multi-column key; :mod:`statecore.key_types`), ``void`` or ``pickle``.
+    InvalidInputError for anything else."""
     if isinstance(type_, KeySerializer):
         return type_
-    return _KEY_SERS[_canonical(type_, KEY_SERIALIZER_TYPES, "key/namespace")]
+    if isinstance(type_, str) and type_.lower() in _KEY_SERS:
+        return _KEY_SERS[type_.lower()]
+    try:
+        kt = KT.key_type(type_)
+    except InvalidInputError:
+        raise InvalidInputError(
+            f"unsupported key/namespace type {type_!r}; expected a key type "
+            f"({', '.join(KT.SCALAR_KINDS)} or several of them), void or pickle") from None
+    ser = _KEY_TYPE_SERS.get(kt.name)
+    if ser is None:
+        ser = _KEY_TYPE_SERS[kt.name] = KeySerializer(kt.name, kt)
+    return ser
 
 
 def is_fixed_width(ser) -> bool:

@@ -121,7 +121,7 @@ class TimerService:
         else:
             nss = [self._ns_ser.check(namespaces)] * len(arr)
         out = []
-        for key, t, ns in zip(arr.to_pylist(), vals, nss):
+        for key, t, ns in zip(base.key_pylist(arr, b.key_type), vals, nss):
             kg = b.key_group_of(key)
             enc = S.encode_timer_key(kg, b.max_parallelism, t, key, self._key_ser, ns, self._ns_ser)
             out.append((kg, enc, (int(t), key, ns)))

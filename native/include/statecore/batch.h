@@ -12,7 +12,8 @@
 //
 // Validation happens BEFORE any mutation: a BatchError leaves the table exactly as it was. Checked
 // up front: the Arrow structs (format, buffers, offsets), key/value formats against the declared
-// types, equal lengths, no null keys, every key's key group inside [kg_start, kg_end] and inside
+// types, equal lengths, no null keys (nor null fields of a multi-column key), every key's key
+// group inside [kg_start, kg_end] and inside
 // the table, output pointers. The only error that can surface mid-batch is a stored entry of the
 // wrong width for the declared value type (the table was written as another value type — a caller
 // bug, not bad input); it is reported as a BatchError naming the row, and the rows before it have
@@ -48,6 +49,7 @@
 #include <vector>
 
 #include "statecore/arrow_abi.h"
+#include "statecore/key_codec.h"
 #include "statecore/key_groups.h"
 #include "statecore/state_table.h"
 
@@ -76,10 +78,11 @@ enum class Reducer : uint8_t { Sum, Min, Max, Count, First, Last };
 
 // How keys map to entries of the table.
 struct BatchKeySpec {
-  // Logical key type; the key array's format must be: Int32 "i", Int64 "l", String "u" or "U",
-  // Binary "z" or "Z". It decides the key serializer and the hash (Spark: int32 -> 4 bytes LE,
-  // int64 -> 8 bytes LE; Flink: Integer/Long/String hashCode(), binary: Arrays.hashCode(byte[])).
-  KeyType kind = KeyType::Int64;
+  // The backend's key: its columns decide the accepted Arrow arrays, the key serializer and the
+  // hash under `assigner` (key_columns.h, key_groups.h): int32 "i", int64 "l", uint64 "L",
+  // float64 "g", bool "b", timestamp "ts?:" of the column's unit, string "u"/"U", binary
+  // "z"/"Z", fixed_size_binary "w:N"; a multi-column key is a struct array of those.
+  KeySchema key = KeySchema::scalar(KeyType::Int64);
   Assigner assigner = Assigner::Spark;
   int32_t max_parallelism = 128;
   // Inclusive key-group range served by the table (the operator's key-group range); must satisfy

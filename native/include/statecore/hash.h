@@ -8,6 +8,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace statecore {
 
@@ -40,6 +41,22 @@ inline int32_t java_hash_int64(int64_t v) noexcept {
   const uint64_t u = static_cast<uint64_t>(v);
   return static_cast<int32_t>(static_cast<uint32_t>(u ^ (u >> 32)));
 }
+
+// java.lang.Double.hashCode(): (int)(bits ^ (bits >>> 32)) of doubleToLongBits(v), which maps
+// every NaN to 0x7ff8000000000000 (so all NaNs hash alike; -0.0 and 0.0 differ, as in Java).
+inline int32_t java_hash_float64(double v) noexcept {
+  uint64_t u;
+  if (v != v) {
+    u = 0x7FF8000000000000ull;
+  } else {
+    static_assert(sizeof(double) == 8, "IEEE 754 binary64 expected");
+    std::memcpy(&u, &v, 8);
+  }
+  return static_cast<int32_t>(static_cast<uint32_t>(u ^ (u >> 32)));
+}
+
+// java.lang.Boolean.hashCode(): 1231 for true, 1237 for false.
+inline int32_t java_hash_bool(bool v) noexcept { return v ? 1231 : 1237; }
 
 // java.lang.String.hashCode() of the string whose UTF-8 encoding is `utf8[0..size)`:
 // s[0]*31^(n-1) + ... + s[n-1] over the UTF-16 code units of the string (code points above

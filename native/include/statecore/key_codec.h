@@ -8,10 +8,15 @@
 //   sorting encoded keys groups each key group into one contiguous range.
 // - the two lenbytes are written only when BOTH the key and the namespace serializer are
 //   variable-length (Flink's ambiguity rule).
-// Checked against tests/data/flink_keygroups.json `rocksdb_composite_key_examples`.
+// - ser(key) of a multi-column key is the columns' serializations in order (Flink
+//   TupleSerializer): every column serializer is fixed-width or carries its own length, so the
+//   concatenation is unambiguous; the key is variable-length when any column is.
+// Checked against tests/data/flink_keygroups.json `rocksdb_composite_key_examples` and the
+// Python reference (statecore.key_types), byte for byte, by the conformance suite.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "statecore/key_groups.h"
@@ -24,6 +29,35 @@ enum class NamespaceType : uint8_t { Void, Int64, String };
 // True for serializers whose output length depends on the value (string, binary).
 inline bool is_variable_length(KeyType t) { return t == KeyType::String || t == KeyType::Binary; }
 inline bool is_variable_length(NamespaceType t) { return t == NamespaceType::String; }
+
+// A backend's key: one column (a scalar key type), or several (a multi-column key: per batch a
+// struct array, per record a tuple). Key groups hash the columns chained (key_groups.h), ser(key)
+// concatenates the columns' serializations.
+struct KeySchema {
+  std::vector<KeyColumn> columns{KeyColumn{}};
+  // True for a multi-column key: batch keys come as a struct array (even with one column).
+  bool is_struct = false;
+
+  static KeySchema scalar(KeyType t, int32_t width = 0, TimeUnit unit = TimeUnit::Micro) {
+    KeySchema s;
+    s.columns = {KeyColumn{t, width, unit}};
+    return s;
+  }
+  bool variable_length() const {
+    for (const KeyColumn& c : columns)
+      if (is_variable_length(c.type)) return true;
+    return false;
+  }
+  // statecore.key_types' name: "int64", "struct<int32,string>", ...
+  std::string name() const;
+  // Throws std::invalid_argument for no column, a scalar schema of several columns, or a
+  // FixedSizeBinary column narrower than 1 byte.
+  void validate() const;
+  bool operator==(const KeySchema& o) const { return is_struct == o.is_struct && columns == o.columns; }
+  bool operator!=(const KeySchema& o) const { return !(*this == o); }
+};
+
+class KeyArrays;  // key_columns.h
 
 // Bytes of the key-group prefix: 1 when max_parallelism <= 128, else 2 (Flink
 // CompositeKeySerializationUtils.computeRequiredBytesInKeyGroupPrefix). Throws
@@ -54,6 +88,18 @@ void append_lenbytes(std::vector<uint8_t>& out, uint32_t n);
 void append_ser_int32(std::vector<uint8_t>& out, int32_t v);
 // int64: 8 bytes big-endian two's complement (Flink LongSerializer).
 void append_ser_int64(std::vector<uint8_t>& out, int64_t v);
+// uint64: 8 bytes big-endian.
+void append_ser_uint64(std::vector<uint8_t>& out, uint64_t v);
+// float64: 8 bytes big-endian of canonical_double_bits(v) (Flink DoubleSerializer writes
+// doubleToLongBits; -0.0 is keyed as 0.0).
+void append_ser_float64(std::vector<uint8_t>& out, double v);
+// bool: one byte, 01 or 00 (Flink BooleanSerializer).
+inline void append_ser_bool(std::vector<uint8_t>& out, bool v) { out.push_back(v ? 1 : 0); }
+// timestamp: its int64 value as append_ser_int64. fixed_size_binary: the bytes themselves.
+inline void append_ser_fixed(std::vector<uint8_t>& out, const void* data, size_t size) {
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  out.insert(out.end(), p, p + size);
+}
 // string (UTF-8 bytes) / binary (raw bytes): varlen(size + 1) then the bytes (Flink
 // StringSerializer's length rule; identical to Flink's bytes for ASCII strings).
 void append_ser_bytes(std::vector<uint8_t>& out, const void* data, size_t size);
@@ -65,16 +111,30 @@ inline void append_ser_void(std::vector<uint8_t>& out) { out.push_back(0); }
 // are then the encoded key. A namespace_*() call may be repeated after one key_*() to address the
 // same key under several namespaces (it truncates back to the end of the key part).
 // Calling a key_/namespace_ method that does not match the configured types throws
-// std::invalid_argument, as does a key group outside [0, max_parallelism).
+// std::invalid_argument, as does a key group outside [0, max_parallelism). The scalar key_*()
+// methods serve a one-column key of that type; key_row() serves any key from batch arrays.
 class KeyEncoder {
  public:
-  // Throws std::invalid_argument unless 0 < max_parallelism <= 32768.
+  // Throws std::invalid_argument unless 0 < max_parallelism <= 32768, and for an invalid schema
+  // (a FixedSizeBinary key needs the KeySchema form, which carries its width).
   KeyEncoder(KeyType key_type, NamespaceType namespace_type, int32_t max_parallelism);
+  KeyEncoder(const KeySchema& key, NamespaceType namespace_type, int32_t max_parallelism);
 
   void key_int32(int32_t key_group, int32_t key);
   void key_int64(int32_t key_group, int64_t key);
+  void key_uint64(int32_t key_group, uint64_t key);
+  void key_float64(int32_t key_group, double key);
+  void key_bool(int32_t key_group, bool key);
+  void key_timestamp(int32_t key_group, int64_t key);
   // String (UTF-8 bytes, not validated here) or binary key, per the configured key type.
   void key_bytes(int32_t key_group, const void* data, size_t size);
+  // FixedSizeBinary key: `size` must equal the column's width.
+  void key_fixed(int32_t key_group, const void* data, size_t size);
+  // Binds batch keys for key_row(): their schema must equal this encoder's (checked once, here;
+  // std::invalid_argument otherwise). `keys` must outlive the key_row() calls.
+  void bind(const KeyArrays& keys);
+  // The key of row `row` of the bound batch keys (std::invalid_argument when none is bound).
+  void key_row(int32_t key_group, int64_t row);
 
   void namespace_void();
   void namespace_int64(int64_t ns);
@@ -82,20 +142,22 @@ class KeyEncoder {
 
   const uint8_t* data() const { return buf_.data(); }
   size_t size() const { return buf_.size(); }
-  KeyType key_type() const { return key_type_; }
+  const KeySchema& key_schema() const { return key_; }
   NamespaceType namespace_type() const { return namespace_type_; }
   int32_t max_parallelism() const { return max_parallelism_; }
 
  private:
   void begin_key(int32_t key_group, bool type_ok);
+  bool scalar_is(KeyType t) const { return key_.columns.size() == 1 && key_.columns[0].type == t; }
   void end_key();
   void begin_namespace(bool type_ok);
   void end_namespace();
 
-  KeyType key_type_;
+  KeySchema key_;
   NamespaceType namespace_type_;
   int32_t max_parallelism_;
   bool ambiguous_;        // both serializers variable-length: write lenbytes after each part
+  const KeyArrays* bound_ = nullptr;
   size_t key_start_ = 0;  // offset of ser(key) (after the prefix)
   size_t key_end_ = 0;    // offset just past the key part (incl. its lenbytes); 0 = no key yet
   size_t ns_start_ = 0;

@@ -3,15 +3,36 @@
 // A key group is the unit of state partitioning and rescaling (Flink KeyGroupRangeAssignment):
 // every key maps to one key group in [0, max_parallelism); operator i of p owns one contiguous
 // key-group range. Two assigners are supported:
-//  - Spark:  kg = pmod(xxhash64(key bytes, seed 42) as int64, max_parallelism), with Spark SQL's
-//            byte encodings (int -> 4 bytes LE, bigint -> 8 bytes LE, string -> UTF-8, binary ->
-//            raw), so Spark SQL can compute the same key group as a column (see spark.md).
-//  - Flink:  kg = MathUtils.murmurHash(key.hashCode()) % max_parallelism (Integer, Long, String;
-//            binary keys use java.util.Arrays.hashCode(byte[])).
-// Vectors: tests/data/spark_hashes.json, tests/data/flink_keygroups.json.
+//  - Spark:  kg = pmod(xxhash64(key, seed 42) as int64, max_parallelism), hashing each key column
+//            as Spark SQL's XxHash64Function (HashExpression) does for the column type Spark
+//            would have, so Spark SQL can compute the same key group as a column (spark.md):
+//              int32                      hashInt(v): XXH64 of 4 bytes LE
+//              int64, timestamp           hashLong(v): XXH64 of 8 bytes LE (TimestampType and
+//                                         TimestampNTZType hold micros; other units hash their
+//                                         own int64 value)
+//              uint64                     hashLong of the same 64 bits (Spark has no unsigned
+//                                         type; a bigint column holding those bits routes alike;
+//                                         Spark's decimal(20,0) would hash otherwise)
+//              float64                    hashLong(doubleToLongBits(v)), 0 for -0.0 and 0.0,
+//                                         every NaN as 0x7ff8000000000000 (Spark >= 3.2)
+//              bool                       hashInt(1 or 0)
+//              string                     the UTF-8 bytes
+//              binary, fixed_size_binary  the bytes (Spark BinaryType)
+//            Several columns (a multi-column key) chain: each column's hash is the seed of the
+//            next, exactly Spark's xxhash64(c1, c2, ...) and xxhash64(struct(c1, c2, ...)).
+//  - Flink:  kg = MathUtils.murmurHash(key.hashCode()) % max_parallelism with the Java hashCode()
+//            of the boxed key: Integer; Long (int64, timestamp, and uint64 as the same 64 bits);
+//            Double (bits ^ bits >>> 32 of doubleToLongBits, canonical NaN; statecore keys -0.0
+//            as 0.0, so it hashes as 0.0 where Java's Double(-0.0) would not); Boolean
+//            (1231 / 1237); String (UTF-16 units); binary and fixed_size_binary
+//            java.util.Arrays.hashCode(byte[]); several columns as Flink TupleN.hashCode():
+//            h = 0, then h = 31 * h + hashCode(column) per column.
+// Vectors: tests/data/spark_hashes.json, tests/data/spark_key_types.json (a real Spark 4.3),
+// tests/data/flink_keygroups.json, tests/data/java_hash_codes.json (a real JVM).
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace statecore {
 
@@ -25,17 +46,73 @@ constexpr uint64_t kSparkXxhashSeed = 42;
 
 enum class Assigner : uint8_t { Spark, Flink };
 
-// Logical key type of a keyed backend (the backend's key_type): decides the key serializer
-// (key_codec.h) and the key's hash under each assigner.
-enum class KeyType : uint8_t { Int32, Int64, String, Binary };
+// Logical type of a key column (the backend's key_type, or one field of a multi-column key):
+// decides the key serializer (key_codec.h) and the column's hash under each assigner (above).
+enum class KeyType : uint8_t {
+  Int32, Int64, String, Binary, UInt64, Float64, Bool, Timestamp, FixedSizeBinary
+};
+
+// Unit of a Timestamp key column's int64 value (counted from 1970-01-01 UTC).
+enum class TimeUnit : uint8_t { Second, Milli, Micro, Nano };
+
+// One key column: its type and the parameters of the parametrized types.
+struct KeyColumn {
+  KeyType type = KeyType::Int64;
+  int32_t width = 0;                // FixedSizeBinary: bytes per key, >= 1
+  TimeUnit unit = TimeUnit::Micro;  // Timestamp only
+  bool operator==(const KeyColumn& o) const {
+    return type == o.type && width == o.width && unit == o.unit;
+  }
+  bool operator!=(const KeyColumn& o) const { return !(*this == o); }
+};
+
+// The statecore name of a column type ("int32", "timestamp[us]", "fixed_size_binary[16]", ...),
+// as statecore.key_types spells it; for error messages.
+std::string key_column_name(const KeyColumn& c);
+
+// Java doubleToLongBits of the canonical float64 key of `v`: -0.0 is keyed as 0.0 and every NaN
+// as 0x7ff8000000000000 (what Spark's hash and grouping treat as equal).
+uint64_t canonical_double_bits(double v) noexcept;
 
 // Throws std::invalid_argument unless 0 < max_parallelism <= 32768.
 void check_max_parallelism(int32_t max_parallelism);
 
-// Spark SQL xxhash64() of one column value (seed 42), as Spark returns it (signed).
-int64_t spark_xxhash64_int32(int32_t v) noexcept;
-int64_t spark_xxhash64_int64(int64_t v) noexcept;
-int64_t spark_xxhash64_bytes(const void* data, size_t size) noexcept;  // string (UTF-8) / binary
+// Spark SQL xxhash64() of one column value, as Spark returns it (signed); `seed` is 42 for the
+// first column and the previous column's hash for the next ones.
+int64_t spark_xxhash64_int32(int32_t v, uint64_t seed = kSparkXxhashSeed) noexcept;
+int64_t spark_xxhash64_int64(int64_t v, uint64_t seed = kSparkXxhashSeed) noexcept;
+int64_t spark_xxhash64_float64(double v, uint64_t seed = kSparkXxhashSeed) noexcept;
+int64_t spark_xxhash64_bool(bool v, uint64_t seed = kSparkXxhashSeed) noexcept;
+// string (UTF-8) / binary / fixed_size_binary
+int64_t spark_xxhash64_bytes(const void* data, size_t size,
+                             uint64_t seed = kSparkXxhashSeed) noexcept;
+
+// The hash of one key fed column by column (a scalar key is one column), under one assigner:
+// Spark chains xxhash64 seeds, Flink folds Java hash codes as TupleN.hashCode() (see the top of
+// this file). add_int64 serves int64 and timestamp columns, add_binary binary and
+// fixed_size_binary ones. Cheap to construct; not thread-safe (one per thread).
+class KeyHasher {
+ public:
+  explicit KeyHasher(Assigner a) : assigner_(a) {}
+  void add_int32(int32_t v) noexcept;
+  void add_int64(int64_t v) noexcept;
+  void add_uint64(uint64_t v) noexcept;
+  void add_float64(double v) noexcept;  // canonicalized first (canonical_double_bits)
+  void add_bool(bool v) noexcept;
+  // UTF-8 bytes of a string. Flink hashes UTF-16 units, so malformed UTF-8 throws
+  // std::invalid_argument there; Spark hashes the bytes as they are.
+  void add_string(const char* utf8, size_t size);
+  void add_binary(const void* data, size_t size) noexcept;
+  // Key group of the columns added so far. Throws std::invalid_argument unless
+  // 0 < max_parallelism <= 32768.
+  int32_t key_group(int32_t max_parallelism) const;
+
+ private:
+  void add_java(int32_t h) noexcept { java_ = 31u * java_ + static_cast<uint32_t>(h); }
+  Assigner assigner_;
+  uint64_t spark_ = kSparkXxhashSeed;
+  uint32_t java_ = 0;
+};
 
 // Key group of one key. `max_parallelism` in (0, 32768], else std::invalid_argument.
 // Results are in [0, max_parallelism).
@@ -44,9 +121,15 @@ int32_t key_group_for_int64(Assigner a, int64_t key, int32_t max_parallelism);
 // `utf8` are the UTF-8 bytes of a string key. Flink hashes the UTF-16 String.hashCode() and so
 // throws std::invalid_argument on malformed UTF-8; Spark hashes the bytes as they are.
 int32_t key_group_for_string(Assigner a, const char* utf8, size_t size, int32_t max_parallelism);
-// Raw binary key. Spark: xxhash64 of the bytes. Flink: java.util.Arrays.hashCode(byte[]) (see
-// java_hash_bytes; the same choice as the Python reference statecore.key_groups).
+// Raw binary key (also fixed_size_binary). Spark: xxhash64 of the bytes. Flink:
+// java.util.Arrays.hashCode(byte[]) (see java_hash_bytes; the same choice as the Python reference
+// statecore.key_groups).
 int32_t key_group_for_binary(Assigner a, const void* data, size_t size, int32_t max_parallelism);
+// uint64, float64 and bool keys as the top of this file says (a timestamp key is
+// key_group_for_int64 of its value).
+int32_t key_group_for_uint64(Assigner a, uint64_t key, int32_t max_parallelism);
+int32_t key_group_for_float64(Assigner a, double key, int32_t max_parallelism);
+int32_t key_group_for_bool(Assigner a, bool key, int32_t max_parallelism);
 
 // Flink KeyGroupRangeAssignment.computeDefaultMaxParallelism:
 // min(max(roundUpToPowerOfTwo(p + p/2), 128), 32768). Throws std::invalid_argument unless

@@ -6,10 +6,15 @@ behaviour; ``statecore.testing.conformance.BackendConformance`` checks that.
 
 Common rules (both backends):
 
-* Keys have the backend's ``key_type`` (int32, int64, string, binary); each key belongs to the key
-  group given by the backend's assigner ("spark" or "flink", :mod:`statecore.key_groups`). A key
-  whose key group is outside the backend's key-group range, a None key or a key of the wrong type
-  raises InvalidInputError, and nothing is modified.
+* Keys have the backend's ``key_type`` (:mod:`statecore.key_types`: int32, int64, uint64,
+  float64, bool, timestamp[s|ms|us|ns], string, binary, fixed_size_binary[N], or a multi-column
+  ``struct<...>`` of those, given as a tuple/list of types or a pa.struct); each key belongs to
+  the key group given by the backend's assigner ("spark" or "flink", :mod:`statecore.key_groups`).
+  Per record a key is its canonical Python value (an int for timestamps -- a datetime is
+  accepted -- a float with -0.0 read as 0.0 and one NaN, a tuple for a multi-column key;
+  ``current_key`` returns that form). A key whose key group is outside the backend's key-group
+  range, a None key (or None field) or a key of the wrong type raises InvalidInputError, and
+  nothing is modified.
 * Every state object has its own current namespace (``set_current_namespace``). States of
   namespace type ``void`` use the VoidNamespace (None) and accept only None; for the other
   namespace types (int32, int64, string, binary) a namespace must be set before use.
@@ -29,8 +34,12 @@ Batch API (``get_batch``/``put_batch``/``clear_batch``/``contains_batch`` on Val
 row per (key, user key)) -- does not change the backend's current key:
 
 * ``keys``: a pa.Array, pa.ChunkedArray or any object with ``__arrow_c_array__`` whose type is
-  exactly the key type's Arrow type (int32 / int64; string or large_string; binary or
-  large_binary). Nulls, a wrong type, or a key outside the key-group range raise InvalidInputError
+  exactly the key type's Arrow type: int32, int64, uint64, float64, bool; timestamp of the key
+  type's unit (any time zone); string or large_string; binary or large_binary;
+  fixed_size_binary(N) of the key type's width; for a multi-column key a struct array whose
+  fields have those types in order (any names), or a list/tuple of one array per column. Sliced
+  arrays (offset != 0) and chunked arrays are honoured. A null key (or a null field of a
+  multi-column key), a wrong type, or a key outside the key-group range raise InvalidInputError
   before anything changes.
 * ``values``: same length as ``keys`` (else InvalidInputError) and the value type's Arrow type
   (``ValueSerializer.arrow_type``; large_string/large_binary accepted). For a ``count`` reducer any
@@ -95,6 +104,7 @@ import numpy as np
 import pyarrow as pa
 
 from statecore import key_groups as K
+from statecore import key_types as KT
 from statecore import serializers as S
 from statecore.errors import InvalidInputError, StateError, StateMigrationError
 from statecore.key_groups import KeyGroupRange
@@ -117,6 +127,7 @@ __all__ = [
     "NAMESPACE_TYPES",
     "as_arrow_array",
     "coerce_key_array",
+    "key_pylist",
     "coerce_value_array",
     "resolve_batch_namespaces",
     "check_snapshot_compatible",
@@ -195,13 +206,55 @@ def _check_type(arr: pa.Array, type_name: str, what: str) -> None:
         )
 
 
-def coerce_key_array(keys, key_type: str) -> pa.Array:
-    """Validate a batch of keys (see module docstring): type and no nulls."""
-    arr = as_arrow_array(keys, "keys")
-    _check_type(arr, key_type, "keys")
+def coerce_key_array(keys, key_type) -> pa.Array:
+    """Validate a batch of keys (see module docstring) and return it as one pa.Array: the key
+    type's Arrow type (:meth:`statecore.key_types.KeyType.accepts`), no null key and, for a
+    multi-column key, no null field. A multi-column key type also takes a list/tuple of arrays
+    (one per column, equal lengths), combined into a struct array. InvalidInputError names what
+    is wrong (and the first null row)."""
+    kt = KT.key_type(key_type)
+    if kt.is_struct and isinstance(keys, (list, tuple)):
+        arr = _struct_from_columns(keys, kt)
+    else:
+        arr = as_arrow_array(keys, "keys")
+    if not kt.accepts(arr.type):
+        raise InvalidInputError(
+            f"keys must have Arrow type {kt.describe_arrow()} (key type {kt.name}), got {arr.type}")
     if arr.null_count:
-        raise InvalidInputError(f"keys contain {arr.null_count} null(s); keys must not be null")
+        raise InvalidInputError(f"keys contain {arr.null_count} null(s) (first at row "
+                                f"{_first_null(arr)}); keys must not be null")
+    if kt.is_struct:
+        for i in range(len(kt.fields)):
+            f = arr.field(i)
+            if f.null_count:
+                raise InvalidInputError(
+                    f"keys: field {i} ({arr.type.field(i).name!r}) has {f.null_count} null(s) "
+                    f"(first at row {_first_null(f)}); a multi-column key must not have null fields")
     return arr
+
+
+def _first_null(arr: pa.Array) -> int:
+    return int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
+
+
+def _struct_from_columns(columns, kt) -> pa.Array:
+    if len(columns) != len(kt.fields):
+        raise InvalidInputError(f"keys: {len(columns)} arrays for key type {kt.name}, which has "
+                                f"{len(kt.fields)} columns")
+    arrays = [as_arrow_array(c, f"keys[{i}]") for i, c in enumerate(columns)]
+    if len({len(a) for a in arrays}) > 1:
+        raise InvalidInputError(f"keys: the column arrays differ in length "
+                                f"({', '.join(str(len(a)) for a in arrays)})")
+    try:
+        return pa.StructArray.from_arrays(arrays, names=[f"f{i}" for i in range(len(arrays))])
+    except (pa.ArrowException, TypeError, ValueError) as e:
+        raise InvalidInputError(f"keys: cannot combine the column arrays: {e}") from e
+
+
+def key_pylist(arr: pa.Array, key_type) -> list:
+    """The canonical per-record keys of a validated key array (:func:`coerce_key_array`):
+    ints for timestamps, canonical floats, tuples for multi-column keys."""
+    return KT.key_type(key_type).to_pylist(arr)
 
 
 def coerce_value_array(values, value_type: str, length: int, any_type: bool = False) -> pa.Array:
@@ -249,7 +302,9 @@ def check_snapshot_compatible(backend: "KeyedStateBackend", snap) -> None:
 class KeyedStateBackend(abc.ABC):
     """Keyed state of one operator instance: the key groups of ``key_group_range``.
 
-    Args: ``key_type`` (int32|int64|string|binary or pyarrow type), ``max_parallelism``
+    Args: ``key_type`` (a key type of :mod:`statecore.key_types`: a name such as ``"int64"``,
+    ``"timestamp[us]"``, ``"fixed_size_binary[16]"``, a pyarrow type, or a tuple/list of them for
+    a multi-column key), ``max_parallelism``
     (1..32768, number of key groups), ``key_group_range`` (KeyGroupRange or (start, end), default
     all key groups), ``assigner`` ("spark"|"flink"), ``timer_namespace_type`` (namespace type of
     timers, default "void"), ``ttl_clock`` (processing-time clock of TTL states: a callable

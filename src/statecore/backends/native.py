@@ -10,7 +10,9 @@ running over a table adapter that encodes (key group, key, namespace) and values
 map: the per-record semantics of the two backends are the same code. What differs is where the
 bytes live and the batch paths: ``get_batch``/``put_batch`` on value state and
 ``get_batch``/``add_batch`` on reducing state with built-in reducers, for the VoidNamespace and
-int64/float64/string/binary values, run as native kernels that read the Arrow buffers through the
+int64/float64/string/binary values (and every key type, multi-column keys included: the kernels
+hash and encode the key arrays themselves, native/include/statecore/key_columns.h), run as
+native kernels that read the Arrow buffers through the
 C Data Interface (no Python object per row) with the GIL released. Other batch calls (namespaced
 rows, pickle or bool values, custom reducers) take the per-row path and behave identically.
 TTL-enabled value/reducing states use the same kernels with TTL on (batch.h "TTL": the value

@@ -620,7 +620,7 @@ class PythonBackend(base.KeyedStateBackend):
     # ------------------------------------------------------------------ batch helpers
     def _batch_slots(self, state, keys, namespaces):
         arr = base.coerce_key_array(keys, self.key_type)
-        ks = arr.to_pylist()
+        ks = base.key_pylist(arr, self.key_type)
         cfg = state.descriptor.ttl_config
         if cfg is not None and cfg.cleanup_size:
             self._ttl_accessed(state._table, cfg, len(ks))  # one access per row

@@ -573,9 +573,11 @@ class StatefulOperator:
     Args:
         name: operator name; its checkpoint lives in ``<checkpoint>/<name>`` (``[A-Za-z0-9_.-]``).
         processor: a :class:`statecore.spark.KeyedProcessor` (see its module for the contract).
-        key_column: name of the key column (Spark string, bigint, int or binary). Composite keys:
-            derive one column first (e.g. ``concat_ws('|', a, b)``) so that Spark's routing hash
-            and the backend's key-group assignment see the same key.
+        key_column: name of the key column (Spark string, bigint, int, binary, double, boolean,
+            timestamp or timestamp_ntz; ``routing.backend_key_type``). Multi-column keys: a
+            struct column of those (``F.struct(a, b).alias("k")``): Spark routes it as
+            ``xxhash64(a, b)`` and the processor receives the key as a struct array (per
+            record a tuple).
         checkpoint: directory or URI (``pyarrow.fs``) under which the operator checkpoints.
         sink: ``sink(out_df, batch_id)``, idempotent per batch id, running an action that
             evaluates every partition of ``out_df`` (each action re-runs the tasks, so one is

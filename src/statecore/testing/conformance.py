@@ -31,6 +31,7 @@ from statecore.descriptors import (
 )
 from statecore.errors import InvalidInputError, StateError, StateMigrationError
 from statecore.key_groups import KeyGroupRange
+from statecore.testing.key_types import KeyTypeConformance
 
 __all__ = ["BackendConformance", "snapshot_dump", "merge_incremental", "AverageAggregate"]
 
@@ -93,8 +94,9 @@ def _metas(snap) -> dict:
     return {m["name"]: m for m in snap.state_metas()}
 
 
-class BackendConformance:
-    """Pytest base class; see module docstring."""
+class BackendConformance(KeyTypeConformance):
+    """Pytest base class; see module docstring. The key-type tests come from
+    :class:`statecore.testing.key_types.KeyTypeConformance`."""
 
     # ------------------------------------------------------------------ factories
     def make_backend(self, **options):

@@ -1,0 +1,57 @@
+// Batch keys as the Arrow C Data Interface hands them over, read against a KeySchema
+// (key_codec.h) without copying: the key group of each row and its ser(key).
+//
+// Accepted arrays per key column type (the time zone of a timestamp is ignored: the values are
+// UTC either way):
+//   int32 "i", int64 "l", uint64 "L", float64 "g", bool "b" (bit-packed), timestamp
+//   "ts<unit>:<tz>" of the column's unit, string "u"/"U", binary "z"/"Z", fixed_size_binary
+//   "w:<width>" of the column's width.
+// A scalar key is one such array; a multi-column key (KeySchema::is_struct) is a struct array
+// ("+s") with one child per column in order (names are ignored). Offsets are honoured at every
+// level (a struct's offset applies on top of its children's), and so are validity bitmaps: a
+// null struct row or a null in any column of a row is a null key.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "statecore/arrow_abi.h"
+#include "statecore/key_codec.h"
+#include "statecore/key_groups.h"
+
+namespace statecore {
+
+class KeyArrays {
+ public:
+  // Validates the arrays' structure and formats against `schema` (the schema is copied). Throws
+  // std::invalid_argument naming the problem ("expected an Arrow array of key type
+  // timestamp[us], got int64", "field 1: ..."). Offsets of variable-width columns are not walked
+  // here: see check_offsets().
+  KeyArrays(const KeySchema& schema, const ArrowSchema* arrow_schema, const ArrowArray* array);
+
+  const KeySchema& schema() const { return schema_; }
+  int64_t length() const { return length_; }
+
+  // First row with bad variable-width offsets in any column, or -1 (O(rows)).
+  int64_t check_offsets() const;
+  // First row whose key is null, or -1; `column` (may be null) receives the column holding the
+  // null, -1 when the struct row itself is null.
+  int64_t first_null(int* column) const;
+
+  // Key group of every row into out[0, length()). For a string column under the Flink assigner,
+  // malformed UTF-8 throws std::invalid_argument naming the row.
+  void key_groups(Assigner a, int32_t max_parallelism, int32_t* out) const;
+  // Appends ser(key) of `row`: each column's serializer, in order (key_codec.h).
+  void append_ser(std::vector<uint8_t>& out, int64_t row) const;
+
+ private:
+  void add_to(KeyHasher& h, size_t column, int64_t row) const;
+
+  KeySchema schema_;
+  std::vector<ArrayView> columns_;
+  const uint8_t* struct_validity_ = nullptr;  // null when no struct row is null
+  int64_t struct_offset_ = 0;
+  int64_t length_ = 0;
+};
+
+}  // namespace statecore

@@ -1,0 +1,231 @@
+// Batch keys read against a KeySchema (see key_columns.h).
+#include "statecore/key_columns.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace statecore {
+namespace {
+
+[[noreturn]] void bad(const std::string& msg) { throw std::invalid_argument(msg); }
+
+char unit_letter(TimeUnit u) {
+  switch (u) {
+    case TimeUnit::Second: return 's';
+    case TimeUnit::Milli: return 'm';
+    case TimeUnit::Micro: return 'u';
+    case TimeUnit::Nano: return 'n';
+  }
+  return '?';
+}
+
+std::string arrow_name(const ArrayView& v) {
+  if (v.kind() == ArrowKind::Timestamp) {
+    const char u = v.time_unit();
+    return std::string("timestamp[") + (u == 's' ? "s" : u == 'm' ? "ms" : u == 'u' ? "us" : "ns") +
+           "]";
+  }
+  if (v.kind() == ArrowKind::FixedSizeBinary)
+    return "fixed_size_binary[" + std::to_string(v.byte_width()) + "]";
+  return arrow_kind_name(v.kind());
+}
+
+bool accepts(const KeyColumn& c, const ArrayView& v) {
+  const ArrowKind k = v.kind();
+  switch (c.type) {
+    case KeyType::Int32: return k == ArrowKind::Int32;
+    case KeyType::Int64: return k == ArrowKind::Int64;
+    case KeyType::UInt64: return k == ArrowKind::UInt64;
+    case KeyType::Float64: return k == ArrowKind::Float64;
+    case KeyType::Bool: return k == ArrowKind::Bool;
+    case KeyType::Timestamp: return k == ArrowKind::Timestamp && v.time_unit() == unit_letter(c.unit);
+    case KeyType::String: return k == ArrowKind::Utf8 || k == ArrowKind::LargeUtf8;
+    case KeyType::Binary: return k == ArrowKind::Binary || k == ArrowKind::LargeBinary;
+    case KeyType::FixedSizeBinary: return k == ArrowKind::FixedSizeBinary && v.byte_width() == c.width;
+  }
+  return false;
+}
+
+ArrayView column_view(const KeyColumn& c, const ArrowSchema* s, const ArrowArray* a,
+                      const std::string& where, bool child, int64_t offset, int64_t length) {
+  try {
+    ArrayView v = child ? ArrayView(s, a, offset, length) : ArrayView(s, a);
+    if (!accepts(c, v))
+      bad(where + "expected an Arrow array of key type " + key_column_name(c) + ", got " +
+          arrow_name(v));
+    return v;
+  } catch (const std::invalid_argument& e) {
+    const std::string msg = e.what();
+    if (msg.rfind(where, 0) == 0) throw;
+    bad(where + msg);
+  }
+}
+
+}  // namespace
+
+KeyArrays::KeyArrays(const KeySchema& schema, const ArrowSchema* s, const ArrowArray* a)
+    : schema_(schema) {
+  schema_.validate();
+  if (s == nullptr || a == nullptr) bad("null ArrowSchema/ArrowArray pointer");
+  if (!schema_.is_struct) {
+    columns_.push_back(column_view(schema_.columns[0], s, a, "", false, 0, 0));
+    length_ = columns_[0].length();
+    return;
+  }
+  if (s->release == nullptr || a->release == nullptr)
+    bad("ArrowSchema/ArrowArray has already been released");
+  const size_t n = schema_.columns.size();
+  if (s->format == nullptr || std::string(s->format) != "+s")
+    bad("expected a struct array of " + std::to_string(n) + " fields for key type " +
+        schema_.name() + ", got Arrow format '" + (s->format ? s->format : "(null)") + "'");
+  if (s->n_children != static_cast<int64_t>(n) || a->n_children != static_cast<int64_t>(n) ||
+      s->children == nullptr || a->children == nullptr)
+    bad("expected a struct array of " + std::to_string(n) + " fields for key type " +
+        schema_.name() + ", got " + std::to_string(s->n_children) + " fields");
+  if (a->length < 0 || a->offset < 0 || a->null_count < -1 || a->n_buffers != 1 ||
+      a->buffers == nullptr)
+    bad("malformed struct array (length, offset, null_count or buffers)");
+  if (s->dictionary != nullptr || a->dictionary != nullptr)
+    bad("dictionary-encoded arrays are not supported");
+  length_ = a->length;
+  struct_offset_ = a->offset;
+  struct_validity_ = a->null_count == 0 ? nullptr : static_cast<const uint8_t*>(a->buffers[0]);
+  for (size_t i = 0; i < n; ++i)
+    columns_.push_back(column_view(schema_.columns[i], s->children[i], a->children[i],
+                                   "field " + std::to_string(i) + ": ", true, a->offset, a->length));
+}
+
+int64_t KeyArrays::check_offsets() const {
+  int64_t first = -1;
+  for (const ArrayView& v : columns_) {
+    const int64_t r = v.check_offsets();
+    if (r >= 0 && (first < 0 || r < first)) first = r;
+  }
+  return first;
+}
+
+int64_t KeyArrays::first_null(int* column) const {
+  bool any = struct_validity_ != nullptr;
+  for (const ArrayView& v : columns_) any = any || v.null_count() != 0;
+  if (!any) return -1;
+  for (int64_t i = 0; i < length_; ++i) {
+    if (struct_validity_ != nullptr) {
+      const int64_t j = struct_offset_ + i;
+      if (!((struct_validity_[j >> 3] >> (j & 7)) & 1)) {
+        if (column != nullptr) *column = -1;
+        return i;
+      }
+    }
+    for (size_t c = 0; c < columns_.size(); ++c) {
+      if (!columns_[c].is_valid(i)) {
+        if (column != nullptr) *column = static_cast<int>(c);
+        return i;
+      }
+    }
+  }
+  return -1;
+}
+
+void KeyArrays::add_to(KeyHasher& h, size_t column, int64_t row) const {
+  const ArrayView& v = columns_[column];
+  switch (schema_.columns[column].type) {
+    case KeyType::Int32: h.add_int32(v.int32_at(row)); break;
+    case KeyType::Int64:
+    case KeyType::Timestamp: h.add_int64(v.int64_at(row)); break;
+    case KeyType::UInt64: h.add_uint64(v.uint64_at(row)); break;
+    case KeyType::Float64: h.add_float64(v.float64_at(row)); break;
+    case KeyType::Bool: h.add_bool(v.bool_at(row)); break;
+    case KeyType::String: {
+      size_t sz;
+      const uint8_t* p = v.bytes_at(row, &sz);
+      h.add_string(reinterpret_cast<const char*>(p), sz);
+      break;
+    }
+    case KeyType::Binary: {
+      size_t sz;
+      const uint8_t* p = v.bytes_at(row, &sz);
+      h.add_binary(p, sz);
+      break;
+    }
+    case KeyType::FixedSizeBinary:
+      h.add_binary(v.fixed_at(row), static_cast<size_t>(v.byte_width()));
+      break;
+  }
+}
+
+void KeyArrays::key_groups(Assigner a, int32_t maxp, int32_t* out) const {
+  check_max_parallelism(maxp);
+  const int64_t n = length_;
+  if (!schema_.is_struct) {
+    // One column: a type switch per batch, not per row (the common case's hot loop).
+    const ArrayView& v = columns_[0];
+    switch (schema_.columns[0].type) {
+      case KeyType::Int32:
+        for (int64_t i = 0; i < n; ++i) out[i] = key_group_for_int32(a, v.int32_at(i), maxp);
+        return;
+      case KeyType::Int64:
+      case KeyType::Timestamp:
+        for (int64_t i = 0; i < n; ++i) out[i] = key_group_for_int64(a, v.int64_at(i), maxp);
+        return;
+      case KeyType::UInt64:
+        for (int64_t i = 0; i < n; ++i) out[i] = key_group_for_uint64(a, v.uint64_at(i), maxp);
+        return;
+      case KeyType::Float64:
+        for (int64_t i = 0; i < n; ++i) out[i] = key_group_for_float64(a, v.float64_at(i), maxp);
+        return;
+      case KeyType::String:
+      case KeyType::Binary: {
+        const bool str = schema_.columns[0].type == KeyType::String;
+        int64_t i = 0;
+        try {
+          for (; i < n; ++i) {
+            size_t sz;
+            const uint8_t* p = v.bytes_at(i, &sz);
+            out[i] = str ? key_group_for_string(a, reinterpret_cast<const char*>(p), sz, maxp)
+                         : key_group_for_binary(a, p, sz, maxp);
+          }
+        } catch (const std::invalid_argument& e) {
+          bad("row " + std::to_string(i) + ": " + e.what());
+        }
+        return;
+      }
+      default:
+        break;  // the generic path below
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    KeyHasher h(a);
+    try {
+      for (size_t c = 0; c < columns_.size(); ++c) add_to(h, c, i);
+    } catch (const std::invalid_argument& e) {
+      bad("row " + std::to_string(i) + ": " + e.what());
+    }
+    out[i] = h.key_group(maxp);
+  }
+}
+
+void KeyArrays::append_ser(std::vector<uint8_t>& out, int64_t row) const {
+  for (size_t c = 0; c < columns_.size(); ++c) {
+    const ArrayView& v = columns_[c];
+    switch (schema_.columns[c].type) {
+      case KeyType::Int32: append_ser_int32(out, v.int32_at(row)); break;
+      case KeyType::Int64:
+      case KeyType::Timestamp: append_ser_int64(out, v.int64_at(row)); break;
+      case KeyType::UInt64: append_ser_uint64(out, v.uint64_at(row)); break;
+      case KeyType::Float64: append_ser_float64(out, v.float64_at(row)); break;
+      case KeyType::Bool: append_ser_bool(out, v.bool_at(row)); break;
+      case KeyType::String:
+      case KeyType::Binary: {
+        size_t sz;
+        const uint8_t* p = v.bytes_at(row, &sz);
+        append_ser_bytes(out, p, sz);
+        break;
+      }
+      case KeyType::FixedSizeBinary:
+        append_ser_fixed(out, v.fixed_at(row), static_cast<size_t>(v.byte_width()));
+        break;
+    }
+  }
+}
+
+}  // namespace statecore
