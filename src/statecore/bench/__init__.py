@@ -83,7 +83,7 @@ def machine() -> dict:
 
 
 def _load_cases() -> None:
-    from statecore.bench import snapshots, state_ops, ttl, ttl_cleanup  # noqa: F401  (register their cases)
+    from statecore.bench import peers, snapshots, state_ops, ttl, ttl_cleanup  # noqa: F401  (register their cases)
 
 
 def run(names: List[str] | None, size: Size, progress=print) -> List[Record]:
@@ -181,5 +181,5 @@ def plot(records: List[Record], path: str) -> None:
         ax.tick_params(axis="y", labelsize=8)
     m = machine()
     fig.suptitle(f"statecore bench ({m['machine']}, {m['cpus']} cores, Python {m['python']})", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))  # room for the suptitle
     fig.savefig(path, dpi=110)
