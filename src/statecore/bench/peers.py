@@ -10,7 +10,7 @@ Cases (records ``rows/s`` per impl, ``ratio`` records, goals; see each function)
   1`` and the running count per row as output (what ``ReducingState("count", "sum", "int64")
   .add_batch(keys, ones)`` returns), at 200k distinct keys (the state fits in cache) and 10M
   (it does not; ``--quick``: 2M).
-* ``wordcount_string`` -- the same with 8-32 byte string keys, 200k and 2M distinct
+* ``wordcount_string`` -- the same with 8-32 byte string keys, 200k and 10M distinct
   (``--quick``: 500k).
 * ``binary_values`` -- ValueState ``put_batch`` then ``get_batch`` of 64-byte binary values by
   int64 key, 1M keys (``--quick``: 200k).
@@ -390,15 +390,15 @@ def wordcount_int64(size: Size):
     ])
 
 
-@case("wordcount_string", "WordCount increment, 8-32 byte string keys, 200k and 2M distinct: "
+@case("wordcount_string", "WordCount increment, 8-32 byte string keys, 200k and 10M distinct: "
                           "native vs python vs dict vs rocksdict vs C++ hash map", panel=_panel)
 def wordcount_string(size: Size):
     """As ``wordcount_int64`` with string keys. Full: 200k keys x 10 (python and rocksdict 400k
-    rows) and 2M keys x 2 (4M rows; python and rocksdict 1M). ``--quick``: 200k x 4 and 500k x
-    2, slow impls 100k / 200k rows."""
+    rows) and 10M keys x 2 (20M rows; python and rocksdict 1M). ``--quick``: 200k x 4 and 500k
+    x 2, slow impls 100k / 200k rows."""
     return _wordcount("wordcount_string", size, "string", [
         ("in_cache", size.n(200_000, 200_000), 10 if not size.quick else 4, size.n(400_000, 100_000)),
-        ("out_of_cache", size.n(2_000_000, 500_000), 2, size.n(1_000_000, 200_000)),
+        ("out_of_cache", size.n(10_000_000, 500_000), 2, size.n(1_000_000, 200_000)),
     ])
 
 
