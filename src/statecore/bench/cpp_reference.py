@@ -1,6 +1,8 @@
 """The C++ reference of the peer benchmarks: ``cpp/hashmap_ref.cpp`` (shipped in the package),
 compiled at run time with the system C++ compiler and run on workload files the Python side
-writes with numpy. See the source for its modes and file formats.
+writes with numpy. See the source for its modes and file formats. The source ships in the wheel:
+scikit-build-core's ``wheel.packages`` copies every file of ``src/statecore`` that git does not
+ignore.
 
 :func:`build` compiles it once per source, compiler and map kind into a cache directory
 (``$STATECORE_BENCH_CACHE``, else ``$XDG_CACHE_HOME/statecore/bench`` or
