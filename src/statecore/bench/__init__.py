@@ -176,6 +176,9 @@ def plot(records: List[Record], path: str) -> None:
             ax.annotate(g[0], (0, g[1]), fontsize=6, color="#d62728", va="bottom")
         if unit != "ratio" and all(r["value"] > 0 for r in rs):
             ax.set_yscale("log")
+            # A log axis autoscaled to close values starts just below the smallest bar, which
+            # then looks many times shorter than one 5% taller: start a decade below instead.
+            ax.set_ylim(bottom=min([r["value"] for r in rs] + [g["value"] for g in goals if g["value"] > 0]) / 10)
         ax.set_title(c, fontsize=9)
         ax.set_ylabel(unit, fontsize=8)
         ax.tick_params(axis="y", labelsize=8)
