@@ -178,7 +178,8 @@ def plot(records: List[Record], path: str) -> None:
             ax.set_yscale("log")
             # A log axis autoscaled to close values starts just below the smallest bar, which
             # then looks many times shorter than one 5% taller: start a decade below instead.
-            ax.set_ylim(bottom=min([r["value"] for r in rs] + [g["value"] for g in goals if g["value"] > 0]) / 10)
+            low = min([r["value"] for r in rs] + [g["value"] for g in goals if g["value"] > 0])
+            ax.set_ylim(bottom=low / 10)
         ax.set_title(c, fontsize=9)
         ax.set_ylabel(unit, fontsize=8)
         ax.tick_params(axis="y", labelsize=8)

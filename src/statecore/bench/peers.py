@@ -66,7 +66,6 @@ the python backend on batches (increments, puts, gets); <= 40 bytes per int64 ->
 from __future__ import annotations
 
 import gc
-import os
 import shutil
 import sys
 import tempfile
