@@ -192,8 +192,27 @@ class AggregatingH(_Harness):
         return sum(xs) / len(xs)
 
 
+class AggregatingBatchH(AggregatingH):
+    batch = True
+
+    def write(self, x):
+        self.state.add_batch(pa.array([KEY]), pa.array([x]))
+
+    def read(self):
+        return self.state.get_batch(pa.array([KEY])).to_pylist()[0]
+
+
+class VectorizedReducingBatchH(ReducingBatchH):
+    def descriptor(self):
+        import pyarrow.compute as pc
+
+        from statecore.descriptors import Reducer
+
+        return ReducingStateDescriptor("s", Reducer.vectorized(pc.add), "int64")
+
+
 HARNESSES = [ValueH, ValueBatchH, ListH, ListBatchH, MapH, MapBatchH, ReducingH, ReducingBatchH,
-             AggregatingH]
+             VectorizedReducingBatchH, AggregatingH, AggregatingBatchH]
 
 
 class Scenario:

@@ -48,6 +48,69 @@ def _scenario_6_state(kind, cfg=EVERY_RECORD, n=1000, alive=30):
     return b, v, clock
 
 
+class _Avg:
+    def create_accumulator(self):
+        return [0, 0]
+
+    def add(self, value, acc):
+        return [acc[0] + value, acc[1] + 1]
+
+    def get_result(self, acc):
+        return acc[0] / acc[1]
+
+
+# state kind -> (descriptor, per-record write(state, k), batch write(state, keys array))
+_SCENARIO_6_KINDS = {
+    "value": (lambda: ValueStateDescriptor("s", "int64"),
+              lambda st, k: st.update(k), lambda st, ks: st.put_batch(ks, ks)),
+    "list": (lambda: ListStateDescriptor("s", "int64"),
+             lambda st, k: st.add(k), lambda st, ks: st.append_batch(ks, ks)),
+    "map": (lambda: MapStateDescriptor("s", "int64", "int64"),
+            lambda st, k: st.put(k, k), lambda st, ks: st.put_batch(ks, ks, ks)),
+    "reducing": (lambda: ReducingStateDescriptor("s", "sum", "int64"),
+                 lambda st, k: st.add(k), lambda st, ks: st.add_batch(ks, ks)),
+    "aggregating": (lambda: __import__("statecore").AggregatingStateDescriptor("s", _Avg()),
+                    lambda st, k: st.add(k), lambda st, ks: st.add_batch(ks, ks)),
+}
+
+
+@KIND
+@pytest.mark.parametrize("state_kind", sorted(_SCENARIO_6_KINDS))
+@pytest.mark.parametrize("api", ["per_record", "batch"])
+@pytest.mark.parametrize("restored", [False, True], ids=["live", "restored"])
+def test_scenario_6_for_every_state_kind_and_api(kind, state_kind, api, restored):
+    """Flink scenario 6 for each state kind, written per record or per batch, on the live
+    backend or on one restored from its snapshot: 970 of 1000 keys (one value / list element /
+    map entry each) expired at 120; setting the current key on each key, with no state access,
+    clears exactly those."""
+    make, per_record, batch = _SCENARIO_6_KINDS[state_kind]
+    clock = ManualClock(0)
+    b = create_backend(kind, key_type="int64", ttl_clock=clock)
+    st = b.get_state(make().enable_time_to_live(EVERY_RECORD))
+    for t, ks in ((0, range(970)), (50, range(970, 1000))):
+        clock.set(t)
+        if api == "batch":
+            batch(st, pa.array(list(ks), pa.int64()))
+        else:
+            for k in ks:
+                b.set_current_key(k)
+                per_record(st, k)
+    clock.set(120)
+    before = b.ttl_statistics()["incremental"]  # the writes' own steps removed nothing (t <= 50)
+    assert before == 0 and b.num_entries() == 1000
+    if restored:
+        snap = b.snapshot()
+        b = create_backend(kind, key_type="int64", ttl_clock=clock)
+        b.restore(snap)
+        snap.release()
+        b.get_state(make().enable_time_to_live(EVERY_RECORD))
+    for k in range(1000):
+        b.set_current_key(k)
+    assert b.num_entries() == 30
+    assert b.ttl_statistics()["incremental"] == 970
+    assert b.ttl_statistics()["read"] == 0
+
+
 @KIND
 def test_scenario_6_setting_the_current_key_cleans_everything(kind):
     b, _, _ = _scenario_6_state(kind)
@@ -357,6 +420,136 @@ def test_compaction_filter_keeps_short_values_trims_lists_and_maps():
     k, v, n = compaction_filter("map", None, 100, tp, keys.slice(0, 1),
                                 pa.array([b"".join(ent)], pa.binary()))
     assert v.to_pylist() == [ent[1]] and n == 2
+
+
+# The native compaction filter (statecore._native.ttl_filter_entries per chunk) against the
+# Python reference (native=False): keys, values, counts and clock reads identical.
+
+@st.composite
+def _compaction_value(draw, kind, width):
+    """A TTL value of ``kind`` as _ttl_value draws it, or one of the edge cases the filter must
+    keep alike: a value too short for a timestamp, an empty list/map value, a map entry whose user
+    value is too short for one."""
+    shape = draw(st.sampled_from(["normal", "normal", "normal", "edge"]))
+    if shape == "normal":
+        return draw(_ttl_value(kind, width))
+    if kind == "value":
+        return draw(st.binary(max_size=7))
+    if kind == "list":
+        return b""
+    uk = draw(st.binary(max_size=3))
+    short = S.write_varlen(len(uk)) + uk + S.write_varlen(2) + b"ab"
+    return draw(st.sampled_from([b"", short, short + draw(_ttl_value("map", None))]))
+
+
+def _run_compaction_filter(kind, width, groups, period, times, native):
+    clock = _CountingClock(times)
+    tp = CompactionTimeProvider(clock, period)
+    out = []
+    for g, vals in enumerate(groups):
+        keys = pa.array([bytes([g, i]) for i in range(len(vals))], pa.binary())
+        values = pa.array(vals, pa.binary())
+        k, v, n = compaction_filter(kind, width, 100, tp, keys, values, native=native)
+        out.append((k.to_pylist(), v.to_pylist(), n, str(k.type), str(v.type),
+                    k is keys, v is values))
+    return out, clock.calls, tp.queries
+
+
+@pytest.mark.skipif(_native is None, reason="native extension not built")
+@pytest.mark.parametrize("kind,width", [("value", None), ("list", 8), ("list", 3),
+                                        ("list", None), ("map", None)])
+@settings(max_examples=60, derandomize=True, deadline=None)
+@given(data=st.data())
+def test_native_compaction_filter_agrees_with_python(kind, width, data):
+    # Several key groups in a row with a small period: chunks end mid key group and the count
+    # carries across groups, and the clock moves (also backwards) between chunks.
+    groups = data.draw(st.lists(st.lists(_compaction_value(kind, width), max_size=9),
+                                min_size=1, max_size=4))
+    period = data.draw(st.integers(1, 6))
+    times = data.draw(st.lists(_times, min_size=1, max_size=12))
+    want = _run_compaction_filter(kind, width, groups, period, times, native=False)
+    got = _run_compaction_filter(kind, width, groups, period, times, native=True)
+    assert got == want
+
+
+@pytest.mark.skipif(_native is None, reason="native extension not built")
+def test_native_chunk_filter_reads_large_binary_and_sliced_arrays():
+    keys = pa.array([bytes([0, i]) for i in range(6)], pa.binary())
+    vals = _vals([0, 90, 10, 80, 20, 70])
+    want = filter_entries("value", None, 100, 150, keys.slice(1, 4), vals.slice(1, 4))
+    for k, v in [(keys.slice(1, 4), vals.slice(1, 4)),
+                 (keys.cast(pa.large_binary()).slice(1, 4), vals.cast(pa.large_binary()).slice(1, 4))]:
+        got = _native.ttl_filter_entries("value", None, 100, 150, k, v)
+        assert got[0].to_pylist() == want[0].to_pylist() == [bytes([0, 1]), bytes([0, 3])]
+        assert got[1].equals(want[1]) and got[1].type == pa.binary() and got[2] == want[2] == 2
+    with pytest.raises(InvalidInputError, match="3 keys but 4 values"):
+        _native.ttl_filter_entries("value", None, 100, 150, keys.slice(0, 3), vals.slice(0, 4))
+    with pytest.raises(InvalidInputError, match="binary"):
+        _native.ttl_filter_entries("value", None, 100, 150, keys, pa.array(range(6)))
+
+
+@pytest.mark.skipif(_native is None, reason="native extension not built")
+@pytest.mark.parametrize("now", [2**64, 2**63 - 1, -2**63, -2**64])
+def test_native_chunk_filter_takes_times_beyond_int64(now):
+    keys = pa.array([bytes([0, i]) for i in range(3)], pa.binary())
+    vals = _vals([0, 2**63 - 1, -2**63])
+    want = filter_entries("value", None, 100, now, keys, vals)
+    got = _native.ttl_filter_entries("value", None, 100, now, keys, vals)
+    assert (got[0].to_pylist(), got[1].to_pylist(), got[2]) == \
+        (want[0].to_pylist(), want[1].to_pylist(), want[2])
+
+
+_BROKEN = [("list", 4, b"\x00\x00\x00\x01" + _ts(0) + b"\x00"),  # truncated 2nd element
+           ("list", None, b"\x05ab"),                               # varlen past the end
+           ("list", None, b"\x80"),                                 # truncated varlen
+           ("list", None, b"\xff" * 11),                            # varlen over 64 bits
+           ("map", None, b"\x01a\x09" + _ts(0)),                     # user value cut short
+           ("map", None, b"\x03a")]                                 # user key cut short
+
+
+@pytest.mark.skipif(_native is None, reason="native extension not built")
+@pytest.mark.parametrize("kind,width,broken", _BROKEN)
+@pytest.mark.parametrize("native", [False, True])
+def test_compaction_filter_rejects_a_broken_layout_on_both_paths(kind, width, broken, native):
+    tp = CompactionTimeProvider(lambda: 150, 1000)
+    keys = pa.array([b"\x00a", b"\x00b"], pa.binary())
+    good = {"list": (S.write_varlen(0) + _ts(200)) if width is None else b"\x00" * width + _ts(200),
+            "map": S.write_varlen(1) + b"k" + S.write_varlen(8) + _ts(200)}[kind]
+    with pytest.raises(InvalidInputError, match="truncated|varlen|longer"):
+        compaction_filter(kind, width, 100, tp, keys, pa.array([good, broken], pa.binary()),
+                          native=native)
+
+
+@pytest.mark.parametrize("native", [False, True] if _native is not None else [False])
+def test_compaction_filter_rejects_null_values_on_both_paths(native):
+    tp = CompactionTimeProvider(lambda: 150, 1000)
+    keys = pa.array([b"\x00a", b"\x00b"], pa.binary())
+    with pytest.raises(InvalidInputError, match="NULL"):
+        compaction_filter("value", None, 100, tp, keys, pa.array([_ts(0), None], pa.binary()),
+                          native=native)
+
+
+@pytest.mark.parametrize("native", [False, True] if _native is not None else [False])
+def test_store_compaction_reports_a_broken_layout_as_corrupt(native, monkeypatch):
+    """_RangeView turns the filter's InvalidInputError into CorruptCheckpointError naming the
+    state and key group, whichever path filtered."""
+    from statecore import ttl as ttl_module
+    from statecore.checkpoint import store as store_module
+    from statecore.errors import CorruptCheckpointError
+
+    class _Reader:
+        max_parallelism, key_type, assigner = 128, "int64", "spark"
+
+        def entries(self, name, kg):
+            return pa.array([b"\x00a"], pa.binary()), pa.array([b"\x05ab"], pa.binary())
+
+    real = ttl_module.compaction_filter
+    monkeypatch.setattr(store_module, "compaction_filter",
+                        lambda *a: real(*a, native=native))
+    view = store_module._RangeView(_Reader(), 0, 3, {
+        "l": ("list", None, 100, CompactionTimeProvider(lambda: 0, 10))})
+    with pytest.raises(CorruptCheckpointError, match="'l', key group 2: TTL value layout broken"):
+        view.entries("l", 2)
 
 
 @KIND

@@ -444,6 +444,16 @@ void fold_reducer(Reducer r, StateTable& table, const int32_t* kgs, RowKeys& rk,
                           [](T acc, T v, T* res) { return *res = v > acc ? v : acc, true; },
                           value_at, out, valid, ttl, expired);
       break;
+    case Reducer::First:
+      fold_rows<T, false>(table, kgs, rk, values,
+                          [](T acc, T, T* res) { return *res = acc, true; }, value_at, out,
+                          valid, ttl, expired);
+      break;
+    case Reducer::Last:
+      fold_rows<T, false>(table, kgs, rk, values,
+                          [](T, T v, T* res) { return *res = v, true; }, value_at, out, valid,
+                          ttl, expired);
+      break;
     case Reducer::Count:
       break;  // handled by the caller (different value input)
   }
@@ -590,7 +600,7 @@ void add_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
            std::to_string(keys.length()));
   } else {
     if (value_type != ValueType::Int64 && value_type != ValueType::Float64)
-      fail(std::string("add_batch: Sum/Min/Max need an int64 or float64 state, not ") +
+      fail(std::string("add_batch: Sum/Min/Max/First/Last need an int64 or float64 state, not ") +
            value_type_name(value_type));
     check_values(value_type, keys, values);
   }

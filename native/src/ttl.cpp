@@ -154,6 +154,58 @@ size_t filter_run(const FilterSpec& spec, int64_t now, const SortedRun& in, Sort
   return expired_count;
 }
 
+namespace {
+
+template <class Offset>
+ValuesFiltered filter_values_impl(const FilterSpec& spec, int64_t now, const uint8_t* data,
+                                  size_t data_size, const Offset* offsets, size_t n,
+                                  uint8_t* keep, Offset* out_offsets, uint8_t* out_data) {
+  ValuesFiltered r;
+  // The offsets come from a Python caller's Arrow buffers: check them before reading the bytes.
+  if (n > 0 && (offsets[0] < 0 || static_cast<uint64_t>(offsets[n]) > data_size))
+    throw std::invalid_argument("value offsets [" + std::to_string(offsets[0]) + ", " +
+                                std::to_string(offsets[n]) + "] outside the " +
+                                std::to_string(data_size) + "-byte data buffer");
+  std::vector<uint8_t> trimmed;
+  out_offsets[0] = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const Offset b = offsets[i], e = offsets[i + 1];
+    if (e < b)
+      throw std::invalid_argument("value " + std::to_string(i) + ": decreasing offsets");
+    const ByteView v{data + b, static_cast<size_t>(e - b)};
+    FilterResult res;
+    try {
+      res = filter_value(spec, now, v, &trimmed, &r.expired);
+    } catch (const std::invalid_argument& err) {
+      throw std::invalid_argument("value " + std::to_string(i) + ": " + err.what());
+    }
+    // An empty list/map value holds nothing alive: dropped (expired count 0), as the full
+    // snapshot filter drops it.
+    keep[i] = res != FilterResult::Drop;
+    if (res == FilterResult::Drop) continue;
+    const uint8_t* src = res == FilterResult::Keep ? v.data : trimmed.data();
+    const size_t size = res == FilterResult::Keep ? v.size : trimmed.size();
+    if (size) std::memcpy(out_data + r.data_bytes, src, size);
+    r.data_bytes += size;
+    out_offsets[++r.kept] = static_cast<Offset>(r.data_bytes);
+  }
+  return r;
+}
+
+}  // namespace
+
+ValuesFiltered filter_values(const FilterSpec& spec, int64_t now, const uint8_t* data,
+                             size_t data_size, const int32_t* offsets, size_t n, uint8_t* keep,
+                             int32_t* out_offsets, uint8_t* out_data) {
+  return filter_values_impl(spec, now, data, data_size, offsets, n, keep, out_offsets, out_data);
+}
+
+ValuesFiltered filter_values(const FilterSpec& spec, int64_t now, const uint8_t* data,
+                             size_t data_size, const int64_t* offsets, size_t n, uint8_t* keep,
+                             int64_t* out_offsets, uint8_t* out_data) {
+  return filter_values_impl(spec, now, data, data_size, offsets, n, keep, out_offsets, out_data);
+}
+
 CleanupStep cleanup_step(StateMap& map, uint64_t* cursor, size_t min_entries,
                          const FilterSpec& spec, int64_t now, SortedRun* scratch) {
   CleanupStep step;

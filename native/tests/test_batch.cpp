@@ -285,6 +285,19 @@ TEST(min_max_count_float64) {
   const double want_max[6] = {5.0, 0, 5.0, 9.0, -1.0, 0};
   for (int i = 0; i < 6; ++i)
     if (want_valid[i]) CHECK_EQ(out[i], want_max[i]);
+  // First keeps the first non-null value, Last takes every non-null one; nulls show the state.
+  StateTable tfirst(0, 127);
+  add_batch(tfirst, sp, keys.in(), ValueType::Float64, Reducer::First, vals.in(), out, valid);
+  const double want_first[6] = {5.0, 0, 5.0, 5.0, -1.0, 0};
+  for (int i = 0; i < 6; ++i) {
+    CHECK_EQ(int(valid[i]), int(want_valid[i]));
+    if (want_valid[i]) CHECK_EQ(out[i], want_first[i]);
+  }
+  StateTable tlast(0, 127);
+  add_batch(tlast, sp, keys.in(), ValueType::Float64, Reducer::Last, vals.in(), out, valid);
+  const double want_last[6] = {5.0, 0, 3.0, 9.0, -1.0, 0};
+  for (int i = 0; i < 6; ++i)
+    if (want_valid[i]) CHECK_EQ(out[i], want_last[i]);
 
   // Count: +1 per non-null value, whatever the value type; int64 output.
   StateTable tc(0, 127);
@@ -806,7 +819,8 @@ TEST(ttl_add_batch_expired_aggregate_starts_over_whatever_the_visibility) {
   for (bool ret : {false, true}) {
     StateTable t(0, 127);
     put_entry(t, 1, 100, 0);
-    for (Reducer red : {Reducer::Sum, Reducer::Min, Reducer::Max, Reducer::Count}) {
+    for (Reducer red : {Reducer::Sum, Reducer::Min, Reducer::Max, Reducer::Count, Reducer::First,
+                        Reducer::Last}) {
       put_entry(t, 1, 100, 0);
       GetResult r = ttl_add(t, I64{1, 1}, I64{5, 3}, ttl_at(10, 10, false, ret), red);
       std::vector<std::optional<int64_t>> want;
@@ -815,6 +829,8 @@ TEST(ttl_add_batch_expired_aggregate_starts_over_whatever_the_visibility) {
         case Reducer::Min: want = {5, 3}; break;
         case Reducer::Max: want = {5, 5}; break;
         case Reducer::Count: want = {1, 2}; break;
+        case Reducer::First: want = {5, 5}; break;
+        case Reducer::Last: want = {5, 3}; break;
       }
       CHECK(r.values == want);
       CHECK_EQ(r.expired, int64_t{1});

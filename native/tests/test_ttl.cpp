@@ -320,6 +320,148 @@ TEST(filter_run_keeps_order_and_counts) {
   CHECK_THROWS(filter_run(spec, 150, in, out), std::invalid_argument);
 }
 
+namespace {
+
+// A block of values in Arrow binary layout, filtered with filter_values and with filter_value one
+// by one: both must give the same kept values, bytes and count.
+template <class Offset>
+void check_block_agrees(const FilterSpec& spec, int64_t now, const std::vector<Bytes>& values,
+                        size_t lead) {
+  Bytes data(lead, 0xee);  // the block need not start at byte 0 of its buffer (a sliced array)
+  std::vector<Offset> offsets{static_cast<Offset>(lead)};
+  for (const auto& v : values) {
+    data.insert(data.end(), v.begin(), v.end());
+    offsets.push_back(static_cast<Offset>(data.size()));
+  }
+  const size_t n = values.size();
+  std::vector<uint8_t> keep(n, 9);
+  std::vector<Offset> out_offsets(n + 1, -1);
+  Bytes out_data(data.size() - lead);
+  ValuesFiltered r = filter_values(spec, now, data.data(), data.size(), offsets.data(), n,
+                                   keep.data(), out_offsets.data(), out_data.data());
+  size_t want_expired = 0, kept = 0;
+  Bytes trimmed, want_data;
+  for (size_t i = 0; i < n; ++i) {
+    FilterResult res = filter_value(spec, now, ByteView{values[i].data(), values[i].size()},
+                                    &trimmed, &want_expired);
+    if (res == FilterResult::Drop && want_expired == 0) res = FilterResult::Keep;  // see ttl.h
+    CHECK_EQ(keep[i], res == FilterResult::Drop ? 0 : 1);
+    if (res == FilterResult::Drop) continue;
+    const Bytes& got = res == FilterResult::Keep ? values[i] : trimmed;
+    want_data.insert(want_data.end(), got.begin(), got.end());
+    ++kept;
+    CHECK_EQ(static_cast<size_t>(out_offsets[kept]), want_data.size());
+  }
+  CHECK_EQ(out_offsets[0], Offset{0});
+  CHECK_EQ(r.kept, kept);
+  CHECK_EQ(r.data_bytes, want_data.size());
+  CHECK_EQ(r.expired, want_expired);
+  CHECK(Bytes(out_data.begin(), out_data.begin() + r.data_bytes) == want_data);
+}
+
+}  // namespace
+
+TEST(filter_values_agrees_with_filter_value_per_value) {
+  FilterSpec spec;
+  spec.ttl_ms = 100;
+  std::vector<Bytes> values{value({1}, 0), value({2}, 90), Bytes{1, 2, 3}, Bytes{},
+                            value({3, 4}, 10)};
+  check_block_agrees<int32_t>(spec, 150, values, 0);
+  check_block_agrees<int64_t>(spec, 150, values, 5);
+  check_block_agrees<int32_t>(spec, 0, values, 3);  // nothing expires
+  spec.layout = Layout::List;
+  spec.fixed_width = 8;
+  Bytes l1, l2, l3;
+  fixed_elem(l1, 1, 8, 10);
+  fixed_elem(l1, 2, 8, 60);  // trimmed to this element at 150
+  fixed_elem(l2, 3, 8, 0);   // dropped
+  fixed_elem(l3, 4, 8, 90);  // kept whole
+  check_block_agrees<int32_t>(spec, 150, {l1, l2, l3, Bytes{}}, 2);
+  check_block_agrees<int64_t>(spec, 150, {l1, l2, l3}, 0);
+  spec.fixed_width = 0;
+  Bytes v1, v2;
+  var_elem(v1, 0, 10);
+  var_elem(v1, 200, 70);
+  var_elem(v2, 3, 0);
+  check_block_agrees<int32_t>(spec, 150, {v1, v2, v1}, 1);
+  spec.layout = Layout::Map;
+  Bytes m1, m2;
+  map_entry(m1, 'a', 10);
+  map_entry(m1, 'b', 90);
+  map_entry(m1, 'c', 20);
+  map_entry(m2, 'd', 0);
+  check_block_agrees<int64_t>(spec, 150, {m1, m2, Bytes{}, m1}, 4);
+  check_block_agrees<int32_t>(spec, 150, {}, 0);
+}
+
+TEST(filter_values_drops_empty_values_wherever_they_are) {
+  // An empty list/map value holds nothing alive: dropped with nothing counted, before or after
+  // an expiry, as the full-snapshot filter and the Python reference drop it.
+  FilterSpec spec;
+  spec.layout = Layout::Map;
+  spec.ttl_ms = 100;
+  Bytes m1;
+  map_entry(m1, 'a', 0);
+  const std::vector<Bytes> values{Bytes{}, m1, Bytes{}};
+  Bytes data;
+  std::vector<int32_t> offsets{0};
+  for (const auto& v : values) {
+    data.insert(data.end(), v.begin(), v.end());
+    offsets.push_back(static_cast<int32_t>(data.size()));
+  }
+  std::vector<uint8_t> keep(3);
+  std::vector<int32_t> out_offsets(4);
+  Bytes out(data.size());
+  ValuesFiltered r = filter_values(spec, 150, data.data(), data.size(), offsets.data(), 3,
+                                   keep.data(), out_offsets.data(), out.data());
+  CHECK(keep == (std::vector<uint8_t>{0, 0, 0}));
+  CHECK_EQ(r.kept, size_t{0});
+  CHECK_EQ(r.expired, size_t{1});
+  r = filter_values(spec, 0, data.data(), data.size(), offsets.data(), 3, keep.data(),
+                    out_offsets.data(), out.data());  // nothing expires: only m1 stays
+  CHECK(keep == (std::vector<uint8_t>{0, 1, 0}));
+  CHECK_EQ(r.kept, size_t{1});
+  CHECK_EQ(r.expired, size_t{0});
+}
+
+TEST(filter_values_rejects_bad_offsets_and_names_the_broken_value) {
+  FilterSpec spec;
+  spec.ttl_ms = 100;
+  Bytes data = value({1}, 0);
+  std::vector<uint8_t> keep(2);
+  std::vector<int32_t> out_offsets(3);
+  Bytes out(data.size());
+  std::vector<int32_t> past_end{0, static_cast<int32_t>(data.size()) + 1};
+  CHECK_THROWS(filter_values(spec, 0, data.data(), data.size(), past_end.data(), 1, keep.data(),
+                             out_offsets.data(), out.data()),
+               std::invalid_argument);
+  std::vector<int32_t> negative{-1, 3};
+  CHECK_THROWS(filter_values(spec, 0, data.data(), data.size(), negative.data(), 1, keep.data(),
+                             out_offsets.data(), out.data()),
+               std::invalid_argument);
+  std::vector<int32_t> decreasing{0, 5, 3};
+  CHECK_THROWS(filter_values(spec, 0, data.data(), data.size(), decreasing.data(), 2, keep.data(),
+                             out_offsets.data(), out.data()),
+               std::invalid_argument);
+  // Value 1 is a list truncated mid-element: the message names it.
+  spec.layout = Layout::List;
+  spec.fixed_width = 4;
+  Bytes lists;
+  fixed_elem(lists, 1, 4, 0);
+  fixed_elem(lists, 2, 4, 0);
+  lists.pop_back();
+  std::vector<int32_t> two{0, 12, static_cast<int32_t>(lists.size())};
+  Bytes out2(lists.size());
+  std::string what;
+  try {
+    filter_values(spec, 0, lists.data(), lists.size(), two.data(), 2, keep.data(),
+                  out_offsets.data(), out2.data());
+  } catch (const std::invalid_argument& e) {
+    what = e.what();
+  }
+  CHECK(what.rfind("value 1: truncated list element", 0) == 0);
+}
+
 TEST(table_cursor_walks_every_key_group_and_wraps) {
   StateTable t(3, 9);
   // Flink scenario 6 shape: 970 of 1000 entries expired, spread over key groups 3..9.

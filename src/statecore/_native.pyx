@@ -28,7 +28,7 @@ _KEY_TYPES = {"int32": c.KeyType.Int32, "int64": c.KeyType.Int64,
 _VALUE_TYPES = {"int64": c.ValueType.Int64, "float64": c.ValueType.Float64,
                 "string": c.ValueType.String, "binary": c.ValueType.Binary}
 _REDUCERS = {"sum": c.Reducer.Sum, "min": c.Reducer.Min, "max": c.Reducer.Max,
-             "count": c.Reducer.Count}
+             "count": c.Reducer.Count, "first": c.Reducer.First, "last": c.Reducer.Last}
 
 #: Value types the batch kernels serve natively (others go through the per-row path).
 BATCH_VALUE_TYPES = frozenset(_VALUE_TYPES)
@@ -221,6 +221,100 @@ cdef c.FilterSpec _ttl_filter_spec(str kind, fixed_width, int64_t ttl_ms) except
         raise InvalidInputError(f"no TTL filter for state kind {kind!r}")
     spec.ttl_ms = ttl_ms
     return spec
+
+
+_ZERO_BYTE = np.zeros(1, np.uint8)  # a valid address for an empty data buffer
+
+
+def ttl_filter_entries(str kind, fixed_width, int64_t ttl_ms, now_ms, keys, values):
+    """:func:`statecore.ttl.filter_entries` in C++ (ttl.h ``filter_values``, the frocksdb
+    ``FlinkCompactionFilter`` rule of ``filter_value``) over one chunk of a key group: ``keys``
+    and ``values`` are ``pa.binary()`` or ``pa.large_binary()`` arrays of equal length (sliced
+    ones too), ``now_ms`` the time (int, ms) of the whole chunk, the other arguments as
+    :func:`statecore.ttl.filter_expired`. The values are read from the Arrow buffers in place
+    with the GIL released; no Python object is made per value.
+
+    Returns what ``filter_entries`` returns: ``(keys, values, expired)`` -- the same array
+    objects and 0 when nothing changed, otherwise new ``pa.binary()`` arrays without the dropped
+    entries and with trimmed values (an empty list or map value holds nothing alive and is
+    dropped, with nothing counted).
+    ``expired`` counts the values, list elements and map entries removed. Raises
+    InvalidInputError naming the value for a list or map value whose layout is broken, and for
+    mismatched lengths, another value type, a NULL value (tombstone) or offsets outside the data
+    buffer."""
+    cdef c.FilterSpec spec = _ttl_filter_spec(kind, fixed_width, ttl_ms)
+    # Exact for any int: beyond INT64_MAX only entries whose ts + ttl overflows are unexpired,
+    # as at INT64_MAX; below INT64_MIN nothing is expired, as at INT64_MIN.
+    cdef int64_t now = max(-2**63, min(now_ms, 2**63 - 1))
+    cdef int64_t n = len(values)
+    cdef int64_t start
+    cdef bint large
+    cdef const uint8_t[::1] data
+    cdef size_t data_size
+    cdef const int32_t[::1] off32
+    cdef const int64_t[::1] off64
+    cdef int32_t[::1] out32
+    cdef int64_t[::1] out64
+    cdef uint8_t[::1] keep
+    cdef uint8_t[::1] out_data
+    cdef c.ValuesFiltered r
+    if len(keys) != n:
+        raise InvalidInputError(f"{len(keys)} keys but {n} values")
+    if n == 0:
+        return keys, values, 0
+    if values.type == pa.binary():
+        large = False
+    elif values.type == pa.large_binary():
+        large = True
+    else:
+        raise InvalidInputError(f"TTL values must be binary or large_binary, got {values.type}")
+    if values.null_count:
+        raise InvalidInputError("a NULL value (tombstone) among the values to filter")
+    bufs = values.buffers()
+    start = values.offset
+    if bufs[2] is not None and bufs[2].size:
+        data = np.frombuffer(bufs[2], np.uint8)
+        data_size = data.shape[0]
+    else:
+        data = _ZERO_BYTE
+        data_size = 0
+    offsets = np.frombuffer(bufs[1], np.int64 if large else np.int32)[start:start + n + 1]
+    if offsets.shape[0] != n + 1:
+        raise InvalidInputError(f"the offsets buffer is too short for {n} values")
+    # Filtering never makes a value longer: the chunk's byte span bounds the output.
+    span = max(int(offsets[n]) - int(offsets[0]), 0)
+    keep_np = np.empty(n, np.uint8)
+    data_np = np.empty(max(span, 1), np.uint8)
+    keep = keep_np
+    out_data = data_np
+    try:
+        if large:
+            off64 = offsets
+            out_np = np.empty(n + 1, np.int64)
+            out64 = out_np
+            with nogil:
+                r = c.filter_values(spec, now, &data[0], data_size, &off64[0], n, &keep[0],
+                                    &out64[0], &out_data[0])
+        else:
+            off32 = offsets
+            out_np = np.empty(n + 1, np.int32)
+            out32 = out_np
+            with nogil:
+                r = c.filter_values(spec, now, &data[0], data_size, &off32[0], n, &keep[0],
+                                    &out32[0], &out_data[0])
+    except ValueError as e:
+        raise InvalidInputError(str(e)) from None
+    if r.expired == 0 and r.kept == <size_t>n:  # trims only come with expiries
+        return keys, values, 0
+    out_keys = keys.filter(pa.array(keep_np.view(np.bool_)))
+    if out_keys.type != pa.binary():
+        out_keys = out_keys.cast(pa.binary())
+    out_values = pa.Array.from_buffers(
+        pa.large_binary() if large else pa.binary(), r.kept,
+        [None, pa.py_buffer(out_np[:r.kept + 1]), pa.py_buffer(data_np[:r.data_bytes])])
+    if large:
+        out_values = out_values.cast(pa.binary())
+    return out_keys, out_values, r.expired
 
 
 cdef class NativeTableSnapshot:

@@ -134,6 +134,8 @@ cdef extern from "statecore/batch.h" namespace "statecore" nogil:
         Min
         Max
         Count
+        First
+        Last
 
     cdef cppclass BatchKeySpec:
         KeyType kind
@@ -210,6 +212,18 @@ cdef extern from "statecore/ttl.h" namespace "statecore::ttl" nogil:
         size_t rewritten
         size_t removed
         size_t expired
+
+    cdef cppclass ValuesFiltered:
+        size_t kept
+        size_t data_bytes
+        size_t expired
+
+    ValuesFiltered filter_values(const FilterSpec& spec, int64_t now, const uint8_t* data,
+                                 size_t data_size, const int32_t* offsets, size_t n,
+                                 uint8_t* keep, int32_t* out_offsets, uint8_t* out_data) except +
+    ValuesFiltered filter_values(const FilterSpec& spec, int64_t now, const uint8_t* data,
+                                 size_t data_size, const int64_t* offsets, size_t n,
+                                 uint8_t* keep, int64_t* out_offsets, uint8_t* out_data) except +
 
     MigrationResult migrate(StateTable& table, const MigrationSpec& spec) except +
 

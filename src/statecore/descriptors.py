@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 USER_KEY_TYPES = ("int32", "int64", "string", "binary", "pickle")
-BUILTIN_REDUCERS = ("sum", "min", "max", "count")
+BUILTIN_REDUCERS = ("sum", "min", "max", "count", "first", "last")
 _NUMERIC = ("int32", "int64", "float64")
 
 # Meta fields that must agree between a descriptor and restored state (others are informative).
@@ -203,12 +203,18 @@ class MapStateDescriptor(StateDescriptor):
 class Reducer:
     """A reduce function for ReducingState: ``add(acc, v)`` returns the new aggregate, with
     ``acc`` None for the first value. Built-ins: ``sum``, ``min``, ``max`` (first value is the
-    value itself) and ``count`` (number of non-None values added; first add gives 1). A custom
-    Python callable ``f(a, b) -> c`` behaves like Flink's ``ReduceFunction``."""
+    value itself), ``count`` (number of non-None values added; first add gives 1), ``first``
+    (the first value added is kept) and ``last`` (the latest value added). A custom Python
+    callable ``f(a, b) -> c`` behaves like Flink's ``ReduceFunction``; :meth:`vectorized` makes
+    one that works on Arrow arrays, called once per round of a batch instead of once per row."""
+
+    #: Set by :meth:`vectorized`: ``fn`` takes and returns Arrow arrays.
+    is_vectorized = False
 
     def __init__(self, spec):
         if isinstance(spec, Reducer):
             self.name, self.fn = spec.name, spec.fn
+            self.is_vectorized = spec.is_vectorized
         elif isinstance(spec, str):
             if spec not in BUILTIN_REDUCERS:
                 raise InvalidInputError(
@@ -219,6 +225,23 @@ class Reducer:
             self.name, self.fn = "custom", spec
         else:
             raise InvalidInputError(f"reducer must be a built-in name or a callable, got {spec!r}")
+
+    @classmethod
+    def vectorized(cls, fn) -> "Reducer":
+        """A reduce function over Arrow arrays: ``fn(accumulators, values) -> array``, both
+        arguments of the state's value type, equal length, no nulls; the result has that
+        length and type (castable) and no nulls: element ``i`` reduces ``accumulators[i]``
+        with ``values[i]``. ``add_batch`` calls it once per *round* -- round ``r`` holds the
+        ``r``-th non-null row of every key of the batch -- so a batch costs as many calls as
+        its most repeated key has rows (one call when keys are distinct), and the rows of one
+        key still fold in row order. ``add`` calls it with arrays of length 1. The state's
+        value type must be typed (not pickle). Raises InvalidInputError unless ``fn`` is
+        callable."""
+        if not callable(fn):
+            raise InvalidInputError(f"a vectorized reducer needs a callable, got {fn!r}")
+        r = cls(fn)
+        r.name, r.is_vectorized = "vectorized", True
+        return r
 
     @property
     def builtin(self) -> bool:
@@ -231,13 +254,47 @@ class Reducer:
             return 1 if acc is None else acc + 1
         if acc is None:
             return v
+        if n == "first":
+            return acc
+        if n == "last":
+            return v
         if n == "sum":
             return acc + v
         if n == "min":
             return v if v < acc else acc
         if n == "max":
             return v if v > acc else acc
+        if self.is_vectorized:
+            return self.fold_arrays([acc], [v])[0]
         return self.fn(acc, v)
+
+    def fold_arrays(self, accs: list, values: list) -> list:
+        """The vectorized function over two equal-length lists of non-null Python values of
+        the state's value type (``self.arrow_type``, set by the descriptor): the reduced values
+        as a list. Raises InvalidInputError when ``fn`` fails or returns a wrong array."""
+        import pyarrow as pa
+
+        t = self.arrow_type
+        try:
+            got = self.fn(pa.array(accs, t), pa.array(values, t))
+        except InvalidInputError:
+            raise
+        except Exception as e:
+            raise InvalidInputError(f"vectorized reducer failed: {type(e).__name__}: {e}") from e
+        if isinstance(got, pa.ChunkedArray):
+            got = got.combine_chunks()
+        if not isinstance(got, pa.Array) or len(got) != len(accs):
+            raise InvalidInputError(
+                f"vectorized reducer must return an Arrow array of length {len(accs)}, got "
+                f"{type(got).__name__}" + (f" of length {len(got)}" if isinstance(got, pa.Array) else ""))
+        if got.type != t:
+            try:
+                got = got.cast(t)
+            except Exception as e:
+                raise InvalidInputError(f"vectorized reducer returned {got.type}, not {t}: {e}") from e
+        if got.null_count:
+            raise InvalidInputError(f"vectorized reducer returned {got.null_count} null(s)")
+        return got.to_pylist()
 
 
 class ReducingStateDescriptor(StateDescriptor):
@@ -264,6 +321,10 @@ class ReducingStateDescriptor(StateDescriptor):
         if r in ("min", "max") and self.value_type == "bool":
             raise InvalidInputError(f"reducer {r!r} does not support bool values")
         self.serializer = S.value_serializer(self.value_type)
+        if self.reducer.is_vectorized:
+            if self.serializer.arrow_type is None:
+                raise InvalidInputError("a vectorized reducer needs a typed value type, not pickle")
+            self.reducer.arrow_type = self.serializer.arrow_type
 
     def meta(self) -> dict:
         return self._meta(value_type=self.value_type, reducer=self.reducer.name)
@@ -290,11 +351,14 @@ class AggregatingStateDescriptor(StateDescriptor):
     """One accumulator per (key, namespace); ``get()`` returns ``get_result(acc)``.
 
     ``aggregate_function`` needs ``create_accumulator``, ``add`` and ``get_result`` methods
-    (InvalidInputError otherwise)."""
+    (InvalidInputError otherwise). ``result_type``: the statecore type (int64, float64,
+    string, ...) of the results that ``add_batch``/``get_batch`` return as an Arrow array;
+    None infers it from the results (pyarrow's inference). Not part of the stored format."""
 
     kind = "aggregating"
 
-    def __init__(self, name: str, aggregate_function, accumulator_type="pickle"):
+    def __init__(self, name: str, aggregate_function, accumulator_type="pickle",
+                 result_type=None):
         super().__init__(name)
         for m in ("create_accumulator", "add", "get_result"):
             if not callable(getattr(aggregate_function, m, None)):
@@ -305,6 +369,11 @@ class AggregatingStateDescriptor(StateDescriptor):
         self.value_type = S.normalize_value_type(accumulator_type)
         self.accumulator_type = self.value_type
         self.serializer = S.value_serializer(self.value_type)
+        self.result_type = None
+        if result_type is not None:
+            self.result_type = S.value_serializer(S.normalize_value_type(result_type)).arrow_type
+            if self.result_type is None:
+                raise InvalidInputError("result_type must be an Arrow-typed value type, not pickle")
 
     def meta(self) -> dict:
         return self._meta(value_type=self.value_type,

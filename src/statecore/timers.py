@@ -84,6 +84,68 @@ class TimerService:
                 del self._timers[kg]
             self._maybe_compact()
 
+    # ------------------------------------------------------------------ batch API
+    def _batch(self, keys, timestamps, namespaces):
+        """Validated ``[(kg, encoded timer key, (ts, key, ns))]`` of a batch, before anything
+        changes (InvalidInputError names what is wrong)."""
+        from statecore.backends import base
+
+        b = self._backend
+        arr = base.coerce_key_array(keys, b.key_type)
+        ts = base.as_arrow_array(timestamps, "timestamps")
+        if len(ts) != len(arr):
+            raise InvalidInputError(f"timestamps have {len(ts)} rows but keys have {len(arr)}")
+        if ts.null_count:
+            raise InvalidInputError(f"timestamps contain {ts.null_count} null(s)")
+        if pa.types.is_timestamp(ts.type):
+            # Timers are in ms: finer units are floored (as event times are everywhere).
+            scale = {"s": -1000, "ms": 1, "us": 1000, "ns": 1_000_000}[ts.type.unit]
+            vals = ts.cast(pa.int64()).to_pylist()
+            vals = [v * 1000 for v in vals] if scale < 0 else [v // scale for v in vals]
+        elif ts.type == pa.int64():
+            vals = ts.to_pylist()
+        else:
+            raise InvalidInputError(f"timestamps must be int64 (ms) or a timestamp type, got {ts.type}")
+        if namespaces is None:
+            nss = [self._ns_ser.check(None)] * len(arr)
+        elif isinstance(namespaces, (pa.Array, pa.ChunkedArray)) or hasattr(namespaces, "__arrow_c_array__"):
+            ns_arr = base.as_arrow_array(namespaces, "namespaces")
+            if len(ns_arr) != len(arr):
+                raise InvalidInputError(f"namespaces have {len(ns_arr)} rows but keys have {len(arr)}")
+            if self.namespace_type == "void":
+                raise InvalidInputError("timers with the void namespace accept only namespaces=None")
+            base.check_arrow_type(ns_arr, self.namespace_type, "namespaces")
+            if ns_arr.null_count:
+                raise InvalidInputError("namespaces must not contain nulls")
+            nss = ns_arr.to_pylist()
+        else:
+            nss = [self._ns_ser.check(namespaces)] * len(arr)
+        out = []
+        for key, t, ns in zip(arr.to_pylist(), vals, nss):
+            kg = b.key_group_of(key)
+            enc = S.encode_timer_key(kg, b.max_parallelism, t, key, self._key_ser, ns, self._ns_ser)
+            out.append((kg, enc, (int(t), key, ns)))
+        return out
+
+    def register_batch(self, keys, timestamps, namespaces=None) -> None:
+        """Register one timer per row: ``keys`` (the backend's key type, no nulls),
+        ``timestamps`` (int64 ms, or a timestamp array floored to ms; no nulls, same length),
+        ``namespaces`` as the state batch API (None = the void namespace or the value for every
+        row, or an array of the namespace type). Existing timers stay single. The backend's
+        current key does not change. InvalidInputError before anything changes on bad input."""
+        for kg, enc, entry in self._batch(keys, timestamps, namespaces):
+            self._insert(kg, enc, entry)
+
+    def delete_batch(self, keys, timestamps, namespaces=None) -> None:
+        """Delete one timer per row (absent ones are ignored); arguments as :meth:`register_batch`."""
+        for kg, enc, _ in self._batch(keys, timestamps, namespaces):
+            group = self._timers.get(kg)
+            if group is not None and group.pop(enc, None) is not None:
+                self._count -= 1
+                if not group:
+                    del self._timers[kg]
+        self._maybe_compact()
+
     def list_event_time_timers(self) -> list[tuple[int, Any]]:
         """``(timestamp, namespace)`` of every timer of the current key, ascending by encoded key."""
         b = self._backend

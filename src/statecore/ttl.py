@@ -24,7 +24,9 @@ per state over its key groups, ``cleanup_size`` entries per state access / batch
 per record: ``set_current_key``); ``cleanup_in_compaction`` (checkpoint store compaction, the
 clock re-read every N entries: :class:`CompactionTimeProvider`); ``cleanup_in_background``
 (``backend.run_background_ttl_cleanup()``, a key group at a time). The native backend runs the
-filter in C++ (``native/include/statecore/ttl.h``), byte-identical to :func:`filter_expired`.
+filter in C++ (``native/include/statecore/ttl.h``), byte-identical to :func:`filter_expired`; so
+does store compaction (:func:`compaction_filter`) whenever the extension is built, whichever
+backend wrote the checkpoint.
 
 Migration: restoring state written with TTL off under a descriptor with TTL on, or the reverse,
 raises StateMigrationError (as Flink does) unless the descriptor asks for the conversion with
@@ -303,21 +305,26 @@ def filter_entries(kind: str, fixed_width: Optional[int], ttl_ms: int, now: int,
     """:func:`filter_expired` over one key group's sorted ``(keys, values)`` ``pa.binary()``
     arrays (no tombstones): returns ``(keys, values, expired)`` with the dropped entries left
     out and trimmed values replaced; ``expired`` counts what was removed as
-    :func:`filter_expired_counted` does. The arrays
-    come back unchanged (same objects) when nothing expired."""
+    :func:`filter_expired_counted` does (an empty list or map value, which holds nothing alive,
+    is dropped without being counted). The arrays come back unchanged (same objects) when
+    nothing changed. InvalidInputError for a NULL value
+    and as :func:`filter_expired`."""
+    if values.null_count:
+        raise InvalidInputError("a NULL value (tombstone) among the values to filter")
     vals = values.to_pylist()
     out_k, out_v, expired = [], [], 0
     ks = None
     for i, v in enumerate(vals):
         f, n = filter_expired_counted(kind, fixed_width, ttl_ms, now, v)
-        expired += n  # a value is dropped or trimmed exactly when something in it expired
-        if expired and ks is None:
+        expired += n
+        # Dropped or trimmed; an empty list/map value is dropped with nothing expired in it.
+        if f is not v and ks is None:
             ks = keys.to_pylist()
             out_k, out_v = ks[:i], vals[:i]
         if ks is not None and f is not None:
             out_k.append(ks[i])
             out_v.append(f)
-    if not expired:
+    if ks is None:
         return keys, values, 0
     return pa.array(out_k, pa.binary()), pa.array(out_v, pa.binary()), expired
 
@@ -359,23 +366,63 @@ class CompactionTimeProvider:
             self._now = self._read()
 
 
+_native_filter_entries = None  # statecore._native.ttl_filter_entries once looked up
+_native_looked_up = False
+
+
+def _chunk_filter(native: Optional[bool]):
+    """The per-chunk filter: the C++ one when ``native`` is True, or None and the extension
+    imports; :func:`filter_entries` when False, or None and it does not. ImportError when
+    ``native`` is True and the extension is not built."""
+    global _native_filter_entries, _native_looked_up
+    if native is False:
+        return filter_entries
+    if not _native_looked_up:
+        # Looked up on first use, so that importing statecore.ttl never loads the extension.
+        try:
+            from statecore._native import ttl_filter_entries
+            _native_filter_entries = ttl_filter_entries
+        except ImportError:
+            _native_filter_entries = None
+        _native_looked_up = True
+    if _native_filter_entries is None:
+        if native:
+            raise ImportError("statecore._native (the C++ extension) is not built")
+        return filter_entries
+    return _native_filter_entries
+
+
 def compaction_filter(kind: str, fixed_width: Optional[int], ttl_ms: int,
-                      time: CompactionTimeProvider, keys, values):
-    """:func:`filter_entries` with the time re-read every ``time.period`` entries (the entries of
-    one chunk share one cached time, as in frocksdb). Returns ``(keys, values, expired)``."""
+                      time: CompactionTimeProvider, keys, values, *,
+                      native: Optional[bool] = None):
+    """:func:`filter_entries` with the time re-read every ``time.period`` entries: the checkpoint
+    store's TTL compaction filter, after frocksdb's ``FlinkCompactionFilter`` (the entries of one
+    chunk share one cached time; the count of entries since the last clock read carries over
+    between calls, i.e. key groups and states). ``ttl_ms`` and the clock's times are
+    milliseconds; ``keys``/``values`` are one key group's sorted ``pa.binary()`` arrays without
+    tombstones. Returns ``(keys, values, expired)`` as :func:`filter_entries` does (the same
+    objects when nothing expired).
+
+    Each chunk runs in C++ (``statecore._native.ttl_filter_entries``, ttl.h ``filter_values``,
+    byte-identical to :func:`filter_entries`, which stays the reference) when the extension
+    imports; ``native=False`` forces the Python filter, ``native=True`` requires the C++ one
+    (ImportError without it). Raises InvalidInputError for a list or map value whose layout is
+    broken, or a NULL value."""
     n = len(keys)
     if n == 0:
         return keys, values, 0
-    parts, expired, pos = [], 0, 0
+    chunk_filter = _chunk_filter(native)
+    parts, expired, pos, changed = [], 0, 0, False
     while pos < n:
         take = min(time.budget(), n - pos)
-        k, v, e = filter_entries(kind, fixed_width, ttl_ms, time.now(), keys.slice(pos, take),
-                                 values.slice(pos, take))
+        vs = values.slice(pos, take)
+        k, v, e = chunk_filter(kind, fixed_width, ttl_ms, time.now(), keys.slice(pos, take), vs)
         time.processed(take)
         parts.append((k, v))
         expired += e
+        changed = changed or v is not vs  # an empty list/map value is dropped uncounted
         pos += take
-    if not expired:
+    if not changed:
         return keys, values, 0
     return (pa.concat_arrays([k for k, _ in parts]), pa.concat_arrays([v for _, v in parts]),
             expired)

@@ -71,7 +71,8 @@ enum class ValueType : uint8_t { Int64, Float64, String, Binary };
 // reference backend's rule; an undo log makes it exact). Min/Max follow Python's
 // min(acc, v)/max(acc, v): the accumulator is replaced only when v < acc (resp. v > acc), so a NaN
 // value never replaces an accumulator and a NaN accumulator is never replaced.
-enum class Reducer : uint8_t { Sum, Min, Max, Count };
+// First keeps the first value added, Last the latest (any fixed-width value type, like Min/Max).
+enum class Reducer : uint8_t { Sum, Min, Max, Count, First, Last };
 
 // How keys map to entries of the table.
 struct BatchKeySpec {

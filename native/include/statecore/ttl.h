@@ -86,6 +86,34 @@ FilterResult filter_value(const FilterSpec& spec, int64_t now, ByteView value,
 // filter_value throws, and std::invalid_argument for a run with tombstones.
 size_t filter_run(const FilterSpec& spec, int64_t now, const SortedRun& in, SortedRun& out);
 
+// filter_value over a contiguous block of n values in Arrow binary (int32 offsets) or
+// large_binary (int64 offsets) layout -- value i is data[offsets[i], offsets[i+1]) -- at one time
+// `now`: the native path of the checkpoint store's compaction filter
+// (statecore.ttl.compaction_filter), which hands over one chunk of a key group's values per
+// clock reading, straight from the Arrow buffers, so no value becomes a Python object.
+//
+// keep[i] becomes 1 when value i stays (whole or trimmed), 0 when filter_value dropped it --
+// except an empty list/map value (dropped by filter_value with nothing expired) before the first
+// value in which something expired, which stays as statecore.ttl.filter_entries keeps it (that
+// function returns the block unchanged while nothing expired). The values that stay, trimmed
+// where filter_value trims, are written back to back to out_data with their offsets in
+// out_offsets[0..kept] (out_offsets[0] = 0, same width as the input offsets).
+// Capacities the caller provides: keep n, out_offsets n + 1, out_data offsets[n] - offsets[0]
+// bytes (filtering never makes a value longer). Throws std::invalid_argument when the offsets
+// are negative, decreasing or point past data_size, or, prefixed with the value's index, what
+// filter_value throws for a broken list/map layout; the outputs are then partly written.
+struct ValuesFiltered {
+  size_t kept = 0;        // values that stay (ones in keep)
+  size_t data_bytes = 0;  // bytes written to out_data (= out_offsets[kept])
+  size_t expired = 0;     // expired things removed, as filter_value counts them
+};
+ValuesFiltered filter_values(const FilterSpec& spec, int64_t now, const uint8_t* data,
+                             size_t data_size, const int32_t* offsets, size_t n, uint8_t* keep,
+                             int32_t* out_offsets, uint8_t* out_data);
+ValuesFiltered filter_values(const FilterSpec& spec, int64_t now, const uint8_t* data,
+                             size_t data_size, const int64_t* offsets, size_t n, uint8_t* keep,
+                             int64_t* out_offsets, uint8_t* out_data);
+
 // One step of incremental (or, with a large min_entries, background) cleanup of one map:
 // visits whole buckets from `*cursor` on (StateMap::collect_buckets) until at least min_entries
 // entries were visited or the table ended, and removes or trims what filter_value says through

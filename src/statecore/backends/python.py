@@ -22,6 +22,7 @@ import copy
 import pickle
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from statecore import serializers as S
 from statecore.backends import base
@@ -682,6 +683,11 @@ class _PyState:
 
 
 class _Value(_PyState, base.ValueState):
+    def contains_batch(self, keys, namespaces=None) -> pa.Array:
+        """A row reads as get_batch does (TTL visibility and cleanup on read included) and is
+        true where that read returns a value (bool array, no nulls)."""
+        return pc.is_valid(self.get_batch(keys, namespaces))
+
     def value(self):
         kg, k = self._slot()
         s = self._table.get(kg, k)
@@ -897,6 +903,12 @@ class _Reducing(_PyState, base.ReducingState):
         is_count = self.descriptor.reducer.name == "count"
         vals = base.coerce_value_array(values, self._ser.name, len(arr), any_type=is_count).to_pylist()
         slots = self.backend._batch_slots(self, arr, namespaces)
+        if self.descriptor.reducer.is_vectorized:
+            staged, out = _fold_rounds(slots, vals, self.descriptor.reducer, self._ser,
+                                       lambda s, _null: self._table.get(*s))
+            for (kg, k), st in staged.items():
+                self._table.put(kg, k, st)
+            return pa.array(out, self._ser.arrow_type)
         staged, out = {}, []
         for (kg, k), v in zip(slots, vals):
             cur = staged[(kg, k)] if (kg, k) in staged else self._table.get(kg, k)
@@ -907,6 +919,42 @@ class _Reducing(_PyState, base.ReducingState):
         for (kg, k), s in staged.items():
             self._table.put(kg, k, s)
         return pa.array(out, self._ser.arrow_type)
+
+
+def _fold_rounds(slots: list, vals: list, reducer, ser, acc_of):
+    """add_batch with a vectorized reducer (``Reducer.vectorized``): the rows of each slot fold
+    in row order, but round ``r`` (the ``r``-th row of every slot) goes to the reduce function
+    as one pair of arrays. ``acc_of(slot, null_row)`` reads a slot's aggregate from the table
+    (stored form or None) while the batch has not staged one. Returns ``(staged, out)``: the
+    new aggregate per slot and the output per row; nothing is written here, so an error of the
+    reduce function leaves the table as it was."""
+    rounds: list = []
+    seen: dict = {}
+    for i, s in enumerate(slots):
+        r = seen.get(s, 0)
+        seen[s] = r + 1
+        if r == len(rounds):
+            rounds.append([])
+        rounds[r].append(i)
+    staged: dict = {}
+    out = [None] * len(slots)
+    for rows in rounds:
+        pending, accs, values = [], [], []
+        for i in rows:
+            s, v = slots[i], vals[i]
+            acc = staged[s] if s in staged else acc_of(s, v is None)
+            if v is None:
+                out[i] = acc
+            elif acc is None:
+                staged[s] = out[i] = ser.check(v)
+            else:
+                pending.append(i)
+                accs.append(acc)
+                values.append(ser.check(v))
+        if pending:
+            for i, x in zip(pending, reducer.fold_arrays(accs, values)):
+                staged[slots[i]] = out[i] = ser.check(x)
+    return staged, out
 
 
 class _Aggregating(_PyState, base.AggregatingState):
@@ -926,8 +974,65 @@ class _Aggregating(_PyState, base.AggregatingState):
         acc = fn.create_accumulator() if s is None else _from_stored(self._ser, s)
         self._table.put(kg, k, _to_stored(self._ser, fn.add(value, acc)))
 
-    def get_batch(self, keys, namespaces=None):
-        raise InvalidInputError("AggregatingState has no batch API")
+    def _results(self, out: list) -> pa.Array:
+        t = self.descriptor.result_type
+        try:
+            return pa.array(out, t)
+        except (pa.ArrowException, TypeError, ValueError) as e:
+            raise InvalidInputError(
+                f"aggregating state {self.name!r}: results do not form an Arrow array"
+                + (f" of {t} (the descriptor's result_type)" if t is not None
+                   else " (set result_type on the descriptor)")
+                + f": {e}") from e
+
+    def _fold_aggregate(self, slots: list, vals: list, acc_of):
+        """Rows in order: a value row adds (``create_accumulator`` when there is none) and
+        yields ``get_result``; a null row yields what ``get()`` returns. ``acc_of(slot,
+        null_row)`` reads the stored accumulator while the batch has not staged one. Returns
+        ``(staged stored accumulators, results)``; nothing is written, so a failing function
+        leaves the table unchanged (InvalidInputError)."""
+        fn = self.descriptor.aggregate_function
+        staged, out = {}, []
+        for s, v in zip(slots, vals):
+            cur = staged[s] if s in staged else acc_of(s, v is None)
+            if v is not None:
+                # Accumulators go through their stored form row by row, so a function that
+                # mutates its accumulator cannot change a result already produced.
+                acc = fn.create_accumulator() if cur is None else _from_stored(self._ser, cur)
+                try:
+                    acc = fn.add(v, acc)
+                except InvalidInputError:
+                    raise
+                except Exception as e:
+                    raise InvalidInputError(
+                        f"aggregate function of {self.name!r} failed on {v!r}: {e}") from e
+                cur = staged[s] = _to_stored(self._ser, acc)
+            out.append(None if cur is None else fn.get_result(_from_stored(self._ser, cur)))
+        return staged, out
+
+    def _batch_values(self, keys, values):
+        arr = base.coerce_key_array(keys, self.backend.key_type)
+        vals = base.as_arrow_array(values, "values")
+        if len(vals) != len(arr):
+            raise InvalidInputError(f"values have {len(vals)} rows but keys have {len(arr)}")
+        return arr, vals.to_pylist()
+
+    def add_batch(self, keys, values, namespaces=None) -> pa.Array:
+        """``add`` per row (values of any Arrow type, handed to the function as Python values;
+        a null row adds nothing) returning ``get_result`` after each row (null where there is
+        no accumulator), as an array of the descriptor's ``result_type`` (else inferred).
+        Rows of one key apply in row order; an error leaves the state unchanged."""
+        arr, vals = self._batch_values(keys, values)
+        slots = self.backend._batch_slots(self, arr, namespaces)
+        staged, out = self._fold_aggregate(slots, vals, lambda s, _null: self._table.get(*s))
+        results = self._results(out)
+        for (kg, k), st in staged.items():
+            self._table.put(kg, k, st)
+        return results
+
+    def get_batch(self, keys, namespaces=None) -> pa.Array:
+        """``get()`` per row, as :meth:`add_batch` returns results."""
+        return self._results(self._apply_rows(keys, namespaces, self.get))
 
     def clear_batch(self, keys, namespaces=None):
         for kg, k in self.backend._batch_slots(self, keys, namespaces):

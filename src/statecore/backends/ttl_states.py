@@ -140,6 +140,17 @@ class _TtlReducing(_TtlValueLike, py._Reducing):
         vals = base.coerce_value_array(values, self._ser.name, len(arr), any_type=is_count).to_pylist()
         slots = self.backend._batch_slots(self, arr, namespaces)
         now = self._now()
+        if self.descriptor.reducer.is_vectorized:
+            staged, out = py._fold_rounds(
+                slots, vals, self.descriptor.reducer, self._ser,
+                lambda s, null: self._fresh(*s) if null else self._unexpired(*s))
+        else:
+            staged, out = self._fold_rows(slots, vals)
+        for (kg, k), st in staged.items():
+            self._table.put(kg, k, (st, now))
+        return pa.array(out, self._ser.arrow_type)
+
+    def _fold_rows(self, slots, vals):
         staged, out = {}, []
         for slot, v in zip(slots, vals):
             if v is None:
@@ -148,9 +159,7 @@ class _TtlReducing(_TtlValueLike, py._Reducing):
             acc = staged[slot] if slot in staged else self._unexpired(*slot)
             staged[slot] = self._reduce(acc, v)
             out.append(staged[slot])
-        for (kg, k), st in staged.items():
-            self._table.put(kg, k, (st, now))
-        return pa.array(out, self._ser.arrow_type)
+        return staged, out
 
 
 class _TtlAggregating(_Ttl, py._Aggregating):
@@ -169,6 +178,17 @@ class _TtlAggregating(_Ttl, py._Aggregating):
         s = self._unexpired(kg, k)
         acc = fn.create_accumulator() if s is None else py._from_stored(self._ser, s)
         self._table.put(kg, k, (py._to_stored(self._ser, fn.add(value, acc)), self._now()))
+
+    def add_batch(self, keys, values, namespaces=None) -> pa.Array:
+        arr, vals = self._batch_values(keys, values)
+        slots = self.backend._batch_slots(self, arr, namespaces)
+        now = self._now()
+        staged, out = self._fold_aggregate(
+            slots, vals, lambda s, null: self._fresh(*s) if null else self._unexpired(*s))
+        results = self._results(out)
+        for (kg, k), st in staged.items():
+            self._table.put(kg, k, (st, now))
+        return results
 
 
 class _TtlList(_Ttl, py._List):

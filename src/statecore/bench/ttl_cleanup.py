@@ -30,9 +30,9 @@ Strategies over the whole state (n entries, half expired):
   file, not removed from the state) vs ``+read``;
 * ``compaction``: ``CheckpointStore.compact(max_runs=1)`` of a full run plus an incremental run
   (1% of the keys re-written at the current time), ``+compaction`` (``cleanup_in_compaction
-  =1000``) vs ``+read``. The store compacts files with the same Python code
-  (``statecore.ttl.compaction_filter``) whichever backend wrote them: native and python differ
-  only in size here.
+  =1000``) vs ``+read``. The store compacts files with the same code
+  (``statecore.ttl.compaction_filter``, its filter in C++ when the extension is built)
+  whichever backend wrote them: native and python differ only in size here.
 
 Times are best of three interleaved runs (per-record loops: one with --quick),
 normalised to seconds per 1M accesses or per 1M entries of the state. Metrics (impl = backend +

@@ -73,7 +73,8 @@ list keeps only its unexpired suffix (fixed-width elements skipped by stride), m
 dropped one by one, values too short to hold a timestamp are kept. The time is read from the
 store's ``ttl_clock`` once per compaction and again after every N entries (cached in between, as
 frocksdb does); event-time TTL uses the version's ``metadata["watermark_ms"]`` (none: nothing
-expires). The compacted version restores without those entries -- which is what a read would
+expires). Each run of entries sharing one clock reading is filtered in C++ when the extension is
+built (ttl.h ``filter_values``), in Python otherwise, with the same result. The compacted version restores without those entries -- which is what a read would
 have done with them -- and the manifest counts them per state (``ttl_compaction_expired``).
 
 Retention deletes manifests of dropped versions first (oldest first, so the committed versions

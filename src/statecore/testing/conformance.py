@@ -271,6 +271,70 @@ class BackendConformance:
         s.clear()
         assert s.get() is None
 
+    @pytest.mark.parametrize("vt,vals", [("int64", [5, -2, 10]), ("float64", [0.5, -2.0, 7.25]),
+                                         ("string", ["b", "a", "c"])])
+    def test_reducing_first_and_last(self, vt, vals):
+        """``first`` keeps the first value added, ``last`` the latest; nulls change nothing. The
+        batch (kernels for int64/float64) and per-record paths agree."""
+        b = self._backend()
+        f = b.get_state(ReducingStateDescriptor("f", "first", vt))
+        la = b.get_state(ReducingStateDescriptor("l", "last", vt))
+        b.set_current_key(1)
+        for x in vals:
+            f.add(x)
+            la.add(x)
+        la.add(None)
+        assert (f.get(), la.get()) == (vals[0], vals[-1])
+        t = {"int64": pa.int64(), "float64": pa.float64(), "string": pa.string()}[vt]
+        keys = pa.array([2, 3, 2, 2, 3], pa.int64())
+        batch = pa.array([vals[0], vals[1], None, vals[2], vals[0]], t)
+        assert f.add_batch(keys, batch).to_pylist() == [vals[0], vals[1], vals[0], vals[0], vals[1]]
+        assert la.add_batch(keys, batch).to_pylist() == [vals[0], vals[1], vals[0], vals[2], vals[0]]
+        assert f.get_batch(pa.array([1, 2, 3])).to_pylist() == [vals[0], vals[0], vals[1]]
+        assert la.get_batch(pa.array([1, 2, 3])).to_pylist() == [vals[-1], vals[2], vals[0]]
+
+    def test_vectorized_reducer_equals_the_scalar_one(self):
+        """A Reducer.vectorized function gives the outputs and state of the same function
+        applied row by row, with one call per round (the most repeated key's row count)."""
+        import pyarrow.compute as pc
+
+        from statecore.descriptors import Reducer
+
+        calls = []
+
+        def vec(acc, v):
+            calls.append(len(acc))
+            return pc.add(pc.subtract(acc, pc.multiply(v, 2)), 1)
+
+        rng = random.Random(11)
+        vb, sb = self._backend(), self._backend()
+        vs = vb.get_state(ReducingStateDescriptor("r", Reducer.vectorized(vec), "int64"))
+        ss = sb.get_state(ReducingStateDescriptor("r", lambda a, v: a - 2 * v + 1, "int64"))
+        for _ in range(5):
+            keys = [rng.randrange(30) for _ in range(200)]
+            vals = [None if rng.random() < 0.1 else rng.randrange(-5, 5) for _ in keys]
+            calls.clear()
+            got = vs.add_batch(pa.array(keys, pa.int64()), pa.array(vals, pa.int64()))
+            want = ss.add_batch(pa.array(keys, pa.int64()), pa.array(vals, pa.int64()))
+            assert got.to_pylist() == want.to_pylist()
+            assert 0 < len(calls) <= max(keys.count(k) for k in set(keys))
+        assert snapshot_dump(vb.snapshot()) == snapshot_dump(sb.snapshot())
+        vb.set_current_key(1)
+        sb.set_current_key(1)
+        vs.add(7)
+        ss.add(7)
+        assert vs.get() == ss.get()
+        before = snapshot_dump(vb.snapshot())
+        bad = [lambda a, v: pa.array([1]), lambda a, v: pa.array([None] * len(a), pa.int64()),
+               lambda a, v: 1 / 0, lambda a, v: pa.array(["x"] * len(a))]
+        for fn in bad:
+            st = vb.get_state(ReducingStateDescriptor("r", Reducer.vectorized(fn), "int64"))
+            with pytest.raises(InvalidInputError):
+                st.add_batch(pa.array([1, 2, 1], pa.int64()), pa.array([1, 2, 3], pa.int64()))
+            assert snapshot_dump(vb.snapshot()) == before
+        with pytest.raises(InvalidInputError):
+            ReducingStateDescriptor("p", Reducer.vectorized(vec))  # pickle values
+
     def test_reducing_custom_and_aggregating(self):
         b = self._backend()
         r = b.get_state(ReducingStateDescriptor("r", lambda a, x: a * 10 + x, "int64"))
@@ -286,6 +350,37 @@ class BackendConformance:
         assert a.get() is None
         b.set_current_key(2)
         assert r.get() is None and a.get() is None
+
+    def test_aggregating_batch(self):
+        """add_batch folds rows in order (the mutating AverageAggregate cannot change results
+        already returned), a null row yields the current result; get_batch; result_type; an
+        error in the function or in the results leaves the state unchanged."""
+        b = self._backend()
+        a = b.get_state(AggregatingStateDescriptor("a", AverageAggregate()))
+        out = a.add_batch(pa.array([1, 2, 1, 1, 3]), pa.array([2, 5, 4, None, None]))
+        assert out.to_pylist() == [2.0, 5.0, 3.0, 3.0, None]
+        assert a.get_batch(pa.array([1, 2, 3])).to_pylist() == [3.0, 5.0, None]
+        b.set_current_key(1)
+        a.add(6)
+        assert a.get() == 4.0
+        single = self._backend()
+        s = single.get_state(AggregatingStateDescriptor("a", AverageAggregate()))
+        for k, v in [(1, 2), (2, 5), (1, 4), (1, 6)]:
+            single.set_current_key(k)
+            s.add(v)
+        assert snapshot_dump(b.snapshot()) == snapshot_dump(single.snapshot())
+        typed = b.get_state(AggregatingStateDescriptor("t", AverageAggregate(), result_type="string"))
+        with pytest.raises(InvalidInputError, match="result_type"):
+            typed.add_batch(pa.array([1]), pa.array([1]))  # 1.0 is not a string
+        t64 = b.get_state(AggregatingStateDescriptor("t64", AverageAggregate(), result_type="float64"))
+        assert t64.add_batch(pa.array([1]), pa.array([1])).type == pa.float64()
+        before = snapshot_dump(b.snapshot())
+        for call in (lambda: a.add_batch(pa.array([1, 2]), pa.array(["x", "y"])),
+                     lambda: a.add_batch(pa.array([1]), pa.array([1, 2])),
+                     lambda: typed.add_batch(pa.array([1]), pa.array(["x"]))):
+            with pytest.raises(InvalidInputError):
+                call()
+            assert snapshot_dump(b.snapshot()) == before
 
     # ------------------------------------------------------------------ namespaces
     def test_namespaces(self):
@@ -378,6 +473,7 @@ class BackendConformance:
         assert v.get_batch(pa.chunked_array([[1, 2], [3]])).to_pylist() == [4.0, 5.0, None]
         b.set_current_key(1)
         assert v.value() == 4.0
+        assert v.contains_batch(pa.array([1, 4, 3])).to_pylist() == [True, False, False]
         v.clear_batch(pa.array([1]))
         assert v.value() is None and b.current_key == 1
         assert v.get_batch(pa.array([], pa.int64())).to_pylist() == []
@@ -522,6 +618,11 @@ class BackendConformance:
             lambda: m.put_batch(k2, pa.array(["a"]), pa.array([1, 2])),
             lambda: m.remove_batch(pa.array([inside[0], outside]), pa.array(["a", "b"])),
             lambda: m.get_batch(k2, pa.array(["a", None])),
+            lambda: b.timers.register_batch(pa.array([inside[0], outside]), pa.array([1, 2])),
+            lambda: b.timers.register_batch(k2, pa.array([1, None], pa.int64())),
+            lambda: b.timers.register_batch(k2, pa.array([1.0, 2.0])),
+            lambda: b.timers.register_batch(k2, pa.array([1])),
+            lambda: b.timers.register_batch(k2, pa.array([1, 2]), namespaces=pa.array([1, 2])),
         ]
         for call in bad_calls:
             with pytest.raises(InvalidInputError):
@@ -576,6 +677,29 @@ class BackendConformance:
         # the watermark never goes back: a lower value still fires what is behind 10_000
         assert t.advance_watermark(50) == [(-5, 1, 0)]
         assert t.current_watermark == 10_000
+
+    def test_timer_batch_equals_the_rows_one_at_a_time(self):
+        batched = self._backend(timer_namespace_type="int64")
+        single = self._backend(timer_namespace_type="int64")
+        keys, ts, nss = [1, 2, 1, 3, 1], [100, 50, 100, 70, 40], [0, 0, 0, 1, 2]
+        batched.timers.register_batch(pa.array(keys, pa.int64()), pa.array(ts, pa.int64()),
+                                      namespaces=pa.array(nss, pa.int64()))
+        batched.timers.delete_batch(pa.array([3]), pa.array([70]), namespaces=1)
+        for k, t, ns in zip(keys, ts, nss):
+            single.set_current_key(k)
+            single.timers.register_event_time_timer(t, namespace=ns)
+        single.set_current_key(3)
+        single.timers.delete_event_time_timer(70, namespace=1)
+        assert batched.current_key is None  # the batch did not set a current key
+        assert batched.timers.all_timers() == single.timers.all_timers()
+        assert batched.timers.num_timers() == 3
+        # Timestamp arrays are taken in ms, finer units floored.
+        b = self._backend()
+        b.timers.register_batch(pa.array([1, 2]), pa.array([1_500, -1], pa.int64()).cast(
+            pa.timestamp("us", tz="UTC")))
+        assert [ts for _, ts, _, _ in b.timers.all_timers()] == [-1, 1]
+        b.timers.delete_batch(pa.array([1, 2]), pa.array([1, -1], pa.int64()))
+        assert b.timers.num_timers() == 0
 
     def test_timer_ordering_and_validation(self):
         b = self._backend()

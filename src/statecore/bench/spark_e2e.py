@@ -1,0 +1,302 @@
+"""End-to-end Spark cases: a running count per key through Structured Streaming on ``local[2]``.
+
+Workload (generated here, written as Parquet files, one file per micro-batch): int64 keys drawn
+uniformly from ``keys`` distinct values, ``events`` rows in all, read with
+``readStream.parquet(maxFilesPerTrigger=1)`` and ``trigger(availableNow=True)``. Every variant
+emits, per input row, ``(k, count)`` = the number of rows of ``k`` seen so far, into Spark's
+``noop`` sink (so output I/O does not dominate), and the figure is events / wall-clock seconds of
+the whole query (micro-batch planning included):
+
+* ``statecore_native`` / ``statecore_python``: :class:`statecore.spark.StatefulOperator` with
+  :class:`RunningCount` (``ReducingState`` count, ``add_batch``), checkpointing every micro-batch
+  (version 0 full, then incremental, driver commit before ``foreachBatch`` returns);
+* ``dict``: the same routing (``pmod(xxhash64(k), 128)`` -> ``repartitionById``) and a plain
+  Python dict per worker process inside ``mapInArrow`` -- no checkpoint, no TTL, and wrong after
+  a worker change (PySpark gives a partition to another worker about half the time), which is
+  why it is a speed reference only;
+* ``identity``: the same routing and an identity ``mapInArrow`` (count 0): the floor;
+* ``applyInPandasWithState`` and ``transformWithStateInPandas`` (RocksDB state store): Spark's
+  fault-tolerant Python state APIs, at a reduced event count (they run at thousands of events
+  per second; rates are comparable, totals are not).
+
+Ratios in one run: statecore native / identity (goal >= 0.9) and native / each Spark API (goal
+>= 50). See ``shared/reference/spark.md`` for what was measured before statecore.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from typing import Dict, Iterator, List
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from statecore.bench import Size, case, record
+from statecore.descriptors import ReducingStateDescriptor
+from statecore.spark.processor import KeyedProcessor
+
+__all__ = ["RunningCount", "make_stream", "run_variant", "VARIANTS"]
+
+_MAX_PARALLELISM = 128
+_OUT_SCHEMA = pa.schema([("k", pa.int64()), ("count", pa.int64())])
+_OUT_DDL = "k long, count long"
+
+
+class RunningCount(KeyedProcessor):
+    """Per input row ``(k, count of k so far)``: one ``add_batch`` per micro-batch and partition
+    on a ``ReducingState`` ``count`` (int64)."""
+
+    output_schema = _OUT_SCHEMA
+
+    def open(self, ctx) -> None:
+        self.count = ctx.backend.get_state(ReducingStateDescriptor("count", "count"))
+
+    def process_batch(self, batch, ctx):
+        keys = batch.column(ctx.key_column)
+        yield pa.RecordBatch.from_arrays([keys, self.count.add_batch(keys, keys)],
+                                         schema=_OUT_SCHEMA)
+
+
+def make_stream(path: str, keys: int, events: int, files: int, seed: int = 1) -> List[str]:
+    """Write ``events`` rows (column ``k`` int64, uniform in ``[0, keys)``) as ``files`` Parquet
+    files under ``path`` with increasing modification times (the file source's order). Returns
+    the file paths. Raises ValueError for non-positive sizes."""
+    if keys < 1 or events < 1 or files < 1:
+        raise ValueError("keys, events and files must be positive")
+    os.makedirs(path, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    out = []
+    bounds = np.linspace(0, events, files + 1).astype(np.int64)
+    base = 1_700_000_000
+    for i in range(files):
+        n = int(bounds[i + 1] - bounds[i])
+        f = os.path.join(path, f"events-{i:04d}.parquet")
+        pq.write_table(pa.table({"k": rng.integers(0, keys, n, dtype=np.int64)}), f)
+        os.utime(f, (base + i, base + i))
+        out.append(f)
+    return out
+
+
+# ------------------------------------------------------------------ worker-side functions
+# Module level, so that PySpark pickles them by reference and a worker process keeps _DICTS
+# between tasks (the "bare dict" peer's state).
+_DICTS: Dict[int, dict] = {}
+
+
+def _dict_count(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    from pyspark import TaskContext
+
+    counts = _DICTS.setdefault(TaskContext.get().partitionId(), {})
+    for b in batches:
+        ks = b.column(0).to_pylist()
+        out = []
+        for k in ks:
+            c = counts.get(k, 0) + 1
+            counts[k] = c
+            out.append(c)
+        yield pa.RecordBatch.from_arrays([b.column(0), pa.array(out, pa.int64())],
+                                         schema=_OUT_SCHEMA)
+
+
+def _identity(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for b in batches:
+        yield pa.RecordBatch.from_arrays([b.column(0), pa.array(np.zeros(b.num_rows, np.int64))],
+                                         schema=_OUT_SCHEMA)
+
+
+def _pandas_with_state(key, pdfs, state):
+    import pandas as pd
+
+    count = state.get[0] if state.exists else 0
+    for pdf in pdfs:
+        counts = count + np.arange(1, len(pdf) + 1, dtype=np.int64)
+        count = int(counts[-1]) if len(pdf) else count
+        yield pd.DataFrame({"k": pdf["k"].to_numpy(), "count": counts})
+    state.update((count,))
+
+
+def _tws_processor():
+    from pyspark.sql.streaming import StatefulProcessor
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    class Counter(StatefulProcessor):
+        def init(self, handle) -> None:
+            self.count = handle.getValueState("count", StructType([StructField("c", LongType())]))
+
+        def handleInputRows(self, key, rows, timerValues):
+            import pandas as pd
+
+            count = self.count.get()[0] if self.count.exists() else 0
+            for pdf in rows:
+                counts = count + np.arange(1, len(pdf) + 1, dtype=np.int64)
+                count = int(counts[-1]) if len(pdf) else count
+                yield pd.DataFrame({"k": pdf["k"].to_numpy(), "count": counts})
+            self.count.update((count,))
+
+        def close(self) -> None:
+            pass
+
+    return Counter()
+
+
+# ------------------------------------------------------------------ driver side
+def _routed(df, parallelism: int):
+    from pyspark.sql import functions as F
+
+    from statecore.spark.routing import key_group_column, operator_index_column
+
+    return (df.withColumn("__kg", key_group_column("k", _MAX_PARALLELISM))
+              .withColumn("__op", operator_index_column("__kg", parallelism, _MAX_PARALLELISM))
+              .repartitionById(parallelism, F.col("__op")).select("k"))
+
+
+def _noop(df, _batch_id=None) -> None:
+    df.write.format("noop").mode("overwrite").save()
+
+
+def run_variant(spark, variant: str, landing: str, workdir: str, parallelism: int = 2) -> float:
+    """Run one variant (see the module docstring) over every file in ``landing`` as a streaming
+    query, in ``workdir`` (checkpoints); returns the wall-clock seconds of the query. Raises
+    KeyError for an unknown variant and whatever the query raised."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    schema = StructType([StructField("k", LongType())])
+    source = (spark.readStream.schema(schema).option("maxFilesPerTrigger", 1)
+              .option("maxFileAge", "36500d").parquet(landing))
+    ckpt = os.path.join(workdir, variant)
+    if variant in ("statecore_native", "statecore_python"):
+        from statecore.spark import StatefulOperator
+
+        op = StatefulOperator(variant, RunningCount(), "k", os.path.join(ckpt, "state"),
+                              sink=_noop, parallelism=parallelism,
+                              max_parallelism=_MAX_PARALLELISM,
+                              backend=variant.split("_", 1)[1])
+        writer = source.writeStream.foreachBatch(op)
+    elif variant in ("dict", "identity"):
+        fn = _dict_count if variant == "dict" else _identity
+        _DICTS.clear()
+        writer = source.writeStream.foreachBatch(
+            lambda df, bid: _noop(_routed(df, parallelism).mapInArrow(fn, _OUT_DDL)))
+    elif variant == "applyInPandasWithState":
+        from pyspark.sql.streaming.state import GroupStateTimeout
+
+        out = source.groupBy("k").applyInPandasWithState(
+            _pandas_with_state, _OUT_DDL, "count long", "update", GroupStateTimeout.NoTimeout)
+        writer = out.writeStream.format("noop").outputMode("update")
+    elif variant == "transformWithStateInPandas":
+        out = source.groupBy("k").transformWithStateInPandas(
+            statefulProcessor=_tws_processor(), outputStructType=_OUT_DDL, outputMode="Update",
+            timeMode="None")
+        writer = out.writeStream.format("noop").outputMode("update")
+    else:
+        raise KeyError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
+    t0 = time.perf_counter()
+    query = (writer.option("checkpointLocation", os.path.join(ckpt, "spark"))
+             .trigger(availableNow=True).start())
+    try:
+        query.awaitTermination()
+    finally:
+        if query.isActive:
+            query.stop()
+    return time.perf_counter() - t0
+
+
+#: Variants in the order they run; the last two are Spark's own stateful Python APIs.
+VARIANTS = ("identity", "dict", "statecore_native", "statecore_python", "applyInPandasWithState",
+            "transformWithStateInPandas")
+_SLOW = ("applyInPandasWithState", "transformWithStateInPandas")
+
+
+_PROVIDER = "spark.sql.streaming.stateStore.providerClass"
+
+
+def _session():
+    from statecore.spark import local_session
+
+    spark = local_session("statecore-bench", master="local[2]", shuffle_partitions=2)
+    # transformWithStateInPandas needs the RocksDB provider; a session conf, set for all
+    # variants so they run under the same settings (and put back afterwards: the session may
+    # be shared).
+    before = spark.conf.get(_PROVIDER, None)
+    spark.conf.set(_PROVIDER,
+                   "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+    return spark, before
+
+
+def _panel(r):
+    if r["unit"] == "events/s":
+        return ("running count per key, Spark local[2]: events/s", r["impl"])
+    if r["unit"] == "ratio":
+        return ("statecore native vs", r["metric"].replace("native_over_", ""))
+    return None
+
+
+@case("spark_running_count",
+      "running count per key through Structured Streaming local[2] (1M keys, 4M events; "
+      "Spark's stateful APIs at a reduced count): statecore native/python with checkpoints vs a "
+      "bare dict and the identity floor over the same routing vs applyInPandasWithState and "
+      "transformWithStateInPandas", panel=_panel)
+def spark_running_count(size: Size):
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        print("  spark_running_count: pyspark is not installed; skipped")
+        return []
+    try:
+        import statecore._native  # noqa: F401
+        variants = VARIANTS
+    except ImportError:
+        variants = tuple(v for v in VARIANTS if v != "statecore_native")
+    try:
+        import google.protobuf  # noqa: F401  (transformWithStateInPandas' Python runner needs it)
+    except ImportError:
+        print("  spark_running_count: protobuf is not installed (pip install 'statecore[bench]'); "
+              "transformWithStateInPandas skipped")
+        variants = tuple(v for v in variants if v != "transformWithStateInPandas")
+    keys = size.n(1_000_000, 100_000)
+    events = size.n(4_000_000, 400_000)
+    slow_events = size.n(200_000, 20_000)
+    files = 3 if size.quick else 8
+    spark, provider_before = _session()
+    root = tempfile.mkdtemp(prefix="statecore-bench-spark-")
+    out = []
+    rates = {}
+    try:
+        fast = os.path.join(root, "landing")
+        make_stream(fast, keys, events, files)
+        slow = os.path.join(root, "landing-slow")
+        make_stream(slow, min(keys, slow_events // 2), slow_events, files)
+        # The first streaming query of a session pays for JVM warm-up and code generation.
+        warm = os.path.join(root, "landing-warm")
+        make_stream(warm, 100, 1000, 2)
+        run_variant(spark, "identity", warm, os.path.join(root, "warm"))
+        for v in variants:
+            n = slow_events if v in _SLOW else events
+            secs = run_variant(spark, v, slow if v in _SLOW else fast, os.path.join(root, "work"))
+            rates[v] = n / secs
+            print(f"  spark_running_count: {v:<28} {n:>10,} events in {secs:7.1f} s = "
+                  f"{rates[v]:>10,.0f} events/s", flush=True)
+            out.append(record("spark_running_count", v, "events_per_s", rates[v], "events/s"))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        if provider_before is None:
+            spark.conf.unset(_PROVIDER)
+        else:
+            spark.conf.set(_PROVIDER, provider_before)
+    if "statecore_native" in rates:
+        nat = rates["statecore_native"]
+        for other in ("identity", "dict", "statecore_python") + _SLOW:
+            if other in rates:
+                out.append(record("spark_running_count", "statecore_native",
+                                  f"native_over_{other}", nat / rates[other], "ratio"))
+        for other, goal in (("identity", 0.9), ("applyInPandasWithState", 50),
+                            ("transformWithStateInPandas", 50)):
+            if other in rates:
+                out.append(record("spark_running_count", "statecore_native",
+                                  f"goal_native_over_{other}_at_least_{goal}",
+                                  float(nat / rates[other] >= goal), "met"))
+    return out
