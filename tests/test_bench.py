@@ -218,3 +218,132 @@ def _has_native():
     except ImportError:
         return False
     return True
+
+
+PEER_CASES = ("wordcount_int64", "wordcount_string", "binary_values")
+
+
+def _peer_impls():
+    """The impls the peer cases must report here: the backends, dict, rocksdict when it imports,
+    the C++ reference when it builds."""
+    from statecore.bench import cpp_reference
+
+    impls = {"native", "python", "dict"}
+    try:
+        import rocksdict  # noqa: F401
+        impls |= {"rocksdict", "rocksdict+batch"}
+    except ImportError:
+        pass
+    ref = cpp_reference.build("auto")
+    return impls | ({ref.impl} if ref else set()), ref
+
+
+def test_peer_cases_report_every_available_impl(tmp_path):
+    """wordcount_int64/_string and binary_values: rows/s of every available impl for every
+    workload size, the ratios are the quotients of the rates, each goal has its threshold and a
+    0/1 verdict; memory_int64: bytes per entry of native, dict and the C++ map with the goal;
+    per_record: the ratio and goal of native over python; every peer figure is in the plot."""
+    pytest.importorskip("statecore._native")
+    impls, ref = _peer_impls()
+    out = tmp_path / "peers.json"
+    assert main(["bench", "--quick", "--scale", "0.005", "--case", "wordcount_int64",
+                 "--case", "wordcount_string", "--case", "binary_values", "--case", "memory_int64",
+                 "--case", "per_record", "--json", str(out)]) == 0
+    records = json.loads(out.read_text())
+    by = {(r["case"], r["impl"], r["metric"]): r for r in records}
+    for c in PEER_CASES:
+        rates = [r for r in records if r["case"] == c and r["metric"].startswith("rows_per_s_")]
+        tags = {r["metric"][len("rows_per_s_"):] for r in rates}
+        assert len(tags) == 2  # wordcount: two sizes; binary_values: put and get
+        for tag in tags:
+            got = {r["impl"]: r["value"] for r in rates if r["metric"] == f"rows_per_s_{tag}"}
+            assert set(got) == impls, (c, tag)
+            assert all(v > 0 for v in got.values())
+            nat = by[(c, "native", f"ratio_over_python_{tag}")]
+            assert nat["unit"] == "ratio" and nat["value"] == pytest.approx(got["native"] / got["python"])
+            assert by[(c, "native", f"goal_min_ratio_over_python_{tag}")]["value"] == 20.0
+            assert by[(c, "native", f"goal_met_ratio_over_python_{tag}_ge_20")]["value"] == \
+                float(got["native"] / got["python"] >= 20)
+            if ref:
+                assert by[(c, "dict", f"ratio_over_cpp_{tag}")]["value"] == \
+                    pytest.approx(got["dict"] / got[ref.impl])
+        if c.startswith("wordcount") and ref:
+            goals = sorted(r["value"] for r in records
+                           if r["case"] == c and r["metric"].startswith("goal_min_ratio_over_cpp"))
+            assert goals == [0.5, 0.7]  # in cache, out of cache
+        for r in records:
+            if r["case"] == c and r["metric"].startswith("goal_met_"):
+                assert r["value"] in (0.0, 1.0) and r["unit"] == "bool"
+    mem = {r["impl"]: r["value"] for r in records
+           if r["case"] == "memory_int64" and r["metric"].startswith("rss_bytes_per_entry_")}
+    assert set(mem) == {"native", "dict"} | ({ref.impl} if ref else set())
+    assert [r["value"] for r in records if r["case"] == "memory_int64"
+            and r["metric"].startswith("goal_max_")] == [40.0]
+    pr = {r["metric"]: r["value"] for r in records if r["case"] == "per_record" and r["impl"] == "native"}
+    assert pr["ratio_over_python"] == pytest.approx(
+        pr["records_per_s"] / by[("per_record", "python", "records_per_s")]["value"])
+    assert pr["goal_min_ratio_over_python"] == 1.0
+    assert pr["goal_met_ratio_over_python_ge_1"] == float(pr["ratio_over_python"] >= 1.0)
+    drawn = [b for title, _, bars, _ in bench._plot_panels(records) for b in bars]
+    for r in records:
+        if r["case"] in PEER_CASES and r["unit"] == "rows/s":
+            assert r in drawn, r
+
+
+def test_cpp_reference_output_agrees_with_native():
+    """The C++ reference (absl when it builds here, and std::unordered_map) does the native
+    kernels' work: its per-row running counts equal ReducingState add_batch's for int64 and
+    string keys, and its gathered binary values equal ValueState get_batch's (missing keys: an
+    empty value). Correctness only, no timing."""
+    pytest.importorskip("statecore._native")
+    import shutil
+    import tempfile
+
+    import numpy as np
+    import pyarrow as pa
+
+    from statecore import ReducingStateDescriptor, ValueStateDescriptor, create_backend
+    from statecore.bench import cpp_reference, peers
+
+    if cpp_reference.build("std") is None:
+        pytest.skip("no C++ compiler")
+    kinds = ["std"]
+    try:
+        kinds.append(cpp_reference.build("absl").kind)
+    except RuntimeError:
+        pass  # no absl here: the fallback alone
+    # 1000 keys x 5 in random order: 5000 rows, one batch
+    ints = peers.int64_keys(1000)[peers.row_order(1000, 5)]
+    strs = peers.string_keys(1000).take(pa.array(peers.row_order(1000, 5)))
+    want = {}
+    for key_type, keys in (("int64", pa.array(ints)), ("string", strs)):
+        b = create_backend("native", key_type=key_type)
+        st = b.get_state(ReducingStateDescriptor("count", "sum", "int64"))
+        want[key_type] = np.concatenate([st.add_batch(k, pa.array(np.ones(len(k), np.int64))).to_numpy()
+                                         for k in peers._slices(keys)])
+        assert want[key_type].max() == 5
+    put_keys = peers.int64_keys(100, seed=9)
+    values = pa.array([bytes([i % 256]) * 64 for i in range(100)], pa.binary())
+    get_keys = np.concatenate([put_keys[::-1], peers.int64_keys(3, seed=10)])  # 3 missing
+    b = create_backend("native", key_type="int64")
+    st = b.get_state(ValueStateDescriptor("v", "binary"))
+    st.put_batch(pa.array(put_keys), values)
+    got_native = st.get_batch(pa.array(get_keys)).to_pylist()
+    d = tempfile.mkdtemp()
+    try:
+        for kind in kinds:
+            ref = cpp_reference.build(kind)
+            assert ref.impl == {"absl": "cpp_absl", "std": "cpp_unordered_map"}[kind]
+            got = ref.int64_counts(ints, d, out=True)
+            assert got["distinct"] == 1000 and got["rows"] == 5000
+            assert np.array_equal(got["out"], want["int64"])
+            got = ref.string_counts(*peers._string_buffers(strs), d, out=True)
+            assert got["distinct"] == 1000 and np.array_equal(got["out"], want["string"])
+            got = ref.binary_get_put(put_keys, *peers._string_buffers(values), get_keys, d, out=True)
+            assert got["distinct"] == 100 and got["present"] == 100
+            off, data = got["out_offsets"], got["out_data"].tobytes()
+            ref_vals = [data[off[i]:off[i + 1]] for i in range(len(get_keys))]
+            assert ref_vals == [v if v is not None else b"" for v in got_native]
+            assert ref.rss_probe(1000)["entries"] == 1000
+    finally:
+        shutil.rmtree(d)

@@ -130,19 +130,27 @@ def rss_probe(impl: str, n: int, ttl: bool) -> dict:
     return {"rss_delta": _rss_bytes() - r0, "state_bytes": b.state_bytes(), "entries": b.num_entries()}
 
 
-def _probe_in_child(impl: str, n: int, ttl: bool) -> dict:
-    """rss_probe in a child interpreter (a process that already freed memory reuses it, and the
-    RSS delta would understate). Raises RuntimeError if the child fails."""
+def probe_in_child(module: str, func: str, *args) -> dict:
+    """``module.func(*args)`` in a child interpreter (``args`` and the result JSON-able; this
+    source tree first on its ``PYTHONPATH``): memory probes need a fresh process, since one that
+    already freed memory reuses it and the RSS delta would understate. Raises RuntimeError if
+    the child fails."""
     src_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([src_root] + [p for p in [env.get("PYTHONPATH")] if p])
-    code = ("import json,sys; from statecore.bench.ttl import rss_probe; "
-            "print(json.dumps(rss_probe(sys.argv[1], int(sys.argv[2]), sys.argv[3] == '1')))")
-    proc = subprocess.run([sys.executable, "-c", code, impl, str(n), "1" if ttl else "0"],
+    code = ("import importlib,json,sys; f = getattr(importlib.import_module(sys.argv[1]), sys.argv[2]); "
+            "print(json.dumps(f(*json.loads(sys.argv[3]))))")
+    proc = subprocess.run([sys.executable, "-c", code, module, func, json.dumps(list(args))],
                           env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"RSS probe of {impl} at {n} entries failed: {proc.stderr.strip()[-2000:]}")
+        raise RuntimeError(f"{func}{args} failed in a child interpreter: {proc.stderr.strip()[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _probe_in_child(impl: str, n: int, ttl: bool) -> dict:
+    """:func:`rss_probe` in a child interpreter (see :func:`probe_in_child`). Raises
+    RuntimeError if the child fails."""
+    return probe_in_child("statecore.bench.ttl", "rss_probe", impl, n, ttl)
 
 
 @case("ttl_memory", "bytes per entry (RSS growth / entries, child interpreter; and key+value "
