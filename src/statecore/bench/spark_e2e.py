@@ -228,10 +228,14 @@ def _session():
 
 
 def _panel(r):
+    short = {"applyInPandasWithState": "applyInPandas\nWithState",
+             "transformWithStateInPandas": "transformWith\nStateInPandas",
+             "statecore_native": "statecore\nnative", "statecore_python": "statecore\npython"}
     if r["unit"] == "events/s":
-        return ("running count per key, Spark local[2]: events/s", r["impl"])
+        return ("Spark local[2], events/s", short.get(r["impl"], r["impl"]))
     if r["unit"] == "ratio":
-        return ("statecore native vs", r["metric"].replace("native_over_", ""))
+        other = r["metric"].replace("native_over_", "")
+        return ("statecore native / other", short.get(other, other))
     return None
 
 
