@@ -385,7 +385,8 @@ def _kernel_ok(state, namespaces) -> bool:
 
 
 def _key_array(state, keys) -> pa.Array:
-    # Chunked input stays zero-copy: the kernel runs once per chunk, in row order.
+    # A chunked array is combined into one (a copy, as_arrow_array) before the kernel; a single
+    # array, sliced or not, is read in place.
     return base.coerce_key_array(keys, state.backend.key_type)
 
 
