@@ -77,11 +77,7 @@ class TimerService:
         """Delete the timer at ``timestamp`` for the current key and ``namespace`` (no-op when
         absent)."""
         kg, enc, _, _ = self._encode(timestamp, namespace)
-        group = self._timers.get(kg)
-        if group is not None and group.pop(enc, None) is not None:
-            self._count -= 1
-            if not group:
-                del self._timers[kg]
+        if self._remove(kg, enc):
             self._maybe_compact()
 
     # ------------------------------------------------------------------ batch API
@@ -139,11 +135,7 @@ class TimerService:
     def delete_batch(self, keys, timestamps, namespaces=None) -> None:
         """Delete one timer per row (absent ones are ignored); arguments as :meth:`register_batch`."""
         for kg, enc, _ in self._batch(keys, timestamps, namespaces):
-            group = self._timers.get(kg)
-            if group is not None and group.pop(enc, None) is not None:
-                self._count -= 1
-                if not group:
-                    del self._timers[kg]
+            self._remove(kg, enc)
         self._maybe_compact()
 
     def list_event_time_timers(self) -> list[tuple[int, Any]]:
@@ -169,6 +161,16 @@ class TimerService:
         group[enc] = entry
         self._count += 1
         heapq.heappush(self._heap, (entry[0], kg, enc))
+
+    def _remove(self, kg: int, enc: bytes) -> bool:
+        """Remove one timer; False when it was not there."""
+        group = self._timers.get(kg)
+        if group is None or group.pop(enc, None) is None:
+            return False
+        self._count -= 1
+        if not group:
+            del self._timers[kg]
+        return True
 
     def _maybe_compact(self) -> None:
         # Deleted timers stay in the heap until popped; rebuild when they dominate so that

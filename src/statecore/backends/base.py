@@ -194,10 +194,6 @@ def check_arrow_type(arr: pa.Array, type_name: str, what: str) -> None:
     """InvalidInputError unless ``arr`` has one of the Arrow types of statecore type
     ``type_name`` (int32, int64, float64, bool; string or large_string; binary or
     large_binary)."""
-    _check_type(arr, type_name, what)
-
-
-def _check_type(arr: pa.Array, type_name: str, what: str) -> None:
     allowed = _ARROW_TYPES[type_name]
     if arr.type not in allowed:
         raise InvalidInputError(
@@ -266,7 +262,7 @@ def coerce_value_array(values, value_type: str, length: int, any_type: bool = Fa
     if len(arr) != length:
         raise InvalidInputError(f"values have {len(arr)} rows but keys have {length}")
     if not any_type:
-        _check_type(arr, value_type, "values")
+        check_arrow_type(arr, value_type, "values")
     return arr
 
 
@@ -281,7 +277,7 @@ def resolve_batch_namespaces(namespaces, state: "State", length: int) -> list:
         arr = as_arrow_array(namespaces, "namespaces")
         if len(arr) != length:
             raise InvalidInputError(f"namespaces have {len(arr)} rows but keys have {length}")
-        _check_type(arr, ns_type, "namespaces")
+        check_arrow_type(arr, ns_type, "namespaces")
         if arr.null_count:
             raise InvalidInputError("namespaces must not contain nulls")
         return arr.to_pylist()
