@@ -25,10 +25,38 @@ import pyarrow as pa
 from statecore import serializers as S
 from statecore.errors import InvalidInputError, StateMigrationError
 
-__all__ = ["TimerService", "TIMERS_STATE_NAME"]
+__all__ = ["TimerService", "TIMERS_STATE_NAME", "epoch_ms"]
 
 TIMERS_STATE_NAME = "__timers__"
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def epoch_ms(arr, what: str = "timestamps") -> pa.Array:
+    """int64 milliseconds since the epoch of a timestamp array of any unit (finer units floored,
+    so pre-1970 times round down too) or of an int64 array (taken as ms already); a
+    ChunkedArray is combined; nulls stay null. Raises InvalidInputError for another type, or
+    when seconds do not fit in int64 milliseconds."""
+    import pyarrow.compute as pc
+
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if arr.type == pa.int64():
+        return arr
+    if not pa.types.is_timestamp(arr.type):
+        raise InvalidInputError(f"{what} must be int64 (ms) or a timestamp type, got {arr.type}")
+    per_ms = {"s": None, "ms": 1, "us": 1000, "ns": 1_000_000}[arr.type.unit]
+    raw = arr.cast(pa.int64())
+    if per_ms is None:
+        try:
+            return pc.multiply_checked(raw, 1000)
+        except pa.ArrowInvalid as e:
+            raise InvalidInputError(f"{what}: seconds beyond int64 milliseconds: {e}") from None
+    if per_ms == 1:
+        return raw
+    # Integer divide truncates toward zero; one less where a negative value had a remainder.
+    q = pc.divide(raw, per_ms)
+    return pc.subtract(q, pc.cast(pc.and_(pc.less(raw, 0),
+                                          pc.not_equal(pc.multiply(q, per_ms), raw)), pa.int64()))
 
 
 class TimerService:
@@ -93,15 +121,7 @@ class TimerService:
             raise InvalidInputError(f"timestamps have {len(ts)} rows but keys have {len(arr)}")
         if ts.null_count:
             raise InvalidInputError(f"timestamps contain {ts.null_count} null(s)")
-        if pa.types.is_timestamp(ts.type):
-            # Timers are in ms: finer units are floored (as event times are everywhere).
-            scale = {"s": -1000, "ms": 1, "us": 1000, "ns": 1_000_000}[ts.type.unit]
-            vals = ts.cast(pa.int64()).to_pylist()
-            vals = [v * 1000 for v in vals] if scale < 0 else [v // scale for v in vals]
-        elif ts.type == pa.int64():
-            vals = ts.to_pylist()
-        else:
-            raise InvalidInputError(f"timestamps must be int64 (ms) or a timestamp type, got {ts.type}")
+        vals = epoch_ms(ts).to_pylist()
         if namespaces is None:
             nss = [self._ns_ser.check(None)] * len(arr)
         elif isinstance(namespaces, (pa.Array, pa.ChunkedArray)) or hasattr(namespaces, "__arrow_c_array__"):

@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 from statecore.descriptors import ValueStateDescriptor
 from statecore.errors import InvalidInputError
 from statecore.spark.processor import KeyedProcessor, ProcessorContext
+from statecore.timers import epoch_ms
 from statecore.ttl import StateTtlConfig
 
 __all__ = ["AircraftSessions", "RouteDelays", "SESSION_SCHEMA", "ROUTE_SCHEMA", "ROUTE_KEY_SEPARATOR",
@@ -107,21 +108,11 @@ def _timestamps_ms(arr) -> List[int]:
 def _timestamps_ms_array(arr) -> pa.Array:
     """int64 array (ms since the epoch, floored) of a timestamp column of any unit; nulls not
     allowed (InvalidInputError)."""
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
     if arr.null_count:
         raise InvalidInputError(f"event-time column has {arr.null_count} null values")
     if not pa.types.is_timestamp(arr.type):
         raise InvalidInputError(f"event_time must be a timestamp column, got {arr.type}")
-    per_ms = {"s": None, "ms": 1, "us": 1000, "ns": 1_000_000}[arr.type.unit]
-    raw = arr.cast(pa.int64())
-    if per_ms is None:
-        raw = pc.multiply(raw, 1000)
-    elif per_ms != 1:
-        # Integer divide truncates toward zero; floor it so pre-1970 times round down too.
-        raw = pc.subtract(pc.divide(raw, per_ms),
-                          pc.cast(pc.and_(pc.less(raw, 0), pc.not_equal(pc.multiply(pc.divide(raw, per_ms), per_ms), raw)), pa.int64()))
-    return raw
+    return epoch_ms(arr, "event_time")
 
 
 class AircraftSessions(KeyedProcessor):

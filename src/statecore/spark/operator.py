@@ -92,6 +92,7 @@ import pyarrow.compute as pc
 from statecore.errors import CheckpointNotFoundError, InvalidInputError, StateError
 from statecore.key_groups import check_max_parallelism, key_group_range_for_operator
 from statecore.spark.processor import KeyedProcessor, ProcessorContext
+from statecore.timers import epoch_ms
 from statecore.spark.routing import (
     CONTROL_COLUMN,
     KEY_GROUP_COLUMN,
@@ -309,11 +310,7 @@ def _event_time_ms(arr) -> Optional[int]:
         arr = arr.combine_chunks()
     t = arr.type
     if pa.types.is_timestamp(t):
-        per_ms = {"s": None, "ms": 1, "us": 1000, "ns": 1_000_000}[t.unit]
-        m = pc.max(arr.cast(pa.int64())).as_py()
-        if m is None:
-            return None
-        return m * 1000 if per_ms is None else m // per_ms
+        return pc.max(epoch_ms(arr, "event-time column")).as_py()
     if pa.types.is_integer(t):
         return pc.max(arr).as_py()
     raise InvalidInputError(
