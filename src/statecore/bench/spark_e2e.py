@@ -108,14 +108,20 @@ def _identity(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
                                          schema=_OUT_SCHEMA)
 
 
-def _pandas_with_state(key, pdfs, state):
+def _counted(count: int, pdf):
+    """(the rows of ``pdf`` with their running counts after ``count``, the new count): the
+    per-group step both pandas peers share."""
     import pandas as pd
 
+    counts = count + np.arange(1, len(pdf) + 1, dtype=np.int64)
+    return pd.DataFrame({"k": pdf["k"].to_numpy(), "count": counts}), count + len(pdf)
+
+
+def _pandas_with_state(key, pdfs, state):
     count = state.get[0] if state.exists else 0
     for pdf in pdfs:
-        counts = count + np.arange(1, len(pdf) + 1, dtype=np.int64)
-        count = int(counts[-1]) if len(pdf) else count
-        yield pd.DataFrame({"k": pdf["k"].to_numpy(), "count": counts})
+        out, count = _counted(count, pdf)
+        yield out
     state.update((count,))
 
 
@@ -128,13 +134,10 @@ def _tws_processor():
             self.count = handle.getValueState("count", StructType([StructField("c", LongType())]))
 
         def handleInputRows(self, key, rows, timerValues):
-            import pandas as pd
-
             count = self.count.get()[0] if self.count.exists() else 0
             for pdf in rows:
-                counts = count + np.arange(1, len(pdf) + 1, dtype=np.int64)
-                count = int(counts[-1]) if len(pdf) else count
-                yield pd.DataFrame({"k": pdf["k"].to_numpy(), "count": counts})
+                out, count = _counted(count, pdf)
+                yield out
             self.count.update((count,))
 
         def close(self) -> None:
