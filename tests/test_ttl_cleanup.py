@@ -16,12 +16,14 @@ from hypothesis import strategies as st
 from statecore import CheckpointStore, create_backend
 from statecore import serializers as S
 from statecore.descriptors import (
+    AggregatingStateDescriptor,
     ListStateDescriptor,
     MapStateDescriptor,
     ReducingStateDescriptor,
     ValueStateDescriptor,
 )
 from statecore.errors import InvalidInputError
+from statecore.testing.conformance import AverageAggregate
 from statecore.ttl import ManualClock, StateTtlConfig, filter_entries
 
 BACKENDS = ["python"]
@@ -48,17 +50,6 @@ def _scenario_6_state(kind, cfg=EVERY_RECORD, n=1000, alive=30):
     return b, v, clock
 
 
-class _Avg:
-    def create_accumulator(self):
-        return [0, 0]
-
-    def add(self, value, acc):
-        return [acc[0] + value, acc[1] + 1]
-
-    def get_result(self, acc):
-        return acc[0] / acc[1]
-
-
 # state kind -> (descriptor, per-record write(state, k), batch write(state, keys array))
 _SCENARIO_6_KINDS = {
     "value": (lambda: ValueStateDescriptor("s", "int64"),
@@ -69,7 +60,7 @@ _SCENARIO_6_KINDS = {
             lambda st, k: st.put(k, k), lambda st, ks: st.put_batch(ks, ks, ks)),
     "reducing": (lambda: ReducingStateDescriptor("s", "sum", "int64"),
                  lambda st, k: st.add(k), lambda st, ks: st.add_batch(ks, ks)),
-    "aggregating": (lambda: __import__("statecore").AggregatingStateDescriptor("s", _Avg()),
+    "aggregating": (lambda: AggregatingStateDescriptor("s", AverageAggregate()),
                     lambda st, k: st.add(k), lambda st, ks: st.add_batch(ks, ks)),
 }
 

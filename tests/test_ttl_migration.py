@@ -12,7 +12,6 @@ import pytest
 
 from statecore import CheckpointStore, create_backend
 from statecore.descriptors import (
-    AggregateFunction,
     AggregatingStateDescriptor,
     ListStateDescriptor,
     MapStateDescriptor,
@@ -20,7 +19,7 @@ from statecore.descriptors import (
     ValueStateDescriptor,
 )
 from statecore.errors import InvalidInputError, StateMigrationError
-from statecore.testing.conformance import snapshot_dump
+from statecore.testing.conformance import AverageAggregate, TamperedSnapshot, snapshot_dump
 from statecore.ttl import INT64_MIN, ManualClock, StateTtlConfig
 
 BACKENDS = ["python"]
@@ -33,17 +32,6 @@ except ImportError:
 
 TTL = 100
 KEYS = range(10)
-
-
-class Avg(AggregateFunction):
-    def create_accumulator(self):
-        return [0, 0]
-
-    def add(self, value, acc):
-        return [acc[0] + value, acc[1] + 1]
-
-    def get_result(self, acc):
-        return acc[0] / acc[1]
 
 
 # One spec per state kind. write(st, i): the first write of key i; refresh(st, i): a later write
@@ -161,7 +149,7 @@ class Reducing(Value):
 
 class Aggregating(Reducing):
     def descriptor(self):
-        return AggregatingStateDescriptor("s", Avg(), "pickle")
+        return AggregatingStateDescriptor("s", AverageAggregate(), "pickle")
 
     def write(self, st, i):
         st.add(i)
@@ -462,27 +450,6 @@ def test_requesting_a_migration_when_nothing_differs_changes_nothing(tmp_path, k
     assert b.snapshot(incremental=True).incremental is True
 
 
-class _Tampered:
-    """A snapshot whose state "s" values are replaced by ``value``."""
-
-    def __init__(self, inner, value: bytes):
-        self._inner, self._value = inner, value
-        for a in ("max_parallelism", "key_group_range", "key_type", "assigner"):
-            setattr(self, a, getattr(inner, a))
-
-    def state_metas(self):
-        return self._inner.state_metas()
-
-    def entries(self, name, kg):
-        keys, vals = self._inner.entries(name, kg)
-        if name == "s" and len(keys):
-            vals = pa.array([self._value] * len(keys), pa.binary())
-        return keys, vals
-
-    def release(self):
-        pass
-
-
 @KIND
 @pytest.mark.parametrize("order", ["restore_then_register", "register_then_restore"])
 def test_a_broken_layout_fails_the_migration_and_changes_nothing(kind, order):
@@ -492,7 +459,9 @@ def test_a_broken_layout_fails_the_migration_and_changes_nothing(kind, order):
     for i in KEYS:
         src.set_current_key(i)
         spec.write(sst, i)
-    broken = _Tampered(src.snapshot(), b"\x00" * 13)  # not a multiple of 8 + 8 bytes
+    # Every value of "s" is 13 bytes: not a multiple of 8 + 8 bytes.
+    broken = TamperedSnapshot(src.snapshot(), "s", lambda k, v: (
+        k, pa.array([b"\x00" * 13] * len(k), pa.binary())))
     b = create_backend(kind, key_type="int64", ttl_clock=ManualClock(0))
     if order == "register_then_restore":
         b.get_state(plain_desc(spec))

@@ -51,6 +51,26 @@ class AverageAggregate(AggregateFunction):
         return acc[0] / acc[1] if acc[1] else None
 
 
+class TamperedSnapshot:
+    """A snapshot that hands out ``mangle(keys, values)`` instead of the non-empty entries of
+    state ``state`` of ``inner`` (for tests of restores of malformed snapshots)."""
+
+    def __init__(self, inner, state: str, mangle):
+        self._inner, self._state, self._mangle = inner, state, mangle
+        for a in ("max_parallelism", "key_group_range", "key_type", "assigner"):
+            setattr(self, a, getattr(inner, a))
+
+    def state_metas(self):
+        return self._inner.state_metas()
+
+    def entries(self, name, kg):
+        keys, vals = self._inner.entries(name, kg)
+        return self._mangle(keys, vals) if name == self._state and len(keys) else (keys, vals)
+
+    def release(self):
+        pass
+
+
 def snapshot_dump(snap, key_groups=None) -> dict:
     """``{state_name: {key_group: [(key_bytes, value_bytes), ...]}}`` of every non-empty key group
     of ``snap`` (or of ``key_groups``)."""
@@ -836,22 +856,6 @@ class BackendConformance(KeyTypeConformance):
         self._populate(b, range(20))
         snap = b.snapshot()
 
-        class Tampered:
-            def __init__(self, inner, state, mangle):
-                self._inner, self._state, self._mangle = inner, state, mangle
-                for a in ("max_parallelism", "key_group_range", "key_type", "assigner"):
-                    setattr(self, a, getattr(inner, a))
-
-            def state_metas(self):
-                return self._inner.state_metas()
-
-            def entries(self, name, kg):
-                keys, vals = self._inner.entries(name, kg)
-                return self._mangle(keys, vals) if name == self._state and len(keys) else (keys, vals)
-
-            def release(self):
-                pass
-
         target = self._backend()
         self._populate(target, range(100, 110))
         before = snapshot_dump(target.snapshot())
@@ -863,7 +867,7 @@ class BackendConformance(KeyTypeConformance):
         ]
         for state, mangle in bad:
             with pytest.raises((InvalidInputError, StateMigrationError)):
-                target.restore(Tampered(snap, state, mangle))
+                target.restore(TamperedSnapshot(snap, state, mangle))
             assert snapshot_dump(target.snapshot()) == before
             assert target.timers.num_timers() == timers_before
 
