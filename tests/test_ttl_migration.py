@@ -20,7 +20,7 @@ from statecore.descriptors import (
 )
 from statecore.errors import InvalidInputError, StateMigrationError
 from statecore.testing.conformance import AverageAggregate, TamperedSnapshot, snapshot_dump
-from statecore.ttl import INT64_MIN, ManualClock, StateTtlConfig
+from statecore.ttl import ManualClock, StateTtlConfig
 
 BACKENDS = ["python"]
 try:

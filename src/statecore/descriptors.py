@@ -13,7 +13,7 @@ migration with :meth:`StateDescriptor.enable_ttl_migration` (:mod:`statecore.ttl
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable
+from typing import Any
 
 from statecore import serializers as S
 from statecore.errors import InvalidInputError, StateMigrationError

@@ -30,7 +30,6 @@ from statecore.descriptors import (
     ValueStateDescriptor,
 )
 from statecore.errors import InvalidInputError, StateError, StateMigrationError
-from statecore.key_groups import KeyGroupRange
 from statecore.testing.key_types import KeyTypeConformance
 
 __all__ = ["BackendConformance", "snapshot_dump", "merge_incremental", "AverageAggregate"]
