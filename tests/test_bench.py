@@ -54,9 +54,10 @@ def _check_snapshot_cases(records):
                    - got["rows_per_s_during"] / got["rows_per_s_without"]) < 1e-9
         assert got["goal_min_ratio"] == 0.8
         if label.startswith("native"):
-            # Random updates of existing keys while the snapshot lives retire old entries; the
-            # snapshot's release (and the next operation) frees them all.
-            assert got["retired_entries_peak_during"] > 0
+            # Random updates of existing keys while the snapshot lives copy what they touch:
+            # pages (flat engine) or entries, retired until the snapshot's release (and the next
+            # operation) frees them all (chained engine).
+            assert got["retired_entries_peak_during"] > 0 or got["page_copies_during"] > 0
             assert got["retired_entries_after"] == 0
 
 

@@ -199,6 +199,10 @@ class RowKeys {
 
   const uint8_t* data() const { return enc_.data(); }
   size_t size() const { return enc_.size(); }
+  // The map hash of row i's encoded key (encode(i) done): computed ahead when prefetching.
+  uint32_t hash(int64_t i, const StateMap& m) const {
+    return prefetch_ ? hashes_[i % (2 * kGroup)] : m.hash(data(), size());
+  }
 
  private:
   static constexpr int64_t kGroup = 16;
@@ -249,7 +253,7 @@ template <class Emit>
 bool ttl_read(StateMap& m, const RowKeys& rk, int64_t i, size_t width, const TtlBatchSpec& ttl,
               int64_t* expired, Emit emit) {
   ByteView v;
-  if (!m.get(rk.data(), rk.size(), &v)) return false;
+  if (!m.get_hashed(rk.hash(i, m), rk.data(), rk.size(), &v)) return false;
   if (width != 0 && v.size != width) wrong_width(i, v.size, width);
   if (v.size < ttl::kTimestampBytes)
     fail(row_str(i) + ": the stored value holds " + std::to_string(v.size) +
@@ -296,7 +300,7 @@ void emit_current(StateMap& m, const RowKeys& rk, int64_t i, T* out, uint8_t* va
     return;
   }
   ByteView v;
-  if (m.get(rk.data(), rk.size(), &v)) {
+  if (m.get_hashed(rk.hash(i, m), rk.data(), rk.size(), &v)) {
     if (v.size != 8) wrong_width(i, v.size);
     out[i] = load_fixed<T>(v.data);
     valid[i] = 1;
@@ -342,9 +346,10 @@ void fold_rows(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayVi
     }
     const T x = value_at(i);
     size_t sz = 0;
-    uint8_t* p = m.get_for_update(rk.data(), rk.size(), &sz);
+    bool inserted = false;
+    uint8_t* p = m.upsert(rk.hash(i, m), rk.data(), rk.size(), width, &sz, &inserted);
     T acc;
-    if (p != nullptr) {
+    if (!inserted) {
       if (sz != width) wrong_width(i, sz, width);
       const T old = load_fixed<T>(p);
       const int64_t old_ts = ttl.enabled ? ttl::load_timestamp(p + 8) : 0;
@@ -373,7 +378,6 @@ void fold_rows(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayVi
       }
       if constexpr (kUndo) undo.push_back({i, old, old_ts, true});
     } else {
-      p = m.put(rk.data(), rk.size(), width);
       acc = x;
       if constexpr (kUndo) undo.push_back({i, T{}, 0, false});
     }
@@ -501,7 +505,7 @@ void get_batch_var(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_
       found = ttl_read(m, rk, i, 0, ttl, expired, append);
     } else {
       ByteView v;
-      found = m.get(rk.data(), rk.size(), &v);
+      found = m.get_hashed(rk.hash(i, m), rk.data(), rk.size(), &v);
       if (found) append(v.data, v.size);
     }
     out_valid[i] = found ? 1 : 0;

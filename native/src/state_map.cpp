@@ -2,6 +2,8 @@
 #include "statecore/state_map.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
@@ -14,6 +16,8 @@ namespace statecore {
 
 using detail::Directory;
 using detail::Entry;
+using detail::FlatDirectory;
+using detail::FlatLayout;
 using detail::Page;
 
 namespace {
@@ -32,21 +36,49 @@ void check_buffer(const uint8_t* p, size_t n, const char* what) {
   }
 }
 
+std::atomic<int> g_default_engine{-1};  // -1: not read from the environment yet
+
+MapEngine resolve(MapEngine e) { return e == MapEngine::Default ? default_map_engine() : e; }
+
 }  // namespace
+
+void set_default_map_engine(MapEngine engine) {
+  g_default_engine.store(engine == MapEngine::Default ? -1 : static_cast<int>(engine));
+}
+
+MapEngine default_map_engine() {
+  int e = g_default_engine.load();
+  if (e < 0) {
+    const char* env = std::getenv("STATECORE_MAP_ENGINE");
+    e = static_cast<int>(env && std::strcmp(env, "chained") == 0 ? MapEngine::Chained
+                                                                  : MapEngine::Flat);
+    int unset = -1;
+    g_default_engine.compare_exchange_strong(unset, e);
+    e = g_default_engine.load();
+  }
+  return static_cast<MapEngine>(e);
+}
 
 // ------------------------------------------------------------------------------------------------
 // Impl
 // ------------------------------------------------------------------------------------------------
 
-StateMap::Impl::Impl(KeyHashFunction h)
-    : hash_fn(h), primary(Directory::make(detail::kMinCapacity)),
-      threshold(threshold_for(detail::kMinCapacity)) {}
+StateMap::Impl::Impl(KeyHashFunction h, bool start_flat)
+    : hash_fn(h), flat(start_flat), threshold(threshold_for(detail::kMinCapacity)) {
+  if (flat) {
+    fprimary = FlatDirectory::make(detail::kMinCapacity, FlatLayout{});
+  } else {
+    primary = Directory::make(detail::kMinCapacity);
+  }
+}
 
 StateMap::Impl::~Impl() {
   // Only reached when no snapshot holds this state any more: nothing is needed.
   for (const Retired& r : retired) Entry::destroy(r.entry);
   Directory::unref(primary);
   Directory::unref(rehash_table);
+  FlatDirectory::unref(fprimary);
+  FlatDirectory::unref(frehash);
 }
 
 uint32_t StateMap::Impl::hash_of(const uint8_t* key, size_t ks) const {
@@ -60,7 +92,12 @@ void StateMap::Impl::begin_op(bool rehash_step_allowed) {
     sweep_locked();
   }
   req = required.load(std::memory_order_acquire);
-  if (rehash_step_allowed && rehash_table) rehash_step();
+  if (!rehash_step_allowed) return;
+  if (flat) {
+    if (frehash) flat_rehash_step();
+  } else if (rehash_table) {
+    rehash_step();
+  }
 }
 
 void StateMap::Impl::start_rehash() {
@@ -116,10 +153,10 @@ void StateMap::Impl::rehash_step() {
   }
 }
 
-StateMap::Impl::Location StateMap::Impl::locate(const uint8_t* key, size_t ks) {
+StateMap::Impl::Location StateMap::Impl::locate_hashed(uint32_t h, const uint8_t* key, size_t ks) {
   begin_op(true);
   Location at;
-  at.h = hash_of(key, ks);
+  at.h = h;
   at.table = table_for(at.h, &at.bucket);
   at.entry = find(*at.table, at.bucket, at.h, key, ks);
   return at;
@@ -203,6 +240,7 @@ Entry** StateMap::Impl::writable_link(Directory** table, size_t bucket, Entry* t
 }
 
 uint64_t StateMap::Impl::advance_version() {
+  if (flat && version >= detail::kFlatMaxVersion) unflatten();  // slots reserve two meta values
   if (version >= std::numeric_limits<uint32_t>::max()) {
     throw std::overflow_error("StateMap: version counter exhausted (2^32 - 1 snapshots/rebases)");
   }
@@ -259,6 +297,9 @@ void StateMap::Impl::reset_tables(size_t capacity) {
 
 void StateMap::Impl::teardown() {
   begin_op(false);
+  FlatDirectory::unref(fprimary);
+  FlatDirectory::unref(frehash);
+  fprimary = frehash = nullptr;
   visit_live([this](Entry* e) { dispose(e); });
   Directory::unref(primary);
   Directory::unref(rehash_table);
@@ -274,7 +315,8 @@ void StateMap::Impl::teardown() {
 // StateMap
 // ------------------------------------------------------------------------------------------------
 
-StateMap::StateMap(KeyHashFunction hash) : impl_(std::make_shared<Impl>(hash)) {}
+StateMap::StateMap(KeyHashFunction hash, MapEngine engine)
+    : impl_(std::make_shared<Impl>(hash, resolve(engine) == MapEngine::Flat)) {}
 
 StateMap::~StateMap() {
   if (impl_) impl_->teardown();
@@ -286,6 +328,13 @@ size_t StateMap::bytes() const { return impl_->live_bytes; }
 bool StateMap::get(const uint8_t* key, size_t key_size, ByteView* out) {
   check_buffer(key, key_size, "key");
   Impl& m = *impl_;
+  if (m.flat) {
+    const Impl::FlatLocation at = m.flat_locate(m.hash_of(key, key_size), key, key_size);
+    if (!at.table) return false;
+    const FlatDirectory* d = *at.table;
+    if (out) *out = ByteView{d->slot(at.slot) + 4 + d->layout.suffix_size(), d->layout.value_size};
+    return true;
+  }
   const Entry* e = m.locate(key, key_size).entry;
   if (!e) return false;
   if (out) *out = ByteView{e->value(), e->value_size};
@@ -309,6 +358,12 @@ static const Directory* prefetch_table(const StateMap::Impl& m, uint32_t h, size
 }
 
 void StateMap::prefetch_bucket(uint32_t h) const {
+  const Impl& m = *impl_;
+  if (m.flat) {
+    const FlatDirectory* d = m.frehash ? m.frehash : m.fprimary;
+    if (const uint8_t* s = d->slot(h & d->mask())) __builtin_prefetch(s, 0, 1);
+    return;
+  }
   size_t b;
   const Directory* d = prefetch_table(*impl_, h, &b);
   const Page* p = d->pages()[b >> d->page_shift];
@@ -316,6 +371,7 @@ void StateMap::prefetch_bucket(uint32_t h) const {
 }
 
 void StateMap::prefetch_entry(uint32_t h) const {
+  if (impl_->flat) return;  // the slot is the entry: prefetch_bucket fetched it
   size_t b;
   const Directory* d = prefetch_table(*impl_, h, &b);
   const Entry* e = d->head(b);
@@ -331,6 +387,14 @@ uint8_t* StateMap::put(const uint8_t* key, size_t key_size, size_t value_size) {
     throw std::length_error("StateMap: value larger than 4 GiB - 1 bytes");
   }
   Impl& m = *impl_;
+  if (m.flat) {
+    if (m.version > detail::kFlatMaxVersion) m.unflatten();
+  }
+  if (m.flat) {
+    uint8_t* value;
+    const Impl::FlatLocation at = m.flat_locate(m.hash_of(key, key_size), key, key_size);
+    if (m.flat_put(at, key, key_size, value_size, &value)) return value;
+  }
   const Impl::Location at = m.locate(key, key_size);
   const uint32_t h = at.h;
   size_t b = at.bucket;
@@ -368,6 +432,10 @@ uint8_t* StateMap::put(const uint8_t* key, size_t key_size, size_t value_size) {
 uint8_t* StateMap::get_for_update(const uint8_t* key, size_t key_size, size_t* value_size) {
   check_buffer(key, key_size, "key");
   Impl& m = *impl_;
+  if (m.flat) {
+    const Impl::FlatLocation at = m.flat_locate(m.hash_of(key, key_size), key, key_size);
+    return at.table ? m.flat_update(at, key, key_size, value_size) : nullptr;
+  }
   const Impl::Location at = m.locate(key, key_size);
   if (!at.entry) return nullptr;
   m.log_rewrite(at.entry);
@@ -377,9 +445,58 @@ uint8_t* StateMap::get_for_update(const uint8_t* key, size_t key_size, size_t* v
   return e->value();
 }
 
+uint8_t* StateMap::upsert(uint32_t hash, const uint8_t* key, size_t key_size,
+                          size_t new_value_size, size_t* value_size, bool* inserted) {
+  check_buffer(key, key_size, "key");
+  Impl& m = *impl_;
+  if (m.flat && m.version > detail::kFlatMaxVersion) m.unflatten();
+  if (m.flat) {
+    const Impl::FlatLocation at = m.flat_locate(hash, key, key_size);
+    if (at.table) {
+      *inserted = false;
+      return m.flat_update(at, key, key_size, value_size);
+    }
+    uint8_t* value;
+    if (m.flat_put(at, key, key_size, new_value_size, &value)) {
+      *inserted = true;
+      *value_size = new_value_size;
+      return value;
+    }
+  }
+  const Impl::Location at = m.locate_hashed(hash, key, key_size);
+  if (at.entry) {
+    *inserted = false;
+    m.log_rewrite(at.entry);
+    Entry* e = m.own_for_write(at);
+    e->modified = static_cast<uint32_t>(m.version);
+    *value_size = e->value_size;
+    return e->value();
+  }
+  *inserted = true;
+  *value_size = new_value_size;
+  return put(key, key_size, new_value_size);
+}
+
+bool StateMap::get_hashed(uint32_t hash, const uint8_t* key, size_t key_size, ByteView* out) {
+  check_buffer(key, key_size, "key");
+  Impl& m = *impl_;
+  if (m.flat) {
+    const Impl::FlatLocation at = m.flat_locate(hash, key, key_size);
+    if (!at.table) return false;
+    const FlatDirectory* d = *at.table;
+    if (out) *out = ByteView{d->slot(at.slot) + 4 + d->layout.suffix_size(), d->layout.value_size};
+    return true;
+  }
+  const Entry* e = m.locate_hashed(hash, key, key_size).entry;
+  if (!e) return false;
+  if (out) *out = ByteView{e->value(), e->value_size};
+  return true;
+}
+
 bool StateMap::remove(const uint8_t* key, size_t key_size) {
   check_buffer(key, key_size, "key");
   Impl& m = *impl_;
+  if (m.flat) return m.flat_remove(key, key_size);
   const Impl::Location at = m.locate(key, key_size);
   Entry* e = at.entry;
   if (!e) return false;
@@ -394,6 +511,7 @@ bool StateMap::remove(const uint8_t* key, size_t key_size) {
 
 void StateMap::clear() {
   Impl& m = *impl_;
+  if (m.flat) return m.flat_clear();
   m.begin_op(false);
   m.visit_live([&m](Entry* e) {
     m.log_removal(e);
@@ -414,10 +532,18 @@ std::shared_ptr<MapSnapshot> StateMap::snapshot() {
   ++m.stats.snapshots;
   auto s = std::make_unique<MapSnapshot::State>();
   s->impl = impl_;
-  m.primary->ref();
-  s->primary = m.primary;
-  if (m.rehash_table) m.rehash_table->ref();
-  s->rehash_table = m.rehash_table;
+  if (m.flat) {
+    s->flat = true;
+    m.fprimary->ref();
+    s->fprimary = m.fprimary;
+    if (m.frehash) m.frehash->ref();
+    s->frehash = m.frehash;
+  } else {
+    m.primary->ref();
+    s->primary = m.primary;
+    if (m.rehash_table) m.rehash_table->ref();
+    s->rehash_table = m.rehash_table;
+  }
   s->rehash_index = m.rehash_index;
   s->size = m.size();
   s->version = m.version;
@@ -457,6 +583,16 @@ size_t StateMap::write_log_size() const { return impl_->writes.size(); }
 void StateMap::set_write_log_min(size_t records) { impl_->write_log_min = records; }
 
 void StateMap::for_each_impl(void (*cb)(void*, ByteView, ByteView), void* ctx) {
+  if (impl_->flat) {
+    impl_->flat_visit_live([&](const FlatDirectory* d, const uint8_t* s) {
+      const FlatLayout& l = d->layout;
+      uint8_t buf[detail::kFlatMaxKey];
+      if (l.prefix_size) buf[0] = l.prefix[0];
+      std::memcpy(buf + l.prefix_size, s + 4, l.suffix_size());
+      cb(ctx, ByteView{buf, l.key_size}, ByteView{s + 4 + l.suffix_size(), l.value_size});
+    });
+    return;
+  }
   impl_->visit_live([&](Entry* e) {
     cb(ctx, ByteView{e->key(), e->key_size}, ByteView{e->value(), e->value_size});
   });
@@ -469,6 +605,7 @@ bool StateMap::collect_buckets(uint64_t* cursor, size_t min_entries, SortedRun* 
   out->key_offsets.assign(1, 0);
   out->value_offsets.assign(1, 0);
   out->valid.clear();
+  if (m.flat) return m.flat_collect(cursor, min_entries, out);
   auto add = [out](const Entry* e) {
     out->key_data.insert(out->key_data.end(), e->key(), e->key() + e->key_size);
     out->key_offsets.push_back(out->key_data.size());
@@ -508,11 +645,17 @@ bool StateMap::collect_buckets(uint64_t* cursor, size_t min_entries, SortedRun* 
   return false;
 }
 
-bool StateMap::is_rehashing() const { return impl_->rehash_table != nullptr; }
+bool StateMap::is_rehashing() const {
+  return impl_->flat ? impl_->frehash != nullptr : impl_->rehash_table != nullptr;
+}
 
 size_t StateMap::capacity() const {
-  return impl_->rehash_table ? impl_->rehash_table->capacity : impl_->primary->capacity;
+  const Impl& m = *impl_;
+  if (m.flat) return m.frehash ? m.frehash->capacity : m.fprimary->capacity;
+  return m.rehash_table ? m.rehash_table->capacity : m.primary->capacity;
 }
+
+bool StateMap::is_flat() const { return impl_->flat; }
 
 uint64_t StateMap::version() const { return impl_->version; }
 size_t StateMap::retired_entries() const { return impl_->retired.size(); }
@@ -530,7 +673,7 @@ void StateMap::reclaim() {
 // ------------------------------------------------------------------------------------------------
 
 MapSnapshot::MapSnapshot(std::unique_ptr<State> s) : s_(std::move(s)) {
-  if (!s_ || !s_->impl || !s_->primary) {
+  if (!s_ || !s_->impl || (s_->flat ? s_->fprimary == nullptr : s_->primary == nullptr)) {
     throw std::invalid_argument("MapSnapshot: constructed without snapshot state");
   }
 }
@@ -544,6 +687,9 @@ void MapSnapshot::release() {
   Directory::unref(s_->primary);
   Directory::unref(s_->rehash_table);
   s_->primary = s_->rehash_table = nullptr;
+  FlatDirectory::unref(s_->fprimary);
+  FlatDirectory::unref(s_->frehash);
+  s_->fprimary = s_->frehash = nullptr;
   s_->impl.reset();  // may destroy the engine state when the map is already gone
 }
 
@@ -577,7 +723,45 @@ void walk_entries(const Directory* d, size_t from, Fn&& fn) {
 
 }  // namespace
 
-const Entry* MapSnapshot::find_hashed(uint32_t hash, const uint8_t* key, size_t key_size) const {
+// Every live slot of a flat table from slot `from` on, with its full key rebuilt.
+template <class Fn>
+void walk_flat(const FlatDirectory* d, size_t from, Fn&& fn) {
+  if (!d || !d->layout.fixed) return;
+  const FlatLayout& l = d->layout;
+  const size_t stride = d->stride();
+  const size_t per_page = d->page_mask() + 1;
+  uint8_t buf[detail::kFlatMaxKey];
+  if (l.prefix_size) buf[0] = l.prefix[0];
+  for (size_t pi = 0; pi < d->page_count; ++pi) {
+    const detail::FlatPage* p = d->pages()[pi];
+    if (!p || (pi + 1) * per_page <= from) continue;
+    for (size_t k = (pi * per_page < from ? from - pi * per_page : 0); k < per_page; ++k) {
+      const uint8_t* s = p->bytes() + k * stride;
+      const uint32_t meta = detail::load_u32(s);
+      if (meta == detail::kFlatEmpty || meta == detail::kFlatDeleted) continue;
+      std::memcpy(buf + l.prefix_size, s + 4, l.suffix_size());
+      fn(ByteView{buf, l.key_size}, ByteView{s + 4 + l.suffix_size(), l.value_size}, meta);
+    }
+  }
+}
+
+bool MapSnapshot::find_hashed(uint32_t hash, const uint8_t* key, size_t key_size, ByteView* value,
+                              uint32_t* modified) const {
+  if (s_->flat) {
+    const FlatLayout& l = s_->fprimary->layout;
+    if (!l.fixed || !l.fits_key(key, key_size)) return false;
+    const uint8_t* suffix = key + l.prefix_size;
+    const FlatDirectory* d = s_->frehash;
+    size_t i;
+    if (!d || !detail::flat_probe(d, hash, suffix, 0, &i)) {
+      d = s_->fprimary;
+      if (!detail::flat_probe(d, hash, suffix, s_->frehash ? s_->rehash_index : 0, &i)) return false;
+    }
+    const uint8_t* slot = d->slot(i);
+    *value = ByteView{slot + 4 + l.suffix_size(), l.value_size};
+    *modified = detail::load_u32(slot);
+    return true;
+  }
   const Directory* d = s_->primary;
   size_t b = hash & (d->capacity - 1);
   if (s_->rehash_table && b < s_->rehash_index) {
@@ -585,9 +769,27 @@ const Entry* MapSnapshot::find_hashed(uint32_t hash, const uint8_t* key, size_t 
     b = hash & (d->capacity - 1);
   }
   for (const Entry* e = d->head(b); e; e = e->next) {
-    if (e->matches(hash, key, key_size)) return e;
+    if (e->matches(hash, key, key_size)) {
+      *value = ByteView{e->value(), e->value_size};
+      *modified = e->modified;
+      return true;
+    }
   }
-  return nullptr;
+  return false;
+}
+
+void MapSnapshot::walk(void (*fn)(void*, ByteView, ByteView, uint32_t), void* ctx) const {
+  auto each = [&](ByteView k, ByteView v, uint32_t modified) { fn(ctx, k, v, modified); };
+  if (s_->flat) {
+    walk_flat(s_->fprimary, s_->frehash ? s_->rehash_index : 0, each);
+    walk_flat(s_->frehash, 0, each);
+    return;
+  }
+  auto entry = [&](const Entry* e) {
+    fn(ctx, ByteView{e->key(), e->key_size}, ByteView{e->value(), e->value_size}, e->modified);
+  };
+  walk_entries(s_->primary, s_->rehash_table ? s_->rehash_index : 0, entry);
+  walk_entries(s_->rehash_table, 0, entry);
 }
 
 bool MapSnapshot::changes_from_log(uint64_t base) const {
@@ -610,23 +812,30 @@ void MapSnapshot::sorted_changes(uint64_t base, SortedRunBuilder& run, SortedRun
   }
   const uint64_t s = s_->version;
   run.clear();
-  auto collect = [&](const Entry* e) {
-    if (e->modified >= base && e->modified < s)
-      run.add(ByteView{e->key(), e->key_size}, ByteView{e->value(), e->value_size}, false);
+  struct Ctx {
+    SortedRunBuilder* run;
+    uint64_t base, s;
+  } ctx{&run, base, s};
+  auto collect = [](void* c, ByteView k, ByteView v, uint32_t modified) {
+    const Ctx& x = *static_cast<Ctx*>(c);
+    if (modified >= x.base && modified < x.s) x.run->add(k, v, false);
   };
+  ByteView value;
+  uint32_t modified;
   if (changes_from_log(base)) {
     // Every key written in [base, s) has a record there (C5): look each one up instead of
     // walking every entry. A key written in several epochs has several records: `unique`.
     s_->writes.for_each([&](const detail::KeyRecord& r) {
       if (r.version < base || r.version >= s) return;
-      if (const Entry* e = find_hashed(r.hash, r.key, r.key_size)) collect(e);
+      if (find_hashed(r.hash, r.key, r.key_size, &value, &modified))
+        collect(&ctx, ByteView{r.key, r.key_size}, value, modified);
     });
   } else {
-    walk_entries(s_->primary, s_->rehash_table ? s_->rehash_index : 0, collect);
-    walk_entries(s_->rehash_table, 0, collect);
+    walk(collect, &ctx);
   }
   s_->removals.for_each([&](const detail::KeyRecord& r) {
-    if (r.version >= base && r.version < s && !find_hashed(r.hash, r.key, r.key_size)) {
+    if (r.version >= base && r.version < s &&
+        !find_hashed(r.hash, r.key, r.key_size, &value, &modified)) {
       run.add(ByteView{r.key, r.key_size}, ByteView{}, true);
     }
   });
@@ -646,11 +855,8 @@ void MapSnapshot::sorted_entries(SortedRunBuilder& run, SortedRun& out) const {
   if (s_->released) throw std::logic_error("MapSnapshot::sorted_entries() after release()");
   run.clear();
   run.reserve(s_->size, 0, 0);
-  auto collect = [&run](const Entry* e) {
-    run.add(ByteView{e->key(), e->key_size}, ByteView{e->value(), e->value_size}, false);
-  };
-  walk_entries(s_->primary, s_->rehash_table ? s_->rehash_index : 0, collect);
-  walk_entries(s_->rehash_table, 0, collect);
+  walk([](void* r, ByteView k, ByteView v, uint32_t) { static_cast<SortedRunBuilder*>(r)->add(k, v, false); },
+       &run);
   run.finish(/*unique=*/false, out);
 }
 

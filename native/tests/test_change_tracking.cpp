@@ -196,7 +196,7 @@ TEST(removal_log_is_bounded_by_removals_since_the_base) {
 }
 
 TEST(rehash_migration_copies_are_not_changes) {
-  StateMap m;
+  StateMap m(nullptr, statecore::MapEngine::Chained);  // the chained engine's mechanics
   for (int i = 0; i < 3000; ++i) put(m, be64(i), "base");
   auto s1 = m.snapshot();  // held: the migration below must copy every moved entry
   m.mark_base(s1->version());

@@ -164,7 +164,7 @@ TEST(bad_arguments_throw_and_do_not_change_state) {
 }
 
 TEST(capacity_load_factor_and_growth) {
-  StateMap m;
+  StateMap m(nullptr, statecore::MapEngine::Chained);  // the chained engine's mechanics
   CHECK_EQ(m.capacity(), 4u);  // minimum capacity
   for (int i = 0; i < 4; ++i) put(m, be64(i), "v");
   CHECK_EQ(m.capacity(), 4u);  // 4 entries > threshold 3 is only checked at the next insert
@@ -303,7 +303,7 @@ TEST(snapshot_isolation_basic_and_release_idempotent) {
 }
 
 TEST(snapshot_is_o1_and_writes_copy_only_what_they_touch) {
-  StateMap m;
+  StateMap m(nullptr, statecore::MapEngine::Chained);  // the chained engine's mechanics
   for (int i = 0; i < 20000; ++i) put(m, be64(i), "v");
   while (m.is_rehashing()) contains(m, be64(0));
   size_t cap = m.capacity();
@@ -375,7 +375,7 @@ TEST(no_copies_after_last_release) {
 
 // Retired entries are freed exactly when no live snapshot in (created, unlinked] remains.
 TEST(reclamation_follows_snapshot_intervals) {
-  StateMap m;
+  StateMap m(nullptr, statecore::MapEngine::Chained);  // the chained engine's mechanics
   put(m, "a", "1");                 // created at version 0
   auto s1 = m.snapshot();           // version 1 needs a
   put(m, "b", "2");                 // created at version 1

@@ -16,6 +16,15 @@ namespace statecore {
 using KeyHashFunction = uint32_t (*)(const uint8_t* data, size_t size);
 
 class MapSnapshot;
+
+// Which engine a StateMap runs (see "Flat engine" in the class comment). Default: the process
+// default, Flat unless set_default_map_engine() or the environment variable
+// STATECORE_MAP_ENGINE=chained (read once, at the first map) says Chained -- so whole test suites
+// can run over either engine.
+enum class MapEngine : uint8_t { Default, Flat, Chained };
+void set_default_map_engine(MapEngine engine);  // Default resets to the environment's choice
+MapEngine default_map_engine();
+
 namespace detail {
 struct Entry;
 }
@@ -180,6 +189,45 @@ struct Entry;
 // Versions are limited to 2^32 - 1 (Entry::modified is 32 bits, as Flink limits its int version):
 // snapshot() and rebase() throw std::overflow_error beyond.
 //
+// Flat engine (detail/flat_table.h, native/src/flat_map.cpp). Everything above describes the
+// chained engine, which holds any keys and values. Most states hold keys and values of one width
+// (an int64 key and an int64/float64 value, with or without the TTL suffix), and there a chained
+// entry costs a 32-byte header, an allocation and a pointer chase per lookup: 84 bytes per
+// int64 -> int64 entry and two dependent cache misses per access. So a map starts FLAT:
+//  - Table: open addressing with linear probing over a paged slot array (pages of up to 16 KiB,
+//    power-of-two capacity, minimum 4, load factor 3/4 checked with >= so a slot stays free).
+//    A slot is {meta, key suffix, value} inline: meta = the entry's `modified` version, or
+//    empty / deleted. The first insert fixes the layout: the key width, the value width and, for
+//    keys of 9+ bytes, their first byte (the key-group prefix, kept once per table). An int64 ->
+//    int64 entry is a 20-byte slot: ~34 bytes per entry at the load of a 10M-entry state.
+//  - Conversion: an insert that does not fit the layout (another key or value width, another
+//    first byte, a key over 64 or a value over 256 bytes, a version past 2^32 - 3) converts the
+//    map to the chained engine, once and for good: O(size) then, every entry re-created with its
+//    `modified` (so change listings do not see a conversion). Snapshots keep their flat tables.
+//    clear() forgets the layout (the next insert picks one again).
+//  - Copy-on-write at page granularity: the same reference-counted directory and pages as the
+//    chained bucket array, but a page holds the entries themselves, so the first write after a
+//    snapshot to a page copies the page (up to 16 KiB) and nothing else; there is no entry-level
+//    copy-on-write and no retire list (a snapshot's pages are immutable, I2-I4 hold by
+//    construction). Trade-off: a write after a snapshot copies up to 16 KiB rather than one
+//    entry and a 4 KiB bucket page: more bytes, no allocation per entry.
+//  - Removal: backward-shift deletion (no tombstones) in a table that is not rehashing.
+//  - Incremental rehash: as the chained engine, by slot position: rehash_index walks the OLD
+//    table's slots; each operation first moves the live slots of up to 64 positions (at least 4
+//    entries moved unless it ran out of positions) into the NEW table, and leaves the old slots
+//    as they are (shared pages stay shared). A lookup probes the new table, then the old one, where
+//    slots below rehash_index are stale: part of the probe sequence, never a match. Inserts go to
+//    the new table; a write of a key still in the old table writes it there; a removal there leaves
+//    a tombstone (kFlatDeleted), so the old table's probe sequences stay intact until it is freed.
+//    Invariant F1: a live key is in exactly one place (new table, or old table at a slot >=
+//    rehash_index). F2: every table keeps a free slot (load <= 3/4; during a rehash the new
+//    table stays under 1/2: the old one holds <= 3/4 of its capacity and at most capacity/4
+//    inserts happen before the migration ends).
+//  - collect_buckets walks home slots (an entry's bucket is its home slot in the newest table),
+//    with the chained engine's guarantees.
+//  - stats: page_copies, directory_copies and rehashes as above; entry_copies counts entries a
+//    rehash moved; retired_entries() is 0.
+//
 // Thread contract: all mutating calls and snapshot() come from one owning thread; a MapSnapshot
 // may be read (sorted_entries) from any one other thread while the owner keeps mutating, and may
 // be released (explicitly or by destruction) from any thread. A single MapSnapshot object must not
@@ -188,7 +236,7 @@ class StateMap {
  public:
   // nullptr: detail::default_key_hash (64-bit multiply/rotate + fmix64, folded to 32 bits).
   // An injected hash is passed through MurmurHash3 fmix32 before selecting the bucket.
-  explicit StateMap(KeyHashFunction hash = nullptr);
+  explicit StateMap(KeyHashFunction hash = nullptr, MapEngine engine = MapEngine::Default);
   ~StateMap();
   StateMap(const StateMap&) = delete;
   StateMap& operator=(const StateMap&) = delete;
@@ -213,6 +261,14 @@ class StateMap {
   // then performs the rows' operations in order. hash() is the map's key hash (the injected one,
   // mixed, or the default); prefetch_entry also touches the first chained entry's header and key.
   uint32_t hash(const uint8_t* key, size_t key_size) const;
+  // Read-modify-write in one lookup, for batch kernels that hashed the key already (`hash` must
+  // be hash(key, key_size) of this map). Present: as get_for_update (*value_size = its size,
+  // *inserted = false). Absent: as put(key, key_size, new_value_size) (zeroed bytes,
+  // *value_size = new_value_size, *inserted = true). Errors as put().
+  uint8_t* upsert(uint32_t hash, const uint8_t* key, size_t key_size, size_t new_value_size,
+                  size_t* value_size, bool* inserted);
+  // get() with the key's hash computed by the caller (hash(key, key_size) of this map).
+  bool get_hashed(uint32_t hash, const uint8_t* key, size_t key_size, ByteView* out);
   void prefetch_bucket(uint32_t hash) const;
   void prefetch_entry(uint32_t hash) const;
 
@@ -257,6 +313,8 @@ class StateMap {
   // Introspection for tests and stats.
   bool is_rehashing() const;
   size_t capacity() const;
+  // True while the flat engine runs (a Flat map until its first conversion; see "Flat engine").
+  bool is_flat() const;
   uint64_t version() const;
   size_t retired_entries() const;  // entries kept alive only for snapshots
 
@@ -313,7 +371,11 @@ class MapSnapshot {
   struct State;
   explicit MapSnapshot(std::unique_ptr<State> s);
  private:
-  const detail::Entry* find_hashed(uint32_t hash, const uint8_t* key, size_t key_size) const;
+  // The entry of `key` at snapshot time: its value and `modified`; false when absent.
+  bool find_hashed(uint32_t hash, const uint8_t* key, size_t key_size, ByteView* value,
+                   uint32_t* modified) const;
+  // fn(ByteView key, ByteView value, uint32_t modified) for every entry, unordered.
+  void walk(void (*fn)(void*, ByteView, ByteView, uint32_t), void* ctx) const;
   std::unique_ptr<State> s_;
 };
 

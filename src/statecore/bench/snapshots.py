@@ -129,6 +129,15 @@ def _retired(backend) -> int:
     return sum(s["retired_entries"] for s in stats().values())
 
 
+def _page_copies(backend) -> int:
+    """Pages copied so far because a snapshot shared them (native; 0 for other backends): the
+    flat engine's copy-on-write memory, which has no retired entries."""
+    stats = getattr(backend, "copy_on_write_stats", None)
+    if stats is None:
+        return 0
+    return sum(s["page_copies"] for s in stats().values())
+
+
 def rss_probe(impl: str, n: int) -> dict:
     """Load ``n`` entries into a fresh ``impl`` backend and return ``{"rss_delta": bytes,
     "state_bytes": bytes, "entries": int}``. Meant for a fresh interpreter (see
@@ -228,7 +237,8 @@ def throughput_during_snapshot(size: Size):
     (the same batches, no snapshot alive); ``ratio_during_over_without``;
     ``goal_min_ratio`` (0.8); ``write_s``; ``retired_entries_peak_during`` (most entries kept
     only for the snapshot, sampled after each of the first 8 batches in flight and every 8th
-    after (sampling time excluded from the rate): the copy-on-write memory) and
+    after (sampling time excluded from the rate): the chained engine's copy-on-write memory),
+    ``page_copies_during`` (pages copied while the snapshot lived: the flat engine's) and
     ``retired_entries_after`` (after the snapshot's release and one more batch, which frees
     them); ``rss_growth_during_bytes`` (RSS after the in-flight
     batches minus before the snapshot: copy-on-write cost, an underestimate if the allocator
@@ -243,6 +253,7 @@ def throughput_during_snapshot(size: Size):
         with tempfile.TemporaryDirectory(prefix="statecore-bench-") as d:
             store = CheckpointStore(d)
             rss0 = _rss_bytes()
+            pages0 = _page_copies(b)
             t = time.perf_counter()
             snap = b.snapshot()
             pause = time.perf_counter() - t
@@ -263,6 +274,7 @@ def throughput_during_snapshot(size: Size):
                     break
             during = time.perf_counter() - t0 - sampling
             rss_growth = _rss_bytes() - rss0
+            pages_during = _page_copies(b) - pages0
             fut.result()
             write_s = time.perf_counter() - t0
             if ex is not None:
@@ -284,6 +296,7 @@ def throughput_during_snapshot(size: Size):
                 record(c, label, "write_s", write_s, "s"),
                 record(c, label, "retired_entries_peak_during", retired_peak, "entries"),
                 record(c, label, "retired_entries_after", retired_after, "entries"),
+                record(c, label, "page_copies_during", pages_during, "pages"),
                 record(c, label, "rss_growth_during_bytes", max(0, rss_growth), "bytes")]
         _close(b)
     return out

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "statecore/detail/entry.h"
+#include "statecore/detail/flat_table.h"
 #include "statecore/detail/pages.h"
 #include "statecore/detail/key_log.h"
 #include "statecore/state_map.h"
@@ -24,12 +25,17 @@ struct StateMap::Impl {
     uint64_t unlinked_at;
   };
 
-  explicit Impl(KeyHashFunction h);
+  Impl(KeyHashFunction h, bool start_flat);
   ~Impl();
 
   // ---- owner-thread state (only the owning thread reads or writes these) ----
   KeyHashFunction hash_fn;        // injected hash, or nullptr for detail::default_key_hash
-  detail::Directory* primary;     // the table; during a rehash the OLD table (Flink primaryTable)
+  // Flat engine (state_map.h "Flat engine"): while `flat`, the tables are fprimary/frehash and the
+  // chained ones are null; rehash_index, the sizes, threshold and live_bytes mean the same.
+  bool flat;
+  detail::FlatDirectory* fprimary = nullptr;  // the flat table; during a rehash the OLD one
+  detail::FlatDirectory* frehash = nullptr;   // the NEW, twice as large flat table during a rehash
+  detail::Directory* primary = nullptr;  // the table; during a rehash the OLD table (Flink primaryTable)
   detail::Directory* rehash_table = nullptr;  // the NEW table (2x) during a rehash, else nullptr
   size_t rehash_index = 0;        // old buckets [0, rehash_index) are migrated (and stale)
   size_t primary_size = 0;        // live entries reachable from `primary` buckets >= rehash_index
@@ -80,7 +86,8 @@ struct StateMap::Impl {
     detail::Entry* entry;
   };
   // The start of every keyed operation: begin_op(true), then hash, table_for and find.
-  Location locate(const uint8_t* key, size_t ks);
+  Location locate(const uint8_t* key, size_t ks) { return locate_hashed(hash_of(key, ks), key, ks); }
+  Location locate_hashed(uint32_t h, const uint8_t* key, size_t ks);
 
   // Writable bucket slot: copies the directory and/or the page first when shared.
   detail::Entry** slot_for_write(detail::Directory** table, size_t bucket);
@@ -120,6 +127,34 @@ struct StateMap::Impl {
   void sweep_locked();
 
   template <class Fn> void visit_live(Fn&& fn);  // fn(Entry*); may free the visited entry
+
+  // ---- flat engine (native/src/flat_map.cpp) ----
+  struct FlatLocation {
+    uint32_t h;
+    detail::FlatDirectory** table;  // where the key is; nullptr when absent
+    size_t slot;
+  };
+  // begin_op(true), hash, then the probe (new table first during a rehash).
+  FlatLocation flat_locate(uint32_t h, const uint8_t* key, size_t ks);
+  // Value bytes for put() of a located key; false when the map had to convert to the chained
+  // engine first (the caller then runs the chained put).
+  bool flat_put(const FlatLocation& at, const uint8_t* key, size_t ks, size_t vs, uint8_t** value);
+  // An existing entry's value made writable and marked written (get_for_update).
+  uint8_t* flat_update(const FlatLocation& at, const uint8_t* key, size_t ks, size_t* vs);
+  bool flat_remove(const uint8_t* key, size_t ks);
+  void flat_clear();
+  void flat_rehash_step();
+  void flat_start_rehash();
+  uint8_t* flat_slot_for_write(detail::FlatDirectory** table, size_t i);
+  // Hash of the full key of a slot of `d` (prefix + suffix).
+  uint32_t flat_hash_of(const detail::FlatDirectory* d, const uint8_t* slot) const;
+  // The flat engine stops: every live entry becomes a chained entry with the same `modified`.
+  // O(size); snapshots keep their flat tables.
+  void unflatten();
+  // fn(const FlatDirectory*, const uint8_t* slot) for every live slot.
+  template <class Fn> void flat_visit_live(Fn&& fn) const;
+  bool flat_collect(uint64_t* cursor, size_t min_entries, SortedRun* out) const;
+  size_t& flat_size_of(detail::FlatDirectory** t) { return t == &fprimary ? primary_size : rehash_size; }
   void release_snapshot(uint64_t v);             // any thread
   void teardown();                               // ~StateMap
   void reset_tables(size_t capacity);
@@ -127,6 +162,9 @@ struct StateMap::Impl {
 
 struct MapSnapshot::State {
   std::shared_ptr<StateMap::Impl> impl;  // keeps retired entries (and the mutex) alive
+  bool flat = false;                     // taken from the flat engine: fprimary/frehash
+  detail::FlatDirectory* fprimary = nullptr;
+  detail::FlatDirectory* frehash = nullptr;
   detail::Directory* primary = nullptr;  // referenced directories as of snapshot time
   detail::Directory* rehash_table = nullptr;
   size_t rehash_index = 0;  // primary buckets below it were migrated: read them from rehash_table
@@ -158,6 +196,26 @@ template <class Fn> void StateMap::Impl::visit_live(Fn&& fn) {
   };
   visit_table(primary, rehash_table ? rehash_index : 0);
   visit_table(rehash_table, 0);
+}
+
+template <class Fn> void StateMap::Impl::flat_visit_live(Fn&& fn) const {
+  auto visit = [&](const detail::FlatDirectory* d, size_t from) {
+    if (!d || !d->layout.fixed) return;
+    const size_t stride = d->stride();
+    const size_t per_page = d->page_mask() + 1;
+    for (size_t pi = 0; pi < d->page_count; ++pi) {
+      const detail::FlatPage* p = d->pages()[pi];
+      if (!p || (pi + 1) * per_page <= from) continue;
+      for (size_t k = 0; k < per_page; ++k) {
+        if (pi * per_page + k < from) continue;
+        const uint8_t* s = p->bytes() + k * stride;
+        const uint32_t meta = detail::load_u32(s);
+        if (meta != detail::kFlatEmpty && meta != detail::kFlatDeleted) fn(d, s);
+      }
+    }
+  };
+  visit(fprimary, frehash ? rehash_index : 0);
+  visit(frehash, 0);
 }
 
 }  // namespace statecore

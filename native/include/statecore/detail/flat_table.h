@@ -1,0 +1,197 @@
+// Paged open-addressing slot arrays of the state map's flat engine (engine internal; the design is
+// in the class comment of StateMap, "Flat engine").
+//
+// A flat table is a FlatDirectory of FlatPages of fixed-stride slots, both reference counted
+// exactly like the chained engine's Directory/Page (detail/pages.h): the live map and every
+// snapshot hold one reference to a directory, a directory one to each of its pages, the owner
+// copies a directory or a page only when it is about to write into a shared one, and a null page
+// is a page of empty slots. The difference is what a page holds: not bucket heads pointing at
+// separately allocated entries, but the entries themselves, so a lookup touches one cache line
+// (usually) instead of a head and a chain of heap nodes, and an entry costs its own bytes and
+// nothing else (no header, no allocator overhead, no pointer).
+//
+// Slot (stride = 4 + suffix_size + value_size bytes, no padding, read with memcpy):
+//   meta (uint32, native endian): kEmpty, kDeleted, or the map version of the last write of the
+//        value (StateMap's `modified`, Flink stateVersion)
+//   key suffix: the encoded key without its first prefix_size bytes, which every key of the
+//        table shares (the key-group prefix: one StateMap per key group) and the layout keeps once
+//   value bytes
+#pragma once
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <new>
+
+namespace statecore {
+namespace detail {
+
+constexpr uint32_t kFlatEmpty = 0xFFFFFFFFu;
+constexpr uint32_t kFlatDeleted = 0xFFFFFFFEu;  // only in the old table of a rehash
+// Highest map version a flat slot can record; a map past it converts to the chained engine.
+constexpr uint64_t kFlatMaxVersion = 0xFFFFFFFDu;
+constexpr size_t kFlatMaxKey = 64;     // larger keys or values: the chained engine
+constexpr size_t kFlatMaxValue = 256;
+constexpr size_t kFlatPageBytes = 16384;  // slots per page: the power of two that fits
+
+inline uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+inline void store_u32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
+
+// What every slot of a table holds. A table without a layout (`key_size == 0 && !fixed`) is
+// empty and takes the layout of its first insert.
+struct FlatLayout {
+  bool fixed = false;
+  uint32_t key_size = 0;     // bytes of every encoded key
+  uint32_t prefix_size = 0;  // leading key bytes shared by every key, kept in `prefix`
+  uint32_t value_size = 0;
+  uint8_t prefix[1] = {0};
+
+  uint32_t suffix_size() const { return key_size - prefix_size; }
+  uint32_t stride() const { return 4 + suffix_size() + value_size; }
+  // True when a key of `ks` bytes starting with `key` can live in a table of this layout.
+  bool fits_key(const uint8_t* key, size_t ks) const {
+    return ks == key_size && (prefix_size == 0 || key[0] == prefix[0]);
+  }
+  // The layout a table takes from its first key and value: the first byte of keys of 9 or more
+  // bytes is the key-group prefix (the first byte of a 2-byte prefix), shared by the map's keys.
+  static bool make(const uint8_t* key, size_t ks, size_t vs, FlatLayout* out) {
+    if (ks > kFlatMaxKey || vs > kFlatMaxValue) return false;
+    FlatLayout l;
+    l.fixed = true;
+    l.key_size = static_cast<uint32_t>(ks);
+    l.prefix_size = ks >= 9 ? 1 : 0;
+    if (l.prefix_size) l.prefix[0] = key[0];
+    l.value_size = static_cast<uint32_t>(vs);
+    *out = l;
+    return true;
+  }
+};
+
+struct FlatPage {
+  std::atomic<uint32_t> refs;
+  uint32_t slot_count;
+
+  uint8_t* bytes() { return reinterpret_cast<uint8_t*>(this + 1); }
+  const uint8_t* bytes() const { return reinterpret_cast<const uint8_t*>(this + 1); }
+
+  static FlatPage* make_empty(uint32_t n, uint32_t stride) {
+    void* mem = ::operator new(sizeof(FlatPage) + size_t(n) * stride);
+    FlatPage* p = new (mem) FlatPage{{1}, n};
+    uint8_t* b = p->bytes();
+    for (uint32_t i = 0; i < n; ++i) store_u32(b + size_t(i) * stride, kFlatEmpty);
+    return p;
+  }
+  static FlatPage* make_copy(const FlatPage* src, uint32_t stride) {
+    const size_t n = size_t(src->slot_count) * stride;
+    void* mem = ::operator new(sizeof(FlatPage) + n);
+    FlatPage* p = new (mem) FlatPage{{1}, src->slot_count};
+    std::memcpy(p->bytes(), src->bytes(), n);
+    return p;
+  }
+  void ref() { refs.fetch_add(1, std::memory_order_relaxed); }
+  static void unref(FlatPage* p) {
+    if (p && p->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      p->~FlatPage();
+      ::operator delete(static_cast<void*>(p));
+    }
+  }
+};
+static_assert(sizeof(FlatPage) == 8, "slots start 8 bytes into a page");
+
+struct FlatDirectory {
+  std::atomic<uint32_t> refs;
+  uint32_t page_shift;  // log2(slots per page)
+  size_t capacity;      // slots, a power of two
+  size_t page_count;
+  FlatLayout layout;    // snapshots read their directory's layout, never the map's
+
+  FlatPage** pages() { return reinterpret_cast<FlatPage**>(this + 1); }
+  FlatPage* const* pages() const { return reinterpret_cast<FlatPage* const*>(this + 1); }
+  size_t mask() const { return capacity - 1; }
+  size_t page_mask() const { return (size_t(1) << page_shift) - 1; }
+  uint32_t stride() const { return layout.stride(); }
+
+  // Slot i, or nullptr when its page was never written (an empty slot).
+  const uint8_t* slot(size_t i) const {
+    const FlatPage* p = pages()[i >> page_shift];
+    return p ? p->bytes() + (i & page_mask()) * stride() : nullptr;
+  }
+  // meta of slot i (kFlatEmpty for a missing page).
+  uint32_t meta(size_t i) const {
+    const uint8_t* s = slot(i);
+    return s ? load_u32(s) : kFlatEmpty;
+  }
+
+  static FlatDirectory* make(size_t capacity, const FlatLayout& layout) {
+    const uint32_t stride = layout.fixed ? layout.stride() : 4;
+    uint32_t shift = 0;
+    while ((size_t(1) << (shift + 1)) <= capacity &&
+           (size_t(1) << (shift + 1)) * stride <= kFlatPageBytes)
+      ++shift;
+    const size_t n = capacity >> shift;
+    void* mem = ::operator new(sizeof(FlatDirectory) + n * sizeof(FlatPage*));
+    FlatDirectory* d = new (mem) FlatDirectory{{1}, shift, capacity, n, layout};
+    std::memset(static_cast<void*>(d->pages()), 0, n * sizeof(FlatPage*));
+    return d;
+  }
+  static FlatDirectory* make_copy(const FlatDirectory* src) {
+    const size_t n = src->page_count;
+    void* mem = ::operator new(sizeof(FlatDirectory) + n * sizeof(FlatPage*));
+    FlatDirectory* d =
+        new (mem) FlatDirectory{{1}, src->page_shift, src->capacity, n, src->layout};
+    for (size_t i = 0; i < n; ++i) {
+      FlatPage* p = src->pages()[i];
+      if (p) p->ref();
+      d->pages()[i] = p;
+    }
+    return d;
+  }
+  void ref() { refs.fetch_add(1, std::memory_order_relaxed); }
+  static void unref(FlatDirectory* d) {
+    if (d && d->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      for (size_t i = 0; i < d->page_count; ++i) FlatPage::unref(d->pages()[i]);
+      d->~FlatDirectory();
+      ::operator delete(static_cast<void*>(d));
+    }
+  }
+};
+static_assert(sizeof(FlatDirectory) % alignof(FlatPage*) == 0, "page pointers must be aligned");
+
+// Key suffix comparison; the 8-byte case (an int64 key) is one load.
+inline bool flat_key_equal(const uint8_t* a, const uint8_t* b, size_t n) {
+  if (n == 8) {
+    uint64_t x, y;
+    std::memcpy(&x, a, 8);
+    std::memcpy(&y, b, 8);
+    return x == y;
+  }
+  return std::memcmp(a, b, n) == 0;
+}
+
+// Linear probe for a key suffix from its home slot. Slots below `migrated_below` hold entries a
+// rehash already moved: occupied for the probe, never a match. Tables are never full (the load
+// stays <= 3/4), so an empty slot ends every probe; the step bound only guards that invariant.
+inline bool flat_probe(const FlatDirectory* d, uint32_t h, const uint8_t* suffix, size_t migrated_below,
+           size_t* slot) {
+  const size_t mask = d->mask();
+  const size_t n = d->layout.suffix_size();
+  size_t i = h & mask;
+  for (size_t step = 0; step <= mask; ++step, i = (i + 1) & mask) {
+    const uint8_t* s = d->slot(i);
+    if (!s) return false;
+    const uint32_t meta = load_u32(s);
+    if (meta == kFlatEmpty) return false;
+    if (meta != kFlatDeleted && i >= migrated_below && flat_key_equal(s + 4, suffix, n)) {
+      *slot = i;
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace detail
+}  // namespace statecore

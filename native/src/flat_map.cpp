@@ -1,0 +1,320 @@
+// The flat engine of StateMap: open addressing over paged, copy-on-write slot arrays. Design,
+// invariants and the conversion rule: the class comment of StateMap ("Flat engine") in
+// statecore/state_map.h; the slot layout: statecore/detail/flat_table.h.
+#include <cstring>
+
+#include "statecore/detail/map_impl.h"
+
+namespace statecore {
+
+using detail::FlatDirectory;
+using detail::FlatLayout;
+using detail::FlatPage;
+using detail::kFlatDeleted;
+using detail::kFlatEmpty;
+using detail::load_u32;
+using detail::store_u32;
+
+namespace {
+
+constexpr size_t kMinTransferredPerStep = 4;  // as the chained engine (Flink's minimum)
+constexpr size_t kMaxSlotVisitsPerStep = 64;
+
+size_t threshold_for(size_t capacity) { return (capacity >> 1) + (capacity >> 2); }
+
+bool live(uint32_t meta) { return meta != kFlatEmpty && meta != kFlatDeleted; }
+
+// First empty slot from the home of `h` (the key is known to be absent from `d`).
+size_t free_slot(const FlatDirectory* d, uint32_t h) {
+  const size_t mask = d->mask();
+  size_t i = h & mask;
+  while (d->meta(i) != kFlatEmpty) i = (i + 1) & mask;
+  return i;
+}
+
+// The full key of a slot: the layout's prefix, then the stored suffix. Returns its size.
+size_t full_key(const FlatLayout& l, const uint8_t* slot, uint8_t* buf) {
+  if (l.prefix_size) buf[0] = l.prefix[0];
+  std::memcpy(buf + l.prefix_size, slot + 4, l.suffix_size());
+  return l.key_size;
+}
+
+}  // namespace
+
+uint32_t StateMap::Impl::flat_hash_of(const FlatDirectory* d, const uint8_t* slot) const {
+  uint8_t buf[detail::kFlatMaxKey];
+  return hash_of(buf, full_key(d->layout, slot, buf));
+}
+
+StateMap::Impl::FlatLocation StateMap::Impl::flat_locate(uint32_t h, const uint8_t* key,
+                                                         size_t ks) {
+  begin_op(true);
+  FlatLocation at{h, nullptr, 0};
+  const FlatLayout& l = fprimary->layout;
+  if (!l.fixed || !l.fits_key(key, ks)) return at;  // cannot be stored here
+  const uint8_t* suffix = key + l.prefix_size;
+  if (frehash && detail::flat_probe(frehash, at.h, suffix, 0, &at.slot)) {
+    at.table = &frehash;
+  } else if (detail::flat_probe(fprimary, at.h, suffix, frehash ? rehash_index : 0, &at.slot)) {
+    at.table = &fprimary;
+  }
+  return at;
+}
+
+uint8_t* StateMap::Impl::flat_slot_for_write(FlatDirectory** table, size_t i) {
+  FlatDirectory* d = *table;
+  if (d->refs.load(std::memory_order_acquire) != 1) {
+    FlatDirectory* c = FlatDirectory::make_copy(d);
+    FlatDirectory::unref(d);
+    *table = d = c;
+    ++stats.directory_copies;
+  }
+  FlatPage*& p = d->pages()[i >> d->page_shift];
+  if (!p) {
+    p = FlatPage::make_empty(static_cast<uint32_t>(d->page_mask() + 1), d->stride());
+  } else if (p->refs.load(std::memory_order_acquire) != 1) {
+    FlatPage* c = FlatPage::make_copy(p, d->stride());
+    FlatPage::unref(p);
+    p = c;
+    ++stats.page_copies;
+  }
+  return p->bytes() + (i & d->page_mask()) * d->stride();
+}
+
+void StateMap::Impl::flat_start_rehash() {
+  const size_t cap = fprimary->capacity;
+  frehash = FlatDirectory::make(cap * 2, fprimary->layout);
+  rehash_index = 0;
+  threshold = threshold_for(cap * 2);
+  ++stats.rehashes;
+}
+
+void StateMap::Impl::flat_rehash_step() {
+  const FlatDirectory* old = fprimary;
+  const size_t old_cap = old->capacity;
+  const size_t stride = old->stride();
+  size_t r = rehash_index;
+  size_t moved = 0;
+  size_t visits = 0;
+  while (moved < kMinTransferredPerStep && visits < kMaxSlotVisitsPerStep && r < old_cap) {
+    ++visits;
+    const FlatPage* p = old->pages()[r >> old->page_shift];
+    if (!p) {
+      r = (r | old->page_mask()) + 1;
+      continue;
+    }
+    const uint8_t* s = p->bytes() + (r & old->page_mask()) * stride;
+    if (live(load_u32(s))) {
+      // Moved as is: the same `modified`, so a migration is not a change. The old slot is left
+      // alone (a snapshot may share its page); slots below rehash_index are never read again.
+      const uint32_t h = flat_hash_of(old, s);
+      std::memcpy(flat_slot_for_write(&frehash, free_slot(frehash, h)), s, stride);
+      ++moved;
+    }
+    ++r;
+  }
+  stats.entry_copies += moved;
+  primary_size -= moved;
+  rehash_size += moved;
+  rehash_index = r;
+  if (r == old_cap) {
+    FlatDirectory::unref(fprimary);
+    fprimary = frehash;
+    frehash = nullptr;
+    primary_size += rehash_size;
+    rehash_size = 0;
+    rehash_index = 0;
+  }
+}
+
+bool StateMap::Impl::flat_put(const FlatLocation& at, const uint8_t* key, size_t ks, size_t vs,
+                              uint8_t** value) {
+  FlatLayout& l = fprimary->layout;
+  if (at.table) {
+    if (vs != l.value_size) {
+      unflatten();
+      return false;
+    }
+    uint8_t* s = flat_slot_for_write(at.table, at.slot);
+    if (load_u32(s) != static_cast<uint32_t>(version)) log_write(at.h, key, ks);
+    store_u32(s, static_cast<uint32_t>(version));
+    *value = s + 4 + l.suffix_size();
+    return true;
+  }
+  if (!l.fixed) {
+    // An empty table without a layout (new or cleared; never rehashing): the first insert picks
+    // it. A fresh directory, because a snapshot of the empty map may share the current one.
+    FlatLayout nl;
+    if (!FlatLayout::make(key, ks, vs, &nl)) {
+      unflatten();
+      return false;
+    }
+    const size_t cap = fprimary->capacity;
+    FlatDirectory::unref(fprimary);
+    fprimary = FlatDirectory::make(cap, nl);
+  } else if (!l.fits_key(key, ks) || vs != l.value_size) {
+    unflatten();
+    return false;
+  }
+  // >= rather than the chained engine's >: open addressing needs a free slot in every table.
+  if (size() >= threshold && !frehash) {
+    if (fprimary->capacity >= detail::kMaxCapacity) {
+      unflatten();
+      return false;
+    }
+    flat_start_rehash();
+  }
+  log_write(at.h, key, ks);
+  FlatDirectory** t = frehash ? &frehash : &fprimary;
+  const FlatLayout& tl = (*t)->layout;
+  uint8_t* s = flat_slot_for_write(t, free_slot(*t, at.h));
+  store_u32(s, static_cast<uint32_t>(version));
+  std::memcpy(s + 4, key + tl.prefix_size, tl.suffix_size());
+  std::memset(s + 4 + tl.suffix_size(), 0, vs);
+  ++flat_size_of(t);
+  live_bytes += ks + vs;
+  *value = s + 4 + tl.suffix_size();
+  return true;
+}
+
+uint8_t* StateMap::Impl::flat_update(const FlatLocation& at, const uint8_t* key, size_t ks,
+                                     size_t* vs) {
+  uint8_t* s = flat_slot_for_write(at.table, at.slot);
+  if (load_u32(s) != static_cast<uint32_t>(version)) log_write(at.h, key, ks);
+  store_u32(s, static_cast<uint32_t>(version));
+  const FlatLayout& l = (*at.table)->layout;
+  if (vs) *vs = l.value_size;
+  return s + 4 + l.suffix_size();
+}
+
+bool StateMap::Impl::flat_remove(const uint8_t* key, size_t ks) {
+  const FlatLocation at = flat_locate(hash_of(key, ks), key, ks);
+  if (!at.table) return false;
+  FlatDirectory** t = at.table;
+  removals.append(version, at.h, key, ks);
+  --flat_size_of(t);
+  live_bytes -= ks + (*t)->layout.value_size;
+  if (frehash && t == &fprimary) {
+    // The old table of a rehash keeps its clusters intact for probes over migrated slots: a
+    // tombstone, which the migration skips and which dies with the table.
+    store_u32(flat_slot_for_write(t, at.slot), kFlatDeleted);
+    return true;
+  }
+  // Backward-shift deletion (no tombstones): every later entry of the cluster whose home is not
+  // cyclically in (hole, j] moves into the hole, so probes never need tombstones.
+  const size_t mask = (*t)->mask();
+  const size_t stride = (*t)->stride();
+  size_t hole = at.slot;
+  for (size_t j = (hole + 1) & mask;; j = (j + 1) & mask) {
+    const uint8_t* sj = (*t)->slot(j);
+    if (!sj || load_u32(sj) == kFlatEmpty) break;
+    const size_t home = flat_hash_of(*t, sj) & mask;
+    const bool stays = hole <= j ? (hole < home && home <= j) : (hole < home || home <= j);
+    if (stays) continue;
+    uint8_t* dst = flat_slot_for_write(t, hole);
+    std::memcpy(dst, (*t)->slot(j), stride);  // re-read: the write may have copied pages
+    hole = j;
+  }
+  store_u32(flat_slot_for_write(t, hole), kFlatEmpty);
+  return true;
+}
+
+void StateMap::Impl::flat_clear() {
+  begin_op(false);
+  flat_visit_live([this](const FlatDirectory* d, const uint8_t* s) {
+    uint8_t buf[detail::kFlatMaxKey];
+    const size_t ks = full_key(d->layout, s, buf);
+    removals.append(version, hash_of(buf, ks), buf, ks);
+  });
+  const size_t cap = frehash ? frehash->capacity : fprimary->capacity;
+  FlatDirectory::unref(fprimary);
+  FlatDirectory::unref(frehash);
+  fprimary = FlatDirectory::make(cap, FlatLayout{});
+  frehash = nullptr;
+  rehash_index = 0;
+  primary_size = rehash_size = 0;
+  live_bytes = 0;
+  threshold = threshold_for(cap);
+}
+
+void StateMap::Impl::unflatten() {
+  const size_t cap = frehash ? frehash->capacity : fprimary->capacity;
+  const size_t n = size();
+  primary = detail::Directory::make(cap);
+  rehash_table = nullptr;
+  flat_visit_live([this, cap](const FlatDirectory* d, const uint8_t* s) {
+    uint8_t buf[detail::kFlatMaxKey];
+    const size_t ks = full_key(d->layout, s, buf);
+    const uint32_t h = hash_of(buf, ks);
+    const size_t vs = d->layout.value_size;
+    detail::Entry* e = detail::Entry::make(h, buf, ks, vs, version);
+    e->modified = load_u32(s);
+    if (vs) std::memcpy(e->value(), s + 4 + d->layout.suffix_size(), vs);
+    detail::Entry** slot = slot_for_write(&primary, h & (cap - 1));
+    e->next = *slot;
+    *slot = e;
+  });
+  FlatDirectory::unref(fprimary);
+  FlatDirectory::unref(frehash);
+  fprimary = frehash = nullptr;
+  primary_size = n;
+  rehash_size = 0;
+  rehash_index = 0;
+  threshold = threshold_for(cap);
+  flat = false;
+}
+
+bool StateMap::Impl::flat_collect(uint64_t* cursor, size_t min_entries, SortedRun* out) const {
+  // Walks home slots (not slot positions): bucket b = the entries whose home in the newest table
+  // is b, wherever probing placed them (always in the cluster that starts at or before b and
+  // runs past it). An entry keeps its home until the table doubles and backward shifts never
+  // move an entry before its home, so removals of visited keys cannot hide unvisited ones, and
+  // the guarantees are the chained engine's (each entry once per pass; after a doubling at most
+  // revisits).
+  const FlatDirectory* newest = frehash ? frehash : fprimary;
+  const size_t cap = newest->capacity;
+  const size_t max_visits = min_entries <= 16 ? 64
+                            : min_entries > SIZE_MAX / 4 ? SIZE_MAX : 4 * min_entries;
+  size_t b = *cursor < cap ? static_cast<size_t>(*cursor) : 0;
+  if (!newest->layout.fixed) b = cap;
+  uint8_t buf[detail::kFlatMaxKey];
+  auto add = [&](const FlatDirectory* d, const uint8_t* s) {
+    const size_t ks = full_key(d->layout, s, buf);
+    out->key_data.insert(out->key_data.end(), buf, buf + ks);
+    out->key_offsets.push_back(out->key_data.size());
+    const uint8_t* v = s + 4 + d->layout.suffix_size();
+    out->value_data.insert(out->value_data.end(), v, v + d->layout.value_size);
+    out->value_offsets.push_back(out->value_data.size());
+  };
+  // Entries of `d` with home `home` in `d` and (newest) bucket b; slots below `migrated_below`
+  // are stale copies: part of the cluster, never collected.
+  auto scan = [&](const FlatDirectory* d, size_t home, size_t migrated_below) {
+    const size_t mask = d->mask();
+    for (size_t i = home, step = 0; step <= mask; ++step, i = (i + 1) & mask) {
+      const uint8_t* s = d->slot(i);
+      if (!s) return;
+      const uint32_t meta = load_u32(s);
+      if (meta == kFlatEmpty) return;
+      if (!live(meta) || i < migrated_below) continue;
+      const uint32_t h = flat_hash_of(d, s);
+      if ((h & mask) == home && (h & (cap - 1)) == b) add(d, s);
+    }
+  };
+  for (size_t visits = 0; b < cap && out->size() < min_entries && visits < max_visits; ++visits) {
+    if (!frehash && newest->pages()[b >> newest->page_shift] == nullptr) {
+      b = (b | newest->page_mask()) + 1;  // no slot there, so no entry has its home there
+      continue;
+    }
+    scan(newest, b, 0);
+    if (frehash) scan(fprimary, b & fprimary->mask(), rehash_index);
+    ++b;
+  }
+  if (b >= cap) {
+    *cursor = 0;
+    return true;
+  }
+  *cursor = b;
+  return false;
+}
+
+}  // namespace statecore

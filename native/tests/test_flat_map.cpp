@@ -1,0 +1,300 @@
+// Unit tests of StateMap's flat engine: differential against the chained engine (the same
+// operations on both must give the same contents, snapshots, change listings and walks), the
+// layout rule and the conversion, and copy-on-write at page granularity. Fixed seeds throughout.
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "check.h"
+#include "statecore/state_map.h"
+
+using statecore::ByteView;
+using statecore::KeyHashFunction;
+using statecore::MapChange;
+using statecore::MapEngine;
+using statecore::MapSnapshot;
+using statecore::SortedRun;
+using statecore::StateMap;
+using Ref = std::map<std::string, std::string>;
+
+namespace {
+
+const uint8_t* u8(const std::string& s) { return reinterpret_cast<const uint8_t*>(s.data()); }
+std::string str(ByteView v) { return std::string(reinterpret_cast<const char*>(v.data), v.size); }
+
+// As the key codec encodes an int64 key of key group `kg` (max parallelism <= 128): 9 bytes.
+std::string key9(uint64_t x, uint8_t kg = 7) {
+  std::string s(9, '\0');
+  s[0] = static_cast<char>(kg);
+  for (int i = 8; i >= 1; --i, x >>= 8) s[i] = static_cast<char>(x & 0xff);
+  return s;
+}
+std::string val8(uint64_t x) { return std::string(reinterpret_cast<const char*>(&x), 8); }
+
+void put(StateMap& m, const std::string& k, const std::string& v) {
+  uint8_t* p = m.put(u8(k), k.size(), v.size());
+  if (!v.empty()) std::memcpy(p, v.data(), v.size());
+}
+bool get(StateMap& m, const std::string& k, std::string* v) {
+  ByteView out;
+  if (!m.get(u8(k), k.size(), &out)) return false;
+  *v = str(out);
+  return true;
+}
+
+Ref live(StateMap& m) {
+  Ref r;
+  m.for_each([&r](ByteView k, ByteView v) { r.emplace(str(k), str(v)); });
+  return r;
+}
+Ref entries(const MapSnapshot& s) {
+  Ref r;
+  for (const MapChange& kv : s.sorted_entries()) r.emplace(str(kv.key), str(kv.value));
+  return r;
+}
+std::vector<std::string> listing(const SortedRun& run) {
+  std::vector<std::string> out;
+  for (const MapChange& c : run) out.push_back(str(c.key) + "|" + str(c.value) + (c.removed ? "-" : "+"));
+  return out;
+}
+
+uint32_t colliding_hash(const uint8_t*, size_t) { return 42; }
+uint32_t weak_hash(const uint8_t* d, size_t n) { return n ? d[n - 1] % 5 : 0; }
+
+// One full pass of collect_buckets; how often each key was seen.
+std::map<std::string, int> one_pass(StateMap& m, size_t step, bool remove_odd_seen = false) {
+  std::map<std::string, int> seen;
+  uint64_t cursor = 0;
+  SortedRun run;
+  for (int calls = 0; calls < (1 << 22); ++calls) {
+    bool wrapped = m.collect_buckets(&cursor, step, &run);
+    for (size_t i = 0; i < run.size(); ++i) {
+      std::string k = str(run.key(i));
+      if (++seen[k] == 1 && remove_odd_seen && (k.back() & 1)) m.remove(u8(k), k.size());
+    }
+    if (wrapped) break;
+  }
+  return seen;
+}
+
+// Same random operations on a flat and a chained map, compared after every step; snapshots and
+// change listings compared when taken. `values_vary` mixes value sizes, which converts the flat
+// map (the comparison then covers the conversion).
+void differential(KeyHashFunction h, uint32_t seed, int steps, int key_space, bool values_vary) {
+  StateMap flat(h, MapEngine::Flat), chained(h, MapEngine::Chained);
+  std::mt19937_64 rng(seed);
+  struct Pair {
+    std::shared_ptr<MapSnapshot> f, c;
+  };
+  std::vector<Pair> snaps;
+  bool converted_seen = false;
+  bool ok = true;
+  for (int step = 0; step < steps && ok; ++step) {
+    const std::string k = key9(rng() % key_space);
+    const int op = static_cast<int>(rng() % 100);
+    if (op < 45) {
+      std::string v = val8(rng());
+      if (values_vary && rng() % 200 == 0) v += "x";
+      put(flat, k, v);
+      put(chained, k, v);
+    } else if (op < 60) {
+      size_t fs = 0, cs = 0;
+      uint8_t* fp = flat.get_for_update(u8(k), k.size(), &fs);
+      uint8_t* cp = chained.get_for_update(u8(k), k.size(), &cs);
+      ok = ok && (fp == nullptr) == (cp == nullptr) && fs == cs;
+      if (fp && cp && fs) {
+        fp[0] ^= 0x5a;
+        cp[0] ^= 0x5a;
+      }
+    } else if (op < 80) {
+      ok = ok && flat.remove(u8(k), k.size()) == chained.remove(u8(k), k.size());
+    } else if (op < 92) {
+      std::string a, b;
+      const bool fa = get(flat, k, &a), ca = get(chained, k, &b);
+      ok = ok && fa == ca && a == b;
+    } else if (op < 95) {
+      snaps.push_back({flat.snapshot(), chained.snapshot()});
+      const Pair& p = snaps.back();
+      ok = ok && p.f->version() == p.c->version() && entries(*p.f) == entries(*p.c);
+      const uint64_t base = p.f->base_version() + rng() % (p.f->version() - p.f->base_version() + 1);
+      ok = ok && listing(p.f->sorted_changes(base)) == listing(p.c->sorted_changes(base));
+      if (snaps.size() > 3) snaps.erase(snaps.begin() + static_cast<long>(rng() % snaps.size()));
+    } else if (op < 97 && !snaps.empty()) {
+      const uint64_t v = snaps[rng() % snaps.size()].f->version();
+      flat.mark_base(v);
+      chained.mark_base(v);
+    } else if (op < 98) {
+      auto a = one_pass(flat, 1 + rng() % 7), b = one_pass(chained, 5);
+      ok = ok && a.size() == b.size();
+      for (auto& kv : a) ok = ok && kv.second == 1;
+    } else if (rng() % 20 == 0) {
+      flat.clear();
+      chained.clear();
+    }
+    ok = ok && flat.size() == chained.size() && flat.bytes() == chained.bytes();
+    if (step % 997 == 0) ok = ok && live(flat) == live(chained);
+    converted_seen = converted_seen || !flat.is_flat();
+  }
+  CHECK(ok);
+  CHECK(live(flat) == live(chained));
+  for (const Pair& p : snaps) CHECK(entries(*p.f) == entries(*p.c));
+  if (!values_vary) CHECK(flat.is_flat());
+  if (values_vary) CHECK(converted_seen);
+}
+
+}  // namespace
+
+TEST(fixed_width_maps_stay_flat_and_hold_their_entries) {
+  StateMap m(nullptr, MapEngine::Flat);
+  CHECK(m.is_flat());
+  for (int i = 0; i < 5000; ++i) put(m, key9(i), val8(i * 3));
+  CHECK(m.is_flat());
+  CHECK_EQ(m.size(), size_t{5000});
+  CHECK_EQ(m.bytes(), size_t{5000 * 17});
+  std::string v;
+  CHECK(get(m, key9(4321), &v) && v == val8(4321 * 3));
+  CHECK(!get(m, key9(4321, 8), &v));         // another prefix cannot be stored here
+  CHECK(!get(m, key9(4321).substr(0, 8), &v));  // nor another size
+  CHECK(!m.remove(u8(key9(1, 9)), 9));
+  CHECK(m.is_flat());
+}
+
+TEST(a_put_of_another_size_converts_keeping_entries_snapshots_and_changes) {
+  for (int which = 0; which < 3; ++which) {
+    StateMap m(nullptr, MapEngine::Flat);
+    for (int i = 0; i < 3000; ++i) put(m, key9(i), val8(i));
+    auto s1 = m.snapshot();
+    m.mark_base(s1->version());
+    for (int i = 0; i < 100; ++i) put(m, key9(i), val8(i + 1));
+    for (int i = 100; i < 150; ++i) m.remove(u8(key9(i)), 9);
+    const Ref before = live(m);
+    if (which == 0) put(m, "short", "v");                 // another key size
+    if (which == 1) put(m, key9(5000, 99), val8(1));      // another prefix
+    if (which == 2) put(m, key9(7), "longer value");      // another value size
+    CHECK(!m.is_flat());
+    Ref after = live(m);
+    if (which == 0) after.erase("short");
+    if (which == 1) after.erase(key9(5000, 99));
+    if (which == 2) after[key9(7)] = val8(8);
+    CHECK(after == before);
+    // The snapshot taken while flat still reads its tables.
+    CHECK_EQ(entries(*s1).size(), size_t{3000});
+    auto s2 = m.snapshot();
+    size_t puts = 0, tombstones = 0;
+    for (const MapChange& c : s2->sorted_changes(s1->version())) (c.removed ? tombstones : puts)++;
+    CHECK_EQ(puts, size_t{which == 2 ? 100 : 101});
+    CHECK_EQ(tombstones, size_t{50});
+    // Converted entries are chained entries under the chained engine's copy-on-write.
+    put(m, key9(2000), val8(0));
+    CHECK(entries(*s2)[key9(2000)] == val8(2000));
+    std::string v;
+    CHECK(get(m, key9(2000), &v) && v == val8(0));
+  }
+}
+
+TEST(oversized_layouts_start_chained) {
+  StateMap m(nullptr, MapEngine::Flat);
+  put(m, std::string(80, 'k'), "v");
+  CHECK(!m.is_flat());
+  StateMap n(nullptr, MapEngine::Flat);
+  put(n, key9(1), std::string(300, 'v'));
+  CHECK(!n.is_flat());
+}
+
+TEST(clear_forgets_the_layout) {
+  StateMap m(nullptr, MapEngine::Flat);
+  put(m, key9(1), val8(1));
+  m.clear();
+  put(m, "abc", "de");  // a new layout, no conversion
+  CHECK(m.is_flat());
+  std::string v;
+  CHECK(get(m, "abc", &v) && v == "de");
+}
+
+TEST(snapshot_is_o1_and_writes_copy_one_page) {
+  StateMap m(nullptr, MapEngine::Flat);
+  for (int i = 0; i < 20000; ++i) put(m, key9(i), val8(i));
+  while (m.is_rehashing()) m.get(u8(key9(0)), 9, nullptr);
+  auto before = m.stats();
+  auto s = m.snapshot();
+  auto after = m.stats();
+  CHECK_EQ(after.page_copies, before.page_copies);
+  CHECK_EQ(after.directory_copies, before.directory_copies);
+  put(m, key9(123), val8(7));
+  auto w1 = m.stats();
+  CHECK_EQ(w1.directory_copies, after.directory_copies + 1);
+  CHECK(w1.page_copies - after.page_copies >= 1);
+  CHECK(w1.page_copies - after.page_copies <= 2);  // a probe may end on the next page
+  put(m, key9(123), val8(8));
+  CHECK_EQ(m.stats().page_copies, w1.page_copies);
+  std::string v;
+  CHECK(get(m, key9(123), &v) && v == val8(8));
+  Ref snap = entries(*s);
+  CHECK(snap[key9(123)] == val8(123));
+  s->release();
+  auto r = m.stats();
+  for (int i = 0; i < 20000; i += 7) put(m, key9(i), val8(1));
+  CHECK_EQ(m.stats().page_copies, r.page_copies);  // no live snapshot: writes in place
+}
+
+TEST(incremental_rehash_with_removals_in_both_tables) {
+  StateMap m(nullptr, MapEngine::Flat);
+  std::set<uint64_t> ref;
+  std::mt19937_64 rng(11);
+  bool saw_rehash_removal = false;
+  for (int i = 0; i < 200000; ++i) {
+    const uint64_t k = rng() % 60000;
+    if (rng() % 3 == 0) {
+      const bool was_rehashing = m.is_rehashing();
+      CHECK_EQ(m.remove(u8(key9(k)), 9), ref.erase(k) == 1);
+      saw_rehash_removal = saw_rehash_removal || was_rehashing;
+    } else {
+      put(m, key9(k), val8(k));
+      ref.insert(k);
+    }
+  }
+  CHECK(saw_rehash_removal);
+  CHECK_EQ(m.size(), ref.size());
+  Ref l = live(m);
+  CHECK_EQ(l.size(), ref.size());
+  bool all = true;
+  for (uint64_t k : ref) all = all && l.count(key9(k)) == 1 && l[key9(k)] == val8(k);
+  CHECK(all);
+}
+
+TEST(collect_buckets_once_per_pass_while_the_visitor_removes) {
+  for (KeyHashFunction h : {static_cast<KeyHashFunction>(nullptr), &weak_hash}) {
+    StateMap m(h, MapEngine::Flat);
+    for (int i = 0; i < 3000; ++i) put(m, key9(i), val8(i));
+    CHECK(m.is_flat());
+    for (size_t step : {1, 5, 1000}) {
+      auto seen = one_pass(m, step, /*remove_odd_seen=*/true);
+      bool once = true;
+      for (auto& kv : seen) once = once && kv.second == 1;
+      CHECK(once);
+      CHECK_EQ(seen.size(), step == 1 ? size_t{3000} : m.size());
+    }
+  }
+}
+
+TEST(differential_against_the_chained_engine_default_hash) {
+  differential(nullptr, 1, 60000, 3000, false);
+  differential(nullptr, 2, 60000, 40000, false);
+}
+
+TEST(differential_against_the_chained_engine_colliding_hashes) {
+  differential(&colliding_hash, 3, 4000, 200, false);
+  differential(&weak_hash, 4, 20000, 2000, false);
+}
+
+TEST(differential_across_a_conversion) {
+  differential(nullptr, 5, 30000, 2000, true);
+  differential(&weak_hash, 6, 10000, 500, true);
+}
+
+TEST_MAIN()
