@@ -187,21 +187,41 @@ class RowKeys {
     ahead_enc_.bind(keys);
   }
 
-  void encode(int64_t i, int32_t kg) { encode_into(enc_, i, kg); }
+  // Row i's encoded key becomes data()/size(): the copy made when its group was hashed ahead,
+  // or (small states, or a row outside the two groups kept, as an undo replay asks for) encoded
+  // now. Each row is encoded once on the prefetching path.
+  void encode(int64_t i, int32_t kg) {
+    if (prefetch_) {
+      const Group& g = groups_[(i / kGroup) & 1];
+      if (g.start == i - i % kGroup) {
+        const size_t j = static_cast<size_t>(i - g.start);
+        cur_ = g.bytes.data() + g.offsets[j];
+        cur_size_ = g.offsets[j + 1] - g.offsets[j];
+        cur_hash_ = g.hashes[j];
+        cur_row_ = i;
+        return;
+      }
+    }
+    encode_into(enc_, i, kg);
+    cur_ = enc_.data();
+    cur_size_ = enc_.size();
+    cur_row_ = -1;
+  }
 
   void ahead(int64_t i) {
     if (!prefetch_ || i % kGroup != 0) return;
     if (i == 0) hash_group(0);
+    const Group& g = groups_[(i / kGroup) & 1];
     for (int64_t j = i; j < std::min(i + kGroup, n_); ++j)
-      table_.map(kgs_[j]).prefetch_entry(hashes_[j % (2 * kGroup)]);
+      table_.map(kgs_[j]).prefetch_entry(g.hashes[j - i]);
     hash_group(i + kGroup);
   }
 
-  const uint8_t* data() const { return enc_.data(); }
-  size_t size() const { return enc_.size(); }
+  const uint8_t* data() const { return cur_; }
+  size_t size() const { return cur_size_; }
   // The map hash of row i's encoded key (encode(i) done): computed ahead when prefetching.
   uint32_t hash(int64_t i, const StateMap& m) const {
-    return prefetch_ ? hashes_[i % (2 * kGroup)] : m.hash(data(), size());
+    return cur_row_ == i ? cur_hash_ : m.hash(data(), size());
   }
 
  private:
@@ -209,12 +229,32 @@ class RowKeys {
   // ~32 B header + key + value per entry: from about 16k entries on the state outgrows L2.
   static constexpr size_t kPrefetchMinEntries = 16 * 1024;
 
+  // The encoded keys and hashes of rows [start, start + kGroup).
+  struct Group {
+    int64_t start = -1;
+    std::vector<uint8_t> bytes;
+    uint32_t offsets[kGroup + 1] = {};
+    uint32_t hashes[kGroup] = {};
+  };
+
   void hash_group(int64_t start) {
-    for (int64_t j = start; j < std::min(start + kGroup, n_); ++j) {
+    if (start >= n_) return;
+    Group& g = groups_[(start / kGroup) & 1];
+    g.start = start;
+    g.bytes.clear();
+    g.offsets[0] = 0;
+    for (int64_t j = start; j < start + kGroup; ++j) {
+      const size_t k = static_cast<size_t>(j - start);
+      if (j >= n_) {
+        g.offsets[k + 1] = g.offsets[k];
+        continue;
+      }
       encode_into(ahead_enc_, j, kgs_[j]);
+      g.bytes.insert(g.bytes.end(), ahead_enc_.data(), ahead_enc_.data() + ahead_enc_.size());
+      g.offsets[k + 1] = static_cast<uint32_t>(g.bytes.size());
       const StateMap& m = table_.map(kgs_[j]);
       const uint32_t h = m.hash(ahead_enc_.data(), ahead_enc_.size());
-      hashes_[j % (2 * kGroup)] = h;
+      g.hashes[k] = h;
       m.prefetch_bucket(h);
     }
   }
@@ -231,7 +271,11 @@ class RowKeys {
   const int32_t* kgs_;
   int64_t n_;
   bool prefetch_;
-  uint32_t hashes_[2 * kGroup] = {};
+  Group groups_[2];
+  const uint8_t* cur_ = nullptr;
+  size_t cur_size_ = 0;
+  uint32_t cur_hash_ = 0;
+  int64_t cur_row_ = -1;  // the row whose hash cur_hash_ is, or -1
 };
 
 void check_values(ValueType vt, const KeyArrays& keys, const ArrayView& values) {
@@ -332,6 +376,7 @@ void fold_rows(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayVi
     int64_t old_ts;  // meaningful when existed and TTL is on
     bool existed;
   };
+  constexpr size_t kKeepUndoRows = 65536;
   thread_local std::vector<Undo> undo;
   undo.clear();
   const size_t width = fixed_width(ttl);
@@ -386,7 +431,10 @@ void fold_rows(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayVi
     out[i] = acc;
     valid[i] = 1;
   }
-  undo.clear();
+  // Kept per thread for the next batch, unless a large batch grew it: 32 bytes a row would stay
+  // resident (3 bytes per entry of a state loaded in 1M-row batches).
+  if (undo.capacity() > kKeepUndoRows) std::vector<Undo>().swap(undo);
+  else undo.clear();
 }
 
 template <class T, class ValueAt>

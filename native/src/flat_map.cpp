@@ -1,7 +1,11 @@
 // The flat engine of StateMap: open addressing over paged, copy-on-write slot arrays. Design,
 // invariants and the conversion rule: the class comment of StateMap ("Flat engine") in
 // statecore/state_map.h; the slot layout: statecore/detail/flat_table.h.
+#include <atomic>
 #include <cstring>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include "statecore/detail/map_impl.h"
 
@@ -21,6 +25,36 @@ constexpr size_t kMinTransferredPerStep = 4;  // as the chained engine (Flink's 
 constexpr size_t kMaxSlotVisitsPerStep = 64;
 
 size_t threshold_for(size_t capacity) { return (capacity >> 1) + (capacity >> 2); }
+
+// A growing state frees each old table after its migration, and the maps of one state (one per
+// key group) grow in step, so the last wave of doublings leaves about half the state's size as
+// free heap chunks between live pages, which glibc keeps (measured at 10M int64 -> int64
+// entries: 58.6 RSS bytes per entry, 39.2 after malloc_trim). Every 32 MiB of tables freed by
+// completed rehashes, the free pages go back to the system (glibc only; one trim per 32 MiB of
+// growth, about 1.5M int64 entries).
+constexpr size_t kTrimEveryBytes = size_t(32) << 20;
+std::atomic<size_t> g_freed_by_rehash{0};
+
+// Bytes that unref(d) is about to free (0 when a snapshot shares the directory).
+size_t bytes_freed_by_unref(const FlatDirectory* d) {
+  if (d->refs.load(std::memory_order_acquire) != 1) return 0;
+  size_t bytes = 0;
+  for (size_t i = 0; i < d->page_count; ++i) {
+    const FlatPage* p = d->pages()[i];
+    if (p && p->refs.load(std::memory_order_acquire) == 1)
+      bytes += sizeof(FlatPage) + size_t(p->slot_count) * d->stride();
+  }
+  return bytes;
+}
+
+void note_freed(size_t bytes) {
+  if (bytes && g_freed_by_rehash.fetch_add(bytes) + bytes >= kTrimEveryBytes) {
+    g_freed_by_rehash.store(0);
+#if defined(__GLIBC__)
+    malloc_trim(0);
+#endif
+  }
+}
 
 bool live(uint32_t meta) { return meta != kFlatEmpty && meta != kFlatDeleted; }
 
@@ -118,7 +152,9 @@ void StateMap::Impl::flat_rehash_step() {
   rehash_size += moved;
   rehash_index = r;
   if (r == old_cap) {
+    const size_t freed = bytes_freed_by_unref(fprimary);
     FlatDirectory::unref(fprimary);
+    note_freed(freed);
     fprimary = frehash;
     frehash = nullptr;
     primary_size += rehash_size;

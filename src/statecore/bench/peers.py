@@ -556,7 +556,7 @@ def dict_rss_probe(n: int) -> dict:
                       "int64 state at 10M entries: native vs dict vs C++ hash map", panel=_panel)
 def memory_int64(size: Size):
     """``rss_bytes_per_entry_<n>_entries`` (unit bytes) of the native backend
-    (:func:`statecore.bench.ttl.rss_probe`: keys 0..n-1 loaded with ``add_batch`` in 1M-row
+    (:func:`statecore.bench.ttl.rss_probe`: keys 0..n-1 loaded with ``add_batch`` in 64k-row
     batches), a dict (:func:`dict_rss_probe`) and the C++ map (its ``memory`` mode: the RSS
     growth of its own process), each in a fresh process; native's ``state_bytes_per_entry``
     (key + value bytes it accounts) too. n = 10M (``--quick``: 1M). Goal: native <= 40 bytes

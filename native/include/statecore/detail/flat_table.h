@@ -161,13 +161,16 @@ struct FlatDirectory {
 };
 static_assert(sizeof(FlatDirectory) % alignof(FlatPage*) == 0, "page pointers must be aligned");
 
-// Key suffix comparison; the 8-byte case (an int64 key) is one load.
+// Key suffix comparison. Suffixes of 8-16 bytes (an int64 key, with or without the VoidNamespace
+// byte or an int64 namespace) are two overlapping 8-byte loads, not a call to memcmp.
 inline bool flat_key_equal(const uint8_t* a, const uint8_t* b, size_t n) {
-  if (n == 8) {
-    uint64_t x, y;
-    std::memcpy(&x, a, 8);
-    std::memcpy(&y, b, 8);
-    return x == y;
+  if (n >= 8 && n <= 16) {
+    uint64_t x0, y0, x1, y1;
+    std::memcpy(&x0, a, 8);
+    std::memcpy(&y0, b, 8);
+    std::memcpy(&x1, a + n - 8, 8);
+    std::memcpy(&y1, b + n - 8, 8);
+    return x0 == y0 && x1 == y1;
   }
   return std::memcmp(a, b, n) == 0;
 }
