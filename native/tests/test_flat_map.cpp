@@ -8,6 +8,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "check.h"
@@ -280,6 +281,44 @@ TEST(collect_buckets_once_per_pass_while_the_visitor_removes) {
       CHECK_EQ(seen.size(), step == 1 ? size_t{3000} : m.size());
     }
   }
+}
+
+// The snapshot thread contract on the flat engine (run under TSan in CI): a reader lists and
+// releases a snapshot while the owner writes, removes and grows the map.
+TEST(snapshot_read_and_released_concurrently_with_writes) {
+  StateMap m(nullptr, MapEngine::Flat);
+  std::mt19937_64 rng(12);
+  Ref ref;
+  bool all_ok = true;
+  for (int round = 0; round < 6; ++round) {
+    for (int i = 0; i < 3000; ++i) {
+      const std::string k = key9(rng() % 5000), v = val8(rng());
+      put(m, k, v);
+      ref[k] = v;
+    }
+    const Ref expected = ref;
+    auto snap = m.snapshot();
+    bool ok = false;
+    std::thread reader([&] {
+      ok = entries(*snap) == expected && listing(snap->sorted_changes(snap->base_version())).size() > 0;
+      snap->release();
+    });
+    for (int i = 0; i < 20000; ++i) {
+      const std::string k = key9(rng() % (6000 + 4000 * round));
+      if (rng() % 3 == 0) {
+        m.remove(u8(k), k.size());
+        ref.erase(k);
+      } else {
+        const std::string v = val8(rng());
+        put(m, k, v);
+        ref[k] = v;
+      }
+    }
+    reader.join();
+    all_ok = all_ok && ok && live(m) == ref;
+  }
+  CHECK(all_ok);
+  CHECK(m.is_flat());
 }
 
 TEST(differential_against_the_chained_engine_default_hash) {
