@@ -361,7 +361,14 @@ void StateMap::prefetch_bucket(uint32_t h) const {
   const Impl& m = *impl_;
   if (m.flat) {
     const FlatDirectory* d = m.frehash ? m.frehash : m.fprimary;
-    if (const uint8_t* s = d->slot(h & d->mask())) __builtin_prefetch(s, 0, 1);
+    // Into L1 (locality 3), with write intent: the slot is about to be read and usually written.
+    // The whole table is often in L3 already, where a locality-1 prefetch did nothing and every
+    // row stalled on the meta load (measured: 80% of the lookup's samples). A slot and the start
+    // of the next one (linear probing continues there) may straddle two lines.
+    if (const uint8_t* s = d->slot(h & d->mask())) {
+      __builtin_prefetch(s, 1, 3);
+      __builtin_prefetch(s + 2 * d->stride() - 1, 1, 3);
+    }
     return;
   }
   size_t b;
