@@ -9,7 +9,9 @@ run with the GIL released.
 Thread contract: a StateTable is owned by one Python thread at a time (the task's). Snapshots may
 be read from another thread.
 """
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.pycapsule cimport PyCapsule_GetPointer
+from cpython.unicode cimport PyUnicode_AsUTF8String, PyUnicode_DecodeUTF8
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 from libcpp.memory cimport shared_ptr
@@ -125,7 +127,9 @@ cdef void _add_column(c.KeyHasher* h, f, v) except *:
         h.add_binary(<const char*>b, len(b))
 
 
-cdef int32_t _key_group(key, str key_type, int32_t max_parallelism, c.Assigner a) except -1:
+cdef int32_t _key_group(key, str key_type, int32_t max_parallelism, c.Assigner a,
+                        bint canonical=False) except -1:
+    """Key group of ``key``; ``canonical``: ``key`` is KeyType.check's result already."""
     cdef bytes b
     cdef c.KeyHasher* h
     try:
@@ -144,7 +148,7 @@ cdef int32_t _key_group(key, str key_type, int32_t max_parallelism, c.Assigner a
     # Every other key type (and multi-column keys): validated to its canonical form first, then
     # hashed column by column.
     kt = KT.key_type(key_type)
-    v = kt.check(key)
+    v = key if canonical else kt.check(key)
     h = new c.KeyHasher(a)
     try:
         if kt.is_struct:
@@ -168,6 +172,136 @@ def spark_key_group(key, str key_type, int32_t max_parallelism):
 def flink_key_group(key, str key_type, int32_t max_parallelism):
     """murmurHash(javaHashCode(key)) % max_parallelism (Flink KeyGroupRangeAssignment)."""
     return _key_group(key, key_type, max_parallelism, c.Assigner.Flink)
+
+
+# ----------------------------------------------------------------------------- per-record keys
+
+cdef enum _KeyFast:
+    _KEY_GENERIC = 0
+    _KEY_INT64 = 1
+    _KEY_INT32 = 2
+    _KEY_STRING = 3
+
+
+cdef inline void _put_be(uint8_t* p, uint64_t v, int n):
+    cdef int i
+    for i in range(n):
+        p[i] = <uint8_t>(v >> (8 * (n - 1 - i)))
+
+
+cdef class KeyEncoder:
+    """The current-key step of a backend's per-record path in one call (``encode``): the key is
+    validated once (statecore.key_types ``KeyType.check``, same errors), its key group computed
+    once and range-checked, and ``prefix | ser(key)`` built (docs/architecture.md "Keys"), the
+    part of every encoded state key that depends on the key only.
+
+    ``key_type``: canonical key type name; ``assigner``: "spark" | "flink"; ``[kg_start,
+    kg_end]`` the backend's key-group range (inclusive; empty when kg_start > kg_end) and
+    ``range_repr`` its text for the error message.
+    """
+    cdef object kt
+    cdef str key_type
+    cdef int fast
+    cdef c.Assigner assigner
+    cdef int32_t max_p, kg_start, kg_end
+    cdef int pw
+    cdef str range_repr
+
+    def __cinit__(self, str key_type, str assigner, int32_t max_parallelism, int32_t kg_start,
+                  int32_t kg_end, str range_repr):
+        self.kt = KT.key_type(key_type)
+        self.key_type = key_type
+        self.fast = {"int64": _KEY_INT64, "int32": _KEY_INT32, "string": _KEY_STRING}.get(
+            key_type, _KEY_GENERIC)
+        self.assigner = _assigner(assigner)
+        if not 0 < max_parallelism <= 32768:
+            raise InvalidInputError(f"max_parallelism must be in [1, 32768], got {max_parallelism}")
+        self.max_p = max_parallelism
+        self.kg_start = kg_start
+        self.kg_end = kg_end
+        self.pw = 1 if max_parallelism <= 128 else 2
+        self.range_repr = range_repr
+
+    @property
+    def prefix_width(self):
+        """Bytes of the key-group prefix (1 up to max_parallelism 128, else 2)."""
+        return self.pw
+
+    def encode(self, key):
+        """``(canonical key, key group, prefix | ser(key) as bytes)`` of a per-record key.
+        InvalidInputError, as ``KeyType.check``, for a key the key type rejects, and for a key
+        whose key group is outside the range."""
+        cdef int64_t x
+        cdef int32_t kg
+        cdef bytes raw, out
+        cdef uint8_t* p
+        cdef Py_ssize_t n, vl
+        cdef int pw = self.pw
+        # The common key types take a path without Python-level validation; anything unusual
+        # (numpy scalars, bools, lone surrogates, out-of-range ints) falls to KeyType.check,
+        # which canonicalizes or raises its own message.
+        if self.fast == _KEY_INT64 and type(key) is int:
+            try:
+                x = key
+            except OverflowError:
+                raise InvalidInputError(f"key {key} is out of range for key type int64") from None
+            kg = self._kg(key, c.key_group_for_int64(self.assigner, x, self.max_p))
+            out = PyBytes_FromStringAndSize(NULL, pw + 8)
+            p = <uint8_t*>PyBytes_AS_STRING(out)
+            _put_be(p, <uint64_t>kg, pw)
+            _put_be(p + pw, <uint64_t>x, 8)
+            return key, kg, out
+        if self.fast == _KEY_INT32 and type(key) is int and -2**31 <= key < 2**31:
+            x = key
+            kg = self._kg(key, c.key_group_for_int32(self.assigner, <int32_t>x, self.max_p))
+            out = PyBytes_FromStringAndSize(NULL, pw + 4)
+            p = <uint8_t*>PyBytes_AS_STRING(out)
+            _put_be(p, <uint64_t>kg, pw)
+            _put_be(p + pw, <uint64_t>x, 4)
+            return key, kg, out
+        if self.fast == _KEY_STRING and type(key) is str:
+            try:
+                raw = PyUnicode_AsUTF8String(key)
+            except UnicodeEncodeError:
+                raw = None
+            if raw is not None:
+                n = PyBytes_GET_SIZE(raw)
+                kg = self._kg(key, c.key_group_for_string(self.assigner, PyBytes_AS_STRING(raw),
+                                                           n, self.max_p))
+                vl = _varlen_size(n + 1)
+                out = PyBytes_FromStringAndSize(NULL, pw + vl + n)
+                p = <uint8_t*>PyBytes_AS_STRING(out)
+                _put_be(p, <uint64_t>kg, pw)
+                _write_varlen(p + pw, n + 1)
+                memcpy(p + pw + vl, PyBytes_AS_STRING(raw), n)
+                return key, kg, out
+        v = self.kt.check(key)
+        kg = self._kg(key, _key_group(v, self.key_type, self.max_p, self.assigner, True))
+        return v, kg, int(kg).to_bytes(pw, "big") + self.kt._ser(v)
+
+    cdef int32_t _kg(self, key, int32_t kg) except -1:
+        if kg < self.kg_start or kg > self.kg_end:
+            raise InvalidInputError(
+                f"key {key!r} belongs to key group {kg}, outside this backend's key-group range "
+                f"{self.range_repr}")
+        return kg
+
+
+cdef inline Py_ssize_t _varlen_size(uint64_t n):
+    cdef Py_ssize_t k = 1
+    while n >= 0x80:
+        n >>= 7
+        k += 1
+    return k
+
+
+cdef inline void _write_varlen(uint8_t* p, uint64_t n):
+    # serializers.write_varlen: 7-bit groups, low group first, high bit = more follows.
+    while n >= 0x80:
+        p[0] = <uint8_t>((n & 0x7F) | 0x80)
+        p += 1
+        n >>= 7
+    p[0] = <uint8_t>n
 
 
 def default_max_parallelism(int32_t parallelism):
@@ -376,6 +510,71 @@ def ttl_filter_entries(str kind, fixed_width, int64_t ttl_ms, now_ms, keys, valu
     return out_keys, out_values, r.expired
 
 
+# ----------------------------------------------------------------------------- stored values
+
+cdef enum _StoredCode:
+    _STORED_BYTES = 0   # binary and pickle: the bytes themselves
+    _STORED_INT64 = 1
+    _STORED_FLOAT64 = 2
+    _STORED_INT32 = 3
+    _STORED_BOOL = 4
+    _STORED_STRING = 5
+
+_STORED_CODES = {"binary": _STORED_BYTES, "pickle": _STORED_BYTES, "int64": _STORED_INT64,
+                 "float64": _STORED_FLOAT64, "int32": _STORED_INT32, "bool": _STORED_BOOL,
+                 "string": _STORED_STRING}
+_STORED_NAMES = {_STORED_INT64: "int64", _STORED_FLOAT64: "float64", _STORED_INT32: "int32",
+                 _STORED_BOOL: "bool"}
+
+
+cdef inline void _put_le(uint8_t* p, uint64_t v, int n):
+    cdef int i
+    for i in range(n):
+        p[i] = <uint8_t>(v >> (8 * i))
+
+
+cdef inline uint64_t _get_le(const uint8_t* p, int n):
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(n):
+        v |= (<uint64_t>p[i]) << (8 * i)
+    return v
+
+
+cdef inline uint64_t _get_be(const uint8_t* p, int n):
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(n):
+        v = (v << 8) | p[i]
+    return v
+
+
+cdef object _decode_stored(const uint8_t* p, size_t n, int code):
+    """serializers.ValueSerializer.deserialize (same errors) of ``n`` bytes at ``p``."""
+    cdef size_t w = 8 if code in (_STORED_INT64, _STORED_FLOAT64) else (
+        4 if code == _STORED_INT32 else (1 if code == _STORED_BOOL else 0))
+    cdef uint64_t u
+    cdef double d
+    if w and n != w:
+        raise InvalidInputError(f"{_STORED_NAMES[code]} value must be {w} bytes, got {n}")
+    if code == _STORED_INT64:
+        return <int64_t>_get_le(p, 8)
+    if code == _STORED_FLOAT64:
+        u = _get_le(p, 8)
+        memcpy(&d, &u, 8)
+        return d
+    if code == _STORED_INT32:
+        return <int32_t><uint32_t>_get_le(p, 4)
+    if code == _STORED_BOOL:
+        return p[0] != 0
+    if code == _STORED_STRING:
+        try:
+            return PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
+        except UnicodeDecodeError as e:
+            raise InvalidInputError(f"malformed UTF-8 string value: {e}") from None
+    return PyBytes_FromStringAndSize(<const char*>p, n)
+
+
 cdef class NativeTableSnapshot:
     """One StateTable's snapshot: one O(1) map snapshot per key group (taken in O(key groups)).
 
@@ -478,6 +677,8 @@ cdef class NativeStateTable:
     """
     cdef c.StateTable* table
     cdef readonly int32_t kg_start, kg_end
+    cdef int vcode  # set_value_format
+    cdef bint vttl
 
     def __cinit__(self, int32_t kg_start, int32_t kg_end):
         try:
@@ -515,6 +716,85 @@ cdef class NativeStateTable:
         """True when the key was present."""
         cdef c.StateMap* m = self._map(kg)
         return m.remove(&key[0] if key.shape[0] else NULL, key.shape[0])
+
+    # ---------------------------------------------------------------- per-record stored values
+    # The reference backend's stored forms (backends/python.py) of value, reducing and
+    # aggregating states converted here instead of through serializers.py: the per-record path
+    # then costs one call into this class per access.
+
+    def set_value_format(self, str value_type, bint ttl):
+        """Value type (serializers.VALUE_TYPES; ``pickle`` stores its bytes as they are) and
+        whether values carry the 8-byte TTL timestamp suffix, for :meth:`get_stored` /
+        :meth:`put_stored`. InvalidInputError for an unknown value type."""
+        code = _STORED_CODES.get(value_type)
+        if code is None:
+            raise InvalidInputError(f"no stored-value format for value type {value_type!r}")
+        self.vcode = code
+        self.vttl = ttl
+
+    def get_stored(self, int32_t kg, bytes key not None):
+        """Stored form of ``key``'s value (``(stored, ts)`` with TTL) or None when absent.
+        InvalidInputError for value bytes of the wrong length or malformed UTF-8, with the
+        messages of serializers.ValueSerializer.deserialize / python._split_ttl."""
+        cdef c.ByteView out
+        cdef c.StateMap* m = self._map(kg)
+        if not m.get(<const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), &out):
+            return None
+        if not self.vttl:
+            return _decode_stored(out.data, out.size, self.vcode)
+        if out.size < 8:
+            raise InvalidInputError(f"TTL value of {out.size} bytes lacks its 8-byte timestamp")
+        return (_decode_stored(out.data, out.size - 8, self.vcode),
+                <int64_t>_get_be(out.data + out.size - 8, 8))
+
+    def put_stored(self, int32_t kg, bytes key not None, stored):
+        """Insert or overwrite ``key`` with a stored form (``(stored, ts)`` with TTL). The
+        value is converted before the map is touched, so a stored form that does not fit the
+        value type (InvalidInputError) changes nothing."""
+        cdef uint8_t buf[8]
+        cdef const uint8_t* src = buf
+        cdef Py_ssize_t n
+        cdef int64_t ts = 0
+        cdef uint64_t u
+        cdef double d
+        cdef bytes raw = None
+        cdef int code = self.vcode
+        cdef c.StateMap* m = self._map(kg)
+        cdef uint8_t* dst
+        try:
+            if self.vttl:
+                stored, ts = stored
+            if code == _STORED_INT64:
+                _put_le(buf, <uint64_t><int64_t>stored, 8)
+                n = 8
+            elif code == _STORED_FLOAT64:
+                d = stored
+                memcpy(&u, &d, 8)
+                _put_le(buf, u, 8)
+                n = 8
+            elif code == _STORED_INT32:
+                _put_le(buf, <uint64_t><uint32_t><int32_t>stored, 4)
+                n = 4
+            elif code == _STORED_BOOL:
+                buf[0] = 1 if stored else 0
+                n = 1
+            else:
+                raw = PyUnicode_AsUTF8String(stored) if code == _STORED_STRING else <bytes?>stored
+                src = <const uint8_t*>PyBytes_AS_STRING(raw)
+                n = PyBytes_GET_SIZE(raw)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise InvalidInputError(f"stored value {stored!r} does not fit the state's value "
+                                    f"type: {e}") from None
+        dst = m.put(<const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key),
+                    n + (8 if self.vttl else 0))
+        if n:
+            memcpy(dst, src, n)
+        if self.vttl:
+            _put_be(dst + n, <uint64_t>ts, 8)
+
+    def remove_key(self, int32_t kg, bytes key not None):
+        """Remove ``key`` if present (:meth:`remove` for bytes keys, returning nothing)."""
+        self._map(kg).remove(<const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key))
 
     def ttl_cleanup_step(self, int32_t kg, uint64_t cursor, size_t min_entries, str kind,
                          fixed_width, int64_t ttl_ms, int64_t now):
