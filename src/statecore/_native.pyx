@@ -575,6 +575,212 @@ cdef object _decode_stored(const uint8_t* p, size_t n, int code):
     return PyBytes_FromStringAndSize(<const char*>p, n)
 
 
+cdef enum _Layout:
+    _LAYOUT_VALUE = 0
+    _LAYOUT_LIST = 1
+    _LAYOUT_MAP = 2
+
+_LAYOUTS = {"value": _LAYOUT_VALUE, "reducing": _LAYOUT_VALUE, "aggregating": _LAYOUT_VALUE,
+            "list": _LAYOUT_LIST, "map": _LAYOUT_MAP}
+
+
+cdef inline Py_ssize_t _fixed_width(int code):
+    if code == _STORED_INT64 or code == _STORED_FLOAT64:
+        return 8
+    if code == _STORED_INT32:
+        return 4
+    if code == _STORED_BOOL:
+        return 1
+    return 0
+
+
+cdef Py_ssize_t _fixed_into(object s, int code, uint8_t* dst) except -2:
+    """Writes a fixed-width stored value's bytes to ``dst`` and returns their number; -1 for a
+    variable-width code (nothing written)."""
+    cdef uint64_t u
+    cdef double d
+    if code == _STORED_INT64:
+        _put_le(dst, <uint64_t><int64_t>s, 8)
+        return 8
+    if code == _STORED_FLOAT64:
+        d = s
+        memcpy(&u, &d, 8)
+        _put_le(dst, u, 8)
+        return 8
+    if code == _STORED_INT32:
+        _put_le(dst, <uint64_t><uint32_t><int32_t>s, 4)
+        return 4
+    if code == _STORED_BOOL:
+        dst[0] = 1 if s else 0
+        return 1
+    return -1
+
+
+cdef inline bytes _var_bytes(object s, int code):
+    return PyUnicode_AsUTF8String(s) if code == _STORED_STRING else <bytes?>s
+
+
+cdef inline bytes _be_bytes(object ts):
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, 8)
+    _put_be(<uint8_t*>PyBytes_AS_STRING(out), <uint64_t><int64_t>ts, 8)
+    return out
+
+
+cdef int _read_varlen(const uint8_t* p, size_t size, size_t* pos, uint64_t* out) except -1:
+    """serializers.read_varlen at ``pos[0]`` (same errors); a number beyond 64 bits reads as
+    UINT64_MAX, which no blob can hold (Python's unbounded int fails the same length checks)."""
+    cdef uint64_t n = 0, b
+    cdef int shift = 0
+    cdef bint over = False
+    while True:
+        if pos[0] >= size:
+            raise InvalidInputError("truncated varlen")
+        b = p[pos[0]]
+        pos[0] += 1
+        if shift == 63 and (b & 0x7F) > 1:
+            over = True
+        n |= (b & 0x7F) << shift
+        if b < 0x80:
+            out[0] = <uint64_t>-1 if over else n
+            return 0
+        shift += 7
+        if shift > 63:
+            raise InvalidInputError("varlen longer than 64 bits")
+
+
+cdef object _decode_value(const uint8_t* p, size_t n, int code, bint ttl):
+    if not ttl:
+        return _decode_stored(p, n, code)
+    if n < 8:
+        raise InvalidInputError(f"TTL value of {n} bytes lacks its 8-byte timestamp")
+    return (_decode_stored(p, n - 8, code), <int64_t>_get_be(p + n - 8, 8))
+
+
+cdef list _decode_list(const uint8_t* p, size_t size, int code, bint ttl):
+    cdef size_t w = _fixed_width(code), pos = 0, n, need
+    cdef uint64_t vn
+    cdef list out = []
+    if w and not ttl:
+        if size % w:
+            raise InvalidInputError(f"list blob of {size} bytes is not a multiple of {w}")
+        while pos < size:
+            out.append(_decode_stored(p + pos, w, code))
+            pos += w
+        return out
+    while pos < size:
+        if w:
+            n = w
+        else:
+            _read_varlen(p, size, &pos, &vn)
+            if vn > size - pos:
+                raise InvalidInputError("truncated list element")
+            n = vn
+        need = n + (8 if ttl else 0)
+        if need > size - pos:
+            raise InvalidInputError("truncated list element")
+        e = _decode_stored(p + pos, n, code)
+        out.append((e, <int64_t>_get_be(p + pos + n, 8)) if ttl else e)
+        pos += need
+    return out
+
+
+cdef dict _decode_map(const uint8_t* p, size_t size, int code, bint ttl):
+    cdef size_t pos = 0, koff, voff
+    cdef uint64_t kn, vn
+    cdef list spans = []
+    # The blob's layout is checked whole before any value is decoded, so a malformed blob
+    # raises what serializers.decode_map raises.
+    while pos < size:
+        _read_varlen(p, size, &pos, &kn)
+        if kn > size - pos:
+            raise InvalidInputError("truncated map blob")
+        koff = pos
+        pos += kn
+        _read_varlen(p, size, &pos, &vn)
+        if vn > size - pos:
+            raise InvalidInputError("truncated map blob")
+        voff = pos
+        pos += vn
+        spans.append((koff, kn, voff, vn))
+    cdef dict out = {}
+    for koff, kn, voff, vn in spans:
+        out[PyBytes_FromStringAndSize(<const char*>p + koff, kn)] = _decode_value(p + voff, vn, code, ttl)
+    return out
+
+
+cdef bytes _encode_list(object stored, int code, bint ttl):
+    cdef Py_ssize_t w = _fixed_width(code), total = 0, cnt, i
+    cdef int64_t check_ts
+    cdef bytes out
+    cdef uint8_t* q
+    cdef list items = list(stored), raws
+    cnt = len(items)
+    if w:
+        out = PyBytes_FromStringAndSize(NULL, cnt * (w + (8 if ttl else 0)))
+        q = <uint8_t*>PyBytes_AS_STRING(out)
+        for e in items:
+            if ttl:
+                v, ts = e
+                q += _fixed_into(v, code, q)
+                _put_be(q, <uint64_t><int64_t>ts, 8)
+                q += 8
+            else:
+                q += _fixed_into(e, code, q)
+        return out
+    raws = []
+    for e in items:
+        if ttl:
+            v, ts = e
+            check_ts = ts  # a timestamp outside int64 fails before the blob is built
+            r = _var_bytes(v, code)
+        else:
+            r = _var_bytes(e, code)
+        raws.append(r)
+        total += _varlen_size(PyBytes_GET_SIZE(r)) + PyBytes_GET_SIZE(r) + (8 if ttl else 0)
+    out = PyBytes_FromStringAndSize(NULL, total)
+    q = <uint8_t*>PyBytes_AS_STRING(out)
+    for i in range(cnt):
+        r = raws[i]
+        _write_varlen(q, PyBytes_GET_SIZE(r))
+        q += _varlen_size(PyBytes_GET_SIZE(r))
+        memcpy(q, PyBytes_AS_STRING(r), PyBytes_GET_SIZE(r))
+        q += PyBytes_GET_SIZE(r)
+        if ttl:
+            _put_be(q, <uint64_t><int64_t>items[i][1], 8)
+            q += 8
+    return out
+
+
+cdef bytes _encode_map(object stored, int code, bint ttl):
+    cdef uint8_t buf[8]
+    cdef Py_ssize_t n, total = 0
+    cdef bytes out, kb, vb
+    cdef uint8_t* q
+    cdef list pairs = []
+    for uk in sorted(stored):
+        kb = <bytes?>uk
+        if ttl:
+            v, ts = stored[uk]
+        else:
+            v = stored[uk]
+        n = _fixed_into(v, code, buf)
+        vb = PyBytes_FromStringAndSize(<const char*>buf, n) if n >= 0 else _var_bytes(v, code)
+        if ttl:
+            vb += _be_bytes(ts)
+        pairs.append((kb, vb))
+        total += (_varlen_size(PyBytes_GET_SIZE(kb)) + PyBytes_GET_SIZE(kb)
+                  + _varlen_size(PyBytes_GET_SIZE(vb)) + PyBytes_GET_SIZE(vb))
+    out = PyBytes_FromStringAndSize(NULL, total)
+    q = <uint8_t*>PyBytes_AS_STRING(out)
+    for kb, vb in pairs:
+        for r in (kb, vb):
+            _write_varlen(q, PyBytes_GET_SIZE(r))
+            q += _varlen_size(PyBytes_GET_SIZE(r))
+            memcpy(q, PyBytes_AS_STRING(r), PyBytes_GET_SIZE(r))
+            q += PyBytes_GET_SIZE(r)
+    return out
+
+
 cdef class NativeTableSnapshot:
     """One StateTable's snapshot: one O(1) map snapshot per key group (taken in O(key groups)).
 
@@ -678,6 +884,7 @@ cdef class NativeStateTable:
     cdef c.StateTable* table
     cdef readonly int32_t kg_start, kg_end
     cdef int vcode  # set_value_format
+    cdef int vlayout
     cdef bint vttl
 
     def __cinit__(self, int32_t kg_start, int32_t kg_end):
@@ -718,79 +925,75 @@ cdef class NativeStateTable:
         return m.remove(&key[0] if key.shape[0] else NULL, key.shape[0])
 
     # ---------------------------------------------------------------- per-record stored values
-    # The reference backend's stored forms (backends/python.py) of value, reducing and
-    # aggregating states converted here instead of through serializers.py: the per-record path
-    # then costs one call into this class per access.
+    # The reference backend's stored forms (backends/python.py ``_Table.encode_value`` /
+    # ``decode_value``) converted here instead of through serializers.py: an access of the
+    # per-record path then costs one call into this class.
 
-    def set_value_format(self, str value_type, bint ttl):
-        """Value type (serializers.VALUE_TYPES; ``pickle`` stores its bytes as they are) and
-        whether values carry the 8-byte TTL timestamp suffix, for :meth:`get_stored` /
-        :meth:`put_stored`. InvalidInputError for an unknown value type."""
+    def set_value_format(self, str kind, str value_type, bint ttl):
+        """State kind (value, reducing and aggregating share a layout; list; map), value type
+        (serializers.VALUE_TYPES; ``pickle`` stores its bytes as they are) and whether values,
+        list elements and map user values carry the 8-byte TTL timestamp suffix, for
+        :meth:`get_stored` / :meth:`put_stored`. InvalidInputError for an unknown kind or
+        value type."""
         code = _STORED_CODES.get(value_type)
-        if code is None:
-            raise InvalidInputError(f"no stored-value format for value type {value_type!r}")
+        layout = _LAYOUTS.get(kind)
+        if code is None or layout is None:
+            raise InvalidInputError(f"no stored-value format for a {kind!r} state of {value_type!r}")
         self.vcode = code
+        self.vlayout = layout
         self.vttl = ttl
 
     def get_stored(self, int32_t kg, bytes key not None):
-        """Stored form of ``key``'s value (``(stored, ts)`` with TTL) or None when absent.
-        InvalidInputError for value bytes of the wrong length or malformed UTF-8, with the
-        messages of serializers.ValueSerializer.deserialize / python._split_ttl."""
+        """Stored form of ``key``'s value, or None when absent: the value (``(value, ts)`` with
+        TTL), a list of elements (each ``(element, ts)`` with TTL) or a dict ``{serialized user
+        key: user value (or (user value, ts))}``. InvalidInputError for malformed bytes, with
+        python._Table.decode_value's messages."""
         cdef c.ByteView out
         cdef c.StateMap* m = self._map(kg)
         if not m.get(<const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), &out):
             return None
-        if not self.vttl:
-            return _decode_stored(out.data, out.size, self.vcode)
-        if out.size < 8:
-            raise InvalidInputError(f"TTL value of {out.size} bytes lacks its 8-byte timestamp")
-        return (_decode_stored(out.data, out.size - 8, self.vcode),
-                <int64_t>_get_be(out.data + out.size - 8, 8))
+        if self.vlayout == _LAYOUT_LIST:
+            return _decode_list(out.data, out.size, self.vcode, self.vttl)
+        if self.vlayout == _LAYOUT_MAP:
+            return _decode_map(out.data, out.size, self.vcode, self.vttl)
+        return _decode_value(out.data, out.size, self.vcode, self.vttl)
 
     def put_stored(self, int32_t kg, bytes key not None, stored):
-        """Insert or overwrite ``key`` with a stored form (``(stored, ts)`` with TTL). The
-        value is converted before the map is touched, so a stored form that does not fit the
-        value type (InvalidInputError) changes nothing."""
-        cdef uint8_t buf[8]
+        """Insert or overwrite ``key`` with a stored form (as :meth:`get_stored` returns). The
+        bytes are built before the map is touched, so a stored form that does not fit the
+        format (InvalidInputError) changes nothing."""
+        cdef uint8_t buf[16]
         cdef const uint8_t* src = buf
         cdef Py_ssize_t n
-        cdef int64_t ts = 0
-        cdef uint64_t u
-        cdef double d
         cdef bytes raw = None
-        cdef int code = self.vcode
         cdef c.StateMap* m = self._map(kg)
         cdef uint8_t* dst
         try:
-            if self.vttl:
-                stored, ts = stored
-            if code == _STORED_INT64:
-                _put_le(buf, <uint64_t><int64_t>stored, 8)
-                n = 8
-            elif code == _STORED_FLOAT64:
-                d = stored
-                memcpy(&u, &d, 8)
-                _put_le(buf, u, 8)
-                n = 8
-            elif code == _STORED_INT32:
-                _put_le(buf, <uint64_t><uint32_t><int32_t>stored, 4)
-                n = 4
-            elif code == _STORED_BOOL:
-                buf[0] = 1 if stored else 0
-                n = 1
+            if self.vlayout == _LAYOUT_LIST:
+                raw = _encode_list(stored, self.vcode, self.vttl)
+            elif self.vlayout == _LAYOUT_MAP:
+                raw = _encode_map(stored, self.vcode, self.vttl)
+            elif self.vttl:
+                v, ts = stored
+                n = _fixed_into(v, self.vcode, buf)
+                if n < 0:
+                    raw = _var_bytes(v, self.vcode) + _be_bytes(ts)
+                else:
+                    _put_be(buf + n, <uint64_t><int64_t>ts, 8)
+                    n += 8
             else:
-                raw = PyUnicode_AsUTF8String(stored) if code == _STORED_STRING else <bytes?>stored
-                src = <const uint8_t*>PyBytes_AS_STRING(raw)
-                n = PyBytes_GET_SIZE(raw)
+                n = _fixed_into(stored, self.vcode, buf)
+                if n < 0:
+                    raw = _var_bytes(stored, self.vcode)
         except (TypeError, ValueError, OverflowError) as e:
-            raise InvalidInputError(f"stored value {stored!r} does not fit the state's value "
-                                    f"type: {e}") from None
-        dst = m.put(<const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key),
-                    n + (8 if self.vttl else 0))
+            raise InvalidInputError(f"stored value {stored!r} does not fit the state's format: "
+                                    f"{e}") from None
+        if raw is not None:
+            src = <const uint8_t*>PyBytes_AS_STRING(raw)
+            n = PyBytes_GET_SIZE(raw)
+        dst = m.put(<const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), n)
         if n:
             memcpy(dst, src, n)
-        if self.vttl:
-            _put_be(dst + n, <uint64_t>ts, 8)
 
     def remove_key(self, int32_t kg, bytes key not None):
         """Remove ``key`` if present (:meth:`remove` for bytes keys, returning nothing)."""

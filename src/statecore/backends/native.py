@@ -6,9 +6,13 @@ byte formats of docs/architecture.md, so native snapshots, checkpoints and Pytho
 snapshots are interchangeable.
 
 Per-record state objects are the reference backend's own classes (``statecore.backends.python``)
-running over a table adapter that encodes (key group, key, namespace) and values into the native
-map: the per-record semantics of the two backends are the same code. What differs is where the
-bytes live and the batch paths: ``get_batch``/``put_batch`` on value state and
+running over a table adapter whose slots are (key group, encoded key) and which converts stored
+values to the map's bytes: the per-record semantics of the two backends are the same code. The
+per-record path is kept short: ``set_current_key`` validates the key, computes its key group and
+builds ``prefix | ser(key)`` in one native call (``_native.KeyEncoder``); each state object caches
+its encoded key for the current key and its current namespace (``_NativeState``); value,
+reducing and aggregating values are converted in Cython (``NativeStateTable.get_stored`` /
+``put_stored``). What differs is where the bytes live and the batch paths: ``get_batch``/``put_batch`` on value state and
 ``get_batch``/``add_batch`` on reducing state with built-in reducers, for the VoidNamespace and
 int64/float64/string/binary values (and every key type, multi-column keys included: the kernels
 hash and encode the key arrays themselves, native/include/statecore/key_columns.h), run as
@@ -68,25 +72,17 @@ class _NativeTable(py._Table):
         self._use_stored_format()
 
     def _use_stored_format(self) -> None:
-        # Value-like states convert stored forms in Cython (NativeStateTable.get_stored /
-        # put_stored): the methods are bound on the instance so that an access is one call into
-        # the extension instead of a Python frame plus encode_value/decode_value.
-        if self.kind in ("value", "reducing", "aggregating"):
-            self.native.set_value_format(self.value_ser.name, self.ttl)
-            self.get = self.native.get_stored
-            self.put = self.native.put_stored
+        # Stored forms are converted in Cython (NativeStateTable.get_stored / put_stored, the
+        # layouts of py._Table.encode_value): the methods are bound on the instance so that an
+        # access is one call into the extension, without a Python frame in between.
+        self.native.set_value_format(self.kind, self.value_ser.name, self.ttl)
+        self.get = self.native.get_stored
+        self.put = self.native.put_stored
         self.remove = self.native.remove_key
 
     def _set_ttl_meta(self, ttl_meta) -> None:
         super()._set_ttl_meta(ttl_meta)
         self._use_stored_format()  # the TTL suffix comes or goes with the setting
-
-    def get(self, kg, k):
-        b = self.native.get(kg, k)
-        return None if b is None else self.decode_value(b)
-
-    def put(self, kg, k, stored):
-        self.native.put(kg, k, self.encode_value(stored))
 
     # TTL cleanup passes run in C++ over the stored bytes (ttl.h cleanup_step); the cursor is
     # a key group and a bucket of its map (StateMap::collect_buckets survives rehashes).
@@ -464,7 +460,8 @@ class _NativeState(py._PyState):
 
     def set_current_namespace(self, namespace) -> None:
         super().set_current_namespace(namespace)
-        ns = self._ns_ser.serialize(self._namespace)
+        kt = self._ns_ser.key_type  # None for void; the namespace is validated already
+        ns = b"\x00" if kt is None else kt._ser(self._namespace)
         if self._ambiguous:
             ns += S.len_bytes(len(ns))
         self._ns_part = ns
