@@ -277,7 +277,7 @@ cdef class KeyEncoder:
                 return key, kg, out
         v = self.kt.check(key)
         kg = self._kg(key, _key_group(v, self.key_type, self.max_p, self.assigner, True))
-        return v, kg, int(kg).to_bytes(pw, "big") + self.kt._ser(v)
+        return v, kg, int(kg).to_bytes(pw, "big") + self.kt.serialize_checked(v)
 
     cdef int32_t _kg(self, key, int32_t kg) except -1:
         if kg < self.kg_start or kg > self.kg_end:

@@ -10,10 +10,10 @@ running over a table adapter whose slots are (key group, encoded key) and which 
 values to the map's bytes: the per-record semantics of the two backends are the same code. The
 per-record path is kept short: ``set_current_key`` validates the key, computes its key group and
 builds ``prefix | ser(key)`` in one native call (``_native.KeyEncoder``); each state object caches
-its encoded key for the current key and its current namespace (``_NativeState``); value,
-reducing and aggregating values are converted in Cython (``NativeStateTable.get_stored`` /
-``put_stored``). What differs is where the bytes live and the batch paths: ``get_batch``/``put_batch`` on value state and
-``get_batch``/``add_batch`` on reducing state with built-in reducers, for the VoidNamespace and
+its encoded key for the current key and its current namespace (``_NativeState``); stored values
+of every state kind are converted in Cython (``NativeStateTable.get_stored`` / ``put_stored``).
+What differs is where the bytes live and the batch paths: ``get_batch``/``put_batch`` on value
+state and ``get_batch``/``add_batch`` on reducing state with built-in reducers, for the VoidNamespace and
 int64/float64/string/binary values (and every key type, multi-column keys included: the kernels
 hash and encode the key arrays themselves, native/include/statecore/key_columns.h), run as
 native kernels that read the Arrow buffers through the
@@ -460,8 +460,8 @@ class _NativeState(py._PyState):
 
     def set_current_namespace(self, namespace) -> None:
         super().set_current_namespace(namespace)
-        kt = self._ns_ser.key_type  # None for void; the namespace is validated already
-        ns = b"\x00" if kt is None else kt._ser(self._namespace)
+        kt = self._ns_ser.key_type  # None for void
+        ns = b"\x00" if kt is None else kt.serialize_checked(self._namespace)
         if self._ambiguous:
             ns += S.len_bytes(len(ns))
         self._ns_part = ns
