@@ -459,7 +459,12 @@ class _NativeState(py._PyState):
                            and self._ns_ser.fixed_width is None)
 
     def set_current_namespace(self, namespace) -> None:
+        old = self._namespace
         super().set_current_namespace(namespace)
+        if type(self._namespace) is type(old) and self._namespace == old:
+            # Equal canonical namespaces of one type serialize alike: the cached slot holds
+            # (operators often set the same namespace for every record).
+            return
         kt = self._ns_ser.key_type  # None for void
         ns = b"\x00" if kt is None else kt.serialize_checked(self._namespace)
         if self._ambiguous:

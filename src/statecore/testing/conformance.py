@@ -1082,6 +1082,17 @@ class BackendConformance(KeyTypeConformance):
             b.set_current_key(keys[0])
             st["v"].set_current_namespace(namespaces[0])
             seen.append(st["v"].value())
+            # the same namespace again (also as a numpy scalar), then another key with it
+            same = np.int64(namespaces[0]) if ns_type == "int64" else np.str_(namespaces[0])
+            for ns in (namespaces[0], same):
+                st["v"].set_current_namespace(ns)
+                seen.append(st["v"].value())
+            b.set_current_key(keys[1])
+            st["v"].set_current_namespace(namespaces[0])
+            seen.append(st["v"].value())
+            st["v"].update(-5)
+            b.set_current_key(keys[0])
+            seen.append(st["v"].value())
             return seen
 
         self._same_as_reference(program, key_type=key_type)
