@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("statecore._native")
 
-from statecore import ReducingStateDescriptor, ValueStateDescriptor, create_backend  # noqa: E402
+from statecore import ListStateDescriptor, ReducingStateDescriptor, ValueStateDescriptor, create_backend  # noqa: E402
 from statecore.backends.native import NativeBackend  # noqa: E402
 from statecore.errors import InvalidInputError  # noqa: E402
 from statecore.testing.conformance import BackendConformance, snapshot_dump  # noqa: E402
@@ -148,3 +148,90 @@ def test_removal_log_bounded_and_migration_copies_not_listed():
     b.notify_checkpoint_complete(inc.snapshot_id)
     # Completed: at most one partly older chunk (64 records) per key-group map remains.
     assert b.removal_log_sizes()["v"] <= 4 * 64
+
+
+# The native per-record path converts stored forms in Cython (NativeStateTable.get_stored /
+# put_stored); the reference is py._Table.encode_value / decode_value: same bytes written, same
+# stored form read, same error for malformed bytes (bytes restored without decoding reach it).
+
+def _random_stored(rng, vt: str):
+    if vt in ("int64", "int32"):
+        bits = 63 if vt == "int64" else 31
+        return rng.choice([0, -1, 1, -(2**bits), 2**bits - 1, rng.randint(-(2**bits), 2**bits - 1)])
+    if vt == "float64":
+        return rng.choice([0.0, -0.0, 1.5, -2.25e300, float("inf"), float("-inf"), rng.random()])
+    if vt == "bool":
+        return rng.random() < 0.5
+    if vt == "string":
+        return "".join(rng.choice("aé日😀\x00") for _ in range(rng.randint(0, 200 if rng.random() < 0.1 else 5)))
+    return bytes(rng.randrange(256) for _ in range(rng.randint(0, 200 if rng.random() < 0.1 else 5)))
+
+
+def _stored_form(rng, kind: str, vt: str, ttl: bool):
+    def one():
+        s = _random_stored(rng, vt)
+        return (s, rng.choice([-(2**63), 0, 2**63 - 1, rng.randint(-(2**40), 2**40)])) if ttl else s
+
+    if kind == "list":
+        return [one() for _ in range(rng.randint(1, 4))]
+    if kind == "map":
+        return {_random_stored(rng, "binary") + b"k": one() for _ in range(rng.randint(1, 4))}
+    return one()
+
+
+def _outcome(fn):
+    try:
+        return ("ok", fn())
+    except Exception as e:  # the type and message are what is compared
+        return (type(e).__name__, str(e))
+
+
+@pytest.mark.parametrize("ttl", [False, True])
+@pytest.mark.parametrize("kind", ["value", "list", "map"])
+@pytest.mark.parametrize("vt", ["int64", "int32", "float64", "bool", "string", "binary", "pickle"])
+def test_per_record_stored_forms_match_the_reference_codec(kind, vt, ttl):
+    import random
+
+    from statecore.backends import native as nat
+    from statecore.backends import python as py
+
+    meta = {"name": "s", "kind": kind, "namespace_type": "void", "value_type": vt}
+    if kind == "map":
+        meta["user_key_type"] = "string"
+    if ttl:
+        meta["ttl"] = {"ttl_ms": 1}
+    ref = py._Table(meta)
+    table = nat._NativeTable(meta, create_backend("native", key_type="int64"))
+    rng = random.Random(f"{kind}-{vt}-{ttl}")
+    key = b"\x05key"
+    blobs = []
+    for _ in range(200):
+        stored = _stored_form(rng, kind, vt, ttl)
+        blob = ref.encode_value(stored)
+        table.put(5, key, stored)
+        assert table.native.get(5, key) == blob
+        assert table.get(5, key) == ref.decode_value(blob)
+        blobs.append(blob)
+    # malformed bytes: truncated, extended and random blobs read as the reference reads them
+    for blob in blobs:
+        for bad in (blob[:rng.randrange(len(blob) + 1)], blob + bytes([rng.randrange(256)]),
+                    bytes(rng.randrange(256) for _ in range(rng.randint(0, 20))),
+                    b"\xff" * rng.randint(1, 12) + b"\x01",
+                    b"\xff" * 9 + bytes([rng.randint(2, 127)]) + blob):  # varlen beyond 64 bits
+            table.native.put(5, key, bad)
+            assert _outcome(lambda: table.get(5, key)) == _outcome(lambda: ref.decode_value(bad))
+    table.remove(5, key)
+    assert table.get(5, key) is None
+
+
+def test_per_record_stored_form_that_does_not_fit_changes_nothing():
+    b = create_backend("native", key_type="int64")
+    lst = b.get_state(ListStateDescriptor("l", "int64"))
+    b.set_current_key(1)
+    lst.add(1)
+    table = lst._table
+    kg, key = lst._slot()
+    for bad in ([1, 2**63], [1, "x"], 5):
+        with pytest.raises(InvalidInputError):
+            table.put(kg, key, bad)
+        assert lst.get() == [1]

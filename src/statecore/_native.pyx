@@ -9,7 +9,9 @@ run with the GIL released.
 Thread contract: a StateTable is owned by one Python thread at a time (the task's). Snapshots may
 be read from another thread.
 """
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.pycapsule cimport PyCapsule_GetPointer
+from cpython.unicode cimport PyUnicode_AsUTF8String, PyUnicode_DecodeUTF8
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 from libcpp.memory cimport shared_ptr
@@ -125,7 +127,9 @@ cdef void _add_column(c.KeyHasher* h, f, v) except *:
         h.add_binary(<const char*>b, len(b))
 
 
-cdef int32_t _key_group(key, str key_type, int32_t max_parallelism, c.Assigner a) except -1:
+cdef int32_t _key_group(key, str key_type, int32_t max_parallelism, c.Assigner a,
+                        bint canonical=False) except -1:
+    """Key group of ``key``; ``canonical``: ``key`` is KeyType.check's result already."""
     cdef bytes b
     cdef c.KeyHasher* h
     try:
@@ -144,7 +148,7 @@ cdef int32_t _key_group(key, str key_type, int32_t max_parallelism, c.Assigner a
     # Every other key type (and multi-column keys): validated to its canonical form first, then
     # hashed column by column.
     kt = KT.key_type(key_type)
-    v = kt.check(key)
+    v = key if canonical else kt.check(key)
     h = new c.KeyHasher(a)
     try:
         if kt.is_struct:
@@ -168,6 +172,136 @@ def spark_key_group(key, str key_type, int32_t max_parallelism):
 def flink_key_group(key, str key_type, int32_t max_parallelism):
     """murmurHash(javaHashCode(key)) % max_parallelism (Flink KeyGroupRangeAssignment)."""
     return _key_group(key, key_type, max_parallelism, c.Assigner.Flink)
+
+
+# ----------------------------------------------------------------------------- per-record keys
+
+cdef enum _KeyFast:
+    _KEY_GENERIC = 0
+    _KEY_INT64 = 1
+    _KEY_INT32 = 2
+    _KEY_STRING = 3
+
+
+cdef inline void _put_be(uint8_t* p, uint64_t v, int n):
+    cdef int i
+    for i in range(n):
+        p[i] = <uint8_t>(v >> (8 * (n - 1 - i)))
+
+
+cdef class KeyEncoder:
+    """The current-key step of a backend's per-record path in one call (``encode``): the key is
+    validated once (statecore.key_types ``KeyType.check``, same errors), its key group computed
+    once and range-checked, and ``prefix | ser(key)`` built (docs/architecture.md "Keys"), the
+    part of every encoded state key that depends on the key only.
+
+    ``key_type``: canonical key type name; ``assigner``: "spark" | "flink"; ``[kg_start,
+    kg_end]`` the backend's key-group range (inclusive; empty when kg_start > kg_end) and
+    ``range_repr`` its text for the error message.
+    """
+    cdef object kt
+    cdef str key_type
+    cdef int fast
+    cdef c.Assigner assigner
+    cdef int32_t max_p, kg_start, kg_end
+    cdef int pw
+    cdef str range_repr
+
+    def __cinit__(self, str key_type, str assigner, int32_t max_parallelism, int32_t kg_start,
+                  int32_t kg_end, str range_repr):
+        self.kt = KT.key_type(key_type)
+        self.key_type = key_type
+        self.fast = {"int64": _KEY_INT64, "int32": _KEY_INT32, "string": _KEY_STRING}.get(
+            key_type, _KEY_GENERIC)
+        self.assigner = _assigner(assigner)
+        if not 0 < max_parallelism <= 32768:
+            raise InvalidInputError(f"max_parallelism must be in [1, 32768], got {max_parallelism}")
+        self.max_p = max_parallelism
+        self.kg_start = kg_start
+        self.kg_end = kg_end
+        self.pw = 1 if max_parallelism <= 128 else 2
+        self.range_repr = range_repr
+
+    @property
+    def prefix_width(self):
+        """Bytes of the key-group prefix (1 up to max_parallelism 128, else 2)."""
+        return self.pw
+
+    def encode(self, key):
+        """``(canonical key, key group, prefix | ser(key) as bytes)`` of a per-record key.
+        InvalidInputError, as ``KeyType.check``, for a key the key type rejects, and for a key
+        whose key group is outside the range."""
+        cdef int64_t x
+        cdef int32_t kg
+        cdef bytes raw, out
+        cdef uint8_t* p
+        cdef Py_ssize_t n, vl
+        cdef int pw = self.pw
+        # The common key types take a path without Python-level validation; anything unusual
+        # (numpy scalars, bools, lone surrogates, out-of-range ints) falls to KeyType.check,
+        # which canonicalizes or raises its own message.
+        if self.fast == _KEY_INT64 and type(key) is int:
+            try:
+                x = key
+            except OverflowError:
+                raise InvalidInputError(f"key {key} is out of range for key type int64") from None
+            kg = self._kg(key, c.key_group_for_int64(self.assigner, x, self.max_p))
+            out = PyBytes_FromStringAndSize(NULL, pw + 8)
+            p = <uint8_t*>PyBytes_AS_STRING(out)
+            _put_be(p, <uint64_t>kg, pw)
+            _put_be(p + pw, <uint64_t>x, 8)
+            return key, kg, out
+        if self.fast == _KEY_INT32 and type(key) is int and -2**31 <= key < 2**31:
+            x = key
+            kg = self._kg(key, c.key_group_for_int32(self.assigner, <int32_t>x, self.max_p))
+            out = PyBytes_FromStringAndSize(NULL, pw + 4)
+            p = <uint8_t*>PyBytes_AS_STRING(out)
+            _put_be(p, <uint64_t>kg, pw)
+            _put_be(p + pw, <uint64_t>x, 4)
+            return key, kg, out
+        if self.fast == _KEY_STRING and type(key) is str:
+            try:
+                raw = PyUnicode_AsUTF8String(key)
+            except UnicodeEncodeError:
+                raw = None
+            if raw is not None:
+                n = PyBytes_GET_SIZE(raw)
+                kg = self._kg(key, c.key_group_for_string(self.assigner, PyBytes_AS_STRING(raw),
+                                                           n, self.max_p))
+                vl = _varlen_size(n + 1)
+                out = PyBytes_FromStringAndSize(NULL, pw + vl + n)
+                p = <uint8_t*>PyBytes_AS_STRING(out)
+                _put_be(p, <uint64_t>kg, pw)
+                _write_varlen(p + pw, n + 1)
+                memcpy(p + pw + vl, PyBytes_AS_STRING(raw), n)
+                return key, kg, out
+        v = self.kt.check(key)
+        kg = self._kg(key, _key_group(v, self.key_type, self.max_p, self.assigner, True))
+        return v, kg, int(kg).to_bytes(pw, "big") + self.kt.serialize_checked(v)
+
+    cdef int32_t _kg(self, key, int32_t kg) except -1:
+        if kg < self.kg_start or kg > self.kg_end:
+            raise InvalidInputError(
+                f"key {key!r} belongs to key group {kg}, outside this backend's key-group range "
+                f"{self.range_repr}")
+        return kg
+
+
+cdef inline Py_ssize_t _varlen_size(uint64_t n):
+    cdef Py_ssize_t k = 1
+    while n >= 0x80:
+        n >>= 7
+        k += 1
+    return k
+
+
+cdef inline void _write_varlen(uint8_t* p, uint64_t n):
+    # serializers.write_varlen: 7-bit groups, low group first, high bit = more follows.
+    while n >= 0x80:
+        p[0] = <uint8_t>((n & 0x7F) | 0x80)
+        p += 1
+        n >>= 7
+    p[0] = <uint8_t>n
 
 
 def default_max_parallelism(int32_t parallelism):
@@ -376,6 +510,277 @@ def ttl_filter_entries(str kind, fixed_width, int64_t ttl_ms, now_ms, keys, valu
     return out_keys, out_values, r.expired
 
 
+# ----------------------------------------------------------------------------- stored values
+
+cdef enum _StoredCode:
+    _STORED_BYTES = 0   # binary and pickle: the bytes themselves
+    _STORED_INT64 = 1
+    _STORED_FLOAT64 = 2
+    _STORED_INT32 = 3
+    _STORED_BOOL = 4
+    _STORED_STRING = 5
+
+_STORED_CODES = {"binary": _STORED_BYTES, "pickle": _STORED_BYTES, "int64": _STORED_INT64,
+                 "float64": _STORED_FLOAT64, "int32": _STORED_INT32, "bool": _STORED_BOOL,
+                 "string": _STORED_STRING}
+_STORED_NAMES = {_STORED_INT64: "int64", _STORED_FLOAT64: "float64", _STORED_INT32: "int32",
+                 _STORED_BOOL: "bool"}
+
+
+cdef inline void _put_le(uint8_t* p, uint64_t v, int n):
+    cdef int i
+    for i in range(n):
+        p[i] = <uint8_t>(v >> (8 * i))
+
+
+cdef inline uint64_t _get_le(const uint8_t* p, int n):
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(n):
+        v |= (<uint64_t>p[i]) << (8 * i)
+    return v
+
+
+cdef inline uint64_t _get_be(const uint8_t* p, int n):
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(n):
+        v = (v << 8) | p[i]
+    return v
+
+
+cdef object _decode_stored(const uint8_t* p, size_t n, int code):
+    """serializers.ValueSerializer.deserialize (same errors) of ``n`` bytes at ``p``."""
+    cdef size_t w = 8 if code in (_STORED_INT64, _STORED_FLOAT64) else (
+        4 if code == _STORED_INT32 else (1 if code == _STORED_BOOL else 0))
+    cdef uint64_t u
+    cdef double d
+    if w and n != w:
+        raise InvalidInputError(f"{_STORED_NAMES[code]} value must be {w} bytes, got {n}")
+    if code == _STORED_INT64:
+        return <int64_t>_get_le(p, 8)
+    if code == _STORED_FLOAT64:
+        u = _get_le(p, 8)
+        memcpy(&d, &u, 8)
+        return d
+    if code == _STORED_INT32:
+        return <int32_t><uint32_t>_get_le(p, 4)
+    if code == _STORED_BOOL:
+        return p[0] != 0
+    if code == _STORED_STRING:
+        try:
+            return PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
+        except UnicodeDecodeError as e:
+            raise InvalidInputError(f"malformed UTF-8 string value: {e}") from None
+    return PyBytes_FromStringAndSize(<const char*>p, n)
+
+
+cdef enum _Layout:
+    _LAYOUT_VALUE = 0
+    _LAYOUT_LIST = 1
+    _LAYOUT_MAP = 2
+
+_LAYOUTS = {"value": _LAYOUT_VALUE, "reducing": _LAYOUT_VALUE, "aggregating": _LAYOUT_VALUE,
+            "list": _LAYOUT_LIST, "map": _LAYOUT_MAP}
+
+
+cdef inline Py_ssize_t _fixed_width(int code):
+    if code == _STORED_INT64 or code == _STORED_FLOAT64:
+        return 8
+    if code == _STORED_INT32:
+        return 4
+    if code == _STORED_BOOL:
+        return 1
+    return 0
+
+
+cdef Py_ssize_t _fixed_into(object s, int code, uint8_t* dst) except -2:
+    """Writes a fixed-width stored value's bytes to ``dst`` and returns their number; -1 for a
+    variable-width code (nothing written)."""
+    cdef uint64_t u
+    cdef double d
+    if code == _STORED_INT64:
+        _put_le(dst, <uint64_t><int64_t>s, 8)
+        return 8
+    if code == _STORED_FLOAT64:
+        d = s
+        memcpy(&u, &d, 8)
+        _put_le(dst, u, 8)
+        return 8
+    if code == _STORED_INT32:
+        _put_le(dst, <uint64_t><uint32_t><int32_t>s, 4)
+        return 4
+    if code == _STORED_BOOL:
+        dst[0] = 1 if s else 0
+        return 1
+    return -1
+
+
+cdef inline bytes _var_bytes(object s, int code):
+    return PyUnicode_AsUTF8String(s) if code == _STORED_STRING else <bytes?>s
+
+
+cdef inline bytes _be_bytes(object ts):
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, 8)
+    _put_be(<uint8_t*>PyBytes_AS_STRING(out), <uint64_t><int64_t>ts, 8)
+    return out
+
+
+cdef int _read_varlen(const uint8_t* p, size_t size, size_t* pos, uint64_t* out) except -1:
+    """serializers.read_varlen at ``pos[0]`` (same errors); a number beyond 64 bits reads as
+    UINT64_MAX, which no blob can hold (Python's unbounded int fails the same length checks)."""
+    cdef uint64_t n = 0, b
+    cdef int shift = 0
+    cdef bint over = False
+    while True:
+        if pos[0] >= size:
+            raise InvalidInputError("truncated varlen")
+        b = p[pos[0]]
+        pos[0] += 1
+        if shift == 63 and (b & 0x7F) > 1:
+            over = True
+        n |= (b & 0x7F) << shift
+        if b < 0x80:
+            out[0] = <uint64_t>-1 if over else n
+            return 0
+        shift += 7
+        if shift > 63:
+            raise InvalidInputError("varlen longer than 64 bits")
+
+
+cdef object _decode_value(const uint8_t* p, size_t n, int code, bint ttl):
+    if not ttl:
+        return _decode_stored(p, n, code)
+    if n < 8:
+        raise InvalidInputError(f"TTL value of {n} bytes lacks its 8-byte timestamp")
+    return (_decode_stored(p, n - 8, code), <int64_t>_get_be(p + n - 8, 8))
+
+
+cdef list _decode_list(const uint8_t* p, size_t size, int code, bint ttl):
+    cdef size_t w = _fixed_width(code), pos = 0, n, need
+    cdef uint64_t vn
+    cdef list out = []
+    if w and not ttl:
+        if size % w:
+            raise InvalidInputError(f"list blob of {size} bytes is not a multiple of {w}")
+        while pos < size:
+            out.append(_decode_stored(p + pos, w, code))
+            pos += w
+        return out
+    while pos < size:
+        if w:
+            n = w
+        else:
+            _read_varlen(p, size, &pos, &vn)
+            if vn > size - pos:
+                raise InvalidInputError("truncated list element")
+            n = vn
+        need = n + (8 if ttl else 0)
+        if need > size - pos:
+            raise InvalidInputError("truncated list element")
+        e = _decode_stored(p + pos, n, code)
+        out.append((e, <int64_t>_get_be(p + pos + n, 8)) if ttl else e)
+        pos += need
+    return out
+
+
+cdef dict _decode_map(const uint8_t* p, size_t size, int code, bint ttl):
+    cdef size_t pos = 0, koff, voff
+    cdef uint64_t kn, vn
+    cdef list spans = []
+    # The blob's layout is checked whole before any value is decoded, so a malformed blob
+    # raises what serializers.decode_map raises.
+    while pos < size:
+        _read_varlen(p, size, &pos, &kn)
+        if kn > size - pos:
+            raise InvalidInputError("truncated map blob")
+        koff = pos
+        pos += kn
+        _read_varlen(p, size, &pos, &vn)
+        if vn > size - pos:
+            raise InvalidInputError("truncated map blob")
+        voff = pos
+        pos += vn
+        spans.append((koff, kn, voff, vn))
+    cdef dict out = {}
+    for koff, kn, voff, vn in spans:
+        out[PyBytes_FromStringAndSize(<const char*>p + koff, kn)] = _decode_value(p + voff, vn, code, ttl)
+    return out
+
+
+cdef bytes _encode_list(object stored, int code, bint ttl):
+    cdef Py_ssize_t w = _fixed_width(code), total = 0, cnt, i
+    cdef int64_t check_ts
+    cdef bytes out
+    cdef uint8_t* q
+    cdef list items = list(stored), raws
+    cnt = len(items)
+    if w:
+        out = PyBytes_FromStringAndSize(NULL, cnt * (w + (8 if ttl else 0)))
+        q = <uint8_t*>PyBytes_AS_STRING(out)
+        for e in items:
+            if ttl:
+                v, ts = e
+                q += _fixed_into(v, code, q)
+                _put_be(q, <uint64_t><int64_t>ts, 8)
+                q += 8
+            else:
+                q += _fixed_into(e, code, q)
+        return out
+    raws = []
+    for e in items:
+        if ttl:
+            v, ts = e
+            check_ts = ts  # a timestamp outside int64 fails before the blob is built
+            r = _var_bytes(v, code)
+        else:
+            r = _var_bytes(e, code)
+        raws.append(r)
+        total += _varlen_size(PyBytes_GET_SIZE(r)) + PyBytes_GET_SIZE(r) + (8 if ttl else 0)
+    out = PyBytes_FromStringAndSize(NULL, total)
+    q = <uint8_t*>PyBytes_AS_STRING(out)
+    for i in range(cnt):
+        r = raws[i]
+        _write_varlen(q, PyBytes_GET_SIZE(r))
+        q += _varlen_size(PyBytes_GET_SIZE(r))
+        memcpy(q, PyBytes_AS_STRING(r), PyBytes_GET_SIZE(r))
+        q += PyBytes_GET_SIZE(r)
+        if ttl:
+            _put_be(q, <uint64_t><int64_t>items[i][1], 8)
+            q += 8
+    return out
+
+
+cdef bytes _encode_map(object stored, int code, bint ttl):
+    cdef uint8_t buf[8]
+    cdef Py_ssize_t n, total = 0
+    cdef bytes out, kb, vb
+    cdef uint8_t* q
+    cdef list pairs = []
+    for uk in sorted(stored):
+        kb = <bytes?>uk
+        if ttl:
+            v, ts = stored[uk]
+        else:
+            v = stored[uk]
+        n = _fixed_into(v, code, buf)
+        vb = PyBytes_FromStringAndSize(<const char*>buf, n) if n >= 0 else _var_bytes(v, code)
+        if ttl:
+            vb += _be_bytes(ts)
+        pairs.append((kb, vb))
+        total += (_varlen_size(PyBytes_GET_SIZE(kb)) + PyBytes_GET_SIZE(kb)
+                  + _varlen_size(PyBytes_GET_SIZE(vb)) + PyBytes_GET_SIZE(vb))
+    out = PyBytes_FromStringAndSize(NULL, total)
+    q = <uint8_t*>PyBytes_AS_STRING(out)
+    for kb, vb in pairs:
+        for r in (kb, vb):
+            _write_varlen(q, PyBytes_GET_SIZE(r))
+            q += _varlen_size(PyBytes_GET_SIZE(r))
+            memcpy(q, PyBytes_AS_STRING(r), PyBytes_GET_SIZE(r))
+            q += PyBytes_GET_SIZE(r)
+    return out
+
+
 cdef class NativeTableSnapshot:
     """One StateTable's snapshot: one O(1) map snapshot per key group (taken in O(key groups)).
 
@@ -478,6 +883,9 @@ cdef class NativeStateTable:
     """
     cdef c.StateTable* table
     cdef readonly int32_t kg_start, kg_end
+    cdef int vcode  # set_value_format
+    cdef int vlayout
+    cdef bint vttl
 
     def __cinit__(self, int32_t kg_start, int32_t kg_end):
         try:
@@ -515,6 +923,81 @@ cdef class NativeStateTable:
         """True when the key was present."""
         cdef c.StateMap* m = self._map(kg)
         return m.remove(&key[0] if key.shape[0] else NULL, key.shape[0])
+
+    # ---------------------------------------------------------------- per-record stored values
+    # The reference backend's stored forms (backends/python.py ``_Table.encode_value`` /
+    # ``decode_value``) converted here instead of through serializers.py: an access of the
+    # per-record path then costs one call into this class.
+
+    def set_value_format(self, str kind, str value_type, bint ttl):
+        """State kind (value, reducing and aggregating share a layout; list; map), value type
+        (serializers.VALUE_TYPES; ``pickle`` stores its bytes as they are) and whether values,
+        list elements and map user values carry the 8-byte TTL timestamp suffix, for
+        :meth:`get_stored` / :meth:`put_stored`. InvalidInputError for an unknown kind or
+        value type."""
+        code = _STORED_CODES.get(value_type)
+        layout = _LAYOUTS.get(kind)
+        if code is None or layout is None:
+            raise InvalidInputError(f"no stored-value format for a {kind!r} state of {value_type!r}")
+        self.vcode = code
+        self.vlayout = layout
+        self.vttl = ttl
+
+    def get_stored(self, int32_t kg, bytes key not None):
+        """Stored form of ``key``'s value, or None when absent: the value (``(value, ts)`` with
+        TTL), a list of elements (each ``(element, ts)`` with TTL) or a dict ``{serialized user
+        key: user value (or (user value, ts))}``. InvalidInputError for malformed bytes, with
+        python._Table.decode_value's messages."""
+        cdef c.ByteView out
+        cdef c.StateMap* m = self._map(kg)
+        if not m.get(<const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), &out):
+            return None
+        if self.vlayout == _LAYOUT_LIST:
+            return _decode_list(out.data, out.size, self.vcode, self.vttl)
+        if self.vlayout == _LAYOUT_MAP:
+            return _decode_map(out.data, out.size, self.vcode, self.vttl)
+        return _decode_value(out.data, out.size, self.vcode, self.vttl)
+
+    def put_stored(self, int32_t kg, bytes key not None, stored):
+        """Insert or overwrite ``key`` with a stored form (as :meth:`get_stored` returns). The
+        bytes are built before the map is touched, so a stored form that does not fit the
+        format (InvalidInputError) changes nothing."""
+        cdef uint8_t buf[16]
+        cdef const uint8_t* src = buf
+        cdef Py_ssize_t n
+        cdef bytes raw = None
+        cdef c.StateMap* m = self._map(kg)
+        cdef uint8_t* dst
+        try:
+            if self.vlayout == _LAYOUT_LIST:
+                raw = _encode_list(stored, self.vcode, self.vttl)
+            elif self.vlayout == _LAYOUT_MAP:
+                raw = _encode_map(stored, self.vcode, self.vttl)
+            elif self.vttl:
+                v, ts = stored
+                n = _fixed_into(v, self.vcode, buf)
+                if n < 0:
+                    raw = _var_bytes(v, self.vcode) + _be_bytes(ts)
+                else:
+                    _put_be(buf + n, <uint64_t><int64_t>ts, 8)
+                    n += 8
+            else:
+                n = _fixed_into(stored, self.vcode, buf)
+                if n < 0:
+                    raw = _var_bytes(stored, self.vcode)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise InvalidInputError(f"stored value {stored!r} does not fit the state's format: "
+                                    f"{e}") from None
+        if raw is not None:
+            src = <const uint8_t*>PyBytes_AS_STRING(raw)
+            n = PyBytes_GET_SIZE(raw)
+        dst = m.put(<const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), n)
+        if n:
+            memcpy(dst, src, n)
+
+    def remove_key(self, int32_t kg, bytes key not None):
+        """Remove ``key`` if present (:meth:`remove` for bytes keys, returning nothing)."""
+        self._map(kg).remove(<const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key))
 
     def ttl_cleanup_step(self, int32_t kg, uint64_t cursor, size_t min_entries, str kind,
                          fixed_width, int64_t ttl_ms, int64_t now):

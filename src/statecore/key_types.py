@@ -289,6 +289,11 @@ class KeyType:
         """``ser(key)`` inside encoded keys (module docstring); ``v`` is validated first."""
         return self._ser(self.check(v))
 
+    def serialize_checked(self, v) -> bytes:
+        """``ser(key)`` of a value :meth:`check` returned (not validated again: the per-record
+        paths validate a key once)."""
+        return self._ser(v)
+
     def _ser(self, v) -> bytes:
         k = self.kind
         if k == "struct":

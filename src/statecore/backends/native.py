@@ -6,10 +6,14 @@ byte formats of docs/architecture.md, so native snapshots, checkpoints and Pytho
 snapshots are interchangeable.
 
 Per-record state objects are the reference backend's own classes (``statecore.backends.python``)
-running over a table adapter that encodes (key group, key, namespace) and values into the native
-map: the per-record semantics of the two backends are the same code. What differs is where the
-bytes live and the batch paths: ``get_batch``/``put_batch`` on value state and
-``get_batch``/``add_batch`` on reducing state with built-in reducers, for the VoidNamespace and
+running over a table adapter whose slots are (key group, encoded key) and which converts stored
+values to the map's bytes: the per-record semantics of the two backends are the same code. The
+per-record path is kept short: ``set_current_key`` validates the key, computes its key group and
+builds ``prefix | ser(key)`` in one native call (``_native.KeyEncoder``); each state object caches
+its encoded key for the current key and its current namespace (``_NativeState``); stored values
+of every state kind are converted in Cython (``NativeStateTable.get_stored`` / ``put_stored``).
+What differs is where the bytes live and the batch paths: ``get_batch``/``put_batch`` on value
+state and ``get_batch``/``add_batch`` on reducing state with built-in reducers, for the VoidNamespace and
 int64/float64/string/binary values (and every key type, multi-column keys included: the kernels
 hash and encode the key arrays themselves, native/include/statecore/key_columns.h), run as
 native kernels that read the Arrow buffers through the
@@ -55,36 +59,30 @@ __all__ = ["NativeBackend", "NativeSnapshot"]
 class _NativeTable(py._Table):
     """The reference backend's table interface over a native StateTable.
 
-    ``get/put/remove(kg, (key, namespace))`` take and return the reference backend's stored
-    forms; bytes in the map are the encoded key and the serialized value.
+    ``get/put/remove(kg, k)`` take the encoded key as ``k`` (bytes: the native backend's slots,
+    :meth:`NativeBackend._batch_slots` and ``_NativeState._slot``) and take and return the
+    reference backend's stored forms; bytes in the map are the encoded key and the serialized
+    value.
     """
 
     def __init__(self, meta: dict, backend: "NativeBackend"):
         super().__init__(meta)
         r = backend.key_group_range
         self.native = _native.NativeStateTable(r.start, r.end)
-        self._max_p = backend.max_parallelism
-        self._key_ser = backend._key_ser
-        # Per-record code reads then writes the same (key, namespace): encode it once.
-        self._last = (None, None, None)
+        self._use_stored_format()
 
-    def _ekey(self, kg, k) -> bytes:
-        last_kg, last_k, last_e = self._last
-        if kg == last_kg and k == last_k and type(k[0]) is type(last_k[0]):
-            return last_e
-        e = S.encode_key(kg, self._max_p, k[0], self._key_ser, k[1], self.ns_ser)
-        self._last = (kg, k, e)
-        return e
+    def _use_stored_format(self) -> None:
+        # Stored forms are converted in Cython (NativeStateTable.get_stored / put_stored, the
+        # layouts of py._Table.encode_value): the methods are bound on the instance so that an
+        # access is one call into the extension, without a Python frame in between.
+        self.native.set_value_format(self.kind, self.value_ser.name, self.ttl)
+        self.get = self.native.get_stored
+        self.put = self.native.put_stored
+        self.remove = self.native.remove_key
 
-    def get(self, kg, k):
-        b = self.native.get(kg, self._ekey(kg, k))
-        return None if b is None else self.decode_value(b)
-
-    def put(self, kg, k, stored):
-        self.native.put(kg, self._ekey(kg, k), self.encode_value(stored))
-
-    def remove(self, kg, k):
-        self.native.remove(kg, self._ekey(kg, k))
+    def _set_ttl_meta(self, ttl_meta) -> None:
+        super()._set_ttl_meta(ttl_meta)
+        self._use_stored_format()  # the TTL suffix comes or goes with the setting
 
     # TTL cleanup passes run in C++ over the stored bytes (ttl.h cleanup_step); the cursor is
     # a key group and a bucket of its map (StateMap::collect_buckets survives rehashes).
@@ -248,6 +246,32 @@ class NativeBackend(py.PythonBackend):
         super().__init__(**options)
         # snapshot id -> {state name: table version}, for ids newer than the base
         self._pending: dict[int, dict[str, int]] = {}
+        r = self.key_group_range
+        self._keys = _native.KeyEncoder(self.key_type, self.assigner, self.max_parallelism,
+                                        r.start, r.end, str(r))
+        # ``prefix | ser(current key)`` (KeyEncoder.encode), None while there is no current key
+        # or the backend is closed. A new object per set_current_key: state objects compare it
+        # by identity to know whether their cached encoded key (_NativeState) is current.
+        self._ckey = None
+
+    def set_current_key(self, key) -> None:
+        """As :meth:`KeyedStateBackend.set_current_key`, validating the key and computing its
+        key group once, in one native call."""
+        self._check_open()
+        self._current_key, self._current_key_group, self._ckey = self._keys.encode(key)
+        if self._every_record_ttl:
+            for table, cfg in self._every_record_ttl.values():
+                self._ttl_accessed(table, cfg)
+
+    def close(self) -> None:
+        self._ckey = None
+        super().close()
+
+    def _batch_slots(self, state, keys, namespaces):
+        # The native tables address entries by encoded key (see _NativeTable).
+        mp, ks, ns_ser = self.max_parallelism, self._key_ser, state._table.ns_ser
+        return [(kg, S.encode_key(kg, mp, k, ks, ns, ns_ser))
+                for kg, (k, ns) in super()._batch_slots(state, keys, namespaces)]
 
     def _new_table(self, meta: dict) -> _NativeTable:
         return _NativeTable(meta, self)
@@ -414,7 +438,60 @@ class _KernelGet:
         return _cast_out(out, self._ser)
 
 
-class _FastValue(_KernelGet, py._Value):
+_STALE = object()  # a _NativeState cache that matches no current key
+
+
+class _NativeState(py._PyState):
+    """Per-record slots of native states: ``(key group, encoded key)``, cached per state object
+    for the backend's current key (``NativeBackend._ckey``, compared by identity) and the
+    state's current namespace, so that repeated accesses for one record encode nothing.
+    set_current_key, set_current_namespace and close invalidate it; the encoded key depends on
+    nothing else (restore, clear and snapshots leave it valid)."""
+
+    _ck = _STALE  # the backend's _ckey the cached slot was built for
+    _cslot = None
+    _ns_part = b"\x00"  # ser(namespace) [| len bytes] of the current namespace (void: 00)
+
+    def __init__(self, *a):
+        super().__init__(*a)
+        # Encoded keys carry length bytes when both key and namespace are variable-width.
+        self._ambiguous = (self.backend._key_ser.fixed_width is None
+                           and self._ns_ser.fixed_width is None)
+
+    def set_current_namespace(self, namespace) -> None:
+        old = self._namespace
+        super().set_current_namespace(namespace)
+        if type(self._namespace) is type(old) and self._namespace == old:
+            # Equal canonical namespaces of one type serialize alike: the cached slot holds
+            # (operators often set the same namespace for every record).
+            return
+        kt = self._ns_ser.key_type  # None for void
+        ns = b"\x00" if kt is None else kt.serialize_checked(self._namespace)
+        if self._ambiguous:
+            ns += S.len_bytes(len(ns))
+        self._ns_part = ns
+        self._ck = _STALE
+
+    def _slot(self):
+        if self._row_slot is not None:
+            return self._row_slot
+        if self._ck is self.backend._ckey:
+            return self._cslot
+        b = self.backend
+        b._check_open()
+        _, kg = b._require_key()
+        self._require_namespace()
+        ck = b._ckey
+        if self._ambiguous:
+            e = ck + S.len_bytes(len(ck) - b._keys.prefix_width) + self._ns_part
+        else:
+            e = ck + self._ns_part
+        self._cslot = (kg, e)
+        self._ck = ck
+        return self._cslot
+
+
+class _FastValue(_KernelGet, py._Value, _NativeState):
     def put_batch(self, keys, values, namespaces=None) -> None:
         if not _kernel_ok(self, namespaces):
             return super().put_batch(keys, values, namespaces)
@@ -431,7 +508,7 @@ def _reducer_kernel_ok(state, namespaces) -> bool:
             and state._ser.name in ("int64", "float64"))
 
 
-class _FastReducing(_KernelGet, py._Reducing):
+class _FastReducing(_KernelGet, py._Reducing, _NativeState):
     def add_batch(self, keys, values, namespaces=None) -> pa.Array:
         if not _reducer_kernel_ok(self, namespaces):
             return super().add_batch(keys, values, namespaces)
@@ -449,8 +526,20 @@ class _FastReducing(_KernelGet, py._Reducing):
         return _cast_out(out, self._ser)
 
 
-NativeBackend._state_classes = dict(py.PythonBackend._state_classes, value=_FastValue,
-                                   reducing=_FastReducing)
+class _NativeList(py._List, _NativeState):
+    pass
+
+
+class _NativeMap(py._Map, _NativeState):
+    pass
+
+
+class _NativeAggregating(py._Aggregating, _NativeState):
+    pass
+
+
+NativeBackend._state_classes = dict(value=_FastValue, list=_NativeList, map=_NativeMap,
+                                    reducing=_FastReducing, aggregating=_NativeAggregating)
 
 
 # TTL-enabled value/reducing states: ttl_states.py's classes (per-record calls and the batch calls
@@ -489,5 +578,17 @@ class _NativeTtlReducing(_TtlKernel, _FastReducing, ttl_states._TtlReducing):
     pass
 
 
-_TTL_STATE_CLASSES = dict(ttl_states.TTL_STATE_CLASSES, value=_NativeTtlValue,
-                          reducing=_NativeTtlReducing)
+class _NativeTtlList(ttl_states._TtlList, _NativeState):
+    pass
+
+
+class _NativeTtlMap(ttl_states._TtlMap, _NativeState):
+    pass
+
+
+class _NativeTtlAggregating(ttl_states._TtlAggregating, _NativeState):
+    pass
+
+
+_TTL_STATE_CLASSES = dict(value=_NativeTtlValue, list=_NativeTtlList, map=_NativeTtlMap,
+                          reducing=_NativeTtlReducing, aggregating=_NativeTtlAggregating)
