@@ -43,6 +43,11 @@ class KeyArrays {
   void key_groups(Assigner a, int32_t max_parallelism, int32_t* out) const;
   // Appends ser(key) of `row`: each column's serializer, in order (key_codec.h).
   void append_ser(std::vector<uint8_t>& out, int64_t row) const;
+  // The column of a scalar (single-column, non-struct) key, for the kernels' fixed-width fast
+  // path; nullptr for a multi-column key.
+  const ArrayView* scalar_column() const {
+    return schema_.is_struct || columns_.size() != 1 ? nullptr : &columns_[0];
+  }
 
  private:
   void add_to(KeyHasher& h, size_t column, int64_t row) const;

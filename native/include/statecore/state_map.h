@@ -333,6 +333,9 @@ class StateMap {
   void reclaim();
 
   struct Impl;
+  // The engine state, for the engine's own batch kernels (native/src/batch.cpp), which inline
+  // the common case through detail/map_impl.h. Not an API.
+  Impl& engine() { return *impl_; }
  private:
   std::shared_ptr<Impl> impl_;
   friend class MapSnapshot;

@@ -58,6 +58,8 @@ class StateTable {
   // The map of key group `kg`; std::out_of_range (naming the key group and the range) outside.
   StateMap& map(int32_t kg);
   const StateMap& map(int32_t kg) const;
+  // map(kg) without the range check, for kernels whose key groups were validated.
+  StateMap& map_unchecked(int32_t kg) { return *maps_[static_cast<size_t>(kg - kg_start_)]; }
   // Live entries / key+value bytes over all key groups.
   size_t size() const;
   size_t bytes() const;

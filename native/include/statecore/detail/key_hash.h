@@ -37,6 +37,18 @@ inline uint32_t fmix32(uint32_t h) {
 
 inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
 
+inline bool little_endian() {
+  const uint16_t one = 1;
+  uint8_t b;
+  std::memcpy(&b, &one, 1);
+  return b == 1;
+}
+inline uint64_t tail_word(const uint8_t* p, size_t n) {
+  uint64_t w = 0;
+  std::memcpy(&w, p, n);
+  return w;
+}
+
 // 8-byte-word multiply/rotate accumulation (the XXH64 round shape) over the bytes, the tail
 // packed into one last word, then fmix64; folded to 32 bits by xor of the halves.
 inline uint32_t default_key_hash(const uint8_t* data, size_t size) {
@@ -55,7 +67,14 @@ inline uint32_t default_key_hash(const uint8_t* data, size_t size) {
   }
   if (n > 0) {
     uint64_t w = 0;
-    std::memcpy(&w, p, n);
+    if (size >= 8) {
+      // The tail as the last 8 bytes shifted down: on little-endian the same word as copying the
+      // n tail bytes (memcpy with a variable size is a library call per key).
+      std::memcpy(&w, data + size - 8, 8);
+      w = little_endian() ? w >> (8 * (8 - n)) : tail_word(p, n);
+    } else {
+      std::memcpy(&w, p, n);
+    }
     h ^= rotl64((w ^ (static_cast<uint64_t>(n) << 56)) * p2, 31) * p1;
     h = rotl64(h, 27) * p1 + 0x85EBCA77C2B2AE63ULL;
   }

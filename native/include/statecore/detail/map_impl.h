@@ -129,6 +129,66 @@ struct StateMap::Impl {
   template <class Fn> void visit_live(Fn&& fn);  // fn(Entry*); may free the visited entry
 
   // ---- flat engine (native/src/flat_map.cpp) ----
+  // Batch kernels' inline upsert()/get_hashed() for the common case: the flat engine, no rehash
+  // in flight (no migration step due), no snapshot release pending (no sweep due), the touched
+  // page exclusive, and for an insert a free slot on an existing page below the load threshold.
+  // Then they do exactly what upsert()/get_hashed() do, without the calls; otherwise they return
+  // nullptr / -1 having changed nothing, and the caller makes the full call.
+  uint8_t* flat_fast_upsert(uint32_t h, const uint8_t* key, size_t ks, size_t new_vs,
+                            size_t* vs, bool* inserted) {
+    if (!flat || frehash || sweep_pending.load(std::memory_order_relaxed) ||
+        version > detail::kFlatMaxVersion)
+      return nullptr;
+    detail::FlatDirectory* d = fprimary;
+    const detail::FlatLayout& l = d->layout;
+    if (!l.fixed || !l.fits_key(key, ks) || d->refs.load(std::memory_order_acquire) != 1)
+      return nullptr;
+    const size_t mask = d->mask();
+    const size_t stride = l.stride();
+    const size_t n = l.suffix_size();
+    const uint8_t* suffix = key + l.prefix_size;
+    size_t i = h & mask;
+    for (size_t step = 0; step <= mask; ++step, i = (i + 1) & mask) {
+      detail::FlatPage* p = d->pages()[i >> d->page_shift];
+      if (!p) return nullptr;  // an insert would need a new page
+      uint8_t* s = p->bytes() + (i & d->page_mask()) * stride;
+      const uint32_t meta = detail::load_u32(s);
+      if (meta == detail::kFlatEmpty) {
+        if (new_vs != l.value_size || size() >= threshold ||
+            p->refs.load(std::memory_order_acquire) != 1)
+          return nullptr;
+        log_write(h, key, ks);
+        detail::store_u32(s, static_cast<uint32_t>(version));
+        std::memcpy(s + 4, suffix, n);
+        std::memset(s + 4 + n, 0, new_vs);
+        ++primary_size;
+        live_bytes += ks + new_vs;
+        *vs = new_vs;
+        *inserted = true;
+        return s + 4 + n;
+      }
+      if (meta != detail::kFlatDeleted && detail::flat_key_equal(s + 4, suffix, n)) {
+        if (p->refs.load(std::memory_order_acquire) != 1) return nullptr;
+        if (meta != static_cast<uint32_t>(version)) log_write(h, key, ks);
+        detail::store_u32(s, static_cast<uint32_t>(version));
+        *vs = l.value_size;
+        *inserted = false;
+        return s + 4 + n;
+      }
+    }
+    return nullptr;
+  }
+  // 1 found (*out set), 0 absent, -1 not the common case (see flat_fast_upsert).
+  int flat_fast_get(uint32_t h, const uint8_t* key, size_t ks, ByteView* out) const {
+    if (!flat || frehash || sweep_pending.load(std::memory_order_relaxed)) return -1;
+    const detail::FlatDirectory* d = fprimary;
+    const detail::FlatLayout& l = d->layout;
+    if (!l.fixed || !l.fits_key(key, ks)) return l.fixed ? 0 : -1;
+    size_t i;
+    if (!detail::flat_probe(d, h, key + l.prefix_size, 0, &i)) return 0;
+    *out = ByteView{d->slot(i) + 4 + l.suffix_size(), l.value_size};
+    return 1;
+  }
   struct FlatLocation {
     uint32_t h;
     detail::FlatDirectory** table;  // where the key is; nullptr when absent
