@@ -285,10 +285,12 @@ class RowKeys {
         key = g.bytes.data() + g.offsets[k];
       }
       g.offsets[k + 1] = static_cast<uint32_t>(g.offsets[k] + ks);
-      const StateMap& m = table_.map_unchecked(kgs_[j]);
-      const uint32_t h = m.hash(key, ks);
+      StateMap& m = table_.map_unchecked(kgs_[j]);
+      const StateMap::Impl& e = m.engine();
+      const uint32_t h = e.hash_of(key, ks);
       g.hashes[k] = h;
-      m.prefetch_bucket(h);
+      if (e.flat) e.prefetch(h);
+      else m.prefetch_bucket(h);
     }
   }
 

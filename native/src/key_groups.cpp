@@ -70,10 +70,7 @@ int64_t spark_xxhash64_int32(int32_t v, uint64_t seed) noexcept {
 }
 
 int64_t spark_xxhash64_int64(int64_t v, uint64_t seed) noexcept {
-  const uint64_t u = static_cast<uint64_t>(v);
-  uint8_t b[8];
-  for (int i = 0; i < 8; ++i) b[i] = static_cast<uint8_t>(u >> (8 * i));
-  return static_cast<int64_t>(xxh64(b, 8, seed));
+  return static_cast<int64_t>(xxh64_u64(static_cast<uint64_t>(v), seed));  // Spark hashLong
 }
 
 int64_t spark_xxhash64_float64(double v, uint64_t seed) noexcept {

@@ -81,9 +81,6 @@ StateMap::Impl::~Impl() {
   FlatDirectory::unref(frehash);
 }
 
-uint32_t StateMap::Impl::hash_of(const uint8_t* key, size_t ks) const {
-  return hash_fn ? detail::fmix32(hash_fn(key, ks)) : detail::default_key_hash(key, ks);
-}
 
 void StateMap::Impl::begin_op(bool rehash_step_allowed) {
   if (sweep_pending.load(std::memory_order_relaxed) &&
@@ -360,15 +357,10 @@ static const Directory* prefetch_table(const StateMap::Impl& m, uint32_t h, size
 void StateMap::prefetch_bucket(uint32_t h) const {
   const Impl& m = *impl_;
   if (m.flat) {
-    const FlatDirectory* d = m.frehash ? m.frehash : m.fprimary;
     // Into L1 (locality 3), with write intent: the slot is about to be read and usually written.
     // The whole table is often in L3 already, where a locality-1 prefetch did nothing and every
-    // row stalled on the meta load (measured: 80% of the lookup's samples). A slot and the start
-    // of the next one (linear probing continues there) may straddle two lines.
-    if (const uint8_t* s = d->slot(h & d->mask())) {
-      __builtin_prefetch(s, 1, 3);
-      __builtin_prefetch(s + 2 * d->stride() - 1, 1, 3);
-    }
+    // row stalled on the meta load (measured: 80% of the lookup's samples).
+    m.prefetch(h);
     return;
   }
   size_t b;

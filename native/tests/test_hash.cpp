@@ -419,4 +419,16 @@ TEST(key_group_ranges_and_operator_index) {
   CHECK_THROWS(operator_index_for_key_group(2, 3, 0), std::invalid_argument);
 }
 
+TEST(xxh64_u64_equals_xxh64_of_the_8_little_endian_bytes) {
+  uint64_t x = 0x0123456789abcdefULL;
+  bool all = true;
+  for (int i = 0; i < 10000; ++i) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    uint8_t b[8];
+    for (int k = 0; k < 8; ++k) b[k] = static_cast<uint8_t>(x >> (8 * k));
+    for (uint64_t seed : {uint64_t{0}, uint64_t{42}, x ^ 0x5555}) all = all && statecore::xxh64_u64(x, seed) == statecore::xxh64(b, 8, seed);
+  }
+  CHECK(all);
+}
+
 TEST_MAIN()

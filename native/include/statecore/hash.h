@@ -17,6 +17,9 @@ namespace statecore {
 // equals `static_cast<int64_t>(xxh64(bytes, n, 42))`. `data` may be null when `size` is 0.
 // Never throws.
 uint64_t xxh64(const void* data, size_t size, uint64_t seed) noexcept;
+// XXH64 of the 8 little-endian bytes of `lane` (= xxh64(&lane, 8, seed) on little-endian): the
+// same steps without the length dispatch, for the per-row int64 key-group hash.
+uint64_t xxh64_u64(uint64_t lane, uint64_t seed) noexcept;
 
 // MurmurHash3_x86_32 (Austin Appleby's reference MurmurHash3.cpp) of `size` bytes with a 32-bit
 // seed; the result as unsigned. `mmh3.hash(b, seed)` in Python is the same value as int32.

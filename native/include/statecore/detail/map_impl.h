@@ -10,6 +10,7 @@
 
 #include "statecore/detail/entry.h"
 #include "statecore/detail/flat_table.h"
+#include "statecore/detail/key_hash.h"
 #include "statecore/detail/pages.h"
 #include "statecore/detail/key_log.h"
 #include "statecore/state_map.h"
@@ -63,7 +64,18 @@ struct StateMap::Impl {
   std::vector<uint64_t> live_versions;     // versions of unreleased snapshots, ascending
   bool orphaned = false;                   // the StateMap is destroyed; releases sweep themselves
 
-  uint32_t hash_of(const uint8_t* key, size_t ks) const;
+  uint32_t hash_of(const uint8_t* key, size_t ks) const {
+    return hash_fn ? detail::fmix32(hash_fn(key, ks)) : detail::default_key_hash(key, ks);
+  }
+  // prefetch_bucket() inlined for batch kernels (flat engine; the chained one makes the call).
+  void prefetch(uint32_t h) const {
+    if (!flat) return;
+    const detail::FlatDirectory* d = frehash ? frehash : fprimary;
+    if (const uint8_t* s = d->slot(h & d->mask())) {
+      __builtin_prefetch(s, 1, 3);
+      __builtin_prefetch(s + 2 * d->stride() - 1, 1, 3);
+    }
+  }
   size_t size() const { return primary_size + rehash_size; }
 
   // Called first by every operation: deferred sweep, cache `required`, one incremental rehash step.
