@@ -7,7 +7,9 @@ Arrow arrays through the Arrow C Data Interface (``__arrow_c_array__`` PyCapsule
 run with the GIL released.
 
 Thread contract: a StateTable is owned by one Python thread at a time (the task's). Snapshots may
-be read from another thread.
+be read from another thread. Calls without the GIL mark their table busy; another thread's call
+on it raises StateError meanwhile (NativeStateTable). Kernels on different tables share no
+mutable state and may run in parallel.
 """
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.pycapsule cimport PyCapsule_GetPointer
@@ -22,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from statecore import key_types as KT
-from statecore.errors import InvalidInputError
+from statecore.errors import InvalidInputError, StateError
 
 cimport _native_core as c
 
@@ -921,12 +923,19 @@ cdef class NativeStateTable:
 
     Keys are encoded keys (docs/architecture.md), values serialized bytes. Raises
     InvalidInputError for a key group outside the range.
+
+    Threads: one thread uses a table at a time (the backend's thread contract). Calls that run
+    without the GIL (batch kernels, TTL cleanup and migration, bulk load) mark the table busy
+    meanwhile; any call touching the table from another thread then raises StateError instead
+    of racing with it. The mark is set and tested under the GIL: a guard against misuse, not a
+    lock (two threads taking turns without overlapping calls are not detected).
     """
     cdef c.StateTable* table
     cdef readonly int32_t kg_start, kg_end
     cdef int vcode  # set_value_format
     cdef int vlayout
     cdef bint vttl
+    cdef int busy  # a call without the GIL is running on the table
 
     def __cinit__(self, int32_t kg_start, int32_t kg_end):
         try:
@@ -939,7 +948,24 @@ cdef class NativeStateTable:
     def __dealloc__(self):
         del self.table
 
+    cdef int _idle(self) except -1:
+        if self.busy:
+            raise StateError("this state's table is in use by a native call running in another "
+                             "thread; a backend must be used by one thread at a time")
+        return 0
+
+    cdef int _claim(self) except -1:
+        self._idle()
+        self.busy = 1
+        return 0
+
+    def _debug_set_busy(self, bint busy):
+        """Tests only: mark the table as if a call without the GIL were running on it."""
+        self.busy = busy
+
     cdef c.StateMap* _map(self, int32_t kg) except NULL:
+        if self.busy:
+            self._idle()
         if kg < self.kg_start or kg > self.kg_end:
             raise InvalidInputError(
                 f"key group {kg} outside the table's range [{self.kg_start}, {self.kg_end}]")
@@ -1053,11 +1079,14 @@ cdef class NativeStateTable:
         cdef c.FilterSpec spec = _ttl_filter_spec(kind, fixed_width, ttl_ms)
         cdef c.CleanupStep step
         cdef c.SortedRun scratch
+        self._claim()
         try:
             with nogil:
                 step = c.cleanup_step(m[0], &cursor, min_entries, spec, now, &scratch)
         except ValueError as e:
             raise InvalidInputError(f"key group {kg}: {e}") from None
+        finally:
+            self.busy = 0
         return step.visited, step.expired, cursor, step.wrapped
 
     def ttl_restamp(self, str kind, fixed_width, int64_t ts_from, int64_t ts_to):
@@ -1067,12 +1096,15 @@ cdef class NativeStateTable:
         cdef c.FilterSpec spec = _ttl_filter_spec(kind, fixed_width, 1)
         cdef size_t n = 0
         cdef int32_t kg
+        self._claim()
         try:
             for kg in range(self.kg_start, self.kg_end + 1):
                 with nogil:
                     n += c.restamp(self.table.map(kg), spec, ts_from, ts_to)
         except ValueError as e:
             raise InvalidInputError(str(e)) from None
+        finally:
+            self.busy = 0
         return n
 
     def ttl_migrate(self, str kind, fixed_width, bint add_timestamps, int64_t ts, int64_t ttl_ms,
@@ -1097,11 +1129,14 @@ cdef class NativeStateTable:
         spec.ts = ts
         spec.ttl_ms = ttl_ms if ttl_ms > 0 else 1
         spec.now = now
+        self._claim()
         try:
             with nogil:
                 r = c.migrate(self.table[0], spec)
         except ValueError as e:
             raise InvalidInputError(str(e)) from None
+        finally:
+            self.busy = 0
         return r.rewritten, r.removed, r.expired
 
     def ttl_cleanup_table_step(self, int32_t kg, uint64_t bucket, size_t min_entries, str kind,
@@ -1119,11 +1154,14 @@ cdef class NativeStateTable:
         cdef c.TableCursor cur
         cur.key_group = kg
         cur.bucket = bucket
+        self._claim()
         try:
             with nogil:
                 step = c.cleanup_table_step(self.table[0], &cur, min_entries, spec, now, &scratch)
         except ValueError as e:
             raise InvalidInputError(str(e)) from None
+        finally:
+            self.busy = 0
         return step.visited, step.expired, cur.key_group, cur.bucket, step.wrapped
 
     def load(self, int32_t kg, keys, values):
@@ -1150,12 +1188,16 @@ cdef class NativeStateTable:
         vo = np.frombuffer(vbufs[1], np.int32)[values.offset:values.offset + n + 1]
         kd = np.frombuffer(kbufs[2], np.uint8) if kbufs[2] is not None and kbufs[2].size else np.zeros(1, np.uint8)
         vd = np.frombuffer(vbufs[2], np.uint8) if vbufs[2] is not None and vbufs[2].size else np.zeros(1, np.uint8)
-        with nogil:
-            for i in range(n):
-                vlen = vo[i + 1] - vo[i]
-                dst = m.put(&kd[ko[i]], ko[i + 1] - ko[i], vlen)
-                if vlen:
-                    memcpy(dst, &vd[vo[i]], vlen)
+        self._claim()
+        try:
+            with nogil:
+                for i in range(n):
+                    vlen = vo[i + 1] - vo[i]
+                    dst = m.put(&kd[ko[i]], ko[i + 1] - ko[i], vlen)
+                    if vlen:
+                        memcpy(dst, &vd[vo[i]], vlen)
+        finally:
+            self.busy = 0
 
     def key_group_size(self, int32_t kg):
         return self._map(kg).size()
@@ -1196,6 +1238,7 @@ cdef class NativeStateTable:
     def mark_base(self, uint64_t version):
         """The snapshot of table version ``version`` was checkpointed: stop tracking older changes
         (no-op when not newer than the base; InvalidInputError when newer than ``version``)."""
+        self._idle()
         try:
             self.table.mark_base(version)
         except ValueError as e:
@@ -1203,6 +1246,7 @@ cdef class NativeStateTable:
 
     def rebase(self):
         """Make the current contents the base (after a restore's bulk load); returns it."""
+        self._idle()
         return self.table.rebase()
 
     @property
@@ -1213,6 +1257,7 @@ cdef class NativeStateTable:
     def snapshot(self):
         """A NativeTableSnapshot; O(key groups), independent of the number of entries."""
         cdef NativeTableSnapshot s = NativeTableSnapshot.__new__(NativeTableSnapshot)
+        self._idle()
         s.snap = c.new_table_snapshot(self.table[0])
         return s
 
@@ -1269,6 +1314,7 @@ cdef class NativeStateTable:
         else:
             offsets.resize(nchunks)
             data.resize(nchunks)
+        self._claim()
         try:
             with nogil:
                 if nchunks > 1:
@@ -1288,6 +1334,7 @@ cdef class NativeStateTable:
         except ValueError as e:
             raise InvalidInputError(str(e)) from None
         finally:
+            self.busy = 0
             expired += chunk_expired
             if expired and count_expired is not None:
                 count_expired(expired)
@@ -1317,6 +1364,7 @@ cdef class NativeStateTable:
             raise InvalidInputError(f"value type {value_type!r} has no batch kernel")
         vt = _VALUE_TYPES[value_type]
         k.check_aligned(v)
+        self._claim()
         try:
             with nogil:
                 if nchunks > 1:
@@ -1327,6 +1375,8 @@ cdef class NativeStateTable:
                     c.put_batch(self.table[0], spec, k.inputs[j], vt, v.inputs[j], tspec)
         except ValueError as e:
             raise InvalidInputError(str(e)) from None
+        finally:
+            self.busy = 0
 
     def add_batch(self, keys, values, str key_type, str assigner, int32_t max_parallelism,
                   str value_type, str reducer, ttl=None, count_expired=None):
@@ -1369,6 +1419,7 @@ cdef class NativeStateTable:
         vals = np.zeros(max(n, 1), dtype)
         out_bytes = vals.view(np.uint8)
         out_base = &out_bytes[0]
+        self._claim()
         try:
             with nogil:
                 if nchunks > 1:
@@ -1384,6 +1435,7 @@ cdef class NativeStateTable:
         except ValueError as e:
             raise InvalidInputError(str(e)) from None
         finally:
+            self.busy = 0
             expired += chunk_expired
             if expired and count_expired is not None:
                 count_expired(expired)
