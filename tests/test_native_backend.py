@@ -271,12 +271,15 @@ def test_kernel_chunks_read_large_chunks_in_place_and_combine_small_ones():
 
 
 @pytest.mark.parametrize("value_type,arrow_type", [("int64", pa.int64()), ("int32", pa.int32()),
-                                                   ("string", pa.string()), ("bool", pa.bool_())])
+                                                   ("string", pa.string()), ("bool", pa.bool_()),
+                                                   ("string", pa.large_string()),
+                                                   ("binary", pa.large_binary())])
 def test_large_chunked_stream_batches_match_one_array(value_type, arrow_type):
     n = 3 * native_backend._MIN_ROWS_PER_CHUNK
     ks = [(i * 7919) % 5000 for i in range(n)]
     raw = [None if i % 11 == 0 else i % 97 for i in range(n)]
     vs = [None if x is None else (str(x) if value_type == "string" else
+                                  str(x).encode() if value_type == "binary" else
                                   (x % 2 == 0 if value_type == "bool" else x)) for x in raw]
     karr, varr = pa.array(ks, pa.int64()), pa.array(vs, arrow_type)
     cut_k, cut_v = n // 3, n // 2
