@@ -1277,9 +1277,9 @@ cdef class NativeStateTable:
         the same type; string -> large_string, binary -> large_binary); null where absent.
 
         ``keys``: one object with ``__arrow_c_array__`` or a list of them (the chunks of one
-        batch, read in place, in order; the result is one array over all of them). Every chunk
-        is validated before the first is read, so bad input in any chunk raises with nothing
-        changed.
+        batch, read in place, in order; the result is one array over all of them). With TTL
+        (where reads remove and renew) every chunk is validated before the first is read, so
+        bad input in any chunk raises with nothing changed.
 
         ``ttl``: None, or ``(ttl_ms, now_ms, update_on_read, return_expired)`` for a TTL state
         (stored values end with an 8-byte timestamp; batch.h "TTL"): expired entries are then
@@ -1317,8 +1317,11 @@ cdef class NativeStateTable:
         self._claim()
         try:
             with nogil:
-                if nchunks > 1:
-                    for j in range(nchunks):
+                # Without TTL a get changes nothing, so a failing chunk needs no validation
+                # ahead; with TTL it removes and renews. The first chunk's kernel validates it
+                # before touching anything: only the later chunks are checked ahead.
+                if nchunks > 1 and tspec.enabled:
+                    for j in range(1, nchunks):
                         c.validate_batch(self.table[0], spec, k.inputs[j], vt, c.BatchOp.Get,
                                          c.Reducer.Sum, none, tspec)
                 for j in range(nchunks):
@@ -1367,10 +1370,10 @@ cdef class NativeStateTable:
         self._claim()
         try:
             with nogil:
-                if nchunks > 1:
-                    for j in range(nchunks):
-                        c.validate_batch(self.table[0], spec, k.inputs[j], vt, c.BatchOp.Put,
-                                         c.Reducer.Sum, v.inputs[j], tspec)
+                # The first chunk's kernel validates it before touching anything.
+                for j in range(1, nchunks):
+                    c.validate_batch(self.table[0], spec, k.inputs[j], vt, c.BatchOp.Put,
+                                     c.Reducer.Sum, v.inputs[j], tspec)
                 for j in range(nchunks):
                     c.put_batch(self.table[0], spec, k.inputs[j], vt, v.inputs[j], tspec)
         except ValueError as e:
@@ -1422,10 +1425,10 @@ cdef class NativeStateTable:
         self._claim()
         try:
             with nogil:
-                if nchunks > 1:
-                    for j in range(nchunks):
-                        c.validate_batch(self.table[0], spec, k.inputs[j], vt, c.BatchOp.Add,
-                                         red, v.inputs[j], tspec)
+                # The first chunk's kernel validates it before touching anything.
+                for j in range(1, nchunks):
+                    c.validate_batch(self.table[0], spec, k.inputs[j], vt, c.BatchOp.Add,
+                                     red, v.inputs[j], tspec)
                 for j in range(nchunks):
                     c.add_batch(self.table[0], spec, k.inputs[j], vt, red, v.inputs[j],
                                 out_base + k.starts[j] * width, &valid[k.starts[j]], tspec,

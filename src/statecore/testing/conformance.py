@@ -798,7 +798,10 @@ class BackendConformance(KeyTypeConformance):
         assert self._same_as_reference(program, key_type=("int32", "string")) == [3, 2, 3, 4]
 
     def test_batch_stream_errors_leave_state_untouched(self):
-        b = self._backend(key_group_range=(0, 63))
+        from statecore.ttl import ManualClock, StateTtlConfig
+
+        clock = ManualClock(0)
+        b = self._backend(key_group_range=(0, 63), ttl_clock=clock)
         inside = [k for k in range(5000) if K.spark_key_group(k, "int64", 128) <= 63][:40]
         outside = next(k for k in range(1000) if K.spark_key_group(k, "int64", 128) > 63)
         v = b.get_state(ValueStateDescriptor("v", "int64"))
@@ -806,9 +809,13 @@ class BackendConformance(KeyTypeConformance):
         s32 = b.get_state(ReducingStateDescriptor("s32", "sum", "int32"))
         lst = b.get_state(ListStateDescriptor("l", "int64"))
         m = b.get_state(MapStateDescriptor("m", "string", "int64"))
+        vt = b.get_state(ValueStateDescriptor("vt", "int64").enable_time_to_live(
+            StateTtlConfig(10)))
         v.put_batch(pa.array(inside), pa.array(range(40)))
         s.add_batch(pa.array(inside), pa.array(range(40)))
         s32.add_batch(pa.array(inside), pa.array(range(40), pa.int32()))
+        vt.put_batch(pa.array(inside), pa.array(range(40)))
+        clock.set(100)  # every vt entry expired: a TTL read would remove what it reads
         before = snapshot_dump(b.snapshot())
 
         def chunked(*parts, type_=pa.int64()):
@@ -829,6 +836,8 @@ class BackendConformance(KeyTypeConformance):
             lambda: v.put_batch(chunked(good, [inside[20], outside]), chunked(range(22))),
             lambda: v.put_batch(_StreamOnly(chunked(good, [inside[20], None])), chunked(range(22))),
             lambda: v.get_batch(chunked(good, [outside])),
+            lambda: vt.get_batch(chunked(good, [outside])),
+            lambda: vt.get_batch(_StreamOnly(chunked(good, [None]))),
             lambda: v.put_batch(chunked(good), _StreamOnly(chunked(range(20), type_=pa.int32()))),
             lambda: v.put_batch(_StreamOnly(chunked(good, type_=pa.int32())), chunked(range(20))),
             # mismatched total lengths, as streams
