@@ -25,9 +25,11 @@ take the per-row path and behave identically.
 
 Chunked input (a ChunkedArray, an ``__arrow_c_stream__`` object; ``base.import_arrow``): the
 kernels read the chunks in place, one kernel call per chunk (keys and values sliced -- views, no
-copy -- where their chunk boundaries differ), all inside one GIL release; every chunk is
-validated (``validate_batch``) before the first is applied, so bad input anywhere leaves the
-state unchanged. Copies remain where they are cheaper or needed: chunks averaging fewer than
+copy -- where their chunk boundaries differ), all inside one GIL release; every later chunk is
+validated (``validate_batch``) before the first is applied (the first chunk's kernel validates
+it before touching anything; a get without TTL changes nothing and needs no pass ahead), so
+bad input anywhere leaves the state unchanged. That pass hashes the keys of the later chunks
+once more (for the key-group check), which costs about what combining them would copy. Copies remain where they are cheaper or needed: chunks averaging fewer than
 ``_MIN_ROWS_PER_CHUNK`` rows are combined first (per-call costs would exceed a copy); an
 int64/int32 ``sum`` batch is combined into one kernel call (its overflow rollback covers one
 call); a multi-column key given as a list of chunked columns is combined per column; outputs
