@@ -8,6 +8,7 @@ import pytest
 pytest.importorskip("statecore._native")
 
 from statecore import ListStateDescriptor, ReducingStateDescriptor, ValueStateDescriptor, create_backend  # noqa: E402
+from statecore.backends import native as native_backend  # noqa: E402
 from statecore.backends.native import NativeBackend  # noqa: E402
 from statecore.errors import InvalidInputError  # noqa: E402
 from statecore.testing.conformance import BackendConformance, snapshot_dump  # noqa: E402
@@ -16,6 +17,13 @@ from statecore.testing.conformance import BackendConformance, snapshot_dump  # n
 class TestNativeBackend(BackendConformance):
     def make_backend(self, **options):
         return create_backend("native", **options)
+
+    @pytest.fixture(autouse=True)
+    def _kernels_per_chunk(self, request, monkeypatch):
+        # The stream tests use small chunks, which the native path would combine (a copy):
+        # make it call the kernels once per chunk, as it does for large chunks.
+        if "stream" in request.node.name:
+            monkeypatch.setattr(native_backend, "_MIN_ROWS_PER_CHUNK", 1)
 
 
 def test_create_backend_native():
@@ -235,3 +243,111 @@ def test_per_record_stored_form_that_does_not_fit_changes_nothing():
         with pytest.raises(InvalidInputError):
             table.put(kg, key, bad)
         assert lst.get() == [1]
+
+
+class _StreamOnly:
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __arrow_c_stream__(self, requested_schema=None):
+        return self.obj.__arrow_c_stream__(requested_schema)
+
+
+def test_kernel_chunks_read_large_chunks_in_place_and_combine_small_ones():
+    keys = pa.chunked_array([pa.array(range(10_000), pa.int64()),
+                             pa.array(range(10_000, 25_000), pa.int64())])
+    vals = pa.chunked_array([pa.array(range(5_000), pa.int64()),
+                             pa.array(range(5_000, 25_000), pa.int64())])
+    kc, vc = native_backend._kernel_chunks(keys, vals)
+    assert [len(c) for c in kc] == [len(c) for c in vc] == [5_000, 5_000, 15_000]
+    # Views of the producer's buffers: no copy.
+    assert kc[1].buffers()[1].address == keys.chunk(0).buffers()[1].address
+    assert vc[2].buffers()[1].address == vals.chunk(1).buffers()[1].address
+    assert kc[1].offset == 5_000 and vc[1].offset == 0 and vc[2].offset == 5_000
+    # Small chunks, or a batch that must be one kernel call, are combined.
+    small = pa.chunked_array([pa.array([1, 2]), pa.array([3])])
+    assert [len(c) for c in native_backend._kernel_chunks(small)[0]] == [3]
+    assert [len(c) for c in native_backend._kernel_chunks(keys, vals, single=True)[0]] == [25_000]
+
+
+@pytest.mark.parametrize("value_type,arrow_type", [("int64", pa.int64()), ("int32", pa.int32()),
+                                                   ("string", pa.string()), ("bool", pa.bool_()),
+                                                   ("string", pa.large_string()),
+                                                   ("binary", pa.large_binary())])
+def test_large_chunked_stream_batches_match_one_array(value_type, arrow_type):
+    n = 3 * native_backend._MIN_ROWS_PER_CHUNK
+    ks = [(i * 7919) % 5000 for i in range(n)]
+    raw = [None if i % 11 == 0 else i % 97 for i in range(n)]
+    vs = [None if x is None else (str(x) if value_type == "string" else
+                                  str(x).encode() if value_type == "binary" else
+                                  (x % 2 == 0 if value_type == "bool" else x)) for x in raw]
+    karr, varr = pa.array(ks, pa.int64()), pa.array(vs, arrow_type)
+    cut_k, cut_v = n // 3, n // 2
+    kstream = pa.chunked_array([karr.slice(0, cut_k), karr.slice(cut_k)])
+    vstream = pa.chunked_array([varr.slice(0, cut_v), varr.slice(cut_v)])
+    a, b = (create_backend("native", key_type="int64") for _ in range(2))
+    sa = a.get_state(ValueStateDescriptor("v", value_type))
+    sb = b.get_state(ValueStateDescriptor("v", value_type))
+    sa.put_batch(karr, varr)
+    sb.put_batch(_StreamOnly(kstream), _StreamOnly(vstream))
+    assert snapshot_dump(a.snapshot()) == snapshot_dump(b.snapshot())
+    probe = pa.chunked_array([pa.array(range(0, 3000), pa.int64()),
+                              pa.array(range(3000, 9000), pa.int64())])
+    assert sb.get_batch(_StreamOnly(probe)).equals(sa.get_batch(probe.combine_chunks()))
+    if value_type in ("int64", "int32"):
+        ra = a.get_state(ReducingStateDescriptor("r", "max", value_type))
+        rb = b.get_state(ReducingStateDescriptor("r", "max", value_type))
+        assert rb.add_batch(_StreamOnly(kstream), _StreamOnly(vstream)).equals(ra.add_batch(karr, varr))
+
+
+def test_a_table_busy_in_another_thread_raises_instead_of_racing():
+    # What a second thread sees while a kernel runs on the table without the GIL (the mark is
+    # set for the kernel's duration; set here directly so that the test does not depend on
+    # thread timing).
+    from statecore.errors import StateError
+
+    b = create_backend("native", key_type="int64")
+    v = b.get_state(ValueStateDescriptor("v", "int64"))
+    other = b.get_state(ValueStateDescriptor("w", "int64"))
+    v.put_batch(pa.array([1, 2]), pa.array([10, 20]))
+    before = snapshot_dump(b.snapshot())
+    table = b._tables["v"].native
+    table._debug_set_busy(True)
+    try:
+        b.set_current_key(1)
+        for call in (lambda: v.put_batch(pa.array([1]), pa.array([5])),
+                     lambda: v.get_batch(pa.array([1])),
+                     lambda: v.value(),
+                     lambda: v.update(3),
+                     lambda: b.snapshot()):
+            with pytest.raises(StateError):
+                call()
+        other.put_batch(pa.array([1]), pa.array([5]))  # another table is not affected
+    finally:
+        table._debug_set_busy(False)
+    assert snapshot_dump(b.snapshot())["v"] == before["v"]
+
+
+def test_batches_on_separate_backends_run_in_parallel_threads():
+    import threading
+
+    n = 50_000
+    keys = pa.array([(i * 31) % 7000 for i in range(n)], pa.int64())
+    vals = pa.array(range(n), pa.int64())
+
+    def run(b, out, i):
+        s = b.get_state(ReducingStateDescriptor("s", "sum", "int64"))
+        for _ in range(5):
+            s.add_batch(keys, vals)
+        out[i] = snapshot_dump(b.snapshot())
+
+    backends = [create_backend("native", key_type="int64") for _ in range(4)]
+    out = [None] * 4
+    threads = [threading.Thread(target=run, args=(b, out, i)) for i, b in enumerate(backends)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ref = [None]
+    run(create_backend("native", key_type="int64"), ref, 0)
+    assert all(o == ref[0] for o in out)

@@ -30,6 +30,8 @@ const char* value_type_name(ValueType t) {
     case ValueType::Float64: return "float64";
     case ValueType::String: return "string";
     case ValueType::Binary: return "binary";
+    case ValueType::Int32: return "int32";
+    case ValueType::Bool: return "bool";
   }
   return "?";
 }
@@ -40,9 +42,13 @@ bool value_format_ok(ValueType t, ArrowKind k) {
     case ValueType::Float64: return k == ArrowKind::Float64;
     case ValueType::String: return k == ArrowKind::Utf8 || k == ArrowKind::LargeUtf8;
     case ValueType::Binary: return k == ArrowKind::Binary || k == ArrowKind::LargeBinary;
+    case ValueType::Int32: return k == ArrowKind::Int32;
+    case ValueType::Bool: return k == ArrowKind::Bool;
   }
   return false;
 }
+
+bool is_fixed(ValueType t) { return value_width(t) != 0; }
 
 KeyArrays make_keys(const BatchKeySpec& spec, ArrowInput in) {
   try {
@@ -88,21 +94,54 @@ inline double load_f64(const uint8_t* p) {
   return d;
 }
 inline void store_i64(uint8_t* p, int64_t v) { store_le64(p, static_cast<uint64_t>(v)); }
+inline int32_t load_i32(const uint8_t* p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
+  return static_cast<int32_t>(v);
+}
+inline void store_i32(uint8_t* p, int32_t v) {
+  const auto u = static_cast<uint32_t>(v);
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(u >> (8 * i));
+}
+// The reference deserializer reads any nonzero byte as true; writes are always 00/01.
+inline bool load_bool(const uint8_t* p) { return *p != 0; }
+inline void store_bool(uint8_t* p, bool v) { *p = v ? 1 : 0; }
 inline void store_f64(uint8_t* p, double d) {
   uint64_t u;
   std::memcpy(&u, &d, 8);
   store_le64(p, u);
 }
 
-[[noreturn]] void wrong_width(int64_t row, size_t got, size_t want = 8) {
+[[noreturn]] void wrong_width(int64_t row, size_t got, size_t want) {
   fail(row_str(row) + ": the stored value holds " + std::to_string(got) + " bytes, expected " +
-       std::to_string(want) + " (the table holds values of another type than declared" +
-       (want > 8 ? ", or without TTL)" : ")"));
+       std::to_string(want) + " (the table holds values of another type than declared, or "
+       "another TTL setting)");
 }
 
-// Bytes of a stored fixed-width value: 8, plus the timestamp suffix with TTL.
+// Stored bytes of a fixed-width accumulator type T (the reference serializers' widths).
+template <class T>
+constexpr size_t stored_width() {
+  return std::is_same<T, bool>::value ? 1 : std::is_same<T, int32_t>::value ? 4 : 8;
+}
+
+// Bytes of a stored fixed-width value: its width, plus the timestamp suffix with TTL.
+inline size_t fixed_width(size_t user_width, const TtlBatchSpec& ttl) {
+  return ttl.enabled ? user_width + ttl::kTimestampBytes : user_width;
+}
+template <class T>
 inline size_t fixed_width(const TtlBatchSpec& ttl) {
-  return ttl.enabled ? 8 + ttl::kTimestampBytes : 8;
+  return fixed_width(stored_width<T>(), ttl);
+}
+
+// Row i of a get_batch_fixed output: the stored value at p, or 0 for an absent key (p null).
+inline void out_fixed(ValueType t, void* out, int64_t i, const uint8_t* p) {
+  switch (t) {
+    case ValueType::Int64: static_cast<int64_t*>(out)[i] = p ? load_i64(p) : 0; break;
+    case ValueType::Float64: static_cast<double*>(out)[i] = p ? load_f64(p) : 0.0; break;
+    case ValueType::Int32: static_cast<int32_t*>(out)[i] = p ? load_i32(p) : 0; break;
+    case ValueType::Bool: static_cast<uint8_t*>(out)[i] = p && load_bool(p) ? 1 : 0; break;
+    default: break;
+  }
 }
 
 void check_ttl(const TtlBatchSpec& ttl) {
@@ -367,11 +406,15 @@ bool ttl_read(StateMap& m, const RowKeys& rk, int64_t i, size_t width, const Ttl
 template <class T>
 inline T load_fixed(const uint8_t* p) {
   if constexpr (std::is_same<T, double>::value) return load_f64(p);
+  else if constexpr (std::is_same<T, int32_t>::value) return load_i32(p);
+  else if constexpr (std::is_same<T, bool>::value) return load_bool(p);
   else return load_i64(p);
 }
 template <class T>
 inline void store_fixed(uint8_t* p, T v) {
   if constexpr (std::is_same<T, double>::value) store_f64(p, v);
+  else if constexpr (std::is_same<T, int32_t>::value) store_i32(p, v);
+  else if constexpr (std::is_same<T, bool>::value) store_bool(p, v);
   else store_i64(p, v);
 }
 
@@ -382,14 +425,14 @@ void emit_current(StateMap& m, const RowKeys& rk, int64_t i, T* out, uint8_t* va
                   const TtlBatchSpec& ttl, int64_t* expired) {
   out[i] = T{};
   if (ttl.enabled) {
-    valid[i] = ttl_read(m, rk, i, fixed_width(ttl), ttl, expired,
+    valid[i] = ttl_read(m, rk, i, fixed_width<T>(ttl), ttl, expired,
                         [&](const uint8_t* p, size_t) { out[i] = load_fixed<T>(p); })
                    ? 1 : 0;
     return;
   }
   ByteView v;
   if (kernel_get(m, rk.hash(i, m), rk.data(), rk.size(), &v)) {
-    if (v.size != 8) wrong_width(i, v.size);
+    if (v.size != stored_width<T>()) wrong_width(i, v.size, stored_width<T>());
     out[i] = load_fixed<T>(v.data);
     valid[i] = 1;
   } else {
@@ -424,7 +467,8 @@ void fold_rows(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayVi
   thread_local std::vector<Undo> undo_tls;
   std::vector<Undo>& undo = undo_tls;  // one TLS lookup, not one per row (shared library)
   undo.clear();
-  const size_t width = fixed_width(ttl);
+  const size_t width = fixed_width<T>(ttl);
+  constexpr size_t kTs = stored_width<T>();  // where the TTL timestamp starts
   const int64_t n = values.length();
   for (int64_t i = 0; i < n; ++i) {
     rk.ahead(i);
@@ -444,7 +488,7 @@ void fold_rows(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayVi
     if (!inserted) {
       if (sz != width) wrong_width(i, sz, width);
       const T old = load_fixed<T>(p);
-      const int64_t old_ts = ttl.enabled ? ttl::load_timestamp(p + 8) : 0;
+      const int64_t old_ts = ttl.enabled ? ttl::load_timestamp(p + kTs) : 0;
       if (ttl.enabled && ttl::expired(old_ts, ttl.ttl_ms, ttl.now)) {
         // Python `_unexpired`: counted, not removed; the write below overwrites it in place.
         ++*expired;
@@ -458,15 +502,16 @@ void fold_rows(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayVi
               size_t usz = 0;
               uint8_t* up = um.get_for_update(rk.data(), rk.size(), &usz);
               store_fixed<T>(up, it->old);
-              if (ttl.enabled) ttl::store_timestamp(up + 8, it->old_ts);
+              if (ttl.enabled) ttl::store_timestamp(up + kTs, it->old_ts);
             } else {
               um.remove(rk.data(), rk.size());
             }
           }
           undo.clear();
         }
-        fail("values: " + row_str(i) + ": int64 sum overflows (" + std::to_string(old) + " + " +
-             std::to_string(x) + "); the batch was not applied");
+        fail("values: " + row_str(i) + ": " + (kTs == 4 ? "int32" : "int64") +
+             " sum overflows (" + std::to_string(old) + " + " + std::to_string(x) +
+             "); the batch was not applied");
       }
       if constexpr (kUndo) undo.push_back({i, old, old_ts, true});
     } else {
@@ -474,7 +519,7 @@ void fold_rows(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayVi
       if constexpr (kUndo) undo.push_back({i, T{}, 0, false});
     }
     store_fixed<T>(p, acc);
-    if (ttl.enabled) ttl::store_timestamp(p + 8, ttl.now);
+    if (ttl.enabled) ttl::store_timestamp(p + kTs, ttl.now);
     out[i] = acc;
     valid[i] = 1;
   }
@@ -488,9 +533,13 @@ template <class T, class ValueAt>
 void fold_reducer(Reducer r, StateTable& table, const int32_t* kgs, RowKeys& rk,
                   const ArrayView& values, ValueAt value_at, T* out, uint8_t* valid,
                   const TtlBatchSpec& ttl, int64_t* expired) {
+  // add_batch validation rejects Sum/Min/Max on bool (the reference does); not instantiating
+  // them keeps bool arithmetic out of the kernels.
   switch (r) {
     case Reducer::Sum:
-      if constexpr (std::is_same<T, int64_t>::value) {
+      if constexpr (std::is_same<T, bool>::value) {
+        break;
+      } else if constexpr (std::is_integral<T>::value) {
         fold_rows<T, true>(table, kgs, rk, values,
                            [](T a, T b, T* res) { return !__builtin_add_overflow(a, b, res); },
                            value_at, out, valid, ttl, expired);
@@ -501,12 +550,14 @@ void fold_reducer(Reducer r, StateTable& table, const int32_t* kgs, RowKeys& rk,
       }
       break;
     case Reducer::Min:
-      fold_rows<T, false>(table, kgs, rk, values,
+      if constexpr (std::is_same<T, bool>::value) break;
+      else fold_rows<T, false>(table, kgs, rk, values,
                           [](T acc, T v, T* res) { return *res = v < acc ? v : acc, true; },
                           value_at, out, valid, ttl, expired);
       break;
     case Reducer::Max:
-      fold_rows<T, false>(table, kgs, rk, values,
+      if constexpr (std::is_same<T, bool>::value) break;
+      else fold_rows<T, false>(table, kgs, rk, values,
                           [](T acc, T v, T* res) { return *res = v > acc ? v : acc, true; },
                           value_at, out, valid, ttl, expired);
       break;
@@ -525,7 +576,56 @@ void fold_reducer(Reducer r, StateTable& table, const int32_t* kgs, RowKeys& rk,
   }
 }
 
+// add_batch's checks of the value type, reducer and values (formats, length).
+void check_add_values(ValueType value_type, Reducer reducer, const KeyArrays& keys,
+                      const ArrayView& values) {
+  if (reducer == Reducer::Count) {
+    if (value_type != ValueType::Int64)
+      fail(std::string("add_batch: a Count state holds int64 counts, not ") +
+           value_type_name(value_type));
+    if (values.length() != keys.length())
+      fail("values: length " + std::to_string(values.length()) + " differs from keys length " +
+           std::to_string(keys.length()));
+    return;
+  }
+  const bool arithmetic = reducer == Reducer::Sum || reducer == Reducer::Min ||
+                          reducer == Reducer::Max;
+  if (!is_fixed(value_type) || (arithmetic && value_type == ValueType::Bool))
+    fail(std::string("add_batch: ") +
+         (arithmetic ? "Sum/Min/Max need an int64, float64 or int32 state, not "
+                     : "First/Last need a fixed-width state, not ") +
+         value_type_name(value_type));
+  check_values(value_type, keys, values);
+}
+
 }  // namespace
+
+size_t value_width(ValueType t) {
+  switch (t) {
+    case ValueType::Int64:
+    case ValueType::Float64: return 8;
+    case ValueType::Int32: return 4;
+    case ValueType::Bool: return 1;
+    case ValueType::String:
+    case ValueType::Binary: return 0;
+  }
+  return 0;
+}
+
+void validate_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
+                    ValueType value_type, BatchOp op, Reducer reducer, ArrowInput values_in,
+                    const TtlBatchSpec& ttl) {
+  const KeyArrays keys = make_keys(spec, keys_in);
+  if (op == BatchOp::Put) {
+    const ArrayView values = make_view(values_in, "values");
+    check_values(value_type, keys, values);
+  } else if (op == BatchOp::Add) {
+    const ArrayView values = make_view(values_in, "values");
+    check_add_values(value_type, reducer, keys, values);
+  }
+  check_ttl(ttl);
+  validate_keys(table, spec, keys);
+}
 
 void get_batch_fixed(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
                      ValueType value_type, void* out_values, uint8_t* out_valid,
@@ -533,7 +633,7 @@ void get_batch_fixed(StateTable& table, const BatchKeySpec& spec, ArrowInput key
   int64_t local = 0;
   expired = expired_sink(expired, &local);
   const KeyArrays keys = make_keys(spec, keys_in);
-  if (value_type != ValueType::Int64 && value_type != ValueType::Float64)
+  if (!is_fixed(value_type))
     fail(std::string("get_batch_fixed: value type ") + value_type_name(value_type) +
          " is not fixed-width (use get_batch_var)");
   check_ttl(ttl);
@@ -542,20 +642,16 @@ void get_batch_fixed(StateTable& table, const BatchKeySpec& spec, ArrowInput key
   if (n > 0 && (out_values == nullptr || out_valid == nullptr))
     fail("get_batch_fixed: null output buffer");
   RowKeys rk(spec, keys, table, kgs);
-  const bool i64 = value_type == ValueType::Int64;
-  auto* oi = static_cast<int64_t*>(out_values);
-  auto* of = static_cast<double*>(out_values);
+  const size_t user_width = value_width(value_type);
   if (ttl.enabled) {
-    const size_t width = fixed_width(ttl);
+    const size_t width = fixed_width(user_width, ttl);
     for (int64_t i = 0; i < n; ++i) {
       rk.ahead(i);
       rk.encode(i, kgs[i]);
-      if (i64) oi[i] = 0;
-      else of[i] = 0.0;
+      out_fixed(value_type, out_values, i, nullptr);
       out_valid[i] = ttl_read(table.map_unchecked(kgs[i]), rk, i, width, ttl, expired,
                               [&](const uint8_t* p, size_t) {
-                                if (i64) oi[i] = load_i64(p);
-                                else of[i] = load_f64(p);
+                                out_fixed(value_type, out_values, i, p);
                               })
                          ? 1 : 0;
     }
@@ -565,10 +661,10 @@ void get_batch_fixed(StateTable& table, const BatchKeySpec& spec, ArrowInput key
     rk.ahead(i);
     rk.encode(i, kgs[i]);
     ByteView v;
-    const bool found = table.map_unchecked(kgs[i]).get(rk.data(), rk.size(), &v);
-    if (found && v.size != 8) wrong_width(i, v.size);
-    if (i64) oi[i] = found ? load_i64(v.data) : 0;
-    else of[i] = found ? load_f64(v.data) : 0.0;
+    StateMap& m = table.map_unchecked(kgs[i]);
+    const bool found = kernel_get(m, rk.hash(i, m), rk.data(), rk.size(), &v);
+    if (found && v.size != user_width) wrong_width(i, v.size, user_width);
+    out_fixed(value_type, out_values, i, found ? v.data : nullptr);
     out_valid[i] = found ? 1 : 0;
   }
 }
@@ -637,6 +733,16 @@ void put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
         dst = m.put(rk.data(), rk.size(), 8 + suffix);
         store_f64(dst, values.float64_at(i));
         break;
+      case ValueType::Int32:
+        sz = 4;
+        dst = m.put(rk.data(), rk.size(), 4 + suffix);
+        store_i32(dst, values.int32_at(i));
+        break;
+      case ValueType::Bool:
+        sz = 1;
+        dst = m.put(rk.data(), rk.size(), 1 + suffix);
+        store_bool(dst, values.bool_at(i));
+        break;
       case ValueType::String:
       case ValueType::Binary:
       default: {
@@ -657,19 +763,7 @@ void add_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
   expired = expired_sink(expired, &local);
   const KeyArrays keys = make_keys(spec, keys_in);
   const ArrayView values = make_view(values_in, "values");
-  if (reducer == Reducer::Count) {
-    if (value_type != ValueType::Int64)
-      fail(std::string("add_batch: a Count state holds int64 counts, not ") +
-           value_type_name(value_type));
-    if (values.length() != keys.length())
-      fail("values: length " + std::to_string(values.length()) + " differs from keys length " +
-           std::to_string(keys.length()));
-  } else {
-    if (value_type != ValueType::Int64 && value_type != ValueType::Float64)
-      fail(std::string("add_batch: Sum/Min/Max/First/Last need an int64 or float64 state, not ") +
-           value_type_name(value_type));
-    check_values(value_type, keys, values);
-  }
+  check_add_values(value_type, reducer, keys, values);
   check_ttl(ttl);
   const int32_t* kgs = validate_keys(table, spec, keys);
   const int64_t n = keys.length();
@@ -689,6 +783,17 @@ void add_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
     fold_reducer<int64_t>(reducer, table, kgs, rk, values,
                           [&](int64_t i) { return values.int64_at(i); },
                           static_cast<int64_t*>(out_values), out_valid, ttl, expired);
+  } else if (value_type == ValueType::Int32) {
+    fold_reducer<int32_t>(reducer, table, kgs, rk, values,
+                          [&](int64_t i) { return values.int32_at(i); },
+                          static_cast<int32_t*>(out_values), out_valid, ttl, expired);
+  } else if (value_type == ValueType::Bool) {
+    // bool is one byte holding 0/1 on every platform the build supports (checked below), so the
+    // caller's uint8_t[n] output is written as bool[n].
+    static_assert(sizeof(bool) == 1, "bool outputs are written into uint8_t buffers");
+    fold_reducer<bool>(reducer, table, kgs, rk, values,
+                       [&](int64_t i) { return values.bool_at(i); },
+                       static_cast<bool*>(out_values), out_valid, ttl, expired);
   } else {
     fold_reducer<double>(reducer, table, kgs, rk, values,
                          [&](int64_t i) { return values.float64_at(i); },

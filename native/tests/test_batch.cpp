@@ -432,7 +432,7 @@ TEST(errors_leave_the_table_untouched) {
   CHECK(batch_error([&] { put_batch(t, sp, k1.in(), ValueType::Int64, dv.in()); },
                     "value type int64, got float64"));
   CHECK(batch_error([&] { add_batch(t, sp, k1.in(), ValueType::String, Reducer::Sum, dv.in(), out, valid); },
-                    "int64 or float64"));
+                    "int64, float64 or int32"));
   // Released array.
   TestArray rel = fixed<int64_t>("l", I64{1, 2, 3});
   rel.array.release = nullptr;
@@ -570,6 +570,156 @@ std::optional<std::pair<int64_t, int64_t>> entry(StateTable& t, int64_t k) {
   if (v.size != 16) return std::make_pair(int64_t{-999}, int64_t{-999});
   const std::string b(reinterpret_cast<const char*>(v.data), 8);
   return std::make_pair(le_i64(b), ttl::load_timestamp(v.data + 8));
+}
+
+// A bool array (bit-packed values) with `pad` null junk elements before the logical start.
+TestArray bools(const std::vector<std::optional<bool>>& xs, int64_t pad = 0) {
+  TestArray a;
+  a.format = "b";
+  const int64_t total = pad + static_cast<int64_t>(xs.size());
+  a.data.assign(static_cast<size_t>(total / 8 + 1), 0xFF);  // junk 1 bits under nulls / padding
+  bool any_null = pad > 0;
+  for (int64_t j = 0; j < total; ++j) {
+    const bool valid = j >= pad && xs[j - pad].has_value();
+    if (valid && !*xs[j - pad]) a.data[j / 8] &= static_cast<uint8_t>(~(1u << (j % 8)));
+    a.set_valid(j, valid);
+    any_null = any_null || !valid;
+  }
+  a.finish(static_cast<int64_t>(xs.size()), pad, 2, any_null);
+  return a;
+}
+
+using I32 = std::vector<std::optional<int32_t>>;
+
+TEST(int32_values_roundtrip_as_4_byte_little_endian) {
+  StateTable t(0, 127);
+  const BatchKeySpec sp = spec_for(KeyType::Int64);
+  TestArray keys = fixed<int64_t>("l", I64{1, 2, 3}, 2);
+  TestArray vals = fixed<int32_t>("i", I32{INT32_MIN, std::nullopt, 0x01020304}, 3);
+  put_batch(t, sp, keys.in(), ValueType::Int32, vals.in());
+  CHECK_EQ(t.size(), size_t{2});
+  const auto d = dump(t);
+  CHECK(d.at(ekey(3)) == std::string("\x04\x03\x02\x01", 4));  // serializers.py: struct "<i"
+  CHECK(d.at(ekey(1)) == std::string("\x00\x00\x00\x80", 4));
+  TestArray q = fixed<int64_t>("l", I64{3, 2, 1});
+  int32_t out[3];
+  uint8_t valid[3];
+  get_batch_fixed(t, sp, q.in(), ValueType::Int32, out, valid);
+  CHECK_EQ(out[0], 0x01020304);
+  CHECK_EQ(int(valid[1]), 0);
+  CHECK_EQ(out[2], INT32_MIN);
+  // Running min/max/sum keep int32; a sum leaving int32 throws and rolls the batch back.
+  TestArray k2 = fixed<int64_t>("l", I64{3, 3, 1});
+  TestArray v2 = fixed<int32_t>("i", I32{-4, 100, 5});
+  add_batch(t, sp, k2.in(), ValueType::Int32, Reducer::Min, v2.in(), out, valid);
+  CHECK_EQ(out[0], -4);
+  CHECK_EQ(out[1], -4);
+  CHECK_EQ(out[2], INT32_MIN);
+  const auto before = dump(t);
+  TestArray k3 = fixed<int64_t>("l", I64{1, 3, 1});
+  TestArray v3 = fixed<int32_t>("i", I32{1, 1, -2});
+  CHECK(batch_error([&] { add_batch(t, sp, k3.in(), ValueType::Int32, Reducer::Sum, v3.in(), out, valid); },
+                    "int32 sum overflows"));
+  CHECK(dump(t) == before);
+  // int64 values are not int32 values.
+  TestArray v64 = fixed<int64_t>("l", I64{1, 2, 3});
+  CHECK(batch_error([&] { put_batch(t, sp, q.in(), ValueType::Int32, v64.in()); },
+                    "value type int32, got int64"));
+}
+
+TEST(bool_values_roundtrip_as_one_byte_and_only_first_last_reduce) {
+  StateTable t(0, 127);
+  const BatchKeySpec sp = spec_for(KeyType::Int64);
+  TestArray keys = fixed<int64_t>("l", I64{1, 2, 3, 4}, 1);
+  TestArray vals = bools({true, false, std::nullopt, true}, 5);
+  put_batch(t, sp, keys.in(), ValueType::Bool, vals.in());
+  CHECK_EQ(t.size(), size_t{3});
+  const auto d = dump(t);
+  CHECK(d.at(ekey(1)) == std::string("\x01", 1));
+  CHECK(d.at(ekey(2)) == std::string("\x00", 1));
+  uint8_t out[4], valid[4];
+  TestArray q = fixed<int64_t>("l", I64{4, 3, 2, 1});
+  get_batch_fixed(t, sp, q.in(), ValueType::Bool, out, valid);
+  CHECK_EQ(int(out[0]), 1);
+  CHECK_EQ(int(valid[1]), 0);
+  CHECK_EQ(int(out[2]), 0);
+  CHECK_EQ(int(valid[2]), 1);
+  CHECK_EQ(int(out[3]), 1);
+  // Last replaces, First keeps; Sum/Min/Max are rejected before anything changes.
+  TestArray k2 = fixed<int64_t>("l", I64{2, 1});
+  TestArray v2 = bools({true, false});
+  add_batch(t, sp, k2.in(), ValueType::Bool, Reducer::Last, v2.in(), out, valid);
+  CHECK_EQ(int(out[0]), 1);
+  CHECK_EQ(int(out[1]), 0);
+  add_batch(t, sp, k2.in(), ValueType::Bool, Reducer::First, v2.in(), out, valid);
+  CHECK_EQ(int(out[0]), 1);
+  const auto before = dump(t);
+  for (Reducer r : {Reducer::Sum, Reducer::Min, Reducer::Max})
+    CHECK(batch_error([&] { add_batch(t, sp, k2.in(), ValueType::Bool, r, v2.in(), out, valid); },
+                      "not bool"));
+  CHECK(dump(t) == before);
+}
+
+TEST(int32_and_bool_with_ttl_carry_the_timestamp_after_the_value) {
+  StateTable t(0, 127);
+  const BatchKeySpec sp = spec_for(KeyType::Int64);
+  TtlBatchSpec ttl;
+  ttl.enabled = true;
+  ttl.ttl_ms = 10;
+  ttl.now = 100;
+  TestArray k = fixed<int64_t>("l", I64{1});
+  TestArray v = fixed<int32_t>("i", I32{7});
+  put_batch(t, sp, k.in(), ValueType::Int32, v.in(), ttl);
+  CHECK_EQ(dump(t).at(ekey(1)).size(), size_t{12});
+  int32_t out[1];
+  uint8_t valid[1];
+  int64_t expired = 0;
+  ttl.now = 109;
+  add_batch(t, sp, k.in(), ValueType::Int32, Reducer::Sum, v.in(), out, valid, ttl, &expired);
+  CHECK_EQ(out[0], 14);
+  ttl.now = 119;  // 109 + 10: expired
+  get_batch_fixed(t, sp, k.in(), ValueType::Int32, out, valid, ttl, &expired);
+  CHECK_EQ(int(valid[0]), 0);
+  CHECK_EQ(expired, int64_t{1});
+  CHECK_EQ(t.size(), size_t{0});
+  TestArray b = bools({true});
+  put_batch(t, sp, k.in(), ValueType::Bool, b.in(), ttl);
+  CHECK_EQ(dump(t).at(ekey(1)).size(), size_t{9});
+  uint8_t bout[1];
+  get_batch_fixed(t, sp, k.in(), ValueType::Bool, bout, valid, ttl, &expired);
+  CHECK_EQ(int(bout[0]), 1);
+  // The same table read as int32: a width error names the row, no silent misread.
+  CHECK(batch_error([&] { get_batch_fixed(t, sp, k.in(), ValueType::Int32, out, valid, ttl, &expired); },
+                    "holds 9 bytes, expected 12"));
+}
+
+TEST(validate_batch_throws_what_the_kernel_would_and_changes_nothing) {
+  StateTable t(0, 63);
+  const BatchKeySpec sp = spec_for(KeyType::Int64, Assigner::Spark, 128, 0, 63);
+  int64_t outside = 0;
+  while (key_group_for_int64(Assigner::Spark, outside, 128) <= 63) ++outside;
+  int64_t inside = 0;
+  while (key_group_for_int64(Assigner::Spark, inside, 128) > 63) ++inside;
+  TestArray good = fixed<int64_t>("l", I64{inside});
+  TestArray bad = fixed<int64_t>("l", I64{inside, outside});
+  TestArray nullkey = fixed<int64_t>("l", I64{inside, std::nullopt});
+  TestArray v1 = fixed<int64_t>("l", I64{1});
+  TestArray v2 = fixed<int64_t>("l", I64{1, 2});
+  TestArray d2 = fixed<double>("g", F64{1, 2});
+  ArrowInput none;
+  validate_batch(t, sp, good.in(), ValueType::Int64, BatchOp::Put, Reducer::Sum, v1.in());
+  validate_batch(t, sp, good.in(), ValueType::Int64, BatchOp::Get, Reducer::Sum, none);
+  CHECK(batch_error([&] { validate_batch(t, sp, bad.in(), ValueType::Int64, BatchOp::Get, Reducer::Sum, none); },
+                    "row 1 belongs to key group"));
+  CHECK(batch_error([&] { validate_batch(t, sp, nullkey.in(), ValueType::Int64, BatchOp::Put, Reducer::Sum, v2.in()); },
+                    "null key at row 1"));
+  CHECK(batch_error([&] { validate_batch(t, sp, good.in(), ValueType::Int64, BatchOp::Put, Reducer::Sum, v2.in()); },
+                    "differs from keys length"));
+  CHECK(batch_error([&] { validate_batch(t, sp, bad.in(), ValueType::Int64, BatchOp::Add, Reducer::Max, d2.in()); },
+                    "value type int64, got float64"));
+  CHECK(batch_error([&] { validate_batch(t, sp, good.in(), ValueType::Bool, BatchOp::Add, Reducer::Min, v1.in()); },
+                    "not bool"));
+  CHECK_EQ(t.size(), size_t{0});
 }
 
 void put_entry(StateTable& t, int64_t k, int64_t value, int64_t ts) {

@@ -7,7 +7,9 @@ Arrow arrays through the Arrow C Data Interface (``__arrow_c_array__`` PyCapsule
 run with the GIL released.
 
 Thread contract: a StateTable is owned by one Python thread at a time (the task's). Snapshots may
-be read from another thread.
+be read from another thread. Calls without the GIL mark their table busy; another thread's call
+on it raises StateError meanwhile (NativeStateTable). Kernels on different tables share no
+mutable state and may run in parallel.
 """
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.pycapsule cimport PyCapsule_GetPointer
@@ -22,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from statecore import key_types as KT
-from statecore.errors import InvalidInputError
+from statecore.errors import InvalidInputError, StateError
 
 cimport _native_core as c
 
@@ -33,7 +35,12 @@ _KEY_KINDS = {"int32": c.KeyType.Int32, "int64": c.KeyType.Int64, "string": c.Ke
 _TIME_UNITS = {"s": c.TimeUnit.Second, "ms": c.TimeUnit.Milli, "us": c.TimeUnit.Micro,
                "ns": c.TimeUnit.Nano}
 _VALUE_TYPES = {"int64": c.ValueType.Int64, "float64": c.ValueType.Float64,
+                "int32": c.ValueType.Int32, "bool": c.ValueType.Bool,
                 "string": c.ValueType.String, "binary": c.ValueType.Binary}
+# numpy dtype and Arrow type of get_batch_fixed/add_batch outputs per fixed-width value type
+# (bool: a 0/1 byte per row, bit-packed into the Arrow result).
+_FIXED_OUT = {"int64": (np.int64, pa.int64()), "float64": (np.float64, pa.float64()),
+              "int32": (np.int32, pa.int32()), "bool": (np.uint8, pa.bool_())}
 _REDUCERS = {"sum": c.Reducer.Sum, "min": c.Reducer.Min, "max": c.Reducer.Max,
              "count": c.Reducer.Count, "first": c.Reducer.First, "last": c.Reducer.Last}
 
@@ -348,6 +355,42 @@ cdef class _Imported:
 
     cdef int64_t length(self):
         return self.input.array.length
+
+
+cdef class _Chunks:
+    """The chunks of one batch column, each imported as an Arrow array (``_Imported``): one
+    object with ``__arrow_c_array__``, or a list/tuple of them. Nothing is copied; ``starts[j]``
+    is the row of the whole batch where chunk j begins."""
+    cdef list held
+    cdef vector[c.ArrowInput] inputs
+    cdef vector[int64_t] starts
+    cdef int64_t total
+
+    def __cinit__(self, obj):
+        cdef _Imported imp
+        self.held = []
+        self.total = 0
+        for part in (obj if isinstance(obj, (list, tuple)) else (obj,)):
+            imp = _Imported(part)
+            self.held.append(imp)
+            self.inputs.push_back(imp.input)
+            self.starts.push_back(self.total)
+            self.total += imp.length()
+
+    cdef size_t count(self):
+        return self.inputs.size()
+
+    cdef check_aligned(self, _Chunks other):
+        """InvalidInputError unless ``other`` has the same chunk lengths (the kernels take one
+        keys chunk with one values chunk of equal length)."""
+        cdef size_t j
+        if other.total != self.total:
+            raise InvalidInputError(f"values have {other.total} rows but keys have {self.total}")
+        if other.count() != self.count():
+            raise InvalidInputError("keys and values must be split into chunks of equal lengths")
+        for j in range(self.count()):
+            if other.starts[j] != self.starts[j]:
+                raise InvalidInputError("keys and values must be split into chunks of equal lengths")
 
 
 cdef object _bitmap(uint8_t[::1] valid, int64_t n):
@@ -880,12 +923,19 @@ cdef class NativeStateTable:
 
     Keys are encoded keys (docs/architecture.md), values serialized bytes. Raises
     InvalidInputError for a key group outside the range.
+
+    Threads: one thread uses a table at a time (the backend's thread contract). Calls that run
+    without the GIL (batch kernels, TTL cleanup and migration, bulk load) mark the table busy
+    meanwhile; any call touching the table from another thread then raises StateError instead
+    of racing with it. The mark is set and tested under the GIL: a guard against misuse, not a
+    lock (two threads taking turns without overlapping calls are not detected).
     """
     cdef c.StateTable* table
     cdef readonly int32_t kg_start, kg_end
     cdef int vcode  # set_value_format
     cdef int vlayout
     cdef bint vttl
+    cdef int busy  # a call without the GIL is running on the table
 
     def __cinit__(self, int32_t kg_start, int32_t kg_end):
         try:
@@ -898,7 +948,24 @@ cdef class NativeStateTable:
     def __dealloc__(self):
         del self.table
 
+    cdef int _idle(self) except -1:
+        if self.busy:
+            raise StateError("this state's table is in use by a native call running in another "
+                             "thread; a backend must be used by one thread at a time")
+        return 0
+
+    cdef int _claim(self) except -1:
+        self._idle()
+        self.busy = 1
+        return 0
+
+    def _debug_set_busy(self, bint busy):
+        """Tests only: mark the table as if a call without the GIL were running on it."""
+        self.busy = busy
+
     cdef c.StateMap* _map(self, int32_t kg) except NULL:
+        if self.busy:
+            self._idle()
         if kg < self.kg_start or kg > self.kg_end:
             raise InvalidInputError(
                 f"key group {kg} outside the table's range [{self.kg_start}, {self.kg_end}]")
@@ -1012,11 +1079,14 @@ cdef class NativeStateTable:
         cdef c.FilterSpec spec = _ttl_filter_spec(kind, fixed_width, ttl_ms)
         cdef c.CleanupStep step
         cdef c.SortedRun scratch
+        self._claim()
         try:
             with nogil:
                 step = c.cleanup_step(m[0], &cursor, min_entries, spec, now, &scratch)
         except ValueError as e:
             raise InvalidInputError(f"key group {kg}: {e}") from None
+        finally:
+            self.busy = 0
         return step.visited, step.expired, cursor, step.wrapped
 
     def ttl_restamp(self, str kind, fixed_width, int64_t ts_from, int64_t ts_to):
@@ -1026,12 +1096,15 @@ cdef class NativeStateTable:
         cdef c.FilterSpec spec = _ttl_filter_spec(kind, fixed_width, 1)
         cdef size_t n = 0
         cdef int32_t kg
+        self._claim()
         try:
             for kg in range(self.kg_start, self.kg_end + 1):
                 with nogil:
                     n += c.restamp(self.table.map(kg), spec, ts_from, ts_to)
         except ValueError as e:
             raise InvalidInputError(str(e)) from None
+        finally:
+            self.busy = 0
         return n
 
     def ttl_migrate(self, str kind, fixed_width, bint add_timestamps, int64_t ts, int64_t ttl_ms,
@@ -1056,11 +1129,14 @@ cdef class NativeStateTable:
         spec.ts = ts
         spec.ttl_ms = ttl_ms if ttl_ms > 0 else 1
         spec.now = now
+        self._claim()
         try:
             with nogil:
                 r = c.migrate(self.table[0], spec)
         except ValueError as e:
             raise InvalidInputError(str(e)) from None
+        finally:
+            self.busy = 0
         return r.rewritten, r.removed, r.expired
 
     def ttl_cleanup_table_step(self, int32_t kg, uint64_t bucket, size_t min_entries, str kind,
@@ -1078,11 +1154,14 @@ cdef class NativeStateTable:
         cdef c.TableCursor cur
         cur.key_group = kg
         cur.bucket = bucket
+        self._claim()
         try:
             with nogil:
                 step = c.cleanup_table_step(self.table[0], &cur, min_entries, spec, now, &scratch)
         except ValueError as e:
             raise InvalidInputError(str(e)) from None
+        finally:
+            self.busy = 0
         return step.visited, step.expired, cur.key_group, cur.bucket, step.wrapped
 
     def load(self, int32_t kg, keys, values):
@@ -1109,12 +1188,16 @@ cdef class NativeStateTable:
         vo = np.frombuffer(vbufs[1], np.int32)[values.offset:values.offset + n + 1]
         kd = np.frombuffer(kbufs[2], np.uint8) if kbufs[2] is not None and kbufs[2].size else np.zeros(1, np.uint8)
         vd = np.frombuffer(vbufs[2], np.uint8) if vbufs[2] is not None and vbufs[2].size else np.zeros(1, np.uint8)
-        with nogil:
-            for i in range(n):
-                vlen = vo[i + 1] - vo[i]
-                dst = m.put(&kd[ko[i]], ko[i + 1] - ko[i], vlen)
-                if vlen:
-                    memcpy(dst, &vd[vo[i]], vlen)
+        self._claim()
+        try:
+            with nogil:
+                for i in range(n):
+                    vlen = vo[i + 1] - vo[i]
+                    dst = m.put(&kd[ko[i]], ko[i + 1] - ko[i], vlen)
+                    if vlen:
+                        memcpy(dst, &vd[vo[i]], vlen)
+        finally:
+            self.busy = 0
 
     def key_group_size(self, int32_t kg):
         return self._map(kg).size()
@@ -1155,6 +1238,7 @@ cdef class NativeStateTable:
     def mark_base(self, uint64_t version):
         """The snapshot of table version ``version`` was checkpointed: stop tracking older changes
         (no-op when not newer than the base; InvalidInputError when newer than ``version``)."""
+        self._idle()
         try:
             self.table.mark_base(version)
         except ValueError as e:
@@ -1162,6 +1246,7 @@ cdef class NativeStateTable:
 
     def rebase(self):
         """Make the current contents the base (after a restore's bulk load); returns it."""
+        self._idle()
         return self.table.rebase()
 
     @property
@@ -1172,6 +1257,7 @@ cdef class NativeStateTable:
     def snapshot(self):
         """A NativeTableSnapshot; O(key groups), independent of the number of entries."""
         cdef NativeTableSnapshot s = NativeTableSnapshot.__new__(NativeTableSnapshot)
+        self._idle()
         s.snap = c.new_table_snapshot(self.table[0])
         return s
 
@@ -1187,133 +1273,201 @@ cdef class NativeStateTable:
 
     def get_batch(self, keys, str key_type, str assigner, int32_t max_parallelism, str value_type,
                   ttl=None, count_expired=None):
-        """Values of ``keys`` (one Arrow array) as an Arrow array of ``value_type`` (int64 ->
-        int64, float64 -> float64, string -> large_string, binary -> large_binary); null where
-        absent.
+        """Values of ``keys`` as an Arrow array of ``value_type`` (int64, float64, int32, bool ->
+        the same type; string -> large_string, binary -> large_binary); null where absent.
+
+        ``keys``: one object with ``__arrow_c_array__`` or a list of them (the chunks of one
+        batch, read in place, in order; the result is one array over all of them). With TTL
+        (where reads remove and renew) every chunk is validated before the first is read, so
+        bad input in any chunk raises with nothing changed.
 
         ``ttl``: None, or ``(ttl_ms, now_ms, update_on_read, return_expired)`` for a TTL state
         (stored values end with an 8-byte timestamp; batch.h "TTL"): expired entries are then
         removed (null, or their stale value once under return_expired) and read ones renewed
         under update_on_read -- the call then MODIFIES the table. ``count_expired(n)`` is called
         with the number of expired entries removed when n > 0, also when the call raises
-        mid-batch. InvalidInputError on bad input."""
+        mid-batch. InvalidInputError on bad input. The GIL is released while the kernels run."""
         cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism)
         cdef c.TtlBatchSpec tspec = _ttl_spec(ttl)
-        cdef _Imported k = _Imported(keys)
-        cdef int64_t n = k.length()
-        cdef int64_t expired = 0
+        cdef _Chunks k = _Chunks(keys)
+        cdef int64_t n = k.total
+        cdef int64_t expired = 0, chunk_expired = 0
         cdef c.ValueType vt
-        cdef vector[int64_t] offsets
-        cdef vector[uint8_t] data
+        cdef c.ArrowInput none
+        cdef vector[vector[int64_t]] offsets
+        cdef vector[vector[uint8_t]] data
         cdef uint8_t[::1] valid
-        cdef int64_t[::1] ivals
-        cdef double[::1] fvals
+        cdef uint8_t[::1] out_bytes
+        cdef uint8_t* out_base
+        cdef size_t width, j, nchunks = k.count()
         if value_type not in _VALUE_TYPES:
             raise InvalidInputError(f"value type {value_type!r} has no batch kernel")
         vt = _VALUE_TYPES[value_type]
+        width = c.value_width(vt)
         valid_np = np.zeros(max(n, 1), np.uint8)
         valid = valid_np
+        if width:
+            dtype, typ = _FIXED_OUT[value_type]
+            vals = np.zeros(max(n, 1), dtype)
+            out_bytes = vals.view(np.uint8)
+            out_base = &out_bytes[0]
+        else:
+            offsets.resize(nchunks)
+            data.resize(nchunks)
+        self._claim()
         try:
-            if value_type == "int64":
-                vals = np.zeros(max(n, 1), np.int64)
-                ivals = vals
-                with nogil:
-                    c.get_batch_fixed(self.table[0], spec, k.input, vt, &ivals[0], &valid[0],
-                                      tspec, &expired)
-                return pa.Array.from_buffers(pa.int64(), n, [_bitmap(valid[:n], n), pa.py_buffer(vals[:n])])
-            if value_type == "float64":
-                vals = np.zeros(max(n, 1), np.float64)
-                fvals = vals
-                with nogil:
-                    c.get_batch_fixed(self.table[0], spec, k.input, vt, &fvals[0], &valid[0],
-                                      tspec, &expired)
-                return pa.Array.from_buffers(pa.float64(), n, [_bitmap(valid[:n], n), pa.py_buffer(vals[:n])])
             with nogil:
-                c.get_batch_var(self.table[0], spec, k.input, vt, offsets, data, &valid[0],
-                                tspec, &expired)
+                # Without TTL a get changes nothing, so a failing chunk needs no validation
+                # ahead; with TTL it removes and renews. The first chunk's kernel validates it
+                # before touching anything: only the later chunks are checked ahead.
+                if nchunks > 1 and tspec.enabled:
+                    for j in range(1, nchunks):
+                        c.validate_batch(self.table[0], spec, k.inputs[j], vt, c.BatchOp.Get,
+                                         c.Reducer.Sum, none, tspec)
+                for j in range(nchunks):
+                    if width:
+                        c.get_batch_fixed(self.table[0], spec, k.inputs[j], vt,
+                                          out_base + k.starts[j] * width, &valid[k.starts[j]],
+                                          tspec, &chunk_expired)
+                    else:
+                        c.get_batch_var(self.table[0], spec, k.inputs[j], vt, offsets[j],
+                                        data[j], &valid[k.starts[j]], tspec, &chunk_expired)
+                    expired += chunk_expired
+                    chunk_expired = 0
         except ValueError as e:
             raise InvalidInputError(str(e)) from None
         finally:
+            self.busy = 0
+            expired += chunk_expired
             if expired and count_expired is not None:
                 count_expired(expired)
-        off_np = np.empty(n + 1, np.int64)
-        data_np = np.empty(data.size(), np.uint8)
-        if n + 1 > 0 and offsets.size() == <size_t>(n + 1):
-            memcpy(<void*><size_t>off_np.ctypes.data, offsets.data(), (n + 1) * 8)
-        else:
-            off_np[:] = 0
-        if data.size():
-            memcpy(<void*><size_t>data_np.ctypes.data, data.data(), data.size())
+        if width:
+            if value_type == "bool":
+                buf = pa.py_buffer(np.packbits(vals[:n], bitorder="little"))
+            else:
+                buf = pa.py_buffer(vals[:n])
+            return pa.Array.from_buffers(typ, n, [_bitmap(valid[:n], n), buf])
+        off_np, data_np = _concat_var(offsets, data, n)
         typ = pa.large_string() if value_type == "string" else pa.large_binary()
         return pa.Array.from_buffers(typ, n, [_bitmap(valid[:n], n), pa.py_buffer(off_np), pa.py_buffer(data_np)])
 
     def put_batch(self, keys, values, str key_type, str assigner, int32_t max_parallelism,
                   str value_type, ttl=None):
-        """values[i] for keys[i] in row order; a null value removes the key. ``ttl`` as in
-        :meth:`get_batch`: every written value is stamped ``now_ms``."""
+        """values[i] for keys[i] in row order; a null value removes the key. ``keys`` and
+        ``values`` as ``keys`` of :meth:`get_batch`, split into chunks of the same lengths
+        (InvalidInputError otherwise); every chunk pair is validated before the first is
+        written. ``ttl`` as in :meth:`get_batch`: every written value is stamped ``now_ms``."""
         cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism)
         cdef c.TtlBatchSpec tspec = _ttl_spec(ttl)
-        cdef _Imported k = _Imported(keys)
-        cdef _Imported v = _Imported(values)
+        cdef _Chunks k = _Chunks(keys)
+        cdef _Chunks v = _Chunks(values)
         cdef c.ValueType vt
+        cdef size_t j, nchunks = k.count()
         if value_type not in _VALUE_TYPES:
             raise InvalidInputError(f"value type {value_type!r} has no batch kernel")
         vt = _VALUE_TYPES[value_type]
+        k.check_aligned(v)
+        self._claim()
         try:
             with nogil:
-                c.put_batch(self.table[0], spec, k.input, vt, v.input, tspec)
+                # The first chunk's kernel validates it before touching anything.
+                for j in range(1, nchunks):
+                    c.validate_batch(self.table[0], spec, k.inputs[j], vt, c.BatchOp.Put,
+                                     c.Reducer.Sum, v.inputs[j], tspec)
+                for j in range(nchunks):
+                    c.put_batch(self.table[0], spec, k.inputs[j], vt, v.inputs[j], tspec)
         except ValueError as e:
             raise InvalidInputError(str(e)) from None
+        finally:
+            self.busy = 0
 
     def add_batch(self, keys, values, str key_type, str assigner, int32_t max_parallelism,
                   str value_type, str reducer, ttl=None, count_expired=None):
         """Fold values into the state with a built-in reducer; the running aggregate after each
-        row as int64 (Int64 state, count) or float64 array, null where none.
+        row as an array of the state's type (int64 for count), null where none.
 
+        ``keys``/``values`` as in :meth:`put_batch`, except that an int64/int32 ``sum`` takes
+        one chunk only (InvalidInputError otherwise): its overflow is found while applying, and
+        the kernel's undo log covers one call.
         ``ttl``/``count_expired`` as in :meth:`get_batch` (batch.h "TTL"): rows fold into the
         unexpired aggregate and stamp ``now_ms``, null rows read as get_batch does; expired
         entries met are reported also when the batch fails (an int64 sum overflow undoes the
         aggregates but not what null rows removed or renewed, as the Python path)."""
         cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism)
         cdef c.TtlBatchSpec tspec = _ttl_spec(ttl)
-        cdef int64_t expired = 0
-        cdef _Imported k = _Imported(keys)
-        cdef _Imported v = _Imported(values)
-        cdef int64_t n = k.length()
+        cdef int64_t expired = 0, chunk_expired = 0
+        cdef _Chunks k = _Chunks(keys)
+        cdef _Chunks v = _Chunks(values)
+        cdef int64_t n = k.total
         cdef uint8_t[::1] valid
-        cdef int64_t[::1] ivals
-        cdef double[::1] fvals
+        cdef uint8_t[::1] out_bytes
+        cdef uint8_t* out_base
+        cdef size_t width, j, nchunks = k.count()
         cdef c.ValueType vt
         cdef c.Reducer red
-        if value_type not in ("int64", "float64"):
-            raise InvalidInputError(f"add_batch kernel needs an int64 or float64 state, got {value_type!r}")
+        if value_type not in _FIXED_OUT:
+            raise InvalidInputError(f"add_batch kernel needs a fixed-width state, got {value_type!r}")
         if reducer not in _REDUCERS:
             raise InvalidInputError(f"reducer {reducer!r} has no batch kernel")
+        if reducer == "sum" and value_type in ("int64", "int32") and nchunks > 1:
+            raise InvalidInputError(f"an {value_type} sum batch must be one chunk (its overflow "
+                                    "rollback covers one kernel call)")
+        k.check_aligned(v)
         vt = _VALUE_TYPES[value_type]
         red = _REDUCERS[reducer]
+        dtype, typ = _FIXED_OUT["int64" if reducer == "count" else value_type]
+        width = np.dtype(dtype).itemsize
         valid_np = np.zeros(max(n, 1), np.uint8)
         valid = valid_np
+        vals = np.zeros(max(n, 1), dtype)
+        out_bytes = vals.view(np.uint8)
+        out_base = &out_bytes[0]
+        self._claim()
         try:
-            if value_type == "int64" or reducer == "count":
-                vals = np.zeros(max(n, 1), np.int64)
-                ivals = vals
-                with nogil:
-                    c.add_batch(self.table[0], spec, k.input, vt, red, v.input, &ivals[0],
-                                &valid[0], tspec, &expired)
-                typ = pa.int64()
-            else:
-                vals = np.zeros(max(n, 1), np.float64)
-                fvals = vals
-                with nogil:
-                    c.add_batch(self.table[0], spec, k.input, vt, red, v.input, &fvals[0],
-                                &valid[0], tspec, &expired)
-                typ = pa.float64()
+            with nogil:
+                # The first chunk's kernel validates it before touching anything.
+                for j in range(1, nchunks):
+                    c.validate_batch(self.table[0], spec, k.inputs[j], vt, c.BatchOp.Add,
+                                     red, v.inputs[j], tspec)
+                for j in range(nchunks):
+                    c.add_batch(self.table[0], spec, k.inputs[j], vt, red, v.inputs[j],
+                                out_base + k.starts[j] * width, &valid[k.starts[j]], tspec,
+                                &chunk_expired)
+                    expired += chunk_expired
+                    chunk_expired = 0
         except ValueError as e:
             raise InvalidInputError(str(e)) from None
         finally:
+            self.busy = 0
+            expired += chunk_expired
             if expired and count_expired is not None:
                 count_expired(expired)
-        return pa.Array.from_buffers(typ, n, [_bitmap(valid[:n], n), pa.py_buffer(vals[:n])])
+        if typ == pa.bool_():
+            buf = pa.py_buffer(np.packbits(vals[:n], bitorder="little"))
+        else:
+            buf = pa.py_buffer(vals[:n])
+        return pa.Array.from_buffers(typ, n, [_bitmap(valid[:n], n), buf])
+
+
+cdef _concat_var(vector[vector[int64_t]]& offsets, vector[vector[uint8_t]]& data, int64_t n):
+    """One int64 offsets array and one data array from get_batch_var's per-chunk outputs."""
+    cdef size_t j, total = 0
+    cdef int64_t i, base = 0, row = 0, m
+    for j in range(data.size()):
+        total += data[j].size()
+    off_np = np.zeros(n + 1, np.int64)
+    data_np = np.empty(total, np.uint8)
+    cdef int64_t[::1] off = off_np
+    cdef uint8_t[::1] dst = data_np
+    for j in range(offsets.size()):
+        m = <int64_t>offsets[j].size() - 1
+        for i in range(m):
+            off[row + i + 1] = base + offsets[j][i + 1]
+        if data[j].size():
+            memcpy(&dst[base], data[j].data(), data[j].size())
+        row += m
+        base += data[j].size()
+    return off_np, data_np
 
 
 # ----------------------------------------------------------------------------- async snapshot writer

@@ -164,6 +164,13 @@ cdef extern from "statecore/batch.h" namespace "statecore" nogil:
         Float64
         String
         Binary
+        Int32
+        Bool
+
+    cdef enum class BatchOp(uint8_t):
+        Get
+        Put
+        Add
 
     cdef enum class Reducer(uint8_t):
         Sum
@@ -203,6 +210,10 @@ cdef extern from "statecore/batch.h" namespace "statecore" nogil:
                    ValueType value_type, Reducer reducer, ArrowInput values,
                    void* out_values, uint8_t* out_valid, const TtlBatchSpec& ttl,
                    int64_t* expired) except +
+    size_t value_width(ValueType t)
+    void validate_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
+                        ValueType value_type, BatchOp op, Reducer reducer, ArrowInput values,
+                        const TtlBatchSpec& ttl) except +
 
 
 cdef extern from *:

@@ -116,7 +116,8 @@ class TimerService:
 
         b = self._backend
         arr = base.coerce_key_array(keys, b.key_type)
-        ts = base.as_arrow_array(timestamps, "timestamps")
+        ts = base.as_arrow_array(timestamps, "timestamps",
+                                 lambda t: pa.types.is_integer(t) or pa.types.is_timestamp(t))
         if len(ts) != len(arr):
             raise InvalidInputError(f"timestamps have {len(ts)} rows but keys have {len(arr)}")
         if ts.null_count:
@@ -124,8 +125,9 @@ class TimerService:
         vals = epoch_ms(ts).to_pylist()
         if namespaces is None:
             nss = [self._ns_ser.check(None)] * len(arr)
-        elif isinstance(namespaces, (pa.Array, pa.ChunkedArray)) or hasattr(namespaces, "__arrow_c_array__"):
-            ns_arr = base.as_arrow_array(namespaces, "namespaces")
+        elif base.is_arrow_input(namespaces):
+            ns_arr = base.as_arrow_array(namespaces, "namespaces",
+                                         lambda t: t in base.arrow_types_of(self.namespace_type))
             if len(ns_arr) != len(arr):
                 raise InvalidInputError(f"namespaces have {len(ns_arr)} rows but keys have {len(arr)}")
             if self.namespace_type == "void":

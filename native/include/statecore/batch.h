@@ -7,8 +7,10 @@
 // the same bytes as KeyEncoder in key_codec.h), kg from the spec's Assigner (key_groups.h), so the
 // per-record Python path and these kernels read and write the same entries.
 //
-// Values are stored as docs/architecture.md "Values" says: int64 / float64 as 8 bytes
-// little-endian, string as UTF-8 bytes, binary as raw bytes.
+// Values are stored as docs/architecture.md "Values" says (the reference serializers,
+// statecore/serializers.py): int64 / float64 as 8 bytes little-endian, int32 as 4 bytes
+// little-endian, bool as one byte 00/01 (any nonzero byte reads as true), string as UTF-8 bytes,
+// binary as raw bytes.
 //
 // Validation happens BEFORE any mutation: a BatchError leaves the table exactly as it was. Checked
 // up front: the Arrow structs (format, buffers, offsets), key/value formats against the declared
@@ -64,16 +66,21 @@ class BatchError : public std::invalid_argument {
 };
 
 // Value type of the state (its descriptor's value type). Accepted Arrow formats per type:
-// Int64 <- "l", Float64 <- "g", String <- "u" or "U", Binary <- "z" or "Z".
-enum class ValueType : uint8_t { Int64, Float64, String, Binary };
+// Int64 <- "l", Float64 <- "g", Int32 <- "i", Bool <- "b", String <- "u" or "U", Binary <- "z"
+// or "Z". Int64, Float64, Int32 and Bool are the fixed-width types (8, 8, 4, 1 stored bytes).
+enum class ValueType : uint8_t { Int64, Float64, String, Binary, Int32, Bool };
 
-// Reducing functions of add_batch. Sum/Min/Max keep the value type (Int64 or Float64); Count
-// keeps an int64 count of non-null values (any supported value format; only validity is read).
-// Int64 Sum that overflows throws BatchError and leaves the table as before the batch (the
-// reference backend's rule; an undo log makes it exact). Min/Max follow Python's
+// Stored width of a fixed-width value type (without the TTL timestamp), 0 for String/Binary.
+size_t value_width(ValueType t);
+
+// Reducing functions of add_batch. Sum/Min/Max keep the value type (Int64, Float64 or Int32;
+// not Bool, which the reference rejects for them); Count keeps an int64 count of non-null values
+// (any supported value format; only validity is read). An Int64 or Int32 Sum that overflows its
+// type throws BatchError and leaves the table as before the batch (the reference backend's rule;
+// an undo log makes it exact). Min/Max follow Python's
 // min(acc, v)/max(acc, v): the accumulator is replaced only when v < acc (resp. v > acc), so a NaN
 // value never replaces an accumulator and a NaN accumulator is never replaced.
-// First keeps the first value added, Last the latest (any fixed-width value type, like Min/Max).
+// First keeps the first value added, Last the latest (any fixed-width value type, Bool included).
 enum class Reducer : uint8_t { Sum, Min, Max, Count, First, Last };
 
 // How keys map to entries of the table.
@@ -108,13 +115,14 @@ struct ArrowInput {
   const ArrowArray* array = nullptr;
 };
 
-// Looks up every key. For fixed-width value types (Int64, Float64):
-//   out_values: int64_t[n] (Int64) or double[n] (Float64), n = keys length; written for present
-//               keys, 0 for absent ones;
+// Looks up every key. For fixed-width value types (Int64, Float64, Int32, Bool):
+//   out_values: int64_t[n] (Int64), double[n] (Float64), int32_t[n] (Int32) or uint8_t[n] 0/1
+//               (Bool), n = keys length; written for present keys, 0 for absent ones;
 //   out_valid:  uint8_t[n] byte map, 1 = present, 0 = absent (-> null in the Arrow result).
 // Both may be null only when n == 0. Throws BatchError on bad input (see above) or when value_type
 // is not fixed-width. Without TTL it does not modify the table; with TTL it removes the expired
-// entries it reads and renews read ones under update_on_read (stored width then 8 + 8 bytes), and
+// entries it reads and renews read ones under update_on_read (stored width then
+// value_width + 8 bytes), and
 // `expired` (may be null) receives the number of expired entries removed.
 void get_batch_fixed(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                      ValueType value_type, void* out_values, uint8_t* out_valid,
@@ -143,12 +151,13 @@ void put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys, Val
 
 // Folds values[i] into the state of keys[i] with `reducer`, in row order, and writes the
 // aggregate AFTER each row:
-//   out_values: int64_t[n] (Int64 state, and always for Count) or double[n] (Float64 state);
+//   out_values: as get_batch_fixed for the state's type (int64_t[n] always for Count);
 //   out_valid:  uint8_t[n], 1 = an aggregate exists, 0 = none (null in the Arrow result).
 // An absent state starts at the first non-null value (Count: 1). A null value leaves the state
 // unchanged and outputs the current aggregate (null when none). value_type is the state's type:
-// Int64 or Float64 for Sum/Min/Max (values "l" / "g"), Int64 for Count (values any supported
-// format). Throws BatchError before any mutation on bad input.
+// Int64, Float64 or Int32 for Sum/Min/Max, any fixed-width type for First/Last (values of the
+// type's format), Int64 for Count (values any supported format). Throws BatchError before any
+// mutation on bad input.
 // With TTL (see "TTL" above): a row with a value folds into the unexpired aggregate, writes
 // aggregate | now and outputs the aggregate; a null row outputs what get_batch would (removing an
 // expired aggregate, showing it once under return_expired, renewing under update_on_read).
@@ -158,5 +167,20 @@ void put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys, Val
 void add_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys, ValueType value_type,
                Reducer reducer, ArrowInput values, void* out_values, uint8_t* out_valid,
                const TtlBatchSpec& ttl = TtlBatchSpec(), int64_t* expired = nullptr);
+
+// The kernel a validate_batch call stands for.
+enum class BatchOp : uint8_t { Get, Put, Add };
+
+// The validation pass of one kernel call, without the kernel: throws the BatchError that
+// get_batch_fixed/get_batch_var (op Get; `values` ignored), put_batch (Put) or add_batch (Add,
+// with `reducer`) would throw before modifying anything for the same arguments, and returns
+// normally when that kernel would pass validation. Never touches the table. A caller applying one
+// logical batch as several kernel calls (one per chunk of an Arrow stream) validates every chunk
+// first, so bad input in a later chunk raises before an earlier chunk is applied. What only the
+// apply pass can detect (an Int64/Int32 Sum overflow, a stored value of the wrong width) is not
+// covered: such callers must not split an overflow-checked Sum.
+void validate_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
+                    ValueType value_type, BatchOp op, Reducer reducer, ArrowInput values,
+                    const TtlBatchSpec& ttl = TtlBatchSpec());
 
 }  // namespace statecore

@@ -33,14 +33,24 @@ Batch API (``get_batch``/``put_batch``/``clear_batch``/``contains_batch`` on Val
 ``put_batch``/``get_batch``/``contains_batch``/``remove_batch``/``clear_batch`` on MapState, one
 row per (key, user key)) -- does not change the backend's current key:
 
-* ``keys``: a pa.Array, pa.ChunkedArray or any object with ``__arrow_c_array__`` whose type is
+* Arrow inputs (keys, values, namespaces, map user keys, timer timestamps) are read through
+  :func:`import_arrow`: a pa.Array, a pa.ChunkedArray, any object with ``__arrow_c_stream__``
+  (the Arrow C stream interface: pyarrow Table/RecordBatchReader/ChunkedArray, polars Series and
+  DataFrames, nanoarrow streams, ...; read to its end before any state changes, its chunks kept
+  as the producer's buffers) or with ``__arrow_c_array__`` (pa.RecordBatch, nanoarrow arrays,
+  ...). A record batch or record-batch stream with exactly one column is read as that column
+  where a column is expected (not for ``count`` / aggregating values, which take any type as
+  it comes: there a struct is a value). A stream that fails mid-way raises InvalidInputError
+  and changes nothing. Chunk boundaries need not match between the inputs of one call.
+* ``keys``: such an input whose type is
   exactly the key type's Arrow type: int32, int64, uint64, float64, bool; timestamp of the key
   type's unit (any time zone); string or large_string; binary or large_binary;
-  fixed_size_binary(N) of the key type's width; for a multi-column key a struct array whose
-  fields have those types in order (any names), or a list/tuple of one array per column. Sliced
-  arrays (offset != 0) and chunked arrays are honoured. A null key (or a null field of a
-  multi-column key), a wrong type, or a key outside the key-group range raise InvalidInputError
-  before anything changes.
+  fixed_size_binary(N) of the key type's width; for a multi-column key a struct array (or a
+  stream of record batches of the key columns) whose fields have those types in order (any
+  names), or a list/tuple of one input per column. Sliced arrays (offset != 0) and chunked
+  arrays are honoured. A null key (or a null field of a multi-column key), a wrong type, or a
+  key outside the key-group range raise InvalidInputError before anything changes, in
+  whichever chunk they are.
 * ``values``: same length as ``keys`` (else InvalidInputError) and the value type's Arrow type
   (``ValueSerializer.arrow_type``; large_string/large_binary accepted). For a ``count`` reducer any
   Arrow type is accepted. States whose value type is ``pickle`` do not support the batch API
@@ -64,6 +74,17 @@ row per (key, user key)) -- does not change the backend's current key:
 * Outputs: pa.Array of the value type's Arrow type (``count`` -> int64), one row per input row;
   ``add_batch`` returns the running aggregate after each row.
 * A batch that raises leaves every state exactly as it was.
+
+Thread contract (both backends): a backend -- its states, timers, ``snapshot``, ``restore``,
+``close`` -- is used by one thread at a time. The native backend's batch kernels run without the
+GIL (the Arrow import and validation in Python hold it; the kernel loops, chunk after chunk,
+do not), so while one runs, other Python threads run too: they may use *other* backends (their
+kernels then run in parallel: kernels share no mutable state) and read snapshots taken earlier
+(copy-on-write isolates them, as for asynchronous checkpoints), but must not call anything on
+this backend; a call on a state whose kernel is running in another thread raises StateError
+instead of racing (a guard, not a lock: misuse across different states is not detected). The producer's Arrow buffers are read in place until
+the call returns and must not be modified meanwhile. The pure-Python backend never releases the
+GIL in a batch call.
 
 Snapshots: :meth:`KeyedStateBackend.snapshot` returns a :class:`StateSnapshot` that is isolated
 from later writes. :meth:`KeyedStateBackend.restore` loads the key groups of the snapshot that
@@ -172,22 +193,78 @@ class StateSnapshot(Protocol):
 
 # --------------------------------------------------------------------------- batch helpers
 
-def as_arrow_array(obj, what: str) -> pa.Array:
-    """A pa.Array from a pa.Array, pa.ChunkedArray (chunks combined) or ``__arrow_c_array__``
-    object; InvalidInputError for anything else."""
-    if isinstance(obj, pa.ChunkedArray):
-        return obj.combine_chunks() if obj.num_chunks != 1 else obj.chunk(0)
-    if isinstance(obj, pa.Array):
-        return obj
-    if hasattr(obj, "__arrow_c_array__"):
+def is_arrow_input(obj) -> bool:
+    """Whether the batch API reads ``obj`` as an Arrow column (:func:`import_arrow`): a pa.Array,
+    a pa.ChunkedArray, or any object with ``__arrow_c_stream__`` or ``__arrow_c_array__``."""
+    return (isinstance(obj, (pa.Array, pa.ChunkedArray)) or hasattr(obj, "__arrow_c_stream__")
+            or hasattr(obj, "__arrow_c_array__"))
+
+
+def import_arrow(obj, what: str, accepts=None):
+    """One batch column as a pa.Array or pa.ChunkedArray, without copying any buffer.
+
+    Accepted: a pa.Array or pa.ChunkedArray (as is); an object with ``__arrow_c_stream__`` (the
+    Arrow C stream interface: pyarrow ChunkedArray/Table/RecordBatchReader, polars Series and
+    DataFrames, nanoarrow streams, ...), read to its end here -- before the caller touches any
+    state -- and held as a ChunkedArray of the producer's own buffers; an object with only
+    ``__arrow_c_array__`` (pa.RecordBatch, nanoarrow arrays, ...). A stream is preferred when an
+    object has both, since it keeps the producer's chunks instead of having it concatenate them.
+
+    A record batch (a struct without nulls at the top level) with exactly one column is read as
+    that column when ``accepts(type)`` (a predicate on Arrow types, the caller's expected
+    types) rejects the struct but takes the column's type: a one-column RecordBatchReader or
+    DataFrame is a column. ``accepts=None`` never unwraps.
+
+    Raises InvalidInputError for anything else, or when the producer fails (an export error, a
+    stream that errors mid-way: nothing has changed then)."""
+    if isinstance(obj, (pa.Array, pa.ChunkedArray)):
+        arr = obj
+    elif hasattr(obj, "__arrow_c_stream__"):
         try:
-            return pa.array(obj)
+            arr = pa.chunked_array(obj)
+        except Exception as e:
+            raise InvalidInputError(f"{what}: reading the Arrow C stream failed: "
+                                    f"{type(e).__name__}: {e}") from e
+    elif hasattr(obj, "__arrow_c_array__"):
+        try:
+            arr = pa.array(obj)
         except Exception as e:
             raise InvalidInputError(f"{what}: cannot import through the Arrow C data interface: {e}") from e
-    raise InvalidInputError(
-        f"{what} must be a pyarrow Array/ChunkedArray or implement __arrow_c_array__, "
-        f"got {type(obj).__name__}"
-    )
+    else:
+        raise InvalidInputError(
+            f"{what} must be a pyarrow Array/ChunkedArray or implement __arrow_c_stream__ or "
+            f"__arrow_c_array__, got {type(obj).__name__}"
+        )
+    t = arr.type
+    if (accepts is not None and pa.types.is_struct(t) and t.num_fields == 1
+            and not accepts(t) and accepts(t.field(0).type) and not arr.null_count):
+        if isinstance(arr, pa.ChunkedArray):
+            arr = pa.chunked_array([c.field(0) for c in arr.chunks], t.field(0).type)
+        else:
+            arr = arr.field(0)
+    return arr
+
+
+def combined(arr):
+    """``arr`` (pa.Array or pa.ChunkedArray) as one pa.Array: a ChunkedArray of several chunks
+    is concatenated (a copy), of one chunk unwrapped (no copy)."""
+    if isinstance(arr, pa.ChunkedArray):
+        if arr.num_chunks == 1:
+            return arr.chunk(0)
+        return arr.combine_chunks() if arr.num_chunks else pa.array([], arr.type)
+    return arr
+
+
+def as_arrow_array(obj, what: str, accepts=None) -> pa.Array:
+    """:func:`import_arrow` as one pa.Array (several chunks are concatenated: a copy; the
+    reference backend converts rows to Python objects anyway)."""
+    return combined(import_arrow(obj, what, accepts))
+
+
+def arrow_types_of(type_name: str) -> tuple:
+    """The Arrow types the batch API accepts for statecore type ``type_name`` (empty for a
+    type without any, e.g. pickle)."""
+    return _ARROW_TYPES.get(type_name, ())
 
 
 def check_arrow_type(arr: pa.Array, type_name: str, what: str) -> None:
@@ -202,8 +279,9 @@ def check_arrow_type(arr: pa.Array, type_name: str, what: str) -> None:
         )
 
 
-def coerce_key_array(keys, key_type) -> pa.Array:
-    """Validate a batch of keys (see module docstring) and return it as one pa.Array: the key
+def coerce_key_array(keys, key_type, combine: bool = True):
+    """Validate a batch of keys (see module docstring) and return it as one pa.Array, or with
+    ``combine=False`` as imported (a pa.ChunkedArray stays chunked: no copy): the key
     type's Arrow type (:meth:`statecore.key_types.KeyType.accepts`), no null key and, for a
     multi-column key, no null field. A multi-column key type also takes a list/tuple of arrays
     (one per column, equal lengths), combined into a struct array. InvalidInputError names what
@@ -212,7 +290,7 @@ def coerce_key_array(keys, key_type) -> pa.Array:
     if kt.is_struct and isinstance(keys, (list, tuple)):
         arr = _struct_from_columns(keys, kt)
     else:
-        arr = as_arrow_array(keys, "keys")
+        arr = import_arrow(keys, "keys", kt.accepts)
     if not kt.accepts(arr.type):
         raise InvalidInputError(
             f"keys must have Arrow type {kt.describe_arrow()} (key type {kt.name}), got {arr.type}")
@@ -220,24 +298,29 @@ def coerce_key_array(keys, key_type) -> pa.Array:
         raise InvalidInputError(f"keys contain {arr.null_count} null(s) (first at row "
                                 f"{_first_null(arr)}); keys must not be null")
     if kt.is_struct:
+        chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
         for i in range(len(kt.fields)):
-            f = arr.field(i)
-            if f.null_count:
+            fields = [c.field(i) for c in chunks]
+            nulls = sum(f.null_count for f in fields)
+            if nulls:
                 raise InvalidInputError(
-                    f"keys: field {i} ({arr.type.field(i).name!r}) has {f.null_count} null(s) "
-                    f"(first at row {_first_null(f)}); a multi-column key must not have null fields")
-    return arr
+                    f"keys: field {i} ({arr.type.field(i).name!r}) has {nulls} null(s) "
+                    f"(first at row {_first_null(pa.chunked_array(fields, arr.type.field(i).type))})"
+                    "; a multi-column key must not have null fields")
+    return combined(arr) if combine else arr
 
 
-def _first_null(arr: pa.Array) -> int:
-    return int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
+def _first_null(arr) -> int:
+    return int(np.flatnonzero(combined(arr).is_null().to_numpy(zero_copy_only=False))[0])
 
 
 def _struct_from_columns(columns, kt) -> pa.Array:
     if len(columns) != len(kt.fields):
         raise InvalidInputError(f"keys: {len(columns)} arrays for key type {kt.name}, which has "
                                 f"{len(kt.fields)} columns")
-    arrays = [as_arrow_array(c, f"keys[{i}]") for i, c in enumerate(columns)]
+    # Chunked columns are combined here (a copy): the struct array needs one child per column.
+    arrays = [as_arrow_array(c, f"keys[{i}]", f.accepts)
+              for i, (c, f) in enumerate(zip(columns, kt.fields))]
     if len({len(a) for a in arrays}) > 1:
         raise InvalidInputError(f"keys: the column arrays differ in length "
                                 f"({', '.join(str(len(a)) for a in arrays)})")
@@ -253,17 +336,21 @@ def key_pylist(arr: pa.Array, key_type) -> list:
     return KT.key_type(key_type).to_pylist(arr)
 
 
-def coerce_value_array(values, value_type: str, length: int, any_type: bool = False) -> pa.Array:
+def coerce_value_array(values, value_type: str, length: int, any_type: bool = False,
+                       combine: bool = True):
     """Validate a batch of values: length ``length`` and the value type's Arrow type (any type
-    when ``any_type``). Nulls are allowed (their meaning depends on the operation)."""
+    when ``any_type``, taken as is). Nulls are allowed (their meaning depends on the
+    operation). One pa.Array, or with ``combine=False`` as imported (see
+    :func:`coerce_key_array`)."""
     if value_type == "pickle":
         raise InvalidInputError("the batch API needs a typed value (not pickle) state")
-    arr = as_arrow_array(values, "values")
+    accepts = None if any_type else (lambda t: t in _ARROW_TYPES[value_type])
+    arr = import_arrow(values, "values", accepts)
     if len(arr) != length:
         raise InvalidInputError(f"values have {len(arr)} rows but keys have {length}")
     if not any_type:
         check_arrow_type(arr, value_type, "values")
-    return arr
+    return combined(arr) if combine else arr
 
 
 def resolve_batch_namespaces(namespaces, state: "State", length: int) -> list:
@@ -273,8 +360,8 @@ def resolve_batch_namespaces(namespaces, state: "State", length: int) -> list:
         return [state._require_namespace()] * length
     if ns_type == "void":
         raise InvalidInputError("a state with the void namespace accepts only namespaces=None")
-    if isinstance(namespaces, (pa.Array, pa.ChunkedArray)) or hasattr(namespaces, "__arrow_c_array__"):
-        arr = as_arrow_array(namespaces, "namespaces")
+    if is_arrow_input(namespaces):
+        arr = as_arrow_array(namespaces, "namespaces", lambda t: t in _ARROW_TYPES[ns_type])
         if len(arr) != length:
             raise InvalidInputError(f"namespaces have {len(arr)} rows but keys have {length}")
         check_arrow_type(arr, ns_type, "namespaces")

@@ -12,13 +12,28 @@ per-record path is kept short: ``set_current_key`` validates the key, computes i
 builds ``prefix | ser(key)`` in one native call (``_native.KeyEncoder``); each state object caches
 its encoded key for the current key and its current namespace (``_NativeState``); stored values
 of every state kind are converted in Cython (``NativeStateTable.get_stored`` / ``put_stored``).
-What differs is where the bytes live and the batch paths: ``get_batch``/``put_batch`` on value
-state and ``get_batch``/``add_batch`` on reducing state with built-in reducers, for the VoidNamespace and
-int64/float64/string/binary values (and every key type, multi-column keys included: the kernels
-hash and encode the key arrays themselves, native/include/statecore/key_columns.h), run as
-native kernels that read the Arrow buffers through the
-C Data Interface (no Python object per row) with the GIL released. Other batch calls (namespaced
-rows, pickle or bool values, custom reducers) take the per-row path and behave identically.
+What differs is where the bytes live and the batch paths: ``get_batch``/``put_batch`` (and
+``contains_batch``) on value state and ``get_batch``/``add_batch`` on reducing state with
+built-in reducers, for the VoidNamespace and int64/float64/int32/bool/string/binary values
+(large_string/large_binary input accepted; ``sum``/``min``/``max`` on int64/float64/int32,
+``first``/``last`` on any fixed-width type, ``count`` of values of any flat type), and every key
+type, multi-column keys included (the kernels hash and encode the key arrays themselves,
+native/include/statecore/key_columns.h), run as native kernels that read the Arrow buffers
+through the C Data Interface (no Python object per row) with the GIL released. Other batch calls
+(namespaced rows, pickle values, custom reducers, list/map/aggregating state, timers, clear)
+take the per-row path and behave identically.
+
+Chunked input (a ChunkedArray, an ``__arrow_c_stream__`` object; ``base.import_arrow``): the
+kernels read the chunks in place, one kernel call per chunk (keys and values sliced -- views, no
+copy -- where their chunk boundaries differ), all inside one GIL release; every later chunk is
+validated (``validate_batch``) before the first is applied (the first chunk's kernel validates
+it before touching anything; a get without TTL changes nothing and needs no pass ahead), so
+bad input anywhere leaves the state unchanged. That pass hashes the keys of the later chunks
+once more (for the key-group check), which costs about what combining them would copy. Copies remain where they are cheaper or needed: chunks averaging fewer than
+``_MIN_ROWS_PER_CHUNK`` rows are combined first (per-call costs would exceed a copy); an
+int64/int32 ``sum`` batch is combined into one kernel call (its overflow rollback covers one
+call); a multi-column key given as a list of chunked columns is combined per column; outputs
+are one new array. The per-row paths combine chunks too (they build Python objects anyway).
 TTL-enabled value/reducing states use the same kernels with TTL on (batch.h "TTL": the value
 bytes carry the timestamp suffix; reads remove expired entries and renew, writes stamp the
 batch's one clock reading); their semantics are ttl_states.py's, row for row.
@@ -34,7 +49,11 @@ snapshot, so the backend remembers, per snapshot id not yet completed, each tabl
 every table after its bulk load. An incremental snapshot lists ``changes(kg, base)`` with the
 table's base as of snapshot time.
 
-Thread contract: one thread uses a backend at a time; a snapshot may be read from another thread.
+Thread contract (``statecore.backends.base`` module docstring has the full text): one thread uses
+a backend at a time; a snapshot may be read from another thread. The kernels release the GIL;
+meanwhile other threads may use other backends (in parallel), never this one -- a call on a
+state whose kernel is running raises StateError (``NativeStateTable``'s busy mark) -- and the
+input buffers must stay unmodified until the call returns.
 """
 
 from __future__ import annotations
@@ -399,8 +418,13 @@ class NativeBackend(py.PythonBackend):
 
 # --------------------------------------------------------------------------- batch fast paths
 
-_COUNT_KERNEL_TYPES = (pa.int64(), pa.float64(), pa.string(), pa.large_string(), pa.binary(),
-                       pa.large_binary())
+_COUNT_KERNEL_TYPES = (pa.int64(), pa.float64(), pa.int32(), pa.uint64(), pa.bool_(), pa.string(),
+                       pa.large_string(), pa.binary(), pa.large_binary())
+
+
+def _count_kernel_ok(t: pa.DataType) -> bool:
+    # The Count kernel reads only validity, of any flat type the native ArrayView parses.
+    return t in _COUNT_KERNEL_TYPES or pa.types.is_timestamp(t) or pa.types.is_fixed_size_binary(t)
 
 
 def _kernel_ok(state, namespaces) -> bool:
@@ -408,10 +432,41 @@ def _kernel_ok(state, namespaces) -> bool:
             and state._ser.name in _native.BATCH_VALUE_TYPES)
 
 
-def _key_array(state, keys) -> pa.Array:
-    # A chunked array is combined into one (a copy, as_arrow_array) before the kernel; a single
-    # array, sliced or not, is read in place.
-    return base.coerce_key_array(keys, state.backend.key_type)
+def _key_array(state, keys):
+    """Validated keys as imported: a pa.Array, or a pa.ChunkedArray whose chunks the kernels
+    read in place (see _kernel_chunks)."""
+    return base.coerce_key_array(keys, state.backend.key_type, combine=False)
+
+
+#: Below this many rows per chunk on average a chunked batch is combined into one array (a copy)
+#: before the kernels: every chunk costs a kernel call (export, validation, setup), which a copy
+#: of a small chunk undercuts; large chunks are read in place.
+_MIN_ROWS_PER_CHUNK = 4096
+
+
+def _kernel_chunks(*columns, single: bool = False) -> list:
+    """The columns (pa.Array or pa.ChunkedArray, equal lengths) as lists of equally long
+    chunks, one kernel call per chunk: the chunk boundaries are the union of every column's, a
+    chunk of one column that spans a boundary of another is sliced (a view, no copy). Combined
+    into one chunk per column (a copy) when ``single`` (a kernel call must see the whole batch)
+    or when the chunks are small (_MIN_ROWS_PER_CHUNK)."""
+    chunk_lists = [c.chunks if isinstance(c, pa.ChunkedArray) else [c] for c in columns]
+    total = len(columns[0])
+    bounds = sorted({0, total}.union(*(
+        np.cumsum([len(ch) for ch in chunks]).tolist() for chunks in chunk_lists)))
+    parts = len(bounds) - 1
+    if parts <= 1 or single or total < _MIN_ROWS_PER_CHUNK * parts:
+        return [[base.combined(c)] for c in columns]
+    out = []
+    for chunks in chunk_lists:
+        sliced, ci, start = [], 0, 0
+        for a, b in zip(bounds, bounds[1:]):
+            while start + len(chunks[ci]) <= a:  # skips empty chunks too
+                start += len(chunks[ci])
+                ci += 1
+            sliced.append(chunks[ci].slice(a - start, b - a))
+        out.append(sliced)
+    return out
 
 
 def _cast_out(arr: pa.Array, ser) -> pa.Array:
@@ -432,7 +487,8 @@ class _KernelGet:
         b._check_open()
         arr = _key_array(self, keys)
         ttl = self._ttl_args(len(arr))
-        out = self._table.native.get_batch(arr, b.key_type, b.assigner, b.max_parallelism,
+        (kc,) = _kernel_chunks(arr)
+        out = self._table.native.get_batch(kc, b.key_type, b.assigner, b.max_parallelism,
                                            self._ser.name, ttl=ttl,
                                            count_expired=_count_read(b) if ttl else None)
         return _cast_out(out, self._ser)
@@ -498,14 +554,15 @@ class _FastValue(_KernelGet, py._Value, _NativeState):
         b = self.backend
         b._check_open()
         arr = _key_array(self, keys)
-        vals = base.coerce_value_array(values, self._ser.name, len(arr))
-        self._table.native.put_batch(arr, vals, b.key_type, b.assigner, b.max_parallelism,
+        vals = base.coerce_value_array(values, self._ser.name, len(arr), combine=False)
+        kc, vc = _kernel_chunks(arr, vals)
+        self._table.native.put_batch(kc, vc, b.key_type, b.assigner, b.max_parallelism,
                                      self._ser.name, ttl=self._ttl_args(len(arr)))
 
 
 def _reducer_kernel_ok(state, namespaces) -> bool:
     return (_kernel_ok(state, namespaces) and state.descriptor.reducer.name in _native.BATCH_REDUCERS
-            and state._ser.name in ("int64", "float64"))
+            and state._ser.name in ("int64", "float64", "int32", "bool"))
 
 
 class _FastReducing(_KernelGet, py._Reducing, _NativeState):
@@ -516,11 +573,15 @@ class _FastReducing(_KernelGet, py._Reducing, _NativeState):
         b._check_open()
         arr = _key_array(self, keys)
         is_count = self.descriptor.reducer.name == "count"
-        vals = base.coerce_value_array(values, self._ser.name, len(arr), any_type=is_count)
-        if is_count and vals.type not in _COUNT_KERNEL_TYPES:
+        vals = base.coerce_value_array(values, self._ser.name, len(arr), any_type=is_count,
+                                       combine=False)
+        if is_count and not _count_kernel_ok(vals.type):
             return super().add_batch(arr, vals, namespaces)
         ttl = self._ttl_args(len(arr))
-        out = self._table.native.add_batch(arr, vals, b.key_type, b.assigner, b.max_parallelism,
+        # An integer sum's overflow rollback covers one kernel call: its batch is one chunk.
+        kc, vc = _kernel_chunks(arr, vals, single=self.descriptor.reducer.name == "sum"
+                                and self._ser.name in ("int64", "int32"))
+        out = self._table.native.add_batch(kc, vc, b.key_type, b.assigner, b.max_parallelism,
                                            self._ser.name, self.descriptor.reducer.name, ttl=ttl,
                                            count_expired=_count_read(b) if ttl else None)
         return _cast_out(out, self._ser)

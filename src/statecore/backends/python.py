@@ -750,7 +750,9 @@ class _List(_PyState, base.ListState):
     def append_batch(self, keys, values, namespaces=None) -> None:
         t = self._typed("append_batch")
         arr = base.coerce_key_array(keys, self.backend.key_type)
-        vals = base.as_arrow_array(values, "values")
+        elem = base.arrow_types_of(self._ser.name)
+        vals = base.as_arrow_array(values, "values", lambda t: t in elem or (
+            (pa.types.is_list(t) or pa.types.is_large_list(t)) and t.value_type in elem))
         if len(vals) != len(arr):
             raise InvalidInputError(f"values have {len(vals)} rows but keys have {len(arr)}")
         if pa.types.is_list(vals.type) or pa.types.is_large_list(vals.type):
@@ -834,7 +836,8 @@ class _Map(_PyState, base.MapState):
     def _user_keys(self, user_keys, length: int) -> list:
         if self._uks.name == "pickle":
             raise InvalidInputError("the batch API needs a typed user key (not pickle) map state")
-        arr = base.as_arrow_array(user_keys, "user_keys")
+        arr = base.as_arrow_array(user_keys, "user_keys",
+                                  lambda t: t in base.arrow_types_of(self._uks.name))
         if len(arr) != length:
             raise InvalidInputError(f"user_keys have {len(arr)} rows but keys have {length}")
         base.check_arrow_type(arr, self._uks.name, "user_keys")

@@ -52,6 +52,27 @@ class AverageAggregate(AggregateFunction):
         return acc[0] / acc[1] if acc[1] else None
 
 
+class _StreamOnly:
+    """Exposes only ``__arrow_c_stream__`` of ``obj`` (what e.g. a polars or nanoarrow object
+    offers), so tests do not lean on pyarrow's own types."""
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __arrow_c_stream__(self, requested_schema=None):
+        return self.obj.__arrow_c_stream__(requested_schema)
+
+
+class _ArrayOnly:
+    """Exposes only ``__arrow_c_array__`` of ``obj``."""
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __arrow_c_array__(self, requested_schema=None):
+        return self.obj.__arrow_c_array__(requested_schema)
+
+
 class TamperedSnapshot:
     """A snapshot that hands out ``mangle(keys, values)`` instead of the non-empty entries of
     state ``state`` of ``inner`` (for tests of restores of malformed snapshots)."""
@@ -664,6 +685,237 @@ class BackendConformance(KeyTypeConformance):
         v = b.get_state(ValueStateDescriptor("v", "string"))
         v.put_batch(Wrapped(pa.array(["a", "b"])), Wrapped(pa.array(["x", "y"])))
         assert v.get_batch(pa.array(["b", "a", "c"], pa.large_string())).to_pylist() == ["y", "x", None]
+
+    # ------------------------------------------------------------------ Arrow streams
+    @staticmethod
+    def _column(values, type_, form: str, name: str = "c"):
+        """One batch column in the input form ``form``: "array", "chunked" (a ChunkedArray of an
+        empty, a sliced and a plain chunk), "stream" (an object exposing only
+        ``__arrow_c_stream__`` over such chunks), "table" (a one-column Table behind only
+        ``__arrow_c_stream__``: a record-batch stream) or "c_array" (only ``__arrow_c_array__``
+        over a sliced array). Streams can be read once: build one per call."""
+        arr = pa.array(values, type_)
+        if form == "array":
+            return arr
+        if form == "c_array":
+            padded = pa.concat_arrays([pa.array(values[:1] * 3, type_), arr]) if values else arr
+            return _ArrayOnly(padded.slice(3) if values else arr)
+        cut = len(arr) // 3
+        padded = pa.concat_arrays([pa.array(values[:1] * 2, type_), arr.slice(cut)]) \
+            if values else arr
+        chunks = [arr.slice(0, 0), arr.slice(0, cut), padded.slice(2) if values else arr]
+        ca = pa.chunked_array(chunks, type_)
+        if form == "chunked":
+            return ca
+        if form == "stream":
+            return _StreamOnly(ca)
+        if form == "table":
+            return _StreamOnly(pa.table({name: ca}))
+        raise ValueError(form)
+
+    def _stream_program(self, form: str):
+        def col(values, type_):
+            return self._column(values, type_, form)
+
+        def program(b):
+            from statecore.ttl import StateTtlConfig
+
+            n = 40
+            keys = [(i * 7) % 13 for i in range(n)]
+            ints = [None if i % 9 == 4 else i - 20 for i in range(n)]
+            v = b.get_state(ValueStateDescriptor("v", "int64"))
+            vt = b.get_state(ValueStateDescriptor("vt", "string").enable_time_to_live(
+                StateTtlConfig(10**9)))
+            s = b.get_state(ReducingStateDescriptor("s", "sum", "int64"))
+            mx = b.get_state(ReducingStateDescriptor("mx", "max", "float64"))
+            cnt = b.get_state(ReducingStateDescriptor("cnt", "count"))
+            agg = b.get_state(AggregatingStateDescriptor("a", AverageAggregate(), "pickle"))
+            lst = b.get_state(ListStateDescriptor("l", "int32"))
+            m = b.get_state(MapStateDescriptor("m", "string", "int64"))
+            ns = b.get_state(ValueStateDescriptor("ns", "int64"), namespace_type="string")
+            seen = []
+            v.put_batch(col(keys, pa.int64()), col(ints, pa.int64()))
+            seen.append(v.get_batch(col(list(range(15)), pa.int64())).to_pylist())
+            seen.append(v.contains_batch(col(list(range(15)), pa.int64())).to_pylist())
+            v.clear_batch(col([1, 2, 3], pa.int64()))
+            vt.put_batch(col(keys, pa.int64()), col([str(x) for x in ints], pa.string()))
+            seen.append(vt.get_batch(col(keys, pa.int64())).to_pylist())
+            seen.append(s.add_batch(col(keys, pa.int64()), col(ints, pa.int64())).to_pylist())
+            seen.append(s.get_batch(col(keys[:5], pa.int64())).to_pylist())
+            floats = [None if x is None else x / 3 for x in ints]
+            seen.append(mx.add_batch(col(keys, pa.int64()), col(floats, pa.float64())).to_pylist())
+            # Values of any type (count, aggregating) are taken as they come: a one-column
+            # record batch would be a struct value there, so "table" passes a column instead.
+            anycol = col if form != "table" else (lambda xs, t: self._column(xs, t, "stream"))
+            seen.append(cnt.add_batch(col(keys, pa.int64()), anycol(floats, pa.float64())).to_pylist())
+            seen.append(agg.add_batch(col(keys, pa.int64()), anycol(ints, pa.int64())).to_pylist())
+            seen.append(agg.get_batch(col(keys[:5], pa.int64())).to_pylist())
+            lst.append_batch(col(keys, pa.int64()), col([i for i in range(n)], pa.int32()))
+            seen.append(lst.get_batch(col(keys[:5], pa.int64())).to_pylist())
+            uks = [str(i % 4) for i in range(n)]
+            m.put_batch(col(keys, pa.int64()), col(uks, pa.string()), col(list(range(n)), pa.int64()))
+            seen.append(m.get_batch(col(keys, pa.int64()), col(uks[::-1], pa.string())).to_pylist())
+            seen.append(m.contains_batch(col(keys, pa.int64()), col(uks[::-1], pa.string())).to_pylist())
+            m.remove_batch(col(keys[:10], pa.int64()), col(uks[:10], pa.string()))
+            nss = ["a" if i % 3 else "b" for i in range(n)]
+            ns.put_batch(col(keys, pa.int64()), col(ints, pa.int64()), namespaces=col(nss, pa.string()))
+            seen.append(ns.get_batch(col(keys, pa.int64()), namespaces=col(nss[::-1], pa.string())).to_pylist())
+            b.timers.register_batch(col(keys, pa.int64()), col(list(range(n)), pa.int64()))
+            b.timers.delete_batch(col(keys[:10], pa.int64()), col(list(range(10)), pa.int64()))
+            seen.append(b.timers.num_timers())
+            return seen
+
+        return program
+
+    @pytest.mark.parametrize("form", ["chunked", "stream", "table", "c_array"])
+    def test_batch_accepts_arrow_streams(self, form):
+        """Every batch call reads stream / chunked / capsule inputs as the plain array."""
+        from statecore.ttl import ManualClock
+
+        seen = self._same_as_reference(self._stream_program(form), ttl_clock=ManualClock(0))
+        ref = self.make_reference_backend(key_type="int64", max_parallelism=128,
+                                          ttl_clock=ManualClock(0))
+        assert seen == self._stream_program("array")(ref)
+
+    @pytest.mark.parametrize("form", ["chunked", "stream", "table"])
+    def test_multi_column_keys_from_a_record_batch_stream(self, form):
+        # A record-batch stream of the key columns is the struct key array.
+        def program(b):
+            v = b.get_state(ValueStateDescriptor("v", "int64"))
+            ks = pa.StructArray.from_arrays([pa.array([1, 2, 1, 3], pa.int32()),
+                                             pa.array(["a", "b", "a", "c"])], names=["x", "y"])
+            chunks = [ks.slice(0, 1), ks.slice(1)]
+            if form == "chunked":
+                keys = pa.chunked_array(chunks)
+            elif form == "stream":
+                keys = _StreamOnly(pa.chunked_array(chunks))
+            else:
+                keys = _StreamOnly(pa.Table.from_batches(
+                    [pa.RecordBatch.from_struct_array(c) for c in chunks]))
+            v.put_batch(keys, pa.array([1, 2, 3, 4]))
+            return v.get_batch(ks).to_pylist()
+
+        assert self._same_as_reference(program, key_type=("int32", "string")) == [3, 2, 3, 4]
+
+    def test_batch_stream_errors_leave_state_untouched(self):
+        from statecore.ttl import ManualClock, StateTtlConfig
+
+        clock = ManualClock(0)
+        b = self._backend(key_group_range=(0, 63), ttl_clock=clock)
+        inside = [k for k in range(5000) if K.spark_key_group(k, "int64", 128) <= 63][:40]
+        outside = next(k for k in range(1000) if K.spark_key_group(k, "int64", 128) > 63)
+        v = b.get_state(ValueStateDescriptor("v", "int64"))
+        s = b.get_state(ReducingStateDescriptor("s", "sum", "int64"))
+        s32 = b.get_state(ReducingStateDescriptor("s32", "sum", "int32"))
+        lst = b.get_state(ListStateDescriptor("l", "int64"))
+        m = b.get_state(MapStateDescriptor("m", "string", "int64"))
+        vt = b.get_state(ValueStateDescriptor("vt", "int64").enable_time_to_live(
+            StateTtlConfig(10)))
+        v.put_batch(pa.array(inside), pa.array(range(40)))
+        s.add_batch(pa.array(inside), pa.array(range(40)))
+        s32.add_batch(pa.array(inside), pa.array(range(40), pa.int32()))
+        vt.put_batch(pa.array(inside), pa.array(range(40)))
+        clock.set(100)  # every vt entry expired: a TTL read would remove what it reads
+        before = snapshot_dump(b.snapshot())
+
+        def chunked(*parts, type_=pa.int64()):
+            return pa.chunked_array([pa.array(p, type_) for p in parts], type_)
+
+        def failing_stream(first, type_=pa.int64()):
+            schema = pa.schema([("c", type_)])
+
+            def gen():
+                yield pa.record_batch([pa.array(first, type_)], schema=schema)
+                raise RuntimeError("producer failed mid-stream")
+
+            return _StreamOnly(pa.RecordBatchReader.from_batches(schema, gen()))
+
+        good = inside[:20]
+        bad_calls = [
+            # a later chunk holds a key outside the range, a null key, a bad value type
+            lambda: v.put_batch(chunked(good, [inside[20], outside]), chunked(range(22))),
+            lambda: v.put_batch(_StreamOnly(chunked(good, [inside[20], None])), chunked(range(22))),
+            lambda: v.get_batch(chunked(good, [outside])),
+            lambda: vt.get_batch(chunked(good, [outside])),
+            lambda: vt.get_batch(_StreamOnly(chunked(good, [None]))),
+            lambda: v.put_batch(chunked(good), _StreamOnly(chunked(range(20), type_=pa.int32()))),
+            lambda: v.put_batch(_StreamOnly(chunked(good, type_=pa.int32())), chunked(range(20))),
+            # mismatched total lengths, as streams
+            lambda: v.put_batch(_StreamOnly(chunked(good[:10], good[10:])), _StreamOnly(chunked(range(19)))),
+            lambda: s.add_batch(chunked(good), _StreamOnly(chunked(range(5), range(16)))),
+            # a stream that errors mid-way
+            lambda: v.put_batch(failing_stream(good), pa.array(range(20))),
+            lambda: v.put_batch(pa.array(good), failing_stream(list(range(10)))),
+            lambda: s.add_batch(failing_stream(good), pa.array(range(20))),
+            lambda: m.put_batch(pa.array(good[:2]), failing_stream(["a"], pa.string()), pa.array([1, 2])),
+            lambda: lst.append_batch(pa.array(good[:2]), failing_stream([1])),
+            lambda: b.timers.register_batch(pa.array(good[:2]), failing_stream([1])),
+            # an overflowing sum in a later chunk
+            lambda: s.add_batch(chunked(good, good), chunked(range(20), [1] * 19 + [(1 << 63) - 1])),
+            lambda: s32.add_batch(chunked(good, good), chunked(range(20), [1] * 19 + [(1 << 31) - 1],
+                                                              type_=pa.int32())),
+            # a record-batch stream of two columns is not a column
+            lambda: v.put_batch(_StreamOnly(pa.table({"a": good, "b": good})), pa.array(range(20))),
+            # not Arrow at all
+            lambda: v.put_batch(object(), pa.array(range(20))),
+        ]
+        for call in bad_calls:
+            with pytest.raises(InvalidInputError):
+                call()
+            assert snapshot_dump(b.snapshot()) == before
+
+    # ------------------------------------------------------------------ int32 / bool batches
+    @pytest.mark.parametrize("ttl", [False, True])
+    @pytest.mark.parametrize("seed", [1, 2, 3])
+    def test_differential_int32_bool_batches(self, ttl, seed):
+        """int32 and bool value and reducing states through the batch API (nulls in values,
+        sliced arrays, repeated keys, TTL): the same outputs and snapshot bytes as the
+        reference backend."""
+        from statecore.ttl import ManualClock, StateTtlConfig
+
+        def program(b):
+            b.ttl_clock.set(0)  # one clock object serves both backends of the comparison
+            rnd = random.Random(seed)
+            descs = {"v32": ValueStateDescriptor("v32", "int32"),
+                     "vb": ValueStateDescriptor("vb", "bool"),
+                     **{f"r32{r}": ReducingStateDescriptor(f"r32{r}", r, "int32")
+                        for r in ("sum", "min", "max", "first", "last")},
+                     **{f"rb{r}": ReducingStateDescriptor(f"rb{r}", r, "bool")
+                        for r in ("first", "last")},
+                     "cnt": ReducingStateDescriptor("cnt", "count")}
+            if ttl:
+                for d in descs.values():
+                    d.enable_time_to_live(StateTtlConfig(50, update_type="OnReadAndWrite"))
+            st = {name: b.get_state(d) for name, d in descs.items()}
+            seen = []
+            for round_ in range(6):
+                n = rnd.randrange(0, 30)
+                pad = rnd.randrange(0, 3)
+                keys = pa.array([rnd.randrange(12) for _ in range(n + pad)], pa.int64()).slice(pad)
+                i32 = pa.array([None if rnd.random() < 0.2 else rnd.randrange(-1000, 1000)
+                                for _ in range(n + pad)], pa.int32()).slice(pad)
+                bools = pa.array([None if rnd.random() < 0.2 else rnd.random() < 0.5
+                                  for _ in range(n + pad)], pa.bool_()).slice(pad)
+                st["v32"].put_batch(keys, i32)
+                st["vb"].put_batch(keys, bools)
+                for name, s in st.items():
+                    if name.startswith("r32"):
+                        seen.append((name, s.add_batch(keys, i32).to_pylist()))
+                    elif name.startswith("rb") or name == "cnt":
+                        seen.append((name, s.add_batch(keys, bools).to_pylist()))
+                probe = pa.array(range(14), pa.int64())
+                for name, s in st.items():
+                    got = s.get_batch(probe)
+                    seen.append((name, str(got.type), got.to_pylist()))
+                seen.append(st["vb"].contains_batch(probe).to_pylist())
+                if round_ == 3:
+                    big = pa.array([(1 << 31) - 1] * 2, pa.int32())
+                    with pytest.raises(InvalidInputError):
+                        st["r32sum"].add_batch(pa.array([0, 0], pa.int64()), big)
+                b.ttl_clock.advance(rnd.choice([0, 10, 30]))
+            return seen
+
+        self._same_as_reference(program, ttl_clock=ManualClock(0))
 
     # ------------------------------------------------------------------ timers
     def test_timers(self):
