@@ -66,18 +66,11 @@ size_t free_slot(const FlatDirectory* d, uint32_t h) {
   return i;
 }
 
-// The full key of a slot: the layout's prefix, then the stored suffix. Returns its size.
-size_t full_key(const FlatLayout& l, const uint8_t* slot, uint8_t* buf) {
-  if (l.prefix_size) buf[0] = l.prefix[0];
-  std::memcpy(buf + l.prefix_size, slot + 4, l.suffix_size());
-  return l.key_size;
-}
-
 }  // namespace
 
 uint32_t StateMap::Impl::flat_hash_of(const FlatDirectory* d, const uint8_t* slot) const {
   uint8_t buf[detail::kFlatMaxKey];
-  return hash_of(buf, full_key(d->layout, slot, buf));
+  return hash_of(buf, detail::flat_full_key(d->layout, slot, buf));
 }
 
 StateMap::Impl::FlatLocation StateMap::Impl::flat_locate(uint32_t h, const uint8_t* key,
@@ -171,10 +164,7 @@ bool StateMap::Impl::flat_put(const FlatLocation& at, const uint8_t* key, size_t
       unflatten();
       return false;
     }
-    uint8_t* s = flat_slot_for_write(at.table, at.slot);
-    if (load_u32(s) != static_cast<uint32_t>(version)) log_write(at.h, key, ks);
-    store_u32(s, static_cast<uint32_t>(version));
-    *value = s + 4 + l.suffix_size();
+    *value = flat_mark_written(flat_slot_for_write(at.table, at.slot), l, at.h, key, ks);
     return true;
   }
   if (!l.fixed) {
@@ -200,27 +190,18 @@ bool StateMap::Impl::flat_put(const FlatLocation& at, const uint8_t* key, size_t
     }
     flat_start_rehash();
   }
-  log_write(at.h, key, ks);
   FlatDirectory** t = frehash ? &frehash : &fprimary;
-  const FlatLayout& tl = (*t)->layout;
   uint8_t* s = flat_slot_for_write(t, free_slot(*t, at.h));
-  store_u32(s, static_cast<uint32_t>(version));
-  std::memcpy(s + 4, key + tl.prefix_size, tl.suffix_size());
-  std::memset(s + 4 + tl.suffix_size(), 0, vs);
-  ++flat_size_of(t);
-  live_bytes += ks + vs;
-  *value = s + 4 + tl.suffix_size();
+  *value = flat_fill_new(s, (*t)->layout, at.h, key, ks, flat_size_of(t));
   return true;
 }
 
 uint8_t* StateMap::Impl::flat_update(const FlatLocation& at, const uint8_t* key, size_t ks,
                                      size_t* vs) {
   uint8_t* s = flat_slot_for_write(at.table, at.slot);
-  if (load_u32(s) != static_cast<uint32_t>(version)) log_write(at.h, key, ks);
-  store_u32(s, static_cast<uint32_t>(version));
   const FlatLayout& l = (*at.table)->layout;
   if (vs) *vs = l.value_size;
-  return s + 4 + l.suffix_size();
+  return flat_mark_written(s, l, at.h, key, ks);
 }
 
 bool StateMap::Impl::flat_remove(const uint8_t* key, size_t ks) {
@@ -259,7 +240,7 @@ void StateMap::Impl::flat_clear() {
   begin_op(false);
   flat_visit_live([this](const FlatDirectory* d, const uint8_t* s) {
     uint8_t buf[detail::kFlatMaxKey];
-    const size_t ks = full_key(d->layout, s, buf);
+    const size_t ks = detail::flat_full_key(d->layout, s, buf);
     removals.append(version, hash_of(buf, ks), buf, ks);
   });
   const size_t cap = frehash ? frehash->capacity : fprimary->capacity;
@@ -280,7 +261,7 @@ void StateMap::Impl::unflatten() {
   rehash_table = nullptr;
   flat_visit_live([this, cap](const FlatDirectory* d, const uint8_t* s) {
     uint8_t buf[detail::kFlatMaxKey];
-    const size_t ks = full_key(d->layout, s, buf);
+    const size_t ks = detail::flat_full_key(d->layout, s, buf);
     const uint32_t h = hash_of(buf, ks);
     const size_t vs = d->layout.value_size;
     detail::Entry* e = detail::Entry::make(h, buf, ks, vs, version);
@@ -315,7 +296,7 @@ bool StateMap::Impl::flat_collect(uint64_t* cursor, size_t min_entries, SortedRu
   if (!newest->layout.fixed) b = cap;
   uint8_t buf[detail::kFlatMaxKey];
   auto add = [&](const FlatDirectory* d, const uint8_t* s) {
-    const size_t ks = full_key(d->layout, s, buf);
+    const size_t ks = detail::flat_full_key(d->layout, s, buf);
     out->key_data.insert(out->key_data.end(), buf, buf + ks);
     out->key_offsets.push_back(out->key_data.size());
     const uint8_t* v = s + 4 + d->layout.suffix_size();

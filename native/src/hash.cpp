@@ -42,6 +42,16 @@ inline uint64_t xxh64_merge(uint64_t acc, uint64_t val) {
   return acc * kP64_1 + kP64_4;
 }
 
+// The XXH64 spec's final avalanche.
+inline uint64_t xxh64_avalanche(uint64_t acc) {
+  acc ^= acc >> 33;
+  acc *= kP64_2;
+  acc ^= acc >> 29;
+  acc *= kP64_3;
+  acc ^= acc >> 32;
+  return acc;
+}
+
 inline uint32_t fmix32(uint32_t h) {
   h ^= h >> 16;
   h *= 0x85ebca6bU;
@@ -113,24 +123,14 @@ uint64_t xxh64(const void* data, size_t size, uint64_t seed) noexcept {
     acc = rotl64(acc, 11) * kP64_1;
     ++p;
   }
-  acc ^= acc >> 33;
-  acc *= kP64_2;
-  acc ^= acc >> 29;
-  acc *= kP64_3;
-  acc ^= acc >> 32;
-  return acc;
+  return xxh64_avalanche(acc);
 }
 
 uint64_t xxh64_u64(uint64_t lane, uint64_t seed) noexcept {
   uint64_t acc = seed + kP64_5 + 8;
   acc ^= xxh64_round(0, lane);
   acc = rotl64(acc, 27) * kP64_1 + kP64_4;
-  acc ^= acc >> 33;
-  acc *= kP64_2;
-  acc ^= acc >> 29;
-  acc *= kP64_3;
-  acc ^= acc >> 32;
-  return acc;
+  return xxh64_avalanche(acc);
 }
 
 uint32_t murmur3_32(const void* data, size_t size, uint32_t seed) noexcept {

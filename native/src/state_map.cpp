@@ -324,18 +324,7 @@ size_t StateMap::bytes() const { return impl_->live_bytes; }
 
 bool StateMap::get(const uint8_t* key, size_t key_size, ByteView* out) {
   check_buffer(key, key_size, "key");
-  Impl& m = *impl_;
-  if (m.flat) {
-    const Impl::FlatLocation at = m.flat_locate(m.hash_of(key, key_size), key, key_size);
-    if (!at.table) return false;
-    const FlatDirectory* d = *at.table;
-    if (out) *out = ByteView{d->slot(at.slot) + 4 + d->layout.suffix_size(), d->layout.value_size};
-    return true;
-  }
-  const Entry* e = m.locate(key, key_size).entry;
-  if (!e) return false;
-  if (out) *out = ByteView{e->value(), e->value_size};
-  return true;
+  return get_hashed(impl_->hash_of(key, key_size), key, key_size, out);
 }
 
 uint32_t StateMap::hash(const uint8_t* key, size_t key_size) const {
@@ -586,9 +575,8 @@ void StateMap::for_each_impl(void (*cb)(void*, ByteView, ByteView), void* ctx) {
     impl_->flat_visit_live([&](const FlatDirectory* d, const uint8_t* s) {
       const FlatLayout& l = d->layout;
       uint8_t buf[detail::kFlatMaxKey];
-      if (l.prefix_size) buf[0] = l.prefix[0];
-      std::memcpy(buf + l.prefix_size, s + 4, l.suffix_size());
-      cb(ctx, ByteView{buf, l.key_size}, ByteView{s + 4 + l.suffix_size(), l.value_size});
+      const size_t ks = detail::flat_full_key(l, s, buf);
+      cb(ctx, ByteView{buf, ks}, ByteView{s + 4 + l.suffix_size(), l.value_size});
     });
     return;
   }
@@ -725,23 +713,12 @@ void walk_entries(const Directory* d, size_t from, Fn&& fn) {
 // Every live slot of a flat table from slot `from` on, with its full key rebuilt.
 template <class Fn>
 void walk_flat(const FlatDirectory* d, size_t from, Fn&& fn) {
-  if (!d || !d->layout.fixed) return;
-  const FlatLayout& l = d->layout;
-  const size_t stride = d->stride();
-  const size_t per_page = d->page_mask() + 1;
   uint8_t buf[detail::kFlatMaxKey];
-  if (l.prefix_size) buf[0] = l.prefix[0];
-  for (size_t pi = 0; pi < d->page_count; ++pi) {
-    const detail::FlatPage* p = d->pages()[pi];
-    if (!p || (pi + 1) * per_page <= from) continue;
-    for (size_t k = (pi * per_page < from ? from - pi * per_page : 0); k < per_page; ++k) {
-      const uint8_t* s = p->bytes() + k * stride;
-      const uint32_t meta = detail::load_u32(s);
-      if (meta == detail::kFlatEmpty || meta == detail::kFlatDeleted) continue;
-      std::memcpy(buf + l.prefix_size, s + 4, l.suffix_size());
-      fn(ByteView{buf, l.key_size}, ByteView{s + 4 + l.suffix_size(), l.value_size}, meta);
-    }
-  }
+  detail::flat_for_each_live(d, from, [&](const uint8_t* s, uint32_t meta) {
+    const FlatLayout& l = d->layout;
+    const size_t ks = detail::flat_full_key(l, s, buf);
+    fn(ByteView{buf, ks}, ByteView{s + 4 + l.suffix_size(), l.value_size}, meta);
+  });
 }
 
 bool MapSnapshot::find_hashed(uint32_t hash, const uint8_t* key, size_t key_size, ByteView* value,

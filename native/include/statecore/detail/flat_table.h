@@ -175,6 +175,32 @@ inline bool flat_key_equal(const uint8_t* a, const uint8_t* b, size_t n) {
   return std::memcmp(a, b, n) == 0;
 }
 
+// The full key of a slot: the layout's prefix, then the stored suffix, into `buf` (at least
+// kFlatMaxKey bytes). Returns its size.
+inline size_t flat_full_key(const FlatLayout& l, const uint8_t* slot, uint8_t* buf) {
+  if (l.prefix_size) buf[0] = l.prefix[0];
+  std::memcpy(buf + l.prefix_size, slot + 4, l.suffix_size());
+  return l.key_size;
+}
+
+// fn(slot, meta) for every live slot of `d` (not empty, not a tombstone) at index >= `from`, in
+// index order; a table without a layout has none.
+template <class Fn>
+void flat_for_each_live(const FlatDirectory* d, size_t from, Fn&& fn) {
+  if (!d || !d->layout.fixed) return;
+  const size_t stride = d->stride();
+  const size_t per_page = d->page_mask() + 1;
+  for (size_t pi = 0; pi < d->page_count; ++pi) {
+    const FlatPage* p = d->pages()[pi];
+    if (!p || (pi + 1) * per_page <= from) continue;
+    for (size_t k = pi * per_page < from ? from - pi * per_page : 0; k < per_page; ++k) {
+      const uint8_t* s = p->bytes() + k * stride;
+      const uint32_t meta = load_u32(s);
+      if (meta != kFlatEmpty && meta != kFlatDeleted) fn(s, meta);
+    }
+  }
+}
+
 // Linear probe for a key suffix from its home slot. Slots below `migrated_below` hold entries a
 // rehash already moved: occupied for the probe, never a match. Tables are never full (the load
 // stays <= 3/4), so an empty slot ends every probe; the step bound only guards that invariant.

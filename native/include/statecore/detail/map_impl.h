@@ -141,6 +141,27 @@ struct StateMap::Impl {
   template <class Fn> void visit_live(Fn&& fn);  // fn(Entry*); may free the visited entry
 
   // ---- flat engine (native/src/flat_map.cpp) ----
+  // A write of the existing, writable flat slot `s` of a table of layout `l`: the key's first
+  // write in this epoch is logged, the slot is stamped with the map version. Its value bytes.
+  uint8_t* flat_mark_written(uint8_t* s, const detail::FlatLayout& l, uint32_t h,
+                             const uint8_t* key, size_t ks) {
+    if (detail::load_u32(s) != static_cast<uint32_t>(version)) log_write(h, key, ks);
+    detail::store_u32(s, static_cast<uint32_t>(version));
+    return s + 4 + l.suffix_size();
+  }
+  // A new key (fitting `l`) in the free, writable slot `s`: logged, stamped, its value zeroed,
+  // counted in `table_size` and live_bytes. Its value bytes.
+  uint8_t* flat_fill_new(uint8_t* s, const detail::FlatLayout& l, uint32_t h, const uint8_t* key,
+                         size_t ks, size_t& table_size) {
+    log_write(h, key, ks);
+    detail::store_u32(s, static_cast<uint32_t>(version));
+    std::memcpy(s + 4, key + l.prefix_size, l.suffix_size());
+    std::memset(s + 4 + l.suffix_size(), 0, l.value_size);
+    ++table_size;
+    live_bytes += ks + l.value_size;
+    return s + 4 + l.suffix_size();
+  }
+
   // Batch kernels' inline upsert()/get_hashed() for the common case: the flat engine, no rehash
   // in flight (no migration step due), no snapshot release pending (no sweep due), the touched
   // page exclusive, and for an insert a free slot on an existing page below the load threshold.
@@ -169,23 +190,15 @@ struct StateMap::Impl {
         if (new_vs != l.value_size || size() >= threshold ||
             p->refs.load(std::memory_order_acquire) != 1)
           return nullptr;
-        log_write(h, key, ks);
-        detail::store_u32(s, static_cast<uint32_t>(version));
-        std::memcpy(s + 4, suffix, n);
-        std::memset(s + 4 + n, 0, new_vs);
-        ++primary_size;
-        live_bytes += ks + new_vs;
         *vs = new_vs;
         *inserted = true;
-        return s + 4 + n;
+        return flat_fill_new(s, l, h, key, ks, primary_size);
       }
       if (meta != detail::kFlatDeleted && detail::flat_key_equal(s + 4, suffix, n)) {
         if (p->refs.load(std::memory_order_acquire) != 1) return nullptr;
-        if (meta != static_cast<uint32_t>(version)) log_write(h, key, ks);
-        detail::store_u32(s, static_cast<uint32_t>(version));
         *vs = l.value_size;
         *inserted = false;
-        return s + 4 + n;
+        return flat_mark_written(s, l, h, key, ks);
       }
     }
     return nullptr;
@@ -271,23 +284,9 @@ template <class Fn> void StateMap::Impl::visit_live(Fn&& fn) {
 }
 
 template <class Fn> void StateMap::Impl::flat_visit_live(Fn&& fn) const {
-  auto visit = [&](const detail::FlatDirectory* d, size_t from) {
-    if (!d || !d->layout.fixed) return;
-    const size_t stride = d->stride();
-    const size_t per_page = d->page_mask() + 1;
-    for (size_t pi = 0; pi < d->page_count; ++pi) {
-      const detail::FlatPage* p = d->pages()[pi];
-      if (!p || (pi + 1) * per_page <= from) continue;
-      for (size_t k = 0; k < per_page; ++k) {
-        if (pi * per_page + k < from) continue;
-        const uint8_t* s = p->bytes() + k * stride;
-        const uint32_t meta = detail::load_u32(s);
-        if (meta != detail::kFlatEmpty && meta != detail::kFlatDeleted) fn(d, s);
-      }
-    }
-  };
-  visit(fprimary, frehash ? rehash_index : 0);
-  visit(frehash, 0);
+  detail::flat_for_each_live(fprimary, frehash ? rehash_index : 0,
+                             [&](const uint8_t* s, uint32_t) { fn(fprimary, s); });
+  detail::flat_for_each_live(frehash, 0, [&](const uint8_t* s, uint32_t) { fn(frehash, s); });
 }
 
 }  // namespace statecore
