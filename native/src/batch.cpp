@@ -78,13 +78,37 @@ ArrayView make_view(ArrowInput in, const char* role) {
 }
 
 // Stored fixed-width values are little-endian regardless of the host (docs/architecture.md).
-inline uint64_t load_le64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+// memcpy + a byte swap on big-endian hosts: GCC did not merge the byte-by-byte loops into one
+// load/store (8 stores a row in the add kernel's output, callgrind).
+inline uint64_t le64(uint64_t v) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  return __builtin_bswap64(v);
+#else
   return v;
+#endif
+}
+inline uint32_t le32(uint32_t v) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  return __builtin_bswap32(v);
+#else
+  return v;
+#endif
+}
+inline uint64_t be64(uint64_t v) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  return v;
+#else
+  return __builtin_bswap64(v);
+#endif
+}
+inline uint64_t load_le64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return le64(v);
 }
 inline void store_le64(uint8_t* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+  v = le64(v);
+  std::memcpy(p, &v, 8);
 }
 inline int64_t load_i64(const uint8_t* p) { return static_cast<int64_t>(load_le64(p)); }
 inline double load_f64(const uint8_t* p) {
@@ -95,13 +119,13 @@ inline double load_f64(const uint8_t* p) {
 }
 inline void store_i64(uint8_t* p, int64_t v) { store_le64(p, static_cast<uint64_t>(v)); }
 inline int32_t load_i32(const uint8_t* p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
-  return static_cast<int32_t>(v);
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return static_cast<int32_t>(le32(v));
 }
 inline void store_i32(uint8_t* p, int32_t v) {
-  const auto u = static_cast<uint32_t>(v);
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(u >> (8 * i));
+  const uint32_t u = le32(static_cast<uint32_t>(v));
+  std::memcpy(p, &u, 4);
 }
 // The reference deserializer reads any nonzero byte as true; writes are always 00/01.
 inline bool load_bool(const uint8_t* p) { return *p != 0; }
@@ -231,6 +255,11 @@ class RowKeys {
     // written in place (the general encoder took ~390 instructions a row for it, callgrind).
     const ArrayView* col = keys.scalar_column();
     if (col && spec.key.columns[0].type == KeyType::Int64) int64_keys_ = col;
+    // String/binary keys likewise: prefix | varlen(len + 1) | bytes | 00 (the general encoder
+    // with its checks and vector appends was ~300 instructions a row, callgrind).
+    if (col && (spec.key.columns[0].type == KeyType::String ||
+                spec.key.columns[0].type == KeyType::Binary))
+      bytes_keys_ = col;
   }
 
   // Row i's encoded key becomes data()/size(): the copy made when its group was hashed ahead,
@@ -254,6 +283,12 @@ class RowKeys {
       cur_ = one_;
       return;
     }
+    if (bytes_keys_) {
+      one_bytes_.resize(bytes_key_bound(i));
+      cur_size_ = write_bytes_key(i, kg, one_bytes_.data());
+      cur_ = one_bytes_.data();
+      return;
+    }
     encode_into(enc_, i, kg);
     cur_ = enc_.data();
     cur_size_ = enc_.size();
@@ -263,8 +298,10 @@ class RowKeys {
     if (!prefetch_ || i % kGroup != 0) return;
     if (i == 0) hash_group(0);
     const Group& g = groups_[(i / kGroup) & 1];
-    for (int64_t j = i; j < std::min(i + kGroup, n_); ++j)
-      table_.map_unchecked(kgs_[j]).prefetch_entry(g.hashes[j - i]);
+    for (int64_t j = i; j < std::min(i + kGroup, n_); ++j) {
+      StateMap& m = table_.map_unchecked(kgs_[j]);
+      if (!m.engine().flat) m.prefetch_entry(g.hashes[j - i]);  // a flat slot is its entry
+    }
     hash_group(i + kGroup);
   }
 
@@ -293,8 +330,35 @@ class RowKeys {
     size_t p = 0;
     if (prefix_size_ == 2) dst[p++] = static_cast<uint8_t>(kg >> 8);
     dst[p++] = static_cast<uint8_t>(kg);
-    const uint64_t v = static_cast<uint64_t>(int64_keys_->int64_at(i));
-    for (int s = 56; s >= 0; s -= 8) dst[p++] = static_cast<uint8_t>(v >> s);
+    const uint64_t be = be64(static_cast<uint64_t>(int64_keys_->int64_at(i)));
+    std::memcpy(dst + p, &be, 8);  // Flink LongSerializer: big-endian
+    p += 8;
+    dst[p++] = 0;  // VoidNamespace
+    return p;
+  }
+
+  // Upper bound of row i's encoded string/binary key: prefix, varint (<= 10 bytes), bytes, 00.
+  size_t bytes_key_bound(int64_t i) const {
+    size_t sz;
+    bytes_keys_->bytes_at(i, &sz);
+    return 2 + 10 + sz + 1;
+  }
+  // Flink StringSerializer-style key bytes (key_codec append_ser_bytes) after the prefix; the
+  // namespace is VoidNamespace, so no lenbytes (both would have to be variable-length).
+  size_t write_bytes_key(int64_t i, int32_t kg, uint8_t* dst) const {
+    size_t sz;
+    const uint8_t* src = bytes_keys_->bytes_at(i, &sz);
+    size_t p = 0;
+    if (prefix_size_ == 2) dst[p++] = static_cast<uint8_t>(kg >> 8);
+    dst[p++] = static_cast<uint8_t>(kg);
+    uint64_t n = static_cast<uint64_t>(sz) + 1;
+    while (n >= 0x80) {
+      dst[p++] = static_cast<uint8_t>(n | 0x80);
+      n >>= 7;
+    }
+    dst[p++] = static_cast<uint8_t>(n);
+    if (sz) std::memcpy(dst + p, src, sz);
+    p += sz;
     dst[p++] = 0;  // VoidNamespace
     return p;
   }
@@ -304,8 +368,15 @@ class RowKeys {
     Group& g = groups_[(start / kGroup) & 1];
     g.start = start;
     g.offsets[0] = 0;
-    if (int64_keys_) g.bytes.resize(kGroup * kInt64KeyMax);
-    else g.bytes.clear();
+    if (int64_keys_) {
+      g.bytes.resize(kGroup * kInt64KeyMax);
+    } else if (bytes_keys_) {
+      size_t bound = 0;
+      for (int64_t j = start; j < std::min(start + kGroup, n_); ++j) bound += bytes_key_bound(j);
+      if (g.bytes.size() < bound) g.bytes.resize(bound);
+    } else {
+      g.bytes.clear();
+    }
     for (int64_t j = start; j < start + kGroup; ++j) {
       const size_t k = static_cast<size_t>(j - start);
       if (j >= n_) {
@@ -317,6 +388,9 @@ class RowKeys {
       if (int64_keys_) {
         key = g.bytes.data() + g.offsets[k];
         ks = write_int64_key(j, kgs_[j], g.bytes.data() + g.offsets[k]);
+      } else if (bytes_keys_) {
+        key = g.bytes.data() + g.offsets[k];
+        ks = write_bytes_key(j, kgs_[j], g.bytes.data() + g.offsets[k]);
       } else {
         encode_into(ahead_enc_, j, kgs_[j]);
         g.bytes.insert(g.bytes.end(), ahead_enc_.data(), ahead_enc_.data() + ahead_enc_.size());
@@ -347,6 +421,8 @@ class RowKeys {
   bool prefetch_;
   int prefix_size_;
   const ArrayView* int64_keys_ = nullptr;  // the key column when keys are scalar int64
+  const ArrayView* bytes_keys_ = nullptr;  // ... when they are scalar string/binary
+  std::vector<uint8_t> one_bytes_;          // encode()'s buffer for a string/binary key
   uint8_t one_[kInt64KeyMax] = {};
   Group groups_[2];
   const uint8_t* cur_ = nullptr;
@@ -453,6 +529,17 @@ void emit_current(StateMap& m, const RowKeys& rk, int64_t i, T* out, uint8_t* va
 // repeated in the batch included. What null rows did (TTL removals and renewals) is not in the log
 // and stays, as in the Python path (see batch.h "TTL"): undoing a later write on the same key
 // restores the bytes as that null row left them. Without kUndo, combine never fails.
+// Kept per thread for the next batch, unless a large batch grew it: 32 bytes a row would stay
+// resident (3 bytes per entry of a state loaded in 1M-row batches).
+template <class Buffer>
+void release_undo(Buffer& b) {
+  constexpr size_t kKeepUndoRows = 65536;
+  if (b.capacity > kKeepUndoRows) {
+    b.rows.reset();
+    b.capacity = 0;
+  }
+}
+
 template <class T, bool kUndo, class Combine, class ValueAt>
 void fold_rows(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayView& values,
                Combine combine, ValueAt value_at, T* out, uint8_t* valid, const TtlBatchSpec& ttl,
@@ -463,10 +550,24 @@ void fold_rows(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayVi
     int64_t old_ts;  // meaningful when existed and TTL is on
     bool existed;
   };
-  constexpr size_t kKeepUndoRows = 65536;
-  thread_local std::vector<Undo> undo_tls;
-  std::vector<Undo>& undo = undo_tls;  // one TLS lookup, not one per row (shared library)
-  undo.clear();
+  // A raw per-thread buffer sized for the batch up front: vector::push_back re-read the
+  // thread_local's address (a __tls_get_addr call in a shared library) on every row.
+  struct UndoBuffer {
+    std::unique_ptr<Undo[]> rows;
+    size_t capacity = 0;
+  };
+  thread_local UndoBuffer undo_tls;
+  UndoBuffer& undo_buf = undo_tls;
+  Undo* undo = nullptr;
+  size_t undone = 0;  // rows logged
+  if constexpr (kUndo) {
+    const size_t need = static_cast<size_t>(values.length());
+    if (undo_buf.capacity < need) {
+      undo_buf.rows.reset(new Undo[need]);
+      undo_buf.capacity = need;
+    }
+    undo = undo_buf.rows.get();
+  }
   const size_t width = fixed_width<T>(ttl);
   constexpr size_t kTs = stored_width<T>();  // where the TTL timestamp starts
   const int64_t n = values.length();
@@ -495,7 +596,7 @@ void fold_rows(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayVi
         acc = x;
       } else if (!combine(old, x, &acc)) {
         if constexpr (kUndo) {
-          for (auto it = undo.rbegin(); it != undo.rend(); ++it) {
+          for (const Undo* it = undo + undone; it-- != undo;) {
             rk.encode(it->row, kgs[it->row]);
             StateMap& um = table.map_unchecked(kgs[it->row]);
             if (it->existed) {
@@ -507,26 +608,23 @@ void fold_rows(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayVi
               um.remove(rk.data(), rk.size());
             }
           }
-          undo.clear();
+          release_undo(undo_buf);
         }
         fail("values: " + row_str(i) + ": " + (kTs == 4 ? "int32" : "int64") +
              " sum overflows (" + std::to_string(old) + " + " + std::to_string(x) +
              "); the batch was not applied");
       }
-      if constexpr (kUndo) undo.push_back({i, old, old_ts, true});
+      if constexpr (kUndo) undo[undone++] = Undo{i, old, old_ts, true};
     } else {
       acc = x;
-      if constexpr (kUndo) undo.push_back({i, T{}, 0, false});
+      if constexpr (kUndo) undo[undone++] = Undo{i, T{}, 0, false};
     }
     store_fixed<T>(p, acc);
     if (ttl.enabled) ttl::store_timestamp(p + kTs, ttl.now);
     out[i] = acc;
     valid[i] = 1;
   }
-  // Kept per thread for the next batch, unless a large batch grew it: 32 bytes a row would stay
-  // resident (3 bytes per entry of a state loaded in 1M-row batches).
-  if (undo.capacity() > kKeepUndoRows) std::vector<Undo>().swap(undo);
-  else undo.clear();
+  if constexpr (kUndo) release_undo(undo_buf);
 }
 
 template <class T, class ValueAt>

@@ -126,13 +126,6 @@ uint64_t xxh64(const void* data, size_t size, uint64_t seed) noexcept {
   return xxh64_avalanche(acc);
 }
 
-uint64_t xxh64_u64(uint64_t lane, uint64_t seed) noexcept {
-  uint64_t acc = seed + kP64_5 + 8;
-  acc ^= xxh64_round(0, lane);
-  acc = rotl64(acc, 27) * kP64_1 + kP64_4;
-  return xxh64_avalanche(acc);
-}
-
 uint32_t murmur3_32(const void* data, size_t size, uint32_t seed) noexcept {
   const uint8_t* p = static_cast<const uint8_t*>(data);
   const size_t nblocks = size / 4;

@@ -355,7 +355,7 @@ void StateMap::prefetch_bucket(uint32_t h) const {
   size_t b;
   const Directory* d = prefetch_table(*impl_, h, &b);
   const Page* p = d->pages()[b >> d->page_shift];
-  if (p) __builtin_prefetch(&p->slots()[b & d->page_mask()], 0, 1);
+  if (p) __builtin_prefetch(&p->slots()[b & d->page_mask()], 0, 3);  // into L1: see above
 }
 
 void StateMap::prefetch_entry(uint32_t h) const {
@@ -363,9 +363,9 @@ void StateMap::prefetch_entry(uint32_t h) const {
   size_t b;
   const Directory* d = prefetch_table(*impl_, h, &b);
   const Entry* e = d->head(b);
-  if (e) {
-    __builtin_prefetch(e, 0, 1);
-    __builtin_prefetch(reinterpret_cast<const char*>(e) + 64, 0, 1);
+  if (e) {  // header and key are read, the value usually written
+    __builtin_prefetch(e, 1, 3);
+    __builtin_prefetch(reinterpret_cast<const char*>(e) + 64, 1, 3);
   }
 }
 
@@ -438,6 +438,11 @@ uint8_t* StateMap::upsert(uint32_t hash, const uint8_t* key, size_t key_size,
   check_buffer(key, key_size, "key");
   Impl& m = *impl_;
   if (m.flat && m.version > detail::kFlatMaxVersion) m.unflatten();
+  if (m.flat && m.frehash) {
+    m.begin_op(false);
+    m.flat_finish_rehash();
+  }
+  while (!m.flat && m.rehash_table) m.begin_op(true);
   if (m.flat) {
     const Impl::FlatLocation at = m.flat_locate(hash, key, key_size);
     if (at.table) {

@@ -229,6 +229,7 @@ struct StateMap::Impl {
   bool flat_remove(const uint8_t* key, size_t ks);
   void flat_clear();
   void flat_rehash_step();
+  void flat_finish_rehash();  // every remaining step of the rehash in flight, in one pass
   void flat_start_rehash();
   uint8_t* flat_slot_for_write(detail::FlatDirectory** table, size_t i);
   // Hash of the full key of a slot of `d` (prefix + suffix).
