@@ -35,18 +35,18 @@ _KEY_KINDS = {"int32": c.KeyType.Int32, "int64": c.KeyType.Int64, "string": c.Ke
               "timestamp": c.KeyType.Timestamp, "fixed_size_binary": c.KeyType.FixedSizeBinary}
 _TIME_UNITS = {"s": c.TimeUnit.Second, "ms": c.TimeUnit.Milli, "us": c.TimeUnit.Micro,
                "ns": c.TimeUnit.Nano}
-_VALUE_TYPES = {"int64": c.ValueType.Int64, "float64": c.ValueType.Float64,
+# Value type kinds (statecore.value_types) the batch kernels serve, and their ValueType.
+_VALUE_KINDS = {"int64": c.ValueType.Int64, "float64": c.ValueType.Float64,
                 "int32": c.ValueType.Int32, "bool": c.ValueType.Bool,
-                "string": c.ValueType.String, "binary": c.ValueType.Binary}
-# numpy dtype and Arrow type of get_batch_fixed/add_batch outputs per fixed-width value type
-# (bool: a 0/1 byte per row, bit-packed into the Arrow result).
-_FIXED_OUT = {"int64": (np.int64, pa.int64()), "float64": (np.float64, pa.float64()),
-              "int32": (np.int32, pa.int32()), "bool": (np.uint8, pa.bool_())}
+                "string": c.ValueType.String, "binary": c.ValueType.Binary,
+                "uint64": c.ValueType.UInt64, "timestamp": c.ValueType.Timestamp,
+                "fixed_size_binary": c.ValueType.FixedSizeBinary}
+_UNIT_LETTERS = {"s": b"s", "ms": b"m", "us": b"u", "ns": b"n"}  # ArrowKind time units
 _REDUCERS = {"sum": c.Reducer.Sum, "min": c.Reducer.Min, "max": c.Reducer.Max,
              "count": c.Reducer.Count, "first": c.Reducer.First, "last": c.Reducer.Last}
 
-#: Value types the batch kernels serve natively (others go through the per-row path).
-BATCH_VALUE_TYPES = frozenset(_VALUE_TYPES)
+#: Value type kinds the batch kernels serve natively (others go through the per-row path).
+BATCH_VALUE_KINDS = frozenset(_VALUE_KINDS)
 #: Built-in reducers the add_batch kernel serves natively.
 BATCH_REDUCERS = frozenset(_REDUCERS)
 
@@ -57,6 +57,34 @@ cdef c.Assigner _assigner(str name) except *:
     if name == "flink":
         return c.Assigner.Flink
     raise InvalidInputError(f"unknown assigner {name!r}; expected 'spark' or 'flink'")
+
+
+cdef c.ValueSpec _value_spec(str value_type) except *:
+    """The kernels' ValueSpec of a value type name; InvalidInputError for one they do not
+    serve (pickle)."""
+    cdef c.ValueSpec v
+    ser = VT.value_serializer(value_type)
+    if ser.kind not in _VALUE_KINDS:
+        raise InvalidInputError(f"value type {value_type!r} has no batch kernel")
+    v.type = _VALUE_KINDS[ser.kind]
+    v.unit = 0
+    v.width = 0
+    if ser.kind == "timestamp":
+        v.unit = _UNIT_LETTERS[ser.unit][0]
+    elif ser.kind == "fixed_size_binary":
+        v.width = ser.width
+    return v
+
+
+cdef _fixed_out_array(str value_type, vals, uint8_t[::1] valid, int64_t n, size_t width):
+    """The Arrow array of a fixed-width kernel output: ``vals`` holds ``width`` bytes per row
+    (bool: a 0/1 byte per row, bit-packed here), ``valid`` a 0/1 byte per row."""
+    typ = VT.value_serializer(value_type).arrow_type
+    if typ == pa.bool_():
+        buf = pa.py_buffer(np.packbits(vals[:n], bitorder="little"))
+    else:
+        buf = pa.py_buffer(vals[:n * width])
+    return pa.Array.from_buffers(typ, n, [_bitmap(valid[:n], n), buf])
 
 
 cdef c.TtlBatchSpec _ttl_spec(ttl) except *:
@@ -1323,8 +1351,9 @@ cdef class NativeStateTable:
 
     def get_batch(self, keys, str key_type, str assigner, int32_t max_parallelism, str value_type,
                   ttl=None, count_expired=None):
-        """Values of ``keys`` as an Arrow array of ``value_type`` (int64, float64, int32, bool ->
-        the same type; string -> large_string, binary -> large_binary); null where absent.
+        """Values of ``keys`` as an Arrow array of ``value_type`` (a statecore.value_types name;
+        the fixed-width ones -> their Arrow type, timestamps without a time zone; string ->
+        large_string, binary -> large_binary); null where absent.
 
         ``keys``: one object with ``__arrow_c_array__`` or a list of them (the chunks of one
         batch, read in place, in order; the result is one array over all of them). With TTL
@@ -1342,24 +1371,19 @@ cdef class NativeStateTable:
         cdef _Chunks k = _Chunks(keys)
         cdef int64_t n = k.total
         cdef int64_t expired = 0, chunk_expired = 0
-        cdef c.ValueType vt
+        cdef c.ValueSpec vt = _value_spec(value_type)
         cdef c.ArrowInput none
         cdef vector[vector[int64_t]] offsets
         cdef vector[vector[uint8_t]] data
         cdef uint8_t[::1] valid
         cdef uint8_t[::1] out_bytes
         cdef uint8_t* out_base
-        cdef size_t width, j, nchunks = k.count()
-        if value_type not in _VALUE_TYPES:
-            raise InvalidInputError(f"value type {value_type!r} has no batch kernel")
-        vt = _VALUE_TYPES[value_type]
-        width = c.value_width(vt)
+        cdef size_t width = c.value_width(vt), j, nchunks = k.count()
         valid_np = np.zeros(max(n, 1), np.uint8)
         valid = valid_np
         if width:
-            dtype, typ = _FIXED_OUT[value_type]
-            vals = np.zeros(max(n, 1), dtype)
-            out_bytes = vals.view(np.uint8)
+            vals = np.zeros(max(n, 1) * width, np.uint8)
+            out_bytes = vals
             out_base = &out_bytes[0]
         else:
             offsets.resize(nchunks)
@@ -1392,11 +1416,7 @@ cdef class NativeStateTable:
             if expired and count_expired is not None:
                 count_expired(expired)
         if width:
-            if value_type == "bool":
-                buf = pa.py_buffer(np.packbits(vals[:n], bitorder="little"))
-            else:
-                buf = pa.py_buffer(vals[:n])
-            return pa.Array.from_buffers(typ, n, [_bitmap(valid[:n], n), buf])
+            return _fixed_out_array(value_type, vals, valid, n, width)
         off_np, data_np = _concat_var(offsets, data, n)
         typ = pa.large_string() if value_type == "string" else pa.large_binary()
         return pa.Array.from_buffers(typ, n, [_bitmap(valid[:n], n), pa.py_buffer(off_np), pa.py_buffer(data_np)])
@@ -1411,11 +1431,8 @@ cdef class NativeStateTable:
         cdef c.TtlBatchSpec tspec = _ttl_spec(ttl)
         cdef _Chunks k = _Chunks(keys)
         cdef _Chunks v = _Chunks(values)
-        cdef c.ValueType vt
+        cdef c.ValueSpec vt = _value_spec(value_type)
         cdef size_t j, nchunks = k.count()
-        if value_type not in _VALUE_TYPES:
-            raise InvalidInputError(f"value type {value_type!r} has no batch kernel")
-        vt = _VALUE_TYPES[value_type]
         k.check_aligned(v)
         self._claim()
         try:
@@ -1436,9 +1453,9 @@ cdef class NativeStateTable:
         """Fold values into the state with a built-in reducer; the running aggregate after each
         row as an array of the state's type (int64 for count), null where none.
 
-        ``keys``/``values`` as in :meth:`put_batch`, except that an int64/int32 ``sum`` takes
-        one chunk only (InvalidInputError otherwise): its overflow is found while applying, and
-        the kernel's undo log covers one call.
+        ``keys``/``values`` as in :meth:`put_batch`, except that an integer (int64, uint64,
+        int32) ``sum`` takes one chunk only (InvalidInputError otherwise): its overflow is found
+        while applying, and the kernel's undo log covers one call.
         ``ttl``/``count_expired`` as in :meth:`get_batch` (batch.h "TTL"): rows fold into the
         unexpired aggregate and stamp ``now_ms``, null rows read as get_batch does; expired
         entries met are reported also when the batch fails (an int64 sum overflow undoes the
@@ -1453,24 +1470,22 @@ cdef class NativeStateTable:
         cdef uint8_t[::1] out_bytes
         cdef uint8_t* out_base
         cdef size_t width, j, nchunks = k.count()
-        cdef c.ValueType vt
+        cdef c.ValueSpec vt = _value_spec(value_type)
         cdef c.Reducer red
-        if value_type not in _FIXED_OUT:
+        if c.value_width(vt) == 0:
             raise InvalidInputError(f"add_batch kernel needs a fixed-width state, got {value_type!r}")
         if reducer not in _REDUCERS:
             raise InvalidInputError(f"reducer {reducer!r} has no batch kernel")
-        if reducer == "sum" and value_type in ("int64", "int32") and nchunks > 1:
-            raise InvalidInputError(f"an {value_type} sum batch must be one chunk (its overflow "
+        if reducer == "sum" and value_type in ("int64", "int32", "uint64") and nchunks > 1:
+            raise InvalidInputError(f"a {value_type} sum batch must be one chunk (its overflow "
                                     "rollback covers one kernel call)")
         k.check_aligned(v)
-        vt = _VALUE_TYPES[value_type]
         red = _REDUCERS[reducer]
-        dtype, typ = _FIXED_OUT["int64" if reducer == "count" else value_type]
-        width = np.dtype(dtype).itemsize
+        width = c.value_width(vt)  # count states are int64 states: their output too
         valid_np = np.zeros(max(n, 1), np.uint8)
         valid = valid_np
-        vals = np.zeros(max(n, 1), dtype)
-        out_bytes = vals.view(np.uint8)
+        vals = np.zeros(max(n, 1) * width, np.uint8)
+        out_bytes = vals
         out_base = &out_bytes[0]
         self._claim()
         try:
@@ -1492,11 +1507,7 @@ cdef class NativeStateTable:
             expired += chunk_expired
             if expired and count_expired is not None:
                 count_expired(expired)
-        if typ == pa.bool_():
-            buf = pa.py_buffer(np.packbits(vals[:n], bitorder="little"))
-        else:
-            buf = pa.py_buffer(vals[:n])
-        return pa.Array.from_buffers(typ, n, [_bitmap(valid[:n], n), buf])
+        return _fixed_out_array(value_type, vals, valid, n, width)
 
 
 cdef _concat_var(vector[vector[int64_t]]& offsets, vector[vector[uint8_t]]& data, int64_t n):
