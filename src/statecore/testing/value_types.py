@@ -251,6 +251,39 @@ class ValueTypeConformance:
 
         self._same_as_reference(program, ttl_clock=ManualClock(0))
 
+    @pytest.mark.parametrize("vt,vals", VALUE_CASES, ids=CASE_IDS)
+    def test_value_type_aggregating_state(self, vt, vals):
+        """The type as an aggregating state's accumulator and result type: accumulators stored
+        in its format, results as its Arrow type, per record and by batch."""
+        from statecore.descriptors import AggregateFunction, AggregatingStateDescriptor
+
+        class KeepMax(AggregateFunction):
+            def create_accumulator(self):
+                return None
+
+            def add(self, value, acc):
+                return value if acc is None or value > acc else acc
+
+            def get_result(self, acc):
+                return acc
+
+        # Aggregating inputs are any Arrow type, read as pyarrow's Python values: timestamps
+        # go in as int64 (a datetime cannot hold the extremes).
+        src_type = pa.int64() if vt.startswith("timestamp") else _ser(vt).arrow_type
+
+        def program(b):
+            a = b.get_state(AggregatingStateDescriptor("a", KeepMax(), vt, result_type=vt))
+            keys = pa.array([1, 2, 1, 1, 2], pa.int64())
+            out = a.add_batch(keys, pa.array([vals[0], vals[1], vals[2], None, vals[3]], src_type))
+            assert out.type == _ser(vt).arrow_type
+            b.set_current_key(3)
+            a.add(vals[4])
+            got = a.get_batch(pa.array([1, 2, 3], pa.int64()))
+            return [_py(vt, out), _py(vt, got), a.get()]
+
+        seen = self._same_as_reference(program)
+        assert seen[1] == [max(vals[0], vals[2]), max(vals[1], vals[3]), vals[4]]
+
     # ------------------------------------------------------------------ list and map state
     @pytest.mark.parametrize("vt,vals", VALUE_CASES, ids=CASE_IDS)
     def test_value_type_list_and_map_states(self, vt, vals):
