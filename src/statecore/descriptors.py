@@ -280,8 +280,8 @@ class Reducer:
 
     def fold_arrays(self, accs: list, values: list) -> list:
         """The vectorized function over two equal-length lists of non-null Python values of
-        the state's value type (``self.arrow_type`` and ``self.serializer``, set by the
-        descriptor): the reduced values as a list of per-record values (ints for timestamps).
+        the state's value type (``self.arrow_type``, set by the descriptor): the reduced values
+        as a list of per-record values (ints for timestamps).
         Raises InvalidInputError when ``fn`` fails or returns a wrong array."""
         import pyarrow as pa
 
@@ -305,7 +305,7 @@ class Reducer:
                 raise InvalidInputError(f"vectorized reducer returned {got.type}, not {t}: {e}") from e
         if got.null_count:
             raise InvalidInputError(f"vectorized reducer returned {got.null_count} null(s)")
-        return self.serializer.to_pylist(got)
+        return S.value_serializer(t).to_pylist(got)
 
 
 class ReducingStateDescriptor(StateDescriptor):
@@ -342,7 +342,6 @@ class ReducingStateDescriptor(StateDescriptor):
             if self.serializer.arrow_type is None:
                 raise InvalidInputError("a vectorized reducer needs a typed value type, not pickle")
             self.reducer.arrow_type = self.serializer.arrow_type
-            self.reducer.serializer = self.serializer
 
     def meta(self) -> dict:
         return self._meta(value_type=self.value_type, reducer=self.reducer.name)
