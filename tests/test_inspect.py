@@ -65,3 +65,51 @@ def test_inspect_missing_checkpoint(tmp_path, capsys):
     assert main(["inspect", str(tmp_path / "nope")]) == 1
     assert "no checkpoint" in capsys.readouterr().err
     assert main(["inspect", str(tmp_path)]) == 1
+
+
+@pytest.mark.parametrize("kind", ["python", "native"])
+def test_inspect_and_restore_of_the_fixed_width_value_types(tmp_path, capsys, kind):
+    """uint64, timestamp[unit] and fixed_size_binary[N] states: the checkpoint records the
+    type names, `statecore inspect` shows them and the values (timestamps as their ints, bytes
+    as repr), a restore through the store gives the values back to either backend, and a
+    descriptor of another unit or width is a StateMigrationError."""
+    import pyarrow as pa
+
+    from statecore import ReducingStateDescriptor
+    from statecore.errors import StateMigrationError
+
+    if kind == "native":
+        pytest.importorskip("statecore._native")
+    descs = [ValueStateDescriptor("u", "uint64"), ValueStateDescriptor("t", pa.timestamp("ns")),
+             ListStateDescriptor("f", pa.binary(3)), ReducingStateDescriptor("mx", "max", "timestamp[s]")]
+    b = create_backend(kind, key_type="string")
+    u, t, f, mx = (b.get_state(d) for d in descs)
+    b.set_current_key("N1")
+    u.update(2**64 - 1)
+    t.update(-(2**63))
+    f.add_all([b"abc", b"\xff\x00\x01"])
+    mx.add(2**63 - 1)
+    root = str(tmp_path / "vt")
+    store = CheckpointStore(root)
+    store.commit(1, [store.write_snapshot(b.snapshot(), 1)])
+    assert main(["inspect", root, "--entries", "10"]) == 0
+    out = capsys.readouterr().out
+    for name, vt in [("u", "uint64"), ("t", "timestamp[ns]"), ("f", "fixed_size_binary[3]"),
+                     ("mx", "timestamp[s]")]:
+        assert any(line.split()[:3] == ["state", name, "1"] and f"value_type={vt}" in line
+                   for line in out.splitlines()), (name, out)
+    assert "value=18446744073709551615" in out and "value=-9223372036854775808" in out
+    assert "value=[\"b'abc'\", \"b'\\\\xff\\\\x00\\\\x01'\"]" in out
+    for other in ("python", "native"):
+        dst = create_backend(other, key_type="string")
+        store.restore(dst, 1)
+        du, dt, df, dmx = (dst.get_state(d) for d in descs)
+        dst.set_current_key("N1")
+        assert (du.value(), dt.value(), df.get(), dmx.get()) == \
+            (2**64 - 1, -(2**63), [b"abc", b"\xff\x00\x01"], 2**63 - 1)
+        wrong = create_backend(other, key_type="string")
+        store.restore(wrong, 1)
+        for d in (ValueStateDescriptor("t", "timestamp[us]"), ListStateDescriptor("f", pa.binary(4)),
+                  ValueStateDescriptor("u", "int64"), ReducingStateDescriptor("mx", "max", "timestamp[ms]")):
+            with pytest.raises(StateMigrationError):
+                wrong.get_state(d)

@@ -7,7 +7,13 @@ import pytest
 
 pytest.importorskip("statecore._native")
 
-from statecore import ListStateDescriptor, ReducingStateDescriptor, ValueStateDescriptor, create_backend  # noqa: E402
+from statecore import (  # noqa: E402
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    ValueStateDescriptor,
+    create_backend,
+)
 from statecore.backends import native as native_backend  # noqa: E402
 from statecore.backends.native import NativeBackend  # noqa: E402
 from statecore.errors import InvalidInputError  # noqa: E402
@@ -163,9 +169,13 @@ def test_removal_log_bounded_and_migration_copies_not_listed():
 # stored form read, same error for malformed bytes (bytes restored without decoding reach it).
 
 def _random_stored(rng, vt: str):
-    if vt in ("int64", "int32"):
-        bits = 63 if vt == "int64" else 31
+    if vt in ("int64", "int32", "timestamp[ms]"):
+        bits = 31 if vt == "int32" else 63
         return rng.choice([0, -1, 1, -(2**bits), 2**bits - 1, rng.randint(-(2**bits), 2**bits - 1)])
+    if vt == "uint64":
+        return rng.choice([0, 1, 2**63, 2**64 - 1, rng.randint(0, 2**64 - 1)])
+    if vt.startswith("fixed_size_binary"):
+        return bytes(rng.randrange(256) for _ in range(int(vt[18:-1])))
     if vt == "float64":
         return rng.choice([0.0, -0.0, 1.5, -2.25e300, float("inf"), float("-inf"), rng.random()])
     if vt == "bool":
@@ -196,7 +206,9 @@ def _outcome(fn):
 
 @pytest.mark.parametrize("ttl", [False, True])
 @pytest.mark.parametrize("kind", ["value", "list", "map"])
-@pytest.mark.parametrize("vt", ["int64", "int32", "float64", "bool", "string", "binary", "pickle"])
+@pytest.mark.parametrize("vt", ["int64", "int32", "float64", "bool", "string", "binary", "pickle",
+                                "uint64", "timestamp[ms]", "fixed_size_binary[3]",
+                                "fixed_size_binary[8]", "fixed_size_binary[20]"])
 def test_per_record_stored_forms_match_the_reference_codec(kind, vt, ttl):
     import random
 
@@ -243,6 +255,26 @@ def test_per_record_stored_form_that_does_not_fit_changes_nothing():
         with pytest.raises(InvalidInputError):
             table.put(kg, key, bad)
         assert lst.get() == [1]
+    # the new fixed-width types: out of range, wrong width (values of up to 8 bytes and wider
+    # ones take different paths), in every layout
+    for vt, good, bads in [("uint64", 2**64 - 1, [-1, 2**64, "x"]),
+                           ("timestamp[ns]", -(2**63), [2**63, b"x"]),
+                           ("fixed_size_binary[3]", b"abc", [b"ab", b"abcd", "abc"]),
+                           ("fixed_size_binary[12]", b"x" * 12, [b"x" * 11, b"x" * 13])]:
+        for d in (ValueStateDescriptor("v" + vt, vt), ListStateDescriptor("l" + vt, vt),
+                  MapStateDescriptor("m" + vt, "int32", vt)):
+            st = b.get_state(d)
+            (st.put(1, good) if isinstance(d, MapStateDescriptor)
+             else st.add(good) if isinstance(d, ListStateDescriptor) else st.update(good))
+            table = st._table
+            kg, key = st._slot()
+            want = table.get(kg, key)
+            for bad in bads:
+                form = [bad] if isinstance(d, ListStateDescriptor) else (
+                    {b"k": bad} if isinstance(d, MapStateDescriptor) else bad)
+                with pytest.raises(InvalidInputError):
+                    table.put(kg, key, form)
+                assert table.get(kg, key) == want
 
 
 class _StreamOnly:

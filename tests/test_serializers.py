@@ -126,6 +126,8 @@ def test_encoded_keys_are_unambiguous(a, b):
 VALUES = {
     "int32": INT32, "int64": INT64, "bool": st.booleans(), "string": TEXT,
     "binary": st.binary(max_size=200), "float64": st.floats(allow_nan=False),
+    "uint64": st.integers(0, (1 << 64) - 1), "timestamp[ns]": INT64,
+    "fixed_size_binary[3]": st.binary(min_size=3, max_size=3),
     "pickle": st.recursive(st.none() | st.integers() | st.text(max_size=5),
                            lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=3), c, max_size=3),
                            max_leaves=8),

@@ -24,31 +24,68 @@ namespace {
 
 std::string row_str(int64_t row) { return "row " + std::to_string(row); }
 
-const char* value_type_name(ValueType t) {
-  switch (t) {
+// "ms" for the unit letter 'm' (ArrayView::time_unit), and so on.
+std::string unit_name(char unit) {
+  switch (unit) {
+    case 's': return "s";
+    case 'm': return "ms";
+    case 'u': return "us";
+    case 'n': return "ns";
+  }
+  return "?";
+}
+
+// The statecore name of a value type: "timestamp[ms]", "fixed_size_binary[16]", "int64", ...
+std::string value_type_name(const ValueSpec& t) {
+  switch (t.type) {
     case ValueType::Int64: return "int64";
     case ValueType::Float64: return "float64";
     case ValueType::String: return "string";
     case ValueType::Binary: return "binary";
     case ValueType::Int32: return "int32";
     case ValueType::Bool: return "bool";
+    case ValueType::UInt64: return "uint64";
+    case ValueType::Timestamp: return "timestamp[" + unit_name(t.unit) + "]";
+    case ValueType::FixedSizeBinary: return "fixed_size_binary[" + std::to_string(t.width) + "]";
   }
   return "?";
 }
 
-bool value_format_ok(ValueType t, ArrowKind k) {
-  switch (t) {
+// An Arrow array's type in the same words, for "expected ..., got ..." messages.
+std::string arrow_type_name(const ArrayView& v) {
+  if (v.kind() == ArrowKind::Timestamp) return "timestamp[" + unit_name(v.time_unit()) + "]";
+  if (v.kind() == ArrowKind::FixedSizeBinary)
+    return "fixed_size_binary[" + std::to_string(v.byte_width()) + "]";
+  return arrow_kind_name(v.kind());
+}
+
+bool value_format_ok(const ValueSpec& t, const ArrayView& v) {
+  const ArrowKind k = v.kind();
+  switch (t.type) {
     case ValueType::Int64: return k == ArrowKind::Int64;
     case ValueType::Float64: return k == ArrowKind::Float64;
     case ValueType::String: return k == ArrowKind::Utf8 || k == ArrowKind::LargeUtf8;
     case ValueType::Binary: return k == ArrowKind::Binary || k == ArrowKind::LargeBinary;
     case ValueType::Int32: return k == ArrowKind::Int32;
     case ValueType::Bool: return k == ArrowKind::Bool;
+    case ValueType::UInt64: return k == ArrowKind::UInt64;
+    case ValueType::Timestamp: return k == ArrowKind::Timestamp && v.time_unit() == t.unit;
+    case ValueType::FixedSizeBinary:
+      return k == ArrowKind::FixedSizeBinary && v.byte_width() == t.width;
   }
   return false;
 }
 
-bool is_fixed(ValueType t) { return value_width(t) != 0; }
+// A parameter outside its domain (ValueSpec) would make value_width() or the format check
+// meaningless, so every kernel rejects it first.
+void check_spec(const ValueSpec& t) {
+  if (t.type == ValueType::Timestamp && unit_name(t.unit) == "?")
+    fail(std::string("value type timestamp: unit '") + t.unit + "' is not one of s, m, u, n");
+  if (t.type == ValueType::FixedSizeBinary && t.width < 1)
+    fail("value type fixed_size_binary: width " + std::to_string(t.width) + " must be >= 1");
+}
+
+bool is_fixed(const ValueSpec& t) { return value_width(t) != 0; }
 
 KeyArrays make_keys(const BatchKeySpec& spec, ArrowInput in) {
   try {
@@ -111,6 +148,7 @@ inline void store_le64(uint8_t* p, uint64_t v) {
   std::memcpy(p, &v, 8);
 }
 inline int64_t load_i64(const uint8_t* p) { return static_cast<int64_t>(load_le64(p)); }
+inline uint64_t load_u64(const uint8_t* p) { return load_le64(p); }
 inline double load_f64(const uint8_t* p) {
   const uint64_t u = load_le64(p);
   double d;
@@ -157,14 +195,23 @@ inline size_t fixed_width(const TtlBatchSpec& ttl) {
   return fixed_width(stored_width<T>(), ttl);
 }
 
-// Row i of a get_batch_fixed output: the stored value at p, or 0 for an absent key (p null).
-inline void out_fixed(ValueType t, void* out, int64_t i, const uint8_t* p) {
-  switch (t) {
-    case ValueType::Int64: static_cast<int64_t*>(out)[i] = p ? load_i64(p) : 0; break;
+// Row i of a get_batch_fixed output: the stored value at p, or zeros for an absent key (p null).
+inline void out_fixed(const ValueSpec& t, void* out, int64_t i, const uint8_t* p) {
+  switch (t.type) {
+    case ValueType::Int64:
+    case ValueType::Timestamp: static_cast<int64_t*>(out)[i] = p ? load_i64(p) : 0; break;
+    case ValueType::UInt64: static_cast<uint64_t*>(out)[i] = p ? load_u64(p) : 0; break;
     case ValueType::Float64: static_cast<double*>(out)[i] = p ? load_f64(p) : 0.0; break;
     case ValueType::Int32: static_cast<int32_t*>(out)[i] = p ? load_i32(p) : 0; break;
     case ValueType::Bool: static_cast<uint8_t*>(out)[i] = p && load_bool(p) ? 1 : 0; break;
-    default: break;
+    case ValueType::FixedSizeBinary: {
+      uint8_t* dst = static_cast<uint8_t*>(out) + i * static_cast<int64_t>(t.width);
+      if (p) std::memcpy(dst, p, static_cast<size_t>(t.width));
+      else std::memset(dst, 0, static_cast<size_t>(t.width));
+      break;
+    }
+    case ValueType::String:
+    case ValueType::Binary: break;
   }
 }
 
@@ -437,10 +484,10 @@ inline bool kernel_get(StateMap& m, uint32_t h, const uint8_t* key, size_t ks, B
   return r >= 0 ? r == 1 : m.get_hashed(h, key, ks, v);
 }
 
-void check_values(ValueType vt, const KeyArrays& keys, const ArrayView& values) {
-  if (!value_format_ok(vt, values.kind()))
-    fail(std::string("values: expected an Arrow array of value type ") + value_type_name(vt) +
-         ", got " + arrow_kind_name(values.kind()));
+void check_values(const ValueSpec& vt, const KeyArrays& keys, const ArrayView& values) {
+  if (!value_format_ok(vt, values))
+    fail("values: expected an Arrow array of value type " + value_type_name(vt) + ", got " +
+         arrow_type_name(values));
   if (values.length() != keys.length())
     fail("values: length " + std::to_string(values.length()) + " differs from keys length " +
          std::to_string(keys.length()));
@@ -484,6 +531,7 @@ inline T load_fixed(const uint8_t* p) {
   if constexpr (std::is_same<T, double>::value) return load_f64(p);
   else if constexpr (std::is_same<T, int32_t>::value) return load_i32(p);
   else if constexpr (std::is_same<T, bool>::value) return load_bool(p);
+  else if constexpr (std::is_same<T, uint64_t>::value) return load_u64(p);
   else return load_i64(p);
 }
 template <class T>
@@ -491,7 +539,14 @@ inline void store_fixed(uint8_t* p, T v) {
   if constexpr (std::is_same<T, double>::value) store_f64(p, v);
   else if constexpr (std::is_same<T, int32_t>::value) store_i32(p, v);
   else if constexpr (std::is_same<T, bool>::value) store_bool(p, v);
+  else if constexpr (std::is_same<T, uint64_t>::value) store_le64(p, v);
   else store_i64(p, v);
+}
+// The name of an integer accumulator type, for the Sum overflow message.
+template <class T>
+constexpr const char* int_type_name() {
+  return std::is_same<T, int32_t>::value ? "int32"
+         : std::is_same<T, uint64_t>::value ? "uint64" : "int64";
 }
 
 // A null value row leaves the aggregate unchanged and outputs it (null if none); with TTL it is a
@@ -610,7 +665,7 @@ void fold_rows(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayVi
           }
           release_undo(undo_buf);
         }
-        fail("values: " + row_str(i) + ": " + (kTs == 4 ? "int32" : "int64") +
+        fail("values: " + row_str(i) + ": " + int_type_name<T>() +
              " sum overflows (" + std::to_string(old) + " + " + std::to_string(x) +
              "); the batch was not applied");
       }
@@ -675,10 +730,11 @@ void fold_reducer(Reducer r, StateTable& table, const int32_t* kgs, RowKeys& rk,
 }
 
 // add_batch's checks of the value type, reducer and values (formats, length).
-void check_add_values(ValueType value_type, Reducer reducer, const KeyArrays& keys,
+void check_add_values(const ValueSpec& value_type, Reducer reducer, const KeyArrays& keys,
                       const ArrayView& values) {
+  const ValueType t = value_type.type;
   if (reducer == Reducer::Count) {
-    if (value_type != ValueType::Int64)
+    if (t != ValueType::Int64)
       fail(std::string("add_batch: a Count state holds int64 counts, not ") +
            value_type_name(value_type));
     if (values.length() != keys.length())
@@ -686,24 +742,92 @@ void check_add_values(ValueType value_type, Reducer reducer, const KeyArrays& ke
            std::to_string(keys.length()));
     return;
   }
-  const bool arithmetic = reducer == Reducer::Sum || reducer == Reducer::Min ||
-                          reducer == Reducer::Max;
-  if (!is_fixed(value_type) || (arithmetic && value_type == ValueType::Bool))
+  if (reducer == Reducer::Sum && t != ValueType::Int64 && t != ValueType::UInt64 &&
+      t != ValueType::Float64 && t != ValueType::Int32)
+    fail("add_batch: Sum needs an int64, uint64, float64 or int32 state, not " +
+         value_type_name(value_type));
+  const bool ordered = reducer == Reducer::Min || reducer == Reducer::Max;
+  if (!is_fixed(value_type) || (ordered && t == ValueType::Bool))
     fail(std::string("add_batch: ") +
-         (arithmetic ? "Sum/Min/Max need an int64, float64 or int32 state, not "
-                     : "First/Last need a fixed-width state, not ") +
+         (ordered ? "Min/Max need a fixed-width state other than bool, not "
+                  : "First/Last need a fixed-width state, not ") +
          value_type_name(value_type));
   check_values(value_type, keys, values);
 }
 
+// A null value row of a FixedSizeBinary add_batch: emit_current over `w`-byte values.
+void emit_current_bytes(StateMap& m, const RowKeys& rk, int64_t i, size_t w, uint8_t* out,
+                        uint8_t* valid, const TtlBatchSpec& ttl, int64_t* expired) {
+  std::memset(out, 0, w);
+  if (ttl.enabled) {
+    valid[i] = ttl_read(m, rk, i, fixed_width(w, ttl), ttl, expired,
+                        [&](const uint8_t* p, size_t) { std::memcpy(out, p, w); })
+                   ? 1 : 0;
+    return;
+  }
+  ByteView v;
+  if (kernel_get(m, rk.hash(i, m), rk.data(), rk.size(), &v)) {
+    if (v.size != w) wrong_width(i, v.size, w);
+    std::memcpy(out, v.data, w);
+    valid[i] = 1;
+  } else {
+    valid[i] = 0;
+  }
+}
+
+// add_batch apply pass of a FixedSizeBinary state: fold_rows over `w`-byte values, whose
+// reducers (First, Last, Min, Max by memcmp) never fail, so there is no undo log. Row i's
+// output is out[i * w, (i + 1) * w).
+void fold_bytes(Reducer r, StateTable& table, const int32_t* kgs, RowKeys& rk,
+                const ArrayView& values, size_t w, uint8_t* out, uint8_t* valid,
+                const TtlBatchSpec& ttl, int64_t* expired) {
+  const size_t width = fixed_width(w, ttl);
+  const int64_t n = values.length();
+  for (int64_t i = 0; i < n; ++i) {
+    rk.ahead(i);
+    rk.encode(i, kgs[i]);
+    StateMap& m = table.map_unchecked(kgs[i]);
+    uint8_t* o = out + static_cast<size_t>(i) * w;
+    if (!values.is_valid(i)) {
+      emit_current_bytes(m, rk, i, w, o, valid, ttl, expired);
+      continue;
+    }
+    const uint8_t* x = values.fixed_at(i);
+    size_t sz = 0;
+    bool inserted = false;
+    const uint32_t h = rk.hash(i, m);
+    uint8_t* p = m.engine().flat_fast_upsert(h, rk.data(), rk.size(), width, &sz, &inserted);
+    if (p == nullptr) p = m.upsert(h, rk.data(), rk.size(), width, &sz, &inserted);
+    bool take = true;
+    if (!inserted) {
+      if (sz != width) wrong_width(i, sz, width);
+      if (ttl.enabled && ttl::expired(ttl::load_timestamp(p + w), ttl.ttl_ms, ttl.now)) {
+        ++*expired;  // Python `_unexpired`: counted, then overwritten in place
+      } else if (r == Reducer::First) {
+        take = false;
+      } else if (r == Reducer::Min || r == Reducer::Max) {
+        const int c = std::memcmp(x, p, w);
+        take = r == Reducer::Min ? c < 0 : c > 0;
+      }
+    }
+    if (take) std::memcpy(p, x, w);
+    if (ttl.enabled) ttl::store_timestamp(p + w, ttl.now);
+    std::memcpy(o, p, w);
+    valid[i] = 1;
+  }
+}
+
 }  // namespace
 
-size_t value_width(ValueType t) {
-  switch (t) {
+size_t value_width(const ValueSpec& t) {
+  switch (t.type) {
     case ValueType::Int64:
-    case ValueType::Float64: return 8;
+    case ValueType::Float64:
+    case ValueType::UInt64:
+    case ValueType::Timestamp: return 8;
     case ValueType::Int32: return 4;
     case ValueType::Bool: return 1;
+    case ValueType::FixedSizeBinary: return t.width > 0 ? static_cast<size_t>(t.width) : 0;
     case ValueType::String:
     case ValueType::Binary: return 0;
   }
@@ -711,8 +835,9 @@ size_t value_width(ValueType t) {
 }
 
 void validate_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
-                    ValueType value_type, BatchOp op, Reducer reducer, ArrowInput values_in,
-                    const TtlBatchSpec& ttl) {
+                    const ValueSpec& value_type, BatchOp op, Reducer reducer,
+                    ArrowInput values_in, const TtlBatchSpec& ttl) {
+  check_spec(value_type);
   const KeyArrays keys = make_keys(spec, keys_in);
   if (op == BatchOp::Put) {
     const ArrayView values = make_view(values_in, "values");
@@ -726,10 +851,11 @@ void validate_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys
 }
 
 void get_batch_fixed(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
-                     ValueType value_type, void* out_values, uint8_t* out_valid,
+                     const ValueSpec& value_type, void* out_values, uint8_t* out_valid,
                      const TtlBatchSpec& ttl, int64_t* expired) {
   int64_t local = 0;
   expired = expired_sink(expired, &local);
+  check_spec(value_type);
   const KeyArrays keys = make_keys(spec, keys_in);
   if (!is_fixed(value_type))
     fail(std::string("get_batch_fixed: value type ") + value_type_name(value_type) +
@@ -768,12 +894,14 @@ void get_batch_fixed(StateTable& table, const BatchKeySpec& spec, ArrowInput key
 }
 
 void get_batch_var(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
-                   ValueType value_type, std::vector<int64_t>& offsets, std::vector<uint8_t>& data,
-                   uint8_t* out_valid, const TtlBatchSpec& ttl, int64_t* expired) {
+                   const ValueSpec& value_type, std::vector<int64_t>& offsets,
+                   std::vector<uint8_t>& data, uint8_t* out_valid, const TtlBatchSpec& ttl,
+                   int64_t* expired) {
   int64_t local = 0;
   expired = expired_sink(expired, &local);
+  check_spec(value_type);
   const KeyArrays keys = make_keys(spec, keys_in);
-  if (value_type != ValueType::String && value_type != ValueType::Binary)
+  if (value_type.type != ValueType::String && value_type.type != ValueType::Binary)
     fail(std::string("get_batch_var: value type ") + value_type_name(value_type) +
          " is not variable-width (use get_batch_fixed)");
   check_ttl(ttl);
@@ -803,7 +931,8 @@ void get_batch_var(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_
 }
 
 void put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
-               ValueType value_type, ArrowInput values_in, const TtlBatchSpec& ttl) {
+               const ValueSpec& value_type, ArrowInput values_in, const TtlBatchSpec& ttl) {
+  check_spec(value_type);
   const KeyArrays keys = make_keys(spec, keys_in);
   const ArrayView values = make_view(values_in, "values");
   check_values(value_type, keys, values);
@@ -822,10 +951,20 @@ void put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
     }
     uint8_t* dst;
     size_t sz = 8;
-    switch (value_type) {
+    switch (value_type.type) {
       case ValueType::Int64:
+      case ValueType::Timestamp:
         dst = m.put(rk.data(), rk.size(), 8 + suffix);
         store_i64(dst, values.int64_at(i));
+        break;
+      case ValueType::UInt64:
+        dst = m.put(rk.data(), rk.size(), 8 + suffix);
+        store_le64(dst, values.uint64_at(i));
+        break;
+      case ValueType::FixedSizeBinary:
+        sz = static_cast<size_t>(value_type.width);
+        dst = m.put(rk.data(), rk.size(), sz + suffix);
+        std::memcpy(dst, values.fixed_at(i), sz);
         break;
       case ValueType::Float64:
         dst = m.put(rk.data(), rk.size(), 8 + suffix);
@@ -855,10 +994,11 @@ void put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
 }
 
 void add_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
-               ValueType value_type, Reducer reducer, ArrowInput values_in, void* out_values,
-               uint8_t* out_valid, const TtlBatchSpec& ttl, int64_t* expired) {
+               const ValueSpec& value_type, Reducer reducer, ArrowInput values_in,
+               void* out_values, uint8_t* out_valid, const TtlBatchSpec& ttl, int64_t* expired) {
   int64_t local = 0;
   expired = expired_sink(expired, &local);
+  check_spec(value_type);
   const KeyArrays keys = make_keys(spec, keys_in);
   const ArrayView values = make_view(values_in, "values");
   check_add_values(value_type, reducer, keys, values);
@@ -877,15 +1017,23 @@ void add_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
         },
         [](int64_t) { return int64_t{1}; }, static_cast<int64_t*>(out_values), out_valid, ttl,
         expired);
-  } else if (value_type == ValueType::Int64) {
+  } else if (value_type.type == ValueType::Int64 || value_type.type == ValueType::Timestamp) {
+    // A timestamp is its int64 count of units (Sum was rejected above).
     fold_reducer<int64_t>(reducer, table, kgs, rk, values,
                           [&](int64_t i) { return values.int64_at(i); },
                           static_cast<int64_t*>(out_values), out_valid, ttl, expired);
-  } else if (value_type == ValueType::Int32) {
+  } else if (value_type.type == ValueType::UInt64) {
+    fold_reducer<uint64_t>(reducer, table, kgs, rk, values,
+                           [&](int64_t i) { return values.uint64_at(i); },
+                           static_cast<uint64_t*>(out_values), out_valid, ttl, expired);
+  } else if (value_type.type == ValueType::FixedSizeBinary) {
+    fold_bytes(reducer, table, kgs, rk, values, static_cast<size_t>(value_type.width),
+               static_cast<uint8_t*>(out_values), out_valid, ttl, expired);
+  } else if (value_type.type == ValueType::Int32) {
     fold_reducer<int32_t>(reducer, table, kgs, rk, values,
                           [&](int64_t i) { return values.int32_at(i); },
                           static_cast<int32_t*>(out_values), out_valid, ttl, expired);
-  } else if (value_type == ValueType::Bool) {
+  } else if (value_type.type == ValueType::Bool) {
     // bool is one byte holding 0/1 on every platform the build supports (checked below), so the
     // caller's uint8_t[n] output is written as bool[n].
     static_assert(sizeof(bool) == 1, "bool outputs are written into uint8_t buffers");

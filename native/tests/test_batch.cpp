@@ -1084,4 +1084,188 @@ TEST(ttl_wrong_width_is_a_batch_error) {
   CHECK_EQ(t.size(), size_t{2});
 }
 
+// ---------------------------------------------------------------- uint64, timestamp, fixed_size_binary
+
+using U64 = std::vector<std::optional<uint64_t>>;
+
+// A fixed_size_binary(w) array ("w:<w>") of w-byte strings, `pad` null junk elements first.
+TestArray fsb(int32_t w, const Str& xs, int64_t pad = 0) {
+  TestArray a;
+  a.format = "w:" + std::to_string(w);
+  bool any_null = pad > 0;
+  const int64_t total = pad + static_cast<int64_t>(xs.size());
+  for (int64_t j = 0; j < total; ++j) {
+    const bool valid = j >= pad && xs[j - pad].has_value();
+    const std::string s = valid ? *xs[j - pad] : std::string(static_cast<size_t>(w), 'J');
+    a.data.insert(a.data.end(), s.begin(), s.end());
+    a.set_valid(j, valid);
+    any_null = any_null || !valid;
+  }
+  a.data.push_back(0);  // never empty
+  a.finish(static_cast<int64_t>(xs.size()), pad, 2, any_null);
+  return a;
+}
+
+std::string le_bytes(uint64_t u) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(u >> (8 * i));
+  return out;
+}
+
+TEST(uint64_values_are_unsigned_little_endian_and_sum_overflow_rolls_back) {
+  StateTable t(0, 127);
+  const BatchKeySpec sp = spec_for(KeyType::Int64);
+  const uint64_t top = UINT64_MAX, half = uint64_t{1} << 63;
+  TestArray keys = fixed<int64_t>("l", I64{1, 2, 3, 4}, 2);
+  TestArray vals = fixed<uint64_t>("L", U64{top, half, std::nullopt, 1}, 3);
+  put_batch(t, sp, keys.in(), ValueType::UInt64, vals.in());
+  CHECK_EQ(t.size(), size_t{3});
+  const auto d = dump(t);
+  CHECK(d.at(ekey(1)) == le_bytes(top));
+  CHECK(d.at(ekey(2)) == le_bytes(half));
+  TestArray q = fixed<int64_t>("l", I64{2, 3, 1, 4});
+  uint64_t out[4];
+  uint8_t valid[4];
+  get_batch_fixed(t, sp, q.in(), ValueType::UInt64, out, valid);
+  CHECK_EQ(out[0], half);
+  CHECK_EQ(int(valid[1]), 0);
+  CHECK_EQ(out[1], uint64_t{0});
+  CHECK_EQ(out[2], top);
+  CHECK_EQ(out[3], uint64_t{1});
+  // Min/Max compare unsigned: 2^63 is above 1 (as int64 it would be below).
+  TestArray k2 = fixed<int64_t>("l", I64{4, 4, 2});
+  TestArray v2 = fixed<uint64_t>("L", U64{half, 0, 1});
+  add_batch(t, sp, k2.in(), ValueType::UInt64, Reducer::Max, v2.in(), out, valid);
+  CHECK_EQ(out[0], half);
+  CHECK_EQ(out[1], half);
+  CHECK_EQ(out[2], half);
+  add_batch(t, sp, k2.in(), ValueType::UInt64, Reducer::Min, v2.in(), out, valid);
+  CHECK_EQ(out[1], uint64_t{0});
+  CHECK_EQ(out[2], uint64_t{1});
+  // Sum: up to 2^64 - 1 fits; one more overflows, and the whole batch is undone.
+  TestArray k3 = fixed<int64_t>("l", I64{9, 9});
+  TestArray v3 = fixed<uint64_t>("L", U64{half, half - 1});
+  add_batch(t, sp, k3.in(), ValueType::UInt64, Reducer::Sum, v3.in(), out, valid);
+  CHECK_EQ(out[1], top);
+  const auto before = dump(t);
+  TestArray k4 = fixed<int64_t>("l", I64{5, 2, 9});
+  TestArray v4 = fixed<uint64_t>("L", U64{7, 1, 1});
+  CHECK(batch_error([&] { add_batch(t, sp, k4.in(), ValueType::UInt64, Reducer::Sum, v4.in(), out, valid); },
+                    "uint64 sum overflows"));
+  CHECK(dump(t) == before);
+  TestArray i64 = fixed<int64_t>("l", I64{1, 2, 3, 4});
+  CHECK(batch_error([&] { put_batch(t, sp, q.in(), ValueType::UInt64, i64.in()); },
+                    "value type uint64, got int64"));
+  CHECK(batch_error([&] { put_batch(t, sp, q.in(), ValueType::Int64, vals.in()); },
+                    "value type int64, got uint64"));
+}
+
+TEST(timestamp_values_check_the_unit_and_reduce_as_int64) {
+  StateTable t(0, 127);
+  const BatchKeySpec sp = spec_for(KeyType::Int64);
+  const ValueSpec ms = ValueSpec::timestamp('m');
+  TestArray keys = fixed<int64_t>("l", I64{1, 2, 3}, 1);
+  TestArray vals = fixed<int64_t>("tsm:", I64{INT64_MIN, -1, INT64_MAX}, 2);
+  put_batch(t, sp, keys.in(), ms, vals.in());
+  CHECK(dump(t).at(ekey(2)) == le_bytes(UINT64_MAX));  // -1: the int64 bytes
+  // Any time zone: the stored count is UTC-based either way.
+  TestArray zoned = fixed<int64_t>("tsm:Asia/Tokyo", I64{5, std::nullopt, 6});
+  put_batch(t, sp, keys.in(), ms, zoned.in());
+  int64_t out[3];
+  uint8_t valid[3];
+  get_batch_fixed(t, sp, keys.in(), ms, out, valid);
+  CHECK_EQ(out[0], int64_t{5});
+  CHECK_EQ(int(valid[1]), 0);
+  CHECK_EQ(out[2], int64_t{6});
+  const auto before = dump(t);
+  TestArray secs = fixed<int64_t>("tss:", I64{1, 2, 3});
+  CHECK(batch_error([&] { put_batch(t, sp, keys.in(), ms, secs.in()); },
+                    "value type timestamp[ms], got timestamp[s]"));
+  CHECK(batch_error([&] { put_batch(t, sp, keys.in(), ValueType::Int64, vals.in()); },
+                    "value type int64, got timestamp[ms]"));
+  CHECK(batch_error([&] { add_batch(t, sp, keys.in(), ms, Reducer::Sum, vals.in(), out, valid); },
+                    "Sum needs an int64, uint64, float64 or int32 state, not timestamp[ms]"));
+  CHECK(batch_error([&] { put_batch(t, sp, keys.in(), ValueSpec::timestamp('x'), vals.in()); },
+                    "unit 'x'"));
+  CHECK(dump(t) == before);
+  TestArray k2 = fixed<int64_t>("l", I64{1, 1, 3});
+  TestArray v2 = fixed<int64_t>("tsm:", I64{INT64_MIN, 7, std::nullopt});
+  add_batch(t, sp, k2.in(), ms, Reducer::Min, v2.in(), out, valid);
+  CHECK_EQ(out[0], INT64_MIN);
+  CHECK_EQ(out[1], INT64_MIN);
+  CHECK_EQ(out[2], int64_t{6});
+  add_batch(t, sp, k2.in(), ms, Reducer::Last, v2.in(), out, valid);
+  CHECK_EQ(out[1], int64_t{7});
+}
+
+TEST(fixed_size_binary_values_are_their_bytes_and_compare_as_bytes) {
+  for (int32_t w : {3, 300}) {  // 300: wider than the flat engine's inline values
+    StateTable t(0, 127);
+    const BatchKeySpec sp = spec_for(KeyType::Int64);
+    const ValueSpec vt = ValueSpec::fixed_size_binary(w);
+    auto val = [w](char c, char last = 0) {
+      std::string s(static_cast<size_t>(w), c);
+      if (last) s.back() = last;
+      return s;
+    };
+    TestArray keys = fixed<int64_t>("l", I64{1, 2, 3}, 2);
+    TestArray vals = fsb(w, Str{val('a'), std::nullopt, val('\x80', '\0')}, 3);
+    put_batch(t, sp, keys.in(), vt, vals.in());
+    CHECK_EQ(t.size(), size_t{2});
+    CHECK(dump(t).at(ekey(3)) == val('\x80', '\0'));
+    std::vector<uint8_t> out(4 * static_cast<size_t>(w), 0xEE);  // rows of the 4-row batches
+    uint8_t valid[4];
+    get_batch_fixed(t, sp, keys.in(), vt, out.data(), valid);
+    CHECK(std::string(out.begin(), out.begin() + w) == val('a'));
+    CHECK_EQ(int(valid[1]), 0);
+    CHECK(std::string(out.begin() + w, out.begin() + 2 * w) == std::string(w, '\0'));
+    CHECK(std::string(out.begin() + 2 * w, out.begin() + 3 * w) == val('\x80', '\0'));
+    // memcmp order (unsigned bytes, Python's): 0x80 is above 'a' and 'b'.
+    TestArray k2 = fixed<int64_t>("l", I64{1, 1, 3, 3});
+    TestArray v2 = fsb(w, Str{val('b'), val('a', 'A'), val('b'), std::nullopt});
+    add_batch(t, sp, k2.in(), vt, Reducer::Max, v2.in(), out.data(), valid);
+    CHECK(std::string(out.begin(), out.begin() + w) == val('b'));
+    CHECK(std::string(out.begin() + w, out.begin() + 2 * w) == val('b'));
+    CHECK(std::string(out.begin() + 2 * w, out.begin() + 3 * w) == val('\x80', '\0'));
+    add_batch(t, sp, k2.in(), vt, Reducer::Min, v2.in(), out.data(), valid);
+    CHECK(std::string(out.begin() + w, out.begin() + 2 * w) == val('a', 'A'));
+    CHECK(std::string(out.begin() + 2 * w, out.begin() + 3 * w) == val('b'));
+    add_batch(t, sp, k2.in(), vt, Reducer::First, v2.in(), out.data(), valid);
+    CHECK(std::string(out.begin(), out.begin() + w) == val('a', 'A'));
+    add_batch(t, sp, k2.in(), vt, Reducer::Last, v2.in(), out.data(), valid);
+    CHECK(std::string(out.begin() + w, out.begin() + 2 * w) == val('a', 'A'));
+    CHECK_EQ(int(valid[3]), 1);  // a null row shows the current aggregate
+    const auto before = dump(t);
+    TestArray narrow = fsb(w - 1, Str{val('a').substr(1), std::nullopt, std::nullopt});
+    CHECK(batch_error([&] { put_batch(t, sp, keys.in(), vt, narrow.in()); },
+                      "value type fixed_size_binary[" + std::to_string(w) +
+                          "], got fixed_size_binary[" + std::to_string(w - 1) + "]"));
+    CHECK(batch_error([&] { add_batch(t, sp, k2.in(), vt, Reducer::Sum, v2.in(), out.data(), valid); },
+                      "Sum needs"));
+    CHECK(batch_error([&] { put_batch(t, sp, keys.in(), ValueSpec::fixed_size_binary(0), vals.in()); },
+                      "width 0 must be >= 1"));
+    CHECK(batch_error([&] { validate_batch(t, sp, keys.in(), vt, BatchOp::Put, Reducer::Sum, narrow.in()); },
+                      "got fixed_size_binary"));
+    CHECK(dump(t) == before);
+    // With TTL the timestamp follows the w bytes; an expired aggregate starts over.
+    TtlBatchSpec ttl;
+    ttl.enabled = true;
+    ttl.ttl_ms = 10;
+    ttl.now = 100;
+    StateTable tt(0, 127);
+    int64_t expired = 0;
+    add_batch(tt, sp, k2.in(), vt, Reducer::First, v2.in(), out.data(), valid, ttl, &expired);
+    CHECK_EQ(dump(tt).at(ekey(1)).size(), static_cast<size_t>(w) + 8);
+    ttl.now = 110;
+    add_batch(tt, sp, k2.in(), vt, Reducer::First, v2.in(), out.data(), valid, ttl, &expired);
+    CHECK_EQ(expired, int64_t{2});  // keys 1 and 3, each met once expired
+    CHECK(std::string(out.begin(), out.begin() + w) == val('b'));
+    ttl.now = 125;
+    get_batch_fixed(tt, sp, keys.in(), vt, out.data(), valid, ttl, &expired);
+    CHECK_EQ(int(valid[0]), 0);
+    CHECK_EQ(expired, int64_t{2});
+    CHECK_EQ(tt.size(), size_t{0});
+  }
+}
+
 TEST_MAIN()

@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from statecore import key_types as KT
+from statecore import value_types as VT
 from statecore.errors import InvalidInputError, StateError
 
 cimport _native_core as c
@@ -34,18 +35,18 @@ _KEY_KINDS = {"int32": c.KeyType.Int32, "int64": c.KeyType.Int64, "string": c.Ke
               "timestamp": c.KeyType.Timestamp, "fixed_size_binary": c.KeyType.FixedSizeBinary}
 _TIME_UNITS = {"s": c.TimeUnit.Second, "ms": c.TimeUnit.Milli, "us": c.TimeUnit.Micro,
                "ns": c.TimeUnit.Nano}
-_VALUE_TYPES = {"int64": c.ValueType.Int64, "float64": c.ValueType.Float64,
+# Value type kinds (statecore.value_types) the batch kernels serve, and their ValueType.
+_VALUE_KINDS = {"int64": c.ValueType.Int64, "float64": c.ValueType.Float64,
                 "int32": c.ValueType.Int32, "bool": c.ValueType.Bool,
-                "string": c.ValueType.String, "binary": c.ValueType.Binary}
-# numpy dtype and Arrow type of get_batch_fixed/add_batch outputs per fixed-width value type
-# (bool: a 0/1 byte per row, bit-packed into the Arrow result).
-_FIXED_OUT = {"int64": (np.int64, pa.int64()), "float64": (np.float64, pa.float64()),
-              "int32": (np.int32, pa.int32()), "bool": (np.uint8, pa.bool_())}
+                "string": c.ValueType.String, "binary": c.ValueType.Binary,
+                "uint64": c.ValueType.UInt64, "timestamp": c.ValueType.Timestamp,
+                "fixed_size_binary": c.ValueType.FixedSizeBinary}
+_UNIT_LETTERS = {"s": b"s", "ms": b"m", "us": b"u", "ns": b"n"}  # ArrowKind time units
 _REDUCERS = {"sum": c.Reducer.Sum, "min": c.Reducer.Min, "max": c.Reducer.Max,
              "count": c.Reducer.Count, "first": c.Reducer.First, "last": c.Reducer.Last}
 
-#: Value types the batch kernels serve natively (others go through the per-row path).
-BATCH_VALUE_TYPES = frozenset(_VALUE_TYPES)
+#: Value type kinds the batch kernels serve natively (others go through the per-row path).
+BATCH_VALUE_KINDS = frozenset(_VALUE_KINDS)
 #: Built-in reducers the add_batch kernel serves natively.
 BATCH_REDUCERS = frozenset(_REDUCERS)
 
@@ -56,6 +57,34 @@ cdef c.Assigner _assigner(str name) except *:
     if name == "flink":
         return c.Assigner.Flink
     raise InvalidInputError(f"unknown assigner {name!r}; expected 'spark' or 'flink'")
+
+
+cdef c.ValueSpec _value_spec(str value_type) except *:
+    """The kernels' ValueSpec of a value type name; InvalidInputError for one they do not
+    serve (pickle)."""
+    cdef c.ValueSpec v
+    ser = VT.value_serializer(value_type)
+    if ser.kind not in _VALUE_KINDS:
+        raise InvalidInputError(f"value type {value_type!r} has no batch kernel")
+    v.type = _VALUE_KINDS[ser.kind]
+    v.unit = 0
+    v.width = 0
+    if ser.kind == "timestamp":
+        v.unit = _UNIT_LETTERS[ser.unit][0]
+    elif ser.kind == "fixed_size_binary":
+        v.width = ser.width
+    return v
+
+
+cdef _fixed_out_array(str value_type, vals, uint8_t[::1] valid, int64_t n, size_t width):
+    """The Arrow array of a fixed-width kernel output: ``vals`` holds ``width`` bytes per row
+    (bool: a 0/1 byte per row, bit-packed here), ``valid`` a 0/1 byte per row."""
+    typ = VT.value_serializer(value_type).arrow_type
+    if typ == pa.bool_():
+        buf = pa.py_buffer(np.packbits(vals[:n], bitorder="little"))
+    else:
+        buf = pa.py_buffer(vals[:n * width])
+    return pa.Array.from_buffers(typ, n, [_bitmap(valid[:n], n), buf])
 
 
 cdef c.TtlBatchSpec _ttl_spec(ttl) except *:
@@ -562,12 +591,54 @@ cdef enum _StoredCode:
     _STORED_INT32 = 3
     _STORED_BOOL = 4
     _STORED_STRING = 5
+    _STORED_UINT64 = 6
+    _STORED_FIXED_BYTES = 7  # fixed_size_binary[N]: exactly N bytes
+    # timestamp[u]: int64 bytes and an int form, as int64; one code per unit for the error texts
+    _STORED_TS_S = 8
+    _STORED_TS_MS = 9
+    _STORED_TS_US = 10
+    _STORED_TS_NS = 11
 
 _STORED_CODES = {"binary": _STORED_BYTES, "pickle": _STORED_BYTES, "int64": _STORED_INT64,
                  "float64": _STORED_FLOAT64, "int32": _STORED_INT32, "bool": _STORED_BOOL,
-                 "string": _STORED_STRING}
+                 "string": _STORED_STRING, "uint64": _STORED_UINT64,
+                 "fixed_size_binary": _STORED_FIXED_BYTES, "timestamp[s]": _STORED_TS_S,
+                 "timestamp[ms]": _STORED_TS_MS, "timestamp[us]": _STORED_TS_US,
+                 "timestamp[ns]": _STORED_TS_NS}
 _STORED_NAMES = {_STORED_INT64: "int64", _STORED_FLOAT64: "float64", _STORED_INT32: "int32",
-                 _STORED_BOOL: "bool"}
+                 _STORED_BOOL: "bool", _STORED_UINT64: "uint64", _STORED_TS_S: "timestamp[s]",
+                 _STORED_TS_MS: "timestamp[ms]", _STORED_TS_US: "timestamp[us]",
+                 _STORED_TS_NS: "timestamp[ns]"}
+
+
+# A value type's stored form: the code and, for a fixed-width type, its width (0 = variable).
+# A struct passed by value keeps the per-record path free of Python objects.
+cdef struct _Fmt:
+    int code
+    Py_ssize_t width
+
+
+cdef _Fmt _fmt_of(str value_type) except *:
+    """The stored form of a value type name (statecore.value_types); InvalidInputError for an
+    unknown one."""
+    cdef _Fmt f
+    ser = VT.value_serializer(value_type)
+    code = _STORED_CODES.get(ser.name if ser.kind == "timestamp" else ser.kind)
+    if code is None:
+        raise InvalidInputError(f"no stored-value format for value type {value_type!r}")
+    f.code = code
+    f.width = ser.fixed_width or 0
+    return f
+
+
+cdef inline bint _int64_like(int code):
+    return code == _STORED_INT64 or _STORED_TS_S <= code <= _STORED_TS_NS
+
+
+cdef str _stored_name(_Fmt f):
+    if f.code == _STORED_FIXED_BYTES:
+        return f"fixed_size_binary[{f.width}]"
+    return _STORED_NAMES[f.code]
 
 
 cdef inline void _put_le(uint8_t* p, uint64_t v, int n):
@@ -592,16 +663,17 @@ cdef inline uint64_t _get_be(const uint8_t* p, int n):
     return v
 
 
-cdef object _decode_stored(const uint8_t* p, size_t n, int code):
+cdef object _decode_stored(const uint8_t* p, size_t n, _Fmt f):
     """serializers.ValueSerializer.deserialize (same errors) of ``n`` bytes at ``p``."""
-    cdef size_t w = 8 if code in (_STORED_INT64, _STORED_FLOAT64) else (
-        4 if code == _STORED_INT32 else (1 if code == _STORED_BOOL else 0))
+    cdef int code = f.code
     cdef uint64_t u
     cdef double d
-    if w and n != w:
-        raise InvalidInputError(f"{_STORED_NAMES[code]} value must be {w} bytes, got {n}")
-    if code == _STORED_INT64:
+    if f.width and n != <size_t>f.width:
+        raise InvalidInputError(f"{_stored_name(f)} value must be {f.width} bytes, got {n}")
+    if _int64_like(code):
         return <int64_t>_get_le(p, 8)
+    if code == _STORED_UINT64:
+        return _get_le(p, 8)
     if code == _STORED_FLOAT64:
         u = _get_le(p, 8)
         memcpy(&d, &u, 8)
@@ -627,23 +699,19 @@ _LAYOUTS = {"value": _LAYOUT_VALUE, "reducing": _LAYOUT_VALUE, "aggregating": _L
             "list": _LAYOUT_LIST, "map": _LAYOUT_MAP}
 
 
-cdef inline Py_ssize_t _fixed_width(int code):
-    if code == _STORED_INT64 or code == _STORED_FLOAT64:
-        return 8
-    if code == _STORED_INT32:
-        return 4
-    if code == _STORED_BOOL:
-        return 1
-    return 0
-
-
-cdef Py_ssize_t _fixed_into(object s, int code, uint8_t* dst) except -2:
-    """Writes a fixed-width stored value's bytes to ``dst`` and returns their number; -1 for a
-    variable-width code (nothing written)."""
+cdef Py_ssize_t _fixed_into(object s, _Fmt f, uint8_t* dst) except -2:
+    """Writes a fixed-width stored value's f.width bytes to ``dst`` and returns their number;
+    -1 for a variable-width type (nothing written). ValueError/TypeError/OverflowError for a
+    stored form that does not fit."""
+    cdef int code = f.code
     cdef uint64_t u
     cdef double d
-    if code == _STORED_INT64:
+    cdef bytes b
+    if _int64_like(code):
         _put_le(dst, <uint64_t><int64_t>s, 8)
+        return 8
+    if code == _STORED_UINT64:
+        _put_le(dst, <uint64_t>s, 8)
         return 8
     if code == _STORED_FLOAT64:
         d = s
@@ -656,11 +724,21 @@ cdef Py_ssize_t _fixed_into(object s, int code, uint8_t* dst) except -2:
     if code == _STORED_BOOL:
         dst[0] = 1 if s else 0
         return 1
+    if code == _STORED_FIXED_BYTES:
+        b = _var_bytes(s, f)
+        memcpy(dst, PyBytes_AS_STRING(b), f.width)
+        return f.width
     return -1
 
 
-cdef inline bytes _var_bytes(object s, int code):
-    return PyUnicode_AsUTF8String(s) if code == _STORED_STRING else <bytes?>s
+cdef inline bytes _var_bytes(object s, _Fmt f):
+    """The bytes of a string/binary/pickle (or fixed_size_binary) stored value."""
+    if f.code == _STORED_STRING:
+        return PyUnicode_AsUTF8String(s)
+    cdef bytes b = <bytes?>s
+    if f.code == _STORED_FIXED_BYTES and PyBytes_GET_SIZE(b) != f.width:
+        raise ValueError(f"{_stored_name(f)} value of {PyBytes_GET_SIZE(b)} bytes")
+    return b
 
 
 cdef inline bytes _be_bytes(object ts):
@@ -691,23 +769,23 @@ cdef int _read_varlen(const uint8_t* p, size_t size, size_t* pos, uint64_t* out)
             raise InvalidInputError("varlen longer than 64 bits")
 
 
-cdef object _decode_value(const uint8_t* p, size_t n, int code, bint ttl):
+cdef object _decode_value(const uint8_t* p, size_t n, _Fmt f, bint ttl):
     if not ttl:
-        return _decode_stored(p, n, code)
+        return _decode_stored(p, n, f)
     if n < 8:
         raise InvalidInputError(f"TTL value of {n} bytes lacks its 8-byte timestamp")
-    return (_decode_stored(p, n - 8, code), <int64_t>_get_be(p + n - 8, 8))
+    return (_decode_stored(p, n - 8, f), <int64_t>_get_be(p + n - 8, 8))
 
 
-cdef list _decode_list(const uint8_t* p, size_t size, int code, bint ttl):
-    cdef size_t w = _fixed_width(code), pos = 0, n, need
+cdef list _decode_list(const uint8_t* p, size_t size, _Fmt f, bint ttl):
+    cdef size_t w = f.width, pos = 0, n, need
     cdef uint64_t vn
     cdef list out = []
     if w and not ttl:
         if size % w:
             raise InvalidInputError(f"list blob of {size} bytes is not a multiple of {w}")
         while pos < size:
-            out.append(_decode_stored(p + pos, w, code))
+            out.append(_decode_stored(p + pos, w, f))
             pos += w
         return out
     while pos < size:
@@ -721,13 +799,13 @@ cdef list _decode_list(const uint8_t* p, size_t size, int code, bint ttl):
         need = n + (8 if ttl else 0)
         if need > size - pos:
             raise InvalidInputError("truncated list element")
-        e = _decode_stored(p + pos, n, code)
+        e = _decode_stored(p + pos, n, f)
         out.append((e, <int64_t>_get_be(p + pos + n, 8)) if ttl else e)
         pos += need
     return out
 
 
-cdef dict _decode_map(const uint8_t* p, size_t size, int code, bint ttl):
+cdef dict _decode_map(const uint8_t* p, size_t size, _Fmt f, bint ttl):
     cdef size_t pos = 0, koff, voff
     cdef uint64_t kn, vn
     cdef list spans = []
@@ -747,12 +825,12 @@ cdef dict _decode_map(const uint8_t* p, size_t size, int code, bint ttl):
         spans.append((koff, kn, voff, vn))
     cdef dict out = {}
     for koff, kn, voff, vn in spans:
-        out[PyBytes_FromStringAndSize(<const char*>p + koff, kn)] = _decode_value(p + voff, vn, code, ttl)
+        out[PyBytes_FromStringAndSize(<const char*>p + koff, kn)] = _decode_value(p + voff, vn, f, ttl)
     return out
 
 
-cdef bytes _encode_list(object stored, int code, bint ttl):
-    cdef Py_ssize_t w = _fixed_width(code), total = 0, cnt, i
+cdef bytes _encode_list(object stored, _Fmt f, bint ttl):
+    cdef Py_ssize_t w = f.width, total = 0, cnt, i
     cdef int64_t check_ts
     cdef bytes out
     cdef uint8_t* q
@@ -764,20 +842,20 @@ cdef bytes _encode_list(object stored, int code, bint ttl):
         for e in items:
             if ttl:
                 v, ts = e
-                q += _fixed_into(v, code, q)
+                q += _fixed_into(v, f, q)
                 _put_be(q, <uint64_t><int64_t>ts, 8)
                 q += 8
             else:
-                q += _fixed_into(e, code, q)
+                q += _fixed_into(e, f, q)
         return out
     raws = []
     for e in items:
         if ttl:
             v, ts = e
             check_ts = ts  # a timestamp outside int64 fails before the blob is built
-            r = _var_bytes(v, code)
+            r = _var_bytes(v, f)
         else:
-            r = _var_bytes(e, code)
+            r = _var_bytes(e, f)
         raws.append(r)
         total += _varlen_size(PyBytes_GET_SIZE(r)) + PyBytes_GET_SIZE(r) + (8 if ttl else 0)
     out = PyBytes_FromStringAndSize(NULL, total)
@@ -794,7 +872,7 @@ cdef bytes _encode_list(object stored, int code, bint ttl):
     return out
 
 
-cdef bytes _encode_map(object stored, int code, bint ttl):
+cdef bytes _encode_map(object stored, _Fmt f, bint ttl):
     cdef uint8_t buf[8]
     cdef Py_ssize_t n, total = 0
     cdef bytes out, kb, vb
@@ -806,8 +884,9 @@ cdef bytes _encode_map(object stored, int code, bint ttl):
             v, ts = stored[uk]
         else:
             v = stored[uk]
-        n = _fixed_into(v, code, buf)
-        vb = PyBytes_FromStringAndSize(<const char*>buf, n) if n >= 0 else _var_bytes(v, code)
+        # buf holds the numeric types; wider fixed_size_binary values take the bytes path
+        n = _fixed_into(v, f, buf) if f.width <= 8 else -1
+        vb = PyBytes_FromStringAndSize(<const char*>buf, n) if n >= 0 else _var_bytes(v, f)
         if ttl:
             vb += _be_bytes(ts)
         pairs.append((kb, vb))
@@ -932,7 +1011,7 @@ cdef class NativeStateTable:
     """
     cdef c.StateTable* table
     cdef readonly int32_t kg_start, kg_end
-    cdef int vcode  # set_value_format
+    cdef _Fmt vfmt  # set_value_format
     cdef int vlayout
     cdef bint vttl
     cdef int busy  # a call without the GIL is running on the table
@@ -998,15 +1077,14 @@ cdef class NativeStateTable:
 
     def set_value_format(self, str kind, str value_type, bint ttl):
         """State kind (value, reducing and aggregating share a layout; list; map), value type
-        (serializers.VALUE_TYPES; ``pickle`` stores its bytes as they are) and whether values,
-        list elements and map user values carry the 8-byte TTL timestamp suffix, for
+        (a statecore.value_types name; ``pickle`` stores its bytes as they are) and whether
+        values, list elements and map user values carry the 8-byte TTL timestamp suffix, for
         :meth:`get_stored` / :meth:`put_stored`. InvalidInputError for an unknown kind or
         value type."""
-        code = _STORED_CODES.get(value_type)
         layout = _LAYOUTS.get(kind)
-        if code is None or layout is None:
+        if layout is None:
             raise InvalidInputError(f"no stored-value format for a {kind!r} state of {value_type!r}")
-        self.vcode = code
+        self.vfmt = _fmt_of(value_type)
         self.vlayout = layout
         self.vttl = ttl
 
@@ -1020,16 +1098,16 @@ cdef class NativeStateTable:
         if not m.get(<const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), &out):
             return None
         if self.vlayout == _LAYOUT_LIST:
-            return _decode_list(out.data, out.size, self.vcode, self.vttl)
+            return _decode_list(out.data, out.size, self.vfmt, self.vttl)
         if self.vlayout == _LAYOUT_MAP:
-            return _decode_map(out.data, out.size, self.vcode, self.vttl)
-        return _decode_value(out.data, out.size, self.vcode, self.vttl)
+            return _decode_map(out.data, out.size, self.vfmt, self.vttl)
+        return _decode_value(out.data, out.size, self.vfmt, self.vttl)
 
     def put_stored(self, int32_t kg, bytes key not None, stored):
         """Insert or overwrite ``key`` with a stored form (as :meth:`get_stored` returns). The
         bytes are built before the map is touched, so a stored form that does not fit the
         format (InvalidInputError) changes nothing."""
-        cdef uint8_t buf[16]
+        cdef uint8_t buf[16]  # a value of up to 8 bytes and its TTL timestamp
         cdef const uint8_t* src = buf
         cdef Py_ssize_t n
         cdef bytes raw = None
@@ -1037,21 +1115,21 @@ cdef class NativeStateTable:
         cdef uint8_t* dst
         try:
             if self.vlayout == _LAYOUT_LIST:
-                raw = _encode_list(stored, self.vcode, self.vttl)
+                raw = _encode_list(stored, self.vfmt, self.vttl)
             elif self.vlayout == _LAYOUT_MAP:
-                raw = _encode_map(stored, self.vcode, self.vttl)
+                raw = _encode_map(stored, self.vfmt, self.vttl)
             elif self.vttl:
                 v, ts = stored
-                n = _fixed_into(v, self.vcode, buf)
+                n = _fixed_into(v, self.vfmt, buf) if self.vfmt.width <= 8 else -1
                 if n < 0:
-                    raw = _var_bytes(v, self.vcode) + _be_bytes(ts)
+                    raw = _var_bytes(v, self.vfmt) + _be_bytes(ts)
                 else:
                     _put_be(buf + n, <uint64_t><int64_t>ts, 8)
                     n += 8
             else:
-                n = _fixed_into(stored, self.vcode, buf)
+                n = _fixed_into(stored, self.vfmt, buf) if self.vfmt.width <= 8 else -1
                 if n < 0:
-                    raw = _var_bytes(stored, self.vcode)
+                    raw = _var_bytes(stored, self.vfmt)
         except (TypeError, ValueError, OverflowError) as e:
             raise InvalidInputError(f"stored value {stored!r} does not fit the state's format: "
                                     f"{e}") from None
@@ -1273,8 +1351,9 @@ cdef class NativeStateTable:
 
     def get_batch(self, keys, str key_type, str assigner, int32_t max_parallelism, str value_type,
                   ttl=None, count_expired=None):
-        """Values of ``keys`` as an Arrow array of ``value_type`` (int64, float64, int32, bool ->
-        the same type; string -> large_string, binary -> large_binary); null where absent.
+        """Values of ``keys`` as an Arrow array of ``value_type`` (a statecore.value_types name;
+        the fixed-width ones -> their Arrow type, timestamps without a time zone; string ->
+        large_string, binary -> large_binary); null where absent.
 
         ``keys``: one object with ``__arrow_c_array__`` or a list of them (the chunks of one
         batch, read in place, in order; the result is one array over all of them). With TTL
@@ -1292,24 +1371,19 @@ cdef class NativeStateTable:
         cdef _Chunks k = _Chunks(keys)
         cdef int64_t n = k.total
         cdef int64_t expired = 0, chunk_expired = 0
-        cdef c.ValueType vt
+        cdef c.ValueSpec vt = _value_spec(value_type)
         cdef c.ArrowInput none
         cdef vector[vector[int64_t]] offsets
         cdef vector[vector[uint8_t]] data
         cdef uint8_t[::1] valid
         cdef uint8_t[::1] out_bytes
         cdef uint8_t* out_base
-        cdef size_t width, j, nchunks = k.count()
-        if value_type not in _VALUE_TYPES:
-            raise InvalidInputError(f"value type {value_type!r} has no batch kernel")
-        vt = _VALUE_TYPES[value_type]
-        width = c.value_width(vt)
+        cdef size_t width = c.value_width(vt), j, nchunks = k.count()
         valid_np = np.zeros(max(n, 1), np.uint8)
         valid = valid_np
         if width:
-            dtype, typ = _FIXED_OUT[value_type]
-            vals = np.zeros(max(n, 1), dtype)
-            out_bytes = vals.view(np.uint8)
+            vals = np.zeros(max(n, 1) * width, np.uint8)
+            out_bytes = vals
             out_base = &out_bytes[0]
         else:
             offsets.resize(nchunks)
@@ -1342,11 +1416,7 @@ cdef class NativeStateTable:
             if expired and count_expired is not None:
                 count_expired(expired)
         if width:
-            if value_type == "bool":
-                buf = pa.py_buffer(np.packbits(vals[:n], bitorder="little"))
-            else:
-                buf = pa.py_buffer(vals[:n])
-            return pa.Array.from_buffers(typ, n, [_bitmap(valid[:n], n), buf])
+            return _fixed_out_array(value_type, vals, valid, n, width)
         off_np, data_np = _concat_var(offsets, data, n)
         typ = pa.large_string() if value_type == "string" else pa.large_binary()
         return pa.Array.from_buffers(typ, n, [_bitmap(valid[:n], n), pa.py_buffer(off_np), pa.py_buffer(data_np)])
@@ -1361,11 +1431,8 @@ cdef class NativeStateTable:
         cdef c.TtlBatchSpec tspec = _ttl_spec(ttl)
         cdef _Chunks k = _Chunks(keys)
         cdef _Chunks v = _Chunks(values)
-        cdef c.ValueType vt
+        cdef c.ValueSpec vt = _value_spec(value_type)
         cdef size_t j, nchunks = k.count()
-        if value_type not in _VALUE_TYPES:
-            raise InvalidInputError(f"value type {value_type!r} has no batch kernel")
-        vt = _VALUE_TYPES[value_type]
         k.check_aligned(v)
         self._claim()
         try:
@@ -1386,9 +1453,9 @@ cdef class NativeStateTable:
         """Fold values into the state with a built-in reducer; the running aggregate after each
         row as an array of the state's type (int64 for count), null where none.
 
-        ``keys``/``values`` as in :meth:`put_batch`, except that an int64/int32 ``sum`` takes
-        one chunk only (InvalidInputError otherwise): its overflow is found while applying, and
-        the kernel's undo log covers one call.
+        ``keys``/``values`` as in :meth:`put_batch`, except that an integer (int64, uint64,
+        int32) ``sum`` takes one chunk only (InvalidInputError otherwise): its overflow is found
+        while applying, and the kernel's undo log covers one call.
         ``ttl``/``count_expired`` as in :meth:`get_batch` (batch.h "TTL"): rows fold into the
         unexpired aggregate and stamp ``now_ms``, null rows read as get_batch does; expired
         entries met are reported also when the batch fails (an int64 sum overflow undoes the
@@ -1403,24 +1470,22 @@ cdef class NativeStateTable:
         cdef uint8_t[::1] out_bytes
         cdef uint8_t* out_base
         cdef size_t width, j, nchunks = k.count()
-        cdef c.ValueType vt
+        cdef c.ValueSpec vt = _value_spec(value_type)
         cdef c.Reducer red
-        if value_type not in _FIXED_OUT:
+        if c.value_width(vt) == 0:
             raise InvalidInputError(f"add_batch kernel needs a fixed-width state, got {value_type!r}")
         if reducer not in _REDUCERS:
             raise InvalidInputError(f"reducer {reducer!r} has no batch kernel")
-        if reducer == "sum" and value_type in ("int64", "int32") and nchunks > 1:
-            raise InvalidInputError(f"an {value_type} sum batch must be one chunk (its overflow "
+        if reducer == "sum" and value_type in ("int64", "int32", "uint64") and nchunks > 1:
+            raise InvalidInputError(f"a {value_type} sum batch must be one chunk (its overflow "
                                     "rollback covers one kernel call)")
         k.check_aligned(v)
-        vt = _VALUE_TYPES[value_type]
         red = _REDUCERS[reducer]
-        dtype, typ = _FIXED_OUT["int64" if reducer == "count" else value_type]
-        width = np.dtype(dtype).itemsize
+        width = c.value_width(vt)  # count states are int64 states: their output too
         valid_np = np.zeros(max(n, 1), np.uint8)
         valid = valid_np
-        vals = np.zeros(max(n, 1), dtype)
-        out_bytes = vals.view(np.uint8)
+        vals = np.zeros(max(n, 1) * width, np.uint8)
+        out_bytes = vals
         out_base = &out_bytes[0]
         self._claim()
         try:
@@ -1442,11 +1507,7 @@ cdef class NativeStateTable:
             expired += chunk_expired
             if expired and count_expired is not None:
                 count_expired(expired)
-        if typ == pa.bool_():
-            buf = pa.py_buffer(np.packbits(vals[:n], bitorder="little"))
-        else:
-            buf = pa.py_buffer(vals[:n])
-        return pa.Array.from_buffers(typ, n, [_bitmap(valid[:n], n), buf])
+        return _fixed_out_array(value_type, vals, valid, n, width)
 
 
 cdef _concat_var(vector[vector[int64_t]]& offsets, vector[vector[uint8_t]]& data, int64_t n):

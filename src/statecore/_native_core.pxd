@@ -166,6 +166,14 @@ cdef extern from "statecore/batch.h" namespace "statecore" nogil:
         Binary
         Int32
         Bool
+        UInt64
+        Timestamp
+        FixedSizeBinary
+
+    cdef cppclass ValueSpec:
+        ValueType type
+        char unit
+        int32_t width
 
     cdef enum class BatchOp(uint8_t):
         Get
@@ -199,20 +207,20 @@ cdef extern from "statecore/batch.h" namespace "statecore" nogil:
         cbool return_expired
 
     void get_batch_fixed(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
-                         ValueType value_type, void* out_values, uint8_t* out_valid,
+                         const ValueSpec& value_type, void* out_values, uint8_t* out_valid,
                          const TtlBatchSpec& ttl, int64_t* expired) except +
     void get_batch_var(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
-                       ValueType value_type, vector[int64_t]& offsets, vector[uint8_t]& data,
+                       const ValueSpec& value_type, vector[int64_t]& offsets, vector[uint8_t]& data,
                        uint8_t* out_valid, const TtlBatchSpec& ttl, int64_t* expired) except +
     void put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
-                   ValueType value_type, ArrowInput values, const TtlBatchSpec& ttl) except +
+                   const ValueSpec& value_type, ArrowInput values, const TtlBatchSpec& ttl) except +
     void add_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
-                   ValueType value_type, Reducer reducer, ArrowInput values,
+                   const ValueSpec& value_type, Reducer reducer, ArrowInput values,
                    void* out_values, uint8_t* out_valid, const TtlBatchSpec& ttl,
                    int64_t* expired) except +
-    size_t value_width(ValueType t)
+    size_t value_width(const ValueSpec& t)
     void validate_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
-                        ValueType value_type, BatchOp op, Reducer reducer, ArrowInput values,
+                        const ValueSpec& value_type, BatchOp op, Reducer reducer, ArrowInput values,
                         const TtlBatchSpec& ttl) except +
 
 

@@ -1,9 +1,10 @@
 """State descriptors (after Flink's ``StateDescriptor`` family) and built-in reducers.
 
 A descriptor names a piece of keyed state and fixes its kind and the types it stores. Types are
-value-type names (``"int32"``, ``"int64"``, ``"float64"``, ``"bool"``, ``"string"``,
-``"binary"``, ``"pickle"``) or pyarrow DataTypes; see :mod:`statecore.serializers` for the
-bytes. :meth:`StateDescriptor.meta` is the JSON-able description written into snapshots; on
+value-type names (``"int32"``, ``"int64"``, ``"uint64"``, ``"float64"``, ``"bool"``,
+``"timestamp[ms]"`` (any unit of s, ms, us, ns), ``"string"``, ``"binary"``,
+``"fixed_size_binary[16]"``, ``"pickle"``) or pyarrow DataTypes (``pa.timestamp("ms")``,
+``pa.binary(16)``, ...); see :mod:`statecore.value_types` for the bytes and the Python values. :meth:`StateDescriptor.meta` is the JSON-able description written into snapshots; on
 restore, :meth:`StateDescriptor.check_compatible` compares it with the restored meta and raises
 :class:`~statecore.errors.StateMigrationError` when kind or types differ, or TTL is switched on
 or off (Flink's ``StateMigrationException``) -- unless the descriptor requests that TTL
@@ -36,7 +37,7 @@ __all__ = [
 
 USER_KEY_TYPES = ("int32", "int64", "string", "binary", "pickle")
 BUILTIN_REDUCERS = ("sum", "min", "max", "count", "first", "last")
-_NUMERIC = ("int32", "int64", "float64")
+_NUMERIC = ("int32", "int64", "uint64", "float64")
 
 # Meta fields that must agree between a descriptor and restored state (others are informative).
 _COMPAT_FIELDS = ("kind", "value_type", "user_key_type", "namespace_type")
@@ -280,7 +281,8 @@ class Reducer:
     def fold_arrays(self, accs: list, values: list) -> list:
         """The vectorized function over two equal-length lists of non-null Python values of
         the state's value type (``self.arrow_type``, set by the descriptor): the reduced values
-        as a list. Raises InvalidInputError when ``fn`` fails or returns a wrong array."""
+        as a list of per-record values (ints for timestamps).
+        Raises InvalidInputError when ``fn`` fails or returns a wrong array."""
         import pyarrow as pa
 
         t = self.arrow_type
@@ -303,14 +305,16 @@ class Reducer:
                 raise InvalidInputError(f"vectorized reducer returned {got.type}, not {t}: {e}") from e
         if got.null_count:
             raise InvalidInputError(f"vectorized reducer returned {got.null_count} null(s)")
-        return got.to_pylist()
+        return S.value_serializer(t).to_pylist(got)
 
 
 class ReducingStateDescriptor(StateDescriptor):
     """One aggregate per (key, namespace) folded with ``reducer`` on every ``add``.
 
     ``value_type`` defaults to int64 for ``count`` (the only allowed type for it) and to pickle
-    otherwise; ``sum`` needs int32/int64/float64/pickle; ``min``/``max`` any type but bool.
+    otherwise; ``sum`` needs int32/int64/uint64/float64/pickle (an integer sum that overflows
+    its type raises InvalidInputError and changes nothing); ``min``/``max`` any type but bool
+    (fixed_size_binary and binary compare as bytes); ``first``/``last`` any type.
     Raises InvalidInputError on an unknown reducer or an unsupported type.
     """
 
@@ -325,6 +329,10 @@ class ReducingStateDescriptor(StateDescriptor):
         self.value_type = S.normalize_value_type(value_type)
         if r == "count" and self.value_type != "int64":
             raise InvalidInputError(f"reducer 'count' stores int64, not {self.value_type}")
+        if r == "sum" and self.value_type.startswith("timestamp"):
+            raise InvalidInputError(
+                f"reducer 'sum' does not apply to {self.value_type} values (a sum of instants is "
+                "no instant); use min, max, first, last or count, or sum an int64 state")
         if r == "sum" and self.value_type not in _NUMERIC + ("pickle",):
             raise InvalidInputError(f"reducer 'sum' needs a numeric value type, not {self.value_type}")
         if r in ("min", "max") and self.value_type == "bool":

@@ -2,9 +2,15 @@
 
 Two families of serializers, both selected by a type name (or a pyarrow DataType):
 
-* Value serializers (:func:`value_serializer`): how a state value is stored.
-  ``int64``/``float64`` 8 bytes little-endian, ``int32`` 4 bytes LE, ``bool`` 1 byte,
-  ``string`` UTF-8, ``binary`` raw, ``pickle`` ``pickle.dumps(obj, protocol=5)``.
+* Value serializers (:func:`value_serializer`, defined in :mod:`statecore.value_types`, which
+  also gives the per-record Python values and Arrow types): how a state value is stored.
+  ``int64``/``float64`` 8 bytes little-endian, ``uint64`` 8 bytes little-endian unsigned,
+  ``timestamp[u]`` 8 bytes little-endian int64 count of unit ``u`` (s, ms, us, ns) since
+  1970-01-01 UTC (the unit is part of the type name, so state metas and checkpoints record
+  it), ``int32`` 4 bytes LE, ``bool`` 1 byte, ``fixed_size_binary[N]`` exactly the N bytes
+  (a value of another length is rejected), ``string`` UTF-8, ``binary`` raw, ``pickle``
+  ``pickle.dumps(obj, protocol=5)``. The fixed-width ones (all but string, binary, pickle)
+  carry no length.
 * Key serializers (:func:`key_serializer`): how a key, namespace or map user key is written in an
   encoded key, after Flink's ``IntSerializer``/``LongSerializer``/``StringSerializer``:
   ``int32``/``int64`` big-endian two's complement, ``string``/``binary``
@@ -31,14 +37,19 @@ Every function raises :class:`statecore.errors.InvalidInputError` on bad input o
 from __future__ import annotations
 
 import pickle
-import struct
 from typing import Any, Iterable
 
 import numpy as np
-import pyarrow as pa
 
 from statecore import key_types as KT
 from statecore.errors import InvalidInputError
+from statecore.value_types import (  # noqa: F401 (re-exported)
+    PICKLE_PROTOCOL,
+    VALUE_TYPES,
+    ValueSerializer,
+    normalize_value_type,
+    value_serializer,
+)
 
 __all__ = [
     "VALUE_TYPES",
@@ -66,47 +77,13 @@ __all__ = [
     "decode_timer_key",
 ]
 
-PICKLE_PROTOCOL = 5
-VALUE_TYPES = ("int32", "int64", "float64", "bool", "string", "binary", "pickle")
 #: Key serializers: every key type (statecore.key_types; timestamp[u], fixed_size_binary[N] and
 #: struct<...> take parameters) plus void (namespaces) and pickle (map user keys).
 KEY_SERIALIZER_TYPES = ("int32", "int64", "uint64", "float64", "bool", "timestamp", "string",
                         "binary", "fixed_size_binary", "struct", "void", "pickle")
 NAMESPACE_TYPES = ("void", "int32", "int64", "string", "binary")
 
-_INT32 = (-(1 << 31), (1 << 31) - 1)
 _INT64 = (-(1 << 63), (1 << 63) - 1)
-
-_ALIASES = {
-    "int32": "int32", "int": "int32", "integer": "int32",
-    "int64": "int64", "long": "int64", "bigint": "int64",
-    "float64": "float64", "double": "float64", "float": "float64",
-    "bool": "bool", "boolean": "bool",
-    "string": "string", "str": "string", "utf8": "string", "large_string": "string",
-    "binary": "binary", "bytes": "binary", "large_binary": "binary",
-    "pickle": "pickle", "object": "pickle",
-    "void": "void",
-}
-
-
-def _canonical(type_, allowed: Iterable[str], what: str) -> str:
-    name = None
-    if isinstance(type_, str):
-        name = _ALIASES.get(type_.lower())
-    elif isinstance(type_, pa.DataType):
-        name = _ALIASES.get(str(type_))
-    allowed = tuple(allowed)
-    if name is None or name not in allowed:
-        raise InvalidInputError(
-            f"unsupported {what} type {type_!r}; expected one of {', '.join(allowed)} "
-            "(or the matching pyarrow DataType)"
-        )
-    return name
-
-
-def normalize_value_type(type_) -> str:
-    """Canonical value type name for a name/alias or pyarrow DataType (InvalidInputError else)."""
-    return _canonical(type_, VALUE_TYPES, "value")
 
 
 # --------------------------------------------------------------------------- varints
@@ -150,113 +127,6 @@ def len_bytes(n: int) -> bytes:
         n >>= 8
         if n == 0:
             return bytes(out)
-
-
-# --------------------------------------------------------------------------- value serializers
-
-class ValueSerializer:
-    """Serializer of a state value type (see module docstring for the byte layout).
-
-    Attributes: ``name`` (canonical type name), ``fixed_width`` (bytes, or None when variable),
-    ``arrow_type`` (pa.DataType used by the batch API, None for pickle).
-    """
-
-    def __init__(self, name: str):
-        self.name = name
-        self.fixed_width = {"int32": 4, "int64": 8, "float64": 8, "bool": 1}.get(name)
-        self.arrow_type = {
-            "int32": pa.int32(), "int64": pa.int64(), "float64": pa.float64(),
-            "bool": pa.bool_(), "string": pa.string(), "binary": pa.binary(),
-        }.get(name)
-
-    def __repr__(self):
-        return f"ValueSerializer({self.name!r})"
-
-    def check(self, v: Any) -> Any:
-        """Validate ``v`` and return its canonical Python form: int for int32/int64, float for
-        float64, bool, str, bytes; pickle values (None included) are returned as is. None is
-        rejected for every other type."""
-        n = self.name
-        if v is None and n != "pickle":
-            raise InvalidInputError(f"None is not a valid {n} value")
-        if n in ("int32", "int64"):
-            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-                raise InvalidInputError(f"value {v!r} of type {type(v).__name__} is not an {n}")
-            lo, hi = _INT32 if n == "int32" else _INT64
-            if not lo <= int(v) <= hi:
-                raise InvalidInputError(f"value {int(v)} overflows {n}")
-            return int(v)
-        if n == "float64":
-            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
-                raise InvalidInputError(f"value {v!r} of type {type(v).__name__} is not a float64")
-            try:
-                return float(v)
-            except OverflowError:
-                raise InvalidInputError(f"value {v!r} does not fit in float64") from None
-        if n == "bool":
-            if not isinstance(v, (bool, np.bool_)):
-                raise InvalidInputError(f"value {v!r} of type {type(v).__name__} is not a bool")
-            return bool(v)
-        if n == "string":
-            if not isinstance(v, str):
-                raise InvalidInputError(f"value {v!r} of type {type(v).__name__} is not a string")
-            try:
-                v.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise InvalidInputError(f"string value is not valid Unicode: {e}") from None
-            return v
-        if n == "binary":
-            if not isinstance(v, (bytes, bytearray, memoryview)):
-                raise InvalidInputError(f"value {v!r} of type {type(v).__name__} is not binary")
-            return bytes(v)
-        return v
-
-    def serialize(self, v: Any) -> bytes:
-        """Bytes of ``v`` (validated with :meth:`check`)."""
-        v = self.check(v)
-        n = self.name
-        if n == "int64":
-            return struct.pack("<q", v)
-        if n == "int32":
-            return struct.pack("<i", v)
-        if n == "float64":
-            return struct.pack("<d", v)
-        if n == "bool":
-            return b"\x01" if v else b"\x00"
-        if n == "string":
-            return v.encode("utf-8")
-        if n == "binary":
-            return v
-        try:
-            return pickle.dumps(v, protocol=PICKLE_PROTOCOL)
-        except Exception as e:  # pickling errors have many types
-            raise InvalidInputError(f"value of type {type(v).__name__} cannot be pickled: {e}") from e
-
-    def deserialize(self, b) -> Any:
-        """Inverse of :meth:`serialize`. Raises InvalidInputError on a wrong length."""
-        b = bytes(b)
-        n = self.name
-        if self.fixed_width is not None and len(b) != self.fixed_width:
-            raise InvalidInputError(f"{n} value must be {self.fixed_width} bytes, got {len(b)}")
-        if n == "int64":
-            return struct.unpack("<q", b)[0]
-        if n == "int32":
-            return struct.unpack("<i", b)[0]
-        if n == "float64":
-            return struct.unpack("<d", b)[0]
-        if n == "bool":
-            return b != b"\x00"
-        if n == "string":
-            try:
-                return b.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise InvalidInputError(f"malformed UTF-8 string value: {e}") from None
-        if n == "binary":
-            return b
-        try:
-            return pickle.loads(b)
-        except Exception as e:
-            raise InvalidInputError(f"malformed pickled value: {e}") from e
 
 
 # --------------------------------------------------------------------------- key serializers
@@ -330,18 +200,10 @@ class KeySerializer:
         return v
 
 
-_VALUE_SERS = {n: ValueSerializer(n) for n in VALUE_TYPES}
 _BINARY_KEY = KT.key_type("binary")
 _KEY_SERS = {"void": KeySerializer("void"), "pickle": KeySerializer("pickle"),
              "object": KeySerializer("pickle")}
 _KEY_TYPE_SERS: dict = {}
-
-
-def value_serializer(type_) -> ValueSerializer:
-    """The (shared, stateless) value serializer of a value type name or pyarrow DataType."""
-    if isinstance(type_, ValueSerializer):
-        return type_
-    return _VALUE_SERS[normalize_value_type(type_)]
 
 
 def key_serializer(type_) -> KeySerializer:

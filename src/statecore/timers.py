@@ -127,7 +127,7 @@ class TimerService:
             nss = [self._ns_ser.check(None)] * len(arr)
         elif base.is_arrow_input(namespaces):
             ns_arr = base.as_arrow_array(namespaces, "namespaces",
-                                         lambda t: t in base.arrow_types_of(self.namespace_type))
+                                         lambda t: base.arrow_type_ok(self.namespace_type, t))
             if len(ns_arr) != len(arr):
                 raise InvalidInputError(f"namespaces have {len(ns_arr)} rows but keys have {len(arr)}")
             if self.namespace_type == "void":

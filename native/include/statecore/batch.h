@@ -8,9 +8,10 @@
 // per-record Python path and these kernels read and write the same entries.
 //
 // Values are stored as docs/architecture.md "Values" says (the reference serializers,
-// statecore/serializers.py): int64 / float64 as 8 bytes little-endian, int32 as 4 bytes
-// little-endian, bool as one byte 00/01 (any nonzero byte reads as true), string as UTF-8 bytes,
-// binary as raw bytes.
+// statecore/value_types.py): int64 / float64 / timestamp (an int64 count of its unit) as 8 bytes
+// little-endian, uint64 as 8 bytes little-endian unsigned, int32 as 4 bytes little-endian, bool
+// as one byte 00/01 (any nonzero byte reads as true), fixed_size_binary[N] as its N bytes,
+// string as UTF-8 bytes, binary as raw bytes.
 //
 // Validation happens BEFORE any mutation: a BatchError leaves the table exactly as it was. Checked
 // up front: the Arrow structs (format, buffers, offsets), key/value formats against the declared
@@ -66,20 +67,47 @@ class BatchError : public std::invalid_argument {
 };
 
 // Value type of the state (its descriptor's value type). Accepted Arrow formats per type:
-// Int64 <- "l", Float64 <- "g", Int32 <- "i", Bool <- "b", String <- "u" or "U", Binary <- "z"
-// or "Z". Int64, Float64, Int32 and Bool are the fixed-width types (8, 8, 4, 1 stored bytes).
-enum class ValueType : uint8_t { Int64, Float64, String, Binary, Int32, Bool };
+// Int64 <- "l", Float64 <- "g", Int32 <- "i", Bool <- "b", UInt64 <- "L", Timestamp <- "ts?:"
+// of the spec's unit (any time zone), FixedSizeBinary <- "w:N" of the spec's width, String <-
+// "u" or "U", Binary <- "z" or "Z". All but String and Binary are fixed-width (8, 8, 4, 1, 8, 8,
+// N stored bytes).
+enum class ValueType : uint8_t { Int64, Float64, String, Binary, Int32, Bool, UInt64, Timestamp,
+                                 FixedSizeBinary };
+
+// A value type with its parameter: the unit of a Timestamp ('s', 'm' = ms, 'u' = us, 'n' = ns:
+// the letters of ArrayView::time_unit) and the byte width of a FixedSizeBinary (>= 1). The
+// other types take none, so a ValueType converts implicitly. A Timestamp without a valid unit
+// or a FixedSizeBinary with a width < 1 makes every kernel throw BatchError.
+struct ValueSpec {
+  ValueType type = ValueType::Int64;
+  char unit = 0;
+  int32_t width = 0;
+
+  ValueSpec() = default;
+  ValueSpec(ValueType t) : type(t) {}  // NOLINT(google-explicit-constructor): see above
+  static ValueSpec timestamp(char unit) {
+    ValueSpec s(ValueType::Timestamp);
+    s.unit = unit;
+    return s;
+  }
+  static ValueSpec fixed_size_binary(int32_t width) {
+    ValueSpec s(ValueType::FixedSizeBinary);
+    s.width = width;
+    return s;
+  }
+};
 
 // Stored width of a fixed-width value type (without the TTL timestamp), 0 for String/Binary.
-size_t value_width(ValueType t);
+size_t value_width(const ValueSpec& t);
 
-// Reducing functions of add_batch. Sum/Min/Max keep the value type (Int64, Float64 or Int32;
-// not Bool, which the reference rejects for them); Count keeps an int64 count of non-null values
-// (any supported value format; only validity is read). An Int64 or Int32 Sum that overflows its
-// type throws BatchError and leaves the table as before the batch (the reference backend's rule;
-// an undo log makes it exact). Min/Max follow Python's
-// min(acc, v)/max(acc, v): the accumulator is replaced only when v < acc (resp. v > acc), so a NaN
-// value never replaces an accumulator and a NaN accumulator is never replaced.
+// Reducing functions of add_batch. Sum keeps the value type (Int64, UInt64, Float64 or Int32);
+// Min/Max too, on any fixed-width type but Bool (which the reference rejects for them; a
+// FixedSizeBinary compares as bytes, memcmp = Python's bytes order; a Timestamp as its int64);
+// Count keeps an int64 count of non-null values (any supported value format; only validity is
+// read). An Int64, UInt64 or Int32 Sum that overflows its type throws BatchError and leaves the
+// table as before the batch (the reference backend's rule; an undo log makes it exact). Min/Max
+// follow Python's min(acc, v)/max(acc, v): the accumulator is replaced only when v < acc (resp.
+// v > acc), so a NaN value never replaces an accumulator and a NaN accumulator is never replaced.
 // First keeps the first value added, Last the latest (any fixed-width value type, Bool included).
 enum class Reducer : uint8_t { Sum, Min, Max, Count, First, Last };
 
@@ -115,9 +143,11 @@ struct ArrowInput {
   const ArrowArray* array = nullptr;
 };
 
-// Looks up every key. For fixed-width value types (Int64, Float64, Int32, Bool):
-//   out_values: int64_t[n] (Int64), double[n] (Float64), int32_t[n] (Int32) or uint8_t[n] 0/1
-//               (Bool), n = keys length; written for present keys, 0 for absent ones;
+// Looks up every key. For fixed-width value types:
+//   out_values: int64_t[n] (Int64, Timestamp), uint64_t[n] (UInt64), double[n] (Float64),
+//               int32_t[n] (Int32), uint8_t[n] 0/1 (Bool) or uint8_t[n * width] (FixedSizeBinary:
+//               row i at i * width), n = keys length; written for present keys, zeros for absent
+//               ones;
 //   out_valid:  uint8_t[n] byte map, 1 = present, 0 = absent (-> null in the Arrow result).
 // Both may be null only when n == 0. Throws BatchError on bad input (see above) or when value_type
 // is not fixed-width. Without TTL it does not modify the table; with TTL it removes the expired
@@ -125,7 +155,7 @@ struct ArrowInput {
 // value_width + 8 bytes), and
 // `expired` (may be null) receives the number of expired entries removed.
 void get_batch_fixed(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
-                     ValueType value_type, void* out_values, uint8_t* out_valid,
+                     const ValueSpec& value_type, void* out_values, uint8_t* out_valid,
                      const TtlBatchSpec& ttl = TtlBatchSpec(), int64_t* expired = nullptr);
 
 // Looks up every key of a String/Binary-valued state, producing the large_binary/large_utf8
@@ -138,7 +168,8 @@ void get_batch_fixed(StateTable& table, const BatchKeySpec& spec, ArrowInput key
 // get_batch_fixed: the timestamp suffix is not part of the output, a stored value shorter than 8
 // bytes is a BatchError naming the row.
 void get_batch_var(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
-                   ValueType value_type, std::vector<int64_t>& offsets, std::vector<uint8_t>& data,
+                   const ValueSpec& value_type, std::vector<int64_t>& offsets,
+                   std::vector<uint8_t>& data,
                    uint8_t* out_valid, const TtlBatchSpec& ttl = TtlBatchSpec(),
                    int64_t* expired = nullptr);
 
@@ -146,8 +177,9 @@ void get_batch_var(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
 // value removes the key (Flink: ValueState.update(null) == clear()). keys and values must have
 // the same length. Throws BatchError before any mutation on bad input. With TTL every written
 // value is stamped `ttl.now` (a put reads nothing, so nothing expires here).
-void put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys, ValueType value_type,
-               ArrowInput values, const TtlBatchSpec& ttl = TtlBatchSpec());
+void put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
+               const ValueSpec& value_type, ArrowInput values,
+               const TtlBatchSpec& ttl = TtlBatchSpec());
 
 // Folds values[i] into the state of keys[i] with `reducer`, in row order, and writes the
 // aggregate AFTER each row:
@@ -155,17 +187,18 @@ void put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys, Val
 //   out_valid:  uint8_t[n], 1 = an aggregate exists, 0 = none (null in the Arrow result).
 // An absent state starts at the first non-null value (Count: 1). A null value leaves the state
 // unchanged and outputs the current aggregate (null when none). value_type is the state's type:
-// Int64, Float64 or Int32 for Sum/Min/Max, any fixed-width type for First/Last (values of the
-// type's format), Int64 for Count (values any supported format). Throws BatchError before any
-// mutation on bad input.
+// Int64, UInt64, Float64 or Int32 for Sum, any fixed-width type but Bool for Min/Max, any
+// fixed-width type for First/Last (values of the type's format), Int64 for Count (values any
+// supported format). Throws BatchError before any mutation on bad input.
 // With TTL (see "TTL" above): a row with a value folds into the unexpired aggregate, writes
 // aggregate | now and outputs the aggregate; a null row outputs what get_batch would (removing an
 // expired aggregate, showing it once under return_expired, renewing under update_on_read).
 // Because every aggregate written here is fresh at `now`, applying rows immediately gives the
 // same results as Python's staged writes for any sequence, repeated keys included. `expired` (may
 // be null) receives the expired entries met (see "TTL" for the overflow case).
-void add_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys, ValueType value_type,
-               Reducer reducer, ArrowInput values, void* out_values, uint8_t* out_valid,
+void add_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
+               const ValueSpec& value_type, Reducer reducer, ArrowInput values, void* out_values,
+               uint8_t* out_valid,
                const TtlBatchSpec& ttl = TtlBatchSpec(), int64_t* expired = nullptr);
 
 // The kernel a validate_batch call stands for.
@@ -180,7 +213,7 @@ enum class BatchOp : uint8_t { Get, Put, Add };
 // apply pass can detect (an Int64/Int32 Sum overflow, a stored value of the wrong width) is not
 // covered: such callers must not split an overflow-checked Sum.
 void validate_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
-                    ValueType value_type, BatchOp op, Reducer reducer, ArrowInput values,
+                    const ValueSpec& value_type, BatchOp op, Reducer reducer, ArrowInput values,
                     const TtlBatchSpec& ttl = TtlBatchSpec());
 
 }  // namespace statecore

@@ -52,8 +52,9 @@ row per (key, user key)) -- does not change the backend's current key:
   key outside the key-group range raise InvalidInputError before anything changes, in
   whichever chunk they are.
 * ``values``: same length as ``keys`` (else InvalidInputError) and the value type's Arrow type
-  (``ValueSerializer.arrow_type``; large_string/large_binary accepted). For a ``count`` reducer any
-  Arrow type is accepted. States whose value type is ``pickle`` do not support the batch API
+  (``ValueSerializer.accepts``: large_string/large_binary accepted, timestamps of the value
+  type's unit in any time zone, fixed_size_binary of its width; another type raises naming the
+  expected and the given type). For a ``count`` reducer any Arrow type is accepted. States whose value type is ``pickle`` do not support the batch API
   (InvalidInputError).
 * ``namespaces``: ``None`` -> every row uses the state's current namespace (the VoidNamespace for
   void states; for other namespace types it must have been set); a pa.Array (or ChunkedArray /
@@ -71,7 +72,8 @@ row per (key, user key)) -- does not change the backend's current key:
   ``put_batch`` values must not be null (``remove_batch`` removes); ``get_batch`` returns the
   value type, null where absent; ``contains_batch`` a bool array. Pickle user keys or values do
   not support the batch API.
-* Outputs: pa.Array of the value type's Arrow type (``count`` -> int64), one row per input row;
+* Outputs: pa.Array of the value type's Arrow type (``count`` -> int64; timestamps without a
+  time zone), one row per input row;
   ``add_batch`` returns the running aggregate after each row.
 * A batch that raises leaves every state exactly as it was.
 
@@ -155,16 +157,6 @@ __all__ = [
 ]
 
 NAMESPACE_TYPES = ("void", "int32", "int64", "string", "binary")
-
-_ARROW_TYPES = {
-    "int32": (pa.int32(),),
-    "int64": (pa.int64(),),
-    "float64": (pa.float64(),),
-    "bool": (pa.bool_(),),
-    "string": (pa.string(), pa.large_string()),
-    "binary": (pa.binary(), pa.large_binary()),
-}
-
 
 @runtime_checkable
 class StateSnapshot(Protocol):
@@ -261,22 +253,23 @@ def as_arrow_array(obj, what: str, accepts=None) -> pa.Array:
     return combined(import_arrow(obj, what, accepts))
 
 
-def arrow_types_of(type_name: str) -> tuple:
-    """The Arrow types the batch API accepts for statecore type ``type_name`` (empty for a
-    type without any, e.g. pickle)."""
-    return _ARROW_TYPES.get(type_name, ())
+def arrow_type_ok(type_name: str, t: pa.DataType) -> bool:
+    """Whether the batch API takes Arrow type ``t`` for statecore type ``type_name`` (a value,
+    namespace or user-key type: :meth:`statecore.value_types.ValueSerializer.accepts`; False
+    for a type without any, e.g. pickle or void)."""
+    try:
+        return S.value_serializer(type_name).accepts(t)
+    except InvalidInputError:
+        return False
 
 
 def check_arrow_type(arr: pa.Array, type_name: str, what: str) -> None:
-    """InvalidInputError unless ``arr`` has one of the Arrow types of statecore type
-    ``type_name`` (int32, int64, float64, bool; string or large_string; binary or
-    large_binary)."""
-    allowed = _ARROW_TYPES[type_name]
-    if arr.type not in allowed:
+    """InvalidInputError naming the expected and the given type unless ``arr`` has an Arrow
+    type that :func:`arrow_type_ok` takes for ``type_name``."""
+    if not arrow_type_ok(type_name, arr.type):
         raise InvalidInputError(
-            f"{what} must have Arrow type {' or '.join(str(t) for t in allowed)} "
-            f"({type_name}), got {arr.type}"
-        )
+            f"{what} must have Arrow type {S.value_serializer(type_name).describe_arrow()} "
+            f"({type_name}), got {arr.type}")
 
 
 def coerce_key_array(keys, key_type, combine: bool = True):
@@ -344,7 +337,7 @@ def coerce_value_array(values, value_type: str, length: int, any_type: bool = Fa
     :func:`coerce_key_array`)."""
     if value_type == "pickle":
         raise InvalidInputError("the batch API needs a typed value (not pickle) state")
-    accepts = None if any_type else (lambda t: t in _ARROW_TYPES[value_type])
+    accepts = None if any_type else (lambda t: arrow_type_ok(value_type, t))
     arr = import_arrow(values, "values", accepts)
     if len(arr) != length:
         raise InvalidInputError(f"values have {len(arr)} rows but keys have {length}")
@@ -361,7 +354,7 @@ def resolve_batch_namespaces(namespaces, state: "State", length: int) -> list:
     if ns_type == "void":
         raise InvalidInputError("a state with the void namespace accepts only namespaces=None")
     if is_arrow_input(namespaces):
-        arr = as_arrow_array(namespaces, "namespaces", lambda t: t in _ARROW_TYPES[ns_type])
+        arr = as_arrow_array(namespaces, "namespaces", lambda t: arrow_type_ok(ns_type, t))
         if len(arr) != length:
             raise InvalidInputError(f"namespaces have {len(arr)} rows but keys have {length}")
         check_arrow_type(arr, ns_type, "namespaces")

@@ -14,9 +14,11 @@ its encoded key for the current key and its current namespace (``_NativeState``)
 of every state kind are converted in Cython (``NativeStateTable.get_stored`` / ``put_stored``).
 What differs is where the bytes live and the batch paths: ``get_batch``/``put_batch`` (and
 ``contains_batch``) on value state and ``get_batch``/``add_batch`` on reducing state with
-built-in reducers, for the VoidNamespace and int64/float64/int32/bool/string/binary values
-(large_string/large_binary input accepted; ``sum``/``min``/``max`` on int64/float64/int32,
-``first``/``last`` on any fixed-width type, ``count`` of values of any flat type), and every key
+built-in reducers, for the VoidNamespace and every value type but pickle (int64, uint64,
+float64, int32, bool, timestamp[unit], fixed_size_binary[N], string, binary; large_string/
+large_binary input accepted; ``sum`` on int64/uint64/float64/int32, ``min``/``max`` on every
+fixed-width type but bool (fixed_size_binary by bytes), ``first``/``last`` on any fixed-width
+type, ``count`` of values of any flat type), and every key
 type, multi-column keys included (the kernels hash and encode the key arrays themselves,
 native/include/statecore/key_columns.h), run as native kernels that read the Arrow buffers
 through the C Data Interface (no Python object per row) with the GIL released. Other batch calls
@@ -31,8 +33,8 @@ it before touching anything; a get without TTL changes nothing and needs no pass
 bad input anywhere leaves the state unchanged. That pass hashes the keys of the later chunks
 once more (for the key-group check), which costs about what combining them would copy. Copies remain where they are cheaper or needed: chunks averaging fewer than
 ``_MIN_ROWS_PER_CHUNK`` rows are combined first (per-call costs would exceed a copy); an
-int64/int32 ``sum`` batch is combined into one kernel call (its overflow rollback covers one
-call); a multi-column key given as a list of chunked columns is combined per column; outputs
+integer (int64, uint64, int32) ``sum`` batch is combined into one kernel call (its overflow
+rollback covers one call); a multi-column key given as a list of chunked columns is combined per column; outputs
 are one new array. The per-row paths combine chunks too (they build Python objects anyway).
 TTL-enabled value/reducing states use the same kernels with TTL on (batch.h "TTL": the value
 bytes carry the timestamp suffix; reads remove expired entries and renew, writes stamp the
@@ -429,7 +431,7 @@ def _count_kernel_ok(t: pa.DataType) -> bool:
 
 def _kernel_ok(state, namespaces) -> bool:
     return (namespaces is None and state.namespace_type == "void"
-            and state._ser.name in _native.BATCH_VALUE_TYPES)
+            and state._ser.kind in _native.BATCH_VALUE_KINDS)
 
 
 def _key_array(state, keys):
@@ -561,8 +563,9 @@ class _FastValue(_KernelGet, py._Value, _NativeState):
 
 
 def _reducer_kernel_ok(state, namespaces) -> bool:
+    # Every fixed-width type has kernels for the reducers its descriptor allows.
     return (_kernel_ok(state, namespaces) and state.descriptor.reducer.name in _native.BATCH_REDUCERS
-            and state._ser.name in ("int64", "float64", "int32", "bool"))
+            and state._ser.fixed_width is not None)
 
 
 class _FastReducing(_KernelGet, py._Reducing, _NativeState):
@@ -580,7 +583,7 @@ class _FastReducing(_KernelGet, py._Reducing, _NativeState):
         ttl = self._ttl_args(len(arr))
         # An integer sum's overflow rollback covers one kernel call: its batch is one chunk.
         kc, vc = _kernel_chunks(arr, vals, single=self.descriptor.reducer.name == "sum"
-                                and self._ser.name in ("int64", "int32"))
+                                and self._ser.name in ("int64", "int32", "uint64"))
         out = self._table.native.add_batch(kc, vc, b.key_type, b.assigner, b.max_parallelism,
                                            self._ser.name, self.descriptor.reducer.name, ttl=ttl,
                                            count_expired=_count_read(b) if ttl else None)

@@ -702,7 +702,7 @@ class _Value(_PyState, base.ValueState):
 
     def put_batch(self, keys, values, namespaces=None) -> None:
         arr = base.coerce_key_array(keys, self.backend.key_type)
-        vals = base.coerce_value_array(values, self._ser.name, len(arr)).to_pylist()
+        vals = self._ser.to_pylist(base.coerce_value_array(values, self._ser.name, len(arr)))
         slots = self.backend._batch_slots(self, arr, namespaces)
         for (kg, k), v in zip(slots, vals):
             if v is None:
@@ -750,14 +750,15 @@ class _List(_PyState, base.ListState):
     def append_batch(self, keys, values, namespaces=None) -> None:
         t = self._typed("append_batch")
         arr = base.coerce_key_array(keys, self.backend.key_type)
-        elem = base.arrow_types_of(self._ser.name)
-        vals = base.as_arrow_array(values, "values", lambda t: t in elem or (
-            (pa.types.is_list(t) or pa.types.is_large_list(t)) and t.value_type in elem))
+        name = self._ser.name
+        vals = base.as_arrow_array(values, "values", lambda t: base.arrow_type_ok(name, t) or (
+            (pa.types.is_list(t) or pa.types.is_large_list(t))
+            and base.arrow_type_ok(name, t.value_type)))
         if len(vals) != len(arr):
             raise InvalidInputError(f"values have {len(vals)} rows but keys have {len(arr)}")
         if pa.types.is_list(vals.type) or pa.types.is_large_list(vals.type):
             base.check_arrow_type(vals.values, self._ser.name, "list elements")
-            rows = [[] if r is None else r for r in vals.to_pylist()]
+            rows = [[] if r is None else r for r in self._ser.to_pylist(vals)]
             bad = sum(e is None for r in rows for e in r)
             if bad:
                 raise InvalidInputError(f"values contain {bad} null list element(s); list "
@@ -767,7 +768,7 @@ class _List(_PyState, base.ListState):
             if vals.null_count:
                 raise InvalidInputError(f"values contain {vals.null_count} null(s); list state "
                                         "elements must not be null")
-            rows = [[v] for v in vals.to_pylist()]
+            rows = [[v] for v in self._ser.to_pylist(vals)]
         for r in rows:  # validate every element before anything changes
             for e in r:
                 _to_stored(self._ser, e)
@@ -837,7 +838,7 @@ class _Map(_PyState, base.MapState):
         if self._uks.name == "pickle":
             raise InvalidInputError("the batch API needs a typed user key (not pickle) map state")
         arr = base.as_arrow_array(user_keys, "user_keys",
-                                  lambda t: t in base.arrow_types_of(self._uks.name))
+                                  lambda t: base.arrow_type_ok(self._uks.name, t))
         if len(arr) != length:
             raise InvalidInputError(f"user_keys have {len(arr)} rows but keys have {length}")
         base.check_arrow_type(arr, self._uks.name, "user_keys")
@@ -854,7 +855,7 @@ class _Map(_PyState, base.MapState):
         if vals.null_count:
             raise InvalidInputError(f"values contain {vals.null_count} null(s); use remove_batch "
                                     "to remove user keys")
-        vals = vals.to_pylist()
+        vals = self._ser.to_pylist(vals)
         for v in vals:  # validate every value before anything changes
             _to_stored(self._ser, v)
         self._apply_rows(arr, namespaces, self.put, uks, vals)
@@ -903,8 +904,7 @@ class _Reducing(_PyState, base.ReducingState):
 
     def add_batch(self, keys, values, namespaces=None) -> pa.Array:
         arr = base.coerce_key_array(keys, self.backend.key_type)
-        is_count = self.descriptor.reducer.name == "count"
-        vals = base.coerce_value_array(values, self._ser.name, len(arr), any_type=is_count).to_pylist()
+        vals = reducing_batch_values(self, values, len(arr))
         slots = self.backend._batch_slots(self, arr, namespaces)
         if self.descriptor.reducer.is_vectorized:
             staged, out = _fold_rounds(slots, vals, self.descriptor.reducer, self._ser,
@@ -922,6 +922,17 @@ class _Reducing(_PyState, base.ReducingState):
         for (kg, k), s in staged.items():
             self._table.put(kg, k, s)
         return pa.array(out, self._ser.arrow_type)
+
+
+def reducing_batch_values(state, values, length: int) -> list:
+    """Per-row Python values of a reducing state's ``add_batch`` (None for null rows): of the
+    value type, or for ``count`` of any Arrow type, where only validity matters (1 per value,
+    so no value needs a Python form: an extreme timestamp has no datetime)."""
+    is_count = state.descriptor.reducer.name == "count"
+    arr = base.coerce_value_array(values, state._ser.name, length, any_type=is_count)
+    if is_count:
+        return [1 if ok else None for ok in arr.is_valid().to_pylist()]
+    return state._ser.to_pylist(arr)
 
 
 def _fold_rounds(slots: list, vals: list, reducer, ser, acc_of):

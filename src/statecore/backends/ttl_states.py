@@ -108,7 +108,7 @@ class _TtlValue(_TtlValueLike, py._Value):
 
     def put_batch(self, keys, values, namespaces=None) -> None:
         arr = base.coerce_key_array(keys, self.backend.key_type)
-        vals = base.coerce_value_array(values, self._ser.name, len(arr)).to_pylist()
+        vals = self._ser.to_pylist(base.coerce_value_array(values, self._ser.name, len(arr)))
         slots = self.backend._batch_slots(self, arr, namespaces)
         now = self._now()
         for (kg, k), v in zip(slots, vals):
@@ -136,8 +136,7 @@ class _TtlReducing(_TtlValueLike, py._Reducing):
         row yields what ``get()`` returns. Writes are staged and applied at the end, so a reducer
         error leaves the aggregates unchanged (expired entries read meanwhile may be gone)."""
         arr = base.coerce_key_array(keys, self.backend.key_type)
-        is_count = self.descriptor.reducer.name == "count"
-        vals = base.coerce_value_array(values, self._ser.name, len(arr), any_type=is_count).to_pylist()
+        vals = py.reducing_batch_values(self, values, len(arr))
         slots = self.backend._batch_slots(self, arr, namespaces)
         now = self._now()
         if self.descriptor.reducer.is_vectorized:

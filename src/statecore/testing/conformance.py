@@ -33,6 +33,7 @@ from statecore.descriptors import (
 )
 from statecore.errors import InvalidInputError, StateError, StateMigrationError
 from statecore.testing.key_types import KeyTypeConformance
+from statecore.testing.value_types import ValueTypeConformance
 
 __all__ = ["BackendConformance", "snapshot_dump", "merge_incremental", "AverageAggregate"]
 
@@ -136,9 +137,11 @@ def _metas(snap) -> dict:
     return {m["name"]: m for m in snap.state_metas()}
 
 
-class BackendConformance(KeyTypeConformance):
+class BackendConformance(KeyTypeConformance, ValueTypeConformance):
     """Pytest base class; see module docstring. The key-type tests come from
-    :class:`statecore.testing.key_types.KeyTypeConformance`."""
+    :class:`statecore.testing.key_types.KeyTypeConformance`, the tests of the uint64, timestamp
+    and fixed_size_binary value types from
+    :class:`statecore.testing.value_types.ValueTypeConformance`."""
 
     # ------------------------------------------------------------------ factories
     def make_backend(self, **options):
