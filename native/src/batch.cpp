@@ -484,6 +484,16 @@ inline bool kernel_get(StateMap& m, uint32_t h, const uint8_t* key, size_t ks, B
   return r >= 0 ? r == 1 : m.get_hashed(h, key, ks, v);
 }
 
+// put() through the hashed, inlined path of the add kernels (flat_fast_upsert, else upsert(),
+// which also completes a rehash in flight); an existing value of another size is replaced by put().
+inline uint8_t* kernel_put(StateMap& m, uint32_t h, const uint8_t* key, size_t ks, size_t vs) {
+  size_t cur = 0;
+  bool inserted = false;
+  uint8_t* p = m.engine().flat_fast_upsert(h, key, ks, vs, &cur, &inserted);
+  if (p == nullptr) p = m.upsert(h, key, ks, vs, &cur, &inserted);
+  return cur == vs ? p : m.put(key, ks, vs);
+}
+
 void check_values(const ValueSpec& vt, const KeyArrays& keys, const ArrayView& values) {
   if (!value_format_ok(vt, values))
     fail("values: expected an Arrow array of value type " + value_type_name(vt) + ", got " +
@@ -954,37 +964,37 @@ void put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
     switch (value_type.type) {
       case ValueType::Int64:
       case ValueType::Timestamp:
-        dst = m.put(rk.data(), rk.size(), 8 + suffix);
+        dst = kernel_put(m, rk.hash(i, m), rk.data(), rk.size(), 8 + suffix);
         store_i64(dst, values.int64_at(i));
         break;
       case ValueType::UInt64:
-        dst = m.put(rk.data(), rk.size(), 8 + suffix);
+        dst = kernel_put(m, rk.hash(i, m), rk.data(), rk.size(), 8 + suffix);
         store_le64(dst, values.uint64_at(i));
         break;
       case ValueType::FixedSizeBinary:
         sz = static_cast<size_t>(value_type.width);
-        dst = m.put(rk.data(), rk.size(), sz + suffix);
+        dst = kernel_put(m, rk.hash(i, m), rk.data(), rk.size(), sz + suffix);
         std::memcpy(dst, values.fixed_at(i), sz);
         break;
       case ValueType::Float64:
-        dst = m.put(rk.data(), rk.size(), 8 + suffix);
+        dst = kernel_put(m, rk.hash(i, m), rk.data(), rk.size(), 8 + suffix);
         store_f64(dst, values.float64_at(i));
         break;
       case ValueType::Int32:
         sz = 4;
-        dst = m.put(rk.data(), rk.size(), 4 + suffix);
+        dst = kernel_put(m, rk.hash(i, m), rk.data(), rk.size(), 4 + suffix);
         store_i32(dst, values.int32_at(i));
         break;
       case ValueType::Bool:
         sz = 1;
-        dst = m.put(rk.data(), rk.size(), 1 + suffix);
+        dst = kernel_put(m, rk.hash(i, m), rk.data(), rk.size(), 1 + suffix);
         store_bool(dst, values.bool_at(i));
         break;
       case ValueType::String:
       case ValueType::Binary:
       default: {
         const uint8_t* src = values.bytes_at(i, &sz);
-        dst = m.put(rk.data(), rk.size(), sz + suffix);
+        dst = kernel_put(m, rk.hash(i, m), rk.data(), rk.size(), sz + suffix);
         if (sz > 0) std::memcpy(dst, src, sz);
         break;
       }

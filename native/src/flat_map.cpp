@@ -172,8 +172,17 @@ void StateMap::Impl::flat_finish_rehash() {
   Move ring[kAhead];
   size_t queued = 0;
   size_t moved = 0;
+  // flat_slot_for_write with its common case inline: the new table and the page owned alone.
   auto place = [&](const Move& m) {
-    std::memcpy(flat_slot_for_write(&frehash, free_slot(frehash, m.h)), m.slot, stride);
+    const size_t i = free_slot(frehash, m.h);
+    uint8_t* dst = nullptr;
+    FlatDirectory* d = frehash;
+    if (d->refs.load(std::memory_order_acquire) == 1) {
+      FlatPage* p = d->pages()[i >> d->page_shift];
+      if (p && p->refs.load(std::memory_order_acquire) == 1)
+        dst = p->bytes() + (i & d->page_mask()) * stride;
+    }
+    detail::flat_copy_slot(dst ? dst : flat_slot_for_write(&frehash, i), m.slot, stride);
   };
   for (size_t r = rehash_index; r < old_cap;) {
     const FlatPage* p = old->pages()[r >> old->page_shift];

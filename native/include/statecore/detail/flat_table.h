@@ -179,8 +179,33 @@ inline bool flat_key_equal(const uint8_t* a, const uint8_t* b, size_t n) {
 // kFlatMaxKey bytes). Returns its size.
 inline size_t flat_full_key(const FlatLayout& l, const uint8_t* slot, uint8_t* buf) {
   if (l.prefix_size) buf[0] = l.prefix[0];
-  std::memcpy(buf + l.prefix_size, slot + 4, l.suffix_size());
+  const size_t n = l.suffix_size();
+  if (n >= 8 && n <= 16) {
+    // Two overlapping fixed-size copies instead of a library memcpy call: every migrated slot's
+    // key is rebuilt to be hashed, and int64 keys have 8-16 byte suffixes.
+    uint64_t a, b;
+    std::memcpy(&a, slot + 4, 8);
+    std::memcpy(&b, slot + 4 + n - 8, 8);
+    std::memcpy(buf + l.prefix_size, &a, 8);
+    std::memcpy(buf + l.prefix_size + n - 8, &b, 8);
+  } else {
+    std::memcpy(buf + l.prefix_size, slot + 4, n);
+  }
   return l.key_size;
+}
+
+// memcpy of one slot; strides of 16-32 bytes (int64 keys with fixed values) as two overlapping
+// fixed-size copies rather than a library call.
+inline void flat_copy_slot(uint8_t* dst, const uint8_t* src, size_t stride) {
+  if (stride >= 16 && stride <= 32) {
+    uint8_t head[16], tail[16];
+    std::memcpy(head, src, 16);
+    std::memcpy(tail, src + stride - 16, 16);
+    std::memcpy(dst, head, 16);
+    std::memcpy(dst + stride - 16, tail, 16);
+  } else {
+    std::memcpy(dst, src, stride);
+  }
 }
 
 // fn(slot, meta) for every live slot of `d` (not empty, not a tombstone) at index >= `from`, in
