@@ -922,8 +922,21 @@ void get_batch_var(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_
   data.clear();
   offsets[0] = 0;
   RowKeys rk(spec, keys, table, kgs);
-  auto append = [&](const uint8_t* p, size_t sz) { data.insert(data.end(), p, p + sz); };
+  // Appends into a buffer trimmed at the end: vector::insert per row was ~40% of a 64-byte binary
+  // get (callgrind). A growth assumes the remaining rows are as large as this one (values of one
+  // size, the common case, grow it once) and at least doubles; resize() zero-fills, once per
+  // growth.
+  size_t used = 0;
+  int64_t row = 0;
+  auto append = [&](const uint8_t* p, size_t sz) {
+    if (used + sz > data.size())
+      data.resize(std::max({used + sz * static_cast<size_t>(n - row), 2 * data.size(),
+                            size_t(4096)}));
+    if (sz) std::memcpy(data.data() + used, p, sz);
+    used += sz;
+  };
   for (int64_t i = 0; i < n; ++i) {
+    row = i;
     rk.ahead(i);
     rk.encode(i, kgs[i]);
     StateMap& m = table.map_unchecked(kgs[i]);
@@ -936,8 +949,9 @@ void get_batch_var(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_
       if (found) append(v.data, v.size);
     }
     out_valid[i] = found ? 1 : 0;
-    offsets[i + 1] = static_cast<int64_t>(data.size());
+    offsets[i + 1] = static_cast<int64_t>(used);
   }
+  data.resize(used);
 }
 
 void put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
