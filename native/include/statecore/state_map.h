@@ -35,8 +35,9 @@ struct Entry;
 // ===================================== Design =====================================
 // Purpose. Hold the keyed state of one key group in process memory so that (a) every state access
 // is a hash lookup, (b) a checkpoint can take a consistent snapshot in O(1) on the processing
-// thread and serialize it on another thread while processing continues, and (c) no single
-// operation ever stalls on O(entries) work (no stop-the-world rehash, no stop-the-world copy).
+// thread and serialize it on another thread while processing continues, and (c) no single-row
+// operation ever stalls on O(entries) work (no stop-the-world rehash, no stop-the-world copy);
+// batch kernels trade that for throughput, see "Batch exception" below.
 //
 // Table. Chained hashing over a power-of-two number of buckets (bucket = hash & (capacity-1)),
 // minimum capacity 4, maximum 2^30, new entries pushed at the chain head, load factor 3/4.
@@ -64,6 +65,13 @@ struct Entry;
 // capacities >= 8: at most ~capacity/3 inserts can happen during a migration), doubling waits for
 // the running one to finish. Migrated old buckets are not cleared (that would copy shared pages);
 // nothing ever reads old buckets below rehash_index, neither the map nor snapshots.
+//
+// Batch exception. upsert() -- called only by the batch kernels (batch.h) -- first completes a
+// rehash in flight, in one pass (the flat engine prefetches each destination a few entries
+// ahead). A batch is one call whose latency the caller sees as a whole; with both tables live
+// every row of it took the general path (probe both tables, one migration step), ~40% of a growing
+// batch's instructions. The work is the same entries moved once, so amortised O(1) per insert; the
+// longest stall is one key group's map, O(size of that map), once per doubling.
 //
 // Snapshots are versions (O(1)). snapshot() increments `version` to s, records s as the highest
 // required snapshot version (`required`) and in the live-snapshot set, and takes one reference
