@@ -403,17 +403,24 @@ uint8_t* StateMap::put(const uint8_t* key, size_t key_size, size_t value_size) {
     m.dispose(e);
     return n->value();
   }
-  if (m.size() > m.threshold && !m.rehash_table) {
-    m.start_rehash();
-    t = m.table_for(h, &b);
+  return m.chained_insert(at, key, key_size, value_size);
+}
+
+uint8_t* StateMap::Impl::chained_insert(const Location& at, const uint8_t* key, size_t ks,
+                                        size_t vs) {
+  size_t b = at.bucket;
+  Directory** t = at.table;
+  if (size() > threshold && !rehash_table) {
+    start_rehash();
+    t = table_for(at.h, &b);
   }
-  m.log_write(h, key, key_size);
-  Entry* n = Entry::make(h, key, key_size, value_size, m.version);
-  Entry** slot = m.slot_for_write(t, b);
+  log_write(at.h, key, ks);
+  Entry* n = Entry::make(at.h, key, ks, vs, version);
+  Entry** slot = slot_for_write(t, b);
   n->next = *slot;
   *slot = n;
-  ++m.size_of(t);
-  m.live_bytes += key_size + value_size;
+  ++size_of(t);
+  live_bytes += ks + vs;
   return n->value();
 }
 
@@ -465,9 +472,11 @@ uint8_t* StateMap::upsert(uint32_t hash, const uint8_t* key, size_t key_size,
     *value_size = e->value_size;
     return e->value();
   }
+  if (new_value_size > std::numeric_limits<uint32_t>::max())
+    throw std::length_error("StateMap: value larger than 4 GiB - 1 bytes");
   *inserted = true;
   *value_size = new_value_size;
-  return put(key, key_size, new_value_size);
+  return m.chained_insert(at, key, key_size, new_value_size);  // no second lookup
 }
 
 bool StateMap::get_hashed(uint32_t hash, const uint8_t* key, size_t key_size, ByteView* out) {

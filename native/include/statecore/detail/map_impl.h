@@ -100,6 +100,9 @@ struct StateMap::Impl {
   // The start of every keyed operation: begin_op(true), then hash, table_for and find.
   Location locate(const uint8_t* key, size_t ks) { return locate_hashed(hash_of(key, ks), key, ks); }
   Location locate_hashed(uint32_t h, const uint8_t* key, size_t ks);
+  // Chained engine: a new entry for a key `at` found absent (nothing changed since); may start a
+  // rehash. Returns its zeroed value bytes.
+  uint8_t* chained_insert(const Location& at, const uint8_t* key, size_t ks, size_t vs);
 
   // Writable bucket slot: copies the directory and/or the page first when shared.
   detail::Entry** slot_for_write(detail::Directory** table, size_t bucket);
