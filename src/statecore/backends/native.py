@@ -452,6 +452,8 @@ def _kernel_chunks(*columns, single: bool = False) -> list:
     chunk of one column that spans a boundary of another is sliced (a view, no copy). Combined
     into one chunk per column (a copy) when ``single`` (a kernel call must see the whole batch)
     or when the chunks are small (_MIN_ROWS_PER_CHUNK)."""
+    if not any(isinstance(c, pa.ChunkedArray) for c in columns):
+        return [[c] for c in columns]  # the common case, without the boundary arithmetic
     chunk_lists = [c.chunks if isinstance(c, pa.ChunkedArray) else [c] for c in columns]
     total = len(columns[0])
     bounds = sorted({0, total}.union(*(
