@@ -348,3 +348,82 @@ def test_cpp_reference_output_agrees_with_native():
             assert ref.rss_probe(1000)["entries"] == 1000
     finally:
         shutil.rmtree(d)
+
+
+COLLECTION_CASES = ("list_append", "map_put")
+
+
+def test_collection_cases_report_every_available_impl(tmp_path):
+    """list_append and map_put: rows/s of every available impl (rocksdict without its batch
+    variant: read-modify-write per row), the ratios are the quotients of the rates, the goal
+    native >= 20x python has its threshold and a 0/1 verdict, every rate is in the plot."""
+    pytest.importorskip("statecore._native")
+    impls, ref = _peer_impls()
+    impls.discard("rocksdict+batch")
+    out = tmp_path / "collections.json"
+    assert main(["bench", "--quick", "--scale", "0.01", "--case", "list_append",
+                 "--case", "map_put", "--json", str(out)]) == 0
+    records = json.loads(out.read_text())
+    assert {r["case"] for r in records} == set(COLLECTION_CASES)
+    by = {(r["case"], r["impl"], r["metric"]): r for r in records}
+    drawn = [b for title, _, bars, _ in bench._plot_panels(records) for b in bars]
+    for c in COLLECTION_CASES:
+        rates = {r["impl"]: r["value"] for r in records
+                 if r["case"] == c and r["metric"] == "rows_per_s_200_keys"}
+        assert set(rates) == impls, c
+        assert all(v > 0 for v in rates.values())
+        assert by[(c, "workload", "distinct_keys_200_keys")]["value"] == 200
+        assert by[(c, "native", "rows_measured_200_keys")]["value"] == 2000
+        nat = by[(c, "native", "ratio_over_python_200_keys")]
+        assert nat["unit"] == "ratio" and nat["value"] == pytest.approx(rates["native"] / rates["python"])
+        assert by[(c, "native", "goal_min_ratio_over_python_200_keys")]["value"] == 20.0
+        assert by[(c, "native", "goal_met_ratio_over_python_200_keys_ge_20")]["value"] == \
+            float(rates["native"] / rates["python"] >= 20)
+        if ref:
+            assert by[(c, "native", "ratio_over_cpp_200_keys")]["value"] == \
+                pytest.approx(rates["native"] / rates[ref.impl])
+        for r in records:
+            if r["case"] == c and r["unit"] == "rows/s":
+                assert r in drawn, r
+
+
+def test_cpp_reference_collection_modes_agree_with_native():
+    """The C++ reference's list and map modes hold what the native backend holds after the same
+    rows: the same number of keys, of list elements and of map pairs, and the same sum of the
+    map values. Correctness only, no timing."""
+    pytest.importorskip("statecore._native")
+    import shutil
+    import tempfile
+
+    import numpy as np
+    import pyarrow as pa
+
+    from statecore import ListStateDescriptor, MapStateDescriptor, create_backend
+    from statecore.bench import cpp_reference, peers
+
+    ref = cpp_reference.build("std")
+    if ref is None:
+        pytest.skip("no C++ compiler")
+    keys = peers.int64_keys(300)[peers.row_order(300, 4)]
+    uks = np.arange(len(keys), dtype=np.int64) % 7
+    values = np.arange(len(keys), dtype=np.int64) * 3
+    b = create_backend("native", key_type="int64")
+    lst = b.get_state(ListStateDescriptor("l", "int64"))
+    mp = b.get_state(MapStateDescriptor("m", "int64", "int64"))
+    lst.append_batch(pa.array(keys), pa.array(values))
+    mp.put_batch(pa.array(keys), pa.array(uks), pa.array(values))
+    want_elements = want_pairs = want_sum = 0
+    for k in np.unique(keys).tolist():
+        b.set_current_key(k)
+        want_elements += len(lst.get())
+        items = mp.items()
+        want_pairs += len(items)
+        want_sum += sum(v for _, v in items)
+    d = tempfile.mkdtemp()
+    try:
+        got = ref.list_append(keys, values, d)
+        assert (got["distinct"], got["elements"]) == (300, want_elements) == (300, 1200)
+        got = ref.map_put(keys, uks, values, d)
+        assert (got["distinct"], got["pairs"], got["checksum"]) == (300, want_pairs, want_sum)
+    finally:
+        shutil.rmtree(d)

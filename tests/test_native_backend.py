@@ -383,3 +383,36 @@ def test_batches_on_separate_backends_run_in_parallel_threads():
     ref = [None]
     run(create_backend("native", key_type="int64"), ref, 0)
     assert all(o == ref[0] for o in out)
+
+
+def test_list_and_map_batches_run_the_kernels(monkeypatch):
+    """append_batch / put_batch of void-namespace typed states (TTL ones too) never reach the
+    per-row path (made to fail here), namespaced or pickle ones do."""
+    from statecore.backends import python as py
+    from statecore.ttl import ManualClock, StateTtlConfig
+
+    def per_row(*a, **k):
+        raise AssertionError("per-row path taken")
+
+    monkeypatch.setattr(py._List, "append_batch", per_row)
+    monkeypatch.setattr(py._Map, "put_batch", per_row)
+    b = NativeBackend(key_type="int64", ttl_clock=ManualClock(0))
+    keys = pa.array([1, 2, 1])
+    for ttl in (None, StateTtlConfig(10)):
+        ld, md = ListStateDescriptor("l", "int64"), MapStateDescriptor("m", "string", "int64")
+        if ttl:
+            ld, md = ld.enable_time_to_live(ttl), md.enable_time_to_live(ttl)
+            ld.name, md.name = "lt", "mt"
+        lst, m = b.get_state(ld), b.get_state(md)
+        lst.append_batch(keys, pa.array([1, 2, 3]))
+        lst.append_batch(keys, pa.array([[4], None, [5, 6]], pa.list_(pa.int64())))
+        m.put_batch(keys, pa.array(["a", "b", "a"]), pa.array([1, 2, 3]))
+        b.set_current_key(1)
+        assert lst.get() == [1, 3, 4, 5, 6]
+        assert m.items() == [("a", 3)]
+    ns = b.get_state(ListStateDescriptor("n", "int64"), namespace_type="string")
+    with pytest.raises(AssertionError, match="per-row"):
+        ns.append_batch(keys, pa.array([1, 2, 3]), namespaces="w")
+    pm = b.get_state(MapStateDescriptor("p", "pickle", "int64"))
+    with pytest.raises(AssertionError, match="per-row"):
+        pm.put_batch(keys, pa.array([1, 2, 3]), pa.array([1, 2, 3]))

@@ -1448,6 +1448,65 @@ cdef class NativeStateTable:
         finally:
             self.busy = 0
 
+    def append_batch(self, keys, values, str key_type, str assigner, int32_t max_parallelism,
+                     str element_type, ttl=None):
+        """ListState: appends values[i] (one element a row, the Arrow type of ``element_type``, no
+        nulls) to the list blob of keys[i], in row order (batch_collections.h). ``keys`` and
+        ``values`` as in :meth:`put_batch` (chunks of equal lengths, every chunk validated before
+        the first is applied); ``ttl`` as there: every element is stamped ``now_ms``.
+        InvalidInputError on bad input, the table then unchanged."""
+        cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism)
+        cdef c.TtlBatchSpec tspec = _ttl_spec(ttl)
+        cdef _Chunks k = _Chunks(keys)
+        cdef _Chunks v = _Chunks(values)
+        cdef c.ValueSpec et = _value_spec(element_type)
+        cdef size_t j, nchunks = k.count()
+        k.check_aligned(v)
+        self._claim()
+        try:
+            with nogil:
+                for j in range(1, nchunks):
+                    c.validate_list_append_batch(self.table[0], spec, k.inputs[j], et, v.inputs[j],
+                                                 tspec)
+                for j in range(nchunks):
+                    c.list_append_batch(self.table[0], spec, k.inputs[j], et, v.inputs[j], tspec)
+        except ValueError as e:
+            raise InvalidInputError(str(e)) from None
+        finally:
+            self.busy = 0
+
+    def map_put_batch(self, keys, user_keys, values, str key_type, str assigner,
+                      int32_t max_parallelism, str user_key_type, str value_type, ttl=None):
+        """MapState: puts user_keys[i] -> values[i] into the map blob of keys[i], in row order
+        (batch_collections.h; the blob stays sorted by ser(user key)). ``user_key_type``: a
+        scalar statecore key type (its serializer is the user keys' one). ``keys``,
+        ``user_keys`` and ``values`` chunked alike, as in :meth:`put_batch`; no null user keys
+        or values. ``ttl`` as there: every put value is stamped ``now_ms``. InvalidInputError
+        on bad input, the table then unchanged."""
+        cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism)
+        cdef c.TtlBatchSpec tspec = _ttl_spec(ttl)
+        cdef c.KeySchema uks = _key_schema(user_key_type)
+        cdef _Chunks k = _Chunks(keys)
+        cdef _Chunks u = _Chunks(user_keys)
+        cdef _Chunks v = _Chunks(values)
+        cdef c.ValueSpec vt = _value_spec(value_type)
+        cdef size_t j, nchunks = k.count()
+        k.check_aligned(u)
+        k.check_aligned(v)
+        self._claim()
+        try:
+            with nogil:
+                for j in range(1, nchunks):
+                    c.validate_map_put_batch(self.table[0], spec, k.inputs[j], uks, u.inputs[j], vt,
+                                             v.inputs[j], tspec)
+                for j in range(nchunks):
+                    c.map_put_batch(self.table[0], spec, k.inputs[j], uks, u.inputs[j], vt,
+                                    v.inputs[j], tspec)
+        except ValueError as e:
+            raise InvalidInputError(str(e)) from None
+        finally:
+            self.busy = 0
+
     def add_batch(self, keys, values, str key_type, str assigner, int32_t max_parallelism,
                   str value_type, str reducer, ttl=None, count_expired=None):
         """Fold values into the state with a built-in reducer; the running aggregate after each

@@ -224,6 +224,22 @@ cdef extern from "statecore/batch.h" namespace "statecore" nogil:
                         const TtlBatchSpec& ttl) except +
 
 
+cdef extern from "statecore/batch_collections.h" namespace "statecore" nogil:
+    void list_append_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
+                           const ValueSpec& element_type, ArrowInput values,
+                           const TtlBatchSpec& ttl) except +
+    void validate_list_append_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
+                                    const ValueSpec& element_type, ArrowInput values,
+                                    const TtlBatchSpec& ttl) except +
+    void map_put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
+                       const KeySchema& user_key, ArrowInput user_keys, const ValueSpec& value_type,
+                       ArrowInput values, const TtlBatchSpec& ttl) except +
+    void validate_map_put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
+                                const KeySchema& user_key, ArrowInput user_keys,
+                                const ValueSpec& value_type, ArrowInput values,
+                                const TtlBatchSpec& ttl) except +
+
+
 cdef extern from *:
     """
     #include "statecore/state_table.h"

@@ -2,7 +2,8 @@
 // row, Arrow-shaped results out — without Python objects, without libarrow, without allocating per
 // row (one reused key buffer and one per-thread key-group scratch vector).
 //
-// Scope: value state and reducing state of one state table, VoidNamespace. Every row addresses the
+// Scope: value state and reducing state of one state table, VoidNamespace (list append and map
+// put: batch_collections.h). Every row addresses the
 // entry whose encoded key is `prefix(kg) | ser(key) | 00` (docs/architecture.md "Encoded key",
 // the same bytes as KeyEncoder in key_codec.h), kg from the spec's Assigner (key_groups.h), so the
 // per-record Python path and these kernels read and write the same entries.

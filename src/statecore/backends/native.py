@@ -21,9 +21,12 @@ fixed-width type but bool (fixed_size_binary by bytes), ``first``/``last`` on an
 type, ``count`` of values of any flat type), and every key
 type, multi-column keys included (the kernels hash and encode the key arrays themselves,
 native/include/statecore/key_columns.h), run as native kernels that read the Arrow buffers
-through the C Data Interface (no Python object per row) with the GIL released. Other batch calls
-(namespaced rows, pickle values, custom reducers, list/map/aggregating state, timers, clear)
-take the per-row path and behave identically.
+through the C Data Interface (no Python object per row) with the GIL released. ListState
+``append_batch`` and MapState ``put_batch`` (void namespace, typed elements / typed user keys and
+values, TTL or not) run the collection kernels (native/include/statecore/batch_collections.h):
+each row's element or pair is spliced into the key's stored blob in C++. Other batch calls
+(namespaced rows, pickle values or user keys, custom reducers, list/map reads, map removals,
+aggregating state, timers, clear) take the per-row path and behave identically.
 
 Chunked input (a ChunkedArray, an ``__arrow_c_stream__`` object; ``base.import_arrow``): the
 kernels read the chunks in place, one kernel call per chunk (keys and values sliced -- views, no
@@ -64,6 +67,7 @@ import copy
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from statecore import _native
 from statecore import serializers as S
@@ -592,12 +596,97 @@ class _FastReducing(_KernelGet, py._Reducing, _NativeState):
         return _cast_out(out, self._ser)
 
 
+def _list_values(state, values, length: int):
+    """append_batch values checked as the per-row path checks them (py._List.append_batch: the
+    element type's Arrow type or a list of it, ``length`` rows, no null element), as
+    ``(elements, parents)``: a flat array of one element a row with ``parents`` None, or a
+    list array's elements (null rows hold none) with ``parents`` the row of each element.
+    InvalidInputError otherwise."""
+    t = state._typed("append_batch")
+    name = state._ser.name
+
+    def is_list(typ):
+        return pa.types.is_list(typ) or pa.types.is_large_list(typ)
+
+    vals = base.import_arrow(values, "values", lambda typ: base.arrow_type_ok(name, typ) or (
+        is_list(typ) and base.arrow_type_ok(name, typ.value_type)))
+    if len(vals) != length:
+        raise InvalidInputError(f"values have {len(vals)} rows but keys have {length}")
+    if is_list(vals.type):
+        vals = base.combined(vals)
+        base.check_arrow_type(vals.values, name, "list elements")
+        elements = pc.list_flatten(vals)
+        if elements.null_count:
+            raise InvalidInputError(f"values contain {elements.null_count} null list element(s); "
+                                    "list state elements must not be null")
+        # Not pc.list_parent_indices: it also counts elements a null row's range spans, which
+        # list_flatten leaves out.
+        lengths = pc.list_value_length(vals).fill_null(0).to_numpy()
+        return elements, pa.array(np.repeat(np.arange(len(vals)), lengths))
+    base.check_arrow_type(vals, name, f"values (or a list<{t}> array)")
+    if vals.null_count:
+        raise InvalidInputError(f"values contain {vals.null_count} null(s); list state elements "
+                                "must not be null")
+    return vals, None
+
+
 class _NativeList(py._List, _NativeState):
-    pass
+    def _ttl_args(self, rows: int):
+        return None  # TTL lists override it (_TtlKernel)
+
+    def append_batch(self, keys, values, namespaces=None) -> None:
+        """The list kernel (batch_collections.h) for the void namespace and every typed element
+        type; a list<T> array is flattened first (its elements in row order, each row's
+        elements after the previous row's: appending them one by one gives what one add_all per
+        row gives, all rows sharing the batch's one clock reading under TTL). Else the
+        per-row path."""
+        if not _kernel_ok(self, namespaces):
+            return super().append_batch(keys, values, namespaces)
+        b = self.backend
+        b._check_open()
+        arr = _key_array(self, keys)
+        rows = len(arr)
+        elements, parents = _list_values(self, values, rows)
+        if parents is not None:
+            arr = base.combined(arr).take(parents)
+        kc, vc = _kernel_chunks(arr, elements)
+        self._table.native.append_batch(kc, vc, b.key_type, b.assigner, b.max_parallelism,
+                                        self._ser.name, ttl=self._ttl_args(rows))
+
+
+def _map_kernel_ok(state, namespaces) -> bool:
+    return _kernel_ok(state, namespaces) and state._uks.name != "pickle"
 
 
 class _NativeMap(py._Map, _NativeState):
-    pass
+    def _ttl_args(self, rows: int):
+        return None  # TTL maps override it (_TtlKernel)
+
+    def put_batch(self, keys, user_keys, values, namespaces=None) -> None:
+        """The map kernel (batch_collections.h) for the void namespace, typed user keys and
+        typed values; else the per-row path. Checks as py._Map.put_batch: user keys of the user
+        key type's Arrow type, no null user key or value, equal lengths."""
+        if not _map_kernel_ok(self, namespaces):
+            return super().put_batch(keys, user_keys, values, namespaces)
+        b = self.backend
+        b._check_open()
+        self._typed("put_batch")
+        arr = _key_array(self, keys)
+        uk_name = self._uks.name
+        uks = base.import_arrow(user_keys, "user_keys", lambda t: base.arrow_type_ok(uk_name, t))
+        if len(uks) != len(arr):
+            raise InvalidInputError(f"user_keys have {len(uks)} rows but keys have {len(arr)}")
+        base.check_arrow_type(uks, uk_name, "user_keys")
+        if uks.null_count:
+            raise InvalidInputError(f"user_keys contain {uks.null_count} null(s); map user keys "
+                                    "must not be null")
+        vals = base.coerce_value_array(values, self._ser.name, len(arr), combine=False)
+        if vals.null_count:
+            raise InvalidInputError(f"values contain {vals.null_count} null(s); use remove_batch "
+                                    "to remove user keys")
+        kc, uc, vc = _kernel_chunks(arr, uks, vals)
+        self._table.native.map_put_batch(kc, uc, vc, b.key_type, b.assigner, b.max_parallelism,
+                                         uk_name, self._ser.name, ttl=self._ttl_args(len(arr)))
 
 
 class _NativeAggregating(py._Aggregating, _NativeState):
@@ -644,11 +733,11 @@ class _NativeTtlReducing(_TtlKernel, _FastReducing, ttl_states._TtlReducing):
     pass
 
 
-class _NativeTtlList(ttl_states._TtlList, _NativeState):
+class _NativeTtlList(_TtlKernel, _NativeList, ttl_states._TtlList):
     pass
 
 
-class _NativeTtlMap(ttl_states._TtlMap, _NativeState):
+class _NativeTtlMap(_TtlKernel, _NativeMap, ttl_states._TtlMap):
     pass
 
 

@@ -49,7 +49,8 @@ class Reference:
         return _IMPL[self.kind]
 
     def run(self, *args: str) -> dict:
-        """Run one mode (``int64``, ``string``, ``binary``, ``memory``; see the source) and
+        """Run one mode (``int64``, ``string``, ``binary``, ``list``, ``map``, ``memory``; see
+        the source) and
         return its JSON output. Raises RuntimeError when the program fails."""
         proc = subprocess.run([self.path, *args], capture_output=True, text=True)
         if proc.returncode != 0:
@@ -100,6 +101,30 @@ class Reference:
             got["out_offsets"] = np.fromfile(ooff, dtype="<i8")
             got["out_data"] = np.fromfile(odata, dtype=np.uint8)
         _remove(pk, poff, pdata, gk, ooff, odata)
+        return got
+
+    def list_append(self, keys: np.ndarray, values: np.ndarray, workdir: str) -> dict:
+        """``map[key].push_back(value)`` per row (int64 both): ``{"rows", "seconds", "distinct",
+        "elements"}``."""
+        kf, vf = os.path.join(workdir, "keys.i64"), os.path.join(workdir, "values.i64")
+        np.ascontiguousarray(keys, dtype="<i8").tofile(kf)
+        np.ascontiguousarray(values, dtype="<i8").tofile(vf)
+        got = self.run("list", kf, vf)
+        _remove(kf, vf)
+        return got
+
+    def map_put(self, keys: np.ndarray, user_keys: np.ndarray, values: np.ndarray,
+                workdir: str) -> dict:
+        """``map[key][user_key] = value`` per row (int64 all; the inner map a sorted vector):
+        ``{"rows", "seconds", "distinct", "pairs", "checksum"}`` (checksum: the sum of the values
+        held at the end)."""
+        names = ("keys.i64", "uks.i64", "values.i64")
+        kf, uf, vf = (os.path.join(workdir, f) for f in names)
+        np.ascontiguousarray(keys, dtype="<i8").tofile(kf)
+        np.ascontiguousarray(user_keys, dtype="<i8").tofile(uf)
+        np.ascontiguousarray(values, dtype="<i8").tofile(vf)
+        got = self.run("map", kf, uf, vf)
+        _remove(kf, uf, vf)
         return got
 
     def rss_probe(self, n: int) -> dict:

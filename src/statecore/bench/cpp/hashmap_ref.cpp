@@ -16,11 +16,20 @@
 //                           then for each get row the value is appended to an output buffer
 //                           (n+1 int64 offsets, bytes; a missing key gives an empty value and a
 //                           0 in the validity array), as ValueState get_batch builds its result.
+//   list KEYS VALUES        ListState append: for each row map[key].push_back(value) into a
+//                           std::vector<int64> per key (KEYS, VALUES: n int64 each). Reports
+//                           the distinct keys and the total elements held.
+//   map KEYS USER_KEYS VALUES
+//                           MapState put: for each row map[key][user_key] = value, the inner map
+//                           a small vector of (user key, value) kept sorted by user key (the
+//                           state's user maps hold a few entries: a sorted vector beats a hash
+//                           map there, as the native blob does). Reports distinct keys and pairs.
 //   memory N                insert keys 0..N-1 (value = key) and report the growth of this
 //                           process's RSS (/proc/self/statm) in bytes.
 //
 // Errors (bad arguments, unreadable files) print a message to stderr and exit with status 2.
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -178,6 +187,49 @@ int run_binary(const char* put_keys_path, const char* put_off_path, const char* 
   return 0;
 }
 
+int run_list(const char* keys_path, const char* values_path) {
+  std::vector<int64_t> keys = read_all<int64_t>(keys_path);
+  std::vector<int64_t> values = read_all<int64_t>(values_path);
+  if (values.size() != keys.size()) die("values do not match the keys");
+  Map<int64_t, std::vector<int64_t>> m;
+  auto t0 = Clock::now();
+  for (size_t i = 0; i < keys.size(); ++i) m[keys[i]].push_back(values[i]);
+  double dt = seconds_since(t0);
+  size_t elements = 0;
+  for (const auto& kv : m) elements += kv.second.size();
+  std::printf("{\"map\": \"%s\", \"rows\": %zu, \"seconds\": %.9f, \"distinct\": %zu, \"elements\": %zu}\n",
+              kMapName, keys.size(), dt, m.size(), elements);
+  return 0;
+}
+
+int run_map(const char* keys_path, const char* user_keys_path, const char* values_path) {
+  std::vector<int64_t> keys = read_all<int64_t>(keys_path);
+  std::vector<int64_t> uks = read_all<int64_t>(user_keys_path);
+  std::vector<int64_t> values = read_all<int64_t>(values_path);
+  if (uks.size() != keys.size() || values.size() != keys.size())
+    die("user keys or values do not match the keys");
+  using Pairs = std::vector<std::pair<int64_t, int64_t>>;
+  Map<int64_t, Pairs> m;
+  auto t0 = Clock::now();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    Pairs& p = m[keys[i]];
+    auto it = std::lower_bound(p.begin(), p.end(), uks[i],
+                               [](const std::pair<int64_t, int64_t>& a, int64_t k) { return a.first < k; });
+    if (it != p.end() && it->first == uks[i]) it->second = values[i];
+    else p.insert(it, {uks[i], values[i]});
+  }
+  double dt = seconds_since(t0);
+  size_t pairs = 0;
+  int64_t checksum = 0;
+  for (const auto& kv : m) {
+    pairs += kv.second.size();
+    for (const auto& e : kv.second) checksum += e.second;
+  }
+  std::printf("{\"map\": \"%s\", \"rows\": %zu, \"seconds\": %.9f, \"distinct\": %zu, \"pairs\": %zu, \"checksum\": %lld}\n",
+              kMapName, keys.size(), dt, m.size(), pairs, static_cast<long long>(checksum));
+  return 0;
+}
+
 int run_memory(const char* n_arg) {
   char* end = nullptr;
   long long n = std::strtoll(n_arg, &end, 10);
@@ -197,11 +249,14 @@ int main(int argc, char** argv) {
   if (mode == "int64" && argc == 4) return run_int64(argv[2], argv[3]);
   if (mode == "string" && argc == 5) return run_string(argv[2], argv[3], argv[4]);
   if (mode == "binary" && argc == 8) return run_binary(argv[2], argv[3], argv[4], argv[5], argv[6], argv[7]);
+  if (mode == "list" && argc == 4) return run_list(argv[2], argv[3]);
+  if (mode == "map" && argc == 5) return run_map(argv[2], argv[3], argv[4]);
   if (mode == "memory" && argc == 3) return run_memory(argv[2]);
   if (mode == "--map" && argc == 2) {
     std::printf("{\"map\": \"%s\"}\n", kMapName);
     return 0;
   }
   die("usage: hashmap_ref int64 KEYS OUT | string OFFSETS DATA OUT | "
-      "binary PUT_KEYS PUT_OFFSETS PUT_DATA GET_KEYS OUT_OFFSETS OUT_DATA | memory N | --map");
+      "binary PUT_KEYS PUT_OFFSETS PUT_DATA GET_KEYS OUT_OFFSETS OUT_DATA | list KEYS VALUES | "
+      "map KEYS USER_KEYS VALUES | memory N | --map");
 }

@@ -1,0 +1,50 @@
+// Batch kernels of the collection states: ListState append and MapState put (issue 5), with the
+// key handling, validation rules, thread contract and TTL conventions of batch.h (same
+// BatchKeySpec, ValueSpec, TtlBatchSpec, ArrowInput; BatchError before any mutation).
+//
+// Stored bytes (docs/architecture.md "Values"; the per-record path writes the same,
+// statecore/serializers.py encode_list / encode_map_serialized):
+//  * ListState: fixed-width elements concatenated (stride = width); String/Binary elements each
+//    `varlen(len) | bytes`. With TTL every element carries the 8-byte big-endian timestamp
+//    suffix (`ser(e) | ts`, or `varlen(len) | ser(e) | ts`).
+//  * MapState: pairs `varlen(len(ser(uk))) | ser(uk) | varlen(len(v)) | v` sorted by ser(uk)
+//    bytes (memcmp, a shorter prefix first), ser(uk) being the KEY serializer form
+//    (key_codec.h: int64 8 bytes big-endian, string varlen(len + 1) | bytes, ...). v is the
+//    value's stored bytes, with TTL followed by the timestamp (the varlen counts it).
+// Only the apply pass can find a stored blob that does not parse (a table written as another
+// type); that is a BatchError naming the row, the rows before it applied (as batch.h's
+// wrong-width case).
+#pragma once
+#include "statecore/batch.h"
+
+namespace statecore {
+
+// Appends values[i] (one element per row, the element type's Arrow format, no nulls) to the list
+// of keys[i], in row order. With TTL every appended element is stamped `ttl.now` (nothing is read
+// or removed). Throws BatchError before any mutation on bad input: batch.h's key checks, values
+// of another format or length, a null value (list elements must not be null).
+void list_append_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
+                       const ValueSpec& element_type, ArrowInput values,
+                       const TtlBatchSpec& ttl = TtlBatchSpec());
+
+// Puts (user_keys[i] -> values[i]) into the map of keys[i], in row order (a repeated user key:
+// the last row wins). `user_key` is the user-key type as a scalar KeySchema (its accepted Arrow
+// formats as a key column's, key_columns.h). No null user keys or values (a null value is not a
+// removal here: MapState.remove_batch is). With TTL the put value is stamped `ttl.now`; other
+// user keys of the map keep their bytes. Throws BatchError before any mutation on bad input.
+void map_put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
+                   const KeySchema& user_key, ArrowInput user_keys, const ValueSpec& value_type,
+                   ArrowInput values, const TtlBatchSpec& ttl = TtlBatchSpec());
+
+// The validation passes of the two kernels (see validate_batch in batch.h): throw what the kernel
+// would throw before modifying anything, never touch the table. For callers applying one logical
+// batch as several kernel calls (chunks).
+void validate_list_append_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
+                                const ValueSpec& element_type, ArrowInput values,
+                                const TtlBatchSpec& ttl = TtlBatchSpec());
+void validate_map_put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
+                            const KeySchema& user_key, ArrowInput user_keys,
+                            const ValueSpec& value_type, ArrowInput values,
+                            const TtlBatchSpec& ttl = TtlBatchSpec());
+
+}  // namespace statecore

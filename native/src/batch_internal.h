@@ -1,0 +1,538 @@
+// Internals shared by the batch kernels (batch.cpp: value and reducing state;
+// batch_collections.cpp: list and map state): validation helpers, little-endian loads/stores,
+// the row key encoder with prefetching (RowKeys) and the map access helpers. Not a public header:
+// everything here serves the kernels' contract in batch.h / batch_collections.h.
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "statecore/batch.h"
+#include "statecore/detail/map_impl.h"
+#include "statecore/hash.h"
+#include "statecore/key_codec.h"
+#include "statecore/key_columns.h"
+#include "statecore/ttl.h"
+
+namespace statecore {
+namespace batch_detail {
+[[noreturn]] inline void fail(const std::string& msg) { throw BatchError(msg); }
+
+inline std::string row_str(int64_t row) { return "row " + std::to_string(row); }
+
+// "ms" for the unit letter 'm' (ArrayView::time_unit), and so on.
+inline std::string unit_name(char unit) {
+  switch (unit) {
+    case 's': return "s";
+    case 'm': return "ms";
+    case 'u': return "us";
+    case 'n': return "ns";
+  }
+  return "?";
+}
+
+// The statecore name of a value type: "timestamp[ms]", "fixed_size_binary[16]", "int64", ...
+inline std::string value_type_name(const ValueSpec& t) {
+  switch (t.type) {
+    case ValueType::Int64: return "int64";
+    case ValueType::Float64: return "float64";
+    case ValueType::String: return "string";
+    case ValueType::Binary: return "binary";
+    case ValueType::Int32: return "int32";
+    case ValueType::Bool: return "bool";
+    case ValueType::UInt64: return "uint64";
+    case ValueType::Timestamp: return "timestamp[" + unit_name(t.unit) + "]";
+    case ValueType::FixedSizeBinary: return "fixed_size_binary[" + std::to_string(t.width) + "]";
+  }
+  return "?";
+}
+
+// An Arrow array's type in the same words, for "expected ..., got ..." messages.
+inline std::string arrow_type_name(const ArrayView& v) {
+  if (v.kind() == ArrowKind::Timestamp) return "timestamp[" + unit_name(v.time_unit()) + "]";
+  if (v.kind() == ArrowKind::FixedSizeBinary)
+    return "fixed_size_binary[" + std::to_string(v.byte_width()) + "]";
+  return arrow_kind_name(v.kind());
+}
+
+inline bool value_format_ok(const ValueSpec& t, const ArrayView& v) {
+  const ArrowKind k = v.kind();
+  switch (t.type) {
+    case ValueType::Int64: return k == ArrowKind::Int64;
+    case ValueType::Float64: return k == ArrowKind::Float64;
+    case ValueType::String: return k == ArrowKind::Utf8 || k == ArrowKind::LargeUtf8;
+    case ValueType::Binary: return k == ArrowKind::Binary || k == ArrowKind::LargeBinary;
+    case ValueType::Int32: return k == ArrowKind::Int32;
+    case ValueType::Bool: return k == ArrowKind::Bool;
+    case ValueType::UInt64: return k == ArrowKind::UInt64;
+    case ValueType::Timestamp: return k == ArrowKind::Timestamp && v.time_unit() == t.unit;
+    case ValueType::FixedSizeBinary:
+      return k == ArrowKind::FixedSizeBinary && v.byte_width() == t.width;
+  }
+  return false;
+}
+
+// A parameter outside its domain (ValueSpec) would make value_width() or the format check
+// meaningless, so every kernel rejects it first.
+inline void check_spec(const ValueSpec& t) {
+  if (t.type == ValueType::Timestamp && unit_name(t.unit) == "?")
+    fail(std::string("value type timestamp: unit '") + t.unit + "' is not one of s, m, u, n");
+  if (t.type == ValueType::FixedSizeBinary && t.width < 1)
+    fail("value type fixed_size_binary: width " + std::to_string(t.width) + " must be >= 1");
+}
+
+inline bool is_fixed(const ValueSpec& t) { return value_width(t) != 0; }
+
+inline KeyArrays make_keys(const BatchKeySpec& spec, ArrowInput in) {
+  try {
+    KeyArrays k(spec.key, in.schema, in.array);
+    const int64_t bad = k.check_offsets();
+    if (bad >= 0) fail("keys: invalid variable-width offsets at " + row_str(bad));
+    return k;
+  } catch (const BatchError&) {
+    throw;
+  } catch (const std::invalid_argument& e) {
+    fail(std::string("keys: ") + e.what());
+  }
+}
+
+inline ArrayView make_view(ArrowInput in, const char* role) {
+  try {
+    ArrayView v(in.schema, in.array);
+    const int64_t bad = v.check_offsets();
+    if (bad >= 0)
+      fail(std::string(role) + ": invalid variable-width offsets at " + row_str(bad));
+    return v;
+  } catch (const BatchError&) {
+    throw;
+  } catch (const std::invalid_argument& e) {
+    fail(std::string(role) + ": " + e.what());
+  }
+}
+
+// Stored fixed-width values are little-endian regardless of the host (docs/architecture.md).
+// memcpy + a byte swap on big-endian hosts: GCC did not merge the byte-by-byte loops into one
+// load/store (8 stores a row in the add kernel's output, callgrind).
+inline uint64_t le64(uint64_t v) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  return __builtin_bswap64(v);
+#else
+  return v;
+#endif
+}
+inline uint32_t le32(uint32_t v) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  return __builtin_bswap32(v);
+#else
+  return v;
+#endif
+}
+inline uint64_t be64(uint64_t v) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  return v;
+#else
+  return __builtin_bswap64(v);
+#endif
+}
+inline uint64_t load_le64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return le64(v);
+}
+inline void store_le64(uint8_t* p, uint64_t v) {
+  v = le64(v);
+  std::memcpy(p, &v, 8);
+}
+inline int64_t load_i64(const uint8_t* p) { return static_cast<int64_t>(load_le64(p)); }
+inline uint64_t load_u64(const uint8_t* p) { return load_le64(p); }
+inline double load_f64(const uint8_t* p) {
+  const uint64_t u = load_le64(p);
+  double d;
+  std::memcpy(&d, &u, 8);
+  return d;
+}
+inline void store_i64(uint8_t* p, int64_t v) { store_le64(p, static_cast<uint64_t>(v)); }
+inline int32_t load_i32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return static_cast<int32_t>(le32(v));
+}
+inline void store_i32(uint8_t* p, int32_t v) {
+  const uint32_t u = le32(static_cast<uint32_t>(v));
+  std::memcpy(p, &u, 4);
+}
+// The reference deserializer reads any nonzero byte as true; writes are always 00/01.
+inline bool load_bool(const uint8_t* p) { return *p != 0; }
+inline void store_bool(uint8_t* p, bool v) { *p = v ? 1 : 0; }
+inline void store_f64(uint8_t* p, double d) {
+  uint64_t u;
+  std::memcpy(&u, &d, 8);
+  store_le64(p, u);
+}
+
+[[noreturn]] inline void wrong_width(int64_t row, size_t got, size_t want) {
+  fail(row_str(row) + ": the stored value holds " + std::to_string(got) + " bytes, expected " +
+       std::to_string(want) + " (the table holds values of another type than declared, or "
+       "another TTL setting)");
+}
+
+// Stored bytes of a fixed-width accumulator type T (the reference serializers' widths).
+template <class T>
+constexpr size_t stored_width() {
+  return std::is_same<T, bool>::value ? 1 : std::is_same<T, int32_t>::value ? 4 : 8;
+}
+
+// Bytes of a stored fixed-width value: its width, plus the timestamp suffix with TTL.
+inline size_t fixed_width(size_t user_width, const TtlBatchSpec& ttl) {
+  return ttl.enabled ? user_width + ttl::kTimestampBytes : user_width;
+}
+template <class T>
+inline size_t fixed_width(const TtlBatchSpec& ttl) {
+  return fixed_width(stored_width<T>(), ttl);
+}
+
+// Row i of a get_batch_fixed output: the stored value at p, or zeros for an absent key (p null).
+inline void out_fixed(const ValueSpec& t, void* out, int64_t i, const uint8_t* p) {
+  switch (t.type) {
+    case ValueType::Int64:
+    case ValueType::Timestamp: static_cast<int64_t*>(out)[i] = p ? load_i64(p) : 0; break;
+    case ValueType::UInt64: static_cast<uint64_t*>(out)[i] = p ? load_u64(p) : 0; break;
+    case ValueType::Float64: static_cast<double*>(out)[i] = p ? load_f64(p) : 0.0; break;
+    case ValueType::Int32: static_cast<int32_t*>(out)[i] = p ? load_i32(p) : 0; break;
+    case ValueType::Bool: static_cast<uint8_t*>(out)[i] = p && load_bool(p) ? 1 : 0; break;
+    case ValueType::FixedSizeBinary: {
+      uint8_t* dst = static_cast<uint8_t*>(out) + i * static_cast<int64_t>(t.width);
+      if (p) std::memcpy(dst, p, static_cast<size_t>(t.width));
+      else std::memset(dst, 0, static_cast<size_t>(t.width));
+      break;
+    }
+    case ValueType::String:
+    case ValueType::Binary: break;
+  }
+}
+
+inline void check_ttl(const TtlBatchSpec& ttl) {
+  if (ttl.enabled && ttl.ttl_ms <= 0)
+    fail("ttl: ttl_ms must be > 0, got " + std::to_string(ttl.ttl_ms));
+}
+
+// Callers may pass no counter; the kernels always count somewhere.
+inline int64_t* expired_sink(int64_t* expired, int64_t* local) {
+  int64_t* p = expired != nullptr ? expired : local;
+  *p = 0;
+  return p;
+}
+
+// Per-thread key-group scratch: one allocation per thread and growth, not per batch or row.
+inline std::vector<int32_t>& kg_scratch() {
+  thread_local std::vector<int32_t> kgs;
+  return kgs;
+}
+
+// Validation pass over the keys: spec, table range, nulls, key groups (formats were checked by
+// make_keys). Returns the key group of every row (kg_scratch()). Touches no state.
+inline const int32_t* validate_keys(StateTable& table, const BatchKeySpec& spec, const KeyArrays& keys) {
+  try {
+    check_max_parallelism(spec.max_parallelism);
+  } catch (const std::invalid_argument& e) {
+    fail(e.what());
+  }
+  if (spec.kg_start < 0 || spec.kg_start > spec.kg_end || spec.kg_end >= spec.max_parallelism)
+    fail("key-group range [" + std::to_string(spec.kg_start) + ", " + std::to_string(spec.kg_end) +
+         "] must satisfy 0 <= kg_start <= kg_end < max_parallelism (" +
+         std::to_string(spec.max_parallelism) + ")");
+  try {
+    // StateTable ranges are contiguous, so holding both ends means holding every key group the
+    // apply pass can reach; checking now keeps map() from throwing half-way through a batch.
+    table.map(spec.kg_start);
+    table.map(spec.kg_end);
+  } catch (const std::out_of_range&) {
+    fail("the state table does not hold the key-group range [" + std::to_string(spec.kg_start) +
+         ", " + std::to_string(spec.kg_end) + "]");
+  }
+  int column = -1;
+  const int64_t null_row = keys.first_null(&column);
+  if (null_row >= 0) {
+    if (column < 0 || !spec.key.is_struct) fail("keys: null key at " + row_str(null_row));
+    fail("keys: null in field " + std::to_string(column) + " of the key at " + row_str(null_row) +
+         " (a multi-column key must not have null fields)");
+  }
+  const int64_t n = keys.length();
+  std::vector<int32_t>& kgs = kg_scratch();
+  kgs.resize(static_cast<size_t>(n));
+  try {
+    keys.key_groups(spec.assigner, spec.max_parallelism, kgs.data());
+  } catch (const std::invalid_argument& e) {
+    fail(std::string("keys: ") + e.what());
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (kgs[i] < spec.kg_start || kgs[i] > spec.kg_end)
+      fail("keys: " + row_str(i) + " belongs to key group " + std::to_string(kgs[i]) +
+           ", outside this table's key-group range [" + std::to_string(spec.kg_start) + ", " +
+           std::to_string(spec.kg_end) + "] (was the batch routed by the same assigner and "
+           "max parallelism?)");
+  }
+  return kgs.data();
+}
+
+// Encodes row i's key as prefix | ser(key) | 00 (VoidNamespace) into the reused buffer, and keeps
+// the cache ahead of the rows being applied: the working set of a large state does not fit in
+// L2, and every row would otherwise pay two dependent cache misses (bucket slot, then entry).
+// ahead(i), called before row i in a forward pass, hashes the group of rows two groups ahead and
+// prefetches their bucket slots, and prefetches the first entry of the rows one group ahead
+// (whose slots were requested a group earlier). Rows are still applied one by one in row order;
+// a prefetch made stale by a rehash or a write in between only wastes a cache line.
+class RowKeys {
+ public:
+  RowKeys(const BatchKeySpec& spec, const KeyArrays& keys, StateTable& table, const int32_t* kgs)
+      : enc_(spec.key, NamespaceType::Void, spec.max_parallelism),
+        ahead_enc_(spec.key, NamespaceType::Void, spec.max_parallelism),
+        keys_(keys), table_(table), kgs_(kgs), n_(keys.length()),
+        // A small state stays in cache; there the second hash per row only costs (measured:
+        // 1k keys 11.6 -> 7.2 M rows/s with prefetching, 200k keys 1.95 -> 4.7 M rows/s).
+        prefetch_(table.size() >= kPrefetchMinEntries),
+        prefix_size_(key_group_prefix_size(spec.max_parallelism)) {
+    enc_.bind(keys);
+    ahead_enc_.bind(keys);
+    // int64 keys (the common case) skip the general encoder: prefix | big-endian int64 | 00 is
+    // written in place (the general encoder took ~390 instructions a row for it, callgrind).
+    const ArrayView* col = keys.scalar_column();
+    if (col && spec.key.columns[0].type == KeyType::Int64) int64_keys_ = col;
+    // String/binary keys likewise: prefix | varlen(len + 1) | bytes | 00 (the general encoder
+    // with its checks and vector appends was ~300 instructions a row, callgrind).
+    if (col && (spec.key.columns[0].type == KeyType::String ||
+                spec.key.columns[0].type == KeyType::Binary))
+      bytes_keys_ = col;
+  }
+
+  // Row i's encoded key becomes data()/size(): the copy made when its group was hashed ahead,
+  // or (small states, or a row outside the two groups kept, as an undo replay asks for) encoded
+  // now. Each row is encoded once on the prefetching path.
+  void encode(int64_t i, int32_t kg) {
+    if (prefetch_) {
+      const Group& g = groups_[(i / kGroup) & 1];
+      if (g.start == i - i % kGroup) {
+        const size_t j = static_cast<size_t>(i - g.start);
+        cur_ = g.bytes.data() + g.offsets[j];
+        cur_size_ = g.offsets[j + 1] - g.offsets[j];
+        cur_hash_ = g.hashes[j];
+        cur_row_ = i;
+        return;
+      }
+    }
+    cur_row_ = -1;
+    if (int64_keys_) {
+      cur_size_ = write_int64_key(i, kg, one_);
+      cur_ = one_;
+      return;
+    }
+    if (bytes_keys_) {
+      one_bytes_.resize(bytes_key_bound(i));
+      cur_size_ = write_bytes_key(i, kg, one_bytes_.data());
+      cur_ = one_bytes_.data();
+      return;
+    }
+    encode_into(enc_, i, kg);
+    cur_ = enc_.data();
+    cur_size_ = enc_.size();
+  }
+
+  void ahead(int64_t i) {
+    if (!prefetch_ || i % kGroup != 0) return;
+    if (i == 0) hash_group(0);
+    const Group& g = groups_[(i / kGroup) & 1];
+    for (int64_t j = i; j < std::min(i + kGroup, n_); ++j) {
+      StateMap& m = table_.map_unchecked(kgs_[j]);
+      if (!m.engine().flat) m.prefetch_entry(g.hashes[j - i]);  // a flat slot is its entry
+    }
+    hash_group(i + kGroup);
+  }
+
+  const uint8_t* data() const { return cur_; }
+  size_t size() const { return cur_size_; }
+  // The map hash of row i's encoded key (encode(i) done): computed ahead when prefetching.
+  uint32_t hash(int64_t i, const StateMap& m) const {
+    return cur_row_ == i ? cur_hash_ : m.hash(data(), size());
+  }
+
+ private:
+  static constexpr int64_t kGroup = 16;
+  // ~32 B header + key + value per entry: from about 16k entries on the state outgrows L2.
+  static constexpr size_t kPrefetchMinEntries = 16 * 1024;
+  static constexpr size_t kInt64KeyMax = 2 + 8 + 1;
+
+  // The encoded keys and hashes of rows [start, start + kGroup).
+  struct Group {
+    int64_t start = -1;
+    std::vector<uint8_t> bytes;
+    uint32_t offsets[kGroup + 1] = {};
+    uint32_t hashes[kGroup] = {};
+  };
+
+  size_t write_int64_key(int64_t i, int32_t kg, uint8_t* dst) const {
+    size_t p = 0;
+    if (prefix_size_ == 2) dst[p++] = static_cast<uint8_t>(kg >> 8);
+    dst[p++] = static_cast<uint8_t>(kg);
+    const uint64_t be = be64(static_cast<uint64_t>(int64_keys_->int64_at(i)));
+    std::memcpy(dst + p, &be, 8);  // Flink LongSerializer: big-endian
+    p += 8;
+    dst[p++] = 0;  // VoidNamespace
+    return p;
+  }
+
+  // Upper bound of row i's encoded string/binary key: prefix, varint (<= 10 bytes), bytes, 00.
+  size_t bytes_key_bound(int64_t i) const {
+    size_t sz;
+    bytes_keys_->bytes_at(i, &sz);
+    return 2 + 10 + sz + 1;
+  }
+  // Flink StringSerializer-style key bytes (key_codec append_ser_bytes) after the prefix; the
+  // namespace is VoidNamespace, so no lenbytes (both would have to be variable-length).
+  size_t write_bytes_key(int64_t i, int32_t kg, uint8_t* dst) const {
+    size_t sz;
+    const uint8_t* src = bytes_keys_->bytes_at(i, &sz);
+    size_t p = 0;
+    if (prefix_size_ == 2) dst[p++] = static_cast<uint8_t>(kg >> 8);
+    dst[p++] = static_cast<uint8_t>(kg);
+    uint64_t n = static_cast<uint64_t>(sz) + 1;
+    while (n >= 0x80) {
+      dst[p++] = static_cast<uint8_t>(n | 0x80);
+      n >>= 7;
+    }
+    dst[p++] = static_cast<uint8_t>(n);
+    if (sz) std::memcpy(dst + p, src, sz);
+    p += sz;
+    dst[p++] = 0;  // VoidNamespace
+    return p;
+  }
+
+  void hash_group(int64_t start) {
+    if (start >= n_) return;
+    Group& g = groups_[(start / kGroup) & 1];
+    g.start = start;
+    g.offsets[0] = 0;
+    if (int64_keys_) {
+      g.bytes.resize(kGroup * kInt64KeyMax);
+    } else if (bytes_keys_) {
+      size_t bound = 0;
+      for (int64_t j = start; j < std::min(start + kGroup, n_); ++j) bound += bytes_key_bound(j);
+      if (g.bytes.size() < bound) g.bytes.resize(bound);
+    } else {
+      g.bytes.clear();
+    }
+    for (int64_t j = start; j < start + kGroup; ++j) {
+      const size_t k = static_cast<size_t>(j - start);
+      if (j >= n_) {
+        g.offsets[k + 1] = g.offsets[k];
+        continue;
+      }
+      const uint8_t* key;
+      size_t ks;
+      if (int64_keys_) {
+        key = g.bytes.data() + g.offsets[k];
+        ks = write_int64_key(j, kgs_[j], g.bytes.data() + g.offsets[k]);
+      } else if (bytes_keys_) {
+        key = g.bytes.data() + g.offsets[k];
+        ks = write_bytes_key(j, kgs_[j], g.bytes.data() + g.offsets[k]);
+      } else {
+        encode_into(ahead_enc_, j, kgs_[j]);
+        g.bytes.insert(g.bytes.end(), ahead_enc_.data(), ahead_enc_.data() + ahead_enc_.size());
+        ks = ahead_enc_.size();
+        key = g.bytes.data() + g.offsets[k];
+      }
+      g.offsets[k + 1] = static_cast<uint32_t>(g.offsets[k] + ks);
+      StateMap& m = table_.map_unchecked(kgs_[j]);
+      const StateMap::Impl& e = m.engine();
+      const uint32_t h = e.hash_of(key, ks);
+      g.hashes[k] = h;
+      if (e.flat) e.prefetch(h);
+      else m.prefetch_bucket(h);
+    }
+  }
+
+  void encode_into(KeyEncoder& enc, int64_t i, int32_t kg) {
+    enc.key_row(kg, i);
+    enc.namespace_void();
+  }
+
+  KeyEncoder enc_;
+  KeyEncoder ahead_enc_;
+  const KeyArrays& keys_;
+  StateTable& table_;
+  const int32_t* kgs_;
+  int64_t n_;
+  bool prefetch_;
+  int prefix_size_;
+  const ArrayView* int64_keys_ = nullptr;  // the key column when keys are scalar int64
+  const ArrayView* bytes_keys_ = nullptr;  // ... when they are scalar string/binary
+  std::vector<uint8_t> one_bytes_;          // encode()'s buffer for a string/binary key
+  uint8_t one_[kInt64KeyMax] = {};
+  Group groups_[2];
+  const uint8_t* cur_ = nullptr;
+  size_t cur_size_ = 0;
+  uint32_t cur_hash_ = 0;
+  int64_t cur_row_ = -1;  // the row whose hash cur_hash_ is, or -1
+};
+
+// get_hashed() with the flat engine's common case inlined (StateMap::Impl::flat_fast_get).
+inline bool kernel_get(StateMap& m, uint32_t h, const uint8_t* key, size_t ks, ByteView* v) {
+  const int r = m.engine().flat_fast_get(h, key, ks, v);
+  return r >= 0 ? r == 1 : m.get_hashed(h, key, ks, v);
+}
+
+// put() through the hashed, inlined path of the add kernels (flat_fast_upsert, else upsert(),
+// which also completes a rehash in flight); an existing value of another size is replaced by put().
+inline uint8_t* kernel_put(StateMap& m, uint32_t h, const uint8_t* key, size_t ks, size_t vs) {
+  size_t cur = 0;
+  bool inserted = false;
+  uint8_t* p = m.engine().flat_fast_upsert(h, key, ks, vs, &cur, &inserted);
+  if (p == nullptr) p = m.upsert(h, key, ks, vs, &cur, &inserted);
+  return cur == vs ? p : m.put(key, ks, vs);
+}
+
+inline void check_values(const ValueSpec& vt, const KeyArrays& keys, const ArrayView& values) {
+  if (!value_format_ok(vt, values))
+    fail("values: expected an Arrow array of value type " + value_type_name(vt) + ", got " +
+         arrow_type_name(values));
+  if (values.length() != keys.length())
+    fail("values: length " + std::to_string(values.length()) + " differs from keys length " +
+         std::to_string(keys.length()));
+}
+
+// One TTL read of row i (Python `_Ttl._fresh`): absent -> false; expired -> the entry is removed
+// and counted, and the stale user bytes are shown (emit) only under return_expired; fresh -> shown,
+// and renewed to `now` under update_on_read. `width` is the exact stored width, or 0 for
+// variable-width values (then at least the timestamp). emit(user bytes, size) runs before any
+// mutation, since a removal or a copy-on-write invalidates the bytes read. Returns whether a value
+// was shown.
+template <class Emit>
+inline bool ttl_read(StateMap& m, const RowKeys& rk, int64_t i, size_t width, const TtlBatchSpec& ttl,
+              int64_t* expired, Emit emit) {
+  ByteView v;
+  if (!kernel_get(m, rk.hash(i, m), rk.data(), rk.size(), &v)) return false;
+  if (width != 0 && v.size != width) wrong_width(i, v.size, width);
+  if (v.size < ttl::kTimestampBytes)
+    fail(row_str(i) + ": the stored value holds " + std::to_string(v.size) +
+         " bytes, too few for the 8-byte TTL timestamp (was the state written without TTL?)");
+  const size_t user = v.size - ttl::kTimestampBytes;
+  if (ttl::expired(ttl::load_timestamp(v.data + user), ttl.ttl_ms, ttl.now)) {
+    if (ttl.return_expired) emit(v.data, user);
+    m.remove(rk.data(), rk.size());
+    ++*expired;
+    return ttl.return_expired;
+  }
+  emit(v.data, user);
+  if (ttl.update_on_read) {
+    // Always written, even when the timestamp already equals `now`: the per-record path puts
+    // too, so the entry counts as changed for incremental snapshots on both paths.
+    size_t sz = 0;
+    uint8_t* p = m.get_for_update(rk.data(), rk.size(), &sz);
+    ttl::store_timestamp(p + user, ttl.now);
+  }
+  return true;
+}
+}  // namespace batch_detail
+}  // namespace statecore

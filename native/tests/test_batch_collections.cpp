@@ -1,0 +1,274 @@
+// Collection batch kernels (batch_collections.h) over hand-built Arrow arrays: the exact list and
+// map blobs the per-record path writes (docs/architecture.md "Values"), repeated keys applied in
+// row order, sliced arrays, TTL suffixes, and errors that leave the table untouched.
+#include <cstring>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "check.h"
+#include "statecore/arrow_abi.h"
+#include "statecore/batch.h"
+#include "statecore/batch_collections.h"
+#include "statecore/state_table.h"
+
+using namespace statecore;
+
+namespace {
+
+void release_schema(ArrowSchema* s) { s->release = nullptr; }
+void release_array(ArrowArray* a) { a->release = nullptr; }
+
+// An Arrow array owned by the test. `pad` leading elements (junk values, marked null) are placed
+// before the logical start and array.offset = pad, so every kernel sees a sliced array.
+struct TestArray {
+  std::string format;
+  std::vector<uint8_t> validity, data, values;
+  const void* buffers[3] = {nullptr, nullptr, nullptr};
+  ArrowSchema schema{};
+  ArrowArray array{};
+
+  ArrowInput in() const { return ArrowInput{&schema, &array}; }
+
+  void finish(int64_t length, int64_t offset, int64_t n_buffers, bool any_null) {
+    buffers[0] = any_null ? validity.data() : nullptr;
+    buffers[1] = data.data();
+    buffers[2] = values.data();
+    schema.format = format.c_str();
+    schema.name = "";
+    schema.flags = ARROW_FLAG_NULLABLE;
+    schema.release = &release_schema;
+    array.length = length;
+    array.offset = offset;
+    array.null_count = any_null ? -1 : 0;  // -1: "unknown", the kernels must count themselves
+    array.n_buffers = n_buffers;
+    array.buffers = buffers;
+    array.release = &release_array;
+  }
+  void set_valid(int64_t j, bool v) {
+    if (validity.size() <= static_cast<size_t>(j / 8)) validity.resize(j / 8 + 1, 0);
+    if (v) validity[j / 8] |= static_cast<uint8_t>(1u << (j % 8));
+    else validity[j / 8] &= static_cast<uint8_t>(~(1u << (j % 8)));
+  }
+};
+
+template <class T>
+TestArray fixed(const char* format, const std::vector<std::optional<T>>& xs, int64_t pad = 0) {
+  TestArray a;
+  a.format = format;
+  bool any_null = pad > 0;
+  const int64_t total = pad + static_cast<int64_t>(xs.size());
+  a.data.resize(static_cast<size_t>(total) * sizeof(T) + 1);
+  for (int64_t j = 0; j < total; ++j) {
+    const bool valid = j >= pad && xs[j - pad].has_value();
+    T v = valid ? *xs[j - pad] : static_cast<T>(0x5A5A5A5A);  // junk under nulls / padding
+    std::memcpy(a.data.data() + j * sizeof(T), &v, sizeof(T));
+    a.set_valid(j, valid);
+    any_null = any_null || !valid;
+  }
+  a.finish(static_cast<int64_t>(xs.size()), pad, 2, any_null);
+  return a;
+}
+
+template <class Off>
+TestArray varwidth(const char* format, const std::vector<std::optional<std::string>>& xs,
+                   int64_t pad = 0) {
+  TestArray a;
+  a.format = format;
+  bool any_null = pad > 0;
+  const int64_t total = pad + static_cast<int64_t>(xs.size());
+  std::vector<Off> offs(1, 0);
+  for (int64_t j = 0; j < total; ++j) {
+    const bool valid = j >= pad && xs[j - pad].has_value();
+    const std::string s = valid ? *xs[j - pad] : std::string(j < pad ? "pad" : "");
+    a.values.insert(a.values.end(), s.begin(), s.end());
+    offs.push_back(static_cast<Off>(a.values.size()));
+    a.set_valid(j, valid);
+    any_null = any_null || !valid;
+  }
+  a.values.push_back(0);  // never empty, so the buffer pointer is non-null
+  a.data.resize(offs.size() * sizeof(Off));
+  std::memcpy(a.data.data(), offs.data(), a.data.size());
+  a.finish(static_cast<int64_t>(xs.size()), pad, 3, any_null);
+  return a;
+}
+
+using I64 = std::vector<std::optional<int64_t>>;
+using F64 = std::vector<std::optional<double>>;
+using Str = std::vector<std::optional<std::string>>;
+
+// Whole table contents: encoded key -> value bytes.
+std::map<std::string, std::string> dump(StateTable& t) {
+  std::map<std::string, std::string> out;
+  for (int32_t kg = t.kg_start(); kg <= t.kg_end(); ++kg) {
+    t.map(kg).for_each([&](ByteView k, ByteView v) {
+      out[std::string(reinterpret_cast<const char*>(k.data), k.size)] =
+          std::string(reinterpret_cast<const char*>(v.data), v.size);
+    });
+  }
+  return out;
+}
+
+// Runs fn, expecting a BatchError whose message contains `needle`.
+bool batch_error(const std::function<void()>& fn, const std::string& needle) {
+  try {
+    fn();
+  } catch (const BatchError& e) {
+    if (std::string(e.what()).find(needle) != std::string::npos) return true;
+    std::fprintf(stderr, "  BatchError without '%s': %s\n", needle.c_str(), e.what());
+    return false;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "  unexpected exception: %s\n", e.what());
+    return false;
+  }
+  std::fprintf(stderr, "  no exception (wanted '%s')\n", needle.c_str());
+  return false;
+}
+
+std::multiset<std::string> blobs(StateTable& t) {
+  std::multiset<std::string> out;
+  for (const auto& kv : dump(t)) out.insert(kv.second);
+  return out;
+}
+
+std::string le64(int64_t v) {
+  std::string s(8, '\0');
+  for (int i = 0; i < 8; ++i) s[i] = static_cast<char>(static_cast<uint64_t>(v) >> (8 * i));
+  return s;
+}
+std::string be64(int64_t v) {
+  std::string s(8, '\0');
+  for (int i = 0; i < 8; ++i) s[7 - i] = static_cast<char>(static_cast<uint64_t>(v) >> (8 * i));
+  return s;
+}
+std::string byte(int b) { return std::string(1, static_cast<char>(b)); }
+
+BatchKeySpec int64_spec() {
+  BatchKeySpec s;
+  s.key = KeySchema::scalar(KeyType::Int64);
+  return s;
+}
+
+}  // namespace
+
+TEST(list_append_int64_keeps_row_order_per_key) {
+  StateTable t(0, 127);
+  auto keys = fixed<int64_t>("l", I64{1, 2, 1, 1}, 2);  // sliced: offset 2
+  auto vals = fixed<int64_t>("l", I64{10, 20, 30, 40}, 3);
+  list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, vals.in());
+  CHECK(blobs(t) == (std::multiset<std::string>{le64(10) + le64(30) + le64(40), le64(20)}));
+  // A second batch appends after what is stored.
+  auto k2 = fixed<int64_t>("l", I64{2, 3});
+  auto v2 = fixed<int64_t>("l", I64{21, 5});
+  list_append_batch(t, int64_spec(), k2.in(), ValueType::Int64, v2.in());
+  CHECK(blobs(t) == (std::multiset<std::string>{le64(10) + le64(30) + le64(40),
+                                                le64(20) + le64(21), le64(5)}));
+}
+
+TEST(list_append_string_elements_are_varlen_framed_and_ttl_suffixed) {
+  StateTable t(0, 127);
+  auto keys = fixed<int64_t>("l", I64{7, 7});
+  auto vals = varwidth<int32_t>("u", Str{std::string("ab"), std::string("")});
+  list_append_batch(t, int64_spec(), keys.in(), ValueType::String, vals.in());
+  CHECK(blobs(t) == (std::multiset<std::string>{byte(2) + "ab" + byte(0)}));
+  StateTable tt(0, 127);
+  TtlBatchSpec ttl;
+  ttl.enabled = true;
+  ttl.ttl_ms = 1000;
+  ttl.now = 77;
+  auto iv = fixed<int64_t>("l", I64{3, 4});
+  list_append_batch(tt, int64_spec(), keys.in(), ValueType::Int64, iv.in(), ttl);
+  list_append_batch(tt, int64_spec(), keys.in(), ValueType::String, vals.in(), ttl);
+  CHECK(blobs(tt) == (std::multiset<std::string>{le64(3) + be64(77) + le64(4) + be64(77) +
+                                                 byte(2) + "ab" + be64(77) + byte(0) + be64(77)}));
+}
+
+TEST(list_append_rejects_bad_input_before_any_write) {
+  StateTable t(0, 127);
+  auto keys = fixed<int64_t>("l", I64{1, 2});
+  auto good = fixed<int64_t>("l", I64{1, 2});
+  list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, good.in());
+  const auto before = dump(t);
+  auto null_val = fixed<int64_t>("l", I64{5, std::nullopt});
+  CHECK(batch_error([&] { list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, null_val.in()); },
+                    "null at row 1"));
+  auto short_vals = fixed<int64_t>("l", I64{5});
+  CHECK(batch_error([&] { list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, short_vals.in()); },
+                    "length"));
+  auto floats = fixed<double>("g", F64{1.0, 2.0});
+  CHECK(batch_error([&] { list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, floats.in()); },
+                    "expected an Arrow array of value type int64"));
+  auto null_key = fixed<int64_t>("l", I64{1, std::nullopt});
+  CHECK(batch_error([&] { list_append_batch(t, int64_spec(), null_key.in(), ValueType::Int64, good.in()); },
+                    "null key"));
+  CHECK(batch_error([&] { validate_list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, null_val.in()); },
+                    "null at row 1"));
+  CHECK(dump(t) == before);
+}
+
+TEST(map_put_int64_user_keys_sorted_last_row_wins) {
+  StateTable t(0, 127);
+  auto keys = fixed<int64_t>("l", I64{1, 1, 2, 1, 1}, 1);
+  auto uks = fixed<int64_t>("l", I64{5, 2, 1, 5, -1}, 2);
+  auto vals = fixed<int64_t>("l", I64{100, 200, 1, 300, 400});
+  map_put_batch(t, int64_spec(), keys.in(), KeySchema::scalar(KeyType::Int64), uks.in(),
+                ValueType::Int64, vals.in());
+  auto pair = [](int64_t uk, int64_t v) { return byte(8) + be64(uk) + byte(8) + le64(v); };
+  // -1 is ff..ff big-endian: it sorts last.
+  CHECK(blobs(t) == (std::multiset<std::string>{pair(2, 200) + pair(5, 300) + pair(-1, 400),
+                                                pair(1, 1)}));
+}
+
+TEST(map_put_string_user_keys_binary_values_resize_and_ttl) {
+  StateTable t(0, 127);
+  auto keys = fixed<int64_t>("l", I64{9, 9, 9, 9});
+  auto uks = varwidth<int32_t>("u", Str{std::string("b"), std::string("ab"), std::string("a"),
+                                        std::string("b")});
+  auto vals = varwidth<int64_t>("Z", Str{std::string("x"), std::string("yy"), std::string(""),
+                                         std::string("zzz")});
+  map_put_batch(t, int64_spec(), keys.in(), KeySchema::scalar(KeyType::String), uks.in(),
+                ValueType::Binary, vals.in());
+  // ser("a") = 02 61 < ser("b") = 02 62 < ser("ab") = 03 61 62
+  CHECK(blobs(t) == (std::multiset<std::string>{
+      byte(2) + byte(2) + "a" + byte(0) + byte(2) + byte(2) + "b" + byte(3) + "zzz" +
+      byte(3) + byte(3) + "ab" + byte(2) + "yy"}));
+  StateTable tt(0, 127);
+  TtlBatchSpec ttl;
+  ttl.enabled = true;
+  ttl.ttl_ms = 10;
+  ttl.now = 5;
+  auto k1 = fixed<int64_t>("l", I64{1});
+  auto u1 = fixed<int64_t>("l", I64{3});
+  auto v1 = fixed<int64_t>("l", I64{4});
+  map_put_batch(tt, int64_spec(), k1.in(), KeySchema::scalar(KeyType::Int64), u1.in(),
+                ValueType::Int64, v1.in(), ttl);
+  CHECK(blobs(tt) == (std::multiset<std::string>{byte(8) + be64(3) + byte(16) + le64(4) + be64(5)}));
+}
+
+TEST(map_put_rejects_bad_input_before_any_write) {
+  StateTable t(0, 127);
+  auto keys = fixed<int64_t>("l", I64{1, 2});
+  auto uks = fixed<int64_t>("l", I64{1, 2});
+  auto vals = fixed<int64_t>("l", I64{1, 2});
+  const KeySchema uk = KeySchema::scalar(KeyType::Int64);
+  map_put_batch(t, int64_spec(), keys.in(), uk, uks.in(), ValueType::Int64, vals.in());
+  const auto before = dump(t);
+  auto null_uk = fixed<int64_t>("l", I64{std::nullopt, 2});
+  CHECK(batch_error([&] { map_put_batch(t, int64_spec(), keys.in(), uk, null_uk.in(), ValueType::Int64, vals.in()); },
+                    "user_keys: null at row 0"));
+  auto null_v = fixed<int64_t>("l", I64{7, std::nullopt});
+  CHECK(batch_error([&] { map_put_batch(t, int64_spec(), keys.in(), uk, uks.in(), ValueType::Int64, null_v.in()); },
+                    "values: null at row 1"));
+  auto strs = varwidth<int32_t>("u", Str{std::string("a"), std::string("b")});
+  CHECK(batch_error([&] { map_put_batch(t, int64_spec(), keys.in(), uk, strs.in(), ValueType::Int64, vals.in()); },
+                    "user_keys:"));
+  auto short_uk = fixed<int64_t>("l", I64{1});
+  CHECK(batch_error([&] { validate_map_put_batch(t, int64_spec(), keys.in(), uk, short_uk.in(), ValueType::Int64, vals.in()); },
+                    "differs from keys length"));
+  CHECK(dump(t) == before);
+}
+
+TEST_MAIN()

@@ -1,0 +1,157 @@
+"""Peer cases of issue 5 for the collection states, in the manner of :mod:`statecore.bench.peers`
+(same impls, timing, ratio records, goals and plot panels; see its docstring):
+
+* ``list_append`` -- ListState of int64 elements: ``append_batch(keys, values)``, every key of
+  100k int64 keys appended to 10 times in random order (1M rows; ``--quick``: 20k keys, 200k
+  rows), one element a row.
+* ``map_put`` -- MapState int64 user key -> int64 value: ``put_batch(keys, user_keys, values)``,
+  the same key stream, user keys drawn uniformly from 0..15 (so a user map holds up to 16 pairs
+  and later puts mostly overwrite).
+
+Impls: ``native`` / ``python`` (the backends, 64k-row batches; python on a prefix of 100k rows,
+``--quick`` 20k), ``dict`` (a dict of lists / of dicts fed from the same Arrow batches via
+``to_numpy().tolist()``), ``rocksdict`` when importable (read-modify-write per row of a pickled
+list / dict, on python's prefix) and the C++ reference (``list``: ``Map<int64,
+std::vector<int64>>`` push_back; ``map``: ``Map<int64, sorted vector of pairs>``, the
+``list``/``map`` modes of ``cpp/hashmap_ref.cpp``). Records: ``rows_per_s_<n>_keys``,
+``rows_measured_<n>_keys``, ratios over the C++ reference and over python, and the goal native
+>= 20x python.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from typing import Callable, Dict, List, Tuple
+
+import numpy as np
+import pyarrow as pa
+
+from statecore import ListStateDescriptor, MapStateDescriptor, create_backend
+from statecore.bench import Size, case, record
+from statecore.bench.peers import (_TempRdict, _best, _has_native, _panel, _pylist, _ratio_records,
+                                   _reference, _rocksdict, _slices, int64_keys, row_order)
+from statecore.bench.ttl import _label
+
+_REPS = 10
+_USER_KEYS = 16
+
+
+def _workload(size: Size, seed: int) -> Tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+    """``(distinct, keys, user_keys, values)``: int64 rows, every key ``_REPS`` times in random
+    order, user keys uniform in 0..15, values the row index."""
+    distinct = size.n(100_000, 20_000)
+    keys = int64_keys(distinct, seed=seed)[row_order(distinct, _REPS, seed=seed + 1)]
+    uks = np.random.default_rng(seed + 2).integers(0, _USER_KEYS, len(keys)).astype(np.int64)
+    return distinct, keys, uks, np.arange(len(keys), dtype=np.int64)
+
+
+def _backend_run(kind: str, batches: list, is_map: bool) -> float:
+    b = create_backend(kind, key_type="int64")
+    if is_map:
+        st = b.get_state(MapStateDescriptor("m", "int64", "int64"))
+        t = time.perf_counter()
+        for k, u, v in batches:
+            st.put_batch(k, u, v)
+    else:
+        st = b.get_state(ListStateDescriptor("l", "int64"))
+        t = time.perf_counter()
+        for k, v in batches:
+            st.append_batch(k, v)
+    dt = time.perf_counter() - t
+    b.close()
+    return dt
+
+
+def _dict_run(batches: list, is_map: bool) -> float:
+    d: dict = {}
+    t = time.perf_counter()
+    if is_map:
+        for k, u, v in batches:
+            for key, uk, val in zip(_pylist(k), _pylist(u), _pylist(v)):
+                m = d.get(key)
+                if m is None:
+                    d[key] = {uk: val}
+                else:
+                    m[uk] = val
+    else:
+        for k, v in batches:
+            for key, val in zip(_pylist(k), _pylist(v)):
+                lst = d.get(key)
+                if lst is None:
+                    d[key] = [val]
+                else:
+                    lst.append(val)
+    return time.perf_counter() - t
+
+
+def _rocksdict_run(rocksdict, batches: list, is_map: bool) -> float:
+    with _TempRdict(rocksdict) as db:
+        get = db.get
+        t = time.perf_counter()
+        if is_map:
+            for k, u, v in batches:
+                for key, uk, val in zip(_pylist(k), _pylist(u), _pylist(v)):
+                    m = get(key) or {}
+                    m[uk] = val
+                    db[key] = m
+        else:
+            for k, v in batches:
+                for key, val in zip(_pylist(k), _pylist(v)):
+                    lst = get(key)
+                    db[key] = [val] if lst is None else lst + [val]
+        return time.perf_counter() - t
+
+
+def _collection_case(c: str, size: Size, is_map: bool) -> list:
+    rdb, ref, native = _rocksdict(), _reference(), _has_native()
+    distinct, keys, uks, values = _workload(size, seed=11 if is_map else 21)
+    slow_rows = size.n(100_000, 20_000)
+    tag = f"{_label(distinct)}_keys"
+    cols = [pa.array(keys)] + ([pa.array(uks)] if is_map else []) + [pa.array(values)]
+    full = list(zip(*(_slices(a) for a in cols)))
+    slow = list(zip(*(_slices(a, slow_rows) for a in cols)))
+    n_full, n_slow = len(keys), min(slow_rows, len(keys))
+    runs: List[Tuple[str, int, Callable[[], float]]] = []
+    if native:
+        runs.append(("native", n_full, lambda: _backend_run("native", full, is_map)))
+    runs.append(("python", n_slow, lambda: _backend_run("python", slow, is_map)))
+    runs.append(("dict", n_full, lambda: _dict_run(full, is_map)))
+    if rdb is not None:
+        runs.append(("rocksdict", n_slow, lambda: _rocksdict_run(rdb, slow, is_map)))
+    out: list = []
+    workdir = tempfile.mkdtemp(prefix="statecore-bench-cpp-")
+    try:
+        if ref is not None:
+            if is_map:
+                runs.append((ref.impl, n_full, lambda: ref.map_put(keys, uks, values, workdir)["seconds"]))
+            else:
+                runs.append((ref.impl, n_full, lambda: ref.list_append(keys, values, workdir)["seconds"]))
+        rates: Dict[str, float] = {}
+        for impl, n, fn in runs:
+            rates[impl] = n / _best(fn)
+            out.append(record(c, impl, f"rows_per_s_{tag}", rates[impl], "rows/s"))
+            out.append(record(c, impl, f"rows_measured_{tag}", n, "rows"))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    out.append(record(c, "workload", f"distinct_keys_{tag}", distinct, "keys"))
+    out += _ratio_records(c, tag, rates, ref.impl if ref else None, None)
+    return out
+
+
+@case("list_append", "ListState append_batch of int64 elements, 1M rows over 100k int64 keys: "
+                     "native vs python vs dict vs rocksdict vs C++ hash map of vectors",
+      panel=_panel)
+def list_append(size: Size):
+    """rows/s per impl (``rows_per_s_<n>_keys``), ratios and the goal native >= 20x python; see
+    the module docstring. ``--quick``: 20k keys, 200k rows."""
+    return _collection_case("list_append", size, is_map=False)
+
+
+@case("map_put", "MapState put_batch int64 user key (0..15) -> int64, 1M rows over 100k int64 "
+                 "keys: native vs python vs dict vs rocksdict vs C++ hash map of sorted vectors",
+      panel=_panel)
+def map_put(size: Size):
+    """As ``list_append`` with ``put_batch(keys, user_keys, values)``."""
+    return _collection_case("map_put", size, is_map=True)
