@@ -242,7 +242,10 @@ def _start_snapshot_write(store, snap, version: int, writer: str) -> Future:
     throughput without a snapshot vs 0.77-1.0 when released at the end)."""
     native_async = getattr(store, "write_snapshot_async", None)
     if native_async is not None:
-        return native_async(snap, version, writer)
+        # At the store's default nice 10 the write yields to everything else on a busy machine,
+        # but the driver waits for it right after the action: it is on the micro-batch's
+        # critical path, not background work.
+        return native_async(snap, version, writer, nice=0)
     fut: Future = Future()
     fut.set_running_or_notify_cancel()
 
@@ -262,15 +265,18 @@ def _checkpoint_in_background(store, snap, version: int, writer: str, report: di
     snapshot, then record the pending descriptor (``report`` as its ``spark_report``). When the
     write fails, a pending descriptor carrying ``report["error"]`` is recorded instead, so the
     driver fails the micro-batch at once rather than at its timeout. Returns a Future that
-    resolves (to the descriptor, or with the exception) once all of that is done."""
+    resolves (to the descriptor, or with the exception) once all of that is done. Adds
+    ``write_s`` (seconds from the call to the end of the data file write) to ``report``."""
     done: Future = Future()
     done.set_running_or_notify_cancel()
+    t_start = time.perf_counter()
 
     def finish(write: Future) -> None:
         try:
             try:
                 desc = write.result()
             finally:
+                report["write_s"] = time.perf_counter() - t_start
                 snap.release()
             store.write_pending(version, writer, dict(desc, spark_report=report))
             done.set_result(desc)
@@ -365,9 +371,9 @@ class _TaskSpec:
             from pyspark import TaskContext
 
             partition_id = TaskContext.get().partitionId()
-        yield from self._run(partition_id, inputs, t0)
+        yield from self._run(partition_id, inputs, t0, time.perf_counter() - t0)
 
-    def _run(self, partition_id: int, inputs: List[pa.RecordBatch], t0: float):
+    def _run(self, partition_id: int, inputs: List[pa.RecordBatch], t0: float, input_s: float):
         from statecore.backends import create_backend
         from statecore.checkpoint import CheckpointStore
 
@@ -457,7 +463,8 @@ class _TaskSpec:
                 "task_attempt": _task_attempt_number(), "writer": writer,
                 "rows": rows, "output_rows": out_rows, "max_event_ms": max_event_ms,
                 "state_entries": int(backend.num_entries()), "state_bytes": int(backend.state_bytes()),
-                "load": source, "load_s": load_s, "process_s": proc_s, "snapshot_s": snap_s,
+                "load": source, "input_s": input_s, "load_s": load_s, "process_s": proc_s,
+                "snapshot_s": snap_s,
                 "incremental": bool(snap.incremental), "snapshot_id": snapshot_id,
                 "task_s": time.perf_counter() - t0, "pid": os.getpid(),
                 "metrics": {k: int(v) for k, v in ctx.metrics.items()},
@@ -544,7 +551,16 @@ class BatchReport:
     the driver waited for background checkpoint writes after the sink's action; ``seconds``:
     from the start of the micro-batch to its commit; ``ttl_expired``: {TTL cleanup strategy:
     expired values, list elements and map entries removed} over all partitions since their
-    previous snapshots (the manifest's ``ttl_expired``)."""
+    previous snapshots (the manifest's ``ttl_expired``).
+
+    Where the time went (seconds, ``time.perf_counter`` differences): ``phases``, on the driver:
+    ``plan_s`` (manifest reads, checks, building the plan), ``action_s`` (the sink's action, i.e.
+    the Spark job that runs the tasks), ``wait_s`` (= ``wait_seconds``), ``commit_s`` (manifest,
+    pending cleanup, retention); ``partitions``, one dict per partition from its task:
+    ``partition``, ``pid`` (worker process), ``load`` ("empty", "cache", "checkpoint"),
+    ``input_s`` (receiving the routed input), ``load_s`` (cache take or restore, plus
+    ``processor.open``), ``process_s``, ``snapshot_s`` (the synchronous snapshot), ``task_s``
+    (task start to snapshot), ``write_s`` (the background data file write)."""
 
     operator_name: str
     version: int
@@ -562,6 +578,13 @@ class BatchReport:
     incremental: bool = False
     wait_seconds: float = 0.0
     ttl_expired: Dict[str, int] = field(default_factory=dict)
+    phases: Dict[str, float] = field(default_factory=dict)
+    partitions: List[Dict[str, Any]] = field(default_factory=list)
+
+
+#: Fields of a task's report copied into :attr:`BatchReport.partitions`.
+_TASK_TIMINGS = ("partition", "pid", "load", "input_s", "load_s", "process_s", "snapshot_s",
+                 "task_s", "write_s")
 
 
 class StatefulOperator:
@@ -810,9 +833,12 @@ class StatefulOperator:
             routed_in = data.unionByName(control, allowMissingColumns=True)
         out = routed_in.repartitionById(n, F.col(OPERATOR_INDEX_COLUMN)).mapInArrow(
             spec, from_arrow_schema(self.processor.output_schema))
+        t_action = time.perf_counter()
         self.sink(out, batch_id)
-        return PendingBatch(self, batch_id, attempt, n, key_type, is_flush, prev_meta, watermark,
-                            processor_config, t0)
+        pending = PendingBatch(self, batch_id, attempt, n, key_type, is_flush, prev_meta,
+                               watermark, processor_config, t0)
+        pending.phases = {"plan_s": t_action - t0, "action_s": time.perf_counter() - t_action}
+        return pending
 
 
 class PendingBatch:
@@ -837,11 +863,15 @@ class PendingBatch:
         self.report: Optional[BatchReport] = None
         self._parts: Optional[List[dict]] = None
         self._wait_s = 0.0
+        #: driver phase timings so far (see BatchReport.phases); set by StatefulOperator._launch
+        self.phases: Dict[str, float] = {}
 
     def wait(self, timeout_s: Optional[float] = None) -> List[dict]:
         """Wait until every partition ``0..n-1`` of this attempt recorded its pending descriptor
         and return their reports (with ``descriptor``), by partition. Polls the store's pending
-        descriptors (10 ms growing to 200 ms). ``timeout_s``: default the operator's
+        descriptors (every 5 ms, growing by 1.25x to at most 200 ms: the writes usually end
+        within tens of ms of the action, and every coarser step adds to every micro-batch).
+        ``timeout_s``: default the operator's
         ``commit_timeout_s``. Raises StateError when a partition's background write reported
         an error (at once) or when some partition did not report within the timeout (its worker
         died, or the sink's action did not evaluate every partition): the micro-batch then
@@ -853,7 +883,7 @@ class PendingBatch:
         timeout = op.commit_timeout_s if timeout_s is None else float(timeout_s)
         t_start = time.perf_counter()
         deadline = t_start + timeout
-        delay = 0.01
+        delay = 0.005
         while True:
             by_part: Dict[int, dict] = {}
             for d in op.store.pending(self.batch_id):
@@ -886,7 +916,7 @@ class PendingBatch:
                     "partition of the DataFrame it is given (use a write, not a limit). The "
                     "micro-batch is not committed; Spark replays it from the previous version")
             time.sleep(min(delay, max(deadline - now, 0.0)))
-            delay = min(delay * 2, 0.2)
+            delay = min(delay * 1.25, 0.2)
         self._wait_s = time.perf_counter() - t_start
         self._parts = [by_part[i] for i in range(n)]
         return self._parts
@@ -900,6 +930,7 @@ class PendingBatch:
             return self.report
         op = self.op
         parts = self.wait()
+        t_commit = time.perf_counter()
         store = op.store
         n, mp = self.num_partitions, op.max_parallelism
         batch_max = [r["max_event_ms"] for r in parts if r["max_event_ms"] is not None]
@@ -934,6 +965,7 @@ class PendingBatch:
         manifest = store.commit(self.batch_id, [r["descriptor"] for r in parts], metadata)
         store.clear_pending(self.batch_id)
         store.retain(op.retain_versions)
+        phases = dict(self.phases, wait_s=self._wait_s, commit_s=time.perf_counter() - t_commit)
         self.report = BatchReport(
             operator_name=op.name, version=self.batch_id, rows=rows, output_rows=out_rows,
             state_entries=entries, state_bytes=sbytes, checkpoint_bytes=ckpt_bytes,
@@ -941,7 +973,8 @@ class PendingBatch:
             metrics=metrics, final=self.is_flush,
             checkpoint_total_bytes=sum(int(f["size"]) for f in manifest["files"]),
             incremental=incremental, wait_seconds=self._wait_s,
-            ttl_expired=dict(manifest.get("ttl_expired", {})))
+            ttl_expired=dict(manifest.get("ttl_expired", {})), phases=phases,
+            partitions=[{k: r[k] for k in _TASK_TIMINGS if k in r} for r in parts])
         op.reports.append(self.report)
         return self.report
 
