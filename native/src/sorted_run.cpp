@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
 
 namespace statecore {
 
@@ -162,6 +165,105 @@ void SortedRunBuilder::clear() {
   value_offsets_.assign(1, 0);
   tombstones_ = 0;
   slots_.clear();
+}
+
+namespace {
+
+void check_offsets(const int32_t* offsets, size_t n, size_t data_size, size_t run, const char* what) {
+  if (n == 0) return;
+  if (offsets == nullptr) throw std::invalid_argument("merge_newest_wins: null offsets");
+  if (offsets[0] < 0) {
+    throw std::invalid_argument("merge_newest_wins: run " + std::to_string(run) + ": negative " +
+                                what + " offset");
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (offsets[i + 1] < offsets[i]) {
+      throw std::invalid_argument("merge_newest_wins: run " + std::to_string(run) + ": " + what +
+                                  " offsets decrease at entry " + std::to_string(i));
+    }
+  }
+  if (static_cast<size_t>(offsets[n]) > data_size) {
+    throw std::invalid_argument("merge_newest_wins: run " + std::to_string(run) + ": " + what +
+                                " offsets point past the data");
+  }
+}
+
+inline ByteView run_key(const ArrowBinaryRun& r, size_t i) {
+  return {r.key_data + r.key_offsets[i], static_cast<size_t>(r.key_offsets[i + 1] - r.key_offsets[i])};
+}
+
+inline int key_compare(ByteView a, ByteView b) {
+  size_t n = std::min(a.size, b.size);
+  int c = n ? std::memcmp(a.data, b.data, n) : 0;
+  if (c != 0) return c;
+  return a.size < b.size ? -1 : (a.size > b.size ? 1 : 0);
+}
+
+inline bool is_tombstone(const ArrowBinaryRun& r, size_t i) {
+  if (r.validity == nullptr) return false;
+  uint64_t bit = static_cast<uint64_t>(r.validity_bit) + i;
+  return ((r.validity[bit >> 3] >> (bit & 7)) & 1u) == 0;
+}
+
+}  // namespace
+
+void merge_newest_wins(const std::vector<ArrowBinaryRun>& runs, std::vector<RunPick>* out) {
+  constexpr size_t kMax = std::numeric_limits<uint32_t>::max();
+  if (runs.size() > kMax) throw std::invalid_argument("merge_newest_wins: too many runs");
+  size_t total = 0;
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const ArrowBinaryRun& run = runs[r];
+    if (run.size > kMax) throw std::invalid_argument("merge_newest_wins: run too large");
+    check_offsets(run.key_offsets, run.size, run.key_data_size, r, "key");
+    check_offsets(run.value_offsets, run.size, run.value_data_size, r, "value");
+    if (run.size && run.key_data == nullptr && run.key_offsets[run.size] > run.key_offsets[0]) {
+      throw std::invalid_argument("merge_newest_wins: null key data");
+    }
+    total += run.size;
+  }
+  // Heads of the runs still holding entries: a linear scan per key beats a heap for the few
+  // runs of a chain (max_runs, default 8), and needs no indirection.
+  std::vector<size_t> pos(runs.size(), 0);
+  std::vector<uint32_t> live;
+  for (size_t r = 0; r < runs.size(); ++r) {
+    if (runs[r].size) live.push_back(static_cast<uint32_t>(r));
+  }
+  out->reserve(out->size() + total);
+  while (!live.empty()) {
+    // The smallest head key; on a tie the newest run (lowest index, live is ascending) wins.
+    uint32_t best = live[0];
+    ByteView best_key = run_key(runs[best], pos[best]);
+    for (size_t j = 1; j < live.size(); ++j) {
+      uint32_t r = live[j];
+      ByteView k = run_key(runs[r], pos[r]);
+      if (key_compare(k, best_key) < 0) {
+        best = r;
+        best_key = k;
+      }
+    }
+    if (!is_tombstone(runs[best], pos[best])) {
+      out->push_back({best, static_cast<uint32_t>(pos[best])});
+    }
+    // Advance every run whose head is this key (older versions of it are overwritten), checking
+    // that each run's next key is larger: the merge is only right on strictly ascending runs.
+    size_t kept = 0;
+    for (size_t j = 0; j < live.size(); ++j) {
+      uint32_t r = live[j];
+      const ArrowBinaryRun& run = runs[r];
+      ByteView k = r == best ? best_key : run_key(run, pos[r]);
+      if (r == best || key_compare(k, best_key) == 0) {
+        size_t next = ++pos[r];
+        if (next == run.size) continue;
+        if (key_compare(run_key(run, next), k) <= 0) {
+          throw std::invalid_argument("merge_newest_wins: run " + std::to_string(r) +
+                                      ": keys not strictly ascending at entry " +
+                                      std::to_string(next));
+        }
+      }
+      live[kept++] = r;
+    }
+    live.resize(kept);
+  }
 }
 
 }  // namespace statecore
