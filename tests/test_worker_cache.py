@@ -102,3 +102,66 @@ def test_entry_without_a_write_in_flight_closes_at_once():
     op_mod._close_entry(_entry(backend2, finished, abandon_after_s=0.1))
     assert backend2._closed
     assert threading.active_count() < 50
+
+
+# ------------------------------------------------- the task: write start vs its last output
+
+class _Count(op_mod.KeyedProcessor):
+    """One output batch per micro-batch: (k, running count)."""
+
+    output_schema = pa.schema([("k", pa.int64()), ("count", pa.int64())])
+
+    def open(self, ctx):
+        self.count = ctx.backend.get_state(ReducingStateDescriptor("count", "count"))
+
+    def process_batch(self, batch, ctx):
+        keys = batch.column(ctx.key_column)
+        yield pa.RecordBatch.from_arrays([keys, self.count.add_batch(keys, keys)],
+                                         schema=self.output_schema)
+
+
+def _task(tmp_path, events, name):
+    """A version-0 task of partition 0 of 1 whose checkpoint writes append ("write", version) to
+    ``events`` when they start."""
+
+    def start(store, snap, version, writer):
+        events.append(("write", version))
+        return op_mod._start_snapshot_write(store, snap, version, writer)
+
+    spec = op_mod._TaskSpec(
+        operator_name=name, store_uri=str(tmp_path / name), processor=_Count(),
+        backend_kind="native", key_type="int64", key_column="k", event_time_column=None,
+        max_parallelism=128, num_partitions=1, batch_id=0, prev_version=None, prev_attempt=None,
+        attempt="a1", watermark_ms=None, is_flush=False, output_schema=_Count.output_schema,
+        start_write=start)
+    routed = pa.RecordBatch.from_pydict({
+        "k": pa.array([1, 2, 1], pa.int64()),
+        op_mod.OPERATOR_INDEX_COLUMN: pa.array([0, 0, 0], pa.int32()),
+        op_mod.CONTROL_COLUMN: pa.array([False, False, False])})
+    return spec, spec(iter([routed]))
+
+
+def test_the_checkpoint_write_starts_before_the_last_output_batch_is_taken(tmp_path):
+    events = []
+    spec, gen = _task(tmp_path, events, "op")
+    out = []
+    for ob in gen:
+        events.append(("output", ob.num_rows))
+        out.append(ob)
+    assert events == [("write", 0), ("output", 3)]
+    assert out[0].column("count").to_pylist() == [1, 1, 2]
+    pending = CheckpointStore(spec.store_uri).pending(0)
+    assert [d["writer"] for d in pending] == ["p0-a1-t0"]
+    op_mod.clear_state_cache()
+
+
+def test_a_task_whose_output_was_cut_short_does_not_report(tmp_path):
+    events = []
+    spec, gen = _task(tmp_path, events, "cut")
+    next(gen)  # the write started; Spark stops taking output (the task was cancelled)
+    gen.close()
+    entry = op_mod._STATE_CACHE[(CheckpointStore(spec.store_uri).uri, "cut", 0)]
+    with pytest.raises(op_mod.StateError, match="cut short"):
+        entry.write.result(timeout=30)
+    assert CheckpointStore(spec.store_uri).pending(0) == []
+    op_mod.clear_state_cache()

@@ -260,24 +260,33 @@ def _start_snapshot_write(store, snap, version: int, writer: str) -> Future:
 
 
 def _checkpoint_in_background(store, snap, version: int, writer: str, report: dict,
-                              start_write: Callable) -> Future:
+                              start_write: Callable, output_done: Optional[Future] = None) -> Future:
     """The asynchronous part of a task's checkpoint: write ``snap``'s data file, release the
     snapshot, then record the pending descriptor (``report`` as its ``spark_report``). When the
     write fails, a pending descriptor carrying ``report["error"]`` is recorded instead, so the
-    driver fails the micro-batch at once rather than at its timeout. Returns a Future that
-    resolves (to the descriptor, or with the exception) once all of that is done. Adds
-    ``write_s`` (seconds from the call to the end of the data file write) to ``report``."""
+    driver fails the micro-batch at once rather than at its timeout. ``output_done``
+    (optional): a Future the task resolves to True once Spark took all of its output, False when
+    the output was cut short; the descriptor waits for it and nothing is recorded after False
+    (the returned Future then fails with StateError). Returns a Future that resolves (to the
+    descriptor, or with the exception) once all of that is done. Adds ``write_s`` (seconds from
+    the call to the end of the data file write) to ``report``."""
     done: Future = Future()
     done.set_running_or_notify_cancel()
     t_start = time.perf_counter()
+    if output_done is None:
+        output_done = Future()
+        output_done.set_result(True)
+    lock = threading.Lock()
+    arrivals = [0]
 
     def finish(write: Future) -> None:
+        if not output_done.result():
+            done.set_exception(StateError(
+                f"checkpoint {writer} of version {version}: the task's output was cut short; "
+                "not reported"))
+            return
         try:
-            try:
-                desc = write.result()
-            finally:
-                report["write_s"] = time.perf_counter() - t_start
-                snap.release()
+            desc = write.result()
             store.write_pending(version, writer, dict(desc, spark_report=report))
             done.set_result(desc)
         except BaseException as exc:
@@ -289,6 +298,19 @@ def _checkpoint_in_background(store, snap, version: int, writer: str, report: di
                 pass  # the driver's timeout reports it
             done.set_exception(exc)
 
+    def written(_write: Future) -> None:
+        # The snapshot pins copy-on-write memory: released as soon as its bytes are out.
+        report["write_s"] = time.perf_counter() - t_start
+        snap.release()
+
+    def arrive(_f: Future) -> None:
+        # The data file and the task's output, in either order; the second records.
+        with lock:
+            arrivals[0] += 1
+            last = arrivals[0] == 2
+        if last:
+            finish(write)
+
     try:
         write = start_write(store, snap, version, writer)
     except BaseException as exc:
@@ -296,7 +318,9 @@ def _checkpoint_in_background(store, snap, version: int, writer: str, report: di
         write.set_exception(exc)
     # SnapshotWriteFuture.cancel stops a running write; a plain Future's cancel is a no-op then.
     done.cancel_write = write.cancel
-    write.add_done_callback(finish)
+    write.add_done_callback(written)
+    write.add_done_callback(arrive)
+    output_done.add_done_callback(arrive)
     return done
 
 
@@ -411,39 +435,20 @@ class _TaskSpec:
                 backend.observe_watermark(self.watermark_ms)
             load_s = time.perf_counter() - t_load
 
-            rows = 0
-            max_event_ms = None
             out_rows = 0
             t_proc = time.perf_counter()
-            if self.is_flush:
-                produced = self.processor.flush(ctx)
-                for ob in produced or ():
-                    ob = self._check_output(ob)
-                    out_rows += ob.num_rows
-                    yield ob
-            else:
-                if inputs:
-                    table = pa.Table.from_batches(inputs).combine_chunks()
-                    batch = table.to_batches()[0] if table.num_rows else None
-                    if batch is not None:
-                        rows = batch.num_rows
-                        keys = batch.column(self.key_column)
-                        if keys.null_count:
-                            raise InvalidInputError(
-                                f"operator {self.operator_name}: {keys.null_count} rows have a "
-                                f"null key in column {self.key_column!r}; filter them before the "
-                                "operator")
-                        if self.event_time_column is not None:
-                            max_event_ms = _event_time_ms(batch.column(self.event_time_column))
-                        for ob in self.processor.process_batch(batch, ctx) or ():
-                            ob = self._check_output(ob)
-                            out_rows += ob.num_rows
-                            yield ob
-                if self.watermark_ms is not None:
-                    for ob in self.processor.on_watermark(ctx, self.watermark_ms) or ():
-                        ob = self._check_output(ob)
-                        out_rows += ob.num_rows
-                        yield ob
+            # The last output batch is held back until the checkpoint write started, so the
+            # write overlaps Spark taking that batch (for a processor with one output batch per
+            # micro-batch, all of its output) instead of starting after it; holding one batch
+            # keeps memory bounded by the processor's own batch size.
+            held = None
+            seen: Dict[str, Any] = {"rows": 0, "max_event_ms": None}
+            for ob in self._produce(ctx, inputs, seen):
+                out_rows += ob.num_rows
+                if held is not None:
+                    yield held
+                held = ob
+            rows, max_event_ms = seen["rows"], seen["max_event_ms"]
             proc_s = time.perf_counter() - t_proc
 
             # Synchronous part of the checkpoint: the snapshot (isolated from later writes).
@@ -472,18 +477,56 @@ class _TaskSpec:
         except BaseException:
             backend.close()
             raise
-        # Asynchronous part: the data file and then the pending descriptor ("partition i of
-        # this attempt is complete") are written in the background while the task ends.
+        # Asynchronous part: the data file, written in the background while the held output
+        # goes to Spark and the task ends; the pending descriptor ("partition i of this attempt
+        # is complete") once both the file and the output are done, so a task whose output was
+        # cut short (a sink that does not evaluate everything) never reports.
+        output_done: Future = Future()
         done = _checkpoint_in_background(store, snap, self.batch_id, writer, report,
-                                         self.start_write or _start_snapshot_write)
+                                         self.start_write or _start_snapshot_write, output_done)
         _put_cached(cache_key, _CachedState(
             self.batch_id, self.attempt, self.num_partitions, self.max_parallelism,
             self.backend_kind, self.key_type, backend, writer=writer, snapshot_id=snapshot_id,
             write=done, abandon_after_s=2 * self.commit_timeout_s))
+        try:
+            if held is not None:
+                yield held
+        except BaseException:
+            output_done.set_result(False)
+            raise
+        output_done.set_result(True)
         if not os.environ.get("SPARK_REUSE_WORKER"):
             # A worker that is not reused exits with os._exit right after the task (pyspark
             # daemon), which would kill the write: finish it inside the task.
             done.result()
+
+    def _produce(self, ctx: ProcessorContext, inputs: List[pa.RecordBatch], seen: Dict[str, Any]):
+        """The processor's checked output batches for this task: ``flush``, or ``process_batch``
+        on all input rows and then ``on_watermark``; sets ``seen["rows"]`` (input rows) and
+        ``seen["max_event_ms"]`` (max event time in ms, or None). InvalidInputError for a null
+        key and for output not matching the output schema."""
+        if self.is_flush:
+            for ob in self.processor.flush(ctx) or ():
+                yield self._check_output(ob)
+            return
+        if inputs:
+            table = pa.Table.from_batches(inputs).combine_chunks()
+            batch = table.to_batches()[0] if table.num_rows else None
+            if batch is not None:
+                seen["rows"] = batch.num_rows
+                keys = batch.column(self.key_column)
+                if keys.null_count:
+                    raise InvalidInputError(
+                        f"operator {self.operator_name}: {keys.null_count} rows have a "
+                        f"null key in column {self.key_column!r}; filter them before the "
+                        "operator")
+                if self.event_time_column is not None:
+                    seen["max_event_ms"] = _event_time_ms(batch.column(self.event_time_column))
+                for ob in self.processor.process_batch(batch, ctx) or ():
+                    yield self._check_output(ob)
+        if self.watermark_ms is not None:
+            for ob in self.processor.on_watermark(ctx, self.watermark_ms) or ():
+                yield self._check_output(ob)
 
     def _check_output(self, ob) -> pa.RecordBatch:
         if isinstance(ob, pa.Table):
