@@ -135,13 +135,18 @@ def _task(tmp_path, events, name):
         attempt="a1", watermark_ms=None, is_flush=False, output_schema=_Count.output_schema,
         start_write=start)
     routed = pa.RecordBatch.from_pydict({
-        "k": pa.array([1, 2, 1], pa.int64()),
-        op_mod.OPERATOR_INDEX_COLUMN: pa.array([0, 0, 0], pa.int32()),
-        op_mod.CONTROL_COLUMN: pa.array([False, False, False])})
+        "k": pa.array([1, None, 2, 1], pa.int64()),
+        op_mod.CONTROL_COLUMN: pa.array([False, True, False, False])})
     return spec, spec(iter([routed]))
 
 
-def test_the_checkpoint_write_starts_before_the_last_output_batch_is_taken(tmp_path):
+@pytest.fixture
+def partition_0(monkeypatch):
+    """Outside Spark: the task runs as Spark partition 0."""
+    monkeypatch.setattr(op_mod, "_spark_partition_id", lambda: 0)
+
+
+def test_the_checkpoint_write_starts_before_the_last_output_batch_is_taken(tmp_path, partition_0):
     events = []
     spec, gen = _task(tmp_path, events, "op")
     out = []
@@ -155,7 +160,7 @@ def test_the_checkpoint_write_starts_before_the_last_output_batch_is_taken(tmp_p
     op_mod.clear_state_cache()
 
 
-def test_a_task_whose_output_was_cut_short_does_not_report(tmp_path):
+def test_a_task_whose_output_was_cut_short_does_not_report(tmp_path, partition_0):
     events = []
     spec, gen = _task(tmp_path, events, "cut")
     next(gen)  # the write started; Spark stops taking output (the task was cancelled)
@@ -165,3 +170,13 @@ def test_a_task_whose_output_was_cut_short_does_not_report(tmp_path):
         entry.write.result(timeout=30)
     assert CheckpointStore(spec.store_uri).pending(0) == []
     op_mod.clear_state_cache()
+
+
+def test_a_task_without_exactly_one_control_row_raises(tmp_path, partition_0):
+    """Each partition holds one control row; two mean Spark merged partitions."""
+    spec, _ = _task(tmp_path, [], "ctl")
+    for ctl in ([False, False], [True, True]):
+        batch = pa.RecordBatch.from_pydict({"k": pa.array([1, None], pa.int64()),
+                                            op_mod.CONTROL_COLUMN: pa.array(ctl)})
+        with pytest.raises(op_mod.StateError, match="control rows instead of 1"):
+            list(spec(iter([batch])))

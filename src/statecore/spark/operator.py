@@ -5,10 +5,12 @@ One micro-batch (``StatefulOperator.__call__(df, batch_id)``, used as the ``fore
 function, or called from one):
 
 1. Driver: read the manifest of version ``batch_id - 1`` (watermark, attempt id); add the
-   columns ``kg = pmod(xxhash64(key), maxP)`` and ``op = (kg * n) div maxP`` in Spark SQL; union
-   one *control row* per partition id (so every partition runs, even without input, and fires its
-   timers); ``repartitionById(n, op)``; ``mapInArrow(task)``; hand the result to the sink, whose
-   action runs the tasks.
+   column ``op = (pmod(xxhash64(key), maxP) * n) div maxP`` in Spark SQL (one projection, no
+   key-group column); union one *control row* per partition id (so every partition runs, even
+   without input, and fires its timers); ``repartitionById(n, op)``; drop ``op`` (the task's
+   Spark partition id is its operator index; each partition holds exactly one control row, which
+   the task checks); ``mapInArrow(task)``; hand the result to the sink, whose action runs the
+   tasks.
 2. Task (partition ``i``, in a Python worker): its key-group range is Flink's
    ``computeKeyGroupRangeForOperatorIndex(maxP, n, i)``. State at version ``batch_id - 1`` comes
    from the in-process cache when this worker process produced exactly that committed version
@@ -98,8 +100,7 @@ from statecore.spark.routing import (
     KEY_GROUP_COLUMN,
     OPERATOR_INDEX_COLUMN,
     backend_key_type,
-    key_group_column,
-    operator_index_column,
+    operator_index_of,
 )
 
 __all__ = ["StatefulOperator", "PendingBatch", "BatchReport", "commit_batches",
@@ -334,6 +335,16 @@ def _task_attempt_number() -> int:
     return int(tc.attemptNumber()) if tc is not None else 0
 
 
+def _spark_partition_id() -> int:
+    """The running Spark task's partition id (StateError outside a Spark task)."""
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    if tc is None:
+        raise StateError("the operator's task runs only inside a Spark task")
+    return int(tc.partitionId())
+
+
 def _event_time_ms(arr) -> Optional[int]:
     """Max of a timestamp (any unit) or int64-milliseconds column, in ms; None when all null."""
     if isinstance(arr, pa.ChunkedArray):
@@ -374,27 +385,32 @@ class _TaskSpec:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         t0 = time.perf_counter()
-        partition_id = None
+        # repartitionById(n, op) puts the rows of operator index i into Spark partition i, so
+        # the task's partition id is its operator index (the index column is not shipped).
+        partition_id = _spark_partition_id()
+        if not 0 <= partition_id < self.num_partitions:
+            raise StateError(
+                f"operator {self.operator_name}: Spark partition {partition_id} is not an "
+                f"operator index in [0, {self.num_partitions})")
         inputs: List[pa.RecordBatch] = []
+        controls = 0
         for b in batches:
             if b.num_rows == 0:
                 continue
-            ops = b.column(OPERATOR_INDEX_COLUMN)
-            pid = pc.min(ops).as_py()
-            if pid != pc.max(ops).as_py() or (partition_id is not None and pid != partition_id):
-                raise StateError(
-                    f"operator {self.operator_name}: one Spark partition received rows of several "
-                    "operator indexes; was the routed DataFrame repartitioned again?")
-            partition_id = pid
-            data = b.filter(pc.invert(b.column(CONTROL_COLUMN)))
+            ctl = b.column(CONTROL_COLUMN)
+            # One control row per partition, so filtering copies at most one batch.
+            c = int(pc.sum(ctl).as_py() or 0)
+            controls += c
+            data = b.filter(pc.invert(ctl)) if c else b
             if data.num_rows:
                 keep = [n for n in data.schema.names if n not in _INTERNAL]
                 inputs.append(data.select(keep))
-        if partition_id is None:
-            # Cannot happen while control rows are unioned in; fall back to Spark's own id.
-            from pyspark import TaskContext
-
-            partition_id = TaskContext.get().partitionId()
+        if controls != 1:
+            # Several would mean Spark merged partitions (each holds exactly one control row).
+            raise StateError(
+                f"operator {self.operator_name}: Spark partition {partition_id} received "
+                f"{controls} control rows instead of 1; was the routed DataFrame repartitioned "
+                "or coalesced again?")
         yield from self._run(partition_id, inputs, t0, time.perf_counter() - t0)
 
     def _run(self, partition_id: int, inputs: List[pa.RecordBatch], t0: float, input_s: float):
@@ -861,21 +877,22 @@ class StatefulOperator:
             start_write=self._start_write, commit_timeout_s=self.commit_timeout_s,
             ttl_background_key_groups=self.ttl_background_key_groups)
 
-        control = spark.range(n).select(
-            F.lit(None).cast("bigint").alias(KEY_GROUP_COLUMN),
+        # One partition for the n control rows: they need no parallelism, and each partition
+        # of the source is one more task in the shuffle's map stage.
+        control = spark.range(0, n, 1, 1).select(
             F.col("id").cast("int").alias(OPERATOR_INDEX_COLUMN),
             F.lit(True).alias(CONTROL_COLUMN))
         if df is None:
             routed_in = control
         else:
-            data = df.select(
-                "*",
-                key_group_column(self.key_column, mp).alias(KEY_GROUP_COLUMN),
-            ).select("*", operator_index_column(KEY_GROUP_COLUMN, n, mp).alias(OPERATOR_INDEX_COLUMN),
-                     F.lit(False).alias(CONTROL_COLUMN))
+            data = df.select("*", operator_index_of(self.key_column, n, mp).alias(OPERATOR_INDEX_COLUMN),
+                             F.lit(False).alias(CONTROL_COLUMN))
             routed_in = data.unionByName(control, allowMissingColumns=True)
-        out = routed_in.repartitionById(n, F.col(OPERATOR_INDEX_COLUMN)).mapInArrow(
-            spec, from_arrow_schema(self.processor.output_schema))
+        # The index column is dropped after the shuffle: the task knows its index from its
+        # partition id, and every column shipped to Python costs per row.
+        out = (routed_in.repartitionById(n, F.col(OPERATOR_INDEX_COLUMN))
+               .drop(OPERATOR_INDEX_COLUMN)
+               .mapInArrow(spec, from_arrow_schema(self.processor.output_schema)))
         t_action = time.perf_counter()
         self.sink(out, batch_id)
         pending = PendingBatch(self, batch_id, attempt, n, key_type, is_flush, prev_meta,
