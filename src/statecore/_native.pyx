@@ -1280,7 +1280,8 @@ cdef class NativeStateTable:
 
     def load(self, int32_t kg, keys, values):
         """Bulk insert (restore): ``keys``/``values`` pa.binary arrays of equal length, no nulls.
-        Reads the Arrow buffers directly (no Python object per entry)."""
+        Reads the Arrow buffers directly (no Python object per entry). An empty key group's map
+        is pre-sized for them first (``StateMap::reserve``), so the load runs no rehash."""
         cdef c.StateMap* m = self._map(kg)
         cdef const int32_t[::1] ko
         cdef const int32_t[::1] vo
@@ -1305,6 +1306,7 @@ cdef class NativeStateTable:
         self._claim()
         try:
             with nogil:
+                m.reserve(n)  # a no-op unless the map is empty
                 for i in range(n):
                     vlen = vo[i + 1] - vo[i]
                     dst = m.put(&kd[ko[i]], ko[i + 1] - ko[i], vlen)

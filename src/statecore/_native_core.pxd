@@ -132,6 +132,7 @@ cdef extern from "statecore/state_map.h" namespace "statecore" nogil:
         uint8_t* put(const uint8_t* key, size_t key_size, size_t value_size) except +
         cbool remove(const uint8_t* key, size_t key_size) except +
         void clear() except +
+        void reserve(size_t entries) except +
         cbool is_rehashing()
         size_t capacity()
         size_t retired_entries()
