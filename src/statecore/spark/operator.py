@@ -747,6 +747,8 @@ class StatefulOperator:
         self.ttl_background_key_groups = ttl_background_key_groups
         self.reports: List[BatchReport] = []
         self._store = None
+        # (parallelism, JVM SparkSession, DataFrame) of the control rows; see _control_rows.
+        self._control = None
         # Tests replace the worker-side write (a Callable like _start_snapshot_write).
         self._start_write: Optional[Callable] = None
 
@@ -824,6 +826,25 @@ class StatefulOperator:
 
     # ------------------------------------------------------------------------------ internals
 
+    def _control_rows(self, spark, n: int):
+        """The DataFrame of the ``n`` control rows (operator index ``i``, control flag true),
+        from one partition (they need no parallelism, and each source partition is one more
+        task in the shuffle's map stage). Built once per Spark session (a streaming query hands
+        every micro-batch the same one) and ``n``: a DataFrame is immutable, and building it
+        costs py4j round trips and an analysis (~30 ms) every micro-batch."""
+        from pyspark.sql import functions as F
+
+        jsession = getattr(spark, "_jsparkSession", None)
+        cached = self._control
+        if cached is not None and jsession is not None and cached[0] == n \
+                and cached[1].equals(jsession):
+            return cached[2]
+        control = spark.range(0, n, 1, 1).select(
+            F.col("id").cast("int").alias(OPERATOR_INDEX_COLUMN),
+            F.lit(True).alias(CONTROL_COLUMN))
+        self._control = None if jsession is None else (n, jsession, control)
+        return control
+
     def _launch(self, spark, df, batch_id: int, key_type: str, *,
                 is_flush: bool) -> "PendingBatch":
         from pyspark.sql import functions as F
@@ -877,11 +898,7 @@ class StatefulOperator:
             start_write=self._start_write, commit_timeout_s=self.commit_timeout_s,
             ttl_background_key_groups=self.ttl_background_key_groups)
 
-        # One partition for the n control rows: they need no parallelism, and each partition
-        # of the source is one more task in the shuffle's map stage.
-        control = spark.range(0, n, 1, 1).select(
-            F.col("id").cast("int").alias(OPERATOR_INDEX_COLUMN),
-            F.lit(True).alias(CONTROL_COLUMN))
+        control = self._control_rows(spark, n)
         if df is None:
             routed_in = control
         else:
