@@ -2,6 +2,7 @@
 once its background checkpoint write ends, and a write that does not end in time is cancelled
 so it cannot keep the backend's memory for the life of the worker."""
 
+import dataclasses
 import threading
 import time
 from concurrent.futures import CancelledError
@@ -180,3 +181,45 @@ def test_a_task_without_exactly_one_control_row_raises(tmp_path, partition_0):
                                             op_mod.CONTROL_COLUMN: pa.array(ctl)})
         with pytest.raises(op_mod.StateError, match="control rows instead of 1"):
             list(spec(iter([batch])))
+
+
+class _ChunkedCount(_Count):
+    chunked_input = True
+
+    def process_batch(self, batch, ctx):
+        ctx.metrics["calls"] += 1
+        return super().process_batch(batch, ctx)
+
+
+def _chunks(events, n):
+    for i in range(n):
+        events.append(("in", i))
+        yield pa.RecordBatch.from_pydict({
+            "k": pa.array([i, 100] if i else [i, 100, None], pa.int64()),
+            op_mod.CONTROL_COLUMN: pa.array([False, False] if i else [False, False, True])})
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+def test_chunked_input_streams_output_while_input_arrives(tmp_path, partition_0, chunked):
+    events = []
+    spec, _ = _task(tmp_path, events, f"chunked{chunked}")
+    proc = _ChunkedCount() if chunked else _Count()
+    spec = dataclasses.replace(spec, processor=proc, output_schema=proc.output_schema)
+    out = []
+    for ob in spec(_chunks(events, 3)):
+        events.append(("out", ob.num_rows))
+        out.append(ob)
+    ins = [i for i, e in enumerate(events) if e[0] == "in"]
+    outs = [i for i, e in enumerate(events) if e[0] == "out"]
+    if chunked:
+        # One process_batch per chunk; the first chunk's output leaves before the last chunk
+        # arrives (the last output waits for the checkpoint write to start).
+        assert len(outs) == 3 and outs[0] < ins[-1]
+        assert events.index(("write", 0)) < outs[-1]
+    else:
+        assert len(outs) == 1 and max(ins) < outs[0]
+    counts = pa.concat_arrays([b.column("count") for b in out]).to_pylist()
+    keys = pa.concat_arrays([b.column("k") for b in out]).to_pylist()
+    assert keys == [0, 100, 1, 100, 2, 100]
+    assert counts == [1, 1, 1, 2, 1, 3]  # running counts in arrival order
+    op_mod.clear_state_cache()

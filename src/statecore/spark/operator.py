@@ -392,28 +392,31 @@ class _TaskSpec:
             raise StateError(
                 f"operator {self.operator_name}: Spark partition {partition_id} is not an "
                 f"operator index in [0, {self.num_partitions})")
-        inputs: List[pa.RecordBatch] = []
+        yield from self._run(partition_id, batches, t0)
+
+    def _data_chunks(self, batches: Iterator[pa.RecordBatch], partition_id: int):
+        """The routed input's data rows, chunk by chunk as Spark delivers them (internal
+        columns removed, control rows filtered out). StateError at the end unless exactly one
+        control row came (each partition gets one; several mean Spark merged partitions)."""
         controls = 0
         for b in batches:
             if b.num_rows == 0:
                 continue
             ctl = b.column(CONTROL_COLUMN)
-            # One control row per partition, so filtering copies at most one batch.
+            # One control row per partition, so filtering copies at most one chunk.
             c = int(pc.sum(ctl).as_py() or 0)
             controls += c
             data = b.filter(pc.invert(ctl)) if c else b
             if data.num_rows:
                 keep = [n for n in data.schema.names if n not in _INTERNAL]
-                inputs.append(data.select(keep))
+                yield data.select(keep)
         if controls != 1:
-            # Several would mean Spark merged partitions (each holds exactly one control row).
             raise StateError(
                 f"operator {self.operator_name}: Spark partition {partition_id} received "
                 f"{controls} control rows instead of 1; was the routed DataFrame repartitioned "
                 "or coalesced again?")
-        yield from self._run(partition_id, inputs, t0, time.perf_counter() - t0)
 
-    def _run(self, partition_id: int, inputs: List[pa.RecordBatch], t0: float, input_s: float):
+    def _run(self, partition_id: int, batches: Iterator[pa.RecordBatch], t0: float):
         from statecore.backends import create_backend
         from statecore.checkpoint import CheckpointStore
 
@@ -451,6 +454,18 @@ class _TaskSpec:
                 backend.observe_watermark(self.watermark_ms)
             load_s = time.perf_counter() - t_load
 
+            # The state is loaded before the input is read: meanwhile Spark prepares the input
+            # (shuffle read, Arrow conversion) on its side. A processor with chunked_input
+            # consumes the input chunk by chunk as it arrives (its output streams back
+            # meanwhile); the others get it all at once.
+            chunked = bool(getattr(self.processor, "chunked_input", False)) and not self.is_flush
+            t_in = time.perf_counter()
+            if chunked:
+                inputs: Any = self._data_chunks(batches, partition_id)
+                input_s = 0.0
+            else:
+                inputs = list(self._data_chunks(batches, partition_id))
+                input_s = time.perf_counter() - t_in
             out_rows = 0
             t_proc = time.perf_counter()
             # The last output batch is held back until the checkpoint write started, so the
@@ -459,7 +474,7 @@ class _TaskSpec:
             # keeps memory bounded by the processor's own batch size.
             held = None
             seen: Dict[str, Any] = {"rows": 0, "max_event_ms": None}
-            for ob in self._produce(ctx, inputs, seen):
+            for ob in self._produce(ctx, inputs, seen, chunked):
                 out_rows += ob.num_rows
                 if held is not None:
                     yield held
@@ -516,30 +531,37 @@ class _TaskSpec:
             # daemon), which would kill the write: finish it inside the task.
             done.result()
 
-    def _produce(self, ctx: ProcessorContext, inputs: List[pa.RecordBatch], seen: Dict[str, Any]):
+    def _produce(self, ctx: ProcessorContext, inputs, seen: Dict[str, Any], chunked: bool):
         """The processor's checked output batches for this task: ``flush``, or ``process_batch``
-        on all input rows and then ``on_watermark``; sets ``seen["rows"]`` (input rows) and
-        ``seen["max_event_ms"]`` (max event time in ms, or None). InvalidInputError for a null
-        key and for output not matching the output schema."""
+        on the input rows -- all at once from the list ``inputs``, or with ``chunked`` once per
+        chunk of the iterator ``inputs`` -- and then ``on_watermark``; sets ``seen["rows"]``
+        (input rows) and ``seen["max_event_ms"]`` (max event time in ms, or None).
+        InvalidInputError for a null key and for output not matching the output schema."""
         if self.is_flush:
             for ob in self.processor.flush(ctx) or ():
                 yield self._check_output(ob)
             return
-        if inputs:
+        if chunked:
+            batches = inputs
+        elif inputs:
             table = pa.Table.from_batches(inputs).combine_chunks()
-            batch = table.to_batches()[0] if table.num_rows else None
-            if batch is not None:
-                seen["rows"] = batch.num_rows
-                keys = batch.column(self.key_column)
-                if keys.null_count:
-                    raise InvalidInputError(
-                        f"operator {self.operator_name}: {keys.null_count} rows have a "
-                        f"null key in column {self.key_column!r}; filter them before the "
-                        "operator")
-                if self.event_time_column is not None:
-                    seen["max_event_ms"] = _event_time_ms(batch.column(self.event_time_column))
-                for ob in self.processor.process_batch(batch, ctx) or ():
-                    yield self._check_output(ob)
+            batches = table.to_batches()[:1] if table.num_rows else []
+        else:
+            batches = []
+        for batch in batches:
+            seen["rows"] += batch.num_rows
+            keys = batch.column(self.key_column)
+            if keys.null_count:
+                raise InvalidInputError(
+                    f"operator {self.operator_name}: {keys.null_count} rows have a "
+                    f"null key in column {self.key_column!r}; filter them before the "
+                    "operator")
+            if self.event_time_column is not None:
+                m = _event_time_ms(batch.column(self.event_time_column))
+                if m is not None and (seen["max_event_ms"] is None or m > seen["max_event_ms"]):
+                    seen["max_event_ms"] = m
+            for ob in self.processor.process_batch(batch, ctx) or ():
+                yield self._check_output(ob)
         if self.watermark_ms is not None:
             for ob in self.processor.on_watermark(ctx, self.watermark_ms) or ():
                 yield self._check_output(ob)
@@ -617,8 +639,9 @@ class BatchReport:
     the Spark job that runs the tasks), ``wait_s`` (= ``wait_seconds``), ``commit_s`` (manifest,
     pending cleanup, retention); ``partitions``, one dict per partition from its task:
     ``partition``, ``pid`` (worker process), ``load`` ("empty", "cache", "checkpoint"),
-    ``input_s`` (receiving the routed input), ``load_s`` (cache take or restore, plus
-    ``processor.open``), ``process_s``, ``snapshot_s`` (the synchronous snapshot), ``task_s``
+    ``load_s`` (cache take or restore, plus ``processor.open``; before the input is read),
+    ``input_s`` (receiving the routed input; 0 for a processor with ``chunked_input``, whose
+    input arrives during ``process_s``), ``process_s``, ``snapshot_s`` (the synchronous snapshot), ``task_s``
     (task start to snapshot), ``write_s`` (the background data file write)."""
 
     operator_name: str
