@@ -223,3 +223,50 @@ def test_chunked_input_streams_output_while_input_arrives(tmp_path, partition_0,
     assert keys == [0, 100, 1, 100, 2, 100]
     assert counts == [1, 1, 1, 2, 1, 3]  # running counts in arrival order
     op_mod.clear_state_cache()
+
+
+def _commit(store_uri, version):
+    store = CheckpointStore(store_uri)
+    pending = store.pending(version)
+    descs = [{k: v for k, v in d.items() if k != "spark_report"} for d in pending]
+    store.commit(version, descs, {"attempt": "a1", "writers": [d["writer"] for d in descs]})
+    store.clear_pending(version)
+
+
+def test_a_restore_runs_while_the_input_arrives(tmp_path, partition_0, monkeypatch):
+    events = []
+    spec0, gen = _task(tmp_path, events, "rs")
+    spec0 = dataclasses.replace(spec0, processor=_ChunkedCount())
+    list(spec0(_chunks([], 1)))  # version 0: keys 0 and 100 once
+    _commit(spec0.store_uri, 0)
+    op_mod.clear_state_cache()  # the next task must restore version 0 from the checkpoint
+
+    real_restore = CheckpointStore.restore
+
+    def slow_restore(self, backend, version=None):
+        events.append(("restore", "start"))
+        time.sleep(0.3)
+        out = real_restore(self, backend, version)
+        events.append(("restore", "end"))
+        return out
+
+    monkeypatch.setattr(CheckpointStore, "restore", slow_restore)
+    spec1 = dataclasses.replace(spec0, batch_id=1, prev_version=0, prev_attempt="a1",
+                                attempt="a2", prev_writers=frozenset(["p0-a1-t0"]))
+    del events[:]
+    out = list(spec1(_chunks(events, 3)))
+    start, end = events.index(("restore", "start")), events.index(("restore", "end"))
+    assert start < events.index(("in", 0)) < end  # the input was taken during the restore
+    counts = pa.concat_arrays([b.column("count") for b in out]).to_pylist()
+    assert counts == [2, 2, 1, 3, 1, 4]  # on top of the restored counts of 0 and 100
+    op_mod.clear_state_cache()
+
+    def failing_restore(self, backend, version=None):
+        time.sleep(0.1)
+        raise op_mod.StateError("injected restore failure")
+
+    monkeypatch.setattr(CheckpointStore, "restore", failing_restore)
+    spec2 = dataclasses.replace(spec1, attempt="a3")
+    with pytest.raises(op_mod.StateError, match="injected restore failure"):
+        list(spec2(_chunks([], 3)))
+    op_mod.clear_state_cache()

@@ -80,6 +80,7 @@ a no-op. A finalized checkpoint accepts no further micro-batches.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -335,6 +336,36 @@ def _task_attempt_number() -> int:
     return int(tc.attemptNumber()) if tc is not None else 0
 
 
+class _InThread:
+    """``fn()`` in a daemon thread started at once; :meth:`result` waits and returns its value
+    or raises its exception in the caller's thread."""
+
+    def __init__(self, fn: Callable, name: str):
+        self._value: Any = None
+        self._error: Optional[BaseException] = None
+
+        def run() -> None:
+            try:
+                self._value = fn()
+            except BaseException as exc:  # re-raised by result() in the caller's thread
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name=name, daemon=True)
+        self._thread.start()
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
 def _spark_partition_id() -> int:
     """The running Spark task's partition id (StateError outside a Spark task)."""
     from pyspark import TaskContext
@@ -440,11 +471,29 @@ class _TaskSpec:
             max_parallelism=self.max_parallelism, key_group_range=kg_range,
             key_column=self.key_column, watermark_ms=self.watermark_ms, is_flush=self.is_flush)
         writer = f"p{partition_id}-{self.attempt}-t{_task_attempt_number()}"
+        restoring = None
         try:
             t_load = time.perf_counter()
+            chunked = bool(getattr(self.processor, "chunked_input", False)) and not self.is_flush
+            inputs: Any = self._data_chunks(batches, partition_id)
             if source == "checkpoint":
-                # The restored state becomes the backend's incremental base.
-                store.restore(backend, self.prev_version)
+                # The restored state becomes the backend's incremental base. It is restored in
+                # a thread while this one takes the input as it arrives (a restore is mostly
+                # native code and file reads without the GIL; receiving the input mostly waits
+                # for Spark), and the processor sees the backend only after the restore.
+                restoring = _InThread(lambda: store.restore(backend, self.prev_version),
+                                      f"statecore-restore-p{partition_id}")
+                early: List[pa.RecordBatch] = []
+                if chunked:
+                    for chunk in inputs:
+                        early.append(chunk)
+                        if restoring.done():
+                            break
+                else:
+                    early = list(inputs)
+                restoring.result()
+                restoring = None
+                inputs = itertools.chain(early, inputs) if chunked else early
             # State is declared after the restore, as in Flink: get_state then checks the
             # descriptor against the restored meta (StateMigrationError on a mismatch).
             self.processor.open(ctx)
@@ -454,17 +503,13 @@ class _TaskSpec:
                 backend.observe_watermark(self.watermark_ms)
             load_s = time.perf_counter() - t_load
 
-            # The state is loaded before the input is read: meanwhile Spark prepares the input
-            # (shuffle read, Arrow conversion) on its side. A processor with chunked_input
-            # consumes the input chunk by chunk as it arrives (its output streams back
-            # meanwhile); the others get it all at once.
-            chunked = bool(getattr(self.processor, "chunked_input", False)) and not self.is_flush
+            # A processor with chunked_input consumes the input chunk by chunk as it arrives
+            # (its output streams back meanwhile); the others get it all at once.
             t_in = time.perf_counter()
             if chunked:
-                inputs: Any = self._data_chunks(batches, partition_id)
                 input_s = 0.0
             else:
-                inputs = list(self._data_chunks(batches, partition_id))
+                inputs = list(inputs)
                 input_s = time.perf_counter() - t_in
             out_rows = 0
             t_proc = time.perf_counter()
@@ -506,6 +551,9 @@ class _TaskSpec:
                 "metrics": {k: int(v) for k, v in ctx.metrics.items()},
             }
         except BaseException:
+            if restoring is not None:
+                # A restore still running writes into the backend: it ends before the close.
+                restoring.join()
             backend.close()
             raise
         # Asynchronous part: the data file, written in the background while the held output
