@@ -21,7 +21,8 @@ def _run(rng: random.Random, tombstones: bool, pad: int):
     sliced by ``pad`` entries at both ends so Arrow offsets and bitmap offsets are nonzero."""
     entries = {}
     for _ in range(rng.randrange(0, 60)):
-        key = bytes(rng.choice(b"\x00\x01\x7f\xff") for _ in range(rng.randrange(0, 4)))
+        n = rng.randrange(14, 20) if rng.random() < 0.25 else rng.randrange(0, 4)
+        key = bytes(rng.choice(b"\x00\x01\x7f\xff") for _ in range(n))
         entries[key] = None if tombstones and rng.random() < 0.3 else str(rng.random()).encode()
     keys = [b"\x00" * 8] * pad + sorted(entries) + [b"\xff" * 8] * pad
     values = [b"pad"] * pad + [entries[k] for k in sorted(entries)] + [None] * pad

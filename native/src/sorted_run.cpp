@@ -222,45 +222,62 @@ void merge_newest_wins(const std::vector<ArrowBinaryRun>& runs, std::vector<RunP
     total += run.size;
   }
   // Heads of the runs still holding entries: a linear scan per key beats a heap for the few
-  // runs of a chain (max_runs, default 8), and needs no indirection.
-  std::vector<size_t> pos(runs.size(), 0);
-  std::vector<uint32_t> live;
+  // runs of a chain (max_runs, default 8), and needs no indirection. Each head caches its
+  // key's first 16 bytes as two big-endian words, so comparing heads is mostly two integer
+  // comparisons (an int64 key with its key-group prefix and namespace fits in them).
+  struct Head {
+    uint64_t hi, lo;
+    ByteView key;
+    uint32_t run;
+    size_t pos;
+  };
+  auto load = [&runs](Head& h) {
+    h.key = run_key(runs[h.run], h.pos);
+    h.hi = be_word(h.key.data, h.key.size);
+    h.lo = h.key.size > 8 ? be_word(h.key.data + 8, h.key.size - 8) : 0;
+  };
+  auto compare = [](const Head& a, const Head& b) -> int {
+    if (a.hi != b.hi) return a.hi < b.hi ? -1 : 1;
+    if (a.lo != b.lo) return a.lo < b.lo ? -1 : 1;
+    // Equal words: keys of up to 16 bytes differ only in length (zero padding sorts first,
+    // as a shorter key before its extensions); longer ones need their remaining bytes.
+    if (a.key.size <= 16 && b.key.size <= 16) {
+      return a.key.size == b.key.size ? 0 : (a.key.size < b.key.size ? -1 : 1);
+    }
+    return key_compare(a.key, b.key);
+  };
+  std::vector<Head> live;
   for (size_t r = 0; r < runs.size(); ++r) {
-    if (runs[r].size) live.push_back(static_cast<uint32_t>(r));
+    if (!runs[r].size) continue;
+    Head h{0, 0, {}, static_cast<uint32_t>(r), 0};
+    load(h);
+    live.push_back(h);
   }
   out->reserve(out->size() + total);
   while (!live.empty()) {
     // The smallest head key; on a tie the newest run (lowest index, live is ascending) wins.
-    uint32_t best = live[0];
-    ByteView best_key = run_key(runs[best], pos[best]);
+    size_t best = 0;
     for (size_t j = 1; j < live.size(); ++j) {
-      uint32_t r = live[j];
-      ByteView k = run_key(runs[r], pos[r]);
-      if (key_compare(k, best_key) < 0) {
-        best = r;
-        best_key = k;
-      }
+      if (compare(live[j], live[best]) < 0) best = j;
     }
-    if (!is_tombstone(runs[best], pos[best])) {
-      out->push_back({best, static_cast<uint32_t>(pos[best])});
-    }
+    const Head top = live[best];
+    if (!is_tombstone(runs[top.run], top.pos)) out->push_back({top.run, static_cast<uint32_t>(top.pos)});
     // Advance every run whose head is this key (older versions of it are overwritten), checking
     // that each run's next key is larger: the merge is only right on strictly ascending runs.
     size_t kept = 0;
     for (size_t j = 0; j < live.size(); ++j) {
-      uint32_t r = live[j];
-      const ArrowBinaryRun& run = runs[r];
-      ByteView k = r == best ? best_key : run_key(run, pos[r]);
-      if (r == best || key_compare(k, best_key) == 0) {
-        size_t next = ++pos[r];
-        if (next == run.size) continue;
-        if (key_compare(run_key(run, next), k) <= 0) {
-          throw std::invalid_argument("merge_newest_wins: run " + std::to_string(r) +
+      Head h = live[j];
+      if (j == best || compare(h, top) == 0) {
+        const Head prev = h;
+        if (++h.pos == runs[h.run].size) continue;
+        load(h);
+        if (compare(h, prev) <= 0) {
+          throw std::invalid_argument("merge_newest_wins: run " + std::to_string(h.run) +
                                       ": keys not strictly ascending at entry " +
-                                      std::to_string(next));
+                                      std::to_string(h.pos));
         }
       }
-      live[kept++] = r;
+      live[kept++] = h;
     }
     live.resize(kept);
   }
