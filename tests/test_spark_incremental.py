@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 import time
+from collections import Counter
 from concurrent.futures import Future
 
 import pyarrow as pa
@@ -201,6 +202,20 @@ def test_checkpoint_grows_by_the_change_set_not_the_state(spark, tmp_path, backe
             assert rep.incremental, (i, rep.loads)
         # The store's auto-compaction (max_runs=3) keeps every key group's run chain bounded.
         assert _max_chain(manifest) <= 3, i
+        # Where the time went: driver phases and one timing dict per partition, whose load
+        # sources add up to rep.loads.
+        assert set(rep.phases) == {"plan_s", "action_s", "wait_s", "commit_s"}, rep.phases
+        assert all(v >= 0 for v in rep.phases.values()) and rep.phases["wait_s"] == rep.wait_seconds
+        assert [p["partition"] for p in rep.partitions] == [0, 1]
+        for p in rep.partitions:
+            assert {"pid", "input_s", "load_s", "process_s", "snapshot_s", "task_s",
+                    "write_s"} <= set(p), p
+            assert p["task_s"] >= p["input_s"] + p["process_s"] - 1e-6, p
+        assert Counter(p["load"] for p in rep.partitions) == Counter(rep.loads)
+        # The control rows' DataFrame is built once per session and parallelism.
+        if i == 0:
+            control = op._control[2]
+        assert op._control[2] is control
     full = reports[0].checkpoint_bytes
     assert reports[0].state_bytes > 50_000
     # Timers are complete in every run (architecture.md): version 1 still carries the NKEYS

@@ -171,7 +171,7 @@ def _run_all(spark, op, batches, tmp_path, parallelisms=None):
 def test_routing_columns_match_statecore_key_groups(spark):
     from pyspark.sql import functions as F
 
-    from statecore.spark.routing import key_group_column, operator_index_column
+    from statecore.spark.routing import key_group_column, operator_index_column, operator_index_of
 
     strings = ["", "a", "N14228", "EWR|IAH", "héllo wörld", "日本語", "x" * 100]
     longs = [0, 1, -1, 42, 2**63 - 1, -(2**63), 123456789012]
@@ -180,15 +180,20 @@ def test_routing_columns_match_statecore_key_groups(spark):
                                        (ints, "int", "int32")):
         df = spark.createDataFrame([(v,) for v in values], f"k {sql_type}")
         for n in (1, 2, 3, 7):
-            got = (df.select("k", key_group_column("k", MAXP).alias("kg"))
-                   .select("k", "kg", operator_index_column("kg", n, MAXP).alias("op"))
+            got = (df.select("k", key_group_column("k", MAXP).alias("kg"),
+                             operator_index_of("k", n, MAXP).alias("op1"))
+                   .select("k", "kg", "op1", operator_index_column("kg", n, MAXP).alias("op"))
                    .collect())
             for row in got:
                 kg = spark_key_group(row.k, key_type, MAXP)
                 assert row.kg == kg, (row.k, key_type)
-                assert row.op == operator_index_for_key_group(MAXP, n, kg)
+                assert row.op == row.op1 == operator_index_for_key_group(MAXP, n, kg)
     typed = spark.range(1).select(F.lit(5).cast("bigint").alias("kg"))
     assert dict(typed.select(operator_index_column("kg", 2, MAXP).alias("op")).dtypes)["op"] == "int"
+    # A column name with a backtick and a dot is one top-level column, not a struct field.
+    odd = spark.createDataFrame([(5,)], "`a.b``c` bigint")
+    got = odd.select(operator_index_of("a.b`c", 3, MAXP).alias("op")).collect()[0].op
+    assert got == operator_index_for_key_group(MAXP, 3, spark_key_group(5, "int64", MAXP))
 
 
 def test_state_watermark_and_timers_across_micro_batches(spark, tmp_path, backend):

@@ -2,6 +2,7 @@
 once its background checkpoint write ends, and a write that does not end in time is cancelled
 so it cannot keep the backend's memory for the life of the worker."""
 
+import dataclasses
 import threading
 import time
 from concurrent.futures import CancelledError
@@ -102,3 +103,170 @@ def test_entry_without_a_write_in_flight_closes_at_once():
     op_mod._close_entry(_entry(backend2, finished, abandon_after_s=0.1))
     assert backend2._closed
     assert threading.active_count() < 50
+
+
+# ------------------------------------------------- the task: write start vs its last output
+
+class _Count(op_mod.KeyedProcessor):
+    """One output batch per micro-batch: (k, running count)."""
+
+    output_schema = pa.schema([("k", pa.int64()), ("count", pa.int64())])
+
+    def open(self, ctx):
+        self.count = ctx.backend.get_state(ReducingStateDescriptor("count", "count"))
+
+    def process_batch(self, batch, ctx):
+        keys = batch.column(ctx.key_column)
+        yield pa.RecordBatch.from_arrays([keys, self.count.add_batch(keys, keys)],
+                                         schema=self.output_schema)
+
+
+def _task(tmp_path, events, name):
+    """A version-0 task of partition 0 of 1 whose checkpoint writes append ("write", version) to
+    ``events`` when they start."""
+
+    def start(store, snap, version, writer):
+        events.append(("write", version))
+        return op_mod._start_snapshot_write(store, snap, version, writer)
+
+    spec = op_mod._TaskSpec(
+        operator_name=name, store_uri=str(tmp_path / name), processor=_Count(),
+        backend_kind="native", key_type="int64", key_column="k", event_time_column=None,
+        max_parallelism=128, num_partitions=1, batch_id=0, prev_version=None, prev_attempt=None,
+        attempt="a1", watermark_ms=None, is_flush=False, output_schema=_Count.output_schema,
+        start_write=start)
+    routed = pa.RecordBatch.from_pydict({
+        "k": pa.array([1, None, 2, 1], pa.int64()),
+        op_mod.CONTROL_COLUMN: pa.array([False, True, False, False])})
+    return spec, spec(iter([routed]))
+
+
+@pytest.fixture
+def partition_0(monkeypatch):
+    """Outside Spark: the task runs as Spark partition 0."""
+    monkeypatch.setattr(op_mod, "_spark_partition_id", lambda: 0)
+
+
+def test_the_checkpoint_write_starts_before_the_last_output_batch_is_taken(tmp_path, partition_0):
+    events = []
+    spec, gen = _task(tmp_path, events, "op")
+    out = []
+    for ob in gen:
+        events.append(("output", ob.num_rows))
+        out.append(ob)
+    assert events == [("write", 0), ("output", 3)]
+    assert out[0].column("count").to_pylist() == [1, 1, 2]
+    pending = CheckpointStore(spec.store_uri).pending(0)
+    assert [d["writer"] for d in pending] == ["p0-a1-t0"]
+    op_mod.clear_state_cache()
+
+
+def test_a_task_whose_output_was_cut_short_does_not_report(tmp_path, partition_0):
+    events = []
+    spec, gen = _task(tmp_path, events, "cut")
+    next(gen)  # the write started; Spark stops taking output (the task was cancelled)
+    gen.close()
+    entry = op_mod._STATE_CACHE[(CheckpointStore(spec.store_uri).uri, "cut", 0)]
+    with pytest.raises(op_mod.StateError, match="cut short"):
+        entry.write.result(timeout=30)
+    assert CheckpointStore(spec.store_uri).pending(0) == []
+    op_mod.clear_state_cache()
+
+
+def test_a_task_without_exactly_one_control_row_raises(tmp_path, partition_0):
+    """Each partition holds one control row; two mean Spark merged partitions."""
+    spec, _ = _task(tmp_path, [], "ctl")
+    for ctl in ([False, False], [True, True]):
+        batch = pa.RecordBatch.from_pydict({"k": pa.array([1, None], pa.int64()),
+                                            op_mod.CONTROL_COLUMN: pa.array(ctl)})
+        with pytest.raises(op_mod.StateError, match="control rows instead of 1"):
+            list(spec(iter([batch])))
+
+
+class _ChunkedCount(_Count):
+    chunked_input = True
+
+    def process_batch(self, batch, ctx):
+        ctx.metrics["calls"] += 1
+        return super().process_batch(batch, ctx)
+
+
+def _chunks(events, n):
+    for i in range(n):
+        events.append(("in", i))
+        yield pa.RecordBatch.from_pydict({
+            "k": pa.array([i, 100] if i else [i, 100, None], pa.int64()),
+            op_mod.CONTROL_COLUMN: pa.array([False, False] if i else [False, False, True])})
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+def test_chunked_input_streams_output_while_input_arrives(tmp_path, partition_0, chunked):
+    events = []
+    spec, _ = _task(tmp_path, events, f"chunked{chunked}")
+    proc = _ChunkedCount() if chunked else _Count()
+    spec = dataclasses.replace(spec, processor=proc, output_schema=proc.output_schema)
+    out = []
+    for ob in spec(_chunks(events, 3)):
+        events.append(("out", ob.num_rows))
+        out.append(ob)
+    ins = [i for i, e in enumerate(events) if e[0] == "in"]
+    outs = [i for i, e in enumerate(events) if e[0] == "out"]
+    if chunked:
+        # One process_batch per chunk; the first chunk's output leaves before the last chunk
+        # arrives (the last output waits for the checkpoint write to start).
+        assert len(outs) == 3 and outs[0] < ins[-1]
+        assert events.index(("write", 0)) < outs[-1]
+    else:
+        assert len(outs) == 1 and max(ins) < outs[0]
+    counts = pa.concat_arrays([b.column("count") for b in out]).to_pylist()
+    keys = pa.concat_arrays([b.column("k") for b in out]).to_pylist()
+    assert keys == [0, 100, 1, 100, 2, 100]
+    assert counts == [1, 1, 1, 2, 1, 3]  # running counts in arrival order
+    op_mod.clear_state_cache()
+
+
+def _commit(store_uri, version):
+    store = CheckpointStore(store_uri)
+    pending = store.pending(version)
+    descs = [{k: v for k, v in d.items() if k != "spark_report"} for d in pending]
+    store.commit(version, descs, {"attempt": "a1", "writers": [d["writer"] for d in descs]})
+    store.clear_pending(version)
+
+
+def test_a_restore_runs_while_the_input_arrives(tmp_path, partition_0, monkeypatch):
+    events = []
+    spec0, gen = _task(tmp_path, events, "rs")
+    spec0 = dataclasses.replace(spec0, processor=_ChunkedCount())
+    list(spec0(_chunks([], 1)))  # version 0: keys 0 and 100 once
+    _commit(spec0.store_uri, 0)
+    op_mod.clear_state_cache()  # the next task must restore version 0 from the checkpoint
+
+    real_restore = CheckpointStore.restore
+
+    def slow_restore(self, backend, version=None):
+        events.append(("restore", "start"))
+        time.sleep(0.3)
+        out = real_restore(self, backend, version)
+        events.append(("restore", "end"))
+        return out
+
+    monkeypatch.setattr(CheckpointStore, "restore", slow_restore)
+    spec1 = dataclasses.replace(spec0, batch_id=1, prev_version=0, prev_attempt="a1",
+                                attempt="a2", prev_writers=frozenset(["p0-a1-t0"]))
+    del events[:]
+    out = list(spec1(_chunks(events, 3)))
+    start, end = events.index(("restore", "start")), events.index(("restore", "end"))
+    assert start < events.index(("in", 0)) < end  # the input was taken during the restore
+    counts = pa.concat_arrays([b.column("count") for b in out]).to_pylist()
+    assert counts == [2, 2, 1, 3, 1, 4]  # on top of the restored counts of 0 and 100
+    op_mod.clear_state_cache()
+
+    def failing_restore(self, backend, version=None):
+        time.sleep(0.1)
+        raise op_mod.StateError("injected restore failure")
+
+    monkeypatch.setattr(CheckpointStore, "restore", failing_restore)
+    spec2 = dataclasses.replace(spec1, attempt="a3")
+    with pytest.raises(op_mod.StateError, match="injected restore failure"):
+        list(spec2(_chunks([], 3)))
+    op_mod.clear_state_cache()

@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
 
 namespace statecore {
 
@@ -162,6 +165,122 @@ void SortedRunBuilder::clear() {
   value_offsets_.assign(1, 0);
   tombstones_ = 0;
   slots_.clear();
+}
+
+namespace {
+
+void check_offsets(const int32_t* offsets, size_t n, size_t data_size, size_t run, const char* what) {
+  if (n == 0) return;
+  if (offsets == nullptr) throw std::invalid_argument("merge_newest_wins: null offsets");
+  if (offsets[0] < 0) {
+    throw std::invalid_argument("merge_newest_wins: run " + std::to_string(run) + ": negative " +
+                                what + " offset");
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (offsets[i + 1] < offsets[i]) {
+      throw std::invalid_argument("merge_newest_wins: run " + std::to_string(run) + ": " + what +
+                                  " offsets decrease at entry " + std::to_string(i));
+    }
+  }
+  if (static_cast<size_t>(offsets[n]) > data_size) {
+    throw std::invalid_argument("merge_newest_wins: run " + std::to_string(run) + ": " + what +
+                                " offsets point past the data");
+  }
+}
+
+inline ByteView run_key(const ArrowBinaryRun& r, size_t i) {
+  return {r.key_data + r.key_offsets[i], static_cast<size_t>(r.key_offsets[i + 1] - r.key_offsets[i])};
+}
+
+inline int key_compare(ByteView a, ByteView b) {
+  size_t n = std::min(a.size, b.size);
+  int c = n ? std::memcmp(a.data, b.data, n) : 0;
+  if (c != 0) return c;
+  return a.size < b.size ? -1 : (a.size > b.size ? 1 : 0);
+}
+
+inline bool is_tombstone(const ArrowBinaryRun& r, size_t i) {
+  if (r.validity == nullptr) return false;
+  uint64_t bit = static_cast<uint64_t>(r.validity_bit) + i;
+  return ((r.validity[bit >> 3] >> (bit & 7)) & 1u) == 0;
+}
+
+}  // namespace
+
+void merge_newest_wins(const std::vector<ArrowBinaryRun>& runs, std::vector<RunPick>* out) {
+  constexpr size_t kMax = std::numeric_limits<uint32_t>::max();
+  if (runs.size() > kMax) throw std::invalid_argument("merge_newest_wins: too many runs");
+  size_t total = 0;
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const ArrowBinaryRun& run = runs[r];
+    if (run.size > kMax) throw std::invalid_argument("merge_newest_wins: run too large");
+    check_offsets(run.key_offsets, run.size, run.key_data_size, r, "key");
+    check_offsets(run.value_offsets, run.size, run.value_data_size, r, "value");
+    if (run.size && run.key_data == nullptr && run.key_offsets[run.size] > run.key_offsets[0]) {
+      throw std::invalid_argument("merge_newest_wins: null key data");
+    }
+    total += run.size;
+  }
+  // Heads of the runs still holding entries: a linear scan per key beats a heap for the few
+  // runs of a chain (max_runs, default 8), and needs no indirection. Each head caches its
+  // key's first 16 bytes as two big-endian words, so comparing heads is mostly two integer
+  // comparisons (an int64 key with its key-group prefix and namespace fits in them).
+  struct Head {
+    uint64_t hi, lo;
+    ByteView key;
+    uint32_t run;
+    size_t pos;
+  };
+  auto load = [&runs](Head& h) {
+    h.key = run_key(runs[h.run], h.pos);
+    h.hi = be_word(h.key.data, h.key.size);
+    h.lo = h.key.size > 8 ? be_word(h.key.data + 8, h.key.size - 8) : 0;
+  };
+  auto compare = [](const Head& a, const Head& b) -> int {
+    if (a.hi != b.hi) return a.hi < b.hi ? -1 : 1;
+    if (a.lo != b.lo) return a.lo < b.lo ? -1 : 1;
+    // Equal words: keys of up to 16 bytes differ only in length (zero padding sorts first,
+    // as a shorter key before its extensions); longer ones need their remaining bytes.
+    if (a.key.size <= 16 && b.key.size <= 16) {
+      return a.key.size == b.key.size ? 0 : (a.key.size < b.key.size ? -1 : 1);
+    }
+    return key_compare(a.key, b.key);
+  };
+  std::vector<Head> live;
+  for (size_t r = 0; r < runs.size(); ++r) {
+    if (!runs[r].size) continue;
+    Head h{0, 0, {}, static_cast<uint32_t>(r), 0};
+    load(h);
+    live.push_back(h);
+  }
+  out->reserve(out->size() + total);
+  while (!live.empty()) {
+    // The smallest head key; on a tie the newest run (lowest index, live is ascending) wins.
+    size_t best = 0;
+    for (size_t j = 1; j < live.size(); ++j) {
+      if (compare(live[j], live[best]) < 0) best = j;
+    }
+    const Head top = live[best];
+    if (!is_tombstone(runs[top.run], top.pos)) out->push_back({top.run, static_cast<uint32_t>(top.pos)});
+    // Advance every run whose head is this key (older versions of it are overwritten), checking
+    // that each run's next key is larger: the merge is only right on strictly ascending runs.
+    size_t kept = 0;
+    for (size_t j = 0; j < live.size(); ++j) {
+      Head h = live[j];
+      if (j == best || compare(h, top) == 0) {
+        const Head prev = h;
+        if (++h.pos == runs[h.run].size) continue;
+        load(h);
+        if (compare(h, prev) <= 0) {
+          throw std::invalid_argument("merge_newest_wins: run " + std::to_string(h.run) +
+                                      ": keys not strictly ascending at entry " +
+                                      std::to_string(h.pos));
+        }
+      }
+      live[kept++] = h;
+    }
+    live.resize(kept);
+  }
 }
 
 }  // namespace statecore

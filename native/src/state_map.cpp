@@ -522,6 +522,26 @@ void StateMap::clear() {
   m.reset_tables(m.rehash_table ? m.rehash_table->capacity : m.primary->capacity);
 }
 
+void StateMap::reserve(size_t entries) {
+  Impl& m = *impl_;
+  if (m.size() != 0) return;
+  size_t cap = detail::kMinCapacity;
+  // The flat engine starts a rehash at an insert that finds size() >= threshold, the chained
+  // one at size() > threshold: with entries <= threshold_for(cap), neither does.
+  while (cap < detail::kMaxCapacity && threshold_for(cap) < entries) cap <<= 1;
+  if (m.flat) {
+    if (m.frehash || cap <= m.fprimary->capacity) return;
+    const detail::FlatLayout layout = m.fprimary->layout;
+    // A fresh directory: a snapshot of the empty map may share the current one.
+    FlatDirectory::unref(m.fprimary);
+    m.fprimary = FlatDirectory::make(cap, layout);
+    m.threshold = threshold_for(cap);
+    return;
+  }
+  if (m.rehash_table || cap <= m.primary->capacity) return;
+  m.reset_tables(cap);
+}
+
 std::shared_ptr<MapSnapshot> StateMap::snapshot() {
   Impl& m = *impl_;
   m.advance_version();

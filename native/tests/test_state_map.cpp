@@ -183,6 +183,57 @@ TEST(capacity_load_factor_and_growth) {
   CHECK(m.capacity() >= cap);  // never shrinks
 }
 
+// reserve(): an empty map takes the capacity growth would reach, so a bulk load never rehashes;
+// over either engine (the default one: ctest runs this suite with STATECORE_MAP_ENGINE=chained
+// too); a snapshot of the empty map stays empty, a non-empty map is left alone.
+TEST(reserve_presizes_an_empty_map) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{3}, size_t{1000}, size_t{4096}, size_t{50000}}) {
+    StateMap grown;
+    for (size_t i = 0; i < n; ++i) put(grown, be64(i), "vvvvvvvv");
+    while (grown.is_rehashing()) { std::string v; get(grown, be64(0), &v); }
+
+    StateMap m;
+    auto empty = m.snapshot();
+    m.reserve(n);
+    const size_t cap = m.capacity();
+    // Flat: exactly the capacity growth reaches; chained (which grows one insert later) at
+    // most one doubling more.
+    CHECK(cap >= grown.capacity());
+    CHECK(cap <= 2 * grown.capacity());
+    if (grown.is_flat()) CHECK_EQ(cap, grown.capacity());
+    const uint64_t rehashes = m.stats().rehashes;
+    for (size_t i = 0; i < n; ++i) put(m, be64(i), "vvvvvvvv");
+    CHECK_EQ(m.stats().rehashes, rehashes);  // no rehash during the load
+    CHECK(!m.is_rehashing());
+    CHECK_EQ(m.capacity(), cap);
+    CHECK_EQ(m.size(), n);
+    std::string v;
+    for (size_t i = 0; i < n; i += 97) CHECK(get(m, be64(i), &v) && v == "vvvvvvvv");
+    CHECK_EQ(empty->size(), 0u);
+    CHECK(empty->sorted_entries().empty());
+    empty->release();
+    // More inserts grow as usual.
+    for (size_t i = n; i < n + 2 * cap; ++i) put(m, be64(i), "vvvvvvvv");
+    CHECK_EQ(m.size(), n + 2 * cap);
+    CHECK(m.capacity() > cap);
+  }
+  StateMap full;
+  put(full, be64(1), "v");
+  const size_t cap = full.capacity();
+  full.reserve(100000);  // not empty: no-op
+  CHECK_EQ(full.capacity(), cap);
+  std::string v;
+  CHECK(get(full, be64(1), &v) && v == "v");
+  // Emptied by removals: reserve applies again, and the contents stay empty.
+  del(full, be64(1));
+  full.reserve(100000);
+  CHECK(full.capacity() > cap);
+  CHECK_EQ(full.size(), 0u);
+  CHECK(!contains(full, be64(1)));
+  full.reserve(10);  // never shrinks
+  CHECK(full.capacity() > cap);
+}
+
 // Flink acceptance scenario 8: ascending inserts, the oldest removed every 8 inserts, through
 // several rehashes; size and membership exact after every single operation.
 TEST(incremental_rehash_keeps_size_and_membership_exact) {

@@ -491,6 +491,120 @@ cdef c.FilterSpec _ttl_filter_spec(str kind, fixed_width, int64_t ttl_ms) except
 _ZERO_BYTE = np.zeros(1, np.uint8)  # a valid address for an empty data buffer
 
 
+cdef _binary_run(keys, values, int idx, c.ArrowBinaryRun* r, list hold):
+    """Fill ``r`` with views of one run's Arrow buffers (kept alive through ``hold``)."""
+    cdef const int32_t[::1] ko
+    cdef const int32_t[::1] vo
+    cdef const uint8_t[::1] kd
+    cdef const uint8_t[::1] vd
+    cdef const uint8_t[::1] valid
+    cdef int64_t n = len(keys)
+    if len(values) != n:
+        raise InvalidInputError(f"run {idx}: {n} keys but {len(values)} values")
+    if keys.null_count:
+        raise InvalidInputError(f"run {idx}: a null key")
+    kb = keys.buffers()
+    vb = values.buffers()
+    ko = np.frombuffer(kb[1], np.int32)[keys.offset:keys.offset + n + 1]
+    vo = np.frombuffer(vb[1], np.int32)[values.offset:values.offset + n + 1]
+    if ko.shape[0] != n + 1 or vo.shape[0] != n + 1:
+        raise InvalidInputError(f"run {idx}: the offsets buffer is too short for {n} entries")
+    kd = np.frombuffer(kb[2], np.uint8) if kb[2] is not None and kb[2].size else _ZERO_BYTE
+    vd = np.frombuffer(vb[2], np.uint8) if vb[2] is not None and vb[2].size else _ZERO_BYTE
+    hold.extend((ko, vo, kd, vd))
+    r.key_offsets = &ko[0]
+    r.key_data = &kd[0]
+    r.key_data_size = kb[2].size if kb[2] is not None else 0
+    r.value_offsets = &vo[0]
+    r.value_data = &vd[0]
+    r.value_data_size = vb[2].size if vb[2] is not None else 0
+    r.validity = NULL
+    r.validity_bit = values.offset
+    r.size = n
+    if values.null_count:
+        valid = np.frombuffer(vb[0], np.uint8)
+        if valid.shape[0] * 8 < values.offset + n:
+            raise InvalidInputError(f"run {idx}: the validity bitmap is too short")
+        hold.append(valid)
+        r.validity = &valid[0]
+
+
+def merge_newest_wins(parts):
+    """Newest-wins merge of sorted runs of one key group (sorted_run.h ``merge_newest_wins``):
+    ``parts`` = ``[(keys, values), ...]`` newest first, ``pa.binary()`` arrays (sliced ones too),
+    each run's keys strictly ascending in byte order, a NULL value = tombstone. Returns
+    ``(keys, values)``, new ``pa.binary()`` arrays without NULLs, sorted by key: per key the
+    newest entry, keys whose newest entry is a tombstone left out -- what
+    ``statecore.checkpoint.store._merge_newest_wins`` computes by sorting, in one k-way pass with
+    the GIL released. Raises InvalidInputError for another array type, mismatched lengths, a
+    NULL key, offsets outside the data, keys not strictly ascending within a run, or a result
+    beyond 2 GiB of keys or values (int32 offsets)."""
+    cdef vector[c.ArrowBinaryRun] runs
+    cdef vector[c.RunPick] picks
+    cdef c.ArrowBinaryRun r
+    cdef size_t i, n_out
+    cdef int64_t kbytes = 0, vbytes = 0, klen, vlen
+    cdef const c.ArrowBinaryRun* src
+    cdef int32_t[::1] out_ko
+    cdef int32_t[::1] out_vo
+    cdef uint8_t[::1] out_kd
+    cdef uint8_t[::1] out_vd
+    hold = []
+    for idx, (keys, values) in enumerate(parts):
+        for a in (keys, values):
+            if not isinstance(a, pa.Array) or a.type != pa.binary():
+                raise InvalidInputError(
+                    f"run {idx}: keys and values must be pa.binary() arrays, got "
+                    f"{getattr(a, 'type', type(a).__name__)}")
+        if len(keys) == 0 and len(values) == 0:
+            continue  # an empty run neither adds nor shadows a key
+        _binary_run(keys, values, idx, &r, hold)
+        runs.push_back(r)
+    try:
+        with nogil:
+            c.merge_newest_wins(runs, &picks)
+    except ValueError as e:
+        raise InvalidInputError(str(e)) from None
+    n_out = picks.size()
+    with nogil:
+        for i in range(n_out):
+            src = &runs[picks[i].run]
+            kbytes += src.key_offsets[picks[i].row + 1] - src.key_offsets[picks[i].row]
+            vbytes += src.value_offsets[picks[i].row + 1] - src.value_offsets[picks[i].row]
+    if kbytes > 2**31 - 1 or vbytes > 2**31 - 1:
+        raise InvalidInputError("merged run exceeds 2 GiB of keys or values (int32 offsets)")
+    ko_np = np.empty(n_out + 1, np.int32)
+    vo_np = np.empty(n_out + 1, np.int32)
+    kd_np = np.empty(max(kbytes, 1), np.uint8)
+    vd_np = np.empty(max(vbytes, 1), np.uint8)
+    out_ko = ko_np
+    out_vo = vo_np
+    out_kd = kd_np
+    out_vd = vd_np
+    kbytes = 0
+    vbytes = 0
+    with nogil:
+        out_ko[0] = 0
+        out_vo[0] = 0
+        for i in range(n_out):
+            src = &runs[picks[i].run]
+            klen = src.key_offsets[picks[i].row + 1] - src.key_offsets[picks[i].row]
+            vlen = src.value_offsets[picks[i].row + 1] - src.value_offsets[picks[i].row]
+            if klen:
+                memcpy(&out_kd[kbytes], src.key_data + src.key_offsets[picks[i].row], klen)
+            if vlen:
+                memcpy(&out_vd[vbytes], src.value_data + src.value_offsets[picks[i].row], vlen)
+            kbytes += klen
+            vbytes += vlen
+            out_ko[i + 1] = <int32_t>kbytes
+            out_vo[i + 1] = <int32_t>vbytes
+    keys = pa.Array.from_buffers(pa.binary(), n_out,
+                                 [None, pa.py_buffer(ko_np), pa.py_buffer(kd_np[:kbytes])])
+    values = pa.Array.from_buffers(pa.binary(), n_out,
+                                   [None, pa.py_buffer(vo_np), pa.py_buffer(vd_np[:vbytes])])
+    return keys, values
+
+
 def ttl_filter_entries(str kind, fixed_width, int64_t ttl_ms, now_ms, keys, values):
     """:func:`statecore.ttl.filter_entries` in C++ (ttl.h ``filter_values``, the frocksdb
     ``FlinkCompactionFilter`` rule of ``filter_value``) over one chunk of a key group: ``keys``
@@ -1244,7 +1358,8 @@ cdef class NativeStateTable:
 
     def load(self, int32_t kg, keys, values):
         """Bulk insert (restore): ``keys``/``values`` pa.binary arrays of equal length, no nulls.
-        Reads the Arrow buffers directly (no Python object per entry)."""
+        Reads the Arrow buffers directly (no Python object per entry). An empty key group's map
+        is pre-sized for them first (``StateMap::reserve``), so the load runs no rehash."""
         cdef c.StateMap* m = self._map(kg)
         cdef const int32_t[::1] ko
         cdef const int32_t[::1] vo
@@ -1269,6 +1384,7 @@ cdef class NativeStateTable:
         self._claim()
         try:
             with nogil:
+                m.reserve(n)  # a no-op unless the map is empty
                 for i in range(n):
                     vlen = vo[i + 1] - vo[i]
                     dst = m.put(&kd[ko[i]], ko[i + 1] - ko[i], vlen)

@@ -101,6 +101,23 @@ cdef extern from "statecore/sorted_run.h" namespace "statecore" nogil:
         vector[uint8_t] valid
         size_t size()
 
+    cdef cppclass ArrowBinaryRun:
+        const int32_t* key_offsets
+        const uint8_t* key_data
+        size_t key_data_size
+        const int32_t* value_offsets
+        const uint8_t* value_data
+        size_t value_data_size
+        const uint8_t* validity
+        int64_t validity_bit
+        size_t size
+
+    cdef cppclass RunPick:
+        uint32_t run
+        uint32_t row
+
+    void merge_newest_wins(const vector[ArrowBinaryRun]& runs, vector[RunPick]* out) except +
+
 
 cdef extern from "statecore/state_map.h" namespace "statecore" nogil:
     cdef cppclass MapStats "statecore::StateMap::Stats":
@@ -115,6 +132,7 @@ cdef extern from "statecore/state_map.h" namespace "statecore" nogil:
         uint8_t* put(const uint8_t* key, size_t key_size, size_t value_size) except +
         cbool remove(const uint8_t* key, size_t key_size) except +
         void clear() except +
+        void reserve(size_t entries) except +
         cbool is_rehashing()
         size_t capacity()
         size_t retired_entries()

@@ -109,4 +109,37 @@ class SortedRunBuilder {
   std::vector<Slot> radix_tmp_;
 };
 
+// One sorted run of a key group in Arrow's binary layout (int32 offsets), as a checkpoint reader
+// decodes it: key i = key_data[key_offsets[i], key_offsets[i+1]), values likewise; the offset
+// pointers already point at the array's first element (Arrow's array offset applied).
+// `validity`: null when the run has no tombstones, else the values' Arrow validity bitmap, of
+// which bit `validity_bit + i` is entry i (0 = tombstone). key_data_size / value_data_size
+// bound the offsets.
+struct ArrowBinaryRun {
+  const int32_t* key_offsets = nullptr;
+  const uint8_t* key_data = nullptr;
+  size_t key_data_size = 0;
+  const int32_t* value_offsets = nullptr;
+  const uint8_t* value_data = nullptr;
+  size_t value_data_size = 0;
+  const uint8_t* validity = nullptr;
+  int64_t validity_bit = 0;
+  size_t size = 0;
+};
+
+// Entry `row` of run `run` of a merge_newest_wins input.
+struct RunPick {
+  uint32_t run;
+  uint32_t row;
+};
+
+// Newest-wins merge of runs of one key group (a restore or compaction over an incremental chain):
+// `runs` newest first, each sorted strictly ascending by key_less. Appends to *out, in key order,
+// the newest entry of every key, leaving out keys whose newest entry is a tombstone. The
+// inputs are already sorted, so this is a k-way merge, O(entries * runs) key comparisons for the
+// handful of runs a chain holds, instead of sorting their concatenation.
+// std::invalid_argument (the input comes from files) when a run's offsets decrease or point
+// outside its data, when its keys are not strictly ascending, or beyond 2^32 runs or rows.
+void merge_newest_wins(const std::vector<ArrowBinaryRun>& runs, std::vector<RunPick>* out);
+
 }  // namespace statecore

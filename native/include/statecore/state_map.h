@@ -287,6 +287,14 @@ class StateMap {
   // True when the key was present.
   bool remove(const uint8_t* key, size_t key_size);
   void clear();
+  // Pre-size an EMPTY map (size() == 0, no rehash in flight) for `entries` inserts: the table
+  // gets the smallest power-of-two capacity whose 3/4 load holds `entries` (at most the
+  // maximum; what the flat engine's growth reaches, the chained engine's or one doubling
+  // less), so a bulk load (restore) runs no incremental rehash. Allocates only the directory (pages on first write), keeps the flat engine's
+  // layout; snapshots of the empty map keep their tables. A no-op on a non-empty map, during a
+  // rehash, or when the table is already that large. Contents, versions and change tracking
+  // are unaffected.
+  void reserve(size_t entries);
 
   // O(1) (independent of the number of entries). Several snapshots may be alive.
   std::shared_ptr<MapSnapshot> snapshot();

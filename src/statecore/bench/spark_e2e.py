@@ -47,10 +47,12 @@ _OUT_DDL = "k long, count long"
 
 
 class RunningCount(KeyedProcessor):
-    """Per input row ``(k, count of k so far)``: one ``add_batch`` per micro-batch and partition
-    on a ``ReducingState`` ``count`` (int64)."""
+    """Per input row ``(k, count of k so far)``: one ``add_batch`` per input chunk on a
+    ``ReducingState`` ``count`` (int64). A running count needs no other rows of the micro-batch
+    (``chunked_input``), so it counts each chunk as Spark delivers it."""
 
     output_schema = _OUT_SCHEMA
+    chunked_input = True
 
     def open(self, ctx) -> None:
         self.count = ctx.backend.get_state(ReducingStateDescriptor("count", "count"))

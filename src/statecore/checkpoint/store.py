@@ -1216,9 +1216,26 @@ def _sort_runs(runs: list[dict]) -> list[dict]:
 _EMPTY = (pa.array([], pa.binary()), pa.array([], pa.binary()))
 
 
-def _merge_newest_wins(parts: list[tuple[pa.Array, pa.Array]]) -> tuple[pa.Array, pa.Array]:
+def _native_merge():
+    """``statecore._native.merge_newest_wins``, or None without the native extension."""
+    try:
+        from statecore._native import merge_newest_wins
+    except ImportError:
+        return None
+    return merge_newest_wins
+
+
+def _merge_newest_wins(parts: list[tuple[pa.Array, pa.Array]], native: bool = True
+                       ) -> tuple[pa.Array, pa.Array]:
     """Merge ``(keys, values)`` pairs given newest first (each sorted by key): per key the newest
-    value wins, NULL (tombstone) values delete. Returns sorted binary arrays without NULLs."""
+    value wins, NULL (tombstone) values delete. Returns sorted binary arrays without NULLs.
+    Several runs go through the native k-way merge when the extension is there (``native``;
+    it also checks that each run's keys are strictly ascending, InvalidInputError otherwise):
+    sorting their concatenation here was the largest part of a restore over an incremental
+    chain (~110 of ~300 ms for 7 runs, 1.4M rows, 480k entries)."""
+    merge = _native_merge() if native and len(parts) > 1 else None
+    if merge is not None:
+        return merge(parts)
     if len(parts) == 1:
         keys, values = parts[0]
     else:
@@ -1365,7 +1382,12 @@ class CheckpointReader:
                 parts.append((k, v))
         if not parts:
             return _EMPTY
-        return _merge_newest_wins(parts)
+        try:
+            return _merge_newest_wins(parts)
+        except InvalidInputError as exc:
+            raise CorruptCheckpointError(
+                f"checkpoint version {self.version}: state {state_name!r} key group {key_group}: "
+                f"runs {[r['path'] for r in chain]}: {exc}") from exc
 
     def release(self) -> None:
         """Close the data files opened so far (idempotent); later reads raise CheckpointError."""

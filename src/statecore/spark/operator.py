@@ -5,10 +5,12 @@ One micro-batch (``StatefulOperator.__call__(df, batch_id)``, used as the ``fore
 function, or called from one):
 
 1. Driver: read the manifest of version ``batch_id - 1`` (watermark, attempt id); add the
-   columns ``kg = pmod(xxhash64(key), maxP)`` and ``op = (kg * n) div maxP`` in Spark SQL; union
-   one *control row* per partition id (so every partition runs, even without input, and fires its
-   timers); ``repartitionById(n, op)``; ``mapInArrow(task)``; hand the result to the sink, whose
-   action runs the tasks.
+   column ``op = (pmod(xxhash64(key), maxP) * n) div maxP`` in Spark SQL (one projection, no
+   key-group column); union one *control row* per partition id (so every partition runs, even
+   without input, and fires its timers); ``repartitionById(n, op)``; drop ``op`` (the task's
+   Spark partition id is its operator index; each partition holds exactly one control row, which
+   the task checks); ``mapInArrow(task)``; hand the result to the sink, whose action runs the
+   tasks.
 2. Task (partition ``i``, in a Python worker): its key-group range is Flink's
    ``computeKeyGroupRangeForOperatorIndex(maxP, n, i)``. State at version ``batch_id - 1`` comes
    from the in-process cache when this worker process produced exactly that committed version
@@ -78,6 +80,7 @@ a no-op. A finalized checkpoint accepts no further micro-batches.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -98,8 +101,7 @@ from statecore.spark.routing import (
     KEY_GROUP_COLUMN,
     OPERATOR_INDEX_COLUMN,
     backend_key_type,
-    key_group_column,
-    operator_index_column,
+    operator_index_of,
 )
 
 __all__ = ["StatefulOperator", "PendingBatch", "BatchReport", "commit_batches",
@@ -242,7 +244,10 @@ def _start_snapshot_write(store, snap, version: int, writer: str) -> Future:
     throughput without a snapshot vs 0.77-1.0 when released at the end)."""
     native_async = getattr(store, "write_snapshot_async", None)
     if native_async is not None:
-        return native_async(snap, version, writer)
+        # At the store's default nice 10 the write yields to everything else on a busy machine,
+        # but the driver waits for it right after the action: it is on the micro-batch's
+        # critical path, not background work.
+        return native_async(snap, version, writer, nice=0)
     fut: Future = Future()
     fut.set_running_or_notify_cancel()
 
@@ -257,21 +262,33 @@ def _start_snapshot_write(store, snap, version: int, writer: str) -> Future:
 
 
 def _checkpoint_in_background(store, snap, version: int, writer: str, report: dict,
-                              start_write: Callable) -> Future:
+                              start_write: Callable, output_done: Optional[Future] = None) -> Future:
     """The asynchronous part of a task's checkpoint: write ``snap``'s data file, release the
     snapshot, then record the pending descriptor (``report`` as its ``spark_report``). When the
     write fails, a pending descriptor carrying ``report["error"]`` is recorded instead, so the
-    driver fails the micro-batch at once rather than at its timeout. Returns a Future that
-    resolves (to the descriptor, or with the exception) once all of that is done."""
+    driver fails the micro-batch at once rather than at its timeout. ``output_done``
+    (optional): a Future the task resolves to True once Spark took all of its output, False when
+    the output was cut short; the descriptor waits for it and nothing is recorded after False
+    (the returned Future then fails with StateError). Returns a Future that resolves (to the
+    descriptor, or with the exception) once all of that is done. Adds ``write_s`` (seconds from
+    the call to the end of the data file write) to ``report``."""
     done: Future = Future()
     done.set_running_or_notify_cancel()
+    t_start = time.perf_counter()
+    if output_done is None:
+        output_done = Future()
+        output_done.set_result(True)
+    lock = threading.Lock()
+    arrivals = [0]
 
     def finish(write: Future) -> None:
+        if not output_done.result():
+            done.set_exception(StateError(
+                f"checkpoint {writer} of version {version}: the task's output was cut short; "
+                "not reported"))
+            return
         try:
-            try:
-                desc = write.result()
-            finally:
-                snap.release()
+            desc = write.result()
             store.write_pending(version, writer, dict(desc, spark_report=report))
             done.set_result(desc)
         except BaseException as exc:
@@ -283,6 +300,19 @@ def _checkpoint_in_background(store, snap, version: int, writer: str, report: di
                 pass  # the driver's timeout reports it
             done.set_exception(exc)
 
+    def written(_write: Future) -> None:
+        # The snapshot pins copy-on-write memory: released as soon as its bytes are out.
+        report["write_s"] = time.perf_counter() - t_start
+        snap.release()
+
+    def arrive(_f: Future) -> None:
+        # The data file and the task's output, in either order; the second records.
+        with lock:
+            arrivals[0] += 1
+            last = arrivals[0] == 2
+        if last:
+            finish(write)
+
     try:
         write = start_write(store, snap, version, writer)
     except BaseException as exc:
@@ -290,7 +320,9 @@ def _checkpoint_in_background(store, snap, version: int, writer: str, report: di
         write.set_exception(exc)
     # SnapshotWriteFuture.cancel stops a running write; a plain Future's cancel is a no-op then.
     done.cancel_write = write.cancel
-    write.add_done_callback(finish)
+    write.add_done_callback(written)
+    write.add_done_callback(arrive)
+    output_done.add_done_callback(arrive)
     return done
 
 
@@ -302,6 +334,46 @@ def _task_attempt_number() -> int:
         return 0
     tc = TaskContext.get()
     return int(tc.attemptNumber()) if tc is not None else 0
+
+
+class _InThread:
+    """``fn()`` in a daemon thread started at once; :meth:`result` waits and returns its value
+    or raises its exception in the caller's thread."""
+
+    def __init__(self, fn: Callable, name: str):
+        self._value: Any = None
+        self._error: Optional[BaseException] = None
+
+        def run() -> None:
+            try:
+                self._value = fn()
+            except BaseException as exc:  # re-raised by result() in the caller's thread
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name=name, daemon=True)
+        self._thread.start()
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+def _spark_partition_id() -> int:
+    """The running Spark task's partition id (StateError outside a Spark task)."""
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    if tc is None:
+        raise StateError("the operator's task runs only inside a Spark task")
+    return int(tc.partitionId())
 
 
 def _event_time_ms(arr) -> Optional[int]:
@@ -344,30 +416,38 @@ class _TaskSpec:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         t0 = time.perf_counter()
-        partition_id = None
-        inputs: List[pa.RecordBatch] = []
+        # repartitionById(n, op) puts the rows of operator index i into Spark partition i, so
+        # the task's partition id is its operator index (the index column is not shipped).
+        partition_id = _spark_partition_id()
+        if not 0 <= partition_id < self.num_partitions:
+            raise StateError(
+                f"operator {self.operator_name}: Spark partition {partition_id} is not an "
+                f"operator index in [0, {self.num_partitions})")
+        yield from self._run(partition_id, batches, t0)
+
+    def _data_chunks(self, batches: Iterator[pa.RecordBatch], partition_id: int):
+        """The routed input's data rows, chunk by chunk as Spark delivers them (internal
+        columns removed, control rows filtered out). StateError at the end unless exactly one
+        control row came (each partition gets one; several mean Spark merged partitions)."""
+        controls = 0
         for b in batches:
             if b.num_rows == 0:
                 continue
-            ops = b.column(OPERATOR_INDEX_COLUMN)
-            pid = pc.min(ops).as_py()
-            if pid != pc.max(ops).as_py() or (partition_id is not None and pid != partition_id):
-                raise StateError(
-                    f"operator {self.operator_name}: one Spark partition received rows of several "
-                    "operator indexes; was the routed DataFrame repartitioned again?")
-            partition_id = pid
-            data = b.filter(pc.invert(b.column(CONTROL_COLUMN)))
+            ctl = b.column(CONTROL_COLUMN)
+            # One control row per partition, so filtering copies at most one chunk.
+            c = int(pc.sum(ctl).as_py() or 0)
+            controls += c
+            data = b.filter(pc.invert(ctl)) if c else b
             if data.num_rows:
                 keep = [n for n in data.schema.names if n not in _INTERNAL]
-                inputs.append(data.select(keep))
-        if partition_id is None:
-            # Cannot happen while control rows are unioned in; fall back to Spark's own id.
-            from pyspark import TaskContext
+                yield data.select(keep)
+        if controls != 1:
+            raise StateError(
+                f"operator {self.operator_name}: Spark partition {partition_id} received "
+                f"{controls} control rows instead of 1; was the routed DataFrame repartitioned "
+                "or coalesced again?")
 
-            partition_id = TaskContext.get().partitionId()
-        yield from self._run(partition_id, inputs, t0)
-
-    def _run(self, partition_id: int, inputs: List[pa.RecordBatch], t0: float):
+    def _run(self, partition_id: int, batches: Iterator[pa.RecordBatch], t0: float):
         from statecore.backends import create_backend
         from statecore.checkpoint import CheckpointStore
 
@@ -391,11 +471,29 @@ class _TaskSpec:
             max_parallelism=self.max_parallelism, key_group_range=kg_range,
             key_column=self.key_column, watermark_ms=self.watermark_ms, is_flush=self.is_flush)
         writer = f"p{partition_id}-{self.attempt}-t{_task_attempt_number()}"
+        restoring = None
         try:
             t_load = time.perf_counter()
+            chunked = bool(getattr(self.processor, "chunked_input", False)) and not self.is_flush
+            inputs: Any = self._data_chunks(batches, partition_id)
             if source == "checkpoint":
-                # The restored state becomes the backend's incremental base.
-                store.restore(backend, self.prev_version)
+                # The restored state becomes the backend's incremental base. It is restored in
+                # a thread while this one takes the input as it arrives (a restore is mostly
+                # native code and file reads without the GIL; receiving the input mostly waits
+                # for Spark), and the processor sees the backend only after the restore.
+                restoring = _InThread(lambda: store.restore(backend, self.prev_version),
+                                      f"statecore-restore-p{partition_id}")
+                early: List[pa.RecordBatch] = []
+                if chunked:
+                    for chunk in inputs:
+                        early.append(chunk)
+                        if restoring.done():
+                            break
+                else:
+                    early = list(inputs)
+                restoring.result()
+                restoring = None
+                inputs = itertools.chain(early, inputs) if chunked else early
             # State is declared after the restore, as in Flink: get_state then checks the
             # descriptor against the restored meta (StateMigrationError on a mismatch).
             self.processor.open(ctx)
@@ -405,39 +503,28 @@ class _TaskSpec:
                 backend.observe_watermark(self.watermark_ms)
             load_s = time.perf_counter() - t_load
 
-            rows = 0
-            max_event_ms = None
+            # A processor with chunked_input consumes the input chunk by chunk as it arrives
+            # (its output streams back meanwhile); the others get it all at once.
+            t_in = time.perf_counter()
+            if chunked:
+                input_s = 0.0
+            else:
+                inputs = list(inputs)
+                input_s = time.perf_counter() - t_in
             out_rows = 0
             t_proc = time.perf_counter()
-            if self.is_flush:
-                produced = self.processor.flush(ctx)
-                for ob in produced or ():
-                    ob = self._check_output(ob)
-                    out_rows += ob.num_rows
-                    yield ob
-            else:
-                if inputs:
-                    table = pa.Table.from_batches(inputs).combine_chunks()
-                    batch = table.to_batches()[0] if table.num_rows else None
-                    if batch is not None:
-                        rows = batch.num_rows
-                        keys = batch.column(self.key_column)
-                        if keys.null_count:
-                            raise InvalidInputError(
-                                f"operator {self.operator_name}: {keys.null_count} rows have a "
-                                f"null key in column {self.key_column!r}; filter them before the "
-                                "operator")
-                        if self.event_time_column is not None:
-                            max_event_ms = _event_time_ms(batch.column(self.event_time_column))
-                        for ob in self.processor.process_batch(batch, ctx) or ():
-                            ob = self._check_output(ob)
-                            out_rows += ob.num_rows
-                            yield ob
-                if self.watermark_ms is not None:
-                    for ob in self.processor.on_watermark(ctx, self.watermark_ms) or ():
-                        ob = self._check_output(ob)
-                        out_rows += ob.num_rows
-                        yield ob
+            # The last output batch is held back until the checkpoint write started, so the
+            # write overlaps Spark taking that batch (for a processor with one output batch per
+            # micro-batch, all of its output) instead of starting after it; holding one batch
+            # keeps memory bounded by the processor's own batch size.
+            held = None
+            seen: Dict[str, Any] = {"rows": 0, "max_event_ms": None}
+            for ob in self._produce(ctx, inputs, seen, chunked):
+                out_rows += ob.num_rows
+                if held is not None:
+                    yield held
+                held = ob
+            rows, max_event_ms = seen["rows"], seen["max_event_ms"]
             proc_s = time.perf_counter() - t_proc
 
             # Synchronous part of the checkpoint: the snapshot (isolated from later writes).
@@ -457,26 +544,75 @@ class _TaskSpec:
                 "task_attempt": _task_attempt_number(), "writer": writer,
                 "rows": rows, "output_rows": out_rows, "max_event_ms": max_event_ms,
                 "state_entries": int(backend.num_entries()), "state_bytes": int(backend.state_bytes()),
-                "load": source, "load_s": load_s, "process_s": proc_s, "snapshot_s": snap_s,
+                "load": source, "input_s": input_s, "load_s": load_s, "process_s": proc_s,
+                "snapshot_s": snap_s,
                 "incremental": bool(snap.incremental), "snapshot_id": snapshot_id,
                 "task_s": time.perf_counter() - t0, "pid": os.getpid(),
                 "metrics": {k: int(v) for k, v in ctx.metrics.items()},
             }
         except BaseException:
+            if restoring is not None:
+                # A restore still running writes into the backend: it ends before the close.
+                restoring.join()
             backend.close()
             raise
-        # Asynchronous part: the data file and then the pending descriptor ("partition i of
-        # this attempt is complete") are written in the background while the task ends.
+        # Asynchronous part: the data file, written in the background while the held output
+        # goes to Spark and the task ends; the pending descriptor ("partition i of this attempt
+        # is complete") once both the file and the output are done, so a task whose output was
+        # cut short (a sink that does not evaluate everything) never reports.
+        output_done: Future = Future()
         done = _checkpoint_in_background(store, snap, self.batch_id, writer, report,
-                                         self.start_write or _start_snapshot_write)
+                                         self.start_write or _start_snapshot_write, output_done)
         _put_cached(cache_key, _CachedState(
             self.batch_id, self.attempt, self.num_partitions, self.max_parallelism,
             self.backend_kind, self.key_type, backend, writer=writer, snapshot_id=snapshot_id,
             write=done, abandon_after_s=2 * self.commit_timeout_s))
+        try:
+            if held is not None:
+                yield held
+        except BaseException:
+            output_done.set_result(False)
+            raise
+        output_done.set_result(True)
         if not os.environ.get("SPARK_REUSE_WORKER"):
             # A worker that is not reused exits with os._exit right after the task (pyspark
             # daemon), which would kill the write: finish it inside the task.
             done.result()
+
+    def _produce(self, ctx: ProcessorContext, inputs, seen: Dict[str, Any], chunked: bool):
+        """The processor's checked output batches for this task: ``flush``, or ``process_batch``
+        on the input rows -- all at once from the list ``inputs``, or with ``chunked`` once per
+        chunk of the iterator ``inputs`` -- and then ``on_watermark``; sets ``seen["rows"]``
+        (input rows) and ``seen["max_event_ms"]`` (max event time in ms, or None).
+        InvalidInputError for a null key and for output not matching the output schema."""
+        if self.is_flush:
+            for ob in self.processor.flush(ctx) or ():
+                yield self._check_output(ob)
+            return
+        if chunked:
+            batches = inputs
+        elif inputs:
+            table = pa.Table.from_batches(inputs).combine_chunks()
+            batches = table.to_batches()[:1] if table.num_rows else []
+        else:
+            batches = []
+        for batch in batches:
+            seen["rows"] += batch.num_rows
+            keys = batch.column(self.key_column)
+            if keys.null_count:
+                raise InvalidInputError(
+                    f"operator {self.operator_name}: {keys.null_count} rows have a "
+                    f"null key in column {self.key_column!r}; filter them before the "
+                    "operator")
+            if self.event_time_column is not None:
+                m = _event_time_ms(batch.column(self.event_time_column))
+                if m is not None and (seen["max_event_ms"] is None or m > seen["max_event_ms"]):
+                    seen["max_event_ms"] = m
+            for ob in self.processor.process_batch(batch, ctx) or ():
+                yield self._check_output(ob)
+        if self.watermark_ms is not None:
+            for ob in self.processor.on_watermark(ctx, self.watermark_ms) or ():
+                yield self._check_output(ob)
 
     def _check_output(self, ob) -> pa.RecordBatch:
         if isinstance(ob, pa.Table):
@@ -544,7 +680,17 @@ class BatchReport:
     the driver waited for background checkpoint writes after the sink's action; ``seconds``:
     from the start of the micro-batch to its commit; ``ttl_expired``: {TTL cleanup strategy:
     expired values, list elements and map entries removed} over all partitions since their
-    previous snapshots (the manifest's ``ttl_expired``)."""
+    previous snapshots (the manifest's ``ttl_expired``).
+
+    Where the time went (seconds, ``time.perf_counter`` differences): ``phases``, on the driver:
+    ``plan_s`` (manifest reads, checks, building the plan), ``action_s`` (the sink's action, i.e.
+    the Spark job that runs the tasks), ``wait_s`` (= ``wait_seconds``), ``commit_s`` (manifest,
+    pending cleanup, retention); ``partitions``, one dict per partition from its task:
+    ``partition``, ``pid`` (worker process), ``load`` ("empty", "cache", "checkpoint"),
+    ``load_s`` (cache take or restore, plus ``processor.open``; before the input is read),
+    ``input_s`` (receiving the routed input; 0 for a processor with ``chunked_input``, whose
+    input arrives during ``process_s``), ``process_s``, ``snapshot_s`` (the synchronous snapshot), ``task_s``
+    (task start to snapshot), ``write_s`` (the background data file write)."""
 
     operator_name: str
     version: int
@@ -562,6 +708,13 @@ class BatchReport:
     incremental: bool = False
     wait_seconds: float = 0.0
     ttl_expired: Dict[str, int] = field(default_factory=dict)
+    phases: Dict[str, float] = field(default_factory=dict)
+    partitions: List[Dict[str, Any]] = field(default_factory=list)
+
+
+#: Fields of a task's report copied into :attr:`BatchReport.partitions`.
+_TASK_TIMINGS = ("partition", "pid", "load", "input_s", "load_s", "process_s", "snapshot_s",
+                 "task_s", "write_s")
 
 
 class StatefulOperator:
@@ -665,6 +818,8 @@ class StatefulOperator:
         self.ttl_background_key_groups = ttl_background_key_groups
         self.reports: List[BatchReport] = []
         self._store = None
+        # (parallelism, JVM SparkSession, DataFrame) of the control rows; see _control_rows.
+        self._control = None
         # Tests replace the worker-side write (a Callable like _start_snapshot_write).
         self._start_write: Optional[Callable] = None
 
@@ -742,6 +897,25 @@ class StatefulOperator:
 
     # ------------------------------------------------------------------------------ internals
 
+    def _control_rows(self, spark, n: int):
+        """The DataFrame of the ``n`` control rows (operator index ``i``, control flag true),
+        from one partition (they need no parallelism, and each source partition is one more
+        task in the shuffle's map stage). Built once per Spark session (a streaming query hands
+        every micro-batch the same one) and ``n``: a DataFrame is immutable, and building it
+        costs py4j round trips and an analysis (~30 ms) every micro-batch."""
+        from pyspark.sql import functions as F
+
+        jsession = getattr(spark, "_jsparkSession", None)
+        cached = self._control
+        if cached is not None and jsession is not None and cached[0] == n \
+                and cached[1].equals(jsession):
+            return cached[2]
+        control = spark.range(0, n, 1, 1).select(
+            F.col("id").cast("int").alias(OPERATOR_INDEX_COLUMN),
+            F.lit(True).alias(CONTROL_COLUMN))
+        self._control = None if jsession is None else (n, jsession, control)
+        return control
+
     def _launch(self, spark, df, batch_id: int, key_type: str, *,
                 is_flush: bool) -> "PendingBatch":
         from pyspark.sql import functions as F
@@ -795,24 +969,24 @@ class StatefulOperator:
             start_write=self._start_write, commit_timeout_s=self.commit_timeout_s,
             ttl_background_key_groups=self.ttl_background_key_groups)
 
-        control = spark.range(n).select(
-            F.lit(None).cast("bigint").alias(KEY_GROUP_COLUMN),
-            F.col("id").cast("int").alias(OPERATOR_INDEX_COLUMN),
-            F.lit(True).alias(CONTROL_COLUMN))
+        control = self._control_rows(spark, n)
         if df is None:
             routed_in = control
         else:
-            data = df.select(
-                "*",
-                key_group_column(self.key_column, mp).alias(KEY_GROUP_COLUMN),
-            ).select("*", operator_index_column(KEY_GROUP_COLUMN, n, mp).alias(OPERATOR_INDEX_COLUMN),
-                     F.lit(False).alias(CONTROL_COLUMN))
+            data = df.select("*", operator_index_of(self.key_column, n, mp).alias(OPERATOR_INDEX_COLUMN),
+                             F.lit(False).alias(CONTROL_COLUMN))
             routed_in = data.unionByName(control, allowMissingColumns=True)
-        out = routed_in.repartitionById(n, F.col(OPERATOR_INDEX_COLUMN)).mapInArrow(
-            spec, from_arrow_schema(self.processor.output_schema))
+        # The index column is dropped after the shuffle: the task knows its index from its
+        # partition id, and every column shipped to Python costs per row.
+        out = (routed_in.repartitionById(n, F.col(OPERATOR_INDEX_COLUMN))
+               .drop(OPERATOR_INDEX_COLUMN)
+               .mapInArrow(spec, from_arrow_schema(self.processor.output_schema)))
+        t_action = time.perf_counter()
         self.sink(out, batch_id)
-        return PendingBatch(self, batch_id, attempt, n, key_type, is_flush, prev_meta, watermark,
-                            processor_config, t0)
+        pending = PendingBatch(self, batch_id, attempt, n, key_type, is_flush, prev_meta,
+                               watermark, processor_config, t0)
+        pending.phases = {"plan_s": t_action - t0, "action_s": time.perf_counter() - t_action}
+        return pending
 
 
 class PendingBatch:
@@ -837,11 +1011,15 @@ class PendingBatch:
         self.report: Optional[BatchReport] = None
         self._parts: Optional[List[dict]] = None
         self._wait_s = 0.0
+        #: driver phase timings so far (see BatchReport.phases); set by StatefulOperator._launch
+        self.phases: Dict[str, float] = {}
 
     def wait(self, timeout_s: Optional[float] = None) -> List[dict]:
         """Wait until every partition ``0..n-1`` of this attempt recorded its pending descriptor
         and return their reports (with ``descriptor``), by partition. Polls the store's pending
-        descriptors (10 ms growing to 200 ms). ``timeout_s``: default the operator's
+        descriptors (every 5 ms, growing by 1.25x to at most 200 ms: the writes usually end
+        within tens of ms of the action, and every coarser step adds to every micro-batch).
+        ``timeout_s``: default the operator's
         ``commit_timeout_s``. Raises StateError when a partition's background write reported
         an error (at once) or when some partition did not report within the timeout (its worker
         died, or the sink's action did not evaluate every partition): the micro-batch then
@@ -853,7 +1031,7 @@ class PendingBatch:
         timeout = op.commit_timeout_s if timeout_s is None else float(timeout_s)
         t_start = time.perf_counter()
         deadline = t_start + timeout
-        delay = 0.01
+        delay = 0.005
         while True:
             by_part: Dict[int, dict] = {}
             for d in op.store.pending(self.batch_id):
@@ -886,7 +1064,7 @@ class PendingBatch:
                     "partition of the DataFrame it is given (use a write, not a limit). The "
                     "micro-batch is not committed; Spark replays it from the previous version")
             time.sleep(min(delay, max(deadline - now, 0.0)))
-            delay = min(delay * 2, 0.2)
+            delay = min(delay * 1.25, 0.2)
         self._wait_s = time.perf_counter() - t_start
         self._parts = [by_part[i] for i in range(n)]
         return self._parts
@@ -900,6 +1078,7 @@ class PendingBatch:
             return self.report
         op = self.op
         parts = self.wait()
+        t_commit = time.perf_counter()
         store = op.store
         n, mp = self.num_partitions, op.max_parallelism
         batch_max = [r["max_event_ms"] for r in parts if r["max_event_ms"] is not None]
@@ -934,6 +1113,7 @@ class PendingBatch:
         manifest = store.commit(self.batch_id, [r["descriptor"] for r in parts], metadata)
         store.clear_pending(self.batch_id)
         store.retain(op.retain_versions)
+        phases = dict(self.phases, wait_s=self._wait_s, commit_s=time.perf_counter() - t_commit)
         self.report = BatchReport(
             operator_name=op.name, version=self.batch_id, rows=rows, output_rows=out_rows,
             state_entries=entries, state_bytes=sbytes, checkpoint_bytes=ckpt_bytes,
@@ -941,7 +1121,8 @@ class PendingBatch:
             metrics=metrics, final=self.is_flush,
             checkpoint_total_bytes=sum(int(f["size"]) for f in manifest["files"]),
             incremental=incremental, wait_seconds=self._wait_s,
-            ttl_expired=dict(manifest.get("ttl_expired", {})))
+            ttl_expired=dict(manifest.get("ttl_expired", {})), phases=phases,
+            partitions=[{k: r[k] for k in _TASK_TIMINGS if k in r} for r in parts])
         op.reports.append(self.report)
         return self.report
 

@@ -6,7 +6,8 @@ group, restores that partition's key-group range at version ``batch_id - 1`` int
 backend, and then, once per partition and micro-batch, calls on the processor::
 
     open(ctx)                              # declare state: ctx.backend.get_state(descriptor)
-    process_batch(batch, ctx)  -> batches  # all input rows routed to this partition (if any)
+    process_batch(batch, ctx)  -> batches  # all input rows routed to this partition (if any);
+                                           # with chunked_input once per input chunk
     on_watermark(ctx, wm_ms)   -> batches  # after the input, when a watermark is known
     flush(ctx)                 -> batches  # only in the end-of-input flush, instead of the above
 
@@ -24,6 +25,14 @@ Contract for processors
   for the micro-batch (the operator's internal columns removed), in no particular order: the
   order of rows after a Spark shuffle is not deterministic, so a processor whose result depends on
   order must sort (``batch.sort_by(...)``). The key column is ``ctx.key_column``.
+* ``chunked_input = True`` (class attribute, default False): ``process_batch`` is called once
+  per input chunk as Spark delivers it (Arrow batches of up to
+  ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows, in arrival order) instead of once
+  with all rows, so processing and output overlap the arrival of the rest of the input. For
+  processors whose result does not need all rows at once (a running aggregate per row); one
+  that sorts the micro-batch's rows must not set it. A failure in a later chunk fails the task
+  after earlier chunks changed the state: the task's backend is then discarded and the retry
+  restores the previous version, as for any failure.
 * Returned/yielded batches must match ``output_schema`` (same field names; types are cast when
   safe, otherwise :class:`statecore.errors.InvalidInputError` fails the micro-batch).
 * Determinism: a replayed micro-batch restores version ``batch_id - 1`` and runs again on the same
@@ -94,6 +103,8 @@ class KeyedProcessor:
 
     #: Schema of every batch the processor returns.
     output_schema: pa.Schema = pa.schema([])
+    #: True: ``process_batch`` once per input chunk as it arrives (see the module docstring).
+    chunked_input: bool = False
 
     def config(self) -> Any:
         """JSON-able settings that change the meaning of the state (e.g. a session gap). The

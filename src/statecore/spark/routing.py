@@ -26,6 +26,7 @@ __all__ = [
     "CONTROL_COLUMN",
     "key_group_column",
     "operator_index_column",
+    "operator_index_of",
     "backend_key_type",
     "uint64_as_bigint_column",
 ]
@@ -85,6 +86,26 @@ def operator_index_column(key_group_column_name: str, parallelism: int, max_para
         )
     name = key_group_column_name.replace("`", "``")
     return F.expr(f"CAST((`{name}` * {int(parallelism)}) div {mp} AS INT)")
+
+
+def operator_index_of(key_column: str, parallelism: int, max_parallelism: int):
+    """Spark Column ``CAST((pmod(xxhash64(key_column), maxP) * n) div maxP AS INT)``: the
+    partition owning the row's key, in one expression over the (top-level) column
+    ``key_column``, so routing needs no key-group column (one projection, and nothing more to
+    shuffle or to ship to Python). Same values as :func:`operator_index_column` over
+    :func:`key_group_column`. Raises InvalidInputError for a bad parallelism or column name."""
+    mp = check_max_parallelism(max_parallelism)
+    if isinstance(parallelism, bool) or not isinstance(parallelism, int) or not 0 < parallelism <= mp:
+        raise InvalidInputError(
+            f"parallelism must be an int in [1, max_parallelism={mp}], got {parallelism!r}"
+        )
+    if not isinstance(key_column, str) or not key_column:
+        raise InvalidInputError(f"key_column must be a column name, got {key_column!r}")
+    from pyspark.sql import functions as F
+
+    name = key_column.replace("`", "``")
+    return F.expr(f"CAST((pmod(xxhash64(`{name}`), CAST({mp} AS BIGINT)) * {int(parallelism)}) "
+                  f"div {mp} AS INT)")
 
 
 _SPARK_TO_KEY_TYPE = {
