@@ -188,7 +188,7 @@ TEST(a_put_of_another_size_converts_keeping_entries_snapshots_and_changes) {
     auto s2 = m.snapshot();
     size_t puts = 0, tombstones = 0;
     for (const MapChange& c : s2->sorted_changes(s1->version())) (c.removed ? tombstones : puts)++;
-    CHECK_EQ(puts, size_t{which == 2 ? 100 : 101});
+    CHECK_EQ(puts, size_t(which == 2 ? 100 : 101));
     CHECK_EQ(tombstones, size_t{50});
     // Converted entries are chained entries under the chained engine's copy-on-write.
     put(m, key9(2000), val8(0));
