@@ -88,7 +88,7 @@ StateMap::Impl::FlatLocation StateMap::Impl::flat_locate(uint32_t h, const uint8
   return at;
 }
 
-uint8_t* StateMap::Impl::flat_slot_for_write(FlatDirectory** table, size_t i) {
+uint8_t* StateMap::Impl::flat_slot_for_write_slow(FlatDirectory** table, size_t i) {
   FlatDirectory* d = *table;
   if (d->refs.load(std::memory_order_acquire) != 1) {
     FlatDirectory* c = FlatDirectory::make_copy(d);
@@ -135,7 +135,7 @@ void StateMap::Impl::flat_rehash_step() {
       // Moved as is: the same `modified`, so a migration is not a change. The old slot is left
       // alone (a snapshot may share its page); slots below rehash_index are never read again.
       const uint32_t h = flat_hash_of(old, s);
-      std::memcpy(flat_slot_for_write(&frehash, free_slot(frehash, h)), s, stride);
+      detail::flat_copy_slot(flat_slot_for_write(&frehash, free_slot(frehash, h)), s, stride);
       ++moved;
     }
     ++r;
@@ -144,16 +144,18 @@ void StateMap::Impl::flat_rehash_step() {
   primary_size -= moved;
   rehash_size += moved;
   rehash_index = r;
-  if (r == old_cap) {
-    const size_t freed = bytes_freed_by_unref(fprimary);
-    FlatDirectory::unref(fprimary);
-    note_freed(freed);
-    fprimary = frehash;
-    frehash = nullptr;
-    primary_size += rehash_size;
-    rehash_size = 0;
-    rehash_index = 0;
-  }
+  if (r == old_cap) flat_rehash_done();
+}
+
+void StateMap::Impl::flat_rehash_done() {
+  const size_t freed = bytes_freed_by_unref(fprimary);
+  FlatDirectory::unref(fprimary);
+  note_freed(freed);
+  fprimary = frehash;
+  frehash = nullptr;
+  primary_size += rehash_size;
+  rehash_size = 0;
+  rehash_index = 0;
 }
 
 void StateMap::Impl::flat_finish_rehash() {
@@ -172,17 +174,8 @@ void StateMap::Impl::flat_finish_rehash() {
   Move ring[kAhead];
   size_t queued = 0;
   size_t moved = 0;
-  // flat_slot_for_write with its common case inline: the new table and the page owned alone.
   auto place = [&](const Move& m) {
-    const size_t i = free_slot(frehash, m.h);
-    uint8_t* dst = nullptr;
-    FlatDirectory* d = frehash;
-    if (d->refs.load(std::memory_order_acquire) == 1) {
-      FlatPage* p = d->pages()[i >> d->page_shift];
-      if (p && p->refs.load(std::memory_order_acquire) == 1)
-        dst = p->bytes() + (i & d->page_mask()) * stride;
-    }
-    detail::flat_copy_slot(dst ? dst : flat_slot_for_write(&frehash, i), m.slot, stride);
+    detail::flat_copy_slot(flat_slot_for_write(&frehash, free_slot(frehash, m.h)), m.slot, stride);
   };
   for (size_t r = rehash_index; r < old_cap;) {
     const FlatPage* p = old->pages()[r >> old->page_shift];
@@ -204,14 +197,7 @@ void StateMap::Impl::flat_finish_rehash() {
   stats.entry_copies += moved;
   primary_size -= moved;
   rehash_size += moved;
-  const size_t freed = bytes_freed_by_unref(fprimary);
-  FlatDirectory::unref(fprimary);
-  note_freed(freed);
-  fprimary = frehash;
-  frehash = nullptr;
-  primary_size += rehash_size;
-  rehash_size = 0;
-  rehash_index = 0;
+  flat_rehash_done();
 }
 
 bool StateMap::Impl::flat_put(const FlatLocation& at, const uint8_t* key, size_t ks, size_t vs,

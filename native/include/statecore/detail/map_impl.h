@@ -234,7 +234,20 @@ struct StateMap::Impl {
   void flat_rehash_step();
   void flat_finish_rehash();  // every remaining step of the rehash in flight, in one pass
   void flat_start_rehash();
-  uint8_t* flat_slot_for_write(detail::FlatDirectory** table, size_t i);
+  // Slot i of *table made writable (directory and page copied if shared, page allocated if
+  // missing). The common case -- both owned alone -- inline: a rehash calls it per moved entry.
+  uint8_t* flat_slot_for_write(detail::FlatDirectory** table, size_t i) {
+    detail::FlatDirectory* d = *table;
+    if (d->refs.load(std::memory_order_acquire) == 1) {
+      detail::FlatPage* p = d->pages()[i >> d->page_shift];
+      if (p && p->refs.load(std::memory_order_acquire) == 1)
+        return p->bytes() + (i & d->page_mask()) * d->stride();
+    }
+    return flat_slot_for_write_slow(table, i);
+  }
+  uint8_t* flat_slot_for_write_slow(detail::FlatDirectory** table, size_t i);
+  // The rehash's end: the old table is released and the new one becomes the only one.
+  void flat_rehash_done();
   // Hash of the full key of a slot of `d` (prefix + suffix).
   uint32_t flat_hash_of(const detail::FlatDirectory* d, const uint8_t* slot) const;
   // The flat engine stops: every live entry becomes a chained entry with the same `modified`.
