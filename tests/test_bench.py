@@ -427,3 +427,21 @@ def test_cpp_reference_collection_modes_agree_with_native():
         assert (got["distinct"], got["pairs"], got["checksum"]) == (300, want_pairs, want_sum)
     finally:
         shutil.rmtree(d)
+
+
+def test_full_size_runs_measure_python_on_the_same_rows_as_native(tmp_path):
+    """Outside --quick the goals' denominator, python, runs every row native runs (a prefix would
+    be a smaller state: not the same work); rocksdict keeps its prefix."""
+    pytest.importorskip("statecore._native")
+    out = tmp_path / "full.json"
+    assert main(["bench", "--scale", "0.0005", "--case", "wordcount_int64", "--case",
+                 "binary_values", "--case", "map_put", "--json", str(out)]) == 0
+    records = json.loads(out.read_text())
+    measured = {}
+    for r in records:
+        if r["metric"].startswith("rows_measured_"):
+            measured[(r["case"], r["metric"], r["impl"])] = r["value"]
+    keys = {(c, m) for c, m, _ in measured}
+    assert len(keys) == 4  # wordcount: 2 sizes; binary_values, map_put: 1 each
+    for c, m in keys:
+        assert measured[(c, m, "python")] == measured[(c, m, "native")], (c, m)
