@@ -86,9 +86,25 @@ inline void check_spec(const ValueSpec& t) {
 
 inline bool is_fixed(const ValueSpec& t) { return value_width(t) != 0; }
 
+// The NamespaceType of a namespaced batch's namespace column (BatchKeySpec::ns).
+inline NamespaceType namespace_type_of(const KeySchema& ns) {
+  if (!ns.is_struct && ns.columns.size() == 1) {
+    switch (ns.columns[0].type) {
+      case KeyType::Int32: return NamespaceType::Int32;
+      case KeyType::Int64: return NamespaceType::Int64;
+      case KeyType::String: return NamespaceType::String;
+      case KeyType::Binary: return NamespaceType::Binary;
+      default: break;
+    }
+  }
+  fail("namespace type " + ns.name() + " is not supported (int32, int64, string or binary)");
+}
+
 inline KeyArrays make_keys(const BatchKeySpec& spec, ArrowInput in) {
   try {
-    KeyArrays k(spec.key, in.schema, in.array);
+    if (spec.has_namespace) namespace_type_of(spec.ns);
+    KeyArrays k = spec.has_namespace ? KeyArrays(spec.key, spec.ns, in.schema, in.array)
+                                     : KeyArrays(spec.key, in.schema, in.array);
     const int64_t bad = k.check_offsets();
     if (bad >= 0) fail("keys: invalid variable-width offsets at " + row_str(bad));
     return k;
@@ -260,6 +276,10 @@ inline const int32_t* validate_keys(StateTable& table, const BatchKeySpec& spec,
     fail("keys: null in field " + std::to_string(column) + " of the key at " + row_str(null_row) +
          " (a multi-column key must not have null fields)");
   }
+  if (const KeyArrays* ns = keys.namespaces()) {
+    const int64_t ns_null = ns->first_null(nullptr);
+    if (ns_null >= 0) fail("namespaces: null namespace at " + row_str(ns_null));
+  }
   const int64_t n = keys.length();
   std::vector<int32_t>& kgs = kg_scratch();
   kgs.resize(static_cast<size_t>(n));
@@ -278,8 +298,8 @@ inline const int32_t* validate_keys(StateTable& table, const BatchKeySpec& spec,
   return kgs.data();
 }
 
-// Encodes row i's key as prefix | ser(key) | 00 (VoidNamespace) into the reused buffer, and keeps
-// the cache ahead of the rows being applied: the working set of a large state does not fit in
+// Encodes row i's key as prefix | ser(key) | ser(namespace) (00 for the VoidNamespace; batch.h
+// BatchKeySpec) into the reused buffer, and keeps the cache ahead of the rows being applied: the working set of a large state does not fit in
 // L2, and every row would otherwise pay two dependent cache misses (bucket slot, then entry).
 // ahead(i), called before row i in a forward pass, hashes the group of rows two groups ahead and
 // prefetches their bucket slots, and prefetches the first entry of the rows one group ahead
@@ -288,9 +308,9 @@ inline const int32_t* validate_keys(StateTable& table, const BatchKeySpec& spec,
 class RowKeys {
  public:
   RowKeys(const BatchKeySpec& spec, const KeyArrays& keys, StateTable& table, const int32_t* kgs)
-      : enc_(spec.key, NamespaceType::Void, spec.max_parallelism),
-        ahead_enc_(spec.key, NamespaceType::Void, spec.max_parallelism),
-        keys_(keys), table_(table), kgs_(kgs), n_(keys.length()),
+      : enc_(spec.key, ns_type(keys), spec.max_parallelism),
+        ahead_enc_(spec.key, ns_type(keys), spec.max_parallelism),
+        keys_(keys), ns_(keys.namespaces()), table_(table), kgs_(kgs), n_(keys.length()),
         // A small state stays in cache; there the second hash per row only costs (measured:
         // 1k keys 11.6 -> 7.2 M rows/s with prefetching, 200k keys 1.95 -> 4.7 M rows/s).
         prefetch_(table.size() >= kPrefetchMinEntries),
@@ -299,7 +319,8 @@ class RowKeys {
     ahead_enc_.bind(keys);
     // int64 keys (the common case) skip the general encoder: prefix | big-endian int64 | 00 is
     // written in place (the general encoder took ~390 instructions a row for it, callgrind).
-    const ArrayView* col = keys.scalar_column();
+    // (The in-place forms write the VoidNamespace: namespaced rows take the encoder.)
+    const ArrayView* col = ns_ ? nullptr : keys.scalar_column();
     if (col && spec.key.columns[0].type == KeyType::Int64) int64_keys_ = col;
     // String/binary keys likewise: prefix | varlen(len + 1) | bytes | 00 (the general encoder
     // with its checks and vector appends was ~300 instructions a row, callgrind).
@@ -455,12 +476,24 @@ class RowKeys {
 
   void encode_into(KeyEncoder& enc, int64_t i, int32_t kg) {
     enc.key_row(kg, i);
-    enc.namespace_void();
+    if (ns_ == nullptr) {
+      enc.namespace_void();
+      return;
+    }
+    ns_buf_.clear();
+    ns_->append_ser(ns_buf_, i);
+    enc.namespace_serialized(ns_buf_.data(), ns_buf_.size());
+  }
+
+  static NamespaceType ns_type(const KeyArrays& keys) {
+    return keys.namespaces() ? namespace_type_of(keys.namespaces()->schema()) : NamespaceType::Void;
   }
 
   KeyEncoder enc_;
   KeyEncoder ahead_enc_;
   const KeyArrays& keys_;
+  const KeyArrays* ns_;          // the namespace column of namespaced keys, else nullptr
+  std::vector<uint8_t> ns_buf_;  // ser(namespace) of the row being encoded
   StateTable& table_;
   const int32_t* kgs_;
   int64_t n_;

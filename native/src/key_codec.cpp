@@ -223,4 +223,10 @@ void KeyEncoder::namespace_string(const void* utf8, size_t size) {
   end_namespace();
 }
 
+void KeyEncoder::namespace_serialized(const uint8_t* ser, size_t size) {
+  begin_namespace(namespace_type_ != NamespaceType::Void);
+  if (size) buf_.insert(buf_.end(), ser, ser + size);
+  end_namespace();
+}
+
 }  // namespace statecore

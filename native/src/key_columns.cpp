@@ -115,8 +115,35 @@ KeyArrays::KeyArrays(const KeySchema& schema, const ArrowSchema* s, const ArrowA
                                    "field " + std::to_string(i) + ": ", true, a->offset, a->length));
 }
 
+KeyArrays::KeyArrays(const KeySchema& schema, const KeySchema& ns, const ArrowSchema* s,
+                     const ArrowArray* a)
+    : schema_(schema) {
+  if (s == nullptr || a == nullptr) bad("null ArrowSchema/ArrowArray pointer");
+  if (s->release == nullptr || a->release == nullptr)
+    bad("ArrowSchema/ArrowArray has already been released");
+  if (ns.is_struct || ns.columns.size() != 1) bad("a namespace type has exactly one column");
+  if (s->format == nullptr || std::string(s->format) != "+s" || s->n_children != 2 ||
+      a->n_children != 2 || s->children == nullptr || a->children == nullptr)
+    bad("namespaced keys must be a struct array {key, namespace}");
+  if (a->offset != 0 || a->length < 0 || (a->null_count != 0 && a->n_buffers > 0 &&
+                                          a->buffers != nullptr && a->buffers[0] != nullptr))
+    bad("namespaced keys: the {key, namespace} struct must have offset 0 and no null rows");
+  try {
+    *this = KeyArrays(schema, s->children[0], a->children[0]);
+  } catch (const std::invalid_argument& e) {
+    bad(std::string("key: ") + e.what());
+  }
+  try {
+    ns_ = std::make_shared<const KeyArrays>(ns, s->children[1], a->children[1]);
+  } catch (const std::invalid_argument& e) {
+    bad(std::string("namespaces: ") + e.what());
+  }
+  if (length_ != a->length || ns_->length() != a->length)
+    bad("namespaced keys: key and namespace columns must be as long as their struct");
+}
+
 int64_t KeyArrays::check_offsets() const {
-  int64_t first = -1;
+  int64_t first = ns_ ? ns_->check_offsets() : -1;
   for (const ArrayView& v : columns_) {
     const int64_t r = v.check_offsets();
     if (r >= 0 && (first < 0 || r < first)) first = r;

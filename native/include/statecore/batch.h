@@ -2,11 +2,13 @@
 // row, Arrow-shaped results out — without Python objects, without libarrow, without allocating per
 // row (one reused key buffer and one per-thread key-group scratch vector).
 //
-// Scope: value state and reducing state of one state table, VoidNamespace (list append and map
-// put: batch_collections.h). Every row addresses the
-// entry whose encoded key is `prefix(kg) | ser(key) | 00` (docs/architecture.md "Encoded key",
-// the same bytes as KeyEncoder in key_codec.h), kg from the spec's Assigner (key_groups.h), so the
-// per-record Python path and these kernels read and write the same entries.
+// Scope: value state and reducing state of one state table (list append and map put:
+// batch_collections.h). Every row addresses the entry whose encoded key is
+// `prefix(kg) | ser(key) | 00` for the VoidNamespace, or `prefix(kg) | ser(key) | ser(ns)` (with
+// lenbytes when both are variable-length) for namespaced keys (BatchKeySpec::has_namespace)
+// (docs/architecture.md "Encoded key", the same bytes as KeyEncoder in key_codec.h), kg from the
+// spec's Assigner (key_groups.h), so the per-record Python path and these kernels read and write
+// the same entries.
 //
 // Values are stored as docs/architecture.md "Values" says (the reference serializers,
 // statecore/value_types.py): int64 / float64 / timestamp (an int64 count of its unit) as 8 bytes
@@ -125,6 +127,16 @@ struct BatchKeySpec {
   // 0 <= kg_start <= kg_end < max_parallelism and lie inside the table's own range.
   int32_t kg_start = 0;
   int32_t kg_end = 127;
+  // Namespaces. Without (the default) every row addresses `prefix | ser(key) | 00`, the
+  // VoidNamespace. With `has_namespace` the keys input of every kernel is a struct array
+  // {key, namespace} (offset 0, no null rows; key_columns.h): child 0 the keys as described
+  // above, child 1 one namespace per row of the scalar type `ns` (int32, int64, string or binary:
+  // the state's namespace type; no nulls), and row i addresses `prefix | ser(key) [| lenbytes] |
+  // ser(ns) [| lenbytes]` (key_codec.h; lenbytes when key and namespace are both
+  // variable-length), the key group coming from the key alone. A null namespace is a BatchError
+  // naming the row, raised before any mutation like a null key.
+  bool has_namespace = false;
+  KeySchema ns = KeySchema::scalar(KeyType::Int64);
 };
 
 // TTL of the state a kernel serves (see "TTL" above). Default: disabled, values carry no

@@ -23,12 +23,16 @@
 
 namespace statecore {
 
-// Namespace serializer of a state (the backend's namespace_type).
-enum class NamespaceType : uint8_t { Void, Int64, String };
+// Namespace serializer of a state (the backend's namespace_type: statecore.serializers
+// NAMESPACE_TYPES). Int32/Int64 serialize as those key columns, String/Binary as varlen(size + 1)
+// | bytes (append_ser_bytes).
+enum class NamespaceType : uint8_t { Void, Int64, String, Int32, Binary };
 
 // True for serializers whose output length depends on the value (string, binary).
 inline bool is_variable_length(KeyType t) { return t == KeyType::String || t == KeyType::Binary; }
-inline bool is_variable_length(NamespaceType t) { return t == NamespaceType::String; }
+inline bool is_variable_length(NamespaceType t) {
+  return t == NamespaceType::String || t == NamespaceType::Binary;
+}
 
 // A backend's key: one column (a scalar key type), or several (a multi-column key: per batch a
 // struct array, per record a tuple). Key groups hash the columns chained (key_groups.h), ser(key)
@@ -139,6 +143,10 @@ class KeyEncoder {
   void namespace_void();
   void namespace_int64(int64_t ns);
   void namespace_string(const void* utf8, size_t size);
+  // A namespace already serialized by its serializer (`ser`, `size` bytes: e.g. KeyArrays::
+  // append_ser of a namespace column), for any namespace type but Void; the encoder adds the
+  // lenbytes when the key and the namespace are both variable-length, as for the typed calls.
+  void namespace_serialized(const uint8_t* ser, size_t size);
 
   const uint8_t* data() const { return buf_.data(); }
   size_t size() const { return buf_.size(); }

@@ -13,6 +13,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "statecore/arrow_abi.h"
@@ -28,14 +29,26 @@ class KeyArrays {
   // timestamp[us], got int64", "field 1: ..."). Offsets of variable-width columns are not walked
   // here: see check_offsets().
   KeyArrays(const KeySchema& schema, const ArrowSchema* arrow_schema, const ArrowArray* array);
+  // Namespaced batch keys (batch.h, BatchKeySpec::has_namespace): a struct array of exactly two
+  // children {key, namespace} with offset 0 and no null rows, both children as long as it.
+  // Child 0 is read as the constructor above reads keys (a struct array for a multi-column
+  // key); child 1, one namespace per row of the scalar type `ns` (the formats of a key column
+  // of that type), is namespaces(). Key groups and append_ser() cover the key alone. Throws
+  // std::invalid_argument as above ("key: ...", "namespaces: ...").
+  KeyArrays(const KeySchema& schema, const KeySchema& ns, const ArrowSchema* arrow_schema,
+            const ArrowArray* array);
+
+  // The namespace column of namespaced keys, a one-column KeyArrays; nullptr otherwise.
+  const KeyArrays* namespaces() const { return ns_.get(); }
 
   const KeySchema& schema() const { return schema_; }
   int64_t length() const { return length_; }
 
-  // First row with bad variable-width offsets in any column, or -1 (O(rows)).
+  // First row with bad variable-width offsets in any column (the namespace column included), or
+  // -1 (O(rows)).
   int64_t check_offsets() const;
   // First row whose key is null, or -1; `column` (may be null) receives the column holding the
-  // null, -1 when the struct row itself is null.
+  // null, -1 when the struct row itself is null. The namespace column is not looked at.
   int64_t first_null(int* column) const;
 
   // Key group of every row into out[0, length()). For a string column under the Flink assigner,
@@ -57,6 +70,7 @@ class KeyArrays {
   const uint8_t* struct_validity_ = nullptr;  // null when no struct row is null
   int64_t struct_offset_ = 0;
   int64_t length_ = 0;
+  std::shared_ptr<const KeyArrays> ns_;  // shared: KeyArrays is copied by value
 };
 
 }  // namespace statecore
