@@ -386,8 +386,8 @@ def test_batches_on_separate_backends_run_in_parallel_threads():
 
 
 def test_list_and_map_batches_run_the_kernels(monkeypatch):
-    """append_batch / put_batch of void-namespace typed states (TTL ones too) never reach the
-    per-row path (made to fail here), namespaced or pickle ones do."""
+    """append_batch / put_batch of typed states (TTL ones too, namespaced ones too) never reach
+    the per-row path (made to fail here), pickle ones do."""
     from statecore.backends import python as py
     from statecore.ttl import ManualClock, StateTtlConfig
 
@@ -411,8 +411,33 @@ def test_list_and_map_batches_run_the_kernels(monkeypatch):
         assert lst.get() == [1, 3, 4, 5, 6]
         assert m.items() == [("a", 3)]
     ns = b.get_state(ListStateDescriptor("n", "int64"), namespace_type="string")
-    with pytest.raises(AssertionError, match="per-row"):
-        ns.append_batch(keys, pa.array([1, 2, 3]), namespaces="w")
+    ns.append_batch(keys, pa.array([1, 2, 3]), namespaces="w")
+    nm = b.get_state(MapStateDescriptor("nm", "int64", "int64"), namespace_type="int64")
+    nm.put_batch(keys, pa.array([1, 2, 3]), pa.array([1, 2, 3]), namespaces=pa.array([5, 6, 5]))
+    b.set_current_key(1)
+    ns.set_current_namespace("w")
+    nm.set_current_namespace(5)
+    assert ns.get() == [1, 3] and nm.items() == [(1, 1), (3, 3)]
     pm = b.get_state(MapStateDescriptor("p", "pickle", "int64"))
     with pytest.raises(AssertionError, match="per-row"):
         pm.put_batch(keys, pa.array([1, 2, 3]), pa.array([1, 2, 3]))
+
+
+def test_namespaced_value_and_reducing_batches_run_the_kernels(monkeypatch):
+    """Namespaced get/put/add batches (one namespace a row, one for the batch, the current one)
+    never reach the per-row path (made to fail here)."""
+
+    def per_row(*a, **k):
+        raise AssertionError("per-row path taken")
+
+    monkeypatch.setattr(NativeBackend, "_batch_slots", per_row)
+    b = NativeBackend(key_type="string")
+    v = b.get_state(ValueStateDescriptor("v", "int64"), namespace_type="binary")
+    c = b.get_state(ReducingStateDescriptor("c", "max", "float64"), namespace_type="int32")
+    keys = pa.array(["a", "b", "a"])
+    v.put_batch(keys, pa.array([1, 2, 3]), namespaces=pa.array([b"x", b"", b"x"]))
+    assert v.get_batch(keys, namespaces=b"x").to_pylist() == [3, None, 3]
+    c.set_current_namespace(-1)
+    assert c.add_batch(keys, pa.array([1.5, 2.0, 0.5])).to_pylist() == [1.5, 2.0, 1.5]
+    assert c.get_batch(keys, namespaces=pa.array([-1, 0, -1], pa.int32())).to_pylist() == \
+        [1.5, None, 1.5]

@@ -1456,9 +1456,16 @@ cdef class NativeStateTable:
         return s
 
     # -------------------------------------------------------------------- batch kernels
-    cdef c.BatchKeySpec _spec(self, str key_type, str assigner, int32_t max_parallelism) except *:
+    cdef c.BatchKeySpec _spec(self, str key_type, str assigner, int32_t max_parallelism,
+                              str namespace_type=None) except *:
+        """The kernels' BatchKeySpec. ``namespace_type`` None or "void": the VoidNamespace and
+        plain keys; else the state's namespace type (int32, int64, string, binary), and every
+        keys chunk is a struct array {key, namespace} (batch.h BatchKeySpec::has_namespace)."""
         cdef c.BatchKeySpec spec
         spec.key = _key_schema(key_type)
+        if namespace_type is not None and namespace_type != "void":
+            spec.has_namespace = True
+            spec.ns = _key_schema(namespace_type)
         spec.assigner = _assigner(assigner)
         spec.max_parallelism = max_parallelism
         spec.kg_start = self.kg_start
@@ -1466,13 +1473,16 @@ cdef class NativeStateTable:
         return spec
 
     def get_batch(self, keys, str key_type, str assigner, int32_t max_parallelism, str value_type,
-                  ttl=None, count_expired=None):
+                  ttl=None, count_expired=None, namespace_type=None):
         """Values of ``keys`` as an Arrow array of ``value_type`` (a statecore.value_types name;
         the fixed-width ones -> their Arrow type, timestamps without a time zone; string ->
         large_string, binary -> large_binary); null where absent.
 
         ``keys``: one object with ``__arrow_c_array__`` or a list of them (the chunks of one
-        batch, read in place, in order; the result is one array over all of them). With TTL
+        batch, read in place, in order; the result is one array over all of them). For a state
+        with namespaces (``namespace_type`` int32/int64/string/binary; None or "void": none) every
+        keys chunk is a struct array {key, namespace} with offset 0 (batch.h), in every kernel
+        call of this class. With TTL
         (where reads remove and renew) every chunk is validated before the first is read, so
         bad input in any chunk raises with nothing changed.
 
@@ -1482,7 +1492,7 @@ cdef class NativeStateTable:
         under update_on_read -- the call then MODIFIES the table. ``count_expired(n)`` is called
         with the number of expired entries removed when n > 0, also when the call raises
         mid-batch. InvalidInputError on bad input. The GIL is released while the kernels run."""
-        cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism)
+        cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism, namespace_type)
         cdef c.TtlBatchSpec tspec = _ttl_spec(ttl)
         cdef _Chunks k = _Chunks(keys)
         cdef int64_t n = k.total
@@ -1538,12 +1548,12 @@ cdef class NativeStateTable:
         return pa.Array.from_buffers(typ, n, [_bitmap(valid[:n], n), pa.py_buffer(off_np), pa.py_buffer(data_np)])
 
     def put_batch(self, keys, values, str key_type, str assigner, int32_t max_parallelism,
-                  str value_type, ttl=None):
+                  str value_type, ttl=None, namespace_type=None):
         """values[i] for keys[i] in row order; a null value removes the key. ``keys`` and
         ``values`` as ``keys`` of :meth:`get_batch`, split into chunks of the same lengths
         (InvalidInputError otherwise); every chunk pair is validated before the first is
         written. ``ttl`` as in :meth:`get_batch`: every written value is stamped ``now_ms``."""
-        cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism)
+        cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism, namespace_type)
         cdef c.TtlBatchSpec tspec = _ttl_spec(ttl)
         cdef _Chunks k = _Chunks(keys)
         cdef _Chunks v = _Chunks(values)
@@ -1565,13 +1575,13 @@ cdef class NativeStateTable:
             self.busy = 0
 
     def append_batch(self, keys, values, str key_type, str assigner, int32_t max_parallelism,
-                     str element_type, ttl=None):
+                     str element_type, ttl=None, namespace_type=None):
         """ListState: appends values[i] (one element a row, the Arrow type of ``element_type``, no
         nulls) to the list blob of keys[i], in row order (batch_collections.h). ``keys`` and
         ``values`` as in :meth:`put_batch` (chunks of equal lengths, every chunk validated before
         the first is applied); ``ttl`` as there: every element is stamped ``now_ms``.
         InvalidInputError on bad input, the table then unchanged."""
-        cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism)
+        cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism, namespace_type)
         cdef c.TtlBatchSpec tspec = _ttl_spec(ttl)
         cdef _Chunks k = _Chunks(keys)
         cdef _Chunks v = _Chunks(values)
@@ -1592,14 +1602,15 @@ cdef class NativeStateTable:
             self.busy = 0
 
     def map_put_batch(self, keys, user_keys, values, str key_type, str assigner,
-                      int32_t max_parallelism, str user_key_type, str value_type, ttl=None):
+                      int32_t max_parallelism, str user_key_type, str value_type, ttl=None,
+                      namespace_type=None):
         """MapState: puts user_keys[i] -> values[i] into the map blob of keys[i], in row order
         (batch_collections.h; the blob stays sorted by ser(user key)). ``user_key_type``: a
         scalar statecore key type (its serializer is the user keys' one). ``keys``,
         ``user_keys`` and ``values`` chunked alike, as in :meth:`put_batch`; no null user keys
         or values. ``ttl`` as there: every put value is stamped ``now_ms``. InvalidInputError
         on bad input, the table then unchanged."""
-        cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism)
+        cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism, namespace_type)
         cdef c.TtlBatchSpec tspec = _ttl_spec(ttl)
         cdef c.KeySchema uks = _key_schema(user_key_type)
         cdef _Chunks k = _Chunks(keys)
@@ -1624,7 +1635,7 @@ cdef class NativeStateTable:
             self.busy = 0
 
     def add_batch(self, keys, values, str key_type, str assigner, int32_t max_parallelism,
-                  str value_type, str reducer, ttl=None, count_expired=None):
+                  str value_type, str reducer, ttl=None, count_expired=None, namespace_type=None):
         """Fold values into the state with a built-in reducer; the running aggregate after each
         row as an array of the state's type (int64 for count), null where none.
 
@@ -1635,7 +1646,7 @@ cdef class NativeStateTable:
         unexpired aggregate and stamp ``now_ms``, null rows read as get_batch does; expired
         entries met are reported also when the batch fails (an int64 sum overflow undoes the
         aggregates but not what null rows removed or renewed, as the Python path)."""
-        cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism)
+        cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism, namespace_type)
         cdef c.TtlBatchSpec tspec = _ttl_spec(ttl)
         cdef int64_t expired = 0, chunk_expired = 0
         cdef _Chunks k = _Chunks(keys)

@@ -212,6 +212,8 @@ cdef extern from "statecore/batch.h" namespace "statecore" nogil:
         int32_t max_parallelism
         int32_t kg_start
         int32_t kg_end
+        cbool has_namespace
+        KeySchema ns
 
     cdef cppclass ArrowInput:
         const ArrowSchema* schema

@@ -14,7 +14,9 @@ its encoded key for the current key and its current namespace (``_NativeState``)
 of every state kind are converted in Cython (``NativeStateTable.get_stored`` / ``put_stored``).
 What differs is where the bytes live and the batch paths: ``get_batch``/``put_batch`` (and
 ``contains_batch``) on value state and ``get_batch``/``add_batch`` on reducing state with
-built-in reducers, for the VoidNamespace and every value type but pickle (int64, uint64,
+built-in reducers, for every namespace type (void; int32, int64, string, binary namespaces, one
+per row or one for the whole batch, go to the kernels as {key, namespace} struct chunks,
+``_with_namespaces``) and every value type but pickle (int64, uint64,
 float64, int32, bool, timestamp[unit], fixed_size_binary[N], string, binary; large_string/
 large_binary input accepted; ``sum`` on int64/uint64/float64/int32, ``min``/``max`` on every
 fixed-width type but bool (fixed_size_binary by bytes), ``first``/``last`` on any fixed-width
@@ -22,10 +24,10 @@ type, ``count`` of values of any flat type), and every key
 type, multi-column keys included (the kernels hash and encode the key arrays themselves,
 native/include/statecore/key_columns.h), run as native kernels that read the Arrow buffers
 through the C Data Interface (no Python object per row) with the GIL released. ListState
-``append_batch`` and MapState ``put_batch`` (void namespace, typed elements / typed user keys and
-values, TTL or not) run the collection kernels (native/include/statecore/batch_collections.h):
+``append_batch`` and MapState ``put_batch`` (any namespace, typed elements / typed user keys
+and values, TTL or not) run the collection kernels (native/include/statecore/batch_collections.h):
 each row's element or pair is spliced into the key's stored blob in C++. Other batch calls
-(namespaced rows, pickle values or user keys, custom reducers, list/map reads, map removals,
+(pickle values or user keys, custom reducers, list/map reads, map removals,
 aggregating state, timers, clear) take the per-row path and behave identically.
 
 Chunked input (a ChunkedArray, an ``__arrow_c_stream__`` object; ``base.import_arrow``): the
@@ -434,8 +436,51 @@ def _count_kernel_ok(t: pa.DataType) -> bool:
 
 
 def _kernel_ok(state, namespaces) -> bool:
-    return (namespaces is None and state.namespace_type == "void"
-            and state._ser.kind in _native.BATCH_VALUE_KINDS)
+    # namespaces on a void state: the per-row path raises its error.
+    return (state._ser.kind in _native.BATCH_VALUE_KINDS
+            and (namespaces is None or state.namespace_type != "void"))
+
+
+_NS_ARROW_TYPES = {"int32": pa.int32(), "int64": pa.int64(), "string": pa.string(),
+                   "binary": pa.binary()}
+
+
+def _ns_column(state, namespaces, length: int):
+    """The namespace of each of ``length`` rows as an Arrow array of the state's namespace type
+    (pa.Array or pa.ChunkedArray, not copied when given as one), or None for a void state.
+    The rules and errors of the per-row path (base.resolve_batch_namespaces): None -> the
+    state's current namespace (InvalidInputError when unset), an Arrow input -> one namespace a
+    row (the namespace type's Arrow type, ``length`` rows, no nulls), anything else -> that one
+    namespace for every row."""
+    ns_type = state.namespace_type
+    if ns_type == "void":
+        return None
+    if namespaces is not None and base.is_arrow_input(namespaces):
+        arr = base.import_arrow(namespaces, "namespaces", lambda t: base.arrow_type_ok(ns_type, t))
+        if len(arr) != length:
+            raise InvalidInputError(f"namespaces have {len(arr)} rows but keys have {length}")
+        base.check_arrow_type(arr, ns_type, "namespaces")
+        if arr.null_count:
+            raise InvalidInputError("namespaces must not contain nulls")
+        return arr
+    ns = (state._require_namespace() if namespaces is None
+          else S.key_serializer(ns_type).check(namespaces))
+    return pa.repeat(pa.scalar(ns, _NS_ARROW_TYPES[ns_type]), length)
+
+
+def _with_namespaces(key_chunks: list, ns_chunks) -> list:
+    """Kernel key chunks of a namespaced state: each a struct {key, namespace} of offset 0
+    (batch.h BatchKeySpec::has_namespace; the children keep their offsets, nothing is copied);
+    ``key_chunks`` unchanged when ``ns_chunks`` is None (void)."""
+    if ns_chunks is None:
+        return key_chunks
+    return [pa.StructArray.from_arrays([k, n], names=["key", "namespace"])
+            for k, n in zip(key_chunks, ns_chunks)]
+
+
+def _ns_name(state):
+    """The kernels' ``namespace_type`` argument."""
+    return state.namespace_type
 
 
 def _key_array(state, keys):
@@ -494,11 +539,14 @@ class _KernelGet:
         b = self.backend
         b._check_open()
         arr = _key_array(self, keys)
+        ns = _ns_column(self, namespaces, len(arr))
         ttl = self._ttl_args(len(arr))
-        (kc,) = _kernel_chunks(arr)
-        out = self._table.native.get_batch(kc, b.key_type, b.assigner, b.max_parallelism,
+        kc, *nc = _kernel_chunks(arr, *([] if ns is None else [ns]))
+        out = self._table.native.get_batch(_with_namespaces(kc, nc[0] if nc else None),
+                                           b.key_type, b.assigner, b.max_parallelism,
                                            self._ser.name, ttl=ttl,
-                                           count_expired=_count_read(b) if ttl else None)
+                                           count_expired=_count_read(b) if ttl else None,
+                                           namespace_type=_ns_name(self))
         return _cast_out(out, self._ser)
 
 
@@ -563,9 +611,12 @@ class _FastValue(_KernelGet, py._Value, _NativeState):
         b._check_open()
         arr = _key_array(self, keys)
         vals = base.coerce_value_array(values, self._ser.name, len(arr), combine=False)
-        kc, vc = _kernel_chunks(arr, vals)
-        self._table.native.put_batch(kc, vc, b.key_type, b.assigner, b.max_parallelism,
-                                     self._ser.name, ttl=self._ttl_args(len(arr)))
+        ns = _ns_column(self, namespaces, len(arr))
+        kc, vc, *nc = _kernel_chunks(arr, vals, *([] if ns is None else [ns]))
+        self._table.native.put_batch(_with_namespaces(kc, nc[0] if nc else None), vc,
+                                     b.key_type, b.assigner, b.max_parallelism,
+                                     self._ser.name, ttl=self._ttl_args(len(arr)),
+                                     namespace_type=_ns_name(self))
 
 
 def _reducer_kernel_ok(state, namespaces) -> bool:
@@ -586,13 +637,17 @@ class _FastReducing(_KernelGet, py._Reducing, _NativeState):
                                        combine=False)
         if is_count and not _count_kernel_ok(vals.type):
             return super().add_batch(arr, vals, namespaces)
+        ns = _ns_column(self, namespaces, len(arr))
         ttl = self._ttl_args(len(arr))
         # An integer sum's overflow rollback covers one kernel call: its batch is one chunk.
-        kc, vc = _kernel_chunks(arr, vals, single=self.descriptor.reducer.name == "sum"
-                                and self._ser.name in ("int64", "int32", "uint64"))
-        out = self._table.native.add_batch(kc, vc, b.key_type, b.assigner, b.max_parallelism,
+        kc, vc, *nc = _kernel_chunks(arr, vals, *([] if ns is None else [ns]),
+                                     single=self.descriptor.reducer.name == "sum"
+                                     and self._ser.name in ("int64", "int32", "uint64"))
+        out = self._table.native.add_batch(_with_namespaces(kc, nc[0] if nc else None), vc,
+                                           b.key_type, b.assigner, b.max_parallelism,
                                            self._ser.name, self.descriptor.reducer.name, ttl=ttl,
-                                           count_expired=_count_read(b) if ttl else None)
+                                           count_expired=_count_read(b) if ttl else None,
+                                           namespace_type=_ns_name(self))
         return _cast_out(out, self._ser)
 
 
@@ -647,11 +702,15 @@ class _NativeList(py._List, _NativeState):
         arr = _key_array(self, keys)
         rows = len(arr)
         elements, parents = _list_values(self, values, rows)
+        ns = _ns_column(self, namespaces, rows)
         if parents is not None:
             arr = base.combined(arr).take(parents)
-        kc, vc = _kernel_chunks(arr, elements)
-        self._table.native.append_batch(kc, vc, b.key_type, b.assigner, b.max_parallelism,
-                                        self._ser.name, ttl=self._ttl_args(rows))
+            ns = None if ns is None else base.combined(ns).take(parents)
+        kc, vc, *nc = _kernel_chunks(arr, elements, *([] if ns is None else [ns]))
+        self._table.native.append_batch(_with_namespaces(kc, nc[0] if nc else None), vc,
+                                        b.key_type, b.assigner, b.max_parallelism,
+                                        self._ser.name, ttl=self._ttl_args(rows),
+                                        namespace_type=_ns_name(self))
 
 
 def _map_kernel_ok(state, namespaces) -> bool:
@@ -684,9 +743,12 @@ class _NativeMap(py._Map, _NativeState):
         if vals.null_count:
             raise InvalidInputError(f"values contain {vals.null_count} null(s); use remove_batch "
                                     "to remove user keys")
-        kc, uc, vc = _kernel_chunks(arr, uks, vals)
-        self._table.native.map_put_batch(kc, uc, vc, b.key_type, b.assigner, b.max_parallelism,
-                                         uk_name, self._ser.name, ttl=self._ttl_args(len(arr)))
+        ns = _ns_column(self, namespaces, len(arr))
+        kc, uc, vc, *nc = _kernel_chunks(arr, uks, vals, *([] if ns is None else [ns]))
+        self._table.native.map_put_batch(_with_namespaces(kc, nc[0] if nc else None), uc, vc,
+                                         b.key_type, b.assigner, b.max_parallelism,
+                                         uk_name, self._ser.name, ttl=self._ttl_args(len(arr)),
+                                         namespace_type=_ns_name(self))
 
 
 class _NativeAggregating(py._Aggregating, _NativeState):
