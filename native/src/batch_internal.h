@@ -319,8 +319,15 @@ class RowKeys {
     ahead_enc_.bind(keys);
     // int64 keys (the common case) skip the general encoder: prefix | big-endian int64 | 00 is
     // written in place (the general encoder took ~390 instructions a row for it, callgrind).
-    // (The in-place forms write the VoidNamespace: namespaced rows take the encoder.)
-    const ArrayView* col = ns_ ? nullptr : keys.scalar_column();
+    // Namespaces are written in place too (write_ns) unless key and namespace are both
+    // variable-length: Flink's lenbytes then follow each part, which only the encoder writes.
+    if (ns_) {
+      const KeyType t = ns_->schema().columns[0].type;
+      ns_col_ = ns_->scalar_column();
+      ns_width_ = t == KeyType::Int64 ? 8 : t == KeyType::Int32 ? 4 : 0;
+    }
+    const bool ambiguous = ns_ && ns_width_ == 0 && spec.key.variable_length();
+    const ArrayView* col = ambiguous ? nullptr : keys.scalar_column();
     if (col && spec.key.columns[0].type == KeyType::Int64) int64_keys_ = col;
     // String/binary keys likewise: prefix | varlen(len + 1) | bytes | 00 (the general encoder
     // with its checks and vector appends was ~300 instructions a row, callgrind).
@@ -345,9 +352,15 @@ class RowKeys {
       }
     }
     cur_row_ = -1;
-    if (int64_keys_) {
+    if (int64_keys_ && (ns_ == nullptr || ns_width_ != 0)) {
       cur_size_ = write_int64_key(i, kg, one_);
       cur_ = one_;
+      return;
+    }
+    if (int64_keys_) {
+      one_bytes_.resize(int64_key_bound(i));
+      cur_size_ = write_int64_key(i, kg, one_bytes_.data());
+      cur_ = one_bytes_.data();
       return;
     }
     if (bytes_keys_) {
@@ -383,7 +396,56 @@ class RowKeys {
   static constexpr int64_t kGroup = 16;
   // ~32 B header + key + value per entry: from about 16k entries on the state outgrows L2.
   static constexpr size_t kPrefetchMinEntries = 16 * 1024;
-  static constexpr size_t kInt64KeyMax = 2 + 8 + 1;
+  // An int64 key with a void (00) or fixed-width (<= 8 bytes) namespace.
+  static constexpr size_t kInt64KeyMax = 2 + 8 + 8;
+
+  // Bytes write_ns may write for row i: 00 (void), 4 or 8 (int32/int64), varint + bytes.
+  size_t ns_bound(int64_t i) const {
+    if (ns_ == nullptr) return 1;
+    if (ns_width_) return ns_width_;
+    size_t sz;
+    ns_col_->bytes_at(i, &sz);
+    return 10 + sz;
+  }
+  size_t int64_key_bound(int64_t i) const { return 2 + 8 + ns_bound(i); }
+
+  // ser(namespace) of row i at dst (key_codec.h): the VoidNamespace's 00, an int32/int64
+  // big-endian, or string/binary varlen(len + 1) | bytes. Not for the ambiguous case (the
+  // constructor leaves that to the encoder).
+  size_t write_ns(int64_t i, uint8_t* dst) const {
+    if (ns_ == nullptr) {
+      dst[0] = 0;
+      return 1;
+    }
+    if (ns_width_ == 8) {
+      const uint64_t be = be64(static_cast<uint64_t>(ns_col_->int64_at(i)));
+      std::memcpy(dst, &be, 8);
+      return 8;
+    }
+    if (ns_width_ == 4) {
+      const uint32_t u = static_cast<uint32_t>(ns_col_->int32_at(i));
+      dst[0] = static_cast<uint8_t>(u >> 24);
+      dst[1] = static_cast<uint8_t>(u >> 16);
+      dst[2] = static_cast<uint8_t>(u >> 8);
+      dst[3] = static_cast<uint8_t>(u);
+      return 4;
+    }
+    size_t sz;
+    const uint8_t* src = ns_col_->bytes_at(i, &sz);
+    size_t p = write_varlen(dst, static_cast<uint64_t>(sz) + 1);
+    if (sz) std::memcpy(dst + p, src, sz);
+    return p + sz;
+  }
+
+  static size_t write_varlen(uint8_t* dst, uint64_t n) {
+    size_t p = 0;
+    while (n >= 0x80) {
+      dst[p++] = static_cast<uint8_t>(n | 0x80);
+      n >>= 7;
+    }
+    dst[p++] = static_cast<uint8_t>(n);
+    return p;
+  }
 
   // The encoded keys and hashes of rows [start, start + kGroup).
   struct Group {
@@ -400,34 +462,29 @@ class RowKeys {
     const uint64_t be = be64(static_cast<uint64_t>(int64_keys_->int64_at(i)));
     std::memcpy(dst + p, &be, 8);  // Flink LongSerializer: big-endian
     p += 8;
-    dst[p++] = 0;  // VoidNamespace
-    return p;
+    return p + write_ns(i, dst + p);
   }
 
-  // Upper bound of row i's encoded string/binary key: prefix, varint (<= 10 bytes), bytes, 00.
+  // Upper bound of row i's encoded string/binary key: prefix, varint (<= 10 bytes), bytes,
+  // namespace.
   size_t bytes_key_bound(int64_t i) const {
     size_t sz;
     bytes_keys_->bytes_at(i, &sz);
-    return 2 + 10 + sz + 1;
+    return 2 + 10 + sz + ns_bound(i);
   }
   // Flink StringSerializer-style key bytes (key_codec append_ser_bytes) after the prefix; the
-  // namespace is VoidNamespace, so no lenbytes (both would have to be variable-length).
+  // namespace is fixed-width or void here, so no lenbytes (both would have to be
+  // variable-length).
   size_t write_bytes_key(int64_t i, int32_t kg, uint8_t* dst) const {
     size_t sz;
     const uint8_t* src = bytes_keys_->bytes_at(i, &sz);
     size_t p = 0;
     if (prefix_size_ == 2) dst[p++] = static_cast<uint8_t>(kg >> 8);
     dst[p++] = static_cast<uint8_t>(kg);
-    uint64_t n = static_cast<uint64_t>(sz) + 1;
-    while (n >= 0x80) {
-      dst[p++] = static_cast<uint8_t>(n | 0x80);
-      n >>= 7;
-    }
-    dst[p++] = static_cast<uint8_t>(n);
+    p += write_varlen(dst + p, static_cast<uint64_t>(sz) + 1);
     if (sz) std::memcpy(dst + p, src, sz);
     p += sz;
-    dst[p++] = 0;  // VoidNamespace
-    return p;
+    return p + write_ns(i, dst + p);
   }
 
   void hash_group(int64_t start) {
@@ -435,11 +492,12 @@ class RowKeys {
     Group& g = groups_[(start / kGroup) & 1];
     g.start = start;
     g.offsets[0] = 0;
-    if (int64_keys_) {
+    if (int64_keys_ && (ns_ == nullptr || ns_width_ != 0)) {
       g.bytes.resize(kGroup * kInt64KeyMax);
-    } else if (bytes_keys_) {
+    } else if (int64_keys_ || bytes_keys_) {
       size_t bound = 0;
-      for (int64_t j = start; j < std::min(start + kGroup, n_); ++j) bound += bytes_key_bound(j);
+      for (int64_t j = start; j < std::min(start + kGroup, n_); ++j)
+        bound += int64_keys_ ? int64_key_bound(j) : bytes_key_bound(j);
       if (g.bytes.size() < bound) g.bytes.resize(bound);
     } else {
       g.bytes.clear();
@@ -493,7 +551,9 @@ class RowKeys {
   KeyEncoder ahead_enc_;
   const KeyArrays& keys_;
   const KeyArrays* ns_;          // the namespace column of namespaced keys, else nullptr
-  std::vector<uint8_t> ns_buf_;  // ser(namespace) of the row being encoded
+  const ArrayView* ns_col_ = nullptr;  // its column (write_ns)
+  size_t ns_width_ = 0;          // 8 (int64), 4 (int32) or 0 (string/binary) namespaces
+  std::vector<uint8_t> ns_buf_;  // ser(namespace) of the row being encoded (encoder path)
   StateTable& table_;
   const int32_t* kgs_;
   int64_t n_;

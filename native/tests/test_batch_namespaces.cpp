@@ -158,6 +158,71 @@ bool batch_error(void (*fn)(StateTable&), StateTable& t, const std::string& need
   return false;
 }
 
+
+std::shared_ptr<Col> i32(const std::vector<int32_t>& xs) {
+  auto c = std::make_shared<Col>();
+  c->format = "i";
+  c->fixed.resize(xs.size() * 4 + 4);
+  if (!xs.empty()) std::memcpy(c->fixed.data(), xs.data(), xs.size() * 4);
+  c->buffers[1] = c->fixed.data();
+  c->seal(static_cast<int64_t>(xs.size()), 0, 2, 0);
+  return c;
+}
+
+}  // namespace
+
+TEST(every_key_and_namespace_combination_on_both_encoding_paths) {
+  // 20k rows twice: the second batch meets a table of 20k entries, so the kernels take the
+  // prefetching path (keys encoded a group ahead) as well as the direct one.
+  const int n = 20000;
+  for (KeyType kt : {KeyType::Int64, KeyType::String}) {
+    for (KeyType nt : {KeyType::Int32, KeyType::Int64, KeyType::String}) {
+      StateTable t(0, 127);
+      const BatchKeySpec sp = ns_spec(kt, nt);
+      std::vector<std::optional<int64_t>> ik, in, vals;
+      std::vector<std::optional<std::string>> sk, sn;
+      std::vector<int32_t> i32n;
+      for (int r = 0; r < n; ++r) {
+        ik.push_back(r / 3);
+        sk.push_back("key" + std::to_string(r / 3));
+        in.push_back(int64_t{r % 3} - 1);
+        i32n.push_back(r % 3 - 1);
+        sn.push_back(std::string(static_cast<size_t>(r % 3), 'n'));
+        vals.push_back(r);
+      }
+      auto keys = key_ns(kt == KeyType::Int64 ? i64(ik) : utf8(sk),
+                         nt == KeyType::Int64 ? i64(in) : nt == KeyType::Int32 ? i32(i32n) : utf8(sn));
+      auto v = i64(vals);
+      put_batch(t, sp, keys->in(), ValueType::Int64, v->in());
+      put_batch(t, sp, keys->in(), ValueType::Int64, v->in());
+      const NamespaceType nst = nt == KeyType::Int64 ? NamespaceType::Int64
+                                : nt == KeyType::Int32 ? NamespaceType::Int32 : NamespaceType::String;
+      KeyEncoder enc(KeySchema::scalar(kt), nst, 128);
+      std::map<std::string, std::string> want;
+      for (int r = 0; r < n; ++r) {
+        if (kt == KeyType::Int64) {
+          enc.key_int64(key_group_for_int64(Assigner::Spark, *ik[r], 128), *ik[r]);
+        } else {
+          enc.key_bytes(key_group_for_string(Assigner::Spark, sk[r]->data(), sk[r]->size(), 128),
+                        sk[r]->data(), sk[r]->size());
+        }
+        if (nt == KeyType::Int64) {
+          enc.namespace_int64(*in[r]);
+        } else {
+          std::vector<uint8_t> ser;
+          if (nt == KeyType::Int32) append_ser_int32(ser, i32n[r]);
+          else append_ser_bytes(ser, sn[r]->data(), sn[r]->size());
+          enc.namespace_serialized(ser.data(), ser.size());
+        }
+        want[bytes_of(enc)] = le(r);
+      }
+      CHECK_EQ(want.size(), size_t(n));
+      CHECK(dump(t) == want);
+    }
+  }
+}
+
+namespace {
 }  // namespace
 
 TEST(int64_key_int64_namespace_entries_are_the_per_record_encoding) {
