@@ -445,3 +445,23 @@ def test_full_size_runs_measure_python_on_the_same_rows_as_native(tmp_path):
     assert len(keys) == 4  # wordcount: 2 sizes; binary_values, map_put: 1 each
     for c, m in keys:
         assert measured[(c, m, "python")] == measured[(c, m, "native")], (c, m)
+
+
+def test_window_count_reports_native_python_and_dict_with_the_goal(tmp_path):
+    """window_count: rows/s of native, python and dict; the ratio over python is the quotient
+    of the rates with the 20x goal and its verdict; the rates are in the plot."""
+    pytest.importorskip("statecore._native")
+    out = tmp_path / "w.json"
+    assert main(["bench", "--quick", "--scale", "0.01", "--case", "window_count",
+                 "--json", str(out)]) == 0
+    records = json.loads(out.read_text())
+    rates = {r["impl"]: r["value"] for r in records if r["metric"] == "rows_per_s_200_keys"}
+    assert set(rates) == {"native", "python", "dict"} and all(v > 0 for v in rates.values())
+    by = {(r["impl"], r["metric"]): r["value"] for r in records}
+    assert by[("native", "rows_measured_200_keys")] == 2000
+    assert by[("native", "ratio_over_python_200_keys")] == pytest.approx(
+        rates["native"] / rates["python"])
+    assert by[("native", "goal_met_ratio_over_python_200_keys_ge_20")] == \
+        float(rates["native"] / rates["python"] >= 20)
+    drawn = [b for title, _, bars, _ in bench._plot_panels(records) for b in bars]
+    assert all(r in drawn for r in records if r["unit"] == "rows/s")

@@ -84,7 +84,7 @@ def machine() -> dict:
 
 def _load_cases() -> None:
     from statecore.bench import (  # noqa: F401  (register their cases)
-        collection_states, peers, snapshots, spark_e2e, state_ops, ttl, ttl_cleanup)
+        collection_states, peers, snapshots, spark_e2e, state_ops, ttl, ttl_cleanup, windows)
 
 
 def run(names: List[str] | None, size: Size, progress=print) -> List[Record]:
