@@ -309,16 +309,22 @@ TEST(upsert_completes_a_rehash_in_flight_on_both_engines) {
 // The default hash over keys of 9-16 bytes (its short-key path): sequential and strided int64
 // keys of one key group must fill the low bits (the slot index) and the high bits evenly.
 TEST(default_hash_spreads_short_keys) {
+  // The varying 8 bytes at the end (an int64 key, or a namespace after a fixed key) or right
+  // after the prefix (an int64 key before a fixed namespace), for the short (9-16) and medium
+  // (17-24) key paths and the word loop beyond.
   StateMap m(nullptr, MapEngine::Flat);
-  for (size_t ks : {size_t(9), size_t(10), size_t(16)}) {
-    for (int pattern = 0; pattern < 3; ++pattern) {
+  for (size_t ks : {size_t(9), size_t(10), size_t(16), size_t(17), size_t(20), size_t(24),
+                    size_t(25)}) {
+    for (int pattern = 0; pattern < 6; ++pattern) {
       constexpr size_t kBuckets = 1 << 12, kKeys = kBuckets * 64;
       std::vector<uint32_t> low(kBuckets), high(kBuckets);
       std::string k(ks, '\0');
       k[0] = 7;
+      k[ks - 1] = ks > 16 && pattern >= 3 ? 9 : k[ks - 1];
+      const size_t at = pattern >= 3 ? 1 : ks - 8;
       for (size_t i = 0; i < kKeys; ++i) {
-        const uint64_t x = pattern == 0 ? i : pattern == 1 ? i << 32 : i * 0x10000000001ULL;
-        for (size_t b = 0; b < 8; ++b) k[ks - 8 + b] = static_cast<char>(x >> (56 - 8 * b));
+        const uint64_t x = pattern % 3 == 0 ? i : pattern % 3 == 1 ? i << 32 : i * 0x10000000001ULL;
+        for (size_t b = 0; b < 8; ++b) k[at + b] = static_cast<char>(x >> (56 - 8 * b));
         const uint32_t h = m.hash(u8(k), ks);
         ++low[h & (kBuckets - 1)];
         ++high[h >> 20];

@@ -56,8 +56,7 @@ inline uint64_t mum_fold(uint64_t a, uint64_t b) {
   return static_cast<uint64_t>(r) ^ static_cast<uint64_t>(r >> 64);
 }
 
-// Keys of 9-16 bytes (the common int64 key, and int64 key + int64 namespace, with their
-// key-group prefix): two overlapping 8-byte reads, each xored with its own constant, then two
+// Keys of 9-16 bytes (the common int64 key with its key-group prefix and void namespace): two overlapping 8-byte reads, each xored with its own constant, then two
 // folded 128-bit multiplies, the length mixed into the second (the shape of wyhash's short-key
 // path, github.com/wangyi-fudan/wyhash). About a third of the instructions of the word loop
 // below for these sizes, and the input that selects the slot of every batch row.
@@ -70,11 +69,27 @@ inline uint32_t short_key_hash(const uint8_t* data, size_t size) {
   return static_cast<uint32_t>(g ^ (g >> 32));
 }
 
+// Keys of 17-24 bytes (an int64 key with an int64 namespace, e.g. a window start: 17 bytes with
+// the prefix; short string keys): three 8-byte reads (the last overlapping the middle one), two
+// folded multiplies as short_key_hash, the length in the second (wyhash's 17-48 byte shape,
+// one round). Half the instructions of the word loop for these sizes.
+inline uint32_t medium_key_hash(const uint8_t* data, size_t size) {
+  uint64_t a, b, c;
+  std::memcpy(&a, data, 8);
+  std::memcpy(&b, data + 8, 8);
+  std::memcpy(&c, data + size - 8, 8);
+  const uint64_t h = mum_fold(a ^ 0xa0761d6478bd642fULL, b ^ 0xe7037ed1a0b428dbULL);
+  const uint64_t g = mum_fold(c ^ 0x8ebc6af09c88c6e3ULL,
+                              h ^ static_cast<uint64_t>(size) ^ 0x589965cc75374cc3ULL);
+  return static_cast<uint32_t>(g ^ (g >> 32));
+}
+
 // 8-byte-word multiply/rotate accumulation (the XXH64 round shape) over the bytes, the tail
 // packed into one last word, then fmix64; folded to 32 bits by xor of the halves. Keys of 9-16
-// bytes take short_key_hash.
+// bytes take short_key_hash, of 17-24 medium_key_hash.
 inline uint32_t default_key_hash(const uint8_t* data, size_t size) {
   if (size > 8 && size <= 16) return short_key_hash(data, size);
+  if (size > 16 && size <= 24) return medium_key_hash(data, size);
   const uint64_t p1 = 0x9E3779B185EBCA87ULL;
   const uint64_t p2 = 0xC2B2AE3D27D4EB4FULL;
   uint64_t h = 0x27D4EB2F165667C5ULL ^ (static_cast<uint64_t>(size) * p1);
