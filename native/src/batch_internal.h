@@ -334,6 +334,8 @@ class RowKeys {
     if (col && (spec.key.columns[0].type == KeyType::String ||
                 spec.key.columns[0].type == KeyType::Binary))
       bytes_keys_ = col;
+    int64_in_one_ = int64_keys_ != nullptr && (ns_ == nullptr || ns_width_ != 0);
+    bytes_void_ = bytes_keys_ != nullptr && ns_ == nullptr;
   }
 
   // Row i's encoded key becomes data()/size(): the copy made when its group was hashed ahead,
@@ -352,26 +354,18 @@ class RowKeys {
       }
     }
     cur_row_ = -1;
-    if (int64_keys_ && (ns_ == nullptr || ns_width_ != 0)) {
-      cur_size_ = write_int64_key(i, kg, one_);
+    if (int64_in_one_) {
+      cur_size_ = ns_ ? write_int64_key(i, kg, one_) : write_int64_key<true>(i, kg, one_);
       cur_ = one_;
       return;
     }
-    if (int64_keys_) {
-      one_bytes_.resize(int64_key_bound(i));
-      cur_size_ = write_int64_key(i, kg, one_bytes_.data());
-      cur_ = one_bytes_.data();
-      return;
-    }
-    if (bytes_keys_) {
+    if (bytes_void_) {
       one_bytes_.resize(bytes_key_bound(i));
-      cur_size_ = write_bytes_key(i, kg, one_bytes_.data());
+      cur_size_ = write_bytes_key<true>(i, kg, one_bytes_.data());
       cur_ = one_bytes_.data();
       return;
     }
-    encode_into(enc_, i, kg);
-    cur_ = enc_.data();
-    cur_size_ = enc_.size();
+    encode_other(i, kg);
   }
 
   void ahead(int64_t i) {
@@ -396,6 +390,22 @@ class RowKeys {
   static constexpr int64_t kGroup = 16;
   // ~32 B header + key + value per entry: from about 16k entries on the state outgrows L2.
   static constexpr size_t kPrefetchMinEntries = 16 * 1024;
+  // encode() of the rarer forms, out of line so that the common ones stay small enough to be
+  // inlined into the kernels' row loops (inlined, this cost ~40 instructions a row of int64
+  // add_batch, callgrind).
+  [[gnu::noinline]] void encode_other(int64_t i, int32_t kg) {
+    if (int64_keys_ || bytes_keys_) {
+      one_bytes_.resize(int64_keys_ ? int64_key_bound(i) : bytes_key_bound(i));
+      cur_size_ = int64_keys_ ? write_int64_key(i, kg, one_bytes_.data())
+                              : write_bytes_key(i, kg, one_bytes_.data());
+      cur_ = one_bytes_.data();
+      return;
+    }
+    encode_into(enc_, i, kg);
+    cur_ = enc_.data();
+    cur_size_ = enc_.size();
+  }
+
   // An int64 key with a void (00) or fixed-width (<= 8 bytes) namespace.
   static constexpr size_t kInt64KeyMax = 2 + 8 + 8;
 
@@ -417,6 +427,9 @@ class RowKeys {
       dst[0] = 0;
       return 1;
     }
+    return write_ns_column(i, dst);
+  }
+  [[gnu::noinline]] size_t write_ns_column(int64_t i, uint8_t* dst) const {
     if (ns_width_ == 8) {
       const uint64_t be = be64(static_cast<uint64_t>(ns_col_->int64_at(i)));
       std::memcpy(dst, &be, 8);
@@ -455,6 +468,9 @@ class RowKeys {
     uint32_t hashes[kGroup] = {};
   };
 
+  // kVoid: the caller knows the namespace is void (the row loops are instantiated for both, so
+  // the void case pays no namespace test per row).
+  template <bool kVoid = false>
   size_t write_int64_key(int64_t i, int32_t kg, uint8_t* dst) const {
     size_t p = 0;
     if (prefix_size_ == 2) dst[p++] = static_cast<uint8_t>(kg >> 8);
@@ -462,6 +478,10 @@ class RowKeys {
     const uint64_t be = be64(static_cast<uint64_t>(int64_keys_->int64_at(i)));
     std::memcpy(dst + p, &be, 8);  // Flink LongSerializer: big-endian
     p += 8;
+    if (kVoid) {
+      dst[p] = 0;  // VoidNamespace
+      return p + 1;
+    }
     return p + write_ns(i, dst + p);
   }
 
@@ -475,6 +495,7 @@ class RowKeys {
   // Flink StringSerializer-style key bytes (key_codec append_ser_bytes) after the prefix; the
   // namespace is fixed-width or void here, so no lenbytes (both would have to be
   // variable-length).
+  template <bool kVoid = false>
   size_t write_bytes_key(int64_t i, int32_t kg, uint8_t* dst) const {
     size_t sz;
     const uint8_t* src = bytes_keys_->bytes_at(i, &sz);
@@ -484,15 +505,25 @@ class RowKeys {
     p += write_varlen(dst + p, static_cast<uint64_t>(sz) + 1);
     if (sz) std::memcpy(dst + p, src, sz);
     p += sz;
+    if (kVoid) {
+      dst[p] = 0;  // VoidNamespace
+      return p + 1;
+    }
     return p + write_ns(i, dst + p);
   }
 
   void hash_group(int64_t start) {
+    if (ns_ == nullptr) hash_group_of<true>(start);
+    else hash_group_of<false>(start);
+  }
+
+  template <bool kVoid>
+  void hash_group_of(int64_t start) {
     if (start >= n_) return;
     Group& g = groups_[(start / kGroup) & 1];
     g.start = start;
     g.offsets[0] = 0;
-    if (int64_keys_ && (ns_ == nullptr || ns_width_ != 0)) {
+    if (int64_in_one_) {
       g.bytes.resize(kGroup * kInt64KeyMax);
     } else if (int64_keys_ || bytes_keys_) {
       size_t bound = 0;
@@ -512,10 +543,10 @@ class RowKeys {
       size_t ks;
       if (int64_keys_) {
         key = g.bytes.data() + g.offsets[k];
-        ks = write_int64_key(j, kgs_[j], g.bytes.data() + g.offsets[k]);
+        ks = write_int64_key<kVoid>(j, kgs_[j], g.bytes.data() + g.offsets[k]);
       } else if (bytes_keys_) {
         key = g.bytes.data() + g.offsets[k];
-        ks = write_bytes_key(j, kgs_[j], g.bytes.data() + g.offsets[k]);
+        ks = write_bytes_key<kVoid>(j, kgs_[j], g.bytes.data() + g.offsets[k]);
       } else {
         encode_into(ahead_enc_, j, kgs_[j]);
         g.bytes.insert(g.bytes.end(), ahead_enc_.data(), ahead_enc_.data() + ahead_enc_.size());
@@ -553,6 +584,8 @@ class RowKeys {
   const KeyArrays* ns_;          // the namespace column of namespaced keys, else nullptr
   const ArrayView* ns_col_ = nullptr;  // its column (write_ns)
   size_t ns_width_ = 0;          // 8 (int64), 4 (int32) or 0 (string/binary) namespaces
+  bool int64_in_one_ = false;    // int64 keys whose encoded form fits one_ (void/fixed namespace)
+  bool bytes_void_ = false;      // string/binary keys, void namespace
   std::vector<uint8_t> ns_buf_;  // ser(namespace) of the row being encoded (encoder path)
   StateTable& table_;
   const int32_t* kgs_;
