@@ -534,5 +534,54 @@ inline bool ttl_read(StateMap& m, const RowKeys& rk, int64_t i, size_t width, co
   }
   return true;
 }
+// ---- shared by the collection kernels (batch_collections.cpp, batch_reads.cpp)
+
+// varlen(n) into dst (at most 10 bytes); returns its size.
+inline size_t put_varlen(uint8_t* dst, uint64_t n) {
+  size_t p = 0;
+  while (n >= 0x80) {
+    dst[p++] = static_cast<uint8_t>(n | 0x80);
+    n >>= 7;
+  }
+  dst[p++] = static_cast<uint8_t>(n);
+  return p;
+}
+
+// The user keys of a map kernel as KeyArrays of the user-key type (one column, no struct).
+inline KeyArrays make_user_keys(const KeySchema& schema, ArrowInput in) {
+  if (schema.is_struct || schema.columns.size() != 1) fail("user_keys: a map user key is one column");
+  try {
+    KeyArrays k(schema, in.schema, in.array);
+    const int64_t bad = k.check_offsets();
+    if (bad >= 0) fail("user_keys: invalid variable-width offsets at " + row_str(bad));
+    return k;
+  } catch (const BatchError&) {
+    throw;
+  } catch (const std::invalid_argument& e) {
+    fail(std::string("user_keys: ") + e.what());
+  }
+}
+
+[[noreturn]] inline void bad_blob(int64_t row) {
+  fail(row_str(row) + ": the stored list/map blob does not parse (the table holds another "
+       "state kind or value layout than declared)");
+}
+
+// Reads a varlen at blob[*pos, end); advances *pos. bad_blob(row) when truncated.
+inline uint64_t blob_varlen(const uint8_t* blob, size_t end, size_t* pos, int64_t row) {
+  uint64_t v = 0;
+  const size_t used = read_varlen(blob + *pos, end - *pos, &v);
+  if (used == 0 || v > end - *pos - used) bad_blob(row);
+  *pos += used;
+  return v;
+}
+
+// ser(uk) order: bytes compared, a proper prefix first (Python's bytes order).
+inline int compare_bytes(const uint8_t* a, size_t as, const uint8_t* b, size_t bs) {
+  const int c = std::memcmp(a, b, std::min(as, bs));
+  if (c != 0) return c;
+  return as < bs ? -1 : as > bs ? 1 : 0;
+}
+
 }  // namespace batch_detail
 }  // namespace statecore
