@@ -502,6 +502,24 @@ class _KernelGet:
         return _cast_out(out, self._ser)
 
 
+class _KernelClear:
+    """clear_batch through the clear kernel (batch_reads.h) for the void namespace: it only
+    removes entries, so every state kind and value type (pickle included) is served. Counts
+    one TTL access per row first, as the per-row path's ``_batch_slots``."""
+
+    def clear_batch(self, keys, namespaces=None) -> None:
+        if namespaces is not None or self.namespace_type != "void":
+            return super().clear_batch(keys, namespaces)
+        b = self.backend
+        b._check_open()
+        arr = _key_array(self, keys)
+        cfg = self.descriptor.ttl_config
+        if cfg is not None:
+            b._ttl_accessed(self._table, cfg, len(arr))
+        (kc,) = _kernel_chunks(arr)
+        self._table.native.clear_batch(kc, b.key_type, b.assigner, b.max_parallelism)
+
+
 _STALE = object()  # a _NativeState cache that matches no current key
 
 
@@ -555,7 +573,7 @@ class _NativeState(py._PyState):
         return self._cslot
 
 
-class _FastValue(_KernelGet, py._Value, _NativeState):
+class _FastValue(_KernelClear, _KernelGet, py._Value, _NativeState):
     def put_batch(self, keys, values, namespaces=None) -> None:
         if not _kernel_ok(self, namespaces):
             return super().put_batch(keys, values, namespaces)
@@ -574,7 +592,7 @@ def _reducer_kernel_ok(state, namespaces) -> bool:
             and state._ser.fixed_width is not None)
 
 
-class _FastReducing(_KernelGet, py._Reducing, _NativeState):
+class _FastReducing(_KernelClear, _KernelGet, py._Reducing, _NativeState):
     def add_batch(self, keys, values, namespaces=None) -> pa.Array:
         if not _reducer_kernel_ok(self, namespaces):
             return super().add_batch(keys, values, namespaces)
@@ -630,7 +648,7 @@ def _list_values(state, values, length: int):
     return vals, None
 
 
-class _NativeList(py._List, _NativeState):
+class _NativeList(_KernelClear, py._List, _NativeState):
     def _ttl_args(self, rows: int):
         return None  # TTL lists override it (_TtlKernel)
 
@@ -653,12 +671,43 @@ class _NativeList(py._List, _NativeState):
         self._table.native.append_batch(kc, vc, b.key_type, b.assigner, b.max_parallelism,
                                         self._ser.name, ttl=self._ttl_args(rows))
 
+    def get_batch(self, keys, namespaces=None) -> pa.Array:
+        """The list read kernel (batch_reads.h) for the void namespace and every typed element
+        type: a ``list<T>`` array, one row per key, ``[]`` for an absent key (as ``get()``);
+        under TTL expired elements are dropped, removed and counted as ``_TtlList.get``.
+        Else the per-row path."""
+        if not _kernel_ok(self, namespaces):
+            return super().get_batch(keys, namespaces)
+        b = self.backend
+        b._check_open()
+        arr = _key_array(self, keys)
+        ttl = self._ttl_args(len(arr))
+        (kc,) = _kernel_chunks(arr)
+        return self._table.native.list_get_batch(
+            kc, b.key_type, b.assigner, b.max_parallelism, self._ser.name, ttl=ttl,
+            count_expired=_count_read(b) if ttl else None)
+
 
 def _map_kernel_ok(state, namespaces) -> bool:
     return _kernel_ok(state, namespaces) and state._uks.name != "pickle"
 
 
-class _NativeMap(py._Map, _NativeState):
+def _map_user_keys(state, user_keys, length: int):
+    """The user keys of a map batch checked as py._Map._user_keys checks them (the user key
+    type's Arrow type, ``length`` rows, no nulls), as imported (pa.Array or pa.ChunkedArray);
+    InvalidInputError otherwise."""
+    uk_name = state._uks.name
+    uks = base.import_arrow(user_keys, "user_keys", lambda t: base.arrow_type_ok(uk_name, t))
+    if len(uks) != length:
+        raise InvalidInputError(f"user_keys have {len(uks)} rows but keys have {length}")
+    base.check_arrow_type(uks, uk_name, "user_keys")
+    if uks.null_count:
+        raise InvalidInputError(f"user_keys contain {uks.null_count} null(s); map user keys "
+                                "must not be null")
+    return uks
+
+
+class _NativeMap(_KernelClear, py._Map, _NativeState):
     def _ttl_args(self, rows: int):
         return None  # TTL maps override it (_TtlKernel)
 
@@ -673,13 +722,7 @@ class _NativeMap(py._Map, _NativeState):
         self._typed("put_batch")
         arr = _key_array(self, keys)
         uk_name = self._uks.name
-        uks = base.import_arrow(user_keys, "user_keys", lambda t: base.arrow_type_ok(uk_name, t))
-        if len(uks) != len(arr):
-            raise InvalidInputError(f"user_keys have {len(uks)} rows but keys have {len(arr)}")
-        base.check_arrow_type(uks, uk_name, "user_keys")
-        if uks.null_count:
-            raise InvalidInputError(f"user_keys contain {uks.null_count} null(s); map user keys "
-                                    "must not be null")
+        uks = _map_user_keys(self, user_keys, len(arr))
         vals = base.coerce_value_array(values, self._ser.name, len(arr), combine=False)
         if vals.null_count:
             raise InvalidInputError(f"values contain {vals.null_count} null(s); use remove_batch "
@@ -688,8 +731,52 @@ class _NativeMap(py._Map, _NativeState):
         self._table.native.map_put_batch(kc, uc, vc, b.key_type, b.assigner, b.max_parallelism,
                                          uk_name, self._ser.name, ttl=self._ttl_args(len(arr)))
 
+    def _read_kernel(self, method: str, keys, user_keys):
+        # get_batch / contains_batch through the map read kernels (see get_batch).
+        b = self.backend
+        b._check_open()
+        self._typed(method)
+        arr = _key_array(self, keys)
+        uks = _map_user_keys(self, user_keys, len(arr))
+        ttl = self._ttl_args(len(arr))
+        kc, uc = _kernel_chunks(arr, uks)
+        fn = getattr(self._table.native, "map_" + method)
+        return fn(kc, uc, b.key_type, b.assigner, b.max_parallelism, self._uks.name,
+                  self._ser.name, ttl=ttl, count_expired=_count_read(b) if ttl else None)
 
-class _NativeAggregating(py._Aggregating, _NativeState):
+    def get_batch(self, keys, user_keys, namespaces=None) -> pa.Array:
+        """The map read kernel (batch_reads.h) for the void namespace, typed user keys and
+        values: the value of each (key, user key), null where absent; under TTL as
+        ``_TtlMap.get`` (an expired pair removed and counted, shown once under
+        return_expired, renewed under update_on_read). Else the per-row path."""
+        if not _map_kernel_ok(self, namespaces):
+            return super().get_batch(keys, user_keys, namespaces)
+        return _cast_out(self._read_kernel("get_batch", keys, user_keys), self._ser)
+
+    def contains_batch(self, keys, user_keys, namespaces=None) -> pa.Array:
+        """As get_batch (the same reads, TTL effects included), a bool array: true where a
+        value is shown."""
+        if not _map_kernel_ok(self, namespaces):
+            return super().contains_batch(keys, user_keys, namespaces)
+        return self._read_kernel("contains_batch", keys, user_keys)
+
+    def remove_batch(self, keys, user_keys, namespaces=None) -> None:
+        """The map removal kernel (batch_reads.h): removes each (key, user key) in row order,
+        a map left empty is removed; with TTL nothing is read or counted (as ``remove``)."""
+        # Value bytes are skipped, not decoded: any value type, pickle included.
+        if namespaces is not None or self.namespace_type != "void" or self._uks.name == "pickle":
+            return super().remove_batch(keys, user_keys, namespaces)
+        b = self.backend
+        b._check_open()
+        arr = _key_array(self, keys)
+        uks = _map_user_keys(self, user_keys, len(arr))
+        self._ttl_args(len(arr))  # the TTL accesses of the rows (the kernel reads no timestamp)
+        kc, uc = _kernel_chunks(arr, uks)
+        self._table.native.map_remove_batch(kc, uc, b.key_type, b.assigner, b.max_parallelism,
+                                            self._uks.name)
+
+
+class _NativeAggregating(_KernelClear, py._Aggregating, _NativeState):
     pass
 
 
@@ -741,7 +828,7 @@ class _NativeTtlMap(_TtlKernel, _NativeMap, ttl_states._TtlMap):
     pass
 
 
-class _NativeTtlAggregating(ttl_states._TtlAggregating, _NativeState):
+class _NativeTtlAggregating(_KernelClear, ttl_states._TtlAggregating, _NativeState):
     pass
 
 
