@@ -416,3 +416,50 @@ def test_list_and_map_batches_run_the_kernels(monkeypatch):
     pm = b.get_state(MapStateDescriptor("p", "pickle", "int64"))
     with pytest.raises(AssertionError, match="per-row"):
         pm.put_batch(keys, pa.array([1, 2, 3]), pa.array([1, 2, 3]))
+
+
+def test_collection_reads_removals_and_clear_run_the_kernels(monkeypatch):
+    """List get_batch, map get/contains/remove_batch and clear_batch of every state kind
+    (TTL ones too; clear_batch and remove_batch also with pickle values) never reach the
+    per-row path -- every per-row batch path resolves its rows through ``_batch_slots``, made
+    to fail here -- while namespaced calls still do."""
+    from statecore.ttl import ManualClock, StateTtlConfig
+
+    def per_row(*a, **k):
+        raise AssertionError("per-row path taken")
+
+    b = NativeBackend(key_type="int64", ttl_clock=ManualClock(0))
+    keys, uks = pa.array([1, 2, 1]), pa.array(["a", "b", "a"])
+    states = []
+    for ttl in (None, StateTtlConfig(10, update_type="OnReadAndWrite")):
+        ds = [ListStateDescriptor("l", "int64"), MapStateDescriptor("m", "string", "int64"),
+              MapStateDescriptor("mp", "string", "pickle"), ValueStateDescriptor("v", "pickle"),
+              ReducingStateDescriptor("r", "sum", "int64")]
+        for d in ds:
+            if ttl:
+                d = d.enable_time_to_live(ttl)
+                d.name += "_ttl"
+            states.append(b.get_state(d))
+        lst, m, mp, v, r = states[-5:]
+        lst.append_batch(keys, pa.array([1, 2, 3]))
+        m.put_batch(keys, uks, pa.array([1, 2, 3]))
+        b.set_current_key(1)
+        mp.put("a", {"x": 1})
+        v.update({"y": 2})
+        monkeypatch.setattr(NativeBackend, "_batch_slots", per_row)
+        assert lst.get_batch(keys).to_pylist() == [[1, 3], [2], [1, 3]]
+        assert m.get_batch(keys, uks).to_pylist() == [3, 2, 3]
+        assert m.contains_batch(keys, pa.array(["a", "a", "b"])).to_pylist() == [True, False, False]
+        m.remove_batch(keys, uks)
+        mp.remove_batch(keys, uks)
+        for st in (lst, v, r):
+            st.clear_batch(keys)
+        monkeypatch.undo()
+        assert not m.contains_batch(keys, uks).to_pylist()[0] and mp.is_empty()
+        assert lst.get_batch(keys).to_pylist() == [[], [], []] and v.value() is None
+    monkeypatch.setattr(NativeBackend, "_batch_slots", per_row)
+    ns = b.get_state(ListStateDescriptor("n", "int64"), namespace_type="string")
+    with pytest.raises(AssertionError, match="per-row"):
+        ns.get_batch(keys, namespaces="w")
+    with pytest.raises(AssertionError, match="per-row"):
+        ns.clear_batch(keys, namespaces="w")

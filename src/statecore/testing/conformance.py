@@ -33,6 +33,7 @@ from statecore.descriptors import (
 )
 from statecore.errors import InvalidInputError, StateError, StateMigrationError
 from statecore.testing.collection_batches import CollectionBatchConformance
+from statecore.testing.collection_reads import CollectionReadConformance
 from statecore.testing.key_types import KeyTypeConformance
 from statecore.testing.value_types import ValueTypeConformance
 
@@ -138,7 +139,8 @@ def _metas(snap) -> dict:
     return {m["name"]: m for m in snap.state_metas()}
 
 
-class BackendConformance(KeyTypeConformance, ValueTypeConformance, CollectionBatchConformance):
+class BackendConformance(KeyTypeConformance, ValueTypeConformance, CollectionBatchConformance,
+                         CollectionReadConformance):
     """Pytest base class; see module docstring. The key-type tests come from
     :class:`statecore.testing.key_types.KeyTypeConformance`, the tests of the uint64, timestamp
     and fixed_size_binary value types from
