@@ -3,8 +3,8 @@
 // row (one reused key buffer and one per-thread key-group scratch vector).
 //
 // Scope: value state and reducing state of one state table, VoidNamespace (list append and map
-// put: batch_collections.h). Every row addresses the
-// entry whose encoded key is `prefix(kg) | ser(key) | 00` (docs/architecture.md "Encoded key",
+// put: batch_collections.h; list/map reads, map removals, clear: batch_reads.h). Every row
+// addresses the entry whose encoded key is `prefix(kg) | ser(key) | 00` (docs/architecture.md "Encoded key",
 // the same bytes as KeyEncoder in key_codec.h), kg from the spec's Assigner (key_groups.h), so the
 // per-record Python path and these kernels read and write the same entries.
 //

@@ -24,9 +24,12 @@ native/include/statecore/key_columns.h), run as native kernels that read the Arr
 through the C Data Interface (no Python object per row) with the GIL released. ListState
 ``append_batch`` and MapState ``put_batch`` (void namespace, typed elements / typed user keys and
 values, TTL or not) run the collection kernels (native/include/statecore/batch_collections.h):
-each row's element or pair is spliced into the key's stored blob in C++. Other batch calls
-(namespaced rows, pickle values or user keys, custom reducers, list/map reads, map removals,
-aggregating state, timers, clear) take the per-row path and behave identically.
+each row's element or pair is spliced into the key's stored blob in C++. ListState
+``get_batch``, MapState ``get_batch``/``contains_batch``/``remove_batch`` (same scope; removals
+also with pickle values) and ``clear_batch`` of every state kind and value type run the read /
+removal kernels (native/include/statecore/batch_reads.h), their Arrow results built from the
+kernels' buffers. Other batch calls (namespaced rows, pickle values or user keys, custom
+reducers, aggregating add/get, timers) take the per-row path and behave identically.
 
 Chunked input (a ChunkedArray, an ``__arrow_c_stream__`` object; ``base.import_arrow``): the
 kernels read the chunks in place, one kernel call per chunk (keys and values sliced -- views, no
