@@ -231,6 +231,9 @@ void list_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys
   std::vector<Element>& els = element_scratch();
   std::vector<uint8_t>& rebuilt = blob_scratch();
   int64_t count = list_offsets.back();  // elements written so far (earlier chunks included)
+  // Without TTL a fixed-width blob other than bool is the elements' Arrow buffer itself on a
+  // little-endian host (stored values are little-endian, docs/architecture.md "Values").
+  const bool raw_copy = !ttl.enabled && width != 0 && et.type != ValueType::Bool && le64(1) == 1;
   list_offsets.reserve(list_offsets.size() + static_cast<size_t>(n));
   RowKeys rk(spec, keys, table, kgs);
   auto emit = [&](const uint8_t* blob, const Element& e) {
@@ -250,6 +253,15 @@ void list_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys
     StateMap& m = table.map_unchecked(kgs[i]);
     ByteView v;
     if (kernel_get(m, rk.hash(i, m), rk.data(), rk.size(), &v) && v.size != 0) {
+      if (raw_copy) {
+        // Stored = Arrow layout: the whole blob at once (callgrind, 10 int64 elements a row:
+        // 1,861 -> 538 instructions a row).
+        if (v.size % width != 0) bad_blob(i);
+        elements.insert(elements.end(), v.data, v.data + v.size);
+        count += static_cast<int64_t>(v.size / width);
+        list_offsets.push_back(count);
+        continue;
+      }
       parse_list(v.data, v.size, width, suffix, i, els);
       if (!ttl.enabled) {
         for (const Element& e : els) emit(v.data, e);
