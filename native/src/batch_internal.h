@@ -569,6 +569,14 @@ inline KeyArrays make_user_keys(const KeySchema& schema, ArrowInput in) {
 
 // Reads a varlen at blob[*pos, end); advances *pos. bad_blob(row) when truncated.
 inline uint64_t blob_varlen(const uint8_t* blob, size_t end, size_t* pos, int64_t row) {
+  if (*pos < end && blob[*pos] < 0x80) {
+    // One-byte varlen (every length < 128): inline, without read_varlen's call and loop
+    // (map_get_batch, callgrind: read_varlen was 8% of its instructions).
+    const uint64_t one = blob[*pos];
+    if (one > end - *pos - 1) bad_blob(row);
+    ++*pos;
+    return one;
+  }
   uint64_t v = 0;
   const size_t used = read_varlen(blob + *pos, end - *pos, &v);
   if (used == 0 || v > end - *pos - used) bad_blob(row);
