@@ -42,9 +42,10 @@ once more (for the key-group check), which costs about what combining them would
 integer (int64, uint64, int32) ``sum`` batch is combined into one kernel call (its overflow
 rollback covers one call); a multi-column key given as a list of chunked columns is combined per column; outputs
 are one new array. The per-row paths combine chunks too (they build Python objects anyway).
-TTL-enabled value/reducing states use the same kernels with TTL on (batch.h "TTL": the value
-bytes carry the timestamp suffix; reads remove expired entries and renew, writes stamp the
-batch's one clock reading); their semantics are ttl_states.py's, row for row.
+TTL-enabled states use the same kernels with TTL on (batch.h "TTL", batch_reads.h: the value
+bytes, list elements and map values carry the timestamp suffix; reads remove expired entries,
+list elements and map pairs and renew, writes stamp the batch's one clock reading); their
+semantics are ttl_states.py's, row for row.
 
 Snapshots: :meth:`NativeBackend.snapshot` takes one O(1) map snapshot per key group of every
 state (O(states x key groups), independent of the number of entries); entries are serialized
@@ -787,7 +788,7 @@ NativeBackend._state_classes = dict(value=_FastValue, list=_NativeList, map=_Nat
                                     reducing=_FastReducing, aggregating=_NativeAggregating)
 
 
-# TTL-enabled value/reducing states: ttl_states.py's classes (per-record calls and the batch calls
+# TTL-enabled states: ttl_states.py's classes (per-record calls and the batch calls
 # the kernels do not serve) with the batch calls the kernels serve run natively, TTL on. The
 # clock is read once per batch (ttl_now, ms): the Python path stamps its writes with one reading
 # too, and re-reads it per present row for expiry decisions, which is the same reading unless the
