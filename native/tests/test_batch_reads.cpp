@@ -389,6 +389,10 @@ TEST(read_kernels_reject_bad_input_before_any_change) {
   CHECK(batch_error([&] {
     list_get_batch(t, int64_spec(), keys.in(), ValueType::Int32, lo, el, eo, ttl_at(0, 1000));
   }, "does not parse"));
+  // Also on the whole-blob copy path (no TTL, fixed-width): 26 bytes are no whole int32s.
+  CHECK(batch_error([&] { list_get_batch(t, int64_spec(), keys.in(), ValueType::Int32, lo, el, eo); },
+                    "does not parse"));
+  CHECK(dump(t) == before);
 }
 
 TEST_MAIN()
