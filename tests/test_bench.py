@@ -350,7 +350,7 @@ def test_cpp_reference_output_agrees_with_native():
         shutil.rmtree(d)
 
 
-COLLECTION_CASES = ("list_append", "map_put")
+COLLECTION_CASES = ("list_append", "map_put", "list_get", "map_get")
 
 
 def test_collection_cases_report_every_available_impl(tmp_path):
@@ -361,8 +361,9 @@ def test_collection_cases_report_every_available_impl(tmp_path):
     impls, ref = _peer_impls()
     impls.discard("rocksdict+batch")
     out = tmp_path / "collections.json"
-    assert main(["bench", "--quick", "--scale", "0.01", "--case", "list_append",
-                 "--case", "map_put", "--json", str(out)]) == 0
+    assert main(["bench", "--quick", "--scale", "0.01", *(a for c in COLLECTION_CASES
+                                                          for a in ("--case", c)),
+                 "--json", str(out)]) == 0
     records = json.loads(out.read_text())
     assert {r["case"] for r in records} == set(COLLECTION_CASES)
     by = {(r["case"], r["impl"], r["metric"]): r for r in records}
@@ -390,7 +391,8 @@ def test_collection_cases_report_every_available_impl(tmp_path):
 def test_cpp_reference_collection_modes_agree_with_native():
     """The C++ reference's list and map modes hold what the native backend holds after the same
     rows: the same number of keys, of list elements and of map pairs, and the same sum of the
-    map values. Correctness only, no timing."""
+    map values; its list_get / map_get modes read as many elements / values as get_batch.
+    Correctness only, no timing."""
     pytest.importorskip("statecore._native")
     import shutil
     import tempfile
@@ -425,6 +427,16 @@ def test_cpp_reference_collection_modes_agree_with_native():
         assert (got["distinct"], got["elements"]) == (300, want_elements) == (300, 1200)
         got = ref.map_put(keys, uks, values, d)
         assert (got["distinct"], got["pairs"], got["checksum"]) == (300, want_pairs, want_sum)
+        # The get modes: as many list elements out / map values found as native's get_batch.
+        gk = np.concatenate([keys[::3], peers.int64_keys(5, seed=9)])  # 5 absent keys
+        gu = np.arange(len(gk), dtype=np.int64) % 9  # user keys 7, 8 absent
+        got = ref.list_get(keys, values, gk, d)
+        nat = lst.get_batch(pa.array(gk))
+        assert (got["rows"], got["elements"]) == (len(gk), len(nat.values))
+        got = ref.map_get(keys, uks, values, gk, gu, d)
+        nat = mp.get_batch(pa.array(gk), pa.array(gu))
+        assert (got["rows"], got["found"]) == (len(gk), len(nat) - nat.null_count)
+        assert 0 < got["found"] < len(gk)
     finally:
         shutil.rmtree(d)
 

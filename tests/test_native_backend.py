@@ -441,3 +441,56 @@ def test_namespaced_value_and_reducing_batches_run_the_kernels(monkeypatch):
     assert c.add_batch(keys, pa.array([1.5, 2.0, 0.5])).to_pylist() == [1.5, 2.0, 1.5]
     assert c.get_batch(keys, namespaces=pa.array([-1, 0, -1], pa.int32())).to_pylist() == \
         [1.5, None, 1.5]
+
+
+def test_collection_reads_removals_and_clear_run_the_kernels(monkeypatch):
+    """List get_batch, map get/contains/remove_batch and clear_batch of every state kind
+    (TTL ones too; clear_batch and remove_batch also with pickle values) never reach the
+    per-row path -- every per-row batch path resolves its rows through ``_batch_slots``, made
+    to fail here -- namespaced calls included."""
+    from statecore.ttl import ManualClock, StateTtlConfig
+
+    def per_row(*a, **k):
+        raise AssertionError("per-row path taken")
+
+    b = NativeBackend(key_type="int64", ttl_clock=ManualClock(0))
+    keys, uks = pa.array([1, 2, 1]), pa.array(["a", "b", "a"])
+    states = []
+    for ttl in (None, StateTtlConfig(10, update_type="OnReadAndWrite")):
+        ds = [ListStateDescriptor("l", "int64"), MapStateDescriptor("m", "string", "int64"),
+              MapStateDescriptor("mp", "string", "pickle"), ValueStateDescriptor("v", "pickle"),
+              ReducingStateDescriptor("r", "sum", "int64")]
+        for d in ds:
+            if ttl:
+                d = d.enable_time_to_live(ttl)
+                d.name += "_ttl"
+            states.append(b.get_state(d))
+        lst, m, mp, v, r = states[-5:]
+        lst.append_batch(keys, pa.array([1, 2, 3]))
+        m.put_batch(keys, uks, pa.array([1, 2, 3]))
+        b.set_current_key(1)
+        mp.put("a", {"x": 1})
+        v.update({"y": 2})
+        monkeypatch.setattr(NativeBackend, "_batch_slots", per_row)
+        assert lst.get_batch(keys).to_pylist() == [[1, 3], [2], [1, 3]]
+        assert m.get_batch(keys, uks).to_pylist() == [3, 2, 3]
+        assert m.contains_batch(keys, pa.array(["a", "a", "b"])).to_pylist() == [True, False, False]
+        m.remove_batch(keys, uks)
+        mp.remove_batch(keys, uks)
+        for st in (lst, v, r):
+            st.clear_batch(keys)
+        monkeypatch.undo()
+        assert not m.contains_batch(keys, uks).to_pylist()[0] and mp.is_empty()
+        assert lst.get_batch(keys).to_pylist() == [[], [], []] and v.value() is None
+    monkeypatch.setattr(NativeBackend, "_batch_slots", per_row)
+    ns = b.get_state(ListStateDescriptor("n", "int64"), namespace_type="string")
+    nm = b.get_state(MapStateDescriptor("nm", "string", "int64"), namespace_type="int64")
+    ns.append_batch(keys, pa.array([1, 2, 3]), namespaces=pa.array(["w", "w", "v"]))
+    nm.put_batch(keys, uks, pa.array([1, 2, 3]), namespaces=7)
+    assert ns.get_batch(keys, namespaces="w").to_pylist() == [[1], [2], [1]]
+    assert nm.get_batch(keys, uks, namespaces=7).to_pylist() == [3, 2, 3]
+    assert nm.contains_batch(keys, uks, namespaces=8).to_pylist() == [False] * 3
+    nm.remove_batch(keys.slice(1), uks.slice(1), namespaces=7)
+    assert nm.get_batch(keys, uks, namespaces=pa.array([7, 7, 7])).to_pylist() == [None, None, None]
+    ns.clear_batch(keys, namespaces="w")
+    assert ns.get_batch(keys, namespaces=pa.array(["w", "v", "v"])).to_pylist() == [[], [], [3]]

@@ -36,16 +36,6 @@ inline const uint8_t* value_bytes(const ValueSpec& vt, const ArrayView& v, int64
   return v.bytes_at(i, size);
 }
 
-inline size_t put_varlen(uint8_t* dst, uint64_t n) {
-  size_t p = 0;
-  while (n >= 0x80) {
-    dst[p++] = static_cast<uint8_t>(n | 0x80);
-    n >>= 7;
-  }
-  dst[p++] = static_cast<uint8_t>(n);
-  return p;
-}
-
 // One lookup for both cases: an absent key is inserted at `vs` bytes, a present one is returned
 // writable at its current size (*cur).
 inline uint8_t* upsert_row(StateMap& m, uint32_t h, const uint8_t* key, size_t ks, size_t vs,
@@ -70,20 +60,6 @@ const int32_t* validate_list(StateTable& table, const BatchKeySpec& spec, const 
   return validate_keys(table, spec, keys);
 }
 
-KeyArrays make_user_keys(const KeySchema& schema, ArrowInput in) {
-  if (schema.is_struct || schema.columns.size() != 1) fail("user_keys: a map user key is one column");
-  try {
-    KeyArrays k(schema, in.schema, in.array);
-    const int64_t bad = k.check_offsets();
-    if (bad >= 0) fail("user_keys: invalid variable-width offsets at " + row_str(bad));
-    return k;
-  } catch (const BatchError&) {
-    throw;
-  } catch (const std::invalid_argument& e) {
-    fail(std::string("user_keys: ") + e.what());
-  }
-}
-
 const int32_t* validate_map(StateTable& table, const BatchKeySpec& spec, const KeyArrays& keys,
                             const KeyArrays& user_keys, const ValueSpec& vt,
                             const ArrayView& values, const TtlBatchSpec& ttl) {
@@ -96,27 +72,6 @@ const int32_t* validate_map(StateTable& table, const BatchKeySpec& spec, const K
   check_no_nulls(values, "values", "use remove_batch to remove user keys");
   check_ttl(ttl);
   return validate_keys(table, spec, keys);
-}
-
-[[noreturn]] void bad_blob(int64_t row) {
-  fail(row_str(row) + ": the stored map blob does not parse (the table holds another state "
-       "kind or value layout than declared)");
-}
-
-// Reads a varlen at blob[*pos, end); advances *pos. bad_blob(row) when truncated.
-inline uint64_t blob_varlen(const uint8_t* blob, size_t end, size_t* pos, int64_t row) {
-  uint64_t v = 0;
-  const size_t used = read_varlen(blob + *pos, end - *pos, &v);
-  if (used == 0 || v > end - *pos - used) bad_blob(row);
-  *pos += used;
-  return v;
-}
-
-// ser(uk) order: bytes compared, a proper prefix first (Python's bytes order).
-inline int compare_bytes(const uint8_t* a, size_t as, const uint8_t* b, size_t bs) {
-  const int c = std::memcmp(a, b, std::min(as, bs));
-  if (c != 0) return c;
-  return as < bs ? -1 : as > bs ? 1 : 0;
 }
 
 }  // namespace

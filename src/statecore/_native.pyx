@@ -1695,6 +1695,236 @@ cdef class NativeStateTable:
                 count_expired(expired)
         return _fixed_out_array(value_type, vals, valid, n, width)
 
+    # ---------------------------------------------- collection reads, removals, clear
+    # (batch_reads.h). Chunked input as in get_batch/put_batch: a call that can change the
+    # table (clear, remove, reads with TTL) validates every later chunk before the first is
+    # applied; the outputs of all chunks are one result (the kernels append to one buffer).
+
+    def clear_batch(self, keys, str key_type, str assigner, int32_t max_parallelism,
+                    namespace_type=None):
+        """Removes the entry of every key in row order (absent keys skipped); any state kind
+        and value type (the value bytes are not read). ``keys`` as in :meth:`get_batch`.
+        InvalidInputError on bad input, the table then unchanged."""
+        cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism, namespace_type)
+        cdef c.TtlBatchSpec none_ttl
+        cdef _Chunks k = _Chunks(keys)
+        cdef size_t j, nchunks = k.count()
+        self._claim()
+        try:
+            with nogil:
+                for j in range(1, nchunks):
+                    c.validate_key_batch(self.table[0], spec, k.inputs[j], none_ttl)
+                for j in range(nchunks):
+                    c.clear_batch(self.table[0], spec, k.inputs[j])
+        except ValueError as e:
+            raise InvalidInputError(str(e)) from None
+        finally:
+            self.busy = 0
+
+    def list_get_batch(self, keys, str key_type, str assigner, int32_t max_parallelism,
+                       str element_type, ttl=None, count_expired=None, namespace_type=None):
+        """ListState: the list of every key as a ``list<T>`` array (T the Arrow type of
+        ``element_type``, as the Python backend's ``pa.list_(T)``; ``large_list`` / large
+        element types only when the result holds 2**31 elements / bytes or more), one row per
+        key, an empty list for an absent key, no nulls. ``keys``, ``ttl`` and
+        ``count_expired`` as in :meth:`get_batch`; with TTL expired elements are dropped (and
+        removed, counted) as batch_reads.h says. The GIL is released while the kernels run."""
+        cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism, namespace_type)
+        cdef c.TtlBatchSpec tspec = _ttl_spec(ttl)
+        cdef _Chunks k = _Chunks(keys)
+        cdef int64_t n = k.total
+        cdef int64_t expired = 0, chunk_expired = 0
+        cdef c.ValueSpec et = _value_spec(element_type)
+        cdef vector[int64_t] list_offsets
+        cdef vector[int64_t] element_offsets
+        cdef vector[uint8_t] elements
+        cdef size_t width = c.value_width(et), j, nchunks = k.count()
+        list_offsets.push_back(0)
+        element_offsets.push_back(0)
+        self._claim()
+        try:
+            with nogil:
+                if nchunks > 1 and tspec.enabled:
+                    for j in range(1, nchunks):
+                        c.validate_key_batch(self.table[0], spec, k.inputs[j], tspec)
+                for j in range(nchunks):
+                    c.list_get_batch(self.table[0], spec, k.inputs[j], et, list_offsets,
+                                     elements, element_offsets, tspec, &chunk_expired)
+                    expired += chunk_expired
+                    chunk_expired = 0
+        except ValueError as e:
+            raise InvalidInputError(str(e)) from None
+        finally:
+            self.busy = 0
+            expired += chunk_expired
+            if expired and count_expired is not None:
+                count_expired(expired)
+        count = list_offsets.back()
+        typ = VT.value_serializer(element_type).arrow_type
+        data = _u8_array(elements)
+        if width:
+            if typ == pa.bool_():
+                buf = pa.py_buffer(np.packbits(data, bitorder="little"))
+            else:
+                buf = pa.py_buffer(data)
+            values = pa.Array.from_buffers(typ, count, [None, buf])
+        else:
+            small = elements.size() < 2**31
+            if not small:
+                typ = pa.large_string() if typ == pa.string() else pa.large_binary()
+            values = pa.Array.from_buffers(typ, count, [None, pa.py_buffer(
+                _offsets_array(element_offsets, small)), pa.py_buffer(data)])
+        small = count < 2**31
+        ltyp = pa.list_(values.type) if small else pa.large_list(values.type)
+        return pa.Array.from_buffers(ltyp, n, [None, pa.py_buffer(
+            _offsets_array(list_offsets, small))], children=[values])
+
+    def map_get_batch(self, keys, user_keys, str key_type, str assigner,
+                      int32_t max_parallelism, str user_key_type, str value_type, ttl=None,
+                      count_expired=None, namespace_type=None):
+        """MapState: the value of user_keys[i] in the map of keys[i], null where absent, as
+        :meth:`get_batch` returns values (string -> large_string, binary -> large_binary).
+        ``keys``/``user_keys`` chunked alike (as :meth:`map_put_batch`), no null user keys;
+        ``ttl``/``count_expired`` as in :meth:`get_batch` (expired pairs removed, counted)."""
+        cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism, namespace_type)
+        cdef c.TtlBatchSpec tspec = _ttl_spec(ttl)
+        cdef c.KeySchema uks = _key_schema(user_key_type)
+        cdef _Chunks k = _Chunks(keys)
+        cdef _Chunks u = _Chunks(user_keys)
+        cdef int64_t n = k.total
+        cdef int64_t expired = 0, chunk_expired = 0
+        cdef c.ValueSpec vt = _value_spec(value_type)
+        cdef c.MapGetOutput out
+        cdef vector[int64_t] offsets
+        cdef vector[uint8_t] data
+        cdef uint8_t[::1] valid
+        cdef uint8_t[::1] out_bytes
+        cdef uint8_t* out_base = NULL
+        cdef size_t width = c.value_width(vt), j, nchunks = k.count()
+        k.check_aligned(u)
+        valid_np = np.zeros(max(n, 1), np.uint8)
+        valid = valid_np
+        if width:
+            vals = np.zeros(max(n, 1) * width, np.uint8)
+            out_bytes = vals
+            out_base = &out_bytes[0]
+        offsets.push_back(0)
+        out.offsets = &offsets
+        out.data = &data
+        self._claim()
+        try:
+            with nogil:
+                if nchunks > 1 and tspec.enabled:
+                    for j in range(1, nchunks):
+                        c.validate_map_key_batch(self.table[0], spec, k.inputs[j], uks,
+                                                 u.inputs[j], tspec)
+                for j in range(nchunks):
+                    out.valid = &valid[k.starts[j]]
+                    if width:
+                        out.fixed = out_base + k.starts[j] * width
+                    c.map_get_batch(self.table[0], spec, k.inputs[j], uks, u.inputs[j], vt, out,
+                                    tspec, &chunk_expired)
+                    expired += chunk_expired
+                    chunk_expired = 0
+        except ValueError as e:
+            raise InvalidInputError(str(e)) from None
+        finally:
+            self.busy = 0
+            expired += chunk_expired
+            if expired and count_expired is not None:
+                count_expired(expired)
+        if width:
+            return _fixed_out_array(value_type, vals, valid, n, width)
+        typ = pa.large_string() if value_type == "string" else pa.large_binary()
+        return pa.Array.from_buffers(typ, n, [_bitmap(valid[:n], n), pa.py_buffer(
+            _offsets_array(offsets, False)), pa.py_buffer(_u8_array(data))])
+
+    def map_contains_batch(self, keys, user_keys, str key_type, str assigner,
+                           int32_t max_parallelism, str user_key_type, str value_type, ttl=None,
+                           count_expired=None, namespace_type=None):
+        """MapState: a bool array (no nulls), true where user_keys[i] is in the map of keys[i]
+        (with TTL: where :meth:`map_get_batch` would return a value, with the same removals,
+        renewals and counts). Arguments as :meth:`map_get_batch`."""
+        cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism, namespace_type)
+        cdef c.TtlBatchSpec tspec = _ttl_spec(ttl)
+        cdef c.KeySchema uks = _key_schema(user_key_type)
+        cdef _Chunks k = _Chunks(keys)
+        cdef _Chunks u = _Chunks(user_keys)
+        cdef int64_t n = k.total
+        cdef int64_t expired = 0, chunk_expired = 0
+        cdef c.ValueSpec vt = _value_spec(value_type)
+        cdef uint8_t[::1] found
+        cdef size_t j, nchunks = k.count()
+        k.check_aligned(u)
+        found_np = np.zeros(max(n, 1), np.uint8)
+        found = found_np
+        self._claim()
+        try:
+            with nogil:
+                if nchunks > 1 and tspec.enabled:
+                    for j in range(1, nchunks):
+                        c.validate_map_key_batch(self.table[0], spec, k.inputs[j], uks,
+                                                 u.inputs[j], tspec)
+                for j in range(nchunks):
+                    c.map_contains_batch(self.table[0], spec, k.inputs[j], uks, u.inputs[j], vt,
+                                         &found[k.starts[j]], tspec, &chunk_expired)
+                    expired += chunk_expired
+                    chunk_expired = 0
+        except ValueError as e:
+            raise InvalidInputError(str(e)) from None
+        finally:
+            self.busy = 0
+            expired += chunk_expired
+            if expired and count_expired is not None:
+                count_expired(expired)
+        return pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(
+            np.packbits(found_np[:n], bitorder="little"))])
+
+    def map_remove_batch(self, keys, user_keys, str key_type, str assigner,
+                         int32_t max_parallelism, str user_key_type, namespace_type=None):
+        """MapState: removes user_keys[i] from the map of keys[i] in row order; a map left
+        empty is removed. Chunked as :meth:`map_put_batch`, every chunk validated before the
+        first is applied. InvalidInputError on bad input, the table then unchanged."""
+        cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism, namespace_type)
+        cdef c.TtlBatchSpec none_ttl
+        cdef c.KeySchema uks = _key_schema(user_key_type)
+        cdef _Chunks k = _Chunks(keys)
+        cdef _Chunks u = _Chunks(user_keys)
+        cdef size_t j, nchunks = k.count()
+        k.check_aligned(u)
+        self._claim()
+        try:
+            with nogil:
+                for j in range(1, nchunks):
+                    c.validate_map_key_batch(self.table[0], spec, k.inputs[j], uks, u.inputs[j],
+                                             none_ttl)
+                for j in range(nchunks):
+                    c.map_remove_batch(self.table[0], spec, k.inputs[j], uks, u.inputs[j])
+        except ValueError as e:
+            raise InvalidInputError(str(e)) from None
+        finally:
+            self.busy = 0
+
+
+
+cdef _u8_array(vector[uint8_t]& v):
+    """A numpy uint8 copy of a kernel's byte output (one memcpy)."""
+    out = np.empty(v.size(), np.uint8)
+    cdef uint8_t[::1] dst = out
+    if v.size():
+        memcpy(&dst[0], v.data(), v.size())
+    return out
+
+
+
+cdef _offsets_array(vector[int64_t]& v, bint small):
+    """A kernel's int64 offsets as an Arrow offsets buffer: int32 when ``small`` (the last
+    offset fits), else int64."""
+    out = np.empty(v.size(), np.int64)
+    cdef int64_t[::1] dst = out
+    if v.size():
+        memcpy(&dst[0], v.data(), v.size() * 8)
+    return out.astype(np.int32) if small else out
 
 cdef _concat_var(vector[vector[int64_t]]& offsets, vector[vector[uint8_t]]& data, int64_t n):
     """One int64 offsets array and one data array from get_batch_var's per-chunk outputs."""

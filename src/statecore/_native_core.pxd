@@ -260,6 +260,35 @@ cdef extern from "statecore/batch_collections.h" namespace "statecore" nogil:
                                 const TtlBatchSpec& ttl) except +
 
 
+cdef extern from "statecore/batch_reads.h" namespace "statecore" nogil:
+    cdef cppclass MapGetOutput:
+        MapGetOutput()
+        void* fixed
+        vector[int64_t]* offsets
+        vector[uint8_t]* data
+        uint8_t* valid
+    void clear_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys) except +
+    void list_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
+                        const ValueSpec& element_type, vector[int64_t]& list_offsets,
+                        vector[uint8_t]& elements, vector[int64_t]& element_offsets,
+                        const TtlBatchSpec& ttl, int64_t* expired) except +
+    void map_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
+                       const KeySchema& user_key, ArrowInput user_keys,
+                       const ValueSpec& value_type, const MapGetOutput& out,
+                       const TtlBatchSpec& ttl, int64_t* expired) except +
+    void map_contains_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
+                            const KeySchema& user_key, ArrowInput user_keys,
+                            const ValueSpec& value_type, uint8_t* found,
+                            const TtlBatchSpec& ttl, int64_t* expired) except +
+    void map_remove_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
+                          const KeySchema& user_key, ArrowInput user_keys) except +
+    void validate_key_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
+                            const TtlBatchSpec& ttl) except +
+    void validate_map_key_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
+                                const KeySchema& user_key, ArrowInput user_keys,
+                                const TtlBatchSpec& ttl) except +
+
+
 cdef extern from *:
     """
     #include "statecore/state_table.h"

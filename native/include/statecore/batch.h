@@ -3,12 +3,12 @@
 // row (one reused key buffer and one per-thread key-group scratch vector).
 //
 // Scope: value state and reducing state of one state table (list append and map put:
-// batch_collections.h). Every row addresses the entry whose encoded key is
-// `prefix(kg) | ser(key) | 00` for the VoidNamespace, or `prefix(kg) | ser(key) | ser(ns)` (with
-// lenbytes when both are variable-length) for namespaced keys (BatchKeySpec::has_namespace)
-// (docs/architecture.md "Encoded key", the same bytes as KeyEncoder in key_codec.h), kg from the
-// spec's Assigner (key_groups.h), so the per-record Python path and these kernels read and write
-// the same entries.
+// batch_collections.h; list/map reads, map removals, clear: batch_reads.h). Every row addresses
+// the entry whose encoded key is `prefix(kg) | ser(key) | 00` for the VoidNamespace, or
+// `prefix(kg) | ser(key) | ser(ns)` (with lenbytes when both are variable-length) for namespaced
+// keys (BatchKeySpec::has_namespace) (docs/architecture.md "Encoded key", the same bytes as
+// KeyEncoder in key_codec.h), kg from the spec's Assigner (key_groups.h), so the per-record
+// Python path and these kernels read and write the same entries.
 //
 // Values are stored as docs/architecture.md "Values" says (the reference serializers,
 // statecore/value_types.py): int64 / float64 / timestamp (an int64 count of its unit) as 8 bytes

@@ -26,9 +26,12 @@ native/include/statecore/key_columns.h), run as native kernels that read the Arr
 through the C Data Interface (no Python object per row) with the GIL released. ListState
 ``append_batch`` and MapState ``put_batch`` (any namespace, typed elements / typed user keys
 and values, TTL or not) run the collection kernels (native/include/statecore/batch_collections.h):
-each row's element or pair is spliced into the key's stored blob in C++. Other batch calls
-(pickle values or user keys, custom reducers, list/map reads, map removals,
-aggregating state, timers, clear) take the per-row path and behave identically.
+each row's element or pair is spliced into the key's stored blob in C++. ListState
+``get_batch``, MapState ``get_batch``/``contains_batch``/``remove_batch`` (same scope; removals
+also with pickle values) and ``clear_batch`` of every state kind and value type run the read /
+removal kernels (native/include/statecore/batch_reads.h), their Arrow results built from the
+kernels' buffers. Other batch calls (pickle values or user keys, custom reducers, aggregating
+add/get, timers) take the per-row path and behave identically.
 
 Chunked input (a ChunkedArray, an ``__arrow_c_stream__`` object; ``base.import_arrow``): the
 kernels read the chunks in place, one kernel call per chunk (keys and values sliced -- views, no
@@ -41,9 +44,10 @@ once more (for the key-group check), which costs about what combining them would
 integer (int64, uint64, int32) ``sum`` batch is combined into one kernel call (its overflow
 rollback covers one call); a multi-column key given as a list of chunked columns is combined per column; outputs
 are one new array. The per-row paths combine chunks too (they build Python objects anyway).
-TTL-enabled value/reducing states use the same kernels with TTL on (batch.h "TTL": the value
-bytes carry the timestamp suffix; reads remove expired entries and renew, writes stamp the
-batch's one clock reading); their semantics are ttl_states.py's, row for row.
+TTL-enabled states use the same kernels with TTL on (batch.h "TTL", batch_reads.h: the value
+bytes, list elements and map values carry the timestamp suffix; reads remove expired entries,
+list elements and map pairs and renew, writes stamp the batch's one clock reading); their
+semantics are ttl_states.py's, row for row.
 
 Snapshots: :meth:`NativeBackend.snapshot` takes one O(1) map snapshot per key group of every
 state (O(states x key groups), independent of the number of entries); entries are serialized
@@ -550,6 +554,27 @@ class _KernelGet:
         return _cast_out(out, self._ser)
 
 
+class _KernelClear:
+    """clear_batch through the clear kernel (batch_reads.h), any namespace: it only removes
+    entries, so every state kind and value type (pickle included) is served. Counts one TTL
+    access per row first, as the per-row path's ``_batch_slots``."""
+
+    def clear_batch(self, keys, namespaces=None) -> None:
+        if namespaces is not None and self.namespace_type == "void":
+            return super().clear_batch(keys, namespaces)  # its error
+        b = self.backend
+        b._check_open()
+        arr = _key_array(self, keys)
+        ns = _ns_column(self, namespaces, len(arr))
+        cfg = self.descriptor.ttl_config
+        if cfg is not None:
+            b._ttl_accessed(self._table, cfg, len(arr))
+        kc, *nc = _kernel_chunks(arr, *([] if ns is None else [ns]))
+        self._table.native.clear_batch(_with_namespaces(kc, nc[0] if nc else None), b.key_type,
+                                       b.assigner, b.max_parallelism,
+                                       namespace_type=_ns_name(self))
+
+
 _STALE = object()  # a _NativeState cache that matches no current key
 
 
@@ -603,7 +628,7 @@ class _NativeState(py._PyState):
         return self._cslot
 
 
-class _FastValue(_KernelGet, py._Value, _NativeState):
+class _FastValue(_KernelClear, _KernelGet, py._Value, _NativeState):
     def put_batch(self, keys, values, namespaces=None) -> None:
         if not _kernel_ok(self, namespaces):
             return super().put_batch(keys, values, namespaces)
@@ -625,7 +650,7 @@ def _reducer_kernel_ok(state, namespaces) -> bool:
             and state._ser.fixed_width is not None)
 
 
-class _FastReducing(_KernelGet, py._Reducing, _NativeState):
+class _FastReducing(_KernelClear, _KernelGet, py._Reducing, _NativeState):
     def add_batch(self, keys, values, namespaces=None) -> pa.Array:
         if not _reducer_kernel_ok(self, namespaces):
             return super().add_batch(keys, values, namespaces)
@@ -685,7 +710,7 @@ def _list_values(state, values, length: int):
     return vals, None
 
 
-class _NativeList(py._List, _NativeState):
+class _NativeList(_KernelClear, py._List, _NativeState):
     def _ttl_args(self, rows: int):
         return None  # TTL lists override it (_TtlKernel)
 
@@ -712,12 +737,45 @@ class _NativeList(py._List, _NativeState):
                                         self._ser.name, ttl=self._ttl_args(rows),
                                         namespace_type=_ns_name(self))
 
+    def get_batch(self, keys, namespaces=None) -> pa.Array:
+        """The list read kernel (batch_reads.h) for any namespace and every typed element
+        type: a ``list<T>`` array, one row per key, ``[]`` for an absent key (as ``get()``);
+        under TTL expired elements are dropped, removed and counted as ``_TtlList.get``.
+        Else the per-row path."""
+        if not _kernel_ok(self, namespaces):
+            return super().get_batch(keys, namespaces)
+        b = self.backend
+        b._check_open()
+        arr = _key_array(self, keys)
+        ns = _ns_column(self, namespaces, len(arr))
+        ttl = self._ttl_args(len(arr))
+        kc, *nc = _kernel_chunks(arr, *([] if ns is None else [ns]))
+        return self._table.native.list_get_batch(
+            _with_namespaces(kc, nc[0] if nc else None), b.key_type, b.assigner,
+            b.max_parallelism, self._ser.name, ttl=ttl,
+            count_expired=_count_read(b) if ttl else None, namespace_type=_ns_name(self))
+
 
 def _map_kernel_ok(state, namespaces) -> bool:
     return _kernel_ok(state, namespaces) and state._uks.name != "pickle"
 
 
-class _NativeMap(py._Map, _NativeState):
+def _map_user_keys(state, user_keys, length: int):
+    """The user keys of a map batch checked as py._Map._user_keys checks them (the user key
+    type's Arrow type, ``length`` rows, no nulls), as imported (pa.Array or pa.ChunkedArray);
+    InvalidInputError otherwise."""
+    uk_name = state._uks.name
+    uks = base.import_arrow(user_keys, "user_keys", lambda t: base.arrow_type_ok(uk_name, t))
+    if len(uks) != length:
+        raise InvalidInputError(f"user_keys have {len(uks)} rows but keys have {length}")
+    base.check_arrow_type(uks, uk_name, "user_keys")
+    if uks.null_count:
+        raise InvalidInputError(f"user_keys contain {uks.null_count} null(s); map user keys "
+                                "must not be null")
+    return uks
+
+
+class _NativeMap(_KernelClear, py._Map, _NativeState):
     def _ttl_args(self, rows: int):
         return None  # TTL maps override it (_TtlKernel)
 
@@ -732,13 +790,7 @@ class _NativeMap(py._Map, _NativeState):
         self._typed("put_batch")
         arr = _key_array(self, keys)
         uk_name = self._uks.name
-        uks = base.import_arrow(user_keys, "user_keys", lambda t: base.arrow_type_ok(uk_name, t))
-        if len(uks) != len(arr):
-            raise InvalidInputError(f"user_keys have {len(uks)} rows but keys have {len(arr)}")
-        base.check_arrow_type(uks, uk_name, "user_keys")
-        if uks.null_count:
-            raise InvalidInputError(f"user_keys contain {uks.null_count} null(s); map user keys "
-                                    "must not be null")
+        uks = _map_user_keys(self, user_keys, len(arr))
         vals = base.coerce_value_array(values, self._ser.name, len(arr), combine=False)
         if vals.null_count:
             raise InvalidInputError(f"values contain {vals.null_count} null(s); use remove_batch "
@@ -750,8 +802,57 @@ class _NativeMap(py._Map, _NativeState):
                                          uk_name, self._ser.name, ttl=self._ttl_args(len(arr)),
                                          namespace_type=_ns_name(self))
 
+    def _read_kernel(self, method: str, keys, user_keys, namespaces):
+        # get_batch / contains_batch through the map read kernels (see get_batch).
+        b = self.backend
+        b._check_open()
+        self._typed(method)
+        arr = _key_array(self, keys)
+        uks = _map_user_keys(self, user_keys, len(arr))
+        ns = _ns_column(self, namespaces, len(arr))
+        ttl = self._ttl_args(len(arr))
+        kc, uc, *nc = _kernel_chunks(arr, uks, *([] if ns is None else [ns]))
+        fn = getattr(self._table.native, "map_" + method)
+        return fn(_with_namespaces(kc, nc[0] if nc else None), uc, b.key_type, b.assigner,
+                  b.max_parallelism, self._uks.name, self._ser.name, ttl=ttl,
+                  count_expired=_count_read(b) if ttl else None, namespace_type=_ns_name(self))
 
-class _NativeAggregating(py._Aggregating, _NativeState):
+    def get_batch(self, keys, user_keys, namespaces=None) -> pa.Array:
+        """The map read kernel (batch_reads.h) for any namespace, typed user keys and
+        values: the value of each (key, user key), null where absent; under TTL as
+        ``_TtlMap.get`` (an expired pair removed and counted, shown once under
+        return_expired, renewed under update_on_read). Else the per-row path."""
+        if not _map_kernel_ok(self, namespaces):
+            return super().get_batch(keys, user_keys, namespaces)
+        return _cast_out(self._read_kernel("get_batch", keys, user_keys, namespaces), self._ser)
+
+    def contains_batch(self, keys, user_keys, namespaces=None) -> pa.Array:
+        """As get_batch (the same reads, TTL effects included), a bool array: true where a
+        value is shown."""
+        if not _map_kernel_ok(self, namespaces):
+            return super().contains_batch(keys, user_keys, namespaces)
+        return self._read_kernel("contains_batch", keys, user_keys, namespaces)
+
+    def remove_batch(self, keys, user_keys, namespaces=None) -> None:
+        """The map removal kernel (batch_reads.h): removes each (key, user key) in row order,
+        a map left empty is removed; with TTL nothing is read or counted (as ``remove``)."""
+        # Value bytes are skipped, not decoded: any value type, pickle included.
+        if ((namespaces is not None and self.namespace_type == "void")
+                or self._uks.name == "pickle"):
+            return super().remove_batch(keys, user_keys, namespaces)
+        b = self.backend
+        b._check_open()
+        arr = _key_array(self, keys)
+        uks = _map_user_keys(self, user_keys, len(arr))
+        ns = _ns_column(self, namespaces, len(arr))
+        self._ttl_args(len(arr))  # the TTL accesses of the rows (the kernel reads no timestamp)
+        kc, uc, *nc = _kernel_chunks(arr, uks, *([] if ns is None else [ns]))
+        self._table.native.map_remove_batch(_with_namespaces(kc, nc[0] if nc else None), uc,
+                                            b.key_type, b.assigner, b.max_parallelism,
+                                            self._uks.name, namespace_type=_ns_name(self))
+
+
+class _NativeAggregating(_KernelClear, py._Aggregating, _NativeState):
     pass
 
 
@@ -759,7 +860,7 @@ NativeBackend._state_classes = dict(value=_FastValue, list=_NativeList, map=_Nat
                                     reducing=_FastReducing, aggregating=_NativeAggregating)
 
 
-# TTL-enabled value/reducing states: ttl_states.py's classes (per-record calls and the batch calls
+# TTL-enabled states: ttl_states.py's classes (per-record calls and the batch calls
 # the kernels do not serve) with the batch calls the kernels serve run natively, TTL on. The
 # clock is read once per batch (ttl_now, ms): the Python path stamps its writes with one reading
 # too, and re-reads it per present row for expiry decisions, which is the same reading unless the
@@ -803,7 +904,7 @@ class _NativeTtlMap(_TtlKernel, _NativeMap, ttl_states._TtlMap):
     pass
 
 
-class _NativeTtlAggregating(ttl_states._TtlAggregating, _NativeState):
+class _NativeTtlAggregating(_KernelClear, ttl_states._TtlAggregating, _NativeState):
     pass
 
 

@@ -16,10 +16,11 @@ per list element and per map entry, ``ts`` the last-access time in milliseconds
   ``TtlReduceFunction``/``TtlAggregateFunction``: expired = absent, whatever the visibility);
 * list ``add`` appends without looking at older elements; ``get`` returns the unexpired ones (all
   under ``ReturnExpiredIfNotCleanedUp``) and writes back only the unexpired ones;
-* batch calls behave as the same rows one at a time (the native backend runs value/reducing
-  batch calls as C++ kernels with exactly these semantics, ``native.py`` ``_NativeTtlValue``/
-  ``_NativeTtlReducing``; tests/test_ttl_batch.py compares the two; list and map batch calls
-  run the per-record methods row by row, ``python._PyState._apply_rows``).
+* batch calls behave as the same rows one at a time (the native backend runs value/reducing,
+  list and map batch calls as C++ kernels with exactly these semantics, ``native.py``
+  ``_NativeTtlValue``/``_NativeTtlReducing``/``_NativeTtlList``/``_NativeTtlMap``;
+  tests/test_ttl_batch.py and statecore/testing/collection_reads.py compare the two; the
+  Python backend runs the per-record methods row by row, ``python._PyState._apply_rows``).
 """
 
 from __future__ import annotations

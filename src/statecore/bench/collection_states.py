@@ -7,6 +7,15 @@
 * ``map_put`` -- MapState int64 user key -> int64 value: ``put_batch(keys, user_keys, values)``,
   the same key stream, user keys drawn uniformly from 0..15 (so a user map holds up to 16 pairs
   and later puts mostly overwrite).
+* ``list_get`` -- ListState get_batch of the lists ``list_append`` builds (every key 10 int64
+  elements, built untimed): 1M get rows, every key 10 times in another random order
+  (``--quick``: 200k), each row one ``list<int64>`` row of the result.
+* ``map_get`` -- MapState get_batch on the maps ``map_put`` builds (untimed): 1M (key, user key)
+  rows, user keys uniform in 0..15 (some absent: null).
+
+For the get cases the python and rocksdict impls build and read a state of a tenth of the keys
+(10k keys x 10 rows, 100k get rows; ``--quick`` 2k keys), so that each list / map holds what it
+holds for the others (a smaller table only favours them, through the caches).
 
 Impls: ``native`` / ``python`` (the backends, 64k-row batches; python on the whole stream, as
 the goal is a ratio over it and a prefix holds shorter lists and smaller maps; ``--quick``: on a
@@ -43,7 +52,10 @@ _USER_KEYS = 16
 def _workload(size: Size, seed: int) -> Tuple[int, np.ndarray, np.ndarray, np.ndarray]:
     """``(distinct, keys, user_keys, values)``: int64 rows, every key ``_REPS`` times in random
     order, user keys uniform in 0..15, values the row index."""
-    distinct = size.n(100_000, 20_000)
+    return _workload_of(size.n(100_000, 20_000), seed)
+
+
+def _workload_of(distinct: int, seed: int) -> Tuple[int, np.ndarray, np.ndarray, np.ndarray]:
     keys = int64_keys(distinct, seed=seed)[row_order(distinct, _REPS, seed=seed + 1)]
     uks = np.random.default_rng(seed + 2).integers(0, _USER_KEYS, len(keys)).astype(np.int64)
     return distinct, keys, uks, np.arange(len(keys), dtype=np.int64)
@@ -158,3 +170,145 @@ def list_append(size: Size):
 def map_put(size: Size):
     """As ``list_append`` with ``put_batch(keys, user_keys, values)``."""
     return _collection_case("map_put", size, is_map=True)
+
+
+# ------------------------------------------------------------------------------- get cases
+
+def _get_stream(distinct: int, seed: int) -> Tuple[np.ndarray, np.ndarray]:
+    """``(keys, user_keys)`` of the get rows: the workload's keys, each ``_REPS`` times in
+    another random order, user keys uniform in 0..15."""
+    keys = int64_keys(distinct, seed=seed)[row_order(distinct, _REPS, seed=seed + 3)]
+    uks = np.random.default_rng(seed + 4).integers(0, _USER_KEYS, len(keys)).astype(np.int64)
+    return keys, uks
+
+
+def _backend_get_run(kind: str, puts: list, gets: list, is_map: bool) -> float:
+    b = create_backend(kind, key_type="int64")
+    if is_map:
+        st = b.get_state(MapStateDescriptor("m", "int64", "int64"))
+        for k, u, v in puts:
+            st.put_batch(k, u, v)
+        t = time.perf_counter()
+        for k, u in gets:
+            st.get_batch(k, u)
+    else:
+        st = b.get_state(ListStateDescriptor("l", "int64"))
+        for k, v in puts:
+            st.append_batch(k, v)
+        t = time.perf_counter()
+        for (k,) in gets:
+            st.get_batch(k)
+    dt = time.perf_counter() - t
+    b.close()
+    return dt
+
+
+def _dict_fill(puts: list, is_map: bool) -> dict:
+    d: dict = {}
+    for row in puts:
+        if is_map:
+            for key, uk, val in zip(*(_pylist(a) for a in row)):
+                d.setdefault(key, {})[uk] = val
+        else:
+            for key, val in zip(*(_pylist(a) for a in row)):
+                d.setdefault(key, []).append(val)
+    return d
+
+
+def _dict_get_run(puts: list, gets: list, is_map: bool) -> float:
+    d = _dict_fill(puts, is_map)
+    get = d.get
+    t = time.perf_counter()
+    for row in gets:
+        if is_map:
+            out = []
+            for key, uk in zip(_pylist(row[0]), _pylist(row[1])):
+                m = get(key)
+                out.append(None if m is None else m.get(uk))
+        else:
+            out = [get(key, []) for key in _pylist(row[0])]
+    return time.perf_counter() - t
+
+
+def _rocksdict_get_run(rocksdict, puts: list, gets: list, is_map: bool) -> float:
+    with _TempRdict(rocksdict) as db:
+        for key, val in _dict_fill(puts, is_map).items():
+            db[key] = val
+        get = db.get
+        t = time.perf_counter()
+        for row in gets:
+            if is_map:
+                out = []
+                for key, uk in zip(_pylist(row[0]), _pylist(row[1])):
+                    m = get(key)
+                    out.append(None if m is None else m.get(uk))
+            else:
+                out = [get(key) or [] for key in _pylist(row[0])]
+        return time.perf_counter() - t
+
+
+def _get_case(c: str, size: Size, is_map: bool) -> list:
+    rdb, ref, native = _rocksdict(), _reference(), _has_native()
+    seed = 31 if is_map else 41
+    distinct, keys, uks, values = _workload(size, seed)
+    gkeys, guks = _get_stream(distinct, seed)
+    small = max(1, size.n(100_000, 20_000) // _REPS)
+    _, skeys, suks, svalues = _workload_of(small, seed)
+    sgkeys, sguks = _get_stream(small, seed)
+    tag = f"{_label(distinct)}_keys"
+
+    def batches(k, u, v, gk, gu):
+        cols = [pa.array(k)] + ([pa.array(u)] if is_map else []) + [pa.array(v)]
+        gcols = [pa.array(gk)] + ([pa.array(gu)] if is_map else [])
+        return (list(zip(*(_slices(a) for a in cols))), list(zip(*(_slices(a) for a in gcols))))
+
+    full_puts, full_gets = batches(keys, uks, values, gkeys, guks)
+    slow_puts, slow_gets = batches(skeys, suks, svalues, sgkeys, sguks)
+    n_full, n_slow = len(gkeys), len(sgkeys)
+    runs: List[Tuple[str, int, Callable[[], float]]] = []
+    if native:
+        runs.append(("native", n_full, lambda: _backend_get_run("native", full_puts, full_gets,
+                                                                 is_map)))
+    runs.append(("python", n_slow, lambda: _backend_get_run("python", slow_puts, slow_gets,
+                                                             is_map)))
+    runs.append(("dict", n_full, lambda: _dict_get_run(full_puts, full_gets, is_map)))
+    if rdb is not None:
+        runs.append(("rocksdict", n_slow, lambda: _rocksdict_get_run(rdb, slow_puts, slow_gets,
+                                                                       is_map)))
+    out: list = []
+    workdir = tempfile.mkdtemp(prefix="statecore-bench-cpp-")
+    try:
+        if ref is not None:
+            if is_map:
+                runs.append((ref.impl, n_full, lambda: ref.map_get(
+                    keys, uks, values, gkeys, guks, workdir)["seconds"]))
+            else:
+                runs.append((ref.impl, n_full, lambda: ref.list_get(
+                    keys, values, gkeys, workdir)["seconds"]))
+        rates: Dict[str, float] = {}
+        for impl, n, fn in runs:
+            rates[impl] = n / _best(fn)
+            out.append(record(c, impl, f"rows_per_s_{tag}", rates[impl], "rows/s"))
+            out.append(record(c, impl, f"rows_measured_{tag}", n, "rows"))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    out.append(record(c, "workload", f"distinct_keys_{tag}", distinct, "keys"))
+    out += _ratio_records(c, tag, rates, ref.impl if ref else None, None)
+    return out
+
+
+@case("list_get", "ListState get_batch of 10-element int64 lists, 1M rows over 100k int64 keys: "
+                  "native vs python vs dict vs rocksdict vs C++ hash map of vectors",
+      panel=_panel)
+def list_get(size: Size):
+    """rows/s per impl (``rows_per_s_<n>_keys``), ratios and the goal native >= 20x python; see
+    the module docstring. ``--quick``: 20k keys, 200k rows."""
+    return _get_case("list_get", size, is_map=False)
+
+
+@case("map_get", "MapState get_batch int64 user key (0..15) -> int64, 1M rows over 100k int64 "
+                 "keys: native vs python vs dict vs rocksdict vs C++ hash map of sorted vectors",
+      panel=_panel)
+def map_get(size: Size):
+    """As ``list_get`` with ``get_batch(keys, user_keys)`` on the maps of ``map_put``."""
+    return _get_case("map_get", size, is_map=True)

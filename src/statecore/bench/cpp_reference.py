@@ -127,6 +127,30 @@ class Reference:
         _remove(kf, uf, vf)
         return got
 
+    def list_get(self, keys: np.ndarray, values: np.ndarray, get_keys: np.ndarray,
+                 workdir: str) -> dict:
+        """The lists of :meth:`list_append` built untimed, then every get key's elements
+        appended to one output (list<int64> layout): ``{"rows", "seconds", "elements"}``."""
+        names = ("keys.i64", "values.i64", "get.i64")
+        kf, vf, gf = (os.path.join(workdir, f) for f in names)
+        for arr, f in ((keys, kf), (values, vf), (get_keys, gf)):
+            np.ascontiguousarray(arr, dtype="<i8").tofile(f)
+        got = self.run("list_get", kf, vf, gf)
+        _remove(kf, vf, gf)
+        return got
+
+    def map_get(self, keys: np.ndarray, user_keys: np.ndarray, values: np.ndarray,
+                get_keys: np.ndarray, get_user_keys: np.ndarray, workdir: str) -> dict:
+        """The maps of :meth:`map_put` built untimed, then the value of every (get key, get
+        user key) into an int64 output with a validity byte: ``{"rows", "seconds", "found"}``."""
+        names = ("keys.i64", "uks.i64", "values.i64", "get.i64", "getuks.i64")
+        files = [os.path.join(workdir, f) for f in names]
+        for arr, f in zip((keys, user_keys, values, get_keys, get_user_keys), files):
+            np.ascontiguousarray(arr, dtype="<i8").tofile(f)
+        got = self.run("map_get", *files)
+        _remove(*files)
+        return got
+
     def rss_probe(self, n: int) -> dict:
         """Insert keys 0..n-1 (value = key) in a fresh process: ``{"entries", "rss_delta"}``."""
         return self.run("memory", str(int(n)))

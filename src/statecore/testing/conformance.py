@@ -34,6 +34,7 @@ from statecore.descriptors import (
 from statecore.errors import InvalidInputError, StateError, StateMigrationError
 from statecore.testing.collection_batches import CollectionBatchConformance
 from statecore.testing.namespace_batches import NamespaceBatchConformance
+from statecore.testing.collection_reads import CollectionReadConformance
 from statecore.testing.key_types import KeyTypeConformance
 from statecore.testing.value_types import ValueTypeConformance
 
@@ -140,7 +141,7 @@ def _metas(snap) -> dict:
 
 
 class BackendConformance(KeyTypeConformance, ValueTypeConformance, CollectionBatchConformance,
-                         NamespaceBatchConformance):
+                         NamespaceBatchConformance, CollectionReadConformance):
     """Pytest base class; see module docstring. The key-type tests come from
     :class:`statecore.testing.key_types.KeyTypeConformance`, the tests of the uint64, timestamp
     and fixed_size_binary value types from

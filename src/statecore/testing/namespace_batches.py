@@ -131,6 +131,40 @@ class NamespaceBatchConformance:
                              namespaces=_namespaces(ns_type, 4, np.random.default_rng(3)))
         assert _dump(b) == _dump(ref)
 
+    @pytest.mark.parametrize("ns_type", ["int32", "binary"])
+    def test_namespaced_reads_removals_and_clears_differential(self, ns_type):
+        b, ref = self._ns_pair("int64")
+        outs = []
+        for be in (b, ref):
+            got = []
+            lst = be.get_state(ListStateDescriptor("l", "string"), namespace_type=ns_type)
+            m = be.get_state(MapStateDescriptor("m", "int64", "int64"), namespace_type=ns_type)
+            val = be.get_state(ValueStateDescriptor("v", "int64"), namespace_type=ns_type)
+            rng, batches = self._ns_batches("int64", ns_type, 24)
+            current = _one(_namespaces(ns_type, 1, rng))
+            for st in (lst, m, val):
+                st.set_current_namespace(current)
+            for keys, ns, cuts in batches:
+                n = len(keys)
+                uks = pa.array(rng.integers(0, 6, n), pa.int64())
+                lst.append_batch(keys, _values("string", n, rng), namespaces=ns)
+                m.put_batch(keys, uks, _values("int64", n, rng), namespaces=ns)
+                val.put_batch(keys, _values("int64", n, rng), namespaces=ns)
+                got.append(lst.get_batch(keys, namespaces=ns).to_pylist())
+                probe = pa.array(rng.integers(0, 8, n), pa.int64())
+                if cuts:
+                    probe = _chunked(probe, cuts)
+                got.append(m.get_batch(keys, probe, namespaces=ns).to_pylist())
+                got.append(m.contains_batch(keys, probe, namespaces=ns).to_pylist())
+                m.remove_batch(keys, probe, namespaces=ns)
+                half = keys.slice(0, n // 2)
+                hns = ns.slice(0, n // 2) if isinstance(ns, (pa.Array, pa.ChunkedArray)) else ns
+                for st in (lst, val):
+                    st.clear_batch(half, namespaces=hns)
+            outs.append(got)
+        assert outs[0] == outs[1]
+        assert _dump(b) == _dump(ref)
+
     def test_namespaced_batches_with_ttl_differential(self):
         cfg = StateTtlConfig(1000, update_type="OnReadAndWrite")
         clocks, got = [ManualClock(5), ManualClock(5)], []

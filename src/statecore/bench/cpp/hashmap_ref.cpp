@@ -24,6 +24,15 @@
 //                           a small vector of (user key, value) kept sorted by user key (the
 //                           state's user maps hold a few entries: a sorted vector beats a hash
 //                           map there, as the native blob does). Reports distinct keys and pairs.
+//   list_get KEYS VALUES GET_KEYS
+//                           ListState get: the lists of `list` built (untimed), then for each
+//                           get row the key's elements are appended to one output vector with
+//                           n+1 int64 offsets (a missing key: an empty list), as the list read
+//                           kernel builds a list<int64> result. Reports rows and elements out.
+//   map_get KEYS USER_KEYS VALUES GET_KEYS GET_USER_KEYS
+//                           MapState get: the maps of `map` built (untimed), then for each get
+//                           row the value of (key, user key) is written to an int64 output and
+//                           a validity byte (0 when absent). Reports rows and values found.
 //   memory N                insert keys 0..N-1 (value = key) and report the growth of this
 //                           process's RSS (/proc/self/statm) in bytes.
 //
@@ -230,6 +239,65 @@ int run_map(const char* keys_path, const char* user_keys_path, const char* value
   return 0;
 }
 
+int run_list_get(const char* keys_path, const char* values_path, const char* get_path) {
+  std::vector<int64_t> keys = read_all<int64_t>(keys_path);
+  std::vector<int64_t> values = read_all<int64_t>(values_path);
+  std::vector<int64_t> gk = read_all<int64_t>(get_path);
+  if (values.size() != keys.size()) die("values do not match the keys");
+  Map<int64_t, std::vector<int64_t>> m;
+  for (size_t i = 0; i < keys.size(); ++i) m[keys[i]].push_back(values[i]);
+  std::vector<int64_t> offsets(1, 0), out;
+  auto t0 = Clock::now();
+  offsets.reserve(gk.size() + 1);
+  for (int64_t k : gk) {
+    auto it = m.find(k);
+    if (it != m.end()) out.insert(out.end(), it->second.begin(), it->second.end());
+    offsets.push_back(static_cast<int64_t>(out.size()));
+  }
+  double dt = seconds_since(t0);
+  std::printf("{\"map\": \"%s\", \"rows\": %zu, \"seconds\": %.9f, \"elements\": %zu}\n",
+              kMapName, gk.size(), dt, out.size());
+  return 0;
+}
+
+int run_map_get(const char* keys_path, const char* user_keys_path, const char* values_path,
+                const char* get_path, const char* get_uks_path) {
+  std::vector<int64_t> keys = read_all<int64_t>(keys_path);
+  std::vector<int64_t> uks = read_all<int64_t>(user_keys_path);
+  std::vector<int64_t> values = read_all<int64_t>(values_path);
+  std::vector<int64_t> gk = read_all<int64_t>(get_path);
+  std::vector<int64_t> gu = read_all<int64_t>(get_uks_path);
+  if (uks.size() != keys.size() || values.size() != keys.size() || gu.size() != gk.size())
+    die("user keys or values do not match the keys");
+  using Pairs = std::vector<std::pair<int64_t, int64_t>>;
+  auto less = [](const std::pair<int64_t, int64_t>& a, int64_t k) { return a.first < k; };
+  Map<int64_t, Pairs> m;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    Pairs& p = m[keys[i]];
+    auto it = std::lower_bound(p.begin(), p.end(), uks[i], less);
+    if (it != p.end() && it->first == uks[i]) it->second = values[i];
+    else p.insert(it, {uks[i], values[i]});
+  }
+  std::vector<int64_t> out(gk.size(), 0);
+  std::vector<uint8_t> valid(gk.size(), 0);
+  auto t0 = Clock::now();
+  for (size_t i = 0; i < gk.size(); ++i) {
+    auto mi = m.find(gk[i]);
+    if (mi == m.end()) continue;
+    auto it = std::lower_bound(mi->second.begin(), mi->second.end(), gu[i], less);
+    if (it != mi->second.end() && it->first == gu[i]) {
+      out[i] = it->second;
+      valid[i] = 1;
+    }
+  }
+  double dt = seconds_since(t0);
+  size_t found = 0;
+  for (uint8_t v : valid) found += v;
+  std::printf("{\"map\": \"%s\", \"rows\": %zu, \"seconds\": %.9f, \"found\": %zu}\n",
+              kMapName, gk.size(), dt, found);
+  return 0;
+}
+
 int run_memory(const char* n_arg) {
   char* end = nullptr;
   long long n = std::strtoll(n_arg, &end, 10);
@@ -251,6 +319,9 @@ int main(int argc, char** argv) {
   if (mode == "binary" && argc == 8) return run_binary(argv[2], argv[3], argv[4], argv[5], argv[6], argv[7]);
   if (mode == "list" && argc == 4) return run_list(argv[2], argv[3]);
   if (mode == "map" && argc == 5) return run_map(argv[2], argv[3], argv[4]);
+  if (mode == "list_get" && argc == 5) return run_list_get(argv[2], argv[3], argv[4]);
+  if (mode == "map_get" && argc == 7)
+    return run_map_get(argv[2], argv[3], argv[4], argv[5], argv[6]);
   if (mode == "memory" && argc == 3) return run_memory(argv[2]);
   if (mode == "--map" && argc == 2) {
     std::printf("{\"map\": \"%s\"}\n", kMapName);
@@ -258,5 +329,6 @@ int main(int argc, char** argv) {
   }
   die("usage: hashmap_ref int64 KEYS OUT | string OFFSETS DATA OUT | "
       "binary PUT_KEYS PUT_OFFSETS PUT_DATA GET_KEYS OUT_OFFSETS OUT_DATA | list KEYS VALUES | "
-      "map KEYS USER_KEYS VALUES | memory N | --map");
+      "map KEYS USER_KEYS VALUES | list_get KEYS VALUES GET_KEYS | "
+      "map_get KEYS USER_KEYS VALUES GET_KEYS GET_USER_KEYS | memory N | --map");
 }

@@ -1,0 +1,376 @@
+// Collection read / removal kernels and clear (contract: batch_reads.h). Same two passes as
+// batch.cpp: validation touching no state, then one row at a time in row order through RowKeys.
+// Every mutation of a blob first copies what is still needed out of the map (a put or a removal
+// invalidates the pointer the map handed out), to a per-thread scratch buffer.
+#include "statecore/batch_reads.h"
+
+#include "batch_internal.h"
+
+namespace statecore {
+namespace {
+
+using namespace batch_detail;
+
+std::vector<uint8_t>& blob_scratch() {
+  thread_local std::vector<uint8_t> buf;
+  return buf;
+}
+
+// Bytes one fixed-width element / value takes in the Arrow-layout output (bool: a 0/1 byte).
+size_t out_width(const ValueSpec& t) { return t.type == ValueType::Bool ? 1 : value_width(t); }
+
+// One pair of a map blob: [pos, end) the whole pair, [value, value + value_size) its stored
+// value bytes (with TTL ending with the timestamp).
+struct PairAt {
+  size_t pos = 0, end = 0, value = 0, value_size = 0;
+};
+
+// Finds ser(uk) in a blob sorted by ser(uk) (batch_collections.h "Stored bytes"); stops at the
+// first greater user key. bad_blob(row) on a blob that does not parse up to there.
+bool find_pair(const uint8_t* blob, size_t size, const uint8_t* uk, size_t uks, int64_t row,
+               PairAt* at) {
+  size_t pos = 0;
+  while (pos < size) {
+    size_t q = pos;
+    const uint64_t kl = blob_varlen(blob, size, &q, row);
+    const int c = compare_bytes(blob + q, kl, uk, uks);
+    if (c > 0) return false;
+    q += kl;
+    const uint64_t vl = blob_varlen(blob, size, &q, row);
+    if (c == 0) {
+      at->pos = pos;
+      at->value = q;
+      at->value_size = vl;
+      at->end = q + vl;
+      return true;
+    }
+    pos = q + vl;
+  }
+  return false;
+}
+
+// Removes one pair from the entry whose blob is blob[0, size) (the map's bytes: copied before
+// the put), the entry itself when it was the only pair (the per-record remove's rule: an empty
+// map is no entry).
+void remove_pair(StateMap& m, const uint8_t* key, size_t ks, const uint8_t* blob, size_t size,
+                 const PairAt& at) {
+  if (at.pos == 0 && at.end == size) {
+    m.remove(key, ks);
+    return;
+  }
+  std::vector<uint8_t>& old = blob_scratch();
+  old.assign(blob, blob + size);
+  uint8_t* out = m.put(key, ks, size - (at.end - at.pos));
+  if (at.pos) std::memcpy(out, old.data(), at.pos);
+  if (size > at.end) std::memcpy(out + at.pos, old.data() + at.end, size - at.end);
+}
+
+[[noreturn]] void short_ttl_value(int64_t row, size_t size) {
+  fail(row_str(row) + ": the stored value holds " + std::to_string(size) +
+       " bytes, too few for the 8-byte TTL timestamp (was the state written without TTL?)");
+}
+
+struct MapKeys {
+  KeyArrays keys;
+  KeyArrays user_keys;
+  const int32_t* kgs;
+};
+
+// ser(user_keys[i]) into uk. int64 user keys (8 bytes big-endian, key_codec.h) are written in
+// place: the general append_ser was ~170 instructions a row of map_get_batch (callgrind).
+inline void user_key_ser(const KeyArrays& uks, const ArrayView* i64, int64_t i,
+                         std::vector<uint8_t>& uk) {
+  if (i64 != nullptr) {
+    const uint64_t b = be64(static_cast<uint64_t>(i64->int64_at(i)));
+    uk.resize(8);
+    std::memcpy(uk.data(), &b, 8);
+    return;
+  }
+  uk.clear();
+  uks.append_ser(uk, i);
+}
+
+// The scalar column of int64 user keys, else null (user_key_ser's general path).
+inline const ArrayView* int64_user_keys(const KeySchema& schema, const KeyArrays& uks) {
+  const ArrayView* col = uks.scalar_column();
+  return col != nullptr && schema.columns[0].type == KeyType::Int64 ? col : nullptr;
+}
+
+MapKeys validate_map_keys(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
+                          const KeySchema& user_key, ArrowInput user_keys_in,
+                          const TtlBatchSpec& ttl) {
+  KeyArrays keys = make_keys(spec, keys_in);
+  KeyArrays uks = make_user_keys(user_key, user_keys_in);
+  if (uks.length() != keys.length())
+    fail("user_keys: length " + std::to_string(uks.length()) + " differs from keys length " +
+         std::to_string(keys.length()));
+  const int64_t null_uk = uks.first_null(nullptr);
+  if (null_uk >= 0) fail("user_keys: null at " + row_str(null_uk) + " (map user keys must not be null)");
+  check_ttl(ttl);
+  const int32_t* kgs = validate_keys(table, spec, keys);
+  return MapKeys{std::move(keys), std::move(uks), kgs};
+}
+
+// One map read of row i (`_Map.get` / `_TtlMap._read(only=uk)`): emit(user value bytes, size)
+// runs before any mutation; returns whether a value is shown. `width`: the exact stored width of
+// a fixed-width value type without the timestamp, 0 for String/Binary.
+template <class Emit>
+bool map_read_row(StateMap& m, const RowKeys& rk, int64_t i, const std::vector<uint8_t>& uk,
+                  size_t width, const TtlBatchSpec& ttl, int64_t* expired, Emit emit) {
+  ByteView v;
+  if (!kernel_get(m, rk.hash(i, m), rk.data(), rk.size(), &v)) return false;
+  PairAt at;
+  if (!find_pair(v.data, v.size, uk.data(), uk.size(), i, &at)) return false;
+  const size_t suffix = ttl.enabled ? ttl::kTimestampBytes : 0;
+  if (width != 0 && at.value_size != width + suffix) wrong_width(i, at.value_size, width + suffix);
+  if (!ttl.enabled) {
+    emit(v.data + at.value, at.value_size);
+    return true;
+  }
+  if (at.value_size < suffix) short_ttl_value(i, at.value_size);
+  const size_t user = at.value_size - suffix;
+  if (ttl::expired(ttl::load_timestamp(v.data + at.value + user), ttl.ttl_ms, ttl.now)) {
+    if (ttl.return_expired) emit(v.data + at.value, user);
+    remove_pair(m, rk.data(), rk.size(), v.data, v.size, at);
+    ++*expired;
+    return ttl.return_expired;
+  }
+  emit(v.data + at.value, user);
+  if (ttl.update_on_read) {
+    // Always written (the per-record path puts the map back): the entry counts as changed.
+    size_t sz = 0;
+    uint8_t* p = m.get_for_update(rk.data(), rk.size(), &sz);
+    ttl::store_timestamp(p + at.value + user, ttl.now);
+  }
+  return true;
+}
+
+// Shared by map_get_batch and map_contains_batch: row i's result goes through on_row(i, row's
+// user value bytes or null, size).
+template <class OnRow>
+void map_read_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
+                    const KeySchema& user_key, ArrowInput user_keys_in, const ValueSpec& vt,
+                    const TtlBatchSpec& ttl, int64_t* expired_out, OnRow on_row) {
+  int64_t local = 0;
+  int64_t* expired = expired_sink(expired_out, &local);
+  check_spec(vt);
+  const MapKeys mk = validate_map_keys(table, spec, keys_in, user_key, user_keys_in, ttl);
+  const int64_t n = mk.keys.length();
+  const size_t width = value_width(vt);
+  std::vector<uint8_t> uk;
+  const ArrayView* uk_i64 = int64_user_keys(user_key, mk.user_keys);
+  RowKeys rk(spec, mk.keys, table, mk.kgs);
+  for (int64_t i = 0; i < n; ++i) {
+    rk.ahead(i);
+    rk.encode(i, mk.kgs[i]);
+    user_key_ser(mk.user_keys, uk_i64, i, uk);
+    StateMap& m = table.map_unchecked(mk.kgs[i]);
+    const bool shown = map_read_row(m, rk, i, uk, width, ttl, expired,
+                                    [&](const uint8_t* p, size_t s) { on_row(i, p, s); });
+    if (!shown) on_row(i, nullptr, 0);
+  }
+}
+
+// Elements of one stored list blob: [start, start + size) the user bytes of each (its Arrow
+// value; the varlen header skipped), ts its TTL timestamp.
+struct Element {
+  size_t start, size;
+  int64_t ts;
+};
+
+std::vector<Element>& element_scratch() {
+  thread_local std::vector<Element> buf;
+  return buf;
+}
+
+// Parses a list blob (batch_collections.h "Stored bytes") into element spans; bad_blob(row)
+// when it does not parse (a fixed-width blob not a whole number of elements, a varlen or an
+// element running past the end).
+void parse_list(const uint8_t* blob, size_t size, size_t width, size_t suffix, int64_t row,
+                std::vector<Element>& out) {
+  out.clear();
+  size_t pos = 0;
+  while (pos < size) {
+    size_t len = width;
+    if (width == 0) len = blob_varlen(blob, size, &pos, row);
+    if (len > size - pos || suffix > size - pos - len) bad_blob(row);
+    out.push_back(Element{pos, len, suffix ? ttl::load_timestamp(blob + pos + len) : 0});
+    pos += len + suffix;
+  }
+}
+
+void check_key_batch(StateTable& table, const BatchKeySpec& spec, const KeyArrays& keys,
+                     const TtlBatchSpec& ttl, const int32_t** kgs) {
+  check_ttl(ttl);
+  *kgs = validate_keys(table, spec, keys);
+}
+
+}  // namespace
+
+void validate_key_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
+                        const TtlBatchSpec& ttl) {
+  const KeyArrays keys = make_keys(spec, keys_in);
+  const int32_t* kgs = nullptr;
+  check_key_batch(table, spec, keys, ttl, &kgs);
+}
+
+void validate_map_key_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
+                            const KeySchema& user_key, ArrowInput user_keys_in,
+                            const TtlBatchSpec& ttl) {
+  validate_map_keys(table, spec, keys_in, user_key, user_keys_in, ttl);
+}
+
+void clear_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in) {
+  const KeyArrays keys = make_keys(spec, keys_in);
+  const int32_t* kgs = nullptr;
+  check_key_batch(table, spec, keys, TtlBatchSpec(), &kgs);
+  const int64_t n = keys.length();
+  RowKeys rk(spec, keys, table, kgs);
+  for (int64_t i = 0; i < n; ++i) {
+    rk.ahead(i);
+    rk.encode(i, kgs[i]);
+    table.map_unchecked(kgs[i]).remove(rk.data(), rk.size());
+  }
+}
+
+void list_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
+                    const ValueSpec& et, std::vector<int64_t>& list_offsets,
+                    std::vector<uint8_t>& elements, std::vector<int64_t>& element_offsets,
+                    const TtlBatchSpec& ttl, int64_t* expired_out) {
+  int64_t local = 0;
+  int64_t* expired = expired_sink(expired_out, &local);
+  check_spec(et);
+  if (list_offsets.empty() || (!is_fixed(et) && element_offsets.empty()))
+    fail("list_get_batch: the offsets outputs must hold their running start (e.g. {0})");
+  const KeyArrays keys = make_keys(spec, keys_in);
+  const int32_t* kgs = nullptr;
+  check_key_batch(table, spec, keys, ttl, &kgs);
+  const int64_t n = keys.length();
+  const size_t width = value_width(et), ow = out_width(et);
+  const size_t suffix = ttl.enabled ? ttl::kTimestampBytes : 0;
+  std::vector<Element>& els = element_scratch();
+  std::vector<uint8_t>& rebuilt = blob_scratch();
+  int64_t count = list_offsets.back();  // elements written so far (earlier chunks included)
+  // Without TTL a fixed-width blob other than bool is the elements' Arrow buffer itself on a
+  // little-endian host (stored values are little-endian, docs/architecture.md "Values").
+  const bool raw_copy = !ttl.enabled && width != 0 && et.type != ValueType::Bool && le64(1) == 1;
+  list_offsets.reserve(list_offsets.size() + static_cast<size_t>(n));
+  RowKeys rk(spec, keys, table, kgs);
+  auto emit = [&](const uint8_t* blob, const Element& e) {
+    if (width != 0) {
+      const size_t at = elements.size();
+      elements.resize(at + ow);
+      out_fixed(et, elements.data() + at, 0, blob + e.start);
+    } else {
+      elements.insert(elements.end(), blob + e.start, blob + e.start + e.size);
+      element_offsets.push_back(static_cast<int64_t>(elements.size()));
+    }
+    ++count;
+  };
+  for (int64_t i = 0; i < n; ++i) {
+    rk.ahead(i);
+    rk.encode(i, kgs[i]);
+    StateMap& m = table.map_unchecked(kgs[i]);
+    ByteView v;
+    if (kernel_get(m, rk.hash(i, m), rk.data(), rk.size(), &v) && v.size != 0) {
+      if (raw_copy) {
+        // Stored = Arrow layout: the whole blob at once (callgrind, 10 int64 elements a row:
+        // 1,861 -> 538 instructions a row).
+        if (v.size % width != 0) bad_blob(i);
+        elements.insert(elements.end(), v.data, v.data + v.size);
+        count += static_cast<int64_t>(v.size / width);
+        list_offsets.push_back(count);
+        continue;
+      }
+      parse_list(v.data, v.size, width, suffix, i, els);
+      if (!ttl.enabled) {
+        for (const Element& e : els) emit(v.data, e);
+      } else {
+        size_t live = 0;
+        for (const Element& e : els) {
+          const bool dead = ttl::expired(e.ts, ttl.ttl_ms, ttl.now);
+          live += !dead;
+          if (!dead || ttl.return_expired) emit(v.data, e);
+        }
+        const size_t dead = els.size() - live;
+        if (dead != 0) {
+          *expired += static_cast<int64_t>(dead);
+          if (live == 0) {
+            m.remove(rk.data(), rk.size());
+          } else {
+            // The unexpired elements, framed as stored, restamped under update_on_read.
+            rebuilt.clear();
+            uint8_t head[10];
+            for (const Element& e : els) {
+              if (ttl::expired(e.ts, ttl.ttl_ms, ttl.now)) continue;
+              if (width == 0) rebuilt.insert(rebuilt.end(), head, head + put_varlen(head, e.size));
+              rebuilt.insert(rebuilt.end(), v.data + e.start, v.data + e.start + e.size + suffix);
+              if (ttl.update_on_read) ttl::store_timestamp(rebuilt.data() + rebuilt.size() - suffix, ttl.now);
+            }
+            uint8_t* out = m.put(rk.data(), rk.size(), rebuilt.size());
+            std::memcpy(out, rebuilt.data(), rebuilt.size());
+          }
+        } else if (ttl.update_on_read) {
+          // Every element renewed in place (the per-record path puts the list back).
+          size_t sz = 0;
+          uint8_t* p = m.get_for_update(rk.data(), rk.size(), &sz);
+          for (const Element& e : els) ttl::store_timestamp(p + e.start + e.size, ttl.now);
+        }
+      }
+    }
+    list_offsets.push_back(count);
+  }
+}
+
+void map_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
+                   const KeySchema& user_key, ArrowInput user_keys, const ValueSpec& vt,
+                   const MapGetOutput& out, const TtlBatchSpec& ttl, int64_t* expired) {
+  check_spec(vt);
+  const bool fixed = is_fixed(vt);
+  const bool has_rows = keys.array != nullptr && keys.array->length > 0;
+  if (has_rows && (out.valid == nullptr || (fixed && out.fixed == nullptr) ||
+                   (!fixed && (out.offsets == nullptr || out.data == nullptr || out.offsets->empty()))))
+    fail("map_get_batch: missing output buffers for value type " + value_type_name(vt));
+  map_read_batch(table, spec, keys, user_key, user_keys, vt, ttl, expired,
+                 [&](int64_t i, const uint8_t* p, size_t s) {
+                   out.valid[i] = p != nullptr;
+                   if (fixed) {
+                     out_fixed(vt, out.fixed, i, p);
+                     return;
+                   }
+                   if (p) out.data->insert(out.data->end(), p, p + s);
+                   out.offsets->push_back(static_cast<int64_t>(out.data->size()));
+                 });
+}
+
+void map_contains_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
+                        const KeySchema& user_key, ArrowInput user_keys, const ValueSpec& vt,
+                        uint8_t* found, const TtlBatchSpec& ttl, int64_t* expired) {
+  if (found == nullptr && keys.array != nullptr && keys.array->length > 0)
+    fail("map_contains_batch: missing output buffer");
+  map_read_batch(table, spec, keys, user_key, user_keys, vt, ttl, expired,
+                 [&](int64_t i, const uint8_t* p, size_t) { found[i] = p != nullptr; });
+}
+
+void map_remove_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
+                      const KeySchema& user_key, ArrowInput user_keys_in) {
+  const MapKeys mk = validate_map_keys(table, spec, keys_in, user_key, user_keys_in,
+                                       TtlBatchSpec());
+  const int64_t n = mk.keys.length();
+  std::vector<uint8_t> uk;
+  const ArrayView* uk_i64 = int64_user_keys(user_key, mk.user_keys);
+  RowKeys rk(spec, mk.keys, table, mk.kgs);
+  for (int64_t i = 0; i < n; ++i) {
+    rk.ahead(i);
+    rk.encode(i, mk.kgs[i]);
+    user_key_ser(mk.user_keys, uk_i64, i, uk);
+    StateMap& m = table.map_unchecked(mk.kgs[i]);
+    ByteView v;
+    if (!kernel_get(m, rk.hash(i, m), rk.data(), rk.size(), &v)) continue;
+    PairAt at;
+    if (find_pair(v.data, v.size, uk.data(), uk.size(), i, &at))
+      remove_pair(m, rk.data(), rk.size(), v.data, v.size, at);
+  }
+}
+
+}  // namespace statecore

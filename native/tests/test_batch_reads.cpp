@@ -1,0 +1,398 @@
+// Collection read / removal kernels and clear (batch_reads.h) over hand-built Arrow arrays, on
+// blobs written by the collection kernels (batch_collections.h): list get (fixed and
+// variable-width elements, absent keys as empty lists, chunked output appended), map get /
+// contains / remove (absent user keys, removing the last pair removes the entry, repeated rows),
+// clear, TTL (expired elements/pairs dropped and counted, return_expired, update_on_read), and
+// errors that leave the table untouched.
+#include <cstring>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "check.h"
+#include "statecore/arrow_abi.h"
+#include "statecore/batch.h"
+#include "statecore/batch_collections.h"
+#include "statecore/batch_reads.h"
+#include "statecore/state_table.h"
+
+using namespace statecore;
+
+namespace {
+
+void release_schema(ArrowSchema* s) { s->release = nullptr; }
+void release_array(ArrowArray* a) { a->release = nullptr; }
+
+// An Arrow array owned by the test. `pad` leading elements (junk values, marked null) are placed
+// before the logical start and array.offset = pad, so every kernel sees a sliced array.
+struct TestArray {
+  std::string format;
+  std::vector<uint8_t> validity, data, values;
+  const void* buffers[3] = {nullptr, nullptr, nullptr};
+  ArrowSchema schema{};
+  ArrowArray array{};
+
+  ArrowInput in() const { return ArrowInput{&schema, &array}; }
+
+  void finish(int64_t length, int64_t offset, int64_t n_buffers, bool any_null) {
+    buffers[0] = any_null ? validity.data() : nullptr;
+    buffers[1] = data.data();
+    buffers[2] = values.data();
+    schema.format = format.c_str();
+    schema.name = "";
+    schema.flags = ARROW_FLAG_NULLABLE;
+    schema.release = &release_schema;
+    array.length = length;
+    array.offset = offset;
+    array.null_count = any_null ? -1 : 0;  // -1: "unknown", the kernels must count themselves
+    array.n_buffers = n_buffers;
+    array.buffers = buffers;
+    array.release = &release_array;
+  }
+  void set_valid(int64_t j, bool v) {
+    if (validity.size() <= static_cast<size_t>(j / 8)) validity.resize(j / 8 + 1, 0);
+    if (v) validity[j / 8] |= static_cast<uint8_t>(1u << (j % 8));
+    else validity[j / 8] &= static_cast<uint8_t>(~(1u << (j % 8)));
+  }
+};
+
+template <class T>
+TestArray fixed(const char* format, const std::vector<std::optional<T>>& xs, int64_t pad = 0) {
+  TestArray a;
+  a.format = format;
+  bool any_null = pad > 0;
+  const int64_t total = pad + static_cast<int64_t>(xs.size());
+  a.data.resize(static_cast<size_t>(total) * sizeof(T) + 1);
+  for (int64_t j = 0; j < total; ++j) {
+    const bool valid = j >= pad && xs[j - pad].has_value();
+    T v = valid ? *xs[j - pad] : static_cast<T>(0x5A5A5A5A);  // junk under nulls / padding
+    std::memcpy(a.data.data() + j * sizeof(T), &v, sizeof(T));
+    a.set_valid(j, valid);
+    any_null = any_null || !valid;
+  }
+  a.finish(static_cast<int64_t>(xs.size()), pad, 2, any_null);
+  return a;
+}
+
+template <class Off>
+TestArray varwidth(const char* format, const std::vector<std::optional<std::string>>& xs,
+                   int64_t pad = 0) {
+  TestArray a;
+  a.format = format;
+  bool any_null = pad > 0;
+  const int64_t total = pad + static_cast<int64_t>(xs.size());
+  std::vector<Off> offs(1, 0);
+  for (int64_t j = 0; j < total; ++j) {
+    const bool valid = j >= pad && xs[j - pad].has_value();
+    const std::string s = valid ? *xs[j - pad] : std::string(j < pad ? "pad" : "");
+    a.values.insert(a.values.end(), s.begin(), s.end());
+    offs.push_back(static_cast<Off>(a.values.size()));
+    a.set_valid(j, valid);
+    any_null = any_null || !valid;
+  }
+  a.values.push_back(0);  // never empty, so the buffer pointer is non-null
+  a.data.resize(offs.size() * sizeof(Off));
+  std::memcpy(a.data.data(), offs.data(), a.data.size());
+  a.finish(static_cast<int64_t>(xs.size()), pad, 3, any_null);
+  return a;
+}
+
+using I64 = std::vector<std::optional<int64_t>>;
+using F64 = std::vector<std::optional<double>>;
+using Str = std::vector<std::optional<std::string>>;
+
+// Whole table contents: encoded key -> value bytes.
+std::map<std::string, std::string> dump(StateTable& t) {
+  std::map<std::string, std::string> out;
+  for (int32_t kg = t.kg_start(); kg <= t.kg_end(); ++kg) {
+    t.map(kg).for_each([&](ByteView k, ByteView v) {
+      out[std::string(reinterpret_cast<const char*>(k.data), k.size)] =
+          std::string(reinterpret_cast<const char*>(v.data), v.size);
+    });
+  }
+  return out;
+}
+
+// Runs fn, expecting a BatchError whose message contains `needle`.
+bool batch_error(const std::function<void()>& fn, const std::string& needle) {
+  try {
+    fn();
+  } catch (const BatchError& e) {
+    if (std::string(e.what()).find(needle) != std::string::npos) return true;
+    std::fprintf(stderr, "  BatchError without '%s': %s\n", needle.c_str(), e.what());
+    return false;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "  unexpected exception: %s\n", e.what());
+    return false;
+  }
+  std::fprintf(stderr, "  no exception (wanted '%s')\n", needle.c_str());
+  return false;
+}
+
+std::multiset<std::string> blobs(StateTable& t) {
+  std::multiset<std::string> out;
+  for (const auto& kv : dump(t)) out.insert(kv.second);
+  return out;
+}
+
+std::string le64(int64_t v) {
+  std::string s(8, '\0');
+  for (int i = 0; i < 8; ++i) s[i] = static_cast<char>(static_cast<uint64_t>(v) >> (8 * i));
+  return s;
+}
+std::string be64(int64_t v) {
+  std::string s(8, '\0');
+  for (int i = 0; i < 8; ++i) s[7 - i] = static_cast<char>(static_cast<uint64_t>(v) >> (8 * i));
+  return s;
+}
+std::string byte(int b) { return std::string(1, static_cast<char>(b)); }
+
+BatchKeySpec int64_spec() {
+  BatchKeySpec s;
+  s.key = KeySchema::scalar(KeyType::Int64);
+  return s;
+}
+
+}  // namespace
+
+namespace {
+
+TtlBatchSpec ttl_at(int64_t now, int64_t ttl_ms = 100) {
+  TtlBatchSpec t;
+  t.enabled = true;
+  t.ttl_ms = ttl_ms;
+  t.now = now;
+  return t;
+}
+
+int64_t i64_at(const std::vector<uint8_t>& v, size_t i) {
+  int64_t x;
+  std::memcpy(&x, v.data() + i * 8, 8);
+  return x;
+}
+
+}  // namespace
+
+TEST(list_get_int64_rows_absent_keys_empty_and_chunks_append) {
+  StateTable t(0, 127);
+  auto keys = fixed<int64_t>("l", I64{1, 2, 1});
+  auto vals = fixed<int64_t>("l", I64{10, 20, 11});
+  list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, vals.in());
+  auto q1 = fixed<int64_t>("l", I64{2, 9, 1}, 3);  // sliced
+  auto q2 = fixed<int64_t>("l", I64{1});
+  std::vector<int64_t> lo{0}, eo{0};
+  std::vector<uint8_t> el;
+  list_get_batch(t, int64_spec(), q1.in(), ValueType::Int64, lo, el, eo);
+  list_get_batch(t, int64_spec(), q2.in(), ValueType::Int64, lo, el, eo);
+  CHECK(lo == (std::vector<int64_t>{0, 1, 1, 3, 5}));
+  CHECK_EQ(el.size(), size_t(40));
+  CHECK_EQ(i64_at(el, 0), 20);
+  CHECK_EQ(i64_at(el, 1), 10);
+  CHECK_EQ(i64_at(el, 2), 11);
+  CHECK_EQ(i64_at(el, 4), 11);
+  CHECK(eo == std::vector<int64_t>{0});  // fixed-width elements have no offsets
+}
+
+TEST(list_get_string_elements_and_ttl_filters_expired_anywhere) {
+  StateTable u(0, 127);
+  auto ka = fixed<int64_t>("l", I64{7, 7});
+  auto kb = fixed<int64_t>("l", I64{7});
+  auto va = varwidth<int32_t>("u", Str{std::string("ab"), std::string("")});
+  auto vb = varwidth<int32_t>("u", Str{std::string("xyz")});
+  auto vc = varwidth<int32_t>("u", Str{std::string("q")});
+  list_append_batch(u, int64_spec(), ka.in(), ValueType::String, va.in(), ttl_at(0));   // expired
+  list_append_batch(u, int64_spec(), kb.in(), ValueType::String, vb.in(), ttl_at(120)); // live
+  list_append_batch(u, int64_spec(), kb.in(), ValueType::String, vc.in(), ttl_at(10));  // expired
+  TtlBatchSpec tt = ttl_at(150);
+  tt.update_on_read = true;
+  std::vector<int64_t> lo{0}, eo{0};
+  std::vector<uint8_t> el;
+  int64_t expired = -1;
+  list_get_batch(u, int64_spec(), kb.in(), ValueType::String, lo, el, eo, tt, &expired);
+  CHECK_EQ(expired, 3);
+  CHECK(lo == (std::vector<int64_t>{0, 1}));
+  CHECK(eo == (std::vector<int64_t>{0, 3}));
+  CHECK(std::string(el.begin(), el.end()) == "xyz");
+  // Rewritten to the live element, restamped 150.
+  CHECK(blobs(u) == (std::multiset<std::string>{byte(3) + "xyz" + be64(150)}));
+  // Everything expired at 300: the entry goes, the row is an empty list.
+  lo = {0};
+  eo = {0};
+  el.clear();
+  list_get_batch(u, int64_spec(), kb.in(), ValueType::String, lo, el, eo, ttl_at(300), &expired);
+  CHECK_EQ(expired, 1);
+  CHECK(lo == (std::vector<int64_t>{0, 0}));
+  CHECK(dump(u).empty());
+}
+
+TEST(list_get_ttl_return_expired_shows_all_and_update_on_read_renews) {
+  StateTable t(0, 127);
+  auto k = fixed<int64_t>("l", I64{4});
+  auto a = fixed<int64_t>("l", I64{1});
+  auto b = fixed<int64_t>("l", I64{2});
+  list_append_batch(t, int64_spec(), k.in(), ValueType::Int64, a.in(), ttl_at(0));
+  list_append_batch(t, int64_spec(), k.in(), ValueType::Int64, b.in(), ttl_at(100));
+  TtlBatchSpec tt = ttl_at(150);
+  tt.return_expired = true;
+  std::vector<int64_t> lo{0}, eo{0};
+  std::vector<uint8_t> el;
+  int64_t expired = 0;
+  list_get_batch(t, int64_spec(), k.in(), ValueType::Int64, lo, el, eo, tt, &expired);
+  CHECK_EQ(expired, 1);
+  CHECK(lo == (std::vector<int64_t>{0, 2}));
+  CHECK_EQ(i64_at(el, 0), 1);
+  CHECK_EQ(i64_at(el, 1), 2);
+  CHECK(blobs(t) == (std::multiset<std::string>{le64(2) + be64(100)}));  // not renewed
+  TtlBatchSpec renew = ttl_at(160);
+  renew.update_on_read = true;
+  list_get_batch(t, int64_spec(), k.in(), ValueType::Int64, lo, el, eo, renew, &expired);
+  CHECK_EQ(expired, 0);
+  CHECK(blobs(t) == (std::multiset<std::string>{le64(2) + be64(160)}));
+}
+
+TEST(map_get_contains_remove_int64_user_keys) {
+  StateTable t(0, 127);
+  const KeySchema uk = KeySchema::scalar(KeyType::Int64);
+  auto keys = fixed<int64_t>("l", I64{1, 1, 2});
+  auto uks = fixed<int64_t>("l", I64{5, 3, 5});
+  auto vals = fixed<int64_t>("l", I64{50, 30, 55});
+  map_put_batch(t, int64_spec(), keys.in(), uk, uks.in(), ValueType::Int64, vals.in());
+  auto qk = fixed<int64_t>("l", I64{1, 1, 1, 2, 3}, 2);
+  auto qu = fixed<int64_t>("l", I64{3, 4, 5, 3, 5}, 1);
+  std::vector<int64_t> out(5, -1);
+  std::vector<uint8_t> valid(5, 9), found(5, 9);
+  MapGetOutput o;
+  o.fixed = out.data();
+  o.valid = valid.data();
+  map_get_batch(t, int64_spec(), qk.in(), uk, qu.in(), ValueType::Int64, o);
+  CHECK(valid == (std::vector<uint8_t>{1, 0, 1, 0, 0}));
+  CHECK_EQ(out[0], 30);
+  CHECK_EQ(out[2], 50);
+  map_contains_batch(t, int64_spec(), qk.in(), uk, qu.in(), ValueType::Int64, found.data());
+  CHECK(found == valid);
+  // Remove 5 of key 1 twice (the repeat finds nothing), and 5 of key 2: its map empties.
+  auto rk = fixed<int64_t>("l", I64{1, 1, 2, 9});
+  auto ru = fixed<int64_t>("l", I64{5, 5, 5, 5});
+  map_remove_batch(t, int64_spec(), rk.in(), uk, ru.in());
+  CHECK_EQ(t.size(), size_t(1));
+  map_contains_batch(t, int64_spec(), qk.in(), uk, qu.in(), ValueType::Int64, found.data());
+  CHECK(found == (std::vector<uint8_t>{1, 0, 0, 0, 0}));
+}
+
+TEST(map_get_string_values_append_chunks) {
+  StateTable t(0, 127);
+  const KeySchema uk = KeySchema::scalar(KeyType::String);
+  auto keys = fixed<int64_t>("l", I64{1, 1});
+  auto uks = varwidth<int32_t>("u", Str{std::string("b"), std::string("a")});
+  auto vals = varwidth<int32_t>("z", Str{std::string("BB"), std::string("")});
+  map_put_batch(t, int64_spec(), keys.in(), uk, uks.in(), ValueType::Binary, vals.in());
+  auto q1 = varwidth<int64_t>("U", Str{std::string("a"), std::string("c")});
+  auto q2 = varwidth<int32_t>("u", Str{std::string("b")});
+  auto k1 = fixed<int64_t>("l", I64{1, 1});
+  auto k2 = fixed<int64_t>("l", I64{1});
+  std::vector<int64_t> offs{0};
+  std::vector<uint8_t> data, valid(3, 9);
+  MapGetOutput o;
+  o.offsets = &offs;
+  o.data = &data;
+  o.valid = valid.data();
+  map_get_batch(t, int64_spec(), k1.in(), uk, q1.in(), ValueType::Binary, o);
+  o.valid = valid.data() + 2;
+  map_get_batch(t, int64_spec(), k2.in(), uk, q2.in(), ValueType::Binary, o);
+  CHECK(valid == (std::vector<uint8_t>{1, 0, 1}));
+  CHECK(offs == (std::vector<int64_t>{0, 0, 0, 2}));
+  CHECK(std::string(data.begin(), data.end()) == "BB");
+}
+
+TEST(map_ttl_get_removes_expired_pair_counts_and_renews) {
+  StateTable t(0, 127);
+  const KeySchema uk = KeySchema::scalar(KeyType::Int64);
+  auto k = fixed<int64_t>("l", I64{1});
+  auto u3 = fixed<int64_t>("l", I64{3});
+  auto u5 = fixed<int64_t>("l", I64{5});
+  auto v = fixed<int64_t>("l", I64{7});
+  map_put_batch(t, int64_spec(), k.in(), uk, u3.in(), ValueType::Int64, v.in(), ttl_at(0));
+  map_put_batch(t, int64_spec(), k.in(), uk, u5.in(), ValueType::Int64, v.in(), ttl_at(100));
+  int64_t out = -1, expired = -1;
+  uint8_t valid = 9;
+  MapGetOutput o;
+  o.fixed = &out;
+  o.valid = &valid;
+  TtlBatchSpec tt = ttl_at(150);
+  tt.return_expired = true;
+  map_get_batch(t, int64_spec(), k.in(), uk, u3.in(), ValueType::Int64, o, tt, &expired);
+  CHECK_EQ(valid, 1);  // shown once
+  CHECK_EQ(out, 7);
+  CHECK_EQ(expired, 1);
+  map_contains_batch(t, int64_spec(), k.in(), uk, u3.in(), ValueType::Int64, &valid, tt, &expired);
+  CHECK_EQ(valid, 0);  // gone
+  CHECK_EQ(expired, 0);
+  TtlBatchSpec renew = ttl_at(160);
+  renew.update_on_read = true;
+  map_contains_batch(t, int64_spec(), k.in(), uk, u5.in(), ValueType::Int64, &valid, renew, &expired);
+  CHECK_EQ(valid, 1);
+  const auto d = dump(t);
+  CHECK_EQ(d.size(), size_t(1));
+  CHECK(d.begin()->second.substr(d.begin()->second.size() - 8) == be64(160));
+  // The last pair expires: the entry goes.
+  map_get_batch(t, int64_spec(), k.in(), uk, u5.in(), ValueType::Int64, o, ttl_at(500), &expired);
+  CHECK_EQ(valid, 0);
+  CHECK_EQ(expired, 1);
+  CHECK(dump(t).empty());
+}
+
+TEST(clear_removes_entries_of_any_kind) {
+  StateTable t(0, 127);
+  auto keys = fixed<int64_t>("l", I64{1, 2, 3});
+  auto vals = fixed<int64_t>("l", I64{1, 2, 3});
+  list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, vals.in());
+  auto ck = fixed<int64_t>("l", I64{2, 2, 4, 3}, 1);
+  clear_batch(t, int64_spec(), ck.in());
+  CHECK_EQ(t.size(), size_t(1));
+}
+
+TEST(read_kernels_reject_bad_input_before_any_change) {
+  StateTable t(0, 127);
+  const KeySchema uk = KeySchema::scalar(KeyType::Int64);
+  auto keys = fixed<int64_t>("l", I64{1, 2});
+  auto uks = fixed<int64_t>("l", I64{1, 2});
+  auto vals = fixed<int64_t>("l", I64{1, 2});
+  map_put_batch(t, int64_spec(), keys.in(), uk, uks.in(), ValueType::Int64, vals.in(), ttl_at(0));
+  const auto before = dump(t);
+  auto null_key = fixed<int64_t>("l", I64{1, std::nullopt});
+  auto null_uk = fixed<int64_t>("l", I64{2, std::nullopt});
+  auto short_uk = fixed<int64_t>("l", I64{2});
+  auto str_keys = varwidth<int32_t>("u", Str{std::string("a"), std::string("b")});
+  CHECK(batch_error([&] { clear_batch(t, int64_spec(), null_key.in()); }, "null key at row 1"));
+  CHECK(batch_error([&] { clear_batch(t, int64_spec(), str_keys.in()); }, "keys"));
+  CHECK(batch_error([&] { map_remove_batch(t, int64_spec(), keys.in(), uk, null_uk.in()); },
+                    "null at row 1"));
+  CHECK(batch_error([&] { map_remove_batch(t, int64_spec(), keys.in(), uk, short_uk.in()); },
+                    "length"));
+  uint8_t found[2];
+  CHECK(batch_error([&] {
+    map_contains_batch(t, int64_spec(), keys.in(), uk, uks.in(), ValueType::Int64, found, ttl_at(500, 0));
+  }, "ttl_ms"));
+  // Key group outside the table's range.
+  StateTable small(0, 3);
+  BatchKeySpec s = int64_spec();
+  s.kg_end = 3;
+  auto far = fixed<int64_t>("l", I64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
+  CHECK(batch_error([&] { clear_batch(small, s, far.in()); }, "outside"));
+  CHECK(dump(t) == before);
+  // A map blob read as a list of fixed-width elements of the wrong width does not parse.
+  std::vector<int64_t> lo{0}, eo{0};
+  std::vector<uint8_t> el;
+  CHECK(batch_error([&] {
+    list_get_batch(t, int64_spec(), keys.in(), ValueType::Int32, lo, el, eo, ttl_at(0, 1000));
+  }, "does not parse"));
+  // Also on the whole-blob copy path (no TTL, fixed-width): 26 bytes are no whole int32s.
+  CHECK(batch_error([&] { list_get_batch(t, int64_spec(), keys.in(), ValueType::Int32, lo, el, eo); },
+                    "does not parse"));
+  CHECK(dump(t) == before);
+}
+
+TEST_MAIN()
