@@ -279,6 +279,27 @@ class StateMap {
   // Single-row operations keep Flink's incremental steps.
   uint8_t* upsert(uint32_t hash, const uint8_t* key, size_t key_size, size_t new_value_size,
                   size_t* value_size, bool* inserted);
+  // Read-modify-write that changes the value's size, for the list append / map put kernels
+  // (`hash` = hash(key, key_size) of this map). Present: the value resized to new_value_size
+  // bytes, its first min(old, new) bytes kept, bytes past the old size zero, *old_value_size =
+  // the old size, marked written as put(). Absent: as put(key, key_size, new_value_size),
+  // *old_value_size = 0. resize_by: new size = old size + `added` (a list append; absent: `added`).
+  // Copy-on-write as put(): an entry a live snapshot may reach is copied (the snapshot keeps the
+  // old bytes); one no snapshot reaches is realloc'd in place of itself, so growing a blob costs
+  // no scratch copy and, when the allocator can extend it, no copy at all. A rehash in flight is
+  // completed first (as upsert). The flat engine: a size other than the layout's converts the map
+  // (as put()). Errors as put(); the result is valid until the next mutating call.
+  uint8_t* resize(uint32_t hash, const uint8_t* key, size_t key_size, size_t new_value_size,
+                  size_t* old_value_size);
+  uint8_t* resize_by(uint32_t hash, const uint8_t* key, size_t key_size, size_t added,
+                     size_t* old_value_size);
+  // The general form (a map put's splice, in one lookup): the new size is plan(ctx, old bytes,
+  // old size) -- old bytes nullptr and size 0 for an absent key -- called once the key is found
+  // and before anything is written, so a plan that throws changes nothing (the old bytes are
+  // read-only to it and die with the call). Otherwise as resize().
+  using ResizePlan = size_t (*)(void* ctx, const uint8_t* old_value, size_t old_size);
+  uint8_t* update_resized(uint32_t hash, const uint8_t* key, size_t key_size, ResizePlan plan,
+                          void* ctx, size_t* old_value_size);
   // get() with the key's hash computed by the caller (hash(key, key_size) of this map).
   bool get_hashed(uint32_t hash, const uint8_t* key, size_t key_size, ByteView* out);
   void prefetch_bucket(uint32_t hash) const;

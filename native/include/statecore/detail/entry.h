@@ -2,7 +2,9 @@
 //
 // Layout: [Entry header, 32 bytes][key bytes, padded to a multiple of 8][value bytes]
 // The value starts 8-byte aligned, so fixed-width values (int64, float64) are inline and aligned;
-// a value of another size means a new allocation (StateMap::put relinks the new entry).
+// a value of another size means a new allocation (StateMap::put relinks the new entry), or for
+// the batch kernels' StateMap::resize a realloc of an entry no snapshot reaches. Entries are
+// malloc'd (not operator new) so that realloc may grow them in place.
 // An entry is immutable once some live snapshot may reach it (version < highest required
 // snapshot version): then writers copy it instead (see StateMap's class comment).
 // Two versions per entry (as Flink's entryVersion / stateVersion): `version` says when this
@@ -11,6 +13,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 
@@ -44,7 +47,7 @@ struct Entry {
 
   // New entry with the key copied in and `vs` zeroed value bytes.
   static Entry* make(uint32_t h, const uint8_t* k, size_t ks, size_t vs, uint64_t version) {
-    void* mem = ::operator new(alloc_size(ks, vs));
+    void* mem = allocate(alloc_size(ks, vs));
     Entry* e = new (mem) Entry{nullptr, version, h, static_cast<uint32_t>(ks),
                                static_cast<uint32_t>(vs), static_cast<uint32_t>(version)};
     if (ks) std::memcpy(e->key(), k, ks);
@@ -55,14 +58,48 @@ struct Entry {
   // Copy-on-write copy: same key, value, `modified` and next link, new version.
   static Entry* make_copy(const Entry* src, uint64_t version) {
     size_t n = alloc_size(src->key_size, src->value_size);
-    void* mem = ::operator new(n);
+    void* mem = allocate(n);
     std::memcpy(mem, static_cast<const void*>(src), n);
     Entry* e = static_cast<Entry*>(mem);
     e->version = version;
     return e;
   }
 
-  static void destroy(Entry* e) { ::operator delete(static_cast<void*>(e)); }
+  // Copy with the value resized to `vs`: header (next link, `modified`), key and the first
+  // min(old, vs) value bytes copied, bytes past the old size zeroed, new version.
+  static Entry* make_resized_copy(const Entry* src, size_t vs, uint64_t version) {
+    const size_t keep = alloc_size(src->key_size, src->value_size < vs ? src->value_size : vs);
+    const size_t n = alloc_size(src->key_size, vs);
+    void* mem = allocate(n);
+    std::memcpy(mem, static_cast<const void*>(src), keep);
+    if (n > keep) std::memset(static_cast<uint8_t*>(mem) + keep, 0, n - keep);
+    Entry* e = static_cast<Entry*>(mem);
+    e->version = version;
+    e->value_size = static_cast<uint32_t>(vs);
+    return e;
+  }
+
+  // `e` itself with the value resized to `vs` (realloc: in place when the allocator can, else
+  // moved; the old address is dead either way). Only for an entry nothing else points to but
+  // the one link the caller rewrites (no snapshot reaches it). Bytes past the old size zeroed.
+  static Entry* resize(Entry* e, size_t vs) {
+    const size_t old = alloc_size(e->key_size, e->value_size);
+    const size_t n = alloc_size(e->key_size, vs);
+    void* mem = std::realloc(static_cast<void*>(e), n);
+    if (mem == nullptr) throw std::bad_alloc();  // e is untouched
+    if (n > old) std::memset(static_cast<uint8_t*>(mem) + old, 0, n - old);
+    e = static_cast<Entry*>(mem);
+    e->value_size = static_cast<uint32_t>(vs);
+    return e;
+  }
+
+  static void destroy(Entry* e) { std::free(static_cast<void*>(e)); }
+
+  static void* allocate(size_t n) {
+    void* mem = std::malloc(n);
+    if (mem == nullptr) throw std::bad_alloc();
+    return mem;
+  }
 };
 
 static_assert(sizeof(Entry) == 32, "entry header must keep keys 8-byte aligned");
