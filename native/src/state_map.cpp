@@ -427,6 +427,13 @@ uint8_t* StateMap::Impl::chained_insert(const Location& at, const uint8_t* key, 
 uint8_t* StateMap::Impl::chained_resize(const Location& at, size_t vs) {
   Entry* e = at.entry;
   const size_t old = e->value_size;
+  live_bytes = live_bytes - old + vs;
+  if (e->version >= req && e->fits(vs)) {
+    // No snapshot reaches e and its allocation holds vs bytes: nothing moves, no link changes.
+    Entry::resize(e, vs);
+    e->modified = static_cast<uint32_t>(version);
+    return e->value();
+  }
   Entry** link = writable_link(at.table, at.bucket, e);
   Entry* n;
   if (e->version >= req) {
@@ -438,7 +445,6 @@ uint8_t* StateMap::Impl::chained_resize(const Location& at, size_t vs) {
   }
   n->modified = static_cast<uint32_t>(version);
   *link = n;
-  live_bytes = live_bytes - old + vs;
   return n->value();
 }
 
