@@ -46,10 +46,12 @@ struct Entry;
 // reference counted, pages allocated on first write (a missing page = empty buckets).
 // Trade-off: one extra indirection per lookup (directory -> page -> head) buys O(1) snapshots.
 //
-// Entries (detail/entry.h). One allocation per key: header {next, version, hash, key_size,
-// value_size}, key bytes padded to 8, then the value bytes. Values are inline (an int64/float64
-// value is 8 aligned bytes in the entry); put() with a different value size allocates a new
-// entry and relinks it in place of the old one. `version` is the map version at which the
+// Entries (detail/entry.h). One allocation per key: header {next, version, value_capacity, hash,
+// key_size, value_size, modified}, key bytes padded to 8, then the value bytes. Values are inline
+// (an int64/float64 value is 8 aligned bytes in the entry); put() with a different value size
+// allocates a new entry and relinks it in place of the old one. resize() (the list append / map
+// put kernels) instead grows an entry no snapshot reaches in its own allocation, which it
+// reallocates with 1.5x slack (value_capacity) when the value outgrows it. `version` is the map version at which the
 // allocation was made (Flink entryVersion; there is no separate stateVersion because the value
 // lives in the entry, so copying the entry copies the value).
 //
