@@ -703,6 +703,14 @@ inline uint64_t blob_varlen(const uint8_t* blob, size_t end, size_t* pos, int64_
 
 // ser(uk) order: bytes compared, a proper prefix first (Python's bytes order).
 inline int compare_bytes(const uint8_t* a, size_t as, const uint8_t* b, size_t bs) {
+  if (as == 8 && bs == 8) {  // int64-like user keys: one big-endian word compare, no memcmp call
+    uint64_t x, y;
+    std::memcpy(&x, a, 8);
+    std::memcpy(&y, b, 8);
+    x = be64(x);
+    y = be64(y);
+    return x < y ? -1 : x > y ? 1 : 0;
+  }
   const int c = std::memcmp(a, b, std::min(as, bs));
   if (c != 0) return c;
   return as < bs ? -1 : as > bs ? 1 : 0;

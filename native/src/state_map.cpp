@@ -424,6 +424,119 @@ uint8_t* StateMap::Impl::chained_insert(const Location& at, const uint8_t* key, 
   return n->value();
 }
 
+uint8_t* StateMap::Impl::chained_resize(const Location& at, size_t vs) {
+  Entry* e = at.entry;
+  const size_t old = e->value_size;
+  live_bytes = live_bytes - old + vs;
+  if (e->version >= req && e->fits(vs)) {
+    // No snapshot reaches e and its allocation holds vs bytes: nothing moves, no link changes.
+    Entry::resize(e, vs);
+    e->modified = static_cast<uint32_t>(version);
+    return e->value();
+  }
+  Entry** link = writable_link(at.table, at.bucket, e);
+  Entry* n;
+  if (e->version >= req) {
+    n = Entry::resize(e, vs);  // no snapshot reaches e: nothing else keeps its address
+  } else {
+    n = Entry::make_resized_copy(e, vs, version);  // a snapshot keeps the old bytes
+    ++stats.entry_copies;
+    dispose(e);
+  }
+  n->modified = static_cast<uint32_t>(version);
+  *link = n;
+  return n->value();
+}
+
+namespace {
+
+void check_value_size(size_t vs) {
+  if (vs > std::numeric_limits<uint32_t>::max())
+    throw std::length_error("StateMap: value larger than 4 GiB - 1 bytes");
+}
+
+// StateMap::update_resized: the new size is plan(ctx, old bytes, old size), called once the key
+// is found (or not: nullptr, 0) and before anything is written, so a throwing plan changes
+// nothing.
+uint8_t* resize_value(StateMap& sm, uint32_t h, const uint8_t* key, size_t ks,
+                      StateMap::ResizePlan plan, void* ctx, size_t* old_size) {
+  check_buffer(key, ks, "key");
+  StateMap::Impl& m = sm.engine();
+  if (m.flat && m.version > detail::kFlatMaxVersion) m.unflatten();
+  if (m.flat && m.frehash) {
+    m.begin_op(false);
+    m.flat_finish_rehash();
+  }
+  while (!m.flat && m.rehash_table) m.begin_op(true);
+  if (m.flat) {
+    const StateMap::Impl::FlatLocation at = m.flat_locate(h, key, ks);
+    if (at.table) {
+      const detail::FlatDirectory* d = *at.table;
+      const size_t old = d->layout.value_size;
+      const size_t vs = plan(ctx, d->slot(at.slot) + 4 + d->layout.suffix_size(), old);
+      check_value_size(vs);
+      uint8_t* v = m.flat_update(at, key, ks, nullptr);
+      *old_size = old;
+      if (vs == old) return v;
+      // Another size than the layout's: put() converts the map (once per map), which re-creates
+      // every entry, so the kept bytes go through a copy.
+      std::vector<uint8_t> keep(v, v + std::min(old, vs));
+      uint8_t* out = sm.put(key, ks, vs);
+      if (!keep.empty()) std::memcpy(out, keep.data(), keep.size());
+      return out;
+    }
+    const size_t vs = plan(ctx, nullptr, 0);
+    check_value_size(vs);
+    *old_size = 0;
+    uint8_t* value;
+    if (m.flat_put(at, key, ks, vs, &value)) return value;
+    const StateMap::Impl::Location loc = m.locate_hashed(h, key, ks);  // converted: absent
+    return m.chained_insert(loc, key, ks, vs);
+  }
+  const StateMap::Impl::Location at = m.locate_hashed(h, key, ks);
+  if (!at.entry) {
+    const size_t vs = plan(ctx, nullptr, 0);
+    check_value_size(vs);
+    *old_size = 0;
+    return m.chained_insert(at, key, ks, vs);
+  }
+  Entry* e = at.entry;
+  const size_t old = e->value_size;
+  const size_t vs = plan(ctx, e->value(), old);
+  check_value_size(vs);
+  *old_size = old;
+  m.log_rewrite(e);
+  if (vs == old) {
+    e = m.own_for_write(at);
+    e->modified = static_cast<uint32_t>(m.version);
+    return e->value();
+  }
+  return m.chained_resize(at, vs);
+}
+
+}  // namespace
+
+uint8_t* StateMap::update_resized(uint32_t hash, const uint8_t* key, size_t key_size,
+                                  ResizePlan plan, void* ctx, size_t* old_value_size) {
+  return resize_value(*this, hash, key, key_size, plan, ctx, old_value_size);
+}
+
+uint8_t* StateMap::resize(uint32_t hash, const uint8_t* key, size_t key_size,
+                          size_t new_value_size, size_t* old_value_size) {
+  return resize_value(
+      *this, hash, key, key_size,
+      [](void* n, const uint8_t*, size_t) { return *static_cast<size_t*>(n); }, &new_value_size,
+      old_value_size);
+}
+
+uint8_t* StateMap::resize_by(uint32_t hash, const uint8_t* key, size_t key_size, size_t added,
+                             size_t* old_value_size) {
+  return resize_value(
+      *this, hash, key, key_size,
+      [](void* n, const uint8_t*, size_t old) { return old + *static_cast<size_t*>(n); }, &added,
+      old_value_size);
+}
+
 uint8_t* StateMap::get_for_update(const uint8_t* key, size_t key_size, size_t* value_size) {
   check_buffer(key, key_size, "key");
   Impl& m = *impl_;

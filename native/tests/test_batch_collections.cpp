@@ -5,6 +5,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -269,6 +270,82 @@ TEST(map_put_rejects_bad_input_before_any_write) {
   CHECK(batch_error([&] { validate_map_put_batch(t, int64_spec(), keys.in(), uk, short_uk.in(), ValueType::Int64, vals.in()); },
                     "differs from keys length"));
   CHECK(dump(t) == before);
+}
+
+// A stored blob that does not parse (a table written as another kind): a BatchError naming the
+// row, the rows before it applied, that key's blob and the later rows untouched.
+TEST(map_put_unparsable_blob_names_the_row_and_changes_it_not) {
+  StateTable t(0, 127);
+  const KeySchema uk = KeySchema::scalar(KeyType::Int64);
+  auto k0 = fixed<int64_t>("l", I64{1, 2});
+  auto u0 = fixed<int64_t>("l", I64{1, 1});
+  map_put_batch(t, int64_spec(), k0.in(), uk, u0.in(), ValueType::Int64, k0.in());
+  auto pair = [](int64_t u, int64_t v) { return byte(8) + be64(u) + byte(8) + le64(v); };
+  const std::string bad = byte(8) + "abc";  // claims an 8-byte user key, holds 3 bytes
+  for (const auto& kv : dump(t)) {
+    if (kv.second != pair(1, 2)) continue;  // key 2's blob
+    for (int32_t kg = 0; kg <= 127; ++kg) {
+      ByteView v;
+      const auto* kb = reinterpret_cast<const uint8_t*>(kv.first.data());
+      if (!t.map(kg).get(kb, kv.first.size(), &v)) continue;
+      std::memcpy(t.map(kg).put(kb, kv.first.size(), bad.size()), bad.data(), bad.size());
+    }
+  }
+  auto keys = fixed<int64_t>("l", I64{1, 2, 1});
+  auto uks = fixed<int64_t>("l", I64{7, 7, 8});
+  auto vals = fixed<int64_t>("l", I64{70, 71, 80});
+  CHECK(batch_error([&] { map_put_batch(t, int64_spec(), keys.in(), uk, uks.in(), ValueType::Int64, vals.in()); },
+                    "row 1: the stored list/map blob does not parse"));
+  CHECK(blobs(t) == (std::multiset<std::string>{pair(1, 1) + pair(7, 70), bad}));
+}
+
+// Many rows splicing the same few maps over several batches, against a model: string user keys
+// (a shorter one sorts first), binary values of random lengths (pairs grow, shrink and keep
+// their size), a snapshot held over each batch that must keep its blobs.
+TEST(map_put_random_splices_match_a_model_and_keep_snapshots) {
+  StateTable t(0, 127);
+  std::mt19937_64 rng(5);
+  const char* names[] = {"", "a", "ab", "abc", "b", "ba", "c", "\xff"};
+  std::map<int64_t, std::map<std::string, std::string>> model;  // key -> ser(uk) -> value
+  auto ser = [](const std::string& u) { return byte(static_cast<int>(u.size() + 1)) + u; };
+  auto expected = [&] {
+    std::multiset<std::string> out;
+    for (const auto& km : model) {
+      std::string blob;
+      for (const auto& kv : km.second)
+        blob += byte(static_cast<int>(kv.first.size())) + kv.first +
+                byte(static_cast<int>(kv.second.size())) + kv.second;
+      out.insert(blob);
+    }
+    return out;
+  };
+  for (int batch = 0; batch < 20; ++batch) {
+    I64 ks;
+    Str us, vs;
+    for (int r = 0; r < 150; ++r) {
+      const int64_t k = static_cast<int64_t>(rng() % 4);
+      const std::string u = names[rng() % 8];
+      const std::string v(rng() % 21, static_cast<char>('A' + rng() % 26));
+      ks.push_back(k);
+      us.push_back(u);
+      vs.push_back(v);
+      model[k][ser(u)] = v;
+    }
+    std::vector<std::shared_ptr<MapSnapshot>> snaps;
+    for (int32_t kg = 0; kg <= 127; ++kg) snaps.push_back(t.map(kg).snapshot());
+    const auto before = blobs(t);
+    auto keys = fixed<int64_t>("l", ks);
+    auto uks = varwidth<int32_t>("u", us);
+    auto vals = varwidth<int32_t>("z", vs);
+    map_put_batch(t, int64_spec(), keys.in(), KeySchema::scalar(KeyType::String), uks.in(),
+                  ValueType::Binary, vals.in());
+    CHECK(blobs(t) == expected());
+    std::multiset<std::string> held;
+    for (const auto& s : snaps)
+      for (const MapChange& e : s->sorted_entries())
+        held.insert(std::string(reinterpret_cast<const char*>(e.value.data), e.value.size));
+    CHECK(held == before);
+  }
 }
 
 TEST_MAIN()

@@ -46,10 +46,12 @@ struct Entry;
 // reference counted, pages allocated on first write (a missing page = empty buckets).
 // Trade-off: one extra indirection per lookup (directory -> page -> head) buys O(1) snapshots.
 //
-// Entries (detail/entry.h). One allocation per key: header {next, version, hash, key_size,
-// value_size}, key bytes padded to 8, then the value bytes. Values are inline (an int64/float64
-// value is 8 aligned bytes in the entry); put() with a different value size allocates a new
-// entry and relinks it in place of the old one. `version` is the map version at which the
+// Entries (detail/entry.h). One allocation per key: header {next, version, value_capacity, hash,
+// key_size, value_size, modified}, key bytes padded to 8, then the value bytes. Values are inline
+// (an int64/float64 value is 8 aligned bytes in the entry); put() with a different value size
+// allocates a new entry and relinks it in place of the old one. resize() (the list append / map
+// put kernels) instead grows an entry no snapshot reaches in its own allocation, which it
+// reallocates with 1.5x slack (value_capacity) when the value outgrows it. `version` is the map version at which the
 // allocation was made (Flink entryVersion; there is no separate stateVersion because the value
 // lives in the entry, so copying the entry copies the value).
 //
@@ -279,6 +281,27 @@ class StateMap {
   // Single-row operations keep Flink's incremental steps.
   uint8_t* upsert(uint32_t hash, const uint8_t* key, size_t key_size, size_t new_value_size,
                   size_t* value_size, bool* inserted);
+  // Read-modify-write that changes the value's size, for the list append / map put kernels
+  // (`hash` = hash(key, key_size) of this map). Present: the value resized to new_value_size
+  // bytes, its first min(old, new) bytes kept, bytes past the old size zero, *old_value_size =
+  // the old size, marked written as put(). Absent: as put(key, key_size, new_value_size),
+  // *old_value_size = 0. resize_by: new size = old size + `added` (a list append; absent: `added`).
+  // Copy-on-write as put(): an entry a live snapshot may reach is copied (the snapshot keeps the
+  // old bytes); one no snapshot reaches is realloc'd in place of itself, so growing a blob costs
+  // no scratch copy and, when the allocator can extend it, no copy at all. A rehash in flight is
+  // completed first (as upsert). The flat engine: a size other than the layout's converts the map
+  // (as put()). Errors as put(); the result is valid until the next mutating call.
+  uint8_t* resize(uint32_t hash, const uint8_t* key, size_t key_size, size_t new_value_size,
+                  size_t* old_value_size);
+  uint8_t* resize_by(uint32_t hash, const uint8_t* key, size_t key_size, size_t added,
+                     size_t* old_value_size);
+  // The general form (a map put's splice, in one lookup): the new size is plan(ctx, old bytes,
+  // old size) -- old bytes nullptr and size 0 for an absent key -- called once the key is found
+  // and before anything is written, so a plan that throws changes nothing (the old bytes are
+  // read-only to it and die with the call). Otherwise as resize().
+  using ResizePlan = size_t (*)(void* ctx, const uint8_t* old_value, size_t old_size);
+  uint8_t* update_resized(uint32_t hash, const uint8_t* key, size_t key_size, ResizePlan plan,
+                          void* ctx, size_t* old_value_size);
   // get() with the key's hash computed by the caller (hash(key, key_size) of this map).
   bool get_hashed(uint32_t hash, const uint8_t* key, size_t key_size, ByteView* out);
   void prefetch_bucket(uint32_t hash) const;

@@ -104,6 +104,9 @@ struct StateMap::Impl {
   // rehash. Returns its zeroed value bytes.
   uint8_t* chained_insert(const Location& at, const uint8_t* key, size_t ks, size_t vs);
 
+  // Chained engine: the present entry at `at` (already logged as written) with its value resized
+  // to vs (see StateMap::resize), stamped and relinked in place of the old one. Its value bytes.
+  uint8_t* chained_resize(const Location& at, size_t vs);
   // Writable bucket slot: copies the directory and/or the page first when shared.
   detail::Entry** slot_for_write(detail::Directory** table, size_t bucket);
   // Writable link (bucket slot or predecessor's `next`) that points at `target`, copying the
