@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "batch_test_arrays.h"
 #include "check.h"
 #include "statecore/arrow_abi.h"
 #include "statecore/batch.h"
@@ -19,117 +20,10 @@
 #include "statecore/ttl.h"
 
 using namespace statecore;
+using namespace statecore_test;
 
 namespace {
 
-void release_schema(ArrowSchema* s) { s->release = nullptr; }
-void release_array(ArrowArray* a) { a->release = nullptr; }
-
-// An Arrow array owned by the test. `pad` leading elements (junk values, marked null) are placed
-// before the logical start and array.offset = pad, so every kernel sees a sliced array.
-struct TestArray {
-  std::string format;
-  std::vector<uint8_t> validity, data, values;
-  const void* buffers[3] = {nullptr, nullptr, nullptr};
-  ArrowSchema schema{};
-  ArrowArray array{};
-
-  ArrowInput in() const { return ArrowInput{&schema, &array}; }
-
-  void finish(int64_t length, int64_t offset, int64_t n_buffers, bool any_null) {
-    buffers[0] = any_null ? validity.data() : nullptr;
-    buffers[1] = data.data();
-    buffers[2] = values.data();
-    schema.format = format.c_str();
-    schema.name = "";
-    schema.flags = ARROW_FLAG_NULLABLE;
-    schema.release = &release_schema;
-    array.length = length;
-    array.offset = offset;
-    array.null_count = any_null ? -1 : 0;  // -1: "unknown", the kernels must count themselves
-    array.n_buffers = n_buffers;
-    array.buffers = buffers;
-    array.release = &release_array;
-  }
-  void set_valid(int64_t j, bool v) {
-    if (validity.size() <= static_cast<size_t>(j / 8)) validity.resize(j / 8 + 1, 0);
-    if (v) validity[j / 8] |= static_cast<uint8_t>(1u << (j % 8));
-    else validity[j / 8] &= static_cast<uint8_t>(~(1u << (j % 8)));
-  }
-};
-
-template <class T>
-TestArray fixed(const char* format, const std::vector<std::optional<T>>& xs, int64_t pad = 0) {
-  TestArray a;
-  a.format = format;
-  bool any_null = pad > 0;
-  const int64_t total = pad + static_cast<int64_t>(xs.size());
-  a.data.resize(static_cast<size_t>(total) * sizeof(T) + 1);
-  for (int64_t j = 0; j < total; ++j) {
-    const bool valid = j >= pad && xs[j - pad].has_value();
-    T v = valid ? *xs[j - pad] : static_cast<T>(0x5A5A5A5A);  // junk under nulls / padding
-    std::memcpy(a.data.data() + j * sizeof(T), &v, sizeof(T));
-    a.set_valid(j, valid);
-    any_null = any_null || !valid;
-  }
-  a.finish(static_cast<int64_t>(xs.size()), pad, 2, any_null);
-  return a;
-}
-
-template <class Off>
-TestArray varwidth(const char* format, const std::vector<std::optional<std::string>>& xs,
-                   int64_t pad = 0) {
-  TestArray a;
-  a.format = format;
-  bool any_null = pad > 0;
-  const int64_t total = pad + static_cast<int64_t>(xs.size());
-  std::vector<Off> offs(1, 0);
-  for (int64_t j = 0; j < total; ++j) {
-    const bool valid = j >= pad && xs[j - pad].has_value();
-    const std::string s = valid ? *xs[j - pad] : std::string(j < pad ? "pad" : "");
-    a.values.insert(a.values.end(), s.begin(), s.end());
-    offs.push_back(static_cast<Off>(a.values.size()));
-    a.set_valid(j, valid);
-    any_null = any_null || !valid;
-  }
-  a.values.push_back(0);  // never empty, so the buffer pointer is non-null
-  a.data.resize(offs.size() * sizeof(Off));
-  std::memcpy(a.data.data(), offs.data(), a.data.size());
-  a.finish(static_cast<int64_t>(xs.size()), pad, 3, any_null);
-  return a;
-}
-
-using I64 = std::vector<std::optional<int64_t>>;
-using F64 = std::vector<std::optional<double>>;
-using Str = std::vector<std::optional<std::string>>;
-
-// Whole table contents: encoded key -> value bytes.
-std::map<std::string, std::string> dump(StateTable& t) {
-  std::map<std::string, std::string> out;
-  for (int32_t kg = t.kg_start(); kg <= t.kg_end(); ++kg) {
-    t.map(kg).for_each([&](ByteView k, ByteView v) {
-      out[std::string(reinterpret_cast<const char*>(k.data), k.size)] =
-          std::string(reinterpret_cast<const char*>(v.data), v.size);
-    });
-  }
-  return out;
-}
-
-// Runs fn, expecting a BatchError whose message contains `needle`.
-bool batch_error(const std::function<void()>& fn, const std::string& needle) {
-  try {
-    fn();
-  } catch (const BatchError& e) {
-    if (std::string(e.what()).find(needle) != std::string::npos) return true;
-    std::fprintf(stderr, "  BatchError without '%s': %s\n", needle.c_str(), e.what());
-    return false;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "  unexpected exception: %s\n", e.what());
-    return false;
-  }
-  std::fprintf(stderr, "  no exception (wanted '%s')\n", needle.c_str());
-  return false;
-}
 
 BatchKeySpec spec_for(KeyType kind, Assigner a = Assigner::Spark, int32_t maxp = 128,
                       int32_t s = 0, int32_t e = 127) {
