@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -125,6 +126,31 @@ inline bool batch_error(const std::function<void()>& fn, const std::string& need
   }
   std::fprintf(stderr, "  no exception (wanted '%s')\n", needle.c_str());
   return false;
+}
+
+// Collection blobs (batch_collections.h): every stored value, bytes helpers, an int64-key spec.
+inline std::multiset<std::string> blobs(StateTable& t) {
+  std::multiset<std::string> out;
+  for (const auto& kv : dump(t)) out.insert(kv.second);
+  return out;
+}
+
+inline std::string le64(int64_t v) {
+  std::string s(8, '\0');
+  for (int i = 0; i < 8; ++i) s[i] = static_cast<char>(static_cast<uint64_t>(v) >> (8 * i));
+  return s;
+}
+inline std::string be64(int64_t v) {
+  std::string s(8, '\0');
+  for (int i = 0; i < 8; ++i) s[7 - i] = static_cast<char>(static_cast<uint64_t>(v) >> (8 * i));
+  return s;
+}
+inline std::string byte(int b) { return std::string(1, static_cast<char>(b)); }
+
+inline BatchKeySpec int64_spec() {
+  BatchKeySpec s;
+  s.key = KeySchema::scalar(KeyType::Int64);
+  return s;
 }
 
 }  // namespace statecore_test

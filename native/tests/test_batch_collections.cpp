@@ -20,35 +20,6 @@
 using namespace statecore;
 using namespace statecore_test;
 
-namespace {
-
-
-std::multiset<std::string> blobs(StateTable& t) {
-  std::multiset<std::string> out;
-  for (const auto& kv : dump(t)) out.insert(kv.second);
-  return out;
-}
-
-std::string le64(int64_t v) {
-  std::string s(8, '\0');
-  for (int i = 0; i < 8; ++i) s[i] = static_cast<char>(static_cast<uint64_t>(v) >> (8 * i));
-  return s;
-}
-std::string be64(int64_t v) {
-  std::string s(8, '\0');
-  for (int i = 0; i < 8; ++i) s[7 - i] = static_cast<char>(static_cast<uint64_t>(v) >> (8 * i));
-  return s;
-}
-std::string byte(int b) { return std::string(1, static_cast<char>(b)); }
-
-BatchKeySpec int64_spec() {
-  BatchKeySpec s;
-  s.key = KeySchema::scalar(KeyType::Int64);
-  return s;
-}
-
-}  // namespace
-
 TEST(list_append_int64_keeps_row_order_per_key) {
   StateTable t(0, 127);
   auto keys = fixed<int64_t>("l", I64{1, 2, 1, 1}, 2);  // sliced: offset 2
