@@ -348,20 +348,26 @@ def coerce_value_array(values, value_type: str, length: int, any_type: bool = Fa
 
 def resolve_batch_namespaces(namespaces, state: "State", length: int) -> list:
     """Per-row namespaces as a Python list (see module docstring for the rules)."""
-    ns_type = state.namespace_type
     if namespaces is None:
         return [state._require_namespace()] * length
-    if ns_type == "void":
+    if state.namespace_type == "void":
         raise InvalidInputError("a state with the void namespace accepts only namespaces=None")
     if is_arrow_input(namespaces):
-        arr = as_arrow_array(namespaces, "namespaces", lambda t: arrow_type_ok(ns_type, t))
-        if len(arr) != length:
-            raise InvalidInputError(f"namespaces have {len(arr)} rows but keys have {length}")
-        check_arrow_type(arr, ns_type, "namespaces")
-        if arr.null_count:
-            raise InvalidInputError("namespaces must not contain nulls")
-        return arr.to_pylist()
-    return [S.key_serializer(ns_type).check(namespaces)] * length
+        return combined(batch_namespace_array(namespaces, state.namespace_type, length)).to_pylist()
+    return [S.key_serializer(state.namespace_type).check(namespaces)] * length
+
+
+def batch_namespace_array(namespaces, ns_type: str, length: int):
+    """An Arrow input of per-row namespaces (:func:`is_arrow_input`) checked against the
+    namespace type ``ns_type`` (its Arrow type, ``length`` rows, no nulls), as imported: a
+    pa.Array or pa.ChunkedArray, not copied. InvalidInputError otherwise."""
+    arr = import_arrow(namespaces, "namespaces", lambda t: arrow_type_ok(ns_type, t))
+    if len(arr) != length:
+        raise InvalidInputError(f"namespaces have {len(arr)} rows but keys have {length}")
+    check_arrow_type(arr, ns_type, "namespaces")
+    if arr.null_count:
+        raise InvalidInputError("namespaces must not contain nulls")
+    return arr
 
 
 def check_snapshot_compatible(backend: "KeyedStateBackend", snap) -> None:

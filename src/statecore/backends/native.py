@@ -16,7 +16,7 @@ What differs is where the bytes live and the batch paths: ``get_batch``/``put_ba
 ``contains_batch``) on value state and ``get_batch``/``add_batch`` on reducing state with
 built-in reducers, for every namespace type (void; int32, int64, string, binary namespaces, one
 per row or one for the whole batch, go to the kernels as {key, namespace} struct chunks,
-``_with_namespaces``) and every value type but pickle (int64, uint64,
+``_keyed_chunks``) and every value type but pickle (int64, uint64,
 float64, int32, bool, timestamp[unit], fixed_size_binary[N], string, binary; large_string/
 large_binary input accepted; ``sum`` on int64/uint64/float64/int32, ``min``/``max`` on every
 fixed-width type but bool (fixed_size_binary by bytes), ``first``/``last`` on any fixed-width
@@ -445,46 +445,32 @@ def _kernel_ok(state, namespaces) -> bool:
             and (namespaces is None or state.namespace_type != "void"))
 
 
-_NS_ARROW_TYPES = {"int32": pa.int32(), "int64": pa.int64(), "string": pa.string(),
-                   "binary": pa.binary()}
-
-
 def _ns_column(state, namespaces, length: int):
     """The namespace of each of ``length`` rows as an Arrow array of the state's namespace type
     (pa.Array or pa.ChunkedArray, not copied when given as one), or None for a void state.
     The rules and errors of the per-row path (base.resolve_batch_namespaces): None -> the
     state's current namespace (InvalidInputError when unset), an Arrow input -> one namespace a
-    row (the namespace type's Arrow type, ``length`` rows, no nulls), anything else -> that one
-    namespace for every row."""
+    row (base.batch_namespace_array), anything else -> that one namespace for every row."""
     ns_type = state.namespace_type
     if ns_type == "void":
         return None
     if namespaces is not None and base.is_arrow_input(namespaces):
-        arr = base.import_arrow(namespaces, "namespaces", lambda t: base.arrow_type_ok(ns_type, t))
-        if len(arr) != length:
-            raise InvalidInputError(f"namespaces have {len(arr)} rows but keys have {length}")
-        base.check_arrow_type(arr, ns_type, "namespaces")
-        if arr.null_count:
-            raise InvalidInputError("namespaces must not contain nulls")
-        return arr
+        return base.batch_namespace_array(namespaces, ns_type, length)
     ns = (state._require_namespace() if namespaces is None
           else S.key_serializer(ns_type).check(namespaces))
-    return pa.repeat(pa.scalar(ns, _NS_ARROW_TYPES[ns_type]), length)
+    return pa.repeat(pa.scalar(ns, state._ns_ser.key_type.arrow_type), length)
 
 
-def _with_namespaces(key_chunks: list, ns_chunks) -> list:
-    """Kernel key chunks of a namespaced state: each a struct {key, namespace} of offset 0
-    (batch.h BatchKeySpec::has_namespace; the children keep their offsets, nothing is copied);
-    ``key_chunks`` unchanged when ``ns_chunks`` is None (void)."""
-    if ns_chunks is None:
-        return key_chunks
-    return [pa.StructArray.from_arrays([k, n], names=["key", "namespace"])
-            for k, n in zip(key_chunks, ns_chunks)]
-
-
-def _ns_name(state):
-    """The kernels' ``namespace_type`` argument."""
-    return state.namespace_type
+def _keyed_chunks(keys, ns, *columns, single: bool = False) -> list:
+    """_kernel_chunks of ``keys`` and ``columns`` with the rows' namespaces ``ns`` (None for a
+    void state) folded into the key chunks: each a struct {key, namespace} of offset 0 (batch.h
+    BatchKeySpec::has_namespace; the children keep their offsets, nothing is copied), as the
+    kernels take a namespaced state's keys. Returns [key chunks, chunks of each column...]."""
+    if ns is None:
+        return _kernel_chunks(keys, *columns, single=single)
+    kc, *cc, nc = _kernel_chunks(keys, *columns, ns, single=single)
+    return [[pa.StructArray.from_arrays([k, n], names=["key", "namespace"])
+             for k, n in zip(kc, nc)], *cc]
 
 
 def _key_array(state, keys):
@@ -545,12 +531,11 @@ class _KernelGet:
         arr = _key_array(self, keys)
         ns = _ns_column(self, namespaces, len(arr))
         ttl = self._ttl_args(len(arr))
-        kc, *nc = _kernel_chunks(arr, *([] if ns is None else [ns]))
-        out = self._table.native.get_batch(_with_namespaces(kc, nc[0] if nc else None),
-                                           b.key_type, b.assigner, b.max_parallelism,
+        (kc,) = _keyed_chunks(arr, ns)
+        out = self._table.native.get_batch(kc, b.key_type, b.assigner, b.max_parallelism,
                                            self._ser.name, ttl=ttl,
                                            count_expired=_count_read(b) if ttl else None,
-                                           namespace_type=_ns_name(self))
+                                           namespace_type=self.namespace_type)
         return _cast_out(out, self._ser)
 
 
@@ -569,10 +554,10 @@ class _KernelClear:
         cfg = self.descriptor.ttl_config
         if cfg is not None:
             b._ttl_accessed(self._table, cfg, len(arr))
-        kc, *nc = _kernel_chunks(arr, *([] if ns is None else [ns]))
-        self._table.native.clear_batch(_with_namespaces(kc, nc[0] if nc else None), b.key_type,
+        (kc,) = _keyed_chunks(arr, ns)
+        self._table.native.clear_batch(kc, b.key_type,
                                        b.assigner, b.max_parallelism,
-                                       namespace_type=_ns_name(self))
+                                       namespace_type=self.namespace_type)
 
 
 _STALE = object()  # a _NativeState cache that matches no current key
@@ -637,11 +622,10 @@ class _FastValue(_KernelClear, _KernelGet, py._Value, _NativeState):
         arr = _key_array(self, keys)
         vals = base.coerce_value_array(values, self._ser.name, len(arr), combine=False)
         ns = _ns_column(self, namespaces, len(arr))
-        kc, vc, *nc = _kernel_chunks(arr, vals, *([] if ns is None else [ns]))
-        self._table.native.put_batch(_with_namespaces(kc, nc[0] if nc else None), vc,
-                                     b.key_type, b.assigner, b.max_parallelism,
+        kc, vc = _keyed_chunks(arr, ns, vals)
+        self._table.native.put_batch(kc, vc, b.key_type, b.assigner, b.max_parallelism,
                                      self._ser.name, ttl=self._ttl_args(len(arr)),
-                                     namespace_type=_ns_name(self))
+                                     namespace_type=self.namespace_type)
 
 
 def _reducer_kernel_ok(state, namespaces) -> bool:
@@ -665,14 +649,12 @@ class _FastReducing(_KernelClear, _KernelGet, py._Reducing, _NativeState):
         ns = _ns_column(self, namespaces, len(arr))
         ttl = self._ttl_args(len(arr))
         # An integer sum's overflow rollback covers one kernel call: its batch is one chunk.
-        kc, vc, *nc = _kernel_chunks(arr, vals, *([] if ns is None else [ns]),
-                                     single=self.descriptor.reducer.name == "sum"
-                                     and self._ser.name in ("int64", "int32", "uint64"))
-        out = self._table.native.add_batch(_with_namespaces(kc, nc[0] if nc else None), vc,
-                                           b.key_type, b.assigner, b.max_parallelism,
+        kc, vc = _keyed_chunks(arr, ns, vals, single=self.descriptor.reducer.name == "sum"
+                               and self._ser.name in ("int64", "int32", "uint64"))
+        out = self._table.native.add_batch(kc, vc, b.key_type, b.assigner, b.max_parallelism,
                                            self._ser.name, self.descriptor.reducer.name, ttl=ttl,
                                            count_expired=_count_read(b) if ttl else None,
-                                           namespace_type=_ns_name(self))
+                                           namespace_type=self.namespace_type)
         return _cast_out(out, self._ser)
 
 
@@ -731,11 +713,10 @@ class _NativeList(_KernelClear, py._List, _NativeState):
         if parents is not None:
             arr = base.combined(arr).take(parents)
             ns = None if ns is None else base.combined(ns).take(parents)
-        kc, vc, *nc = _kernel_chunks(arr, elements, *([] if ns is None else [ns]))
-        self._table.native.append_batch(_with_namespaces(kc, nc[0] if nc else None), vc,
-                                        b.key_type, b.assigner, b.max_parallelism,
+        kc, vc = _keyed_chunks(arr, ns, elements)
+        self._table.native.append_batch(kc, vc, b.key_type, b.assigner, b.max_parallelism,
                                         self._ser.name, ttl=self._ttl_args(rows),
-                                        namespace_type=_ns_name(self))
+                                        namespace_type=self.namespace_type)
 
     def get_batch(self, keys, namespaces=None) -> pa.Array:
         """The list read kernel (batch_reads.h) for any namespace and every typed element
@@ -749,11 +730,10 @@ class _NativeList(_KernelClear, py._List, _NativeState):
         arr = _key_array(self, keys)
         ns = _ns_column(self, namespaces, len(arr))
         ttl = self._ttl_args(len(arr))
-        kc, *nc = _kernel_chunks(arr, *([] if ns is None else [ns]))
+        (kc,) = _keyed_chunks(arr, ns)
         return self._table.native.list_get_batch(
-            _with_namespaces(kc, nc[0] if nc else None), b.key_type, b.assigner,
-            b.max_parallelism, self._ser.name, ttl=ttl,
-            count_expired=_count_read(b) if ttl else None, namespace_type=_ns_name(self))
+            kc, b.key_type, b.assigner, b.max_parallelism, self._ser.name, ttl=ttl,
+            count_expired=_count_read(b) if ttl else None, namespace_type=self.namespace_type)
 
 
 def _map_kernel_ok(state, namespaces) -> bool:
@@ -796,11 +776,10 @@ class _NativeMap(_KernelClear, py._Map, _NativeState):
             raise InvalidInputError(f"values contain {vals.null_count} null(s); use remove_batch "
                                     "to remove user keys")
         ns = _ns_column(self, namespaces, len(arr))
-        kc, uc, vc, *nc = _kernel_chunks(arr, uks, vals, *([] if ns is None else [ns]))
-        self._table.native.map_put_batch(_with_namespaces(kc, nc[0] if nc else None), uc, vc,
-                                         b.key_type, b.assigner, b.max_parallelism,
+        kc, uc, vc = _keyed_chunks(arr, ns, uks, vals)
+        self._table.native.map_put_batch(kc, uc, vc, b.key_type, b.assigner, b.max_parallelism,
                                          uk_name, self._ser.name, ttl=self._ttl_args(len(arr)),
-                                         namespace_type=_ns_name(self))
+                                         namespace_type=self.namespace_type)
 
     def _read_kernel(self, method: str, keys, user_keys, namespaces):
         # get_batch / contains_batch through the map read kernels (see get_batch).
@@ -811,11 +790,11 @@ class _NativeMap(_KernelClear, py._Map, _NativeState):
         uks = _map_user_keys(self, user_keys, len(arr))
         ns = _ns_column(self, namespaces, len(arr))
         ttl = self._ttl_args(len(arr))
-        kc, uc, *nc = _kernel_chunks(arr, uks, *([] if ns is None else [ns]))
+        kc, uc = _keyed_chunks(arr, ns, uks)
         fn = getattr(self._table.native, "map_" + method)
-        return fn(_with_namespaces(kc, nc[0] if nc else None), uc, b.key_type, b.assigner,
+        return fn(kc, uc, b.key_type, b.assigner,
                   b.max_parallelism, self._uks.name, self._ser.name, ttl=ttl,
-                  count_expired=_count_read(b) if ttl else None, namespace_type=_ns_name(self))
+                  count_expired=_count_read(b) if ttl else None, namespace_type=self.namespace_type)
 
     def get_batch(self, keys, user_keys, namespaces=None) -> pa.Array:
         """The map read kernel (batch_reads.h) for any namespace, typed user keys and
@@ -846,10 +825,9 @@ class _NativeMap(_KernelClear, py._Map, _NativeState):
         uks = _map_user_keys(self, user_keys, len(arr))
         ns = _ns_column(self, namespaces, len(arr))
         self._ttl_args(len(arr))  # the TTL accesses of the rows (the kernel reads no timestamp)
-        kc, uc, *nc = _kernel_chunks(arr, uks, *([] if ns is None else [ns]))
-        self._table.native.map_remove_batch(_with_namespaces(kc, nc[0] if nc else None), uc,
-                                            b.key_type, b.assigner, b.max_parallelism,
-                                            self._uks.name, namespace_type=_ns_name(self))
+        kc, uc = _keyed_chunks(arr, ns, uks)
+        self._table.native.map_remove_batch(kc, uc, b.key_type, b.assigner, b.max_parallelism,
+                                            self._uks.name, namespace_type=self.namespace_type)
 
 
 class _NativeAggregating(_KernelClear, py._Aggregating, _NativeState):
