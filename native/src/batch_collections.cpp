@@ -13,11 +13,6 @@ namespace {
 
 using namespace batch_detail;
 
-std::vector<uint8_t>& blob_scratch() {
-  thread_local std::vector<uint8_t> buf;
-  return buf;
-}
-
 // Row i's stored bytes (docs/architecture.md "Values"): fixed-width numbers serialized into tmp
 // (8 bytes at most), fixed_size_binary/string/binary pointed to in the Arrow buffers.
 inline const uint8_t* value_bytes(const ValueSpec& vt, const ArrayView& v, int64_t i,

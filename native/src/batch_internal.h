@@ -664,6 +664,13 @@ inline bool ttl_read(StateMap& m, const RowKeys& rk, int64_t i, size_t width, co
 }
 // ---- shared by the collection kernels (batch_collections.cpp, batch_reads.cpp)
 
+// A per-thread buffer for a blob's bytes while the map rewrites it (one allocation per thread
+// and growth).
+inline std::vector<uint8_t>& blob_scratch() {
+  thread_local std::vector<uint8_t> buf;
+  return buf;
+}
+
 // The user keys of a map kernel as KeyArrays of the user-key type (one column, no struct).
 inline KeyArrays make_user_keys(const KeySchema& schema, ArrowInput in) {
   if (schema.is_struct || schema.columns.size() != 1) fail("user_keys: a map user key is one column");

@@ -11,11 +11,6 @@ namespace {
 
 using namespace batch_detail;
 
-std::vector<uint8_t>& blob_scratch() {
-  thread_local std::vector<uint8_t> buf;
-  return buf;
-}
-
 // Bytes one fixed-width element / value takes in the Arrow-layout output (bool: a 0/1 byte).
 size_t out_width(const ValueSpec& t) { return t.type == ValueType::Bool ? 1 : value_width(t); }
 

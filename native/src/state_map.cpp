@@ -97,6 +97,15 @@ void StateMap::Impl::begin_op(bool rehash_step_allowed) {
   }
 }
 
+void StateMap::Impl::begin_batch_write() {
+  if (flat && version > detail::kFlatMaxVersion) unflatten();
+  if (flat && frehash) {
+    begin_op(false);
+    flat_finish_rehash();
+  }
+  while (!flat && rehash_table) begin_op(true);
+}
+
 void StateMap::Impl::start_rehash() {
   size_t cap = primary->capacity;
   if (cap >= detail::kMaxCapacity) return;  // as Flink: stay at the maximum, overloaded
@@ -462,12 +471,7 @@ uint8_t* resize_value(StateMap& sm, uint32_t h, const uint8_t* key, size_t ks,
                       StateMap::ResizePlan plan, void* ctx, size_t* old_size) {
   check_buffer(key, ks, "key");
   StateMap::Impl& m = sm.engine();
-  if (m.flat && m.version > detail::kFlatMaxVersion) m.unflatten();
-  if (m.flat && m.frehash) {
-    m.begin_op(false);
-    m.flat_finish_rehash();
-  }
-  while (!m.flat && m.rehash_table) m.begin_op(true);
+  m.begin_batch_write();
   if (m.flat) {
     const StateMap::Impl::FlatLocation at = m.flat_locate(h, key, ks);
     if (at.table) {
@@ -557,12 +561,7 @@ uint8_t* StateMap::upsert(uint32_t hash, const uint8_t* key, size_t key_size,
                           size_t new_value_size, size_t* value_size, bool* inserted) {
   check_buffer(key, key_size, "key");
   Impl& m = *impl_;
-  if (m.flat && m.version > detail::kFlatMaxVersion) m.unflatten();
-  if (m.flat && m.frehash) {
-    m.begin_op(false);
-    m.flat_finish_rehash();
-  }
-  while (!m.flat && m.rehash_table) m.begin_op(true);
+  m.begin_batch_write();
   if (m.flat) {
     const Impl::FlatLocation at = m.flat_locate(hash, key, key_size);
     if (at.table) {

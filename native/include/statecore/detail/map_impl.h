@@ -80,6 +80,10 @@ struct StateMap::Impl {
 
   // Called first by every operation: deferred sweep, cache `required`, one incremental rehash step.
   void begin_op(bool rehash_step_allowed);
+  // Called first by the batch writes (StateMap::upsert, update_resized): the "Batch exception"
+  // of the class comment -- a flat map past its version limit is unflattened, and a rehash in
+  // flight is completed at once (flat: one pass; chained: every remaining step).
+  void begin_batch_write();
   void rehash_step();
   void start_rehash();
 
