@@ -295,6 +295,17 @@ class TimerService:
                 decoded.append((kg, bytes(enc), (ts, key, ns)))
         return decoded
 
+    def replace_restore(self, key_groups, staged: list) -> int:
+        """Drop every timer of ``key_groups`` and insert the ones :meth:`stage_restore` returned
+        (a change set's timers: complete for those key groups); returns how many were inserted."""
+        for kg in key_groups:
+            group = self._timers.pop(kg, None)
+            if group:
+                self._count -= len(group)  # their heap entries are skipped when popped
+        n = self.apply_restore(staged)
+        self._maybe_compact()
+        return n
+
     def apply_restore(self, staged: list) -> int:
         """Insert timers returned by :meth:`stage_restore`; returns how many."""
         for kg, enc, entry in staged:

@@ -375,6 +375,58 @@ class NativeBackend(py.PythonBackend):
         if migrated:
             self._migrated(expired)
 
+    def apply_changes(self, changes) -> None:
+        """Bring this backend from the state of a committed run to a later version:
+        ``changes`` is a :class:`~statecore.checkpoint.store.ChangesReader` (or any
+        StateSnapshot-like object whose NULL values are tombstones). Entries are bulk-upserted
+        and tombstoned keys removed as bytes, key group by key group of the backend's range;
+        the timers of the range are replaced by the change set's (complete in every run). The
+        result is the new incremental base, as after :meth:`restore`. Everything is checked
+        first: InvalidInputError for malformed entries, StateMigrationError for another key
+        type / max parallelism / assigner or a state whose TTL setting changed (restore the
+        version instead), the reader's CorruptCheckpointError -- each leaves the backend
+        unchanged."""
+        self._check_open()
+        base.check_snapshot_compatible(self, changes)
+        kgs = list(self.key_group_range.intersection(KeyGroupRange.of(changes.key_group_range)))
+        staged = []
+        for meta in changes.state_metas():
+            if meta["kind"] == "timers":
+                continue
+            table = self._table_for_restore(meta)
+            if self._restore_migration(table, meta) is not None:
+                raise StateMigrationError(
+                    f"state {meta['name']!r}: its TTL setting differs from the change set's; a "
+                    "change set is applied as stored bytes, so restore the version instead")
+            staged.append((table, None, None, None))
+            for kg in kgs:
+                keys, vals = changes.entries(meta["name"], kg)
+                if not len(keys):
+                    continue
+                gone = None
+                if vals.null_count:
+                    dead = vals.is_null()
+                    gone = keys.filter(dead)
+                    keys, vals = keys.filter(pc.invert(dead)), vals.filter(pc.invert(dead))
+                    self._check_keys(table, kg, gone)
+                if len(keys):
+                    self._check_entries(table, kg, keys, vals)
+                staged.append((table, kg, (keys, vals), gone))
+        timers = self.timers.stage_restore(changes)
+        for table, kg, live, gone in staged:
+            self._tables.setdefault(table.name, table)
+            if kg is None:
+                continue
+            if len(live[0]):
+                table.native.load(kg, *live)
+            if gone is not None:
+                table.native.remove_keys(kg, gone)
+        self.timers.replace_restore(kgs, timers)
+        for table in self._tables.values():
+            table.native.rebase()
+        self._pending.clear()
+        self._restored_is_base()
+
     def _check_entries(self, table: _NativeTable, kg: int, keys: pa.Array, vals: pa.Array) -> None:
         """Entries are loaded as bytes without decoding, so check what can be checked cheaply:
         no nulls, every encoded key longer than the key-group prefix and carrying the prefix of
@@ -382,12 +434,31 @@ class NativeBackend(py.PythonBackend):
         exactly that wide (plus the 8-byte timestamp with TTL). InvalidInputError names the
         state and key group otherwise."""
         name = table.name
-        keys = keys.cast(pa.binary()) if keys.type != pa.binary() else keys
         vals = vals.cast(pa.binary()) if vals.type != pa.binary() else vals
+        n = len(keys)
+        if len(vals) != n or vals.null_count:
+            raise InvalidInputError(f"state {name!r}, key group {kg}: keys and values must be non-null and pair up")
+        self._check_keys(table, kg, keys)
+        width = table.value_ser.fixed_width
+        if width is not None and table.ttl:
+            width += 8  # the TTL timestamp suffix
+        if table.kind in ("value", "reducing") and width is not None:
+            voffs = np.frombuffer(vals.buffers()[1], np.int32)[vals.offset:vals.offset + n + 1]
+            if np.any(np.diff(voffs) != width):
+                raise InvalidInputError(
+                    f"state {name!r}, key group {kg}: {table.value_ser.name} values must be {width} bytes")
+
+    def _check_keys(self, table: _NativeTable, kg: int, keys: pa.Array) -> None:
+        """The key half of :meth:`_check_entries`: non-null, longer than the key-group prefix,
+        carrying the prefix of ``kg``."""
+        name = table.name
+        keys = keys.cast(pa.binary()) if keys.type != pa.binary() else keys
         w = len(S.key_group_prefix(kg, self.max_parallelism))
         n = len(keys)
-        if len(vals) != n or keys.null_count or vals.null_count:
-            raise InvalidInputError(f"state {name!r}, key group {kg}: keys and values must be non-null and pair up")
+        if keys.null_count:
+            raise InvalidInputError(f"state {name!r}, key group {kg}: keys must be non-null")
+        if n == 0:
+            return
         offs = np.frombuffer(keys.buffers()[1], np.int32)[keys.offset:keys.offset + n + 1]
         if np.any(np.diff(offs) <= w):
             raise InvalidInputError(f"state {name!r}: an encoded key of key group {kg} is too short")
@@ -398,14 +469,6 @@ class NativeBackend(py.PythonBackend):
         if np.any(got != kg):
             raise InvalidInputError(
                 f"state {name!r}: entries listed under key group {kg} carry another key-group prefix")
-        width = table.value_ser.fixed_width
-        if width is not None and table.ttl:
-            width += 8  # the TTL timestamp suffix
-        if table.kind in ("value", "reducing") and width is not None:
-            voffs = np.frombuffer(vals.buffers()[1], np.int32)[vals.offset:vals.offset + n + 1]
-            if np.any(np.diff(voffs) != width):
-                raise InvalidInputError(
-                    f"state {name!r}, key group {kg}: {table.value_ser.name} values must be {width} bytes")
 
     # ------------------------------------------------------------------ accounting
     def num_entries(self) -> int:

@@ -604,6 +604,45 @@ class PythonBackend(base.KeyedStateBackend):
         if migrated:
             self._migrated(expired)
 
+    def apply_changes(self, changes) -> None:
+        """As the native backend's :meth:`apply_changes`: upsert the change set's entries,
+        remove its tombstones (NULL values), replace the range's timers; the result is the new
+        incremental base. Everything is decoded first, so an error (InvalidInputError,
+        StateMigrationError, the reader's CorruptCheckpointError) leaves the backend unchanged."""
+        self._check_open()
+        base.check_snapshot_compatible(self, changes)
+        kgs = list(self.key_group_range.intersection(KeyGroupRange.of(changes.key_group_range)))
+        staged = []
+        for meta in changes.state_metas():
+            if meta["kind"] == "timers":
+                continue
+            table = self._table_for_restore(meta)
+            if self._restore_migration(table, meta) is not None:
+                raise StateMigrationError(
+                    f"state {meta['name']!r}: its TTL setting differs from the change set's; a "
+                    "change set is applied as stored values, so restore the version instead")
+            rows = []
+            for kg in kgs:
+                keys, vals = changes.entries(meta["name"], kg)
+                for kb, vb in zip(keys.to_pylist(), vals.to_pylist()):
+                    kg2, key, ns, _ = S.decode_key(kb, self.max_parallelism, self._key_ser, table.ns_ser)
+                    if kg2 != kg:
+                        raise InvalidInputError(f"entry {kb.hex()} of state {meta['name']!r} listed under key group {kg}")
+                    rows.append((kg, (key, ns), None if vb is None else table.decode_value(vb)))
+            staged.append((table, rows))
+        timers = self.timers.stage_restore(changes)
+        for table, rows in staged:
+            self._tables.setdefault(table.name, table)
+            for kg, k, v in rows:
+                if v is None:
+                    table.remove(kg, k)
+                else:
+                    table.put(kg, k, v)
+        self.timers.replace_restore(kgs, timers)
+        for table in self._tables.values():
+            table.changes.clear()
+        self._restored_is_base()
+
     # ------------------------------------------------------------------ accounting
     def num_entries(self) -> int:
         return sum(len(g) for t in self._tables.values() for g in t.data.values())

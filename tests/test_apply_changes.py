@@ -1,0 +1,137 @@
+"""Catching a backend up from a committed run to a later version (CheckpointStore.open_changes +
+backend.apply_changes), differentially against a restore of that version, on both backends:
+same contents (timers included), same next incremental snapshot, and the cases where a change
+set cannot be built (the base run compacted away, a full run above it, another base)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import statecore
+from statecore.checkpoint.store import CheckpointStore
+from statecore.errors import StateMigrationError
+from test_async_snapshot import BACKENDS, _contents, _States
+
+_RANGE = (0, 31)
+
+
+def _backend(kind, max_parallelism=32):
+    return statecore.create_backend(kind, key_type="int64", max_parallelism=max_parallelism,
+                                    key_group_range=_RANGE)
+
+
+def _checkpoint(store, b, version, incremental):
+    snap = b.snapshot(incremental=incremental)
+    d = store.write_snapshot(snap, version, f"p0-v{version}")
+    snap.release()
+    store.commit(version, [d])
+    b.notify_checkpoint_complete(d["snapshot_id"])
+    return d
+
+
+def _ops(st, rnd, n, start):
+    for i in range(start, start + n):
+        st.op(rnd, i)
+
+
+def _restored(kind, store, version):
+    b = _backend(kind)
+    _States(b)  # registers the states as a task's processor.open would
+    store.restore(b, version)
+    return b
+
+
+def _snapshot_contents(b, incremental=False):
+    snap = b.snapshot(incremental=incremental)
+    try:
+        return _contents(snap)
+    finally:
+        snap.release()
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_catch_up_equals_restore(tmp_path, kind, seed):
+    store = CheckpointStore(str(tmp_path), max_runs=None)
+    rnd = random.Random(seed)
+    writer = _backend(kind)
+    st = _States(writer)
+    _ops(st, rnd, 3000, 0)
+    base = _checkpoint(store, writer, 0, incremental=False)
+    _ops(st, rnd, 1500, 10**5)
+    v1_run = _checkpoint(store, writer, 1, incremental=True)["path"]
+    stale = _restored(kind, store, 1)  # a worker that ran version 1 and then lost the partition
+    for v in (2, 3):
+        _ops(st, rnd, 1500, 10**5 * (v + 1))  # removals, clears, map removes, timer deletes
+        if v == 2:
+            assert writer.timers.advance_watermark(300_000)  # timers the stale copy still has
+        _checkpoint(store, writer, v, incremental=True)
+
+    changes = store.open_changes(3, v1_run, *_RANGE)
+    assert changes is not None
+    assert [r["seq"] for r in changes.runs] == sorted(r["seq"] for r in changes.runs)
+    assert len(changes.runs) == 2 and changes.base_seq < changes.runs[0]["seq"]
+    assert any(sum(r["tombstones"].values()) for r in changes.runs)
+    stale.apply_changes(changes)
+    changes.release()
+    fresh = _restored(kind, store, 3)
+    assert _snapshot_contents(stale) == _snapshot_contents(fresh) == _contents(store.open(3))
+    assert stale.timers.all_timers() == fresh.timers.all_timers()
+    assert fresh.timers.num_timers() > 0
+    # The caught-up state is the incremental base: the next version's changes are the same.
+    for b in (stale, fresh):
+        _ops(_States(b), random.Random(seed + 10), 700, 10**6)
+    assert _snapshot_contents(stale, incremental=True) == _snapshot_contents(fresh, incremental=True)
+    # From the full run of version 0 the change set is every later run.
+    assert len(store.open_changes(3, base["path"], *_RANGE).runs) == 3
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_no_change_set_without_a_plain_incremental_chain(tmp_path, kind):
+    store = CheckpointStore(str(tmp_path), max_runs=None)
+    rnd = random.Random(5)
+    b = _backend(kind)
+    st = _States(b)
+    _ops(st, rnd, 1000, 0)
+    d0 = _checkpoint(store, b, 0, incremental=False)
+    _ops(st, rnd, 500, 10**5)
+    d1 = _checkpoint(store, b, 1, incremental=True)
+    # The base's own version: nothing to apply.
+    same = store.open_changes(1, d1["path"], *_RANGE)
+    assert same is not None and same.runs == []
+    assert store.open_changes(1, "data/1/elsewhere.sckp", *_RANGE) is None
+    # A full run above the base: its removals left no tombstones.
+    _ops(st, rnd, 500, 2 * 10**5)
+    _checkpoint(store, b, 2, incremental=False)
+    assert store.open_changes(2, d1["path"], *_RANGE) is None
+    # The base run compacted into a full one: it is no longer in the chain.
+    _ops(st, rnd, 500, 3 * 10**5)
+    d3 = _checkpoint(store, b, 3, incremental=True)
+    assert store.open_changes(3, d3["path"], *_RANGE).runs == []
+    _ops(st, rnd, 500, 4 * 10**5)
+    _checkpoint(store, b, 4, incremental=True)
+    assert len(store.open_changes(4, d3["path"], *_RANGE).runs) == 1
+    store.compact(4, max_runs=1)
+    assert store.open_changes(4, d3["path"], *_RANGE) is None
+    assert store.open_changes(4, d0["path"], *_RANGE) is None
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_incompatible_change_set_leaves_the_backend_unchanged(tmp_path, kind):
+    store = CheckpointStore(str(tmp_path), max_runs=None)
+    rnd = random.Random(7)
+    b = _backend(kind)
+    st = _States(b)
+    _ops(st, rnd, 800, 0)
+    d0 = _checkpoint(store, b, 0, incremental=False)
+    _ops(st, rnd, 400, 10**5)
+    _checkpoint(store, b, 1, incremental=True)
+    other = statecore.create_backend(kind, key_type="int64", max_parallelism=64,
+                                     key_group_range=_RANGE)
+    _States(other)
+    before = _snapshot_contents(other)
+    with pytest.raises(StateMigrationError, match="max_parallelism"):
+        other.apply_changes(store.open_changes(1, d0["path"], *_RANGE))
+    assert _snapshot_contents(other) == before
