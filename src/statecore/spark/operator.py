@@ -16,7 +16,9 @@ function, or called from one):
    from the in-process cache when this worker process produced exactly that committed version
    (same attempt, and its data file is one of the writers the driver committed) for this
    (checkpoint, operator, partition, n, maxP) — PySpark reuses workers, but a partition lands on
-   the same worker only about half the time — and otherwise is restored from the checkpoint
+   the same worker only about half the time — else caught up from an older committed copy
+   of the partition that this worker kept (``stale_copies``: the runs committed since are
+   applied, :meth:`CheckpointStore.open_changes`), and otherwise is restored from the checkpoint
    store (only the key groups of the range, from whichever runs cover them, which is also how a
    restart with another ``n`` re-splits key groups). The processor runs (its output batches
    stream to the sink while it runs). Then the checkpoint, in two parts:
@@ -124,7 +126,9 @@ class _CachedState:
     ``write``: a Future that resolves when the background write (data file + pending
     descriptor) finished, successfully or not (the backend may be closed only after that);
     ``abandon_after_s``: once the entry is dropped, how long its write may still run before it
-    is cancelled (the driver has given up on it by then, see :func:`_close_entry`)."""
+    is cancelled (the driver has given up on it by then, see :func:`_close_entry`);
+    ``pristine``: the backend holds exactly its data file's state (no TTL background cleanup
+    after the snapshot), so it can catch up to a later version (:func:`_take_stale`)."""
 
     version: int
     attempt: str
@@ -137,6 +141,7 @@ class _CachedState:
     snapshot_id: Optional[int] = None
     write: Optional[Future] = None
     abandon_after_s: float = 600.0
+    pristine: bool = True  # no change after the snapshot (a catch-up starts from its run)
 
 
 _STATE_CACHE: Dict[tuple, _CachedState] = {}
@@ -193,6 +198,11 @@ def _take_cached(key: tuple, want: tuple, committed_writers: Optional[frozenset]
     have = (entry.version, entry.attempt, entry.num_partitions, entry.max_parallelism,
             entry.backend_kind, entry.key_type)
     if have != want or (committed_writers is not None and entry.writer not in committed_writers):
+        if entry.version < want[0] and entry.pristine:
+            with _CACHE_LOCK:  # an older copy: maybe a catch-up base (_take_stale), put back
+                if key not in _STATE_CACHE:
+                    _STATE_CACHE[key] = entry
+                    return None
         _close_entry(entry)
         return None
     if entry.write is not None and entry.write.exception() is not None:
@@ -205,22 +215,59 @@ def _take_cached(key: tuple, want: tuple, committed_writers: Optional[frozenset]
     return entry.backend
 
 
+def _take_stale(key: tuple, store, version: int, config: tuple, kg_range):
+    """Remove the cached backend for ``key`` when it holds an older committed version of the
+    partition with the same ``config`` = (n, maxP, kind, key_type) and its data file is the base
+    of a plain incremental chain up to ``version`` (:meth:`CheckpointStore.open_changes`).
+    Returns ``(backend, changes)`` to apply with ``backend.apply_changes(changes)``, or None
+    (an unusable entry is closed). The driver committed the entry's file if ``version``'s
+    manifest lists it."""
+    with _CACHE_LOCK:
+        entry = _STATE_CACHE.get(key)
+        if entry is None or entry.version >= version or not entry.pristine or entry.writer is None \
+                or (entry.num_partitions, entry.max_parallelism, entry.backend_kind,
+                    entry.key_type) != config:
+            return None
+        del _STATE_CACHE[key]
+    changes = None
+    try:
+        # Not waiting: a committed entry's write has finished, while the write of an attempt
+        # the driver gave up on (a worker that never reported) may never finish.
+        write = entry.write
+        if write is None or (write.done() and write.exception() is None):
+            changes = store.open_changes(version, store.data_path(entry.version, entry.writer),
+                                         kg_range.start, kg_range.end)
+    except (CheckpointNotFoundError, StateError, OSError):
+        changes = None
+    if changes is None:
+        _close_entry(entry)
+        return None
+    return entry.backend, changes
+
+
 #: Cached partitions per worker process beyond which the oldest are closed.
 MAX_CACHED_PARTITIONS = 32
 
 
-def _put_cached(key: tuple, entry: _CachedState) -> None:
-    """Cache ``entry`` for ``key``; close entries that can no longer match: other partitions of
-    the same operator at an older version (the next micro-batch needs this version or a newer
-    one), and the oldest entries beyond :data:`MAX_CACHED_PARTITIONS`."""
+def _put_cached(key: tuple, entry: _CachedState, stale_copies: int = 0) -> None:
+    """Cache ``entry`` for ``key``; close entries that can no longer serve: of the other
+    partitions of the same operator at an older version (the next micro-batch needs this version
+    or a newer one; an older copy only as a catch-up base) all but the ``stale_copies`` newest
+    pristine ones, and the oldest entries beyond :data:`MAX_CACHED_PARTITIONS`."""
     closing = []
     with _CACHE_LOCK:
         old = _STATE_CACHE.pop(key, None)
         if old is not None:
             closing.append(old)
-        for k in [k for k, e in _STATE_CACHE.items()
-                  if k[:2] == key[:2] and e.version < entry.version]:
-            closing.append(_STATE_CACHE.pop(k))
+        older = sorted((k for k, e in _STATE_CACHE.items()
+                        if k[:2] == key[:2] and e.version < entry.version),
+                       key=lambda k: (_STATE_CACHE[k].pristine, _STATE_CACHE[k].version))
+        keep = set(k for k in older if _STATE_CACHE[k].pristine)
+        keep = set(sorted(keep, key=lambda k: _STATE_CACHE[k].version)[-stale_copies:]) \
+            if stale_copies else set()
+        for k in older:
+            if k not in keep:
+                closing.append(_STATE_CACHE.pop(k))
         _STATE_CACHE[key] = entry
         while len(_STATE_CACHE) > MAX_CACHED_PARTITIONS:
             closing.append(_STATE_CACHE.pop(next(iter(_STATE_CACHE))))
@@ -413,6 +460,7 @@ class _TaskSpec:
     start_write: Optional[Callable] = None
     commit_timeout_s: float = 300.0
     ttl_background_key_groups: int = 0
+    stale_copies: int = 1
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         t0 = time.perf_counter()
@@ -461,6 +509,14 @@ class _TaskSpec:
                 self.prev_version, self.prev_attempt, self.num_partitions, self.max_parallelism,
                 self.backend_kind, self.key_type), self.prev_writers)
             source = "cache" if backend is not None else "checkpoint"
+        changes = None
+        if backend is None and self.prev_version is not None and self.stale_copies:
+            stale = _take_stale(cache_key, store, self.prev_version,
+                                (self.num_partitions, self.max_parallelism, self.backend_kind,
+                                 self.key_type), kg_range)
+            if stale is not None:
+                backend, changes = stale
+                source = "cache" if not changes.runs else "catch-up"
         if backend is None:
             backend = create_backend(self.backend_kind, key_type=self.key_type,
                                      max_parallelism=self.max_parallelism,
@@ -476,13 +532,22 @@ class _TaskSpec:
             t_load = time.perf_counter()
             chunked = bool(getattr(self.processor, "chunked_input", False)) and not self.is_flush
             inputs: Any = self._data_chunks(batches, partition_id)
-            if source == "checkpoint":
-                # The restored state becomes the backend's incremental base. It is restored in
-                # a thread while this one takes the input as it arrives (a restore is mostly
-                # native code and file reads without the GIL; receiving the input mostly waits
-                # for Spark), and the processor sees the backend only after the restore.
-                restoring = _InThread(lambda: store.restore(backend, self.prev_version),
-                                      f"statecore-restore-p{partition_id}")
+            if changes is not None and not changes.runs:
+                backend.apply_changes(changes)  # nothing to apply; moves the base there
+                changes.release()
+            if source in ("checkpoint", "catch-up"):
+                # The restored (caught-up) state becomes the backend's incremental base. It is
+                # loaded in a thread while this one takes the input as it arrives (mostly native
+                # code and file reads without the GIL; receiving the input mostly waits for
+                # Spark), and the processor sees the backend only after that.
+                def load():
+                    if changes is None:
+                        return store.restore(backend, self.prev_version)
+                    try:
+                        backend.apply_changes(changes)
+                    finally:
+                        changes.release()
+                restoring = _InThread(load, f"statecore-restore-p{partition_id}")
                 early: List[pa.RecordBatch] = []
                 if chunked:
                     for chunk in inputs:
@@ -566,7 +631,9 @@ class _TaskSpec:
         _put_cached(cache_key, _CachedState(
             self.batch_id, self.attempt, self.num_partitions, self.max_parallelism,
             self.backend_kind, self.key_type, backend, writer=writer, snapshot_id=snapshot_id,
-            write=done, abandon_after_s=2 * self.commit_timeout_s))
+            write=done, abandon_after_s=2 * self.commit_timeout_s,
+            pristine=not (self.ttl_background_key_groups and not self.is_flush)),
+            self.stale_copies)
         try:
             if held is not None:
                 yield held
@@ -686,7 +753,7 @@ class BatchReport:
     ``plan_s`` (manifest reads, checks, building the plan), ``action_s`` (the sink's action, i.e.
     the Spark job that runs the tasks), ``wait_s`` (= ``wait_seconds``), ``commit_s`` (manifest,
     pending cleanup, retention); ``partitions``, one dict per partition from its task:
-    ``partition``, ``pid`` (worker process), ``load`` ("empty", "cache", "checkpoint"),
+    ``partition``, ``pid`` (worker process), ``load`` ("empty", "cache", "catch-up", "checkpoint"),
     ``load_s`` (cache take or restore, plus ``processor.open``; before the input is read),
     ``input_s`` (receiving the routed input; 0 for a processor with ``chunked_input``, whose
     input arrives during ``process_s``), ``process_s``, ``snapshot_s`` (the synchronous snapshot), ``task_s``
@@ -752,6 +819,11 @@ class StatefulOperator:
         ttl_background_key_groups: key groups per partition and micro-batch that TTL background
             cleanup (``StateTtlConfig(cleanup_in_background=True)``) expires right after the
             snapshot (int >= 0; 0 = none).
+        stale_copies: partitions of this operator a Python worker keeps besides the one it ran
+            last (int >= 0, default 1). PySpark hands a partition to another worker about half
+            the time; a worker holding an older committed copy of it catches up by applying the
+            runs committed since (``load = "catch-up"``) instead of restoring the whole chain.
+            Costs up to that many more partitions' state in memory per worker; 0 = none.
 
     Raises InvalidInputError for bad arguments (at construction) and for inputs the contract
     forbids (at run time: null keys, a key column of another type, output not matching the
@@ -764,7 +836,7 @@ class StatefulOperator:
                  parallelism: int = 2, max_parallelism: int = 128, backend: str = "python",
                  event_time_column: Optional[str] = None, retain_versions: int = 3,
                  max_runs: Optional[int] = 8, commit_timeout_s: float = 300.0,
-                 ttl_background_key_groups: int = 0):
+                 ttl_background_key_groups: int = 0, stale_copies: int = 1):
         import re
 
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", name):
@@ -797,6 +869,8 @@ class StatefulOperator:
                 or ttl_background_key_groups < 0:
             raise InvalidInputError(
                 f"ttl_background_key_groups must be an int >= 0, got {ttl_background_key_groups!r}")
+        if isinstance(stale_copies, bool) or not isinstance(stale_copies, int) or stale_copies < 0:
+            raise InvalidInputError(f"stale_copies must be an int >= 0, got {stale_copies!r}")
         if sink is None:
             if output is None:
                 raise InvalidInputError("give either sink= or output= (directory of the default sink)")
@@ -816,6 +890,7 @@ class StatefulOperator:
         self.max_runs = max_runs
         self.commit_timeout_s = float(commit_timeout_s)
         self.ttl_background_key_groups = ttl_background_key_groups
+        self.stale_copies = stale_copies
         self.reports: List[BatchReport] = []
         self._store = None
         # (parallelism, JVM SparkSession, DataFrame) of the control rows; see _control_rows.
@@ -967,7 +1042,8 @@ class StatefulOperator:
             output_schema=self.processor.output_schema,
             prev_writers=(frozenset(prev_meta["writers"]) if "writers" in prev_meta else None),
             start_write=self._start_write, commit_timeout_s=self.commit_timeout_s,
-            ttl_background_key_groups=self.ttl_background_key_groups)
+            ttl_background_key_groups=self.ttl_background_key_groups,
+            stale_copies=self.stale_copies)
 
         control = self._control_rows(spark, n)
         if df is None:
