@@ -11,7 +11,9 @@ import pytest
 
 import statecore
 from statecore.checkpoint.store import CheckpointStore
+from statecore.descriptors import ValueStateDescriptor
 from statecore.errors import StateMigrationError
+from statecore.ttl import StateTtlConfig
 from test_async_snapshot import BACKENDS, _contents, _States
 
 _RANGE = (0, 31)
@@ -34,6 +36,19 @@ def _checkpoint(store, b, version, incremental):
 def _ops(st, rnd, n, start):
     for i in range(start, start + n):
         st.op(rnd, i)
+
+
+def _two_versions(kind, store, seed, n):
+    """A backend after ``n`` random ops, checkpointed full as version 0, then ``n // 2`` more
+    ops checkpointed incrementally as version 1: (backend, states, rnd, descriptor 0, 1)."""
+    rnd = random.Random(seed)
+    b = _backend(kind)
+    st = _States(b)
+    _ops(st, rnd, n, 0)
+    d0 = _checkpoint(store, b, 0, incremental=False)
+    _ops(st, rnd, n // 2, 10**5)
+    d1 = _checkpoint(store, b, 1, incremental=True)
+    return b, st, rnd, d0, d1
 
 
 def _restored(kind, store, version):
@@ -91,13 +106,7 @@ def test_catch_up_equals_restore(tmp_path, kind, seed):
 @pytest.mark.parametrize("kind", BACKENDS)
 def test_no_change_set_without_a_plain_incremental_chain(tmp_path, kind):
     store = CheckpointStore(str(tmp_path), max_runs=None)
-    rnd = random.Random(5)
-    b = _backend(kind)
-    st = _States(b)
-    _ops(st, rnd, 1000, 0)
-    d0 = _checkpoint(store, b, 0, incremental=False)
-    _ops(st, rnd, 500, 10**5)
-    d1 = _checkpoint(store, b, 1, incremental=True)
+    b, st, rnd, d0, d1 = _two_versions(kind, store, 5, 1000)
     # The base's own version: nothing to apply.
     same = store.open_changes(1, d1["path"], *_RANGE)
     assert same is not None and same.runs == []
@@ -121,13 +130,7 @@ def test_no_change_set_without_a_plain_incremental_chain(tmp_path, kind):
 @pytest.mark.parametrize("kind", BACKENDS)
 def test_incompatible_change_set_leaves_the_backend_unchanged(tmp_path, kind):
     store = CheckpointStore(str(tmp_path), max_runs=None)
-    rnd = random.Random(7)
-    b = _backend(kind)
-    st = _States(b)
-    _ops(st, rnd, 800, 0)
-    d0 = _checkpoint(store, b, 0, incremental=False)
-    _ops(st, rnd, 400, 10**5)
-    _checkpoint(store, b, 1, incremental=True)
+    d0 = _two_versions(kind, store, 7, 800)[3]
     other = statecore.create_backend(kind, key_type="int64", max_parallelism=64,
                                      key_group_range=_RANGE)
     _States(other)
@@ -135,6 +138,17 @@ def test_incompatible_change_set_leaves_the_backend_unchanged(tmp_path, kind):
     with pytest.raises(StateMigrationError, match="max_parallelism"):
         other.apply_changes(store.open_changes(1, d0["path"], *_RANGE))
     assert _snapshot_contents(other) == before
+    # A state registered with TTL (migration requested) against a change set without: a change
+    # set is applied as stored, so it is refused before anything changes.
+    ttl = _backend(kind)
+    v = ttl.get_state(ValueStateDescriptor("v", "string").enable_time_to_live(
+        StateTtlConfig(10**9)).enable_ttl_migration())
+    ttl.set_current_key(1)
+    v.update("kept")
+    before = _snapshot_contents(ttl)
+    with pytest.raises(StateMigrationError, match="TTL setting differs"):
+        ttl.apply_changes(store.open_changes(1, d0["path"], *_RANGE))
+    assert _snapshot_contents(ttl) == before
 
 
 @pytest.mark.parametrize("kind", BACKENDS)

@@ -368,60 +368,33 @@ class NativeBackend(py.PythonBackend):
                 table.native.load(kg, keys, vals)
         self.timers.apply_restore(timers)
         # The restored state is the base: the bulk load is not a change.
-        for table in self._tables.values():
-            table.native.rebase()
-        self._pending.clear()
-        self._restored_is_base()
+        self._contents_are_base()
         if migrated:
             self._migrated(expired)
 
-    def apply_changes(self, changes) -> None:
-        """Bring this backend from the state of a committed run to a later version:
-        ``changes`` is a :class:`~statecore.checkpoint.store.ChangesReader` (or any
-        StateSnapshot-like object whose NULL values are tombstones). Entries are bulk-upserted
-        and tombstoned keys removed as bytes, key group by key group of the backend's range;
-        the timers of the range are replaced by the change set's (complete in every run). The
-        result is the new incremental base, as after :meth:`restore`. Everything is checked
-        first: InvalidInputError for malformed entries, StateMigrationError for another key
-        type / max parallelism / assigner or a state whose TTL setting changed (restore the
-        version instead), the reader's CorruptCheckpointError -- each leaves the backend
-        unchanged."""
-        self._check_open()
-        base.check_snapshot_compatible(self, changes)
-        kgs = list(self.key_group_range.intersection(KeyGroupRange.of(changes.key_group_range)))
-        staged = []
-        for meta in changes.state_metas():
-            if meta["kind"] == "timers":
-                continue
-            table = self._table_for_restore(meta)
-            if self._restore_migration(table, meta) is not None:
-                raise StateMigrationError(
-                    f"state {meta['name']!r}: its TTL setting differs from the change set's; a "
-                    "change set is applied as stored bytes, so restore the version instead")
-            staged.append((table, None, None, None))
-            for kg in kgs:
-                keys, vals = changes.entries(meta["name"], kg)
-                if not len(keys):
-                    continue
-                gone = None
-                if vals.null_count:
-                    dead = vals.is_null()
-                    gone = keys.filter(dead)
-                    keys, vals = keys.filter(pc.invert(dead)), vals.filter(pc.invert(dead))
-                    self._check_keys(table, kg, gone)
-                if len(keys):
-                    self._check_entries(table, kg, keys, vals)
-                staged.append((table, kg, (keys, vals), gone))
-        timers = self.timers.stage_restore(changes)
-        for table, kg, live, gone in staged:
-            self._tables.setdefault(table.name, table)
-            if kg is None:
-                continue
-            if len(live[0]):
-                table.native.load(kg, *live)
-            if gone is not None:
-                table.native.remove_keys(kg, gone)
-        self.timers.replace_restore(kgs, timers)
+    def _stage_changes(self, table: _NativeTable, kg: int, keys: pa.Array, vals: pa.Array):
+        """A change set's entries of ``kg`` checked as :meth:`restore` checks them, split into
+        ``(kg, live keys, live values, tombstoned keys or None)``, still as bytes."""
+        gone = None
+        if vals.null_count:
+            dead = vals.is_null()
+            live = pc.invert(dead)
+            gone = keys.filter(dead)
+            keys, vals = keys.filter(live), vals.filter(live)
+            self._check_keys(table, kg, gone)
+        if len(keys):
+            self._check_entries(table, kg, keys, vals)
+        return kg, keys, vals, gone
+
+    def _apply_staged_changes(self, table: _NativeTable, part) -> None:
+        kg, keys, vals, gone = part
+        if len(keys):
+            table.native.load(kg, keys, vals)
+        if gone is not None:
+            table.native.remove_keys(kg, gone)
+
+    def _contents_are_base(self) -> None:
+        # The bulk load is not a change; snapshots issued before it can no longer move the base.
         for table in self._tables.values():
             table.native.rebase()
         self._pending.clear()

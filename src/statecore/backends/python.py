@@ -578,10 +578,7 @@ class PythonBackend(base.KeyedStateBackend):
             rows = []
             for kg in kgs:
                 keys, vals = snapshot_like.entries(meta["name"], kg)
-                for kb, vb in zip(keys.to_pylist(), vals.to_pylist()):
-                    kg2, key, ns, _ = S.decode_key(kb, self.max_parallelism, self._key_ser, table.ns_ser)
-                    if kg2 != kg:
-                        raise InvalidInputError(f"entry {kb.hex()} of state {meta['name']!r} listed under key group {kg}")
+                for (key, ns), vb in zip(self._entry_keys(table, kg, keys), vals.to_pylist()):
                     v = src.decode_value(vb)
                     if migration is not None:
                         ttl_meta, ts, ttl_ms, now = migration
@@ -598,17 +595,21 @@ class PythonBackend(base.KeyedStateBackend):
                 table.put(kg, k, v)
         self.timers.apply_restore(timers)
         # The restored state is the base: nothing before it is a change any more.
-        for table in self._tables.values():
-            table.changes.clear()
-        self._restored_is_base()
+        self._contents_are_base()
         if migrated:
             self._migrated(expired)
 
     def apply_changes(self, changes) -> None:
-        """As the native backend's :meth:`apply_changes`: upsert the change set's entries,
-        remove its tombstones (NULL values), replace the range's timers; the result is the new
-        incremental base. Everything is decoded first, so an error (InvalidInputError,
-        StateMigrationError, the reader's CorruptCheckpointError) leaves the backend unchanged."""
+        """Bring this backend from the state of a committed run to a later version: ``changes``
+        is a :class:`~statecore.checkpoint.store.ChangesReader` (or any StateSnapshot-like
+        object whose NULL values are tombstones). Its entries are upserted and its tombstoned
+        keys removed, key group by key group of the backend's range (the native backend as
+        bytes, without decoding); the timers of the range are replaced by the change set's
+        (complete in every run). The result is the new incremental base, as after
+        :meth:`restore`. Everything is checked first: InvalidInputError for malformed entries,
+        StateMigrationError for another key type / max parallelism / assigner or a state whose
+        TTL setting differs (restore the version instead), the reader's CorruptCheckpointError
+        -- each leaves the backend unchanged."""
         self._check_open()
         base.check_snapshot_compatible(self, changes)
         kgs = list(self.key_group_range.intersection(KeyGroupRange.of(changes.key_group_range)))
@@ -620,25 +621,43 @@ class PythonBackend(base.KeyedStateBackend):
             if self._restore_migration(table, meta) is not None:
                 raise StateMigrationError(
                     f"state {meta['name']!r}: its TTL setting differs from the change set's; a "
-                    "change set is applied as stored values, so restore the version instead")
-            rows = []
-            for kg in kgs:
-                keys, vals = changes.entries(meta["name"], kg)
-                for kb, vb in zip(keys.to_pylist(), vals.to_pylist()):
-                    kg2, key, ns, _ = S.decode_key(kb, self.max_parallelism, self._key_ser, table.ns_ser)
-                    if kg2 != kg:
-                        raise InvalidInputError(f"entry {kb.hex()} of state {meta['name']!r} listed under key group {kg}")
-                    rows.append((kg, (key, ns), None if vb is None else table.decode_value(vb)))
-            staged.append((table, rows))
+                    "change set is applied as stored, so restore the version instead")
+            staged.append((table, [self._stage_changes(table, kg, *changes.entries(meta["name"], kg))
+                                   for kg in kgs]))
         timers = self.timers.stage_restore(changes)
-        for table, rows in staged:
+        for table, parts in staged:
             self._tables.setdefault(table.name, table)
-            for kg, k, v in rows:
-                if v is None:
-                    table.remove(kg, k)
-                else:
-                    table.put(kg, k, v)
+            for part in parts:
+                self._apply_staged_changes(table, part)
         self.timers.replace_restore(kgs, timers)
+        self._contents_are_base()
+
+    def _stage_changes(self, table: _Table, kg: int, keys: pa.Array, vals: pa.Array) -> list:
+        """A change set's entries of ``kg`` checked and decoded: ``[(kg, (key, ns), value or
+        None for a tombstone)]``."""
+        return [(kg, k, None if vb is None else table.decode_value(vb))
+                for k, vb in zip(self._entry_keys(table, kg, keys), vals.to_pylist())]
+
+    def _apply_staged_changes(self, table: _Table, rows: list) -> None:
+        for kg, k, v in rows:
+            if v is None:
+                table.remove(kg, k)
+            else:
+                table.put(kg, k, v)
+
+    def _entry_keys(self, table: _Table, kg: int, keys: pa.Array) -> list:
+        """``(key, namespace)`` of each encoded key of a snapshot's ``kg``; InvalidInputError
+        when one carries another key group."""
+        out = []
+        for kb in keys.to_pylist():
+            kg2, key, ns, _ = S.decode_key(kb, self.max_parallelism, self._key_ser, table.ns_ser)
+            if kg2 != kg:
+                raise InvalidInputError(f"entry {kb.hex()} of state {table.name!r} listed under key group {kg}")
+            out.append((key, ns))
+        return out
+
+    def _contents_are_base(self) -> None:
+        """After a restore or a change set: the current contents are the incremental base."""
         for table in self._tables.values():
             table.changes.clear()
         self._restored_is_base()

@@ -1306,7 +1306,8 @@ class CheckpointReader:
 
     _keep_tombstones = False
 
-    def __init__(self, store: CheckpointStore, version: int, manifest: dict):
+    def __init__(self, store: CheckpointStore, version: int, manifest: dict,
+                 segments: list | None = None):
         self._store = store
         self.version = version
         self.manifest = manifest
@@ -1318,8 +1319,9 @@ class CheckpointReader:
         self._metas = [dict(m) for m in manifest["states"]]
         self._names = {m["name"] for m in self._metas}
         self._timer_states = {m["name"] for m in self._metas if m.get("kind") == "timers"}
-        self._segments = _plan(manifest["files"], manifest["key_group_range"],
-                               CorruptCheckpointError, f"manifest of version {version}")
+        self._segments = segments if segments is not None else _plan(
+            manifest["files"], manifest["key_group_range"], CorruptCheckpointError,
+            f"manifest of version {version}")
         self._starts = [a for a, _, _ in self._segments]
         self._open_files: dict[str, DataFileReader] = {}
         self._released = False
@@ -1444,10 +1446,8 @@ class ChangesReader(CheckpointReader):
 
     def __init__(self, store: CheckpointStore, version: int, manifest: dict, base_seq: int,
                  segments: list):
-        super().__init__(store, version, manifest)
+        super().__init__(store, version, manifest, segments)
         self.base_seq = base_seq
-        self._segments = segments
-        self._starts = [a for a, _, _ in segments]
         seen = {r["path"]: r for _, _, chain in segments for r in chain}
         self.runs = sorted(seen.values(), key=lambda r: r["seq"])
 

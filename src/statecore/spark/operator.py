@@ -187,22 +187,22 @@ def clear_state_cache() -> None:
 def _take_cached(key: tuple, want: tuple, committed_writers: Optional[frozenset]) -> Optional[Any]:
     """Remove and return the cached backend for ``key`` if it holds exactly ``want`` =
     (version, attempt, n, maxP, kind, key_type) and its data file is one the driver committed
-    (``committed_writers``; None = not recorded, older checkpoints); a non-matching entry is
+    (``committed_writers``; None = not recorded, older checkpoints). An older pristine entry
+    stays cached (a catch-up base for :func:`_take_stale`); any other non-matching entry is
     closed. Taking the entry out before mutating it means a task that fails midway can never
     leave a half-updated backend labelled with the old version. On a hit the backend is told
     that its snapshot of that version is complete, which moves its incremental base there."""
     with _CACHE_LOCK:
-        entry = _STATE_CACHE.pop(key, None)
-    if entry is None:
-        return None
-    have = (entry.version, entry.attempt, entry.num_partitions, entry.max_parallelism,
-            entry.backend_kind, entry.key_type)
-    if have != want or (committed_writers is not None and entry.writer not in committed_writers):
-        if entry.version < want[0] and entry.pristine:
-            with _CACHE_LOCK:  # an older copy: maybe a catch-up base (_take_stale), put back
-                if key not in _STATE_CACHE:
-                    _STATE_CACHE[key] = entry
-                    return None
+        entry = _STATE_CACHE.get(key)
+        if entry is None:
+            return None
+        have = (entry.version, entry.attempt, entry.num_partitions, entry.max_parallelism,
+                entry.backend_kind, entry.key_type)
+        hit = have == want and (committed_writers is None or entry.writer in committed_writers)
+        if not hit and entry.version < want[0] and entry.pristine:
+            return None
+        del _STATE_CACHE[key]
+    if not hit:
         _close_entry(entry)
         return None
     if entry.write is not None and entry.write.exception() is not None:
@@ -259,12 +259,11 @@ def _put_cached(key: tuple, entry: _CachedState, stale_copies: int = 0) -> None:
         old = _STATE_CACHE.pop(key, None)
         if old is not None:
             closing.append(old)
-        older = sorted((k for k, e in _STATE_CACHE.items()
-                        if k[:2] == key[:2] and e.version < entry.version),
-                       key=lambda k: (_STATE_CACHE[k].pristine, _STATE_CACHE[k].version))
-        keep = set(k for k in older if _STATE_CACHE[k].pristine)
-        keep = set(sorted(keep, key=lambda k: _STATE_CACHE[k].version)[-stale_copies:]) \
-            if stale_copies else set()
+        older = [k for k, e in _STATE_CACHE.items()
+                 if k[:2] == key[:2] and e.version < entry.version]
+        bases = sorted((k for k in older if _STATE_CACHE[k].pristine),
+                       key=lambda k: _STATE_CACHE[k].version)
+        keep = set(bases[max(len(bases) - stale_copies, 0):])
         for k in older:
             if k not in keep:
                 closing.append(_STATE_CACHE.pop(k))
@@ -516,7 +515,7 @@ class _TaskSpec:
                                  self.key_type), kg_range)
             if stale is not None:
                 backend, changes = stale
-                source = "cache" if not changes.runs else "catch-up"
+                source = "catch-up"
         if backend is None:
             backend = create_backend(self.backend_kind, key_type=self.key_type,
                                      max_parallelism=self.max_parallelism,
@@ -532,9 +531,6 @@ class _TaskSpec:
             t_load = time.perf_counter()
             chunked = bool(getattr(self.processor, "chunked_input", False)) and not self.is_flush
             inputs: Any = self._data_chunks(batches, partition_id)
-            if changes is not None and not changes.runs:
-                backend.apply_changes(changes)  # nothing to apply; moves the base there
-                changes.release()
             if source in ("checkpoint", "catch-up"):
                 # The restored (caught-up) state becomes the backend's incremental base. It is
                 # loaded in a thread while this one takes the input as it arrives (mostly native
