@@ -125,20 +125,27 @@ void fold_rows(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayVi
   const size_t width = fixed_width<T>(ttl);
   constexpr size_t kTs = stored_width<T>();  // where the TTL timestamp starts
   const int64_t n = values.length();
+  Lanes lanes(table);
   for (int64_t i = 0; i < n; ++i) {
     rk.ahead(i);
-    rk.encode(i, kgs[i]);
-    StateMap& m = table.map_unchecked(kgs[i]);
+    const int32_t kg = kgs[i];
+    rk.encode(i, kg);
     if (!values.is_valid(i)) {
-      emit_current(m, rk, i, out, valid, ttl, expired);
+      emit_current(table.map_unchecked(kg), rk, i, out, valid, ttl, expired);
+      lanes.close(kg);
       continue;
     }
     const T x = value_at(i);
-    size_t sz = 0;
+    size_t sz = width;
     bool inserted = false;
-    const uint32_t h = rk.hash(i, m);
-    uint8_t* p = m.engine().flat_fast_upsert(h, rk.data(), rk.size(), width, &sz, &inserted);
-    if (p == nullptr) p = m.upsert(h, rk.data(), rk.size(), width, &sz, &inserted);
+    uint8_t* p = nullptr;
+    if (detail::FlatLane* ln = lanes.get(kg, rk.data(), rk.size(), width, true))
+      p = ln->upsert(rk.hash(i, *ln->map), rk.data(), &inserted);
+    if (p == nullptr) {
+      StateMap& m = table.map_unchecked(kg);
+      p = m.upsert(rk.hash(i, m), rk.data(), rk.size(), width, &sz, &inserted);
+      lanes.close(kg);
+    }
     T acc;
     if (!inserted) {
       if (sz != width) wrong_width(i, sz, width);
@@ -380,15 +387,23 @@ void get_batch_fixed(StateTable& table, const BatchKeySpec& spec, ArrowInput key
     }
     return;
   }
+  Lanes lanes(table);
   for (int64_t i = 0; i < n; ++i) {
     rk.ahead(i);
-    rk.encode(i, kgs[i]);
-    ByteView v;
-    StateMap& m = table.map_unchecked(kgs[i]);
-    const bool found = kernel_get(m, rk.hash(i, m), rk.data(), rk.size(), &v);
-    if (found && v.size != user_width) wrong_width(i, v.size, user_width);
-    out_fixed(value_type, out_values, i, found ? v.data : nullptr);
-    out_valid[i] = found ? 1 : 0;
+    const int32_t kg = kgs[i];
+    rk.encode(i, kg);
+    const uint8_t* p;
+    if (detail::FlatLane* ln = lanes.get(kg, rk.data(), rk.size(), user_width, false)) {
+      p = ln->get(rk.hash(i, *ln->map), rk.data());
+    } else {
+      ByteView v;
+      StateMap& m = table.map_unchecked(kg);
+      const bool found = kernel_get(m, rk.hash(i, m), rk.data(), rk.size(), &v);
+      if (found && v.size != user_width) wrong_width(i, v.size, user_width);
+      p = found ? v.data : nullptr;
+    }
+    out_fixed(value_type, out_values, i, p);
+    out_valid[i] = p != nullptr ? 1 : 0;
   }
 }
 
@@ -454,12 +469,14 @@ void put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
   const int64_t n = keys.length();
   const size_t suffix = ttl.enabled ? ttl::kTimestampBytes : 0;
   RowKeys rk(spec, keys, table, kgs);
+  Lanes lanes(table);
   for (int64_t i = 0; i < n; ++i) {
     rk.ahead(i);
-    rk.encode(i, kgs[i]);
-    StateMap& m = table.map_unchecked(kgs[i]);
+    const int32_t kg = kgs[i];
+    rk.encode(i, kg);
     if (!values.is_valid(i)) {
-      m.remove(rk.data(), rk.size());
+      table.map_unchecked(kg).remove(rk.data(), rk.size());
+      lanes.close(kg);
       continue;
     }
     uint8_t* dst;
@@ -467,37 +484,37 @@ void put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
     switch (value_type.type) {
       case ValueType::Int64:
       case ValueType::Timestamp:
-        dst = kernel_put(m, rk.hash(i, m), rk.data(), rk.size(), 8 + suffix);
+        dst = kernel_put(table, lanes, kg, rk, i, 8 + suffix);
         store_i64(dst, values.int64_at(i));
         break;
       case ValueType::UInt64:
-        dst = kernel_put(m, rk.hash(i, m), rk.data(), rk.size(), 8 + suffix);
+        dst = kernel_put(table, lanes, kg, rk, i, 8 + suffix);
         store_le64(dst, values.uint64_at(i));
         break;
       case ValueType::FixedSizeBinary:
         sz = static_cast<size_t>(value_type.width);
-        dst = kernel_put(m, rk.hash(i, m), rk.data(), rk.size(), sz + suffix);
+        dst = kernel_put(table, lanes, kg, rk, i, sz + suffix);
         std::memcpy(dst, values.fixed_at(i), sz);
         break;
       case ValueType::Float64:
-        dst = kernel_put(m, rk.hash(i, m), rk.data(), rk.size(), 8 + suffix);
+        dst = kernel_put(table, lanes, kg, rk, i, 8 + suffix);
         store_f64(dst, values.float64_at(i));
         break;
       case ValueType::Int32:
         sz = 4;
-        dst = kernel_put(m, rk.hash(i, m), rk.data(), rk.size(), 4 + suffix);
+        dst = kernel_put(table, lanes, kg, rk, i, 4 + suffix);
         store_i32(dst, values.int32_at(i));
         break;
       case ValueType::Bool:
         sz = 1;
-        dst = kernel_put(m, rk.hash(i, m), rk.data(), rk.size(), 1 + suffix);
+        dst = kernel_put(table, lanes, kg, rk, i, 1 + suffix);
         store_bool(dst, values.bool_at(i));
         break;
       case ValueType::String:
       case ValueType::Binary:
       default: {
         const uint8_t* src = values.bytes_at(i, &sz);
-        dst = kernel_put(m, rk.hash(i, m), rk.data(), rk.size(), sz + suffix);
+        dst = kernel_put(table, lanes, kg, rk, i, sz + suffix);
         if (sz > 0) std::memcpy(dst, src, sz);
         break;
       }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "statecore/batch.h"
+#include "statecore/detail/flat_lane.h"
 #include "statecore/detail/map_impl.h"
 #include "statecore/hash.h"
 #include "statecore/key_codec.h"
@@ -396,6 +397,9 @@ class RowKeys {
   uint32_t hash(int64_t i, const StateMap& m) const {
     return cur_row_ == i ? cur_hash_ : m.hash(data(), size());
   }
+  uint32_t hash(int64_t i, const StateMap::Impl& m) const {
+    return cur_row_ == i ? cur_hash_ : m.hash_of(data(), size());
+  }
 
  private:
   static constexpr int64_t kGroup = 16;
@@ -605,20 +609,62 @@ class RowKeys {
   int64_t cur_row_ = -1;  // the row whose hash cur_hash_ is, or -1
 };
 
+// The flat lanes (detail/flat_lane.h) of one kernel call, one per key group of the table, kept
+// per thread across calls: a lane is open in a call iff its epoch is the call's, so a call
+// touching few of many key groups costs no reset of the others.
+class Lanes {
+ public:
+  explicit Lanes(StateTable& table) : table_(table) {
+    thread_local std::vector<detail::FlatLane> lanes;
+    thread_local uint32_t epoch = 0;
+    const size_t n = static_cast<size_t>(table.kg_end() - table.kg_start()) + 1;
+    if (lanes.size() < n) lanes.resize(n);
+    if (++epoch == 0) {  // wrapped: a lane of 2^32 calls ago must not look open
+      for (detail::FlatLane& l : lanes) l.epoch = 0;
+      epoch = 1;
+    }
+    lanes_ = lanes.data();
+    kg_start_ = table.kg_start();
+    epoch_ = epoch;
+  }
+  // Key group kg's lane for a key of ks bytes (and, vs != 0, values of vs bytes), or nullptr.
+  detail::FlatLane* get(int32_t kg, const uint8_t* key, size_t ks, size_t vs, bool write) {
+    detail::FlatLane& l = lanes_[kg - kg_start_];
+    if (l.epoch == epoch_) return l.key_size == ks ? &l : nullptr;
+    if (!l.open(table_.map_unchecked(kg).engine(), key, ks, vs, write)) return nullptr;
+    l.epoch = epoch_;
+    return &l;
+  }
+  // After any other call on key group kg's map (see FlatLane).
+  void close(int32_t kg) { lanes_[kg - kg_start_].epoch = 0; }
+
+ private:
+  StateTable& table_;
+  detail::FlatLane* lanes_;  // index kg - kg_start
+  int32_t kg_start_;
+  uint32_t epoch_;
+};
+
 // get_hashed() with the flat engine's common case inlined (StateMap::Impl::flat_fast_get).
 inline bool kernel_get(StateMap& m, uint32_t h, const uint8_t* key, size_t ks, ByteView* v) {
   const int r = m.engine().flat_fast_get(h, key, ks, v);
   return r >= 0 ? r == 1 : m.get_hashed(h, key, ks, v);
 }
 
-// put() through the hashed, inlined path of the add kernels (flat_fast_upsert, else upsert(),
-// which also completes a rehash in flight); an existing value of another size is replaced by put().
-inline uint8_t* kernel_put(StateMap& m, uint32_t h, const uint8_t* key, size_t ks, size_t vs) {
-  size_t cur = 0;
+// put() of row i's key (rk.encode(i) done) in key group kg through its lane, else upsert()
+// (which also completes a rehash in flight); an existing value of another size is replaced by
+// put().
+inline uint8_t* kernel_put(StateTable& table, Lanes& lanes, int32_t kg, const RowKeys& rk,
+                           int64_t i, size_t vs) {
   bool inserted = false;
-  uint8_t* p = m.engine().flat_fast_upsert(h, key, ks, vs, &cur, &inserted);
-  if (p == nullptr) p = m.upsert(h, key, ks, vs, &cur, &inserted);
-  return cur == vs ? p : m.put(key, ks, vs);
+  if (detail::FlatLane* ln = lanes.get(kg, rk.data(), rk.size(), vs, true)) {
+    if (uint8_t* p = ln->upsert(rk.hash(i, *ln->map), rk.data(), &inserted)) return p;
+  }
+  lanes.close(kg);
+  StateMap& m = table.map_unchecked(kg);
+  size_t cur = 0;
+  uint8_t* p = m.upsert(rk.hash(i, m), rk.data(), rk.size(), vs, &cur, &inserted);
+  return cur == vs ? p : m.put(rk.data(), rk.size(), vs);
 }
 
 inline void check_values(const ValueSpec& vt, const KeyArrays& keys, const ArrayView& values) {
