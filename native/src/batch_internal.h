@@ -326,7 +326,8 @@ class RowKeys {
         // A small state stays in cache; there the second hash per row only costs (measured:
         // 1k keys 11.6 -> 7.2 M rows/s with prefetching, 200k keys 1.95 -> 4.7 M rows/s).
         prefetch_(table.size() >= kPrefetchMinEntries),
-        prefix_size_(key_group_prefix_size(spec.max_parallelism)) {
+        prefix_size_(key_group_prefix_size(spec.max_parallelism)),
+        hash_fn_(table.map_unchecked(table.kg_start()).engine().hash_fn) {
     enc_.bind(keys);
     ahead_enc_.bind(keys);
     // int64 keys (the common case) skip the general encoder: prefix | big-endian int64 | 00 is
@@ -355,9 +356,11 @@ class RowKeys {
   // now. Each row is encoded once on the prefetching path.
   void encode(int64_t i, int32_t kg) {
     if (prefetch_) {
-      const Group& g = groups_[(i / kGroup) & 1];
-      if (g.start == i - i % kGroup) {
-        const size_t j = static_cast<size_t>(i - g.start);
+      // Unsigned: rows are >= 0, and signed / and % by 16 cost a sign fix-up each (callgrind).
+      const uint64_t u = static_cast<uint64_t>(i);
+      const Group& g = groups_[(u / kGroup) & 1];
+      const size_t j = static_cast<size_t>(u % kGroup);
+      if (g.start == static_cast<int64_t>(u - j)) {
         cur_ = g.bytes.data() + g.offsets[j];
         cur_size_ = g.offsets[j + 1] - g.offsets[j];
         cur_hash_ = g.hashes[j];
@@ -381,10 +384,10 @@ class RowKeys {
   }
 
   void ahead(int64_t i) {
-    if (!prefetch_ || i % kGroup != 0) return;
+    if (!prefetch_ || static_cast<uint64_t>(i) % kGroup != 0) return;
     if (i == 0) hash_group(0);
-    const Group& g = groups_[(i / kGroup) & 1];
-    for (int64_t j = i; j < std::min(i + kGroup, n_); ++j) {
+    const Group& g = groups_[(static_cast<uint64_t>(i) / kGroup) & 1];
+    for (int64_t j = i; !g.all_flat && j < std::min(i + kGroup, n_); ++j) {
       StateMap& m = table_.map_unchecked(kgs_[j]);
       if (!m.engine().flat) m.prefetch_entry(g.hashes[j - i]);  // a flat slot is its entry
     }
@@ -397,8 +400,8 @@ class RowKeys {
   uint32_t hash(int64_t i, const StateMap& m) const {
     return cur_row_ == i ? cur_hash_ : m.hash(data(), size());
   }
-  uint32_t hash(int64_t i, const StateMap::Impl& m) const {
-    return cur_row_ == i ? cur_hash_ : m.hash_of(data(), size());
+  uint32_t hash(int64_t i, const StateMap::Impl&) const {
+    return cur_row_ == i ? cur_hash_ : detail::map_key_hash(hash_fn_, data(), size());
   }
 
  private:
@@ -472,6 +475,7 @@ class RowKeys {
     std::vector<uint8_t> bytes;
     uint32_t offsets[kGroup + 1] = {};
     uint32_t hashes[kGroup] = {};
+    bool all_flat = false;  // every row's map is flat: nothing for ahead() to prefetch
   };
 
   // kVoid: the caller knows the namespace is void (the row loops are instantiated for both, so
@@ -526,9 +530,10 @@ class RowKeys {
   template <bool kVoid>
   void hash_group_of(int64_t start) {
     if (start >= n_) return;
-    Group& g = groups_[(start / kGroup) & 1];
+    Group& g = groups_[(static_cast<uint64_t>(start) / kGroup) & 1];
     g.start = start;
     g.offsets[0] = 0;
+    bool all_flat = true;
     if (int64_in_one_) {
       g.bytes.resize(kGroup * kInt64KeyMax);
     } else if (int64_keys_ || bytes_keys_) {
@@ -560,13 +565,18 @@ class RowKeys {
         key = g.bytes.data() + g.offsets[k];
       }
       g.offsets[k + 1] = static_cast<uint32_t>(g.offsets[k] + ks);
+      const uint32_t h = detail::map_key_hash(hash_fn_, key, ks);
+      g.hashes[k] = h;
       StateMap& m = table_.map_unchecked(kgs_[j]);
       const StateMap::Impl& e = m.engine();
-      const uint32_t h = e.hash_of(key, ks);
-      g.hashes[k] = h;
-      if (e.flat) e.prefetch(h);
-      else m.prefetch_bucket(h);
+      if (e.flat) {
+        e.prefetch(h);
+      } else {
+        m.prefetch_bucket(h);
+        all_flat = false;
+      }
     }
+    g.all_flat = all_flat;
   }
 
   void encode_into(KeyEncoder& enc, int64_t i, int32_t kg) {
@@ -598,6 +608,7 @@ class RowKeys {
   int64_t n_;
   bool prefetch_;
   int prefix_size_;
+  KeyHashFunction hash_fn_;  // the table's maps' (they all have the StateTable's)
   const ArrayView* int64_keys_ = nullptr;  // the key column when keys are scalar int64
   const ArrayView* bytes_keys_ = nullptr;  // ... when they are scalar string/binary
   std::vector<uint8_t> one_bytes_;          // encode()'s buffer for a string/binary key
