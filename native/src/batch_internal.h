@@ -639,9 +639,11 @@ class Lanes {
     epoch_ = epoch;
   }
   // Key group kg's lane for a key of ks bytes (and, vs != 0, values of vs bytes), or nullptr.
+  // Both sizes are checked on every row: string keys and put_batch's string values vary by row.
   detail::FlatLane* get(int32_t kg, const uint8_t* key, size_t ks, size_t vs, bool write) {
     detail::FlatLane& l = lanes_[kg - kg_start_];
-    if (l.epoch == epoch_) return l.key_size == ks ? &l : nullptr;
+    if (l.epoch == epoch_)
+      return l.key_size == ks && (vs == 0 || l.value_size == vs) ? &l : nullptr;
     if (!l.open(table_.map_unchecked(kg).engine(), key, ks, vs, write)) return nullptr;
     l.epoch = epoch_;
     return &l;
