@@ -137,24 +137,21 @@ void fold_rows_with(StateTable& table, const int32_t* kgs, RowKeys& rk, const Ar
   constexpr size_t kTs = stored_width<T>();  // where the TTL timestamp starts
   const int64_t n = values.length();
   Lanes lanes(table);
-  for (int64_t i = 0; i < n; ++i) {
-    rk.ahead(i);
-    const int32_t kg = kgs[i];
-    rk.encode(i, kg);
+  for_rows(rk, table, kgs, n, [&](int64_t i, int32_t kg, const RowKey& k) SC_INLINE_ROW {
     if (!values.is_valid(i)) {
+      rk.encode(i, kg);
       emit_current(table.map_unchecked(kg), rk, i, out, valid, ttl, expired);
       lanes.close(kg);
-      continue;
+      return;
     }
     const T x = value_at(values, i);
     size_t sz = width;
     bool inserted = false;
     uint8_t* p = nullptr;
-    if (detail::FlatLane* ln = lanes.get(kg, rk.data(), rk.size(), width, true))
-      p = ln->upsert(rk.hash(i, *ln->map), rk.data(), &inserted);
+    if (detail::FlatLane* ln = lanes.get(kg, k.data, k.size, width, true))
+      p = ln->upsert(k.hash, k.data, &inserted);
     if (p == nullptr) {
-      StateMap& m = table.map_unchecked(kg);
-      p = m.upsert(rk.hash(i, m), rk.data(), rk.size(), width, &sz, &inserted);
+      p = table.map_unchecked(kg).upsert(k.hash, k.data, k.size, width, &sz, &inserted);
       lanes.close(kg);
     }
     T acc;
@@ -203,7 +200,7 @@ void fold_rows_with(StateTable& table, const int32_t* kgs, RowKeys& rk, const Ar
     if constexpr (kTtl) ttl::store_timestamp(p + kTs, ttl.now);
     out[i] = acc;
     valid[i] = 1;
-  }
+  });
   if constexpr (kUndo) release_undo(undo_buf);
 }
 
@@ -419,23 +416,19 @@ void get_batch_fixed(StateTable& table, const BatchKeySpec& spec, ArrowInput key
     return;
   }
   Lanes lanes(table);
-  for (int64_t i = 0; i < n; ++i) {
-    rk.ahead(i);
-    const int32_t kg = kgs[i];
-    rk.encode(i, kg);
+  for_rows(rk, table, kgs, n, [&](int64_t i, int32_t kg, const RowKey& k) SC_INLINE_ROW {
     const uint8_t* p;
-    if (detail::FlatLane* ln = lanes.get(kg, rk.data(), rk.size(), user_width, false)) {
-      p = ln->get(rk.hash(i, *ln->map), rk.data());
+    if (detail::FlatLane* ln = lanes.get(kg, k.data, k.size, user_width, false)) {
+      p = ln->get(k.hash, k.data);
     } else {
       ByteView v;
-      StateMap& m = table.map_unchecked(kg);
-      const bool found = kernel_get(m, rk.hash(i, m), rk.data(), rk.size(), &v);
+      const bool found = kernel_get(table.map_unchecked(kg), k.hash, k.data, k.size, &v);
       if (found && v.size != user_width) wrong_width(i, v.size, user_width);
       p = found ? v.data : nullptr;
     }
     out_fixed(value_type, out_values, i, p);
     out_valid[i] = p != nullptr ? 1 : 0;
-  }
+  });
 }
 
 void get_batch_var(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
@@ -501,57 +494,54 @@ void put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
   const size_t suffix = ttl.enabled ? ttl::kTimestampBytes : 0;
   RowKeys rk(spec, keys, table, kgs);
   Lanes lanes(table);
-  for (int64_t i = 0; i < n; ++i) {
-    rk.ahead(i);
-    const int32_t kg = kgs[i];
-    rk.encode(i, kg);
+  for_rows(rk, table, kgs, n, [&](int64_t i, int32_t kg, const RowKey& k) SC_INLINE_ROW {
     if (!values.is_valid(i)) {
-      table.map_unchecked(kg).remove(rk.data(), rk.size());
+      table.map_unchecked(kg).remove(k.data, k.size);
       lanes.close(kg);
-      continue;
+      return;
     }
     uint8_t* dst;
     size_t sz = 8;
     switch (value_type.type) {
       case ValueType::Int64:
       case ValueType::Timestamp:
-        dst = kernel_put(table, lanes, kg, rk, i, 8 + suffix);
+        dst = kernel_put(table, lanes, kg, k, 8 + suffix);
         store_i64(dst, values.int64_at(i));
         break;
       case ValueType::UInt64:
-        dst = kernel_put(table, lanes, kg, rk, i, 8 + suffix);
+        dst = kernel_put(table, lanes, kg, k, 8 + suffix);
         store_le64(dst, values.uint64_at(i));
         break;
       case ValueType::FixedSizeBinary:
         sz = static_cast<size_t>(value_type.width);
-        dst = kernel_put(table, lanes, kg, rk, i, sz + suffix);
+        dst = kernel_put(table, lanes, kg, k, sz + suffix);
         std::memcpy(dst, values.fixed_at(i), sz);
         break;
       case ValueType::Float64:
-        dst = kernel_put(table, lanes, kg, rk, i, 8 + suffix);
+        dst = kernel_put(table, lanes, kg, k, 8 + suffix);
         store_f64(dst, values.float64_at(i));
         break;
       case ValueType::Int32:
         sz = 4;
-        dst = kernel_put(table, lanes, kg, rk, i, 4 + suffix);
+        dst = kernel_put(table, lanes, kg, k, 4 + suffix);
         store_i32(dst, values.int32_at(i));
         break;
       case ValueType::Bool:
         sz = 1;
-        dst = kernel_put(table, lanes, kg, rk, i, 1 + suffix);
+        dst = kernel_put(table, lanes, kg, k, 1 + suffix);
         store_bool(dst, values.bool_at(i));
         break;
       case ValueType::String:
       case ValueType::Binary:
       default: {
         const uint8_t* src = values.bytes_at(i, &sz);
-        dst = kernel_put(table, lanes, kg, rk, i, sz + suffix);
+        dst = kernel_put(table, lanes, kg, k, sz + suffix);
         if (sz > 0) std::memcpy(dst, src, sz);
         break;
       }
     }
     if (ttl.enabled) ttl::store_timestamp(dst + sz, ttl.now);
-  }
+  });
 }
 
 void add_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,

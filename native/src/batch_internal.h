@@ -404,8 +404,26 @@ class RowKeys {
     return cur_row_ == i ? cur_hash_ : detail::map_key_hash(hash_fn_, data(), size());
   }
 
- private:
   static constexpr int64_t kGroup = 16;
+  // The keys and map hashes of rows [start, start + kGroup) as hash_group encoded them, for a
+  // row loop that takes a group at a time (for_rows) and keeps the view in registers: encode()
+  // wrote and data()/size()/hash() re-read RowKeys' members, which every byte store of a row
+  // may alias (~25 instructions a row of int64 add_batch, callgrind). `valid` is false when the
+  // rows are not hashed ahead (small states); then encode() row by row.
+  struct GroupView {
+    const uint8_t* bytes = nullptr;
+    const uint32_t* offsets = nullptr;
+    const uint32_t* hashes = nullptr;
+    bool valid = false;
+  };
+  GroupView group(int64_t start) const {
+    if (!prefetch_) return GroupView{};
+    const Group& g = groups_[(static_cast<uint64_t>(start) / kGroup) & 1];
+    if (g.start != start) return GroupView{};
+    return GroupView{g.bytes.data(), g.offsets, g.hashes, true};
+  }
+
+ private:
   // ~32 B header + key + value per entry: from about 16k entries on the state outgrows L2.
   static constexpr size_t kPrefetchMinEntries = 16 * 1024;
   // encode() of the rarer forms, out of line so that the common ones stay small enough to be
@@ -620,6 +638,39 @@ class RowKeys {
   int64_t cur_row_ = -1;  // the row whose hash cur_hash_ is, or -1
 };
 
+// Row i's encoded key and its map hash, as a kernel's row loop sees it.
+struct RowKey {
+  const uint8_t* data;
+  size_t size;
+  uint32_t hash;
+};
+
+// A row lambda passed to for_rows: inlined into the row loop. Left to GCC, the add kernel's
+// lambda became a call a row with ~22 instructions of prologue and spills (callgrind).
+#define SC_INLINE_ROW __attribute__((always_inline))
+
+// fn(i, kg, const RowKey&) for rows 0..n-1 in order, a group of RowKeys::kGroup rows at a time
+// (ahead() once per group, the group's view in locals). fn may call rk.encode(i, kg) (a null
+// row's read goes through rk) but not ahead().
+template <class Fn>
+inline void for_rows(RowKeys& rk, StateTable& table, const int32_t* kgs, int64_t n, Fn&& fn) {
+  for (int64_t g0 = 0; g0 < n; g0 += RowKeys::kGroup) {
+    rk.ahead(g0);
+    const RowKeys::GroupView gv = rk.group(g0);
+    const int64_t end = std::min(n, g0 + RowKeys::kGroup);
+    for (int64_t i = g0; i < end; ++i) {
+      const int32_t kg = kgs[i];
+      if (gv.valid) {
+        const size_t j = static_cast<size_t>(i - g0);
+        fn(i, kg, RowKey{gv.bytes + gv.offsets[j], gv.offsets[j + 1] - gv.offsets[j], gv.hashes[j]});
+      } else {
+        rk.encode(i, kg);
+        fn(i, kg, RowKey{rk.data(), rk.size(), rk.hash(i, table.map_unchecked(kg))});
+      }
+    }
+  }
+}
+
 // The flat lanes (detail/flat_lane.h) of one kernel call, one per key group of the table, kept
 // per thread across calls: a lane is open in a call iff its epoch is the call's, so a call
 // touching few of many key groups costs no reset of the others.
@@ -640,7 +691,8 @@ class Lanes {
   }
   // Key group kg's lane for a key of ks bytes (and, vs != 0, values of vs bytes), or nullptr.
   // Both sizes are checked on every row: string keys and put_batch's string values vary by row.
-  detail::FlatLane* get(int32_t kg, const uint8_t* key, size_t ks, size_t vs, bool write) {
+  [[gnu::always_inline]] detail::FlatLane* get(int32_t kg, const uint8_t* key, size_t ks,
+                                                 size_t vs, bool write) {
     detail::FlatLane& l = lanes_[kg - kg_start_];
     if (l.epoch == epoch_)
       return l.key_size == ks && (vs == 0 || l.value_size == vs) ? &l : nullptr;
@@ -664,20 +716,19 @@ inline bool kernel_get(StateMap& m, uint32_t h, const uint8_t* key, size_t ks, B
   return r >= 0 ? r == 1 : m.get_hashed(h, key, ks, v);
 }
 
-// put() of row i's key (rk.encode(i) done) in key group kg through its lane, else upsert()
-// (which also completes a rehash in flight); an existing value of another size is replaced by
-// put().
-inline uint8_t* kernel_put(StateTable& table, Lanes& lanes, int32_t kg, const RowKeys& rk,
-                           int64_t i, size_t vs) {
+// put() of a row's key in key group kg through its lane, else upsert() (which also completes a
+// rehash in flight); an existing value of another size is replaced by put().
+inline uint8_t* kernel_put(StateTable& table, Lanes& lanes, int32_t kg, const RowKey& k,
+                           size_t vs) {
   bool inserted = false;
-  if (detail::FlatLane* ln = lanes.get(kg, rk.data(), rk.size(), vs, true)) {
-    if (uint8_t* p = ln->upsert(rk.hash(i, *ln->map), rk.data(), &inserted)) return p;
+  if (detail::FlatLane* ln = lanes.get(kg, k.data, k.size, vs, true)) {
+    if (uint8_t* p = ln->upsert(k.hash, k.data, &inserted)) return p;
   }
   lanes.close(kg);
   StateMap& m = table.map_unchecked(kg);
   size_t cur = 0;
-  uint8_t* p = m.upsert(rk.hash(i, m), rk.data(), rk.size(), vs, &cur, &inserted);
-  return cur == vs ? p : m.put(rk.data(), rk.size(), vs);
+  uint8_t* p = m.upsert(k.hash, k.data, k.size, vs, &cur, &inserted);
+  return cur == vs ? p : m.put(k.data, k.size, vs);
 }
 
 inline void check_values(const ValueSpec& vt, const KeyArrays& keys, const ArrayView& values) {
