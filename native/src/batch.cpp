@@ -71,20 +71,20 @@ void emit_current(StateMap& m, const RowKeys& rk, int64_t i, T* out, uint8_t* va
 }
 
 // add_batch apply pass for accumulator type T. `value_at(values, i)` gives row i's (non-null)
-// input; `combine(acc, x, &result)` folds one value and returns false when the result does not fit T.
-// With TTL an expired aggregate is replaced by x (counted in *expired) and every write is
+// input; `combine(acc, x, &result)` folds one value and returns false when the result does not fit
+// T. With TTL an expired aggregate is replaced by x (counted in *expired) and every write is
 // stamped ttl.now; null rows are TTL reads (emit_current).
 //
-// kUndo (the int64 Sum, whose overflow the reference backend rejects): a failed combine must
-// leave the aggregates exactly as before the batch, and overflow can only be known while
-// applying, so every write is recorded in an undo log (the row, complemented when the key was
-// new, its old value and, with TTL, timestamp: 16-24 bytes a row, reused per thread) and replayed
-// backwards before the error is raised. Rows are applied in order, so undoing them in reverse restores every entry, keys
+// kUndo (the int64 Sum, whose overflow the reference backend rejects): a failed combine must leave
+// the aggregates exactly as before the batch, and overflow can only be known while applying, so
+// every write is recorded in an undo log (the row, complemented when the key was new, its old value
+// and, with TTL, timestamp: 16-24 bytes a row, reused per thread) and replayed backwards before the
+// error is raised. Rows are applied in order, so undoing them in reverse restores every entry, keys
 // repeated in the batch included. What null rows did (TTL removals and renewals) is not in the log
 // and stays, as in the Python path (see batch.h "TTL"): undoing a later write on the same key
-// restores the bytes as that null row left them. Without kUndo, combine never fails.
-// Kept per thread for the next batch, unless a large batch grew it: 16-24 bytes a row would stay
-// resident (3 bytes per entry of a state loaded in 1M-row batches).
+// restores the bytes as that null row left them. Without kUndo, combine never fails. Kept per
+// thread for the next batch, unless a large batch grew it: 16-24 bytes a row would stay resident (3
+// bytes per entry of a state loaded in 1M-row batches).
 template <class Buffer>
 void release_undo(Buffer& b) {
   constexpr size_t kKeepUndoRows = 65536;

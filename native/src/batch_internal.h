@@ -400,9 +400,6 @@ class RowKeys {
   uint32_t hash(int64_t i, const StateMap& m) const {
     return cur_row_ == i ? cur_hash_ : m.hash(data(), size());
   }
-  uint32_t hash(int64_t i, const StateMap::Impl&) const {
-    return cur_row_ == i ? cur_hash_ : detail::map_key_hash(hash_fn_, data(), size());
-  }
 
   static constexpr int64_t kGroup = 16;
   // The keys and map hashes of rows [start, start + kGroup) as hash_group encoded them, for a
@@ -662,7 +659,8 @@ inline void for_rows(RowKeys& rk, StateTable& table, const int32_t* kgs, int64_t
       const int32_t kg = kgs[i];
       if (gv.valid) {
         const size_t j = static_cast<size_t>(i - g0);
-        fn(i, kg, RowKey{gv.bytes + gv.offsets[j], gv.offsets[j + 1] - gv.offsets[j], gv.hashes[j]});
+        const uint32_t off = gv.offsets[j];
+        fn(i, kg, RowKey{gv.bytes + off, gv.offsets[j + 1] - off, gv.hashes[j]});
       } else {
         rk.encode(i, kg);
         fn(i, kg, RowKey{rk.data(), rk.size(), rk.hash(i, table.map_unchecked(kg))});

@@ -179,7 +179,8 @@ TEST(lanes_compare_every_key_byte) {
     for (int64_t hi = 0; hi < 40; ++hi) {
       for (int64_t lo = 0; lo < 256; ++lo) {
         keys.push_back((hi << 8) | lo);
-        keys.push_back(static_cast<int64_t>((static_cast<uint64_t>(lo) << 56) + 0x12340000u + static_cast<uint64_t>(hi)));
+        const uint64_t top = static_cast<uint64_t>(lo) << 56;
+        keys.push_back(static_cast<int64_t>(top + 0x12340000u + static_cast<uint64_t>(hi)));
       }
     }
     for (size_t i = 0; i < keys.size(); ++i) vals.push_back(static_cast<int64_t>(i));

@@ -80,7 +80,8 @@ struct FlatLane {
   // on the way or no empty slot at all (F2 broken; the general path copes). *page holds *slot.
   // The probe steps a slot pointer within a page and looks the directory up only when crossing
   // one (flat_probe recomputed page and offset at every step).
-  [[gnu::always_inline]] int find(uint32_t h, uint64_t k0, uint64_t k1, uint8_t** slot, FlatPage** page) const {
+  [[gnu::always_inline]] int find(uint32_t h, uint64_t k0, uint64_t k1, uint8_t** slot,
+                                  FlatPage** page) const {
     const size_t home = h & mask;
     size_t pi = home >> page_shift;
     FlatPage* p = pages[pi];

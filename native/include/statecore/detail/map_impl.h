@@ -20,7 +20,8 @@ namespace detail {
 // The map hash of a key under the map's hash_fn. Always inlined: the batch kernels hash every
 // row with it, and out of line (GCC's choice once the kernels grew) it cost a call and a
 // prologue a row.
-[[gnu::always_inline]] inline uint32_t map_key_hash(KeyHashFunction fn, const uint8_t* key, size_t ks) {
+[[gnu::always_inline]] inline uint32_t map_key_hash(KeyHashFunction fn, const uint8_t* key,
+                                                   size_t ks) {
   if (fn) return fmix32(fn(key, ks));
   return ks > 8 && ks <= 16 ? short_key_hash(key, ks) : default_key_hash(key, ks);
 }
