@@ -70,21 +70,21 @@ void emit_current(StateMap& m, const RowKeys& rk, int64_t i, T* out, uint8_t* va
   }
 }
 
-// add_batch apply pass for accumulator type T. `value_at(i)` gives row i's (non-null) input;
-// `combine(acc, x, &result)` folds one value and returns false when the result does not fit T.
-// With TTL an expired aggregate is replaced by x (counted in *expired) and every write is
+// add_batch apply pass for accumulator type T. `value_at(values, i)` gives row i's (non-null)
+// input; `combine(acc, x, &result)` folds one value and returns false when the result does not fit
+// T. With TTL an expired aggregate is replaced by x (counted in *expired) and every write is
 // stamped ttl.now; null rows are TTL reads (emit_current).
 //
-// kUndo (the int64 Sum, whose overflow the reference backend rejects): a failed combine must
-// leave the aggregates exactly as before the batch, and overflow can only be known while
-// applying, so every write is recorded in an undo log (row, whether the key existed, its old value
-// and timestamp: 32 bytes a row, reused per thread) and replayed backwards before the error is
-// raised. Rows are applied in order, so undoing them in reverse restores every entry, keys
+// kUndo (the int64 Sum, whose overflow the reference backend rejects): a failed combine must leave
+// the aggregates exactly as before the batch, and overflow can only be known while applying, so
+// every write is recorded in an undo log (the row, complemented when the key was new, its old value
+// and, with TTL, timestamp: 16-24 bytes a row, reused per thread) and replayed backwards before the
+// error is raised. Rows are applied in order, so undoing them in reverse restores every entry, keys
 // repeated in the batch included. What null rows did (TTL removals and renewals) is not in the log
 // and stays, as in the Python path (see batch.h "TTL"): undoing a later write on the same key
-// restores the bytes as that null row left them. Without kUndo, combine never fails.
-// Kept per thread for the next batch, unless a large batch grew it: 32 bytes a row would stay
-// resident (3 bytes per entry of a state loaded in 1M-row batches).
+// restores the bytes as that null row left them. Without kUndo, combine never fails. Kept per
+// thread for the next batch, unless a large batch grew it: 16-24 bytes a row would stay resident (3
+// bytes per entry of a state loaded in 1M-row batches).
 template <class Buffer>
 void release_undo(Buffer& b) {
   constexpr size_t kKeepUndoRows = 65536;
@@ -94,16 +94,27 @@ void release_undo(Buffer& b) {
   }
 }
 
-template <class T, bool kUndo, class Combine, class ValueAt>
-void fold_rows(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayView& values,
-               Combine combine, ValueAt value_at, T* out, uint8_t* valid, const TtlBatchSpec& ttl,
-               int64_t* expired) {
-  struct Undo {
-    int64_t row;
-    T old;           // meaningful when existed
-    int64_t old_ts;  // meaningful when existed and TTL is on
-    bool existed;
-  };
+template <class T, bool kTtl>
+struct UndoRecord {
+  int64_t row;     // ~row when the key was new (then `old` is meaningless)
+  T old;
+  int64_t old_ts;
+};
+template <class T>
+struct UndoRecord<T, false> {
+  int64_t row;
+  T old;
+};
+
+// kTtl is ttl.enabled as a template parameter: the rows' TTL tests read `ttl` through a
+// reference the row's byte stores may alias, so a runtime flag was reloaded and tested several
+// times a row (callgrind). `values_in` is copied for the same reason.
+template <class T, bool kUndo, bool kTtl, class Combine, class ValueAt>
+void fold_rows_with(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayView& values_in,
+                    Combine combine, ValueAt value_at, T* out, uint8_t* valid,
+                    const TtlBatchSpec& ttl, int64_t* expired) {
+  const ArrayView values = values_in;
+  using Undo = UndoRecord<T, kTtl>;
   // A raw per-thread buffer sized for the batch up front: vector::push_back re-read the
   // thread_local's address (a __tls_get_addr call in a shared library) on every row.
   struct UndoBuffer {
@@ -122,42 +133,48 @@ void fold_rows(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayVi
     }
     undo = undo_buf.rows.get();
   }
-  const size_t width = fixed_width<T>(ttl);
+  constexpr size_t width = kTtl ? stored_width<T>() + ttl::kTimestampBytes : stored_width<T>();
   constexpr size_t kTs = stored_width<T>();  // where the TTL timestamp starts
   const int64_t n = values.length();
-  for (int64_t i = 0; i < n; ++i) {
-    rk.ahead(i);
-    rk.encode(i, kgs[i]);
-    StateMap& m = table.map_unchecked(kgs[i]);
+  Lanes lanes(table);
+  for_rows(rk, table, kgs, n, [&](int64_t i, int32_t kg, const RowKey& k) SC_INLINE_ROW {
     if (!values.is_valid(i)) {
-      emit_current(m, rk, i, out, valid, ttl, expired);
-      continue;
+      rk.encode(i, kg);
+      emit_current(table.map_unchecked(kg), rk, i, out, valid, ttl, expired);
+      lanes.close(kg);
+      return;
     }
-    const T x = value_at(i);
-    size_t sz = 0;
+    const T x = value_at(values, i);
+    size_t sz = width;
     bool inserted = false;
-    const uint32_t h = rk.hash(i, m);
-    uint8_t* p = m.engine().flat_fast_upsert(h, rk.data(), rk.size(), width, &sz, &inserted);
-    if (p == nullptr) p = m.upsert(h, rk.data(), rk.size(), width, &sz, &inserted);
+    uint8_t* p = nullptr;
+    if (detail::FlatLane* ln = lanes.get(kg, k.data, k.size, width, true))
+      p = ln->upsert(k.hash, k.data, &inserted);
+    if (p == nullptr) {
+      p = table.map_unchecked(kg).upsert(k.hash, k.data, k.size, width, &sz, &inserted);
+      lanes.close(kg);
+    }
     T acc;
     if (!inserted) {
       if (sz != width) wrong_width(i, sz, width);
       const T old = load_fixed<T>(p);
-      const int64_t old_ts = ttl.enabled ? ttl::load_timestamp(p + kTs) : 0;
-      if (ttl.enabled && ttl::expired(old_ts, ttl.ttl_ms, ttl.now)) {
+      const int64_t old_ts = kTtl ? ttl::load_timestamp(p + kTs) : 0;
+      if (kTtl && ttl::expired(old_ts, ttl.ttl_ms, ttl.now)) {
         // Python `_unexpired`: counted, not removed; the write below overwrites it in place.
         ++*expired;
         acc = x;
       } else if (!combine(old, x, &acc)) {
         if constexpr (kUndo) {
           for (const Undo* it = undo + undone; it-- != undo;) {
-            rk.encode(it->row, kgs[it->row]);
-            StateMap& um = table.map_unchecked(kgs[it->row]);
-            if (it->existed) {
+            const bool existed = it->row >= 0;
+            const int64_t row = existed ? it->row : ~it->row;
+            rk.encode(row, kgs[row]);
+            StateMap& um = table.map_unchecked(kgs[row]);
+            if (existed) {
               size_t usz = 0;
               uint8_t* up = um.get_for_update(rk.data(), rk.size(), &usz);
               store_fixed<T>(up, it->old);
-              if (ttl.enabled) ttl::store_timestamp(up + kTs, it->old_ts);
+              if constexpr (kTtl) ttl::store_timestamp(up + kTs, it->old_ts);
             } else {
               um.remove(rk.data(), rk.size());
             }
@@ -168,17 +185,35 @@ void fold_rows(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayVi
              " sum overflows (" + std::to_string(old) + " + " + std::to_string(x) +
              "); the batch was not applied");
       }
-      if constexpr (kUndo) undo[undone++] = Undo{i, old, old_ts, true};
+      if constexpr (kUndo) {
+        if constexpr (kTtl) undo[undone++] = Undo{i, old, old_ts};
+        else undo[undone++] = Undo{i, old};
+      }
     } else {
       acc = x;
-      if constexpr (kUndo) undo[undone++] = Undo{i, T{}, 0, false};
+      if constexpr (kUndo) {
+        if constexpr (kTtl) undo[undone++] = Undo{~i, T{}, 0};
+        else undo[undone++] = Undo{~i, T{}};
+      }
     }
     store_fixed<T>(p, acc);
-    if (ttl.enabled) ttl::store_timestamp(p + kTs, ttl.now);
+    if constexpr (kTtl) ttl::store_timestamp(p + kTs, ttl.now);
     out[i] = acc;
     valid[i] = 1;
-  }
+  });
   if constexpr (kUndo) release_undo(undo_buf);
+}
+
+template <class T, bool kUndo, class Combine, class ValueAt>
+void fold_rows(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayView& values,
+               Combine combine, ValueAt value_at, T* out, uint8_t* valid, const TtlBatchSpec& ttl,
+               int64_t* expired) {
+  if (ttl.enabled)
+    fold_rows_with<T, kUndo, true>(table, kgs, rk, values, combine, value_at, out, valid, ttl,
+                                   expired);
+  else
+    fold_rows_with<T, kUndo, false>(table, kgs, rk, values, combine, value_at, out, valid, ttl,
+                                    expired);
 }
 
 template <class T, class ValueAt>
@@ -380,16 +415,20 @@ void get_batch_fixed(StateTable& table, const BatchKeySpec& spec, ArrowInput key
     }
     return;
   }
-  for (int64_t i = 0; i < n; ++i) {
-    rk.ahead(i);
-    rk.encode(i, kgs[i]);
-    ByteView v;
-    StateMap& m = table.map_unchecked(kgs[i]);
-    const bool found = kernel_get(m, rk.hash(i, m), rk.data(), rk.size(), &v);
-    if (found && v.size != user_width) wrong_width(i, v.size, user_width);
-    out_fixed(value_type, out_values, i, found ? v.data : nullptr);
-    out_valid[i] = found ? 1 : 0;
-  }
+  Lanes lanes(table);
+  for_rows(rk, table, kgs, n, [&](int64_t i, int32_t kg, const RowKey& k) SC_INLINE_ROW {
+    const uint8_t* p;
+    if (detail::FlatLane* ln = lanes.get(kg, k.data, k.size, user_width, false)) {
+      p = ln->get(k.hash, k.data);
+    } else {
+      ByteView v;
+      const bool found = kernel_get(table.map_unchecked(kg), k.hash, k.data, k.size, &v);
+      if (found && v.size != user_width) wrong_width(i, v.size, user_width);
+      p = found ? v.data : nullptr;
+    }
+    out_fixed(value_type, out_values, i, p);
+    out_valid[i] = p != nullptr ? 1 : 0;
+  });
 }
 
 void get_batch_var(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
@@ -454,56 +493,55 @@ void put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
   const int64_t n = keys.length();
   const size_t suffix = ttl.enabled ? ttl::kTimestampBytes : 0;
   RowKeys rk(spec, keys, table, kgs);
-  for (int64_t i = 0; i < n; ++i) {
-    rk.ahead(i);
-    rk.encode(i, kgs[i]);
-    StateMap& m = table.map_unchecked(kgs[i]);
+  Lanes lanes(table);
+  for_rows(rk, table, kgs, n, [&](int64_t i, int32_t kg, const RowKey& k) SC_INLINE_ROW {
     if (!values.is_valid(i)) {
-      m.remove(rk.data(), rk.size());
-      continue;
+      table.map_unchecked(kg).remove(k.data, k.size);
+      lanes.close(kg);
+      return;
     }
     uint8_t* dst;
     size_t sz = 8;
     switch (value_type.type) {
       case ValueType::Int64:
       case ValueType::Timestamp:
-        dst = kernel_put(m, rk.hash(i, m), rk.data(), rk.size(), 8 + suffix);
+        dst = kernel_put(table, lanes, kg, k, 8 + suffix);
         store_i64(dst, values.int64_at(i));
         break;
       case ValueType::UInt64:
-        dst = kernel_put(m, rk.hash(i, m), rk.data(), rk.size(), 8 + suffix);
+        dst = kernel_put(table, lanes, kg, k, 8 + suffix);
         store_le64(dst, values.uint64_at(i));
         break;
       case ValueType::FixedSizeBinary:
         sz = static_cast<size_t>(value_type.width);
-        dst = kernel_put(m, rk.hash(i, m), rk.data(), rk.size(), sz + suffix);
+        dst = kernel_put(table, lanes, kg, k, sz + suffix);
         std::memcpy(dst, values.fixed_at(i), sz);
         break;
       case ValueType::Float64:
-        dst = kernel_put(m, rk.hash(i, m), rk.data(), rk.size(), 8 + suffix);
+        dst = kernel_put(table, lanes, kg, k, 8 + suffix);
         store_f64(dst, values.float64_at(i));
         break;
       case ValueType::Int32:
         sz = 4;
-        dst = kernel_put(m, rk.hash(i, m), rk.data(), rk.size(), 4 + suffix);
+        dst = kernel_put(table, lanes, kg, k, 4 + suffix);
         store_i32(dst, values.int32_at(i));
         break;
       case ValueType::Bool:
         sz = 1;
-        dst = kernel_put(m, rk.hash(i, m), rk.data(), rk.size(), 1 + suffix);
+        dst = kernel_put(table, lanes, kg, k, 1 + suffix);
         store_bool(dst, values.bool_at(i));
         break;
       case ValueType::String:
       case ValueType::Binary:
       default: {
         const uint8_t* src = values.bytes_at(i, &sz);
-        dst = kernel_put(m, rk.hash(i, m), rk.data(), rk.size(), sz + suffix);
+        dst = kernel_put(table, lanes, kg, k, sz + suffix);
         if (sz > 0) std::memcpy(dst, src, sz);
         break;
       }
     }
     if (ttl.enabled) ttl::store_timestamp(dst + sz, ttl.now);
-  }
+  });
 }
 
 void add_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
@@ -528,34 +566,34 @@ void add_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
           *res = static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
           return true;
         },
-        [](int64_t) { return int64_t{1}; }, static_cast<int64_t*>(out_values), out_valid, ttl,
+        [](const ArrayView&, int64_t) { return int64_t{1}; }, static_cast<int64_t*>(out_values), out_valid, ttl,
         expired);
   } else if (value_type.type == ValueType::Int64 || value_type.type == ValueType::Timestamp) {
     // A timestamp is its int64 count of units (Sum was rejected above).
     fold_reducer<int64_t>(reducer, table, kgs, rk, values,
-                          [&](int64_t i) { return values.int64_at(i); },
+                          [](const ArrayView& v, int64_t i) { return v.int64_at(i); },
                           static_cast<int64_t*>(out_values), out_valid, ttl, expired);
   } else if (value_type.type == ValueType::UInt64) {
     fold_reducer<uint64_t>(reducer, table, kgs, rk, values,
-                           [&](int64_t i) { return values.uint64_at(i); },
+                           [](const ArrayView& v, int64_t i) { return v.uint64_at(i); },
                            static_cast<uint64_t*>(out_values), out_valid, ttl, expired);
   } else if (value_type.type == ValueType::FixedSizeBinary) {
     fold_bytes(reducer, table, kgs, rk, values, static_cast<size_t>(value_type.width),
                static_cast<uint8_t*>(out_values), out_valid, ttl, expired);
   } else if (value_type.type == ValueType::Int32) {
     fold_reducer<int32_t>(reducer, table, kgs, rk, values,
-                          [&](int64_t i) { return values.int32_at(i); },
+                          [](const ArrayView& v, int64_t i) { return v.int32_at(i); },
                           static_cast<int32_t*>(out_values), out_valid, ttl, expired);
   } else if (value_type.type == ValueType::Bool) {
     // bool is one byte holding 0/1 on every platform the build supports (checked below), so the
     // caller's uint8_t[n] output is written as bool[n].
     static_assert(sizeof(bool) == 1, "bool outputs are written into uint8_t buffers");
     fold_reducer<bool>(reducer, table, kgs, rk, values,
-                       [&](int64_t i) { return values.bool_at(i); },
+                       [](const ArrayView& v, int64_t i) { return v.bool_at(i); },
                        static_cast<bool*>(out_values), out_valid, ttl, expired);
   } else {
     fold_reducer<double>(reducer, table, kgs, rk, values,
-                         [&](int64_t i) { return values.float64_at(i); },
+                         [](const ArrayView& v, int64_t i) { return v.float64_at(i); },
                          static_cast<double*>(out_values), out_valid, ttl, expired);
   }
 }

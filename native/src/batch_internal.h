@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "statecore/batch.h"
+#include "statecore/detail/flat_lane.h"
 #include "statecore/detail/map_impl.h"
 #include "statecore/hash.h"
 #include "statecore/key_codec.h"
@@ -325,7 +326,8 @@ class RowKeys {
         // A small state stays in cache; there the second hash per row only costs (measured:
         // 1k keys 11.6 -> 7.2 M rows/s with prefetching, 200k keys 1.95 -> 4.7 M rows/s).
         prefetch_(table.size() >= kPrefetchMinEntries),
-        prefix_size_(key_group_prefix_size(spec.max_parallelism)) {
+        prefix_size_(key_group_prefix_size(spec.max_parallelism)),
+        hash_fn_(table.map_unchecked(table.kg_start()).engine().hash_fn) {
     enc_.bind(keys);
     ahead_enc_.bind(keys);
     // int64 keys (the common case) skip the general encoder: prefix | big-endian int64 | 00 is
@@ -354,9 +356,11 @@ class RowKeys {
   // now. Each row is encoded once on the prefetching path.
   void encode(int64_t i, int32_t kg) {
     if (prefetch_) {
-      const Group& g = groups_[(i / kGroup) & 1];
-      if (g.start == i - i % kGroup) {
-        const size_t j = static_cast<size_t>(i - g.start);
+      // Unsigned: rows are >= 0, and signed / and % by 16 cost a sign fix-up each (callgrind).
+      const uint64_t u = static_cast<uint64_t>(i);
+      const Group& g = groups_[(u / kGroup) & 1];
+      const size_t j = static_cast<size_t>(u % kGroup);
+      if (g.start == static_cast<int64_t>(u - j)) {
         cur_ = g.bytes.data() + g.offsets[j];
         cur_size_ = g.offsets[j + 1] - g.offsets[j];
         cur_hash_ = g.hashes[j];
@@ -380,10 +384,10 @@ class RowKeys {
   }
 
   void ahead(int64_t i) {
-    if (!prefetch_ || i % kGroup != 0) return;
+    if (!prefetch_ || static_cast<uint64_t>(i) % kGroup != 0) return;
     if (i == 0) hash_group(0);
-    const Group& g = groups_[(i / kGroup) & 1];
-    for (int64_t j = i; j < std::min(i + kGroup, n_); ++j) {
+    const Group& g = groups_[(static_cast<uint64_t>(i) / kGroup) & 1];
+    for (int64_t j = i; !g.all_flat && j < std::min(i + kGroup, n_); ++j) {
       StateMap& m = table_.map_unchecked(kgs_[j]);
       if (!m.engine().flat) m.prefetch_entry(g.hashes[j - i]);  // a flat slot is its entry
     }
@@ -397,8 +401,26 @@ class RowKeys {
     return cur_row_ == i ? cur_hash_ : m.hash(data(), size());
   }
 
- private:
   static constexpr int64_t kGroup = 16;
+  // The keys and map hashes of rows [start, start + kGroup) as hash_group encoded them, for a
+  // row loop that takes a group at a time (for_rows) and keeps the view in registers: encode()
+  // wrote and data()/size()/hash() re-read RowKeys' members, which every byte store of a row
+  // may alias (~25 instructions a row of int64 add_batch, callgrind). `valid` is false when the
+  // rows are not hashed ahead (small states); then encode() row by row.
+  struct GroupView {
+    const uint8_t* bytes = nullptr;
+    const uint32_t* offsets = nullptr;
+    const uint32_t* hashes = nullptr;
+    bool valid = false;
+  };
+  GroupView group(int64_t start) const {
+    if (!prefetch_) return GroupView{};
+    const Group& g = groups_[(static_cast<uint64_t>(start) / kGroup) & 1];
+    if (g.start != start) return GroupView{};
+    return GroupView{g.bytes.data(), g.offsets, g.hashes, true};
+  }
+
+ private:
   // ~32 B header + key + value per entry: from about 16k entries on the state outgrows L2.
   static constexpr size_t kPrefetchMinEntries = 16 * 1024;
   // encode() of the rarer forms, out of line so that the common ones stay small enough to be
@@ -468,6 +490,7 @@ class RowKeys {
     std::vector<uint8_t> bytes;
     uint32_t offsets[kGroup + 1] = {};
     uint32_t hashes[kGroup] = {};
+    bool all_flat = false;  // every row's map is flat: nothing for ahead() to prefetch
   };
 
   // kVoid: the caller knows the namespace is void (the row loops are instantiated for both, so
@@ -522,9 +545,10 @@ class RowKeys {
   template <bool kVoid>
   void hash_group_of(int64_t start) {
     if (start >= n_) return;
-    Group& g = groups_[(start / kGroup) & 1];
+    Group& g = groups_[(static_cast<uint64_t>(start) / kGroup) & 1];
     g.start = start;
     g.offsets[0] = 0;
+    bool all_flat = true;
     if (int64_in_one_) {
       g.bytes.resize(kGroup * kInt64KeyMax);
     } else if (int64_keys_ || bytes_keys_) {
@@ -556,13 +580,18 @@ class RowKeys {
         key = g.bytes.data() + g.offsets[k];
       }
       g.offsets[k + 1] = static_cast<uint32_t>(g.offsets[k] + ks);
+      const uint32_t h = detail::map_key_hash(hash_fn_, key, ks);
+      g.hashes[k] = h;
       StateMap& m = table_.map_unchecked(kgs_[j]);
       const StateMap::Impl& e = m.engine();
-      const uint32_t h = e.hash_of(key, ks);
-      g.hashes[k] = h;
-      if (e.flat) e.prefetch(h);
-      else m.prefetch_bucket(h);
+      if (e.flat) {
+        e.prefetch(h);
+      } else {
+        m.prefetch_bucket(h);
+        all_flat = false;
+      }
     }
+    g.all_flat = all_flat;
   }
 
   void encode_into(KeyEncoder& enc, int64_t i, int32_t kg) {
@@ -594,6 +623,7 @@ class RowKeys {
   int64_t n_;
   bool prefetch_;
   int prefix_size_;
+  KeyHashFunction hash_fn_;  // the table's maps' (they all have the StateTable's)
   const ArrayView* int64_keys_ = nullptr;  // the key column when keys are scalar int64
   const ArrayView* bytes_keys_ = nullptr;  // ... when they are scalar string/binary
   std::vector<uint8_t> one_bytes_;          // encode()'s buffer for a string/binary key
@@ -605,20 +635,98 @@ class RowKeys {
   int64_t cur_row_ = -1;  // the row whose hash cur_hash_ is, or -1
 };
 
+// Row i's encoded key and its map hash, as a kernel's row loop sees it.
+struct RowKey {
+  const uint8_t* data;
+  size_t size;
+  uint32_t hash;
+};
+
+// A row lambda passed to for_rows: inlined into the row loop. Left to GCC, the add kernel's
+// lambda became a call a row with ~22 instructions of prologue and spills (callgrind).
+#define SC_INLINE_ROW __attribute__((always_inline))
+
+// fn(i, kg, const RowKey&) for rows 0..n-1 in order, a group of RowKeys::kGroup rows at a time
+// (ahead() once per group, the group's view in locals). fn may call rk.encode(i, kg) (a null
+// row's read goes through rk) but not ahead().
+template <class Fn>
+inline void for_rows(RowKeys& rk, StateTable& table, const int32_t* kgs, int64_t n, Fn&& fn) {
+  for (int64_t g0 = 0; g0 < n; g0 += RowKeys::kGroup) {
+    rk.ahead(g0);
+    const RowKeys::GroupView gv = rk.group(g0);
+    const int64_t end = std::min(n, g0 + RowKeys::kGroup);
+    for (int64_t i = g0; i < end; ++i) {
+      const int32_t kg = kgs[i];
+      if (gv.valid) {
+        const size_t j = static_cast<size_t>(i - g0);
+        const uint32_t off = gv.offsets[j];
+        fn(i, kg, RowKey{gv.bytes + off, gv.offsets[j + 1] - off, gv.hashes[j]});
+      } else {
+        rk.encode(i, kg);
+        fn(i, kg, RowKey{rk.data(), rk.size(), rk.hash(i, table.map_unchecked(kg))});
+      }
+    }
+  }
+}
+
+// The flat lanes (detail/flat_lane.h) of one kernel call, one per key group of the table, kept
+// per thread across calls: a lane is open in a call iff its epoch is the call's, so a call
+// touching few of many key groups costs no reset of the others.
+class Lanes {
+ public:
+  explicit Lanes(StateTable& table) : table_(table) {
+    thread_local std::vector<detail::FlatLane> lanes;
+    thread_local uint32_t epoch = 0;
+    const size_t n = static_cast<size_t>(table.kg_end() - table.kg_start()) + 1;
+    if (lanes.size() < n) lanes.resize(n);
+    if (++epoch == 0) {  // wrapped: a lane of 2^32 calls ago must not look open
+      for (detail::FlatLane& l : lanes) l.epoch = 0;
+      epoch = 1;
+    }
+    lanes_ = lanes.data();
+    kg_start_ = table.kg_start();
+    epoch_ = epoch;
+  }
+  // Key group kg's lane for a key of ks bytes (and, vs != 0, values of vs bytes), or nullptr.
+  // Both sizes are checked on every row: string keys and put_batch's string values vary by row.
+  [[gnu::always_inline]] detail::FlatLane* get(int32_t kg, const uint8_t* key, size_t ks,
+                                                 size_t vs, bool write) {
+    detail::FlatLane& l = lanes_[kg - kg_start_];
+    if (l.epoch == epoch_)
+      return l.key_size == ks && (vs == 0 || l.value_size == vs) ? &l : nullptr;
+    if (!l.open(table_.map_unchecked(kg).engine(), key, ks, vs, write)) return nullptr;
+    l.epoch = epoch_;
+    return &l;
+  }
+  // After any other call on key group kg's map (see FlatLane).
+  void close(int32_t kg) { lanes_[kg - kg_start_].epoch = 0; }
+
+ private:
+  StateTable& table_;
+  detail::FlatLane* lanes_;  // index kg - kg_start
+  int32_t kg_start_;
+  uint32_t epoch_;
+};
+
 // get_hashed() with the flat engine's common case inlined (StateMap::Impl::flat_fast_get).
 inline bool kernel_get(StateMap& m, uint32_t h, const uint8_t* key, size_t ks, ByteView* v) {
   const int r = m.engine().flat_fast_get(h, key, ks, v);
   return r >= 0 ? r == 1 : m.get_hashed(h, key, ks, v);
 }
 
-// put() through the hashed, inlined path of the add kernels (flat_fast_upsert, else upsert(),
-// which also completes a rehash in flight); an existing value of another size is replaced by put().
-inline uint8_t* kernel_put(StateMap& m, uint32_t h, const uint8_t* key, size_t ks, size_t vs) {
-  size_t cur = 0;
+// put() of a row's key in key group kg through its lane, else upsert() (which also completes a
+// rehash in flight); an existing value of another size is replaced by put().
+inline uint8_t* kernel_put(StateTable& table, Lanes& lanes, int32_t kg, const RowKey& k,
+                           size_t vs) {
   bool inserted = false;
-  uint8_t* p = m.engine().flat_fast_upsert(h, key, ks, vs, &cur, &inserted);
-  if (p == nullptr) p = m.upsert(h, key, ks, vs, &cur, &inserted);
-  return cur == vs ? p : m.put(key, ks, vs);
+  if (detail::FlatLane* ln = lanes.get(kg, k.data, k.size, vs, true)) {
+    if (uint8_t* p = ln->upsert(k.hash, k.data, &inserted)) return p;
+  }
+  lanes.close(kg);
+  StateMap& m = table.map_unchecked(kg);
+  size_t cur = 0;
+  uint8_t* p = m.upsert(k.hash, k.data, k.size, vs, &cur, &inserted);
+  return cur == vs ? p : m.put(k.data, k.size, vs);
 }
 
 inline void check_values(const ValueSpec& vt, const KeyArrays& keys, const ArrayView& values) {

@@ -237,6 +237,12 @@ struct Entry;
 //    with the chained engine's guarantees.
 //  - stats: page_copies, directory_copies and rehashes as above; entry_copies counts entries a
 //    rehash moved; retired_entries() is 0.
+//  - Batch lanes (detail/flat_lane.h): the fixed-value batch kernels check once per key group and
+//    batch, not per row, what the inline fast path needs (flat, no rehash in flight, the layout
+//    fits, an exclusive directory for writes) and keep the directory's geometry and the version.
+//    Nothing but the lane's own slot writes and below-threshold inserts may touch the map while
+//    a lane is open (a kernel closes it after any other call on the map); other threads only
+//    lower reference counts. A lane ignores a pending sweep: a flat map has no retired entries.
 //
 // Thread contract: all mutating calls and snapshot() come from one owning thread; a MapSnapshot
 // may be read (sorted_entries) from any one other thread while the owner keeps mutating, and may

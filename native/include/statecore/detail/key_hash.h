@@ -60,7 +60,7 @@ inline uint64_t mum_fold(uint64_t a, uint64_t b) {
 // folded 128-bit multiplies, the length mixed into the second (the shape of wyhash's short-key
 // path, github.com/wangyi-fudan/wyhash). About a third of the instructions of the word loop
 // below for these sizes, and the input that selects the slot of every batch row.
-inline uint32_t short_key_hash(const uint8_t* data, size_t size) {
+[[gnu::always_inline]] inline uint32_t short_key_hash(const uint8_t* data, size_t size) {
   uint64_t a, b;
   std::memcpy(&a, data, 8);
   std::memcpy(&b, data + size - 8, 8);

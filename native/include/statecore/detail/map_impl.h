@@ -16,6 +16,16 @@
 #include "statecore/state_map.h"
 
 namespace statecore {
+namespace detail {
+// The map hash of a key under the map's hash_fn. Always inlined: the batch kernels hash every
+// row with it, and out of line (GCC's choice once the kernels grew) it cost a call and a
+// prologue a row.
+[[gnu::always_inline]] inline uint32_t map_key_hash(KeyHashFunction fn, const uint8_t* key,
+                                                   size_t ks) {
+  if (fn) return fmix32(fn(key, ks));
+  return ks > 8 && ks <= 16 ? short_key_hash(key, ks) : default_key_hash(key, ks);
+}
+}  // namespace detail
 
 struct StateMap::Impl {
   // An entry unlinked from the live table (removed, replaced by a copy, or reallocated) while a
@@ -64,9 +74,7 @@ struct StateMap::Impl {
   std::vector<uint64_t> live_versions;     // versions of unreleased snapshots, ascending
   bool orphaned = false;                   // the StateMap is destroyed; releases sweep themselves
 
-  uint32_t hash_of(const uint8_t* key, size_t ks) const {
-    return hash_fn ? detail::fmix32(hash_fn(key, ks)) : detail::default_key_hash(key, ks);
-  }
+  uint32_t hash_of(const uint8_t* key, size_t ks) const { return detail::map_key_hash(hash_fn, key, ks); }
   // prefetch_bucket() inlined for batch kernels (flat engine; the chained one makes the call).
   void prefetch(uint32_t h) const {
     if (!flat) return;

@@ -1,0 +1,157 @@
+// Batch kernels' cached view of one flat map (engine internal; the design is in the class comment
+// of StateMap, "Flat engine", "Batch lanes").
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "statecore/detail/map_impl.h"
+
+namespace statecore {
+namespace detail {
+
+inline uint64_t load_u64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+inline void store_u64(uint8_t* p, uint64_t v) { std::memcpy(p, &v, 8); }
+
+// The flat fast path's per-map facts, derived once when a kernel first touches the map in a batch
+// rather than once per row (they were a third of an int64 add_batch row's map work, callgrind):
+// the map is flat with no rehash in flight and a version a slot can record, its layout fits the
+// batch's keys (and values), and, for writes, its directory is exclusive; plus the directory's
+// geometry and the map version. Sound while only lanes touch the map: a write of a slot or an
+// insert below the load threshold changes none of these, and other threads only release
+// snapshots, which lowers reference counts (an exclusive directory stays exclusive). Any other
+// call on the map (the general upsert, put, get_for_update, remove) may rehash, convert, copy the
+// directory or allocate a page, so a kernel closes the lane after one and reopens it at the
+// map's next row. A release pending on another thread (sweep_pending) is not looked at: a flat
+// map retires no entries, so the sweep has nothing to free; it runs at the map's next general
+// operation, which also refreshes `req` (read by the chained engine only).
+//
+// The row-path members are always inlined: they run once a row, and GCC outlined them from the
+// kernels' larger loops (a call and spills a row, +100M instructions over 2M rows, callgrind).
+//
+// Only layouts with a 1-byte prefix and an 8-16 byte key suffix open (the int64 key, with the
+// void namespace or an int32 namespace, under either key-group prefix size): a key is then two
+// overlapping words, compared with two loads and no length test.
+struct FlatLane {
+  StateMap::Impl* map = nullptr;
+  FlatPage* const* pages = nullptr;
+  size_t mask = 0;        // capacity - 1
+  size_t page_mask = 0;   // slots per page - 1
+  size_t page_last = 0;   // page_count - 1 (page_count is a power of two)
+  uint32_t page_shift = 0;
+  uint32_t stride = 0;
+  uint32_t suffix = 0;    // key suffix bytes, 8..16
+  uint32_t key_size = 0;
+  uint32_t value_size = 0;
+  uint32_t version = 0;   // the map version, stamped on every write
+  uint32_t epoch = 0;     // the owner's bookkeeping (open in the batch of this epoch)
+
+  // Takes the map's facts for keys of `ks` bytes starting with key[0] (the key-group prefix,
+  // shared by the map's keys) and, vs != 0, values of vs bytes. False: the general path.
+  bool open(StateMap::Impl& m, const uint8_t* key, size_t ks, size_t vs, bool write) {
+    if (!m.flat || m.frehash || m.version > kFlatMaxVersion) return false;
+    const FlatDirectory* d = m.fprimary;
+    const FlatLayout& l = d->layout;
+    const uint32_t n = l.suffix_size();
+    if (!l.fixed || l.prefix_size != 1 || !l.fits_key(key, ks) || n < 8 || n > 16 ||
+        (vs != 0 && vs != l.value_size) ||
+        (write && d->refs.load(std::memory_order_acquire) != 1))
+      return false;
+    map = &m;
+    pages = d->pages();
+    mask = d->mask();
+    page_mask = d->page_mask();
+    page_last = d->page_count - 1;
+    page_shift = d->page_shift;
+    stride = l.stride();
+    suffix = n;
+    key_size = l.key_size;
+    value_size = l.value_size;
+    version = static_cast<uint32_t>(m.version);
+    return true;
+  }
+
+  // Linear probe for the key whose suffix words are k0 (bytes 0-7) and k1 (bytes n-8..n-1) from
+  // the home of h: 1 found, 0 absent (*slot = the empty slot ending the probe), -1 a missing page
+  // on the way or no empty slot at all (F2 broken; the general path copes). *page holds *slot.
+  // The probe steps a slot pointer within a page and looks the directory up only when crossing
+  // one (flat_probe recomputed page and offset at every step).
+  [[gnu::always_inline]] int find(uint32_t h, uint64_t k0, uint64_t k1, uint8_t** slot,
+                                  FlatPage** page) const {
+    const size_t home = h & mask;
+    size_t pi = home >> page_shift;
+    FlatPage* p = pages[pi];
+    if (!p) return -1;
+    uint8_t* s = p->bytes() + (home & page_mask) * stride;
+    uint8_t* end = p->bytes() + (page_mask + 1) * stride;
+    for (size_t crossings = 0;;) {
+      const uint32_t meta = load_u32(s);
+      if (meta == kFlatEmpty) {
+        *slot = s;
+        *page = p;
+        return 0;
+      }
+      if (load_u64(s + 4) == k0 && load_u64(s + 4 + suffix - 8) == k1 && meta != kFlatDeleted) {
+        *slot = s;
+        *page = p;
+        return 1;
+      }
+      s += stride;
+      if (s == end) {
+        if (crossings++ > page_last) return -1;  // every slot seen
+        pi = (pi + 1) & page_last;
+        p = pages[pi];
+        if (!p) return -1;
+        s = p->bytes();
+        end = s + (page_mask + 1) * stride;
+      }
+    }
+  }
+
+  // StateMap::upsert for a key of key_size bytes (first byte as at open), with the flat engine's
+  // fast path's limits: nullptr, having changed nothing, when a page on the way is missing or
+  // the slot's page is shared, or an insert would reach the load threshold (the caller then makes
+  // the general call). New values are value_size zero bytes.
+  [[gnu::always_inline]] uint8_t* upsert(uint32_t h, const uint8_t* key, bool* inserted) {
+    const uint64_t k0 = load_u64(key + 1);
+    const uint64_t k1 = load_u64(key + 1 + suffix - 8);
+    uint8_t* s;
+    FlatPage* p;
+    const int r = find(h, k0, k1, &s, &p);
+    if (r < 0 || p->refs.load(std::memory_order_acquire) != 1) return nullptr;
+    StateMap::Impl& m = *map;
+    if (r == 0) {
+      if (m.size() >= m.threshold) return nullptr;
+      *inserted = true;
+      m.log_write(h, key, key_size);
+      store_u32(s, version);
+      store_u64(s + 4, k0);
+      store_u64(s + 4 + suffix - 8, k1);
+      uint8_t* v = s + 4 + suffix;
+      if (value_size == 8) store_u64(v, 0);
+      else std::memset(v, 0, value_size);
+      ++m.primary_size;
+      m.live_bytes += key_size + value_size;
+      return v;
+    }
+    *inserted = false;
+    if (load_u32(s) != version) m.log_write(h, key, key_size);
+    store_u32(s, version);
+    return s + 4 + suffix;
+  }
+
+  // get_hashed: the value bytes (value_size of them) or nullptr when absent.
+  [[gnu::always_inline]] const uint8_t* get(uint32_t h, const uint8_t* key) const {
+    uint8_t* s;
+    FlatPage* p;
+    if (find(h, load_u64(key + 1), load_u64(key + 1 + suffix - 8), &s, &p) != 1) return nullptr;
+    return s + 4 + suffix;
+  }
+};
+
+}  // namespace detail
+}  // namespace statecore
