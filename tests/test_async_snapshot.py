@@ -282,7 +282,8 @@ def test_bad_arguments_raise_at_once(tmp_path):
     b, _, _ = _populate("native", seed=9, n=10)
     store = CheckpointStore(str(tmp_path))
     snap = b.snapshot()
-    for kwargs in ({"queue_blocks": 0}, {"block_target_bytes": 0}, {"nice": -1}, {"nice": True}):
+    for kwargs in ({"queue_blocks": 0}, {"block_target_bytes": 0}, {"nice": -1}, {"nice": True},
+                   {"chunk_bytes": 0}, {"chunk_bytes": 1.5}):
         with pytest.raises(InvalidInputError):
             store.write_snapshot_async(snap, 1, "p0", **kwargs)
     with pytest.raises(InvalidInputError):
@@ -297,6 +298,58 @@ def test_nogil_hash_matches_xxhash():
     for n in (0, 1, 31, 32, 1000, 70000):
         data = bytes(rnd.randrange(256) for _ in range(n))
         assert _native.xxh64_nogil(data) == xxhash.xxh64_intdigest(data)
+
+
+def test_native_lz4_gives_the_bindings_bytes():
+    """The vendored LZ4 (1.9.4) compresses as ``lz4.block.compress(store_size=False)``: the same
+    bytes where the binding has the same LZ4 release, readable by the binding in any case."""
+    import lz4
+    import lz4.block
+
+    rnd = random.Random(5)
+    same_release = lz4.library_version_number() == 10904
+    for n in (0, 1, 15, 4096, 70000, 300000):
+        data = bytes(rnd.randrange(4) for _ in range(n // 2)) + b"key-123" * (n // 14)
+        stored = _native.lz4_block_compress(data)
+        assert lz4.block.decompress(stored, uncompressed_size=len(data)) == data
+        if same_release:
+            assert stored == lz4.block.compress(data, store_size=False)
+    assert _native.lz4_block_compress(memoryview(b"abc" * 100)[3:]) == \
+        _native.lz4_block_compress(b"abc" * 99)
+
+
+class _CountingHandler(LocalDelegatingHandler):
+    """Local filesystem that records the size of every write()."""
+
+    type_name = "counting"
+
+    def __init__(self):
+        super().__init__()
+        self.writes: list[int] = []
+
+    def before_write(self, stream, data):
+        self.writes.append(len(data))
+
+
+def test_async_writer_writes_chunks_not_blocks(tmp_path):
+    """The background writer takes the GIL once per chunk of blocks (each take can wait a whole
+    switch interval while the owner runs Python): a file of many blocks is written in about
+    size / CHUNK_TARGET_BYTES writes, header and footer included, where the synchronous writer
+    writes block by block (its bytes are the same: test_async_file_is_byte_identical_to_sync)."""
+    from statecore.checkpoint.format import CHUNK_TARGET_BYTES
+
+    b, _, _ = _populate("native", seed=12, n=20_000)
+    handler = _CountingHandler()
+    store = CheckpointStore(str(tmp_path), filesystem=pafs.PyFileSystem(handler))
+    snap = b.snapshot()
+    d = store.write_snapshot_async(snap, 1, "p0", block_target_bytes=512).result(timeout=120)
+    async_writes = list(handler.writes)
+    handler.writes.clear()
+    store.write_snapshot(snap, 2, "p0", block_target_bytes=512)
+    snap.release()
+    assert d["blocks"] > 300 and sum(async_writes) == d["size"]
+    assert len(async_writes) <= d["size"] // CHUNK_TARGET_BYTES + 2, (len(async_writes), d)
+    assert len(handler.writes) > d["blocks"]  # the synchronous path: a write per block
 
 
 def test_owner_runs_while_serializer_waits():
@@ -361,8 +414,10 @@ def test_writer_threads_yield_the_cpu_to_the_owner(tmp_path):
     store = CheckpointStore(str(tmp_path), filesystem=pafs.PyFileSystem(handler))
     base = _thread_nices()[threading.get_native_id()]
     want = min(19, base + 7)
+    # chunk_bytes=1: a write per block, so the producer is still running (held back by the
+    # full queue) while the writer is inside its first write.
     fut = store.write_snapshot_async(b.snapshot(), 3, "p0", block_target_bytes=64,
-                                     queue_blocks=1, release_snapshot=True, nice=7)
+                                     queue_blocks=1, release_snapshot=True, nice=7, chunk_bytes=1)
     try:
         assert handler.waiting.wait(30)  # the Python writer is inside write(), the C++ producer
         # lowers its own priority when the OS first runs it, which on a loaded machine can come
@@ -386,7 +441,7 @@ def test_writer_threads_yield_the_cpu_to_the_owner(tmp_path):
     handler.gate.clear()
     handler.waiting.clear()
     fut = store.write_snapshot_async(b.snapshot(), 4, "p0", block_target_bytes=64, queue_blocks=1,
-                                     release_snapshot=True, nice=0)
+                                     release_snapshot=True, nice=0, chunk_bytes=1)
     try:
         assert handler.waiting.wait(30)
         assert {tid for tid, n in _thread_nices().items() if n == want} <= lowered_before

@@ -12,6 +12,9 @@
 #include <unistd.h>
 #endif
 
+#include "statecore/block_codec.h"
+#include "statecore/hash.h"
+
 namespace statecore {
 
 namespace {
@@ -280,6 +283,33 @@ void SnapshotSerializer::cancel() {
 SnapshotSerializer::Stats SnapshotSerializer::stats() const {
   std::lock_guard<std::mutex> g(mu_);
   return stats_;
+}
+
+bool SnapshotSerializer::next_chunk(BlockChunk* out, size_t target_bytes) {
+  out->bytes.clear();
+  out->blocks.clear();
+  BlockPayload p;
+  try {
+    while (out->blocks.empty() || out->bytes.size() < target_bytes) {
+      if (!next(&p)) break;
+      StoredBlock b;
+      b.key_group = p.key_group;
+      b.state = p.state;
+      b.entries = p.entries;
+      b.tombstones = p.tombstones;
+      b.last_of_group = p.last_of_group;
+      b.offset = out->bytes.size();
+      b.raw_length = p.bytes.size();
+      b.stored_length = lz4_block_compress(p.bytes.data(), p.bytes.size(), &out->bytes);
+      b.xxh64 = xxh64(out->bytes.data() + b.offset, b.stored_length, 0);
+      out->blocks.push_back(b);
+    }
+  } catch (...) {
+    out->bytes.clear();
+    out->blocks.clear();
+    throw;
+  }
+  return !out->blocks.empty();
 }
 
 }  // namespace statecore

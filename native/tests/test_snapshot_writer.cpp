@@ -11,9 +11,13 @@
 #include <vector>
 
 #include "check.h"
+#include "lz4.h"
+#include "statecore/block_codec.h"
+#include "statecore/hash.h"
 #include "statecore/snapshot_writer.h"
 #include "statecore/state_table.h"
 
+using statecore::BlockChunk;
 using statecore::BlockPayload;
 using statecore::ByteView;
 using statecore::SerializerCancelled;
@@ -338,6 +342,90 @@ TEST(cancel_races_consumer) {
     snap->release();
   }
   CHECK(true);
+}
+
+// next_chunk: the same blocks as next(), in order, each stored as lz4_block_compress of its payload
+// (which decompresses back to it) with the XXH64 of the stored bytes; chunks reach the target
+// unless they end the file; errors leave the chunk empty.
+TEST(chunks_hold_compressed_blocks_in_file_order) {
+  StateTable t(0, 7);
+  std::mt19937 rng(11);
+  for (uint32_t i = 0; i < 3000; ++i) {
+    int32_t kg = static_cast<int32_t>(rng() % 8);
+    put(t.map(kg), key(kg, i), std::string(rng() % 200, static_cast<char>('a' + i % 3)));
+  }
+  auto snap = std::make_shared<TableSnapshot>(t.snapshot());
+  SnapshotSerializer plain({SerializerSource{"s", snap, false, 0, {}}}, opts(0, 7, 4096));
+  plain.start();
+  auto blocks = drain(plain);
+  CHECK(blocks.size() > 40);
+  for (size_t target : {size_t{1}, size_t{20000}, size_t{1} << 30}) {
+    SnapshotSerializer s({SerializerSource{"s", snap, false, 0, {}}}, opts(0, 7, 4096));
+    s.start();
+    BlockChunk c;
+    size_t bi = 0, chunks = 0;
+    while (s.next_chunk(&c, target)) {
+      ++chunks;
+      CHECK(!c.blocks.empty());
+      uint64_t at = 0;
+      for (const auto& sb : c.blocks) {
+        CHECK(bi < blocks.size());
+        const BlockPayload& b = blocks[bi++];
+        CHECK_EQ(sb.key_group, b.key_group);
+        CHECK_EQ(sb.state, b.state);
+        CHECK_EQ(sb.entries, b.entries);
+        CHECK_EQ(sb.last_of_group, b.last_of_group);
+        CHECK_EQ(sb.offset, at);
+        CHECK_EQ(sb.raw_length, b.bytes.size());
+        std::vector<uint8_t> alone;
+        CHECK_EQ(statecore::lz4_block_compress(b.bytes.data(), b.bytes.size(), &alone),
+                 sb.stored_length);
+        CHECK(std::memcmp(alone.data(), c.bytes.data() + at, alone.size()) == 0);
+        CHECK_EQ(sb.xxh64, statecore::xxh64(c.bytes.data() + at, sb.stored_length, 0));
+        std::vector<char> back(b.bytes.size() + 1);
+        int got = LZ4_decompress_safe(reinterpret_cast<const char*>(c.bytes.data() + at),
+                                      back.data(), static_cast<int>(sb.stored_length),
+                                      static_cast<int>(back.size()));
+        CHECK_EQ(static_cast<size_t>(got), b.bytes.size());
+        CHECK(std::memcmp(back.data(), b.bytes.data(), b.bytes.size()) == 0);
+        at += sb.stored_length;
+      }
+      CHECK_EQ(at, c.bytes.size());
+      // A chunk stops at the first block that reaches the target (or at the end of the file).
+      uint64_t before_last = at - c.blocks.back().stored_length;
+      CHECK(before_last < target);
+      CHECK(at >= target || bi == blocks.size());
+    }
+    CHECK_EQ(bi, blocks.size());
+    CHECK(c.blocks.empty() && c.bytes.empty());
+    if (target == 1) CHECK_EQ(chunks, blocks.size());
+    if (target == (size_t{1} << 30)) CHECK_EQ(chunks, size_t{1});
+  }
+  // Cancelled: next_chunk throws and leaves nothing behind.
+  SnapshotSerializer s({SerializerSource{"s", snap, false, 0, {}}}, opts(0, 7, 4096));
+  s.start();
+  BlockChunk c;
+  CHECK(s.next_chunk(&c, 1));
+  s.cancel();
+  CHECK_THROWS(s.next_chunk(&c, 1 << 20), SerializerCancelled);
+  CHECK(c.blocks.empty() && c.bytes.empty());
+}
+
+TEST(lz4_block_compress_round_trips_and_appends) {
+  std::vector<uint8_t> out{1, 2, 3};
+  CHECK_EQ(statecore::lz4_block_compress(nullptr, 0, &out), size_t{1});  // an empty block: one token
+  CHECK_EQ(out.size(), size_t{4});
+  std::string text;
+  for (int i = 0; i < 5000; ++i) text += "key" + std::to_string(i % 97);
+  size_t n = statecore::lz4_block_compress(u8(text), text.size(), &out);
+  CHECK_EQ(out.size(), 4 + n);
+  CHECK(n < text.size() / 2);
+  std::string back(text.size(), '\0');
+  CHECK_EQ(LZ4_decompress_safe(reinterpret_cast<const char*>(out.data() + 4), back.data(),
+                               static_cast<int>(n), static_cast<int>(back.size())),
+           static_cast<int>(text.size()));
+  CHECK(back == text);
+  CHECK_EQ(statecore::lz4_block_bound(size_t{1} << 32), size_t{0});
 }
 
 TEST_MAIN()

@@ -1991,6 +1991,61 @@ def xxh64_nogil(data, uint64_t seed=0):
     return h
 
 
+def lz4_block_compress(data):
+    """``data`` (any contiguous buffer, bytes) in the LZ4 block format without a stored size, as
+    ``bytes``: the bytes ``lz4.block.compress(data, store_size=False)`` gives with the same LZ4
+    release (native/third_party/lz4: 1.9.4), computed with the GIL released. Raises
+    InvalidInputError for more than LZ4's input limit (about 2 GiB)."""
+    cdef const uint8_t[::1] v = memoryview(data).cast("B")
+    cdef size_t n = v.shape[0]
+    cdef const uint8_t* p = &v[0] if n else NULL
+    cdef vector[uint8_t] out
+    if n and c.lz4_block_bound(n) == 0:
+        raise InvalidInputError(f"a block of {n} bytes exceeds the LZ4 input limit")
+    with nogil:
+        c.lz4_block_compress(p, n, &out)
+    return PyBytes_FromStringAndSize(<const char*>out.data(), out.size())
+
+
+cdef class SerializedChunk:
+    """Consecutive stored (compressed, checksummed) blocks of a checkpoint data file, from
+    :meth:`SnapshotBlockSerializer.next_chunk`: their concatenated bytes through the read-only
+    buffer protocol (zero copy: ``out.write(chunk)``), and ``blocks``, one tuple per block in
+    file order: ``(key_group, state, entries, tombstones, last_of_group, stored_length,
+    raw_length, xxh64)`` (lengths in bytes; ``xxh64``: XXH64 seed 0 of the stored bytes)."""
+    cdef c.BlockChunk chunk
+    cdef Py_ssize_t shape[1]
+    cdef Py_ssize_t strides[1]
+
+    @property
+    def blocks(self):
+        return [(b.key_group, b.state, b.entries, b.tombstones, b.last_of_group,
+                 b.stored_length, b.raw_length, b.xxh64) for b in self.chunk.blocks]
+
+    def __len__(self):
+        return self.chunk.bytes.size()
+
+    def __getbuffer__(self, Py_buffer* buf, int flags):
+        if flags & PyBUF_WRITABLE:
+            raise BufferError("a serialized chunk is read-only")
+        self.shape[0] = self.chunk.bytes.size()
+        self.strides[0] = 1
+        buf.buf = <void*>self.chunk.bytes.data()
+        buf.obj = self
+        buf.len = self.shape[0]
+        buf.readonly = 1
+        buf.itemsize = 1
+        buf.format = "B"
+        buf.ndim = 1
+        buf.shape = self.shape
+        buf.strides = self.strides
+        buf.suboffsets = NULL
+        buf.internal = NULL
+
+    def __releasebuffer__(self, Py_buffer* buf):
+        pass
+
+
 cdef class SerializedBlock:
     """One uncompressed block payload of a checkpoint data file (layout: checkpoint/format.py),
     produced by :class:`SnapshotBlockSerializer`. Exposes its bytes through the read-only buffer
@@ -2169,6 +2224,23 @@ cdef class SnapshotBlockSerializer:
         if r < 0:
             raise CancelledError("snapshot serialization was cancelled")
         return b if r else None
+
+    def next_chunk(self, size_t target_bytes):
+        """The next blocks in file order as a :class:`SerializedChunk`, compressed and
+        checksummed with the GIL released, at least ``target_bytes`` stored bytes unless the
+        file ends first; None after the last block. The GIL is taken back once per chunk rather
+        than once per block (snapshot_writer.h next_chunk says why). Raises as
+        :meth:`next_block`."""
+        cdef SerializedChunk ch = SerializedChunk.__new__(SerializedChunk)
+        cdef int r
+        try:
+            with nogil:
+                r = c.serializer_next_chunk(self.ser, &ch.chunk, target_bytes)
+        except ValueError as e:
+            raise InvalidInputError(str(e)) from None
+        if r < 0:
+            raise CancelledError("snapshot serialization was cancelled")
+        return ch if r else None
 
     def cancel(self):
         """Stop the producer (at its next block) and wait for its thread; idempotent, any

@@ -357,6 +357,11 @@ cdef extern from "statecore/ttl.h" namespace "statecore::ttl" nogil:
                              const FilterSpec& spec, int64_t now, SortedRun* scratch) except +
 
 
+cdef extern from "statecore/block_codec.h" namespace "statecore" nogil:
+    size_t lz4_block_compress(const uint8_t* src, size_t n, vector[uint8_t]* out) except +
+    size_t lz4_block_bound(size_t n)
+
+
 cdef extern from "statecore/snapshot_writer.h" namespace "statecore" nogil:
     cdef cppclass SerializerOptions:
         int32_t kg_start
@@ -375,6 +380,21 @@ cdef extern from "statecore/snapshot_writer.h" namespace "statecore" nogil:
         uint32_t tombstones
         cbool last_of_group
         vector[uint8_t] bytes
+
+    cdef cppclass StoredBlock:
+        int32_t key_group
+        uint32_t state
+        uint32_t entries
+        uint32_t tombstones
+        cbool last_of_group
+        uint64_t offset
+        uint64_t stored_length
+        uint64_t raw_length
+        uint64_t xxh64
+
+    cdef cppclass BlockChunk:
+        vector[uint8_t] bytes
+        vector[StoredBlock] blocks
 
     cdef cppclass SerializerSource:
         pass
@@ -443,6 +463,14 @@ cdef extern from *:
         return -1;
       }
     }
+    static int statecore_serializer_next_chunk(statecore::SnapshotSerializer* s,
+                                               statecore::BlockChunk* out, size_t target) {
+      try {
+        return s->next_chunk(out, target) ? 1 : 0;
+      } catch (const statecore::SerializerCancelled&) {
+        return -1;
+      }
+    }
     """
     vector[SerializerSource]* new_sources "statecore_new_sources"()
     void add_table_source "statecore_add_table_source"(
@@ -456,3 +484,5 @@ cdef extern from *:
     SnapshotSerializer* new_serializer "statecore_new_serializer"(
         vector[SerializerSource]* v, const SerializerOptions& o) except +
     int serializer_next "statecore_serializer_next"(SnapshotSerializer* s, BlockPayload* out) except + nogil
+    int serializer_next_chunk "statecore_serializer_next_chunk"(
+        SnapshotSerializer* s, BlockChunk* out, size_t target) except + nogil

@@ -11,8 +11,9 @@
 // `block_target_bytes` per block unless a single entry is larger), and encodes each block:
 //     n u32 | (n+1) x int32 key offsets | (n+1) x int32 value offsets | keys | values
 //     [| ceil(n/8) bytes validity bitmap, LSB first, 0 = tombstone -- incremental runs only]
-// (all little-endian). Compression and checksums are left to the consumer (Python: lz4.block +
-// xxh64), so the bytes stay identical to the synchronous Python writer's.
+// (all little-endian). Compression and checksums happen on the consumer's thread: next() hands
+// over payloads (the consumer compresses them), next_chunk() compresses and checksums several
+// into one chunk without returning (block_codec.h: the same bytes as the Python writer's).
 // Finished payloads go to a bounded queue (`queue_blocks`): the producer waits while it is full,
 // so memory is bounded by queue_blocks payloads + the key group being cut. With
 // `release_as_written`, each map snapshot is released as soon as its key group was encoded, so
@@ -95,6 +96,27 @@ struct BlockPayload {
   std::vector<uint8_t> bytes;
 };
 
+// One block of a BlockChunk in its stored form (block_codec.h): `stored_length` bytes at
+// `offset` in the chunk's bytes, compressed from `raw_length` payload bytes, `xxh64` (seed 0) of
+// the stored bytes. The other fields are the BlockPayload's.
+struct StoredBlock {
+  int32_t key_group = 0;
+  uint32_t state = 0;
+  uint32_t entries = 0;
+  uint32_t tombstones = 0;
+  bool last_of_group = false;
+  uint64_t offset = 0;
+  uint64_t stored_length = 0;
+  uint64_t raw_length = 0;
+  uint64_t xxh64 = 0;
+};
+
+// Consecutive stored blocks in file order, concatenated.
+struct BlockChunk {
+  std::vector<uint8_t> bytes;
+  std::vector<StoredBlock> blocks;
+};
+
 class SerializerCancelled : public std::runtime_error {
  public:
   SerializerCancelled() : std::runtime_error("snapshot serialization was cancelled") {}
@@ -114,6 +136,14 @@ class SnapshotSerializer {
   // Waits for the next payload in file order; false after the last one. Rethrows the producer's
   // error; throws SerializerCancelled after cancel().
   bool next(BlockPayload* out);
+  // Waits for the next payloads, compresses and checksums them on the calling thread
+  // (block_codec.h) and puts them into `out` (cleared first) until it holds at least
+  // `target_bytes` stored bytes or the last block; false when no block was left. The consumer
+  // thus returns to its caller once per chunk instead of once per block: a Python consumer
+  // releases and retakes the GIL once per chunk, and each retake can wait a whole switch
+  // interval while the owning thread runs Python. Errors as next(); after an error `out` holds
+  // nothing.
+  bool next_chunk(BlockChunk* out, size_t target_bytes);
   // Stops the producer and joins it (unless called from the producer itself). Idempotent.
   void cancel();
 

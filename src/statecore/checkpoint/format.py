@@ -137,6 +137,24 @@ _U64x2 = struct.Struct("<QQ")
 _INT32_MAX = 2**31 - 1
 
 
+def _block_compressor():
+    """The LZ4 block compressor of this install: the native one (vendored LZ4, the one the
+    asynchronous writer uses, so synchronous and asynchronous files are byte-identical) when the
+    extension is built, else the ``lz4`` binding; both give LZ4 block format bytes without a
+    stored size, which ``lz4.block.decompress`` reads."""
+    try:
+        from statecore._native import lz4_block_compress
+        return lz4_block_compress
+    except ImportError:
+        return lambda payload: lz4.block.compress(payload, store_size=False)
+
+
+compress_block = _block_compressor()
+
+#: Stored bytes the asynchronous writer gathers per chunk (one write, one GIL round trip).
+CHUNK_TARGET_BYTES = 1 << 20
+
+
 def xxh64(data) -> int:
     """XXH64 (seed 0) of ``data`` (bytes-like) as an unsigned 64-bit int."""
     return xxhash.xxh64_intdigest(data)
@@ -439,14 +457,12 @@ def _plan_file(snap: Any, version: int, writer: str, block_target_bytes: int,
 
 class _Assembler:
     """Writes header, compressed blocks, footer and trailer of one data file (module spec) from
-    uncompressed block payloads given in file order, and keeps the block table, the key-group
-    index and the counts. ``hasher`` computes the blocks' XXH64 (seed 0): ``xxh64`` here, the
-    GIL-releasing native one on the asynchronous path -- the same function, so the same bytes."""
+    block payloads (or stored blocks) given in file order, and keeps the block table, the
+    key-group index and the counts."""
 
-    def __init__(self, out, plan: _FilePlan, hasher=None):
+    def __init__(self, out, plan: _FilePlan):
         self.out = out
         self.plan = plan
-        self.hasher = hasher or xxh64
         self.pos = 0
         self.blocks: list[tuple] = []
         self.index: list[tuple] = []
@@ -457,23 +473,42 @@ class _Assembler:
         self._group_first: tuple[int, int] | None = None  # (first block, first offset)
         self._group_entries = 0
         self._last_kg = None
+        self._pending: list = []
         self.emit(MAGIC)
 
     def emit(self, data) -> None:
-        self.out.write(data)
+        """Append the small ``data`` (header, footer, trailer): held back and written with the
+        next blocks or by :meth:`finish`, since every write of a background writer retakes the
+        GIL (write_data_file_from_blocks)."""
+        self._pending.append(data)
         self.pos += len(data)
 
+    def write_stored(self, data) -> None:
+        """Write stored block bytes already accounted for by :meth:`add_stored` (after what
+        :meth:`emit` held back, in one write)."""
+        if self._pending:
+            self._pending.append(data)
+            data = b"".join(self._pending)
+            self._pending = []
+        self.out.write(data)
+
     def add_block(self, kg: int, si: int, payload, entries: int) -> None:
-        """Compress (lz4.block, no stored size), checksum and write one payload of the current
+        """Compress (LZ4 block, no stored size), checksum and write one payload of the current
         (state ``si``, key group ``kg``) group."""
+        stored = compress_block(payload)
+        self.add_stored(len(stored), len(payload), entries, xxh64(stored))
+        self.write_stored(stored)
+
+    def add_stored(self, stored_length: int, raw_length: int, entries: int, digest: int) -> None:
+        """Account for one stored block of the current group at the current position; the caller
+        writes its bytes (lengths in bytes, ``digest``: XXH64 of the stored bytes)."""
         if self._group_first is None:
             self._group_first = (len(self.blocks), self.pos)
             self._group_entries = 0
-        stored = lz4.block.compress(payload, store_size=False)
-        self.blocks.append((self.pos, len(stored), len(payload), entries, 0, self.hasher(stored)))
-        self.raw_total += len(payload)
+        self.blocks.append((self.pos, stored_length, raw_length, entries, 0, digest))
+        self.raw_total += raw_length
         self._group_entries += entries
-        self.emit(stored)
+        self.pos += stored_length
 
     def end_group(self, kg: int, si: int, tombstones: int) -> None:
         """Close the blocks of (state ``si``, key group ``kg``): one key-group index record."""
@@ -511,6 +546,8 @@ class _Assembler:
         head = TRAILER.pack(footer_offset, len(footer), footer_sum, FORMAT_VERSION, 0, 0, MAGIC)[:32]
         self.emit(TRAILER.pack(footer_offset, len(footer), footer_sum, FORMAT_VERSION, 0,
                                xxh64(head), MAGIC))
+        self.out.write(b"".join(self._pending))
+        self._pending = []
         return WriteSummary(size=self.pos, footer_xxh64=footer_sum, blocks=len(self.blocks),
                             raw_bytes=self.raw_total, stored_bytes=stored_total,
                             entries=self.counts, key_groups_nonempty=self.nonempty_kgs, meta=meta,
@@ -519,33 +556,38 @@ class _Assembler:
 
 def write_data_file_from_blocks(out, snap: Any, serializer, *, version: int, writer: str,
                                 block_target_bytes: int = DEFAULT_BLOCK_TARGET_BYTES,
-                                incremental: bool | None = None, hasher=None,
-                                check_stop=None) -> WriteSummary:
-    """Write the data file of ``snap`` like :func:`write_data_file`, taking the uncompressed
-    block payloads from ``serializer`` (``statecore._native.SnapshotBlockSerializer``, already
-    started, built over the same snapshot, range, states order, block target and kind) instead
-    of ``snap.entries``. Produces byte-identical files. ``hasher``: XXH64 function for the
-    blocks (e.g. ``_native.xxh64_nogil``); ``check_stop()``: called once per block, raises to
-    abort. Raises what the serializer raises (InvalidInputError for a snapshot breaking its
-    contract, ``concurrent.futures.CancelledError``) and the stream's errors."""
+                                incremental: bool | None = None, check_stop=None,
+                                chunk_bytes: int = CHUNK_TARGET_BYTES) -> WriteSummary:
+    """Write the data file of ``snap`` like :func:`write_data_file`, taking the blocks from
+    ``serializer`` (``statecore._native.SnapshotBlockSerializer``, already started, built over
+    the same snapshot, range, states order, block target and kind) instead of ``snap.entries``.
+    Produces byte-identical files. The serializer compresses and checksums the blocks without
+    the GIL and hands them over in chunks of about ``chunk_bytes`` stored bytes, one ``write``
+    each: this thread takes the GIL back once per chunk, not several times per block (each take
+    can wait a switch interval while another thread runs Python). ``check_stop()``: called once
+    per chunk, raises to abort. Raises what the serializer raises (InvalidInputError for a
+    snapshot breaking its contract, ``concurrent.futures.CancelledError``) and the stream's
+    errors."""
     plan = _plan_file(snap, version, writer, block_target_bytes, incremental)
-    asm = _Assembler(out, plan, hasher)
+    asm = _Assembler(out, plan)
+    nstates = len(plan.names)
     tomb = 0
     while True:
         if check_stop is not None:
             check_stop()
-        blk = serializer.next_block()
-        if blk is None:
+        chunk = serializer.next_chunk(chunk_bytes)
+        if chunk is None:
             break
-        kg, si = blk.key_group, blk.state
-        if not plan.start <= kg <= plan.end or not 0 <= si < len(plan.names):
-            raise InvalidInputError(
-                f"serializer produced a block of key group {kg}, state {si} outside the file")
-        asm.add_block(kg, si, blk, blk.entries)
-        tomb += blk.tombstones
-        if blk.last_of_group:
-            asm.end_group(kg, si, tomb)
-            tomb = 0
+        for kg, si, entries, tombstones, last, stored, raw, digest in chunk.blocks:
+            if not plan.start <= kg <= plan.end or not 0 <= si < nstates:
+                raise InvalidInputError(
+                    f"serializer produced a block of key group {kg}, state {si} outside the file")
+            asm.add_stored(stored, raw, entries, digest)
+            tomb += tombstones
+            if last:
+                asm.end_group(kg, si, tomb)
+                tomb = 0
+        asm.write_stored(chunk)
     return asm.finish()
 
 

@@ -38,8 +38,10 @@ Asynchronous writes
 :meth:`CheckpointStore.write_snapshot_async` writes the same file as :meth:`write_snapshot`
 (byte-identical) in the background: for native snapshots a C++ thread encodes block payloads
 from the copy-on-write map snapshots into a bounded queue (native snapshot_writer.h) while a
-Python thread compresses (lz4.block releases the GIL), checksums (native XXH64, GIL released) and
-writes them; the owner keeps processing. It publishes the file only if not cancelled
+Python thread takes them in chunks of about 1 MiB, compressed (LZ4) and checksummed (XXH64) with
+the GIL released, and writes each chunk at once; the owner keeps processing. Per chunk, not per
+block, the writer needs the GIL once: when the owner runs Python, each time can cost a switch
+interval (5 ms). It publishes the file only if not cancelled
 (:class:`SnapshotWriteFuture`), so a cancelled or failed write leaves nothing at the final path.
 
 Compaction (crash safety)
@@ -126,6 +128,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from statecore.checkpoint.format import (
+    CHUNK_TARGET_BYTES,
     DEFAULT_BLOCK_TARGET_BYTES,
     FORMAT_VERSION,
     KIND_FULL,
@@ -355,17 +358,23 @@ class CheckpointStore:
 
     def write_snapshot_async(self, snap: Any, version: int, writer: str = "p0", *,
                              block_target_bytes: int | None = None, release_snapshot: bool = False,
-                             queue_blocks: int = 4, nice: int = 10) -> "SnapshotWriteFuture":
+                             queue_blocks: int = 4, nice: int = 10,
+                             chunk_bytes: int | None = None) -> "SnapshotWriteFuture":
         """:meth:`write_snapshot` in the background; returns a :class:`SnapshotWriteFuture` whose
         result is the same descriptor, and whose file is byte-identical to the synchronous one.
 
         Native snapshots (``snap.block_sources``): a C++ thread encodes the block payloads from
         the map snapshots into a queue bounded to ``queue_blocks`` payloads (backpressure), and a
-        Python thread compresses them (``lz4.block``, which releases the GIL while compressing),
-        checksums them (native XXH64, GIL released) and writes them through ``pyarrow.fs``
-        (GIL released during I/O). The owning thread keeps reading and writing state meanwhile:
-        the snapshot is copy-on-write (state_map.h). Other snapshots (the Python backend's, which
+        Python thread takes them in chunks of about ``format.CHUNK_TARGET_BYTES`` stored bytes,
+        compressed (LZ4) and checksummed (XXH64) with the GIL released, and writes each chunk
+        through ``pyarrow.fs`` in one call: one GIL round trip per chunk instead of several per
+        block, each of which can wait a switch interval while the owner runs Python. The owning
+        thread keeps reading and writing state meanwhile: the snapshot is copy-on-write
+        (state_map.h). Other snapshots (the Python backend's, which
         are materialized at snapshot time) are written by the Python thread alone.
+
+        ``chunk_bytes`` (int >= 1, default ``format.CHUNK_TARGET_BYTES`` = 1 MiB): stored bytes
+        gathered per chunk (per write and GIL round trip); memory: about one chunk more.
 
         ``nice`` (int >= 0): added to the nice value of the writing threads (Linux; others
         ignore it): the write is background work, and on a machine with as many busy threads as
@@ -393,6 +402,10 @@ class CheckpointStore:
             raise InvalidInputError(f"queue_blocks must be an int >= 1, got {queue_blocks!r}")
         if isinstance(nice, bool) or not isinstance(nice, int) or nice < 0:
             raise InvalidInputError(f"nice must be an int >= 0, got {nice!r}")
+        if chunk_bytes is None:
+            chunk_bytes = CHUNK_TARGET_BYTES
+        if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1:
+            raise InvalidInputError(f"chunk_bytes must be an int >= 1, got {chunk_bytes!r}")
         target = DEFAULT_BLOCK_TARGET_BYTES if block_target_bytes is None else block_target_bytes
         plan = _plan_file(snap, version, writer, target, None)  # argument errors raise here
         rel = self.data_path(version, writer)
@@ -412,16 +425,14 @@ class CheckpointStore:
             except BaseException:
                 unpin()
                 raise
-            hasher = _native.xxh64_nogil
-        else:
-            hasher = None
         fut._serializer = serializer
 
         def produce(out):
             if serializer is not None:
                 return write_data_file_from_blocks(
                     out, snap, serializer, version=version, writer=writer,
-                    block_target_bytes=target, hasher=hasher, check_stop=fut._check_stop)
+                    block_target_bytes=target, check_stop=fut._check_stop,
+                    chunk_bytes=chunk_bytes)
             return write_data_file(out, snap, version=version, writer=writer,
                                    block_target_bytes=target, check_stop=fut._check_stop)
 
