@@ -1,9 +1,13 @@
 #include "statecore/block_codec.h"
 
+#include <algorithm>
+#include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
 #include "lz4.h"
+#include "statecore/hash.h"
 
 namespace statecore {
 
@@ -32,6 +36,124 @@ size_t lz4_block_compress(const uint8_t* src, size_t n, std::vector<uint8_t>* ou
   }
   out->resize(at + static_cast<size_t>(written));
   return static_cast<size_t>(written);
+}
+
+namespace {
+
+constexpr uint64_t kInt32Max = static_cast<uint64_t>(std::numeric_limits<int32_t>::max());
+
+uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);  // little-endian hosts only (as the whole format code)
+  return v;
+}
+
+// The checks of format.decode_block on one payload; "" when it is well formed.
+std::string check_payload(const uint8_t* p, size_t size, uint64_t expected, bool has_validity) {
+  if (size < 4) return "block payload of " + std::to_string(size) + " bytes is too short";
+  const uint64_t n = load_u32(p);
+  if (n != expected)
+    return "block holds " + std::to_string(n) + " entries, block table says " +
+           std::to_string(expected);
+  const uint64_t head = 4 + 8 * (n + 1);
+  if (size < head) return "block payload truncated in its offsets";
+  const char* names[2] = {"key", "value"};
+  uint64_t lens[2];
+  for (int w = 0; w < 2; ++w) {
+    const uint8_t* off = p + 4 + w * 4 * (n + 1);
+    int32_t prev = static_cast<int32_t>(load_u32(off));
+    bool ok = prev == 0;
+    for (uint64_t i = 1; ok && i <= n; ++i) {
+      int32_t cur = static_cast<int32_t>(load_u32(off + 4 * i));
+      ok = cur >= prev;
+      prev = cur;
+    }
+    if (!ok) return std::string(names[w]) + " offsets are not non-decreasing from 0";
+    lens[w] = static_cast<uint64_t>(prev);
+  }
+  const uint64_t blen = has_validity ? (n + 7) / 8 : 0;
+  if (size != head + lens[0] + lens[1] + blen)
+    return "block payload is " + std::to_string(size) + " bytes, its offsets describe " +
+           std::to_string(head + lens[0] + lens[1] + blen);
+  if (has_validity) {
+    const uint8_t* bits = p + head + lens[0] + lens[1];
+    for (uint64_t bit = n; bit < blen * 8; ++bit)
+      if ((bits[bit / 8] >> (bit % 8)) & 1) return "validity bitmap has bits set past the entries";
+    const uint8_t* voff = p + 4 + 4 * (n + 1);
+    for (uint64_t i = 0; i < n; ++i)
+      if (!((bits[i / 8] >> (i % 8)) & 1) && load_u32(voff + 4 * (i + 1)) != load_u32(voff + 4 * i))
+        return "a tombstone carries value bytes";
+  }
+  return "";
+}
+
+}  // namespace
+
+DecodeResult decode_blocks(const uint8_t* data, size_t size, const StoredBlockRef* blocks,
+                           size_t count, bool has_validity, const DecodeBuffers& out) {
+  DecodeResult r;
+  uint64_t max_raw = 0;
+  for (size_t b = 0; b < count; ++b) max_raw = std::max(max_raw, blocks[b].raw_length);
+  std::vector<uint8_t> scratch;
+  uint64_t row = 0;  // entries so far
+  out.key_offsets[0] = 0;
+  out.value_offsets[0] = 0;
+  auto fail = [&](size_t b, std::string why) {
+    r.failed_block = static_cast<int64_t>(b);
+    r.error = std::move(why);
+    return r;
+  };
+  for (size_t b = 0; b < count; ++b) {
+    const StoredBlockRef& blk = blocks[b];
+    if (blk.offset > size || blk.stored_length > size - blk.offset)
+      return fail(b, "block lies outside the bytes of its key group");
+    const uint8_t* stored = data + blk.offset;
+    if (xxh64(stored, blk.stored_length, 0) != blk.xxh64)
+      return fail(b, "block checksum mismatch");
+    if (blk.stored_length > kInt32Max || blk.raw_length > kInt32Max)
+      return fail(b, "cannot decompress: block longer than LZ4 allows");
+    if (scratch.size() < max_raw) scratch.resize(max_raw);
+    const int got = LZ4_decompress_safe(reinterpret_cast<const char*>(stored),
+                                        reinterpret_cast<char*>(scratch.data()),
+                                        static_cast<int>(blk.stored_length),
+                                        static_cast<int>(blk.raw_length));
+    if (got < 0) return fail(b, "cannot decompress: corrupt LZ4 block");
+    if (static_cast<uint64_t>(got) != blk.raw_length)
+      return fail(b, "cannot decompress: LZ4 gave " + std::to_string(got) +
+                         " bytes, the block table says " + std::to_string(blk.raw_length));
+    const uint8_t* p = scratch.data();
+    std::string bad = check_payload(p, blk.raw_length, blk.entries, has_validity);
+    if (!bad.empty()) return fail(b, std::move(bad));
+    const uint64_t n = blk.entries;
+    const uint8_t* ko = p + 4;
+    const uint8_t* vo = ko + 4 * (n + 1);
+    const uint64_t klen = load_u32(ko + 4 * n), vlen = load_u32(vo + 4 * n);
+    const uint8_t* kd = vo + 4 * (n + 1);
+    if (r.key_bytes + klen > kInt32Max || r.value_bytes + vlen > kInt32Max)
+      return fail(b, "more than 2 GiB of keys or values in one key group (int32 offsets)");
+    if (r.key_bytes + klen > out.data_capacity || r.value_bytes + vlen > out.data_capacity)
+      throw std::invalid_argument("decode_blocks: output data capacity too small");
+    std::memcpy(out.key_data + r.key_bytes, kd, klen);
+    std::memcpy(out.value_data + r.value_bytes, kd + klen, vlen);
+    for (uint64_t i = 1; i <= n; ++i) {
+      out.key_offsets[row + i] = static_cast<int32_t>(r.key_bytes + load_u32(ko + 4 * i));
+      out.value_offsets[row + i] = static_cast<int32_t>(r.value_bytes + load_u32(vo + 4 * i));
+    }
+    if (has_validity) {
+      const uint8_t* bits = kd + klen + vlen;
+      for (uint64_t i = 0; i < n; ++i) {
+        const uint64_t at = row + i;
+        const bool valid = (bits[i / 8] >> (i % 8)) & 1;
+        if (at % 8 == 0) out.validity[at / 8] = 0;
+        out.validity[at / 8] |= static_cast<uint8_t>(valid) << (at % 8);
+        r.tombstones += !valid;
+      }
+    }
+    r.key_bytes += klen;
+    r.value_bytes += vlen;
+    row += n;
+  }
+  return r;
 }
 
 }  // namespace statecore

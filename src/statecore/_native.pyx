@@ -2007,6 +2007,69 @@ def lz4_block_compress(data):
     return PyBytes_FromStringAndSize(<const char*>out.data(), out.size())
 
 
+def decode_blocks(data, blocks, uint64_t base, bint has_validity):
+    """The entries of consecutive stored blocks of one (state, key group) of a checkpoint data
+    file (checkpoint/format.py), checked, decompressed and parsed with the GIL released: the
+    native form of ``DataFileReader.entries``' loop over ``format.decode_block``, with the same
+    checks. ``data``: the group's stored bytes (any buffer); ``blocks``: its rows of the block
+    table (numpy, ``format.BLOCK_DTYPE``) whose ``offset`` counts from the file start, ``base``
+    the file offset of ``data[0]``; ``has_validity``: incremental file (NULL value =
+    tombstone). Returns ``(keys, values, None, None)`` -- ``pa.binary()`` arrays -- or
+    ``(None, None, i, reason)`` for the first bad block ``blocks[i]``."""
+    cdef const uint8_t[::1] d = memoryview(data).cast("B")
+    cdef size_t size = d.shape[0]
+    cdef size_t nb = len(blocks), i
+    cdef vector[c.StoredBlockRef] refs
+    cdef const uint64_t[::1] off = np.ascontiguousarray(blocks["offset"], np.uint64)
+    cdef const uint64_t[::1] sl = np.ascontiguousarray(blocks["stored_length"], np.uint64)
+    cdef const uint64_t[::1] rl = np.ascontiguousarray(blocks["raw_length"], np.uint64)
+    cdef const uint64_t[::1] en = np.ascontiguousarray(blocks["entries"], np.uint64)
+    cdef const uint64_t[::1] xx = np.ascontiguousarray(blocks["xxh64"], np.uint64)
+    cdef uint64_t n = 0, raw = 0
+    refs.resize(nb)
+    for i in range(nb):
+        # An offset before the group's bytes wraps to a huge one, which the bounds check rejects.
+        refs[i].offset = off[i] - base
+        refs[i].stored_length = sl[i]
+        refs[i].raw_length = rl[i]
+        refs[i].entries = en[i]
+        refs[i].xxh64 = xx[i]
+        n += en[i]
+        raw += rl[i]
+    if n > 2**31 - 2:
+        return None, None, 0, f"{n} entries in one key group exceed an Arrow binary array"
+    ko_np = np.empty(n + 1, np.int32)
+    vo_np = np.empty(n + 1, np.int32)
+    kd_np = np.empty(max(raw, 1), np.uint8)
+    vd_np = np.empty(max(raw, 1), np.uint8)
+    va_np = np.empty(max((n + 7) // 8, 1), np.uint8)
+    cdef int32_t[::1] ko = ko_np
+    cdef int32_t[::1] vo = vo_np
+    cdef uint8_t[::1] kd = kd_np
+    cdef uint8_t[::1] vd = vd_np
+    cdef uint8_t[::1] va = va_np
+    cdef c.DecodeBuffers bufs
+    bufs.key_offsets = &ko[0]
+    bufs.value_offsets = &vo[0]
+    bufs.key_data = &kd[0]
+    bufs.value_data = &vd[0]
+    bufs.data_capacity = max(raw, 1)
+    bufs.validity = &va[0]
+    cdef const uint8_t* p = &d[0] if size else NULL
+    cdef c.DecodeResult r
+    with nogil:
+        r = c.decode_blocks(p, size, refs.data(), nb, has_validity, bufs)
+    if r.failed_block >= 0:
+        return None, None, r.failed_block, r.error.decode("utf-8", "replace")
+    validity = pa.py_buffer(va_np) if r.tombstones else None
+    keys = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(ko_np),
+                                                  pa.py_buffer(kd_np[:r.key_bytes])])
+    values = pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(vo_np),
+                                                    pa.py_buffer(vd_np[:r.value_bytes])],
+                                   null_count=r.tombstones)
+    return keys, values, None, None
+
+
 cdef class SerializedChunk:
     """Consecutive stored (compressed, checksummed) blocks of a checkpoint data file, from
     :meth:`SnapshotBlockSerializer.next_chunk`: their concatenated bytes through the read-only

@@ -361,6 +361,32 @@ cdef extern from "statecore/block_codec.h" namespace "statecore" nogil:
     size_t lz4_block_compress(const uint8_t* src, size_t n, vector[uint8_t]* out) except +
     size_t lz4_block_bound(size_t n)
 
+    cdef cppclass StoredBlockRef:
+        uint64_t offset
+        uint64_t stored_length
+        uint64_t raw_length
+        uint64_t entries
+        uint64_t xxh64
+
+    cdef cppclass DecodeBuffers:
+        int32_t* key_offsets
+        int32_t* value_offsets
+        uint8_t* key_data
+        uint8_t* value_data
+        size_t data_capacity
+        uint8_t* validity
+
+    cdef cppclass DecodeResult:
+        int64_t failed_block
+        string error
+        size_t key_bytes
+        size_t value_bytes
+        uint64_t tombstones
+
+    DecodeResult decode_blocks(const uint8_t* data, size_t size, const StoredBlockRef* blocks,
+                               size_t count, cbool has_validity,
+                               const DecodeBuffers& out) except +
+
 
 cdef extern from "statecore/snapshot_writer.h" namespace "statecore" nogil:
     cdef cppclass SerializerOptions:

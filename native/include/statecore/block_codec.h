@@ -6,6 +6,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace statecore {
@@ -17,5 +18,44 @@ size_t lz4_block_compress(const uint8_t* src, size_t n, std::vector<uint8_t>* ou
 
 // LZ4_compressBound(n): the most bytes lz4_block_compress can append; 0 when n is too large.
 size_t lz4_block_bound(size_t n) noexcept;
+
+// One stored block as the data file's block table lists it; `offset` is relative to the bytes
+// given to decode_blocks. Lengths in bytes.
+struct StoredBlockRef {
+  uint64_t offset = 0;
+  uint64_t stored_length = 0;
+  uint64_t raw_length = 0;
+  uint64_t entries = 0;
+  uint64_t xxh64 = 0;
+};
+
+// Caller-owned buffers of the entries of consecutive blocks, as two Arrow binary arrays (keys;
+// values with a validity bitmap): offsets sum(entries) + 1 int32 each; data `data_capacity`
+// bytes each (sum(raw_length) always suffices); validity ceil(sum(entries) / 8) bytes, LSB
+// first, 0 = tombstone (written only with has_validity).
+struct DecodeBuffers {
+  int32_t* key_offsets = nullptr;
+  int32_t* value_offsets = nullptr;
+  uint8_t* key_data = nullptr;
+  uint8_t* value_data = nullptr;
+  size_t data_capacity = 0;
+  uint8_t* validity = nullptr;
+};
+
+struct DecodeResult {
+  int64_t failed_block = -1;  // index into the blocks of the first bad one; -1: all decoded
+  std::string error;          // what is wrong with it (format.decode_block's wording)
+  size_t key_bytes = 0;
+  size_t value_bytes = 0;
+  uint64_t tombstones = 0;
+};
+
+// Verifies (XXH64 of the stored bytes), decompresses and parses `blocks` of `data[0, size)` in
+// order and appends their entries to `out` (format.py "Block" and decode_block: the payload
+// checks are the same). Stops at the first bad block and reports it in the result; never reads
+// outside `data` or writes outside `out`. Thread-safe, no allocation besides one scratch buffer
+// of the largest raw_length.
+DecodeResult decode_blocks(const uint8_t* data, size_t size, const StoredBlockRef* blocks,
+                           size_t count, bool has_validity, const DecodeBuffers& out);
 
 }  // namespace statecore

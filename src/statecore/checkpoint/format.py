@@ -151,6 +151,11 @@ def _block_compressor():
 
 compress_block = _block_compressor()
 
+try:  # the reader's native block decoder (same checks as decode_block); None: the Python loop
+    from statecore._native import decode_blocks as _decode_blocks
+except ImportError:
+    _decode_blocks = None
+
 #: Stored bytes the asynchronous writer gathers per chunk (one write, one GIL round trip).
 CHUNK_TARGET_BYTES = 1 << 20
 
@@ -767,8 +772,16 @@ class DataFileReader:
         offset, length = int(rec["offset"]), int(rec["length"])
         where = f"state {state!r} key group {key_group}"
         data = self._range(offset, length, where)
-        keys_parts, value_parts = [], []
         first = int(rec["first_block"])
+        if _decode_blocks is not None:
+            keys, values, bad, why = _decode_blocks(
+                data, self._blocks[first:first + int(rec["block_count"])], offset,
+                self.kind == KIND_INCREMENTAL)
+            if bad is not None:
+                raise CorruptCheckpointError(
+                    f"checkpoint data file {self.name}: {where} block {first + bad}: {why}")
+            return keys, values
+        keys_parts, value_parts = [], []
         for b in range(first, first + int(rec["block_count"])):
             blk = self._blocks[b]
             bwhere = f"checkpoint data file {self.name}: {where} block {b}"
