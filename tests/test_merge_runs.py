@@ -31,15 +31,19 @@ def _run(rng: random.Random, tombstones: bool, pad: int):
     return k, v
 
 
+@pytest.mark.parametrize("keep_tombstones", [False, True])
 @pytest.mark.parametrize("seed", range(20))
-def test_native_merge_equals_the_sorting_merge(seed):
+def test_native_merge_equals_the_sorting_merge(seed, keep_tombstones):
+    """Also with ``keep_tombstones`` (a change set: a key's newest tombstone stays, NULL)."""
     rng = random.Random(seed)
     parts = [_run(rng, tombstones=rng.random() < 0.7, pad=rng.randrange(0, 9))
              for _ in range(rng.randrange(2, 8))]
-    got_k, got_v = native.merge_newest_wins(parts)
-    want_k, want_v = store_mod._merge_newest_wins(parts, native=False)
+    got_k, got_v = native.merge_newest_wins(parts, keep_tombstones)
+    want_k, want_v = store_mod._merge_newest_wins(parts, native=False,
+                                                  keep_tombstones=keep_tombstones)
     assert got_k.type == got_v.type == pa.binary()
-    assert got_k.null_count == got_v.null_count == 0
+    assert got_k.null_count == 0
+    assert got_v.null_count == (want_v.null_count if keep_tombstones else 0)
     assert got_k.to_pylist() == want_k.to_pylist()
     assert got_v.to_pylist() == want_v.to_pylist()
     got_k.validate(full=True)
@@ -52,6 +56,12 @@ def test_newest_wins_and_tombstones_delete():
     k, v = native.merge_newest_wins([newer, older])
     assert k.to_pylist() == [b"ab", b"b", b"c"]
     assert v.to_pylist() == [b"9", b"3", b"4"]
+    # A change set keeps the newest tombstone of "a"; an older one under a newer value goes.
+    oldest = (pa.array([b"ab", b"c"]), pa.array([None, None], pa.binary()))
+    k, v = native.merge_newest_wins([newer, older, oldest], keep_tombstones=True)
+    assert k.to_pylist() == [b"a", b"ab", b"b", b"c"]
+    assert v.to_pylist() == [None, b"9", b"3", b"4"] and v.null_count == 1
+    v.validate(full=True)
     # Empty runs and runs of only tombstones.
     empty = (pa.array([], pa.binary()), pa.array([], pa.binary()))
     k, v = native.merge_newest_wins([empty, (pa.array([b"a"]), pa.array([None], pa.binary())),
@@ -90,7 +100,7 @@ def test_a_run_that_breaks_the_merge_is_a_corrupt_checkpoint(tmp_path, monkeypat
         b.notify_checkpoint_complete(snap.snapshot_id)
         snap.release()
 
-    def broken(parts):
+    def broken(parts, keep_tombstones=False):
         raise InvalidInputError("run 1: keys not strictly ascending at entry 1")
 
     monkeypatch.setattr(store_mod, "_native_merge", lambda: broken)

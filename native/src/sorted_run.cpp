@@ -207,7 +207,8 @@ inline bool is_tombstone(const ArrowBinaryRun& r, size_t i) {
 
 }  // namespace
 
-void merge_newest_wins(const std::vector<ArrowBinaryRun>& runs, std::vector<RunPick>* out) {
+void merge_newest_wins(const std::vector<ArrowBinaryRun>& runs, std::vector<RunPick>* out,
+                       bool keep_tombstones) {
   constexpr size_t kMax = std::numeric_limits<uint32_t>::max();
   if (runs.size() > kMax) throw std::invalid_argument("merge_newest_wins: too many runs");
   size_t total = 0;
@@ -261,7 +262,9 @@ void merge_newest_wins(const std::vector<ArrowBinaryRun>& runs, std::vector<RunP
       if (compare(live[j], live[best]) < 0) best = j;
     }
     const Head top = live[best];
-    if (!is_tombstone(runs[top.run], top.pos)) out->push_back({top.run, static_cast<uint32_t>(top.pos)});
+    if (keep_tombstones || !is_tombstone(runs[top.run], top.pos)) {
+      out->push_back({top.run, static_cast<uint32_t>(top.pos)});
+    }
     // Advance every run whose head is this key (older versions of it are overwritten), checking
     // that each run's next key is larger: the merge is only right on strictly ascending runs.
     size_t kept = 0;

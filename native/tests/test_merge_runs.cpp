@@ -64,13 +64,20 @@ struct OwnedRun {
   }
 };
 
-std::vector<std::pair<std::string, std::string>> merged(const std::vector<OwnedRun>& runs) {
+// The merge's picks as (key, value); with keep_tombstones a kept tombstone's value reads "<del>".
+std::vector<std::pair<std::string, std::string>> merged(const std::vector<OwnedRun>& runs,
+                                                        bool keep_tombstones = false) {
   std::vector<ArrowBinaryRun> views;
   for (const auto& r : runs) views.push_back(r.view());
   std::vector<RunPick> picks;
-  merge_newest_wins(views, &picks);
+  merge_newest_wins(views, &picks, keep_tombstones);
   std::vector<std::pair<std::string, std::string>> out;
-  for (const RunPick& p : picks) out.emplace_back(runs[p.run].key(p.row), runs[p.run].value(p.row));
+  for (const RunPick& p : picks) {
+    const OwnedRun& r = runs[p.run];
+    const uint64_t bit = static_cast<uint64_t>(r.bit0) + p.row;
+    const bool live = !r.has_tombstones || ((r.validity[bit / 8] >> (bit % 8)) & 1);
+    out.emplace_back(r.key(p.row), live ? r.value(p.row) : "<del>");
+  }
   return out;
 }
 
@@ -93,6 +100,7 @@ TEST(random_chains_match_a_newest_wins_model) {
     // Oldest first into the model, then reversed: the merge takes runs newest first.
     std::vector<OwnedRun> oldest_first;
     std::map<std::string, std::string> model;
+    std::map<std::string, std::string> changes;  // the same with a key's newest tombstone kept
     for (size_t r = 0; r < nruns; ++r) {
       size_t m = rng() % 40;
       std::map<std::string, std::pair<bool, std::string>> entries;  // sorted, unique keys
@@ -104,12 +112,15 @@ TEST(random_chains_match_a_newest_wins_model) {
       for (const auto& [k, tv] : entries) {
         run_arrow.add(k, tv.first ? nullptr : &tv.second);
         if (tv.first) model.erase(k); else model[k] = tv.second;
+        changes[k] = tv.first ? "<del>" : tv.second;
       }
       oldest_first.push_back(run_arrow);
     }
     std::vector<OwnedRun> newest_first(oldest_first.rbegin(), oldest_first.rend());
     std::vector<std::pair<std::string, std::string>> want(model.begin(), model.end());
     CHECK(merged(newest_first) == want);
+    std::vector<std::pair<std::string, std::string>> want_changes(changes.begin(), changes.end());
+    CHECK(merged(newest_first, true) == want_changes);
   }
 }
 

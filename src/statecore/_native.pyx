@@ -529,12 +529,13 @@ cdef _binary_run(keys, values, int idx, c.ArrowBinaryRun* r, list hold):
         r.validity = &valid[0]
 
 
-def merge_newest_wins(parts):
+def merge_newest_wins(parts, bint keep_tombstones=False):
     """Newest-wins merge of sorted runs of one key group (sorted_run.h ``merge_newest_wins``):
     ``parts`` = ``[(keys, values), ...]`` newest first, ``pa.binary()`` arrays (sliced ones too),
     each run's keys strictly ascending in byte order, a NULL value = tombstone. Returns
     ``(keys, values)``, new ``pa.binary()`` arrays without NULLs, sorted by key: per key the
-    newest entry, keys whose newest entry is a tombstone left out -- what
+    newest entry, keys whose newest entry is a tombstone left out (with ``keep_tombstones``:
+    kept as a NULL value, a change set's deletion) -- what
     ``statecore.checkpoint.store._merge_newest_wins`` computes by sorting, in one k-way pass with
     the GIL released. Raises InvalidInputError for another array type, mismatched lengths, a
     NULL key, offsets outside the data, keys not strictly ascending within a run, or a result
@@ -562,10 +563,26 @@ def merge_newest_wins(parts):
         runs.push_back(r)
     try:
         with nogil:
-            c.merge_newest_wins(runs, &picks)
+            c.merge_newest_wins(runs, &picks, keep_tombstones)
     except ValueError as e:
         raise InvalidInputError(str(e)) from None
     n_out = picks.size()
+    cdef size_t tombs = 0
+    cdef int64_t bit
+    cdef uint8_t[::1] valid
+    validity = None
+    if keep_tombstones:
+        valid_np = np.ones(n_out, np.uint8)
+        valid = valid_np
+        for i in range(n_out):
+            src = &runs[picks[i].run]
+            if src.validity != NULL:
+                bit = src.validity_bit + picks[i].row
+                if not (src.validity[bit >> 3] >> (bit & 7)) & 1:
+                    valid[i] = 0
+                    tombs += 1
+        if tombs:
+            validity = pa.py_buffer(np.packbits(valid_np, bitorder="little"))
     with nogil:
         for i in range(n_out):
             src = &runs[picks[i].run]
@@ -601,7 +618,8 @@ def merge_newest_wins(parts):
     keys = pa.Array.from_buffers(pa.binary(), n_out,
                                  [None, pa.py_buffer(ko_np), pa.py_buffer(kd_np[:kbytes])])
     values = pa.Array.from_buffers(pa.binary(), n_out,
-                                   [None, pa.py_buffer(vo_np), pa.py_buffer(vd_np[:vbytes])])
+                                   [validity, pa.py_buffer(vo_np), pa.py_buffer(vd_np[:vbytes])],
+                                   null_count=tombs)
     return keys, values
 
 

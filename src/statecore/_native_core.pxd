@@ -116,7 +116,8 @@ cdef extern from "statecore/sorted_run.h" namespace "statecore" nogil:
         uint32_t run
         uint32_t row
 
-    void merge_newest_wins(const vector[ArrowBinaryRun]& runs, vector[RunPick]* out) except +
+    void merge_newest_wins(const vector[ArrowBinaryRun]& runs, vector[RunPick]* out,
+                           cbool keep_tombstones) except +
 
 
 cdef extern from "statecore/state_map.h" namespace "statecore" nogil:

@@ -135,11 +135,13 @@ struct RunPick {
 
 // Newest-wins merge of runs of one key group (a restore or compaction over an incremental chain):
 // `runs` newest first, each sorted strictly ascending by key_less. Appends to *out, in key order,
-// the newest entry of every key, leaving out keys whose newest entry is a tombstone. The
+// the newest entry of every key, leaving out keys whose newest entry is a tombstone (kept, as
+// that tombstone's pick, with `keep_tombstones`: a change set's deletions). The
 // inputs are already sorted, so this is a k-way merge, O(entries * runs) key comparisons for the
 // handful of runs a chain holds, instead of sorting their concatenation.
 // std::invalid_argument (the input comes from files) when a run's offsets decrease or point
 // outside its data, when its keys are not strictly ascending, or beyond 2^32 runs or rows.
-void merge_newest_wins(const std::vector<ArrowBinaryRun>& runs, std::vector<RunPick>* out);
+void merge_newest_wins(const std::vector<ArrowBinaryRun>& runs, std::vector<RunPick>* out,
+                       bool keep_tombstones = false);
 
 }  // namespace statecore
