@@ -286,11 +286,12 @@ def spark_running_count(size: Size):
         warm = os.path.join(root, "landing-warm")
         make_stream(warm, 100, 1000, 2)
         run_variant(spark, "identity", warm, os.path.join(root, "warm"))
-        # The fast variants run _FAST_ROUNDS times, interleaved (identity, dict, native,
-        # identity, ...), and each keeps its best: one run of a few seconds on a shared 2-core
-        # machine moves by up to 1.5x (the first identity run after the warm-up was 7.1 s where
-        # later ones took 4.6 s), and interleaving spreads slow spells over all of them.
-        order = [v for _ in range(_FAST_ROUNDS) for v in variants if v in _FAST]
+        # The fast variants run _FAST_ROUNDS times (--quick: once), interleaved (identity, dict,
+        # native, identity, ...), and each keeps its best: one run of a few seconds on a shared
+        # 2-core machine moves by up to 1.5x (the first identity run after the warm-up took 7.1 s
+        # where later ones took 5.0 s), and interleaving spreads slow spells over all of them.
+        rounds = 1 if size.quick else _FAST_ROUNDS
+        order = [v for _ in range(rounds) for v in variants if v in _FAST]
         order += [v for v in variants if v not in _FAST]
         for i, v in enumerate(order):
             n = slow_events if v in _SLOW else events
