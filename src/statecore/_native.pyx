@@ -2088,6 +2088,27 @@ def decode_blocks(data, blocks, uint64_t base, bint has_validity):
     return keys, values, None, None
 
 
+cdef int _export_bytes(Py_buffer* buf, int flags, object owner, vector[uint8_t]* data,
+                       Py_ssize_t* shape, Py_ssize_t* strides, str what) except -1:
+    """Fills ``buf`` as a read-only 1-D byte view of ``data``, which ``owner`` keeps alive."""
+    if flags & PyBUF_WRITABLE:
+        raise BufferError(f"a serialized {what} is read-only")
+    shape[0] = data.size()
+    strides[0] = 1
+    buf.buf = <void*>data.data()
+    buf.obj = owner
+    buf.len = shape[0]
+    buf.readonly = 1
+    buf.itemsize = 1
+    buf.format = "B"
+    buf.ndim = 1
+    buf.shape = shape
+    buf.strides = strides
+    buf.suboffsets = NULL
+    buf.internal = NULL
+    return 0
+
+
 cdef class SerializedChunk:
     """Consecutive stored (compressed, checksummed) blocks of a checkpoint data file, from
     :meth:`SnapshotBlockSerializer.next_chunk`: their concatenated bytes through the read-only
@@ -2107,21 +2128,7 @@ cdef class SerializedChunk:
         return self.chunk.bytes.size()
 
     def __getbuffer__(self, Py_buffer* buf, int flags):
-        if flags & PyBUF_WRITABLE:
-            raise BufferError("a serialized chunk is read-only")
-        self.shape[0] = self.chunk.bytes.size()
-        self.strides[0] = 1
-        buf.buf = <void*>self.chunk.bytes.data()
-        buf.obj = self
-        buf.len = self.shape[0]
-        buf.readonly = 1
-        buf.itemsize = 1
-        buf.format = "B"
-        buf.ndim = 1
-        buf.shape = self.shape
-        buf.strides = self.strides
-        buf.suboffsets = NULL
-        buf.internal = NULL
+        _export_bytes(buf, flags, self, &self.chunk.bytes, self.shape, self.strides, "chunk")
 
     def __releasebuffer__(self, Py_buffer* buf):
         pass
@@ -2161,21 +2168,7 @@ cdef class SerializedBlock:
         return self.payload.bytes.size()
 
     def __getbuffer__(self, Py_buffer* buf, int flags):
-        if flags & PyBUF_WRITABLE:
-            raise BufferError("a serialized block is read-only")
-        self.shape[0] = self.payload.bytes.size()
-        self.strides[0] = 1
-        buf.buf = <void*>self.payload.bytes.data()
-        buf.obj = self
-        buf.len = self.shape[0]
-        buf.readonly = 1
-        buf.itemsize = 1
-        buf.format = "B"
-        buf.ndim = 1
-        buf.shape = self.shape
-        buf.strides = self.strides
-        buf.suboffsets = NULL
-        buf.internal = NULL
+        _export_bytes(buf, flags, self, &self.payload.bytes, self.shape, self.strides, "block")
 
     def __releasebuffer__(self, Py_buffer* buf):
         pass
