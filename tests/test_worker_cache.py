@@ -51,7 +51,9 @@ def _entry(backend, write, abandon_after_s):
 def _background_write(store, backend):
     snap = backend.snapshot()
     report = {"attempt": "a", "partition": 0}
-    start = lambda st, s, v, w: st.write_snapshot_async(s, v, w, block_target_bytes=256)
+    # chunk_bytes=1: a write per block (~1,000), each delayed by the SlowHandler.
+    start = lambda st, s, v, w: st.write_snapshot_async(s, v, w, block_target_bytes=256,
+                                                        chunk_bytes=1)
     return op_mod._checkpoint_in_background(store, snap, 7, "p0-a-t0", report, start)
 
 
