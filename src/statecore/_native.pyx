@@ -109,9 +109,15 @@ cdef c.TtlBatchSpec _ttl_spec(ttl) except *:
 # ----------------------------------------------------------------------------- hashes, key groups
 
 def xxh64(data, uint64_t seed=0):
-    """XXH64 (XXH64 spec) of ``data`` (bytes-like); unsigned 64-bit int."""
+    """XXH64 (XXH64 spec) of ``data`` (any contiguous bytes-like object) with the GIL released
+    while hashing; unsigned 64-bit int, equal to ``xxhash.xxh64_intdigest``."""
     cdef const uint8_t[::1] v = memoryview(data).cast("B")
-    return c.xxh64(&v[0] if v.shape[0] else NULL, v.shape[0], seed)
+    cdef size_t n = v.shape[0]
+    cdef const uint8_t* p = &v[0] if n else NULL
+    cdef uint64_t h
+    with nogil:
+        h = c.xxh64(p, n, seed)
+    return h
 
 
 def murmur3_32(data, uint32_t seed=0):
@@ -1994,19 +2000,6 @@ cdef _concat_var(vector[vector[int64_t]]& offsets, vector[vector[uint8_t]]& data
 
 from concurrent.futures import CancelledError
 from cpython.buffer cimport PyBUF_WRITABLE
-
-
-def xxh64_nogil(data, uint64_t seed=0):
-    """XXH64 (XXH64 spec) of ``data`` (any contiguous bytes-like object) with the GIL released
-    while hashing, so a background checkpoint writer does not stall the owning thread.
-    Unsigned 64-bit int, equal to :func:`xxh64` and ``xxhash.xxh64_intdigest``."""
-    cdef const uint8_t[::1] v = memoryview(data).cast("B")
-    cdef size_t n = v.shape[0]
-    cdef const uint8_t* p = &v[0] if n else NULL
-    cdef uint64_t h
-    with nogil:
-        h = c.xxh64(p, n, seed)
-    return h
 
 
 def lz4_block_compress(data):
