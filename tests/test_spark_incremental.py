@@ -208,9 +208,14 @@ def test_checkpoint_grows_by_the_change_set_not_the_state(spark, tmp_path, backe
         assert all(v >= 0 for v in rep.phases.values()) and rep.phases["wait_s"] == rep.wait_seconds
         assert [p["partition"] for p in rep.partitions] == [0, 1]
         for p in rep.partitions:
-            assert {"pid", "input_s", "load_s", "process_s", "snapshot_s", "task_s",
-                    "write_s"} <= set(p), p
+            assert {"pid", "input_s", "load_s", "load_cpu_s", "process_s", "snapshot_s",
+                    "task_s", "write_s", "gc_frozen_objects"} <= set(p), p
             assert p["task_s"] >= p["input_s"] + p["process_s"] - 1e-6, p
+            # Only a restore or a catch-up runs in the load's thread.
+            assert (p["load_cpu_s"] > 0) == (p["load"] in ("checkpoint", "catch-up")), p
+            # freeze_worker_gc (default): the worker's objects sit in the permanent generation
+            # from its first statecore task on (PySpark's daemon collects after every task).
+            assert p["gc_frozen_objects"] > 1000, p
         assert Counter(p["load"] for p in rep.partitions) == Counter(rep.loads)
         # The control rows' DataFrame is built once per session and parallelism.
         if i == 0:
@@ -376,7 +381,7 @@ def test_operator_options_are_validated(tmp_path):
     p = Tally()
     ck = str(tmp_path)
     for kw in ({"max_runs": 0}, {"max_runs": True}, {"commit_timeout_s": 0},
-               {"commit_timeout_s": "5"}):
+               {"commit_timeout_s": "5"}, {"freeze_worker_gc": 1}, {"freeze_worker_gc": None}):
         with pytest.raises(InvalidInputError):
             StatefulOperator("x", p, "k", ck, output=ck, **kw)
     op = StatefulOperator("x", p, "k", ck, output=ck, max_runs=None)

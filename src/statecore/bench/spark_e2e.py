@@ -20,6 +20,11 @@ times interleaved, each keeping its best run:
   fault-tolerant Python state APIs, at a reduced event count (they run at thousands of events
   per second; rates are comparable, totals are not).
 
+All variants share the session's Python workers (PySpark reuses them), so from the first
+statecore task on every variant runs in workers whose objects the operator froze
+(``StatefulOperator(freeze_worker_gc=True)``, the default): the identity and dict runs of the
+later rounds too, which is why their best run usually comes from there.
+
 Ratios in one run: statecore native / identity (goal >= 0.9) and native / each Spark API (goal
 >= 50). See ``shared/reference/spark.md`` for what was measured before statecore.
 """
