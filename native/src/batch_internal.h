@@ -131,38 +131,11 @@ inline ArrayView make_view(ArrowInput in, const char* role) {
 }
 
 // Stored fixed-width values are little-endian regardless of the host (docs/architecture.md).
-// memcpy + a byte swap on big-endian hosts: GCC did not merge the byte-by-byte loops into one
-// load/store (8 stores a row in the add kernel's output, callgrind).
-inline uint64_t le64(uint64_t v) {
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-  return __builtin_bswap64(v);
-#else
-  return v;
-#endif
-}
-inline uint32_t le32(uint32_t v) {
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-  return __builtin_bswap32(v);
-#else
-  return v;
-#endif
-}
-inline uint64_t be64(uint64_t v) {
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-  return v;
-#else
-  return __builtin_bswap64(v);
-#endif
-}
-inline uint64_t load_le64(const uint8_t* p) {
-  uint64_t v;
-  std::memcpy(&v, p, 8);
-  return le64(v);
-}
-inline void store_le64(uint8_t* p, uint64_t v) {
-  v = le64(v);
-  std::memcpy(p, &v, 8);
-}
+using detail::be64;
+using detail::le32;
+using detail::le64;
+using detail::load_le64;
+using detail::store_le64;
 inline int64_t load_i64(const uint8_t* p) { return static_cast<int64_t>(load_le64(p)); }
 inline uint64_t load_u64(const uint8_t* p) { return load_le64(p); }
 inline double load_f64(const uint8_t* p) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "lz4.h"
+#include "statecore/detail/bytes.h"
 #include "statecore/hash.h"
 
 namespace statecore {
@@ -42,16 +43,13 @@ namespace {
 
 constexpr uint64_t kInt32Max = static_cast<uint64_t>(std::numeric_limits<int32_t>::max());
 
-uint32_t load_u32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);  // little-endian hosts only (as the whole format code)
-  return v;
-}
+// The format's integers are little-endian (checkpoint/format.py).
+using detail::load_le32;
 
 // The checks of format.decode_block on one payload; "" when it is well formed.
 std::string check_payload(const uint8_t* p, size_t size, uint64_t expected, bool has_validity) {
   if (size < 4) return "block payload of " + std::to_string(size) + " bytes is too short";
-  const uint64_t n = load_u32(p);
+  const uint64_t n = load_le32(p);
   if (n != expected)
     return "block holds " + std::to_string(n) + " entries, block table says " +
            std::to_string(expected);
@@ -61,10 +59,10 @@ std::string check_payload(const uint8_t* p, size_t size, uint64_t expected, bool
   uint64_t lens[2];
   for (int w = 0; w < 2; ++w) {
     const uint8_t* off = p + 4 + w * 4 * (n + 1);
-    int32_t prev = static_cast<int32_t>(load_u32(off));
+    int32_t prev = static_cast<int32_t>(load_le32(off));
     bool ok = prev == 0;
     for (uint64_t i = 1; ok && i <= n; ++i) {
-      int32_t cur = static_cast<int32_t>(load_u32(off + 4 * i));
+      int32_t cur = static_cast<int32_t>(load_le32(off + 4 * i));
       ok = cur >= prev;
       prev = cur;
     }
@@ -81,7 +79,7 @@ std::string check_payload(const uint8_t* p, size_t size, uint64_t expected, bool
       if ((bits[bit / 8] >> (bit % 8)) & 1) return "validity bitmap has bits set past the entries";
     const uint8_t* voff = p + 4 + 4 * (n + 1);
     for (uint64_t i = 0; i < n; ++i)
-      if (!((bits[i / 8] >> (i % 8)) & 1) && load_u32(voff + 4 * (i + 1)) != load_u32(voff + 4 * i))
+      if (!((bits[i / 8] >> (i % 8)) & 1) && load_le32(voff + 4 * (i + 1)) != load_le32(voff + 4 * i))
         return "a tombstone carries value bytes";
   }
   return "";
@@ -127,7 +125,7 @@ DecodeResult decode_blocks(const uint8_t* data, size_t size, const StoredBlockRe
     const uint64_t n = blk.entries;
     const uint8_t* ko = p + 4;
     const uint8_t* vo = ko + 4 * (n + 1);
-    const uint64_t klen = load_u32(ko + 4 * n), vlen = load_u32(vo + 4 * n);
+    const uint64_t klen = load_le32(ko + 4 * n), vlen = load_le32(vo + 4 * n);
     const uint8_t* kd = vo + 4 * (n + 1);
     if (r.key_bytes + klen > kInt32Max || r.value_bytes + vlen > kInt32Max)
       return fail(b, "more than 2 GiB of keys or values in one key group (int32 offsets)");
@@ -136,8 +134,8 @@ DecodeResult decode_blocks(const uint8_t* data, size_t size, const StoredBlockRe
     std::memcpy(out.key_data + r.key_bytes, kd, klen);
     std::memcpy(out.value_data + r.value_bytes, kd + klen, vlen);
     for (uint64_t i = 1; i <= n; ++i) {
-      out.key_offsets[row + i] = static_cast<int32_t>(r.key_bytes + load_u32(ko + 4 * i));
-      out.value_offsets[row + i] = static_cast<int32_t>(r.value_bytes + load_u32(vo + 4 * i));
+      out.key_offsets[row + i] = static_cast<int32_t>(r.key_bytes + load_le32(ko + 4 * i));
+      out.value_offsets[row + i] = static_cast<int32_t>(r.value_bytes + load_le32(vo + 4 * i));
     }
     if (has_validity) {
       const uint8_t* bits = kd + klen + vlen;

@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "statecore/detail/bytes.h"
+
 namespace statecore {
 namespace {
 
@@ -19,18 +21,9 @@ constexpr uint64_t kP64_5 = 0x27D4EB2F165667C5ULL;
 inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
 inline uint32_t rotl32(uint32_t x, int r) { return (x << r) | (x >> (32 - r)); }
 
-// Both specs read input words little-endian regardless of the host; assemble bytes explicitly so
-// the result does not depend on host byte order or alignment.
-inline uint64_t read64le(const uint8_t* p) {
-  return static_cast<uint64_t>(p[0]) | static_cast<uint64_t>(p[1]) << 8 |
-         static_cast<uint64_t>(p[2]) << 16 | static_cast<uint64_t>(p[3]) << 24 |
-         static_cast<uint64_t>(p[4]) << 32 | static_cast<uint64_t>(p[5]) << 40 |
-         static_cast<uint64_t>(p[6]) << 48 | static_cast<uint64_t>(p[7]) << 56;
-}
-inline uint32_t read32le(const uint8_t* p) {
-  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
-         static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
-}
+// Both specs read input words little-endian regardless of the host byte order or alignment.
+using detail::load_le32;
+using detail::load_le64;
 
 inline uint64_t xxh64_round(uint64_t acc, uint64_t lane) {
   acc += lane * kP64_2;
@@ -93,10 +86,10 @@ uint64_t xxh64(const void* data, size_t size, uint64_t seed) noexcept {
     uint64_t v4 = seed - kP64_1;
     const uint8_t* const limit = end - 32;
     do {
-      v1 = xxh64_round(v1, read64le(p));
-      v2 = xxh64_round(v2, read64le(p + 8));
-      v3 = xxh64_round(v3, read64le(p + 16));
-      v4 = xxh64_round(v4, read64le(p + 24));
+      v1 = xxh64_round(v1, load_le64(p));
+      v2 = xxh64_round(v2, load_le64(p + 8));
+      v3 = xxh64_round(v3, load_le64(p + 16));
+      v4 = xxh64_round(v4, load_le64(p + 24));
       p += 32;
     } while (p <= limit);
     acc = rotl64(v1, 1) + rotl64(v2, 7) + rotl64(v3, 12) + rotl64(v4, 18);
@@ -109,12 +102,12 @@ uint64_t xxh64(const void* data, size_t size, uint64_t seed) noexcept {
   }
   acc += static_cast<uint64_t>(size);
   while (end - p >= 8) {
-    acc ^= xxh64_round(0, read64le(p));
+    acc ^= xxh64_round(0, load_le64(p));
     acc = rotl64(acc, 27) * kP64_1 + kP64_4;
     p += 8;
   }
   if (end - p >= 4) {
-    acc ^= static_cast<uint64_t>(read32le(p)) * kP64_1;
+    acc ^= static_cast<uint64_t>(load_le32(p)) * kP64_1;
     acc = rotl64(acc, 23) * kP64_2 + kP64_3;
     p += 4;
   }
@@ -130,7 +123,7 @@ uint32_t murmur3_32(const void* data, size_t size, uint32_t seed) noexcept {
   const uint8_t* p = static_cast<const uint8_t*>(data);
   const size_t nblocks = size / 4;
   uint32_t h = seed;
-  for (size_t i = 0; i < nblocks; ++i) h = murmur3_mix_h(h, read32le(p + 4 * i));
+  for (size_t i = 0; i < nblocks; ++i) h = murmur3_mix_h(h, load_le32(p + 4 * i));
   const uint8_t* tail = p + nblocks * 4;
   uint32_t k = 0;
   switch (size & 3) {

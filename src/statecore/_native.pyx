@@ -577,23 +577,22 @@ def merge_newest_wins(parts, bint keep_tombstones=False):
     cdef int64_t bit
     cdef uint8_t[::1] valid
     validity = None
-    if keep_tombstones:
-        valid_np = np.ones(n_out, np.uint8)
-        valid = valid_np
-        for i in range(n_out):
-            src = &runs[picks[i].run]
-            if src.validity != NULL:
-                bit = src.validity_bit + picks[i].row
-                if not (src.validity[bit >> 3] >> (bit & 7)) & 1:
-                    valid[i] = 0
-                    tombs += 1
-        if tombs:
-            validity = pa.py_buffer(np.packbits(valid_np, bitorder="little"))
+    # One pass over the picks, without the GIL: the output's byte counts and, keeping
+    # tombstones, which picks are NULLs (a byte per row, packed into the bitmap below).
+    valid_np = np.ones(n_out if keep_tombstones else 1, np.uint8)
+    valid = valid_np
     with nogil:
         for i in range(n_out):
             src = &runs[picks[i].run]
             kbytes += src.key_offsets[picks[i].row + 1] - src.key_offsets[picks[i].row]
             vbytes += src.value_offsets[picks[i].row + 1] - src.value_offsets[picks[i].row]
+            if keep_tombstones and src.validity != NULL:
+                bit = src.validity_bit + picks[i].row
+                if not (src.validity[bit >> 3] >> (bit & 7)) & 1:
+                    valid[i] = 0
+                    tombs += 1
+    if tombs:
+        validity = pa.py_buffer(np.packbits(valid_np, bitorder="little"))
     if kbytes > 2**31 - 1 or vbytes > 2**31 - 1:
         raise InvalidInputError("merged run exceeds 2 GiB of keys or values (int32 offsets)")
     ko_np = np.empty(n_out + 1, np.int32)

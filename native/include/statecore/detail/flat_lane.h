@@ -5,17 +5,11 @@
 #include <cstdint>
 #include <cstring>
 
+#include "statecore/detail/bytes.h"
 #include "statecore/detail/map_impl.h"
 
 namespace statecore {
 namespace detail {
-
-inline uint64_t load_u64(const uint8_t* p) {
-  uint64_t v;
-  std::memcpy(&v, p, 8);
-  return v;
-}
-inline void store_u64(uint8_t* p, uint64_t v) { std::memcpy(p, &v, 8); }
 
 // The flat fast path's per-map facts, derived once when a kernel first touches the map in a batch
 // rather than once per row (they were a third of an int64 add_batch row's map work, callgrind):

@@ -23,6 +23,8 @@
 #include <cstring>
 #include <new>
 
+#include "statecore/detail/bytes.h"
+
 namespace statecore {
 namespace detail {
 
@@ -33,13 +35,6 @@ constexpr uint64_t kFlatMaxVersion = 0xFFFFFFFDu;
 constexpr size_t kFlatMaxKey = 64;     // larger keys or values: the chained engine
 constexpr size_t kFlatMaxValue = 256;
 constexpr size_t kFlatPageBytes = 16384;  // slots per page: the power of two that fits
-
-inline uint32_t load_u32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-inline void store_u32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
 
 // What every slot of a table holds. A table without a layout (`key_size == 0 && !fixed`) is
 // empty and takes the layout of its first insert.
