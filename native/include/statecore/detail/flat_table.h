@@ -24,6 +24,7 @@
 #include <new>
 
 #include "statecore/detail/bytes.h"
+#include "statecore/detail/page_pool.h"
 
 namespace statecore {
 namespace detail {
@@ -74,7 +75,7 @@ struct FlatPage {
   const uint8_t* bytes() const { return reinterpret_cast<const uint8_t*>(this + 1); }
 
   static FlatPage* make_empty(uint32_t n, uint32_t stride) {
-    void* mem = ::operator new(sizeof(FlatPage) + size_t(n) * stride);
+    void* mem = page_alloc(sizeof(FlatPage) + size_t(n) * stride);
     FlatPage* p = new (mem) FlatPage{{1}, n};
     uint8_t* b = p->bytes();
     for (uint32_t i = 0; i < n; ++i) store_u32(b + size_t(i) * stride, kFlatEmpty);
@@ -82,7 +83,7 @@ struct FlatPage {
   }
   static FlatPage* make_copy(const FlatPage* src, uint32_t stride) {
     const size_t n = size_t(src->slot_count) * stride;
-    void* mem = ::operator new(sizeof(FlatPage) + n);
+    void* mem = page_alloc(sizeof(FlatPage) + n);
     FlatPage* p = new (mem) FlatPage{{1}, src->slot_count};
     std::memcpy(p->bytes(), src->bytes(), n);
     return p;
@@ -91,7 +92,7 @@ struct FlatPage {
   static void unref(FlatPage* p) {
     if (p && p->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       p->~FlatPage();
-      ::operator delete(static_cast<void*>(p));
+      page_free(static_cast<void*>(p));
     }
   }
 };

@@ -1,0 +1,184 @@
+// The huge-page chunk pool of the flat engine's pages; the design is in detail/page_pool.h.
+#include "statecore/detail/page_pool.h"
+
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <unordered_map>
+#include <vector>
+
+namespace statecore {
+namespace detail {
+namespace {
+
+struct SizeClass;
+
+struct Chunk {
+  uint8_t* base;          // kPoolChunkBytes, aligned to kPoolChunkBytes
+  SizeClass* cls;
+  void* free_list = nullptr;  // freed blocks, linked through their first word
+  size_t bumped = 0;      // blocks handed out from the untouched tail so far
+  size_t in_use = 0;
+  bool partial = false;   // listed in cls->partial (has a free or untouched block)
+};
+
+struct SizeClass {
+  size_t block = 0;             // bytes, a multiple of 64
+  size_t per_chunk = 0;
+  std::vector<Chunk*> partial;  // chunks with room
+  Chunk* empty = nullptr;       // one fully free chunk kept mapped
+};
+
+class Pool {
+ public:
+  static Pool& get() {
+    static Pool* pool = new Pool();  // never destroyed: pages may be freed during exit
+    return *pool;
+  }
+
+  bool enabled() const { return enabled_; }
+
+  void* alloc(size_t bytes) {
+    const size_t block = (bytes + 63) & ~size_t(63);
+    std::lock_guard<std::mutex> lock(mu_);
+    SizeClass& cls = classes_[block];
+    if (cls.block == 0) {
+      cls.block = block;
+      cls.per_chunk = kPoolChunkBytes / block;
+    }
+    Chunk* c = nullptr;
+    if (!cls.partial.empty()) {
+      c = cls.partial.back();
+    } else if (cls.empty != nullptr) {
+      c = cls.empty;
+      cls.empty = nullptr;
+      list(c);
+    } else {
+      c = map_chunk(&cls);
+      list(c);
+    }
+    void* p;
+    if (c->free_list != nullptr) {
+      p = c->free_list;
+      std::memcpy(&c->free_list, p, sizeof(void*));
+    } else {
+      p = c->base + c->bumped * cls.block;
+      ++c->bumped;
+    }
+    ++c->in_use;
+    ++in_use_;
+    if (c->free_list == nullptr && c->bumped == cls.per_chunk) unlist(c);
+    return p;
+  }
+
+  // False when p is not a pool block.
+  bool free(void* p) {
+    const uintptr_t base = reinterpret_cast<uintptr_t>(p) & ~(uintptr_t(kPoolChunkBytes) - 1);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = chunks_.find(base);
+    if (it == chunks_.end()) return false;
+    Chunk* c = it->second;
+    std::memcpy(p, &c->free_list, sizeof(void*));
+    c->free_list = p;
+    --c->in_use;
+    --in_use_;
+    if (!c->partial) list(c);
+    if (c->in_use == 0) {
+      unlist(c);
+      SizeClass* cls = c->cls;
+      if (cls->empty == nullptr) {
+        cls->empty = c;
+      } else {
+        chunks_.erase(it);
+        munmap(c->base, kPoolChunkBytes);
+        delete c;
+      }
+    }
+    return true;
+  }
+
+  PagePoolStats stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    PagePoolStats s;
+    s.chunks = chunks_.size();
+    s.blocks_in_use = in_use_;
+    s.enabled = enabled_;
+    return s;
+  }
+
+ private:
+  Pool() {
+#if defined(__SANITIZE_ADDRESS__)
+    enabled_ = false;
+#else
+    const char* env = std::getenv("STATECORE_PAGE_POOL");
+    enabled_ = !(env != nullptr && std::strcmp(env, "0") == 0);
+#endif
+  }
+
+  Chunk* map_chunk(SizeClass* cls) {
+    // Twice the size, then the unaligned head and tail unmapped: mmap aligns to 4 KiB only.
+    void* raw = mmap(nullptr, 2 * kPoolChunkBytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) throw std::bad_alloc();
+    const uintptr_t r = reinterpret_cast<uintptr_t>(raw);
+    const uintptr_t a = (r + kPoolChunkBytes - 1) & ~(uintptr_t(kPoolChunkBytes) - 1);
+    if (a > r) munmap(raw, a - r);
+    const uintptr_t end = r + 2 * kPoolChunkBytes;
+    if (end > a + kPoolChunkBytes) munmap(reinterpret_cast<void*>(a + kPoolChunkBytes),
+                                          end - a - kPoolChunkBytes);
+#ifdef MADV_HUGEPAGE
+    madvise(reinterpret_cast<void*>(a), kPoolChunkBytes, MADV_HUGEPAGE);  // a hint: may fail
+#endif
+    Chunk* c = new Chunk{reinterpret_cast<uint8_t*>(a), cls};
+    chunks_.emplace(a, c);
+    return c;
+  }
+
+  void list(Chunk* c) {
+    c->partial = true;
+    c->cls->partial.push_back(c);
+  }
+  void unlist(Chunk* c) {
+    if (!c->partial) return;
+    // From the back: a chunk fills while it is the last listed (alloc takes the back one).
+    std::vector<Chunk*>& v = c->cls->partial;
+    for (size_t i = v.size(); i-- > 0;) {
+      if (v[i] == c) {
+        v[i] = v.back();
+        v.pop_back();
+        break;
+      }
+    }
+    c->partial = false;
+  }
+
+  std::mutex mu_;
+  bool enabled_ = true;
+  size_t in_use_ = 0;
+  std::unordered_map<size_t, SizeClass> classes_;
+  std::unordered_map<uintptr_t, Chunk*> chunks_;
+};
+
+}  // namespace
+
+void* page_alloc(size_t bytes) {
+  Pool& pool = Pool::get();
+  if (bytes < kPoolMinBytes || bytes > kPoolChunkBytes / 4 || !pool.enabled())
+    return ::operator new(bytes);
+  return pool.alloc(bytes);
+}
+
+void page_free(void* p) noexcept {
+  if (p == nullptr) return;
+  if (!Pool::get().free(p)) ::operator delete(p);
+}
+
+PagePoolStats page_pool_stats() { return Pool::get().stats(); }
+
+}  // namespace detail
+}  // namespace statecore
