@@ -132,9 +132,10 @@ inline ArrayView make_view(ArrowInput in, const char* role) {
 
 // Stored fixed-width values are little-endian regardless of the host (docs/architecture.md).
 using detail::be64;
-using detail::le32;
 using detail::le64;
+using detail::load_le32;
 using detail::load_le64;
+using detail::store_le32;
 using detail::store_le64;
 inline int64_t load_i64(const uint8_t* p) { return static_cast<int64_t>(load_le64(p)); }
 inline uint64_t load_u64(const uint8_t* p) { return load_le64(p); }
@@ -145,15 +146,8 @@ inline double load_f64(const uint8_t* p) {
   return d;
 }
 inline void store_i64(uint8_t* p, int64_t v) { store_le64(p, static_cast<uint64_t>(v)); }
-inline int32_t load_i32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return static_cast<int32_t>(le32(v));
-}
-inline void store_i32(uint8_t* p, int32_t v) {
-  const uint32_t u = le32(static_cast<uint32_t>(v));
-  std::memcpy(p, &u, 4);
-}
+inline int32_t load_i32(const uint8_t* p) { return static_cast<int32_t>(load_le32(p)); }
+inline void store_i32(uint8_t* p, int32_t v) { store_le32(p, static_cast<uint32_t>(v)); }
 // The reference deserializer reads any nonzero byte as true; writes are always 00/01.
 inline bool load_bool(const uint8_t* p) { return *p != 0; }
 inline void store_bool(uint8_t* p, bool v) { *p = v ? 1 : 0; }

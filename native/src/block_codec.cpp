@@ -79,7 +79,8 @@ std::string check_payload(const uint8_t* p, size_t size, uint64_t expected, bool
       if ((bits[bit / 8] >> (bit % 8)) & 1) return "validity bitmap has bits set past the entries";
     const uint8_t* voff = p + 4 + 4 * (n + 1);
     for (uint64_t i = 0; i < n; ++i)
-      if (!((bits[i / 8] >> (i % 8)) & 1) && load_le32(voff + 4 * (i + 1)) != load_le32(voff + 4 * i))
+      if (!((bits[i / 8] >> (i % 8)) & 1) &&
+          load_le32(voff + 4 * (i + 1)) != load_le32(voff + 4 * i))
         return "a tombstone carries value bytes";
   }
   return "";

@@ -3,7 +3,7 @@
 // Two families, because two kinds of bytes exist:
 //  * host order (load_u32, store_u32, load_u64, store_u64): the engine's own memory (flat map
 //    slots), which never leaves the process;
-//  * little-endian (load_le32, load_le64, store_le64, and the le32/le64/be64 conversions): bytes
+//  * little-endian (load_le32, load_le64, store_le32, store_le64, le32/le64/be64): bytes
 //    an external definition fixes whatever the host -- Arrow buffers, stored values, the
 //    checkpoint format, the XXH64 and Murmur3 specs.
 // All go through memcpy, which GCC turns into one unaligned load or store (a byte-by-byte loop
@@ -29,30 +29,20 @@ inline uint64_t load_u64(const uint8_t* p) {
 }
 inline void store_u64(uint8_t* p, uint64_t v) { std::memcpy(p, &v, 8); }
 
-inline uint64_t le64(uint64_t v) {
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-  return __builtin_bswap64(v);
+constexpr bool kBigEndianHost = true;
 #else
-  return v;
+constexpr bool kBigEndianHost = false;
 #endif
-}
-inline uint32_t le32(uint32_t v) {
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-  return __builtin_bswap32(v);
-#else
-  return v;
-#endif
-}
-inline uint64_t be64(uint64_t v) {
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-  return v;
-#else
-  return __builtin_bswap64(v);
-#endif
-}
+
+inline uint64_t le64(uint64_t v) { return kBigEndianHost ? __builtin_bswap64(v) : v; }
+inline uint32_t le32(uint32_t v) { return kBigEndianHost ? __builtin_bswap32(v) : v; }
+// Big-endian is little-endian swapped, whatever the host.
+inline uint64_t be64(uint64_t v) { return __builtin_bswap64(le64(v)); }
 
 inline uint32_t load_le32(const uint8_t* p) { return le32(load_u32(p)); }
 inline uint64_t load_le64(const uint8_t* p) { return le64(load_u64(p)); }
+inline void store_le32(uint8_t* p, uint32_t v) { store_u32(p, le32(v)); }
 inline void store_le64(uint8_t* p, uint64_t v) { store_u64(p, le64(v)); }
 
 }  // namespace detail
