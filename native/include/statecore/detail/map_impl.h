@@ -76,7 +76,10 @@ struct StateMap::Impl {
 
   uint32_t hash_of(const uint8_t* key, size_t ks) const { return detail::map_key_hash(hash_fn, key, ks); }
   // prefetch_bucket() inlined for batch kernels (flat engine; the chained one makes the call).
-  void prefetch(uint32_t h) const {
+  // Always inlined: GCC's IPA pure-const pass counts __builtin_prefetch as no side effect, so an
+  // outlined copy of this function (fnsplit made one) was "const", and every call to it, whose
+  // result is void, was deleted as dead -- no flat prefetch was in the binary at all.
+  [[gnu::always_inline]] void prefetch(uint32_t h) const {
     if (!flat) return;
     const detail::FlatDirectory* d = frehash ? frehash : fprimary;
     if (const uint8_t* s = d->slot(h & d->mask())) {
