@@ -105,6 +105,7 @@ uint8_t* StateMap::Impl::flat_slot_for_write_slow(FlatDirectory** table, size_t 
     p = c;
     ++stats.page_copies;
   }
+  d->owned()[i >> d->page_shift] = 1;
   return p->bytes() + (i & d->page_mask()) * d->stride();
 }
 

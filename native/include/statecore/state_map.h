@@ -247,6 +247,11 @@ struct Entry;
 //    Nothing but the lane's own slot writes and below-threshold inserts may touch the map while
 //    a lane is open (a kernel closes it after any other call on the map); other threads only
 //    lower reference counts. A lane ignores a pending sweep: a flat map has no retired entries.
+//  - Owned pages (FlatDirectory::owned, detail/flat_table.h): a flat directory keeps one byte per
+//    page, set when the owner made, copied or found the page exclusive, cleared for every page
+//    when the directory is copied. Writers test that byte, beside the page pointer they load
+//    anyway, not the page's reference count on the page's first cache line: over 10M int64
+//    keys that count was a cache miss a row (add_batch 2.6-2.8 -> 4.0-4.6 M rows/s).
 //
 // Thread contract: all mutating calls and snapshot() come from one owning thread; a MapSnapshot
 // may be read (sorted_entries) from any one other thread while the owner keeps mutating, and may

@@ -33,6 +33,7 @@ namespace detail {
 struct FlatLane {
   StateMap::Impl* map = nullptr;
   FlatPage* const* pages = nullptr;
+  const uint8_t* owned = nullptr;  // the directory's owned[] (flat_table.h), for writes
   size_t mask = 0;        // capacity - 1
   size_t page_mask = 0;   // slots per page - 1
   size_t page_last = 0;   // page_count - 1 (page_count is a power of two)
@@ -57,6 +58,7 @@ struct FlatLane {
       return false;
     map = &m;
     pages = d->pages();
+    owned = d->owned();
     mask = d->mask();
     page_mask = d->page_mask();
     page_last = d->page_count - 1;
@@ -71,11 +73,12 @@ struct FlatLane {
 
   // Linear probe for the key whose suffix words are k0 (bytes 0-7) and k1 (bytes n-8..n-1) from
   // the home of h: 1 found, 0 absent (*slot = the empty slot ending the probe), -1 a missing page
-  // on the way or no empty slot at all (F2 broken; the general path copes). *page holds *slot.
+  // on the way or no empty slot at all (F2 broken; the general path copes). *page_index is the
+  // directory index of the page holding *slot.
   // The probe steps a slot pointer within a page and looks the directory up only when crossing
   // one (flat_probe recomputed page and offset at every step).
   [[gnu::always_inline]] int find(uint32_t h, uint64_t k0, uint64_t k1, uint8_t** slot,
-                                  FlatPage** page) const {
+                                  size_t* page_index) const {
     const size_t home = h & mask;
     size_t pi = home >> page_shift;
     FlatPage* p = pages[pi];
@@ -86,12 +89,12 @@ struct FlatLane {
       const uint32_t meta = load_u32(s);
       if (meta == kFlatEmpty) {
         *slot = s;
-        *page = p;
+        *page_index = pi;
         return 0;
       }
       if (load_u64(s + 4) == k0 && load_u64(s + 4 + suffix - 8) == k1 && meta != kFlatDeleted) {
         *slot = s;
-        *page = p;
+        *page_index = pi;
         return 1;
       }
       s += stride;
@@ -108,15 +111,17 @@ struct FlatLane {
 
   // StateMap::upsert for a key of key_size bytes (first byte as at open), with the flat engine's
   // fast path's limits: nullptr, having changed nothing, when a page on the way is missing or
-  // the slot's page is shared, or an insert would reach the load threshold (the caller then makes
-  // the general call). New values are value_size zero bytes.
+  // the slot's page is not known to be owned (owned[]: the page's own reference count is another
+  // cache line, a miss a row in a large state), or an insert would reach the load threshold (the
+  // caller then makes the general call, which marks the page owned). New values are value_size
+  // zero bytes.
   [[gnu::always_inline]] uint8_t* upsert(uint32_t h, const uint8_t* key, bool* inserted) {
     const uint64_t k0 = load_u64(key + 1);
     const uint64_t k1 = load_u64(key + 1 + suffix - 8);
     uint8_t* s;
-    FlatPage* p;
-    const int r = find(h, k0, k1, &s, &p);
-    if (r < 0 || p->refs.load(std::memory_order_acquire) != 1) return nullptr;
+    size_t pi;
+    const int r = find(h, k0, k1, &s, &pi);
+    if (r < 0 || !owned[pi]) return nullptr;
     StateMap::Impl& m = *map;
     if (r == 0) {
       if (m.size() >= m.threshold) return nullptr;
@@ -141,8 +146,8 @@ struct FlatLane {
   // get_hashed: the value bytes (value_size of them) or nullptr when absent.
   [[gnu::always_inline]] const uint8_t* get(uint32_t h, const uint8_t* key) const {
     uint8_t* s;
-    FlatPage* p;
-    if (find(h, load_u64(key + 1), load_u64(key + 1 + suffix - 8), &s, &p) != 1) return nullptr;
+    size_t pi;
+    if (find(h, load_u64(key + 1), load_u64(key + 1 + suffix - 8), &s, &pi) != 1) return nullptr;
     return s + 4 + suffix;
   }
 };

@@ -208,15 +208,14 @@ struct StateMap::Impl {
       uint8_t* s = p->bytes() + (i & d->page_mask()) * stride;
       const uint32_t meta = detail::load_u32(s);
       if (meta == detail::kFlatEmpty) {
-        if (new_vs != l.value_size || size() >= threshold ||
-            p->refs.load(std::memory_order_acquire) != 1)
+        if (new_vs != l.value_size || size() >= threshold || !d->owned()[i >> d->page_shift])
           return nullptr;
         *vs = new_vs;
         *inserted = true;
         return flat_fill_new(s, l, h, key, ks, primary_size);
       }
       if (meta != detail::kFlatDeleted && detail::flat_key_equal(s + 4, suffix, n)) {
-        if (p->refs.load(std::memory_order_acquire) != 1) return nullptr;
+        if (!d->owned()[i >> d->page_shift]) return nullptr;
         *vs = l.value_size;
         *inserted = false;
         return flat_mark_written(s, l, h, key, ks);
@@ -253,14 +252,12 @@ struct StateMap::Impl {
   void flat_finish_rehash();  // every remaining step of the rehash in flight, in one pass
   void flat_start_rehash();
   // Slot i of *table made writable (directory and page copied if shared, page allocated if
-  // missing). The common case -- both owned alone -- inline: a rehash calls it per moved entry.
+  // missing; the page is then marked owned). The common case -- both owned alone -- inline: a
+  // rehash calls it per moved entry.
   uint8_t* flat_slot_for_write(detail::FlatDirectory** table, size_t i) {
     detail::FlatDirectory* d = *table;
-    if (d->refs.load(std::memory_order_acquire) == 1) {
-      detail::FlatPage* p = d->pages()[i >> d->page_shift];
-      if (p && p->refs.load(std::memory_order_acquire) == 1)
-        return p->bytes() + (i & d->page_mask()) * d->stride();
-    }
+    if (d->refs.load(std::memory_order_acquire) == 1 && d->owned()[i >> d->page_shift])
+      return d->pages()[i >> d->page_shift]->bytes() + (i & d->page_mask()) * d->stride();
     return flat_slot_for_write_slow(table, i);
   }
   uint8_t* flat_slot_for_write_slow(detail::FlatDirectory** table, size_t i);
