@@ -27,7 +27,7 @@ struct Chunk {
 };
 
 struct SizeClass {
-  size_t block = 0;             // bytes, a multiple of 64
+  size_t block = 0;             // bytes, a multiple of 16 (small) or 64
   size_t per_chunk = 0;
   std::vector<Chunk*> partial;  // chunks with room
   Chunk* empty = nullptr;       // one fully free chunk kept mapped
@@ -43,7 +43,8 @@ class Pool {
   bool enabled() const { return enabled_; }
 
   void* alloc(size_t bytes) {
-    const size_t block = (bytes + 63) & ~size_t(63);
+    const size_t block = bytes <= kPoolSmallMaxBytes ? (bytes + 15) & ~size_t(15)
+                                                     : (bytes + 63) & ~size_t(63);
     std::lock_guard<std::mutex> lock(mu_);
     SizeClass& cls = classes_[block];
     if (cls.block == 0) {
@@ -73,6 +74,14 @@ class Pool {
     ++in_use_;
     if (c->free_list == nullptr && c->bumped == cls.per_chunk) unlist(c);
     return p;
+  }
+
+  // The block size of p, 0 when p is not a pool block.
+  size_t block_of(void* p) {
+    const uintptr_t base = reinterpret_cast<uintptr_t>(p) & ~(uintptr_t(kPoolChunkBytes) - 1);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = chunks_.find(base);
+    return it == chunks_.end() ? 0 : it->second->cls->block;
   }
 
   // False when p is not a pool block.
@@ -175,7 +184,35 @@ void* page_alloc(size_t bytes) {
 
 void page_free(void* p) noexcept {
   if (p == nullptr) return;
-  if (!Pool::get().free(p)) ::operator delete(p);
+  Pool& pool = Pool::get();
+  if (!pool.enabled() || !pool.free(p)) ::operator delete(p);
+}
+
+void* small_alloc(size_t bytes) {
+  Pool& pool = Pool::get();
+  if (bytes == 0 || bytes > kPoolSmallMaxBytes || !pool.enabled()) {
+    void* p = std::malloc(bytes == 0 ? 1 : bytes);
+    if (p == nullptr) throw std::bad_alloc();
+    return p;
+  }
+  return pool.alloc(bytes);
+}
+
+void small_free(void* p) noexcept {
+  if (p == nullptr) return;
+  Pool& pool = Pool::get();
+  if (!pool.enabled() || !pool.free(p)) std::free(p);
+}
+
+void* small_realloc(void* p, size_t valid, size_t bytes) {
+  Pool& pool = Pool::get();
+  const size_t block = pool.enabled() ? pool.block_of(p) : 0;
+  if (block == 0) return std::realloc(p, bytes);  // a malloc'd block stays malloc'd
+  if (bytes <= block && bytes + 16 > block) return p;
+  void* q = small_alloc(bytes);
+  std::memcpy(q, p, valid < bytes ? valid : bytes);
+  pool.free(p);
+  return q;
 }
 
 PagePoolStats page_pool_stats() { return Pool::get().stats(); }

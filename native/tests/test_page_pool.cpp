@@ -1,11 +1,14 @@
 // Unit tests of the flat engine's page memory (detail/page_pool.h): blocks are distinct, aligned,
 // writable and reused; chunks return to the OS once empty (one kept per size class); frees from
-// other threads; small blocks and the ASan build go to operator new. Fixed seeds throughout.
+// other threads; small pages and the ASan build go to operator new. Entry memory (small_alloc):
+// 16-byte classes up to kPoolSmallMaxBytes, realloc across classes and into malloc, a chained map
+// of string keys living in the pool. Fixed seeds throughout.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <set>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -15,6 +18,10 @@
 #include "statecore/state_map.h"
 
 using statecore::detail::kPoolChunkBytes;
+using statecore::detail::kPoolSmallMaxBytes;
+using statecore::detail::small_alloc;
+using statecore::detail::small_free;
+using statecore::detail::small_realloc;
 using statecore::detail::page_alloc;
 using statecore::detail::page_free;
 using statecore::detail::page_pool_stats;
@@ -109,6 +116,92 @@ TEST(a_large_flat_map_lives_in_the_pool) {
     }
     if (page_pool_stats().enabled && m.is_flat())
       CHECK(page_pool_stats().blocks_in_use > in_use + 100);
+    snap->release();
+  }
+  CHECK_EQ(page_pool_stats().blocks_in_use, in_use);
+}
+
+TEST(entry_blocks_are_distinct_aligned_and_keep_their_bytes) {
+  const bool pooled = page_pool_stats().enabled;
+  const size_t in_use = page_pool_stats().blocks_in_use;
+  std::mt19937_64 rng(5);
+  std::vector<std::pair<uint8_t*, size_t>> blocks;
+  for (int i = 0; i < 20000; ++i) {
+    const size_t bytes = 1 + rng() % (kPoolSmallMaxBytes + 200);  // some go to malloc
+    auto* p = static_cast<uint8_t*>(small_alloc(bytes));
+    CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0);
+    std::memset(p, i & 0xff, bytes);
+    blocks.emplace_back(p, bytes);
+  }
+  size_t small = 0;
+  for (const auto& b : blocks) small += b.second <= kPoolSmallMaxBytes;
+  if (pooled) CHECK_EQ(page_pool_stats().blocks_in_use, in_use + small);
+  std::vector<std::pair<uint8_t*, size_t>> sorted = blocks;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 1; i < sorted.size(); ++i)
+    CHECK(sorted[i - 1].first + sorted[i - 1].second <= sorted[i].first);
+  // Grown and shrunk, within a class, across classes and past the small limit: the kept prefix
+  // survives every move.
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const size_t to = 1 + rng() % (2 * kPoolSmallMaxBytes);
+    const size_t keep = std::min(blocks[i].second, to);
+    auto* q = static_cast<uint8_t*>(small_realloc(blocks[i].first, blocks[i].second, to));
+    CHECK(q != nullptr && reinterpret_cast<uintptr_t>(q) % 16 == 0);
+    const uint8_t want = static_cast<uint8_t>(i & 0xff);
+    CHECK(q[0] == want && q[keep - 1] == want);
+    std::memset(q, want, to);
+    blocks[i] = {q, to};
+  }
+  std::shuffle(blocks.begin(), blocks.end(), rng);
+  for (const auto& b : blocks) small_free(b.first);
+  small_free(nullptr);  // a no-op
+  CHECK_EQ(page_pool_stats().blocks_in_use, in_use);
+}
+
+TEST(entry_blocks_freed_from_other_threads) {
+  const size_t in_use = page_pool_stats().blocks_in_use;
+  std::vector<void*> blocks;
+  for (int i = 0; i < 40000; ++i) blocks.push_back(small_alloc(40 + (i % 5) * 16));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&blocks, t] {
+      for (size_t i = static_cast<size_t>(t); i < blocks.size(); i += 4) small_free(blocks[i]);
+    });
+  }
+  for (int i = 0; i < 20000; ++i) small_free(small_realloc(small_alloc(48), 48, 200));
+  for (auto& th : threads) th.join();
+  CHECK_EQ(page_pool_stats().blocks_in_use, in_use);
+}
+
+// The chained engine (variable-length keys): entries and full bucket pages in the pool, a
+// snapshot's copies too, and every block given back.
+TEST(a_chained_map_of_string_keys_lives_in_the_pool) {
+  const size_t in_use = page_pool_stats().blocks_in_use;
+  {
+    statecore::StateMap m(nullptr, statecore::MapEngine::Chained);
+    auto key = [](uint64_t i) {
+      std::string k(1 + 8 + i % 24, 'k');
+      for (int b = 0; b < 8; ++b) k[1 + b] = static_cast<char>(i >> (8 * b));
+      return k;
+    };
+    for (uint64_t i = 0; i < 100000; ++i) {
+      const std::string k = key(i);
+      std::memcpy(m.put(reinterpret_cast<const uint8_t*>(k.data()), k.size(), 8), &i, 8);
+    }
+    auto snap = m.snapshot();
+    for (uint64_t i = 0; i < 100000; i += 3) {
+      const std::string k = key(i);
+      m.put(reinterpret_cast<const uint8_t*>(k.data()), k.size(), 8)[0] = 0xAB;
+    }
+    if (page_pool_stats().enabled) CHECK(page_pool_stats().blocks_in_use > in_use + 100000);
+    for (uint64_t i = 1; i < 100000; i += 3) {
+      const std::string k = key(i);
+      statecore::ByteView v;
+      CHECK(m.get(reinterpret_cast<const uint8_t*>(k.data()), k.size(), &v));
+      uint64_t x;
+      std::memcpy(&x, v.data, 8);
+      CHECK_EQ(x, i);
+    }
     snap->release();
   }
   CHECK_EQ(page_pool_stats().blocks_in_use, in_use);

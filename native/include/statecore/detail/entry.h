@@ -3,8 +3,9 @@
 // Layout: [Entry header, 32 bytes][key bytes, padded to a multiple of 8][value bytes]
 // The value starts 8-byte aligned, so fixed-width values (int64, float64) are inline and aligned;
 // a value of another size means a new allocation (StateMap::put relinks the new entry), or for
-// the batch kernels' StateMap::resize a realloc of an entry no snapshot reaches. Entries are
-// malloc'd (not operator new) so that realloc may grow them in place.
+// the batch kernels' StateMap::resize a realloc of an entry no snapshot reaches. Entries come
+// from small_alloc (detail/page_pool.h: huge-page chunks up to 512 bytes, malloc beyond), so a
+// large state's random probes do not also miss the TLB; realloc may still grow one in place.
 // An entry is immutable once some live snapshot may reach it (version < highest required
 // snapshot version): then writers copy it instead (see StateMap's class comment).
 // Two versions per entry (as Flink's entryVersion / stateVersion): `version` says when this
@@ -16,6 +17,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+
+#include "statecore/detail/page_pool.h"
 
 namespace statecore {
 namespace detail {
@@ -110,7 +113,7 @@ struct Entry {
     const size_t n = alloc_size(e->key_size, vs);
     if (!e->fits(vs)) {
       const size_t cap = grown_capacity(vs);
-      void* mem = std::realloc(static_cast<void*>(e), alloc_size(e->key_size, cap));
+      void* mem = small_realloc(static_cast<void*>(e), old, alloc_size(e->key_size, cap));
       if (mem == nullptr) throw std::bad_alloc();  // e is untouched
       e = static_cast<Entry*>(mem);
       e->value_capacity = static_cast<uint32_t>(cap);
@@ -120,13 +123,9 @@ struct Entry {
     return e;
   }
 
-  static void destroy(Entry* e) { std::free(static_cast<void*>(e)); }
+  static void destroy(Entry* e) { small_free(static_cast<void*>(e)); }
 
-  static void* allocate(size_t n) {
-    void* mem = std::malloc(n);
-    if (mem == nullptr) throw std::bad_alloc();
-    return mem;
-  }
+  static void* allocate(size_t n) { return small_alloc(n); }
 };
 
 static_assert(sizeof(Entry) == 32, "entry header must keep keys 8-byte aligned");

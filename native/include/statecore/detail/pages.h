@@ -19,6 +19,7 @@
 #include <new>
 
 #include "statecore/detail/entry.h"
+#include "statecore/detail/page_pool.h"
 
 namespace statecore {
 namespace detail {
@@ -34,14 +35,15 @@ struct Page {
   Entry** slots() { return reinterpret_cast<Entry**>(this + 1); }
   Entry* const* slots() const { return reinterpret_cast<Entry* const*>(this + 1); }
 
+  // Full pages (512 heads, 4 KiB) from the huge-page pool, as the flat engine's (page_pool.h).
   static Page* make_empty(uint32_t n) {
-    void* mem = ::operator new(sizeof(Page) + n * sizeof(Entry*));
+    void* mem = page_alloc(sizeof(Page) + n * sizeof(Entry*));
     Page* p = new (mem) Page{{1}, n};
     std::memset(static_cast<void*>(p->slots()), 0, n * sizeof(Entry*));
     return p;
   }
   static Page* make_copy(const Page* src) {
-    void* mem = ::operator new(sizeof(Page) + src->slot_count * sizeof(Entry*));
+    void* mem = page_alloc(sizeof(Page) + src->slot_count * sizeof(Entry*));
     Page* p = new (mem) Page{{1}, src->slot_count};
     std::memcpy(static_cast<void*>(p->slots()), static_cast<const void*>(src->slots()),
                 src->slot_count * sizeof(Entry*));
@@ -52,7 +54,7 @@ struct Page {
   static void unref(Page* p) {
     if (p && p->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       p->~Page();
-      ::operator delete(static_cast<void*>(p));
+      page_free(static_cast<void*>(p));
     }
   }
 };
