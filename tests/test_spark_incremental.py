@@ -208,11 +208,13 @@ def test_checkpoint_grows_by_the_change_set_not_the_state(spark, tmp_path, backe
         assert all(v >= 0 for v in rep.phases.values()) and rep.phases["wait_s"] == rep.wait_seconds
         assert [p["partition"] for p in rep.partitions] == [0, 1]
         for p in rep.partitions:
-            assert {"pid", "input_s", "load_s", "load_cpu_s", "process_s", "snapshot_s",
-                    "task_s", "write_s", "gc_frozen_objects"} <= set(p), p
+            assert {"pid", "input_s", "load_s", "load_cpu_s", "standby_cpu_s", "process_s",
+                    "snapshot_s", "task_s", "write_s", "gc_frozen_objects"} <= set(p), p
             assert p["task_s"] >= p["input_s"] + p["process_s"] - 1e-6, p
             # Only a restore or a catch-up runs in the load's thread.
             assert (p["load_cpu_s"] > 0) == (p["load"] in ("checkpoint", "catch-up")), p
+            # A standby copy was caught up or restored between the tasks (standby=True).
+            assert (p["standby_cpu_s"] > 0) == (p["load"] == "standby"), p
             # freeze_worker_gc (default): the worker's objects sit in the permanent generation
             # from its first statecore task on (PySpark's daemon collects after every task).
             assert p["gc_frozen_objects"] > 1000, p

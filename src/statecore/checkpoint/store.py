@@ -849,6 +849,14 @@ class CheckpointStore:
                 out.append(int(m.group(1)))
         return sorted(out)
 
+    def is_committed(self, version: int) -> bool:
+        """True when ``version`` has a manifest (one stat, no listing: what a worker polls while
+        it waits for the driver's commit). InvalidInputError for a version that is not an int
+        >= 0."""
+        version = _check_version(version)
+        info = self.fs.get_file_info(self._abs(self.manifest_name(version)))
+        return info.type == pafs.FileType.File
+
     def latest_version(self) -> int | None:
         """The highest committed version, or ``None`` when there is none."""
         vs = self.versions()

@@ -16,7 +16,9 @@ function, or called from one):
    from the in-process cache when this worker process produced exactly that committed version
    (same attempt, and its data file is one of the writers the driver committed) for this
    (checkpoint, operator, partition, n, maxP) — PySpark reuses workers, but a partition lands on
-   the same worker only about half the time — else caught up from an older committed copy
+   the same worker only about half the time, so after each task a worker also brings its copies
+   of other partitions up to the version the driver commits, in the background (``standby``),
+   which makes those a cache hit too — else caught up from an older committed copy
    of the partition that this worker kept (``stale_copies``: the runs committed since are
    applied, :meth:`CheckpointStore.open_changes`), and otherwise is restored from the checkpoint
    store (only the key groups of the range, from whichever runs cover them, which is also how a
@@ -143,10 +145,17 @@ class _CachedState:
     write: Optional[Future] = None
     abandon_after_s: float = 600.0
     pristine: bool = True  # no change after the snapshot (a catch-up starts from its run)
+    standby_cpu_s: Optional[float] = None  # set when a standby catch-up brought it to version
 
 
 _STATE_CACHE: Dict[tuple, _CachedState] = {}
 _CACHE_LOCK = threading.Lock()
+# Cache keys whose entry a standby catch-up has taken out to work on, and the Event it sets when
+# the entry is back (or dropped); see _standby_catch_up.
+_STANDBY_BUSY: Dict[tuple, threading.Event] = {}
+# Tasks started in this process per (store uri, operator): a standby catch-up still waiting for
+# its commit when a later task started gives up (that version was not committed in time).
+_TASKS_STARTED: Dict[tuple, int] = {}
 
 
 def _close_entry(entry: _CachedState) -> None:
@@ -185,8 +194,9 @@ def clear_state_cache() -> None:
         _close_entry(e)
 
 
-def _take_cached(key: tuple, want: tuple, committed_writers: Optional[frozenset]) -> Optional[Any]:
-    """Remove and return the cached backend for ``key`` if it holds exactly ``want`` =
+def _take_cached(key: tuple, want: tuple, committed_writers: Optional[frozenset]
+                 ) -> Optional[_CachedState]:
+    """Remove and return the cache entry for ``key`` if it holds exactly ``want`` =
     (version, attempt, n, maxP, kind, key_type) and its data file is one the driver committed
     (``committed_writers``; None = not recorded, older checkpoints). An older pristine entry
     stays cached (a catch-up base for :func:`_take_stale`); any other non-matching entry is
@@ -213,7 +223,7 @@ def _take_cached(key: tuple, want: tuple, committed_writers: Optional[frozenset]
         return None
     if entry.snapshot_id is not None:
         entry.backend.notify_checkpoint_complete(entry.snapshot_id)
-    return entry.backend
+    return entry
 
 
 def _take_stale(key: tuple, store, version: int, config: tuple, kg_range):
@@ -274,6 +284,180 @@ def _put_cached(key: tuple, entry: _CachedState, stale_copies: int = 0) -> None:
     for e in closing:
         if e.backend is not entry.backend:
             _close_entry(e)
+
+
+def _await_standby(key: tuple, timeout_s: float) -> None:
+    """Wait (at most ``timeout_s``) while a standby catch-up works on the entry of ``key``."""
+    with _CACHE_LOCK:
+        ev = _STANDBY_BUSY.get(key)
+    if ev is not None:
+        ev.wait(timeout_s)
+
+
+def _writer_of(writers, partition: int) -> Optional[str]:
+    """The committed writer name of ``partition`` (``p<i>-<attempt>-t<n>``) in ``writers``."""
+    prefix = f"p{partition}-"
+    return next((w for w in writers if w.startswith(prefix)), None)
+
+
+#: Seconds a standby catch-up waits for the driver's commit before it gives up.
+STANDBY_WAIT_S = 60.0
+
+
+def _partition_backend(kind: str, key_type: str, max_parallelism: int, num_partitions: int,
+                       partition: int):
+    """An empty backend for operator index ``partition`` of ``num_partitions`` (Spark key
+    groups, Flink's key-group range of that index)."""
+    from statecore.backends import create_backend
+
+    return create_backend(kind, key_type=key_type, max_parallelism=max_parallelism,
+                          key_group_range=key_group_range_for_operator(
+                              max_parallelism, num_partitions, partition),
+                          assigner="spark")
+
+
+def _standby_candidates(op_key: tuple, own: tuple, version: int) -> List[tuple]:
+    """Cache keys of this operator's other partitions held at a committed version below
+    ``version``, unchanged since (pristine): what a standby catch-up can bring to ``version``."""
+    with _CACHE_LOCK:
+        return [k for k, e in _STATE_CACHE.items()
+                if k[:2] == op_key and k != own and e.version < version and e.pristine
+                and e.writer is not None]
+
+
+def _standby_replace(key: tuple, make: Callable) -> bool:
+    """Take ``key``'s cache entry (or None) out of the cache, marked busy (``_STANDBY_BUSY``: a
+    task that needs it waits), and put ``make(entry)`` back in its place: a new entry, the same
+    one, or None. An entry that is not put back is closed; so is the new one when a task cached
+    ``key`` meanwhile, and the old one when ``make`` raised (it may be half-updated). Returns
+    True when a new entry went in. Skips (False) a key another standby is working on."""
+    _await_standby(key, STANDBY_WAIT_S)
+    with _CACHE_LOCK:
+        if key in _STANDBY_BUSY:
+            return False
+        entry = _STATE_CACHE.pop(key, None)
+        busy = _STANDBY_BUSY[key] = threading.Event()
+    new = None
+    try:
+        new = make(entry)
+    except Exception:  # noqa: BLE001 -- a copy that cannot be brought up to date is dropped
+        new = None
+    finally:
+        with _CACHE_LOCK:
+            placed = new is not None and key not in _STATE_CACHE
+            if placed:
+                _STATE_CACHE[key] = new
+            del _STANDBY_BUSY[key]
+        busy.set()
+    # A caught-up copy is a new entry around the same backend: close each backend once.
+    if entry is not None and not (placed and new.backend is entry.backend):
+        _close_entry(entry)
+    if new is not None and not placed and (entry is None or new.backend is not entry.backend):
+        _close_entry(new)
+    return placed and new is not entry
+
+
+def _standby_catch_up(store, op_key: tuple, own: tuple, version: int, generation: int,
+                      config: tuple, copies: int, wait_s: float = STANDBY_WAIT_S) -> int:
+    """Keep this worker's copies of the operator's other partitions current (Kafka Streams'
+    standby replicas, fed from the committed incremental runs instead of a changelog).
+
+    Waits until the driver committed ``version`` (polling :meth:`CheckpointStore.is_committed`
+    from 5 ms, growing 1.25x to 100 ms), then brings every copy this worker keeps
+    (:func:`_standby_candidates`) up to it with ``apply_changes``, and when it keeps fewer than
+    ``copies`` (the operator's ``stale_copies``) restores more partitions of ``config`` = (n,
+    maxP, backend kind, key type) at ``version``, the next indices after its own first. The
+    partition's next task in this worker, if PySpark hands it here, is then a cache hit (``load
+    = "standby"``) instead of a catch-up or restore on the task's critical path. Runs in a daemon
+    thread of the worker between its tasks (:func:`_standby_replace` keeps each copy out of the
+    cache while it works on it). Gives up when ``version`` is not committed within ``wait_s`` or
+    a later task of this operator started in this process first (``generation``: ``version``
+    failed or is being replayed). A copy that cannot be caught up (compacted chain, a failed or
+    unfinished write, any error) is closed, and the task restores as it would without standby.
+    Returns the copies caught up or restored."""
+    delay, deadline = 0.005, time.monotonic() + wait_s
+    while not store.is_committed(version):
+        if time.monotonic() >= deadline or _TASKS_STARTED.get(op_key, 0) != generation:
+            return 0
+        time.sleep(delay)
+        delay = min(delay * 1.25, 0.1)
+    meta = store.metadata(version)
+    writers = meta.get("writers") or ()
+
+    def committed(partition: int, backend, t_cpu: float) -> Optional[_CachedState]:
+        writer = _writer_of(writers, partition)
+        if writer is None:
+            return None
+        n, mp, kind, key_type = config
+        return _CachedState(version, meta["attempt"], n, mp, kind, key_type, backend,
+                            writer=writer, standby_cpu_s=time.thread_time() - t_cpu)
+
+    def catch_up(partition: int, entry: Optional[_CachedState]) -> Optional[_CachedState]:
+        t_cpu = time.thread_time()
+        if entry is None or entry.version >= version or not entry.pristine:
+            return entry
+        if (entry.num_partitions, entry.max_parallelism, entry.backend_kind,
+                entry.key_type) != config:
+            return None
+        if entry.write is not None and not entry.write.done():
+            return entry  # not settled: a later catch-up may still use it
+        if entry.write is not None and entry.write.exception() is not None:
+            return None
+        kg = key_group_range_for_operator(entry.max_parallelism, entry.num_partitions, partition)
+        changes = store.open_changes(version, store.data_path(entry.version, entry.writer),
+                                     kg.start, kg.end)
+        if changes is None:
+            return None
+        try:
+            entry.backend.apply_changes(changes)
+        finally:
+            changes.release()
+        return committed(partition, entry.backend, t_cpu)
+
+    def restore(partition: int):
+        def make(entry: Optional[_CachedState]) -> Optional[_CachedState]:
+            if entry is not None:
+                return entry  # a task cached it meanwhile
+            t_cpu = time.thread_time()
+            backend = _partition_backend(config[2], config[3], config[1], config[0], partition)
+            try:
+                store.restore(backend, version)
+                new = committed(partition, backend, t_cpu)
+            except BaseException:
+                backend.close()
+                raise
+            if new is None:
+                backend.close()
+            return new
+        return make
+
+    done = 0
+    for key in _standby_candidates(op_key, own, version):
+        done += _standby_replace(key, lambda e, q=key[2]: catch_up(q, e))
+    n = config[0]
+    for i in range(1, n):
+        with _CACHE_LOCK:
+            held = sum(1 for k in list(_STATE_CACHE) + list(_STANDBY_BUSY)
+                       if k[:2] == op_key and k != own)
+        if held >= copies:
+            break
+        key = op_key + ((own[2] + i) % n,)
+        with _CACHE_LOCK:
+            free = key not in _STATE_CACHE and key not in _STANDBY_BUSY
+        if free:
+            done += _standby_replace(key, restore(key[2]))
+    return done
+
+
+def _start_standby(store, op_key: tuple, own: tuple, version: int, config: tuple,
+                   copies: int) -> threading.Thread:
+    """Start :func:`_standby_catch_up` in a daemon thread."""
+    t = threading.Thread(target=_standby_catch_up,
+                         args=(store, op_key, own, version, _TASKS_STARTED.get(op_key, 0),
+                               config, copies),
+                         name=f"statecore-standby-{op_key[1]}", daemon=True)
+    t.start()
+    return t
 
 
 # ------------------------------------------------------------------------------------------
@@ -485,6 +669,7 @@ class _TaskSpec:
     ttl_background_key_groups: int = 0
     stale_copies: int = 1
     freeze_worker_gc: bool = True
+    standby: bool = True
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         t0 = time.perf_counter()
@@ -522,7 +707,6 @@ class _TaskSpec:
                 "or coalesced again?")
 
     def _run(self, partition_id: int, batches: Iterator[pa.RecordBatch], t0: float):
-        from statecore.backends import create_backend
         from statecore.checkpoint import CheckpointStore
 
         kg_range = key_group_range_for_operator(self.max_parallelism, self.num_partitions, partition_id)
@@ -530,11 +714,22 @@ class _TaskSpec:
         cache_key = (store.uri, self.operator_name, partition_id)
         backend = None
         source = "empty"
+        op_key = cache_key[:2]
+        with _CACHE_LOCK:
+            _TASKS_STARTED[op_key] = _TASKS_STARTED.get(op_key, 0) + 1
+        standby_cpu = None
         if self.prev_version is not None:
-            backend = _take_cached(cache_key, (
+            # A standby catch-up of this partition in flight (the previous task of this worker
+            # started it) ends within the time of a catch-up; its result is a cache hit.
+            _await_standby(cache_key, self.commit_timeout_s)
+            hit = _take_cached(cache_key, (
                 self.prev_version, self.prev_attempt, self.num_partitions, self.max_parallelism,
                 self.backend_kind, self.key_type), self.prev_writers)
-            source = "cache" if backend is not None else "checkpoint"
+            if hit is None:
+                source = "checkpoint"
+            else:
+                backend, standby_cpu = hit.backend, hit.standby_cpu_s
+                source = "cache" if standby_cpu is None else "standby"
         changes = None
         if backend is None and self.prev_version is not None and self.stale_copies:
             stale = _take_stale(cache_key, store, self.prev_version,
@@ -544,9 +739,8 @@ class _TaskSpec:
                 backend, changes = stale
                 source = "catch-up"
         if backend is None:
-            backend = create_backend(self.backend_kind, key_type=self.key_type,
-                                     max_parallelism=self.max_parallelism,
-                                     key_group_range=kg_range, assigner="spark")
+            backend = _partition_backend(self.backend_kind, self.key_type, self.max_parallelism,
+                                         self.num_partitions, partition_id)
         ctx = ProcessorContext(
             backend=backend, operator_name=self.operator_name, batch_id=self.batch_id,
             partition_id=partition_id, num_partitions=self.num_partitions,
@@ -639,6 +833,7 @@ class _TaskSpec:
                 "rows": rows, "output_rows": out_rows, "max_event_ms": max_event_ms,
                 "state_entries": int(backend.num_entries()), "state_bytes": int(backend.state_bytes()),
                 "load": source, "input_s": input_s, "load_s": load_s, "load_cpu_s": load_cpu[0],
+                "standby_cpu_s": standby_cpu or 0.0,
                 "process_s": proc_s, "snapshot_s": snap_s,
                 "incremental": bool(snap.incremental), "snapshot_id": snapshot_id,
                 "task_s": time.perf_counter() - t0, "pid": os.getpid(),
@@ -664,6 +859,10 @@ class _TaskSpec:
             write=done, abandon_after_s=2 * self.commit_timeout_s,
             pristine=not (self.ttl_background_key_groups and not self.is_flush)),
             self.stale_copies)
+        if self.standby and self.stale_copies and not self.is_flush:
+            _start_standby(store, op_key, cache_key, self.batch_id,
+                           (self.num_partitions, self.max_parallelism, self.backend_kind,
+                            self.key_type), self.stale_copies)
         try:
             if held is not None:
                 yield held
@@ -783,10 +982,12 @@ class BatchReport:
     ``plan_s`` (manifest reads, checks, building the plan), ``action_s`` (the sink's action, i.e.
     the Spark job that runs the tasks), ``wait_s`` (= ``wait_seconds``), ``commit_s`` (manifest,
     pending cleanup, retention); ``partitions``, one dict per partition from its task:
-    ``partition``, ``pid`` (worker process), ``load`` ("empty", "cache", "catch-up", "checkpoint"),
-    ``load_s`` (cache take or restore, plus ``processor.open``; before the input is read),
-    ``load_cpu_s`` (CPU seconds of the thread that restored or caught up; 0 for the other
-    loads), ``input_s`` (receiving the routed input; 0 for a processor with ``chunked_input``,
+    ``partition``, ``pid`` (worker process), ``load`` ("empty", "cache", "standby",
+    "catch-up", "checkpoint"; "standby": a cache hit on a copy that the worker brought up to
+    date between its tasks, see ``StatefulOperator(standby=)``), ``load_s`` (cache take or
+    restore, plus ``processor.open``; before the input is read), ``load_cpu_s`` (CPU seconds of
+    the thread that restored or caught up; 0 for the other loads), ``standby_cpu_s`` (CPU
+    seconds the standby spent on that copy, between the tasks; 0 for the other loads), ``input_s`` (receiving the routed input; 0 for a processor with ``chunked_input``,
     whose input arrives during ``process_s``), ``process_s``, ``snapshot_s`` (the synchronous
     snapshot), ``task_s`` (task start to snapshot), ``write_s`` (the background data file write),
     ``gc_frozen_objects`` (``gc.get_freeze_count()`` of the worker, see ``freeze_worker_gc``)."""
@@ -812,8 +1013,8 @@ class BatchReport:
 
 
 #: Fields of a task's report copied into :attr:`BatchReport.partitions`.
-_TASK_TIMINGS = ("partition", "pid", "load", "input_s", "load_s", "load_cpu_s", "process_s",
-                 "snapshot_s", "task_s", "write_s", "gc_frozen_objects")
+_TASK_TIMINGS = ("partition", "pid", "load", "input_s", "load_s", "load_cpu_s", "standby_cpu_s",
+                 "process_s", "snapshot_s", "task_s", "write_s", "gc_frozen_objects")
 
 
 class StatefulOperator:
@@ -856,6 +1057,13 @@ class StatefulOperator:
             the time; a worker holding an older committed copy of it catches up by applying the
             runs committed since (``load = "catch-up"``) instead of restoring the whole chain.
             Costs up to that many more partitions' state in memory per worker; 0 = none.
+        standby: keep those copies current (default True): after its task a worker waits, in a
+            background thread, for the driver's commit of that micro-batch and catches its
+            copies of other partitions up to it (standby replicas, as in Kafka Streams), so a
+            partition that moves to this worker finds its state ready (``load = "standby"``)
+            instead of catching up at the start of its task. Costs that catch-up CPU every
+            micro-batch in every worker (between its tasks) rather than only when a partition
+            moves; False catches up only on demand. No effect with ``stale_copies=0``.
         freeze_worker_gc: at its first task in a Python worker process, move the objects the
             worker holds to the permanent generation (``gc.freeze``), so that the full
             ``gc.collect()`` PySpark's daemon runs after every task of a reused worker stops
@@ -876,7 +1084,7 @@ class StatefulOperator:
                  event_time_column: Optional[str] = None, retain_versions: int = 3,
                  max_runs: Optional[int] = 8, commit_timeout_s: float = 300.0,
                  ttl_background_key_groups: int = 0, stale_copies: int = 1,
-                 freeze_worker_gc: bool = True):
+                 freeze_worker_gc: bool = True, standby: bool = True):
         import re
 
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", name):
@@ -913,6 +1121,8 @@ class StatefulOperator:
             raise InvalidInputError(f"stale_copies must be an int >= 0, got {stale_copies!r}")
         if not isinstance(freeze_worker_gc, bool):
             raise InvalidInputError(f"freeze_worker_gc must be a bool, got {freeze_worker_gc!r}")
+        if not isinstance(standby, bool):
+            raise InvalidInputError(f"standby must be a bool, got {standby!r}")
         if sink is None:
             if output is None:
                 raise InvalidInputError("give either sink= or output= (directory of the default sink)")
@@ -934,6 +1144,7 @@ class StatefulOperator:
         self.ttl_background_key_groups = ttl_background_key_groups
         self.stale_copies = stale_copies
         self.freeze_worker_gc = freeze_worker_gc
+        self.standby = standby
         self.reports: List[BatchReport] = []
         self._store = None
         # (parallelism, JVM SparkSession, DataFrame) of the control rows; see _control_rows.
@@ -1086,7 +1297,8 @@ class StatefulOperator:
             prev_writers=(frozenset(prev_meta["writers"]) if "writers" in prev_meta else None),
             start_write=self._start_write, commit_timeout_s=self.commit_timeout_s,
             ttl_background_key_groups=self.ttl_background_key_groups,
-            stale_copies=self.stale_copies, freeze_worker_gc=self.freeze_worker_gc)
+            stale_copies=self.stale_copies, freeze_worker_gc=self.freeze_worker_gc,
+            standby=self.standby)
 
         control = self._control_rows(spark, n)
         if df is None:
