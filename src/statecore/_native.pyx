@@ -1134,6 +1134,11 @@ cdef class NativeTableSnapshot:
             self.snap.release()
 
 
+# Entries a bulk load (NativeStateTable.load) hashes and prefetches ahead of the one it puts.
+cdef enum:
+    _LOAD_AHEAD = 16
+
+
 cdef class NativeStateTable:
     """One keyed state's entries: a copy-on-write StateMap per key group of [kg_start, kg_end].
 
@@ -1404,13 +1409,31 @@ cdef class NativeStateTable:
         vo = np.frombuffer(vbufs[1], np.int32)[values.offset:values.offset + n + 1]
         kd = np.frombuffer(kbufs[2], np.uint8) if kbufs[2] is not None and kbufs[2].size else np.zeros(1, np.uint8)
         vd = np.frombuffer(vbufs[2], np.uint8) if vbufs[2] is not None and vbufs[2].size else np.zeros(1, np.uint8)
+        cdef uint32_t ahead[_LOAD_AHEAD]
+        cdef uint32_t h
+        cdef int64_t j
+        cdef size_t cur = 0
+        cdef c.cbool inserted = False
         self._claim()
         try:
             with nogil:
                 m.reserve(n)  # a no-op unless the map is empty
+                # Keys hashed and their slots prefetched _LOAD_AHEAD entries ahead: a catch-up
+                # upserts into a state that is out of cache next to Spark's JVM, and each put
+                # would otherwise wait for its own miss.
+                for j in range(min(n, _LOAD_AHEAD)):
+                    ahead[j] = m.hash(&kd[ko[j]], ko[j + 1] - ko[j])
+                    m.prefetch_bucket(ahead[j])
                 for i in range(n):
+                    h = ahead[i % _LOAD_AHEAD]
+                    j = i + _LOAD_AHEAD
+                    if j < n:
+                        ahead[j % _LOAD_AHEAD] = m.hash(&kd[ko[j]], ko[j + 1] - ko[j])
+                        m.prefetch_bucket(ahead[j % _LOAD_AHEAD])
                     vlen = vo[i + 1] - vo[i]
-                    dst = m.put(&kd[ko[i]], ko[i + 1] - ko[i], vlen)
+                    dst = m.upsert(h, &kd[ko[i]], ko[i + 1] - ko[i], vlen, &cur, &inserted)
+                    if cur != <size_t>vlen:
+                        dst = m.put(&kd[ko[i]], ko[i + 1] - ko[i], vlen)
                     if vlen:
                         memcpy(dst, &vd[vo[i]], vlen)
         finally:

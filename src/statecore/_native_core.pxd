@@ -131,6 +131,10 @@ cdef extern from "statecore/state_map.h" namespace "statecore" nogil:
         size_t bytes()
         cbool get(const uint8_t* key, size_t key_size, ByteView* out) except +
         uint8_t* put(const uint8_t* key, size_t key_size, size_t value_size) except +
+        uint32_t hash(const uint8_t* key, size_t key_size)
+        void prefetch_bucket(uint32_t hash)
+        uint8_t* upsert(uint32_t hash, const uint8_t* key, size_t key_size, size_t new_value_size,
+                        size_t* value_size, cbool* inserted) except +
         cbool remove(const uint8_t* key, size_t key_size) except +
         void clear() except +
         void reserve(size_t entries) except +
