@@ -137,9 +137,7 @@ def _task(tmp_path, events, name):
         max_parallelism=128, num_partitions=1, batch_id=0, prev_version=None, prev_attempt=None,
         attempt="a1", watermark_ms=None, is_flush=False, output_schema=_Count.output_schema,
         start_write=start)
-    routed = pa.RecordBatch.from_pydict({
-        "k": pa.array([1, None, 2, 1], pa.int64()),
-        op_mod.CONTROL_COLUMN: pa.array([False, True, False, False])})
+    routed = pa.RecordBatch.from_pydict({"k": pa.array([1, None, 2, 1], pa.int64())})
     return spec, spec(iter([routed]))
 
 
@@ -176,13 +174,22 @@ def test_a_task_whose_output_was_cut_short_does_not_report(tmp_path, partition_0
 
 
 def test_a_task_without_exactly_one_control_row_raises(tmp_path, partition_0):
-    """Each partition holds one control row; two mean Spark merged partitions."""
+    """Each partition holds one control row (its one null key): none means the routed input
+    was repartitioned, a second null key is a null key in the input (or merged partitions),
+    reported as soon as it arrives."""
     spec, _ = _task(tmp_path, [], "ctl")
-    for ctl in ([False, False], [True, True]):
-        batch = pa.RecordBatch.from_pydict({"k": pa.array([1, None], pa.int64()),
-                                            op_mod.CONTROL_COLUMN: pa.array(ctl)})
-        with pytest.raises(op_mod.StateError, match="control rows instead of 1"):
-            list(spec(iter([batch])))
+    with pytest.raises(op_mod.StateError, match="no control row"):
+        list(spec(iter([pa.RecordBatch.from_pydict({"k": pa.array([1, 2], pa.int64())})])))
+    seen = []
+
+    def chunks():
+        for keys in ([1, None], [None, 2], [3]):
+            seen.append(keys)
+            yield pa.RecordBatch.from_pydict({"k": pa.array(keys, pa.int64())})
+
+    with pytest.raises(op_mod.InvalidInputError, match="1 rows with a null key in column 'k'"):
+        list(spec(chunks()))
+    assert len(seen) == 2
 
 
 class _ChunkedCount(_Count):
@@ -197,8 +204,7 @@ def _chunks(events, n):
     for i in range(n):
         events.append(("in", i))
         yield pa.RecordBatch.from_pydict({
-            "k": pa.array([i, 100] if i else [i, 100, None], pa.int64()),
-            op_mod.CONTROL_COLUMN: pa.array([False, False] if i else [False, False, True])})
+            "k": pa.array([i, 100] if i else [i, 100, None], pa.int64())})
 
 
 @pytest.mark.parametrize("chunked", [True, False])

@@ -6,11 +6,11 @@ function, or called from one):
 
 1. Driver: read the manifest of version ``batch_id - 1`` (watermark, attempt id); add the
    column ``op = (pmod(xxhash64(key), maxP) * n) div maxP`` in Spark SQL (one projection, no
-   key-group column); union one *control row* per partition id (so every partition runs, even
-   without input, and fires its timers); ``repartitionById(n, op)``; drop ``op`` (the task's
-   Spark partition id is its operator index; each partition holds exactly one control row, which
-   the task checks); ``mapInArrow(task)``; hand the result to the sink, whose action runs the
-   tasks.
+   key-group column); union one *control row* per partition id, marked by a null key (so every
+   partition runs, even without input, and fires its timers); ``repartitionById(n, op)``; drop
+   ``op`` (the task's Spark partition id is its operator index; each partition holds exactly one
+   control row, which the task checks); ``mapInArrow(task)``; hand the result to the sink, whose
+   action runs the tasks.
 2. Task (partition ``i``, in a Python worker): its key-group range is Flink's
    ``computeKeyGroupRangeForOperatorIndex(maxP, n, i)``. State at version ``batch_id - 1`` comes
    from the in-process cache when this worker process produced exactly that committed version
@@ -102,7 +102,6 @@ from statecore.key_groups import check_max_parallelism, key_group_range_for_oper
 from statecore.spark.processor import KeyedProcessor, ProcessorContext
 from statecore.timers import epoch_ms
 from statecore.spark.routing import (
-    CONTROL_COLUMN,
     KEY_GROUP_COLUMN,
     OPERATOR_INDEX_COLUMN,
     backend_key_type,
@@ -112,7 +111,7 @@ from statecore.spark.routing import (
 __all__ = ["StatefulOperator", "PendingBatch", "BatchReport", "commit_batches",
            "parquet_batch_sink", "clear_state_cache"]
 
-_INTERNAL = (KEY_GROUP_COLUMN, OPERATOR_INDEX_COLUMN, CONTROL_COLUMN)
+_INTERNAL = (KEY_GROUP_COLUMN, OPERATOR_INDEX_COLUMN)
 
 
 # ------------------------------------------------------------------------------------------
@@ -691,25 +690,34 @@ class _TaskSpec:
 
     def _data_chunks(self, batches: Iterator[pa.RecordBatch], partition_id: int):
         """The routed input's data rows, chunk by chunk as Spark delivers them (internal
-        columns removed, control rows filtered out). StateError at the end unless exactly one
-        control row came (each partition gets one; several mean Spark merged partitions)."""
-        controls = 0
+        columns removed, the control row filtered out). The control row is the partition's one
+        row with a null key (data keys must not be null): InvalidInputError as soon as a second
+        one arrives (null keys in the input, or Spark merged partitions), StateError at the end
+        when none came (the routed DataFrame was repartitioned)."""
+        nulls = 0
         for b in batches:
             if b.num_rows == 0:
                 continue
-            ctl = b.column(CONTROL_COLUMN)
-            # One control row per partition, so filtering copies at most one chunk.
-            c = int(pc.sum(ctl).as_py() or 0)
-            controls += c
-            data = b.filter(pc.invert(ctl)) if c else b
-            if data.num_rows:
-                keep = [n for n in data.schema.names if n not in _INTERNAL]
-                yield data.select(keep)
-        if controls != 1:
+            keys = b.column(self.key_column)
+            c = keys.null_count
+            if c:
+                nulls += c
+                if nulls > 1:
+                    raise InvalidInputError(
+                        f"operator {self.operator_name}: Spark partition {partition_id} received "
+                        f"{nulls - 1} rows with a null key in column {self.key_column!r} "
+                        "besides its control row; filter null keys before the operator (with "
+                        "none in the input, the routed DataFrame was coalesced again)")
+                # One control row per partition, so filtering copies at most one chunk.
+                b = b.filter(keys.is_valid())
+            if b.num_rows:
+                if any(n in _INTERNAL for n in b.schema.names):
+                    b = b.select([n for n in b.schema.names if n not in _INTERNAL])
+                yield b
+        if nulls != 1:
             raise StateError(
-                f"operator {self.operator_name}: Spark partition {partition_id} received "
-                f"{controls} control rows instead of 1; was the routed DataFrame repartitioned "
-                "or coalesced again?")
+                f"operator {self.operator_name}: Spark partition {partition_id} received no "
+                "control row; was the routed DataFrame repartitioned again?")
 
     def _run(self, partition_id: int, batches: Iterator[pa.RecordBatch], t0: float):
         from statecore.checkpoint import CheckpointStore
@@ -1233,11 +1241,14 @@ class StatefulOperator:
     # ------------------------------------------------------------------------------ internals
 
     def _control_rows(self, spark, n: int):
-        """The DataFrame of the ``n`` control rows (operator index ``i``, control flag true),
-        from one partition (they need no parallelism, and each source partition is one more
-        task in the shuffle's map stage). Built once per Spark session (a streaming query hands
-        every micro-batch the same one) and ``n``: a DataFrame is immutable, and building it
-        costs py4j round trips and an analysis (~30 ms) every micro-batch."""
+        """The DataFrame of the ``n`` control rows (operator index ``i``, a null key), from one
+        partition (they need no parallelism, and each source partition is one more task in the
+        shuffle's map stage). A null key marks them because data keys are never null: a flag
+        column instead was one more column shipped to Python per data row (measured with an
+        identity ``mapInArrow`` over the bench's routing: 4-9% of the job's time). Built once
+        per Spark session (a streaming query hands every micro-batch the same one) and ``n``:
+        a DataFrame is immutable, and building it costs py4j round trips and an analysis
+        (~30 ms) every micro-batch."""
         from pyspark.sql import functions as F
 
         jsession = getattr(spark, "_jsparkSession", None)
@@ -1245,9 +1256,10 @@ class StatefulOperator:
         if cached is not None and jsession is not None and cached[0] == n \
                 and cached[1].equals(jsession):
             return cached[2]
+        # A NullType key: the union widens it to the data's key type.
         control = spark.range(0, n, 1, 1).select(
-            F.col("id").cast("int").alias(OPERATOR_INDEX_COLUMN),
-            F.lit(True).alias(CONTROL_COLUMN))
+            F.lit(None).alias(self.key_column),
+            F.col("id").cast("int").alias(OPERATOR_INDEX_COLUMN))
         self._control = None if jsession is None else (n, jsession, control)
         return control
 
@@ -1310,8 +1322,7 @@ class StatefulOperator:
         if df is None:
             routed_in = control
         else:
-            data = df.select("*", operator_index_of(self.key_column, n, mp).alias(OPERATOR_INDEX_COLUMN),
-                             F.lit(False).alias(CONTROL_COLUMN))
+            data = df.select("*", operator_index_of(self.key_column, n, mp).alias(OPERATOR_INDEX_COLUMN))
             routed_in = data.unionByName(control, allowMissingColumns=True)
         # The index column is dropped after the shuffle: the task knows its index from its
         # partition id, and every column shipped to Python costs per row.

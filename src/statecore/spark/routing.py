@@ -23,7 +23,6 @@ from statecore.key_groups import check_max_parallelism
 __all__ = [
     "KEY_GROUP_COLUMN",
     "OPERATOR_INDEX_COLUMN",
-    "CONTROL_COLUMN",
     "key_group_column",
     "operator_index_column",
     "operator_index_of",
@@ -34,7 +33,6 @@ __all__ = [
 #: Internal columns added by the operator; dropped before the processor sees a batch.
 KEY_GROUP_COLUMN = "__statecore_kg"
 OPERATOR_INDEX_COLUMN = "__statecore_op"
-CONTROL_COLUMN = "__statecore_ctl"
 
 
 def key_group_column(key_column, max_parallelism: int):
