@@ -256,12 +256,22 @@ inline const int32_t* validate_keys(StateTable& table, const BatchKeySpec& spec,
   } catch (const std::invalid_argument& e) {
     fail(std::string("keys: ") + e.what());
   }
-  for (int64_t i = 0; i < n; ++i) {
-    if (kgs[i] < spec.kg_start || kgs[i] > spec.kg_end)
-      fail("keys: " + row_str(i) + " belongs to key group " + std::to_string(kgs[i]) +
-           ", outside this table's key-group range [" + std::to_string(spec.kg_start) + ", " +
-           std::to_string(spec.kg_end) + "] (was the batch routed by the same assigner and "
-           "max parallelism?)");
+  // key_groups() returns [0, maxP): a table over the whole range needs no check. Otherwise an
+  // OR-reduction without a branch a row (the compiler vectorizes it; the loop with its early
+  // exit was 8 instructions a row, callgrind), and the row only looked for when one is out.
+  if (spec.kg_start != 0 || spec.kg_end != spec.max_parallelism - 1) {
+    const uint32_t lo = static_cast<uint32_t>(spec.kg_start);
+    const uint32_t span = static_cast<uint32_t>(spec.kg_end - spec.kg_start);
+    const int32_t* k = kgs.data();
+    uint32_t out_of_range = 0;
+    for (int64_t i = 0; i < n; ++i) out_of_range |= (static_cast<uint32_t>(k[i]) - lo) > span;
+    for (int64_t i = 0; out_of_range && i < n; ++i) {
+      if (kgs[i] < spec.kg_start || kgs[i] > spec.kg_end)
+        fail("keys: " + row_str(i) + " belongs to key group " + std::to_string(kgs[i]) +
+             ", outside this table's key-group range [" + std::to_string(spec.kg_start) + ", " +
+             std::to_string(spec.kg_end) + "] (was the batch routed by the same assigner and "
+             "max parallelism?)");
+    }
   }
   return kgs.data();
 }
