@@ -212,3 +212,49 @@ def test_a_task_waits_for_the_standby_working_on_its_partition(job, kind, monkey
     waiter.join(10)
     assert got and got[0] is not None and got[0].version == 1
     got[0].backend.close()
+
+
+class _Sum(O.KeyedProcessor):
+    """The _Job's state: a running sum of v per key."""
+
+    output_schema = pa.schema([("k", pa.int64()), ("sum", pa.int64())])
+
+    def open(self, ctx):
+        self.sum = ctx.backend.get_state(ReducingStateDescriptor("sum", "sum", "int64"))
+
+    def process_batch(self, batch, ctx):
+        keys = batch.column("k")
+        yield pa.RecordBatch.from_arrays([keys, self.sum.add_batch(keys, batch.column("v"))],
+                                         schema=self.output_schema)
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_the_next_task_of_the_partition_takes_the_standby_copy(job, kind, monkeypatch):
+    """A task of partition 1 in this worker after its standby ran: load "standby", its CPU in
+    the report, and the output continues the committed state."""
+    j = job(kind)
+    j.micro_batch()
+    j.cache_copy(1, 0)
+    j.micro_batch()
+    assert j.standby(1) == 1
+    meta = j.store.metadata(1)
+    monkeypatch.setattr(O, "_spark_partition_id", lambda: 1)
+    spec = O._TaskSpec(
+        operator_name="op", store_uri=j.store.uri, processor=_Sum(), backend_kind=kind,
+        key_type="int64", key_column="k", event_time_column=None, max_parallelism=MAXP,
+        num_partitions=N, batch_id=2, prev_version=1, prev_attempt=meta["attempt"],
+        attempt="a2", watermark_ms=None, is_flush=False, output_schema=_Sum.output_schema,
+        prev_writers=frozenset(meta["writers"]))
+    key = int(_keys_of(1)[0])
+    rows = pa.RecordBatch.from_pydict({"k": pa.array([key, None], pa.int64()),
+                                       "v": pa.array([5, None], pa.int64())})
+    out = pa.Table.from_batches(list(spec(iter([rows]))))
+    j.owners[1].set_current_key(key)  # the owner that ran partition 1 holds version 1
+    expected = (j.owners[1].get_state(ReducingStateDescriptor("sum", "sum", "int64")).get()
+                or 0) + 5
+    assert out.column("sum").to_pylist() == [expected]
+    entry = O._STATE_CACHE[j.key(1)]
+    desc = entry.write.result(timeout=30)
+    report = j.store.pending(2)[0]["spark_report"]
+    assert desc["writer"] == report["writer"]
+    assert report["load"] == "standby" and report["standby_cpu_s"] > 0, report

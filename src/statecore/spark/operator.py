@@ -733,11 +733,17 @@ class _TaskSpec:
         standby_cpu = None
         if self.prev_version is not None:
             # A standby catch-up of this partition in flight (the previous task of this worker
-            # started it) ends within the time of a catch-up; its result is a cache hit.
-            _await_standby(cache_key, self.commit_timeout_s)
-            hit = _take_cached(cache_key, (
-                self.prev_version, self.prev_attempt, self.num_partitions, self.max_parallelism,
-                self.backend_kind, self.key_type), self.prev_writers)
+            # started it) ends within the time of a catch-up; its result is a cache hit. One
+            # that took the entry just after this task looked is waited for once more.
+            want = (self.prev_version, self.prev_attempt, self.num_partitions,
+                    self.max_parallelism, self.backend_kind, self.key_type)
+            for _ in range(2):
+                _await_standby(cache_key, self.commit_timeout_s)
+                hit = _take_cached(cache_key, want, self.prev_writers)
+                with _CACHE_LOCK:
+                    retry = hit is None and cache_key in _STANDBY_BUSY
+                if not retry:
+                    break
             if hit is None:
                 source = "checkpoint"
             else:
@@ -1073,11 +1079,16 @@ class StatefulOperator:
             Costs up to that many more partitions' state in memory per worker; 0 = none.
         standby: keep those copies current (default True): after its task a worker waits, in a
             background thread, for the driver's commit of that micro-batch and catches its
-            copies of other partitions up to it (standby replicas, as in Kafka Streams), so a
-            partition that moves to this worker finds its state ready (``load = "standby"``)
-            instead of catching up at the start of its task. Costs that catch-up CPU every
-            micro-batch in every worker (between its tasks) rather than only when a partition
-            moves; False catches up only on demand. No effect with ``stale_copies=0``.
+            copies of other partitions up to it, restoring the next partitions after its own
+            while it holds fewer than ``stale_copies`` (standby replicas, as in Kafka Streams),
+            so a partition that moves to this worker finds its state ready (``load =
+            "standby"``) instead of catching up or restoring at the start of its task. Costs
+            that catch-up CPU every micro-batch in every worker (between its tasks) rather than
+            only when a partition moves, and the ``stale_copies`` copies' memory from the
+            second micro-batch on rather than after the first moves; False catches up only on
+            demand. No effect with ``stale_copies=0``. Measured on the 2-core bench machine
+            (running count, 1M keys, 4M events, 8 micro-batches, interleaved A/B): 4.17-4.48 s
+            with standby against 4.41-4.80 s without.
         freeze_worker_gc: at its first task in a Python worker process, move the objects the
             worker holds to the permanent generation (``gc.freeze``), so that the full
             ``gc.collect()`` PySpark's daemon runs after every task of a reused worker stops
