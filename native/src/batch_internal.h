@@ -326,6 +326,8 @@ class RowKeys {
       bytes_keys_ = col;
     int64_in_one_ = int64_keys_ != nullptr && (ns_ == nullptr || ns_width_ != 0);
     bytes_void_ = bytes_keys_ != nullptr && ns_ == nullptr;
+    int64_words_ = int64_keys_ != nullptr && ns_ == nullptr && prefix_size_ == 1 &&
+                   hash_fn_ == nullptr && !detail::kBigEndianHost;
   }
 
   // Row i's encoded key becomes data()/size(): the copy made when its group was hashed ahead,
@@ -525,6 +527,10 @@ class RowKeys {
     Group& g = groups_[(static_cast<uint64_t>(start) / kGroup) & 1];
     g.start = start;
     g.offsets[0] = 0;
+    if (kVoid && int64_words_ && start + kGroup <= n_) {
+      hash_int64_words(g, start);
+      return;
+    }
     bool all_flat = true;
     if (int64_in_one_) {
       g.bytes.resize(kGroup * kInt64KeyMax);
@@ -571,6 +577,40 @@ class RowKeys {
     g.all_flat = all_flat;
   }
 
+  // A full group of int64 keys with the void namespace, a 1-byte prefix and the default map
+  // hash (the common case): each 10-byte key kg | be64(key) | 00 is two overlapping host-order
+  // words built in registers, stored as such and hashed from them (short_key_hash_words), and
+  // the row loop tests neither the key kind nor the end of the batch (the general loop re-read
+  // the bytes it had just written and tested both every row).
+  void hash_int64_words(Group& g, int64_t start) {
+    g.bytes.resize(kGroup * kInt64KeyMax);
+    uint8_t* base = g.bytes.data();
+    bool all_flat = true;
+    for (size_t k = 0; k < static_cast<size_t>(kGroup); ++k) {
+      const int64_t j = start + static_cast<int64_t>(k);
+      const int32_t kg = kgs_[j];
+      // The key's big-endian bytes as a little-endian word (Flink LongSerializer).
+      const uint64_t be = __builtin_bswap64(static_cast<uint64_t>(int64_keys_->int64_at(j)));
+      const uint64_t first = static_cast<uint8_t>(kg) | (be << 8);  // bytes 0-7
+      const uint64_t last = be >> 8;                                 // bytes 2-9 (byte 9: 00)
+      uint8_t* dst = base + k * 10;
+      detail::store_u64(dst, first);
+      detail::store_u64(dst + 2, last);
+      g.offsets[k + 1] = static_cast<uint32_t>((k + 1) * 10);
+      const uint32_t h = detail::short_key_hash_words(first, last, 10);
+      g.hashes[k] = h;
+      StateMap& m = table_.map_unchecked(kg);
+      const StateMap::Impl& e = m.engine();
+      if (e.flat) {
+        e.prefetch(h);
+      } else {
+        m.prefetch_bucket(h);
+        all_flat = false;
+      }
+    }
+    g.all_flat = all_flat;
+  }
+
   void encode_into(KeyEncoder& enc, int64_t i, int32_t kg) {
     enc.key_row(kg, i);
     if (ns_ == nullptr) {
@@ -594,6 +634,7 @@ class RowKeys {
   size_t ns_width_ = 0;          // 8 (int64), 4 (int32) or 0 (string/binary) namespaces
   bool int64_in_one_ = false;    // int64 keys whose encoded form fits one_ (void/fixed namespace)
   bool bytes_void_ = false;      // string/binary keys, void namespace
+  bool int64_words_ = false;     // int64 keys, void namespace, 1-byte prefix, default hash
   std::vector<uint8_t> ns_buf_;  // ser(namespace) of the row being encoded (encoder path)
   StateTable& table_;
   const int32_t* kgs_;

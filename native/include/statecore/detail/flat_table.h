@@ -44,10 +44,13 @@ struct FlatLayout {
   uint32_t key_size = 0;     // bytes of every encoded key
   uint32_t prefix_size = 0;  // leading key bytes shared by every key, kept in `prefix`
   uint32_t value_size = 0;
+  // 4 + suffix_size() + value_size, kept: the batch kernels' slot prefetch computes a slot
+  // address a row, and the sum was ~5 of its instructions (callgrind).
+  uint32_t slot_stride = 4;
   uint8_t prefix[1] = {0};
 
   uint32_t suffix_size() const { return key_size - prefix_size; }
-  uint32_t stride() const { return 4 + suffix_size() + value_size; }
+  uint32_t stride() const { return slot_stride; }
   // True when a key of `ks` bytes starting with `key` can live in a table of this layout.
   bool fits_key(const uint8_t* key, size_t ks) const {
     return ks == key_size && (prefix_size == 0 || key[0] == prefix[0]);
@@ -62,6 +65,7 @@ struct FlatLayout {
     l.prefix_size = ks >= 9 ? 1 : 0;
     if (l.prefix_size) l.prefix[0] = key[0];
     l.value_size = static_cast<uint32_t>(vs);
+    l.slot_stride = 4 + l.suffix_size() + l.value_size;
     *out = l;
     return true;
   }

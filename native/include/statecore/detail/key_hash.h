@@ -60,13 +60,18 @@ inline uint64_t mum_fold(uint64_t a, uint64_t b) {
 // folded 128-bit multiplies, the length mixed into the second (the shape of wyhash's short-key
 // path, github.com/wangyi-fudan/wyhash). About a third of the instructions of the word loop
 // below for these sizes, and the input that selects the slot of every batch row.
+// short_key_hash of a key whose first 8 bytes, read as a host-order word, are `a` and whose last
+// 8 are `b`: the batch kernels build both words of an int64 key in registers.
+[[gnu::always_inline]] inline uint32_t short_key_hash_words(uint64_t a, uint64_t b, size_t size) {
+  const uint64_t h = mum_fold(a ^ 0xa0761d6478bd642fULL, b ^ 0xe7037ed1a0b428dbULL);
+  const uint64_t g = mum_fold(h ^ 0x8ebc6af09c88c6e3ULL, static_cast<uint64_t>(size) ^ 0x589965cc75374cc3ULL);
+  return static_cast<uint32_t>(g ^ (g >> 32));
+}
 [[gnu::always_inline]] inline uint32_t short_key_hash(const uint8_t* data, size_t size) {
   uint64_t a, b;
   std::memcpy(&a, data, 8);
   std::memcpy(&b, data + size - 8, 8);
-  const uint64_t h = mum_fold(a ^ 0xa0761d6478bd642fULL, b ^ 0xe7037ed1a0b428dbULL);
-  const uint64_t g = mum_fold(h ^ 0x8ebc6af09c88c6e3ULL, static_cast<uint64_t>(size) ^ 0x589965cc75374cc3ULL);
-  return static_cast<uint32_t>(g ^ (g >> 32));
+  return short_key_hash_words(a, b, size);
 }
 
 // Keys of 17-24 bytes (an int64 key with an int64 namespace, e.g. a window start: 17 bytes with
