@@ -565,16 +565,23 @@ class RowKeys {
       g.offsets[k + 1] = static_cast<uint32_t>(g.offsets[k] + ks);
       const uint32_t h = detail::map_key_hash(hash_fn_, key, ks);
       g.hashes[k] = h;
-      StateMap& m = table_.map_unchecked(kgs_[j]);
-      const StateMap::Impl& e = m.engine();
-      if (e.flat) {
-        e.prefetch(h);
-      } else {
-        m.prefetch_bucket(h);
-        all_flat = false;
-      }
+      if (!prefetch_slot(kgs_[j], h)) all_flat = false;
     }
     g.all_flat = all_flat;
+  }
+
+  // Prefetches the slot (flat engine) or bucket (chained) of hash h in key group kg's map; false
+  // for a chained map, whose first entry ahead() prefetches too. Always inlined, as
+  // StateMap::Impl::prefetch (GCC deletes an outlined prefetch as dead code).
+  [[gnu::always_inline]] bool prefetch_slot(int32_t kg, uint32_t h) {
+    StateMap& m = table_.map_unchecked(kg);
+    const StateMap::Impl& e = m.engine();
+    if (e.flat) {
+      e.prefetch(h);
+      return true;
+    }
+    m.prefetch_bucket(h);
+    return false;
   }
 
   // A full group of int64 keys with the void namespace, a 1-byte prefix and the default map
@@ -599,14 +606,7 @@ class RowKeys {
       g.offsets[k + 1] = static_cast<uint32_t>((k + 1) * 10);
       const uint32_t h = detail::short_key_hash_words(first, last, 10);
       g.hashes[k] = h;
-      StateMap& m = table_.map_unchecked(kg);
-      const StateMap::Impl& e = m.engine();
-      if (e.flat) {
-        e.prefetch(h);
-      } else {
-        m.prefetch_bucket(h);
-        all_flat = false;
-      }
+      if (!prefetch_slot(kg, h)) all_flat = false;
     }
     g.all_flat = all_flat;
   }
