@@ -104,7 +104,7 @@ class _Job:
 
 
 @pytest.fixture
-def job(tmp_path, request):
+def job(tmp_path):
     O.clear_state_cache()
     yield lambda kind: _Job(tmp_path, kind)
     O.clear_state_cache()
@@ -174,10 +174,12 @@ def test_standby_leaves_an_unsettled_copy_and_drops_an_unusable_one(job, kind):
     assert j.standby(2) == 1  # the failed copy dropped, partition 1 restored instead
     assert entry.backend._closed and O._STATE_CACHE[j.key(1)].version == 2
     # A chain that no longer holds the copy's run (compacted): dropped, then restored.
+    copy = O._STATE_CACHE[j.key(1)]
     j.store.compact(2)
     j.micro_batch()
     assert j.standby(3) == 1
     hit = j.take(1, 3)
+    assert copy.backend._closed and hit.backend is not copy.backend
     assert _snapshot_contents(hit.backend) == _snapshot_contents(j.restored(1, 3))
     hit.backend.close()
 
@@ -201,9 +203,10 @@ def test_a_task_waits_for_the_standby_working_on_its_partition(job, kind, monkey
     t.start()
     assert entered.wait(10)
     assert j.key(1) not in O._STATE_CACHE and j.key(1) in O._STANDBY_BUSY
+    meta = j.store.metadata(1)
     got = []
-    waiter = threading.Thread(target=lambda: (O._await_standby(j.key(1), 10),
-                                              got.append(j.take(1, 1))))
+    waiter = threading.Thread(target=lambda: got.append(O._take_after_standby(
+        j.key(1), (1, meta["attempt"], *j.config()), frozenset(meta["writers"]), 10)))
     waiter.start()
     waiter.join(0.2)
     assert waiter.is_alive()  # waiting for the standby, not restoring on its own

@@ -328,6 +328,10 @@ class RowKeys {
     bytes_void_ = bytes_keys_ != nullptr && ns_ == nullptr;
     int64_words_ = int64_keys_ != nullptr && ns_ == nullptr && prefix_size_ == 1 &&
                    hash_fn_ == nullptr && !detail::kBigEndianHost;
+    // Fixed-size keys are written in place into the groups' buffers: sized once here rather
+    // than resized (a call) for every group.
+    if (int64_in_one_)
+      for (Group& g : groups_) g.bytes.resize(kGroup * kInt64KeyMax);
   }
 
   // Row i's encoded key becomes data()/size(): the copy made when its group was hashed ahead,
@@ -532,15 +536,15 @@ class RowKeys {
       return;
     }
     bool all_flat = true;
-    if (int64_in_one_) {
-      g.bytes.resize(kGroup * kInt64KeyMax);
-    } else if (int64_keys_ || bytes_keys_) {
-      size_t bound = 0;
-      for (int64_t j = start; j < std::min(start + kGroup, n_); ++j)
-        bound += int64_keys_ ? int64_key_bound(j) : bytes_key_bound(j);
-      if (g.bytes.size() < bound) g.bytes.resize(bound);
-    } else {
-      g.bytes.clear();
+    if (!int64_in_one_) {  // int64_in_one_: the constructor sized the buffer
+      if (int64_keys_ || bytes_keys_) {
+        size_t bound = 0;
+        for (int64_t j = start; j < std::min(start + kGroup, n_); ++j)
+          bound += int64_keys_ ? int64_key_bound(j) : bytes_key_bound(j);
+        if (g.bytes.size() < bound) g.bytes.resize(bound);
+      } else {
+        g.bytes.clear();
+      }
     }
     for (int64_t j = start; j < start + kGroup; ++j) {
       const size_t k = static_cast<size_t>(j - start);
@@ -588,10 +592,10 @@ class RowKeys {
   // hash (the common case): each 10-byte key kg | be64(key) | 00 is two overlapping host-order
   // words built in registers, stored as such and hashed from them (short_key_hash_words), and
   // the row loop tests neither the key kind nor the end of the batch (the general loop re-read
-  // the bytes it had just written and tested both every row).
+  // the bytes it had just written and tested both every row). The hash is what
+  // map_key_hash(nullptr, key, 10) computes (short_key_hash: first and last 8 bytes).
   void hash_int64_words(Group& g, int64_t start) {
-    g.bytes.resize(kGroup * kInt64KeyMax);
-    uint8_t* base = g.bytes.data();
+    uint8_t* base = g.bytes.data();  // kGroup * kInt64KeyMax bytes (constructor)
     bool all_flat = true;
     for (size_t k = 0; k < static_cast<size_t>(kGroup); ++k) {
       const int64_t j = start + static_cast<int64_t>(k);

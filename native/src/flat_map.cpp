@@ -69,18 +69,8 @@ size_t free_slot(const FlatDirectory* d, uint32_t h) {
 }  // namespace
 
 uint32_t StateMap::Impl::flat_hash_of(const FlatDirectory* d, const uint8_t* slot) const {
-  const FlatLayout& l = d->layout;
-  if (hash_fn == nullptr && l.prefix_size == 1 && l.key_size > 8 && l.key_size <= 16 &&
-      !detail::kBigEndianHost) {
-    // The default hash of a 9-16 byte key (short_key_hash) reads its first and last 8 bytes:
-    // built from the slot as words instead of rebuilding the key (every migrated slot of a
-    // rehash is hashed; int64 keys are 10 bytes).
-    const uint32_t n = l.suffix_size();
-    return detail::short_key_hash_words(l.prefix[0] | (detail::load_u64(slot + 4) << 8),
-                                        detail::load_u64(slot + 4 + n - 8), l.key_size);
-  }
   uint8_t buf[detail::kFlatMaxKey];
-  return hash_of(buf, detail::flat_full_key(l, slot, buf));
+  return hash_of(buf, detail::flat_full_key(d->layout, slot, buf));
 }
 
 StateMap::Impl::FlatLocation StateMap::Impl::flat_locate(uint32_t h, const uint8_t* key,

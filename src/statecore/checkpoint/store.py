@@ -852,7 +852,7 @@ class CheckpointStore:
     def is_committed(self, version: int) -> bool:
         """True when ``version`` has a manifest (one stat, no listing: what a worker polls while
         it waits for the driver's commit). InvalidInputError for a version that is not an int
-        >= 0."""
+        in the range every version takes (as :meth:`manifest`)."""
         version = _check_version(version)
         info = self.fs.get_file_info(self._abs(self.manifest_name(version)))
         return info.type == pafs.FileType.File

@@ -293,6 +293,22 @@ def _await_standby(key: tuple, timeout_s: float) -> None:
         ev.wait(timeout_s)
 
 
+def _take_after_standby(key: tuple, want: tuple, committed_writers: Optional[frozenset],
+                        timeout_s: float) -> Optional[_CachedState]:
+    """:func:`_take_cached` once no standby works on ``key``'s entry: one in flight (the
+    previous task of this worker started it) ends within the time of a catch-up and leaves a
+    cache hit. A standby that took the entry just after the first look is waited for once more.
+    Each wait lasts at most ``timeout_s``."""
+    for _ in range(2):
+        _await_standby(key, timeout_s)
+        hit = _take_cached(key, want, committed_writers)
+        with _CACHE_LOCK:
+            retry = hit is None and key in _STANDBY_BUSY
+        if not retry:
+            return hit
+    return hit
+
+
 def _writer_of(writers, partition: int) -> Optional[str]:
     """The committed writer name of ``partition`` (``p<i>-<attempt>-t<n>``) in ``writers``."""
     prefix = f"p{partition}-"
@@ -732,18 +748,9 @@ class _TaskSpec:
             _TASKS_STARTED[op_key] = _TASKS_STARTED.get(op_key, 0) + 1
         standby_cpu = None
         if self.prev_version is not None:
-            # A standby catch-up of this partition in flight (the previous task of this worker
-            # started it) ends within the time of a catch-up; its result is a cache hit. One
-            # that took the entry just after this task looked is waited for once more.
-            want = (self.prev_version, self.prev_attempt, self.num_partitions,
-                    self.max_parallelism, self.backend_kind, self.key_type)
-            for _ in range(2):
-                _await_standby(cache_key, self.commit_timeout_s)
-                hit = _take_cached(cache_key, want, self.prev_writers)
-                with _CACHE_LOCK:
-                    retry = hit is None and cache_key in _STANDBY_BUSY
-                if not retry:
-                    break
+            hit = _take_after_standby(cache_key, (
+                self.prev_version, self.prev_attempt, self.num_partitions, self.max_parallelism,
+                self.backend_kind, self.key_type), self.prev_writers, self.commit_timeout_s)
             if hit is None:
                 source = "checkpoint"
             else:
