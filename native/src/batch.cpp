@@ -75,35 +75,45 @@ void emit_current(StateMap& m, const RowKeys& rk, int64_t i, T* out, uint8_t* va
 // T. With TTL an expired aggregate is replaced by x (counted in *expired) and every write is
 // stamped ttl.now; null rows are TTL reads (emit_current).
 //
-// kUndo (the int64 Sum, whose overflow the reference backend rejects): a failed combine must leave
-// the aggregates exactly as before the batch, and overflow can only be known while applying, so
-// every write is recorded in an undo log (the row, complemented when the key was new, its old value
-// and, with TTL, timestamp: 16-24 bytes a row, reused per thread) and replayed backwards before the
-// error is raised. Rows are applied in order, so undoing them in reverse restores every entry, keys
-// repeated in the batch included. What null rows did (TTL removals and renewals) is not in the log
-// and stays, as in the Python path (see batch.h "TTL"): undoing a later write on the same key
-// restores the bytes as that null row left them. Without kUndo, combine never fails. Kept per
-// thread for the next batch, unless a large batch grew it: 16-24 bytes a row would stay resident (3
-// bytes per entry of a state loaded in 1M-row batches).
-template <class Buffer>
-void release_undo(Buffer& b) {
-  constexpr size_t kKeepUndoRows = 65536;
-  if (b.capacity > kKeepUndoRows) {
-    b.rows.reset();
-    b.capacity = 0;
-  }
-}
+// kUndo (the integer Sums, whose overflow the reference backend rejects): a failed combine must
+// leave the aggregates exactly as before the batch, and overflow can only be known while applying,
+// so the writes are undone backwards before the error is raised. Rows are applied in order, so
+// undoing them in reverse restores every entry, keys repeated in the batch included. Without TTL
+// the log is one byte a row, "was the key new": a Sum that did not overflow is invertible, so a
+// row's old aggregate is its output minus its value (the 16-byte {row, old} record of every row
+// was ~5% of an int64 add_batch, callgrind). With TTL the old timestamp is not derivable, so the
+// log keeps {row (complemented when the key was new), old value, old timestamp}. What null rows
+// did (TTL removals and renewals) is not in the log and stays, as in the Python path (see batch.h
+// "TTL"): undoing a later write on the same key restores the bytes as that null row left them.
+// Without kUndo, combine never fails. The log is a raw per-thread buffer sized for the batch up
+// front (vector::push_back re-read the thread_local's address, a __tls_get_addr call in a shared
+// library, on every row), kept for the next batch unless a large batch grew it.
+template <class Rec>
+struct UndoLog {
+  std::unique_ptr<Rec[]> rows;
+  size_t capacity = 0;
 
-template <class T, bool kTtl>
-struct UndoRecord {
+  Rec* reserve(size_t n) {
+    if (capacity < n) {
+      rows.reset(new Rec[n]);
+      capacity = n;
+    }
+    return rows.get();
+  }
+  void release() {
+    constexpr size_t kKeepUndoRows = 65536;
+    if (capacity > kKeepUndoRows) {
+      rows.reset();
+      capacity = 0;
+    }
+  }
+};
+
+template <class T>
+struct TtlUndoRecord {
   int64_t row;     // ~row when the key was new (then `old` is meaningless)
   T old;
   int64_t old_ts;
-};
-template <class T>
-struct UndoRecord<T, false> {
-  int64_t row;
-  T old;
 };
 
 // kTtl is ttl.enabled as a template parameter: the rows' TTL tests read `ttl` through a
@@ -114,28 +124,46 @@ void fold_rows_with(StateTable& table, const int32_t* kgs, RowKeys& rk, const Ar
                     Combine combine, ValueAt value_at, T* out, uint8_t* valid,
                     const TtlBatchSpec& ttl, int64_t* expired) {
   const ArrayView values = values_in;
-  using Undo = UndoRecord<T, kTtl>;
-  // A raw per-thread buffer sized for the batch up front: vector::push_back re-read the
-  // thread_local's address (a __tls_get_addr call in a shared library) on every row.
-  struct UndoBuffer {
-    std::unique_ptr<Undo[]> rows;
-    size_t capacity = 0;
-  };
-  thread_local UndoBuffer undo_tls;
-  UndoBuffer& undo_buf = undo_tls;
-  Undo* undo = nullptr;
-  size_t undone = 0;  // rows logged
-  if constexpr (kUndo) {
-    const size_t need = static_cast<size_t>(values.length());
-    if (undo_buf.capacity < need) {
-      undo_buf.rows.reset(new Undo[need]);
-      undo_buf.capacity = need;
-    }
-    undo = undo_buf.rows.get();
-  }
+  using Rec = typename std::conditional<kTtl, TtlUndoRecord<T>, uint8_t>::type;
+  thread_local UndoLog<Rec> undo_tls;
+  UndoLog<Rec>& log = undo_tls;
+  Rec* undo = kUndo ? log.reserve(static_cast<size_t>(values.length())) : nullptr;
+  size_t undone = 0;  // TTL records logged
   constexpr size_t width = kTtl ? stored_width<T>() + ttl::kTimestampBytes : stored_width<T>();
   constexpr size_t kTs = stored_width<T>();  // where the TTL timestamp starts
   const int64_t n = values.length();
+  // Restores the aggregates of rows [0, failed) and throws.
+  auto undo_and_fail = [&](int64_t failed, T old, T x) __attribute__((noinline, cold)) {
+    if constexpr (kUndo) {
+      auto restore = [&](int64_t row, bool existed, T v, int64_t ts) {
+        rk.encode(row, kgs[row]);
+        StateMap& um = table.map_unchecked(kgs[row]);
+        if (!existed) {
+          um.remove(rk.data(), rk.size());
+          return;
+        }
+        size_t usz = 0;
+        uint8_t* up = um.get_for_update(rk.data(), rk.size(), &usz);
+        store_fixed<T>(up, v);
+        if constexpr (kTtl) ttl::store_timestamp(up + kTs, ts);
+      };
+      if constexpr (kTtl) {
+        for (const Rec* it = undo + undone; it-- != undo;)
+          restore(it->row >= 0 ? it->row : ~it->row, it->row >= 0, it->old, it->old_ts);
+      } else {
+        for (int64_t r = failed; r-- > 0;) {
+          if (!values.is_valid(r)) continue;
+          // Exact: row r's add did not overflow, so out[r] - x wraps back to the old aggregate.
+          using U = typename std::make_unsigned<T>::type;
+          const T prev = static_cast<T>(static_cast<U>(out[r]) - static_cast<U>(value_at(values, r)));
+          restore(r, undo[r] == 0, prev, 0);
+        }
+      }
+      log.release();
+    }
+    fail("values: " + row_str(failed) + ": " + int_type_name<T>() + " sum overflows (" +
+         std::to_string(old) + " + " + std::to_string(x) + "); the batch was not applied");
+  };
   Lanes lanes(table);
   for_rows(rk, table, kgs, n, [&](int64_t i, int32_t kg, const RowKey& k) SC_INLINE_ROW {
     if (!values.is_valid(i)) {
@@ -164,44 +192,21 @@ void fold_rows_with(StateTable& table, const int32_t* kgs, RowKeys& rk, const Ar
         ++*expired;
         acc = x;
       } else if (!combine(old, x, &acc)) {
-        if constexpr (kUndo) {
-          for (const Undo* it = undo + undone; it-- != undo;) {
-            const bool existed = it->row >= 0;
-            const int64_t row = existed ? it->row : ~it->row;
-            rk.encode(row, kgs[row]);
-            StateMap& um = table.map_unchecked(kgs[row]);
-            if (existed) {
-              size_t usz = 0;
-              uint8_t* up = um.get_for_update(rk.data(), rk.size(), &usz);
-              store_fixed<T>(up, it->old);
-              if constexpr (kTtl) ttl::store_timestamp(up + kTs, it->old_ts);
-            } else {
-              um.remove(rk.data(), rk.size());
-            }
-          }
-          release_undo(undo_buf);
-        }
-        fail("values: " + row_str(i) + ": " + int_type_name<T>() +
-             " sum overflows (" + std::to_string(old) + " + " + std::to_string(x) +
-             "); the batch was not applied");
+        undo_and_fail(i, old, x);
+        __builtin_unreachable();  // it throws
       }
-      if constexpr (kUndo) {
-        if constexpr (kTtl) undo[undone++] = Undo{i, old, old_ts};
-        else undo[undone++] = Undo{i, old};
-      }
+      if constexpr (kUndo && kTtl) undo[undone++] = Rec{i, old, old_ts};
     } else {
       acc = x;
-      if constexpr (kUndo) {
-        if constexpr (kTtl) undo[undone++] = Undo{~i, T{}, 0};
-        else undo[undone++] = Undo{~i, T{}};
-      }
+      if constexpr (kUndo && kTtl) undo[undone++] = Rec{~i, T{}, 0};
     }
+    if constexpr (kUndo && !kTtl) undo[i] = inserted ? 1 : 0;
     store_fixed<T>(p, acc);
     if constexpr (kTtl) ttl::store_timestamp(p + kTs, ttl.now);
     out[i] = acc;
     valid[i] = 1;
   });
-  if constexpr (kUndo) release_undo(undo_buf);
+  if constexpr (kUndo) log.release();
 }
 
 template <class T, bool kUndo, class Combine, class ValueAt>

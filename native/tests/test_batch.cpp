@@ -5,9 +5,11 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "batch_test_arrays.h"
@@ -236,6 +238,53 @@ TEST(int64_sum_overflow_throws_and_rolls_the_batch_back) {
   TestArray v2 = fixed<int64_t>("l", I64{INT64_MAX - 11, 1});
   add_batch(t, sp, k2.in(), ValueType::Int64, Reducer::Sum, v2.in(), out, valid);
   CHECK_EQ(out[1], INT64_MAX);
+}
+
+// The undo without TTL derives each row's old aggregate from its output (out - value) and keeps
+// only "was the key new": over a state large enough for the prefetching row path, with keys
+// repeated and new in the batch, null value rows and negative values, the overflow on a late row
+// must leave every aggregate and the key count as they were, for each integer Sum type.
+template <class T>
+void check_large_sum_overflow_rollback(const char* format, ValueType vt) {
+  StateTable t(0, 127);
+  const BatchKeySpec sp = spec_for(KeyType::Int64);
+  const int64_t n0 = 40000;
+  I64 k0;
+  std::vector<std::optional<T>> v0;
+  for (int64_t i = 0; i < n0; ++i) {
+    k0.push_back(i * 7919);
+    v0.push_back(static_cast<T>(i % 13));
+  }
+  std::vector<T> out(n0 + 1000);
+  std::vector<uint8_t> valid(n0 + 1000);
+  TestArray ka = fixed<int64_t>("l", k0), va = fixed<T>(format, v0);
+  add_batch(t, sp, ka.in(), vt, Reducer::Sum, va.in(), out.data(), valid.data());
+  const auto before = dump(t);
+  I64 k;
+  std::vector<std::optional<T>> v;
+  const int64_t n = 30000;
+  for (int64_t i = 0; i < n; ++i) {
+    // Existing keys, a third of them new ones, each key about three times.
+    k.push_back((i % 10000) * 7919 + (i % 3 == 0 ? 1 : 0));
+    if (i % 17 == 5) v.push_back(std::nullopt);
+    else v.push_back(static_cast<T>(std::is_signed<T>::value && i % 2 ? -(i % 5) : i % 5));
+  }
+  for (int r = 0; r < 2; ++r) {  // an existing key: the second maximum overflows at the latest
+    k.push_back(7919);
+    v.push_back(std::numeric_limits<T>::max());
+  }
+  TestArray kb = fixed<int64_t>("l", k), vb = fixed<T>(format, v);
+  CHECK(batch_error([&] {
+    add_batch(t, sp, kb.in(), vt, Reducer::Sum, vb.in(), out.data(), valid.data());
+  }, "overflows"));
+  CHECK(dump(t) == before);
+  CHECK_EQ(t.size(), size_t(n0));
+}
+
+TEST(integer_sum_overflow_rolls_back_a_large_batch) {
+  check_large_sum_overflow_rollback<int64_t>("l", ValueType::Int64);
+  check_large_sum_overflow_rollback<uint64_t>("L", ValueType::UInt64);
+  check_large_sum_overflow_rollback<int32_t>("i", ValueType::Int32);
 }
 
 TEST(string_and_binary_values_var_output_and_large_offsets) {
