@@ -165,7 +165,7 @@ void fold_rows_with(StateTable& table, const int32_t* kgs, RowKeys& rk, const Ar
          std::to_string(old) + " + " + std::to_string(x) + "); the batch was not applied");
   };
   Lanes lanes(table);
-  for_rows(rk, table, kgs, n, [&](int64_t i, int32_t kg, const RowKey& k) SC_INLINE_ROW {
+  for_rows(rk, table, lanes, kgs, n, [&](int64_t i, int32_t kg, const RowKey& k) SC_INLINE_ROW {
     if (!values.is_valid(i)) {
       rk.encode(i, kg);
       emit_current(table.map_unchecked(kg), rk, i, out, valid, ttl, expired);
@@ -421,7 +421,7 @@ void get_batch_fixed(StateTable& table, const BatchKeySpec& spec, ArrowInput key
     return;
   }
   Lanes lanes(table);
-  for_rows(rk, table, kgs, n, [&](int64_t i, int32_t kg, const RowKey& k) SC_INLINE_ROW {
+  for_rows(rk, table, lanes, kgs, n, [&](int64_t i, int32_t kg, const RowKey& k) SC_INLINE_ROW {
     const uint8_t* p;
     if (detail::FlatLane* ln = lanes.get(kg, k.data, k.size, user_width, false)) {
       p = ln->get(k.hash, k.data);
@@ -499,7 +499,7 @@ void put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
   const size_t suffix = ttl.enabled ? ttl::kTimestampBytes : 0;
   RowKeys rk(spec, keys, table, kgs);
   Lanes lanes(table);
-  for_rows(rk, table, kgs, n, [&](int64_t i, int32_t kg, const RowKey& k) SC_INLINE_ROW {
+  for_rows(rk, table, lanes, kgs, n, [&](int64_t i, int32_t kg, const RowKey& k) SC_INLINE_ROW {
     if (!values.is_valid(i)) {
       table.map_unchecked(kg).remove(k.data, k.size);
       lanes.close(kg);

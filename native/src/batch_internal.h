@@ -287,6 +287,70 @@ inline size_t put_varlen(uint8_t* dst, uint64_t n) {
   return p;
 }
 
+// The flat lanes (detail/flat_lane.h) of one kernel call, one per key group of the table, kept
+// per thread across calls: a lane is open in a call iff its epoch is the call's, so a call
+// touching few of many key groups costs no reset of the others.
+class Lanes {
+ public:
+  explicit Lanes(StateTable& table) : table_(table) {
+    thread_local std::vector<detail::FlatLane> lanes;
+    thread_local uint32_t epoch = 0;
+    const size_t n = static_cast<size_t>(table.kg_end() - table.kg_start()) + 1;
+    if (lanes.size() < n) lanes.resize(n);
+    if (++epoch == 0) {  // wrapped: a lane of 2^32 calls ago must not look open
+      for (detail::FlatLane& l : lanes) l.epoch = 0;
+      epoch = 1;
+    }
+    lanes_ = lanes.data();
+    kg_start_ = table.kg_start();
+    epoch_ = epoch;
+  }
+  // Key group kg's lane for a key of ks bytes (and, vs != 0, values of vs bytes), or nullptr.
+  // Both sizes are checked on every row: string keys and put_batch's string values vary by row.
+  [[gnu::always_inline]] detail::FlatLane* get(int32_t kg, const uint8_t* key, size_t ks,
+                                                 size_t vs, bool write) {
+    detail::FlatLane& l = lanes_[kg - kg_start_];
+    if (l.epoch == epoch_)
+      return l.key_size == ks && (vs == 0 || l.value_size == vs) ? &l : nullptr;
+    if (!l.open(table_.map_unchecked(kg).engine(), key, ks, vs, write)) return nullptr;
+    l.epoch = epoch_;
+    return &l;
+  }
+  // After any other call on key group kg's map (see FlatLane).
+  void close(int32_t kg) { lanes_[kg - kg_start_].epoch = 0; }
+  // What Lanes::View::prefetch reads, copied into the caller's locals: a hashing loop stores
+  // key bytes, which may alias every member (each row reloaded them, callgrind).
+  struct View {
+    const detail::FlatLane* lanes = nullptr;  // null: no lanes (prefetch() is false)
+    int32_t kg_start = 0;
+    uint32_t epoch = 0;
+
+    // Prefetches the home slot of hash h (and the next, for a short probe) through key group
+    // kg's open lane, from the geometry it keeps: false, doing nothing, when the lane is not
+    // open. Through the map (StateMap::Impl::prefetch: map, engine, directory, page) it was ~20
+    // more instructions a row (callgrind).
+    [[gnu::always_inline]] bool prefetch(int32_t kg, uint32_t h) const {
+      if (lanes == nullptr) return false;
+      const detail::FlatLane& l = lanes[kg - kg_start];
+      if (l.epoch != epoch) return false;
+      const size_t home = h & l.mask;
+      if (const detail::FlatPage* p = l.pages[home >> l.page_shift]) {
+        const uint8_t* s = p->bytes() + (home & l.page_mask) * l.stride;
+        __builtin_prefetch(s, 1, 3);
+        __builtin_prefetch(s + 2 * l.stride - 1, 1, 3);
+      }
+      return true;
+    }
+  };
+  View view() const { return View{lanes_, kg_start_, epoch_}; }
+
+ private:
+  StateTable& table_;
+  detail::FlatLane* lanes_;  // index kg - kg_start
+  int32_t kg_start_;
+  uint32_t epoch_;
+};
+
 // Encodes row i's key as prefix | ser(key) | ser(namespace) (00 for the VoidNamespace; batch.h
 // BatchKeySpec) into the reused buffer, and keeps the cache ahead of the rows being applied: the working set of a large state does not fit in
 // L2, and every row would otherwise pay two dependent cache misses (bucket slot, then entry).
@@ -366,15 +430,16 @@ class RowKeys {
     encode_other(i, kg);
   }
 
-  void ahead(int64_t i) {
+  // `lanes`: the calling kernel's, whose open lanes prefetch for less (Lanes::prefetch).
+  void ahead(int64_t i, const Lanes* lanes = nullptr) {
     if (!prefetch_ || static_cast<uint64_t>(i) % kGroup != 0) return;
-    if (i == 0) hash_group(0);
+    if (i == 0) hash_group(0, lanes);
     const Group& g = groups_[(static_cast<uint64_t>(i) / kGroup) & 1];
     for (int64_t j = i; !g.all_flat && j < std::min(i + kGroup, n_); ++j) {
       StateMap& m = table_.map_unchecked(kgs_[j]);
       if (!m.engine().flat) m.prefetch_entry(g.hashes[j - i]);  // a flat slot is its entry
     }
-    hash_group(i + kGroup);
+    hash_group(i + kGroup, lanes);
   }
 
   const uint8_t* data() const { return cur_; }
@@ -394,13 +459,16 @@ class RowKeys {
     const uint8_t* bytes = nullptr;
     const uint32_t* offsets = nullptr;
     const uint32_t* hashes = nullptr;
+    uint32_t fixed_size = 0;  // kInt64WordKey: key j is bytes + j * 10 (hash_int64_words)
     bool valid = false;
   };
+  // The encoded size of an int64 key with the void namespace and a 1-byte prefix.
+  static constexpr uint32_t kInt64WordKey = 10;
   GroupView group(int64_t start) const {
     if (!prefetch_) return GroupView{};
     const Group& g = groups_[(static_cast<uint64_t>(start) / kGroup) & 1];
     if (g.start != start) return GroupView{};
-    return GroupView{g.bytes.data(), g.offsets, g.hashes, true};
+    return GroupView{g.bytes.data(), g.offsets, g.hashes, g.fixed_size, true};
   }
 
  private:
@@ -474,6 +542,7 @@ class RowKeys {
     uint32_t offsets[kGroup + 1] = {};
     uint32_t hashes[kGroup] = {};
     bool all_flat = false;  // every row's map is flat: nothing for ahead() to prefetch
+    uint32_t fixed_size = 0;  // GroupView::fixed_size
   };
 
   // kVoid: the caller knows the namespace is void (the row loops are instantiated for both, so
@@ -520,21 +589,23 @@ class RowKeys {
     return p + write_ns(i, dst + p);
   }
 
-  void hash_group(int64_t start) {
-    if (ns_ == nullptr) hash_group_of<true>(start);
-    else hash_group_of<false>(start);
+  void hash_group(int64_t start, const Lanes* lanes) {
+    if (ns_ == nullptr) hash_group_of<true>(start, lanes);
+    else hash_group_of<false>(start, lanes);
   }
 
   template <bool kVoid>
-  void hash_group_of(int64_t start) {
+  void hash_group_of(int64_t start, const Lanes* lanes) {
     if (start >= n_) return;
     Group& g = groups_[(static_cast<uint64_t>(start) / kGroup) & 1];
     g.start = start;
     g.offsets[0] = 0;
     if (kVoid && int64_words_ && start + kGroup <= n_) {
-      hash_int64_words(g, start);
+      hash_int64_words(g, start, lanes);
       return;
     }
+    g.fixed_size = 0;
+    const Lanes::View lv = lanes ? lanes->view() : Lanes::View{};
     bool all_flat = true;
     if (!int64_in_one_) {  // int64_in_one_: the constructor sized the buffer
       if (int64_keys_ || bytes_keys_) {
@@ -569,7 +640,7 @@ class RowKeys {
       g.offsets[k + 1] = static_cast<uint32_t>(g.offsets[k] + ks);
       const uint32_t h = detail::map_key_hash(hash_fn_, key, ks);
       g.hashes[k] = h;
-      if (!prefetch_slot(kgs_[j], h)) all_flat = false;
+      if (!prefetch_row(lv, kgs_[j], h)) all_flat = false;
     }
     g.all_flat = all_flat;
   }
@@ -588,20 +659,31 @@ class RowKeys {
     return false;
   }
 
+  // prefetch_slot through the kernel's open lane when there is one.
+  [[gnu::always_inline]] bool prefetch_row(const Lanes::View& lanes, int32_t kg, uint32_t h) {
+    return lanes.prefetch(kg, h) || prefetch_slot(kg, h);
+  }
+
   // A full group of int64 keys with the void namespace, a 1-byte prefix and the default map
   // hash (the common case): each 10-byte key kg | be64(key) | 00 is two overlapping host-order
   // words built in registers, stored as such and hashed from them (short_key_hash_words), and
   // the row loop tests neither the key kind nor the end of the batch (the general loop re-read
   // the bytes it had just written and tested both every row). The hash is what
   // map_key_hash(nullptr, key, 10) computes (short_key_hash: first and last 8 bytes).
-  void hash_int64_words(Group& g, int64_t start) {
+  void hash_int64_words(Group& g, int64_t start, const Lanes* lanes_in) {
+    static_assert(kInt64WordKey == 10, "kg | be64(key) | 00");
+    g.fixed_size = kInt64WordKey;
+    // Locals: the key byte stores below may alias the members (reloaded every row, callgrind).
+    const Lanes::View lanes = lanes_in ? lanes_in->view() : Lanes::View{};
+    const ArrayView keys = *int64_keys_;
+    const int32_t* kgs = kgs_;
     uint8_t* base = g.bytes.data();  // kGroup * kInt64KeyMax bytes (constructor)
     bool all_flat = true;
     for (size_t k = 0; k < static_cast<size_t>(kGroup); ++k) {
       const int64_t j = start + static_cast<int64_t>(k);
-      const int32_t kg = kgs_[j];
+      const int32_t kg = kgs[j];
       // The key's big-endian bytes as a little-endian word (Flink LongSerializer).
-      const uint64_t be = __builtin_bswap64(static_cast<uint64_t>(int64_keys_->int64_at(j)));
+      const uint64_t be = __builtin_bswap64(static_cast<uint64_t>(keys.int64_at(j)));
       const uint64_t first = static_cast<uint8_t>(kg) | (be << 8);  // bytes 0-7
       const uint64_t last = be >> 8;                                 // bytes 2-9 (byte 9: 00)
       uint8_t* dst = base + k * 10;
@@ -610,7 +692,7 @@ class RowKeys {
       g.offsets[k + 1] = static_cast<uint32_t>((k + 1) * 10);
       const uint32_t h = detail::short_key_hash_words(first, last, 10);
       g.hashes[k] = h;
-      if (!prefetch_slot(kg, h)) all_flat = false;
+      if (!prefetch_row(lanes, kg, h)) all_flat = false;
     }
     g.all_flat = all_flat;
   }
@@ -669,14 +751,25 @@ struct RowKey {
 #define SC_INLINE_ROW __attribute__((always_inline))
 
 // fn(i, kg, const RowKey&) for rows 0..n-1 in order, a group of RowKeys::kGroup rows at a time
-// (ahead() once per group, the group's view in locals). fn may call rk.encode(i, kg) (a null
-// row's read goes through rk) but not ahead().
+// (ahead() once per group, through the kernel's lanes, the group's view in locals). fn may call
+// rk.encode(i, kg) (a null row's read goes through rk) but not ahead(). A group of int64 keys
+// with the void namespace has its own loop: the constant key size folds the lane's size test and
+// the offsets' loads away.
 template <class Fn>
-inline void for_rows(RowKeys& rk, StateTable& table, const int32_t* kgs, int64_t n, Fn&& fn) {
+inline void for_rows(RowKeys& rk, StateTable& table, Lanes& lanes, const int32_t* kgs, int64_t n,
+                     Fn&& fn) {
+  constexpr uint32_t kWord = RowKeys::kInt64WordKey;
   for (int64_t g0 = 0; g0 < n; g0 += RowKeys::kGroup) {
-    rk.ahead(g0);
+    rk.ahead(g0, &lanes);
     const RowKeys::GroupView gv = rk.group(g0);
     const int64_t end = std::min(n, g0 + RowKeys::kGroup);
+    if (gv.valid && gv.fixed_size == kWord) {
+      for (int64_t i = g0; i < end; ++i) {
+        const size_t j = static_cast<size_t>(i - g0);
+        fn(i, kgs[i], RowKey{gv.bytes + j * kWord, kWord, gv.hashes[j]});
+      }
+      continue;
+    }
     for (int64_t i = g0; i < end; ++i) {
       const int32_t kg = kgs[i];
       if (gv.valid) {
@@ -690,45 +783,6 @@ inline void for_rows(RowKeys& rk, StateTable& table, const int32_t* kgs, int64_t
     }
   }
 }
-
-// The flat lanes (detail/flat_lane.h) of one kernel call, one per key group of the table, kept
-// per thread across calls: a lane is open in a call iff its epoch is the call's, so a call
-// touching few of many key groups costs no reset of the others.
-class Lanes {
- public:
-  explicit Lanes(StateTable& table) : table_(table) {
-    thread_local std::vector<detail::FlatLane> lanes;
-    thread_local uint32_t epoch = 0;
-    const size_t n = static_cast<size_t>(table.kg_end() - table.kg_start()) + 1;
-    if (lanes.size() < n) lanes.resize(n);
-    if (++epoch == 0) {  // wrapped: a lane of 2^32 calls ago must not look open
-      for (detail::FlatLane& l : lanes) l.epoch = 0;
-      epoch = 1;
-    }
-    lanes_ = lanes.data();
-    kg_start_ = table.kg_start();
-    epoch_ = epoch;
-  }
-  // Key group kg's lane for a key of ks bytes (and, vs != 0, values of vs bytes), or nullptr.
-  // Both sizes are checked on every row: string keys and put_batch's string values vary by row.
-  [[gnu::always_inline]] detail::FlatLane* get(int32_t kg, const uint8_t* key, size_t ks,
-                                                 size_t vs, bool write) {
-    detail::FlatLane& l = lanes_[kg - kg_start_];
-    if (l.epoch == epoch_)
-      return l.key_size == ks && (vs == 0 || l.value_size == vs) ? &l : nullptr;
-    if (!l.open(table_.map_unchecked(kg).engine(), key, ks, vs, write)) return nullptr;
-    l.epoch = epoch_;
-    return &l;
-  }
-  // After any other call on key group kg's map (see FlatLane).
-  void close(int32_t kg) { lanes_[kg - kg_start_].epoch = 0; }
-
- private:
-  StateTable& table_;
-  detail::FlatLane* lanes_;  // index kg - kg_start
-  int32_t kg_start_;
-  uint32_t epoch_;
-};
 
 // get_hashed() with the flat engine's common case inlined (StateMap::Impl::flat_fast_get).
 inline bool kernel_get(StateMap& m, uint32_t h, const uint8_t* key, size_t ks, ByteView* v) {
