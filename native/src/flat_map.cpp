@@ -164,6 +164,12 @@ void StateMap::Impl::flat_finish_rehash() {
   // destination's home slot prefetched kAhead entries before the move: the new table is twice
   // the old one and, in a large state, mostly not in cache, so each move was a miss. Entries are
   // moved in the same order as step by step, so the new table is laid out identically.
+  //
+  // Every page of the new table is made writable first (allocated, or copied if a snapshot
+  // shares it): after the rehash the table is at least 3/8 full, so all of its pages but those
+  // of a table smaller than two pages get entries anyway, and the moves then probe and write
+  // through the page array alone (free_slot and flat_slot_for_write per move, each looking the
+  // page up and testing it, were half of the rehash's instructions, callgrind).
   constexpr size_t kAhead = 8;
   struct Move {
     const uint8_t* slot;
@@ -172,27 +178,41 @@ void StateMap::Impl::flat_finish_rehash() {
   const FlatDirectory* old = fprimary;
   const size_t old_cap = old->capacity;
   const size_t stride = old->stride();
+  for (size_t pi = 0; pi < frehash->page_count; ++pi)
+    flat_slot_for_write(&frehash, pi << frehash->page_shift);
+  FlatPage* const* pages = frehash->pages();
+  const size_t mask = frehash->mask();
+  const uint32_t shift = frehash->page_shift;
+  const size_t page_mask = frehash->page_mask();
+  auto slot_at = [&](size_t i) { return pages[i >> shift]->bytes() + (i & page_mask) * stride; };
   Move ring[kAhead];
   size_t queued = 0;
   size_t moved = 0;
   auto place = [&](const Move& m) {
-    detail::flat_copy_slot(flat_slot_for_write(&frehash, free_slot(frehash, m.h)), m.slot, stride);
+    size_t i = m.h & mask;
+    uint8_t* dst = slot_at(i);
+    while (load_u32(dst) != kFlatEmpty) dst = slot_at(i = (i + 1) & mask);
+    detail::flat_copy_slot(dst, m.slot, stride);
   };
+  const size_t per_page = old->page_mask() + 1;
   for (size_t r = rehash_index; r < old_cap;) {
     const FlatPage* p = old->pages()[r >> old->page_shift];
+    const size_t page_end = (r | old->page_mask()) + 1;
     if (!p) {
-      r = (r | old->page_mask()) + 1;
+      r = page_end;
       continue;
     }
     const uint8_t* s = p->bytes() + (r & old->page_mask()) * stride;
-    ++r;
-    if (!live(load_u32(s))) continue;
-    const Move m{s, flat_hash_of(old, s)};
-    if (const uint8_t* home = frehash->slot(m.h & frehash->mask())) __builtin_prefetch(home, 1, 3);
-    if (queued == kAhead) place(ring[moved % kAhead]);
-    else ++queued;
-    ring[moved % kAhead] = m;
-    ++moved;
+    const uint8_t* const end = p->bytes() + per_page * stride;
+    for (r = page_end; s != end; s += stride) {
+      if (!live(load_u32(s))) continue;
+      const Move m{s, flat_hash_of(old, s)};
+      __builtin_prefetch(slot_at(m.h & mask), 1, 3);
+      if (queued == kAhead) place(ring[moved % kAhead]);
+      else ++queued;
+      ring[moved % kAhead] = m;
+      ++moved;
+    }
   }
   for (size_t k = moved - queued; k < moved; ++k) place(ring[k % kAhead]);
   stats.entry_copies += moved;
