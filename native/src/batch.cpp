@@ -164,6 +164,8 @@ void fold_rows_with(StateTable& table, const int32_t* kgs, RowKeys& rk, const Ar
     fail("values: " + row_str(failed) + ": " + int_type_name<T>() + " sum overflows (" +
          std::to_string(old) + " + " + std::to_string(x) + "); the batch was not applied");
   };
+  // Every row with a value outputs one; null rows (emit_current) overwrite theirs.
+  if (n > 0) std::memset(valid, 1, static_cast<size_t>(n));
   Lanes lanes(table);
   for_rows(rk, table, lanes, kgs, n, [&](int64_t i, int32_t kg, const RowKey& k) SC_INLINE_ROW {
     if (!values.is_valid(i)) {
@@ -173,18 +175,18 @@ void fold_rows_with(StateTable& table, const int32_t* kgs, RowKeys& rk, const Ar
       return;
     }
     const T x = value_at(values, i);
-    size_t sz = width;
     bool inserted = false;
     uint8_t* p = nullptr;
     if (detail::FlatLane* ln = lanes.get(kg, k.data, k.size, width, true))
-      p = ln->upsert(k.hash, k.data, &inserted);
+      p = ln->upsert(k.hash, k.data, &inserted);  // a lane's values are `width` bytes
     if (p == nullptr) {
+      size_t sz = width;
       p = table.map_unchecked(kg).upsert(k.hash, k.data, k.size, width, &sz, &inserted);
       lanes.close(kg);
+      if (!inserted && sz != width) wrong_width(i, sz, width);
     }
     T acc;
     if (!inserted) {
-      if (sz != width) wrong_width(i, sz, width);
       const T old = load_fixed<T>(p);
       const int64_t old_ts = kTtl ? ttl::load_timestamp(p + kTs) : 0;
       if (kTtl && ttl::expired(old_ts, ttl.ttl_ms, ttl.now)) {
@@ -204,7 +206,6 @@ void fold_rows_with(StateTable& table, const int32_t* kgs, RowKeys& rk, const Ar
     store_fixed<T>(p, acc);
     if constexpr (kTtl) ttl::store_timestamp(p + kTs, ttl.now);
     out[i] = acc;
-    valid[i] = 1;
   });
   if constexpr (kUndo) log.release();
 }

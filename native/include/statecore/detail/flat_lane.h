@@ -83,8 +83,8 @@ struct FlatLane {
     size_t pi = home >> page_shift;
     FlatPage* p = pages[pi];
     if (!p) return -1;
-    uint8_t* s = p->bytes() + (home & page_mask) * stride;
-    uint8_t* end = p->bytes() + (page_mask + 1) * stride;
+    size_t k = home & page_mask;  // slot index within the page
+    uint8_t* s = p->bytes() + k * stride;
     for (size_t crossings = 0;;) {
       const uint32_t meta = load_u32(s);
       if (meta == kFlatEmpty) {
@@ -97,15 +97,16 @@ struct FlatLane {
         *page_index = pi;
         return 1;
       }
-      s += stride;
-      if (s == end) {
-        if (crossings++ > page_last) return -1;  // every slot seen
-        pi = (pi + 1) & page_last;
-        p = pages[pi];
-        if (!p) return -1;
-        s = p->bytes();
-        end = s + (page_mask + 1) * stride;
+      if (k++ != page_mask) {
+        s += stride;
+        continue;
       }
+      if (crossings++ > page_last) return -1;  // every slot seen
+      pi = (pi + 1) & page_last;
+      p = pages[pi];
+      if (!p) return -1;
+      s = p->bytes();
+      k = 0;
     }
   }
 
