@@ -116,6 +116,50 @@ struct TtlUndoRecord {
   int64_t old_ts;
 };
 
+// The kUndo rollback of fold_rows_with: restores the aggregates of rows [0, failed) from the
+// undo log (`undo`, `undone` records with TTL; one "was new" byte a row without). Out of line
+// and given copies, not references, of what the row loop keeps in registers: a reference to a
+// row loop's local handed to an outlined call makes the compiler reload that local every row.
+template <class T, bool kTtl, class Rec, class ValueAt>
+[[gnu::noinline, gnu::cold]] void undo_sum_rows(StateTable& table, const int32_t* kgs,
+                                                RowKeys& rk, const ArrayView values,
+                                                ValueAt value_at, const T* out, const Rec* undo,
+                                                size_t undone, int64_t failed) {
+  constexpr size_t kTs = stored_width<T>();
+  auto restore = [&](int64_t row, bool existed, T v, int64_t ts) {
+    rk.encode(row, kgs[row]);
+    StateMap& um = table.map_unchecked(kgs[row]);
+    if (!existed) {
+      um.remove(rk.data(), rk.size());
+      return;
+    }
+    size_t usz = 0;
+    uint8_t* up = um.get_for_update(rk.data(), rk.size(), &usz);
+    store_fixed<T>(up, v);
+    if constexpr (kTtl) ttl::store_timestamp(up + kTs, ts);
+  };
+  if constexpr (kTtl) {
+    (void)failed;
+    for (const Rec* it = undo + undone; it-- != undo;)
+      restore(it->row >= 0 ? it->row : ~it->row, it->row >= 0, it->old, it->old_ts);
+  } else {
+    (void)undone;
+    using U = typename std::make_unsigned<T>::type;
+    for (int64_t r = failed; r-- > 0;) {
+      if (!values.is_valid(r)) continue;
+      // Exact: row r's add did not overflow, so out[r] - x wraps back to the old aggregate.
+      const T prev = static_cast<T>(static_cast<U>(out[r]) - static_cast<U>(value_at(values, r)));
+      restore(r, undo[r] == 0, prev, 0);
+    }
+  }
+}
+
+template <class T>
+[[noreturn, gnu::noinline, gnu::cold]] void sum_overflows(int64_t row, T old, T x) {
+  fail("values: " + row_str(row) + ": " + int_type_name<T>() + " sum overflows (" +
+       std::to_string(old) + " + " + std::to_string(x) + "); the batch was not applied");
+}
+
 // kTtl is ttl.enabled as a template parameter: the rows' TTL tests read `ttl` through a
 // reference the row's byte stores may alias, so a runtime flag was reloaded and tested several
 // times a row (callgrind). `values_in` is copied for the same reason.
@@ -132,38 +176,6 @@ void fold_rows_with(StateTable& table, const int32_t* kgs, RowKeys& rk, const Ar
   constexpr size_t width = kTtl ? stored_width<T>() + ttl::kTimestampBytes : stored_width<T>();
   constexpr size_t kTs = stored_width<T>();  // where the TTL timestamp starts
   const int64_t n = values.length();
-  // Restores the aggregates of rows [0, failed) and throws.
-  auto undo_and_fail = [&](int64_t failed, T old, T x) __attribute__((noinline, cold)) {
-    if constexpr (kUndo) {
-      auto restore = [&](int64_t row, bool existed, T v, int64_t ts) {
-        rk.encode(row, kgs[row]);
-        StateMap& um = table.map_unchecked(kgs[row]);
-        if (!existed) {
-          um.remove(rk.data(), rk.size());
-          return;
-        }
-        size_t usz = 0;
-        uint8_t* up = um.get_for_update(rk.data(), rk.size(), &usz);
-        store_fixed<T>(up, v);
-        if constexpr (kTtl) ttl::store_timestamp(up + kTs, ts);
-      };
-      if constexpr (kTtl) {
-        for (const Rec* it = undo + undone; it-- != undo;)
-          restore(it->row >= 0 ? it->row : ~it->row, it->row >= 0, it->old, it->old_ts);
-      } else {
-        for (int64_t r = failed; r-- > 0;) {
-          if (!values.is_valid(r)) continue;
-          // Exact: row r's add did not overflow, so out[r] - x wraps back to the old aggregate.
-          using U = typename std::make_unsigned<T>::type;
-          const T prev = static_cast<T>(static_cast<U>(out[r]) - static_cast<U>(value_at(values, r)));
-          restore(r, undo[r] == 0, prev, 0);
-        }
-      }
-      log.release();
-    }
-    fail("values: " + row_str(failed) + ": " + int_type_name<T>() + " sum overflows (" +
-         std::to_string(old) + " + " + std::to_string(x) + "); the batch was not applied");
-  };
   // Every row with a value outputs one; null rows (emit_current) overwrite theirs.
   if (n > 0) std::memset(valid, 1, static_cast<size_t>(n));
   Lanes lanes(table);
@@ -194,8 +206,11 @@ void fold_rows_with(StateTable& table, const int32_t* kgs, RowKeys& rk, const Ar
         ++*expired;
         acc = x;
       } else if (!combine(old, x, &acc)) {
-        undo_and_fail(i, old, x);
-        __builtin_unreachable();  // it throws
+        if constexpr (kUndo) {
+          undo_sum_rows<T, kTtl>(table, kgs, rk, values, value_at, out, undo, undone, i);
+          log.release();
+        }
+        sum_overflows<T>(i, old, x);
       }
       if constexpr (kUndo && kTtl) undo[undone++] = Rec{i, old, old_ts};
     } else {
