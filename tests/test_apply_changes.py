@@ -153,13 +153,13 @@ def test_incompatible_change_set_leaves_the_backend_unchanged(tmp_path, kind):
 
 @pytest.mark.parametrize("kind", BACKENDS)
 def test_worker_cache_keeps_a_stale_copy_and_catches_it_up(tmp_path, kind):
-    """The Spark worker cache (statecore.spark.operator): a partition's older committed copy is
+    """The Spark worker cache (statecore.spark.worker_cache): a partition's older committed copy is
     kept next to the partition the worker ran last (``stale_copies``) and caught up by
     ``_take_stale``; an entry whose write never finished is dropped without waiting for it."""
     from concurrent.futures import Future
 
     from statecore.key_groups import KeyGroupRange
-    from statecore.spark import operator as O
+    from statecore.spark import worker_cache as O
 
     O.clear_state_cache()
     store = CheckpointStore(str(tmp_path), max_runs=None)

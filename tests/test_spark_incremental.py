@@ -342,13 +342,15 @@ def test_failing_background_write_fails_the_batch_and_the_replay_restores(spark,
     assert op.latest_version() == 1
 
     # The replay loads committed version 1: a restore, a catch-up of a worker's stale copy of
-    # version 0, or a worker's cached copy of version 1 itself (one that ran no failed attempt
-    # of that partition; "cache" requires the committed attempt). A cached uncommitted attempt
-    # of version 2 would apply batch 2 twice, which the output and state checks below catch.
+    # version 0, a worker's cached copy of version 1 itself (one that ran no failed attempt
+    # of that partition; "cache" requires the committed attempt), or a copy of version 1 the
+    # worker's standby brought up after version 1's commit and no failed attempt took. A cached
+    # uncommitted attempt of version 2 would apply batch 2 twice, which the output and state
+    # checks below catch.
     op._start_write = None
     rep = op(_df(spark, CRASH_BATCHES[2]), 2)
     assert sum(rep.loads.values()) == 2, rep.loads
-    assert set(rep.loads) <= {"checkpoint", "catch-up", "cache"}, rep.loads
+    assert set(rep.loads) <= {"checkpoint", "catch-up", "cache", "standby"}, rep.loads
     assert rep.incremental
     assert _rows_of(str(tmp_path / "out" / "batch_id=2")) == model.batch(CRASH_BATCHES[2])
     for i in range(3, len(CRASH_BATCHES)):

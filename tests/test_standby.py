@@ -1,4 +1,4 @@
-"""Standby copies in the Spark operator's worker cache (statecore.spark.operator, no Spark
+"""Standby copies in the Spark operator's worker cache (statecore.spark.worker_cache, no Spark
 needed): after its task a worker waits for the driver's commit and brings its copies of the
 operator's other partitions up to that version -- catching an older copy up, or restoring one it
 does not hold -- so that the partition's next task there is a cache hit. Checked differentially
@@ -18,6 +18,7 @@ from statecore.checkpoint.store import CheckpointStore
 from statecore.descriptors import ReducingStateDescriptor
 from statecore.key_groups import key_group_range_for_operator, spark_key_group
 from statecore.spark import operator as O
+from statecore.spark import worker_cache as W
 from test_apply_changes import _snapshot_contents
 from test_async_snapshot import BACKENDS
 
@@ -44,7 +45,7 @@ class _Job:
         self.version = -1
 
     def backend(self, partition):
-        b = O._partition_backend(self.kind, "int64", MAXP, N, partition)
+        b = W._partition_backend(self.kind, "int64", MAXP, N, partition)
         b.get_state(ReducingStateDescriptor("sum", "sum", "int64"))
         return b
 
@@ -85,29 +86,29 @@ class _Job:
         """This worker's copy of ``partition`` as the task that ran it at ``version`` left it."""
         done = Future()
         done.set_result({})
-        O._put_cached(self.key(partition), O._CachedState(
+        W._put_cached(self.key(partition), W._CachedState(
             version, f"a{version}", *self.config(), self.restored(partition, version),
             writer=self.writer(partition, version), write=done if write is None else write), 1)
 
     def standby(self, version, generation=None, wait_s=5.0):
         op_key = self.key(0)[:2]
-        gen = O._TASKS_STARTED.get(op_key, 0) if generation is None else generation
-        return O._standby_catch_up(self.store, op_key, self.key(0), version, gen,
+        gen = W._TASKS_STARTED.get(op_key, 0) if generation is None else generation
+        return W._standby_catch_up(self.store, op_key, self.key(0), version, gen,
                                    self.config(), 1, wait_s=wait_s)
 
     def take(self, partition, version):
         """The next task's lookup of ``partition`` at ``version`` (or None)."""
         meta = self.store.metadata(version)
-        return O._take_cached(self.key(partition),
+        return W._take_cached(self.key(partition),
                               (version, meta["attempt"], *self.config()),
                               frozenset(meta["writers"]))
 
 
 @pytest.fixture
 def job(tmp_path):
-    O.clear_state_cache()
+    W.clear_state_cache()
     yield lambda kind: _Job(tmp_path, kind)
-    O.clear_state_cache()
+    W.clear_state_cache()
 
 
 @pytest.mark.parametrize("kind", BACKENDS)
@@ -140,7 +141,7 @@ def test_standby_restores_a_partition_the_worker_does_not_hold(job, kind):
     j.cache_copy(1, 1)
     j.micro_batch()
     assert j.standby(2) == 1  # the catch-up of that copy, no restore
-    assert set(O._STATE_CACHE) == {j.key(1)}
+    assert set(W._STATE_CACHE) == {j.key(1)}
 
 
 @pytest.mark.parametrize("kind", BACKENDS)
@@ -150,13 +151,13 @@ def test_standby_gives_up_without_a_commit_or_after_a_later_task(job, kind):
     j.cache_copy(1, 0)
     # Version 1 is never committed: the copy stays as it was.
     assert j.standby(1, wait_s=0.05) == 0
-    assert O._STATE_CACHE[j.key(1)].version == 0
+    assert W._STATE_CACHE[j.key(1)].version == 0
     # A later task of the operator started in this process before the commit showed up.
     op_key = j.key(0)[:2]
-    gen = O._TASKS_STARTED.get(op_key, 0)
-    O._TASKS_STARTED[op_key] = gen + 1
+    gen = W._TASKS_STARTED.get(op_key, 0)
+    W._TASKS_STARTED[op_key] = gen + 1
     assert j.standby(1, generation=gen) == 0
-    assert O._STATE_CACHE[j.key(1)].version == 0
+    assert W._STATE_CACHE[j.key(1)].version == 0
 
 
 @pytest.mark.parametrize("kind", BACKENDS)
@@ -167,14 +168,14 @@ def test_standby_leaves_an_unsettled_copy_and_drops_an_unusable_one(job, kind):
     j.cache_copy(1, 0, write=never)
     j.micro_batch()
     assert j.standby(1) == 0
-    entry = O._STATE_CACHE[j.key(1)]
+    entry = W._STATE_CACHE[j.key(1)]
     assert entry.version == 0 and not entry.backend._closed  # kept for a later catch-up
     never.set_exception(OSError("write failed"))
     j.micro_batch()
     assert j.standby(2) == 1  # the failed copy dropped, partition 1 restored instead
-    assert entry.backend._closed and O._STATE_CACHE[j.key(1)].version == 2
+    assert entry.backend._closed and W._STATE_CACHE[j.key(1)].version == 2
     # A chain that no longer holds the copy's run (compacted): dropped, then restored.
-    copy = O._STATE_CACHE[j.key(1)]
+    copy = W._STATE_CACHE[j.key(1)]
     j.store.compact(2)
     j.micro_batch()
     assert j.standby(3) == 1
@@ -202,10 +203,10 @@ def test_a_task_waits_for_the_standby_working_on_its_partition(job, kind, monkey
     t = threading.Thread(target=j.standby, args=(1,))
     t.start()
     assert entered.wait(10)
-    assert j.key(1) not in O._STATE_CACHE and j.key(1) in O._STANDBY_BUSY
+    assert j.key(1) not in W._STATE_CACHE and j.key(1) in W._STANDBY_BUSY
     meta = j.store.metadata(1)
     got = []
-    waiter = threading.Thread(target=lambda: got.append(O._take_after_standby(
+    waiter = threading.Thread(target=lambda: got.append(W._take_after_standby(
         j.key(1), (1, meta["attempt"], *j.config()), frozenset(meta["writers"]), 10)))
     waiter.start()
     waiter.join(0.2)
@@ -256,7 +257,7 @@ def test_the_next_task_of_the_partition_takes_the_standby_copy(job, kind, monkey
     expected = (j.owners[1].get_state(ReducingStateDescriptor("sum", "sum", "int64")).get()
                 or 0) + 5
     assert out.column("sum").to_pylist() == [expected]
-    entry = O._STATE_CACHE[j.key(1)]
+    entry = W._STATE_CACHE[j.key(1)]
     desc = entry.write.result(timeout=30)
     report = j.store.pending(2)[0]["spark_report"]
     assert desc["writer"] == report["writer"]

@@ -16,6 +16,7 @@ from statecore.backends import create_backend
 from statecore.checkpoint import CheckpointStore
 from statecore.descriptors import ReducingStateDescriptor
 from statecore.spark import operator as op_mod
+from statecore.spark import worker_cache as W
 from fs_wrappers import LocalDelegatingHandler
 
 pytest.importorskip("statecore._native")
@@ -44,7 +45,7 @@ def _loaded_native(n=20_000):
 
 
 def _entry(backend, write, abandon_after_s):
-    return op_mod._CachedState(7, "a", 1, 128, "native", "int64", backend, writer="p0-a-t0",
+    return W._CachedState(7, "a", 1, 128, "native", "int64", backend, writer="p0-a-t0",
                                snapshot_id=None, write=write, abandon_after_s=abandon_after_s)
 
 
@@ -68,7 +69,7 @@ def test_dropped_entry_closes_after_its_write(tmp_path):
     backend = _loaded_native(2_000)
     store = CheckpointStore(tmp_path)
     done = _background_write(store, backend)
-    op_mod._close_entry(_entry(backend, done, abandon_after_s=60.0))
+    W._close_entry(_entry(backend, done, abandon_after_s=60.0))
     done.result(timeout=60)
     _wait(lambda: backend._closed)
     # The write was not cancelled: its data file and pending descriptor exist.
@@ -81,7 +82,7 @@ def test_write_outliving_the_abandon_delay_is_cancelled_and_the_backend_closed(t
     store = CheckpointStore(str(tmp_path), filesystem=pafs.PyFileSystem(SlowHandler(0.05)))
     done = _background_write(store, backend)  # ~1,000 blocks at 50 ms each: minutes
     t0 = time.monotonic()
-    op_mod._close_entry(_entry(backend, done, abandon_after_s=0.3))
+    W._close_entry(_entry(backend, done, abandon_after_s=0.3))
     assert not backend._closed
     with pytest.raises(CancelledError):
         done.result(timeout=30)
@@ -97,12 +98,12 @@ def test_write_outliving_the_abandon_delay_is_cancelled_and_the_backend_closed(t
 
 def test_entry_without_a_write_in_flight_closes_at_once():
     backend = _loaded_native(10)
-    op_mod._close_entry(_entry(backend, None, abandon_after_s=0.1))
+    W._close_entry(_entry(backend, None, abandon_after_s=0.1))
     assert backend._closed
     backend2 = _loaded_native(10)
     finished = op_mod.Future()
     finished.set_result({})
-    op_mod._close_entry(_entry(backend2, finished, abandon_after_s=0.1))
+    W._close_entry(_entry(backend2, finished, abandon_after_s=0.1))
     assert backend2._closed
     assert threading.active_count() < 50
 
@@ -158,7 +159,7 @@ def test_the_checkpoint_write_starts_before_the_last_output_batch_is_taken(tmp_p
     assert out[0].column("count").to_pylist() == [1, 1, 2]
     pending = CheckpointStore(spec.store_uri).pending(0)
     assert [d["writer"] for d in pending] == ["p0-a1-t0"]
-    op_mod.clear_state_cache()
+    W.clear_state_cache()
 
 
 def test_a_task_whose_output_was_cut_short_does_not_report(tmp_path, partition_0):
@@ -166,11 +167,11 @@ def test_a_task_whose_output_was_cut_short_does_not_report(tmp_path, partition_0
     spec, gen = _task(tmp_path, events, "cut")
     next(gen)  # the write started; Spark stops taking output (the task was cancelled)
     gen.close()
-    entry = op_mod._STATE_CACHE[(CheckpointStore(spec.store_uri).uri, "cut", 0)]
+    entry = W._STATE_CACHE[(CheckpointStore(spec.store_uri).uri, "cut", 0)]
     with pytest.raises(op_mod.StateError, match="cut short"):
         entry.write.result(timeout=30)
     assert CheckpointStore(spec.store_uri).pending(0) == []
-    op_mod.clear_state_cache()
+    W.clear_state_cache()
 
 
 def test_a_task_without_exactly_one_control_row_raises(tmp_path, partition_0):
@@ -230,7 +231,7 @@ def test_chunked_input_streams_output_while_input_arrives(tmp_path, partition_0,
     keys = pa.concat_arrays([b.column("k") for b in out]).to_pylist()
     assert keys == [0, 100, 1, 100, 2, 100]
     assert counts == [1, 1, 1, 2, 1, 3]  # running counts in arrival order
-    op_mod.clear_state_cache()
+    W.clear_state_cache()
 
 
 def _commit(store_uri, version):
@@ -247,7 +248,7 @@ def test_a_restore_runs_while_the_input_arrives(tmp_path, partition_0, monkeypat
     spec0 = dataclasses.replace(spec0, processor=_ChunkedCount())
     list(spec0(_chunks([], 1)))  # version 0: keys 0 and 100 once
     _commit(spec0.store_uri, 0)
-    op_mod.clear_state_cache()  # the next task must restore version 0 from the checkpoint
+    W.clear_state_cache()  # the next task must restore version 0 from the checkpoint
 
     real_restore = CheckpointStore.restore
 
@@ -267,7 +268,7 @@ def test_a_restore_runs_while_the_input_arrives(tmp_path, partition_0, monkeypat
     assert start < events.index(("in", 0)) < end  # the input was taken during the restore
     counts = pa.concat_arrays([b.column("count") for b in out]).to_pylist()
     assert counts == [2, 2, 1, 3, 1, 4]  # on top of the restored counts of 0 and 100
-    op_mod.clear_state_cache()
+    W.clear_state_cache()
 
     def failing_restore(self, backend, version=None):
         time.sleep(0.1)
@@ -277,4 +278,4 @@ def test_a_restore_runs_while_the_input_arrives(tmp_path, partition_0, monkeypat
     spec2 = dataclasses.replace(spec1, attempt="a3")
     with pytest.raises(op_mod.StateError, match="injected restore failure"):
         list(spec2(_chunks([], 3)))
-    op_mod.clear_state_cache()
+    W.clear_state_cache()
