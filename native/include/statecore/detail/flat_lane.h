@@ -71,6 +71,19 @@ struct FlatLane {
     return true;
   }
 
+  // Prefetches the home slot of hash h and the next one (a short probe) from the lane's
+  // geometry; nothing when the home page was never written. A kernel's key hasher calls it a
+  // group of rows ahead; through the map (StateMap::Impl::prefetch: map, engine, directory,
+  // page) it was ~20 more instructions a row (callgrind).
+  [[gnu::always_inline]] void prefetch(uint32_t h) const {
+    const size_t home = h & mask;
+    if (const FlatPage* p = pages[home >> page_shift]) {
+      const uint8_t* s = p->bytes() + (home & page_mask) * stride;
+      __builtin_prefetch(s, 1, 3);
+      __builtin_prefetch(s + 2 * stride - 1, 1, 3);
+    }
+  }
+
   // Linear probe for the key whose suffix words are k0 (bytes 0-7) and k1 (bytes n-8..n-1) from
   // the home of h: 1 found, 0 absent (*slot = the empty slot ending the probe), -1 a missing page
   // on the way or no empty slot at all (F2 broken; the general path copes). *page_index is the
