@@ -129,7 +129,7 @@ DecodeResult decode_blocks(const uint8_t* data, size_t size, const StoredBlockRe
     const uint64_t klen = load_le32(ko + 4 * n), vlen = load_le32(vo + 4 * n);
     const uint8_t* kd = vo + 4 * (n + 1);
     if (r.key_bytes + klen > kInt32Max || r.value_bytes + vlen > kInt32Max)
-      return fail(b, "more than 2 GiB of keys or values in one key group (int32 offsets)");
+      return fail(b, "more than 2 GiB of keys or values in one read (a key group or a range of them; int32 offsets)");
     if (r.key_bytes + klen > out.data_capacity || r.value_bytes + vlen > out.data_capacity)
       throw std::invalid_argument("decode_blocks: output data capacity too small");
     std::memcpy(out.key_data + r.key_bytes, kd, klen);

@@ -1139,6 +1139,166 @@ cdef enum:
     _LOAD_AHEAD = 16
 
 
+cdef class _Entries:
+    """Raw views of a (keys, values) pair of pa.binary arrays (any offset; keys without NULLs)
+    for the bulk paths, which read Arrow buffers without the GIL."""
+    cdef object keys, values  # keep the buffers alive
+    cdef int64_t n
+    cdef const int32_t* ko
+    cdef const int32_t* vo
+    cdef const uint8_t* kd
+    cdef const uint8_t* vd
+    cdef const uint8_t* vbits  # NULL: no NULL values
+    cdef int64_t voff  # bit offset of the values' validity
+
+    def __cinit__(self, keys, values):
+        keys = keys.cast(pa.binary()) if keys.type != pa.binary() else keys
+        values = values.cast(pa.binary()) if values.type != pa.binary() else values
+        self.n = len(keys)
+        if len(values) != self.n:
+            raise InvalidInputError(f"{self.n} keys but {len(values)} values")
+        if keys.null_count:
+            raise InvalidInputError("keys to load must not be null")
+        self.keys, self.values = keys, values
+        self.ko = self.vo = NULL
+        self.kd = self.vd = self.vbits = NULL
+        self.voff = values.offset
+        if self.n == 0:
+            return
+        cdef const int32_t[::1] ko
+        cdef const int32_t[::1] vo
+        cdef const uint8_t[::1] kd
+        cdef const uint8_t[::1] vd
+        cdef const uint8_t[::1] vb
+        kb, vbuf = keys.buffers(), values.buffers()
+        ko = np.frombuffer(kb[1], np.int32)[keys.offset:keys.offset + self.n + 1]
+        vo = np.frombuffer(vbuf[1], np.int32)[values.offset:values.offset + self.n + 1]
+        self.ko, self.vo = &ko[0], &vo[0]
+        if kb[2] is not None and kb[2].size:
+            kd = np.frombuffer(kb[2], np.uint8)
+            self.kd = &kd[0]
+        if vbuf[2] is not None and vbuf[2].size:
+            vd = np.frombuffer(vbuf[2], np.uint8)
+            self.vd = &vd[0]
+        if values.null_count:
+            vb = np.frombuffer(vbuf[0], np.uint8)
+            self.vbits = &vb[0]
+
+
+cdef inline bint _entry_valid(_Entries e, int64_t i) noexcept nogil:
+    cdef int64_t bit = e.voff + i
+    return e.vbits == NULL or (e.vbits[bit >> 3] >> (bit & 7)) & 1
+
+
+cdef inline int32_t _entry_kg(_Entries e, int64_t i, int prefix_width) noexcept nogil:
+    cdef const uint8_t* k = e.kd + e.ko[i]
+    return k[0] if prefix_width == 1 else (<int32_t>k[0] << 8) | k[1]
+
+
+cdef int64_t _scan_entries(_Entries e, int32_t lo, int32_t hi, int prefix_width,
+                           int64_t value_width, bint tombstones, int* why) noexcept nogil:
+    """Index of the first entry check_entry_range rejects (``why``: which rule), or -1."""
+    cdef int64_t i
+    cdef int32_t kg, prev = lo
+    for i in range(e.n):
+        if e.ko[i + 1] - e.ko[i] <= prefix_width:
+            why[0] = 1
+            return i
+        kg = _entry_kg(e, i, prefix_width)
+        if kg < prev or kg > hi:
+            why[0] = 2
+            return i
+        prev = kg
+        if not _entry_valid(e, i):
+            if not tombstones:
+                why[0] = 3
+                return i
+        elif value_width >= 0 and e.vo[i + 1] - e.vo[i] != value_width:
+            why[0] = 4
+            return i
+    return -1
+
+
+cdef str _scan_error(_Entries e, int64_t i, int why, int32_t lo, int32_t hi, int prefix_width,
+                     int64_t value_width):
+    if why == 1:
+        return f"entry {i}: its encoded key is not longer than the {prefix_width}-byte key-group prefix"
+    if why == 2:
+        return (f"entry {i}: key-group prefix {_entry_kg(e, i, prefix_width)} is outside "
+                f"[{lo}, {hi}] or below the entry before it (entries must be sorted by key group)")
+    if why == 3:
+        return f"entry {i}: a NULL value (tombstone) where values must be non-null"
+    return f"entry {i}: value is {e.vo[i + 1] - e.vo[i]} bytes, the state's values are {value_width}"
+
+
+cdef int _load_runs(_Entries e, vector[c.StateMap*]& maps, int32_t lo,
+                    int prefix_width) except -1 nogil:
+    """load_range's loop: per run of one key group, :meth:`NativeStateTable.load`'s pipeline
+    (a NULL value removes its key)."""
+    cdef uint32_t ahead[_LOAD_AHEAD]
+    cdef uint32_t h
+    cdef int64_t start = 0, end, i, j, n, r
+    cdef int32_t kg, klen, vlen
+    cdef c.StateMap* m
+    cdef const uint8_t* key
+    cdef uint8_t* dst
+    cdef size_t cur = 0
+    cdef c.cbool inserted = False
+    while start < e.n:
+        kg = _entry_kg(e, start, prefix_width)
+        end = start + 1
+        while end < e.n and _entry_kg(e, end, prefix_width) == kg:
+            end += 1
+        m = maps[kg - lo]
+        n = end - start
+        m.reserve(n)  # a no-op unless the map is empty
+        for j in range(min(n, _LOAD_AHEAD)):
+            r = start + j
+            ahead[j] = m.hash(e.kd + e.ko[r], e.ko[r + 1] - e.ko[r])
+            m.prefetch_bucket(ahead[j])
+        for i in range(n):
+            h = ahead[i % _LOAD_AHEAD]
+            j = i + _LOAD_AHEAD
+            if j < n:
+                r = start + j
+                ahead[j % _LOAD_AHEAD] = m.hash(e.kd + e.ko[r], e.ko[r + 1] - e.ko[r])
+                m.prefetch_bucket(ahead[j % _LOAD_AHEAD])
+            r = start + i
+            key = e.kd + e.ko[r]
+            klen = e.ko[r + 1] - e.ko[r]
+            if not _entry_valid(e, r):
+                m.remove(key, klen)
+                continue
+            vlen = e.vo[r + 1] - e.vo[r]
+            dst = m.upsert(h, key, klen, vlen, &cur, &inserted)
+            if cur != <size_t>vlen:
+                dst = m.put(key, klen, vlen)
+            if vlen:
+                memcpy(dst, e.vd + e.vo[r], vlen)
+        start = end
+    return 0
+
+
+def check_entry_range(keys, values, int32_t kg_lo, int32_t kg_hi, int prefix_width,
+                      int64_t value_width, bint tombstones):
+    """Check entries about to be bulk-loaded as bytes (restore, a change set; see
+    :meth:`NativeStateTable.load_range`) without decoding them: ``keys``/``values`` pa.binary
+    arrays of equal length (any offset), every key non-NULL and longer than its big-endian
+    ``prefix_width``-byte key-group prefix (1 or 2 bytes), the prefixes non-decreasing and in
+    ``[kg_lo, kg_hi]``, a NULL value only with ``tombstones`` (a removal), every other value
+    exactly ``value_width`` bytes unless ``value_width`` < 0. Returns None, or the first
+    problem as a message naming the entry. Raises InvalidInputError for unequal lengths or a
+    NULL key. GIL released for the scan."""
+    cdef _Entries e = _Entries(keys, values)
+    cdef int why = 0
+    cdef int64_t bad
+    if prefix_width not in (1, 2):
+        raise InvalidInputError(f"prefix_width must be 1 or 2, got {prefix_width}")
+    with nogil:
+        bad = _scan_entries(e, kg_lo, kg_hi, prefix_width, value_width, tombstones, &why)
+    return None if bad < 0 else _scan_error(e, bad, why, kg_lo, kg_hi, prefix_width, value_width)
+
+
 cdef class NativeStateTable:
     """One keyed state's entries: a copy-on-write StateMap per key group of [kg_start, kg_end].
 
@@ -1436,6 +1596,40 @@ cdef class NativeStateTable:
                         dst = m.put(&kd[ko[i]], ko[i + 1] - ko[i], vlen)
                     if vlen:
                         memcpy(dst, &vd[vo[i]], vlen)
+        finally:
+            self.busy = 0
+
+    def load_range(self, keys, values, int prefix_width):
+        """Bulk upsert of the entries of several key groups at once (restore, a change set):
+        ``keys``/``values`` pa.binary arrays of equal length, sorted by key group (the
+        big-endian ``prefix_width``-byte key-group prefix, 1 or 2, of every key), NULL values
+        tombstones whose keys are removed. Each key group's map is pre-sized when empty, keys
+        are hashed and their slots prefetched ahead as in :meth:`load`. Raises
+        InvalidInputError before touching the table for anything :func:`check_entry_range`
+        would reject with the table's range, no value width and tombstones allowed (callers
+        run that check with the state's value width first). GIL released."""
+        cdef _Entries e = _Entries(keys, values)
+        cdef int32_t lo = self.kg_start, hi = self.kg_end
+        cdef int64_t bad
+        cdef int why
+        if self.busy:
+            self._idle()
+        if prefix_width not in (1, 2):
+            raise InvalidInputError(f"prefix_width must be 1 or 2, got {prefix_width}")
+        with nogil:
+            bad = _scan_entries(e, lo, hi, prefix_width, -1, True, &why)
+        if bad >= 0:
+            raise InvalidInputError(_scan_error(e, bad, why, lo, hi, prefix_width, -1))
+        if e.n == 0:
+            return
+        cdef vector[c.StateMap*] maps
+        cdef int32_t kg
+        for kg in range(lo, hi + 1):
+            maps.push_back(&self.table.map(kg))
+        self._claim()
+        try:
+            with nogil:
+                _load_runs(e, maps, lo, prefix_width)
         finally:
             self.busy = 0
 
@@ -2070,7 +2264,7 @@ def decode_blocks(data, blocks, uint64_t base, bint has_validity):
         n += en[i]
         raw += rl[i]
     if n > 2**31 - 2:
-        return None, None, 0, f"{n} entries in one key group exceed an Arrow binary array"
+        return None, None, 0, f"{n} entries in one read (a key group or a range of them) exceed an Arrow binary array"
     ko_np = np.empty(n + 1, np.int32)
     vo_np = np.empty(n + 1, np.int32)
     kd_np = np.empty(max(raw, 1), np.uint8)

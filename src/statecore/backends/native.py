@@ -87,6 +87,10 @@ from statecore.timers import TIMERS_STATE_NAME
 __all__ = ["NativeBackend", "NativeSnapshot"]
 
 
+#: Marks a staged part that spans several key groups (``NativeStateTable.load_range``).
+_RANGE = object()
+
+
 class _NativeTable(py._Table):
     """The reference backend's table interface over a native StateTable.
 
@@ -344,6 +348,10 @@ class NativeBackend(py.PythonBackend):
             migration = self._restore_migration(table, meta)
             src = table if migration is None else _NativeTable(meta, self)
             staged.append((table, None, None, None))  # registers a state even without entries
+            if migration is None and kgs and hasattr(snapshot_like, "entries_chunks"):
+                staged.extend((table, _RANGE, keys, vals) for keys, vals in
+                              self._range_parts(table, snapshot_like, kgs, tombstones=False))
+                continue
             loaded = []
             for kg in kgs:
                 keys, vals = snapshot_like.entries(meta["name"], kg)
@@ -364,13 +372,46 @@ class NativeBackend(py.PythonBackend):
         timers = self.timers.stage_restore(snapshot_like)
         for table, kg, keys, vals in staged:
             self._tables.setdefault(table.name, table)
-            if kg is not None:
+            if kg is _RANGE:
+                table.native.load_range(keys, vals, self._prefix_width)
+            elif kg is not None:
                 table.native.load(kg, keys, vals)
         self.timers.apply_restore(timers)
         # The restored state is the base: the bulk load is not a change.
         self._contents_are_base()
         if migrated:
             self._migrated(expired)
+
+    @property
+    def _prefix_width(self) -> int:
+        return len(S.key_group_prefix(0, self.max_parallelism))
+
+    def _range_parts(self, table: _NativeTable, reader, kgs: list, tombstones: bool) -> list:
+        """``reader.entries_chunks`` of ``table``'s state over key groups ``kgs`` (consecutive,
+        inside this backend's range), each ``(keys, values)`` pair checked in one native scan
+        (:func:`statecore._native.check_entry_range`: what :meth:`_check_entries` checks per key
+        group, and that the pairs are sorted by key group; NULL values are tombstones only with
+        ``tombstones``). Reading a partition as a few large pairs instead of one per key group
+        took a catch-up of 196k changes over 128 key groups from 20 to ~10 ms."""
+        lo, hi = kgs[0], kgs[-1]
+        width = self._value_width(table)
+        parts = []
+        for keys, vals in reader.entries_chunks(table.name, lo, hi):
+            try:
+                err = _native.check_entry_range(keys, vals, lo, hi, self._prefix_width,
+                                                -1 if width is None else width, tombstones)
+            except InvalidInputError as exc:
+                err = str(exc)
+            if err is not None:
+                raise InvalidInputError(f"state {table.name!r}, key groups {lo}..{hi}: {err}")
+            parts.append((keys, vals))
+        return parts
+
+    def _stage_change_set(self, table: _NativeTable, changes, kgs: list) -> list:
+        if not kgs or not hasattr(changes, "entries_chunks"):
+            return super()._stage_change_set(table, changes, kgs)
+        return [(_RANGE, keys, vals, None)
+                for keys, vals in self._range_parts(table, changes, kgs, tombstones=True)]
 
     def _stage_changes(self, table: _NativeTable, kg: int, keys: pa.Array, vals: pa.Array):
         """A change set's entries of ``kg`` checked as :meth:`restore` checks them, split into
@@ -388,7 +429,9 @@ class NativeBackend(py.PythonBackend):
 
     def _apply_staged_changes(self, table: _NativeTable, part) -> None:
         kg, keys, vals, gone = part
-        if len(keys):
+        if kg is _RANGE:
+            table.native.load_range(keys, vals, self._prefix_width)
+        elif len(keys):
             table.native.load(kg, keys, vals)
         if gone is not None:
             table.native.remove_keys(kg, gone)
@@ -412,14 +455,21 @@ class NativeBackend(py.PythonBackend):
         if len(vals) != n or vals.null_count:
             raise InvalidInputError(f"state {name!r}, key group {kg}: keys and values must be non-null and pair up")
         self._check_keys(table, kg, keys)
-        width = table.value_ser.fixed_width
-        if width is not None and table.ttl:
-            width += 8  # the TTL timestamp suffix
-        if table.kind in ("value", "reducing") and width is not None:
+        width = self._value_width(table)
+        if width is not None:
             voffs = np.frombuffer(vals.buffers()[1], np.int32)[vals.offset:vals.offset + n + 1]
             if np.any(np.diff(voffs) != width):
                 raise InvalidInputError(
                     f"state {name!r}, key group {kg}: {table.value_ser.name} values must be {width} bytes")
+
+    @staticmethod
+    def _value_width(table: _NativeTable):
+        """Bytes of every stored value of a value/reducing state of a fixed-width type (the TTL
+        timestamp suffix included), else None."""
+        width = table.value_ser.fixed_width
+        if width is None or table.kind not in ("value", "reducing"):
+            return None
+        return width + 8 if table.ttl else width
 
     def _check_keys(self, table: _NativeTable, kg: int, keys: pa.Array) -> None:
         """The key half of :meth:`_check_entries`: non-null, longer than the key-group prefix,

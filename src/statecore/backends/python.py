@@ -622,8 +622,7 @@ class PythonBackend(base.KeyedStateBackend):
                 raise StateMigrationError(
                     f"state {meta['name']!r}: its TTL setting differs from the change set's; a "
                     "change set is applied as stored, so restore the version instead")
-            staged.append((table, [self._stage_changes(table, kg, *changes.entries(meta["name"], kg))
-                                   for kg in kgs]))
+            staged.append((table, self._stage_change_set(table, changes, kgs)))
         timers = self.timers.stage_restore(changes)
         for table, parts in staged:
             self._tables.setdefault(table.name, table)
@@ -631,6 +630,11 @@ class PythonBackend(base.KeyedStateBackend):
                 self._apply_staged_changes(table, part)
         self.timers.replace_restore(kgs, timers)
         self._contents_are_base()
+
+    def _stage_change_set(self, table: _Table, changes, kgs: list) -> list:
+        """The checked parts of ``changes`` for ``table``'s state over key groups ``kgs``, each
+        for :meth:`_apply_staged_changes`: here one per key group (:meth:`_stage_changes`)."""
+        return [self._stage_changes(table, kg, *changes.entries(table.name, kg)) for kg in kgs]
 
     def _stage_changes(self, table: _Table, kg: int, keys: pa.Array, vals: pa.Array) -> list:
         """A change set's entries of ``kg`` checked and decoded: ``[(kg, (key, ns), value or

@@ -120,7 +120,7 @@ import time
 import uuid
 from bisect import bisect_right
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -155,6 +155,9 @@ MANIFEST_FORMAT = "statecore-checkpoint"
 MANIFEST_FORMAT_VERSION = 2
 _READABLE_MANIFEST_VERSIONS = (1, 2)
 DEFAULT_MAX_RUNS = 8
+#: Decoded bytes per (keys, values) pair of :meth:`CheckpointReader.entries_chunks`: well below
+#: the 2 GiB an Arrow binary array holds, large enough that a partition is a handful of pairs.
+CHUNK_BYTES = 256 << 20
 _COMPACTED_RE = re.compile(r"^compacted-s\d+-\d+-\d+-[0-9a-f]{12}\.sckp$")
 _MANIFEST_RE = re.compile(r"^manifest-(\d{20})\.json$")
 _VERSION_DIR_RE = re.compile(r"^\d{20}$")
@@ -1444,6 +1447,66 @@ class CheckpointReader:
             raise CorruptCheckpointError(
                 f"checkpoint version {self.version}: state {state_name!r} key group {key_group}: "
                 f"runs {[r['path'] for r in chain]}: {exc}") from exc
+
+    def entries_chunks(self, state_name: str, start: int, end: int,
+                       max_bytes: int = CHUNK_BYTES) -> Iterator[tuple[pa.BinaryArray, pa.BinaryArray]]:
+        """The entries of ``state_name`` in key groups ``[start, end]`` ∩ this version's range
+        as a few large ``(keys, values)`` pairs instead of one per key group: each pair is what
+        :meth:`entries` returns for consecutive key groups, concatenated in key-group order (so
+        sorted by key bytes, the prefix being big-endian), merged newest-wins over the runs
+        of the key groups' chain in one pass (each run decoded with one native call for them
+        all, :meth:`DataFileReader.entries_range`). A pair covers whole key groups and holds at
+        most ``max_bytes`` of decoded blocks (summed over the runs) unless one key group alone
+        holds more. Timer states are read key group by key group (their newest run only).
+        Errors as :meth:`entries`; a state not in the version yields nothing."""
+        if state_name not in self._names:
+            return
+        timers = state_name in self._timer_states
+        for a, b, chain in self._segments:
+            lo, hi = max(a, start), min(b, end)
+            if lo > hi:
+                continue
+            runs = []
+            for r in (chain[:1] if timers else chain):
+                if state_name not in r["states"]:
+                    if r["kind"] == KIND_FULL:
+                        break
+                    continue
+                runs.append(r)
+            if not runs:
+                continue
+            for c_lo, c_hi in self._chunk_bounds(state_name, runs, lo, hi, max_bytes):
+                parts = []
+                for r in runs:
+                    k, v = self._data_file(r).entries_range(state_name, c_lo, c_hi)
+                    if len(k):
+                        parts.append((k, v))
+                if not parts:
+                    continue
+                try:
+                    yield _merge_newest_wins(parts, keep_tombstones=self._keep_tombstones)
+                except InvalidInputError as exc:
+                    raise CorruptCheckpointError(
+                        f"checkpoint version {self.version}: state {state_name!r} key groups "
+                        f"{c_lo}..{c_hi}: runs {[r['path'] for r in runs]}: {exc}") from exc
+
+    def _chunk_bounds(self, state_name: str, runs: list, lo: int, hi: int, max_bytes: int):
+        """``[(start, end)]`` tiling ``[lo, hi]`` so that each holds at most ``max_bytes`` of
+        ``runs``' decoded blocks of ``state_name`` (a key group alone may hold more)."""
+        sizes = np.zeros(hi - lo + 1, np.int64)
+        for r in runs:
+            kgs, raw = self._data_file(r).raw_bytes(state_name, lo, hi)
+            np.add.at(sizes, kgs - lo, raw)
+        if int(sizes.sum()) <= max_bytes:
+            return [(lo, hi)]
+        out, first, acc = [], lo, 0
+        for i, n in enumerate(sizes.tolist()):
+            if acc and acc + n > max_bytes:
+                out.append((first, lo + i - 1))
+                first, acc = lo + i, 0
+            acc += n
+        out.append((first, hi))
+        return out
 
     def release(self) -> None:
         """Close the data files opened so far (idempotent); later reads raise CheckpointError."""
