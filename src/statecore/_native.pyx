@@ -1136,7 +1136,7 @@ cdef class NativeTableSnapshot:
 
 # Entries a bulk load (NativeStateTable.load) hashes and prefetches ahead of the one it puts.
 cdef enum:
-    _LOAD_AHEAD = 16
+    _LOAD_AHEAD = 16  # a power of two: ring positions are masked, not divided
 
 
 cdef class _Entries:
@@ -1257,12 +1257,12 @@ cdef int _load_runs(_Entries e, vector[c.StateMap*]& maps, int32_t lo,
             ahead[j] = m.hash(e.kd + e.ko[r], e.ko[r + 1] - e.ko[r])
             m.prefetch_bucket(ahead[j])
         for i in range(n):
-            h = ahead[i % _LOAD_AHEAD]
+            h = ahead[i & (_LOAD_AHEAD - 1)]
             j = i + _LOAD_AHEAD
             if j < n:
                 r = start + j
-                ahead[j % _LOAD_AHEAD] = m.hash(e.kd + e.ko[r], e.ko[r + 1] - e.ko[r])
-                m.prefetch_bucket(ahead[j % _LOAD_AHEAD])
+                ahead[j & (_LOAD_AHEAD - 1)] = m.hash(e.kd + e.ko[r], e.ko[r + 1] - e.ko[r])
+                m.prefetch_bucket(ahead[j & (_LOAD_AHEAD - 1)])
             r = start + i
             key = e.kd + e.ko[r]
             klen = e.ko[r + 1] - e.ko[r]
@@ -1273,7 +1273,9 @@ cdef int _load_runs(_Entries e, vector[c.StateMap*]& maps, int32_t lo,
             dst = m.upsert(h, key, klen, vlen, &cur, &inserted)
             if cur != <size_t>vlen:
                 dst = m.put(key, klen, vlen)
-            if vlen:
+            if vlen == 8:  # int64/float64 values: a move, not a call
+                memcpy(dst, e.vd + e.vo[r], 8)
+            elif vlen:
                 memcpy(dst, e.vd + e.vo[r], vlen)
         start = end
     return 0
@@ -1585,11 +1587,11 @@ cdef class NativeStateTable:
                     ahead[j] = m.hash(&kd[ko[j]], ko[j + 1] - ko[j])
                     m.prefetch_bucket(ahead[j])
                 for i in range(n):
-                    h = ahead[i % _LOAD_AHEAD]
+                    h = ahead[i & (_LOAD_AHEAD - 1)]
                     j = i + _LOAD_AHEAD
                     if j < n:
-                        ahead[j % _LOAD_AHEAD] = m.hash(&kd[ko[j]], ko[j + 1] - ko[j])
-                        m.prefetch_bucket(ahead[j % _LOAD_AHEAD])
+                        ahead[j & (_LOAD_AHEAD - 1)] = m.hash(&kd[ko[j]], ko[j + 1] - ko[j])
+                        m.prefetch_bucket(ahead[j & (_LOAD_AHEAD - 1)])
                     vlen = vo[i + 1] - vo[i]
                     dst = m.upsert(h, &kd[ko[i]], ko[i + 1] - ko[i], vlen, &cur, &inserted)
                     if cur != <size_t>vlen:
