@@ -32,14 +32,6 @@ std::string where(const std::string& state, int32_t kg) {
   return "state '" + state + "' key group " + std::to_string(kg);
 }
 
-// memcmp order, a proper prefix first (the order of format.py's byte comparison).
-int compare(ByteView a, ByteView b) {
-  size_t n = a.size < b.size ? a.size : b.size;
-  int c = n ? std::memcmp(a.data, b.data, n) : 0;
-  if (c != 0) return c;
-  return a.size < b.size ? -1 : (a.size > b.size ? 1 : 0);
-}
-
 }  // namespace
 
 SnapshotSerializer::SnapshotSerializer(std::vector<SerializerSource> sources,
@@ -178,7 +170,7 @@ void SnapshotSerializer::serialize_group(size_t si, int32_t kg) {
     if (got != kg)
       throw std::invalid_argument("state '" + src.name + "': entries(..., " + std::to_string(kg) +
                                   ") returned a key with key-group prefix " + std::to_string(got));
-    if (i > 0 && compare(rows.key(i - 1), key) >= 0)
+    if (i > 0 && key_compare(rows.key(i - 1), key) >= 0)
       throw std::invalid_argument(where(src.name, kg) + ": keys are not strictly ascending by bytes");
     kbytes += key.size;
     vbytes += rows.value(i).size;
@@ -288,6 +280,10 @@ SnapshotSerializer::Stats SnapshotSerializer::stats() const {
 bool SnapshotSerializer::next_chunk(BlockChunk* out, size_t target_bytes) {
   out->bytes.clear();
   out->blocks.clear();
+  // One allocation for the chunk instead of doublings that copy what is compressed so far (a
+  // block can end the chunk past the target by at most one block's bound).
+  out->bytes.reserve(std::min<size_t>(target_bytes, size_t{16} << 20) +
+                     lz4_block_bound(opt_.block_target_bytes) + 64);
   BlockPayload p;
   try {
     while (out->blocks.empty() || out->bytes.size() < target_bytes) {

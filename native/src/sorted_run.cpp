@@ -1,6 +1,8 @@
 // Flat sorted runs and their builder (design: sorted_run.h).
 #include "statecore/sorted_run.h"
 
+#include "statecore/detail/bytes.h"
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -9,11 +11,7 @@
 
 namespace statecore {
 
-bool key_less(ByteView a, ByteView b) {
-  size_t n = std::min(a.size, b.size);
-  int c = n ? std::memcmp(a.data, b.data, n) : 0;
-  return c != 0 ? c < 0 : a.size < b.size;
-}
+bool key_less(ByteView a, ByteView b) { return key_compare(a, b) < 0; }
 
 bool key_equal(ByteView a, ByteView b) {
   return a.size == b.size && (a.size == 0 || std::memcmp(a.data, b.data, a.size) == 0);
@@ -84,9 +82,21 @@ void SortedRunBuilder::reserve(size_t entries, size_t key_bytes, size_t value_by
   slots_.reserve(entries);
   key_offsets_.reserve(entries + 1);
   value_offsets_.reserve(entries + 1);
-  key_data_.reserve(key_bytes);
-  value_data_.reserve(value_bytes);
+  if (key_data_.size() < key_bytes) key_data_.resize(key_bytes);
+  if (value_data_.size() < value_bytes) value_data_.resize(value_bytes);
 }
+
+namespace {
+
+// Appends `n` bytes at `used` of a staging vector grown (never shrunk) geometrically; returns
+// the new used size.
+inline uint64_t stage(std::vector<uint8_t>& v, uint64_t used, const uint8_t* p, size_t n) {
+  if (v.size() - used < n) v.resize(std::max<size_t>(2 * v.size(), used + n + 64));
+  detail::copy_small(v.data() + used, p, n);
+  return used + n;
+}
+
+}  // namespace
 
 void SortedRunBuilder::add(ByteView key, ByteView value, bool removed) {
   const size_t n = key.size;
@@ -94,10 +104,8 @@ void SortedRunBuilder::add(ByteView key, ByteView value, bool removed) {
   slots_.push_back({be_word(key.data, n), n > 8 ? be_word(key.data + 8, n - 8) : 0,
                     index | (removed ? kRemovedBit : 0)});
   tombstones_ += removed;
-  key_data_.insert(key_data_.end(), key.data, key.data + n);
-  key_offsets_.push_back(key_data_.size());
-  value_data_.insert(value_data_.end(), value.data, value.data + value.size);
-  value_offsets_.push_back(value_data_.size());
+  key_offsets_.push_back(stage(key_data_, key_offsets_.back(), key.data, n));
+  value_offsets_.push_back(stage(value_data_, value_offsets_.back(), value.data, value.size));
 }
 
 SortedRun SortedRunBuilder::finish(bool unique) {
@@ -127,8 +135,8 @@ void SortedRunBuilder::finish(bool unique, SortedRun& out) {
   // Emit into buffers sized once (an upper bound when `unique` drops entries).
   out.key_offsets.resize(slots_.size() + 1);
   out.value_offsets.resize(slots_.size() + 1);
-  out.key_data.resize(key_data_.size());
-  out.value_data.resize(value_data_.size());
+  out.key_data.resize(key_offsets_.back());
+  out.value_data.resize(value_offsets_.back());
   out.key_offsets[0] = out.value_offsets[0] = 0;
   out.valid.clear();
   if (tombstones_) out.valid.resize(slots_.size());
@@ -139,10 +147,13 @@ void SortedRunBuilder::finish(bool unique, SortedRun& out) {
   for (size_t i = 0; i < slots_.size(); ++i) {
     const uint64_t at = slots_[i].index & ~kRemovedBit;
     const uint64_t k0 = key_offsets_[at], kn = key_offsets_[at + 1] - k0;
-    if (unique && i > 0 && key_equal(key_at(slots_[i]), key_at(slots_[i - 1]))) continue;
+    // Different words are different keys; only equal words need the bytes compared.
+    if (unique && i > 0 && slots_[i].hi == slots_[i - 1].hi && slots_[i].lo == slots_[i - 1].lo &&
+        key_equal(key_at(slots_[i]), key_at(slots_[i - 1])))
+      continue;
     const uint64_t v0 = value_offsets_[at], vn = value_offsets_[at + 1] - v0;
-    if (kn) std::memcpy(kd + kpos, key_data_.data() + k0, kn);
-    if (vn) std::memcpy(vd + vpos, value_data_.data() + v0, vn);
+    detail::copy_small(kd + kpos, key_data_.data() + k0, kn);
+    detail::copy_small(vd + vpos, value_data_.data() + v0, vn);
     kpos += kn;
     vpos += vn;
     if (tombstones_) out.valid[m] = (slots_[i].index & kRemovedBit) ? 0 : 1;
@@ -159,9 +170,7 @@ void SortedRunBuilder::finish(bool unique, SortedRun& out) {
 }
 
 void SortedRunBuilder::clear() {
-  key_data_.clear();
-  key_offsets_.assign(1, 0);
-  value_data_.clear();
+  key_offsets_.assign(1, 0);  // the data vectors keep their bytes as spare room
   value_offsets_.assign(1, 0);
   tombstones_ = 0;
   slots_.clear();
@@ -190,13 +199,6 @@ void check_offsets(const int32_t* offsets, size_t n, size_t data_size, size_t ru
 
 inline ByteView run_key(const ArrowBinaryRun& r, size_t i) {
   return {r.key_data + r.key_offsets[i], static_cast<size_t>(r.key_offsets[i + 1] - r.key_offsets[i])};
-}
-
-inline int key_compare(ByteView a, ByteView b) {
-  size_t n = std::min(a.size, b.size);
-  int c = n ? std::memcmp(a.data, b.data, n) : 0;
-  if (c != 0) return c;
-  return a.size < b.size ? -1 : (a.size > b.size ? 1 : 0);
 }
 
 inline bool is_tombstone(const ArrowBinaryRun& r, size_t i) {

@@ -180,4 +180,32 @@ TEST(corrupt_runs_raise) {
   CHECK_THROWS(merge_newest_wins({view}, &picks), std::invalid_argument);
 }
 
+TEST(key_compare_orders_as_bytes_then_length) {
+  // Short alphabets and shared prefixes, so the two-word fast path (equal sizes of 8-16 bytes)
+  // meets equal first words, overlapping second words and keys that differ only in the last
+  // byte; other sizes take the memcmp path.
+  std::mt19937_64 rng(11);
+  auto key = [&rng]() {
+    std::string k(rng() % 21, '\0');
+    for (char& c : k) c = static_cast<char>(rng() % 3 == 0 ? 0x80 + rng() % 3 : rng() % 2);
+    return k;
+  };
+  auto view = [](const std::string& k) {
+    return statecore::ByteView{reinterpret_cast<const uint8_t*>(k.data()), k.size()};
+  };
+  for (int i = 0; i < 200000; ++i) {
+    std::string a = key(), b = key();
+    if (i % 3 == 0) b = a.substr(0, a.size() / 2) + b.substr(std::min(b.size(), a.size() / 2));
+    if (i % 7 == 0 && !a.empty()) {
+      b = a;
+      b[rng() % b.size()] ^= 1;
+    }
+    // std::string compares chars as unsigned through char_traits<char>::compare (memcmp).
+    const int want = a.compare(b) < 0 ? -1 : (a.compare(b) > 0 ? 1 : 0);
+    const int got = statecore::key_compare(view(a), view(b));
+    CHECK_EQ((got > 0) - (got < 0), want);
+    CHECK_EQ(statecore::key_less(view(a), view(b)), want < 0);
+  }
+}
+
 TEST_MAIN()

@@ -11,6 +11,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace statecore {
@@ -24,6 +25,24 @@ struct ByteView {
 // in snapshots and checkpoint files).
 bool key_less(ByteView a, ByteView b);
 bool key_equal(ByteView a, ByteView b);
+// <0, 0, >0 as key_less orders a and b (bytes, then length). Keys of one length of 8 to 16
+// bytes (an int64 key with its prefix) compare as two big-endian words without a memcmp call:
+// neighbours in a sorted run usually share their first 8 bytes, so the call ran to its end.
+inline int key_compare(ByteView a, ByteView b) {
+  if (a.size == b.size && a.size >= 8 && a.size <= 16) {
+    const auto word = [](const uint8_t* p) { uint64_t w; std::memcpy(&w, p, 8); return __builtin_bswap64(w); };
+    uint64_t x = word(a.data), y = word(b.data);
+    if (x == y) {
+      x = word(a.data + a.size - 8);
+      y = word(b.data + b.size - 8);
+    }
+    return x < y ? -1 : (x > y ? 1 : 0);
+  }
+  const size_t n = a.size < b.size ? a.size : b.size;
+  const int c = n ? std::memcmp(a.data, b.data, n) : 0;
+  if (c != 0) return c;
+  return a.size < b.size ? -1 : (a.size > b.size ? 1 : 0);
+}
 
 // One listed entry: a key with its value, or a tombstone (`removed`, empty value) of a key
 // removed since an incremental snapshot's base.
@@ -99,7 +118,9 @@ class SortedRunBuilder {
   static constexpr uint64_t kRemovedBit = uint64_t{1} << 63;
 
  private:
-  // Staging: entries in the order added.
+  // Staging: entries in the order added. The data vectors are only grown (their bytes past
+  // key_offsets_.back() / value_offsets_.back() are spare room, kept across runs), so adding an
+  // entry is two short copies, not two vector inserts.
   std::vector<uint8_t> key_data_;
   std::vector<uint64_t> key_offsets_{0};
   std::vector<uint8_t> value_data_;

@@ -45,5 +45,23 @@ inline uint64_t load_le64(const uint8_t* p) { return le64(load_u64(p)); }
 inline void store_le32(uint8_t* p, uint32_t v) { store_u32(p, le32(v)); }
 inline void store_le64(uint8_t* p, uint64_t v) { store_u64(p, le64(v)); }
 
+// memcpy of a short run of bytes without a call: keys and values are mostly 1-16 bytes, where
+// a call to memcpy with a run-time size cost more than the copy (the sorted-run builder's staging
+// and emit copies were ~25% of listing a key group's changes, callgrind). Two overlapping
+// fixed-size moves cover 4-16 bytes.
+inline void copy_small(uint8_t* dst, const uint8_t* src, size_t n) {
+  if (n >= 8 && n <= 16) {
+    store_u64(dst, load_u64(src));
+    store_u64(dst + n - 8, load_u64(src + n - 8));
+  } else if (n >= 4 && n < 8) {
+    store_u32(dst, load_u32(src));
+    store_u32(dst + n - 4, load_u32(src + n - 4));
+  } else if (n > 16) {
+    std::memcpy(dst, src, n);
+  } else {
+    for (size_t i = 0; i < n; ++i) dst[i] = src[i];
+  }
+}
+
 }  // namespace detail
 }  // namespace statecore
