@@ -1,6 +1,7 @@
 // Background block serializer of checkpoint data files (design: snapshot_writer.h).
 #include "statecore/snapshot_writer.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <limits>
