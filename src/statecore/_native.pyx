@@ -1231,56 +1231,6 @@ cdef str _scan_error(_Entries e, int64_t i, int why, int32_t lo, int32_t hi, int
     return f"entry {i}: value is {e.vo[i + 1] - e.vo[i]} bytes, the state's values are {value_width}"
 
 
-cdef int _load_runs(_Entries e, vector[c.StateMap*]& maps, int32_t lo,
-                    int prefix_width) except -1 nogil:
-    """load_range's loop: per run of one key group, :meth:`NativeStateTable.load`'s pipeline
-    (a NULL value removes its key)."""
-    cdef uint32_t ahead[_LOAD_AHEAD]
-    cdef uint32_t h
-    cdef int64_t start = 0, end, i, j, n, r
-    cdef int32_t kg, klen, vlen
-    cdef c.StateMap* m
-    cdef const uint8_t* key
-    cdef uint8_t* dst
-    cdef size_t cur = 0
-    cdef c.cbool inserted = False
-    while start < e.n:
-        kg = _entry_kg(e, start, prefix_width)
-        end = start + 1
-        while end < e.n and _entry_kg(e, end, prefix_width) == kg:
-            end += 1
-        m = maps[kg - lo]
-        n = end - start
-        m.reserve(n)  # a no-op unless the map is empty
-        for j in range(min(n, _LOAD_AHEAD)):
-            r = start + j
-            ahead[j] = m.hash(e.kd + e.ko[r], e.ko[r + 1] - e.ko[r])
-            m.prefetch_bucket(ahead[j])
-        for i in range(n):
-            h = ahead[i & (_LOAD_AHEAD - 1)]
-            j = i + _LOAD_AHEAD
-            if j < n:
-                r = start + j
-                ahead[j & (_LOAD_AHEAD - 1)] = m.hash(e.kd + e.ko[r], e.ko[r + 1] - e.ko[r])
-                m.prefetch_bucket(ahead[j & (_LOAD_AHEAD - 1)])
-            r = start + i
-            key = e.kd + e.ko[r]
-            klen = e.ko[r + 1] - e.ko[r]
-            if not _entry_valid(e, r):
-                m.remove(key, klen)
-                continue
-            vlen = e.vo[r + 1] - e.vo[r]
-            dst = m.upsert(h, key, klen, vlen, &cur, &inserted)
-            if cur != <size_t>vlen:
-                dst = m.put(key, klen, vlen)
-            if vlen == 8:  # int64/float64 values: a move, not a call
-                memcpy(dst, e.vd + e.vo[r], 8)
-            elif vlen:
-                memcpy(dst, e.vd + e.vo[r], vlen)
-        start = end
-    return 0
-
-
 def check_entry_range(keys, values, int32_t kg_lo, int32_t kg_hi, int prefix_width,
                       int64_t value_width, bint tombstones):
     """Check entries about to be bulk-loaded as bytes (restore, a change set; see
@@ -1603,35 +1553,34 @@ cdef class NativeStateTable:
 
     def load_range(self, keys, values, int prefix_width):
         """Bulk upsert of the entries of several key groups at once (restore, a change set):
-        ``keys``/``values`` pa.binary arrays of equal length, sorted by key group (the
-        big-endian ``prefix_width``-byte key-group prefix, 1 or 2, of every key), NULL values
-        tombstones whose keys are removed. Each key group's map is pre-sized when empty, keys
-        are hashed and their slots prefetched ahead as in :meth:`load`. Raises
-        InvalidInputError before touching the table for anything :func:`check_entry_range`
-        would reject with the table's range, no value width and tombstones allowed (callers
-        run that check with the state's value width first). GIL released."""
+        ``keys``/``values`` pa.binary arrays of equal length (any offset), sorted by key group
+        (the big-endian ``prefix_width``-byte key-group prefix, 1 or 2, of every key), NULL
+        values tombstones whose keys are removed; native ``load_entries`` (bulk_load.h): empty
+        maps pre-sized, slots prefetched ahead, flat maps written through the batch lanes.
+        Raises InvalidInputError, before touching the table, for a NULL key, unequal lengths,
+        a key not longer than its prefix, or prefixes outside the table's range or not sorted
+        (callers check value widths first with :func:`check_entry_range`). GIL released."""
         cdef _Entries e = _Entries(keys, values)
-        cdef int32_t lo = self.kg_start, hi = self.kg_end
-        cdef int64_t bad
-        cdef int why
-        if self.busy:
-            self._idle()
-        if prefix_width not in (1, 2):
-            raise InvalidInputError(f"prefix_width must be 1 or 2, got {prefix_width}")
-        with nogil:
-            bad = _scan_entries(e, lo, hi, prefix_width, -1, True, &why)
-        if bad >= 0:
-            raise InvalidInputError(_scan_error(e, bad, why, lo, hi, prefix_width, -1))
+        cdef c.ArrowBinaryRun run
         if e.n == 0:
+            if prefix_width not in (1, 2):
+                raise InvalidInputError(f"prefix_width must be 1 or 2, got {prefix_width}")
             return
-        cdef vector[c.StateMap*] maps
-        cdef int32_t kg
-        for kg in range(lo, hi + 1):
-            maps.push_back(&self.table.map(kg))
+        run.key_offsets = e.ko
+        run.key_data = e.kd
+        run.key_data_size = e.ko[e.n]
+        run.value_offsets = e.vo
+        run.value_data = e.vd
+        run.value_data_size = e.vo[e.n]
+        run.validity = e.vbits
+        run.validity_bit = e.voff
+        run.size = e.n
         self._claim()
         try:
             with nogil:
-                _load_runs(e, maps, lo, prefix_width)
+                c.load_entries(self.table[0], run, prefix_width)
+        except ValueError as exc:
+            raise InvalidInputError(str(exc)) from None
         finally:
             self.busy = 0
 

@@ -120,6 +120,10 @@ cdef extern from "statecore/sorted_run.h" namespace "statecore" nogil:
                            cbool keep_tombstones) except +
 
 
+cdef extern from "statecore/bulk_load.h" namespace "statecore" nogil:
+    void load_entries(StateTable& table, const ArrowBinaryRun& run, int prefix_bytes) except +
+
+
 cdef extern from "statecore/state_map.h" namespace "statecore" nogil:
     cdef cppclass MapStats "statecore::StateMap::Stats":
         uint64_t entry_copies

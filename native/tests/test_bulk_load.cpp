@@ -1,0 +1,197 @@
+// Unit tests of load_entries (bulk_load.h): random runs over many key groups against a std::map
+// model -- into empty maps (pre-sized), over existing entries (flat lanes, growth past the
+// reservation, tombstones, values of another size, empty values), 1- and 2-byte prefixes --
+// and the errors that must leave the table unchanged. Fixed seeds.
+#include <cstring>
+#include <map>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "check.h"
+#include "statecore/bulk_load.h"
+
+using statecore::ArrowBinaryRun;
+using statecore::ByteView;
+using statecore::StateTable;
+
+namespace {
+
+using Model = std::map<std::string, std::string>;  // encoded key -> value
+
+std::string encoded_key(int32_t kg, uint64_t key, int pw) {
+  std::string s;
+  if (pw == 2) s.push_back(static_cast<char>(kg >> 8));
+  s.push_back(static_cast<char>(kg & 0xff));
+  for (int i = 7; i >= 0; --i) s.push_back(static_cast<char>((key >> (8 * i)) & 0xff));
+  s.push_back('\0');  // the void namespace
+  return s;
+}
+
+int32_t kg_of(const std::string& k, int pw) {
+  const auto* p = reinterpret_cast<const uint8_t*>(k.data());
+  return pw == 1 ? p[0] : (p[0] << 8) | p[1];
+}
+
+// A run in Arrow layout owning its buffers; a null value (std::pair second == false) is a
+// tombstone. Validity bits start at `bit0` (a sliced Arrow array).
+struct OwnedRun {
+  std::vector<int32_t> ko{0}, vo{0};
+  std::string kd, vd;
+  std::vector<uint8_t> valid;
+  int64_t bit0 = 3;
+  bool any_null = false;
+  size_t n = 0;
+
+  void add(const std::string& k, const std::string* v) {
+    kd += k;
+    ko.push_back(static_cast<int32_t>(kd.size()));
+    if (v) vd += *v;
+    vo.push_back(static_cast<int32_t>(vd.size()));
+    const uint64_t bit = static_cast<uint64_t>(bit0) + n;
+    if (valid.size() <= bit / 8) valid.resize(bit / 8 + 1, 0);
+    if (v) valid[bit / 8] |= static_cast<uint8_t>(1u << (bit % 8));
+    any_null |= v == nullptr;
+    ++n;
+  }
+  ArrowBinaryRun view() const {
+    ArrowBinaryRun r;
+    r.key_offsets = ko.data();
+    r.key_data = reinterpret_cast<const uint8_t*>(kd.data());
+    r.key_data_size = kd.size();
+    r.value_offsets = vo.data();
+    r.value_data = reinterpret_cast<const uint8_t*>(vd.data());
+    r.value_data_size = vd.size();
+    r.validity = any_null ? valid.data() : nullptr;
+    r.validity_bit = bit0;
+    r.size = n;
+    return r;
+  }
+};
+
+std::string value_of(uint64_t x, size_t size) {
+  std::string v(size, '\0');
+  for (size_t i = 0; i < size; ++i) v[i] = static_cast<char>((x >> (8 * (i % 8))) + i);
+  return v;
+}
+
+// The table's entries against the model (sizes per key group and every value).
+void check_table(StateTable& t, const Model& model, int pw) {
+  std::map<int32_t, size_t> per_kg;
+  for (const auto& [k, v] : model) {
+    ++per_kg[kg_of(k, pw)];
+    ByteView got;
+    const bool found = t.map(kg_of(k, pw)).get(reinterpret_cast<const uint8_t*>(k.data()),
+                                               k.size(), &got);
+    CHECK(found);
+    if (found) CHECK_EQ(std::string(reinterpret_cast<const char*>(got.data), got.size), v);
+  }
+  for (int32_t kg = t.kg_start(); kg <= t.kg_end(); ++kg) CHECK_EQ(t.map(kg).size(), per_kg[kg]);
+}
+
+// A run of random upserts/tombstones over `keys` keys in key groups [lo, hi], sorted by key
+// (so by key group), applied to `model` as load_entries must.
+OwnedRun random_run(std::mt19937_64& rng, Model& model, int32_t lo, int32_t hi, uint64_t keys,
+                    int pw, size_t value_size, int tombstone_pct) {
+  std::map<std::string, std::pair<bool, std::string>> rows;
+  for (uint64_t i = 0; i < keys; ++i) {
+    const uint64_t key = rng() % (keys * 2);
+    const int32_t kg = lo + static_cast<int32_t>(rng() % static_cast<uint64_t>(hi - lo + 1));
+    const bool dead = static_cast<int>(rng() % 100) < tombstone_pct;
+    // Now and then a value of another size: the map must take it as put() would.
+    const size_t vs = rng() % 50 == 0 ? value_size + 8 : value_size;
+    rows[encoded_key(kg, key, pw)] = {!dead, value_of(rng(), vs)};
+  }
+  OwnedRun run;
+  for (const auto& [k, row] : rows) {
+    run.add(k, row.first ? &row.second : nullptr);
+    if (row.first) {
+      model[k] = row.second;
+    } else {
+      model.erase(k);
+    }
+  }
+  return run;
+}
+
+}  // namespace
+
+TEST(random_runs_match_a_model) {
+  for (int pw : {1, 2}) {
+    std::mt19937_64 rng(pw * 7);
+    const int32_t lo = pw == 1 ? 3 : 250, hi = pw == 1 ? 40 : 300;
+    StateTable t(lo, hi);
+    Model model;
+    // Into empty maps, then repeatedly over them: updates, new keys past the reservation
+    // (growth), removals.
+    for (int round = 0; round < 6; ++round) {
+      const OwnedRun run = random_run(rng, model, lo, hi, 20000, pw, 8, round == 0 ? 0 : 10);
+      statecore::load_entries(t, run.view(), pw);
+      check_table(t, model, pw);
+    }
+  }
+}
+
+TEST(empty_values_and_values_changing_size) {
+  StateTable t(0, 3);
+  Model model;
+  OwnedRun a;
+  const std::string k1 = encoded_key(1, 5, 1), k2 = encoded_key(1, 6, 1), k3 = encoded_key(2, 7, 1);
+  const std::string v8 = value_of(1, 8), v0, v16 = value_of(2, 16);
+  a.add(k1, &v8);
+  a.add(k2, &v8);
+  a.add(k3, &v0);
+  statecore::load_entries(t, a.view(), 1);
+  model = {{k1, v8}, {k2, v8}, {k3, v0}};
+  check_table(t, model, 1);
+  OwnedRun b;  // an 8-byte value becomes empty, another 16 bytes; an empty one 8 bytes
+  b.add(k1, &v0);
+  b.add(k2, &v16);
+  b.add(k3, &v8);
+  statecore::load_entries(t, b.view(), 1);
+  model = {{k1, v0}, {k2, v16}, {k3, v8}};
+  check_table(t, model, 1);
+}
+
+TEST(bad_runs_raise_before_any_write) {
+  StateTable t(2, 5);
+  const std::string keep = encoded_key(3, 1, 1), v = value_of(9, 8);
+  OwnedRun first;
+  first.add(keep, &v);
+  statecore::load_entries(t, first.view(), 1);
+  const Model model{{keep, v}};
+  const std::string other = value_of(10, 8);
+  std::vector<std::pair<OwnedRun, std::string>> bad;
+  {
+    OwnedRun r;  // a valid first entry, then a key group outside [2, 5]
+    r.add(keep, &other);
+    r.add(encoded_key(6, 1, 1), &other);
+    bad.emplace_back(r, "entry 1: key-group prefix 6 is outside [2, 5]");
+  }
+  {
+    OwnedRun r;  // not sorted by key group
+    r.add(encoded_key(4, 1, 1), &other);
+    r.add(keep, &other);
+    bad.emplace_back(r, "entry 1: key-group prefix 3 is outside [2, 5] or below the entry");
+  }
+  {
+    OwnedRun r;  // a key that is only a prefix
+    r.add(keep, &other);
+    r.add(std::string(1, '\x04'), &other);
+    bad.emplace_back(r, "entry 1: its encoded key is not longer than the 1-byte");
+  }
+  for (const auto& [run, why] : bad) {
+    try {
+      statecore::load_entries(t, run.view(), 1);
+      CHECK(false);
+    } catch (const std::invalid_argument& e) {
+      CHECK(std::string(e.what()).find(why) == 0);
+    }
+    check_table(t, model, 1);
+  }
+  CHECK_THROWS(statecore::load_entries(t, first.view(), 3), std::invalid_argument);
+}
+
+TEST_MAIN()
