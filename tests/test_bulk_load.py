@@ -183,3 +183,45 @@ def test_restore_of_a_damaged_prefix_leaves_the_backend_unchanged(tmp_path):
     assert dst.num_entries() == before
     dst.set_current_key(mine)
     assert st.v.value() == "mine"
+
+
+def _raw_binary(offsets, data: bytes, validity=None):
+    """A pa.binary array from raw buffers (pyarrow does not validate these)."""
+    import numpy as np
+
+    return pa.Array.from_buffers(pa.binary(), len(offsets) - 1,
+                                 [validity, pa.py_buffer(np.array(offsets, np.int32).tobytes()),
+                                  pa.py_buffer(data)])
+
+
+@pytest.mark.parametrize("bad", [
+    ("keys", [0, 10, 5], b"\x01" * 20),     # decreasing
+    ("keys", [0, 30, 20], b"\x01" * 20),    # entry 0 past the data buffer
+    ("values", [0, 8, 4], b"v" * 16),       # decreasing
+    ("values", [0, 24, 16], b"v" * 16),     # entry 0 past the data buffer
+])
+def test_arrays_with_broken_offsets_are_refused_not_read(bad):
+    """``pa.Array.from_buffers`` checks only the last offset against the data (not the order of
+    the others); the bulk paths read through every offset without bounds checks, so they must
+    refuse such arrays first."""
+    which, offsets, data = bad
+    good_keys = _raw_binary([0, 10, 20], b"\x01" * 20)
+    good_values = _raw_binary([0, 8, 16], b"v" * 16)
+    keys, values = (_raw_binary(offsets, data), good_values) if which == "keys" else \
+        (good_keys, _raw_binary(offsets, data))
+    with pytest.raises(InvalidInputError, match=f"{which}: offset"):
+        _native.check_entry_range(keys, values, 0, 3, 1, -1, False)
+    t = _native.NativeStateTable(0, 3)
+    with pytest.raises(InvalidInputError, match=f"{which}: offset"):
+        t.load_range(keys, values, 1)
+    assert len(t) == 0
+
+
+def test_per_key_group_load_and_removal_refuse_broken_offsets():
+    t = _native.NativeStateTable(0, 3)
+    keys = _raw_binary([0, 30, 20], b"\x01" * 20)
+    with pytest.raises(InvalidInputError, match="keys: offset"):
+        t.load(1, keys, pa.array([b"a", b"b"], pa.binary()))
+    with pytest.raises(InvalidInputError, match="keys: offset"):
+        t.remove_keys(1, keys)
+    assert len(t) == 0

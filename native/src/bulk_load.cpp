@@ -37,11 +37,23 @@ struct Entries {
   }
 };
 
+// Offsets o[0..n] non-negative, non-decreasing and within `size` bytes: the loop below reads
+// through them unchecked.
+void check_offsets(const int32_t* o, int64_t n, size_t size, const char* what) {
+  if (n == 0) return;
+  bool ok = o[0] >= 0;
+  for (int64_t i = 0; ok && i < n; ++i) ok = o[i + 1] >= o[i];
+  if (!ok || static_cast<size_t>(o[n]) > size)
+    throw std::invalid_argument(std::string(what) +
+                                " offsets are negative, decreasing or past their data");
+}
+
 void check(const StateTable& table, const Entries& e, int64_t n) {
+  check_offsets(e.r.key_offsets, n, e.r.key_data_size, "key");
+  check_offsets(e.r.value_offsets, n, e.r.value_data_size, "value");
   int32_t prev = table.kg_start();
   for (int64_t i = 0; i < n; ++i) {
-    if (e.r.key_offsets[i + 1] < e.r.key_offsets[i] ||
-        e.key_size(i) <= static_cast<size_t>(e.pw))
+    if (e.key_size(i) <= static_cast<size_t>(e.pw))
       throw std::invalid_argument("entry " + std::to_string(i) +
                                   ": its encoded key is not longer than the " +
                                   std::to_string(e.pw) + "-byte key-group prefix");

@@ -192,6 +192,22 @@ TEST(bad_runs_raise_before_any_write) {
     check_table(t, model, 1);
   }
   CHECK_THROWS(statecore::load_entries(t, first.view(), 3), std::invalid_argument);
+  // Offsets the loop would read through unchecked: decreasing, past the data.
+  OwnedRun two;
+  two.add(keep, &other);
+  two.add(encoded_key(4, 2, 1), &other);
+  ArrowBinaryRun r = two.view();
+  r.key_data_size -= 1;
+  CHECK_THROWS(statecore::load_entries(t, r, 1), std::invalid_argument);
+  r = two.view();
+  r.value_data_size -= 1;
+  CHECK_THROWS(statecore::load_entries(t, r, 1), std::invalid_argument);
+  std::vector<int32_t> down = two.vo;
+  down[1] = down[2] + 1;
+  r = two.view();
+  r.value_offsets = down.data();
+  CHECK_THROWS(statecore::load_entries(t, r, 1), std::invalid_argument);
+  check_table(t, model, 1);
 }
 
 TEST_MAIN()

@@ -1150,6 +1150,7 @@ cdef class _Entries:
     cdef const uint8_t* vd
     cdef const uint8_t* vbits  # NULL: no NULL values
     cdef int64_t voff  # bit offset of the values' validity
+    cdef int64_t kd_size, vd_size  # bytes of the data buffers
 
     def __cinit__(self, keys, values):
         keys = keys.cast(pa.binary()) if keys.type != pa.binary() else keys
@@ -1173,16 +1174,43 @@ cdef class _Entries:
         kb, vbuf = keys.buffers(), values.buffers()
         ko = np.frombuffer(kb[1], np.int32)[keys.offset:keys.offset + self.n + 1]
         vo = np.frombuffer(vbuf[1], np.int32)[values.offset:values.offset + self.n + 1]
+        if ko.shape[0] != self.n + 1 or vo.shape[0] != self.n + 1:
+            raise InvalidInputError("keys/values: the offsets buffer is shorter than the array")
         self.ko, self.vo = &ko[0], &vo[0]
+        self.kd_size = self.vd_size = 0
         if kb[2] is not None and kb[2].size:
             kd = np.frombuffer(kb[2], np.uint8)
-            self.kd = &kd[0]
+            self.kd, self.kd_size = &kd[0], kd.shape[0]
         if vbuf[2] is not None and vbuf[2].size:
             vd = np.frombuffer(vbuf[2], np.uint8)
-            self.vd = &vd[0]
+            self.vd, self.vd_size = &vd[0], vd.shape[0]
         if values.null_count:
             vb = np.frombuffer(vbuf[0], np.uint8)
+            if vb.shape[0] * 8 < self.voff + self.n:
+                raise InvalidInputError("values: the validity bitmap is shorter than the array")
             self.vbits = &vb[0]
+        # Arrays built from raw buffers are not validated by pyarrow: the bulk paths read
+        # through these offsets without bounds checks, so they must be sane.
+        cdef int64_t bad_k, bad_v
+        with nogil:
+            bad_k = _bad_offset(self.ko, self.n, self.kd_size)
+            bad_v = _bad_offset(self.vo, self.n, self.vd_size)
+        if bad_k >= 0 or bad_v >= 0:
+            raise InvalidInputError(
+                f"{'keys' if bad_k >= 0 else 'values'}: offset {bad_k if bad_k >= 0 else bad_v} "
+                "is negative, below the one before it or past the data buffer")
+
+
+cdef int64_t _bad_offset(const int32_t* o, int64_t n, int64_t size) noexcept nogil:
+    """Index of the first of Arrow binary offsets o[0..n] that is negative, decreasing or past
+    ``size`` data bytes, or -1."""
+    cdef int64_t i
+    if o[0] < 0:
+        return 0
+    for i in range(n):
+        if o[i + 1] < o[i]:
+            return i + 1
+    return n if o[n] > size else -1
 
 
 cdef inline bint _entry_valid(_Entries e, int64_t i) noexcept nogil:
@@ -1516,6 +1544,7 @@ cdef class NativeStateTable:
             raise InvalidInputError("restored keys/values must not be null")
         if n == 0:
             return
+        _Entries(keys, values)  # offsets sane: the loop below reads through them unchecked
         kbufs = keys.buffers(); vbufs = values.buffers()
         ko = np.frombuffer(kbufs[1], np.int32)[keys.offset:keys.offset + n + 1]
         vo = np.frombuffer(vbufs[1], np.int32)[values.offset:values.offset + n + 1]
@@ -1568,10 +1597,10 @@ cdef class NativeStateTable:
             return
         run.key_offsets = e.ko
         run.key_data = e.kd
-        run.key_data_size = e.ko[e.n]
+        run.key_data_size = e.kd_size
         run.value_offsets = e.vo
         run.value_data = e.vd
-        run.value_data_size = e.vo[e.n]
+        run.value_data_size = e.vd_size
         run.validity = e.vbits
         run.validity_bit = e.voff
         run.size = e.n
@@ -1597,6 +1626,7 @@ cdef class NativeStateTable:
             raise InvalidInputError("keys to remove must not be null")
         if n == 0:
             return 0
+        _Entries(keys, keys)  # offsets sane: the loop below reads through them unchecked
         kbufs = keys.buffers()
         ko = np.frombuffer(kbufs[1], np.int32)[keys.offset:keys.offset + n + 1]
         kd = np.frombuffer(kbufs[2], np.uint8) if kbufs[2] is not None and kbufs[2].size else np.zeros(1, np.uint8)

@@ -11,7 +11,8 @@ namespace statecore {
 // key groups; a NULL value (validity bit 0) removes its key (a change set's tombstone). The run
 // must be sorted by key group: the big-endian `prefix_bytes`-byte key-group prefix (1 or 2) of
 // every key, non-decreasing, all inside the table's range, every key longer than its prefix.
-// std::invalid_argument names the first entry that breaks this, before anything is written.
+// std::invalid_argument names the first entry that breaks this, or offsets that are negative,
+// decreasing or past key_data_size / value_data_size, before anything is written.
 // The values' sizes are not checked (the caller knows the state's width: _native.pyx
 // check_entry_range); an entry whose value size differs from the stored one replaces it.
 //
