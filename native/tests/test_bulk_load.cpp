@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "check.h"
+#include "owned_run.h"
 #include "statecore/bulk_load.h"
 
 using statecore::ArrowBinaryRun;
@@ -34,42 +35,6 @@ int32_t kg_of(const std::string& k, int pw) {
   const auto* p = reinterpret_cast<const uint8_t*>(k.data());
   return pw == 1 ? p[0] : (p[0] << 8) | p[1];
 }
-
-// A run in Arrow layout owning its buffers; a null value (std::pair second == false) is a
-// tombstone. Validity bits start at `bit0` (a sliced Arrow array).
-struct OwnedRun {
-  std::vector<int32_t> ko{0}, vo{0};
-  std::string kd, vd;
-  std::vector<uint8_t> valid;
-  int64_t bit0 = 3;
-  bool any_null = false;
-  size_t n = 0;
-
-  void add(const std::string& k, const std::string* v) {
-    kd += k;
-    ko.push_back(static_cast<int32_t>(kd.size()));
-    if (v) vd += *v;
-    vo.push_back(static_cast<int32_t>(vd.size()));
-    const uint64_t bit = static_cast<uint64_t>(bit0) + n;
-    if (valid.size() <= bit / 8) valid.resize(bit / 8 + 1, 0);
-    if (v) valid[bit / 8] |= static_cast<uint8_t>(1u << (bit % 8));
-    any_null |= v == nullptr;
-    ++n;
-  }
-  ArrowBinaryRun view() const {
-    ArrowBinaryRun r;
-    r.key_offsets = ko.data();
-    r.key_data = reinterpret_cast<const uint8_t*>(kd.data());
-    r.key_data_size = kd.size();
-    r.value_offsets = vo.data();
-    r.value_data = reinterpret_cast<const uint8_t*>(vd.data());
-    r.value_data_size = vd.size();
-    r.validity = any_null ? valid.data() : nullptr;
-    r.validity_bit = bit0;
-    r.size = n;
-    return r;
-  }
-};
 
 std::string value_of(uint64_t x, size_t size) {
   std::string v(size, '\0');
@@ -104,7 +69,7 @@ OwnedRun random_run(std::mt19937_64& rng, Model& model, int32_t lo, int32_t hi, 
     const size_t vs = rng() % 50 == 0 ? value_size + 8 : value_size;
     rows[encoded_key(kg, key, pw)] = {!dead, value_of(rng(), vs)};
   }
-  OwnedRun run;
+  OwnedRun run(3);  // validity bits from bit 3, as in a sliced Arrow array
   for (const auto& [k, row] : rows) {
     run.add(k, row.first ? &row.second : nullptr);
     if (row.first) {
@@ -202,7 +167,7 @@ TEST(bad_runs_raise_before_any_write) {
   r = two.view();
   r.value_data_size -= 1;
   CHECK_THROWS(statecore::load_entries(t, r, 1), std::invalid_argument);
-  std::vector<int32_t> down = two.vo;
+  std::vector<int32_t> down = two.value_offsets;
   down[1] = down[2] + 1;
   r = two.view();
   r.value_offsets = down.data();

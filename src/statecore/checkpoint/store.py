@@ -1427,16 +1427,32 @@ class CheckpointReader:
             key_group = operator.index(key_group)
         except TypeError:
             raise InvalidInputError(f"key group must be an int, got {key_group!r}") from None
-        chain = self._chain_for(key_group)
+        runs = self._runs_holding(state_name, self._chain_for(key_group))
+        return self._merged(state_name, runs, lambda f: f.entries(state_name, key_group),
+                            f"key group {key_group}")
+
+    def _runs_holding(self, state_name: str, chain: list) -> list:
+        """The runs of ``chain`` (newest first) whose entries of ``state_name`` make its state:
+        those holding it, down to the first full run; timers from the newest run only (they are
+        complete in every run)."""
         if state_name in self._timer_states:
-            chain = chain[:1]  # timers are complete in every run
-        parts = []
+            chain = chain[:1]
+        runs = []
         for r in chain:
             if state_name not in r["states"]:
                 if r["kind"] == KIND_FULL:
                     break
                 continue
-            k, v = self._data_file(r).entries(state_name, key_group)
+            runs.append(r)
+        return runs
+
+    def _merged(self, state_name: str, runs: list, read, where: str):
+        """``read(data file reader)`` of each of ``runs`` merged newest-wins (``_EMPTY`` when
+        none holds an entry); a merge that finds a run out of order raises
+        CorruptCheckpointError naming the version, state, ``where`` and the runs."""
+        parts = []
+        for r in runs:
+            k, v = read(self._data_file(r))
             if len(k):
                 parts.append((k, v))
         if not parts:
@@ -1445,8 +1461,8 @@ class CheckpointReader:
             return _merge_newest_wins(parts, keep_tombstones=self._keep_tombstones)
         except InvalidInputError as exc:
             raise CorruptCheckpointError(
-                f"checkpoint version {self.version}: state {state_name!r} key group {key_group}: "
-                f"runs {[r['path'] for r in chain]}: {exc}") from exc
+                f"checkpoint version {self.version}: state {state_name!r} {where}: "
+                f"runs {[r['path'] for r in runs]}: {exc}") from exc
 
     def entries_chunks(self, state_name: str, start: int, end: int,
                        max_bytes: int = CHUNK_BYTES) -> Iterator[tuple[pa.BinaryArray, pa.BinaryArray]]:
@@ -1461,34 +1477,17 @@ class CheckpointReader:
         Errors as :meth:`entries`; a state not in the version yields nothing."""
         if state_name not in self._names:
             return
-        timers = state_name in self._timer_states
         for a, b, chain in self._segments:
             lo, hi = max(a, start), min(b, end)
-            if lo > hi:
-                continue
-            runs = []
-            for r in (chain[:1] if timers else chain):
-                if state_name not in r["states"]:
-                    if r["kind"] == KIND_FULL:
-                        break
-                    continue
-                runs.append(r)
+            runs = self._runs_holding(state_name, chain) if lo <= hi else []
             if not runs:
                 continue
             for c_lo, c_hi in self._chunk_bounds(state_name, runs, lo, hi, max_bytes):
-                parts = []
-                for r in runs:
-                    k, v = self._data_file(r).entries_range(state_name, c_lo, c_hi)
-                    if len(k):
-                        parts.append((k, v))
-                if not parts:
-                    continue
-                try:
-                    yield _merge_newest_wins(parts, keep_tombstones=self._keep_tombstones)
-                except InvalidInputError as exc:
-                    raise CorruptCheckpointError(
-                        f"checkpoint version {self.version}: state {state_name!r} key groups "
-                        f"{c_lo}..{c_hi}: runs {[r['path'] for r in runs]}: {exc}") from exc
+                keys, values = self._merged(
+                    state_name, runs, lambda f: f.entries_range(state_name, c_lo, c_hi),
+                    f"key groups {c_lo}..{c_hi}")
+                if len(keys):
+                    yield keys, values
 
     def _chunk_bounds(self, state_name: str, runs: list, lo: int, hi: int, max_bytes: int):
         """``[(start, end)]`` tiling ``[lo, hi]`` so that each holds at most ``max_bytes`` of
