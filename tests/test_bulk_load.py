@@ -120,7 +120,7 @@ def test_check_entry_range_accepts_tombstones_and_two_byte_prefixes():
 
 def test_load_range_upserts_removes_and_honours_offsets():
     t = _native.NativeStateTable(0, 3)
-    t.load(1, pa.array([b"\x01a", b"\x01b"], pa.binary()), pa.array([b"old", b"gone"], pa.binary()))
+    t.load(1, pa.array([b"\x01a", b"\x01b"], pa.binary()), pa.array([b"old", b"gone"], pa.binary()), 1)
     keys, values = _pairs([(b"\x00z", b"pad"), (b"\x01a", b"new"), (b"\x01b", None),
                            (b"\x01c", b"c"), (b"\x03d", b"d")])
     t.load_range(keys.slice(1), values.slice(1), 1)  # sliced: the first entry is not loaded
@@ -131,7 +131,7 @@ def test_load_range_upserts_removes_and_honours_offsets():
 
 def test_load_range_rejects_before_touching_the_table():
     t = _native.NativeStateTable(0, 3)
-    t.load(1, pa.array([b"\x01a"], pa.binary()), pa.array([b"keep"], pa.binary()))
+    t.load(1, pa.array([b"\x01a"], pa.binary()), pa.array([b"keep"], pa.binary()), 1)
     for entries in ([(b"\x01a", b"x"), (b"\x04a", b"y")],  # key group outside the table
                     [(b"\x02a", b"x"), (b"\x01a", b"y")],  # not sorted by key group
                     [(b"\x01a", b"x"), (b"\x02", b"y")]):  # key without bytes after the prefix
@@ -221,7 +221,16 @@ def test_per_key_group_load_and_removal_refuse_broken_offsets():
     t = _native.NativeStateTable(0, 3)
     keys = _raw_binary([0, 30, 20], b"\x01" * 20)
     with pytest.raises(InvalidInputError, match="keys: offset"):
-        t.load(1, keys, pa.array([b"a", b"b"], pa.binary()))
+        t.load(1, keys, pa.array([b"a", b"b"], pa.binary()), 1)
     with pytest.raises(InvalidInputError, match="keys: offset"):
         t.remove_keys(1, keys)
+    assert len(t) == 0
+
+
+def test_per_key_group_load_refuses_keys_of_another_key_group():
+    t = _native.NativeStateTable(0, 3)
+    with pytest.raises(InvalidInputError, match=r"key group 1: entry 1: key-group prefix 2"):
+        t.load(1, pa.array([b"\x01a", b"\x02b"], pa.binary()), pa.array([b"x", b"y"]), 1)
+    with pytest.raises(InvalidInputError, match="outside the table's range"):
+        t.load(4, pa.array([b"\x04a"], pa.binary()), pa.array([b"x"]), 1)
     assert len(t) == 0

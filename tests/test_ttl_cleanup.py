@@ -318,7 +318,7 @@ def test_native_filter_agrees_with_python(kind, width, data, now):
     values = [data.draw(_ttl_value(kind, width)) for _ in range(data.draw(st.integers(1, 12)))]
     keys = [bytes([1, i]) for i in range(len(values))]
     t = _native.NativeStateTable(1, 1)
-    t.load(1, pa.array(keys, pa.binary()), pa.array(values, pa.binary()))
+    t.load(1, pa.array(keys, pa.binary()), pa.array(values, pa.binary()), 1)
     snap = t.snapshot()
     got_k, got_v, got_n = snap.entries_ttl_filtered(1, kind, width, 100, now)
     want_k, want_v, want_n = filter_entries(kind, width, 100, now, pa.array(keys, pa.binary()),
@@ -332,7 +332,7 @@ def test_native_filter_agrees_with_python(kind, width, data, now):
 @pytest.mark.skipif(_native is None, reason="native extension not built")
 def test_native_filter_rejects_broken_layout_without_changing_state():
     t = _native.NativeStateTable(0, 0)
-    t.load(0, pa.array([b"\x00a"], pa.binary()), pa.array([b"\x05ab"], pa.binary()))
+    t.load(0, pa.array([b"\x00a"], pa.binary()), pa.array([b"\x05ab"], pa.binary()), 1)
     snap = t.snapshot()
     with pytest.raises(InvalidInputError, match="key group 0"):
         snap.entries_ttl_filtered(0, "list", None, 100, 0)

@@ -1134,11 +1134,6 @@ cdef class NativeTableSnapshot:
             self.snap.release()
 
 
-# Entries a bulk load (NativeStateTable.load) hashes and prefetches ahead of the one it puts.
-cdef enum:
-    _LOAD_AHEAD = 16  # a power of two: ring positions are masked, not divided
-
-
 cdef class _Entries:
     """Raw views of a (keys, values) pair of pa.binary arrays (any offset; keys without NULLs)
     for the bulk paths, which read Arrow buffers without the GIL."""
@@ -1524,61 +1519,16 @@ cdef class NativeStateTable:
             self.busy = 0
         return step.visited, step.expired, cur.key_group, cur.bucket, step.wrapped
 
-    def load(self, int32_t kg, keys, values):
-        """Bulk insert (restore): ``keys``/``values`` pa.binary arrays of equal length, no nulls.
-        Reads the Arrow buffers directly (no Python object per entry). An empty key group's map
-        is pre-sized for them first (``StateMap::reserve``), so the load runs no rehash."""
-        cdef c.StateMap* m = self._map(kg)
-        cdef const int32_t[::1] ko
-        cdef const int32_t[::1] vo
-        cdef const uint8_t[::1] kd
-        cdef const uint8_t[::1] vd
-        cdef int64_t i, n = len(keys)
-        cdef uint8_t* dst
-        cdef int32_t vlen
-        keys = keys.cast(pa.binary()) if keys.type != pa.binary() else keys
-        values = values.cast(pa.binary()) if values.type != pa.binary() else values
-        if len(values) != n:
-            raise InvalidInputError(f"{n} keys but {len(values)} values")
-        if keys.null_count or values.null_count:
-            raise InvalidInputError("restored keys/values must not be null")
-        if n == 0:
-            return
-        _Entries(keys, values)  # offsets sane: the loop below reads through them unchecked
-        kbufs = keys.buffers(); vbufs = values.buffers()
-        ko = np.frombuffer(kbufs[1], np.int32)[keys.offset:keys.offset + n + 1]
-        vo = np.frombuffer(vbufs[1], np.int32)[values.offset:values.offset + n + 1]
-        kd = np.frombuffer(kbufs[2], np.uint8) if kbufs[2] is not None and kbufs[2].size else np.zeros(1, np.uint8)
-        vd = np.frombuffer(vbufs[2], np.uint8) if vbufs[2] is not None and vbufs[2].size else np.zeros(1, np.uint8)
-        cdef uint32_t ahead[_LOAD_AHEAD]
-        cdef uint32_t h
-        cdef int64_t j
-        cdef size_t cur = 0
-        cdef c.cbool inserted = False
-        self._claim()
-        try:
-            with nogil:
-                m.reserve(n)  # a no-op unless the map is empty
-                # Keys hashed and their slots prefetched _LOAD_AHEAD entries ahead: a catch-up
-                # upserts into a state that is out of cache next to Spark's JVM, and each put
-                # would otherwise wait for its own miss.
-                for j in range(min(n, _LOAD_AHEAD)):
-                    ahead[j] = m.hash(&kd[ko[j]], ko[j + 1] - ko[j])
-                    m.prefetch_bucket(ahead[j])
-                for i in range(n):
-                    h = ahead[i & (_LOAD_AHEAD - 1)]
-                    j = i + _LOAD_AHEAD
-                    if j < n:
-                        ahead[j & (_LOAD_AHEAD - 1)] = m.hash(&kd[ko[j]], ko[j + 1] - ko[j])
-                        m.prefetch_bucket(ahead[j & (_LOAD_AHEAD - 1)])
-                    vlen = vo[i + 1] - vo[i]
-                    dst = m.upsert(h, &kd[ko[i]], ko[i + 1] - ko[i], vlen, &cur, &inserted)
-                    if cur != <size_t>vlen:
-                        dst = m.put(&kd[ko[i]], ko[i + 1] - ko[i], vlen)
-                    if vlen:
-                        memcpy(dst, &vd[vo[i]], vlen)
-        finally:
-            self.busy = 0
+    def load(self, int32_t kg, keys, values, int prefix_width):
+        """Bulk insert of one key group's entries (restore): ``keys``/``values`` pa.binary arrays
+        of equal length, no nulls, every key carrying key group ``kg``'s big-endian
+        ``prefix_width``-byte prefix (1 or 2). :meth:`load_range` over ``[kg, kg]`` after
+        :func:`check_entry_range`; InvalidInputError (table unchanged) otherwise."""
+        self._map(kg)  # a key group outside the table raises here
+        err = check_entry_range(keys, values, kg, kg, prefix_width, -1, False)
+        if err is not None:
+            raise InvalidInputError(f"key group {kg}: {err}")
+        self.load_range(keys, values, prefix_width)
 
     def load_range(self, keys, values, int prefix_width):
         """Bulk upsert of the entries of several key groups at once (restore, a change set):

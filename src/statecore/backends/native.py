@@ -361,7 +361,7 @@ class NativeBackend(py.PythonBackend):
             if migration is not None:
                 migrated = True
                 for kg, keys, vals in loaded:
-                    src.native.load(kg, keys, vals)
+                    src.native.load(kg, keys, vals, self._prefix_width)
                 expired += src.ttl_migrate(*migration)
                 snap = src.native.snapshot()
                 try:
@@ -375,7 +375,7 @@ class NativeBackend(py.PythonBackend):
             if kg is _RANGE:
                 table.native.load_range(keys, vals, self._prefix_width)
             elif kg is not None:
-                table.native.load(kg, keys, vals)
+                table.native.load(kg, keys, vals, self._prefix_width)
         self.timers.apply_restore(timers)
         # The restored state is the base: the bulk load is not a change.
         self._contents_are_base()
@@ -432,7 +432,7 @@ class NativeBackend(py.PythonBackend):
         if kg is _RANGE:
             table.native.load_range(keys, vals, self._prefix_width)
         elif len(keys):
-            table.native.load(kg, keys, vals)
+            table.native.load(kg, keys, vals, self._prefix_width)
         if gone is not None:
             table.native.remove_keys(kg, gone)
 
