@@ -37,46 +37,50 @@ struct Entries {
   }
 };
 
-// Offsets o[0..n] non-negative, non-decreasing and within `size` bytes: the loop below reads
-// through them unchecked.
-void check_offsets(const int32_t* o, int64_t n, size_t size, const char* what) {
-  if (n == 0) return;
-  bool ok = o[0] >= 0;
-  for (int64_t i = 0; ok && i < n; ++i) ok = o[i + 1] >= o[i];
-  if (!ok || static_cast<size_t>(o[n]) > size)
-    throw std::invalid_argument(std::string(what) +
-                                " offsets are negative, decreasing or past their data");
-}
-
-void check(const StateTable& table, const Entries& e, int64_t n) {
-  check_offsets(e.r.key_offsets, n, e.r.key_data_size, "key");
-  check_offsets(e.r.value_offsets, n, e.r.value_data_size, "value");
-  int32_t prev = table.kg_start();
-  for (int64_t i = 0; i < n; ++i) {
-    if (e.key_size(i) <= static_cast<size_t>(e.pw))
-      throw std::invalid_argument("entry " + std::to_string(i) +
-                                  ": its encoded key is not longer than the " +
-                                  std::to_string(e.pw) + "-byte key-group prefix");
-    const int32_t kg = e.kg(i);
-    if (kg < prev || kg > table.kg_end())
-      throw std::invalid_argument("entry " + std::to_string(i) + ": key-group prefix " +
-                                  std::to_string(kg) + " is outside [" +
-                                  std::to_string(table.kg_start()) + ", " +
-                                  std::to_string(table.kg_end()) +
-                                  "] or below the entry before it (entries must be sorted by "
-                                  "key group)");
-    prev = kg;
-  }
-}
-
 }  // namespace
 
-void load_entries(StateTable& table, const ArrowBinaryRun& run, int prefix_bytes) {
+std::string check_entries(const ArrowBinaryRun& run, int32_t kg_lo, int32_t kg_hi,
+                          int prefix_bytes, int64_t value_width, bool tombstones) {
   if (prefix_bytes != 1 && prefix_bytes != 2)
-    throw std::invalid_argument("prefix_bytes must be 1 or 2, got " + std::to_string(prefix_bytes));
+    throw std::invalid_argument("prefix_width must be 1 or 2, got " + std::to_string(prefix_bytes));
+  const int64_t n = static_cast<int64_t>(run.size);
+  const int64_t bad_key = first_bad_offset(run.key_offsets, run.size, run.key_data_size);
+  const int64_t bad_value = first_bad_offset(run.value_offsets, run.size, run.value_data_size);
+  if (bad_key >= 0 || bad_value >= 0)
+    return std::string(bad_key >= 0 ? "keys" : "values") + ": offset " +
+           std::to_string(bad_key >= 0 ? bad_key : bad_value) +
+           " is negative, below the one before it or past the data buffer";
+  const Entries e{run, prefix_bytes};
+  const std::string at = "entry ";
+  int32_t prev = kg_lo;
+  for (int64_t i = 0; i < n; ++i) {
+    if (e.key_size(i) <= static_cast<size_t>(prefix_bytes))
+      return at + std::to_string(i) + ": its encoded key is not longer than the " +
+             std::to_string(prefix_bytes) + "-byte key-group prefix";
+    const int32_t kg = e.kg(i);
+    if (kg < prev || kg > kg_hi)
+      return at + std::to_string(i) + ": key-group prefix " + std::to_string(kg) +
+             " is outside [" + std::to_string(kg_lo) + ", " + std::to_string(kg_hi) +
+             "] or below the entry before it (entries must be sorted by key group)";
+    prev = kg;
+    const int64_t vs = run.value_offsets[i + 1] - run.value_offsets[i];
+    if (e.removed(i)) {
+      if (!tombstones)
+        return at + std::to_string(i) + ": a NULL value (tombstone) where values must be non-null";
+    } else if (value_width >= 0 && vs != value_width) {
+      return at + std::to_string(i) + ": value is " + std::to_string(vs) +
+             " bytes, the state's values are " + std::to_string(value_width);
+    }
+  }
+  return "";
+}
+
+void load_entries(StateTable& table, const ArrowBinaryRun& run, int prefix_bytes) {
+  const std::string bad =
+      check_entries(run, table.kg_start(), table.kg_end(), prefix_bytes, -1, true);
+  if (!bad.empty()) throw std::invalid_argument(bad);
   const Entries e{run, prefix_bytes};
   const int64_t n = static_cast<int64_t>(run.size);
-  check(table, e, n);
   if (n == 0) return;
   const KeyHashFunction hash_fn = table.map_unchecked(table.kg_start()).engine().hash_fn;
   Lanes lanes(table);

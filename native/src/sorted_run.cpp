@@ -176,25 +176,27 @@ void SortedRunBuilder::clear() {
   slots_.clear();
 }
 
+int64_t first_bad_offset(const int32_t* o, size_t n, size_t data_size) {
+  if (n == 0) return -1;
+  if (o[0] < 0) return 0;
+  for (size_t i = 0; i < n; ++i)
+    if (o[i + 1] < o[i]) return static_cast<int64_t>(i + 1);
+  return static_cast<size_t>(o[n]) > data_size ? static_cast<int64_t>(n) : -1;
+}
+
 namespace {
 
 void check_offsets(const int32_t* offsets, size_t n, size_t data_size, size_t run, const char* what) {
   if (n == 0) return;
   if (offsets == nullptr) throw std::invalid_argument("merge_newest_wins: null offsets");
-  if (offsets[0] < 0) {
-    throw std::invalid_argument("merge_newest_wins: run " + std::to_string(run) + ": negative " +
-                                what + " offset");
-  }
-  for (size_t i = 0; i < n; ++i) {
-    if (offsets[i + 1] < offsets[i]) {
-      throw std::invalid_argument("merge_newest_wins: run " + std::to_string(run) + ": " + what +
-                                  " offsets decrease at entry " + std::to_string(i));
-    }
-  }
-  if (static_cast<size_t>(offsets[n]) > data_size) {
-    throw std::invalid_argument("merge_newest_wins: run " + std::to_string(run) + ": " + what +
-                                " offsets point past the data");
-  }
+  const int64_t bad = first_bad_offset(offsets, n, data_size);
+  if (bad < 0) return;
+  const std::string where = "merge_newest_wins: run " + std::to_string(run) + ": ";
+  if (bad == 0) throw std::invalid_argument(where + "negative " + what + " offset");
+  if (offsets[bad] < offsets[bad - 1])
+    throw std::invalid_argument(where + what + " offsets decrease at entry " +
+                                std::to_string(bad - 1));
+  throw std::invalid_argument(where + what + " offsets point past the data");
 }
 
 inline ByteView run_key(const ArrowBinaryRun& r, size_t i) {

@@ -18,6 +18,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 from libcpp.memory cimport shared_ptr
 from libcpp.pair cimport pair
+from libcpp.string cimport string
 from libcpp.vector cimport vector
 
 import numpy as np
@@ -1188,70 +1189,37 @@ cdef class _Entries:
         # through these offsets without bounds checks, so they must be sane.
         cdef int64_t bad_k, bad_v
         with nogil:
-            bad_k = _bad_offset(self.ko, self.n, self.kd_size)
-            bad_v = _bad_offset(self.vo, self.n, self.vd_size)
+            bad_k = c.first_bad_offset(self.ko, self.n, self.kd_size)
+            bad_v = c.first_bad_offset(self.vo, self.n, self.vd_size)
         if bad_k >= 0 or bad_v >= 0:
             raise InvalidInputError(
                 f"{'keys' if bad_k >= 0 else 'values'}: offset {bad_k if bad_k >= 0 else bad_v} "
                 "is negative, below the one before it or past the data buffer")
 
-
-cdef int64_t _bad_offset(const int32_t* o, int64_t n, int64_t size) noexcept nogil:
-    """Index of the first of Arrow binary offsets o[0..n] that is negative, decreasing or past
-    ``size`` data bytes, or -1."""
-    cdef int64_t i
-    if o[0] < 0:
-        return 0
-    for i in range(n):
-        if o[i + 1] < o[i]:
-            return i + 1
-    return n if o[n] > size else -1
-
-
-cdef inline bint _entry_valid(_Entries e, int64_t i) noexcept nogil:
-    cdef int64_t bit = e.voff + i
-    return e.vbits == NULL or (e.vbits[bit >> 3] >> (bit & 7)) & 1
+    cdef c.ArrowBinaryRun run(self):
+        cdef c.ArrowBinaryRun r
+        r.key_offsets = self.ko
+        r.key_data = self.kd
+        r.key_data_size = self.kd_size
+        r.value_offsets = self.vo
+        r.value_data = self.vd
+        r.value_data_size = self.vd_size
+        r.validity = self.vbits
+        r.validity_bit = self.voff
+        r.size = self.n
+        return r
 
 
-cdef inline int32_t _entry_kg(_Entries e, int64_t i, int prefix_width) noexcept nogil:
-    cdef const uint8_t* k = e.kd + e.ko[i]
-    return k[0] if prefix_width == 1 else (<int32_t>k[0] << 8) | k[1]
-
-
-cdef int64_t _scan_entries(_Entries e, int32_t lo, int32_t hi, int prefix_width,
-                           int64_t value_width, bint tombstones, int* why) noexcept nogil:
-    """Index of the first entry check_entry_range rejects (``why``: which rule), or -1."""
-    cdef int64_t i
-    cdef int32_t kg, prev = lo
-    for i in range(e.n):
-        if e.ko[i + 1] - e.ko[i] <= prefix_width:
-            why[0] = 1
-            return i
-        kg = _entry_kg(e, i, prefix_width)
-        if kg < prev or kg > hi:
-            why[0] = 2
-            return i
-        prev = kg
-        if not _entry_valid(e, i):
-            if not tombstones:
-                why[0] = 3
-                return i
-        elif value_width >= 0 and e.vo[i + 1] - e.vo[i] != value_width:
-            why[0] = 4
-            return i
-    return -1
-
-
-cdef str _scan_error(_Entries e, int64_t i, int why, int32_t lo, int32_t hi, int prefix_width,
-                     int64_t value_width):
-    if why == 1:
-        return f"entry {i}: its encoded key is not longer than the {prefix_width}-byte key-group prefix"
-    if why == 2:
-        return (f"entry {i}: key-group prefix {_entry_kg(e, i, prefix_width)} is outside "
-                f"[{lo}, {hi}] or below the entry before it (entries must be sorted by key group)")
-    if why == 3:
-        return f"entry {i}: a NULL value (tombstone) where values must be non-null"
-    return f"entry {i}: value is {e.vo[i + 1] - e.vo[i]} bytes, the state's values are {value_width}"
+cdef str _check_entries(_Entries e, int32_t kg_lo, int32_t kg_hi, int prefix_width,
+                        int64_t value_width, bint tombstones):
+    """check_entries (bulk_load.h) over ``e``, GIL released: None or the first problem."""
+    cdef string bad
+    cdef c.ArrowBinaryRun run = e.run()
+    if prefix_width not in (1, 2):
+        raise InvalidInputError(f"prefix_width must be 1 or 2, got {prefix_width}")
+    with nogil:
+        bad = c.check_entries(run, kg_lo, kg_hi, prefix_width, value_width, tombstones)
+    return bad.decode("utf-8", "replace") if bad.size() else None
 
 
 def check_entry_range(keys, values, int32_t kg_lo, int32_t kg_hi, int prefix_width,
@@ -1264,14 +1232,8 @@ def check_entry_range(keys, values, int32_t kg_lo, int32_t kg_hi, int prefix_wid
     exactly ``value_width`` bytes unless ``value_width`` < 0. Returns None, or the first
     problem as a message naming the entry. Raises InvalidInputError for unequal lengths or a
     NULL key. GIL released for the scan."""
-    cdef _Entries e = _Entries(keys, values)
-    cdef int why = 0
-    cdef int64_t bad
-    if prefix_width not in (1, 2):
-        raise InvalidInputError(f"prefix_width must be 1 or 2, got {prefix_width}")
-    with nogil:
-        bad = _scan_entries(e, kg_lo, kg_hi, prefix_width, value_width, tombstones, &why)
-    return None if bad < 0 else _scan_error(e, bad, why, kg_lo, kg_hi, prefix_width, value_width)
+    return _check_entries(_Entries(keys, values), kg_lo, kg_hi, prefix_width, value_width,
+                          tombstones)
 
 
 cdef class NativeStateTable:
@@ -1525,10 +1487,11 @@ cdef class NativeStateTable:
         ``prefix_width``-byte prefix (1 or 2). :meth:`load_range` over ``[kg, kg]`` after
         :func:`check_entry_range`; InvalidInputError (table unchanged) otherwise."""
         self._map(kg)  # a key group outside the table raises here
-        err = check_entry_range(keys, values, kg, kg, prefix_width, -1, False)
+        cdef _Entries e = _Entries(keys, values)
+        err = _check_entries(e, kg, kg, prefix_width, -1, False)
         if err is not None:
             raise InvalidInputError(f"key group {kg}: {err}")
-        self.load_range(keys, values, prefix_width)
+        self._load(e, prefix_width)
 
     def load_range(self, keys, values, int prefix_width):
         """Bulk upsert of the entries of several key groups at once (restore, a change set):
@@ -1539,21 +1502,10 @@ cdef class NativeStateTable:
         Raises InvalidInputError, before touching the table, for a NULL key, unequal lengths,
         a key not longer than its prefix, or prefixes outside the table's range or not sorted
         (callers check value widths first with :func:`check_entry_range`). GIL released."""
-        cdef _Entries e = _Entries(keys, values)
-        cdef c.ArrowBinaryRun run
-        if e.n == 0:
-            if prefix_width not in (1, 2):
-                raise InvalidInputError(f"prefix_width must be 1 or 2, got {prefix_width}")
-            return
-        run.key_offsets = e.ko
-        run.key_data = e.kd
-        run.key_data_size = e.kd_size
-        run.value_offsets = e.vo
-        run.value_data = e.vd
-        run.value_data_size = e.vd_size
-        run.validity = e.vbits
-        run.validity_bit = e.voff
-        run.size = e.n
+        self._load(_Entries(keys, values), prefix_width)
+
+    cdef _load(self, _Entries e, int prefix_width):
+        cdef c.ArrowBinaryRun run = e.run()
         self._claim()
         try:
             with nogil:
@@ -1568,23 +1520,20 @@ cdef class NativeStateTable:
         absent keys are skipped. Returns how many were present. Reads the Arrow buffers
         directly, GIL released."""
         cdef c.StateMap* m = self._map(kg)
-        cdef const int32_t[::1] ko
-        cdef const uint8_t[::1] kd
-        cdef int64_t i, n = len(keys), removed = 0
+        cdef int64_t i, removed = 0
+        cdef uint8_t empty = 0
         keys = keys.cast(pa.binary()) if keys.type != pa.binary() else keys
         if keys.null_count:
             raise InvalidInputError("keys to remove must not be null")
-        if n == 0:
+        cdef _Entries e = _Entries(keys, keys)  # offsets checked: the loop reads through them
+        cdef const uint8_t* kd = e.kd if e.kd != NULL else &empty
+        if e.n == 0:
             return 0
-        _Entries(keys, keys)  # offsets sane: the loop below reads through them unchecked
-        kbufs = keys.buffers()
-        ko = np.frombuffer(kbufs[1], np.int32)[keys.offset:keys.offset + n + 1]
-        kd = np.frombuffer(kbufs[2], np.uint8) if kbufs[2] is not None and kbufs[2].size else np.zeros(1, np.uint8)
         self._claim()
         try:
             with nogil:
-                for i in range(n):
-                    removed += m.remove(&kd[ko[i]], ko[i + 1] - ko[i])
+                for i in range(e.n):
+                    removed += m.remove(kd + e.ko[i], e.ko[i + 1] - e.ko[i])
         finally:
             self.busy = 0
         return removed

@@ -118,9 +118,12 @@ cdef extern from "statecore/sorted_run.h" namespace "statecore" nogil:
 
     void merge_newest_wins(const vector[ArrowBinaryRun]& runs, vector[RunPick]* out,
                            cbool keep_tombstones) except +
+    int64_t first_bad_offset(const int32_t* o, size_t n, size_t data_size)
 
 
 cdef extern from "statecore/bulk_load.h" namespace "statecore" nogil:
+    string check_entries(const ArrowBinaryRun& run, int32_t kg_lo, int32_t kg_hi,
+                         int prefix_bytes, int64_t value_width, cbool tombstones) except +
     void load_entries(StateTable& table, const ArrowBinaryRun& run, int prefix_bytes) except +
 
 

@@ -148,6 +148,12 @@ struct ArrowBinaryRun {
   size_t size = 0;
 };
 
+// Index of the first of a run's Arrow binary offsets o[0..n] that is negative, below the one
+// before it, or (o[n]) past `data_size` bytes; -1 when they are sound or n == 0. Code that reads
+// through offsets from outside (a file, a Python array built from raw buffers) checks them with
+// this first.
+int64_t first_bad_offset(const int32_t* o, size_t n, size_t data_size);
+
 // Entry `row` of run `run` of a merge_newest_wins input.
 struct RunPick {
   uint32_t run;
