@@ -369,6 +369,28 @@ TEST(key_arrays_read_bools_timestamps_and_fixed_binary_at_offsets) {
   CHECK_EQ(ser_hex(kd, 1), std::string("7ff8000000000000"));
 }
 
+// The Spark int64 pass has its own loop (built for AVX-512 too, target_clones): it must give
+// the scalar key_group_for_int64 for every key, maximum parallelism and array offset.
+TEST(spark_int64_key_groups_match_the_scalar_assignment) {
+  std::vector<std::optional<int64_t>> xs = {0, -1, 1, std::numeric_limits<int64_t>::min(),
+                                            std::numeric_limits<int64_t>::max()};
+  uint64_t x = 0x9E3779B97F4A7C15ULL;
+  while (xs.size() < 1003) {  // not a multiple of a vector's 8 lanes
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    xs.push_back(static_cast<int64_t>(x));
+  }
+  for (int64_t pad : {0, 3}) {
+    Arr a = fixed<int64_t>("l", xs, pad);
+    KeyArrays k(KeySchema::scalar(KeyType::Int64), &a.schema, &a.array);
+    std::vector<int32_t> kgs(xs.size());
+    for (int32_t maxp : {1, 2, 128, 4096, 32768, 7, 100, 32767}) {
+      k.key_groups(Assigner::Spark, maxp, kgs.data());
+      for (size_t i = 0; i < xs.size(); ++i)
+        CHECK_EQ(kgs[i], key_group_for_int64(Assigner::Spark, *xs[i], maxp));
+    }
+  }
+}
+
 TEST(key_arrays_read_struct_keys_with_offsets_at_both_levels) {
   // Children padded by 2 (their own offset), the struct sliced by 1 more on top.
   Arr a = fixed<int32_t>("i", {99, 7, 1, 2}, 2);

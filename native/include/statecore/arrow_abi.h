@@ -204,6 +204,12 @@ class ArrayView {
     const int64_t j = offset_ + i;
     return (static_cast<const uint8_t*>(data_)[j >> 3] >> (j & 7)) & 1;
   }
+  // The first element's bytes of a fixed-width array of elem_size-byte elements (the offset
+  // applied), for loops that read the buffer directly; nullptr for an empty array without one.
+  const uint8_t* fixed_data(size_t elem_size) const {
+    return data_ ? static_cast<const uint8_t*>(data_) + offset_ * static_cast<int64_t>(elem_size)
+                 : nullptr;
+  }
   // The byte_width() bytes of FixedSizeBinary element i.
   const uint8_t* fixed_at(int64_t i) const {
     return static_cast<const uint8_t*>(data_) + (offset_ + i) * static_cast<int64_t>(width_);
