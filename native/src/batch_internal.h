@@ -383,7 +383,7 @@ class RowKeys {
       bytes_keys_ = col;
     int64_in_one_ = int64_keys_ != nullptr && (ns_ == nullptr || ns_width_ != 0);
     bytes_void_ = bytes_keys_ != nullptr && ns_ == nullptr;
-    int64_words_ = int64_keys_ != nullptr && ns_ == nullptr && prefix_size_ == 1 &&
+    int64_words_ = int64_keys_ != nullptr && ns_ == nullptr &&
                    hash_fn_ == nullptr && !detail::kBigEndianHost;
     // Fixed-size keys are written in place into the groups' buffers: sized once here rather
     // than resized (a call) for every group.
@@ -452,7 +452,9 @@ class RowKeys {
     const uint8_t* bytes = nullptr;
     const uint32_t* offsets = nullptr;
     const uint32_t* hashes = nullptr;
-    uint32_t fixed_size = 0;  // kInt64WordKey: key j is bytes + j * 10 (hash_int64_words)
+    // kInt64WordKey or kInt64WordKey + 1 (1- or 2-byte prefix): key j is
+    // bytes + j * fixed_size (hash_int64_words); 0: see offsets.
+    uint32_t fixed_size = 0;
     bool valid = false;
   };
   // The encoded size of an int64 key with the void namespace and a 1-byte prefix.
@@ -594,7 +596,8 @@ class RowKeys {
     g.start = start;
     g.offsets[0] = 0;
     if (kVoid && int64_words_ && start + kGroup <= n_) {
-      hash_int64_words(g, start, lanes);
+      if (prefix_size_ == 1) hash_int64_words<1>(g, start, lanes);
+      else hash_int64_words<2>(g, start, lanes);
       return;
     }
     g.fixed_size = 0;
@@ -657,15 +660,20 @@ class RowKeys {
     return lanes.prefetch(kg, h) || prefetch_slot(kg, h);
   }
 
-  // A full group of int64 keys with the void namespace, a 1-byte prefix and the default map
-  // hash (the common case): each 10-byte key kg | be64(key) | 00 is two overlapping host-order
-  // words built in registers, stored as such and hashed from them (short_key_hash_words), and
-  // the row loop tests neither the key kind nor the end of the batch (the general loop re-read
-  // the bytes it had just written and tested both every row). The hash is what
-  // map_key_hash(nullptr, key, 10) computes (short_key_hash: first and last 8 bytes).
+  // A full group of int64 keys with the void namespace and the default map hash (the common
+  // case): each key kg | be64(key) | 00 (10 bytes with a 1-byte prefix, 11 with a 2-byte one)
+  // is two overlapping host-order words built in registers, stored as such and hashed from them
+  // (short_key_hash_words), and the row loop tests neither the key kind nor the end of the batch
+  // (the general loop re-read the bytes it had just written and tested both every row; its
+  // 8-byte loads of bytes just written by narrower stores cannot be store-forwarded: with a
+  // 2-byte prefix, which took that loop, add_batch ran at half the 1-byte rate, 41.5 vs 24.2 ns
+  // a row over 20k int64 keys). The hash is what map_key_hash(nullptr, key, size) computes
+  // (short_key_hash: first and last 8 bytes).
+  template <int kPrefix>
   void hash_int64_words(Group& g, int64_t start, const Lanes* lanes_in) {
     static_assert(kInt64WordKey == 10, "kg | be64(key) | 00");
-    g.fixed_size = kInt64WordKey;
+    constexpr uint32_t kSize = kInt64WordKey + (kPrefix - 1);
+    g.fixed_size = kSize;
     // Locals: the key byte stores below may alias the members (callgrind: 7.5M more
     // instructions over 2M rows reading them through `this`).
     const Lanes::View lanes = lanes_in ? lanes_in->view() : Lanes::View{};
@@ -678,13 +686,18 @@ class RowKeys {
       const int32_t kg = kgs[j];
       // The key's big-endian bytes as a little-endian word (Flink LongSerializer).
       const uint64_t be = __builtin_bswap64(static_cast<uint64_t>(keys.int64_at(j)));
-      const uint64_t first = static_cast<uint8_t>(kg) | (be << 8);  // bytes 0-7
-      const uint64_t last = be >> 8;                                 // bytes 2-9 (byte 9: 00)
-      uint8_t* dst = base + k * 10;
+      // Bytes 0-7: the prefix (big-endian), then the key's first bytes; the last 8 bytes: the
+      // key's bytes 1-7 and the VoidNamespace's 00.
+      const uint64_t prefix = kPrefix == 1 ? static_cast<uint8_t>(kg)
+                                           : (static_cast<uint64_t>(kg >> 8) & 0xff) |
+                                                 (static_cast<uint64_t>(kg & 0xff) << 8);
+      const uint64_t first = prefix | (be << (8 * kPrefix));
+      const uint64_t last = be >> 8;
+      uint8_t* dst = base + k * kSize;
       detail::store_u64(dst, first);
-      detail::store_u64(dst + 2, last);
-      g.offsets[k + 1] = static_cast<uint32_t>((k + 1) * 10);
-      const uint32_t h = detail::short_key_hash_words(first, last, 10);
+      detail::store_u64(dst + kSize - 8, last);
+      g.offsets[k + 1] = static_cast<uint32_t>((k + 1) * kSize);
+      const uint32_t h = detail::short_key_hash_words(first, last, kSize);
       g.hashes[k] = h;
       if (!prefetch_row(lanes, kg, h)) all_flat = false;
     }
@@ -714,7 +727,7 @@ class RowKeys {
   size_t ns_width_ = 0;          // 8 (int64), 4 (int32) or 0 (string/binary) namespaces
   bool int64_in_one_ = false;    // int64 keys whose encoded form fits one_ (void/fixed namespace)
   bool bytes_void_ = false;      // string/binary keys, void namespace
-  bool int64_words_ = false;     // int64 keys, void namespace, 1-byte prefix, default hash
+  bool int64_words_ = false;     // int64 keys, void namespace, default hash (hash_int64_words)
   std::vector<uint8_t> ns_buf_;  // ser(namespace) of the row being encoded (encoder path)
   StateTable& table_;
   const int32_t* kgs_;
@@ -749,6 +762,15 @@ struct RowKey {
 // rk.encode(i, kg) (a null row's read goes through rk) but not ahead(). A group of int64 keys
 // with the void namespace has its own loop: the constant key size folds the lane's size test and
 // the offsets' loads away.
+template <uint32_t kWord, class Fn>
+[[gnu::always_inline]] inline void for_word_rows(const RowKeys::GroupView& gv, const int32_t* kgs,
+                                                 int64_t g0, int64_t end, Fn& fn) {
+  for (int64_t i = g0; i < end; ++i) {
+    const size_t j = static_cast<size_t>(i - g0);
+    fn(i, kgs[i], RowKey{gv.bytes + j * kWord, kWord, gv.hashes[j]});
+  }
+}
+
 template <class Fn>
 inline void for_rows(RowKeys& rk, StateTable& table, Lanes& lanes, const int32_t* kgs, int64_t n,
                      Fn&& fn) {
@@ -758,10 +780,11 @@ inline void for_rows(RowKeys& rk, StateTable& table, Lanes& lanes, const int32_t
     const RowKeys::GroupView gv = rk.group(g0);
     const int64_t end = std::min(n, g0 + RowKeys::kGroup);
     if (gv.valid && gv.fixed_size == kWord) {
-      for (int64_t i = g0; i < end; ++i) {
-        const size_t j = static_cast<size_t>(i - g0);
-        fn(i, kgs[i], RowKey{gv.bytes + j * kWord, kWord, gv.hashes[j]});
-      }
+      for_word_rows<kWord>(gv, kgs, g0, end, fn);
+      continue;
+    }
+    if (gv.valid && gv.fixed_size == kWord + 1) {  // a 2-byte key-group prefix
+      for_word_rows<kWord + 1>(gv, kgs, g0, end, fn);
       continue;
     }
     for (int64_t i = g0; i < end; ++i) {
