@@ -357,8 +357,9 @@ class RowKeys {
       : enc_(spec.key, ns_type(keys), spec.max_parallelism),
         ahead_enc_(spec.key, ns_type(keys), spec.max_parallelism),
         keys_(keys), ns_(keys.namespaces()), table_(table), kgs_(kgs), n_(keys.length()),
-        // A small state stays in cache; there the second hash per row only costs (measured:
-        // 1k keys 11.6 -> 7.2 M rows/s with prefetching, 200k keys 1.95 -> 4.7 M rows/s).
+        // String keys (chained maps) of a small state are encoded and hashed row by row: the
+        // state stays in cache, and a group's work ahead only costs (2k string keys: 63 ns a
+        // row so, 73 with groups). int64 keys take the groups at any size (below).
         prefetch_(table.size() >= kPrefetchMinEntries),
         prefix_size_(key_group_prefix_size(spec.max_parallelism)),
         hash_fn_(table.map_unchecked(table.kg_start()).engine().hash_fn) {
@@ -389,6 +390,11 @@ class RowKeys {
     // than resized (a call) for every group.
     if (int64_in_one_)
       for (Group& g : groups_) g.bytes.resize(kGroup * kInt64KeyMax);
+    // int64 keys (flat maps) go through the groups at any state size: encoded row by row, a
+    // key's hash reads bytes stored just before by narrower stores, which the CPU cannot
+    // forward, a stall a row (add_batch over 1k / 8k int64 keys: 30.3 / 32.2 ns a row so,
+    // 20.6 / 21.1 with groups; 2k keys with an int64 namespace: 32.5 -> 26.7).
+    if (int64_in_one_) prefetch_ = true;
   }
 
   // Row i's encoded key becomes data()/size(): the copy made when its group was hashed ahead,
@@ -467,7 +473,8 @@ class RowKeys {
   }
 
  private:
-  // ~32 B header + key + value per entry: from about 16k entries on the state outgrows L2.
+  // ~32 B header + key + value per entry: from about 16k entries on the state outgrows L2
+  // (the groups' threshold for string and other keys; int64 keys always take them).
   static constexpr size_t kPrefetchMinEntries = 16 * 1024;
   // encode() of the rarer forms, out of line so that the common ones stay small enough to be
   // inlined into the kernels' row loops (inlined, this cost ~40 instructions a row of int64
@@ -619,22 +626,25 @@ class RowKeys {
         g.offsets[k + 1] = g.offsets[k];
         continue;
       }
-      const uint8_t* key;
       size_t ks;
       if (int64_keys_) {
-        key = g.bytes.data() + g.offsets[k];
         ks = write_int64_key<kVoid>(j, kgs_[j], g.bytes.data() + g.offsets[k]);
       } else if (bytes_keys_) {
-        key = g.bytes.data() + g.offsets[k];
         ks = write_bytes_key<kVoid>(j, kgs_[j], g.bytes.data() + g.offsets[k]);
       } else {
         encode_into(ahead_enc_, j, kgs_[j]);
         g.bytes.insert(g.bytes.end(), ahead_enc_.data(), ahead_enc_.data() + ahead_enc_.size());
         ks = ahead_enc_.size();
-        key = g.bytes.data() + g.offsets[k];
       }
       g.offsets[k + 1] = static_cast<uint32_t>(g.offsets[k] + ks);
-      const uint32_t h = detail::map_key_hash(hash_fn_, key, ks);
+    }
+    // Hashed in a second pass: the hash's 8-byte loads of a key written just before by narrower
+    // stores (prefix byte, varint, memcpy) could not be store-forwarded, a stall a row.
+    const uint8_t* bytes = g.bytes.data();
+    for (int64_t j = start; j < std::min(start + kGroup, n_); ++j) {
+      const size_t k = static_cast<size_t>(j - start);
+      const uint32_t h =
+          detail::map_key_hash(hash_fn_, bytes + g.offsets[k], g.offsets[k + 1] - g.offsets[k]);
       g.hashes[k] = h;
       if (!prefetch_row(lv, kgs_[j], h)) all_flat = false;
     }
