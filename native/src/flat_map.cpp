@@ -69,8 +69,19 @@ size_t free_slot(const FlatDirectory* d, uint32_t h) {
 }  // namespace
 
 uint32_t StateMap::Impl::flat_hash_of(const FlatDirectory* d, const uint8_t* slot) const {
+  const FlatLayout& l = d->layout;
+  const uint32_t ks = l.key_size;
+  if (!hash_fn && l.prefix_size == 1 && ks > 8 && ks <= 16 && !detail::kBigEndianHost) {
+    // short_key_hash of prefix | suffix from the slot's words: rebuilding the key in a buffer
+    // and hashing that read 8-byte words just written by narrower stores, which the CPU cannot
+    // forward, a stall per entry a rehash moves (add_batch of 200k new int64 keys, the rehashes
+    // of growth included: 34.4 -> 31.8 ns a row, interleaved best-of-5 runs).
+    const uint64_t a = l.prefix[0] | (detail::load_u64(slot + 4) << 8);   // key bytes 0-7
+    const uint64_t b = detail::load_u64(slot + 4 + (ks - 1) - 8);         // the last 8
+    return detail::short_key_hash_words(a, b, ks);
+  }
   uint8_t buf[detail::kFlatMaxKey];
-  return hash_of(buf, detail::flat_full_key(d->layout, slot, buf));
+  return hash_of(buf, detail::flat_full_key(l, slot, buf));
 }
 
 StateMap::Impl::FlatLocation StateMap::Impl::flat_locate(uint32_t h, const uint8_t* key,
