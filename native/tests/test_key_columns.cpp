@@ -383,7 +383,7 @@ TEST(spark_int64_key_groups_match_the_scalar_assignment) {
     Arr a = fixed<int64_t>("l", xs, pad);
     KeyArrays k(KeySchema::scalar(KeyType::Int64), &a.schema, &a.array);
     std::vector<int32_t> kgs(xs.size());
-    for (int32_t maxp : {1, 2, 128, 4096, 32768, 7, 100, 32767}) {
+    for (int32_t maxp : {1, 2, 128, 4096, 32768, 3, 7, 100, 200, 12345, 32767}) {
       k.key_groups(Assigner::Spark, maxp, kgs.data());
       for (size_t i = 0; i < xs.size(); ++i)
         CHECK_EQ(kgs[i], key_group_for_int64(Assigner::Spark, *xs[i], maxp));
