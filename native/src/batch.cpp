@@ -79,9 +79,11 @@ void emit_current(StateMap& m, const RowKeys& rk, int64_t i, T* out, uint8_t* va
 // leave the aggregates exactly as before the batch, and overflow can only be known while applying,
 // so the writes are undone backwards before the error is raised. Rows are applied in order, so
 // undoing them in reverse restores every entry, keys repeated in the batch included. Without TTL
-// the log is one byte a row, "was the key new": a Sum that did not overflow is invertible, so a
-// row's old aggregate is its output minus its value (the 16-byte {row, old} record of every row
-// was ~5% of an int64 add_batch, callgrind). With TTL the old timestamp is not derivable, so the
+// the log holds the rows that inserted their key, ascending: a Sum that did not overflow is
+// invertible, so any other row's old aggregate is its output minus its value (the 16-byte {row,
+// old} record of every row was ~5% of an int64 add_batch, callgrind; a "was new" byte a row was
+// a byte store, which may alias anything the row loop keeps in memory). With TTL the old
+// timestamp is not derivable, so the
 // log keeps {row (complemented when the key was new), old value, old timestamp}. What null rows
 // did (TTL removals and renewals) is not in the log and stays, as in the Python path (see batch.h
 // "TTL"): undoing a later write on the same key restores the bytes as that null row left them.
@@ -117,9 +119,10 @@ struct TtlUndoRecord {
 };
 
 // The kUndo rollback of fold_rows_with: restores the aggregates of rows [0, failed) from the
-// undo log (`undo`, `undone` records with TTL; one "was new" byte a row without). Out of line
-// and given copies, not references, of what the row loop keeps in registers: a reference to a
-// row loop's local handed to an outlined call makes the compiler reload that local every row.
+// undo log (`undo`, `undone` records: with TTL one a row, without TTL the rows that inserted).
+// Out of line and given copies, not references, of what the row loop keeps in registers: a
+// reference to a row loop's local handed to an outlined call makes the compiler reload that
+// local every row.
 template <class T, bool kTtl, class Rec, class ValueAt>
 [[gnu::noinline, gnu::cold]] void undo_sum_rows(StateTable& table, const int32_t* kgs,
                                                 RowKeys& rk, const ArrayView values,
@@ -143,13 +146,15 @@ template <class T, bool kTtl, class Rec, class ValueAt>
     for (const Rec* it = undo + undone; it-- != undo;)
       restore(it->row >= 0 ? it->row : ~it->row, it->row >= 0, it->old, it->old_ts);
   } else {
-    (void)undone;
     using U = typename std::make_unsigned<T>::type;
+    size_t ins = undone;  // undo[ins - 1]: the latest inserting row not undone yet
     for (int64_t r = failed; r-- > 0;) {
       if (!values.is_valid(r)) continue;
+      const bool was_new = ins > 0 && undo[ins - 1] == r;
+      if (was_new) --ins;
       // Exact: row r's add did not overflow, so out[r] - x wraps back to the old aggregate.
       const T prev = static_cast<T>(static_cast<U>(out[r]) - static_cast<U>(value_at(values, r)));
-      restore(r, undo[r] == 0, prev, 0);
+      restore(r, !was_new, prev, 0);
     }
   }
 }
@@ -168,11 +173,11 @@ void fold_rows_with(StateTable& table, const int32_t* kgs, RowKeys& rk, const Ar
                     Combine combine, ValueAt value_at, T* out, uint8_t* valid,
                     const TtlBatchSpec& ttl, int64_t* expired) {
   const ArrayView values = values_in;
-  using Rec = typename std::conditional<kTtl, TtlUndoRecord<T>, uint8_t>::type;
+  using Rec = typename std::conditional<kTtl, TtlUndoRecord<T>, int64_t>::type;
   thread_local UndoLog<Rec> undo_tls;
   UndoLog<Rec>& log = undo_tls;
   Rec* undo = kUndo ? log.reserve(static_cast<size_t>(values.length())) : nullptr;
-  size_t undone = 0;  // TTL records logged
+  size_t undone = 0;  // records logged
   constexpr size_t width = kTtl ? stored_width<T>() + ttl::kTimestampBytes : stored_width<T>();
   constexpr size_t kTs = stored_width<T>();  // where the TTL timestamp starts
   const int64_t n = values.length();
@@ -216,8 +221,8 @@ void fold_rows_with(StateTable& table, const int32_t* kgs, RowKeys& rk, const Ar
     } else {
       acc = x;
       if constexpr (kUndo && kTtl) undo[undone++] = Rec{~i, T{}, 0};
+      if constexpr (kUndo && !kTtl) undo[undone++] = i;
     }
-    if constexpr (kUndo && !kTtl) undo[i] = inserted ? 1 : 0;
     store_fixed<T>(p, acc);
     if constexpr (kTtl) ttl::store_timestamp(p + kTs, ttl.now);
     out[i] = acc;

@@ -292,7 +292,9 @@ inline size_t put_varlen(uint8_t* dst, uint64_t n) {
 // touching few of many key groups costs no reset of the others.
 class Lanes {
  public:
-  explicit Lanes(StateTable& table) : table_(table) {
+  // Always inlined, as get(): an outlined constructor let `this` escape, and every store of a
+  // row (byte-typed, so aliasing anything) then reloaded the members a row.
+  [[gnu::always_inline]] explicit Lanes(StateTable& table) : table_(table) {
     thread_local std::vector<detail::FlatLane> lanes;
     thread_local uint32_t epoch = 0;
     const size_t n = static_cast<size_t>(table.kg_end() - table.kg_start()) + 1;
@@ -407,8 +409,9 @@ class RowKeys {
       const Group& g = groups_[(u / kGroup) & 1];
       const size_t j = static_cast<size_t>(u % kGroup);
       if (g.start == static_cast<int64_t>(u - j)) {
-        cur_ = g.bytes.data() + g.offsets[j];
-        cur_size_ = g.offsets[j + 1] - g.offsets[j];
+        const uint32_t off = g.fixed_size ? static_cast<uint32_t>(j) * g.fixed_size : g.offsets[j];
+        cur_ = g.bytes.data() + off;
+        cur_size_ = g.fixed_size ? g.fixed_size : g.offsets[j + 1] - off;
         cur_hash_ = g.hashes[j];
         cur_row_ = i;
         return;
@@ -459,7 +462,7 @@ class RowKeys {
     const uint32_t* offsets = nullptr;
     const uint32_t* hashes = nullptr;
     // kInt64WordKey or kInt64WordKey + 1 (1- or 2-byte prefix): key j is
-    // bytes + j * fixed_size (hash_int64_words); 0: see offsets.
+    // bytes + j * fixed_size (hash_int64_words; offsets are not written); 0: see offsets.
     uint32_t fixed_size = 0;
     bool valid = false;
   };
@@ -706,7 +709,6 @@ class RowKeys {
       uint8_t* dst = base + k * kSize;
       detail::store_u64(dst, first);
       detail::store_u64(dst + kSize - 8, last);
-      g.offsets[k + 1] = static_cast<uint32_t>((k + 1) * kSize);
       const uint32_t h = detail::short_key_hash_words(first, last, kSize);
       g.hashes[k] = h;
       if (!prefetch_row(lanes, kg, h)) all_flat = false;
@@ -782,7 +784,8 @@ template <uint32_t kWord, class Fn>
 }
 
 template <class Fn>
-inline void for_rows(RowKeys& rk, StateTable& table, Lanes& lanes, const int32_t* kgs, int64_t n,
+[[gnu::always_inline]] inline void for_rows(RowKeys& rk, StateTable& table, Lanes& lanes,
+                                           const int32_t* kgs, int64_t n,
                      Fn&& fn) {
   constexpr uint32_t kWord = RowKeys::kInt64WordKey;
   for (int64_t g0 = 0; g0 < n; g0 += RowKeys::kGroup) {

@@ -105,7 +105,9 @@ struct FlatLane {
         *page_index = pi;
         return 0;
       }
-      if (load_u64(s + 4) == k0 && load_u64(s + 4 + suffix - 8) == k1 && meta != kFlatDeleted) {
+      // No kFlatDeleted test: tombstones exist only in the old table of a rehash, and a lane
+      // never opens while one is in flight (open), so its table has none.
+      if (load_u64(s + 4) == k0 && load_u64(s + 4 + suffix - 8) == k1) {
         *slot = s;
         *page_index = pi;
         return 1;
