@@ -357,10 +357,28 @@ TEST(randomized_incremental_with_a_small_write_log_uses_both_paths) {
   CHECK(walked > 20);
 }
 
+TEST(a_fresh_maps_first_epoch_is_listed_by_walking_and_the_next_one_from_the_log) {
+  StateMap m;
+  for (uint64_t k = 0; k < 10; ++k) put(m, be64(k), "v");
+  CHECK_EQ(m.write_log_size(), 0u);  // version 0: changes against the empty map, not logged
+  auto s0 = m.snapshot();
+  CHECK(!s0->changes_from_log(0));
+  CHECK_EQ(changes(*s0, 0).size(), 10u);
+  CHECK(merge_changes({}, changes(*s0, 0)) == contents(*s0));
+  for (uint64_t k = 5; k < 8; ++k) put(m, be64(k), "w");
+  CHECK_EQ(m.write_log_size(), 3u);
+  auto s1 = m.snapshot();
+  CHECK(s1->changes_from_log(s0->version()));
+  CHECK_EQ(changes(*s1, s0->version()).size(), 3u);
+  CHECK(merge_changes(contents(*s0), changes(*s1, s0->version())) == contents(*s1));
+  CHECK(!s1->changes_from_log(0));
+  CHECK(merge_changes({}, changes(*s1, 0)) == contents(*s1));
+}
+
 TEST(write_log_lists_a_few_changes_of_a_large_map_without_walking) {
   StateMap m;
   for (uint64_t k = 0; k < 50000; ++k) put(m, be64(k), "v");
-  CHECK_EQ(m.write_log_size(), 0u);  // the bulk load's epoch gave up at 1024 records, freed them
+  CHECK_EQ(m.write_log_size(), 0u);  // a fresh map does not log its first epoch
   auto s0 = m.snapshot();
   CHECK(!s0->changes_from_log(0));
   m.mark_base(s0->version());

@@ -166,6 +166,8 @@ struct Entry;
 // records an epoch stops logging and `writes_complete_from` moves past it; listings whose range
 // includes such an epoch walk the table instead (when more than 1/16 of the keys changed, a walk
 // costs about what the lookups would). Bulk loads therefore log at most write_log_min records.
+// A fresh map's first epoch (version 0) logs nothing: every write in it is a change against the
+// empty map, so its listings walk (writes_complete_from starts at 1).
 // The map's `base` is a version: everything written at a version >= base is "changed".
 //   - mark_base(v) (a checkpoint of the snapshot of version v completed) raises base to v and
 //     drops the log chunks holding only records older than v; older or equal v are no-ops.

@@ -61,7 +61,12 @@ struct StateMap::Impl {
   uint64_t base = 0;              // only raised (mark_base, rebase)
   detail::KeyLog removals;        // removals of present keys, version order
   detail::KeyLog writes;          // first write of a key in each epoch, version order
-  uint64_t writes_complete_from = 0;  // every epoch (version) >= it has all its first writes logged
+  // Every epoch (version) >= it has all its first writes logged. 1 for a fresh map: its first
+  // epoch (version 0, base 0) is not logged at all. Changes against the empty map are the whole
+  // contents, which a listing gets by walking the table for about what reading the log would
+  // cost, and a fresh map's first epoch is mostly inserts (every key of a new state is a first
+  // write: logging them was ~4% of add_batch's time while 200k new int64 keys came in, perf).
+  uint64_t writes_complete_from = 1;
   size_t write_log_min = 1024;    // the write log may always hold this many records (log_write)
 
   // ---- shared with threads that release snapshots ----
