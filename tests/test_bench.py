@@ -477,3 +477,33 @@ def test_window_count_reports_native_python_and_dict_with_the_goal(tmp_path):
         float(rates["native"] / rates["python"] >= 20)
     drawn = [b for title, _, bars, _ in bench._plot_panels(records) for b in bars]
     assert all(r in drawn for r in records if r["unit"] == "rows/s")
+
+
+def test_native_and_the_cpp_reference_are_timed_alternately(monkeypatch):
+    """The two impls a goal compares run in alternating rounds (reverse order every other round),
+    the best of each kept; the others keep their own best-of runs."""
+    from statecore.bench import peers
+
+    monkeypatch.setattr(peers, "_BUDGET_S", 0.0)  # past budget: _MAX_RUNS rounds, else one run
+    calls = []
+    times = {"native": iter([0.5, 0.2, 0.4, 0.9, 0.3]), "cpp_ref": iter([0.1, 0.3, 0.05, 0.2, 0.4]),
+             "python": iter([2.0, 1.0, 3.0])}
+
+    def timed(name):
+        def run():
+            calls.append(name)
+            return next(times[name])
+        return run
+
+    runs = [("native", 100, timed("native")), ("python", 10, timed("python")),
+            ("cpp_ref", 100, timed("cpp_ref"))]
+    rates, records = peers._measure("c", "t", runs, "cpp_ref")
+    assert calls[:6] == ["native", "cpp_ref", "cpp_ref", "native", "native", "cpp_ref"]
+    assert calls.count("native") == calls.count("cpp_ref") == peers._MAX_RUNS
+    assert calls[6:] == ["python"]
+    assert rates == {"native": 100 / 0.2, "cpp_ref": 100 / 0.05, "python": 10 / 2.0}
+    assert {(r["impl"], r["metric"]) for r in records} == {
+        (i, m) for i in rates for m in ("rows_per_s_t", "rows_measured_t")}
+    calls.clear()
+    rates, _ = peers._measure("c", "t", [("native", 1, lambda: calls.append("n") or 1.0)], None)
+    assert calls == ["n"] and rates == {"native": 1.0}

@@ -35,15 +35,16 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, List, Tuple
 
 import numpy as np
 import pyarrow as pa
 
 from statecore import ListStateDescriptor, MapStateDescriptor, create_backend
 from statecore.bench import Size, case, record
-from statecore.bench.peers import (_TempRdict, _best, _has_native, _panel, _pylist, _ratio_records,
-                                   _reference, _rocksdict, _slices, int64_keys, row_order)
+from statecore.bench.peers import (_TempRdict, _has_native, _measure, _panel, _pylist,
+                                   _ratio_records, _reference, _rocksdict, _slices, int64_keys,
+                                   row_order)
 from statecore.bench.ttl import _label
 
 _REPS = 10
@@ -144,11 +145,8 @@ def _collection_case(c: str, size: Size, is_map: bool) -> list:
                 runs.append((ref.impl, n_full, lambda: ref.map_put(keys, uks, values, workdir)["seconds"]))
             else:
                 runs.append((ref.impl, n_full, lambda: ref.list_append(keys, values, workdir)["seconds"]))
-        rates: Dict[str, float] = {}
-        for impl, n, fn in runs:
-            rates[impl] = n / _best(fn)
-            out.append(record(c, impl, f"rows_per_s_{tag}", rates[impl], "rows/s"))
-            out.append(record(c, impl, f"rows_measured_{tag}", n, "rows"))
+        rates, measured = _measure(c, tag, runs, ref.impl if ref else None)
+        out += measured
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     out.append(record(c, "workload", f"distinct_keys_{tag}", distinct, "keys"))
@@ -288,11 +286,8 @@ def _get_case(c: str, size: Size, is_map: bool) -> list:
             else:
                 runs.append((ref.impl, n_full, lambda: ref.list_get(
                     keys, values, gkeys, workdir)["seconds"]))
-        rates: Dict[str, float] = {}
-        for impl, n, fn in runs:
-            rates[impl] = n / _best(fn)
-            out.append(record(c, impl, f"rows_per_s_{tag}", rates[impl], "rows/s"))
-            out.append(record(c, impl, f"rows_measured_{tag}", n, "rows"))
+        rates, measured = _measure(c, tag, runs, ref.impl if ref else None)
+        out += measured
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     out.append(record(c, "workload", f"distinct_keys_{tag}", distinct, "keys"))

@@ -17,14 +17,14 @@ python and the issue's goal native >= 20x python.
 from __future__ import annotations
 
 import time
-from typing import Dict, List, Tuple
+from typing import List, Tuple
 
 import numpy as np
 import pyarrow as pa
 
 from statecore import ReducingStateDescriptor, create_backend
 from statecore.bench import Size, case, record
-from statecore.bench.peers import _best, _has_native, _panel, _ratio_records
+from statecore.bench.peers import _has_native, _measure, _panel, _ratio_records
 from statecore.bench.ttl import _label
 
 _BATCH = 65536
@@ -90,11 +90,8 @@ def window_count(size: Size):
     runs.append(("python", n_slow, lambda: _backend_run("python", slow)))
     runs.append(("dict", n_full, lambda: _dict_run(full)))
     out: list = []
-    rates: Dict[str, float] = {}
-    for impl, n, fn in runs:
-        rates[impl] = n / _best(fn)
-        out.append(record(c, impl, f"rows_per_s_{tag}", rates[impl], "rows/s"))
-        out.append(record(c, impl, f"rows_measured_{tag}", n, "rows"))
+    rates, measured = _measure(c, tag, runs, None)
+    out += measured
     out.append(record(c, "workload", f"distinct_keys_{tag}", distinct, "keys"))
     out += _ratio_records(c, tag, rates, None, None)
     return out
