@@ -83,10 +83,10 @@ void emit_current(StateMap& m, const RowKeys& rk, int64_t i, T* out, uint8_t* va
 // invertible, so any other row's old aggregate is its output minus its value (the 16-byte {row,
 // old} record of every row was ~5% of an int64 add_batch, callgrind; a "was new" byte a row was
 // a byte store, which may alias anything the row loop keeps in memory). With TTL the old
-// timestamp is not derivable, so the
-// log keeps {row (complemented when the key was new), old value, old timestamp}. What null rows
-// did (TTL removals and renewals) is not in the log and stays, as in the Python path (see batch.h
-// "TTL"): undoing a later write on the same key restores the bytes as that null row left them.
+// timestamp is not derivable, so the log keeps {row (complemented when the key was new), old
+// value, old timestamp}. What null rows did (TTL removals and renewals) is not in the log and
+// stays, as in the Python path (see batch.h "TTL"): undoing a later write on the same key
+// restores the bytes as that null row left them.
 // Without kUndo, combine never fails. The log is a raw per-thread buffer sized for the batch up
 // front (vector::push_back re-read the thread_local's address, a __tls_get_addr call in a shared
 // library, on every row), kept for the next batch unless a large batch grew it.

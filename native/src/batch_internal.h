@@ -785,8 +785,7 @@ template <uint32_t kWord, class Fn>
 
 template <class Fn>
 [[gnu::always_inline]] inline void for_rows(RowKeys& rk, StateTable& table, Lanes& lanes,
-                                           const int32_t* kgs, int64_t n,
-                     Fn&& fn) {
+                                            const int32_t* kgs, int64_t n, Fn&& fn) {
   constexpr uint32_t kWord = RowKeys::kInt64WordKey;
   for (int64_t g0 = 0; g0 < n; g0 += RowKeys::kGroup) {
     rk.ahead(g0, &lanes);

@@ -66,10 +66,6 @@ size_t free_slot(const FlatDirectory* d, uint32_t h) {
   return i;
 }
 
-}  // namespace
-
-namespace {
-
 // The map hash of a flat slot's key computed from the slot's own words, for the layouts where
 // that is short_key_hash of prefix | suffix (default hash, 1-byte prefix, 9-16 byte keys, a
 // little-endian host). Rebuilding the key in a buffer and hashing that read 8-byte words just

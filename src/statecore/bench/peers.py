@@ -227,10 +227,8 @@ def _measure(c: str, tag: str, runs: List[Tuple[str, int, Callable[[], float]]],
     """rows/s of every ``(impl, rows, run_once)`` of ``runs`` and their records
     (``rows_per_s_<tag>``, ``rows_measured_<tag>``): native and ``ref_impl`` (the C++
     reference, None: none) interleaved (``_best_interleaved``), every other impl ``_best``."""
-    paired = [r for r in runs if r[0] in ("native", ref_impl)] if ref_impl else []
-    if len(paired) < 2:
-        paired = []
-    secs = _best_interleaved({impl: fn for impl, _, fn in paired}) if paired else {}
+    paired = {impl: fn for impl, _, fn in runs if ref_impl and impl in ("native", ref_impl)}
+    secs = _best_interleaved(paired) if len(paired) == 2 else {}
     rates: Dict[str, float] = {}
     out: list = []
     for impl, n, fn in runs:
