@@ -854,6 +854,27 @@ void walk_entries(const Directory* d, size_t from, Fn&& fn) {
   }
 }
 
+// fn(r) for every record r of `log` with from <= r.version < to, oldest first, after
+// prefetch(r.hash) was called kAhead records earlier: a listing from the log looks up every
+// record's key in a table that, at a million entries, is far out of cache, and one lookup at a
+// time waited for each miss (find_hashed was 40% of the incremental checkpoint writer's time,
+// perf, 500k entries and 90k changed).
+template <class Prefetch, class Fn>
+void for_each_logged(const detail::KeyLogView& log, uint64_t from, uint64_t to,
+                     Prefetch&& prefetch, Fn&& fn) {
+  constexpr size_t kAhead = 8;  // a power of two
+  const detail::KeyRecord* ring[kAhead];
+  size_t n = 0;
+  log.for_each([&](const detail::KeyRecord& r) {
+    if (r.version < from || r.version >= to) return;
+    prefetch(r.hash);
+    const detail::KeyRecord*& at = ring[n++ & (kAhead - 1)];
+    if (n > kAhead) fn(*at);
+    at = &r;
+  });
+  for (size_t i = n > kAhead ? n - kAhead : 0; i < n; ++i) fn(*ring[i & (kAhead - 1)]);
+}
+
 }  // namespace
 
 // Every live slot of a flat table from slot `from` on, with its full key rebuilt.
@@ -900,6 +921,21 @@ bool MapSnapshot::find_hashed(uint32_t hash, const uint8_t* key, size_t key_size
   return false;
 }
 
+void MapSnapshot::prefetch(uint32_t hash) const {
+  if (s_->flat) {
+    for (const FlatDirectory* d : {s_->fprimary, s_->frehash}) {
+      if (const uint8_t* slot = d ? d->slot(hash & d->mask()) : nullptr)
+        __builtin_prefetch(slot);
+    }
+    return;
+  }
+  for (const Directory* d : {s_->primary, s_->rehash_table}) {
+    if (!d) continue;
+    const size_t b = hash & (d->capacity - 1);
+    if (const Page* p = d->pages()[b >> d->page_shift]) __builtin_prefetch(p->slots() + (b & d->page_mask()));
+  }
+}
+
 void MapSnapshot::walk(void (*fn)(void*, ByteView, ByteView, uint32_t), void* ctx) const {
   auto each = [&](ByteView k, ByteView v, uint32_t modified) { fn(ctx, k, v, modified); };
   if (s_->flat) {
@@ -944,22 +980,20 @@ void MapSnapshot::sorted_changes(uint64_t base, SortedRunBuilder& run, SortedRun
   };
   ByteView value;
   uint32_t modified;
+  const auto prefetch_slot = [this](uint32_t h) { prefetch(h); };
   if (changes_from_log(base)) {
     // Every key written in [base, s) has a record there (C5): look each one up instead of
     // walking every entry. A key written in several epochs has several records: `unique`.
-    s_->writes.for_each([&](const detail::KeyRecord& r) {
-      if (r.version < base || r.version >= s) return;
+    for_each_logged(s_->writes, base, s, prefetch_slot, [&](const detail::KeyRecord& r) {
       if (find_hashed(r.hash, r.key, r.key_size, &value, &modified))
         collect(&ctx, ByteView{r.key, r.key_size}, value, modified);
     });
   } else {
     walk(collect, &ctx);
   }
-  s_->removals.for_each([&](const detail::KeyRecord& r) {
-    if (r.version >= base && r.version < s &&
-        !find_hashed(r.hash, r.key, r.key_size, &value, &modified)) {
+  for_each_logged(s_->removals, base, s, prefetch_slot, [&](const detail::KeyRecord& r) {
+    if (!find_hashed(r.hash, r.key, r.key_size, &value, &modified))
       run.add(ByteView{r.key, r.key_size}, ByteView{}, true);
-    }
   });
   // A key removed several times is logged several times: `unique` keeps one tombstone. Puts and
   // tombstones never share a key (a tombstone's key is absent from the snapshot).

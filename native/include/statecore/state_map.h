@@ -439,6 +439,9 @@ class MapSnapshot {
   // The entry of `key` at snapshot time: its value and `modified`; false when absent.
   bool find_hashed(uint32_t hash, const uint8_t* key, size_t key_size, ByteView* value,
                    uint32_t* modified) const;
+  // Requests the cache line(s) find_hashed(hash, ...) reads first: the home slot (flat) or
+  // the bucket head (chained) in every table a lookup may probe. A hint only.
+  void prefetch(uint32_t hash) const;
   // fn(ByteView key, ByteView value, uint32_t modified) for every entry, unordered.
   void walk(void (*fn)(void*, ByteView, ByteView, uint32_t), void* ctx) const;
   std::unique_ptr<State> s_;
