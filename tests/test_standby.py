@@ -7,6 +7,8 @@ nothing (no commit, a later task, an unsettled write, a compacted chain)."""
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from concurrent.futures import Future
 
@@ -262,3 +264,20 @@ def test_the_next_task_of_the_partition_takes_the_standby_copy(job, kind, monkey
     report = j.store.pending(2)[0]["spark_report"]
     assert desc["writer"] == report["writer"]
     assert report["load"] == "standby" and report["standby_cpu_s"] > 0, report
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+def test_the_standby_thread_runs_at_the_lowest_priority(monkeypatch):
+    # It runs between tasks, while the driver plans the next micro-batch and the other worker's
+    # task runs: at their priority it took CPU from them.
+    seen = []
+
+    def record(*args):
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+    monkeypatch.setattr(W, "_standby_catch_up", record)
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    W._start_standby(None, ("s", "op"), ("s", "op", 0), 1, (2, 128, "native", "int64"), 1).join()
+    assert seen == [min(19, mine + W.STANDBY_NICE)]
+    assert W.STANDBY_NICE == 19
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
