@@ -12,7 +12,7 @@ import pytest
 import statecore
 from statecore.checkpoint.store import CheckpointStore
 from statecore.descriptors import ValueStateDescriptor
-from statecore.errors import StateMigrationError
+from statecore.errors import InvalidInputError, StateMigrationError
 from statecore.ttl import StateTtlConfig
 from test_async_snapshot import BACKENDS, _contents, _States
 
@@ -125,6 +125,20 @@ def test_no_change_set_without_a_plain_incremental_chain(tmp_path, kind):
     store.compact(4, max_runs=1)
     assert store.open_changes(4, d3["path"], *_RANGE) is None
     assert store.open_changes(4, d0["path"], *_RANGE) is None
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+@pytest.mark.parametrize("bad", [None, object(), {"key_type": "int64"}])
+def test_no_snapshot_at_all_is_a_clear_error_and_changes_nothing(tmp_path, kind, bad):
+    # None is what open_changes returns when there is no plain change set.
+    b = _backend(kind)
+    st = _States(b)
+    _ops(st, random.Random(3), 50, 0)
+    before = _snapshot_contents(b)
+    for load in (b.apply_changes, b.restore):
+        with pytest.raises(InvalidInputError, match="expected a snapshot or checkpoint reader"):
+            load(bad)
+    assert _snapshot_contents(b) == before
 
 
 @pytest.mark.parametrize("kind", BACKENDS)

@@ -372,7 +372,14 @@ def batch_namespace_array(namespaces, ns_type: str, length: int):
 
 def check_snapshot_compatible(backend: "KeyedStateBackend", snap) -> None:
     """Raise StateMigrationError unless ``snap`` has the backend's key type, max parallelism and
-    assigner (rescaling changes parallelism, never max parallelism)."""
+    assigner (rescaling changes parallelism, never max parallelism); InvalidInputError when it
+    is no snapshot at all (e.g. None: ``CheckpointStore.open_changes`` found no change set)."""
+    missing = [a for a in ("key_type", "max_parallelism", "assigner", "key_group_range",
+                           "state_metas") if not hasattr(snap, a)]
+    if missing:
+        raise InvalidInputError(
+            f"expected a snapshot or checkpoint reader, got {type(snap).__name__} (no "
+            f"{', '.join(missing)})")
     for attr in ("key_type", "max_parallelism", "assigner"):
         mine, theirs = getattr(backend, attr), getattr(snap, attr)
         if mine != theirs:
