@@ -877,15 +877,38 @@ void for_each_logged(const detail::KeyLogView& log, uint64_t from, uint64_t to,
 
 }  // namespace
 
-// Every live slot of a flat table from slot `from` on, with its full key rebuilt.
-template <class Fn>
-void walk_flat(const FlatDirectory* d, size_t from, Fn&& fn) {
+// fn(key, value, modified) for every live slot of a flat table from slot `from` on whose
+// `modified` passes keep(modified), with its full key rebuilt.
+template <class Keep, class Fn>
+void walk_flat(const FlatDirectory* d, size_t from, Keep&& keep, Fn&& fn) {
   uint8_t buf[detail::kFlatMaxKey];
   detail::flat_for_each_live(d, from, [&](const uint8_t* s, uint32_t meta) {
+    if (!keep(meta)) return;
     const FlatLayout& l = d->layout;
     const size_t ks = detail::flat_full_key(l, s, buf);
     fn(ByteView{buf, ks}, ByteView{s + 4 + l.suffix_size(), l.value_size}, meta);
   });
+}
+
+// fn(key, value, modified) for every entry of snapshot state `st` whose `modified` passes
+// keep(modified), unordered. Inlined into its two callers, with the test ahead of the key's
+// rebuild: an incremental listing walks the whole table when many keys changed (no log), and
+// through a callback a call and, in the flat engine, a rebuilt key were paid for every entry,
+// changed or not (the walk was a fifth of the checkpoint writer's samples with 197k of 500k
+// int64 entries changed, perf; that write 17.7-19.1 -> 16.5-17.1 ms).
+template <class Keep, class Fn>
+void walk_snapshot(const MapSnapshot::State& st, Keep&& keep, Fn&& fn) {
+  if (st.flat) {
+    walk_flat(st.fprimary, st.frehash ? st.rehash_index : 0, keep, fn);
+    walk_flat(st.frehash, 0, keep, fn);
+    return;
+  }
+  auto entry = [&](const Entry* e) {
+    if (keep(e->modified))
+      fn(ByteView{e->key(), e->key_size}, ByteView{e->value(), e->value_size}, e->modified);
+  };
+  walk_entries(st.primary, st.rehash_table ? st.rehash_index : 0, entry);
+  walk_entries(st.rehash_table, 0, entry);
 }
 
 bool MapSnapshot::find_hashed(uint32_t hash, const uint8_t* key, size_t key_size, ByteView* value,
@@ -936,20 +959,6 @@ void MapSnapshot::prefetch(uint32_t hash) const {
   }
 }
 
-void MapSnapshot::walk(void (*fn)(void*, ByteView, ByteView, uint32_t), void* ctx) const {
-  auto each = [&](ByteView k, ByteView v, uint32_t modified) { fn(ctx, k, v, modified); };
-  if (s_->flat) {
-    walk_flat(s_->fprimary, s_->frehash ? s_->rehash_index : 0, each);
-    walk_flat(s_->frehash, 0, each);
-    return;
-  }
-  auto entry = [&](const Entry* e) {
-    fn(ctx, ByteView{e->key(), e->key_size}, ByteView{e->value(), e->value_size}, e->modified);
-  };
-  walk_entries(s_->primary, s_->rehash_table ? s_->rehash_index : 0, entry);
-  walk_entries(s_->rehash_table, 0, entry);
-}
-
 bool MapSnapshot::changes_from_log(uint64_t base) const {
   return base >= s_->writes_complete_from;
 }
@@ -970,14 +979,7 @@ void MapSnapshot::sorted_changes(uint64_t base, SortedRunBuilder& run, SortedRun
   }
   const uint64_t s = s_->version;
   run.clear();
-  struct Ctx {
-    SortedRunBuilder* run;
-    uint64_t base, s;
-  } ctx{&run, base, s};
-  auto collect = [](void* c, ByteView k, ByteView v, uint32_t modified) {
-    const Ctx& x = *static_cast<Ctx*>(c);
-    if (modified >= x.base && modified < x.s) x.run->add(k, v, false);
-  };
+  const auto changed = [base, s](uint32_t modified) { return modified >= base && modified < s; };
   ByteView value;
   uint32_t modified;
   const auto prefetch_slot = [this](uint32_t h) { prefetch(h); };
@@ -985,11 +987,12 @@ void MapSnapshot::sorted_changes(uint64_t base, SortedRunBuilder& run, SortedRun
     // Every key written in [base, s) has a record there (C5): look each one up instead of
     // walking every entry. A key written in several epochs has several records: `unique`.
     for_each_logged(s_->writes, base, s, prefetch_slot, [&](const detail::KeyRecord& r) {
-      if (find_hashed(r.hash, r.key, r.key_size, &value, &modified))
-        collect(&ctx, ByteView{r.key, r.key_size}, value, modified);
+      if (find_hashed(r.hash, r.key, r.key_size, &value, &modified) && changed(modified))
+        run.add(ByteView{r.key, r.key_size}, value, false);
     });
   } else {
-    walk(collect, &ctx);
+    walk_snapshot(*s_, changed,
+                  [&](ByteView k, ByteView v, uint32_t) { run.add(k, v, false); });
   }
   for_each_logged(s_->removals, base, s, prefetch_slot, [&](const detail::KeyRecord& r) {
     if (!find_hashed(r.hash, r.key, r.key_size, &value, &modified))
@@ -1011,8 +1014,8 @@ void MapSnapshot::sorted_entries(SortedRunBuilder& run, SortedRun& out) const {
   if (s_->released) throw std::logic_error("MapSnapshot::sorted_entries() after release()");
   run.clear();
   run.reserve(s_->size, 0, 0);
-  walk([](void* r, ByteView k, ByteView v, uint32_t) { static_cast<SortedRunBuilder*>(r)->add(k, v, false); },
-       &run);
+  walk_snapshot(*s_, [](uint32_t) { return true; },
+                [&](ByteView k, ByteView v, uint32_t) { run.add(k, v, false); });
   run.finish(/*unique=*/false, out);
 }
 

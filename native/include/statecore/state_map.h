@@ -442,8 +442,6 @@ class MapSnapshot {
   // Requests the cache line(s) find_hashed(hash, ...) reads first: the home slot (flat) or
   // the bucket head (chained) in every table a lookup may probe. A hint only.
   void prefetch(uint32_t hash) const;
-  // fn(ByteView key, ByteView value, uint32_t modified) for every entry, unordered.
-  void walk(void (*fn)(void*, ByteView, ByteView, uint32_t), void* ctx) const;
   std::unique_ptr<State> s_;
 };
 
