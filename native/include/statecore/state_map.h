@@ -251,6 +251,8 @@ struct Entry;
 //    Nothing but the lane's own slot writes and below-threshold inserts may touch the map while
 //    a lane is open (a kernel closes it after any other call on the map); other threads only
 //    lower reference counts. A lane ignores a pending sweep: a flat map has no retired entries.
+//    A lane of a one-page directory keeps its own copy of the page pointer and owned byte, so
+//    many small maps (high max parallelism) cost no directory load a row.
 //  - Owned pages (FlatDirectory::owned, detail/flat_table.h): a flat directory keeps one byte per
 //    page, set when the owner made, copied or found the page exclusive, cleared for every page
 //    when the directory is copied. Writers test that byte, beside the page pointer they load
