@@ -2,6 +2,7 @@
 #include "statecore/key_columns.h"
 
 #include "statecore/detail/bytes.h"
+#include "statecore/detail/spark_pmod.h"
 #include "statecore/hash.h"
 #include "multiversion.h"
 
@@ -19,6 +20,7 @@ namespace {
 // switch, a 64-bit division) was most of the ~70 instructions of an int64 row (callgrind). A
 // power-of-two max parallelism (the default) takes Spark's pmod as a mask: in two's complement
 // ((h % m) + m) % m == h & (m - 1) for m = 2^k.
+// Any other takes it without a division (detail::SparkPmod).
 template <class Hash>
 void spark_key_groups(int32_t maxp, int64_t n, int32_t* out, Hash hash) {
   if ((maxp & (maxp - 1)) == 0) {
@@ -26,10 +28,8 @@ void spark_key_groups(int32_t maxp, int64_t n, int32_t* out, Hash hash) {
     for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(hash(i) & mask);
     return;
   }
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t r = static_cast<int64_t>(hash(i)) % maxp;
-    out[i] = static_cast<int32_t>(r < 0 ? r + maxp : r);
-  }
+  const detail::SparkPmod pmod(static_cast<uint32_t>(maxp));
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(pmod(hash(i)));
 }
 
 // spark_key_groups of n int64 keys (8 little-endian bytes each at `keys`, any alignment) with a
@@ -42,6 +42,33 @@ void spark_int64_key_groups_pow2(const uint8_t* keys, int64_t n, uint64_t mask, 
     uint64_t v;
     std::memcpy(&v, keys + i * 8, 8);
     out[i] = static_cast<int32_t>(xxh64_u64(v, kSparkXxhashSeed) & mask);
+  }
+}
+
+// The Spark hashes (xxhash64, seed 42) of n int64 keys as above, for the other max
+// parallelisms: vectorized the same way, the pmod follows per row (spark_int64_key_groups).
+SC_TARGET_CLONES_V4
+void spark_int64_hashes(const uint8_t* keys, int64_t n, uint64_t* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t v;
+    std::memcpy(&v, keys + i * 8, 8);
+    out[i] = xxh64_u64(v, kSparkXxhashSeed);
+  }
+}
+
+// spark_key_groups of n int64 keys at `keys` for any max parallelism.
+void spark_int64_key_groups(const uint8_t* keys, int64_t n, int32_t maxp, int32_t* out) {
+  if ((maxp & (maxp - 1)) == 0) {
+    spark_int64_key_groups_pow2(keys, n, static_cast<uint64_t>(maxp) - 1, out);
+    return;
+  }
+  const detail::SparkPmod pmod(static_cast<uint32_t>(maxp));
+  constexpr int64_t kChunk = 256;
+  uint64_t h[kChunk];
+  for (int64_t s = 0; s < n; s += kChunk) {
+    const int64_t m = n - s < kChunk ? n - s : kChunk;
+    spark_int64_hashes(keys + s * 8, m, h);
+    for (int64_t j = 0; j < m; ++j) out[s + j] = static_cast<int32_t>(pmod(h[j]));
   }
 }
 
@@ -224,13 +251,19 @@ void KeyArrays::key_groups(Assigner a, int32_t maxp, int32_t* out) const {
     const ArrayView& v = columns_[0];
     switch (schema_.columns[0].type) {
       case KeyType::Int32:
+        if (a == Assigner::Spark) {
+          spark_key_groups(maxp, n, out, [&](int64_t i) {
+            return static_cast<uint64_t>(spark_xxhash64_int32(v.int32_at(i)));
+          });
+          return;
+        }
         for (int64_t i = 0; i < n; ++i) out[i] = key_group_for_int32(a, v.int32_at(i), maxp);
         return;
       case KeyType::Int64:
       case KeyType::Timestamp:
       case KeyType::UInt64:  // hashed as its int64 bits (Spark hashLong, Java Long)
-        if (a == Assigner::Spark && (maxp & (maxp - 1)) == 0 && !detail::kBigEndianHost) {
-          spark_int64_key_groups_pow2(v.fixed_data(8), n, static_cast<uint64_t>(maxp) - 1, out);
+        if (a == Assigner::Spark && !detail::kBigEndianHost) {
+          spark_int64_key_groups(v.fixed_data(8), n, maxp, out);
         } else if (a == Assigner::Spark) {
           spark_key_groups(maxp, n, out, [&](int64_t i) {
             return xxh64_u64(static_cast<uint64_t>(v.int64_at(i)), kSparkXxhashSeed);

@@ -13,6 +13,7 @@
 
 #include "check.h"
 #include "statecore/arrow_abi.h"
+#include "statecore/detail/spark_pmod.h"
 #include "statecore/batch.h"
 #include "statecore/hash.h"
 #include "statecore/key_codec.h"
@@ -388,6 +389,51 @@ TEST(spark_int64_key_groups_match_the_scalar_assignment) {
       for (size_t i = 0; i < xs.size(); ++i)
         CHECK_EQ(kgs[i], key_group_for_int64(Assigner::Spark, *xs[i], maxp));
     }
+  }
+}
+
+// SparkPmod replaces a division a row: it must equal Spark's ((h % m) + m) % m for every hash,
+// the extremes and the hashes next to a multiple of m included, at every max parallelism.
+TEST(spark_pmod_equals_the_division_for_every_hash_and_max_parallelism) {
+  std::vector<int64_t> hs = {0, 1, -1, 2, -2, std::numeric_limits<int64_t>::min(),
+                             std::numeric_limits<int64_t>::min() + 1,
+                             std::numeric_limits<int64_t>::max(),
+                             std::numeric_limits<int64_t>::max() - 1};
+  uint64_t x = 0x2545F4914F6CDD1DULL;
+  while (hs.size() < 4000) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    hs.push_back(static_cast<int64_t>(x));
+  }
+  for (int32_t m : {1, 2, 3, 5, 7, 100, 128, 200, 255, 1000, 4096, 12345, 32767, 32768, 65537,
+                    2147483647}) {
+    const detail::SparkPmod pmod(static_cast<uint32_t>(m));
+    std::vector<int64_t> near = hs;
+    for (int64_t k : {int64_t{1}, int64_t{1000}, (std::numeric_limits<int64_t>::max() - 1) / m})
+      for (int64_t d : {-1, 0, 1}) near.push_back(k * m + d), near.push_back(-k * m + d);
+    for (int64_t h : near) {
+      const int64_t want = ((h % m) + m) % m;
+      CHECK_EQ(static_cast<int64_t>(pmod(static_cast<uint64_t>(h))), want);
+    }
+  }
+}
+
+// Spark int32 keys take the batch loop too (key_groups.cpp's per-row call divided by the max
+// parallelism): the same key groups as the scalar assignment.
+TEST(spark_int32_key_groups_match_the_scalar_assignment) {
+  std::vector<std::optional<int32_t>> xs = {0, -1, 1, std::numeric_limits<int32_t>::min(),
+                                            std::numeric_limits<int32_t>::max()};
+  uint32_t x = 0x9E3779B9u;
+  while (xs.size() < 501) {
+    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+    xs.push_back(static_cast<int32_t>(x));
+  }
+  Arr a = fixed<int32_t>("i", xs, 2);
+  KeyArrays k(KeySchema::scalar(KeyType::Int32), &a.schema, &a.array);
+  std::vector<int32_t> kgs(xs.size());
+  for (int32_t maxp : {1, 128, 200, 4096, 32767, 32768}) {
+    k.key_groups(Assigner::Spark, maxp, kgs.data());
+    for (size_t i = 0; i < xs.size(); ++i)
+      CHECK_EQ(kgs[i], key_group_for_int32(Assigner::Spark, *xs[i], maxp));
   }
 }
 
