@@ -378,25 +378,31 @@ class RowKeys {
     }
     const bool ambiguous = ns_ && ns_width_ == 0 && spec.key.variable_length();
     const ArrayView* col = ambiguous ? nullptr : keys.scalar_column();
-    if (col && spec.key.columns[0].type == KeyType::Int64) int64_keys_ = col;
+    // int32 keys likewise, big-endian in 4 bytes (Flink IntSerializer): through the encoder
+    // they cost ~4x an int64 row (add_batch, 200k keys).
+    if (col && (spec.key.columns[0].type == KeyType::Int64 ||
+                spec.key.columns[0].type == KeyType::Int32)) {
+      int_keys_ = col;
+      int_width_ = spec.key.columns[0].type == KeyType::Int64 ? 8 : 4;
+    }
     // String/binary keys likewise: prefix | varlen(len + 1) | bytes | 00 (the general encoder
     // with its checks and vector appends was ~300 instructions a row, callgrind).
     if (col && (spec.key.columns[0].type == KeyType::String ||
                 spec.key.columns[0].type == KeyType::Binary))
       bytes_keys_ = col;
-    int64_in_one_ = int64_keys_ != nullptr && (ns_ == nullptr || ns_width_ != 0);
+    int_in_one_ = int_keys_ != nullptr && (ns_ == nullptr || ns_width_ != 0);
     bytes_void_ = bytes_keys_ != nullptr && ns_ == nullptr;
-    int64_words_ = int64_keys_ != nullptr && ns_ == nullptr &&
+    int64_words_ = int_keys_ != nullptr && int_width_ == 8 && ns_ == nullptr &&
                    hash_fn_ == nullptr && !detail::kBigEndianHost;
     // Fixed-size keys are written in place into the groups' buffers: sized once here rather
     // than resized (a call) for every group.
-    if (int64_in_one_)
+    if (int_in_one_)
       for (Group& g : groups_) g.bytes.resize(kGroup * kInt64KeyMax);
     // int64 keys (flat maps) go through the groups at any state size: encoded row by row, a
     // key's hash reads bytes stored just before by narrower stores, which the CPU cannot
     // forward, a stall a row (add_batch over 1k / 8k int64 keys: 30.3 / 32.2 ns a row so,
     // 20.6 / 21.1 with groups; 2k keys with an int64 namespace: 32.5 -> 26.7).
-    if (int64_in_one_) prefetch_ = true;
+    if (int_in_one_) prefetch_ = true;
   }
 
   // Row i's encoded key becomes data()/size(): the copy made when its group was hashed ahead,
@@ -418,8 +424,8 @@ class RowKeys {
       }
     }
     cur_row_ = -1;
-    if (int64_in_one_) {
-      cur_size_ = ns_ ? write_int64_key(i, kg, one_) : write_int64_key<true>(i, kg, one_);
+    if (int_in_one_) {
+      cur_size_ = ns_ ? write_int_key(i, kg, one_) : write_int_key<true>(i, kg, one_);
       cur_ = one_;
       return;
     }
@@ -483,9 +489,9 @@ class RowKeys {
   // inlined into the kernels' row loops (inlined, this cost ~40 instructions a row of int64
   // add_batch, callgrind).
   [[gnu::noinline]] void encode_other(int64_t i, int32_t kg) {
-    if (int64_keys_ || bytes_keys_) {
-      one_bytes_.resize(int64_keys_ ? int64_key_bound(i) : bytes_key_bound(i));
-      cur_size_ = int64_keys_ ? write_int64_key(i, kg, one_bytes_.data())
+    if (int_keys_ || bytes_keys_) {
+      one_bytes_.resize(int_keys_ ? int_key_bound(i) : bytes_key_bound(i));
+      cur_size_ = int_keys_ ? write_int_key(i, kg, one_bytes_.data())
                               : write_bytes_key(i, kg, one_bytes_.data());
       cur_ = one_bytes_.data();
       return;
@@ -506,7 +512,7 @@ class RowKeys {
     ns_col_->bytes_at(i, &sz);
     return 10 + sz;
   }
-  size_t int64_key_bound(int64_t i) const { return 2 + 8 + ns_bound(i); }
+  size_t int_key_bound(int64_t i) const { return 2 + int_width_ + ns_bound(i); }
 
   // ser(namespace) of row i at dst (key_codec.h): the VoidNamespace's 00, an int32/int64
   // big-endian, or string/binary varlen(len + 1) | bytes. Not for the ambiguous case (the
@@ -553,13 +559,22 @@ class RowKeys {
   // kVoid: the caller knows the namespace is void (the row loops are instantiated for both, so
   // the void case pays no namespace test per row).
   template <bool kVoid = false>
-  size_t write_int64_key(int64_t i, int32_t kg, uint8_t* dst) const {
+  size_t write_int_key(int64_t i, int32_t kg, uint8_t* dst) const {
     size_t p = 0;
     if (prefix_size_ == 2) dst[p++] = static_cast<uint8_t>(kg >> 8);
     dst[p++] = static_cast<uint8_t>(kg);
-    const uint64_t be = be64(static_cast<uint64_t>(int64_keys_->int64_at(i)));
-    std::memcpy(dst + p, &be, 8);  // Flink LongSerializer: big-endian
-    p += 8;
+    if (int_width_ == 8) {
+      const uint64_t be = be64(static_cast<uint64_t>(int_keys_->int64_at(i)));
+      std::memcpy(dst + p, &be, 8);  // Flink LongSerializer: big-endian
+      p += 8;
+    } else {
+      const uint32_t u = static_cast<uint32_t>(int_keys_->int32_at(i));
+      dst[p] = static_cast<uint8_t>(u >> 24);  // Flink IntSerializer: big-endian
+      dst[p + 1] = static_cast<uint8_t>(u >> 16);
+      dst[p + 2] = static_cast<uint8_t>(u >> 8);
+      dst[p + 3] = static_cast<uint8_t>(u);
+      p += 4;
+    }
     if (kVoid) {
       dst[p] = 0;  // VoidNamespace
       return p + 1;
@@ -613,11 +628,11 @@ class RowKeys {
     g.fixed_size = 0;
     const Lanes::View lv = lanes ? lanes->view() : Lanes::View{};
     bool all_flat = true;
-    if (!int64_in_one_) {  // int64_in_one_: the constructor sized the buffer
-      if (int64_keys_ || bytes_keys_) {
+    if (!int_in_one_) {  // int_in_one_: the constructor sized the buffer
+      if (int_keys_ || bytes_keys_) {
         size_t bound = 0;
         for (int64_t j = start; j < std::min(start + kGroup, n_); ++j)
-          bound += int64_keys_ ? int64_key_bound(j) : bytes_key_bound(j);
+          bound += int_keys_ ? int_key_bound(j) : bytes_key_bound(j);
         if (g.bytes.size() < bound) g.bytes.resize(bound);
       } else {
         g.bytes.clear();
@@ -630,8 +645,8 @@ class RowKeys {
         continue;
       }
       size_t ks;
-      if (int64_keys_) {
-        ks = write_int64_key<kVoid>(j, kgs_[j], g.bytes.data() + g.offsets[k]);
+      if (int_keys_) {
+        ks = write_int_key<kVoid>(j, kgs_[j], g.bytes.data() + g.offsets[k]);
       } else if (bytes_keys_) {
         ks = write_bytes_key<kVoid>(j, kgs_[j], g.bytes.data() + g.offsets[k]);
       } else {
@@ -690,7 +705,7 @@ class RowKeys {
     // Locals: the key byte stores below may alias the members (callgrind: 7.5M more
     // instructions over 2M rows reading them through `this`).
     const Lanes::View lanes = lanes_in ? lanes_in->view() : Lanes::View{};
-    const ArrayView keys = *int64_keys_;
+    const ArrayView keys = *int_keys_;
     const int32_t* kgs = kgs_;
     uint8_t* base = g.bytes.data();  // kGroup * kInt64KeyMax bytes (constructor)
     bool all_flat = true;
@@ -737,7 +752,7 @@ class RowKeys {
   const KeyArrays* ns_;          // the namespace column of namespaced keys, else nullptr
   const ArrayView* ns_col_ = nullptr;  // its column (write_ns)
   size_t ns_width_ = 0;          // 8 (int64), 4 (int32) or 0 (string/binary) namespaces
-  bool int64_in_one_ = false;    // int64 keys whose encoded form fits one_ (void/fixed namespace)
+  bool int_in_one_ = false;      // int keys whose encoded form fits one_ (void/fixed namespace)
   bool bytes_void_ = false;      // string/binary keys, void namespace
   bool int64_words_ = false;     // int64 keys, void namespace, default hash (hash_int64_words)
   std::vector<uint8_t> ns_buf_;  // ser(namespace) of the row being encoded (encoder path)
@@ -747,7 +762,8 @@ class RowKeys {
   bool prefetch_;
   int prefix_size_;
   KeyHashFunction hash_fn_;  // the table's maps' (they all have the StateTable's)
-  const ArrayView* int64_keys_ = nullptr;  // the key column when keys are scalar int64
+  const ArrayView* int_keys_ = nullptr;  // the key column when keys are scalar int64 or int32
+  size_t int_width_ = 8;                  // its bytes: 8 (int64) or 4 (int32)
   const ArrayView* bytes_keys_ = nullptr;  // ... when they are scalar string/binary
   std::vector<uint8_t> one_bytes_;          // encode()'s buffer for a string/binary key
   uint8_t one_[kInt64KeyMax] = {};

@@ -253,7 +253,7 @@ void KeyArrays::key_groups(Assigner a, int32_t maxp, int32_t* out) const {
       case KeyType::Int32:
         if (a == Assigner::Spark) {
           spark_key_groups(maxp, n, out, [&](int64_t i) {
-            return static_cast<uint64_t>(spark_xxhash64_int32(v.int32_at(i)));
+            return xxh64_u32(static_cast<uint32_t>(v.int32_at(i)), kSparkXxhashSeed);
           });
           return;
         }

@@ -63,10 +63,7 @@ uint64_t canonical_double_bits(double v) noexcept {
 }
 
 int64_t spark_xxhash64_int32(int32_t v, uint64_t seed) noexcept {
-  const uint32_t u = static_cast<uint32_t>(v);
-  const uint8_t b[4] = {static_cast<uint8_t>(u), static_cast<uint8_t>(u >> 8),
-                        static_cast<uint8_t>(u >> 16), static_cast<uint8_t>(u >> 24)};
-  return static_cast<int64_t>(xxh64(b, 4, seed));
+  return static_cast<int64_t>(xxh64_u32(static_cast<uint32_t>(v), seed));  // Spark hashInt
 }
 
 int64_t spark_xxhash64_int64(int64_t v, uint64_t seed) noexcept {

@@ -431,4 +431,22 @@ TEST(xxh64_u64_equals_xxh64_of_the_8_little_endian_bytes) {
   CHECK(all);
 }
 
+TEST(xxh64_u32_equals_xxh64_of_the_4_little_endian_bytes) {
+  uint64_t x = 0xfedcba9876543210ULL;
+  bool all = true;
+  for (uint32_t edge : {0u, 1u, 0x7fffffffu, 0x80000000u, 0xffffffffu}) {
+    const uint8_t b[4] = {static_cast<uint8_t>(edge), static_cast<uint8_t>(edge >> 8),
+                          static_cast<uint8_t>(edge >> 16), static_cast<uint8_t>(edge >> 24)};
+    all = all && statecore::xxh64_u32(edge, 42) == statecore::xxh64(b, 4, 42);
+  }
+  for (int i = 0; i < 10000; ++i) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    const uint32_t v = static_cast<uint32_t>(x >> 17);
+    uint8_t b[4];
+    for (int k = 0; k < 4; ++k) b[k] = static_cast<uint8_t>(v >> (8 * k));
+    for (uint64_t seed : {uint64_t{0}, uint64_t{42}, x ^ 0x5555}) all = all && statecore::xxh64_u32(v, seed) == statecore::xxh64(b, 4, seed);
+  }
+  CHECK(all);
+}
+
 TEST_MAIN()

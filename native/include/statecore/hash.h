@@ -36,6 +36,22 @@ inline uint64_t xxh64_u64(uint64_t lane, uint64_t seed) noexcept {
   return acc;
 }
 
+// XXH64 of the 4 little-endian bytes of `v` (= xxh64(&v, 4, seed) on little-endian; the spec's
+// 4-byte tail step, then the avalanche): Spark's hashInt, once per row for int32 keys.
+inline uint64_t xxh64_u32(uint32_t v, uint64_t seed) noexcept {
+  constexpr uint64_t p1 = 0x9E3779B185EBCA87ULL, p2 = 0xC2B2AE3D27D4EB4FULL,
+                     p3 = 0x165667B19E3779F9ULL, p5 = 0x27D4EB2F165667C5ULL;
+  uint64_t acc = seed + p5 + 4;
+  acc ^= static_cast<uint64_t>(v) * p1;
+  acc = ((acc << 23) | (acc >> 41)) * p2 + p3;
+  acc ^= acc >> 33;  // avalanche
+  acc *= p2;
+  acc ^= acc >> 29;
+  acc *= p3;
+  acc ^= acc >> 32;
+  return acc;
+}
+
 // MurmurHash3_x86_32 (Austin Appleby's reference MurmurHash3.cpp) of `size` bytes with a 32-bit
 // seed; the result as unsigned. `mmh3.hash(b, seed)` in Python is the same value as int32.
 // Note: Spark's SQL `hash()` uses a non-standard tail for lengths not divisible by 4 and is NOT
