@@ -35,16 +35,6 @@ inline uint64_t xxh64_merge(uint64_t acc, uint64_t val) {
   return acc * kP64_1 + kP64_4;
 }
 
-// The XXH64 spec's final avalanche.
-inline uint64_t xxh64_avalanche(uint64_t acc) {
-  acc ^= acc >> 33;
-  acc *= kP64_2;
-  acc ^= acc >> 29;
-  acc *= kP64_3;
-  acc ^= acc >> 32;
-  return acc;
-}
-
 inline uint32_t fmix32(uint32_t h) {
   h ^= h >> 16;
   h *= 0x85ebca6bU;

@@ -17,23 +17,26 @@ namespace statecore {
 // equals `static_cast<int64_t>(xxh64(bytes, n, 42))`. `data` may be null when `size` is 0.
 // Never throws.
 uint64_t xxh64(const void* data, size_t size, uint64_t seed) noexcept;
+// XXH64's final avalanche (spec step 6) of an accumulator.
+inline uint64_t xxh64_avalanche(uint64_t acc) noexcept {
+  acc ^= acc >> 33;
+  acc *= 0xC2B2AE3D27D4EB4FULL;
+  acc ^= acc >> 29;
+  acc *= 0x165667B19E3779F9ULL;
+  return acc ^ (acc >> 32);
+}
+
 // XXH64 of the 8 little-endian bytes of `lane` (= xxh64(&lane, 8, seed) on little-endian): the
 // same steps without the length dispatch, for the per-row int64 key-group hash. Inline because
 // batch kernels call it once per row (a call and the spec's constants reloaded were ~half of it).
 inline uint64_t xxh64_u64(uint64_t lane, uint64_t seed) noexcept {
   constexpr uint64_t p1 = 0x9E3779B185EBCA87ULL, p2 = 0xC2B2AE3D27D4EB4FULL,
-                     p3 = 0x165667B19E3779F9ULL, p4 = 0x85EBCA77C2B2AE63ULL,
-                     p5 = 0x27D4EB2F165667C5ULL;
+                     p4 = 0x85EBCA77C2B2AE63ULL, p5 = 0x27D4EB2F165667C5ULL;
   uint64_t r = lane * p2;
   r = ((r << 31) | (r >> 33)) * p1;  // round(0, lane)
   uint64_t acc = (seed + p5 + 8) ^ r;
   acc = ((acc << 27) | (acc >> 37)) * p1 + p4;
-  acc ^= acc >> 33;  // avalanche
-  acc *= p2;
-  acc ^= acc >> 29;
-  acc *= p3;
-  acc ^= acc >> 32;
-  return acc;
+  return xxh64_avalanche(acc);
 }
 
 // XXH64 of the 4 little-endian bytes of `v` (= xxh64(&v, 4, seed) on little-endian; the spec's
@@ -44,12 +47,7 @@ inline uint64_t xxh64_u32(uint32_t v, uint64_t seed) noexcept {
   uint64_t acc = seed + p5 + 4;
   acc ^= static_cast<uint64_t>(v) * p1;
   acc = ((acc << 23) | (acc >> 41)) * p2 + p3;
-  acc ^= acc >> 33;  // avalanche
-  acc *= p2;
-  acc ^= acc >> 29;
-  acc *= p3;
-  acc ^= acc >> 32;
-  return acc;
+  return xxh64_avalanche(acc);
 }
 
 // MurmurHash3_x86_32 (Austin Appleby's reference MurmurHash3.cpp) of `size` bytes with a 32-bit

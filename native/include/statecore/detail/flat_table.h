@@ -177,26 +177,23 @@ struct FlatDirectory {
 };
 static_assert(sizeof(FlatDirectory) % alignof(FlatPage*) == 0, "page pointers must be aligned");
 
+// a[0, n) == b[0, n) for sizeof(W) <= n <= 2 * sizeof(W): two overlapping words of each.
+template <class W>
+inline bool overlapping_words_equal(const uint8_t* a, const uint8_t* b, size_t n) {
+  W x0, y0, x1, y1;
+  std::memcpy(&x0, a, sizeof(W));
+  std::memcpy(&y0, b, sizeof(W));
+  std::memcpy(&x1, a + n - sizeof(W), sizeof(W));
+  std::memcpy(&y1, b + n - sizeof(W), sizeof(W));
+  return x0 == y0 && x1 == y1;
+}
+
 // Key suffix comparison. Suffixes of 8-16 bytes (an int64 key, with or without the VoidNamespace
-// byte or an int64 namespace) are two overlapping 8-byte loads, of 4-7 bytes two 4-byte ones,
-// not a call to memcmp.
+// byte or an int64 namespace) are two overlapping 8-byte loads, of 4-7 bytes (an int32 key with
+// its namespace byte) two 4-byte ones, not a call to memcmp.
 inline bool flat_key_equal(const uint8_t* a, const uint8_t* b, size_t n) {
-  if (n >= 8 && n <= 16) {
-    uint64_t x0, y0, x1, y1;
-    std::memcpy(&x0, a, 8);
-    std::memcpy(&y0, b, 8);
-    std::memcpy(&x1, a + n - 8, 8);
-    std::memcpy(&y1, b + n - 8, 8);
-    return x0 == y0 && x1 == y1;
-  }
-  if (n >= 4 && n < 8) {  // an int32 key with its namespace byte: two overlapping 4-byte loads
-    uint32_t x0, y0, x1, y1;
-    std::memcpy(&x0, a, 4);
-    std::memcpy(&y0, b, 4);
-    std::memcpy(&x1, a + n - 4, 4);
-    std::memcpy(&y1, b + n - 4, 4);
-    return x0 == y0 && x1 == y1;
-  }
+  if (n >= 8 && n <= 16) return overlapping_words_equal<uint64_t>(a, b, n);
+  if (n >= 4 && n < 8) return overlapping_words_equal<uint32_t>(a, b, n);
   return std::memcmp(a, b, n) == 0;
 }
 
