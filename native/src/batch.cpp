@@ -195,7 +195,7 @@ void fold_rows_with(StateTable& table, const int32_t* kgs, RowKeys& rk, const Ar
     bool inserted = false;
     uint8_t* p = nullptr;
     if (detail::FlatLane* ln = lanes.get(kg, k.data, k.size, width, true))
-      p = ln->upsert(k.hash, k.data, &inserted);  // a lane's values are `width` bytes
+      p = ln->upsert(k.hash, k.data, k.size, &inserted);  // a lane's values are `width` bytes
     if (p == nullptr) {
       size_t sz = width;
       p = table.map_unchecked(kg).upsert(k.hash, k.data, k.size, width, &sz, &inserted);
@@ -445,7 +445,7 @@ void get_batch_fixed(StateTable& table, const BatchKeySpec& spec, ArrowInput key
   for_rows(rk, table, lanes, kgs, n, [&](int64_t i, int32_t kg, const RowKey& k) SC_INLINE_ROW {
     const uint8_t* p;
     if (detail::FlatLane* ln = lanes.get(kg, k.data, k.size, user_width, false)) {
-      p = ln->get(k.hash, k.data);
+      p = ln->get(k.hash, k.data, k.size);
     } else {
       ByteView v;
       const bool found = kernel_get(table.map_unchecked(kg), k.hash, k.data, k.size, &v);

@@ -841,7 +841,7 @@ inline uint8_t* kernel_put(StateTable& table, Lanes& lanes, int32_t kg, const Ro
                            size_t vs) {
   bool inserted = false;
   if (detail::FlatLane* ln = lanes.get(kg, k.data, k.size, vs, true)) {
-    if (uint8_t* p = ln->upsert(k.hash, k.data, &inserted)) return p;
+    if (uint8_t* p = ln->upsert(k.hash, k.data, k.size, &inserted)) return p;
   }
   lanes.close(kg);
   StateMap& m = table.map_unchecked(kg);

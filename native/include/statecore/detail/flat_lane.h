@@ -27,9 +27,10 @@ namespace detail {
 // The row-path members are always inlined: they run once a row, and GCC outlined them from the
 // kernels' larger loops (a call and spills a row, +100M instructions over 2M rows, callgrind).
 //
-// Only layouts with a 1-byte prefix and an 8-16 byte key suffix open (the int64 key, with the
-// void namespace or an int32 namespace, under either key-group prefix size): a key is then two
-// overlapping words, compared with two loads and no length test.
+// Only layouts with a 1-byte prefix and a 4-16 byte key suffix open (an int64 key with the void
+// namespace or an int32 one, an int32 key with the void namespace, under either key-group
+// prefix size): a key is then two overlapping words (8 bytes each for 8-16 byte suffixes, 4
+// below), compared with two loads and no length test.
 struct alignas(64) FlatLane {
   StateMap::Impl* map = nullptr;
   // The directory's page array and owned[] (flat_table.h, for writes) -- or, for a directory of
@@ -63,7 +64,7 @@ struct alignas(64) FlatLane {
     const FlatDirectory* d = m.fprimary;
     const FlatLayout& l = d->layout;
     const uint32_t n = l.suffix_size();
-    if (!l.fixed || l.prefix_size != 1 || !l.fits_key(key, ks) || n < 8 || n > 16 ||
+    if (!l.fixed || l.prefix_size != 1 || !l.fits_key(key, ks) || n < 4 || n > 16 ||
         (vs != 0 && vs != l.value_size) ||
         (write && d->refs.load(std::memory_order_acquire) != 1))
       return false;
@@ -102,13 +103,14 @@ struct alignas(64) FlatLane {
     }
   }
 
-  // Linear probe for the key whose suffix words are k0 (bytes 0-7) and k1 (bytes n-8..n-1) from
-  // the home of h: 1 found, 0 absent (*slot = the empty slot ending the probe), -1 a missing page
+  // Linear probe for the key whose suffix words (W: uint64_t for 8-16 byte suffixes, uint32_t
+  // for 4-7 byte ones) are k0 (bytes [0, w)) and k1 (bytes [n - w, n)) from the home of h: 1 found, 0 absent (*slot = the empty slot ending the probe), -1 a missing page
   // on the way or no empty slot at all (F2 broken; the general path copes). *page_index is the
   // directory index of the page holding *slot.
   // The probe steps a slot pointer within a page and looks the directory up only when crossing
   // one (flat_probe recomputed page and offset at every step).
-  [[gnu::always_inline]] int find(uint32_t h, uint64_t k0, uint64_t k1, uint8_t** slot,
+  template <class W>
+  [[gnu::always_inline]] int find(uint32_t h, W k0, W k1, uint8_t** slot,
                                   size_t* page_index) const {
     const size_t home = h & mask;
     size_t pi = home >> page_shift;
@@ -125,7 +127,7 @@ struct alignas(64) FlatLane {
       }
       // No kFlatDeleted test: tombstones exist only in the old table of a rehash, and a lane
       // never opens while one is in flight (open), so its table has none.
-      if (load_u64(s + 4) == k0 && load_u64(s + 4 + suffix - 8) == k1) {
+      if (word<W>(s + 4) == k0 && word<W>(s + 4 + suffix - sizeof(W)) == k1) {
         *slot = s;
         *page_index = pi;
         return 1;
@@ -149,12 +151,38 @@ struct alignas(64) FlatLane {
   // cache line, a miss a row in a large state), or an insert would reach the load threshold (the
   // caller then makes the general call, which marks the page owned). New values are value_size
   // zero bytes.
-  [[gnu::always_inline]] uint8_t* upsert(uint32_t h, const uint8_t* key, bool* inserted) {
-    const uint64_t k0 = load_u64(key + 1);
-    const uint64_t k1 = load_u64(key + 1 + suffix - 8);
+  // `ks`: the key's size (key_size): a caller whose size is a constant (the int64 word rows)
+  // has the word width chosen at compile time.
+  [[gnu::always_inline]] uint8_t* upsert(uint32_t h, const uint8_t* key, size_t ks,
+                                         bool* inserted) {
+    return ks >= 9 ? upsert_words<uint64_t>(h, key, inserted)
+                   : upsert_words<uint32_t>(h, key, inserted);
+  }
+
+  // get_hashed: the value bytes (value_size of them) or nullptr when absent.
+  [[gnu::always_inline]] const uint8_t* get(uint32_t h, const uint8_t* key, size_t ks) const {
+    return ks >= 9 ? get_words<uint64_t>(h, key) : get_words<uint32_t>(h, key);
+  }
+
+ private:
+  template <class W>
+  [[gnu::always_inline]] static W word(const uint8_t* p) {
+    W w;
+    std::memcpy(&w, p, sizeof(W));
+    return w;
+  }
+  template <class W>
+  [[gnu::always_inline]] static void set_word(uint8_t* p, W w) {
+    std::memcpy(p, &w, sizeof(W));
+  }
+
+  template <class W>
+  [[gnu::always_inline]] uint8_t* upsert_words(uint32_t h, const uint8_t* key, bool* inserted) {
+    const W k0 = word<W>(key + 1);
+    const W k1 = word<W>(key + 1 + suffix - sizeof(W));
     uint8_t* s;
     size_t pi;
-    const int r = find(h, k0, k1, &s, &pi);
+    const int r = find<W>(h, k0, k1, &s, &pi);
     if (r < 0 || !owned[pi]) return nullptr;
     StateMap::Impl& m = *map;
     if (r == 0) {
@@ -162,8 +190,8 @@ struct alignas(64) FlatLane {
       *inserted = true;
       m.log_write(h, key, key_size);
       store_u32(s, version);
-      store_u64(s + 4, k0);
-      store_u64(s + 4 + suffix - 8, k1);
+      set_word<W>(s + 4, k0);
+      set_word<W>(s + 4 + suffix - sizeof(W), k1);
       uint8_t* v = s + 4 + suffix;
       if (value_size == 8) store_u64(v, 0);
       else std::memset(v, 0, value_size);
@@ -177,11 +205,12 @@ struct alignas(64) FlatLane {
     return s + 4 + suffix;
   }
 
-  // get_hashed: the value bytes (value_size of them) or nullptr when absent.
-  [[gnu::always_inline]] const uint8_t* get(uint32_t h, const uint8_t* key) const {
+  template <class W>
+  [[gnu::always_inline]] const uint8_t* get_words(uint32_t h, const uint8_t* key) const {
     uint8_t* s;
     size_t pi;
-    if (find(h, load_u64(key + 1), load_u64(key + 1 + suffix - 8), &s, &pi) != 1) return nullptr;
+    if (find<W>(h, word<W>(key + 1), word<W>(key + 1 + suffix - sizeof(W)), &s, &pi) != 1)
+      return nullptr;
     return s + 4 + suffix;
   }
 };

@@ -55,14 +55,15 @@ struct FlatLayout {
   bool fits_key(const uint8_t* key, size_t ks) const {
     return ks == key_size && (prefix_size == 0 || key[0] == prefix[0]);
   }
-  // The layout a table takes from its first key and value: the first byte of keys of 9 or more
-  // bytes is the key-group prefix (the first byte of a 2-byte prefix), shared by the map's keys.
+  // The layout a table takes from its first key and value: the first byte of keys of 5 or more
+  // bytes is the key-group prefix (the first byte of a 2-byte prefix), shared by the map's keys
+  // (5: the shortest whose suffix a flat lane takes, an int32 key's with its namespace byte).
   static bool make(const uint8_t* key, size_t ks, size_t vs, FlatLayout* out) {
     if (ks > kFlatMaxKey || vs > kFlatMaxValue) return false;
     FlatLayout l;
     l.fixed = true;
     l.key_size = static_cast<uint32_t>(ks);
-    l.prefix_size = ks >= 9 ? 1 : 0;
+    l.prefix_size = ks >= 5 ? 1 : 0;
     if (l.prefix_size) l.prefix[0] = key[0];
     l.value_size = static_cast<uint32_t>(vs);
     l.slot_stride = 4 + l.suffix_size() + l.value_size;
