@@ -955,7 +955,8 @@ void MapSnapshot::prefetch(uint32_t hash) const {
   for (const Directory* d : {s_->primary, s_->rehash_table}) {
     if (!d) continue;
     const size_t b = hash & (d->capacity - 1);
-    if (const Page* p = d->pages()[b >> d->page_shift]) __builtin_prefetch(p->slots() + (b & d->page_mask()));
+    if (const Page* p = d->pages()[b >> d->page_shift])
+      __builtin_prefetch(p->slots() + (b & d->page_mask()));
   }
 }
 

@@ -444,7 +444,8 @@ TEST(xxh64_u32_equals_xxh64_of_the_4_little_endian_bytes) {
     const uint32_t v = static_cast<uint32_t>(x >> 17);
     uint8_t b[4];
     for (int k = 0; k < 4; ++k) b[k] = static_cast<uint8_t>(v >> (8 * k));
-    for (uint64_t seed : {uint64_t{0}, uint64_t{42}, x ^ 0x5555}) all = all && statecore::xxh64_u32(v, seed) == statecore::xxh64(b, 4, seed);
+    for (uint64_t seed : {uint64_t{0}, uint64_t{42}, x ^ 0x5555})
+      all = all && statecore::xxh64_u32(v, seed) == statecore::xxh64(b, 4, seed);
   }
   CHECK(all);
 }

@@ -104,9 +104,10 @@ struct alignas(64) FlatLane {
   }
 
   // Linear probe for the key whose suffix words (W: uint64_t for 8-16 byte suffixes, uint32_t
-  // for 4-7 byte ones) are k0 (bytes [0, w)) and k1 (bytes [n - w, n)) from the home of h: 1 found, 0 absent (*slot = the empty slot ending the probe), -1 a missing page
-  // on the way or no empty slot at all (F2 broken; the general path copes). *page_index is the
-  // directory index of the page holding *slot.
+  // for 4-7 byte ones) are k0 (bytes [0, w)) and k1 (bytes [n - w, n)) from the home of h:
+  // 1 found, 0 absent (*slot = the empty slot ending the probe), -1 a missing page on the way
+  // or no empty slot at all (F2 broken; the general path copes). *page_index is the directory
+  // index of the page holding *slot.
   // The probe steps a slot pointer within a page and looks the directory up only when crossing
   // one (flat_probe recomputed page and offset at every step).
   template <class W>
@@ -150,9 +151,8 @@ struct alignas(64) FlatLane {
   // the slot's page is not known to be owned (owned[]: the page's own reference count is another
   // cache line, a miss a row in a large state), or an insert would reach the load threshold (the
   // caller then makes the general call, which marks the page owned). New values are value_size
-  // zero bytes.
-  // `ks`: the key's size (key_size): a caller whose size is a constant (the int64 word rows)
-  // has the word width chosen at compile time.
+  // zero bytes. `ks`: the key's size (key_size); a caller whose size is a constant (the int64
+  // word rows) has the word width chosen at compile time.
   [[gnu::always_inline]] uint8_t* upsert(uint32_t h, const uint8_t* key, size_t ks,
                                          bool* inserted) {
     return ks >= 9 ? upsert_words<uint64_t>(h, key, inserted)

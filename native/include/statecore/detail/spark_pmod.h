@@ -24,10 +24,11 @@ class SparkPmod {
         wrap_(static_cast<uint32_t>((~uint64_t{0} % m + 1) % m)) {}
 
   uint32_t operator()(uint64_t h) const {
-    const unsigned __int128 low = M_ * h;
-    const unsigned __int128 bottom = (static_cast<unsigned __int128>(static_cast<uint64_t>(low)) * m_) >> 64;
-    const unsigned __int128 top = static_cast<unsigned __int128>(static_cast<uint64_t>(low >> 64)) * m_;
-    const uint32_t r = static_cast<uint32_t>((bottom + top) >> 64);
+    using u128 = unsigned __int128;
+    const u128 low = M_ * h;  // the fraction h / m, scaled by 2^128
+    const u128 bottom = (static_cast<u128>(static_cast<uint64_t>(low)) * m_) >> 64;
+    const u128 top = static_cast<u128>(static_cast<uint64_t>(low >> 64)) * m_;
+    const uint32_t r = static_cast<uint32_t>((bottom + top) >> 64);  // (low * m) >> 128
     if (static_cast<int64_t>(h) >= 0) return r;
     return r >= wrap_ ? r - wrap_ : r + m_ - wrap_;
   }
