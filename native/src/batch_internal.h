@@ -398,8 +398,8 @@ class RowKeys {
     // than resized (a call) for every group.
     if (int_in_one_)
       for (Group& g : groups_) g.bytes.resize(kGroup * kInt64KeyMax);
-    // int64 keys (flat maps) go through the groups at any state size: encoded row by row, a
-    // key's hash reads bytes stored just before by narrower stores, which the CPU cannot
+    // int64 and int32 keys (flat maps) go through the groups at any state size: encoded row by
+    // row, a key's hash reads bytes stored just before by narrower stores, which the CPU cannot
     // forward, a stall a row (add_batch over 1k / 8k int64 keys: 30.3 / 32.2 ns a row so,
     // 20.6 / 21.1 with groups; 2k keys with an int64 namespace: 32.5 -> 26.7).
     if (int_in_one_) prefetch_ = true;
@@ -501,7 +501,8 @@ class RowKeys {
     cur_size_ = enc_.size();
   }
 
-  // An int64 key with a void (00) or fixed-width (<= 8 bytes) namespace.
+  // The most an int key (int64 or int32) with a void (00) or fixed-width (<= 8 bytes)
+  // namespace takes: prefix, key, namespace.
   static constexpr size_t kInt64KeyMax = 2 + 8 + 8;
 
   // Bytes write_ns may write for row i: 00 (void), 4 or 8 (int32/int64), varint + bytes.
