@@ -165,6 +165,84 @@ template <class T>
        std::to_string(old) + " + " + std::to_string(x) + "); the batch was not applied");
 }
 
+// The hot rows of fold_rows_with without TTL over a group of int64 keys with the void namespace
+// (for_rows' `hot`): rows whose key group's lane is open and whose value is not null, that either
+// update their key in place (an owned page, the key already written in this map version, a
+// value that combines) or insert it (a free slot on an owned page, below the load threshold, in
+// an epoch that logs no writes: a fresh map's first one, or one that gave up its log). Those are
+// exactly what the row lambda does for such a row, without its calls: no write log record, and
+// an undo record only for an insert (a Sum row that did not insert is undone from its output).
+// Every other row (lane not open, first write of the key in a logged epoch, null value,
+// overflow, a missing page on the probe, an insert at the threshold) goes back to the lambda,
+// which then does everything, its errors included.
+// Out of line and without a call, so that the loop keeps its state in registers: in the
+// lambda's loop, which has calls on its rarer paths (lane open, log_write, the general upsert),
+// GCC kept the hashes, the output pointer, the aggregate and the key words on the stack, and a
+// row that updated was ~84 instructions (objdump, int64 Sum).
+template <class T, bool kUndo, class Combine, class ValueAt>
+struct FoldHotRows {
+  static constexpr bool kEnabled = true;
+  Lanes::View lanes;
+  const int32_t* kgs;
+  const ArrayView* values;
+  Combine combine;
+  ValueAt value_at;
+  T* out;
+  int64_t* undo;    // kUndo: the rows that inserted (fold_rows_with's log), *undone of them
+  size_t* undone;
+
+  template <uint32_t kWord>
+  int64_t run(const RowKeys::GroupView& gv, int64_t g0, int64_t i, int64_t end) const {
+    return rows<kWord>(*this, gv, g0, i, end);
+  }
+
+  template <uint32_t kWord>
+  [[gnu::noinline]] static int64_t rows(const FoldHotRows& c, const RowKeys::GroupView& gv,
+                                        int64_t g0, int64_t i, int64_t end) {
+    constexpr uint32_t width = static_cast<uint32_t>(stored_width<T>());
+    constexpr uint32_t suffix = kWord - 1;  // a lane's layout keeps the first prefix byte once
+    const Lanes::View lv = c.lanes;
+    const ArrayView values = *c.values;
+    T* const out = c.out;
+    size_t undone = kUndo ? *c.undone : 0;
+    for (; i < end; ++i) {
+      const detail::FlatLane& l = lv.lanes[c.kgs[i] - lv.kg_start];
+      if (l.epoch != lv.epoch || l.key_size != kWord || l.value_size != width ||
+          !values.is_valid(i))
+        break;
+      const size_t j = static_cast<size_t>(i - g0);
+      const uint8_t* key = gv.bytes + j * kWord;
+      uint64_t k0, k1;
+      std::memcpy(&k0, key + 1, 8);
+      std::memcpy(&k1, key + 1 + suffix - 8, 8);
+      uint8_t* s;
+      size_t pi;
+      const int r = l.find<uint64_t>(gv.hashes[j], k0, k1, &s, &pi);
+      if (r < 0 || !l.owned[pi]) break;
+      uint8_t* v = s + 4 + suffix;
+      const T x = c.value_at(values, i);
+      T acc;
+      if (r == 1) {
+        if (detail::load_u32(s) != l.version || !c.combine(load_fixed<T>(v), x, &acc)) break;
+      } else {
+        StateMap::Impl& m = *l.map;
+        if (m.size() >= m.threshold || m.writes_complete_from <= m.version) break;
+        detail::store_u32(s, l.version);
+        std::memcpy(s + 4, &k0, 8);
+        std::memcpy(s + 4 + suffix - 8, &k1, 8);
+        ++m.primary_size;
+        m.live_bytes += kWord + width;
+        if constexpr (kUndo) c.undo[undone++] = i;
+        acc = x;
+      }
+      store_fixed<T>(v, acc);
+      out[i] = acc;
+    }
+    if constexpr (kUndo) *c.undone = undone;
+    return i;
+  }
+};
+
 // kTtl is ttl.enabled as a template parameter: the rows' TTL tests read `ttl` through a
 // reference the row's byte stores may alias, so a runtime flag was reloaded and tested several
 // times a row (callgrind). `values_in` is copied for the same reason.
@@ -184,7 +262,7 @@ void fold_rows_with(StateTable& table, const int32_t* kgs, RowKeys& rk, const Ar
   // Every row with a value outputs one; null rows (emit_current) overwrite theirs.
   if (n > 0) std::memset(valid, 1, static_cast<size_t>(n));
   Lanes lanes(table);
-  for_rows(rk, table, lanes, kgs, n, [&](int64_t i, int32_t kg, const RowKey& k) SC_INLINE_ROW {
+  auto row = [&](int64_t i, int32_t kg, const RowKey& k) SC_INLINE_ROW {
     if (!values.is_valid(i)) {
       rk.encode(i, kg);
       emit_current(table.map_unchecked(kg), rk, i, out, valid, ttl, expired);
@@ -226,7 +304,14 @@ void fold_rows_with(StateTable& table, const int32_t* kgs, RowKeys& rk, const Ar
     store_fixed<T>(p, acc);
     if constexpr (kTtl) ttl::store_timestamp(p + kTs, ttl.now);
     out[i] = acc;
-  });
+  };
+  if constexpr (kTtl) {
+    for_rows(rk, table, lanes, kgs, n, row);
+  } else {
+    const FoldHotRows<T, kUndo, Combine, ValueAt> hot{lanes.view(), kgs, &values, combine,
+                                                      value_at, out, undo, &undone};
+    for_rows(rk, table, lanes, kgs, n, row, hot);
+  }
   if constexpr (kUndo) log.release();
 }
 
