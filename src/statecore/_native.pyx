@@ -15,7 +15,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from cpython.pycapsule cimport PyCapsule_GetPointer
 from cpython.unicode cimport PyUnicode_AsUTF8String, PyUnicode_DecodeUTF8
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
-from libc.string cimport memcpy
+from libc.string cimport memchr, memcpy
 from libcpp.memory cimport shared_ptr
 from libcpp.pair cimport pair
 from libcpp.string cimport string
@@ -430,11 +430,11 @@ cdef class _Chunks:
 
 
 cdef object _bitmap(uint8_t[::1] valid, int64_t n):
-    """Arrow validity bitmap (LSB bit order) from a byte map; None when all valid."""
-    arr = np.asarray(valid)
-    if n == 0 or arr.all():
+    """Arrow validity bitmap (LSB bit order) from a byte map; None when all valid (found by
+    memchr: numpy's all() was ~4 us of a 64k-row add_batch call's ~20 us outside the kernel)."""
+    if n == 0 or memchr(&valid[0], 0, <size_t>n) == NULL:
         return None
-    return pa.py_buffer(np.packbits(arr, bitorder="little"))
+    return pa.py_buffer(np.packbits(np.asarray(valid), bitorder="little"))
 
 
 # ----------------------------------------------------------------------------- state table
@@ -1813,9 +1813,11 @@ cdef class NativeStateTable:
         k.check_aligned(v)
         red = _REDUCERS[reducer]
         width = c.value_width(vt)  # count states are int64 states: their output too
-        valid_np = np.zeros(max(n, 1), np.uint8)
+        # Not zeroed: the kernels write every row's validity and value (a null row's value
+        # too), and the arrays are dropped when a kernel fails.
+        valid_np = np.empty(max(n, 1), np.uint8)
         valid = valid_np
-        vals = np.zeros(max(n, 1) * width, np.uint8)
+        vals = np.empty(max(n, 1) * width, np.uint8)
         out_bytes = vals
         out_base = &out_bytes[0]
         self._claim()
