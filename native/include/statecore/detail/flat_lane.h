@@ -32,30 +32,36 @@ namespace detail {
 // prefix size): a key is then two overlapping words (8 bytes each for 8-16 byte suffixes, 4
 // below), compared with two loads and no length test.
 struct alignas(64) FlatLane {
-  StateMap::Impl* map = nullptr;
+  // The first cache line holds what every row reads but its page pointer, the second the page
+  // pointers of a map of up to kCopiedPages pages: a row touches two lines of its lane.
+  // Capacities are below 2^31 (kMaxCapacity), so 32-bit masks.
+  //
   // The directory's page array and owned[] (flat_table.h, for writes) -- or, for a directory of
-  // one page, page0 and owned0 below, copies kept in the lane: with many small maps (high max
-  // parallelism) the directories are thousands of separate blocks, and loading a row's page
-  // pointer from its directory was a cache miss that stalled the key hasher's slot prefetch
-  // (max parallelism 4096, 200k int64 keys: a quarter of the hasher's samples, perf). Sound
-  // for as long as the lane is open: neither changes then (a write that would change them, to
-  // a missing or shared page, goes through the general path, which closes the lane).
+  // at most kCopiedPages pages, page_copies and owned_copies, copies kept in the lane: loading a
+  // row's page pointer from its directory was a cache miss that stalled the key hasher's slot
+  // prefetch, with many small maps (max parallelism 4096, 200k int64 keys: a quarter of the
+  // hasher's samples, perf) and with 128 maps of 8 pages each (200k int64 keys at max
+  // parallelism 128: 14% of the hasher's samples on the test of the loaded pointer). Sound for
+  // as long as the lane is open: neither changes then (a write that would change them, to a
+  // missing or shared page, goes through the general path, which closes the lane).
   FlatPage* const* pages = nullptr;
   const uint8_t* owned = nullptr;
-  size_t mask = 0;        // capacity - 1
-  size_t page_mask = 0;   // slots per page - 1
-  size_t page_last = 0;   // page_count - 1 (page_count is a power of two)
-  uint32_t page_shift = 0;
+  StateMap::Impl* map = nullptr;
+  uint32_t mask = 0;        // capacity - 1
+  uint32_t page_mask = 0;   // slots per page - 1
+  uint32_t page_last = 0;   // page_count - 1 (page_count is a power of two)
   uint32_t stride = 0;
-  uint32_t suffix = 0;    // key suffix bytes, 8..16
-  uint32_t key_size = 0;
-  uint32_t value_size = 0;
-  uint32_t version = 0;   // the map version, stamped on every write
-  uint32_t epoch = 0;     // the owner's bookkeeping (open in the batch of this epoch)
-  // Past the first cache line, which holds everything a row of a multi-page map reads (one
-  // line a lane: a lane straddling two cost the growing 200k-key add_batch 0.4 ns a row).
-  FlatPage* page0 = nullptr;
-  uint8_t owned0 = 0;
+  uint32_t version = 0;     // the map version, stamped on every write
+  uint32_t epoch = 0;       // the owner's bookkeeping (open in the batch of this epoch)
+  uint16_t value_size = 0;  // <= kFlatMaxValue
+  uint8_t key_size = 0;     // 5..17 (open)
+  uint8_t suffix = 0;       // key suffix bytes, 4..16
+  uint8_t page_shift = 0;
+  // 8: the pages of a 4096-slot table of int64 keys and values (21-byte slots, 512 a page),
+  // which the 128 key groups of a 200k-key state have; past 3,072 keys a map has 16.
+  static constexpr size_t kCopiedPages = 8;
+  uint8_t owned_copies[kCopiedPages] = {};
+  FlatPage* page_copies[kCopiedPages] = {};
 
   // Takes the map's facts for keys of `ks` bytes starting with key[0] (the key-group prefix,
   // shared by the map's keys) and, vs != 0, values of vs bytes. False: the general path.
@@ -69,23 +75,23 @@ struct alignas(64) FlatLane {
         (write && d->refs.load(std::memory_order_acquire) != 1))
       return false;
     map = &m;
-    if (d->page_count == 1) {
-      page0 = d->pages()[0];
-      owned0 = d->owned()[0];
-      pages = &page0;
-      owned = &owned0;
+    if (d->page_count <= kCopiedPages) {
+      std::memcpy(page_copies, d->pages(), d->page_count * sizeof(FlatPage*));
+      std::memcpy(owned_copies, d->owned(), d->page_count);
+      pages = page_copies;
+      owned = owned_copies;
     } else {
       pages = d->pages();
       owned = d->owned();
     }
-    mask = d->mask();
-    page_mask = d->page_mask();
-    page_last = d->page_count - 1;
-    page_shift = d->page_shift;
+    mask = static_cast<uint32_t>(d->mask());
+    page_mask = static_cast<uint32_t>(d->page_mask());
+    page_last = static_cast<uint32_t>(d->page_count - 1);
+    page_shift = static_cast<uint8_t>(d->page_shift);
     stride = l.stride();
-    suffix = n;
-    key_size = l.key_size;
-    value_size = l.value_size;
+    suffix = static_cast<uint8_t>(n);
+    key_size = static_cast<uint8_t>(l.key_size);
+    value_size = static_cast<uint16_t>(l.value_size);
     version = static_cast<uint32_t>(m.version);
     return true;
   }
@@ -214,6 +220,8 @@ struct alignas(64) FlatLane {
     return s + 4 + suffix;
   }
 };
+static_assert(offsetof(FlatLane, page_copies) == 64 && sizeof(FlatLane) == 128,
+              "a row reads the lane's first line and the line of its page pointer");
 
 }  // namespace detail
 }  // namespace statecore
