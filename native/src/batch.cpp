@@ -167,11 +167,14 @@ template <class T>
 
 // The hot rows of fold_rows_with without TTL over a group of int64 keys with the void namespace
 // (for_rows' `hot`): rows whose key group's lane is open and whose value is not null, that either
-// update their key in place (an owned page, the key already written in this map version, a
-// value that combines) or insert it (a free slot on an owned page, below the load threshold, in
-// an epoch that logs no writes: a fresh map's first one, or one that gave up its log). Those are
-// exactly what the row lambda does for such a row, without its calls: no write log record, and
-// an undo record only for an insert (a Sum row that did not insert is undone from its output).
+// update their key in place (an owned page, a value that combines, and the key already written
+// in this map version or an epoch that logs no writes) or insert it (a free slot on an owned
+// page, below the load threshold, in an epoch that logs no writes). An epoch logs no writes when
+// it is a fresh map's first one or has given up its write log (StateMap::Impl::log_write: a
+// Spark micro-batch that touches more than 1/16 of its keys does, after 1,024 records). Those
+// are exactly what the row lambda does for such a row, without its calls: the slot stamped with
+// the map version, no write log record, and an undo record only for an insert (a Sum row that
+// did not insert is undone from its output).
 // Every other row (lane not open, first write of the key in a logged epoch, null value,
 // overflow, a missing page on the probe, an insert at the threshold) goes back to the lambda,
 // which then does everything, its errors included.
@@ -223,7 +226,11 @@ struct FoldHotRows {
       const T x = c.value_at(values, i);
       T acc;
       if (r == 1) {
-        if (detail::load_u32(s) != l.version || !c.combine(load_fixed<T>(v), x, &acc)) break;
+        if (!c.combine(load_fixed<T>(v), x, &acc)) break;
+        if (detail::load_u32(s) != l.version) {  // the key's first write in this version
+          if (l.map->writes_complete_from <= l.map->version) break;  // logged: the lambda's
+          detail::store_u32(s, l.version);
+        }
       } else {
         StateMap::Impl& m = *l.map;
         if (m.size() >= m.threshold || m.writes_complete_from <= m.version) break;
