@@ -251,8 +251,11 @@ struct Entry;
 //    Nothing but the lane's own slot writes and below-threshold inserts may touch the map while
 //    a lane is open (a kernel closes it after any other call on the map); other threads only
 //    lower reference counts. A lane ignores a pending sweep: a flat map has no retired entries.
-//    A lane of a one-page directory keeps its own copy of the page pointer and owned byte, so
-//    many small maps (high max parallelism) cost no directory load a row.
+//    A lane of a directory of up to 8 pages keeps its own copy of the page pointers and owned
+//    bytes, so neither many small maps (high max parallelism) nor the 8-page maps of a 200k-key
+//    state at max parallelism 128 cost a directory load a row. add_batch's hot rows
+//    (batch.cpp, FoldHotRows) write through lanes too: in-place updates, and inserts and first
+//    writes of an epoch that logs no writes (stamped, never logged; see log_write).
 //  - Owned pages (FlatDirectory::owned, detail/flat_table.h): a flat directory keeps one byte per
 //    page, set when the owner made, copied or found the page exclusive, cleared for every page
 //    when the directory is copied. Writers test that byte, beside the page pointer they load
