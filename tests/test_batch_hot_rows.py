@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from listed_changes import ListedChanges
 from statecore import create_backend
 from statecore.descriptors import ReducingStateDescriptor
 from statecore.errors import InvalidInputError
@@ -57,25 +58,6 @@ _OPS = st.one_of(
 )
 
 
-class Changes:
-    """What an incremental snapshot listed, compared as in test_ttl_batch.Changes: the native
-    side may list more (the int64 sum's undo rewrites or removes entries the Python path never
-    touched) as long as those are no-ops on the current contents."""
-
-    def __init__(self, listed, current, python):
-        self.listed, self.current, self.python = listed, current, python
-
-    def __eq__(self, other):
-        py, nat = (self, other) if self.python else (other, self)
-        extra = {k: v for k, v in nat.listed.items() if k not in py.listed}
-        return (py.current == nat.current
-                and all(nat.listed.get(k, "missing") == v for k, v in py.listed.items())
-                and all(py.current.get(k) == v for k, v in extra.items()))
-
-    def __repr__(self):
-        return f"Changes({self.listed!r})"
-
-
 class Run:
     def __init__(self, kind, max_parallelism):
         self.kind, self.maxp = kind, max_parallelism
@@ -109,7 +91,7 @@ class Run:
                    for k, v in zip(*(a.to_pylist() for a in snap.entries(n, kg)))}
             self.b.notify_checkpoint_complete(snap.snapshot_id)
             snap.release()
-            return Changes(got, self.contents(), self.kind == "python")
+            return ListedChanges(got, self.contents(), self.kind == "python")
         if what == "restore":
             snap = self.b.snapshot()
             nb = create_backend(self.kind, key_type="int64", max_parallelism=self.maxp)

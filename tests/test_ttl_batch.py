@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from listed_changes import ListedChanges
 from statecore import create_backend
 from statecore.descriptors import ReducingStateDescriptor, ValueStateDescriptor
 from statecore.errors import InvalidInputError
@@ -86,33 +87,6 @@ COMBOS = [(u, v) for u in ("OnCreateAndWrite", "OnReadAndWrite")
           for v in ("NeverReturnExpired", "ReturnExpiredIfNotCleanedUp")]
 
 
-class Changes:
-    """What an incremental snapshot listed ({(state, encoded key): value or None = tombstone})
-    with the full contents at that time. Equal when both list the same changes, except that the
-    native side may list more as long as they are no-ops on the current state: the int64-sum
-    undo of the native kernel (with or without TTL) rewrites or removes entries the Python path
-    never touched (it applies its staged writes only on success), which leaves a tombstone for a
-    key that was never there or an entry "changed" to its own value."""
-
-    def __init__(self, listed, contents, python):
-        self.listed = listed
-        self.python = python
-        self.current = {(n, k): v for n, groups in contents.items()
-                        for keys, vals in groups for k, v in zip(keys, vals)}
-
-    def __eq__(self, other):
-        if not isinstance(other, Changes):
-            return NotImplemented
-        py, nat = (self, other) if self.python else (other, self)
-        extra = {k: v for k, v in nat.listed.items() if k not in py.listed}
-        return (py.current == nat.current
-                and all(nat.listed.get(k, "missing") == v for k, v in py.listed.items())
-                and all(py.current.get(k) == v for k, v in extra.items()))
-
-    def __repr__(self):
-        return f"Changes({self.listed!r})"
-
-
 class Run:
     """One backend kind driven by the ops; ``removed`` carries ttl_statistics() over restores."""
 
@@ -163,7 +137,9 @@ class Run:
                    for k, v in zip(*(a.to_pylist() for a in snap.entries(n, kg)))}
             self.b.notify_checkpoint_complete(snap.snapshot_id)
             snap.release()
-            return Changes(got, self.contents(), self.kind == "python")
+            current = {(n, k): v for n, groups in self.contents().items()
+                       for keys, vals in groups for k, v in zip(keys, vals)}
+            return ListedChanges(got, current, self.kind == "python")
         if what == "snapshot_restore":
             snap = self.b.snapshot()
             nb = create_backend(self.kind, key_type="int64", ttl_clock=self.clock)
