@@ -799,7 +799,7 @@ struct RowKey {
 // `hot` (optional; NoHotRows: none) takes the rows of such a group first: hot.run<kWord>(gv, g0,
 // i, end) applies rows i, i+1, ... itself and returns the first it cannot (end: all), which fn
 // then applies before hot resumes at the next. A kernel's hot rows are its common case in a
-// function without calls (see fold_hot_rows in batch.cpp); fn stays the one definition of a
+// function without calls (see FoldHotRows in batch.cpp); fn stays the one definition of a
 // row, and hot must do exactly what fn would for the rows it takes.
 struct NoHotRows {
   static constexpr bool kEnabled = false;
