@@ -215,30 +215,24 @@ struct FoldHotRows {
         break;
       const size_t j = static_cast<size_t>(i - g0);
       const uint8_t* key = gv.bytes + j * kWord;
-      uint64_t k0, k1;
-      std::memcpy(&k0, key + 1, 8);
-      std::memcpy(&k1, key + 1 + suffix - 8, 8);
       uint8_t* s;
       size_t pi;
-      const int r = l.find<uint64_t>(gv.hashes[j], k0, k1, &s, &pi);
+      const int r = l.find_key<uint64_t>(gv.hashes[j], key, &s, &pi);
       if (r < 0 || !l.owned[pi]) break;
-      uint8_t* v = s + 4 + suffix;
       const T x = c.value_at(values, i);
       T acc;
+      uint8_t* v;
       if (r == 1) {
+        v = s + 4 + suffix;
         if (!c.combine(load_fixed<T>(v), x, &acc)) break;
         if (detail::load_u32(s) != l.version) {  // the key's first write in this version
-          if (l.map->writes_complete_from <= l.map->version) break;  // logged: the lambda's
+          if (l.map->logs_writes()) break;       // to be logged: the lambda's
           detail::store_u32(s, l.version);
         }
       } else {
-        StateMap::Impl& m = *l.map;
-        if (m.size() >= m.threshold || m.writes_complete_from <= m.version) break;
-        detail::store_u32(s, l.version);
-        std::memcpy(s + 4, &k0, 8);
-        std::memcpy(s + 4 + suffix - 8, &k1, 8);
-        ++m.primary_size;
-        m.live_bytes += kWord + width;
+        const StateMap::Impl& m = *l.map;
+        if (m.size() >= m.threshold || m.logs_writes()) break;
+        v = l.fill_new<uint64_t>(s, key);
         if constexpr (kUndo) c.undo[undone++] = i;
         acc = x;
       }

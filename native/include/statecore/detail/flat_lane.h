@@ -170,6 +170,26 @@ struct alignas(64) FlatLane {
     return ks >= 9 ? get_words<uint64_t>(h, key) : get_words<uint32_t>(h, key);
   }
 
+  // find() of a key of key_size bytes (first byte as at open) by its suffix words.
+  template <class W>
+  [[gnu::always_inline]] int find_key(uint32_t h, const uint8_t* key, uint8_t** slot,
+                                      size_t* page_index) const {
+    return find<W>(h, word<W>(key + 1), word<W>(key + 1 + suffix - sizeof(W)), slot, page_index);
+  }
+  // A new key in the free slot `s` that find_key returned, on an owned page, below the load
+  // threshold: stamped with the version, its suffix stored, counted. Not logged (the caller
+  // logs it when the epoch logs writes), its value bytes not written (the caller writes them;
+  // a memset call here would put a call into FoldHotRows' loop). Its value bytes.
+  template <class W>
+  [[gnu::always_inline]] uint8_t* fill_new(uint8_t* s, const uint8_t* key) const {
+    store_u32(s, version);
+    set_word<W>(s + 4, word<W>(key + 1));
+    set_word<W>(s + 4 + suffix - sizeof(W), word<W>(key + 1 + suffix - sizeof(W)));
+    ++map->primary_size;
+    map->live_bytes += key_size + value_size;
+    return s + 4 + suffix;
+  }
+
  private:
   template <class W>
   [[gnu::always_inline]] static W word(const uint8_t* p) {
@@ -184,25 +204,18 @@ struct alignas(64) FlatLane {
 
   template <class W>
   [[gnu::always_inline]] uint8_t* upsert_words(uint32_t h, const uint8_t* key, bool* inserted) {
-    const W k0 = word<W>(key + 1);
-    const W k1 = word<W>(key + 1 + suffix - sizeof(W));
     uint8_t* s;
     size_t pi;
-    const int r = find<W>(h, k0, k1, &s, &pi);
+    const int r = find_key<W>(h, key, &s, &pi);
     if (r < 0 || !owned[pi]) return nullptr;
     StateMap::Impl& m = *map;
     if (r == 0) {
       if (m.size() >= m.threshold) return nullptr;
       *inserted = true;
       m.log_write(h, key, key_size);
-      store_u32(s, version);
-      set_word<W>(s + 4, k0);
-      set_word<W>(s + 4 + suffix - sizeof(W), k1);
-      uint8_t* v = s + 4 + suffix;
+      uint8_t* v = fill_new<W>(s, key);
       if (value_size == 8) store_u64(v, 0);
       else std::memset(v, 0, value_size);
-      ++m.primary_size;
-      m.live_bytes += key_size + value_size;
       return v;
     }
     *inserted = false;
@@ -215,9 +228,7 @@ struct alignas(64) FlatLane {
   [[gnu::always_inline]] const uint8_t* get_words(uint32_t h, const uint8_t* key) const {
     uint8_t* s;
     size_t pi;
-    if (find<W>(h, word<W>(key + 1), word<W>(key + 1 + suffix - sizeof(W)), &s, &pi) != 1)
-      return nullptr;
-    return s + 4 + suffix;
+    return find_key<W>(h, key, &s, &pi) == 1 ? s + 4 + suffix : nullptr;
   }
 };
 static_assert(offsetof(FlatLane, page_copies) == 64 && sizeof(FlatLane) == 128,

@@ -140,12 +140,16 @@ struct StateMap::Impl {
   uint64_t advance_version();
   // A present key is being removed: log it for change tracking.
   void log_removal(const detail::Entry* e) { removals.append(version, e->hash, e->key(), e->key_size); }
+  // Whether this epoch logs first writes: false in a fresh map's first epoch (writes_complete_from
+  // starts at 1) and once the epoch has given its log up (log_write), when a first write is
+  // only stamped with the version.
+  bool logs_writes() const { return writes_complete_from <= version; }
   // The first write of a key in this epoch (a new key, or log_rewrite: an entry whose previous
   // write is older than the epoch): log it. Past the log's limit (max(write_log_min, size / 16)
   // records) the epoch is given up instead: its records are dropped, it stops logging, and
   // listings over it walk the table (a change set that large costs a walk's order anyway).
   void log_write(uint32_t h, const uint8_t* key, size_t ks) {
-    if (writes_complete_from > version) return;  // this epoch already gave up
+    if (!logs_writes()) return;
     const size_t limit = size() / 16 > write_log_min ? size() / 16 : write_log_min;
     if (writes.size() >= limit) {
       // This epoch's records are useless now (listings over it walk): free them, so they do
