@@ -167,11 +167,11 @@ def test_first_writes_after_a_checkpoint_are_listed_by_the_next_incremental_snap
                                                                                        updated):
     """Keys of one key group (so that the hot rows take all but the first row of a batch):
     ``entries`` of them written, a completed checkpoint, then ``updated`` of them updated in one
-    batch and 4 new ones inserted. The next incremental snapshot lists exactly those, with their
+    batch and 4 new ones inserted among them. The next incremental snapshot lists exactly those, with their
     new values: at 64 entries from a walk of the table (most of them changed), at 4,000 with 48
     updated from the write log, with 2,000 updated again from a walk (the epoch gave its log up
-    after 1,024 records, and the hot rows take the rest). A hot update that skipped the
-    first-write bookkeeping (log record, version stamp) would leave some out."""
+    after 1,024 records, and the hot rows take the rest). A hot update or insert that skipped
+    the first-write bookkeeping (log record, version stamp) would leave some out."""
     b = create_backend("native", key_type="int64", max_parallelism=128)
     s = b.get_state(STATES["sum"][0]())
     mine = list(itertools.islice((k for k in itertools.count() if b.key_group_of(k) == 5),
@@ -181,7 +181,10 @@ def test_first_writes_after_a_checkpoint_are_listed_by_the_next_incremental_snap
     snap = b.snapshot(incremental=True)
     b.notify_checkpoint_complete(snap.snapshot_id)
     snap.release()
-    changed = old[::max(1, entries // updated)][:updated] + new
+    picked = old[::max(1, entries // updated)][:updated]
+    # The new keys mid-batch, in a full group of 8 rows: the hot rows see them (a batch's last,
+    # partial group goes to the row lambda).
+    changed = picked[:24] + new + picked[24:]
     s.add_batch(pa.array(changed, pa.int64()), pa.array([10] * len(changed), pa.int64()))
     snap = b.snapshot(incremental=True)
     try:
