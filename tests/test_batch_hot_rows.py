@@ -202,3 +202,38 @@ def test_first_writes_after_a_checkpoint_are_listed_by_the_next_incremental_snap
     assert {k: want[k] for k in keys} == dict(zip(keys, values))
     assert (sorted(int.from_bytes(v, "little", signed=True) for v in values)
             == [10] * 4 + [11] * updated)
+
+
+def _with_garbage_under_nulls(values, valid):
+    """An int64 array whose null slots hold 7 (not 0, as pa.array writes): a kernel that read a
+    null row's slot as its value would add 7."""
+    data = pa.py_buffer(pa.array([7 if v is None else v for v in values], pa.int64())
+                        .buffers()[1].to_pybytes())
+    bitmap = pa.array(valid, pa.bool_()).buffers()[1]
+    return pa.Array.from_buffers(pa.int64(), len(values), [bitmap, data],
+                                 null_count=valid.count(False))
+
+
+@pytest.mark.parametrize("name", ["sum", "min", "last"])
+def test_null_values_in_hot_groups_emit_the_current_value_and_change_nothing(name):
+    """Keys of one key group (so that the hot rows take all but a batch's first row), null
+    values for present and absent keys at every position of a group of 8: a null row outputs
+    the key's current value (null when absent), writes nothing, inserts nothing; the rows around
+    it apply as usual. The hot rows test values' validity unless the batch has no nulls."""
+    results = {}
+    for kind in ("python", "native"):
+        b = create_backend(kind, key_type="int64", max_parallelism=128)
+        s = b.get_state(STATES[name][0]())
+        mine = list(itertools.islice((k for k in itertools.count() if b.key_group_of(k) == 9),
+                                     120))
+        old, new = mine[:100], mine[100:]
+        s.add_batch(pa.array(old, pa.int64()), pa.array(range(100), pa.int64()))
+        keys = old[:40] + new + old[40:80]
+        values = [None if i % 9 == 3 else i for i in range(len(keys))]
+        valid = [v is not None for v in values]
+        out = s.add_batch(pa.array(keys, pa.int64()), _with_garbage_under_nulls(values, valid))
+        got = s.get_batch(pa.array(mine, pa.int64())).to_pylist()
+        results[kind] = (out.to_pylist(), got, b.num_entries())
+    assert results["native"] == results["python"]
+    out, got, entries = results["python"]
+    assert None in out and entries < 120  # absent keys with null values stayed absent

@@ -193,31 +193,42 @@ struct FoldHotRows {
   T* out;
   int64_t* undo;    // kUndo: the rows that inserted (fold_rows_with's log), *undone of them
   size_t* undone;
+  bool all_valid;   // values.null_count() == 0
 
   template <uint32_t kWord>
   int64_t run(const RowKeys::GroupView& gv, int64_t g0, int64_t i, int64_t end) const {
-    return rows<kWord>(*this, gv, g0, i, end);
+    return all_valid ? rows<kWord, true>(*this, gv, g0, i, end)
+                     : rows<kWord, false>(*this, gv, g0, i, end);
   }
 
-  template <uint32_t kWord>
+  // kAllValid: the values have no nulls (no bitmap test a row). The kernel call's constants
+  // are copied into locals: the loop's stores may alias `c`'s members, and GCC reloaded them
+  // a row (the key groups' pointer, the lanes' base and epoch).
+  template <uint32_t kWord, bool kAllValid>
   [[gnu::noinline]] static int64_t rows(const FoldHotRows& c, const RowKeys::GroupView& gv,
                                         int64_t g0, int64_t i, int64_t end) {
     constexpr uint32_t width = static_cast<uint32_t>(stored_width<T>());
     constexpr uint32_t suffix = kWord - 1;  // a lane's layout keeps the first prefix byte once
-    const Lanes::View lv = c.lanes;
+    constexpr uint32_t stride = 4 + suffix + width;  // flat_table.h FlatLayout
+    const detail::FlatLane* const lanes = c.lanes.lanes;
+    const int32_t kg_start = c.lanes.kg_start;
+    const uint32_t epoch = c.lanes.epoch;
+    const int32_t* const kgs = c.kgs;
+    const uint8_t* const bytes = gv.bytes;
+    const uint32_t* const hashes = gv.hashes;
     const ArrayView values = *c.values;
     T* const out = c.out;
     size_t undone = kUndo ? *c.undone : 0;
     for (; i < end; ++i) {
-      const detail::FlatLane& l = lv.lanes[c.kgs[i] - lv.kg_start];
-      if (l.epoch != lv.epoch || l.key_size != kWord || l.value_size != width ||
-          !values.is_valid(i))
+      const detail::FlatLane& l = lanes[kgs[i] - kg_start];
+      if (l.epoch != epoch || l.key_size != kWord || l.value_size != width ||
+          (!kAllValid && !values.is_valid(i)))
         break;
       const size_t j = static_cast<size_t>(i - g0);
-      const uint8_t* key = gv.bytes + j * kWord;
+      const uint8_t* key = bytes + j * kWord;
       uint8_t* s;
       size_t pi;
-      const int r = l.find_key<uint64_t>(gv.hashes[j], key, &s, &pi);
+      const int r = l.find_key<uint64_t, stride>(hashes[j], key, &s, &pi);
       if (r < 0 || !l.owned[pi]) break;
       const T x = c.value_at(values, i);
       T acc;
@@ -310,7 +321,8 @@ void fold_rows_with(StateTable& table, const int32_t* kgs, RowKeys& rk, const Ar
     for_rows(rk, table, lanes, kgs, n, row);
   } else {
     const FoldHotRows<T, kUndo, Combine, ValueAt> hot{lanes.view(), kgs, &values, combine,
-                                                      value_at, out, undo, &undone};
+                                                      value_at, out, undo, &undone,
+                                                      values.null_count() == 0};
     for_rows(rk, table, lanes, kgs, n, row, hot);
   }
   if constexpr (kUndo) log.release();
