@@ -209,7 +209,9 @@ struct FoldHotRows {
                                         int64_t g0, int64_t i, int64_t end) {
     constexpr uint32_t width = static_cast<uint32_t>(stored_width<T>());
     constexpr uint32_t suffix = kWord - 1;  // a lane's layout keeps the first prefix byte once
-    constexpr uint32_t stride = 4 + suffix + width;  // flat_table.h FlatLayout
+    // A slot's bytes (FlatLayout::slot_stride: meta, key suffix, value) in a lane that passes
+    // the key and value size checks below.
+    constexpr uint32_t stride = 4 + suffix + width;
     const detail::FlatLane* const lanes = c.lanes.lanes;
     const int32_t kg_start = c.lanes.kg_start;
     const uint32_t epoch = c.lanes.epoch;
