@@ -347,12 +347,13 @@ class Lanes {
 };
 
 // Encodes row i's key as prefix | ser(key) | ser(namespace) (00 for the VoidNamespace; batch.h
-// BatchKeySpec) into the reused buffer, and keeps the cache ahead of the rows being applied: the working set of a large state does not fit in
-// L2, and every row would otherwise pay two dependent cache misses (bucket slot, then entry).
-// ahead(i), called before the group of rows starting at i in a forward pass, hashes the next
-// group and prefetches its slots (flat maps) or buckets (chained), and prefetches the first
-// entry of group i's rows in chained maps (whose buckets were requested a group earlier). Rows are still applied one by one in row order;
-// a prefetch made stale by a rehash or a write in between only wastes a cache line.
+// BatchKeySpec) into the reused buffer, and keeps the cache ahead of the rows being applied:
+// the working set of a large state does not fit in L2, and every row would otherwise pay two
+// dependent cache misses (bucket slot, then entry). ahead(i), called before the group of rows
+// starting at i in a forward pass, hashes the next group and prefetches its slots (flat maps)
+// or buckets (chained), and prefetches the first entry of group i's rows in chained maps (whose
+// buckets were requested a group earlier). Rows are still applied one by one in row order; a
+// prefetch made stale by a rehash or a write in between only wastes a cache line.
 class RowKeys {
  public:
   RowKeys(const BatchKeySpec& spec, const KeyArrays& keys, StateTable& table, const int32_t* kgs)
