@@ -241,11 +241,13 @@ struct FoldHotRows {
         if (detail::load_u32(s) != l.version) {  // the key's first write in this version
           if (l.map->logs_writes()) break;       // to be logged: the lambda's
           detail::store_u32(s, l.version);
+          ++l.map->epoch_writes;
         }
       } else {
         const StateMap::Impl& m = *l.map;
         if (m.size() >= m.threshold || m.logs_writes()) break;
         v = l.fill_new<uint64_t>(s, key);
+        ++l.map->epoch_writes;
         if constexpr (kUndo) c.undo[undone++] = i;
         acc = x;
       }

@@ -685,6 +685,7 @@ std::shared_ptr<MapSnapshot> StateMap::snapshot() {
   s->removals = m.removals.view();
   s->writes = m.writes.view();
   s->writes_complete_from = m.writes_complete_from;
+  m.start_epoch();
   return std::make_shared<MapSnapshot>(std::move(s));
 }
 
@@ -709,6 +710,7 @@ uint64_t StateMap::rebase() {
   m.removals.reset();
   m.writes.reset();
   m.writes_complete_from = 0;
+  m.epoch_writes = 0;  // a bulk load's writes are the base, not a change set to expect again
   return m.base;
 }
 

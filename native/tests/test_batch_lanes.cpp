@@ -311,4 +311,64 @@ TEST(lanes_put_string_values_of_varying_widths) {
   for (const auto& kv : contents(t, 1)) CHECK(kv.second == model[kv.first]);
 }
 
+TEST(hot_rows_count_first_writes_so_a_heavy_epoch_predicts_the_next) {
+  // In an epoch that logs nothing, add_batch's hot rows stamp first writes without a call
+  // (FoldHotRows); they count them, so that such an epoch, if heavy, keeps the next one from
+  // logging too (StateMap::Impl::start_epoch), and a light one lets it log again.
+  const int32_t maxp = 4;
+  const BatchKeySpec sp = spec_for(maxp);
+  const int prefix = key_group_prefix_size(maxp);
+  StateTable t(0, maxp - 1, nullptr);
+  auto add = [&](int64_t n) {
+    I64 keys, vals;
+    for (int64_t k = 0; k < n; ++k) {
+      keys.push_back(k * 7919);
+      vals.push_back(1);
+    }
+    TestArray k = fixed<int64_t>("l", keys, 1), v = fixed<int64_t>("l", vals, 2);
+    std::vector<int64_t> out(keys.size());
+    std::vector<uint8_t> valid(keys.size());
+    add_batch(t, sp, k.in(), ValueType::Int64, Reducer::Sum, v.in(), out.data(), valid.data());
+  };
+  auto log_records = [&] {
+    size_t n = 0;
+    for (int32_t kg = 0; kg < maxp; ++kg) n += t.map(kg).write_log_size();
+    return n;
+  };
+  // Every map lists its changes since `base` from its log (all true) or by walking (all false).
+  auto from_log = [&](const TableSnapshot& s, uint64_t base) {
+    int n = 0;
+    for (int32_t kg = 0; kg < maxp; ++kg) n += s.map(kg)->changes_from_log(base);
+    CHECK(n == 0 || n == maxp);
+    return n == maxp;
+  };
+  auto changed = [&](const TableSnapshot& s, uint64_t base) {
+    size_t n = 0;
+    for (int32_t kg = 0; kg < maxp; ++kg) n += s.map(kg)->sorted_changes(base).size();
+    return n;
+  };
+  add(40000);  // a fresh map's first epoch: filling predicts nothing
+  const TableSnapshot s1 = t.snapshot();
+  add(40000);  // logs 1,024 records a map, gives up, the rest are hot rows
+  const TableSnapshot s2 = t.snapshot();
+  CHECK(!from_log(s2, s1.version()));
+  CHECK_EQ(changed(s2, s1.version()), 40000u);
+  add(40000);  // logs nothing from its start: almost every first write is a hot row's
+  CHECK_EQ(log_records(), 0u);
+  const TableSnapshot s3 = t.snapshot();
+  CHECK(!from_log(s3, s2.version()));
+  CHECK_EQ(changed(s3, s2.version()), 40000u);
+  add(10);  // the hot rows' count made the last epoch heavy: this one logs nothing either
+  CHECK_EQ(log_records(), 0u);
+  const TableSnapshot s4 = t.snapshot();
+  CHECK(!from_log(s4, s3.version()));
+  CHECK_EQ(changed(s4, s3.version()), 10u);
+  add(10);  // after a light epoch: logged
+  CHECK_EQ(log_records(), 10u);
+  const TableSnapshot s5 = t.snapshot();
+  CHECK(from_log(s5, s4.version()));
+  CHECK_EQ(changed(s5, s4.version()), 10u);
+  CHECK(snapshot_contents(s5, prefix) == contents(t, prefix));
+}
+
 TEST_MAIN()

@@ -166,6 +166,10 @@ struct Entry;
 // records an epoch stops logging and `writes_complete_from` moves past it; listings whose range
 // includes such an epoch walk the table instead (when more than 1/16 of the keys changed, a walk
 // costs about what the lookups would). Bulk loads therefore log at most write_log_min records.
+// An epoch that had more first writes than that limit makes the next one start without a log
+// (Impl::start_epoch, at snapshot()): a stream that changes a large share of its keys every
+// micro-batch keeps doing so, and logging records only to drop them cost add_batch a third of
+// its time. The epoch after a light one logs again.
 // A fresh map's first epoch (version 0) logs nothing: every write in it is a change against the
 // empty map, so its listings walk (writes_complete_from starts at 1).
 // The map's `base` is a version: everything written at a version >= base is "changed".

@@ -68,6 +68,12 @@ struct StateMap::Impl {
   // write: logging them was ~4% of add_batch's time while 200k new int64 keys came in, perf).
   uint64_t writes_complete_from = 1;
   size_t write_log_min = 1024;    // the write log may always hold this many records (log_write)
+  // First writes of keys in the current epoch, logged or not (log_write counts them, FoldHotRows
+  // where it stamps without a call). An epoch that had more than the log's limit makes the next
+  // one start without a log (start_epoch): a Spark micro-batch that touches 40% of its keys does
+  // so every micro-batch, and logging 1,024 records per map only to drop them, with those rows
+  // off the batch kernel's hot path, was a third of add_batch's time (500k keys, 250k rows).
+  size_t epoch_writes = 0;
 
   // ---- shared with threads that release snapshots ----
   // Highest version of a live snapshot, 0 when none (Flink highestRequiredSnapshotVersion).
@@ -148,10 +154,11 @@ struct StateMap::Impl {
   // write is older than the epoch): log it. Past the log's limit (max(write_log_min, size / 16)
   // records) the epoch is given up instead: its records are dropped, it stops logging, and
   // listings over it walk the table (a change set that large costs a walk's order anyway).
+  size_t write_log_limit() const { return size() / 16 > write_log_min ? size() / 16 : write_log_min; }
   void log_write(uint32_t h, const uint8_t* key, size_t ks) {
+    ++epoch_writes;
     if (!logs_writes()) return;
-    const size_t limit = size() / 16 > write_log_min ? size() / 16 : write_log_min;
-    if (writes.size() >= limit) {
+    if (writes.size() >= write_log_limit()) {
       // This epoch's records are useless now (listings over it walk): free them, so they do
       // not count against the next epoch's limit.
       writes.drop_from(version);
@@ -159,6 +166,17 @@ struct StateMap::Impl {
       return;
     }
     writes.append(version, h, key, ks);
+  }
+  // Called by snapshot() once the snapshot recorded writes_complete_from (its listings depend on
+  // how the closed epochs were logged, not on this one): the epoch that starts now logs nothing
+  // when the one just closed had more first writes than the log may hold -- it predicts a change
+  // set that large again. A wrong guess costs one listing a walk instead of lookups, and the
+  // epoch after a light one logs again. A fresh map's first epoch (version 0) predicts nothing:
+  // filling an empty state says little about how much of it the next epochs change.
+  void start_epoch() {
+    if (version >= 2 && epoch_writes > write_log_limit() && writes_complete_from <= version)
+      writes_complete_from = version + 1;
+    epoch_writes = 0;
   }
   void log_rewrite(const detail::Entry* e) {
     if (e->modified != static_cast<uint32_t>(version)) log_write(e->hash, e->key(), e->key_size);
