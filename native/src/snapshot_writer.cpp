@@ -160,9 +160,13 @@ void SnapshotSerializer::serialize_group(size_t si, int32_t kg) {
         throw std::invalid_argument(where(src.name, kg) + ": a tombstone in a full snapshot");
   }
   // The contract checks of format.write_data_file, so both writers refuse the same snapshots.
-  uint64_t kbytes = 0, vbytes = 0;
+  // A map's listing passes them by construction (its keys carry its key group's prefix, and
+  // SortedRunBuilder::finish sorted them and dropped duplicates): only given entries are checked
+  // (a sixth of serialize_group's time for a 197k-entry int64 listing).
+  const uint64_t kbytes = rows.key_offsets[n] - rows.key_offsets[0];
+  const uint64_t vbytes = rows.value_offsets[n] - rows.value_offsets[0];
   const size_t pw = static_cast<size_t>(opt_.prefix_bytes);
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; !src.table && i < n; ++i) {
     const ByteView key = rows.key(i);
     if (key.size < pw)
       throw std::invalid_argument(where(src.name, kg) + ": an encoded key is shorter than its " +
@@ -173,8 +177,6 @@ void SnapshotSerializer::serialize_group(size_t si, int32_t kg) {
                                   ") returned a key with key-group prefix " + std::to_string(got));
     if (i > 0 && key_compare(rows.key(i - 1), key) >= 0)
       throw std::invalid_argument(where(src.name, kg) + ": keys are not strictly ascending by bytes");
-    kbytes += key.size;
-    vbytes += rows.value(i).size;
   }
   if (kbytes > kInt32Max || vbytes > kInt32Max)
     throw std::invalid_argument(where(src.name, kg) + ": more than 2 GiB of bytes");
