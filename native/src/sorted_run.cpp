@@ -20,6 +20,7 @@ bool key_equal(ByteView a, ByteView b) {
 namespace {
 
 using Slot = SortedRunBuilder::Slot;
+using Small = SortedRunBuilder::Small;
 
 // Big-endian word of key bytes [0, 8) zero padded: a zero pad sorts before every byte value,
 // as a shorter key sorts before its extensions, so distinct words order keys as key_less does.
@@ -38,47 +39,89 @@ bool words_less(const Slot& a, const Slot& b) {
   return a.hi != b.hi ? a.hi < b.hi : a.lo < b.lo;
 }
 
+// A small record's key size, value size and tombstone flag (Small::meta).
+constexpr uint64_t kKeySizeMask = 0xff;
+constexpr int kValueSizeShift = 8;
+
+uint64_t small_key_size(const Small& x) { return x.meta & kKeySizeMask; }
+uint64_t small_value_size(const Small& x) { return (x.meta >> kValueSizeShift) & kKeySizeMask; }
+
+// key_less for keys of up to 16 bytes: their words, then the shorter first (a zero pad and a
+// zero byte give equal words).
+bool small_less(const Small& a, const Small& b) {
+  if (a.hi != b.hi) return a.hi < b.hi;
+  if (a.lo != b.lo) return a.lo < b.lo;
+  return small_key_size(a) < small_key_size(b);
+}
+
+bool small_same_key(const Small& a, const Small& b) {
+  return a.hi == b.hi && a.lo == b.lo && small_key_size(a) == small_key_size(b);
+}
+
 // Beyond this many differing bytes a comparison sort wins (radix: one pass per byte).
 constexpr int kMaxRadixPasses = 8;
 constexpr size_t kMinRadixSize = 256;
 
-void sort_words(std::vector<Slot>& s, std::vector<Slot>& tmp) {
-  uint64_t and_hi = ~uint64_t{0}, or_hi = 0, and_lo = ~uint64_t{0}, or_lo = 0;
-  for (const Slot& x : s) {
-    and_hi &= x.hi;
-    or_hi |= x.hi;
-    and_lo &= x.lo;
-    or_lo |= x.lo;
+// Sorts records by kWords 64-bit words (word(x, 0) least significant): LSD radix over only the
+// bytes that differ between records, std::sort with `less` when too many do or too few records.
+template <class R, int kWords, class Word, class Less>
+void sort_by_words(std::vector<R>& s, std::vector<R>& tmp, Word word, Less less) {
+  uint64_t differ[kWords];
+  for (int w = 0; w < kWords; ++w) {
+    uint64_t and_w = ~uint64_t{0}, or_w = 0;
+    for (const R& x : s) {
+      and_w &= word(x, w);
+      or_w |= word(x, w);
+    }
+    differ[w] = and_w ^ or_w;
   }
-  const uint64_t differ[2] = {and_lo ^ or_lo, and_hi ^ or_hi};  // least significant word first
   int passes = 0;
   for (uint64_t d : differ)
     for (int shift = 0; shift < 64; shift += 8) passes += ((d >> shift) & 0xff) != 0;
   if (s.size() < kMinRadixSize || passes > kMaxRadixPasses) {
-    std::sort(s.begin(), s.end(), words_less);
+    std::sort(s.begin(), s.end(), less);
     return;
   }
   tmp.resize(s.size());
-  for (int w = 0; w < 2; ++w) {
+  for (int w = 0; w < kWords; ++w) {
     for (int shift = 0; shift < 64; shift += 8) {
       if (((differ[w] >> shift) & 0xff) == 0) continue;
       size_t count[256] = {};
-      for (const Slot& x : s) ++count[((w ? x.hi : x.lo) >> shift) & 0xff];
+      for (const R& x : s) ++count[(word(x, w) >> shift) & 0xff];
       size_t sum = 0;
       for (size_t& c : count) {
         size_t here = c;
         c = sum;
         sum += here;
       }
-      for (const Slot& x : s) tmp[count[((w ? x.hi : x.lo) >> shift) & 0xff]++] = x;
+      for (const R& x : s) tmp[count[(word(x, w) >> shift) & 0xff]++] = x;
       s.swap(tmp);
     }
   }
 }
 
+void sort_words(std::vector<Slot>& s, std::vector<Slot>& tmp) {
+  sort_by_words<Slot, 2>(s, tmp, [](const Slot& x, int w) { return w ? x.hi : x.lo; },
+                         words_less);
+}
+
+void sort_small(std::vector<Small>& s, std::vector<Small>& tmp) {
+  sort_by_words<Small, 3>(
+      s, tmp,
+      [](const Small& x, int w) { return w == 2 ? x.hi : w == 1 ? x.lo : small_key_size(x); },
+      small_less);
+}
+
+// The key bytes of a small record: its words big-endian, cut to the key size.
+void small_key_bytes(const Small& x, uint8_t out[16]) {
+  detail::store_u64(out, __builtin_bswap64(x.hi));
+  detail::store_u64(out + 8, __builtin_bswap64(x.lo));
+}
+
 }  // namespace
 
 void SortedRunBuilder::reserve(size_t entries, size_t key_bytes, size_t value_bytes) {
+  small_.reserve(entries);
   slots_.reserve(entries);
   key_offsets_.reserve(entries + 1);
   value_offsets_.reserve(entries + 1);
@@ -90,7 +133,7 @@ namespace {
 
 // Appends `n` bytes at `used` of a staging vector grown (never shrunk) geometrically; returns
 // the new used size.
-inline uint64_t stage(std::vector<uint8_t>& v, uint64_t used, const uint8_t* p, size_t n) {
+inline uint64_t stage_bytes(std::vector<uint8_t>& v, uint64_t used, const uint8_t* p, size_t n) {
   if (v.size() - used < n) v.resize(std::max<size_t>(2 * v.size(), used + n + 64));
   detail::copy_small(v.data() + used, p, n);
   return used + n;
@@ -100,12 +143,75 @@ inline uint64_t stage(std::vector<uint8_t>& v, uint64_t used, const uint8_t* p, 
 
 void SortedRunBuilder::add(ByteView key, ByteView value, bool removed) {
   const size_t n = key.size;
-  const uint64_t index = key_offsets_.size() - 1;
-  slots_.push_back({be_word(key.data, n), n > 8 ? be_word(key.data + 8, n - 8) : 0,
-                    index | (removed ? kRemovedBit : 0)});
+  const uint64_t hi = be_word(key.data, n), lo = n > 8 ? be_word(key.data + 8, n - 8) : 0;
+  if (!staged_ && n <= 16 && value.size <= 8) {
+    Small x{hi, lo, 0, n | (uint64_t{value.size} << kValueSizeShift) | (removed ? kRemovedBit : 0)};
+    detail::copy_small(reinterpret_cast<uint8_t*>(&x.value), value.data, value.size);
+    small_.push_back(x);
+    small_key_bytes_ += n;
+    small_value_bytes_ += value.size;
+    tombstones_ += removed;
+    return;
+  }
+  if (!staged_) stage_small();
+  stage(hi, lo, key, value, removed);
   tombstones_ += removed;
-  key_offsets_.push_back(stage(key_data_, key_offsets_.back(), key.data, n));
-  value_offsets_.push_back(stage(value_data_, value_offsets_.back(), value.data, value.size));
+}
+
+void SortedRunBuilder::stage(uint64_t hi, uint64_t lo, ByteView key, ByteView value,
+                             bool removed) {
+  const uint64_t index = key_offsets_.size() - 1;
+  slots_.push_back({hi, lo, index | (removed ? kRemovedBit : 0)});
+  key_offsets_.push_back(stage_bytes(key_data_, key_offsets_.back(), key.data, key.size));
+  value_offsets_.push_back(
+      stage_bytes(value_data_, value_offsets_.back(), value.data, value.size));
+}
+
+void SortedRunBuilder::stage_small() {
+  staged_ = true;
+  uint8_t kb[16];
+  for (const Small& x : small_) {
+    small_key_bytes(x, kb);
+    stage(x.hi, x.lo, ByteView{kb, static_cast<size_t>(small_key_size(x))},
+          ByteView{reinterpret_cast<const uint8_t*>(&x.value),
+                   static_cast<size_t>(small_value_size(x))},
+          (x.meta & kRemovedBit) != 0);
+  }
+  small_.clear();
+}
+
+void SortedRunBuilder::finish_small(bool unique, SortedRun& out) {
+  sort_small(small_, small_tmp_);
+  const size_t n = small_.size();
+  // Sized once: 16 bytes of slack let every key and value be written as whole words.
+  out.key_offsets.resize(n + 1);
+  out.value_offsets.resize(n + 1);
+  out.key_data.resize(small_key_bytes_ + 16);
+  out.value_data.resize(small_value_bytes_ + 16);
+  out.key_offsets[0] = out.value_offsets[0] = 0;
+  out.valid.clear();
+  if (tombstones_) out.valid.resize(n);
+  uint8_t* kd = out.key_data.data();
+  uint8_t* vd = out.value_data.data();
+  uint64_t kpos = 0, vpos = 0;
+  size_t m = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const Small& x = small_[i];
+    if (unique && i > 0 && small_same_key(x, small_[i - 1])) continue;
+    small_key_bytes(x, kd + kpos);
+    detail::store_u64(vd + vpos, x.value);
+    kpos += small_key_size(x);
+    vpos += small_value_size(x);
+    if (tombstones_) out.valid[m] = (x.meta & kRemovedBit) ? 0 : 1;
+    ++m;
+    out.key_offsets[m] = kpos;
+    out.value_offsets[m] = vpos;
+  }
+  out.key_offsets.resize(m + 1);
+  out.value_offsets.resize(m + 1);
+  out.key_data.resize(kpos);
+  out.value_data.resize(vpos);
+  if (tombstones_) out.valid.resize(m);
 }
 
 SortedRun SortedRunBuilder::finish(bool unique) {
@@ -115,6 +221,11 @@ SortedRun SortedRunBuilder::finish(bool unique) {
 }
 
 void SortedRunBuilder::finish(bool unique, SortedRun& out) {
+  if (!staged_) {
+    finish_small(unique, out);
+    clear();
+    return;
+  }
   sort_words(slots_, radix_tmp_);
   auto key_at = [this](const Slot& s) {
     const uint64_t i = s.index & ~kRemovedBit;
@@ -174,6 +285,9 @@ void SortedRunBuilder::clear() {
   value_offsets_.assign(1, 0);
   tombstones_ = 0;
   slots_.clear();
+  small_.clear();
+  small_key_bytes_ = small_value_bytes_ = 0;
+  staged_ = false;
 }
 
 int64_t first_bad_offset(const int32_t* o, size_t n, size_t data_size) {

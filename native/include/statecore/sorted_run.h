@@ -95,6 +95,12 @@ struct SortedRun {
 // in memory; the words are sorted by LSD radix over only the bytes that differ between entries
 // (a key group's prefix and the high bytes of small integers cost nothing), std::sort when too
 // many bytes differ; equal words fall back to comparing the bytes.
+// While every entry's key has at most 16 bytes and its value at most 8 (int64 or float64 state
+// under an int64 key, an int32 count under a short string), entries are kept whole in 32-byte
+// `Small` records -- words, value, sizes -- and sorted as such: nothing is staged and finish
+// writes the run in one sequential pass, where a slot's index sent it to staged bytes at random
+// (the builder's add + finish were 5.7 ms of a 197k-entry int64 listing's ~23, perf). The first
+// larger entry stages the records taken so far and the builder goes on as above.
 class SortedRunBuilder {
  public:
   void reserve(size_t entries, size_t key_bytes, size_t value_bytes);
@@ -116,8 +122,23 @@ class SortedRunBuilder {
     uint64_t index;
   };
   static constexpr uint64_t kRemovedBit = uint64_t{1} << 63;
+  // hi, lo as in Slot; value: the value bytes (little-endian load, zero padded); meta: key size
+  // (bits 0-7), value size (bits 8-15), kRemovedBit for a tombstone.
+  struct Small {
+    uint64_t hi, lo;
+    uint64_t value;
+    uint64_t meta;
+  };
 
  private:
+  void stage(uint64_t hi, uint64_t lo, ByteView key, ByteView value, bool removed);
+  void stage_small();  // moves the Small records to the staging buffers, for good (staged_)
+  void finish_small(bool unique, SortedRun& out);
+
+  std::vector<Small> small_;  // the entries while !staged_
+  std::vector<Small> small_tmp_;
+  uint64_t small_key_bytes_ = 0, small_value_bytes_ = 0;
+  bool staged_ = false;  // an entry did not fit a Small record: everything is in the staging
   // Staging: entries in the order added. The data vectors are only grown (their bytes past
   // key_offsets_.back() / value_offsets_.back() are spare room, kept across runs), so adding an
   // entry is two short copies, not two vector inserts.
