@@ -22,26 +22,13 @@ namespace {
 using Slot = SortedRunBuilder::Slot;
 using Small = SortedRunBuilder::Small;
 
-// Big-endian word of key bytes [0, 8) zero padded: a zero pad sorts before every byte value,
-// as a shorter key sorts before its extensions, so distinct words order keys as key_less does.
-uint64_t be_word(const uint8_t* p, size_t n) {
-  if (n >= 8) {
-    uint64_t w;
-    std::memcpy(&w, p, 8);
-    return __builtin_bswap64(w);
-  }
-  uint64_t w = 0;
-  for (size_t i = 0; i < 8; ++i) w = (w << 8) | (i < n ? p[i] : 0u);
-  return w;
-}
-
 bool words_less(const Slot& a, const Slot& b) {
   return a.hi != b.hi ? a.hi < b.hi : a.lo < b.lo;
 }
 
 // A small record's key size, value size and tombstone flag (Small::meta).
 constexpr uint64_t kKeySizeMask = 0xff;
-constexpr int kValueSizeShift = 8;
+constexpr int kValueSizeShift = 8;  // as SortedRunBuilder::add packs it
 
 uint64_t small_key_size(const Small& x) { return x.meta & kKeySizeMask; }
 uint64_t small_value_size(const Small& x) { return (x.meta >> kValueSizeShift) & kKeySizeMask; }
@@ -141,18 +128,8 @@ inline uint64_t stage_bytes(std::vector<uint8_t>& v, uint64_t used, const uint8_
 
 }  // namespace
 
-void SortedRunBuilder::add(ByteView key, ByteView value, bool removed) {
-  const size_t n = key.size;
-  const uint64_t hi = be_word(key.data, n), lo = n > 8 ? be_word(key.data + 8, n - 8) : 0;
-  if (!staged_ && n <= 16 && value.size <= 8) {
-    Small x{hi, lo, 0, n | (uint64_t{value.size} << kValueSizeShift) | (removed ? kRemovedBit : 0)};
-    detail::copy_small(reinterpret_cast<uint8_t*>(&x.value), value.data, value.size);
-    small_.push_back(x);
-    small_key_bytes_ += n;
-    small_value_bytes_ += value.size;
-    tombstones_ += removed;
-    return;
-  }
+void SortedRunBuilder::add_staged(uint64_t hi, uint64_t lo, ByteView key, ByteView value,
+                                  bool removed) {
   if (!staged_) stage_small();
   stage(hi, lo, key, value, removed);
   tombstones_ += removed;
@@ -352,8 +329,7 @@ void merge_newest_wins(const std::vector<ArrowBinaryRun>& runs, std::vector<RunP
   };
   auto load = [&runs](Head& h) {
     h.key = run_key(runs[h.run], h.pos);
-    h.hi = be_word(h.key.data, h.key.size);
-    h.lo = h.key.size > 8 ? be_word(h.key.data + 8, h.key.size - 8) : 0;
+    SortedRunBuilder::key_words(h.key.data, h.key.size, &h.hi, &h.lo);
   };
   auto compare = [](const Head& a, const Head& b) -> int {
     if (a.hi != b.hi) return a.hi < b.hi ? -1 : 1;

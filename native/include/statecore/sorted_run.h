@@ -104,7 +104,43 @@ struct SortedRun {
 class SortedRunBuilder {
  public:
   void reserve(size_t entries, size_t key_bytes, size_t value_bytes);
-  void add(ByteView key, ByteView value, bool removed);
+  // Inline: a listing calls it for every changed entry of a key group.
+  void add(ByteView key, ByteView value, bool removed) {
+    uint64_t hi, lo;
+    key_words(key.data, key.size, &hi, &lo);
+    if (!staged_ && key.size <= 16 && value.size <= 8) {
+      Small x{hi, lo, 0, key.size | (uint64_t{value.size} << 8) | (removed ? kRemovedBit : 0)};
+      if (value.size != 0) std::memcpy(&x.value, value.data, value.size);  // a tombstone's is null
+      small_.push_back(x);
+      small_key_bytes_ += key.size;
+      small_value_bytes_ += value.size;
+      tombstones_ += removed;
+      return;
+    }
+    add_staged(hi, lo, key, value, removed);
+  }
+  // Key bytes [0, 8) and [8, 16) of `p` (n bytes) as big-endian words, zero padded: a zero pad
+  // sorts before every byte value, as a shorter key sorts before its extensions, so distinct
+  // words order keys as key_less does.
+  static void key_words(const uint8_t* p, size_t n, uint64_t* hi, uint64_t* lo) {
+    uint64_t w;
+    if (n >= 16) {
+      std::memcpy(&w, p, 8);
+      *hi = __builtin_bswap64(w);
+      std::memcpy(&w, p + 8, 8);
+      *lo = __builtin_bswap64(w);
+    } else if (n > 8) {  // the last 8 bytes, shifted up past the bytes [n - 8, 8) again
+      std::memcpy(&w, p, 8);
+      *hi = __builtin_bswap64(w);
+      std::memcpy(&w, p + n - 8, 8);
+      *lo = __builtin_bswap64(w) << (8 * (16 - n));
+    } else {
+      w = 0;
+      for (size_t i = 0; i < 8; ++i) w = (w << 8) | (i < n ? p[i] : 0u);
+      *hi = w;
+      *lo = 0;
+    }
+  }
   // The entries sorted by key_less. With `unique`, an entry whose key equals the previous one's
   // is dropped (callers use it only where equal keys carry equal contents, e.g. a key removed
   // several times). Leaves the builder empty, its buffers allocated for the next run: a writer
@@ -131,6 +167,7 @@ class SortedRunBuilder {
   };
 
  private:
+  void add_staged(uint64_t hi, uint64_t lo, ByteView key, ByteView value, bool removed);
   void stage(uint64_t hi, uint64_t lo, ByteView key, ByteView value, bool removed);
   void stage_small();  // moves the Small records to the staging buffers, for good (staged_)
   void finish_small(bool unique, SortedRun& out);
