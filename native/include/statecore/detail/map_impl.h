@@ -154,7 +154,9 @@ struct StateMap::Impl {
   // write is older than the epoch): log it. Past the log's limit (max(write_log_min, size / 16)
   // records) the epoch is given up instead: its records are dropped, it stops logging, and
   // listings over it walk the table (a change set that large costs a walk's order anyway).
-  size_t write_log_limit() const { return size() / 16 > write_log_min ? size() / 16 : write_log_min; }
+  size_t write_log_limit() const {
+    return size() / 16 > write_log_min ? size() / 16 : write_log_min;
+  }
   void log_write(uint32_t h, const uint8_t* key, size_t ks) {
     ++epoch_writes;
     if (!logs_writes()) return;
