@@ -2147,20 +2147,16 @@ def decode_blocks(data, blocks, uint64_t base, bint has_validity):
         raw += rl[i]
     if n > 2**31 - 2:
         return None, None, 0, f"{n} entries in one read (a key group or a range of them) exceed an Arrow binary array"
-    # From Arrow's memory pool, not numpy: numpy asks for transparent huge pages for arrays of
-    # 4 MiB and more and unmaps them when freed, so every standby catch-up of a Spark partition
-    # faulted fresh 2 MiB pages in (on the bench's VM, whose freed memory goes back to the host,
-    # ~2 ms a catch-up for these two; perf of the running-count job).
-    ko_buf = pa.allocate_buffer(4 * (n + 1))
-    vo_buf = pa.allocate_buffer(4 * (n + 1))
-    kd_buf = pa.allocate_buffer(max(raw, 1))
-    vd_buf = pa.allocate_buffer(max(raw, 1))
-    va_buf = pa.allocate_buffer(max((n + 7) // 8, 1))
-    cdef int32_t[::1] ko = memoryview(ko_buf).cast("i")
-    cdef int32_t[::1] vo = memoryview(vo_buf).cast("i")
-    cdef uint8_t[::1] kd = memoryview(kd_buf).cast("B")
-    cdef uint8_t[::1] vd = memoryview(vd_buf).cast("B")
-    cdef uint8_t[::1] va = memoryview(va_buf).cast("B")
+    ko_np = np.empty(n + 1, np.int32)
+    vo_np = np.empty(n + 1, np.int32)
+    kd_np = np.empty(max(raw, 1), np.uint8)
+    vd_np = np.empty(max(raw, 1), np.uint8)
+    va_np = np.empty(max((n + 7) // 8, 1), np.uint8)
+    cdef int32_t[::1] ko = ko_np
+    cdef int32_t[::1] vo = vo_np
+    cdef uint8_t[::1] kd = kd_np
+    cdef uint8_t[::1] vd = vd_np
+    cdef uint8_t[::1] va = va_np
     cdef c.DecodeBuffers bufs
     bufs.key_offsets = &ko[0]
     bufs.value_offsets = &vo[0]
@@ -2174,10 +2170,11 @@ def decode_blocks(data, blocks, uint64_t base, bint has_validity):
         r = c.decode_blocks(p, size, refs.data(), nb, has_validity, bufs)
     if r.failed_block >= 0:
         return None, None, r.failed_block, r.error.decode("utf-8", "replace")
-    validity = va_buf if r.tombstones else None
-    keys = pa.Array.from_buffers(pa.binary(), n, [None, ko_buf, kd_buf.slice(0, r.key_bytes)])
-    values = pa.Array.from_buffers(pa.binary(), n, [validity, vo_buf,
-                                                    vd_buf.slice(0, r.value_bytes)],
+    validity = pa.py_buffer(va_np) if r.tombstones else None
+    keys = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(ko_np),
+                                                  pa.py_buffer(kd_np[:r.key_bytes])])
+    values = pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(vo_np),
+                                                    pa.py_buffer(vd_np[:r.value_bytes])],
                                    null_count=r.tombstones)
     return keys, values, None, None
 
