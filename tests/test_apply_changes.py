@@ -215,3 +215,46 @@ def test_worker_cache_keeps_a_stale_copy_and_catches_it_up(tmp_path, kind):
         assert k1 not in O._STATE_CACHE
     finally:
         O.clear_state_cache()
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_timers_of_a_few_key_groups_catch_up_and_are_found_from_block_tables(tmp_path, kind):
+    """Timers in a few key groups only: a change set names exactly those that hold timers in its
+    newest run (``key_groups_holding``, from the block tables), and a catch-up that reads only
+    them still drops the timers of a key group that lost all of its own."""
+    store = CheckpointStore(str(tmp_path), max_runs=None)
+    writer = _backend(kind)
+    st = _States(writer)
+    keys = {}
+    for k in range(10**4):
+        keys.setdefault(writer.key_group_of(k), k)
+        if len(keys) == 3:
+            break
+    (kg_a, key_a), (kg_b, key_b), (kg_c, key_c) = sorted(keys.items())
+
+    def only(timers):  # state ops in most key groups, then exactly these timers
+        for t in list(writer.timers.all_timers()):
+            writer.set_current_key(t[2])
+            writer.timers.delete_event_time_timer(t[1], t[3])
+        for key, ts in timers:
+            writer.set_current_key(key)
+            writer.timers.register_event_time_timer(ts)
+
+    _ops(st, random.Random(5), 300, 0)
+    only([(key_a, 1000), (key_a, 2000), (key_b, 1500)])
+    v0_run = _checkpoint(store, writer, 0, incremental=False)["path"]
+    stale = _restored(kind, store, 0)
+    assert {t[0] for t in stale.timers.all_timers()} == {kg_a, kg_b}
+    _ops(st, random.Random(6), 200, 10**5)
+    only([(key_a, 1000), (key_a, 2000), (key_c, 3000)])  # kg_b loses its only timer
+    _checkpoint(store, writer, 1, incremental=True)
+    changes = store.open_changes(1, v0_run, *_RANGE)
+    assert changes.key_groups_holding("__timers__", *_RANGE) == [kg_a, kg_c]
+    assert changes.key_groups_holding("__timers__", kg_a + 1, _RANGE[1]) == [kg_c]
+    assert changes.key_groups_holding("no such state", *_RANGE) == []
+    stale.apply_changes(changes)
+    changes.release()
+    assert stale.timers.all_timers() == writer.timers.all_timers()
+    assert {t[0] for t in stale.timers.all_timers()} == {kg_a, kg_c}
+    fresh = _restored(kind, store, 1)
+    assert _snapshot_contents(stale) == _snapshot_contents(fresh)

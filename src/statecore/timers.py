@@ -286,7 +286,13 @@ class TimerService:
             )
         b = self._backend
         decoded = []
-        for kg in b.key_group_range.intersection(snapshot.key_group_range):
+        kgs = b.key_group_range.intersection(snapshot.key_group_range)
+        holding = getattr(snapshot, "key_groups_holding", None)
+        if holding is not None and len(kgs):
+            # A checkpoint reader tells from its block tables which key groups hold timers: most
+            # states have none, and reading every key group's was ~2 ms of a catch-up.
+            kgs = holding(TIMERS_STATE_NAME, kgs.start, kgs.end)
+        for kg in kgs:
             keys, _ = snapshot.entries(TIMERS_STATE_NAME, kg)
             for enc in keys.to_pylist():
                 kg2, ts, key, ns = S.decode_timer_key(enc, b.max_parallelism, self._key_ser, self._ns_ser)

@@ -1489,6 +1489,24 @@ class CheckpointReader:
                 if len(keys):
                     yield keys, values
 
+    def key_groups_holding(self, state_name: str, start: int, end: int) -> list[int]:
+        """The key groups of ``[start, end]`` ∩ this version's range for which a run that
+        :meth:`entries` reads holds blocks of ``state_name`` (ascending; from the runs' block
+        tables, nothing decoded). :meth:`entries` of any other key group is empty, so a reader
+        of a sparse state (timers) can skip those. [] for a state not in the version; errors as
+        :meth:`entries` for a missing or unreadable data file."""
+        if state_name not in self._names:
+            return []
+        out: set = set()
+        for a, b, chain in self._segments:
+            lo, hi = max(a, start), min(b, end)
+            if lo > hi:
+                continue
+            for r in self._runs_holding(state_name, chain):
+                kgs, _ = self._data_file(r).raw_bytes(state_name, lo, hi)
+                out.update(kgs.tolist())
+        return sorted(out)
+
     def _chunk_bounds(self, state_name: str, runs: list, lo: int, hi: int, max_bytes: int):
         """``[(start, end)]`` tiling ``[lo, hi]`` so that each holds at most ``max_bytes`` of
         ``runs``' decoded blocks of ``state_name`` (a key group alone may hold more)."""
