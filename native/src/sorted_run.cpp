@@ -126,6 +126,46 @@ inline uint64_t stage_bytes(std::vector<uint8_t>& v, uint64_t used, const uint8_
   return used + n;
 }
 
+// Writes a finished run into `out`: buffers sized once for `n` entries and `key_bytes` /
+// `value_bytes` (upper bounds when `unique` drops entries), trimmed by done() to what entry()
+// recorded. The caller copies entry i's bytes to kd + kpos / vd + vpos, then calls entry().
+struct RunWriter {
+  SortedRun& out;
+  const bool tombstones;
+  uint8_t* kd;
+  uint8_t* vd;
+  uint64_t kpos = 0, vpos = 0;
+  size_t m = 0;
+
+  RunWriter(SortedRun& o, size_t n, uint64_t key_bytes, uint64_t value_bytes, bool has_tombstones)
+      : out(o), tombstones(has_tombstones) {
+    out.key_offsets.resize(n + 1);
+    out.value_offsets.resize(n + 1);
+    out.key_data.resize(key_bytes);
+    out.value_data.resize(value_bytes);
+    out.key_offsets[0] = out.value_offsets[0] = 0;
+    out.valid.clear();
+    if (tombstones) out.valid.resize(n);
+    kd = out.key_data.data();
+    vd = out.value_data.data();
+  }
+  void entry(uint64_t kn, uint64_t vn, bool removed) {
+    kpos += kn;
+    vpos += vn;
+    if (tombstones) out.valid[m] = removed ? 0 : 1;
+    ++m;
+    out.key_offsets[m] = kpos;
+    out.value_offsets[m] = vpos;
+  }
+  void done() {
+    out.key_offsets.resize(m + 1);
+    out.value_offsets.resize(m + 1);
+    out.key_data.resize(kpos);
+    out.value_data.resize(vpos);
+    if (tombstones) out.valid.resize(m);
+  }
+};
+
 }  // namespace
 
 void SortedRunBuilder::add_staged(uint64_t hi, uint64_t lo, ByteView key, ByteView value,
@@ -160,35 +200,16 @@ void SortedRunBuilder::stage_small() {
 void SortedRunBuilder::finish_small(bool unique, SortedRun& out) {
   sort_small(small_, small_tmp_);
   const size_t n = small_.size();
-  // Sized once: 16 bytes of slack let every key and value be written as whole words.
-  out.key_offsets.resize(n + 1);
-  out.value_offsets.resize(n + 1);
-  out.key_data.resize(small_key_bytes_ + 16);
-  out.value_data.resize(small_value_bytes_ + 16);
-  out.key_offsets[0] = out.value_offsets[0] = 0;
-  out.valid.clear();
-  if (tombstones_) out.valid.resize(n);
-  uint8_t* kd = out.key_data.data();
-  uint8_t* vd = out.value_data.data();
-  uint64_t kpos = 0, vpos = 0;
-  size_t m = 0;
+  // 16 bytes of slack let every key and value be written as whole words.
+  RunWriter w(out, n, small_key_bytes_ + 16, small_value_bytes_ + 16, tombstones_ != 0);
   for (size_t i = 0; i < n; ++i) {
     const Small& x = small_[i];
     if (unique && i > 0 && small_same_key(x, small_[i - 1])) continue;
-    small_key_bytes(x, kd + kpos);
-    detail::store_u64(vd + vpos, x.value);
-    kpos += small_key_size(x);
-    vpos += small_value_size(x);
-    if (tombstones_) out.valid[m] = (x.meta & kRemovedBit) ? 0 : 1;
-    ++m;
-    out.key_offsets[m] = kpos;
-    out.value_offsets[m] = vpos;
+    small_key_bytes(x, w.kd + w.kpos);
+    detail::store_u64(w.vd + w.vpos, x.value);
+    w.entry(small_key_size(x), small_value_size(x), (x.meta & kRemovedBit) != 0);
   }
-  out.key_offsets.resize(m + 1);
-  out.value_offsets.resize(m + 1);
-  out.key_data.resize(kpos);
-  out.value_data.resize(vpos);
-  if (tombstones_) out.valid.resize(m);
+  w.done();
 }
 
 SortedRun SortedRunBuilder::finish(bool unique) {
@@ -220,18 +241,7 @@ void SortedRunBuilder::finish(bool unique, SortedRun& out) {
     }
     i = j;
   }
-  // Emit into buffers sized once (an upper bound when `unique` drops entries).
-  out.key_offsets.resize(slots_.size() + 1);
-  out.value_offsets.resize(slots_.size() + 1);
-  out.key_data.resize(key_offsets_.back());
-  out.value_data.resize(value_offsets_.back());
-  out.key_offsets[0] = out.value_offsets[0] = 0;
-  out.valid.clear();
-  if (tombstones_) out.valid.resize(slots_.size());
-  uint8_t* kd = out.key_data.data();
-  uint8_t* vd = out.value_data.data();
-  uint64_t kpos = 0, vpos = 0;
-  size_t m = 0;
+  RunWriter w(out, slots_.size(), key_offsets_.back(), value_offsets_.back(), tombstones_ != 0);
   for (size_t i = 0; i < slots_.size(); ++i) {
     const uint64_t at = slots_[i].index & ~kRemovedBit;
     const uint64_t k0 = key_offsets_[at], kn = key_offsets_[at + 1] - k0;
@@ -240,20 +250,11 @@ void SortedRunBuilder::finish(bool unique, SortedRun& out) {
         key_equal(key_at(slots_[i]), key_at(slots_[i - 1])))
       continue;
     const uint64_t v0 = value_offsets_[at], vn = value_offsets_[at + 1] - v0;
-    detail::copy_small(kd + kpos, key_data_.data() + k0, kn);
-    detail::copy_small(vd + vpos, value_data_.data() + v0, vn);
-    kpos += kn;
-    vpos += vn;
-    if (tombstones_) out.valid[m] = (slots_[i].index & kRemovedBit) ? 0 : 1;
-    ++m;
-    out.key_offsets[m] = kpos;
-    out.value_offsets[m] = vpos;
+    detail::copy_small(w.kd + w.kpos, key_data_.data() + k0, kn);
+    detail::copy_small(w.vd + w.vpos, value_data_.data() + v0, vn);
+    w.entry(kn, vn, (slots_[i].index & kRemovedBit) != 0);
   }
-  out.key_offsets.resize(m + 1);
-  out.value_offsets.resize(m + 1);
-  out.key_data.resize(kpos);
-  out.value_data.resize(vpos);
-  if (tombstones_) out.valid.resize(m);
+  w.done();
   clear();
 }
 
