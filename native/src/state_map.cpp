@@ -880,41 +880,15 @@ void for_each_logged(const detail::KeyLogView& log, uint64_t from, uint64_t to,
 }  // namespace
 
 // fn(key, value, modified) for every live slot of a flat table from slot `from` on whose
-// `modified` passes keep(modified), with its full key rebuilt.
-// In two passes over runs of slots: the first writes every slot's address and advances past it
-// only when it is taken, so that no branch depends on the slot; the second visits what was taken.
-// Whether a slot changed is a coin toss when a micro-batch changed 40% of the keys, and the one
-// test-and-branch a slot mispredicted about every other slot.
+// `modified` passes keep(modified), with its full key rebuilt (only for the slots kept).
 template <class Keep, class Fn>
 void walk_flat(const FlatDirectory* d, size_t from, Keep&& keep, Fn&& fn) {
-  if (!d || !d->layout.fixed) return;
-  const FlatLayout& l = d->layout;
-  const size_t stride = d->stride();
-  const size_t per_page = d->page_mask() + 1;
-  constexpr size_t kRun = 256;
-  const uint8_t* taken[kRun];
   uint8_t buf[detail::kFlatMaxKey];
-  for (size_t pi = 0; pi < d->page_count; ++pi) {
-    const detail::FlatPage* p = d->pages()[pi];
-    if (!p || (pi + 1) * per_page <= from) continue;
-    size_t k = pi * per_page < from ? from - pi * per_page : 0;
-    while (k < per_page) {
-      const size_t end = std::min(per_page, k + kRun);
-      size_t n = 0;
-      for (; k < end; ++k) {
-        const uint8_t* s = p->bytes() + k * stride;
-        const uint32_t meta = detail::load_u32(s);
-        taken[n] = s;
-        n += static_cast<size_t>((meta != detail::kFlatEmpty) & (meta != detail::kFlatDeleted) &
-                                 static_cast<bool>(keep(meta)));
-      }
-      for (size_t j = 0; j < n; ++j) {
-        const uint8_t* s = taken[j];
-        const size_t ks = detail::flat_full_key(l, s, buf);
-        fn(ByteView{buf, ks}, ByteView{s + 4 + l.suffix_size(), l.value_size}, detail::load_u32(s));
-      }
-    }
-  }
+  detail::flat_for_each_kept(d, from, keep, [&](const uint8_t* s, uint32_t meta) {
+    const FlatLayout& l = d->layout;
+    const size_t ks = detail::flat_full_key(l, s, buf);
+    fn(ByteView{buf, ks}, ByteView{s + 4 + l.suffix_size(), l.value_size}, meta);
+  });
 }
 
 // fn(key, value, modified) for every entry of snapshot state `st` whose `modified` passes

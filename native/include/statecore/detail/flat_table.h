@@ -231,22 +231,44 @@ inline void flat_copy_slot(uint8_t* dst, const uint8_t* src, size_t stride) {
   }
 }
 
-// fn(slot, meta) for every live slot of `d` (not empty, not a tombstone) at index >= `from`, in
-// index order; a table without a layout has none.
-template <class Fn>
-void flat_for_each_live(const FlatDirectory* d, size_t from, Fn&& fn) {
+// fn(slot, meta) for every live slot of `d` (not empty, not a tombstone) at index >= `from`
+// whose meta passes keep(meta), in index order; a table without a layout has none. fn must not
+// change the table. In two passes over runs of 256 slots: the first writes every slot's address
+// and advances past it only when it is taken, so no branch depends on the slot; the second calls
+// fn on what was taken. Whether a slot is live (at load 1/2 to 3/4) or changed (a micro-batch
+// that changed 40% of the keys) is a coin toss, and the test-and-branch of a one-pass walk
+// mispredicted about every other slot (an incremental listing's write -0.9 to -1.2 ms at 197k
+// changed of 500k int64 entries).
+template <class Keep, class Fn>
+void flat_for_each_kept(const FlatDirectory* d, size_t from, Keep&& keep, Fn&& fn) {
   if (!d || !d->layout.fixed) return;
   const size_t stride = d->stride();
   const size_t per_page = d->page_mask() + 1;
+  constexpr size_t kRun = 256;
+  const uint8_t* taken[kRun];
   for (size_t pi = 0; pi < d->page_count; ++pi) {
     const FlatPage* p = d->pages()[pi];
     if (!p || (pi + 1) * per_page <= from) continue;
-    for (size_t k = pi * per_page < from ? from - pi * per_page : 0; k < per_page; ++k) {
-      const uint8_t* s = p->bytes() + k * stride;
-      const uint32_t meta = load_u32(s);
-      if (meta != kFlatEmpty && meta != kFlatDeleted) fn(s, meta);
+    size_t k = pi * per_page < from ? from - pi * per_page : 0;
+    while (k < per_page) {
+      const size_t end = k + kRun < per_page ? k + kRun : per_page;
+      size_t n = 0;
+      for (; k < end; ++k) {
+        const uint8_t* s = p->bytes() + k * stride;
+        const uint32_t meta = load_u32(s);
+        taken[n] = s;
+        n += static_cast<size_t>((meta != kFlatEmpty) & (meta != kFlatDeleted) &
+                                 static_cast<bool>(keep(meta)));
+      }
+      for (size_t j = 0; j < n; ++j) fn(taken[j], load_u32(taken[j]));
     }
   }
+}
+
+// fn(slot, meta) for every live slot of `d` at index >= `from`, in index order.
+template <class Fn>
+void flat_for_each_live(const FlatDirectory* d, size_t from, Fn&& fn) {
+  flat_for_each_kept(d, from, [](uint32_t) { return true; }, fn);
 }
 
 // Linear probe for a key suffix from its home slot. Slots below `migrated_below` hold entries a
