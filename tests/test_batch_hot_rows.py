@@ -168,10 +168,10 @@ def test_first_writes_after_a_checkpoint_are_listed_by_the_next_incremental_snap
     """Keys of one key group (so that the hot rows take all but the first row of a batch):
     ``entries`` of them written, a completed checkpoint, then ``updated`` of them updated in one
     batch and 4 new ones inserted among them. The next incremental snapshot lists exactly those,
-    with their new values: at 64 entries from a walk of the table (most of them changed), at 4,000 with 48
-    updated from the write log, with 2,000 updated again from a walk (the epoch gave its log up
-    after 1,024 records, and the hot rows take the rest). A hot update or insert that skipped
-    the first-write bookkeeping (log record, version stamp) would leave some out."""
+    with their new values: at 64 entries from a walk of the table (most of them changed), at
+    4,000 with 48 updated from the write log, with 2,000 updated again from a walk (the epoch
+    gave its log up after 1,024 records, and the hot rows take the rest). A hot update or insert
+    that skipped the first-write bookkeeping (log record, version stamp) would leave some out."""
     b = create_backend("native", key_type="int64", max_parallelism=128)
     s = b.get_state(STATES["sum"][0]())
     mine = list(itertools.islice((k for k in itertools.count() if b.key_group_of(k) == 5),

@@ -87,6 +87,14 @@ Ref merge_changes(Ref base, const std::vector<Change>& cs) {
 
 uint32_t colliding_hash(const uint8_t*, size_t size) { return static_cast<uint32_t>(size % 3); }
 
+// 1,000 keys loaded as a base (rebase), with a write log that may hold max(8, size / 16) = 62
+// records an epoch.
+void load_1000_keys_with_a_small_log(StateMap& m) {
+  m.set_write_log_min(8);
+  for (uint64_t k = 0; k < 1000; ++k) put(m, be64(k), "v");
+  m.rebase();
+}
+
 }  // namespace
 
 TEST(fresh_map_lists_everything_then_only_changes_after_the_base) {
@@ -409,9 +417,7 @@ TEST(write_log_lists_a_few_changes_of_a_large_map_without_walking) {
 
 TEST(an_epoch_past_the_write_log_limit_walks_so_does_the_next_then_logging_resumes) {
   StateMap m;
-  m.set_write_log_min(8);
-  for (uint64_t k = 0; k < 1000; ++k) put(m, be64(k), "v");
-  m.rebase();
+  load_1000_keys_with_a_small_log(m);
   auto a = m.snapshot();
   m.mark_base(a->version());
   for (uint64_t k = 0; k < 100; ++k) put(m, be64(k), "w");  // > max(8, 1000 / 16) records
@@ -443,9 +449,7 @@ TEST(a_light_epoch_after_a_heavy_one_that_stayed_under_the_limit_logs) {
   // The prediction counts first writes, not log records: an epoch of many writes of few keys
   // is light.
   StateMap m;
-  m.set_write_log_min(8);
-  for (uint64_t k = 0; k < 1000; ++k) put(m, be64(k), "v");
-  m.rebase();
+  load_1000_keys_with_a_small_log(m);
   auto a = m.snapshot();
   for (int r = 0; r < 50; ++r)
     for (uint64_t k = 0; k < 8; ++k) put(m, be64(k), "w" + std::to_string(r));
