@@ -14,6 +14,7 @@ import pyarrow.fs as pafs
 import pytest
 
 import statecore
+from statecore.checkpoint import format
 from statecore.checkpoint.store import CheckpointStore, SnapshotWriteFuture
 from statecore.descriptors import (
     ListStateDescriptor,
@@ -301,19 +302,25 @@ def test_nogil_hash_matches_xxhash():
 
 
 def test_native_lz4_gives_the_bindings_bytes():
-    """The vendored LZ4 (1.9.4) compresses as ``lz4.block.compress(store_size=False)``: the same
-    bytes where the binding has the same LZ4 release, readable by the binding in any case."""
+    """The vendored LZ4 (1.9.4) compresses as ``lz4.block.compress(mode="fast",
+    acceleration=format.LZ4_ACCELERATION, store_size=False)``: the same bytes where the binding
+    has the same LZ4 release, readable by the binding in any case."""
     import lz4
     import lz4.block
 
     rnd = random.Random(5)
     same_release = lz4.library_version_number() == 10904
+    differs_from_default_mode = False
     for n in (0, 1, 15, 4096, 70000, 300000):
         data = bytes(rnd.randrange(4) for _ in range(n // 2)) + b"key-123" * (n // 14)
         stored = _native.lz4_block_compress(data)
         assert lz4.block.decompress(stored, uncompressed_size=len(data)) == data
         if same_release:
-            assert stored == lz4.block.compress(data, store_size=False)
+            assert stored == lz4.block.compress(data, mode="fast", store_size=False,
+                                                acceleration=format.LZ4_ACCELERATION)
+            differs_from_default_mode |= stored != lz4.block.compress(data, store_size=False)
+    # the acceleration is in effect: this data compresses differently at acceleration 1
+    assert differs_from_default_mode or not same_release
     assert _native.lz4_block_compress(memoryview(b"abc" * 100)[3:]) == \
         _native.lz4_block_compress(b"abc" * 99)
 

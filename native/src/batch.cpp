@@ -212,8 +212,7 @@ struct FoldHotRows {
     // A slot's bytes (FlatLayout::slot_stride: meta, key suffix, value) in a lane that passes
     // the key and value size checks below.
     constexpr uint32_t stride = 4 + suffix + width;
-    const detail::FlatLane* const lanes = c.lanes.lanes;
-    const int32_t kg_start = c.lanes.kg_start;
+    const Lanes::View lanes = c.lanes;
     const uint32_t epoch = c.lanes.epoch;
     const int32_t* const kgs = c.kgs;
     const uint8_t* const bytes = gv.bytes;
@@ -222,7 +221,7 @@ struct FoldHotRows {
     T* const out = c.out;
     size_t undone = kUndo ? *c.undone : 0;
     for (; i < end; ++i) {
-      const detail::FlatLane& l = lanes[kgs[i] - kg_start];
+      const detail::FlatLane& l = lanes.lane(kgs[i]);
       if (l.epoch != epoch || l.key_size != kWord || l.value_size != width ||
           (!kAllValid && !values.is_valid(i)))
         break;
@@ -230,7 +229,7 @@ struct FoldHotRows {
       const uint8_t* key = bytes + j * kWord;
       uint8_t* s;
       size_t pi;
-      const int r = l.find_key<uint64_t, stride>(hashes[j], key, &s, &pi);
+      const int r = l.find_key<uint64_t, stride, suffix>(hashes[j], key, &s, &pi);
       if (r < 0 || !l.owned[pi]) break;
       const T x = c.value_at(values, i);
       T acc;

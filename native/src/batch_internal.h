@@ -324,20 +324,33 @@ class Lanes {
   // view has none.
   struct View {
     const detail::FlatLane* lanes = nullptr;
-    int32_t kg_start = 0;
+    // The address of key group 0's lane, lanes - kg_start (below the array when kg_start > 0):
+    // a row finds its lane from its key group in one register instead of the base and
+    // kg_start, which GCC kept on the stack and reloaded a row in the kernels' loops.
+    uintptr_t lane0 = 0;
     uint32_t epoch = 0;
 
+    // The lane of key group kg (kg_start <= kg, so at or past `lanes`).
+    [[gnu::always_inline]] const detail::FlatLane& lane(int32_t kg) const {
+      return *reinterpret_cast<const detail::FlatLane*>(
+          lane0 + static_cast<uintptr_t>(static_cast<uint32_t>(kg)) * sizeof(detail::FlatLane));
+    }
     // FlatLane::prefetch of hash h through key group kg's lane; false, doing nothing, when the
     // lane is not open in this call.
     [[gnu::always_inline]] bool prefetch(int32_t kg, uint32_t h) const {
       if (lanes == nullptr) return false;
-      const detail::FlatLane& l = lanes[kg - kg_start];
+      const detail::FlatLane& l = lane(kg);
       if (l.epoch != epoch) return false;
       l.prefetch(h);
       return true;
     }
   };
-  View view() const { return View{lanes_, kg_start_, epoch_}; }
+  View view() const {
+    return View{lanes_,
+                reinterpret_cast<uintptr_t>(lanes_) -
+                    static_cast<uintptr_t>(kg_start_) * sizeof(detail::FlatLane),
+                epoch_};
+  }
 
  private:
   StateTable& table_;

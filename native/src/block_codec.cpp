@@ -24,13 +24,13 @@ size_t lz4_block_compress(const uint8_t* src, size_t n, std::vector<uint8_t>* ou
                                 " bytes exceeds the LZ4 input limit");
   const size_t at = out->size();
   out->resize(at + bound);
-  // The calls of python-lz4's lz4.block.compress (mode "default", no dictionary): a fresh stream
-  // and the streaming compressor, whose output can differ from LZ4_compress_default's.
+  // The calls of python-lz4's lz4.block.compress (mode "fast", no dictionary): a fresh stream
+  // and the streaming compressor, whose output can differ from LZ4_compress_fast's.
   LZ4_stream_t stream;
   LZ4_initStream(&stream, sizeof(stream));
   const int written = LZ4_compress_fast_continue(
       &stream, reinterpret_cast<const char*>(src), reinterpret_cast<char*>(out->data() + at),
-      static_cast<int>(n), static_cast<int>(bound), 1);
+      static_cast<int>(n), static_cast<int>(bound), kLz4Acceleration);
   if (written <= 0 && n > 0) {  // cannot happen with a bound-sized destination
     out->resize(at);
     throw std::runtime_error("LZ4 compression failed");

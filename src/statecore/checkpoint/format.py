@@ -27,8 +27,9 @@ list, then by encoded key ascending (byte-wise). The blocks of one (state, key g
 contiguous and never hold entries of another key group or state. So the blocks of one key group
 (all states) are one contiguous byte range, and so are those of a run of key groups.
 
-Block (stored bytes): ``lz4.block.compress(payload, store_size=False)`` (LZ4 block format,
-default mode; the uncompressed size is kept in the block table, not in the block). The block's
+Block (stored bytes): ``lz4.block.compress(payload, mode="fast", acceleration=LZ4_ACCELERATION,
+store_size=False)`` (LZ4 block format; the uncompressed size is kept in the block table, not in
+the block; files written before with the default mode, acceleration 1, read the same). The block's
 checksum is ``xxh64(stored bytes)``. Payloads are cut at roughly ``block_target_bytes``
 (default 64 KiB) of uncompressed size; a single entry larger than the target is a block on its
 own.
@@ -137,6 +138,10 @@ _U64x2 = struct.Struct("<QQ")
 _INT32_MAX = 2**31 - 1
 
 
+#: LZ4 acceleration of the blocks (native block_codec.h kLz4Acceleration, which says why 2).
+LZ4_ACCELERATION = 2
+
+
 def _block_compressor():
     """The LZ4 block compressor of this install: the native one (vendored LZ4, the one the
     asynchronous writer uses, so synchronous and asynchronous files are byte-identical) when the
@@ -146,7 +151,9 @@ def _block_compressor():
         from statecore._native import lz4_block_compress
         return lz4_block_compress
     except ImportError:
-        return lambda payload: lz4.block.compress(payload, store_size=False)
+        return lambda payload: lz4.block.compress(payload, mode="fast",
+                                                  acceleration=LZ4_ACCELERATION,
+                                                  store_size=False)
 
 
 compress_block = _block_compressor()

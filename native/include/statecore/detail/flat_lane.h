@@ -116,11 +116,13 @@ struct alignas(64) FlatLane {
   // index of the page holding *slot.
   // The probe steps a slot pointer within a page and looks the directory up only when crossing
   // one (flat_probe recomputed page and offset at every step).
-  // kStride: the slots' stride when the caller knows it at compile time (0: the lane's).
-  template <class W, uint32_t kStride = 0>
+  // kStride, kSuffix: the slots' stride and key suffix bytes when the caller knows them at
+  // compile time (0: the lane's).
+  template <class W, uint32_t kStride = 0, uint32_t kSuffix = 0>
   [[gnu::always_inline]] int find(uint32_t h, W k0, W k1, uint8_t** slot,
                                   size_t* page_index) const {
     const size_t stride = kStride ? kStride : this->stride;
+    const size_t suffix = kSuffix ? kSuffix : this->suffix;
     const size_t home = h & mask;
     size_t pi = home >> page_shift;
     FlatPage* p = pages[pi];
@@ -173,11 +175,12 @@ struct alignas(64) FlatLane {
   }
 
   // find() of a key of key_size bytes (first byte as at open) by its suffix words.
-  template <class W, uint32_t kStride = 0>
+  template <class W, uint32_t kStride = 0, uint32_t kSuffix = 0>
   [[gnu::always_inline]] int find_key(uint32_t h, const uint8_t* key, uint8_t** slot,
                                       size_t* page_index) const {
-    return find<W, kStride>(h, word<W>(key + 1), word<W>(key + 1 + suffix - sizeof(W)), slot,
-                            page_index);
+    const size_t suffix = kSuffix ? kSuffix : this->suffix;
+    return find<W, kStride, kSuffix>(h, word<W>(key + 1), word<W>(key + 1 + suffix - sizeof(W)),
+                                     slot, page_index);
   }
   // A new key in the free slot `s` that find_key returned, on an owned page, below the load
   // threshold: stamped with the version, its suffix stored, counted. Not logged (the caller
