@@ -78,8 +78,25 @@ def timed(fn) -> float:
 
 
 def machine() -> dict:
-    return {"platform": platform.platform(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "python": sys.version.split()[0]}
+    """The run's machine: platform, cores, Python, and from ``/proc/cpuinfo`` (Linux; absent
+    elsewhere) the CPU model and which of the vector extensions the native loops pick at load
+    (multiversion.h: AVX-512 or AVX2) it has -- ratios against the C++ reference move with them."""
+    out = {"platform": platform.platform(), "machine": platform.machine(), "cpus": os.cpu_count(),
+           "python": sys.version.split()[0]}
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read()
+    except OSError:
+        return out
+    for line in info.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and "cpu_model" not in out:
+            out["cpu_model"] = value.strip()
+        elif key.strip() == "flags":
+            flags = set(value.split())
+            out["simd"] = [f for f in ("avx2", "avx512f", "avx512dq") if f in flags]
+            break
+    return out
 
 
 def _load_cases() -> None:
