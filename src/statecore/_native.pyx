@@ -2103,8 +2103,9 @@ from cpython.buffer cimport PyBUF_WRITABLE
 def lz4_block_compress(data):
     """``data`` (any contiguous buffer, bytes) in the LZ4 block format without a stored size, as
     ``bytes``: the bytes ``lz4.block.compress(data, mode="fast", acceleration=2,
-    store_size=False)`` (format.LZ4_ACCELERATION) give with the same LZ4 release (native/third_party/lz4: 1.9.4), computed with the GIL released. Raises
-    InvalidInputError for more than LZ4's input limit (about 2 GiB)."""
+    store_size=False)`` (format.LZ4_ACCELERATION) give with the same LZ4 release
+    (native/third_party/lz4: 1.9.4), computed with the GIL released. Raises InvalidInputError
+    for more than LZ4's input limit (about 2 GiB)."""
     cdef const uint8_t[::1] v = memoryview(data).cast("B")
     cdef size_t n = v.shape[0]
     cdef const uint8_t* p = &v[0] if n else NULL
