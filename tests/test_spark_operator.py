@@ -194,6 +194,15 @@ def test_routing_columns_match_statecore_key_groups(spark):
     odd = spark.createDataFrame([(5,)], "`a.b``c` bigint")
     got = odd.select(operator_index_of("a.b`c", 3, MAXP).alias("op")).collect()[0].op
     assert got == operator_index_for_key_group(MAXP, 3, spark_key_group(5, "int64", MAXP))
+    # given=: a row's own index wins (the operator's control rows), a NULL one falls back to
+    # the key's; the given column's name is quoted like the key's.
+    given = spark.createDataFrame([(5, 2), (5, None), (None, 0)], "`a.b``c` bigint, `o``p` int")
+    got = [r.op for r in given.select(operator_index_of("a.b`c", 3, MAXP, given="o`p")
+                                      .alias("op")).collect()]
+    assert got == [2, operator_index_for_key_group(MAXP, 3, spark_key_group(5, "int64", MAXP)), 0]
+    for bad in ("", 3):
+        with pytest.raises(InvalidInputError, match="given must be a column name"):
+            operator_index_of("k", 2, MAXP, given=bad)
 
 
 def test_state_watermark_and_timers_across_micro_batches(spark, tmp_path, backend):

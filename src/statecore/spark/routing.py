@@ -17,6 +17,8 @@ For a key column ``k``, ``max_parallelism`` maxP and ``n`` partitions:
 
 from __future__ import annotations
 
+from typing import Optional
+
 from statecore.errors import InvalidInputError
 from statecore.key_groups import check_max_parallelism
 
@@ -86,24 +88,32 @@ def operator_index_column(key_group_column_name: str, parallelism: int, max_para
     return F.expr(f"CAST((`{name}` * {int(parallelism)}) div {mp} AS INT)")
 
 
-def operator_index_of(key_column: str, parallelism: int, max_parallelism: int):
+def operator_index_of(key_column: str, parallelism: int, max_parallelism: int,
+                      given: Optional[str] = None):
     """Spark Column ``CAST((pmod(xxhash64(key_column), maxP) * n) div maxP AS INT)``: the
     partition owning the row's key, in one expression over the (top-level) column
     ``key_column``, so routing needs no key-group column (one projection, and nothing more to
     shuffle or to ship to Python). Same values as :func:`operator_index_column` over
-    :func:`key_group_column`. Raises InvalidInputError for a bad parallelism or column name."""
+    :func:`key_group_column`. With ``given`` (the name of an int column), the expression is
+    ``coalesce(given, ...)``: rows that carry their index keep it (the operator's control rows),
+    so a union of them with the data is routed by one ``repartitionById`` without a projection
+    first. Raises InvalidInputError for a bad parallelism or column name."""
     mp = check_max_parallelism(max_parallelism)
     if isinstance(parallelism, bool) or not isinstance(parallelism, int) or not 0 < parallelism <= mp:
         raise InvalidInputError(
             f"parallelism must be an int in [1, max_parallelism={mp}], got {parallelism!r}"
         )
-    if not isinstance(key_column, str) or not key_column:
-        raise InvalidInputError(f"key_column must be a column name, got {key_column!r}")
+    for what, name in (("key_column", key_column), ("given", given)):
+        if (name is not None or what == "key_column") and (not isinstance(name, str) or not name):
+            raise InvalidInputError(f"{what} must be a column name, got {name!r}")
     from pyspark.sql import functions as F
 
-    name = key_column.replace("`", "``")
-    return F.expr(f"CAST((pmod(xxhash64(`{name}`), CAST({mp} AS BIGINT)) * {int(parallelism)}) "
-                  f"div {mp} AS INT)")
+    def quoted(name: str) -> str:
+        return "`" + name.replace("`", "``") + "`"
+
+    sql = (f"CAST((pmod(xxhash64({quoted(key_column)}), CAST({mp} AS BIGINT)) * "
+           f"{int(parallelism)}) div {mp} AS INT)")
+    return F.expr(sql if given is None else f"coalesce({quoted(given)}, {sql})")
 
 
 _SPARK_TO_KEY_TYPE = {
