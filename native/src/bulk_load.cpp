@@ -91,6 +91,7 @@ void load_entries(StateTable& table, const ArrowBinaryRun& run, int prefix_bytes
     while (end < n && e.kg(end) == kg) ++end;
     StateMap& m = table.map_unchecked(kg);
     m.reserve(static_cast<size_t>(end - start));  // a no-op unless the map is empty
+    m.give_up_write_log();
     auto hash_and_prefetch = [&](int64_t i) {
       const uint32_t h = detail::map_key_hash(hash_fn, e.key(i), e.key_size(i));
       if (!lanes.view().prefetch(kg, h)) m.prefetch_bucket(h);

@@ -714,6 +714,13 @@ uint64_t StateMap::rebase() {
   return m.base;
 }
 
+void StateMap::give_up_write_log() {
+  Impl& m = *impl_;
+  if (!m.logs_writes()) return;
+  m.writes.drop_from(m.version);
+  m.writes_complete_from = m.version + 1;
+}
+
 size_t StateMap::removal_log_size() const { return impl_->removals.size(); }
 size_t StateMap::write_log_size() const { return impl_->writes.size(); }
 void StateMap::set_write_log_min(size_t records) { impl_->write_log_min = records; }

@@ -162,4 +162,34 @@ TEST(without_unique_equal_keys_stay) {
   CHECK_EQ(one.size(), 1u);
 }
 
+TEST(first_bad_offset_finds_the_first_decrease_in_any_block) {
+  // Against the plain scan, with decreases on and around the 1,024-offset blocks' edges.
+  auto plain = [](const std::vector<int32_t>& o, size_t n, size_t data) -> int64_t {
+    if (n == 0) return -1;
+    if (o[0] < 0) return 0;
+    for (size_t i = 0; i < n; ++i)
+      if (o[i + 1] < o[i]) return static_cast<int64_t>(i + 1);
+    return static_cast<size_t>(o[n]) > data ? static_cast<int64_t>(n) : -1;
+  };
+  std::mt19937_64 rng(5);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{1023}, size_t{1024}, size_t{1025}, size_t{5000}}) {
+    std::vector<int32_t> o(n + 1);
+    for (size_t i = 1; i <= n; ++i) o[i] = o[i - 1] + static_cast<int32_t>(rng() % 3);
+    const size_t data = static_cast<size_t>(o[n]);
+    CHECK_EQ(statecore::first_bad_offset(o.data(), n, data), int64_t{-1});
+    if (n) CHECK_EQ(statecore::first_bad_offset(o.data(), n, data - 1), plain(o, n, data - 1));
+    for (size_t at : {size_t{1}, size_t{1023}, size_t{1024}, size_t{1025}, size_t{2048}, n,
+                      static_cast<size_t>(rng() % (n + 1))}) {
+      if (at == 0 || at > n) continue;
+      std::vector<int32_t> bad = o;
+      for (size_t i = at; i <= n; ++i) bad[i] -= 5 + bad[at - 1] - o[at - 1];  // o[at] < o[at - 1]
+      if (at + 700 <= n) bad[at + 700] = -100;  // a second decrease after it
+      CHECK_EQ(statecore::first_bad_offset(bad.data(), n, data), plain(bad, n, data));
+      CHECK_EQ(statecore::first_bad_offset(bad.data(), n, data), static_cast<int64_t>(at));
+    }
+  }
+  std::vector<int32_t> negative{-1, 0, 4};
+  CHECK_EQ(statecore::first_bad_offset(negative.data(), 2, 4), int64_t{0});
+}
+
 TEST_MAIN()

@@ -165,7 +165,8 @@ struct Entry;
 // time scales with the change set"). The write log is bounded: past max(write_log_min, size/16)
 // records an epoch stops logging and `writes_complete_from` moves past it; listings whose range
 // includes such an epoch walk the table instead (when more than 1/16 of the keys changed, a walk
-// costs about what the lookups would). Bulk loads therefore log at most write_log_min records.
+// costs about what the lookups would). Bulk loads (load_entries) log nothing: they give the
+// epoch up first (give_up_write_log), since rebase() follows them.
 // An epoch that had more first writes than that limit makes the next one start without a log
 // (Impl::start_epoch, at snapshot()): a stream that changes a large share of its keys every
 // micro-batch keeps doing so, and logging records only to drop them cost add_batch a third of
@@ -357,6 +358,10 @@ class StateMap {
   void mark_base(uint64_t version);
   // After a bulk load: the current contents become the base. Returns the new base (= version()).
   uint64_t rebase();
+  // Stops logging first writes for the rest of this epoch, as the log does past its limit: its
+  // records are dropped and listings over the epoch walk. For a bulk load that rebase() follows
+  // (load_entries), whose writes no listing reads. Sound at any time (C5).
+  void give_up_write_log();
   // Records in the removal log / the write log (for memory accounting and tests).
   size_t removal_log_size() const;
   size_t write_log_size() const;
