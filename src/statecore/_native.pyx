@@ -1498,8 +1498,9 @@ cdef class NativeStateTable:
         ``keys``/``values`` pa.binary arrays of equal length (any offset), sorted by key group
         (the big-endian ``prefix_width``-byte key-group prefix, 1 or 2, of every key), NULL
         values tombstones whose keys are removed; native ``load_entries`` (bulk_load.h): empty
-        maps pre-sized, slots prefetched ahead, flat maps written through the batch lanes.
-        Raises InvalidInputError, before touching the table, for a NULL key, unequal lengths,
+        maps pre-sized, slots prefetched ahead, flat maps written through the batch lanes,
+        first writes not logged (the caller rebases: the loaded entries are the base; listings
+        over the epoch walk). Raises InvalidInputError, before touching the table, for a NULL key, unequal lengths,
         a key not longer than its prefix, or prefixes outside the table's range or not sorted
         (callers check value widths first with :func:`check_entry_range`). GIL released."""
         self._load(_Entries(keys, values), prefix_width)
