@@ -715,10 +715,7 @@ uint64_t StateMap::rebase() {
 }
 
 void StateMap::give_up_write_log() {
-  Impl& m = *impl_;
-  if (!m.logs_writes()) return;
-  m.writes.drop_from(m.version);
-  m.writes_complete_from = m.version + 1;
+  if (impl_->logs_writes()) impl_->give_up_epoch_log();
 }
 
 size_t StateMap::removal_log_size() const { return impl_->removals.size(); }

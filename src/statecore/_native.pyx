@@ -1500,9 +1500,10 @@ cdef class NativeStateTable:
         values tombstones whose keys are removed; native ``load_entries`` (bulk_load.h): empty
         maps pre-sized, slots prefetched ahead, flat maps written through the batch lanes,
         first writes not logged (the caller rebases: the loaded entries are the base; listings
-        over the epoch walk). Raises InvalidInputError, before touching the table, for a NULL key, unequal lengths,
-        a key not longer than its prefix, or prefixes outside the table's range or not sorted
-        (callers check value widths first with :func:`check_entry_range`). GIL released."""
+        over the epoch walk). Raises InvalidInputError, before touching the table, for a NULL
+        key, unequal lengths, a key not longer than its prefix, or prefixes outside the table's
+        range or not sorted (callers check value widths first with :func:`check_entry_range`).
+        GIL released."""
         self._load(_Entries(keys, values), prefix_width)
 
     cdef _load(self, _Entries e, int prefix_width):

@@ -103,9 +103,10 @@ def operator_index_of(key_column: str, parallelism: int, max_parallelism: int,
         raise InvalidInputError(
             f"parallelism must be an int in [1, max_parallelism={mp}], got {parallelism!r}"
         )
-    for what, name in (("key_column", key_column), ("given", given)):
-        if (name is not None or what == "key_column") and (not isinstance(name, str) or not name):
-            raise InvalidInputError(f"{what} must be a column name, got {name!r}")
+    if not isinstance(key_column, str) or not key_column:
+        raise InvalidInputError(f"key_column must be a column name, got {key_column!r}")
+    if given is not None and (not isinstance(given, str) or not given):
+        raise InvalidInputError(f"given must be a column name, got {given!r}")
     from pyspark.sql import functions as F
 
     def quoted(name: str) -> str:

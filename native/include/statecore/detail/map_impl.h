@@ -161,13 +161,16 @@ struct StateMap::Impl {
     ++epoch_writes;
     if (!logs_writes()) return;
     if (writes.size() >= write_log_limit()) {
-      // This epoch's records are useless now (listings over it walk): free them, so they do
-      // not count against the next epoch's limit.
-      writes.drop_from(version);
-      writes_complete_from = version + 1;
+      give_up_epoch_log();
       return;
     }
     writes.append(version, h, key, ks);
+  }
+  // The current epoch stops logging: its records are useless now (listings over it walk), so
+  // they are freed and do not count against the next epoch's limit.
+  void give_up_epoch_log() {
+    writes.drop_from(version);
+    writes_complete_from = version + 1;
   }
   // Called by snapshot() once the snapshot recorded writes_complete_from (its listings depend on
   // how the closed epochs were logged, not on this one): the epoch that starts now logs nothing
