@@ -359,6 +359,22 @@ def test_failing_background_write_fails_the_batch_and_the_replay_restores(spark,
     assert _state(op.store, len(CRASH_BATCHES) - 1, 80) == _model_state(model, 80)
 
 
+def test_handoff_keeps_output_and_state_exact(spark, tmp_path):
+    """StatefulOperator(handoff=True): a task PySpark gives to the worker that does not hold its
+    partition runs in the one that does (load "handoff"; which tasks move is up to PySpark, so
+    this checks the results whichever way each micro-batch went; tests/test_handoff.py forces
+    the handoff). Standby copies are skipped for partitions held by the other worker."""
+    op = _op(tmp_path, "native", handoff=True)
+    model = Model()
+    for i in range(6):
+        rows = _long_job(i)
+        rep = op(_df(spark, rows), i)
+        assert _rows_of(str(tmp_path / "out" / f"batch_id={i}")) == model.batch(rows), i
+        assert set(rep.loads) <= {"empty", "cache", "handoff", "standby", "catch-up",
+                                  "checkpoint"}, rep.loads
+    assert _state(op.store, 5, NKEYS) == _model_state(model, NKEYS)
+
+
 def test_two_operators_commit_after_both_actions(spark, tmp_path):
     """start() runs the sink's action without committing; commit_batches waits for every
     operator's writes first, so a failed write of the second commits neither."""

@@ -266,13 +266,37 @@ def test_the_next_task_of_the_partition_takes_the_standby_copy(job, kind, monkey
     assert report["load"] == "standby" and report["standby_cpu_s"] > 0, report
 
 
+def test_the_standby_leaves_partitions_another_worker_of_the_host_holds(job):
+    # With handoff, the next task of such a partition here goes to its holder: a copy would
+    # only cost the catch-up. The claim names a live process other than this one (the parent).
+    from statecore.spark import handoff
+
+    j = job("native")
+    j.micro_batch()
+    j.micro_batch()
+    path = handoff._claim_path(handoff._base_dir(), j.key(1))
+    with open(path, "w") as f:
+        f.write(f"{os.getppid()} 1\n")
+    try:
+        op_key = j.key(0)[:2]
+        gen = W._TASKS_STARTED.get(op_key, 0)
+        assert W._standby_catch_up(j.store, op_key, j.key(0), 1, gen, j.config(), 1,
+                                   wait_s=5.0, handoff=True) == 0
+        assert j.take(1, 1) is None
+        # Without handoff (or once the claim is gone) the standby restores it as before.
+        assert W._standby_catch_up(j.store, op_key, j.key(0), 1, gen, j.config(), 1,
+                                   wait_s=5.0, handoff=False) == 1
+    finally:
+        os.unlink(path)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
 def test_the_standby_thread_runs_at_the_lowest_priority(monkeypatch):
     # It runs between tasks, while the driver plans the next micro-batch and the other worker's
     # task runs: at their priority it took CPU from them.
     seen = []
 
-    def record(*args):
+    def record(*args, **kwargs):
         seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
 
     monkeypatch.setattr(W, "_standby_catch_up", record)

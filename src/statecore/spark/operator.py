@@ -107,10 +107,12 @@ from statecore.spark.routing import (
     backend_key_type,
     operator_index_of,
 )
+from statecore.spark import handoff
 from statecore.spark.worker_cache import (
     _CACHE_LOCK,
     _TASKS_STARTED,
     _CachedState,
+    _holds,
     _partition_backend,
     _put_cached,
     _start_standby,
@@ -340,6 +342,7 @@ class _TaskSpec:
     stale_copies: int = 1
     freeze_worker_gc: bool = True
     standby: bool = True
+    handoff: bool = False
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         t0 = time.perf_counter()
@@ -352,7 +355,38 @@ class _TaskSpec:
             raise StateError(
                 f"operator {self.operator_name}: Spark partition {partition_id} is not an "
                 f"operator index in [0, {self.num_partitions})")
+        if self.handoff and self.prev_version is not None:
+            relayed = self._hand_off(partition_id, batches)
+            if relayed is not None:
+                yield from relayed
+                return
         yield from self._run(partition_id, batches, t0)
+
+    def _cache_key(self, partition_id: int) -> tuple:
+        from statecore.checkpoint import CheckpointStore
+
+        return (CheckpointStore(self.store_uri).uri, self.operator_name, partition_id)
+
+    def _want(self) -> tuple:
+        return (self.prev_version, self.prev_attempt, self.num_partitions, self.max_parallelism,
+                self.backend_kind, self.key_type)
+
+    def _hand_off(self, partition_id: int, batches: Iterator[pa.RecordBatch]):
+        """The output of this task run by the worker of this host that holds the partition's
+        state at the previous version (:mod:`statecore.spark.handoff`), or None when this
+        worker holds it itself (or a standby here is bringing it up) or no other worker takes
+        the task."""
+        cache_key = self._cache_key(partition_id)
+        if _holds(cache_key, self._want()):
+            return None
+        return handoff.relay(self, cache_key, partition_id, _task_attempt_number(),
+                             lambda: self._data_chunks(batches, partition_id))
+
+    def _take_for_handoff(self, partition_id: int) -> Optional[_CachedState]:
+        """In the holder: this worker's cached state of the partition at exactly the previous
+        version, taken out of the cache for the handed-off task, or None."""
+        return _take_after_standby(self._cache_key(partition_id), self._want(),
+                                   self.prev_writers, self.commit_timeout_s)
 
     def _data_chunks(self, batches: Iterator[pa.RecordBatch], partition_id: int):
         """The routed input's data rows, chunk by chunk as Spark delivers them (internal
@@ -385,9 +419,20 @@ class _TaskSpec:
                 f"operator {self.operator_name}: Spark partition {partition_id} received no "
                 "control row; was the routed DataFrame repartitioned again?")
 
-    def _run(self, partition_id: int, batches: Iterator[pa.RecordBatch], t0: float):
+    def _run(self, partition_id: int, batches: Iterator[pa.RecordBatch],
+             t0: Optional[float] = None, *, hit: Optional[_CachedState] = None,
+             task_attempt: Optional[int] = None, output_taken: Optional[Callable] = None):
+        """The task of ``partition_id`` on the input ``batches``: load, process, snapshot,
+        start the checkpoint write, yield the output. A handed-off task (run by the holder,
+        :mod:`statecore.spark.handoff`) brings its ``hit`` (the cached state already taken),
+        its Spark ``task_attempt`` and ``output_taken()``, which returns once the relaying task
+        gave the last output batch to Spark (True) or failed to (False)."""
         from statecore.checkpoint import CheckpointStore
 
+        if t0 is None:
+            t0 = time.perf_counter()
+        if task_attempt is None:
+            task_attempt = _task_attempt_number()
         kg_range = key_group_range_for_operator(self.max_parallelism, self.num_partitions, partition_id)
         store = CheckpointStore(self.store_uri)
         cache_key = (store.uri, self.operator_name, partition_id)
@@ -397,15 +442,17 @@ class _TaskSpec:
         with _CACHE_LOCK:
             _TASKS_STARTED[op_key] = _TASKS_STARTED.get(op_key, 0) + 1
         standby_cpu = None
+        handed_off = hit is not None
         if self.prev_version is not None:
-            hit = _take_after_standby(cache_key, (
-                self.prev_version, self.prev_attempt, self.num_partitions, self.max_parallelism,
-                self.backend_kind, self.key_type), self.prev_writers, self.commit_timeout_s)
+            if hit is None:
+                hit = _take_after_standby(cache_key, self._want(), self.prev_writers,
+                                          self.commit_timeout_s)
             if hit is None:
                 source = "checkpoint"
             else:
                 backend, standby_cpu = hit.backend, hit.standby_cpu_s
-                source = "cache" if standby_cpu is None else "standby"
+                source = "handoff" if handed_off else \
+                    "cache" if standby_cpu is None else "standby"
         changes = None
         if backend is None and self.prev_version is not None and self.stale_copies:
             stale = _take_stale(cache_key, store, self.prev_version,
@@ -422,13 +469,14 @@ class _TaskSpec:
             partition_id=partition_id, num_partitions=self.num_partitions,
             max_parallelism=self.max_parallelism, key_group_range=kg_range,
             key_column=self.key_column, watermark_ms=self.watermark_ms, is_flush=self.is_flush)
-        writer = f"p{partition_id}-{self.attempt}-t{_task_attempt_number()}"
+        writer = f"p{partition_id}-{self.attempt}-t{task_attempt}"
         restoring = None
         load_cpu = [0.0]  # CPU seconds of the load's thread (load_s is its wall time)
         try:
             t_load = time.perf_counter()
             chunked = bool(getattr(self.processor, "chunked_input", False)) and not self.is_flush
-            inputs: Any = self._data_chunks(batches, partition_id)
+            # A handed-off task's relay sends the data chunks (it checked the control row).
+            inputs: Any = batches if handed_off else self._data_chunks(batches, partition_id)
             if source in ("checkpoint", "catch-up"):
                 # The restored (caught-up) state becomes the backend's incremental base. It is
                 # loaded in a thread while this one takes the input as it arrives (mostly native
@@ -505,7 +553,7 @@ class _TaskSpec:
                 backend.run_background_ttl_cleanup(self.ttl_background_key_groups)
             report = {
                 "partition": partition_id, "attempt": self.attempt,
-                "task_attempt": _task_attempt_number(), "writer": writer,
+                "task_attempt": task_attempt, "writer": writer,
                 "rows": rows, "output_rows": out_rows, "max_event_ms": max_event_ms,
                 "state_entries": int(backend.num_entries()), "state_bytes": int(backend.state_bytes()),
                 "load": source, "input_s": input_s, "load_s": load_s, "load_cpu_s": load_cpu[0],
@@ -513,6 +561,7 @@ class _TaskSpec:
                 "process_s": proc_s, "snapshot_s": snap_s,
                 "incremental": bool(snap.incremental), "snapshot_id": snapshot_id,
                 "task_s": time.perf_counter() - t0, "pid": os.getpid(),
+                "handed_off": handed_off,
                 "gc_frozen_objects": _GC_FROZEN_COUNT,
                 "metrics": {k: int(v) for k, v in ctx.metrics.items()},
             }
@@ -535,17 +584,19 @@ class _TaskSpec:
             write=done, abandon_after_s=2 * self.commit_timeout_s,
             pristine=not (self.ttl_background_key_groups and not self.is_flush)),
             self.stale_copies)
+        if self.handoff:
+            handoff.claim(cache_key, self.batch_id)
         if self.standby and self.stale_copies and not self.is_flush:
             _start_standby(store, op_key, cache_key, self.batch_id,
                            (self.num_partitions, self.max_parallelism, self.backend_kind,
-                            self.key_type), self.stale_copies)
+                            self.key_type), self.stale_copies, self.handoff)
         try:
             if held is not None:
                 yield held
         except BaseException:
             output_done.set_result(False)
             raise
-        output_done.set_result(True)
+        output_done.set_result(True if output_taken is None else output_taken())
         if not os.environ.get("SPARK_REUSE_WORKER"):
             # A worker that is not reused exits with os._exit right after the task (pyspark
             # daemon), which would kill the write: finish it inside the task.
@@ -658,9 +709,11 @@ class BatchReport:
     ``plan_s`` (manifest reads, checks, building the plan), ``action_s`` (the sink's action, i.e.
     the Spark job that runs the tasks), ``wait_s`` (= ``wait_seconds``), ``commit_s`` (manifest,
     pending cleanup, retention); ``partitions``, one dict per partition from its task:
-    ``partition``, ``pid`` (worker process), ``load`` ("empty", "cache", "standby",
-    "catch-up", "checkpoint"; "standby": a cache hit on a copy that the worker brought up to
-    date between its tasks, see ``StatefulOperator(standby=)``), ``load_s`` (cache take or
+    ``partition``, ``pid`` (worker process that ran the task), ``load`` ("empty", "cache",
+    "handoff", "standby", "catch-up", "checkpoint"; "handoff": the worker Spark gave the task to
+    handed it to the worker of its host that held the partition, which ran it on its cache hit,
+    see ``StatefulOperator(handoff=)``; "standby": a cache hit on a copy that the worker brought
+    up to date between its tasks, see ``StatefulOperator(standby=)``), ``load_s`` (cache take or
     restore, plus ``processor.open``; before the input is read), ``load_cpu_s`` (CPU seconds of
     the thread that restored or caught up; 0 for the other loads), ``standby_cpu_s`` (CPU
     seconds the standby spent on that copy, between the tasks; 0 for the other loads), ``input_s`` (receiving the routed input; 0 for a processor with ``chunked_input``,
@@ -745,7 +798,21 @@ class StatefulOperator:
             second micro-batch on rather than after the first moves; False catches up only on
             demand. No effect with ``stale_copies=0``. Measured on the 2-core bench machine
             (running count, 1M keys, 4M events, 8 micro-batches, interleaved A/B): 4.17-4.48 s
-            with standby against 4.41-4.80 s without.
+            with standby against 4.41-4.80 s without. With ``handoff`` it skips the partitions
+            that another live worker of its host holds.
+        handoff: a task that PySpark gives to a worker other than the one holding its
+            partition's state is handed to that worker when it runs on the same host
+            (:mod:`statecore.spark.handoff`): the task's worker relays its input and output
+            over a Unix domain socket, and the holder runs it on its cached state (``load =
+            "handoff"``), so a partition's state stays in one process instead of being copied
+            into every worker that runs it. Falls back to loading locally whenever the holder
+            is gone or does not hold exactly the previous version. Default False: on the
+            2-core bench machine (running count, 1M keys, 4M and 8M events, interleaved A/B)
+            it cut the Python workers' CPU by 0.45-0.6 s a run (no standby catch-ups) and
+            Spark's commitOffsets, but the Spark job itself took 4-15% longer (the relay's
+            copies and three Python threads sharing each worker's GIL in a swap), so wall
+            time was no better. It halves the memory of state per host (no standby copies of
+            partitions another worker holds).
         freeze_worker_gc: at its first task in a Python worker process, move the objects the
             worker holds to the permanent generation (``gc.freeze``), so that the full
             ``gc.collect()`` PySpark's daemon runs after every task of a reused worker stops
@@ -766,7 +833,7 @@ class StatefulOperator:
                  event_time_column: Optional[str] = None, retain_versions: int = 3,
                  max_runs: Optional[int] = 8, commit_timeout_s: float = 300.0,
                  ttl_background_key_groups: int = 0, stale_copies: int = 1,
-                 freeze_worker_gc: bool = True, standby: bool = True):
+                 freeze_worker_gc: bool = True, standby: bool = True, handoff: bool = False):
         import re
 
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", name):
@@ -805,6 +872,8 @@ class StatefulOperator:
             raise InvalidInputError(f"freeze_worker_gc must be a bool, got {freeze_worker_gc!r}")
         if not isinstance(standby, bool):
             raise InvalidInputError(f"standby must be a bool, got {standby!r}")
+        if not isinstance(handoff, bool):
+            raise InvalidInputError(f"handoff must be a bool, got {handoff!r}")
         if sink is None:
             if output is None:
                 raise InvalidInputError("give either sink= or output= (directory of the default sink)")
@@ -827,6 +896,7 @@ class StatefulOperator:
         self.stale_copies = stale_copies
         self.freeze_worker_gc = freeze_worker_gc
         self.standby = standby
+        self.handoff = handoff
         self.reports: List[BatchReport] = []
         self._store = None
         # (parallelism, JVM SparkSession, DataFrame) of the control rows; see _control_rows.
@@ -983,7 +1053,7 @@ class StatefulOperator:
             start_write=self._start_write, commit_timeout_s=self.commit_timeout_s,
             ttl_background_key_groups=self.ttl_background_key_groups,
             stale_copies=self.stale_copies, freeze_worker_gc=self.freeze_worker_gc,
-            standby=self.standby)
+            standby=self.standby, handoff=self.handoff)
 
         control = self._control_rows(spark, n)
         if df is None:

@@ -141,6 +141,17 @@ def _take_cached(key: tuple, want: tuple, committed_writers: Optional[frozenset]
     return entry
 
 
+def _holds(key: tuple, want: tuple) -> bool:
+    """Whether this worker holds ``key``'s partition at exactly ``want`` (see
+    :func:`_take_cached`) or a standby here is working on it: its task then runs here."""
+    with _CACHE_LOCK:
+        if key in _STANDBY_BUSY:
+            return True
+        e = _STATE_CACHE.get(key)
+        return e is not None and (e.version, e.attempt, e.num_partitions, e.max_parallelism,
+                                  e.backend_kind, e.key_type) == want
+
+
 def _take_stale(key: tuple, store, version: int, config: tuple, kg_range):
     """Remove the cached backend for ``key`` when it holds an older committed version of the
     partition with the same ``config`` = (n, maxP, kind, key_type) and its data file is the base
@@ -295,7 +306,8 @@ def _standby_replace(key: tuple, make: Callable) -> bool:
 
 
 def _standby_catch_up(store, op_key: tuple, own: tuple, version: int, generation: int,
-                      config: tuple, copies: int, wait_s: float = STANDBY_WAIT_S) -> int:
+                      config: tuple, copies: int, wait_s: float = STANDBY_WAIT_S,
+                      handoff: bool = False) -> int:
     """Keep this worker's copies of the operator's other partitions current (Kafka Streams'
     standby replicas, fed from the committed incremental runs instead of a changelog).
 
@@ -311,7 +323,9 @@ def _standby_catch_up(store, op_key: tuple, own: tuple, version: int, generation
     a later task of this operator started in this process first (``generation``: ``version``
     failed or is being replayed). A copy that cannot be caught up (compacted chain, a failed or
     unfinished write, any error) is closed, and the task restores as it would without standby.
-    Returns the copies caught up or restored."""
+    With ``handoff``, partitions that another live worker of this host claims at ``version``
+    are left alone (:func:`statecore.spark.handoff.held_elsewhere`): their next task here is
+    handed to that worker. Returns the copies caught up or restored."""
     delay, deadline = 0.005, time.monotonic() + wait_s
     while not store.is_committed(version):
         if time.monotonic() >= deadline or _TASKS_STARTED.get(op_key, 0) != generation:
@@ -368,9 +382,15 @@ def _standby_catch_up(store, op_key: tuple, own: tuple, version: int, generation
             return new
         return make
 
+    def elsewhere(key: tuple) -> bool:
+        from statecore.spark.handoff import held_elsewhere
+
+        return handoff and held_elsewhere(key, version)
+
     done = 0
     for key in _standby_candidates(op_key, own, version):
-        done += _standby_replace(key, lambda e, q=key[2]: catch_up(q, e))
+        if not elsewhere(key):
+            done += _standby_replace(key, lambda e, q=key[2]: catch_up(q, e))
     n = config[0]
     for i in range(1, n):
         with _CACHE_LOCK:
@@ -381,19 +401,19 @@ def _standby_catch_up(store, op_key: tuple, own: tuple, version: int, generation
         key = op_key + ((own[2] + i) % n,)
         with _CACHE_LOCK:
             free = key not in _STATE_CACHE and key not in _STANDBY_BUSY
-        if free:
+        if free and not elsewhere(key):
             done += _standby_replace(key, restore(key[2]))
     return done
 
 
 def _start_standby(store, op_key: tuple, own: tuple, version: int, config: tuple,
-                   copies: int) -> threading.Thread:
+                   copies: int, handoff: bool = False) -> threading.Thread:
     """Start :func:`_standby_catch_up` in a daemon thread at nice + ``STANDBY_NICE``."""
     args = (store, op_key, own, version, _TASKS_STARTED.get(op_key, 0), config, copies)
 
     def run() -> None:
         _lower_thread_priority(STANDBY_NICE)
-        _standby_catch_up(*args)
+        _standby_catch_up(*args, handoff=handoff)
 
     t = threading.Thread(target=run, name=f"statecore-standby-{op_key[1]}", daemon=True)
     t.start()
