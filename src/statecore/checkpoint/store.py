@@ -1266,7 +1266,9 @@ def _sort_runs(runs: list[dict]) -> list[dict]:
     return sorted(runs, key=lambda f: (-f["seq"], f["key_group_range"][0], f["writer"], f["path"]))
 
 
-_EMPTY = (pa.array([], pa.binary()), pa.array([], pa.binary()))
+# Not pa.array([]): pyarrow's first pa.array call imports pandas (its pandas shim), which was
+# ~0.5 s of `import statecore`.
+_EMPTY = (pa.nulls(0, pa.binary()), pa.nulls(0, pa.binary()))
 
 
 def _native_merge():
