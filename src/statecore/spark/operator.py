@@ -362,10 +362,13 @@ class _TaskSpec:
                 return
         yield from self._run(partition_id, batches, t0)
 
-    def _cache_key(self, partition_id: int) -> tuple:
+    def _cache_key(self, partition_id: int, store=None) -> tuple:
+        """The worker cache's key of ``partition_id`` (``store``: this operator's
+        CheckpointStore, when the caller has one)."""
         from statecore.checkpoint import CheckpointStore
 
-        return (CheckpointStore(self.store_uri).uri, self.operator_name, partition_id)
+        uri = (store if store is not None else CheckpointStore(self.store_uri)).uri
+        return (uri, self.operator_name, partition_id)
 
     def _want(self) -> tuple:
         return (self.prev_version, self.prev_attempt, self.num_partitions, self.max_parallelism,
@@ -435,7 +438,7 @@ class _TaskSpec:
             task_attempt = _task_attempt_number()
         kg_range = key_group_range_for_operator(self.max_parallelism, self.num_partitions, partition_id)
         store = CheckpointStore(self.store_uri)
-        cache_key = (store.uri, self.operator_name, partition_id)
+        cache_key = self._cache_key(partition_id, store)
         backend = None
         source = "empty"
         op_key = cache_key[:2]
@@ -561,7 +564,6 @@ class _TaskSpec:
                 "process_s": proc_s, "snapshot_s": snap_s,
                 "incremental": bool(snap.incremental), "snapshot_id": snapshot_id,
                 "task_s": time.perf_counter() - t0, "pid": os.getpid(),
-                "handed_off": handed_off,
                 "gc_frozen_objects": _GC_FROZEN_COUNT,
                 "metrics": {k: int(v) for k, v in ctx.metrics.items()},
             }

@@ -30,6 +30,7 @@ from typing import Any, Callable, Dict, List, Optional
 from statecore.checkpoint.store import _lower_thread_priority
 from statecore.errors import CheckpointNotFoundError, StateError
 from statecore.key_groups import key_group_range_for_operator
+from statecore.spark.handoff import held_elsewhere
 
 __all__ = ["clear_state_cache"]
 
@@ -61,6 +62,11 @@ class _CachedState:
     abandon_after_s: float = 600.0
     pristine: bool = True  # no change after the snapshot (a catch-up starts from its run)
     standby_cpu_s: Optional[float] = None  # set when a standby catch-up brought it to version
+
+    def state(self) -> tuple:
+        """(version, attempt, n, maxP, kind, key_type): what a task's ``want`` is matched with."""
+        return (self.version, self.attempt, self.num_partitions, self.max_parallelism,
+                self.backend_kind, self.key_type)
 
 
 _STATE_CACHE: Dict[tuple, _CachedState] = {}
@@ -122,9 +128,7 @@ def _take_cached(key: tuple, want: tuple, committed_writers: Optional[frozenset]
         entry = _STATE_CACHE.get(key)
         if entry is None:
             return None
-        have = (entry.version, entry.attempt, entry.num_partitions, entry.max_parallelism,
-                entry.backend_kind, entry.key_type)
-        hit = have == want and (committed_writers is None or entry.writer in committed_writers)
+        hit = entry.state() == want and (committed_writers is None or entry.writer in committed_writers)
         if not hit and entry.version < want[0] and entry.pristine:
             return None
         del _STATE_CACHE[key]
@@ -148,8 +152,7 @@ def _holds(key: tuple, want: tuple) -> bool:
         if key in _STANDBY_BUSY:
             return True
         e = _STATE_CACHE.get(key)
-        return e is not None and (e.version, e.attempt, e.num_partitions, e.max_parallelism,
-                                  e.backend_kind, e.key_type) == want
+        return e is not None and e.state() == want
 
 
 def _take_stale(key: tuple, store, version: int, config: tuple, kg_range):
@@ -383,8 +386,6 @@ def _standby_catch_up(store, op_key: tuple, own: tuple, version: int, generation
         return make
 
     def elsewhere(key: tuple) -> bool:
-        from statecore.spark.handoff import held_elsewhere
-
         return handoff and held_elsewhere(key, version)
 
     done = 0
