@@ -210,6 +210,9 @@ def test_spark_running_count_reports_every_variant(spark, tmp_path):
     assert {"identity", "dict", "statecore_python", "applyInPandasWithState"} <= impls
     assert ("statecore_native" in impls) == _has_native()
     assert all(r["value"] > 0 for r in records if r["unit"] == "events/s")
+    # --quick runs one round: one paired ratio, reported beside the best-run ratio
+    paired = [r for r in records if r["metric"] == "native_over_identity_paired_median"]
+    assert len(paired) == (1 if _has_native() else 0)
     assert spark.conf.get("spark.sql.streaming.stateStore.providerClass", None) is None
 
 
@@ -507,3 +510,12 @@ def test_native_and_the_cpp_reference_are_timed_alternately(monkeypatch):
     calls.clear()
     rates, _ = peers._measure("c", "t", [("native", 1, lambda: calls.append("n") or 1.0)], None)
     assert calls == ["n"] and rates == {"native": 1.0}
+
+
+def test_paired_ratios_pair_rounds_and_reject_bad_rates():
+    from statecore.bench.spark_e2e import paired_ratios
+
+    assert paired_ratios([90.0, 50.0, 30.0], [100.0, 100.0]) == [0.9, 0.5]
+    assert paired_ratios([], [1.0]) == []
+    with pytest.raises(ValueError):
+        paired_ratios([1.0], [0.0])
