@@ -177,3 +177,22 @@ def test_claims_live_in_a_private_directory(tmp_path):
     # This process's own claim is not "elsewhere", and a relay never connects to itself.
     assert not handoff.held_elsewhere(key, 7)
     assert handoff._read_claim(key)[1:] == (os.getpid(), 7)
+
+
+def test_a_starting_server_sweeps_files_of_dead_processes(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    live = os.getppid()
+    files = {
+        f"w{dead.pid}.sock": "", f"claim-{'a' * 24}": f"{dead.pid} 3\n",
+        f"claim-{'b' * 24}.{dead.pid}.tmp": f"{dead.pid} 4\n",
+        f"w{live}.sock": "", f"claim-{'c' * 24}": f"{live} 5\n",
+        f"w{os.getpid()}.sock": "", f"claim-{'d' * 24}": f"{os.getpid()} 6\n",
+        f"claim-{'e' * 24}": "garbage\n", "unrelated.txt": "",
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    assert handoff._sweep(str(tmp_path)) == 3
+    left = sorted(os.listdir(tmp_path))
+    assert left == sorted(n for n in files if str(dead.pid) not in n and
+                          files[n] != f"{dead.pid} 3\n")

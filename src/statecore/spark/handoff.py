@@ -35,7 +35,8 @@ socket ``w<pid>.sock`` lives too. A relay connects only when the claim names ano
 process at exactly the version its task restores; any failure before ``ACCEPT`` (no claim, a
 dead or busy holder, no socket) falls back to loading locally, so handoff never makes a task
 fail that would not fail without it. Standby copies skip partitions a live worker of this host
-claims (:func:`held_elsewhere`): their next task here is handed to the holder anyway.
+claims (:func:`held_elsewhere`): their next task here is handed to the holder anyway. A worker that starts its
+server first removes the claims and sockets of processes that no longer run (:func:`_sweep`).
 
 What it does not do: move tasks between hosts (each executor host has its own directory and
 workers; a partition that lands on another executor restores or catches up there as before)
@@ -86,6 +87,41 @@ def _claim_path(base: str, cache_key: tuple) -> str:
 
 def _socket_path(base: str, pid: int) -> str:
     return os.path.join(base, f"w{pid}.sock")
+
+
+def _sweep(base: str) -> int:
+    """Remove the claims and sockets of processes that no longer run (a PySpark worker ends
+    with ``os._exit``, so none removes its own): called once per process, when its server
+    starts, so the directory holds about one socket per live worker and the claims of live
+    holders instead of one file per worker and partition that ever ran on the host. A claim
+    replaced by a live process between the read and the unlink can be lost; its holder then
+    only misses handoffs until its next task claims again. Returns the files removed."""
+    removed = 0
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return 0
+    for name in names:
+        path = os.path.join(base, name)
+        pid = None
+        if name.startswith("w") and name.endswith(".sock"):
+            pid = name[1:-len(".sock")]
+        elif name.startswith("claim-") and "." not in name:
+            try:
+                with open(path) as f:
+                    pid = f.read().split()[0]
+            except (OSError, IndexError):
+                continue
+        elif name.startswith("claim-") and name.endswith(".tmp"):
+            pid = name.rsplit(".", 2)[-2]  # claim-<digest>.<pid>.tmp left by a crash
+        if pid is None or not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        try:
+            os.unlink(path)
+            removed += 1
+        except OSError:
+            pass
+    return removed
 
 
 def claim(cache_key: tuple, version: int) -> None:
@@ -218,6 +254,7 @@ class _Server:
             if cls._pid == os.getpid():
                 return True
             path = _socket_path(base, os.getpid())
+            _sweep(base)
             try:
                 if os.path.exists(path):
                     os.unlink(path)
