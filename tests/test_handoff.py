@@ -179,7 +179,7 @@ def test_claims_live_in_a_private_directory(tmp_path):
     assert handoff._read_claim(key)[1:] == (os.getpid(), 7)
 
 
-def test_a_starting_server_sweeps_files_of_dead_processes(tmp_path):
+def test_a_starting_server_sweeps_files_of_dead_processes(tmp_path, monkeypatch):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     live = os.getppid()
@@ -196,3 +196,8 @@ def test_a_starting_server_sweeps_files_of_dead_processes(tmp_path):
     left = sorted(os.listdir(tmp_path))
     assert left == sorted(n for n in files if str(dead.pid) not in n and
                           files[n] != f"{dead.pid} 3\n")
+    # The server's start is what runs the sweep: a dead worker's files left since are removed.
+    (tmp_path / f"w{dead.pid}.sock").write_text("")
+    monkeypatch.setattr(handoff._Server, "_pid", None)
+    assert handoff._Server.ensure(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == left

@@ -28,7 +28,8 @@ later rounds too, which is why their best run usually comes from there.
 Ratios in one run: statecore native / identity (goal >= 0.9) and native / each Spark API (goal
 >= 50), each between the variants' best runs; beside them the median of the rounds' own
 native / identity ratios (``native_over_identity_paired_median``), which a slow drift of the
-shared machine moves less than it moves a best run. See ``shared/reference/spark.md`` for what was measured before statecore.
+shared machine moves less than it moves a best run. See ``shared/reference/spark.md`` for what
+was measured before statecore.
 """
 
 from __future__ import annotations
@@ -335,23 +336,23 @@ def spark_running_count(size: Size):
                 out.append(record("spark_running_count", "statecore_native",
                                   f"native_over_{other}", nat / rates[other], "ratio"))
         paired = paired_ratios(by_round.get("statecore_native", []), by_round.get("identity", []))
-        if paired:
+        paired_median = float(np.median(paired)) if paired else None
+        if paired_median is not None:
             # Best against best compares each variant's quietest spell; the rounds' own ratios
             # (native and the floor run back to back) cancel the slow drifts of a shared
             # machine, so their median is reported beside it (both, never one chosen later).
             print("  spark_running_count: native / identity per round: "
                   + " ".join(f"{r:.2f}" for r in paired), flush=True)
             out.append(record("spark_running_count", "statecore_native",
-                              "native_over_identity_paired_median",
-                              float(np.median(paired)), "ratio"))
+                              "native_over_identity_paired_median", paired_median, "ratio"))
         for other, goal in (("identity", 0.9), ("applyInPandasWithState", 50),
                             ("transformWithStateInPandas", 50)):
             if other in rates:
                 out.append(record("spark_running_count", "statecore_native",
                                   f"goal_native_over_{other}_at_least_{goal}",
                                   float(nat / rates[other] >= goal), "met"))
-        if paired:
+        if paired_median is not None:
             out.append(record("spark_running_count", "statecore_native",
                               "goal_native_over_identity_paired_median_at_least_0.9",
-                              float(np.median(paired) >= 0.9), "met"))
+                              float(paired_median >= 0.9), "met"))
     return out

@@ -35,8 +35,9 @@ socket ``w<pid>.sock`` lives too. A relay connects only when the claim names ano
 process at exactly the version its task restores; any failure before ``ACCEPT`` (no claim, a
 dead or busy holder, no socket) falls back to loading locally, so handoff never makes a task
 fail that would not fail without it. Standby copies skip partitions a live worker of this host
-claims (:func:`held_elsewhere`): their next task here is handed to the holder anyway. A worker that starts its
-server first removes the claims and sockets of processes that no longer run (:func:`_sweep`).
+claims (:func:`held_elsewhere`): their next task here is handed to the holder anyway. A worker
+that starts its server first removes the claims and sockets of processes that no longer run
+(:func:`_sweep`).
 
 What it does not do: move tasks between hosts (each executor host has its own directory and
 workers; a partition that lands on another executor restores or catches up there as before)
@@ -107,11 +108,10 @@ def _sweep(base: str) -> int:
         if name.startswith("w") and name.endswith(".sock"):
             pid = name[1:-len(".sock")]
         elif name.startswith("claim-") and "." not in name:
-            try:
-                with open(path) as f:
-                    pid = f.read().split()[0]
-            except (OSError, IndexError):
+            c = _claim_file(path)
+            if c is None:
                 continue
+            pid = str(c[0])
         elif name.startswith("claim-") and name.endswith(".tmp"):
             pid = name.rsplit(".", 2)[-2]  # claim-<digest>.<pid>.tmp left by a crash
         if pid is None or not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
@@ -141,17 +141,24 @@ def claim(cache_key: tuple, version: int) -> None:
         pass
 
 
+def _claim_file(path: str) -> Optional[Tuple[int, int]]:
+    """``(pid, version)`` written in the claim file ``path`` (:func:`claim`), or None when it
+    is missing or unreadable."""
+    try:
+        with open(path) as f:
+            pid, version = (int(x) for x in f.read().split())
+    except (OSError, ValueError):
+        return None
+    return pid, version
+
+
 def _read_claim(cache_key: tuple) -> Optional[Tuple[str, int, int]]:
     """``(directory, pid, version)`` of ``cache_key``'s claim, or None."""
     base = _base_dir()
     if base is None:
         return None
-    try:
-        with open(_claim_path(base, cache_key)) as f:
-            pid, version = (int(x) for x in f.read().split())
-    except (OSError, ValueError):
-        return None
-    return base, pid, version
+    c = _claim_file(_claim_path(base, cache_key))
+    return None if c is None else (base, *c)
 
 
 def _alive(pid: int) -> bool:
