@@ -20,10 +20,12 @@ times interleaved, each keeping its best run:
   fault-tolerant Python state APIs, at a reduced event count (they run at thousands of events
   per second; rates are comparable, totals are not).
 
-All variants share the session's Python workers (PySpark reuses them), so from the first
-statecore task on every variant runs in workers whose objects the operator froze
-(``StatefulOperator(freeze_worker_gc=True)``, the default): the identity and dict runs of the
-later rounds too, which is why their best run usually comes from there.
+PySpark's daemon runs a full ``gc.collect()`` after every task of a reused worker, ~40-110 ms a
+task on the bench machine. The operator avoids most of it by freezing the worker's objects
+(``StatefulOperator(freeze_worker_gc=True)``, the default); the identity and dict functions do
+the same (the operator's own ``_freeze_worker_gc``), so the floor is not slowed by a cost
+statecore removes, whichever variant a shared worker ran first (PySpark reuses the session's
+workers across variants).
 
 Ratios in one run: statecore native / identity (goal >= 0.9) and native / each Spark API (goal
 >= 50), each between the variants' best runs; beside them the median of the rounds' own
@@ -109,6 +111,9 @@ _DICTS: Dict[int, dict] = {}
 def _dict_count(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     from pyspark import TaskContext
 
+    from statecore.spark.operator import _freeze_worker_gc
+
+    _freeze_worker_gc()  # as the operator does (module docstring)
     counts = _DICTS.setdefault(TaskContext.get().partitionId(), {})
     for b in batches:
         ks = b.column(0).to_pylist()
@@ -122,6 +127,9 @@ def _dict_count(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 
 
 def _identity(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    from statecore.spark.operator import _freeze_worker_gc
+
+    _freeze_worker_gc()  # as the operator does (module docstring)
     for b in batches:
         yield pa.RecordBatch.from_arrays([b.column(0), pa.array(np.zeros(b.num_rows, np.int64))],
                                          schema=_OUT_SCHEMA)

@@ -87,6 +87,7 @@ from __future__ import annotations
 import gc
 import itertools
 import os
+import sys
 import threading
 import time
 import uuid
@@ -274,16 +275,19 @@ def _spark_partition_id() -> int:
     return int(tc.partitionId())
 
 
-_GC_FROZEN = False
-# gc.get_freeze_count() right after this process's freeze: the call walks the whole permanent
-# generation (~80k+ objects, 10-20 ms with the cache misses on the 2-core bench machine), too
-# slow to repeat in every task's report.
+# len(sys.modules) at this process's last freeze (None: not frozen yet).
+_GC_FROZEN_MODULES: Optional[int] = None
+# gc.get_freeze_count() right after this process's last freeze: the call walks the whole
+# permanent generation (~80k+ objects, 10-20 ms with the cache misses on the 2-core bench
+# machine), too slow to repeat in every task's report.
 _GC_FROZEN_COUNT = 0
 
 
 def _freeze_worker_gc() -> None:
     """Move every object this Python worker holds now to the interpreter's permanent generation
-    (``gc.freeze``, CPython >= 3.7), once per process, so later cyclic collections skip them.
+    (``gc.freeze``, CPython >= 3.7) at its first statecore task, and again at the start of a
+    later task when modules were imported since the last freeze, so later cyclic collections
+    skip them.
 
     Why: PySpark's daemon runs a full ``gc.collect()`` after every task of a reused worker. With
     pyspark, pyarrow and pandas loaded that is ~80k objects and took 60-150 ms a task on the
@@ -291,13 +295,23 @@ def _freeze_worker_gc() -> None:
     background checkpoint write needs it, which the driver waits for. Measured with the
     running-count job (4M events, 1M keys, 8 micro-batches): the driver's total wait for writes
     0.69-0.81 s without, 0.05-0.29 s with the freeze; the workers' writes 1.2-1.5 s vs 0.55-0.6 s.
-    What is frozen is what exists at the worker's first statecore task (modules, their globals,
-    PySpark's worker state): cyclic garbage among those objects is never collected (reference
-    counting still frees the rest), a bounded, one-time cost. Objects created later are
-    collected as usual."""
-    global _GC_FROZEN, _GC_FROZEN_COUNT
-    if not _GC_FROZEN:
-        _GC_FROZEN = True
+
+    Why again after imports: the first task imports statecore's backends and checkpoint store
+    (and pyarrow may import pandas on first use), ~37k more objects, which a freeze at its start
+    cannot include; collecting them after every task cost ~40 ms a task (py-spy of the
+    running-count job, 250 Hz: 489 samples in the daemon's ``gc.collect`` over 48 tasks). A
+    task starts right after the daemon's collection that followed the previous task, so what is
+    frozen then survived a full collection: live objects, not garbage.
+
+    What is frozen is what exists at those task starts (modules, their globals, PySpark's
+    worker state, the cached state of earlier tasks): cyclic garbage among those objects is
+    never collected (reference counting still frees the rest; cached backends are closed
+    explicitly, which frees their native memory), a bounded cost: a process freezes again only
+    when its set of modules grew. Objects created later are collected as usual."""
+    global _GC_FROZEN_MODULES, _GC_FROZEN_COUNT
+    modules = len(sys.modules)
+    if _GC_FROZEN_MODULES != modules:
+        _GC_FROZEN_MODULES = modules
         gc.freeze()
         _GC_FROZEN_COUNT = gc.get_freeze_count()
 
@@ -721,7 +735,7 @@ class BatchReport:
     seconds the standby spent on that copy, between the tasks; 0 for the other loads), ``input_s`` (receiving the routed input; 0 for a processor with ``chunked_input``,
     whose input arrives during ``process_s``), ``process_s``, ``snapshot_s`` (the synchronous
     snapshot), ``task_s`` (task start to snapshot), ``write_s`` (the background data file write),
-    ``gc_frozen_objects`` (``gc.get_freeze_count()`` of the worker right after its freeze, 0
+    ``gc_frozen_objects`` (``gc.get_freeze_count()`` of the worker right after its last freeze, 0
     without one; see ``freeze_worker_gc``)."""
 
     operator_name: str
@@ -815,8 +829,9 @@ class StatefulOperator:
             copies and three Python threads sharing each worker's GIL in a swap), so wall
             time was no better. It halves the memory of state per host (no standby copies of
             partitions another worker holds).
-        freeze_worker_gc: at its first task in a Python worker process, move the objects the
-            worker holds to the permanent generation (``gc.freeze``), so that the full
+        freeze_worker_gc: at its first task in a Python worker process, and at a later task
+            when modules were imported since, move the objects the worker holds to the
+            permanent generation (``gc.freeze``), so that the full
             ``gc.collect()`` PySpark's daemon runs after every task of a reused worker stops
             holding the GIL for tens of ms while the task's checkpoint write needs it (see
             ``_freeze_worker_gc``; the task reports ``gc_frozen_objects``). It affects the whole
