@@ -27,6 +27,20 @@ _SCRIPT = textwrap.dedent("""
     again = gc.get_freeze_count()
     op._freeze_worker_gc()                       # nothing imported since: no freeze
     assert gc.get_freeze_count() == again
+
+    def import_one(i):
+        m = types.ModuleType(f"statecore_test_late_import_{i}")
+        sys.modules[m.__name__] = m
+
+    for i in range(op._GC_MAX_FREEZES - 2):      # up to the cap, each import refreezes
+        import_one(i)
+        op._freeze_worker_gc()
+    assert op._GC_FREEZES == op._GC_MAX_FREEZES
+    capped = gc.get_freeze_count()
+    late = [[i] for i in range(10_000)]
+    import_one("after-cap")
+    op._freeze_worker_gc()                       # an import per task: the cap holds
+    assert gc.get_freeze_count() == capped
     print("ok")
 """)
 

@@ -275,8 +275,12 @@ def _spark_partition_id() -> int:
     return int(tc.partitionId())
 
 
-# len(sys.modules) at this process's last freeze (None: not frozen yet).
+# len(sys.modules) at this process's last freeze (None: not frozen yet), and how many times it
+# froze: at most _GC_MAX_FREEZES, so code that imports something new in every task cannot make
+# every task freeze (and keep) its predecessors' leftovers.
 _GC_FROZEN_MODULES: Optional[int] = None
+_GC_FREEZES = 0
+_GC_MAX_FREEZES = 4
 # gc.get_freeze_count() right after this process's last freeze: the call walks the whole
 # permanent generation (~80k+ objects, 10-20 ms with the cache misses on the 2-core bench
 # machine), too slow to repeat in every task's report.
@@ -301,17 +305,20 @@ def _freeze_worker_gc() -> None:
     cannot include; collecting them after every task cost ~40 ms a task (py-spy of the
     running-count job, 250 Hz: 489 samples in the daemon's ``gc.collect`` over 48 tasks). A
     task starts right after the daemon's collection that followed the previous task, so what is
-    frozen then survived a full collection: live objects, not garbage.
+    frozen then survived a full collection: live objects, not garbage. At most
+    ``_GC_MAX_FREEZES`` (4) freezes per process.
 
     What is frozen is what exists at those task starts (modules, their globals, PySpark's
     worker state, the cached state of earlier tasks): cyclic garbage among those objects is
     never collected (reference counting still frees the rest; cached backends are closed
     explicitly, which frees their native memory), a bounded cost: a process freezes again only
-    when its set of modules grew. Objects created later are collected as usual."""
-    global _GC_FROZEN_MODULES, _GC_FROZEN_COUNT
+    when its set of modules grew, and only a few times. Objects created later are collected as
+    usual."""
+    global _GC_FROZEN_MODULES, _GC_FROZEN_COUNT, _GC_FREEZES
     modules = len(sys.modules)
-    if _GC_FROZEN_MODULES != modules:
+    if _GC_FROZEN_MODULES != modules and _GC_FREEZES < _GC_MAX_FREEZES:
         _GC_FROZEN_MODULES = modules
+        _GC_FREEZES += 1
         gc.freeze()
         _GC_FROZEN_COUNT = gc.get_freeze_count()
 
