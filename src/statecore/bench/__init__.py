@@ -192,6 +192,16 @@ def plot(records: List[Record], path: str) -> None:
         for g in {(r["metric"], r["value"]) for r in goals}:
             ax.axhline(g[1], color="#d62728", linestyle="--", linewidth=1)
             ax.annotate(g[0], (0, g[1]), fontsize=6, color="#d62728", va="bottom")
+        values = [r["value"] for r in rs]
+        # Ratios of 0.9 beside ratios of 700 (native against the Spark APIs) vanish on a linear
+        # axis: such a panel is drawn on a log scale too, with a line at 1.
+        wide = unit == "ratio" and min(values) > 0 and max(values) / min(values) > 30
+        if wide:
+            ax.set_yscale("log")
+            ax.axhline(1.0, color="#555555", linewidth=0.8)
+            ax.set_ylim(bottom=min(values) / 3)
+            if rs[0]["case"] not in PANELS:
+                ax.bar_label(drawn, fmt="%.3g", fontsize=6)
         if unit != "ratio" and all(r["value"] > 0 for r in rs):
             ax.set_yscale("log")
             # A log axis autoscaled to close values starts just below the smallest bar, which

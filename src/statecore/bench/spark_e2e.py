@@ -267,6 +267,9 @@ def _panel(r):
         return ("Spark local[2], events/s", short.get(r["impl"], r["impl"]))
     if r["unit"] == "ratio":
         other = r["metric"].replace("native_over_", "")
+        if other.endswith("_paired_median"):
+            return ("statecore native / other",
+                    short.get(other[:-14], other[:-14]) + "\n(paired median)")
         return ("statecore native / other", short.get(other, other))
     return None
 
