@@ -68,6 +68,10 @@ class _CachedState:
         return (self.version, self.attempt, self.num_partitions, self.max_parallelism,
                 self.backend_kind, self.key_type)
 
+    def config(self) -> tuple:
+        """(n, maxP, kind, key_type): what a catch-up to a later version must match."""
+        return self.state()[2:]
+
 
 _STATE_CACHE: Dict[tuple, _CachedState] = {}
 _CACHE_LOCK = threading.Lock()
@@ -165,8 +169,7 @@ def _take_stale(key: tuple, store, version: int, config: tuple, kg_range):
     with _CACHE_LOCK:
         entry = _STATE_CACHE.get(key)
         if entry is None or entry.version >= version or not entry.pristine or entry.writer is None \
-                or (entry.num_partitions, entry.max_parallelism, entry.backend_kind,
-                    entry.key_type) != config:
+                or entry.config() != config:
             return None
         del _STATE_CACHE[key]
     changes = None
@@ -350,8 +353,7 @@ def _standby_catch_up(store, op_key: tuple, own: tuple, version: int, generation
         t_cpu = time.thread_time()
         if entry is None or entry.version >= version or not entry.pristine:
             return entry
-        if (entry.num_partitions, entry.max_parallelism, entry.backend_kind,
-                entry.key_type) != config:
+        if entry.config() != config:
             return None
         if entry.write is not None and not entry.write.done():
             return entry  # not settled: a later catch-up may still use it
