@@ -86,7 +86,8 @@ def _spec(root, processor=None, prev_attempt="a0", prev_version=0):
         backend_kind="native", key_type="int64", key_column="k", event_time_column=None,
         max_parallelism=MAXP, num_partitions=N, batch_id=1, prev_version=prev_version,
         prev_attempt=prev_attempt, attempt="a1", watermark_ms=None, is_flush=False,
-        output_schema=RunningCount.output_schema, prev_writers=frozenset({"p0-a0-t0"}))
+        output_schema=RunningCount.output_schema, prev_writers=frozenset({"p0-a0-t0"}),
+        freeze_worker_gc=False)  # not the test process: gc.freeze is process-wide
 
 
 def _input(rows):

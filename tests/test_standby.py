@@ -250,7 +250,8 @@ def test_the_next_task_of_the_partition_takes_the_standby_copy(job, kind, monkey
         key_type="int64", key_column="k", event_time_column=None, max_parallelism=MAXP,
         num_partitions=N, batch_id=2, prev_version=1, prev_attempt=meta["attempt"],
         attempt="a2", watermark_ms=None, is_flush=False, output_schema=_Sum.output_schema,
-        prev_writers=frozenset(meta["writers"]))
+        prev_writers=frozenset(meta["writers"]),
+        freeze_worker_gc=False)  # not the test process: gc.freeze is process-wide
     key = int(_keys_of(1)[0])
     rows = pa.RecordBatch.from_pydict({"k": pa.array([key, None], pa.int64()),
                                        "v": pa.array([5, None], pa.int64())})

@@ -137,7 +137,7 @@ def _task(tmp_path, events, name):
         backend_kind="native", key_type="int64", key_column="k", event_time_column=None,
         max_parallelism=128, num_partitions=1, batch_id=0, prev_version=None, prev_attempt=None,
         attempt="a1", watermark_ms=None, is_flush=False, output_schema=_Count.output_schema,
-        start_write=start)
+        start_write=start, freeze_worker_gc=False)  # gc.freeze is process-wide
     routed = pa.RecordBatch.from_pydict({"k": pa.array([1, None, 2, 1], pa.int64())})
     return spec, spec(iter([routed]))
 
