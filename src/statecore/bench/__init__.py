@@ -183,30 +183,28 @@ def plot(records: List[Record], path: str) -> None:
         else:
             labels = [f"{r['impl']}\n{r['metric']}" if several else r["impl"] for r in rs]
             rotation, ha, fontsize = (30, "right", 6) if several else (0, "center", 8)
-        drawn = ax.bar(range(len(rs)), [r["value"] for r in rs],
+        values = [r["value"] for r in rs]
+        # Ratios of 0.9 beside ratios of 700 (native against the Spark APIs) vanish on a linear
+        # axis: such a panel is drawn on a log scale too, with a line at 1 and labelled bars.
+        wide = unit == "ratio" and min(values) > 0 and max(values) / min(values) > 30
+        drawn = ax.bar(range(len(rs)), values,
                        color=["#1f77b4" if r["impl"].startswith("native") else "#9a9a9a" for r in rs])
-        if rs[0]["case"] in PANELS:
+        if rs[0]["case"] in PANELS or wide:
             ax.bar_label(drawn, fmt="%.3g", fontsize=6)
         ax.set_xticks(range(len(rs)))
         ax.set_xticklabels(labels, rotation=rotation, ha=ha, fontsize=fontsize)
         for g in {(r["metric"], r["value"]) for r in goals}:
             ax.axhline(g[1], color="#d62728", linestyle="--", linewidth=1)
             ax.annotate(g[0], (0, g[1]), fontsize=6, color="#d62728", va="bottom")
-        values = [r["value"] for r in rs]
-        # Ratios of 0.9 beside ratios of 700 (native against the Spark APIs) vanish on a linear
-        # axis: such a panel is drawn on a log scale too, with a line at 1.
-        wide = unit == "ratio" and min(values) > 0 and max(values) / min(values) > 30
         if wide:
             ax.set_yscale("log")
             ax.axhline(1.0, color="#555555", linewidth=0.8)
             ax.set_ylim(bottom=min(values) / 3)
-            if rs[0]["case"] not in PANELS:
-                ax.bar_label(drawn, fmt="%.3g", fontsize=6)
-        if unit != "ratio" and all(r["value"] > 0 for r in rs):
+        elif unit != "ratio" and all(v > 0 for v in values):
             ax.set_yscale("log")
             # A log axis autoscaled to close values starts just below the smallest bar, which
             # then looks many times shorter than one 5% taller: start a decade below instead.
-            low = min([r["value"] for r in rs] + [g["value"] for g in goals if g["value"] > 0])
+            low = min(values + [g["value"] for g in goals if g["value"] > 0])
             ax.set_ylim(bottom=low / 10)
         ax.set_title(c, fontsize=9)
         ax.set_ylabel(unit, fontsize=8)

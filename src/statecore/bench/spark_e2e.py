@@ -268,8 +268,8 @@ def _panel(r):
     if r["unit"] == "ratio":
         other = r["metric"].replace("native_over_", "")
         if other.endswith("_paired_median"):
-            return ("statecore native / other",
-                    short.get(other[:-14], other[:-14]) + "\n(paired median)")
+            other = other.removesuffix("_paired_median")
+            return ("statecore native / other", short.get(other, other) + "\n(paired median)")
         return ("statecore native / other", short.get(other, other))
     return None
 

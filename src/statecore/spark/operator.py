@@ -301,9 +301,11 @@ def _freeze_worker_gc() -> None:
     0.69-0.81 s without, 0.05-0.29 s with the freeze; the workers' writes 1.2-1.5 s vs 0.55-0.6 s.
 
     Why again after imports: the first task imports statecore's backends and checkpoint store
-    (and pyarrow may import pandas on first use), ~37k more objects, which a freeze at its start
-    cannot include; collecting them after every task cost ~40 ms a task (py-spy of the
-    running-count job, 250 Hz: 489 samples in the daemon's ``gc.collect`` over 48 tasks). A
+    (and pyarrow may import pandas on first use), objects a freeze at its start cannot include
+    (29,724 left outside the permanent generation in a worker after two running-count runs);
+    collecting them cost 12-39 ms after every task, 0.2 ms with the second freeze (timed by a
+    ``mapInArrow`` in those workers; py-spy of three runs, 250 Hz: 489 samples in the daemon's
+    ``gc.collect`` before, 26 after). A
     task starts right after the daemon's collection that followed the previous task, so what is
     frozen then survived a full collection: live objects, not garbage. At most
     ``_GC_MAX_FREEZES`` (4) freezes per process.
