@@ -279,6 +279,27 @@ def test_flipped_byte_anywhere_in_manifest_is_detected(small_ckpt):
     store.manifest(1)
 
 
+def test_a_manifest_read_again_is_checked_again_unless_its_bytes_are_unchanged(small_ckpt):
+    """Reads of unchanged bytes skip the checks (store._VALIDATED_MANIFESTS) but still give a
+    fresh dict; a manifest damaged or re-signed with a bad structure after a good read is
+    caught, by any store object of the process."""
+    store, path, *_ = small_ckpt
+    mpath = _manifest_path(path.parents[2], 1)
+    first = store.manifest(1)
+    first["files"].clear()  # the caller's copy
+    again = CheckpointStore(store.uri).manifest(1)
+    assert again["files"] and again == CheckpointStore(store.uri).manifest(1)
+    original = mpath.read_bytes()
+    mpath.write_bytes(original.replace(b'"version"', b'"versioN"', 1))
+    with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
+        store.manifest(1)
+    _rewrite_manifest(mpath, lambda d: d["files"].append(dict(d["files"][0])))
+    with pytest.raises(CorruptCheckpointError, match="both claim key group 0"):
+        CheckpointStore(store.uri).manifest(1)
+    mpath.write_bytes(original)
+    assert store.manifest(1) == again
+
+
 def test_manifest_truncated_or_not_json(small_ckpt):
     store, path, *_ = small_ckpt
     mpath = _manifest_path(path.parents[2], 1)

@@ -703,14 +703,16 @@ void StateMap::mark_base(uint64_t version) {
   m.writes.drop_before(version);
 }
 
-uint64_t StateMap::rebase() {
+uint64_t StateMap::rebase(bool applied_changes) {
   Impl& m = *impl_;
+  // The load counted its first writes in epoch_writes (log_write), logged or not.
+  const bool heavy = applied_changes && m.epoch_writes > m.write_log_limit();
   m.advance_version();
   m.base = m.version;
   m.removals.reset();
   m.writes.reset();
-  m.writes_complete_from = 0;
-  m.epoch_writes = 0;  // a bulk load's writes are the base, not a change set to expect again
+  m.writes_complete_from = heavy ? m.version + 1 : 0;
+  m.epoch_writes = 0;
   return m.base;
 }
 

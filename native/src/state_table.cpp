@@ -62,9 +62,9 @@ void StateTable::mark_base(uint64_t version) {
   for (const auto& m : maps_) m->mark_base(version);
 }
 
-uint64_t StateTable::rebase() {
+uint64_t StateTable::rebase(bool applied_changes) {
   uint64_t b = 0;
-  for (const auto& m : maps_) b = m->rebase();
+  for (const auto& m : maps_) b = m->rebase(applied_changes);
   return b;
 }
 

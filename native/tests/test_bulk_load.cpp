@@ -124,6 +124,44 @@ TEST(loads_log_no_first_writes_and_the_next_epoch_logs_again) {
   CHECK_EQ(m.write_log_size(), size_t{1});
 }
 
+TEST(a_catch_up_past_the_write_log_limit_starts_an_epoch_without_a_log) {
+  // rebase(true) after a change set of more first writes than the log may hold (1,024 a map)
+  // predicts the next epoch as a closed heavy epoch does: it logs nothing and lists by walking.
+  // A lighter change set, or a restore's rebase(), leaves the next epoch logging.
+  std::mt19937_64 rng(12);
+  StateTable t(0, 0);
+  Model model;
+  statecore::StateMap& m = t.map(0);
+  const OwnedRun first = random_run(rng, model, 0, 0, 6000, 1, 8, 0);
+  statecore::load_entries(t, first.view(), 1);
+  m.rebase();
+  const auto put_one = [&](int64_t key) {
+    const std::string k = encoded_key(0, key, 1);
+    m.put(reinterpret_cast<const uint8_t*>(k.data()), k.size(), 8);
+  };
+  const OwnedRun heavy = random_run(rng, model, 0, 0, 3000, 1, 8, 10);
+  statecore::load_entries(t, heavy.view(), 1);
+  const uint64_t base = m.rebase(true);
+  put_one(123456789);
+  CHECK_EQ(m.write_log_size(), size_t{0});
+  auto s = m.snapshot();
+  CHECK(!s->changes_from_log(base));
+  CHECK_EQ(s->sorted_changes(base).size(), size_t{1});  // found by the walk
+  s->release();
+  // A change set under the limit: the next epoch logs.
+  const OwnedRun light = random_run(rng, model, 0, 0, 200, 1, 8, 10);
+  statecore::load_entries(t, light.view(), 1);
+  m.rebase(true);
+  put_one(987654321);
+  CHECK_EQ(m.write_log_size(), size_t{1});
+  // A heavy load followed by a restore's rebase(): logs too.
+  const OwnedRun again = random_run(rng, model, 0, 0, 3000, 1, 8, 10);
+  statecore::load_entries(t, again.view(), 1);
+  m.rebase();
+  put_one(555);
+  CHECK_EQ(m.write_log_size(), size_t{1});
+}
+
 TEST(empty_values_and_values_changing_size) {
   StateTable t(0, 3);
   Model model;

@@ -1585,10 +1585,12 @@ cdef class NativeStateTable:
         except ValueError as e:
             raise InvalidInputError(str(e)) from None
 
-    def rebase(self):
-        """Make the current contents the base (after a restore's bulk load); returns it."""
+    def rebase(self, bint applied_changes=False):
+        """Make the current contents the base (after a restore's bulk load, or with
+        ``applied_changes`` a catch-up's change set, whose size predicts the next micro-batch's:
+        StateMap::rebase); returns it."""
         self._idle()
-        return self.table.rebase()
+        return self.table.rebase(applied_changes)
 
     @property
     def removal_log_size(self):
@@ -2126,7 +2128,8 @@ def decode_blocks(data, blocks, uint64_t base, bint has_validity):
     checks. ``data``: the group's stored bytes (any buffer); ``blocks``: its rows of the block
     table (numpy, ``format.BLOCK_DTYPE``) whose ``offset`` counts from the file start, ``base``
     the file offset of ``data[0]``; ``has_validity``: incremental file (NULL value =
-    tombstone). Returns ``(keys, values, None, None)`` -- ``pa.binary()`` arrays -- or
+    tombstone). Returns ``(keys, values, None, None)`` -- ``pa.binary()`` arrays over buffers
+    of :mod:`statecore.checkpoint.scratch`, reused once the arrays are gone -- or
     ``(None, None, i, reason)`` for the first bad block ``blocks[i]``."""
     cdef const uint8_t[::1] d = memoryview(data).cast("B")
     cdef size_t size = d.shape[0]
@@ -2150,11 +2153,14 @@ def decode_blocks(data, blocks, uint64_t base, bint has_validity):
         raw += rl[i]
     if n > 2**31 - 2:
         return None, None, 0, f"{n} entries in one read (a key group or a range of them) exceed an Arrow binary array"
-    ko_np = np.empty(n + 1, np.int32)
-    vo_np = np.empty(n + 1, np.int32)
-    kd_np = np.empty(max(raw, 1), np.uint8)
-    vd_np = np.empty(max(raw, 1), np.uint8)
-    va_np = np.empty(max((n + 7) // 8, 1), np.uint8)
+    # Reused memory (checkpoint/scratch.py says why); imported here: the checkpoint package
+    # imports this module.
+    from statecore.checkpoint.scratch import take
+    ko_np = take(4 * (n + 1)).view(np.int32)
+    vo_np = take(4 * (n + 1)).view(np.int32)
+    kd_np = take(max(raw, 1))
+    vd_np = take(max(raw, 1))
+    va_np = take(max((n + 7) // 8, 1))
     cdef int32_t[::1] ko = ko_np
     cdef int32_t[::1] vo = vo_np
     cdef uint8_t[::1] kd = kd_np

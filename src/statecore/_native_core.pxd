@@ -184,7 +184,7 @@ cdef extern from "statecore/state_table.h" namespace "statecore" nogil:
         uint64_t version()
         uint64_t base_version()
         void mark_base(uint64_t version) except +
-        uint64_t rebase() except +
+        uint64_t rebase(bint applied_changes) except +
         size_t removal_log_size()
 
 

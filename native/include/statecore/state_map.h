@@ -177,7 +177,11 @@ struct Entry;
 //   - mark_base(v) (a checkpoint of the snapshot of version v completed) raises base to v and
 //     drops the log chunks holding only records older than v; older or equal v are no-ops.
 //   - rebase() (after a bulk load such as a restore) bumps the version and sets base to it and
-//     empties both logs: what was loaded is the base, not a change.
+//     empties both logs: what was loaded is the base, not a change. After a catch-up's change
+//     set (rebase(true)) that wrote more keys than the log may hold, the new epoch starts
+//     without a log, as after such an epoch: the standby copy of a Spark partition that a task
+//     takes next had logged ~1,024 records per map only to drop them (malloc'd log chunks in
+//     freshly faulted memory: ~70% of a native bench run's remaining worker page faults).
 //   - A fresh map has base 0 = version 0: everything written is a change against the empty map.
 // A snapshot of version s records the base b0 as of snapshot time and the log as of snapshot
 // time. sorted_changes(b) for b0 <= b <= s lists, sorted by key: every present entry with
@@ -357,7 +361,11 @@ class StateMap {
   // No-op when version <= base_version(); std::invalid_argument when version > version().
   void mark_base(uint64_t version);
   // After a bulk load: the current contents become the base. Returns the new base (= version()).
-  uint64_t rebase();
+  // `applied_changes`: the load applied a change set (a catch-up to a later version), which,
+  // like a closed epoch, predicts the next one: when it wrote more keys than the write log may
+  // hold, the epoch that starts now logs nothing (Impl::start_epoch). A restore into an empty
+  // map predicts nothing, as a fresh map's first epoch does not.
+  uint64_t rebase(bool applied_changes = false);
   // Stops logging first writes for the rest of this epoch, as the log does past its limit: its
   // records are dropped and listings over the epoch walk. For a bulk load that rebase() follows
   // (load_entries), whose writes no listing reads. Sound at any time (C5).

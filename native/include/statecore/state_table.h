@@ -72,8 +72,9 @@ class StateTable {
   // The snapshot of table version `version` was checkpointed: std::invalid_argument when it is
   // newer than version(); no-op when not newer than base_version().
   void mark_base(uint64_t version);
-  // After bulk-loading (restore): the contents become the base of every key group. Returns it.
-  uint64_t rebase();
+  // After bulk-loading (restore; applied_changes: a catch-up's change set, see
+  // StateMap::rebase): the contents become the base of every key group. Returns it.
+  uint64_t rebase(bool applied_changes = false);
   // Removal-log records over all key groups.
   size_t removal_log_size() const;
 

@@ -436,10 +436,10 @@ class NativeBackend(py.PythonBackend):
         if gone is not None:
             table.native.remove_keys(kg, gone)
 
-    def _contents_are_base(self) -> None:
+    def _contents_are_base(self, applied_changes: bool = False) -> None:
         # The bulk load is not a change; snapshots issued before it can no longer move the base.
         for table in self._tables.values():
-            table.native.rebase()
+            table.native.rebase(applied_changes)
         self._pending.clear()
         self._restored_is_base()
 

@@ -629,7 +629,7 @@ class PythonBackend(base.KeyedStateBackend):
             for part in parts:
                 self._apply_staged_changes(table, part)
         self.timers.replace_restore(kgs, timers)
-        self._contents_are_base()
+        self._contents_are_base(applied_changes=True)
 
     def _stage_change_set(self, table: _Table, changes, kgs: list) -> list:
         """The checked parts of ``changes`` for ``table``'s state over key groups ``kgs``, each
@@ -660,8 +660,9 @@ class PythonBackend(base.KeyedStateBackend):
             out.append((key, ns))
         return out
 
-    def _contents_are_base(self) -> None:
-        """After a restore or a change set: the current contents are the incremental base."""
+    def _contents_are_base(self, applied_changes: bool = False) -> None:
+        """After a restore or (``applied_changes``) a change set: the current contents are the
+        incremental base."""
         for table in self._tables.values():
             table.changes.clear()
         self._restored_is_base()

@@ -108,6 +108,7 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
+from statecore.checkpoint import scratch
 from statecore.errors import CorruptCheckpointError, InvalidInputError
 from statecore.key_groups import KeyGroupRange
 
@@ -632,7 +633,14 @@ class DataFileReader:
 
     def _read(self, offset: int, length: int, what: str) -> pa.Buffer:
         try:
-            data = self._file.read_at(length, offset)
+            if length >= scratch.MIN_BYTES and hasattr(self._file, "readinto"):
+                # Into reused memory (scratch module docstring): a catch-up's key-group range.
+                buf = scratch.take(length)
+                self._file.seek(offset)
+                got = self._file.readinto(buf)
+                data = pa.py_buffer(buf[:got])
+            else:
+                data = self._file.read_at(length, offset)
         except OSError as exc:
             raise self._fail(f"cannot read {what} ({length} bytes at {offset}): {exc}") from exc
         if not isinstance(data, pa.Buffer):
