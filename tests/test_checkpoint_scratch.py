@@ -78,6 +78,7 @@ def _read(store, version):
 def test_decoded_arrays_survive_a_later_read_that_reuses_memory(pool, tmp_path):
     """Two versions read in turn: the first version's decoded entries, still referenced, keep
     their bytes while the second read runs; once released, their memory serves a third read."""
+    pytest.importorskip("statecore._native")
     rng = np.random.default_rng(5)
     store = CheckpointStore(str(tmp_path))
     b = statecore.create_backend("native", key_type="int64", max_parallelism=8)

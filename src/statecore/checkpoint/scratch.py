@@ -12,8 +12,8 @@ every 4 KiB page was faulted in again: ~75% of the Spark workers' ~25k page faul
 A buffer is lent out as a view (:func:`take`) and is free again once nothing refers to it but
 this module: every view of a NumPy array, and every Arrow buffer over such a view, holds a
 reference to the array, so its CPython reference count says whether it is in use. At most
-:data:`MAX_RETAINED_BYTES` are kept; requests below :data:`MIN_BYTES` are plain allocations.
-Thread-safe.
+:data:`MAX_RETAINED_BYTES` are kept; requests below :data:`MIN_BYTES` are plain allocations,
+as is every request in a free-threaded interpreter. Thread-safe.
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ MAX_RETAINED_BYTES = 64 << 20
 
 _LOCK = threading.Lock()
 _BUFFERS: list = []  # uint8 arrays owned here, lent out as views
+# Reuse is decided by reference counts, which a free-threaded interpreter (no GIL) does not
+# keep exact: there every request is a plain allocation.
+_POOLING = getattr(sys, "_is_gil_enabled", lambda: True)()
 
 
 def _free(i: int) -> bool:
@@ -46,7 +49,7 @@ def take(nbytes: int) -> np.ndarray:
     negative size, MemoryError when none is left."""
     if nbytes < 0:
         raise ValueError(f"negative buffer size {nbytes}")
-    if nbytes < MIN_BYTES:
+    if nbytes < MIN_BYTES or not _POOLING:
         return np.empty(nbytes, np.uint8)
     with _LOCK:
         # By index: a loop variable (or enumerate's reused tuple) would hold a reference.
