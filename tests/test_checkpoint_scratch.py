@@ -53,7 +53,7 @@ def test_a_buffer_is_reused_only_after_every_reference_is_gone(pool):
     assert id(_owner(c)) == first and c.shape == (MB // 2,)
     assert pool.retained_bytes() == (5 * MB // 2, 5 * MB // 2)
     del mid
-    assert id(_owner(pool.take(MB // 4 * 3 // 2))) != first  # the smallest free one that fits
+    assert id(_owner(pool.take(MB // 4 * 3 // 2))) != first  # c holds it: mid's serves
 
 
 def test_at_most_max_retained_bytes_are_kept(pool, monkeypatch):

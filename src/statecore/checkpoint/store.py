@@ -200,7 +200,6 @@ def _has_atomic_rename(fs: pafs.FileSystem) -> bool:
     return fs.type_name not in _OBJECT_STORES
 
 
-
 def _upgraded(body: dict, version: int) -> dict:
     """``body`` (a manifest without its checksum) in the current format: a version-1 manifest's
     runs get ``seq`` 0, kind ``full``, their version and no tombstones. Returns ``body``."""
@@ -239,6 +238,7 @@ class _ValidatedManifests:
 
 
 _VALIDATED_MANIFESTS = _ValidatedManifests()
+
 
 class CheckpointStore:
     """Versioned checkpoints of StateSnapshots under one root directory of a ``pyarrow.fs``
