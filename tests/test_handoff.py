@@ -91,8 +91,8 @@ def _spec(root, processor=None, prev_attempt="a0", prev_version=0):
 
 
 def _input(rows):
-    """The routed input of partition 0: its control row (null key) and the rows, in 3 chunks."""
-    ks = pa.array([None] + rows, pa.int64())
+    """The routed input of partition 0: the rows, in 3 chunks."""
+    ks = pa.array(rows, pa.int64())
     return [pa.record_batch([ks.slice(i, 25)], names=["k"]) for i in range(0, len(ks), 25)]
 
 

@@ -219,10 +219,6 @@ def test_checkpoint_grows_by_the_change_set_not_the_state(spark, tmp_path, backe
             # from its first statecore task on (PySpark's daemon collects after every task).
             assert p["gc_frozen_objects"] > 1000, p
         assert Counter(p["load"] for p in rep.partitions) == Counter(rep.loads)
-        # The control rows' DataFrame is built once per session and parallelism.
-        if i == 0:
-            control = op._control[2]
-        assert op._control[2] is control
     full = reports[0].checkpoint_bytes
     assert reports[0].state_bytes > 50_000
     # Timers are complete in every run (architecture.md): version 1 still carries the NKEYS

@@ -232,6 +232,13 @@ def test_timers_fire_in_partitions_without_input(spark, tmp_path, backend):
     assert fired == set()
     fired2 = {(r[1], r[4]) for r in outs[2] if r[0] == "timer"}
     assert fired2 == {(k, 60) for k in p0 + p1}
+    # The operator adds no rows to make a partition run: Spark runs the Python function of
+    # every partition of the shuffle, also of an input without any partition (an empty RDD).
+    assert [sorted(p["partition"] for p in r.partitions) for r in op.reports] == [[0, 1]] * 4
+    empty = spark.createDataFrame(spark.sparkContext.emptyRDD(), "k bigint, v bigint, t bigint")
+    assert empty.rdd.getNumPartitions() == 0
+    rep = op(empty, 4)
+    assert sorted(p["partition"] for p in rep.partitions) == [0, 1] and rep.rows == 0
 
 
 def test_replayed_batch_id_gives_the_same_state_and_output(spark, tmp_path, backend):

@@ -138,7 +138,7 @@ def _task(tmp_path, events, name):
         max_parallelism=128, num_partitions=1, batch_id=0, prev_version=None, prev_attempt=None,
         attempt="a1", watermark_ms=None, is_flush=False, output_schema=_Count.output_schema,
         start_write=start, freeze_worker_gc=False)  # gc.freeze is process-wide
-    routed = pa.RecordBatch.from_pydict({"k": pa.array([1, None, 2, 1], pa.int64())})
+    routed = pa.RecordBatch.from_pydict({"k": pa.array([1, 2, 1], pa.int64())})
     return spec, spec(iter([routed]))
 
 
@@ -174,23 +174,29 @@ def test_a_task_whose_output_was_cut_short_does_not_report(tmp_path, partition_0
     W.clear_state_cache()
 
 
-def test_a_task_without_exactly_one_control_row_raises(tmp_path, partition_0):
-    """Each partition holds one control row (its one null key): none means the routed input
-    was repartitioned, a second null key is a null key in the input (or merged partitions),
-    reported as soon as it arrives."""
+def test_a_null_key_in_the_input_raises_as_soon_as_it_arrives(tmp_path, partition_0):
+    """A micro-batch's input is data rows only: the first null key is reported at once (before
+    later chunks are read). The flush's input is its control row (one null key) alone: none
+    means the routed input was repartitioned again."""
     spec, _ = _task(tmp_path, [], "ctl")
-    with pytest.raises(op_mod.StateError, match="no control row"):
-        list(spec(iter([pa.RecordBatch.from_pydict({"k": pa.array([1, 2], pa.int64())})])))
     seen = []
 
     def chunks():
-        for keys in ([1, None], [None, 2], [3]):
+        for keys in ([1, 2], [3, None], [4]):
             seen.append(keys)
             yield pa.RecordBatch.from_pydict({"k": pa.array(keys, pa.int64())})
 
     with pytest.raises(op_mod.InvalidInputError, match="1 rows with a null key in column 'k'"):
         list(spec(chunks()))
     assert len(seen) == 2
+    flush = dataclasses.replace(spec, is_flush=True, control_rows=True)
+    with pytest.raises(op_mod.StateError, match="no control row"):
+        list(flush._data_chunks(iter([]), 0))
+    two = pa.RecordBatch.from_pydict({"k": pa.array([None, None], pa.int64())})
+    with pytest.raises(op_mod.InvalidInputError, match="1 rows with a null key"):
+        list(flush._data_chunks(iter([two]), 0))
+    one = pa.RecordBatch.from_pydict({"k": pa.array([None], pa.int64())})
+    assert list(flush._data_chunks(iter([one]), 0)) == []
 
 
 class _ChunkedCount(_Count):
@@ -204,8 +210,7 @@ class _ChunkedCount(_Count):
 def _chunks(events, n):
     for i in range(n):
         events.append(("in", i))
-        yield pa.RecordBatch.from_pydict({
-            "k": pa.array([i, 100] if i else [i, 100, None], pa.int64())})
+        yield pa.RecordBatch.from_pydict({"k": pa.array([i, 100], pa.int64())})
 
 
 @pytest.mark.parametrize("chunked", [True, False])

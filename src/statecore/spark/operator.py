@@ -4,13 +4,14 @@ Python processor, built from ``foreachBatch`` + ``repartitionById`` + ``mapInArr
 One micro-batch (``StatefulOperator.__call__(df, batch_id)``, used as the ``foreachBatch``
 function, or called from one):
 
-1. Driver: read the manifest of version ``batch_id - 1`` (watermark, attempt id); add the
-   column ``op = (pmod(xxhash64(key), maxP) * n) div maxP`` in Spark SQL (one projection, no
-   key-group column); union one *control row* per partition id, marked by a null key (so every
-   partition runs, even without input, and fires its timers); ``repartitionById(n, op)``; drop
-   ``op`` (the task's Spark partition id is its operator index; each partition holds exactly one
-   control row, which the task checks); ``mapInArrow(task)``; hand the result to the sink, whose
-   action runs the tasks.
+1. Driver: read the manifest of version ``batch_id - 1`` (watermark, attempt id); route the
+   micro-batch by ``repartitionById(n, op)`` with ``op = (pmod(xxhash64(key), maxP) * n) div
+   maxP`` computed in Spark SQL inside the partitioning expression (no key-group column, no
+   ``op`` column: the task's Spark partition id is its operator index); ``mapInArrow(task)``;
+   hand the result to the sink, whose action runs the tasks. Spark runs the Python function of
+   every partition of the shuffle, empty ones included, so every partition checkpoints and
+   fires its timers each micro-batch, with or without input. (The end-of-input flush, which
+   has no input, routes one *control row* per partition instead: a null key and its index.)
 2. Task (partition ``i``, in a Python worker): its key-group range is Flink's
    ``computeKeyGroupRangeForOperatorIndex(maxP, n, i)``. State at version ``batch_id - 1`` comes
    from the in-process cache when this worker process produced exactly that committed version
@@ -340,7 +341,10 @@ def _event_time_ms(arr) -> Optional[int]:
 
 @dataclass(frozen=True)
 class _TaskSpec:
-    """Everything a task needs, pickled once per micro-batch into the ``mapInArrow`` function."""
+    """Everything a task needs, pickled once per micro-batch into the ``mapInArrow`` function.
+
+    ``control_rows``: the task's input is one control row (a null key) and nothing else, as in
+    the flush; otherwise it is data rows only, whose keys must not be null."""
 
     operator_name: str
     store_uri: str
@@ -366,6 +370,7 @@ class _TaskSpec:
     freeze_worker_gc: bool = True
     standby: bool = True
     handoff: bool = False
+    control_rows: bool = False
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         t0 = time.perf_counter()
@@ -416,10 +421,9 @@ class _TaskSpec:
 
     def _data_chunks(self, batches: Iterator[pa.RecordBatch], partition_id: int):
         """The routed input's data rows, chunk by chunk as Spark delivers them (internal
-        columns removed, the control row filtered out). The control row is the partition's one
-        row with a null key (data keys must not be null): InvalidInputError as soon as a second
-        one arrives (null keys in the input, or Spark merged partitions), StateError at the end
-        when none came (the routed DataFrame was repartitioned)."""
+        columns removed). InvalidInputError as soon as a null key arrives. The flush's input is
+        its control row (a null key) alone: StateError unless exactly one came."""
+        control = self.control_rows
         nulls = 0
         for b in batches:
             if b.num_rows == 0:
@@ -428,19 +432,17 @@ class _TaskSpec:
             c = keys.null_count
             if c:
                 nulls += c
-                if nulls > 1:
+                if nulls > control:
                     raise InvalidInputError(
                         f"operator {self.operator_name}: Spark partition {partition_id} received "
-                        f"{nulls - 1} rows with a null key in column {self.key_column!r} "
-                        "besides its control row; filter null keys before the operator (with "
-                        "none in the input, the routed DataFrame was coalesced again)")
-                # One control row per partition, so filtering copies at most one chunk.
+                        f"{nulls - control} rows with a null key in column {self.key_column!r}; "
+                        "filter null keys before the operator")
                 b = b.filter(keys.is_valid())
             if b.num_rows:
                 if any(n in _INTERNAL for n in b.schema.names):
                     b = b.select([n for n in b.schema.names if n not in _INTERNAL])
                 yield b
-        if nulls != 1:
+        if control and nulls != 1:
             raise StateError(
                 f"operator {self.operator_name}: Spark partition {partition_id} received no "
                 "control row; was the routed DataFrame repartitioned again?")
@@ -501,7 +503,7 @@ class _TaskSpec:
         try:
             t_load = time.perf_counter()
             chunked = bool(getattr(self.processor, "chunked_input", False)) and not self.is_flush
-            # A handed-off task's relay sends the data chunks (it checked the control row).
+            # A handed-off task's relay sends the data chunks (it checked the keys for nulls).
             inputs: Any = batches if handed_off else self._data_chunks(batches, partition_id)
             if source in ("checkpoint", "catch-up"):
                 # The restored (caught-up) state becomes the backend's incremental base. It is
@@ -925,8 +927,6 @@ class StatefulOperator:
         self.handoff = handoff
         self.reports: List[BatchReport] = []
         self._store = None
-        # (parallelism, JVM SparkSession, DataFrame) of the control rows; see _control_rows.
-        self._control = None
         # Tests replace the worker-side write (a Callable like _start_snapshot_write).
         self._start_write: Optional[Callable] = None
 
@@ -1005,27 +1005,14 @@ class StatefulOperator:
     # ------------------------------------------------------------------------------ internals
 
     def _control_rows(self, spark, n: int):
-        """The DataFrame of the ``n`` control rows (operator index ``i``, a null key), from one
-        partition (they need no parallelism, and each source partition is one more task in the
-        shuffle's map stage). A null key marks them because data keys are never null: a flag
-        column instead was one more column shipped to Python per data row (measured with an
-        identity ``mapInArrow`` over the bench's routing: 4-9% of the job's time). Built once
-        per Spark session (a streaming query hands every micro-batch the same one) and ``n``:
-        a DataFrame is immutable, and building it costs py4j round trips and an analysis
-        (~30 ms) every micro-batch."""
+        """The DataFrame of the flush's ``n`` control rows (operator index ``i``, a null key of
+        NullType), from one partition: they need no parallelism, and each source partition is
+        one more task in the shuffle's map stage."""
         from pyspark.sql import functions as F
 
-        jsession = getattr(spark, "_jsparkSession", None)
-        cached = self._control
-        if cached is not None and jsession is not None and cached[0] == n \
-                and cached[1].equals(jsession):
-            return cached[2]
-        # A NullType key: the union widens it to the data's key type.
-        control = spark.range(0, n, 1, 1).select(
+        return spark.range(0, n, 1, 1).select(
             F.lit(None).alias(self.key_column),
             F.col("id").cast("int").alias(OPERATOR_INDEX_COLUMN))
-        self._control = None if jsession is None else (n, jsession, control)
-        return control
 
     def _launch(self, spark, df, batch_id: int, key_type: str, *,
                 is_flush: bool) -> "PendingBatch":
@@ -1079,22 +1066,25 @@ class StatefulOperator:
             start_write=self._start_write, commit_timeout_s=self.commit_timeout_s,
             ttl_background_key_groups=self.ttl_background_key_groups,
             stale_copies=self.stale_copies, freeze_worker_gc=self.freeze_worker_gc,
-            standby=self.standby, handoff=self.handoff)
+            standby=self.standby, handoff=self.handoff,
+            control_rows=df is None)
 
-        control = self._control_rows(spark, n)
         if df is None:
-            routed_in = control
+            # The flush has no input: its control rows, one per partition, each carrying its
+            # index, make the n partitions.
+            index = operator_index_of(self.key_column, n, mp, given=OPERATOR_INDEX_COLUMN)
+            routed = (self._control_rows(spark, n).repartitionById(n, index)
+                      .drop(OPERATOR_INDEX_COLUMN))
         else:
-            routed_in = df.unionByName(control, allowMissingColumns=True)
-        # Data rows get their index from the key inside the partitioning expression (a
-        # projection adding it first was one more Dataset, i.e. one more analysis on the
-        # driver: ~15 ms a micro-batch). The index column is dropped after the shuffle: the
-        # task knows its index from its partition id, and every column shipped to Python costs
-        # per row.
-        index = operator_index_of(self.key_column, n, mp, given=OPERATOR_INDEX_COLUMN)
-        out = (routed_in.repartitionById(n, index)
-               .drop(OPERATOR_INDEX_COLUMN)
-               .mapInArrow(spec, from_arrow_schema(self.processor.output_schema)))
+            # Spark runs the Python function of every partition of the shuffle, empty ones
+            # included, so the data needs no rows added to make each partition run; the index
+            # is computed inside the partitioning expression (a projection adding it first was
+            # one more Dataset, i.e. one more analysis on the driver: ~15 ms a micro-batch) and
+            # never shipped: the task knows it from its partition id. Unioning in a control row
+            # per partition, as this did up to stop 31, cost 14-15% of the bench job's time
+            # (interleaved A/B, running count, 1M keys, 4M events).
+            routed = df.repartitionById(n, operator_index_of(self.key_column, n, mp))
+        out = routed.mapInArrow(spec, from_arrow_schema(self.processor.output_schema))
         t_action = time.perf_counter()
         self.sink(out, batch_id)
         pending = PendingBatch(self, batch_id, attempt, n, key_type, is_flush, prev_meta,
