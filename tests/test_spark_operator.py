@@ -241,6 +241,22 @@ def test_timers_fire_in_partitions_without_input(spark, tmp_path, backend):
     assert sorted(p["partition"] for p in rep.partitions) == [0, 1] and rep.rows == 0
 
 
+def test_every_partition_runs_under_adaptive_execution(spark, tmp_path):
+    """A user's session may have adaptive query execution on (Spark's default; local_session
+    turns it off): it must neither coalesce the routed partitions nor skip the tasks of an
+    empty micro-batch."""
+    before = spark.conf.get("spark.sql.adaptive.enabled")
+    spark.conf.set("spark.sql.adaptive.enabled", "true")
+    try:
+        op = _op(tmp_path, "python", parallelism=3, name="aqe")
+        op.commit_timeout_s = 60.0  # a skipped partition would fail the commit after this
+        p0 = _keys_of_partition(0, 3, 2)
+        _run_all(spark, op, [[(k, 1, 10) for k in p0], []], tmp_path)
+        assert [sorted(p["partition"] for p in r.partitions) for r in op.reports] == [[0, 1, 2]] * 2
+    finally:
+        spark.conf.set("spark.sql.adaptive.enabled", before)
+
+
 def test_replayed_batch_id_gives_the_same_state_and_output(spark, tmp_path, backend):
     op = _op(tmp_path / "a", backend)
     for i in (0, 1):
