@@ -189,7 +189,7 @@ def test_a_null_key_in_the_input_raises_as_soon_as_it_arrives(tmp_path, partitio
     with pytest.raises(op_mod.InvalidInputError, match="1 rows with a null key in column 'k'"):
         list(spec(chunks()))
     assert len(seen) == 2
-    flush = dataclasses.replace(spec, is_flush=True, control_rows=True)
+    flush = dataclasses.replace(spec, is_flush=True)
     with pytest.raises(op_mod.StateError, match="no control row"):
         list(flush._data_chunks(iter([]), 0))
     two = pa.RecordBatch.from_pydict({"k": pa.array([None, None], pa.int64())})

@@ -341,10 +341,7 @@ def _event_time_ms(arr) -> Optional[int]:
 
 @dataclass(frozen=True)
 class _TaskSpec:
-    """Everything a task needs, pickled once per micro-batch into the ``mapInArrow`` function.
-
-    ``control_rows``: the task's input is one control row (a null key) and nothing else, as in
-    the flush; otherwise it is data rows only, whose keys must not be null."""
+    """Everything a task needs, pickled once per micro-batch into the ``mapInArrow`` function."""
 
     operator_name: str
     store_uri: str
@@ -370,7 +367,6 @@ class _TaskSpec:
     freeze_worker_gc: bool = True
     standby: bool = True
     handoff: bool = False
-    control_rows: bool = False
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         t0 = time.perf_counter()
@@ -423,7 +419,7 @@ class _TaskSpec:
         """The routed input's data rows, chunk by chunk as Spark delivers them (internal
         columns removed). InvalidInputError as soon as a null key arrives. The flush's input is
         its control row (a null key) alone: StateError unless exactly one came."""
-        control = self.control_rows
+        control = self.is_flush
         nulls = 0
         for b in batches:
             if b.num_rows == 0:
@@ -1066,8 +1062,7 @@ class StatefulOperator:
             start_write=self._start_write, commit_timeout_s=self.commit_timeout_s,
             ttl_background_key_groups=self.ttl_background_key_groups,
             stale_copies=self.stale_copies, freeze_worker_gc=self.freeze_worker_gc,
-            standby=self.standby, handoff=self.handoff,
-            control_rows=df is None)
+            standby=self.standby, handoff=self.handoff)
 
         if df is None:
             # The flush has no input: its control rows, one per partition, each carrying its
