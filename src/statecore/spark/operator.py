@@ -419,7 +419,7 @@ class _TaskSpec:
         """The routed input's data rows, chunk by chunk as Spark delivers them (internal
         columns removed). InvalidInputError as soon as a null key arrives. The flush's input is
         its control row (a null key) alone: StateError unless exactly one came."""
-        control = self.is_flush
+        allowed = 1 if self.is_flush else 0  # the flush's one control row
         nulls = 0
         for b in batches:
             if b.num_rows == 0:
@@ -428,17 +428,17 @@ class _TaskSpec:
             c = keys.null_count
             if c:
                 nulls += c
-                if nulls > control:
+                if nulls > allowed:
                     raise InvalidInputError(
                         f"operator {self.operator_name}: Spark partition {partition_id} received "
-                        f"{nulls - control} rows with a null key in column {self.key_column!r}; "
+                        f"{nulls - allowed} rows with a null key in column {self.key_column!r}; "
                         "filter null keys before the operator")
                 b = b.filter(keys.is_valid())
             if b.num_rows:
                 if any(n in _INTERNAL for n in b.schema.names):
                     b = b.select([n for n in b.schema.names if n not in _INTERNAL])
                 yield b
-        if control and nulls != 1:
+        if nulls != allowed:
             raise StateError(
                 f"operator {self.operator_name}: Spark partition {partition_id} received no "
                 "control row; was the routed DataFrame repartitioned again?")
@@ -1067,8 +1067,10 @@ class StatefulOperator:
         if df is None:
             # The flush has no input: its control rows, one per partition, each carrying its
             # index, make the n partitions.
-            index = operator_index_of(self.key_column, n, mp, given=OPERATOR_INDEX_COLUMN)
-            routed = (self._control_rows(spark, n).repartitionById(n, index)
+            from pyspark.sql import functions as F
+
+            routed = (self._control_rows(spark, n)
+                      .repartitionById(n, F.col(OPERATOR_INDEX_COLUMN))
                       .drop(OPERATOR_INDEX_COLUMN))
         else:
             # Spark runs the Python function of every partition of the shuffle, empty ones
