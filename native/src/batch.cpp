@@ -186,6 +186,7 @@ template <class T, bool kUndo, class Combine, class ValueAt>
 struct FoldHotRows {
   static constexpr bool kEnabled = true;
   Lanes::View lanes;
+  const uint32_t* generation;  // the kernel's Lanes::generation_ptr()
   const int32_t* kgs;
   const ArrayView* values;
   Combine combine;
@@ -220,6 +221,8 @@ struct FoldHotRows {
     const ArrayView values = *c.values;
     T* const out = c.out;
     size_t undone = kUndo ? *c.undone : 0;
+    // The group's home slots, unless a lane closed since they were computed.
+    uint8_t* const* const slots = gv.generation == *c.generation ? gv.slots : nullptr;
     for (; i < end; ++i) {
       const detail::FlatLane& l = lanes.lane(kgs[i]);
       if (l.epoch != epoch || l.key_size != kWord || l.value_size != width ||
@@ -227,9 +230,13 @@ struct FoldHotRows {
         break;
       const size_t j = static_cast<size_t>(i - g0);
       const uint8_t* key = bytes + j * kWord;
-      uint8_t* s;
+      uint8_t* s = slots ? slots[j] : nullptr;
+      if (s == nullptr) {
+        s = l.home_slot<stride>(hashes[j]);
+        if (s == nullptr) break;
+      }
       size_t pi;
-      const int r = l.find_key<uint64_t, stride, suffix>(hashes[j], key, &s, &pi);
+      const int r = l.find_key_from<uint64_t, stride, suffix>(s, hashes[j], key, &s, &pi);
       if (r < 0 || !l.owned[pi]) break;
       const T x = c.value_at(values, i);
       T acc;
@@ -323,7 +330,8 @@ void fold_rows_with(StateTable& table, const int32_t* kgs, RowKeys& rk, const Ar
   if constexpr (kTtl) {
     for_rows(rk, table, lanes, kgs, n, row);
   } else {
-    const FoldHotRows<T, kUndo, Combine, ValueAt> hot{lanes.view(), kgs, &values, combine,
+    const FoldHotRows<T, kUndo, Combine, ValueAt> hot{lanes.view(), lanes.generation_ptr(), kgs,
+                                                      &values, combine,
                                                       value_at, out, undo, &undone,
                                                       values.null_count() == 0};
     for_rows(rk, table, lanes, kgs, n, row, hot);

@@ -319,7 +319,14 @@ class Lanes {
     return &l;
   }
   // After any other call on key group kg's map (see FlatLane).
-  void close(int32_t kg) { lanes_[kg - kg_start_].epoch = 0; }
+  void close(int32_t kg) {
+    lanes_[kg - kg_start_].epoch = 0;
+    ++generation_;
+  }
+  // Counts close() calls: a slot address a lane gave (FlatLane::home_slot) is sound for as long
+  // as this has not changed since (a lane that closed may reopen on another table).
+  uint32_t generation() const { return generation_; }
+  const uint32_t* generation_ptr() const { return &generation_; }
   // The lanes as RowKeys' hasher sees them (it runs outside the kernel's row loop): a null
   // view has none.
   struct View {
@@ -357,6 +364,7 @@ class Lanes {
   detail::FlatLane* lanes_;  // index kg - kg_start
   int32_t kg_start_;
   uint32_t epoch_;
+  uint32_t generation_ = 0;
 };
 
 // Encodes row i's key as prefix | ser(key) | ser(namespace) (00 for the VoidNamespace; batch.h
@@ -471,11 +479,12 @@ class RowKeys {
     return cur_row_ == i ? cur_hash_ : m.hash(data(), size());
   }
 
-  // Rows hashed and prefetched at a time, one group ahead of the rows applied. 8 rather than
-  // 16: a group's prefetches are issued in a burst, and the hasher stalled on them (a third of
-  // its samples on one prefetch instruction, perf); 200k int64 keys, add_batch Sum, 27.5 ->
-  // 26.3 ns a row cold, 24.2 -> 22.8 warm with the hot rows (4: 28.0 / 24.5).
-  static constexpr int64_t kGroup = 8;
+  // Rows hashed and prefetched at a time, one group ahead of the rows applied. 16 since the
+  // hasher hands the hot rows their home slots (Group::slots): 200k int64 keys, add_batch Sum,
+  // 27.4 -> 26.7 ns a row cold (stop 33, 8 interleaved rounds; string keys unchanged). Before
+  // that, 8 had won: a group's prefetches are issued in a burst, and the hasher stalled on them
+  // (27.5 -> 26.3 ns cold, 24.2 -> 22.8 warm; 4: 28.0 / 24.5).
+  static constexpr int64_t kGroup = 16;
   // The keys and map hashes of rows [start, start + kGroup) as hash_group encoded them, for a
   // row loop that takes a group at a time (for_rows) and keeps the view in registers: encode()
   // wrote and data()/size()/hash() re-read RowKeys' members, which every byte store of a row
@@ -489,6 +498,11 @@ class RowKeys {
     // bytes + j * fixed_size (hash_int64_words; offsets are not written); 0: see offsets.
     uint32_t fixed_size = 0;
     bool valid = false;
+    // fixed_size != 0: row j's home slot through its open lane (FlatLane::home_slot; nullptr
+    // when the lane was not open or the page missing), computed while the kernel's Lanes had
+    // generation `generation`.
+    uint8_t* const* slots = nullptr;
+    uint32_t generation = 0;
   };
   // The encoded size of an int64 key with the void namespace and a 1-byte prefix.
   static constexpr uint32_t kInt64WordKey = 10;
@@ -496,7 +510,8 @@ class RowKeys {
     if (!prefetch_) return GroupView{};
     const Group& g = groups_[(static_cast<uint64_t>(start) / kGroup) & 1];
     if (g.start != start) return GroupView{};
-    return GroupView{g.bytes.data(), g.offsets, g.hashes, g.fixed_size, true};
+    return GroupView{g.bytes.data(), g.offsets,    g.hashes,    g.fixed_size,
+                     true,           g.slots,      g.generation};
   }
 
  private:
@@ -573,6 +588,8 @@ class RowKeys {
     uint32_t hashes[kGroup] = {};
     bool all_flat = false;  // every row's map is flat: nothing for ahead() to prefetch
     uint32_t fixed_size = 0;  // GroupView::fixed_size
+    uint8_t* slots[kGroup] = {};  // GroupView::slots (hash_int64_words)
+    uint32_t generation = ~0u;    // GroupView::generation
   };
 
   // kVoid: the caller knows the namespace is void (the row loops are instantiated for both, so
@@ -724,6 +741,8 @@ class RowKeys {
     // Locals: the key byte stores below may alias the members (callgrind: 7.5M more
     // instructions over 2M rows reading them through `this`).
     const Lanes::View lanes = lanes_in ? lanes_in->view() : Lanes::View{};
+    // ~0u: no lanes, so no slot is ever sound (a Lanes' generation starts at 0 and counts up).
+    g.generation = lanes_in ? lanes_in->generation() : ~0u;
     const ArrayView keys = *int_keys_;
     const int32_t* kgs = kgs_;
     uint8_t* base = g.bytes.data();  // kGroup * kInt64KeyMax bytes (constructor)
@@ -745,7 +764,15 @@ class RowKeys {
       detail::store_u64(dst + kSize - 8, last);
       const uint32_t h = detail::short_key_hash_words(first, last, kSize);
       g.hashes[k] = h;
-      if (!prefetch_row(lanes, kg, h)) all_flat = false;
+      uint8_t* slot = nullptr;
+      if (lanes.lanes != nullptr && lanes.lane(kg).epoch == lanes.epoch) {
+        const detail::FlatLane& l = lanes.lane(kg);
+        slot = l.home_slot(h);
+        l.prefetch_slot(slot);
+      } else if (!prefetch_slot(kg, h)) {
+        all_flat = false;
+      }
+      g.slots[k] = slot;
     }
     g.all_flat = all_flat;
   }

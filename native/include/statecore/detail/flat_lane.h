@@ -101,9 +101,11 @@ struct alignas(64) FlatLane {
   // group of rows ahead; through the map (StateMap::Impl::prefetch: map, engine, directory,
   // page) it was ~20 more instructions a row (callgrind).
   [[gnu::always_inline]] void prefetch(uint32_t h) const {
-    const size_t home = h & mask;
-    if (const FlatPage* p = pages[home >> page_shift]) {
-      const uint8_t* s = p->bytes() + (home & page_mask) * stride;
+    prefetch_slot(home_slot(h));
+  }
+  // The prefetch of a home slot as home_slot returned it (nullptr: nothing).
+  [[gnu::always_inline]] void prefetch_slot(const uint8_t* s) const {
+    if (s) {
       __builtin_prefetch(s, 1, 3);
       __builtin_prefetch(s + 2 * stride - 1, 1, 3);
     }
@@ -121,14 +123,31 @@ struct alignas(64) FlatLane {
   template <class W, uint32_t kStride = 0, uint32_t kSuffix = 0>
   [[gnu::always_inline]] int find(uint32_t h, W k0, W k1, uint8_t** slot,
                                   size_t* page_index) const {
+    uint8_t* s = home_slot<kStride>(h);
+    if (!s) return -1;
+    return find_from<W, kStride, kSuffix>(s, h, k0, k1, slot, page_index);
+  }
+
+  // The home slot of hash h, or nullptr when its page was never written. kStride as find's.
+  template <uint32_t kStride = 0>
+  [[gnu::always_inline]] uint8_t* home_slot(uint32_t h) const {
+    const size_t home = h & mask;
+    FlatPage* p = pages[home >> page_shift];
+    return p ? p->bytes() + (home & page_mask) * (kStride ? kStride : stride) : nullptr;
+  }
+
+  // find() from `s`, the home slot of h as home_slot returned it while the lane was open: a
+  // kernel's key hasher computes it a group of rows ahead (RowKeys::Group::slots), so that the
+  // row's first load of its slot does not wait on the chain key group, lane, page array, page
+  // (Lanes::generation says when a slot so computed is still sound).
+  template <class W, uint32_t kStride = 0, uint32_t kSuffix = 0>
+  [[gnu::always_inline]] int find_from(uint8_t* s, uint32_t h, W k0, W k1, uint8_t** slot,
+                                       size_t* page_index) const {
     const size_t stride = kStride ? kStride : this->stride;
     const size_t suffix = kSuffix ? kSuffix : this->suffix;
     const size_t home = h & mask;
     size_t pi = home >> page_shift;
-    FlatPage* p = pages[pi];
-    if (!p) return -1;
     size_t k = home & page_mask;  // slot index within the page
-    uint8_t* s = p->bytes() + k * stride;
     for (size_t crossings = 0;;) {
       const uint32_t meta = load_u32(s);
       if (meta == kFlatEmpty) {
@@ -149,7 +168,7 @@ struct alignas(64) FlatLane {
       }
       if (crossings++ > page_last) return -1;  // every slot seen
       pi = (pi + 1) & page_last;
-      p = pages[pi];
+      FlatPage* p = pages[pi];
       if (!p) return -1;
       s = p->bytes();
       k = 0;
@@ -181,6 +200,15 @@ struct alignas(64) FlatLane {
     const size_t suffix = kSuffix ? kSuffix : this->suffix;
     return find<W, kStride, kSuffix>(h, word<W>(key + 1), word<W>(key + 1 + suffix - sizeof(W)),
                                      slot, page_index);
+  }
+  // find_from() of a key of key_size bytes (first byte as at open) by its suffix words.
+  template <class W, uint32_t kStride = 0, uint32_t kSuffix = 0>
+  [[gnu::always_inline]] int find_key_from(uint8_t* s, uint32_t h, const uint8_t* key,
+                                           uint8_t** slot, size_t* page_index) const {
+    const size_t suffix = kSuffix ? kSuffix : this->suffix;
+    return find_from<W, kStride, kSuffix>(s, h, word<W>(key + 1),
+                                          word<W>(key + 1 + suffix - sizeof(W)), slot,
+                                          page_index);
   }
   // A new key in the free slot `s` that find_key returned, on an owned page, below the load
   // threshold: stamped with the version, its suffix stored, counted. Not logged (the caller
