@@ -237,3 +237,28 @@ def test_null_values_in_hot_groups_emit_the_current_value_and_change_nothing(nam
     assert results["native"] == results["python"]
     out, got, entries = results["python"]
     assert None in out and entries < 120  # absent keys with null values stayed absent
+
+
+@pytest.mark.parametrize("max_parallelism", [4, 128, 1024])
+def test_maps_that_grow_part_way_through_a_batch_keep_every_count(max_parallelism):
+    """The key hasher hands the hot rows their home slots a group of rows ahead
+    (RowKeys::Group::slots). A map that grows in between (its rehash closes its lane) must not
+    have the rows already hashed write into its old table: every running count and the stored
+    sums stay those of a dict."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    b = create_backend("native", key_type="int64", max_parallelism=max_parallelism)
+    st_ = b.get_state(ReducingStateDescriptor("sum", "sum", "int64"))
+    expected: dict = {}
+    for rows in (20_000, 20_000, 3_000):  # from empty; every map doubles several times
+        keys = rng.integers(0, 6_000, rows)
+        want = []
+        for k in keys.tolist():
+            expected[k] = expected.get(k, 0) + 1
+            want.append(expected[k])
+        got = st_.add_batch(pa.array(keys, pa.int64()), pa.array(np.ones(rows, np.int64)))
+        assert got.to_pylist() == want
+    probe = sorted(expected)
+    assert st_.get_batch(pa.array(probe, pa.int64())).to_pylist() == [expected[k] for k in probe]
+    b.close()
