@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -245,8 +246,6 @@ def test_maps_that_grow_part_way_through_a_batch_keep_every_count(max_parallelis
     (RowKeys::Group::slots). A map that grows in between (its rehash closes its lane) must not
     have the rows already hashed write into its old table: every running count and the stored
     sums stay those of a dict."""
-    import numpy as np
-
     rng = np.random.default_rng(7)
     b = create_backend("native", key_type="int64", max_parallelism=max_parallelism)
     st_ = b.get_state(ReducingStateDescriptor("sum", "sum", "int64"))

@@ -342,13 +342,18 @@ class Lanes {
       return *reinterpret_cast<const detail::FlatLane*>(
           lane0 + static_cast<uintptr_t>(static_cast<uint32_t>(kg)) * sizeof(detail::FlatLane));
     }
+    // Key group kg's lane when it is open in this call, else nullptr.
+    [[gnu::always_inline]] const detail::FlatLane* open_lane(int32_t kg) const {
+      if (lanes == nullptr) return nullptr;
+      const detail::FlatLane& l = lane(kg);
+      return l.epoch == epoch ? &l : nullptr;
+    }
     // FlatLane::prefetch of hash h through key group kg's lane; false, doing nothing, when the
     // lane is not open in this call.
     [[gnu::always_inline]] bool prefetch(int32_t kg, uint32_t h) const {
-      if (lanes == nullptr) return false;
-      const detail::FlatLane& l = lane(kg);
-      if (l.epoch != epoch) return false;
-      l.prefetch(h);
+      const detail::FlatLane* l = open_lane(kg);
+      if (l == nullptr) return false;
+      l->prefetch(h);
       return true;
     }
   };
@@ -765,10 +770,9 @@ class RowKeys {
       const uint32_t h = detail::short_key_hash_words(first, last, kSize);
       g.hashes[k] = h;
       uint8_t* slot = nullptr;
-      if (lanes.lanes != nullptr && lanes.lane(kg).epoch == lanes.epoch) {
-        const detail::FlatLane& l = lanes.lane(kg);
-        slot = l.home_slot(h);
-        l.prefetch_slot(slot);
+      if (const detail::FlatLane* l = lanes.open_lane(kg)) {  // prefetch_row, keeping the slot
+        slot = l->home_slot(h);
+        l->prefetch_slot(slot);
       } else if (!prefetch_slot(kg, h)) {
         all_flat = false;
       }
