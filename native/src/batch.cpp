@@ -182,6 +182,8 @@ template <class T>
 // lambda's loop, which has calls on its rarer paths (lane open, log_write, the general upsert),
 // GCC kept the hashes, the output pointer, the aggregate and the key words on the stack, and a
 // row that updated was ~84 instructions (objdump, int64 Sum).
+static_assert(detail::kFlatVarKeyClasses[0] > RowKeys::kInt64WordKey + 1,
+              "FoldHotRows tells int64 lanes by key_size alone: no var lane has theirs");
 template <class T, bool kUndo, class Combine, class ValueAt>
 struct FoldHotRows {
   static constexpr bool kEnabled = true;

@@ -78,7 +78,7 @@ struct SlotWordHash {
   uint32_t key_size;
 
   static bool applies(KeyHashFunction hash_fn, const FlatLayout& l) {
-    return !hash_fn && l.prefix_size == 1 && l.key_size > 8 && l.key_size <= 16 &&
+    return !hash_fn && !l.var && l.prefix_size == 1 && l.key_size > 8 && l.key_size <= 16 &&
            !detail::kBigEndianHost;
   }
   explicit SlotWordHash(const FlatLayout& l) : prefix(l.prefix[0]), key_size(l.key_size) {}
@@ -104,7 +104,8 @@ StateMap::Impl::FlatLocation StateMap::Impl::flat_locate(uint32_t h, const uint8
   FlatLocation at{h, nullptr, 0};
   const FlatLayout& l = fprimary->layout;
   if (!l.fixed || !l.fits_key(key, ks)) return at;  // cannot be stored here
-  const uint8_t* suffix = key + l.prefix_size;
+  uint64_t buf[detail::kFlatMaxKey / 8];
+  const uint8_t* suffix = l.probe_key(key, ks, buf);
   if (frehash && detail::flat_probe(frehash, at.h, suffix, 0, &at.slot)) {
     at.table = &frehash;
   } else if (detail::flat_probe(fprimary, at.h, suffix, frehash ? rehash_index : 0, &at.slot)) {
@@ -255,6 +256,30 @@ void StateMap::Impl::flat_finish_rehash() {
   flat_rehash_done();
 }
 
+void StateMap::Impl::flat_relayout(const FlatLayout& nl) {
+  if (frehash) flat_finish_rehash();
+  const FlatDirectory* old = fprimary;
+  const FlatLayout& ol = old->layout;
+  FlatDirectory* nd = FlatDirectory::make(old->capacity, nl);
+  const size_t mask = nd->mask();
+  const size_t vs = nl.value_size;
+  uint8_t buf[detail::kFlatMaxKey];
+  detail::flat_for_each_live(old, 0, [&](const uint8_t* s, uint32_t meta) {
+    const size_t ks = detail::flat_full_key(ol, s, buf);
+    size_t i = hash_of(buf, ks) & mask;  // the hash of the key, so its home, does not change
+    uint8_t* dst = flat_slot_for_write(&nd, i);
+    while (load_u32(dst) != kFlatEmpty) dst = flat_slot_for_write(&nd, i = (i + 1) & mask);
+    store_u32(dst, meta);  // the same `modified`: a relayout is not a change
+    nl.store_key(dst + 4, buf, ks);
+    if (vs) std::memcpy(dst + 4 + nl.suffix_size(), s + 4 + ol.suffix_size(), vs);
+  });
+  const size_t freed = bytes_freed_by_unref(fprimary);
+  FlatDirectory::unref(fprimary);
+  note_freed(freed);
+  fprimary = nd;
+  ++stats.relayouts;
+}
+
 bool StateMap::Impl::flat_put(const FlatLocation& at, const uint8_t* key, size_t ks, size_t vs,
                               uint8_t** value) {
   FlatLayout& l = fprimary->layout;
@@ -278,8 +303,14 @@ bool StateMap::Impl::flat_put(const FlatLocation& at, const uint8_t* key, size_t
     FlatDirectory::unref(fprimary);
     fprimary = FlatDirectory::make(cap, nl);
   } else if (!l.fits_key(key, ks) || vs != l.value_size) {
-    unflatten();
-    return false;
+    // Another key size or first byte: the var form (or a larger var class) holds both, unless
+    // the value size differs too or a key is too long for any var class.
+    FlatLayout nl;
+    if (vs != l.value_size || !FlatLayout::make_var(ks > l.key_size ? ks : l.key_size, vs, &nl)) {
+      unflatten();
+      return false;
+    }
+    flat_relayout(nl);
   }
   // >= rather than the chained engine's >: open addressing needs a free slot in every table.
   if (size() >= threshold && !frehash) {

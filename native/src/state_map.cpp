@@ -923,7 +923,8 @@ bool MapSnapshot::find_hashed(uint32_t hash, const uint8_t* key, size_t key_size
   if (s_->flat) {
     const FlatLayout& l = s_->fprimary->layout;
     if (!l.fixed || !l.fits_key(key, key_size)) return false;
-    const uint8_t* suffix = key + l.prefix_size;
+    uint64_t buf[detail::kFlatMaxKey / 8];
+    const uint8_t* suffix = l.probe_key(key, key_size, buf);
     const FlatDirectory* d = s_->frehash;
     size_t i;
     if (!d || !detail::flat_probe(d, hash, suffix, 0, &i)) {

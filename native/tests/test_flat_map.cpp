@@ -83,10 +83,27 @@ std::map<std::string, int> one_pass(StateMap& m, size_t step, bool remove_odd_se
   return seen;
 }
 
+// The keys a differential run draws from: int64 keys as the codec encodes them (one fixed
+// layout), keys of 0-40 bytes (var layouts, growing through their classes), or those with one
+// key in 50 of 70 bytes (too long for any var class: a conversion).
+enum class Keys { Int64, Sized, SomeTooLong };
+
+// Key number k of the form: sizes spread over the range by a multiplicative hash of k, bytes
+// from k, so that keys of one size differ and a key number always names the same key.
+std::string key_of(Keys form, uint64_t k) {
+  if (form == Keys::Int64) return key9(k);
+  size_t n = static_cast<size_t>((k * 0x9E3779B97F4A7C15ull) >> 58) % 41;
+  if (form == Keys::SomeTooLong && k % 50 == 7) n = 70;
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>((k >> (8 * (i % 4))) + i);
+  return s;
+}
+
 // Same random operations on a flat and a chained map, compared after every step; snapshots and
 // change listings compared when taken. `values_vary` mixes value sizes, which converts the flat
-// map (the comparison then covers the conversion).
-void differential(KeyHashFunction h, uint32_t seed, int steps, int key_space, bool values_vary) {
+// map (the comparison then covers the conversion); so does Keys::SomeTooLong.
+void differential(KeyHashFunction h, uint32_t seed, int steps, int key_space, bool values_vary,
+                  Keys form = Keys::Int64) {
   StateMap flat(h, MapEngine::Flat), chained(h, MapEngine::Chained);
   std::mt19937_64 rng(seed);
   struct Pair {
@@ -96,7 +113,7 @@ void differential(KeyHashFunction h, uint32_t seed, int steps, int key_space, bo
   bool converted_seen = false;
   bool ok = true;
   for (int step = 0; step < steps && ok; ++step) {
-    const std::string k = key9(rng() % key_space);
+    const std::string k = key_of(form, rng() % key_space);
     const int op = static_cast<int>(rng() % 100);
     if (op < 45) {
       std::string v = val8(rng());
@@ -144,8 +161,10 @@ void differential(KeyHashFunction h, uint32_t seed, int steps, int key_space, bo
   CHECK(ok);
   CHECK(live(flat) == live(chained));
   for (const Pair& p : snaps) CHECK(entries(*p.f) == entries(*p.c));
-  if (!values_vary) CHECK(flat.is_flat());
-  if (values_vary) CHECK(converted_seen);
+  const bool converts = values_vary || form == Keys::SomeTooLong;
+  if (!converts) CHECK(flat.is_flat());
+  if (converts) CHECK(converted_seen);
+  if (form == Keys::Sized) CHECK(flat.stats().relayouts > 0);
 }
 
 }  // namespace
@@ -165,7 +184,10 @@ TEST(fixed_width_maps_stay_flat_and_hold_their_entries) {
   CHECK(m.is_flat());
 }
 
-TEST(a_put_of_another_size_converts_keeping_entries_snapshots_and_changes) {
+// Another key size or first byte relayouts the table into the var form (stays flat); another
+// value size converts it to the chained engine. Either way entries, snapshots and change
+// listings are as before.
+TEST(a_put_of_another_size_relayouts_or_converts_keeping_entries_snapshots_and_changes) {
   for (int which = 0; which < 3; ++which) {
     StateMap m(nullptr, MapEngine::Flat);
     for (int i = 0; i < 3000; ++i) put(m, key9(i), val8(i));
@@ -174,10 +196,11 @@ TEST(a_put_of_another_size_converts_keeping_entries_snapshots_and_changes) {
     for (int i = 0; i < 100; ++i) put(m, key9(i), val8(i + 1));
     for (int i = 100; i < 150; ++i) m.remove(u8(key9(i)), 9);
     const Ref before = live(m);
-    if (which == 0) put(m, "short", "v");                 // another key size
+    if (which == 0) put(m, "short", val8(1));             // another key size
     if (which == 1) put(m, key9(5000, 99), val8(1));      // another prefix
     if (which == 2) put(m, key9(7), "longer value");      // another value size
-    CHECK(!m.is_flat());
+    CHECK(m.is_flat() == (which != 2));
+    CHECK_EQ(m.stats().relayouts, uint64_t(which != 2 ? 1 : 0));
     Ref after = live(m);
     if (which == 0) after.erase("short");
     if (which == 1) after.erase(key9(5000, 99));
@@ -190,12 +213,49 @@ TEST(a_put_of_another_size_converts_keeping_entries_snapshots_and_changes) {
     for (const MapChange& c : s2->sorted_changes(s1->version())) (c.removed ? tombstones : puts)++;
     CHECK_EQ(puts, size_t(which == 2 ? 100 : 101));
     CHECK_EQ(tombstones, size_t{50});
-    // Converted entries are chained entries under the chained engine's copy-on-write.
+    // Relayouted or converted entries are under copy-on-write as before.
     put(m, key9(2000), val8(0));
     CHECK(entries(*s2)[key9(2000)] == val8(2000));
     std::string v;
     CHECK(get(m, key9(2000), &v) && v == val8(0));
   }
+}
+
+TEST(keys_of_many_sizes_stay_flat_through_the_var_classes) {
+  StateMap m(nullptr, MapEngine::Flat);
+  auto s0 = m.snapshot();
+  Ref ref;
+  // Sizes 1..63 in rising order: a fixed layout, then every var class in turn.
+  for (int i = 0; i < 4000; ++i) {
+    const size_t n = 1 + static_cast<size_t>(i) * 63 / 4000;
+    std::string k(n, 'a');
+    for (size_t j = 0; j < n; ++j) k[j] = static_cast<char>((i >> (j % 3 * 4)) + j);
+    k[0] = static_cast<char>(i);
+    k[n - 1] = static_cast<char>(i >> 8);
+    put(m, k, val8(i));
+    ref[k] = val8(i);
+  }
+  CHECK(m.is_flat());
+  CHECK_EQ(m.stats().relayouts, uint64_t{6});  // fixed -> 15 -> 23 -> 31 -> 39 -> 47 -> 63
+  CHECK(live(m) == ref);
+  for (auto& kv : ref) {
+    std::string v;
+    CHECK(get(m, kv.first, &v) && v == kv.second);
+  }
+  std::string v;
+  CHECK(!get(m, std::string(63, 'z'), &v));
+  // A key with trailing zero bytes differs from its prefix (the size byte).
+  put(m, std::string("ab\0", 3), val8(1));
+  put(m, "ab", val8(2));
+  CHECK(get(m, std::string("ab\0", 3), &v) && v == val8(1));
+  CHECK(get(m, "ab", &v) && v == val8(2));
+  CHECK(entries(*s0).empty());
+  auto s1 = m.snapshot();
+  CHECK_EQ(entries(*s1).size(), ref.size() + 2);
+  put(m, std::string(64, 'k'), "12345678");  // past the largest class: converts
+  CHECK(!m.is_flat());
+  CHECK_EQ(entries(*s1).size(), ref.size() + 2);
+  CHECK(get(m, "ab", &v) && v == val8(2));
 }
 
 TEST(oversized_layouts_start_chained) {
@@ -403,6 +463,17 @@ TEST(differential_against_the_chained_engine_default_hash) {
 TEST(differential_against_the_chained_engine_colliding_hashes) {
   differential(&colliding_hash, 3, 4000, 200, false);
   differential(&weak_hash, 4, 20000, 2000, false);
+}
+
+TEST(differential_over_keys_of_many_sizes) {
+  differential(nullptr, 7, 60000, 3000, false, Keys::Sized);
+  differential(&weak_hash, 8, 20000, 2000, false, Keys::Sized);
+  differential(&colliding_hash, 9, 4000, 200, false, Keys::Sized);
+}
+
+TEST(differential_across_a_conversion_from_var_keys) {
+  differential(nullptr, 10, 30000, 2000, false, Keys::SomeTooLong);
+  differential(nullptr, 11, 30000, 2000, true, Keys::Sized);
 }
 
 TEST(differential_across_a_conversion) {

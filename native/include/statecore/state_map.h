@@ -217,15 +217,24 @@ struct Entry;
 // int64 -> int64 entry and two dependent cache misses per access. So a map starts FLAT:
 //  - Table: open addressing with linear probing over a paged slot array (pages of up to 16 KiB,
 //    power-of-two capacity, minimum 4, load factor 3/4 checked with >= so a slot stays free).
-//    A slot is {meta, key suffix, value} inline: meta = the entry's `modified` version, or
+//    A slot is {meta, key, value} inline: meta = the entry's `modified` version, or
 //    empty / deleted. The first insert fixes the layout: the key width, the value width and, for
-//    keys of 9+ bytes, their first byte (the key-group prefix, kept once per table). An int64 ->
+//    keys of 5+ bytes, their first byte (the key-group prefix, kept once per table). An int64 ->
 //    int64 entry is a 20-byte slot: ~34 bytes per entry at the load of a 10M-entry state.
-//  - Conversion: an insert that does not fit the layout (another key or value width, another
-//    first byte, a key over 64 or a value over 256 bytes, a version past 2^32 - 3) converts the
-//    map to the chained engine, once and for good: O(size) then, every entry re-created with its
-//    `modified` (so change listings do not see a conversion). Snapshots keep their flat tables.
-//    clear() forgets the layout (the next insert picks one again).
+//  - Var layouts (string and binary keys): an insert of another key width or first byte
+//    rewrites the table (same capacity, same homes, same `modified`: flat_relayout) into a var
+//    layout, whose slots hold a size byte, the whole key and zero padding up to a key capacity
+//    of 15, 23, 31, 39, 47 or 63 bytes (the smallest that holds the longest key so far; a longer
+//    key moves the table up a class the same way). A key is then compared as whole words with
+//    no length test. At most seven rewrites per map, so O(1) amortised per insert. Trade-off:
+//    short keys in a class sized for long ones pay for the padding (a string state of 8-32
+//    character keys: 52-byte slots) -- still no allocation, header or pointer per entry, and one
+//    cache line per probe instead of the chained engine's head and chain of heap nodes.
+//  - Conversion: an insert that does not fit any layout (another value width, a key over 63
+//    bytes once keys vary, a key over 64 or a value over 256 bytes, a version past 2^32 - 3)
+//    converts the map to the chained engine, once and for good: O(size) then, every entry
+//    re-created with its `modified` (so change listings do not see a conversion). Snapshots keep
+//    their flat tables. clear() forgets the layout (the next insert picks one again).
 //  - Copy-on-write at page granularity: the same reference-counted directory and pages as the
 //    chained bucket array, but a page holds the entries themselves, so the first write after a
 //    snapshot to a page copies the page (up to 16 KiB) and nothing else; there is no entry-level
@@ -264,7 +273,9 @@ struct Entry;
 //    bytes, so neither many small maps (high max parallelism) nor the 8-page maps of a 200k-key
 //    state at max parallelism 128 cost a directory load a row. add_batch's hot rows
 //    (batch.cpp, FoldHotRows) write through lanes too: in-place updates, and inserts and first
-//    writes of an epoch that logs no writes (stamped, never logged; see log_write).
+//    writes of an epoch that logs no writes (stamped, never logged; see log_write). Var
+//    layouts open lanes too: a string row's key words are built in registers and compared
+//    against its home slot's without the general path's calls (FlatLane::upsert_var).
 //  - Owned pages (FlatDirectory::owned, detail/flat_table.h): a flat directory keeps one byte per
 //    page, set when the owner made, copied or found the page exclusive, cleared for every page
 //    when the directory is copied. Writers test that byte, beside the page pointer they load
@@ -410,6 +421,7 @@ class StateMap {
     uint64_t entries_retired = 0;   // entries put on the retire list
     uint64_t retired_freed = 0;     // retired entries freed after their snapshots were released
     uint64_t rehashes = 0;          // incremental rehashes started
+    uint64_t relayouts = 0;         // flat tables rewritten in a wider layout (flat engine)
     uint64_t snapshots = 0;         // snapshots taken
   };
   Stats stats() const;

@@ -27,10 +27,12 @@ namespace detail {
 // The row-path members are always inlined: they run once a row, and GCC outlined them from the
 // kernels' larger loops (a call and spills a row, +100M instructions over 2M rows, callgrind).
 //
-// Only layouts with a 1-byte prefix and a 4-16 byte key suffix open (an int64 key with the void
+// Fixed layouts open with a 1-byte prefix and a 4-16 byte key suffix (an int64 key with the void
 // namespace or an int32 one, an int32 key with the void namespace, under either key-group
 // prefix size): a key is then two overlapping words (8 bytes each for 8-16 byte suffixes, 4
-// below), compared with two loads and no length test.
+// below), compared with two loads and no length test. Var layouts (string and binary keys)
+// open too, on little-endian hosts: a key is the words of its key area (flat_var_words),
+// built in registers a row and compared a word at a time.
 struct alignas(64) FlatLane {
   // The first cache line holds what every row reads but its page pointer, the second the page
   // pointers of a map of up to kCopiedPages pages: a row touches two lines of its lane.
@@ -54,9 +56,10 @@ struct alignas(64) FlatLane {
   uint32_t version = 0;     // the map version, stamped on every write
   uint32_t epoch = 0;       // the owner's bookkeeping (open in the batch of this epoch)
   uint16_t value_size = 0;  // <= kFlatMaxValue
-  uint8_t key_size = 0;     // 5..17 (open)
-  uint8_t suffix = 0;       // key suffix bytes, 4..16
+  uint8_t key_size = 0;     // 5..17 (open); var: the most a key may have, a kFlatVarKeyClasses
+  uint8_t suffix = 0;       // key suffix bytes, 4..16; var: the key area's, 16..64
   uint8_t page_shift = 0;
+  bool var = false;         // the table's layout is var (flat_table.h)
   // 8: the pages of a 4096-slot table of int64 keys and values (21-byte slots, 512 a page),
   // which the 128 key groups of a 200k-key state have; past 3,072 keys a map has 16.
   static constexpr size_t kCopiedPages = 8;
@@ -70,10 +73,11 @@ struct alignas(64) FlatLane {
     const FlatDirectory* d = m.fprimary;
     const FlatLayout& l = d->layout;
     const uint32_t n = l.suffix_size();
-    if (!l.fixed || l.prefix_size != 1 || !l.fits_key(key, ks) || n < 4 || n > 16 ||
-        (vs != 0 && vs != l.value_size) ||
+    const bool words = l.var ? !kBigEndianHost : l.prefix_size == 1 && n >= 4 && n <= 16;
+    if (!l.fixed || !words || !l.fits_key(key, ks) || (vs != 0 && vs != l.value_size) ||
         (write && d->refs.load(std::memory_order_acquire) != 1))
       return false;
+    var = l.var;
     map = &m;
     if (d->page_count <= kCopiedPages) {
       std::memcpy(page_copies, d->pages(), d->page_count * sizeof(FlatPage*));
@@ -143,8 +147,20 @@ struct alignas(64) FlatLane {
   template <class W, uint32_t kStride = 0, uint32_t kSuffix = 0>
   [[gnu::always_inline]] int find_from(uint8_t* s, uint32_t h, W k0, W k1, uint8_t** slot,
                                        size_t* page_index) const {
-    const size_t stride = kStride ? kStride : this->stride;
     const size_t suffix = kSuffix ? kSuffix : this->suffix;
+    return find_with<kStride>(
+        s, h,
+        [&](const uint8_t* key) {
+          return word<W>(key) == k0 && word<W>(key + suffix - sizeof(W)) == k1;
+        },
+        slot, page_index);
+  }
+
+  // find_from() with the key test `eq(slot + 4)` (the slot's key area).
+  template <uint32_t kStride, class Eq>
+  [[gnu::always_inline]] int find_with(uint8_t* s, uint32_t h, Eq&& eq, uint8_t** slot,
+                                       size_t* page_index) const {
+    const size_t stride = kStride ? kStride : this->stride;
     const size_t home = h & mask;
     size_t pi = home >> page_shift;
     size_t k = home & page_mask;  // slot index within the page
@@ -157,7 +173,7 @@ struct alignas(64) FlatLane {
       }
       // No kFlatDeleted test: tombstones exist only in the old table of a rehash, and a lane
       // never opens while one is in flight (open), so its table has none.
-      if (word<W>(s + 4) == k0 && word<W>(s + 4 + suffix - sizeof(W)) == k1) {
+      if (eq(s + 4)) {
         *slot = s;
         *page_index = pi;
         return 1;
@@ -182,15 +198,23 @@ struct alignas(64) FlatLane {
   // caller then makes the general call, which marks the page owned). New values are value_size
   // zero bytes. `ks`: the key's size (key_size); a caller whose size is a constant (the int64
   // word rows) has the word width chosen at compile time.
+  // Var lanes: any key of up to key_size bytes.
   [[gnu::always_inline]] uint8_t* upsert(uint32_t h, const uint8_t* key, size_t ks,
                                          bool* inserted) {
+    if (var) return upsert_var(h, key, ks, inserted);
     return ks >= 9 ? upsert_words<uint64_t>(h, key, inserted)
                    : upsert_words<uint32_t>(h, key, inserted);
   }
 
   // get_hashed: the value bytes (value_size of them) or nullptr when absent.
   [[gnu::always_inline]] const uint8_t* get(uint32_t h, const uint8_t* key, size_t ks) const {
+    if (var) return get_var(h, key, ks);
     return ks >= 9 ? get_words<uint64_t>(h, key) : get_words<uint32_t>(h, key);
+  }
+
+  // A key of ks bytes fits the lane: its size for a fixed layout, at most key_size for a var one.
+  [[gnu::always_inline]] bool fits(size_t ks) const {
+    return ks == key_size || (var && ks < key_size);
   }
 
   // find() of a key of key_size bytes (first byte as at open) by its suffix words.
@@ -263,6 +287,63 @@ struct alignas(64) FlatLane {
     uint8_t* s;
     size_t pi;
     return find_key<W>(h, key, &s, &pi) == 1 ? s + 4 + suffix : nullptr;
+  }
+
+  // find() over a var lane, for a key whose area words (flat_var_words) are w[0, nw). The first
+  // word alone first: it holds the size and the first 7 bytes, where keys almost always differ.
+  [[gnu::always_inline]] int find_var(uint32_t h, const uint64_t* w, uint32_t nw, uint8_t** slot,
+                                      size_t* page_index) const {
+    uint8_t* s = home_slot(h);
+    if (!s) return -1;
+    const uint64_t w0 = w[0];
+    return find_with<0>(
+        s, h,
+        [&](const uint8_t* area) {
+          if (load_u64(area) != w0) return false;
+          for (uint32_t i = 1; i < nw; ++i)
+            if (load_u64(area + 8 * i) != w[i]) return false;
+          return true;
+        },
+        slot, page_index);
+  }
+
+  // upsert() of a var lane: as upsert_words; a new key's area is its words, then zero words.
+  // Out of line, unlike the fixed rows' members: a string row costs ~100 ns anyway, and inlined
+  // its word loops would enlarge the row loops that int64 keys share.
+  [[gnu::noinline]] uint8_t* upsert_var(uint32_t h, const uint8_t* key, size_t ks,
+                                        bool* inserted) {
+    uint64_t w[kFlatMaxKey / 8];
+    const uint32_t nw = flat_var_words(key, ks, w);
+    uint8_t* s;
+    size_t pi;
+    const int r = find_var(h, w, nw, &s, &pi);
+    if (r < 0 || !owned[pi]) return nullptr;
+    StateMap::Impl& m = *map;
+    if (r == 0) {
+      if (m.size() >= m.threshold) return nullptr;
+      *inserted = true;
+      m.log_write(h, key, ks);
+      store_u32(s, version);
+      uint8_t* area = s + 4;
+      for (uint32_t i = 0; i < suffix / 8u; ++i) store_u64(area + 8 * i, i < nw ? w[i] : 0);
+      ++m.primary_size;
+      m.live_bytes += ks + value_size;
+      uint8_t* v = area + suffix;
+      std::memset(v, 0, value_size);
+      return v;
+    }
+    *inserted = false;
+    if (load_u32(s) != version) m.log_write(h, key, ks);
+    store_u32(s, version);
+    return s + 4 + suffix;
+  }
+
+  [[gnu::noinline]] const uint8_t* get_var(uint32_t h, const uint8_t* key, size_t ks) const {
+    uint64_t w[kFlatMaxKey / 8];
+    const uint32_t nw = flat_var_words(key, ks, w);
+    uint8_t* s;
+    size_t pi;
+    return find_var(h, w, nw, &s, &pi) == 1 ? s + 4 + suffix : nullptr;
   }
 };
 static_assert(offsetof(FlatLane, page_copies) == 64 && sizeof(FlatLane) == 128,

@@ -13,8 +13,13 @@
 // Slot (stride = 4 + suffix_size + value_size bytes, no padding, read with memcpy):
 //   meta (uint32, native endian): kEmpty, kDeleted, or the map version of the last write of the
 //        value (StateMap's `modified`, Flink stateVersion)
-//   key suffix: the encoded key without its first prefix_size bytes, which every key of the
-//        table shares (the key-group prefix: one StateMap per key group) and the layout keeps once
+//   key area (suffix_size bytes), one of two forms:
+//     fixed: the encoded key without its first prefix_size bytes, which every key of the table
+//        shares (the key-group prefix: one StateMap per key group) and the layout keeps once;
+//     var (keys of different sizes, up to key_size bytes: string and binary keys): the key's
+//        size in one byte, the whole key, zeros to the end of the area. A key is then compared
+//        as the area's words, with no length test and no call: the size byte makes keys of
+//        different sizes differ, the zero padding makes the rest of equal keys equal.
 //   value bytes
 #pragma once
 #include <atomic>
@@ -36,12 +41,19 @@ constexpr uint64_t kFlatMaxVersion = 0xFFFFFFFDu;
 constexpr size_t kFlatMaxKey = 64;     // larger keys or values: the chained engine
 constexpr size_t kFlatMaxValue = 256;
 constexpr size_t kFlatPageBytes = 16384;  // slots per page: the power of two that fits
+// The key capacities of var layouts: each makes a key area (size byte + key) of a whole number
+// of 8-byte words, compared word by word. A table takes the smallest that holds its longest key
+// and moves up a class when a longer key arrives (StateMap::Impl::flat_relayout), so a state of
+// short strings does not pay for the longest a var table can hold.
+constexpr uint32_t kFlatVarKeyClasses[] = {15, 23, 31, 39, 47, 63};
+constexpr size_t kFlatMaxVarKey = 63;
 
 // What every slot of a table holds. A table without a layout (`key_size == 0 && !fixed`) is
 // empty and takes the layout of its first insert.
 struct FlatLayout {
-  bool fixed = false;
-  uint32_t key_size = 0;     // bytes of every encoded key
+  bool fixed = false;        // the table has a layout (either form, see the file comment)
+  bool var = false;          // the var form: keys of any size up to key_size
+  uint32_t key_size = 0;     // bytes of every encoded key (var: the most a key may have)
   uint32_t prefix_size = 0;  // leading key bytes shared by every key, kept in `prefix`
   uint32_t value_size = 0;
   // 4 + suffix_size() + value_size, kept: the batch kernels' slot prefetch computes a slot
@@ -49,12 +61,29 @@ struct FlatLayout {
   uint32_t slot_stride = 4;
   uint8_t prefix[1] = {0};
 
-  uint32_t suffix_size() const { return key_size - prefix_size; }
+  // Bytes of a slot's key area: the value starts 4 + suffix_size() bytes into a slot.
+  uint32_t suffix_size() const { return var ? key_size + 1 : key_size - prefix_size; }
   uint32_t stride() const { return slot_stride; }
   // True when a key of `ks` bytes starting with `key` can live in a table of this layout.
   bool fits_key(const uint8_t* key, size_t ks) const {
+    if (var) return ks <= key_size;
     return ks == key_size && (prefix_size == 0 || key[0] == prefix[0]);
   }
+  // Writes the key area of a key that fits (suffix_size() bytes at `area`).
+  void store_key(uint8_t* area, const uint8_t* key, size_t ks) const {
+    if (!var) {
+      std::memcpy(area, key + prefix_size, suffix_size());
+      return;
+    }
+    // Zeroed a word at a time (the area is whole words), then the size byte and the key.
+    for (uint32_t i = 0; i < suffix_size(); i += 8) std::memset(area + i, 0, 8);
+    area[0] = static_cast<uint8_t>(ks);
+    if (ks) std::memcpy(area + 1, key, ks);
+  }
+  // What a probe compares slots' key areas with: the key's own bytes after the prefix (fixed),
+  // or its key area written into `buf` (var; kFlatMaxKey bytes aligned to 8, flat_var_words).
+  // The key must fit.
+  const uint8_t* probe_key(const uint8_t* key, size_t ks, uint64_t* buf) const;
   // The layout a table takes from its first key and value: the first byte of keys of 5 or more
   // bytes is the key-group prefix (the first byte of a 2-byte prefix), shared by the map's keys
   // (5: the shortest whose suffix a flat lane takes, an int32 key's with its namespace byte).
@@ -70,7 +99,64 @@ struct FlatLayout {
     *out = l;
     return true;
   }
+  // The var layout for keys of up to `max_ks` bytes and values of `vs` bytes: the smallest
+  // class of kFlatVarKeyClasses that holds max_ks. False when none does or vs is too large.
+  static bool make_var(size_t max_ks, size_t vs, FlatLayout* out) {
+    if (max_ks > kFlatMaxVarKey || vs > kFlatMaxValue) return false;
+    FlatLayout l;
+    l.fixed = true;
+    l.var = true;
+    for (uint32_t c : kFlatVarKeyClasses) {
+      if (c >= max_ks) {
+        l.key_size = c;
+        break;
+      }
+    }
+    l.value_size = static_cast<uint32_t>(vs);
+    l.slot_stride = 4 + l.suffix_size() + l.value_size;
+    *out = l;
+    return true;
+  }
 };
+static_assert(kFlatMaxVarKey + 1 <= kFlatMaxKey, "a var key area fits a kFlatMaxKey buffer");
+
+// The first ceil((ks + 1) / 8) words of the var key area of a key of ks <= kFlatMaxVarKey bytes
+// (little-endian hosts): what a slot holding that key has there, and every later word of its
+// area is zero. So a probe compares those words alone: a slot whose first word matches holds a
+// key of the same size, whose area has the same number of words before its zeros.
+//
+// Built in registers from loads of the key (area byte j >= 1 is key byte j - 1): word 0 = size |
+// key[0, 7) << 8, word w >= 1 = key[8w - 1, 8w + 7) while that is within the key, then the key's
+// last bytes shifted down from its last 8 (no byte past the key is read).
+inline uint32_t flat_var_words(const uint8_t* key, size_t ks, uint64_t* w) {
+  if (ks < 8) {
+    uint64_t x = ks;
+    for (size_t i = 0; i < ks; ++i) x |= uint64_t(key[i]) << (8 * (i + 1));
+    w[0] = x;
+    return 1;
+  }
+  w[0] = ks | (load_u64(key) << 8);
+  uint32_t n = 1;
+  for (; 8 * n + 7 <= ks; ++n) w[n] = load_u64(key + 8 * n - 1);
+  const size_t rest = ks + 1 - 8 * size_t(n);  // area bytes left: 0..7
+  if (rest) w[n++] = load_u64(key + ks - 8) >> (8 * (8 - rest));
+  return n;
+}
+
+// The probe's words are stored as aligned 8-byte words, so that the probe reads each back from
+// exactly one store. Written by store_key (a size byte, a memcpy, zero words), every word the
+// probe compared was read across narrower or misaligned stores, which the CPU cannot forward,
+// a stall each (perf: most of flat_locate's samples on the compares, 200k string keys).
+inline const uint8_t* FlatLayout::probe_key(const uint8_t* key, size_t ks, uint64_t* buf) const {
+  if (!var) return key + prefix_size;
+  uint8_t* const area = reinterpret_cast<uint8_t*>(buf);
+  if (kBigEndianHost) {  // flat_var_words is little-endian
+    store_key(area, key, ks);
+    return area;
+  }
+  for (uint32_t w = flat_var_words(key, ks, buf); w < suffix_size() / 8; ++w) buf[w] = 0;
+  return area;
+}
 
 struct FlatPage {
   std::atomic<uint32_t> refs;
@@ -192,15 +278,29 @@ inline bool overlapping_words_equal(const uint8_t* a, const uint8_t* b, size_t n
 // Key suffix comparison. Suffixes of 8-16 bytes (an int64 key, with or without the VoidNamespace
 // byte or an int64 namespace) are two overlapping 8-byte loads, of 4-7 bytes (an int32 key with
 // its namespace byte) two 4-byte ones, not a call to memcmp.
+// Whole-word areas of 24-64 bytes (var layouts) word by word, the first word alone first: it
+// holds the size byte and the key's first 7 bytes, where keys that differ almost always do.
 inline bool flat_key_equal(const uint8_t* a, const uint8_t* b, size_t n) {
   if (n >= 8 && n <= 16) return overlapping_words_equal<uint64_t>(a, b, n);
   if (n >= 4 && n < 8) return overlapping_words_equal<uint32_t>(a, b, n);
+  if (n >= 24 && n % 8 == 0 && n <= kFlatMaxKey) {
+    // An early exit a word, which GCC does not vectorise: a 16-byte load of a probe key
+    // (probe_key) would span two of its 8-byte stores and not be forwarded.
+    for (size_t i = 0; i < n; i += 8)
+      if (load_u64(a + i) != load_u64(b + i)) return false;
+    return true;
+  }
   return std::memcmp(a, b, n) == 0;
 }
 
 // The full key of a slot: the layout's prefix, then the stored suffix, into `buf` (at least
 // kFlatMaxKey bytes). Returns its size.
 inline size_t flat_full_key(const FlatLayout& l, const uint8_t* slot, uint8_t* buf) {
+  if (l.var) {
+    const size_t ks = slot[4];
+    std::memcpy(buf, slot + 5, ks);
+    return ks;
+  }
   if (l.prefix_size) buf[0] = l.prefix[0];
   const size_t n = l.suffix_size();
   if (n >= 8 && n <= 16) {

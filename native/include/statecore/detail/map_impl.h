@@ -208,7 +208,7 @@ struct StateMap::Impl {
                          size_t ks, size_t& table_size) {
     log_write(h, key, ks);
     detail::store_u32(s, static_cast<uint32_t>(version));
-    std::memcpy(s + 4, key + l.prefix_size, l.suffix_size());
+    l.store_key(s + 4, key, ks);
     std::memset(s + 4 + l.suffix_size(), 0, l.value_size);
     ++table_size;
     live_bytes += ks + l.value_size;
@@ -232,7 +232,8 @@ struct StateMap::Impl {
     const size_t mask = d->mask();
     const size_t stride = l.stride();
     const size_t n = l.suffix_size();
-    const uint8_t* suffix = key + l.prefix_size;
+    uint64_t buf[detail::kFlatMaxKey / 8];
+    const uint8_t* suffix = l.probe_key(key, ks, buf);
     size_t i = h & mask;
     for (size_t step = 0; step <= mask; ++step, i = (i + 1) & mask) {
       detail::FlatPage* p = d->pages()[i >> d->page_shift];
@@ -262,7 +263,8 @@ struct StateMap::Impl {
     const detail::FlatLayout& l = d->layout;
     if (!l.fixed || !l.fits_key(key, ks)) return l.fixed ? 0 : -1;
     size_t i;
-    if (!detail::flat_probe(d, h, key + l.prefix_size, 0, &i)) return 0;
+    uint64_t buf[detail::kFlatMaxKey / 8];
+    if (!detail::flat_probe(d, h, l.probe_key(key, ks, buf), 0, &i)) return 0;
     *out = ByteView{d->slot(i) + 4 + l.suffix_size(), l.value_size};
     return 1;
   }
@@ -283,6 +285,11 @@ struct StateMap::Impl {
   void flat_rehash_step();
   void flat_finish_rehash();  // every remaining step of the rehash in flight, in one pass
   void flat_start_rehash();
+  // Rewrites every live slot in layout `nl` (same capacity, same homes, same `modified`):
+  // a var table for keys of several sizes, or a larger var class. A rehash in flight is
+  // completed first. O(size), at most once per class of kFlatVarKeyClasses plus once from the
+  // fixed form, so amortised O(1) per insert. Snapshots keep their tables.
+  void flat_relayout(const detail::FlatLayout& nl);
   // Slot i of *table made writable (directory and page copied if shared, page allocated if
   // missing; the page is then marked owned). The common case -- both owned alone -- inline: a
   // rehash calls it per moved entry.
