@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "check.h"
 #include "statecore/arrow_abi.h"
 #include "statecore/batch.h"
 #include "statecore/state_table.h"
@@ -110,6 +111,42 @@ inline std::map<std::string, std::string> dump(StateTable& t) {
     });
   }
   return out;
+}
+
+// add_batch Sum's outputs for `keys` / `vals` (null values allowed) against `model`, which the
+// rows then update: a value row outputs its key's running sum, a null row the current sum
+// (valid only when the key has one).
+template <class K>
+void check_running_sums(std::map<K, int64_t>& model, const std::vector<std::optional<K>>& keys,
+                        const I64& vals, const int64_t* out, const uint8_t* valid) {
+  for (size_t r = 0; r < keys.size(); ++r) {
+    auto it = model.find(*keys[r]);
+    if (vals[r]) {
+      const int64_t acc = (it == model.end() ? 0 : it->second) + *vals[r];
+      model[*keys[r]] = acc;
+      CHECK_EQ(int(valid[r]), 1);
+      CHECK_EQ(out[r], acc);
+    } else {
+      CHECK_EQ(int(valid[r]), it == model.end() ? 0 : 1);
+      if (it != model.end()) CHECK_EQ(out[r], it->second);
+    }
+  }
+}
+
+// get_batch_fixed of `q` (the model's keys, in the model's order) reads back every int64 value
+// of `model`.
+template <class K>
+void check_reads_back(StateTable& t, const BatchKeySpec& sp, TestArray& q,
+                      const std::map<K, int64_t>& model) {
+  std::vector<int64_t> out(model.size());
+  std::vector<uint8_t> valid(model.size());
+  get_batch_fixed(t, sp, q.in(), ValueType::Int64, out.data(), valid.data());
+  size_t i = 0;
+  for (const auto& kv : model) {
+    CHECK_EQ(int(valid[i]), 1);
+    CHECK_EQ(out[i], kv.second);
+    ++i;
+  }
 }
 
 // Runs fn, expecting a BatchError whose message contains `needle`.

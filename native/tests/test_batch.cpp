@@ -150,15 +150,7 @@ TEST(running_sum_matches_reference_with_repeats_and_nulls) {
   I64 all;
   for (const auto& kv : ref) all.push_back(kv.first);
   TestArray q = fixed<int64_t>("l", all);
-  std::vector<int64_t> out(all.size());
-  std::vector<uint8_t> valid(all.size());
-  get_batch_fixed(t, sp, q.in(), ValueType::Int64, out.data(), valid.data());
-  size_t i = 0;
-  for (const auto& kv : ref) {
-    CHECK_EQ(int(valid[i]), 1);
-    CHECK_EQ(out[i], kv.second);
-    ++i;
-  }
+  check_reads_back(t, sp, q, ref);
 }
 
 TEST(min_max_count_float64) {

@@ -95,19 +95,7 @@ void run_model(int32_t maxp, KeyHashFunction hash, int64_t domain, int batches, 
       std::vector<int64_t> out(rows);
       std::vector<uint8_t> valid(rows);
       add_batch(t, sp, k.in(), ValueType::Int64, Reducer::Sum, v.in(), out.data(), valid.data());
-      for (int r = 0; r < rows; ++r) {
-        const int64_t key = *keys[r];
-        auto it = model.find(key);
-        if (vals[r]) {
-          const int64_t acc = (it == model.end() ? 0 : it->second) + *vals[r];
-          model[key] = acc;
-          CHECK_EQ(int(valid[r]), 1);
-          CHECK_EQ(out[r], acc);
-        } else {
-          CHECK_EQ(int(valid[r]), it == model.end() ? 0 : 1);
-          if (it != model.end()) CHECK_EQ(out[r], it->second);
-        }
-      }
+      check_running_sums(model, keys, vals, out.data(), valid.data());
     } else if (op == 1) {  // put_batch: last row wins, a null removes
       put_batch(t, sp, k.in(), ValueType::Int64, v.in());
       for (int r = 0; r < rows; ++r) {

@@ -37,7 +37,8 @@ uint32_t colliding_hash(const uint8_t* data, size_t size) {
 }
 
 // Key number k: 0-40 bytes (a multiplicative hash of k picks the size), or 70 bytes for one
-// number in 97 when `too_long` (no var class holds it: the map converts).
+// number in 97 when `too_long` (no var class holds it: the map converts), then "#" and k in
+// decimal, so that distinct numbers give distinct keys.
 std::string key_of(uint64_t k, bool too_long) {
   size_t n = static_cast<size_t>((k * 0x9E3779B97F4A7C15ull) >> 58) % 41;
   if (too_long && k % 97 == 5) n = 70;
@@ -74,18 +75,7 @@ size_t run_model(int32_t maxp, KeyHashFunction hash, uint64_t domain, int batche
       std::vector<int64_t> out(rows);
       std::vector<uint8_t> valid(rows);
       add_batch(t, sp, k.in(), ValueType::Int64, Reducer::Sum, v.in(), out.data(), valid.data());
-      for (int r = 0; r < rows; ++r) {
-        auto it = model.find(*keys[r]);
-        if (vals[r]) {
-          const int64_t acc = (it == model.end() ? 0 : it->second) + *vals[r];
-          model[*keys[r]] = acc;
-          CHECK_EQ(int(valid[r]), 1);
-          CHECK_EQ(out[r], acc);
-        } else {
-          CHECK_EQ(int(valid[r]), it == model.end() ? 0 : 1);
-          if (it != model.end()) CHECK_EQ(out[r], it->second);
-        }
-      }
+      check_running_sums(model, keys, vals, out.data(), valid.data());
     } else if (op == 1) {
       put_batch(t, sp, k.in(), ValueType::Int64, v.in());
       for (int r = 0; r < rows; ++r) {
@@ -97,15 +87,7 @@ size_t run_model(int32_t maxp, KeyHashFunction hash, uint64_t domain, int batche
     Str all;
     for (const auto& kv : model) all.push_back(kv.first);
     TestArray ak = varwidth<int32_t>("u", all);
-    std::vector<int64_t> got(all.size());
-    std::vector<uint8_t> present(all.size());
-    get_batch_fixed(t, sp, ak.in(), ValueType::Int64, got.data(), present.data());
-    size_t j = 0;
-    for (const auto& kv : model) {
-      CHECK_EQ(int(present[j]), 1);
-      CHECK_EQ(got[j], kv.second);
-      ++j;
-    }
+    check_reads_back(t, sp, ak, model);
     CHECK_EQ(t.size(), model.size());
     if (snap) {
       std::map<std::string, std::string> seen;

@@ -46,7 +46,8 @@ constexpr size_t kFlatPageBytes = 16384;  // slots per page: the power of two th
 // and moves up a class when a longer key arrives (StateMap::Impl::flat_relayout), so a state of
 // short strings does not pay for the longest a var table can hold.
 constexpr uint32_t kFlatVarKeyClasses[] = {15, 23, 31, 39, 47, 63};
-constexpr size_t kFlatMaxVarKey = 63;
+constexpr size_t kFlatMaxVarKey =
+    kFlatVarKeyClasses[sizeof(kFlatVarKeyClasses) / sizeof(kFlatVarKeyClasses[0]) - 1];
 
 // What every slot of a table holds. A table without a layout (`key_size == 0 && !fixed`) is
 // empty and takes the layout of its first insert.
