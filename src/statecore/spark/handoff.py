@@ -1,17 +1,18 @@
 """Partition affinity among the Python workers of one host: a task hands its partition to the
 worker process that holds the partition's state.
 
-Why: PySpark gives a partition's next task to whichever idle Python worker of the executor
-comes first (reused workers, ``spark.python.worker.reuse``), so with two workers it lands on the
-one that ran it last only about half the time. The worker cache
+Why: PySpark gives a partition's next task to whichever idle Python worker of the executor comes
+first (reused workers, ``spark.python.worker.reuse``), so with two workers it lands on the one
+that ran it last only about half the time. The worker cache
 (:mod:`statecore.spark.worker_cache`) answers that with copies: stale ones caught up on demand,
-or standby copies caught up after every micro-batch. Either way every worker applies every
-other partition's changes, which can cost as much CPU as the tasks' own state work. Here the copy stays where it is and the task goes to it instead: the worker that
-ran a partition (its *holder*) serves the partition's next task from its cache when PySpark
-gives that task to another worker on the same host. The receiving worker only relays: its input
-batches to the holder, the holder's output batches back to Spark, both as Arrow IPC messages
-over a Unix domain socket, a copy of the rows each way instead of applying the other
-partition's changes to a second state map.
+or standby copies caught up after every micro-batch. Either way every worker applies every other
+partition's changes, which can cost as much CPU as the tasks' own state work. Here the copy
+stays where it is and the task goes to it instead: the worker that ran a partition (its
+*holder*) serves the partition's next task from its cache when PySpark gives that task to
+another worker on the same host. The receiving worker only relays: its input batches to the
+holder, the holder's output batches back to Spark, both as Arrow IPC messages over a Unix domain
+socket, a copy of the rows each way instead of applying the other partition's changes to a
+second state map.
 
 Protocol (one connection per task; frames are ``kind`` (1 byte) + length (8 bytes, little
 endian) + payload):

@@ -158,21 +158,22 @@ class BatchReport:
     previous snapshots (the manifest's ``ttl_expired``).
 
     Where the time went (seconds, ``time.perf_counter`` differences): ``phases``, on the driver:
-    ``plan_s`` (manifest reads, checks, building the plan), ``action_s`` (the sink's action, i.e.
-    the Spark job that runs the tasks), ``wait_s`` (= ``wait_seconds``), ``commit_s`` (manifest,
-    pending cleanup, retention); ``partitions``, one dict per partition from its task:
-    ``partition``, ``pid`` (worker process that ran the task), ``load`` ("empty", "cache",
+    ``plan_s`` (manifest reads, checks, building the plan), ``action_s`` (the sink's action,
+    i.e. the Spark job that runs the tasks), ``wait_s`` (= ``wait_seconds``), ``commit_s``
+    (manifest, pending cleanup, retention); ``partitions``, one dict per partition from its
+    task: ``partition``, ``pid`` (worker process that ran the task), ``load`` ("empty", "cache",
     "handoff", "standby", "catch-up", "checkpoint"; "handoff": the worker Spark gave the task to
     handed it to the worker of its host that held the partition, which ran it on its cache hit,
     see ``StatefulOperator(handoff=)``; "standby": a cache hit on a copy that the worker brought
     up to date between its tasks, see ``StatefulOperator(standby=)``), ``load_s`` (cache take or
     restore, plus ``processor.open``; before the input is read), ``load_cpu_s`` (CPU seconds of
     the thread that restored or caught up; 0 for the other loads), ``standby_cpu_s`` (CPU
-    seconds the standby spent on that copy, between the tasks; 0 for the other loads), ``input_s`` (receiving the routed input; 0 for a processor with ``chunked_input``,
-    whose input arrives during ``process_s``), ``process_s``, ``snapshot_s`` (the synchronous
-    snapshot), ``task_s`` (task start to snapshot), ``write_s`` (the background data file write),
-    ``gc_frozen_objects`` (``gc.get_freeze_count()`` of the worker right after its last freeze, 0
-    without one; see ``freeze_worker_gc``)."""
+    seconds the standby spent on that copy, between the tasks; 0 for the other loads),
+    ``input_s`` (receiving the routed input; 0 for a processor with ``chunked_input``, whose
+    input arrives during ``process_s``), ``process_s``, ``snapshot_s`` (the synchronous
+    snapshot), ``task_s`` (task start to snapshot), ``write_s`` (the background data file
+    write), ``gc_frozen_objects`` (``gc.get_freeze_count()`` of the worker right after its last
+    freeze, 0 without one; see ``freeze_worker_gc``)."""
 
     operator_name: str
     version: int
@@ -555,13 +556,14 @@ class PendingBatch:
         """Wait until every partition ``0..n-1`` of this attempt recorded its pending descriptor
         and return their reports (with ``descriptor``), by partition. Polls the store's pending
         descriptors every 2 ms for the first 250 ms, then at steps growing by 1.25x to at most
-        200 ms: the writes usually end within tens of ms of the action, and the time between
-        the last write's end and the poll that sees it adds to every micro-batch, so the first
-        polls are dense; a poll lists one directory of the checkpoint, which is cheap.
-        ``timeout_s``: default the operator's ``commit_timeout_s``. Raises StateError when a partition's background write reported
-        an error (at once) or when some partition did not report within the timeout (its worker
-        died, or the sink's action did not evaluate every partition): the micro-batch then
-        fails and Spark replays it from the previous version."""
+        200 ms: the writes usually end within tens of ms of the action, and the time between the
+        last write's end and the poll that sees it adds to every micro-batch, so the first polls
+        are dense; a poll lists one directory of the checkpoint, which is cheap. ``timeout_s``:
+        default the operator's ``commit_timeout_s``. Raises StateError when a partition's
+        background write reported an error (at once) or when some partition did not report
+        within the timeout (its worker died, or the sink's action did not evaluate every
+        partition): the micro-batch then fails and Spark replays it from the previous
+        version."""
         if self._parts is not None:
             return self._parts
         op = self.op
