@@ -186,9 +186,9 @@ def test_worker_cache_keeps_a_stale_copy_and_catches_it_up(tmp_path, kind):
     config = (1, 32, kind, "int64")
     k0, k1 = (store.uri, "op", 0), (store.uri, "op", 1)
     try:
-        O._put_cached(k1, O._CachedState(0, "a", *config, mine, writer="p0-v0", write=done), 1)
+        O.put_cached(k1, O.CachedState(0, "a", *config, mine, writer="p0-v0", write=done), 1)
         # This worker then ran the other partition at version 1: the copy of partition 1 stays.
-        O._put_cached(k0, O._CachedState(1, "a", *config, _backend(kind), writer="x", write=done), 1)
+        O.put_cached(k0, O.CachedState(1, "a", *config, _backend(kind), writer="x", write=done), 1)
         assert k1 in O._STATE_CACHE
         # Another worker carried partition 1 on to version 2.
         other = _restored(kind, store, 0)
@@ -196,22 +196,22 @@ def test_worker_cache_keeps_a_stale_copy_and_catches_it_up(tmp_path, kind):
         for v in (1, 2):
             _ops(st, rnd, 600, 10**5 * v)
             _checkpoint(store, other, v, incremental=True)
-        backend, changes = O._take_stale(k1, store, 2, config, KeyGroupRange(*_RANGE))
+        backend, changes = O.take_stale(k1, store, 2, config, KeyGroupRange(*_RANGE))
         assert backend is mine and len(changes.runs) == 2 and k1 not in O._STATE_CACHE
         backend.apply_changes(changes)
         changes.release()
         assert _snapshot_contents(mine) == _snapshot_contents(_restored(kind, store, 2))
         # Another config, or a write that never finished: no catch-up, no wait.
         never = Future()
-        O._put_cached(k1, O._CachedState(1, "a", *config, _backend(kind), writer="p0-v1",
+        O.put_cached(k1, O.CachedState(1, "a", *config, _backend(kind), writer="p0-v1",
                                          write=never), 1)
-        assert O._take_stale(k1, store, 2, (2, 32, kind, "int64"), KeyGroupRange(*_RANGE)) is None
-        assert O._take_stale(k1, store, 2, config, KeyGroupRange(*_RANGE)) is None
+        assert O.take_stale(k1, store, 2, (2, 32, kind, "int64"), KeyGroupRange(*_RANGE)) is None
+        assert O.take_stale(k1, store, 2, config, KeyGroupRange(*_RANGE)) is None
         assert k1 not in O._STATE_CACHE
         never.set_result(True)
         # stale_copies=0: older copies of other partitions are closed.
-        O._put_cached(k1, O._CachedState(1, "a", *config, _backend(kind), writer="y", write=done), 1)
-        O._put_cached(k0, O._CachedState(2, "a", *config, _backend(kind), writer="z", write=done), 0)
+        O.put_cached(k1, O.CachedState(1, "a", *config, _backend(kind), writer="y", write=done), 1)
+        O.put_cached(k0, O.CachedState(2, "a", *config, _backend(kind), writer="z", write=done), 0)
         assert k1 not in O._STATE_CACHE
     finally:
         O.clear_state_cache()

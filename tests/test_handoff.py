@@ -24,7 +24,7 @@ from statecore.checkpoint.store import CheckpointStore  # noqa: E402
 from statecore.errors import InvalidInputError  # noqa: E402
 from statecore.key_groups import key_group_range_for_operator, spark_key_group  # noqa: E402
 from statecore.spark import handoff  # noqa: E402
-from statecore.spark import operator as O  # noqa: E402
+from statecore.spark import task as O  # noqa: E402
 from statecore.spark import worker_cache as W  # noqa: E402
 
 N, MAXP = 2, 32
@@ -42,7 +42,7 @@ _HOLDER = textwrap.dedent("""
     from statecore.spark import handoff, worker_cache as W
     root, keys = sys.argv[1], json.loads(sys.argv[2])
     store = CheckpointStore(root, max_runs=None)
-    b = W._partition_backend("native", "int64", 32, 2, 0)
+    b = W.partition_backend("native", "int64", 32, 2, 0)
     k = pa.array(keys, pa.int64())
     b.get_state(ReducingStateDescriptor("count", "count")).add_batch(k, k)
     snap = b.snapshot(incremental=False)
@@ -52,7 +52,7 @@ _HOLDER = textwrap.dedent("""
     done = Future()
     done.set_result(d)
     key = (store.uri, "op", 0)
-    W._put_cached(key, W._CachedState(0, "a0", 2, 32, "native", "int64", b, writer="p0-a0-t0",
+    W.put_cached(key, W.CachedState(0, "a0", 2, 32, "native", "int64", b, writer="p0-a0-t0",
                                       snapshot_id=d["snapshot_id"], write=done), 1)
     handoff.claim(key, 0)
     print("ready", flush=True)
@@ -81,7 +81,7 @@ def holder(tmp_path):
 
 
 def _spec(root, processor=None, prev_attempt="a0", prev_version=0):
-    return O._TaskSpec(
+    return O.TaskSpec(
         operator_name="op", store_uri=root, processor=processor or RunningCount(),
         backend_kind="native", key_type="int64", key_column="k", event_time_column=None,
         max_parallelism=MAXP, num_partitions=N, batch_id=1, prev_version=prev_version,

@@ -19,7 +19,7 @@ import pytest
 from statecore.checkpoint.store import CheckpointStore
 from statecore.descriptors import ReducingStateDescriptor
 from statecore.key_groups import key_group_range_for_operator, spark_key_group
-from statecore.spark import operator as O
+from statecore.spark import task as O
 from statecore.spark import worker_cache as W
 from test_apply_changes import _snapshot_contents
 from test_async_snapshot import BACKENDS
@@ -47,7 +47,7 @@ class _Job:
         self.version = -1
 
     def backend(self, partition):
-        b = W._partition_backend(self.kind, "int64", MAXP, N, partition)
+        b = W.partition_backend(self.kind, "int64", MAXP, N, partition)
         b.get_state(ReducingStateDescriptor("sum", "sum", "int64"))
         return b
 
@@ -88,7 +88,7 @@ class _Job:
         """This worker's copy of ``partition`` as the task that ran it at ``version`` left it."""
         done = Future()
         done.set_result({})
-        W._put_cached(self.key(partition), W._CachedState(
+        W.put_cached(self.key(partition), W.CachedState(
             version, f"a{version}", *self.config(), self.restored(partition, version),
             writer=self.writer(partition, version), write=done if write is None else write), 1)
 
@@ -208,7 +208,7 @@ def test_a_task_waits_for_the_standby_working_on_its_partition(job, kind, monkey
     assert j.key(1) not in W._STATE_CACHE and j.key(1) in W._STANDBY_BUSY
     meta = j.store.metadata(1)
     got = []
-    waiter = threading.Thread(target=lambda: got.append(W._take_after_standby(
+    waiter = threading.Thread(target=lambda: got.append(W.take_after_standby(
         j.key(1), (1, meta["attempt"], *j.config()), frozenset(meta["writers"]), 10)))
     waiter.start()
     waiter.join(0.2)
@@ -245,7 +245,7 @@ def test_the_next_task_of_the_partition_takes_the_standby_copy(job, kind, monkey
     assert j.standby(1) == 1
     meta = j.store.metadata(1)
     monkeypatch.setattr(O, "_spark_partition_id", lambda: 1)
-    spec = O._TaskSpec(
+    spec = O.TaskSpec(
         operator_name="op", store_uri=j.store.uri, processor=_Sum(), backend_kind=kind,
         key_type="int64", key_column="k", event_time_column=None, max_parallelism=MAXP,
         num_partitions=N, batch_id=2, prev_version=1, prev_attempt=meta["attempt"],
@@ -302,7 +302,7 @@ def test_the_standby_thread_runs_at_the_lowest_priority(monkeypatch):
 
     monkeypatch.setattr(W, "_standby_catch_up", record)
     mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    W._start_standby(None, ("s", "op"), ("s", "op", 0), 1, (2, 128, "native", "int64"), 1).join()
+    W.start_standby(None, ("s", "op"), ("s", "op", 0), 1, (2, 128, "native", "int64"), 1).join()
     assert seen == [min(19, mine + W.STANDBY_NICE)]
     assert W.STANDBY_NICE == 19
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine

@@ -15,7 +15,8 @@ import pytest
 from statecore.backends import create_backend
 from statecore.checkpoint import CheckpointStore
 from statecore.descriptors import ReducingStateDescriptor
-from statecore.spark import operator as op_mod
+from statecore.spark import checkpoint_write
+from statecore.spark import task as op_mod
 from statecore.spark import worker_cache as W
 from fs_wrappers import LocalDelegatingHandler
 
@@ -45,7 +46,7 @@ def _loaded_native(n=20_000):
 
 
 def _entry(backend, write, abandon_after_s):
-    return W._CachedState(7, "a", 1, 128, "native", "int64", backend, writer="p0-a-t0",
+    return W.CachedState(7, "a", 1, 128, "native", "int64", backend, writer="p0-a-t0",
                                snapshot_id=None, write=write, abandon_after_s=abandon_after_s)
 
 
@@ -55,7 +56,7 @@ def _background_write(store, backend):
     # chunk_bytes=1: a write per block (~1,000), each delayed by the SlowHandler.
     start = lambda st, s, v, w: st.write_snapshot_async(s, v, w, block_target_bytes=256,
                                                         chunk_bytes=1)
-    return op_mod._checkpoint_in_background(store, snap, 7, "p0-a-t0", report, start)
+    return checkpoint_write.checkpoint_in_background(store, snap, 7, "p0-a-t0", report, start)
 
 
 def _wait(pred, timeout=30.0):
@@ -130,9 +131,9 @@ def _task(tmp_path, events, name):
 
     def start(store, snap, version, writer):
         events.append(("write", version))
-        return op_mod._start_snapshot_write(store, snap, version, writer)
+        return checkpoint_write.start_snapshot_write(store, snap, version, writer)
 
-    spec = op_mod._TaskSpec(
+    spec = op_mod.TaskSpec(
         operator_name=name, store_uri=str(tmp_path / name), processor=_Count(),
         backend_kind="native", key_type="int64", key_column="k", event_time_column=None,
         max_parallelism=128, num_partitions=1, batch_id=0, prev_version=None, prev_attempt=None,

@@ -1,17 +1,18 @@
 """Partition affinity among the Python workers of one host: a task hands its partition to the
 worker process that holds the partition's state.
 
-Why: PySpark gives a partition's next task to whichever idle Python worker comes first, the one
-that ran it last only about half the time (``shared/reference/spark.md``). The worker cache
+Why: PySpark gives a partition's next task to whichever idle Python worker of the executor comes
+first (reused workers, ``spark.python.worker.reuse``), so with two workers it lands on the one
+that ran it last only about half the time. The worker cache
 (:mod:`statecore.spark.worker_cache`) answers that with copies: stale ones caught up on demand,
-or standby copies caught up after every micro-batch. Either way every worker applies every
-other partition's changes, which on the 2-core bench machine was as much CPU as the tasks' own
-state work. Here the copy stays where it is and the task goes to it instead: the worker that
-ran a partition (its *holder*) serves the partition's next task from its cache when PySpark
-gives that task to another worker on the same host. The receiving worker only relays: its input
-batches to the holder, the holder's output batches back to Spark, both as Arrow IPC messages
-over a Unix domain socket, a copy of the rows each way instead of applying the other
-partition's changes to a second state map.
+or standby copies caught up after every micro-batch. Either way every worker applies every other
+partition's changes, which can cost as much CPU as the tasks' own state work. Here the copy
+stays where it is and the task goes to it instead: the worker that ran a partition (its
+*holder*) serves the partition's next task from its cache when PySpark gives that task to
+another worker on the same host. The receiving worker only relays: its input batches to the
+holder, the holder's output batches back to Spark, both as Arrow IPC messages over a Unix domain
+socket, a copy of the rows each way instead of applying the other partition's changes to a
+second state map.
 
 Protocol (one connection per task; frames are ``kind`` (1 byte) + length (8 bytes, little
 endian) + payload):
@@ -23,7 +24,7 @@ endian) + payload):
    ``INPUT_END``; meanwhile holder -> relay: ``SCHEMA`` / ``BATCH`` frames of the output.
 4. holder -> relay ``OUTPUT_END`` after its last output batch; relay -> holder ``TAKEN`` once
    Spark took that batch (the holder's checkpoint write reports only then, as a task's own
-   does: ``_TaskSpec._run``'s ``output_done``).
+   does: ``TaskSpec.run``'s ``output_done``).
 5. holder -> relay ``DONE``, or ``ERROR`` with the pickled exception at any point after
    ``ACCEPT``: the relay raises it, and the task fails as if it had run locally (the holder
    closed the partition's backend; a retry restores the committed version).
@@ -303,7 +304,7 @@ def _serve(conn: socket.socket) -> None:
     if kind != REQUEST:
         return
     spec, partition, task_attempt = cloudpickle.loads(bytes(payload))
-    hit = spec._take_for_handoff(partition)
+    hit = spec.take_for_handoff(partition)
     if hit is None:
         _send(conn, MISS)
         return
@@ -330,8 +331,8 @@ def _serve(conn: socket.socket) -> None:
         return k == TAKEN and bytes(p) == b"1"
 
     out = _BatchSender(conn)
-    gen = spec._run(partition, inputs(), hit=hit, task_attempt=task_attempt,
-                    output_taken=output_taken)
+    gen = spec.run(partition, inputs(), hit=hit, task_attempt=task_attempt,
+                   output_taken=output_taken)
     try:
         for batch in gen:
             out.send(batch)

@@ -1,6 +1,20 @@
 """The statecore Structured Streaming operator: keyed state with exactly-once checkpoints for a
 Python processor, built from ``foreachBatch`` + ``repartitionById`` + ``mapInArrow``.
 
+This module is the driver side (:class:`StatefulOperator`, :class:`PendingBatch`,
+:func:`commit_batches`, :class:`BatchReport`, :func:`parquet_batch_sink`). The task side, which
+runs in PySpark's Python workers, is :mod:`statecore.spark.task` (the ``mapInArrow`` function),
+:mod:`statecore.spark.checkpoint_write` (its background checkpoint write),
+:mod:`statecore.spark.worker_cache` and :mod:`statecore.spark.handoff` (state kept in and moved
+between workers) and :mod:`statecore.spark.worker_gc` (worker process tuning).
+
+Exactly-once contract kept by the driver: it commits version ``batch_id`` once, and only after
+the sink's action succeeded and every partition of this attempt pre-committed (recorded its
+pending descriptor); it commits before ``foreachBatch`` returns; and it never commits a
+version whose predecessor ``batch_id - 1`` is not the committed one the tasks loaded. Tasks
+only pre-commit; a replayed micro-batch reloads ``batch_id - 1`` and overwrites its own
+output.
+
 One micro-batch (``StatefulOperator.__call__(df, batch_id)``, used as the ``foreachBatch``
 function, or called from one):
 
@@ -12,7 +26,8 @@ function, or called from one):
    every partition of the shuffle, empty ones included, so every partition checkpoints and
    fires its timers each micro-batch, with or without input. (The end-of-input flush, which
    has no input, routes one *control row* per partition instead: a null key and its index.)
-2. Task (partition ``i``, in a Python worker): its key-group range is Flink's
+2. Task (partition ``i``, in a Python worker, :class:`statecore.spark.task.TaskSpec`): its
+   key-group range is Flink's
    ``computeKeyGroupRangeForOperatorIndex(maxP, n, i)``. State at version ``batch_id - 1`` comes
    from the in-process cache when this worker process produced exactly that committed version
    (same attempt, and its data file is one of the writers the driver committed) for this
@@ -85,610 +100,24 @@ a no-op. A finalized checkpoint accepts no further micro-batches.
 
 from __future__ import annotations
 
-import gc
-import itertools
 import os
-import sys
-import threading
 import time
 import uuid
-from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from statecore.errors import CheckpointNotFoundError, InvalidInputError, StateError
-from statecore.key_groups import check_max_parallelism, key_group_range_for_operator
-from statecore.spark.processor import KeyedProcessor, ProcessorContext
-from statecore.timers import epoch_ms
-from statecore.spark.routing import (
-    KEY_GROUP_COLUMN,
-    OPERATOR_INDEX_COLUMN,
-    backend_key_type,
-    operator_index_of,
-)
-from statecore.spark import handoff
-from statecore.spark.worker_cache import (
-    _CACHE_LOCK,
-    _TASKS_STARTED,
-    _CachedState,
-    _holds,
-    _partition_backend,
-    _put_cached,
-    _start_standby,
-    _take_after_standby,
-    _take_stale,
-    clear_state_cache,
-)
+from statecore.key_groups import check_max_parallelism
+from statecore.spark.processor import KeyedProcessor
+from statecore.spark.routing import OPERATOR_INDEX_COLUMN, backend_key_type, operator_index_of
+from statecore.spark.task import TaskSpec
+from statecore.spark.worker_cache import clear_state_cache
 
 __all__ = ["StatefulOperator", "PendingBatch", "BatchReport", "commit_batches",
            "parquet_batch_sink", "clear_state_cache"]
 
-_INTERNAL = (KEY_GROUP_COLUMN, OPERATOR_INDEX_COLUMN)
-
-
-# ------------------------------------------------------------------------------------------
-# Worker side: the background checkpoint write
-# ------------------------------------------------------------------------------------------
-
-def _start_snapshot_write(store, snap, version: int, writer: str) -> Future:
-    """Start writing ``snap`` as the data file of ``writer`` at ``version``; the Future resolves
-    to the descriptor of :meth:`CheckpointStore.write_snapshot` (or its exception). Uses the
-    store's own ``write_snapshot_async`` when it has one, else a plain non-daemon thread (a
-    Python interpreter that exits normally finishes it first). Does not release ``snap`` (the
-    caller does once the write ended): releasing map snapshots key group by key group as they
-    are encoded (``release_snapshot=True``) made the owner thread slower during the write, not
-    faster (`statecore bench --case throughput_during_snapshot`, 10M entries: 0.44-0.47 of the
-    throughput without a snapshot vs 0.77-1.0 when released at the end)."""
-    native_async = getattr(store, "write_snapshot_async", None)
-    if native_async is not None:
-        # At the store's default nice 10 the write yields to everything else on a busy machine,
-        # but the driver waits for it right after the action: it is on the micro-batch's
-        # critical path, not background work.
-        return native_async(snap, version, writer, nice=0)
-    fut: Future = Future()
-    fut.set_running_or_notify_cancel()
-
-    def run():
-        try:
-            fut.set_result(store.write_snapshot(snap, version, writer=writer))
-        except BaseException as exc:  # handed to the Future's consumer
-            fut.set_exception(exc)
-
-    threading.Thread(target=run, name=f"statecore-write-{writer}", daemon=False).start()
-    return fut
-
-
-def _checkpoint_in_background(store, snap, version: int, writer: str, report: dict,
-                              start_write: Callable, output_done: Optional[Future] = None) -> Future:
-    """The asynchronous part of a task's checkpoint: write ``snap``'s data file, release the
-    snapshot, then record the pending descriptor (``report`` as its ``spark_report``). When the
-    write fails, a pending descriptor carrying ``report["error"]`` is recorded instead, so the
-    driver fails the micro-batch at once rather than at its timeout. ``output_done``
-    (optional): a Future the task resolves to True once Spark took all of its output, False when
-    the output was cut short; the descriptor waits for it and nothing is recorded after False
-    (the returned Future then fails with StateError). Returns a Future that resolves (to the
-    descriptor, or with the exception) once all of that is done. Adds ``write_s`` (seconds from
-    the call to the end of the data file write) to ``report``."""
-    done: Future = Future()
-    done.set_running_or_notify_cancel()
-    t_start = time.perf_counter()
-    if output_done is None:
-        output_done = Future()
-        output_done.set_result(True)
-    lock = threading.Lock()
-    arrivals = [0]
-
-    def finish(write: Future) -> None:
-        if not output_done.result():
-            done.set_exception(StateError(
-                f"checkpoint {writer} of version {version}: the task's output was cut short; "
-                "not reported"))
-            return
-        try:
-            desc = write.result()
-            store.write_pending(version, writer, dict(desc, spark_report=report))
-            done.set_result(desc)
-        except BaseException as exc:
-            try:
-                store.write_pending(version, writer, {
-                    "version": version, "writer": writer,
-                    "spark_report": dict(report, error=f"{type(exc).__name__}: {exc}")})
-            except BaseException:
-                pass  # the driver's timeout reports it
-            done.set_exception(exc)
-
-    def written(_write: Future) -> None:
-        # The snapshot pins copy-on-write memory: released as soon as its bytes are out.
-        report["write_s"] = time.perf_counter() - t_start
-        snap.release()
-
-    def arrive(_f: Future) -> None:
-        # The data file and the task's output, in either order; the second records.
-        with lock:
-            arrivals[0] += 1
-            last = arrivals[0] == 2
-        if last:
-            finish(write)
-
-    try:
-        write = start_write(store, snap, version, writer)
-    except BaseException as exc:
-        write = Future()
-        write.set_exception(exc)
-    # SnapshotWriteFuture.cancel stops a running write; a plain Future's cancel is a no-op then.
-    done.cancel_write = write.cancel
-    write.add_done_callback(written)
-    write.add_done_callback(arrive)
-    output_done.add_done_callback(arrive)
-    return done
-
-
-def _task_attempt_number() -> int:
-    """Spark's attempt number of the running task (0 outside a Spark task)."""
-    try:
-        from pyspark import TaskContext
-    except ImportError:
-        return 0
-    tc = TaskContext.get()
-    return int(tc.attemptNumber()) if tc is not None else 0
-
-
-class _InThread:
-    """``fn()`` in a daemon thread started at once; :meth:`result` waits and returns its value
-    or raises its exception in the caller's thread."""
-
-    def __init__(self, fn: Callable, name: str):
-        self._value: Any = None
-        self._error: Optional[BaseException] = None
-
-        def run() -> None:
-            try:
-                self._value = fn()
-            except BaseException as exc:  # re-raised by result() in the caller's thread
-                self._error = exc
-
-        self._thread = threading.Thread(target=run, name=name, daemon=True)
-        self._thread.start()
-
-    def done(self) -> bool:
-        return not self._thread.is_alive()
-
-    def join(self) -> None:
-        self._thread.join()
-
-    def result(self) -> Any:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-
-def _spark_partition_id() -> int:
-    """The running Spark task's partition id (StateError outside a Spark task)."""
-    from pyspark import TaskContext
-
-    tc = TaskContext.get()
-    if tc is None:
-        raise StateError("the operator's task runs only inside a Spark task")
-    return int(tc.partitionId())
-
-
-# len(sys.modules) at this process's last freeze (None: not frozen yet), and how many times it
-# froze: at most _GC_MAX_FREEZES, so code that imports something new in every task cannot make
-# every task freeze (and keep) its predecessors' leftovers.
-_GC_FROZEN_MODULES: Optional[int] = None
-_GC_FREEZES = 0
-_GC_MAX_FREEZES = 4
-# gc.get_freeze_count() right after this process's last freeze: the call walks the whole
-# permanent generation (~80k+ objects, 10-20 ms with the cache misses on the 2-core bench
-# machine), too slow to repeat in every task's report.
-_GC_FROZEN_COUNT = 0
-
-
-def _freeze_worker_gc() -> None:
-    """Move every object this Python worker holds now to the interpreter's permanent generation
-    (``gc.freeze``, CPython >= 3.7) at its first statecore task, and again at the start of a
-    later task when modules were imported since the last freeze, so later cyclic collections
-    skip them.
-
-    Why: PySpark's daemon runs a full ``gc.collect()`` after every task of a reused worker. With
-    pyspark, pyarrow and pandas loaded that is ~80k objects and took 60-150 ms a task on the
-    2-core machine of ``bench/results``, holding the GIL the whole time -- right when the task's
-    background checkpoint write needs it, which the driver waits for. Measured with the
-    running-count job (4M events, 1M keys, 8 micro-batches): the driver's total wait for writes
-    0.69-0.81 s without, 0.05-0.29 s with the freeze; the workers' writes 1.2-1.5 s vs 0.55-0.6 s.
-
-    Why again after imports: the first task imports statecore's backends and checkpoint store
-    (and pyarrow may import pandas on first use), objects a freeze at its start cannot include
-    (29,724 left outside the permanent generation in a worker after two running-count runs);
-    collecting them cost 12-39 ms after every task, 0.2 ms with the second freeze (timed by a
-    ``mapInArrow`` in those workers; py-spy of three runs, 250 Hz: 489 samples in the daemon's
-    ``gc.collect`` before, 26 after). A
-    task starts right after the daemon's collection that followed the previous task, so what is
-    frozen then survived a full collection: live objects, not garbage. At most
-    ``_GC_MAX_FREEZES`` (4) freezes per process.
-
-    What is frozen is what exists at those task starts (modules, their globals, PySpark's
-    worker state, the cached state of earlier tasks): cyclic garbage among those objects is
-    never collected (reference counting still frees the rest; cached backends are closed
-    explicitly, which frees their native memory), a bounded cost: a process freezes again only
-    when its set of modules grew, and only a few times. Objects created later are collected as
-    usual."""
-    global _GC_FROZEN_MODULES, _GC_FROZEN_COUNT, _GC_FREEZES
-    modules = len(sys.modules)
-    if _GC_FROZEN_MODULES != modules and _GC_FREEZES < _GC_MAX_FREEZES:
-        _GC_FROZEN_MODULES = modules
-        _GC_FREEZES += 1
-        gc.freeze()
-        _GC_FROZEN_COUNT = gc.get_freeze_count()
-
-
-def _event_time_ms(arr) -> Optional[int]:
-    """Max of a timestamp (any unit) or int64-milliseconds column, in ms; None when all null."""
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    t = arr.type
-    if pa.types.is_timestamp(t):
-        return pc.max(epoch_ms(arr, "event-time column")).as_py()
-    if pa.types.is_integer(t):
-        return pc.max(arr).as_py()
-    raise InvalidInputError(
-        f"event-time column must be a timestamp or int64 milliseconds, got {t}")
-
-
-@dataclass(frozen=True)
-class _TaskSpec:
-    """Everything a task needs, pickled once per micro-batch into the ``mapInArrow`` function."""
-
-    operator_name: str
-    store_uri: str
-    processor: KeyedProcessor
-    backend_kind: str
-    key_type: str
-    key_column: str
-    event_time_column: Optional[str]
-    max_parallelism: int
-    num_partitions: int
-    batch_id: int
-    prev_version: Optional[int]
-    prev_attempt: Optional[str]
-    attempt: str
-    watermark_ms: Optional[int]
-    is_flush: bool
-    output_schema: pa.Schema
-    prev_writers: Optional[frozenset] = None
-    start_write: Optional[Callable] = None
-    commit_timeout_s: float = 300.0
-    ttl_background_key_groups: int = 0
-    stale_copies: int = 1
-    freeze_worker_gc: bool = True
-    standby: bool = True
-    handoff: bool = False
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        t0 = time.perf_counter()
-        if self.freeze_worker_gc:
-            _freeze_worker_gc()
-        # repartitionById(n, op) puts the rows of operator index i into Spark partition i, so
-        # the task's partition id is its operator index (the index column is not shipped).
-        partition_id = _spark_partition_id()
-        if not 0 <= partition_id < self.num_partitions:
-            raise StateError(
-                f"operator {self.operator_name}: Spark partition {partition_id} is not an "
-                f"operator index in [0, {self.num_partitions})")
-        if self.handoff and self.prev_version is not None:
-            relayed = self._hand_off(partition_id, batches)
-            if relayed is not None:
-                yield from relayed
-                return
-        yield from self._run(partition_id, batches, t0)
-
-    def _cache_key(self, partition_id: int, store=None) -> tuple:
-        """The worker cache's key of ``partition_id`` (``store``: this operator's
-        CheckpointStore, when the caller has one)."""
-        from statecore.checkpoint import CheckpointStore
-
-        uri = (store if store is not None else CheckpointStore(self.store_uri)).uri
-        return (uri, self.operator_name, partition_id)
-
-    def _want(self) -> tuple:
-        return (self.prev_version, self.prev_attempt, self.num_partitions, self.max_parallelism,
-                self.backend_kind, self.key_type)
-
-    def _hand_off(self, partition_id: int, batches: Iterator[pa.RecordBatch]):
-        """The output of this task run by the worker of this host that holds the partition's
-        state at the previous version (:mod:`statecore.spark.handoff`), or None when this
-        worker holds it itself (or a standby here is bringing it up) or no other worker takes
-        the task."""
-        cache_key = self._cache_key(partition_id)
-        if _holds(cache_key, self._want()):
-            return None
-        return handoff.relay(self, cache_key, partition_id, _task_attempt_number(),
-                             lambda: self._data_chunks(batches, partition_id))
-
-    def _take_for_handoff(self, partition_id: int) -> Optional[_CachedState]:
-        """In the holder: this worker's cached state of the partition at exactly the previous
-        version, taken out of the cache for the handed-off task, or None."""
-        return _take_after_standby(self._cache_key(partition_id), self._want(),
-                                   self.prev_writers, self.commit_timeout_s)
-
-    def _data_chunks(self, batches: Iterator[pa.RecordBatch], partition_id: int):
-        """The routed input's data rows, chunk by chunk as Spark delivers them (internal
-        columns removed). InvalidInputError as soon as a null key arrives. The flush's input is
-        its control row (a null key) alone: StateError unless exactly one came."""
-        allowed = 1 if self.is_flush else 0  # the flush's one control row
-        nulls = 0
-        for b in batches:
-            if b.num_rows == 0:
-                continue
-            keys = b.column(self.key_column)
-            c = keys.null_count
-            if c:
-                nulls += c
-                if nulls > allowed:
-                    raise InvalidInputError(
-                        f"operator {self.operator_name}: Spark partition {partition_id} received "
-                        f"{nulls - allowed} rows with a null key in column {self.key_column!r}; "
-                        "filter null keys before the operator")
-                b = b.filter(keys.is_valid())
-            if b.num_rows:
-                if any(n in _INTERNAL for n in b.schema.names):
-                    b = b.select([n for n in b.schema.names if n not in _INTERNAL])
-                yield b
-        if nulls != allowed:
-            raise StateError(
-                f"operator {self.operator_name}: Spark partition {partition_id} received no "
-                "control row; was the routed DataFrame repartitioned again?")
-
-    def _run(self, partition_id: int, batches: Iterator[pa.RecordBatch],
-             t0: Optional[float] = None, *, hit: Optional[_CachedState] = None,
-             task_attempt: Optional[int] = None, output_taken: Optional[Callable] = None):
-        """The task of ``partition_id`` on the input ``batches``: load, process, snapshot,
-        start the checkpoint write, yield the output. A handed-off task (run by the holder,
-        :mod:`statecore.spark.handoff`) brings its ``hit`` (the cached state already taken),
-        its Spark ``task_attempt`` and ``output_taken()``, which returns once the relaying task
-        gave the last output batch to Spark (True) or failed to (False)."""
-        from statecore.checkpoint import CheckpointStore
-
-        if t0 is None:
-            t0 = time.perf_counter()
-        if task_attempt is None:
-            task_attempt = _task_attempt_number()
-        kg_range = key_group_range_for_operator(self.max_parallelism, self.num_partitions, partition_id)
-        store = CheckpointStore(self.store_uri)
-        cache_key = self._cache_key(partition_id, store)
-        backend = None
-        source = "empty"
-        op_key = cache_key[:2]
-        with _CACHE_LOCK:
-            _TASKS_STARTED[op_key] = _TASKS_STARTED.get(op_key, 0) + 1
-        standby_cpu = None
-        handed_off = hit is not None
-        if self.prev_version is not None:
-            if hit is None:
-                hit = _take_after_standby(cache_key, self._want(), self.prev_writers,
-                                          self.commit_timeout_s)
-            if hit is None:
-                source = "checkpoint"
-            else:
-                backend, standby_cpu = hit.backend, hit.standby_cpu_s
-                source = "handoff" if handed_off else \
-                    "cache" if standby_cpu is None else "standby"
-        changes = None
-        if backend is None and self.prev_version is not None and self.stale_copies:
-            stale = _take_stale(cache_key, store, self.prev_version,
-                                (self.num_partitions, self.max_parallelism, self.backend_kind,
-                                 self.key_type), kg_range)
-            if stale is not None:
-                backend, changes = stale
-                source = "catch-up"
-        if backend is None:
-            backend = _partition_backend(self.backend_kind, self.key_type, self.max_parallelism,
-                                         self.num_partitions, partition_id)
-        ctx = ProcessorContext(
-            backend=backend, operator_name=self.operator_name, batch_id=self.batch_id,
-            partition_id=partition_id, num_partitions=self.num_partitions,
-            max_parallelism=self.max_parallelism, key_group_range=kg_range,
-            key_column=self.key_column, watermark_ms=self.watermark_ms, is_flush=self.is_flush)
-        writer = f"p{partition_id}-{self.attempt}-t{task_attempt}"
-        restoring = None
-        load_cpu = [0.0]  # CPU seconds of the load's thread (load_s is its wall time)
-        try:
-            t_load = time.perf_counter()
-            chunked = bool(getattr(self.processor, "chunked_input", False)) and not self.is_flush
-            # A handed-off task's relay sends the data chunks (it checked the keys for nulls).
-            inputs: Any = batches if handed_off else self._data_chunks(batches, partition_id)
-            if source in ("checkpoint", "catch-up"):
-                # The restored (caught-up) state becomes the backend's incremental base. It is
-                # loaded in a thread while this one takes the input as it arrives (mostly native
-                # code and file reads without the GIL; receiving the input mostly waits for
-                # Spark), and the processor sees the backend only after that.
-                def load():
-                    t_cpu = time.thread_time()
-                    try:
-                        if changes is None:
-                            store.restore(backend, self.prev_version)
-                            return
-                        try:
-                            backend.apply_changes(changes)
-                        finally:
-                            changes.release()
-                    finally:
-                        load_cpu[0] = time.thread_time() - t_cpu
-                restoring = _InThread(load, f"statecore-restore-p{partition_id}")
-                early: List[pa.RecordBatch] = []
-                if chunked:
-                    for chunk in inputs:
-                        early.append(chunk)
-                        if restoring.done():
-                            break
-                else:
-                    early = list(inputs)
-                restoring.result()
-                restoring = None
-                inputs = itertools.chain(early, inputs) if chunked else early
-            # State is declared after the restore, as in Flink: get_state then checks the
-            # descriptor against the restored meta (StateMigrationError on a mismatch).
-            self.processor.open(ctx)
-            if self.watermark_ms is not None:
-                # Event-time TTL stamps writes with the micro-batch's watermark (also on a
-                # backend restored from the checkpoint), after open() registered the states.
-                backend.observe_watermark(self.watermark_ms)
-            load_s = time.perf_counter() - t_load
-
-            # A processor with chunked_input consumes the input chunk by chunk as it arrives
-            # (its output streams back meanwhile); the others get it all at once.
-            t_in = time.perf_counter()
-            if chunked:
-                input_s = 0.0
-            else:
-                inputs = list(inputs)
-                input_s = time.perf_counter() - t_in
-            out_rows = 0
-            t_proc = time.perf_counter()
-            # The last output batch is held back until the checkpoint write started, so the
-            # write overlaps Spark taking that batch (for a processor with one output batch per
-            # micro-batch, all of its output) instead of starting after it; holding one batch
-            # keeps memory bounded by the processor's own batch size.
-            held = None
-            seen: Dict[str, Any] = {"rows": 0, "max_event_ms": None}
-            for ob in self._produce(ctx, inputs, seen, chunked):
-                out_rows += ob.num_rows
-                if held is not None:
-                    yield held
-                held = ob
-            rows, max_event_ms = seen["rows"], seen["max_event_ms"]
-            proc_s = time.perf_counter() - t_proc
-
-            # Synchronous part of the checkpoint: the snapshot (isolated from later writes).
-            # The first version of a checkpoint is full; every later one holds the changes
-            # since the backend's base (the restored state, or the cached backend's snapshot
-            # of the committed previous version).
-            t_snap = time.perf_counter()
-            snap = backend.snapshot(incremental=self.prev_version is not None)
-            snapshot_id = int(snap.snapshot_id)
-            snap_s = time.perf_counter() - t_snap
-            # TTL background cleanup while the write runs (copy-on-write keeps the snapshot);
-            # its removals go into the next version.
-            if self.ttl_background_key_groups and not self.is_flush:
-                backend.run_background_ttl_cleanup(self.ttl_background_key_groups)
-            report = {
-                "partition": partition_id, "attempt": self.attempt,
-                "task_attempt": task_attempt, "writer": writer,
-                "rows": rows, "output_rows": out_rows, "max_event_ms": max_event_ms,
-                "state_entries": int(backend.num_entries()), "state_bytes": int(backend.state_bytes()),
-                "load": source, "input_s": input_s, "load_s": load_s, "load_cpu_s": load_cpu[0],
-                "standby_cpu_s": standby_cpu or 0.0,
-                "process_s": proc_s, "snapshot_s": snap_s,
-                "incremental": bool(snap.incremental), "snapshot_id": snapshot_id,
-                "task_s": time.perf_counter() - t0, "pid": os.getpid(),
-                "gc_frozen_objects": _GC_FROZEN_COUNT,
-                "metrics": {k: int(v) for k, v in ctx.metrics.items()},
-            }
-        except BaseException:
-            if restoring is not None:
-                # A restore still running writes into the backend: it ends before the close.
-                restoring.join()
-            backend.close()
-            raise
-        # Asynchronous part: the data file, written in the background while the held output
-        # goes to Spark and the task ends; the pending descriptor ("partition i of this attempt
-        # is complete") once both the file and the output are done, so a task whose output was
-        # cut short (a sink that does not evaluate everything) never reports.
-        output_done: Future = Future()
-        done = _checkpoint_in_background(store, snap, self.batch_id, writer, report,
-                                         self.start_write or _start_snapshot_write, output_done)
-        _put_cached(cache_key, _CachedState(
-            self.batch_id, self.attempt, self.num_partitions, self.max_parallelism,
-            self.backend_kind, self.key_type, backend, writer=writer, snapshot_id=snapshot_id,
-            write=done, abandon_after_s=2 * self.commit_timeout_s,
-            pristine=not (self.ttl_background_key_groups and not self.is_flush)),
-            self.stale_copies)
-        if self.handoff:
-            handoff.claim(cache_key, self.batch_id)
-        if self.standby and self.stale_copies and not self.is_flush:
-            _start_standby(store, op_key, cache_key, self.batch_id,
-                           (self.num_partitions, self.max_parallelism, self.backend_kind,
-                            self.key_type), self.stale_copies, self.handoff)
-        try:
-            if held is not None:
-                yield held
-        except BaseException:
-            output_done.set_result(False)
-            raise
-        output_done.set_result(True if output_taken is None else output_taken())
-        if not os.environ.get("SPARK_REUSE_WORKER"):
-            # A worker that is not reused exits with os._exit right after the task (pyspark
-            # daemon), which would kill the write: finish it inside the task.
-            done.result()
-
-    def _produce(self, ctx: ProcessorContext, inputs, seen: Dict[str, Any], chunked: bool):
-        """The processor's checked output batches for this task: ``flush``, or ``process_batch``
-        on the input rows -- all at once from the list ``inputs``, or with ``chunked`` once per
-        chunk of the iterator ``inputs`` -- and then ``on_watermark``; sets ``seen["rows"]``
-        (input rows) and ``seen["max_event_ms"]`` (max event time in ms, or None).
-        InvalidInputError for a null key and for output not matching the output schema."""
-        if self.is_flush:
-            for ob in self.processor.flush(ctx) or ():
-                yield self._check_output(ob)
-            return
-        if chunked:
-            batches = inputs
-        elif inputs:
-            table = pa.Table.from_batches(inputs).combine_chunks()
-            batches = table.to_batches()[:1] if table.num_rows else []
-        else:
-            batches = []
-        for batch in batches:
-            seen["rows"] += batch.num_rows
-            keys = batch.column(self.key_column)
-            if keys.null_count:
-                raise InvalidInputError(
-                    f"operator {self.operator_name}: {keys.null_count} rows have a "
-                    f"null key in column {self.key_column!r}; filter them before the "
-                    "operator")
-            if self.event_time_column is not None:
-                m = _event_time_ms(batch.column(self.event_time_column))
-                if m is not None and (seen["max_event_ms"] is None or m > seen["max_event_ms"]):
-                    seen["max_event_ms"] = m
-            for ob in self.processor.process_batch(batch, ctx) or ():
-                yield self._check_output(ob)
-        if self.watermark_ms is not None:
-            for ob in self.processor.on_watermark(ctx, self.watermark_ms) or ():
-                yield self._check_output(ob)
-
-    def _check_output(self, ob) -> pa.RecordBatch:
-        if isinstance(ob, pa.Table):
-            ob = ob.combine_chunks()
-            ob = ob.to_batches()[0] if ob.num_rows else pa.RecordBatch.from_pylist([], schema=ob.schema)
-        if not isinstance(ob, pa.RecordBatch):
-            raise InvalidInputError(
-                f"operator {self.operator_name}: the processor must return pyarrow RecordBatches, "
-                f"got {type(ob).__name__}")
-        schema = self.output_schema
-        if ob.schema.equals(schema):
-            return ob
-        missing = [n for n in schema.names if n not in ob.schema.names]
-        if missing:
-            raise InvalidInputError(
-                f"operator {self.operator_name}: output batch lacks columns {missing} of the "
-                f"processor's output_schema")
-        try:
-            t = pa.Table.from_batches([ob.select(schema.names)]).cast(schema)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
-            raise InvalidInputError(
-                f"operator {self.operator_name}: output batch {ob.schema} does not match "
-                f"output_schema {schema}: {exc}") from exc
-        return t.combine_chunks().to_batches()[0] if t.num_rows else \
-            pa.RecordBatch.from_pylist([], schema=schema)
-
-
-# ------------------------------------------------------------------------------------------
-# Driver side
-# ------------------------------------------------------------------------------------------
 
 def _processor_config(processor) -> Any:
     """``processor.config()`` as canonical JSON data (None when the processor has no config)."""
@@ -729,21 +158,22 @@ class BatchReport:
     previous snapshots (the manifest's ``ttl_expired``).
 
     Where the time went (seconds, ``time.perf_counter`` differences): ``phases``, on the driver:
-    ``plan_s`` (manifest reads, checks, building the plan), ``action_s`` (the sink's action, i.e.
-    the Spark job that runs the tasks), ``wait_s`` (= ``wait_seconds``), ``commit_s`` (manifest,
-    pending cleanup, retention); ``partitions``, one dict per partition from its task:
-    ``partition``, ``pid`` (worker process that ran the task), ``load`` ("empty", "cache",
+    ``plan_s`` (manifest reads, checks, building the plan), ``action_s`` (the sink's action,
+    i.e. the Spark job that runs the tasks), ``wait_s`` (= ``wait_seconds``), ``commit_s``
+    (manifest, pending cleanup, retention); ``partitions``, one dict per partition from its
+    task: ``partition``, ``pid`` (worker process that ran the task), ``load`` ("empty", "cache",
     "handoff", "standby", "catch-up", "checkpoint"; "handoff": the worker Spark gave the task to
     handed it to the worker of its host that held the partition, which ran it on its cache hit,
     see ``StatefulOperator(handoff=)``; "standby": a cache hit on a copy that the worker brought
     up to date between its tasks, see ``StatefulOperator(standby=)``), ``load_s`` (cache take or
     restore, plus ``processor.open``; before the input is read), ``load_cpu_s`` (CPU seconds of
     the thread that restored or caught up; 0 for the other loads), ``standby_cpu_s`` (CPU
-    seconds the standby spent on that copy, between the tasks; 0 for the other loads), ``input_s`` (receiving the routed input; 0 for a processor with ``chunked_input``,
-    whose input arrives during ``process_s``), ``process_s``, ``snapshot_s`` (the synchronous
-    snapshot), ``task_s`` (task start to snapshot), ``write_s`` (the background data file write),
-    ``gc_frozen_objects`` (``gc.get_freeze_count()`` of the worker right after its last freeze, 0
-    without one; see ``freeze_worker_gc``)."""
+    seconds the standby spent on that copy, between the tasks; 0 for the other loads),
+    ``input_s`` (receiving the routed input; 0 for a processor with ``chunked_input``, whose
+    input arrives during ``process_s``), ``process_s``, ``snapshot_s`` (the synchronous
+    snapshot), ``task_s`` (task start to snapshot), ``write_s`` (the background data file
+    write), ``gc_frozen_objects`` (``gc.get_freeze_count()`` of the worker right after its last
+    freeze, 0 without one; see ``freeze_worker_gc``)."""
 
     operator_name: str
     version: int
@@ -819,29 +249,29 @@ class StatefulOperator:
             that catch-up CPU every micro-batch in every worker (between its tasks) rather than
             only when a partition moves, and the ``stale_copies`` copies' memory from the
             second micro-batch on rather than after the first moves; False catches up only on
-            demand. No effect with ``stale_copies=0``. Measured on the 2-core bench machine
-            (running count, 1M keys, 4M events, 8 micro-batches, interleaved A/B): 4.17-4.48 s
-            with standby against 4.41-4.80 s without. With ``handoff`` it skips the partitions
-            that another live worker of its host holds.
+            demand. No effect with ``stale_copies=0``. On by default because a moved
+            partition's catch-up or restore then happens between tasks, on otherwise idle CPU
+            (the standby thread runs at the lowest priority), instead of on the task's critical
+            path. With ``handoff`` it skips the partitions that another live worker of its
+            host holds.
         handoff: a task that PySpark gives to a worker other than the one holding its
             partition's state is handed to that worker when it runs on the same host
             (:mod:`statecore.spark.handoff`): the task's worker relays its input and output
             over a Unix domain socket, and the holder runs it on its cached state (``load =
             "handoff"``), so a partition's state stays in one process instead of being copied
             into every worker that runs it. Falls back to loading locally whenever the holder
-            is gone or does not hold exactly the previous version. Default False: on the
-            2-core bench machine (running count, 1M keys, 4M and 8M events, interleaved A/B)
-            it cut the Python workers' CPU by 0.45-0.6 s a run (no standby catch-ups) and
-            Spark's commitOffsets, but the Spark job itself took 4-15% longer (the relay's
-            copies and three Python threads sharing each worker's GIL in a swap), so wall
-            time was no better. It halves the memory of state per host (no standby copies of
-            partitions another worker holds).
+            is gone or does not hold exactly the previous version. It saves the Python
+            workers' CPU (no standby catch-ups of partitions another worker holds) and halves
+            the memory of state per host, but the relay copies every row twice and a swap has
+            three Python threads share each worker's GIL, so the Spark job itself gets slower
+            and wall time is no better; hence off by default.
         freeze_worker_gc: at its first task in a Python worker process, and at a later task
             when modules were imported since, move the objects the worker holds to the
             permanent generation (``gc.freeze``), so that the full
             ``gc.collect()`` PySpark's daemon runs after every task of a reused worker stops
             holding the GIL for tens of ms while the task's checkpoint write needs it (see
-            ``_freeze_worker_gc``; the task reports ``gc_frozen_objects``). It affects the whole
+            :func:`statecore.spark.worker_gc.freeze_worker_gc`; the task reports
+            ``gc_frozen_objects``). It affects the whole
             worker process, the user's other tasks in it included; False leaves the garbage
             collector alone.
 
@@ -923,7 +353,8 @@ class StatefulOperator:
         self.handoff = handoff
         self.reports: List[BatchReport] = []
         self._store = None
-        # Tests replace the worker-side write (a Callable like _start_snapshot_write).
+        # Tests replace the worker-side write (a Callable like
+        # statecore.spark.checkpoint_write.start_snapshot_write).
         self._start_write: Optional[Callable] = None
 
     # -------------------------------------------------------------------------- public API
@@ -1051,7 +482,7 @@ class StatefulOperator:
         watermark = None if is_flush else prev_meta.get("watermark_ms")
         attempt = uuid.uuid4().hex[:12]
 
-        spec = _TaskSpec(
+        spec = TaskSpec(
             operator_name=self.name, store_uri=self.store_uri, processor=self.processor,
             backend_kind=self.backend, key_type=key_type, key_column=self.key_column,
             event_time_column=self.event_time_column, max_parallelism=mp, num_partitions=n,
@@ -1074,12 +505,12 @@ class StatefulOperator:
                       .drop(OPERATOR_INDEX_COLUMN))
         else:
             # Spark runs the Python function of every partition of the shuffle, empty ones
-            # included, so the data needs no rows added to make each partition run; the index
-            # is computed inside the partitioning expression (a projection adding it first was
-            # one more Dataset, i.e. one more analysis on the driver: ~15 ms a micro-batch) and
-            # never shipped: the task knows it from its partition id. Unioning in a control row
-            # per partition, as this did up to stop 31, cost 14-15% of the bench job's time
-            # (interleaved A/B, running count, 1M keys, 4M events).
+            # included, so the data needs no rows added to make each partition run (unioning
+            # in a control row per partition would cost every micro-batch a second input and a
+            # larger shuffle). The index is computed inside the partitioning expression (a
+            # projection adding it first would be one more Dataset, i.e. one more analysis on
+            # the driver every micro-batch) and never shipped: the task knows it from its
+            # partition id.
             routed = df.repartitionById(n, operator_index_of(self.key_column, n, mp))
         out = routed.mapInArrow(spec, from_arrow_schema(self.processor.output_schema))
         t_action = time.perf_counter()
@@ -1125,15 +556,14 @@ class PendingBatch:
         """Wait until every partition ``0..n-1`` of this attempt recorded its pending descriptor
         and return their reports (with ``descriptor``), by partition. Polls the store's pending
         descriptors every 2 ms for the first 250 ms, then at steps growing by 1.25x to at most
-        200 ms: the writes usually end within tens of ms of the action, and the time between
-        the last write's end and the poll that sees it adds to every micro-batch (growing from
-        5 ms, a write that ended 20 ms after the action was seen ~9 ms late). A poll lists one
-        directory of the local checkpoint (well under a millisecond).
-        ``timeout_s``: default the operator's
-        ``commit_timeout_s``. Raises StateError when a partition's background write reported
-        an error (at once) or when some partition did not report within the timeout (its worker
-        died, or the sink's action did not evaluate every partition): the micro-batch then
-        fails and Spark replays it from the previous version."""
+        200 ms: the writes usually end within tens of ms of the action, and the time between the
+        last write's end and the poll that sees it adds to every micro-batch, so the first polls
+        are dense; a poll lists one directory of the checkpoint, which is cheap. ``timeout_s``:
+        default the operator's ``commit_timeout_s``. Raises StateError when a partition's
+        background write reported an error (at once) or when some partition did not report
+        within the timeout (its worker died, or the sink's action did not evaluate every
+        partition): the micro-batch then fails and Spark replays it from the previous
+        version."""
         if self._parts is not None:
             return self._parts
         op = self.op

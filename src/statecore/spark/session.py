@@ -1,10 +1,10 @@
 """Building a SparkSession suited to statecore jobs.
 
-The one rule that matters for a local run (see ``reference/spark.md``): PySpark starts its Python
-workers with ``PYSPARK_PYTHON`` (default: ``python3`` on ``PATH``), not with the driver's
-interpreter, so in a virtualenv the workers would miss statecore, pyarrow and the native extension.
-For local masters this module points ``PYSPARK_PYTHON`` (environment and ``spark.pyspark.python``)
-at ``sys.executable``.
+The one rule that matters for a local run: PySpark starts its Python workers with
+``PYSPARK_PYTHON`` (default: ``python3`` on ``PATH``; Spark's configuration docs,
+``spark.pyspark.python``), not with the driver's interpreter, so in a virtualenv the workers
+would miss statecore, pyarrow and the native extension. For local masters this module points
+``PYSPARK_PYTHON`` (environment and ``spark.pyspark.python``) at ``sys.executable``.
 """
 
 from __future__ import annotations

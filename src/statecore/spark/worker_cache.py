@@ -1,13 +1,15 @@
 """The worker side of :class:`statecore.spark.StatefulOperator` between tasks: the in-process
 cache of partition state and its standby copies.
 
-PySpark reuses Python workers, so a task can leave its backend in the worker for the next
-micro-batch instead of restoring it from the checkpoint store. But a partition lands on the same
-worker only about half the time (``shared/reference/spark.md``), so each worker keeps:
+PySpark reuses Python workers (``spark.python.worker.reuse``, on by default), so a task can
+leave its backend in the worker for the next micro-batch instead of restoring it from the
+checkpoint store. But the executor hands a task to whichever of its idle Python workers comes
+first, so a partition's next task lands on the worker that ran it last only about half the time
+with two workers. Each worker therefore keeps:
 
-* the backend of every partition it last ran (:class:`_CachedState`), taken again by the
+* the backend of every partition it last ran (:class:`CachedState`), taken again by the
   partition's next task when it is exactly the committed predecessor (:func:`_take_cached`), or
-  caught up from an older committed version of it (:func:`_take_stale`, the runs committed
+  caught up from an older committed version of it (:func:`take_stale`, the runs committed
   since applied with :meth:`CheckpointStore.open_changes`);
 * standby copies (Kafka Streams' standby replicas, fed from the committed incremental runs
   instead of a changelog): after each task a daemon thread waits for the driver's commit and
@@ -15,8 +17,18 @@ worker only about half the time (``shared/reference/spark.md``), so each worker 
   it holds fewer than ``stale_copies`` (:func:`_standby_catch_up`), so that the next task of
   such a partition here is a cache hit off its critical path.
 
-Everything here runs in the worker process; the task itself (loading, processing, the
-checkpoint write) is :class:`statecore.spark.operator._TaskSpec`.
+Public API, used by the task (:class:`statecore.spark.task.TaskSpec`): :class:`CachedState`,
+:func:`note_task_started`, :func:`holds`, :func:`take_after_standby`, :func:`take_stale`,
+:func:`partition_backend`, :func:`put_cached`, :func:`start_standby` and
+:func:`clear_state_cache`. The cache, its lock and the standby bookkeeping stay inside this
+module.
+
+Exactly-once contract kept here: a cached backend serves a task only when it holds exactly the
+version the driver committed as the task's predecessor (same attempt, and its data file among
+the committed writers); anything else is closed or only used as the base of a catch-up over
+committed runs, so a task never builds on state the driver did not commit.
+
+Everything here runs in the worker process.
 """
 
 from __future__ import annotations
@@ -32,11 +44,24 @@ from statecore.errors import CheckpointNotFoundError, StateError
 from statecore.key_groups import key_group_range_for_operator
 from statecore.spark.handoff import held_elsewhere
 
-__all__ = ["clear_state_cache"]
+__all__ = [
+    "CachedState",
+    "MAX_CACHED_PARTITIONS",
+    "STANDBY_NICE",
+    "STANDBY_WAIT_S",
+    "clear_state_cache",
+    "holds",
+    "note_task_started",
+    "partition_backend",
+    "put_cached",
+    "start_standby",
+    "take_after_standby",
+    "take_stale",
+]
 
 
 @dataclass
-class _CachedState:
+class CachedState:
     """A backend kept in the worker process after the task that produced ``version``.
 
     ``writer``: the writer name of its data file; ``snapshot_id``: the id of the snapshot that
@@ -47,7 +72,7 @@ class _CachedState:
     ``abandon_after_s``: once the entry is dropped, how long its write may still run before it
     is cancelled (the driver has given up on it by then, see :func:`_close_entry`);
     ``pristine``: the backend holds exactly its data file's state (no TTL background cleanup
-    after the snapshot), so it can catch up to a later version (:func:`_take_stale`)."""
+    after the snapshot), so it can catch up to a later version (:func:`take_stale`)."""
 
     version: int
     attempt: str
@@ -73,7 +98,7 @@ class _CachedState:
         return self.state()[2:]
 
 
-_STATE_CACHE: Dict[tuple, _CachedState] = {}
+_STATE_CACHE: Dict[tuple, CachedState] = {}
 _CACHE_LOCK = threading.Lock()
 # Cache keys whose entry a standby catch-up has taken out to work on, and the Event it sets when
 # the entry is back (or dropped); see _standby_catch_up.
@@ -83,7 +108,16 @@ _STANDBY_BUSY: Dict[tuple, threading.Event] = {}
 _TASKS_STARTED: Dict[tuple, int] = {}
 
 
-def _close_entry(entry: _CachedState) -> None:
+def note_task_started(op_key: tuple) -> int:
+    """Count a task of operator ``op_key`` = (store uri, operator name) started in this process
+    and return the new count. A standby catch-up started by an earlier task gives up once the
+    count moved past the one it started with (its version was not committed in time)."""
+    with _CACHE_LOCK:
+        n = _TASKS_STARTED[op_key] = _TASKS_STARTED.get(op_key, 0) + 1
+    return n
+
+
+def _close_entry(entry: CachedState) -> None:
     """Close ``entry``'s backend, after its background write finished (a native snapshot being
     written reads the backend's maps). A write still running ``abandon_after_s`` later is
     cancelled (``cancel_write``: stops the serializer at its next block, removes the temporary
@@ -120,11 +154,11 @@ def clear_state_cache() -> None:
 
 
 def _take_cached(key: tuple, want: tuple, committed_writers: Optional[frozenset]
-                 ) -> Optional[_CachedState]:
+                 ) -> Optional[CachedState]:
     """Remove and return the cache entry for ``key`` if it holds exactly ``want`` =
     (version, attempt, n, maxP, kind, key_type) and its data file is one the driver committed
     (``committed_writers``; None = not recorded, older checkpoints). An older pristine entry
-    stays cached (a catch-up base for :func:`_take_stale`); any other non-matching entry is
+    stays cached (a catch-up base for :func:`take_stale`); any other non-matching entry is
     closed. Taking the entry out before mutating it means a task that fails midway can never
     leave a half-updated backend labelled with the old version. On a hit the backend is told
     that its snapshot of that version is complete, which moves its incremental base there."""
@@ -149,9 +183,10 @@ def _take_cached(key: tuple, want: tuple, committed_writers: Optional[frozenset]
     return entry
 
 
-def _holds(key: tuple, want: tuple) -> bool:
-    """Whether this worker holds ``key``'s partition at exactly ``want`` (see
-    :func:`_take_cached`) or a standby here is working on it: its task then runs here."""
+def holds(key: tuple, want: tuple) -> bool:
+    """Whether this worker holds ``key`` = (store uri, operator, partition) at exactly ``want``
+    = (version, attempt, n, maxP, backend kind, key type), or a standby here is working on it:
+    its task then runs here (no handoff). Does not take the entry."""
     with _CACHE_LOCK:
         if key in _STANDBY_BUSY:
             return True
@@ -159,7 +194,7 @@ def _holds(key: tuple, want: tuple) -> bool:
         return e is not None and e.state() == want
 
 
-def _take_stale(key: tuple, store, version: int, config: tuple, kg_range):
+def take_stale(key: tuple, store, version: int, config: tuple, kg_range):
     """Remove the cached backend for ``key`` when it holds an older committed version of the
     partition with the same ``config`` = (n, maxP, kind, key_type) and its data file is the base
     of a plain incremental chain up to ``version`` (:meth:`CheckpointStore.open_changes`).
@@ -192,7 +227,7 @@ def _take_stale(key: tuple, store, version: int, config: tuple, kg_range):
 MAX_CACHED_PARTITIONS = 32
 
 
-def _put_cached(key: tuple, entry: _CachedState, stale_copies: int = 0) -> None:
+def put_cached(key: tuple, entry: CachedState, stale_copies: int = 0) -> None:
     """Cache ``entry`` for ``key``; close entries that can no longer serve: of the other
     partitions of the same operator at an older version (the next micro-batch needs this version
     or a newer one; an older copy only as a catch-up base) all but the ``stale_copies`` newest
@@ -226,12 +261,15 @@ def _await_standby(key: tuple, timeout_s: float) -> None:
         ev.wait(timeout_s)
 
 
-def _take_after_standby(key: tuple, want: tuple, committed_writers: Optional[frozenset],
-                        timeout_s: float) -> Optional[_CachedState]:
+def take_after_standby(key: tuple, want: tuple, committed_writers: Optional[frozenset],
+                       timeout_s: float) -> Optional[CachedState]:
     """:func:`_take_cached` once no standby works on ``key``'s entry: one in flight (the
     previous task of this worker started it) ends within the time of a catch-up and leaves a
     cache hit. A standby that took the entry just after the first look is waited for once more.
-    Each wait lasts at most ``timeout_s``."""
+    Each wait lasts at most ``timeout_s`` seconds. Returns the entry, taken out of the cache
+    (its backend now told that its snapshot of ``want``'s version is complete), or None when
+    this worker does not hold exactly ``want`` with a committed data file (the caller then
+    catches up or restores)."""
     for _ in range(2):
         _await_standby(key, timeout_s)
         hit = _take_cached(key, want, committed_writers)
@@ -251,17 +289,19 @@ def _writer_of(writers, partition: int) -> Optional[str]:
 #: Seconds a standby catch-up waits for the driver's commit before it gives up.
 STANDBY_WAIT_S = 60.0
 # Added to the standby thread's nice value (Linux): the catch-up runs while the driver plans the
-# next micro-batch and the other worker's task runs; at the workers' priority it took CPU from
-# them (Spark's time between micro-batches +0.1-0.15 s over 8 batches, bench routing, 2 cores),
-# at the lowest it fills idle CPU and a task that needs the copy first waits for it
-# (_await_standby) while its own thread is idle anyway.
+# next micro-batch and the other workers' tasks run; at the workers' own priority it takes CPU
+# from them and lengthens Spark's time between micro-batches, at the lowest it fills idle CPU,
+# and a task that needs the copy first waits for it (_await_standby) while its own thread is
+# idle anyway.
 STANDBY_NICE = 19
 
 
-def _partition_backend(kind: str, key_type: str, max_parallelism: int, num_partitions: int,
-                       partition: int):
-    """An empty backend for operator index ``partition`` of ``num_partitions`` (Spark key
-    groups, Flink's key-group range of that index)."""
+def partition_backend(kind: str, key_type: str, max_parallelism: int, num_partitions: int,
+                      partition: int):
+    """An empty backend (``kind`` "python" or "native", keys of ``key_type``) for operator index
+    ``partition`` of ``num_partitions``: Spark key-group assignment, Flink's
+    ``KeyGroupRangeAssignment.computeKeyGroupRangeForOperatorIndex`` range of that index.
+    Errors: :func:`statecore.backends.create_backend`."""
     from statecore.backends import create_backend
 
     return create_backend(kind, key_type=key_type, max_parallelism=max_parallelism,
@@ -341,15 +381,15 @@ def _standby_catch_up(store, op_key: tuple, own: tuple, version: int, generation
     meta = store.metadata(version)
     writers = meta.get("writers") or ()
 
-    def committed(partition: int, backend, t_cpu: float) -> Optional[_CachedState]:
+    def committed(partition: int, backend, t_cpu: float) -> Optional[CachedState]:
         writer = _writer_of(writers, partition)
         if writer is None:
             return None
         n, mp, kind, key_type = config
-        return _CachedState(version, meta["attempt"], n, mp, kind, key_type, backend,
+        return CachedState(version, meta["attempt"], n, mp, kind, key_type, backend,
                             writer=writer, standby_cpu_s=time.thread_time() - t_cpu)
 
-    def catch_up(partition: int, entry: Optional[_CachedState]) -> Optional[_CachedState]:
+    def catch_up(partition: int, entry: Optional[CachedState]) -> Optional[CachedState]:
         t_cpu = time.thread_time()
         if entry is None or entry.version >= version or not entry.pristine:
             return entry
@@ -371,11 +411,11 @@ def _standby_catch_up(store, op_key: tuple, own: tuple, version: int, generation
         return committed(partition, entry.backend, t_cpu)
 
     def restore(partition: int):
-        def make(entry: Optional[_CachedState]) -> Optional[_CachedState]:
+        def make(entry: Optional[CachedState]) -> Optional[CachedState]:
             if entry is not None:
                 return entry  # a task cached it meanwhile
             t_cpu = time.thread_time()
-            backend = _partition_backend(config[2], config[3], config[1], config[0], partition)
+            backend = partition_backend(config[2], config[3], config[1], config[0], partition)
             try:
                 store.restore(backend, version)
                 new = committed(partition, backend, t_cpu)
@@ -409,9 +449,14 @@ def _standby_catch_up(store, op_key: tuple, own: tuple, version: int, generation
     return done
 
 
-def _start_standby(store, op_key: tuple, own: tuple, version: int, config: tuple,
-                   copies: int, handoff: bool = False) -> threading.Thread:
-    """Start :func:`_standby_catch_up` in a daemon thread at nice + ``STANDBY_NICE``."""
+def start_standby(store, op_key: tuple, own: tuple, version: int, config: tuple,
+                  copies: int, handoff: bool = False) -> threading.Thread:
+    """Start :func:`_standby_catch_up` in a daemon thread at nice + ``STANDBY_NICE`` and return
+    the thread. ``op_key`` = (store uri, operator), ``own`` = the cache key of the partition the
+    calling task ran, ``version`` = the version that task wrote, ``config`` = (n, maxP, backend
+    kind, key type), ``copies`` = the operator's ``stale_copies``; ``handoff``: skip partitions
+    another live worker of this host holds. Call it after :func:`note_task_started` of that
+    task: a later task start makes the catch-up give up."""
     args = (store, op_key, own, version, _TASKS_STARTED.get(op_key, 0), config, copies)
 
     def run() -> None:
