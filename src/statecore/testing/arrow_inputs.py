@@ -23,6 +23,8 @@ __all__ = ["ArrowInputConformance"]
 
 
 def _stream_program(form: str):
+    """A program (backend -> observations) calling every batch call with its inputs in the
+    Arrow input form ``form`` (:func:`statecore.testing.helpers.column_in_form`)."""
     def col(values, type_):
         return column_in_form(values, type_, form)
 

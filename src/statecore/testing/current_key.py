@@ -25,6 +25,8 @@ __all__ = ["CurrentKeyConformance"]
 
 
 def _every_kind(b, ttl: bool = False, namespace_type: str = "void") -> dict:
+    """One state of each kind on ``b``, by name: "v" value, "l" list, "m" map, "r" reducing,
+    "a" aggregating (with TTL that never expires but renews on reads, if ``ttl``)."""
     from statecore.ttl import StateTtlConfig
 
     descs = {"v": ValueStateDescriptor("v", "int64", default=-1),
@@ -39,10 +41,12 @@ def _every_kind(b, ttl: bool = False, namespace_type: str = "void") -> dict:
 
 
 def _read_all(st: dict) -> tuple:
+    """What each state of :func:`_every_kind` holds for the current key and namespace."""
     return (st["v"].value(), st["l"].get(), st["m"].items(), st["r"].get(), st["a"].get())
 
 
 def _write_all(st: dict, i: int) -> None:
+    """Write ``i`` to each state of :func:`_every_kind`."""
     st["v"].update(i)
     st["l"].add(str(i))
     st["m"].put(str(i), i)

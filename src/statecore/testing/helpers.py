@@ -17,7 +17,7 @@ __all__ = [
     "AverageAggregate", "StreamOnly", "ArrayOnly", "TamperedSnapshot",
     "snapshot_dump", "dump_backend", "merge_incremental", "metas_by_name",
     "chunked", "sliced", "random_values", "column_in_form",
-    "LIST_TYPES", "MAP_TYPES", "INPUT_FORMS",
+    "LIST_TYPES", "MAP_TYPES",
 ]
 
 #: Element types of the list states the collection batch tests exercise (every typed one).
@@ -28,8 +28,6 @@ LIST_TYPES = ["int64", "int32", "uint64", "float64", "bool", "string", "binary",
 MAP_TYPES = [("int64", "int64"), ("string", "binary"), ("int32", "float64"), ("binary", "string"),
              ("int64", "bool"), ("string", "fixed_size_binary[2]"), ("int32", "uint64"),
              ("binary", "timestamp[us]"), ("int64", "int32")]
-#: The input forms :func:`column_in_form` builds.
-INPUT_FORMS = ["array", "chunked", "stream", "table", "c_array"]
 
 
 class AverageAggregate(AggregateFunction):
@@ -183,12 +181,12 @@ def random_values(type_name: str, n: int, rng: np.random.Generator) -> pa.Array:
 
 
 def column_in_form(values, type_, form: str, name: str = "c"):
-    """One batch column of ``values`` (Arrow type ``type_``) in the input form ``form`` (one of
-    :data:`INPUT_FORMS`): "array", "chunked" (a ChunkedArray of an empty, a sliced and a plain
-    chunk), "stream" (an object exposing only ``__arrow_c_stream__`` over such chunks), "table"
-    (a one-column Table named ``name`` behind only ``__arrow_c_stream__``: a record-batch
-    stream) or "c_array" (only ``__arrow_c_array__`` over a sliced array). Streams can be read
-    once: build one per call. Raises ValueError for another form."""
+    """One batch column of ``values`` (Arrow type ``type_``) in the input form ``form``:
+    "array", "chunked" (a ChunkedArray of an empty, a sliced and a plain chunk), "stream" (an
+    object exposing only ``__arrow_c_stream__`` over such chunks), "table" (a one-column Table
+    named ``name`` behind only ``__arrow_c_stream__``: a record-batch stream) or "c_array"
+    (only ``__arrow_c_array__`` over a sliced array). Streams can be read once: build one per
+    call. Raises ValueError for another form."""
     arr = pa.array(values, type_)
     if form == "array":
         return arr

@@ -25,6 +25,9 @@ __all__ = ["SnapshotConformance"]
 
 
 def _populate(b, keys, tag=0):
+    """Register states "v" (int64 value), "l" (string list in int64 namespace 7), "m" (int64 ->
+    pickle map), "r" (float64 sum) on ``b`` and write each of ``keys`` to all of them, with an
+    event-time timer at ``1000 + key``; "v" holds ``key * 10 + tag``."""
     v = b.get_state(ValueStateDescriptor("v", "int64"))
     ls = b.get_state(ListStateDescriptor("l", "string"), namespace_type="int64")
     m = b.get_state(MapStateDescriptor("m", "int64", "pickle"))
