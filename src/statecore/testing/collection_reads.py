@@ -22,8 +22,9 @@ import pytest
 from statecore.descriptors import (ListStateDescriptor, MapStateDescriptor,
                                    ReducingStateDescriptor, ValueStateDescriptor)
 from statecore.errors import InvalidInputError
-from statecore.testing.collection_batches import (LIST_TYPES, MAP_TYPES, _chunked, _dump,
-                                                  _values)
+from statecore.testing.base import ConformanceBase
+from statecore.testing.helpers import (LIST_TYPES, MAP_TYPES, chunked, dump_backend,
+                                       random_values)
 from statecore.ttl import ManualClock, StateTtlConfig
 
 _KEYS = 50
@@ -40,57 +41,58 @@ def _key_batches(rng: np.random.Generator, hi: int):
     one, a sliced one and a chunked one, as ``(keys, cuts for a second column)``."""
     keys = pa.array(rng.integers(0, hi, _ROWS + 5), pa.int64())
     return [(keys.slice(0, 30), None), (keys.slice(5, _ROWS), None),
-            (_chunked(keys.slice(5, _ROWS), [4600]), [4300])]
+            (chunked(keys.slice(5, _ROWS), [4600]), [4300])]
 
 
-class CollectionReadConformance:
-    """Mixin (needs ``_pair`` of CollectionBatchConformance and BackendConformance)."""
+class CollectionReadConformance(ConformanceBase):
+    """List and map state batch reads and removals and ``clear_batch`` of every state kind,
+    against the reference backend, with TTL, and with bad input."""
 
     @pytest.mark.parametrize("element_type", LIST_TYPES)
     def test_list_get_batch_differential(self, element_type):
-        b, ref = self._pair()
+        b, ref = self.backend_pair()
         outs = []
         for be in (b, ref):
             st = be.get_state(ListStateDescriptor("l", element_type))
             rng = np.random.default_rng(21)
             st.append_batch(pa.array(rng.integers(0, _KEYS, 3000), pa.int64()),
-                            _values(element_type, 3000, rng))
+                            random_values(element_type, 3000, rng))
             outs.append([st.get_batch(keys) for keys, _ in _key_batches(rng, _KEYS + 10)])
             outs[-1].append(st.get_batch(pa.array([], pa.int64())))
         for got, want in zip(*outs):
             _same(got, want)
-        assert _dump(b) == _dump(ref)
+        assert dump_backend(b) == dump_backend(ref)
 
     @pytest.mark.parametrize("user_key_type,value_type", MAP_TYPES)
     def test_map_reads_and_removals_differential(self, user_key_type, value_type):
-        b, ref = self._pair()
+        b, ref = self.backend_pair()
         outs = []
         for be in (b, ref):
             st = be.get_state(MapStateDescriptor("m", user_key_type, value_type))
             rng = np.random.default_rng(22)
             st.put_batch(pa.array(rng.integers(0, _KEYS, 2000), pa.int64()),
-                         _values(user_key_type, 2000, rng), _values(value_type, 2000, rng))
+                         random_values(user_key_type, 2000, rng), random_values(value_type, 2000, rng))
             out = []
             for keys, cuts in _key_batches(rng, _KEYS + 10):
-                uks = _values(user_key_type, len(keys), rng)
+                uks = random_values(user_key_type, len(keys), rng)
                 if cuts:
-                    uks = _chunked(uks, cuts)
+                    uks = chunked(uks, cuts)
                 out.append(st.get_batch(keys, uks))
                 out.append(st.contains_batch(keys, uks))
             # Removals with repeated rows, emptying some maps, then the reads again.
             for keys, cuts in _key_batches(rng, _KEYS + 10)[:2]:
-                uks = _values(user_key_type, len(keys), rng)
+                uks = random_values(user_key_type, len(keys), rng)
                 st.remove_batch(keys, uks)
                 out.append(st.get_batch(keys, uks))
-                out.append(st.contains_batch(keys, _values(user_key_type, len(keys), rng)))
+                out.append(st.contains_batch(keys, random_values(user_key_type, len(keys), rng)))
             outs.append(out)
-            outs[-1].append(_dump(be))
+            outs[-1].append(dump_backend(be))
         for got, want in zip(outs[0][:-1], outs[1][:-1]):
             _same(got, want)
         assert outs[0][-1] == outs[1][-1]
 
     def test_clear_batch_differential(self):
-        b, ref = self._pair()
+        b, ref = self.backend_pair()
         for be in (b, ref):
             rng = np.random.default_rng(23)
             keys = pa.array(rng.integers(0, _KEYS, 500), pa.int64())
@@ -102,7 +104,7 @@ class CollectionReadConformance:
             m = be.get_state(MapStateDescriptor("m", "int64", "int64"))
             v.put_batch(keys, ints)
             r.add_batch(keys, ints)
-            lst.append_batch(keys, _values("string", 500, rng))
+            lst.append_batch(keys, random_values("string", 500, rng))
             m.put_batch(keys, ints, ints)
             for k in range(_KEYS):
                 be.set_current_key(k)
@@ -110,7 +112,7 @@ class CollectionReadConformance:
             batches = _key_batches(rng, _KEYS + 10)  # plain, sliced, chunked
             for st, (keys, _) in zip((v, p, r, lst, m), [*batches, *batches[:2]]):
                 st.clear_batch(keys.slice(0, 25) if st in (lst, m) else keys)
-        assert _dump(b) == _dump(ref)
+        assert dump_backend(b) == dump_backend(ref)
 
     @pytest.mark.parametrize("update_type,visibility,cleanup", [
         ("OnCreateAndWrite", "NeverReturnExpired", None),
@@ -124,7 +126,7 @@ class CollectionReadConformance:
         cfg = StateTtlConfig(1000, update_type=update_type, state_visibility=visibility,
                              cleanup_incrementally=cleanup)
         clocks = [ManualClock(0), ManualClock(0)]
-        b = self._backend(ttl_clock=clocks[0])
+        b = self.new_backend(ttl_clock=clocks[0])
         ref = self.make_reference_backend(key_type="int64", max_parallelism=128,
                                           ttl_clock=clocks[1])
         outs = []
@@ -137,22 +139,22 @@ class CollectionReadConformance:
             for step in range(6):
                 clock.set(350 * step)  # elements written 3 steps ago expire
                 keys = pa.array(rng.integers(0, 20, 120), pa.int64())
-                ls.append_batch(keys, _values("string", 120, rng))
-                li.append_batch(keys, _values("int64", 120, rng))
-                m.put_batch(keys, _values("int64", 120, rng), _values("string", 120, rng))
+                ls.append_batch(keys, random_values("string", 120, rng))
+                li.append_batch(keys, random_values("int64", 120, rng))
+                m.put_batch(keys, random_values("int64", 120, rng), random_values("string", 120, rng))
                 clock.set(350 * step + 200)
                 # Repeated and absent keys; a chunked read at one step.
                 rk = pa.array(rng.integers(0, 25, 60), pa.int64())
-                uk = _values("int64", 60, rng)
+                uk = random_values("int64", 60, rng)
                 if step == 3:
-                    rk = _chunked(pa.array(rng.integers(0, 25, _ROWS), pa.int64()), [4500])
-                    uk = _chunked(_values("int64", _ROWS, rng), [5000])
+                    rk = chunked(pa.array(rng.integers(0, 25, _ROWS), pa.int64()), [4500])
+                    uk = chunked(random_values("int64", _ROWS, rng), [5000])
                 out += [ls.get_batch(rk), m.contains_batch(rk, uk), li.get_batch(rk),
                         m.get_batch(rk, uk)]
                 if step % 2:
-                    m.remove_batch(rk, _values("int64", len(rk), rng))
+                    m.remove_batch(rk, random_values("int64", len(rk), rng))
                     ls.clear_batch(pa.array(rng.integers(0, 25, 5), pa.int64()))
-                out.append(_dump(be))
+                out.append(dump_backend(be))
                 out.append(be.ttl_statistics())
             outs.append(out)
         for got, want in zip(*outs):
@@ -167,7 +169,7 @@ class CollectionReadConformance:
 
         cfg = StateTtlConfig(10)
         clock = ManualClock(0)
-        b = self._backend(key_group_range=KeyGroupRange(0, 63), ttl_clock=clock)
+        b = self.new_backend(key_group_range=KeyGroupRange(0, 63), ttl_clock=clock)
         lst = b.get_state(ListStateDescriptor("l", "int64"))
         tl = b.get_state(ListStateDescriptor("tl", "int64").enable_time_to_live(cfg))
         m = b.get_state(MapStateDescriptor("m", "string", "int64"))
@@ -189,16 +191,16 @@ class CollectionReadConformance:
         for st in (m, tm):
             st.put_batch(good, uks, ints)
         clock.set(100)  # every TTL element and pair is expired: a TTL read would remove them
-        before, stats = _dump(b), b.ttl_statistics()
-        ck, cu = _chunked(bad, [4500]), _chunked(uks, [4000])
+        before, stats = dump_backend(b), b.ttl_statistics()
+        ck, cu = chunked(bad, [4500]), chunked(uks, [4000])
         bad_calls = [
             lambda: lst.clear_batch(ck), lambda: tl.get_batch(ck), lambda: tm.get_batch(ck, cu),
             lambda: tm.contains_batch(ck, cu), lambda: m.remove_batch(ck, cu),
-            lambda: m.remove_batch(_chunked(good, [4500]),
-                                   _chunked(pa.array([*uks.to_pylist()[:-1], None]), [4000])),
+            lambda: m.remove_batch(chunked(good, [4500]),
+                                   chunked(pa.array([*uks.to_pylist()[:-1], None]), [4000])),
         ]
         for call in bad_calls:
             with pytest.raises(InvalidInputError):
                 call()
-            assert _dump(b) == before
+            assert dump_backend(b) == before
             assert b.ttl_statistics() == stats

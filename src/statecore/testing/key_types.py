@@ -1,5 +1,7 @@
-"""Key-type part of the backend conformance suite (mixed into
-:class:`statecore.testing.conformance.BackendConformance`): every key type of
+"""Keys part of the backend conformance suite (mixed into
+:class:`statecore.testing.conformance.BackendConformance`): validation of the current key against
+the key type and the backend's key-group range, key groups of the Spark and Flink assigners
+(Flink's ``KeyGroupRangeAssignment``) and the encoded key bytes; then every key type of
 :mod:`statecore.key_types` through the per-record and the batch APIs, snapshots and restores
 (byte-identical to the reference backend), sliced and chunked key arrays, null keys and null key
 fields, wrong types, timers, and a seeded hypothesis differential run against the reference.
@@ -22,6 +24,8 @@ from statecore.descriptors import (
     ValueStateDescriptor,
 )
 from statecore.errors import InvalidInputError
+from statecore.testing.base import ConformanceBase
+from statecore.testing.helpers import dump_backend, sliced, snapshot_dump
 
 __all__ = ["KeyTypeConformance", "KEY_CASES"]
 
@@ -62,26 +66,58 @@ def _same_keys(a, b) -> bool:
     return [norm(x) for x in a] == [norm(x) for x in b]
 
 
-def _sliced(arr: pa.Array, pad_value) -> pa.Array:
-    """``arr`` as the slice of a longer array (offset != 0) with nulls and junk around it."""
-    before = pa.array([None, pad_value], arr.type)
-    after = pa.array([pad_value, None], arr.type)
-    return pa.concat_arrays([before, arr, after]).slice(2, len(arr))
+class KeyTypeConformance(ConformanceBase):
+    """Current keys and key arrays of every key type: validation, key-group assignment (Spark
+    and Flink assigners), batch and per-record paths, snapshots and restores, bad input, and a
+    hypothesis differential run against the reference backend."""
 
+    # ------------------------------------------------------------------ current key
+    def test_invalid_keys(self):
+        b = self.new_backend(key_group_range=(0, 63))
+        v = b.get_state(ValueStateDescriptor("v", "int64"))
+        with pytest.raises(InvalidInputError):
+            v.value()  # no current key yet
+        inside = next(k for k in range(1000) if K.spark_key_group(k, "int64", 128) <= 63)
+        outside = next(k for k in range(1000) if K.spark_key_group(k, "int64", 128) > 63)
+        b.set_current_key(inside)
+        v.update(1)
+        for bad in [None, "1", 1.0, True, 1 << 64, outside]:
+            with pytest.raises(InvalidInputError):
+                b.set_current_key(bad)
+            assert b.current_key == inside
+        assert v.value() == 1
+        assert b.current_key_group == K.spark_key_group(inside, "int64", 128)
 
-def _dump(b) -> dict:
-    from statecore.testing.conformance import snapshot_dump
+    @pytest.mark.parametrize("key_type,keys", [
+        ("int32", [0, -1, (1 << 31) - 1]), ("string", ["", "a", "日本語", "😀emoji"]),
+        ("binary", [b"", b"\x00", b"abc"])])
+    def test_key_types(self, key_type, keys):
+        for assigner in ("spark", "flink"):
+            b = self.new_backend(key_type=key_type, assigner=assigner)
+            v = b.get_state(ValueStateDescriptor("v", "int64"))
+            for i, k in enumerate(keys):
+                b.set_current_key(k)
+                assert b.current_key_group == K.assign_key_group(k, key_type, 128, assigner)
+                v.update(i)
+            for i, k in enumerate(keys):
+                b.set_current_key(k)
+                assert v.value() == i
+            arrow_type = {"int32": pa.int32(), "string": pa.string(), "binary": pa.binary()}[key_type]
+            got = v.get_batch(pa.array(keys, arrow_type))
+            assert got.to_pylist() == list(range(len(keys)))
 
-    snap = b.snapshot()
-    try:
-        return snapshot_dump(snap)
-    finally:
-        snap.release()
-
-
-class KeyTypeConformance:
-    """Pytest mixin; the host class provides ``_backend(**kw)`` and
-    ``make_reference_backend(**kw)``."""
+    def test_flink_assigner_and_large_max_parallelism(self):
+        b = self.new_backend(key_type="string", max_parallelism=4096, assigner="flink")
+        v = b.get_state(ValueStateDescriptor("v", "int32"), namespace_type="string")
+        b.set_current_key("hello")
+        assert b.current_key_group == 2723
+        v.set_current_namespace("ns")
+        v.update(1)
+        (kb, vb), = snapshot_dump(b.snapshot())["v"][2723]
+        assert kb.hex() == "0aa30668656c6c6f06036e7303"
+        assert vb == (1).to_bytes(4, "little")
+        b.set_current_key("a")
+        assert b.current_key_group == 3025
 
     # ------------------------------------------------------------------ round trips
     @pytest.mark.parametrize("key_type,keys", KEY_CASES, ids=CASE_IDS)
@@ -91,7 +127,7 @@ class KeyTypeConformance:
         record; key groups as the reference assigns them; snapshots byte-identical to the
         reference backend's; a restore (also into the reference) gives every value back."""
         opts = dict(key_type=key_type, max_parallelism=200, assigner=assigner)
-        b, ref = self._backend(**opts), self.make_reference_backend(**opts)
+        b, ref = self.new_backend(**opts), self.make_reference_backend(**opts)
         assert b.key_type == K.normalize_key_type(key_type)
         arr = key_array(key_type, keys)
         for be in (b, ref):
@@ -108,9 +144,9 @@ class KeyTypeConformance:
                 be.set_current_key(k)
                 assert _same_keys([be.current_key], [k])
                 assert s.get() == 10 * i + 1
-        assert _dump(b) == _dump(ref)
+        assert dump_backend(b) == dump_backend(ref)
         for src in (b, ref):
-            for dst_make in (self._backend, self.make_reference_backend):
+            for dst_make in (self.new_backend, self.make_reference_backend):
                 dst = dst_make(**opts)
                 snap = src.snapshot()
                 dst.restore(snap)
@@ -122,21 +158,21 @@ class KeyTypeConformance:
     def test_key_type_sliced_and_chunked_arrays(self, key_type, keys):
         """Key arrays with an offset (nulls and other keys around the slice), chunked arrays, and
         for multi-column keys a list of (sliced) column arrays all address the same entries."""
-        b = self._backend(key_type=key_type)
+        b = self.new_backend(key_type=key_type)
         v = b.get_state(ValueStateDescriptor("v", "int64"))
         arr = key_array(key_type, keys)
         vals = pa.array(range(len(keys)), pa.int64())
-        v.put_batch(_sliced(arr, keys[-1]), _sliced(vals, 99))
+        v.put_batch(sliced(arr, keys[-1]), sliced(vals, 99))
         assert v.get_batch(arr).to_pylist() == list(range(len(keys)))
         half = len(keys) // 2
         chunked = pa.chunked_array([arr.slice(0, half), arr.slice(half)], arr.type)
         assert v.get_batch(chunked).to_pylist() == list(range(len(keys)))
-        assert v.contains_batch(_sliced(arr, keys[0])).to_pylist() == [True] * len(keys)
+        assert v.contains_batch(sliced(arr, keys[0])).to_pylist() == [True] * len(keys)
         kt = KT.key_type(key_type)
         if kt.is_struct:
-            columns = [_sliced(arr.field(i), None) for i in range(len(kt.fields))]
+            columns = [sliced(arr.field(i), None) for i in range(len(kt.fields))]
             assert v.get_batch(columns).to_pylist() == list(range(len(keys)))
-            assert v.get_batch(_sliced(arr, keys[0])).to_pylist() == list(range(len(keys)))
+            assert v.get_batch(sliced(arr, keys[0])).to_pylist() == list(range(len(keys)))
         v.clear_batch(arr.slice(1))
         assert v.get_batch(arr).to_pylist() == [0] + [None] * (len(keys) - 1)
 
@@ -144,7 +180,7 @@ class KeyTypeConformance:
     def test_key_type_other_states_and_timers(self, key_type, keys):
         """List, map and reducing states and timers take the new keys per batch and per record;
         timers fire with canonical keys (ints for timestamps, tuples for multi-column keys)."""
-        b = self._backend(key_type=key_type)
+        b = self.new_backend(key_type=key_type)
         arr = key_array(key_type, keys)
         lst = b.get_state(ListStateDescriptor("l", "int64"))
         m = b.get_state(MapStateDescriptor("m", "string", "int64"))
@@ -166,7 +202,7 @@ class KeyTypeConformance:
         import struct
 
         payload_nan = struct.unpack("<d", bytes.fromhex("010000000000f07f"))[0]
-        b = self._backend(key_type="float64")
+        b = self.new_backend(key_type="float64")
         v = b.get_state(ValueStateDescriptor("v", "int64"))
         b.set_current_key(-0.0)
         v.update(1)
@@ -184,16 +220,16 @@ class KeyTypeConformance:
     # ------------------------------------------------------------------ bad input
     @pytest.mark.parametrize("key_type,keys", KEY_CASES, ids=CASE_IDS)
     def test_key_type_nulls_rejected_state_untouched(self, key_type, keys):
-        b = self._backend(key_type=key_type)
+        b = self.new_backend(key_type=key_type)
         v = b.get_state(ValueStateDescriptor("v", "int64"))
         s = b.get_state(ReducingStateDescriptor("s", "sum", "int64"))
         lst = b.get_state(ListStateDescriptor("l", "int64"))
         arr = key_array(key_type, keys)
         v.put_batch(arr, pa.array(range(len(keys)), pa.int64()))
-        before = _dump(b)
+        before = dump_backend(b)
         kt = KT.key_type(key_type)
         with_null = pa.concat_arrays([arr, pa.array([None], arr.type)])
-        bad_batches = [with_null, _sliced(with_null, keys[0])]
+        bad_batches = [with_null, sliced(with_null, keys[0])]
         if kt.is_struct:
             # A null in one field of an otherwise present key.
             cols = [arr.field(i) for i in range(len(kt.fields))]
@@ -209,7 +245,7 @@ class KeyTypeConformance:
                          lambda: b.timers.register_batch(keys_in, ones)):
                 with pytest.raises(InvalidInputError, match="null"):
                     call()
-                assert _dump(b) == before
+                assert dump_backend(b) == before
         with pytest.raises(InvalidInputError):
             b.set_current_key(None)
 
@@ -230,9 +266,9 @@ class KeyTypeConformance:
          [(1,), ("a", 1), "1a", [1, "a", 2], (1, None)]),
     ])
     def test_key_type_wrong_types_rejected(self, key_type, bad_arrays, bad_keys):
-        b = self._backend(key_type=key_type)
+        b = self.new_backend(key_type=key_type)
         v = b.get_state(ValueStateDescriptor("v", "int64"))
-        before = _dump(b)
+        before = dump_backend(b)
         for keys_in in bad_arrays:
             rows = len(keys_in[0]) if isinstance(keys_in, list) else len(keys_in)
             with pytest.raises(InvalidInputError, match="keys"):
@@ -243,7 +279,7 @@ class KeyTypeConformance:
             with pytest.raises(InvalidInputError):
                 b.set_current_key(k)
             assert b.current_key is None
-        assert _dump(b) == before
+        assert dump_backend(b) == before
 
     # ------------------------------------------------------------------ differential
     @settings(max_examples=100, derandomize=True, deadline=None,
@@ -256,7 +292,7 @@ class KeyTypeConformance:
         assigner = data.draw(st.sampled_from(["spark", "flink"]), label="assigner")
         opts = dict(key_type=key_type, max_parallelism=data.draw(st.sampled_from([128, 300])),
                     assigner=assigner)
-        pair = (self._backend(**opts), self.make_reference_backend(**opts))
+        pair = (self.new_backend(**opts), self.make_reference_backend(**opts))
         states = [(be.get_state(ValueStateDescriptor("v", "int64")),
                    be.get_state(ReducingStateDescriptor("s", "sum", "int64"))) for be in pair]
         keys = st.sampled_from(pool)
@@ -287,6 +323,6 @@ class KeyTypeConformance:
                         r.append((be.current_key_group, v.value(), s.get()))
                 out.append(r)
             assert out[0] == out[1], (key_type, op, ks)
-        assert _dump(pair[0]) == _dump(pair[1])
+        assert dump_backend(pair[0]) == dump_backend(pair[1])
         assert pair[0].num_entries() == pair[1].num_entries()
         assert pair[0].state_bytes() == pair[1].state_bytes()

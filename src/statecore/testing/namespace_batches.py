@@ -19,7 +19,8 @@ import pytest
 from statecore.descriptors import (ListStateDescriptor, MapStateDescriptor,
                                    ReducingStateDescriptor, ValueStateDescriptor)
 from statecore.errors import InvalidInputError
-from statecore.testing.collection_batches import _chunked, _dump, _values
+from statecore.testing.base import ConformanceBase
+from statecore.testing.helpers import chunked, dump_backend, random_values
 from statecore.ttl import ManualClock, StateTtlConfig
 
 _ROWS = 9000  # > 2 x 4096: native reads the chunks of chunked batches in place
@@ -48,12 +49,9 @@ def _one(arr: pa.Array):
     return arr[0].as_py()
 
 
-class NamespaceBatchConformance:
-    """Mixin (needs ``_backend`` and ``make_reference_backend`` of BackendConformance)."""
-
-    def _ns_pair(self, key_type: str = "int64", **kw):
-        kw.update(key_type=key_type, max_parallelism=128)
-        return self._backend(**kw), self.make_reference_backend(**kw)
+class NamespaceBatchConformance(ConformanceBase):
+    """Batch calls of every state kind with namespaces per row, per batch or current, against
+    the reference backend, with TTL, and with bad namespaces."""
 
     def _ns_batches(self, key_type: str, ns_type: str, seed: int):
         """``(keys, namespaces, value_cuts)`` triples: a plain batch, a sliced one whose
@@ -64,15 +62,15 @@ class NamespaceBatchConformance:
         ns = _namespaces(ns_type, _ROWS + 7, rng)
         return rng, [
             (keys.slice(0, 50), ns.slice(0, 50), None),
-            (keys.slice(7, _ROWS), _chunked(ns.slice(7, _ROWS), [3000, 6500]), [4200]),
-            (_chunked(keys.slice(7, _ROWS), [4500]), ns[9].as_py(), [5000]),
+            (keys.slice(7, _ROWS), chunked(ns.slice(7, _ROWS), [3000, 6500]), [4200]),
+            (chunked(keys.slice(7, _ROWS), [4500]), ns[9].as_py(), [5000]),
             (keys.slice(3, 3000), None, None),
         ]
 
     @pytest.mark.parametrize("key_type", KEY_TYPES)
     @pytest.mark.parametrize("ns_type", NAMESPACE_TYPES)
     def test_namespaced_value_and_reducing_batches_differential(self, key_type, ns_type):
-        b, ref = self._ns_pair(key_type)
+        b, ref = self.backend_pair(key_type=key_type)
         outs = []
         for be in (b, ref):
             got = []
@@ -84,17 +82,17 @@ class NamespaceBatchConformance:
             cnt.set_current_namespace(current)
             for keys, ns, cuts in batches:
                 n = len(keys)
-                words = _values("string", n, rng)
+                words = random_values("string", n, rng)
                 ints = pa.array(rng.integers(-3, 9, n), pa.int64())
                 if cuts:
-                    words, ints = _chunked(words, cuts), _chunked(ints, cuts)
+                    words, ints = chunked(words, cuts), chunked(ints, cuts)
                 val.put_batch(keys, words, namespaces=ns)
                 got.append(cnt.add_batch(keys, ints, namespaces=ns).to_pylist())
                 got.append(val.get_batch(keys, namespaces=ns).to_pylist())
                 got.append(cnt.get_batch(keys, namespaces=ns).to_pylist())
             outs.append(got)
         assert outs[0] == outs[1]
-        assert _dump(b) == _dump(ref)
+        assert dump_backend(b) == dump_backend(ref)
         # The per-record path reads what the batches wrote.
         keys = _keys(key_type, 30, np.random.default_rng(5))
         ns = _namespaces(ns_type, 30, np.random.default_rng(6))
@@ -109,7 +107,7 @@ class NamespaceBatchConformance:
 
     @pytest.mark.parametrize("ns_type", ["int64", "string"])
     def test_namespaced_list_and_map_batches_differential(self, ns_type):
-        b, ref = self._ns_pair("string")
+        b, ref = self.backend_pair(key_type="string")
         for be in (b, ref):
             lst = be.get_state(ListStateDescriptor("l", "int64"), namespace_type=ns_type)
             m = be.get_state(MapStateDescriptor("m", "int32", "string"), namespace_type=ns_type)
@@ -119,21 +117,21 @@ class NamespaceBatchConformance:
             m.set_current_namespace(current)
             for keys, ns, cuts in batches:
                 n = len(keys)
-                ints = _values("int64", n, rng)
-                uks, words = _values("int32", n, rng), _values("string", n, rng)
+                ints = random_values("int64", n, rng)
+                uks, words = random_values("int32", n, rng), random_values("string", n, rng)
                 if cuts:
-                    ints, uks = _chunked(ints, cuts), _chunked(uks, cuts)
+                    ints, uks = chunked(ints, cuts), chunked(uks, cuts)
                 lst.append_batch(keys, ints, namespaces=ns)
                 m.put_batch(keys, uks, words, namespaces=ns)
             # list<T> rows: a row's elements go to that row's (key, namespace).
             lists = pa.array([[1, 2], None, [], [3]], pa.list_(pa.int64()))
             lst.append_batch(pa.array(["a", "a", "b", "a"]), lists,
                              namespaces=_namespaces(ns_type, 4, np.random.default_rng(3)))
-        assert _dump(b) == _dump(ref)
+        assert dump_backend(b) == dump_backend(ref)
 
     @pytest.mark.parametrize("ns_type", ["int32", "binary"])
     def test_namespaced_reads_removals_and_clears_differential(self, ns_type):
-        b, ref = self._ns_pair("int64")
+        b, ref = self.backend_pair(key_type="int64")
         outs = []
         for be in (b, ref):
             got = []
@@ -147,13 +145,13 @@ class NamespaceBatchConformance:
             for keys, ns, cuts in batches:
                 n = len(keys)
                 uks = pa.array(rng.integers(0, 6, n), pa.int64())
-                lst.append_batch(keys, _values("string", n, rng), namespaces=ns)
-                m.put_batch(keys, uks, _values("int64", n, rng), namespaces=ns)
-                val.put_batch(keys, _values("int64", n, rng), namespaces=ns)
+                lst.append_batch(keys, random_values("string", n, rng), namespaces=ns)
+                m.put_batch(keys, uks, random_values("int64", n, rng), namespaces=ns)
+                val.put_batch(keys, random_values("int64", n, rng), namespaces=ns)
                 got.append(lst.get_batch(keys, namespaces=ns).to_pylist())
                 probe = pa.array(rng.integers(0, 8, n), pa.int64())
                 if cuts:
-                    probe = _chunked(probe, cuts)
+                    probe = chunked(probe, cuts)
                 got.append(m.get_batch(keys, probe, namespaces=ns).to_pylist())
                 got.append(m.contains_batch(keys, probe, namespaces=ns).to_pylist())
                 m.remove_batch(keys, probe, namespaces=ns)
@@ -163,12 +161,12 @@ class NamespaceBatchConformance:
                     st.clear_batch(half, namespaces=hns)
             outs.append(got)
         assert outs[0] == outs[1]
-        assert _dump(b) == _dump(ref)
+        assert dump_backend(b) == dump_backend(ref)
 
     def test_namespaced_batches_with_ttl_differential(self):
         cfg = StateTtlConfig(1000, update_type="OnReadAndWrite")
         clocks, got = [ManualClock(5), ManualClock(5)], []
-        b = self._backend(key_type="int64", max_parallelism=128, ttl_clock=clocks[0])
+        b = self.new_backend(key_type="int64", max_parallelism=128, ttl_clock=clocks[0])
         ref = self.make_reference_backend(key_type="int64", max_parallelism=128,
                                           ttl_clock=clocks[1])
         for be, clock in ((b, clocks[0]), (ref, clocks[1])):
@@ -186,12 +184,12 @@ class NamespaceBatchConformance:
                            .to_pylist())
                 out.append(cnt.get_batch(keys.slice(0, 100), namespaces=ns.slice(0, 100))
                            .to_pylist())
-                lst.append_batch(keys, _values("int32", 300, rng), namespaces=ns)
-            got.append((out, _dump(be), be.ttl_statistics()))
+                lst.append_batch(keys, random_values("int32", 300, rng), namespaces=ns)
+            got.append((out, dump_backend(be), be.ttl_statistics()))
         assert got[0] == got[1]
 
     def test_namespaced_batch_errors_change_nothing(self):
-        b = self._backend(key_type="int64", max_parallelism=128)
+        b = self.new_backend(key_type="int64", max_parallelism=128)
         cnt = b.get_state(ReducingStateDescriptor("c", "sum", "int64"), namespace_type="int64")
         void = b.get_state(ValueStateDescriptor("v", "int64"))
         keys = pa.array(np.arange(_ROWS) % 40, pa.int64())
@@ -199,10 +197,10 @@ class NamespaceBatchConformance:
         ns = pa.array(np.arange(_ROWS) % 3, pa.int64())
         cnt.add_batch(keys, ints, namespaces=ns)
         void.put_batch(keys, ints)
-        before = _dump(b)
+        before = dump_backend(b)
         bad_ns = pa.array([*range(_ROWS - 1), None], pa.int64())
         bad_calls = [
-            lambda: cnt.add_batch(keys, ints, namespaces=_chunked(bad_ns, [4500])),
+            lambda: cnt.add_batch(keys, ints, namespaces=chunked(bad_ns, [4500])),
             lambda: cnt.add_batch(keys, ints, namespaces=ns.cast(pa.int32())),
             lambda: cnt.add_batch(keys, ints, namespaces=ns.slice(1)),
             lambda: cnt.add_batch(keys, ints, namespaces="not an int"),
@@ -214,4 +212,4 @@ class NamespaceBatchConformance:
         for call in bad_calls:
             with pytest.raises(InvalidInputError):
                 call()
-            assert _dump(b) == before
+            assert dump_backend(b) == before

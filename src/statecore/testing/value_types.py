@@ -4,7 +4,8 @@ timestamp[unit] and fixed_size_binary[N] (:mod:`statecore.value_types`) through 
 and the batch APIs of every state kind -- stored bytes, sliced, chunked and streamed arrays,
 nulls, the reducers, TTL, snapshots and restores, wrong types and values -- each program run on
 the backend and on the reference backend, which must agree on every result and on the snapshot
-bytes; plus a seeded random differential run.
+bytes; plus seeded random differential runs of those types and of int32 and bool values
+through the batch API.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from statecore.descriptors import (
     ValueStateDescriptor,
 )
 from statecore.errors import InvalidInputError, StateMigrationError
-from statecore.testing.key_types import _dump, _sliced
+from statecore.testing.base import ConformanceBase
+from statecore.testing.helpers import column_in_form, dump_backend, sliced
 
 __all__ = ["ValueTypeConformance", "VALUE_CASES"]
 
@@ -83,16 +85,16 @@ def _reducers(vt: str) -> list:
 
 def _same_after(b, ops) -> None:
     """Every call in ``ops`` raises InvalidInputError and leaves ``b``'s snapshot unchanged."""
-    before = _dump(b)
+    before = dump_backend(b)
     for call in ops:
         with pytest.raises(InvalidInputError):
             call()
-        assert _dump(b) == before
+        assert dump_backend(b) == before
 
 
-class ValueTypeConformance:
-    """Pytest mixin; the host class provides ``_backend(**kw)``, ``make_backend(**kw)``,
-    ``make_reference_backend(**kw)``, ``_same_as_reference(program, **kw)`` and ``_column``."""
+class ValueTypeConformance(ConformanceBase):
+    """Value types beyond the basic ones (uint64, timestamp[unit], fixed_size_binary[N], and
+    int32 / bool through the batch API) in every state kind, against the reference backend."""
 
     # ------------------------------------------------------------------ value state
     @pytest.mark.parametrize("vt,vals", VALUE_CASES, ids=CASE_IDS)
@@ -109,7 +111,7 @@ class ValueTypeConformance:
             for i, x in enumerate(vals):
                 b.set_current_key(i)
                 v.update(x)
-            got = v.get_batch(_sliced(keys, 0))
+            got = v.get_batch(sliced(keys, 0))
             assert got.type == ser.arrow_type and _py(vt, got) == vals
             snap = b.snapshot()
             stored = sorted(vb for kg in range(128) for vb in snap.entries("v", kg)[1].to_pylist())
@@ -117,7 +119,7 @@ class ValueTypeConformance:
             assert stored == sorted(_stored(vt, x) for x in vals)
             written = vals[::-1]
             written[1] = None
-            w.put_batch(_sliced(keys, 3), _sliced(_arr(vt, written), vals[0]))
+            w.put_batch(sliced(keys, 3), sliced(_arr(vt, written), vals[0]))
             seen = []
             for i in range(len(vals)):
                 b.set_current_key(i)
@@ -129,7 +131,7 @@ class ValueTypeConformance:
             assert seen[-1] == written[:2] + [None] * (len(vals) - 2)
             return seen
 
-        self._same_as_reference(program)
+        self.same_as_reference(program)
 
     @pytest.mark.parametrize("unit", ["s", "ms", "us", "ns"])
     def test_timestamp_values_from_datetimes(self, unit):
@@ -163,7 +165,7 @@ class ValueTypeConformance:
             assert seen[-1] == [secs * per, secs * per, -1]
             return seen
 
-        self._same_as_reference(program)
+        self.same_as_reference(program)
 
     @pytest.mark.parametrize("vt,vals", VALUE_CASES, ids=CASE_IDS)
     def test_value_type_stream_and_chunked_inputs(self, vt, vals):
@@ -179,16 +181,16 @@ class ValueTypeConformance:
                 r = b.get_state(ReducingStateDescriptor("r" + form, "max", vt))
                 c = b.get_state(ReducingStateDescriptor("c" + form, "count"))
                 t = _ser(vt).arrow_type
-                v.put_batch(self._column(keys, pa.int64(), form), self._column(xs, t, form))
-                seen.append(_py(vt, v.get_batch(self._column(list(range(5)), pa.int64(), form))))
-                seen.append(_py(vt, r.add_batch(self._column(keys, pa.int64(), form),
-                                                self._column(xs, t, form))))
-                seen.append(c.add_batch(self._column(keys, pa.int64(), form),
-                                        self._column(xs, t, form)).to_pylist())
+                v.put_batch(column_in_form(keys, pa.int64(), form), column_in_form(xs, t, form))
+                seen.append(_py(vt, v.get_batch(column_in_form(list(range(5)), pa.int64(), form))))
+                seen.append(_py(vt, r.add_batch(column_in_form(keys, pa.int64(), form),
+                                                column_in_form(xs, t, form))))
+                seen.append(c.add_batch(column_in_form(keys, pa.int64(), form),
+                                        column_in_form(xs, t, form)).to_pylist())
             assert all(s == seen[i % 3] for i, s in enumerate(seen))
             return seen
 
-        self._same_as_reference(program)
+        self.same_as_reference(program)
 
     # ------------------------------------------------------------------ reducing state
     @pytest.mark.parametrize("vt,vals", VALUE_CASES, ids=CASE_IDS)
@@ -208,8 +210,8 @@ class ValueTypeConformance:
                 dt = None if r == "count" else vt
                 bs = b.get_state(ReducingStateDescriptor("b" + r, r, dt))
                 ps = b.get_state(ReducingStateDescriptor("p" + r, r, dt))
-                out = bs.add_batch(_sliced(pa.array(keys, pa.int64()), 0),
-                                   _sliced(_arr(vt, rows), vals[0]))
+                out = bs.add_batch(sliced(pa.array(keys, pa.int64()), 0),
+                                   sliced(_arr(vt, rows), vals[0]))
                 per = []
                 for k, x in zip(keys, rows):
                     b.set_current_key(k)
@@ -220,7 +222,7 @@ class ValueTypeConformance:
                 seen.append((r, per, got.to_pylist() if r == "count" else _py(vt, got)))
             return seen
 
-        self._same_as_reference(program)
+        self.same_as_reference(program)
         if vt.startswith("timestamp"):
             with pytest.raises(InvalidInputError, match="sum"):
                 ReducingStateDescriptor("s", "sum", vt)
@@ -243,13 +245,13 @@ class ValueTypeConformance:
             two = pa.array([2, 1], pa.int64())
             _same_after(b, [lambda: s.add(1), lambda: st.add(1), lambda: s.add_batch(two, more),
                             lambda: st.add_batch(two, more),
-                            lambda: s.add_batch(_sliced(two, 2), _sliced(more, 0)),
+                            lambda: s.add_batch(sliced(two, 2), sliced(more, 0)),
                             lambda: s.add_batch(pa.chunked_array([two.slice(0, 1), two.slice(1)]),
                                                 pa.chunked_array([more.slice(0, 1), more.slice(1)]))])
             seen.append((s.get(), st.get()))
             return seen
 
-        self._same_as_reference(program, ttl_clock=ManualClock(0))
+        self.same_as_reference(program, ttl_clock=ManualClock(0))
 
     @pytest.mark.parametrize("vt,vals", VALUE_CASES, ids=CASE_IDS)
     def test_value_type_aggregating_state(self, vt, vals):
@@ -281,7 +283,7 @@ class ValueTypeConformance:
             got = a.get_batch(pa.array([1, 2, 3], pa.int64()))
             return [_py(vt, out), _py(vt, got), a.get()]
 
-        seen = self._same_as_reference(program)
+        seen = self.same_as_reference(program)
         assert seen[1] == [max(vals[0], vals[2]), max(vals[1], vals[3]), vals[4]]
 
     # ------------------------------------------------------------------ list and map state
@@ -295,7 +297,7 @@ class ValueTypeConformance:
             lst = b.get_state(ListStateDescriptor("l", vt))
             m = b.get_state(MapStateDescriptor("m", "string", vt))
             keys = pa.array([1, 2, 1], pa.int64())
-            lst.append_batch(_sliced(keys, 0), _sliced(_arr(vt, vals[:3]), vals[4]))
+            lst.append_batch(sliced(keys, 0), sliced(_arr(vt, vals[:3]), vals[4]))
             lst.append_batch(keys, pa.array([vals[3:], None, []], pa.large_list(t)))
             b.set_current_key(2)
             lst.add(vals[4])
@@ -314,7 +316,7 @@ class ValueTypeConformance:
             assert seen[-1] == [vals[4], None, vals[1]]
             return seen
 
-        self._same_as_reference(program)
+        self.same_as_reference(program)
 
     # ------------------------------------------------------------------ TTL
     @pytest.mark.parametrize("vt,vals", VALUE_CASES, ids=CASE_IDS)
@@ -352,10 +354,10 @@ class ValueTypeConformance:
             b.set_current_key(0)
             seen += [lst.get(), m.items(), r.get()]
             assert seen[-3:] == [[], [], None]
-            seen.append(_dump(b))
+            seen.append(dump_backend(b))
             return seen
 
-        self._same_as_reference(program, ttl_clock=ManualClock(0))
+        self.same_as_reference(program, ttl_clock=ManualClock(0))
 
     # ------------------------------------------------------------------ snapshots
     @pytest.mark.parametrize("vt,vals", VALUE_CASES, ids=CASE_IDS)
@@ -367,7 +369,7 @@ class ValueTypeConformance:
         descs = lambda t: [ValueStateDescriptor("v", t), ListStateDescriptor("l", t),  # noqa: E731
                            MapStateDescriptor("m", "int64", t),
                            ReducingStateDescriptor("r", "last", t)]
-        src = self._backend()
+        src = self.new_backend()
         states = [src.get_state(d) for d in descs(_ser(vt).arrow_type)]
         for i, x in enumerate(vals):
             src.set_current_key(i)
@@ -377,7 +379,7 @@ class ValueTypeConformance:
             states[3].add(x)
         snap = src.snapshot()
         assert {m["value_type"] for m in snap.state_metas() if m["name"] != "__timers__"} == {vt}
-        for make in (self._backend, self.make_reference_backend):
+        for make in (self.new_backend, self.make_reference_backend):
             dst = make(key_type="int64", max_parallelism=128)
             dst.restore(snap)
             v, lst, m, r = (dst.get_state(d) for d in descs(vt))
@@ -385,7 +387,7 @@ class ValueTypeConformance:
             for i, x in enumerate(vals):
                 dst.set_current_key(i)
                 assert (v.value(), lst.get(), m.items(), r.get()) == (x, [x, vals[0]], [(i, x)], x)
-            assert _dump(dst) == _dump(src)
+            assert dump_backend(dst) == dump_backend(src)
             for other in _OTHER_TYPES[_ser(vt).kind]:
                 if other == vt:
                     other = "timestamp[ms]"
@@ -409,7 +411,7 @@ class ValueTypeConformance:
         from statecore.ttl import StateTtlConfig
 
         ser = _ser(vt)
-        b = self._backend()
+        b = self.new_backend()
         v = b.get_state(ValueStateDescriptor("v", vt))
         vt_ = b.get_state(ValueStateDescriptor("vt", vt).enable_time_to_live(StateTtlConfig(10**6)))
         r = b.get_state(ReducingStateDescriptor("r", "last", vt))
@@ -501,4 +503,56 @@ class ValueTypeConformance:
                 b.ttl_clock.advance(rnd.choice([0, 10, 30]))
             return seen
 
-        self._same_as_reference(program, ttl_clock=ManualClock(0))
+        self.same_as_reference(program, ttl_clock=ManualClock(0))
+
+    @pytest.mark.parametrize("ttl", [False, True])
+    @pytest.mark.parametrize("seed", [1, 2, 3])
+    def test_differential_int32_bool_batches(self, ttl, seed):
+        """int32 and bool value and reducing states through the batch API (nulls in values,
+        sliced arrays, repeated keys, TTL): the same outputs and snapshot bytes as the
+        reference backend."""
+        from statecore.ttl import ManualClock, StateTtlConfig
+
+        def program(b):
+            b.ttl_clock.set(0)  # one clock object serves both backends of the comparison
+            rnd = random.Random(seed)
+            descs = {"v32": ValueStateDescriptor("v32", "int32"),
+                     "vb": ValueStateDescriptor("vb", "bool"),
+                     **{f"r32{r}": ReducingStateDescriptor(f"r32{r}", r, "int32")
+                        for r in ("sum", "min", "max", "first", "last")},
+                     **{f"rb{r}": ReducingStateDescriptor(f"rb{r}", r, "bool")
+                        for r in ("first", "last")},
+                     "cnt": ReducingStateDescriptor("cnt", "count")}
+            if ttl:
+                for d in descs.values():
+                    d.enable_time_to_live(StateTtlConfig(50, update_type="OnReadAndWrite"))
+            st = {name: b.get_state(d) for name, d in descs.items()}
+            seen = []
+            for round_ in range(6):
+                n = rnd.randrange(0, 30)
+                pad = rnd.randrange(0, 3)
+                keys = pa.array([rnd.randrange(12) for _ in range(n + pad)], pa.int64()).slice(pad)
+                i32 = pa.array([None if rnd.random() < 0.2 else rnd.randrange(-1000, 1000)
+                                for _ in range(n + pad)], pa.int32()).slice(pad)
+                bools = pa.array([None if rnd.random() < 0.2 else rnd.random() < 0.5
+                                  for _ in range(n + pad)], pa.bool_()).slice(pad)
+                st["v32"].put_batch(keys, i32)
+                st["vb"].put_batch(keys, bools)
+                for name, s in st.items():
+                    if name.startswith("r32"):
+                        seen.append((name, s.add_batch(keys, i32).to_pylist()))
+                    elif name.startswith("rb") or name == "cnt":
+                        seen.append((name, s.add_batch(keys, bools).to_pylist()))
+                probe = pa.array(range(14), pa.int64())
+                for name, s in st.items():
+                    got = s.get_batch(probe)
+                    seen.append((name, str(got.type), got.to_pylist()))
+                seen.append(st["vb"].contains_batch(probe).to_pylist())
+                if round_ == 3:
+                    big = pa.array([(1 << 31) - 1] * 2, pa.int32())
+                    with pytest.raises(InvalidInputError):
+                        st["r32sum"].add_batch(pa.array([0, 0], pa.int64()), big)
+                b.ttl_clock.advance(rnd.choice([0, 10, 30]))
+            return seen
+
+        self.same_as_reference(program, ttl_clock=ManualClock(0))
