@@ -1,17 +1,19 @@
-"""The benchmark harness runs every case end to end (at a tiny scale) and reports records in the
-promised shape, for every implementation it claims to compare. Nothing about speed is asserted."""
+"""The benchmark harness (top-level ``bench/``, ``python -m bench``) runs every case end to end
+(at a tiny scale) and reports records in the promised shape, for every implementation it claims
+to compare. Nothing about speed is asserted."""
 
 import json
 
 import pytest
 
-from statecore import bench
-from statecore.cli import main
+from bench import compare, cpp_reference, plots, spark_e2e, workloads
+from bench.cli import main
+from bench.harness import CASES, record
 
 
 def test_bench_command_writes_records_for_every_case(tmp_path):
     out = tmp_path / "r.json"
-    assert main(["bench", "--quick", "--scale", "0.01", "--json", str(out)]) == 0
+    assert main(["--quick", "--scale", "0.01", "--json", str(out)]) == 0
     records = json.loads(out.read_text())
     assert {r["case"] for r in records} >= {"add_batch_int64", "per_record", "snapshot", "checkpoint_write",
                                             "snapshot_pause", "materialize", "throughput_during_snapshot",
@@ -27,7 +29,7 @@ def test_bench_command_writes_records_for_every_case(tmp_path):
 
 
 def _check_snapshot_cases(records):
-    """Issue-3 cases: both backends measured, the background write path named in the impl, the
+    """Snapshot and checkpoint cases: both backends measured, the background write path named in the impl, the
     goals reported next to the figures, and the figures consistent with the workload."""
     by = {(r["case"], r["impl"], r["metric"]): r["value"] for r in records}
     for impl in ("native", "python"):
@@ -67,7 +69,7 @@ def test_ttl_cases_report_on_and_off_for_both_backends(tmp_path):
     of value per entry)."""
     pytest.importorskip("statecore._native")
     out = tmp_path / "ttl.json"
-    assert main(["bench", "--quick", "--scale", "0.005", "--case", "ttl_throughput",
+    assert main(["--quick", "--scale", "0.005", "--case", "ttl_throughput",
                  "--case", "ttl_memory", "--json", str(out)]) == 0
     records = json.loads(out.read_text())
     by = {(r["case"], r["impl"], r["metric"]): r for r in records}
@@ -94,7 +96,7 @@ def test_ttl_cleanup_reports_every_strategy_for_both_backends(tmp_path):
     the quotients of the times; the plot lays the case out in its own panels."""
     pytest.importorskip("statecore._native")
     out = tmp_path / "ttl_cleanup.json"
-    assert main(["bench", "--quick", "--scale", "0.01", "--case", "ttl_cleanup",
+    assert main(["--quick", "--scale", "0.01", "--case", "ttl_cleanup",
                  "--json", str(out)]) == 0
     records = json.loads(out.read_text())
     assert {r["case"] for r in records} == {"ttl_cleanup"}
@@ -140,7 +142,7 @@ def test_ttl_cleanup_reports_every_strategy_for_both_backends(tmp_path):
             assert val(strategy, f"{c}_removed", "entries") == removed
             assert val(strategy, f"{c}_ratio_over_read_only", "ratio") == \
                 pytest.approx(t[strategy] / t[impl + "+read"])
-    panels = bench._plot_panels(records)
+    panels = plots.panels(records)
     assert all(title.startswith("ttl_cleanup: ") for title, *_ in panels)
     assert sum(len(bars) for _, _, bars, _ in panels) == \
         sum(r["unit"] in ("s", "ratio") for r in records)
@@ -148,29 +150,29 @@ def test_ttl_cleanup_reports_every_strategy_for_both_backends(tmp_path):
 
 def test_plot_panels_per_case_and_unit_with_goals(tmp_path):
     pytest.importorskip("matplotlib")
-    recs = [bench.record("c", "native", "pause_ms", 0.5, "ms"),
-            bench.record("c", "python", "pause_ms", 30.0, "ms"),
-            bench.record("c", "native", "goal_max_pause_ms", 1.0, "ms"),
-            bench.record("c", "native", "rows_per_s", 1e6, "rows/s"),
-            bench.record("c", "native", "file_bytes", 10, "bytes")]
-    panels = bench._plot_panels(recs)
+    recs = [record("c", "native", "pause_ms", 0.5, "ms"),
+            record("c", "python", "pause_ms", 30.0, "ms"),
+            record("c", "native", "goal_max_pause_ms", 1.0, "ms"),
+            record("c", "native", "rows_per_s", 1e6, "rows/s"),
+            record("c", "native", "file_bytes", 10, "bytes")]
+    panels = plots.panels(recs)
     assert [(c, u, len(bars), [g["metric"] for g in goals]) for c, u, bars, goals in panels] == \
         [("c", "ms", 2, ["goal_max_pause_ms"]), ("c", "rows/s", 1, [])]
-    bench.plot(recs, str(tmp_path / "p.png"))
+    plots.plot(recs, str(tmp_path / "p.png"))
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError):
-        bench.plot([bench.record("c", "native", "file_bytes", 10, "bytes")], str(tmp_path / "q.png"))
+        plots.plot([record("c", "native", "file_bytes", 10, "bytes")], str(tmp_path / "q.png"))
 
 
 def test_bench_rejects_unknown_case(capsys):
-    assert main(["bench", "--case", "no_such_case"]) == 2
+    assert main(["--case", "no_such_case"]) == 2
     assert "no_such_case" in capsys.readouterr().err
 
 
 def test_bench_list(capsys):
-    assert main(["bench", "--list"]) == 0
+    assert main(["--list"]) == 0
     out = capsys.readouterr().out
-    for name in bench.CASES:
+    for name in CASES:
         assert name in out
 
 
@@ -183,7 +185,6 @@ def test_spark_running_count_state_is_the_count_per_key(spark, tmp_path):
     import pyarrow.parquet as pq
 
     from statecore import CheckpointStore, create_backend
-    from statecore.bench import spark_e2e
     from statecore.descriptors import ReducingStateDescriptor
 
     files = spark_e2e.make_stream(str(tmp_path / "landing"), keys=300, events=5000, files=3)
@@ -203,7 +204,7 @@ def test_spark_running_count_state_is_the_count_per_key(spark, tmp_path):
 @pytest.mark.spark
 def test_spark_running_count_reports_every_variant(spark, tmp_path):
     out = tmp_path / "s.json"
-    assert main(["bench", "--quick", "--scale", "0.02", "--case", "spark_running_count",
+    assert main(["--quick", "--scale", "0.02", "--case", "spark_running_count",
                  "--json", str(out)]) == 0
     records = json.loads(out.read_text())
     impls = {r["impl"] for r in records if r["unit"] == "events/s"}
@@ -230,8 +231,6 @@ PEER_CASES = ("wordcount_int64", "wordcount_string", "binary_values")
 def _peer_impls():
     """The impls the peer cases must report here: the backends, dict, rocksdict when it imports,
     the C++ reference when it builds."""
-    from statecore.bench import cpp_reference
-
     impls = {"native", "python", "dict"}
     try:
         import rocksdict  # noqa: F401
@@ -250,7 +249,7 @@ def test_peer_cases_report_every_available_impl(tmp_path):
     pytest.importorskip("statecore._native")
     impls, ref = _peer_impls()
     out = tmp_path / "peers.json"
-    assert main(["bench", "--quick", "--scale", "0.005", "--case", "wordcount_int64",
+    assert main(["--quick", "--scale", "0.005", "--case", "wordcount_int64",
                  "--case", "wordcount_string", "--case", "binary_values", "--case", "memory_int64",
                  "--case", "per_record", "--json", str(out)]) == 0
     records = json.loads(out.read_text())
@@ -288,7 +287,7 @@ def test_peer_cases_report_every_available_impl(tmp_path):
         pr["records_per_s"] / by[("per_record", "python", "records_per_s")]["value"])
     assert pr["goal_min_ratio_over_python"] == 1.0
     assert pr["goal_met_ratio_over_python_ge_1"] == float(pr["ratio_over_python"] >= 1.0)
-    drawn = [b for title, _, bars, _ in bench._plot_panels(records) for b in bars]
+    drawn = [b for title, _, bars, _ in plots.panels(records) for b in bars]
     for r in records:
         if r["case"] in PEER_CASES and r["unit"] == "rows/s":
             assert r in drawn, r
@@ -307,7 +306,6 @@ def test_cpp_reference_output_agrees_with_native():
     import pyarrow as pa
 
     from statecore import ReducingStateDescriptor, ValueStateDescriptor, create_backend
-    from statecore.bench import cpp_reference, peers
 
     if cpp_reference.build("std") is None:
         pytest.skip("no C++ compiler")
@@ -317,18 +315,18 @@ def test_cpp_reference_output_agrees_with_native():
     except RuntimeError:
         pass  # no absl here: the fallback alone
     # 1000 keys x 5 in random order: 5000 rows, one batch
-    ints = peers.int64_keys(1000)[peers.row_order(1000, 5)]
-    strs = peers.string_keys(1000).take(pa.array(peers.row_order(1000, 5)))
+    ints = workloads.int64_keys(1000)[workloads.row_order(1000, 5)]
+    strs = workloads.string_keys(1000).take(pa.array(workloads.row_order(1000, 5)))
     want = {}
     for key_type, keys in (("int64", pa.array(ints)), ("string", strs)):
         b = create_backend("native", key_type=key_type)
         st = b.get_state(ReducingStateDescriptor("count", "sum", "int64"))
         want[key_type] = np.concatenate([st.add_batch(k, pa.array(np.ones(len(k), np.int64))).to_numpy()
-                                         for k in peers._slices(keys)])
+                                         for k in workloads.slices(keys)])
         assert want[key_type].max() == 5
-    put_keys = peers.int64_keys(100, seed=9)
+    put_keys = workloads.int64_keys(100, seed=9)
     values = pa.array([bytes([i % 256]) * 64 for i in range(100)], pa.binary())
-    get_keys = np.concatenate([put_keys[::-1], peers.int64_keys(3, seed=10)])  # 3 missing
+    get_keys = np.concatenate([put_keys[::-1], workloads.int64_keys(3, seed=10)])  # 3 missing
     b = create_backend("native", key_type="int64")
     st = b.get_state(ValueStateDescriptor("v", "binary"))
     st.put_batch(pa.array(put_keys), values)
@@ -341,9 +339,9 @@ def test_cpp_reference_output_agrees_with_native():
             got = ref.int64_counts(ints, d, out=True)
             assert got["distinct"] == 1000 and got["rows"] == 5000
             assert np.array_equal(got["out"], want["int64"])
-            got = ref.string_counts(*peers._string_buffers(strs), d, out=True)
+            got = ref.string_counts(*workloads.string_buffers(strs), d, out=True)
             assert got["distinct"] == 1000 and np.array_equal(got["out"], want["string"])
-            got = ref.binary_get_put(put_keys, *peers._string_buffers(values), get_keys, d, out=True)
+            got = ref.binary_get_put(put_keys, *workloads.string_buffers(values), get_keys, d, out=True)
             assert got["distinct"] == 100 and got["present"] == 100
             off, data = got["out_offsets"], got["out_data"].tobytes()
             ref_vals = [data[off[i]:off[i + 1]] for i in range(len(get_keys))]
@@ -364,13 +362,13 @@ def test_collection_cases_report_every_available_impl(tmp_path):
     impls, ref = _peer_impls()
     impls.discard("rocksdict+batch")
     out = tmp_path / "collections.json"
-    assert main(["bench", "--quick", "--scale", "0.01", *(a for c in COLLECTION_CASES
+    assert main(["--quick", "--scale", "0.01", *(a for c in COLLECTION_CASES
                                                           for a in ("--case", c)),
                  "--json", str(out)]) == 0
     records = json.loads(out.read_text())
     assert {r["case"] for r in records} == set(COLLECTION_CASES)
     by = {(r["case"], r["impl"], r["metric"]): r for r in records}
-    drawn = [b for title, _, bars, _ in bench._plot_panels(records) for b in bars]
+    drawn = [b for title, _, bars, _ in plots.panels(records) for b in bars]
     for c in COLLECTION_CASES:
         rates = {r["impl"]: r["value"] for r in records
                  if r["case"] == c and r["metric"] == "rows_per_s_200_keys"}
@@ -404,12 +402,11 @@ def test_cpp_reference_collection_modes_agree_with_native():
     import pyarrow as pa
 
     from statecore import ListStateDescriptor, MapStateDescriptor, create_backend
-    from statecore.bench import cpp_reference, peers
 
     ref = cpp_reference.build("std")
     if ref is None:
         pytest.skip("no C++ compiler")
-    keys = peers.int64_keys(300)[peers.row_order(300, 4)]
+    keys = workloads.int64_keys(300)[workloads.row_order(300, 4)]
     uks = np.arange(len(keys), dtype=np.int64) % 7
     values = np.arange(len(keys), dtype=np.int64) * 3
     b = create_backend("native", key_type="int64")
@@ -431,7 +428,7 @@ def test_cpp_reference_collection_modes_agree_with_native():
         got = ref.map_put(keys, uks, values, d)
         assert (got["distinct"], got["pairs"], got["checksum"]) == (300, want_pairs, want_sum)
         # The get modes: as many list elements out / map values found as native's get_batch.
-        gk = np.concatenate([keys[::3], peers.int64_keys(5, seed=9)])  # 5 absent keys
+        gk = np.concatenate([keys[::3], workloads.int64_keys(5, seed=9)])  # 5 absent keys
         gu = np.arange(len(gk), dtype=np.int64) % 9  # user keys 7, 8 absent
         got = ref.list_get(keys, values, gk, d)
         nat = lst.get_batch(pa.array(gk))
@@ -449,7 +446,7 @@ def test_full_size_runs_measure_python_on_the_same_rows_as_native(tmp_path):
     be a smaller state: not the same work); rocksdict keeps its prefix."""
     pytest.importorskip("statecore._native")
     out = tmp_path / "full.json"
-    assert main(["bench", "--scale", "0.0005", "--case", "wordcount_int64", "--case",
+    assert main(["--scale", "0.0005", "--case", "wordcount_int64", "--case",
                  "binary_values", "--case", "map_put", "--json", str(out)]) == 0
     records = json.loads(out.read_text())
     measured = {}
@@ -467,7 +464,7 @@ def test_window_count_reports_native_python_and_dict_with_the_goal(tmp_path):
     of the rates with the 20x goal and its verdict; the rates are in the plot."""
     pytest.importorskip("statecore._native")
     out = tmp_path / "w.json"
-    assert main(["bench", "--quick", "--scale", "0.01", "--case", "window_count",
+    assert main(["--quick", "--scale", "0.01", "--case", "window_count",
                  "--json", str(out)]) == 0
     records = json.loads(out.read_text())
     rates = {r["impl"]: r["value"] for r in records if r["metric"] == "rows_per_s_200_keys"}
@@ -478,16 +475,14 @@ def test_window_count_reports_native_python_and_dict_with_the_goal(tmp_path):
         rates["native"] / rates["python"])
     assert by[("native", "goal_met_ratio_over_python_200_keys_ge_20")] == \
         float(rates["native"] / rates["python"] >= 20)
-    drawn = [b for title, _, bars, _ in bench._plot_panels(records) for b in bars]
+    drawn = [b for title, _, bars, _ in plots.panels(records) for b in bars]
     assert all(r in drawn for r in records if r["unit"] == "rows/s")
 
 
 def test_native_and_the_cpp_reference_are_timed_alternately(monkeypatch):
     """The two impls a goal compares run in alternating rounds (reverse order every other round),
     the best of each kept; the others keep their own best-of runs."""
-    from statecore.bench import peers
-
-    monkeypatch.setattr(peers, "_BUDGET_S", 0.0)  # past budget: _MAX_RUNS rounds, else one run
+    monkeypatch.setattr(compare, "BUDGET_S", 0.0)  # past budget: _MAX_RUNS rounds, else one run
     calls = []
     times = {"native": iter([0.5, 0.2, 0.4, 0.9, 0.3]), "cpp_ref": iter([0.1, 0.3, 0.05, 0.2, 0.4]),
              "python": iter([2.0, 1.0, 3.0])}
@@ -500,21 +495,20 @@ def test_native_and_the_cpp_reference_are_timed_alternately(monkeypatch):
 
     runs = [("native", 100, timed("native")), ("python", 10, timed("python")),
             ("cpp_ref", 100, timed("cpp_ref"))]
-    rates, records = peers._measure("c", "t", runs, "cpp_ref")
+    rates, records = compare.measure("c", "t", runs, "cpp_ref")
     assert calls[:6] == ["native", "cpp_ref", "cpp_ref", "native", "native", "cpp_ref"]
-    assert calls.count("native") == calls.count("cpp_ref") == peers._MAX_RUNS
+    assert calls.count("native") == calls.count("cpp_ref") == compare.MAX_RUNS
     assert calls[6:] == ["python"]
     assert rates == {"native": 100 / 0.2, "cpp_ref": 100 / 0.05, "python": 10 / 2.0}
     assert {(r["impl"], r["metric"]) for r in records} == {
         (i, m) for i in rates for m in ("rows_per_s_t", "rows_measured_t")}
     calls.clear()
-    rates, _ = peers._measure("c", "t", [("native", 1, lambda: calls.append("n") or 1.0)], None)
+    rates, _ = compare.measure("c", "t", [("native", 1, lambda: calls.append("n") or 1.0)], None)
     assert calls == ["n"] and rates == {"native": 1.0}
 
 
 def test_paired_ratios_pair_rounds_and_reject_bad_rates():
-    from statecore.bench.spark_e2e import paired_ratios
-
+    paired_ratios = spark_e2e.paired_ratios
     assert paired_ratios([90.0, 50.0, 30.0], [100.0, 100.0]) == [0.9, 0.5]
     assert paired_ratios([], [1.0]) == []
     with pytest.raises(ValueError):

@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("statecore._native")
 
-from statecore.bench.spark_e2e import RunningCount  # noqa: E402
+from bench.spark_e2e import RunningCount  # noqa: E402
 from statecore.checkpoint.store import CheckpointStore  # noqa: E402
 from statecore.errors import InvalidInputError  # noqa: E402
 from statecore.key_groups import key_group_range_for_operator, spark_key_group  # noqa: E402

@@ -2,11 +2,11 @@
 
 Subcommands:
     demo    run the bundled flights job (sessions per aircraft, delays per route) on Spark
-    bench   run benchmark cases (native vs pure-Python backend vs peers), write JSON and a plot
     inspect describe a checkpoint (versions, runs, bytes, entries per state) and export entries
 
-Each subcommand lives in its own ``_add_<name>`` / ``_run_<name>`` pair so more (``inspect``,
-``bench``) can be registered without touching the others.
+Each subcommand lives in its own ``_add_<name>`` / ``_run_<name>`` pair, so one more is
+registered without touching the others. (The benchmarks are not a subcommand: they run from a
+checkout with ``python -m bench``.)
 """
 
 from __future__ import annotations
@@ -135,42 +135,6 @@ def _run_demo(args) -> int:
     return 0
 
 
-def _add_bench(sub) -> None:
-    p = sub.add_parser(
-        "bench", help="run benchmarks",
-        description="Run benchmark cases in one process (ratios between implementations are "
-                    "meaningful; absolute times on a shared machine are not).")
-    p.add_argument("--quick", action="store_true", help="reduced sizes (a few minutes in all)")
-    p.add_argument("--case", action="append", default=[], metavar="NAME",
-                   help="run only this case (repeatable; default: all; see --list)")
-    p.add_argument("--json", default=None, metavar="FILE",
-                   help='write the records [{"case","impl","metric","value","unit"}, ...] to FILE')
-    p.add_argument("--plot", default=None, metavar="FILE", help="write a PNG bar chart (needs matplotlib)")
-    p.add_argument("--list", action="store_true", help="list the cases and exit")
-    p.add_argument("--scale", type=float, default=1.0, help=argparse.SUPPRESS)  # tests shrink sizes
-    p.set_defaults(run=_run_bench)
-
-
-def _run_bench(args) -> int:
-    from statecore import bench
-
-    if args.list:
-        bench._load_cases()
-        for name, (_, desc) in bench.CASES.items():
-            print(f"{name:20s} {desc}")
-        return 0
-    try:
-        records = bench.run(args.case, bench.Size(quick=args.quick, scale=args.scale))
-    except KeyError as exc:
-        print(f"statecore: error: {exc.args[0]}", file=sys.stderr)
-        return 2
-    if args.json:
-        bench.write_json(records, args.json)
-    if args.plot:
-        bench.plot(records, args.plot)
-    return 0
-
-
 def _add_inspect(sub) -> None:
     p = sub.add_parser(
         "inspect", help="describe a checkpoint",
@@ -218,7 +182,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     _add_demo(sub)
-    _add_bench(sub)
     _add_inspect(sub)
     return parser
 

@@ -9,7 +9,8 @@ import numpy as np
 import pyarrow as pa
 
 from statecore import CheckpointStore, ReducingStateDescriptor, ValueStateDescriptor, create_backend
-from statecore.bench import Size, case, record, timed
+
+from bench.harness import Size, case, record, timed
 
 
 def _batches(keys: int, rows: int, batch: int = 65536, seed: int = 7):
@@ -52,13 +53,13 @@ def add_batch_int64(size: Size):
 
 
 @case("per_record", "set_current_key + ValueState.value()/update() per record (int64 -> int64), "
-                    "native vs python, and the issue-5 goal native >= python")
+                    "native vs python, and the goal native >= python")
 def per_record(size: Size):
     """records/s of ``set_current_key(k)`` then ``update(value() + 1)`` per record over random
     int64 keys (200k records over 200k possible keys; ``--quick`` 50k), best of three runs each
     on a fresh backend (the first run in a process is measurably slower, and one run of a
     shared machine is noisy). Also ``ratio_over_python`` (native over python records/s) and the
-    goal of issue 5, the per-record API no slower than the pure-Python backend:
+    goal that the per-record API be no slower than the pure-Python backend:
     ``goal_min_ratio_over_python`` (1.0) and ``goal_met_ratio_over_python_ge_1`` (1 met, 0
     not)."""
     n = size.n(200_000, 50_000)

@@ -21,8 +21,8 @@ its best run:
   fault-tolerant Python state APIs, at a reduced event count (they run at thousands of events
   per second; rates are comparable, totals are not).
 
-PySpark's daemon runs a full ``gc.collect()`` after every task of a reused worker, ~40-110 ms a
-task on the bench machine. The operator avoids most of it by freezing the worker's objects
+PySpark's daemon runs a full ``gc.collect()`` after every task of a reused worker, tens of
+milliseconds a task with a large heap. The operator avoids most of it by freezing the worker's objects
 (``StatefulOperator(freeze_worker_gc=True)``, the default); the identity and dict functions do
 the same (the operator's own ``_freeze_worker_gc``), so the floor is not slowed by a cost
 statecore removes, whichever variant a shared worker ran first (PySpark reuses the session's
@@ -31,8 +31,7 @@ workers across variants).
 Ratios in one run: statecore native / identity (goal >= 0.9) and native / each Spark API (goal
 >= 50), each between the variants' best runs; beside them the median of the rounds' own
 native / identity ratios (``native_over_identity_paired_median``), which a slow drift of the
-shared machine moves less than it moves a best run. See ``shared/reference/spark.md`` for what
-was measured before statecore.
+shared machine moves less than it moves a best run.
 """
 
 from __future__ import annotations
@@ -47,9 +46,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from statecore.bench import Size, case, record
 from statecore.descriptors import ReducingStateDescriptor
 from statecore.spark.processor import KeyedProcessor
+
+from bench.common import has_native
+from bench.harness import Size, case, record
 
 __all__ = ["RunningCount", "make_stream", "run_variant", "VARIANTS"]
 
@@ -286,10 +287,9 @@ def spark_running_count(size: Size):
     except ImportError:
         print("  spark_running_count: pyspark is not installed; skipped")
         return []
-    try:
-        import statecore._native  # noqa: F401
+    if has_native():
         variants = VARIANTS
-    except ImportError:
+    else:
         variants = tuple(v for v in VARIANTS if v != "statecore_native")
     try:
         import google.protobuf  # noqa: F401  (transformWithStateInPandas' Python runner needs it)
@@ -317,19 +317,17 @@ def spark_running_count(size: Size):
         run_variant(spark, "identity", warm, os.path.join(root, "warm"))
         fast_variants = [v for v in variants if v in _FAST]
         if not size.quick:
-            # And the first full-size run of each fast variant is slow too: the identity run of
-            # the first measured round took 1.3-1.8x its later runs (eight A/Bs of stop 31),
-            # which put that round's native / identity ratio at 1.14-1.81 and lifted the paired
-            # median. One unrecorded full-size round first.
+            # And the first full-size run of each fast variant is slow too: it would skew its
+            # round's native / identity ratio and lift the paired median. One unrecorded
+            # full-size round first.
             for v in fast_variants:
                 run_variant(spark, v, fast, os.path.join(root, f"warm-{v}"))
         # The fast variants run _FAST_ROUNDS times (--quick: once), interleaved, and each keeps
-        # its best: one run of a few seconds on a shared 2-core machine moves by up to 1.5x, and
+        # its best: one run of a few seconds on a shared 2-core machine is noisy, and
         # interleaving spreads slow spells over all of them. The order rotates by one each
         # round (identity, dict, native; dict, native, identity; ...), so no variant always
-        # follows the same one. Five rounds, not three: with three, the floor's best and
-        # native's best each moved by ~10% between whole runs (stop 26: ratios 0.91, 0.82, 0.92
-        # from one commit), as much as the 0.9 goal's margin.
+        # follows the same one. Five rounds, not three: with three, the best runs moved between
+        # whole runs by as much as the 0.9 goal's margin.
         rounds = 1 if size.quick else _FAST_ROUNDS
         order = [fast_variants[(r + j) % len(fast_variants)]
                  for r in range(rounds) for j in range(len(fast_variants))]

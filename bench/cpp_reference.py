@@ -1,8 +1,6 @@
-"""The C++ reference of the peer benchmarks: ``cpp/hashmap_ref.cpp`` (shipped in the package),
-compiled at run time with the system C++ compiler and run on workload files the Python side
-writes with numpy. See the source for its modes and file formats. The source ships in the wheel:
-scikit-build-core's ``wheel.packages`` copies every file of ``src/statecore`` that git does not
-ignore.
+"""The C++ reference of the peer benchmarks: ``bench/cpp/hashmap_ref.cpp``, compiled at run time
+with the system C++ compiler and run on workload files the Python side writes with numpy. See
+the source for its modes and file formats.
 
 :func:`build` compiles it once per source, compiler and map kind into a cache directory
 (``$STATECORE_BENCH_CACHE``, else ``$XDG_CACHE_HOME/statecore/bench`` or
@@ -49,9 +47,9 @@ class Reference:
         return _IMPL[self.kind]
 
     def run(self, *args: str) -> dict:
-        """Run one mode (``int64``, ``string``, ``binary``, ``list``, ``map``, ``memory``; see
-        the source) and
-        return its JSON output. Raises RuntimeError when the program fails."""
+        """Run one mode (``int64``, ``string``, ``binary``, ``list``, ``list_get``, ``map``,
+        ``map_get``, ``memory``; see the source) and return its JSON output. Raises RuntimeError
+        when the program fails."""
         proc = subprocess.run([self.path, *args], capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"C++ reference {' '.join(args[:1])} failed ({proc.returncode}): "

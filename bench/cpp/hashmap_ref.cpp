@@ -1,8 +1,9 @@
-// The C++ reference of the peer benchmarks (statecore.bench.peers): the practical limit of a hash
-// map on this machine for the work the native backend's batch kernels do. statecore.bench
-// .cpp_reference compiles it at run time with the system g++ -O2 (-DSTATECORE_REF_ABSL and the
-// absl libraries when absl/container/flat_hash_map.h is found, else std::unordered_map) and
-// feeds it the same workload as the Python side, as raw little-endian files written with numpy.
+// The C++ reference of the peer benchmarks (bench/peers.py, bench/collection_states.py): the
+// practical limit of a hash map on the machine for the work the native backend's batch kernels
+// do. bench/cpp_reference.py compiles it at run time with the system g++ -O2
+// (-DSTATECORE_REF_ABSL and the absl libraries when absl/container/flat_hash_map.h is found,
+// else std::unordered_map) and feeds it the same workload as the Python side, as raw
+// little-endian files written with numpy.
 //
 // Modes (one JSON object on stdout; only the loops are timed, std::chrono::steady_clock):
 //

@@ -56,8 +56,10 @@ import numpy as np
 import pyarrow as pa
 
 from statecore import CheckpointStore, ValueStateDescriptor, create_backend
-from statecore.bench import Size, case, record, timed
 from statecore.ttl import ManualClock, StateTtlConfig
+
+from bench.common import has_native
+from bench.harness import Size, case, record, timed
 
 _CASE = "ttl_cleanup"
 _TTL_MS = 60_000
@@ -207,12 +209,8 @@ def _sizes(size: Size) -> list:
     """``[(impl, entries)]``: native at 1M entries (200k quick), python at a reduced size;
     native left out when the extension is missing."""
     out = []
-    try:
-        import statecore._native  # noqa: F401
-
+    if has_native():
         out.append(("native", size.n(1_000_000, 200_000)))
-    except ImportError:
-        pass
     out.append(("python", size.n(200_000, 50_000)))
     return out
 
@@ -310,7 +308,7 @@ def _short(impl: str) -> str:
 
 
 def _panel(r: dict):
-    """Plot layout (``bench.case`` ``panel``): ``(panel title, bar label)``, one panel per
+    """Plot layout (``bench.harness.case`` ``panel``): ``(panel title, bar label)``, one panel per
     timing and per family of ratios; the counts (entries, sizes) stay in the JSON only."""
     m, label = r["metric"], _short(r["impl"])
     for op, what in (("per_record", "per record: set_current_key + value()"),

@@ -1,4 +1,4 @@
-"""Snapshot and checkpoint cases of issue 3 (incremental snapshots and checkpoints): snapshot pause,
+"""Snapshot and checkpoint cases (incremental snapshots and checkpoints): snapshot pause,
 materialization speed, owner-thread throughput while a checkpoint is written in the background,
 incremental vs full checkpoint size, restore speed, and memory (RSS per entry, entries retired for
 live snapshots).
@@ -6,12 +6,12 @@ live snapshots).
 Workload of every case: one ReducingState ``sum`` over int64 keys and int64 values (void
 namespace), keys ``0 .. n-1`` loaded in 1M-row Arrow batches, max parallelism 128. The native
 backend runs at ``n`` = 10M entries (``--quick``: 1M). The pure-Python backend runs at 1M entries at
-most: at 10M it needs minutes per load and several GB (about 380 bytes of RSS per entry), so its
-figures are at 1M in both sizes; every case reports an ``entries`` record per implementation so
+most: at 10M it needs minutes per load and several GB (hundreds of bytes of RSS per entry), so
+its figures are at 1M in both sizes; every case reports an ``entries`` record per implementation so
 the size measured is explicit.
 
-Goals of issue 3 are reported as ``goal_*`` records right after the figure they apply to (printed
-next to the numbers, drawn as dashed lines by :func:`statecore.bench.plot`, never asserted):
+Goals are reported as ``goal_*`` records right after the figure they apply to (printed next to
+the numbers, drawn as dashed lines by :func:`bench.plots.plot`, never asserted):
 ``snapshot()`` pause < 1 ms at 10M entries, owner-thread throughput during materialization >= 80%
 of the throughput without, incremental checkpoint bytes <= 5% of the full checkpoint after 1% of
 the keys changed.
@@ -25,11 +25,8 @@ which (``native+async`` / ``native+thread``).
 from __future__ import annotations
 
 import gc
-import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -38,11 +35,12 @@ import numpy as np
 import pyarrow as pa
 
 from statecore import CheckpointStore, ReducingStateDescriptor, create_backend
-from statecore.bench import Size, case, record, timed
+
+from bench.common import has_native, probe_in_child, rss_bytes
+from bench.harness import Size, case, record, timed
 
 _LOAD_BATCH = 1 << 20
 _WORK_BATCH = 1 << 14  # rows per add_batch of the owner-thread workload
-_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -53,19 +51,10 @@ def _sizes(size: Size) -> list[tuple[str, int]]:
     n_native = size.n(10_000_000, 1_000_000)
     n_python = min(n_native, size.n(1_000_000, 1_000_000))
     out = []
-    try:
-        import statecore._native  # noqa: F401
+    if has_native():
         out.append(("native", n_native))
-    except ImportError:
-        pass
     out.append(("python", n_python))
     return out
-
-
-def _rss_bytes() -> int:
-    """Resident set size of this process in bytes (``/proc/self/statm`` field 2 x page size)."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * _PAGE
 
 
 def _descriptor() -> ReducingStateDescriptor:
@@ -144,24 +133,16 @@ def rss_probe(impl: str, n: int) -> dict:
     :func:`_rss_per_entry`): in a process that already freed memory the allocator reuses it and
     the RSS delta understates."""
     gc.collect()
-    r0 = _rss_bytes()
+    r0 = rss_bytes()
     b, _ = _loaded(impl, n)
-    return {"rss_delta": _rss_bytes() - r0, "state_bytes": b.state_bytes(), "entries": b.num_entries()}
+    return {"rss_delta": rss_bytes() - r0, "state_bytes": b.state_bytes(), "entries": b.num_entries()}
 
 
 def _rss_per_entry(impl: str, n: int) -> float:
-    """RSS growth per entry in bytes from loading ``n`` entries, measured in a child interpreter
-    (this package's import path passed on). Raises RuntimeError if the child fails."""
-    src_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([src_root] + [p for p in [env.get("PYTHONPATH")] if p])
-    code = ("import json,sys; from statecore.bench.snapshots import rss_probe; "
-            "print(json.dumps(rss_probe(sys.argv[1], int(sys.argv[2]))))")
-    proc = subprocess.run([sys.executable, "-c", code, impl, str(n)], env=env,
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"RSS probe of {impl} at {n} entries failed: {proc.stderr.strip()[-2000:]}")
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    """RSS growth per entry in bytes from loading ``n`` entries, measured by :func:`rss_probe`
+    in a child interpreter (:func:`bench.common.probe_in_child`). Raises RuntimeError if the
+    child fails."""
+    got = probe_in_child("bench.snapshots", "rss_probe", impl, n)
     return got["rss_delta"] / max(1, got["entries"])
 
 
@@ -252,7 +233,7 @@ def throughput_during_snapshot(size: Size):
             st.add_batch(k, v)
         with tempfile.TemporaryDirectory(prefix="statecore-bench-") as d:
             store = CheckpointStore(d)
-            rss0 = _rss_bytes()
+            rss0 = rss_bytes()
             pages0 = _page_copies(b)
             t = time.perf_counter()
             snap = b.snapshot()
@@ -273,7 +254,7 @@ def throughput_during_snapshot(size: Size):
                 if fut.done():
                     break
             during = time.perf_counter() - t0 - sampling
-            rss_growth = _rss_bytes() - rss0
+            rss_growth = rss_bytes() - rss0
             pages_during = _page_copies(b) - pages0
             fut.result()
             write_s = time.perf_counter() - t0

@@ -1,5 +1,5 @@
-"""Peer cases of issue 5 for the collection states, in the manner of :mod:`statecore.bench.peers`
-(same impls, timing, ratio records, goals and plot panels; see its docstring):
+"""Peer cases of the collection states, in the manner of :mod:`bench.peers` (same impls,
+timing, ratio records, goals and plot panels; see its docstring and :mod:`bench.compare`):
 
 * ``list_append`` -- ListState of int64 elements: ``append_batch(keys, values)``, every key of
   100k int64 keys appended to 10 times in random order (1M rows; ``--quick``: 20k keys, 200k
@@ -41,11 +41,12 @@ import numpy as np
 import pyarrow as pa
 
 from statecore import ListStateDescriptor, MapStateDescriptor, create_backend
-from statecore.bench import Size, case, record
-from statecore.bench.peers import (_TempRdict, _has_native, _measure, _panel, _pylist,
-                                   _ratio_records, _reference, _rocksdict, _slices, int64_keys,
-                                   row_order)
-from statecore.bench.ttl import _label
+
+from bench.common import has_native, label
+from bench.compare import (TempRdict, measure, peer_panel, ratio_records, reference,
+                           rocksdict_module)
+from bench.harness import Size, case, record
+from bench.workloads import int64_keys, pylist, row_order, slices
 
 _REPS = 10
 _USER_KEYS = 16
@@ -85,7 +86,7 @@ def _dict_run(batches: list, is_map: bool) -> float:
     t = time.perf_counter()
     if is_map:
         for k, u, v in batches:
-            for key, uk, val in zip(_pylist(k), _pylist(u), _pylist(v)):
+            for key, uk, val in zip(pylist(k), pylist(u), pylist(v)):
                 m = d.get(key)
                 if m is None:
                     d[key] = {uk: val}
@@ -93,7 +94,7 @@ def _dict_run(batches: list, is_map: bool) -> float:
                     m[uk] = val
     else:
         for k, v in batches:
-            for key, val in zip(_pylist(k), _pylist(v)):
+            for key, val in zip(pylist(k), pylist(v)):
                 lst = d.get(key)
                 if lst is None:
                     d[key] = [val]
@@ -103,31 +104,31 @@ def _dict_run(batches: list, is_map: bool) -> float:
 
 
 def _rocksdict_run(rocksdict, batches: list, is_map: bool) -> float:
-    with _TempRdict(rocksdict) as db:
+    with TempRdict(rocksdict) as db:
         get = db.get
         t = time.perf_counter()
         if is_map:
             for k, u, v in batches:
-                for key, uk, val in zip(_pylist(k), _pylist(u), _pylist(v)):
+                for key, uk, val in zip(pylist(k), pylist(u), pylist(v)):
                     m = get(key) or {}
                     m[uk] = val
                     db[key] = m
         else:
             for k, v in batches:
-                for key, val in zip(_pylist(k), _pylist(v)):
+                for key, val in zip(pylist(k), pylist(v)):
                     lst = get(key)
                     db[key] = [val] if lst is None else lst + [val]
         return time.perf_counter() - t
 
 
 def _collection_case(c: str, size: Size, is_map: bool) -> list:
-    rdb, ref, native = _rocksdict(), _reference(), _has_native()
+    rdb, ref, native = rocksdict_module(), reference(), has_native()
     distinct, keys, uks, values = _workload(size, seed=11 if is_map else 21)
     slow_rows = size.n(100_000, 20_000)
-    tag = f"{_label(distinct)}_keys"
+    tag = f"{label(distinct)}_keys"
     cols = [pa.array(keys)] + ([pa.array(uks)] if is_map else []) + [pa.array(values)]
-    full = list(zip(*(_slices(a) for a in cols)))
-    slow = list(zip(*(_slices(a, slow_rows) for a in cols)))
+    full = list(zip(*(slices(a) for a in cols)))
+    slow = list(zip(*(slices(a, slow_rows) for a in cols)))
     n_full, n_slow = len(keys), min(slow_rows, len(keys))
     runs: List[Tuple[str, int, Callable[[], float]]] = []
     if native:
@@ -145,18 +146,18 @@ def _collection_case(c: str, size: Size, is_map: bool) -> list:
                 runs.append((ref.impl, n_full, lambda: ref.map_put(keys, uks, values, workdir)["seconds"]))
             else:
                 runs.append((ref.impl, n_full, lambda: ref.list_append(keys, values, workdir)["seconds"]))
-        rates, measured = _measure(c, tag, runs, ref.impl if ref else None)
+        rates, measured = measure(c, tag, runs, ref.impl if ref else None)
         out += measured
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     out.append(record(c, "workload", f"distinct_keys_{tag}", distinct, "keys"))
-    out += _ratio_records(c, tag, rates, ref.impl if ref else None, None)
+    out += ratio_records(c, tag, rates, ref.impl if ref else None, None)
     return out
 
 
 @case("list_append", "ListState append_batch of int64 elements, 1M rows over 100k int64 keys: "
                      "native vs python vs dict vs rocksdict vs C++ hash map of vectors",
-      panel=_panel)
+      panel=peer_panel)
 def list_append(size: Size):
     """rows/s per impl (``rows_per_s_<n>_keys``), ratios and the goal native >= 20x python; see
     the module docstring. ``--quick``: 20k keys, 200k rows."""
@@ -165,7 +166,7 @@ def list_append(size: Size):
 
 @case("map_put", "MapState put_batch int64 user key (0..15) -> int64, 1M rows over 100k int64 "
                  "keys: native vs python vs dict vs rocksdict vs C++ hash map of sorted vectors",
-      panel=_panel)
+      panel=peer_panel)
 def map_put(size: Size):
     """As ``list_append`` with ``put_batch(keys, user_keys, values)``."""
     return _collection_case("map_put", size, is_map=True)
@@ -206,10 +207,10 @@ def _dict_fill(puts: list, is_map: bool) -> dict:
     d: dict = {}
     for row in puts:
         if is_map:
-            for key, uk, val in zip(*(_pylist(a) for a in row)):
+            for key, uk, val in zip(*(pylist(a) for a in row)):
                 d.setdefault(key, {})[uk] = val
         else:
-            for key, val in zip(*(_pylist(a) for a in row)):
+            for key, val in zip(*(pylist(a) for a in row)):
                 d.setdefault(key, []).append(val)
     return d
 
@@ -221,16 +222,16 @@ def _dict_get_run(puts: list, gets: list, is_map: bool) -> float:
     for row in gets:
         if is_map:
             out = []
-            for key, uk in zip(_pylist(row[0]), _pylist(row[1])):
+            for key, uk in zip(pylist(row[0]), pylist(row[1])):
                 m = get(key)
                 out.append(None if m is None else m.get(uk))
         else:
-            out = [get(key, []) for key in _pylist(row[0])]
+            out = [get(key, []) for key in pylist(row[0])]
     return time.perf_counter() - t
 
 
 def _rocksdict_get_run(rocksdict, puts: list, gets: list, is_map: bool) -> float:
-    with _TempRdict(rocksdict) as db:
+    with TempRdict(rocksdict) as db:
         for key, val in _dict_fill(puts, is_map).items():
             db[key] = val
         get = db.get
@@ -238,28 +239,28 @@ def _rocksdict_get_run(rocksdict, puts: list, gets: list, is_map: bool) -> float
         for row in gets:
             if is_map:
                 out = []
-                for key, uk in zip(_pylist(row[0]), _pylist(row[1])):
+                for key, uk in zip(pylist(row[0]), pylist(row[1])):
                     m = get(key)
                     out.append(None if m is None else m.get(uk))
             else:
-                out = [get(key) or [] for key in _pylist(row[0])]
+                out = [get(key) or [] for key in pylist(row[0])]
         return time.perf_counter() - t
 
 
 def _get_case(c: str, size: Size, is_map: bool) -> list:
-    rdb, ref, native = _rocksdict(), _reference(), _has_native()
+    rdb, ref, native = rocksdict_module(), reference(), has_native()
     seed = 31 if is_map else 41
     distinct, keys, uks, values = _workload(size, seed)
     gkeys, guks = _get_stream(distinct, seed)
     small = max(1, size.n(100_000, 20_000) // _REPS)
     _, skeys, suks, svalues = _workload_of(small, seed)
     sgkeys, sguks = _get_stream(small, seed)
-    tag = f"{_label(distinct)}_keys"
+    tag = f"{label(distinct)}_keys"
 
     def batches(k, u, v, gk, gu):
         cols = [pa.array(k)] + ([pa.array(u)] if is_map else []) + [pa.array(v)]
         gcols = [pa.array(gk)] + ([pa.array(gu)] if is_map else [])
-        return (list(zip(*(_slices(a) for a in cols))), list(zip(*(_slices(a) for a in gcols))))
+        return (list(zip(*(slices(a) for a in cols))), list(zip(*(slices(a) for a in gcols))))
 
     full_puts, full_gets = batches(keys, uks, values, gkeys, guks)
     slow_puts, slow_gets = batches(skeys, suks, svalues, sgkeys, sguks)
@@ -286,18 +287,18 @@ def _get_case(c: str, size: Size, is_map: bool) -> list:
             else:
                 runs.append((ref.impl, n_full, lambda: ref.list_get(
                     keys, values, gkeys, workdir)["seconds"]))
-        rates, measured = _measure(c, tag, runs, ref.impl if ref else None)
+        rates, measured = measure(c, tag, runs, ref.impl if ref else None)
         out += measured
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     out.append(record(c, "workload", f"distinct_keys_{tag}", distinct, "keys"))
-    out += _ratio_records(c, tag, rates, ref.impl if ref else None, None)
+    out += ratio_records(c, tag, rates, ref.impl if ref else None, None)
     return out
 
 
 @case("list_get", "ListState get_batch of 10-element int64 lists, 1M rows over 100k int64 keys: "
                   "native vs python vs dict vs rocksdict vs C++ hash map of vectors",
-      panel=_panel)
+      panel=peer_panel)
 def list_get(size: Size):
     """rows/s per impl (``rows_per_s_<n>_keys``), ratios and the goal native >= 20x python; see
     the module docstring. ``--quick``: 20k keys, 200k rows."""
@@ -306,7 +307,7 @@ def list_get(size: Size):
 
 @case("map_get", "MapState get_batch int64 user key (0..15) -> int64, 1M rows over 100k int64 "
                  "keys: native vs python vs dict vs rocksdict vs C++ hash map of sorted vectors",
-      panel=_panel)
+      panel=peer_panel)
 def map_get(size: Size):
     """As ``list_get`` with ``get_batch(keys, user_keys)`` on the maps of ``map_put``."""
     return _get_case("map_get", size, is_map=True)

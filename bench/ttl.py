@@ -13,32 +13,22 @@ TTL) and ``native+ttl`` / ``python+ttl``.
 from __future__ import annotations
 
 import gc
-import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pyarrow as pa
 
 from statecore import ReducingStateDescriptor, create_backend
-from statecore.bench import Size, case, record, timed
 from statecore.ttl import StateTtlConfig
 
+from bench.common import has_native, label, probe_in_child, rss_bytes
+from bench.harness import Size, case, record, timed
+
 _BATCH = 65_536
-# The batch size of every other case. Loading in 1M-row batches measured the loader's transient
-# buffers too (outputs, key groups, the int64 overflow undo log: ~45 bytes a row, which glibc
-# keeps resident after freeing): 46 vs 38 RSS bytes per entry at 10M entries.
+# The batch size of every other case. Larger load batches would measure the loader's transient
+# buffers too (outputs, key groups, the int64 overflow undo log), which glibc keeps resident
+# after freeing, as if they were the state's.
 _LOAD_BATCH = 65_536
 _DAY_MS = 86_400_000
-
-
-def _label(n: int) -> str:
-    """1000000 -> '1M', 200000 -> '200k' (metric names)."""
-    for div, suffix in ((1_000_000, "M"), (1_000, "k")):
-        if n >= div and n % div == 0:
-            return f"{n // div}{suffix}"
-    return str(n)
 
 
 def _descriptor(ttl: bool) -> ReducingStateDescriptor:
@@ -80,15 +70,11 @@ def _impls(size: Size) -> list:
     """(impl, [(keys, rows)]) to measure: native at 1M keys (and 10M unless quick), python at a
     reduced size. Python is left out when the extension is missing (and native then too)."""
     out = []
-    try:
-        import statecore._native  # noqa: F401
-
+    if has_native():
         sizes = [(size.n(1_000_000, 200_000), size.n(4_000_000, 500_000))]
         if not size.quick:
             sizes.append((size.n(10_000_000, 10_000_000), size.n(4_000_000, 500_000)))
         out.append(("native", sizes))
-    except ImportError:
-        pass
     out.append(("python", [(size.n(200_000, 50_000), size.n(400_000, 100_000))]))
     return out
 
@@ -106,7 +92,7 @@ def ttl_throughput(size: Size):
                 for ttl in (False, True):
                     for op, v in _throughput(impl, keys, rows, ttl).items():
                         got[ttl][op] = max(v, got[ttl].get(op, 0.0))
-            tag = f"{_label(keys)}_keys"
+            tag = f"{label(keys)}_keys"
             for op in ("add_batch", "get_batch"):
                 for ttl in (False, True):
                     out.append(record("ttl_throughput", impl + ("+ttl" if ttl else ""),
@@ -118,63 +104,38 @@ def ttl_throughput(size: Size):
 
 # --------------------------------------------------------------------------- memory
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def rss_probe(impl: str, n: int, ttl: bool) -> dict:
     """Load ``n`` entries (TTL on or off) into a fresh ``impl`` backend: ``{"rss_delta": bytes,
     "state_bytes": bytes, "entries": int}``, the RSS growth counted after a load of 1,000
     entries into another backend (imports, lazy initialization). Meant for a fresh interpreter
-    (see :func:`_rss_per_entry`)."""
-    # One-time costs of a process's first use are not the state's: importing the native
-    # backend alone grew the RSS by 41 MB on stop 32's machine (4 bytes an entry at 10M), the
-    # first small load by 3 MB more. A small load of the same kind comes first.
+    (see :func:`_probe_in_child`)."""
+    # One-time costs of a process's first use (importing the native backend, its lazy
+    # initialization) are not the state's: a small load of the same kind comes first.
     warm, _ = _loaded(impl, 1000, ttl)
     warm.close()
     del warm
     gc.collect()
-    r0 = _rss_bytes()
+    r0 = rss_bytes()
     b, _ = _loaded(impl, n, ttl)
-    return {"rss_delta": _rss_bytes() - r0, "state_bytes": b.state_bytes(), "entries": b.num_entries()}
-
-
-def probe_in_child(module: str, func: str, *args) -> dict:
-    """``module.func(*args)`` in a child interpreter (``args`` and the result JSON-able; this
-    source tree first on its ``PYTHONPATH``): memory probes need a fresh process, since one that
-    already freed memory reuses it and the RSS delta would understate. Raises RuntimeError if
-    the child fails."""
-    src_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([src_root] + [p for p in [env.get("PYTHONPATH")] if p])
-    code = ("import importlib,json,sys; f = getattr(importlib.import_module(sys.argv[1]), sys.argv[2]); "
-            "print(json.dumps(f(*json.loads(sys.argv[3]))))")
-    proc = subprocess.run([sys.executable, "-c", code, module, func, json.dumps(list(args))],
-                          env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{func}{args} failed in a child interpreter: {proc.stderr.strip()[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"rss_delta": rss_bytes() - r0, "state_bytes": b.state_bytes(), "entries": b.num_entries()}
 
 
 def _probe_in_child(impl: str, n: int, ttl: bool) -> dict:
-    """:func:`rss_probe` in a child interpreter (see :func:`probe_in_child`). Raises
+    """:func:`rss_probe` in a child interpreter (see :func:`bench.common.probe_in_child`). Raises
     RuntimeError if the child fails."""
-    return probe_in_child("statecore.bench.ttl", "rss_probe", impl, n, ttl)
+    return probe_in_child("bench.ttl", "rss_probe", impl, n, ttl)
 
 
 @case("ttl_memory", "bytes per entry (RSS growth / entries, child interpreter; and key+value "
                     "bytes) of the native backend, TTL on vs off, at 1M and 10M entries")
 def ttl_memory(size: Size):
-    try:
-        import statecore._native  # noqa: F401
-    except ImportError:
+    if not has_native():
         return []
     out = []
     ns = [size.n(1_000_000, 200_000)] + ([] if size.quick else [size.n(10_000_000, 10_000_000)])
     for n in ns:
         got = {ttl: _probe_in_child("native", n, ttl) for ttl in (False, True)}
-        tag = f"{_label(n)}_entries"
+        tag = f"{label(n)}_entries"
         for ttl in (False, True):
             impl = "native+ttl" if ttl else "native"
             e = max(1, got[ttl]["entries"])

@@ -1,4 +1,4 @@
-"""Windowed state through namespaces (issue 5): ``window_count`` -- a running count per (key,
+"""Windowed state through namespaces: ``window_count`` -- a running count per (key,
 tumbling window), the window start (int64 ms) as the state's namespace, as Flink's window
 operators key their state.
 
@@ -11,7 +11,7 @@ reference backend: the whole stream as native, as the goal is a ratio over it; `
 prefix of 50k rows) and ``dict`` (a dict keyed by
 ``(key, window)`` tuples fed from the same batches, the running count per row made an Arrow
 array per batch). Records: ``rows_per_s_<n>_keys``, ``rows_measured_<n>_keys``, the ratios over
-python and the issue's goal native >= 20x python.
+python and the goal native >= 20x python.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ import numpy as np
 import pyarrow as pa
 
 from statecore import ReducingStateDescriptor, create_backend
-from statecore.bench import Size, case, record
-from statecore.bench.peers import _has_native, _measure, _panel, _ratio_records
-from statecore.bench.ttl import _label
+
+from bench.common import has_native, label
+from bench.compare import measure, peer_panel, ratio_records
+from bench.harness import Size, case, record
 
 _BATCH = 65536
 _HOUR_MS = 3600_000
@@ -74,24 +75,24 @@ def _dict_run(batches) -> float:
 
 
 @case("window_count", "running count per (key, one-hour tumbling window), the window start as "
-                      "the namespace: native vs python vs dict", panel=_panel)
+                      "the namespace: native vs python vs dict", panel=peer_panel)
 def window_count(size: Size):
     """rows/s per impl, ratios over python and the goal native >= 20x python; see the module
     docstring."""
     c = "window_count"
     distinct, keys, wins = _workload(size)
-    tag = f"{_label(distinct)}_keys"
+    tag = f"{label(distinct)}_keys"
     full = _batches(keys, wins, len(keys))
     slow = full if not size.quick else _batches(keys, wins, 50_000)
     n_full, n_slow = len(keys), sum(len(k) for k, _ in slow)
     runs = []
-    if _has_native():
+    if has_native():
         runs.append(("native", n_full, lambda: _backend_run("native", full)))
     runs.append(("python", n_slow, lambda: _backend_run("python", slow)))
     runs.append(("dict", n_full, lambda: _dict_run(full)))
     out: list = []
-    rates, measured = _measure(c, tag, runs, None)
+    rates, measured = measure(c, tag, runs, None)
     out += measured
     out.append(record(c, "workload", f"distinct_keys_{tag}", distinct, "keys"))
-    out += _ratio_records(c, tag, rates, None, None)
+    out += ratio_records(c, tag, rates, None, None)
     return out
