@@ -24,7 +24,7 @@ its best run:
 PySpark's daemon runs a full ``gc.collect()`` after every task of a reused worker, tens of
 milliseconds a task with a large heap. The operator avoids most of it by freezing the worker's objects
 (``StatefulOperator(freeze_worker_gc=True)``, the default); the identity and dict functions do
-the same (the operator's own ``_freeze_worker_gc``), so the floor is not slowed by a cost
+the same (``statecore.spark.worker_gc.freeze_worker_gc``), so the floor is not slowed by a cost
 statecore removes, whichever variant a shared worker ran first (PySpark reuses the session's
 workers across variants).
 
@@ -113,9 +113,9 @@ _DICTS: Dict[int, dict] = {}
 def _dict_count(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     from pyspark import TaskContext
 
-    from statecore.spark.operator import _freeze_worker_gc
+    from statecore.spark.worker_gc import freeze_worker_gc
 
-    _freeze_worker_gc()  # as the operator does (module docstring)
+    freeze_worker_gc()  # as the operator does (module docstring)
     counts = _DICTS.setdefault(TaskContext.get().partitionId(), {})
     for b in batches:
         ks = b.column(0).to_pylist()
@@ -129,9 +129,9 @@ def _dict_count(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 
 
 def _identity(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    from statecore.spark.operator import _freeze_worker_gc
+    from statecore.spark.worker_gc import freeze_worker_gc
 
-    _freeze_worker_gc()  # as the operator does (module docstring)
+    freeze_worker_gc()  # as the operator does (module docstring)
     for b in batches:
         yield pa.RecordBatch.from_arrays([b.column(0), pa.array(np.zeros(b.num_rows, np.int64))],
                                          schema=_OUT_SCHEMA)
