@@ -372,7 +372,7 @@ def write_data_file(
     ``check_stop()`` (optional) is called before each (state, key group) and raises to abort
     (the asynchronous writer's cancellation).
     """
-    plan = _plan_file(snap, version, writer, block_target_bytes, incremental)
+    plan = plan_file(snap, version, writer, block_target_bytes, incremental)
     asm = _Assembler(out, plan)
     names, prefix, incremental = plan.names, plan.prefix, plan.incremental
     for kg in range(plan.start, plan.end + 1):
@@ -417,8 +417,12 @@ def write_data_file(
 
 
 @dataclass
-class _FilePlan:
-    """Header-level facts of one data file, shared by the synchronous and asynchronous writers."""
+class FilePlan:
+    """Header-level facts of one data file, shared by the synchronous and asynchronous writers:
+    the footer ``meta`` (module spec), the state ``names`` in file order, the inclusive
+    key-group range ``start``..``end`` (``0, -1`` = empty), the key-group ``prefix`` width in
+    bytes, whether the run is ``incremental`` and its ``kind``, and the uncompressed
+    ``block_target_bytes``."""
 
     meta: dict
     names: list
@@ -430,9 +434,11 @@ class _FilePlan:
     block_target_bytes: int
 
 
-def _plan_file(snap: Any, version: int, writer: str, block_target_bytes: int,
-               incremental: bool | None) -> _FilePlan:
-    """Validates the snapshot's header facts and builds the footer meta (module spec).
+def plan_file(snap: Any, version: int, writer: str, block_target_bytes: int,
+              incremental: bool | None) -> FilePlan:
+    """Check the header facts of the snapshot ``snap`` (max parallelism, key-group range, state
+    metas) and build the :class:`FilePlan` of its data file for ``version`` and ``writer``
+    (``incremental=None``: ``getattr(snap, "incremental", False)``). Reads no entries.
     Raises InvalidInputError as documented in :func:`write_data_file`."""
     if incremental is None:
         incremental = bool(getattr(snap, "incremental", False))
@@ -463,7 +469,7 @@ def _plan_file(snap: Any, version: int, writer: str, block_target_bytes: int,
         json.dumps(meta, sort_keys=True, separators=(",", ":")).encode("utf-8")
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"state metas are not JSON-serializable: {exc}") from exc
-    return _FilePlan(meta=meta, names=names, start=start, end=end,
+    return FilePlan(meta=meta, names=names, start=start, end=end,
                      prefix=key_group_prefix_bytes(max_par), incremental=bool(incremental),
                      kind=kind, block_target_bytes=block_target_bytes)
 
@@ -473,7 +479,7 @@ class _Assembler:
     block payloads (or stored blocks) given in file order, and keeps the block table, the
     key-group index and the counts."""
 
-    def __init__(self, out, plan: _FilePlan):
+    def __init__(self, out, plan: FilePlan):
         self.out = out
         self.plan = plan
         self.pos = 0
@@ -546,7 +552,7 @@ class _Assembler:
         meta["tombstones"] = self.tombstones
         try:
             meta_bytes = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode("utf-8")
-        except (TypeError, ValueError) as exc:  # pragma: no cover - checked by _plan_file
+        except (TypeError, ValueError) as exc:  # pragma: no cover - checked by plan_file
             raise InvalidInputError(f"state metas are not JSON-serializable: {exc}") from exc
         footer = b"".join((
             _U32.pack(len(meta_bytes)), meta_bytes, _U64x2.pack(len(self.blocks), len(self.index)),
@@ -581,7 +587,7 @@ def write_data_file_from_blocks(out, snap: Any, serializer, *, version: int, wri
     per chunk, raises to abort. Raises what the serializer raises (InvalidInputError for a
     snapshot breaking its contract, ``concurrent.futures.CancelledError``) and the stream's
     errors."""
-    plan = _plan_file(snap, version, writer, block_target_bytes, incremental)
+    plan = plan_file(snap, version, writer, block_target_bytes, incremental)
     asm = _Assembler(out, plan)
     nstates = len(plan.names)
     tomb = 0
@@ -764,6 +770,10 @@ class DataFileReader:
         hi = int((sel["offset"] + sel["length"]).max())
         self._prefetched.append((lo, hi, self._read(lo, hi - lo, f"key groups {start}..{end}")))
         return hi - lo
+
+    def drop_prefetched(self) -> None:
+        """Forget the bytes :meth:`prefetch` read (later reads read from the file again)."""
+        self._prefetched = []
 
     def _range(self, offset: int, length: int, what: str) -> pa.Buffer:
         for lo, hi, buf in self._prefetched:
