@@ -44,7 +44,12 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from statecore.checkpoint.format import KIND_FULL, KIND_INCREMENTAL, range_bounds, xxh64
-from statecore.checkpoint.layout import CheckpointRoot, check_version, manifest_name, manifest_version
+from statecore.checkpoint.layout import (
+    CheckpointRoot,
+    check_version,
+    manifest_name,
+    manifest_version,
+)
 from statecore.checkpoint.runs import (
     check_disjoint,
     longest_chain,

@@ -37,7 +37,13 @@ import pyarrow.fs as pafs
 from statecore.checkpoint.commit import Committer, PendingDescriptors
 from statecore.checkpoint.compaction import Compactor, check_max_runs
 from statecore.checkpoint.format import range_bounds
-from statecore.checkpoint.layout import CheckpointRoot, check_version, data_path, manifest_name, pending_path
+from statecore.checkpoint.layout import (
+    CheckpointRoot,
+    check_version,
+    data_path,
+    manifest_name,
+    pending_path,
+)
 from statecore.checkpoint.manifests import (
     MANIFEST_FORMAT,
     MANIFEST_FORMAT_VERSION,
@@ -413,6 +419,6 @@ class CheckpointStore:
         return self._retention.retain(k)
 
 
-# statecore.spark.worker_cache imports the thread-priority helper under its former private name;
-# this alias goes once it imports ``lower_thread_priority`` from statecore.checkpoint.snapshot_writes.
+# Alias for statecore.spark.worker_cache, which imports this name; it goes once that module
+# imports ``lower_thread_priority`` from statecore.checkpoint.snapshot_writes.
 _lower_thread_priority = lower_thread_priority
