@@ -167,7 +167,7 @@ def test_reader_uses_native_decoder_with_file_and_block_in_errors(tmp_path):
     from statecore import ValueStateDescriptor
     from statecore.checkpoint.store import CheckpointStore
 
-    assert fmt._decode_blocks is _native.decode_blocks
+    assert fmt.native_decode_blocks is _native.decode_blocks
     b = statecore.create_backend("native", key_type="int64", max_parallelism=8)
     st = b.get_state(ValueStateDescriptor("v", "string"))
     for k in range(2000):

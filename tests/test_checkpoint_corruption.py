@@ -280,7 +280,7 @@ def test_flipped_byte_anywhere_in_manifest_is_detected(small_ckpt):
 
 
 def test_a_manifest_read_again_is_checked_again_unless_its_bytes_are_unchanged(small_ckpt):
-    """Reads of unchanged bytes skip the checks (store._VALIDATED_MANIFESTS) but still give a
+    """Reads of unchanged bytes skip the checks (manifests._VALIDATED_MANIFESTS) but still give a
     fresh dict; a manifest damaged or re-signed with a bad structure after a good read is
     caught, by any store object of the process."""
     store, path, *_ = small_ckpt

@@ -176,7 +176,7 @@ def _write_v1(store, snap, version, writer="p0"):
     import json
     import time
 
-    from statecore.checkpoint.store import _canonical
+    from statecore.checkpoint.manifests import canonical_json as _canonical
 
     class V1Out:
         def __init__(self):

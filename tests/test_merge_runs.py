@@ -1,6 +1,6 @@
 """The native newest-wins merge of sorted runs (``_native.merge_newest_wins``, used by checkpoint
 restores and compaction over incremental chains) against the sorting merge in Python
-(``store._merge_newest_wins(native=False)``), and the errors it raises for runs a corrupt file
+(``readers.merge_newest_wins(native=False)``), and the errors it raises for runs a corrupt file
 could hold."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import random
 import pyarrow as pa
 import pytest
 
-from statecore.checkpoint import store as store_mod
+from statecore.checkpoint import readers
 from statecore.errors import CorruptCheckpointError, InvalidInputError
 
 native = pytest.importorskip("statecore._native")
@@ -39,8 +39,8 @@ def test_native_merge_equals_the_sorting_merge(seed, keep_tombstones):
     parts = [_run(rng, tombstones=rng.random() < 0.7, pad=rng.randrange(0, 9))
              for _ in range(rng.randrange(2, 8))]
     got_k, got_v = native.merge_newest_wins(parts, keep_tombstones)
-    want_k, want_v = store_mod._merge_newest_wins(parts, native=False,
-                                                  keep_tombstones=keep_tombstones)
+    want_k, want_v = readers.merge_newest_wins(parts, native=False,
+                                               keep_tombstones=keep_tombstones)
     assert got_k.type == got_v.type == pa.binary()
     assert got_k.null_count == 0
     assert got_v.null_count == (want_v.null_count if keep_tombstones else 0)
@@ -103,7 +103,7 @@ def test_a_run_that_breaks_the_merge_is_a_corrupt_checkpoint(tmp_path, monkeypat
     def broken(parts, keep_tombstones=False):
         raise InvalidInputError("run 1: keys not strictly ascending at entry 1")
 
-    monkeypatch.setattr(store_mod, "_native_merge", lambda: broken)
+    monkeypatch.setattr(readers, "_native_merge", lambda: broken)
     reader = store.open(1)
     with pytest.raises(CorruptCheckpointError, match="state 'v' key group"):
         for kg in range(128):

@@ -522,10 +522,10 @@ def test_compaction_filter_rejects_null_values_on_both_paths(native):
 
 @pytest.mark.parametrize("native", [False, True] if _native is not None else [False])
 def test_store_compaction_reports_a_broken_layout_as_corrupt(native, monkeypatch):
-    """_RangeView turns the filter's InvalidInputError into CorruptCheckpointError naming the
+    """RangeView turns the filter's InvalidInputError into CorruptCheckpointError naming the
     state and key group, whichever path filtered."""
     from statecore import ttl as ttl_module
-    from statecore.checkpoint import store as store_module
+    from statecore.checkpoint import compaction as compaction_module
     from statecore.errors import CorruptCheckpointError
 
     class _Reader:
@@ -535,9 +535,9 @@ def test_store_compaction_reports_a_broken_layout_as_corrupt(native, monkeypatch
             return pa.array([b"\x00a"], pa.binary()), pa.array([b"\x05ab"], pa.binary())
 
     real = ttl_module.compaction_filter
-    monkeypatch.setattr(store_module, "compaction_filter",
+    monkeypatch.setattr(compaction_module, "compaction_filter",
                         lambda *a: real(*a, native=native))
-    view = store_module._RangeView(_Reader(), 0, 3, {
+    view = compaction_module.RangeView(_Reader(), 0, 3, {
         "l": ("list", None, 100, CompactionTimeProvider(lambda: 0, 10))})
     with pytest.raises(CorruptCheckpointError, match="'l', key group 2: TTL value layout broken"):
         view.entries("l", 2)

@@ -3,10 +3,11 @@
 One data file holds one *run*: the snapshot of one writer (one Spark task / one backend) for one
 checkpoint version, either *full* (every entry of every state, for every key group of the
 writer's key-group range) or *incremental* (only the entries changed since the writer's base
-snapshot, removals as tombstones; architecture.md "Incremental snapshots and checkpoints"). It is
-written sequentially (so it can be streamed to an object store) and read with ranged reads (so a
-restore fetches only the byte ranges of the key groups it owns), after the layout of Flink's
-key-group-partitioned heap snapshots (``KeyGroupRangeOffsets``) and of Parquet's footer + trailer.
+snapshot, removals as tombstones; docs/architecture.md "Incremental snapshots and checkpoints").
+It is written sequentially (so it can be streamed to an object store) and read with ranged reads
+(so a restore fetches only the byte ranges of the key groups it owns), after the layout of
+Flink's key-group-partitioned heap snapshots (``KeyGroupRangeOffsets``) and of Parquet's
+footer + trailer. The block codec is :mod:`statecore.checkpoint.blocks`.
 
 Specification
 =============
@@ -29,18 +30,18 @@ contiguous and never hold entries of another key group or state. So the blocks o
 
 Block (stored bytes): ``lz4.block.compress(payload, mode="fast", acceleration=LZ4_ACCELERATION,
 store_size=False)`` (LZ4 block format; the uncompressed size is kept in the block table, not in
-the block; files written before with the default mode, acceleration 1, read the same). The block's
-checksum is ``xxh64(stored bytes)``. Payloads are cut at roughly ``block_target_bytes``
-(default 64 KiB) of uncompressed size; a single entry larger than the target is a block on its
-own.
+the block; LZ4 decoding does not depend on the acceleration, so blocks compressed with any
+acceleration read the same). The block's checksum is ``xxh64(stored bytes)``. Payloads are cut at
+roughly ``block_target_bytes`` (default 64 KiB) of uncompressed size; a single entry larger than
+the target is a block on its own.
 
 Block payload (uncompressed), an Arrow-compatible columnar layout of ``n`` entries::
 
     n               u32
     key_offsets     (n + 1) x int32, key_offsets[0] == 0, non-decreasing
     value_offsets   (n + 1) x int32, value_offsets[0] == 0, non-decreasing
-    key_data        key_offsets[n] bytes   (encoded keys, architecture.md "Encoded key")
-    value_data      value_offsets[n] bytes (serialized values, architecture.md "Values")
+    key_data        key_offsets[n] bytes   (encoded keys, docs/architecture.md "Encoded key")
+    value_data      value_offsets[n] bytes (serialized values, docs/architecture.md "Values")
 
 so key ``i`` is ``key_data[key_offsets[i]:key_offsets[i+1]]`` (the offsets buffers are exactly
 Arrow ``binary`` offsets, which lets a reader build ``pa.BinaryArray`` without copying).
@@ -61,7 +62,8 @@ Footer::
     meta            meta_length bytes of UTF-8 JSON: {"format_version": 2, "version": int,
                     "writer": str, "max_parallelism": int, "key_type": str, "assigner": str,
                     "key_group_range": [start, end] (inclusive, Flink KeyGroupRange; (0, -1) = empty),
-                    "states": [state meta dicts, architecture.md StateSnapshot.state_metas()],
+                    "states": [state meta dicts, StateSnapshot.state_metas(),
+                               docs/architecture.md],
                     "compression": "lz4.block", "block_target_bytes": int,
                     "kind": "full" | "incremental", "tombstones": {state name: int}}
                     (version 1: no "kind" / "tombstones"; the file is full)
@@ -103,14 +105,32 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-import lz4.block
 import numpy as np
 import pyarrow as pa
-import xxhash
 
 from statecore.checkpoint import scratch
+from statecore.checkpoint.blocks import (  # the block codec, re-exported (__all__)
+    LZ4_ACCELERATION,
+    compress_block,
+    cut_points,
+    decode_block,
+    decode_stored_block,
+    encode_block,
+    native_decode_blocks,
+    xxh64,
+)
 from statecore.errors import CorruptCheckpointError, InvalidInputError
 from statecore.key_groups import KeyGroupRange
+
+__all__ = [
+    "MAGIC", "FORMAT_VERSION", "READABLE_FORMAT_VERSIONS", "KIND_FULL", "KIND_INCREMENTAL",
+    "HEADER_SIZE", "TRAILER", "TRAILER_SIZE", "DEFAULT_BLOCK_TARGET_BYTES", "COMPRESSION",
+    "MAX_KEY_GROUPS", "BLOCK_DTYPE", "INDEX_DTYPE", "CHUNK_TARGET_BYTES", "LZ4_ACCELERATION",
+    "compress_block", "native_decode_blocks", "xxh64", "encode_block", "decode_block",
+    "decode_stored_block", "cut_points", "key_group_prefix_bytes", "make_key_group_range",
+    "range_bounds", "WriteSummary", "FilePlan", "plan_file", "write_data_file",
+    "write_data_file_from_blocks", "DataFileReader",
+]
 
 MAGIC = b"SCKGDAT1"
 FORMAT_VERSION = 2
@@ -138,39 +158,8 @@ _U32 = struct.Struct("<I")
 _U64x2 = struct.Struct("<QQ")
 _INT32_MAX = 2**31 - 1
 
-
-#: LZ4 acceleration of the blocks (native block_codec.h kLz4Acceleration, which says why 2).
-LZ4_ACCELERATION = 2
-
-
-def _block_compressor():
-    """The LZ4 block compressor of this install: the native one (vendored LZ4, the one the
-    asynchronous writer uses, so synchronous and asynchronous files are byte-identical) when the
-    extension is built, else the ``lz4`` binding; both give LZ4 block format bytes without a
-    stored size, which ``lz4.block.decompress`` reads."""
-    try:
-        from statecore._native import lz4_block_compress
-        return lz4_block_compress
-    except ImportError:
-        return lambda payload: lz4.block.compress(payload, mode="fast",
-                                                  acceleration=LZ4_ACCELERATION,
-                                                  store_size=False)
-
-
-compress_block = _block_compressor()
-
-try:  # the reader's native block decoder (same checks as decode_block); None: the Python loop
-    from statecore._native import decode_blocks as _decode_blocks
-except ImportError:
-    _decode_blocks = None
-
 #: Stored bytes the asynchronous writer gathers per chunk (one write, one GIL round trip).
 CHUNK_TARGET_BYTES = 1 << 20
-
-
-def xxh64(data) -> int:
-    """XXH64 (seed 0) of ``data`` (bytes-like) as an unsigned 64-bit int."""
-    return xxhash.xxh64_intdigest(data)
 
 
 def key_group_prefix_bytes(max_parallelism: int) -> int:
@@ -199,7 +188,7 @@ def range_bounds(kg_range: Any) -> tuple[int, int]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Blocks
+# Writer
 
 
 def _as_binary(arr: Any, what: str, allow_nulls: bool = False) -> pa.BinaryArray:
@@ -224,88 +213,6 @@ def _offsets_and_data(arr: pa.BinaryArray) -> tuple[np.ndarray, memoryview]:
     start, stop = int(offsets[0]), int(offsets[-1])
     data = memoryview(bufs[2])[start:stop] if bufs[2] is not None else memoryview(b"")
     return offsets - offsets[0], data
-
-
-def encode_block(key_offsets: np.ndarray, key_data, value_offsets: np.ndarray, value_data,
-                 validity: np.ndarray | None = None) -> bytes:
-    """Uncompressed block payload (see module spec) from zero-based int32 offsets (n + 1 each)
-    and the matching data bytes. ``validity`` (n bools, False = tombstone) appends the bitmap of
-    incremental files; ``None`` writes a full-file payload."""
-    n = len(key_offsets) - 1
-    parts = [_U32.pack(n), key_offsets.astype("<i4", copy=False).tobytes(),
-             value_offsets.astype("<i4", copy=False).tobytes(), bytes(key_data), bytes(value_data)]
-    if validity is not None:
-        parts.append(np.packbits(np.asarray(validity, dtype=bool), bitorder="little").tobytes())
-    return b"".join(parts)
-
-
-def decode_block(payload, expected_entries: int, where: str, has_validity: bool = False
-                 ) -> tuple[pa.BinaryArray, pa.BinaryArray]:
-    """Parse an uncompressed block payload into ``(keys, values)`` binary arrays (zero-copy over
-    ``payload``). With ``has_validity`` (incremental files) the payload ends with the validity
-    bitmap and tombstones come back as NULL values. Raises CorruptCheckpointError (message
-    starts with ``where``) when the structure is inconsistent."""
-    buf = pa.py_buffer(payload)
-    size = buf.size
-    if size < 4:
-        raise CorruptCheckpointError(f"{where}: block payload of {size} bytes is too short")
-    (n,) = _U32.unpack_from(buf, 0)
-    if n != expected_entries:
-        raise CorruptCheckpointError(
-            f"{where}: block holds {n} entries, block table says {expected_entries}")
-    head = 4 + 8 * (n + 1)
-    if size < head:
-        raise CorruptCheckpointError(f"{where}: block payload truncated in its offsets")
-    koff = np.frombuffer(buf, dtype="<i4", count=n + 1, offset=4)
-    voff = np.frombuffer(buf, dtype="<i4", count=n + 1, offset=4 + 4 * (n + 1))
-    for name, off in (("key", koff), ("value", voff)):
-        if off[0] != 0 or (n and bool(np.any(np.diff(off) < 0))):
-            raise CorruptCheckpointError(f"{where}: {name} offsets are not non-decreasing from 0")
-    klen, vlen = int(koff[-1]), int(voff[-1])
-    blen = (n + 7) // 8 if has_validity else 0
-    if size != head + klen + vlen + blen:
-        raise CorruptCheckpointError(
-            f"{where}: block payload is {size} bytes, its offsets describe "
-            f"{head + klen + vlen + blen}")
-    validity = None
-    if has_validity:
-        bits = np.frombuffer(buf, dtype=np.uint8, count=blen, offset=head + klen + vlen)
-        valid = np.unpackbits(bits, bitorder="little")
-        if bool(np.any(valid[n:])):
-            raise CorruptCheckpointError(f"{where}: validity bitmap has bits set past the entries")
-        valid = valid[:n].astype(bool)
-        if bool(np.any(np.diff(voff)[~valid] != 0)):
-            raise CorruptCheckpointError(f"{where}: a tombstone carries value bytes")
-        if not bool(valid.all()):
-            validity = buf.slice(head + klen + vlen, blen)
-    keys = pa.BinaryArray.from_buffers(
-        pa.binary(), n, [None, buf.slice(4, 4 * (n + 1)), buf.slice(head, klen)])
-    values = pa.BinaryArray.from_buffers(
-        pa.binary(), n, [validity, buf.slice(4 + 4 * (n + 1), 4 * (n + 1)),
-                         buf.slice(head + klen, vlen)])
-    return keys, values
-
-
-def cut_points(key_offsets: np.ndarray, value_offsets: np.ndarray, target: int) -> list[int]:
-    """Entry indices ``[0, c1, ..., n]`` cutting ``n`` entries into blocks whose payload
-    (12 bytes of count and leading offsets, then 8 bytes of offsets + key + value per entry) is at
-    most ``target`` bytes; an entry too large for that forms a block of its own."""
-    n = len(key_offsets) - 1
-    sizes = np.diff(key_offsets).astype(np.int64) + np.diff(value_offsets) + 8
-    cum = np.cumsum(sizes)
-    cuts = [0]
-    i = 0
-    while i < n:
-        base = int(cum[i - 1]) if i else 0
-        j = int(np.searchsorted(cum, base + target - 12, side="right"))
-        j = max(j, i + 1)
-        cuts.append(j)
-        i = j
-    return cuts
-
-
-# ---------------------------------------------------------------------------------------------
-# Writer
 
 
 @dataclass
@@ -360,7 +267,7 @@ def write_data_file(
     incremental: bool | None = None,
     check_stop=None,
 ) -> WriteSummary:
-    """Stream the snapshot ``snap`` (StateSnapshot read interface, architecture.md) into the
+    """Stream the snapshot ``snap`` (StateSnapshot read interface, docs/architecture.md) into the
     writable binary stream ``out`` (anything with ``write(bytes)``) in the format of this module.
 
     ``incremental``: write an incremental run (NULL values are tombstones); ``None`` takes
@@ -372,7 +279,7 @@ def write_data_file(
     ``check_stop()`` (optional) is called before each (state, key group) and raises to abort
     (the asynchronous writer's cancellation).
     """
-    plan = _plan_file(snap, version, writer, block_target_bytes, incremental)
+    plan = plan_file(snap, version, writer, block_target_bytes, incremental)
     asm = _Assembler(out, plan)
     names, prefix, incremental = plan.names, plan.prefix, plan.incremental
     for kg in range(plan.start, plan.end + 1):
@@ -417,8 +324,12 @@ def write_data_file(
 
 
 @dataclass
-class _FilePlan:
-    """Header-level facts of one data file, shared by the synchronous and asynchronous writers."""
+class FilePlan:
+    """Header-level facts of one data file, shared by the synchronous and asynchronous writers:
+    the footer ``meta`` (module spec), the state ``names`` in file order, the inclusive
+    key-group range ``start``..``end`` (``0, -1`` = empty), the key-group ``prefix`` width in
+    bytes, whether the run is ``incremental`` and its ``kind``, and the uncompressed
+    ``block_target_bytes``."""
 
     meta: dict
     names: list
@@ -430,9 +341,11 @@ class _FilePlan:
     block_target_bytes: int
 
 
-def _plan_file(snap: Any, version: int, writer: str, block_target_bytes: int,
-               incremental: bool | None) -> _FilePlan:
-    """Validates the snapshot's header facts and builds the footer meta (module spec).
+def plan_file(snap: Any, version: int, writer: str, block_target_bytes: int,
+              incremental: bool | None) -> FilePlan:
+    """Check the header facts of the snapshot ``snap`` (max parallelism, key-group range, state
+    metas) and build the :class:`FilePlan` of its data file for ``version`` and ``writer``
+    (``incremental=None``: ``getattr(snap, "incremental", False)``). Reads no entries.
     Raises InvalidInputError as documented in :func:`write_data_file`."""
     if incremental is None:
         incremental = bool(getattr(snap, "incremental", False))
@@ -463,7 +376,7 @@ def _plan_file(snap: Any, version: int, writer: str, block_target_bytes: int,
         json.dumps(meta, sort_keys=True, separators=(",", ":")).encode("utf-8")
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"state metas are not JSON-serializable: {exc}") from exc
-    return _FilePlan(meta=meta, names=names, start=start, end=end,
+    return FilePlan(meta=meta, names=names, start=start, end=end,
                      prefix=key_group_prefix_bytes(max_par), incremental=bool(incremental),
                      kind=kind, block_target_bytes=block_target_bytes)
 
@@ -473,7 +386,7 @@ class _Assembler:
     block payloads (or stored blocks) given in file order, and keeps the block table, the
     key-group index and the counts."""
 
-    def __init__(self, out, plan: _FilePlan):
+    def __init__(self, out, plan: FilePlan):
         self.out = out
         self.plan = plan
         self.pos = 0
@@ -546,7 +459,7 @@ class _Assembler:
         meta["tombstones"] = self.tombstones
         try:
             meta_bytes = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode("utf-8")
-        except (TypeError, ValueError) as exc:  # pragma: no cover - checked by _plan_file
+        except (TypeError, ValueError) as exc:  # pragma: no cover - checked by plan_file
             raise InvalidInputError(f"state metas are not JSON-serializable: {exc}") from exc
         footer = b"".join((
             _U32.pack(len(meta_bytes)), meta_bytes, _U64x2.pack(len(self.blocks), len(self.index)),
@@ -581,7 +494,7 @@ def write_data_file_from_blocks(out, snap: Any, serializer, *, version: int, wri
     per chunk, raises to abort. Raises what the serializer raises (InvalidInputError for a
     snapshot breaking its contract, ``concurrent.futures.CancelledError``) and the stream's
     errors."""
-    plan = _plan_file(snap, version, writer, block_target_bytes, incremental)
+    plan = plan_file(snap, version, writer, block_target_bytes, incremental)
     asm = _Assembler(out, plan)
     nstates = len(plan.names)
     tomb = 0
@@ -765,6 +678,10 @@ class DataFileReader:
         self._prefetched.append((lo, hi, self._read(lo, hi - lo, f"key groups {start}..{end}")))
         return hi - lo
 
+    def drop_prefetched(self) -> None:
+        """Forget the bytes :meth:`prefetch` read (later reads read from the file again)."""
+        self._prefetched = []
+
     def _range(self, offset: int, length: int, what: str) -> pa.Buffer:
         for lo, hi, buf in self._prefetched:
             if lo <= offset and offset + length <= hi:
@@ -788,8 +705,8 @@ class DataFileReader:
         where = f"state {state!r} key group {key_group}"
         data = self._range(offset, length, where)
         first = int(rec["first_block"])
-        if _decode_blocks is not None:
-            keys, values, bad, why = _decode_blocks(
+        if native_decode_blocks is not None:
+            keys, values, bad, why = native_decode_blocks(
                 data, self._blocks[first:first + int(rec["block_count"])], offset,
                 self.kind == KIND_INCREMENTAL)
             if bad is not None:
@@ -799,18 +716,11 @@ class DataFileReader:
         keys_parts, value_parts = [], []
         for b in range(first, first + int(rec["block_count"])):
             blk = self._blocks[b]
-            bwhere = f"checkpoint data file {self.name}: {where} block {b}"
             stored = data.slice(int(blk["offset"]) - offset, int(blk["stored_length"]))
-            if xxh64(stored) != int(blk["xxh64"]):
-                raise CorruptCheckpointError(f"{bwhere}: block checksum mismatch")
-            try:
-                payload = lz4.block.decompress(stored, uncompressed_size=int(blk["raw_length"]))
-            except Exception as exc:  # lz4.block.LZ4BlockError
-                raise CorruptCheckpointError(f"{bwhere}: cannot decompress: {exc}") from exc
-            if len(payload) != int(blk["raw_length"]):
-                raise CorruptCheckpointError(f"{bwhere}: decompressed size mismatch")
-            k, v = decode_block(payload, int(blk["entries"]), bwhere,
-                                has_validity=self.kind == KIND_INCREMENTAL)
+            k, v = decode_stored_block(
+                stored, int(blk["raw_length"]), int(blk["entries"]), int(blk["xxh64"]),
+                f"checkpoint data file {self.name}: {where} block {b}",
+                has_validity=self.kind == KIND_INCREMENTAL)
             keys_parts.append(k)
             value_parts.append(v)
         if len(keys_parts) == 1:
@@ -850,7 +760,7 @@ class DataFileReader:
         if not len(rows):
             return pa.array([], pa.binary()), pa.array([], pa.binary())
         where = f"state {state!r} key groups {start}..{end}"
-        if _decode_blocks is None:
+        if native_decode_blocks is None:
             parts = [self.entries(state, int(kg)) for kg in rows["key_group"]]
             return (pa.concat_arrays([k for k, _ in parts]),
                     pa.concat_arrays([v for _, v in parts]))
@@ -860,7 +770,7 @@ class DataFileReader:
         picks = np.concatenate([np.arange(int(f), int(f) + int(c), dtype=np.int64)
                                 for f, c in zip(rows["first_block"], rows["block_count"])])
         blocks = self._blocks[picks]
-        keys, values, bad, why = _decode_blocks(data, blocks, lo, self.kind == KIND_INCREMENTAL)
+        keys, values, bad, why = native_decode_blocks(data, blocks, lo, self.kind == KIND_INCREMENTAL)
         if bad is not None:
             kg = int(np.repeat(rows["key_group"], rows["block_count"])[bad])
             raise CorruptCheckpointError(

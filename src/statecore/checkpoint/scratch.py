@@ -1,13 +1,12 @@
 """Byte buffers reused across checkpoint reads: the stored bytes a reader reads from a data file
 and the arrays ``decode_blocks`` decodes them into.
 
-Why: a standby catch-up reads ~2 MB and decodes ~5 MB of changes every micro-batch (bench Spark
-running count, 500k entries a partition). Freshly allocated each time, those bytes came from
-memory the allocators had given back to the OS since the previous micro-batch (glibc trims a
-freed heap top and unmaps large blocks; pyarrow's mimalloc purges freed pages after 10 ms), so
-every 4 KiB page was faulted in again: ~75% of the Spark workers' ~25k page faults per bench run
-(``perf record -e page-faults``). On the bench VM touching fresh memory runs at ~1 GB/s against
-~15 GB/s for rewriting mapped memory. Reused buffers stay mapped.
+Why: a standby catch-up reads and decodes megabytes of changes every micro-batch. Freshly
+allocated each time, those bytes come from memory the allocators have given back to the OS since
+the previous micro-batch (glibc trims a freed heap top and unmaps large blocks; pyarrow's
+mimalloc purges freed pages shortly after they are freed), so every 4 KiB page is faulted in
+again, and touching fresh memory is many times slower than rewriting mapped memory. Reused
+buffers stay mapped.
 
 A buffer is lent out as a view (:func:`take`) and is free again once nothing refers to it but
 this module: every view of a NumPy array, and every Arrow buffer over such a view, holds a
@@ -27,7 +26,8 @@ __all__ = ["take", "retained_bytes", "MAX_RETAINED_BYTES", "MIN_BYTES"]
 
 #: Requests smaller than this (bytes) are not pooled: the allocators keep small blocks mapped.
 MIN_BYTES = 256 << 10
-#: Most bytes kept for reuse per process (a catch-up of a 500k-entry partition lends ~15 MB).
+#: Most bytes kept for reuse per process (room for the buffers of a catch-up of a large
+#: partition).
 MAX_RETAINED_BYTES = 64 << 20
 
 _LOCK = threading.Lock()

@@ -1,0 +1,158 @@
+"""Blocks of checkpoint data files: the uncompressed payload layout, LZ4 compression and
+XXH64 checksums (statecore.checkpoint.format, "Block" and "Block payload", is the
+specification).
+
+A payload holds ``n`` entries of one (state, key group) as Arrow ``binary`` offsets and data, so
+a reader builds ``pa.BinaryArray`` over the decompressed bytes without copying; incremental runs
+append a validity bitmap (0 = tombstone). The compressor is the native one when the extension is
+built (the one the asynchronous writer uses), so files written with or without a background
+thread are byte-identical; :data:`native_decode_blocks` decodes many blocks in one call with the
+same checks as :func:`decode_stored_block`.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import lz4.block
+import numpy as np
+import pyarrow as pa
+import xxhash
+
+from statecore.errors import CorruptCheckpointError
+
+__all__ = ["LZ4_ACCELERATION", "compress_block", "native_decode_blocks", "xxh64", "encode_block",
+           "decode_block", "decode_stored_block", "cut_points"]
+
+_U32 = struct.Struct("<I")
+
+#: LZ4 acceleration of the blocks (native block_codec.h kLz4Acceleration, which says why 2).
+LZ4_ACCELERATION = 2
+
+
+def _block_compressor():
+    """The LZ4 block compressor of this install: the native one (vendored LZ4, the one the
+    asynchronous writer uses, so synchronous and asynchronous files are byte-identical) when the
+    extension is built, else the ``lz4`` binding; both give LZ4 block format bytes without a
+    stored size, which ``lz4.block.decompress`` reads."""
+    try:
+        from statecore._native import lz4_block_compress
+        return lz4_block_compress
+    except ImportError:
+        return lambda payload: lz4.block.compress(payload, mode="fast",
+                                                  acceleration=LZ4_ACCELERATION,
+                                                  store_size=False)
+
+
+#: ``compress_block(payload) -> bytes``: LZ4 block format without a stored size.
+compress_block = _block_compressor()
+
+#: ``statecore._native.decode_blocks`` (checksums, decompresses and decodes the blocks of a byte
+#: range into one ``(keys, values)`` pair), or None without the native extension: readers then
+#: decode block by block in Python (:func:`decode_stored_block`).
+try:
+    from statecore._native import decode_blocks as native_decode_blocks
+except ImportError:
+    native_decode_blocks = None
+
+
+def xxh64(data) -> int:
+    """XXH64 (seed 0) of ``data`` (bytes-like) as an unsigned 64-bit int."""
+    return xxhash.xxh64_intdigest(data)
+
+
+
+def encode_block(key_offsets: np.ndarray, key_data, value_offsets: np.ndarray, value_data,
+                 validity: np.ndarray | None = None) -> bytes:
+    """Uncompressed block payload (see module spec) from zero-based int32 offsets (n + 1 each)
+    and the matching data bytes. ``validity`` (n bools, False = tombstone) appends the bitmap of
+    incremental files; ``None`` writes a full-file payload."""
+    n = len(key_offsets) - 1
+    parts = [_U32.pack(n), key_offsets.astype("<i4", copy=False).tobytes(),
+             value_offsets.astype("<i4", copy=False).tobytes(), bytes(key_data), bytes(value_data)]
+    if validity is not None:
+        parts.append(np.packbits(np.asarray(validity, dtype=bool), bitorder="little").tobytes())
+    return b"".join(parts)
+
+
+def decode_block(payload, expected_entries: int, where: str, has_validity: bool = False
+                 ) -> tuple[pa.BinaryArray, pa.BinaryArray]:
+    """Parse an uncompressed block payload into ``(keys, values)`` binary arrays (zero-copy over
+    ``payload``). With ``has_validity`` (incremental files) the payload ends with the validity
+    bitmap and tombstones come back as NULL values. Raises CorruptCheckpointError (message
+    starts with ``where``) when the structure is inconsistent."""
+    buf = pa.py_buffer(payload)
+    size = buf.size
+    if size < 4:
+        raise CorruptCheckpointError(f"{where}: block payload of {size} bytes is too short")
+    (n,) = _U32.unpack_from(buf, 0)
+    if n != expected_entries:
+        raise CorruptCheckpointError(
+            f"{where}: block holds {n} entries, block table says {expected_entries}")
+    head = 4 + 8 * (n + 1)
+    if size < head:
+        raise CorruptCheckpointError(f"{where}: block payload truncated in its offsets")
+    koff = np.frombuffer(buf, dtype="<i4", count=n + 1, offset=4)
+    voff = np.frombuffer(buf, dtype="<i4", count=n + 1, offset=4 + 4 * (n + 1))
+    for name, off in (("key", koff), ("value", voff)):
+        if off[0] != 0 or (n and bool(np.any(np.diff(off) < 0))):
+            raise CorruptCheckpointError(f"{where}: {name} offsets are not non-decreasing from 0")
+    klen, vlen = int(koff[-1]), int(voff[-1])
+    blen = (n + 7) // 8 if has_validity else 0
+    if size != head + klen + vlen + blen:
+        raise CorruptCheckpointError(
+            f"{where}: block payload is {size} bytes, its offsets describe "
+            f"{head + klen + vlen + blen}")
+    validity = None
+    if has_validity:
+        bits = np.frombuffer(buf, dtype=np.uint8, count=blen, offset=head + klen + vlen)
+        valid = np.unpackbits(bits, bitorder="little")
+        if bool(np.any(valid[n:])):
+            raise CorruptCheckpointError(f"{where}: validity bitmap has bits set past the entries")
+        valid = valid[:n].astype(bool)
+        if bool(np.any(np.diff(voff)[~valid] != 0)):
+            raise CorruptCheckpointError(f"{where}: a tombstone carries value bytes")
+        if not bool(valid.all()):
+            validity = buf.slice(head + klen + vlen, blen)
+    keys = pa.BinaryArray.from_buffers(
+        pa.binary(), n, [None, buf.slice(4, 4 * (n + 1)), buf.slice(head, klen)])
+    values = pa.BinaryArray.from_buffers(
+        pa.binary(), n, [validity, buf.slice(4 + 4 * (n + 1), 4 * (n + 1)),
+                         buf.slice(head + klen, vlen)])
+    return keys, values
+
+
+def cut_points(key_offsets: np.ndarray, value_offsets: np.ndarray, target: int) -> list[int]:
+    """Entry indices ``[0, c1, ..., n]`` cutting ``n`` entries into blocks whose payload
+    (12 bytes of count and leading offsets, then 8 bytes of offsets + key + value per entry) is at
+    most ``target`` bytes; an entry too large for that forms a block of its own."""
+    n = len(key_offsets) - 1
+    sizes = np.diff(key_offsets).astype(np.int64) + np.diff(value_offsets) + 8
+    cum = np.cumsum(sizes)
+    cuts = [0]
+    i = 0
+    while i < n:
+        base = int(cum[i - 1]) if i else 0
+        j = int(np.searchsorted(cum, base + target - 12, side="right"))
+        j = max(j, i + 1)
+        cuts.append(j)
+        i = j
+    return cuts
+
+
+
+def decode_stored_block(stored, raw_length: int, entries: int, expected_xxh64: int, where: str,
+                        has_validity: bool = False) -> tuple[pa.BinaryArray, pa.BinaryArray]:
+    """Check and decode one stored block (``stored``: its bytes as written): the checksum
+    (``expected_xxh64``) before decompressing, the decompressed size (``raw_length``), then the
+    payload (:func:`decode_block`). Raises CorruptCheckpointError (message starting with
+    ``where``) on any mismatch."""
+    if xxh64(stored) != expected_xxh64:
+        raise CorruptCheckpointError(f"{where}: block checksum mismatch")
+    try:
+        payload = lz4.block.decompress(stored, uncompressed_size=raw_length)
+    except Exception as exc:  # lz4.block.LZ4BlockError
+        raise CorruptCheckpointError(f"{where}: cannot decompress: {exc}") from exc
+    if len(payload) != raw_length:
+        raise CorruptCheckpointError(f"{where}: decompressed size mismatch")
+    return decode_block(payload, entries, where, has_validity=has_validity)

@@ -1,0 +1,262 @@
+"""The commit protocol: how the runs of writers become a version.
+
+1. Each writer writes its run (statecore.checkpoint.snapshot_writes) and hands its descriptor to
+   the committer: returned through the job, or recorded as ``pending/V/<writer>.json``
+   (:class:`PendingDescriptors`).
+2. :meth:`Committer.commit` checks the descriptors against each other and against the files
+   (each must exist with the size its descriptor gives), gives the new runs
+   ``seq = 1 + the previous version's highest`` (the previous version = the highest committed
+   below V), keeps the previous version's runs that V's chains still need
+   (statecore.checkpoint.runs), and writes V's manifest (statecore.checkpoint.manifests).
+
+Invariants:
+
+* Data files are immutable once a manifest references them; runs are shared between versions by
+  path and never rewritten.
+* The manifest is written last and atomically: a version exists for readers only once its
+  manifest does, and a crash at any point leaves either the previous manifest or the new one.
+  A replayed version (a re-run micro-batch) rewrites its own files and re-commits its manifest.
+* A chain without a full run cannot be committed (InvalidInputError: an incremental snapshot
+  needs a committed base).
+* Commit, compaction publishing and retention of one root run in one process (the Spark driver);
+  within it they are serialized by one lock, which the caller passes in.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Iterable
+
+import pyarrow.fs as pafs
+
+from statecore.checkpoint.format import KIND_FULL, KIND_INCREMENTAL
+from statecore.checkpoint.layout import (
+    CheckpointRoot,
+    check_version,
+    check_writer,
+    pending_path,
+    version_dir,
+)
+from statecore.checkpoint.manifests import ManifestLog, canonical_json, new_manifest_body
+from statecore.checkpoint.runs import (
+    chain_run_ids,
+    longest_chain,
+    plan_chains,
+    sort_runs,
+    union_range,
+)
+from statecore.descriptors import stored_format
+from statecore.errors import CorruptCheckpointError, InvalidInputError
+
+__all__ = ["Committer", "CommitResult", "PendingDescriptors"]
+
+
+class PendingDescriptors:
+    """Descriptors recorded under ``pending/V/`` so a driver can commit without collecting them
+    through Spark (``CheckpointStore.write_pending`` / ``pending`` / ``clear_pending``)."""
+
+    def __init__(self, root: CheckpointRoot):
+        self.root = root
+
+    def write(self, version: int, writer: str, descriptor: dict) -> str:
+        """Record ``descriptor`` as ``pending/V/<writer>.json``, replacing an earlier one; returns
+        the path relative to the root. Raises InvalidInputError when the descriptor is not
+        JSON-able or names another version/writer."""
+        version = check_version(version)
+        writer = check_writer(writer)
+        if not isinstance(descriptor, dict) or descriptor.get("version") != version \
+                or descriptor.get("writer") != writer:
+            raise InvalidInputError(
+                f"descriptor must be a dict of version {version} and writer {writer!r}")
+        try:
+            data = canonical_json(descriptor)
+        except (TypeError, ValueError) as exc:
+            raise InvalidInputError(f"descriptor is not JSON-serializable: {exc}") from exc
+        rel = pending_path(version, writer)
+        self.root.write_bytes(rel, data)
+        return rel
+
+    def read(self, version: int) -> list[dict]:
+        """The descriptors recorded for ``version``, sorted by writer ([] when none). Raises
+        CorruptCheckpointError naming a file that is not a JSON object."""
+        version = check_version(version)
+        base = self.root.path(f"pending/{version_dir(version)}")
+        out = []
+        for info in sorted(self.root.list(base), key=lambda i: i.path):
+            if info.type != pafs.FileType.File or not info.base_name.endswith(".json"):
+                continue
+            try:
+                with self.root.fs.open_input_file(info.path) as f:
+                    desc = json.loads(f.read().decode("utf-8"))
+            except FileNotFoundError:
+                continue  # cleared by clear() after the listing
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise CorruptCheckpointError(
+                    f"pending descriptor {info.path} is not valid JSON: {exc}") from exc
+            if not isinstance(desc, dict):
+                raise CorruptCheckpointError(f"pending descriptor {info.path} is not a JSON object")
+            out.append(desc)
+        return out
+
+    def clear(self, version: int) -> None:
+        """Delete the descriptors recorded for ``version``."""
+        version = check_version(version)
+        base = self.root.path(f"pending/{version_dir(version)}")
+        if self.root.fs.get_file_info(base).type == pafs.FileType.Directory:
+            self.root.fs.delete_dir(base)
+
+
+@dataclass
+class CommitResult:
+    """What :meth:`Committer.commit` published: the signed ``manifest`` and the most runs any
+    key group of it needs (``longest_chain``, what decides an automatic compaction)."""
+
+    manifest: dict
+    longest_chain: int
+
+
+def _run_from_descriptor(d: dict, version: int) -> tuple[dict, tuple, list, dict]:
+    """``(run, (max_parallelism, key_type, assigner), state metas, ttl_expired)`` of one
+    descriptor; the run's ``seq`` is 0 until the commit sets it. Raises InvalidInputError for a
+    malformed descriptor or one of another version."""
+    try:
+        if d["version"] != version:
+            raise InvalidInputError(
+                f"descriptor of writer {d.get('writer')!r} is of version {d['version']}, "
+                f"not {version}")
+        path = d["path"]
+        if not isinstance(path, str) or path.startswith("/") or ".." in path.split("/"):
+            raise InvalidInputError(f"descriptor path must be relative to the root: {path!r}")
+        start, end = (int(x) for x in d["key_group_range"])
+        common = (int(d["max_parallelism"]), str(d["key_type"]), str(d["assigner"]))
+        metas = list(d["states"])
+        ttl_expired: dict[str, int] = {}
+        for strategy, n in (d.get("ttl_expired") or {}).items():
+            ttl_expired[str(strategy)] = ttl_expired.get(str(strategy), 0) + int(n)
+        kind = d.get("kind", KIND_FULL)
+        if kind not in (KIND_FULL, KIND_INCREMENTAL):
+            raise InvalidInputError(f"descriptor of {path!r} has unknown kind {kind!r}")
+        run = {
+            "path": path, "size": int(d["size"]), "writer": check_writer(d["writer"]),
+            "version": version, "seq": 0, "kind": kind,
+            "key_group_range": [start, end] if end >= start else [0, -1],
+            "states": [m["name"] for m in metas],
+            "entries": {str(k): int(v) for k, v in d["entries"].items()},
+            "tombstones": {str(k): int(v) for k, v in (d.get("tombstones") or {}).items()},
+            "blocks": int(d["blocks"]), "raw_bytes": int(d["raw_bytes"]),
+            "stored_bytes": int(d["stored_bytes"]),
+            "key_groups_nonempty": int(d["key_groups_nonempty"]),
+            "footer_xxh64": f"{int(str(d['footer_xxh64']), 16):016x}",
+        }
+    except InvalidInputError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise InvalidInputError(f"malformed checkpoint descriptor {d!r}: {exc}") from exc
+    return run, common, metas, ttl_expired
+
+
+class Committer:
+    """Commits versions under one root (module docstring). ``manifests``: the root's
+    :class:`~statecore.checkpoint.manifests.ManifestLog` (or an object with its interface);
+    ``lock``: the lock that serializes manifest publishing and retention of the root in this
+    process."""
+
+    def __init__(self, root: CheckpointRoot, manifests: ManifestLog, lock):
+        self.root = root
+        self.manifests = manifests
+        self.lock = lock
+
+    def commit(self, version: int, descriptors: Iterable[dict],
+               metadata: dict | None = None) -> CommitResult:
+        """Check ``descriptors`` and publish the manifest of ``version``; arguments and errors as
+        ``CheckpointStore.commit`` (which also takes the pending descriptors and compacts)."""
+        version = check_version(version)
+        descriptors = list(descriptors)
+        if not descriptors:
+            raise InvalidInputError(f"commit of version {version} without any data file descriptor")
+        if metadata is None:
+            metadata = {}
+        if not isinstance(metadata, dict):
+            raise InvalidInputError(f"metadata must be a dict, got {type(metadata).__name__}")
+        try:
+            metadata = json.loads(canonical_json(metadata))
+        except (TypeError, ValueError) as exc:
+            raise InvalidInputError(f"metadata is not JSON-serializable: {exc}") from exc
+
+        files, states, common = [], {}, None
+        ttl_expired: dict[str, int] = {}
+        for d in descriptors:
+            entry, this, metas, expired = _run_from_descriptor(d, version)
+            for strategy, n in expired.items():
+                ttl_expired[strategy] = ttl_expired.get(strategy, 0) + n
+            if common is None:
+                common = this
+            elif this != common:
+                raise InvalidInputError(
+                    f"writers disagree on (max_parallelism, key_type, assigner): {common} vs "
+                    f"{this} (writer {entry['writer']!r})")
+            for m in metas:
+                prev = states.setdefault(m["name"], m)
+                if prev != m:
+                    raise InvalidInputError(
+                        f"writers disagree on the meta of state {m['name']!r}: {prev} vs {m}")
+            files.append(entry)
+        writers = [f["writer"] for f in files]
+        if len(set(writers)) != len(writers):
+            raise InvalidInputError(f"duplicate writers in commit of version {version}: {writers}")
+        union = union_range(files, version, InvalidInputError, self.root.root)
+        if union[1] >= common[0]:
+            raise InvalidInputError(
+                f"key-group range {union} is outside max parallelism {common[0]}")
+        for f in files:
+            info = self.root.fs.get_file_info(self.root.path(f["path"]))
+            if info.type != pafs.FileType.File:
+                raise CorruptCheckpointError(
+                    f"checkpoint data file {self.root.path(f['path'])} of version {version} is "
+                    "missing")
+            if info.size != f["size"]:
+                raise CorruptCheckpointError(
+                    f"checkpoint data file {self.root.path(f['path'])} is {info.size} bytes, its "
+                    f"descriptor says {f['size']}")
+
+        with self.lock:
+            prev_version = max((v for v in self.manifests.versions() if v < version), default=None)
+            prev = self.manifests.read(prev_version) if prev_version is not None else None
+            prev_runs = prev["files"] if prev is not None else []
+            seq = 1 + max((r["seq"] for r in prev_runs), default=0)
+            for f in files:
+                f["seq"] = seq
+            where = (f"commit of version {version} on top of version {prev_version}"
+                     if prev is not None else f"commit of version {version} (no earlier version)")
+            segments = plan_chains(prev_runs + files, union, InvalidInputError, where)
+            used = chain_run_ids(segments)
+            kept = [r for r in prev_runs if id(r) in used]
+            if kept:
+                prev_common = (prev["max_parallelism"], prev["key_type"], prev["assigner"])
+                if prev_common != common:
+                    raise InvalidInputError(
+                        f"{where}: (max_parallelism, key_type, assigner) {common} differs from "
+                        f"the previous version's {prev_common}, whose runs are still needed")
+                prev_metas = {m["name"]: m for m in prev["states"]}
+                for r in kept:
+                    for name in r["states"]:
+                        # The new meta wins (e.g. a new TTL duration, which the compaction
+                        # filter then applies) as long as the older runs stay readable with it.
+                        m = states.setdefault(name, prev_metas[name])
+                        if stored_format(m) != stored_format(prev_metas[name]):
+                            raise InvalidInputError(
+                                f"{where}: the stored format of state {name!r} changed from "
+                                f"{prev_metas[name]} to {m} while runs of the previous version "
+                                "are still needed (write full snapshots to change a state)")
+            paths = [r["path"] for r in kept + files]
+            if len(set(paths)) != len(paths):
+                raise InvalidInputError(
+                    f"{where}: a descriptor names a data file the previous version still uses "
+                    f"as an older run: {sorted(p for p in paths if paths.count(p) > 1)}")
+            body = new_manifest_body(version, common, union, list(states.values()),
+                                     sort_runs(kept + files), metadata)
+            if ttl_expired:
+                body["ttl_expired"] = ttl_expired
+            manifest = self.manifests.write(body)
+        return CommitResult(manifest, longest_chain(segments))

@@ -1,0 +1,244 @@
+"""Compaction: replacing a version's long chains of runs by one full run each.
+
+``compact(V, max_runs=N)`` looks at V's *top runs* (those of V's own commit: ``seq`` = the
+highest in the manifest; they tile V's range). For each top run whose range has a chain longer
+than N it writes one full run over the same range, same ``seq`` (the merged chain, tombstones
+dropped), as a new file with a unique name; then it atomically replaces ``manifest-V.json`` with a
+manifest listing the compacted runs instead (same version, same metadata, runs no chain needs
+any more dropped).
+
+Why rewrite V's manifest rather than record compaction results for the next commit:
+
+1. every step is one atomic file operation and the manifest replace is the only publishing step:
+   a crash before it leaves an unreferenced file (deleted by a later retention), a crash after
+   it leaves a complete manifest;
+2. the compacted manifest restores exactly what the old one did (same merged content), so no
+   version ever changes what it restores to;
+3. the next commit simply starts from V's (compacted) manifest, no side state to keep consistent.
+
+The replace happens only when V's manifest is still the one compaction read (checksum compared
+under the root's lock); otherwise (V re-committed meanwhile) the new file is abandoned.
+Compaction inputs stay on disk while any retained manifest (e.g. of V+1, committed before the
+compaction) references them; outputs not yet published are reported by
+:meth:`Compactor.in_flight_paths` so that retention leaves them alone.
+
+TTL compaction filter
+---------------------
+A state whose TTL config has ``cleanup_in_compaction`` (``query_time_after_num_entries`` N) loses
+its expired entries whenever compaction merges its runs (frocksdb's FlinkCompactionFilter on
+statecore's suffix layout, ``statecore.ttl.compaction_filter``): expired values are dropped, a
+list keeps only its unexpired suffix (fixed-width elements skipped by stride), map entries are
+dropped one by one, values too short to hold a timestamp are kept. The time is read from the
+``ttl_clock`` once per compaction and again after every N entries (cached in between, as
+frocksdb does); event-time TTL uses the version's ``metadata["watermark_ms"]`` (none: nothing
+expires). Each run of entries sharing one clock reading is filtered in C++ when the extension is
+built (ttl.h ``filter_values``), in Python otherwise, with the same result. The compacted version
+restores without those entries -- which is what a read would have done with them -- and the
+manifest counts them per state (``ttl_compaction_expired``).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from statecore import serializers as S
+from statecore.checkpoint.format import KIND_FULL, make_key_group_range, write_data_file
+from statecore.checkpoint.layout import CheckpointRoot, check_version, compacted_data_path
+from statecore.checkpoint.manifests import MANIFEST_FORMAT_VERSION, ManifestLog
+from statecore.checkpoint.readers import CheckpointReader
+from statecore.checkpoint.runs import chain_run_ids, plan_chains, sort_runs
+from statecore.errors import CheckpointNotFoundError, CorruptCheckpointError, InvalidInputError
+from statecore.ttl import CompactionTimeProvider, StateTtlConfig, compaction_filter
+
+__all__ = ["Compactor", "RangeView", "ttl_filters", "check_max_runs"]
+
+
+def check_max_runs(max_runs) -> int:
+    """``max_runs`` when it is an int >= 1; else InvalidInputError."""
+    if isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1:
+        raise InvalidInputError(f"max_runs must be an int >= 1, got {max_runs!r}")
+    return max_runs
+
+
+def ttl_filters(manifest: dict, ttl_clock) -> dict:
+    """``{state name: (kind, fixed_width, ttl_ms, CompactionTimeProvider)}`` for the states of
+    ``manifest`` whose TTL config has ``cleanup_in_compaction``. Processing-time TTL reads
+    ``ttl_clock`` (callable returning ms); event-time TTL uses the version's recorded watermark
+    (``metadata["watermark_ms"]``, which the Spark operator writes) and is skipped when there is
+    none."""
+    out = {}
+    for m in manifest["states"]:
+        if not m.get("ttl"):
+            continue
+        cfg = StateTtlConfig.from_meta(m["ttl"])
+        if not cfg.query_time_after_num_entries:
+            continue
+        if cfg.event_time:
+            wm = (manifest.get("metadata") or {}).get("watermark_ms")
+            if not isinstance(wm, int) or isinstance(wm, bool):
+                continue
+            clock = lambda wm=wm: wm  # noqa: E731 - the watermark does not move here
+        else:
+            clock = ttl_clock
+        width = S.value_serializer(m["value_type"]).fixed_width if m["kind"] == "list" else None
+        out[m["name"]] = (m["kind"], width, cfg.ttl_ms,
+                          CompactionTimeProvider(clock, cfg.query_time_after_num_entries))
+    return out
+
+
+class RangeView:
+    """Full StateSnapshot of a reader restricted to key groups ``[start, end]``: what compaction
+    writes. ``ttl_filters`` (:func:`ttl_filters`) drop expired entries as they are read;
+    ``ttl_expired`` counts them per state. A filter that finds a value layout it cannot read
+    raises CorruptCheckpointError naming the state and key group."""
+
+    incremental = False
+
+    def __init__(self, reader: CheckpointReader, start: int, end: int, ttl_filters=None):
+        self._reader = reader
+        self.max_parallelism = reader.max_parallelism
+        self.key_type = reader.key_type
+        self.assigner = reader.assigner
+        self.key_group_range = make_key_group_range(start, end)
+        self._ttl = ttl_filters or {}
+        self.ttl_expired: dict[str, int] = {}
+
+    def state_metas(self) -> list[dict]:
+        return self._reader.state_metas()
+
+    def entries(self, name: str, key_group: int):
+        keys, values = self._reader.entries(name, key_group)
+        f = self._ttl.get(name)
+        if f is None or not len(keys):
+            return keys, values
+        kind, width, ttl_ms, time_provider = f
+        try:
+            keys, values, n = compaction_filter(kind, width, ttl_ms, time_provider, keys, values)
+        except InvalidInputError as exc:
+            raise CorruptCheckpointError(
+                f"state {name!r}, key group {key_group}: TTL value layout broken: {exc}") from exc
+        if n:
+            self.ttl_expired[name] = self.ttl_expired.get(name, 0) + n
+        return keys, values
+
+    def release(self) -> None:
+        pass
+
+
+class Compactor:
+    """Compacts versions under one root (module docstring). ``manifests``: the root's
+    :class:`~statecore.checkpoint.manifests.ManifestLog` (or an object with its interface);
+    ``lock``: the lock that serializes manifest publishing and retention of the root in this
+    process; the compactor holds it only to read and to publish manifests, not while it writes
+    runs."""
+
+    def __init__(self, root: CheckpointRoot, manifests: ManifestLog, lock):
+        self.root = root
+        self.manifests = manifests
+        self.lock = lock
+        self._inflight: set[str] = set()  # outputs written but not yet published
+        self._executor: ThreadPoolExecutor | None = None
+
+    def in_flight_paths(self) -> set[str]:
+        """Paths (relative to the root) of compaction outputs being written or not yet
+        published in this process (a copy; call it holding :attr:`lock`)."""
+        return set(self._inflight)
+
+    def compact(self, version: int | None, max_runs: int, ttl_clock) -> dict:
+        """Compact ``version`` (None: the latest) where a key group needs more than ``max_runs``
+        runs; returns the (possibly unchanged) manifest. ``ttl_clock``: the processing-time clock
+        of the TTL filter. Errors as ``CheckpointStore.compact``."""
+        max_runs = check_max_runs(max_runs)
+        with self.lock:
+            if version is None:
+                version = self.manifests.latest_version()
+                if version is None:
+                    raise CheckpointNotFoundError(f"no committed checkpoint under {self.root.uri}")
+            version = check_version(version)
+            manifest = self.manifests.read(version)
+        segments = plan_chains(manifest["files"], manifest["key_group_range"],
+                               CorruptCheckpointError, f"manifest of version {version}")
+        top_seq = max((r["seq"] for r in manifest["files"]), default=0)
+        tops = [r for r in manifest["files"] if r["seq"] == top_seq
+                and r["key_group_range"][1] >= r["key_group_range"][0]]
+        targets = []
+        for t in tops:
+            s, e = t["key_group_range"]
+            depth = max((len(c) for a, b, c in segments if a <= e and b >= s), default=0)
+            if depth > max_runs:
+                targets.append(t)
+        if not targets:
+            return manifest
+        written: list[dict] = []
+        inflight: list[str] = []
+        reader = CheckpointReader(self.root, version, manifest)
+        try:
+            for t in targets:
+                s, e = t["key_group_range"]
+                writer = f"compacted-{s}-{e}"
+                rel = compacted_data_path(version, t["seq"], s, e)
+                with self.lock:
+                    self._inflight.add(rel)
+                    inflight.append(rel)
+                reader.prefetch(s, e)
+                view = RangeView(reader, s, e, ttl_filters(manifest, ttl_clock))
+                summary = self.root.write_atomic(
+                    rel, lambda out: write_data_file(out, view, version=version, writer=writer,
+                                                     incremental=False))
+                written.append({
+                    "path": rel, "size": summary.size, "writer": writer, "version": version,
+                    "seq": t["seq"], "kind": KIND_FULL, "key_group_range": [s, e],
+                    "states": [m["name"] for m in summary.meta["states"]],
+                    "entries": summary.entries, "tombstones": summary.tombstones,
+                    "blocks": summary.blocks, "raw_bytes": summary.raw_bytes,
+                    "stored_bytes": summary.stored_bytes,
+                    "key_groups_nonempty": summary.key_groups_nonempty,
+                    "footer_xxh64": f"{summary.footer_xxh64:016x}",
+                    "replaces": t["path"],
+                    "ttl_expired": dict(view.ttl_expired),
+                })
+                reader.drop_prefetched()
+            with self.lock:
+                try:
+                    current = self.manifests.read(version)
+                except CheckpointNotFoundError:
+                    return manifest  # retained away meanwhile: the outputs are orphans
+                if current["checksum_xxh64"] != manifest["checksum_xxh64"]:
+                    return current  # re-committed meanwhile: publish nothing
+                replaced = {w.pop("replaces") for w in written}
+                runs = [r for r in manifest["files"] if r["path"] not in replaced] + written
+                segs = plan_chains(runs, manifest["key_group_range"], CorruptCheckpointError,
+                                   f"compaction of version {version}")
+                ids = chain_run_ids(segs)
+                runs = [r for r in runs if id(r) in ids or r in written]
+                body = {k: v for k, v in manifest.items() if k != "checksum_xxh64"}
+                expired = dict(body.get("ttl_compaction_expired", {}))
+                for w in written:
+                    for name, n in w.pop("ttl_expired").items():
+                        expired[name] = expired.get(name, 0) + n
+                body.update(files=sort_runs(runs), compacted_ms=int(time.time() * 1000),
+                            format_version=MANIFEST_FORMAT_VERSION)
+                if expired:
+                    body["ttl_compaction_expired"] = expired
+                return self.manifests.write(body)
+        finally:
+            reader.release()
+            with self.lock:
+                self._inflight.difference_update(inflight)
+
+    def submit(self, fn, *args) -> Future:
+        """Run ``fn(*args)`` in the compactor's single background thread (started on first use);
+        returns its Future."""
+        with self.lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1,
+                                                    thread_name_prefix="statecore-compaction")
+            return self._executor.submit(fn, *args)
+
+    def close(self) -> None:
+        """Wait for background compactions and stop their thread (idempotent)."""
+        with self.lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True)

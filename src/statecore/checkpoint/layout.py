@@ -1,0 +1,206 @@
+"""The files of a checkpoint root: their names, how a root is listed, how a file is published.
+
+Layout under the root (``V`` = the version as 20 zero-padded decimal digits, so names sort by
+version)::
+
+    manifest-V.json              one per committed version (statecore.checkpoint.manifests)
+    data/V/<writer>.sckp         one data file (a *run*) per writer (statecore.checkpoint.format)
+    data/V/compacted-s<seq>-<start>-<end>-<12 hex>.sckp   a run written by compaction of V
+    pending/V/<writer>.json      optional: a writer's descriptor, for a driver to commit from
+
+Invariants this module keeps:
+
+* Every file appears at its final path all at once (:meth:`CheckpointRoot.write_atomic`): on
+  filesystems with an atomic rename (local disk, HDFS) it is written to a temporary name in the
+  same directory and then moved (``fs.move``); on object stores (S3, GCS, Azure) it is a single
+  put of the complete bytes, which is atomic there. A write that fails or is abandoned leaves
+  nothing at the final path.
+* Names of writer runs are deterministic (a replayed micro-batch rewrites its own files);
+  compaction outputs carry a random suffix and are never overwritten.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import uuid
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from statecore.errors import InvalidInputError
+
+__all__ = [
+    "CheckpointRoot", "MAX_VERSION", "check_version", "check_writer", "version_dir",
+    "manifest_name", "data_path", "pending_path", "compacted_data_path", "is_compacted_name",
+    "manifest_version", "is_version_dir",
+]
+
+#: Highest checkpoint version (versions are ints in ``[0, 10**20)``, 20 decimal digits).
+MAX_VERSION = 10**20 - 1
+_WRITER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_COMPACTED_RE = re.compile(r"^compacted-s\d+-\d+-\d+-[0-9a-f]{12}\.sckp$")
+_MANIFEST_RE = re.compile(r"^manifest-(\d{20})\.json$")
+_VERSION_DIR_RE = re.compile(r"^\d{20}$")
+_OBJECT_STORES = {"s3", "gcs", "abfs"}
+
+
+def check_version(version: Any) -> int:
+    """``version`` when it is an int in ``[0, MAX_VERSION]``; else InvalidInputError."""
+    if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= MAX_VERSION:
+        raise InvalidInputError(
+            f"checkpoint version must be an int in [0, {MAX_VERSION}], got {version!r}")
+    return version
+
+
+def check_writer(writer: Any) -> str:
+    """``writer`` when it can be a file name (letters, digits, ``_.-``, at most 128 characters,
+    not starting with ``.`` or ``-``); else InvalidInputError."""
+    if not isinstance(writer, str) or not _WRITER_RE.match(writer):
+        raise InvalidInputError(
+            f"writer must match {_WRITER_RE.pattern} (it becomes a file name), got {writer!r}")
+    return writer
+
+
+def version_dir(version: int) -> str:
+    """The 20-digit directory name of ``version`` under ``data/`` and ``pending/``."""
+    return f"{version:020d}"
+
+
+def manifest_name(version: int) -> str:
+    """File name (relative to the root) of the manifest of ``version``."""
+    return f"manifest-{version_dir(version)}.json"
+
+
+def data_path(version: int, writer: str) -> str:
+    """Path relative to the root of the data file of ``writer`` at ``version``."""
+    return f"data/{version_dir(version)}/{writer}.sckp"
+
+
+def pending_path(version: int, writer: str) -> str:
+    """Path relative to the root of the pending descriptor of ``writer`` at ``version``."""
+    return f"pending/{version_dir(version)}/{writer}.json"
+
+
+def compacted_data_path(version: int, seq: int, start: int, end: int) -> str:
+    """A new, unique path relative to the root for the compacted run of key groups
+    ``[start, end]`` with sequence number ``seq`` in ``version``."""
+    return (f"data/{version_dir(version)}/compacted-s{seq}-{start}-{end}-"
+            f"{uuid.uuid4().hex[:12]}.sckp")
+
+
+def is_compacted_name(base_name: str) -> bool:
+    """True when ``base_name`` is the file name of a compaction output."""
+    return bool(_COMPACTED_RE.match(base_name))
+
+
+def manifest_version(base_name: str) -> int | None:
+    """The version a manifest file name ``base_name`` names, None when it names no manifest."""
+    m = _MANIFEST_RE.match(base_name)
+    return int(m.group(1)) if m else None
+
+
+def is_version_dir(base_name: str) -> bool:
+    """True when ``base_name`` is the directory name of a version (:func:`version_dir`)."""
+    return bool(_VERSION_DIR_RE.match(base_name))
+
+
+def _has_atomic_rename(fs: pafs.FileSystem) -> bool:
+    while isinstance(fs, pafs.SubTreeFileSystem):
+        fs = fs.base_fs
+    return fs.type_name not in _OBJECT_STORES
+
+
+class CheckpointRoot:
+    """One root directory of a ``pyarrow.fs`` filesystem holding a checkpoint.
+
+    ``uri_or_path``: a local path (str or ``os.PathLike``) or a URI understood by
+    ``pyarrow.fs.FileSystem.from_uri``; ``filesystem``: a filesystem to use instead (the path is
+    then inside it). Attributes: ``fs``, ``root`` (absolute path in ``fs``, no trailing ``/``),
+    ``uri`` (as given), ``atomic_rename``. Raises InvalidInputError for a bad root or filesystem.
+    Nothing is created until the first write.
+    """
+
+    #: Listings retried when a file vanished between the directory read and its stat.
+    LIST_ATTEMPTS = 8
+
+    def __init__(self, uri_or_path: str | os.PathLike, filesystem: pafs.FileSystem | None = None):
+        raw = os.fspath(uri_or_path)
+        if not isinstance(raw, str) or not raw:
+            raise InvalidInputError(f"checkpoint root must be a non-empty path or URI, got {raw!r}")
+        if filesystem is None:
+            if "://" in raw:
+                try:
+                    filesystem, path = pafs.FileSystem.from_uri(raw)
+                except (pa.ArrowInvalid, OSError) as exc:
+                    raise InvalidInputError(f"cannot open checkpoint URI {raw!r}: {exc}") from exc
+            else:
+                filesystem, path = pafs.LocalFileSystem(), os.path.abspath(raw)
+        else:
+            if not isinstance(filesystem, pafs.FileSystem):
+                raise InvalidInputError(
+                    f"filesystem must be a pyarrow.fs.FileSystem, got {type(filesystem).__name__}")
+            path = pafs.FileSystem.from_uri(raw)[1] if "://" in raw else raw
+        self.fs = filesystem
+        self.root = path.rstrip("/") or "/"
+        self.uri = raw
+        self.atomic_rename = _has_atomic_rename(filesystem)
+
+    def path(self, rel: str) -> str:
+        """The absolute path in :attr:`fs` of ``rel`` (relative to the root)."""
+        return f"{self.root}/{rel}" if self.root != "/" else f"/{rel}"
+
+    def list(self, base: str, recursive: bool = False) -> list:
+        """FileInfos under the absolute path ``base`` (empty when it does not exist).
+
+        Writers publish files by renaming a temporary file, and LocalFileSystem (like others)
+        lists a directory by reading its entries and then stat-ing each: a temporary file
+        renamed in between makes the whole listing fail with FileNotFoundError. Such a race is
+        momentary, so the listing is retried; a persistent error is raised."""
+        for attempt in range(self.LIST_ATTEMPTS):
+            try:
+                return self.fs.get_file_info(
+                    pafs.FileSelector(base, allow_not_found=True, recursive=recursive))
+            except FileNotFoundError:
+                if attempt == self.LIST_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.001 * (attempt + 1))
+        raise AssertionError("unreachable")
+
+    def write_atomic(self, rel: str, produce, before_publish=None) -> Any:
+        """Run ``produce(stream)`` and make its bytes appear at ``rel`` all at once; returns what
+        ``produce`` returned. ``before_publish()`` (optional) runs after ``produce`` and before
+        the bytes become visible; it raises to abandon the write (nothing appears at ``rel``).
+        Filesystem errors propagate as ``OSError`` (the temporary file removed)."""
+        final = self.path(rel)
+        parent = final.rsplit("/", 1)[0]
+        if not self.atomic_rename:
+            buf = pa.BufferOutputStream()
+            result = produce(buf)
+            data = buf.getvalue()
+            if before_publish is not None:
+                before_publish()
+            with self.fs.open_output_stream(final) as out:
+                out.write(data)
+            return result
+        self.fs.create_dir(parent, recursive=True)
+        tmp = f"{final}.tmp-{uuid.uuid4().hex}"
+        try:
+            with self.fs.open_output_stream(tmp) as out:
+                result = produce(out)
+            if before_publish is not None:
+                before_publish()
+            self.fs.move(tmp, final)
+        except BaseException:
+            try:
+                self.fs.delete_file(tmp)
+            except OSError:
+                pass
+            raise
+        return result
+
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        """Publish ``data`` at ``rel`` atomically (:meth:`write_atomic`)."""
+        self.write_atomic(rel, lambda out: out.write(data))

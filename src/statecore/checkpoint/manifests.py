@@ -1,0 +1,290 @@
+"""Manifests: the one file per committed version that says which runs make it.
+
+A version exists for readers only once its manifest exists (``manifest-V.json``,
+statecore.checkpoint.layout); a manifest is written last, after every run it lists, and
+atomically, so a reader sees either no version or a complete one. :class:`ManifestLog` lists,
+reads (with every check below) and writes them; the commit protocol
+(statecore.checkpoint.commit) and compaction (statecore.checkpoint.compaction) decide what they
+hold.
+
+Manifest (UTF-8 JSON object, keys sorted; format_version 2, version-1 manifests are read as
+manifests of full runs with ``seq`` 0)::
+
+    {"format": "statecore-checkpoint", "format_version": 2, "version": int, "created_ms": int,
+     "max_parallelism": int, "key_type": str, "assigner": str,
+     "key_group_range": [start, end],     # inclusive union of the top runs' ranges; (0, -1) = empty
+     "states": [state meta, ...],         # union over the runs, by name
+     "files": [{"path": "data/V/p0.sckp" (relative to the root), "size": bytes, "writer": str,
+                "version": int (the version the run was written for), "seq": int,
+                "kind": "full" | "incremental", "key_group_range": [start, end],
+                "states": [names], "entries": {name: int (incl. tombstones)},
+                "tombstones": {name: int}, "blocks": int, "raw_bytes": int,
+                "stored_bytes": int, "key_groups_nonempty": int,
+                "footer_xxh64": "16 hex digits"}, ...],          # the runs
+     "metadata": {...user metadata...},
+     "ttl_expired": {strategy: int} (only when a writer's TTL cleanup removed entries),
+     "compacted_ms": int (only after a compaction),
+     "ttl_compaction_expired": {state: int} (only when compaction's TTL filter dropped entries),
+     "checksum_xxh64": "16 hex digits"}   # xxh64 of the canonical JSON of all other keys
+
+Canonical JSON = ``json.dumps(obj, sort_keys=True, separators=(",", ":"))`` (ASCII).
+
+A manifest is valid when its checksum matches, its format and version are the expected ones, its
+runs of one seq do not overlap, its top runs (highest seq) tile ``key_group_range`` and every key
+group of that range has a chain ending in a full run (statecore.checkpoint.runs).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from statecore.checkpoint.format import KIND_FULL, KIND_INCREMENTAL, range_bounds, xxh64
+from statecore.checkpoint.layout import (
+    CheckpointRoot,
+    check_version,
+    manifest_name,
+    manifest_version,
+)
+from statecore.checkpoint.runs import (
+    check_disjoint,
+    longest_chain,
+    plan_chains,
+    union_range,
+)
+from statecore.errors import CheckpointNotFoundError, CorruptCheckpointError, InvalidInputError
+
+__all__ = ["ManifestLog", "MANIFEST_FORMAT", "MANIFEST_FORMAT_VERSION",
+           "READABLE_MANIFEST_VERSIONS", "canonical_json", "new_manifest_body", "describe_manifest"]
+
+MANIFEST_FORMAT = "statecore-checkpoint"
+MANIFEST_FORMAT_VERSION = 2
+READABLE_MANIFEST_VERSIONS = (1, 2)
+
+
+def canonical_json(obj: Any) -> bytes:
+    """The canonical JSON bytes of ``obj`` (keys sorted, no spaces, ASCII), which manifest
+    checksums cover. Raises TypeError/ValueError for an object JSON cannot hold."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode("ascii")
+
+
+def _upgraded(body: dict, version: int) -> dict:
+    """``body`` (a manifest without its checksum) in the current format: a version-1 manifest's
+    runs get ``seq`` 0, kind ``full``, their version and no tombstones. Returns ``body``."""
+    if body.get("format_version") == 1:
+        for f in body["files"]:
+            f.update(seq=0, kind=KIND_FULL, version=version,
+                     tombstones={n: 0 for n in f["entries"]})
+    body["format_version"] = MANIFEST_FORMAT_VERSION
+    return body
+
+
+def _short(vs: list[int]) -> str:
+    if not vs:
+        return "none"
+    return ", ".join(map(str, vs)) if len(vs) <= 6 else f"{vs[0]}..{vs[-1]} ({len(vs)} versions)"
+
+
+class _ValidatedManifests:
+    """The bytes of the last manifests that passed :meth:`ManifestLog.read`'s checks, by path
+    (process-wide: a Spark worker makes a store per task). A manifest read again with the same
+    bytes at the same path -- which names its version -- is only parsed: the checksum (a
+    canonical re-serialization) and the structure checks are most of the cost of a read, and
+    the driver reads a few manifests per micro-batch. Different bytes (a compaction replaced the
+    manifest, a damaged file) take the full checks. Thread-safe."""
+
+    MAX_ENTRIES = 256
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._raw: dict[str, bytes] = {}
+
+    def seen(self, path: str, raw: bytes) -> bool:
+        with self._lock:
+            return self._raw.get(path) == raw
+
+    def add(self, path: str, raw: bytes) -> None:
+        with self._lock:
+            self._raw.pop(path, None)
+            self._raw[path] = bytes(raw)
+            while len(self._raw) > self.MAX_ENTRIES:
+                del self._raw[next(iter(self._raw))]
+
+
+_VALIDATED_MANIFESTS = _ValidatedManifests()
+
+
+class ManifestLog:
+    """The manifests under one :class:`~statecore.checkpoint.layout.CheckpointRoot`: the list of
+    committed versions, validated reads and atomic writes. Holds no state besides the root (the
+    process-wide cache of validated bytes aside), so any number of logs over one root agree."""
+
+    def __init__(self, root: CheckpointRoot):
+        self.root = root
+
+    def versions(self) -> list[int]:
+        """Committed versions (those with a manifest), ascending. Empty when the root does not
+        exist."""
+        out = []
+        for info in self.root.list(self.root.root):
+            v = manifest_version(info.base_name)
+            if v is not None and info.type == pafs.FileType.File:
+                out.append(v)
+        return sorted(out)
+
+    def latest_version(self) -> int | None:
+        """The highest committed version, or ``None`` when there is none."""
+        vs = self.versions()
+        return vs[-1] if vs else None
+
+    def is_committed(self, version: int) -> bool:
+        """True when ``version`` has a manifest (one stat, no listing). InvalidInputError for a
+        version that is not an int in the range every version takes."""
+        version = check_version(version)
+        info = self.root.fs.get_file_info(self.root.path(manifest_name(version)))
+        return info.type == pafs.FileType.File
+
+    def read(self, version: int) -> dict:
+        """The validated manifest of ``version`` (a fresh dict, format: module docstring; a
+        version-1 manifest comes back upgraded: runs with ``seq`` 0, kind ``full``).
+        Raises CheckpointNotFoundError when ``version`` has no manifest; CorruptCheckpointError
+        (naming the manifest) when it is not valid JSON, fails its checksum or is malformed
+        (incl. overlapping runs of one seq, top runs that do not tile the range, a key group
+        without a full run)."""
+        version = check_version(version)
+        path = self.root.path(manifest_name(version))
+        try:
+            with self.root.fs.open_input_file(path) as f:
+                raw = f.read()
+        except FileNotFoundError:
+            raise CheckpointNotFoundError(
+                f"checkpoint version {version} not found under {self.root.uri} (committed "
+                f"versions: {_short(self.versions())})") from None
+        if _VALIDATED_MANIFESTS.seen(path, raw):
+            # These exact bytes passed every check below at this path (so for this version).
+            doc = json.loads(raw)
+            body = _upgraded({k: v for k, v in doc.items() if k != "checksum_xxh64"}, version)
+            body["checksum_xxh64"] = doc["checksum_xxh64"]
+            return body
+        try:
+            doc = json.loads(raw.decode("ascii"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise CorruptCheckpointError(f"manifest {path} is not valid JSON: {exc}") from exc
+        if not isinstance(doc, dict) or not isinstance(doc.get("checksum_xxh64"), str):
+            raise CorruptCheckpointError(f"manifest {path} is not a statecore manifest object")
+        body = {k: v for k, v in doc.items() if k != "checksum_xxh64"}
+        try:
+            ok = int(doc["checksum_xxh64"], 16) == xxh64(canonical_json(body))
+        except ValueError:
+            ok = False
+        if not ok:
+            raise CorruptCheckpointError(f"manifest {path}: checksum mismatch")
+        try:
+            if (body["format"] != MANIFEST_FORMAT
+                    or body["format_version"] not in READABLE_MANIFEST_VERSIONS):
+                raise ValueError(f"format {body['format']!r} v{body['format_version']}")
+            if body["version"] != version:
+                raise ValueError(f"it describes version {body['version']}")
+            _upgraded(body, version)
+            for f in body["files"]:
+                if f["path"].startswith("/") or ".." in f["path"].split("/"):
+                    raise ValueError(f"file path {f['path']!r} leaves the root")
+                int(f["size"]), int(f["footer_xxh64"], 16), range_bounds(f["key_group_range"])
+                if f["kind"] not in (KIND_FULL, KIND_INCREMENTAL):
+                    raise ValueError(f"run {f['path']!r} has unknown kind {f['kind']!r}")
+                if isinstance(f["seq"], bool) or not isinstance(f["seq"], int) or f["seq"] < 0:
+                    raise ValueError(f"run {f['path']!r} has a bad seq {f['seq']!r}")
+            int(body["max_parallelism"]), range_bounds(body["key_group_range"])
+            [m["name"] for m in body["states"]]
+            if not isinstance(body["metadata"], dict):
+                raise ValueError("metadata is not an object")
+        except (KeyError, TypeError, ValueError, AttributeError, InvalidInputError) as exc:
+            raise CorruptCheckpointError(f"manifest {path} is malformed: {exc}") from exc
+        top_seq = max((f["seq"] for f in body["files"]), default=0)
+        by_seq: dict[int, list] = {}
+        for f in body["files"]:
+            by_seq.setdefault(f["seq"], []).append(f)
+        union = None
+        for sq, group in by_seq.items():
+            # runs of one seq come from one commit: they must not overlap; the top ones tile
+            if sq == top_seq:
+                union = union_range(group, version, CorruptCheckpointError, path)
+            else:
+                check_disjoint(group, version, path)
+        if union is None:
+            union = (0, -1)
+        if list(union) != list(body["key_group_range"]):
+            raise CorruptCheckpointError(
+                f"manifest {path}: key-group range {body['key_group_range']} is not the union "
+                f"{list(union)} of its files")
+        plan_chains(body["files"], union, CorruptCheckpointError, f"manifest {path}")
+        body["checksum_xxh64"] = doc["checksum_xxh64"]
+        _VALIDATED_MANIFESTS.add(path, raw)
+        return body
+
+    def write(self, body: dict) -> dict:
+        """Sign ``body`` (a manifest without ``checksum_xxh64``) and publish it atomically as the
+        manifest of ``body["version"]``, replacing an earlier one. Returns the signed manifest.
+        Filesystem errors propagate (the previous manifest, if any, stays)."""
+        manifest = dict(body, checksum_xxh64=f"{xxh64(canonical_json(body)):016x}")
+        data = json.dumps(manifest, sort_keys=True, indent=1).encode("ascii")
+        self.root.write_bytes(manifest_name(body["version"]), data)
+        return manifest
+
+    def delete(self, version: int) -> None:
+        """Delete the manifest of ``version``: the version is no longer committed."""
+        self.root.fs.delete_file(self.root.path(manifest_name(version)))
+
+
+def new_manifest_body(version: int, common: tuple, key_group_range, states: list, runs: list,
+                      metadata: dict) -> dict:
+    """The body (no checksum) of a new manifest of ``version``: ``common`` = (max_parallelism,
+    key_type, assigner), ``runs`` in manifest order (statecore.checkpoint.runs.sort_runs),
+    ``created_ms`` now."""
+    return {
+        "format": MANIFEST_FORMAT, "format_version": MANIFEST_FORMAT_VERSION,
+        "version": version, "created_ms": int(time.time() * 1000),
+        "max_parallelism": common[0], "key_type": common[1], "assigner": common[2],
+        "key_group_range": list(key_group_range), "states": states,
+        "files": runs, "metadata": metadata,
+    }
+
+
+def describe_manifest(m: dict, uri: str) -> dict:
+    """Statistics of the validated manifest ``m`` of the root ``uri`` (what
+    ``CheckpointStore.describe`` returns; keys documented there)."""
+    entries: dict[str, int] = {s["name"]: 0 for s in m["states"]}
+    tombs: dict[str, int] = {s["name"]: 0 for s in m["states"]}
+    for f in m["files"]:
+        for name, n in f["entries"].items():
+            entries[name] = entries.get(name, 0) + n
+        for name, n in f.get("tombstones", {}).items():
+            tombs[name] = tombs.get(name, 0) + n
+    start, end = m["key_group_range"]
+    segments = plan_chains(m["files"], (start, end), CorruptCheckpointError, "describe")
+    return {
+        "version": m["version"], "root": uri, "created_ms": m["created_ms"],
+        "compacted_ms": m.get("compacted_ms"),
+        "max_parallelism": m["max_parallelism"], "key_type": m["key_type"],
+        "assigner": m["assigner"], "key_group_range": [start, end],
+        "key_groups": max(0, end - start + 1),
+        "key_groups_nonempty": sum(f["key_groups_nonempty"] for f in m["files"]),
+        "files": len(m["files"]), "runs": len(m["files"]),
+        "bytes": sum(f["size"] for f in m["files"]),
+        "bytes_added": sum(f["size"] for f in m["files"] if f["version"] == m["version"]),
+        "raw_bytes": sum(f["raw_bytes"] for f in m["files"]),
+        "blocks": sum(f["blocks"] for f in m["files"]), "entries": entries,
+        "tombstones": tombs, "max_runs_per_key_group": longest_chain(segments),
+        "states": m["states"], "metadata": m["metadata"],
+        "ttl_expired": dict(m.get("ttl_expired", {})),
+        "ttl_compaction_expired": dict(m.get("ttl_compaction_expired", {})),
+        "writers": [{k: f[k] for k in ("path", "writer", "key_group_range", "size", "entries")}
+                    for f in m["files"]],
+        "run_list": [{k: f[k] for k in ("path", "writer", "version", "seq", "kind",
+                                        "key_group_range", "size", "entries", "tombstones")}
+                     for f in m["files"]],
+    }

@@ -1,0 +1,387 @@
+"""Readers of committed versions: :class:`CheckpointReader` (the state of a version) and
+:class:`ChangesReader` (the changes of a version on top of one of its runs).
+
+A reader is a lazy StateSnapshot (docs/architecture.md): it holds the version's manifest and
+opens a data file only when a (state, key group) needs it, reading exactly that byte range
+unless :meth:`CheckpointReader.prefetch` fetched a key-group range at once. For a key group it
+merges the runs of the chain (statecore.checkpoint.runs) newest-wins per key
+(:func:`merge_newest_wins`): a tombstone deletes, the result holds no tombstones (a
+ChangesReader keeps each key's newest tombstone, as a NULL value). Timers (the state of kind
+``timers``) are complete in every run, so they come from the newest run of the chain alone.
+
+Readers never write: runs are immutable once their manifest references them, so a reader needs
+no lock. Every data file is checked against its manifest entry (size, footer checksum, key-group
+range, kind) when opened.
+"""
+
+from __future__ import annotations
+
+import operator
+from bisect import bisect_right
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from statecore.checkpoint.format import (
+    KIND_FULL,
+    KIND_INCREMENTAL,
+    DataFileReader,
+    make_key_group_range,
+)
+from statecore.checkpoint.layout import CheckpointRoot
+from statecore.checkpoint.runs import plan_chains
+from statecore.errors import CheckpointError, CorruptCheckpointError, InvalidInputError
+
+__all__ = ["CheckpointReader", "ChangesReader", "open_changes", "merge_newest_wins", "CHUNK_BYTES"]
+
+#: Decoded bytes per (keys, values) pair of :meth:`CheckpointReader.entries_chunks`: well below
+#: the 2 GiB an Arrow binary array holds, large enough that a partition is a handful of pairs.
+CHUNK_BYTES = 256 << 20
+
+# Not pa.array([]): pyarrow's first pa.array call imports pandas (its pandas shim), which would
+# make `import statecore` slow.
+_EMPTY = (pa.nulls(0, pa.binary()), pa.nulls(0, pa.binary()))
+
+
+def _native_merge():
+    """``statecore._native.merge_newest_wins``, or None without the native extension."""
+    try:
+        from statecore._native import merge_newest_wins
+    except ImportError:
+        return None
+    return merge_newest_wins
+
+
+def merge_newest_wins(parts: list[tuple[pa.Array, pa.Array]], native: bool = True,
+                      keep_tombstones: bool = False) -> tuple[pa.Array, pa.Array]:
+    """Merge ``(keys, values)`` pairs (``pa.binary()`` arrays) given newest first, each sorted by
+    key: per key the newest value wins, NULL (tombstone) values delete. Returns sorted binary
+    arrays without NULLs; with ``keep_tombstones`` (a change set, :class:`ChangesReader`) the
+    newest tombstone of a key stays, as a NULL value.
+
+    Several runs go through the native k-way merge when the extension is there (``native``;
+    it also checks that each run's keys are strictly ascending, InvalidInputError otherwise):
+    sorting their concatenation here is the largest part of a restore over an incremental chain.
+    """
+    merge = _native_merge() if native and len(parts) > 1 else None
+    if merge is not None:
+        return merge(parts, keep_tombstones)
+    if len(parts) == 1:
+        keys, values = parts[0]
+    else:
+        keys = pa.concat_arrays([k for k, _ in parts])
+        values = pa.concat_arrays([v for _, v in parts])
+        rank = np.concatenate([np.full(len(k), i, dtype=np.int32) for i, (k, _) in enumerate(parts)])
+        order = pc.sort_indices(pa.table({"k": keys, "r": rank}),
+                                sort_keys=[("k", "ascending"), ("r", "ascending")])
+        sk = keys.take(order)
+        first = np.ones(len(sk), dtype=bool)
+        if len(sk) > 1:
+            first[1:] = pc.not_equal(sk.slice(1), sk.slice(0, len(sk) - 1)).to_numpy(
+                zero_copy_only=False)
+        sel = order.filter(pa.array(first))
+        keys, values = keys.take(sel), values.take(sel)
+    if values.null_count and not keep_tombstones:
+        live = values.is_valid()
+        keys, values = keys.filter(live), values.filter(live)
+    return keys, values
+
+
+class CheckpointReader:
+    """Lazy StateSnapshot (docs/architecture.md) over one committed version of a checkpoint
+    root (what ``CheckpointStore.open`` returns).
+
+    ``root``: the :class:`~statecore.checkpoint.layout.CheckpointRoot` the manifest's paths are
+    relative to; ``manifest``: the version's validated manifest; ``segments``: its chains
+    (statecore.checkpoint.runs.plan_chains; default: planned from the manifest).
+
+    Attributes: ``version``, ``max_parallelism``, ``key_type``, ``assigner``,
+    ``key_group_range`` (the version's inclusive range, ``.start``/``.end``), ``metadata``
+    (user dict), ``manifest``, ``incremental`` (False: entries are complete, without
+    tombstones). ``entries`` merges the runs of the key group newest-wins (module docstring)
+    and reads exactly the blocks of one (state, key group) per run unless :meth:`prefetch`
+    fetched them. Usable as a context manager; :meth:`release` is idempotent.
+    """
+
+    incremental = False
+
+    _keep_tombstones = False
+
+    def __init__(self, root: CheckpointRoot, version: int, manifest: dict,
+                 segments: list | None = None):
+        self._root = root
+        self.version = version
+        self.manifest = manifest
+        self.max_parallelism = int(manifest["max_parallelism"])
+        self.key_type = manifest["key_type"]
+        self.assigner = manifest["assigner"]
+        self.key_group_range = make_key_group_range(*manifest["key_group_range"])
+        self.metadata = manifest["metadata"]
+        self._metas = [dict(m) for m in manifest["states"]]
+        self._names = {m["name"] for m in self._metas}
+        self._timer_states = {m["name"] for m in self._metas if m.get("kind") == "timers"}
+        self._segments = segments if segments is not None else plan_chains(
+            manifest["files"], manifest["key_group_range"], CorruptCheckpointError,
+            f"manifest of version {version}")
+        self._starts = [a for a, _, _ in self._segments]
+        self._open_files: dict[str, DataFileReader] = {}
+        self._released = False
+
+    def __enter__(self) -> "CheckpointReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def state_metas(self) -> list[dict]:
+        """State metas of the version (JSON-able dicts: name, kind, namespace_type, ...)."""
+        return [dict(m) for m in self._metas]
+
+    def _chain_for(self, key_group: int) -> list[dict]:
+        i = bisect_right(self._starts, key_group) - 1
+        if i < 0 or key_group > self._segments[i][1]:
+            raise InvalidInputError(
+                f"key group {key_group} is outside the key-group range "
+                f"{self.manifest['key_group_range']} of checkpoint version {self.version}")
+        return self._segments[i][2]
+
+    def data_file(self, run: dict) -> DataFileReader:
+        """The open :class:`~statecore.checkpoint.format.DataFileReader` of ``run`` (a manifest
+        ``files`` entry), opened on first use and checked against the manifest. Raises
+        CheckpointError after :meth:`release`, CorruptCheckpointError when the file is missing,
+        cannot be opened or disagrees with the manifest."""
+        if self._released:
+            raise CheckpointError(f"reader of checkpoint version {self.version} was released")
+        reader = self._open_files.get(run["path"])
+        if reader is None:
+            path = self._root.path(run["path"])
+            try:
+                handle = self._root.fs.open_input_file(path)
+            except FileNotFoundError:
+                raise CorruptCheckpointError(
+                    f"checkpoint data file {path} of version {self.version} is missing") from None
+            except OSError as exc:
+                raise CorruptCheckpointError(
+                    f"checkpoint data file {path} of version {self.version} cannot be opened: "
+                    f"{exc}") from exc
+            reader = DataFileReader(handle, path, expected_size=run["size"],
+                                    expected_footer_xxh64=int(run["footer_xxh64"], 16))
+            mine = (self.max_parallelism, self.key_type, self.assigner,
+                    list(run["key_group_range"]), run["kind"])
+            theirs = (reader.max_parallelism, reader.key_type, reader.assigner,
+                      [reader.key_group_start, reader.key_group_end], reader.kind)
+            if mine != theirs:
+                reader.close()
+                raise CorruptCheckpointError(
+                    f"checkpoint data file {path}: footer says {theirs}, the manifest {mine}")
+            self._open_files[run["path"]] = reader
+        return reader
+
+    def prefetch(self, start: int, end: int) -> int:
+        """Fetch the blocks of key groups ``[start, end]`` ∩ this version's range with one ranged
+        read per run that those key groups need, for later :meth:`entries` calls. Returns the
+        bytes read."""
+        spans: dict[str, list] = {}
+        for a, b, chain in self._segments:
+            lo, hi = max(a, start), min(b, end)
+            if lo > hi:
+                continue
+            for r in chain:
+                sp = spans.setdefault(r["path"], [r, lo, hi])
+                sp[1], sp[2] = min(sp[1], lo), max(sp[2], hi)
+        return sum(self.data_file(r).prefetch(lo, hi) for r, lo, hi in spans.values())
+
+    def drop_prefetched(self) -> None:
+        """Forget the bytes :meth:`prefetch` fetched (later reads read again)."""
+        for r in self._open_files.values():
+            r.drop_prefetched()
+
+    def entries(self, state_name: str, key_group: int) -> tuple[pa.BinaryArray, pa.BinaryArray]:
+        """``(keys, values)`` (``pa.binary()`` arrays, sorted ascending by key bytes, no NULLs) of
+        ``state_name`` in ``key_group``: the runs of the key group merged newest-wins, timers
+        from the newest run only. Raises InvalidInputError for a state not in
+        :meth:`state_metas` or a key group outside ``key_group_range``; CorruptCheckpointError
+        when a data file is missing, truncated or fails a checksum."""
+        if state_name not in self._names:
+            raise InvalidInputError(
+                f"checkpoint version {self.version} has no state {state_name!r} "
+                f"(states: {sorted(self._names)})")
+        try:
+            if isinstance(key_group, bool):
+                raise TypeError
+            key_group = operator.index(key_group)
+        except TypeError:
+            raise InvalidInputError(f"key group must be an int, got {key_group!r}") from None
+        runs = self._runs_holding(state_name, self._chain_for(key_group))
+        return self._merged(state_name, runs, lambda f: f.entries(state_name, key_group),
+                            f"key group {key_group}")
+
+    def _runs_holding(self, state_name: str, chain: list) -> list:
+        """The runs of ``chain`` (newest first) whose entries of ``state_name`` make its state:
+        those holding it, down to the first full run; timers from the newest run only (they are
+        complete in every run)."""
+        if state_name in self._timer_states:
+            chain = chain[:1]
+        runs = []
+        for r in chain:
+            if state_name not in r["states"]:
+                if r["kind"] == KIND_FULL:
+                    break
+                continue
+            runs.append(r)
+        return runs
+
+    def _merged(self, state_name: str, runs: list, read, where: str):
+        """``read(data file reader)`` of each of ``runs`` merged newest-wins (empty arrays when
+        none holds an entry); a merge that finds a run out of order raises
+        CorruptCheckpointError naming the version, state, ``where`` and the runs."""
+        parts = []
+        for r in runs:
+            k, v = read(self.data_file(r))
+            if len(k):
+                parts.append((k, v))
+        if not parts:
+            return _EMPTY
+        try:
+            return merge_newest_wins(parts, keep_tombstones=self._keep_tombstones)
+        except InvalidInputError as exc:
+            raise CorruptCheckpointError(
+                f"checkpoint version {self.version}: state {state_name!r} {where}: "
+                f"runs {[r['path'] for r in runs]}: {exc}") from exc
+
+    def entries_chunks(self, state_name: str, start: int, end: int,
+                       max_bytes: int = CHUNK_BYTES) -> Iterator[tuple[pa.BinaryArray, pa.BinaryArray]]:
+        """The entries of ``state_name`` in key groups ``[start, end]`` ∩ this version's range
+        as a few large ``(keys, values)`` pairs instead of one per key group: each pair is what
+        :meth:`entries` returns for consecutive key groups, concatenated in key-group order (so
+        sorted by key bytes, the prefix being big-endian), merged newest-wins over the runs
+        of the key groups' chain in one pass (each run decoded with one native call for them
+        all, :meth:`DataFileReader.entries_range`). A pair covers whole key groups and holds at
+        most ``max_bytes`` of decoded blocks (summed over the runs) unless one key group alone
+        holds more. Timer states are read key group by key group (their newest run only).
+        Errors as :meth:`entries`; a state not in the version yields nothing."""
+        if state_name not in self._names:
+            return
+        for a, b, chain in self._segments:
+            lo, hi = max(a, start), min(b, end)
+            runs = self._runs_holding(state_name, chain) if lo <= hi else []
+            if not runs:
+                continue
+            for c_lo, c_hi in self._chunk_bounds(state_name, runs, lo, hi, max_bytes):
+                keys, values = self._merged(
+                    state_name, runs, lambda f: f.entries_range(state_name, c_lo, c_hi),
+                    f"key groups {c_lo}..{c_hi}")
+                if len(keys):
+                    yield keys, values
+
+    def key_groups_holding(self, state_name: str, start: int, end: int) -> list[int]:
+        """The key groups of ``[start, end]`` ∩ this version's range for which a run that
+        :meth:`entries` reads holds blocks of ``state_name`` (ascending; from the runs' block
+        tables, nothing decoded). :meth:`entries` of any other key group is empty, so a reader
+        of a sparse state (timers) can skip those. [] for a state not in the version; errors as
+        :meth:`entries` for a missing or unreadable data file."""
+        if state_name not in self._names:
+            return []
+        out: set = set()
+        for a, b, chain in self._segments:
+            lo, hi = max(a, start), min(b, end)
+            if lo > hi:
+                continue
+            for r in self._runs_holding(state_name, chain):
+                kgs, _ = self.data_file(r).raw_bytes(state_name, lo, hi)
+                out.update(kgs.tolist())
+        return sorted(out)
+
+    def _chunk_bounds(self, state_name: str, runs: list, lo: int, hi: int, max_bytes: int):
+        """``[(start, end)]`` tiling ``[lo, hi]`` so that each holds at most ``max_bytes`` of
+        ``runs``' decoded blocks of ``state_name`` (a key group alone may hold more)."""
+        sizes = np.zeros(hi - lo + 1, np.int64)
+        for r in runs:
+            kgs, raw = self.data_file(r).raw_bytes(state_name, lo, hi)
+            np.add.at(sizes, kgs - lo, raw)
+        if int(sizes.sum()) <= max_bytes:
+            return [(lo, hi)]
+        out, first, acc = [], lo, 0
+        for i, n in enumerate(sizes.tolist()):
+            if acc and acc + n > max_bytes:
+                out.append((first, lo + i - 1))
+                first, acc = lo + i, 0
+            acc += n
+        out.append((first, hi))
+        return out
+
+    def verify(self) -> None:
+        """Read and check every block of every run of the version (checksums, structure, entry
+        and tombstone counts against the manifest), then the merged view of every (state, key
+        group). Raises CorruptCheckpointError on the first problem."""
+        for f in self.manifest["files"]:
+            start, end = f["key_group_range"]
+            data = self.data_file(f)
+            got = {name: 0 for name in f["states"]}
+            tombs = {name: 0 for name in f["states"]}
+            for kg in range(start, end + 1):
+                for name in f["states"]:
+                    _, vals = data.entries(name, kg)
+                    got[name] += len(vals)
+                    tombs[name] += vals.null_count
+            want_t = {n: f.get("tombstones", {}).get(n, 0) for n in f["states"]}
+            if got != f["entries"] or tombs != want_t:
+                raise CorruptCheckpointError(
+                    f"checkpoint data file {self._root.path(f['path'])}: entry counts {got} "
+                    f"(tombstones {tombs}) differ from the manifest's {f['entries']} "
+                    f"({want_t})")
+        for m in self.state_metas():
+            for kg in self.key_group_range:
+                self.entries(m["name"], kg)
+
+    def release(self) -> None:
+        """Close the data files opened so far (idempotent); later reads raise CheckpointError."""
+        self._released = True
+        files, self._open_files = self._open_files, {}
+        for r in files.values():
+            r.close()
+
+
+class ChangesReader(CheckpointReader):
+    """The changes of a version on top of one of its runs (:func:`open_changes`): a
+    StateSnapshot-like reader whose chains hold only the runs newer than the *base run*, all
+    incremental. :meth:`entries` merges them newest-wins and keeps each key's newest tombstone as
+    a NULL value; timers come from the newest run (complete in every run). ``base_seq``: the
+    base run's ``seq``; ``runs``: the runs applied, oldest first."""
+
+    _keep_tombstones = True
+
+    def __init__(self, root: CheckpointRoot, version: int, manifest: dict, base_seq: int,
+                 segments: list):
+        super().__init__(root, version, manifest, segments)
+        self.base_seq = base_seq
+        seen = {r["path"]: r for _, _, chain in segments for r in chain}
+        self.runs = sorted(seen.values(), key=lambda r: r["seq"])
+
+
+def open_changes(root: CheckpointRoot, version: int, manifest: dict, base_path: str,
+                 start: int, end: int) -> ChangesReader | None:
+    """A :class:`ChangesReader` over the runs that ``version``'s chains (``manifest``: its
+    validated manifest) hold above the run ``base_path`` for key groups ``[start, end]``, or
+    None when that is not a plain sequence of incremental runs -- the base run is not in every
+    chain of the range (compacted away, or another base), or a newer run is full (a full run has
+    no tombstones for what it dropped). Semantics: ``CheckpointStore.open_changes``."""
+    segments = []
+    base_seq = None
+    for a, b, chain in plan_chains(manifest["files"], (start, end), CorruptCheckpointError,
+                                   f"manifest of version {version}"):
+        paths = [r["path"] for r in chain]
+        if base_path not in paths:
+            return None
+        newer = chain[:paths.index(base_path)]
+        if any(r["kind"] != KIND_INCREMENTAL for r in newer):
+            return None
+        base_seq = chain[len(newer)]["seq"]
+        segments.append((a, b, newer))
+    # ``version``'s own runs tile its range, so either every chain has runs above the base
+    # (a later version) or none has (the base's own version: nothing to apply).
+    if base_seq is None or len({bool(chain) for _, _, chain in segments}) != 1:
+        return None
+    return ChangesReader(root, version, manifest, base_seq, segments)
