@@ -418,7 +418,3 @@ class CheckpointStore:
         restorable; calling it again finishes the job."""
         return self._retention.retain(k)
 
-
-# Alias for statecore.spark.worker_cache, which imports this name; it goes once that module
-# imports ``lower_thread_priority`` from statecore.checkpoint.snapshot_writes.
-_lower_thread_priority = lower_thread_priority

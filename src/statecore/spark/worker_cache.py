@@ -39,7 +39,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
-from statecore.checkpoint.store import _lower_thread_priority
+from statecore.checkpoint.snapshot_writes import lower_thread_priority
 from statecore.errors import CheckpointNotFoundError, StateError
 from statecore.key_groups import key_group_range_for_operator
 from statecore.spark.handoff import held_elsewhere
@@ -460,7 +460,7 @@ def start_standby(store, op_key: tuple, own: tuple, version: int, config: tuple,
     args = (store, op_key, own, version, _TASKS_STARTED.get(op_key, 0), config, copies)
 
     def run() -> None:
-        _lower_thread_priority(STANDBY_NICE)
+        lower_thread_priority(STANDBY_NICE)
         _standby_catch_up(*args, handoff=handoff)
 
     t = threading.Thread(target=run, name=f"statecore-standby-{op_key[1]}", daemon=True)
