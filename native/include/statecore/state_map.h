@@ -114,8 +114,8 @@ class StateMap {
   // *inserted = false). Absent: as put(key, key_size, new_value_size) (zeroed bytes,
   // *value_size = new_value_size, *inserted = true). Errors as put().
   // A rehash in flight is completed first (O(size) once per doubling, amortised O(1) a row): a
-  // batch is charged for its latency as a whole, and with both tables live every row took the
-  // general path (probe both tables, one migration step), ~40% of a growing batch's work.
+  // batch is charged for its latency as a whole, and with both tables live every row would take
+  // the general path (probe both tables, one migration step).
   // Single-row operations keep Flink's incremental steps.
   uint8_t* upsert(uint32_t hash, const uint8_t* key, size_t key_size, size_t new_value_size,
                   size_t* value_size, bool* inserted);
