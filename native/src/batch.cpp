@@ -80,9 +80,9 @@ void emit_current(StateMap& m, const RowKeys& rk, int64_t i, T* out, uint8_t* va
 // so the writes are undone backwards before the error is raised. Rows are applied in order, so
 // undoing them in reverse restores every entry, keys repeated in the batch included. Without TTL
 // the log holds the rows that inserted their key, ascending: a Sum that did not overflow is
-// invertible, so any other row's old aggregate is its output minus its value (the 16-byte {row,
-// old} record of every row was ~5% of an int64 add_batch, callgrind; a "was new" byte a row was
-// a byte store, which may alias anything the row loop keeps in memory). With TTL the old
+// invertible, so any other row's old aggregate is its output minus its value (a 16-byte {row,
+// old} record for every row would cost the common, non-overflowing batch; a "was new" byte a row
+// would be a byte store, which may alias anything the row loop keeps in memory). With TTL the old
 // timestamp is not derivable, so the log keeps {row (complemented when the key was new), old
 // value, old timestamp}. What null rows did (TTL removals and renewals) is not in the log and
 // stays, as in the Python path (see batch.h "TTL"): undoing a later write on the same key
@@ -180,8 +180,7 @@ template <class T>
 // which then does everything, its errors included.
 // Out of line and without a call, so that the loop keeps its state in registers: in the
 // lambda's loop, which has calls on its rarer paths (lane open, log_write, the general upsert),
-// GCC kept the hashes, the output pointer, the aggregate and the key words on the stack, and a
-// row that updated was ~84 instructions (objdump, int64 Sum).
+// GCC keeps the hashes, the output pointer, the aggregate and the key words on the stack.
 static_assert(detail::kFlatVarKeyClasses[0] > RowKeys::kInt64WordKey + 1,
               "FoldHotRows tells int64 lanes by key_size alone: no var lane has theirs");
 template <class T, bool kUndo, class Combine, class ValueAt>
@@ -268,8 +267,8 @@ struct FoldHotRows {
 };
 
 // kTtl is ttl.enabled as a template parameter: the rows' TTL tests read `ttl` through a
-// reference the row's byte stores may alias, so a runtime flag was reloaded and tested several
-// times a row (callgrind). `values_in` is copied for the same reason.
+// reference the row's byte stores may alias, so a runtime flag would be reloaded and tested
+// several times a row. `values_in` is copied for the same reason.
 template <class T, bool kUndo, bool kTtl, class Combine, class ValueAt>
 void fold_rows_with(StateTable& table, const int32_t* kgs, RowKeys& rk, const ArrayView& values_in,
                     Combine combine, ValueAt value_at, T* out, uint8_t* valid,
@@ -587,8 +586,8 @@ void get_batch_var(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_
   data.clear();
   offsets[0] = 0;
   RowKeys rk(spec, keys, table, kgs);
-  // Appends into a buffer trimmed at the end: vector::insert per row was ~40% of a 64-byte binary
-  // get (callgrind). A growth assumes the remaining rows are as large as this one (values of one
+  // Appends into a buffer trimmed at the end: vector::insert per row would dominate a short
+  // binary get. A growth assumes the remaining rows are as large as this one (values of one
   // size, the common case, grow it once) and at least doubles; resize() zero-fills, once per
   // growth.
   size_t used = 0;

@@ -13,7 +13,7 @@ namespace {
 
 using namespace batch_detail;
 
-// Row i's stored bytes (docs/architecture.md "Values"): fixed-width numbers serialized into tmp
+// Row i's stored bytes (docs/formats.md "Values"): fixed-width numbers serialized into tmp
 // (8 bytes at most), fixed_size_binary/string/binary pointed to in the Arrow buffers.
 inline const uint8_t* value_bytes(const ValueSpec& vt, const ArrayView& v, int64_t i,
                                   uint8_t* tmp, size_t* size) {

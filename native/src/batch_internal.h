@@ -130,7 +130,7 @@ inline ArrayView make_view(ArrowInput in, const char* role) {
   }
 }
 
-// Stored fixed-width values are little-endian regardless of the host (docs/architecture.md).
+// Stored fixed-width values are little-endian regardless of the host (docs/formats.md "Values").
 using detail::be64;
 using detail::le64;
 using detail::load_le32;
@@ -257,8 +257,8 @@ inline const int32_t* validate_keys(StateTable& table, const BatchKeySpec& spec,
     fail(std::string("keys: ") + e.what());
   }
   // key_groups() returns [0, maxP): a table over the whole range needs no check. Otherwise an
-  // OR-reduction without a branch a row (the compiler vectorizes it; the loop with its early
-  // exit was 8 instructions a row, callgrind), and the row only looked for when one is out.
+  // OR-reduction without a branch a row (the compiler vectorizes it, which it cannot do for a
+  // loop with an early exit), and the row only looked for when one is out.
   if (spec.kg_start != 0 || spec.kg_end != spec.max_parallelism - 1) {
     const uint32_t lo = static_cast<uint32_t>(spec.kg_start);
     const uint32_t span = static_cast<uint32_t>(spec.kg_end - spec.kg_start);
@@ -387,15 +387,15 @@ class RowKeys {
         ahead_enc_(spec.key, ns_type(keys), spec.max_parallelism),
         keys_(keys), ns_(keys.namespaces()), table_(table), kgs_(kgs), n_(keys.length()),
         // String keys (chained maps) of a small state are encoded and hashed row by row: the
-        // state stays in cache, and a group's work ahead only costs (2k string keys: 63 ns a
-        // row so, 73 with groups). int64 keys take the groups at any size (below).
+        // state stays in cache, and a group's work ahead would only cost. int64 keys take the
+        // groups at any size (below).
         prefetch_(table.size() >= kPrefetchMinEntries),
         prefix_size_(key_group_prefix_size(spec.max_parallelism)),
         hash_fn_(table.map_unchecked(table.kg_start()).engine().hash_fn) {
     enc_.bind(keys);
     ahead_enc_.bind(keys);
     // int64 keys (the common case) skip the general encoder: prefix | big-endian int64 | 00 is
-    // written in place (the general encoder took ~390 instructions a row for it, callgrind).
+    // written in place, far cheaper than the general encoder's checks and appends.
     // Namespaces are written in place too (write_ns) unless key and namespace are both
     // variable-length: Flink's lenbytes then follow each part, which only the encoder writes.
     if (ns_) {
@@ -412,8 +412,8 @@ class RowKeys {
       int_keys_ = col;
       int_width_ = spec.key.columns[0].type == KeyType::Int64 ? 8 : 4;
     }
-    // String/binary keys likewise: prefix | varlen(len + 1) | bytes | 00 (the general encoder
-    // with its checks and vector appends was ~300 instructions a row, callgrind).
+    // String/binary keys likewise: prefix | varlen(len + 1) | bytes | 00, without the general
+    // encoder's checks and vector appends.
     if (col && (spec.key.columns[0].type == KeyType::String ||
                 spec.key.columns[0].type == KeyType::Binary))
       bytes_keys_ = col;
@@ -427,8 +427,7 @@ class RowKeys {
       for (Group& g : groups_) g.bytes.resize(kGroup * kInt64KeyMax);
     // int64 and int32 keys (flat maps) go through the groups at any state size: encoded row by
     // row, a key's hash reads bytes stored just before by narrower stores, which the CPU cannot
-    // forward, a stall a row (add_batch over 1k / 8k int64 keys: 30.3 / 32.2 ns a row so,
-    // 20.6 / 21.1 with groups; 2k keys with an int64 namespace: 32.5 -> 26.7).
+    // forward: a stall a row, even in a state that fits the cache.
     if (int_in_one_) prefetch_ = true;
   }
 
@@ -437,7 +436,7 @@ class RowKeys {
   // now. Each row is encoded once on the prefetching path.
   void encode(int64_t i, int32_t kg) {
     if (prefetch_) {
-      // Unsigned: rows are >= 0, and signed / and % by 16 cost a sign fix-up each (callgrind).
+      // Unsigned: rows are >= 0, and signed / and % by 16 cost a sign fix-up each.
       const uint64_t u = static_cast<uint64_t>(i);
       const Group& g = groups_[(u / kGroup) & 1];
       const size_t j = static_cast<size_t>(u % kGroup);
@@ -483,16 +482,14 @@ class RowKeys {
     return cur_row_ == i ? cur_hash_ : m.hash(data(), size());
   }
 
-  // Rows hashed and prefetched at a time, one group ahead of the rows applied. 16 since the
-  // hasher hands the hot rows their home slots (Group::slots): 200k int64 keys, add_batch Sum,
-  // 27.4 -> 26.7 ns a row cold (stop 33, 8 interleaved rounds; string keys unchanged). Before
-  // that, 8 had won: a group's prefetches are issued in a burst, and the hasher stalled on them
-  // (27.5 -> 26.3 ns cold, 24.2 -> 22.8 warm; 4: 28.0 / 24.5).
+  // Rows hashed and prefetched at a time, one group ahead of the rows applied. A group's
+  // prefetches are issued in a burst, which the hasher may stall on, so larger is not better;
+  // 16 suits the hasher that hands the hot rows their home slots (Group::slots).
   static constexpr int64_t kGroup = 16;
   // The keys and map hashes of rows [start, start + kGroup) as hash_group encoded them, for a
   // row loop that takes a group at a time (for_rows) and keeps the view in registers: encode()
   // wrote and data()/size()/hash() re-read RowKeys' members, which every byte store of a row
-  // may alias (~25 instructions a row of int64 add_batch, callgrind). `valid` is false when the
+  // may alias, so they would be reloaded every row. `valid` is false when the
   // rows are not hashed ahead (small states); then encode() row by row.
   struct GroupView {
     const uint8_t* bytes = nullptr;
@@ -523,8 +520,7 @@ class RowKeys {
   // (the groups' threshold for string and other keys; int64 keys always take them).
   static constexpr size_t kPrefetchMinEntries = 16 * 1024;
   // encode() of the rarer forms, out of line so that the common ones stay small enough to be
-  // inlined into the kernels' row loops (inlined, this cost ~40 instructions a row of int64
-  // add_batch, callgrind).
+  // inlined into the kernels' row loops (inlined, this would enlarge every int64 row).
   [[gnu::noinline]] void encode_other(int64_t i, int32_t kg) {
     if (int_keys_ || bytes_keys_) {
       cur_ = one_buffer(int_keys_ ? int_key_bound(i) : bytes_key_bound(i));
@@ -537,9 +533,8 @@ class RowKeys {
     cur_size_ = enc_.size();
   }
 
-  // one_bytes_ with room for `bound` bytes. Grown, never shrunk: a resize a row re-zeroed the
-  // bytes past a shorter key's end (a vector append and a memset call a row, 3.5% of add_batch
-  // over 2k string keys).
+  // one_bytes_ with room for `bound` bytes. Grown, never shrunk: a resize a row would re-zero the
+  // bytes past a shorter key's end (a vector append and a memset call a row).
   uint8_t* one_buffer(size_t bound) {
     if (one_bytes_.size() < bound) one_bytes_.resize(bound);
     return one_bytes_.data();
@@ -740,17 +735,16 @@ class RowKeys {
   // is two overlapping host-order words built in registers, stored as such and hashed from them
   // (short_key_hash_words), and the row loop tests neither the key kind nor the end of the batch
   // (the general loop re-read the bytes it had just written and tested both every row; its
-  // 8-byte loads of bytes just written by narrower stores cannot be store-forwarded: with a
-  // 2-byte prefix, which took that loop, add_batch ran at half the 1-byte rate, 41.5 vs 24.2 ns
-  // a row over 20k int64 keys). The hash is what map_key_hash(nullptr, key, size) computes
+  // 8-byte loads of bytes just written by narrower stores cannot be store-forwarded, a stall
+  // every row). The hash is what map_key_hash(nullptr, key, size) computes
   // (short_key_hash: first and last 8 bytes).
   template <int kPrefix>
   void hash_int64_words(Group& g, int64_t start, const Lanes* lanes_in) {
     static_assert(kInt64WordKey == 10, "kg | be64(key) | 00");
     constexpr uint32_t kSize = kInt64WordKey + (kPrefix - 1);
     g.fixed_size = kSize;
-    // Locals: the key byte stores below may alias the members (callgrind: 7.5M more
-    // instructions over 2M rows reading them through `this`).
+    // Locals: the key byte stores below may alias the members, which would then be re-read
+    // through `this` every row.
     const Lanes::View lanes = lanes_in ? lanes_in->view() : Lanes::View{};
     // ~0u: no lanes, so no slot is ever sound (a Lanes' generation starts at 0 and counts up).
     g.generation = lanes_in ? lanes_in->generation() : ~0u;
@@ -838,7 +832,7 @@ struct RowKey {
 };
 
 // A row lambda passed to for_rows: inlined into the row loop. Left to GCC, the add kernel's
-// lambda became a call a row with ~22 instructions of prologue and spills (callgrind).
+// lambda becomes a call a row with its prologue and spills.
 #define SC_INLINE_ROW __attribute__((always_inline))
 
 // fn(i, kg, const RowKey&) for rows 0..n-1 in order, a group of RowKeys::kGroup rows at a time
@@ -997,7 +991,7 @@ inline KeyArrays make_user_keys(const KeySchema& schema, ArrowInput in) {
 inline uint64_t blob_varlen(const uint8_t* blob, size_t end, size_t* pos, int64_t row) {
   if (*pos < end && blob[*pos] < 0x80) {
     // One-byte varlen (every length < 128): inline, without read_varlen's call and loop
-    // (map_get_batch, callgrind: read_varlen was 8% of its instructions).
+    // (map_get_batch reads one per pair it scans).
     const uint64_t one = blob[*pos];
     if (one > end - *pos - 1) bad_blob(row);
     ++*pos;

@@ -72,7 +72,7 @@ struct MapKeys {
 };
 
 // ser(user_keys[i]) into uk. int64 user keys (8 bytes big-endian, key_codec.h) are written in
-// place: the general append_ser was ~170 instructions a row of map_get_batch (callgrind).
+// place: the general append_ser would cost more than the rest of a map_get_batch row.
 inline void user_key_ser(const KeyArrays& uks, const ArrayView* i64, int64_t i,
                          std::vector<uint8_t>& uk) {
   if (i64 != nullptr) {
@@ -247,7 +247,7 @@ void list_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys
   std::vector<uint8_t>& rebuilt = blob_scratch();
   int64_t count = list_offsets.back();  // elements written so far (earlier chunks included)
   // Without TTL a fixed-width blob other than bool is the elements' Arrow buffer itself on a
-  // little-endian host (stored values are little-endian, docs/architecture.md "Values").
+  // little-endian host (stored values are little-endian, docs/formats.md "Values").
   const bool raw_copy = !ttl.enabled && width != 0 && et.type != ValueType::Bool && le64(1) == 1;
   list_offsets.reserve(list_offsets.size() + static_cast<size_t>(n));
   RowKeys rk(spec, keys, table, kgs);
@@ -269,8 +269,7 @@ void list_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys
     ByteView v;
     if (kernel_get(m, rk.hash(i, m), rk.data(), rk.size(), &v) && v.size != 0) {
       if (raw_copy) {
-        // Stored = Arrow layout: the whole blob at once (callgrind, 10 int64 elements a row:
-        // 1,861 -> 538 instructions a row).
+        // Stored = Arrow layout: the whole blob at once rather than element by element.
         if (v.size % width != 0) bad_blob(i);
         elements.insert(elements.end(), v.data, v.data + v.size);
         count += static_cast<int64_t>(v.size / width);

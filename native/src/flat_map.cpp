@@ -1,6 +1,6 @@
-// The flat engine of StateMap: open addressing over paged, copy-on-write slot arrays. Design,
-// invariants and the conversion rule: the class comment of StateMap ("Flat engine") in
-// statecore/state_map.h; the slot layout: statecore/detail/flat_table.h.
+// The flat engine of StateMap: open addressing over paged, copy-on-write slot arrays. Design and
+// the conversion rule: docs/state-map.md "Flat engine"; invariants: StateMap's class comment
+// (F1, F2); the slot layout: statecore/detail/flat_table.h.
 #include <atomic>
 #include <cstring>
 #if defined(__GLIBC__)
@@ -28,8 +28,8 @@ size_t threshold_for(size_t capacity) { return (capacity >> 1) + (capacity >> 2)
 
 // A growing state frees each old table after its migration, and the maps of one state (one per
 // key group) grow in step, so the last wave of doublings leaves about half the state's size as
-// free heap chunks between live pages, which glibc keeps (measured at 10M int64 -> int64
-// entries: 58.6 RSS bytes per entry, 39.2 after malloc_trim). Every 32 MiB of tables freed by
+// free heap chunks between live pages, which glibc keeps in the process's resident memory.
+// Every 32 MiB of tables freed by
 // completed rehashes, the free pages go back to the system (glibc only; one trim per 32 MiB of
 // growth, about 1.5M int64 entries).
 constexpr size_t kTrimEveryBytes = size_t(32) << 20;
@@ -69,9 +69,8 @@ size_t free_slot(const FlatDirectory* d, uint32_t h) {
 // The map hash of a flat slot's key computed from the slot's own words, for the layouts where
 // that is short_key_hash of prefix | suffix (default hash, 1-byte prefix, 9-16 byte keys, a
 // little-endian host). Rebuilding the key in a buffer and hashing that read 8-byte words just
-// written by narrower stores, which the CPU cannot forward, a stall per entry a rehash moves
-// (add_batch of 200k new int64 keys, the rehashes of growth included: 34.4 -> 31.8 ns a row,
-// interleaved best-of-5 runs). Built once per table rather than tested per slot: the rehash
+// written by narrower stores, which the CPU cannot forward: a stall per entry a rehash moves.
+// Built once per table rather than tested per slot: the rehash
 // loop runs it for every entry it moves.
 struct SlotWordHash {
   uint64_t prefix;
@@ -194,8 +193,8 @@ void StateMap::Impl::flat_finish_rehash() {
   // Every page of the new table is made writable first (allocated, or copied if a snapshot
   // shares it): after the rehash the table is at least 3/8 full, so all of its pages but those
   // of a table smaller than two pages get entries anyway, and the moves then probe and write
-  // through the page array alone (free_slot and flat_slot_for_write per move, each looking the
-  // page up and testing it, were half of the rehash's instructions, callgrind).
+  // through the page array alone instead of free_slot and flat_slot_for_write per move, each
+  // looking the page up and testing it.
   constexpr size_t kAhead = 8;
   struct Move {
     const uint8_t* slot;
@@ -221,9 +220,8 @@ void StateMap::Impl::flat_finish_rehash() {
     detail::flat_copy_slot(dst, m.slot, stride);
   };
   const size_t per_page = old->page_mask() + 1;
-  // Instantiated for SlotWordHash and for flat_hash_of: calling the latter, with its layout
-  // tests, for every entry was ~30 of each move's ~100 instructions (callgrind of the rehashes
-  // of 200k new int64 keys: 39.8M -> 27.9M).
+  // Instantiated for SlotWordHash and for flat_hash_of, so the layouts SlotWordHash covers do
+  // not pay flat_hash_of's layout tests for every entry moved.
   auto moves = [&](auto hash_slot) {
     for (size_t r = rehash_index; r < old_cap;) {
       const FlatPage* p = old->pages()[r >> old->page_shift];

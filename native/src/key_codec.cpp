@@ -1,4 +1,4 @@
-// Encoded-key codec (docs/architecture.md "Encoded key", Flink SerializedCompositeKeyBuilder).
+// Encoded-key codec (docs/formats.md "Encoded key", Flink SerializedCompositeKeyBuilder).
 #include "statecore/key_codec.h"
 
 #include <stdexcept>

@@ -16,8 +16,8 @@ namespace {
 [[noreturn]] void bad(const std::string& msg) { throw std::invalid_argument(msg); }
 
 // Spark key groups of a column, `hash(i)` = row i's xxhash64 (seed 42) as unsigned: one loop
-// with the hash inlined. The per-row key_group_for_* call (a max-parallelism check, an assigner
-// switch, a 64-bit division) was most of the ~70 instructions of an int64 row (callgrind). A
+// with the hash inlined, instead of a per-row key_group_for_* call (a max-parallelism check, an
+// assigner switch, a 64-bit division), which would cost more than the hash itself. A
 // power-of-two max parallelism (the default) takes Spark's pmod as a mask: in two's complement
 // ((h % m) + m) % m == h & (m - 1) for m = 2^k.
 // Any other takes it without a division (detail::SparkPmod).
@@ -34,8 +34,7 @@ void spark_key_groups(int32_t maxp, int64_t n, int32_t* out, Hash hash) {
 
 // spark_key_groups of n int64 keys (8 little-endian bytes each at `keys`, any alignment) with a
 // power-of-two max parallelism (mask = maxP - 1). SC_TARGET_CLONES_VEC: on AVX-512 CPUs the loop
-// runs 8 keys at a time (65,536 keys: 2.03 -> 0.36 ns a key on an AMD EPYC with AVX-512, a
-// standalone loop built -O3 like the extension), on AVX2 ones 4 (3.27 -> 2.33 ns on one without).
+// runs 8 keys at a time, on AVX2 ones 4.
 SC_TARGET_CLONES_VEC
 void spark_int64_key_groups_pow2(const uint8_t* keys, int64_t n, uint64_t mask, int32_t* out) {
   for (int64_t i = 0; i < n; ++i) {

@@ -1,9 +1,7 @@
 // SC_TARGET_CLONES_VEC: build the function it precedes three times, for x86-64-v4 (AVX-512),
 // x86-64-v3 (AVX2) and the baseline, picked once at load by an ifunc (GCC target_clones). For
 // loops of 64-bit multiplies over a whole batch: AVX-512 has the multiply (vpmullq), AVX2 builds
-// it from 32-bit ones and still beats the scalar loop (Spark key groups of 65,536 int64 keys on
-// an AMD EPYC without AVX-512: 2.33 vs 3.27 ns a key, a standalone loop built -O3 like the
-// extension); the wheel stays baseline x86-64.
+// it from 32-bit ones and still beats the scalar loop; the wheel stays baseline x86-64.
 // Empty elsewhere and under the sanitizers (an ifunc resolver runs before their runtime is up).
 #pragma once
 

@@ -1,4 +1,5 @@
-// StateMap / MapSnapshot: see the class comment in statecore/state_map.h for the design.
+// StateMap / MapSnapshot (chained engine and the engine-independent parts; the flat engine is
+// flat_map.cpp). Invariants: StateMap's class comment; design: docs/state-map.md.
 #include "statecore/state_map.h"
 
 #include <algorithm>
@@ -356,8 +357,8 @@ void StateMap::prefetch_bucket(uint32_t h) const {
   const Impl& m = *impl_;
   if (m.flat) {
     // Into L1 (locality 3), with write intent: the slot is about to be read and usually written.
-    // The whole table is often in L3 already, where a locality-1 prefetch did nothing and every
-    // row stalled on the meta load (measured: 80% of the lookup's samples).
+    // The whole table is often in L3 already, where a locality-1 prefetch does nothing and every
+    // row would stall on the meta load.
     m.prefetch(h);
     return;
   }
@@ -865,8 +866,7 @@ void walk_entries(const Directory* d, size_t from, Fn&& fn) {
 // fn(r) for every record r of `log` with from <= r.version < to, oldest first, after
 // prefetch(r.hash) was called kAhead records earlier: a listing from the log looks up every
 // record's key in a table that, at a million entries, is far out of cache, and one lookup at a
-// time waited for each miss (find_hashed was 40% of the incremental checkpoint writer's time,
-// perf, 500k entries and 90k changed).
+// time would wait for each miss in turn.
 template <class Prefetch, class Fn>
 void for_each_logged(const detail::KeyLogView& log, uint64_t from, uint64_t to,
                      Prefetch&& prefetch, Fn&& fn) {
@@ -900,9 +900,8 @@ void walk_flat(const FlatDirectory* d, size_t from, Keep&& keep, Fn&& fn) {
 // fn(key, value, modified) for every entry of snapshot state `st` whose `modified` passes
 // keep(modified), unordered. Inlined into its two callers, with the test ahead of the key's
 // rebuild: an incremental listing walks the whole table when many keys changed (no log), and
-// through a callback a call and, in the flat engine, a rebuilt key were paid for every entry,
-// changed or not (the walk was a fifth of the checkpoint writer's samples with 197k of 500k
-// int64 entries changed, perf; that write 17.7-19.1 -> 16.5-17.1 ms).
+// through a callback a call and, in the flat engine, a rebuilt key would be paid for every
+// entry, changed or not.
 template <class Keep, class Fn>
 void walk_snapshot(const MapSnapshot::State& st, Keep&& keep, Fn&& fn) {
   if (st.flat) {

@@ -1,5 +1,5 @@
 // Collection batch kernels (batch_collections.h) over hand-built Arrow arrays: the exact list and
-// map blobs the per-record path writes (docs/architecture.md "Values"), repeated keys applied in
+// map blobs the per-record path writes (docs/formats.md "Values"), repeated keys applied in
 // row order, sliced arrays, TTL suffixes, and errors that leave the table untouched.
 #include <cstring>
 #include <functional>

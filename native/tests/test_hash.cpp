@@ -1,7 +1,7 @@
 // Bit-exactness of the hash functions (hash.h) and key-group assignment (key_groups.h).
 // Vectors come from tests/data/spark_hashes.json (real Spark 4.3.0) and
 // tests/data/flink_keygroups.json (real Flink), copied here verbatim; the random cross-checks were
-// generated with /work/venv/bin/python (xxhash 3.x `xxh64_intdigest`, mmh3 5.x `hash(...,
+// generated in Python (xxhash 3.x `xxh64_intdigest`, mmh3 5.x `hash(...,
 // signed=False)`) over the splitmix64 input stream defined below, so they are reproducible.
 #include <cstdlib>
 #include <cstring>

@@ -1,4 +1,4 @@
-// The encoded-key layout (key_codec.h, docs/architecture.md "Encoded key").
+// The encoded-key layout (key_codec.h, docs/formats.md "Encoded key").
 // Expected bytes: tests/data/flink_keygroups.json `rocksdb_composite_key_examples` (real Flink
 // RocksDB keys) and Flink's writeVariableIntBytes / StringValue length rules.
 #include <cstring>

@@ -189,7 +189,7 @@ TEST(backpressure_bounds_the_queue) {
   SnapshotSerializer s({SerializerSource{"s", snap, false, 0, {}}}, o);
   s.start();
   // Wait for the producer to hit the full queue rather than sleeping a fixed time: under TSan
-  // the producer can be slower than any fixed sleep (CI failure at stop 28).
+  // the producer can be slower than any fixed sleep.
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (s.stats().producer_waits == 0 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -6,15 +6,12 @@
 // batch_collections.h; list/map reads, map removals, clear: batch_reads.h). Every row addresses
 // the entry whose encoded key is `prefix(kg) | ser(key) | 00` for the VoidNamespace, or
 // `prefix(kg) | ser(key) | ser(ns)` (with lenbytes when both are variable-length) for namespaced
-// keys (BatchKeySpec::has_namespace) (docs/architecture.md "Encoded key", the same bytes as
+// keys (BatchKeySpec::has_namespace) (docs/formats.md "Encoded key", the same bytes as
 // KeyEncoder in key_codec.h), kg from the spec's Assigner (key_groups.h), so the per-record
 // Python path and these kernels read and write the same entries.
 //
-// Values are stored as docs/architecture.md "Values" says (the reference serializers,
-// statecore/value_types.py): int64 / float64 / timestamp (an int64 count of its unit) as 8 bytes
-// little-endian, uint64 as 8 bytes little-endian unsigned, int32 as 4 bytes little-endian, bool
-// as one byte 00/01 (any nonzero byte reads as true), fixed_size_binary[N] as its N bytes,
-// string as UTF-8 bytes, binary as raw bytes.
+// Values are stored as docs/formats.md "Values" defines (the reference serializers,
+// statecore/value_types.py); a stored bool reads any nonzero byte as true.
 //
 // Validation happens BEFORE any mutation: a BatchError leaves the table exactly as it was. Checked
 // up front: the Arrow structs (format, buffers, offsets), key/value formats against the declared

@@ -1,16 +1,11 @@
-// Batch kernels of the collection states: ListState append and MapState put (issue 5), with the
+// Batch kernels of the collection states: ListState append and MapState put, with the
 // key handling, validation rules, thread contract and TTL conventions of batch.h (same
 // BatchKeySpec, ValueSpec, TtlBatchSpec, ArrowInput; BatchError before any mutation).
 //
-// Stored bytes (docs/architecture.md "Values"; the per-record path writes the same,
-// statecore/serializers.py encode_list / encode_map_serialized):
-//  * ListState: fixed-width elements concatenated (stride = width); String/Binary elements each
-//    `varlen(len) | bytes`. With TTL every element carries the 8-byte big-endian timestamp
-//    suffix (`ser(e) | ts`, or `varlen(len) | ser(e) | ts`).
-//  * MapState: pairs `varlen(len(ser(uk))) | ser(uk) | varlen(len(v)) | v` sorted by ser(uk)
-//    bytes (memcmp, a shorter prefix first), ser(uk) being the KEY serializer form
-//    (key_codec.h: int64 8 bytes big-endian, string varlen(len + 1) | bytes, ...). v is the
-//    value's stored bytes, with TTL followed by the timestamp (the varlen counts it).
+// Stored bytes: docs/formats.md "Values" (list and map state) and "TTL suffix"; the per-record
+// path writes the same (statecore/serializers.py encode_list / encode_map_serialized). A map
+// put keeps the pairs sorted by ser(uk) bytes (memcmp, a shorter prefix first): reads scan for
+// the row's user key and rely on that order.
 // Only the apply pass can find a stored blob that does not parse (a table written as another
 // type); that is a BatchError naming the row, the rows before it applied (as batch.h's
 // wrong-width case).

@@ -1,5 +1,5 @@
-// Batch kernels that read (and remove) collection state and clear entries (issue 5, the batch
-// calls besides list append / map put): ListState.get_batch, MapState.get_batch /
+// Batch kernels that read (and remove) collection state and clear entries (the batch calls
+// besides list append / map put): ListState.get_batch, MapState.get_batch /
 // contains_batch / remove_batch, and clear_batch of every state kind. Same key handling,
 // validation rules, thread contract and TTL conventions as batch.h (BatchKeySpec, ValueSpec,
 // TtlBatchSpec, ArrowInput; BatchError before any mutation), same stored bytes as

@@ -29,9 +29,8 @@ std::string check_entries(const ArrowBinaryRun& run, int32_t kg_lo, int32_t kg_h
 // check_entry_range); an entry whose value size differs from the stored one replaces it.
 //
 // The maps' write logs are given up for the epoch (StateMap::give_up_write_log): a restore and a
-// catch-up rebase() right after, so no listing reads those records, and a standby's catch-up
-// (~40% of its keys) logged 1,024 records per key group only to drop them, with those rows off
-// the lanes' path. Removals are still logged (only rebase() may forget them).
+// catch-up rebase() right after, so no listing reads those records, and logging them would only
+// take the rows off the lanes' path to drop the records again. Removals are still logged (only rebase() may forget them).
 // Per run of one key group: an empty map is pre-sized for the run (no rehash while loading),
 // keys are hashed and their slots prefetched 16 entries ahead (a catch-up upserts into a state
 // that is out of cache next to Spark's JVM), and each entry is written through the batch kernels'

@@ -53,7 +53,7 @@ inline uint64_t xxh64_u32(uint32_t v, uint64_t seed) noexcept {
 // MurmurHash3_x86_32 (Austin Appleby's reference MurmurHash3.cpp) of `size` bytes with a 32-bit
 // seed; the result as unsigned. `mmh3.hash(b, seed)` in Python is the same value as int32.
 // Note: Spark's SQL `hash()` uses a non-standard tail for lengths not divisible by 4 and is NOT
-// this function (see /work/shared/reference/spark.md). `data` may be null when `size` is 0.
+// this function (Spark's Murmur3_x86_32.hashUnsafeBytes). `data` may be null when `size` is 0.
 uint32_t murmur3_32(const void* data, size_t size, uint32_t seed) noexcept;
 
 // Flink's MathUtils.murmurHash(int): one Murmur3 block over the 4 bytes of `code` (seed 0, length

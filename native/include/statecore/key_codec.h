@@ -1,16 +1,7 @@
-// The encoded-key layout shared by both backends, checkpoints and the batch kernels
-// (docs/architecture.md "Encoded key"; after Flink's SerializedCompositeKeyBuilder /
-// CompositeKeySerializationUtils):
-//
-//   prefix | ser(key) [| lenbytes(ser(key))] | ser(namespace) [| lenbytes(ser(namespace))]
-//
-// - prefix: the key group, 1 byte when max_parallelism <= 128, else 2 bytes big-endian, so that
-//   sorting encoded keys groups each key group into one contiguous range.
-// - the two lenbytes are written only when BOTH the key and the namespace serializer are
-//   variable-length (Flink's ambiguity rule).
-// - ser(key) of a multi-column key is the columns' serializations in order (Flink
-//   TupleSerializer): every column serializer is fixed-width or carries its own length, so the
-//   concatenation is unambiguous; the key is variable-length when any column is.
+// The encoded-key codec shared by both backends, checkpoints and the batch kernels, after Flink's
+// SerializedCompositeKeyBuilder / CompositeKeySerializationUtils. Layout: docs/formats.md
+// "Encoded key". Invariant the rest of the core relies on: the big-endian key-group prefix makes
+// the byte-wise order of encoded keys group each key group into one contiguous range.
 // Checked against tests/data/flink_keygroups.json `rocksdb_composite_key_examples` and the
 // Python reference (statecore.key_types), byte for byte, by the conformance suite.
 #pragma once

@@ -2,31 +2,11 @@
 //
 // A key group is the unit of state partitioning and rescaling (Flink KeyGroupRangeAssignment):
 // every key maps to one key group in [0, max_parallelism); operator i of p owns one contiguous
-// key-group range. Two assigners are supported:
-//  - Spark:  kg = pmod(xxhash64(key, seed 42) as int64, max_parallelism), hashing each key column
-//            as Spark SQL's XxHash64Function (HashExpression) does for the column type Spark
-//            would have, so Spark SQL can compute the same key group as a column (spark.md):
-//              int32                      hashInt(v): XXH64 of 4 bytes LE
-//              int64, timestamp           hashLong(v): XXH64 of 8 bytes LE (TimestampType and
-//                                         TimestampNTZType hold micros; other units hash their
-//                                         own int64 value)
-//              uint64                     hashLong of the same 64 bits (Spark has no unsigned
-//                                         type; a bigint column holding those bits routes alike;
-//                                         Spark's decimal(20,0) would hash otherwise)
-//              float64                    hashLong(doubleToLongBits(v)), 0 for -0.0 and 0.0,
-//                                         every NaN as 0x7ff8000000000000 (Spark >= 3.2)
-//              bool                       hashInt(1 or 0)
-//              string                     the UTF-8 bytes
-//              binary, fixed_size_binary  the bytes (Spark BinaryType)
-//            Several columns (a multi-column key) chain: each column's hash is the seed of the
-//            next, exactly Spark's xxhash64(c1, c2, ...) and xxhash64(struct(c1, c2, ...)).
-//  - Flink:  kg = MathUtils.murmurHash(key.hashCode()) % max_parallelism with the Java hashCode()
-//            of the boxed key: Integer; Long (int64, timestamp, and uint64 as the same 64 bits);
-//            Double (bits ^ bits >>> 32 of doubleToLongBits, canonical NaN; statecore keys -0.0
-//            as 0.0, so it hashes as 0.0 where Java's Double(-0.0) would not); Boolean
-//            (1231 / 1237); String (UTF-16 units); binary and fixed_size_binary
-//            java.util.Arrays.hashCode(byte[]); several columns as Flink TupleN.hashCode():
-//            h = 0, then h = 31 * h + hashCode(column) per column.
+// key-group range. Two assigners: Spark (kg = pmod(xxhash64(key, seed 42), max_parallelism),
+// each column hashed as Spark SQL's XxHash64Function hashes the column type Spark would give it,
+// so Spark SQL computes the same key group as a column) and Flink
+// (kg = MathUtils.murmurHash(key.hashCode()) % max_parallelism over the boxed Java key). The
+// per-type hashing of both: docs/formats.md "Key groups".
 // Vectors: tests/data/spark_hashes.json, tests/data/spark_key_types.json (a real Spark 4.3),
 // tests/data/flink_keygroups.json, tests/data/java_hash_codes.json (a real JVM).
 #pragma once

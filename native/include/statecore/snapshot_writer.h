@@ -1,17 +1,15 @@
 // Asynchronous snapshot materialization: a background std::thread that turns the table snapshots
 // of one backend snapshot into the block payloads of a checkpoint data file, while the owning
-// thread keeps reading and writing the tables (docs/architecture.md "Incremental snapshots and
-// checkpoints"; payload layout: src/statecore/checkpoint/format.py module docstring).
+// thread keeps reading and writing the tables (block and payload layout: docs/formats.md "Data
+// file"; the Python writer, statecore.checkpoint.format, cuts and encodes the same bytes).
 //
 // Design. The serializer walks the file's order -- key group ascending, then the states in the
 // order given (the footer's `states` list), then encoded key ascending -- and for each (state,
 // key group) lists the map snapshot's entries (sorted_entries) or changes (sorted_changes(base),
 // incremental runs), cuts them into blocks exactly as format.cut_points does (12 bytes of count
 // and leading offsets, then 8 bytes of offsets + key + value bytes per entry, at most
-// `block_target_bytes` per block unless a single entry is larger), and encodes each block:
-//     n u32 | (n+1) x int32 key offsets | (n+1) x int32 value offsets | keys | values
-//     [| ceil(n/8) bytes validity bitmap, LSB first, 0 = tombstone -- incremental runs only]
-// (all little-endian). Compression and checksums happen on the consumer's thread: next() hands
+// `block_target_bytes` per block unless a single entry is larger), and encodes each block's
+// payload (docs/formats.md). Compression and checksums happen on the consumer's thread: next() hands
 // over payloads (the consumer compresses them), next_chunk() compresses and checksums several
 // into one chunk without returning (block_codec.h: the same bytes as the Python writer's).
 // Finished payloads go to a bounded queue (`queue_blocks`): the producer waits while it is full,

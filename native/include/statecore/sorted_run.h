@@ -4,10 +4,8 @@
 // Why flat copies rather than views into the map's entries: entries are scattered over the heap
 // in hash order, so every pass over them in key order misses the cache once per entry. Listing a
 // snapshot touches each entry exactly once, in bucket order, copying its bytes into the builder's
-// staging buffers; sorting and cutting into blocks then run over compact memory. Measured on the
-// 2-core VM, int64 keys, 10M entries in 128 key groups: listing went from 225-290 ns per entry
-// (views + std::sort through key pointers) to 120-195 ns, of which ~50 ns is the unavoidable
-// walk; a full checkpoint write from 29 to 60 MB/s (`statecore bench --case materialize`).
+// staging buffers; sorting and cutting into blocks then run over compact memory instead of
+// chasing key pointers through the heap once per comparison.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -98,8 +96,8 @@ struct SortedRun {
 // While every entry's key has at most 16 bytes and its value at most 8 (int64 or float64 state
 // under an int64 key, an int32 count under a short string), entries are kept whole in 32-byte
 // `Small` records -- words, value, sizes -- and sorted as such: nothing is staged and finish
-// writes the run in one sequential pass, where a slot's index sent it to staged bytes at random
-// (the builder's add + finish were 5.7 ms of a 197k-entry int64 listing's ~23, perf). The first
+// writes the run in one sequential pass, where a slot's index would send it to staged bytes at
+// random. The first
 // larger entry stages the records taken so far and the builder goes on as above.
 class SortedRunBuilder {
  public:

@@ -1,10 +1,9 @@
 // State TTL in the native core: the timestamp suffix, the expiry rule and the filter over one
 // serialized value (Flink TtlUtils + frocksdb FlinkCompactionFilter, on statecore's layout).
 //
-// Layout (docs/architecture.md "Values"): every value, list element and map entry of a
-// TTL-enabled state ends with its last-access time as an 8-byte big-endian signed int64
-// (milliseconds). Flink stores it BEFORE the value; statecore appends it, so a fixed-width value
-// keeps its alignment at offset 0 and a list element's timestamp is found by stride.
+// Layout: docs/formats.md "TTL suffix" (an 8-byte big-endian ms timestamp after every value,
+// list element and map user value; a suffix, unlike Flink's prefix, so a fixed-width value keeps
+// offset 0 and a list element's timestamp is found by stride).
 //
 // Expiry (Flink TtlUtils.expired): an entry with timestamp ts is expired at `now` when
 // ts + ttl_ms <= now, unless ts + ttl_ms overflows int64 (then it never expires).

@@ -6,8 +6,8 @@
 //  * little-endian (load_le32, load_le64, store_le32, store_le64, le32/le64/be64): bytes
 //    an external definition fixes whatever the host -- Arrow buffers, stored values, the
 //    checkpoint format, the XXH64 and Murmur3 specs.
-// All go through memcpy, which GCC turns into one unaligned load or store (a byte-by-byte loop
-// was not merged into one: 8 stores a row in the add kernel's output, callgrind); on the
+// All go through memcpy, which GCC turns into one unaligned load or store (GCC does not merge a
+// byte-by-byte loop into one); on the
 // little-endian hosts the build targets the le* conversions are no-ops.
 #pragma once
 #include <cstdint>
@@ -46,8 +46,8 @@ inline void store_le32(uint8_t* p, uint32_t v) { store_u32(p, le32(v)); }
 inline void store_le64(uint8_t* p, uint64_t v) { store_u64(p, le64(v)); }
 
 // memcpy of a short run of bytes without a call: keys and values are mostly 1-16 bytes, where
-// a call to memcpy with a run-time size cost more than the copy (the sorted-run builder's staging
-// and emit copies were ~25% of listing a key group's changes, callgrind). Two overlapping
+// a call to memcpy with a run-time size costs more than the copy (the sorted-run builder makes
+// two such copies per entry listed). Two overlapping
 // fixed-size moves cover 4-16 bytes.
 inline void copy_small(uint8_t* dst, const uint8_t* src, size_t n) {
   if (n >= 8 && n <= 16) {

@@ -1,5 +1,5 @@
-// Batch kernels' cached view of one flat map (engine internal; the design is in the class comment
-// of StateMap, "Flat engine", "Batch lanes").
+// Batch kernels' cached view of one flat map (engine internal; design: docs/state-map.md
+// "Batch lanes").
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -12,7 +12,7 @@ namespace statecore {
 namespace detail {
 
 // The flat fast path's per-map facts, derived once when a kernel first touches the map in a batch
-// rather than once per row (they were a third of an int64 add_batch row's map work, callgrind):
+// rather than once per row (per row they would be a large share of an int64 row's map work):
 // the map is flat with no rehash in flight and a version a slot can record, its layout fits the
 // batch's keys (and values), and, for writes, its directory is exclusive; plus the directory's
 // geometry and the map version. Sound while only lanes touch the map: a write of a slot or an
@@ -25,7 +25,7 @@ namespace detail {
 // operation, which also refreshes `req` (read by the chained engine only).
 //
 // The row-path members are always inlined: they run once a row, and GCC outlined them from the
-// kernels' larger loops (a call and spills a row, +100M instructions over 2M rows, callgrind).
+// kernels' larger loops (a call and register spills a row).
 //
 // Fixed layouts open with a 1-byte prefix and a 4-16 byte key suffix (an int64 key with the void
 // namespace or an int32 one, an int32 key with the void namespace, under either key-group
@@ -40,10 +40,9 @@ struct alignas(64) FlatLane {
   //
   // The directory's page array and owned[] (flat_table.h, for writes) -- or, for a directory of
   // at most kCopiedPages pages, page_copies and owned_copies, copies kept in the lane: loading a
-  // row's page pointer from its directory was a cache miss that stalled the key hasher's slot
-  // prefetch, with many small maps (max parallelism 4096, 200k int64 keys: a quarter of the
-  // hasher's samples, perf) and with 128 maps of 8 pages each (200k int64 keys at max
-  // parallelism 128: 14% of the hasher's samples on the test of the loaded pointer). Sound for
+  // row's page pointer from its directory is a cache miss that stalls the key hasher's slot
+  // prefetch, both with many small maps (a high max parallelism) and with a few maps of several
+  // pages each. Sound for
   // as long as the lane is open: neither changes then (a write that would change them, to a
   // missing or shared page, goes through the general path, which closes the lane).
   FlatPage* const* pages = nullptr;
@@ -102,8 +101,8 @@ struct alignas(64) FlatLane {
 
   // Prefetches the home slot of hash h and the next one (a short probe) from the lane's
   // geometry; nothing when the home page was never written. A kernel's key hasher calls it a
-  // group of rows ahead; through the map (StateMap::Impl::prefetch: map, engine, directory,
-  // page) it was ~20 more instructions a row (callgrind).
+  // group of rows ahead; going through the map instead (StateMap::Impl::prefetch: map, engine,
+  // directory, page) would add those loads to every row.
   [[gnu::always_inline]] void prefetch(uint32_t h) const {
     prefetch_slot(home_slot(h));
   }
@@ -308,8 +307,8 @@ struct alignas(64) FlatLane {
   }
 
   // upsert() of a var lane: as upsert_words; a new key's area is its words, then zero words.
-  // Out of line, unlike the fixed rows' members: a string row costs ~100 ns anyway, and inlined
-  // its word loops would enlarge the row loops that int64 keys share.
+  // Out of line, unlike the fixed rows' members: a string row costs far more than a call anyway,
+  // and inlined its word loops would enlarge the row loops that int64 keys share.
   [[gnu::noinline]] uint8_t* upsert_var(uint32_t h, const uint8_t* key, size_t ks,
                                         bool* inserted) {
     uint64_t w[kFlatMaxKey / 8];

@@ -1,5 +1,5 @@
-// Paged open-addressing slot arrays of the state map's flat engine (engine internal; the design is
-// in the class comment of StateMap, "Flat engine").
+// Paged open-addressing slot arrays of the state map's flat engine (engine internal; design:
+// docs/state-map.md "Flat engine").
 //
 // A flat table is a FlatDirectory of FlatPages of fixed-stride slots, both reference counted
 // exactly like the chained engine's Directory/Page (detail/pages.h): the live map and every
@@ -57,8 +57,8 @@ struct FlatLayout {
   uint32_t key_size = 0;     // bytes of every encoded key (var: the most a key may have)
   uint32_t prefix_size = 0;  // leading key bytes shared by every key, kept in `prefix`
   uint32_t value_size = 0;
-  // 4 + suffix_size() + value_size, kept: the batch kernels' slot prefetch computes a slot
-  // address a row, and the sum was ~5 of its instructions (callgrind).
+  // 4 + suffix_size() + value_size, kept rather than summed: the batch kernels' slot prefetch
+  // computes a slot address a row.
   uint32_t slot_stride = 4;
   uint8_t prefix[1] = {0};
 
@@ -146,8 +146,8 @@ inline uint32_t flat_var_words(const uint8_t* key, size_t ks, uint64_t* w) {
 
 // The probe's words are stored as aligned 8-byte words, so that the probe reads each back from
 // exactly one store. Written by store_key (a size byte, a memcpy, zero words), every word the
-// probe compared was read across narrower or misaligned stores, which the CPU cannot forward,
-// a stall each (perf: most of flat_locate's samples on the compares, 200k string keys).
+// probe compared would be read across narrower or misaligned stores, which the CPU cannot
+// forward: a stall each.
 inline const uint8_t* FlatLayout::probe_key(const uint8_t* key, size_t ks, uint64_t* buf) const {
   if (!var) return key + prefix_size;
   uint8_t* const area = reinterpret_cast<uint8_t*>(buf);
@@ -195,8 +195,8 @@ static_assert(sizeof(FlatPage) == 8, "slots start 8 bytes into a page");
 // owned[i] != 0 promises that pages()[i] exists and no other directory references it, so while
 // the directory itself is exclusive (refs == 1) the owner may write the page in place. Writers
 // test it instead of the page's reference count: that count sits on the page's first cache line,
-// away from the slot being written, and at 10M int64 keys loading it was a cache miss on every
-// row (74% of the add kernel's samples once the slot prefetch worked, perf). Only the owner
+// away from the slot being written, and in a state larger than the cache loading it is a cache
+// miss on every row. Only the owner
 // thread reads or writes owned[]. It can only be stale towards "not known": a page becomes shared
 // only through make_copy, which starts the copy with every byte 0 (the source directory then
 // belongs to snapshots, which never write); a page that became exclusive again because a snapshot
@@ -337,9 +337,8 @@ inline void flat_copy_slot(uint8_t* dst, const uint8_t* src, size_t stride) {
 // change the table. In two passes over runs of 256 slots: the first writes every slot's address
 // and advances past it only when it is taken, so no branch depends on the slot; the second calls
 // fn on what was taken. Whether a slot is live (at load 1/2 to 3/4) or changed (a micro-batch
-// that changed 40% of the keys) is a coin toss, and the test-and-branch of a one-pass walk
-// mispredicted about every other slot (an incremental listing's write -0.9 to -1.2 ms at 197k
-// changed of 500k int64 entries).
+// that changes a large share of the keys) is a coin toss, and the test-and-branch of a one-pass
+// walk would mispredict about every other slot.
 template <class Keep, class Fn>
 void flat_for_each_kept(const FlatDirectory* d, size_t from, Keep&& keep, Fn&& fn) {
   if (!d || !d->layout.fixed) return;

@@ -51,9 +51,9 @@ inline uint64_t tail_word(const uint8_t* p, size_t n) {
 
 // 64x64 -> 128-bit multiply folded by xor of the halves (wyhash's "mum"): one multiply mixes
 // every input bit into the middle bits of both halves.
-// On x86-64 one `mul` in inline assembly: from the __int128 product GCC 12 stored the low half
-// to the stack and loaded it back before the xor (two extra memory operations a multiply, the
-// batch kernels' key hasher, objdump).
+// On x86-64 one `mul` in inline assembly: from the __int128 product GCC 12 stores the low half
+// to the stack and loads it back before the xor (two extra memory operations a multiply in the
+// batch kernels' key hasher).
 [[gnu::always_inline]] inline uint64_t mum_fold(uint64_t a, uint64_t b) {
 #if defined(__x86_64__) && defined(__GNUC__)
   uint64_t lo, hi;
@@ -67,8 +67,8 @@ inline uint64_t tail_word(const uint8_t* p, size_t n) {
 
 // Keys of 9-16 bytes (the common int64 key with its key-group prefix and void namespace): two overlapping 8-byte reads, each xored with its own constant, then two
 // folded 128-bit multiplies, the length mixed into the second (the shape of wyhash's short-key
-// path, github.com/wangyi-fudan/wyhash). About a third of the instructions of the word loop
-// below for these sizes, and the input that selects the slot of every batch row.
+// path, github.com/wangyi-fudan/wyhash): far fewer instructions than the word loop below for
+// these sizes, and it selects the slot of every batch row.
 // short_key_hash of a key whose first 8 bytes, read as a host-order word, are `a` and whose last
 // 8 are `b`: the batch kernels build both words of an int64 key in registers.
 [[gnu::always_inline]] inline uint32_t short_key_hash_words(uint64_t a, uint64_t b, size_t size) {
@@ -84,8 +84,8 @@ inline uint64_t tail_word(const uint8_t* p, size_t n) {
 }
 
 // Keys of 4-8 bytes (an int32 key with its prefix and the VoidNamespace: 6 or 7): the first and
-// last 4 bytes (overlapping below 8) as short_key_hash's two words. The word loop's byte-by-byte
-// tail was most of an int32 add_batch row's hash (perf).
+// last 4 bytes (overlapping below 8) as short_key_hash's two words, instead of the word loop's
+// byte-by-byte tail.
 [[gnu::always_inline]] inline uint32_t tiny_key_hash(const uint8_t* data, size_t size) {
   uint32_t a, b;
   std::memcpy(&a, data, 4);
@@ -96,7 +96,7 @@ inline uint64_t tail_word(const uint8_t* p, size_t n) {
 // Keys of 17-24 bytes (an int64 key with an int64 namespace, e.g. a window start: 17 bytes with
 // the prefix; short string keys): three 8-byte reads (the last overlapping the middle one), two
 // folded multiplies as short_key_hash, the length in the second (wyhash's 17-48 byte shape,
-// one round). Half the instructions of the word loop for these sizes.
+// one round), cheaper than the word loop for these sizes.
 inline uint32_t medium_key_hash(const uint8_t* data, size_t size) {
   uint64_t a, b, c;
   std::memcpy(&a, data, 8);

@@ -1,5 +1,5 @@
-// Key logs of the state map's change tracking (engine internal; see "Change tracking" in the
-// class comment of StateMap in state_map.h): the removal log and the write log.
+// Key logs of the state map's change tracking (engine internal; invariants C1-C5 in StateMap's
+// class comment, design in docs/state-map.md "Change tracking"): the removal log and the write log.
 //
 // Records {map version, key hash, key bytes} in version order, in fixed-size chunks
 // linked oldest -> newest through shared_ptr. The owner appends at the tail; a snapshot keeps a
@@ -27,8 +27,8 @@ struct KeyRecord {
   uint32_t key_size = 0;
   uint8_t* key = nullptr;  // `small`, or owned by the chunk (new[]); nullptr for an empty key
   // Keys up to 16 bytes (int64 keys with their prefix and namespace) stay in the record: a bulk
-  // load logs up to write_log_min records per map, and an allocation each cost more than the
-  // write itself (callgrind, int64 add_batch).
+  // load logs up to write_log_min records per map, and an allocation each would cost more than
+  // the write itself.
   uint8_t small[16];
 
   void set_key(const uint8_t* k, size_t n) {

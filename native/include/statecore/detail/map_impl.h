@@ -1,5 +1,5 @@
-// Engine state of StateMap and MapSnapshot (internal; see the class comment of StateMap in
-// state_map.h for the design, invariants and thread contract).
+// Engine state of StateMap and MapSnapshot (internal; invariants and thread contract: the class
+// comment of StateMap in state_map.h; design: docs/state-map.md).
 #pragma once
 #include <atomic>
 #include <cstddef>
@@ -41,7 +41,7 @@ struct StateMap::Impl {
 
   // ---- owner-thread state (only the owning thread reads or writes these) ----
   KeyHashFunction hash_fn;        // injected hash, or nullptr for detail::default_key_hash
-  // Flat engine (state_map.h "Flat engine"): while `flat`, the tables are fprimary/frehash and the
+  // Flat engine (docs/state-map.md "Flat engine"): while `flat`, the tables are fprimary/frehash and the
   // chained ones are null; rehash_index, the sizes, threshold and live_bytes mean the same.
   bool flat;
   detail::FlatDirectory* fprimary = nullptr;  // the flat table; during a rehash the OLD one
@@ -65,14 +65,14 @@ struct StateMap::Impl {
   // epoch (version 0, base 0) is not logged at all. Changes against the empty map are the whole
   // contents, which a listing gets by walking the table for about what reading the log would
   // cost, and a fresh map's first epoch is mostly inserts (every key of a new state is a first
-  // write: logging them was ~4% of add_batch's time while 200k new int64 keys came in, perf).
+  // write, and logging each would slow the inserts for nothing).
   uint64_t writes_complete_from = 1;
   size_t write_log_min = 1024;    // the write log may always hold this many records (log_write)
   // First writes of keys in the current epoch, logged or not (log_write counts them, FoldHotRows
   // where it stamps without a call). An epoch that had more than the log's limit makes the next
-  // one start without a log (start_epoch): a Spark micro-batch that touches 40% of its keys does
-  // so every micro-batch, and logging 1,024 records per map only to drop them, with those rows
-  // off the batch kernel's hot path, was a third of add_batch's time (500k keys, 250k rows).
+  // one start without a log (start_epoch): a Spark micro-batch that touches a large share of its
+  // keys does so every micro-batch, and logging records only to drop them would take those rows
+  // off the batch kernel's hot path.
   size_t epoch_writes = 0;
 
   // ---- shared with threads that release snapshots ----

@@ -4,9 +4,9 @@
 // Why: a state that outgrows the cache is probed at random, and with 4 KiB pages nearly every
 // probe also misses the TLB (a few MiB of reach, against 240 MB of slots for 10M int64 entries),
 // which on a virtual machine costs a two-dimensional page walk and stops the batch kernels'
-// software prefetches from helping. Measured on the 2-core VM of bench/results: add_batch over
-// 10M distinct int64 keys went from 1.7-2.0 to 2.4-2.7 M rows/s when every malloc was huge-page
-// backed (GLIBC_TUNABLES=glibc.malloc.hugetlb=1); this pool does that for the flat pages alone.
+// software prefetches from helping. Huge pages give the probes TLB reach; this pool backs the
+// maps' pages (and the chained engine's entries) with them without changing malloc for the
+// whole process (docs/state-map.md "Page pool").
 //
 // Blocks of one byte size (rounded up to 64) come from chunks of that size class. A chunk is one
 // aligned 2 MiB mapping (madvise MADV_HUGEPAGE: with THP in "madvise" mode, as Debian ships it,
@@ -22,8 +22,7 @@
 // The chained engine's entries (detail/entry.h, 40-300 bytes each, one per key of a string or
 // otherwise variable-length state) come from the same chunks through small_alloc, in 16-byte
 // size classes up to kPoolSmallMaxBytes; larger ones (list and map blobs) are malloc'd. Their
-// problem is the one above: 10M string entries are ~0.6 GB read at random, and add_batch over
-// them ran 950-1000 ns a row with 4 KiB pages vs 620-790 with every malloc huge-page backed.
+// problem is the one above: a large string state is gigabytes of entries read at random.
 // The cost is one lock per entry allocated or freed (not per row that only updates), and up to
 // one partly used 2 MiB chunk per size class in use.
 //

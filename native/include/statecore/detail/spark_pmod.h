@@ -12,8 +12,8 @@ namespace detail {
 // Lemire, Kaser and Kurz, "Faster Remainder by Direct Computation" (2019), fastmod_u64: with
 // M = ceil(2^128 / m), u mod m = ((M * u mod 2^128) * m) >> 128, exact for every 64-bit u
 // (their Theorem 1 with F = 128 >= 64 + log2(m)). A negative h is u = h + 2^64 as unsigned,
-// so h mod m = (u mod m - 2^64 mod m) mod m. A 64-bit division a row was 9 ns of an int64
-// add_batch row at max parallelism 200 against 256 (a power of two, where pmod is a mask).
+// so h mod m = (u mod m - 2^64 mod m) mod m. A 64-bit division a row would dominate an int64
+// row's key-group step at a max parallelism that is not a power of two (where pmod is a mask).
 class SparkPmod {
  public:
   explicit SparkPmod(uint32_t m)
