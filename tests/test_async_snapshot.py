@@ -23,7 +23,7 @@ from statecore.descriptors import (
     ValueStateDescriptor,
 )
 from statecore.errors import InvalidInputError
-from fs_wrappers import LocalDelegatingHandler
+from support.fs_wrappers import LocalDelegatingHandler
 
 _native = pytest.importorskip("statecore._native")
 if not hasattr(_native, "SnapshotBlockSerializer"):

@@ -27,7 +27,7 @@ from statecore.errors import (
     InvalidInputError,
 )
 from statecore.key_groups import KeyGroupRange
-from fs_wrappers import LocalDelegatingHandler
+from support.fs_wrappers import LocalDelegatingHandler
 
 
 # ------------------------------------------------------------------------------------ fakes

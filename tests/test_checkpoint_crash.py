@@ -12,7 +12,7 @@ import pytest
 
 from statecore.checkpoint import CheckpointStore
 from test_checkpoint_incremental import Model, read_all
-from fs_wrappers import LocalDelegatingHandler
+from support.fs_wrappers import LocalDelegatingHandler
 
 
 class InjectedCrash(OSError):

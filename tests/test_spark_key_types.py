@@ -16,7 +16,7 @@ from statecore import key_types as KT
 from statecore.errors import InvalidInputError
 from statecore.key_groups import normalize_key_type, spark_key_group
 
-import spark_key_type_vectors as V  # tests/ is on sys.path (pytest rootdir-relative import)
+from support import spark_key_type_vectors as V
 
 pytestmark = pytest.mark.spark
 

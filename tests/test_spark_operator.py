@@ -374,7 +374,7 @@ def test_operator_without_python_worker_reuse(tmp_path):
         backends.append("native")
     except ImportError:
         pass
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spark_no_reuse_job.py")
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support", "spark_no_reuse_job.py")
     proc = subprocess.run([sys.executable, script, str(tmp_path), *backends],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from listed_changes import ListedChanges
+from support.listed_changes import ListedChanges
 from statecore import create_backend
 from statecore.descriptors import ReducingStateDescriptor, ValueStateDescriptor
 from statecore.errors import InvalidInputError

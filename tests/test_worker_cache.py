@@ -18,7 +18,7 @@ from statecore.descriptors import ReducingStateDescriptor
 from statecore.spark import checkpoint_write
 from statecore.spark import task as op_mod
 from statecore.spark import worker_cache as W
-from fs_wrappers import LocalDelegatingHandler
+from support.fs_wrappers import LocalDelegatingHandler
 
 pytest.importorskip("statecore._native")
 

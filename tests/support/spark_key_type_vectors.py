@@ -1,7 +1,7 @@
 """Spark SQL ``xxhash64`` and ``pmod(xxhash64, 128)`` of key values of every statecore key type,
 computed by a real Spark, written to ``tests/data/spark_key_types.json``.
 
-    PYTHONPATH=src python tests/spark_key_type_vectors.py [out.json]
+    PYTHONPATH=src python tests/support/spark_key_type_vectors.py [out.json]
 
 Each value is built inside Spark SQL from an exact text form (``CAST('<repr>' AS DOUBLE)``,
 ``timestamp_micros(...)``, ``unhex(...)``), so nothing is lost between Python and the JVM; the
@@ -24,7 +24,7 @@ import json
 import pathlib
 import sys
 
-OUT = pathlib.Path(__file__).parent / "data" / "spark_key_types.json"
+OUT = pathlib.Path(__file__).parents[1] / "data" / "spark_key_types.json"
 
 CASES = {
     "int32": [0, 1, -1, 2**31 - 1, -(2**31)],
@@ -96,7 +96,7 @@ def compute(spark) -> dict:
     row = spark.range(1).selectExpr(*cols).collect()[0].asDict()
     out: dict = {"meta": {
         "spark_version": spark.version,
-        "generator": "tests/spark_key_type_vectors.py",
+        "generator": "tests/support/spark_key_type_vectors.py",
         "what": "xxhash64 = Spark SQL xxhash64(col) (seed 42); pmod_xxhash64_128 = "
                 "pmod(xxhash64(col), 128); spark_text = CAST(col AS STRING), hex(col) for binary",
         "spark_types": {"int32": "int", "int64": "bigint", "uint64": "bigint (same 64 bits)",

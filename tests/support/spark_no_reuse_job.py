@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 
 import test_spark_operator as t  # noqa: E402
 from statecore.spark.session import local_session  # noqa: E402

@@ -1,6 +1,6 @@
 // Java hashCode() of boxed key values, as Flink's KeyGroupRangeAssignment sees them (the input of
 // MathUtils.murmurHash), for the key types whose Flink assigner uses them. Run with a JDK (11+):
-//   java tests/JavaHashCodes.java > tests/data/java_hash_codes.json
+//   java tests/support/JavaHashCodes.java > tests/data/java_hash_codes.json
 // tests/test_key_types.py checks statecore's java_hash_code (Python and native) against the file.
 import java.util.Arrays;
 
@@ -20,7 +20,7 @@ public class JavaHashCodes {
   public static void main(String[] args) {
     StringBuilder out = new StringBuilder("{\n");
     out.append(" \"meta\": {\"java_version\": \"" + System.getProperty("java.version")
-        + "\", \"generator\": \"tests/JavaHashCodes.java\"},\n");
+        + "\", \"generator\": \"tests/support/JavaHashCodes.java\"},\n");
     // float64: Double.hashCode(); values as Java's Double.toString, bits as doubleToRawLongBits.
     String[] doubles = {"0.0", "-0.0", "NaN", "Infinity", "-Infinity", "1.5", "-2.25", "1.0E-310",
                         "4.9E-324", "1.7976931348623157E308", "0.1"};
