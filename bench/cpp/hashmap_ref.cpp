@@ -39,6 +39,7 @@
 //
 // Errors (bad arguments, unreadable files) print a message to stderr and exit with status 2.
 
+#include <unistd.h>
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -47,7 +48,6 @@
 #include <cstring>
 #include <string>
 #include <string_view>
-#include <unistd.h>
 #include <vector>
 
 #ifdef STATECORE_REF_ABSL
@@ -78,7 +78,8 @@ std::vector<T> read_all(const char* path) {
   std::fseek(f, 0, SEEK_END);
   long bytes = std::ftell(f);
   std::fseek(f, 0, SEEK_SET);
-  if (bytes < 0 || bytes % static_cast<long>(sizeof(T)) != 0) die(std::string("bad size of ") + path);
+  if (bytes < 0 || bytes % static_cast<long>(sizeof(T)) != 0)
+    die(std::string("bad size of ") + path);
   std::vector<T> out(static_cast<size_t>(bytes) / sizeof(T));
   if (!out.empty() && std::fread(out.data(), sizeof(T), out.size(), f) != out.size())
     die(std::string("short read of ") + path);
@@ -130,8 +131,10 @@ int run_int64(const char* keys_path, const char* out_path) {
   int64_t checksum = 0;  // also keeps the per-row output observable
   for (int64_t v : out) checksum += v;
   write_all(out_path, out.data(), out.size());
-  std::printf("{\"map\": \"%s\", \"rows\": %zu, \"seconds\": %.9f, \"distinct\": %zu, \"checksum\": %lld}\n",
-              kMapName, keys.size(), dt, m.size(), static_cast<long long>(checksum));
+  std::printf(
+      "{\"map\": \"%s\", \"rows\": %zu, \"seconds\": %.9f, \"distinct\": %zu, \"checksum\": "
+      "%lld}\n",
+      kMapName, keys.size(), dt, m.size(), static_cast<long long>(checksum));
   return 0;
 }
 
@@ -152,8 +155,10 @@ int run_string(const char* offsets_path, const char* data_path, const char* out_
   int64_t checksum = 0;
   for (int64_t v : out) checksum += v;
   write_all(out_path, out.data(), out.size());
-  std::printf("{\"map\": \"%s\", \"rows\": %zu, \"seconds\": %.9f, \"distinct\": %zu, \"checksum\": %lld}\n",
-              kMapName, n, dt, m.size(), static_cast<long long>(checksum));
+  std::printf(
+      "{\"map\": \"%s\", \"rows\": %zu, \"seconds\": %.9f, \"distinct\": %zu, \"checksum\": "
+      "%lld}\n",
+      kMapName, n, dt, m.size(), static_cast<long long>(checksum));
   return 0;
 }
 
@@ -191,9 +196,10 @@ int run_binary(const char* put_keys_path, const char* put_off_path, const char* 
   for (uint8_t v : valid) present += v;
   write_all(out_off_path, ooff.data(), ooff.size());
   write_all(out_data_path, odata.data(), odata.size());
-  std::printf("{\"map\": \"%s\", \"put_rows\": %zu, \"put_seconds\": %.9f, \"get_rows\": %zu, "
-              "\"get_seconds\": %.9f, \"distinct\": %zu, \"present\": %zu, \"out_bytes\": %zu}\n",
-              kMapName, pk.size(), put_s, gk.size(), get_s, m.size(), present, odata.size());
+  std::printf(
+      "{\"map\": \"%s\", \"put_rows\": %zu, \"put_seconds\": %.9f, \"get_rows\": %zu, "
+      "\"get_seconds\": %.9f, \"distinct\": %zu, \"present\": %zu, \"out_bytes\": %zu}\n",
+      kMapName, pk.size(), put_s, gk.size(), get_s, m.size(), present, odata.size());
   return 0;
 }
 
@@ -207,8 +213,9 @@ int run_list(const char* keys_path, const char* values_path) {
   double dt = seconds_since(t0);
   size_t elements = 0;
   for (const auto& kv : m) elements += kv.second.size();
-  std::printf("{\"map\": \"%s\", \"rows\": %zu, \"seconds\": %.9f, \"distinct\": %zu, \"elements\": %zu}\n",
-              kMapName, keys.size(), dt, m.size(), elements);
+  std::printf(
+      "{\"map\": \"%s\", \"rows\": %zu, \"seconds\": %.9f, \"distinct\": %zu, \"elements\": %zu}\n",
+      kMapName, keys.size(), dt, m.size(), elements);
   return 0;
 }
 
@@ -223,8 +230,9 @@ int run_map(const char* keys_path, const char* user_keys_path, const char* value
   auto t0 = Clock::now();
   for (size_t i = 0; i < keys.size(); ++i) {
     Pairs& p = m[keys[i]];
-    auto it = std::lower_bound(p.begin(), p.end(), uks[i],
-                               [](const std::pair<int64_t, int64_t>& a, int64_t k) { return a.first < k; });
+    auto it = std::lower_bound(
+        p.begin(), p.end(), uks[i],
+        [](const std::pair<int64_t, int64_t>& a, int64_t k) { return a.first < k; });
     if (it != p.end() && it->first == uks[i]) it->second = values[i];
     else p.insert(it, {uks[i], values[i]});
   }
@@ -235,8 +243,10 @@ int run_map(const char* keys_path, const char* user_keys_path, const char* value
     pairs += kv.second.size();
     for (const auto& e : kv.second) checksum += e.second;
   }
-  std::printf("{\"map\": \"%s\", \"rows\": %zu, \"seconds\": %.9f, \"distinct\": %zu, \"pairs\": %zu, \"checksum\": %lld}\n",
-              kMapName, keys.size(), dt, m.size(), pairs, static_cast<long long>(checksum));
+  std::printf(
+      "{\"map\": \"%s\", \"rows\": %zu, \"seconds\": %.9f, \"distinct\": %zu, \"pairs\": %zu, "
+      "\"checksum\": %lld}\n",
+      kMapName, keys.size(), dt, m.size(), pairs, static_cast<long long>(checksum));
   return 0;
 }
 
@@ -256,8 +266,8 @@ int run_list_get(const char* keys_path, const char* values_path, const char* get
     offsets.push_back(static_cast<int64_t>(out.size()));
   }
   double dt = seconds_since(t0);
-  std::printf("{\"map\": \"%s\", \"rows\": %zu, \"seconds\": %.9f, \"elements\": %zu}\n",
-              kMapName, gk.size(), dt, out.size());
+  std::printf("{\"map\": \"%s\", \"rows\": %zu, \"seconds\": %.9f, \"elements\": %zu}\n", kMapName,
+              gk.size(), dt, out.size());
   return 0;
 }
 
@@ -294,8 +304,8 @@ int run_map_get(const char* keys_path, const char* user_keys_path, const char* v
   double dt = seconds_since(t0);
   size_t found = 0;
   for (uint8_t v : valid) found += v;
-  std::printf("{\"map\": \"%s\", \"rows\": %zu, \"seconds\": %.9f, \"found\": %zu}\n",
-              kMapName, gk.size(), dt, found);
+  std::printf("{\"map\": \"%s\", \"rows\": %zu, \"seconds\": %.9f, \"found\": %zu}\n", kMapName,
+              gk.size(), dt, found);
   return 0;
 }
 
@@ -307,7 +317,8 @@ int run_memory(const char* n_arg) {
   Map<int64_t, int64_t> m;
   for (long long i = 0; i < n; ++i) m[i] = i;
   long r1 = rss_bytes();
-  std::printf("{\"map\": \"%s\", \"entries\": %zu, \"rss_delta\": %ld}\n", kMapName, m.size(), r1 - r0);
+  std::printf("{\"map\": \"%s\", \"entries\": %zu, \"rss_delta\": %ld}\n", kMapName, m.size(),
+              r1 - r0);
   return 0;
 }
 
@@ -317,7 +328,8 @@ int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "int64" && argc == 4) return run_int64(argv[2], argv[3]);
   if (mode == "string" && argc == 5) return run_string(argv[2], argv[3], argv[4]);
-  if (mode == "binary" && argc == 8) return run_binary(argv[2], argv[3], argv[4], argv[5], argv[6], argv[7]);
+  if (mode == "binary" && argc == 8)
+    return run_binary(argv[2], argv[3], argv[4], argv[5], argv[6], argv[7]);
   if (mode == "list" && argc == 4) return run_list(argv[2], argv[3]);
   if (mode == "map" && argc == 5) return run_map(argv[2], argv[3], argv[4]);
   if (mode == "list_get" && argc == 5) return run_list_get(argv[2], argv[3], argv[4]);

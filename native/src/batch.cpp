@@ -24,7 +24,6 @@ namespace {
 
 using namespace batch_detail;
 
-
 template <class T>
 inline T load_fixed(const uint8_t* p) {
   if constexpr (std::is_same<T, double>::value) return load_f64(p);
@@ -44,8 +43,9 @@ inline void store_fixed(uint8_t* p, T v) {
 // The name of an integer accumulator type, for the Sum overflow message.
 template <class T>
 constexpr const char* int_type_name() {
-  return std::is_same<T, int32_t>::value ? "int32"
-         : std::is_same<T, uint64_t>::value ? "uint64" : "int64";
+  return std::is_same<T, int32_t>::value    ? "int32"
+         : std::is_same<T, uint64_t>::value ? "uint64"
+                                            : "int64";
 }
 
 // A null value row leaves the aggregate unchanged and outputs it (null if none); with TTL it is a
@@ -57,7 +57,8 @@ void emit_current(StateMap& m, const RowKeys& rk, int64_t i, T* out, uint8_t* va
   if (ttl.enabled) {
     valid[i] = ttl_read(m, rk, i, fixed_width<T>(ttl), ttl, expired,
                         [&](const uint8_t* p, size_t) { out[i] = load_fixed<T>(p); })
-                   ? 1 : 0;
+                   ? 1
+                   : 0;
     return;
   }
   ByteView v;
@@ -113,7 +114,7 @@ struct UndoLog {
 
 template <class T>
 struct TtlUndoRecord {
-  int64_t row;     // ~row when the key was new (then `old` is meaningless)
+  int64_t row;  // ~row when the key was new (then `old` is meaningless)
   T old;
   int64_t old_ts;
 };
@@ -124,10 +125,10 @@ struct TtlUndoRecord {
 // reference to a row loop's local handed to an outlined call makes the compiler reload that
 // local every row.
 template <class T, bool kTtl, class Rec, class ValueAt>
-[[gnu::noinline, gnu::cold]] void undo_sum_rows(StateTable& table, const int32_t* kgs,
-                                                RowKeys& rk, const ArrayView values,
-                                                ValueAt value_at, const T* out, const Rec* undo,
-                                                size_t undone, int64_t failed) {
+[[gnu::noinline, gnu::cold]] void undo_sum_rows(StateTable& table, const int32_t* kgs, RowKeys& rk,
+                                                const ArrayView values, ValueAt value_at,
+                                                const T* out, const Rec* undo, size_t undone,
+                                                int64_t failed) {
   constexpr size_t kTs = stored_width<T>();
   auto restore = [&](int64_t row, bool existed, T v, int64_t ts) {
     rk.encode(row, kgs[row]);
@@ -193,9 +194,9 @@ struct FoldHotRows {
   Combine combine;
   ValueAt value_at;
   T* out;
-  int64_t* undo;    // kUndo: the rows that inserted (fold_rows_with's log), *undone of them
+  int64_t* undo;  // kUndo: the rows that inserted (fold_rows_with's log), *undone of them
   size_t* undone;
-  bool all_valid;   // values.null_count() == 0
+  bool all_valid;  // values.null_count() == 0
 
   template <uint32_t kWord>
   int64_t run(const RowKeys::GroupView& gv, int64_t g0, int64_t i, int64_t end) const {
@@ -331,10 +332,9 @@ void fold_rows_with(StateTable& table, const int32_t* kgs, RowKeys& rk, const Ar
   if constexpr (kTtl) {
     for_rows(rk, table, lanes, kgs, n, row);
   } else {
-    const FoldHotRows<T, kUndo, Combine, ValueAt> hot{lanes.view(), lanes.generation_ptr(), kgs,
-                                                      &values, combine,
-                                                      value_at, out, undo, &undone,
-                                                      values.null_count() == 0};
+    const FoldHotRows<T, kUndo, Combine, ValueAt> hot{
+        lanes.view(), lanes.generation_ptr(),  kgs, &values, combine, value_at, out, undo,
+        &undone,      values.null_count() == 0};
     for_rows(rk, table, lanes, kgs, n, row, hot);
   }
   if constexpr (kUndo) log.release();
@@ -363,39 +363,43 @@ void fold_reducer(Reducer r, StateTable& table, const int32_t* kgs, RowKeys& rk,
       if constexpr (std::is_same<T, bool>::value) {
         break;
       } else if constexpr (std::is_integral<T>::value) {
-        fold_rows<T, true>(table, kgs, rk, values,
-                           [](T a, T b, T* res) { return !__builtin_add_overflow(a, b, res); },
-                           value_at, out, valid, ttl, expired);
+        fold_rows<T, true>(
+            table, kgs, rk, values,
+            [](T a, T b, T* res) { return !__builtin_add_overflow(a, b, res); }, value_at, out,
+            valid, ttl, expired);
       } else {
-        fold_rows<T, false>(table, kgs, rk, values,
-                            [](T a, T b, T* res) { return *res = a + b, true; }, value_at, out,
-                            valid, ttl, expired);
+        fold_rows<T, false>(
+            table, kgs, rk, values, [](T a, T b, T* res) { return *res = a + b, true; }, value_at,
+            out, valid, ttl, expired);
       }
       break;
     case Reducer::Min:
       if constexpr (std::is_same<T, bool>::value) break;
-      else fold_rows<T, false>(table, kgs, rk, values,
-                          [](T acc, T v, T* res) { return *res = v < acc ? v : acc, true; },
-                          value_at, out, valid, ttl, expired);
+      else
+        fold_rows<T, false>(
+            table, kgs, rk, values,
+            [](T acc, T v, T* res) { return *res = v < acc ? v : acc, true; }, value_at, out, valid,
+            ttl, expired);
       break;
     case Reducer::Max:
       if constexpr (std::is_same<T, bool>::value) break;
-      else fold_rows<T, false>(table, kgs, rk, values,
-                          [](T acc, T v, T* res) { return *res = v > acc ? v : acc, true; },
-                          value_at, out, valid, ttl, expired);
+      else
+        fold_rows<T, false>(
+            table, kgs, rk, values,
+            [](T acc, T v, T* res) { return *res = v > acc ? v : acc, true; }, value_at, out, valid,
+            ttl, expired);
       break;
     case Reducer::First:
-      fold_rows<T, false>(table, kgs, rk, values,
-                          [](T acc, T, T* res) { return *res = acc, true; }, value_at, out,
-                          valid, ttl, expired);
+      fold_rows<T, false>(
+          table, kgs, rk, values, [](T acc, T, T* res) { return *res = acc, true; }, value_at, out,
+          valid, ttl, expired);
       break;
     case Reducer::Last:
-      fold_rows<T, false>(table, kgs, rk, values,
-                          [](T, T v, T* res) { return *res = v, true; }, value_at, out, valid,
-                          ttl, expired);
+      fold_rows<T, false>(
+          table, kgs, rk, values, [](T, T v, T* res) { return *res = v, true; }, value_at, out,
+          valid, ttl, expired);
       break;
-    case Reducer::Count:
-      break;  // handled by the caller (different value input)
+    case Reducer::Count: break;  // handled by the caller (different value input)
   }
 }
 
@@ -432,7 +436,8 @@ void emit_current_bytes(StateMap& m, const RowKeys& rk, int64_t i, size_t w, uin
   if (ttl.enabled) {
     valid[i] = ttl_read(m, rk, i, fixed_width(w, ttl), ttl, expired,
                         [&](const uint8_t* p, size_t) { std::memcpy(out, p, w); })
-                   ? 1 : 0;
+                   ? 1
+                   : 0;
     return;
   }
   ByteView v;
@@ -505,8 +510,8 @@ size_t value_width(const ValueSpec& t) {
 }
 
 void validate_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
-                    const ValueSpec& value_type, BatchOp op, Reducer reducer,
-                    ArrowInput values_in, const TtlBatchSpec& ttl) {
+                    const ValueSpec& value_type, BatchOp op, Reducer reducer, ArrowInput values_in,
+                    const TtlBatchSpec& ttl) {
   check_spec(value_type);
   const KeyArrays keys = make_keys(spec, keys_in);
   if (op == BatchOp::Put) {
@@ -543,11 +548,11 @@ void get_batch_fixed(StateTable& table, const BatchKeySpec& spec, ArrowInput key
       rk.ahead(i);
       rk.encode(i, kgs[i]);
       out_fixed(value_type, out_values, i, nullptr);
-      out_valid[i] = ttl_read(table.map_unchecked(kgs[i]), rk, i, width, ttl, expired,
-                              [&](const uint8_t* p, size_t) {
-                                out_fixed(value_type, out_values, i, p);
-                              })
-                         ? 1 : 0;
+      out_valid[i] =
+          ttl_read(table.map_unchecked(kgs[i]), rk, i, width, ttl, expired,
+                   [&](const uint8_t* p, size_t) { out_fixed(value_type, out_values, i, p); })
+              ? 1
+              : 0;
     }
     return;
   }
@@ -594,8 +599,8 @@ void get_batch_var(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_
   int64_t row = 0;
   auto append = [&](const uint8_t* p, size_t sz) {
     if (used + sz > data.size())
-      data.resize(std::max({used + sz * static_cast<size_t>(n - row), 2 * data.size(),
-                            size_t(4096)}));
+      data.resize(
+          std::max({used + sz * static_cast<size_t>(n - row), 2 * data.size(), size_t(4096)}));
     if (sz) std::memcpy(data.data() + used, p, sz);
     used += sz;
   };
@@ -681,8 +686,8 @@ void put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
 }
 
 void add_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
-               const ValueSpec& value_type, Reducer reducer, ArrowInput values_in,
-               void* out_values, uint8_t* out_valid, const TtlBatchSpec& ttl, int64_t* expired) {
+               const ValueSpec& value_type, Reducer reducer, ArrowInput values_in, void* out_values,
+               uint8_t* out_valid, const TtlBatchSpec& ttl, int64_t* expired) {
   int64_t local = 0;
   expired = expired_sink(expired, &local);
   check_spec(value_type);
@@ -702,35 +707,39 @@ void add_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
           *res = static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
           return true;
         },
-        [](const ArrayView&, int64_t) { return int64_t{1}; }, static_cast<int64_t*>(out_values), out_valid, ttl,
-        expired);
+        [](const ArrayView&, int64_t) { return int64_t{1}; }, static_cast<int64_t*>(out_values),
+        out_valid, ttl, expired);
   } else if (value_type.type == ValueType::Int64 || value_type.type == ValueType::Timestamp) {
     // A timestamp is its int64 count of units (Sum was rejected above).
-    fold_reducer<int64_t>(reducer, table, kgs, rk, values,
-                          [](const ArrayView& v, int64_t i) { return v.int64_at(i); },
-                          static_cast<int64_t*>(out_values), out_valid, ttl, expired);
+    fold_reducer<int64_t>(
+        reducer, table, kgs, rk, values,
+        [](const ArrayView& v, int64_t i) { return v.int64_at(i); },
+        static_cast<int64_t*>(out_values), out_valid, ttl, expired);
   } else if (value_type.type == ValueType::UInt64) {
-    fold_reducer<uint64_t>(reducer, table, kgs, rk, values,
-                           [](const ArrayView& v, int64_t i) { return v.uint64_at(i); },
-                           static_cast<uint64_t*>(out_values), out_valid, ttl, expired);
+    fold_reducer<uint64_t>(
+        reducer, table, kgs, rk, values,
+        [](const ArrayView& v, int64_t i) { return v.uint64_at(i); },
+        static_cast<uint64_t*>(out_values), out_valid, ttl, expired);
   } else if (value_type.type == ValueType::FixedSizeBinary) {
     fold_bytes(reducer, table, kgs, rk, values, static_cast<size_t>(value_type.width),
                static_cast<uint8_t*>(out_values), out_valid, ttl, expired);
   } else if (value_type.type == ValueType::Int32) {
-    fold_reducer<int32_t>(reducer, table, kgs, rk, values,
-                          [](const ArrayView& v, int64_t i) { return v.int32_at(i); },
-                          static_cast<int32_t*>(out_values), out_valid, ttl, expired);
+    fold_reducer<int32_t>(
+        reducer, table, kgs, rk, values,
+        [](const ArrayView& v, int64_t i) { return v.int32_at(i); },
+        static_cast<int32_t*>(out_values), out_valid, ttl, expired);
   } else if (value_type.type == ValueType::Bool) {
     // bool is one byte holding 0/1 on every platform the build supports (checked below), so the
     // caller's uint8_t[n] output is written as bool[n].
     static_assert(sizeof(bool) == 1, "bool outputs are written into uint8_t buffers");
-    fold_reducer<bool>(reducer, table, kgs, rk, values,
-                       [](const ArrayView& v, int64_t i) { return v.bool_at(i); },
-                       static_cast<bool*>(out_values), out_valid, ttl, expired);
+    fold_reducer<bool>(
+        reducer, table, kgs, rk, values, [](const ArrayView& v, int64_t i) { return v.bool_at(i); },
+        static_cast<bool*>(out_values), out_valid, ttl, expired);
   } else {
-    fold_reducer<double>(reducer, table, kgs, rk, values,
-                         [](const ArrayView& v, int64_t i) { return v.float64_at(i); },
-                         static_cast<double*>(out_values), out_valid, ttl, expired);
+    fold_reducer<double>(
+        reducer, table, kgs, rk, values,
+        [](const ArrayView& v, int64_t i) { return v.float64_at(i); },
+        static_cast<double*>(out_values), out_valid, ttl, expired);
   }
 }
 

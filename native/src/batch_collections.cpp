@@ -15,18 +15,31 @@ using namespace batch_detail;
 
 // Row i's stored bytes (docs/formats.md "Values"): fixed-width numbers serialized into tmp
 // (8 bytes at most), fixed_size_binary/string/binary pointed to in the Arrow buffers.
-inline const uint8_t* value_bytes(const ValueSpec& vt, const ArrayView& v, int64_t i,
-                                  uint8_t* tmp, size_t* size) {
+inline const uint8_t* value_bytes(const ValueSpec& vt, const ArrayView& v, int64_t i, uint8_t* tmp,
+                                  size_t* size) {
   switch (vt.type) {
     case ValueType::Int64:
-    case ValueType::Timestamp: store_i64(tmp, v.int64_at(i)); *size = 8; return tmp;
-    case ValueType::UInt64: store_le64(tmp, v.uint64_at(i)); *size = 8; return tmp;
-    case ValueType::Float64: store_f64(tmp, v.float64_at(i)); *size = 8; return tmp;
-    case ValueType::Int32: store_i32(tmp, v.int32_at(i)); *size = 4; return tmp;
-    case ValueType::Bool: store_bool(tmp, v.bool_at(i)); *size = 1; return tmp;
-    case ValueType::FixedSizeBinary:
-      *size = static_cast<size_t>(vt.width);
-      return v.fixed_at(i);
+    case ValueType::Timestamp:
+      store_i64(tmp, v.int64_at(i));
+      *size = 8;
+      return tmp;
+    case ValueType::UInt64:
+      store_le64(tmp, v.uint64_at(i));
+      *size = 8;
+      return tmp;
+    case ValueType::Float64:
+      store_f64(tmp, v.float64_at(i));
+      *size = 8;
+      return tmp;
+    case ValueType::Int32:
+      store_i32(tmp, v.int32_at(i));
+      *size = 4;
+      return tmp;
+    case ValueType::Bool:
+      store_bool(tmp, v.bool_at(i));
+      *size = 1;
+      return tmp;
+    case ValueType::FixedSizeBinary: *size = static_cast<size_t>(vt.width); return v.fixed_at(i);
     case ValueType::String:
     case ValueType::Binary: break;
   }
@@ -64,7 +77,8 @@ const int32_t* validate_map(StateTable& table, const BatchKeySpec& spec, const K
     fail("user_keys: length " + std::to_string(user_keys.length()) + " differs from keys length " +
          std::to_string(keys.length()));
   const int64_t null_uk = user_keys.first_null(nullptr);
-  if (null_uk >= 0) fail("user_keys: null at " + row_str(null_uk) + " (map user keys must not be null)");
+  if (null_uk >= 0)
+    fail("user_keys: null at " + row_str(null_uk) + " (map user keys must not be null)");
   check_values(vt, keys, values);
   check_no_nulls(values, "values", "use remove_batch to remove user keys");
   check_ttl(ttl);

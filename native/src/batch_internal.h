@@ -120,8 +120,7 @@ inline ArrayView make_view(ArrowInput in, const char* role) {
   try {
     ArrayView v(in.schema, in.array);
     const int64_t bad = v.check_offsets();
-    if (bad >= 0)
-      fail(std::string(role) + ": invalid variable-width offsets at " + row_str(bad));
+    if (bad >= 0) fail(std::string(role) + ": invalid variable-width offsets at " + row_str(bad));
     return v;
   } catch (const BatchError&) {
     throw;
@@ -159,7 +158,8 @@ inline void store_f64(uint8_t* p, double d) {
 
 [[noreturn]] inline void wrong_width(int64_t row, size_t got, size_t want) {
   fail(row_str(row) + ": the stored value holds " + std::to_string(got) + " bytes, expected " +
-       std::to_string(want) + " (the table holds values of another type than declared, or "
+       std::to_string(want) +
+       " (the table holds values of another type than declared, or "
        "another TTL setting)");
 }
 
@@ -218,7 +218,8 @@ inline std::vector<int32_t>& kg_scratch() {
 
 // Validation pass over the keys: spec, table range, nulls, key groups (formats were checked by
 // make_keys). Returns the key group of every row (kg_scratch()). Touches no state.
-inline const int32_t* validate_keys(StateTable& table, const BatchKeySpec& spec, const KeyArrays& keys) {
+inline const int32_t* validate_keys(StateTable& table, const BatchKeySpec& spec,
+                                    const KeyArrays& keys) {
   try {
     check_max_parallelism(spec.max_parallelism);
   } catch (const std::invalid_argument& e) {
@@ -269,7 +270,8 @@ inline const int32_t* validate_keys(StateTable& table, const BatchKeySpec& spec,
       if (kgs[i] < spec.kg_start || kgs[i] > spec.kg_end)
         fail("keys: " + row_str(i) + " belongs to key group " + std::to_string(kgs[i]) +
              ", outside this table's key-group range [" + std::to_string(spec.kg_start) + ", " +
-             std::to_string(spec.kg_end) + "] (was the batch routed by the same assigner and "
+             std::to_string(spec.kg_end) +
+             "] (was the batch routed by the same assigner and "
              "max parallelism?)");
     }
   }
@@ -309,11 +311,10 @@ class Lanes {
   }
   // Key group kg's lane for a key of ks bytes (and, vs != 0, values of vs bytes), or nullptr.
   // Both sizes are checked on every row: string keys and put_batch's string values vary by row.
-  [[gnu::always_inline]] detail::FlatLane* get(int32_t kg, const uint8_t* key, size_t ks,
-                                                 size_t vs, bool write) {
+  [[gnu::always_inline]] detail::FlatLane* get(int32_t kg, const uint8_t* key, size_t ks, size_t vs,
+                                               bool write) {
     detail::FlatLane& l = lanes_[kg - kg_start_];
-    if (l.epoch == epoch_)
-      return l.fits(ks) && (vs == 0 || l.value_size == vs) ? &l : nullptr;
+    if (l.epoch == epoch_) return l.fits(ks) && (vs == 0 || l.value_size == vs) ? &l : nullptr;
     if (!l.open(table_.map_unchecked(kg).engine(), key, ks, vs, write)) return nullptr;
     l.epoch = epoch_;
     return &l;
@@ -385,7 +386,11 @@ class RowKeys {
   RowKeys(const BatchKeySpec& spec, const KeyArrays& keys, StateTable& table, const int32_t* kgs)
       : enc_(spec.key, ns_type(keys), spec.max_parallelism),
         ahead_enc_(spec.key, ns_type(keys), spec.max_parallelism),
-        keys_(keys), ns_(keys.namespaces()), table_(table), kgs_(kgs), n_(keys.length()),
+        keys_(keys),
+        ns_(keys.namespaces()),
+        table_(table),
+        kgs_(kgs),
+        n_(keys.length()),
         // String keys (chained maps) of a small state are encoded and hashed row by row: the
         // state stays in cache, and a group's work ahead would only cost. int64 keys take the
         // groups at any size (below).
@@ -511,8 +516,8 @@ class RowKeys {
     if (!prefetch_) return GroupView{};
     const Group& g = groups_[(static_cast<uint64_t>(start) / kGroup) & 1];
     if (g.start != start) return GroupView{};
-    return GroupView{g.bytes.data(), g.offsets,    g.hashes,    g.fixed_size,
-                     true,           g.slots,      g.generation};
+    return GroupView{g.bytes.data(), g.offsets, g.hashes,    g.fixed_size,
+                     true,           g.slots,   g.generation};
   }
 
  private:
@@ -525,7 +530,7 @@ class RowKeys {
     if (int_keys_ || bytes_keys_) {
       cur_ = one_buffer(int_keys_ ? int_key_bound(i) : bytes_key_bound(i));
       cur_size_ = int_keys_ ? write_int_key(i, kg, one_bytes_.data())
-                              : write_bytes_key(i, kg, one_bytes_.data());
+                            : write_bytes_key(i, kg, one_bytes_.data());
       return;
     }
     encode_into(enc_, i, kg);
@@ -585,15 +590,14 @@ class RowKeys {
     return p + sz;
   }
 
-
   // The encoded keys and hashes of rows [start, start + kGroup).
   struct Group {
     int64_t start = -1;
     std::vector<uint8_t> bytes;
     uint32_t offsets[kGroup + 1] = {};
     uint32_t hashes[kGroup] = {};
-    bool all_flat = false;  // every row's map is flat: nothing for ahead() to prefetch
-    uint32_t fixed_size = 0;  // GroupView::fixed_size
+    bool all_flat = false;        // every row's map is flat: nothing for ahead() to prefetch
+    uint32_t fixed_size = 0;      // GroupView::fixed_size
     uint8_t* slots[kGroup] = {};  // GroupView::slots (hash_int64_words)
     uint32_t generation = ~0u;    // GroupView::generation
   };
@@ -799,9 +803,9 @@ class RowKeys {
   KeyEncoder enc_;
   KeyEncoder ahead_enc_;
   const KeyArrays& keys_;
-  const KeyArrays* ns_;          // the namespace column of namespaced keys, else nullptr
+  const KeyArrays* ns_;                // the namespace column of namespaced keys, else nullptr
   const ArrayView* ns_col_ = nullptr;  // its column (write_ns)
-  size_t ns_width_ = 0;          // 8 (int64), 4 (int32) or 0 (string/binary) namespaces
+  size_t ns_width_ = 0;                // 8 (int64), 4 (int32) or 0 (string/binary) namespaces
   bool int_in_one_ = false;      // int keys whose encoded form fits one_ (void/fixed namespace)
   bool bytes_void_ = false;      // string/binary keys, void namespace
   bool int64_words_ = false;     // int64 keys, void namespace, default hash (hash_int64_words)
@@ -811,11 +815,11 @@ class RowKeys {
   int64_t n_;
   bool prefetch_;
   int prefix_size_;
-  KeyHashFunction hash_fn_;  // the table's maps' (they all have the StateTable's)
-  const ArrayView* int_keys_ = nullptr;  // the key column when keys are scalar int64 or int32
-  size_t int_width_ = 8;                  // its bytes: 8 (int64) or 4 (int32)
+  KeyHashFunction hash_fn_;                // the table's maps' (they all have the StateTable's)
+  const ArrayView* int_keys_ = nullptr;    // the key column when keys are scalar int64 or int32
+  size_t int_width_ = 8;                   // its bytes: 8 (int64) or 4 (int32)
   const ArrayView* bytes_keys_ = nullptr;  // ... when they are scalar string/binary
-  std::vector<uint8_t> one_bytes_;          // encode()'s buffer for a string/binary key
+  std::vector<uint8_t> one_bytes_;         // encode()'s buffer for a string/binary key
   uint8_t one_[kInt64KeyMax] = {};
   Group groups_[2];
   const uint8_t* cur_ = nullptr;
@@ -849,7 +853,9 @@ struct RowKey {
 struct NoHotRows {
   static constexpr bool kEnabled = false;
   template <uint32_t kWord>
-  int64_t run(const RowKeys::GroupView&, int64_t, int64_t i, int64_t) const { return i; }
+  int64_t run(const RowKeys::GroupView&, int64_t, int64_t i, int64_t) const {
+    return i;
+  }
 };
 
 template <uint32_t kWord, class Fn, class Hot>
@@ -933,8 +939,8 @@ inline void check_values(const ValueSpec& vt, const KeyArrays& keys, const Array
 // mutation, since a removal or a copy-on-write invalidates the bytes read. Returns whether a value
 // was shown.
 template <class Emit>
-inline bool ttl_read(StateMap& m, const RowKeys& rk, int64_t i, size_t width, const TtlBatchSpec& ttl,
-              int64_t* expired, Emit emit) {
+inline bool ttl_read(StateMap& m, const RowKeys& rk, int64_t i, size_t width,
+                     const TtlBatchSpec& ttl, int64_t* expired, Emit emit) {
   ByteView v;
   if (!kernel_get(m, rk.hash(i, m), rk.data(), rk.size(), &v)) return false;
   if (width != 0 && v.size != width) wrong_width(i, v.size, width);
@@ -969,7 +975,8 @@ inline std::vector<uint8_t>& blob_scratch() {
 
 // The user keys of a map kernel as KeyArrays of the user-key type (one column, no struct).
 inline KeyArrays make_user_keys(const KeySchema& schema, ArrowInput in) {
-  if (schema.is_struct || schema.columns.size() != 1) fail("user_keys: a map user key is one column");
+  if (schema.is_struct || schema.columns.size() != 1)
+    fail("user_keys: a map user key is one column");
   try {
     KeyArrays k(schema, in.schema, in.array);
     const int64_t bad = k.check_offsets();
@@ -983,7 +990,8 @@ inline KeyArrays make_user_keys(const KeySchema& schema, ArrowInput in) {
 }
 
 [[noreturn]] inline void bad_blob(int64_t row) {
-  fail(row_str(row) + ": the stored list/map blob does not parse (the table holds another "
+  fail(row_str(row) +
+       ": the stored list/map blob does not parse (the table holds another "
        "state kind or value layout than declared)");
 }
 

@@ -100,7 +100,8 @@ MapKeys validate_map_keys(StateTable& table, const BatchKeySpec& spec, ArrowInpu
     fail("user_keys: length " + std::to_string(uks.length()) + " differs from keys length " +
          std::to_string(keys.length()));
   const int64_t null_uk = uks.first_null(nullptr);
-  if (null_uk >= 0) fail("user_keys: null at " + row_str(null_uk) + " (map user keys must not be null)");
+  if (null_uk >= 0)
+    fail("user_keys: null at " + row_str(null_uk) + " (map user keys must not be null)");
   check_ttl(ttl);
   const int32_t* kgs = validate_keys(table, spec, keys);
   return MapKeys{std::move(keys), std::move(uks), kgs};
@@ -299,7 +300,8 @@ void list_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys
               if (ttl::expired(e.ts, ttl.ttl_ms, ttl.now)) continue;
               if (width == 0) rebuilt.insert(rebuilt.end(), head, head + put_varlen(head, e.size));
               rebuilt.insert(rebuilt.end(), v.data + e.start, v.data + e.start + e.size + suffix);
-              if (ttl.update_on_read) ttl::store_timestamp(rebuilt.data() + rebuilt.size() - suffix, ttl.now);
+              if (ttl.update_on_read)
+                ttl::store_timestamp(rebuilt.data() + rebuilt.size() - suffix, ttl.now);
             }
             uint8_t* out = m.put(rk.data(), rk.size(), rebuilt.size());
             std::memcpy(out, rebuilt.data(), rebuilt.size());
@@ -322,8 +324,9 @@ void map_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
   check_spec(vt);
   const bool fixed = is_fixed(vt);
   const bool has_rows = keys.array != nullptr && keys.array->length > 0;
-  if (has_rows && (out.valid == nullptr || (fixed && out.fixed == nullptr) ||
-                   (!fixed && (out.offsets == nullptr || out.data == nullptr || out.offsets->empty()))))
+  if (has_rows &&
+      (out.valid == nullptr || (fixed && out.fixed == nullptr) ||
+       (!fixed && (out.offsets == nullptr || out.data == nullptr || out.offsets->empty()))))
     fail("map_get_batch: missing output buffers for value type " + value_type_name(vt));
   map_read_batch(table, spec, keys, user_key, user_keys, vt, ttl, expired,
                  [&](int64_t i, const uint8_t* p, size_t s) {
@@ -348,8 +351,8 @@ void map_contains_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput 
 
 void map_remove_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
                       const KeySchema& user_key, ArrowInput user_keys_in) {
-  const MapKeys mk = validate_map_keys(table, spec, keys_in, user_key, user_keys_in,
-                                       TtlBatchSpec());
+  const MapKeys mk =
+      validate_map_keys(table, spec, keys_in, user_key, user_keys_in, TtlBatchSpec());
   const int64_t n = mk.keys.length();
   std::vector<uint8_t> uk;
   const ArrayView* uk_i64 = int64_user_keys(user_key, mk.user_keys);

@@ -107,15 +107,13 @@ DecodeResult decode_blocks(const uint8_t* data, size_t size, const StoredBlockRe
     if (blk.offset > size || blk.stored_length > size - blk.offset)
       return fail(b, "block lies outside the bytes of its key group");
     const uint8_t* stored = data + blk.offset;
-    if (xxh64(stored, blk.stored_length, 0) != blk.xxh64)
-      return fail(b, "block checksum mismatch");
+    if (xxh64(stored, blk.stored_length, 0) != blk.xxh64) return fail(b, "block checksum mismatch");
     if (blk.stored_length > kInt32Max || blk.raw_length > kInt32Max)
       return fail(b, "cannot decompress: block longer than LZ4 allows");
     if (scratch.size() < max_raw) scratch.resize(max_raw);
-    const int got = LZ4_decompress_safe(reinterpret_cast<const char*>(stored),
-                                        reinterpret_cast<char*>(scratch.data()),
-                                        static_cast<int>(blk.stored_length),
-                                        static_cast<int>(blk.raw_length));
+    const int got = LZ4_decompress_safe(
+        reinterpret_cast<const char*>(stored), reinterpret_cast<char*>(scratch.data()),
+        static_cast<int>(blk.stored_length), static_cast<int>(blk.raw_length));
     if (got < 0) return fail(b, "cannot decompress: corrupt LZ4 block");
     if (static_cast<uint64_t>(got) != blk.raw_length)
       return fail(b, "cannot decompress: LZ4 gave " + std::to_string(got) +
@@ -129,7 +127,9 @@ DecodeResult decode_blocks(const uint8_t* data, size_t size, const StoredBlockRe
     const uint64_t klen = load_le32(ko + 4 * n), vlen = load_le32(vo + 4 * n);
     const uint8_t* kd = vo + 4 * (n + 1);
     if (r.key_bytes + klen > kInt32Max || r.value_bytes + vlen > kInt32Max)
-      return fail(b, "more than 2 GiB of keys or values in one read (a key group or a range of them; int32 offsets)");
+      return fail(b,
+                  "more than 2 GiB of keys or values in one read (a key group or a range of them; "
+                  "int32 offsets)");
     if (r.key_bytes + klen > out.data_capacity || r.value_bytes + vlen > out.data_capacity)
       throw std::invalid_argument("decode_blocks: output data capacity too small");
     std::memcpy(out.key_data + r.key_bytes, kd, klen);

@@ -39,8 +39,8 @@ struct Entries {
 
 }  // namespace
 
-std::string check_entries(const ArrowBinaryRun& run, int32_t kg_lo, int32_t kg_hi,
-                          int prefix_bytes, int64_t value_width, bool tombstones) {
+std::string check_entries(const ArrowBinaryRun& run, int32_t kg_lo, int32_t kg_hi, int prefix_bytes,
+                          int64_t value_width, bool tombstones) {
   if (prefix_bytes != 1 && prefix_bytes != 2)
     throw std::invalid_argument("prefix_width must be 1 or 2, got " + std::to_string(prefix_bytes));
   const int64_t n = static_cast<int64_t>(run.size);
@@ -59,8 +59,8 @@ std::string check_entries(const ArrowBinaryRun& run, int32_t kg_lo, int32_t kg_h
              std::to_string(prefix_bytes) + "-byte key-group prefix";
     const int32_t kg = e.kg(i);
     if (kg < prev || kg > kg_hi)
-      return at + std::to_string(i) + ": key-group prefix " + std::to_string(kg) +
-             " is outside [" + std::to_string(kg_lo) + ", " + std::to_string(kg_hi) +
+      return at + std::to_string(i) + ": key-group prefix " + std::to_string(kg) + " is outside [" +
+             std::to_string(kg_lo) + ", " + std::to_string(kg_hi) +
              "] or below the entry before it (entries must be sorted by key group)";
     prev = kg;
     const int64_t vs = run.value_offsets[i + 1] - run.value_offsets[i];

@@ -82,7 +82,7 @@ struct SlotWordHash {
   }
   explicit SlotWordHash(const FlatLayout& l) : prefix(l.prefix[0]), key_size(l.key_size) {}
   uint32_t operator()(const uint8_t* slot) const {
-    const uint64_t a = prefix | (detail::load_u64(slot + 4) << 8);    // key bytes 0-7
+    const uint64_t a = prefix | (detail::load_u64(slot + 4) << 8);       // key bytes 0-7
     const uint64_t b = detail::load_u64(slot + 4 + (key_size - 1) - 8);  // the last 8
     return detail::short_key_hash_words(a, b, key_size);
   }
@@ -243,10 +243,8 @@ void StateMap::Impl::flat_finish_rehash() {
       }
     }
   };
-  if (SlotWordHash::applies(hash_fn, old->layout))
-    moves(SlotWordHash(old->layout));
-  else
-    moves([&](const uint8_t* s) { return flat_hash_of(old, s); });
+  if (SlotWordHash::applies(hash_fn, old->layout)) moves(SlotWordHash(old->layout));
+  else moves([&](const uint8_t* s) { return flat_hash_of(old, s); });
   for (size_t k = moved - queued; k < moved; ++k) place(ring[k % kAhead]);
   stats.entry_copies += moved;
   primary_size -= moved;
@@ -418,8 +416,9 @@ bool StateMap::Impl::flat_collect(uint64_t* cursor, size_t min_entries, SortedRu
   // revisits).
   const FlatDirectory* newest = frehash ? frehash : fprimary;
   const size_t cap = newest->capacity;
-  const size_t max_visits = min_entries <= 16 ? 64
-                            : min_entries > SIZE_MAX / 4 ? SIZE_MAX : 4 * min_entries;
+  const size_t max_visits = min_entries <= 16            ? 64
+                            : min_entries > SIZE_MAX / 4 ? SIZE_MAX
+                                                         : 4 * min_entries;
   size_t b = *cursor < cap ? static_cast<size_t>(*cursor) : 0;
   if (!newest->layout.fixed) b = cap;
   uint8_t buf[detail::kFlatMaxKey];

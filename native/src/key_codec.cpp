@@ -35,8 +35,8 @@ void append_key_group_prefix(std::vector<uint8_t>& out, int32_t key_group,
   const int width = key_group_prefix_size(max_parallelism);
   if (key_group < 0 || key_group >= max_parallelism)
     throw std::invalid_argument("key group " + std::to_string(key_group) +
-                                " outside [0, max_parallelism=" +
-                                std::to_string(max_parallelism) + ")");
+                                " outside [0, max_parallelism=" + std::to_string(max_parallelism) +
+                                ")");
   if (width == 2) out.push_back(static_cast<uint8_t>(key_group >> 8));
   out.push_back(static_cast<uint8_t>(key_group));
 }

@@ -1,10 +1,10 @@
 // Batch keys read against a KeySchema (see key_columns.h).
 #include "statecore/key_columns.h"
 
+#include "multiversion.h"
 #include "statecore/detail/bytes.h"
 #include "statecore/detail/spark_pmod.h"
 #include "statecore/hash.h"
-#include "multiversion.h"
 
 #include <cstring>
 #include <stdexcept>
@@ -84,7 +84,11 @@ char unit_letter(TimeUnit u) {
 std::string arrow_name(const ArrayView& v) {
   if (v.kind() == ArrowKind::Timestamp) {
     const char u = v.time_unit();
-    return std::string("timestamp[") + (u == 's' ? "s" : u == 'm' ? "ms" : u == 'u' ? "us" : "ns") +
+    return std::string("timestamp[") +
+           (u == 's'   ? "s"
+            : u == 'm' ? "ms"
+            : u == 'u' ? "us"
+                       : "ns") +
            "]";
   }
   if (v.kind() == ArrowKind::FixedSizeBinary)
@@ -100,10 +104,12 @@ bool accepts(const KeyColumn& c, const ArrayView& v) {
     case KeyType::UInt64: return k == ArrowKind::UInt64;
     case KeyType::Float64: return k == ArrowKind::Float64;
     case KeyType::Bool: return k == ArrowKind::Bool;
-    case KeyType::Timestamp: return k == ArrowKind::Timestamp && v.time_unit() == unit_letter(c.unit);
+    case KeyType::Timestamp:
+      return k == ArrowKind::Timestamp && v.time_unit() == unit_letter(c.unit);
     case KeyType::String: return k == ArrowKind::Utf8 || k == ArrowKind::LargeUtf8;
     case KeyType::Binary: return k == ArrowKind::Binary || k == ArrowKind::LargeBinary;
-    case KeyType::FixedSizeBinary: return k == ArrowKind::FixedSizeBinary && v.byte_width() == c.width;
+    case KeyType::FixedSizeBinary:
+      return k == ArrowKind::FixedSizeBinary && v.byte_width() == c.width;
   }
   return false;
 }
@@ -154,7 +160,8 @@ KeyArrays::KeyArrays(const KeySchema& schema, const ArrowSchema* s, const ArrowA
   struct_validity_ = a->null_count == 0 ? nullptr : static_cast<const uint8_t*>(a->buffers[0]);
   for (size_t i = 0; i < n; ++i)
     columns_.push_back(column_view(schema_.columns[i], s->children[i], a->children[i],
-                                   "field " + std::to_string(i) + ": ", true, a->offset, a->length));
+                                   "field " + std::to_string(i) + ": ", true, a->offset,
+                                   a->length));
 }
 
 KeyArrays::KeyArrays(const KeySchema& schema, const KeySchema& ns, const ArrowSchema* s,
@@ -167,8 +174,8 @@ KeyArrays::KeyArrays(const KeySchema& schema, const KeySchema& ns, const ArrowSc
   if (s->format == nullptr || std::string(s->format) != "+s" || s->n_children != 2 ||
       a->n_children != 2 || s->children == nullptr || a->children == nullptr)
     bad("namespaced keys must be a struct array {key, namespace}");
-  if (a->offset != 0 || a->length < 0 || (a->null_count != 0 && a->n_buffers > 0 &&
-                                          a->buffers != nullptr && a->buffers[0] != nullptr))
+  if (a->offset != 0 || a->length < 0 ||
+      (a->null_count != 0 && a->n_buffers > 0 && a->buffers != nullptr && a->buffers[0] != nullptr))
     bad("namespaced keys: the {key, namespace} struct must have offset 0 and no null rows");
   try {
     *this = KeyArrays(schema, s->children[0], a->children[0]);
@@ -298,8 +305,7 @@ void KeyArrays::key_groups(Assigner a, int32_t maxp, int32_t* out) const {
         }
         return;
       }
-      default:
-        break;  // the generic path below
+      default: break;  // the generic path below
     }
   }
   for (int64_t i = 0; i < n; ++i) {

@@ -118,7 +118,8 @@ void KeyHasher::add_binary(const void* data, size_t size) noexcept {
 
 int32_t KeyHasher::key_group(int32_t max_parallelism) const {
   check_max_parallelism(max_parallelism);
-  if (assigner_ == Assigner::Spark) return spark_pmod(static_cast<int64_t>(spark_), max_parallelism);
+  if (assigner_ == Assigner::Spark)
+    return spark_pmod(static_cast<int64_t>(spark_), max_parallelism);
   return flink_kg(static_cast<int32_t>(java_), max_parallelism);
 }
 

@@ -18,16 +18,16 @@ namespace {
 struct SizeClass;
 
 struct Chunk {
-  uint8_t* base;          // kPoolChunkBytes, aligned to kPoolChunkBytes
+  uint8_t* base;  // kPoolChunkBytes, aligned to kPoolChunkBytes
   SizeClass* cls;
   void* free_list = nullptr;  // freed blocks, linked through their first word
-  size_t bumped = 0;      // blocks handed out from the untouched tail so far
+  size_t bumped = 0;          // blocks handed out from the untouched tail so far
   size_t in_use = 0;
-  bool partial = false;   // listed in cls->partial (has a free or untouched block)
+  bool partial = false;  // listed in cls->partial (has a free or untouched block)
 };
 
 struct SizeClass {
-  size_t block = 0;             // bytes, a multiple of 16 (small) or 64
+  size_t block = 0;  // bytes, a multiple of 16 (small) or 64
   size_t per_chunk = 0;
   std::vector<Chunk*> partial;  // chunks with room
   Chunk* empty = nullptr;       // one fully free chunk kept mapped
@@ -43,8 +43,8 @@ class Pool {
   bool enabled() const { return enabled_; }
 
   void* alloc(size_t bytes) {
-    const size_t block = bytes <= kPoolSmallMaxBytes ? (bytes + 15) & ~size_t(15)
-                                                     : (bytes + 63) & ~size_t(63);
+    const size_t block =
+        bytes <= kPoolSmallMaxBytes ? (bytes + 15) & ~size_t(15) : (bytes + 63) & ~size_t(63);
     std::lock_guard<std::mutex> lock(mu_);
     SizeClass& cls = classes_[block];
     if (cls.block == 0) {
@@ -138,8 +138,8 @@ class Pool {
     const uintptr_t a = (r + kPoolChunkBytes - 1) & ~(uintptr_t(kPoolChunkBytes) - 1);
     if (a > r) munmap(raw, a - r);
     const uintptr_t end = r + 2 * kPoolChunkBytes;
-    if (end > a + kPoolChunkBytes) munmap(reinterpret_cast<void*>(a + kPoolChunkBytes),
-                                          end - a - kPoolChunkBytes);
+    if (end > a + kPoolChunkBytes)
+      munmap(reinterpret_cast<void*>(a + kPoolChunkBytes), end - a - kPoolChunkBytes);
 #ifdef MADV_HUGEPAGE
     madvise(reinterpret_cast<void*>(a), kPoolChunkBytes, MADV_HUGEPAGE);  // a hint: may fail
 #endif

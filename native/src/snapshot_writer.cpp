@@ -182,7 +182,8 @@ void SnapshotSerializer::serialize_group(size_t si, int32_t kg) {
       throw std::invalid_argument("state '" + src.name + "': entries(..., " + std::to_string(kg) +
                                   ") returned a key with key-group prefix " + std::to_string(got));
     if (i > 0 && key_compare(rows.key(i - 1), key) >= 0)
-      throw std::invalid_argument(where(src.name, kg) + ": keys are not strictly ascending by bytes");
+      throw std::invalid_argument(where(src.name, kg) +
+                                  ": keys are not strictly ascending by bytes");
   }
   if (kbytes > kInt32Max || vbytes > kInt32Max)
     throw std::invalid_argument(where(src.name, kg) + ": more than 2 GiB of bytes");

@@ -22,9 +22,7 @@ namespace {
 using Slot = SortedRunBuilder::Slot;
 using Small = SortedRunBuilder::Small;
 
-bool words_less(const Slot& a, const Slot& b) {
-  return a.hi != b.hi ? a.hi < b.hi : a.lo < b.lo;
-}
+bool words_less(const Slot& a, const Slot& b) { return a.hi != b.hi ? a.hi < b.hi : a.lo < b.lo; }
 
 // A small record's key size, value size and tombstone flag (Small::meta).
 constexpr uint64_t kKeySizeMask = 0xff;
@@ -88,14 +86,15 @@ void sort_by_words(std::vector<R>& s, std::vector<R>& tmp, Word word, Less less)
 }
 
 void sort_words(std::vector<Slot>& s, std::vector<Slot>& tmp) {
-  sort_by_words<Slot, 2>(s, tmp, [](const Slot& x, int w) { return w ? x.hi : x.lo; },
-                         words_less);
+  sort_by_words<Slot, 2>(s, tmp, [](const Slot& x, int w) { return w ? x.hi : x.lo; }, words_less);
 }
 
 void sort_small(std::vector<Small>& s, std::vector<Small>& tmp) {
   sort_by_words<Small, 3>(
       s, tmp,
-      [](const Small& x, int w) { return w == 2 ? x.hi : w == 1 ? x.lo : small_key_size(x); },
+      [](const Small& x, int w) { return w == 2   ? x.hi
+                                         : w == 1 ? x.lo
+                                                  : small_key_size(x); },
       small_less);
 }
 
@@ -175,13 +174,11 @@ void SortedRunBuilder::add_staged(uint64_t hi, uint64_t lo, ByteView key, ByteVi
   tombstones_ += removed;
 }
 
-void SortedRunBuilder::stage(uint64_t hi, uint64_t lo, ByteView key, ByteView value,
-                             bool removed) {
+void SortedRunBuilder::stage(uint64_t hi, uint64_t lo, ByteView key, ByteView value, bool removed) {
   const uint64_t index = key_offsets_.size() - 1;
   slots_.push_back({hi, lo, index | (removed ? kRemovedBit : 0)});
   key_offsets_.push_back(stage_bytes(key_data_, key_offsets_.back(), key.data, key.size));
-  value_offsets_.push_back(
-      stage_bytes(value_data_, value_offsets_.back(), value.data, value.size));
+  value_offsets_.push_back(stage_bytes(value_data_, value_offsets_.back(), value.data, value.size));
 }
 
 void SortedRunBuilder::stage_small() {
@@ -287,7 +284,8 @@ int64_t first_bad_offset(const int32_t* o, size_t n, size_t data_size) {
 
 namespace {
 
-void check_offsets(const int32_t* offsets, size_t n, size_t data_size, size_t run, const char* what) {
+void check_offsets(const int32_t* offsets, size_t n, size_t data_size, size_t run,
+                   const char* what) {
   if (n == 0) return;
   if (offsets == nullptr) throw std::invalid_argument("merge_newest_wins: null offsets");
   const int64_t bad = first_bad_offset(offsets, n, data_size);
@@ -301,7 +299,8 @@ void check_offsets(const int32_t* offsets, size_t n, size_t data_size, size_t ru
 }
 
 inline ByteView run_key(const ArrowBinaryRun& r, size_t i) {
-  return {r.key_data + r.key_offsets[i], static_cast<size_t>(r.key_offsets[i + 1] - r.key_offsets[i])};
+  return {r.key_data + r.key_offsets[i],
+          static_cast<size_t>(r.key_offsets[i + 1] - r.key_offsets[i])};
 }
 
 inline bool is_tombstone(const ArrowBinaryRun& r, size_t i) {

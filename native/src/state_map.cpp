@@ -33,7 +33,8 @@ void check_buffer(const uint8_t* p, size_t n, const char* what) {
     throw std::length_error(std::string("StateMap: ") + what + " larger than 4 GiB - 1 bytes");
   }
   if (p == nullptr && n != 0) {
-    throw std::invalid_argument(std::string("StateMap: null ") + what + " pointer with nonzero size");
+    throw std::invalid_argument(std::string("StateMap: null ") + what +
+                                " pointer with nonzero size");
   }
 }
 
@@ -52,7 +53,7 @@ MapEngine default_map_engine() {
   if (e < 0) {
     const char* env = std::getenv("STATECORE_MAP_ENGINE");
     e = static_cast<int>(env && std::strcmp(env, "chained") == 0 ? MapEngine::Chained
-                                                                  : MapEngine::Flat);
+                                                                 : MapEngine::Flat);
     int unset = -1;
     g_default_engine.compare_exchange_strong(unset, e);
     e = g_default_engine.load();
@@ -81,7 +82,6 @@ StateMap::Impl::~Impl() {
   FlatDirectory::unref(fprimary);
   FlatDirectory::unref(frehash);
 }
-
 
 void StateMap::Impl::begin_op(bool rehash_step_allowed) {
   if (sweep_pending.load(std::memory_order_relaxed) &&
@@ -123,8 +123,7 @@ void StateMap::Impl::rehash_step() {
   size_t rh = rehash_index;
   size_t transferred = 0;
   size_t visits = 0;
-  while (transferred < kMinTransferredPerStep && visits < kMaxBucketVisitsPerStep &&
-         rh < old_cap) {
+  while (transferred < kMinTransferredPerStep && visits < kMaxBucketVisitsPerStep && rh < old_cap) {
     ++visits;
     Page* p = old->pages()[rh >> old->page_shift];
     if (!p) {
@@ -526,8 +525,8 @@ uint8_t* StateMap::update_resized(uint32_t hash, const uint8_t* key, size_t key_
   return resize_value(*this, hash, key, key_size, plan, ctx, old_value_size);
 }
 
-uint8_t* StateMap::resize(uint32_t hash, const uint8_t* key, size_t key_size,
-                          size_t new_value_size, size_t* old_value_size) {
+uint8_t* StateMap::resize(uint32_t hash, const uint8_t* key, size_t key_size, size_t new_value_size,
+                          size_t* old_value_size) {
   return resize_value(
       *this, hash, key, key_size,
       [](void* n, const uint8_t*, size_t) { return *static_cast<size_t*>(n); }, &new_value_size,
@@ -558,8 +557,8 @@ uint8_t* StateMap::get_for_update(const uint8_t* key, size_t key_size, size_t* v
   return e->value();
 }
 
-uint8_t* StateMap::upsert(uint32_t hash, const uint8_t* key, size_t key_size,
-                          size_t new_value_size, size_t* value_size, bool* inserted) {
+uint8_t* StateMap::upsert(uint32_t hash, const uint8_t* key, size_t key_size, size_t new_value_size,
+                          size_t* value_size, bool* inserted) {
   check_buffer(key, key_size, "key");
   Impl& m = *impl_;
   m.begin_batch_write();
@@ -756,8 +755,9 @@ bool StateMap::collect_buckets(uint64_t* cursor, size_t min_entries, SortedRun* 
   };
   const Directory* newest = m.rehash_table ? m.rehash_table : m.primary;
   const size_t cap = newest->capacity;
-  const size_t max_visits = min_entries <= 16 ? 64
-                            : min_entries > SIZE_MAX / 4 ? SIZE_MAX : 4 * min_entries;
+  const size_t max_visits = min_entries <= 16            ? 64
+                            : min_entries > SIZE_MAX / 4 ? SIZE_MAX
+                                                         : 4 * min_entries;
   size_t b = *cursor < cap ? static_cast<size_t>(*cursor) : 0;
   for (size_t visits = 0; b < cap && out->size() < min_entries && visits < max_visits; ++visits) {
     if (m.rehash_table) {
@@ -868,8 +868,8 @@ void walk_entries(const Directory* d, size_t from, Fn&& fn) {
 // record's key in a table that, at a million entries, is far out of cache, and one lookup at a
 // time would wait for each miss in turn.
 template <class Prefetch, class Fn>
-void for_each_logged(const detail::KeyLogView& log, uint64_t from, uint64_t to,
-                     Prefetch&& prefetch, Fn&& fn) {
+void for_each_logged(const detail::KeyLogView& log, uint64_t from, uint64_t to, Prefetch&& prefetch,
+                     Fn&& fn) {
   constexpr size_t kAhead = 8;  // a power of two
   const detail::KeyRecord* ring[kAhead];
   size_t n = 0;
@@ -928,7 +928,8 @@ bool MapSnapshot::find_hashed(uint32_t hash, const uint8_t* key, size_t key_size
     size_t i;
     if (!d || !detail::flat_probe(d, hash, suffix, 0, &i)) {
       d = s_->fprimary;
-      if (!detail::flat_probe(d, hash, suffix, s_->frehash ? s_->rehash_index : 0, &i)) return false;
+      if (!detail::flat_probe(d, hash, suffix, s_->frehash ? s_->rehash_index : 0, &i))
+        return false;
     }
     const uint8_t* slot = d->slot(i);
     *value = ByteView{slot + 4 + l.suffix_size(), l.value_size};
@@ -954,8 +955,7 @@ bool MapSnapshot::find_hashed(uint32_t hash, const uint8_t* key, size_t key_size
 void MapSnapshot::prefetch(uint32_t hash) const {
   if (s_->flat) {
     for (const FlatDirectory* d : {s_->fprimary, s_->frehash}) {
-      if (const uint8_t* slot = d ? d->slot(hash & d->mask()) : nullptr)
-        __builtin_prefetch(slot);
+      if (const uint8_t* slot = d ? d->slot(hash & d->mask()) : nullptr) __builtin_prefetch(slot);
     }
     return;
   }
@@ -967,9 +967,7 @@ void MapSnapshot::prefetch(uint32_t hash) const {
   }
 }
 
-bool MapSnapshot::changes_from_log(uint64_t base) const {
-  return base >= s_->writes_complete_from;
-}
+bool MapSnapshot::changes_from_log(uint64_t base) const { return base >= s_->writes_complete_from; }
 
 SortedRun MapSnapshot::sorted_changes(uint64_t base) const {
   SortedRunBuilder run;
@@ -999,8 +997,7 @@ void MapSnapshot::sorted_changes(uint64_t base, SortedRunBuilder& run, SortedRun
         run.add(ByteView{r.key, r.key_size}, value, false);
     });
   } else {
-    walk_snapshot(*s_, changed,
-                  [&](ByteView k, ByteView v, uint32_t) { run.add(k, v, false); });
+    walk_snapshot(*s_, changed, [&](ByteView k, ByteView v, uint32_t) { run.add(k, v, false); });
   }
   for_each_logged(s_->removals, base, s, prefetch_slot, [&](const detail::KeyRecord& r) {
     if (!find_hashed(r.hash, r.key, r.key_size, &value, &modified))
@@ -1022,8 +1019,9 @@ void MapSnapshot::sorted_entries(SortedRunBuilder& run, SortedRun& out) const {
   if (s_->released) throw std::logic_error("MapSnapshot::sorted_entries() after release()");
   run.clear();
   run.reserve(s_->size, 0, 0);
-  walk_snapshot(*s_, [](uint32_t) { return true; },
-                [&](ByteView k, ByteView v, uint32_t) { run.add(k, v, false); });
+  walk_snapshot(
+      *s_, [](uint32_t) { return true; },
+      [&](ByteView k, ByteView v, uint32_t) { run.add(k, v, false); });
   run.finish(/*unique=*/false, out);
 }
 

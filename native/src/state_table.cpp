@@ -57,7 +57,8 @@ uint64_t StateTable::base_version() const { return maps_.front()->base_version()
 void StateTable::mark_base(uint64_t version) {
   if (version > this->version()) {
     throw std::invalid_argument("StateTable::mark_base: version " + std::to_string(version) +
-                                " is newer than the table version " + std::to_string(this->version()));
+                                " is newer than the table version " +
+                                std::to_string(this->version()));
   }
   for (const auto& m : maps_) m->mark_base(version);
 }

@@ -56,8 +56,8 @@ void for_each_element(const FilterSpec& spec, ByteView v, Fn&& fn, bool timestam
   }
 }
 
-FilterResult filter_list(const FilterSpec& spec, int64_t now, ByteView v,
-                         std::vector<uint8_t>* out, size_t* expired_count) {
+FilterResult filter_list(const FilterSpec& spec, int64_t now, ByteView v, std::vector<uint8_t>* out,
+                         size_t* expired_count) {
   size_t dropped = 0;
   FilterResult result = FilterResult::Drop;
   for_each_element(spec, v, [&](size_t start, size_t end, bool) {
@@ -78,8 +78,8 @@ FilterResult filter_list(const FilterSpec& spec, int64_t now, ByteView v,
   return result;
 }
 
-FilterResult filter_map(const FilterSpec& spec, int64_t now, ByteView v,
-                        std::vector<uint8_t>* out, size_t* expired_count) {
+FilterResult filter_map(const FilterSpec& spec, int64_t now, ByteView v, std::vector<uint8_t>* out,
+                        size_t* expired_count) {
   size_t n_dropped = 0;
   bool kept = false;
   for_each_element(spec, v, [&](size_t start, size_t end, bool has_ts) {
@@ -113,7 +113,8 @@ FilterResult filter_value(const FilterSpec& spec, int64_t now, ByteView value,
       return FilterResult::Drop;
     case Layout::List:
     case Layout::Map: {
-      if (out == nullptr) throw std::invalid_argument("filter_value: a list/map filter needs `out`");
+      if (out == nullptr)
+        throw std::invalid_argument("filter_value: a list/map filter needs `out`");
       return spec.layout == Layout::List ? filter_list(spec, now, value, out, expired_count)
                                          : filter_map(spec, now, value, out, expired_count);
     }
@@ -158,8 +159,8 @@ namespace {
 
 template <class Offset>
 ValuesFiltered filter_values_impl(const FilterSpec& spec, int64_t now, const uint8_t* data,
-                                  size_t data_size, const Offset* offsets, size_t n,
-                                  uint8_t* keep, Offset* out_offsets, uint8_t* out_data) {
+                                  size_t data_size, const Offset* offsets, size_t n, uint8_t* keep,
+                                  Offset* out_offsets, uint8_t* out_data) {
   ValuesFiltered r;
   // The offsets come from a Python caller's Arrow buffers: check them before reading the bytes.
   if (n > 0 && (offsets[0] < 0 || static_cast<uint64_t>(offsets[n]) > data_size))
@@ -170,8 +171,7 @@ ValuesFiltered filter_values_impl(const FilterSpec& spec, int64_t now, const uin
   out_offsets[0] = 0;
   for (size_t i = 0; i < n; ++i) {
     const Offset b = offsets[i], e = offsets[i + 1];
-    if (e < b)
-      throw std::invalid_argument("value " + std::to_string(i) + ": decreasing offsets");
+    if (e < b) throw std::invalid_argument("value " + std::to_string(i) + ": decreasing offsets");
     const ByteView v{data + b, static_cast<size_t>(e - b)};
     FilterResult res;
     try {
@@ -224,7 +224,6 @@ CleanupStep cleanup_step(StateMap& map, uint64_t* cursor, size_t min_entries,
   }
   return step;
 }
-
 
 size_t restamp(StateMap& map, const FilterSpec& spec, int64_t from, int64_t to) {
   SortedRun all;
@@ -282,27 +281,31 @@ bool migrate_value(const MigrationSpec& spec, ByteView v, std::vector<uint8_t>* 
   const bool add = spec.add_timestamps;
   bool any = false;
   // A throw midway leaves *out partial; callers discard it (migrate() never writes it).
-  for_each_element(walk, v, [&](size_t start, size_t end, bool has_ts) {
-    if (!add && !has_ts) broken("value shorter than its 8-byte timestamp", start);
-    if (!add && expired(load_timestamp(v.data + end - kTimestampBytes), spec.ttl_ms, spec.now)) {
-      ++*expired_count;
-      return true;
-    }
-    any = true;
-    const size_t body_end = add ? end : end - kTimestampBytes;
-    if (spec.layout == Layout::Map) {
-      // The user value's varlen counts the suffix: rewrite it.
-      size_t uv_len_at = 0, uv_at = 0;
-      map_entry_parts(v, start, &uv_len_at, &uv_at);
-      out->insert(out->end(), v.data + start, v.data + uv_len_at);
-      append_varlen(*out, body_end - uv_at + (add ? kTimestampBytes : 0));
-      out->insert(out->end(), v.data + uv_at, v.data + body_end);
-    } else {
-      out->insert(out->end(), v.data + start, v.data + body_end);
-    }
-    if (add) out->insert(out->end(), ts, ts + kTimestampBytes);
-    return true;
-  }, !add);
+  for_each_element(
+      walk, v,
+      [&](size_t start, size_t end, bool has_ts) {
+        if (!add && !has_ts) broken("value shorter than its 8-byte timestamp", start);
+        if (!add &&
+            expired(load_timestamp(v.data + end - kTimestampBytes), spec.ttl_ms, spec.now)) {
+          ++*expired_count;
+          return true;
+        }
+        any = true;
+        const size_t body_end = add ? end : end - kTimestampBytes;
+        if (spec.layout == Layout::Map) {
+          // The user value's varlen counts the suffix: rewrite it.
+          size_t uv_len_at = 0, uv_at = 0;
+          map_entry_parts(v, start, &uv_len_at, &uv_at);
+          out->insert(out->end(), v.data + start, v.data + uv_len_at);
+          append_varlen(*out, body_end - uv_at + (add ? kTimestampBytes : 0));
+          out->insert(out->end(), v.data + uv_at, v.data + body_end);
+        } else {
+          out->insert(out->end(), v.data + start, v.data + body_end);
+        }
+        if (add) out->insert(out->end(), ts, ts + kTimestampBytes);
+        return true;
+      },
+      !add);
   // Adding keeps every value (an empty list/map value stays empty, as the Python backend keeps
   // it); stripping removes the entry when nothing in it survived.
   return add || any;
@@ -348,8 +351,8 @@ CleanupStep cleanup_step(StateTable& table, TableCursor* cursor, size_t min_entr
   }
   for (;;) {
     const size_t want = min_entries > total.visited ? min_entries - total.visited : 0;
-    CleanupStep s = cleanup_step(table.map(cursor->key_group), &cursor->bucket, want, spec, now,
-                                 scratch);
+    CleanupStep s =
+        cleanup_step(table.map(cursor->key_group), &cursor->bucket, want, spec, now, scratch);
     total.visited += s.visited;
     total.expired += s.expired;
     if (s.wrapped) {

@@ -95,40 +95,38 @@ inline int run_all(const char* filter = nullptr) {
 
 }  // namespace check
 
-#define TEST(name)                                                     \
-  static void name();                                                  \
-  static const ::check::Registrar name##_registrar_(#name, &name);     \
+#define TEST(name)                                                 \
+  static void name();                                              \
+  static const ::check::Registrar name##_registrar_(#name, &name); \
   static void name()
 
-#define CHECK(cond)                                                    \
-  do {                                                                 \
-    if (cond) {                                                        \
-      ::check::pass();                                                 \
-    } else {                                                           \
-      ::check::fail(__FILE__, __LINE__, #cond);                        \
-    }                                                                  \
+#define CHECK(cond)                             \
+  do {                                          \
+    if (cond) {                                 \
+      ::check::pass();                          \
+    } else {                                    \
+      ::check::fail(__FILE__, __LINE__, #cond); \
+    }                                           \
   } while (0)
 
 #define CHECK_EQ(a, b) ::check::check_eq((a), (b), #a, #b, __FILE__, __LINE__)
 
-#define CHECK_THROWS(expr, ExceptionType)                                        \
-  do {                                                                           \
-    bool caught_ = false;                                                        \
-    try {                                                                        \
-      (void)(expr);                                                              \
-    } catch (const ExceptionType&) {                                             \
-      caught_ = true;                                                            \
-    } catch (...) {                                                              \
-    }                                                                            \
-    if (caught_) {                                                               \
-      ::check::pass();                                                           \
-    } else {                                                                     \
-      ::check::fail(__FILE__, __LINE__, #expr " throws " #ExceptionType);        \
-    }                                                                            \
+#define CHECK_THROWS(expr, ExceptionType)                                 \
+  do {                                                                    \
+    bool caught_ = false;                                                 \
+    try {                                                                 \
+      (void)(expr);                                                       \
+    } catch (const ExceptionType&) {                                      \
+      caught_ = true;                                                     \
+    } catch (...) {                                                       \
+    }                                                                     \
+    if (caught_) {                                                        \
+      ::check::pass();                                                    \
+    } else {                                                              \
+      ::check::fail(__FILE__, __LINE__, #expr " throws " #ExceptionType); \
+    }                                                                     \
   } while (0)
 
 // `./test_x [substring]` runs the tests whose name contains the substring.
-#define TEST_MAIN()                                                    \
-  int main(int argc, char** argv) {                                    \
-    return ::check::run_all(argc > 1 ? argv[1] : nullptr);             \
-  }
+#define TEST_MAIN() \
+  int main(int argc, char** argv) { return ::check::run_all(argc > 1 ? argv[1] : nullptr); }

@@ -53,4 +53,3 @@ struct OwnedRun {
     return value_data.substr(value_offsets[i], value_offsets[i + 1] - value_offsets[i]);
   }
 };
-

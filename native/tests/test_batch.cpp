@@ -26,9 +26,8 @@ using namespace statecore_test;
 
 namespace {
 
-
-BatchKeySpec spec_for(KeyType kind, Assigner a = Assigner::Spark, int32_t maxp = 128,
-                      int32_t s = 0, int32_t e = 127) {
+BatchKeySpec spec_for(KeyType kind, Assigner a = Assigner::Spark, int32_t maxp = 128, int32_t s = 0,
+                      int32_t e = 127) {
   BatchKeySpec sp;
   sp.key = KeySchema::scalar(kind);
   sp.assigner = a;
@@ -82,7 +81,8 @@ TEST(batch_path_and_key_codec_address_the_same_entries) {
     for (int32_t maxp : {128, 4096}) {
       StateTable t(0, maxp - 1);
       const BatchKeySpec sp = spec_for(KeyType::String, a, maxp, 0, maxp - 1);
-      TestArray keys = varwidth<int32_t>("u", Str{"hello", "", "\xe6\x97\xa5\xf0\x9f\x98\x80", "k"});
+      TestArray keys =
+          varwidth<int32_t>("u", Str{"hello", "", "\xe6\x97\xa5\xf0\x9f\x98\x80", "k"});
       TestArray vals = fixed<double>("g", F64{1.5, -2.0, 3.25, NAN});
       put_batch(t, sp, keys.in(), ValueType::Float64, vals.in());
       KeyEncoder enc(KeyType::String, NamespaceType::Void, maxp);
@@ -222,7 +222,8 @@ TEST(int64_sum_overflow_throws_and_rolls_the_batch_back) {
   // Rows touch existing keys (1, 2), a new key (3) and a repeated key before the overflow on row 4.
   TestArray k = fixed<int64_t>("l", I64{1, 3, 2, 1, 2});
   TestArray v = fixed<int64_t>("l", I64{5, 7, 1, 3, INT64_MAX});
-  CHECK_THROWS(add_batch(t, sp, k.in(), ValueType::Int64, Reducer::Sum, v.in(), out, valid), BatchError);
+  CHECK_THROWS(add_batch(t, sp, k.in(), ValueType::Int64, Reducer::Sum, v.in(), out, valid),
+               BatchError);
   CHECK(dump(t) == before);
   CHECK_EQ(t.size(), size_t{2});
   // A batch that does not overflow still applies in row order.
@@ -266,9 +267,9 @@ void check_large_sum_overflow_rollback(const char* format, ValueType vt) {
     v.push_back(std::numeric_limits<T>::max());
   }
   TestArray kb = fixed<int64_t>("l", k), vb = fixed<T>(format, v);
-  CHECK(batch_error([&] {
-    add_batch(t, sp, kb.in(), vt, Reducer::Sum, vb.in(), out.data(), valid.data());
-  }, "overflows"));
+  CHECK(batch_error(
+      [&] { add_batch(t, sp, kb.in(), vt, Reducer::Sum, vb.in(), out.data(), valid.data()); },
+      "overflows"));
   CHECK(dump(t) == before);
   CHECK_EQ(t.size(), size_t(n0));
 }
@@ -345,13 +346,15 @@ TEST(errors_leave_the_table_untouched) {
   TestArray k1 = fixed<int64_t>("l", I64{1, 2, 3});
   TestArray v1 = fixed<int64_t>("l", I64{5, 5});
   CHECK(batch_error([&] { put_batch(t, sp, k1.in(), ValueType::Int64, v1.in()); }, "length"));
-  CHECK(batch_error([&] { add_batch(t, sp, k1.in(), ValueType::Int64, Reducer::Sum, v1.in(), out, valid); },
-                    "length"));
+  CHECK(batch_error(
+      [&] { add_batch(t, sp, k1.in(), ValueType::Int64, Reducer::Sum, v1.in(), out, valid); },
+      "length"));
   // Null key in the last row: rows before it must not have been applied.
   TestArray k2 = fixed<int64_t>("l", I64{1, 2, std::nullopt});
   TestArray v2 = fixed<int64_t>("l", I64{5, 5, 5});
-  CHECK(batch_error([&] { add_batch(t, sp, k2.in(), ValueType::Int64, Reducer::Sum, v2.in(), out, valid); },
-                    "null key at row 2"));
+  CHECK(batch_error(
+      [&] { add_batch(t, sp, k2.in(), ValueType::Int64, Reducer::Sum, v2.in(), out, valid); },
+      "null key at row 2"));
   CHECK(batch_error([&] { put_batch(t, sp, k2.in(), ValueType::Int64, v2.in()); }, "row 2"));
   // Unsupported formats: float32 keys, timestamp values, wrong key type, wrong value type.
   TestArray f32 = fixed<float>("f", std::vector<std::optional<float>>{1.f, 2.f, 3.f});
@@ -366,8 +369,9 @@ TEST(errors_leave_the_table_untouched) {
   TestArray dv = fixed<double>("g", F64{1, 2, 3});
   CHECK(batch_error([&] { put_batch(t, sp, k1.in(), ValueType::Int64, dv.in()); },
                     "value type int64, got float64"));
-  CHECK(batch_error([&] { add_batch(t, sp, k1.in(), ValueType::String, Reducer::Sum, dv.in(), out, valid); },
-                    "int64, float64 or int32"));
+  CHECK(batch_error(
+      [&] { add_batch(t, sp, k1.in(), ValueType::String, Reducer::Sum, dv.in(), out, valid); },
+      "int64, float64 or int32"));
   // Released array.
   TestArray rel = fixed<int64_t>("l", I64{1, 2, 3});
   rel.array.release = nullptr;
@@ -383,9 +387,12 @@ TEST(errors_leave_the_table_untouched) {
   // Flink + malformed UTF-8 key at row 1.
   TestArray badutf = varwidth<int32_t>("u", Str{"ok", "\xff"});
   TestArray v3 = fixed<int64_t>("l", I64{1, 1});
-  CHECK(batch_error([&] { put_batch(t, spec_for(KeyType::String, Assigner::Flink), badutf.in(),
-                                    ValueType::Int64, v3.in()); },
-                    "row 1"));
+  CHECK(batch_error(
+      [&] {
+        put_batch(t, spec_for(KeyType::String, Assigner::Flink), badutf.in(), ValueType::Int64,
+                  v3.in());
+      },
+      "row 1"));
   CHECK(dump(t) == before);
 }
 
@@ -407,8 +414,9 @@ TEST(key_group_outside_range_is_rejected_before_mutation) {
   TestArray va = fixed<int64_t>("l", vs);
   int64_t out[6];
   uint8_t valid[6];
-  CHECK(batch_error([&] { add_batch(t, sp, ka.in(), ValueType::Int64, Reducer::Sum, va.in(), out, valid); },
-                    "row 5 belongs to key group"));
+  CHECK(batch_error(
+      [&] { add_batch(t, sp, ka.in(), ValueType::Int64, Reducer::Sum, va.in(), out, valid); },
+      "row 5 belongs to key group"));
   CHECK_EQ(t.size(), size_t{0});
   // The first five alone are fine.
   TestArray k5 = fixed<int64_t>("l", inside);
@@ -464,8 +472,9 @@ TEST(stored_value_of_wrong_width_is_reported) {
   CHECK(batch_error([&] { get_batch_fixed(t, sp, k.in(), ValueType::Int64, out, valid); },
                     "holds 3 bytes"));
   TestArray n = fixed<int64_t>("l", I64{5});
-  CHECK(batch_error([&] { add_batch(t, sp, k.in(), ValueType::Int64, Reducer::Sum, n.in(), out, valid); },
-                    "row 0"));
+  CHECK(batch_error(
+      [&] { add_batch(t, sp, k.in(), ValueType::Int64, Reducer::Sum, n.in(), out, valid); },
+      "row 0"));
 }
 
 // ---------------------------------------------------------------------------------------- TTL
@@ -553,8 +562,9 @@ TEST(int32_values_roundtrip_as_4_byte_little_endian) {
   const auto before = dump(t);
   TestArray k3 = fixed<int64_t>("l", I64{1, 3, 1});
   TestArray v3 = fixed<int32_t>("i", I32{1, 1, -2});
-  CHECK(batch_error([&] { add_batch(t, sp, k3.in(), ValueType::Int32, Reducer::Sum, v3.in(), out, valid); },
-                    "int32 sum overflows"));
+  CHECK(batch_error(
+      [&] { add_batch(t, sp, k3.in(), ValueType::Int32, Reducer::Sum, v3.in(), out, valid); },
+      "int32 sum overflows"));
   CHECK(dump(t) == before);
   // int64 values are not int32 values.
   TestArray v64 = fixed<int64_t>("l", I64{1, 2, 3});
@@ -624,8 +634,9 @@ TEST(int32_and_bool_with_ttl_carry_the_timestamp_after_the_value) {
   get_batch_fixed(t, sp, k.in(), ValueType::Bool, bout, valid, ttl, &expired);
   CHECK_EQ(int(bout[0]), 1);
   // The same table read as int32: a width error names the row, no silent misread.
-  CHECK(batch_error([&] { get_batch_fixed(t, sp, k.in(), ValueType::Int32, out, valid, ttl, &expired); },
-                    "holds 9 bytes, expected 12"));
+  CHECK(batch_error(
+      [&] { get_batch_fixed(t, sp, k.in(), ValueType::Int32, out, valid, ttl, &expired); },
+      "holds 9 bytes, expected 12"));
 }
 
 TEST(validate_batch_throws_what_the_kernel_would_and_changes_nothing) {
@@ -644,16 +655,29 @@ TEST(validate_batch_throws_what_the_kernel_would_and_changes_nothing) {
   ArrowInput none;
   validate_batch(t, sp, good.in(), ValueType::Int64, BatchOp::Put, Reducer::Sum, v1.in());
   validate_batch(t, sp, good.in(), ValueType::Int64, BatchOp::Get, Reducer::Sum, none);
-  CHECK(batch_error([&] { validate_batch(t, sp, bad.in(), ValueType::Int64, BatchOp::Get, Reducer::Sum, none); },
-                    "row 1 belongs to key group"));
-  CHECK(batch_error([&] { validate_batch(t, sp, nullkey.in(), ValueType::Int64, BatchOp::Put, Reducer::Sum, v2.in()); },
-                    "null key at row 1"));
-  CHECK(batch_error([&] { validate_batch(t, sp, good.in(), ValueType::Int64, BatchOp::Put, Reducer::Sum, v2.in()); },
-                    "differs from keys length"));
-  CHECK(batch_error([&] { validate_batch(t, sp, bad.in(), ValueType::Int64, BatchOp::Add, Reducer::Max, d2.in()); },
-                    "value type int64, got float64"));
-  CHECK(batch_error([&] { validate_batch(t, sp, good.in(), ValueType::Bool, BatchOp::Add, Reducer::Min, v1.in()); },
-                    "not bool"));
+  CHECK(batch_error(
+      [&] { validate_batch(t, sp, bad.in(), ValueType::Int64, BatchOp::Get, Reducer::Sum, none); },
+      "row 1 belongs to key group"));
+  CHECK(batch_error(
+      [&] {
+        validate_batch(t, sp, nullkey.in(), ValueType::Int64, BatchOp::Put, Reducer::Sum, v2.in());
+      },
+      "null key at row 1"));
+  CHECK(batch_error(
+      [&] {
+        validate_batch(t, sp, good.in(), ValueType::Int64, BatchOp::Put, Reducer::Sum, v2.in());
+      },
+      "differs from keys length"));
+  CHECK(batch_error(
+      [&] {
+        validate_batch(t, sp, bad.in(), ValueType::Int64, BatchOp::Add, Reducer::Max, d2.in());
+      },
+      "value type int64, got float64"));
+  CHECK(batch_error(
+      [&] {
+        validate_batch(t, sp, good.in(), ValueType::Bool, BatchOp::Add, Reducer::Min, v1.in());
+      },
+      "not bool"));
   CHECK_EQ(t.size(), size_t{0});
 }
 
@@ -768,7 +792,8 @@ TEST(ttl_get_expires_exactly_at_ts_plus_ttl) {
   CHECK(entry(t, 1) == std::make_pair(int64_t{10}, int64_t{1000}));
   // now = ts + ttl: expired, removed, counted once even when the key repeats.
   r = ttl_get(t, I64{1, 1, 2}, ttl_at(100, 1100));
-  CHECK(r.values == (std::vector<std::optional<int64_t>>{std::nullopt, std::nullopt, std::nullopt}));
+  CHECK(r.values ==
+        (std::vector<std::optional<int64_t>>{std::nullopt, std::nullopt, std::nullopt}));
   CHECK_EQ(r.expired, int64_t{2});
   CHECK_EQ(t.size(), size_t{0});
 }
@@ -788,10 +813,12 @@ TEST(ttl_overflow_guard_never_expires) {
   TestArray k = fixed<int64_t>("l", I64{1});
   int64_t out[1];
   uint8_t valid[1];
-  CHECK(batch_error([&] {
-    get_batch_fixed(t, spec_for(KeyType::Int64), k.in(), ValueType::Int64, out, valid,
-                    ttl_at(-1, 0));
-  }, "ttl_ms must be > 0"));
+  CHECK(batch_error(
+      [&] {
+        get_batch_fixed(t, spec_for(KeyType::Int64), k.in(), ValueType::Int64, out, valid,
+                        ttl_at(-1, 0));
+      },
+      "ttl_ms must be > 0"));
   CHECK_EQ(t.size(), size_t{2});
 }
 
@@ -853,9 +880,9 @@ TEST(ttl_put_batch_stamps_now_and_null_removes) {
   put_batch(t, spec_for(KeyType::Int64), k2.in(), ValueType::Int64, v2.in(), ttl_at(10, 43));
   CHECK(!entry(t, 2));
   TtlBatchSpec bad = ttl_at(0, 1);
-  CHECK(batch_error([&] {
-    put_batch(t, spec_for(KeyType::Int64), keys.in(), ValueType::Int64, vals.in(), bad);
-  }, "ttl_ms"));
+  CHECK(batch_error(
+      [&] { put_batch(t, spec_for(KeyType::Int64), keys.in(), ValueType::Int64, vals.in(), bad); },
+      "ttl_ms"));
   CHECK(entry(t, 1) == std::make_pair(int64_t{7}, int64_t{42}));
 }
 
@@ -927,11 +954,11 @@ TEST(ttl_add_batch_expired_aggregate_starts_over_whatever_the_visibility) {
 
 TEST(ttl_int64_sum_overflow_undoes_aggregates_keeps_read_cleanup) {
   StateTable t(0, 127);
-  put_entry(t, 1, 10, 500);           // fresh at 1000 (ttl 1000), overwritten then restored
-  put_entry(t, 2, 20, 0);             // expired: replaced by the batch, restored with ts 0
+  put_entry(t, 1, 10, 500);  // fresh at 1000 (ttl 1000), overwritten then restored
+  put_entry(t, 2, 20, 0);    // expired: replaced by the batch, restored with ts 0
   put_entry(t, 3, INT64_MAX - 1, 900);
-  put_entry(t, 4, 40, 0);             // expired, read by a null row: removed and stays removed
-  put_entry(t, 5, 50, 800);           // fresh, renewed by a null row: the renewal stays
+  put_entry(t, 4, 40, 0);    // expired, read by a null row: removed and stays removed
+  put_entry(t, 5, 50, 800);  // fresh, renewed by a null row: the renewal stays
   const auto before_1 = entry(t, 1);
   GetResult r;
   int64_t expired = -1;
@@ -939,10 +966,12 @@ TEST(ttl_int64_sum_overflow_undoes_aggregates_keeps_read_cleanup) {
   TestArray v = fixed<int64_t>("l", I64{1, 2, 3, std::nullopt, std::nullopt, 7, 4, 5});
   std::vector<int64_t> out(8);
   std::vector<uint8_t> valid(8);
-  CHECK(batch_error([&] {
-    add_batch(t, spec_for(KeyType::Int64), k.in(), ValueType::Int64, Reducer::Sum, v.in(),
-              out.data(), valid.data(), ttl_at(1000, 1000, true), &expired);
-  }, "overflows"));
+  CHECK(batch_error(
+      [&] {
+        add_batch(t, spec_for(KeyType::Int64), k.in(), ValueType::Int64, Reducer::Sum, v.in(),
+                  out.data(), valid.data(), ttl_at(1000, 1000, true), &expired);
+      },
+      "overflows"));
   CHECK(entry(t, 1) == before_1);
   CHECK(entry(t, 2) == std::make_pair(int64_t{20}, int64_t{0}));
   CHECK(entry(t, 3) == std::make_pair(INT64_MAX - 1, int64_t{900}));
@@ -952,8 +981,8 @@ TEST(ttl_int64_sum_overflow_undoes_aggregates_keeps_read_cleanup) {
   CHECK_EQ(expired, int64_t{2});  // key 2 (an add found it expired) and key 4 (removed on read)
   // The model agrees: Python raises before applying its staged writes.
   TtlModel model;
-  model.table = {{1, {10, 500}}, {2, {20, 0}}, {3, {INT64_MAX - 1, 900}}, {4, {40, 0}},
-                 {5, {50, 800}}};
+  model.table = {
+      {1, {10, 500}}, {2, {20, 0}}, {3, {INT64_MAX - 1, 900}}, {4, {40, 0}}, {5, {50, 800}}};
   const TtlBatchSpec c = ttl_at(1000, 1000, true);
   model.unexpired(1, c);
   model.unexpired(2, c);
@@ -999,27 +1028,34 @@ TEST(ttl_wrong_width_is_a_batch_error) {
   put_batch(t, spec_for(KeyType::Int64), keys.in(), ValueType::Int64, vals.in());  // no TTL
   int64_t out[1];
   uint8_t valid[1];
-  CHECK(batch_error([&] {
-    get_batch_fixed(t, spec_for(KeyType::Int64), keys.in(), ValueType::Int64, out, valid,
-                    ttl_at(10, 0));
-  }, "expected 16"));
-  CHECK(batch_error([&] {
-    add_batch(t, spec_for(KeyType::Int64), keys.in(), ValueType::Int64, Reducer::Sum, vals.in(),
-              out, valid, ttl_at(10, 0));
-  }, "expected 16"));
+  CHECK(batch_error(
+      [&] {
+        get_batch_fixed(t, spec_for(KeyType::Int64), keys.in(), ValueType::Int64, out, valid,
+                        ttl_at(10, 0));
+      },
+      "expected 16"));
+  CHECK(batch_error(
+      [&] {
+        add_batch(t, spec_for(KeyType::Int64), keys.in(), ValueType::Int64, Reducer::Sum, vals.in(),
+                  out, valid, ttl_at(10, 0));
+      },
+      "expected 16"));
   TestArray k2 = fixed<int64_t>("l", I64{2});
   TestArray v2 = varwidth<int32_t>("z", Str{"abc"});
   put_batch(t, spec_for(KeyType::Int64), k2.in(), ValueType::Binary, v2.in());  // 3 bytes, no TTL
   std::vector<int64_t> offs;
   std::vector<uint8_t> data;
-  CHECK(batch_error([&] {
-    get_batch_var(t, spec_for(KeyType::Int64), k2.in(), ValueType::Binary, offs, data, valid,
-                  ttl_at(10, 0));
-  }, "8-byte TTL timestamp"));
+  CHECK(batch_error(
+      [&] {
+        get_batch_var(t, spec_for(KeyType::Int64), k2.in(), ValueType::Binary, offs, data, valid,
+                      ttl_at(10, 0));
+      },
+      "8-byte TTL timestamp"));
   CHECK_EQ(t.size(), size_t{2});
 }
 
-// ---------------------------------------------------------------- uint64, timestamp, fixed_size_binary
+// ---------------------------------------------------------------- uint64, timestamp,
+// fixed_size_binary
 
 using U64 = std::vector<std::optional<uint64_t>>;
 
@@ -1085,8 +1121,9 @@ TEST(uint64_values_are_unsigned_little_endian_and_sum_overflow_rolls_back) {
   const auto before = dump(t);
   TestArray k4 = fixed<int64_t>("l", I64{5, 2, 9});
   TestArray v4 = fixed<uint64_t>("L", U64{7, 1, 1});
-  CHECK(batch_error([&] { add_batch(t, sp, k4.in(), ValueType::UInt64, Reducer::Sum, v4.in(), out, valid); },
-                    "uint64 sum overflows"));
+  CHECK(batch_error(
+      [&] { add_batch(t, sp, k4.in(), ValueType::UInt64, Reducer::Sum, v4.in(), out, valid); },
+      "uint64 sum overflows"));
   CHECK(dump(t) == before);
   TestArray i64 = fixed<int64_t>("l", I64{1, 2, 3, 4});
   CHECK(batch_error([&] { put_batch(t, sp, q.in(), ValueType::UInt64, i64.in()); },
@@ -1175,12 +1212,15 @@ TEST(fixed_size_binary_values_are_their_bytes_and_compare_as_bytes) {
     CHECK(batch_error([&] { put_batch(t, sp, keys.in(), vt, narrow.in()); },
                       "value type fixed_size_binary[" + std::to_string(w) +
                           "], got fixed_size_binary[" + std::to_string(w - 1) + "]"));
-    CHECK(batch_error([&] { add_batch(t, sp, k2.in(), vt, Reducer::Sum, v2.in(), out.data(), valid); },
-                      "Sum needs"));
-    CHECK(batch_error([&] { put_batch(t, sp, keys.in(), ValueSpec::fixed_size_binary(0), vals.in()); },
-                      "width 0 must be >= 1"));
-    CHECK(batch_error([&] { validate_batch(t, sp, keys.in(), vt, BatchOp::Put, Reducer::Sum, narrow.in()); },
-                      "got fixed_size_binary"));
+    CHECK(batch_error(
+        [&] { add_batch(t, sp, k2.in(), vt, Reducer::Sum, v2.in(), out.data(), valid); },
+        "Sum needs"));
+    CHECK(batch_error(
+        [&] { put_batch(t, sp, keys.in(), ValueSpec::fixed_size_binary(0), vals.in()); },
+        "width 0 must be >= 1"));
+    CHECK(batch_error(
+        [&] { validate_batch(t, sp, keys.in(), vt, BatchOp::Put, Reducer::Sum, narrow.in()); },
+        "got fixed_size_binary"));
     CHECK(dump(t) == before);
     // With TTL the timestamp follows the w bytes; an expired aggregate starts over.
     TtlBatchSpec ttl;

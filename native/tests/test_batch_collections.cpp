@@ -30,8 +30,8 @@ TEST(list_append_int64_keeps_row_order_per_key) {
   auto k2 = fixed<int64_t>("l", I64{2, 3});
   auto v2 = fixed<int64_t>("l", I64{21, 5});
   list_append_batch(t, int64_spec(), k2.in(), ValueType::Int64, v2.in());
-  CHECK(blobs(t) == (std::multiset<std::string>{le64(10) + le64(30) + le64(40),
-                                                le64(20) + le64(21), le64(5)}));
+  CHECK(blobs(t) ==
+        (std::multiset<std::string>{le64(10) + le64(30) + le64(40), le64(20) + le64(21), le64(5)}));
 }
 
 TEST(list_append_string_elements_are_varlen_framed_and_ttl_suffixed) {
@@ -48,8 +48,8 @@ TEST(list_append_string_elements_are_varlen_framed_and_ttl_suffixed) {
   auto iv = fixed<int64_t>("l", I64{3, 4});
   list_append_batch(tt, int64_spec(), keys.in(), ValueType::Int64, iv.in(), ttl);
   list_append_batch(tt, int64_spec(), keys.in(), ValueType::String, vals.in(), ttl);
-  CHECK(blobs(tt) == (std::multiset<std::string>{le64(3) + be64(77) + le64(4) + be64(77) +
-                                                 byte(2) + "ab" + be64(77) + byte(0) + be64(77)}));
+  CHECK(blobs(tt) == (std::multiset<std::string>{le64(3) + be64(77) + le64(4) + be64(77) + byte(2) +
+                                                 "ab" + be64(77) + byte(0) + be64(77)}));
 }
 
 TEST(list_append_rejects_bad_input_before_any_write) {
@@ -59,19 +59,26 @@ TEST(list_append_rejects_bad_input_before_any_write) {
   list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, good.in());
   const auto before = dump(t);
   auto null_val = fixed<int64_t>("l", I64{5, std::nullopt});
-  CHECK(batch_error([&] { list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, null_val.in()); },
-                    "null at row 1"));
+  CHECK(batch_error(
+      [&] { list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, null_val.in()); },
+      "null at row 1"));
   auto short_vals = fixed<int64_t>("l", I64{5});
-  CHECK(batch_error([&] { list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, short_vals.in()); },
-                    "length"));
+  CHECK(batch_error(
+      [&] { list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, short_vals.in()); },
+      "length"));
   auto floats = fixed<double>("g", F64{1.0, 2.0});
-  CHECK(batch_error([&] { list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, floats.in()); },
-                    "expected an Arrow array of value type int64"));
+  CHECK(batch_error(
+      [&] { list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, floats.in()); },
+      "expected an Arrow array of value type int64"));
   auto null_key = fixed<int64_t>("l", I64{1, std::nullopt});
-  CHECK(batch_error([&] { list_append_batch(t, int64_spec(), null_key.in(), ValueType::Int64, good.in()); },
-                    "null key"));
-  CHECK(batch_error([&] { validate_list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, null_val.in()); },
-                    "null at row 1"));
+  CHECK(batch_error(
+      [&] { list_append_batch(t, int64_spec(), null_key.in(), ValueType::Int64, good.in()); },
+      "null key"));
+  CHECK(batch_error(
+      [&] {
+        validate_list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, null_val.in());
+      },
+      "null at row 1"));
   CHECK(dump(t) == before);
 }
 
@@ -84,23 +91,23 @@ TEST(map_put_int64_user_keys_sorted_last_row_wins) {
                 ValueType::Int64, vals.in());
   auto pair = [](int64_t uk, int64_t v) { return byte(8) + be64(uk) + byte(8) + le64(v); };
   // -1 is ff..ff big-endian: it sorts last.
-  CHECK(blobs(t) == (std::multiset<std::string>{pair(2, 200) + pair(5, 300) + pair(-1, 400),
-                                                pair(1, 1)}));
+  CHECK(blobs(t) ==
+        (std::multiset<std::string>{pair(2, 200) + pair(5, 300) + pair(-1, 400), pair(1, 1)}));
 }
 
 TEST(map_put_string_user_keys_binary_values_resize_and_ttl) {
   StateTable t(0, 127);
   auto keys = fixed<int64_t>("l", I64{9, 9, 9, 9});
-  auto uks = varwidth<int32_t>("u", Str{std::string("b"), std::string("ab"), std::string("a"),
-                                        std::string("b")});
-  auto vals = varwidth<int64_t>("Z", Str{std::string("x"), std::string("yy"), std::string(""),
-                                         std::string("zzz")});
+  auto uks = varwidth<int32_t>(
+      "u", Str{std::string("b"), std::string("ab"), std::string("a"), std::string("b")});
+  auto vals = varwidth<int64_t>(
+      "Z", Str{std::string("x"), std::string("yy"), std::string(""), std::string("zzz")});
   map_put_batch(t, int64_spec(), keys.in(), KeySchema::scalar(KeyType::String), uks.in(),
                 ValueType::Binary, vals.in());
   // ser("a") = 02 61 < ser("b") = 02 62 < ser("ab") = 03 61 62
-  CHECK(blobs(t) == (std::multiset<std::string>{
-      byte(2) + byte(2) + "a" + byte(0) + byte(2) + byte(2) + "b" + byte(3) + "zzz" +
-      byte(3) + byte(3) + "ab" + byte(2) + "yy"}));
+  CHECK(blobs(t) ==
+        (std::multiset<std::string>{byte(2) + byte(2) + "a" + byte(0) + byte(2) + byte(2) + "b" +
+                                    byte(3) + "zzz" + byte(3) + byte(3) + "ab" + byte(2) + "yy"}));
   StateTable tt(0, 127);
   TtlBatchSpec ttl;
   ttl.enabled = true;
@@ -111,7 +118,8 @@ TEST(map_put_string_user_keys_binary_values_resize_and_ttl) {
   auto v1 = fixed<int64_t>("l", I64{4});
   map_put_batch(tt, int64_spec(), k1.in(), KeySchema::scalar(KeyType::Int64), u1.in(),
                 ValueType::Int64, v1.in(), ttl);
-  CHECK(blobs(tt) == (std::multiset<std::string>{byte(8) + be64(3) + byte(16) + le64(4) + be64(5)}));
+  CHECK(blobs(tt) ==
+        (std::multiset<std::string>{byte(8) + be64(3) + byte(16) + le64(4) + be64(5)}));
 }
 
 TEST(map_put_rejects_bad_input_before_any_write) {
@@ -123,17 +131,30 @@ TEST(map_put_rejects_bad_input_before_any_write) {
   map_put_batch(t, int64_spec(), keys.in(), uk, uks.in(), ValueType::Int64, vals.in());
   const auto before = dump(t);
   auto null_uk = fixed<int64_t>("l", I64{std::nullopt, 2});
-  CHECK(batch_error([&] { map_put_batch(t, int64_spec(), keys.in(), uk, null_uk.in(), ValueType::Int64, vals.in()); },
-                    "user_keys: null at row 0"));
+  CHECK(batch_error(
+      [&] {
+        map_put_batch(t, int64_spec(), keys.in(), uk, null_uk.in(), ValueType::Int64, vals.in());
+      },
+      "user_keys: null at row 0"));
   auto null_v = fixed<int64_t>("l", I64{7, std::nullopt});
-  CHECK(batch_error([&] { map_put_batch(t, int64_spec(), keys.in(), uk, uks.in(), ValueType::Int64, null_v.in()); },
-                    "values: null at row 1"));
+  CHECK(batch_error(
+      [&] {
+        map_put_batch(t, int64_spec(), keys.in(), uk, uks.in(), ValueType::Int64, null_v.in());
+      },
+      "values: null at row 1"));
   auto strs = varwidth<int32_t>("u", Str{std::string("a"), std::string("b")});
-  CHECK(batch_error([&] { map_put_batch(t, int64_spec(), keys.in(), uk, strs.in(), ValueType::Int64, vals.in()); },
-                    "user_keys:"));
+  CHECK(batch_error(
+      [&] {
+        map_put_batch(t, int64_spec(), keys.in(), uk, strs.in(), ValueType::Int64, vals.in());
+      },
+      "user_keys:"));
   auto short_uk = fixed<int64_t>("l", I64{1});
-  CHECK(batch_error([&] { validate_map_put_batch(t, int64_spec(), keys.in(), uk, short_uk.in(), ValueType::Int64, vals.in()); },
-                    "differs from keys length"));
+  CHECK(batch_error(
+      [&] {
+        validate_map_put_batch(t, int64_spec(), keys.in(), uk, short_uk.in(), ValueType::Int64,
+                               vals.in());
+      },
+      "differs from keys length"));
   CHECK(dump(t) == before);
 }
 
@@ -159,8 +180,9 @@ TEST(map_put_unparsable_blob_names_the_row_and_changes_it_not) {
   auto keys = fixed<int64_t>("l", I64{1, 2, 1});
   auto uks = fixed<int64_t>("l", I64{7, 7, 8});
   auto vals = fixed<int64_t>("l", I64{70, 71, 80});
-  CHECK(batch_error([&] { map_put_batch(t, int64_spec(), keys.in(), uk, uks.in(), ValueType::Int64, vals.in()); },
-                    "row 1: the stored list/map blob does not parse"));
+  CHECK(batch_error(
+      [&] { map_put_batch(t, int64_spec(), keys.in(), uk, uks.in(), ValueType::Int64, vals.in()); },
+      "row 1: the stored list/map blob does not parse"));
   CHECK(blobs(t) == (std::multiset<std::string>{pair(1, 1) + pair(7, 70), bad}));
 }
 

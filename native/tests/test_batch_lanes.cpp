@@ -54,8 +54,7 @@ std::map<int64_t, std::string> snapshot_contents(const TableSnapshot& s, int pre
       const ByteView k = run.key(i), v = run.value(i);
       uint64_t u = 0;
       for (int b = 0; b < 8; ++b) u = (u << 8) | k.data[prefix + b];
-      out[static_cast<int64_t>(u)] =
-          std::string(reinterpret_cast<const char*>(v.data), v.size);
+      out[static_cast<int64_t>(u)] = std::string(reinterpret_cast<const char*>(v.data), v.size);
     }
   }
   return out;
@@ -202,7 +201,7 @@ TEST(lanes_write_in_place_only_pages_no_snapshot_holds) {
   s2.reset();
   auto s3 = std::make_optional(t.snapshot());
   s3.reset();  // released before any write: the directory is exclusive again, pages never shared
-  add();  // 6
+  add();       // 6
   CHECK_EQ(page_copies(t), c2);
   auto s4 = std::make_optional(t.snapshot());
   const auto at4 = contents(t, prefix);
@@ -210,7 +209,7 @@ TEST(lanes_write_in_place_only_pages_no_snapshot_holds) {
   const uint64_t c4 = page_copies(t);
   CHECK(c4 > c2);
   s4.reset();  // the copies' originals go away with s4; the live pages were owned all along
-  add();  // 8
+  add();       // 8
   CHECK_EQ(page_copies(t), c4);
   for (int64_t x : out) CHECK_EQ(x, 8);
   for (const auto& kv : at4) CHECK(kv.second == std::string("\x06\0\0\0\0\0\0\0", 8));

@@ -143,7 +143,8 @@ std::string bytes_of(const KeyEncoder& e) {
 
 std::string le(int64_t v) {
   std::string s(8, '\0');
-  for (int i = 0; i < 8; ++i) s[i] = static_cast<char>((static_cast<uint64_t>(v) >> (8 * i)) & 0xff);
+  for (int i = 0; i < 8; ++i)
+    s[i] = static_cast<char>((static_cast<uint64_t>(v) >> (8 * i)) & 0xff);
   return s;
 }
 
@@ -157,7 +158,6 @@ bool batch_error(void (*fn)(StateTable&), StateTable& t, const std::string& need
   }
   return false;
 }
-
 
 std::shared_ptr<Col> i32(const std::vector<int32_t>& xs) {
   auto c = std::make_shared<Col>();
@@ -190,13 +190,16 @@ TEST(every_key_and_namespace_combination_on_both_encoding_paths) {
         sn.push_back(std::string(static_cast<size_t>(r % 3), 'n'));
         vals.push_back(r);
       }
-      auto keys = key_ns(kt == KeyType::Int64 ? i64(ik) : utf8(sk),
-                         nt == KeyType::Int64 ? i64(in) : nt == KeyType::Int32 ? i32(i32n) : utf8(sn));
+      auto keys =
+          key_ns(kt == KeyType::Int64 ? i64(ik) : utf8(sk), nt == KeyType::Int64   ? i64(in)
+                                                            : nt == KeyType::Int32 ? i32(i32n)
+                                                                                   : utf8(sn));
       auto v = i64(vals);
       put_batch(t, sp, keys->in(), ValueType::Int64, v->in());
       put_batch(t, sp, keys->in(), ValueType::Int64, v->in());
-      const NamespaceType nst = nt == KeyType::Int64 ? NamespaceType::Int64
-                                : nt == KeyType::Int32 ? NamespaceType::Int32 : NamespaceType::String;
+      const NamespaceType nst = nt == KeyType::Int64   ? NamespaceType::Int64
+                                : nt == KeyType::Int32 ? NamespaceType::Int32
+                                                       : NamespaceType::String;
       KeyEncoder enc(KeySchema::scalar(kt), nst, 128);
       std::map<std::string, std::string> want;
       for (int r = 0; r < n; ++r) {
@@ -222,8 +225,7 @@ TEST(every_key_and_namespace_combination_on_both_encoding_paths) {
   }
 }
 
-namespace {
-}  // namespace
+namespace {}  // namespace
 
 TEST(int64_key_int64_namespace_entries_are_the_per_record_encoding) {
   StateTable t(0, 127);
@@ -308,40 +310,58 @@ TEST(bad_namespaces_raise_before_any_mutation) {
   }
   const auto before = dump(t);
   // A null namespace in a later row: nothing of the batch is applied.
-  CHECK(batch_error([](StateTable& tt) {
-    auto keys = key_ns(i64({2, 3}), i64({5, std::nullopt}));
-    auto vals = i64({1, 1});
-    put_batch(tt, ns_spec(KeyType::Int64, KeyType::Int64), keys->in(), ValueType::Int64, vals->in());
-  }, t, "namespaces: null namespace at row 1"));
+  CHECK(batch_error(
+      [](StateTable& tt) {
+        auto keys = key_ns(i64({2, 3}), i64({5, std::nullopt}));
+        auto vals = i64({1, 1});
+        put_batch(tt, ns_spec(KeyType::Int64, KeyType::Int64), keys->in(), ValueType::Int64,
+                  vals->in());
+      },
+      t, "namespaces: null namespace at row 1"));
   // Namespaces of another type than the spec's.
-  CHECK(batch_error([](StateTable& tt) {
-    auto keys = key_ns(i64({2}), utf8({"x"}));
-    auto vals = i64({1});
-    put_batch(tt, ns_spec(KeyType::Int64, KeyType::Int64), keys->in(), ValueType::Int64, vals->in());
-  }, t, "namespaces: expected an Arrow array of key type int64"));
+  CHECK(batch_error(
+      [](StateTable& tt) {
+        auto keys = key_ns(i64({2}), utf8({"x"}));
+        auto vals = i64({1});
+        put_batch(tt, ns_spec(KeyType::Int64, KeyType::Int64), keys->in(), ValueType::Int64,
+                  vals->in());
+      },
+      t, "namespaces: expected an Arrow array of key type int64"));
   // Plain keys where {key, namespace} is expected, and a sliced struct.
-  CHECK(batch_error([](StateTable& tt) {
-    auto keys = i64({2});
-    auto vals = i64({1});
-    put_batch(tt, ns_spec(KeyType::Int64, KeyType::Int64), keys->in(), ValueType::Int64, vals->in());
-  }, t, "struct array {key, namespace}"));
-  CHECK(batch_error([](StateTable& tt) {
-    auto keys = key_ns(i64({2, 3}), i64({5, 6}), 1);
-    auto vals = i64({1});
-    put_batch(tt, ns_spec(KeyType::Int64, KeyType::Int64), keys->in(), ValueType::Int64, vals->in());
-  }, t, "offset 0"));
+  CHECK(batch_error(
+      [](StateTable& tt) {
+        auto keys = i64({2});
+        auto vals = i64({1});
+        put_batch(tt, ns_spec(KeyType::Int64, KeyType::Int64), keys->in(), ValueType::Int64,
+                  vals->in());
+      },
+      t, "struct array {key, namespace}"));
+  CHECK(batch_error(
+      [](StateTable& tt) {
+        auto keys = key_ns(i64({2, 3}), i64({5, 6}), 1);
+        auto vals = i64({1});
+        put_batch(tt, ns_spec(KeyType::Int64, KeyType::Int64), keys->in(), ValueType::Int64,
+                  vals->in());
+      },
+      t, "offset 0"));
   // A namespace type the state cannot have.
-  CHECK(batch_error([](StateTable& tt) {
-    auto keys = key_ns(i64({2}), i64({5}));
-    auto vals = i64({1});
-    put_batch(tt, ns_spec(KeyType::Int64, KeyType::Float64), keys->in(), ValueType::Int64, vals->in());
-  }, t, "namespace type float64 is not supported"));
+  CHECK(batch_error(
+      [](StateTable& tt) {
+        auto keys = key_ns(i64({2}), i64({5}));
+        auto vals = i64({1});
+        put_batch(tt, ns_spec(KeyType::Int64, KeyType::Float64), keys->in(), ValueType::Int64,
+                  vals->in());
+      },
+      t, "namespace type float64 is not supported"));
   // A null key is still named as one.
-  CHECK(batch_error([](StateTable& tt) {
-    auto keys = key_ns(i64({std::nullopt}), i64({5}));
-    auto vals = i64({1});
-    put_batch(tt, ns_spec(KeyType::Int64, KeyType::Int64), keys->in(), ValueType::Int64, vals->in());
-  }, t, "null key at row 0"));
+  CHECK(batch_error(
+      [](StateTable& tt) {
+        auto keys = key_ns(i64({std::nullopt}), i64({5}));
+        auto vals = i64({1});
+        put_batch(tt, ns_spec(KeyType::Int64, KeyType::Int64), keys->in(), ValueType::Int64,
+                  vals->in());
+      },
+      t, "null key at row 0"));
   CHECK(dump(t) == before);
 }
 

@@ -68,9 +68,9 @@ TEST(list_get_string_elements_and_ttl_filters_expired_anywhere) {
   auto va = varwidth<int32_t>("u", Str{std::string("ab"), std::string("")});
   auto vb = varwidth<int32_t>("u", Str{std::string("xyz")});
   auto vc = varwidth<int32_t>("u", Str{std::string("q")});
-  list_append_batch(u, int64_spec(), ka.in(), ValueType::String, va.in(), ttl_at(0));   // expired
-  list_append_batch(u, int64_spec(), kb.in(), ValueType::String, vb.in(), ttl_at(120)); // live
-  list_append_batch(u, int64_spec(), kb.in(), ValueType::String, vc.in(), ttl_at(10));  // expired
+  list_append_batch(u, int64_spec(), ka.in(), ValueType::String, va.in(), ttl_at(0));    // expired
+  list_append_batch(u, int64_spec(), kb.in(), ValueType::String, vb.in(), ttl_at(120));  // live
+  list_append_batch(u, int64_spec(), kb.in(), ValueType::String, vc.in(), ttl_at(10));   // expired
   TtlBatchSpec tt = ttl_at(150);
   tt.update_on_read = true;
   std::vector<int64_t> lo{0}, eo{0};
@@ -197,7 +197,8 @@ TEST(map_ttl_get_removes_expired_pair_counts_and_renews) {
   CHECK_EQ(expired, 0);
   TtlBatchSpec renew = ttl_at(160);
   renew.update_on_read = true;
-  map_contains_batch(t, int64_spec(), k.in(), uk, u5.in(), ValueType::Int64, &valid, renew, &expired);
+  map_contains_batch(t, int64_spec(), k.in(), uk, u5.in(), ValueType::Int64, &valid, renew,
+                     &expired);
   CHECK_EQ(valid, 1);
   const auto d = dump(t);
   CHECK_EQ(d.size(), size_t(1));
@@ -238,9 +239,12 @@ TEST(read_kernels_reject_bad_input_before_any_change) {
   CHECK(batch_error([&] { map_remove_batch(t, int64_spec(), keys.in(), uk, short_uk.in()); },
                     "length"));
   uint8_t found[2];
-  CHECK(batch_error([&] {
-    map_contains_batch(t, int64_spec(), keys.in(), uk, uks.in(), ValueType::Int64, found, ttl_at(500, 0));
-  }, "ttl_ms"));
+  CHECK(batch_error(
+      [&] {
+        map_contains_batch(t, int64_spec(), keys.in(), uk, uks.in(), ValueType::Int64, found,
+                           ttl_at(500, 0));
+      },
+      "ttl_ms"));
   // Key group outside the table's range.
   StateTable small(0, 3);
   BatchKeySpec s = int64_spec();
@@ -251,12 +255,15 @@ TEST(read_kernels_reject_bad_input_before_any_change) {
   // A map blob read as a list of fixed-width elements of the wrong width does not parse.
   std::vector<int64_t> lo{0}, eo{0};
   std::vector<uint8_t> el;
-  CHECK(batch_error([&] {
-    list_get_batch(t, int64_spec(), keys.in(), ValueType::Int32, lo, el, eo, ttl_at(0, 1000));
-  }, "does not parse"));
+  CHECK(batch_error(
+      [&] {
+        list_get_batch(t, int64_spec(), keys.in(), ValueType::Int32, lo, el, eo, ttl_at(0, 1000));
+      },
+      "does not parse"));
   // Also on the whole-blob copy path (no TTL, fixed-width): 26 bytes are no whole int32s.
-  CHECK(batch_error([&] { list_get_batch(t, int64_spec(), keys.in(), ValueType::Int32, lo, el, eo); },
-                    "does not parse"));
+  CHECK(
+      batch_error([&] { list_get_batch(t, int64_spec(), keys.in(), ValueType::Int32, lo, el, eo); },
+                  "does not parse"));
   CHECK(dump(t) == before);
 }
 

@@ -48,8 +48,8 @@ void check_table(StateTable& t, const Model& model, int pw) {
   for (const auto& [k, v] : model) {
     ++per_kg[kg_of(k, pw)];
     ByteView got;
-    const bool found = t.map(kg_of(k, pw)).get(reinterpret_cast<const uint8_t*>(k.data()),
-                                               k.size(), &got);
+    const bool found =
+        t.map(kg_of(k, pw)).get(reinterpret_cast<const uint8_t*>(k.data()), k.size(), &got);
     CHECK(found);
     if (found) CHECK_EQ(std::string(reinterpret_cast<const char*>(got.data), got.size), v);
   }

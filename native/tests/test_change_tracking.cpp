@@ -62,7 +62,8 @@ struct Change {
 
 std::vector<Change> changes(const MapSnapshot& s, uint64_t base) {
   std::vector<Change> out;
-  for (const MapChange& c : s.sorted_changes(base)) out.push_back({str(c.key), str(c.value), c.removed});
+  for (const MapChange& c : s.sorted_changes(base))
+    out.push_back({str(c.key), str(c.value), c.removed});
   return out;
 }
 
@@ -113,12 +114,12 @@ TEST(fresh_map_lists_everything_then_only_changes_after_the_base) {
   std::string v;
   ByteView out;
   CHECK(m.get(u8(std::string("a")), 1, &out));  // reads are not changes
-  put(m, "b", "22");                          // overwrite, same size
-  put(m, "d", "4444");                        // new key
-  del(m, "a");                                // removal of a base key
-  del(m, "zz");                               // absent: not logged
+  put(m, "b", "22");                            // overwrite, same size
+  put(m, "d", "4444");                          // new key
+  del(m, "a");                                  // removal of a base key
+  del(m, "zz");                                 // absent: not logged
   del(m, "d");
-  put(m, "d", "4");                           // removed then re-put: a put
+  put(m, "d", "4");  // removed then re-put: a put
   size_t vs = 0;
   uint8_t* p = m.get_for_update(u8(std::string("d")), 1, &vs);  // writable access = a write
   CHECK(p != nullptr && vs == 1);
@@ -421,7 +422,7 @@ TEST(an_epoch_past_the_write_log_limit_walks_so_does_the_next_then_logging_resum
   auto a = m.snapshot();
   m.mark_base(a->version());
   for (uint64_t k = 0; k < 100; ++k) put(m, be64(k), "w");  // > max(8, 1000 / 16) records
-  CHECK_EQ(m.write_log_size(), 0u);  // given up and freed
+  CHECK_EQ(m.write_log_size(), 0u);                         // given up and freed
   auto b = m.snapshot();
   CHECK(!b->changes_from_log(a->version()));
   CHECK_EQ(changes(*b, a->version()).size(), 100u);

@@ -60,7 +60,8 @@ Ref entries(const MapSnapshot& s) {
 }
 std::vector<std::string> listing(const SortedRun& run) {
   std::vector<std::string> out;
-  for (const MapChange& c : run) out.push_back(str(c.key) + "|" + str(c.value) + (c.removed ? "-" : "+"));
+  for (const MapChange& c : run)
+    out.push_back(str(c.key) + "|" + str(c.value) + (c.removed ? "-" : "+"));
   return out;
 }
 
@@ -139,7 +140,8 @@ void differential(KeyHashFunction h, uint32_t seed, int steps, int key_space, bo
       snaps.push_back({flat.snapshot(), chained.snapshot()});
       const Pair& p = snaps.back();
       ok = ok && p.f->version() == p.c->version() && entries(*p.f) == entries(*p.c);
-      const uint64_t base = p.f->base_version() + rng() % (p.f->version() - p.f->base_version() + 1);
+      const uint64_t base =
+          p.f->base_version() + rng() % (p.f->version() - p.f->base_version() + 1);
       ok = ok && listing(p.f->sorted_changes(base)) == listing(p.c->sorted_changes(base));
       if (snaps.size() > 3) snaps.erase(snaps.begin() + static_cast<long>(rng() % snaps.size()));
     } else if (op < 97 && !snaps.empty()) {
@@ -178,7 +180,7 @@ TEST(fixed_width_maps_stay_flat_and_hold_their_entries) {
   CHECK_EQ(m.bytes(), size_t{5000 * 17});
   std::string v;
   CHECK(get(m, key9(4321), &v) && v == val8(4321 * 3));
-  CHECK(!get(m, key9(4321, 8), &v));         // another prefix cannot be stored here
+  CHECK(!get(m, key9(4321, 8), &v));            // another prefix cannot be stored here
   CHECK(!get(m, key9(4321).substr(0, 8), &v));  // nor another size
   CHECK(!m.remove(u8(key9(1, 9)), 9));
   CHECK(m.is_flat());
@@ -196,9 +198,9 @@ TEST(a_put_of_another_size_relayouts_or_converts_keeping_entries_snapshots_and_c
     for (int i = 0; i < 100; ++i) put(m, key9(i), val8(i + 1));
     for (int i = 100; i < 150; ++i) m.remove(u8(key9(i)), 9);
     const Ref before = live(m);
-    if (which == 0) put(m, "short", val8(1));             // another key size
-    if (which == 1) put(m, key9(5000, 99), val8(1));      // another prefix
-    if (which == 2) put(m, key9(7), "longer value");      // another value size
+    if (which == 0) put(m, "short", val8(1));         // another key size
+    if (which == 1) put(m, key9(5000, 99), val8(1));  // another prefix
+    if (which == 2) put(m, key9(7), "longer value");  // another value size
     CHECK(m.is_flat() == (which != 2));
     CHECK_EQ(m.stats().relayouts, uint64_t(which != 2 ? 1 : 0));
     Ref after = live(m);
@@ -373,8 +375,8 @@ TEST(default_hash_spreads_short_keys) {
   // after the prefix (an int64 key before a fixed namespace), for the short (9-16) and medium
   // (17-24) key paths and the word loop beyond.
   StateMap m(nullptr, MapEngine::Flat);
-  for (size_t ks : {size_t(9), size_t(10), size_t(16), size_t(17), size_t(20), size_t(24),
-                    size_t(25)}) {
+  for (size_t ks :
+       {size_t(9), size_t(10), size_t(16), size_t(17), size_t(20), size_t(24), size_t(25)}) {
     for (int pattern = 0; pattern < 6; ++pattern) {
       constexpr size_t kBuckets = 1 << 12, kKeys = kBuckets * 64;
       std::vector<uint32_t> low(kBuckets), high(kBuckets);
@@ -434,7 +436,8 @@ TEST(snapshot_read_and_released_concurrently_with_writes) {
     auto snap = m.snapshot();
     bool ok = false;
     std::thread reader([&] {
-      ok = entries(*snap) == expected && listing(snap->sorted_changes(snap->base_version())).size() > 0;
+      ok = entries(*snap) == expected &&
+           listing(snap->sorted_changes(snap->base_version())).size() > 0;
       snap->release();
     });
     for (int i = 0; i < 20000; ++i) {

@@ -192,11 +192,18 @@ TEST(murmur3_random_vs_python_mmh3) {
 
 TEST(flink_murmur_hash_vectors) {
   // flink_keygroups.json murmurRaw_extra_for_mmh3_check: hashCode -> murmurRaw.
-  static const int32_t extra[][2] = {
-      {0, 593689054},           {1, -68075478},           {-1, 1982413648},
-      {42, -1134849565},        {2147483647, -1653689534}, {INT32_MIN, -1718298732},
-      {123456789, -1088346449}, {97, 1455541201},          {99162322, 1715862179},
-      {97532676, -1410685909},  {-1106180304, 219673002},  {1072693248, -1409882055}};
+  static const int32_t extra[][2] = {{0, 593689054},
+                                     {1, -68075478},
+                                     {-1, 1982413648},
+                                     {42, -1134849565},
+                                     {2147483647, -1653689534},
+                                     {INT32_MIN, -1718298732},
+                                     {123456789, -1088346449},
+                                     {97, 1455541201},
+                                     {99162322, 1715862179},
+                                     {97532676, -1410685909},
+                                     {-1106180304, 219673002},
+                                     {1072693248, -1409882055}};
   for (const auto& e : extra) {
     CHECK_EQ(flink_murmur_hash_raw(e[0]), e[1]);
     // The spec's identity: one Murmur3 block over the 4 LE bytes, seed 0.
@@ -299,16 +306,18 @@ TEST(java_hash_string_utf8_random_vs_python) {
 }
 
 TEST(java_hash_string_rejects_malformed_utf8) {
-  const char* bad[] = {"\x80",             // lone continuation byte
-                       "\xC3",             // truncated 2-byte sequence
-                       "\xE6\x97",         // truncated 3-byte sequence
-                       "\xC0\xAF",         // overlong '/'
-                       "\xED\xA0\x80",     // encoded surrogate U+D800
-                       "\xF4\x90\x80\x80", // U+110000
-                       "\xFF",             // invalid lead byte
-                       "a\xC3(",           // bad continuation byte
+  const char* bad[] = {
+      "\x80",              // lone continuation byte
+      "\xC3",              // truncated 2-byte sequence
+      "\xE6\x97",          // truncated 3-byte sequence
+      "\xC0\xAF",          // overlong '/'
+      "\xED\xA0\x80",      // encoded surrogate U+D800
+      "\xF4\x90\x80\x80",  // U+110000
+      "\xFF",              // invalid lead byte
+      "a\xC3(",            // bad continuation byte
   };
-  for (const char* s : bad) CHECK_THROWS(java_hash_string_utf8(s, std::strlen(s)), std::invalid_argument);
+  for (const char* s : bad)
+    CHECK_THROWS(java_hash_string_utf8(s, std::strlen(s)), std::invalid_argument);
 }
 
 TEST(java_hash_bytes_arrays_hashcode) {
@@ -316,8 +325,9 @@ TEST(java_hash_bytes_arrays_hashcode) {
   static const struct {
     const char* hex;
     int32_t h;
-  } cases[] = {{"", 1}, {"00", 31}, {"ff", 30}, {"616263", 126145},
-               {"00254a6f94b9de", -1421337042}, {"807f", -2880}};
+  } cases[] = {
+      {"", 1},        {"00", 31}, {"ff", 30}, {"616263", 126145}, {"00254a6f94b9de", -1421337042},
+      {"807f", -2880}};
   for (const auto& c : cases) {
     const std::vector<uint8_t> b = unhex(c.hex);
     CHECK_EQ(java_hash_bytes(b.data(), b.size()), c.h);
@@ -357,8 +367,7 @@ TEST(key_group_argument_validation) {
   CHECK_THROWS(key_group_for_int64(Assigner::Flink, 1, 32769), std::invalid_argument);
   CHECK_THROWS(key_group_for_string(Assigner::Flink, "\xFF", 1, 128), std::invalid_argument);
   CHECK_EQ(key_group_for_int32(Assigner::Flink, 7, 1), 0);
-  CHECK_EQ(key_group_for_binary(Assigner::Flink, "abc", 3, 128),
-           flink_murmur_hash(126145) % 128);
+  CHECK_EQ(key_group_for_binary(Assigner::Flink, "abc", 3, 128), flink_murmur_hash(126145) % 128);
 }
 
 TEST(default_max_parallelism_vectors) {
@@ -426,7 +435,8 @@ TEST(xxh64_u64_equals_xxh64_of_the_8_little_endian_bytes) {
     x = x * 6364136223846793005ULL + 1442695040888963407ULL;
     uint8_t b[8];
     for (int k = 0; k < 8; ++k) b[k] = static_cast<uint8_t>(x >> (8 * k));
-    for (uint64_t seed : {uint64_t{0}, uint64_t{42}, x ^ 0x5555}) all = all && statecore::xxh64_u64(x, seed) == statecore::xxh64(b, 8, seed);
+    for (uint64_t seed : {uint64_t{0}, uint64_t{42}, x ^ 0x5555})
+      all = all && statecore::xxh64_u64(x, seed) == statecore::xxh64(b, 8, seed);
   }
   CHECK(all);
 }

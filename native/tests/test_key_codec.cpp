@@ -110,8 +110,9 @@ TEST(varlen_and_lenbytes) {
   struct {
     uint64_t n;
     const char* varlen;
-  } vl[] = {{0, "00"}, {1, "01"}, {127, "7f"}, {128, "8001"}, {300, "ac02"}, {16383, "ff7f"},
-            {16384, "808001"}, {UINT64_MAX, "ffffffffffffffffff01"}};
+  } vl[] = {
+      {0, "00"},     {1, "01"},       {127, "7f"},       {128, "8001"},
+      {300, "ac02"}, {16383, "ff7f"}, {16384, "808001"}, {UINT64_MAX, "ffffffffffffffffff01"}};
   for (const auto& c : vl) {
     std::vector<uint8_t> out;
     append_varlen(out, c.n);
@@ -129,8 +130,13 @@ TEST(varlen_and_lenbytes) {
   struct {
     uint32_t n;
     const char* lb;
-  } lbs[] = {{0, "00"}, {6, "06"}, {255, "ff"}, {256, "0001"}, {300, "2c01"},
-             {0x01020304, "04030201"}, {0xFFFFFFFFu, "ffffffff"}};
+  } lbs[] = {{0, "00"},
+             {6, "06"},
+             {255, "ff"},
+             {256, "0001"},
+             {300, "2c01"},
+             {0x01020304, "04030201"},
+             {0xFFFFFFFFu, "ffffffff"}};
   for (const auto& c : lbs) {
     std::vector<uint8_t> out;
     append_lenbytes(out, c.n);

@@ -1,8 +1,9 @@
 // Key types end to end in the native core: the hash of every key column type against vectors of a
-// real Spark 4.3 (tests/data/spark_key_types.json) and a real JVM (tests/data/java_hash_codes.json),
-// the key serializer per type, KeyArrays over hand-built Arrow arrays (bit-packed bools, timestamp
-// units, fixed_size_binary widths, struct arrays with offsets at both levels, nulls), the batch
-// kernels with those keys, and distinct keys staying distinct in a map whose hash collides.
+// real Spark 4.3 (tests/data/spark_key_types.json) and a real JVM
+// (tests/data/java_hash_codes.json), the key serializer per type, KeyArrays over hand-built Arrow
+// arrays (bit-packed bools, timestamp units, fixed_size_binary widths, struct arrays with offsets
+// at both levels, nulls), the batch kernels with those keys, and distinct keys staying distinct in
+// a map whose hash collides.
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -13,8 +14,8 @@
 
 #include "check.h"
 #include "statecore/arrow_abi.h"
-#include "statecore/detail/spark_pmod.h"
 #include "statecore/batch.h"
+#include "statecore/detail/spark_pmod.h"
 #include "statecore/hash.h"
 #include "statecore/key_codec.h"
 #include "statecore/key_columns.h"
@@ -214,7 +215,8 @@ const uint8_t* dead_beef() {
 
 TEST(spark_hashes_of_new_scalar_types) {
   // tests/data/spark_key_types.json (Spark 4.3, xxhash64 of the column type Spark would have).
-  CHECK_EQ(spark_xxhash64_int64(static_cast<int64_t>(18446744073709551615ull)), 3858142552250413010LL);
+  CHECK_EQ(spark_xxhash64_int64(static_cast<int64_t>(18446744073709551615ull)),
+           3858142552250413010LL);
   CHECK_EQ(key_group_for_uint64(Assigner::Spark, 12345678901234567890ull, 128), 0);
   CHECK_EQ(key_group_for_uint64(Assigner::Spark, 9223372036854775808ull, 128), 116);
   CHECK_EQ(spark(0.0), -5252525462095825812LL);
@@ -275,8 +277,7 @@ TEST(java_hash_codes_of_new_scalar_types) {
   CHECK_EQ(java_hash_int64(static_cast<int64_t>(12345678901234567890ull)), 1078698846);
   CHECK_EQ(java_hash_bytes(dead_beef(), 4), -171199);
   // ... statecore keys -0.0 as 0.0, so both zeros land in Double.hashCode(0.0)'s key group.
-  CHECK_EQ(key_group_for_float64(Assigner::Flink, -0.0, 128),
-           flink_murmur_hash(0) % 128);
+  CHECK_EQ(key_group_for_float64(Assigner::Flink, -0.0, 128), flink_murmur_hash(0) % 128);
   CHECK_EQ(key_group_for_bool(Assigner::Flink, true, 4096), flink_murmur_hash(1231) % 4096);
   // Flink TupleN.hashCode(): (7, "a") -> 31 * 7 + 97 = 314; ("ab", "c") -> 96354.
   KeyHasher t(Assigner::Flink);
@@ -301,14 +302,18 @@ TEST(key_encoder_serializes_every_scalar_type) {
   KeyEncoder f(KeyType::Float64, NamespaceType::String, 128);
   f.key_float64(1, -0.0);
   f.namespace_string("n", 1);
-  CHECK_EQ(hex(f.data(), f.size()), std::string("01000000000000000002" "6e"));
+  CHECK_EQ(hex(f.data(), f.size()), std::string("01000000000000000002"
+                                                "6e"));
   f.key_float64(1, bits_to_double(0xfff0000000000001ull));  // a NaN: one canonical key
   f.namespace_string("n", 1);
-  CHECK_EQ(hex(f.data(), f.size()), std::string("017ff800000000000002" "6e"));
+  CHECK_EQ(hex(f.data(), f.size()), std::string("017ff800000000000002"
+                                                "6e"));
   KeyEncoder b(KeyType::Bool, NamespaceType::Int64, 200);  // 2-byte prefix
   b.key_bool(129, true);
   b.namespace_int64(-1);
-  CHECK_EQ(hex(b.data(), b.size()), std::string("0081" "01" "ffffffffffffffff"));
+  CHECK_EQ(hex(b.data(), b.size()), std::string("0081"
+                                                "01"
+                                                "ffffffffffffffff"));
   KeyEncoder t(KeySchema::scalar(KeyType::Timestamp, 0, TimeUnit::Nano), NamespaceType::Void, 128);
   t.key_timestamp(0, -1);
   t.namespace_void();
@@ -317,11 +322,13 @@ TEST(key_encoder_serializes_every_scalar_type) {
   w.key_fixed(2, "abc", 3);
   w.namespace_string("", 0);
   // Fixed-width key: no lenbytes even with a string namespace.
-  CHECK_EQ(hex(w.data(), w.size()), std::string("02616263" "01"));
+  CHECK_EQ(hex(w.data(), w.size()), std::string("02616263"
+                                                "01"));
   CHECK_THROWS(w.key_fixed(2, "ab", 2), std::invalid_argument);
   CHECK_THROWS(w.key_bytes(2, "abc", 3), std::invalid_argument);
   CHECK_THROWS(w.key_int64(2, 1), std::invalid_argument);
-  CHECK_THROWS(KeyEncoder(KeyType::FixedSizeBinary, NamespaceType::Void, 128), std::invalid_argument);
+  CHECK_THROWS(KeyEncoder(KeyType::FixedSizeBinary, NamespaceType::Void, 128),
+               std::invalid_argument);
   CHECK_THROWS(KeyEncoder(KeySchema{{}, true}, NamespaceType::Void, 128), std::invalid_argument);
 }
 
@@ -345,8 +352,8 @@ TEST(key_arrays_read_bools_timestamps_and_fixed_binary_at_offsets) {
   CHECK_EQ(ser_hex(kt, 1), std::string("ffffffffffffffff"));
   kt.key_groups(Assigner::Flink, 128, kgs.data());
   CHECK_EQ(kgs[2], key_group_for_int64(Assigner::Flink, 1600000000123LL, 128));
-  const std::string wrong_unit = invalid_arg(
-      [&] { KeyArrays(KeySchema::scalar(KeyType::Timestamp), &ts.schema, &ts.array); });
+  const std::string wrong_unit =
+      invalid_arg([&] { KeyArrays(KeySchema::scalar(KeyType::Timestamp), &ts.schema, &ts.array); });
   CHECK(contains(wrong_unit, "key type timestamp[us], got timestamp[ms]"));
 
   Arr w = fsb(4, {std::string("\xde\xad\xbe\xef", 4), std::string(4, '\0')}, 3);
@@ -356,10 +363,12 @@ TEST(key_arrays_read_bools_timestamps_and_fixed_binary_at_offsets) {
   CHECK_EQ(kgs[0], 41);
   CHECK_EQ(kgs[1], 115);
   CHECK(contains(invalid_arg([&] {
-          KeyArrays(KeySchema::scalar(KeyType::FixedSizeBinary, 3), &w.schema, &w.array);
-        }), "fixed_size_binary[3], got fixed_size_binary[4]"));
-  CHECK(contains(invalid_arg([&] { KeyArrays(KeySchema::scalar(KeyType::Binary), &w.schema, &w.array); }),
-                 "key type binary, got fixed_size_binary[4]"));
+                   KeyArrays(KeySchema::scalar(KeyType::FixedSizeBinary, 3), &w.schema, &w.array);
+                 }),
+                 "fixed_size_binary[3], got fixed_size_binary[4]"));
+  CHECK(contains(
+      invalid_arg([&] { KeyArrays(KeySchema::scalar(KeyType::Binary), &w.schema, &w.array); }),
+      "key type binary, got fixed_size_binary[4]"));
 
   Arr u = fixed<uint64_t>("L", {18446744073709551615ull, std::nullopt});
   KeyArrays ku(KeySchema::scalar(KeyType::UInt64), &u.schema, &u.array);
@@ -395,7 +404,12 @@ TEST(spark_int64_key_groups_match_the_scalar_assignment) {
 // SparkPmod replaces a division a row: it must equal Spark's ((h % m) + m) % m for every hash,
 // the extremes and the hashes next to a multiple of m included, at every max parallelism.
 TEST(spark_pmod_equals_the_division_for_every_hash_and_max_parallelism) {
-  std::vector<int64_t> hs = {0, 1, -1, 2, -2, std::numeric_limits<int64_t>::min(),
+  std::vector<int64_t> hs = {0,
+                             1,
+                             -1,
+                             2,
+                             -2,
+                             std::numeric_limits<int64_t>::min(),
                              std::numeric_limits<int64_t>::min() + 1,
                              std::numeric_limits<int64_t>::max(),
                              std::numeric_limits<int64_t>::max() - 1};
@@ -404,8 +418,8 @@ TEST(spark_pmod_equals_the_division_for_every_hash_and_max_parallelism) {
     x ^= x << 13, x ^= x >> 7, x ^= x << 17;
     hs.push_back(static_cast<int64_t>(x));
   }
-  for (int32_t m : {1, 2, 3, 5, 7, 100, 128, 200, 255, 1000, 4096, 12345, 32767, 32768, 65537,
-                    2147483647}) {
+  for (int32_t m :
+       {1, 2, 3, 5, 7, 100, 128, 200, 255, 1000, 4096, 12345, 32767, 32768, 65537, 2147483647}) {
     const detail::SparkPmod pmod(static_cast<uint32_t>(m));
     std::vector<int64_t> near = hs;
     for (int64_t k : {int64_t{1}, int64_t{1000}, (std::numeric_limits<int64_t>::max() - 1) / m})
@@ -446,9 +460,12 @@ TEST(key_arrays_read_struct_keys_with_offsets_at_both_levels) {
   KeyArrays k(schema, &st.schema, &st.array);
   CHECK_EQ(k.length(), 3);
   CHECK_EQ(k.first_null(nullptr), -1);
-  CHECK_EQ(ser_hex(k, 0), std::string("00000007" "0261"));  // row 0 = child element 1
-  CHECK_EQ(ser_hex(k, 1), std::string("00000001" "036162"));
-  CHECK_EQ(ser_hex(k, 2), std::string("00000002" "01"));
+  CHECK_EQ(ser_hex(k, 0), std::string("00000007"
+                                      "0261"));  // row 0 = child element 1
+  CHECK_EQ(ser_hex(k, 1), std::string("00000001"
+                                      "036162"));
+  CHECK_EQ(ser_hex(k, 2), std::string("00000002"
+                                      "01"));
   std::vector<int32_t> kgs(3);
   k.key_groups(Assigner::Spark, 128, kgs.data());
   CHECK_EQ(kgs[0], 54);  // Spark xxhash64(7, 'a')
@@ -461,8 +478,14 @@ TEST(key_arrays_read_struct_keys_with_offsets_at_both_levels) {
   enc.key_row(5, 0);
   enc.namespace_string("n", 1);
   // Variable-length key and namespace: Flink's lenbytes after each part.
-  CHECK_EQ(hex(enc.data(), enc.size()), std::string("05" "00000007" "0261" "06" "026e" "02"));
-  KeyEncoder other(struct_of({col(KeyType::Int32), col(KeyType::Binary)}), NamespaceType::Void, 128);
+  CHECK_EQ(hex(enc.data(), enc.size()), std::string("05"
+                                                    "00000007"
+                                                    "0261"
+                                                    "06"
+                                                    "026e"
+                                                    "02"));
+  KeyEncoder other(struct_of({col(KeyType::Int32), col(KeyType::Binary)}), NamespaceType::Void,
+                   128);
   CHECK_THROWS(other.bind(k), std::invalid_argument);
 
   // Nulls: a null struct row, then a null field.
@@ -479,13 +502,16 @@ TEST(key_arrays_read_struct_keys_with_offsets_at_both_levels) {
   CHECK_EQ(KeyArrays(schema, &st4.schema, &st4.array).first_null(&column), -1);
 
   // Shape errors.
-  CHECK(contains(invalid_arg([&] { KeyArrays(schema, &a.schema, &a.array); }), "expected a struct array"));
+  CHECK(contains(invalid_arg([&] { KeyArrays(schema, &a.schema, &a.array); }),
+                 "expected a struct array"));
+  CHECK(contains(
+      invalid_arg([&] { KeyArrays(struct_of({col(KeyType::Int32)}), &st.schema, &st.array); }),
+      "got 2 fields"));
   CHECK(contains(invalid_arg([&] {
-          KeyArrays(struct_of({col(KeyType::Int32)}), &st.schema, &st.array);
-        }), "got 2 fields"));
-  CHECK(contains(invalid_arg([&] {
-          KeyArrays(struct_of({col(KeyType::Int64), col(KeyType::String)}), &st.schema, &st.array);
-        }), "field 0: expected an Arrow array of key type int64, got int32"));
+                   KeyArrays(struct_of({col(KeyType::Int64), col(KeyType::String)}), &st.schema,
+                             &st.array);
+                 }),
+                 "field 0: expected an Arrow array of key type int64, got int32"));
   Arr shortkid = fixed<int32_t>("i", {1});
   Arr st5 = strukt({&shortkid, &s}, 3, 1);
   CHECK(contains(invalid_arg([&] { KeyArrays(schema, &st5.schema, &st5.array); }), "shorter"));
@@ -533,7 +559,8 @@ TEST(batch_kernels_with_struct_and_new_scalar_keys) {
     threw = contains(e.what(), "null in field 1 of the key at row 1");
   }
   CHECK(threw);
-  Arr wide = fsb(3, {std::string("abc"), std::string("abc"), std::string("abc"), std::string("abc")});
+  Arr wide =
+      fsb(3, {std::string("abc"), std::string("abc"), std::string("abc"), std::string("abc")});
   Arr wrong = strukt({&d, &b, &wide}, 4, 0);
   CHECK_THROWS(put_batch(t, sp, wrong.in(), ValueType::Int64, vals.in()), BatchError);
   CHECK_THROWS(put_batch(t, sp, d.in(), ValueType::Int64, vals.in()), BatchError);

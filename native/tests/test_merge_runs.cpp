@@ -65,7 +65,8 @@ TEST(random_chains_match_a_newest_wins_model) {
       OwnedRun run_arrow(static_cast<int64_t>(rng() % 8));
       for (const auto& [k, tv] : entries) {
         run_arrow.add(k, tv.first ? nullptr : &tv.second);
-        if (tv.first) model.erase(k); else model[k] = tv.second;
+        if (tv.first) model.erase(k);
+        else model[k] = tv.second;
         changes[k] = tv.first ? "<del>" : tv.second;
       }
       oldest_first.push_back(run_arrow);

@@ -19,12 +19,12 @@
 
 using statecore::detail::kPoolChunkBytes;
 using statecore::detail::kPoolSmallMaxBytes;
-using statecore::detail::small_alloc;
-using statecore::detail::small_free;
-using statecore::detail::small_realloc;
 using statecore::detail::page_alloc;
 using statecore::detail::page_free;
 using statecore::detail::page_pool_stats;
+using statecore::detail::small_alloc;
+using statecore::detail::small_free;
+using statecore::detail::small_realloc;
 
 TEST(blocks_are_distinct_aligned_and_keep_their_bytes) {
   const bool pooled = page_pool_stats().enabled;

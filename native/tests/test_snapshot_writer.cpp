@@ -387,9 +387,9 @@ TEST(chunks_hold_compressed_blocks_in_file_order) {
         CHECK(std::memcmp(alone.data(), c.bytes.data() + at, alone.size()) == 0);
         CHECK_EQ(sb.xxh64, statecore::xxh64(c.bytes.data() + at, sb.stored_length, 0));
         std::vector<char> back(b.bytes.size() + 1);
-        int got = LZ4_decompress_safe(reinterpret_cast<const char*>(c.bytes.data() + at),
-                                      back.data(), static_cast<int>(sb.stored_length),
-                                      static_cast<int>(back.size()));
+        int got =
+            LZ4_decompress_safe(reinterpret_cast<const char*>(c.bytes.data() + at), back.data(),
+                                static_cast<int>(sb.stored_length), static_cast<int>(back.size()));
         CHECK_EQ(static_cast<size_t>(got), b.bytes.size());
         CHECK(std::memcmp(back.data(), b.bytes.data(), b.bytes.size()) == 0);
         at += sb.stored_length;
@@ -417,7 +417,8 @@ TEST(chunks_hold_compressed_blocks_in_file_order) {
 
 TEST(lz4_block_compress_round_trips_and_appends) {
   std::vector<uint8_t> out{1, 2, 3};
-  CHECK_EQ(statecore::lz4_block_compress(nullptr, 0, &out), size_t{1});  // an empty block: one token
+  CHECK_EQ(statecore::lz4_block_compress(nullptr, 0, &out),
+           size_t{1});  // an empty block: one token
   CHECK_EQ(out.size(), size_t{4});
   std::string text;
   for (int i = 0; i < 5000; ++i) text += "key" + std::to_string(i % 97);
@@ -461,8 +462,8 @@ TEST(decode_blocks_reads_chunks_back_and_survives_corruption) {
   std::vector<int32_t> ko(n + 1), vo(n + 1);
   std::vector<uint8_t> kd(raw), vd(raw), va((n + 7) / 8);
   statecore::DecodeBuffers out{ko.data(), vo.data(), kd.data(), vd.data(), raw, va.data()};
-  auto r = statecore::decode_blocks(c.bytes.data(), c.bytes.size(), refs.data(), refs.size(),
-                                    false, out);
+  auto r = statecore::decode_blocks(c.bytes.data(), c.bytes.size(), refs.data(), refs.size(), false,
+                                    out);
   CHECK_EQ(r.failed_block, int64_t{-1});
   size_t i = 0;
   for (const auto& [k, v] : ref) {
@@ -473,8 +474,7 @@ TEST(decode_blocks_reads_chunks_back_and_survives_corruption) {
   CHECK_EQ(r.key_bytes, size_t(ko[n]));
   CHECK_EQ(r.value_bytes, size_t(vo[n]));
   // Incremental reading of a full payload: no room for the bitmap, block 0 is rejected.
-  r = statecore::decode_blocks(c.bytes.data(), c.bytes.size(), refs.data(), refs.size(), true,
-                               out);
+  r = statecore::decode_blocks(c.bytes.data(), c.bytes.size(), refs.data(), refs.size(), true, out);
   CHECK_EQ(r.failed_block, int64_t{0});
   size_t failures = 0;
   for (int round = 0; round < 400; ++round) {
@@ -484,11 +484,12 @@ TEST(decode_blocks_reads_chunks_back_and_survives_corruption) {
     bad[pos] ^= static_cast<uint8_t>(1u << (rng() % 8));
     const bool fix_checksums = round % 2;
     if (fix_checksums)
-      for (auto& b : bad_refs) b.xxh64 = statecore::xxh64(bad.data() + b.offset, b.stored_length, 0);
+      for (auto& b : bad_refs)
+        b.xxh64 = statecore::xxh64(bad.data() + b.offset, b.stored_length, 0);
     size_t size = bad.size();
     if (round % 7 == 0) size = pos;  // truncated
-    r = statecore::decode_blocks(bad.data(), size, bad_refs.data(), bad_refs.size(),
-                                 round % 3 == 0, out);
+    r = statecore::decode_blocks(bad.data(), size, bad_refs.data(), bad_refs.size(), round % 3 == 0,
+                                 out);
     if (!fix_checksums) CHECK(r.failed_block >= 0);
     if (r.failed_block >= 0) {
       ++failures;

@@ -226,7 +226,7 @@ TEST(bad_arguments_throw_and_do_not_change_state) {
 
 TEST(capacity_load_factor_and_growth) {
   StateMap m(nullptr, statecore::MapEngine::Chained);  // the chained engine's mechanics
-  CHECK_EQ(m.capacity(), 4u);  // minimum capacity
+  CHECK_EQ(m.capacity(), 4u);                          // minimum capacity
   for (int i = 0; i < 4; ++i) put(m, be64(i), "v");
   CHECK_EQ(m.capacity(), 4u);  // 4 entries > threshold 3 is only checked at the next insert
   CHECK(!m.is_rehashing());
@@ -251,7 +251,10 @@ TEST(reserve_presizes_an_empty_map) {
   for (size_t n : {size_t{0}, size_t{1}, size_t{3}, size_t{1000}, size_t{4096}, size_t{50000}}) {
     StateMap grown;
     for (size_t i = 0; i < n; ++i) put(grown, be64(i), "vvvvvvvv");
-    while (grown.is_rehashing()) { std::string v; get(grown, be64(0), &v); }
+    while (grown.is_rehashing()) {
+      std::string v;
+      get(grown, be64(0), &v);
+    }
 
     StateMap m;
     auto empty = m.snapshot();
@@ -367,15 +370,15 @@ TEST(reads_drive_the_migration) {
 
 TEST(sorted_entries_order_is_memcmp_shorter_prefix_first) {
   StateMap m;
-  std::vector<std::string> keys = {"b", "a", "ab", "", std::string("\xff", 1), "a\x01", "aa",
-                                   std::string("a\0", 2), "\x7f"};
+  std::vector<std::string> keys = {
+      "b", "a", "ab", "", std::string("\xff", 1), "a\x01", "aa", std::string("a\0", 2), "\x7f"};
   for (const auto& k : keys) put(m, k, "v" + k);
   auto s = m.snapshot();
   auto e = s->sorted_entries();
   std::vector<std::string> got;
   for (const MapChange& kv : e) got.push_back(str(kv.key));
-  std::vector<std::string> want = {"", "a", std::string("a\0", 2), "a\x01", "aa", "ab", "b",
-                                   "\x7f", std::string("\xff", 1)};
+  std::vector<std::string> want = {"",  "a",    std::string("a\0", 2), "a\x01", "aa", "ab",
+                                   "b", "\x7f", std::string("\xff", 1)};
   CHECK(got == want);
   CHECK_EQ(str(e[0].value), std::string("v"));
 }
@@ -488,11 +491,11 @@ TEST(no_copies_after_last_release) {
 // Retired entries are freed exactly when no live snapshot in (created, unlinked] remains.
 TEST(reclamation_follows_snapshot_intervals) {
   StateMap m(nullptr, statecore::MapEngine::Chained);  // the chained engine's mechanics
-  put(m, "a", "1");                 // created at version 0
-  auto s1 = m.snapshot();           // version 1 needs a
-  put(m, "b", "2");                 // created at version 1
-  auto s2 = m.snapshot();           // version 2 needs a, b
-  put(m, "c", "3");                 // created at version 2, no snapshot needs it
+  put(m, "a", "1");                                    // created at version 0
+  auto s1 = m.snapshot();                              // version 1 needs a
+  put(m, "b", "2");                                    // created at version 1
+  auto s2 = m.snapshot();                              // version 2 needs a, b
+  put(m, "c", "3");                                    // created at version 2, no snapshot needs it
   CHECK(del(m, "c"));
   CHECK_EQ(m.retired_entries(), 0u);  // freed immediately
   CHECK(del(m, "a"));

@@ -4,8 +4,8 @@
 #include <cstring>
 #include <map>
 #include <set>
-#include <string>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "check.h"
@@ -563,9 +563,11 @@ TEST(migrate_value_adds_and_strips_every_layout) {
   bool kept = false;
   size_t expired = 0;
   // Value: suffix appended / removed.
-  CHECK(migrated(adding(Layout::Value, 0, 42), Bytes{1, 2, 3}, &kept, &expired) == value({1, 2, 3}, 42));
+  CHECK(migrated(adding(Layout::Value, 0, 42), Bytes{1, 2, 3}, &kept, &expired) ==
+        value({1, 2, 3}, 42));
   CHECK(kept);
-  CHECK(migrated(stripping(Layout::Value, 0, 10, 100), value({1, 2, 3}, 95), &kept, &expired) == (Bytes{1, 2, 3}));
+  CHECK(migrated(stripping(Layout::Value, 0, 10, 100), value({1, 2, 3}, 95), &kept, &expired) ==
+        (Bytes{1, 2, 3}));
   CHECK(kept);
   migrated(stripping(Layout::Value, 0, 10, 100), value({1, 2, 3}, 90), &kept, &expired);
   CHECK(!kept);
@@ -607,7 +609,7 @@ TEST(migrate_value_adds_and_strips_every_layout) {
   CHECK(migrated(adding(Layout::Map, 0, 20), mplain, &kept, &expired) == mwith);
   CHECK(migrated(stripping(Layout::Map, 0, 100, 50), mwith, &kept, &expired) == mplain);
   Bytes mhalf, monly_b;
-  map_entry(mhalf, 'a', 0);   // expired at 50 with ttl 10
+  map_entry(mhalf, 'a', 0);  // expired at 50 with ttl 10
   map_entry(mhalf, 'b', 45);
   plain_map_entry(monly_b, 'b', 3);
   expired = 0;
@@ -624,7 +626,8 @@ TEST(migrate_value_rejects_broken_layouts) {
   Bytes out;
   auto bv = [](const Bytes& b) { return ByteView{b.data(), b.size()}; };
   Bytes short_value{1, 2, 3};
-  CHECK_THROWS(migrate_value(stripping(Layout::Value, 0, 1, 0), bv(short_value), &out), std::invalid_argument);
+  CHECK_THROWS(migrate_value(stripping(Layout::Value, 0, 1, 0), bv(short_value), &out),
+               std::invalid_argument);
   Bytes ragged{1, 1, 1, 1, 2};  // not a multiple of the element width
   CHECK_THROWS(migrate_value(adding(Layout::List, 4, 0), bv(ragged), &out), std::invalid_argument);
   Bytes m;
@@ -632,7 +635,8 @@ TEST(migrate_value_rejects_broken_layouts) {
   CHECK_THROWS(migrate_value(stripping(Layout::Map, 0, 1, 0), bv(m), &out), std::invalid_argument);
   m.pop_back();
   CHECK_THROWS(migrate_value(adding(Layout::Map, 0, 0), bv(m), &out), std::invalid_argument);
-  CHECK_THROWS(migrate_value(stripping(Layout::Value, 0, 0, 0), bv(short_value), &out), std::invalid_argument);
+  CHECK_THROWS(migrate_value(stripping(Layout::Value, 0, 0, 0), bv(short_value), &out),
+               std::invalid_argument);
 }
 
 TEST(migrate_table_all_or_nothing_and_copy_on_write) {

@@ -175,7 +175,7 @@ class ArrayView {
 
   ArrowKind kind() const { return kind_; }
   int64_t length() const { return length_; }
-  char time_unit() const { return unit_; }      // Timestamp: 's', 'm', 'u' or 'n'
+  char time_unit() const { return unit_; }       // Timestamp: 's', 'm', 'u' or 'n'
   int32_t byte_width() const { return width_; }  // FixedSizeBinary
 
   // Number of nulls (counts the bitmap when the producer reported -1, "unknown").
@@ -289,8 +289,9 @@ class ArrayView {
   template <class T>
   T load(int64_t i) const {
     T v;
-    std::memcpy(&v, static_cast<const uint8_t*>(data_) + (offset_ + i) * static_cast<int64_t>(sizeof(T)),
-                sizeof(T));
+    std::memcpy(
+        &v, static_cast<const uint8_t*>(data_) + (offset_ + i) * static_cast<int64_t>(sizeof(T)),
+        sizeof(T));
     return v;
   }
 

@@ -71,8 +71,17 @@ class BatchError : public std::invalid_argument {
 // of the spec's unit (any time zone), FixedSizeBinary <- "w:N" of the spec's width, String <-
 // "u" or "U", Binary <- "z" or "Z". All but String and Binary are fixed-width (8, 8, 4, 1, 8, 8,
 // N stored bytes).
-enum class ValueType : uint8_t { Int64, Float64, String, Binary, Int32, Bool, UInt64, Timestamp,
-                                 FixedSizeBinary };
+enum class ValueType : uint8_t {
+  Int64,
+  Float64,
+  String,
+  Binary,
+  Int32,
+  Bool,
+  UInt64,
+  Timestamp,
+  FixedSizeBinary
+};
 
 // A value type with its parameter: the unit of a Timestamp ('s', 'm' = ms, 'u' = us, 'n' = ns:
 // the letters of ArrayView::time_unit) and the byte width of a FixedSizeBinary (>= 1). The
@@ -140,10 +149,10 @@ struct BatchKeySpec {
 // timestamp and the kernels never mutate on read.
 struct TtlBatchSpec {
   bool enabled = false;
-  int64_t ttl_ms = 1;             // time to live, ms; must be > 0 when enabled (else BatchError)
-  int64_t now = 0;                // the batch's clock reading, ms (processing time or watermark)
-  bool update_on_read = false;    // UpdateType.OnReadAndWrite: renew on a successful read
-  bool return_expired = false;    // StateVisibility.ReturnExpiredIfNotCleanedUp
+  int64_t ttl_ms = 1;           // time to live, ms; must be > 0 when enabled (else BatchError)
+  int64_t now = 0;              // the batch's clock reading, ms (processing time or watermark)
+  bool update_on_read = false;  // UpdateType.OnReadAndWrite: renew on a successful read
+  bool return_expired = false;  // StateVisibility.ReturnExpiredIfNotCleanedUp
 };
 
 // One Arrow array as received through the C Data Interface (e.g. from `__arrow_c_array__`).
@@ -179,9 +188,8 @@ void get_batch_fixed(StateTable& table, const BatchKeySpec& spec, ArrowInput key
 // bytes is a BatchError naming the row.
 void get_batch_var(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                    const ValueSpec& value_type, std::vector<int64_t>& offsets,
-                   std::vector<uint8_t>& data,
-                   uint8_t* out_valid, const TtlBatchSpec& ttl = TtlBatchSpec(),
-                   int64_t* expired = nullptr);
+                   std::vector<uint8_t>& data, uint8_t* out_valid,
+                   const TtlBatchSpec& ttl = TtlBatchSpec(), int64_t* expired = nullptr);
 
 // Writes values[i] for keys[i], in row order (so for repeated keys the last row wins). A null
 // value removes the key (Flink: ValueState.update(null) == clear()). keys and values must have
@@ -208,8 +216,8 @@ void put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
 // be null) receives the expired entries met (see "TTL" for the overflow case).
 void add_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                const ValueSpec& value_type, Reducer reducer, ArrowInput values, void* out_values,
-               uint8_t* out_valid,
-               const TtlBatchSpec& ttl = TtlBatchSpec(), int64_t* expired = nullptr);
+               uint8_t* out_valid, const TtlBatchSpec& ttl = TtlBatchSpec(),
+               int64_t* expired = nullptr);
 
 // The kernel a validate_batch call stands for.
 enum class BatchOp : uint8_t { Get, Put, Add };

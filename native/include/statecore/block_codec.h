@@ -15,7 +15,8 @@ namespace statecore {
 // LZ4's acceleration for checkpoint blocks (format.py LZ4_ACCELERATION; 1 is LZ4's default
 // mode). A block is mostly int32 offsets and hashed or random key bytes that no setting
 // compresses; 2 skips through them faster at about the same ratio on such blocks, and costs
-// little ratio on compressible text. Decompression does not depend on it: files written with another setting read the same.
+// little ratio on compressible text. Decompression does not depend on it: files written with
+// another setting read the same.
 constexpr int kLz4Acceleration = 2;
 
 // Appends the LZ4-compressed `src[0, n)` to `out` and returns the number of bytes appended.

@@ -16,8 +16,8 @@ namespace statecore {
 // `tombstones` (a change set's removal), every other value `value_width` bytes unless
 // value_width < 0. Returns "" or the first problem, naming the entry ("entry 3: ...").
 // std::invalid_argument for a prefix_bytes other than 1 or 2.
-std::string check_entries(const ArrowBinaryRun& run, int32_t kg_lo, int32_t kg_hi,
-                          int prefix_bytes, int64_t value_width, bool tombstones);
+std::string check_entries(const ArrowBinaryRun& run, int32_t kg_lo, int32_t kg_hi, int prefix_bytes,
+                          int64_t value_width, bool tombstones);
 
 // Upserts the entries of `run` (Arrow binary layout, keys = encoded keys) into the maps of their
 // key groups; a NULL value (validity bit 0) removes its key (a change set's tombstone). The run
@@ -30,12 +30,13 @@ std::string check_entries(const ArrowBinaryRun& run, int32_t kg_lo, int32_t kg_h
 //
 // The maps' write logs are given up for the epoch (StateMap::give_up_write_log): a restore and a
 // catch-up rebase() right after, so no listing reads those records, and logging them would only
-// take the rows off the lanes' path to drop the records again. Removals are still logged (only rebase() may forget them).
-// Per run of one key group: an empty map is pre-sized for the run (no rehash while loading),
-// keys are hashed and their slots prefetched 16 entries ahead (a catch-up upserts into a state
-// that is out of cache next to Spark's JVM), and each entry is written through the batch kernels'
-// lane of the map (FlatLane::upsert: the geometry read once per key group, not per entry) when
-// the map is flat and the entry's key and value fit its layout, else StateMap::upsert / put.
+// take the rows off the lanes' path to drop the records again. Removals are still logged (only
+// rebase() may forget them). Per run of one key group: an empty map is pre-sized for the run (no
+// rehash while loading), keys are hashed and their slots prefetched 16 entries ahead (a catch-up
+// upserts into a state that is out of cache next to Spark's JVM), and each entry is written through
+// the batch kernels' lane of the map (FlatLane::upsert: the geometry read once per key group, not
+// per entry) when the map is flat and the entry's key and value fit its layout, else
+// StateMap::upsert / put.
 void load_entries(StateTable& table, const ArrowBinaryRun& run, int prefix_bytes);
 
 }  // namespace statecore

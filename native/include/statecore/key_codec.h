@@ -48,7 +48,9 @@ struct KeySchema {
   // Throws std::invalid_argument for no column, a scalar schema of several columns, or a
   // FixedSizeBinary column narrower than 1 byte.
   void validate() const;
-  bool operator==(const KeySchema& o) const { return is_struct == o.is_struct && columns == o.columns; }
+  bool operator==(const KeySchema& o) const {
+    return is_struct == o.is_struct && columns == o.columns;
+  }
   bool operator!=(const KeySchema& o) const { return !(*this == o); }
 };
 
@@ -155,7 +157,7 @@ class KeyEncoder {
   KeySchema key_;
   NamespaceType namespace_type_;
   int32_t max_parallelism_;
-  bool ambiguous_;        // both serializers variable-length: write lenbytes after each part
+  bool ambiguous_;  // both serializers variable-length: write lenbytes after each part
   const KeyArrays* bound_ = nullptr;
   size_t key_start_ = 0;  // offset of ser(key) (after the prefix)
   size_t key_end_ = 0;    // offset just past the key part (incl. its lenbytes); 0 = no key yet

@@ -29,7 +29,15 @@ enum class Assigner : uint8_t { Spark, Flink };
 // Logical type of a key column (the backend's key_type, or one field of a multi-column key):
 // decides the key serializer (key_codec.h) and the column's hash under each assigner (above).
 enum class KeyType : uint8_t {
-  Int32, Int64, String, Binary, UInt64, Float64, Bool, Timestamp, FixedSizeBinary
+  Int32,
+  Int64,
+  String,
+  Binary,
+  UInt64,
+  Float64,
+  Bool,
+  Timestamp,
+  FixedSizeBinary
 };
 
 // Unit of a Timestamp key column's int64 value (counted from 1970-01-01 UTC).

@@ -9,8 +9,8 @@
 // incremental runs), cuts them into blocks exactly as format.cut_points does (12 bytes of count
 // and leading offsets, then 8 bytes of offsets + key + value bytes per entry, at most
 // `block_target_bytes` per block unless a single entry is larger), and encodes each block's
-// payload (docs/formats.md). Compression and checksums happen on the consumer's thread: next() hands
-// over payloads (the consumer compresses them), next_chunk() compresses and checksums several
+// payload (docs/formats.md). Compression and checksums happen on the consumer's thread: next()
+// hands over payloads (the consumer compresses them), next_chunk() compresses and checksums several
 // into one chunk without returning (block_codec.h: the same bytes as the Python writer's).
 // Finished payloads go to a bounded queue (`queue_blocks`): the producer waits while it is full,
 // so memory is bounded by queue_blocks payloads + the key group being cut. With
@@ -73,12 +73,12 @@ struct SerializerSource {
 
 struct SerializerOptions {
   int32_t kg_start = 0;
-  int32_t kg_end = -1;                 // kg_end < kg_start: empty range, no blocks
-  int prefix_bytes = 1;                // key-group prefix width of encoded keys (1 or 2)
+  int32_t kg_end = -1;   // kg_end < kg_start: empty range, no blocks
+  int prefix_bytes = 1;  // key-group prefix width of encoded keys (1 or 2)
   size_t block_target_bytes = 64 * 1024;
-  bool incremental = false;            // append the validity bitmap to every payload
-  size_t queue_blocks = 4;             // bounded queue capacity (>= 1)
-  bool release_as_written = false;     // release each map snapshot once its key group is encoded
+  bool incremental = false;         // append the validity bitmap to every payload
+  size_t queue_blocks = 4;          // bounded queue capacity (>= 1)
+  bool release_as_written = false;  // release each map snapshot once its key group is encoded
   // Added to the producer thread's nice value (Linux; 0 = unchanged, capped at 19): a checkpoint
   // is background work and should yield the CPU to the owning (processing) thread.
   int nice = 0;
@@ -87,8 +87,8 @@ struct SerializerOptions {
 // One finished block payload and where it belongs.
 struct BlockPayload {
   int32_t key_group = 0;
-  uint32_t state = 0;       // index into the sources
-  uint32_t entries = 0;     // n (incl. tombstones)
+  uint32_t state = 0;    // index into the sources
+  uint32_t entries = 0;  // n (incl. tombstones)
   uint32_t tombstones = 0;
   bool last_of_group = false;  // the last block of its (state, key group)
   std::vector<uint8_t> bytes;
@@ -146,11 +146,11 @@ class SnapshotSerializer {
   void cancel();
 
   struct Stats {
-    uint64_t blocks = 0;         // payloads produced
-    uint64_t payload_bytes = 0;  // their total size
-    uint64_t max_queued = 0;     // highest queue length observed (<= queue_blocks)
-    uint64_t producer_waits = 0; // times the producer waited on a full queue (backpressure)
-    uint64_t ttl_expired = 0;    // expired things left out by TTL filters (ttl::filter_run)
+    uint64_t blocks = 0;          // payloads produced
+    uint64_t payload_bytes = 0;   // their total size
+    uint64_t max_queued = 0;      // highest queue length observed (<= queue_blocks)
+    uint64_t producer_waits = 0;  // times the producer waited on a full queue (backpressure)
+    uint64_t ttl_expired = 0;     // expired things left out by TTL filters (ttl::filter_run)
   };
   Stats stats() const;
 
@@ -175,7 +175,7 @@ class SnapshotSerializer {
   std::condition_variable not_full_;
   std::condition_variable not_empty_;
   std::deque<BlockPayload> queue_;
-  bool done_ = false;       // producer finished (ok or error)
+  bool done_ = false;  // producer finished (ok or error)
   std::atomic<bool> cancelled_{false};
   std::exception_ptr error_;
   Stats stats_;

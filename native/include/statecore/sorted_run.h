@@ -28,7 +28,11 @@ bool key_equal(ByteView a, ByteView b);
 // neighbours in a sorted run usually share their first 8 bytes, so the call ran to its end.
 inline int key_compare(ByteView a, ByteView b) {
   if (a.size == b.size && a.size >= 8 && a.size <= 16) {
-    const auto word = [](const uint8_t* p) { uint64_t w; std::memcpy(&w, p, 8); return __builtin_bswap64(w); };
+    const auto word = [](const uint8_t* p) {
+      uint64_t w;
+      std::memcpy(&w, p, 8);
+      return __builtin_bswap64(w);
+    };
     uint64_t x = word(a.data), y = word(b.data);
     if (x == y) {
       x = word(a.data + a.size - 8);
@@ -63,7 +67,8 @@ struct SortedRun {
   size_t size() const { return key_offsets.size() - 1; }
   bool empty() const { return size() == 0; }
   ByteView key(size_t i) const {
-    return {key_data.data() + key_offsets[i], static_cast<size_t>(key_offsets[i + 1] - key_offsets[i])};
+    return {key_data.data() + key_offsets[i],
+            static_cast<size_t>(key_offsets[i + 1] - key_offsets[i])};
   }
   ByteView value(size_t i) const {
     return {value_data.data() + value_offsets[i],
@@ -76,9 +81,13 @@ struct SortedRun {
    public:
     const_iterator(const SortedRun* run, size_t i) : run_(run), i_(i) {}
     MapChange operator*() const { return (*run_)[i_]; }
-    const_iterator& operator++() { ++i_; return *this; }
+    const_iterator& operator++() {
+      ++i_;
+      return *this;
+    }
     bool operator!=(const const_iterator& o) const { return i_ != o.i_; }
     bool operator==(const const_iterator& o) const { return i_ == o.i_; }
+
    private:
     const SortedRun* run_;
     size_t i_;

@@ -65,13 +65,12 @@ struct Entry;
 //  I4 every entry reachable from a live snapshot is either in the live table or retired.
 //  I5 size() = live entries; bytes() = sum of their key and value sizes.
 //  I6 during a rehash, live entries with bucket (old) < rehash_index are in the new table only.
-//  F1 (flat) a live key is in exactly one place: the new table, or the old at a slot >= rehash_index.
-//  F2 (flat) every table keeps a free slot (load <= 3/4; the new table of a rehash stays under 1/2).
-//  C1 base <= version; the base never decreases.
-//  C2 an entry reachable from a snapshot of version s has modified < s.
-//  C3 the removal log holds every removal at a version >= base, in version order.
-//  C4 a snapshot's listing never changes after it was taken.
-//  C5 every live entry with modified = m >= writes_complete_from has a write-log record at a
+//  F1 (flat) a live key is in exactly one place: the new table, or the old at a slot >=
+//  rehash_index. F2 (flat) every table keeps a free slot (load <= 3/4; the new table of a rehash
+//  stays under 1/2). C1 base <= version; the base never decreases. C2 an entry reachable from a
+//  snapshot of version s has modified < s. C3 the removal log holds every removal at a version >=
+//  base, in version order. C4 a snapshot's listing never changes after it was taken. C5 every live
+//  entry with modified = m >= writes_complete_from has a write-log record at a
 //     version in [start of m's epoch, m].
 // Versions are limited to 2^32 - 1 (32-bit `modified`, as Flink's int version):
 // snapshot() and rebase() throw std::overflow_error beyond.
@@ -151,10 +150,10 @@ class StateMap {
   // Pre-size an EMPTY map (size() == 0, no rehash in flight) for `entries` inserts: the table
   // gets the smallest power-of-two capacity whose 3/4 load holds `entries` (at most the
   // maximum; what the flat engine's growth reaches, the chained engine's or one doubling
-  // less), so a bulk load (restore) runs no incremental rehash. Allocates only the directory (pages on first write), keeps the flat engine's
-  // layout; snapshots of the empty map keep their tables. A no-op on a non-empty map, during a
-  // rehash, or when the table is already that large. Contents, versions and change tracking
-  // are unaffected.
+  // less), so a bulk load (restore) runs no incremental rehash. Allocates only the directory (pages
+  // on first write), keeps the flat engine's layout; snapshots of the empty map keep their tables.
+  // A no-op on a non-empty map, during a rehash, or when the table is already that large. Contents,
+  // versions and change tracking are unaffected.
   void reserve(size_t entries);
 
   // O(1) (independent of the number of entries). Several snapshots may be alive.
@@ -183,7 +182,8 @@ class StateMap {
   void set_write_log_min(size_t records);
 
   // Visit live entries (unordered). fn(ByteView key, ByteView value).
-  template <class Fn> void for_each(Fn&& fn);
+  template <class Fn>
+  void for_each(Fn&& fn);
 
   // Resumable walk (incremental TTL cleanup; Flink's StateIncrementalVisitor): copies the live
   // entries of whole buckets of the NEWEST table -- bucket b = hash & (newest capacity - 1) --
@@ -226,6 +226,7 @@ class StateMap {
   // The engine state, for the engine's own batch kernels (native/src/batch.cpp), which inline
   // the common case through detail/map_impl.h. Not an API.
   Impl& engine() { return *impl_; }
+
  private:
   std::shared_ptr<Impl> impl_;
   friend class MapSnapshot;
@@ -263,6 +264,7 @@ class MapSnapshot {
 
   struct State;
   explicit MapSnapshot(std::unique_ptr<State> s);
+
  private:
   // The entry of `key` at snapshot time: its value and `modified`; false when absent.
   bool find_hashed(uint32_t hash, const uint8_t* key, size_t key_size, ByteView* value,
@@ -273,7 +275,8 @@ class MapSnapshot {
   std::unique_ptr<State> s_;
 };
 
-template <class Fn> void StateMap::for_each(Fn&& fn) {
+template <class Fn>
+void StateMap::for_each(Fn&& fn) {
   for_each_impl([](void* ctx, ByteView k, ByteView v) { (*static_cast<Fn*>(ctx))(k, v); }, &fn);
 }
 

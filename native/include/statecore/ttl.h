@@ -119,9 +119,9 @@ ValuesFiltered filter_values(const FilterSpec& spec, int64_t now, const uint8_t*
 // the map's normal, copy-on-write aware operations (so live snapshots are unaffected and the
 // changes are tracked like any write). `scratch` is reused between calls.
 struct CleanupStep {
-  size_t visited = 0;   // entries looked at
-  size_t expired = 0;   // expired things removed (filter_value's count)
-  bool wrapped = false; // the walk reached the end of the table; *cursor is 0 again
+  size_t visited = 0;    // entries looked at
+  size_t expired = 0;    // expired things removed (filter_value's count)
+  bool wrapped = false;  // the walk reached the end of the table; *cursor is 0 again
 };
 CleanupStep cleanup_step(StateMap& map, uint64_t* cursor, size_t min_entries,
                          const FilterSpec& spec, int64_t now, SortedRun* scratch);
@@ -141,11 +141,11 @@ size_t restamp(StateMap& map, const FilterSpec& spec, int64_t from, int64_t to);
 // | uv -- so the conversion needs no value decoding, only the layout walk.
 struct MigrationSpec {
   Layout layout = Layout::Value;
-  uint32_t fixed_width = 0;     // List only: element width WITHOUT the timestamp, 0 = varlen
-  bool add_timestamps = true;   // true: off -> on; false: on -> off (strip them)
-  int64_t ts = 0;               // add: the timestamp (ms) every value/element/entry gets
-  int64_t ttl_ms = 1;           // strip: the TTL (ms, > 0) the state was written with, and
-  int64_t now = 0;              //   the time (ms) at which what is expired under it is dropped
+  uint32_t fixed_width = 0;    // List only: element width WITHOUT the timestamp, 0 = varlen
+  bool add_timestamps = true;  // true: off -> on; false: on -> off (strip them)
+  int64_t ts = 0;              // add: the timestamp (ms) every value/element/entry gets
+  int64_t ttl_ms = 1;          // strip: the TTL (ms, > 0) the state was written with, and
+  int64_t now = 0;             //   the time (ms) at which what is expired under it is dropped
 };
 
 // Converts one serialized value into *out (cleared first). Add: every value, list element and

@@ -58,8 +58,12 @@ struct Entry {
   // New entry with the key copied in and `vs` zeroed value bytes.
   static Entry* make(uint32_t h, const uint8_t* k, size_t ks, size_t vs, uint64_t version) {
     void* mem = allocate(alloc_size(ks, vs));
-    Entry* e = new (mem) Entry{nullptr, static_cast<uint32_t>(version), static_cast<uint32_t>(vs),
-                               h, static_cast<uint32_t>(ks), static_cast<uint32_t>(vs),
+    Entry* e = new (mem) Entry{nullptr,
+                               static_cast<uint32_t>(version),
+                               static_cast<uint32_t>(vs),
+                               h,
+                               static_cast<uint32_t>(ks),
+                               static_cast<uint32_t>(vs),
                                static_cast<uint32_t>(version)};
     if (ks) std::memcpy(e->key(), k, ks);
     std::memset(e->key() + ks, 0, value_offset(ks) - ks + vs);

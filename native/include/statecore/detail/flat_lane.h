@@ -48,9 +48,9 @@ struct alignas(64) FlatLane {
   FlatPage* const* pages = nullptr;
   const uint8_t* owned = nullptr;
   StateMap::Impl* map = nullptr;
-  uint32_t mask = 0;        // capacity - 1
-  uint32_t page_mask = 0;   // slots per page - 1
-  uint32_t page_last = 0;   // page_count - 1 (page_count is a power of two)
+  uint32_t mask = 0;       // capacity - 1
+  uint32_t page_mask = 0;  // slots per page - 1
+  uint32_t page_last = 0;  // page_count - 1 (page_count is a power of two)
   uint32_t stride = 0;
   uint32_t version = 0;     // the map version, stamped on every write
   uint32_t epoch = 0;       // the owner's bookkeeping (open in the batch of this epoch)
@@ -58,7 +58,7 @@ struct alignas(64) FlatLane {
   uint8_t key_size = 0;     // 5..17 (open); var: the most a key may have, a kFlatVarKeyClasses
   uint8_t suffix = 0;       // key suffix bytes, 4..16; var: the key area's, 16..64
   uint8_t page_shift = 0;
-  bool var = false;         // the table's layout is var (flat_table.h)
+  bool var = false;  // the table's layout is var (flat_table.h)
   // 8: the pages of a 4096-slot table of int64 keys and values (21-byte slots, 512 a page),
   // which the 128 key groups of a 200k-key state have; past 3,072 keys a map has 16.
   static constexpr size_t kCopiedPages = 8;
@@ -103,9 +103,7 @@ struct alignas(64) FlatLane {
   // geometry; nothing when the home page was never written. A kernel's key hasher calls it a
   // group of rows ahead; going through the map instead (StateMap::Impl::prefetch: map, engine,
   // directory, page) would add those loads to every row.
-  [[gnu::always_inline]] void prefetch(uint32_t h) const {
-    prefetch_slot(home_slot(h));
-  }
+  [[gnu::always_inline]] void prefetch(uint32_t h) const { prefetch_slot(home_slot(h)); }
   // The prefetch of a home slot as home_slot returned it (nullptr: nothing).
   [[gnu::always_inline]] void prefetch_slot(const uint8_t* s) const {
     if (s) {
@@ -230,8 +228,7 @@ struct alignas(64) FlatLane {
                                            uint8_t** slot, size_t* page_index) const {
     const size_t suffix = kSuffix ? kSuffix : this->suffix;
     return find_from<W, kStride, kSuffix>(s, h, word<W>(key + 1),
-                                          word<W>(key + 1 + suffix - sizeof(W)), slot,
-                                          page_index);
+                                          word<W>(key + 1 + suffix - sizeof(W)), slot, page_index);
   }
   // A new key in the free slot `s` that find_key returned, on an owned page, below the load
   // threshold: stamped with the version, its suffix stored, counted. Not logged (the caller
@@ -309,8 +306,7 @@ struct alignas(64) FlatLane {
   // upsert() of a var lane: as upsert_words; a new key's area is its words, then zero words.
   // Out of line, unlike the fixed rows' members: a string row costs far more than a call anyway,
   // and inlined its word loops would enlarge the row loops that int64 keys share.
-  [[gnu::noinline]] uint8_t* upsert_var(uint32_t h, const uint8_t* key, size_t ks,
-                                        bool* inserted) {
+  [[gnu::noinline]] uint8_t* upsert_var(uint32_t h, const uint8_t* key, size_t ks, bool* inserted) {
     uint64_t w[kFlatMaxKey / 8];
     const uint32_t nw = flat_var_words(key, ks, w);
     uint8_t* s;

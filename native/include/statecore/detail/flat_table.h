@@ -38,7 +38,7 @@ constexpr uint32_t kFlatEmpty = 0xFFFFFFFFu;
 constexpr uint32_t kFlatDeleted = 0xFFFFFFFEu;  // only in the old table of a rehash
 // Highest map version a flat slot can record; a map past it converts to the chained engine.
 constexpr uint64_t kFlatMaxVersion = 0xFFFFFFFDu;
-constexpr size_t kFlatMaxKey = 64;     // larger keys or values: the chained engine
+constexpr size_t kFlatMaxKey = 64;  // larger keys or values: the chained engine
 constexpr size_t kFlatMaxValue = 256;
 constexpr size_t kFlatPageBytes = 16384;  // slots per page: the power of two that fits
 // The key capacities of var layouts: each makes a key area (size byte + key) of a whole number
@@ -207,7 +207,7 @@ struct FlatDirectory {
   uint32_t page_shift;  // log2(slots per page)
   size_t capacity;      // slots, a power of two
   size_t page_count;
-  FlatLayout layout;    // snapshots read their directory's layout, never the map's
+  FlatLayout layout;  // snapshots read their directory's layout, never the map's
 
   FlatPage** pages() { return reinterpret_cast<FlatPage**>(this + 1); }
   FlatPage* const* pages() const { return reinterpret_cast<FlatPage* const*>(this + 1); }
@@ -244,8 +244,7 @@ struct FlatDirectory {
   static FlatDirectory* make_copy(const FlatDirectory* src) {
     const size_t n = src->page_count;
     void* mem = ::operator new(bytes_for(n));
-    FlatDirectory* d =
-        new (mem) FlatDirectory{{1}, src->page_shift, src->capacity, n, src->layout};
+    FlatDirectory* d = new (mem) FlatDirectory{{1}, src->page_shift, src->capacity, n, src->layout};
     for (size_t i = 0; i < n; ++i) {
       FlatPage* p = src->pages()[i];
       if (p) p->ref();
@@ -374,8 +373,8 @@ void flat_for_each_live(const FlatDirectory* d, size_t from, Fn&& fn) {
 // Linear probe for a key suffix from its home slot. Slots below `migrated_below` hold entries a
 // rehash already moved: occupied for the probe, never a match. Tables are never full (the load
 // stays <= 3/4), so an empty slot ends every probe; the step bound only guards that invariant.
-inline bool flat_probe(const FlatDirectory* d, uint32_t h, const uint8_t* suffix, size_t migrated_below,
-           size_t* slot) {
+inline bool flat_probe(const FlatDirectory* d, uint32_t h, const uint8_t* suffix,
+                       size_t migrated_below, size_t* slot) {
   const size_t mask = d->mask();
   const size_t n = d->layout.suffix_size();
   size_t i = h & mask;

@@ -65,15 +65,17 @@ inline uint64_t tail_word(const uint8_t* p, size_t n) {
 #endif
 }
 
-// Keys of 9-16 bytes (the common int64 key with its key-group prefix and void namespace): two overlapping 8-byte reads, each xored with its own constant, then two
-// folded 128-bit multiplies, the length mixed into the second (the shape of wyhash's short-key
-// path, github.com/wangyi-fudan/wyhash): far fewer instructions than the word loop below for
-// these sizes, and it selects the slot of every batch row.
-// short_key_hash of a key whose first 8 bytes, read as a host-order word, are `a` and whose last
-// 8 are `b`: the batch kernels build both words of an int64 key in registers.
+// Keys of 9-16 bytes (the common int64 key with its key-group prefix and void namespace): two
+// overlapping 8-byte reads, each xored with its own constant, then two folded 128-bit multiplies,
+// the length mixed into the second (the shape of wyhash's short-key path,
+// github.com/wangyi-fudan/wyhash): far fewer instructions than the word loop below for these sizes,
+// and it selects the slot of every batch row. short_key_hash of a key whose first 8 bytes, read as
+// a host-order word, are `a` and whose last 8 are `b`: the batch kernels build both words of an
+// int64 key in registers.
 [[gnu::always_inline]] inline uint32_t short_key_hash_words(uint64_t a, uint64_t b, size_t size) {
   const uint64_t h = mum_fold(a ^ 0xa0761d6478bd642fULL, b ^ 0xe7037ed1a0b428dbULL);
-  const uint64_t g = mum_fold(h ^ 0x8ebc6af09c88c6e3ULL, static_cast<uint64_t>(size) ^ 0x589965cc75374cc3ULL);
+  const uint64_t g =
+      mum_fold(h ^ 0x8ebc6af09c88c6e3ULL, static_cast<uint64_t>(size) ^ 0x589965cc75374cc3ULL);
   return static_cast<uint32_t>(g ^ (g >> 32));
 }
 [[gnu::always_inline]] inline uint32_t short_key_hash(const uint8_t* data, size_t size) {
@@ -103,8 +105,8 @@ inline uint32_t medium_key_hash(const uint8_t* data, size_t size) {
   std::memcpy(&b, data + 8, 8);
   std::memcpy(&c, data + size - 8, 8);
   const uint64_t h = mum_fold(a ^ 0xa0761d6478bd642fULL, b ^ 0xe7037ed1a0b428dbULL);
-  const uint64_t g = mum_fold(c ^ 0x8ebc6af09c88c6e3ULL,
-                              h ^ static_cast<uint64_t>(size) ^ 0x589965cc75374cc3ULL);
+  const uint64_t g =
+      mum_fold(c ^ 0x8ebc6af09c88c6e3ULL, h ^ static_cast<uint64_t>(size) ^ 0x589965cc75374cc3ULL);
   return static_cast<uint32_t>(g ^ (g >> 32));
 }
 

@@ -22,8 +22,8 @@ namespace statecore {
 namespace detail {
 
 struct KeyRecord {
-  uint64_t version = 0;    // map version when the key was removed (first written in the epoch)
-  uint32_t hash = 0;       // mixed key hash (as Entry::hash), so readers never call the hash fn
+  uint64_t version = 0;  // map version when the key was removed (first written in the epoch)
+  uint32_t hash = 0;     // mixed key hash (as Entry::hash), so readers never call the hash fn
   uint32_t key_size = 0;
   uint8_t* key = nullptr;  // `small`, or owned by the chunk (new[]); nullptr for an empty key
   // Keys up to 16 bytes (int64 keys with their prefix and namespace) stay in the record: a bulk
@@ -46,7 +46,8 @@ struct KeyRecord {
 struct KeyLogChunk {
   static constexpr size_t kChunkRecords = 64;
   KeyRecord recs[kChunkRecords];
-  std::shared_ptr<KeyLogChunk> next;  // newer chunk; written by the owner only while this is the tail
+  std::shared_ptr<KeyLogChunk>
+      next;  // newer chunk; written by the owner only while this is the tail
 
   KeyLogChunk() = default;
   KeyLogChunk(const KeyLogChunk&) = delete;
@@ -69,7 +70,8 @@ struct KeyLogView {
   const KeyLogChunk* tail = nullptr;
   size_t tail_count = 0;
 
-  template <class Fn> void for_each(Fn&& fn) const {  // fn(const KeyRecord&), oldest first
+  template <class Fn>
+  void for_each(Fn&& fn) const {  // fn(const KeyRecord&), oldest first
     for (const KeyLogChunk* c = head.get(); c; c = c->next.get()) {
       size_t n = c == tail ? tail_count : KeyLogChunk::kChunkRecords;
       for (size_t i = 0; i < n; ++i) fn(c->recs[i]);
@@ -132,7 +134,8 @@ class KeyLog {
     size_t i = 0;
     while (i < n && c->recs[i].version < v) ++i;
     size_t dropped = n - i;
-    for (KeyLogChunk* d = c == tail_ ? nullptr : c->next.get(); d; d = d == tail_ ? nullptr : d->next.get())
+    for (KeyLogChunk* d = c == tail_ ? nullptr : c->next.get(); d;
+         d = d == tail_ ? nullptr : d->next.get())
       dropped += d == tail_ ? tail_count_ : KeyLogChunk::kChunkRecords;
     for (size_t j = i; j < n; ++j) {
       c->recs[j].free_key();

@@ -11,8 +11,8 @@
 #include "statecore/detail/entry.h"
 #include "statecore/detail/flat_table.h"
 #include "statecore/detail/key_hash.h"
-#include "statecore/detail/pages.h"
 #include "statecore/detail/key_log.h"
+#include "statecore/detail/pages.h"
 #include "statecore/state_map.h"
 
 namespace statecore {
@@ -21,7 +21,7 @@ namespace detail {
 // row with it, and out of line (GCC's choice once the kernels grew) it cost a call and a
 // prologue a row.
 [[gnu::always_inline]] inline uint32_t map_key_hash(KeyHashFunction fn, const uint8_t* key,
-                                                   size_t ks) {
+                                                    size_t ks) {
   if (fn) return fmix32(fn(key, ks));
   return ks > 8 && ks <= 16 ? short_key_hash(key, ks) : default_key_hash(key, ks);
 }
@@ -30,7 +30,8 @@ namespace detail {
 struct StateMap::Impl {
   // An entry unlinked from the live table (removed, replaced by a copy, or reallocated) while a
   // live snapshot may still reach it. It was created at entry->version and unlinked at map
-  // version `unlinked_at`; a snapshot of version s reaches it iff entry->version < s <= unlinked_at.
+  // version `unlinked_at`; a snapshot of version s reaches it iff entry->version < s <=
+  // unlinked_at.
   struct Retired {
     detail::Entry* entry;
     uint64_t unlinked_at;
@@ -40,34 +41,35 @@ struct StateMap::Impl {
   ~Impl();
 
   // ---- owner-thread state (only the owning thread reads or writes these) ----
-  KeyHashFunction hash_fn;        // injected hash, or nullptr for detail::default_key_hash
-  // Flat engine (docs/state-map.md "Flat engine"): while `flat`, the tables are fprimary/frehash and the
-  // chained ones are null; rehash_index, the sizes, threshold and live_bytes mean the same.
+  KeyHashFunction hash_fn;  // injected hash, or nullptr for detail::default_key_hash
+  // Flat engine (docs/state-map.md "Flat engine"): while `flat`, the tables are fprimary/frehash
+  // and the chained ones are null; rehash_index, the sizes, threshold and live_bytes mean the same.
   bool flat;
   detail::FlatDirectory* fprimary = nullptr;  // the flat table; during a rehash the OLD one
   detail::FlatDirectory* frehash = nullptr;   // the NEW, twice as large flat table during a rehash
-  detail::Directory* primary = nullptr;  // the table; during a rehash the OLD table (Flink primaryTable)
+  detail::Directory* primary =
+      nullptr;  // the table; during a rehash the OLD table (Flink primaryTable)
   detail::Directory* rehash_table = nullptr;  // the NEW table (2x) during a rehash, else nullptr
-  size_t rehash_index = 0;        // old buckets [0, rehash_index) are migrated (and stale)
-  size_t primary_size = 0;        // live entries reachable from `primary` buckets >= rehash_index
-  size_t rehash_size = 0;         // live entries in `rehash_table`
-  size_t threshold;               // 3/4 of the newest table's capacity; passing it starts a rehash
-  size_t live_bytes = 0;          // key + value bytes of live entries
-  uint64_t version = 0;           // map version: bumped by every snapshot(); new entries carry it
-  uint64_t req = 0;               // `required` as read at the start of the current operation
-  std::vector<Retired> retired;   // owner-only unless `orphaned` (then guarded by `mu`)
+  size_t rehash_index = 0;       // old buckets [0, rehash_index) are migrated (and stale)
+  size_t primary_size = 0;       // live entries reachable from `primary` buckets >= rehash_index
+  size_t rehash_size = 0;        // live entries in `rehash_table`
+  size_t threshold;              // 3/4 of the newest table's capacity; passing it starts a rehash
+  size_t live_bytes = 0;         // key + value bytes of live entries
+  uint64_t version = 0;          // map version: bumped by every snapshot(); new entries carry it
+  uint64_t req = 0;              // `required` as read at the start of the current operation
+  std::vector<Retired> retired;  // owner-only unless `orphaned` (then guarded by `mu`)
   Stats stats;
   // Change tracking: entries with modified >= base are changed; removals logged since `base`.
-  uint64_t base = 0;              // only raised (mark_base, rebase)
-  detail::KeyLog removals;        // removals of present keys, version order
-  detail::KeyLog writes;          // first write of a key in each epoch, version order
+  uint64_t base = 0;        // only raised (mark_base, rebase)
+  detail::KeyLog removals;  // removals of present keys, version order
+  detail::KeyLog writes;    // first write of a key in each epoch, version order
   // Every epoch (version) >= it has all its first writes logged. 1 for a fresh map: its first
   // epoch (version 0, base 0) is not logged at all. Changes against the empty map are the whole
   // contents, which a listing gets by walking the table for about what reading the log would
   // cost, and a fresh map's first epoch is mostly inserts (every key of a new state is a first
   // write, and logging each would slow the inserts for nothing).
   uint64_t writes_complete_from = 1;
-  size_t write_log_min = 1024;    // the write log may always hold this many records (log_write)
+  size_t write_log_min = 1024;  // the write log may always hold this many records (log_write)
   // First writes of keys in the current epoch, logged or not (log_write counts them, FoldHotRows
   // where it stamps without a call). An epoch that had more than the log's limit makes the next
   // one start without a log (start_epoch): a Spark micro-batch that touches a large share of its
@@ -85,7 +87,9 @@ struct StateMap::Impl {
   std::vector<uint64_t> live_versions;     // versions of unreleased snapshots, ascending
   bool orphaned = false;                   // the StateMap is destroyed; releases sweep themselves
 
-  uint32_t hash_of(const uint8_t* key, size_t ks) const { return detail::map_key_hash(hash_fn, key, ks); }
+  uint32_t hash_of(const uint8_t* key, size_t ks) const {
+    return detail::map_key_hash(hash_fn, key, ks);
+  }
   // prefetch_bucket() inlined for batch kernels (flat engine; the chained one makes the call).
   // Always inlined: GCC's IPA pure-const pass counts __builtin_prefetch as no side effect, so an
   // outlined copy of this function (fnsplit made one) was "const", and every call to it, whose
@@ -112,7 +116,9 @@ struct StateMap::Impl {
   // Table (as a pointer to the field, because copy-on-write may replace the directory) and bucket
   // for a hash: the old table when its bucket is not migrated yet, else the new one.
   detail::Directory** table_for(uint32_t h, size_t* bucket);
-  size_t& size_of(detail::Directory** table) { return table == &primary ? primary_size : rehash_size; }
+  size_t& size_of(detail::Directory** table) {
+    return table == &primary ? primary_size : rehash_size;
+  }
   detail::Entry* find(const detail::Directory* d, size_t bucket, uint32_t h, const uint8_t* key,
                       size_t ks) const;
 
@@ -124,7 +130,9 @@ struct StateMap::Impl {
     detail::Entry* entry;
   };
   // The start of every keyed operation: begin_op(true), then hash, table_for and find.
-  Location locate(const uint8_t* key, size_t ks) { return locate_hashed(hash_of(key, ks), key, ks); }
+  Location locate(const uint8_t* key, size_t ks) {
+    return locate_hashed(hash_of(key, ks), key, ks);
+  }
   Location locate_hashed(uint32_t h, const uint8_t* key, size_t ks);
   // Chained engine: a new entry for a key `at` found absent (nothing changed since); may start a
   // rehash. Returns its zeroed value bytes.
@@ -145,7 +153,9 @@ struct StateMap::Impl {
   // Next map version (snapshot(), rebase()); std::overflow_error past UINT32_MAX (Entry::modified).
   uint64_t advance_version();
   // A present key is being removed: log it for change tracking.
-  void log_removal(const detail::Entry* e) { removals.append(version, e->hash, e->key(), e->key_size); }
+  void log_removal(const detail::Entry* e) {
+    removals.append(version, e->hash, e->key(), e->key_size);
+  }
   // Whether this epoch logs first writes: false in a fresh map's first epoch (writes_complete_from
   // starts at 1) and once the epoch has given its log up (log_write), when a first write is
   // only stamped with the version.
@@ -191,7 +201,8 @@ struct StateMap::Impl {
   // Frees retired entries no live snapshot reaches. Caller holds `mu`.
   void sweep_locked();
 
-  template <class Fn> void visit_live(Fn&& fn);  // fn(Entry*); may free the visited entry
+  template <class Fn>
+  void visit_live(Fn&& fn);  // fn(Entry*); may free the visited entry
 
   // ---- flat engine (native/src/flat_map.cpp) ----
   // A write of the existing, writable flat slot `s` of a table of layout `l`: the key's first
@@ -220,8 +231,8 @@ struct StateMap::Impl {
   // page exclusive, and for an insert a free slot on an existing page below the load threshold.
   // Then they do exactly what upsert()/get_hashed() do, without the calls; otherwise they return
   // nullptr / -1 having changed nothing, and the caller makes the full call.
-  uint8_t* flat_fast_upsert(uint32_t h, const uint8_t* key, size_t ks, size_t new_vs,
-                            size_t* vs, bool* inserted) {
+  uint8_t* flat_fast_upsert(uint32_t h, const uint8_t* key, size_t ks, size_t new_vs, size_t* vs,
+                            bool* inserted) {
     if (!flat || frehash || sweep_pending.load(std::memory_order_relaxed) ||
         version > detail::kFlatMaxVersion)
       return nullptr;
@@ -308,11 +319,14 @@ struct StateMap::Impl {
   // O(size); snapshots keep their flat tables.
   void unflatten();
   // fn(const FlatDirectory*, const uint8_t* slot) for every live slot.
-  template <class Fn> void flat_visit_live(Fn&& fn) const;
+  template <class Fn>
+  void flat_visit_live(Fn&& fn) const;
   bool flat_collect(uint64_t* cursor, size_t min_entries, SortedRun* out) const;
-  size_t& flat_size_of(detail::FlatDirectory** t) { return t == &fprimary ? primary_size : rehash_size; }
-  void release_snapshot(uint64_t v);             // any thread
-  void teardown();                               // ~StateMap
+  size_t& flat_size_of(detail::FlatDirectory** t) {
+    return t == &fprimary ? primary_size : rehash_size;
+  }
+  void release_snapshot(uint64_t v);  // any thread
+  void teardown();                    // ~StateMap
   void reset_tables(size_t capacity);
 };
 
@@ -326,14 +340,15 @@ struct MapSnapshot::State {
   size_t rehash_index = 0;  // primary buckets below it were migrated: read them from rehash_table
   size_t size = 0;
   uint64_t version = 0;
-  uint64_t base = 0;              // the map's base at snapshot time: changes are tracked from it
-  detail::KeyLogView removals;    // the removal log as of snapshot time
-  detail::KeyLogView writes;      // the write log as of snapshot time
+  uint64_t base = 0;            // the map's base at snapshot time: changes are tracked from it
+  detail::KeyLogView removals;  // the removal log as of snapshot time
+  detail::KeyLogView writes;    // the write log as of snapshot time
   uint64_t writes_complete_from = 0;
   bool released = false;
 };
 
-template <class Fn> void StateMap::Impl::visit_live(Fn&& fn) {
+template <class Fn>
+void StateMap::Impl::visit_live(Fn&& fn) {
   auto visit_table = [&](detail::Directory* d, size_t from) {
     if (!d) return;
     for (size_t b = from; b < d->capacity;) {
@@ -354,7 +369,8 @@ template <class Fn> void StateMap::Impl::visit_live(Fn&& fn) {
   visit_table(rehash_table, 0);
 }
 
-template <class Fn> void StateMap::Impl::flat_visit_live(Fn&& fn) const {
+template <class Fn>
+void StateMap::Impl::flat_visit_live(Fn&& fn) const {
   detail::flat_for_each_live(fprimary, frehash ? rehash_index : 0,
                              [&](const uint8_t* s, uint32_t) { fn(fprimary, s); });
   detail::flat_for_each_live(frehash, 0, [&](const uint8_t* s, uint32_t) { fn(frehash, s); });

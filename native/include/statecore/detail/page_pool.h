@@ -55,7 +55,7 @@ void small_free(void* p) noexcept;
 void* small_realloc(void* p, size_t valid, size_t bytes);
 
 struct PagePoolStats {
-  size_t chunks = 0;        // 2 MiB chunks mapped now
+  size_t chunks = 0;         // 2 MiB chunks mapped now
   size_t blocks_in_use = 0;  // pool blocks allocated and not freed (pages and entries)
   bool enabled = false;      // whether large blocks come from chunks
 };

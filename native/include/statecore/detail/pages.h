@@ -24,8 +24,8 @@
 namespace statecore {
 namespace detail {
 
-constexpr size_t kPageShiftMax = 9;  // at most 512 buckets (4 KiB of heads) per page
-constexpr size_t kMinCapacity = 4;   // as Flink CopyOnWriteStateMap.MINIMUM_CAPACITY
+constexpr size_t kPageShiftMax = 9;               // at most 512 buckets (4 KiB of heads) per page
+constexpr size_t kMinCapacity = 4;                // as Flink CopyOnWriteStateMap.MINIMUM_CAPACITY
 constexpr size_t kMaxCapacity = size_t(1) << 30;  // as Flink MAXIMUM_CAPACITY
 
 struct Page {
