@@ -57,7 +57,7 @@ from typing import Callable, Optional
 import pyarrow as pa
 
 from statecore.errors import InvalidInputError
-from statecore.serializers import read_varlen
+from statecore.varint import read_varlen
 
 __all__ = [
     "StateTtlConfig",

@@ -33,7 +33,7 @@ removal kernels (native/include/statecore/batch_reads.h), their Arrow results bu
 kernels' buffers. Other batch calls (pickle values or user keys, custom reducers, aggregating
 add/get, timers) take the per-row path and behave identically.
 
-Chunked input (a ChunkedArray, an ``__arrow_c_stream__`` object; ``base.import_arrow``): the
+Chunked input (a ChunkedArray, an ``__arrow_c_stream__`` object; ``arrow_input.import_arrow``): the
 kernels read the chunks in place, one kernel call per chunk (keys and values sliced -- views, no
 copy -- where their chunk boundaries differ), all inside one GIL release; every later chunk is
 validated (``validate_batch``) before the first is applied (the first chunk's kernel validates
@@ -76,6 +76,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from statecore import _native
+from statecore import arrow_input
 from statecore import serializers as S
 from statecore.backends import base
 from statecore.backends import python as py
@@ -536,12 +537,12 @@ def _ns_column(state, namespaces, length: int):
     (pa.Array or pa.ChunkedArray, not copied when given as one), or None for a void state.
     The rules and errors of the per-row path (base.resolve_batch_namespaces): None -> the
     state's current namespace (InvalidInputError when unset), an Arrow input -> one namespace a
-    row (base.batch_namespace_array), anything else -> that one namespace for every row."""
+    row (arrow_input.batch_namespace_array), anything else -> that one namespace for every row."""
     ns_type = state.namespace_type
     if ns_type == "void":
         return None
-    if namespaces is not None and base.is_arrow_input(namespaces):
-        return base.batch_namespace_array(namespaces, ns_type, length)
+    if namespaces is not None and arrow_input.is_arrow_input(namespaces):
+        return arrow_input.batch_namespace_array(namespaces, ns_type, length)
     ns = (state._require_namespace() if namespaces is None
           else S.key_serializer(ns_type).check(namespaces))
     return pa.repeat(pa.scalar(ns, state._ns_ser.key_type.arrow_type), length)
@@ -562,7 +563,7 @@ def _keyed_chunks(keys, ns, *columns, single: bool = False) -> list:
 def _key_array(state, keys):
     """Validated keys as imported: a pa.Array, or a pa.ChunkedArray whose chunks the kernels
     read in place (see _kernel_chunks)."""
-    return base.coerce_key_array(keys, state.backend.key_type, combine=False)
+    return arrow_input.coerce_key_array(keys, state.backend.key_type, combine=False)
 
 
 #: Below this many rows per chunk on average a chunked batch is combined into one array (a copy)
@@ -585,7 +586,7 @@ def _kernel_chunks(*columns, single: bool = False) -> list:
         np.cumsum([len(ch) for ch in chunks]).tolist() for chunks in chunk_lists)))
     parts = len(bounds) - 1
     if parts <= 1 or single or total < _MIN_ROWS_PER_CHUNK * parts:
-        return [[base.combined(c)] for c in columns]
+        return [[arrow_input.combined(c)] for c in columns]
     out = []
     for chunks in chunk_lists:
         sliced, ci, start = [], 0, 0
@@ -706,7 +707,7 @@ class _FastValue(_KernelClear, _KernelGet, py._Value, _NativeState):
         b = self.backend
         b._check_open()
         arr = _key_array(self, keys)
-        vals = base.coerce_value_array(values, self._ser.name, len(arr), combine=False)
+        vals = arrow_input.coerce_value_array(values, self._ser.name, len(arr), combine=False)
         ns = _ns_column(self, namespaces, len(arr))
         kc, vc = _keyed_chunks(arr, ns, vals)
         self._table.native.put_batch(kc, vc, b.key_type, b.assigner, b.max_parallelism,
@@ -728,7 +729,7 @@ class _FastReducing(_KernelClear, _KernelGet, py._Reducing, _NativeState):
         b._check_open()
         arr = _key_array(self, keys)
         is_count = self.descriptor.reducer.name == "count"
-        vals = base.coerce_value_array(values, self._ser.name, len(arr), any_type=is_count,
+        vals = arrow_input.coerce_value_array(values, self._ser.name, len(arr), any_type=is_count,
                                        combine=False)
         if is_count and not _count_kernel_ok(vals.type):
             return super().add_batch(arr, vals, namespaces)
@@ -756,13 +757,13 @@ def _list_values(state, values, length: int):
     def is_list(typ):
         return pa.types.is_list(typ) or pa.types.is_large_list(typ)
 
-    vals = base.import_arrow(values, "values", lambda typ: base.arrow_type_ok(name, typ) or (
-        is_list(typ) and base.arrow_type_ok(name, typ.value_type)))
+    vals = arrow_input.import_arrow(values, "values", lambda typ: arrow_input.arrow_type_ok(name, typ) or (
+        is_list(typ) and arrow_input.arrow_type_ok(name, typ.value_type)))
     if len(vals) != length:
         raise InvalidInputError(f"values have {len(vals)} rows but keys have {length}")
     if is_list(vals.type):
-        vals = base.combined(vals)
-        base.check_arrow_type(vals.values, name, "list elements")
+        vals = arrow_input.combined(vals)
+        arrow_input.check_arrow_type(vals.values, name, "list elements")
         elements = pc.list_flatten(vals)
         if elements.null_count:
             raise InvalidInputError(f"values contain {elements.null_count} null list element(s); "
@@ -771,7 +772,7 @@ def _list_values(state, values, length: int):
         # list_flatten leaves out.
         lengths = pc.list_value_length(vals).fill_null(0).to_numpy()
         return elements, pa.array(np.repeat(np.arange(len(vals)), lengths))
-    base.check_arrow_type(vals, name, f"values (or a list<{t}> array)")
+    arrow_input.check_arrow_type(vals, name, f"values (or a list<{t}> array)")
     if vals.null_count:
         raise InvalidInputError(f"values contain {vals.null_count} null(s); list state elements "
                                 "must not be null")
@@ -797,8 +798,8 @@ class _NativeList(_KernelClear, py._List, _NativeState):
         elements, parents = _list_values(self, values, rows)
         ns = _ns_column(self, namespaces, rows)
         if parents is not None:
-            arr = base.combined(arr).take(parents)
-            ns = None if ns is None else base.combined(ns).take(parents)
+            arr = arrow_input.combined(arr).take(parents)
+            ns = None if ns is None else arrow_input.combined(ns).take(parents)
         kc, vc = _keyed_chunks(arr, ns, elements)
         self._table.native.append_batch(kc, vc, b.key_type, b.assigner, b.max_parallelism,
                                         self._ser.name, ttl=self._ttl_args(rows),
@@ -831,10 +832,10 @@ def _map_user_keys(state, user_keys, length: int):
     type's Arrow type, ``length`` rows, no nulls), as imported (pa.Array or pa.ChunkedArray);
     InvalidInputError otherwise."""
     uk_name = state._uks.name
-    uks = base.import_arrow(user_keys, "user_keys", lambda t: base.arrow_type_ok(uk_name, t))
+    uks = arrow_input.import_arrow(user_keys, "user_keys", lambda t: arrow_input.arrow_type_ok(uk_name, t))
     if len(uks) != length:
         raise InvalidInputError(f"user_keys have {len(uks)} rows but keys have {length}")
-    base.check_arrow_type(uks, uk_name, "user_keys")
+    arrow_input.check_arrow_type(uks, uk_name, "user_keys")
     if uks.null_count:
         raise InvalidInputError(f"user_keys contain {uks.null_count} null(s); map user keys "
                                 "must not be null")
@@ -857,7 +858,7 @@ class _NativeMap(_KernelClear, py._Map, _NativeState):
         arr = _key_array(self, keys)
         uk_name = self._uks.name
         uks = _map_user_keys(self, user_keys, len(arr))
-        vals = base.coerce_value_array(values, self._ser.name, len(arr), combine=False)
+        vals = arrow_input.coerce_value_array(values, self._ser.name, len(arr), combine=False)
         if vals.null_count:
             raise InvalidInputError(f"values contain {vals.null_count} null(s); use remove_batch "
                                     "to remove user keys")

@@ -24,6 +24,7 @@ import pickle
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from statecore import arrow_input
 from statecore import serializers as S
 from statecore.backends import base
 from statecore.descriptors import (
@@ -682,8 +683,8 @@ class PythonBackend(base.KeyedStateBackend):
 
     # ------------------------------------------------------------------ batch helpers
     def _batch_slots(self, state, keys, namespaces):
-        arr = base.coerce_key_array(keys, self.key_type)
-        ks = base.key_pylist(arr, self.key_type)
+        arr = arrow_input.coerce_key_array(keys, self.key_type)
+        ks = arrow_input.key_pylist(arr, self.key_type)
         cfg = state.descriptor.ttl_config
         if cfg is not None and cfg.cleanup_size:
             self._ttl_accessed(state._table, cfg, len(ks))  # one access per row
@@ -764,8 +765,8 @@ class _Value(_PyState, base.ValueState):
             self._table.put(kg, k, _to_stored(self._ser, value))
 
     def put_batch(self, keys, values, namespaces=None) -> None:
-        arr = base.coerce_key_array(keys, self.backend.key_type)
-        vals = self._ser.to_pylist(base.coerce_value_array(values, self._ser.name, len(arr)))
+        arr = arrow_input.coerce_key_array(keys, self.backend.key_type)
+        vals = self._ser.to_pylist(arrow_input.coerce_value_array(values, self._ser.name, len(arr)))
         slots = self.backend._batch_slots(self, arr, namespaces)
         for (kg, k), v in zip(slots, vals):
             if v is None:
@@ -812,22 +813,22 @@ class _List(_PyState, base.ListState):
 
     def append_batch(self, keys, values, namespaces=None) -> None:
         t = self._typed("append_batch")
-        arr = base.coerce_key_array(keys, self.backend.key_type)
+        arr = arrow_input.coerce_key_array(keys, self.backend.key_type)
         name = self._ser.name
-        vals = base.as_arrow_array(values, "values", lambda t: base.arrow_type_ok(name, t) or (
+        vals = arrow_input.as_arrow_array(values, "values", lambda t: arrow_input.arrow_type_ok(name, t) or (
             (pa.types.is_list(t) or pa.types.is_large_list(t))
-            and base.arrow_type_ok(name, t.value_type)))
+            and arrow_input.arrow_type_ok(name, t.value_type)))
         if len(vals) != len(arr):
             raise InvalidInputError(f"values have {len(vals)} rows but keys have {len(arr)}")
         if pa.types.is_list(vals.type) or pa.types.is_large_list(vals.type):
-            base.check_arrow_type(vals.values, self._ser.name, "list elements")
+            arrow_input.check_arrow_type(vals.values, self._ser.name, "list elements")
             rows = [[] if r is None else r for r in self._ser.to_pylist(vals)]
             bad = sum(e is None for r in rows for e in r)
             if bad:
                 raise InvalidInputError(f"values contain {bad} null list element(s); list "
                                         "state elements must not be null")
         else:
-            base.check_arrow_type(vals, self._ser.name, f"values (or a list<{t}> array)")
+            arrow_input.check_arrow_type(vals, self._ser.name, f"values (or a list<{t}> array)")
             if vals.null_count:
                 raise InvalidInputError(f"values contain {vals.null_count} null(s); list state "
                                         "elements must not be null")
@@ -900,11 +901,11 @@ class _Map(_PyState, base.MapState):
     def _user_keys(self, user_keys, length: int) -> list:
         if self._uks.name == "pickle":
             raise InvalidInputError("the batch API needs a typed user key (not pickle) map state")
-        arr = base.as_arrow_array(user_keys, "user_keys",
-                                  lambda t: base.arrow_type_ok(self._uks.name, t))
+        arr = arrow_input.as_arrow_array(user_keys, "user_keys",
+                                  lambda t: arrow_input.arrow_type_ok(self._uks.name, t))
         if len(arr) != length:
             raise InvalidInputError(f"user_keys have {len(arr)} rows but keys have {length}")
-        base.check_arrow_type(arr, self._uks.name, "user_keys")
+        arrow_input.check_arrow_type(arr, self._uks.name, "user_keys")
         if arr.null_count:
             raise InvalidInputError(f"user_keys contain {arr.null_count} null(s); map user keys "
                                     "must not be null")
@@ -912,9 +913,9 @@ class _Map(_PyState, base.MapState):
 
     def put_batch(self, keys, user_keys, values, namespaces=None) -> None:
         self._typed("put_batch")
-        arr = base.coerce_key_array(keys, self.backend.key_type)
+        arr = arrow_input.coerce_key_array(keys, self.backend.key_type)
         uks = self._user_keys(user_keys, len(arr))
-        vals = base.coerce_value_array(values, self._ser.name, len(arr))
+        vals = arrow_input.coerce_value_array(values, self._ser.name, len(arr))
         if vals.null_count:
             raise InvalidInputError(f"values contain {vals.null_count} null(s); use remove_batch "
                                     "to remove user keys")
@@ -925,17 +926,17 @@ class _Map(_PyState, base.MapState):
 
     def get_batch(self, keys, user_keys, namespaces=None) -> pa.Array:
         t = self._typed("get_batch")
-        arr = base.coerce_key_array(keys, self.backend.key_type)
+        arr = arrow_input.coerce_key_array(keys, self.backend.key_type)
         uks = self._user_keys(user_keys, len(arr))
         return pa.array(self._apply_rows(arr, namespaces, self.get, uks), t)
 
     def contains_batch(self, keys, user_keys, namespaces=None) -> pa.Array:
-        arr = base.coerce_key_array(keys, self.backend.key_type)
+        arr = arrow_input.coerce_key_array(keys, self.backend.key_type)
         uks = self._user_keys(user_keys, len(arr))
         return pa.array(self._apply_rows(arr, namespaces, self.contains, uks), pa.bool_())
 
     def remove_batch(self, keys, user_keys, namespaces=None) -> None:
-        arr = base.coerce_key_array(keys, self.backend.key_type)
+        arr = arrow_input.coerce_key_array(keys, self.backend.key_type)
         uks = self._user_keys(user_keys, len(arr))
         self._apply_rows(arr, namespaces, self.remove, uks)
 
@@ -966,7 +967,7 @@ class _Reducing(_PyState, base.ReducingState):
         self._table.put(kg, k, self._reduce(self._table.get(kg, k), value))
 
     def add_batch(self, keys, values, namespaces=None) -> pa.Array:
-        arr = base.coerce_key_array(keys, self.backend.key_type)
+        arr = arrow_input.coerce_key_array(keys, self.backend.key_type)
         vals = reducing_batch_values(self, values, len(arr))
         slots = self.backend._batch_slots(self, arr, namespaces)
         if self.descriptor.reducer.is_vectorized:
@@ -992,7 +993,7 @@ def reducing_batch_values(state, values, length: int) -> list:
     value type, or for ``count`` of any Arrow type, where only validity matters (1 per value,
     so no value needs a Python form: an extreme timestamp has no datetime)."""
     is_count = state.descriptor.reducer.name == "count"
-    arr = base.coerce_value_array(values, state._ser.name, length, any_type=is_count)
+    arr = arrow_input.coerce_value_array(values, state._ser.name, length, any_type=is_count)
     if is_count:
         return [1 if ok else None for ok in arr.is_valid().to_pylist()]
     return state._ser.to_pylist(arr)
@@ -1088,8 +1089,8 @@ class _Aggregating(_PyState, base.AggregatingState):
         return staged, out
 
     def _batch_values(self, keys, values):
-        arr = base.coerce_key_array(keys, self.backend.key_type)
-        vals = base.as_arrow_array(values, "values")
+        arr = arrow_input.coerce_key_array(keys, self.backend.key_type)
+        vals = arrow_input.as_arrow_array(values, "values")
         if len(vals) != len(arr):
             raise InvalidInputError(f"values have {len(vals)} rows but keys have {len(arr)}")
         return arr, vals.to_pylist()

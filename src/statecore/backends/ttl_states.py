@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from statecore.backends import base
+from statecore import arrow_input
 from statecore.backends import python as py
 from statecore.ttl import is_expired
 
@@ -108,8 +108,8 @@ class _TtlValue(_TtlValueLike, py._Value):
             self._table.put(kg, k, (py._to_stored(self._ser, value), self._now()))
 
     def put_batch(self, keys, values, namespaces=None) -> None:
-        arr = base.coerce_key_array(keys, self.backend.key_type)
-        vals = self._ser.to_pylist(base.coerce_value_array(values, self._ser.name, len(arr)))
+        arr = arrow_input.coerce_key_array(keys, self.backend.key_type)
+        vals = self._ser.to_pylist(arrow_input.coerce_value_array(values, self._ser.name, len(arr)))
         slots = self.backend._batch_slots(self, arr, namespaces)
         now = self._now()
         for (kg, k), v in zip(slots, vals):
@@ -136,7 +136,7 @@ class _TtlReducing(_TtlValueLike, py._Reducing):
         """Rows one at a time: a row with a value is ``add`` and yields the new aggregate, a null
         row yields what ``get()`` returns. Writes are staged and applied at the end, so a reducer
         error leaves the aggregates unchanged (expired entries read meanwhile may be gone)."""
-        arr = base.coerce_key_array(keys, self.backend.key_type)
+        arr = arrow_input.coerce_key_array(keys, self.backend.key_type)
         vals = py.reducing_batch_values(self, values, len(arr))
         slots = self.backend._batch_slots(self, arr, namespaces)
         now = self._now()
