@@ -296,7 +296,7 @@ class TimerService:
         holding = getattr(snapshot, "key_groups_holding", None)
         if holding is not None and len(kgs):
             # A checkpoint reader tells from its block tables which key groups hold timers: most
-            # states have none, and reading every key group's was ~2 ms of a catch-up.
+            # states have none, so reading every key group's would be wasted work.
             kgs = holding(TIMERS_STATE_NAME, kgs.start, kgs.end)
         for kg in kgs:
             keys, _ = snapshot.entries(TIMERS_STATE_NAME, kg)

@@ -1,5 +1,5 @@
 """State time-to-live: :class:`StateTtlConfig` and the expiry rule (after Flink's
-``StateTtlConfig`` and ``TtlUtils``; ``shared/reference/flink-state.md``, section TTL).
+``StateTtlConfig`` and ``TtlUtils``).
 
 A state whose descriptor carries a TTL config stores every value, list element and map entry with
 the time of its last access (milliseconds, int64): in memory next to the value, in snapshots and
