@@ -300,10 +300,12 @@ class KeyedStateBackend(abc.ABC):
         first = self._ttl_watermark == _INT64_MIN
         self._ttl_watermark = wm
         if first:
-            for table in self._tables.values():  # registered or restored
-                cfg = self._ttl_config_of(table)
-                if cfg is not None and cfg.event_time:
-                    table.ttl_restamp(_INT64_MIN, wm)
+            self._restamp_event_time_ttl(_INT64_MIN, wm)
+
+    @abc.abstractmethod
+    def _restamp_event_time_ttl(self, ts_from: int, ts_to: int) -> None:
+        """Rewrite the TTL timestamps ``ts_from`` of every event-time TTL state (registered or
+        restored) to ``ts_to`` (:meth:`observe_watermark`'s first watermark)."""
 
     def ttl_statistics(self) -> dict:
         """``{strategy: expired entries removed}`` since the backend was created, for the
@@ -325,6 +327,7 @@ class KeyedStateBackend(abc.ABC):
         if expired:
             self._count_expired("incremental", expired)
 
+    @abc.abstractmethod
     def run_background_ttl_cleanup(self, max_key_groups: int = 1) -> int:
         """Background cleanup: for every registered state whose TTL config has
         ``cleanup_in_background``, expire the next ``max_key_groups`` key groups of this
@@ -335,24 +338,6 @@ class KeyedStateBackend(abc.ABC):
         (thread contract). Returns the expired values, list elements and map entries removed
         (also counted as ``background`` in :meth:`ttl_statistics`). InvalidInputError for
         ``max_key_groups`` < 1."""
-        self._check_open()
-        if isinstance(max_key_groups, bool) or not isinstance(max_key_groups, int) or max_key_groups < 1:
-            raise InvalidInputError(f"max_key_groups must be an int >= 1, got {max_key_groups!r}")
-        targets = [(st._table, st.descriptor.ttl_config) for st in self._states.values()
-                   if st.descriptor.ttl_config is not None
-                   and st.descriptor.ttl_config.cleanup_in_background]
-        if not targets:
-            return 0
-        r = self.key_group_range
-        removed = 0
-        for _ in range(min(max_key_groups, len(r))):
-            kg = self._bg_ttl_kg if self._bg_ttl_kg in r else r.start
-            self._bg_ttl_kg = kg + 1
-            for table, cfg in targets:
-                removed += table.ttl_cleanup_key_group(kg, cfg.ttl_ms, self.ttl_now(cfg))
-        if removed:
-            self._count_expired("background", removed)
-        return removed
 
     def _take_ttl_delta(self) -> dict:
         """``{strategy: n}`` removed since the previous call (nonzero only); snapshots carry it

@@ -79,8 +79,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from statecore import _native
-from statecore import arrow_input
 from statecore import serializers as S
+from statecore.arrow_input import (
+    arrow_type_ok,
+    batch_namespace_array,
+    check_arrow_type,
+    coerce_key_array,
+    coerce_value_array,
+    combined,
+    import_arrow,
+    is_arrow_input,
+)
 from statecore.backends import base
 from statecore.backends import states, ttl_states
 from statecore.backends.table_backend import TableBackend
@@ -548,12 +557,12 @@ def _ns_column(state, namespaces, length: int):
     (pa.Array or pa.ChunkedArray, not copied when given as one), or None for a void state.
     The rules and errors of the per-row path (base.resolve_batch_namespaces): None -> the
     state's current namespace (InvalidInputError when unset), an Arrow input -> one namespace a
-    row (arrow_input.batch_namespace_array), anything else -> that one namespace for every row."""
+    row (batch_namespace_array), anything else -> that one namespace for every row."""
     ns_type = state.namespace_type
     if ns_type == "void":
         return None
-    if namespaces is not None and arrow_input.is_arrow_input(namespaces):
-        return arrow_input.batch_namespace_array(namespaces, ns_type, length)
+    if namespaces is not None and is_arrow_input(namespaces):
+        return batch_namespace_array(namespaces, ns_type, length)
     ns = (state._require_namespace() if namespaces is None
           else S.key_serializer(ns_type).check(namespaces))
     return pa.repeat(pa.scalar(ns, state._ns_ser.key_type.arrow_type), length)
@@ -574,7 +583,7 @@ def _keyed_chunks(keys, ns, *columns, single: bool = False) -> list:
 def _key_array(state, keys):
     """Validated keys as imported: a pa.Array, or a pa.ChunkedArray whose chunks the kernels
     read in place (see _kernel_chunks)."""
-    return arrow_input.coerce_key_array(keys, state.backend.key_type, combine=False)
+    return coerce_key_array(keys, state.backend.key_type, combine=False)
 
 
 #: Below this many rows per chunk on average a chunked batch is combined into one array (a copy)
@@ -597,7 +606,7 @@ def _kernel_chunks(*columns, single: bool = False) -> list:
         np.cumsum([len(ch) for ch in chunks]).tolist() for chunks in chunk_lists)))
     parts = len(bounds) - 1
     if parts <= 1 or single or total < _MIN_ROWS_PER_CHUNK * parts:
-        return [[arrow_input.combined(c)] for c in columns]
+        return [[combined(c)] for c in columns]
     out = []
     for chunks in chunk_lists:
         sliced, ci, start = [], 0, 0
@@ -718,7 +727,7 @@ class _FastValue(_KernelClear, _KernelGet, states.TableValueState, _NativeState)
         b = self.backend
         b._check_open()
         arr = _key_array(self, keys)
-        vals = arrow_input.coerce_value_array(values, self._ser.name, len(arr), combine=False)
+        vals = coerce_value_array(values, self._ser.name, len(arr), combine=False)
         ns = _ns_column(self, namespaces, len(arr))
         kc, vc = _keyed_chunks(arr, ns, vals)
         self._table.native.put_batch(kc, vc, b.key_type, b.assigner, b.max_parallelism,
@@ -740,7 +749,7 @@ class _FastReducing(_KernelClear, _KernelGet, states.TableReducingState, _Native
         b._check_open()
         arr = _key_array(self, keys)
         is_count = self.descriptor.reducer.name == "count"
-        vals = arrow_input.coerce_value_array(values, self._ser.name, len(arr), any_type=is_count,
+        vals = coerce_value_array(values, self._ser.name, len(arr), any_type=is_count,
                                        combine=False)
         if is_count and not _count_kernel_ok(vals.type):
             return super().add_batch(arr, vals, namespaces)
@@ -757,8 +766,9 @@ class _FastReducing(_KernelClear, _KernelGet, states.TableReducingState, _Native
 
 
 def _list_values(state, values, length: int):
-    """append_batch values checked as the per-row path checks them (states.TableListState.append_batch: the
-    element type's Arrow type or a list of it, ``length`` rows, no null element), as
+    """append_batch values checked as the per-row path checks them
+    (``TableListState.append_batch``: the element type's Arrow type or a list of it, ``length``
+    rows, no null element), as
     ``(elements, parents)``: a flat array of one element a row with ``parents`` None, or a
     list array's elements (null rows hold none) with ``parents`` the row of each element.
     InvalidInputError otherwise."""
@@ -768,13 +778,13 @@ def _list_values(state, values, length: int):
     def is_list(typ):
         return pa.types.is_list(typ) or pa.types.is_large_list(typ)
 
-    vals = arrow_input.import_arrow(values, "values", lambda typ: arrow_input.arrow_type_ok(name, typ) or (
-        is_list(typ) and arrow_input.arrow_type_ok(name, typ.value_type)))
+    vals = import_arrow(values, "values", lambda typ: arrow_type_ok(name, typ) or (
+        is_list(typ) and arrow_type_ok(name, typ.value_type)))
     if len(vals) != length:
         raise InvalidInputError(f"values have {len(vals)} rows but keys have {length}")
     if is_list(vals.type):
-        vals = arrow_input.combined(vals)
-        arrow_input.check_arrow_type(vals.values, name, "list elements")
+        vals = combined(vals)
+        check_arrow_type(vals.values, name, "list elements")
         elements = pc.list_flatten(vals)
         if elements.null_count:
             raise InvalidInputError(f"values contain {elements.null_count} null list element(s); "
@@ -783,7 +793,7 @@ def _list_values(state, values, length: int):
         # list_flatten leaves out.
         lengths = pc.list_value_length(vals).fill_null(0).to_numpy()
         return elements, pa.array(np.repeat(np.arange(len(vals)), lengths))
-    arrow_input.check_arrow_type(vals, name, f"values (or a list<{t}> array)")
+    check_arrow_type(vals, name, f"values (or a list<{t}> array)")
     if vals.null_count:
         raise InvalidInputError(f"values contain {vals.null_count} null(s); list state elements "
                                 "must not be null")
@@ -809,8 +819,8 @@ class _NativeList(_KernelClear, states.TableListState, _NativeState):
         elements, parents = _list_values(self, values, rows)
         ns = _ns_column(self, namespaces, rows)
         if parents is not None:
-            arr = arrow_input.combined(arr).take(parents)
-            ns = None if ns is None else arrow_input.combined(ns).take(parents)
+            arr = combined(arr).take(parents)
+            ns = None if ns is None else combined(ns).take(parents)
         kc, vc = _keyed_chunks(arr, ns, elements)
         self._table.native.append_batch(kc, vc, b.key_type, b.assigner, b.max_parallelism,
                                         self._ser.name, ttl=self._ttl_args(rows),
@@ -819,7 +829,7 @@ class _NativeList(_KernelClear, states.TableListState, _NativeState):
     def get_batch(self, keys, namespaces=None) -> pa.Array:
         """The list read kernel (batch_reads.h) for any namespace and every typed element
         type: a ``list<T>`` array, one row per key, ``[]`` for an absent key (as ``get()``);
-        under TTL expired elements are dropped, removed and counted as ``_TtlList.get``.
+        under TTL expired elements are dropped, removed and counted as ``TtlListState.get``.
         Else the per-row path."""
         if not _kernel_ok(self, namespaces):
             return super().get_batch(keys, namespaces)
@@ -839,14 +849,14 @@ def _map_kernel_ok(state, namespaces) -> bool:
 
 
 def _map_user_keys(state, user_keys, length: int):
-    """The user keys of a map batch checked as states.TableMapState._user_keys checks them (the user key
-    type's Arrow type, ``length`` rows, no nulls), as imported (pa.Array or pa.ChunkedArray);
-    InvalidInputError otherwise."""
+    """The user keys of a map batch checked as the per-row path checks them
+    (``TableMapState._user_keys``: the user key type's Arrow type, ``length`` rows, no nulls), as
+    imported (pa.Array or pa.ChunkedArray); InvalidInputError otherwise."""
     uk_name = state._uks.name
-    uks = arrow_input.import_arrow(user_keys, "user_keys", lambda t: arrow_input.arrow_type_ok(uk_name, t))
+    uks = import_arrow(user_keys, "user_keys", lambda t: arrow_type_ok(uk_name, t))
     if len(uks) != length:
         raise InvalidInputError(f"user_keys have {len(uks)} rows but keys have {length}")
-    arrow_input.check_arrow_type(uks, uk_name, "user_keys")
+    check_arrow_type(uks, uk_name, "user_keys")
     if uks.null_count:
         raise InvalidInputError(f"user_keys contain {uks.null_count} null(s); map user keys "
                                 "must not be null")
@@ -859,8 +869,8 @@ class _NativeMap(_KernelClear, states.TableMapState, _NativeState):
 
     def put_batch(self, keys, user_keys, values, namespaces=None) -> None:
         """The map kernel (batch_collections.h) for the void namespace, typed user keys and
-        typed values; else the per-row path. Checks as states.TableMapState.put_batch: user keys of the user
-        key type's Arrow type, no null user key or value, equal lengths."""
+        typed values; else the per-row path. Checks as ``TableMapState.put_batch``: user keys of
+        the user key type's Arrow type, no null user key or value, equal lengths."""
         if not _map_kernel_ok(self, namespaces):
             return super().put_batch(keys, user_keys, values, namespaces)
         b = self.backend
@@ -869,7 +879,7 @@ class _NativeMap(_KernelClear, states.TableMapState, _NativeState):
         arr = _key_array(self, keys)
         uk_name = self._uks.name
         uks = _map_user_keys(self, user_keys, len(arr))
-        vals = arrow_input.coerce_value_array(values, self._ser.name, len(arr), combine=False)
+        vals = coerce_value_array(values, self._ser.name, len(arr), combine=False)
         if vals.null_count:
             raise InvalidInputError(f"values contain {vals.null_count} null(s); use remove_batch "
                                     "to remove user keys")
@@ -897,7 +907,7 @@ class _NativeMap(_KernelClear, states.TableMapState, _NativeState):
     def get_batch(self, keys, user_keys, namespaces=None) -> pa.Array:
         """The map read kernel (batch_reads.h) for any namespace, typed user keys and
         values: the value of each (key, user key), null where absent; under TTL as
-        ``_TtlMap.get`` (an expired pair removed and counted, shown once under
+        ``TtlMapState.get`` (an expired pair removed and counted, shown once under
         return_expired, renewed under update_on_read). Else the per-row path."""
         if not _map_kernel_ok(self, namespaces):
             return super().get_batch(keys, user_keys, namespaces)
@@ -947,7 +957,7 @@ class _TtlKernel:
     access per row, as the Python path), then ``ttl = (ttl_ms, now, update_on_read,
     return_expired)``; expired entries the kernels remove are counted as ``read``. On an int64
     sum overflow the aggregates are unchanged while expired entries removed by earlier null
-    rows stay removed (and counted), as in ``_TtlReducing.add_batch``."""
+    rows stay removed (and counted), as in ``TtlReducingState.add_batch``."""
 
     def _ttl_args(self, rows: int):
         self.backend._ttl_accessed(self._table, self._cfg, rows)

@@ -26,8 +26,14 @@ import pickle
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from statecore import arrow_input
 from statecore import serializers as S
+from statecore.arrow_input import (
+    arrow_type_ok,
+    as_arrow_array,
+    check_arrow_type,
+    coerce_key_array,
+    coerce_value_array,
+)
 from statecore.backends import base
 from statecore.errors import InvalidInputError
 from statecore.key_groups import KeyGroupRange
@@ -212,8 +218,8 @@ class TableValueState(TableState, base.ValueState):
             self._table.put(kg, k, to_stored(self._ser, value))
 
     def put_batch(self, keys, values, namespaces=None) -> None:
-        arr = arrow_input.coerce_key_array(keys, self.backend.key_type)
-        vals = self._ser.to_pylist(arrow_input.coerce_value_array(values, self._ser.name, len(arr)))
+        arr = coerce_key_array(keys, self.backend.key_type)
+        vals = self._ser.to_pylist(coerce_value_array(values, self._ser.name, len(arr)))
         slots = self.backend._batch_slots(self, arr, namespaces)
         for (kg, k), v in zip(slots, vals):
             if v is None:
@@ -263,22 +269,22 @@ class TableListState(TableState, base.ListState):
 
     def append_batch(self, keys, values, namespaces=None) -> None:
         t = self._typed("append_batch")
-        arr = arrow_input.coerce_key_array(keys, self.backend.key_type)
+        arr = coerce_key_array(keys, self.backend.key_type)
         name = self._ser.name
-        vals = arrow_input.as_arrow_array(values, "values", lambda t: arrow_input.arrow_type_ok(name, t) or (
+        vals = as_arrow_array(values, "values", lambda t: arrow_type_ok(name, t) or (
             (pa.types.is_list(t) or pa.types.is_large_list(t))
-            and arrow_input.arrow_type_ok(name, t.value_type)))
+            and arrow_type_ok(name, t.value_type)))
         if len(vals) != len(arr):
             raise InvalidInputError(f"values have {len(vals)} rows but keys have {len(arr)}")
         if pa.types.is_list(vals.type) or pa.types.is_large_list(vals.type):
-            arrow_input.check_arrow_type(vals.values, self._ser.name, "list elements")
+            check_arrow_type(vals.values, self._ser.name, "list elements")
             rows = [[] if r is None else r for r in self._ser.to_pylist(vals)]
             bad = sum(e is None for r in rows for e in r)
             if bad:
                 raise InvalidInputError(f"values contain {bad} null list element(s); list "
                                         "state elements must not be null")
         else:
-            arrow_input.check_arrow_type(vals, self._ser.name, f"values (or a list<{t}> array)")
+            check_arrow_type(vals, self._ser.name, f"values (or a list<{t}> array)")
             if vals.null_count:
                 raise InvalidInputError(f"values contain {vals.null_count} null(s); list state "
                                         "elements must not be null")
@@ -354,11 +360,11 @@ class TableMapState(TableState, base.MapState):
     def _user_keys(self, user_keys, length: int) -> list:
         if self._uks.name == "pickle":
             raise InvalidInputError("the batch API needs a typed user key (not pickle) map state")
-        arr = arrow_input.as_arrow_array(user_keys, "user_keys",
-                                  lambda t: arrow_input.arrow_type_ok(self._uks.name, t))
+        arr = as_arrow_array(user_keys, "user_keys",
+                                  lambda t: arrow_type_ok(self._uks.name, t))
         if len(arr) != length:
             raise InvalidInputError(f"user_keys have {len(arr)} rows but keys have {length}")
-        arrow_input.check_arrow_type(arr, self._uks.name, "user_keys")
+        check_arrow_type(arr, self._uks.name, "user_keys")
         if arr.null_count:
             raise InvalidInputError(f"user_keys contain {arr.null_count} null(s); map user keys "
                                     "must not be null")
@@ -366,9 +372,9 @@ class TableMapState(TableState, base.MapState):
 
     def put_batch(self, keys, user_keys, values, namespaces=None) -> None:
         self._typed("put_batch")
-        arr = arrow_input.coerce_key_array(keys, self.backend.key_type)
+        arr = coerce_key_array(keys, self.backend.key_type)
         uks = self._user_keys(user_keys, len(arr))
-        vals = arrow_input.coerce_value_array(values, self._ser.name, len(arr))
+        vals = coerce_value_array(values, self._ser.name, len(arr))
         if vals.null_count:
             raise InvalidInputError(f"values contain {vals.null_count} null(s); use remove_batch "
                                     "to remove user keys")
@@ -379,17 +385,17 @@ class TableMapState(TableState, base.MapState):
 
     def get_batch(self, keys, user_keys, namespaces=None) -> pa.Array:
         t = self._typed("get_batch")
-        arr = arrow_input.coerce_key_array(keys, self.backend.key_type)
+        arr = coerce_key_array(keys, self.backend.key_type)
         uks = self._user_keys(user_keys, len(arr))
         return pa.array(self._apply_rows(arr, namespaces, self.get, uks), t)
 
     def contains_batch(self, keys, user_keys, namespaces=None) -> pa.Array:
-        arr = arrow_input.coerce_key_array(keys, self.backend.key_type)
+        arr = coerce_key_array(keys, self.backend.key_type)
         uks = self._user_keys(user_keys, len(arr))
         return pa.array(self._apply_rows(arr, namespaces, self.contains, uks), pa.bool_())
 
     def remove_batch(self, keys, user_keys, namespaces=None) -> None:
-        arr = arrow_input.coerce_key_array(keys, self.backend.key_type)
+        arr = coerce_key_array(keys, self.backend.key_type)
         uks = self._user_keys(user_keys, len(arr))
         self._apply_rows(arr, namespaces, self.remove, uks)
 
@@ -423,7 +429,7 @@ class TableReducingState(TableState, base.ReducingState):
         self._table.put(kg, k, self._reduce(self._table.get(kg, k), value))
 
     def add_batch(self, keys, values, namespaces=None) -> pa.Array:
-        arr = arrow_input.coerce_key_array(keys, self.backend.key_type)
+        arr = coerce_key_array(keys, self.backend.key_type)
         vals = reducing_batch_values(self, values, len(arr))
         slots = self.backend._batch_slots(self, arr, namespaces)
         if self.descriptor.reducer.is_vectorized:
@@ -449,7 +455,7 @@ def reducing_batch_values(state, values, length: int) -> list:
     value type, or for ``count`` of any Arrow type, where only validity matters (1 per value,
     so no value needs a Python form: an extreme timestamp has no datetime)."""
     is_count = state.descriptor.reducer.name == "count"
-    arr = arrow_input.coerce_value_array(values, state._ser.name, length, any_type=is_count)
+    arr = coerce_value_array(values, state._ser.name, length, any_type=is_count)
     if is_count:
         return [1 if ok else None for ok in arr.is_valid().to_pylist()]
     return state._ser.to_pylist(arr)
@@ -548,8 +554,8 @@ class TableAggregatingState(TableState, base.AggregatingState):
         return staged, out
 
     def _batch_values(self, keys, values):
-        arr = arrow_input.coerce_key_array(keys, self.backend.key_type)
-        vals = arrow_input.as_arrow_array(values, "values")
+        arr = coerce_key_array(keys, self.backend.key_type)
+        vals = as_arrow_array(values, "values")
         if len(vals) != len(arr):
             raise InvalidInputError(f"values have {len(vals)} rows but keys have {len(arr)}")
         return arr, vals.to_pylist()

@@ -21,8 +21,8 @@ import abc
 
 import pyarrow as pa
 
-from statecore import arrow_input
 from statecore import serializers as S
+from statecore.arrow_input import coerce_key_array, key_pylist
 from statecore.backends import base
 from statecore.backends.states import StateTable
 from statecore.descriptors import (
@@ -127,10 +127,40 @@ class TableBackend(base.KeyedStateBackend):
 
     def _migrated(self, expired: int) -> None:
         """Bookkeeping after a TTL migration: the expired things it dropped, and snapshots are
-        full until one taken from now on completes (base._snapshot_incremental)."""
+        full until one taken from now on completes (``_snapshot_incremental``)."""
         if expired:
             self._count_expired("migration", expired)
         self._ttl_migrated_at = self._last_snapshot_id
+
+    # ------------------------------------------------------------------ TTL passes
+    def _restamp_event_time_ttl(self, ts_from: int, ts_to: int) -> None:
+        for table in self._tables.values():  # registered or restored
+            cfg = self._ttl_config_of(table)
+            if cfg is not None and cfg.event_time:
+                table.ttl_restamp(ts_from, ts_to)
+
+    def run_background_ttl_cleanup(self, max_key_groups: int = 1) -> int:
+        """As :meth:`statecore.backends.base.KeyedStateBackend.run_background_ttl_cleanup`:
+        whole key groups of every registered state with ``cleanup_in_background``, through the
+        tables' :meth:`~statecore.backends.states.StateTable.ttl_cleanup_key_group`."""
+        self._check_open()
+        if isinstance(max_key_groups, bool) or not isinstance(max_key_groups, int) or max_key_groups < 1:
+            raise InvalidInputError(f"max_key_groups must be an int >= 1, got {max_key_groups!r}")
+        targets = [(st._table, st.descriptor.ttl_config) for st in self._states.values()
+                   if st.descriptor.ttl_config is not None
+                   and st.descriptor.ttl_config.cleanup_in_background]
+        if not targets:
+            return 0
+        r = self.key_group_range
+        removed = 0
+        for _ in range(min(max_key_groups, len(r))):
+            kg = self._bg_ttl_kg if self._bg_ttl_kg in r else r.start
+            self._bg_ttl_kg = kg + 1
+            for table, cfg in targets:
+                removed += table.ttl_cleanup_key_group(kg, cfg.ttl_ms, self.ttl_now(cfg))
+        if removed:
+            self._count_expired("background", removed)
+        return removed
 
     # ------------------------------------------------------------------ snapshot / restore
     def _ttl_config_of(self, table: StateTable):
@@ -250,8 +280,8 @@ class TableBackend(base.KeyedStateBackend):
         (keys and namespaces validated as the batch API says; InvalidInputError before
         anything changes), counting one TTL access per row for incremental cleanup. Backends
         whose tables take another slot key convert these."""
-        arr = arrow_input.coerce_key_array(keys, self.key_type)
-        ks = arrow_input.key_pylist(arr, self.key_type)
+        arr = coerce_key_array(keys, self.key_type)
+        ks = key_pylist(arr, self.key_type)
         cfg = state.descriptor.ttl_config
         if cfg is not None and cfg.cleanup_size:
             self._ttl_accessed(state._table, cfg, len(ks))  # one access per row

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from statecore import arrow_input
+from statecore.arrow_input import coerce_key_array, coerce_value_array
 from statecore.backends.states import (
     TableAggregatingState,
     TableListState,
@@ -132,8 +132,8 @@ class TtlValueState(TtlValueLike, TableValueState):
             self._table.put(kg, k, (to_stored(self._ser, value), self._now()))
 
     def put_batch(self, keys, values, namespaces=None) -> None:
-        arr = arrow_input.coerce_key_array(keys, self.backend.key_type)
-        vals = self._ser.to_pylist(arrow_input.coerce_value_array(values, self._ser.name, len(arr)))
+        arr = coerce_key_array(keys, self.backend.key_type)
+        vals = self._ser.to_pylist(coerce_value_array(values, self._ser.name, len(arr)))
         slots = self.backend._batch_slots(self, arr, namespaces)
         now = self._now()
         for (kg, k), v in zip(slots, vals):
@@ -163,7 +163,7 @@ class TtlReducingState(TtlValueLike, TableReducingState):
         """Rows one at a time: a row with a value is ``add`` and yields the new aggregate, a null
         row yields what ``get()`` returns. Writes are staged and applied at the end, so a reducer
         error leaves the aggregates unchanged (expired entries read meanwhile may be gone)."""
-        arr = arrow_input.coerce_key_array(keys, self.backend.key_type)
+        arr = coerce_key_array(keys, self.backend.key_type)
         vals = reducing_batch_values(self, values, len(arr))
         slots = self.backend._batch_slots(self, arr, namespaces)
         now = self._now()
