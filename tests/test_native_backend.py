@@ -165,7 +165,7 @@ def test_removal_log_bounded_and_migration_copies_not_listed():
 
 
 # The native per-record path converts stored forms in Cython (NativeStateTable.get_stored /
-# put_stored); the reference is py._Table.encode_value / decode_value: same bytes written, same
+# put_stored); the reference is PythonTable.encode_value / decode_value: same bytes written, same
 # stored form read, same error for malformed bytes (bytes restored without decoding reach it).
 
 def _random_stored(rng, vt: str):
@@ -212,16 +212,16 @@ def _outcome(fn):
 def test_per_record_stored_forms_match_the_reference_codec(kind, vt, ttl):
     import random
 
-    from statecore.backends import native as nat
-    from statecore.backends import python as py
+    from statecore.backends.native import NativeTable
+    from statecore.backends.python import PythonTable
 
     meta = {"name": "s", "kind": kind, "namespace_type": "void", "value_type": vt}
     if kind == "map":
         meta["user_key_type"] = "string"
     if ttl:
         meta["ttl"] = {"ttl_ms": 1}
-    ref = py._Table(meta)
-    table = nat._NativeTable(meta, create_backend("native", key_type="int64"))
+    ref = PythonTable(meta)
+    table = NativeTable(meta, create_backend("native", key_type="int64"))
     rng = random.Random(f"{kind}-{vt}-{ttl}")
     key = b"\x05key"
     blobs = []
@@ -388,14 +388,14 @@ def test_batches_on_separate_backends_run_in_parallel_threads():
 def test_list_and_map_batches_run_the_kernels(monkeypatch):
     """append_batch / put_batch of typed states (TTL ones too, namespaced ones too) never reach
     the per-row path (made to fail here), pickle ones do."""
-    from statecore.backends import python as py
+    from statecore.backends.states import TableListState, TableMapState
     from statecore.ttl import ManualClock, StateTtlConfig
 
     def per_row(*a, **k):
         raise AssertionError("per-row path taken")
 
-    monkeypatch.setattr(py._List, "append_batch", per_row)
-    monkeypatch.setattr(py._Map, "put_batch", per_row)
+    monkeypatch.setattr(TableListState, "append_batch", per_row)
+    monkeypatch.setattr(TableMapState, "put_batch", per_row)
     b = NativeBackend(key_type="int64", ttl_clock=ManualClock(0))
     keys = pa.array([1, 2, 1])
     for ttl in (None, StateTtlConfig(10)):

@@ -245,9 +245,10 @@ def test_native_ttl_batch_calls_do_not_use_the_python_batch_code(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("python TTL batch path used")
 
-    for cls, meth in ((ttl_states._TtlValueLike, "get_batch"), (ttl_states._TtlValue, "put_batch"),
-                      (ttl_states._TtlReducing, "add_batch"), (ttl_states._Ttl, "_fresh"),
-                      (ttl_states._Ttl, "_unexpired")):
+    for cls, meth in ((ttl_states.TtlValueLike, "get_batch"),
+                      (ttl_states.TtlValueState, "put_batch"),
+                      (ttl_states.TtlReducingState, "add_batch"), (ttl_states.TtlState, "_fresh"),
+                      (ttl_states.TtlState, "_unexpired")):
         monkeypatch.setattr(cls, meth, boom)
     kernel_calls = []
     real_args = native._ttl_kernel_args

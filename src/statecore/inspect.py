@@ -16,6 +16,8 @@ from typing import Iterator, List, Optional
 import pyarrow as pa
 
 from statecore import key_types
+from statecore.backends.python import PythonBackend
+from statecore.backends.states import from_stored
 from statecore.checkpoint import CheckpointStore
 from statecore.errors import CheckpointNotFoundError
 
@@ -124,8 +126,6 @@ def entries_table(root: str, version: Optional[int] = None, limit: Optional[int]
     ``value`` (JSON text; lists, maps and pickled objects rendered as JSON, ``repr`` where JSON
     has no form); timers appear as state ``__timers__`` with the timestamp (ms) as value.
     ``limit`` caps the rows. Errors as CheckpointStore.restore."""
-    from statecore.backends.python import PythonBackend, _from_stored
-
     store = CheckpointStore(root)
     v = store.latest_version() if version is None else version
     m = store.describe(v)
@@ -145,12 +145,12 @@ def entries_table(root: str, version: Optional[int] = None, limit: Optional[int]
         for kg in sorted(table.data):
             for (key, ns), stored in table.data[kg].items():
                 if table.kind == "list":
-                    value = [_from_stored(table.value_ser, e) for e in stored]
+                    value = [from_stored(table.value_ser, e) for e in stored]
                 elif table.kind == "map":
-                    value = {repr(table.user_key_ser.deserialize(uk)): _from_stored(table.value_ser, uv)
+                    value = {repr(table.user_key_ser.deserialize(uk)): from_stored(table.value_ser, uv)
                              for uk, uv in sorted(stored.items())}
                 else:
-                    value = _from_stored(table.value_ser, stored)
+                    value = from_stored(table.value_ser, stored)
                 if add(name, kg, key, ns, value):
                     done = True
                     break

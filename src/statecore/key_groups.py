@@ -17,7 +17,7 @@ inclusive :class:`KeyGroupRange`. Two assigners are provided:
 
 The key types, their per-record values and encodings: :mod:`statecore.key_types`.
 Ranges and operator indexes follow Flink ``KeyGroupRangeAssignment`` exactly
-(see ``/work/shared/reference/flink-state.md``). Verified against ``tests/data/*.json``, which were
+(``computeKeyGroupRangeForOperatorIndex``, ``computeOperatorIndexForKeyGroup``). Verified against ``tests/data/*.json``, which were
 produced by real Flink and Spark runs. The native extension implements the same functions; this
 module is the reference it is tested against.
 """

@@ -62,6 +62,7 @@ import numpy as np
 import pyarrow as pa
 
 from statecore.errors import InvalidInputError
+from statecore.varint import read_varlen, write_varlen
 
 __all__ = ["SCALAR_KINDS", "KeyType", "key_type", "canonical_float", "NAN"]
 
@@ -311,8 +312,6 @@ class KeyType:
         if k == "fixed_size_binary":
             return v
         raw = v.encode("utf-8") if k == "string" else v
-        from statecore.serializers import write_varlen
-
         return write_varlen(len(raw) + 1) + raw
 
     def read(self, buf: bytes, pos: int):
@@ -347,8 +346,6 @@ class KeyType:
                     raise InvalidInputError(f"bool key byte must be 00 or 01, got {chunk.hex()}")
                 return chunk == b"\x01", pos + w
             return chunk, pos + w
-        from statecore.serializers import read_varlen
-
         ln, pos = read_varlen(buf, pos)
         if ln == 0:
             raise InvalidInputError(f"null {self.name} (length 0) in encoded key")

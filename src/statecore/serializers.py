@@ -31,6 +31,8 @@ ser_uv`` pairs sorted by ``ser_uk`` bytes, where ``ser_uk`` is the user-KEY seri
 ``ser_uv`` the value serializer form), timers (``prefix | ts big-endian with sign bit flipped |
 ser(key) | ser(namespace)``).
 
+``varlen`` and ``lenbytes`` are the varints of :mod:`statecore.varint` (re-exported here).
+
 Every function raises :class:`statecore.errors.InvalidInputError` on bad input or malformed bytes.
 """
 
@@ -50,6 +52,7 @@ from statecore.value_types import (  # noqa: F401 (re-exported)
     normalize_value_type,
     value_serializer,
 )
+from statecore.varint import len_bytes, read_varlen, write_varlen  # noqa: F401 (re-exported)
 
 __all__ = [
     "VALUE_TYPES",
@@ -84,49 +87,6 @@ KEY_SERIALIZER_TYPES = ("int32", "int64", "uint64", "float64", "bool", "timestam
 NAMESPACE_TYPES = ("void", "int32", "int64", "string", "binary")
 
 _INT64 = (-(1 << 63), (1 << 63) - 1)
-
-
-# --------------------------------------------------------------------------- varints
-
-def write_varlen(n: int) -> bytes:
-    """Unsigned LEB128-style varint: 7-bit groups, low group first, high bit = more follows
-    (Flink ``StringValue`` length encoding)."""
-    if n < 0:
-        raise InvalidInputError(f"varlen of a negative number {n}")
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def read_varlen(buf: bytes, pos: int) -> tuple[int, int]:
-    """Read a :func:`write_varlen` number at ``pos``; returns ``(value, next_pos)``."""
-    n = 0
-    shift = 0
-    while True:
-        if pos >= len(buf):
-            raise InvalidInputError("truncated varlen")
-        b = buf[pos]
-        pos += 1
-        n |= (b & 0x7F) << shift
-        if b < 0x80:
-            return n, pos
-        shift += 7
-        if shift > 63:
-            raise InvalidInputError("varlen longer than 64 bits")
-
-
-def len_bytes(n: int) -> bytes:
-    """Flink ``CompositeKeySerializationUtils.writeVariableIntBytes``: the low byte of ``n``, then
-    ``n >>>= 8``, repeated while ``n != 0`` (6 -> ``06``, 300 -> ``2c 01``, 0 -> ``00``)."""
-    out = bytearray()
-    while True:
-        out.append(n & 0xFF)
-        n >>= 8
-        if n == 0:
-            return bytes(out)
 
 
 # --------------------------------------------------------------------------- key serializers

@@ -23,6 +23,14 @@ import numpy as np
 import pyarrow as pa
 
 from statecore import serializers as S
+from statecore.arrow_input import (
+    arrow_type_ok,
+    as_arrow_array,
+    check_arrow_type,
+    coerce_key_array,
+    is_arrow_input,
+    key_pylist,
+)
 from statecore.errors import InvalidInputError, StateMigrationError
 
 __all__ = ["TimerService", "TIMERS_STATE_NAME", "epoch_ms"]
@@ -112,12 +120,10 @@ class TimerService:
     def _batch(self, keys, timestamps, namespaces):
         """Validated ``[(kg, encoded timer key, (ts, key, ns))]`` of a batch, before anything
         changes (InvalidInputError names what is wrong)."""
-        from statecore.backends import base
-
         b = self._backend
-        arr = base.coerce_key_array(keys, b.key_type)
-        ts = base.as_arrow_array(timestamps, "timestamps",
-                                 lambda t: pa.types.is_integer(t) or pa.types.is_timestamp(t))
+        arr = coerce_key_array(keys, b.key_type)
+        ts = as_arrow_array(timestamps, "timestamps",
+                            lambda t: pa.types.is_integer(t) or pa.types.is_timestamp(t))
         if len(ts) != len(arr):
             raise InvalidInputError(f"timestamps have {len(ts)} rows but keys have {len(arr)}")
         if ts.null_count:
@@ -125,21 +131,21 @@ class TimerService:
         vals = epoch_ms(ts).to_pylist()
         if namespaces is None:
             nss = [self._ns_ser.check(None)] * len(arr)
-        elif base.is_arrow_input(namespaces):
-            ns_arr = base.as_arrow_array(namespaces, "namespaces",
-                                         lambda t: base.arrow_type_ok(self.namespace_type, t))
+        elif is_arrow_input(namespaces):
+            ns_arr = as_arrow_array(namespaces, "namespaces",
+                                    lambda t: arrow_type_ok(self.namespace_type, t))
             if len(ns_arr) != len(arr):
                 raise InvalidInputError(f"namespaces have {len(ns_arr)} rows but keys have {len(arr)}")
             if self.namespace_type == "void":
                 raise InvalidInputError("timers with the void namespace accept only namespaces=None")
-            base.check_arrow_type(ns_arr, self.namespace_type, "namespaces")
+            check_arrow_type(ns_arr, self.namespace_type, "namespaces")
             if ns_arr.null_count:
                 raise InvalidInputError("namespaces must not contain nulls")
             nss = ns_arr.to_pylist()
         else:
             nss = [self._ns_ser.check(namespaces)] * len(arr)
         out = []
-        for key, t, ns in zip(base.key_pylist(arr, b.key_type), vals, nss):
+        for key, t, ns in zip(key_pylist(arr, b.key_type), vals, nss):
             kg = b.key_group_of(key)
             enc = S.encode_timer_key(kg, b.max_parallelism, t, key, self._key_ser, ns, self._ns_ser)
             out.append((kg, enc, (int(t), key, ns)))
@@ -290,7 +296,7 @@ class TimerService:
         holding = getattr(snapshot, "key_groups_holding", None)
         if holding is not None and len(kgs):
             # A checkpoint reader tells from its block tables which key groups hold timers: most
-            # states have none, and reading every key group's was ~2 ms of a catch-up.
+            # states have none, so reading every key group's would be wasted work.
             kgs = holding(TIMERS_STATE_NAME, kgs.start, kgs.end)
         for kg in kgs:
             keys, _ = snapshot.entries(TIMERS_STATE_NAME, kg)

@@ -1,5 +1,5 @@
 """State time-to-live: :class:`StateTtlConfig` and the expiry rule (after Flink's
-``StateTtlConfig`` and ``TtlUtils``; ``shared/reference/flink-state.md``, section TTL).
+``StateTtlConfig`` and ``TtlUtils``).
 
 A state whose descriptor carries a TTL config stores every value, list element and map entry with
 the time of its last access (milliseconds, int64): in memory next to the value, in snapshots and
@@ -57,7 +57,7 @@ from typing import Callable, Optional
 import pyarrow as pa
 
 from statecore.errors import InvalidInputError
-from statecore.serializers import read_varlen
+from statecore.varint import read_varlen
 
 __all__ = [
     "StateTtlConfig",

@@ -34,7 +34,7 @@ Batch API (``get_batch``/``put_batch``/``clear_batch``/``contains_batch`` on Val
 row per (key, user key)) -- does not change the backend's current key:
 
 * Arrow inputs (keys, values, namespaces, map user keys, timer timestamps) are read through
-  :func:`import_arrow`: a pa.Array, a pa.ChunkedArray, any object with ``__arrow_c_stream__``
+  :func:`statecore.arrow_input.import_arrow`: a pa.Array, a pa.ChunkedArray, any object with ``__arrow_c_stream__``
   (the Arrow C stream interface: pyarrow Table/RecordBatchReader/ChunkedArray, polars Series and
   DataFrames, nanoarrow streams, ...; read to its end before any state changes, its chunks kept
   as the producer's buffers) or with ``__arrow_c_array__`` (pa.RecordBatch, nanoarrow arrays,
@@ -127,8 +127,8 @@ import numpy as np
 import pyarrow as pa
 
 from statecore import key_groups as K
-from statecore import key_types as KT
 from statecore import serializers as S
+from statecore.arrow_input import batch_namespace_array, combined, is_arrow_input
 from statecore.errors import InvalidInputError, StateError, StateMigrationError
 from statecore.key_groups import KeyGroupRange
 from statecore.timers import TimerService
@@ -148,10 +148,6 @@ __all__ = [
     "AggregatingState",
     "StateSnapshot",
     "NAMESPACE_TYPES",
-    "as_arrow_array",
-    "coerce_key_array",
-    "key_pylist",
-    "coerce_value_array",
     "resolve_batch_namespaces",
     "check_snapshot_compatible",
 ]
@@ -185,167 +181,6 @@ class StateSnapshot(Protocol):
 
 # --------------------------------------------------------------------------- batch helpers
 
-def is_arrow_input(obj) -> bool:
-    """Whether the batch API reads ``obj`` as an Arrow column (:func:`import_arrow`): a pa.Array,
-    a pa.ChunkedArray, or any object with ``__arrow_c_stream__`` or ``__arrow_c_array__``."""
-    return (isinstance(obj, (pa.Array, pa.ChunkedArray)) or hasattr(obj, "__arrow_c_stream__")
-            or hasattr(obj, "__arrow_c_array__"))
-
-
-def import_arrow(obj, what: str, accepts=None):
-    """One batch column as a pa.Array or pa.ChunkedArray, without copying any buffer.
-
-    Accepted: a pa.Array or pa.ChunkedArray (as is); an object with ``__arrow_c_stream__`` (the
-    Arrow C stream interface: pyarrow ChunkedArray/Table/RecordBatchReader, polars Series and
-    DataFrames, nanoarrow streams, ...), read to its end here -- before the caller touches any
-    state -- and held as a ChunkedArray of the producer's own buffers; an object with only
-    ``__arrow_c_array__`` (pa.RecordBatch, nanoarrow arrays, ...). A stream is preferred when an
-    object has both, since it keeps the producer's chunks instead of having it concatenate them.
-
-    A record batch (a struct without nulls at the top level) with exactly one column is read as
-    that column when ``accepts(type)`` (a predicate on Arrow types, the caller's expected
-    types) rejects the struct but takes the column's type: a one-column RecordBatchReader or
-    DataFrame is a column. ``accepts=None`` never unwraps.
-
-    Raises InvalidInputError for anything else, or when the producer fails (an export error, a
-    stream that errors mid-way: nothing has changed then)."""
-    if isinstance(obj, (pa.Array, pa.ChunkedArray)):
-        arr = obj
-    elif hasattr(obj, "__arrow_c_stream__"):
-        try:
-            arr = pa.chunked_array(obj)
-        except Exception as e:
-            raise InvalidInputError(f"{what}: reading the Arrow C stream failed: "
-                                    f"{type(e).__name__}: {e}") from e
-    elif hasattr(obj, "__arrow_c_array__"):
-        try:
-            arr = pa.array(obj)
-        except Exception as e:
-            raise InvalidInputError(f"{what}: cannot import through the Arrow C data interface: {e}") from e
-    else:
-        raise InvalidInputError(
-            f"{what} must be a pyarrow Array/ChunkedArray or implement __arrow_c_stream__ or "
-            f"__arrow_c_array__, got {type(obj).__name__}"
-        )
-    t = arr.type
-    if (accepts is not None and pa.types.is_struct(t) and t.num_fields == 1
-            and not accepts(t) and accepts(t.field(0).type) and not arr.null_count):
-        if isinstance(arr, pa.ChunkedArray):
-            arr = pa.chunked_array([c.field(0) for c in arr.chunks], t.field(0).type)
-        else:
-            arr = arr.field(0)
-    return arr
-
-
-def combined(arr):
-    """``arr`` (pa.Array or pa.ChunkedArray) as one pa.Array: a ChunkedArray of several chunks
-    is concatenated (a copy), of one chunk unwrapped (no copy)."""
-    if isinstance(arr, pa.ChunkedArray):
-        if arr.num_chunks == 1:
-            return arr.chunk(0)
-        return arr.combine_chunks() if arr.num_chunks else pa.array([], arr.type)
-    return arr
-
-
-def as_arrow_array(obj, what: str, accepts=None) -> pa.Array:
-    """:func:`import_arrow` as one pa.Array (several chunks are concatenated: a copy; the
-    reference backend converts rows to Python objects anyway)."""
-    return combined(import_arrow(obj, what, accepts))
-
-
-def arrow_type_ok(type_name: str, t: pa.DataType) -> bool:
-    """Whether the batch API takes Arrow type ``t`` for statecore type ``type_name`` (a value,
-    namespace or user-key type: :meth:`statecore.value_types.ValueSerializer.accepts`; False
-    for a type without any, e.g. pickle or void)."""
-    try:
-        return S.value_serializer(type_name).accepts(t)
-    except InvalidInputError:
-        return False
-
-
-def check_arrow_type(arr: pa.Array, type_name: str, what: str) -> None:
-    """InvalidInputError naming the expected and the given type unless ``arr`` has an Arrow
-    type that :func:`arrow_type_ok` takes for ``type_name``."""
-    if not arrow_type_ok(type_name, arr.type):
-        raise InvalidInputError(
-            f"{what} must have Arrow type {S.value_serializer(type_name).describe_arrow()} "
-            f"({type_name}), got {arr.type}")
-
-
-def coerce_key_array(keys, key_type, combine: bool = True):
-    """Validate a batch of keys (see module docstring) and return it as one pa.Array, or with
-    ``combine=False`` as imported (a pa.ChunkedArray stays chunked: no copy): the key
-    type's Arrow type (:meth:`statecore.key_types.KeyType.accepts`), no null key and, for a
-    multi-column key, no null field. A multi-column key type also takes a list/tuple of arrays
-    (one per column, equal lengths), combined into a struct array. InvalidInputError names what
-    is wrong (and the first null row)."""
-    kt = KT.key_type(key_type)
-    if kt.is_struct and isinstance(keys, (list, tuple)):
-        arr = _struct_from_columns(keys, kt)
-    else:
-        arr = import_arrow(keys, "keys", kt.accepts)
-    if not kt.accepts(arr.type):
-        raise InvalidInputError(
-            f"keys must have Arrow type {kt.describe_arrow()} (key type {kt.name}), got {arr.type}")
-    if arr.null_count:
-        raise InvalidInputError(f"keys contain {arr.null_count} null(s) (first at row "
-                                f"{_first_null(arr)}); keys must not be null")
-    if kt.is_struct:
-        chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
-        for i in range(len(kt.fields)):
-            fields = [c.field(i) for c in chunks]
-            nulls = sum(f.null_count for f in fields)
-            if nulls:
-                raise InvalidInputError(
-                    f"keys: field {i} ({arr.type.field(i).name!r}) has {nulls} null(s) "
-                    f"(first at row {_first_null(pa.chunked_array(fields, arr.type.field(i).type))})"
-                    "; a multi-column key must not have null fields")
-    return combined(arr) if combine else arr
-
-
-def _first_null(arr) -> int:
-    return int(np.flatnonzero(combined(arr).is_null().to_numpy(zero_copy_only=False))[0])
-
-
-def _struct_from_columns(columns, kt) -> pa.Array:
-    if len(columns) != len(kt.fields):
-        raise InvalidInputError(f"keys: {len(columns)} arrays for key type {kt.name}, which has "
-                                f"{len(kt.fields)} columns")
-    # Chunked columns are combined here (a copy): the struct array needs one child per column.
-    arrays = [as_arrow_array(c, f"keys[{i}]", f.accepts)
-              for i, (c, f) in enumerate(zip(columns, kt.fields))]
-    if len({len(a) for a in arrays}) > 1:
-        raise InvalidInputError(f"keys: the column arrays differ in length "
-                                f"({', '.join(str(len(a)) for a in arrays)})")
-    try:
-        return pa.StructArray.from_arrays(arrays, names=[f"f{i}" for i in range(len(arrays))])
-    except (pa.ArrowException, TypeError, ValueError) as e:
-        raise InvalidInputError(f"keys: cannot combine the column arrays: {e}") from e
-
-
-def key_pylist(arr: pa.Array, key_type) -> list:
-    """The canonical per-record keys of a validated key array (:func:`coerce_key_array`):
-    ints for timestamps, canonical floats, tuples for multi-column keys."""
-    return KT.key_type(key_type).to_pylist(arr)
-
-
-def coerce_value_array(values, value_type: str, length: int, any_type: bool = False,
-                       combine: bool = True):
-    """Validate a batch of values: length ``length`` and the value type's Arrow type (any type
-    when ``any_type``, taken as is). Nulls are allowed (their meaning depends on the
-    operation). One pa.Array, or with ``combine=False`` as imported (see
-    :func:`coerce_key_array`)."""
-    if value_type == "pickle":
-        raise InvalidInputError("the batch API needs a typed value (not pickle) state")
-    accepts = None if any_type else (lambda t: arrow_type_ok(value_type, t))
-    arr = import_arrow(values, "values", accepts)
-    if len(arr) != length:
-        raise InvalidInputError(f"values have {len(arr)} rows but keys have {length}")
-    if not any_type:
-        check_arrow_type(arr, value_type, "values")
-    return combined(arr) if combine else arr
-
-
 def resolve_batch_namespaces(namespaces, state: "State", length: int) -> list:
     """Per-row namespaces as a Python list (see module docstring for the rules)."""
     if namespaces is None:
@@ -355,19 +190,6 @@ def resolve_batch_namespaces(namespaces, state: "State", length: int) -> list:
     if is_arrow_input(namespaces):
         return combined(batch_namespace_array(namespaces, state.namespace_type, length)).to_pylist()
     return [S.key_serializer(state.namespace_type).check(namespaces)] * length
-
-
-def batch_namespace_array(namespaces, ns_type: str, length: int):
-    """An Arrow input of per-row namespaces (:func:`is_arrow_input`) checked against the
-    namespace type ``ns_type`` (its Arrow type, ``length`` rows, no nulls), as imported: a
-    pa.Array or pa.ChunkedArray, not copied. InvalidInputError otherwise."""
-    arr = import_arrow(namespaces, "namespaces", lambda t: arrow_type_ok(ns_type, t))
-    if len(arr) != length:
-        raise InvalidInputError(f"namespaces have {len(arr)} rows but keys have {length}")
-    check_arrow_type(arr, ns_type, "namespaces")
-    if arr.null_count:
-        raise InvalidInputError("namespaces must not contain nulls")
-    return arr
 
 
 def check_snapshot_compatible(backend: "KeyedStateBackend", snap) -> None:
@@ -478,10 +300,12 @@ class KeyedStateBackend(abc.ABC):
         first = self._ttl_watermark == _INT64_MIN
         self._ttl_watermark = wm
         if first:
-            for table in self._tables.values():  # registered or restored
-                cfg = self._ttl_config_of(table)
-                if cfg is not None and cfg.event_time:
-                    table.ttl_restamp(_INT64_MIN, wm)
+            self._restamp_event_time_ttl(_INT64_MIN, wm)
+
+    @abc.abstractmethod
+    def _restamp_event_time_ttl(self, ts_from: int, ts_to: int) -> None:
+        """Rewrite the TTL timestamps ``ts_from`` of every event-time TTL state (registered or
+        restored) to ``ts_to`` (:meth:`observe_watermark`'s first watermark)."""
 
     def ttl_statistics(self) -> dict:
         """``{strategy: expired entries removed}`` since the backend was created, for the
@@ -503,6 +327,7 @@ class KeyedStateBackend(abc.ABC):
         if expired:
             self._count_expired("incremental", expired)
 
+    @abc.abstractmethod
     def run_background_ttl_cleanup(self, max_key_groups: int = 1) -> int:
         """Background cleanup: for every registered state whose TTL config has
         ``cleanup_in_background``, expire the next ``max_key_groups`` key groups of this
@@ -513,24 +338,6 @@ class KeyedStateBackend(abc.ABC):
         (thread contract). Returns the expired values, list elements and map entries removed
         (also counted as ``background`` in :meth:`ttl_statistics`). InvalidInputError for
         ``max_key_groups`` < 1."""
-        self._check_open()
-        if isinstance(max_key_groups, bool) or not isinstance(max_key_groups, int) or max_key_groups < 1:
-            raise InvalidInputError(f"max_key_groups must be an int >= 1, got {max_key_groups!r}")
-        targets = [(st._table, st.descriptor.ttl_config) for st in self._states.values()
-                   if st.descriptor.ttl_config is not None
-                   and st.descriptor.ttl_config.cleanup_in_background]
-        if not targets:
-            return 0
-        r = self.key_group_range
-        removed = 0
-        for _ in range(min(max_key_groups, len(r))):
-            kg = self._bg_ttl_kg if self._bg_ttl_kg in r else r.start
-            self._bg_ttl_kg = kg + 1
-            for table, cfg in targets:
-                removed += table.ttl_cleanup_key_group(kg, cfg.ttl_ms, self.ttl_now(cfg))
-        if removed:
-            self._count_expired("background", removed)
-        return removed
 
     def _take_ttl_delta(self) -> dict:
         """``{strategy: n}`` removed since the previous call (nonzero only); snapshots carry it

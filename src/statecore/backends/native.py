@@ -5,45 +5,48 @@ per key group of the backend's key-group range, holding encoded keys and seriali
 byte formats of docs/architecture.md, so native snapshots, checkpoints and Python-backend
 snapshots are interchangeable.
 
-Per-record state objects are the reference backend's own classes (``statecore.backends.python``)
-running over a table adapter whose slots are (key group, encoded key) and which converts stored
-values to the map's bytes: the per-record semantics of the two backends are the same code. The
-per-record path is kept short: ``set_current_key`` validates the key, computes its key group and
-builds ``prefix | ser(key)`` in one native call (``_native.KeyEncoder``); each state object caches
-its encoded key for the current key and its current namespace (``_NativeState``); stored values
-of every state kind are converted in Cython (``NativeStateTable.get_stored`` / ``put_stored``).
-What differs is where the bytes live and the batch paths: ``get_batch``/``put_batch`` (and
-``contains_batch``) on value state and ``get_batch``/``add_batch`` on reducing state with
-built-in reducers, for every namespace type (void; int32, int64, string, binary namespaces, one
-per row or one for the whole batch, go to the kernels as {key, namespace} struct chunks,
-``_keyed_chunks``) and every value type but pickle (int64, uint64,
-float64, int32, bool, timestamp[unit], fixed_size_binary[N], string, binary; large_string/
-large_binary input accepted; ``sum`` on int64/uint64/float64/int32, ``min``/``max`` on every
-fixed-width type but bool (fixed_size_binary by bytes), ``first``/``last`` on any fixed-width
-type, ``count`` of values of any flat type), and every key
-type, multi-column keys included (the kernels hash and encode the key arrays themselves,
-native/include/statecore/key_columns.h), run as native kernels that read the Arrow buffers
-through the C Data Interface (no Python object per row) with the GIL released. ListState
-``append_batch`` and MapState ``put_batch`` (any namespace, typed elements / typed user keys
-and values, TTL or not) run the collection kernels (native/include/statecore/batch_collections.h):
-each row's element or pair is spliced into the key's stored blob in C++. ListState
-``get_batch``, MapState ``get_batch``/``contains_batch``/``remove_batch`` (same scope; removals
-also with pickle values) and ``clear_batch`` of every state kind and value type run the read /
-removal kernels (native/include/statecore/batch_reads.h), their Arrow results built from the
-kernels' buffers. Other batch calls (pickle values or user keys, custom reducers, aggregating
-add/get, timers) take the per-row path and behave identically.
+Per-record state objects are the shared classes of :mod:`statecore.backends.states` (and
+:mod:`statecore.backends.ttl_states`) running over :class:`NativeTable`, a
+:class:`~statecore.backends.states.StateTable` whose slots are (key group, encoded key) and which
+converts stored values to the map's bytes: the per-record semantics of the two backends are the
+same code. The per-record path is kept short: ``set_current_key`` validates the key, computes its
+key group and builds ``prefix | ser(key)`` in one native call (``_native.KeyEncoder``); each state
+object caches its encoded key for the current key and its current namespace (``_NativeState``);
+stored values of every state kind are converted in Cython (``NativeStateTable.get_stored`` /
+``put_stored``).
 
-Chunked input (a ChunkedArray, an ``__arrow_c_stream__`` object; ``base.import_arrow``): the
-kernels read the chunks in place, one kernel call per chunk (keys and values sliced -- views, no
-copy -- where their chunk boundaries differ), all inside one GIL release; every later chunk is
-validated (``validate_batch``) before the first is applied (the first chunk's kernel validates
-it before touching anything; a get without TTL changes nothing and needs no pass ahead), so
-bad input anywhere leaves the state unchanged. That pass hashes the keys of the later chunks
-once more (for the key-group check), which costs about what combining them would copy. Copies remain where they are cheaper or needed: chunks averaging fewer than
-``_MIN_ROWS_PER_CHUNK`` rows are combined first (per-call costs would exceed a copy); an
-integer (int64, uint64, int32) ``sum`` batch is combined into one kernel call (its overflow
-rollback covers one call); a multi-column key given as a list of chunked columns is combined per column; outputs
-are one new array. The per-row paths combine chunks too (they build Python objects anyway).
+What differs is where the bytes live and the batch paths: ``get_batch``/``put_batch`` (and
+``contains_batch``) on value state and ``get_batch``/``add_batch`` on reducing state with built-in
+reducers, for every namespace type (void; int32, int64, string, binary namespaces, one per row or
+one for the whole batch, go to the kernels as {key, namespace} struct chunks, ``_keyed_chunks``)
+and every value type but pickle (int64, uint64, float64, int32, bool, timestamp[unit],
+fixed_size_binary[N], string, binary; large_string/large_binary input accepted; ``sum`` on
+int64/uint64/float64/int32, ``min``/``max`` on every fixed-width type but bool (fixed_size_binary
+by bytes), ``first``/``last`` on any fixed-width type, ``count`` of values of any flat type), and
+every key type, multi-column keys included (the kernels hash and encode the key arrays themselves,
+native/include/statecore/key_columns.h), run as native kernels that read the Arrow buffers through
+the C Data Interface (no Python object per row) with the GIL released. ListState ``append_batch``
+and MapState ``put_batch`` (any namespace, typed elements / typed user keys and values, TTL or not)
+run the collection kernels (native/include/statecore/batch_collections.h): each row's element or
+pair is spliced into the key's stored blob in C++. ListState ``get_batch``, MapState
+``get_batch``/``contains_batch``/``remove_batch`` (same scope; removals also with pickle values)
+and ``clear_batch`` of every state kind and value type run the read / removal kernels
+(native/include/statecore/batch_reads.h), their Arrow results built from the kernels' buffers.
+Other batch calls (pickle values or user keys, custom reducers, aggregating add/get, timers) take
+the per-row path and behave identically.
+
+Chunked input (a ChunkedArray, an ``__arrow_c_stream__`` object;
+:func:`statecore.arrow_input.import_arrow`): the kernels read the chunks in place, one kernel
+call per chunk (keys and values sliced -- views, no copy -- where their chunk boundaries
+differ), all inside one GIL release; every later chunk is validated (``validate_batch``) before
+the first is applied (the first chunk's kernel validates it before touching anything; a get
+without TTL changes nothing and needs no pass ahead), so bad input anywhere leaves the state
+unchanged. That pass hashes the keys of the later chunks once more (for the key-group check),
+which costs about what combining them would copy. Copies remain where they are cheaper or
+needed: chunks averaging fewer than ``_MIN_ROWS_PER_CHUNK`` rows are combined first (per-call
+costs would exceed a copy); an integer (int64, uint64, int32) ``sum`` batch is combined into one
+kernel call (its overflow rollback covers one call); a multi-column key given as a list of
+chunked columns is combined per column; outputs are one new array. The per-row paths combine chunks too (they build Python objects anyway).
 TTL-enabled states use the same kernels with TTL on (batch.h "TTL", batch_reads.h: the value
 bytes, list elements and map values carry the timestamp suffix; reads remove expired entries,
 list elements and map pairs and renew, writes stamp the batch's one clock reading); their
@@ -77,22 +80,32 @@ import pyarrow.compute as pc
 
 from statecore import _native
 from statecore import serializers as S
+from statecore.arrow_input import (
+    arrow_type_ok,
+    batch_namespace_array,
+    check_arrow_type,
+    coerce_key_array,
+    coerce_value_array,
+    combined,
+    import_arrow,
+    is_arrow_input,
+)
 from statecore.backends import base
-from statecore.backends import python as py
-from statecore.backends import ttl_states
+from statecore.backends import states, ttl_states
+from statecore.backends.table_backend import TableBackend
 from statecore.errors import InvalidInputError, StateError, StateMigrationError
 from statecore.key_groups import KeyGroupRange
 from statecore.timers import TIMERS_STATE_NAME
 
-__all__ = ["NativeBackend", "NativeSnapshot"]
+__all__ = ["NativeBackend", "NativeSnapshot", "NativeTable"]
 
 
 #: Marks a staged part that spans several key groups (``NativeStateTable.load_range``).
 _RANGE = object()
 
 
-class _NativeTable(py._Table):
-    """The reference backend's table interface over a native StateTable.
+class NativeTable(states.StateTable):
+    """The :class:`~statecore.backends.states.StateTable` interface over a native StateTable.
 
     ``get/put/remove(kg, k)`` take the encoded key as ``k`` (bytes: the native backend's slots,
     :meth:`NativeBackend._batch_slots` and ``_NativeState._slot``) and take and return the
@@ -104,19 +117,30 @@ class _NativeTable(py._Table):
         super().__init__(meta)
         r = backend.key_group_range
         self.native = _native.NativeStateTable(r.start, r.end)
+        self._ttl_cursor = None  # (key group, bucket) where the next cleanup step starts
         self._use_stored_format()
 
     def _use_stored_format(self) -> None:
         # Stored forms are converted in Cython (NativeStateTable.get_stored / put_stored, the
-        # layouts of py._Table.encode_value): the methods are bound on the instance so that an
+        # layouts of PythonTable.encode_value): the methods are bound on the instance so that an
         # access is one call into the extension, without a Python frame in between.
         self.native.set_value_format(self.kind, self.value_ser.name, self.ttl)
         self.get = self.native.get_stored
         self.put = self.native.put_stored
         self.remove = self.native.remove_key
 
-    def _set_ttl_meta(self, ttl_meta) -> None:
-        super()._set_ttl_meta(ttl_meta)
+    # get/put/remove are bound per instance (_use_stored_format); these satisfy the interface.
+    def get(self, kg: int, k):
+        return self.native.get_stored(kg, k)
+
+    def put(self, kg: int, k, stored) -> None:
+        self.native.put_stored(kg, k, stored)
+
+    def remove(self, kg: int, k) -> None:
+        self.native.remove_key(kg, k)
+
+    def set_ttl_meta(self, ttl_meta) -> None:
+        super().set_ttl_meta(ttl_meta)
         self._use_stored_format()  # the TTL suffix comes or goes with the setting
 
     # TTL cleanup passes run in C++ over the stored bytes (ttl.h cleanup_step); the cursor is
@@ -132,7 +156,7 @@ class _NativeTable(py._Table):
         return self.native.ttl_restamp(self.kind, self.value_ser.fixed_width, ts_from, ts_to)
 
     def ttl_migrate(self, ttl_meta, ts: int, ttl_ms: int, now: int) -> int:
-        """py._Table.ttl_migrate over the stored bytes, in C++ (ttl.h ``migrate``: all or
+        """StateTable.ttl_migrate over the stored bytes, in C++ (ttl.h ``migrate``: all or
         nothing, copy-on-write aware). StateMigrationError, with the state unchanged, for a
         value whose layout is broken (bytes restored without decoding)."""
         try:
@@ -141,7 +165,7 @@ class _NativeTable(py._Table):
         except InvalidInputError as e:
             raise StateMigrationError(
                 f"state {self.name!r}: TTL migration failed, the state is unchanged: {e}") from e
-        self._set_ttl_meta(ttl_meta)
+        self.set_ttl_meta(ttl_meta)
         return expired
 
     def ttl_cleanup_key_group(self, kg: int, ttl_ms: int, now: int) -> int:
@@ -269,7 +293,7 @@ class NativeSnapshot:
         return unpin
 
 
-class NativeBackend(py.PythonBackend):
+class NativeBackend(TableBackend):
     """Keyed state backend over the native engine (see module docstring; arguments as
     :class:`statecore.backends.base.KeyedStateBackend`)."""
 
@@ -303,13 +327,13 @@ class NativeBackend(py.PythonBackend):
         super().close()
 
     def _batch_slots(self, state, keys, namespaces):
-        # The native tables address entries by encoded key (see _NativeTable).
+        # The native tables address entries by encoded key (see NativeTable).
         mp, ks, ns_ser = self.max_parallelism, self._key_ser, state._table.ns_ser
         return [(kg, S.encode_key(kg, mp, k, ks, ns, ns_ser))
                 for kg, (k, ns) in super()._batch_slots(state, keys, namespaces)]
 
-    def _new_table(self, meta: dict) -> _NativeTable:
-        return _NativeTable(meta, self)
+    def _new_table(self, meta: dict) -> NativeTable:
+        return NativeTable(meta, self)
 
     # ------------------------------------------------------------------ snapshot / restore
     def snapshot(self, incremental: bool = False) -> NativeSnapshot:
@@ -346,7 +370,7 @@ class NativeBackend(py.PythonBackend):
                 continue
             table = self._table_for_restore(meta)
             migration = self._restore_migration(table, meta)
-            src = table if migration is None else _NativeTable(meta, self)
+            src = table if migration is None else NativeTable(meta, self)
             staged.append((table, None, None, None))  # registers a state even without entries
             if migration is None and kgs and hasattr(snapshot_like, "entries_chunks"):
                 staged.extend((table, _RANGE, keys, vals) for keys, vals in
@@ -386,13 +410,13 @@ class NativeBackend(py.PythonBackend):
     def _prefix_width(self) -> int:
         return len(S.key_group_prefix(0, self.max_parallelism))
 
-    def _range_parts(self, table: _NativeTable, reader, kgs: list, tombstones: bool) -> list:
+    def _range_parts(self, table: NativeTable, reader, kgs: list, tombstones: bool) -> list:
         """``reader.entries_chunks`` of ``table``'s state over key groups ``kgs`` (consecutive,
         inside this backend's range), each ``(keys, values)`` pair checked in one native scan
         (:func:`statecore._native.check_entry_range`: what :meth:`_check_entries` checks per key
         group, and that the pairs are sorted by key group; NULL values are tombstones only with
-        ``tombstones``). Reading a partition as a few large pairs instead of one per key group
-        took a catch-up of 196k changes over 128 key groups from 20 to ~10 ms."""
+        ``tombstones``). A partition read as a few large pairs instead of one per key group
+        saves the per-call costs of every key group (a catch-up touches them all)."""
         lo, hi = kgs[0], kgs[-1]
         width = self._value_width(table)
         parts = []
@@ -407,13 +431,13 @@ class NativeBackend(py.PythonBackend):
             parts.append((keys, vals))
         return parts
 
-    def _stage_change_set(self, table: _NativeTable, changes, kgs: list) -> list:
+    def _stage_change_set(self, table: NativeTable, changes, kgs: list) -> list:
         if not kgs or not hasattr(changes, "entries_chunks"):
             return super()._stage_change_set(table, changes, kgs)
         return [(_RANGE, keys, vals, None)
                 for keys, vals in self._range_parts(table, changes, kgs, tombstones=True)]
 
-    def _stage_changes(self, table: _NativeTable, kg: int, keys: pa.Array, vals: pa.Array):
+    def _stage_changes(self, table: NativeTable, kg: int, keys: pa.Array, vals: pa.Array):
         """A change set's entries of ``kg`` checked as :meth:`restore` checks them, split into
         ``(kg, live keys, live values, tombstoned keys or None)``, still as bytes."""
         gone = None
@@ -427,7 +451,7 @@ class NativeBackend(py.PythonBackend):
             self._check_entries(table, kg, keys, vals)
         return kg, keys, vals, gone
 
-    def _apply_staged_changes(self, table: _NativeTable, part) -> None:
+    def _apply_staged_changes(self, table: NativeTable, part) -> None:
         kg, keys, vals, gone = part
         if kg is _RANGE:
             table.native.load_range(keys, vals, self._prefix_width)
@@ -443,7 +467,7 @@ class NativeBackend(py.PythonBackend):
         self._pending.clear()
         self._restored_is_base()
 
-    def _check_entries(self, table: _NativeTable, kg: int, keys: pa.Array, vals: pa.Array) -> None:
+    def _check_entries(self, table: NativeTable, kg: int, keys: pa.Array, vals: pa.Array) -> None:
         """Entries are loaded as bytes without decoding, so check what can be checked cheaply:
         no nulls, every encoded key longer than the key-group prefix and carrying the prefix of
         the key group it is listed under, and for fixed-width value/reducing states every value
@@ -463,7 +487,7 @@ class NativeBackend(py.PythonBackend):
                     f"state {name!r}, key group {kg}: {table.value_ser.name} values must be {width} bytes")
 
     @staticmethod
-    def _value_width(table: _NativeTable):
+    def _value_width(table: NativeTable):
         """Bytes of every stored value of a value/reducing state of a fixed-width type (the TTL
         timestamp suffix included), else None."""
         width = table.value_ser.fixed_width
@@ -471,7 +495,7 @@ class NativeBackend(py.PythonBackend):
             return None
         return width + 8 if table.ttl else width
 
-    def _check_keys(self, table: _NativeTable, kg: int, keys: pa.Array) -> None:
+    def _check_keys(self, table: NativeTable, kg: int, keys: pa.Array) -> None:
         """The key half of :meth:`_check_entries`: non-null, longer than the key-group prefix,
         carrying the prefix of ``kg``."""
         name = table.name
@@ -510,9 +534,6 @@ class NativeBackend(py.PythonBackend):
         retired for live snapshots, maps in the middle of an incremental rehash)."""
         return {name: t.native.stats() for name, t in self._tables.items()}
 
-    def _ttl_state_classes(self) -> dict:
-        return _TTL_STATE_CLASSES
-
 
 # --------------------------------------------------------------------------- batch fast paths
 
@@ -536,12 +557,12 @@ def _ns_column(state, namespaces, length: int):
     (pa.Array or pa.ChunkedArray, not copied when given as one), or None for a void state.
     The rules and errors of the per-row path (base.resolve_batch_namespaces): None -> the
     state's current namespace (InvalidInputError when unset), an Arrow input -> one namespace a
-    row (base.batch_namespace_array), anything else -> that one namespace for every row."""
+    row (batch_namespace_array), anything else -> that one namespace for every row."""
     ns_type = state.namespace_type
     if ns_type == "void":
         return None
-    if namespaces is not None and base.is_arrow_input(namespaces):
-        return base.batch_namespace_array(namespaces, ns_type, length)
+    if namespaces is not None and is_arrow_input(namespaces):
+        return batch_namespace_array(namespaces, ns_type, length)
     ns = (state._require_namespace() if namespaces is None
           else S.key_serializer(ns_type).check(namespaces))
     return pa.repeat(pa.scalar(ns, state._ns_ser.key_type.arrow_type), length)
@@ -562,7 +583,7 @@ def _keyed_chunks(keys, ns, *columns, single: bool = False) -> list:
 def _key_array(state, keys):
     """Validated keys as imported: a pa.Array, or a pa.ChunkedArray whose chunks the kernels
     read in place (see _kernel_chunks)."""
-    return base.coerce_key_array(keys, state.backend.key_type, combine=False)
+    return coerce_key_array(keys, state.backend.key_type, combine=False)
 
 
 #: Below this many rows per chunk on average a chunked batch is combined into one array (a copy)
@@ -585,7 +606,7 @@ def _kernel_chunks(*columns, single: bool = False) -> list:
         np.cumsum([len(ch) for ch in chunks]).tolist() for chunks in chunk_lists)))
     parts = len(bounds) - 1
     if parts <= 1 or single or total < _MIN_ROWS_PER_CHUNK * parts:
-        return [[base.combined(c)] for c in columns]
+        return [[combined(c)] for c in columns]
     out = []
     for chunks in chunk_lists:
         sliced, ci, start = [], 0, 0
@@ -649,7 +670,7 @@ class _KernelClear:
 _STALE = object()  # a _NativeState cache that matches no current key
 
 
-class _NativeState(py._PyState):
+class _NativeState(states.TableState):
     """Per-record slots of native states: ``(key group, encoded key)``, cached per state object
     for the backend's current key (``NativeBackend._ckey``, compared by identity) and the
     state's current namespace, so that repeated accesses for one record encode nothing.
@@ -699,14 +720,14 @@ class _NativeState(py._PyState):
         return self._cslot
 
 
-class _FastValue(_KernelClear, _KernelGet, py._Value, _NativeState):
+class _FastValue(_KernelClear, _KernelGet, states.TableValueState, _NativeState):
     def put_batch(self, keys, values, namespaces=None) -> None:
         if not _kernel_ok(self, namespaces):
             return super().put_batch(keys, values, namespaces)
         b = self.backend
         b._check_open()
         arr = _key_array(self, keys)
-        vals = base.coerce_value_array(values, self._ser.name, len(arr), combine=False)
+        vals = coerce_value_array(values, self._ser.name, len(arr), combine=False)
         ns = _ns_column(self, namespaces, len(arr))
         kc, vc = _keyed_chunks(arr, ns, vals)
         self._table.native.put_batch(kc, vc, b.key_type, b.assigner, b.max_parallelism,
@@ -720,7 +741,7 @@ def _reducer_kernel_ok(state, namespaces) -> bool:
             and state._ser.fixed_width is not None)
 
 
-class _FastReducing(_KernelClear, _KernelGet, py._Reducing, _NativeState):
+class _FastReducing(_KernelClear, _KernelGet, states.TableReducingState, _NativeState):
     def add_batch(self, keys, values, namespaces=None) -> pa.Array:
         if not _reducer_kernel_ok(self, namespaces):
             return super().add_batch(keys, values, namespaces)
@@ -728,7 +749,7 @@ class _FastReducing(_KernelClear, _KernelGet, py._Reducing, _NativeState):
         b._check_open()
         arr = _key_array(self, keys)
         is_count = self.descriptor.reducer.name == "count"
-        vals = base.coerce_value_array(values, self._ser.name, len(arr), any_type=is_count,
+        vals = coerce_value_array(values, self._ser.name, len(arr), any_type=is_count,
                                        combine=False)
         if is_count and not _count_kernel_ok(vals.type):
             return super().add_batch(arr, vals, namespaces)
@@ -745,8 +766,9 @@ class _FastReducing(_KernelClear, _KernelGet, py._Reducing, _NativeState):
 
 
 def _list_values(state, values, length: int):
-    """append_batch values checked as the per-row path checks them (py._List.append_batch: the
-    element type's Arrow type or a list of it, ``length`` rows, no null element), as
+    """append_batch values checked as the per-row path checks them
+    (``TableListState.append_batch``: the element type's Arrow type or a list of it, ``length``
+    rows, no null element), as
     ``(elements, parents)``: a flat array of one element a row with ``parents`` None, or a
     list array's elements (null rows hold none) with ``parents`` the row of each element.
     InvalidInputError otherwise."""
@@ -756,13 +778,13 @@ def _list_values(state, values, length: int):
     def is_list(typ):
         return pa.types.is_list(typ) or pa.types.is_large_list(typ)
 
-    vals = base.import_arrow(values, "values", lambda typ: base.arrow_type_ok(name, typ) or (
-        is_list(typ) and base.arrow_type_ok(name, typ.value_type)))
+    vals = import_arrow(values, "values", lambda typ: arrow_type_ok(name, typ) or (
+        is_list(typ) and arrow_type_ok(name, typ.value_type)))
     if len(vals) != length:
         raise InvalidInputError(f"values have {len(vals)} rows but keys have {length}")
     if is_list(vals.type):
-        vals = base.combined(vals)
-        base.check_arrow_type(vals.values, name, "list elements")
+        vals = combined(vals)
+        check_arrow_type(vals.values, name, "list elements")
         elements = pc.list_flatten(vals)
         if elements.null_count:
             raise InvalidInputError(f"values contain {elements.null_count} null list element(s); "
@@ -771,14 +793,14 @@ def _list_values(state, values, length: int):
         # list_flatten leaves out.
         lengths = pc.list_value_length(vals).fill_null(0).to_numpy()
         return elements, pa.array(np.repeat(np.arange(len(vals)), lengths))
-    base.check_arrow_type(vals, name, f"values (or a list<{t}> array)")
+    check_arrow_type(vals, name, f"values (or a list<{t}> array)")
     if vals.null_count:
         raise InvalidInputError(f"values contain {vals.null_count} null(s); list state elements "
                                 "must not be null")
     return vals, None
 
 
-class _NativeList(_KernelClear, py._List, _NativeState):
+class _NativeList(_KernelClear, states.TableListState, _NativeState):
     def _ttl_args(self, rows: int):
         return None  # TTL lists override it (_TtlKernel)
 
@@ -797,8 +819,8 @@ class _NativeList(_KernelClear, py._List, _NativeState):
         elements, parents = _list_values(self, values, rows)
         ns = _ns_column(self, namespaces, rows)
         if parents is not None:
-            arr = base.combined(arr).take(parents)
-            ns = None if ns is None else base.combined(ns).take(parents)
+            arr = combined(arr).take(parents)
+            ns = None if ns is None else combined(ns).take(parents)
         kc, vc = _keyed_chunks(arr, ns, elements)
         self._table.native.append_batch(kc, vc, b.key_type, b.assigner, b.max_parallelism,
                                         self._ser.name, ttl=self._ttl_args(rows),
@@ -807,7 +829,7 @@ class _NativeList(_KernelClear, py._List, _NativeState):
     def get_batch(self, keys, namespaces=None) -> pa.Array:
         """The list read kernel (batch_reads.h) for any namespace and every typed element
         type: a ``list<T>`` array, one row per key, ``[]`` for an absent key (as ``get()``);
-        under TTL expired elements are dropped, removed and counted as ``_TtlList.get``.
+        under TTL expired elements are dropped, removed and counted as ``TtlListState.get``.
         Else the per-row path."""
         if not _kernel_ok(self, namespaces):
             return super().get_batch(keys, namespaces)
@@ -827,28 +849,28 @@ def _map_kernel_ok(state, namespaces) -> bool:
 
 
 def _map_user_keys(state, user_keys, length: int):
-    """The user keys of a map batch checked as py._Map._user_keys checks them (the user key
-    type's Arrow type, ``length`` rows, no nulls), as imported (pa.Array or pa.ChunkedArray);
-    InvalidInputError otherwise."""
+    """The user keys of a map batch checked as the per-row path checks them
+    (``TableMapState._user_keys``: the user key type's Arrow type, ``length`` rows, no nulls), as
+    imported (pa.Array or pa.ChunkedArray); InvalidInputError otherwise."""
     uk_name = state._uks.name
-    uks = base.import_arrow(user_keys, "user_keys", lambda t: base.arrow_type_ok(uk_name, t))
+    uks = import_arrow(user_keys, "user_keys", lambda t: arrow_type_ok(uk_name, t))
     if len(uks) != length:
         raise InvalidInputError(f"user_keys have {len(uks)} rows but keys have {length}")
-    base.check_arrow_type(uks, uk_name, "user_keys")
+    check_arrow_type(uks, uk_name, "user_keys")
     if uks.null_count:
         raise InvalidInputError(f"user_keys contain {uks.null_count} null(s); map user keys "
                                 "must not be null")
     return uks
 
 
-class _NativeMap(_KernelClear, py._Map, _NativeState):
+class _NativeMap(_KernelClear, states.TableMapState, _NativeState):
     def _ttl_args(self, rows: int):
         return None  # TTL maps override it (_TtlKernel)
 
     def put_batch(self, keys, user_keys, values, namespaces=None) -> None:
         """The map kernel (batch_collections.h) for the void namespace, typed user keys and
-        typed values; else the per-row path. Checks as py._Map.put_batch: user keys of the user
-        key type's Arrow type, no null user key or value, equal lengths."""
+        typed values; else the per-row path. Checks as ``TableMapState.put_batch``: user keys of
+        the user key type's Arrow type, no null user key or value, equal lengths."""
         if not _map_kernel_ok(self, namespaces):
             return super().put_batch(keys, user_keys, values, namespaces)
         b = self.backend
@@ -857,7 +879,7 @@ class _NativeMap(_KernelClear, py._Map, _NativeState):
         arr = _key_array(self, keys)
         uk_name = self._uks.name
         uks = _map_user_keys(self, user_keys, len(arr))
-        vals = base.coerce_value_array(values, self._ser.name, len(arr), combine=False)
+        vals = coerce_value_array(values, self._ser.name, len(arr), combine=False)
         if vals.null_count:
             raise InvalidInputError(f"values contain {vals.null_count} null(s); use remove_batch "
                                     "to remove user keys")
@@ -885,7 +907,7 @@ class _NativeMap(_KernelClear, py._Map, _NativeState):
     def get_batch(self, keys, user_keys, namespaces=None) -> pa.Array:
         """The map read kernel (batch_reads.h) for any namespace, typed user keys and
         values: the value of each (key, user key), null where absent; under TTL as
-        ``_TtlMap.get`` (an expired pair removed and counted, shown once under
+        ``TtlMapState.get`` (an expired pair removed and counted, shown once under
         return_expired, renewed under update_on_read). Else the per-row path."""
         if not _map_kernel_ok(self, namespaces):
             return super().get_batch(keys, user_keys, namespaces)
@@ -916,12 +938,12 @@ class _NativeMap(_KernelClear, py._Map, _NativeState):
                                             self._uks.name, namespace_type=self.namespace_type)
 
 
-class _NativeAggregating(_KernelClear, py._Aggregating, _NativeState):
+class _NativeAggregating(_KernelClear, states.TableAggregatingState, _NativeState):
     pass
 
 
-NativeBackend._state_classes = dict(value=_FastValue, list=_NativeList, map=_NativeMap,
-                                    reducing=_FastReducing, aggregating=_NativeAggregating)
+NativeBackend.state_classes = dict(value=_FastValue, list=_NativeList, map=_NativeMap,
+                                   reducing=_FastReducing, aggregating=_NativeAggregating)
 
 
 # TTL-enabled states: ttl_states.py's classes (per-record calls and the batch calls
@@ -935,7 +957,7 @@ class _TtlKernel:
     access per row, as the Python path), then ``ttl = (ttl_ms, now, update_on_read,
     return_expired)``; expired entries the kernels remove are counted as ``read``. On an int64
     sum overflow the aggregates are unchanged while expired entries removed by earlier null
-    rows stay removed (and counted), as in ``_TtlReducing.add_batch``."""
+    rows stay removed (and counted), as in ``TtlReducingState.add_batch``."""
 
     def _ttl_args(self, rows: int):
         self.backend._ttl_accessed(self._table, self._cfg, rows)
@@ -952,25 +974,26 @@ def _count_read(backend):
 
 
 # MRO: the kernel methods first; their fallbacks (super()) reach ttl_states' Python TTL paths.
-class _NativeTtlValue(_TtlKernel, _FastValue, ttl_states._TtlValue):
+class _NativeTtlValue(_TtlKernel, _FastValue, ttl_states.TtlValueState):
     pass
 
 
-class _NativeTtlReducing(_TtlKernel, _FastReducing, ttl_states._TtlReducing):
+class _NativeTtlReducing(_TtlKernel, _FastReducing, ttl_states.TtlReducingState):
     pass
 
 
-class _NativeTtlList(_TtlKernel, _NativeList, ttl_states._TtlList):
+class _NativeTtlList(_TtlKernel, _NativeList, ttl_states.TtlListState):
     pass
 
 
-class _NativeTtlMap(_TtlKernel, _NativeMap, ttl_states._TtlMap):
+class _NativeTtlMap(_TtlKernel, _NativeMap, ttl_states.TtlMapState):
     pass
 
 
-class _NativeTtlAggregating(_KernelClear, ttl_states._TtlAggregating, _NativeState):
+class _NativeTtlAggregating(_KernelClear, ttl_states.TtlAggregatingState, _NativeState):
     pass
 
 
-_TTL_STATE_CLASSES = dict(value=_NativeTtlValue, list=_NativeTtlList, map=_NativeTtlMap,
-                          reducing=_NativeTtlReducing, aggregating=_NativeTtlAggregating)
+NativeBackend.ttl_state_classes = dict(value=_NativeTtlValue, list=_NativeTtlList,
+                                       map=_NativeTtlMap, reducing=_NativeTtlReducing,
+                                       aggregating=_NativeTtlAggregating)

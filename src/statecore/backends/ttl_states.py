@@ -2,10 +2,11 @@
 ``TtlValueState``, ``TtlListState``, ``TtlMapState``, ``TtlReducingState``,
 ``TtlAggregatingState``, ``AbstractTtlDecorator``).
 
-They subclass the reference backend's state classes and keep their table interface; what changes
-is the stored form (``statecore.backends.python._Table`` with ``ttl``): ``(stored, ts)`` per value,
-per list element and per map entry, ``ts`` the last-access time in milliseconds
-(``backend.ttl_now(config)``). The rules (``shared/reference/flink-state.md``, TTL):
+They subclass the shared state classes (:mod:`statecore.backends.states`) and keep their table
+interface; what changes is the stored form (a :class:`~statecore.backends.states.StateTable`
+with ``ttl``): ``(stored, ts)`` per value, per list element and per map entry, ``ts`` the
+last-access time in milliseconds (``backend.ttl_now(config)``). The rules (Flink's
+``StateTtlConfig``, ``TtlUtils`` and the ``Ttl*State`` decorators):
 
 * a write stamps what it writes with ``now`` (one list call: one timestamp for all its elements);
 * a read of an expired entry removes it (cleanup on read, counted as ``read`` in
@@ -17,25 +18,46 @@ per list element and per map entry, ``ts`` the last-access time in milliseconds
 * list ``add`` appends without looking at older elements; ``get`` returns the unexpired ones (all
   under ``ReturnExpiredIfNotCleanedUp``) and writes back only the unexpired ones;
 * batch calls behave as the same rows one at a time (the native backend runs value/reducing,
-  list and map batch calls as C++ kernels with exactly these semantics, ``native.py``
-  ``_NativeTtlValue``/``_NativeTtlReducing``/``_NativeTtlList``/``_NativeTtlMap``;
-  tests/test_ttl_batch.py and statecore/testing/collection_reads.py compare the two; the
-  Python backend runs the per-record methods row by row, ``python._PyState._apply_rows``).
+  list and map batch calls as C++ kernels with exactly these semantics,
+  :mod:`statecore.backends.native`; tests/test_ttl_batch.py and
+  statecore/testing/collection_reads.py compare the two; the Python backend runs the
+  per-record methods row by row, :meth:`~statecore.backends.states.TableState._apply_rows`).
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-from statecore.backends import base
-from statecore.backends import python as py
+from statecore.arrow_input import coerce_key_array, coerce_value_array
+from statecore.backends.states import (
+    TableAggregatingState,
+    TableListState,
+    TableMapState,
+    TableReducingState,
+    TableValueState,
+    fold_rounds,
+    from_stored,
+    reducing_batch_values,
+    to_stored,
+)
 from statecore.ttl import is_expired
 
-__all__ = ["TTL_STATE_CLASSES"]
+__all__ = [
+    "TTL_STATE_CLASSES",
+    "TtlState",
+    "TtlValueLike",
+    "TtlValueState",
+    "TtlReducingState",
+    "TtlAggregatingState",
+    "TtlListState",
+    "TtlMapState",
+]
 
 
-class _Ttl:
-    """Shared helpers; ``self._cfg`` is the descriptor's StateTtlConfig."""
+class TtlState:
+    """Mixin of every TTL state class (Flink ``AbstractTtlDecorator``): the incremental
+    cleanup step before each access, the clock, and the reads that apply cleanup on read and
+    renewal on read. ``self._cfg`` is the descriptor's StateTtlConfig."""
 
     def __init__(self, *a):
         super().__init__(*a)
@@ -84,7 +106,7 @@ class _Ttl:
         return s
 
 
-class _TtlValueLike(_Ttl):
+class TtlValueLike(TtlState):
     """get_batch of value and reducing state: each row reads as ``value()``/``get()`` does."""
 
     def get_batch(self, keys, namespaces=None) -> pa.Array:
@@ -94,36 +116,41 @@ class _TtlValueLike(_Ttl):
         return pa.array([self._fresh(kg, k) for kg, k in slots], self._ser.arrow_type)
 
 
-class _TtlValue(_TtlValueLike, py._Value):
+class TtlValueState(TtlValueLike, TableValueState):
+    """ValueState with TTL (Flink ``TtlValueState``): the stored form is ``(stored, ts)``."""
+
     def value(self):
         kg, k = self._slot()
         s = self._fresh(kg, k)
-        return self.descriptor.default_value() if s is None else py._from_stored(self._ser, s)
+        return self.descriptor.default_value() if s is None else from_stored(self._ser, s)
 
     def update(self, value) -> None:
         kg, k = self._slot()
         if value is None:
             self._table.remove(kg, k)
         else:
-            self._table.put(kg, k, (py._to_stored(self._ser, value), self._now()))
+            self._table.put(kg, k, (to_stored(self._ser, value), self._now()))
 
     def put_batch(self, keys, values, namespaces=None) -> None:
-        arr = base.coerce_key_array(keys, self.backend.key_type)
-        vals = self._ser.to_pylist(base.coerce_value_array(values, self._ser.name, len(arr)))
+        arr = coerce_key_array(keys, self.backend.key_type)
+        vals = self._ser.to_pylist(coerce_value_array(values, self._ser.name, len(arr)))
         slots = self.backend._batch_slots(self, arr, namespaces)
         now = self._now()
         for (kg, k), v in zip(slots, vals):
             if v is None:
                 self._table.remove(kg, k)
             else:
-                self._table.put(kg, k, (py._to_stored(self._ser, v), now))
+                self._table.put(kg, k, (to_stored(self._ser, v), now))
 
 
-class _TtlReducing(_TtlValueLike, py._Reducing):
+class TtlReducingState(TtlValueLike, TableReducingState):
+    """ReducingState with TTL (Flink ``TtlReducingState``): an expired aggregate is absent for
+    ``add``."""
+
     def get(self):
         kg, k = self._slot()
         s = self._fresh(kg, k)
-        return None if s is None else py._from_stored(self._ser, s)
+        return None if s is None else from_stored(self._ser, s)
 
     def add(self, value) -> None:
         kg, k = self._slot()
@@ -136,12 +163,12 @@ class _TtlReducing(_TtlValueLike, py._Reducing):
         """Rows one at a time: a row with a value is ``add`` and yields the new aggregate, a null
         row yields what ``get()`` returns. Writes are staged and applied at the end, so a reducer
         error leaves the aggregates unchanged (expired entries read meanwhile may be gone)."""
-        arr = base.coerce_key_array(keys, self.backend.key_type)
-        vals = py.reducing_batch_values(self, values, len(arr))
+        arr = coerce_key_array(keys, self.backend.key_type)
+        vals = reducing_batch_values(self, values, len(arr))
         slots = self.backend._batch_slots(self, arr, namespaces)
         now = self._now()
         if self.descriptor.reducer.is_vectorized:
-            staged, out = py._fold_rounds(
+            staged, out = fold_rounds(
                 slots, vals, self.descriptor.reducer, self._ser,
                 lambda s, null: self._fresh(*s) if null else self._unexpired(*s))
         else:
@@ -162,13 +189,16 @@ class _TtlReducing(_TtlValueLike, py._Reducing):
         return staged, out
 
 
-class _TtlAggregating(_Ttl, py._Aggregating):
+class TtlAggregatingState(TtlState, TableAggregatingState):
+    """AggregatingState with TTL (Flink ``TtlAggregatingState``): an expired accumulator is
+    absent for ``add``."""
+
     def get(self):
         kg, k = self._slot()
         s = self._fresh(kg, k)
         if s is None:
             return None
-        return self.descriptor.aggregate_function.get_result(py._from_stored(self._ser, s))
+        return self.descriptor.aggregate_function.get_result(from_stored(self._ser, s))
 
     def add(self, value) -> None:
         kg, k = self._slot()
@@ -176,8 +206,8 @@ class _TtlAggregating(_Ttl, py._Aggregating):
             return
         fn = self.descriptor.aggregate_function
         s = self._unexpired(kg, k)
-        acc = fn.create_accumulator() if s is None else py._from_stored(self._ser, s)
-        self._table.put(kg, k, (py._to_stored(self._ser, fn.add(value, acc)), self._now()))
+        acc = fn.create_accumulator() if s is None else from_stored(self._ser, s)
+        self._table.put(kg, k, (to_stored(self._ser, fn.add(value, acc)), self._now()))
 
     def add_batch(self, keys, values, namespaces=None) -> pa.Array:
         arr, vals = self._batch_values(keys, values)
@@ -191,7 +221,9 @@ class _TtlAggregating(_Ttl, py._Aggregating):
         return results
 
 
-class _TtlList(_Ttl, py._List):
+class TtlListState(TtlState, TableListState):
+    """ListState with TTL (Flink ``TtlListState``): one timestamp per element."""
+
     def get(self) -> list:
         kg, k = self._slot()
         cur = self._table.get(kg, k)
@@ -211,14 +243,14 @@ class _TtlList(_Ttl, py._List):
                 self._table.remove(kg, k)
         elif self._cfg.update_on_read:
             self._table.put(kg, k, live)
-        return [py._from_stored(self._ser, s) for s, _ in shown]
+        return [from_stored(self._ser, s) for s, _ in shown]
 
     def add(self, value) -> None:
         if value is None:
             # Same error as without TTL.
             return super().add(value)
         kg, k = self._slot()
-        e = (py._to_stored(self._ser, value), self._now())
+        e = (to_stored(self._ser, value), self._now())
         self._table.put(kg, k, (self._table.get(kg, k) or []) + [e])
 
     def add_all(self, values) -> None:
@@ -238,7 +270,9 @@ class _TtlList(_Ttl, py._List):
             self._table.remove(kg, k)
 
 
-class _TtlMap(_Ttl, py._Map):
+class TtlMapState(TtlState, TableMapState):
+    """MapState with TTL (Flink ``TtlMapState``): one timestamp per user key."""
+
     def _read(self, only=None) -> dict:
         """``{user key bytes: stored}`` visible to a read of the whole map (or of the user key
         ``only``), with cleanup on read and renewal on read applied to what was looked at."""
@@ -272,7 +306,7 @@ class _TtlMap(_Ttl, py._Map):
     def get(self, user_key):
         ukb = self._uks.serialize(user_key)
         s = self._read(ukb).get(ukb)
-        return None if s is None else py._from_stored(self._ser, s)
+        return None if s is None else from_stored(self._ser, s)
 
     def contains(self, user_key) -> bool:
         ukb = self._uks.serialize(user_key)
@@ -282,7 +316,7 @@ class _TtlMap(_Ttl, py._Map):
         kg, k = self._slot()
         items = mapping.items() if isinstance(mapping, dict) else mapping
         now = self._now()
-        staged = [(self._uks.serialize(uk), (py._to_stored(self._ser, uv), now)) for uk, uv in items]
+        staged = [(self._uks.serialize(uk), (to_stored(self._ser, uv), now)) for uk, uv in items]
         if staged:
             m = dict(self._table.get(kg, k) or {})
             m.update(staged)
@@ -290,11 +324,12 @@ class _TtlMap(_Ttl, py._Map):
 
     def items(self) -> list:
         m = self._read()
-        return [(self._uks.deserialize(uk), py._from_stored(self._ser, m[uk])) for uk in sorted(m)]
+        return [(self._uks.deserialize(uk), from_stored(self._ser, m[uk])) for uk in sorted(m)]
 
     def is_empty(self) -> bool:
         return not self._read()
 
 
-TTL_STATE_CLASSES = {"value": _TtlValue, "list": _TtlList, "map": _TtlMap,
-                     "reducing": _TtlReducing, "aggregating": _TtlAggregating}
+#: ``{state kind: class}`` of TTL-enabled states.
+TTL_STATE_CLASSES = {"value": TtlValueState, "list": TtlListState, "map": TtlMapState,
+                     "reducing": TtlReducingState, "aggregating": TtlAggregatingState}

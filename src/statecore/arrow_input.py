@@ -1,0 +1,210 @@
+"""Arrow inputs of the batch API: importing, type checks and validation of batch columns.
+
+The batch calls of every state (and of the timer service) take their keys, values, namespaces,
+map user keys and timer timestamps through these functions, so both backends accept exactly the
+same inputs and raise the same errors (the rules: :mod:`statecore.backends.base`, "Batch API").
+
+An Arrow input is a pa.Array, a pa.ChunkedArray, or any object implementing the Arrow PyCapsule
+interface (``__arrow_c_stream__``: pyarrow Table/RecordBatchReader/ChunkedArray, polars Series
+and DataFrames, nanoarrow streams, ...; ``__arrow_c_array__``: pa.RecordBatch, nanoarrow arrays,
+...). :func:`import_arrow` reads one without copying a buffer; the ``coerce_*`` functions check
+it against a key or value type. Every function raises
+:class:`statecore.errors.InvalidInputError` for input it does not take, before any state
+changes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from statecore import key_types as KT
+from statecore import serializers as S
+from statecore.errors import InvalidInputError
+
+__all__ = [
+    "is_arrow_input",
+    "import_arrow",
+    "combined",
+    "as_arrow_array",
+    "arrow_type_ok",
+    "check_arrow_type",
+    "coerce_key_array",
+    "key_pylist",
+    "coerce_value_array",
+    "batch_namespace_array",
+]
+
+
+def is_arrow_input(obj) -> bool:
+    """Whether the batch API reads ``obj`` as an Arrow column (:func:`import_arrow`): a pa.Array,
+    a pa.ChunkedArray, or any object with ``__arrow_c_stream__`` or ``__arrow_c_array__``."""
+    return (isinstance(obj, (pa.Array, pa.ChunkedArray)) or hasattr(obj, "__arrow_c_stream__")
+            or hasattr(obj, "__arrow_c_array__"))
+
+
+def import_arrow(obj, what: str, accepts=None):
+    """One batch column as a pa.Array or pa.ChunkedArray, without copying any buffer.
+
+    Accepted: a pa.Array or pa.ChunkedArray (as is); an object with ``__arrow_c_stream__`` (the
+    Arrow C stream interface: pyarrow ChunkedArray/Table/RecordBatchReader, polars Series and
+    DataFrames, nanoarrow streams, ...), read to its end here -- before the caller touches any
+    state -- and held as a ChunkedArray of the producer's own buffers; an object with only
+    ``__arrow_c_array__`` (pa.RecordBatch, nanoarrow arrays, ...). A stream is preferred when an
+    object has both, since it keeps the producer's chunks instead of having it concatenate them.
+
+    A record batch (a struct without nulls at the top level) with exactly one column is read as
+    that column when ``accepts(type)`` (a predicate on Arrow types, the caller's expected
+    types) rejects the struct but takes the column's type: a one-column RecordBatchReader or
+    DataFrame is a column. ``accepts=None`` never unwraps.
+
+    Raises InvalidInputError for anything else, or when the producer fails (an export error, a
+    stream that errors mid-way: nothing has changed then)."""
+    if isinstance(obj, (pa.Array, pa.ChunkedArray)):
+        arr = obj
+    elif hasattr(obj, "__arrow_c_stream__"):
+        try:
+            arr = pa.chunked_array(obj)
+        except Exception as e:
+            raise InvalidInputError(f"{what}: reading the Arrow C stream failed: "
+                                    f"{type(e).__name__}: {e}") from e
+    elif hasattr(obj, "__arrow_c_array__"):
+        try:
+            arr = pa.array(obj)
+        except Exception as e:
+            raise InvalidInputError(f"{what}: cannot import through the Arrow C data interface: {e}") from e
+    else:
+        raise InvalidInputError(
+            f"{what} must be a pyarrow Array/ChunkedArray or implement __arrow_c_stream__ or "
+            f"__arrow_c_array__, got {type(obj).__name__}"
+        )
+    t = arr.type
+    if (accepts is not None and pa.types.is_struct(t) and t.num_fields == 1
+            and not accepts(t) and accepts(t.field(0).type) and not arr.null_count):
+        if isinstance(arr, pa.ChunkedArray):
+            arr = pa.chunked_array([c.field(0) for c in arr.chunks], t.field(0).type)
+        else:
+            arr = arr.field(0)
+    return arr
+
+
+def combined(arr):
+    """``arr`` (pa.Array or pa.ChunkedArray) as one pa.Array: a ChunkedArray of several chunks
+    is concatenated (a copy), of one chunk unwrapped (no copy)."""
+    if isinstance(arr, pa.ChunkedArray):
+        if arr.num_chunks == 1:
+            return arr.chunk(0)
+        return arr.combine_chunks() if arr.num_chunks else pa.array([], arr.type)
+    return arr
+
+
+def as_arrow_array(obj, what: str, accepts=None) -> pa.Array:
+    """:func:`import_arrow` as one pa.Array (several chunks are concatenated: a copy; the
+    reference backend converts rows to Python objects anyway)."""
+    return combined(import_arrow(obj, what, accepts))
+
+
+def arrow_type_ok(type_name: str, t: pa.DataType) -> bool:
+    """Whether the batch API takes Arrow type ``t`` for statecore type ``type_name`` (a value,
+    namespace or user-key type: :meth:`statecore.value_types.ValueSerializer.accepts`; False
+    for a type without any, e.g. pickle or void)."""
+    try:
+        return S.value_serializer(type_name).accepts(t)
+    except InvalidInputError:
+        return False
+
+
+def check_arrow_type(arr: pa.Array, type_name: str, what: str) -> None:
+    """InvalidInputError naming the expected and the given type unless ``arr`` has an Arrow
+    type that :func:`arrow_type_ok` takes for ``type_name``."""
+    if not arrow_type_ok(type_name, arr.type):
+        raise InvalidInputError(
+            f"{what} must have Arrow type {S.value_serializer(type_name).describe_arrow()} "
+            f"({type_name}), got {arr.type}")
+
+
+def coerce_key_array(keys, key_type, combine: bool = True):
+    """Validate a batch of keys (the ``keys`` rules of :mod:`statecore.backends.base`) and return it as one pa.Array, or with
+    ``combine=False`` as imported (a pa.ChunkedArray stays chunked: no copy): the key
+    type's Arrow type (:meth:`statecore.key_types.KeyType.accepts`), no null key and, for a
+    multi-column key, no null field. A multi-column key type also takes a list/tuple of arrays
+    (one per column, equal lengths), combined into a struct array. InvalidInputError names what
+    is wrong (and the first null row)."""
+    kt = KT.key_type(key_type)
+    if kt.is_struct and isinstance(keys, (list, tuple)):
+        arr = _struct_from_columns(keys, kt)
+    else:
+        arr = import_arrow(keys, "keys", kt.accepts)
+    if not kt.accepts(arr.type):
+        raise InvalidInputError(
+            f"keys must have Arrow type {kt.describe_arrow()} (key type {kt.name}), got {arr.type}")
+    if arr.null_count:
+        raise InvalidInputError(f"keys contain {arr.null_count} null(s) (first at row "
+                                f"{_first_null(arr)}); keys must not be null")
+    if kt.is_struct:
+        chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
+        for i in range(len(kt.fields)):
+            fields = [c.field(i) for c in chunks]
+            nulls = sum(f.null_count for f in fields)
+            if nulls:
+                raise InvalidInputError(
+                    f"keys: field {i} ({arr.type.field(i).name!r}) has {nulls} null(s) "
+                    f"(first at row {_first_null(pa.chunked_array(fields, arr.type.field(i).type))})"
+                    "; a multi-column key must not have null fields")
+    return combined(arr) if combine else arr
+
+
+def _first_null(arr) -> int:
+    return int(np.flatnonzero(combined(arr).is_null().to_numpy(zero_copy_only=False))[0])
+
+
+def _struct_from_columns(columns, kt) -> pa.Array:
+    if len(columns) != len(kt.fields):
+        raise InvalidInputError(f"keys: {len(columns)} arrays for key type {kt.name}, which has "
+                                f"{len(kt.fields)} columns")
+    # Chunked columns are combined here (a copy): the struct array needs one child per column.
+    arrays = [as_arrow_array(c, f"keys[{i}]", f.accepts)
+              for i, (c, f) in enumerate(zip(columns, kt.fields))]
+    if len({len(a) for a in arrays}) > 1:
+        raise InvalidInputError(f"keys: the column arrays differ in length "
+                                f"({', '.join(str(len(a)) for a in arrays)})")
+    try:
+        return pa.StructArray.from_arrays(arrays, names=[f"f{i}" for i in range(len(arrays))])
+    except (pa.ArrowException, TypeError, ValueError) as e:
+        raise InvalidInputError(f"keys: cannot combine the column arrays: {e}") from e
+
+
+def key_pylist(arr: pa.Array, key_type) -> list:
+    """The canonical per-record keys of a validated key array (:func:`coerce_key_array`):
+    ints for timestamps, canonical floats, tuples for multi-column keys."""
+    return KT.key_type(key_type).to_pylist(arr)
+
+
+def coerce_value_array(values, value_type: str, length: int, any_type: bool = False,
+                       combine: bool = True):
+    """Validate a batch of values: length ``length`` and the value type's Arrow type (any type
+    when ``any_type``, taken as is). Nulls are allowed (their meaning depends on the
+    operation). One pa.Array, or with ``combine=False`` as imported (see
+    :func:`coerce_key_array`)."""
+    if value_type == "pickle":
+        raise InvalidInputError("the batch API needs a typed value (not pickle) state")
+    accepts = None if any_type else (lambda t: arrow_type_ok(value_type, t))
+    arr = import_arrow(values, "values", accepts)
+    if len(arr) != length:
+        raise InvalidInputError(f"values have {len(arr)} rows but keys have {length}")
+    if not any_type:
+        check_arrow_type(arr, value_type, "values")
+    return combined(arr) if combine else arr
+
+
+def batch_namespace_array(namespaces, ns_type: str, length: int):
+    """An Arrow input of per-row namespaces (:func:`is_arrow_input`) checked against the
+    namespace type ``ns_type`` (its Arrow type, ``length`` rows, no nulls), as imported: a
+    pa.Array or pa.ChunkedArray, not copied. InvalidInputError otherwise."""
+    arr = import_arrow(namespaces, "namespaces", lambda t: arrow_type_ok(ns_type, t))
+    if len(arr) != length:
+        raise InvalidInputError(f"namespaces have {len(arr)} rows but keys have {length}")
+    check_arrow_type(arr, ns_type, "namespaces")
+    if arr.null_count:
+        raise InvalidInputError("namespaces must not contain nulls")
+    return arr

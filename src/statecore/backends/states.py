@@ -1,0 +1,587 @@
+"""Per-record state classes shared by both backends, and the table interface they run over.
+
+A keyed backend (:class:`statecore.backends.table_backend.TableBackend`) keeps one
+:class:`StateTable` per registered state and hands it to the state objects of this module. A
+state object addresses one entry of its table by a *slot* ``(key group, k)``: ``k`` is whatever
+the backend's tables take as the key of an entry (the pure-Python tables: ``(key, namespace)``;
+the native tables: the encoded key bytes), and the state object gets it from the backend
+(``_slot`` for the current key and namespace, ``backend._batch_slots`` for the rows of a batch).
+Tables take and return *stored forms* (:func:`to_stored`): the canonical Python value of a typed
+value, the pickled bytes of a ``pickle`` value; a list state's stored form is a list of those,
+a map state's a dict ``{serialized user key: stored user value}`` (user-key equality is byte
+equality); with TTL every value, list element and map entry is a ``(stored, timestamp ms)`` pair
+(:mod:`statecore.backends.ttl_states`). So the per-record semantics of both backends are this
+one code; what differs is where the entries live (Python dicts or the C++ state map) and the
+batch calls the native backend runs as kernels (:mod:`statecore.backends.native`).
+
+The batch calls here are the generic path: each row applied as the per-record method would
+apply it (:meth:`TableState._apply_rows`), every input validated before anything changes.
+"""
+
+from __future__ import annotations
+
+import abc
+import pickle
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from statecore import serializers as S
+from statecore.arrow_input import (
+    arrow_type_ok,
+    as_arrow_array,
+    check_arrow_type,
+    coerce_key_array,
+    coerce_value_array,
+)
+from statecore.backends import base
+from statecore.errors import InvalidInputError
+from statecore.key_groups import KeyGroupRange
+__all__ = [
+    "to_stored",
+    "from_stored",
+    "StateTable",
+    "TableState",
+    "TableValueState",
+    "TableListState",
+    "TableMapState",
+    "TableReducingState",
+    "TableAggregatingState",
+    "STATE_CLASSES",
+    "reducing_batch_values",
+    "fold_rounds",
+]
+
+
+def to_stored(ser: S.ValueSerializer, v):
+    """The validated, immutable stored form of value ``v`` of serializer ``ser``: the pickled
+    bytes for ``pickle`` (so a caller mutating an object after a write cannot change state),
+    else the canonical Python value (:meth:`ValueSerializer.check`: InvalidInputError when
+    ``v`` does not fit the value type)."""
+    if ser.name == "pickle":
+        return ser.serialize(v)
+    return ser.check(v)
+
+
+def from_stored(ser: S.ValueSerializer, s):
+    """The Python value of stored form ``s`` (inverse of :func:`to_stored`; a ``pickle`` value
+    is unpickled, so every read returns a new object)."""
+    return pickle.loads(s) if ser.name == "pickle" else s
+
+
+class StateTable(abc.ABC):
+    """The entries of one state, as the state objects and the backend see them.
+
+    Holds the state's meta (``name``, ``kind``, ``namespace_type``, ``value_type``,
+    ``user_key_type``, ``ttl``: the dict snapshots record) and the serializers it implies;
+    subclasses store the entries. ``get(kg, k)`` returns the stored form of slot ``(kg, k)`` or
+    None, ``put(kg, k, stored)`` writes one (InvalidInputError, with nothing changed, when it
+    does not fit the value type), ``remove(kg, k)`` removes one (absent: no-op). The TTL
+    passes (Flink's incremental and background cleanup, TTL migration) are the table's too,
+    since they walk its entries.
+    """
+
+    def __init__(self, meta: dict):
+        self.meta = dict(meta)
+        self.name = meta["name"]
+        self.kind = meta["kind"]
+        self.namespace_type = meta["namespace_type"]
+        self.ns_ser = S.key_serializer(self.namespace_type)
+        self.value_ser = S.value_serializer(meta["value_type"])
+        self.user_key_ser = S.key_serializer(meta["user_key_type"]) if self.kind == "map" else None
+        # With TTL every stored value, list element and map entry is a (stored, timestamp ms)
+        # pair; the bytes carry the timestamp as an 8-byte big-endian suffix (statecore.ttl).
+        self.ttl = bool(meta.get("ttl"))
+
+    @abc.abstractmethod
+    def get(self, kg: int, k):
+        """The stored form of slot ``(kg, k)``, or None when absent."""
+
+    @abc.abstractmethod
+    def put(self, kg: int, k, stored) -> None:
+        """Write the stored form of slot ``(kg, k)``."""
+
+    @abc.abstractmethod
+    def remove(self, kg: int, k) -> None:
+        """Remove slot ``(kg, k)`` (no-op when absent)."""
+
+    def set_ttl_meta(self, ttl_meta) -> None:
+        """Switch the table's TTL setting (after a TTL migration): ``ttl_meta`` is the new TTL
+        config's meta, or None for TTL off."""
+        self.ttl = ttl_meta is not None
+        if self.ttl:
+            self.meta["ttl"] = dict(ttl_meta)
+        else:
+            self.meta.pop("ttl", None)
+
+    # ---- TTL passes (statecore.ttl; after Flink's TtlIncrementalCleanup and compaction filter)
+    @abc.abstractmethod
+    def ttl_cleanup_step(self, kgs: KeyGroupRange, min_entries: int, ttl_ms: int, now: int):
+        """One step of incremental cleanup over the key groups ``kgs``: visits at least
+        ``min_entries`` entries from where the last step stopped (or up to the end of a pass),
+        removing or trimming expired ones. Returns ``(visited, expired, wrapped)``."""
+
+    @abc.abstractmethod
+    def ttl_restamp(self, ts_from: int, ts_to: int) -> int:
+        """Rewrite every timestamp equal to ``ts_from`` to ``ts_to``; returns how many were
+        rewritten."""
+
+    @abc.abstractmethod
+    def ttl_migrate(self, ttl_meta, ts: int, ttl_ms: int, now: int) -> int:
+        """Convert every entry to the other TTL format (restoring with TTL switched on or off):
+        with ``ttl_meta`` every value, list element and map entry gets timestamp ``ts`` (ms);
+        with None, what is expired under ``ttl_ms`` at ``now`` (ms) is dropped and the rest
+        loses its timestamp. All or nothing; then :meth:`set_ttl_meta`. Returns the expired
+        things dropped."""
+
+    @abc.abstractmethod
+    def ttl_cleanup_key_group(self, kg: int, ttl_ms: int, now: int) -> int:
+        """Background cleanup of one whole key group; returns the expired things removed."""
+
+
+class TableState:
+    """Base of the per-record state classes: the state's :class:`StateTable` (``_table``), its
+    value serializer (``_ser``) and the slot of the current key and namespace (``_slot``).
+    Mixed with a :mod:`statecore.backends.base` state interface by each kind's class."""
+
+    # The slot of the batch row being applied (see _apply_rows), else None: per-record code then
+    # addresses the backend's current key.
+    _row_slot = None
+
+    def __init__(self, backend: base.KeyedStateBackend, descriptor, namespace_type, table: StateTable):
+        base.State.__init__(self, backend, descriptor, namespace_type)
+        self._table = table
+        self._ser = table.value_ser
+
+    def _slot(self):
+        if self._row_slot is not None:
+            return self._row_slot
+        self.backend._check_open()
+        key, kg = self.backend._require_key()
+        return kg, (key, self._require_namespace())
+
+    def _apply_rows(self, keys, namespaces, fn, *columns) -> list:
+        """``[fn(*row) for each row]``, ``row`` = the row's items of ``columns``, with the row's
+        (key, namespace) as the slot of the per-record methods meanwhile: the generic batch
+        path, which applies a batch exactly as the same rows one at a time (TTL included)
+        without touching the backend's current key."""
+        slots = self.backend._batch_slots(self, keys, namespaces)
+        out = []
+        try:
+            for i, slot in enumerate(slots):
+                self._row_slot = slot
+                out.append(fn(*(c[i] for c in columns)))
+        finally:
+            self._row_slot = None
+        return out
+
+    def _typed(self, what: str) -> pa.DataType:
+        if self._ser.arrow_type is None:
+            raise InvalidInputError(f"{what}: the batch API needs a typed value (not pickle) state")
+        return self._ser.arrow_type
+
+    def clear(self) -> None:
+        kg, k = self._slot()
+        self._table.remove(kg, k)
+
+    def clear_batch(self, keys, namespaces=None) -> None:
+        for kg, k in self.backend._batch_slots(self, keys, namespaces):
+            self._table.remove(kg, k)
+
+    def get_batch(self, keys, namespaces=None) -> pa.Array:
+        if self._table.kind not in ("value", "reducing"):
+            raise InvalidInputError(f"{self._table.kind} state has no get_batch")
+        if self._ser.arrow_type is None:
+            raise InvalidInputError("the batch API needs a typed value (not pickle) state")
+        slots = self.backend._batch_slots(self, keys, namespaces)
+        return pa.array([self._table.get(kg, k) for kg, k in slots], self._ser.arrow_type)
+
+
+class TableValueState(TableState, base.ValueState):
+    """ValueState over a table: the stored form of the value per slot."""
+
+    def contains_batch(self, keys, namespaces=None) -> pa.Array:
+        """A row reads as get_batch does (TTL visibility and cleanup on read included) and is
+        true where that read returns a value (bool array, no nulls)."""
+        return pc.is_valid(self.get_batch(keys, namespaces))
+
+    def value(self):
+        kg, k = self._slot()
+        s = self._table.get(kg, k)
+        return self.descriptor.default_value() if s is None else from_stored(self._ser, s)
+
+    def update(self, value) -> None:
+        kg, k = self._slot()
+        if value is None:
+            self._table.remove(kg, k)
+        else:
+            self._table.put(kg, k, to_stored(self._ser, value))
+
+    def put_batch(self, keys, values, namespaces=None) -> None:
+        arr = coerce_key_array(keys, self.backend.key_type)
+        vals = self._ser.to_pylist(coerce_value_array(values, self._ser.name, len(arr)))
+        slots = self.backend._batch_slots(self, arr, namespaces)
+        for (kg, k), v in zip(slots, vals):
+            if v is None:
+                self._table.remove(kg, k)
+            else:
+                self._table.put(kg, k, to_stored(self._ser, v))
+
+
+class TableListState(TableState, base.ListState):
+    """ListState over a table: a Python list of stored elements per slot (absent when empty);
+    every write replaces the slot's list, so a snapshot never sees a half-done change."""
+
+    def get(self) -> list:
+        kg, k = self._slot()
+        return [from_stored(self._ser, e) for e in self._table.get(kg, k) or ()]
+
+    def _elements(self, values) -> list:
+        if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+            raise InvalidInputError(f"expected an iterable of elements, got {type(values).__name__}")
+        out = []
+        for v in values:
+            if v is None:
+                raise InvalidInputError("list state elements must not be None")
+            out.append(to_stored(self._ser, v))
+        return out
+
+    def add(self, value) -> None:
+        kg, k = self._slot()
+        if value is None:
+            raise InvalidInputError("cannot add None to a list state")
+        e = to_stored(self._ser, value)
+        self._table.put(kg, k, (self._table.get(kg, k) or []) + [e])
+
+    def add_all(self, values) -> None:
+        kg, k = self._slot()
+        es = self._elements(values)
+        if es:
+            self._table.put(kg, k, (self._table.get(kg, k) or []) + es)
+
+    def update(self, values) -> None:
+        kg, k = self._slot()
+        es = self._elements(values)
+        if es:
+            self._table.put(kg, k, es)
+        else:
+            self._table.remove(kg, k)
+
+    def append_batch(self, keys, values, namespaces=None) -> None:
+        t = self._typed("append_batch")
+        arr = coerce_key_array(keys, self.backend.key_type)
+        name = self._ser.name
+        vals = as_arrow_array(values, "values", lambda t: arrow_type_ok(name, t) or (
+            (pa.types.is_list(t) or pa.types.is_large_list(t))
+            and arrow_type_ok(name, t.value_type)))
+        if len(vals) != len(arr):
+            raise InvalidInputError(f"values have {len(vals)} rows but keys have {len(arr)}")
+        if pa.types.is_list(vals.type) or pa.types.is_large_list(vals.type):
+            check_arrow_type(vals.values, self._ser.name, "list elements")
+            rows = [[] if r is None else r for r in self._ser.to_pylist(vals)]
+            bad = sum(e is None for r in rows for e in r)
+            if bad:
+                raise InvalidInputError(f"values contain {bad} null list element(s); list "
+                                        "state elements must not be null")
+        else:
+            check_arrow_type(vals, self._ser.name, f"values (or a list<{t}> array)")
+            if vals.null_count:
+                raise InvalidInputError(f"values contain {vals.null_count} null(s); list state "
+                                        "elements must not be null")
+            rows = [[v] for v in self._ser.to_pylist(vals)]
+        for r in rows:  # validate every element before anything changes
+            for e in r:
+                to_stored(self._ser, e)
+        # One row = one add_all call: its elements share one TTL timestamp.
+        self._apply_rows(arr, namespaces, lambda r: r and self.add_all(r), rows)
+
+    def get_batch(self, keys, namespaces=None) -> pa.Array:
+        t = self._typed("get_batch")
+        return pa.array(self._apply_rows(keys, namespaces, self.get), pa.list_(t))
+
+
+class TableMapState(TableState, base.MapState):
+    """MapState over a table: ``{serialized user key: stored user value}`` per slot (absent
+    when empty); iteration in ascending order of the serialized user key."""
+
+    def __init__(self, *a):
+        super().__init__(*a)
+        self._uks = self._table.user_key_ser
+
+    def _map(self):
+        kg, k = self._slot()
+        return self._table.get(kg, k) or {}
+
+    def get(self, user_key):
+        s = self._map().get(self._uks.serialize(user_key))
+        return None if s is None else from_stored(self._ser, s)
+
+    def put(self, user_key, user_value) -> None:
+        self.put_all([(user_key, user_value)])
+
+    def put_all(self, mapping) -> None:
+        kg, k = self._slot()
+        items = mapping.items() if isinstance(mapping, dict) else mapping
+        staged = [(self._uks.serialize(uk), to_stored(self._ser, uv)) for uk, uv in items]
+        if staged:
+            m = dict(self._table.get(kg, k) or {})
+            m.update(staged)
+            self._table.put(kg, k, m)
+
+    def contains(self, user_key) -> bool:
+        return self._uks.serialize(user_key) in self._map()
+
+    def remove(self, user_key) -> None:
+        kg, k = self._slot()
+        ukb = self._uks.serialize(user_key)
+        m = self._table.get(kg, k)
+        if m is None or ukb not in m:
+            return
+        m = dict(m)
+        del m[ukb]
+        if m:
+            self._table.put(kg, k, m)
+        else:
+            self._table.remove(kg, k)
+
+    def items(self) -> list:
+        m = self._map()
+        return [(self._uks.deserialize(uk), from_stored(self._ser, m[uk])) for uk in sorted(m)]
+
+    def keys(self) -> list:
+        return [uk for uk, _ in self.items()]
+
+    def values(self) -> list:
+        return [uv for _, uv in self.items()]
+
+    def is_empty(self) -> bool:
+        return not self._map()
+
+    def _user_keys(self, user_keys, length: int) -> list:
+        if self._uks.name == "pickle":
+            raise InvalidInputError("the batch API needs a typed user key (not pickle) map state")
+        arr = as_arrow_array(user_keys, "user_keys",
+                                  lambda t: arrow_type_ok(self._uks.name, t))
+        if len(arr) != length:
+            raise InvalidInputError(f"user_keys have {len(arr)} rows but keys have {length}")
+        check_arrow_type(arr, self._uks.name, "user_keys")
+        if arr.null_count:
+            raise InvalidInputError(f"user_keys contain {arr.null_count} null(s); map user keys "
+                                    "must not be null")
+        return arr.to_pylist()
+
+    def put_batch(self, keys, user_keys, values, namespaces=None) -> None:
+        self._typed("put_batch")
+        arr = coerce_key_array(keys, self.backend.key_type)
+        uks = self._user_keys(user_keys, len(arr))
+        vals = coerce_value_array(values, self._ser.name, len(arr))
+        if vals.null_count:
+            raise InvalidInputError(f"values contain {vals.null_count} null(s); use remove_batch "
+                                    "to remove user keys")
+        vals = self._ser.to_pylist(vals)
+        for v in vals:  # validate every value before anything changes
+            to_stored(self._ser, v)
+        self._apply_rows(arr, namespaces, self.put, uks, vals)
+
+    def get_batch(self, keys, user_keys, namespaces=None) -> pa.Array:
+        t = self._typed("get_batch")
+        arr = coerce_key_array(keys, self.backend.key_type)
+        uks = self._user_keys(user_keys, len(arr))
+        return pa.array(self._apply_rows(arr, namespaces, self.get, uks), t)
+
+    def contains_batch(self, keys, user_keys, namespaces=None) -> pa.Array:
+        arr = coerce_key_array(keys, self.backend.key_type)
+        uks = self._user_keys(user_keys, len(arr))
+        return pa.array(self._apply_rows(arr, namespaces, self.contains, uks), pa.bool_())
+
+    def remove_batch(self, keys, user_keys, namespaces=None) -> None:
+        arr = coerce_key_array(keys, self.backend.key_type)
+        uks = self._user_keys(user_keys, len(arr))
+        self._apply_rows(arr, namespaces, self.remove, uks)
+
+
+class TableReducingState(TableState, base.ReducingState):
+    """ReducingState over a table: the stored aggregate per slot, folded with the descriptor's
+    :class:`statecore.descriptors.Reducer`."""
+
+    def get(self):
+        kg, k = self._slot()
+        s = self._table.get(kg, k)
+        return None if s is None else from_stored(self._ser, s)
+
+    def _reduce(self, cur_stored, v):
+        r = self.descriptor.reducer
+        if r.name != "count":
+            v = self._ser.check(v)
+        acc = None if cur_stored is None else from_stored(self._ser, cur_stored)
+        try:
+            new = r.add(acc, v)
+        except InvalidInputError:
+            raise
+        except Exception as e:
+            raise InvalidInputError(f"reducer {r.name!r} failed on {v!r}: {e}") from e
+        return to_stored(self._ser, new)
+
+    def add(self, value) -> None:
+        kg, k = self._slot()
+        if value is None:
+            return
+        self._table.put(kg, k, self._reduce(self._table.get(kg, k), value))
+
+    def add_batch(self, keys, values, namespaces=None) -> pa.Array:
+        arr = coerce_key_array(keys, self.backend.key_type)
+        vals = reducing_batch_values(self, values, len(arr))
+        slots = self.backend._batch_slots(self, arr, namespaces)
+        if self.descriptor.reducer.is_vectorized:
+            staged, out = fold_rounds(slots, vals, self.descriptor.reducer, self._ser,
+                                       lambda s, _null: self._table.get(*s))
+            for (kg, k), st in staged.items():
+                self._table.put(kg, k, st)
+            return pa.array(out, self._ser.arrow_type)
+        staged, out = {}, []
+        for (kg, k), v in zip(slots, vals):
+            cur = staged[(kg, k)] if (kg, k) in staged else self._table.get(kg, k)
+            if v is not None:
+                cur = self._reduce(cur, v)
+                staged[(kg, k)] = cur
+            out.append(cur)
+        for (kg, k), s in staged.items():
+            self._table.put(kg, k, s)
+        return pa.array(out, self._ser.arrow_type)
+
+
+def reducing_batch_values(state, values, length: int) -> list:
+    """Per-row Python values of a reducing state's ``add_batch`` (None for null rows): of the
+    value type, or for ``count`` of any Arrow type, where only validity matters (1 per value,
+    so no value needs a Python form: an extreme timestamp has no datetime)."""
+    is_count = state.descriptor.reducer.name == "count"
+    arr = coerce_value_array(values, state._ser.name, length, any_type=is_count)
+    if is_count:
+        return [1 if ok else None for ok in arr.is_valid().to_pylist()]
+    return state._ser.to_pylist(arr)
+
+
+def fold_rounds(slots: list, vals: list, reducer, ser, acc_of):
+    """add_batch with a vectorized reducer (``Reducer.vectorized``): the rows of each slot fold
+    in row order, but round ``r`` (the ``r``-th row of every slot) goes to the reduce function
+    as one pair of arrays. ``acc_of(slot, null_row)`` reads a slot's aggregate from the table
+    (stored form or None) while the batch has not staged one. Returns ``(staged, out)``: the
+    new aggregate per slot and the output per row; nothing is written here, so an error of the
+    reduce function leaves the table as it was."""
+    rounds: list = []
+    seen: dict = {}
+    for i, s in enumerate(slots):
+        r = seen.get(s, 0)
+        seen[s] = r + 1
+        if r == len(rounds):
+            rounds.append([])
+        rounds[r].append(i)
+    staged: dict = {}
+    out = [None] * len(slots)
+    for rows in rounds:
+        pending, accs, values = [], [], []
+        for i in rows:
+            s, v = slots[i], vals[i]
+            acc = staged[s] if s in staged else acc_of(s, v is None)
+            if v is None:
+                out[i] = acc
+            elif acc is None:
+                staged[s] = out[i] = ser.check(v)
+            else:
+                pending.append(i)
+                accs.append(acc)
+                values.append(ser.check(v))
+        if pending:
+            for i, x in zip(pending, reducer.fold_arrays(accs, values)):
+                staged[slots[i]] = out[i] = ser.check(x)
+    return staged, out
+
+
+class TableAggregatingState(TableState, base.AggregatingState):
+    """AggregatingState over a table: the stored accumulator of the descriptor's
+    AggregateFunction per slot; reads return ``get_result`` of it."""
+
+    def get(self):
+        kg, k = self._slot()
+        s = self._table.get(kg, k)
+        if s is None:
+            return None
+        return self.descriptor.aggregate_function.get_result(from_stored(self._ser, s))
+
+    def add(self, value) -> None:
+        kg, k = self._slot()
+        if value is None:
+            return
+        fn = self.descriptor.aggregate_function
+        s = self._table.get(kg, k)
+        acc = fn.create_accumulator() if s is None else from_stored(self._ser, s)
+        self._table.put(kg, k, to_stored(self._ser, fn.add(value, acc)))
+
+    def _results(self, out: list) -> pa.Array:
+        t = self.descriptor.result_type
+        try:
+            return pa.array(out, t)
+        except (pa.ArrowException, TypeError, ValueError) as e:
+            raise InvalidInputError(
+                f"aggregating state {self.name!r}: results do not form an Arrow array"
+                + (f" of {t} (the descriptor's result_type)" if t is not None
+                   else " (set result_type on the descriptor)")
+                + f": {e}") from e
+
+    def _fold_aggregate(self, slots: list, vals: list, acc_of):
+        """Rows in order: a value row adds (``create_accumulator`` when there is none) and
+        yields ``get_result``; a null row yields what ``get()`` returns. ``acc_of(slot,
+        null_row)`` reads the stored accumulator while the batch has not staged one. Returns
+        ``(staged stored accumulators, results)``; nothing is written, so a failing function
+        leaves the table unchanged (InvalidInputError)."""
+        fn = self.descriptor.aggregate_function
+        staged, out = {}, []
+        for s, v in zip(slots, vals):
+            cur = staged[s] if s in staged else acc_of(s, v is None)
+            if v is not None:
+                # Accumulators go through their stored form row by row, so a function that
+                # mutates its accumulator cannot change a result already produced.
+                acc = fn.create_accumulator() if cur is None else from_stored(self._ser, cur)
+                try:
+                    acc = fn.add(v, acc)
+                except InvalidInputError:
+                    raise
+                except Exception as e:
+                    raise InvalidInputError(
+                        f"aggregate function of {self.name!r} failed on {v!r}: {e}") from e
+                cur = staged[s] = to_stored(self._ser, acc)
+            out.append(None if cur is None else fn.get_result(from_stored(self._ser, cur)))
+        return staged, out
+
+    def _batch_values(self, keys, values):
+        arr = coerce_key_array(keys, self.backend.key_type)
+        vals = as_arrow_array(values, "values")
+        if len(vals) != len(arr):
+            raise InvalidInputError(f"values have {len(vals)} rows but keys have {len(arr)}")
+        return arr, vals.to_pylist()
+
+    def add_batch(self, keys, values, namespaces=None) -> pa.Array:
+        """``add`` per row (values of any Arrow type, handed to the function as Python values;
+        a null row adds nothing) returning ``get_result`` after each row (null where there is
+        no accumulator), as an array of the descriptor's ``result_type`` (else inferred).
+        Rows of one key apply in row order; an error leaves the state unchanged."""
+        arr, vals = self._batch_values(keys, values)
+        slots = self.backend._batch_slots(self, arr, namespaces)
+        staged, out = self._fold_aggregate(slots, vals, lambda s, _null: self._table.get(*s))
+        results = self._results(out)
+        for (kg, k), st in staged.items():
+            self._table.put(kg, k, st)
+        return results
+
+    def get_batch(self, keys, namespaces=None) -> pa.Array:
+        """``get()`` per row, as :meth:`add_batch` returns results."""
+        return self._results(self._apply_rows(keys, namespaces, self.get))
+
+    def clear_batch(self, keys, namespaces=None):
+        for kg, k in self.backend._batch_slots(self, keys, namespaces):
+            self._table.remove(kg, k)
+
+
+#: ``{state kind: class}`` of states without TTL.
+STATE_CLASSES = {"value": TableValueState, "list": TableListState, "map": TableMapState,
+                 "reducing": TableReducingState, "aggregating": TableAggregatingState}
