@@ -34,7 +34,7 @@ from support.fs_wrappers import LocalDelegatingHandler
 
 
 def encoded_key(kg: int, key: int, max_parallelism: int, suffix: bytes = b"\x00") -> bytes:
-    """Encoded key as in architecture.md: key-group prefix | int64 key BE | void namespace."""
+    """Encoded key as in docs/formats.md: key-group prefix | int64 key BE | void namespace."""
     prefix = bytes([kg]) if max_parallelism <= 128 else kg.to_bytes(2, "big")
     return prefix + struct.pack(">q", key) + suffix
 

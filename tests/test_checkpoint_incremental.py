@@ -1,8 +1,8 @@
 """Incremental checkpoints: runs with tombstones, newest-wins merge on restore, runs shared between
 versions, compaction, rescaling, byte counts that scale with the change set, version-1 files.
 
-Snapshots are in-test fakes implementing the contract of architecture.md "Incremental snapshots
-and checkpoints" (NULL value = tombstone, timers complete in every snapshot), plus the full
+Snapshots are in-test fakes implementing the contract of docs/architecture.md "Contract:
+StateSnapshot" (NULL value = tombstone, timers complete in every snapshot), plus the full
 snapshots of the real backends."""
 
 from __future__ import annotations

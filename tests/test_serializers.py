@@ -1,4 +1,4 @@
-"""Serializers and the key codec against the contract (docs/architecture.md) and Flink's bytes."""
+"""Serializers and the key codec against the contract (docs/formats.md) and Flink's bytes."""
 
 import json
 import math

@@ -221,7 +221,7 @@ def test_checkpoint_grows_by_the_change_set_not_the_state(spark, tmp_path, backe
         assert Counter(p["load"] for p in rep.partitions) == Counter(rep.loads)
     full = reports[0].checkpoint_bytes
     assert reports[0].state_bytes > 50_000
-    # Timers are complete in every run (architecture.md): version 1 still carries the NKEYS
+    # Timers are complete in every run (docs/architecture.md): version 1 still carries the NKEYS
     # timers of version 0, which fire in micro-batch 2. From then on a run holds ~4 changed
     # entries (one a tombstone) and ~3 timers: a small fraction of the full state.
     for rep in reports[2:]:

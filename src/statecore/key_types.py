@@ -26,7 +26,7 @@ microseconds). The key of a timestamp key type is the int64 count of its unit: t
 in another unit is another key type (restoring across them is a StateMigrationError). Keys never
 hold nulls: a null key, or a null field of a multi-column key, is an InvalidInputError.
 
-Key serializer (``ser``, docs/architecture.md "Encoded key"): int32 4 bytes big-endian; int64 and
+Key serializer (``ser``, docs/formats.md "Encoded key"): int32 4 bytes big-endian; int64 and
 timestamp 8 bytes big-endian two's complement (Flink IntSerializer/LongSerializer); uint64 8
 bytes big-endian; float64 the 8 bytes big-endian of Java ``doubleToLongBits`` of the canonical
 value (Flink DoubleSerializer); bool one byte 00/01 (Flink BooleanSerializer); string/binary

@@ -1,4 +1,4 @@
-"""Value / key serializers and the key codec (pure-Python reference of docs/architecture.md).
+"""Value / key serializers and the key codec (pure-Python reference of docs/formats.md).
 
 Two families of serializers, both selected by a type name (or a pyarrow DataType):
 

@@ -3,7 +3,7 @@
 
 A state whose descriptor carries a TTL config stores every value, list element and map entry with
 the time of its last access (milliseconds, int64): in memory next to the value, in snapshots and
-checkpoint files as an 8-byte big-endian suffix after the value's bytes (docs/architecture.md).
+checkpoint files as an 8-byte big-endian suffix after the value's bytes (docs/formats.md "TTL suffix").
 An entry with timestamp ``ts`` is expired at time ``now`` when ``ts + ttl_ms <= now`` -- exactly at
 ``ts + ttl_ms`` it is expired -- unless ``ts + ttl_ms`` overflows int64, in which case it never
 expires (Flink ``TtlUtils.expired``).
@@ -239,7 +239,7 @@ def is_expired(ts: int, ttl_ms: int, now: int) -> bool:
 def filter_expired(kind: str, fixed_width: Optional[int], ttl_ms: int, now: int,
                    value: bytes) -> Optional[bytes]:
     """The compaction filter over one serialized TTL value (after frocksdb's
-    ``FlinkCompactionFilter``, statecore's suffix layout, docs/architecture.md "Values"):
+    ``FlinkCompactionFilter``, statecore's suffix layout, docs/formats.md "TTL suffix"):
     returns ``value`` unchanged when nothing in it expired, the trimmed bytes when part of it did,
     or None when all of it expired (drop the entry).
 

@@ -1,4 +1,4 @@
-"""Variable-length integers of the byte formats (docs/architecture.md).
+"""Variable-length integers of the byte formats (docs/formats.md).
 
 Two encodings, both after Flink:
 

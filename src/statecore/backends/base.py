@@ -94,7 +94,7 @@ fall inside the backend's key-group range and may be called several times (e.g. 
 rescaled job restores from every old operator's snapshot); entries of the same key are overwritten.
 It raises StateMigrationError when the key type, max parallelism or assigner differ, or when a
 state's meta conflicts with an already registered state of the same name.
-Incremental snapshots (docs/architecture.md "Incremental snapshots and checkpoints"):
+Incremental snapshots (docs/architecture.md "Contract: StateSnapshot"):
 ``snapshot(incremental=True)`` lists only what changed since the backend's *base*: for every
 (state, key, namespace) written or removed since then, sorted by encoded key, either the present
 value or a NULL value (tombstone: absent now). A key written and removed again after the base is

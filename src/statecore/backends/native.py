@@ -2,7 +2,7 @@
 
 Each registered state is one native ``StateTable``: a copy-on-write, incrementally rehashing map
 per key group of the backend's key-group range, holding encoded keys and serialized values in the
-byte formats of docs/architecture.md, so native snapshots, checkpoints and Python-backend
+byte formats of docs/formats.md, so native snapshots, checkpoints and Python-backend
 snapshots are interchangeable.
 
 Per-record state objects are the shared classes of :mod:`statecore.backends.states` (and

@@ -241,7 +241,7 @@ class PythonTable(StateTable):
         return n
 
     def encode_value(self, stored) -> bytes:
-        """Bytes of a stored value (docs/architecture.md). With TTL: value bytes + 8-byte
+        """Bytes of a stored value (docs/formats.md "Values"). With TTL: value bytes + 8-byte
         big-endian timestamp; list elements each ``bytes + ts`` (fixed width: a stride of
         width + 8; otherwise ``varlen(len(bytes)) + bytes + ts``); map entries ``bytes + ts``
         as the user value."""

@@ -3,7 +3,7 @@
 One data file holds one *run*: the snapshot of one writer (one Spark task / one backend) for one
 checkpoint version, either *full* (every entry of every state, for every key group of the
 writer's key-group range) or *incremental* (only the entries changed since the writer's base
-snapshot, removals as tombstones; docs/architecture.md "Incremental snapshots and checkpoints").
+snapshot, removals as tombstones; docs/formats.md "Checkpoint store and manifests").
 It is written sequentially (so it can be streamed to an object store) and read with ranged reads
 (so a restore fetches only the byte ranges of the key groups it owns), after the layout of
 Flink's key-group-partitioned heap snapshots (``KeyGroupRangeOffsets``) and of Parquet's
@@ -40,8 +40,8 @@ Block payload (uncompressed), an Arrow-compatible columnar layout of ``n`` entri
     n               u32
     key_offsets     (n + 1) x int32, key_offsets[0] == 0, non-decreasing
     value_offsets   (n + 1) x int32, value_offsets[0] == 0, non-decreasing
-    key_data        key_offsets[n] bytes   (encoded keys, docs/architecture.md "Encoded key")
-    value_data      value_offsets[n] bytes (serialized values, docs/architecture.md "Values")
+    key_data        key_offsets[n] bytes   (encoded keys, docs/formats.md "Encoded key")
+    value_data      value_offsets[n] bytes (serialized values, docs/formats.md "Values")
 
 so key ``i`` is ``key_data[key_offsets[i]:key_offsets[i+1]]`` (the offsets buffers are exactly
 Arrow ``binary`` offsets, which lets a reader build ``pa.BinaryArray`` without copying).

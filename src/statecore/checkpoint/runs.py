@@ -4,7 +4,7 @@ A version's manifest lists *runs*: data files, each with a key-group range, a ki
 complete state of its key groups; ``incremental``: the changes since the writer's base, removals
 as tombstones) and a sequence number ``seq``. A commit gives all of a version's new runs (which
 tile its key-group range) ``seq = 1 + max seq of the previous version``, so seqs increase along
-the chain of versions (docs/architecture.md "Incremental snapshots and checkpoints").
+the chain of versions (docs/formats.md "Checkpoint store and manifests").
 
 For a key group ``kg`` the *chain* of a version is its runs covering ``kg`` from the newest
 (highest seq) down to and including the newest full one; a run in no chain of the version's
