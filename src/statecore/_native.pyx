@@ -33,6 +33,9 @@ from statecore.errors import InvalidInputError, StateError
 
 cimport _native_core as c
 
+# C++ exceptions of the core raise InvalidInputError for bad input (see raise_native_error).
+c.set_invalid_input_error(InvalidInputError)
+
 include "_native_types.pxi"
 include "_native_bytes.pxi"
 include "_native_keys.pxi"

@@ -266,10 +266,7 @@ cdef class SnapshotBlockSerializer:
             o.queue_blocks = queue_blocks
             o.release_as_written = release_as_written
             o.nice = nice
-            try:
-                self.ser = c.new_serializer(srcs, o)
-            except ValueError as e:
-                raise InvalidInputError(str(e)) from None
+            self.ser = c.new_serializer(srcs, o)
         finally:
             del srcs
 
@@ -288,11 +285,8 @@ cdef class SnapshotBlockSerializer:
         ``concurrent.futures.CancelledError`` after :meth:`cancel`."""
         cdef SerializedBlock b = SerializedBlock.__new__(SerializedBlock)
         cdef int r
-        try:
-            with nogil:
-                r = c.serializer_next(self.ser, &b.payload)
-        except ValueError as e:
-            raise InvalidInputError(str(e)) from None
+        with nogil:
+            r = c.serializer_next(self.ser, &b.payload)
         if r < 0:
             raise CancelledError("snapshot serialization was cancelled")
         return b if r else None
@@ -305,11 +299,8 @@ cdef class SnapshotBlockSerializer:
         :meth:`next_block`."""
         cdef SerializedChunk ch = SerializedChunk.__new__(SerializedChunk)
         cdef int r
-        try:
-            with nogil:
-                r = c.serializer_next_chunk(self.ser, &ch.chunk, target_bytes)
-        except ValueError as e:
-            raise InvalidInputError(str(e)) from None
+        with nogil:
+            r = c.serializer_next_chunk(self.ser, &ch.chunk, target_bytes)
         if r < 0:
             raise CancelledError("snapshot serialization was cancelled")
         return ch if r else None

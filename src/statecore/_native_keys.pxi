@@ -202,24 +202,15 @@ cdef class KeyEncoder:
 
 def default_max_parallelism(int32_t parallelism):
     """Flink computeDefaultMaxParallelism."""
-    try:
-        return c.default_max_parallelism(parallelism)
-    except ValueError as e:
-        raise InvalidInputError(str(e)) from None
+    return c.default_max_parallelism(parallelism)
 
 
 def key_group_range_for_operator(int32_t max_parallelism, int32_t parallelism, int32_t index):
     """Flink computeKeyGroupRangeForOperatorIndex -> (start, end), inclusive."""
-    try:
-        r = c.key_group_range_for_operator(max_parallelism, parallelism, index)
-    except ValueError as e:
-        raise InvalidInputError(str(e)) from None
+    r = c.key_group_range_for_operator(max_parallelism, parallelism, index)
     return (r.start, r.end)
 
 
 def operator_index_for_key_group(int32_t max_parallelism, int32_t parallelism, int32_t key_group):
     """Flink computeOperatorIndexForKeyGroup."""
-    try:
-        return c.operator_index_for_key_group(max_parallelism, parallelism, key_group)
-    except ValueError as e:
-        raise InvalidInputError(str(e)) from None
+    return c.operator_index_for_key_group(max_parallelism, parallelism, key_group)

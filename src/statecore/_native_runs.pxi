@@ -33,11 +33,8 @@ def merge_newest_wins(parts, bint keep_tombstones=False):
             continue  # an empty run neither adds nor shadows a key
         _binary_run(keys, values, idx, &r, hold)
         runs.push_back(r)
-    try:
-        with nogil:
-            c.merge_newest_wins(runs, &picks, keep_tombstones)
-    except ValueError as e:
-        raise InvalidInputError(str(e)) from None
+    with nogil:
+        c.merge_newest_wins(runs, &picks, keep_tombstones)
     n_out = picks.size()
     cdef size_t tombs = 0
     cdef int64_t bit
@@ -155,23 +152,20 @@ def ttl_filter_entries(str kind, fixed_width, int64_t ttl_ms, now_ms, keys, valu
     data_np = np.empty(max(span, 1), np.uint8)
     keep = keep_np
     out_data = data_np
-    try:
-        if large:
-            off64 = offsets
-            out_np = np.empty(n + 1, np.int64)
-            out64 = out_np
-            with nogil:
-                r = c.filter_values(spec, now, &data[0], data_size, &off64[0], n, &keep[0],
-                                    &out64[0], &out_data[0])
-        else:
-            off32 = offsets
-            out_np = np.empty(n + 1, np.int32)
-            out32 = out_np
-            with nogil:
-                r = c.filter_values(spec, now, &data[0], data_size, &off32[0], n, &keep[0],
-                                    &out32[0], &out_data[0])
-    except ValueError as e:
-        raise InvalidInputError(str(e)) from None
+    if large:
+        off64 = offsets
+        out_np = np.empty(n + 1, np.int64)
+        out64 = out_np
+        with nogil:
+            r = c.filter_values(spec, now, &data[0], data_size, &off64[0], n, &keep[0],
+                                &out64[0], &out_data[0])
+    else:
+        off32 = offsets
+        out_np = np.empty(n + 1, np.int32)
+        out32 = out_np
+        with nogil:
+            r = c.filter_values(spec, now, &data[0], data_size, &off32[0], n, &keep[0],
+                                &out32[0], &out_data[0])
     if r.expired == 0 and r.kept == <size_t>n:  # trims only come with expiries
         return keys, values, 0
     out_keys = keys.filter(pa.array(keep_np.view(np.bool_)))

@@ -50,7 +50,7 @@ cdef class NativeTableSnapshot:
             with nogil:
                 run = self.snap.map(kg).get().sorted_entries()
                 expired = c.filter_run(spec, now, run, out)
-        except ValueError as e:
+        except InvalidInputError as e:
             raise InvalidInputError(f"key group {kg}: {e}") from None
         keys, values = _run_to_arrow(out, kg)
         return keys, values, expired
@@ -82,11 +82,8 @@ cdef class NativeTableSnapshot:
         ``base_version <= base <= version``."""
         cdef c.SortedRun run
         self._check_group(kg)
-        try:
-            with nogil:
-                run = self.snap.map(kg).get().sorted_changes(base)
-        except ValueError as e:
-            raise InvalidInputError(str(e)) from None
+        with nogil:
+            run = self.snap.map(kg).get().sorted_changes(base)
         return _run_to_arrow(run, kg)
 
     def release(self):
@@ -115,10 +112,7 @@ cdef class NativeStateTable:
     cdef int busy  # a call without the GIL is running on the table
 
     def __cinit__(self, int32_t kg_start, int32_t kg_end):
-        try:
-            self.table = new c.StateTable(kg_start, kg_end)
-        except ValueError as e:
-            raise InvalidInputError(str(e)) from None
+        self.table = new c.StateTable(kg_start, kg_end)
         self.kg_start = kg_start
         self.kg_end = kg_end
 
@@ -131,10 +125,31 @@ cdef class NativeStateTable:
                              "thread; a backend must be used by one thread at a time")
         return 0
 
+    # Every call that runs without the GIL has the same shape:
+    #
+    #     self._claim()
+    #     try:
+    #         with nogil:
+    #             c.some_kernel(self.table[0], ...)   # C++ errors: raise_native_error
+    #     finally:
+    #         self._release()
+    #
+    # _claim and _release are plain C calls under the GIL; the C++ -> Python error translation
+    # happens in the declarations (_native_core.pxd), so no call site catches and re-raises.
+    # (Cython has no closures for cdef code, and a ``with`` over an object goes through the
+    # Python __enter__/__exit__ protocol on every call: the try/finally is the zero-cost form.)
+
     cdef int _claim(self) except -1:
-        self._idle()
+        """Marks the table busy for a call about to release the GIL; StateError if a call
+        of another thread holds it."""
+        if self.busy:
+            self._idle()
         self.busy = 1
         return 0
+
+    cdef void _release(self) noexcept:
+        """Clears the mark of :meth:`_claim` (in the call's ``finally``)."""
+        self.busy = 0
 
     def _debug_set_busy(self, bint busy):
         """Tests only: mark the table as if a call without the GIL were running on it."""
@@ -259,10 +274,10 @@ cdef class NativeStateTable:
         try:
             with nogil:
                 step = c.cleanup_step(m[0], &cursor, min_entries, spec, now, &scratch)
-        except ValueError as e:
+        except InvalidInputError as e:
             raise InvalidInputError(f"key group {kg}: {e}") from None
         finally:
-            self.busy = 0
+            self._release()
         return step.visited, step.expired, cursor, step.wrapped
 
     def ttl_restamp(self, str kind, fixed_width, int64_t ts_from, int64_t ts_to):
@@ -277,10 +292,8 @@ cdef class NativeStateTable:
             for kg in range(self.kg_start, self.kg_end + 1):
                 with nogil:
                     n += c.restamp(self.table.map(kg), spec, ts_from, ts_to)
-        except ValueError as e:
-            raise InvalidInputError(str(e)) from None
         finally:
-            self.busy = 0
+            self._release()
         return n
 
     def ttl_migrate(self, str kind, fixed_width, bint add_timestamps, int64_t ts, int64_t ttl_ms,
@@ -309,10 +322,8 @@ cdef class NativeStateTable:
         try:
             with nogil:
                 r = c.migrate(self.table[0], spec)
-        except ValueError as e:
-            raise InvalidInputError(str(e)) from None
         finally:
-            self.busy = 0
+            self._release()
         return r.rewritten, r.removed, r.expired
 
     def ttl_cleanup_table_step(self, int32_t kg, uint64_t bucket, size_t min_entries, str kind,
@@ -334,10 +345,8 @@ cdef class NativeStateTable:
         try:
             with nogil:
                 step = c.cleanup_table_step(self.table[0], &cur, min_entries, spec, now, &scratch)
-        except ValueError as e:
-            raise InvalidInputError(str(e)) from None
         finally:
-            self.busy = 0
+            self._release()
         return step.visited, step.expired, cur.key_group, cur.bucket, step.wrapped
 
     def load(self, int32_t kg, keys, values, int prefix_width):
@@ -371,10 +380,8 @@ cdef class NativeStateTable:
         try:
             with nogil:
                 c.load_entries(self.table[0], run, prefix_width)
-        except ValueError as exc:
-            raise InvalidInputError(str(exc)) from None
         finally:
-            self.busy = 0
+            self._release()
 
     def remove_keys(self, int32_t kg, keys):
         """Bulk removal (a change set's tombstones): ``keys`` a pa.binary array without nulls;
@@ -396,7 +403,7 @@ cdef class NativeStateTable:
                 for i in range(e.n):
                     removed += m.remove(kd + e.ko[i], e.ko[i + 1] - e.ko[i])
         finally:
-            self.busy = 0
+            self._release()
         return removed
 
     def key_group_size(self, int32_t kg):
@@ -439,10 +446,7 @@ cdef class NativeStateTable:
         """The snapshot of table version ``version`` was checkpointed: stop tracking older changes
         (no-op when not newer than the base; InvalidInputError when newer than ``version``)."""
         self._idle()
-        try:
-            self.table.mark_base(version)
-        except ValueError as e:
-            raise InvalidInputError(str(e)) from None
+        self.table.mark_base(version)
 
     def rebase(self, bint applied_changes=False):
         """Make the current contents the base (after a restore's bulk load, or with
@@ -542,10 +546,8 @@ cdef class NativeStateTable:
                                         data[j], &valid[k.starts[j]], tspec, &chunk_expired)
                     expired += chunk_expired
                     chunk_expired = 0
-        except ValueError as e:
-            raise InvalidInputError(str(e)) from None
         finally:
-            self.busy = 0
+            self._release()
             expired += chunk_expired
             if expired and count_expired is not None:
                 count_expired(expired)
@@ -577,10 +579,8 @@ cdef class NativeStateTable:
                                      c.Reducer.Sum, v.inputs[j], tspec)
                 for j in range(nchunks):
                     c.put_batch(self.table[0], spec, k.inputs[j], vt, v.inputs[j], tspec)
-        except ValueError as e:
-            raise InvalidInputError(str(e)) from None
         finally:
-            self.busy = 0
+            self._release()
 
     def append_batch(self, keys, values, str key_type, str assigner, int32_t max_parallelism,
                      str element_type, ttl=None, namespace_type=None):
@@ -604,10 +604,8 @@ cdef class NativeStateTable:
                                                  tspec)
                 for j in range(nchunks):
                     c.list_append_batch(self.table[0], spec, k.inputs[j], et, v.inputs[j], tspec)
-        except ValueError as e:
-            raise InvalidInputError(str(e)) from None
         finally:
-            self.busy = 0
+            self._release()
 
     def map_put_batch(self, keys, user_keys, values, str key_type, str assigner,
                       int32_t max_parallelism, str user_key_type, str value_type, ttl=None,
@@ -637,10 +635,8 @@ cdef class NativeStateTable:
                 for j in range(nchunks):
                     c.map_put_batch(self.table[0], spec, k.inputs[j], uks, u.inputs[j], vt,
                                     v.inputs[j], tspec)
-        except ValueError as e:
-            raise InvalidInputError(str(e)) from None
         finally:
-            self.busy = 0
+            self._release()
 
     def add_batch(self, keys, values, str key_type, str assigner, int32_t max_parallelism,
                   str value_type, str reducer, ttl=None, count_expired=None, namespace_type=None):
@@ -696,10 +692,8 @@ cdef class NativeStateTable:
                                 &chunk_expired)
                     expired += chunk_expired
                     chunk_expired = 0
-        except ValueError as e:
-            raise InvalidInputError(str(e)) from None
         finally:
-            self.busy = 0
+            self._release()
             expired += chunk_expired
             if expired and count_expired is not None:
                 count_expired(expired)
@@ -726,10 +720,8 @@ cdef class NativeStateTable:
                     c.validate_key_batch(self.table[0], spec, k.inputs[j], none_ttl)
                 for j in range(nchunks):
                     c.clear_batch(self.table[0], spec, k.inputs[j])
-        except ValueError as e:
-            raise InvalidInputError(str(e)) from None
         finally:
-            self.busy = 0
+            self._release()
 
     def list_get_batch(self, keys, str key_type, str assigner, int32_t max_parallelism,
                        str element_type, ttl=None, count_expired=None, namespace_type=None):
@@ -762,10 +754,8 @@ cdef class NativeStateTable:
                                      elements, element_offsets, tspec, &chunk_expired)
                     expired += chunk_expired
                     chunk_expired = 0
-        except ValueError as e:
-            raise InvalidInputError(str(e)) from None
         finally:
-            self.busy = 0
+            self._release()
             expired += chunk_expired
             if expired and count_expired is not None:
                 count_expired(expired)
@@ -836,10 +826,8 @@ cdef class NativeStateTable:
                                     tspec, &chunk_expired)
                     expired += chunk_expired
                     chunk_expired = 0
-        except ValueError as e:
-            raise InvalidInputError(str(e)) from None
         finally:
-            self.busy = 0
+            self._release()
             expired += chunk_expired
             if expired and count_expired is not None:
                 count_expired(expired)
@@ -880,10 +868,8 @@ cdef class NativeStateTable:
                                          &found[k.starts[j]], tspec, &chunk_expired)
                     expired += chunk_expired
                     chunk_expired = 0
-        except ValueError as e:
-            raise InvalidInputError(str(e)) from None
         finally:
-            self.busy = 0
+            self._release()
             expired += chunk_expired
             if expired and count_expired is not None:
                 count_expired(expired)
@@ -910,10 +896,8 @@ cdef class NativeStateTable:
                                              none_ttl)
                 for j in range(nchunks):
                     c.map_remove_batch(self.table[0], spec, k.inputs[j], uks, u.inputs[j])
-        except ValueError as e:
-            raise InvalidInputError(str(e)) from None
         finally:
-            self.busy = 0
+            self._release()
 
 
 def _table_reclaim(NativeStateTable table):
