@@ -1,10 +1,22 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""Thin wrappers over the native core (C++ declarations in _native_core.pxd).
+"""statecore._native: the compiled bridge between Python and the C++ core (native/).
 
-Errors are translated once, here: C++ std::invalid_argument / std::out_of_range (and BatchError,
-a std::invalid_argument) become :class:`statecore.errors.InvalidInputError`. Batch kernels read
-Arrow arrays through the Arrow C Data Interface (``__arrow_c_array__`` PyCapsules, zero copy) and
-run with the GIL released.
+Thin wrappers, one area per included file: ``_native_types.pxi`` (statecore type names as native
+specs), ``_native_bytes.pxi`` (byte order, varlen), ``_native_keys.pxi`` (hashes, key groups,
+KeyEncoder), ``_native_arrow.pxi`` (Arrow in and out), ``_native_stored.pxi`` (stored values of
+the per-record path), ``_native_runs.pxi`` (merge, TTL filter and checks of sorted runs),
+``_native_table.pxi`` (NativeStateTable, NativeTableSnapshot) and ``_native_blocks.pxi``
+(checkpoint data-file blocks, SnapshotBlockSerializer). The C++ declarations are in
+``_native_core.pxd``.
+
+Errors: translated once, where the C++ functions are declared (``raise_native_error`` in
+_native_core.pxd): std::invalid_argument (BatchError among them) and std::out_of_range become
+:class:`statecore.errors.InvalidInputError`; other C++ exceptions map as Cython's ``except +``
+maps them (std::bad_alloc -> MemoryError, ...).
+
+GIL: batch kernels, bulk loads, merges, TTL passes, hashing of buffers and block codecs run with
+the GIL released. Batch kernels read Arrow arrays through the Arrow C Data Interface
+(``__arrow_c_array__`` PyCapsules, zero copy).
 
 Thread contract: a StateTable is owned by one Python thread at a time (the task's). Snapshots may
 be read from another thread. Calls without the GIL mark their table busy; another thread's call
@@ -17,8 +29,6 @@ from cpython.pycapsule cimport PyCapsule_GetPointer
 from cpython.unicode cimport PyUnicode_AsUTF8String, PyUnicode_DecodeUTF8
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memchr, memcpy
-from libcpp.memory cimport shared_ptr
-from libcpp.pair cimport pair
 from libcpp.string cimport string
 from libcpp.vector cimport vector
 

@@ -174,8 +174,9 @@ cdef class _Entries:
 
 
 cdef object _bitmap(uint8_t[::1] valid, int64_t n):
-    """Arrow validity bitmap (LSB bit order) from a byte map; None when all valid (found by
-    memchr: numpy's all() was ~4 us of a 64k-row add_batch call's ~20 us outside the kernel)."""
+    """Arrow validity bitmap (LSB bit order) from a byte map; None when all valid. Every batch
+    output passes here, so "all valid?" is one memchr over the bytes rather than a numpy
+    reduction, which builds a temporary array."""
     if n == 0 or memchr(&valid[0], 0, <size_t>n) == NULL:
         return None
     return pa.py_buffer(np.packbits(np.asarray(valid), bitorder="little"))

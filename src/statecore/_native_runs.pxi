@@ -7,9 +7,8 @@ def merge_newest_wins(parts, bint keep_tombstones=False):
     each run's keys strictly ascending in byte order, a NULL value = tombstone. Returns
     ``(keys, values)``, new ``pa.binary()`` arrays without NULLs, sorted by key: per key the
     newest entry, keys whose newest entry is a tombstone left out (with ``keep_tombstones``:
-    kept as a NULL value, a change set's deletion) -- what
-    ``statecore.checkpoint.store._merge_newest_wins`` computes by sorting, in one k-way pass with
-    the GIL released. Raises InvalidInputError for another array type, mismatched lengths, a
+    kept as a NULL value, a change set's deletion) -- what the checkpoint store's sort-based
+    merge computes, in one k-way pass with the GIL released. Raises InvalidInputError for another array type, mismatched lengths, a
     NULL key, offsets outside the data, keys not strictly ascending within a run, or a result
     beyond 2 GiB of keys or values (int32 offsets)."""
     cdef vector[c.ArrowBinaryRun] runs

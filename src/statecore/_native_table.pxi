@@ -184,9 +184,9 @@ cdef class NativeStateTable:
         return m.remove(&key[0] if key.shape[0] else NULL, key.shape[0])
 
     # ---------------------------------------------------------------- per-record stored values
-    # The reference backend's stored forms (backends/python.py ``_Table.encode_value`` /
-    # ``decode_value``) converted here instead of through serializers.py: an access of the
-    # per-record path then costs one call into this class.
+    # The reference backend's stored forms (backends/python.py) converted here instead of
+    # through serializers.py: an access of the per-record path then costs one call into this
+    # class.
 
     def set_value_format(self, str kind, str value_type, bint ttl):
         """State kind (value, reducing and aggregating share a layout; list; map), value type
@@ -205,7 +205,7 @@ cdef class NativeStateTable:
         """Stored form of ``key``'s value, or None when absent: the value (``(value, ts)`` with
         TTL), a list of elements (each ``(element, ts)`` with TTL) or a dict ``{serialized user
         key: user value (or (user value, ts))}``. InvalidInputError for malformed bytes, with
-        python._Table.decode_value's messages."""
+        the reference backend's messages."""
         cdef c.ByteView out
         cdef c.StateMap* m = self._map(kg)
         if not m.get(<const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), &out):
