@@ -1,11 +1,70 @@
 # Declarations of the native core (native/include/statecore/*.h) for Cython, in the style of
-# pyarrow's includes: C++ declarations here, thin wrappers in _native.pyx.
+# pyarrow's includes: C++ declarations here, thin wrappers in _native.pyx and its .pxi files.
+#
+# Every function that can throw is declared ``except +raise_native_error``: a C++ exception
+# becomes a Python exception in that one place (as pyarrow's check_status turns a Status into
+# one), also when the call runs without the GIL, and the wrappers need no try/except of their own.
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libcpp cimport bool as cbool
 from libcpp.memory cimport shared_ptr
 from libcpp.pair cimport pair
 from libcpp.string cimport string
 from libcpp.vector cimport vector
+
+
+cdef extern from *:
+    """
+    #include <ios>
+    #include <new>
+    #include <stdexcept>
+    #include <typeinfo>
+    // statecore.errors.InvalidInputError, set once when the module is imported.
+    static PyObject* statecore_invalid_input_error = NULL;
+    static void statecore_set_invalid_input_error(PyObject* cls) {
+      Py_XINCREF(cls);
+      Py_XSETREF(statecore_invalid_input_error, cls);
+    }
+    // The C++ -> Python error translation of every native call, run by Cython inside its catch
+    // block with the GIL held. The core reports bad input as std::invalid_argument (BatchError
+    // derives from it) or std::out_of_range (a key group outside a table):
+    // InvalidInputError. Every other exception maps as Cython's default ``except +raise_native_error`` maps it.
+    static void statecore_raise_native_error() {
+      try {
+        if (PyErr_Occurred())
+          ;  // a Python exception is already set: it wins, as in Cython's default handler
+        else
+          throw;
+      } catch (const std::invalid_argument& e) {
+        PyErr_SetString(statecore_invalid_input_error ? statecore_invalid_input_error
+                                                      : PyExc_ValueError, e.what());
+      } catch (const std::out_of_range& e) {
+        PyErr_SetString(statecore_invalid_input_error ? statecore_invalid_input_error
+                                                      : PyExc_IndexError, e.what());
+      } catch (const std::bad_alloc& e) {
+        PyErr_SetString(PyExc_MemoryError, e.what());
+      } catch (const std::bad_cast& e) {
+        PyErr_SetString(PyExc_TypeError, e.what());
+      } catch (const std::bad_typeid& e) {
+        PyErr_SetString(PyExc_TypeError, e.what());
+      } catch (const std::domain_error& e) {
+        PyErr_SetString(PyExc_ValueError, e.what());
+      } catch (const std::ios_base::failure& e) {
+        PyErr_SetString(PyExc_IOError, e.what());
+      } catch (const std::overflow_error& e) {
+        PyErr_SetString(PyExc_OverflowError, e.what());
+      } catch (const std::range_error& e) {
+        PyErr_SetString(PyExc_ArithmeticError, e.what());
+      } catch (const std::underflow_error& e) {
+        PyErr_SetString(PyExc_ArithmeticError, e.what());
+      } catch (const std::exception& e) {
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+      } catch (...) {
+        PyErr_SetString(PyExc_RuntimeError, "Unknown exception");
+      }
+    }
+    """
+    void set_invalid_input_error "statecore_set_invalid_input_error"(object cls)
+    void raise_native_error "statecore_raise_native_error"()
 
 
 cdef extern from "statecore/arrow_abi.h":
@@ -60,32 +119,32 @@ cdef extern from "statecore/key_groups.h" namespace "statecore" nogil:
         void add_uint64(uint64_t v)
         void add_float64(double v)
         void add_bool(cbool v)
-        void add_string(const char* utf8, size_t size) except +
+        void add_string(const char* utf8, size_t size) except +raise_native_error
         void add_binary(const void* data, size_t size)
-        int32_t key_group(int32_t max_parallelism) except +
+        int32_t key_group(int32_t max_parallelism) except +raise_native_error
 
     cdef cppclass KeyGroupRange:
         int32_t start
         int32_t end
 
-    int32_t key_group_for_int32(Assigner a, int32_t key, int32_t max_parallelism) except +
-    int32_t key_group_for_int64(Assigner a, int64_t key, int32_t max_parallelism) except +
-    int32_t key_group_for_string(Assigner a, const char* utf8, size_t size, int32_t max_parallelism) except +
-    int32_t key_group_for_binary(Assigner a, const void* data, size_t size, int32_t max_parallelism) except +
-    int32_t key_group_for_uint64(Assigner a, uint64_t key, int32_t max_parallelism) except +
-    int32_t key_group_for_float64(Assigner a, double key, int32_t max_parallelism) except +
-    int32_t key_group_for_bool(Assigner a, cbool key, int32_t max_parallelism) except +
+    int32_t key_group_for_int32(Assigner a, int32_t key, int32_t max_parallelism) except +raise_native_error
+    int32_t key_group_for_int64(Assigner a, int64_t key, int32_t max_parallelism) except +raise_native_error
+    int32_t key_group_for_string(Assigner a, const char* utf8, size_t size, int32_t max_parallelism) except +raise_native_error
+    int32_t key_group_for_binary(Assigner a, const void* data, size_t size, int32_t max_parallelism) except +raise_native_error
+    int32_t key_group_for_uint64(Assigner a, uint64_t key, int32_t max_parallelism) except +raise_native_error
+    int32_t key_group_for_float64(Assigner a, double key, int32_t max_parallelism) except +raise_native_error
+    int32_t key_group_for_bool(Assigner a, cbool key, int32_t max_parallelism) except +raise_native_error
 
 
 cdef extern from "statecore/key_codec.h" namespace "statecore" nogil:
     cdef cppclass KeySchema:
         vector[KeyColumn] columns
         cbool is_struct
-    int32_t default_max_parallelism(int32_t parallelism) except +
+    int32_t default_max_parallelism(int32_t parallelism) except +raise_native_error
     KeyGroupRange key_group_range_for_operator(int32_t max_parallelism, int32_t parallelism,
-                                               int32_t operator_index) except +
+                                               int32_t operator_index) except +raise_native_error
     int32_t operator_index_for_key_group(int32_t max_parallelism, int32_t parallelism,
-                                         int32_t key_group) except +
+                                         int32_t key_group) except +raise_native_error
 
 
 cdef extern from "statecore/sorted_run.h" namespace "statecore" nogil:
@@ -117,14 +176,14 @@ cdef extern from "statecore/sorted_run.h" namespace "statecore" nogil:
         uint32_t row
 
     void merge_newest_wins(const vector[ArrowBinaryRun]& runs, vector[RunPick]* out,
-                           cbool keep_tombstones) except +
+                           cbool keep_tombstones) except +raise_native_error
     int64_t first_bad_offset(const int32_t* o, size_t n, size_t data_size)
 
 
 cdef extern from "statecore/bulk_load.h" namespace "statecore" nogil:
     string check_entries(const ArrowBinaryRun& run, int32_t kg_lo, int32_t kg_hi,
-                         int prefix_bytes, int64_t value_width, cbool tombstones) except +
-    void load_entries(StateTable& table, const ArrowBinaryRun& run, int prefix_bytes) except +
+                         int prefix_bytes, int64_t value_width, cbool tombstones) except +raise_native_error
+    void load_entries(StateTable& table, const ArrowBinaryRun& run, int prefix_bytes) except +raise_native_error
 
 
 cdef extern from "statecore/state_map.h" namespace "statecore" nogil:
@@ -136,15 +195,15 @@ cdef extern from "statecore/state_map.h" namespace "statecore" nogil:
     cdef cppclass StateMap:
         size_t size()
         size_t bytes()
-        cbool get(const uint8_t* key, size_t key_size, ByteView* out) except +
-        uint8_t* put(const uint8_t* key, size_t key_size, size_t value_size) except +
+        cbool get(const uint8_t* key, size_t key_size, ByteView* out) except +raise_native_error
+        uint8_t* put(const uint8_t* key, size_t key_size, size_t value_size) except +raise_native_error
         uint32_t hash(const uint8_t* key, size_t key_size)
         void prefetch_bucket(uint32_t hash)
         uint8_t* upsert(uint32_t hash, const uint8_t* key, size_t key_size, size_t new_value_size,
-                        size_t* value_size, cbool* inserted) except +
-        cbool remove(const uint8_t* key, size_t key_size) except +
-        void clear() except +
-        void reserve(size_t entries) except +
+                        size_t* value_size, cbool* inserted) except +raise_native_error
+        cbool remove(const uint8_t* key, size_t key_size) except +raise_native_error
+        void clear() except +raise_native_error
+        void reserve(size_t entries) except +raise_native_error
         cbool is_rehashing()
         size_t capacity()
         size_t retired_entries()
@@ -156,8 +215,8 @@ cdef extern from "statecore/state_map.h" namespace "statecore" nogil:
     cdef cppclass MapSnapshot:
         void release()
         size_t size()
-        SortedRun sorted_entries() except +
-        SortedRun sorted_changes(uint64_t base) except +
+        SortedRun sorted_entries() except +raise_native_error
+        SortedRun sorted_changes(uint64_t base) except +raise_native_error
         uint64_t version()
         uint64_t base_version()
 
@@ -167,24 +226,24 @@ cdef extern from "statecore/state_table.h" namespace "statecore" nogil:
         TableSnapshot(const TableSnapshot&)
         int32_t kg_start()
         int32_t kg_end()
-        const shared_ptr[MapSnapshot]& map(int32_t kg) except +
+        const shared_ptr[MapSnapshot]& map(int32_t kg) except +raise_native_error
         size_t size()
         void release()
         uint64_t version()
         uint64_t base_version()
 
     cdef cppclass StateTable:
-        StateTable(int32_t kg_start, int32_t kg_end) except +
+        StateTable(int32_t kg_start, int32_t kg_end) except +raise_native_error
         int32_t kg_start()
         int32_t kg_end()
-        StateMap& map(int32_t kg) except +
+        StateMap& map(int32_t kg) except +raise_native_error
         size_t size()
         size_t bytes()
-        TableSnapshot snapshot() except +
+        TableSnapshot snapshot() except +raise_native_error
         uint64_t version()
         uint64_t base_version()
-        void mark_base(uint64_t version) except +
-        uint64_t rebase(bint applied_changes) except +
+        void mark_base(uint64_t version) except +raise_native_error
+        uint64_t rebase(bint applied_changes) except +raise_native_error
         size_t removal_log_size()
 
 
@@ -240,36 +299,36 @@ cdef extern from "statecore/batch.h" namespace "statecore" nogil:
 
     void get_batch_fixed(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                          const ValueSpec& value_type, void* out_values, uint8_t* out_valid,
-                         const TtlBatchSpec& ttl, int64_t* expired) except +
+                         const TtlBatchSpec& ttl, int64_t* expired) except +raise_native_error
     void get_batch_var(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                        const ValueSpec& value_type, vector[int64_t]& offsets, vector[uint8_t]& data,
-                       uint8_t* out_valid, const TtlBatchSpec& ttl, int64_t* expired) except +
+                       uint8_t* out_valid, const TtlBatchSpec& ttl, int64_t* expired) except +raise_native_error
     void put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
-                   const ValueSpec& value_type, ArrowInput values, const TtlBatchSpec& ttl) except +
+                   const ValueSpec& value_type, ArrowInput values, const TtlBatchSpec& ttl) except +raise_native_error
     void add_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                    const ValueSpec& value_type, Reducer reducer, ArrowInput values,
                    void* out_values, uint8_t* out_valid, const TtlBatchSpec& ttl,
-                   int64_t* expired) except +
+                   int64_t* expired) except +raise_native_error
     size_t value_width(const ValueSpec& t)
     void validate_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                         const ValueSpec& value_type, BatchOp op, Reducer reducer, ArrowInput values,
-                        const TtlBatchSpec& ttl) except +
+                        const TtlBatchSpec& ttl) except +raise_native_error
 
 
 cdef extern from "statecore/batch_collections.h" namespace "statecore" nogil:
     void list_append_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                            const ValueSpec& element_type, ArrowInput values,
-                           const TtlBatchSpec& ttl) except +
+                           const TtlBatchSpec& ttl) except +raise_native_error
     void validate_list_append_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                                     const ValueSpec& element_type, ArrowInput values,
-                                    const TtlBatchSpec& ttl) except +
+                                    const TtlBatchSpec& ttl) except +raise_native_error
     void map_put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                        const KeySchema& user_key, ArrowInput user_keys, const ValueSpec& value_type,
-                       ArrowInput values, const TtlBatchSpec& ttl) except +
+                       ArrowInput values, const TtlBatchSpec& ttl) except +raise_native_error
     void validate_map_put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                                 const KeySchema& user_key, ArrowInput user_keys,
                                 const ValueSpec& value_type, ArrowInput values,
-                                const TtlBatchSpec& ttl) except +
+                                const TtlBatchSpec& ttl) except +raise_native_error
 
 
 cdef extern from "statecore/batch_reads.h" namespace "statecore" nogil:
@@ -279,26 +338,26 @@ cdef extern from "statecore/batch_reads.h" namespace "statecore" nogil:
         vector[int64_t]* offsets
         vector[uint8_t]* data
         uint8_t* valid
-    void clear_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys) except +
+    void clear_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys) except +raise_native_error
     void list_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                         const ValueSpec& element_type, vector[int64_t]& list_offsets,
                         vector[uint8_t]& elements, vector[int64_t]& element_offsets,
-                        const TtlBatchSpec& ttl, int64_t* expired) except +
+                        const TtlBatchSpec& ttl, int64_t* expired) except +raise_native_error
     void map_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                        const KeySchema& user_key, ArrowInput user_keys,
                        const ValueSpec& value_type, const MapGetOutput& out,
-                       const TtlBatchSpec& ttl, int64_t* expired) except +
+                       const TtlBatchSpec& ttl, int64_t* expired) except +raise_native_error
     void map_contains_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                             const KeySchema& user_key, ArrowInput user_keys,
                             const ValueSpec& value_type, uint8_t* found,
-                            const TtlBatchSpec& ttl, int64_t* expired) except +
+                            const TtlBatchSpec& ttl, int64_t* expired) except +raise_native_error
     void map_remove_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
-                          const KeySchema& user_key, ArrowInput user_keys) except +
+                          const KeySchema& user_key, ArrowInput user_keys) except +raise_native_error
     void validate_key_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
-                            const TtlBatchSpec& ttl) except +
+                            const TtlBatchSpec& ttl) except +raise_native_error
     void validate_map_key_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                                 const KeySchema& user_key, ArrowInput user_keys,
-                                const TtlBatchSpec& ttl) except +
+                                const TtlBatchSpec& ttl) except +raise_native_error
 
 
 cdef extern from *:
@@ -309,7 +368,7 @@ cdef extern from *:
       return new statecore::TableSnapshot(t.snapshot());
     }
     """
-    TableSnapshot* new_table_snapshot "statecore_new_table_snapshot"(StateTable& t) except +
+    TableSnapshot* new_table_snapshot "statecore_new_table_snapshot"(StateTable& t) except +raise_native_error
 
 
 cdef extern from "statecore/ttl.h" namespace "statecore::ttl" nogil:
@@ -352,25 +411,25 @@ cdef extern from "statecore/ttl.h" namespace "statecore::ttl" nogil:
 
     ValuesFiltered filter_values(const FilterSpec& spec, int64_t now, const uint8_t* data,
                                  size_t data_size, const int32_t* offsets, size_t n,
-                                 uint8_t* keep, int32_t* out_offsets, uint8_t* out_data) except +
+                                 uint8_t* keep, int32_t* out_offsets, uint8_t* out_data) except +raise_native_error
     ValuesFiltered filter_values(const FilterSpec& spec, int64_t now, const uint8_t* data,
                                  size_t data_size, const int64_t* offsets, size_t n,
-                                 uint8_t* keep, int64_t* out_offsets, uint8_t* out_data) except +
+                                 uint8_t* keep, int64_t* out_offsets, uint8_t* out_data) except +raise_native_error
 
-    MigrationResult migrate(StateTable& table, const MigrationSpec& spec) except +
+    MigrationResult migrate(StateTable& table, const MigrationSpec& spec) except +raise_native_error
 
     CleanupStep cleanup_table_step "statecore::ttl::cleanup_step"(
         StateTable& table, TableCursor* cursor, size_t min_entries, const FilterSpec& spec,
-        int64_t now, SortedRun* scratch) except +
-    size_t restamp(StateMap& map, const FilterSpec& spec, int64_t ts_from, int64_t ts_to) except +
+        int64_t now, SortedRun* scratch) except +raise_native_error
+    size_t restamp(StateMap& map, const FilterSpec& spec, int64_t ts_from, int64_t ts_to) except +raise_native_error
     size_t filter_run(const FilterSpec& spec, int64_t now, const SortedRun& src,
-                      SortedRun& out) except +
+                      SortedRun& out) except +raise_native_error
     CleanupStep cleanup_step(StateMap& map, uint64_t* cursor, size_t min_entries,
-                             const FilterSpec& spec, int64_t now, SortedRun* scratch) except +
+                             const FilterSpec& spec, int64_t now, SortedRun* scratch) except +raise_native_error
 
 
 cdef extern from "statecore/block_codec.h" namespace "statecore" nogil:
-    size_t lz4_block_compress(const uint8_t* src, size_t n, vector[uint8_t]* out) except +
+    size_t lz4_block_compress(const uint8_t* src, size_t n, vector[uint8_t]* out) except +raise_native_error
     size_t lz4_block_bound(size_t n)
 
     cdef cppclass StoredBlockRef:
@@ -397,7 +456,7 @@ cdef extern from "statecore/block_codec.h" namespace "statecore" nogil:
 
     DecodeResult decode_blocks(const uint8_t* data, size_t size, const StoredBlockRef* blocks,
                                size_t count, cbool has_validity,
-                               const DecodeBuffers& out) except +
+                               const DecodeBuffers& out) except +raise_native_error
 
 
 cdef extern from "statecore/snapshot_writer.h" namespace "statecore" nogil:
@@ -445,7 +504,7 @@ cdef extern from "statecore/snapshot_writer.h" namespace "statecore" nogil:
         uint64_t ttl_expired
 
     cdef cppclass SnapshotSerializer:
-        void start() except +
+        void start() except +raise_native_error
         void cancel()
         SerializerStats stats()
 
@@ -513,14 +572,14 @@ cdef extern from *:
     vector[SerializerSource]* new_sources "statecore_new_sources"()
     void add_table_source "statecore_add_table_source"(
         vector[SerializerSource]* v, const string& name, const TableSnapshot& t, cbool changes,
-        uint64_t base) except +
+        uint64_t base) except +raise_native_error
     void set_source_ttl "statecore_set_source_ttl"(
-        vector[SerializerSource]* v, const FilterSpec& spec, int64_t now) except +
+        vector[SerializerSource]* v, const FilterSpec& spec, int64_t now) except +raise_native_error
     SerializerSource* add_static_source "statecore_add_static_source"(
-        vector[SerializerSource]* v, const string& name) except +
-    SortedRun* static_group "statecore_static_group"(SerializerSource* s, int32_t kg) except +
+        vector[SerializerSource]* v, const string& name) except +raise_native_error
+    SortedRun* static_group "statecore_static_group"(SerializerSource* s, int32_t kg) except +raise_native_error
     SnapshotSerializer* new_serializer "statecore_new_serializer"(
-        vector[SerializerSource]* v, const SerializerOptions& o) except +
-    int serializer_next "statecore_serializer_next"(SnapshotSerializer* s, BlockPayload* out) except + nogil
+        vector[SerializerSource]* v, const SerializerOptions& o) except +raise_native_error
+    int serializer_next "statecore_serializer_next"(SnapshotSerializer* s, BlockPayload* out) except +raise_native_error nogil
     int serializer_next_chunk "statecore_serializer_next_chunk"(
-        SnapshotSerializer* s, BlockChunk* out, size_t target) except + nogil
+        SnapshotSerializer* s, BlockChunk* out, size_t target) except +raise_native_error nogil

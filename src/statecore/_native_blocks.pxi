@@ -1,0 +1,320 @@
+# Checkpoint data-file blocks: LZ4 block compression, decoding stored blocks into Arrow arrays,
+# and SnapshotBlockSerializer, the background producer of a data file's blocks from table
+# snapshots (native/include/statecore/snapshot_writer.h).
+
+def lz4_block_compress(data):
+    """``data`` (any contiguous buffer, bytes) in the LZ4 block format without a stored size, as
+    ``bytes``: the bytes ``lz4.block.compress(data, mode="fast", acceleration=2,
+    store_size=False)`` (format.LZ4_ACCELERATION) give with the same LZ4 release
+    (native/third_party/lz4: 1.9.4), computed with the GIL released. Raises InvalidInputError
+    for more than LZ4's input limit (about 2 GiB)."""
+    cdef const uint8_t[::1] v = memoryview(data).cast("B")
+    cdef size_t n = v.shape[0]
+    cdef const uint8_t* p = &v[0] if n else NULL
+    cdef vector[uint8_t] out
+    if n and c.lz4_block_bound(n) == 0:
+        raise InvalidInputError(f"a block of {n} bytes exceeds the LZ4 input limit")
+    with nogil:
+        c.lz4_block_compress(p, n, &out)
+    return PyBytes_FromStringAndSize(<const char*>out.data(), out.size())
+
+
+def decode_blocks(data, blocks, uint64_t base, bint has_validity):
+    """The entries of consecutive stored blocks of one (state, key group) of a checkpoint data
+    file (checkpoint/format.py), checked, decompressed and parsed with the GIL released: the
+    native form of ``DataFileReader.entries``' loop over ``format.decode_block``, with the same
+    checks. ``data``: the group's stored bytes (any buffer); ``blocks``: its rows of the block
+    table (numpy, ``format.BLOCK_DTYPE``) whose ``offset`` counts from the file start, ``base``
+    the file offset of ``data[0]``; ``has_validity``: incremental file (NULL value =
+    tombstone). Returns ``(keys, values, None, None)`` -- ``pa.binary()`` arrays over buffers
+    of :mod:`statecore.checkpoint.scratch`, reused once the arrays are gone -- or
+    ``(None, None, i, reason)`` for the first bad block ``blocks[i]``."""
+    cdef const uint8_t[::1] d = memoryview(data).cast("B")
+    cdef size_t size = d.shape[0]
+    cdef size_t nb = len(blocks), i
+    cdef vector[c.StoredBlockRef] refs
+    cdef const uint64_t[::1] off = np.ascontiguousarray(blocks["offset"], np.uint64)
+    cdef const uint64_t[::1] sl = np.ascontiguousarray(blocks["stored_length"], np.uint64)
+    cdef const uint64_t[::1] rl = np.ascontiguousarray(blocks["raw_length"], np.uint64)
+    cdef const uint64_t[::1] en = np.ascontiguousarray(blocks["entries"], np.uint64)
+    cdef const uint64_t[::1] xx = np.ascontiguousarray(blocks["xxh64"], np.uint64)
+    cdef uint64_t n = 0, raw = 0
+    refs.resize(nb)
+    for i in range(nb):
+        # An offset before the group's bytes wraps to a huge one, which the bounds check rejects.
+        refs[i].offset = off[i] - base
+        refs[i].stored_length = sl[i]
+        refs[i].raw_length = rl[i]
+        refs[i].entries = en[i]
+        refs[i].xxh64 = xx[i]
+        n += en[i]
+        raw += rl[i]
+    if n > 2**31 - 2:
+        return None, None, 0, f"{n} entries in one read (a key group or a range of them) exceed an Arrow binary array"
+    # Reused memory (checkpoint/scratch.py says why); imported here: the checkpoint package
+    # imports this module.
+    from statecore.checkpoint.scratch import take
+    ko_np = take(4 * (n + 1)).view(np.int32)
+    vo_np = take(4 * (n + 1)).view(np.int32)
+    kd_np = take(max(raw, 1))
+    vd_np = take(max(raw, 1))
+    va_np = take(max((n + 7) // 8, 1))
+    cdef int32_t[::1] ko = ko_np
+    cdef int32_t[::1] vo = vo_np
+    cdef uint8_t[::1] kd = kd_np
+    cdef uint8_t[::1] vd = vd_np
+    cdef uint8_t[::1] va = va_np
+    cdef c.DecodeBuffers bufs
+    bufs.key_offsets = &ko[0]
+    bufs.value_offsets = &vo[0]
+    bufs.key_data = &kd[0]
+    bufs.value_data = &vd[0]
+    bufs.data_capacity = max(raw, 1)
+    bufs.validity = &va[0]
+    cdef const uint8_t* p = &d[0] if size else NULL
+    cdef c.DecodeResult r
+    with nogil:
+        r = c.decode_blocks(p, size, refs.data(), nb, has_validity, bufs)
+    if r.failed_block >= 0:
+        return None, None, r.failed_block, r.error.decode("utf-8", "replace")
+    validity = pa.py_buffer(va_np) if r.tombstones else None
+    keys = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(ko_np),
+                                                  pa.py_buffer(kd_np[:r.key_bytes])])
+    values = pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(vo_np),
+                                                    pa.py_buffer(vd_np[:r.value_bytes])],
+                                   null_count=r.tombstones)
+    return keys, values, None, None
+
+
+cdef int _export_bytes(Py_buffer* buf, int flags, object owner, vector[uint8_t]* data,
+                       Py_ssize_t* shape, Py_ssize_t* strides, str what) except -1:
+    """Fills ``buf`` as a read-only 1-D byte view of ``data``, which ``owner`` keeps alive."""
+    if flags & PyBUF_WRITABLE:
+        raise BufferError(f"a serialized {what} is read-only")
+    shape[0] = data.size()
+    strides[0] = 1
+    buf.buf = <void*>data.data()
+    buf.obj = owner
+    buf.len = shape[0]
+    buf.readonly = 1
+    buf.itemsize = 1
+    buf.format = "B"
+    buf.ndim = 1
+    buf.shape = shape
+    buf.strides = strides
+    buf.suboffsets = NULL
+    buf.internal = NULL
+    return 0
+
+
+cdef class SerializedChunk:
+    """Consecutive stored (compressed, checksummed) blocks of a checkpoint data file, from
+    :meth:`SnapshotBlockSerializer.next_chunk`: their concatenated bytes through the read-only
+    buffer protocol (zero copy: ``out.write(chunk)``), and ``blocks``, one tuple per block in
+    file order: ``(key_group, state, entries, tombstones, last_of_group, stored_length,
+    raw_length, xxh64)`` (lengths in bytes; ``xxh64``: XXH64 seed 0 of the stored bytes)."""
+    cdef c.BlockChunk chunk
+    cdef Py_ssize_t shape[1]
+    cdef Py_ssize_t strides[1]
+
+    @property
+    def blocks(self):
+        return [(b.key_group, b.state, b.entries, b.tombstones, b.last_of_group,
+                 b.stored_length, b.raw_length, b.xxh64) for b in self.chunk.blocks]
+
+    def __len__(self):
+        return self.chunk.bytes.size()
+
+    def __getbuffer__(self, Py_buffer* buf, int flags):
+        _export_bytes(buf, flags, self, &self.chunk.bytes, self.shape, self.strides, "chunk")
+
+    def __releasebuffer__(self, Py_buffer* buf):
+        pass
+
+
+cdef class SerializedBlock:
+    """One uncompressed block payload of a checkpoint data file (layout: checkpoint/format.py),
+    produced by :class:`SnapshotBlockSerializer`. Exposes its bytes through the read-only buffer
+    protocol (zero copy: ``lz4.block.compress(block)``, ``memoryview(block)``). Attributes:
+    ``key_group``, ``state`` (index into the serializer's sources), ``entries`` (incl.
+    tombstones), ``tombstones``, ``last_of_group`` (last block of its (state, key group))."""
+    cdef c.BlockPayload payload
+    cdef Py_ssize_t shape[1]
+    cdef Py_ssize_t strides[1]
+
+    @property
+    def key_group(self):
+        return self.payload.key_group
+
+    @property
+    def state(self):
+        return self.payload.state
+
+    @property
+    def entries(self):
+        return self.payload.entries
+
+    @property
+    def tombstones(self):
+        return self.payload.tombstones
+
+    @property
+    def last_of_group(self):
+        return self.payload.last_of_group
+
+    def __len__(self):
+        return self.payload.bytes.size()
+
+    def __getbuffer__(self, Py_buffer* buf, int flags):
+        _export_bytes(buf, flags, self, &self.payload.bytes, self.shape, self.strides, "block")
+
+    def __releasebuffer__(self, Py_buffer* buf):
+        pass
+
+
+cdef void _fill_static(c.SortedRun* out, keys, values) except *:
+    """Copies (keys, values) pa.binary arrays (NULL value = tombstone) into a SortedRun."""
+    cdef int64_t n = len(keys), i
+    if len(values) != n:
+        raise InvalidInputError(f"{n} keys but {len(values)} values")
+    keys = keys.cast(pa.binary()) if keys.type != pa.binary() else keys
+    values = values.cast(pa.binary()) if values.type != pa.binary() else values
+    if keys.null_count:
+        raise InvalidInputError("keys must not be null")
+    kb, vb = keys.buffers(), values.buffers()
+    ko = np.frombuffer(kb[1], np.int32)[keys.offset:keys.offset + n + 1].astype(np.uint64)
+    vo = np.frombuffer(vb[1], np.int32)[values.offset:values.offset + n + 1].astype(np.uint64)
+    kd = np.frombuffer(kb[2], np.uint8)[int(ko[0]):int(ko[n])] if kb[2] is not None else np.zeros(0, np.uint8)
+    vd = np.frombuffer(vb[2], np.uint8)[int(vo[0]):int(vo[n])] if vb[2] is not None else np.zeros(0, np.uint8)
+    ko -= ko[0]
+    vo -= vo[0]
+    out.key_offsets.resize(n + 1)
+    out.value_offsets.resize(n + 1)
+    out.key_data.resize(kd.shape[0])
+    out.value_data.resize(vd.shape[0])
+    cdef const uint64_t[::1] kov = ko
+    cdef const uint64_t[::1] vov = vo
+    cdef const uint8_t[::1] kdv = kd
+    cdef const uint8_t[::1] vdv = vd
+    for i in range(n + 1):
+        out.key_offsets[i] = kov[i]
+        out.value_offsets[i] = vov[i]
+    if kd.shape[0]:
+        memcpy(out.key_data.data(), &kdv[0], kd.shape[0])
+    if vd.shape[0]:
+        memcpy(out.value_data.data(), &vdv[0], vd.shape[0])
+    if values.null_count:
+        valid = values.is_valid().to_numpy(zero_copy_only=False)
+        out.valid.resize(n)
+        for i in range(n):
+            out.valid[i] = 1 if valid[i] else 0
+
+
+cdef class SnapshotBlockSerializer:
+    """Background C++ thread producing the block payloads of one checkpoint data file from native
+    table snapshots (native/include/statecore/snapshot_writer.h is the design).
+
+    ``sources``: one tuple per state in file order: ``(name, NativeTableSnapshot, changes: bool,
+    base: int[, None, ttl])`` -- entries, or with ``changes`` the changes since table version
+    ``base`` with tombstones; ``ttl`` = ``(kind, fixed_width, ttl_ms, now)`` filters full listings
+    through the TTL filter (full-snapshot cleanup, counted in ``stats()["ttl_expired"]``) -- or ``(name, None, False, 0, {kg: (keys, values)})`` for entries materialized
+    in Python (timers; pa.binary arrays, NULL value = tombstone). ``kg_start``/``kg_end``:
+    inclusive key-group range of the file (``kg_end < kg_start``: empty). ``prefix_bytes``: 1 or
+    2 (key-group prefix width). ``block_target_bytes``: uncompressed block target (bytes).
+    ``incremental``: append the validity bitmap. ``queue_blocks``: bounded queue capacity (memory
+    bound: that many payloads). ``release_as_written``: release each key group's map snapshot
+    as soon as it is encoded (the table snapshots become unusable for readers). ``nice``: added to
+    the producer thread's nice value (Linux; 0 = unchanged).
+
+    The table snapshots must stay unreleased by others while the serializer runs (the Python
+    wrapper keeps references to them). Raises InvalidInputError for bad arguments or a released
+    table snapshot.
+    """
+    cdef c.SnapshotSerializer* ser
+    cdef object keep
+
+    def __cinit__(self, sources, int32_t kg_start, int32_t kg_end, int prefix_bytes,
+                  size_t block_target_bytes, bint incremental, size_t queue_blocks=4,
+                  bint release_as_written=False, int nice=0):
+        cdef vector[c.SerializerSource]* srcs = c.new_sources()
+        cdef c.SerializerSource* st
+        cdef c.SerializerOptions o
+        cdef NativeTableSnapshot ts
+        self.keep = []
+        try:
+            for src in sources:
+                name = src[0].encode("utf-8")
+                if src[1] is not None:
+                    ts = src[1]
+                    if ts.released:
+                        raise InvalidInputError(f"state {src[0]!r}: the table snapshot was released")
+                    c.add_table_source(srcs, name, ts.snap[0], bool(src[2]), src[3])
+                    if len(src) > 5 and src[5] is not None:
+                        kind, width, ttl_ms, now = src[5]
+                        c.set_source_ttl(srcs, _ttl_filter_spec(kind, width, ttl_ms), now)
+                    self.keep.append(ts)
+                else:
+                    st = c.add_static_source(srcs, name)
+                    for kg, (keys, values) in sorted((src[4] or {}).items()):
+                        if len(keys):
+                            _fill_static(c.static_group(st, kg), keys, values)
+            o.kg_start = kg_start
+            o.kg_end = kg_end
+            o.prefix_bytes = prefix_bytes
+            o.block_target_bytes = block_target_bytes
+            o.incremental = incremental
+            o.queue_blocks = queue_blocks
+            o.release_as_written = release_as_written
+            o.nice = nice
+            self.ser = c.new_serializer(srcs, o)
+        finally:
+            del srcs
+
+    def __dealloc__(self):
+        if self.ser != NULL:
+            with nogil:
+                del self.ser  # cancels and joins the producer
+
+    def start(self):
+        """Launch the producer thread."""
+        self.ser.start()
+
+    def next_block(self):
+        """The next :class:`SerializedBlock` in file order, or None after the last one. Waits
+        with the GIL released. Raises InvalidInputError when the snapshot broke its contract,
+        ``concurrent.futures.CancelledError`` after :meth:`cancel`."""
+        cdef SerializedBlock b = SerializedBlock.__new__(SerializedBlock)
+        cdef int r
+        with nogil:
+            r = c.serializer_next(self.ser, &b.payload)
+        if r < 0:
+            raise CancelledError("snapshot serialization was cancelled")
+        return b if r else None
+
+    def next_chunk(self, size_t target_bytes):
+        """The next blocks in file order as a :class:`SerializedChunk`, compressed and
+        checksummed with the GIL released, at least ``target_bytes`` stored bytes unless the
+        file ends first; None after the last block. The GIL is taken back once per chunk rather
+        than once per block (snapshot_writer.h next_chunk says why). Raises as
+        :meth:`next_block`."""
+        cdef SerializedChunk ch = SerializedChunk.__new__(SerializedChunk)
+        cdef int r
+        with nogil:
+            r = c.serializer_next_chunk(self.ser, &ch.chunk, target_bytes)
+        if r < 0:
+            raise CancelledError("snapshot serialization was cancelled")
+        return ch if r else None
+
+    def cancel(self):
+        """Stop the producer (at its next block) and wait for its thread; idempotent, any
+        thread."""
+        with nogil:
+            self.ser.cancel()
+
+    def stats(self):
+        """``{"blocks", "payload_bytes", "max_queued", "producer_waits", "ttl_expired"}`` so
+        far."""
+        cdef c.SerializerStats s = self.ser.stats()
+        return {"blocks": s.blocks, "payload_bytes": s.payload_bytes,
+                "max_queued": s.max_queued, "producer_waits": s.producer_waits,
+                "ttl_expired": s.ttl_expired}
