@@ -1,6 +1,17 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures and markers.
+
+Markers (pyproject.toml): ``spark`` for tests that run a real local PySpark (every test that takes
+the ``spark`` fixture gets it here, so it cannot be forgotten), ``slow`` for tests that take more
+than a few seconds. The fast loop is ``python -m pytest -m "not spark and not slow"``.
+"""
 
 import pytest
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.spark)
 
 
 @pytest.fixture(scope="session")

@@ -141,6 +141,7 @@ def _check_same(ops, max_parallelism):
 @settings(derandomize=True, max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(ops=st.lists(_OPS, min_size=4, max_size=16))
+@pytest.mark.slow
 @pytest.mark.parametrize("max_parallelism", [128, 200, 1024])
 def test_hot_rows_match_the_python_backend(ops, max_parallelism):
     _check_same(ops, max_parallelism)

@@ -11,6 +11,7 @@ from bench.cli import main
 from bench.harness import CASES, record
 
 
+@pytest.mark.slow
 def test_bench_command_writes_records_for_every_case(tmp_path):
     out = tmp_path / "r.json"
     assert main(["--quick", "--scale", "0.01", "--json", str(out)]) == 0
@@ -241,6 +242,7 @@ def _peer_impls():
     return impls | ({ref.impl} if ref else set()), ref
 
 
+@pytest.mark.slow
 def test_peer_cases_report_every_available_impl(tmp_path):
     """wordcount_int64/_string and binary_values: rows/s of every available impl for every
     workload size, the ratios are the quotients of the rates, each goal has its threshold and a
@@ -354,6 +356,7 @@ def test_cpp_reference_output_agrees_with_native():
 COLLECTION_CASES = ("list_append", "map_put", "list_get", "map_get")
 
 
+@pytest.mark.slow
 def test_collection_cases_report_every_available_impl(tmp_path):
     """list_append and map_put: rows/s of every available impl (rocksdict without its batch
     variant: read-modify-write per row), the ratios are the quotients of the rates, the goal
@@ -441,6 +444,7 @@ def test_cpp_reference_collection_modes_agree_with_native():
         shutil.rmtree(d)
 
 
+@pytest.mark.slow
 def test_full_size_runs_measure_python_on_the_same_rows_as_native(tmp_path):
     """Outside --quick the goals' denominator, python, runs every row native runs (a prefix would
     be a smaller state: not the same work); rocksdict keeps its prefix."""

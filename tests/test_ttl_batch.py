@@ -210,6 +210,7 @@ _OVERFLOW_AFTER_CLEANUP = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("update_type,visibility", COMBOS)
 @settings(derandomize=True, max_examples=80, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
