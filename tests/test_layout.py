@@ -100,13 +100,36 @@ class _Imports(ast.NodeVisitor):
         self.generic_visit(node)
 
 
+_CYTHON_IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import\s+([\w ,]+)|import\s+([\w.]+))", re.M)
+
+
+def _cython_imports(top: Path, name: str, mods) -> set[str]:
+    """Modules a compiled extension imports at run time: the Python ``import`` statements of
+    its ``.pyx`` and of the ``.pxi`` files it includes (``cimport`` is compile time only)."""
+    stem = name.rsplit(".", 1)[-1]
+    folder = top.parent.joinpath(*name.split(".")[:-1])
+    sources = [folder / f"{stem}.pyx", *sorted(folder.glob(f"{stem}_*.pxi"))]
+    found: set[str] = set()
+    for source in sources:
+        for module, names, plain in _CYTHON_IMPORT.findall(source.read_text(encoding="utf-8")):
+            base = module or plain
+            if base.split(".")[0] != top.name:
+                continue
+            for item in names.split(",") if module else [""]:
+                item = item.strip().split(" ")[0]
+                full = f"{base}.{item}" if item else base
+                found.add(full if full in mods else _owner(base, mods))
+    found.discard(name)
+    return found
+
+
 def _graph(top: Path, package: str):
     mods = _modules(top, package)
     edges: dict[str, set[str]] = {}
     private: list[str] = []
     for name, path in mods.items():
         if path is None:
-            edges[name] = set()
+            edges[name] = _cython_imports(top, name, mods)
             continue
         visitor = _Imports(name, path.name == "__init__.py", mods, (package,))
         visitor.visit(ast.parse(path.read_text(encoding="utf-8"), str(path)))
@@ -153,6 +176,12 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_cycles_in_statecore():
     _, edges, _ = _graph(SRC / "statecore", "statecore")
     assert _cycles(edges) == []
+
+
+def test_the_extension_s_imports_are_seen():
+    mods, edges, _ = _graph(SRC / "statecore", "statecore")
+    assert "statecore._native" in mods
+    assert "statecore.errors" in edges["statecore._native"]
 
 
 def test_the_cycle_finder_finds_a_cycle():

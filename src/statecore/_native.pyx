@@ -39,6 +39,7 @@ import pyarrow as pa
 
 from statecore import key_types as KT
 from statecore import value_types as VT
+from statecore.buffer_pool import take
 from statecore.errors import InvalidInputError, StateError
 
 cimport _native_core as c

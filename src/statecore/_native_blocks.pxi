@@ -27,7 +27,7 @@ def decode_blocks(data, blocks, uint64_t base, bint has_validity):
     table (numpy, ``format.BLOCK_DTYPE``) whose ``offset`` counts from the file start, ``base``
     the file offset of ``data[0]``; ``has_validity``: incremental file (NULL value =
     tombstone). Returns ``(keys, values, None, None)`` -- ``pa.binary()`` arrays over buffers
-    of :mod:`statecore.checkpoint.scratch`, reused once the arrays are gone -- or
+    of :mod:`statecore.buffer_pool`, reused once the arrays are gone -- or
     ``(None, None, i, reason)`` for the first bad block ``blocks[i]``."""
     cdef const uint8_t[::1] d = memoryview(data).cast("B")
     cdef size_t size = d.shape[0]
@@ -51,9 +51,7 @@ def decode_blocks(data, blocks, uint64_t base, bint has_validity):
         raw += rl[i]
     if n > 2**31 - 2:
         return None, None, 0, f"{n} entries in one read (a key group or a range of them) exceed an Arrow binary array"
-    # Reused memory (checkpoint/scratch.py says why); imported here: the checkpoint package
-    # imports this module.
-    from statecore.checkpoint.scratch import take
+    # Reused memory: statecore.buffer_pool says why.
     ko_np = take(4 * (n + 1)).view(np.int32)
     vo_np = take(4 * (n + 1)).view(np.int32)
     kd_np = take(max(raw, 1))

@@ -108,7 +108,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from statecore.checkpoint import scratch
+from statecore import buffer_pool
 from statecore.checkpoint.blocks import (  # the block codec, re-exported (__all__)
     LZ4_ACCELERATION,
     compress_block,
@@ -546,9 +546,9 @@ class DataFileReader:
 
     def _read(self, offset: int, length: int, what: str) -> pa.Buffer:
         try:
-            if length >= scratch.MIN_BYTES and hasattr(self._file, "readinto"):
-                # Into reused memory (scratch module docstring): a catch-up's key-group range.
-                buf = scratch.take(length)
+            if length >= buffer_pool.MIN_BYTES and hasattr(self._file, "readinto"):
+                # Into reused memory (statecore.buffer_pool says why): a catch-up's key-group range.
+                buf = buffer_pool.take(length)
                 self._file.seek(offset)
                 got = self._file.readinto(buf)
                 data = pa.py_buffer(buf[:got])

@@ -1,4 +1,4 @@
-"""Reused read buffers (``statecore.checkpoint.scratch``): a buffer is lent again only once
+"""Reused read buffers (``statecore.buffer_pool``): a buffer is lent again only once
 nothing refers to it -- no view, no Arrow buffer or array over it -- the pool keeps at most
 ``MAX_RETAINED_BYTES``, and the checkpoint reader's decoded arrays stay intact while a later
 read reuses memory. Fixed seeds."""
@@ -11,7 +11,7 @@ import pytest
 
 import statecore
 from statecore import ValueStateDescriptor
-from statecore.checkpoint import scratch
+from statecore import buffer_pool
 from statecore.checkpoint.store import CheckpointStore
 
 MB = 1 << 20
@@ -20,8 +20,8 @@ MB = 1 << 20
 @pytest.fixture
 def pool(monkeypatch):
     """An empty pool for this test (the module's is process-wide)."""
-    monkeypatch.setattr(scratch, "_BUFFERS", [])
-    return scratch
+    monkeypatch.setattr(buffer_pool, "_BUFFERS", [])
+    return buffer_pool
 
 
 def _owner(a: np.ndarray) -> np.ndarray:
