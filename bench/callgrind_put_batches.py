@@ -21,9 +21,8 @@ import sys
 import numpy as np
 import pyarrow as pa
 
-from statecore import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor, create_backend
-
 from bench.workloads import binary_values, int64_keys, row_order, slices
+from statecore import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor, create_backend
 
 
 def main(case: str, mode: str) -> None:

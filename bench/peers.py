@@ -75,15 +75,29 @@ from typing import Callable, Dict, List, Tuple
 import numpy as np
 import pyarrow as pa
 
-from statecore import ReducingStateDescriptor, ValueStateDescriptor, create_backend
-
 from bench import cpp_reference
 from bench.common import has_native, label, probe_in_child, rss_bytes
-from bench.compare import (TempRdict, best, measure, peer_panel, ratio_records, reference,
-                           rocksdict_module)
+from bench.compare import (
+    TempRdict,
+    best,
+    measure,
+    peer_panel,
+    ratio_records,
+    reference,
+    rocksdict_module,
+)
 from bench.harness import Size, case, record
-from bench.workloads import (BATCH, binary_values as make_binary_values, int64_keys, pylist,
-                             row_order, slices, string_buffers, string_keys)
+from bench.workloads import (
+    BATCH,
+    int64_keys,
+    pylist,
+    row_order,
+    slices,
+    string_buffers,
+    string_keys,
+)
+from bench.workloads import binary_values as make_binary_values
+from statecore import ReducingStateDescriptor, ValueStateDescriptor, create_backend
 
 _GOAL_CPP = {"in_cache": 0.5, "out_of_cache": 0.7}
 _GOAL_MAX_BYTES_PER_ENTRY = 40.0

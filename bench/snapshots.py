@@ -34,10 +34,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pyarrow as pa
 
-from statecore import CheckpointStore, ReducingStateDescriptor, create_backend
-
 from bench.common import has_native, probe_in_child, rss_bytes
 from bench.harness import Size, case, record, timed
+from statecore import CheckpointStore, ReducingStateDescriptor, create_backend
 
 _LOAD_BATCH = 1 << 20
 _WORK_BATCH = 1 << 14  # rows per add_batch of the owner-thread workload

@@ -46,11 +46,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from statecore.descriptors import ReducingStateDescriptor
-from statecore.spark.processor import KeyedProcessor
-
 from bench.common import has_native
 from bench.harness import Size, case, record
+from statecore.descriptors import ReducingStateDescriptor
+from statecore.spark.processor import KeyedProcessor
 
 __all__ = ["RunningCount", "make_stream", "run_variant", "VARIANTS"]
 

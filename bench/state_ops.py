@@ -8,9 +8,8 @@ import tempfile
 import numpy as np
 import pyarrow as pa
 
-from statecore import CheckpointStore, ReducingStateDescriptor, ValueStateDescriptor, create_backend
-
 from bench.harness import Size, case, record, timed
+from statecore import CheckpointStore, ReducingStateDescriptor, ValueStateDescriptor, create_backend
 
 
 def _batches(keys: int, rows: int, batch: int = 65536, seed: int = 7):

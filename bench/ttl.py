@@ -17,11 +17,10 @@ import gc
 import numpy as np
 import pyarrow as pa
 
-from statecore import ReducingStateDescriptor, create_backend
-from statecore.ttl import StateTtlConfig
-
 from bench.common import has_native, label, probe_in_child, rss_bytes
 from bench.harness import Size, case, record, timed
+from statecore import ReducingStateDescriptor, create_backend
+from statecore.ttl import StateTtlConfig
 
 _BATCH = 65_536
 # The batch size of every other case. Larger load batches would measure the loader's transient

@@ -55,11 +55,10 @@ import tempfile
 import numpy as np
 import pyarrow as pa
 
-from statecore import CheckpointStore, ValueStateDescriptor, create_backend
-from statecore.ttl import ManualClock, StateTtlConfig
-
 from bench.common import has_native
 from bench.harness import Size, case, record, timed
+from statecore import CheckpointStore, ValueStateDescriptor, create_backend
+from statecore.ttl import ManualClock, StateTtlConfig
 
 _CASE = "ttl_cleanup"
 _TTL_MS = 60_000

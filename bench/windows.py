@@ -22,11 +22,10 @@ from typing import List, Tuple
 import numpy as np
 import pyarrow as pa
 
-from statecore import ReducingStateDescriptor, create_backend
-
 from bench.common import has_native, label
 from bench.compare import measure, peer_panel, ratio_records
 from bench.harness import Size, case, record
+from statecore import ReducingStateDescriptor, create_backend
 
 _BATCH = 65536
 _HOUR_MS = 3600_000

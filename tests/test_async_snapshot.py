@@ -9,7 +9,6 @@ import random
 import threading
 import time
 
-import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 

@@ -29,7 +29,6 @@ from statecore.errors import (
 from statecore.key_groups import KeyGroupRange
 from support.fs_wrappers import LocalDelegatingHandler
 
-
 # ------------------------------------------------------------------------------------ fakes
 
 
@@ -701,7 +700,8 @@ def _entries_by_kg(snap, kgs):
 @pytest.mark.parametrize("key_type,max_parallelism", [("int64", 128), ("string", 1024)])
 def test_round_trip_through_python_backend(tmp_path, key_type, max_parallelism):
     from statecore.backends import create_backend
-    from statecore.key_groups import KeyGroupRange as KGR, key_group_range_for_operator
+    from statecore.key_groups import KeyGroupRange as KGR
+    from statecore.key_groups import key_group_range_for_operator
 
     store = CheckpointStore(tmp_path)
     src, descs, keys = _filled_python_backend(key_type, max_parallelism, 400)

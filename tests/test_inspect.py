@@ -7,8 +7,13 @@ import os
 import pyarrow.parquet as pq
 import pytest
 
-from statecore import (CheckpointStore, ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor,
-                       create_backend)
+from statecore import (
+    CheckpointStore,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ValueStateDescriptor,
+    create_backend,
+)
 from statecore.cli import main
 
 

@@ -11,7 +11,8 @@ import types
 import mmh3
 import pytest
 import xxhash
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from statecore import key_groups as kgm
 from statecore.errors import InvalidInputError

@@ -7,7 +7,8 @@ import pickle
 
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from statecore import serializers as S
 from statecore.errors import InvalidInputError

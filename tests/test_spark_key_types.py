@@ -15,7 +15,6 @@ from statecore import ValueStateDescriptor, create_backend
 from statecore import key_types as KT
 from statecore.errors import InvalidInputError
 from statecore.key_groups import normalize_key_type, spark_key_group
-
 from support import spark_key_type_vectors as V
 
 pytestmark = pytest.mark.spark

@@ -90,8 +90,7 @@ from statecore.arrow_input import (
     import_arrow,
     is_arrow_input,
 )
-from statecore.backends import base
-from statecore.backends import states, ttl_states
+from statecore.backends import base, states, ttl_states
 from statecore.backends.table_backend import TableBackend
 from statecore.errors import InvalidInputError, StateError, StateMigrationError
 from statecore.key_groups import KeyGroupRange

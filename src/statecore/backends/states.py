@@ -37,6 +37,7 @@ from statecore.arrow_input import (
 from statecore.backends import base
 from statecore.errors import InvalidInputError
 from statecore.key_groups import KeyGroupRange
+
 __all__ = [
     "to_stored",
     "from_stored",

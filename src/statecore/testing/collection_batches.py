@@ -19,8 +19,15 @@ import pytest
 from statecore.descriptors import ListStateDescriptor, MapStateDescriptor
 from statecore.errors import InvalidInputError
 from statecore.testing.base import ConformanceBase
-from statecore.testing.helpers import (LIST_TYPES, MAP_TYPES, chunked, dump_backend,
-                                       merge_incremental, random_values, snapshot_dump)
+from statecore.testing.helpers import (
+    LIST_TYPES,
+    MAP_TYPES,
+    chunked,
+    dump_backend,
+    merge_incremental,
+    random_values,
+    snapshot_dump,
+)
 from statecore.ttl import ManualClock, StateTtlConfig
 
 _KEYS = 50

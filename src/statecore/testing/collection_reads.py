@@ -19,12 +19,15 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from statecore.descriptors import (ListStateDescriptor, MapStateDescriptor,
-                                   ReducingStateDescriptor, ValueStateDescriptor)
+from statecore.descriptors import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    ValueStateDescriptor,
+)
 from statecore.errors import InvalidInputError
 from statecore.testing.base import ConformanceBase
-from statecore.testing.helpers import (LIST_TYPES, MAP_TYPES, chunked, dump_backend,
-                                       random_values)
+from statecore.testing.helpers import LIST_TYPES, MAP_TYPES, chunked, dump_backend, random_values
 from statecore.ttl import ManualClock, StateTtlConfig
 
 _KEYS = 50

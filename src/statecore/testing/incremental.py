@@ -14,8 +14,12 @@ import pyarrow as pa
 import pytest
 
 from statecore import serializers as S
-from statecore.descriptors import (ListStateDescriptor, MapStateDescriptor,
-                                   ReducingStateDescriptor, ValueStateDescriptor)
+from statecore.descriptors import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    ValueStateDescriptor,
+)
 from statecore.errors import InvalidInputError
 from statecore.testing.base import ConformanceBase
 from statecore.testing.helpers import merge_incremental, snapshot_dump

@@ -13,7 +13,8 @@ import math
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from statecore import key_groups as K
 from statecore import key_types as KT

@@ -13,13 +13,21 @@ import pytest
 
 from statecore import key_groups as K
 from statecore import serializers as S
-from statecore.descriptors import (AggregatingStateDescriptor, ListStateDescriptor,
-                                   MapStateDescriptor, ReducingStateDescriptor,
-                                   ValueStateDescriptor)
+from statecore.descriptors import (
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    ValueStateDescriptor,
+)
 from statecore.errors import InvalidInputError, StateError, StateMigrationError
 from statecore.testing.base import ConformanceBase
-from statecore.testing.helpers import (AverageAggregate, TamperedSnapshot, metas_by_name,
-                                       snapshot_dump)
+from statecore.testing.helpers import (
+    AverageAggregate,
+    TamperedSnapshot,
+    metas_by_name,
+    snapshot_dump,
+)
 
 __all__ = ["SnapshotConformance"]
 
