@@ -177,37 +177,44 @@ def _wordcount(c: str, size: Size, key_type: str, sizes: list) -> list:
     of python under ``--quick``)]."""
     rdb = rocksdict_module()
     ref = reference()
-    native = has_native()
     out: list = []
     for regime, distinct, reps, slow_rows in sizes:
-        tag = f"{label(distinct)}_keys"
-        keys = int64_keys(distinct) if key_type == "int64" else string_keys(distinct)
-        idx = row_order(distinct, reps)
-        rows = pa.array(keys[idx]) if key_type == "int64" else keys.take(pa.array(idx))
-        del keys, idx
-        full, slow = slices(rows), slices(rows, slow_rows)
-        n_full, n_slow = len(rows), sum(len(k) for k in slow)
-        py_rows, n_py = (slow, n_slow) if size.quick else (full, n_full)
-        runs: List[Tuple[str, int, Callable[[], float]]] = []
-        if native:
-            runs.append(("native", n_full, lambda: _backend_counts("native", key_type, full)))
-        runs.append(("python", n_py, lambda: _backend_counts("python", key_type, py_rows)))
-        runs.append(("dict", n_full, lambda: _dict_counts(full)))
-        if rdb is not None:
-            runs.append(("rocksdict", n_slow, lambda: _rocksdict_counts(rdb, slow, False)))
-            runs.append(("rocksdict+batch", n_slow, lambda: _rocksdict_counts(rdb, slow, True)))
-        workdir = tempfile.mkdtemp(prefix="statecore-bench-cpp-")
-        try:
-            if ref is not None:
-                runs.append((ref.impl, n_full, lambda: _cpp_counts(ref, rows, workdir)))
-            rates, measured = measure(c, tag, runs, ref.impl if ref else None)
-            out += measured
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-        out.append(record(c, "workload", f"distinct_keys_{tag}", distinct, "keys"))
-        out += ratio_records(c, tag, rates, ref.impl if ref else None, _GOAL_CPP[regime])
-        del rows, full, slow, py_rows
-        gc.collect()
+        out += _wordcount_size(c, size, key_type, rdb, ref, regime, distinct, reps, slow_rows)
+        gc.collect()  # the rows of this size go before the next size's are made
+    return out
+
+
+def _wordcount_size(c: str, size: Size, key_type: str, rdb, ref, regime: str, distinct: int,
+                    reps: int, slow_rows: int) -> list:
+    """The records of one size of :func:`_wordcount`. A function of its own so that the rows
+    it makes are released when it returns."""
+    tag = f"{label(distinct)}_keys"
+    keys = int64_keys(distinct) if key_type == "int64" else string_keys(distinct)
+    idx = row_order(distinct, reps)
+    rows = pa.array(keys[idx]) if key_type == "int64" else keys.take(pa.array(idx))
+    del keys, idx
+    full, slow = slices(rows), slices(rows, slow_rows)
+    n_full, n_slow = len(rows), sum(len(k) for k in slow)
+    py_rows, n_py = (slow, n_slow) if size.quick else (full, n_full)
+    runs: List[Tuple[str, int, Callable[[], float]]] = []
+    if has_native():
+        runs.append(("native", n_full, lambda: _backend_counts("native", key_type, full)))
+    runs.append(("python", n_py, lambda: _backend_counts("python", key_type, py_rows)))
+    runs.append(("dict", n_full, lambda: _dict_counts(full)))
+    if rdb is not None:
+        runs.append(("rocksdict", n_slow, lambda: _rocksdict_counts(rdb, slow, False)))
+        runs.append(("rocksdict+batch", n_slow, lambda: _rocksdict_counts(rdb, slow, True)))
+    out: list = []
+    workdir = tempfile.mkdtemp(prefix="statecore-bench-cpp-")
+    try:
+        if ref is not None:
+            runs.append((ref.impl, n_full, lambda: _cpp_counts(ref, rows, workdir)))
+        rates, measured = measure(c, tag, runs, ref.impl if ref else None)
+        out += measured
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    out.append(record(c, "workload", f"distinct_keys_{tag}", distinct, "keys"))
+    out += ratio_records(c, tag, rates, ref.impl if ref else None, _GOAL_CPP[regime])
     return out
 
 

@@ -237,7 +237,7 @@ class _StopAfterMaxBatches(Exception):
 def _dir_bytes(path: str, exclude: Optional[str] = None) -> int:
     total = 0
     ex = os.path.abspath(exclude) if exclude else None
-    for root, dirs, files in os.walk(path):
+    for root, _dirs, files in os.walk(path):
         if ex and os.path.abspath(root).startswith(ex):
             continue
         for f in files:

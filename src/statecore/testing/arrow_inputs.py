@@ -25,6 +25,8 @@ from statecore.testing.helpers import AverageAggregate, StreamOnly, column_in_fo
 
 __all__ = ["ArrowInputConformance"]
 
+_INT64 = pa.int64()
+
 
 def _stream_program(form: str):
     """A program (backend -> observations) calling every batch call with its inputs in the
@@ -150,10 +152,10 @@ class ArrowInputConformance(ConformanceBase):
         clock.set(100)  # every vt entry expired: a TTL read would remove what it reads
         before = snapshot_dump(b.snapshot())
 
-        def chunked(*parts, type_=pa.int64()):
+        def chunked(*parts, type_=_INT64):
             return pa.chunked_array([pa.array(p, type_) for p in parts], type_)
 
-        def failing_stream(first, type_=pa.int64()):
+        def failing_stream(first, type_=_INT64):
             schema = pa.schema([("c", type_)])
 
             def gen():

@@ -83,7 +83,7 @@ class CollectionReadConformance(ConformanceBase):
                 out.append(st.get_batch(keys, uks))
                 out.append(st.contains_batch(keys, uks))
             # Removals with repeated rows, emptying some maps, then the reads again.
-            for keys, cuts in _key_batches(rng, _KEYS + 10)[:2]:
+            for keys, _cuts in _key_batches(rng, _KEYS + 10)[:2]:
                 uks = random_values(user_key_type, len(keys), rng)
                 st.remove_batch(keys, uks)
                 out.append(st.get_batch(keys, uks))
