@@ -141,9 +141,11 @@ def _collection_case(c: str, size: Size, is_map: bool) -> list:
     try:
         if ref is not None:
             if is_map:
-                runs.append((ref.impl, n_full, lambda: ref.map_put(keys, uks, values, workdir)["seconds"]))
+                runs.append((ref.impl, n_full,
+                             lambda: ref.map_put(keys, uks, values, workdir)["seconds"]))
             else:
-                runs.append((ref.impl, n_full, lambda: ref.list_append(keys, values, workdir)["seconds"]))
+                runs.append((ref.impl, n_full,
+                             lambda: ref.list_append(keys, values, workdir)["seconds"]))
         rates, measured = measure(c, tag, runs, ref.impl if ref else None)
         out += measured
     finally:

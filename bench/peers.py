@@ -226,7 +226,8 @@ def wordcount_int64(size: Size):
     Full: 200k keys x 10 (2M rows; rocksdict 400k) and 10M keys x 2 (20M rows; rocksdict 1M).
     ``--quick``: 200k x 4 and 2M x 2, python and rocksdict 100k / 200k rows."""
     return _wordcount("wordcount_int64", size, "int64", [
-        ("in_cache", size.n(200_000, 200_000), 10 if not size.quick else 4, size.n(400_000, 100_000)),
+        ("in_cache", size.n(200_000, 200_000), 10 if not size.quick else 4,
+         size.n(400_000, 100_000)),
         ("out_of_cache", size.n(10_000_000, 2_000_000), 2, size.n(1_000_000, 200_000)),
     ])
 
@@ -238,7 +239,8 @@ def wordcount_string(size: Size):
     10M keys x 2 (20M rows; rocksdict 1M). ``--quick``: 200k x 4 and 500k x 2, python and
     rocksdict 100k / 200k rows."""
     return _wordcount("wordcount_string", size, "string", [
-        ("in_cache", size.n(200_000, 200_000), 10 if not size.quick else 4, size.n(400_000, 100_000)),
+        ("in_cache", size.n(200_000, 200_000), 10 if not size.quick else 4,
+         size.n(400_000, 100_000)),
         ("out_of_cache", size.n(10_000_000, 500_000), 2, size.n(1_000_000, 200_000)),
     ])
 
@@ -333,7 +335,8 @@ def binary_values(size: Size):
     # as in the full run).
     slow_puts = list(zip(slices(pk, slow_rows), slices(values, slow_rows)))
     written = np.unique(put_keys[:slow_rows])
-    slow_gets = slices(pa.array(written[np.random.default_rng(6).integers(0, len(written), slow_rows)]))
+    picks = np.random.default_rng(6).integers(0, len(written), slow_rows)
+    slow_gets = slices(pa.array(written[picks]))
     n_full, n_slow = len(put_keys), min(slow_rows, len(put_keys))
     runs = []
     if native:
@@ -344,7 +347,8 @@ def binary_values(size: Size):
         runs.append(("python", n_full, lambda: _backend_binary("python", puts, gets)))
     runs.append(("dict", n_full, lambda: _dict_binary(puts, gets)))
     if rdb is not None:
-        runs.append(("rocksdict", n_slow, lambda: _rocksdict_binary(rdb, slow_puts, slow_gets, False)))
+        runs.append(("rocksdict", n_slow,
+                     lambda: _rocksdict_binary(rdb, slow_puts, slow_gets, False)))
         runs.append(("rocksdict+batch", n_slow,
                      lambda: _rocksdict_binary(rdb, slow_puts, slow_gets, True)))
     out: list = []
@@ -391,7 +395,8 @@ def dict_rss_probe(n: int) -> dict:
 
 
 @case("memory_int64", "bytes per entry (RSS growth / entries, fresh process each) of int64 -> "
-                      "int64 state at 10M entries: native vs dict vs C++ hash map", panel=peer_panel)
+                      "int64 state at 10M entries: native vs dict vs C++ hash map",
+      panel=peer_panel)
 def memory_int64(size: Size):
     """``rss_bytes_per_entry_<n>_entries`` (unit bytes) of the native backend
     (:func:`bench.ttl.rss_probe`: keys 0..n-1 loaded with ``add_batch`` in 64k-row

@@ -44,7 +44,8 @@ def run(names: List[str] | None, size: Size, progress=print) -> List[Record]:
         fn, _ = CASES[n]
         recs = fn(size)
         for r in recs:
-            progress(f"{r['case']:20s} {r['impl']:20s} {r['metric']:38s} {r['value']:>16,.2f} {r['unit']}")
+            progress(f"{r['case']:20s} {r['impl']:20s} {r['metric']:38s} "
+                     f"{r['value']:>16,.2f} {r['unit']}")
         out.extend(recs)
     return out
 

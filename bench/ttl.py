@@ -117,7 +117,8 @@ def rss_probe(impl: str, n: int, ttl: bool) -> dict:
     gc.collect()
     r0 = rss_bytes()
     b, _ = _loaded(impl, n, ttl)
-    return {"rss_delta": rss_bytes() - r0, "state_bytes": b.state_bytes(), "entries": b.num_entries()}
+    return {"rss_delta": rss_bytes() - r0, "state_bytes": b.state_bytes(),
+            "entries": b.num_entries()}
 
 
 def _probe_in_child(impl: str, n: int, ttl: bool) -> dict:

@@ -237,12 +237,15 @@ def _measure_access(impl: str, n: int, reps: dict) -> list:
             out.append(record(_CASE, impl + s, f"{op}_s_per_1M_accesses", t[s], "s"))
             if s:
                 removed = _best(runs[s])[1]
-                out.append(record(_CASE, impl + s, f"{op}_removed_read", removed["read"], "entries"))
+                out.append(record(_CASE, impl + s, f"{op}_removed_read", removed["read"],
+                                  "entries"))
                 out.append(record(_CASE, impl + s, f"{op}_removed_incremental",
                                   removed["incremental"], "entries"))
-        out.append(record(_CASE, impl + "+read", f"{op}_ratio_over_ttl_off", t["+read"] / t[""], "ratio"))
+        out.append(record(_CASE, impl + "+read", f"{op}_ratio_over_ttl_off", t["+read"] / t[""],
+                          "ratio"))
         for s in suffixes[2:]:
-            out.append(record(_CASE, impl + s, f"{op}_ratio_over_read_only", t[s] / t["+read"], "ratio"))
+            out.append(record(_CASE, impl + s, f"{op}_ratio_over_read_only", t[s] / t["+read"],
+                              "ratio"))
     return out
 
 
