@@ -10,9 +10,9 @@ the ``list_append`` workload) or ``binary`` (ValueState.put_batch of 64-byte bin
 in the bench's 64k-row batches. ``setup`` builds the same inputs and backend without the puts.
 Instructions per row = (Ir of ``run`` - Ir of ``setup``) / rows, e.g. from the checkout's root::
 
-    valgrind --tool=callgrind --callgrind-out-file=map.out \
+    valgrind --tool=callgrind --callgrind-out-file=map.out \\
         python -m bench.callgrind_put_batches map run
-    valgrind --tool=callgrind --callgrind-out-file=map0.out \
+    valgrind --tool=callgrind --callgrind-out-file=map0.out \\
         python -m bench.callgrind_put_batches map setup
 
 (rows: 1,000,000 for map and list, 2,000,000 for binary).
