@@ -149,7 +149,8 @@ class TableState:
     # addresses the backend's current key.
     _row_slot = None
 
-    def __init__(self, backend: base.KeyedStateBackend, descriptor, namespace_type, table: StateTable):
+    def __init__(self, backend: base.KeyedStateBackend, descriptor, namespace_type,
+                 table: StateTable):
         base.State.__init__(self, backend, descriptor, namespace_type)
         self._table = table
         self._ser = table.value_ser
@@ -239,7 +240,8 @@ class TableListState(TableState, base.ListState):
 
     def _elements(self, values) -> list:
         if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
-            raise InvalidInputError(f"expected an iterable of elements, got {type(values).__name__}")
+            raise InvalidInputError(
+                f"expected an iterable of elements, got {type(values).__name__}")
         out = []
         for v in values:
             if v is None:
