@@ -90,7 +90,8 @@ class BatchConformance(ConformanceBase):
         lst.append_batch(pa.array([1, 2, 1]), pa.array(["a", "b", "c"]))
         lst.append_batch(pa.array([1, 3, 2], pa.int64()),
                          pa.array([["d", "e"], None, []], pa.list_(pa.string())))
-        lst.append_batch(pa.chunked_array([[2]]), pa.array([["f"]], pa.large_list(pa.large_string())))
+        lst.append_batch(pa.chunked_array([[2]]),
+                         pa.array([["f"]], pa.large_list(pa.large_string())))
         got = lst.get_batch(pa.array([1, 2, 3]))
         assert got.type == pa.list_(pa.string())
         assert got.to_pylist() == [["a", "c", "d", "e"], ["b", "f"], []]

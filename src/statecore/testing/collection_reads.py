@@ -74,7 +74,8 @@ class CollectionReadConformance(ConformanceBase):
             st = be.get_state(MapStateDescriptor("m", user_key_type, value_type))
             rng = np.random.default_rng(22)
             st.put_batch(pa.array(rng.integers(0, _KEYS, 2000), pa.int64()),
-                         random_values(user_key_type, 2000, rng), random_values(value_type, 2000, rng))
+                         random_values(user_key_type, 2000, rng),
+                         random_values(value_type, 2000, rng))
             out = []
             for keys, cuts in _key_batches(rng, _KEYS + 10):
                 uks = random_values(user_key_type, len(keys), rng)
@@ -144,7 +145,8 @@ class CollectionReadConformance(ConformanceBase):
                 keys = pa.array(rng.integers(0, 20, 120), pa.int64())
                 ls.append_batch(keys, random_values("string", 120, rng))
                 li.append_batch(keys, random_values("int64", 120, rng))
-                m.put_batch(keys, random_values("int64", 120, rng), random_values("string", 120, rng))
+                m.put_batch(keys, random_values("int64", 120, rng),
+                            random_values("string", 120, rng))
                 clock.set(350 * step + 200)
                 # Repeated and absent keys; a chunked read at one step.
                 rk = pa.array(rng.integers(0, 25, 60), pa.int64())
