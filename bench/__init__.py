@@ -4,8 +4,8 @@
 
 Not part of the statecore wheel. Modules:
 
-* :mod:`bench.harness` -- the case registry (:func:`~bench.harness.case`), :class:`~bench.harness.Size`,
-  records and timing: what a case module imports.
+* :mod:`bench.harness` -- the case registry (:func:`~bench.harness.case`),
+  :class:`~bench.harness.Size`, records and timing: what a case module imports.
 * :mod:`bench.runner` -- loading and running cases, writing records as JSON.
 * :mod:`bench.plots` -- the PNG bar chart of a run.
 * :mod:`bench.cli` -- the ``python -m bench`` command.

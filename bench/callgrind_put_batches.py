@@ -10,8 +10,10 @@ the ``list_append`` workload) or ``binary`` (ValueState.put_batch of 64-byte bin
 in the bench's 64k-row batches. ``setup`` builds the same inputs and backend without the puts.
 Instructions per row = (Ir of ``run`` - Ir of ``setup``) / rows, e.g. from the checkout's root::
 
-    valgrind --tool=callgrind --callgrind-out-file=map.out python -m bench.callgrind_put_batches map run
-    valgrind --tool=callgrind --callgrind-out-file=map0.out python -m bench.callgrind_put_batches map setup
+    valgrind --tool=callgrind --callgrind-out-file=map.out \\
+        python -m bench.callgrind_put_batches map run
+    valgrind --tool=callgrind --callgrind-out-file=map0.out \\
+        python -m bench.callgrind_put_batches map setup
 
 (rows: 1,000,000 for map and list, 2,000,000 for binary).
 """
@@ -21,9 +23,8 @@ import sys
 import numpy as np
 import pyarrow as pa
 
-from statecore import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor, create_backend
-
 from bench.workloads import binary_values, int64_keys, row_order, slices
+from statecore import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor, create_backend
 
 
 def main(case: str, mode: str) -> None:

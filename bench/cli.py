@@ -24,7 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run only this case (repeatable; default: all; see --list)")
     p.add_argument("--json", default=None, metavar="FILE",
                    help='write the records [{"case","impl","metric","value","unit"}, ...] to FILE')
-    p.add_argument("--plot", default=None, metavar="FILE", help="write a PNG bar chart (needs matplotlib)")
+    p.add_argument("--plot", default=None, metavar="FILE",
+                   help="write a PNG bar chart (needs matplotlib)")
     p.add_argument("--list", action="store_true", help="list the cases and exit")
     p.add_argument("--scale", type=float, default=1.0, help=argparse.SUPPRESS)  # tests shrink sizes
     return p

@@ -40,13 +40,11 @@ from typing import Callable, List, Tuple
 import numpy as np
 import pyarrow as pa
 
-from statecore import ListStateDescriptor, MapStateDescriptor, create_backend
-
 from bench.common import has_native, label
-from bench.compare import (TempRdict, measure, peer_panel, ratio_records, reference,
-                           rocksdict_module)
+from bench.compare import TempRdict, measure, peer_panel, ratio_records, reference, rocksdict_module
 from bench.harness import Size, case, record
 from bench.workloads import int64_keys, pylist, row_order, slices
+from statecore import ListStateDescriptor, MapStateDescriptor, create_backend
 
 _REPS = 10
 _USER_KEYS = 16
@@ -143,9 +141,11 @@ def _collection_case(c: str, size: Size, is_map: bool) -> list:
     try:
         if ref is not None:
             if is_map:
-                runs.append((ref.impl, n_full, lambda: ref.map_put(keys, uks, values, workdir)["seconds"]))
+                runs.append((ref.impl, n_full,
+                             lambda: ref.map_put(keys, uks, values, workdir)["seconds"]))
             else:
-                runs.append((ref.impl, n_full, lambda: ref.list_append(keys, values, workdir)["seconds"]))
+                runs.append((ref.impl, n_full,
+                             lambda: ref.list_append(keys, values, workdir)["seconds"]))
         rates, measured = measure(c, tag, runs, ref.impl if ref else None)
         out += measured
     finally:

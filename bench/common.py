@@ -53,10 +53,12 @@ def probe_in_child(module: str, func: str, *args) -> dict:
     if the child fails."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([_ROOT] + [p for p in [env.get("PYTHONPATH")] if p])
-    code = ("import importlib,json,sys; f = getattr(importlib.import_module(sys.argv[1]), sys.argv[2]); "
+    code = ("import importlib,json,sys; "
+            "f = getattr(importlib.import_module(sys.argv[1]), sys.argv[2]); "
             "print(json.dumps(f(*json.loads(sys.argv[3]))))")
     proc = subprocess.run([sys.executable, "-c", code, module, func, json.dumps(list(args))],
                           env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"{func}{args} failed in a child interpreter: {proc.stderr.strip()[-2000:]}")
+        raise RuntimeError(f"{func}{args} failed in a child interpreter: "
+                           f"{proc.stderr.strip()[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -75,15 +75,29 @@ from typing import Callable, Dict, List, Tuple
 import numpy as np
 import pyarrow as pa
 
-from statecore import ReducingStateDescriptor, ValueStateDescriptor, create_backend
-
 from bench import cpp_reference
 from bench.common import has_native, label, probe_in_child, rss_bytes
-from bench.compare import (TempRdict, best, measure, peer_panel, ratio_records, reference,
-                           rocksdict_module)
+from bench.compare import (
+    TempRdict,
+    best,
+    measure,
+    peer_panel,
+    ratio_records,
+    reference,
+    rocksdict_module,
+)
 from bench.harness import Size, case, record
-from bench.workloads import (BATCH, binary_values as make_binary_values, int64_keys, pylist,
-                             row_order, slices, string_buffers, string_keys)
+from bench.workloads import (
+    BATCH,
+    int64_keys,
+    pylist,
+    row_order,
+    slices,
+    string_buffers,
+    string_keys,
+)
+from bench.workloads import binary_values as make_binary_values
+from statecore import ReducingStateDescriptor, ValueStateDescriptor, create_backend
 
 _GOAL_CPP = {"in_cache": 0.5, "out_of_cache": 0.7}
 _GOAL_MAX_BYTES_PER_ENTRY = 40.0
@@ -163,37 +177,44 @@ def _wordcount(c: str, size: Size, key_type: str, sizes: list) -> list:
     of python under ``--quick``)]."""
     rdb = rocksdict_module()
     ref = reference()
-    native = has_native()
     out: list = []
     for regime, distinct, reps, slow_rows in sizes:
-        tag = f"{label(distinct)}_keys"
-        keys = int64_keys(distinct) if key_type == "int64" else string_keys(distinct)
-        idx = row_order(distinct, reps)
-        rows = pa.array(keys[idx]) if key_type == "int64" else keys.take(pa.array(idx))
-        del keys, idx
-        full, slow = slices(rows), slices(rows, slow_rows)
-        n_full, n_slow = len(rows), sum(len(k) for k in slow)
-        py_rows, n_py = (slow, n_slow) if size.quick else (full, n_full)
-        runs: List[Tuple[str, int, Callable[[], float]]] = []
-        if native:
-            runs.append(("native", n_full, lambda: _backend_counts("native", key_type, full)))
-        runs.append(("python", n_py, lambda: _backend_counts("python", key_type, py_rows)))
-        runs.append(("dict", n_full, lambda: _dict_counts(full)))
-        if rdb is not None:
-            runs.append(("rocksdict", n_slow, lambda: _rocksdict_counts(rdb, slow, False)))
-            runs.append(("rocksdict+batch", n_slow, lambda: _rocksdict_counts(rdb, slow, True)))
-        workdir = tempfile.mkdtemp(prefix="statecore-bench-cpp-")
-        try:
-            if ref is not None:
-                runs.append((ref.impl, n_full, lambda: _cpp_counts(ref, rows, workdir)))
-            rates, measured = measure(c, tag, runs, ref.impl if ref else None)
-            out += measured
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-        out.append(record(c, "workload", f"distinct_keys_{tag}", distinct, "keys"))
-        out += ratio_records(c, tag, rates, ref.impl if ref else None, _GOAL_CPP[regime])
-        del rows, full, slow, py_rows
-        gc.collect()
+        out += _wordcount_size(c, size, key_type, rdb, ref, regime, distinct, reps, slow_rows)
+        gc.collect()  # the rows of this size go before the next size's are made
+    return out
+
+
+def _wordcount_size(c: str, size: Size, key_type: str, rdb, ref, regime: str, distinct: int,
+                    reps: int, slow_rows: int) -> list:
+    """The records of one size of :func:`_wordcount`. A function of its own so that the rows
+    it makes are released when it returns."""
+    tag = f"{label(distinct)}_keys"
+    keys = int64_keys(distinct) if key_type == "int64" else string_keys(distinct)
+    idx = row_order(distinct, reps)
+    rows = pa.array(keys[idx]) if key_type == "int64" else keys.take(pa.array(idx))
+    del keys, idx
+    full, slow = slices(rows), slices(rows, slow_rows)
+    n_full, n_slow = len(rows), sum(len(k) for k in slow)
+    py_rows, n_py = (slow, n_slow) if size.quick else (full, n_full)
+    runs: List[Tuple[str, int, Callable[[], float]]] = []
+    if has_native():
+        runs.append(("native", n_full, lambda: _backend_counts("native", key_type, full)))
+    runs.append(("python", n_py, lambda: _backend_counts("python", key_type, py_rows)))
+    runs.append(("dict", n_full, lambda: _dict_counts(full)))
+    if rdb is not None:
+        runs.append(("rocksdict", n_slow, lambda: _rocksdict_counts(rdb, slow, False)))
+        runs.append(("rocksdict+batch", n_slow, lambda: _rocksdict_counts(rdb, slow, True)))
+    out: list = []
+    workdir = tempfile.mkdtemp(prefix="statecore-bench-cpp-")
+    try:
+        if ref is not None:
+            runs.append((ref.impl, n_full, lambda: _cpp_counts(ref, rows, workdir)))
+        rates, measured = measure(c, tag, runs, ref.impl if ref else None)
+        out += measured
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    out.append(record(c, "workload", f"distinct_keys_{tag}", distinct, "keys"))
+    out += ratio_records(c, tag, rates, ref.impl if ref else None, _GOAL_CPP[regime])
     return out
 
 
@@ -205,7 +226,8 @@ def wordcount_int64(size: Size):
     Full: 200k keys x 10 (2M rows; rocksdict 400k) and 10M keys x 2 (20M rows; rocksdict 1M).
     ``--quick``: 200k x 4 and 2M x 2, python and rocksdict 100k / 200k rows."""
     return _wordcount("wordcount_int64", size, "int64", [
-        ("in_cache", size.n(200_000, 200_000), 10 if not size.quick else 4, size.n(400_000, 100_000)),
+        ("in_cache", size.n(200_000, 200_000), 10 if not size.quick else 4,
+         size.n(400_000, 100_000)),
         ("out_of_cache", size.n(10_000_000, 2_000_000), 2, size.n(1_000_000, 200_000)),
     ])
 
@@ -217,7 +239,8 @@ def wordcount_string(size: Size):
     10M keys x 2 (20M rows; rocksdict 1M). ``--quick``: 200k x 4 and 500k x 2, python and
     rocksdict 100k / 200k rows."""
     return _wordcount("wordcount_string", size, "string", [
-        ("in_cache", size.n(200_000, 200_000), 10 if not size.quick else 4, size.n(400_000, 100_000)),
+        ("in_cache", size.n(200_000, 200_000), 10 if not size.quick else 4,
+         size.n(400_000, 100_000)),
         ("out_of_cache", size.n(10_000_000, 500_000), 2, size.n(1_000_000, 200_000)),
     ])
 
@@ -312,7 +335,8 @@ def binary_values(size: Size):
     # as in the full run).
     slow_puts = list(zip(slices(pk, slow_rows), slices(values, slow_rows)))
     written = np.unique(put_keys[:slow_rows])
-    slow_gets = slices(pa.array(written[np.random.default_rng(6).integers(0, len(written), slow_rows)]))
+    picks = np.random.default_rng(6).integers(0, len(written), slow_rows)
+    slow_gets = slices(pa.array(written[picks]))
     n_full, n_slow = len(put_keys), min(slow_rows, len(put_keys))
     runs = []
     if native:
@@ -323,7 +347,8 @@ def binary_values(size: Size):
         runs.append(("python", n_full, lambda: _backend_binary("python", puts, gets)))
     runs.append(("dict", n_full, lambda: _dict_binary(puts, gets)))
     if rdb is not None:
-        runs.append(("rocksdict", n_slow, lambda: _rocksdict_binary(rdb, slow_puts, slow_gets, False)))
+        runs.append(("rocksdict", n_slow,
+                     lambda: _rocksdict_binary(rdb, slow_puts, slow_gets, False)))
         runs.append(("rocksdict+batch", n_slow,
                      lambda: _rocksdict_binary(rdb, slow_puts, slow_gets, True)))
     out: list = []
@@ -370,7 +395,8 @@ def dict_rss_probe(n: int) -> dict:
 
 
 @case("memory_int64", "bytes per entry (RSS growth / entries, fresh process each) of int64 -> "
-                      "int64 state at 10M entries: native vs dict vs C++ hash map", panel=peer_panel)
+                      "int64 state at 10M entries: native vs dict vs C++ hash map",
+      panel=peer_panel)
 def memory_int64(size: Size):
     """``rss_bytes_per_entry_<n>_entries`` (unit bytes) of the native backend
     (:func:`bench.ttl.rss_probe`: keys 0..n-1 loaded with ``add_batch`` in 64k-row

@@ -67,7 +67,8 @@ def plot(records: List[Record], path: str) -> None:
         # axis: such a panel is drawn on a log scale too, with a line at 1 and labelled bars.
         wide = unit == "ratio" and min(values) > 0 and max(values) / min(values) > 30
         drawn = ax.bar(range(len(rs)), values,
-                       color=["#1f77b4" if r["impl"].startswith("native") else "#9a9a9a" for r in rs])
+                       color=["#1f77b4" if r["impl"].startswith("native") else "#9a9a9a"
+                              for r in rs])
         if rs[0]["case"] in PANELS or wide:
             ax.bar_label(drawn, fmt="%.3g", fontsize=6)
         ax.set_xticks(range(len(rs)))
@@ -89,6 +90,7 @@ def plot(records: List[Record], path: str) -> None:
         ax.set_ylabel(unit, fontsize=8)
         ax.tick_params(axis="y", labelsize=8)
     m = machine()
-    fig.suptitle(f"statecore bench ({m['machine']}, {m['cpus']} cores, Python {m['python']})", fontsize=10)
+    fig.suptitle(f"statecore bench ({m['machine']}, {m['cpus']} cores, Python {m['python']})",
+                 fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))  # room for the suptitle
     fig.savefig(path, dpi=110)

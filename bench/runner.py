@@ -19,14 +19,16 @@ def load_cases() -> None:
     order of the imports is the order of ``--list`` and of a run of all cases: the state
     operations first, then snapshots and checkpoints, TTL, the peer comparisons, and the Spark
     end-to-end case last."""
-    from bench import state_ops  # noqa: F401  (each import registers the module's cases)
-    from bench import snapshots  # noqa: F401
-    from bench import ttl  # noqa: F401
-    from bench import ttl_cleanup  # noqa: F401
-    from bench import peers  # noqa: F401
-    from bench import collection_states  # noqa: F401
-    from bench import windows  # noqa: F401
-    from bench import spark_e2e  # noqa: F401
+    from bench import (
+        collection_states,  # noqa: F401
+        peers,  # noqa: F401
+        snapshots,  # noqa: F401
+        spark_e2e,  # noqa: F401
+        state_ops,  # noqa: F401  (each import registers the module's cases)
+        ttl,  # noqa: F401
+        ttl_cleanup,  # noqa: F401
+        windows,  # noqa: F401
+    )
 
 
 def run(names: List[str] | None, size: Size, progress=print) -> List[Record]:
@@ -42,7 +44,8 @@ def run(names: List[str] | None, size: Size, progress=print) -> List[Record]:
         fn, _ = CASES[n]
         recs = fn(size)
         for r in recs:
-            progress(f"{r['case']:20s} {r['impl']:20s} {r['metric']:38s} {r['value']:>16,.2f} {r['unit']}")
+            progress(f"{r['case']:20s} {r['impl']:20s} {r['metric']:38s} "
+                     f"{r['value']:>16,.2f} {r['unit']}")
         out.extend(recs)
     return out
 

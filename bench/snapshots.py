@@ -34,10 +34,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pyarrow as pa
 
-from statecore import CheckpointStore, ReducingStateDescriptor, create_backend
-
 from bench.common import has_native, probe_in_child, rss_bytes
 from bench.harness import Size, case, record, timed
+from statecore import CheckpointStore, ReducingStateDescriptor, create_backend
 
 _LOAD_BATCH = 1 << 20
 _WORK_BATCH = 1 << 14  # rows per add_batch of the owner-thread workload
@@ -135,7 +134,8 @@ def rss_probe(impl: str, n: int) -> dict:
     gc.collect()
     r0 = rss_bytes()
     b, _ = _loaded(impl, n)
-    return {"rss_delta": rss_bytes() - r0, "state_bytes": b.state_bytes(), "entries": b.num_entries()}
+    return {"rss_delta": rss_bytes() - r0, "state_bytes": b.state_bytes(),
+            "entries": b.num_entries()}
 
 
 def _rss_per_entry(impl: str, n: int) -> float:
@@ -148,8 +148,9 @@ def _rss_per_entry(impl: str, n: int) -> float:
 
 # --------------------------------------------------------------------------- cases
 
-@case("snapshot_pause", "synchronous backend.snapshot() pause, median of repeats, full and incremental "
-                        "(after 1% of the keys changed); int64 -> int64, native 10M / python 1M entries")
+@case("snapshot_pause", "synchronous backend.snapshot() pause, median of repeats, full and "
+                        "incremental (after 1% of the keys changed); int64 -> int64, native 10M / "
+                        "python 1M entries")
 def snapshot_pause(size: Size):
     """Records per impl: ``entries``; ``pause_ms_full_median`` / ``pause_ms_incremental_median``
     (ms, median over 7 snapshots natively, 3 for python whose snapshot copies everything), each
@@ -204,13 +205,14 @@ def materialize(size: Size):
         out.append(record("materialize", impl, "file_bytes", file_bytes, "bytes"))
         out.append(record("materialize", impl, "state_bytes", state_bytes, "bytes"))
         _close(b)
-        out.append(record("materialize", impl, "rss_bytes_per_entry", _rss_per_entry(impl, n), "bytes"))
+        out.append(record("materialize", impl, "rss_bytes_per_entry", _rss_per_entry(impl, n),
+                          "bytes"))
     return out
 
 
-@case("throughput_during_snapshot", "owner-thread add_batch rows/s (16k random updates a batch) while "
-                                    "a full snapshot is written in the background vs without; "
-                                    "native 10M / python 1M entries")
+@case("throughput_during_snapshot", "owner-thread add_batch rows/s (16k random updates a batch) "
+                                    "while a full snapshot is written in the background vs "
+                                    "without; native 10M / python 1M entries")
 def throughput_during_snapshot(size: Size):
     """Per impl (impl label ``<impl>+async`` or ``<impl>+thread``: the background write path):
     ``entries``; ``rows_per_s_during`` (batches run while the write is in flight, at least one;
@@ -312,8 +314,9 @@ def _checkpoints(impl: str, n: int, d: str):
                "full_s": full_s, "full_bytes": full_desc["size"], "store": store}
 
 
-@case("incremental_checkpoint", "after a full checkpoint, 1% of the keys changed (10% of them removed): "
-                                "incremental vs full checkpoint bytes and seconds; native 10M / python 1M")
+@case("incremental_checkpoint", "after a full checkpoint, 1% of the keys changed (10% of them "
+                                "removed): incremental vs full checkpoint bytes and seconds; "
+                                "native 10M / python 1M")
 def incremental_checkpoint(size: Size):
     """Records per impl: ``entries``, ``keys_changed``, ``incremental_bytes`` / ``full_bytes``
     (data file sizes), ``incremental_s`` / ``full_s`` (seconds of write_snapshot),
@@ -328,7 +331,8 @@ def incremental_checkpoint(size: Size):
                 record(c, impl, "keys_changed", s["changed"], "entries"),
                 record(c, impl, "incremental_bytes", s["inc_bytes"], "bytes"),
                 record(c, impl, "full_bytes", s["full_bytes"], "bytes"),
-                record(c, impl, "ratio_incremental_over_full_bytes", s["inc_bytes"] / s["full_bytes"], "ratio"),
+                record(c, impl, "ratio_incremental_over_full_bytes",
+                       s["inc_bytes"] / s["full_bytes"], "ratio"),
                 record(c, impl, "goal_max_ratio", 0.05, "ratio"),
                 record(c, impl, "incremental_s", s["inc_s"], "s"),
                 record(c, impl, "full_s", s["full_s"], "s"),
@@ -337,8 +341,8 @@ def incremental_checkpoint(size: Size):
     return out
 
 
-@case("restore", "restore a checkpoint into a fresh backend: state MB/s of a full run and of a full + "
-                 "incremental (1% changed) chain; native 10M / python 1M entries")
+@case("restore", "restore a checkpoint into a fresh backend: state MB/s of a full run and of a "
+                 "full + incremental (1% changed) chain; native 10M / python 1M entries")
 def restore(size: Size):
     """Records per impl: ``entries``; ``full_state_MB_per_s`` / ``chain_state_MB_per_s`` (restored
     backend.state_bytes() / seconds of ``CheckpointStore.restore``; 1e6 bytes per MB) and the
@@ -356,9 +360,10 @@ def restore(size: Size):
                 fresh = create_backend(impl, key_type="int64")
                 dt = timed(lambda: s["store"].restore(fresh, version))
                 if fresh.num_entries() != expected[version]:
-                    raise RuntimeError(f"{impl} restore of v{version}: {fresh.num_entries()} entries, "
-                                       f"expected {expected[version]}")
-                out.append(record(c, impl, f"{what}_state_MB_per_s", fresh.state_bytes() / dt / 1e6, "MB/s"))
+                    raise RuntimeError(f"{impl} restore of v{version}: {fresh.num_entries()} "
+                                       f"entries, expected {expected[version]}")
+                out.append(record(c, impl, f"{what}_state_MB_per_s",
+                                  fresh.state_bytes() / dt / 1e6, "MB/s"))
                 out.append(record(c, impl, f"{what}_s", dt, "s"))
                 _close(fresh)
     return out

@@ -22,11 +22,11 @@ its best run:
   per second; rates are comparable, totals are not).
 
 PySpark's daemon runs a full ``gc.collect()`` after every task of a reused worker, tens of
-milliseconds a task with a large heap. The operator avoids most of it by freezing the worker's objects
-(``StatefulOperator(freeze_worker_gc=True)``, the default); the identity and dict functions do
-the same (``statecore.spark.worker_gc.freeze_worker_gc``), so the floor is not slowed by a cost
-statecore removes, whichever variant a shared worker ran first (PySpark reuses the session's
-workers across variants).
+milliseconds a task with a large heap. The operator avoids most of it by freezing the worker's
+objects (``StatefulOperator(freeze_worker_gc=True)``, the default); the identity and dict
+functions do the same (``statecore.spark.worker_gc.freeze_worker_gc``), so the floor is not slowed
+by a cost statecore removes, whichever variant a shared worker ran first (PySpark reuses the
+session's workers across variants).
 
 Ratios in one run: statecore native / identity (goal >= 0.9) and native / each Spark API (goal
 >= 50), each between the variants' best runs; beside them the median of the rounds' own
@@ -46,11 +46,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from statecore.descriptors import ReducingStateDescriptor
-from statecore.spark.processor import KeyedProcessor
-
 from bench.common import has_native
 from bench.harness import Size, case, record
+from statecore.descriptors import ReducingStateDescriptor
+from statecore.spark.processor import KeyedProcessor
 
 __all__ = ["RunningCount", "make_stream", "run_variant", "VARIANTS"]
 

@@ -8,9 +8,8 @@ import tempfile
 import numpy as np
 import pyarrow as pa
 
-from statecore import CheckpointStore, ReducingStateDescriptor, ValueStateDescriptor, create_backend
-
 from bench.harness import Size, case, record, timed
+from statecore import CheckpointStore, ReducingStateDescriptor, ValueStateDescriptor, create_backend
 
 
 def _batches(keys: int, rows: int, batch: int = 65536, seed: int = 7):
@@ -20,7 +19,8 @@ def _batches(keys: int, rows: int, batch: int = 65536, seed: int = 7):
             for s in range(0, rows, batch)]
 
 
-@case("add_batch_int64", "running sum per row (ReducingState sum, int64 keys, 64k-row Arrow batches)")
+@case("add_batch_int64",
+      "running sum per row (ReducingState sum, int64 keys, 64k-row Arrow batches)")
 def add_batch_int64(size: Size):
     keys, rows = size.n(200_000, 50_000), size.n(2_000_000, 400_000)
     batches = _batches(keys, rows)
@@ -48,7 +48,8 @@ def add_batch_int64(size: Size):
 
     todo = [bv for i, bv in enumerate(batches) if i * 65536 < min(rows, size.n(1_000_000, 200_000))]
     n = sum(len(k) for k, _ in todo)
-    out.append(record("add_batch_int64", "dict", "rows_per_s", n / timed(lambda: dict_loop(todo)), "rows/s"))
+    out.append(record("add_batch_int64", "dict", "rows_per_s", n / timed(lambda: dict_loop(todo)),
+                      "rows/s"))
     return out
 
 
@@ -84,11 +85,13 @@ def per_record(size: Size):
     ratio = rates["native"] / rates["python"]
     out += [record("per_record", "native", "ratio_over_python", ratio, "ratio"),
             record("per_record", "native", "goal_min_ratio_over_python", 1.0, "ratio"),
-            record("per_record", "native", "goal_met_ratio_over_python_ge_1", float(ratio >= 1.0), "bool")]
+            record("per_record", "native", "goal_met_ratio_over_python_ge_1", float(ratio >= 1.0),
+                   "bool")]
     return out
 
 
-@case("snapshot", "synchronous snapshot() pause, then a full checkpoint write of it (int64 -> int64)")
+@case("snapshot",
+      "synchronous snapshot() pause, then a full checkpoint write of it (int64 -> int64)")
 def snapshot(size: Size):
     entries = size.n(1_000_000, 200_000)
     out = []
@@ -109,8 +112,10 @@ def snapshot(size: Size):
         with tempfile.TemporaryDirectory() as d:
             store = CheckpointStore(d)
             dt = timed(lambda: store.write_snapshot(snap, 1))
-            size_on_disk = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(d) for f in fs)
-        out.append(record("checkpoint_write", impl, "state_MB_per_s", b.state_bytes() / dt / 1e6, "MB/s"))
+            size_on_disk = sum(os.path.getsize(os.path.join(r, f))
+                               for r, _, fs in os.walk(d) for f in fs)
+        out.append(record("checkpoint_write", impl, "state_MB_per_s", b.state_bytes() / dt / 1e6,
+                          "MB/s"))
         out.append(record("checkpoint_write", impl, "file_bytes", size_on_disk, "bytes"))
         snap.release()
     return out

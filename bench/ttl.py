@@ -17,11 +17,10 @@ import gc
 import numpy as np
 import pyarrow as pa
 
-from statecore import ReducingStateDescriptor, create_backend
-from statecore.ttl import StateTtlConfig
-
 from bench.common import has_native, label, probe_in_child, rss_bytes
 from bench.harness import Size, case, record, timed
+from statecore import ReducingStateDescriptor, create_backend
+from statecore.ttl import StateTtlConfig
 
 _BATCH = 65_536
 # The batch size of every other case. Larger load batches would measure the loader's transient
@@ -54,15 +53,14 @@ def _random_batches(keys: int, rows: int, seed: int = 7):
 
 
 def _throughput(impl: str, keys: int, rows: int, ttl: bool) -> dict:
-    """rows/s of add_batch and get_batch over ``rows`` random existing keys."""
+    """rows/s of add_batch and get_batch over ``rows`` random existing keys. The backend is
+    released when this returns; the caller collects it before loading the next."""
     b, st = _loaded(impl, keys, ttl)
     batches = _random_batches(keys, rows)
     n = sum(len(k) for k, _ in batches)
     add = n / timed(lambda: [st.add_batch(k, v) for k, v in batches])
     get = n / timed(lambda: [st.get_batch(k) for k, _ in batches])
     b.close()
-    del b, st
-    gc.collect()
     return {"add_batch": add, "get_batch": get}
 
 
@@ -90,7 +88,9 @@ def ttl_throughput(size: Size):
             got = {False: {}, True: {}}
             for _ in range(3):
                 for ttl in (False, True):
-                    for op, v in _throughput(impl, keys, rows, ttl).items():
+                    rates = _throughput(impl, keys, rows, ttl)
+                    gc.collect()
+                    for op, v in rates.items():
                         got[ttl][op] = max(v, got[ttl].get(op, 0.0))
             tag = f"{label(keys)}_keys"
             for op in ("add_batch", "get_batch"):
@@ -117,7 +117,8 @@ def rss_probe(impl: str, n: int, ttl: bool) -> dict:
     gc.collect()
     r0 = rss_bytes()
     b, _ = _loaded(impl, n, ttl)
-    return {"rss_delta": rss_bytes() - r0, "state_bytes": b.state_bytes(), "entries": b.num_entries()}
+    return {"rss_delta": rss_bytes() - r0, "state_bytes": b.state_bytes(),
+            "entries": b.num_entries()}
 
 
 def _probe_in_child(impl: str, n: int, ttl: bool) -> dict:

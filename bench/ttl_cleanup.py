@@ -55,11 +55,10 @@ import tempfile
 import numpy as np
 import pyarrow as pa
 
-from statecore import CheckpointStore, ValueStateDescriptor, create_backend
-from statecore.ttl import ManualClock, StateTtlConfig
-
 from bench.common import has_native
 from bench.harness import Size, case, record, timed
+from statecore import CheckpointStore, ValueStateDescriptor, create_backend
+from statecore.ttl import ManualClock, StateTtlConfig
 
 _CASE = "ttl_cleanup"
 _TTL_MS = 60_000
@@ -238,12 +237,15 @@ def _measure_access(impl: str, n: int, reps: dict) -> list:
             out.append(record(_CASE, impl + s, f"{op}_s_per_1M_accesses", t[s], "s"))
             if s:
                 removed = _best(runs[s])[1]
-                out.append(record(_CASE, impl + s, f"{op}_removed_read", removed["read"], "entries"))
+                out.append(record(_CASE, impl + s, f"{op}_removed_read", removed["read"],
+                                  "entries"))
                 out.append(record(_CASE, impl + s, f"{op}_removed_incremental",
                                   removed["incremental"], "entries"))
-        out.append(record(_CASE, impl + "+read", f"{op}_ratio_over_ttl_off", t["+read"] / t[""], "ratio"))
+        out.append(record(_CASE, impl + "+read", f"{op}_ratio_over_ttl_off", t["+read"] / t[""],
+                          "ratio"))
         for s in suffixes[2:]:
-            out.append(record(_CASE, impl + s, f"{op}_ratio_over_read_only", t[s] / t["+read"], "ratio"))
+            out.append(record(_CASE, impl + s, f"{op}_ratio_over_read_only", t[s] / t["+read"],
+                              "ratio"))
     return out
 
 

@@ -22,11 +22,10 @@ from typing import List, Tuple
 import numpy as np
 import pyarrow as pa
 
-from statecore import ReducingStateDescriptor, create_backend
-
 from bench.common import has_native, label
 from bench.compare import measure, peer_panel, ratio_records
 from bench.harness import Size, case, record
+from statecore import ReducingStateDescriptor, create_backend
 
 _BATCH = 65536
 _HOUR_MS = 3600_000
@@ -38,7 +37,8 @@ def _workload(size: Size) -> Tuple[int, pa.Array, pa.Array]:
     rng = np.random.default_rng(31)
     keys = rng.integers(0, distinct, n)
     event_ms = np.sort(rng.integers(0, 24 * _HOUR_MS, n))
-    return distinct, pa.array(keys, pa.int64()), pa.array(event_ms - event_ms % _HOUR_MS, pa.int64())
+    return (distinct, pa.array(keys, pa.int64()),
+            pa.array(event_ms - event_ms % _HOUR_MS, pa.int64()))
 
 
 def _batches(keys: pa.Array, wins: pa.Array, rows: int) -> List[Tuple[pa.Array, pa.Array]]:

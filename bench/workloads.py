@@ -81,7 +81,8 @@ def binary_values(rows: int, seed: int = 3) -> pa.Array:
     """``rows`` random :data:`VALUE_BYTES`-byte values (an Arrow binary array)."""
     data = np.random.default_rng(seed).integers(0, 256, rows * VALUE_BYTES, dtype=np.uint8)
     offsets = np.arange(0, (rows + 1) * VALUE_BYTES, VALUE_BYTES, dtype=np.int32)
-    return pa.Array.from_buffers(pa.binary(), rows, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    return pa.Array.from_buffers(pa.binary(), rows,
+                                 [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
 def pylist(arr: pa.Array) -> list:

@@ -98,7 +98,8 @@ def test_catch_up_equals_restore(tmp_path, kind, seed):
     # The caught-up state is the incremental base: the next version's changes are the same.
     for b in (stale, fresh):
         _ops(_States(b), random.Random(seed + 10), 700, 10**6)
-    assert _snapshot_contents(stale, incremental=True) == _snapshot_contents(fresh, incremental=True)
+    assert (_snapshot_contents(stale, incremental=True)
+            == _snapshot_contents(fresh, incremental=True))
     # From the full run of version 0 the change set is every later run.
     assert len(store.open_changes(3, base["path"], *_RANGE).runs) == 3
 

@@ -20,10 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from support.listed_changes import ListedChanges
 from statecore import create_backend
 from statecore.descriptors import ReducingStateDescriptor
 from statecore.errors import InvalidInputError
+from support.listed_changes import ListedChanges
 
 pytest.importorskip("statecore.backends.native")
 

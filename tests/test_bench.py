@@ -16,8 +16,9 @@ def test_bench_command_writes_records_for_every_case(tmp_path):
     out = tmp_path / "r.json"
     assert main(["--quick", "--scale", "0.01", "--json", str(out)]) == 0
     records = json.loads(out.read_text())
-    assert {r["case"] for r in records} >= {"add_batch_int64", "per_record", "snapshot", "checkpoint_write",
-                                            "snapshot_pause", "materialize", "throughput_during_snapshot",
+    assert {r["case"] for r in records} >= {"add_batch_int64", "per_record", "snapshot",
+                                            "checkpoint_write", "snapshot_pause", "materialize",
+                                            "throughput_during_snapshot",
                                             "incremental_checkpoint", "restore"}
     for r in records:
         assert set(r) == {"case", "impl", "metric", "value", "unit"}
@@ -30,8 +31,9 @@ def test_bench_command_writes_records_for_every_case(tmp_path):
 
 
 def _check_snapshot_cases(records):
-    """Snapshot and checkpoint cases: both backends measured, the background write path named in the impl, the
-    goals reported next to the figures, and the figures consistent with the workload."""
+    """Snapshot and checkpoint cases: both backends measured, the background write path named in
+    the impl, the goals reported next to the figures, and the figures consistent with the
+    workload."""
     by = {(r["case"], r["impl"], r["metric"]): r["value"] for r in records}
     for impl in ("native", "python"):
         for c, metric in (("snapshot_pause", "pause_ms_full_median"),
@@ -81,7 +83,8 @@ def test_ttl_cases_report_on_and_off_for_both_backends(tmp_path):
                 assert r["value"] > 0 and r["unit"] == "rows/s"
             ratio = by[("ttl_throughput", impl, f"{op}_ttl_over_plain_{tag}")]
             assert ratio["unit"] == "ratio" and abs(
-                ratio["value"] - by[("ttl_throughput", impl + "+ttl", f"{op}_rows_per_s_{tag}")]["value"]
+                ratio["value"]
+                - by[("ttl_throughput", impl + "+ttl", f"{op}_rows_per_s_{tag}")]["value"]
                 / by[("ttl_throughput", impl, f"{op}_rows_per_s_{tag}")]["value"]) < 1e-9
     plain = by[("ttl_memory", "native", "state_bytes_per_entry_1k_entries")]["value"]
     with_ttl = by[("ttl_memory", "native+ttl", "state_bytes_per_entry_1k_entries")]["value"]
@@ -190,8 +193,10 @@ def test_spark_running_count_state_is_the_count_per_key(spark, tmp_path):
 
     files = spark_e2e.make_stream(str(tmp_path / "landing"), keys=300, events=5000, files=3)
     impl = "native" if _has_native() else "python"
-    spark_e2e.run_variant(spark, f"statecore_{impl}", str(tmp_path / "landing"), str(tmp_path / "w"))
-    store = CheckpointStore(str(tmp_path / "w" / f"statecore_{impl}" / "state" / f"statecore_{impl}"))
+    spark_e2e.run_variant(spark, f"statecore_{impl}", str(tmp_path / "landing"),
+                          str(tmp_path / "w"))
+    store = CheckpointStore(
+        str(tmp_path / "w" / f"statecore_{impl}" / "state" / f"statecore_{impl}"))
     assert store.versions()[-1] == 2
     b = create_backend(impl, key_type="int64")
     store.restore(b, 2)
@@ -265,7 +270,8 @@ def test_peer_cases_report_every_available_impl(tmp_path):
             assert set(got) == impls, (c, tag)
             assert all(v > 0 for v in got.values())
             nat = by[(c, "native", f"ratio_over_python_{tag}")]
-            assert nat["unit"] == "ratio" and nat["value"] == pytest.approx(got["native"] / got["python"])
+            assert nat["unit"] == "ratio"
+            assert nat["value"] == pytest.approx(got["native"] / got["python"])
             assert by[(c, "native", f"goal_min_ratio_over_python_{tag}")]["value"] == 20.0
             assert by[(c, "native", f"goal_met_ratio_over_python_{tag}_ge_20")]["value"] == \
                 float(got["native"] / got["python"] >= 20)
@@ -284,7 +290,8 @@ def test_peer_cases_report_every_available_impl(tmp_path):
     assert set(mem) == {"native", "dict"} | ({ref.impl} if ref else set())
     assert [r["value"] for r in records if r["case"] == "memory_int64"
             and r["metric"].startswith("goal_max_")] == [40.0]
-    pr = {r["metric"]: r["value"] for r in records if r["case"] == "per_record" and r["impl"] == "native"}
+    pr = {r["metric"]: r["value"] for r in records
+          if r["case"] == "per_record" and r["impl"] == "native"}
     assert pr["ratio_over_python"] == pytest.approx(
         pr["records_per_s"] / by[("per_record", "python", "records_per_s")]["value"])
     assert pr["goal_min_ratio_over_python"] == 1.0
@@ -323,8 +330,9 @@ def test_cpp_reference_output_agrees_with_native():
     for key_type, keys in (("int64", pa.array(ints)), ("string", strs)):
         b = create_backend("native", key_type=key_type)
         st = b.get_state(ReducingStateDescriptor("count", "sum", "int64"))
-        want[key_type] = np.concatenate([st.add_batch(k, pa.array(np.ones(len(k), np.int64))).to_numpy()
-                                         for k in workloads.slices(keys)])
+        want[key_type] = np.concatenate(
+            [st.add_batch(k, pa.array(np.ones(len(k), np.int64))).to_numpy()
+             for k in workloads.slices(keys)])
         assert want[key_type].max() == 5
     put_keys = workloads.int64_keys(100, seed=9)
     values = pa.array([bytes([i % 256]) * 64 for i in range(100)], pa.binary())
@@ -343,7 +351,8 @@ def test_cpp_reference_output_agrees_with_native():
             assert np.array_equal(got["out"], want["int64"])
             got = ref.string_counts(*workloads.string_buffers(strs), d, out=True)
             assert got["distinct"] == 1000 and np.array_equal(got["out"], want["string"])
-            got = ref.binary_get_put(put_keys, *workloads.string_buffers(values), get_keys, d, out=True)
+            got = ref.binary_get_put(put_keys, *workloads.string_buffers(values), get_keys, d,
+                                     out=True)
             assert got["distinct"] == 100 and got["present"] == 100
             off, data = got["out_offsets"], got["out_data"].tobytes()
             ref_vals = [data[off[i]:off[i + 1]] for i in range(len(get_keys))]
@@ -380,7 +389,8 @@ def test_collection_cases_report_every_available_impl(tmp_path):
         assert by[(c, "workload", "distinct_keys_200_keys")]["value"] == 200
         assert by[(c, "native", "rows_measured_200_keys")]["value"] == 2000
         nat = by[(c, "native", "ratio_over_python_200_keys")]
-        assert nat["unit"] == "ratio" and nat["value"] == pytest.approx(rates["native"] / rates["python"])
+        assert nat["unit"] == "ratio"
+        assert nat["value"] == pytest.approx(rates["native"] / rates["python"])
         assert by[(c, "native", "goal_min_ratio_over_python_200_keys")]["value"] == 20.0
         assert by[(c, "native", "goal_met_ratio_over_python_200_keys_ge_20")]["value"] == \
             float(rates["native"] / rates["python"] >= 20)

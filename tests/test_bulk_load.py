@@ -120,7 +120,8 @@ def test_check_entry_range_accepts_tombstones_and_two_byte_prefixes():
 
 def test_load_range_upserts_removes_and_honours_offsets():
     t = _native.NativeStateTable(0, 3)
-    t.load(1, pa.array([b"\x01a", b"\x01b"], pa.binary()), pa.array([b"old", b"gone"], pa.binary()), 1)
+    t.load(1, pa.array([b"\x01a", b"\x01b"], pa.binary()),
+           pa.array([b"old", b"gone"], pa.binary()), 1)
     keys, values = _pairs([(b"\x00z", b"pad"), (b"\x01a", b"new"), (b"\x01b", None),
                            (b"\x01c", b"c"), (b"\x03d", b"d")])
     t.load_range(keys.slice(1), values.slice(1), 1)  # sliced: the first entry is not loaded

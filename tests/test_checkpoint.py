@@ -29,7 +29,6 @@ from statecore.errors import (
 from statecore.key_groups import KeyGroupRange
 from support.fs_wrappers import LocalDelegatingHandler
 
-
 # ------------------------------------------------------------------------------------ fakes
 
 
@@ -317,7 +316,8 @@ def test_restore_reads_only_owned_key_group_ranges(tmp_path):
         r = DataFileReader(f, "x")
         rows = r._index_rows
         owned = rows[(rows["key_group"] >= 10) & (rows["key_group"] <= 13)]
-        footer_len = r.size - TRAILER_SIZE - int(r._blocks["offset"][-1] + r._blocks["stored_length"][-1])
+        footer_len = (r.size - TRAILER_SIZE
+                      - int(r._blocks["offset"][-1] + r._blocks["stored_length"][-1]))
         r.close()
     handler.bytes_read = 0
     store.restore(RecordingBackend((10, 13)), 2)
@@ -360,7 +360,8 @@ def test_replay_overwrites_its_own_files(tmp_path):
     assert store.metadata(4) == {"attempt": 2}
     with store.open(4) as r:
         assert read_all(r) == expected(second)
-    assert sorted(p.name for p in (tmp_path / "data" / "00000000000000000004").iterdir()) == ["p0.sckp"]
+    version_dir = tmp_path / "data" / "00000000000000000004"
+    assert sorted(p.name for p in version_dir.iterdir()) == ["p0.sckp"]
 
 
 def test_latest_version_and_open_default(tmp_path):
@@ -697,11 +698,13 @@ def _entries_by_kg(snap, kgs):
             for m in snap.state_metas() for kg in kgs}
 
 
-@pytest.mark.skipif(not _python_backend_available(), reason="pure-Python backend not importable yet")
+@pytest.mark.skipif(not _python_backend_available(),
+                    reason="pure-Python backend not importable yet")
 @pytest.mark.parametrize("key_type,max_parallelism", [("int64", 128), ("string", 1024)])
 def test_round_trip_through_python_backend(tmp_path, key_type, max_parallelism):
     from statecore.backends import create_backend
-    from statecore.key_groups import KeyGroupRange as KGR, key_group_range_for_operator
+    from statecore.key_groups import KeyGroupRange as KGR
+    from statecore.key_groups import key_group_range_for_operator
 
     store = CheckpointStore(tmp_path)
     src, descs, keys = _filled_python_backend(key_type, max_parallelism, 400)
@@ -759,7 +762,8 @@ def test_round_trip_through_python_backend(tmp_path, key_type, max_parallelism):
     assert KGR(0, max_parallelism - 1) == store.open(8).key_group_range
 
 
-@pytest.mark.skipif(not _python_backend_available(), reason="pure-Python backend not importable yet")
+@pytest.mark.skipif(not _python_backend_available(),
+                    reason="pure-Python backend not importable yet")
 def test_restore_into_incompatible_backend_raises_state_migration_error(tmp_path):
     from statecore.backends import create_backend
     from statecore.descriptors import ListStateDescriptor

@@ -11,8 +11,8 @@ import pyarrow.fs as pafs
 import pytest
 
 from statecore.checkpoint import CheckpointStore
-from test_checkpoint_incremental import Model, read_all
 from support.fs_wrappers import LocalDelegatingHandler
+from test_checkpoint_incremental import Model, read_all
 
 
 class InjectedCrash(OSError):

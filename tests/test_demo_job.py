@@ -52,7 +52,8 @@ def test_event_time_is_utc_departure_time():
     assert times == sorted(times)
     # The first departure: 05:15 in New York in January (EST, UTC-5) is 10:15 UTC.
     first = t.slice(0, 1).to_pylist()[0]
-    assert (first["tailnum"], first["event_time"].hour, first["event_time"].minute) == ("N14228", 10, 15)
+    assert ((first["tailnum"], first["event_time"].hour, first["event_time"].minute)
+            == ("N14228", 10, 15))
     # Every event time, seen in New York (DST included), is the scheduled hour:minute and day.
     local = t.to_pandas()["event_time"].dt.tz_convert("America/New_York")
     assert sorted(zip(local.dt.month, local.dt.day, local.dt.hour, local.dt.minute)) == \
@@ -100,7 +101,8 @@ def test_checkpoint_options_reach_both_operators(tmp_path, monkeypatch):
             return []
 
     seen = []
-    monkeypatch.setattr(job_mod, "run_demo", lambda cfg, progress=None: seen.append(cfg) or Summary())
+    monkeypatch.setattr(job_mod, "run_demo",
+                        lambda cfg, progress=None: seen.append(cfg) or Summary())
     main(["demo", "--checkpoint", str(tmp_path / "c"), "--output", str(tmp_path / "o"),
           "--backend", "python", "--retain-versions", "5", "--max-runs", "3",
           "--commit-timeout", "12.5", "--quiet"])
@@ -244,7 +246,8 @@ def test_replayed_micro_batch_in_the_pipeline(spark, tmp_path):
     b1 = spark.read.parquet(*landing.files[3:])
     pipe(b0, 0)
     s1, r1 = pipe(b1, 1)
-    out = {n: _output_rows(os.path.join(cfg.output, n, "batch_id=1")) for n in ("sessions", "route_delays")}
+    out = {n: _output_rows(os.path.join(cfg.output, n, "batch_id=1"))
+           for n in ("sessions", "route_delays")}
     s1b, r1b = pipe(b1, 1)
     assert {n: _output_rows(os.path.join(cfg.output, n, "batch_id=1"))
             for n in ("sessions", "route_delays")} == out

@@ -87,7 +87,8 @@ def test_incremental_checkpoints_restore_every_version(tmp_path, kind, seed):
         # Rescaled: three operators together hold exactly the same entries.
         parts = {}
         for i in range(3):
-            op = create_backend(kind, key_type="int64", key_group_range=key_group_range_for_operator(128, 3, i))
+            op = create_backend(kind, key_type="int64",
+                                key_group_range=key_group_range_for_operator(128, 3, i))
             store.restore(op, version)
             for name, per in snapshot_dump(op.snapshot()).items():
                 parts.setdefault(name, {}).update(per)

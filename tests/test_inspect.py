@@ -7,8 +7,13 @@ import os
 import pyarrow.parquet as pq
 import pytest
 
-from statecore import (CheckpointStore, ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor,
-                       create_backend)
+from statecore import (
+    CheckpointStore,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ValueStateDescriptor,
+    create_backend,
+)
 from statecore.cli import main
 
 
@@ -38,7 +43,8 @@ def test_inspect_summary_entries_and_parquet(tmp_path, capsys, kind):
     out = capsys.readouterr().out
     assert "versions retained  1" in out
     for name, n in [("count", 3), ("seen", 3), ("attrs", 3), ("__timers__", 3)]:
-        assert any(line.split()[:3] == ["state", name, str(n)] for line in out.splitlines()), (name, out)
+        assert any(line.split()[:3] == ["state", name, str(n)]
+                   for line in out.splitlines()), (name, out)
     assert "key='N2'" in out and "value=11" in out and '["n2", "x"]' in out
 
     pq_path = str(tmp_path / "e.parquet")
@@ -81,7 +87,8 @@ def test_inspect_and_restore_of_the_fixed_width_value_types(tmp_path, capsys, ki
     if kind == "native":
         pytest.importorskip("statecore._native")
     descs = [ValueStateDescriptor("u", "uint64"), ValueStateDescriptor("t", pa.timestamp("ns")),
-             ListStateDescriptor("f", pa.binary(3)), ReducingStateDescriptor("mx", "max", "timestamp[s]")]
+             ListStateDescriptor("f", pa.binary(3)),
+             ReducingStateDescriptor("mx", "max", "timestamp[s]")]
     b = create_backend(kind, key_type="string")
     u, t, f, mx = (b.get_state(d) for d in descs)
     b.set_current_key("N1")
@@ -109,7 +116,9 @@ def test_inspect_and_restore_of_the_fixed_width_value_types(tmp_path, capsys, ki
             (2**64 - 1, -(2**63), [b"abc", b"\xff\x00\x01"], 2**63 - 1)
         wrong = create_backend(other, key_type="string")
         store.restore(wrong, 1)
-        for d in (ValueStateDescriptor("t", "timestamp[us]"), ListStateDescriptor("f", pa.binary(4)),
-                  ValueStateDescriptor("u", "int64"), ReducingStateDescriptor("mx", "max", "timestamp[ms]")):
+        for d in (ValueStateDescriptor("t", "timestamp[us]"),
+                  ListStateDescriptor("f", pa.binary(4)),
+                  ValueStateDescriptor("u", "int64"),
+                  ReducingStateDescriptor("mx", "max", "timestamp[ms]")):
             with pytest.raises(StateMigrationError):
                 wrong.get_state(d)

@@ -11,7 +11,8 @@ import types
 import mmh3
 import pytest
 import xxhash
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from statecore import key_groups as kgm
 from statecore.errors import InvalidInputError
@@ -21,7 +22,8 @@ DATA = pathlib.Path(__file__).parent / "data"
 FLINK = json.loads((DATA / "flink_keygroups.json").read_text())
 SPARK = json.loads((DATA / "spark_hashes.json").read_text())
 
-FLINK_TYPES = {"java.lang.Integer": "int32", "java.lang.Long": "int64", "java.lang.String": "string"}
+FLINK_TYPES = {"java.lang.Integer": "int32", "java.lang.Long": "int64",
+               "java.lang.String": "string"}
 
 
 def _python_impl():
@@ -32,7 +34,8 @@ def _python_impl():
         murmur3_32=kgm.murmur3_32,
         flink_murmur_hash=kgm.flink_murmur_hash,
         default_max_parallelism=kgm.compute_default_max_parallelism,
-        key_group_range_for_operator=lambda mp, p, i: kgm.key_group_range_for_operator(mp, p, i).to_tuple(),
+        key_group_range_for_operator=lambda mp, p, i: kgm.key_group_range_for_operator(
+            mp, p, i).to_tuple(),
         operator_index_for_key_group=kgm.operator_index_for_key_group,
     )
 
@@ -92,7 +95,8 @@ def test_flink_ranges(impl):
     for p, mp in FLINK["computeDefaultMaxParallelism"].items():
         assert impl.default_max_parallelism(int(p)) == mp
     for e in FLINK["computeKeyGroupRangeForOperatorIndex_128_3"]:
-        assert tuple(impl.key_group_range_for_operator(128, 3, e["operatorIndex"])) == (e["start"], e["end"])
+        got = tuple(impl.key_group_range_for_operator(128, 3, e["operatorIndex"]))
+        assert got == (e["start"], e["end"])
     for kg, op in FLINK["computeOperatorIndexForKeyGroup_128_3"].items():
         assert impl.operator_index_for_key_group(128, 3, int(kg)) == op
 

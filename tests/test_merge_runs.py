@@ -87,7 +87,7 @@ def test_bad_runs_raise():
 
 def test_a_run_that_breaks_the_merge_is_a_corrupt_checkpoint(tmp_path, monkeypatch):
     """The reader names the version, state, key group and runs when the merge rejects them."""
-    from statecore import create_backend, ValueStateDescriptor
+    from statecore import ValueStateDescriptor, create_backend
     from statecore.checkpoint import CheckpointStore
 
     store = CheckpointStore(str(tmp_path))

@@ -57,7 +57,8 @@ def test_snapshot_isolated_while_writing_many_keys():
     st.add_batch(keys, pa.array([1] * 20_000, pa.int64()))
     # After the last release no copy-on-write happens any more.
     after = b.copy_on_write_stats()["sum"]
-    assert (after["entry_copies"], after["page_copies"]) == (copies["entry_copies"], copies["page_copies"])
+    assert ((after["entry_copies"], after["page_copies"])
+            == (copies["entry_copies"], copies["page_copies"]))
     assert st.get_batch(pa.array([0, 59_999], pa.int64())).to_pylist() == [7, 7]
 
 
@@ -66,7 +67,8 @@ def test_batch_and_per_record_address_the_same_entries():
                            ("int32", [1, -1, 7]), ("binary", [b"\x00", b"xy", b""])]:
         b = create_backend("native", key_type=key_type)
         st = b.get_state(ValueStateDescriptor("v", "float64"))
-        typ = {"int64": pa.int64(), "string": pa.string(), "int32": pa.int32(), "binary": pa.binary()}[key_type]
+        typ = {"int64": pa.int64(), "string": pa.string(), "int32": pa.int32(),
+               "binary": pa.binary()}[key_type]
         st.put_batch(pa.array(keys, typ), pa.array([1.5, 2.5, None], pa.float64()))
         got = []
         for k in keys:
@@ -129,7 +131,8 @@ def test_checkpoint_round_trip_native_and_python_interchangeable(tmp_path):
         expected.update({k: v for v, k in enumerate(ks)})
     got, timers = {}, 0
     for i in range(3):
-        b = create_backend("native", key_type="string", key_group_range=key_group_range_for_operator(128, 3, i))
+        b = create_backend("native", key_type="string",
+                           key_group_range=key_group_range_for_operator(128, 3, i))
         store.restore(b, 1)
         st = b.get_state(ReducingStateDescriptor("n", "sum", "int64"))
         mine = [k for k in keys if b.key_group_range.contains(
@@ -181,8 +184,10 @@ def _random_stored(rng, vt: str):
     if vt == "bool":
         return rng.random() < 0.5
     if vt == "string":
-        return "".join(rng.choice("aé日😀\x00") for _ in range(rng.randint(0, 200 if rng.random() < 0.1 else 5)))
-    return bytes(rng.randrange(256) for _ in range(rng.randint(0, 200 if rng.random() < 0.1 else 5)))
+        return "".join(rng.choice("aé日😀\x00")
+                       for _ in range(rng.randint(0, 200 if rng.random() < 0.1 else 5)))
+    return bytes(rng.randrange(256)
+                 for _ in range(rng.randint(0, 200 if rng.random() < 0.1 else 5)))
 
 
 def _stored_form(rng, kind: str, vt: str, ttl: bool):
@@ -329,7 +334,8 @@ def test_large_chunked_stream_batches_match_one_array(value_type, arrow_type):
     if value_type in ("int64", "int32"):
         ra = a.get_state(ReducingStateDescriptor("r", "max", value_type))
         rb = b.get_state(ReducingStateDescriptor("r", "max", value_type))
-        assert rb.add_batch(_StreamOnly(kstream), _StreamOnly(vstream)).equals(ra.add_batch(karr, varr))
+        assert rb.add_batch(_StreamOnly(kstream), _StreamOnly(vstream)).equals(
+            ra.add_batch(karr, varr))
 
 
 def test_a_table_busy_in_another_thread_raises_instead_of_racing():

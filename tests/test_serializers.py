@@ -7,7 +7,8 @@ import pickle
 
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from statecore import serializers as S
 from statecore.errors import InvalidInputError
@@ -129,7 +130,8 @@ VALUES = {
     "uint64": st.integers(0, (1 << 64) - 1), "timestamp[ns]": INT64,
     "fixed_size_binary[3]": st.binary(min_size=3, max_size=3),
     "pickle": st.recursive(st.none() | st.integers() | st.text(max_size=5),
-                           lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=3), c, max_size=3),
+                           lambda c: (st.lists(c, max_size=3)
+                                      | st.dictionaries(st.text(max_size=3), c, max_size=3)),
                            max_leaves=8),
 }
 
@@ -148,7 +150,8 @@ def test_value_list_map_round_trip(data, vt):
     if s.fixed_width:
         assert len(blob) == s.fixed_width * len(elems)
     ukt = data.draw(st.sampled_from(["int64", "string", "binary", "pickle"]))
-    m = data.draw(st.dictionaries(KEYS.get(ukt, st.integers()), VALUES[vt].filter(lambda x: x is not None), max_size=8))
+    m = data.draw(st.dictionaries(KEYS.get(ukt, st.integers()),
+                                  VALUES[vt].filter(lambda x: x is not None), max_size=8))
     blob = S.encode_map(m, ukt, vt)
     pairs = S.decode_map(blob, ukt, vt)
     assert dict(pairs) == m and len(pairs) == len(m)
@@ -205,7 +208,8 @@ def test_special_floats():
     lambda: S.encode_key(-1, 128, 1, "int64", None, "void"),
     lambda: S.encode_key(0, 40000, 1, "int64", None, "void"),
     lambda: S.decode_key(b"\x00\x00", 128, "int64", "void"),
-    lambda: S.decode_key(S.encode_key(0, 128, 1, "int64", None, "void") + b"\x00", 128, "int64", "void"),
+    lambda: S.decode_key(S.encode_key(0, 128, 1, "int64", None, "void") + b"\x00", 128, "int64",
+                         "void"),
     lambda: S.decode_key(b"\x00\x03ab\x09\x01n\x02", 128, "string", "string"),
     lambda: S.value_serializer("int64").deserialize(b"\x00" * 7),
     lambda: S.decode_list(b"\x00" * 9, "int64"),

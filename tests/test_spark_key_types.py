@@ -15,7 +15,6 @@ from statecore import ValueStateDescriptor, create_backend
 from statecore import key_types as KT
 from statecore.errors import InvalidInputError
 from statecore.key_groups import normalize_key_type, spark_key_group
-
 from support import spark_key_type_vectors as V
 
 pytestmark = pytest.mark.spark
@@ -98,7 +97,8 @@ def test_routing_columns_for_every_key_column_type(spark):
                CAST(timestamp_micros(j * 7) AS TIMESTAMP_NTZ) AS ntz,
                unhex(hex(j)) AS bin, CAST(j AS INT) AS i, CAST(x AS STRING) AS s
         FROM VALUES (0.0D, 0L), (-0.0D, -1L), (1.5D, 1L), (-7.0D, -7000000L),
-                    (CAST('NaN' AS DOUBLE), 2147483647L), (CAST('Infinity' AS DOUBLE), -2147483648L),
+                    (CAST('NaN' AS DOUBLE), 2147483647L),
+                    (CAST('Infinity' AS DOUBLE), -2147483648L),
                     (-1e300D, 123L), (123456789.0D, 99999L) AS t(x, j)""")
     df = df.select("*", F.struct("s", "d", "b").alias("st"))
     key_types = {c: backend_key_type(df.schema[c].dataType) for c in df.columns}
@@ -185,7 +185,8 @@ def test_operator_with_a_struct_key_column(spark, tmp_path, kind):
         out = pq.read_table(str(tmp_path / "out" / f"batch_id={batch_id}")).to_pylist()
         got = {}
         for r in out:
-            key = KT.key_type("struct<string,float64,timestamp[us]>").check((r["s"], r["d"], r["ts"]))
+            key = KT.key_type("struct<string,float64,timestamp[us]>").check(
+                (r["s"], r["d"], r["ts"]))
             got[key] = max(got.get(key, 0), r["n"])
         touched = {KT.key_type("struct<string,float64,timestamp[us]>").check(t) for t in part}
         assert _canon(got) == _canon({k: model[k] for k in touched}), batch_id

@@ -189,7 +189,8 @@ def test_routing_columns_match_statecore_key_groups(spark):
                 assert row.kg == kg, (row.k, key_type)
                 assert row.op == row.op1 == operator_index_for_key_group(MAXP, n, kg)
     typed = spark.range(1).select(F.lit(5).cast("bigint").alias("kg"))
-    assert dict(typed.select(operator_index_column("kg", 2, MAXP).alias("op")).dtypes)["op"] == "int"
+    op_column = typed.select(operator_index_column("kg", 2, MAXP).alias("op"))
+    assert dict(op_column.dtypes)["op"] == "int"
     # A column name with a backtick and a dot is one top-level column, not a struct field.
     odd = spark.createDataFrame([(5,)], "`a.b``c` bigint")
     got = odd.select(operator_index_of("a.b`c", 3, MAXP).alias("op")).collect()[0].op
@@ -319,7 +320,8 @@ def test_bad_input_is_reported(spark, tmp_path):
         op(spark.createDataFrame([(None, 1, 1), (2, 1, 1)], "k bigint, v bigint, t bigint"), 0)
     assert op.latest_version() is None  # nothing committed
     with pytest.raises(InvalidInputError, match="unsupported key column type"):
-        op(spark.createDataFrame([(1.5, 1, 1)], "k float, v bigint, t bigint"), 0)  # no float32 keys
+        # no float32 keys
+        op(spark.createDataFrame([(1.5, 1, 1)], "k float, v bigint, t bigint"), 0)
     with pytest.raises(InvalidInputError, match="key column"):
         op(spark.createDataFrame([(1, 1)], "x bigint, v bigint"), 0)
 
@@ -374,7 +376,8 @@ def test_operator_without_python_worker_reuse(tmp_path):
         backends.append("native")
     except ImportError:
         pass
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support", "spark_no_reuse_job.py")
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support",
+                          "spark_no_reuse_job.py")
     proc = subprocess.run([sys.executable, script, str(tmp_path), *backends],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

@@ -324,7 +324,8 @@ def test_list_elements_and_map_entries_expire_one_by_one(kind):
     clock = ManualClock(0)
     b = create_backend(kind, key_type="int64", ttl_clock=clock)
     lst = b.get_state(ListStateDescriptor("l", "int64").enable_time_to_live(StateTtlConfig(100)))
-    mp = b.get_state(MapStateDescriptor("m", "int64", "string").enable_time_to_live(StateTtlConfig(100)))
+    mp = b.get_state(
+        MapStateDescriptor("m", "int64", "string").enable_time_to_live(StateTtlConfig(100)))
     b.set_current_key(1)
     lst.add(1)
     mp.put(1, "one")
@@ -395,7 +396,8 @@ def test_timestamp_suffix_in_snapshots(kind):
 def test_restore_with_ttl_switched_on_or_off_is_a_state_migration(kind):
     clock = ManualClock(0)
     with_ttl = create_backend(kind, key_type="int64", ttl_clock=clock)
-    s = with_ttl.get_state(ValueStateDescriptor("v", "int64").enable_time_to_live(StateTtlConfig(10)))
+    s = with_ttl.get_state(
+        ValueStateDescriptor("v", "int64").enable_time_to_live(StateTtlConfig(10)))
     with_ttl.set_current_key(1)
     s.update(1)
     plain = create_backend(kind, key_type="int64")
@@ -425,7 +427,8 @@ def test_restore_with_ttl_switched_on_or_off_is_a_state_migration(kind):
     clock.set(30)
     assert st.value() == 1
     metas = {m["name"]: m for m in ok.snapshot().state_metas()}
-    assert metas["v"]["ttl"]["ttl_ms"] == 50 and metas["v"]["ttl"]["update_type"] == "OnReadAndWrite"
+    assert metas["v"]["ttl"]["ttl_ms"] == 50
+    assert metas["v"]["ttl"]["update_type"] == "OnReadAndWrite"
 
 
 @KIND
@@ -514,7 +517,8 @@ def test_compaction_filter_map_entries():
 
     blob = entry(b"a", b"1", 0) + entry(b"b", b"22", 80) + entry(b"c", b"", 30)
     assert filter_expired("map", None, 100, 50, blob) == blob
-    assert filter_expired("map", None, 100, 100, blob) == entry(b"b", b"22", 80) + entry(b"c", b"", 30)
+    assert (filter_expired("map", None, 100, 100, blob)
+            == entry(b"b", b"22", 80) + entry(b"c", b"", 30))
     assert filter_expired("map", None, 100, 130, blob) == entry(b"b", b"22", 80)
     assert filter_expired("map", None, 100, 180, blob) is None
     with pytest.raises(InvalidInputError):
@@ -528,7 +532,8 @@ def test_compaction_filter_reads_what_the_backends_write(kind):
     clock = ManualClock(0)
     b = create_backend(kind, key_type="int64", ttl_clock=clock)
     lst = b.get_state(ListStateDescriptor("l", "int64").enable_time_to_live(StateTtlConfig(100)))
-    mp = b.get_state(MapStateDescriptor("m", "string", "string").enable_time_to_live(StateTtlConfig(100)))
+    mp = b.get_state(
+        MapStateDescriptor("m", "string", "string").enable_time_to_live(StateTtlConfig(100)))
     b.set_current_key(1)
     lst.add(1)
     mp.put("a", "x")
@@ -574,7 +579,8 @@ def _mixed_state(kind, clock):
     a list and a map with elements of both ages."""
     b = create_backend(kind, key_type="int64", ttl_clock=clock)
     descs = [ValueStateDescriptor("v", "int64"), ListStateDescriptor("l", "string"),
-             MapStateDescriptor("m", "int64", "string"), ReducingStateDescriptor("r", "sum", "int64"),
+             MapStateDescriptor("m", "int64", "string"),
+             ReducingStateDescriptor("r", "sum", "int64"),
              AggregatingStateDescriptor("a", Avg(), "pickle")]
     states = [b.get_state(d.enable_time_to_live(FULL_CLEANUP)) for d in descs]
     v, lst, mp, r, a = states
@@ -647,7 +653,8 @@ def test_scenario_5_full_snapshot_cleanup_survives_moving_the_clock_back(kind, p
     restored.restore(source)
     # Counted as the snapshot is serialized (python: at snapshot(); native: as it is read).
     filtered = b.ttl_statistics()["full_snapshot"]
-    assert filtered == 40 * 3 + 30 * 2 + 10 * 2  # values, aggregates; whole lists/maps; trimmed ones
+    # values, aggregates; whole lists/maps; trimmed ones
+    assert filtered == 40 * 3 + 30 * 2 + 10 * 2
     assert _contents(restored, descs) == _expected_after_cleanup()
     # The live backend still holds everything: a full snapshot filters, it does not remove.
     assert len(_contents(b, descs)) == 60 * 5

@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from support.listed_changes import ListedChanges
 from statecore import create_backend
 from statecore.descriptors import ReducingStateDescriptor, ValueStateDescriptor
 from statecore.errors import InvalidInputError
 from statecore.ttl import ManualClock, StateTtlConfig
+from support.listed_changes import ListedChanges
 
 native = pytest.importorskip("statecore.backends.native")
 

@@ -298,7 +298,8 @@ def _ttl_value(draw, kind, width):
         times = sorted(draw(st.lists(_times, min_size=n, max_size=n)))
         out = b""
         for t in times:
-            e = draw(st.binary(min_size=width, max_size=width)) if width else draw(st.binary(max_size=200))
+            e = (draw(st.binary(min_size=width, max_size=width)) if width
+                 else draw(st.binary(max_size=200)))
             out += (b"" if width else S.write_varlen(len(e))) + e + _ts(t)
         return out
     n = draw(st.integers(1, 4))
@@ -311,7 +312,8 @@ def _ttl_value(draw, kind, width):
 
 
 @pytest.mark.skipif(_native is None, reason="native extension not built")
-@pytest.mark.parametrize("kind,width", [("value", None), ("list", 8), ("list", None), ("map", None)])
+@pytest.mark.parametrize("kind,width",
+                         [("value", None), ("list", 8), ("list", None), ("map", None)])
 @settings(max_examples=60, derandomize=True, deadline=None)
 @given(data=st.data(), now=_times)
 def test_native_filter_agrees_with_python(kind, width, data, now):
@@ -404,7 +406,8 @@ def test_compaction_filter_keeps_short_values_trims_lists_and_maps():
     k, v, n = compaction_filter("list", 4, 100, tp, keys.slice(0, 1), pa.array([lst], pa.binary()))
     assert v.to_pylist() == [lst[24:]] and n == 2  # stride 4 + 8: the suffix from element 2
     var = b"".join(S.write_varlen(len(e)) + e + _ts(t) for e, t in [(b"abc", 0), (b"", 60)])
-    k, v, n = compaction_filter("list", None, 100, tp, keys.slice(0, 1), pa.array([var], pa.binary()))
+    k, v, n = compaction_filter("list", None, 100, tp, keys.slice(0, 1),
+                                pa.array([var], pa.binary()))
     assert v.to_pylist() == [var[1 + 3 + 8:]] and n == 1
     ent = [S.write_varlen(1) + bytes([c]) + S.write_varlen(9) + b"v" + _ts(t)
            for c, t in [(1, 0), (2, 60), (3, 40)]]
@@ -469,7 +472,8 @@ def test_native_chunk_filter_reads_large_binary_and_sliced_arrays():
     vals = _vals([0, 90, 10, 80, 20, 70])
     want = filter_entries("value", None, 100, 150, keys.slice(1, 4), vals.slice(1, 4))
     for k, v in [(keys.slice(1, 4), vals.slice(1, 4)),
-                 (keys.cast(pa.large_binary()).slice(1, 4), vals.cast(pa.large_binary()).slice(1, 4))]:
+                 (keys.cast(pa.large_binary()).slice(1, 4),
+                  vals.cast(pa.large_binary()).slice(1, 4))]:
         got = _native.ttl_filter_entries("value", None, 100, 150, k, v)
         assert got[0].to_pylist() == want[0].to_pylist() == [bytes([0, 1]), bytes([0, 3])]
         assert got[1].equals(want[1]) and got[1].type == pa.binary() and got[2] == want[2] == 2

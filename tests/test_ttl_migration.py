@@ -276,7 +276,8 @@ def test_on_to_off_drops_what_expired_and_strips_the_rest(tmp_path, kind, spec, 
     _written_with_ttl(kind, spec, store)
     b, st = restored(kind, store, 1, plain_desc(spec), order, ManualClock(120))
     # Keys 0-4 expired at 100; of keys 5-9 only what was written at 50 is left.
-    assert read_all(b, spec, st) == {i: (spec.expect_refreshed(i) if i >= 5 else None) for i in KEYS}
+    assert read_all(b, spec, st) == {i: (spec.expect_refreshed(i) if i >= 5 else None)
+                                     for i in KEYS}
     collection = spec.units > 1
     assert b.ttl_statistics()["migration"] == 5 * spec.units + (5 * spec.units if collection else 0)
     ref = create_backend(kind, key_type="int64")
@@ -509,7 +510,8 @@ def test_migration_flag_is_not_part_of_the_meta():
     assert d.enable_ttl_migration() is d and d.ttl_migration is True
     assert d.meta() == ValueStateDescriptor("v", "int64").meta()
     # check_compatible lets a TTL on/off difference pass with the request, nothing else.
-    ttl_meta = dict(ValueStateDescriptor("v", "int64").enable_time_to_live(StateTtlConfig(5)).meta())
+    ttl_meta = dict(
+        ValueStateDescriptor("v", "int64").enable_time_to_live(StateTtlConfig(5)).meta())
     d.check_compatible(ttl_meta)
     with pytest.raises(StateMigrationError, match="value_type"):
         d.check_compatible(dict(ttl_meta, value_type="string"))

@@ -126,7 +126,8 @@ def test_arrow_acceptance_and_python_lists():
 
 
 def test_descriptors():
-    d = ValueStateDescriptor("v", pa.timestamp("ms", tz="UTC"), default=datetime.datetime(1970, 1, 2))
+    d = ValueStateDescriptor("v", pa.timestamp("ms", tz="UTC"),
+                             default=datetime.datetime(1970, 1, 2))
     assert d.meta()["value_type"] == "timestamp[ms]" and d.default_value() == 86_400_000
     assert ListStateDescriptor("l", pa.binary(8)).meta()["value_type"] == "fixed_size_binary[8]"
     assert MapStateDescriptor("m", "string", "uint64").meta()["value_type"] == "uint64"

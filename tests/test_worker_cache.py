@@ -54,8 +54,9 @@ def _background_write(store, backend):
     snap = backend.snapshot()
     report = {"attempt": "a", "partition": 0}
     # chunk_bytes=1: a write per block (~1,000), each delayed by the SlowHandler.
-    start = lambda st, s, v, w: st.write_snapshot_async(s, v, w, block_target_bytes=256,
-                                                        chunk_bytes=1)
+    def start(st, s, v, w):
+        return st.write_snapshot_async(s, v, w, block_target_bytes=256, chunk_bytes=1)
+
     return checkpoint_write.checkpoint_in_background(store, snap, 7, "p0-a-t0", report, start)
 
 

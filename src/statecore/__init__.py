@@ -33,13 +33,13 @@ from statecore.errors import (
     StateError,
     StateMigrationError,
 )
-from statecore.ttl import StateTtlConfig, StateVisibility, UpdateType
 from statecore.key_groups import (
     KeyGroupRange,
     compute_default_max_parallelism,
     key_group_range_for_operator,
     operator_index_for_key_group,
 )
+from statecore.ttl import StateTtlConfig, StateVisibility, UpdateType
 
 __version__ = "0.1.0"
 

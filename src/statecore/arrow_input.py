@@ -72,7 +72,8 @@ def import_arrow(obj, what: str, accepts=None):
         try:
             arr = pa.array(obj)
         except Exception as e:
-            raise InvalidInputError(f"{what}: cannot import through the Arrow C data interface: {e}") from e
+            raise InvalidInputError(
+                f"{what}: cannot import through the Arrow C data interface: {e}") from e
     else:
         raise InvalidInputError(
             f"{what} must be a pyarrow Array/ChunkedArray or implement __arrow_c_stream__ or "
@@ -124,10 +125,10 @@ def check_arrow_type(arr: pa.Array, type_name: str, what: str) -> None:
 
 
 def coerce_key_array(keys, key_type, combine: bool = True):
-    """Validate a batch of keys (the ``keys`` rules of :mod:`statecore.backends.base`) and return it as one pa.Array, or with
-    ``combine=False`` as imported (a pa.ChunkedArray stays chunked: no copy): the key
-    type's Arrow type (:meth:`statecore.key_types.KeyType.accepts`), no null key and, for a
-    multi-column key, no null field. A multi-column key type also takes a list/tuple of arrays
+    """Validate a batch of keys (the ``keys`` rules of :mod:`statecore.backends.base`) and return it
+    as one pa.Array, or with ``combine=False`` as imported (a pa.ChunkedArray stays chunked: no
+    copy): the key type's Arrow type (:meth:`statecore.key_types.KeyType.accepts`), no null key and,
+    for a multi-column key, no null field. A multi-column key type also takes a list/tuple of arrays
     (one per column, equal lengths), combined into a struct array. InvalidInputError names what
     is wrong (and the first null row)."""
     kt = KT.key_type(key_type)
@@ -149,7 +150,8 @@ def coerce_key_array(keys, key_type, combine: bool = True):
             if nulls:
                 raise InvalidInputError(
                     f"keys: field {i} ({arr.type.field(i).name!r}) has {nulls} null(s) "
-                    f"(first at row {_first_null(pa.chunked_array(fields, arr.type.field(i).type))})"
+                    f"(first at row "
+                    f"{_first_null(pa.chunked_array(fields, arr.type.field(i).type))})"
                     "; a multi-column key must not have null fields")
     return combined(arr) if combine else arr
 

@@ -142,7 +142,8 @@ def _add_inspect(sub) -> None:
                     "--checkpoint directory): retained versions, runs, bytes, entries and "
                     "tombstones per state, key groups, committed metadata.")
     p.add_argument("path", help="checkpoint root, a directory above roots, or a URI")
-    p.add_argument("--version", type=int, default=None, help="version to describe (default: latest)")
+    p.add_argument("--version", type=int, default=None,
+                   help="version to describe (default: latest)")
     p.add_argument("--verify", action="store_true", help="read and check every block first")
     p.add_argument("--entries", type=int, default=0, metavar="N",
                    help="also print the first N decoded entries of each root")

@@ -4,11 +4,12 @@ A descriptor names a piece of keyed state and fixes its kind and the types it st
 value-type names (``"int32"``, ``"int64"``, ``"uint64"``, ``"float64"``, ``"bool"``,
 ``"timestamp[ms]"`` (any unit of s, ms, us, ns), ``"string"``, ``"binary"``,
 ``"fixed_size_binary[16]"``, ``"pickle"``) or pyarrow DataTypes (``pa.timestamp("ms")``,
-``pa.binary(16)``, ...); see :mod:`statecore.value_types` for the bytes and the Python values. :meth:`StateDescriptor.meta` is the JSON-able description written into snapshots; on
-restore, :meth:`StateDescriptor.check_compatible` compares it with the restored meta and raises
-:class:`~statecore.errors.StateMigrationError` when kind or types differ, or TTL is switched on
-or off (Flink's ``StateMigrationException``) -- unless the descriptor requests that TTL
-migration with :meth:`StateDescriptor.enable_ttl_migration` (:mod:`statecore.ttl` "Migration").
+``pa.binary(16)``, ...); see :mod:`statecore.value_types` for the bytes and the Python values.
+:meth:`StateDescriptor.meta` is the JSON-able description written into snapshots; on restore,
+:meth:`StateDescriptor.check_compatible` compares it with the restored meta and raises
+:class:`~statecore.errors.StateMigrationError` when kind or types differ, or TTL is switched on or
+off (Flink's ``StateMigrationException``) -- unless the descriptor requests that TTL migration with
+:meth:`StateDescriptor.enable_ttl_migration` (:mod:`statecore.ttl` "Migration").
 """
 
 from __future__ import annotations
@@ -228,7 +229,8 @@ class Reducer:
         elif isinstance(spec, str):
             if spec not in BUILTIN_REDUCERS:
                 raise InvalidInputError(
-                    f"unknown reducer {spec!r}; use one of {', '.join(BUILTIN_REDUCERS)} or a callable"
+                    f"unknown reducer {spec!r}; use one of {', '.join(BUILTIN_REDUCERS)} "
+                    "or a callable"
                 )
             self.name, self.fn = spec, None
         elif callable(spec):
@@ -297,12 +299,14 @@ class Reducer:
         if not isinstance(got, pa.Array) or len(got) != len(accs):
             raise InvalidInputError(
                 f"vectorized reducer must return an Arrow array of length {len(accs)}, got "
-                f"{type(got).__name__}" + (f" of length {len(got)}" if isinstance(got, pa.Array) else ""))
+                f"{type(got).__name__}"
+                + (f" of length {len(got)}" if isinstance(got, pa.Array) else ""))
         if got.type != t:
             try:
                 got = got.cast(t)
             except Exception as e:
-                raise InvalidInputError(f"vectorized reducer returned {got.type}, not {t}: {e}") from e
+                raise InvalidInputError(
+                    f"vectorized reducer returned {got.type}, not {t}: {e}") from e
         if got.null_count:
             raise InvalidInputError(f"vectorized reducer returned {got.null_count} null(s)")
         return S.value_serializer(t).to_pylist(got)
@@ -334,7 +338,8 @@ class ReducingStateDescriptor(StateDescriptor):
                 f"reducer 'sum' does not apply to {self.value_type} values (a sum of instants is "
                 "no instant); use min, max, first, last or count, or sum an int64 state")
         if r == "sum" and self.value_type not in _NUMERIC + ("pickle",):
-            raise InvalidInputError(f"reducer 'sum' needs a numeric value type, not {self.value_type}")
+            raise InvalidInputError(
+                f"reducer 'sum' needs a numeric value type, not {self.value_type}")
         if r in ("min", "max") and self.value_type == "bool":
             raise InvalidInputError(f"reducer {r!r} does not support bool values")
         self.serializer = S.value_serializer(self.value_type)

@@ -77,15 +77,18 @@ def summary_lines(root: str, version: Optional[int] = None, verify: bool = False
     yield f"checkpoint {root}"
     yield f"  versions retained  {', '.join(map(str, versions))}"
     yield (f"  version {v}: {d['runs']} run(s), {_fmt_bytes(d['bytes'])} stored "
-           f"({_fmt_bytes(d['bytes_added'])} written for this version), {_fmt_bytes(d['raw_bytes'])} uncompressed"
+           f"({_fmt_bytes(d['bytes_added'])} written for this version), "
+           f"{_fmt_bytes(d['raw_bytes'])} uncompressed"
            + (", verified" if verify else ""))
-    yield (f"  key groups         {d['key_group_range'][0]}..{d['key_group_range'][1]} of max parallelism "
-           f"{d['max_parallelism']} (key type {d['key_type']}, assigner {d['assigner']})")
+    yield (f"  key groups         {d['key_group_range'][0]}..{d['key_group_range'][1]} "
+           f"of max parallelism {d['max_parallelism']} (key type {d['key_type']}, "
+           f"assigner {d['assigner']})")
     yield f"  longest run chain  {d['max_runs_per_key_group']}"
     for meta in d["states"]:
         name = meta["name"]
-        what = ", ".join(f"{k}={meta[k]}" for k in ("kind", "value_type", "user_key_type", "reducer",
-                                                     "namespace_type") if meta.get(k) is not None)
+        what = ", ".join(f"{k}={meta[k]}"
+                         for k in ("kind", "value_type", "user_key_type", "reducer",
+                                   "namespace_type") if meta.get(k) is not None)
         yield (f"  state {name:18s} {d['entries'].get(name, 0):>10,} entries "
                f"{d['tombstones'].get(name, 0):>8,} tombstones  ({what})")
         if meta.get("ttl"):
@@ -113,14 +116,16 @@ def _ttl_text(ttl: dict) -> str:
     if ttl.get("cleanup_in_background"):
         cleanup.append("background")
     return (f"{ttl['ttl_ms']:,} ms {ttl.get('time_characteristic', 'processing_time')}, "
-            f"{ttl.get('update_type')}, {ttl.get('state_visibility')}; cleanup: {', '.join(cleanup)}")
+            f"{ttl.get('update_type')}, {ttl.get('state_visibility')}; "
+            f"cleanup: {', '.join(cleanup)}")
 
 
 def _jsonish(v) -> str:
     return json.dumps(v, sort_keys=True, default=repr)
 
 
-def entries_table(root: str, version: Optional[int] = None, limit: Optional[int] = None) -> pa.Table:
+def entries_table(root: str, version: Optional[int] = None,
+                  limit: Optional[int] = None) -> pa.Table:
     """The entries of ``version`` (default: latest) as an Arrow table with columns ``state``
     (string), ``key_group`` (int32), ``key`` (the checkpoint's key type), ``namespace`` and
     ``value`` (JSON text; lists, maps and pickled objects rendered as JSON, ``repr`` where JSON
@@ -147,7 +152,8 @@ def entries_table(root: str, version: Optional[int] = None, limit: Optional[int]
                 if table.kind == "list":
                     value = [from_stored(table.value_ser, e) for e in stored]
                 elif table.kind == "map":
-                    value = {repr(table.user_key_ser.deserialize(uk)): from_stored(table.value_ser, uv)
+                    value = {repr(table.user_key_ser.deserialize(uk)):
+                             from_stored(table.value_ser, uv)
                              for uk, uv in sorted(stored.items())}
                 else:
                     value = from_stored(table.value_ser, stored)

@@ -17,9 +17,9 @@ inclusive :class:`KeyGroupRange`. Two assigners are provided:
 
 The key types, their per-record values and encodings: :mod:`statecore.key_types`.
 Ranges and operator indexes follow Flink ``KeyGroupRangeAssignment`` exactly
-(``computeKeyGroupRangeForOperatorIndex``, ``computeOperatorIndexForKeyGroup``). Verified against ``tests/data/*.json``, which were
-produced by real Flink and Spark runs. The native extension implements the same functions; this
-module is the reference it is tested against.
+(``computeKeyGroupRangeForOperatorIndex``, ``computeOperatorIndexForKeyGroup``). Verified against
+``tests/data/*.json``, which were produced by real Flink and Spark runs. The native extension
+implements the same functions; this module is the reference it is tested against.
 """
 
 from __future__ import annotations
@@ -103,7 +103,8 @@ def check_key(key, key_type):
 # --------------------------------------------------------------------------- hash primitives
 
 def xxh64(data: bytes, seed: int) -> int:
-    """XXH64 of ``data`` with a 64-bit ``seed`` (signed or unsigned); returns the unsigned digest."""
+    """XXH64 of ``data`` with a 64-bit ``seed`` (signed or unsigned); returns the unsigned
+    digest."""
     return xxhash.xxh64_intdigest(bytes(data), seed=seed & _M64)
 
 
@@ -371,7 +372,8 @@ class KeyGroupRange:
 KeyGroupRange.EMPTY = KeyGroupRange(0, -1)
 
 
-def key_group_range_for_operator(max_parallelism: int, parallelism: int, operator_index: int) -> KeyGroupRange:
+def key_group_range_for_operator(max_parallelism: int, parallelism: int,
+                                 operator_index: int) -> KeyGroupRange:
     """Flink ``computeKeyGroupRangeForOperatorIndex``:
     ``[(i*maxP + p - 1) // p, ((i+1)*maxP - 1) // p]``. Requires ``0 < p <= maxP <= 32768`` and
     ``0 <= i < p`` (InvalidInputError otherwise)."""

@@ -241,7 +241,8 @@ class KeyType:
                 raise InvalidInputError(f"key {x} is out of range for key type {self.name}")
             return x
         if k == "float64":
-            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+            if (isinstance(v, (bool, np.bool_))
+                    or not isinstance(v, (int, float, np.integer, np.floating))):
                 raise self._mismatch(v)
             try:
                 return canonical_float(float(v))
@@ -257,7 +258,8 @@ class KeyType:
             try:
                 v.encode("utf-8")
             except UnicodeEncodeError as e:
-                raise InvalidInputError(f"string key is not valid Unicode (lone surrogate?): {e}") from None
+                raise InvalidInputError(
+                    f"string key is not valid Unicode (lone surrogate?): {e}") from None
             return v
         if not isinstance(v, (bytes, bytearray, memoryview)):
             raise self._mismatch(v)
@@ -425,7 +427,8 @@ def _unsupported(spec) -> InvalidInputError:
     return InvalidInputError(
         f"unsupported key type {spec!r}; expected one of int32, int64, uint64, float64, bool, "
         "timestamp[s|ms|us|ns], string, binary, fixed_size_binary[N], a pyarrow type of those, "
-        "or several of them (a tuple/list, pa.struct or 'struct<t1,t2,...>') for a multi-column key")
+        "or several of them (a tuple/list, pa.struct or 'struct<t1,t2,...>') for a multi-column "
+        "key")
 
 
 def _struct_of(fields) -> KeyType:

@@ -130,7 +130,8 @@ class KeySerializer:
             try:
                 raw = pickle.dumps(v, protocol=PICKLE_PROTOCOL)
             except Exception as e:
-                raise InvalidInputError(f"user key of type {type(v).__name__} cannot be pickled: {e}") from e
+                raise InvalidInputError(
+                    f"user key of type {type(v).__name__} cannot be pickled: {e}") from e
             return write_varlen(len(raw) + 1) + raw
         return self.key_type.serialize(v)
 

@@ -135,9 +135,11 @@ class TimerService:
             ns_arr = as_arrow_array(namespaces, "namespaces",
                                     lambda t: arrow_type_ok(self.namespace_type, t))
             if len(ns_arr) != len(arr):
-                raise InvalidInputError(f"namespaces have {len(ns_arr)} rows but keys have {len(arr)}")
+                raise InvalidInputError(
+                    f"namespaces have {len(ns_arr)} rows but keys have {len(arr)}")
             if self.namespace_type == "void":
-                raise InvalidInputError("timers with the void namespace accept only namespaces=None")
+                raise InvalidInputError(
+                    "timers with the void namespace accept only namespaces=None")
             check_arrow_type(ns_arr, self.namespace_type, "namespaces")
             if ns_arr.null_count:
                 raise InvalidInputError("namespaces must not contain nulls")
@@ -161,13 +163,15 @@ class TimerService:
             self._insert(kg, enc, entry)
 
     def delete_batch(self, keys, timestamps, namespaces=None) -> None:
-        """Delete one timer per row (absent ones are ignored); arguments as :meth:`register_batch`."""
+        """Delete one timer per row (absent ones are ignored); arguments as
+        :meth:`register_batch`."""
         for kg, enc, _ in self._batch(keys, timestamps, namespaces):
             self._remove(kg, enc)
         self._maybe_compact()
 
     def list_event_time_timers(self) -> list[tuple[int, Any]]:
-        """``(timestamp, namespace)`` of every timer of the current key, ascending by encoded key."""
+        """``(timestamp, namespace)`` of every timer of the current key, ascending by encoded
+        key."""
         b = self._backend
         key = b.current_key
         if key is None:
@@ -301,7 +305,8 @@ class TimerService:
         for kg in kgs:
             keys, _ = snapshot.entries(TIMERS_STATE_NAME, kg)
             for enc in keys.to_pylist():
-                kg2, ts, key, ns = S.decode_timer_key(enc, b.max_parallelism, self._key_ser, self._ns_ser)
+                kg2, ts, key, ns = S.decode_timer_key(enc, b.max_parallelism, self._key_ser,
+                                                      self._ns_ser)
                 if kg2 != kg:
                     raise InvalidInputError(f"timer key {enc.hex()} listed under key group {kg}")
                 decoded.append((kg, bytes(enc), (ts, key, ns)))

@@ -3,10 +3,10 @@
 
 A state whose descriptor carries a TTL config stores every value, list element and map entry with
 the time of its last access (milliseconds, int64): in memory next to the value, in snapshots and
-checkpoint files as an 8-byte big-endian suffix after the value's bytes (docs/formats.md "TTL suffix").
-An entry with timestamp ``ts`` is expired at time ``now`` when ``ts + ttl_ms <= now`` -- exactly at
-``ts + ttl_ms`` it is expired -- unless ``ts + ttl_ms`` overflows int64, in which case it never
-expires (Flink ``TtlUtils.expired``).
+checkpoint files as an 8-byte big-endian suffix after the value's bytes (docs/formats.md
+"TTL suffix"). An entry with timestamp ``ts`` is expired at time ``now`` when ``ts + ttl_ms <= now``
+-- exactly at ``ts + ttl_ms`` it is expired -- unless ``ts + ttl_ms`` overflows int64, in which case
+it never expires (Flink ``TtlUtils.expired``).
 
 Time: ``processing_time`` (Flink's only option) reads the backend's processing-time clock, an
 injectable callable returning milliseconds (``KeyedStateBackend(ttl_clock=...)``; default the

@@ -2,23 +2,24 @@
 values and Arrow arrays of the batch API. :mod:`statecore.serializers` re-exports
 :class:`ValueSerializer`, :func:`value_serializer` and :func:`normalize_value_type`.
 
-=========================  ===============================  ====================  ===================
-value type (canonical)     stored bytes (``ser(value)``)    per-record value      batch (Arrow type)
-=========================  ===============================  ====================  ===================
-``int32``                  4 bytes little-endian            int                   int32
-``int64``                  8 bytes little-endian            int                   int64
-``uint64``                 8 bytes little-endian unsigned   int in [0, 2**64)     uint64
-``float64``                8 bytes LE IEEE 754              float (int accepted)  float64
-``bool``                   1 byte 00/01 (nonzero reads      bool                  bool
-                           as true)
-``timestamp[u]``           8 bytes little-endian int64:     int (see below)       timestamp(u), any
-                           units ``u`` since the epoch                            time zone in
-``string``                 UTF-8                            str                   string, large_string
-``binary``                 the raw bytes                    bytes (bytes-like     binary, large_binary
-                                                            accepted)
-``fixed_size_binary[N]``   exactly the N bytes              bytes of N bytes      fixed_size_binary(N)
-``pickle``                 ``pickle.dumps(v, protocol=5)``  any object            (no batch API)
-=========================  ===============================  ====================  ===================
+========================  ===============================  =================  ====================
+value type (canonical)    stored bytes (``ser(value)``)    per-record value   batch (Arrow type)
+========================  ===============================  =================  ====================
+``int32``                 4 bytes little-endian            int                int32
+``int64``                 8 bytes little-endian            int                int64
+``uint64``                8 bytes little-endian unsigned   int in [0, 2**64)  uint64
+``float64``               8 bytes LE IEEE 754              float (int         float64
+                                                           accepted)
+``bool``                  1 byte 00/01 (nonzero reads      bool               bool
+                          as true)
+``timestamp[u]``          8 bytes little-endian int64:     int (see below)    timestamp(u), any
+                          units ``u`` since the epoch                         time zone in
+``string``                UTF-8                            str                string, large_string
+``binary``                the raw bytes                    bytes (bytes-like  binary, large_binary
+                                                           accepted)
+``fixed_size_binary[N]``  exactly the N bytes              bytes of N bytes   fixed_size_binary(N)
+``pickle``                ``pickle.dumps(v, protocol=5)``  any object         (no batch API)
+========================  ===============================  =================  ====================
 
 Names: as :mod:`statecore.key_types` writes them (aliases ``long``, ``double``, ``str``, ...;
 ``large_string``/``large_binary`` are ``string``/``binary``) or a pyarrow DataType
@@ -217,7 +218,8 @@ class ValueSerializer:
                 raise InvalidInputError(f"value {x} overflows {self.name}")
             return x
         if k == "float64":
-            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+            if (isinstance(v, (bool, np.bool_))
+                    or not isinstance(v, (int, float, np.integer, np.floating))):
                 raise self._mismatch(v)
             try:
                 return float(v)
@@ -246,7 +248,8 @@ class ValueSerializer:
         return v
 
     def _mismatch(self, v) -> InvalidInputError:
-        return InvalidInputError(f"value {v!r} of type {type(v).__name__} is not a {self.name} value")
+        return InvalidInputError(
+            f"value {v!r} of type {type(v).__name__} is not a {self.name} value")
 
     def _timestamp_units(self, v) -> int:
         """Units since the epoch of a datetime / pandas.Timestamp / numpy.datetime64, exactly."""
@@ -289,7 +292,8 @@ class ValueSerializer:
         try:
             return pickle.dumps(v, protocol=PICKLE_PROTOCOL)
         except Exception as e:  # pickling errors have many types
-            raise InvalidInputError(f"value of type {type(v).__name__} cannot be pickled: {e}") from e
+            raise InvalidInputError(
+                f"value of type {type(v).__name__} cannot be pickled: {e}") from e
 
     def deserialize(self, b) -> Any:
         """Inverse of :meth:`serialize`. InvalidInputError on a wrong length for a fixed-width
@@ -297,7 +301,8 @@ class ValueSerializer:
         b = bytes(b)
         k = self.kind
         if self.fixed_width is not None and len(b) != self.fixed_width:
-            raise InvalidInputError(f"{self.name} value must be {self.fixed_width} bytes, got {len(b)}")
+            raise InvalidInputError(
+                f"{self.name} value must be {self.fixed_width} bytes, got {len(b)}")
         fmt = _STRUCT.get(k)
         if fmt is not None:
             return struct.unpack(fmt, b)[0]

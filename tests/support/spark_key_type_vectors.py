@@ -104,7 +104,8 @@ def compute(spark) -> dict:
                         "string": "string", "binary": "binary",
                         "fixed_size_binary[N]": "binary"},
         "uint64_decimal20": "xxhash64 of the value as decimal(20,0) (how Spark reads Parquet "
-                            "UINT_64): NOT statecore's uint64 hash, recorded to show the difference",
+                            "UINT_64): NOT statecore's uint64 hash, recorded to show the "
+                            "difference",
     }}
     for t, i, v in where:
         rec = {"value": v, "xxhash64": row[f"{t}|{i}|x"], "pmod_xxhash64_128": row[f"{t}|{i}|p"],

@@ -21,8 +21,8 @@ def create_backend(kind: str = "native", **options) -> KeyedStateBackend:
     ``kind``: ``"python"`` (PythonBackend, the pure-Python reference) or ``"native"``
     (NativeBackend over the C++ engine; imported lazily so the Python backend works without the
     extension). ``options`` go to the backend: key_type, max_parallelism, key_group_range,
-    assigner, timer_namespace_type, ttl_clock (see KeyedStateBackend). Raises InvalidInputError for an
-    unknown kind.
+    assigner, timer_namespace_type, ttl_clock (see KeyedStateBackend). Raises InvalidInputError for
+    an unknown kind.
     """
     if kind == "python":
         from statecore.backends.python import PythonBackend

@@ -28,20 +28,22 @@ Common rules (both backends):
   state is a no-op. A value that does not fit the value type (e.g. an int64 sum overflow) raises
   InvalidInputError and leaves the state unchanged.
 
-Batch API (``get_batch``/``put_batch``/``clear_batch``/``contains_batch`` on ValueState; ``get_batch``/``add_batch``/
-``clear_batch`` on ReducingState and AggregatingState; ``append_batch``/``get_batch``/``clear_batch`` on ListState;
+Batch API (``get_batch``/``put_batch``/``clear_batch``/``contains_batch`` on ValueState;
+``get_batch``/``add_batch``/``clear_batch`` on ReducingState and AggregatingState;
+``append_batch``/``get_batch``/``clear_batch`` on ListState;
 ``put_batch``/``get_batch``/``contains_batch``/``remove_batch``/``clear_batch`` on MapState, one
 row per (key, user key)) -- does not change the backend's current key:
 
 * Arrow inputs (keys, values, namespaces, map user keys, timer timestamps) are read through
-  :func:`statecore.arrow_input.import_arrow`: a pa.Array, a pa.ChunkedArray, any object with ``__arrow_c_stream__``
-  (the Arrow C stream interface: pyarrow Table/RecordBatchReader/ChunkedArray, polars Series and
-  DataFrames, nanoarrow streams, ...; read to its end before any state changes, its chunks kept
-  as the producer's buffers) or with ``__arrow_c_array__`` (pa.RecordBatch, nanoarrow arrays,
-  ...). A record batch or record-batch stream with exactly one column is read as that column
-  where a column is expected (not for ``count`` / aggregating values, which take any type as
-  it comes: there a struct is a value). A stream that fails mid-way raises InvalidInputError
-  and changes nothing. Chunk boundaries need not match between the inputs of one call.
+  :func:`statecore.arrow_input.import_arrow`: a pa.Array, a pa.ChunkedArray, any object with
+  ``__arrow_c_stream__`` (the Arrow C stream interface: pyarrow
+  Table/RecordBatchReader/ChunkedArray, polars Series and DataFrames, nanoarrow streams, ...; read
+  to its end before any state changes, its chunks kept as the producer's buffers) or with
+  ``__arrow_c_array__`` (pa.RecordBatch, nanoarrow arrays, ...). A record batch or record-batch
+  stream with exactly one column is read as that column where a column is expected (not for
+  ``count`` / aggregating values, which take any type as it comes: there a struct is a value). A
+  stream that fails mid-way raises InvalidInputError and changes nothing. Chunk boundaries need not
+  match between the inputs of one call.
 * ``keys``: such an input whose type is
   exactly the key type's Arrow type: int32, int64, uint64, float64, bool; timestamp of the key
   type's unit (any time zone); string or large_string; binary or large_binary;
@@ -54,8 +56,8 @@ row per (key, user key)) -- does not change the backend's current key:
 * ``values``: same length as ``keys`` (else InvalidInputError) and the value type's Arrow type
   (``ValueSerializer.accepts``: large_string/large_binary accepted, timestamps of the value
   type's unit in any time zone, fixed_size_binary of its width; another type raises naming the
-  expected and the given type). For a ``count`` reducer any Arrow type is accepted. States whose value type is ``pickle`` do not support the batch API
-  (InvalidInputError).
+  expected and the given type). For a ``count`` reducer any Arrow type is accepted. States whose
+  value type is ``pickle`` do not support the batch API (InvalidInputError).
 * ``namespaces``: ``None`` -> every row uses the state's current namespace (the VoidNamespace for
   void states; for other namespace types it must have been set); a pa.Array (or ChunkedArray /
   ``__arrow_c_array__``) of the namespace type's Arrow type, same length, no nulls -> one namespace
@@ -84,9 +86,9 @@ do not), so while one runs, other Python threads run too: they may use *other* b
 kernels then run in parallel: kernels share no mutable state) and read snapshots taken earlier
 (copy-on-write isolates them, as for asynchronous checkpoints), but must not call anything on
 this backend; a call on a state whose kernel is running in another thread raises StateError
-instead of racing (a guard, not a lock: misuse across different states is not detected). The producer's Arrow buffers are read in place until
-the call returns and must not be modified meanwhile. The pure-Python backend never releases the
-GIL in a batch call.
+instead of racing (a guard, not a lock: misuse across different states is not detected). The
+producer's Arrow buffers are read in place until the call returns and must not be modified
+meanwhile. The pure-Python backend never releases the GIL in a batch call.
 
 Snapshots: :meth:`KeyedStateBackend.snapshot` returns a :class:`StateSnapshot` that is isolated
 from later writes. :meth:`KeyedStateBackend.restore` loads the key groups of the snapshot that
@@ -205,7 +207,8 @@ def check_snapshot_compatible(backend: "KeyedStateBackend", snap) -> None:
     for attr in ("key_type", "max_parallelism", "assigner"):
         mine, theirs = getattr(backend, attr), getattr(snap, attr)
         if mine != theirs:
-            raise StateMigrationError(f"snapshot has {attr}={theirs!r} but the backend has {attr}={mine!r}")
+            raise StateMigrationError(
+                f"snapshot has {attr}={theirs!r} but the backend has {attr}={mine!r}")
 
 
 # --------------------------------------------------------------------------- backend
@@ -432,7 +435,8 @@ class KeyedStateBackend(abc.ABC):
         ignored. Raises InvalidInputError for a non-int or an id this backend never issued,
         StateError when closed."""
         self._check_open()
-        if isinstance(snapshot_id, (bool, np.bool_)) or not isinstance(snapshot_id, (int, np.integer)):
+        if (isinstance(snapshot_id, (bool, np.bool_))
+                or not isinstance(snapshot_id, (int, np.integer))):
             raise InvalidInputError(f"snapshot_id must be an int, got {snapshot_id!r}")
         sid = int(snapshot_id)
         if sid < 1 or sid > self._last_snapshot_id:
@@ -476,7 +480,8 @@ class State(abc.ABC):
     def __init__(self, backend: KeyedStateBackend, descriptor, namespace_type: str):
         if namespace_type not in NAMESPACE_TYPES:
             raise InvalidInputError(
-                f"namespace type {namespace_type!r} not supported; use one of {', '.join(NAMESPACE_TYPES)}"
+                f"namespace type {namespace_type!r} not supported; "
+                f"use one of {', '.join(NAMESPACE_TYPES)}"
             )
         self.backend = backend
         self.descriptor = descriptor

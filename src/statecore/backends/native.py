@@ -46,11 +46,11 @@ which costs about what combining them would copy. Copies remain where they are c
 needed: chunks averaging fewer than ``_MIN_ROWS_PER_CHUNK`` rows are combined first (per-call
 costs would exceed a copy); an integer (int64, uint64, int32) ``sum`` batch is combined into one
 kernel call (its overflow rollback covers one call); a multi-column key given as a list of
-chunked columns is combined per column; outputs are one new array. The per-row paths combine chunks too (they build Python objects anyway).
-TTL-enabled states use the same kernels with TTL on (batch.h "TTL", batch_reads.h: the value
-bytes, list elements and map values carry the timestamp suffix; reads remove expired entries,
-list elements and map pairs and renew, writes stamp the batch's one clock reading); their
-semantics are ttl_states.py's, row for row.
+chunked columns is combined per column; outputs are one new array. The per-row paths combine chunks
+too (they build Python objects anyway). TTL-enabled states use the same kernels with TTL on (batch.h
+"TTL", batch_reads.h: the value bytes, list elements and map values carry the timestamp suffix;
+reads remove expired entries, list elements and map pairs and renew, writes stamp the batch's one
+clock reading); their semantics are ttl_states.py's, row for row.
 
 Snapshots: :meth:`NativeBackend.snapshot` takes one O(1) map snapshot per key group of every
 state (O(states x key groups), independent of the number of entries); entries are serialized
@@ -90,8 +90,7 @@ from statecore.arrow_input import (
     import_arrow,
     is_arrow_input,
 )
-from statecore.backends import base
-from statecore.backends import states, ttl_states
+from statecore.backends import base, states, ttl_states
 from statecore.backends.table_backend import TableBackend
 from statecore.errors import InvalidInputError, StateError, StateMigrationError
 from statecore.key_groups import KeyGroupRange
@@ -215,7 +214,8 @@ class NativeSnapshot:
         if self._released:
             raise StateError("snapshot was released")
         if not 0 <= key_group < self.max_parallelism:
-            raise InvalidInputError(f"key group {key_group} outside [0, {self.max_parallelism - 1}]")
+            raise InvalidInputError(
+                f"key group {key_group} outside [0, {self.max_parallelism - 1}]")
         empty = (pa.array([], pa.binary()), pa.array([], pa.binary()))
         if state_name == TIMERS_STATE_NAME:
             return self._timers.get(key_group, empty)
@@ -362,7 +362,8 @@ class NativeBackend(TableBackend):
         C++ and staged from it (one more copy of that state's entries)."""
         self._check_open()
         base.check_snapshot_compatible(self, snapshot_like)
-        kgs = list(self.key_group_range.intersection(KeyGroupRange.of(snapshot_like.key_group_range)))
+        kgs = list(self.key_group_range.intersection(
+            KeyGroupRange.of(snapshot_like.key_group_range)))
         staged = []
         migrated, expired = False, 0
         for meta in snapshot_like.state_metas():
@@ -477,14 +478,16 @@ class NativeBackend(TableBackend):
         vals = vals.cast(pa.binary()) if vals.type != pa.binary() else vals
         n = len(keys)
         if len(vals) != n or vals.null_count:
-            raise InvalidInputError(f"state {name!r}, key group {kg}: keys and values must be non-null and pair up")
+            raise InvalidInputError(f"state {name!r}, key group {kg}: keys and values must be "
+                                    "non-null and pair up")
         self._check_keys(table, kg, keys)
         width = self._value_width(table)
         if width is not None:
             voffs = np.frombuffer(vals.buffers()[1], np.int32)[vals.offset:vals.offset + n + 1]
             if np.any(np.diff(voffs) != width):
                 raise InvalidInputError(
-                    f"state {name!r}, key group {kg}: {table.value_ser.name} values must be {width} bytes")
+                    f"state {name!r}, key group {kg}: {table.value_ser.name} values must be "
+                    f"{width} bytes")
 
     @staticmethod
     def _value_width(table: NativeTable):
@@ -508,14 +511,16 @@ class NativeBackend(TableBackend):
             return
         offs = np.frombuffer(keys.buffers()[1], np.int32)[keys.offset:keys.offset + n + 1]
         if np.any(np.diff(offs) <= w):
-            raise InvalidInputError(f"state {name!r}: an encoded key of key group {kg} is too short")
+            raise InvalidInputError(
+                f"state {name!r}: an encoded key of key group {kg} is too short")
         data = np.frombuffer(keys.buffers()[2], np.uint8)
         starts = offs[:-1]
         got = data[starts].astype(np.int32) if w == 1 else \
             (data[starts].astype(np.int32) << 8) | data[starts + 1].astype(np.int32)
         if np.any(got != kg):
             raise InvalidInputError(
-                f"state {name!r}: entries listed under key group {kg} carry another key-group prefix")
+                f"state {name!r}: entries listed under key group {kg} carry another key-group "
+                "prefix")
 
     # ------------------------------------------------------------------ accounting
     def num_entries(self) -> int:
@@ -737,7 +742,8 @@ class _FastValue(_KernelClear, _KernelGet, states.TableValueState, _NativeState)
 
 def _reducer_kernel_ok(state, namespaces) -> bool:
     # Every fixed-width type has kernels for the reducers its descriptor allows.
-    return (_kernel_ok(state, namespaces) and state.descriptor.reducer.name in _native.BATCH_REDUCERS
+    return (_kernel_ok(state, namespaces)
+            and state.descriptor.reducer.name in _native.BATCH_REDUCERS
             and state._ser.fixed_width is not None)
 
 

@@ -193,7 +193,8 @@ class PythonTable(StateTable):
                     new = [(s, ts_to if ts == ts_from else ts) for s, ts in stored]
                 elif self.kind == "map":
                     hits = sum(e[1] == ts_from for e in stored.values())
-                    new = {uk: (e[0], ts_to if e[1] == ts_from else e[1]) for uk, e in stored.items()}
+                    new = {uk: (e[0], ts_to if e[1] == ts_from else e[1])
+                           for uk, e in stored.items()}
                 else:
                     hits = int(stored[1] == ts_from)
                     new = (stored[0], ts_to)
@@ -261,7 +262,8 @@ class PythonTable(StateTable):
             if ttl:
                 return S.encode_map_serialized(
                     {uk: _stored_bytes(ser, s) + _ts_bytes(ts) for uk, (s, ts) in stored.items()})
-            return S.encode_map_serialized({uk: _stored_bytes(ser, uv) for uk, uv in stored.items()})
+            return S.encode_map_serialized(
+                {uk: _stored_bytes(ser, uv) for uk, uv in stored.items()})
         if ttl:
             s, ts = stored
             return _stored_bytes(ser, s) + _ts_bytes(ts)
@@ -331,7 +333,8 @@ class PythonSnapshot:
         if state_name not in self._data:
             raise InvalidInputError(f"snapshot has no state named {state_name!r}")
         if not 0 <= key_group < self.max_parallelism:
-            raise InvalidInputError(f"key group {key_group} outside [0, {self.max_parallelism - 1}]")
+            raise InvalidInputError(
+                f"key group {key_group} outside [0, {self.max_parallelism - 1}]")
         got = self._data[state_name].get(key_group)
         return _EMPTY if got is None else got
 
@@ -393,7 +396,8 @@ class PythonBackend(TableBackend):
         sid = self._next_snapshot_id()
         self._clock.now = sid
         snap = PythonSnapshot(self.max_parallelism, self.key_group_range, self.key_type,
-                              self.assigner, metas, data, snapshot_id=sid, incremental=bool(incremental))
+                              self.assigner, metas, data, snapshot_id=sid,
+                              incremental=bool(incremental))
         snap.ttl_expired = self._take_ttl_delta()
         return snap
 
@@ -405,7 +409,8 @@ class PythonBackend(TableBackend):
         self._check_open()
         base.check_snapshot_compatible(self, snapshot_like)
         metas = snapshot_like.state_metas()
-        kgs = list(self.key_group_range.intersection(KeyGroupRange.of(snapshot_like.key_group_range)))
+        kgs = list(self.key_group_range.intersection(
+            KeyGroupRange.of(snapshot_like.key_group_range)))
         # Decode everything first so that a malformed snapshot leaves the backend unchanged.
         staged = []
         migrated, expired = False, 0
@@ -461,7 +466,8 @@ class PythonBackend(TableBackend):
         for kb in keys.to_pylist():
             kg2, key, ns, _ = S.decode_key(kb, self.max_parallelism, self._key_ser, table.ns_ser)
             if kg2 != kg:
-                raise InvalidInputError(f"entry {kb.hex()} of state {table.name!r} listed under key group {kg}")
+                raise InvalidInputError(
+                    f"entry {kb.hex()} of state {table.name!r} listed under key group {kg}")
             out.append((key, ns))
         return out
 

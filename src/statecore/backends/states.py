@@ -37,6 +37,7 @@ from statecore.arrow_input import (
 from statecore.backends import base
 from statecore.errors import InvalidInputError
 from statecore.key_groups import KeyGroupRange
+
 __all__ = [
     "to_stored",
     "from_stored",
@@ -148,7 +149,8 @@ class TableState:
     # addresses the backend's current key.
     _row_slot = None
 
-    def __init__(self, backend: base.KeyedStateBackend, descriptor, namespace_type, table: StateTable):
+    def __init__(self, backend: base.KeyedStateBackend, descriptor, namespace_type,
+                 table: StateTable):
         base.State.__init__(self, backend, descriptor, namespace_type)
         self._table = table
         self._ser = table.value_ser
@@ -238,7 +240,8 @@ class TableListState(TableState, base.ListState):
 
     def _elements(self, values) -> list:
         if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
-            raise InvalidInputError(f"expected an iterable of elements, got {type(values).__name__}")
+            raise InvalidInputError(
+                f"expected an iterable of elements, got {type(values).__name__}")
         out = []
         for v in values:
             if v is None:

@@ -88,7 +88,8 @@ class TableBackend(base.KeyedStateBackend):
                 # TTL settings may change between runs; snapshots carry the current ones.
                 table.meta["ttl"] = descriptor.ttl_config.meta()
         cached = self._states.get(descriptor.name)
-        if cached is not None and cached.descriptor is descriptor and cached.namespace_type == namespace_type:
+        if (cached is not None and cached.descriptor is descriptor
+                and cached.namespace_type == namespace_type):
             return cached
         if descriptor.ttl_config is not None:
             cls = self.ttl_state_classes[descriptor.kind]
@@ -144,7 +145,8 @@ class TableBackend(base.KeyedStateBackend):
         whole key groups of every registered state with ``cleanup_in_background``, through the
         tables' :meth:`~statecore.backends.states.StateTable.ttl_cleanup_key_group`."""
         self._check_open()
-        if isinstance(max_key_groups, bool) or not isinstance(max_key_groups, int) or max_key_groups < 1:
+        if (isinstance(max_key_groups, bool) or not isinstance(max_key_groups, int)
+                or max_key_groups < 1):
             raise InvalidInputError(f"max_key_groups must be an int >= 1, got {max_key_groups!r}")
         targets = [(st._table, st.descriptor.ttl_config) for st in self._states.values()
                    if st.descriptor.ttl_config is not None

@@ -61,7 +61,8 @@ Footer::
     meta_length     u32
     meta            meta_length bytes of UTF-8 JSON: {"format_version": 2, "version": int,
                     "writer": str, "max_parallelism": int, "key_type": str, "assigner": str,
-                    "key_group_range": [start, end] (inclusive, Flink KeyGroupRange; (0, -1) = empty),
+                    "key_group_range": [start, end] (inclusive, Flink KeyGroupRange;
+                                                     (0, -1) = empty),
                     "states": [state meta dicts, StateSnapshot.state_metas(),
                                docs/architecture.md],
                     "compression": "lz4.block", "block_target_bytes": int,
@@ -352,7 +353,8 @@ def plan_file(snap: Any, version: int, writer: str, block_target_bytes: int,
     kind = KIND_INCREMENTAL if incremental else KIND_FULL
     if (isinstance(block_target_bytes, bool) or not isinstance(block_target_bytes, int)
             or block_target_bytes < 1):
-        raise InvalidInputError(f"block_target_bytes must be a positive int, got {block_target_bytes!r}")
+        raise InvalidInputError(
+            f"block_target_bytes must be a positive int, got {block_target_bytes!r}")
     max_par = int(snap.max_parallelism)
     if not 1 <= max_par <= MAX_KEY_GROUPS:
         raise InvalidInputError(f"max_parallelism must be in [1, {MAX_KEY_GROUPS}], got {max_par}")
@@ -469,7 +471,8 @@ class _Assembler:
         footer_offset = self.pos
         footer_sum = xxh64(footer)
         self.emit(footer)
-        head = TRAILER.pack(footer_offset, len(footer), footer_sum, FORMAT_VERSION, 0, 0, MAGIC)[:32]
+        head = TRAILER.pack(footer_offset, len(footer), footer_sum, FORMAT_VERSION, 0, 0,
+                            MAGIC)[:32]
         self.emit(TRAILER.pack(footer_offset, len(footer), footer_sum, FORMAT_VERSION, 0,
                                xxh64(head), MAGIC))
         self.out.write(b"".join(self._pending))
@@ -628,7 +631,8 @@ class DataFileReader:
         # a checksum; index records must tile the block table in order.
         ends = blocks["offset"].astype(np.int64) + blocks["stored_length"]
         starts = np.concatenate(([HEADER_SIZE], ends[:-1])) if n_blocks else np.zeros(0, np.int64)
-        if n_blocks and (bool(np.any(blocks["offset"] != starts)) or int(ends[-1]) != footer_offset):
+        if n_blocks and (bool(np.any(blocks["offset"] != starts))
+                         or int(ends[-1]) != footer_offset):
             raise self._fail("block table does not tile the data region")
         if not n_blocks and footer_offset != HEADER_SIZE:
             raise self._fail("no blocks but bytes between header and footer")
@@ -735,7 +739,8 @@ class DataFileReader:
         except ValueError:
             return self._index_rows[:0]
         rows = self._index_rows
-        return rows[(rows["state"] == si) & (rows["key_group"] >= start) & (rows["key_group"] <= end)]
+        return rows[(rows["state"] == si) & (rows["key_group"] >= start)
+                    & (rows["key_group"] <= end)]
 
     def raw_bytes(self, state: str, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         """``(key_groups, raw_bytes)`` (int64 arrays, ascending key groups): the uncompressed
@@ -770,7 +775,8 @@ class DataFileReader:
         picks = np.concatenate([np.arange(int(f), int(f) + int(c), dtype=np.int64)
                                 for f, c in zip(rows["first_block"], rows["block_count"])])
         blocks = self._blocks[picks]
-        keys, values, bad, why = native_decode_blocks(data, blocks, lo, self.kind == KIND_INCREMENTAL)
+        keys, values, bad, why = native_decode_blocks(data, blocks, lo,
+                                                      self.kind == KIND_INCREMENTAL)
         if bad is not None:
             kg = int(np.repeat(rows["key_group"], rows["block_count"])[bad])
             raise CorruptCheckpointError(

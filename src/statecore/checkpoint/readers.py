@@ -73,7 +73,8 @@ def merge_newest_wins(parts: list[tuple[pa.Array, pa.Array]], native: bool = Tru
     else:
         keys = pa.concat_arrays([k for k, _ in parts])
         values = pa.concat_arrays([v for _, v in parts])
-        rank = np.concatenate([np.full(len(k), i, dtype=np.int32) for i, (k, _) in enumerate(parts)])
+        rank = np.concatenate([np.full(len(k), i, dtype=np.int32)
+                               for i, (k, _) in enumerate(parts)])
         order = pc.sort_indices(pa.table({"k": keys, "r": rank}),
                                 sort_keys=[("k", "ascending"), ("r", "ascending")])
         sk = keys.take(order)
@@ -252,7 +253,8 @@ class CheckpointReader:
                 f"runs {[r['path'] for r in runs]}: {exc}") from exc
 
     def entries_chunks(self, state_name: str, start: int, end: int,
-                       max_bytes: int = CHUNK_BYTES) -> Iterator[tuple[pa.BinaryArray, pa.BinaryArray]]:
+                       max_bytes: int = CHUNK_BYTES
+                       ) -> Iterator[tuple[pa.BinaryArray, pa.BinaryArray]]:
         """The entries of ``state_name`` in key groups ``[start, end]`` ∩ this version's range
         as a few large ``(keys, values)`` pairs instead of one per key group: each pair is what
         :meth:`entries` returns for consecutive key groups, concatenated in key-group order (so

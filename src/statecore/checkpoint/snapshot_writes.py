@@ -75,7 +75,8 @@ def run_descriptor(snap: Any, version: int, writer: str, rel: str, summary: Writ
         "stored_bytes": summary.stored_bytes,
         "key_groups_nonempty": summary.key_groups_nonempty,
         # TTL cleanup counts of the writing backend since its previous snapshot.
-        "ttl_expired": {str(k): int(v) for k, v in (getattr(snap, "ttl_expired", None) or {}).items()},
+        "ttl_expired": {str(k): int(v)
+                        for k, v in (getattr(snap, "ttl_expired", None) or {}).items()},
         "footer_xxh64": f"{summary.footer_xxh64:016x}",
         "kind": summary.kind,
         "tombstones": summary.tombstones,

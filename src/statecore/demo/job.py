@@ -5,8 +5,10 @@ Pipeline::
     landing/ (one Parquet file per day, event-time order)
       -> readStream.parquet (maxFilesPerTrigger = files_per_trigger; Spark checkpoint = offsets)
       -> foreachBatch(df, batch_id):
-           sessions     StatefulOperator(AircraftSessions, key tailnum)  -> OUTPUT/sessions/batch_id=N/
-           route_delays StatefulOperator(RouteDelays, key origin|dest)  -> OUTPUT/route_delays/batch_id=N/
+           sessions     StatefulOperator(AircraftSessions, key tailnum)
+                          -> OUTPUT/sessions/batch_id=N/
+           route_delays StatefulOperator(RouteDelays, key origin|dest)
+                          -> OUTPUT/route_delays/batch_id=N/
       -> trigger(availableNow=True): the query stops by itself once every landed file is processed
       -> sessions.flush(): open sessions emitted once, as version last_batch + 1 (final)
 
@@ -16,8 +18,9 @@ actions run first and both commit at the end of ``foreachBatch`` (so the checkpo
 sessions operator overlap the route operator's job); Spark commits batch N only after
 ``foreachBatch`` returned. A run killed at any point replays the uncommitted batch, whose
 operators restore N - 1 and overwrite their output. Checkpoints are incremental after the first
-version (``statecore.spark.operator`` docstring). ``max_batches`` stops a run after that many micro-batches of this run (the next one is
-refused before any side effect, so Spark re-plans it on restart).
+version (``statecore.spark.operator`` docstring). ``max_batches`` stops a run after that many
+micro-batches of this run (the next one is refused before any side effect, so Spark re-plans it on
+restart).
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from typing import Callable, Dict, List, Optional
 
 from statecore.errors import InvalidInputError, StateError
 
-__all__ = ["DemoConfig", "DemoSummary", "DemoPipeline", "run_demo", "parse_duration_ms", "native_backend_available"]
+__all__ = ["DemoConfig", "DemoSummary", "DemoPipeline", "run_demo", "parse_duration_ms",
+           "native_backend_available"]
 
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
@@ -44,7 +48,8 @@ def parse_duration_ms(text: str) -> int:
         raise InvalidInputError(f"duration must be a string like '6h', got {text!r}")
     s = text.strip().lower()
     parts = re.findall(r"(\d+)\s*(ms|s|m|h|d)", s)
-    if not s or not parts or re.sub(r"\s+", "", "".join(n + u for n, u in parts)) != re.sub(r"\s+", "", s):
+    if (not s or not parts
+            or re.sub(r"\s+", "", "".join(n + u for n, u in parts)) != re.sub(r"\s+", "", s)):
         raise InvalidInputError(
             f"cannot parse duration {text!r}; use e.g. 6h, 90m, 30s, 1d, 1h30m, 500ms")
     total = sum(int(n) * _UNITS_MS[u] for n, u in parts)
@@ -72,12 +77,12 @@ class DemoConfig:
     ``aircraft_idle_ttl_ms``, ``route_idle_ttl_ms``: event-time TTL in ms of the per-aircraft
     activity and the per-route statistics (default 30 days; None = kept forever), see
     :mod:`statecore.demo.processors`. The durations may change between runs of one checkpoint;
-    switching a TTL on or off is a state migration and is refused (StateMigrationError). ``ttl_background_key_groups``: key groups per partition
-    that TTL background cleanup expires after each micro-batch's snapshot (0 = off).
-    ``retain_versions``, ``max_runs``, ``commit_timeout_s``: passed to both operators
-    (:class:`statecore.spark.StatefulOperator`: committed versions kept, incremental runs per key
-    group before a compaction (None = never compact), seconds the driver waits for the
-    partitions' background checkpoint writes).
+    switching a TTL on or off is a state migration and is refused (StateMigrationError).
+    ``ttl_background_key_groups``: key groups per partition that TTL background cleanup expires
+    after each micro-batch's snapshot (0 = off). ``retain_versions``, ``max_runs``,
+    ``commit_timeout_s``: passed to both operators (:class:`statecore.spark.StatefulOperator`:
+    committed versions kept, incremental runs per key group before a compaction (None = never
+    compact), seconds the driver waits for the partitions' background checkpoint writes).
     """
 
     checkpoint: str = "./statecore-checkpoint"
@@ -108,7 +113,8 @@ class DemoConfig:
             raise InvalidInputError(
                 f"parallelism {self.parallelism} exceeds max_parallelism {self.max_parallelism}")
         if self.max_batches is not None and (isinstance(self.max_batches, bool)
-                                             or not isinstance(self.max_batches, int) or self.max_batches < 1):
+                                             or not isinstance(self.max_batches, int)
+                                             or self.max_batches < 1):
             raise InvalidInputError(f"max_batches must be a positive int, got {self.max_batches!r}")
         for name in ("aircraft_idle_ttl_ms", "route_idle_ttl_ms"):
             v = getattr(self, name)
@@ -166,19 +172,23 @@ class DemoSummary:
     def lines(self) -> List[str]:
         """Human-readable summary lines."""
         return [
-            f"events processed   {self.events:,} in {self.seconds:.1f} s ({self.events_per_second:,.0f} events/s)",
+            f"events processed   {self.events:,} in {self.seconds:.1f} s "
+            f"({self.events_per_second:,.0f} events/s)",
             f"micro-batches      {self.micro_batches} this run (last batch id {self.last_batch_id})"
             + ("; stopped at --max-batches" if self.stopped_early else ""),
-            f"sessions emitted   {self.sessions:,} (final flush {'done' if self.flushed else 'not yet'})",
+            f"sessions emitted   {self.sessions:,} "
+            f"(final flush {'done' if self.flushed else 'not yet'})",
             f"route updates      {self.route_rows:,} rows",
             f"state              {self.state_entries:,} entries, {self.state_bytes:,} bytes",
             f"checkpoint         {self.checkpoint_bytes:,} bytes on disk, "
             f"{self.checkpoint_bytes_written:,} bytes written by this run "
             f"(driver waited {self.commit_wait_seconds:.2f} s for background writes)",
-            f"state loads        {self.cache_loads} from the worker cache, {self.checkpoint_loads} from the checkpoint",
+            f"state loads        {self.cache_loads} from the worker cache, "
+            f"{self.checkpoint_loads} from the checkpoint",
             f"late rows dropped  {self.late_rows}",
-            "ttl expired        " + (", ".join(f"{n:,} {s}" for s, n in sorted(self.ttl_expired.items()))
-                                     or "none") + " (state entries, by cleanup strategy)",
+            "ttl expired        "
+            + (", ".join(f"{n:,} {s}" for s, n in sorted(self.ttl_expired.items())) or "none")
+            + " (state entries, by cleanup strategy)",
         ]
 
 
@@ -237,7 +247,7 @@ class _StopAfterMaxBatches(Exception):
 def _dir_bytes(path: str, exclude: Optional[str] = None) -> int:
     total = 0
     ex = os.path.abspath(exclude) if exclude else None
-    for root, dirs, files in os.walk(path):
+    for root, _dirs, files in os.walk(path):
         if ex and os.path.abspath(root).startswith(ex):
             continue
         for f in files:
@@ -248,7 +258,8 @@ def _dir_bytes(path: str, exclude: Optional[str] = None) -> int:
     return total
 
 
-def run_demo(cfg: DemoConfig, spark=None, progress: Optional[Callable[[str], None]] = print) -> DemoSummary:
+def run_demo(cfg: DemoConfig, spark=None,
+             progress: Optional[Callable[[str], None]] = print) -> DemoSummary:
     """Run the flights job (module docstring) and return its summary.
 
     ``spark``: an existing SparkSession (default: :func:`statecore.spark.local_session` on
@@ -274,7 +285,8 @@ def run_demo(cfg: DemoConfig, spark=None, progress: Optional[Callable[[str], Non
         f"{len(landing.files)} daily files under {landing_dir}")
 
     if spark is None:
-        spark = local_session("statecore-demo", master=cfg.master, shuffle_partitions=cfg.parallelism)
+        spark = local_session("statecore-demo", master=cfg.master,
+                              shuffle_partitions=cfg.parallelism)
     pipeline = DemoPipeline(cfg)
     ops_dir = pipeline.ops_dir
     sessions_op, routes_op = pipeline.sessions, pipeline.routes
@@ -309,7 +321,8 @@ def run_demo(cfg: DemoConfig, spark=None, progress: Optional[Callable[[str], Non
                 summary.ttl_expired[strategy] = summary.ttl_expired.get(strategy, 0) + n
         summary.batches.append({"batch_id": batch_id, "events": r.rows, "sessions": s.output_rows,
                                 "routes": r.output_rows, "seconds": dt})
-        wm = "-" if s.watermark_ms is None else time.strftime("%Y-%m-%d %H:%M", time.gmtime(s.watermark_ms / 1000))
+        wm = ("-" if s.watermark_ms is None
+              else time.strftime("%Y-%m-%d %H:%M", time.gmtime(s.watermark_ms / 1000)))
         say(f"batch {batch_id:>4}: {r.rows:>6,} events  {s.output_rows:>5,} sessions closed  "
             f"{r.output_rows:>4} routes updated  watermark {wm}  state "
             f"{s.state_entries + r.state_entries:,} entries / {s.state_bytes + r.state_bytes:,} B  "
@@ -353,7 +366,8 @@ def run_demo(cfg: DemoConfig, spark=None, progress: Optional[Callable[[str], Non
         if os.path.isdir(path):
             import pyarrow.dataset as ds
 
-            setattr(summary, attr, ds.dataset(path, format="parquet", partitioning="hive").count_rows())
+            setattr(summary, attr,
+                    ds.dataset(path, format="parquet", partitioning="hive").count_rows())
     for line in summary.lines():
         say(line)
     return summary

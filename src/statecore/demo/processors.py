@@ -35,8 +35,8 @@ from statecore.spark.processor import KeyedProcessor, ProcessorContext
 from statecore.timers import epoch_ms
 from statecore.ttl import StateTtlConfig
 
-__all__ = ["AircraftSessions", "RouteDelays", "SESSION_SCHEMA", "ROUTE_SCHEMA", "ROUTE_KEY_SEPARATOR",
-           "idle_ttl"]
+__all__ = ["AircraftSessions", "RouteDelays", "SESSION_SCHEMA", "ROUTE_SCHEMA",
+           "ROUTE_KEY_SEPARATOR", "idle_ttl"]
 
 _TS = pa.timestamp("us", tz="UTC")
 _INT64_MAX = 2**63 - 1
@@ -89,9 +89,10 @@ def idle_ttl(ttl_ms: int) -> StateTtlConfig:
 
 
 def _check_ttl(idle_ttl_ms):
-    if idle_ttl_ms is not None and (isinstance(idle_ttl_ms, bool) or not isinstance(idle_ttl_ms, int)
-                                    or idle_ttl_ms <= 0):
-        raise InvalidInputError(f"idle TTL must be a positive int (ms) or None, got {idle_ttl_ms!r}")
+    if idle_ttl_ms is not None and (isinstance(idle_ttl_ms, bool)
+                                    or not isinstance(idle_ttl_ms, int) or idle_ttl_ms <= 0):
+        raise InvalidInputError(
+            f"idle TTL must be a positive int (ms) or None, got {idle_ttl_ms!r}")
     return idle_ttl_ms
 
 
@@ -191,7 +192,8 @@ class AircraftSessions(KeyedProcessor):
                 pa.array(out["session_number"], pa.int64())]
         return pa.RecordBatch.from_arrays(cols, schema=SESSION_SCHEMA)
 
-    def process_batch(self, batch: pa.RecordBatch, ctx: ProcessorContext) -> Iterable[pa.RecordBatch]:
+    def process_batch(self, batch: pa.RecordBatch,
+                      ctx: ProcessorContext) -> Iterable[pa.RecordBatch]:
         gap = self.gap_ms
         wm = ctx.watermark_ms
         # Rows of a key arrive in no particular order after the shuffle: sort for determinism.
@@ -318,7 +320,8 @@ class RouteDelays(KeyedProcessor):
         self.total = b.get_state(_descriptor("arr_delay_sum", "int64", ttl))
         self.max = b.get_state(_descriptor("arr_delay_max", "int64", ttl))
 
-    def process_batch(self, batch: pa.RecordBatch, ctx: ProcessorContext) -> Iterable[pa.RecordBatch]:
+    def process_batch(self, batch: pa.RecordBatch,
+                      ctx: ProcessorContext) -> Iterable[pa.RecordBatch]:
         key = ctx.key_column
         delay = batch.column("arr_delay").cast(pa.int64())
         t = pa.table({key: batch.column(key), "d": delay,

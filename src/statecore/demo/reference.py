@@ -122,7 +122,8 @@ def reference_sessions(spark, landing_path: str, gap_ms: int, idle_ttl_ms: Optio
     sessions = df.groupBy("tailnum", w.alias("w")).agg(
         F.count(F.lit(1)).alias("flights"),
         F.sum(F.when(F.col("dep_time").isNull(), 1).otherwise(0)).cast("bigint").alias("cancelled"),
-        F.coalesce(F.sum(F.col("dep_delay").cast("bigint")), F.lit(0)).cast("bigint").alias("dep_delay_minutes"),
+        F.coalesce(F.sum(F.col("dep_delay").cast("bigint")), F.lit(0)).cast("bigint")
+            .alias("dep_delay_minutes"),
         F.min_by("_period", "event_time").alias("_period"),
         F.min_by("_since", "event_time").alias("_since"),
     )

@@ -240,7 +240,8 @@ def _raise_remote(payload: bytearray) -> None:
     except Exception as e:  # noqa: BLE001
         from statecore.errors import StateError
 
-        raise StateError(f"the worker holding the partition failed (unreadable error: {e})")
+        raise StateError(
+            f"the worker holding the partition failed (unreadable error: {e})") from e
     if isinstance(exc, BaseException):
         raise exc
     from statecore.errors import StateError
@@ -404,7 +405,9 @@ def _relayed(sock: socket.socket, chunks: Callable[[], Iterator[pa.RecordBatch]]
             except (OSError, ConnectionError):
                 sender.join()
                 if failure:
-                    raise failure[0]
+                    # The input side's error closed the socket: it is the cause, not the
+                    # socket error it led to.
+                    raise failure[0] from None
                 raise
             if kind == DONE:
                 break

@@ -295,7 +295,8 @@ class StatefulOperator:
         if not isinstance(processor, KeyedProcessor):
             for hook in ("open", "process_batch", "on_watermark", "flush", "output_schema"):
                 if not hasattr(processor, hook):
-                    raise InvalidInputError(f"processor lacks {hook!r} (see statecore.spark.KeyedProcessor)")
+                    raise InvalidInputError(
+                        f"processor lacks {hook!r} (see statecore.spark.KeyedProcessor)")
         if not isinstance(getattr(processor, "output_schema", None), pa.Schema):
             raise InvalidInputError("processor.output_schema must be a pyarrow.Schema")
         if not isinstance(key_column, str) or not key_column:
@@ -308,15 +309,18 @@ class StatefulOperator:
                 f"got {parallelism!r}")
         if backend not in ("python", "native"):
             raise InvalidInputError(f"backend must be 'python' or 'native', got {backend!r}")
-        if isinstance(retain_versions, bool) or not isinstance(retain_versions, int) or retain_versions < 2:
+        if (isinstance(retain_versions, bool) or not isinstance(retain_versions, int)
+                or retain_versions < 2):
             raise InvalidInputError(f"retain_versions must be an int >= 2, got {retain_versions!r}")
         if max_runs is not None and (isinstance(max_runs, bool) or not isinstance(max_runs, int)
                                      or max_runs < 1):
             raise InvalidInputError(f"max_runs must be an int >= 1 or None, got {max_runs!r}")
         if isinstance(commit_timeout_s, bool) or not isinstance(commit_timeout_s, (int, float)) \
                 or not commit_timeout_s > 0:
-            raise InvalidInputError(f"commit_timeout_s must be a number > 0, got {commit_timeout_s!r}")
-        if isinstance(ttl_background_key_groups, bool) or not isinstance(ttl_background_key_groups, int) \
+            raise InvalidInputError(
+                f"commit_timeout_s must be a number > 0, got {commit_timeout_s!r}")
+        if isinstance(ttl_background_key_groups, bool) \
+                or not isinstance(ttl_background_key_groups, int) \
                 or ttl_background_key_groups < 0:
             raise InvalidInputError(
                 f"ttl_background_key_groups must be an int >= 0, got {ttl_background_key_groups!r}")
@@ -330,7 +334,8 @@ class StatefulOperator:
             raise InvalidInputError(f"handoff must be a bool, got {handoff!r}")
         if sink is None:
             if output is None:
-                raise InvalidInputError("give either sink= or output= (directory of the default sink)")
+                raise InvalidInputError(
+                    "give either sink= or output= (directory of the default sink)")
             sink = parquet_batch_sink(output)
         self.name = name
         self.processor = processor
@@ -474,7 +479,8 @@ class StatefulOperator:
                 raise InvalidInputError(
                     f"operator {self.name}: key column type {key_type} differs from the "
                     f"checkpoint's {prev_meta['key_type']}")
-            if "processor_config" in prev_meta and prev_meta["processor_config"] != processor_config:
+            if ("processor_config" in prev_meta
+                    and prev_meta["processor_config"] != processor_config):
                 raise InvalidInputError(
                     f"operator {self.name}: the processor's configuration "
                     f"{processor_config} differs from the one the checkpoint was built with "

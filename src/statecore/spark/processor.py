@@ -1,4 +1,5 @@
-"""The user's side of the statecore Spark operator: :class:`KeyedProcessor` and :class:`ProcessorContext`.
+"""The user's side of the statecore Spark operator: :class:`KeyedProcessor` and
+:class:`ProcessorContext`.
 
 A processor is the stateful logic of one keyed operator. The operator
 (:class:`statecore.spark.StatefulOperator`) routes every row to the partition that owns its key
@@ -113,10 +114,13 @@ class KeyedProcessor:
         return None
 
     def open(self, ctx: ProcessorContext) -> None:
-        """Declare state (``ctx.backend.get_state(descriptor)``) and keep the handles on ``self``."""
+        """Declare state (``ctx.backend.get_state(descriptor)``) and keep the handles on
+        ``self``."""
 
-    def process_batch(self, batch: pa.RecordBatch, ctx: ProcessorContext) -> Iterable[pa.RecordBatch]:
-        """Consume the micro-batch's rows for this partition; return output batches (may be empty)."""
+    def process_batch(self, batch: pa.RecordBatch,
+                      ctx: ProcessorContext) -> Iterable[pa.RecordBatch]:
+        """Consume the micro-batch's rows for this partition; return output batches (may be
+        empty)."""
         return ()
 
     def on_watermark(self, ctx: ProcessorContext, watermark_ms: int) -> Iterable[pa.RecordBatch]:

@@ -80,7 +80,8 @@ def operator_index_column(key_group_column_name: str, parallelism: int, max_para
     from pyspark.sql import functions as F
 
     mp = check_max_parallelism(max_parallelism)
-    if isinstance(parallelism, bool) or not isinstance(parallelism, int) or not 0 < parallelism <= mp:
+    if (isinstance(parallelism, bool) or not isinstance(parallelism, int)
+            or not 0 < parallelism <= mp):
         raise InvalidInputError(
             f"parallelism must be an int in [1, max_parallelism={mp}], got {parallelism!r}"
         )
@@ -99,7 +100,8 @@ def operator_index_of(key_column: str, parallelism: int, max_parallelism: int,
     so a union of them with the data is routed by one ``repartitionById`` without a projection
     first. Raises InvalidInputError for a bad parallelism or column name."""
     mp = check_max_parallelism(max_parallelism)
-    if isinstance(parallelism, bool) or not isinstance(parallelism, int) or not 0 < parallelism <= mp:
+    if (isinstance(parallelism, bool) or not isinstance(parallelism, int)
+            or not 0 < parallelism <= mp):
         raise InvalidInputError(
             f"parallelism must be an int in [1, max_parallelism={mp}], got {parallelism!r}"
         )

@@ -36,7 +36,8 @@ def local_session(
     execution off (it could coalesce the ``repartitionById`` partitions, which would break the
     partition -> key-group range mapping). For a local master the Python workers run
     ``sys.executable`` and find this ``statecore`` package (its parent directory is put on
-``PYTHONPATH``, which the JVM passes on to the workers it starts). ``conf`` entries override all of these.
+    ``PYTHONPATH``, which the JVM passes on to the workers it starts). ``conf`` entries override all
+    of these.
 
     Raises ImportError when pyspark is not installed.
     """

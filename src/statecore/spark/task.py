@@ -260,7 +260,8 @@ class TaskSpec:
             t0 = time.perf_counter()
         if task_attempt is None:
             task_attempt = _task_attempt_number()
-        kg_range = key_group_range_for_operator(self.max_parallelism, self.num_partitions, partition_id)
+        kg_range = key_group_range_for_operator(self.max_parallelism, self.num_partitions,
+                                                partition_id)
         store = CheckpointStore(self.store_uri)
         cache_key = self._cache_key(partition_id, store)
         backend = None
@@ -381,7 +382,8 @@ class TaskSpec:
                 "partition": partition_id, "attempt": self.attempt,
                 "task_attempt": task_attempt, "writer": writer,
                 "rows": rows, "output_rows": out_rows, "max_event_ms": max_event_ms,
-                "state_entries": int(backend.num_entries()), "state_bytes": int(backend.state_bytes()),
+                "state_entries": int(backend.num_entries()),
+                "state_bytes": int(backend.state_bytes()),
                 "load": source, "input_s": input_s, "load_s": load_s, "load_cpu_s": load_cpu[0],
                 "standby_cpu_s": standby_cpu or 0.0,
                 "process_s": proc_s, "snapshot_s": snap_s,
@@ -465,7 +467,8 @@ class TaskSpec:
     def _check_output(self, ob) -> pa.RecordBatch:
         if isinstance(ob, pa.Table):
             ob = ob.combine_chunks()
-            ob = ob.to_batches()[0] if ob.num_rows else pa.RecordBatch.from_pylist([], schema=ob.schema)
+            ob = (ob.to_batches()[0] if ob.num_rows
+                  else pa.RecordBatch.from_pylist([], schema=ob.schema))
         if not isinstance(ob, pa.RecordBatch):
             raise InvalidInputError(
                 f"operator {self.operator_name}: the processor must return pyarrow RecordBatches, "

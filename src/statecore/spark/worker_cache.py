@@ -166,7 +166,8 @@ def _take_cached(key: tuple, want: tuple, committed_writers: Optional[frozenset]
         entry = _STATE_CACHE.get(key)
         if entry is None:
             return None
-        hit = entry.state() == want and (committed_writers is None or entry.writer in committed_writers)
+        hit = entry.state() == want and (committed_writers is None
+                                         or entry.writer in committed_writers)
         if not hit and entry.version < want[0] and entry.pristine:
             return None
         del _STATE_CACHE[key]

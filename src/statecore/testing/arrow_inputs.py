@@ -12,14 +12,20 @@ import pyarrow as pa
 import pytest
 
 from statecore import key_groups as K
-from statecore.descriptors import (AggregatingStateDescriptor, ListStateDescriptor,
-                                   MapStateDescriptor, ReducingStateDescriptor,
-                                   ValueStateDescriptor)
+from statecore.descriptors import (
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    ValueStateDescriptor,
+)
 from statecore.errors import InvalidInputError
 from statecore.testing.base import ConformanceBase
 from statecore.testing.helpers import AverageAggregate, StreamOnly, column_in_form, snapshot_dump
 
 __all__ = ["ArrowInputConformance"]
+
+_INT64 = pa.int64()
 
 
 def _stream_program(form: str):
@@ -66,11 +72,13 @@ def _stream_program(form: str):
         uks = [str(i % 4) for i in range(n)]
         m.put_batch(col(keys, pa.int64()), col(uks, pa.string()), col(list(range(n)), pa.int64()))
         seen.append(m.get_batch(col(keys, pa.int64()), col(uks[::-1], pa.string())).to_pylist())
-        seen.append(m.contains_batch(col(keys, pa.int64()), col(uks[::-1], pa.string())).to_pylist())
+        seen.append(m.contains_batch(col(keys, pa.int64()),
+                                     col(uks[::-1], pa.string())).to_pylist())
         m.remove_batch(col(keys[:10], pa.int64()), col(uks[:10], pa.string()))
         nss = ["a" if i % 3 else "b" for i in range(n)]
         ns.put_batch(col(keys, pa.int64()), col(ints, pa.int64()), namespaces=col(nss, pa.string()))
-        seen.append(ns.get_batch(col(keys, pa.int64()), namespaces=col(nss[::-1], pa.string())).to_pylist())
+        seen.append(ns.get_batch(col(keys, pa.int64()),
+                                 namespaces=col(nss[::-1], pa.string())).to_pylist())
         b.timers.register_batch(col(keys, pa.int64()), col(list(range(n)), pa.int64()))
         b.timers.delete_batch(col(keys[:10], pa.int64()), col(list(range(10)), pa.int64()))
         seen.append(b.timers.num_timers())
@@ -93,7 +101,8 @@ class ArrowInputConformance(ConformanceBase):
         b = self.new_backend(key_type="string")
         v = b.get_state(ValueStateDescriptor("v", "string"))
         v.put_batch(Wrapped(pa.array(["a", "b"])), Wrapped(pa.array(["x", "y"])))
-        assert v.get_batch(pa.array(["b", "a", "c"], pa.large_string())).to_pylist() == ["y", "x", None]
+        got = v.get_batch(pa.array(["b", "a", "c"], pa.large_string()))
+        assert got.to_pylist() == ["y", "x", None]
 
     @pytest.mark.parametrize("form", ["chunked", "stream", "table", "c_array"])
     def test_batch_accepts_arrow_streams(self, form):
@@ -146,10 +155,10 @@ class ArrowInputConformance(ConformanceBase):
         clock.set(100)  # every vt entry expired: a TTL read would remove what it reads
         before = snapshot_dump(b.snapshot())
 
-        def chunked(*parts, type_=pa.int64()):
+        def chunked(*parts, type_=_INT64):
             return pa.chunked_array([pa.array(p, type_) for p in parts], type_)
 
-        def failing_stream(first, type_=pa.int64()):
+        def failing_stream(first, type_=_INT64):
             schema = pa.schema([("c", type_)])
 
             def gen():
@@ -169,19 +178,23 @@ class ArrowInputConformance(ConformanceBase):
             lambda: v.put_batch(chunked(good), StreamOnly(chunked(range(20), type_=pa.int32()))),
             lambda: v.put_batch(StreamOnly(chunked(good, type_=pa.int32())), chunked(range(20))),
             # mismatched total lengths, as streams
-            lambda: v.put_batch(StreamOnly(chunked(good[:10], good[10:])), StreamOnly(chunked(range(19)))),
+            lambda: v.put_batch(StreamOnly(chunked(good[:10], good[10:])),
+                                StreamOnly(chunked(range(19)))),
             lambda: s.add_batch(chunked(good), StreamOnly(chunked(range(5), range(16)))),
             # a stream that errors mid-way
             lambda: v.put_batch(failing_stream(good), pa.array(range(20))),
             lambda: v.put_batch(pa.array(good), failing_stream(list(range(10)))),
             lambda: s.add_batch(failing_stream(good), pa.array(range(20))),
-            lambda: m.put_batch(pa.array(good[:2]), failing_stream(["a"], pa.string()), pa.array([1, 2])),
+            lambda: m.put_batch(pa.array(good[:2]), failing_stream(["a"], pa.string()),
+                                pa.array([1, 2])),
             lambda: lst.append_batch(pa.array(good[:2]), failing_stream([1])),
             lambda: b.timers.register_batch(pa.array(good[:2]), failing_stream([1])),
             # an overflowing sum in a later chunk
-            lambda: s.add_batch(chunked(good, good), chunked(range(20), [1] * 19 + [(1 << 63) - 1])),
-            lambda: s32.add_batch(chunked(good, good), chunked(range(20), [1] * 19 + [(1 << 31) - 1],
-                                                              type_=pa.int32())),
+            lambda: s.add_batch(chunked(good, good),
+                                chunked(range(20), [1] * 19 + [(1 << 63) - 1])),
+            lambda: s32.add_batch(chunked(good, good),
+                                  chunked(range(20), [1] * 19 + [(1 << 31) - 1],
+                                          type_=pa.int32())),
             # a record-batch stream of two columns is not a column
             lambda: v.put_batch(StreamOnly(pa.table({"a": good, "b": good})), pa.array(range(20))),
             # not Arrow at all

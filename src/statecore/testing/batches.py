@@ -14,8 +14,12 @@ import pyarrow as pa
 import pytest
 
 from statecore import key_groups as K
-from statecore.descriptors import (ListStateDescriptor, MapStateDescriptor,
-                                   ReducingStateDescriptor, ValueStateDescriptor)
+from statecore.descriptors import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    ValueStateDescriptor,
+)
 from statecore.errors import InvalidInputError
 from statecore.testing.base import ConformanceBase
 from statecore.testing.helpers import snapshot_dump
@@ -86,7 +90,8 @@ class BatchConformance(ConformanceBase):
         lst.append_batch(pa.array([1, 2, 1]), pa.array(["a", "b", "c"]))
         lst.append_batch(pa.array([1, 3, 2], pa.int64()),
                          pa.array([["d", "e"], None, []], pa.list_(pa.string())))
-        lst.append_batch(pa.chunked_array([[2]]), pa.array([["f"]], pa.large_list(pa.large_string())))
+        lst.append_batch(pa.chunked_array([[2]]),
+                         pa.array([["f"]], pa.large_list(pa.large_string())))
         got = lst.get_batch(pa.array([1, 2, 3]))
         assert got.type == pa.list_(pa.string())
         assert got.to_pylist() == [["a", "c", "d", "e"], ["b", "f"], []]

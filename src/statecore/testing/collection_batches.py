@@ -19,8 +19,15 @@ import pytest
 from statecore.descriptors import ListStateDescriptor, MapStateDescriptor
 from statecore.errors import InvalidInputError
 from statecore.testing.base import ConformanceBase
-from statecore.testing.helpers import (LIST_TYPES, MAP_TYPES, chunked, dump_backend,
-                                       merge_incremental, random_values, snapshot_dump)
+from statecore.testing.helpers import (
+    LIST_TYPES,
+    MAP_TYPES,
+    chunked,
+    dump_backend,
+    merge_incremental,
+    random_values,
+    snapshot_dump,
+)
 from statecore.ttl import ManualClock, StateTtlConfig
 
 _KEYS = 50
@@ -119,7 +126,8 @@ class CollectionBatchConformance(ConformanceBase):
                 clock.set(5 + 400 * step)  # later batches see earlier elements expire
                 keys = pa.array(rng.integers(0, 10, 200), pa.int64())
                 lst.append_batch(keys, random_values("string", 200, rng))
-                m.put_batch(keys, random_values("int64", 200, rng), random_values("int64", 200, rng))
+                m.put_batch(keys, random_values("int64", 200, rng),
+                            random_values("int64", 200, rng))
             got.append(dump_backend(be))
         assert got[0] == got[1]
 

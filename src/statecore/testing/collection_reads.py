@@ -19,12 +19,15 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from statecore.descriptors import (ListStateDescriptor, MapStateDescriptor,
-                                   ReducingStateDescriptor, ValueStateDescriptor)
+from statecore.descriptors import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    ValueStateDescriptor,
+)
 from statecore.errors import InvalidInputError
 from statecore.testing.base import ConformanceBase
-from statecore.testing.helpers import (LIST_TYPES, MAP_TYPES, chunked, dump_backend,
-                                       random_values)
+from statecore.testing.helpers import LIST_TYPES, MAP_TYPES, chunked, dump_backend, random_values
 from statecore.ttl import ManualClock, StateTtlConfig
 
 _KEYS = 50
@@ -71,7 +74,8 @@ class CollectionReadConformance(ConformanceBase):
             st = be.get_state(MapStateDescriptor("m", user_key_type, value_type))
             rng = np.random.default_rng(22)
             st.put_batch(pa.array(rng.integers(0, _KEYS, 2000), pa.int64()),
-                         random_values(user_key_type, 2000, rng), random_values(value_type, 2000, rng))
+                         random_values(user_key_type, 2000, rng),
+                         random_values(value_type, 2000, rng))
             out = []
             for keys, cuts in _key_batches(rng, _KEYS + 10):
                 uks = random_values(user_key_type, len(keys), rng)
@@ -80,7 +84,7 @@ class CollectionReadConformance(ConformanceBase):
                 out.append(st.get_batch(keys, uks))
                 out.append(st.contains_batch(keys, uks))
             # Removals with repeated rows, emptying some maps, then the reads again.
-            for keys, cuts in _key_batches(rng, _KEYS + 10)[:2]:
+            for keys, _cuts in _key_batches(rng, _KEYS + 10)[:2]:
                 uks = random_values(user_key_type, len(keys), rng)
                 st.remove_batch(keys, uks)
                 out.append(st.get_batch(keys, uks))
@@ -141,7 +145,8 @@ class CollectionReadConformance(ConformanceBase):
                 keys = pa.array(rng.integers(0, 20, 120), pa.int64())
                 ls.append_batch(keys, random_values("string", 120, rng))
                 li.append_batch(keys, random_values("int64", 120, rng))
-                m.put_batch(keys, random_values("int64", 120, rng), random_values("string", 120, rng))
+                m.put_batch(keys, random_values("int64", 120, rng),
+                            random_values("string", 120, rng))
                 clock.set(350 * step + 200)
                 # Repeated and absent keys; a chunked read at one step.
                 rk = pa.array(rng.integers(0, 25, 60), pa.int64())

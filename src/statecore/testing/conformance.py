@@ -23,8 +23,12 @@ from statecore.testing.collection_reads import CollectionReadConformance
 from statecore.testing.collection_state import CollectionStateConformance
 from statecore.testing.current_key import CurrentKeyConformance
 from statecore.testing.differential import DifferentialConformance
-from statecore.testing.helpers import (AverageAggregate, TamperedSnapshot, merge_incremental,
-                                       snapshot_dump)
+from statecore.testing.helpers import (
+    AverageAggregate,
+    TamperedSnapshot,
+    merge_incremental,
+    snapshot_dump,
+)
 from statecore.testing.incremental import IncrementalSnapshotConformance
 from statecore.testing.key_types import KeyTypeConformance
 from statecore.testing.lifecycle import LifecycleConformance

@@ -14,9 +14,13 @@ import pyarrow as pa
 import pytest
 
 from statecore import key_groups as K
-from statecore.descriptors import (AggregatingStateDescriptor, ListStateDescriptor,
-                                   MapStateDescriptor, ReducingStateDescriptor,
-                                   ValueStateDescriptor)
+from statecore.descriptors import (
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    ValueStateDescriptor,
+)
 from statecore.errors import InvalidInputError
 from statecore.testing.base import ConformanceBase
 from statecore.testing.helpers import AverageAggregate
@@ -203,7 +207,8 @@ class CurrentKeyConformance(ConformanceBase):
             seen.append((b.current_key, _read_all(st)))
             st["v"].clear_batch(pa.array([7]))
             seen.append(st["v"].value())
-            other = b.get_state(ValueStateDescriptor("v", "int64", default=-1))  # a new state object
+            # a new state object
+            other = b.get_state(ValueStateDescriptor("v", "int64", default=-1))
             other.update(3)
             seen.append((st["v"].value(), other.value()))
             return seen

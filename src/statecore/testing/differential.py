@@ -11,13 +11,23 @@ from __future__ import annotations
 import random
 
 import pyarrow as pa
-from hypothesis import HealthCheck, settings, strategies as st
-from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, rule,
-                                 run_state_machine_as_test)
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
 
-from statecore.descriptors import (AggregatingStateDescriptor, ListStateDescriptor,
-                                   MapStateDescriptor, ReducingStateDescriptor,
-                                   ValueStateDescriptor)
+from statecore.descriptors import (
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    ValueStateDescriptor,
+)
 from statecore.errors import InvalidInputError, StateError
 from statecore.testing.base import ConformanceBase
 from statecore.testing.helpers import AverageAggregate, merge_incremental, snapshot_dump
@@ -82,7 +92,8 @@ def _random_program(machine: "_DifferentialMachine", rng, steps: int) -> None:
                 machine.sum_namespace(rng.choice(["x", "y"]))
         elif r < 0.7:
             n = rng.randint(0, 6)
-            ks = [rng.choice([key(), key(), None]) if rng.random() < 0.1 else key() for _ in range(n)]
+            ks = [rng.choice([key(), key(), None]) if rng.random() < 0.1 else key()
+                  for _ in range(n)]
             machine._batch_value(ks, [small() for _ in range(n)])
         elif r < 0.8:
             n = rng.randint(0, 6)
@@ -124,7 +135,8 @@ class _DifferentialMachine(RuleBasedStateMachine):
                 v=be.get_state(ValueStateDescriptor("v", "int64")),
                 l=be.get_state(ListStateDescriptor("l", "pickle"), namespace_type="int64"),
                 m=be.get_state(MapStateDescriptor("m", "string", "int64")),
-                s=be.get_state(ReducingStateDescriptor("s", "sum", "int64"), namespace_type="string"),
+                s=be.get_state(ReducingStateDescriptor("s", "sum", "int64"),
+                               namespace_type="string"),
                 c=be.get_state(ReducingStateDescriptor("c", "count")),
                 a=be.get_state(AggregatingStateDescriptor("a", AverageAggregate())),
             ))
@@ -199,7 +211,8 @@ class _DifferentialMachine(RuleBasedStateMachine):
 
     @rule(keys=st.lists(st.one_of(KEYS, st.none()), max_size=6), data=st.data())
     def batch_value(self, keys, data):
-        vals = data.draw(st.lists(st.one_of(st.none(), SMALL), min_size=len(keys), max_size=len(keys)))
+        vals = data.draw(st.lists(st.one_of(st.none(), SMALL), min_size=len(keys),
+                                  max_size=len(keys)))
         self._batch_value(keys, vals)
 
     def _batch_value(self, keys, vals):
@@ -210,10 +223,12 @@ class _DifferentialMachine(RuleBasedStateMachine):
     @rule(keys=st.lists(KEYS, max_size=6), data=st.data(), name=st.sampled_from(["s", "c"]),
           per_row_ns=st.booleans())
     def batch_reduce(self, keys, data, name, per_row_ns):
-        vals = data.draw(st.lists(st.one_of(st.none(), SMALL), min_size=len(keys), max_size=len(keys)))
+        vals = data.draw(st.lists(st.one_of(st.none(), SMALL), min_size=len(keys),
+                                  max_size=len(keys)))
         ns = None
         if per_row_ns:
-            ns = data.draw(st.lists(st.sampled_from(["x", "y"]), min_size=len(keys), max_size=len(keys)))
+            ns = data.draw(st.lists(st.sampled_from(["x", "y"]), min_size=len(keys),
+                                    max_size=len(keys)))
         self._batch_reduce(keys, vals, name, ns)
 
     def _batch_reduce(self, keys, vals, name, ns_list):
@@ -257,7 +272,8 @@ class _DifferentialMachine(RuleBasedStateMachine):
         incs = [be.snapshot(incremental=True) for be in self.backends]
         fulls = [be.snapshot() for be in self.backends]
         assert [s.incremental for s in incs + fulls] == [True, True, False, False]
-        assert incs[0].snapshot_id == incs[1].snapshot_id < fulls[0].snapshot_id == fulls[1].snapshot_id
+        assert (incs[0].snapshot_id == incs[1].snapshot_id
+                < fulls[0].snapshot_id == fulls[1].snapshot_id)
         inc_dump = snapshot_dump(incs[0])
         assert inc_dump == snapshot_dump(incs[1])
         full_dump = snapshot_dump(fulls[0])

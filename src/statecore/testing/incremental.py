@@ -14,8 +14,12 @@ import pyarrow as pa
 import pytest
 
 from statecore import serializers as S
-from statecore.descriptors import (ListStateDescriptor, MapStateDescriptor,
-                                   ReducingStateDescriptor, ValueStateDescriptor)
+from statecore.descriptors import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    ValueStateDescriptor,
+)
 from statecore.errors import InvalidInputError
 from statecore.testing.base import ConformanceBase
 from statecore.testing.helpers import merge_incremental, snapshot_dump
@@ -70,7 +74,8 @@ class IncrementalSnapshotConformance(ConformanceBase):
         byte-identical on both, and base + incremental merged equals the full snapshot taken at
         the same moment."""
         for seed in (1, 2, 3, 4):
-            b, ref = self.new_backend(), self.make_reference_backend(key_type="int64", max_parallelism=128)
+            b = self.new_backend()
+            ref = self.make_reference_backend(key_type="int64", max_parallelism=128)
             rng = random.Random(seed * 7919)
             base_dump, pending = None, {}
             for _ in range(12):
@@ -125,7 +130,8 @@ class IncrementalSnapshotConformance(ConformanceBase):
             keys, vals = s3.entries("v", kg)
             assert keys.to_pylist() == sorted(keys.to_pylist())
             for kb, vb in zip(keys.to_pylist(), vals.to_pylist()):
-                _, key, _, _ = S.decode_key(kb, 128, S.key_serializer("int64"), S.key_serializer("void"))
+                _, key, _, _ = S.decode_key(kb, 128, S.key_serializer("int64"),
+                                            S.key_serializer("void"))
                 got[key] = None if vb is None else S.value_serializer("int64").deserialize(vb)
         assert got == {1: 11, 2: None, 3: 33, 9: None}
         # Timers are complete in an incremental snapshot.
@@ -177,7 +183,8 @@ class IncrementalSnapshotConformance(ConformanceBase):
             src.set_current_key(k)
             v.update(k)
         full = src.snapshot()
-        for b in (self.new_backend(), self.make_reference_backend(key_type="int64", max_parallelism=128)):
+        for b in (self.new_backend(),
+                  self.make_reference_backend(key_type="int64", max_parallelism=128)):
             b.snapshot()  # an id issued before the restore
             b.restore(full)
             assert b.base_snapshot_id == 1

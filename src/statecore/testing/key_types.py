@@ -13,7 +13,8 @@ import math
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from statecore import key_groups as K
 from statecore import key_types as KT
@@ -102,7 +103,8 @@ class KeyTypeConformance(ConformanceBase):
             for i, k in enumerate(keys):
                 b.set_current_key(k)
                 assert v.value() == i
-            arrow_type = {"int32": pa.int32(), "string": pa.string(), "binary": pa.binary()}[key_type]
+            arrow_type = {"int32": pa.int32(), "string": pa.string(),
+                          "binary": pa.binary()}[key_type]
             got = v.get_batch(pa.array(keys, arrow_type))
             assert got.to_pylist() == list(range(len(keys)))
 
@@ -234,7 +236,8 @@ class KeyTypeConformance(ConformanceBase):
             # A null in one field of an otherwise present key.
             cols = [arr.field(i) for i in range(len(kt.fields))]
             cols[-1] = pa.concat_arrays([cols[-1].slice(1), pa.array([None], cols[-1].type)])
-            bad_batches.append(pa.StructArray.from_arrays(cols, names=[f"c{i}" for i in range(len(cols))]))
+            bad_batches.append(pa.StructArray.from_arrays(
+                cols, names=[f"c{i}" for i in range(len(cols))]))
             bad_batches.append(cols)
         for keys_in in bad_batches:
             rows = len(keys_in[0]) if isinstance(keys_in, list) else len(keys_in)
@@ -259,8 +262,11 @@ class KeyTypeConformance(ConformanceBase):
          [b"abc", "abcd"]),
         ("binary", [pa.array([b"abcd"], pa.binary(4))], ["x"]),
         ("struct<int32,string>", [pa.array([1], pa.int32()),
-                                  pa.array([("a", 1)], pa.struct([("a", pa.string()), ("b", pa.int32())])),
-                                  pa.array([(1, "a", 1)], pa.struct([("a", pa.int32()), ("b", pa.string()), ("c", pa.int32())])),
+                                  pa.array([("a", 1)],
+                                           pa.struct([("a", pa.string()), ("b", pa.int32())])),
+                                  pa.array([(1, "a", 1)],
+                                           pa.struct([("a", pa.int32()), ("b", pa.string()),
+                                                      ("c", pa.int32())])),
                                   [pa.array([1], pa.int32())],
                                   [pa.array([1], pa.int32()), pa.array(["a", "b"])]],
          [(1,), ("a", 1), "1a", [1, "a", 2], (1, None)]),

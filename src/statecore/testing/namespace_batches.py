@@ -16,8 +16,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from statecore.descriptors import (ListStateDescriptor, MapStateDescriptor,
-                                   ReducingStateDescriptor, ValueStateDescriptor)
+from statecore.descriptors import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    ValueStateDescriptor,
+)
 from statecore.errors import InvalidInputError
 from statecore.testing.base import ConformanceBase
 from statecore.testing.helpers import chunked, dump_backend, random_values
@@ -171,8 +175,9 @@ class NamespaceBatchConformance(ConformanceBase):
                                           ttl_clock=clocks[1])
         for be, clock in ((b, clocks[0]), (ref, clocks[1])):
             out = []
-            cnt = be.get_state(ReducingStateDescriptor("c", "sum", "int64").enable_time_to_live(cfg),
-                               namespace_type="int64")
+            cnt = be.get_state(
+                ReducingStateDescriptor("c", "sum", "int64").enable_time_to_live(cfg),
+                namespace_type="int64")
             lst = be.get_state(ListStateDescriptor("l", "int32").enable_time_to_live(cfg),
                                namespace_type="int64")
             rng = np.random.default_rng(23)

@@ -68,7 +68,8 @@ class ReducingConformance(ConformanceBase):
         keys = pa.array([2, 3, 2, 2, 3], pa.int64())
         batch = pa.array([vals[0], vals[1], None, vals[2], vals[0]], t)
         assert f.add_batch(keys, batch).to_pylist() == [vals[0], vals[1], vals[0], vals[0], vals[1]]
-        assert la.add_batch(keys, batch).to_pylist() == [vals[0], vals[1], vals[0], vals[2], vals[0]]
+        assert (la.add_batch(keys, batch).to_pylist()
+                == [vals[0], vals[1], vals[0], vals[2], vals[0]])
         assert f.get_batch(pa.array([1, 2, 3])).to_pylist() == [vals[0], vals[0], vals[1]]
         assert la.get_batch(pa.array([1, 2, 3])).to_pylist() == [vals[-1], vals[2], vals[0]]
 
@@ -148,10 +149,12 @@ class ReducingConformance(ConformanceBase):
             single.set_current_key(k)
             s.add(v)
         assert snapshot_dump(b.snapshot()) == snapshot_dump(single.snapshot())
-        typed = b.get_state(AggregatingStateDescriptor("t", AverageAggregate(), result_type="string"))
+        typed = b.get_state(AggregatingStateDescriptor("t", AverageAggregate(),
+                                                       result_type="string"))
         with pytest.raises(InvalidInputError, match="result_type"):
             typed.add_batch(pa.array([1]), pa.array([1]))  # 1.0 is not a string
-        t64 = b.get_state(AggregatingStateDescriptor("t64", AverageAggregate(), result_type="float64"))
+        t64 = b.get_state(AggregatingStateDescriptor("t64", AverageAggregate(),
+                                                     result_type="float64"))
         assert t64.add_batch(pa.array([1]), pa.array([1])).type == pa.float64()
         before = snapshot_dump(b.snapshot())
         for call in (lambda: a.add_batch(pa.array([1, 2]), pa.array(["x", "y"])),

@@ -13,13 +13,21 @@ import pytest
 
 from statecore import key_groups as K
 from statecore import serializers as S
-from statecore.descriptors import (AggregatingStateDescriptor, ListStateDescriptor,
-                                   MapStateDescriptor, ReducingStateDescriptor,
-                                   ValueStateDescriptor)
+from statecore.descriptors import (
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    ValueStateDescriptor,
+)
 from statecore.errors import InvalidInputError, StateError, StateMigrationError
 from statecore.testing.base import ConformanceBase
-from statecore.testing.helpers import (AverageAggregate, TamperedSnapshot, metas_by_name,
-                                       snapshot_dump)
+from statecore.testing.helpers import (
+    AverageAggregate,
+    TamperedSnapshot,
+    metas_by_name,
+    snapshot_dump,
+)
 
 __all__ = ["SnapshotConformance"]
 
@@ -161,7 +169,8 @@ class SnapshotConformance(ConformanceBase):
             fresh.get_state(ValueStateDescriptor("m", "int64"))
         with pytest.raises(StateMigrationError):
             fresh.get_state(ListStateDescriptor("l", "string"))  # namespace type differs
-        assert [f[0] for f in fresh.timers.advance_watermark(1005)] == [1000, 1001, 1002, 1003, 1004, 1005]
+        fired = fresh.timers.advance_watermark(1005)
+        assert [f[0] for f in fired] == [1000, 1001, 1002, 1003, 1004, 1005]
         ref = self.make_reference_backend(key_type="int64", max_parallelism=128)
         ref.restore(snap)
         assert snapshot_dump(ref.snapshot()) == snapshot_dump(snap)

@@ -246,8 +246,9 @@ class ValueTypeConformance(ConformanceBase):
             _same_after(b, [lambda: s.add(1), lambda: st.add(1), lambda: s.add_batch(two, more),
                             lambda: st.add_batch(two, more),
                             lambda: s.add_batch(sliced(two, 2), sliced(more, 0)),
-                            lambda: s.add_batch(pa.chunked_array([two.slice(0, 1), two.slice(1)]),
-                                                pa.chunked_array([more.slice(0, 1), more.slice(1)]))])
+                            lambda: s.add_batch(
+                                pa.chunked_array([two.slice(0, 1), two.slice(1)]),
+                                pa.chunked_array([more.slice(0, 1), more.slice(1)]))])
             seen.append((s.get(), st.get()))
             return seen
 
@@ -341,7 +342,8 @@ class ValueTypeConformance(ConformanceBase):
             m.put_batch(keys, pa.array(range(5), pa.int32()), _arr(vt, vals))
             snap = b.snapshot()
             for name in ("v", "r", "l"):  # the value's bytes, then the 8-byte timestamp
-                lens = {len(vb) for kg in range(128) for vb in snap.entries(name, kg)[1].to_pylist()}
+                lens = {len(vb) for kg in range(128)
+                        for vb in snap.entries(name, kg)[1].to_pylist()}
                 assert lens == {_ser(vt).fixed_width + 8}, name
             snap.release()
             b.ttl_clock.advance(60)
