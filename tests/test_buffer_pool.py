@@ -10,8 +10,7 @@ import pyarrow as pa
 import pytest
 
 import statecore
-from statecore import ValueStateDescriptor
-from statecore import buffer_pool
+from statecore import ValueStateDescriptor, buffer_pool
 from statecore.checkpoint.store import CheckpointStore
 
 MB = 1 << 20
