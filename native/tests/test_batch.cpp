@@ -1054,8 +1054,7 @@ TEST(ttl_wrong_width_is_a_batch_error) {
   CHECK_EQ(t.size(), size_t{2});
 }
 
-// ---------------------------------------------------------------- uint64, timestamp,
-// fixed_size_binary
+// ------------------------------------------------------ uint64, timestamp, fixed_size_binary
 
 using U64 = std::vector<std::optional<uint64_t>>;
 

@@ -1,9 +1,9 @@
 // Key types end to end in the native core: the hash of every key column type against vectors of a
 // real Spark 4.3 (tests/data/spark_key_types.json) and a real JVM
-// (tests/data/java_hash_codes.json), the key serializer per type, KeyArrays over hand-built Arrow
-// arrays (bit-packed bools, timestamp units, fixed_size_binary widths, struct arrays with offsets
-// at both levels, nulls), the batch kernels with those keys, and distinct keys staying distinct in
-// a map whose hash collides.
+// (tests/data/java_hash_codes.json), the key serializer per type, KeyArrays over hand-built
+// Arrow arrays (bit-packed bools, timestamp units, fixed_size_binary widths, struct arrays with
+// offsets at both levels, nulls), the batch kernels with those keys, and distinct keys staying
+// distinct in a map whose hash collides.
 #include <cmath>
 #include <cstring>
 #include <functional>

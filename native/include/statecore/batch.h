@@ -1,6 +1,6 @@
 // Batch kernels: Arrow arrays of keys (and values) in, state of one StateTable read/written per
-// row, Arrow-shaped results out — without Python objects, without libarrow, without allocating per
-// row (one reused key buffer and one per-thread key-group scratch vector).
+// row, Arrow-shaped results out -- without Python objects, without libarrow, without allocating
+// per row (one reused key buffer and one per-thread key-group scratch vector).
 //
 // Scope: value state and reducing state of one state table (list append and map put:
 // batch_collections.h; list/map reads, map removals, clear: batch_reads.h). Every row addresses

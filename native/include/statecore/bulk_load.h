@@ -31,12 +31,13 @@ std::string check_entries(const ArrowBinaryRun& run, int32_t kg_lo, int32_t kg_h
 // The maps' write logs are given up for the epoch (StateMap::give_up_write_log): a restore and a
 // catch-up rebase() right after, so no listing reads those records, and logging them would only
 // take the rows off the lanes' path to drop the records again. Removals are still logged (only
-// rebase() may forget them). Per run of one key group: an empty map is pre-sized for the run (no
-// rehash while loading), keys are hashed and their slots prefetched 16 entries ahead (a catch-up
-// upserts into a state that is out of cache next to Spark's JVM), and each entry is written through
-// the batch kernels' lane of the map (FlatLane::upsert: the geometry read once per key group, not
-// per entry) when the map is flat and the entry's key and value fit its layout, else
-// StateMap::upsert / put.
+// rebase() may forget them).
+//
+// Per run of one key group: an empty map is pre-sized for the run (no rehash while loading),
+// keys are hashed and their slots prefetched 16 entries ahead (a catch-up upserts into a state
+// that is out of cache next to Spark's JVM), and each entry is written through the batch kernels'
+// lane of the map (FlatLane::upsert: the geometry read once per key group, not per entry) when
+// the map is flat and the entry's key and value fit its layout, else StateMap::upsert / put.
 void load_entries(StateTable& table, const ArrowBinaryRun& run, int prefix_bytes);
 
 }  // namespace statecore

@@ -68,8 +68,8 @@ int32_t flink_murmur_hash_raw(int32_t code) noexcept;
 // java.lang.Integer.hashCode(): the value itself.
 inline int32_t java_hash_int32(int32_t v) noexcept { return v; }
 
-// java.lang.Long.hashCode(): (int)(v ^ (v >>> 32)) (so -1 -> 0, Long.MIN_VALUE ->
-// Integer.MIN_VALUE).
+// java.lang.Long.hashCode(): (int)(v ^ (v >>> 32)), so -1 -> 0 and
+// Long.MIN_VALUE -> Integer.MIN_VALUE.
 inline int32_t java_hash_int64(int64_t v) noexcept {
   const uint64_t u = static_cast<uint64_t>(v);
   return static_cast<int32_t>(static_cast<uint32_t>(u ^ (u >> 32)));

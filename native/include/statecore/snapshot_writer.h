@@ -10,8 +10,8 @@
 // and leading offsets, then 8 bytes of offsets + key + value bytes per entry, at most
 // `block_target_bytes` per block unless a single entry is larger), and encodes each block's
 // payload (docs/formats.md). Compression and checksums happen on the consumer's thread: next()
-// hands over payloads (the consumer compresses them), next_chunk() compresses and checksums several
-// into one chunk without returning (block_codec.h: the same bytes as the Python writer's).
+// hands over payloads (the consumer compresses them), next_chunk() compresses and checksums
+// several into one chunk without returning (block_codec.h: the same bytes as the Python writer's).
 // Finished payloads go to a bounded queue (`queue_blocks`): the producer waits while it is full,
 // so memory is bounded by queue_blocks payloads + the key group being cut. With
 // `release_as_written`, each map snapshot is released as soon as its key group was encoded, so

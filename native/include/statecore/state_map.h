@@ -65,12 +65,15 @@ struct Entry;
 //  I4 every entry reachable from a live snapshot is either in the live table or retired.
 //  I5 size() = live entries; bytes() = sum of their key and value sizes.
 //  I6 during a rehash, live entries with bucket (old) < rehash_index are in the new table only.
-//  F1 (flat) a live key is in exactly one place: the new table, or the old at a slot >=
-//  rehash_index. F2 (flat) every table keeps a free slot (load <= 3/4; the new table of a rehash
-//  stays under 1/2). C1 base <= version; the base never decreases. C2 an entry reachable from a
-//  snapshot of version s has modified < s. C3 the removal log holds every removal at a version >=
-//  base, in version order. C4 a snapshot's listing never changes after it was taken. C5 every live
-//  entry with modified = m >= writes_complete_from has a write-log record at a
+//  F1 (flat) a live key is in exactly one place: the new table, or the old at a slot
+//     >= rehash_index.
+//  F2 (flat) every table keeps a free slot (load <= 3/4; the new table of a rehash stays
+//     under 1/2).
+//  C1 base <= version; the base never decreases.
+//  C2 an entry reachable from a snapshot of version s has modified < s.
+//  C3 the removal log holds every removal at a version >= base, in version order.
+//  C4 a snapshot's listing never changes after it was taken.
+//  C5 every live entry with modified = m >= writes_complete_from has a write-log record at a
 //     version in [start of m's epoch, m].
 // Versions are limited to 2^32 - 1 (32-bit `modified`, as Flink's int version):
 // snapshot() and rebase() throw std::overflow_error beyond.
@@ -150,10 +153,11 @@ class StateMap {
   // Pre-size an EMPTY map (size() == 0, no rehash in flight) for `entries` inserts: the table
   // gets the smallest power-of-two capacity whose 3/4 load holds `entries` (at most the
   // maximum; what the flat engine's growth reaches, the chained engine's or one doubling
-  // less), so a bulk load (restore) runs no incremental rehash. Allocates only the directory (pages
-  // on first write), keeps the flat engine's layout; snapshots of the empty map keep their tables.
-  // A no-op on a non-empty map, during a rehash, or when the table is already that large. Contents,
-  // versions and change tracking are unaffected.
+  // less), so a bulk load (restore) runs no incremental rehash. Allocates only the directory
+  // (pages on first write), keeps the flat engine's layout; snapshots of the empty map keep
+  // their tables. A no-op on a non-empty map, during a
+  // rehash, or when the table is already that large. Contents, versions and change tracking
+  // are unaffected.
   void reserve(size_t entries);
 
   // O(1) (independent of the number of entries). Several snapshots may be alive.

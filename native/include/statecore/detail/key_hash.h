@@ -66,12 +66,13 @@ inline uint64_t tail_word(const uint8_t* p, size_t n) {
 }
 
 // Keys of 9-16 bytes (the common int64 key with its key-group prefix and void namespace): two
-// overlapping 8-byte reads, each xored with its own constant, then two folded 128-bit multiplies,
-// the length mixed into the second (the shape of wyhash's short-key path,
-// github.com/wangyi-fudan/wyhash): far fewer instructions than the word loop below for these sizes,
-// and it selects the slot of every batch row. short_key_hash of a key whose first 8 bytes, read as
-// a host-order word, are `a` and whose last 8 are `b`: the batch kernels build both words of an
-// int64 key in registers.
+// overlapping 8-byte reads, each xored with its own constant, then two folded 128-bit
+// multiplies, the length mixed into the second (the shape of wyhash's short-key path,
+// github.com/wangyi-fudan/wyhash): far fewer instructions than the word loop below for these
+// sizes, and it selects the slot of every batch row.
+//
+// short_key_hash of a key whose first 8 bytes, read as a host-order word, are `a` and whose last
+// 8 are `b`: the batch kernels build both words of an int64 key in registers.
 [[gnu::always_inline]] inline uint32_t short_key_hash_words(uint64_t a, uint64_t b, size_t size) {
   const uint64_t h = mum_fold(a ^ 0xa0761d6478bd642fULL, b ^ 0xe7037ed1a0b428dbULL);
   const uint64_t g =

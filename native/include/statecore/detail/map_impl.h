@@ -30,8 +30,8 @@ namespace detail {
 struct StateMap::Impl {
   // An entry unlinked from the live table (removed, replaced by a copy, or reallocated) while a
   // live snapshot may still reach it. It was created at entry->version and unlinked at map
-  // version `unlinked_at`; a snapshot of version s reaches it iff entry->version < s <=
-  // unlinked_at.
+  // version `unlinked_at`; a snapshot of version s reaches it iff
+  // entry->version < s <= unlinked_at.
   struct Retired {
     detail::Entry* entry;
     uint64_t unlinked_at;
@@ -42,8 +42,9 @@ struct StateMap::Impl {
 
   // ---- owner-thread state (only the owning thread reads or writes these) ----
   KeyHashFunction hash_fn;  // injected hash, or nullptr for detail::default_key_hash
-  // Flat engine (docs/state-map.md "Flat engine"): while `flat`, the tables are fprimary/frehash
-  // and the chained ones are null; rehash_index, the sizes, threshold and live_bytes mean the same.
+  // Flat engine (docs/state-map.md "Flat engine"): while `flat`, the tables are
+  // fprimary/frehash and the chained ones are null; rehash_index, the sizes, threshold and
+  // live_bytes mean the same.
   bool flat;
   detail::FlatDirectory* fprimary = nullptr;  // the flat table; during a rehash the OLD one
   detail::FlatDirectory* frehash = nullptr;   // the NEW, twice as large flat table during a rehash
