@@ -170,6 +170,7 @@ class ValueStateDescriptor(StateDescriptor):
         return copy.deepcopy(d)
 
     def meta(self) -> dict:
+        """``{"name", "kind": "value", "value_type"}``, plus ``ttl`` when TTL is enabled."""
         return self._meta(value_type=self.value_type)
 
 
@@ -185,6 +186,8 @@ class ListStateDescriptor(StateDescriptor):
         self.serializer = S.value_serializer(self.value_type)
 
     def meta(self) -> dict:
+        """``{"name", "kind": "list", "value_type"}`` (the element type), plus ``ttl`` when TTL
+        is enabled."""
         return self._meta(value_type=self.value_type)
 
 
@@ -208,6 +211,8 @@ class MapStateDescriptor(StateDescriptor):
         self.serializer = S.value_serializer(self.value_type)
 
     def meta(self) -> dict:
+        """``{"name", "kind": "map", "value_type", "user_key_type"}`` (``value_type``: the user
+        value type), plus ``ttl`` when TTL is enabled."""
         return self._meta(value_type=self.value_type, user_key_type=self.user_key_type)
 
 
@@ -257,6 +262,8 @@ class Reducer:
 
     @property
     def builtin(self) -> bool:
+        """True for the built-in reducers (:data:`BUILTIN_REDUCERS`), False for a callable or a
+        :meth:`vectorized` one."""
         return self.fn is None
 
     def add(self, acc, v):
@@ -349,6 +356,9 @@ class ReducingStateDescriptor(StateDescriptor):
             self.reducer.arrow_type = self.serializer.arrow_type
 
     def meta(self) -> dict:
+        """``{"name", "kind": "reducing", "value_type", "reducer"}`` (``reducer``: the built-in
+        name, ``"custom"`` or ``"vectorized"``; informative, not checked on restore), plus
+        ``ttl`` when TTL is enabled."""
         return self._meta(value_type=self.value_type, reducer=self.reducer.name)
 
 
@@ -360,12 +370,20 @@ class AggregateFunction:
     """
 
     def create_accumulator(self):
+        """A new accumulator, for a key and namespace without one (Flink
+        ``createAccumulator``). The base class raises NotImplementedError."""
         raise NotImplementedError
 
     def add(self, value, accumulator):
+        """The accumulator after adding ``value`` (a Python value, never None; Flink ``add``);
+        may modify ``accumulator`` in place and return it. The base class raises
+        NotImplementedError."""
         raise NotImplementedError
 
     def get_result(self, accumulator):
+        """What reads return for ``accumulator`` (Flink ``getResult``): ``get()``, and the rows
+        of ``add_batch``/``get_batch`` (of the descriptor's ``result_type``). The base class
+        raises NotImplementedError."""
         raise NotImplementedError
 
 
@@ -398,5 +416,8 @@ class AggregatingStateDescriptor(StateDescriptor):
                 raise InvalidInputError("result_type must be an Arrow-typed value type, not pickle")
 
     def meta(self) -> dict:
+        """``{"name", "kind": "aggregating", "value_type", "aggregate_function"}``
+        (``value_type``: the accumulator type; ``aggregate_function``: the function's class
+        name, informative, not checked on restore), plus ``ttl`` when TTL is enabled."""
         return self._meta(value_type=self.value_type,
                           aggregate_function=type(self.aggregate_function).__qualname__)

@@ -339,6 +339,7 @@ class KeyGroupRange:
 
     @property
     def number_of_key_groups(self) -> int:
+        """``end - start + 1``: 0 for EMPTY (Flink ``getNumberOfKeyGroups``)."""
         return self.end - self.start + 1
 
     def __len__(self) -> int:
@@ -351,9 +352,12 @@ class KeyGroupRange:
         return isinstance(key_group, (int, np.integer)) and self.start <= key_group <= self.end
 
     def contains(self, key_group: int) -> bool:
+        """Whether ``key_group`` is an int in ``[start, end]`` (as ``key_group in self``;
+        Flink ``contains``)."""
         return key_group in self
 
     def is_empty(self) -> bool:
+        """True for a range without key groups (EMPTY)."""
         return self.end < self.start
 
     def intersection(self, other: "KeyGroupRange") -> "KeyGroupRange":
@@ -363,6 +367,7 @@ class KeyGroupRange:
         return KeyGroupRange(s, e) if s <= e else KeyGroupRange.EMPTY
 
     def to_tuple(self) -> tuple[int, int]:
+        """``(start, end)``, both inclusive (what :meth:`of` accepts; ``(0, -1)`` for EMPTY)."""
         return (self.start, self.end)
 
     def __repr__(self) -> str:

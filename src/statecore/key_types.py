@@ -145,6 +145,9 @@ class KeyType:
 
     @property
     def fixed_width(self):
+        """Bytes of the key serializer ``ser`` (int32 4; int64, uint64, float64, timestamp 8;
+        bool 1; fixed_size_binary[N] N; a struct the sum of its fields), None when
+        variable-length (string, binary, a struct with such a field)."""
         k = self.kind
         if k == "struct":
             ws = [f.fixed_width for f in self.fields]
@@ -154,6 +157,7 @@ class KeyType:
 
     @property
     def is_struct(self) -> bool:
+        """True for a multi-column key type (``struct<...>``)."""
         return self.kind == "struct"
 
     # ---------------------------------------------------------------- Arrow types

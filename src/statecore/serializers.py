@@ -122,6 +122,10 @@ class KeySerializer:
         return self.key_type.check(v)
 
     def serialize(self, v: Any) -> bytes:
+        """The bytes of ``v`` inside an encoded key (docs/formats.md "Encoded key"): ``00``
+        for void, a length prefix and the pickled bytes for pickle, else the key type's
+        serializer. Raises InvalidInputError when ``v`` does not fit the type (or, for pickle,
+        cannot be pickled)."""
         n = self.name
         if n == "void":
             self.check(v)

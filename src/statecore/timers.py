@@ -251,6 +251,7 @@ class TimerService:
         return sum(len(enc) for g in self._timers.values() for enc in g)
 
     def clear(self) -> None:
+        """Remove every registered timer (``KeyedStateBackend.close`` calls it)."""
         self._timers.clear()
         self._heap.clear()
         self._count = 0

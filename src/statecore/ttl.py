@@ -179,14 +179,19 @@ class StateTtlConfig:
 
     @property
     def update_on_read(self) -> bool:
+        """True for ``UpdateType.OnReadAndWrite``: a successful read renews the timestamp."""
         return self.update_type is UpdateType.OnReadAndWrite
 
     @property
     def return_expired(self) -> bool:
+        """True for ``StateVisibility.ReturnExpiredIfNotCleanedUp``: a read returns an expired
+        value once, removing it."""
         return self.state_visibility is StateVisibility.ReturnExpiredIfNotCleanedUp
 
     @property
     def event_time(self) -> bool:
+        """True for event-time TTL: the clock is the timers' watermark (ms), not
+        ``ttl_clock``."""
         return self.time_characteristic is TtlTimeCharacteristic.EventTime
 
     def meta(self) -> dict:
@@ -353,6 +358,7 @@ class CompactionTimeProvider:
         return now
 
     def now(self) -> int:
+        """The cached time (ms) the filter compares against."""
         return self._now
 
     def budget(self) -> int:
@@ -360,6 +366,8 @@ class CompactionTimeProvider:
         return self.period - self._since
 
     def processed(self, n: int) -> None:
+        """Report ``n`` more filtered entries; re-reads the clock once the count reaches the
+        period (InvalidInputError when the clock returns no int)."""
         self._since += n
         if self._since >= self.period:
             self._since = 0
@@ -443,9 +451,11 @@ class ManualClock:
         return self.now
 
     def set(self, now: int) -> None:
+        """Set the time to ``now`` (ms)."""
         self.now = int(now)
 
     def advance(self, ms: int) -> None:
+        """Move the time by ``ms`` (milliseconds; negative moves it back)."""
         self.now += int(ms)
 
 

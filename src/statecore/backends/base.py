@@ -174,11 +174,24 @@ class StateSnapshot(Protocol):
     key_type: str
     assigner: str
 
-    def state_metas(self) -> list[dict]: ...
+    def state_metas(self) -> list[dict]:
+        """One JSON-able dict per state (``StateDescriptor.meta`` plus ``namespace_type``),
+        the ``__timers__`` pseudo-state included; a new list on every call."""
+        ...
 
-    def entries(self, state_name: str, key_group: int) -> tuple[pa.Array, pa.Array]: ...
+    def entries(self, state_name: str, key_group: int) -> tuple[pa.Array, pa.Array]:
+        """``(keys, values)``: two ``pa.binary()`` arrays of equal length, the encoded keys
+        and serialized values (docs/formats.md) of ``state_name`` in ``key_group``, ascending
+        by key bytes; an incremental snapshot's values are null for tombstones. Raises
+        InvalidInputError for an unknown state or a key group outside ``[0, max_parallelism)``
+        (checkpoint readers: outside ``key_group_range``), StateError (from checkpoint readers
+        its subclass CheckpointError) after :meth:`release`."""
+        ...
 
-    def release(self) -> None: ...
+    def release(self) -> None:
+        """Free what the snapshot holds (copy-on-write maps stop copying for it, readers close
+        their files); idempotent."""
+        ...
 
 
 # --------------------------------------------------------------------------- batch helpers
@@ -381,10 +394,14 @@ class KeyedStateBackend(abc.ABC):
 
     @property
     def current_key(self):
+        """The key set by :meth:`set_current_key`, in its canonical Python form (an int for a
+        timestamp key, -0.0 as 0.0, a tuple for a multi-column key); None before the first."""
         return self._current_key
 
     @property
     def current_key_group(self):
+        """The key group (an int in ``key_group_range``) of :attr:`current_key` under the
+        backend's assigner; None before the first :meth:`set_current_key`."""
         return self._current_key_group
 
     def _require_key(self):
@@ -497,6 +514,9 @@ class State(abc.ABC):
 
     @property
     def current_namespace(self):
+        """The namespace of later per-record calls on this state object, in its canonical
+        Python form: None for the ``void`` namespace type and before the first
+        :meth:`set_current_namespace`."""
         return None if self._namespace is _UNSET else self._namespace
 
     def _require_namespace(self):
@@ -513,121 +533,257 @@ class State(abc.ABC):
 
 
 class ValueState(State):
-    @abc.abstractmethod
-    def value(self) -> Any: ...
+    """One value per key and namespace (Flink ``ValueState``).
+
+    Per-record calls (here and on every state kind) act on the backend's current key and this
+    state's current namespace: InvalidInputError when either is unset, StateError once the
+    backend is closed. With TTL (``StateDescriptor.enable_time_to_live``; Flink
+    ``TtlValueState``) a write stamps the value with the TTL clock (ms); a read of an expired
+    value removes it and reads as absent (``ReturnExpiredIfNotCleanedUp``: returns it this once);
+    ``OnReadAndWrite`` renews what a read returns.
+
+    Batch calls (here and on every state kind; the module docstring has the full rules) do not
+    change the backend's current key and take:
+
+    * ``keys``: a pa.Array, pa.ChunkedArray or any ``__arrow_c_array__`` /
+      ``__arrow_c_stream__`` object of exactly the key type's Arrow type (a multi-column key: a
+      struct array or a list of one input per column), length n, no nulls;
+    * ``values``: length n, of the value type's Arrow type (large_string/large_binary accepted,
+      timestamps of the value type's unit in any time zone);
+    * ``namespaces``: None (every row uses the current namespace; the only choice for ``void``
+      states), an Arrow array of n namespaces of the namespace type (no nulls), or one
+      namespace for every row.
+
+    Rows of one key and namespace apply in row order, exactly as the same rows one at a time
+    (TTL included). Errors: InvalidInputError for a wrong Arrow type, a null key, a key outside
+    the key-group range, mismatched lengths, an unset namespace, or a ``pickle`` value type
+    (``clear_batch`` takes any) -- raised before anything changes, so the state is left as it
+    was; StateError while another thread's native batch call runs on this state (a backend is
+    used by one thread at a time), and after ``close`` from the batch calls the native backend
+    runs as kernels (per-record calls always raise it then).
+    """
 
     @abc.abstractmethod
-    def update(self, value) -> None: ...
+    def value(self) -> Any:
+        """The value (Flink ``value()``): the descriptor's default (None unless given; a fresh
+        copy of a mutable one) when absent or expired."""
 
     @abc.abstractmethod
-    def get_batch(self, keys, namespaces=None) -> pa.Array: ...
+    def update(self, value) -> None:
+        """Set the value (Flink ``update``); None clears it. InvalidInputError, with nothing
+        changed, when ``value`` is not a value of the value type."""
 
     @abc.abstractmethod
-    def put_batch(self, keys, values, namespaces=None) -> None: ...
+    def get_batch(self, keys, namespaces=None) -> pa.Array:
+        """The value of each row's key and namespace: a pa.Array of length n of the value
+        type's Arrow type (timestamps without a time zone), null where absent or expired (the
+        descriptor's default is not applied)."""
 
     @abc.abstractmethod
-    def clear_batch(self, keys, namespaces=None) -> None: ...
+    def put_batch(self, keys, values, namespaces=None) -> None:
+        """``update(values[i])`` for each row's key and namespace; a null value clears."""
 
     @abc.abstractmethod
-    def contains_batch(self, keys, namespaces=None) -> pa.Array: ...
+    def clear_batch(self, keys, namespaces=None) -> None:
+        """``clear()`` for each row's key and namespace (absent ones: no-op)."""
+
+    @abc.abstractmethod
+    def contains_batch(self, keys, namespaces=None) -> pa.Array:
+        """Whether each row's key and namespace holds a value: a pa.bool_() array of length n,
+        no nulls; a row reads as in :meth:`get_batch` (TTL cleanup on read included)."""
 
 
 class ListState(State):
-    @abc.abstractmethod
-    def get(self) -> list: ...
+    """A list of elements per key and namespace (Flink ``ListState``); elements are never None.
+
+    Per-record calls, TTL and the batch inputs and errors: see :class:`ValueState`. With TTL
+    (Flink ``TtlListState``) every element carries the time (ms) of the call that wrote it; a
+    read drops expired elements from the state and from what it returns
+    (``ReturnExpiredIfNotCleanedUp``: returns them this once).
+    """
 
     @abc.abstractmethod
-    def append_batch(self, keys, values, namespaces=None) -> None: ...
+    def get(self) -> list:
+        """The elements in insertion order, as a new list (Flink ``get``); ``[]`` when absent."""
 
     @abc.abstractmethod
-    def get_batch(self, keys, namespaces=None) -> pa.Array: ...
+    def append_batch(self, keys, values, namespaces=None) -> None:
+        """Append to each row's key and namespace: ``values`` of the element type's Arrow type
+        (one element per row, no nulls) or a list / large_list array of it (the row's elements,
+        appended as one ``add_all``: one TTL timestamp; a null or empty row appends nothing;
+        null elements raise InvalidInputError)."""
 
     @abc.abstractmethod
-    def clear_batch(self, keys, namespaces=None) -> None: ...
+    def get_batch(self, keys, namespaces=None) -> pa.Array:
+        """What ``get()`` returns for each row's key and namespace: a ``list<element type>``
+        array of length n, ``[]`` (not null) where absent."""
 
     @abc.abstractmethod
-    def add(self, value) -> None: ...
+    def clear_batch(self, keys, namespaces=None) -> None:
+        """``clear()`` (the whole list) for each row's key and namespace."""
 
     @abc.abstractmethod
-    def add_all(self, values) -> None: ...
+    def add(self, value) -> None:
+        """Append ``value`` (Flink ``add``). InvalidInputError, with nothing changed, for None or
+        a value not of the element type."""
 
     @abc.abstractmethod
-    def update(self, values) -> None: ...
+    def add_all(self, values) -> None:
+        """Append the elements of the iterable ``values`` (Flink ``addAll``); empty: no-op.
+        InvalidInputError, with nothing changed, for a None element, an element not of the
+        element type, or a ``values`` that is no iterable (or a str/bytes)."""
+
+    @abc.abstractmethod
+    def update(self, values) -> None:
+        """Replace the list by the elements of ``values`` (Flink ``update``); empty clears.
+        Errors as :meth:`add_all`."""
 
 
 class MapState(State):
-    @abc.abstractmethod
-    def get(self, user_key): ...
+    """A map of user keys to user values per key and namespace (Flink ``MapState``).
+
+    User keys are of the descriptor's user key type (int32, int64, string, binary or pickle),
+    equal when their serialized bytes are; iteration (``items``/``keys``/``values``) is in
+    ascending order of the serialized user key. Removing the last user key clears the map (as
+    Flink's heap backend). A user key or value not of its type (None included, unless pickle)
+    raises InvalidInputError and changes nothing. Per-record calls, TTL and the batch inputs and
+    errors: see :class:`ValueState`; batch calls take one row per (key, user key): ``user_keys``
+    of length n of the user key type's Arrow type, no nulls (a pickle user key type has no batch
+    API; a pickle value type allows ``contains_batch``, ``remove_batch`` and ``clear_batch``).
+    With TTL (Flink ``TtlMapState``) every entry carries the time (ms) it was written; a read
+    removes the expired entries it looks at.
+    """
 
     @abc.abstractmethod
-    def put_batch(self, keys, user_keys, values, namespaces=None) -> None: ...
+    def get(self, user_key):
+        """The value of ``user_key`` (Flink ``get``); None when absent or expired."""
 
     @abc.abstractmethod
-    def get_batch(self, keys, user_keys, namespaces=None) -> pa.Array: ...
+    def put_batch(self, keys, user_keys, values, namespaces=None) -> None:
+        """``put(user_keys[i], values[i])`` for each row's key and namespace; ``values`` of the
+        user value type's Arrow type, no nulls (InvalidInputError: use :meth:`remove_batch`)."""
 
     @abc.abstractmethod
-    def contains_batch(self, keys, user_keys, namespaces=None) -> pa.Array: ...
+    def get_batch(self, keys, user_keys, namespaces=None) -> pa.Array:
+        """``get(user_keys[i])`` for each row's key and namespace: a pa.Array of length n of the
+        user value type's Arrow type, null where absent."""
 
     @abc.abstractmethod
-    def remove_batch(self, keys, user_keys, namespaces=None) -> None: ...
+    def contains_batch(self, keys, user_keys, namespaces=None) -> pa.Array:
+        """``contains(user_keys[i])`` for each row's key and namespace: a pa.bool_() array of
+        length n, no nulls."""
 
     @abc.abstractmethod
-    def clear_batch(self, keys, namespaces=None) -> None: ...
+    def remove_batch(self, keys, user_keys, namespaces=None) -> None:
+        """``remove(user_keys[i])`` for each row's key and namespace (absent: no-op)."""
 
     @abc.abstractmethod
-    def put(self, user_key, user_value) -> None: ...
+    def clear_batch(self, keys, namespaces=None) -> None:
+        """``clear()`` (the whole map) for each row's key and namespace."""
 
     @abc.abstractmethod
-    def put_all(self, mapping) -> None: ...
+    def put(self, user_key, user_value) -> None:
+        """Map ``user_key`` to ``user_value`` (Flink ``put``)."""
 
     @abc.abstractmethod
-    def contains(self, user_key) -> bool: ...
+    def put_all(self, mapping) -> None:
+        """``put`` every pair of ``mapping`` (a dict or an iterable of (user key, value) pairs;
+        Flink ``putAll``), all or nothing: one invalid pair raises and changes nothing."""
 
     @abc.abstractmethod
-    def remove(self, user_key) -> None: ...
+    def contains(self, user_key) -> bool:
+        """Whether ``user_key`` has a value (Flink ``contains``)."""
 
     @abc.abstractmethod
-    def items(self) -> list: ...
+    def remove(self, user_key) -> None:
+        """Remove ``user_key`` (Flink ``remove``); absent: no-op."""
 
     @abc.abstractmethod
-    def keys(self) -> list: ...
+    def items(self) -> list:
+        """``[(user key, value), ...]`` (Flink ``entries``); ``[]`` when absent."""
 
     @abc.abstractmethod
-    def values(self) -> list: ...
+    def keys(self) -> list:
+        """The user keys, as :meth:`items` orders them (Flink ``keys``)."""
 
     @abc.abstractmethod
-    def is_empty(self) -> bool: ...
+    def values(self) -> list:
+        """The values, as :meth:`items` orders them (Flink ``values``)."""
+
+    @abc.abstractmethod
+    def is_empty(self) -> bool:
+        """True when :meth:`items` would return ``[]`` (Flink ``isEmpty``)."""
 
 
 class ReducingState(State):
-    @abc.abstractmethod
-    def get(self): ...
+    """One aggregate per key and namespace, folded by the descriptor's
+    :class:`~statecore.descriptors.Reducer` on every ``add`` (Flink ``ReducingState``).
+
+    Per-record calls, TTL and the batch inputs and errors: see :class:`ValueState`. With TTL
+    (Flink ``TtlReducingState``) an expired aggregate counts as absent for ``add``, whatever the
+    visibility setting.
+    """
 
     @abc.abstractmethod
-    def add(self, value) -> None: ...
+    def get(self):
+        """The aggregate (Flink ``get``); None when absent or expired."""
 
     @abc.abstractmethod
-    def get_batch(self, keys, namespaces=None) -> pa.Array: ...
+    def add(self, value) -> None:
+        """Fold ``value`` into the aggregate (the first value starts it; Flink ``add``); None is
+        a no-op. InvalidInputError, with nothing changed, when ``value`` or the new aggregate
+        does not fit the value type (e.g. an int64 ``sum`` overflow) or the reducer fails."""
 
     @abc.abstractmethod
-    def add_batch(self, keys, values, namespaces=None) -> pa.Array: ...
+    def get_batch(self, keys, namespaces=None) -> pa.Array:
+        """``get()`` for each row's key and namespace: a pa.Array of length n of the value
+        type's Arrow type (``count``: int64), null where absent."""
 
     @abc.abstractmethod
-    def clear_batch(self, keys, namespaces=None) -> None: ...
+    def add_batch(self, keys, values, namespaces=None) -> pa.Array:
+        """``add(values[i])`` for each row's key and namespace (``count``: ``values`` of any
+        Arrow type, only validity counts); returns the running aggregate after each row, a
+        pa.Array of length n as :meth:`get_batch`'s; a null value adds nothing and yields the
+        current aggregate (null if none). A rejected row (overflow, a failing reducer) leaves
+        every aggregate as it was."""
+
+    @abc.abstractmethod
+    def clear_batch(self, keys, namespaces=None) -> None:
+        """``clear()`` for each row's key and namespace."""
 
 
 class AggregatingState(State):
-    @abc.abstractmethod
-    def get(self): ...
+    """One accumulator per key and namespace of the descriptor's
+    :class:`~statecore.descriptors.AggregateFunction`; reads return its ``get_result``
+    (Flink ``AggregatingState``).
+
+    Per-record calls, TTL and the batch inputs and errors: see :class:`ValueState`, except that
+    the batch calls accept any ``values`` and a ``pickle`` accumulator type. With TTL (Flink
+    ``TtlAggregatingState``) an expired accumulator counts as absent for ``add``.
+    """
 
     @abc.abstractmethod
-    def add(self, value) -> None: ...
+    def get(self):
+        """``get_result(accumulator)`` (Flink ``get``); None when absent or expired."""
 
     @abc.abstractmethod
-    def add_batch(self, keys, values, namespaces=None) -> pa.Array: ...
+    def add(self, value) -> None:
+        """``accumulator = add(value, accumulator)``, starting from ``create_accumulator()``
+        when absent (Flink ``add``); None is a no-op. InvalidInputError, with nothing changed,
+        when the accumulator does not fit the accumulator type."""
 
     @abc.abstractmethod
-    def get_batch(self, keys, namespaces=None) -> pa.Array: ...
+    def add_batch(self, keys, values, namespaces=None) -> pa.Array:
+        """``add(values[i])`` for each row's key and namespace (``values``: length n, any Arrow
+        type, handed over as Python values; a null row adds nothing); returns ``get()`` after
+        each row as a pa.Array of length n of the descriptor's ``result_type`` (else inferred),
+        null where there is no accumulator. InvalidInputError, with nothing changed, when the
+        function fails or the results form no such array."""
 
     @abc.abstractmethod
-    def clear_batch(self, keys, namespaces=None) -> None: ...
+    def get_batch(self, keys, namespaces=None) -> pa.Array:
+        """``get()`` for each row's key and namespace, as :meth:`add_batch` returns results."""
+
+    @abc.abstractmethod
+    def clear_batch(self, keys, namespaces=None) -> None:
+        """``clear()`` for each row's key and namespace."""

@@ -105,9 +105,14 @@ class RangeView:
         self.ttl_expired: dict[str, int] = {}
 
     def state_metas(self) -> list[dict]:
+        """The reader's state metas."""
         return self._reader.state_metas()
 
     def entries(self, name: str, key_group: int):
+        """The reader's ``(keys, values)`` (``pa.binary()`` arrays, ascending by key bytes) of
+        ``name`` in ``key_group``, without the entries (or list elements, map entries) the
+        state's TTL filter finds expired; those are counted in ``ttl_expired``. Errors as the
+        reader's; CorruptCheckpointError for a broken TTL value layout."""
         keys, values = self._reader.entries(name, key_group)
         f = self._ttl.get(name)
         if f is None or not len(keys):
@@ -123,7 +128,7 @@ class RangeView:
         return keys, values
 
     def release(self) -> None:
-        pass
+        """No-op: the reader belongs to the caller."""
 
 
 class Compactor:

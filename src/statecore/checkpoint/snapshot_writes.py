@@ -102,9 +102,12 @@ class SnapshotWriteFuture(Future):
         self._thread: threading.Thread | None = None
 
     def running(self) -> bool:
+        """True while the writing thread works on the write (started, not done)."""
         return self._thread is not None and not self.done()
 
     def cancel(self) -> bool:
+        """Stop the write, waiting until its thread cleaned up; True when the future is then
+        cancelled, False when the write already finished or is publishing its file."""
         with self._lock:
             if self.done() or self._publishing:
                 return False

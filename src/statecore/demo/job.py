@@ -167,6 +167,7 @@ class DemoSummary:
 
     @property
     def events_per_second(self) -> float:
+        """``events / seconds`` (0.0 before any time was measured)."""
         return self.events / self.seconds if self.seconds > 0 else 0.0
 
     def lines(self) -> List[str]:

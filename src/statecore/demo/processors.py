@@ -158,10 +158,13 @@ class AircraftSessions(KeyedProcessor):
         self.idle_ttl_ms = _check_ttl(idle_ttl_ms)
 
     def config(self):
-        # The TTL may change between runs (as in Flink); the layout of the session value may not.
+        """``{"gap_ms", "session_layout"}``: a checkpoint continues only with the same gap and
+        session value layout; the idle TTL may change between runs (as in Flink)."""
         return {"gap_ms": self.gap_ms, "session_layout": 2}
 
     def open(self, ctx: ProcessorContext) -> None:
+        """Register the ``open_session`` and ``aircraft`` value states (binary) and keep the
+        backend's timer service."""
         self.state = ctx.backend.get_state(ValueStateDescriptor("open_session", "binary"))
         self.aircraft = ctx.backend.get_state(_descriptor("aircraft", "binary", self.idle_ttl_ms))
         self.timers = ctx.backend.timers
@@ -194,6 +197,10 @@ class AircraftSessions(KeyedProcessor):
 
     def process_batch(self, batch: pa.RecordBatch,
                       ctx: ProcessorContext) -> Iterable[pa.RecordBatch]:
+        """Fold the rows (input columns of the class docstring), per aircraft in event-time
+        order, into its open session; yields one batch of :data:`SESSION_SCHEMA` with the
+        sessions a later flight closed (none: nothing yielded). Moves the aircraft's timer to
+        the new session end and counts dropped late rows in ``ctx.metrics["late_rows"]``."""
         gap = self.gap_ms
         wm = ctx.watermark_ms
         # Rows of a key arrive in no particular order after the shuffle: sort for determinism.
@@ -275,10 +282,13 @@ class AircraftSessions(KeyedProcessor):
             yield self._to_batch(out)
 
     def on_watermark(self, ctx: ProcessorContext, watermark_ms: int) -> Iterable[pa.RecordBatch]:
+        """Emit (as :data:`SESSION_SCHEMA` batches) and clear the sessions whose end is
+        strictly before ``watermark_ms`` (ms)."""
         # Closed means watermark > end; timers fire at ts <= argument.
         return self._fire(ctx, watermark_ms - 1)
 
     def flush(self, ctx: ProcessorContext) -> Iterable[pa.RecordBatch]:
+        """End of input: emit and clear every open session."""
         return self._fire(ctx, _INT64_MAX)
 
 
@@ -309,10 +319,12 @@ class RouteDelays(KeyedProcessor):
         self.idle_ttl_ms = _check_ttl(idle_ttl_ms)
 
     def config(self):
-        # Version 2 added the active_since state: older checkpoints cannot continue.
+        """``{"route_layout": 2}``: layout 2 added the ``active_since`` state, so checkpoints
+        of older layouts cannot continue; the idle TTL may change between runs."""
         return {"route_layout": 2}
 
     def open(self, ctx: ProcessorContext) -> None:
+        """Register the five int64 value states of the class docstring (with the idle TTL)."""
         b, ttl = ctx.backend, self.idle_ttl_ms
         self.since = b.get_state(_descriptor("active_since", "int64", ttl))
         self.flights = b.get_state(_descriptor("flights", "int64", ttl))
@@ -322,6 +334,10 @@ class RouteDelays(KeyedProcessor):
 
     def process_batch(self, batch: pa.RecordBatch,
                       ctx: ProcessorContext) -> Iterable[pa.RecordBatch]:
+        """Merge the micro-batch's per-route aggregates (input columns: the ``origin|dest`` key
+        column, ``event_time`` (timestamp), ``arr_delay`` (minutes, nulls ignored)) into state;
+        yields one :data:`ROUTE_SCHEMA` batch with the updated statistics of every route in
+        the batch, sorted by key."""
         key = ctx.key_column
         delay = batch.column("arr_delay").cast(pa.int64())
         t = pa.table({key: batch.column(key), "d": delay,
