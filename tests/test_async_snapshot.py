@@ -204,7 +204,7 @@ def test_native_memory_reclaimed_after_write(tmp_path):
     fut.result()
     assert snap._released  # the write owned and released it (key group by key group)
     assert peak > 0  # old versions were kept alive for the snapshot during the write
-    held = {name: _native._table_reclaim(t.native) for name, t in b._tables.items()}
+    held = {name: _native._table_reclaim(t.native) for name, t in b.state_tables().items()}
     assert held == {name: 0 for name in held}
     assert all(s["retired_entries"] == 0 for s in b.copy_on_write_stats().values())
 
@@ -223,7 +223,7 @@ def test_cancel_stops_and_cleans_up(tmp_path, kind):
     assert not any(f.endswith(".sckp") or ".tmp-" in f for f in _files(tmp_path))
     if kind == "native":
         assert snap._released
-        held = {name: _native._table_reclaim(t.native) for name, t in b._tables.items()}
+        held = {name: _native._table_reclaim(t.native) for name, t in b.state_tables().items()}
         assert set(held.values()) == {0}
     # A finished write cannot be cancelled; its file stays.
     fut2 = store.write_snapshot_async(b.snapshot(), 8, "p0")
@@ -261,7 +261,7 @@ def test_failing_filesystem(tmp_path, kind):
     assert _files(tmp_path) == []  # the temporary file was removed, nothing published
     if kind == "native":
         assert snap._released
-        held = {name: _native._table_reclaim(t.native) for name, t in b._tables.items()}
+        held = {name: _native._table_reclaim(t.native) for name, t in b.state_tables().items()}
         assert set(held.values()) == {0}
 
 

@@ -14,7 +14,7 @@ from statecore import (  # noqa: E402
     ValueStateDescriptor,
     create_backend,
 )
-from statecore.backends import native as native_backend  # noqa: E402
+from statecore.backends import native_states  # noqa: E402
 from statecore.backends.native import NativeBackend  # noqa: E402
 from statecore.errors import InvalidInputError  # noqa: E402
 from statecore.testing.conformance import BackendConformance, snapshot_dump  # noqa: E402
@@ -29,7 +29,7 @@ class TestNativeBackend(BackendConformance):
         # The stream tests use small chunks, which the native path would combine (a copy):
         # make it call the kernels once per chunk, as it does for large chunks.
         if "stream" in request.node.name:
-            monkeypatch.setattr(native_backend, "_MIN_ROWS_PER_CHUNK", 1)
+            monkeypatch.setattr(native_states, "_MIN_ROWS_PER_CHUNK", 1)
 
 
 def test_create_backend_native():
@@ -254,7 +254,7 @@ def test_per_record_stored_form_that_does_not_fit_changes_nothing():
     lst = b.get_state(ListStateDescriptor("l", "int64"))
     b.set_current_key(1)
     lst.add(1)
-    table = lst._table
+    table = lst.table
     kg, key = lst._slot()
     for bad in ([1, 2**63], [1, "x"], 5):
         with pytest.raises(InvalidInputError):
@@ -271,7 +271,7 @@ def test_per_record_stored_form_that_does_not_fit_changes_nothing():
             st = b.get_state(d)
             (st.put(1, good) if isinstance(d, MapStateDescriptor)
              else st.add(good) if isinstance(d, ListStateDescriptor) else st.update(good))
-            table = st._table
+            table = st.table
             kg, key = st._slot()
             want = table.get(kg, key)
             for bad in bads:
@@ -295,7 +295,7 @@ def test_kernel_chunks_read_large_chunks_in_place_and_combine_small_ones():
                              pa.array(range(10_000, 25_000), pa.int64())])
     vals = pa.chunked_array([pa.array(range(5_000), pa.int64()),
                              pa.array(range(5_000, 25_000), pa.int64())])
-    kc, vc = native_backend._kernel_chunks(keys, vals)
+    kc, vc = native_states._kernel_chunks(keys, vals)
     assert [len(c) for c in kc] == [len(c) for c in vc] == [5_000, 5_000, 15_000]
     # Views of the producer's buffers: no copy.
     assert kc[1].buffers()[1].address == keys.chunk(0).buffers()[1].address
@@ -303,8 +303,8 @@ def test_kernel_chunks_read_large_chunks_in_place_and_combine_small_ones():
     assert kc[1].offset == 5_000 and vc[1].offset == 0 and vc[2].offset == 5_000
     # Small chunks, or a batch that must be one kernel call, are combined.
     small = pa.chunked_array([pa.array([1, 2]), pa.array([3])])
-    assert [len(c) for c in native_backend._kernel_chunks(small)[0]] == [3]
-    assert [len(c) for c in native_backend._kernel_chunks(keys, vals, single=True)[0]] == [25_000]
+    assert [len(c) for c in native_states._kernel_chunks(small)[0]] == [3]
+    assert [len(c) for c in native_states._kernel_chunks(keys, vals, single=True)[0]] == [25_000]
 
 
 @pytest.mark.parametrize("value_type,arrow_type", [("int64", pa.int64()), ("int32", pa.int32()),
@@ -312,7 +312,7 @@ def test_kernel_chunks_read_large_chunks_in_place_and_combine_small_ones():
                                                    ("string", pa.large_string()),
                                                    ("binary", pa.large_binary())])
 def test_large_chunked_stream_batches_match_one_array(value_type, arrow_type):
-    n = 3 * native_backend._MIN_ROWS_PER_CHUNK
+    n = 3 * native_states._MIN_ROWS_PER_CHUNK
     ks = [(i * 7919) % 5000 for i in range(n)]
     raw = [None if i % 11 == 0 else i % 97 for i in range(n)]
     vs = [None if x is None else (str(x) if value_type == "string" else
@@ -349,7 +349,7 @@ def test_a_table_busy_in_another_thread_raises_instead_of_racing():
     other = b.get_state(ValueStateDescriptor("w", "int64"))
     v.put_batch(pa.array([1, 2]), pa.array([10, 20]))
     before = snapshot_dump(b.snapshot())
-    table = b._tables["v"].native
+    table = b.state_tables()["v"].native
     table._debug_set_busy(True)
     try:
         b.set_current_key(1)
@@ -436,7 +436,7 @@ def test_namespaced_value_and_reducing_batches_run_the_kernels(monkeypatch):
     def per_row(*a, **k):
         raise AssertionError("per-row path taken")
 
-    monkeypatch.setattr(NativeBackend, "_batch_slots", per_row)
+    monkeypatch.setattr(NativeBackend, "batch_slots", per_row)
     b = NativeBackend(key_type="string")
     v = b.get_state(ValueStateDescriptor("v", "int64"), namespace_type="binary")
     c = b.get_state(ReducingStateDescriptor("c", "max", "float64"), namespace_type="int32")
@@ -452,7 +452,7 @@ def test_namespaced_value_and_reducing_batches_run_the_kernels(monkeypatch):
 def test_collection_reads_removals_and_clear_run_the_kernels(monkeypatch):
     """List get_batch, map get/contains/remove_batch and clear_batch of every state kind
     (TTL ones too; clear_batch and remove_batch also with pickle values) never reach the
-    per-row path -- every per-row batch path resolves its rows through ``_batch_slots``, made
+    per-row path -- every per-row batch path resolves its rows through ``batch_slots``, made
     to fail here -- namespaced calls included."""
     from statecore.ttl import ManualClock, StateTtlConfig
 
@@ -477,7 +477,7 @@ def test_collection_reads_removals_and_clear_run_the_kernels(monkeypatch):
         b.set_current_key(1)
         mp.put("a", {"x": 1})
         v.update({"y": 2})
-        monkeypatch.setattr(NativeBackend, "_batch_slots", per_row)
+        monkeypatch.setattr(NativeBackend, "batch_slots", per_row)
         assert lst.get_batch(keys).to_pylist() == [[1, 3], [2], [1, 3]]
         assert m.get_batch(keys, uks).to_pylist() == [3, 2, 3]
         assert m.contains_batch(keys, pa.array(["a", "a", "b"])).to_pylist() == [True, False, False]
@@ -488,7 +488,7 @@ def test_collection_reads_removals_and_clear_run_the_kernels(monkeypatch):
         monkeypatch.undo()
         assert not m.contains_batch(keys, uks).to_pylist()[0] and mp.is_empty()
         assert lst.get_batch(keys).to_pylist() == [[], [], []] and v.value() is None
-    monkeypatch.setattr(NativeBackend, "_batch_slots", per_row)
+    monkeypatch.setattr(NativeBackend, "batch_slots", per_row)
     ns = b.get_state(ListStateDescriptor("n", "int64"), namespace_type="string")
     nm = b.get_state(MapStateDescriptor("nm", "string", "int64"), namespace_type="int64")
     ns.append_batch(keys, pa.array([1, 2, 3]), namespaces=pa.array(["w", "w", "v"]))

@@ -21,7 +21,7 @@ from statecore.errors import InvalidInputError
 from statecore.ttl import ManualClock, StateTtlConfig
 from support.listed_changes import ListedChanges
 
-native = pytest.importorskip("statecore.backends.native")
+native_states = pytest.importorskip("statecore.backends.native_states")
 
 TTL_MS = 100
 KEYS = range(4)
@@ -175,8 +175,8 @@ class Run:
 def _check_same(ops, update_type, visibility):
     cfg = StateTtlConfig(TTL_MS, update_type=update_type, state_visibility=visibility)
     py, nat = Run("python", cfg), Run("native", cfg)
-    assert type(nat.states["v"]) is native._NativeTtlValue
-    assert type(nat.states["sum"]) is native._NativeTtlReducing
+    assert type(nat.states["v"]) is native_states.NativeTtlValueState
+    assert type(nat.states["sum"]) is native_states.NativeTtlReducingState
     for i, op in enumerate(ops):
         got_py, got_nat = py.apply(op), nat.apply(op)
         where = f"step {i}: {op!r}"
@@ -252,13 +252,13 @@ def test_native_ttl_batch_calls_do_not_use_the_python_batch_code(monkeypatch):
                       (ttl_states.TtlState, "_unexpired")):
         monkeypatch.setattr(cls, meth, boom)
     kernel_calls = []
-    real_args = native._ttl_kernel_args
+    real_args = native_states._ttl_kernel_args
 
     def spy(state):
         kernel_calls.append(state.descriptor.name)
         return real_args(state)
 
-    monkeypatch.setattr(native, "_ttl_kernel_args", spy)
+    monkeypatch.setattr(native_states, "_ttl_kernel_args", spy)
     clock = ManualClock(0)
     b = create_backend("native", key_type="int64", ttl_clock=clock)
     cfg = StateTtlConfig(10, update_type="OnReadAndWrite")

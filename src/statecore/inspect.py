@@ -146,7 +146,7 @@ def entries_table(root: str, version: Optional[int] = None,
         return limit is not None and len(rows["state"]) >= limit
 
     done = False
-    for name, table in sorted(backend._tables.items()):
+    for name, table in sorted(backend.state_tables().items()):
         for kg in sorted(table.data):
             for (key, ns), stored in table.data[kg].items():
                 if table.kind == "list":

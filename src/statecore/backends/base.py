@@ -199,7 +199,7 @@ class StateSnapshot(Protocol):
 def resolve_batch_namespaces(namespaces, state: "State", length: int) -> list:
     """Per-row namespaces as a Python list (see module docstring for the rules)."""
     if namespaces is None:
-        return [state._require_namespace()] * length
+        return [state.require_current_namespace()] * length
     if state.namespace_type == "void":
         raise InvalidInputError("a state with the void namespace accepts only namespaces=None")
     if is_arrow_input(namespaces):
@@ -237,6 +237,10 @@ class KeyedStateBackend(abc.ABC):
     timers, default "void"), ``ttl_clock`` (processing-time clock of TTL states: a callable
     returning milliseconds, default the wall clock; see :mod:`statecore.ttl`). Raises
     InvalidInputError on bad arguments.
+
+    Attributes: ``key_type`` (the normalized key type name), ``key_serializer`` (its
+    :class:`~statecore.serializers.KeySerializer`), ``max_parallelism``, ``key_group_range``,
+    ``assigner``, ``timers`` (the :class:`~statecore.timers.TimerService`), ``ttl_clock``.
     """
 
     def __init__(self, key_type="int64", max_parallelism: int = 128, key_group_range=None,
@@ -255,7 +259,7 @@ class KeyedStateBackend(abc.ABC):
         if assigner not in K.ASSIGNERS:
             raise InvalidInputError(f"unknown assigner {assigner!r}; expected 'spark' or 'flink'")
         self.assigner = assigner
-        self._key_ser = S.key_serializer(self.key_type)
+        self.key_serializer = S.key_serializer(self.key_type)
         self._current_key = None
         self._current_key_group = None
         self._closed = False
@@ -332,16 +336,19 @@ class KeyedStateBackend(abc.ABC):
         to off dropped as expired, ``StateDescriptor.enable_ttl_migration``)."""
         return dict(self._ttl_removed)
 
-    def _ttl_accessed(self, table, config, accesses: int = 1) -> None:
+    def ttl_state_accessed(self, table, config, accesses: int = 1) -> None:
         """Incremental cleanup after ``accesses`` state accesses of ``table`` (TTL ``config``
-        with ``cleanup_incrementally``): one step of ``cleanup_size * accesses`` entries of the
-        table's lazy global iterator (Flink TtlIncrementalCleanup.stateAccessed)."""
+        with ``cleanup_incrementally``; a no-op otherwise): one step of ``cleanup_size *
+        accesses`` entries of the table's lazy global iterator (Flink
+        ``TtlIncrementalCleanup.stateAccessed``), the expired things it removes counted as
+        ``incremental``. TTL state objects call it before each per-record access, batch calls
+        once per batch with the number of rows."""
         if not config.cleanup_size or accesses <= 0:
             return
         _, expired, _ = table.ttl_cleanup_step(self.key_group_range, config.cleanup_size * accesses,
                                                config.ttl_ms, self.ttl_now(config))
         if expired:
-            self._count_expired("incremental", expired)
+            self.count_expired("incremental", expired)
 
     @abc.abstractmethod
     def run_background_ttl_cleanup(self, max_key_groups: int = 1) -> int:
@@ -363,7 +370,11 @@ class KeyedStateBackend(abc.ABC):
         prev, self._ttl_reported = self._ttl_reported, cur
         return {k: v - prev.get(k, 0) for k, v in cur.items() if v - prev.get(k, 0)}
 
-    def _count_expired(self, strategy: str, n: int = 1) -> None:
+    def count_expired(self, strategy: str, n: int = 1) -> None:
+        """Count ``n`` expired values, list elements or map entries removed by cleanup
+        ``strategy`` (one of :data:`TTL_CLEANUP_STRATEGIES`) in :meth:`ttl_statistics`. State
+        objects call it for cleanup on read (``"read"``), snapshots for full-snapshot cleanup;
+        safe from an asynchronous checkpoint writer's thread."""
         with self._ttl_lock:
             self._ttl_removed[strategy] += n
 
@@ -385,12 +396,12 @@ class KeyedStateBackend(abc.ABC):
 
     def set_current_key(self, key) -> None:
         """Make ``key`` the key of subsequent per-record state calls and timer registrations."""
-        self._check_open()
+        self.check_open()
         kg = self.key_group_of(key)
         self._current_key = K.check_key(key, self.key_type)
         self._current_key_group = kg
         for table, cfg in self._every_record_ttl.values():
-            self._ttl_accessed(table, cfg)
+            self.ttl_state_accessed(table, cfg)
 
     @property
     def current_key(self):
@@ -404,12 +415,16 @@ class KeyedStateBackend(abc.ABC):
         backend's assigner; None before the first :meth:`set_current_key`."""
         return self._current_key_group
 
-    def _require_key(self):
+    def require_current_key(self):
+        """``(current key, its key group)`` for a per-record state call; InvalidInputError when
+        no key was set (:meth:`set_current_key`)."""
         if self._current_key is None:
             raise InvalidInputError("no current key: call set_current_key() first")
         return self._current_key, self._current_key_group
 
-    def _check_open(self):
+    def check_open(self) -> None:
+        """Raise StateError when the backend is closed (:meth:`close`); every state call and
+        backend operation checks it first."""
         if self._closed:
             raise StateError("the backend is closed")
 
@@ -451,7 +466,7 @@ class KeyedStateBackend(abc.ABC):
         changes up to it stop being tracked. Idempotent; an id not newer than the current base is
         ignored. Raises InvalidInputError for a non-int or an id this backend never issued,
         StateError when closed."""
-        self._check_open()
+        self.check_open()
         if (isinstance(snapshot_id, (bool, np.bool_))
                 or not isinstance(snapshot_id, (int, np.integer))):
             raise InvalidInputError(f"snapshot_id must be an int, got {snapshot_id!r}")
@@ -492,7 +507,12 @@ _UNSET = object()
 
 
 class State(abc.ABC):
-    """Base of every state object: the descriptor, the namespace type and the current namespace."""
+    """Base of every state object: the descriptor, the namespace type and the current namespace.
+
+    Attributes: ``backend`` (the KeyedStateBackend it belongs to), ``descriptor``, ``name``,
+    ``namespace_type`` and ``namespace_serializer`` (the
+    :class:`~statecore.serializers.KeySerializer` of the namespace type).
+    """
 
     def __init__(self, backend: KeyedStateBackend, descriptor, namespace_type: str):
         if namespace_type not in NAMESPACE_TYPES:
@@ -504,13 +524,13 @@ class State(abc.ABC):
         self.descriptor = descriptor
         self.name = descriptor.name
         self.namespace_type = namespace_type
-        self._ns_ser = S.key_serializer(namespace_type)
+        self.namespace_serializer = S.key_serializer(namespace_type)
         self._namespace = None if namespace_type == "void" else _UNSET
 
     def set_current_namespace(self, namespace) -> None:
         """Set the namespace of later calls on this state object (InvalidInputError when it does
         not match the namespace type)."""
-        self._namespace = self._ns_ser.check(namespace)
+        self._namespace = self.namespace_serializer.check(namespace)
 
     @property
     def current_namespace(self):
@@ -519,7 +539,9 @@ class State(abc.ABC):
         :meth:`set_current_namespace`."""
         return None if self._namespace is _UNSET else self._namespace
 
-    def _require_namespace(self):
+    def require_current_namespace(self):
+        """The current namespace (None for the void namespace); InvalidInputError when the
+        namespace type is not void and no namespace was set (:meth:`set_current_namespace`)."""
         if self._namespace is _UNSET:
             raise InvalidInputError(
                 f"state {self.name!r} has namespace type {self.namespace_type}: "

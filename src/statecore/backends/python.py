@@ -358,10 +358,10 @@ class PythonBackend(TableBackend):
 
     # ------------------------------------------------------------------ snapshot / restore
     def _encode_entry_key(self, table: PythonTable, kg: int, k) -> bytes:
-        return S.encode_key(kg, self.max_parallelism, k[0], self._key_ser, k[1], table.ns_ser)
+        return S.encode_key(kg, self.max_parallelism, k[0], self.key_serializer, k[1], table.ns_ser)
 
     def snapshot(self, incremental: bool = False) -> PythonSnapshot:
-        self._check_open()
+        self.check_open()
         incremental = self._snapshot_incremental(incremental)
         metas, data = [], {}
         for name, table in self._tables.items():
@@ -379,14 +379,14 @@ class PythonBackend(TableBackend):
             else:
                 groups = ((kg, [(self._encode_entry_key(table, kg, k), table.encode_value(v))
                                 for k, v in g.items()]) for kg, g in table.data.items())
-            filt = None if incremental else self._full_snapshot_ttl_filter(table)
+            filt = None if incremental else self.full_snapshot_ttl_filter(table)
             for kg, pairs in groups:
                 pairs.sort(key=lambda p: p[0])
                 keys = pa.array([p[0] for p in pairs], pa.binary())
                 vals = pa.array([p[1] for p in pairs], pa.binary())
                 if filt is not None:
                     keys, vals, n = filter_entries(*filt, keys, vals)
-                    self._count_expired("full_snapshot", n)
+                    self.count_expired("full_snapshot", n)
                     if not len(keys):
                         continue
                 per_kg[kg] = (keys, vals)
@@ -406,7 +406,7 @@ class PythonBackend(TableBackend):
             table.drop_changes_before(snapshot_id)
 
     def restore(self, snapshot_like) -> None:
-        self._check_open()
+        self.check_open()
         base.check_snapshot_compatible(self, snapshot_like)
         metas = snapshot_like.state_metas()
         kgs = list(self.key_group_range.intersection(
@@ -464,7 +464,8 @@ class PythonBackend(TableBackend):
         when one carries another key group."""
         out = []
         for kb in keys.to_pylist():
-            kg2, key, ns, _ = S.decode_key(kb, self.max_parallelism, self._key_ser, table.ns_ser)
+            kg2, key, ns, _ = S.decode_key(kb, self.max_parallelism, self.key_serializer,
+                                           table.ns_ser)
             if kg2 != kg:
                 raise InvalidInputError(
                     f"entry {kb.hex()} of state {table.name!r} listed under key group {kg}")

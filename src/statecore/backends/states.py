@@ -5,7 +5,10 @@ A keyed backend (:class:`statecore.backends.table_backend.TableBackend`) keeps o
 state object addresses one entry of its table by a *slot* ``(key group, k)``: ``k`` is whatever
 the backend's tables take as the key of an entry (the pure-Python tables: ``(key, namespace)``;
 the native tables: the encoded key bytes), and the state object gets it from the backend
-(``_slot`` for the current key and namespace, ``backend._batch_slots`` for the rows of a batch).
+(:meth:`TableState._slot` for the current key and namespace, through the backend's
+``check_open()`` and ``require_current_key()``; ``backend.batch_slots(state, keys,
+namespaces)`` for the rows of a batch: the seam is described in
+:class:`statecore.backends.table_backend.TableBackend` and :class:`TableState`).
 Tables take and return *stored forms* (:func:`to_stored`): the canonical Python value of a typed
 value, the pickled bytes of a ``pickle`` value; a list state's stored form is a list of those,
 a map state's a dict ``{serialized user key: stored user value}`` (user-key equality is byte
@@ -141,9 +144,26 @@ class StateTable(abc.ABC):
 
 
 class TableState:
-    """Base of the per-record state classes: the state's :class:`StateTable` (``_table``), its
-    value serializer (``_ser``) and the slot of the current key and namespace (``_slot``).
-    Mixed with a :mod:`statecore.backends.base` state interface by each kind's class."""
+    """Base of the per-record state classes, mixed with a :mod:`statecore.backends.base` state
+    interface by each kind's class.
+
+    What other modules read on a state (the backend, the TTL and native state classes):
+    ``table`` (its :class:`StateTable`), ``serializer`` (the value type's
+    :class:`~statecore.serializers.ValueSerializer`), for map states ``user_key_serializer``
+    (the user key type's :class:`~statecore.serializers.KeySerializer`), for TTL states
+    ``ttl_config`` (:class:`statecore.backends.ttl_states.TtlState`), the attributes of
+    :class:`statecore.backends.base.State` (``backend``, ``descriptor``, ``namespace_type``,
+    ``namespace_serializer``, ``require_current_namespace()``) and :meth:`batch_arrow_type`.
+
+    What a state asks of its backend: the per-record slot through ``backend.check_open()`` and
+    ``backend.require_current_key()`` (:meth:`_slot`), the rows of a batch through
+    ``backend.batch_slots(self, keys, namespaces)``, and with TTL ``backend.ttl_now(config)``,
+    ``backend.ttl_state_accessed(table, config, n)`` and ``backend.count_expired("read", n)``
+    (:class:`statecore.backends.table_backend.TableBackend` lists the whole seam).
+
+    Subclasses in other modules may override :meth:`_slot` (the native states cache the encoded
+    key; TTL states count an access first) and use :meth:`_apply_rows` and ``_row_slot``.
+    """
 
     # The slot of the batch row being applied (see _apply_rows), else None: per-record code then
     # addresses the backend's current key.
@@ -152,22 +172,25 @@ class TableState:
     def __init__(self, backend: base.KeyedStateBackend, descriptor, namespace_type,
                  table: StateTable):
         base.State.__init__(self, backend, descriptor, namespace_type)
-        self._table = table
-        self._ser = table.value_ser
+        self.table = table
+        self.serializer = table.value_ser
 
     def _slot(self):
+        """``(key group, k)`` of the current key and namespace (or of the batch row being
+        applied, ``_row_slot``): StateError when the backend is closed, InvalidInputError
+        without a current key or (non-void) namespace."""
         if self._row_slot is not None:
             return self._row_slot
-        self.backend._check_open()
-        key, kg = self.backend._require_key()
-        return kg, (key, self._require_namespace())
+        self.backend.check_open()
+        key, kg = self.backend.require_current_key()
+        return kg, (key, self.require_current_namespace())
 
     def _apply_rows(self, keys, namespaces, fn, *columns) -> list:
         """``[fn(*row) for each row]``, ``row`` = the row's items of ``columns``, with the row's
         (key, namespace) as the slot of the per-record methods meanwhile: the generic batch
         path, which applies a batch exactly as the same rows one at a time (TTL included)
         without touching the backend's current key."""
-        slots = self.backend._batch_slots(self, keys, namespaces)
+        slots = self.backend.batch_slots(self, keys, namespaces)
         out = []
         try:
             for i, slot in enumerate(slots):
@@ -177,26 +200,28 @@ class TableState:
             self._row_slot = None
         return out
 
-    def _typed(self, what: str) -> pa.DataType:
-        if self._ser.arrow_type is None:
+    def batch_arrow_type(self, what: str) -> pa.DataType:
+        """The Arrow type of the state's values for batch call ``what`` (named in the error);
+        InvalidInputError for a ``pickle`` value type, which has none."""
+        if self.serializer.arrow_type is None:
             raise InvalidInputError(f"{what}: the batch API needs a typed value (not pickle) state")
-        return self._ser.arrow_type
+        return self.serializer.arrow_type
 
     def clear(self) -> None:
         kg, k = self._slot()
-        self._table.remove(kg, k)
+        self.table.remove(kg, k)
 
     def clear_batch(self, keys, namespaces=None) -> None:
-        for kg, k in self.backend._batch_slots(self, keys, namespaces):
-            self._table.remove(kg, k)
+        for kg, k in self.backend.batch_slots(self, keys, namespaces):
+            self.table.remove(kg, k)
 
     def get_batch(self, keys, namespaces=None) -> pa.Array:
-        if self._table.kind not in ("value", "reducing"):
-            raise InvalidInputError(f"{self._table.kind} state has no get_batch")
-        if self._ser.arrow_type is None:
+        if self.table.kind not in ("value", "reducing"):
+            raise InvalidInputError(f"{self.table.kind} state has no get_batch")
+        if self.serializer.arrow_type is None:
             raise InvalidInputError("the batch API needs a typed value (not pickle) state")
-        slots = self.backend._batch_slots(self, keys, namespaces)
-        return pa.array([self._table.get(kg, k) for kg, k in slots], self._ser.arrow_type)
+        slots = self.backend.batch_slots(self, keys, namespaces)
+        return pa.array([self.table.get(kg, k) for kg, k in slots], self.serializer.arrow_type)
 
 
 class TableValueState(TableState, base.ValueState):
@@ -209,25 +234,25 @@ class TableValueState(TableState, base.ValueState):
 
     def value(self):
         kg, k = self._slot()
-        s = self._table.get(kg, k)
-        return self.descriptor.default_value() if s is None else from_stored(self._ser, s)
+        s = self.table.get(kg, k)
+        return self.descriptor.default_value() if s is None else from_stored(self.serializer, s)
 
     def update(self, value) -> None:
         kg, k = self._slot()
         if value is None:
-            self._table.remove(kg, k)
+            self.table.remove(kg, k)
         else:
-            self._table.put(kg, k, to_stored(self._ser, value))
+            self.table.put(kg, k, to_stored(self.serializer, value))
 
     def put_batch(self, keys, values, namespaces=None) -> None:
         arr = coerce_key_array(keys, self.backend.key_type)
-        vals = self._ser.to_pylist(coerce_value_array(values, self._ser.name, len(arr)))
-        slots = self.backend._batch_slots(self, arr, namespaces)
+        vals = self.serializer.to_pylist(coerce_value_array(values, self.serializer.name, len(arr)))
+        slots = self.backend.batch_slots(self, arr, namespaces)
         for (kg, k), v in zip(slots, vals):
             if v is None:
-                self._table.remove(kg, k)
+                self.table.remove(kg, k)
             else:
-                self._table.put(kg, k, to_stored(self._ser, v))
+                self.table.put(kg, k, to_stored(self.serializer, v))
 
 
 class TableListState(TableState, base.ListState):
@@ -236,7 +261,7 @@ class TableListState(TableState, base.ListState):
 
     def get(self) -> list:
         kg, k = self._slot()
-        return [from_stored(self._ser, e) for e in self._table.get(kg, k) or ()]
+        return [from_stored(self.serializer, e) for e in self.table.get(kg, k) or ()]
 
     def _elements(self, values) -> list:
         if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
@@ -246,60 +271,60 @@ class TableListState(TableState, base.ListState):
         for v in values:
             if v is None:
                 raise InvalidInputError("list state elements must not be None")
-            out.append(to_stored(self._ser, v))
+            out.append(to_stored(self.serializer, v))
         return out
 
     def add(self, value) -> None:
         kg, k = self._slot()
         if value is None:
             raise InvalidInputError("cannot add None to a list state")
-        e = to_stored(self._ser, value)
-        self._table.put(kg, k, (self._table.get(kg, k) or []) + [e])
+        e = to_stored(self.serializer, value)
+        self.table.put(kg, k, (self.table.get(kg, k) or []) + [e])
 
     def add_all(self, values) -> None:
         kg, k = self._slot()
         es = self._elements(values)
         if es:
-            self._table.put(kg, k, (self._table.get(kg, k) or []) + es)
+            self.table.put(kg, k, (self.table.get(kg, k) or []) + es)
 
     def update(self, values) -> None:
         kg, k = self._slot()
         es = self._elements(values)
         if es:
-            self._table.put(kg, k, es)
+            self.table.put(kg, k, es)
         else:
-            self._table.remove(kg, k)
+            self.table.remove(kg, k)
 
     def append_batch(self, keys, values, namespaces=None) -> None:
-        t = self._typed("append_batch")
+        t = self.batch_arrow_type("append_batch")
         arr = coerce_key_array(keys, self.backend.key_type)
-        name = self._ser.name
+        name = self.serializer.name
         vals = as_arrow_array(values, "values", lambda t: arrow_type_ok(name, t) or (
             (pa.types.is_list(t) or pa.types.is_large_list(t))
             and arrow_type_ok(name, t.value_type)))
         if len(vals) != len(arr):
             raise InvalidInputError(f"values have {len(vals)} rows but keys have {len(arr)}")
         if pa.types.is_list(vals.type) or pa.types.is_large_list(vals.type):
-            check_arrow_type(vals.values, self._ser.name, "list elements")
-            rows = [[] if r is None else r for r in self._ser.to_pylist(vals)]
+            check_arrow_type(vals.values, self.serializer.name, "list elements")
+            rows = [[] if r is None else r for r in self.serializer.to_pylist(vals)]
             bad = sum(e is None for r in rows for e in r)
             if bad:
                 raise InvalidInputError(f"values contain {bad} null list element(s); list "
                                         "state elements must not be null")
         else:
-            check_arrow_type(vals, self._ser.name, f"values (or a list<{t}> array)")
+            check_arrow_type(vals, self.serializer.name, f"values (or a list<{t}> array)")
             if vals.null_count:
                 raise InvalidInputError(f"values contain {vals.null_count} null(s); list state "
                                         "elements must not be null")
-            rows = [[v] for v in self._ser.to_pylist(vals)]
+            rows = [[v] for v in self.serializer.to_pylist(vals)]
         for r in rows:  # validate every element before anything changes
             for e in r:
-                to_stored(self._ser, e)
+                to_stored(self.serializer, e)
         # One row = one add_all call: its elements share one TTL timestamp.
         self._apply_rows(arr, namespaces, lambda r: r and self.add_all(r), rows)
 
     def get_batch(self, keys, namespaces=None) -> pa.Array:
-        t = self._typed("get_batch")
+        t = self.batch_arrow_type("get_batch")
         return pa.array(self._apply_rows(keys, namespaces, self.get), pa.list_(t))
 
 
@@ -309,15 +334,15 @@ class TableMapState(TableState, base.MapState):
 
     def __init__(self, *a):
         super().__init__(*a)
-        self._uks = self._table.user_key_ser
+        self.user_key_serializer = self.table.user_key_ser
 
     def _map(self):
         kg, k = self._slot()
-        return self._table.get(kg, k) or {}
+        return self.table.get(kg, k) or {}
 
     def get(self, user_key):
-        s = self._map().get(self._uks.serialize(user_key))
-        return None if s is None else from_stored(self._ser, s)
+        s = self._map().get(self.user_key_serializer.serialize(user_key))
+        return None if s is None else from_stored(self.serializer, s)
 
     def put(self, user_key, user_value) -> None:
         self.put_all([(user_key, user_value)])
@@ -325,31 +350,33 @@ class TableMapState(TableState, base.MapState):
     def put_all(self, mapping) -> None:
         kg, k = self._slot()
         items = mapping.items() if isinstance(mapping, dict) else mapping
-        staged = [(self._uks.serialize(uk), to_stored(self._ser, uv)) for uk, uv in items]
+        uks, ser = self.user_key_serializer, self.serializer
+        staged = [(uks.serialize(uk), to_stored(ser, uv)) for uk, uv in items]
         if staged:
-            m = dict(self._table.get(kg, k) or {})
+            m = dict(self.table.get(kg, k) or {})
             m.update(staged)
-            self._table.put(kg, k, m)
+            self.table.put(kg, k, m)
 
     def contains(self, user_key) -> bool:
-        return self._uks.serialize(user_key) in self._map()
+        return self.user_key_serializer.serialize(user_key) in self._map()
 
     def remove(self, user_key) -> None:
         kg, k = self._slot()
-        ukb = self._uks.serialize(user_key)
-        m = self._table.get(kg, k)
+        ukb = self.user_key_serializer.serialize(user_key)
+        m = self.table.get(kg, k)
         if m is None or ukb not in m:
             return
         m = dict(m)
         del m[ukb]
         if m:
-            self._table.put(kg, k, m)
+            self.table.put(kg, k, m)
         else:
-            self._table.remove(kg, k)
+            self.table.remove(kg, k)
 
     def items(self) -> list:
         m = self._map()
-        return [(self._uks.deserialize(uk), from_stored(self._ser, m[uk])) for uk in sorted(m)]
+        uks, ser = self.user_key_serializer, self.serializer
+        return [(uks.deserialize(uk), from_stored(ser, m[uk])) for uk in sorted(m)]
 
     def keys(self) -> list:
         return [uk for uk, _ in self.items()]
@@ -361,33 +388,33 @@ class TableMapState(TableState, base.MapState):
         return not self._map()
 
     def _user_keys(self, user_keys, length: int) -> list:
-        if self._uks.name == "pickle":
+        if self.user_key_serializer.name == "pickle":
             raise InvalidInputError("the batch API needs a typed user key (not pickle) map state")
         arr = as_arrow_array(user_keys, "user_keys",
-                                  lambda t: arrow_type_ok(self._uks.name, t))
+                             lambda t: arrow_type_ok(self.user_key_serializer.name, t))
         if len(arr) != length:
             raise InvalidInputError(f"user_keys have {len(arr)} rows but keys have {length}")
-        check_arrow_type(arr, self._uks.name, "user_keys")
+        check_arrow_type(arr, self.user_key_serializer.name, "user_keys")
         if arr.null_count:
             raise InvalidInputError(f"user_keys contain {arr.null_count} null(s); map user keys "
                                     "must not be null")
         return arr.to_pylist()
 
     def put_batch(self, keys, user_keys, values, namespaces=None) -> None:
-        self._typed("put_batch")
+        self.batch_arrow_type("put_batch")
         arr = coerce_key_array(keys, self.backend.key_type)
         uks = self._user_keys(user_keys, len(arr))
-        vals = coerce_value_array(values, self._ser.name, len(arr))
+        vals = coerce_value_array(values, self.serializer.name, len(arr))
         if vals.null_count:
             raise InvalidInputError(f"values contain {vals.null_count} null(s); use remove_batch "
                                     "to remove user keys")
-        vals = self._ser.to_pylist(vals)
+        vals = self.serializer.to_pylist(vals)
         for v in vals:  # validate every value before anything changes
-            to_stored(self._ser, v)
+            to_stored(self.serializer, v)
         self._apply_rows(arr, namespaces, self.put, uks, vals)
 
     def get_batch(self, keys, user_keys, namespaces=None) -> pa.Array:
-        t = self._typed("get_batch")
+        t = self.batch_arrow_type("get_batch")
         arr = coerce_key_array(keys, self.backend.key_type)
         uks = self._user_keys(user_keys, len(arr))
         return pa.array(self._apply_rows(arr, namespaces, self.get, uks), t)
@@ -409,48 +436,48 @@ class TableReducingState(TableState, base.ReducingState):
 
     def get(self):
         kg, k = self._slot()
-        s = self._table.get(kg, k)
-        return None if s is None else from_stored(self._ser, s)
+        s = self.table.get(kg, k)
+        return None if s is None else from_stored(self.serializer, s)
 
     def _reduce(self, cur_stored, v):
         r = self.descriptor.reducer
         if r.name != "count":
-            v = self._ser.check(v)
-        acc = None if cur_stored is None else from_stored(self._ser, cur_stored)
+            v = self.serializer.check(v)
+        acc = None if cur_stored is None else from_stored(self.serializer, cur_stored)
         try:
             new = r.add(acc, v)
         except InvalidInputError:
             raise
         except Exception as e:
             raise InvalidInputError(f"reducer {r.name!r} failed on {v!r}: {e}") from e
-        return to_stored(self._ser, new)
+        return to_stored(self.serializer, new)
 
     def add(self, value) -> None:
         kg, k = self._slot()
         if value is None:
             return
-        self._table.put(kg, k, self._reduce(self._table.get(kg, k), value))
+        self.table.put(kg, k, self._reduce(self.table.get(kg, k), value))
 
     def add_batch(self, keys, values, namespaces=None) -> pa.Array:
         arr = coerce_key_array(keys, self.backend.key_type)
         vals = reducing_batch_values(self, values, len(arr))
-        slots = self.backend._batch_slots(self, arr, namespaces)
+        slots = self.backend.batch_slots(self, arr, namespaces)
         if self.descriptor.reducer.is_vectorized:
-            staged, out = fold_rounds(slots, vals, self.descriptor.reducer, self._ser,
-                                       lambda s, _null: self._table.get(*s))
+            staged, out = fold_rounds(slots, vals, self.descriptor.reducer, self.serializer,
+                                      lambda s, _null: self.table.get(*s))
             for (kg, k), st in staged.items():
-                self._table.put(kg, k, st)
-            return pa.array(out, self._ser.arrow_type)
+                self.table.put(kg, k, st)
+            return pa.array(out, self.serializer.arrow_type)
         staged, out = {}, []
         for (kg, k), v in zip(slots, vals):
-            cur = staged[(kg, k)] if (kg, k) in staged else self._table.get(kg, k)
+            cur = staged[(kg, k)] if (kg, k) in staged else self.table.get(kg, k)
             if v is not None:
                 cur = self._reduce(cur, v)
                 staged[(kg, k)] = cur
             out.append(cur)
         for (kg, k), s in staged.items():
-            self._table.put(kg, k, s)
-        return pa.array(out, self._ser.arrow_type)
+            self.table.put(kg, k, s)
+        return pa.array(out, self.serializer.arrow_type)
 
 
 def reducing_batch_values(state, values, length: int) -> list:
@@ -458,10 +485,10 @@ def reducing_batch_values(state, values, length: int) -> list:
     value type, or for ``count`` of any Arrow type, where only validity matters (1 per value,
     so no value needs a Python form: an extreme timestamp has no datetime)."""
     is_count = state.descriptor.reducer.name == "count"
-    arr = coerce_value_array(values, state._ser.name, length, any_type=is_count)
+    arr = coerce_value_array(values, state.serializer.name, length, any_type=is_count)
     if is_count:
         return [1 if ok else None for ok in arr.is_valid().to_pylist()]
-    return state._ser.to_pylist(arr)
+    return state.serializer.to_pylist(arr)
 
 
 def fold_rounds(slots: list, vals: list, reducer, ser, acc_of):
@@ -506,19 +533,19 @@ class TableAggregatingState(TableState, base.AggregatingState):
 
     def get(self):
         kg, k = self._slot()
-        s = self._table.get(kg, k)
+        s = self.table.get(kg, k)
         if s is None:
             return None
-        return self.descriptor.aggregate_function.get_result(from_stored(self._ser, s))
+        return self.descriptor.aggregate_function.get_result(from_stored(self.serializer, s))
 
     def add(self, value) -> None:
         kg, k = self._slot()
         if value is None:
             return
         fn = self.descriptor.aggregate_function
-        s = self._table.get(kg, k)
-        acc = fn.create_accumulator() if s is None else from_stored(self._ser, s)
-        self._table.put(kg, k, to_stored(self._ser, fn.add(value, acc)))
+        s = self.table.get(kg, k)
+        acc = fn.create_accumulator() if s is None else from_stored(self.serializer, s)
+        self.table.put(kg, k, to_stored(self.serializer, fn.add(value, acc)))
 
     def _results(self, out: list) -> pa.Array:
         t = self.descriptor.result_type
@@ -544,7 +571,7 @@ class TableAggregatingState(TableState, base.AggregatingState):
             if v is not None:
                 # Accumulators go through their stored form row by row, so a function that
                 # mutates its accumulator cannot change a result already produced.
-                acc = fn.create_accumulator() if cur is None else from_stored(self._ser, cur)
+                acc = fn.create_accumulator() if cur is None else from_stored(self.serializer, cur)
                 try:
                     acc = fn.add(v, acc)
                 except InvalidInputError:
@@ -552,8 +579,8 @@ class TableAggregatingState(TableState, base.AggregatingState):
                 except Exception as e:
                     raise InvalidInputError(
                         f"aggregate function of {self.name!r} failed on {v!r}: {e}") from e
-                cur = staged[s] = to_stored(self._ser, acc)
-            out.append(None if cur is None else fn.get_result(from_stored(self._ser, cur)))
+                cur = staged[s] = to_stored(self.serializer, acc)
+            out.append(None if cur is None else fn.get_result(from_stored(self.serializer, cur)))
         return staged, out
 
     def _batch_values(self, keys, values):
@@ -569,11 +596,11 @@ class TableAggregatingState(TableState, base.AggregatingState):
         no accumulator), as an array of the descriptor's ``result_type`` (else inferred).
         Rows of one key apply in row order; an error leaves the state unchanged."""
         arr, vals = self._batch_values(keys, values)
-        slots = self.backend._batch_slots(self, arr, namespaces)
-        staged, out = self._fold_aggregate(slots, vals, lambda s, _null: self._table.get(*s))
+        slots = self.backend.batch_slots(self, arr, namespaces)
+        staged, out = self._fold_aggregate(slots, vals, lambda s, _null: self.table.get(*s))
         results = self._results(out)
         for (kg, k), st in staged.items():
-            self._table.put(kg, k, st)
+            self.table.put(kg, k, st)
         return results
 
     def get_batch(self, keys, namespaces=None) -> pa.Array:
@@ -581,8 +608,8 @@ class TableAggregatingState(TableState, base.AggregatingState):
         return self._results(self._apply_rows(keys, namespaces, self.get))
 
     def clear_batch(self, keys, namespaces=None):
-        for kg, k in self.backend._batch_slots(self, keys, namespaces):
-            self._table.remove(kg, k)
+        for kg, k in self.backend.batch_slots(self, keys, namespaces):
+            self.table.remove(kg, k)
 
 
 #: ``{state kind: class}`` of states without TTL.

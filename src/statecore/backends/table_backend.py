@@ -1,7 +1,7 @@
 """TableBackend: what both keyed backends share over their per-state tables.
 
 A :class:`TableBackend` keeps one :class:`statecore.backends.states.StateTable` per state
-(``_tables``, registered or restored) and the state objects handed out (``_states``); it
+(registered or restored: :meth:`TableBackend.state_tables`) and the state objects handed out; it
 registers states (:meth:`get_state`: compatibility checks, TTL migration on registration,
 state classes per kind with or without TTL), checks a snapshot's states against the registered
 ones, applies change sets, and resolves the rows of a batch to slots for the generic per-row
@@ -18,6 +18,8 @@ classes (:attr:`TableBackend.state_classes`, :attr:`TableBackend.ttl_state_class
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
+from types import MappingProxyType
 
 import pyarrow as pa
 
@@ -51,7 +53,26 @@ STATE_KINDS = {
 
 class TableBackend(base.KeyedStateBackend):
     """A keyed state backend over one :class:`StateTable` per state (module docstring;
-    arguments as :class:`statecore.backends.base.KeyedStateBackend`)."""
+    arguments as :class:`statecore.backends.base.KeyedStateBackend`).
+
+    What a state may ask of its backend (the state classes of :mod:`statecore.backends.states`,
+    :mod:`statecore.backends.ttl_states` and :mod:`statecore.backends.native_states` use
+    nothing else):
+
+    * :meth:`check_open` and :meth:`require_current_key` -- the per-record slot of the
+      current key (StateError when closed, InvalidInputError without a current key);
+    * :meth:`batch_slots` -- the slots of the rows of a batch call (keys and namespaces
+      validated, one TTL access counted per row);
+    * with TTL: :meth:`ttl_now`, :meth:`ttl_state_accessed` (incremental cleanup before an
+      access) and :meth:`count_expired` (cleanup on read);
+    * the key's parameters the native kernels take: ``key_type``, ``key_serializer``,
+      ``assigner``, ``max_parallelism`` (and the native backend's ``encoded_current_key`` and
+      ``key_prefix_width``, :class:`statecore.backends.native.NativeBackend`).
+
+    What the backend reads on a state (:class:`statecore.backends.states.TableState`):
+    ``table``, ``descriptor``, ``namespace_type`` and, for the rows of a batch without
+    namespaces, ``require_current_namespace()``.
+    """
 
     #: ``{state kind: class}`` of the state objects of states without TTL (subclasses set it).
     state_classes: dict = {}
@@ -63,13 +84,18 @@ class TableBackend(base.KeyedStateBackend):
         self._tables: dict[str, StateTable] = {}
         self._states: dict[str, base.State] = {}
 
+    def state_tables(self) -> Mapping[str, StateTable]:
+        """``{state name: StateTable}`` of every state, registered or restored (a read-only
+        view: it follows registrations and restores; the tables are the live storage)."""
+        return MappingProxyType(self._tables)
+
     # ------------------------------------------------------------------ registration
     @abc.abstractmethod
     def _new_table(self, meta: dict) -> StateTable:
         """The storage of one state of state meta ``meta``."""
 
     def get_state(self, descriptor, namespace_type: str = "void"):
-        self._check_open()
+        self.check_open()
         if not isinstance(descriptor, StateDescriptor):
             raise InvalidInputError(f"expected a state descriptor, got {descriptor!r}")
         namespace_type = S.key_serializer(namespace_type).name
@@ -115,7 +141,7 @@ class TableBackend(base.KeyedStateBackend):
                 f"{'enabled' if table.ttl else 'disabled'}; a TTL migration converts restored "
                 "state when a descriptor first registers it, not a state in use")
         self._migrated(table.ttl_migrate(*self._ttl_migration_args(descriptor.ttl_config,
-                                                                    table.meta)))
+                                                                   table.meta)))
 
     def _ttl_migration_args(self, new_cfg, old_meta: dict) -> tuple:
         """``(ttl_meta, ts, ttl_ms, now)`` of :meth:`StateTable.ttl_migrate`: to TTL config
@@ -130,7 +156,7 @@ class TableBackend(base.KeyedStateBackend):
         """Bookkeeping after a TTL migration: the expired things it dropped, and snapshots are
         full until one taken from now on completes (``_snapshot_incremental``)."""
         if expired:
-            self._count_expired("migration", expired)
+            self.count_expired("migration", expired)
         self._ttl_migrated_at = self._last_snapshot_id
 
     # ------------------------------------------------------------------ TTL passes
@@ -144,11 +170,11 @@ class TableBackend(base.KeyedStateBackend):
         """As :meth:`statecore.backends.base.KeyedStateBackend.run_background_ttl_cleanup`:
         whole key groups of every registered state with ``cleanup_in_background``, through the
         tables' :meth:`~statecore.backends.states.StateTable.ttl_cleanup_key_group`."""
-        self._check_open()
+        self.check_open()
         if (isinstance(max_key_groups, bool) or not isinstance(max_key_groups, int)
                 or max_key_groups < 1):
             raise InvalidInputError(f"max_key_groups must be an int >= 1, got {max_key_groups!r}")
-        targets = [(st._table, st.descriptor.ttl_config) for st in self._states.values()
+        targets = [(st.table, st.descriptor.ttl_config) for st in self._states.values()
                    if st.descriptor.ttl_config is not None
                    and st.descriptor.ttl_config.cleanup_in_background]
         if not targets:
@@ -161,7 +187,7 @@ class TableBackend(base.KeyedStateBackend):
             for table, cfg in targets:
                 removed += table.ttl_cleanup_key_group(kg, cfg.ttl_ms, self.ttl_now(cfg))
         if removed:
-            self._count_expired("background", removed)
+            self.count_expired("background", removed)
         return removed
 
     # ------------------------------------------------------------------ snapshot / restore
@@ -173,7 +199,7 @@ class TableBackend(base.KeyedStateBackend):
             return st.descriptor.ttl_config
         return StateTtlConfig.from_meta(table.meta["ttl"]) if table.meta.get("ttl") else None
 
-    def _full_snapshot_ttl_filter(self, table: StateTable):
+    def full_snapshot_ttl_filter(self, table: StateTable):
         """``(kind, fixed_width, ttl_ms, now)`` for :func:`statecore.ttl.filter_entries` when
         ``table`` has TTL with full-snapshot cleanup (now = the time of the snapshot), else None."""
         cfg = self._ttl_config_of(table)
@@ -229,7 +255,7 @@ class TableBackend(base.KeyedStateBackend):
         StateMigrationError for another key type / max parallelism / assigner or a state whose
         TTL setting differs (restore the version instead), the reader's CorruptCheckpointError
         -- each leaves the backend unchanged."""
-        self._check_open()
+        self.check_open()
         base.check_snapshot_compatible(self, changes)
         kgs = list(self.key_group_range.intersection(KeyGroupRange.of(changes.key_group_range)))
         staged = []
@@ -277,15 +303,16 @@ class TableBackend(base.KeyedStateBackend):
         self._states.clear()
 
     # ------------------------------------------------------------------ batch helpers
-    def _batch_slots(self, state, keys, namespaces):
-        """The slot ``(key group, (key, namespace))`` of each row of a batch call on ``state``
-        (keys and namespaces validated as the batch API says; InvalidInputError before
-        anything changes), counting one TTL access per row for incremental cleanup. Backends
-        whose tables take another slot key convert these."""
+    def batch_slots(self, state, keys, namespaces) -> list:
+        """The slot ``(key group, k)`` of each row of a batch call on ``state``, as a list in
+        row order: ``k`` is ``(key, namespace)`` here; backends whose tables take another slot
+        key convert it (the native backend: the encoded key bytes). Keys and namespaces are
+        validated as the batch API says (InvalidInputError before anything changes); with
+        incremental TTL cleanup one access per row is counted (:meth:`ttl_state_accessed`)."""
         arr = coerce_key_array(keys, self.key_type)
         ks = key_pylist(arr, self.key_type)
         cfg = state.descriptor.ttl_config
         if cfg is not None and cfg.cleanup_size:
-            self._ttl_accessed(state._table, cfg, len(ks))  # one access per row
+            self.ttl_state_accessed(state.table, cfg, len(ks))  # one access per row
         nss = base.resolve_batch_namespaces(namespaces, state, len(ks))
         return [(self.key_group_of(k), (k, ns)) for k, ns in zip(ks, nss)]

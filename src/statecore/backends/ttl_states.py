@@ -57,51 +57,52 @@ __all__ = [
 class TtlState:
     """Mixin of every TTL state class (Flink ``AbstractTtlDecorator``): the incremental
     cleanup step before each access, the clock, and the reads that apply cleanup on read and
-    renewal on read. ``self._cfg`` is the descriptor's StateTtlConfig."""
+    renewal on read. ``ttl_config`` is the descriptor's StateTtlConfig (read by the native
+    TTL states' kernels too)."""
 
     def __init__(self, *a):
         super().__init__(*a)
-        self._cfg = self.descriptor.ttl_config
+        self.ttl_config = self.descriptor.ttl_config
 
     def _slot(self):
         slot = super()._slot()
-        if self._cfg.cleanup_size and self._row_slot is None:
+        if self.ttl_config.cleanup_size and self._row_slot is None:
             # Flink runs the incremental step before the access (TtlIncrementalCleanup); batch
-            # rows (_row_slot) were counted as accesses by _batch_slots already.
-            self.backend._ttl_accessed(self._table, self._cfg)
+            # rows (_row_slot) were counted as accesses by backend.batch_slots already.
+            self.backend.ttl_state_accessed(self.table, self.ttl_config)
         return slot
 
     def _now(self) -> int:
-        return self.backend.ttl_now(self._cfg)
+        return self.backend.ttl_now(self.ttl_config)
 
     def _expired(self, ts: int, now: int) -> bool:
-        return is_expired(ts, self._cfg.ttl_ms, now)
+        return is_expired(ts, self.ttl_config.ttl_ms, now)
 
     def _fresh(self, kg, k):
         """Stored value of a value-like state as a read sees it (None when absent or expired and
         not visible), applying cleanup on read and renewal on read."""
-        cur = self._table.get(kg, k)
+        cur = self.table.get(kg, k)
         if cur is None:
             return None
         s, ts = cur
         now = self._now()
         if self._expired(ts, now):
-            self._table.remove(kg, k)
-            self.backend._count_expired("read")
-            return s if self._cfg.return_expired else None
-        if self._cfg.update_on_read:
-            self._table.put(kg, k, (s, now))
+            self.table.remove(kg, k)
+            self.backend.count_expired("read")
+            return s if self.ttl_config.return_expired else None
+        if self.ttl_config.update_on_read:
+            self.table.put(kg, k, (s, now))
         return s
 
     def _unexpired(self, kg, k):
         """Stored value of a value-like state if present and unexpired (a write's view: an
         expired value counts as absent, whatever the visibility)."""
-        cur = self._table.get(kg, k)
+        cur = self.table.get(kg, k)
         if cur is None:
             return None
         s, ts = cur
         if self._expired(ts, self._now()):
-            self.backend._count_expired("read")
+            self.backend.count_expired("read")
             return None
         return s
 
@@ -110,10 +111,10 @@ class TtlValueLike(TtlState):
     """get_batch of value and reducing state: each row reads as ``value()``/``get()`` does."""
 
     def get_batch(self, keys, namespaces=None) -> pa.Array:
-        if self._ser.arrow_type is None:
+        if self.serializer.arrow_type is None:
             return super().get_batch(keys, namespaces)  # raises the same error
-        slots = self.backend._batch_slots(self, keys, namespaces)
-        return pa.array([self._fresh(kg, k) for kg, k in slots], self._ser.arrow_type)
+        slots = self.backend.batch_slots(self, keys, namespaces)
+        return pa.array([self._fresh(kg, k) for kg, k in slots], self.serializer.arrow_type)
 
 
 class TtlValueState(TtlValueLike, TableValueState):
@@ -122,25 +123,25 @@ class TtlValueState(TtlValueLike, TableValueState):
     def value(self):
         kg, k = self._slot()
         s = self._fresh(kg, k)
-        return self.descriptor.default_value() if s is None else from_stored(self._ser, s)
+        return self.descriptor.default_value() if s is None else from_stored(self.serializer, s)
 
     def update(self, value) -> None:
         kg, k = self._slot()
         if value is None:
-            self._table.remove(kg, k)
+            self.table.remove(kg, k)
         else:
-            self._table.put(kg, k, (to_stored(self._ser, value), self._now()))
+            self.table.put(kg, k, (to_stored(self.serializer, value), self._now()))
 
     def put_batch(self, keys, values, namespaces=None) -> None:
         arr = coerce_key_array(keys, self.backend.key_type)
-        vals = self._ser.to_pylist(coerce_value_array(values, self._ser.name, len(arr)))
-        slots = self.backend._batch_slots(self, arr, namespaces)
+        vals = self.serializer.to_pylist(coerce_value_array(values, self.serializer.name, len(arr)))
+        slots = self.backend.batch_slots(self, arr, namespaces)
         now = self._now()
         for (kg, k), v in zip(slots, vals):
             if v is None:
-                self._table.remove(kg, k)
+                self.table.remove(kg, k)
             else:
-                self._table.put(kg, k, (to_stored(self._ser, v), now))
+                self.table.put(kg, k, (to_stored(self.serializer, v), now))
 
 
 class TtlReducingState(TtlValueLike, TableReducingState):
@@ -150,14 +151,14 @@ class TtlReducingState(TtlValueLike, TableReducingState):
     def get(self):
         kg, k = self._slot()
         s = self._fresh(kg, k)
-        return None if s is None else from_stored(self._ser, s)
+        return None if s is None else from_stored(self.serializer, s)
 
     def add(self, value) -> None:
         kg, k = self._slot()
         if value is None:
             return
         cur = self._unexpired(kg, k)
-        self._table.put(kg, k, (self._reduce(cur, value), self._now()))
+        self.table.put(kg, k, (self._reduce(cur, value), self._now()))
 
     def add_batch(self, keys, values, namespaces=None) -> pa.Array:
         """Rows one at a time: a row with a value is ``add`` and yields the new aggregate, a null
@@ -165,17 +166,17 @@ class TtlReducingState(TtlValueLike, TableReducingState):
         error leaves the aggregates unchanged (expired entries read meanwhile may be gone)."""
         arr = coerce_key_array(keys, self.backend.key_type)
         vals = reducing_batch_values(self, values, len(arr))
-        slots = self.backend._batch_slots(self, arr, namespaces)
+        slots = self.backend.batch_slots(self, arr, namespaces)
         now = self._now()
         if self.descriptor.reducer.is_vectorized:
             staged, out = fold_rounds(
-                slots, vals, self.descriptor.reducer, self._ser,
+                slots, vals, self.descriptor.reducer, self.serializer,
                 lambda s, null: self._fresh(*s) if null else self._unexpired(*s))
         else:
             staged, out = self._fold_rows(slots, vals)
         for (kg, k), st in staged.items():
-            self._table.put(kg, k, (st, now))
-        return pa.array(out, self._ser.arrow_type)
+            self.table.put(kg, k, (st, now))
+        return pa.array(out, self.serializer.arrow_type)
 
     def _fold_rows(self, slots, vals):
         staged, out = {}, []
@@ -198,7 +199,7 @@ class TtlAggregatingState(TtlState, TableAggregatingState):
         s = self._fresh(kg, k)
         if s is None:
             return None
-        return self.descriptor.aggregate_function.get_result(from_stored(self._ser, s))
+        return self.descriptor.aggregate_function.get_result(from_stored(self.serializer, s))
 
     def add(self, value) -> None:
         kg, k = self._slot()
@@ -206,18 +207,18 @@ class TtlAggregatingState(TtlState, TableAggregatingState):
             return
         fn = self.descriptor.aggregate_function
         s = self._unexpired(kg, k)
-        acc = fn.create_accumulator() if s is None else from_stored(self._ser, s)
-        self._table.put(kg, k, (to_stored(self._ser, fn.add(value, acc)), self._now()))
+        acc = fn.create_accumulator() if s is None else from_stored(self.serializer, s)
+        self.table.put(kg, k, (to_stored(self.serializer, fn.add(value, acc)), self._now()))
 
     def add_batch(self, keys, values, namespaces=None) -> pa.Array:
         arr, vals = self._batch_values(keys, values)
-        slots = self.backend._batch_slots(self, arr, namespaces)
+        slots = self.backend.batch_slots(self, arr, namespaces)
         now = self._now()
         staged, out = self._fold_aggregate(
             slots, vals, lambda s, null: self._fresh(*s) if null else self._unexpired(*s))
         results = self._results(out)
         for (kg, k), st in staged.items():
-            self._table.put(kg, k, (st, now))
+            self.table.put(kg, k, (st, now))
         return results
 
 
@@ -226,48 +227,48 @@ class TtlListState(TtlState, TableListState):
 
     def get(self) -> list:
         kg, k = self._slot()
-        cur = self._table.get(kg, k)
+        cur = self.table.get(kg, k)
         if not cur:
             return []
         now = self._now()
         live = [(s, ts) for s, ts in cur if not self._expired(ts, now)]
         expired = len(cur) - len(live)
-        shown = cur if self._cfg.return_expired else live
-        if self._cfg.update_on_read:
+        shown = cur if self.ttl_config.return_expired else live
+        if self.ttl_config.update_on_read:
             live = [(s, now) for s, _ in live]
         if expired:
-            self.backend._count_expired("read", expired)
+            self.backend.count_expired("read", expired)
             if live:
-                self._table.put(kg, k, live)
+                self.table.put(kg, k, live)
             else:
-                self._table.remove(kg, k)
-        elif self._cfg.update_on_read:
-            self._table.put(kg, k, live)
-        return [from_stored(self._ser, s) for s, _ in shown]
+                self.table.remove(kg, k)
+        elif self.ttl_config.update_on_read:
+            self.table.put(kg, k, live)
+        return [from_stored(self.serializer, s) for s, _ in shown]
 
     def add(self, value) -> None:
         if value is None:
             # Same error as without TTL.
             return super().add(value)
         kg, k = self._slot()
-        e = (to_stored(self._ser, value), self._now())
-        self._table.put(kg, k, (self._table.get(kg, k) or []) + [e])
+        e = (to_stored(self.serializer, value), self._now())
+        self.table.put(kg, k, (self.table.get(kg, k) or []) + [e])
 
     def add_all(self, values) -> None:
         kg, k = self._slot()
         es = self._elements(values)
         if es:
             now = self._now()
-            self._table.put(kg, k, (self._table.get(kg, k) or []) + [(e, now) for e in es])
+            self.table.put(kg, k, (self.table.get(kg, k) or []) + [(e, now) for e in es])
 
     def update(self, values) -> None:
         kg, k = self._slot()
         es = self._elements(values)
         if es:
             now = self._now()
-            self._table.put(kg, k, [(e, now) for e in es])
+            self.table.put(kg, k, [(e, now) for e in es])
         else:
-            self._table.remove(kg, k)
+            self.table.remove(kg, k)
 
 
 class TtlMapState(TtlState, TableMapState):
@@ -277,7 +278,7 @@ class TtlMapState(TtlState, TableMapState):
         """``{user key bytes: stored}`` visible to a read of the whole map (or of the user key
         ``only``), with cleanup on read and renewal on read applied to what was looked at."""
         kg, k = self._slot()
-        cur = self._table.get(kg, k)
+        cur = self.table.get(kg, k)
         if not cur:
             return {}
         look = cur if only is None else ({only: cur[only]} if only in cur else {})
@@ -286,45 +287,47 @@ class TtlMapState(TtlState, TableMapState):
         now = self._now()
         expired = [uk for uk, (_, ts) in look.items() if self._expired(ts, now)]
         shown = {uk: s for uk, (s, ts) in look.items()
-                 if self._cfg.return_expired or uk not in expired}
-        if expired or self._cfg.update_on_read:
+                 if self.ttl_config.return_expired or uk not in expired}
+        if expired or self.ttl_config.update_on_read:
             m = dict(cur)
             for uk in expired:
                 del m[uk]
-            if self._cfg.update_on_read:
+            if self.ttl_config.update_on_read:
                 for uk in look:
                     if uk in m:
                         m[uk] = (m[uk][0], now)
             if expired:
-                self.backend._count_expired("read", len(expired))
+                self.backend.count_expired("read", len(expired))
             if m:
-                self._table.put(kg, k, m)
+                self.table.put(kg, k, m)
             else:
-                self._table.remove(kg, k)
+                self.table.remove(kg, k)
         return shown
 
     def get(self, user_key):
-        ukb = self._uks.serialize(user_key)
+        ukb = self.user_key_serializer.serialize(user_key)
         s = self._read(ukb).get(ukb)
-        return None if s is None else from_stored(self._ser, s)
+        return None if s is None else from_stored(self.serializer, s)
 
     def contains(self, user_key) -> bool:
-        ukb = self._uks.serialize(user_key)
+        ukb = self.user_key_serializer.serialize(user_key)
         return ukb in self._read(ukb)
 
     def put_all(self, mapping) -> None:
         kg, k = self._slot()
         items = mapping.items() if isinstance(mapping, dict) else mapping
         now = self._now()
-        staged = [(self._uks.serialize(uk), (to_stored(self._ser, uv), now)) for uk, uv in items]
+        uks, ser = self.user_key_serializer, self.serializer
+        staged = [(uks.serialize(uk), (to_stored(ser, uv), now)) for uk, uv in items]
         if staged:
-            m = dict(self._table.get(kg, k) or {})
+            m = dict(self.table.get(kg, k) or {})
             m.update(staged)
-            self._table.put(kg, k, m)
+            self.table.put(kg, k, m)
 
     def items(self) -> list:
         m = self._read()
-        return [(self._uks.deserialize(uk), from_stored(self._ser, m[uk])) for uk in sorted(m)]
+        uks, ser = self.user_key_serializer, self.serializer
+        return [(uks.deserialize(uk), from_stored(ser, m[uk])) for uk in sorted(m)]
 
     def is_empty(self) -> bool:
         return not self._read()
