@@ -581,8 +581,7 @@ class ValueState(State):
     the key-group range, mismatched lengths, an unset namespace, or a ``pickle`` value type
     (``clear_batch`` takes any) -- raised before anything changes, so the state is left as it
     was; StateError while another thread's native batch call runs on this state (a backend is
-    used by one thread at a time), and after ``close`` from the batch calls the native backend
-    runs as kernels (per-record calls always raise it then).
+    used by one thread at a time) and once the backend is closed.
     """
 
     @abc.abstractmethod

@@ -308,7 +308,9 @@ class TableBackend(base.KeyedStateBackend):
         row order: ``k`` is ``(key, namespace)`` here; backends whose tables take another slot
         key convert it (the native backend: the encoded key bytes). Keys and namespaces are
         validated as the batch API says (InvalidInputError before anything changes); with
-        incremental TTL cleanup one access per row is counted (:meth:`ttl_state_accessed`)."""
+        incremental TTL cleanup one access per row is counted (:meth:`ttl_state_accessed`).
+        StateError once the backend is closed."""
+        self.check_open()
         arr = coerce_key_array(keys, self.key_type)
         ks = key_pylist(arr, self.key_type)
         cfg = state.descriptor.ttl_config
