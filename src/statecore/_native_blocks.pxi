@@ -21,9 +21,9 @@ def lz4_block_compress(data):
 
 def decode_blocks(data, blocks, uint64_t base, bint has_validity):
     """The entries of consecutive stored blocks of one (state, key group) of a checkpoint data
-    file (checkpoint/format.py), checked, decompressed and parsed with the GIL released: the
-    native form of ``DataFileReader.entries``' loop over ``format.decode_block``, with the same
-    checks. ``data``: the group's stored bytes (any buffer); ``blocks``: its rows of the block
+    file (docs/formats.md "Data file"), checked, decompressed and parsed with the GIL released:
+    the native form of ``DataFileReader.entries``' loop over ``format.decode_block``, with the
+    same checks. ``data``: the group's stored bytes (any buffer); ``blocks``: its rows of the block
     table (numpy, ``format.BLOCK_DTYPE``) whose ``offset`` counts from the file start, ``base``
     the file offset of ``data[0]``; ``has_validity``: incremental file (NULL value =
     tombstone). Returns ``(keys, values, None, None)`` -- ``pa.binary()`` arrays over buffers
@@ -131,7 +131,7 @@ cdef class SerializedChunk:
 
 
 cdef class SerializedBlock:
-    """One uncompressed block payload of a checkpoint data file (layout: checkpoint/format.py),
+    """One uncompressed block payload of a checkpoint data file (docs/formats.md "Data file"),
     produced by :class:`SnapshotBlockSerializer`. Exposes its bytes through the read-only buffer
     protocol (zero copy: ``lz4.block.compress(block)``, ``memoryview(block)``). Attributes:
     ``key_group``, ``state`` (index into the serializer's sources), ``entries`` (incl.

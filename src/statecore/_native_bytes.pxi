@@ -1,5 +1,5 @@
 # Byte-level codecs shared by keys and stored values: big-/little-endian integers and the
-# varlen length prefix of statecore.serializers.
+# varlen length prefix (statecore.varint; docs/formats.md "Encoded key").
 
 cdef inline void _put_be(uint8_t* p, uint64_t v, int n):
     cdef int i
@@ -38,7 +38,7 @@ cdef inline Py_ssize_t _varlen_size(uint64_t n):
 
 
 cdef inline void _write_varlen(uint8_t* p, uint64_t n):
-    # serializers.write_varlen: 7-bit groups, low group first, high bit = more follows.
+    # varint.write_varlen (docs/formats.md "Encoded key").
     while n >= 0x80:
         p[0] = <uint8_t>((n & 0x7F) | 0x80)
         p += 1

@@ -1,6 +1,6 @@
 # Stored values of the per-record path: a state's value, list and map blobs (with or without the
-# 8-byte TTL timestamp suffix) decoded to and encoded from their Python stored forms, as the
-# reference backend's serializers do (statecore.serializers).
+# TTL timestamp suffix; docs/formats.md "Values", "TTL suffix") decoded to and encoded from their
+# Python stored forms, as the reference backend's serializers do (statecore.serializers).
 
 cdef enum _StoredCode:
     _STORED_BYTES = 0   # binary and pickle: the bytes themselves

@@ -4,18 +4,13 @@ A key group is the unit of state partitioning and rescaling: every key maps to e
 group in ``[0, max_parallelism)``, and each operator instance (parallel task) owns one contiguous,
 inclusive :class:`KeyGroupRange`. Two assigners are provided:
 
-* ``"spark"`` (default of statecore): ``pmod(xxhash64(key, seed=42) as signed int64, maxP)``,
-  bit-identical to Spark SQL's ``pmod(xxhash64(col...), maxP)`` so that Spark can compute the key
-  group (and the owning partition) as a column before ``repartitionById``. Encodings follow Spark's
-  ``XxHash64Function`` (HashExpression): int32/bool -> 4 bytes little-endian, int64/timestamp ->
-  8 bytes little-endian, float64 -> doubleToLongBits (0 for -0.0), string -> UTF-8, binary ->
-  raw bytes; uint64 as the bigint with the same bits. The columns of a multi-column key chain:
-  the hash of one column seeds the next.
-* ``"flink"``: ``murmurHash(key.hashCode()) % maxP`` as Flink's ``KeyGroupRangeAssignment`` with
-  the Java hash codes of ``Integer``, ``Long``, ``Double``, ``Boolean``, ``String`` (UTF-16 code
-  units), ``Arrays.hashCode(byte[])`` and Flink ``TupleN`` for multi-column keys.
+* ``"spark"`` (default of statecore): bit-identical to Spark SQL's ``pmod(xxhash64(col...),
+  maxP)`` (``XxHash64Function``), so that Spark can compute the key group (and the owning
+  partition) as a column before ``repartitionById``.
+* ``"flink"``: ``murmurHash(key.hashCode()) % maxP`` as Flink's ``KeyGroupRangeAssignment``.
 
-The key types, their per-record values and encodings: :mod:`statecore.key_types`.
+What each assigner hashes for each key type: docs/formats.md "Key groups". The key types and
+their per-record values: :mod:`statecore.key_types`.
 Ranges and operator indexes follow Flink ``KeyGroupRangeAssignment`` exactly
 (``computeKeyGroupRangeForOperatorIndex``, ``computeOperatorIndexForKeyGroup``). Verified against
 ``tests/data/*.json``, which were produced by real Flink and Spark runs. The native extension

@@ -26,28 +26,10 @@ microseconds). The key of a timestamp key type is the int64 count of its unit: t
 in another unit is another key type (restoring across them is a StateMigrationError). Keys never
 hold nulls: a null key, or a null field of a multi-column key, is an InvalidInputError.
 
-Key serializer (``ser``, docs/formats.md "Encoded key"): int32 4 bytes big-endian; int64 and
-timestamp 8 bytes big-endian two's complement (Flink IntSerializer/LongSerializer); uint64 8
-bytes big-endian; float64 the 8 bytes big-endian of Java ``doubleToLongBits`` of the canonical
-value (Flink DoubleSerializer); bool one byte 00/01 (Flink BooleanSerializer); string/binary
-``varlen(len + 1) | bytes``; fixed_size_binary[N] the N bytes; struct the fields' serializations
-in order (Flink TupleSerializer): every field is self-delimiting, so the concatenation is
-unambiguous. A struct is fixed-width when all its fields are.
-
-Spark assigner (Spark SQL ``XxHash64Function``, HashExpression): int32 -> ``hashInt`` (4 bytes
-LE); int64, timestamp -> ``hashLong`` (8 bytes LE); bool -> ``hashInt(1 or 0)``; float64 ->
-``hashLong(doubleToLongBits(d))``, 0 for -0.0 and 0.0 (Spark 3.2+), canonical NaN; string ->
-UTF-8 bytes; binary, fixed_size_binary -> the bytes (Spark BinaryType). uint64 has no Spark type:
-it hashes as the bigint with the same 64 bits (``hashLong`` of the value reinterpreted as
-signed), so a Spark bigint column holding those bits routes identically (Spark reads Parquet
-UINT_64 as decimal(20,0), which hashes otherwise). A struct chains: each field's hash is the seed
-of the next (Spark hashes ``struct(a, b)`` exactly as ``xxhash64(a, b)``).
-
-Flink assigner: Java ``hashCode()`` of the boxed value: Integer; Long (int64, timestamp, uint64 as
-the same 64 bits); Double (``bits ^ bits >>> 32`` of doubleToLongBits, canonical NaN; statecore
-hashes -0.0 as 0.0 because it is the same key); Boolean (1231 / 1237); String (UTF-16 units);
-binary and fixed_size_binary ``java.util.Arrays.hashCode(byte[])``; struct Flink TupleN:
-``h = 0; h = 31 * h + hashCode(field)`` per field.
+Byte formats: docs/formats.md "Encoded key" (the key serializer ``ser``, after Flink's
+``IntSerializer``, ``LongSerializer``, ``DoubleSerializer``, ``BooleanSerializer``,
+``StringSerializer`` and ``TupleSerializer``) and "Key groups" (the per-column inputs of the Spark
+assigner, after Spark SQL's ``XxHash64Function``, and the Java ``hashCode()`` of the Flink one).
 """
 
 from __future__ import annotations
@@ -145,8 +127,7 @@ class KeyType:
 
     @property
     def fixed_width(self):
-        """Bytes of the key serializer ``ser`` (int32 4; int64, uint64, float64, timestamp 8;
-        bool 1; fixed_size_binary[N] N; a struct the sum of its fields), None when
+        """Bytes of every ``ser(key)`` of this type (docs/formats.md "Encoded key"), None when
         variable-length (string, binary, a struct with such a field)."""
         k = self.kind
         if k == "struct":
@@ -293,7 +274,8 @@ class KeyType:
 
     # ---------------------------------------------------------------- key serializer
     def serialize(self, v) -> bytes:
-        """``ser(key)`` inside encoded keys (module docstring); ``v`` is validated first."""
+        """``ser(key)`` inside encoded keys (docs/formats.md "Encoded key"); ``v`` is validated
+        first (InvalidInputError as :meth:`check`)."""
         return self._ser(self.check(v))
 
     def serialize_checked(self, v) -> bytes:
@@ -369,7 +351,8 @@ class KeyType:
     # ---------------------------------------------------------------- assigner inputs
     def spark_bytes(self, v) -> bytes:
         """Bytes Spark's xxhash64/hash feed to the hash for one (scalar) column value
-        (module docstring). InvalidInputError for a struct (one byte string per field)."""
+        (docs/formats.md "Key groups"). InvalidInputError for a struct (one byte string per
+        field)."""
         v = self.check(v)
         return self._spark_bytes(v)
 
@@ -398,7 +381,8 @@ class KeyType:
         return [self._spark_bytes(v)]
 
     def java_hash(self, v) -> int:
-        """Java ``hashCode()`` of the boxed key (module docstring), a signed int32."""
+        """Java ``hashCode()`` of the boxed key (docs/formats.md "Key groups"), a signed
+        int32."""
         return self._java(self.check(v))
 
     def _java(self, v) -> int:

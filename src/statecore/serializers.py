@@ -4,34 +4,14 @@ Two families of serializers, both selected by a type name (or a pyarrow DataType
 
 * Value serializers (:func:`value_serializer`, defined in :mod:`statecore.value_types`, which
   also gives the per-record Python values and Arrow types): how a state value is stored.
-  ``int64``/``float64`` 8 bytes little-endian, ``uint64`` 8 bytes little-endian unsigned,
-  ``timestamp[u]`` 8 bytes little-endian int64 count of unit ``u`` (s, ms, us, ns) since
-  1970-01-01 UTC (the unit is part of the type name, so state metas and checkpoints record
-  it), ``int32`` 4 bytes LE, ``bool`` 1 byte, ``fixed_size_binary[N]`` exactly the N bytes
-  (a value of another length is rejected), ``string`` UTF-8, ``binary`` raw, ``pickle``
-  ``pickle.dumps(obj, protocol=5)``. The fixed-width ones (all but string, binary, pickle)
-  carry no length.
 * Key serializers (:func:`key_serializer`): how a key, namespace or map user key is written in an
-  encoded key, after Flink's ``IntSerializer``/``LongSerializer``/``StringSerializer``:
-  ``int32``/``int64`` big-endian two's complement, ``string``/``binary``
-  ``varlen(len + 1) | bytes``, ``void`` (VoidNamespace) one byte ``00``, ``pickle`` (map user keys
-  only) as binary over ``pickle.dumps(obj, protocol=5)``; every key type of
-  :mod:`statecore.key_types` (uint64, float64, bool, timestamp, fixed_size_binary, multi-column
-  keys) as that module specifies.
+  encoded key, after Flink's ``IntSerializer``/``LongSerializer``/``StringSerializer``; every key
+  type of :mod:`statecore.key_types`, plus ``void`` (namespaces, Flink ``VoidNamespace``) and
+  ``pickle`` (map user keys only).
 
-The encoded key is Flink's ``SerializedCompositeKeyBuilder`` layout::
-
-    prefix | ser(key) [| lenbytes] | ser(namespace) [| lenbytes] [| ser(user_key)]
-
-with a 1-byte key-group prefix when max_parallelism <= 128, else 2 bytes big-endian, and the two
-``lenbytes`` (Flink ``writeVariableIntBytes``) only when both key and namespace serializers are
-variable-length. Blobs: list state (fixed-width elements concatenated, variable ones
-``varlen(len) | bytes`` each), map state (``varlen(len(ser_uk)) | ser_uk | varlen(len(ser_uv)) |
-ser_uv`` pairs sorted by ``ser_uk`` bytes, where ``ser_uk`` is the user-KEY serializer form and
-``ser_uv`` the value serializer form), timers (``prefix | ts big-endian with sign bit flipped |
-ser(key) | ser(namespace)``).
-
-``varlen`` and ``lenbytes`` are the varints of :mod:`statecore.varint` (re-exported here).
+The codec: encoded keys (Flink's ``SerializedCompositeKeyBuilder``), list and map blobs and timer
+keys. ``varlen`` and ``lenbytes`` are the varints of :mod:`statecore.varint` (re-exported here).
+Byte layouts: docs/formats.md "Encoded key" and "Values".
 
 Every function raises :class:`statecore.errors.InvalidInputError` on bad input or malformed bytes.
 """
@@ -92,9 +72,10 @@ _INT64 = (-(1 << 63), (1 << 63) - 1)
 # --------------------------------------------------------------------------- key serializers
 
 class KeySerializer:
-    """Serializer of keys, namespaces and map user keys inside encoded keys (module docstring).
+    """Serializer of keys, namespaces and map user keys inside encoded keys (docs/formats.md
+    "Encoded key").
 
-    ``fixed_width`` is the byte width (int32 4, int64 8, void 1, ...) or None for variable-length
+    ``fixed_width`` is the byte width of every serialized value, or None for variable-length
     serializers (string, binary, pickle, multi-column keys with such a field), which carry their
     own lengths. Key types delegate to their :class:`statecore.key_types.KeyType`.
     """
@@ -122,10 +103,9 @@ class KeySerializer:
         return self.key_type.check(v)
 
     def serialize(self, v: Any) -> bytes:
-        """The bytes of ``v`` inside an encoded key (docs/formats.md "Encoded key"): ``00``
-        for void, a length prefix and the pickled bytes for pickle, else the key type's
-        serializer. Raises InvalidInputError when ``v`` does not fit the type (or, for pickle,
-        cannot be pickled)."""
+        """The bytes of ``v`` inside an encoded key (docs/formats.md "Encoded key"). Raises
+        InvalidInputError when ``v`` does not fit the type (or, for pickle, cannot be
+        pickled)."""
         n = self.name
         if n == "void":
             self.check(v)
@@ -204,8 +184,9 @@ def is_fixed_width(ser) -> bool:
 # --------------------------------------------------------------------------- encoded keys
 
 def key_group_prefix(key_group: int, max_parallelism: int) -> bytes:
-    """1 byte when max_parallelism <= 128, else 2 bytes big-endian (Flink
-    ``CompositeKeySerializationUtils.computeRequiredBytesInKeyGroupPrefix``)."""
+    """The key-group prefix of an encoded key (docs/formats.md "Encoded key"; Flink
+    ``CompositeKeySerializationUtils.computeRequiredBytesInKeyGroupPrefix``). InvalidInputError
+    for ``max_parallelism`` outside [1, 32768] or a key group outside [0, max_parallelism)."""
     if not 0 < max_parallelism <= 32768:
         raise InvalidInputError(f"max_parallelism must be in [1, 32768], got {max_parallelism}")
     if not 0 <= key_group < max_parallelism:
@@ -226,7 +207,8 @@ def read_key_group_prefix(data: bytes, max_parallelism: int) -> tuple[int, int]:
 
 def encode_key(key_group: int, max_parallelism: int, key, key_ser, namespace, ns_ser,
                user_key=None, user_key_ser=None) -> bytes:
-    """Encoded key ``prefix | ser(key) [| lenbytes] | ser(ns) [| lenbytes] [| ser(user_key)]``.
+    """The encoded key of (key group, key, namespace[, user key]) (docs/formats.md "Encoded
+    key").
 
     ``key_ser``/``ns_ser``/``user_key_ser`` are KeySerializers or type names. The user key is
     appended only when ``user_key_ser`` is given. Raises InvalidInputError on bad input.
@@ -280,7 +262,8 @@ def _expect(data: bytes, pos: int, expected: bytes) -> int:
 # --------------------------------------------------------------------------- blobs
 
 def encode_list(elements: Iterable, element_ser) -> bytes:
-    """List-state blob: fixed-width elements concatenated; variable ones ``varlen(len) | bytes``."""
+    """List-state blob of ``elements`` (docs/formats.md "Values"); ``element_ser`` is a value
+    type."""
     s = value_serializer(element_ser)
     if s.fixed_width is not None:
         return b"".join(s.serialize(e) for e in elements)
@@ -313,7 +296,7 @@ def decode_list(blob, element_ser) -> list:
 
 
 def encode_map_serialized(pairs: dict) -> bytes:
-    """Map-state blob from already serialized ``{ser_uk: ser_uv}`` (sorted by ser_uk bytes)."""
+    """Map-state blob (docs/formats.md "Values") from already serialized ``{ser_uk: ser_uv}``."""
     out = []
     for kb in sorted(pairs):
         vb = pairs[kb]
@@ -358,8 +341,9 @@ def decode_map(blob, user_key_ser, user_value_ser, raw: bool = False) -> list:
 
 def encode_timer_key(key_group: int, max_parallelism: int, timestamp: int, key, key_ser,
                      namespace, ns_ser) -> bytes:
-    """Timer key ``prefix | (ts ^ 1<<63) as 8 bytes big-endian | ser(key) | ser(namespace)``:
-    sorting encoded timer keys orders them by timestamp within a key group."""
+    """Timer key of a timer at ``timestamp`` (ms) (docs/formats.md "Values", timers): sorting
+    encoded timer keys orders them by timestamp within a key group. InvalidInputError for a
+    timestamp that is not an int64, or as :func:`encode_key`."""
     if isinstance(timestamp, (bool, np.bool_)) or not isinstance(timestamp, (int, np.integer)):
         raise InvalidInputError(f"timer timestamp must be an int (ms), got {timestamp!r}")
     ts = int(timestamp)

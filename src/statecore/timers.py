@@ -2,9 +2,9 @@
 
 Timers belong to (key, namespace) and are partitioned by the key group of their key, so they
 snapshot, restore and rescale exactly like keyed state. They are stored under their encoded timer
-key (``prefix | ts big-endian with the sign bit flipped | ser(key) | ser(namespace)``, see
-:func:`statecore.serializers.encode_timer_key`) and appear in snapshots as the pseudo-state
-``__timers__`` (kind ``timers``) with empty values.
+key (:func:`statecore.serializers.encode_timer_key`), which sorts by timestamp within a key group,
+and appear in snapshots as the pseudo-state ``__timers__`` (kind ``timers``) with empty values
+(byte layout: docs/formats.md "Values", timers).
 
 Semantics (Flink's): registering the same (timestamp, key, namespace) twice keeps one timer;
 ``advance_watermark(wm)`` fires and removes every timer with ``ts <= wm`` in ascending timestamp

@@ -3,8 +3,8 @@
 
 A state whose descriptor carries a TTL config stores every value, list element and map entry with
 the time of its last access (milliseconds, int64): in memory next to the value, in snapshots and
-checkpoint files as an 8-byte big-endian suffix after the value's bytes (docs/formats.md
-"TTL suffix"). An entry with timestamp ``ts`` is expired at time ``now`` when ``ts + ttl_ms <= now``
+checkpoint files as a suffix after the value's bytes (byte layout: docs/formats.md "TTL
+suffix"). An entry with timestamp ``ts`` is expired at time ``now`` when ``ts + ttl_ms <= now``
 -- exactly at ``ts + ttl_ms`` it is expired -- unless ``ts + ttl_ms`` overflows int64, in which case
 it never expires (Flink ``TtlUtils.expired``).
 
@@ -244,18 +244,13 @@ def is_expired(ts: int, ttl_ms: int, now: int) -> bool:
 def filter_expired(kind: str, fixed_width: Optional[int], ttl_ms: int, now: int,
                    value: bytes) -> Optional[bytes]:
     """The compaction filter over one serialized TTL value (after frocksdb's
-    ``FlinkCompactionFilter``, statecore's suffix layout, docs/formats.md "TTL suffix"):
+    ``FlinkCompactionFilter``; layouts and what is kept: docs/formats.md "TTL suffix"):
     returns ``value`` unchanged when nothing in it expired, the trimmed bytes when part of it did,
     or None when all of it expired (drop the entry).
 
-    ``kind``: value, reducing or aggregating (one timestamp at the end: a value shorter than 8
-    bytes is kept, as Flink keeps values too short to hold one); list (``fixed_width`` = the
-    element width in bytes, or None for ``varlen(len) | bytes | ts`` elements: when the first
-    element is unexpired the list is kept whole, since elements are appended in timestamp order,
-    otherwise only the suffix from the first unexpired element on); map (each
-    ``varlen(len(uk)) | uk | varlen(len(uv)) | uv`` entry whose user value ends with a timestamp
-    is kept or dropped on its own). Raises InvalidInputError for a list or map value whose
-    layout is broken."""
+    ``kind``: value, reducing, aggregating, list or map; ``fixed_width``: a list's element width
+    in bytes without the suffix, None for variable-width elements. Raises InvalidInputError for
+    a list or map value whose layout is broken, or another kind."""
     return filter_expired_counted(kind, fixed_width, ttl_ms, now, value)[0]
 
 

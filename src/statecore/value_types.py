@@ -2,24 +2,22 @@
 values and Arrow arrays of the batch API. :mod:`statecore.serializers` re-exports
 :class:`ValueSerializer`, :func:`value_serializer` and :func:`normalize_value_type`.
 
-========================  ===============================  =================  ====================
-value type (canonical)    stored bytes (``ser(value)``)    per-record value   batch (Arrow type)
-========================  ===============================  =================  ====================
-``int32``                 4 bytes little-endian            int                int32
-``int64``                 8 bytes little-endian            int                int64
-``uint64``                8 bytes little-endian unsigned   int in [0, 2**64)  uint64
-``float64``               8 bytes LE IEEE 754              float (int         float64
-                                                           accepted)
-``bool``                  1 byte 00/01 (nonzero reads      bool               bool
-                          as true)
-``timestamp[u]``          8 bytes little-endian int64:     int (see below)    timestamp(u), any
-                          units ``u`` since the epoch                         time zone in
-``string``                UTF-8                            str                string, large_string
-``binary``                the raw bytes                    bytes (bytes-like  binary, large_binary
-                                                           accepted)
-``fixed_size_binary[N]``  exactly the N bytes              bytes of N bytes   fixed_size_binary(N)
-``pickle``                ``pickle.dumps(v, protocol=5)``  any object         (no batch API)
-========================  ===============================  =================  ====================
+========================  ===================================  ==================================
+value type (canonical)    per-record value                     batch (Arrow type)
+========================  ===================================  ==================================
+``int32``                 int                                  int32
+``int64``                 int                                  int64
+``uint64``                int in [0, 2**64)                    uint64
+``float64``               float (int accepted)                 float64
+``bool``                  bool                                 bool
+``timestamp[u]``          int (see below)                      timestamp(u), any time zone
+``string``                str                                  string, large_string
+``binary``                bytes (bytes-like accepted)          binary, large_binary
+``fixed_size_binary[N]``  bytes of N bytes                     fixed_size_binary(N)
+``pickle``                any object                           (no batch API)
+========================  ===================================  ==================================
+
+Stored bytes (``ser(value)``, and list and map state built from them): docs/formats.md "Values".
 
 Names: as :mod:`statecore.key_types` writes them (aliases ``long``, ``double``, ``str``, ...;
 ``large_string``/``large_binary`` are ``string``/``binary``) or a pyarrow DataType
@@ -39,9 +37,9 @@ return the int: a Python datetime cannot hold most of the int64 range (years pas
 ints. Batch writes accept timestamp arrays of the state's unit in any time zone (the stored
 count is UTC-based either way) and reject another unit.
 
-Fixed-width types (int32, int64, uint64, float64, bool, timestamp, fixed_size_binary) store no
-length: list state concatenates their elements (stride = width), and the native engine keeps
-them inline. Nulls never reach the stored form (a null is an absent value or a no-op row).
+Fixed-width types (int32, int64, uint64, float64, bool, timestamp, fixed_size_binary; their
+``fixed_width`` is not None) store no length. Nulls never reach the stored form (a null is an
+absent value or a no-op row).
 """
 
 from __future__ import annotations
@@ -277,7 +275,9 @@ class ValueSerializer:
         return x
 
     def serialize(self, v: Any) -> bytes:
-        """Stored bytes of ``v`` (validated with :meth:`check`)."""
+        """Stored bytes of ``v`` (docs/formats.md "Values"; validated with :meth:`check`, whose
+        InvalidInputError it raises, and for pickle one for an object that cannot be
+        pickled)."""
         v = self.check(v)
         k = self.kind
         fmt = _STRUCT.get(k)

@@ -1,13 +1,11 @@
-"""Variable-length integers of the byte formats (docs/formats.md).
+"""Variable-length integers of the byte formats.
 
-Two encodings, both after Flink:
+Two encodings, both after Flink (byte layout: docs/formats.md "Encoded key"):
 
-* :func:`write_varlen` / :func:`read_varlen`: unsigned LEB128-style varints (7-bit groups, low
-  group first, high bit = more follows), Flink's ``StringValue`` length encoding. Lengths of
-  string/binary keys (``varlen(len + 1) | bytes``), of variable-width list elements, of map
-  user keys and values, and of TTL blobs use it.
-* :func:`len_bytes`: Flink ``CompositeKeySerializationUtils.writeVariableIntBytes``, the length
-  bytes an encoded key carries after a variable-width key and namespace.
+* :func:`write_varlen` / :func:`read_varlen`: ``varlen``, Flink's ``StringValue`` length encoding
+  (lengths inside keys and stored values).
+* :func:`len_bytes`: ``lenbytes``, Flink ``CompositeKeySerializationUtils.writeVariableIntBytes``
+  (the length bytes an encoded key carries after a variable-width key and namespace).
 
 Both raise :class:`statecore.errors.InvalidInputError` on bad input or malformed bytes.
 """
@@ -20,8 +18,7 @@ __all__ = ["write_varlen", "read_varlen", "len_bytes"]
 
 
 def write_varlen(n: int) -> bytes:
-    """Unsigned LEB128-style varint of ``n`` (>= 0): 7-bit groups, low group first, high bit =
-    more follows (Flink ``StringValue`` length encoding). InvalidInputError for ``n < 0``."""
+    """``varlen(n)`` of ``n`` (>= 0). InvalidInputError for ``n < 0``."""
     if n < 0:
         raise InvalidInputError(f"varlen of a negative number {n}")
     out = bytearray()
@@ -51,8 +48,8 @@ def read_varlen(buf: bytes, pos: int) -> tuple[int, int]:
 
 
 def len_bytes(n: int) -> bytes:
-    """Flink ``CompositeKeySerializationUtils.writeVariableIntBytes``: the low byte of ``n``, then
-    ``n >>>= 8``, repeated while ``n != 0`` (6 -> ``06``, 300 -> ``2c 01``, 0 -> ``00``)."""
+    """``lenbytes(n)`` of ``n`` (>= 0), Flink
+    ``CompositeKeySerializationUtils.writeVariableIntBytes``."""
     out = bytearray()
     while True:
         out.append(n & 0xFF)

@@ -242,10 +242,8 @@ class PythonTable(StateTable):
         return n
 
     def encode_value(self, stored) -> bytes:
-        """Bytes of a stored value (docs/formats.md "Values"). With TTL: value bytes + 8-byte
-        big-endian timestamp; list elements each ``bytes + ts`` (fixed width: a stride of
-        width + 8; otherwise ``varlen(len(bytes)) + bytes + ts``); map entries ``bytes + ts``
-        as the user value."""
+        """Bytes of a stored value of this table's state (docs/formats.md "Values"; with TTL
+        also "TTL suffix")."""
         ser, ttl = self.value_ser, self.ttl
         if self.kind == "list":
             out = []

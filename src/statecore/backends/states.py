@@ -94,7 +94,7 @@ class StateTable(abc.ABC):
         self.value_ser = S.value_serializer(meta["value_type"])
         self.user_key_ser = S.key_serializer(meta["user_key_type"]) if self.kind == "map" else None
         # With TTL every stored value, list element and map entry is a (stored, timestamp ms)
-        # pair; the bytes carry the timestamp as an 8-byte big-endian suffix (statecore.ttl).
+        # pair; the bytes carry the timestamp as a suffix (docs/formats.md "TTL suffix").
         self.ttl = bool(meta.get("ttl"))
 
     @abc.abstractmethod

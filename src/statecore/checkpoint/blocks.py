@@ -1,13 +1,12 @@
-"""Blocks of checkpoint data files: the uncompressed payload layout, LZ4 compression and
-XXH64 checksums (statecore.checkpoint.format, "Block" and "Block payload", is the
-specification).
+"""Blocks of checkpoint data files: payload encoding and decoding, the cut into blocks, LZ4
+compression and XXH64 checksums (byte layout: docs/formats.md "Data file", "Block" and "Block
+payload").
 
-A payload holds ``n`` entries of one (state, key group) as Arrow ``binary`` offsets and data, so
-a reader builds ``pa.BinaryArray`` over the decompressed bytes without copying; incremental runs
-append a validity bitmap (0 = tombstone). The compressor is the native one when the extension is
-built (the one the asynchronous writer uses), so files written with or without a background
-thread are byte-identical; :data:`native_decode_blocks` decodes many blocks in one call with the
-same checks as :func:`decode_stored_block`.
+A payload holds the entries of one (state, key group) as Arrow ``binary`` offsets and data, so
+a reader builds ``pa.BinaryArray`` over the decompressed bytes without copying. The compressor is
+the native one when the extension is built (the one the asynchronous writer uses), so files
+written with or without a background thread are byte-identical; :data:`native_decode_blocks`
+decodes many blocks in one call with the same checks as :func:`decode_stored_block`.
 """
 
 from __future__ import annotations
@@ -64,9 +63,9 @@ def xxh64(data) -> int:
 
 def encode_block(key_offsets: np.ndarray, key_data, value_offsets: np.ndarray, value_data,
                  validity: np.ndarray | None = None) -> bytes:
-    """Uncompressed block payload (see module spec) from zero-based int32 offsets (n + 1 each)
-    and the matching data bytes. ``validity`` (n bools, False = tombstone) appends the bitmap of
-    incremental files; ``None`` writes a full-file payload."""
+    """Uncompressed block payload (docs/formats.md "Data file") from zero-based int32 offsets
+    (n + 1 each) and the matching data bytes. ``validity`` (n bools, False = tombstone) appends
+    the bitmap of incremental files; ``None`` writes a full-file payload."""
     n = len(key_offsets) - 1
     parts = [_U32.pack(n), key_offsets.astype("<i4", copy=False).tobytes(),
              value_offsets.astype("<i4", copy=False).tobytes(), bytes(key_data), bytes(value_data)]
@@ -123,9 +122,9 @@ def decode_block(payload, expected_entries: int, where: str, has_validity: bool 
 
 
 def cut_points(key_offsets: np.ndarray, value_offsets: np.ndarray, target: int) -> list[int]:
-    """Entry indices ``[0, c1, ..., n]`` cutting ``n`` entries into blocks whose payload
-    (12 bytes of count and leading offsets, then 8 bytes of offsets + key + value per entry) is at
-    most ``target`` bytes; an entry too large for that forms a block of its own."""
+    """Entry indices ``[0, c1, ..., n]`` cutting ``n`` entries into blocks of at most ``target``
+    payload bytes (the cutting rule of docs/formats.md "Data file"), from the offsets (n + 1
+    each, integer arrays) of their keys and values."""
     n = len(key_offsets) - 1
     sizes = np.diff(key_offsets).astype(np.int64) + np.diff(value_offsets) + 8
     cum = np.cumsum(sizes)

@@ -26,9 +26,8 @@ TTL compaction filter
 ---------------------
 A state whose TTL config has ``cleanup_in_compaction`` (``query_time_after_num_entries`` N) loses
 its expired entries whenever compaction merges its runs (frocksdb's FlinkCompactionFilter on
-statecore's suffix layout, ``statecore.ttl.compaction_filter``): expired values are dropped, a
-list keeps only its unexpired suffix (fixed-width elements skipped by stride), map entries are
-dropped one by one, values too short to hold a timestamp are kept. The time is read from the
+statecore's suffix layout, ``statecore.ttl.compaction_filter``; what it drops and keeps:
+docs/formats.md "TTL suffix"). The time is read from the
 ``ttl_clock`` once per compaction and again after every N entries (cached in between, as
 frocksdb does); event-time TTL uses the version's ``metadata["watermark_ms"]`` (none: nothing
 expires). Each run of entries sharing one clock reading is filtered in C++ when the extension is

@@ -1,102 +1,18 @@
-"""statecore checkpoint data file format, version 2 (``.sckp``; version 1 files are still read).
+"""statecore checkpoint data files (``.sckp``, format version 2; version 1 files are still
+read): the writers (:func:`write_data_file`, :func:`write_data_file_from_blocks`) and the
+random-access reader (:class:`DataFileReader`).
 
 One data file holds one *run*: the snapshot of one writer (one Spark task / one backend) for one
-checkpoint version, either *full* (every entry of every state, for every key group of the
-writer's key-group range) or *incremental* (only the entries changed since the writer's base
-snapshot, removals as tombstones; docs/formats.md "Checkpoint store and manifests").
-It is written sequentially (so it can be streamed to an object store) and read with ranged reads
-(so a restore fetches only the byte ranges of the key groups it owns), after the layout of
-Flink's key-group-partitioned heap snapshots (``KeyGroupRangeOffsets``) and of Parquet's
-footer + trailer. The block codec is :mod:`statecore.checkpoint.blocks`.
+checkpoint version, either *full* or *incremental* (removals as tombstones). It is written
+sequentially (so it can be streamed to an object store) and read with ranged reads (so a restore
+fetches only the byte ranges of the key groups it owns), after Flink's key-group-partitioned heap
+snapshots (``KeyGroupRangeOffsets``) and Parquet's footer + trailer. The block codec is
+:mod:`statecore.checkpoint.blocks`.
 
-Specification
-=============
-
-All integers are unsigned little-endian unless stated. ``xxh64(b)`` is XXH64 with seed 0 (the
-``xxhash`` package, ``xxhash.xxh64_intdigest``). Offsets and lengths are in bytes from the start
-of the file.
-
-File::
-
-    header   8 bytes   MAGIC = b"SCKGDAT1"
-    blocks   block 0 | block 1 | ... | block N-1      (contiguous, no gaps)
-    footer   footer_length bytes
-    trailer  48 bytes
-
-Order of blocks: by key group ascending, then by state in the order of the footer's ``states``
-list, then by encoded key ascending (byte-wise). The blocks of one (state, key group) are
-contiguous and never hold entries of another key group or state. So the blocks of one key group
-(all states) are one contiguous byte range, and so are those of a run of key groups.
-
-Block (stored bytes): ``lz4.block.compress(payload, mode="fast", acceleration=LZ4_ACCELERATION,
-store_size=False)`` (LZ4 block format; the uncompressed size is kept in the block table, not in
-the block; LZ4 decoding does not depend on the acceleration, so blocks compressed with any
-acceleration read the same). The block's checksum is ``xxh64(stored bytes)``. Payloads are cut at
-roughly ``block_target_bytes`` (default 64 KiB) of uncompressed size; a single entry larger than
-the target is a block on its own.
-
-Block payload (uncompressed), an Arrow-compatible columnar layout of ``n`` entries::
-
-    n               u32
-    key_offsets     (n + 1) x int32, key_offsets[0] == 0, non-decreasing
-    value_offsets   (n + 1) x int32, value_offsets[0] == 0, non-decreasing
-    key_data        key_offsets[n] bytes   (encoded keys, docs/formats.md "Encoded key")
-    value_data      value_offsets[n] bytes (serialized values, docs/formats.md "Values")
-
-so key ``i`` is ``key_data[key_offsets[i]:key_offsets[i+1]]`` (the offsets buffers are exactly
-Arrow ``binary`` offsets, which lets a reader build ``pa.BinaryArray`` without copying).
-
-Incremental files (meta ``"kind": "incremental"``, format version 2) append a validity bitmap::
-
-    validity        ceil(n / 8) bytes, Arrow validity layout (bit i = byte i // 8, bit i % 8,
-                    least significant first): 1 = the key holds a value, 0 = tombstone (the key
-                    was removed since the base). A tombstone's value is empty; bits past n are 0.
-
-Full files (and every version-1 file) have no bitmap: every entry holds a value. The payload
-length must be exactly ``4 + 8 * (n + 1) + key_offsets[n] + value_offsets[n]`` (``+ ceil(n / 8)``
-for incremental files).
-
-Footer::
-
-    meta_length     u32
-    meta            meta_length bytes of UTF-8 JSON: {"format_version": 2, "version": int,
-                    "writer": str, "max_parallelism": int, "key_type": str, "assigner": str,
-                    "key_group_range": [start, end] (inclusive, Flink KeyGroupRange;
-                                                     (0, -1) = empty),
-                    "states": [state meta dicts, StateSnapshot.state_metas(),
-                               docs/architecture.md],
-                    "compression": "lz4.block", "block_target_bytes": int,
-                    "kind": "full" | "incremental", "tombstones": {state name: int}}
-                    (version 1: no "kind" / "tombstones"; the file is full)
-    n_blocks        u64
-    n_index         u64
-    block table     n_blocks records of 32 bytes:
-                      offset u64, stored_length u32, raw_length u32, entries u32,
-                      reserved u32 (0), xxh64 u64 (of the stored bytes)
-    key-group index n_index records of 40 bytes, sorted by (key_group, state), one per
-                    (state, key group) holding at least one entry:
-                      key_group u32, state u32 (index into meta.states), first_block u32,
-                      block_count u32, offset u64, length u64, entries u64 (incl. tombstones)
-                    where [offset, offset + length) is the byte range of blocks
-                    first_block .. first_block + block_count - 1.
-
-A (state, key group) of the writer's range without an index record holds no entries.
-
-Trailer (48 bytes, at file size - 48)::
-
-    0   footer_offset   u64
-    8   footer_length   u64
-    16  footer_xxh64    u64   xxh64 of the footer bytes
-    24  format_version  u32   (2; readers accept 1 and 2)
-    28  flags           u32   (0, reserved)
-    32  trailer_xxh64   u64   xxh64 of trailer bytes [0, 32)
-    40  MAGIC           8 bytes b"SCKGDAT1"
-
-Readers check, and raise :class:`statecore.errors.CorruptCheckpointError` naming the file (and the
-state, key group and block where it applies) on any violation: the file size, both magics, the
-trailer checksum, the format version, the footer checksum, the footer structure (blocks tile
-``[8, footer_offset)`` exactly, index records tile the block table in order), each block's
-checksum before decompressing it, the decompressed size and the payload structure.
+Byte layout (header, blocks, payloads, footer with the block table and key-group index, trailer)
+and what readers check: docs/formats.md "Data file". Readers raise
+:class:`statecore.errors.CorruptCheckpointError` naming the file (and the state, key group and
+block where it applies) on any violation.
 """
 
 from __future__ import annotations
@@ -145,6 +61,8 @@ DEFAULT_BLOCK_TARGET_BYTES = 64 * 1024
 COMPRESSION = "lz4.block"
 MAX_KEY_GROUPS = 32768  # Flink's upper bound on max parallelism (KeyGroupRangeAssignment)
 
+#: Records of the footer's block table (32 bytes) and key-group index (40 bytes), and the trailer
+#: (48 bytes): docs/formats.md "Data file".
 BLOCK_DTYPE = np.dtype(
     [("offset", "<u8"), ("stored_length", "<u4"), ("raw_length", "<u4"), ("entries", "<u4"),
      ("reserved", "<u4"), ("xxh64", "<u8")]
@@ -164,8 +82,8 @@ CHUNK_TARGET_BYTES = 1 << 20
 
 
 def key_group_prefix_bytes(max_parallelism: int) -> int:
-    """Width in bytes of the key-group prefix of encoded keys: 1 when ``max_parallelism <= 128``,
-    else 2 (Flink ``CompositeKeySerializationUtils``)."""
+    """Width in bytes (1 or 2) of the key-group prefix of encoded keys (docs/formats.md "Encoded
+    key"; Flink ``CompositeKeySerializationUtils``)."""
     return 1 if max_parallelism <= 128 else 2
 
 
@@ -269,7 +187,8 @@ def write_data_file(
     check_stop=None,
 ) -> WriteSummary:
     """Stream the snapshot ``snap`` (StateSnapshot read interface, docs/architecture.md) into the
-    writable binary stream ``out`` (anything with ``write(bytes)``) in the format of this module.
+    writable binary stream ``out`` (anything with ``write(bytes)``) as one data file
+    (docs/formats.md "Data file").
 
     ``incremental``: write an incremental run (NULL values are tombstones); ``None`` takes
     ``getattr(snap, "incremental", False)``. Reads ``snap.entries(name, kg)`` once per state per
@@ -327,9 +246,9 @@ def write_data_file(
 @dataclass
 class FilePlan:
     """Header-level facts of one data file, shared by the synchronous and asynchronous writers:
-    the footer ``meta`` (module spec), the state ``names`` in file order, the inclusive
-    key-group range ``start``..``end`` (``0, -1`` = empty), the key-group ``prefix`` width in
-    bytes, whether the run is ``incremental`` and its ``kind``, and the uncompressed
+    the footer ``meta`` (docs/formats.md "Data file"), the state ``names`` in file order, the
+    inclusive key-group range ``start``..``end`` (``0, -1`` = empty), the key-group ``prefix``
+    width in bytes, whether the run is ``incremental`` and its ``kind``, and the uncompressed
     ``block_target_bytes``."""
 
     meta: dict
@@ -384,9 +303,9 @@ def plan_file(snap: Any, version: int, writer: str, block_target_bytes: int,
 
 
 class _Assembler:
-    """Writes header, compressed blocks, footer and trailer of one data file (module spec) from
-    block payloads (or stored blocks) given in file order, and keeps the block table, the
-    key-group index and the counts."""
+    """Writes header, compressed blocks, footer and trailer of one data file (docs/formats.md
+    "Data file") from block payloads (or stored blocks) given in file order, and keeps the block
+    table, the key-group index and the counts."""
 
     def __init__(self, out, plan: FilePlan):
         self.out = out

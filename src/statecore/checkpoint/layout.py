@@ -1,12 +1,7 @@
 """The files of a checkpoint root: their names, how a root is listed, how a file is published.
 
-Layout under the root (``V`` = the version as 20 zero-padded decimal digits, so names sort by
-version)::
-
-    manifest-V.json              one per committed version (statecore.checkpoint.manifests)
-    data/V/<writer>.sckp         one data file (a *run*) per writer (statecore.checkpoint.format)
-    data/V/compacted-s<seq>-<start>-<end>-<12 hex>.sckp   a run written by compaction of V
-    pending/V/<writer>.json      optional: a writer's descriptor, for a driver to commit from
+The names of manifests (statecore.checkpoint.manifests), data files (statecore.checkpoint.format)
+and pending descriptors under a root: docs/formats.md "Checkpoint store and manifests".
 
 Invariants this module keeps:
 

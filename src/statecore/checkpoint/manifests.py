@@ -3,35 +3,13 @@
 A version exists for readers only once its manifest exists (``manifest-V.json``,
 statecore.checkpoint.layout); a manifest is written last, after every run it lists, and
 atomically, so a reader sees either no version or a complete one. :class:`ManifestLog` lists,
-reads (with every check below) and writes them; the commit protocol
+reads (checking everything the format requires) and writes them; the commit protocol
 (statecore.checkpoint.commit) and compaction (statecore.checkpoint.compaction) decide what they
 hold.
 
-Manifest (UTF-8 JSON object, keys sorted; format_version 2, version-1 manifests are read as
-manifests of full runs with ``seq`` 0)::
-
-    {"format": "statecore-checkpoint", "format_version": 2, "version": int, "created_ms": int,
-     "max_parallelism": int, "key_type": str, "assigner": str,
-     "key_group_range": [start, end],     # inclusive union of the top runs' ranges; (0, -1) = empty
-     "states": [state meta, ...],         # union over the runs, by name
-     "files": [{"path": "data/V/p0.sckp" (relative to the root), "size": bytes, "writer": str,
-                "version": int (the version the run was written for), "seq": int,
-                "kind": "full" | "incremental", "key_group_range": [start, end],
-                "states": [names], "entries": {name: int (incl. tombstones)},
-                "tombstones": {name: int}, "blocks": int, "raw_bytes": int,
-                "stored_bytes": int, "key_groups_nonempty": int,
-                "footer_xxh64": "16 hex digits"}, ...],          # the runs
-     "metadata": {...user metadata...},
-     "ttl_expired": {strategy: int} (only when a writer's TTL cleanup removed entries),
-     "compacted_ms": int (only after a compaction),
-     "ttl_compaction_expired": {state: int} (only when compaction's TTL filter dropped entries),
-     "checksum_xxh64": "16 hex digits"}   # xxh64 of the canonical JSON of all other keys
-
-Canonical JSON = ``json.dumps(obj, sort_keys=True, separators=(",", ":"))`` (ASCII).
-
-A manifest is valid when its checksum matches, its format and version are the expected ones, its
-runs of one seq do not overlap, its top runs (highest seq) tile ``key_group_range`` and every key
-group of that range has a chain ending in a full run (statecore.checkpoint.runs).
+Manifest fields, canonical JSON, checksum and validity rules: docs/formats.md "Checkpoint store
+and manifests". A read checks all of them and raises CorruptCheckpointError for a manifest that
+breaks one.
 """
 
 from __future__ import annotations
@@ -149,7 +127,7 @@ class ManifestLog:
         return info.type == pafs.FileType.File
 
     def read(self, version: int) -> dict:
-        """The validated manifest of ``version`` (a fresh dict, format: module docstring; a
+        """The validated manifest of ``version`` (a fresh dict, docs/formats.md; a
         version-1 manifest comes back upgraded: runs with ``seq`` 0, kind ``full``).
         Raises CheckpointNotFoundError when ``version`` has no manifest; CorruptCheckpointError
         (naming the manifest) when it is not valid JSON, fails its checksum or is malformed
