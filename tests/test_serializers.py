@@ -48,6 +48,9 @@ def test_len_bytes_and_varlen():
     assert S.read_varlen(b"\xac\x02", 0) == (300, 2)
     with pytest.raises(InvalidInputError):
         S.read_varlen(b"\x80", 0)
+    for negative in (S.len_bytes, S.write_varlen):
+        with pytest.raises(InvalidInputError, match="negative"):
+            negative(-1)
 
 
 def test_value_bytes():

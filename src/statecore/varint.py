@@ -49,7 +49,9 @@ def read_varlen(buf: bytes, pos: int) -> tuple[int, int]:
 
 def len_bytes(n: int) -> bytes:
     """``lenbytes(n)`` of ``n`` (>= 0), Flink
-    ``CompositeKeySerializationUtils.writeVariableIntBytes``."""
+    ``CompositeKeySerializationUtils.writeVariableIntBytes``. InvalidInputError for ``n < 0``."""
+    if n < 0:
+        raise InvalidInputError(f"lenbytes of a negative number {n}")
     out = bytearray()
     while True:
         out.append(n & 0xFF)
