@@ -211,7 +211,7 @@ def test_the_private_name_finder_sees_both_forms(tmp_path):
 
 
 # Work-organisation words: numbered work steps, issue numbers, notes outside the repository.
-_WORDS = re.compile(r"\bstops? [0-9]+|\bissue [0-9]+|\.\./shared", re.IGNORECASE)
+_WORDS = re.compile(r"\bstops? [0-9]+|\bissues? [0-9]+|\.\./shared", re.IGNORECASE)
 
 
 def _tracked_text_files() -> list[Path]:
