@@ -362,6 +362,20 @@ def test_constructor_validation(tmp_path):
         StatefulOperator("x", object(), "k", ck, output=ck)
 
 
+def test_native_backend_is_the_default(tmp_path, monkeypatch):
+    """Without ``backend=`` the operator runs the native backend; when the compiled extension
+    does not import, construction fails on the driver (StateError naming the way out) instead
+    of every task failing on the workers, and ``backend="python"`` still works."""
+    pytest.importorskip("statecore.backends.native")
+    ck = str(tmp_path)
+    assert StatefulOperator("x", CountAndRemind(), "k", ck, output=ck).backend == "native"
+    monkeypatch.setitem(sys.modules, "statecore.backends.native", None)  # import -> ImportError
+    with pytest.raises(StateError, match="backend='python'"):
+        StatefulOperator("x", CountAndRemind(), "k", ck, output=ck)
+    assert StatefulOperator("x", CountAndRemind(), "k", ck, output=ck,
+                            backend="python").backend == "python"
+
+
 def test_operator_without_python_worker_reuse(tmp_path):
     """With ``spark.python.worker.reuse=false`` each worker exits after its task (os._exit):
     the task finishes its background write before returning and every micro-batch after the

@@ -130,6 +130,18 @@ def _processor_config(processor) -> Any:
         raise InvalidInputError(f"processor.config() must return JSON-able data: {exc}") from exc
 
 
+def _require_native_backend() -> None:
+    """StateError unless the native backend imports here (the driver), naming the way out;
+    a driver without it would otherwise fail every task on the workers instead."""
+    try:
+        import statecore.backends.native  # noqa: F401
+    except ImportError as exc:
+        raise StateError(
+            "backend='native' (the default) needs the compiled extension statecore._native, "
+            f"which does not import here ({exc}); install statecore with its extension (pip "
+            "install . builds it) or pass backend='python'") from exc
+
+
 def parquet_batch_sink(output_path: str) -> Callable:
     """A sink idempotent per batch id: overwrite ``<output_path>/batch_id=<N>/`` with Parquet.
 
@@ -220,7 +232,10 @@ class StatefulOperator:
         parallelism: number of partitions (operator instances) ``n``; may differ between runs
             (rescaling: restores re-split key groups).
         max_parallelism: number of key groups (fixed for the life of the checkpoint).
-        backend: ``"python"`` or ``"native"`` (``statecore.backends.create_backend``).
+        backend: ``"native"`` (default: the C++ backend) or ``"python"`` (the pure-Python
+            reference backend, same behaviour and checkpoint format, slower;
+            ``statecore.backends.create_backend``). ``"native"`` raises StateError at
+            construction when the compiled extension does not import on the driver.
         event_time_column: timestamp (or int64 ms) column whose maximum over earlier micro-batches
             is the watermark handed to the processor; None = no watermark.
         retain_versions: committed versions kept (>= 2, so a replay of the latest batch can
@@ -283,7 +298,7 @@ class StatefulOperator:
 
     def __init__(self, name: str, processor: KeyedProcessor, key_column: str, checkpoint: str, *,
                  sink: Optional[Callable] = None, output: Optional[str] = None,
-                 parallelism: int = 2, max_parallelism: int = 128, backend: str = "python",
+                 parallelism: int = 2, max_parallelism: int = 128, backend: str = "native",
                  event_time_column: Optional[str] = None, retain_versions: int = 3,
                  max_runs: Optional[int] = 8, commit_timeout_s: float = 300.0,
                  ttl_background_key_groups: int = 0, stale_copies: int = 1,
@@ -308,7 +323,9 @@ class StatefulOperator:
                 f"parallelism must be an int in [1, max_parallelism={self.max_parallelism}], "
                 f"got {parallelism!r}")
         if backend not in ("python", "native"):
-            raise InvalidInputError(f"backend must be 'python' or 'native', got {backend!r}")
+            raise InvalidInputError(f"backend must be 'native' or 'python', got {backend!r}")
+        if backend == "native":
+            _require_native_backend()
         if (isinstance(retain_versions, bool) or not isinstance(retain_versions, int)
                 or retain_versions < 2):
             raise InvalidInputError(f"retain_versions must be an int >= 2, got {retain_versions!r}")
