@@ -403,3 +403,19 @@ def test_operator_without_python_worker_reuse(tmp_path):
         for loads in rest:
             assert set(loads) == {"checkpoint"}, r
             assert sum(loads.values()) == 2
+
+
+def test_public_names_of_statecore_spark():
+    """What a user of several operators needs is importable from ``statecore.spark`` and
+    documented: ``start`` + ``commit_batches`` (two operators in one ``foreachBatch``),
+    ``PendingBatch`` and ``epoch_ms`` (timestamps to the milliseconds of watermarks/timers)."""
+    import statecore.spark as sp
+
+    for name in ("StatefulOperator", "PendingBatch", "commit_batches", "epoch_ms",
+                 "BatchReport", "KeyedProcessor", "ProcessorContext"):
+        assert name in sp.__all__, name
+        assert (getattr(sp, name).__doc__ or "").strip(), name
+    assert (StatefulOperator.start.__doc__ or "").strip()
+    assert (sp.PendingBatch.commit.__doc__ or "").strip()
+    ts = pa.array([-1, 0, 1_999_999], pa.timestamp("us", tz="UTC"))
+    assert sp.epoch_ms(ts).to_pylist() == [-1, 0, 1999]
