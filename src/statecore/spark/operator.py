@@ -104,7 +104,7 @@ import os
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import pyarrow as pa
 
@@ -219,10 +219,14 @@ class StatefulOperator:
         name: operator name; its checkpoint lives in ``<checkpoint>/<name>`` (``[A-Za-z0-9_.-]``).
         processor: a :class:`statecore.spark.KeyedProcessor` (see its module for the contract).
         key_column: name of the key column (Spark string, bigint, int, binary, double, boolean,
-            timestamp or timestamp_ntz; ``routing.backend_key_type``). Multi-column keys: a
-            struct column of those (``F.struct(a, b).alias("k")``): Spark routes it as
-            ``xxhash64(a, b)`` and the processor receives the key as a struct array (per
-            record a tuple).
+            timestamp or timestamp_ntz; ``routing.backend_key_type``), or a list of such column
+            names for a multi-column key, as ``groupBy(["a", "b"])`` takes them: the key is
+            the tuple ``(a, b)`` (backend key type ``struct<ta,tb>``), rows are routed by
+            Spark's ``xxhash64(a, b)`` and the processor receives the ordinary columns ``a``
+            and ``b`` (``ProcessorContext.keys(batch)`` builds the key array). A struct column
+            (``F.struct(a, b).alias("k")``) is the same key, routed the same way, but reaches
+            the processor as one struct column. A row whose key (any key column) is null fails
+            the micro-batch.
         checkpoint: directory or URI (``pyarrow.fs``) under which the operator checkpoints.
         sink: ``sink(out_df, batch_id)``, idempotent per batch id, running an action that
             evaluates every partition of ``out_df`` (each action re-runs the tasks, so one is
@@ -296,7 +300,8 @@ class StatefulOperator:
     report; CheckpointNotFoundError when the previous version needed by a micro-batch is gone.
     """
 
-    def __init__(self, name: str, processor: KeyedProcessor, key_column: str, checkpoint: str, *,
+    def __init__(self, name: str, processor: KeyedProcessor,
+                 key_column: Union[str, Sequence[str]], checkpoint: str, *,
                  sink: Optional[Callable] = None, output: Optional[str] = None,
                  parallelism: int = 2, max_parallelism: int = 128, backend: str = "native",
                  event_time_column: Optional[str] = None, retain_versions: int = 3,
@@ -314,8 +319,19 @@ class StatefulOperator:
                         f"processor lacks {hook!r} (see statecore.spark.KeyedProcessor)")
         if not isinstance(getattr(processor, "output_schema", None), pa.Schema):
             raise InvalidInputError("processor.output_schema must be a pyarrow.Schema")
-        if not isinstance(key_column, str) or not key_column:
-            raise InvalidInputError(f"key_column must be a column name, got {key_column!r}")
+        if isinstance(key_column, (list, tuple)):
+            if not key_column or not all(isinstance(c, str) and c for c in key_column):
+                raise InvalidInputError(
+                    f"key_column must be a column name or a non-empty list of column names, "
+                    f"got {key_column!r}")
+            if len(set(key_column)) != len(key_column):
+                raise InvalidInputError(f"key_column names a column twice: {key_column!r}")
+            # groupBy(["a"]) groups by a alone: a one-name list is that name.
+            key_column = key_column[0] if len(key_column) == 1 else list(key_column)
+        elif not isinstance(key_column, str) or not key_column:
+            raise InvalidInputError(
+                f"key_column must be a column name or a non-empty list of column names, got "
+                f"{key_column!r}")
         self.max_parallelism = check_max_parallelism(max_parallelism)
         if isinstance(parallelism, bool) or not isinstance(parallelism, int) \
                 or not 0 < parallelism <= self.max_parallelism:
@@ -356,7 +372,10 @@ class StatefulOperator:
             sink = parquet_batch_sink(output)
         self.name = name
         self.processor = processor
+        #: the key column's name, or the list of names of a multi-column key
         self.key_column = key_column
+        #: the key column names as a tuple (one for a single-column key)
+        self.key_columns = (key_column,) if isinstance(key_column, str) else tuple(key_column)
         self.checkpoint = os.fspath(checkpoint)
         self.store_uri = self.checkpoint.rstrip("/") + "/" + name
         if "://" not in self.store_uri:
@@ -426,14 +445,25 @@ class StatefulOperator:
                 f"operator {self.name}: checkpoint {self.store_uri} was finalized by the "
                 f"end-of-input flush at version {latest}; it cannot take micro-batch {batch_id}")
         field_names = df.schema.fieldNames()
-        if self.key_column not in field_names:
-            raise InvalidInputError(
-                f"operator {self.name}: key column {self.key_column!r} not in {field_names}")
+        for c in self.key_columns:
+            if c not in field_names:
+                raise InvalidInputError(
+                    f"operator {self.name}: key column {c!r} not in {field_names}")
         if self.event_time_column is not None and self.event_time_column not in field_names:
             raise InvalidInputError(
                 f"operator {self.name}: event-time column {self.event_time_column!r} not in "
                 f"{field_names}")
-        key_type = backend_key_type(df.schema[self.key_column].dataType)
+        if len(self.key_columns) == 1:
+            key_type = backend_key_type(df.schema[self.key_column].dataType)
+        else:
+            types = [backend_key_type(df.schema[c].dataType) for c in self.key_columns]
+            nested = [c for c, t in zip(self.key_columns, types) if t.startswith("struct")]
+            if nested:
+                raise InvalidInputError(
+                    f"operator {self.name}: key columns {nested} are structs; the columns of a "
+                    "multi-column key must be scalar (string, bigint, int, binary, double, "
+                    "boolean, timestamp, timestamp_ntz)")
+            key_type = "struct<" + ",".join(types) + ">"
         return self._launch(df.sparkSession, df, batch_id, key_type, is_flush=False)
 
     def flush(self, spark) -> Optional[BatchReport]:
@@ -460,7 +490,7 @@ class StatefulOperator:
         from pyspark.sql import functions as F
 
         return spark.range(0, n, 1, 1).select(
-            F.lit(None).alias(self.key_column),
+            *[F.lit(None).alias(c) for c in self.key_columns],
             F.col("id").cast("int").alias(OPERATOR_INDEX_COLUMN))
 
     def _launch(self, spark, df, batch_id: int, key_type: str, *,
@@ -507,7 +537,9 @@ class StatefulOperator:
 
         spec = TaskSpec(
             operator_name=self.name, store_uri=self.store_uri, processor=self.processor,
-            backend_kind=self.backend, key_type=key_type, key_column=self.key_column,
+            backend_kind=self.backend, key_type=key_type,
+            key_column=(self.key_column if isinstance(self.key_column, str)
+                        else tuple(self.key_column)),
             event_time_column=self.event_time_column, max_parallelism=mp, num_partitions=n,
             batch_id=batch_id, prev_version=prev, prev_attempt=prev_meta.get("attempt"),
             attempt=attempt, watermark_ms=watermark, is_flush=is_flush,
@@ -534,7 +566,7 @@ class StatefulOperator:
             # projection adding it first would be one more Dataset, i.e. one more analysis on
             # the driver every micro-batch) and never shipped: the task knows it from its
             # partition id.
-            routed = df.repartitionById(n, operator_index_of(self.key_column, n, mp))
+            routed = df.repartitionById(n, operator_index_of(self.key_columns, n, mp))
         out = routed.mapInArrow(spec, from_arrow_schema(self.processor.output_schema))
         t_action = time.perf_counter()
         self.sink(out, batch_id)
