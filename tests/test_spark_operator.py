@@ -419,3 +419,62 @@ def test_public_names_of_statecore_spark():
     assert (sp.PendingBatch.commit.__doc__ or "").strip()
     ts = pa.array([-1, 0, 1_999_999], pa.timestamp("us", tz="UTC"))
     assert sp.epoch_ms(ts).to_pylist() == [-1, 0, 1999]
+
+
+USER_MODULE = '''
+import pyarrow as pa
+
+from statecore.descriptors import ValueStateDescriptor
+from statecore.spark import KeyedProcessor
+
+SCHEMA = pa.schema([("k", pa.int64()), ("count", pa.int64())])
+
+
+def bump(state):
+    state.update(state.value() + 1)
+    return state.value()
+
+
+class UserCounter(KeyedProcessor):
+    output_schema = SCHEMA
+
+    def open(self, ctx):
+        self.count = ctx.backend.get_state(ValueStateDescriptor("count", "int64", default=0))
+
+    def process_batch(self, batch, ctx):
+        rows = []
+        for k in sorted(batch.column("k").to_pylist()):
+            ctx.backend.set_current_key(k)
+            rows.append((k, bump(self.count)))
+        if rows:
+            yield pa.RecordBatch.from_pylist([{"k": k, "count": c} for k, c in rows],
+                                             schema=SCHEMA)
+'''
+
+
+def test_processor_from_a_user_module_reaches_the_workers(spark, tmp_path, monkeypatch):
+    """A processor class defined in the user's own file module, importable on the driver only
+    (through its sys.path, which the Python workers do not have), runs on the workers without
+    PYTHONPATH or addPyFile: the operator ships its module by value."""
+    import importlib
+
+    pytest.importorskip("statecore.backends.native")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "my_counters_mod.py").write_text(USER_MODULE)
+    monkeypatch.syspath_prepend(str(src))
+    mod = importlib.import_module("my_counters_mod")
+    monkeypatch.setitem(sys.modules, "my_counters_mod", mod)
+    op = StatefulOperator("user", mod.UserCounter(), "k", str(tmp_path / "ckpt"),
+                          output=str(tmp_path / "out"))
+    assert op.shipped_modules == ["my_counters_mod"]
+    for batch_id, keys in enumerate(([1, 2, 2, 3], [2, 3, 3])):
+        op(spark.createDataFrame([(k,) for k in keys], "k bigint"), batch_id)
+    out = pq.read_table(str(tmp_path / "out" / "batch_id=1")).to_pylist()
+    assert max(r["count"] for r in out if r["k"] == 2) == 3
+    assert max(r["count"] for r in out if r["k"] == 3) == 3
+    # Installed modules (pyarrow here) and statecore itself are left to import by name.
+    from statecore.spark import operator as operator_module
+
+    assert not operator_module._needs_shipping(pa)
+    assert not operator_module._needs_shipping(operator_module)

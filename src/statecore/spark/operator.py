@@ -142,6 +142,82 @@ def _require_native_backend() -> None:
             "install . builds it) or pass backend='python'") from exc
 
 
+def _installed_roots() -> List[str]:
+    """Directories whose modules a Python worker imports by name on any node: the standard
+    library and the site-packages of this interpreter (absolute, normalized)."""
+    import site
+    import sysconfig
+
+    roots = set()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            roots.add(path)
+    try:
+        roots.update(site.getsitepackages())
+    except AttributeError:  # some virtualenv versions' site module lacks it
+        pass
+    user = getattr(site, "getusersitepackages", lambda: None)()
+    if user:
+        roots.add(user)
+    return [os.path.realpath(r) for r in roots]
+
+
+def _needs_shipping(module) -> bool:
+    """True when the workers cannot import ``module`` by name: a file module or package that
+    is not inside the standard library or a site-packages directory (e.g. a ``.py`` file next
+    to the driver script, found through the driver's ``sys.path`` only). ``__main__`` and
+    modules without a file are pickled by value by cloudpickle already; statecore itself must
+    be installed on the workers anyway."""
+    name = module.__name__
+    if name == "__main__" or name.split(".")[0] == "statecore":
+        return False
+    path = getattr(module, "__file__", None)
+    if not path:
+        return False
+    path = os.path.realpath(path)
+    parts = path.split(os.sep)
+    if "site-packages" in parts or "dist-packages" in parts:
+        return False
+    return not any(path.startswith(root + os.sep) for root in _installed_roots())
+
+
+def _ship_processor_modules(processor) -> List[str]:
+    """Make the processor's class reach the Python workers: for each class of its MRO whose
+    module the workers cannot import by name (:func:`_needs_shipping`), register the module's
+    top-level package (or the module itself) with PySpark's cloudpickle for pickling by value,
+    so the class and everything defined beside it travel with the task. Returns the names
+    registered. Without pyspark there is nothing to ship to. Raises InvalidInputError when the
+    registration is impossible, saying how to ship the module instead (Spark's ``addPyFile``
+    or installing it on the workers)."""
+    import sys
+
+    try:
+        from pyspark import cloudpickle
+    except ImportError:
+        return []
+    shipped: List[str] = []
+    for cls in type(processor).__mro__:
+        module = sys.modules.get(cls.__module__)
+        if module is None or not _needs_shipping(module):
+            continue
+        top = sys.modules.get(module.__name__.split(".")[0], module)
+        target = top if _needs_shipping(top) else module
+        if target.__name__ in shipped:
+            continue
+        try:
+            cloudpickle.register_pickle_by_value(target)
+        except Exception as exc:
+            raise InvalidInputError(
+                f"the processor's class {cls.__qualname__} is defined in module "
+                f"{module.__name__} ({module.__file__}), which the Spark workers cannot import "
+                f"and which cannot be shipped by value ({exc}); ship it with "
+                f"spark.sparkContext.addPyFile({module.__file__!r}) (a package: a .zip of it) "
+                "or install it on the workers") from exc
+        shipped.append(target.__name__)
+    return shipped
+
+
 def parquet_batch_sink(output_path: str) -> Callable:
     """A sink idempotent per batch id: overwrite ``<output_path>/batch_id=<N>/`` with Parquet.
 
@@ -218,6 +294,12 @@ class StatefulOperator:
     Args:
         name: operator name; its checkpoint lives in ``<checkpoint>/<name>`` (``[A-Za-z0-9_.-]``).
         processor: a :class:`statecore.spark.KeyedProcessor` (see its module for the contract).
+            When its class (or a base class) is defined in a module the Python workers cannot
+            import by name (a file outside site-packages, e.g. next to the driver script), the
+            module, or its top-level package, is registered with PySpark's cloudpickle to be
+            pickled by value, so it reaches the workers without ``PYTHONPATH`` or ``addPyFile``
+            (:attr:`shipped_modules` names them). Helpers in other such modules that the
+            processor calls are not shipped: put them beside the processor.
         key_column: name of the key column (Spark string, bigint, int, binary, double, boolean,
             timestamp or timestamp_ntz; ``routing.backend_key_type``), or a list of such column
             names for a multi-column key, as ``groupBy(["a", "b"])`` takes them: the key is
@@ -370,6 +452,8 @@ class StatefulOperator:
                 raise InvalidInputError(
                     "give either sink= or output= (directory of the default sink)")
             sink = parquet_batch_sink(output)
+        #: modules registered for pickling by value so the processor reaches the workers
+        self.shipped_modules = _ship_processor_modules(processor)
         self.name = name
         self.processor = processor
         #: the key column's name, or the list of names of a multi-column key
