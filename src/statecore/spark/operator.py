@@ -527,7 +527,10 @@ class StatefulOperator:
         if latest is not None and batch_id >= latest and store.metadata(latest).get("final"):
             raise StateError(
                 f"operator {self.name}: checkpoint {self.store_uri} was finalized by the "
-                f"end-of-input flush at version {latest}; it cannot take micro-batch {batch_id}")
+                f"end-of-input flush at version {latest}; it cannot take micro-batch {batch_id}. "
+                "flush() ends the input for good: a job that runs again on new input (a "
+                "scheduled availableNow or Trigger.Once run) must not flush at the end of each "
+                "run; to go on from here, use a new operator name or checkpoint")
         field_names = df.schema.fieldNames()
         for c in self.key_columns:
             if c not in field_names:
@@ -555,7 +558,14 @@ class StatefulOperator:
         ``processor.flush`` (no input rows, no watermark), write its output through the sink
         under that id and commit it with ``"final": true``. Returns None without doing anything
         when the checkpoint is empty or already finalized (so a rerun of a finished job is a
-        no-op). A flush killed midway is redone by the next call."""
+        no-op). A flush killed midway is redone by the next call.
+
+        The flush is for the end of ALL input: the finalized checkpoint refuses every later
+        micro-batch (StateError). A job that runs again on new input, e.g. a scheduled
+        ``trigger(availableNow=True)`` run each day over the day's new files, must not call it
+        at the end of each run: without a flush, what is still open stays in the state and is
+        emitted by a later run, once that run's input advances the watermark past it
+        (``on_watermark``)."""
         store = self.store
         latest = store.latest_version()
         if latest is None:
