@@ -195,3 +195,82 @@ def test_operator_with_a_struct_key_column(spark, tmp_path, kind):
 def _canon(d: dict) -> dict:
     return {tuple("NaN" if isinstance(x, float) and x != x else x for x in k): v
             for k, v in d.items()}
+
+
+TOTALS_SCHEMA = pa.schema([("Country", pa.string()), ("StockCode", pa.int64()),
+                           ("n", pa.int64()), ("q", pa.int64())])
+
+
+class TotalsPerCountryAndStock(KeyedProcessor):
+    """Running row count and quantity per (Country, StockCode), the key given as two ordinary
+    columns: the batch holds them as plain columns and ``ctx.keys`` gives the key array."""
+
+    output_schema = TOTALS_SCHEMA
+
+    def open(self, ctx):
+        self.n = ctx.backend.get_state(ReducingStateDescriptor("n", "sum", "int64"))
+        self.q = ctx.backend.get_state(ReducingStateDescriptor("q", "sum", "int64"))
+
+    def process_batch(self, batch, ctx):
+        assert ctx.key_columns == ("Country", "StockCode")
+        assert batch.schema.field("Country").type == pa.string()  # no struct column
+        keys = ctx.keys(batch)
+        n = self.n.add_batch(keys, pa.array([1] * len(keys), pa.int64()))
+        q = self.q.add_batch(keys, batch.column("Quantity").cast(pa.int64()))
+        # Per-row state through the single-key API too: the key is the tuple of the columns.
+        c, s = batch.column("Country")[0].as_py(), batch.column("StockCode")[0].as_py()
+        ctx.backend.set_current_key((c, s))
+        assert self.n.get() >= 1
+        yield pa.RecordBatch.from_arrays([batch.column("Country"), batch.column("StockCode"),
+                                          n, q], schema=TOTALS_SCHEMA)
+
+
+@pytest.mark.parametrize("kind", ["python", "native"])
+def test_operator_with_a_list_of_key_columns(spark, tmp_path, kind):
+    """``key_column=["Country", "StockCode"]`` as groupBy takes it: after each micro-batch
+    (rescaling 2 -> 3 partitions between them) the totals of every key touched equal Spark
+    SQL's ``groupBy("Country", "StockCode")`` over all rows so far; the end-of-input flush
+    (control rows with two null key columns) runs; null keys are refused."""
+    import sys
+
+    import pyarrow.parquet as pq
+    from pyspark import cloudpickle
+    from pyspark.sql import functions as F
+
+    if kind == "native":
+        pytest.importorskip("statecore._native")
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    op = StatefulOperator("totals", TotalsPerCountryAndStock(), ["Country", "StockCode"],
+                          str(tmp_path / "ckpt"), output=str(tmp_path / "out"), parallelism=2,
+                          max_parallelism=128, backend=kind)
+    assert op.key_columns == ("Country", "StockCode")
+    countries = ["France", "Germany", "United Kingdom", "EIRE"]
+    batches = [[(countries[i % 4], 20000 + i % 7, i % 5 - 1) for i in range(60)],
+               [(countries[i % 3], 20000 + i % 5, 2 * i) for i in range(45)]]
+    schema = "Country string, StockCode bigint, Quantity int"
+    seen = []
+    for batch_id, (rows, parallelism) in enumerate(zip(batches, (2, 3))):
+        op.parallelism = parallelism
+        op(spark.createDataFrame(rows, schema), batch_id)
+        seen += rows
+        oracle = (spark.createDataFrame(seen, schema).groupBy("Country", "StockCode")
+                  .agg(F.count("*").alias("n"), F.sum("Quantity").alias("q")).collect())
+        touched = {(c, s) for c, s, _ in rows}
+        expected = {(r.Country, r.StockCode): (r.n, r.q) for r in oracle
+                    if (r.Country, r.StockCode) in touched}
+        got = {}
+        for r in pq.read_table(str(tmp_path / "out" / f"batch_id={batch_id}")).to_pylist():
+            key = (r["Country"], r["StockCode"])
+            if r["n"] > got.get(key, (0, 0))[0]:
+                got[key] = (r["n"], r["q"])
+        assert got == expected, batch_id
+    assert op.store.metadata(1)["key_type"] == "struct<string,int64>"
+    assert op.flush(spark).final
+    null_key = StatefulOperator("nulls", TotalsPerCountryAndStock(), ["Country", "StockCode"],
+                                str(tmp_path / "ckpt"), output=str(tmp_path / "out2"),
+                                backend=kind)
+    with pytest.raises(Exception, match="null key"):
+        null_key(spark.createDataFrame([("France", None, 1)], schema), 0)
+    with pytest.raises(InvalidInputError, match="twice"):
+        StatefulOperator("x", TotalsPerCountryAndStock(), ["Country", "Country"],
+                         str(tmp_path / "ckpt"), output=str(tmp_path / "out3"), backend=kind)

@@ -214,8 +214,9 @@ def test_state_watermark_and_timers_across_micro_batches(spark, tmp_path, backen
     assert _rows_of(str(tmp_path / "out" / f"batch_id={rep.version}")) == model.flush()
     assert op.flush(spark) is None  # exactly once: a second flush is a no-op
     assert op.is_finalized()
-    with pytest.raises(StateError, match="finalized"):
-        op(_df(spark, [(1, 1, 1)]), len(BATCHES) + 1)
+    # Spark's next micro-batch (a scheduled run's) is refused, saying why and what to do.
+    with pytest.raises(StateError, match="finalized(.|\n)*must not flush at the end of each run"):
+        op(_df(spark, [(1, 1, 1)]), len(BATCHES))
     meta = op.store.metadata(len(BATCHES) - 1)
     assert meta["state_entries"] == 2 * len(model.count)
     assert sum(meta["loads"].values()) == 2
@@ -362,6 +363,20 @@ def test_constructor_validation(tmp_path):
         StatefulOperator("x", object(), "k", ck, output=ck)
 
 
+def test_native_backend_is_the_default(tmp_path, monkeypatch):
+    """Without ``backend=`` the operator runs the native backend; when the compiled extension
+    does not import, construction fails on the driver (StateError naming the way out) instead
+    of every task failing on the workers, and ``backend="python"`` still works."""
+    pytest.importorskip("statecore.backends.native")
+    ck = str(tmp_path)
+    assert StatefulOperator("x", CountAndRemind(), "k", ck, output=ck).backend == "native"
+    monkeypatch.setitem(sys.modules, "statecore.backends.native", None)  # import -> ImportError
+    with pytest.raises(StateError, match="backend='python'"):
+        StatefulOperator("x", CountAndRemind(), "k", ck, output=ck)
+    assert StatefulOperator("x", CountAndRemind(), "k", ck, output=ck,
+                            backend="python").backend == "python"
+
+
 def test_operator_without_python_worker_reuse(tmp_path):
     """With ``spark.python.worker.reuse=false`` each worker exits after its task (os._exit):
     the task finishes its background write before returning and every micro-batch after the
@@ -389,3 +404,78 @@ def test_operator_without_python_worker_reuse(tmp_path):
         for loads in rest:
             assert set(loads) == {"checkpoint"}, r
             assert sum(loads.values()) == 2
+
+
+def test_public_names_of_statecore_spark():
+    """What a user of several operators needs is importable from ``statecore.spark`` and
+    documented: ``start`` + ``commit_batches`` (two operators in one ``foreachBatch``),
+    ``PendingBatch`` and ``epoch_ms`` (timestamps to the milliseconds of watermarks/timers)."""
+    import statecore.spark as sp
+
+    for name in ("StatefulOperator", "PendingBatch", "commit_batches", "epoch_ms",
+                 "BatchReport", "KeyedProcessor", "ProcessorContext"):
+        assert name in sp.__all__, name
+        assert (getattr(sp, name).__doc__ or "").strip(), name
+    assert (StatefulOperator.start.__doc__ or "").strip()
+    assert (sp.PendingBatch.commit.__doc__ or "").strip()
+    ts = pa.array([-1, 0, 1_999_999], pa.timestamp("us", tz="UTC"))
+    assert sp.epoch_ms(ts).to_pylist() == [-1, 0, 1999]
+
+
+USER_MODULE = '''
+import pyarrow as pa
+
+from statecore.descriptors import ValueStateDescriptor
+from statecore.spark import KeyedProcessor
+
+SCHEMA = pa.schema([("k", pa.int64()), ("count", pa.int64())])
+
+
+def bump(state):
+    state.update(state.value() + 1)
+    return state.value()
+
+
+class UserCounter(KeyedProcessor):
+    output_schema = SCHEMA
+
+    def open(self, ctx):
+        self.count = ctx.backend.get_state(ValueStateDescriptor("count", "int64", default=0))
+
+    def process_batch(self, batch, ctx):
+        rows = []
+        for k in sorted(batch.column("k").to_pylist()):
+            ctx.backend.set_current_key(k)
+            rows.append((k, bump(self.count)))
+        if rows:
+            yield pa.RecordBatch.from_pylist([{"k": k, "count": c} for k, c in rows],
+                                             schema=SCHEMA)
+'''
+
+
+def test_processor_from_a_user_module_reaches_the_workers(spark, tmp_path, monkeypatch):
+    """A processor class defined in the user's own file module, importable on the driver only
+    (through its sys.path, which the Python workers do not have), runs on the workers without
+    PYTHONPATH or addPyFile: the operator ships its module by value."""
+    import importlib
+
+    pytest.importorskip("statecore.backends.native")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "my_counters_mod.py").write_text(USER_MODULE)
+    monkeypatch.syspath_prepend(str(src))
+    mod = importlib.import_module("my_counters_mod")
+    monkeypatch.setitem(sys.modules, "my_counters_mod", mod)
+    op = StatefulOperator("user", mod.UserCounter(), "k", str(tmp_path / "ckpt"),
+                          output=str(tmp_path / "out"))
+    assert op.shipped_modules == ["my_counters_mod"]
+    for batch_id, keys in enumerate(([1, 2, 2, 3], [2, 3, 3])):
+        op(spark.createDataFrame([(k,) for k in keys], "k bigint"), batch_id)
+    out = pq.read_table(str(tmp_path / "out" / "batch_id=1")).to_pylist()
+    assert max(r["count"] for r in out if r["k"] == 2) == 3
+    assert max(r["count"] for r in out if r["k"] == 3) == 3
+    # Installed modules (pyarrow here) and statecore itself are left to import by name.
+    from statecore.spark import operator as operator_module
+
+    assert not operator_module._needs_shipping(pa)
+    assert not operator_module._needs_shipping(operator_module)

@@ -11,6 +11,16 @@ Usage (inside ``foreachBatch``)::
     ...
     op.flush(spark)   # end of input: emit what is still open, exactly once
 
+Two operators on one micro-batch: ``start`` each (runs its sink's action, no commit), then
+:func:`commit_batches` waits for all their checkpoint writes and commits them, so one operator's
+writes overlap the other's job::
+
+    def both(df, batch_id):
+        commit_batches([sessions.start(df, batch_id), routes.start(df, batch_id)])
+
+:func:`epoch_ms` turns a timestamp column of any unit (what a processor receives for a Spark
+timestamp: ``timestamp[us]``) into int64 milliseconds, the unit of watermarks and timers.
+
 pyspark is imported lazily; importing this package needs only pyarrow.
 """
 
@@ -24,6 +34,7 @@ from statecore.spark.operator import (
 )
 from statecore.spark.processor import KeyedProcessor, ProcessorContext
 from statecore.spark.session import local_session
+from statecore.timers import epoch_ms
 
 __all__ = [
     "StatefulOperator",
@@ -35,4 +46,5 @@ __all__ = [
     "parquet_batch_sink",
     "clear_state_cache",
     "local_session",
+    "epoch_ms",
 ]

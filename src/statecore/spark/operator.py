@@ -104,7 +104,7 @@ import os
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import pyarrow as pa
 
@@ -128,6 +128,94 @@ def _processor_config(processor) -> Any:
         return json.loads(json.dumps(cfg, sort_keys=True))
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"processor.config() must return JSON-able data: {exc}") from exc
+
+
+def _require_native_backend() -> None:
+    """StateError unless the native backend imports here (the driver), naming the way out;
+    a driver without it would otherwise fail every task on the workers instead."""
+    try:
+        import statecore.backends.native  # noqa: F401
+    except ImportError as exc:
+        raise StateError(
+            "backend='native' (the default) needs the compiled extension statecore._native, "
+            f"which does not import here ({exc}); install statecore with its extension (pip "
+            "install . builds it) or pass backend='python'") from exc
+
+
+def _installed_roots() -> List[str]:
+    """Directories whose modules a Python worker imports by name on any node: the standard
+    library and the site-packages of this interpreter (absolute, normalized)."""
+    import site
+    import sysconfig
+
+    roots = set()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            roots.add(path)
+    try:
+        roots.update(site.getsitepackages())
+    except AttributeError:  # some virtualenv versions' site module lacks it
+        pass
+    user = getattr(site, "getusersitepackages", lambda: None)()
+    if user:
+        roots.add(user)
+    return [os.path.realpath(r) for r in roots]
+
+
+def _needs_shipping(module) -> bool:
+    """True when the workers cannot import ``module`` by name: a file module or package that
+    is not inside the standard library or a site-packages directory (e.g. a ``.py`` file next
+    to the driver script, found through the driver's ``sys.path`` only). ``__main__`` and
+    modules without a file are pickled by value by cloudpickle already; statecore itself must
+    be installed on the workers anyway."""
+    name = module.__name__
+    if name == "__main__" or name.split(".")[0] == "statecore":
+        return False
+    path = getattr(module, "__file__", None)
+    if not path:
+        return False
+    path = os.path.realpath(path)
+    parts = path.split(os.sep)
+    if "site-packages" in parts or "dist-packages" in parts:
+        return False
+    return not any(path.startswith(root + os.sep) for root in _installed_roots())
+
+
+def _ship_processor_modules(processor) -> List[str]:
+    """Make the processor's class reach the Python workers: for each class of its MRO whose
+    module the workers cannot import by name (:func:`_needs_shipping`), register the module's
+    top-level package (or the module itself) with PySpark's cloudpickle for pickling by value,
+    so the class and everything defined beside it travel with the task. Returns the names
+    registered. Without pyspark there is nothing to ship to. Raises InvalidInputError when the
+    registration is impossible, saying how to ship the module instead (Spark's ``addPyFile``
+    or installing it on the workers)."""
+    import sys
+
+    try:
+        from pyspark import cloudpickle
+    except ImportError:
+        return []
+    shipped: List[str] = []
+    for cls in type(processor).__mro__:
+        module = sys.modules.get(cls.__module__)
+        if module is None or not _needs_shipping(module):
+            continue
+        top = sys.modules.get(module.__name__.split(".")[0], module)
+        target = top if _needs_shipping(top) else module
+        if target.__name__ in shipped:
+            continue
+        try:
+            cloudpickle.register_pickle_by_value(target)
+        except Exception as exc:
+            raise InvalidInputError(
+                f"the processor's class {cls.__qualname__} is defined in module "
+                f"{module.__name__} ({module.__file__}), which the Spark workers cannot import "
+                f"and which cannot be shipped by value ({exc}); ship it with "
+                f"spark.sparkContext.addPyFile({module.__file__!r}) (a package: a .zip of it) "
+                "or install it on the workers") from exc
+        shipped.append(target.__name__)
+    return shipped
 
 
 def parquet_batch_sink(output_path: str) -> Callable:
@@ -206,11 +294,21 @@ class StatefulOperator:
     Args:
         name: operator name; its checkpoint lives in ``<checkpoint>/<name>`` (``[A-Za-z0-9_.-]``).
         processor: a :class:`statecore.spark.KeyedProcessor` (see its module for the contract).
+            When its class (or a base class) is defined in a module the Python workers cannot
+            import by name (a file outside site-packages, e.g. next to the driver script), the
+            module, or its top-level package, is registered with PySpark's cloudpickle to be
+            pickled by value, so it reaches the workers without ``PYTHONPATH`` or ``addPyFile``
+            (:attr:`shipped_modules` names them). Helpers in other such modules that the
+            processor calls are not shipped: put them beside the processor.
         key_column: name of the key column (Spark string, bigint, int, binary, double, boolean,
-            timestamp or timestamp_ntz; ``routing.backend_key_type``). Multi-column keys: a
-            struct column of those (``F.struct(a, b).alias("k")``): Spark routes it as
-            ``xxhash64(a, b)`` and the processor receives the key as a struct array (per
-            record a tuple).
+            timestamp or timestamp_ntz; ``routing.backend_key_type``), or a list of such column
+            names for a multi-column key, as ``groupBy(["a", "b"])`` takes them: the key is
+            the tuple ``(a, b)`` (backend key type ``struct<ta,tb>``), rows are routed by
+            Spark's ``xxhash64(a, b)`` and the processor receives the ordinary columns ``a``
+            and ``b`` (``ProcessorContext.keys(batch)`` builds the key array). A struct column
+            (``F.struct(a, b).alias("k")``) is the same key, routed the same way, but reaches
+            the processor as one struct column. A row whose key (any key column) is null fails
+            the micro-batch.
         checkpoint: directory or URI (``pyarrow.fs``) under which the operator checkpoints.
         sink: ``sink(out_df, batch_id)``, idempotent per batch id, running an action that
             evaluates every partition of ``out_df`` (each action re-runs the tasks, so one is
@@ -220,7 +318,10 @@ class StatefulOperator:
         parallelism: number of partitions (operator instances) ``n``; may differ between runs
             (rescaling: restores re-split key groups).
         max_parallelism: number of key groups (fixed for the life of the checkpoint).
-        backend: ``"python"`` or ``"native"`` (``statecore.backends.create_backend``).
+        backend: ``"native"`` (default: the C++ backend) or ``"python"`` (the pure-Python
+            reference backend, same behaviour and checkpoint format, slower;
+            ``statecore.backends.create_backend``). ``"native"`` raises StateError at
+            construction when the compiled extension does not import on the driver.
         event_time_column: timestamp (or int64 ms) column whose maximum over earlier micro-batches
             is the watermark handed to the processor; None = no watermark.
         retain_versions: committed versions kept (>= 2, so a replay of the latest batch can
@@ -281,9 +382,10 @@ class StatefulOperator:
     report; CheckpointNotFoundError when the previous version needed by a micro-batch is gone.
     """
 
-    def __init__(self, name: str, processor: KeyedProcessor, key_column: str, checkpoint: str, *,
+    def __init__(self, name: str, processor: KeyedProcessor,
+                 key_column: Union[str, Sequence[str]], checkpoint: str, *,
                  sink: Optional[Callable] = None, output: Optional[str] = None,
-                 parallelism: int = 2, max_parallelism: int = 128, backend: str = "python",
+                 parallelism: int = 2, max_parallelism: int = 128, backend: str = "native",
                  event_time_column: Optional[str] = None, retain_versions: int = 3,
                  max_runs: Optional[int] = 8, commit_timeout_s: float = 300.0,
                  ttl_background_key_groups: int = 0, stale_copies: int = 1,
@@ -299,8 +401,19 @@ class StatefulOperator:
                         f"processor lacks {hook!r} (see statecore.spark.KeyedProcessor)")
         if not isinstance(getattr(processor, "output_schema", None), pa.Schema):
             raise InvalidInputError("processor.output_schema must be a pyarrow.Schema")
-        if not isinstance(key_column, str) or not key_column:
-            raise InvalidInputError(f"key_column must be a column name, got {key_column!r}")
+        if isinstance(key_column, (list, tuple)):
+            if not key_column or not all(isinstance(c, str) and c for c in key_column):
+                raise InvalidInputError(
+                    f"key_column must be a column name or a non-empty list of column names, "
+                    f"got {key_column!r}")
+            if len(set(key_column)) != len(key_column):
+                raise InvalidInputError(f"key_column names a column twice: {key_column!r}")
+            # groupBy(["a"]) groups by a alone: a one-name list is that name.
+            key_column = key_column[0] if len(key_column) == 1 else list(key_column)
+        elif not isinstance(key_column, str) or not key_column:
+            raise InvalidInputError(
+                f"key_column must be a column name or a non-empty list of column names, got "
+                f"{key_column!r}")
         self.max_parallelism = check_max_parallelism(max_parallelism)
         if isinstance(parallelism, bool) or not isinstance(parallelism, int) \
                 or not 0 < parallelism <= self.max_parallelism:
@@ -308,7 +421,9 @@ class StatefulOperator:
                 f"parallelism must be an int in [1, max_parallelism={self.max_parallelism}], "
                 f"got {parallelism!r}")
         if backend not in ("python", "native"):
-            raise InvalidInputError(f"backend must be 'python' or 'native', got {backend!r}")
+            raise InvalidInputError(f"backend must be 'native' or 'python', got {backend!r}")
+        if backend == "native":
+            _require_native_backend()
         if (isinstance(retain_versions, bool) or not isinstance(retain_versions, int)
                 or retain_versions < 2):
             raise InvalidInputError(f"retain_versions must be an int >= 2, got {retain_versions!r}")
@@ -337,9 +452,14 @@ class StatefulOperator:
                 raise InvalidInputError(
                     "give either sink= or output= (directory of the default sink)")
             sink = parquet_batch_sink(output)
+        #: modules registered for pickling by value so the processor reaches the workers
+        self.shipped_modules = _ship_processor_modules(processor)
         self.name = name
         self.processor = processor
+        #: the key column's name, or the list of names of a multi-column key
         self.key_column = key_column
+        #: the key column names as a tuple (one for a single-column key)
+        self.key_columns = (key_column,) if isinstance(key_column, str) else tuple(key_column)
         self.checkpoint = os.fspath(checkpoint)
         self.store_uri = self.checkpoint.rstrip("/") + "/" + name
         if "://" not in self.store_uri:
@@ -407,16 +527,30 @@ class StatefulOperator:
         if latest is not None and batch_id >= latest and store.metadata(latest).get("final"):
             raise StateError(
                 f"operator {self.name}: checkpoint {self.store_uri} was finalized by the "
-                f"end-of-input flush at version {latest}; it cannot take micro-batch {batch_id}")
+                f"end-of-input flush at version {latest}; it cannot take micro-batch {batch_id}. "
+                "flush() ends the input for good: a job that runs again on new input (a "
+                "scheduled availableNow or Trigger.Once run) must not flush at the end of each "
+                "run; to go on from here, use a new operator name or checkpoint")
         field_names = df.schema.fieldNames()
-        if self.key_column not in field_names:
-            raise InvalidInputError(
-                f"operator {self.name}: key column {self.key_column!r} not in {field_names}")
+        for c in self.key_columns:
+            if c not in field_names:
+                raise InvalidInputError(
+                    f"operator {self.name}: key column {c!r} not in {field_names}")
         if self.event_time_column is not None and self.event_time_column not in field_names:
             raise InvalidInputError(
                 f"operator {self.name}: event-time column {self.event_time_column!r} not in "
                 f"{field_names}")
-        key_type = backend_key_type(df.schema[self.key_column].dataType)
+        if len(self.key_columns) == 1:
+            key_type = backend_key_type(df.schema[self.key_column].dataType)
+        else:
+            types = [backend_key_type(df.schema[c].dataType) for c in self.key_columns]
+            nested = [c for c, t in zip(self.key_columns, types) if t.startswith("struct")]
+            if nested:
+                raise InvalidInputError(
+                    f"operator {self.name}: key columns {nested} are structs; the columns of a "
+                    "multi-column key must be scalar (string, bigint, int, binary, double, "
+                    "boolean, timestamp, timestamp_ntz)")
+            key_type = "struct<" + ",".join(types) + ">"
         return self._launch(df.sparkSession, df, batch_id, key_type, is_flush=False)
 
     def flush(self, spark) -> Optional[BatchReport]:
@@ -424,7 +558,14 @@ class StatefulOperator:
         ``processor.flush`` (no input rows, no watermark), write its output through the sink
         under that id and commit it with ``"final": true``. Returns None without doing anything
         when the checkpoint is empty or already finalized (so a rerun of a finished job is a
-        no-op). A flush killed midway is redone by the next call."""
+        no-op). A flush killed midway is redone by the next call.
+
+        The flush is for the end of ALL input: the finalized checkpoint refuses every later
+        micro-batch (StateError). A job that runs again on new input, e.g. a scheduled
+        ``trigger(availableNow=True)`` run each day over the day's new files, must not call it
+        at the end of each run: without a flush, what is still open stays in the state and is
+        emitted by a later run, once that run's input advances the watermark past it
+        (``on_watermark``)."""
         store = self.store
         latest = store.latest_version()
         if latest is None:
@@ -443,7 +584,7 @@ class StatefulOperator:
         from pyspark.sql import functions as F
 
         return spark.range(0, n, 1, 1).select(
-            F.lit(None).alias(self.key_column),
+            *[F.lit(None).alias(c) for c in self.key_columns],
             F.col("id").cast("int").alias(OPERATOR_INDEX_COLUMN))
 
     def _launch(self, spark, df, batch_id: int, key_type: str, *,
@@ -490,7 +631,9 @@ class StatefulOperator:
 
         spec = TaskSpec(
             operator_name=self.name, store_uri=self.store_uri, processor=self.processor,
-            backend_kind=self.backend, key_type=key_type, key_column=self.key_column,
+            backend_kind=self.backend, key_type=key_type,
+            key_column=(self.key_column if isinstance(self.key_column, str)
+                        else tuple(self.key_column)),
             event_time_column=self.event_time_column, max_parallelism=mp, num_partitions=n,
             batch_id=batch_id, prev_version=prev, prev_attempt=prev_meta.get("attempt"),
             attempt=attempt, watermark_ms=watermark, is_flush=is_flush,
@@ -517,7 +660,7 @@ class StatefulOperator:
             # projection adding it first would be one more Dataset, i.e. one more analysis on
             # the driver every micro-batch) and never shipped: the task knows it from its
             # partition id.
-            routed = df.repartitionById(n, operator_index_of(self.key_column, n, mp))
+            routed = df.repartitionById(n, operator_index_of(self.key_columns, n, mp))
         out = routed.mapInArrow(spec, from_arrow_schema(self.processor.output_schema))
         t_action = time.perf_counter()
         self.sink(out, batch_id)

@@ -25,7 +25,10 @@ Contract for processors
 * ``process_batch`` receives one ``pa.RecordBatch`` holding all input rows routed to this partition
   for the micro-batch (the operator's internal columns removed), in no particular order: the
   order of rows after a Spark shuffle is not deterministic, so a processor whose result depends on
-  order must sort (``batch.sort_by(...)``). The key column is ``ctx.key_column``.
+  order must sort (``batch.sort_by(...)``). The key column is ``ctx.key_column``; with a
+  multi-column key (``key_column=["a", "b"]``) the batch holds the ordinary columns ``a`` and
+  ``b``, the key of a row is the tuple ``(a, b)`` (``ctx.backend.set_current_key((a, b))``) and
+  ``ctx.keys(batch)`` gives the key array the backend's batch methods take (a struct array).
 * ``chunked_input = True`` (class attribute, default False): ``process_batch`` is called once
   per input chunk as Spark delivers it (Arrow batches of up to
   ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows, in arrival order) instead of once
@@ -53,7 +56,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import pyarrow as pa
 
@@ -75,7 +78,9 @@ class ProcessorContext:
         max_parallelism: number of key groups.
         key_group_range: the inclusive ``KeyGroupRange`` this partition owns
             (Flink ``computeKeyGroupRangeForOperatorIndex``).
-        key_column: name of the key column in the batches given to ``process_batch``.
+        key_column: the operator's ``key_column`` as given: the name of the key column in the
+            batches given to ``process_batch``, or the list of names of a multi-column key.
+        key_columns: the key column names as a tuple (one name for a single-column key).
         watermark_ms: event-time watermark (ms since the epoch, UTC) or None; see module doc.
         is_flush: True only during the end-of-input flush.
         metrics: int counters summed over partitions into the version's metadata.
@@ -88,10 +93,33 @@ class ProcessorContext:
     num_partitions: int
     max_parallelism: int
     key_group_range: Any
-    key_column: str
+    key_column: Union[str, List[str]]
     watermark_ms: Optional[int]
     is_flush: bool = False
     metrics: Dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    key_columns: Tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.key_columns:
+            kc = self.key_column
+            self.key_columns = (kc,) if isinstance(kc, str) else tuple(kc)
+
+    def keys(self, batch) -> pa.Array:
+        """The key of every row of ``batch`` (a ``pa.RecordBatch`` or ``pa.Table`` as given to
+        ``process_batch``) as one array, as the backend's batch methods (``add_batch``,
+        ``get_batch``, ...) take keys: the key column itself for a single-column key, for a
+        multi-column key a struct array of the key columns (field ``i`` = ``key_columns[i]``;
+        ``to_pylist()`` gives dicts, the backend takes the struct array as is). Raises KeyError
+        when a key column is missing."""
+        if len(self.key_columns) == 1:
+            col = batch.column(self.key_columns[0])
+        else:
+            cols = [batch.column(c) for c in self.key_columns]
+            if any(isinstance(c, pa.ChunkedArray) for c in cols):
+                cols = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c
+                        for c in cols]
+            col = pa.StructArray.from_arrays(cols, names=list(self.key_columns))
+        return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
 
 
 class KeyedProcessor:

@@ -89,13 +89,16 @@ def operator_index_column(key_group_column_name: str, parallelism: int, max_para
     return F.expr(f"CAST((`{name}` * {int(parallelism)}) div {mp} AS INT)")
 
 
-def operator_index_of(key_column: str, parallelism: int, max_parallelism: int,
+def operator_index_of(key_column, parallelism: int, max_parallelism: int,
                       given: Optional[str] = None):
     """Spark Column ``CAST((pmod(xxhash64(key_column), maxP) * n) div maxP AS INT)``: the
     partition owning the row's key, in one expression over the (top-level) column
     ``key_column``, so routing needs no key-group column (one projection, and nothing more to
-    shuffle or to ship to Python). Same values as :func:`operator_index_column` over
-    :func:`key_group_column`. With ``given`` (the name of an int column), the expression is
+    shuffle or to ship to Python). ``key_column`` may also be a list/tuple of column names, a
+    multi-column key hashed as ``xxhash64(c1, c2, ...)`` (equal to the hash of the struct of
+    those columns, i.e. of the backend's ``struct<...>`` key). Same values as
+    :func:`operator_index_column` over :func:`key_group_column`. With ``given`` (the name of an
+    int column), the expression is
     ``coalesce(given, ...)``: rows that carry their index keep it (the operator's control rows),
     so a union of them with the data is routed by one ``repartitionById`` without a projection
     first. Raises InvalidInputError for a bad parallelism or column name."""
@@ -105,8 +108,10 @@ def operator_index_of(key_column: str, parallelism: int, max_parallelism: int,
         raise InvalidInputError(
             f"parallelism must be an int in [1, max_parallelism={mp}], got {parallelism!r}"
         )
-    if not isinstance(key_column, str) or not key_column:
-        raise InvalidInputError(f"key_column must be a column name, got {key_column!r}")
+    names = list(key_column) if isinstance(key_column, (list, tuple)) else [key_column]
+    if not names or not all(isinstance(c, str) and c for c in names):
+        raise InvalidInputError(
+            f"key_column must be a column name or a non-empty list of them, got {key_column!r}")
     if given is not None and (not isinstance(given, str) or not given):
         raise InvalidInputError(f"given must be a column name, got {given!r}")
     from pyspark.sql import functions as F
@@ -114,7 +119,8 @@ def operator_index_of(key_column: str, parallelism: int, max_parallelism: int,
     def quoted(name: str) -> str:
         return "`" + name.replace("`", "``") + "`"
 
-    sql = (f"CAST((pmod(xxhash64({quoted(key_column)}), CAST({mp} AS BIGINT)) * "
+    hashed = ", ".join(quoted(c) for c in names)
+    sql = (f"CAST((pmod(xxhash64({hashed}), CAST({mp} AS BIGINT)) * "
            f"{int(parallelism)}) div {mp} AS INT)")
     return F.expr(sql if given is None else f"coalesce({quoted(given)}, {sql})")
 

@@ -150,7 +150,7 @@ class TaskSpec:
     processor: KeyedProcessor
     backend_kind: str
     key_type: str
-    key_column: str
+    key_column: Any  # a column name, or a tuple of names (multi-column key)
     event_time_column: Optional[str]
     max_parallelism: int
     num_partitions: int
@@ -169,6 +169,27 @@ class TaskSpec:
     freeze_worker_gc: bool = True
     standby: bool = True
     handoff: bool = False
+
+    @property
+    def key_columns(self) -> tuple:
+        """The key column names (one for a single-column key)."""
+        kc = self.key_column
+        return (kc,) if isinstance(kc, str) else tuple(kc)
+
+    def _key_nulls(self, batch) -> tuple:
+        """(rows whose key is null, the boolean mask of the others or None when there are
+        none): a multi-column key is null when any of its columns is."""
+        cols = [batch.column(c) for c in self.key_columns]
+        if not any(c.null_count for c in cols):
+            return 0, None
+        valid = cols[0].is_valid()
+        for c in cols[1:]:
+            valid = pc.and_(valid, c.is_valid())
+        return batch.num_rows - pc.sum(valid).as_py(), valid
+
+    def _key_label(self) -> str:
+        kc = self.key_columns
+        return f"column {kc[0]!r}" if len(kc) == 1 else f"columns {list(kc)!r}"
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """The ``mapInArrow`` function: run this Spark task's partition on ``batches``."""
@@ -227,16 +248,15 @@ class TaskSpec:
         for b in batches:
             if b.num_rows == 0:
                 continue
-            keys = b.column(self.key_column)
-            c = keys.null_count
+            c, valid = self._key_nulls(b)
             if c:
                 nulls += c
                 if nulls > allowed:
                     raise InvalidInputError(
                         f"operator {self.operator_name}: Spark partition {partition_id} received "
-                        f"{nulls - allowed} rows with a null key in column {self.key_column!r}; "
+                        f"{nulls - allowed} rows with a null key in {self._key_label()}; "
                         "filter null keys before the operator")
-                b = b.filter(keys.is_valid())
+                b = b.filter(valid)
             if b.num_rows:
                 if any(n in _INTERNAL for n in b.schema.names):
                     b = b.select([n for n in b.schema.names if n not in _INTERNAL])
@@ -295,7 +315,9 @@ class TaskSpec:
             backend=backend, operator_name=self.operator_name, batch_id=self.batch_id,
             partition_id=partition_id, num_partitions=self.num_partitions,
             max_parallelism=self.max_parallelism, key_group_range=kg_range,
-            key_column=self.key_column, watermark_ms=self.watermark_ms, is_flush=self.is_flush)
+            key_column=(self.key_column if isinstance(self.key_column, str)
+                        else list(self.key_column)),
+            watermark_ms=self.watermark_ms, is_flush=self.is_flush)
         writer = f"p{partition_id}-{self.attempt}-t{task_attempt}"
         restoring = None
         load_cpu = [0.0]  # CPU seconds of the load's thread (load_s is its wall time)
@@ -448,12 +470,11 @@ class TaskSpec:
             batches = []
         for batch in batches:
             seen["rows"] += batch.num_rows
-            keys = batch.column(self.key_column)
-            if keys.null_count:
+            nulls, _ = self._key_nulls(batch)
+            if nulls:
                 raise InvalidInputError(
-                    f"operator {self.operator_name}: {keys.null_count} rows have a "
-                    f"null key in column {self.key_column!r}; filter them before the "
-                    "operator")
+                    f"operator {self.operator_name}: {nulls} rows have a "
+                    f"null key in {self._key_label()}; filter them before the operator")
             if self.event_time_column is not None:
                 m = _event_time_ms(batch.column(self.event_time_column))
                 if m is not None and (seen["max_event_ms"] is None or m > seen["max_event_ms"]):
