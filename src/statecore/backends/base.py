@@ -338,15 +338,17 @@ class KeyedStateBackend(abc.ABC):
 
     def ttl_state_accessed(self, table, config, accesses: int = 1) -> None:
         """Incremental cleanup after ``accesses`` state accesses of ``table`` (TTL ``config``
-        with ``cleanup_incrementally``; a no-op otherwise): one step of ``cleanup_size *
-        accesses`` entries of the table's lazy global iterator (Flink
-        ``TtlIncrementalCleanup.stateAccessed``), the expired things it removes counted as
+        with ``cleanup_incrementally``; a no-op otherwise): ``accesses`` steps of
+        ``cleanup_size`` entries each of the table's lazy global iterator (Flink
+        ``TtlIncrementalCleanup.stateAccessed``; a step ends early at the end of a pass, the
+        next one starts a new pass), the expired things they remove counted as
         ``incremental``. TTL state objects call it before each per-record access, batch calls
-        once per batch with the number of rows."""
+        once per batch with the number of rows, before the rows: the same steps as the rows one
+        at a time."""
         if not config.cleanup_size or accesses <= 0:
             return
-        _, expired, _ = table.ttl_cleanup_step(self.key_group_range, config.cleanup_size * accesses,
-                                               config.ttl_ms, self.ttl_now(config))
+        _, expired, _ = table.ttl_cleanup_step(self.key_group_range, config.cleanup_size,
+                                               config.ttl_ms, self.ttl_now(config), accesses)
         if expired:
             self.count_expired("incremental", expired)
 
