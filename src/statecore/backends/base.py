@@ -288,15 +288,19 @@ class KeyedStateBackend(abc.ABC):
     def ttl_now(self, config) -> int:
         """Current time (ms) for a state with TTL ``config``: the processing-time clock, or for
         event-time TTL the timers' current watermark (lowest int64 before the first one).
-        Raises InvalidInputError when the clock returns something other than an int."""
+        Raises InvalidInputError when the clock returns something other than an int, or one
+        outside int64 (timestamps are stored as int64): the read or write asking is refused
+        before it changes anything."""
         if config.event_time:
             return self._ttl_watermark
         now = self.ttl_clock()
         if isinstance(now, bool) or not isinstance(now, int):
             try:
                 now = int(now)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 raise InvalidInputError(f"ttl_clock returned {now!r}, not milliseconds") from None
+        if not -(2**63) <= now < 2**63:
+            raise InvalidInputError(f"ttl_clock returned {now}, outside int64 milliseconds")
         return now
 
     def observe_watermark(self, watermark: int) -> None:

@@ -6,6 +6,9 @@ A batch call on a TTL state does what its rows one at a time do. Incremental cle
 the n cleanup steps n single accesses run -- each step stops at the end of a pass over the
 table, the next one starts a new pass -- and leaves the same entries behind as
 the same rows read or written through ``set_current_key`` and the per-record calls.
+
+A processing-time clock reading outside int64 (timestamps are stored as int64) is refused with
+InvalidInputError by the read or write that asks for it, the state unchanged.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from statecore.descriptors import MapStateDescriptor, ValueStateDescriptor
+from statecore.descriptors import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
+from statecore.errors import InvalidInputError
 from statecore.testing.base import ConformanceBase
 from statecore.testing.helpers import dump_backend
 from statecore.ttl import ManualClock, StateTtlConfig
@@ -81,7 +85,8 @@ def _batch(s, kind: str, op: str, keys: list) -> list:
 
 
 class TtlConformance(ConformanceBase):
-    """TTL: batch calls equal their rows one at a time (incremental cleanup included)."""
+    """TTL: batch calls equal their rows one at a time (incremental cleanup included); clock
+    readings outside int64 are refused."""
 
     @pytest.mark.parametrize("kind", ["value", "map"])
     @pytest.mark.parametrize("op", ["get", "put"])
@@ -101,3 +106,36 @@ class TtlConformance(ConformanceBase):
         assert runs[0][2] == runs[1][2]
         # 300 steps of 5 entries reach every entry: only what the rows wrote is left.
         assert runs[0][1]["incremental"] == _EXPIRED
+
+    @pytest.mark.parametrize("reading", [2**63, -(2**63) - 1, 10**30])
+    @pytest.mark.parametrize("cleanup", [None, 5])
+    def test_clock_outside_int64_is_refused(self, reading, cleanup):
+        clock = ManualClock(0)
+        b = self.new_backend(ttl_clock=clock)
+        cfg = StateTtlConfig(100, cleanup_incrementally=cleanup)
+        states = {}
+        for name, d in (("v", ValueStateDescriptor("v", "int64")),
+                        ("l", ListStateDescriptor("l", "int64")),
+                        ("m", MapStateDescriptor("m", "int64", "int64"))):
+            d.enable_time_to_live(cfg)
+            states[name] = b.get_state(d)
+        b.set_current_key(1)
+        states["v"].update(1)
+        states["l"].add(1)
+        states["m"].put(1, 1)
+        before = dump_backend(b)
+        clock.set(reading)
+        keys = pa.array([1, 2], pa.int64())
+        writes = [lambda: states["v"].update(2), lambda: states["l"].add(2),
+                  lambda: states["m"].put(2, 2), lambda: states["v"].value(),
+                  lambda: states["v"].put_batch(keys, pa.array([3, 4], pa.int64())),
+                  lambda: states["v"].get_batch(keys)]
+        for w in writes:
+            b.set_current_key(1)
+            with pytest.raises(InvalidInputError, match=str(reading)):
+                w()
+        clock.set(50)
+        assert dump_backend(b) == before  # and the snapshot succeeds
+        b.set_current_key(1)
+        states["v"].update(5)
+        assert states["v"].value() == 5
