@@ -671,9 +671,16 @@ class MapState(State):
 
     User keys are of the descriptor's user key type (int32, int64, string, binary or pickle),
     equal when their serialized bytes are; iteration (``items``/``keys``/``values``) is in
-    ascending order of the serialized user key. Removing the last user key clears the map (as
-    Flink's heap backend). A user key or value not of its type (None included, unless pickle)
-    raises InvalidInputError and changes nothing. Per-record calls, TTL and the batch inputs and
+    ascending order of the serialized user key (docs/formats.md "Encoded key" and "Values"), the
+    same in every backend and after a restore -- not the natural order: int32/int64 are
+    big-endian two's complement, so 0, 1, ... come before the negative keys (-2**63 ... -1);
+    string and binary keys carry a length prefix (LEB128 ``varlen``), so a shorter key comes
+    before a longer one ("b" before "aa"), keys of one length in byte order (strings: of their
+    UTF-8), and since the prefix is least-significant byte first, keys of 127 bytes and more
+    (binary: 128) come after all shorter ones but not by length among each other; pickle keys in
+    the order of their pickle bytes. Removing the last user key clears the map (as Flink's heap
+    backend). A user key or value not of its type (None included, unless pickle) raises
+    InvalidInputError and changes nothing. Per-record calls, TTL and the batch inputs and
     errors: see :class:`ValueState`; batch calls take one row per (key, user key): ``user_keys``
     of length n of the user key type's Arrow type, no nulls (a pickle user key type has no batch
     API; a pickle value type allows ``contains_batch``, ``remove_batch`` and ``clear_batch``).
