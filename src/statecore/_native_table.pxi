@@ -327,27 +327,39 @@ cdef class NativeStateTable:
         return r.rewritten, r.removed, r.expired
 
     def ttl_cleanup_table_step(self, int32_t kg, uint64_t bucket, size_t min_entries, str kind,
-                               fixed_width, int64_t ttl_ms, int64_t now):
+                               fixed_width, int64_t ttl_ms, int64_t now, size_t steps=1):
         """Incremental TTL cleanup over the whole table (ttl.h ``cleanup_step`` with a
         ``TableCursor``): from key group ``kg``, bucket ``bucket`` on, key group after key
-        group, until at least ``min_entries`` entries were visited or the last key group ended.
-        Returns ``(visited, expired, next_kg, next_bucket, wrapped)``; ``wrapped`` = a pass over
-        the table completed (the cursor is back at the first key group). A ``kg`` outside the
-        range restarts at the first one. InvalidInputError for a stored value whose TTL layout
-        is broken."""
+        group, until at least ``min_entries`` entries were visited or the last key group ended;
+        ``steps`` such steps one after the other (what as many single state accesses run: each
+        step stops at the end of a pass, the next one starts a new pass). Returns ``(visited,
+        expired, next_kg, next_bucket, wrapped)`` summed over the steps; ``wrapped`` = a pass
+        over the table completed (the cursor is back at the first key group). A ``kg`` outside
+        the range restarts at the first one. InvalidInputError for a stored value whose TTL
+        layout is broken."""
         cdef c.FilterSpec spec = _ttl_filter_spec(kind, fixed_width, ttl_ms)
         cdef c.CleanupStep step
         cdef c.SortedRun scratch
         cdef c.TableCursor cur
+        cdef size_t visited = 0, expired = 0, i
+        cdef bint wrapped = False, from_start
         cur.key_group = kg
         cur.bucket = bucket
         self._claim()
         try:
             with nogil:
-                step = c.cleanup_table_step(self.table[0], &cur, min_entries, spec, now, &scratch)
+                for i in range(steps):
+                    from_start = cur.key_group == self.table[0].kg_start() and cur.bucket == 0
+                    step = c.cleanup_table_step(self.table[0], &cur, min_entries, spec, now,
+                                                &scratch)
+                    visited += step.visited
+                    expired += step.expired
+                    wrapped = wrapped or step.wrapped
+                    if step.wrapped and from_start and step.visited == 0:
+                        break  # an empty table: the remaining steps would visit nothing too
         finally:
             self._release()
-        return step.visited, step.expired, cur.key_group, cur.bucket, step.wrapped
+        return visited, expired, cur.key_group, cur.bucket, wrapped
 
     def load(self, int32_t kg, keys, values, int prefix_width):
         """Bulk insert of one key group's entries (restore): ``keys``/``values`` pa.binary arrays

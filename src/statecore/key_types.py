@@ -12,8 +12,10 @@ key type (canonical name)   per-record value (``set_current_key``)      batch ke
 ``bool``                    bool                                       bool (bit-packed)
 ``timestamp[u]``            int: units ``u`` (s, ms, us, ns) since     timestamp of unit ``u``,
                             1970-01-01 UTC (datetime accepted: naive   any time zone
-                            = UTC; must be exact in the unit)
-``string``                  str                                        string, large_string
+                            = UTC; numpy.datetime64 of a fixed
+                            unit too; must be exact in the unit)
+``string``                  str (a subclass, e.g. numpy.str_, becomes  string, large_string
+                            a plain str)
 ``binary``                  bytes-like                                 binary, large_binary
 ``fixed_size_binary[N]``    bytes-like of exactly N bytes (N >= 1)     fixed_size_binary(N)
 ``struct<t1,...,tn>``       tuple (or list) of n field values          struct of n fields of those
@@ -46,7 +48,7 @@ import pyarrow as pa
 from statecore.errors import InvalidInputError
 from statecore.varint import read_varlen, write_varlen
 
-__all__ = ["SCALAR_KINDS", "KeyType", "key_type", "canonical_float", "NAN"]
+__all__ = ["SCALAR_KINDS", "KeyType", "key_type", "canonical_float", "timestamp_count", "NAN"]
 
 SCALAR_KINDS = ("int32", "int64", "uint64", "float64", "bool", "timestamp", "string", "binary",
                 "fixed_size_binary")
@@ -61,7 +63,41 @@ _M64 = 0xFFFFFFFFFFFFFFFF
 _RANGES = {"int32": (-(1 << 31), (1 << 31) - 1), "int64": (-(1 << 63), (1 << 63) - 1),
            "uint64": (0, _M64), "timestamp": (-(1 << 63), (1 << 63) - 1)}
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
-_NS_PER = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
+# Exact unit conversions of datetimes, in attoseconds (numpy's finest unit) per unit.
+_AS_PER = {"as": 1, "fs": 10**3, "ps": 10**6, "ns": 10**9, "us": 10**12, "ms": 10**15,
+           "s": 10**18, "m": 60 * 10**18, "h": 3600 * 10**18, "D": 86400 * 10**18,
+           "W": 7 * 86400 * 10**18}
+
+
+def timestamp_count(v, unit: str, what: str) -> int:
+    """The int64 count of ``unit`` (s, ms, us, ns) since 1970-01-01 UTC of a
+    ``datetime.datetime`` (naive = UTC; a ``pandas.Timestamp`` with its nanoseconds) or a
+    ``numpy.datetime64`` of any fixed unit, exactly -- the one rule of timestamp keys and
+    timestamp values. InvalidInputError naming ``what`` (e.g. ``"key type timestamp[ms]"``) for
+    NaT, a datetime64 of a calendar unit (months, years), a time that is not a whole number of
+    ``unit`` (no rounding) or a count outside int64."""
+    if v != v:  # NaT (pandas' and numpy's) is unequal to itself
+        raise InvalidInputError(f"NaT is not a valid {what} value")
+    if isinstance(v, np.datetime64):
+        u, count = np.datetime_data(v.dtype)
+        if u not in _AS_PER:
+            raise InvalidInputError(f"numpy.datetime64 in unit {u!r} is not a fixed number of "
+                                    f"{unit} ({what})")
+        atto = int(v.astype(np.int64)) * count * _AS_PER[u]
+    else:
+        if v.tzinfo is None:
+            v = v.replace(tzinfo=datetime.timezone.utc)  # Arrow's reading of a naive time
+        d = v - _EPOCH
+        us = (d.days * 86400 + d.seconds) * 1_000_000 + d.microseconds
+        atto = (us * 1000 + int(getattr(v, "nanosecond", 0))) * _AS_PER["ns"]
+    per = _AS_PER[unit]
+    if atto % per:
+        raise InvalidInputError(f"{v!r} is not a whole number of {unit} ({what})")
+    x = atto // per
+    lo, hi = _RANGES["timestamp"]
+    if not lo <= x <= hi:
+        raise InvalidInputError(f"{v!r} is out of range for {what}")
+    return x
 
 _SCALAR_ALIASES = {
     "int32": "int32", "int": "int32", "integer": "int32",
@@ -215,8 +251,8 @@ class KeyType:
                 except InvalidInputError as e:
                     raise InvalidInputError(f"field {i} of key {v!r}: {e}") from None
             return tuple(out)
-        if k == "timestamp" and isinstance(v, datetime.datetime):
-            return self._from_datetime(v)
+        if k == "timestamp" and isinstance(v, (datetime.datetime, np.datetime64)):
+            return timestamp_count(v, self.unit, f"key type {self.name}")
         if k in _RANGES:
             if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
                 raise self._mismatch(v)
@@ -245,7 +281,7 @@ class KeyType:
             except UnicodeEncodeError as e:
                 raise InvalidInputError(
                     f"string key is not valid Unicode (lone surrogate?): {e}") from None
-            return v
+            return v if type(v) is str else str.__str__(v)  # numpy.str_ and other subclasses
         if not isinstance(v, (bytes, bytearray, memoryview)):
             raise self._mismatch(v)
         b = bytes(v)
@@ -256,21 +292,6 @@ class KeyType:
     def _mismatch(self, v) -> InvalidInputError:
         return InvalidInputError(
             f"key {v!r} of type {type(v).__name__} does not match key type {self.name}")
-
-    def _from_datetime(self, v: datetime.datetime) -> int:
-        if v.tzinfo is None:
-            v = v.replace(tzinfo=datetime.timezone.utc)  # Arrow's reading of a naive time
-        d = v - _EPOCH
-        ns = ((d.days * 86400 + d.seconds) * 1_000_000 + d.microseconds) * 1000
-        ns += int(getattr(v, "nanosecond", 0))  # pandas.Timestamp
-        per = _NS_PER[self.unit]
-        if ns % per:
-            raise InvalidInputError(f"datetime {v!r} is not a whole number of {self.unit} "
-                                    f"(key type {self.name})")
-        x = ns // per
-        if not _RANGES["timestamp"][0] <= x <= _RANGES["timestamp"][1]:
-            raise InvalidInputError(f"datetime {v!r} is out of range for key type {self.name}")
-        return x
 
     # ---------------------------------------------------------------- key serializer
     def serialize(self, v) -> bytes:

@@ -30,12 +30,16 @@ list of zero-width elements would have no length).
 Timestamps, per record: the value is the int64 count of units since 1970-01-01 UTC, as for
 timestamp keys. ``update``/``add`` also accept a ``datetime.datetime`` (naive = UTC; a
 ``pandas.Timestamp`` with its nanoseconds) and a ``numpy.datetime64`` of any fixed unit; either
-must be a whole number of units (else InvalidInputError, no rounding); NaT is rejected. Reads
+must be a whole number of units (else InvalidInputError, no rounding); NaT is rejected -- the
+rule timestamp keys follow too (:func:`statecore.key_types.timestamp_count`). Reads
 return the int: a Python datetime cannot hold most of the int64 range (years past 9999, before
 1), nor nanoseconds, and pyarrow's ``as_py`` fails there. Batch reads return
 ``pa.timestamp(u)`` arrays (no time zone); their ``cast(pa.int64())`` gives the per-record
 ints. Batch writes accept timestamp arrays of the state's unit in any time zone (the stored
 count is UTC-based either way) and reject another unit.
+
+Strings: a ``str`` subclass (``numpy.str_``) is stored as the plain ``str`` it equals, so
+reads return ``str`` in every backend (a pickle value keeps its type: pickle stores the object).
 
 Fixed-width types (int32, int64, uint64, float64, bool, timestamp, fixed_size_binary; their
 ``fixed_width`` is not None) store no length. Nulls never reach the stored form (a null is an
@@ -55,6 +59,7 @@ import numpy as np
 import pyarrow as pa
 
 from statecore.errors import InvalidInputError
+from statecore.key_types import timestamp_count
 
 __all__ = ["VALUE_TYPES", "ValueSerializer", "normalize_value_type", "value_serializer"]
 
@@ -86,11 +91,6 @@ _ALIASES = {
 _TS_RE = re.compile(r"^timestamp\[(s|ms|us|ns)(,\s*tz=[^\]]*)?\]$")
 _FSB_RE = re.compile(r"^fixed_size_binary\[(\d+)\]$")
 
-# Exact unit conversions of datetimes, in attoseconds (numpy's finest unit) per unit.
-_AS_PER = {"as": 1, "fs": 10**3, "ps": 10**6, "ns": 10**9, "us": 10**12, "ms": 10**15,
-           "s": 10**18, "m": 60 * 10**18, "h": 3600 * 10**18, "D": 86400 * 10**18,
-           "W": 7 * 86400 * 10**18}
-_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
 
 def _unsupported(type_) -> InvalidInputError:
@@ -206,7 +206,7 @@ class ValueSerializer:
         if v is None and k != "pickle":
             raise InvalidInputError(f"None is not a valid {self.name} value")
         if k == "timestamp" and isinstance(v, (datetime.datetime, np.datetime64)):
-            return self._timestamp_units(v)
+            return timestamp_count(v, self.unit, self.name)
         if k in _RANGES:
             if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
                 raise self._mismatch(v)
@@ -234,7 +234,7 @@ class ValueSerializer:
                 v.encode("utf-8")
             except UnicodeEncodeError as e:
                 raise InvalidInputError(f"string value is not valid Unicode: {e}") from None
-            return v
+            return v if type(v) is str else str.__str__(v)  # numpy.str_ and other subclasses
         if k in ("binary", "fixed_size_binary"):
             if not isinstance(v, (bytes, bytearray, memoryview)):
                 raise self._mismatch(v)
@@ -248,31 +248,6 @@ class ValueSerializer:
     def _mismatch(self, v) -> InvalidInputError:
         return InvalidInputError(
             f"value {v!r} of type {type(v).__name__} is not a {self.name} value")
-
-    def _timestamp_units(self, v) -> int:
-        """Units since the epoch of a datetime / pandas.Timestamp / numpy.datetime64, exactly."""
-        if v != v:  # NaT (pandas' and numpy's) is unequal to itself
-            raise InvalidInputError(f"NaT is not a valid {self.name} value")
-        if isinstance(v, np.datetime64):
-            unit, count = np.datetime_data(v.dtype)
-            if unit not in _AS_PER:
-                raise InvalidInputError(f"numpy.datetime64 in unit {unit!r} is not a fixed "
-                                        f"number of {self.unit} ({self.name})")
-            atto = int(v.astype(np.int64)) * count * _AS_PER[unit]
-        else:
-            if v.tzinfo is None:
-                v = v.replace(tzinfo=datetime.timezone.utc)  # Arrow's reading of a naive time
-            d = v - _EPOCH
-            us = (d.days * 86400 + d.seconds) * 1_000_000 + d.microseconds
-            atto = (us * 1000 + int(getattr(v, "nanosecond", 0))) * _AS_PER["ns"]
-        per = _AS_PER[self.unit]
-        if atto % per:
-            raise InvalidInputError(f"{v!r} is not a whole number of {self.unit} ({self.name})")
-        x = atto // per
-        lo, hi = _RANGES["timestamp"]
-        if not lo <= x <= hi:
-            raise InvalidInputError(f"{v!r} is out of range for {self.name}")
-        return x
 
     def serialize(self, v: Any) -> bytes:
         """Stored bytes of ``v`` (docs/formats.md "Values"; validated with :meth:`check`, whose

@@ -288,15 +288,19 @@ class KeyedStateBackend(abc.ABC):
     def ttl_now(self, config) -> int:
         """Current time (ms) for a state with TTL ``config``: the processing-time clock, or for
         event-time TTL the timers' current watermark (lowest int64 before the first one).
-        Raises InvalidInputError when the clock returns something other than an int."""
+        Raises InvalidInputError when the clock returns something other than an int, or one
+        outside int64 (timestamps are stored as int64): the read or write asking is refused
+        before it changes anything."""
         if config.event_time:
             return self._ttl_watermark
         now = self.ttl_clock()
         if isinstance(now, bool) or not isinstance(now, int):
             try:
                 now = int(now)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 raise InvalidInputError(f"ttl_clock returned {now!r}, not milliseconds") from None
+        if not -(2**63) <= now < 2**63:
+            raise InvalidInputError(f"ttl_clock returned {now}, outside int64 milliseconds")
         return now
 
     def observe_watermark(self, watermark: int) -> None:
@@ -338,15 +342,17 @@ class KeyedStateBackend(abc.ABC):
 
     def ttl_state_accessed(self, table, config, accesses: int = 1) -> None:
         """Incremental cleanup after ``accesses`` state accesses of ``table`` (TTL ``config``
-        with ``cleanup_incrementally``; a no-op otherwise): one step of ``cleanup_size *
-        accesses`` entries of the table's lazy global iterator (Flink
-        ``TtlIncrementalCleanup.stateAccessed``), the expired things it removes counted as
+        with ``cleanup_incrementally``; a no-op otherwise): ``accesses`` steps of
+        ``cleanup_size`` entries each of the table's lazy global iterator (Flink
+        ``TtlIncrementalCleanup.stateAccessed``; a step ends early at the end of a pass, the
+        next one starts a new pass), the expired things they remove counted as
         ``incremental``. TTL state objects call it before each per-record access, batch calls
-        once per batch with the number of rows."""
+        once per batch with the number of rows, before the rows: the same steps as the rows one
+        at a time."""
         if not config.cleanup_size or accesses <= 0:
             return
-        _, expired, _ = table.ttl_cleanup_step(self.key_group_range, config.cleanup_size * accesses,
-                                               config.ttl_ms, self.ttl_now(config))
+        _, expired, _ = table.ttl_cleanup_step(self.key_group_range, config.cleanup_size,
+                                               config.ttl_ms, self.ttl_now(config), accesses)
         if expired:
             self.count_expired("incremental", expired)
 
@@ -665,9 +671,16 @@ class MapState(State):
 
     User keys are of the descriptor's user key type (int32, int64, string, binary or pickle),
     equal when their serialized bytes are; iteration (``items``/``keys``/``values``) is in
-    ascending order of the serialized user key. Removing the last user key clears the map (as
-    Flink's heap backend). A user key or value not of its type (None included, unless pickle)
-    raises InvalidInputError and changes nothing. Per-record calls, TTL and the batch inputs and
+    ascending order of the serialized user key (docs/formats.md "Encoded key" and "Values"), the
+    same in every backend and after a restore -- not the natural order: int32/int64 are
+    big-endian two's complement, so 0, 1, ... come before the negative keys (-2**63 ... -1);
+    string and binary keys carry a length prefix (LEB128 ``varlen``), so a shorter key comes
+    before a longer one ("b" before "aa"), keys of one length in byte order (strings: of their
+    UTF-8), and since the prefix is least-significant byte first, keys of 127 bytes and more
+    (binary: 128) come after all shorter ones but not by length among each other; pickle keys in
+    the order of their pickle bytes. Removing the last user key clears the map (as Flink's heap
+    backend). A user key or value not of its type (None included, unless pickle) raises
+    InvalidInputError and changes nothing. Per-record calls, TTL and the batch inputs and
     errors: see :class:`ValueState`; batch calls take one row per (key, user key): ``user_keys``
     of length n of the user key type's Arrow type, no nulls (a pickle user key type has no batch
     API; a pickle value type allows ``contains_batch``, ``remove_batch`` and ``clear_batch``).

@@ -102,10 +102,10 @@ class NativeTable(states.StateTable):
 
     # TTL cleanup passes run in C++ over the stored bytes (ttl.h cleanup_step); the cursor is
     # a key group and a bucket of its map (StateMap::collect_buckets survives rehashes).
-    def ttl_cleanup_step(self, kgs, min_entries: int, ttl_ms: int, now: int):
+    def ttl_cleanup_step(self, kgs, min_entries: int, ttl_ms: int, now: int, steps: int = 1):
         kg, bucket = self._ttl_cursor or (kgs.start, 0)
         visited, expired, kg, bucket, wrapped = self.native.ttl_cleanup_table_step(
-            kg, bucket, min_entries, self.kind, self.value_ser.fixed_width, ttl_ms, now)
+            kg, bucket, min_entries, self.kind, self.value_ser.fixed_width, ttl_ms, now, steps)
         self._ttl_cursor = (kg, bucket)
         return visited, expired, wrapped
 

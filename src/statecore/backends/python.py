@@ -152,7 +152,22 @@ class PythonTable(StateTable):
         self.changes = {ck: st for ck, st in self.changes.items() if st >= stamp}
 
     # ---- TTL cleanup passes (incremental and background; statecore.ttl)
-    def ttl_cleanup_step(self, kgs: KeyGroupRange, min_entries: int, ttl_ms: int, now: int):
+    def ttl_cleanup_step(self, kgs: KeyGroupRange, min_entries: int, ttl_ms: int, now: int,
+                         steps: int = 1):
+        """``steps`` single steps one after the other (StateTable.ttl_cleanup_step; an empty
+        range stops after the first). Returns the sums of :meth:`_ttl_cleanup_one_step`'s."""
+        visited = expired = 0
+        wrapped = False
+        for _ in range(steps):
+            cur = self._ttl_cursor
+            from_start = cur is None or cur[0] not in kgs or cur == [kgs.start, None, 0]
+            v, e, w = self._ttl_cleanup_one_step(kgs, min_entries, ttl_ms, now)
+            visited, expired, wrapped = visited + v, expired + e, wrapped or w
+            if w and v == 0 and from_start:
+                break  # an empty range: the remaining steps would visit nothing too
+        return visited, expired, wrapped
+
+    def _ttl_cleanup_one_step(self, kgs: KeyGroupRange, min_entries: int, ttl_ms: int, now: int):
         """One step of the lazy global iterator over the key groups ``kgs`` (Flink heap
         incremental cleanup): visits at least ``min_entries`` entries from where the last step
         stopped (or up to the end of a pass) and removes or trims expired ones through

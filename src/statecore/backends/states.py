@@ -120,10 +120,13 @@ class StateTable(abc.ABC):
 
     # ---- TTL passes (statecore.ttl; after Flink's TtlIncrementalCleanup and compaction filter)
     @abc.abstractmethod
-    def ttl_cleanup_step(self, kgs: KeyGroupRange, min_entries: int, ttl_ms: int, now: int):
-        """One step of incremental cleanup over the key groups ``kgs``: visits at least
-        ``min_entries`` entries from where the last step stopped (or up to the end of a pass),
-        removing or trimming expired ones. Returns ``(visited, expired, wrapped)``."""
+    def ttl_cleanup_step(self, kgs: KeyGroupRange, min_entries: int, ttl_ms: int, now: int,
+                         steps: int = 1):
+        """``steps`` steps of incremental cleanup over the key groups ``kgs``, one after the
+        other (what as many single state accesses run): each visits at least ``min_entries``
+        entries from where the last step stopped (or up to the end of a pass, the next step
+        starting a new one), removing or trimming expired ones. Returns ``(visited, expired,
+        wrapped)`` summed over the steps (``wrapped``: some step completed a pass)."""
 
     @abc.abstractmethod
     def ttl_restamp(self, ts_from: int, ts_to: int) -> int:

@@ -285,7 +285,7 @@ class TtlMapState(TtlState, TableMapState):
         if not look:
             return {}
         now = self._now()
-        expired = [uk for uk, (_, ts) in look.items() if self._expired(ts, now)]
+        expired = {uk for uk, (_, ts) in look.items() if self._expired(ts, now)}
         shown = {uk: s for uk, (s, ts) in look.items()
                  if self.ttl_config.return_expired or uk not in expired}
         if expired or self.ttl_config.update_on_read:

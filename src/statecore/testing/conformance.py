@@ -37,6 +37,7 @@ from statecore.testing.namespaces import NamespaceConformance
 from statecore.testing.reducing import ReducingConformance
 from statecore.testing.snapshots import SnapshotConformance
 from statecore.testing.timers import TimerConformance
+from statecore.testing.ttl_state import TtlConformance
 from statecore.testing.value_state import ValueStateConformance
 from statecore.testing.value_types import ValueTypeConformance
 
@@ -64,6 +65,7 @@ class BackendConformance(
     CollectionBatchConformance,
     NamespaceBatchConformance,
     CollectionReadConformance,
+    TtlConformance,
 ):
     """Pytest base class of a backend's conformance tests; see the module docstring.
 
@@ -75,5 +77,6 @@ class BackendConformance(
     registration (``namespaces``), the batch API (``batches``), Arrow input forms
     (``arrow_inputs``), timers (``timers``), snapshots and restores (``snapshots``), closing
     (``lifecycle``), current key and namespace caching (``current_key``), incremental snapshots
-    (``incremental``) and random differential runs (``differential``).
+    (``incremental``), TTL rules (``ttl_state``) and random
+    differential runs (``differential``).
     """

@@ -9,8 +9,10 @@ fields, wrong types, timers, and a seeded hypothesis differential run against th
 
 from __future__ import annotations
 
+import datetime
 import math
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -88,6 +90,44 @@ class KeyTypeConformance(ConformanceBase):
             assert b.current_key == inside
         assert v.value() == 1
         assert b.current_key_group == K.spark_key_group(inside, "int64", 128)
+
+    @pytest.mark.parametrize("unit", ["s", "ms", "us", "ns"])
+    def test_timestamp_keys_from_datetimes(self, unit):
+        """A timestamp key takes what a timestamp value takes: an int of the unit, a datetime
+        (naive = UTC) or a numpy.datetime64 of any fixed unit, all the same key; what is not
+        whole in the unit, NaT and calendar units are rejected, the current key unchanged."""
+        kt = f"timestamp[{unit}]"
+        per = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}[unit]
+        when = datetime.datetime(2021, 3, 4, 5, 6, 7, tzinfo=datetime.timezone.utc)
+        secs = int(when.timestamp())
+        forms = [secs * per, when, when.replace(tzinfo=None), np.datetime64(secs, "s"),
+                 np.datetime64(secs * 1000, "ms"), np.datetime64(secs * 10**9, "ns")]
+        b = self.new_backend(key_type=kt)
+        v = b.get_state(ValueStateDescriptor("v", "int64"))
+        for i, k in enumerate(forms):
+            b.set_current_key(k)
+            assert b.current_key == secs * per and type(b.current_key) is int
+            assert v.value() == (None if i == 0 else i - 1)
+            v.update(i)
+        assert b.num_entries() == 1
+        finer = {"s": "ms", "ms": "us", "us": "ns", "ns": "ps"}[unit]
+        for bad, why in [(np.datetime64(1, finer), "whole number"), (np.datetime64("NaT"), "NaT"),
+                         (np.datetime64(600, "M"), "fixed"),
+                         (np.datetime64(10**17, "D"), "out of range")]:
+            with pytest.raises(InvalidInputError, match=why):
+                b.set_current_key(bad)
+            assert b.current_key == secs * per
+        b.set_current_key(np.datetime64(secs, "s"))
+        assert v.value() == len(forms) - 1
+
+    def test_numpy_str_keys_are_plain_str(self):
+        b = self.new_backend(key_type="string")
+        v = b.get_state(ValueStateDescriptor("v", "int64"))
+        b.set_current_key(np.str_("k"))
+        v.update(1)
+        assert type(b.current_key) is str
+        b.set_current_key("k")
+        assert v.value() == 1
 
     @pytest.mark.parametrize("key_type,keys", [
         ("int32", [0, -1, (1 << 31) - 1]), ("string", ["", "a", "日本語", "😀emoji"]),

@@ -133,6 +133,31 @@ class ValueTypeConformance(ConformanceBase):
 
         self.same_as_reference(program)
 
+    def test_numpy_str_values_read_back_as_str(self):
+        """A string value, list element, map user key or user value given as numpy.str_ (a str
+        subclass) is stored as the plain str it equals and read back as ``str`` per record and
+        in batches; a pickle value keeps its type (pickle stores the object)."""
+        def program(b):
+            v = b.get_state(ValueStateDescriptor("v", "string"))
+            ls = b.get_state(ListStateDescriptor("l", "string"))
+            m = b.get_state(MapStateDescriptor("m", "string", "string"))
+            r = b.get_state(ReducingStateDescriptor("r", "max", "string"))
+            p = b.get_state(ValueStateDescriptor("p"))
+            b.set_current_key(1)
+            v.update(np.str_("x"))
+            ls.add(np.str_("y"))
+            ls.add_all([np.str_("z"), "w"])
+            m.put(np.str_("k"), np.str_("u"))
+            m.put_all({np.str_("k2"): np.str_("u2")})
+            r.add(np.str_("q"))
+            p.update(np.str_("o"))
+            seen = [v.value(), *ls.get(), *m.keys(), *m.values(), r.get()]
+            assert [type(x) for x in seen] == [str] * len(seen)
+            assert type(p.value()) is np.str_
+            return seen
+
+        assert self.same_as_reference(program) == ["x", "y", "z", "w", "k", "k2", "u", "u2", "q"]
+
     @pytest.mark.parametrize("unit", ["s", "ms", "us", "ns"])
     def test_timestamp_values_from_datetimes(self, unit):
         """Per record a timestamp takes a datetime (naive = UTC), a numpy.datetime64 or an int
