@@ -423,10 +423,10 @@ class KeyedStateBackend(abc.ABC):
         return self._current_key, self._current_key_group
 
     def check_open(self) -> None:
-        """Raise StateError when the backend is closed (:meth:`close`); every state call and
-        backend operation checks it first."""
+        """Raise StateError when the backend is disposed (:meth:`dispose`); every state call,
+        timer call and backend operation checks it first."""
         if self._closed:
-            raise StateError("the backend is closed")
+            raise StateError("the backend is disposed")
 
     # ------------------------------------------------------------------ abstract
     @abc.abstractmethod
@@ -495,10 +495,21 @@ class KeyedStateBackend(abc.ABC):
     def state_bytes(self) -> int:
         """Bytes of encoded keys plus serialized values of all entries (timers excluded)."""
 
-    def close(self) -> None:
-        """Release the backend's memory; later calls raise StateError. Idempotent."""
+    def dispose(self) -> None:
+        """Release the backend's memory (Flink ``KeyedStateBackend.dispose``); every later call
+        -- on the backend, its state objects (per record and batch) and its timers
+        (``backend.timers``) -- raises StateError. Idempotent."""
         self._closed = True
         self.timers.clear()
+
+    def close(self) -> None:
+        """Alias of :meth:`dispose`."""
+        self.dispose()
+
+    @property
+    def disposed(self) -> bool:
+        """True once :meth:`dispose` (or :meth:`close`) was called."""
+        return self._closed
 
 
 # --------------------------------------------------------------------------- states

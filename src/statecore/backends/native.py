@@ -291,9 +291,9 @@ class NativeBackend(TableBackend):
             for table, cfg in self._every_record_ttl.values():
                 self.ttl_state_accessed(table, cfg)
 
-    def close(self) -> None:
+    def dispose(self) -> None:
         self.encoded_current_key = None
-        super().close()
+        super().dispose()
 
     def batch_slots(self, state, keys, namespaces):
         # The native tables address entries by encoded key (see NativeTable).

@@ -297,8 +297,8 @@ class TableBackend(base.KeyedStateBackend):
         incremental base."""
 
     # ------------------------------------------------------------------ lifecycle
-    def close(self) -> None:
-        super().close()
+    def dispose(self) -> None:
+        super().dispose()
         self._tables.clear()
         self._states.clear()
 
