@@ -422,6 +422,103 @@ class KeyedStateBackend(abc.ABC):
             raise InvalidInputError("no current key: call set_current_key() first")
         return self._current_key, self._current_key_group
 
+    def _clear_current_key(self) -> None:
+        """Back to no current key (what :meth:`apply_to_all_keys` restores when none was set)."""
+        self._current_key = None
+        self._current_key_group = None
+
+    # ------------------------------------------------------------------ enumerating keys
+    def _key_group_subrange(self, key_group_range) -> KeyGroupRange:
+        """``key_group_range`` (a KeyGroupRange or (start, end)) checked to lie inside the
+        backend's range; the backend's range for None."""
+        if key_group_range is None:
+            return self.key_group_range
+        r = KeyGroupRange.of(key_group_range)
+        if not r.is_empty() and not (r.start in self.key_group_range
+                                     and r.end in self.key_group_range):
+            raise InvalidInputError(
+                f"key-group range {r} is not inside this backend's key-group range "
+                f"{self.key_group_range}")
+        return r
+
+    def keys(self, state_name: str, namespace=None, key_group_range=None) -> list:
+        """The keys holding a value of state ``state_name`` (registered or restored), each once
+        (Flink ``KeyedStateBackend.getKeys(state, namespace)``): with ``namespace`` only those
+        holding a value in that namespace (validated against the state's namespace type; ignored
+        for ``void`` states), else in any namespace. A list, ordered by key group and within one
+        key group by the key's serialized bytes (the same order in every backend); keys in their
+        canonical Python form, as :attr:`current_key` returns them (a tuple for a multi-column
+        key, an int for a timestamp key). ``key_group_range`` (KeyGroupRange or (start, end))
+        restricts the key groups; it must lie inside the backend's range. TTL: as Flink's
+        ``getKeys``, entries that expired but were not cleaned up yet are listed (a read through
+        the state then finds them absent and removes them). The list is collected before it is
+        returned, so the caller may change state while walking it. Raises InvalidInputError for
+        an unknown state, a bad namespace or range, StateError once disposed."""
+        self.check_open()
+        kgs = self._key_group_subrange(key_group_range)
+        ns_type = self._state_namespace_type(state_name)
+        if ns_type is None:
+            raise InvalidInputError(f"no state named {state_name!r} in this backend")
+        only = namespace is not None and ns_type != "void"
+        if only:
+            namespace = S.key_serializer(ns_type).check(namespace)
+        ks = self.key_serializer
+        out = []
+        for _, pairs in self._key_namespaces(state_name, kgs):
+            seen = {}
+            for key, ns in pairs:
+                if not only or ns == namespace:
+                    seen.setdefault(ks.serialize(key), key)
+            out.extend(seen[kb] for kb in sorted(seen))
+        return out
+
+    def apply_to_all_keys(self, descriptor, function, namespace=None, *, namespace_type=None,
+                          key_group_range=None) -> None:
+        """Call ``function(key, state)`` for every key of :meth:`keys` (``descriptor.name``,
+        ``namespace``, ``key_group_range``), with the backend's current key set to that key and
+        ``state`` (the state object of ``descriptor``, registered on first use, as
+        :meth:`get_state`) set to ``namespace`` (Flink ``KeyedStateBackend.applyToAllKeys``).
+        The keys are collected first, so ``function`` may update or clear the state (or others).
+        ``namespace_type``: the state's namespace type, default the one it is registered or
+        restored with, else ``void``; for a state of another namespace type ``namespace`` is
+        required. Afterwards the previous current key (or none) and the state object's previous
+        namespace are back, also when ``function`` raises (the exception propagates). Raises
+        InvalidInputError for a missing or bad namespace or range, StateMigrationError as
+        :meth:`get_state`, StateError once disposed."""
+        self.check_open()
+        if namespace_type is None:
+            namespace_type = self._state_namespace_type(descriptor.name) or "void"
+        state = self.get_state(descriptor, namespace_type)
+        if state.namespace_type != "void" and namespace is None:
+            raise InvalidInputError(
+                f"state {descriptor.name!r} has namespace type {state.namespace_type}: "
+                "apply_to_all_keys needs the namespace")
+        keys = self.keys(descriptor.name, namespace, key_group_range)
+        prev_key, prev_ns = self._current_key, state._namespace
+        try:
+            if state.namespace_type != "void":
+                state.set_current_namespace(namespace)
+            for key in keys:
+                self.set_current_key(key)
+                function(key, state)
+        finally:
+            if not self._closed:
+                state._namespace = prev_ns
+                if prev_key is None:
+                    self._clear_current_key()
+                else:
+                    self.set_current_key(prev_key)
+
+    @abc.abstractmethod
+    def _state_namespace_type(self, state_name: str):
+        """The namespace type of state ``state_name`` (registered or restored); None when there
+        is no such state."""
+
+    @abc.abstractmethod
+    def _key_namespaces(self, state_name: str, kgs: KeyGroupRange):
+        """For each key group of ``kgs`` holding entries of the state: ``(key group, [(key,
+        namespace), ...])`` of those entries, any order, keys and namespaces decoded."""
+
     def check_open(self) -> None:
         """Raise StateError when the backend is disposed (:meth:`dispose`); every state call,
         timer call and backend operation checks it first."""

@@ -295,6 +295,10 @@ class NativeBackend(TableBackend):
         self.encoded_current_key = None
         super().dispose()
 
+    def _clear_current_key(self) -> None:
+        super()._clear_current_key()
+        self.encoded_current_key = None
+
     def batch_slots(self, state, keys, namespaces):
         # The native tables address entries by encoded key (see NativeTable).
         mp, ks, ns_ser = self.max_parallelism, self.key_serializer, state.table.ns_ser
@@ -486,6 +490,27 @@ class NativeBackend(TableBackend):
             raise InvalidInputError(
                 f"state {name!r}: entries listed under key group {kg} carry another key-group "
                 "prefix")
+
+    def _key_namespaces(self, state_name: str, kgs: KeyGroupRange):
+        # The entries are read from one map snapshot of the table (the keys are collected
+        # before anyone writes), taken only when a key group of the range holds entries.
+        table = self._tables[state_name]
+        native, mp, ks, ns_ser = table.native, self.max_parallelism, self.key_serializer, \
+            table.ns_ser
+        busy = [kg for kg in kgs if native.key_group_size(kg)]
+        if not busy:
+            return
+        snap = native.snapshot()
+        try:
+            groups = [(kg, snap.entries(kg)[0].to_pylist()) for kg in busy]
+        finally:
+            snap.release()
+        for kg, encoded in groups:
+            pairs = []
+            for kb in encoded:
+                _, key, ns, _ = S.decode_key(kb, mp, ks, ns_ser)
+                pairs.append((key, ns))
+            yield kg, pairs
 
     # ------------------------------------------------------------------ accounting
     def num_entries(self) -> int:

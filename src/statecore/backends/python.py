@@ -477,6 +477,13 @@ class PythonBackend(TableBackend):
             table.changes.clear()
         self._restored_is_base()
 
+    def _key_namespaces(self, state_name: str, kgs: KeyGroupRange):
+        data = self._tables[state_name].data
+        for kg in kgs:
+            group = data.get(kg)
+            if group:
+                yield kg, list(group)
+
     # ------------------------------------------------------------------ accounting
     def num_entries(self) -> int:
         return sum(len(g) for t in self._tables.values() for g in t.data.values())

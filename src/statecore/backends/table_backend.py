@@ -302,6 +302,10 @@ class TableBackend(base.KeyedStateBackend):
         self._tables.clear()
         self._states.clear()
 
+    def _state_namespace_type(self, state_name: str):
+        table = self._tables.get(state_name)
+        return None if table is None else table.meta["namespace_type"]
+
     # ------------------------------------------------------------------ batch helpers
     def batch_slots(self, state, keys, namespaces) -> list:
         """The slot ``(key group, k)`` of each row of a batch call on ``state``, as a list in

@@ -23,6 +23,7 @@ from statecore.testing.collection_reads import CollectionReadConformance
 from statecore.testing.collection_state import CollectionStateConformance
 from statecore.testing.current_key import CurrentKeyConformance
 from statecore.testing.differential import DifferentialConformance
+from statecore.testing.enumeration import KeyEnumerationConformance
 from statecore.testing.helpers import (
     AverageAggregate,
     TamperedSnapshot,
@@ -48,6 +49,7 @@ __all__ = ["BackendConformance", "snapshot_dump", "merge_incremental", "AverageA
 # last topic first: the tests run in the order of the list read from the bottom up.
 class BackendConformance(
     DifferentialConformance,
+    KeyEnumerationConformance,
     IncrementalSnapshotConformance,
     CurrentKeyConformance,
     LifecycleConformance,
@@ -75,5 +77,6 @@ class BackendConformance(
     registration (``namespaces``), the batch API (``batches``), Arrow input forms
     (``arrow_inputs``), timers (``timers``), snapshots and restores (``snapshots``), closing
     (``lifecycle``), current key and namespace caching (``current_key``), incremental snapshots
-    (``incremental``) and random differential runs (``differential``).
+    (``incremental``), key enumeration (``enumeration``: ``keys``, ``apply_to_all_keys``) and
+    random differential runs (``differential``).
     """
