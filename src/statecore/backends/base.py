@@ -268,6 +268,7 @@ class KeyedStateBackend(abc.ABC):
         # before the latest restore: ids up to it are older than the restored state).
         self._last_snapshot_id = 0
         self._base_snapshot_id = 0
+        self._restores = 0  # restores and applied change sets: each replaces the base
         if ttl_clock is not None and not callable(ttl_clock):
             raise InvalidInputError(f"ttl_clock must be a callable returning ms, got {ttl_clock!r}")
         self.ttl_clock = ttl_clock or wall_clock_ms
@@ -549,6 +550,13 @@ class KeyedStateBackend(abc.ABC):
         restore, ids up to this one predate the restored state)."""
         return self._base_snapshot_id
 
+    @property
+    def base_token(self) -> tuple[int, int]:
+        """Identifies the base (:attr:`base_snapshot_id` alone does not: a restore makes the
+        restored contents the base without issuing an id): equal tokens mean the same base.
+        ``CheckpointStore.checkpoint`` compares it with the token it saw after committing."""
+        return (self._restores, self._base_snapshot_id)
+
     def _snapshot_incremental(self, incremental) -> bool:
         """Whether a snapshot asked for with ``incremental`` is taken as one: not while the base
         predates a TTL migration (module docstring)."""
@@ -583,6 +591,7 @@ class KeyedStateBackend(abc.ABC):
     def _restored_is_base(self) -> None:
         """After a restore: every snapshot issued so far predates the base."""
         self._base_snapshot_id = self._last_snapshot_id
+        self._restores += 1
 
     @abc.abstractmethod
     def num_entries(self) -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from statecore.testing.arrow_inputs import ArrowInputConformance
 from statecore.testing.batches import BatchConformance
+from statecore.testing.checkpointing import CheckpointingConformance
 from statecore.testing.collection_batches import CollectionBatchConformance
 from statecore.testing.collection_reads import CollectionReadConformance
 from statecore.testing.collection_state import CollectionStateConformance
@@ -49,6 +50,7 @@ __all__ = ["BackendConformance", "snapshot_dump", "merge_incremental", "AverageA
 # last topic first: the tests run in the order of the list read from the bottom up.
 class BackendConformance(
     DifferentialConformance,
+    CheckpointingConformance,
     KeyEnumerationConformance,
     IncrementalSnapshotConformance,
     CurrentKeyConformance,
@@ -77,6 +79,7 @@ class BackendConformance(
     registration (``namespaces``), the batch API (``batches``), Arrow input forms
     (``arrow_inputs``), timers (``timers``), snapshots and restores (``snapshots``), closing
     (``lifecycle``), current key and namespace caching (``current_key``), incremental snapshots
-    (``incremental``), key enumeration (``enumeration``: ``keys``, ``apply_to_all_keys``) and
-    random differential runs (``differential``).
+    (``incremental``), one-call checkpoints (``checkpointing``), key enumeration
+    (``enumeration``: ``keys``, ``apply_to_all_keys``) and random differential runs
+    (``differential``).
     """
