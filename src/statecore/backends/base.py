@@ -80,7 +80,7 @@ row per (key, user key)) -- does not change the backend's current key:
 * A batch that raises leaves every state exactly as it was.
 
 Thread contract (both backends): a backend -- its states, timers, ``snapshot``, ``restore``,
-``close`` -- is used by one thread at a time. The native backend's batch kernels run without the
+``dispose`` -- is used by one thread at a time. The native backend's batch kernels run without the
 GIL (the Arrow import and validation in Python hold it; the kernel loops, chunk after chunk,
 do not), so while one runs, other Python threads run too: they may use *other* backends (their
 kernels then run in parallel: kernels share no mutable state) and read snapshots taken earlier
