@@ -463,13 +463,12 @@ class KeyedStateBackend(abc.ABC):
         only = namespace is not None and ns_type != "void"
         if only:
             namespace = S.key_serializer(ns_type).check(namespace)
-        ks = self.key_serializer
         out = []
-        for _, pairs in self._key_namespaces(state_name, kgs):
+        for _, rows in self._key_namespaces(state_name, kgs):
             seen = {}
-            for key, ns in pairs:
+            for kb, key, ns in rows:
                 if not only or ns == namespace:
-                    seen.setdefault(ks.serialize(key), key)
+                    seen.setdefault(kb, key)
             out.extend(seen[kb] for kb in sorted(seen))
         return out
 
@@ -517,8 +516,9 @@ class KeyedStateBackend(abc.ABC):
 
     @abc.abstractmethod
     def _key_namespaces(self, state_name: str, kgs: KeyGroupRange):
-        """For each key group of ``kgs`` holding entries of the state: ``(key group, [(key,
-        namespace), ...])`` of those entries, any order, keys and namespaces decoded."""
+        """For each key group of ``kgs`` holding entries of the state: ``(key group,
+        [(serialized key, key, namespace), ...])`` of those entries, any order, keys and
+        namespaces decoded (the namespace None for ``void`` states)."""
 
     def check_open(self) -> None:
         """Raise StateError when the backend is disposed (:meth:`dispose`); every state call,

@@ -505,12 +505,18 @@ class NativeBackend(TableBackend):
             groups = [(kg, snap.entries(kg)[0].to_pylist()) for kg in busy]
         finally:
             snap.release()
+        pw, read = self.key_prefix_width, ks.read
         for kg, encoded in groups:
-            pairs = []
-            for kb in encoded:
-                _, key, ns, _ = S.decode_key(kb, mp, ks, ns_ser)
-                pairs.append((key, ns))
-            yield kg, pairs
+            if ns_ser.name == "void":
+                # prefix | ser(key) | 00: the map's own bytes, so only the key needs reading.
+                rows = []
+                for kb in encoded:
+                    key, end = read(kb, pw)
+                    rows.append((kb[pw:end], key, None))
+            else:
+                rows = [(ks.serialize(key), key, ns) for _, key, ns, _ in
+                        (S.decode_key(kb, mp, ks, ns_ser) for kb in encoded)]
+            yield kg, rows
 
     # ------------------------------------------------------------------ accounting
     def num_entries(self) -> int:

@@ -478,11 +478,11 @@ class PythonBackend(TableBackend):
         self._restored_is_base()
 
     def _key_namespaces(self, state_name: str, kgs: KeyGroupRange):
-        data = self._tables[state_name].data
+        data, ser = self._tables[state_name].data, self.key_serializer.serialize
         for kg in kgs:
             group = data.get(kg)
             if group:
-                yield kg, list(group)
+                yield kg, [(ser(key), key, ns) for key, ns in group]
 
     # ------------------------------------------------------------------ accounting
     def num_entries(self) -> int:
