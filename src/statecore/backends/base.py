@@ -114,6 +114,12 @@ byte-identical changes for the same history (conformance suite), except after an
 rejected by an int64 sum overflow: the native kernel's rollback rewrites the touched entries, so
 the native backend may then list them (with their unchanged values) or tombstones for keys it
 created and rolled back -- merging still gives the same state.
+Enumerating keys (Flink ``getKeys`` / ``applyToAllKeys``): :meth:`KeyedStateBackend.keys` lists
+the keys holding a value of a state (optionally in one namespace) by key group and serialized key
+bytes, TTL-expired entries not yet cleaned up included, as Flink;
+:meth:`KeyedStateBackend.apply_to_all_keys` calls a function per such key with the current key set
+and restores the previous one. :meth:`KeyedStateBackend.dispose` (alias ``close``) ends the
+backend: every later call on it, its states and its timers raises StateError.
 ``num_entries()`` counts (state, key, namespace) entries holding a value (a whole list or map is one
 entry), timers excluded; ``state_bytes()`` is the size of their encoded keys plus serialized values.
 Timers are counted by ``backend.timers.num_timers()``.
