@@ -8,6 +8,7 @@ import importlib.util
 import random
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pytest
 
 from statecore import (
@@ -20,6 +21,7 @@ from statecore import (
     key_group_range_for_operator,
 )
 from statecore.testing.conformance import snapshot_dump
+from support.fs_wrappers import LocalDelegatingHandler
 
 KINDS = ["python"] + (["native"] if importlib.util.find_spec("statecore._native") else [])
 
@@ -118,3 +120,73 @@ def test_incremental_bytes_follow_the_change_set(tmp_path, kind):
     store.restore(fresh, 2)
     assert fresh.get_state(ValueStateDescriptor("v", "int64")).get_batch(
         pa.array([0, 1, 100], pa.int64())).to_pylist() == [7, 1, 7]
+
+
+class _FailingWrites(LocalDelegatingHandler):
+    """Local disk; the next output stream whose path contains ``fail`` raises OSError after
+    its first 64 bytes (a write that dies half way)."""
+
+    type_name = "failing-writes"
+
+    def __init__(self):
+        super().__init__()
+        self.fail = None
+
+    def open_output_stream(self, path, metadata):
+        inner = self.fs.open_output_stream(path)
+        if self.fail is None or self.fail not in path:
+            return inner
+        self.fail = None
+        return pa.PythonFile(_DiesAfter(inner, 64), mode="w")
+
+
+class _DiesAfter:
+    def __init__(self, inner, limit):
+        self.inner, self.limit, self.written, self.closed = inner, limit, 0, False
+
+    def write(self, data):
+        if self.written + len(data) > self.limit:
+            raise OSError("injected: disk full")
+        self.written += len(data)
+        return self.inner.write(data)
+
+    def flush(self):
+        self.inner.flush()
+
+    def close(self):
+        self.closed = True
+        self.inner.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_one_call_checkpoints_survive_failing_writes(tmp_path, kind):
+    """CheckpointStore.checkpoint in a loop over random histories, with data-file and manifest
+    writes dying half way now and then: every committed version restores to the state it was
+    taken of, and the checkpoint after a failure is still incremental and complete."""
+    rng = random.Random(5)
+    handler = _FailingWrites()
+    store = CheckpointStore(str(tmp_path / "ckpt"), filesystem=pafs.PyFileSystem(handler),
+                            max_runs=None)
+    b = create_backend(kind, key_type="int64")
+    _states(b)
+    expected, failed = {}, 0
+    for version in range(1, 21):
+        _step(b, rng, list(range(300)))
+        if version > 1 and rng.random() < 0.3:
+            handler.fail = rng.choice([".sckp", "manifest-"])
+            base = b.base_snapshot_id
+            with pytest.raises(OSError, match="injected"):
+                store.checkpoint(b, version)
+            assert b.base_snapshot_id == base and not store.is_committed(version)
+            failed += 1
+            continue
+        store.checkpoint(b, version)
+        expected[version] = snapshot_dump(b.snapshot())
+        kinds = {r["kind"] for r in store.describe(version)["run_list"]
+                 if r["version"] == version}
+        assert kinds == {"full" if version == 1 else "incremental"}
+    assert failed >= 3 and store.versions() == sorted(expected)
+    for version, dump in expected.items():
+        fresh = create_backend(kind, key_type="int64")
+        store.restore(fresh, version)
+        assert snapshot_dump(fresh.snapshot()) == dump, version

@@ -72,9 +72,11 @@ class TimerService:
 
     ``backend`` provides ``key_type``, ``max_parallelism``, ``key_group_range`` (KeyGroupRange),
     ``current_key`` and ``current_key_group`` (the backend validates the key and raises
-    InvalidInputError when none is set). ``namespace_type`` is the key-serializer type of timer
-    namespaces: ``"void"`` (namespace must be None), ``"int64"``, ``"int32"``, ``"string"`` or
-    ``"binary"``. Timestamps are int64 milliseconds.
+    InvalidInputError when none is set), and ``check_open()`` (raises StateError once the backend
+    is disposed: every timer call below then raises it, before anything else).
+    ``namespace_type`` is the key-serializer type of timer namespaces: ``"void"`` (namespace
+    must be None), ``"int64"``, ``"int32"``, ``"string"`` or ``"binary"``. Timestamps are int64
+    milliseconds.
     """
 
     def __init__(self, backend, namespace_type: str = "void"):
@@ -91,8 +93,14 @@ class TimerService:
         self._count = 0
         self.current_watermark = _INT64_MIN
 
+    def check_open(self) -> None:
+        """Raise StateError when the backend is disposed (``KeyedStateBackend.dispose``): the
+        timers are part of the backend's state and go with it."""
+        self._backend.check_open()
+
     # ------------------------------------------------------------------ per-key API
     def _encode(self, ts, namespace) -> tuple[int, bytes, int, Any]:
+        self.check_open()
         b = self._backend
         key = b.current_key  # backend raises when no key is set
         kg = b.current_key_group
@@ -120,6 +128,7 @@ class TimerService:
     def _batch(self, keys, timestamps, namespaces):
         """Validated ``[(kg, encoded timer key, (ts, key, ns))]`` of a batch, before anything
         changes (InvalidInputError names what is wrong)."""
+        self.check_open()
         b = self._backend
         arr = coerce_key_array(keys, b.key_type)
         ts = as_arrow_array(timestamps, "timestamps",
@@ -172,6 +181,7 @@ class TimerService:
     def list_event_time_timers(self) -> list[tuple[int, Any]]:
         """``(timestamp, namespace)`` of every timer of the current key, ascending by encoded
         key."""
+        self.check_open()
         b = self._backend
         key = b.current_key
         if key is None:
@@ -182,6 +192,7 @@ class TimerService:
     def all_timers(self) -> list[tuple[int, int, Any, Any]]:
         """``(key_group, timestamp, key, namespace)`` of every timer held, in firing order
         (timestamp, then key group and encoded key); nothing is removed. For inspection."""
+        self.check_open()
         return [(kg, ts, k, ns) for kg, enc, (ts, k, ns) in
                 sorted(((kg, enc, e) for kg, g in self._timers.items() for enc, e in g.items()),
                        key=lambda r: (r[2][0], r[0], r[1]))]
@@ -216,6 +227,7 @@ class TimerService:
         """Fire (remove and return) every timer with ``ts <= max(watermark, current_watermark)``, as
         ``[(ts, key, namespace), ...]`` in ascending (ts, key group, encoded key) order.
         Raises InvalidInputError when ``watermark`` is not an int64."""
+        self.check_open()
         if isinstance(watermark, (bool, np.bool_)) or not isinstance(watermark, (int, np.integer)):
             raise InvalidInputError(f"watermark must be an int (ms), got {watermark!r}")
         wm = int(watermark)
@@ -244,10 +256,12 @@ class TimerService:
     # ------------------------------------------------------------------ bookkeeping
     def num_timers(self) -> int:
         """Number of registered timers."""
+        self.check_open()
         return self._count
 
     def num_bytes(self) -> int:
         """Bytes of all encoded timer keys (values are empty)."""
+        self.check_open()
         return sum(len(enc) for g in self._timers.values() for enc in g)
 
     def clear(self) -> None:

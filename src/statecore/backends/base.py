@@ -80,7 +80,7 @@ row per (key, user key)) -- does not change the backend's current key:
 * A batch that raises leaves every state exactly as it was.
 
 Thread contract (both backends): a backend -- its states, timers, ``snapshot``, ``restore``,
-``close`` -- is used by one thread at a time. The native backend's batch kernels run without the
+``dispose`` -- is used by one thread at a time. The native backend's batch kernels run without the
 GIL (the Arrow import and validation in Python hold it; the kernel loops, chunk after chunk,
 do not), so while one runs, other Python threads run too: they may use *other* backends (their
 kernels then run in parallel: kernels share no mutable state) and read snapshots taken earlier
@@ -114,6 +114,12 @@ byte-identical changes for the same history (conformance suite), except after an
 rejected by an int64 sum overflow: the native kernel's rollback rewrites the touched entries, so
 the native backend may then list them (with their unchanged values) or tombstones for keys it
 created and rolled back -- merging still gives the same state.
+Enumerating keys (Flink ``getKeys`` / ``applyToAllKeys``): :meth:`KeyedStateBackend.keys` lists
+the keys holding a value of a state (optionally in one namespace) by key group and serialized key
+bytes, TTL-expired entries not yet cleaned up included, as Flink;
+:meth:`KeyedStateBackend.apply_to_all_keys` calls a function per such key with the current key set
+and restores the previous one. :meth:`KeyedStateBackend.dispose` (alias ``close``) ends the
+backend: every later call on it, its states and its timers raises StateError.
 ``num_entries()`` counts (state, key, namespace) entries holding a value (a whole list or map is one
 entry), timers excluded; ``state_bytes()`` is the size of their encoded keys plus serialized values.
 Timers are counted by ``backend.timers.num_timers()``.
@@ -268,6 +274,7 @@ class KeyedStateBackend(abc.ABC):
         # before the latest restore: ids up to it are older than the restored state).
         self._last_snapshot_id = 0
         self._base_snapshot_id = 0
+        self._restores = 0  # restores and applied change sets: each replaces the base
         if ttl_clock is not None and not callable(ttl_clock):
             raise InvalidInputError(f"ttl_clock must be a callable returning ms, got {ttl_clock!r}")
         self.ttl_clock = ttl_clock or wall_clock_ms
@@ -428,11 +435,108 @@ class KeyedStateBackend(abc.ABC):
             raise InvalidInputError("no current key: call set_current_key() first")
         return self._current_key, self._current_key_group
 
+    def _clear_current_key(self) -> None:
+        """Back to no current key (what :meth:`apply_to_all_keys` restores when none was set)."""
+        self._current_key = None
+        self._current_key_group = None
+
+    # ------------------------------------------------------------------ enumerating keys
+    def _key_group_subrange(self, key_group_range) -> KeyGroupRange:
+        """``key_group_range`` (a KeyGroupRange or (start, end)) checked to lie inside the
+        backend's range; the backend's range for None."""
+        if key_group_range is None:
+            return self.key_group_range
+        r = KeyGroupRange.of(key_group_range)
+        if not r.is_empty() and not (r.start in self.key_group_range
+                                     and r.end in self.key_group_range):
+            raise InvalidInputError(
+                f"key-group range {r} is not inside this backend's key-group range "
+                f"{self.key_group_range}")
+        return r
+
+    def keys(self, state_name: str, namespace=None, key_group_range=None) -> list:
+        """The keys holding a value of state ``state_name`` (registered or restored), each once
+        (Flink ``KeyedStateBackend.getKeys(state, namespace)``): with ``namespace`` only those
+        holding a value in that namespace (validated against the state's namespace type; ignored
+        for ``void`` states), else in any namespace. A list, ordered by key group and within one
+        key group by the key's serialized bytes (the same order in every backend); keys in their
+        canonical Python form, as :attr:`current_key` returns them (a tuple for a multi-column
+        key, an int for a timestamp key). ``key_group_range`` (KeyGroupRange or (start, end))
+        restricts the key groups; it must lie inside the backend's range. TTL: as Flink's
+        ``getKeys``, entries that expired but were not cleaned up yet are listed (a read through
+        the state then finds them absent and removes them). The list is collected before it is
+        returned, so the caller may change state while walking it. Raises InvalidInputError for
+        an unknown state, a bad namespace or range, StateError once disposed."""
+        self.check_open()
+        kgs = self._key_group_subrange(key_group_range)
+        ns_type = self._state_namespace_type(state_name)
+        if ns_type is None:
+            raise InvalidInputError(f"no state named {state_name!r} in this backend")
+        only = namespace is not None and ns_type != "void"
+        if only:
+            namespace = S.key_serializer(ns_type).check(namespace)
+        out = []
+        for _, rows in self._key_namespaces(state_name, kgs):
+            seen = {}
+            for kb, key, ns in rows:
+                if not only or ns == namespace:
+                    seen.setdefault(kb, key)
+            out.extend(seen[kb] for kb in sorted(seen))
+        return out
+
+    def apply_to_all_keys(self, descriptor, function, namespace=None, *, namespace_type=None,
+                          key_group_range=None) -> None:
+        """Call ``function(key, state)`` for every key of :meth:`keys` (``descriptor.name``,
+        ``namespace``, ``key_group_range``), with the backend's current key set to that key and
+        ``state`` (the state object of ``descriptor``, registered on first use, as
+        :meth:`get_state`) set to ``namespace`` (Flink ``KeyedStateBackend.applyToAllKeys``).
+        The keys are collected first, so ``function`` may update or clear the state (or others).
+        ``namespace_type``: the state's namespace type, default the one it is registered or
+        restored with, else ``void``; for a state of another namespace type ``namespace`` is
+        required. Afterwards the previous current key (or none) and the state object's previous
+        namespace are back, also when ``function`` raises (the exception propagates). Raises
+        InvalidInputError for a missing or bad namespace or range, StateMigrationError as
+        :meth:`get_state`, StateError once disposed."""
+        self.check_open()
+        if namespace_type is None:
+            namespace_type = self._state_namespace_type(descriptor.name) or "void"
+        state = self.get_state(descriptor, namespace_type)
+        if state.namespace_type != "void" and namespace is None:
+            raise InvalidInputError(
+                f"state {descriptor.name!r} has namespace type {state.namespace_type}: "
+                "apply_to_all_keys needs the namespace")
+        keys = self.keys(descriptor.name, namespace, key_group_range)
+        prev_key, prev_ns = self._current_key, state._namespace
+        try:
+            if state.namespace_type != "void":
+                state.set_current_namespace(namespace)
+            for key in keys:
+                self.set_current_key(key)
+                function(key, state)
+        finally:
+            if not self._closed:
+                state._namespace = prev_ns
+                if prev_key is None:
+                    self._clear_current_key()
+                else:
+                    self.set_current_key(prev_key)
+
+    @abc.abstractmethod
+    def _state_namespace_type(self, state_name: str):
+        """The namespace type of state ``state_name`` (registered or restored); None when there
+        is no such state."""
+
+    @abc.abstractmethod
+    def _key_namespaces(self, state_name: str, kgs: KeyGroupRange):
+        """For each key group of ``kgs`` holding entries of the state: ``(key group,
+        [(serialized key, key, namespace), ...])`` of those entries, any order, keys and
+        namespaces decoded (the namespace None for ``void`` states)."""
+
     def check_open(self) -> None:
-        """Raise StateError when the backend is closed (:meth:`close`); every state call and
-        backend operation checks it first."""
+        """Raise StateError when the backend is disposed (:meth:`dispose`); every state call,
+        timer call and backend operation checks it first."""
         if self._closed:
-            raise StateError("the backend is closed")
+            raise StateError("the backend is disposed")
 
     # ------------------------------------------------------------------ abstract
     @abc.abstractmethod
@@ -457,6 +561,13 @@ class KeyedStateBackend(abc.ABC):
         """Id of the snapshot incremental snapshots are relative to (0: the empty state or, after a
         restore, ids up to this one predate the restored state)."""
         return self._base_snapshot_id
+
+    @property
+    def base_token(self) -> tuple[int, int]:
+        """Identifies the base (:attr:`base_snapshot_id` alone does not: a restore makes the
+        restored contents the base without issuing an id): equal tokens mean the same base.
+        ``CheckpointStore.checkpoint`` compares it with the token it saw after committing."""
+        return (self._restores, self._base_snapshot_id)
 
     def _snapshot_incremental(self, incremental) -> bool:
         """Whether a snapshot asked for with ``incremental`` is taken as one: not while the base
@@ -492,6 +603,7 @@ class KeyedStateBackend(abc.ABC):
     def _restored_is_base(self) -> None:
         """After a restore: every snapshot issued so far predates the base."""
         self._base_snapshot_id = self._last_snapshot_id
+        self._restores += 1
 
     @abc.abstractmethod
     def num_entries(self) -> int:
@@ -501,10 +613,21 @@ class KeyedStateBackend(abc.ABC):
     def state_bytes(self) -> int:
         """Bytes of encoded keys plus serialized values of all entries (timers excluded)."""
 
-    def close(self) -> None:
-        """Release the backend's memory; later calls raise StateError. Idempotent."""
+    def dispose(self) -> None:
+        """Release the backend's memory (Flink ``KeyedStateBackend.dispose``); every later call
+        -- on the backend, its state objects (per record and batch) and its timers
+        (``backend.timers``) -- raises StateError. Idempotent."""
         self._closed = True
         self.timers.clear()
+
+    def close(self) -> None:
+        """Alias of :meth:`dispose`."""
+        self.dispose()
+
+    @property
+    def disposed(self) -> bool:
+        """True once :meth:`dispose` (or :meth:`close`) was called."""
+        return self._closed
 
 
 # --------------------------------------------------------------------------- states

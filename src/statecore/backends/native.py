@@ -291,9 +291,13 @@ class NativeBackend(TableBackend):
             for table, cfg in self._every_record_ttl.values():
                 self.ttl_state_accessed(table, cfg)
 
-    def close(self) -> None:
+    def dispose(self) -> None:
         self.encoded_current_key = None
-        super().close()
+        super().dispose()
+
+    def _clear_current_key(self) -> None:
+        super()._clear_current_key()
+        self.encoded_current_key = None
 
     def batch_slots(self, state, keys, namespaces):
         # The native tables address entries by encoded key (see NativeTable).
@@ -486,6 +490,33 @@ class NativeBackend(TableBackend):
             raise InvalidInputError(
                 f"state {name!r}: entries listed under key group {kg} carry another key-group "
                 "prefix")
+
+    def _key_namespaces(self, state_name: str, kgs: KeyGroupRange):
+        # The entries are read from one map snapshot of the table (the keys are collected
+        # before anyone writes), taken only when a key group of the range holds entries.
+        table = self._tables[state_name]
+        native, mp, ks, ns_ser = table.native, self.max_parallelism, self.key_serializer, \
+            table.ns_ser
+        busy = [kg for kg in kgs if native.key_group_size(kg)]
+        if not busy:
+            return
+        snap = native.snapshot()
+        try:
+            groups = [(kg, snap.entries(kg)[0].to_pylist()) for kg in busy]
+        finally:
+            snap.release()
+        pw, read = self.key_prefix_width, ks.read
+        for kg, encoded in groups:
+            if ns_ser.name == "void":
+                # prefix | ser(key) | 00: the map's own bytes, so only the key needs reading.
+                rows = []
+                for kb in encoded:
+                    key, end = read(kb, pw)
+                    rows.append((kb[pw:end], key, None))
+            else:
+                rows = [(ks.serialize(key), key, ns) for _, key, ns, _ in
+                        (S.decode_key(kb, mp, ks, ns_ser) for kb in encoded)]
+            yield kg, rows
 
     # ------------------------------------------------------------------ accounting
     def num_entries(self) -> int:

@@ -492,6 +492,13 @@ class PythonBackend(TableBackend):
             table.changes.clear()
         self._restored_is_base()
 
+    def _key_namespaces(self, state_name: str, kgs: KeyGroupRange):
+        data, ser = self._tables[state_name].data, self.key_serializer.serialize
+        for kg in kgs:
+            group = data.get(kg)
+            if group:
+                yield kg, [(ser(key), key, ns) for key, ns in group]
+
     # ------------------------------------------------------------------ accounting
     def num_entries(self) -> int:
         return sum(len(g) for t in self._tables.values() for g in t.data.values())

@@ -297,10 +297,14 @@ class TableBackend(base.KeyedStateBackend):
         incremental base."""
 
     # ------------------------------------------------------------------ lifecycle
-    def close(self) -> None:
-        super().close()
+    def dispose(self) -> None:
+        super().dispose()
         self._tables.clear()
         self._states.clear()
+
+    def _state_namespace_type(self, state_name: str):
+        table = self._tables.get(state_name)
+        return None if table is None else table.meta["namespace_type"]
 
     # ------------------------------------------------------------------ batch helpers
     def batch_slots(self, state, keys, namespaces) -> list:

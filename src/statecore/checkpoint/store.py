@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from concurrent.futures import Future
 from typing import Any, Iterable
 
@@ -143,6 +144,8 @@ class CheckpointStore:
         self._compactor = Compactor(self._root, manifests, self._lock)
         self._retention = Retention(self._root, manifests, self._lock,
                                     self._compactor.in_flight_paths)
+        # backend -> (its base_token, the version that base is): what checkpoint() committed
+        self._bases: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
 
     def __repr__(self) -> str:
         return f"CheckpointStore({self.uri!r})"
@@ -281,6 +284,48 @@ class CheckpointStore:
                 self.compact_async(version)
             else:
                 manifest = self.compact(version)
+        return manifest
+
+    # ------------------------------------------------------------------- one-call checkpoint
+
+    def checkpoint(self, backend: Any, version: int, *, incremental: bool = True,
+                   metadata: dict | None = None, writer: str = "p0") -> dict:
+        """Checkpoint ``backend`` as ``version`` in one call, with the bookkeeping Flink's
+        checkpoint coordinator does for the user: snapshot, :meth:`write_snapshot`,
+        :meth:`commit` (``metadata`` as there) with this one descriptor, then
+        ``backend.notify_checkpoint_complete`` so that the next incremental snapshot is relative
+        to ``version``; the snapshot is released in every case. Returns the committed manifest.
+
+        The snapshot is incremental when ``incremental`` and the backend's base is the state of
+        a version this store object committed by ``checkpoint()`` and that version is the
+        highest committed one below ``version`` (what :meth:`commit` chains an incremental run
+        onto); otherwise it is full -- the first call, after a restore or ``apply_changes``
+        (their contents are the base, not a version of this store), after another writer
+        committed in between, or after a TTL migration (the backend then takes a full one).
+        On any failure (the write, the commit, a filesystem error) the exception propagates and
+        the backend's base is unchanged, so the next call lists every change since the last
+        successful one; a failed version may be retried or skipped.
+
+        It lives on the store, not the backend, because only the store knows which versions are
+        committed (backends know nothing of checkpoints), and a backend's snapshot/notify steps
+        stay available for writers coordinated by a driver (the Spark operator: several writers
+        per version, one commit); here the backend is the version's only writer (its run must
+        satisfy :meth:`commit` alone; errors as there). Raises InvalidInputError for a bad
+        version, writer or metadata, StateError when the backend is disposed."""
+        version = check_version(version)
+        prev = self._bases.get(backend)
+        use_incremental = False
+        if incremental and prev is not None and prev[0] == backend.base_token:
+            below = [v for v in self.versions() if v < version]
+            use_incremental = bool(below) and below[-1] == prev[1]
+        snap = backend.snapshot(incremental=use_incremental)
+        try:
+            desc = self.write_snapshot(snap, version, writer)
+            manifest = self.commit(version, [desc], metadata)
+            backend.notify_checkpoint_complete(snap.snapshot_id)
+            self._bases[backend] = (backend.base_token, version)
+        finally:
+            snap.release()
         return manifest
 
     # --------------------------------------------------------------------------- compaction

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 from statecore.testing.arrow_inputs import ArrowInputConformance
 from statecore.testing.batches import BatchConformance
+from statecore.testing.checkpointing import CheckpointingConformance
 from statecore.testing.collection_batches import CollectionBatchConformance
 from statecore.testing.collection_reads import CollectionReadConformance
 from statecore.testing.collection_state import CollectionStateConformance
 from statecore.testing.current_key import CurrentKeyConformance
 from statecore.testing.differential import DifferentialConformance
+from statecore.testing.enumeration import KeyEnumerationConformance
 from statecore.testing.helpers import (
     AverageAggregate,
     TamperedSnapshot,
@@ -49,6 +51,8 @@ __all__ = ["BackendConformance", "snapshot_dump", "merge_incremental", "AverageA
 # last topic first: the tests run in the order of the list read from the bottom up.
 class BackendConformance(
     DifferentialConformance,
+    CheckpointingConformance,
+    KeyEnumerationConformance,
     IncrementalSnapshotConformance,
     CurrentKeyConformance,
     LifecycleConformance,
@@ -77,6 +81,7 @@ class BackendConformance(
     registration (``namespaces``), the batch API (``batches``), Arrow input forms
     (``arrow_inputs``), timers (``timers``), snapshots and restores (``snapshots``), closing
     (``lifecycle``), current key and namespace caching (``current_key``), incremental snapshots
-    (``incremental``), TTL rules (``ttl_state``) and random
-    differential runs (``differential``).
+    (``incremental``), TTL rules (``ttl_state``), one-call checkpoints (``checkpointing``),
+    key enumeration (``enumeration``: ``keys``, ``apply_to_all_keys``) and random differential
+    runs (``differential``).
     """

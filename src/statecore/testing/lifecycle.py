@@ -1,6 +1,7 @@
 """Life cycle part of the backend conformance suite (mixed into
-:class:`statecore.testing.conformance.BackendConformance`): ``close`` is idempotent, and a closed
-backend and its state objects raise StateError, per record and per batch.
+:class:`statecore.testing.conformance.BackendConformance`): ``dispose`` (Flink
+``KeyedStateBackend.dispose``; ``close`` is its alias) is idempotent, and a disposed backend, its
+state objects (per record and per batch) and its timers raise StateError.
 """
 
 from __future__ import annotations
@@ -23,7 +24,45 @@ __all__ = ["LifecycleConformance"]
 
 
 class LifecycleConformance(ConformanceBase):
-    """``KeyedStateBackend.close`` and what a closed backend refuses."""
+    """``KeyedStateBackend.dispose`` / ``close`` and what a disposed backend refuses."""
+
+    def test_dispose_and_close_alias(self):
+        for how in ("dispose", "close"):
+            b = self.new_backend()
+            assert not b.disposed
+            getattr(b, how)()
+            assert b.disposed
+            b.dispose()
+            b.close()
+            with pytest.raises(StateError, match="disposed"):
+                b.get_state(ValueStateDescriptor("v", "int64"))
+
+    def test_disposed_backend_rejects_every_timer_call(self):
+        b = self.new_backend(timer_namespace_type="int64")
+        t = b.timers
+        b.set_current_key(1)
+        t.register_event_time_timer(10, namespace=0)
+        ints = pa.array([1, 2], pa.int64())
+        calls = {
+            "register_event_time_timer": lambda: t.register_event_time_timer(20, namespace=0),
+            "delete_event_time_timer": lambda: t.delete_event_time_timer(10, namespace=0),
+            "register_batch": lambda: t.register_batch(ints, ints, 0),
+            "delete_batch": lambda: t.delete_batch(ints, ints, 0),
+            "list_event_time_timers": t.list_event_time_timers,
+            "all_timers": t.all_timers,
+            "advance_watermark": lambda: t.advance_watermark(100),
+            "num_timers": t.num_timers,
+            "num_bytes": t.num_bytes,
+        }
+        b.dispose()
+        accepted = []
+        for name, call in calls.items():
+            try:
+                call()
+            except StateError:
+                continue
+            accepted.append(name)
+        assert not accepted, f"timer calls a disposed backend accepted: {accepted}"
 
     def test_close(self):
         b = self.new_backend()
