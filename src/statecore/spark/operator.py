@@ -100,6 +100,7 @@ a no-op. A finalized checkpoint accepts no further micro-batches.
 
 from __future__ import annotations
 
+import datetime
 import os
 import time
 import uuid
@@ -113,6 +114,7 @@ from statecore.key_groups import check_max_parallelism
 from statecore.spark.processor import KeyedProcessor
 from statecore.spark.routing import OPERATOR_INDEX_COLUMN, backend_key_type, operator_index_of
 from statecore.spark.task import TaskSpec
+from statecore.spark.watermark import next_watermark, parse_watermark_delay
 from statecore.spark.worker_cache import clear_state_cache
 
 __all__ = ["StatefulOperator", "PendingBatch", "BatchReport", "commit_batches",
@@ -322,8 +324,20 @@ class StatefulOperator:
             reference backend, same behaviour and checkpoint format, slower;
             ``statecore.backends.create_backend``). ``"native"`` raises StateError at
             construction when the compiled extension does not import on the driver.
-        event_time_column: timestamp (or int64 ms) column whose maximum over earlier micro-batches
-            is the watermark handed to the processor; None = no watermark.
+        event_time_column: timestamp (or int64 ms) column whose maximum over earlier micro-batches,
+            minus ``watermark_delay``, is the watermark handed to the processor; None = no
+            watermark.
+        watermark_delay: how far rows may arrive behind the largest event time seen (allowed
+            lateness, bounded out-of-orderness): the watermark is ``max event time of the
+            earlier micro-batches - watermark_delay`` and never moves back, as Spark's
+            ``withWatermark(col, delayThreshold)`` and Flink's
+            ``WatermarkStrategy.forBoundedOutOfOrderness`` define it. An int (ms), a
+            ``datetime.timedelta`` or a string like Spark's (``"10 minutes"``, ``"1 hour"``,
+            ``"30 seconds"``, ``"500 milliseconds"``;
+            :func:`statecore.spark.watermark.parse_watermark_delay`). Default 0. Rows are not
+            dropped for being late: the processor sees every row and ``ctx.watermark_ms``.
+            Needs ``event_time_column``. May change between runs; the watermark committed
+            before stays the floor.
         retain_versions: committed versions kept (>= 2, so a replay of the latest batch can
             restore its predecessor); older versions' manifests and the runs no kept version
             references are deleted after each commit.
@@ -386,7 +400,9 @@ class StatefulOperator:
                  key_column: Union[str, Sequence[str]], checkpoint: str, *,
                  sink: Optional[Callable] = None, output: Optional[str] = None,
                  parallelism: int = 2, max_parallelism: int = 128, backend: str = "native",
-                 event_time_column: Optional[str] = None, retain_versions: int = 3,
+                 event_time_column: Optional[str] = None,
+                 watermark_delay: Union[int, str, datetime.timedelta, None] = 0,
+                 retain_versions: int = 3,
                  max_runs: Optional[int] = 8, commit_timeout_s: float = 300.0,
                  ttl_background_key_groups: int = 0, stale_copies: int = 1,
                  freeze_worker_gc: bool = True, standby: bool = True, handoff: bool = False):
@@ -420,6 +436,11 @@ class StatefulOperator:
             raise InvalidInputError(
                 f"parallelism must be an int in [1, max_parallelism={self.max_parallelism}], "
                 f"got {parallelism!r}")
+        delay_ms = parse_watermark_delay(watermark_delay)
+        if delay_ms and event_time_column is None:
+            raise InvalidInputError(
+                f"watermark_delay={watermark_delay!r} needs event_time_column (the column whose "
+                "event times make the watermark)")
         if backend not in ("python", "native"):
             raise InvalidInputError(f"backend must be 'native' or 'python', got {backend!r}")
         if backend == "native":
@@ -468,6 +489,8 @@ class StatefulOperator:
         self.parallelism = parallelism
         self.backend = backend
         self.event_time_column = event_time_column
+        #: the watermark delay (allowed lateness) in ms
+        self.watermark_delay_ms = delay_ms
         self.retain_versions = retain_versions
         self.max_runs = max_runs
         self.commit_timeout_s = float(commit_timeout_s)
@@ -773,9 +796,13 @@ class PendingBatch:
         store = op.store
         n, mp = self.num_partitions, op.max_parallelism
         batch_max = [r["max_event_ms"] for r in parts if r["max_event_ms"] is not None]
-        new_wm = self.prev_meta.get("watermark_ms")
-        if batch_max:
-            new_wm = max(batch_max) if new_wm is None else max(new_wm, max(batch_max))
+        prev_max = self.prev_meta.get("max_event_ms")
+        if "watermark_delay_ms" not in self.prev_meta:
+            # A manifest written before the delay existed: its watermark is the max event time.
+            prev_max = self.prev_meta.get("watermark_ms")
+        max_event = max(batch_max + ([prev_max] if prev_max is not None else []), default=None)
+        new_wm = next_watermark(self.prev_meta.get("watermark_ms"),
+                                max(batch_max) if batch_max else None, op.watermark_delay_ms)
         metrics: Dict[str, int] = {}
         for r in parts:
             for k, v in r["metrics"].items():
@@ -797,6 +824,7 @@ class PendingBatch:
             "processor": type(op.processor).__qualname__,
             "processor_config": self.processor_config,
             "input_watermark_ms": self.watermark, "watermark_ms": new_wm,
+            "max_event_ms": max_event, "watermark_delay_ms": op.watermark_delay_ms,
             "rows": rows, "output_rows": out_rows, "state_entries": entries,
             "state_bytes": sbytes, "checkpoint_bytes": ckpt_bytes, "metrics": metrics,
             "loads": loads, "final": self.is_flush,

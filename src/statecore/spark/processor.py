@@ -43,9 +43,11 @@ Contract for processors
   rows; its output replaces the earlier attempt's. A processor that is a deterministic function of
   (state, rows, watermark) therefore gives exactly-once state and output.
 * Watermark: ``ctx.watermark_ms`` is the largest event time (milliseconds since the epoch, UTC)
-  seen in EARLIER micro-batches (Spark's rule: a micro-batch never moves its own watermark), or
-  ``None`` before the first micro-batch with an event time. ``on_watermark`` is called only when
-  it is not ``None``.
+  seen in EARLIER micro-batches minus the operator's ``watermark_delay`` (Spark's rules: a
+  micro-batch never moves its own watermark, and ``withWatermark``'s delay), never lower than
+  the previous micro-batch's, or ``None`` before the first micro-batch with an event time.
+  ``on_watermark`` is called only when it is not ``None``. Late rows (event time below the
+  watermark) are not dropped: the processor decides what to do with them.
 * Configuration: ``config()`` returns JSON-able settings that give the state its meaning (a
   window size, a gap); a checkpoint cannot be continued with different ones.
 * Counters: ``ctx.metrics[name] += n`` (ints) are summed over partitions and stored in the
