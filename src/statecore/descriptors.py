@@ -363,9 +363,11 @@ class ReducingStateDescriptor(StateDescriptor):
 
 
 class AggregateFunction:
-    """Flink ``AggregateFunction``: subclass and implement the three methods.
+    """Flink ``AggregateFunction``: subclass and implement the three methods, and ``merge``
+    for merging windows.
 
-    ``create_accumulator() -> acc``; ``add(value, acc) -> acc``; ``get_result(acc) -> result``.
+    ``create_accumulator() -> acc``; ``add(value, acc) -> acc``; ``get_result(acc) -> result``;
+    optionally ``merge(a, b) -> acc``, which ``AggregatingState.merge_namespaces`` needs.
     The accumulator is stored with the descriptor's ``accumulator_type`` serializer.
     """
 
@@ -384,6 +386,15 @@ class AggregateFunction:
         """What reads return for ``accumulator`` (Flink ``getResult``): ``get()``, and the rows
         of ``add_batch``/``get_batch`` (of the descriptor's ``result_type``). The base class
         raises NotImplementedError."""
+        raise NotImplementedError
+
+    def merge(self, a, b):
+        """One accumulator holding what the accumulators ``a`` and ``b`` hold (Flink
+        ``merge``); may modify ``a`` in place and return it. Only
+        ``AggregatingState.merge_namespaces`` (merging windows) calls it, with ``a`` the
+        accumulator merged so far (the target's when it has one); a function that does not
+        override it cannot merge namespaces (InvalidInputError there). The base class raises
+        NotImplementedError."""
         raise NotImplementedError
 
 

@@ -18,6 +18,8 @@ Common rules (both backends):
 * Every state object has its own current namespace (``set_current_namespace``). States of
   namespace type ``void`` use the VoidNamespace (None) and accept only None; for the other
   namespace types (int32, int64, string, binary) a namespace must be set before use.
+  Reducing, aggregating and list states merge namespaces of the current key
+  (``merge_namespaces(target, sources)``, Flink ``InternalMergingState``) for merging windows.
 * Per-record reads: ``ValueState.value()`` returns a copy of the descriptor default when absent;
   ``ListState.get()`` returns ``[]``; ``MapState.get(uk)`` returns None for an absent user key;
   ``ReducingState.get()``/``AggregatingState.get()`` return None when absent.
@@ -788,6 +790,15 @@ class ListState(State):
         """Replace the list by the elements of ``values`` (Flink ``update``); empty clears.
         Errors as :meth:`add_all`."""
 
+    @abc.abstractmethod
+    def merge_namespaces(self, target, sources) -> None:
+        """Merge the lists of namespaces ``sources`` into namespace ``target``, for the current
+        key (Flink ``InternalMergingState.mergeNamespaces``, merging windows): the target's
+        elements first, then each source's in the order of ``sources``; the sources are
+        removed. Otherwise as :meth:`ReducingState.merge_namespaces` (with TTL expired elements
+        are dropped and every element of the merged list is stamped with the time of the
+        merge)."""
+
 
 class MapState(State):
     """A map of user keys to user values per key and namespace (Flink ``MapState``).
@@ -897,6 +908,22 @@ class ReducingState(State):
         type's Arrow type (``count``: int64), null where absent."""
 
     @abc.abstractmethod
+    def merge_namespaces(self, target, sources) -> None:
+        """Merge the aggregates of namespaces ``sources`` into namespace ``target``, for the
+        current key (Flink ``InternalMergingState.mergeNamespaces``, as its heap backend's
+        ``AbstractHeapMergingState``; merging windows): the sources' aggregates are removed
+        and folded in the order of ``sources``, then folded into the target's (the target's
+        first; ``count`` adds counts). A source equal to the target, repeated or absent adds
+        nothing; when no source holds a value the target is not written. ``sources``: an
+        iterable of namespaces (not a str or bytes).
+
+        With TTL an expired source counts as absent (and is removed), an expired target too;
+        the merged target is a write, stamped with the current time. InvalidInputError, with
+        nothing changed, for a ``void`` namespace state (nothing to merge), a target or source
+        not of the namespace type (as :meth:`set_current_namespace`), no current key, or a
+        failing reducer (e.g. an int64 ``sum`` overflow); StateError once closed."""
+
+    @abc.abstractmethod
     def add_batch(self, keys, values, namespaces=None) -> pa.Array:
         """``add(values[i])`` for each row's key and namespace (``count``: ``values`` of any
         Arrow type, only validity counts); returns the running aggregate after each row, a
@@ -940,6 +967,16 @@ class AggregatingState(State):
     @abc.abstractmethod
     def get_batch(self, keys, namespaces=None) -> pa.Array:
         """``get()`` for each row's key and namespace, as :meth:`add_batch` returns results."""
+
+    @abc.abstractmethod
+    def merge_namespaces(self, target, sources) -> None:
+        """Merge the accumulators of namespaces ``sources`` into namespace ``target``, for the
+        current key (Flink ``InternalMergingState.mergeNamespaces``, merging windows), with
+        the function's ``merge(a, b)`` (:meth:`statecore.descriptors.AggregateFunction.merge`):
+        the sources' accumulators merged in the order of ``sources``, then the target's merged
+        with that (``merge(target, merged sources)``). Otherwise as
+        :meth:`ReducingState.merge_namespaces`; InvalidInputError, with nothing changed, too
+        when the function does not implement ``merge`` or it fails."""
 
     @abc.abstractmethod
     def clear_batch(self, keys, namespaces=None) -> None:

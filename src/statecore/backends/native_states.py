@@ -254,12 +254,30 @@ class NativeState(states.TableState):
             # Equal canonical namespaces of one type serialize alike: the cached slot holds
             # (operators often set the same namespace for every record).
             return
+        self._ns_part = self._encoded_namespace(self._namespace)
+        self._ck = _STALE
+
+    def _encoded_namespace(self, namespace) -> bytes:
+        """The part of the encoded key after the key for ``namespace`` (canonical): ser(namespace)
+        [| len bytes] (void: 00)."""
         kt = self.namespace_serializer.key_type  # None for void
-        ns = b"\x00" if kt is None else kt.serialize_checked(self._namespace)
+        ns = b"\x00" if kt is None else kt.serialize_checked(namespace)
         if self._ambiguous:
             ns += S.len_bytes(len(ns))
-        self._ns_part = ns
-        self._ck = _STALE
+        return ns
+
+    def _encoded_key(self, ck: bytes, ns_part: bytes) -> bytes:
+        """The encoded key of the backend's encoded current key ``ck`` in the namespace of
+        ``ns_part`` (:meth:`_encoded_namespace`); docs/formats.md "Encoded key"."""
+        if self._ambiguous:
+            return ck + S.len_bytes(len(ck) - self.backend.key_prefix_width) + ns_part
+        return ck + ns_part
+
+    def _namespace_slot(self, namespace):
+        b = self.backend
+        b.check_open()
+        _, kg = b.require_current_key()
+        return kg, self._encoded_key(b.encoded_current_key, self._encoded_namespace(namespace))
 
     def _slot(self):
         if self._row_slot is not None:
@@ -271,11 +289,7 @@ class NativeState(states.TableState):
         _, kg = b.require_current_key()
         self.require_current_namespace()
         ck = b.encoded_current_key
-        if self._ambiguous:
-            e = ck + S.len_bytes(len(ck) - b.key_prefix_width) + self._ns_part
-        else:
-            e = ck + self._ns_part
-        self._cslot = (kg, e)
+        self._cslot = (kg, self._encoded_key(ck, self._ns_part))
         self._ck = ck
         return self._cslot
 

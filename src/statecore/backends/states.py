@@ -38,6 +38,7 @@ from statecore.arrow_input import (
     coerce_value_array,
 )
 from statecore.backends import base
+from statecore.descriptors import AggregateFunction
 from statecore.errors import InvalidInputError
 from statecore.key_groups import KeyGroupRange
 
@@ -46,6 +47,7 @@ __all__ = [
     "from_stored",
     "StateTable",
     "TableState",
+    "TableMergingState",
     "TableValueState",
     "TableListState",
     "TableMapState",
@@ -165,7 +167,8 @@ class TableState:
     (:class:`statecore.backends.table_backend.TableBackend` lists the whole seam).
 
     Subclasses in other modules may override :meth:`_slot` (the native states cache the encoded
-    key; TTL states count an access first) and use :meth:`_apply_rows` and ``_row_slot``.
+    key; TTL states count an access first) and :meth:`_namespace_slot` (the native states encode
+    the key), and use :meth:`_apply_rows` and ``_row_slot``.
     """
 
     # The slot of the batch row being applied (see _apply_rows), else None: per-record code then
@@ -187,6 +190,15 @@ class TableState:
         self.backend.check_open()
         key, kg = self.backend.require_current_key()
         return kg, (key, self.require_current_namespace())
+
+    def _namespace_slot(self, namespace):
+        """``(key group, k)`` of the current key in ``namespace`` (canonical, of the state's
+        namespace type): the slot :meth:`_slot` gives while ``namespace`` is the current one,
+        whatever the current namespace is. StateError when the backend is closed,
+        InvalidInputError without a current key."""
+        self.backend.check_open()
+        key, kg = self.backend.require_current_key()
+        return kg, (key, namespace)
 
     def _apply_rows(self, keys, namespaces, fn, *columns) -> list:
         """``[fn(*row) for each row]``, ``row`` = the row's items of ``columns``, with the row's
@@ -258,7 +270,92 @@ class TableValueState(TableState, base.ValueState):
                 self.table.put(kg, k, to_stored(self.serializer, v))
 
 
-class TableListState(TableState, base.ListState):
+class TableMergingState:
+    """``merge_namespaces`` of the merging states (reducing, aggregating, list) over a table,
+    after Flink's ``AbstractHeapMergingState.mergeNamespaces``: the sources of the current key
+    are read and removed, their values combined in the order of ``sources``, and the result
+    combined into the target (target first). Everything is validated and combined before the
+    table changes, so an error leaves the state as it was.
+
+    Hooks of the kinds (and of their TTL variants, :mod:`statecore.backends.ttl_states`), all
+    on stored forms: :meth:`_merge_check` (what the state needs before merging),
+    :meth:`_merge_read` (a slot's stored form as merging sees it), :meth:`_merge_combine` (two
+    present stored forms into one) and :meth:`_merge_write`.
+    """
+
+    def merge_namespaces(self, target, sources) -> None:
+        """:meth:`statecore.backends.base.ReducingState.merge_namespaces` (and its list and
+        aggregating forms)."""
+        tslot, slots = self._merge_slots(target, sources)
+        merged, found, expired = None, [], 0
+        for slot in slots:
+            v, n = self._merge_read(slot)
+            expired += n
+            if v is not None or n:
+                found.append(slot)
+            if v is not None:
+                merged = v if merged is None else self._merge_combine(merged, v)
+        if merged is not None:
+            t, n = self._merge_read(tslot)
+            expired += n
+            if t is not None:
+                merged = self._merge_combine(t, merged)
+        for kg, k in found:
+            self.table.remove(kg, k)
+        if merged is not None:
+            self._merge_write(tslot, merged)
+        if expired:
+            self.backend.count_expired("read", expired)
+
+    def _merge_slots(self, target, sources):
+        """``(target slot, source slots)`` of the current key: the sources in the order of
+        ``sources``, without repetitions and without the target. InvalidInputError for a void
+        namespace state, a ``sources`` that is no iterable of namespaces (a str or bytes
+        included) and a namespace not of the namespace type; what :meth:`_merge_check` and
+        :meth:`TableState._namespace_slot` raise."""
+        if self.namespace_type == "void":
+            raise InvalidInputError(
+                f"state {self.name!r} has the void namespace: merge_namespaces needs a state "
+                "with a namespace type (there is nothing to merge)")
+        if (sources is None or isinstance(sources, (str, bytes, bytearray, memoryview))
+                or not hasattr(sources, "__iter__")):
+            raise InvalidInputError(
+                "merge_namespaces: sources must be an iterable of namespaces, got "
+                f"{type(sources).__name__}")
+        check = self.namespace_serializer.check
+        try:
+            t = check(target)
+            srcs = [check(ns) for ns in sources]
+        except InvalidInputError as e:
+            raise InvalidInputError(
+                f"merge_namespaces on {self.name!r} (namespace type {self.namespace_type}): "
+                f"{e}") from e
+        self._merge_check()
+        tslot = self._namespace_slot(t)
+        slots = []
+        for ns in srcs:
+            slot = self._namespace_slot(ns)
+            if slot != tslot and slot not in slots:
+                slots.append(slot)
+        return tslot, slots
+
+    def _merge_check(self) -> None:
+        """Raise when the state cannot merge (the aggregating state's function has no merge)."""
+
+    def _merge_read(self, slot):
+        """``(stored form or None, expired things found)`` of ``slot`` for merging."""
+        return self.table.get(*slot), 0
+
+    def _merge_write(self, slot, merged) -> None:
+        self.table.put(*slot, merged)
+
+    def _merge_combine(self, a, b):
+        """The stored form combining the present stored forms ``a`` (merged so far, or the
+        target's) and ``b``."""
+        raise NotImplementedError
+
+
+class TableListState(TableMergingState, TableState, base.ListState):
     """ListState over a table: a Python list of stored elements per slot (absent when empty);
     every write replaces the slot's list, so a snapshot never sees a half-done change."""
 
@@ -329,6 +426,9 @@ class TableListState(TableState, base.ListState):
     def get_batch(self, keys, namespaces=None) -> pa.Array:
         t = self.batch_arrow_type("get_batch")
         return pa.array(self._apply_rows(keys, namespaces, self.get), pa.list_(t))
+
+    def _merge_combine(self, a, b):
+        return a + b
 
 
 class TableMapState(TableState, base.MapState):
@@ -433,7 +533,7 @@ class TableMapState(TableState, base.MapState):
         self._apply_rows(arr, namespaces, self.remove, uks)
 
 
-class TableReducingState(TableState, base.ReducingState):
+class TableReducingState(TableMergingState, TableState, base.ReducingState):
     """ReducingState over a table: the stored aggregate per slot, folded with the descriptor's
     :class:`statecore.descriptors.Reducer`."""
 
@@ -453,6 +553,19 @@ class TableReducingState(TableState, base.ReducingState):
             raise
         except Exception as e:
             raise InvalidInputError(f"reducer {r.name!r} failed on {v!r}: {e}") from e
+        return to_stored(self.serializer, new)
+
+    def _merge_combine(self, a, b):
+        # Two aggregates: count adds its counts; every other reducer folds b into a as a value.
+        r = self.descriptor.reducer
+        x, y = from_stored(self.serializer, a), from_stored(self.serializer, b)
+        try:
+            new = x + y if r.name == "count" else r.add(x, y)
+        except InvalidInputError:
+            raise
+        except Exception as e:
+            raise InvalidInputError(
+                f"reducer {r.name!r} failed merging {x!r} and {y!r}: {e}") from e
         return to_stored(self.serializer, new)
 
     def add(self, value) -> None:
@@ -530,7 +643,7 @@ def fold_rounds(slots: list, vals: list, reducer, ser, acc_of):
     return staged, out
 
 
-class TableAggregatingState(TableState, base.AggregatingState):
+class TableAggregatingState(TableMergingState, TableState, base.AggregatingState):
     """AggregatingState over a table: the stored accumulator of the descriptor's
     AggregateFunction per slot; reads return ``get_result`` of it."""
 
@@ -549,6 +662,26 @@ class TableAggregatingState(TableState, base.AggregatingState):
         s = self.table.get(kg, k)
         acc = fn.create_accumulator() if s is None else from_stored(self.serializer, s)
         self.table.put(kg, k, to_stored(self.serializer, fn.add(value, acc)))
+
+    def _merge_check(self) -> None:
+        fn = self.descriptor.aggregate_function
+        if (not callable(getattr(fn, "merge", None))
+                or getattr(type(fn), "merge", None) is AggregateFunction.merge):
+            raise InvalidInputError(
+                f"aggregating state {self.name!r}: merge_namespaces needs the aggregate "
+                f"function's merge(a, b) (AggregateFunction.merge), which "
+                f"{type(fn).__qualname__} does not implement")
+
+    def _merge_combine(self, a, b):
+        fn = self.descriptor.aggregate_function
+        try:
+            acc = fn.merge(from_stored(self.serializer, a), from_stored(self.serializer, b))
+        except InvalidInputError:
+            raise
+        except Exception as e:
+            raise InvalidInputError(
+                f"aggregate function of {self.name!r} failed in merge: {e}") from e
+        return to_stored(self.serializer, acc)
 
     def _results(self, out: list) -> pa.Array:
         t = self.descriptor.result_type

@@ -17,6 +17,9 @@ last-access time in milliseconds (``backend.ttl_now(config)``). The rules (Flink
   ``TtlReduceFunction``/``TtlAggregateFunction``: expired = absent, whatever the visibility);
 * list ``add`` appends without looking at older elements; ``get`` returns the unexpired ones (all
   under ``ReturnExpiredIfNotCleanedUp``) and writes back only the unexpired ones;
+* ``merge_namespaces`` (reducing, aggregating, list) is a write: expired source values (list
+  elements) count as absent and are removed with the sources, an expired target as absent;
+  the merged target is stamped with ``now`` (a list: every element); one state access;
 * batch calls behave as the same rows one at a time (the native backend runs value/reducing,
   list and map batch calls as C++ kernels with exactly these semantics,
   :mod:`statecore.backends.native`; tests/test_ttl_batch.py and
@@ -107,6 +110,30 @@ class TtlState:
         return s
 
 
+class _TtlMerging(TtlState):
+    """merge_namespaces hooks (:class:`~statecore.backends.states.TableMergingState`) of the
+    TTL merging states: one state access per merge; an expired value is absent, the merged one
+    stamped with ``now`` (:class:`TtlListState` reads and stamps per element)."""
+
+    def _merge_slots(self, target, sources):
+        slots = super()._merge_slots(target, sources)
+        if self.ttl_config.cleanup_size:
+            self.backend.ttl_state_accessed(self.table, self.ttl_config)
+        return slots
+
+    def _merge_read(self, slot):
+        cur = self.table.get(*slot)
+        if cur is None:
+            return None, 0
+        s, ts = cur
+        if self._expired(ts, self._now()):
+            return None, 1
+        return s, 0
+
+    def _merge_write(self, slot, merged) -> None:
+        self.table.put(*slot, (merged, self._now()))
+
+
 class TtlValueLike(TtlState):
     """get_batch of value and reducing state: each row reads as ``value()``/``get()`` does."""
 
@@ -144,7 +171,7 @@ class TtlValueState(TtlValueLike, TableValueState):
                 self.table.put(kg, k, (to_stored(self.serializer, v), now))
 
 
-class TtlReducingState(TtlValueLike, TableReducingState):
+class TtlReducingState(_TtlMerging, TtlValueLike, TableReducingState):
     """ReducingState with TTL (Flink ``TtlReducingState``): an expired aggregate is absent for
     ``add``."""
 
@@ -190,7 +217,7 @@ class TtlReducingState(TtlValueLike, TableReducingState):
         return staged, out
 
 
-class TtlAggregatingState(TtlState, TableAggregatingState):
+class TtlAggregatingState(_TtlMerging, TableAggregatingState):
     """AggregatingState with TTL (Flink ``TtlAggregatingState``): an expired accumulator is
     absent for ``add``."""
 
@@ -222,8 +249,20 @@ class TtlAggregatingState(TtlState, TableAggregatingState):
         return results
 
 
-class TtlListState(TtlState, TableListState):
+class TtlListState(_TtlMerging, TableListState):
     """ListState with TTL (Flink ``TtlListState``): one timestamp per element."""
+
+    def _merge_read(self, slot):
+        cur = self.table.get(*slot)
+        if not cur:
+            return None, 0
+        now = self._now()
+        live = [s for s, ts in cur if not self._expired(ts, now)]
+        return live or None, len(cur) - len(live)
+
+    def _merge_write(self, slot, merged) -> None:
+        now = self._now()
+        self.table.put(*slot, [(s, now) for s in merged])
 
     def get(self) -> list:
         kg, k = self._slot()

@@ -34,6 +34,7 @@ from statecore.testing.helpers import (
 from statecore.testing.incremental import IncrementalSnapshotConformance
 from statecore.testing.key_types import KeyTypeConformance
 from statecore.testing.lifecycle import LifecycleConformance
+from statecore.testing.merging import MergingConformance
 from statecore.testing.namespace_batches import NamespaceBatchConformance
 from statecore.testing.namespaces import NamespaceConformance
 from statecore.testing.reducing import ReducingConformance
@@ -60,6 +61,7 @@ class BackendConformance(
     TimerConformance,
     ArrowInputConformance,
     BatchConformance,
+    MergingConformance,
     NamespaceConformance,
     ReducingConformance,
     CollectionStateConformance,
@@ -78,7 +80,8 @@ class BackendConformance(
     (``collection_batches``), value types (``value_types``), key types and current-key
     validation (``key_types``), value state (``value_state``), list and map state
     (``collection_state``), reducing and aggregating state (``reducing``), namespaces and state
-    registration (``namespaces``), the batch API (``batches``), Arrow input forms
+    registration (``namespaces``), namespace merging for merging windows (``merging``:
+    ``merge_namespaces``), the batch API (``batches``), Arrow input forms
     (``arrow_inputs``), timers (``timers``), snapshots and restores (``snapshots``), closing
     (``lifecycle``), current key and namespace caching (``current_key``), incremental snapshots
     (``incremental``), TTL rules (``ttl_state``), one-call checkpoints (``checkpointing``),
