@@ -28,6 +28,8 @@ def _write(root, kind="python"):
         lst.add_all([k.lower(), "x"])
         m.put("k", {"i": i})
         b.timers.register_event_time_timer(1000 + i)
+    b.set_current_key("N1")
+    b.timers.register_processing_time_timer(7)
     store = CheckpointStore(root)
     store.commit(1, [store.write_snapshot(b.snapshot(), 1)])
     return store
@@ -42,7 +44,7 @@ def test_inspect_summary_entries_and_parquet(tmp_path, capsys, kind):
     assert main(["inspect", str(tmp_path), "--entries", "20"]) == 0
     out = capsys.readouterr().out
     assert "versions retained  1" in out
-    for name, n in [("count", 3), ("seen", 3), ("attrs", 3), ("__timers__", 3)]:
+    for name, n in [("count", 3), ("seen", 3), ("attrs", 3), ("__timers__", 4)]:
         assert any(line.split()[:3] == ["state", name, str(n)]
                    for line in out.splitlines()), (name, out)
     assert "key='N2'" in out and "value=11" in out and '["n2", "x"]' in out
@@ -53,7 +55,8 @@ def test_inspect_summary_entries_and_parquet(tmp_path, capsys, kind):
     counts = {(r["state"], r["key"]): r["value"] for r in t}
     assert counts[("count", "N3")] == "12"
     assert counts[("attrs", "N1")] == '{"\'k\'": {"i": 0}}'
-    assert sorted(r["value"] for r in t if r["state"] == "__timers__") == ["1000", "1001", "1002"]
+    assert sorted(r["value"] for r in t if r["state"] == "__timers__") == [
+        "1000", "1001", "1002", '{"processing_time": 7}']
 
 
 def test_inspect_verify_reports_corruption(tmp_path, capsys):

@@ -181,6 +181,16 @@ def test_timer_keys_round_trip_and_order(t1, t2, kt, data):
     if t1 < t2:
         assert a < b
     assert a[1:9] == ((t1 + (1 << 63)) % (1 << 64)).to_bytes(8, "big")
+    # A processing-time timer's key is the event-time key plus the marker byte; event-time keys
+    # (and so checkpoints written before processing-time timers) decode as event time.
+    p = S.encode_timer_key(5, 128, t1, key, kt, 3, "int64", processing_time=True)
+    assert p == a + S.PROCESSING_TIME_MARKER
+    assert S.decode_timer_key(p, 128, kt, "int64", with_domain=True) == (5, t1, key, 3, True)
+    assert S.decode_timer_key(a, 128, kt, "int64", with_domain=True) == (5, t1, key, 3, False)
+    with pytest.raises(InvalidInputError):
+        S.decode_timer_key(p, 128, kt, "int64")  # a caller unaware of domains is not misled
+    with pytest.raises(InvalidInputError):
+        S.decode_timer_key(p + b"\x01", 128, kt, "int64", with_domain=True)
 
 
 def test_special_floats():

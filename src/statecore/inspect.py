@@ -129,7 +129,8 @@ def entries_table(root: str, version: Optional[int] = None,
     """The entries of ``version`` (default: latest) as an Arrow table with columns ``state``
     (string), ``key_group`` (int32), ``key`` (the checkpoint's key type), ``namespace`` and
     ``value`` (JSON text; lists, maps and pickled objects rendered as JSON, ``repr`` where JSON
-    has no form); timers appear as state ``__timers__`` with the timestamp (ms) as value.
+    has no form); timers appear as state ``__timers__`` with the timestamp (ms) as value for an
+    event-time timer, ``{"processing_time": ts}`` for a processing-time timer.
     ``limit`` caps the rows. Errors as CheckpointStore.restore."""
     store = CheckpointStore(root)
     v = store.latest_version() if version is None else version
@@ -167,6 +168,11 @@ def entries_table(root: str, version: Optional[int] = None,
     if not done:
         for kg, ts, key, ns in backend.timers.all_timers():
             if add("__timers__", kg, key, ns, ts):
+                done = True
+                break
+    if not done:
+        for kg, ts, key, ns in backend.timers.all_processing_time_timers():
+            if add("__timers__", kg, key, ns, {"processing_time": ts}):
                 break
     key_type = key_types.key_type(m["key_type"]).arrow_type
     return pa.table({"state": pa.array(rows["state"], pa.string()),

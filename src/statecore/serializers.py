@@ -58,6 +58,7 @@ __all__ = [
     "decode_map",
     "encode_timer_key",
     "decode_timer_key",
+    "PROCESSING_TIME_MARKER",
 ]
 
 #: Key serializers: every key type (statecore.key_types; timestamp[u], fixed_size_binary[N] and
@@ -339,11 +340,17 @@ def decode_map(blob, user_key_ser, user_value_ser, raw: bool = False) -> list:
 
 # --------------------------------------------------------------------------- timers
 
+#: Last byte of the key of a processing-time timer; an event-time timer key has no marker, so
+#: keys written before processing-time timers existed read as event time.
+PROCESSING_TIME_MARKER = b"\x01"
+
+
 def encode_timer_key(key_group: int, max_parallelism: int, timestamp: int, key, key_ser,
-                     namespace, ns_ser) -> bytes:
+                     namespace, ns_ser, processing_time: bool = False) -> bytes:
     """Timer key of a timer at ``timestamp`` (ms) (docs/formats.md "Values", timers): sorting
-    encoded timer keys orders them by timestamp within a key group. InvalidInputError for a
-    timestamp that is not an int64, or as :func:`encode_key`."""
+    encoded timer keys orders them by timestamp within a key group. ``processing_time``: a
+    processing-time timer (key ends with :data:`PROCESSING_TIME_MARKER`), else event time.
+    InvalidInputError for a timestamp that is not an int64, or as :func:`encode_key`."""
     if isinstance(timestamp, (bool, np.bool_)) or not isinstance(timestamp, (int, np.integer)):
         raise InvalidInputError(f"timer timestamp must be an int (ms), got {timestamp!r}")
     ts = int(timestamp)
@@ -354,11 +361,15 @@ def encode_timer_key(key_group: int, max_parallelism: int, timestamp: int, key, 
         ((ts + (1 << 63)) & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "big"),
         key_serializer(key_ser).serialize(key),
         key_serializer(ns_ser).serialize(namespace),
+        PROCESSING_TIME_MARKER if processing_time else b"",
     ))
 
 
-def decode_timer_key(data, max_parallelism: int, key_ser, ns_ser):
-    """Inverse of :func:`encode_timer_key`: ``(key_group, timestamp, key, namespace)``."""
+def decode_timer_key(data, max_parallelism: int, key_ser, ns_ser, with_domain: bool = False):
+    """Inverse of :func:`encode_timer_key`: ``(key_group, timestamp, key, namespace)``, with
+    ``with_domain`` ``(key_group, timestamp, key, namespace, processing_time)``.
+    InvalidInputError for a malformed key, and without ``with_domain`` for the key of a
+    processing-time timer."""
     data = bytes(data)
     kg, pos = read_key_group_prefix(data, max_parallelism)
     if len(data) < pos + 8:
@@ -366,6 +377,11 @@ def decode_timer_key(data, max_parallelism: int, key_ser, ns_ser):
     ts = int.from_bytes(data[pos:pos + 8], "big") - (1 << 63)
     key, pos = key_serializer(key_ser).read(data, pos + 8)
     ns, pos = key_serializer(ns_ser).read(data, pos)
+    processing = data[pos:] == PROCESSING_TIME_MARKER
+    if processing and not with_domain:
+        raise InvalidInputError(f"timer key {data.hex()} is a processing-time timer's")
+    if processing:
+        pos += 1
     if pos != len(data):
         raise InvalidInputError(f"{len(data) - pos} trailing bytes in timer key {data.hex()}")
-    return kg, ts, key, ns
+    return (kg, ts, key, ns, processing) if with_domain else (kg, ts, key, ns)

@@ -600,6 +600,19 @@ class StatefulOperator:
 
     # ------------------------------------------------------------------------------ internals
 
+    def _processing_time(self, batch_id: int, prev_meta: Dict[str, Any]) -> int:
+        """The micro-batch's processing time (ms since the epoch): the one committed with
+        ``batch_id`` when this is a replay of a committed batch (so its processing-time timers
+        fire as they did), else the driver's wall clock, never below the previous version's."""
+        store = self.store
+        if batch_id in store.versions():
+            done = store.metadata(batch_id).get("processing_time_ms")
+            if done is not None:
+                return int(done)
+        now = time.time_ns() // 1_000_000
+        prev = prev_meta.get("processing_time_ms")
+        return now if prev is None else max(now, int(prev))
+
     def _control_rows(self, spark, n: int):
         """The DataFrame of the flush's ``n`` control rows (operator index ``i``, a null key of
         NullType), from one partition: they need no parallelism, and each source partition is
@@ -650,6 +663,7 @@ class StatefulOperator:
                     f"{processor_config} differs from the one the checkpoint was built with "
                     f"{prev_meta['processor_config']}; use a new checkpoint")
         watermark = None if is_flush else prev_meta.get("watermark_ms")
+        processing_time = self._processing_time(batch_id, prev_meta)
         attempt = uuid.uuid4().hex[:12]
 
         spec = TaskSpec(
@@ -665,7 +679,7 @@ class StatefulOperator:
             start_write=self._start_write, commit_timeout_s=self.commit_timeout_s,
             ttl_background_key_groups=self.ttl_background_key_groups,
             stale_copies=self.stale_copies, freeze_worker_gc=self.freeze_worker_gc,
-            standby=self.standby, handoff=self.handoff)
+            standby=self.standby, handoff=self.handoff, processing_time_ms=processing_time)
 
         if df is None:
             # The flush has no input: its control rows, one per partition, each carrying its
@@ -688,7 +702,7 @@ class StatefulOperator:
         t_action = time.perf_counter()
         self.sink(out, batch_id)
         pending = PendingBatch(self, batch_id, attempt, n, key_type, is_flush, prev_meta,
-                               watermark, processor_config, t0)
+                               watermark, processor_config, t0, processing_time_ms=processing_time)
         pending.phases = {"plan_s": t_action - t0, "action_s": time.perf_counter() - t_action}
         return pending
 
@@ -707,8 +721,9 @@ class PendingBatch:
 
     def __init__(self, op: StatefulOperator, batch_id: int, attempt: str, num_partitions: int,
                  key_type: str, is_flush: bool, prev_meta: Dict[str, Any], watermark: Optional[int],
-                 processor_config: Any, t0: float):
+                 processor_config: Any, t0: float, processing_time_ms: Optional[int] = None):
         self.op = op
+        self.processing_time_ms = processing_time_ms
         self.batch_id = batch_id
         self.attempt = attempt
         self.num_partitions = num_partitions
@@ -824,6 +839,7 @@ class PendingBatch:
             "processor": type(op.processor).__qualname__,
             "processor_config": self.processor_config,
             "input_watermark_ms": self.watermark, "watermark_ms": new_wm,
+            "processing_time_ms": self.processing_time_ms,
             "max_event_ms": max_event, "watermark_delay_ms": op.watermark_delay_ms,
             "rows": rows, "output_rows": out_rows, "state_entries": entries,
             "state_bytes": sbytes, "checkpoint_bytes": ckpt_bytes, "metrics": metrics,

@@ -10,10 +10,11 @@ backend, and then, once per partition and micro-batch, calls on the processor::
     process_batch(batch, ctx)  -> batches  # all input rows routed to this partition (if any);
                                            # with chunked_input once per input chunk
     on_watermark(ctx, wm_ms)   -> batches  # after the input, when a watermark is known
+    on_processing_time(ctx, pt_ms) -> batches  # then, with the micro-batch's processing time
     flush(ctx)                 -> batches  # only in the end-of-input flush, instead of the above
 
 and finally snapshots the backend as version ``batch_id``. Every partition runs every micro-batch,
-even one without input rows, so event-time timers fire on time.
+even one without input rows, so event-time and processing-time timers fire on time.
 
 Contract for processors
 -----------------------
@@ -41,13 +42,19 @@ Contract for processors
   safe, otherwise :class:`statecore.errors.InvalidInputError` fails the micro-batch).
 * Determinism: a replayed micro-batch restores version ``batch_id - 1`` and runs again on the same
   rows; its output replaces the earlier attempt's. A processor that is a deterministic function of
-  (state, rows, watermark) therefore gives exactly-once state and output.
+  (state, rows, watermark, processing time) therefore gives exactly-once state and output.
 * Watermark: ``ctx.watermark_ms`` is the largest event time (milliseconds since the epoch, UTC)
   seen in EARLIER micro-batches minus the operator's ``watermark_delay`` (Spark's rules: a
   micro-batch never moves its own watermark, and ``withWatermark``'s delay), never lower than
   the previous micro-batch's, or ``None`` before the first micro-batch with an event time.
   ``on_watermark`` is called only when it is not ``None``. Late rows (event time below the
   watermark) are not dropped: the processor decides what to do with them.
+* Processing time: ``ctx.processing_time_ms`` is the micro-batch's processing time, the
+  driver's wall clock (ms since the epoch, UTC) when it started the micro-batch, never lower
+  than the previous micro-batch's; a replay of a committed batch id runs with the processing
+  time recorded in its version (``processing_time_ms`` in the metadata), so processing-time
+  timers fire in the same micro-batch again. ``on_processing_time`` is called with it in every
+  micro-batch (not in the flush); fire processing-time timers there.
 * Configuration: ``config()`` returns JSON-able settings that give the state its meaning (a
   window size, a gap); a checkpoint cannot be continued with different ones.
 * Counters: ``ctx.metrics[name] += n`` (ints) are summed over partitions and stored in the
@@ -86,6 +93,9 @@ class ProcessorContext:
         watermark_ms: event-time watermark (ms since the epoch, UTC) or None; see module doc.
         is_flush: True only during the end-of-input flush.
         metrics: int counters summed over partitions into the version's metadata.
+        processing_time_ms: the micro-batch's processing time (ms since the epoch, UTC), the
+            same in every partition and in a replay; see module doc. None only for a context
+            built outside the operator.
     """
 
     backend: Any
@@ -100,6 +110,7 @@ class ProcessorContext:
     is_flush: bool = False
     metrics: Dict[str, int] = field(default_factory=lambda: defaultdict(int))
     key_columns: Tuple[str, ...] = ()
+    processing_time_ms: Optional[int] = None
 
     def __post_init__(self) -> None:
         if not self.key_columns:
@@ -156,6 +167,14 @@ class KeyedProcessor:
     def on_watermark(self, ctx: ProcessorContext, watermark_ms: int) -> Iterable[pa.RecordBatch]:
         """Called after ``process_batch`` with the watermark (ms); fire event-time timers here,
         typically through ``ctx.backend.timers.advance_watermark(...)``."""
+        return ()
+
+    def on_processing_time(self, ctx: ProcessorContext,
+                           processing_time_ms: int) -> Iterable[pa.RecordBatch]:
+        """Called after ``process_batch`` and ``on_watermark`` with the micro-batch's processing
+        time (ms, ``ctx.processing_time_ms``) in every micro-batch except the flush; fire
+        processing-time timers here, typically through
+        ``ctx.backend.timers.advance_processing_time(processing_time_ms)``."""
         return ()
 
     def flush(self, ctx: ProcessorContext) -> Iterable[pa.RecordBatch]:

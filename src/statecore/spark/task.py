@@ -137,8 +137,10 @@ class TaskSpec:
     1``, None for the first), ``prev_attempt`` and ``prev_writers`` (the attempt id and the
     data files the driver committed for ``prev_version``: a cached backend serves only when it
     matches them), ``attempt`` (this attempt's id, part of the writer name
-    ``p<i>-<attempt>-t<task attempt>``), ``watermark_ms`` (ms, or None), ``is_flush`` (the
-    end-of-input flush), ``start_write`` (replaces :func:`start_snapshot_write`; tests).
+    ``p<i>-<attempt>-t<task attempt>``), ``watermark_ms`` (ms, or None),
+    ``processing_time_ms`` (the micro-batch's processing time, ms; None only in specs built
+    without one, which then skip ``on_processing_time``), ``is_flush`` (the end-of-input
+    flush), ``start_write`` (replaces :func:`start_snapshot_write`; tests).
 
     Errors raised in the task (which fails it, and with it the micro-batch): StateError outside
     a Spark task or for a partition id outside ``[0, num_partitions)``; InvalidInputError for a
@@ -169,6 +171,7 @@ class TaskSpec:
     freeze_worker_gc: bool = True
     standby: bool = True
     handoff: bool = False
+    processing_time_ms: Optional[int] = None
 
     @property
     def key_columns(self) -> tuple:
@@ -317,7 +320,8 @@ class TaskSpec:
             max_parallelism=self.max_parallelism, key_group_range=kg_range,
             key_column=(self.key_column if isinstance(self.key_column, str)
                         else list(self.key_column)),
-            watermark_ms=self.watermark_ms, is_flush=self.is_flush)
+            watermark_ms=self.watermark_ms, is_flush=self.is_flush,
+            processing_time_ms=self.processing_time_ms)
         writer = f"p{partition_id}-{self.attempt}-t{task_attempt}"
         restoring = None
         load_cpu = [0.0]  # CPU seconds of the load's thread (load_s is its wall time)
@@ -454,7 +458,8 @@ class TaskSpec:
     def _produce(self, ctx: ProcessorContext, inputs, seen: Dict[str, Any], chunked: bool):
         """The processor's checked output batches for this task: ``flush``, or ``process_batch``
         on the input rows -- all at once from the list ``inputs``, or with ``chunked`` once per
-        chunk of the iterator ``inputs`` -- and then ``on_watermark``; sets ``seen["rows"]``
+        chunk of the iterator ``inputs`` -- and then ``on_watermark`` and
+        ``on_processing_time``; sets ``seen["rows"]``
         (input rows) and ``seen["max_event_ms"]`` (max event time in ms, or None).
         InvalidInputError for a null key and for output not matching the output schema."""
         if self.is_flush:
@@ -483,6 +488,10 @@ class TaskSpec:
                 yield self._check_output(ob)
         if self.watermark_ms is not None:
             for ob in self.processor.on_watermark(ctx, self.watermark_ms) or ():
+                yield self._check_output(ob)
+        hook = getattr(self.processor, "on_processing_time", None)
+        if self.processing_time_ms is not None and hook is not None:
+            for ob in hook(ctx, self.processing_time_ms) or ():
                 yield self._check_output(ob)
 
     def _check_output(self, ob) -> pa.RecordBatch:

@@ -1,7 +1,9 @@
 """Timer part of the backend conformance suite (mixed into
-:class:`statecore.testing.conformance.BackendConformance`): event-time timers per record and by
-batch -- registration (duplicates once), deletion, firing order (timestamp, then key group and
-encoded timer key), a watermark that never goes back, timestamp arrays in ms, and validation.
+:class:`statecore.testing.conformance.BackendConformance`): event-time and processing-time timers
+per record and by batch -- registration (duplicates once), deletion, firing order (timestamp,
+then key group and encoded timer key), times that never go back, the independence of the two
+domains, timestamp arrays in ms, validation, snapshot/restore and rescaling of both domains, and
+disposal.
 """
 
 from __future__ import annotations
@@ -11,14 +13,15 @@ import pytest
 
 from statecore import key_groups as K
 from statecore import serializers as S
-from statecore.errors import InvalidInputError
+from statecore.errors import InvalidInputError, StateError
 from statecore.testing.base import ConformanceBase
+from statecore.testing.helpers import snapshot_dump
 
 __all__ = ["TimerConformance"]
 
 
 class TimerConformance(ConformanceBase):
-    """Event-time timers of ``backend.timers``."""
+    """Event-time and processing-time timers of ``backend.timers``."""
 
     def test_timers(self):
         b = self.new_backend(timer_namespace_type="int64")
@@ -100,3 +103,135 @@ class TimerConformance(ConformanceBase):
         assert t.advance_watermark(30) == [(30, 1, None)]
         with pytest.raises(InvalidInputError):
             t.advance_watermark("x")
+
+    def test_processing_time_timers(self):
+        b = self.new_backend(timer_namespace_type="int64")
+        t = b.timers
+        assert t.current_processing_time == -(1 << 63)
+        for k in range(20):
+            b.set_current_key(k)
+            t.register_processing_time_timer(100, namespace=0)
+            t.register_processing_time_timer(100, namespace=0)  # duplicate: registered once
+            t.register_processing_time_timer(50 + k, namespace=1)
+            t.register_event_time_timer(50 + k, namespace=1)  # same time, the other domain
+        assert t.num_timers() == 60
+        b.set_current_key(3)
+        assert t.list_processing_time_timers() == [(53, 1), (100, 0)]
+        assert t.list_event_time_timers() == [(53, 1)]
+        t.delete_processing_time_timer(53, namespace=1)
+        t.delete_processing_time_timer(999, namespace=1)  # absent: no-op
+        assert t.list_event_time_timers() == [(53, 1)]  # the event-time twin stays
+        assert t.advance_processing_time(49) == []
+        fired = t.advance_processing_time(60)
+        assert fired == [(50 + k, k, 1) for k in range(11) if k != 3]
+        # The domains are independent: neither clock fires the other's timers.
+        assert t.current_watermark == -(1 << 63)
+        assert len(t.all_timers()) == 20
+        assert [ts for ts, _, _ in t.advance_watermark(52)] == [50, 51, 52]
+        assert t.current_processing_time == 60
+        fired = t.advance_processing_time(100)
+        assert [(ts, k) for ts, k, _ in fired[:9]] == [(50 + k, k) for k in range(11, 20)]
+        ties = fired[9:]
+
+        def tie_order(k):
+            kg = K.spark_key_group(k, "int64", 128)
+            return kg, S.encode_timer_key(kg, 128, 100, k, "int64", 0, "int64",
+                                          processing_time=True)
+
+        assert [k for _, k, _ in ties] == sorted(range(20), key=tie_order)
+        assert t.all_processing_time_timers() == []
+        assert t.num_timers() == 17  # event-time timers at 53..69
+        b.set_current_key(1)
+        t.register_processing_time_timer(-5, namespace=0)
+        # processing time never goes back: a lower value still fires what is behind 100
+        assert t.advance_processing_time(50) == [(-5, 1, 0)]
+        assert t.current_processing_time == 100
+        for bad in ["x", 1.5, None, True, 1 << 63]:
+            with pytest.raises(InvalidInputError):
+                t.advance_processing_time(bad)
+            with pytest.raises(InvalidInputError):
+                t.register_processing_time_timer(bad)
+        with pytest.raises(InvalidInputError):
+            t.register_processing_time_timer(1, namespace="a")  # int64 namespace
+        assert t.current_processing_time == 100 and t.num_timers() == 17
+
+    def test_processing_time_timer_batch_equals_the_rows_one_at_a_time(self):
+        batched = self.new_backend(timer_namespace_type="int64")
+        single = self.new_backend(timer_namespace_type="int64")
+        keys, ts, nss = [1, 2, 1, 3, 1], [100, 50, 100, 70, 40], [0, 0, 0, 1, 2]
+        bt = batched.timers
+        bt.register_batch(pa.array(keys, pa.int64()), pa.array(ts, pa.int64()),
+                          namespaces=pa.array(nss, pa.int64()), domain="processing_time")
+        bt.register_batch(pa.array([3]), pa.array([70]), namespaces=1)  # event time (default)
+        bt.delete_batch(pa.array([3]), pa.array([70]), namespaces=1, domain="processing_time")
+        for k, t, ns in zip(keys, ts, nss):
+            single.set_current_key(k)
+            single.timers.register_processing_time_timer(t, namespace=ns)
+        single.set_current_key(3)
+        single.timers.delete_processing_time_timer(70, namespace=1)
+        assert batched.current_key is None
+        assert bt.all_processing_time_timers() == single.timers.all_processing_time_timers()
+        assert bt.all_timers() == [(K.spark_key_group(3, "int64", 128), 70, 3, 1)]
+        assert bt.num_timers() == 4
+        for bad in ["processing", None, "EVENT_TIME"]:
+            with pytest.raises(InvalidInputError):
+                bt.register_batch(pa.array([9]), pa.array([1]), namespaces=0, domain=bad)
+            with pytest.raises(InvalidInputError):
+                bt.delete_batch(pa.array([3]), pa.array([70]), namespaces=1, domain=bad)
+        assert bt.num_timers() == 4
+
+    def test_processing_time_timers_snapshot_restore_and_rescale(self):
+        b = self.new_backend(timer_namespace_type="int64")
+        t = b.timers
+        for k in range(40):
+            b.set_current_key(k)
+            t.register_processing_time_timer(1000 + k, namespace=k % 3)
+            if k % 2:
+                t.register_event_time_timer(1000 + k, namespace=k % 3)
+        snap = b.snapshot()
+        # One pseudo-state holds both domains; a processing-time key is the event-time key of
+        # the same timer plus the marker byte, so event-time keys keep their earlier layout.
+        stored = {kb for rows in snapshot_dump(snap)["__timers__"].values() for kb, _ in rows}
+        assert len(stored) == 60
+        for k in range(40):
+            kg = K.spark_key_group(k, "int64", 128)
+            ev = S.encode_timer_key(kg, 128, 1000 + k, k, "int64", k % 3, "int64")
+            assert ev + S.PROCESSING_TIME_MARKER in stored
+            assert (ev in stored) == bool(k % 2)
+        whole = self.new_backend(timer_namespace_type="int64")
+        whole.restore(snap)
+        assert whole.timers.all_processing_time_timers() == t.all_processing_time_timers()
+        assert whole.timers.all_timers() == t.all_timers()
+        # Rescaled: each half of the key groups takes exactly its timers of both domains.
+        halves = [self.new_backend(timer_namespace_type="int64", key_group_range=r)
+                  for r in ((0, 63), (64, 127))]
+        for h in halves:
+            h.restore(snap)
+        for h, (lo, hi) in zip(halves, ((0, 63), (64, 127))):
+            assert h.timers.all_processing_time_timers() == [
+                x for x in t.all_processing_time_timers() if lo <= x[0] <= hi]
+            assert h.timers.all_timers() == [x for x in t.all_timers() if lo <= x[0] <= hi]
+        fired = sorted(x for h in halves for x in h.timers.advance_processing_time(1019))
+        assert fired == [(1000 + k, k, k % 3) for k in range(20)]
+        assert all(h.timers.advance_watermark(999) == [] for h in halves)
+        assert sum(h.timers.num_timers() for h in halves) == 40
+
+    def test_disposed_backend_rejects_processing_time_timer_calls(self):
+        b = self.new_backend(timer_namespace_type="int64")
+        t = b.timers
+        b.set_current_key(1)
+        t.register_processing_time_timer(10, namespace=0)
+        ints = pa.array([1, 2], pa.int64())
+        calls = [
+            lambda: t.register_processing_time_timer(20, namespace=0),
+            lambda: t.delete_processing_time_timer(10, namespace=0),
+            lambda: t.register_batch(ints, ints, 0, domain="processing_time"),
+            lambda: t.delete_batch(ints, ints, 0, domain="processing_time"),
+            t.list_processing_time_timers,
+            t.all_processing_time_timers,
+            lambda: t.advance_processing_time(100),
+        ]
+        b.dispose()
+        for call in calls:
+            with pytest.raises(StateError):
+                call()
