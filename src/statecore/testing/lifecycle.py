@@ -23,6 +23,18 @@ from statecore.testing.helpers import AverageAggregate
 __all__ = ["LifecycleConformance"]
 
 
+def _accepted(calls: dict) -> list:
+    """Names of the ``calls`` (name -> zero-argument callable) that did not raise StateError."""
+    accepted = []
+    for name, call in calls.items():
+        try:
+            call()
+        except StateError:
+            continue
+        accepted.append(name)
+    return accepted
+
+
 class LifecycleConformance(ConformanceBase):
     """``KeyedStateBackend.dispose`` / ``close`` and what a disposed backend refuses."""
 
@@ -55,13 +67,7 @@ class LifecycleConformance(ConformanceBase):
             "num_bytes": t.num_bytes,
         }
         b.dispose()
-        accepted = []
-        for name, call in calls.items():
-            try:
-                call()
-            except StateError:
-                continue
-            accepted.append(name)
+        accepted = _accepted(calls)
         assert not accepted, f"timer calls a disposed backend accepted: {accepted}"
 
     def test_close(self):
@@ -118,11 +124,5 @@ class LifecycleConformance(ConformanceBase):
             "aggregating.clear_batch": lambda: averaged.clear_batch(ints),
         }
         b.close()
-        accepted = []
-        for name, call in calls.items():
-            try:
-                call()
-            except StateError:
-                continue
-            accepted.append(name)
+        accepted = _accepted(calls)
         assert not accepted, f"batch calls a closed backend accepted: {accepted}"
