@@ -123,39 +123,21 @@ def test_incremental_bytes_follow_the_change_set(tmp_path, kind):
 
 
 class _FailingWrites(LocalDelegatingHandler):
-    """Local disk; the next output stream whose path contains ``fail`` raises OSError after
-    its first 64 bytes (a write that dies half way)."""
+    """Local disk; the next output stream whose path contains ``fail`` raises OSError once it
+    would pass its first 64 bytes (a write that dies half way)."""
 
     type_name = "failing-writes"
 
     def __init__(self):
         super().__init__()
         self.fail = None
+        self.doomed = None
 
-    def open_output_stream(self, path, metadata):
-        inner = self.fs.open_output_stream(path)
-        if self.fail is None or self.fail not in path:
-            return inner
-        self.fail = None
-        return pa.PythonFile(_DiesAfter(inner, 64), mode="w")
-
-
-class _DiesAfter:
-    def __init__(self, inner, limit):
-        self.inner, self.limit, self.written, self.closed = inner, limit, 0, False
-
-    def write(self, data):
-        if self.written + len(data) > self.limit:
+    def before_write(self, stream, data):
+        if self.fail is not None and self.fail in stream.path:
+            self.doomed, self.fail = stream, None
+        if stream is self.doomed and stream.written + len(data) > 64:
             raise OSError("injected: disk full")
-        self.written += len(data)
-        return self.inner.write(data)
-
-    def flush(self):
-        self.inner.flush()
-
-    def close(self):
-        self.closed = True
-        self.inner.close()
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -61,11 +61,12 @@ class LocalDelegatingHandler(pafs.FileSystemHandler):
     def open_output_stream(self, path, metadata):
         if type(self).before_write is LocalDelegatingHandler.before_write:
             return self.fs.open_output_stream(path)
-        return pa.PythonFile(_HookedOutput(self, self.fs.open_output_stream(path)), mode="w")
+        return pa.PythonFile(_HookedOutput(self, self.fs.open_output_stream(path), path), mode="w")
 
     def before_write(self, stream, data) -> None:
-        """Called before every write of ``data`` to an output stream (``stream.written``: bytes
-        it took so far); subclasses delay, block or raise."""
+        """Called before every write of ``data`` to an output stream (``stream.path``: the path
+        it was opened at; ``stream.written``: bytes it took so far); subclasses delay, block or
+        raise."""
 
     def open_append_stream(self, path, metadata):
         return self.fs.open_append_stream(path)
@@ -75,9 +76,10 @@ class _HookedOutput:
     """Output stream that calls ``handler.before_write(self, data)`` and then writes to
     ``inner``."""
 
-    def __init__(self, handler, inner):
+    def __init__(self, handler, inner, path):
         self.handler = handler
         self.inner = inner
+        self.path = path
         self.closed = False
         self.written = 0
 
