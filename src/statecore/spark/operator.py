@@ -8,12 +8,17 @@ runs in PySpark's Python workers, is :mod:`statecore.spark.task` (the ``mapInArr
 :mod:`statecore.spark.worker_cache` and :mod:`statecore.spark.handoff` (state kept in and moved
 between workers) and :mod:`statecore.spark.worker_gc` (worker process tuning).
 
+Each micro-batch and each flush produces one state version ``v``; for a micro-batch ``v`` is the
+Spark ``batch_id`` plus the offset of the current run (0 until a non-final flush;
+:mod:`statecore.spark.versions` places micro-batches and flushes and records the mapping in
+the version's metadata). Below, ``batch_id`` stands for ``v`` where versions are meant.
+
 Exactly-once contract kept by the driver: it commits version ``batch_id`` once, and only after
 the sink's action succeeded and every partition of this attempt pre-committed (recorded its
 pending descriptor); it commits before ``foreachBatch`` returns; and it never commits a
 version whose predecessor ``batch_id - 1`` is not the committed one the tasks loaded. Tasks
 only pre-commit; a replayed micro-batch reloads ``batch_id - 1`` and overwrites its own
-output.
+output (the sink is called with the version, which no other micro-batch or flush shares).
 
 One micro-batch (``StatefulOperator.__call__(df, batch_id)``, used as the ``foreachBatch``
 function, or called from one):
@@ -93,9 +98,13 @@ A micro-batch replayed after a failure restores ``batch_id - 1`` again and its s
 its own output, so state and output are exactly-once if the processor is deterministic and the
 sink is idempotent per batch id (the default sink overwrites ``OUTPUT/batch_id=N/``).
 
-End of input: :meth:`StatefulOperator.flush` runs one more version (``latest + 1``) in which
-every partition calls ``processor.flush``; it is committed with ``"final": true`` and a rerun is
-a no-op. A finalized checkpoint accepts no further micro-batches.
+Flushes: :meth:`StatefulOperator.flush` runs one more version (``latest + 1``) without input.
+The final one (the end of all input) calls ``processor.flush`` in every partition and is
+committed with ``"final": true``; a finalized checkpoint accepts no further micro-batches. A
+non-final one (``final=False``, the end of one run of a scheduled job) runs every partition as a
+micro-batch without rows (``on_watermark`` with the watermark the input so far allows, then
+``on_processing_time``) and keeps the checkpoint open for the next run. A rerun of either after
+its commit is a no-op.
 """
 
 from __future__ import annotations
@@ -222,7 +231,8 @@ def _ship_processor_modules(processor) -> List[str]:
 
 
 def parquet_batch_sink(output_path: str) -> Callable:
-    """A sink idempotent per batch id: overwrite ``<output_path>/batch_id=<N>/`` with Parquet.
+    """A sink idempotent per version: overwrite ``<output_path>/batch_id=<N>/`` with Parquet,
+    ``N`` the state version the operator passes (the Spark batch id until a non-final flush).
 
     Spark's file commit protocol makes the directory appear complete or not at all; a replayed
     batch replaces it. Reading ``output_path`` with Spark yields a ``batch_id`` column through
@@ -264,7 +274,15 @@ class BatchReport:
     input arrives during ``process_s``), ``process_s``, ``snapshot_s`` (the synchronous
     snapshot), ``task_s`` (task start to snapshot), ``write_s`` (the background data file
     write), ``gc_frozen_objects`` (``gc.get_freeze_count()`` of the worker right after its last
-    freeze, 0 without one; see ``freeze_worker_gc``)."""
+    freeze, 0 without one; see ``freeze_worker_gc``).
+
+    The version: ``version`` (the state version committed), ``batch_id`` (the Spark batch id,
+    None for a flush), ``flush`` (a flush), ``final`` (the final flush), ``skipped`` (Spark
+    replayed a micro-batch committed before the latest flush: nothing ran, the other fields
+    come from its version's metadata when retention kept it), ``watermark_ms`` (the committed
+    watermark, handed to the next micro-batch), ``processing_time_ms`` (ms since the epoch: the
+    processing time the version's processing-time timers fired against; the final flush
+    fires none)."""
 
     operator_name: str
     version: int
@@ -317,7 +335,9 @@ class StatefulOperator:
             the processor as one struct column. A row whose key (any key column) is null fails
             the micro-batch.
         checkpoint: directory or URI (``pyarrow.fs``) under which the operator checkpoints.
-        sink: ``sink(out_df, batch_id)``, idempotent per batch id, running an action that
+        sink: ``sink(out_df, version)``, idempotent per version (the state version the
+            micro-batch or flush commits, unique across runs and flushes; the Spark batch id
+            until a non-final flush), running an action that
             evaluates every partition of ``out_df`` (each action re-runs the tasks, so one is
             cheapest; the last one's state wins); default :func:`parquet_batch_sink`
             (``output`` required).
@@ -397,7 +417,9 @@ class StatefulOperator:
 
     Raises InvalidInputError for bad arguments (at construction) and for inputs the contract
     forbids (at run time: null keys, a key column of another type, output not matching the
-    schema); StateError when a finalized checkpoint receives more input or a partition did not
+    schema); StateError when a finalized checkpoint receives more input, when a micro-batch
+    comes from another Spark query while a stream is open or maps to a version another
+    micro-batch or flush holds (:mod:`statecore.spark.versions`), or when a partition did not
     report; CheckpointNotFoundError when the previous version needed by a micro-batch is gone.
     """
 
