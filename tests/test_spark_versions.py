@@ -124,3 +124,8 @@ def test_versions_written_before_batch_offsets_map_to_their_batch_id():
     assert place_flush(2, final[2], True) is None
     assert place_flush(None, {}, False) is None
     assert place_flush(1, old[1], False) == Placement(2, 0, None)
+    # A non-final flush right after such a version records no query id either: it closed a
+    # stream of any query, so that query's replay of its last batch still runs nothing.
+    flushed = {**old, 2: {"batch_id": None, "batch_offset": 0, "flush": True, "final": False}}
+    assert place_micro_batch("op", 1, "A", 2, flushed.get).committed
+    assert place_micro_batch("op", 2, "A", 2, flushed.get) == Placement(3, 1, "A")

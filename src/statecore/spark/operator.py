@@ -606,7 +606,9 @@ class StatefulOperator:
         latest = store.latest_version()
         place = place_micro_batch(self.name, batch_id, query_id, latest, self._metadata_or_none)
         if place.committed:
-            return PendingBatch.done(self, self._committed_report(place.version, batch_id))
+            report = self._committed_report(place.version, batch_id)
+            self.reports.append(report)
+            return PendingBatch.done(self, report)
         field_names = df.schema.fieldNames()
         for c in self.key_columns:
             if c not in field_names:
@@ -951,6 +953,10 @@ class PendingBatch:
             "state_bytes": sbytes, "checkpoint_bytes": ckpt_bytes, "metrics": metrics,
             "loads": loads, "flush": self.is_flush, "final": self.final,
         }
+        if self.is_flush and "query_id" not in self.prev_meta:
+            # A flush after a version that predates query ids closes a stream of any query:
+            # it must not pin the stream to "no query" (versions module).
+            del metadata["query_id"]
         manifest = store.commit(self.version, [r["descriptor"] for r in parts], metadata)
         store.clear_pending(self.version)
         store.retain(op.retain_versions)

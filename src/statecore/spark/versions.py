@@ -10,7 +10,8 @@ version without a batch id, so the mapping is recorded in every version's metada
   ``sql.streaming.queryId`` that Spark sets while it runs a query's batches, which persists
   across restarts from the same Spark checkpoint location (``StreamingQuery.id``); None when the
   operator is called outside a streaming query. A flush carries the one of the micro-batch
-  before it;
+  before it (none when that version predates the field: the flush then closes a stream of
+  any query);
 * ``batch_offset``: ``version - batch_id`` for the micro-batches of the current *stream* (the
   versions fed by one query id since the last flush); a flush carries the offset of the stream
   it closed;
