@@ -1,7 +1,8 @@
 """Processing-time timers in statecore.spark.StatefulOperator on a real local PySpark: the
 micro-batch's processing time reaches the processor, a timer registered in one micro-batch fires
-in the first later one whose processing time passed it, pending timers are checkpointed, and a
-replayed batch id runs with the processing time it was committed with."""
+in the first later one whose processing time passed it, pending timers are checkpointed, a
+replayed batch id runs with the processing time it was committed with, a non-final flush fires
+due timers and the final flush fires none."""
 
 import os
 import sys
@@ -82,3 +83,21 @@ def test_processing_time_timers_fire_in_a_later_micro_batch(spark, tmp_path, bac
     op.store.restore(b, 1)
     assert sorted((ts, k) for _, ts, k, _ in b.timers.all_processing_time_timers()) == [
         (pt0 + LATER_MS, k) for k in range(6)]
+    # A non-final flush fires the timers its processing time reached; the final flush fires
+    # none (on_processing_time is not called), they stay in the final checkpoint.
+    op(df, 2)
+    pt2 = op.store.metadata(2)["processing_time_ms"]
+    rep = op.flush(spark, final=False)
+    assert (rep.version, rep.flush, rep.final) == (3, True, False)
+    assert rep.processing_time_ms == op.store.metadata(3)["processing_time_ms"] > pt2
+    assert _rows(str(tmp_path / "out" / "batch_id=3")) == [
+        ("timer", k, pt2 + 1, rep.processing_time_ms) for k in range(6)]
+    rep = op(df, 3)
+    assert (rep.version, rep.batch_id) == (4, 3)
+    pt4 = rep.processing_time_ms
+    final = op.flush(spark)
+    assert final.final and final.processing_time_ms > pt4
+    assert _rows(str(tmp_path / "out" / "batch_id=5")) == []
+    b = create_backend("python", key_type="int64", max_parallelism=MAXP)
+    op.store.restore(b, 5)
+    assert (pt4 + 1, 0) in {(ts, k) for _, ts, k, _ in b.timers.all_processing_time_timers()}

@@ -10,6 +10,7 @@ Usage (inside ``foreachBatch``)::
     stream.writeStream.foreachBatch(op).option("checkpointLocation", ckpt + "/spark").start()
     ...
     op.flush(spark)   # end of input: emit what is still open, exactly once
+    # (a scheduled run that more input follows: op.flush(spark, final=False))
 
 Two operators on one micro-batch: ``start`` each (runs its sink's action, no commit), then
 :func:`commit_batches` waits for all their checkpoint writes and commits them, so one operator's

@@ -8,12 +8,17 @@ runs in PySpark's Python workers, is :mod:`statecore.spark.task` (the ``mapInArr
 :mod:`statecore.spark.worker_cache` and :mod:`statecore.spark.handoff` (state kept in and moved
 between workers) and :mod:`statecore.spark.worker_gc` (worker process tuning).
 
+Each micro-batch and each flush produces one state version ``v``; for a micro-batch ``v`` is the
+Spark ``batch_id`` plus the offset of the current run (0 until a non-final flush;
+:mod:`statecore.spark.versions` places micro-batches and flushes and records the mapping in
+the version's metadata). Below, ``batch_id`` stands for ``v`` where versions are meant.
+
 Exactly-once contract kept by the driver: it commits version ``batch_id`` once, and only after
 the sink's action succeeded and every partition of this attempt pre-committed (recorded its
 pending descriptor); it commits before ``foreachBatch`` returns; and it never commits a
 version whose predecessor ``batch_id - 1`` is not the committed one the tasks loaded. Tasks
 only pre-commit; a replayed micro-batch reloads ``batch_id - 1`` and overwrites its own
-output.
+output (the sink is called with the version, which no other micro-batch or flush shares).
 
 One micro-batch (``StatefulOperator.__call__(df, batch_id)``, used as the ``foreachBatch``
 function, or called from one):
@@ -93,9 +98,13 @@ A micro-batch replayed after a failure restores ``batch_id - 1`` again and its s
 its own output, so state and output are exactly-once if the processor is deterministic and the
 sink is idempotent per batch id (the default sink overwrites ``OUTPUT/batch_id=N/``).
 
-End of input: :meth:`StatefulOperator.flush` runs one more version (``latest + 1``) in which
-every partition calls ``processor.flush``; it is committed with ``"final": true`` and a rerun is
-a no-op. A finalized checkpoint accepts no further micro-batches.
+Flushes: :meth:`StatefulOperator.flush` runs one more version (``latest + 1``) without input.
+The final one (the end of all input) calls ``processor.flush`` in every partition and is
+committed with ``"final": true``; a finalized checkpoint accepts no further micro-batches. A
+non-final one (``final=False``, the end of one run of a scheduled job) runs every partition as a
+micro-batch without rows (``on_watermark`` with the watermark the input so far allows, then
+``on_processing_time``) and keeps the checkpoint open for the next run. A rerun of either after
+its commit is a no-op.
 """
 
 from __future__ import annotations
@@ -114,6 +123,7 @@ from statecore.key_groups import check_max_parallelism
 from statecore.spark.processor import KeyedProcessor
 from statecore.spark.routing import OPERATOR_INDEX_COLUMN, backend_key_type, operator_index_of
 from statecore.spark.task import TaskSpec
+from statecore.spark.versions import QUERY_ID_PROPERTY, Placement, place_flush, place_micro_batch
 from statecore.spark.watermark import next_watermark, parse_watermark_delay
 from statecore.spark.worker_cache import clear_state_cache
 
@@ -221,7 +231,8 @@ def _ship_processor_modules(processor) -> List[str]:
 
 
 def parquet_batch_sink(output_path: str) -> Callable:
-    """A sink idempotent per batch id: overwrite ``<output_path>/batch_id=<N>/`` with Parquet.
+    """A sink idempotent per version: overwrite ``<output_path>/batch_id=<N>/`` with Parquet,
+    ``N`` the state version the operator passes (the Spark batch id until a non-final flush).
 
     Spark's file commit protocol makes the directory appear complete or not at all; a replayed
     batch replaces it. Reading ``output_path`` with Spark yields a ``batch_id`` column through
@@ -263,7 +274,15 @@ class BatchReport:
     input arrives during ``process_s``), ``process_s``, ``snapshot_s`` (the synchronous
     snapshot), ``task_s`` (task start to snapshot), ``write_s`` (the background data file
     write), ``gc_frozen_objects`` (``gc.get_freeze_count()`` of the worker right after its last
-    freeze, 0 without one; see ``freeze_worker_gc``)."""
+    freeze, 0 without one; see ``freeze_worker_gc``).
+
+    The version: ``version`` (the state version committed), ``batch_id`` (the Spark batch id,
+    None for a flush), ``flush`` (a flush), ``final`` (the final flush), ``skipped`` (Spark
+    replayed a micro-batch committed before the latest flush: nothing ran, the other fields
+    come from its version's metadata when retention kept it), ``watermark_ms`` (the committed
+    watermark, handed to the next micro-batch), ``processing_time_ms`` (ms since the epoch: the
+    processing time the version's processing-time timers fired against; the final flush
+    fires none)."""
 
     operator_name: str
     version: int
@@ -283,6 +302,10 @@ class BatchReport:
     ttl_expired: Dict[str, int] = field(default_factory=dict)
     phases: Dict[str, float] = field(default_factory=dict)
     partitions: List[Dict[str, Any]] = field(default_factory=list)
+    batch_id: Optional[int] = None
+    processing_time_ms: Optional[int] = None
+    flush: bool = False
+    skipped: bool = False
 
 
 #: Fields of a task's report copied into :attr:`BatchReport.partitions`.
@@ -312,7 +335,9 @@ class StatefulOperator:
             the processor as one struct column. A row whose key (any key column) is null fails
             the micro-batch.
         checkpoint: directory or URI (``pyarrow.fs``) under which the operator checkpoints.
-        sink: ``sink(out_df, batch_id)``, idempotent per batch id, running an action that
+        sink: ``sink(out_df, version)``, idempotent per version (the state version the
+            micro-batch or flush commits, unique across runs and flushes; the Spark batch id
+            until a non-final flush), running an action that
             evaluates every partition of ``out_df`` (each action re-runs the tasks, so one is
             cheapest; the last one's state wins); default :func:`parquet_batch_sink`
             (``output`` required).
@@ -392,7 +417,9 @@ class StatefulOperator:
 
     Raises InvalidInputError for bad arguments (at construction) and for inputs the contract
     forbids (at run time: null keys, a key column of another type, output not matching the
-    schema); StateError when a finalized checkpoint receives more input or a partition did not
+    schema); StateError when a finalized checkpoint receives more input, when a micro-batch
+    comes from another Spark query while a stream is open or maps to a version another
+    micro-batch or flush holds (:mod:`statecore.spark.versions`), or when a partition did not
     report; CheckpointNotFoundError when the previous version needed by a micro-batch is gone.
     """
 
@@ -521,6 +548,22 @@ class StatefulOperator:
         """Highest committed version (micro-batch id, or the flush version), or None."""
         return self.store.latest_version()
 
+    def _metadata_or_none(self, version: int) -> Optional[Dict[str, Any]]:
+        store = self.store
+        return store.metadata(version) if version in store.versions() else None
+
+    def _committed_report(self, version: int, batch_id: int) -> BatchReport:
+        """The report of a micro-batch committed before the latest flush, replayed by Spark:
+        from its version's metadata when retention kept it."""
+        meta = self._metadata_or_none(version) or {}
+        return BatchReport(
+            operator_name=self.name, version=version, rows=int(meta.get("rows", 0)),
+            output_rows=int(meta.get("output_rows", 0)),
+            state_entries=int(meta.get("state_entries", 0)),
+            state_bytes=int(meta.get("state_bytes", 0)), checkpoint_bytes=0,
+            watermark_ms=meta.get("watermark_ms"), seconds=0.0, batch_id=batch_id,
+            processing_time_ms=meta.get("processing_time_ms"), skipped=True)
+
     def is_finalized(self) -> bool:
         """True once the end-of-input flush has been committed."""
         store = self.store
@@ -531,29 +574,41 @@ class StatefulOperator:
         """``foreachBatch`` entry point: process micro-batch ``batch_id`` of ``df``."""
         return self.process(df, int(batch_id))
 
-    def process(self, df, batch_id: int) -> BatchReport:
-        """Run micro-batch ``batch_id`` on DataFrame ``df`` and commit version ``batch_id``
+    def process(self, df, batch_id: int, *, query_id: Optional[str] = None) -> BatchReport:
+        """Run micro-batch ``batch_id`` on DataFrame ``df`` and commit its version
         (:meth:`start` then :meth:`PendingBatch.commit`). See the module docstring for the
-        protocol; errors: class docstring."""
-        return self.start(df, batch_id).commit()
+        protocol; ``query_id``: :meth:`start`; errors: class docstring."""
+        return self.start(df, batch_id, query_id=query_id).commit()
 
-    def start(self, df, batch_id: int) -> "PendingBatch":
+    def start(self, df, batch_id: int, *, query_id: Optional[str] = None) -> "PendingBatch":
         """Run micro-batch ``batch_id`` on ``df`` up to and including the sink's action, without
         committing: returns a :class:`PendingBatch` whose ``commit()`` waits for the background
-        checkpoint writes and commits version ``batch_id``. Several operators in one
+        checkpoint writes and commits the micro-batch's version. Several operators in one
         ``foreachBatch`` start each and then commit all (:func:`commit_batches`), so the writes
-        of one overlap the actions of the others. Errors: class docstring."""
+        of one overlap the actions of the others.
+
+        The version is ``batch_id`` plus the offset of the current run
+        (:mod:`statecore.spark.versions`): equal to ``batch_id`` until a non-final flush, after
+        which the next micro-batch, of the same Spark query or of a new one whose batch ids
+        restart at 0, takes the version after the flush. ``query_id``: the Spark query the
+        batch belongs to; default the running query's id (Spark's local property
+        ``sql.streaming.queryId``, stable across restarts from one Spark checkpoint), None
+        outside a streaming query. A replay of a micro-batch committed before the latest
+        flush runs nothing and returns a PendingBatch whose report has ``skipped=True``.
+        Errors: class docstring."""
         if isinstance(batch_id, bool) or not isinstance(batch_id, int) or batch_id < 0:
             raise InvalidInputError(f"batch_id must be an int >= 0, got {batch_id!r}")
+        if query_id is None:
+            query_id = df.sparkSession.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
+        elif not isinstance(query_id, str) or not query_id:
+            raise InvalidInputError(f"query_id must be a non-empty str or None, got {query_id!r}")
         store = self.store
         latest = store.latest_version()
-        if latest is not None and batch_id >= latest and store.metadata(latest).get("final"):
-            raise StateError(
-                f"operator {self.name}: checkpoint {self.store_uri} was finalized by the "
-                f"end-of-input flush at version {latest}; it cannot take micro-batch {batch_id}. "
-                "flush() ends the input for good: a job that runs again on new input (a "
-                "scheduled availableNow or Trigger.Once run) must not flush at the end of each "
-                "run; to go on from here, use a new operator name or checkpoint")
+        place = place_micro_batch(self.name, batch_id, query_id, latest, self._metadata_or_none)
+        if place.committed:
+            report = self._committed_report(place.version, batch_id)
+            self.reports.append(report)
+            return PendingBatch.done(self, report)
         field_names = df.schema.fieldNames()
         for c in self.key_columns:
             if c not in field_names:
@@ -574,39 +629,57 @@ class StatefulOperator:
                     "multi-column key must be scalar (string, bigint, int, binary, double, "
                     "boolean, timestamp, timestamp_ntz)")
             key_type = "struct<" + ",".join(types) + ">"
-        return self._launch(df.sparkSession, df, batch_id, key_type, is_flush=False)
+        return self._launch(df.sparkSession, df, place, key_type, batch_id=batch_id)
 
-    def flush(self, spark) -> Optional[BatchReport]:
-        """End of input, exactly once: run version ``latest + 1`` in which every partition calls
-        ``processor.flush`` (no input rows, no watermark), write its output through the sink
-        under that id and commit it with ``"final": true``. Returns None without doing anything
-        when the checkpoint is empty or already finalized (so a rerun of a finished job is a
-        no-op). A flush killed midway is redone by the next call.
+    def flush(self, spark, *, final: bool = True) -> Optional[BatchReport]:
+        """Flush after the input of a run, exactly once: run version ``latest + 1`` without
+        input rows, write its output through the sink under that version and commit it.
+        ``spark``: the SparkSession.
 
-        The flush is for the end of ALL input: the finalized checkpoint refuses every later
-        micro-batch (StateError). A job that runs again on new input, e.g. a scheduled
-        ``trigger(availableNow=True)`` run each day over the day's new files, must not call it
-        at the end of each run: without a flush, what is still open stays in the state and is
-        emitted by a later run, once that run's input advances the watermark past it
-        (``on_watermark``)."""
+        ``final=True`` (default), the end of ALL input: every partition calls
+        ``processor.flush`` (no watermark, no ``on_watermark`` or ``on_processing_time``:
+        processing-time timers not yet due are not fired, as a Flink job that finishes does
+        not fire them; ``ctx.processing_time_ms`` is the flush's processing time, for a
+        processor that fires them itself) and the version is committed with ``"final":
+        true``; the finalized checkpoint refuses every later micro-batch (StateError).
+
+        ``final=False``, the end of one run of a job that runs again on new input (a scheduled
+        ``trigger(availableNow=True)`` run over each day's new files): every partition runs as
+        in a micro-batch without rows: ``on_watermark`` with the watermark the input so far
+        allows (the largest event time seen minus ``watermark_delay``, which no micro-batch
+        handed to the processor yet: a micro-batch never moves its own watermark), then
+        ``on_processing_time`` with the flush's processing time. Nothing beyond the watermark
+        fires, so rows of the next run within ``watermark_delay`` still find their windows
+        open. The checkpoint stays open: the next micro-batch, of the same Spark query or of a
+        new one (another Spark checkpoint, batch ids from 0), takes the version after the
+        flush (:mod:`statecore.spark.versions`).
+
+        Returns None without doing anything when the checkpoint is empty or finalized, or, for
+        ``final=False``, when the latest version is a flush already (so a rerun of a finished
+        run is a no-op). A flush killed midway (nothing committed) is redone by the next call;
+        ``final=True`` after a non-final flush runs the final one. InvalidInputError when
+        ``final`` is not a bool."""
+        if not isinstance(final, bool):
+            raise InvalidInputError(f"final must be a bool, got {final!r}")
         store = self.store
         latest = store.latest_version()
-        if latest is None:
+        meta = store.metadata(latest) if latest is not None else {}
+        place = place_flush(latest, meta, final)
+        if place is None:
             return None
-        meta = store.metadata(latest)
-        if meta.get("final"):
-            return None
-        return self._launch(spark, None, latest + 1, meta["key_type"], is_flush=True).commit()
+        return self._launch(spark, None, place, meta["key_type"], batch_id=None, final=final,
+                            prev_meta=meta).commit()
 
     # ------------------------------------------------------------------------------ internals
 
-    def _processing_time(self, batch_id: int, prev_meta: Dict[str, Any]) -> int:
-        """The micro-batch's processing time (ms since the epoch): the one committed with
-        ``batch_id`` when this is a replay of a committed batch (so its processing-time timers
-        fire as they did), else the driver's wall clock, never below the previous version's."""
+    def _processing_time(self, version: int, prev_meta: Dict[str, Any]) -> int:
+        """The version's processing time (ms since the epoch): the one committed with
+        ``version`` when this is a replay of a committed micro-batch (so its processing-time
+        timers fire as they did), else the driver's wall clock, never below the previous
+        version's."""
         store = self.store
-        if batch_id in store.versions():
-            done = store.metadata(batch_id).get("processing_time_ms")
+        if version in store.versions():
+            done = store.metadata(version).get("processing_time_ms")
             if done is not None:
                 return int(done)
         now = time.time_ns() // 1_000_000
@@ -623,28 +696,36 @@ class StatefulOperator:
             *[F.lit(None).alias(c) for c in self.key_columns],
             F.col("id").cast("int").alias(OPERATOR_INDEX_COLUMN))
 
-    def _launch(self, spark, df, batch_id: int, key_type: str, *,
-                is_flush: bool) -> "PendingBatch":
+    def _launch(self, spark, df, place: Placement, key_type: str, *, batch_id: Optional[int],
+                final: bool = False, prev_meta: Optional[Dict[str, Any]] = None
+                ) -> "PendingBatch":
+        """Run the tasks of version ``place.version`` up to the sink's action: micro-batch
+        ``batch_id`` of ``df``, or (``df`` None) a flush, ``final`` or not; ``prev_meta``: the
+        predecessor's metadata when the caller read it already."""
         from pyspark.sql.pandas.types import from_arrow_schema
 
         t0 = time.perf_counter()
         store = self.store
         n, mp = self.parallelism, self.max_parallelism
-        prev = batch_id - 1 if batch_id > 0 else None
-        prev_meta: Dict[str, Any] = {}
+        is_flush = df is None
+        version = place.version
+        prev = version - 1 if version > 0 else None
+        what = "the flush" if is_flush else f"micro-batch {batch_id}"
         processor_config = _processor_config(self.processor)
-        if prev is not None:
+        if prev_meta is None:
+            prev_meta = {}
+        if prev is not None and not prev_meta:
             if prev in store.versions():
                 prev_meta = store.metadata(prev)
             elif store.versions():
                 raise CheckpointNotFoundError(
-                    f"operator {self.name}: micro-batch {batch_id} needs version {prev} of "
+                    f"operator {self.name}: {what} (version {version}) needs version {prev} of "
                     f"{self.store_uri}, which is not committed (have {store.versions()[-5:]}); "
                     "the Spark checkpoint and the statecore checkpoint do not belong together")
             else:
                 # Starting empty here would silently lose the state of batches 0..prev.
                 raise CheckpointNotFoundError(
-                    f"operator {self.name}: micro-batch {batch_id} needs version {prev} but "
+                    f"operator {self.name}: {what} needs version {prev} but "
                     f"{self.store_uri} holds no committed version; the Spark checkpoint is "
                     "older than the statecore checkpoint (use a fresh Spark checkpoint too)")
         if prev_meta:
@@ -662,8 +743,10 @@ class StatefulOperator:
                     f"operator {self.name}: the processor's configuration "
                     f"{processor_config} differs from the one the checkpoint was built with "
                     f"{prev_meta['processor_config']}; use a new checkpoint")
-        watermark = None if is_flush else prev_meta.get("watermark_ms")
-        processing_time = self._processing_time(batch_id, prev_meta)
+        # The final flush fires everything through processor.flush; a non-final one gets the
+        # watermark the input so far allows, as the micro-batch after it would.
+        watermark = None if is_flush and final else prev_meta.get("watermark_ms")
+        processing_time = self._processing_time(version, prev_meta)
         attempt = uuid.uuid4().hex[:12]
 
         spec = TaskSpec(
@@ -672,8 +755,9 @@ class StatefulOperator:
             key_column=(self.key_column if isinstance(self.key_column, str)
                         else tuple(self.key_column)),
             event_time_column=self.event_time_column, max_parallelism=mp, num_partitions=n,
-            batch_id=batch_id, prev_version=prev, prev_attempt=prev_meta.get("attempt"),
+            batch_id=version, prev_version=prev, prev_attempt=prev_meta.get("attempt"),
             attempt=attempt, watermark_ms=watermark, is_flush=is_flush,
+            flush_final=is_flush and final,
             output_schema=self.processor.output_schema,
             prev_writers=(frozenset(prev_meta["writers"]) if "writers" in prev_meta else None),
             start_write=self._start_write, commit_timeout_s=self.commit_timeout_s,
@@ -681,7 +765,7 @@ class StatefulOperator:
             stale_copies=self.stale_copies, freeze_worker_gc=self.freeze_worker_gc,
             standby=self.standby, handoff=self.handoff, processing_time_ms=processing_time)
 
-        if df is None:
+        if is_flush:
             # The flush has no input: its control rows, one per partition, each carrying its
             # index, make the n partitions.
             from pyspark.sql import functions as F
@@ -700,9 +784,10 @@ class StatefulOperator:
             routed = df.repartitionById(n, operator_index_of(self.key_columns, n, mp))
         out = routed.mapInArrow(spec, from_arrow_schema(self.processor.output_schema))
         t_action = time.perf_counter()
-        self.sink(out, batch_id)
-        pending = PendingBatch(self, batch_id, attempt, n, key_type, is_flush, prev_meta,
-                               watermark, processor_config, t0, processing_time_ms=processing_time)
+        self.sink(out, version)
+        pending = PendingBatch(self, version, attempt, n, key_type, is_flush, prev_meta,
+                               watermark, processor_config, t0, processing_time_ms=processing_time,
+                               batch_id=batch_id, final=is_flush and final, place=place)
         pending.phases = {"plan_s": t_action - t0, "action_s": time.perf_counter() - t_action}
         return pending
 
@@ -719,12 +804,19 @@ class PendingBatch:
     flight; :meth:`wait` blocks until every partition of this attempt reported and
     :meth:`commit` then commits the version. Not thread-safe; commit at most once."""
 
-    def __init__(self, op: StatefulOperator, batch_id: int, attempt: str, num_partitions: int,
+    def __init__(self, op: StatefulOperator, version: int, attempt: str, num_partitions: int,
                  key_type: str, is_flush: bool, prev_meta: Dict[str, Any], watermark: Optional[int],
-                 processor_config: Any, t0: float, processing_time_ms: Optional[int] = None):
+                 processor_config: Any, t0: float, processing_time_ms: Optional[int] = None, *,
+                 batch_id: Optional[int] = None, final: bool = False,
+                 place: Optional[Placement] = None):
         self.op = op
         self.processing_time_ms = processing_time_ms
+        #: the state version this commits
+        self.version = version
+        #: the Spark batch id (None for a flush)
         self.batch_id = batch_id
+        self.final = final
+        self.place = place if place is not None else Placement(version, 0, None)
         self.attempt = attempt
         self.num_partitions = num_partitions
         self.key_type = key_type
@@ -738,6 +830,17 @@ class PendingBatch:
         self._wait_s = 0.0
         #: driver phase timings so far (see BatchReport.phases); set by StatefulOperator._launch
         self.phases: Dict[str, float] = {}
+
+    @classmethod
+    def done(cls, op: StatefulOperator, report: "BatchReport") -> "PendingBatch":
+        """A PendingBatch with nothing to wait for or commit: ``commit()`` returns ``report``
+        (a replayed micro-batch committed before the latest flush)."""
+        pending = cls(op, report.version, "", 0, "", False, {}, report.watermark_ms,
+                      None, time.perf_counter(), report.processing_time_ms,
+                      batch_id=report.batch_id)
+        pending._parts = []
+        pending.report = report
+        return pending
 
     def wait(self, timeout_s: Optional[float] = None) -> List[dict]:
         """Wait until every partition ``0..n-1`` of this attempt recorded its pending descriptor
@@ -762,14 +865,14 @@ class PendingBatch:
         delay = _WAIT_POLL_S
         while True:
             by_part: Dict[int, dict] = {}
-            for d in op.store.pending(self.batch_id):
+            for d in op.store.pending(self.version):
                 r = d.get("spark_report")
                 # Earlier attempts of this batch id (other writers, maybe another n) are ignored.
                 if not isinstance(r, dict) or r.get("attempt") != self.attempt:
                     continue
                 if r.get("error"):
                     raise StateError(
-                        f"operator {op.name}: micro-batch {self.batch_id}: the checkpoint write "
+                        f"operator {op.name}: {self._what()}: the checkpoint write "
                         f"of partition {r.get('partition')} ({d.get('writer')}) failed: "
                         f"{r['error']}; the micro-batch is not committed (Spark replays it "
                         "from the previous version)")
@@ -785,7 +888,7 @@ class PendingBatch:
             if now >= deadline:
                 missing = sorted(set(range(n)) - set(by_part))
                 raise StateError(
-                    f"operator {op.name}: micro-batch {self.batch_id}: partitions {missing} did "
+                    f"operator {op.name}: {self._what()}: partitions {missing} did "
                     f"not report their checkpoint within {timeout:g} s after the sink's action "
                     f"(reported: {sorted(by_part)}); either their worker died before the "
                     "background write finished or the sink's action did not evaluate every "
@@ -798,8 +901,12 @@ class PendingBatch:
         self._parts = [by_part[i] for i in range(n)]
         return self._parts
 
+    def _what(self) -> str:
+        return (f"the flush (version {self.version})" if self.is_flush
+                else f"micro-batch {self.batch_id} (version {self.version})")
+
     def commit(self) -> BatchReport:
-        """Wait (:meth:`wait`) and commit version ``batch_id``: manifest with the watermark for
+        """Wait (:meth:`wait`) and commit version :attr:`version`: manifest with the watermark for
         the next micro-batch, the attempt id, the committed writers (the worker caches' key),
         the processor config and counters; then clear the pending descriptors and apply
         retention. Returns the :class:`BatchReport`; a second call returns the same one."""
@@ -833,6 +940,7 @@ class PendingBatch:
         incremental = all(r["descriptor"].get("kind") == "incremental" for r in parts)
         metadata = {
             "operator": op.name, "batch_id": self.batch_id, "attempt": self.attempt,
+            "query_id": self.place.query_id, "batch_offset": self.place.batch_offset,
             "writers": [r["descriptor"]["writer"] for r in parts],
             "num_partitions": n, "max_parallelism": mp, "key_type": self.key_type,
             "key_column": op.key_column, "backend": op.backend,
@@ -843,17 +951,22 @@ class PendingBatch:
             "max_event_ms": max_event, "watermark_delay_ms": op.watermark_delay_ms,
             "rows": rows, "output_rows": out_rows, "state_entries": entries,
             "state_bytes": sbytes, "checkpoint_bytes": ckpt_bytes, "metrics": metrics,
-            "loads": loads, "final": self.is_flush,
+            "loads": loads, "flush": self.is_flush, "final": self.final,
         }
-        manifest = store.commit(self.batch_id, [r["descriptor"] for r in parts], metadata)
-        store.clear_pending(self.batch_id)
+        if self.is_flush and "query_id" not in self.prev_meta:
+            # A flush after a version that predates query ids closes a stream of any query:
+            # it must not pin the stream to "no query" (versions module).
+            del metadata["query_id"]
+        manifest = store.commit(self.version, [r["descriptor"] for r in parts], metadata)
+        store.clear_pending(self.version)
         store.retain(op.retain_versions)
         phases = dict(self.phases, wait_s=self._wait_s, commit_s=time.perf_counter() - t_commit)
         self.report = BatchReport(
-            operator_name=op.name, version=self.batch_id, rows=rows, output_rows=out_rows,
+            operator_name=op.name, version=self.version, rows=rows, output_rows=out_rows,
             state_entries=entries, state_bytes=sbytes, checkpoint_bytes=ckpt_bytes,
             watermark_ms=new_wm, seconds=time.perf_counter() - self.t0, loads=loads,
-            metrics=metrics, final=self.is_flush,
+            metrics=metrics, final=self.final, flush=self.is_flush, batch_id=self.batch_id,
+            processing_time_ms=self.processing_time_ms,
             checkpoint_total_bytes=sum(int(f["size"]) for f in manifest["files"]),
             incremental=incremental, wait_seconds=self._wait_s,
             ttl_expired=dict(manifest.get("ttl_expired", {})), phases=phases,

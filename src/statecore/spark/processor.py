@@ -11,10 +11,13 @@ backend, and then, once per partition and micro-batch, calls on the processor::
                                            # with chunked_input once per input chunk
     on_watermark(ctx, wm_ms)   -> batches  # after the input, when a watermark is known
     on_processing_time(ctx, pt_ms) -> batches  # then, with the micro-batch's processing time
-    flush(ctx)                 -> batches  # only in the end-of-input flush, instead of the above
+    flush(ctx)                 -> batches  # only in the final flush, instead of the above
 
-and finally snapshots the backend as version ``batch_id``. Every partition runs every micro-batch,
-even one without input rows, so event-time and processing-time timers fire on time.
+and finally snapshots the backend as version ``ctx.batch_id``. Every partition runs every
+micro-batch, even one without input rows, so event-time and processing-time timers fire on time.
+A non-final flush (``StatefulOperator.flush(spark, final=False)``, the end of one run of a
+scheduled job) runs like a micro-batch without rows: ``on_watermark`` with the watermark the
+input so far allows, then ``on_processing_time``; ``flush`` is not called.
 
 Contract for processors
 -----------------------
@@ -54,7 +57,9 @@ Contract for processors
   than the previous micro-batch's; a replay of a committed batch id runs with the processing
   time recorded in its version (``processing_time_ms`` in the metadata), so processing-time
   timers fire in the same micro-batch again. ``on_processing_time`` is called with it in every
-  micro-batch (not in the flush); fire processing-time timers there.
+  micro-batch and non-final flush (not in the final flush, which, like a Flink job reaching the
+  end of its input, fires no processing-time timer unless ``flush`` does); fire
+  processing-time timers there.
 * Configuration: ``config()`` returns JSON-able settings that give the state its meaning (a
   window size, a gap); a checkpoint cannot be continued with different ones.
 * Counters: ``ctx.metrics[name] += n`` (ints) are summed over partitions and stored in the
@@ -80,8 +85,9 @@ class ProcessorContext:
         backend: the keyed state backend (``statecore.backends``) holding this partition's
             key-group range at version ``batch_id - 1`` when the task starts.
         operator_name: name of the operator (also its checkpoint sub-directory).
-        batch_id: Spark micro-batch id; the state version this task produces. The end-of-input
-            flush uses the id after the last micro-batch.
+        batch_id: the state version this task produces: the Spark micro-batch id plus the
+            offset of the current run, equal to the batch id until a non-final flush
+            (``statecore.spark.versions``); a flush's version is the one after the latest.
         partition_id: Spark partition = operator index in ``[0, num_partitions)``.
         num_partitions: the operator's parallelism for this micro-batch.
         max_parallelism: number of key groups.
@@ -91,7 +97,8 @@ class ProcessorContext:
             batches given to ``process_batch``, or the list of names of a multi-column key.
         key_columns: the key column names as a tuple (one name for a single-column key).
         watermark_ms: event-time watermark (ms since the epoch, UTC) or None; see module doc.
-        is_flush: True only during the end-of-input flush.
+        is_flush: True only during the final (end-of-input) flush, the one that calls
+            ``flush``; a non-final flush runs as a micro-batch without rows.
         metrics: int counters summed over partitions into the version's metadata.
         processing_time_ms: the micro-batch's processing time (ms since the epoch, UTC), the
             same in every partition and in a replay; see module doc. None only for a context
@@ -172,11 +179,15 @@ class KeyedProcessor:
     def on_processing_time(self, ctx: ProcessorContext,
                            processing_time_ms: int) -> Iterable[pa.RecordBatch]:
         """Called after ``process_batch`` and ``on_watermark`` with the micro-batch's processing
-        time (ms, ``ctx.processing_time_ms``) in every micro-batch except the flush; fire
-        processing-time timers here, typically through
+        time (ms, ``ctx.processing_time_ms``) in every micro-batch and non-final flush, not in
+        the final flush; fire processing-time timers here, typically through
         ``ctx.backend.timers.advance_processing_time(processing_time_ms)``."""
         return ()
 
     def flush(self, ctx: ProcessorContext) -> Iterable[pa.RecordBatch]:
-        """End of input: emit whatever is still pending (open windows, sessions) and clear it."""
+        """End of all input (the final flush): emit whatever is still pending (open windows,
+        sessions) and clear it. Called instead of ``on_watermark`` and ``on_processing_time``:
+        processing-time timers not yet due fire only if this fires them
+        (``advance_processing_time(2**63 - 1)``); ``ctx.processing_time_ms`` is the flush's
+        processing time."""
         return ()

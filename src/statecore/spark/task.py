@@ -133,14 +133,18 @@ class TaskSpec:
     (``output_schema``).
 
     Fields: the operator's settings (see :class:`statecore.spark.StatefulOperator`) plus the
-    micro-batch's: ``batch_id`` (the version the task writes), ``prev_version`` (``batch_id -
-    1``, None for the first), ``prev_attempt`` and ``prev_writers`` (the attempt id and the
+    micro-batch's: ``batch_id`` (the version the task writes: the Spark batch id plus the
+    run's offset, :mod:`statecore.spark.versions`), ``prev_version`` (``batch_id - 1``, None
+    for the first), ``prev_attempt`` and ``prev_writers`` (the attempt id and the
     data files the driver committed for ``prev_version``: a cached backend serves only when it
     matches them), ``attempt`` (this attempt's id, part of the writer name
     ``p<i>-<attempt>-t<task attempt>``), ``watermark_ms`` (ms, or None),
     ``processing_time_ms`` (the micro-batch's processing time, ms; None only in specs built
-    without one, which then skip ``on_processing_time``), ``is_flush`` (the end-of-input
-    flush), ``start_write`` (replaces :func:`start_snapshot_write`; tests).
+    without one, which then skip ``on_processing_time``), ``is_flush`` (a flush: the input is
+    one control row per partition), ``flush_final`` (with ``is_flush``: the end-of-input flush,
+    which calls ``processor.flush``; False: a non-final flush, which calls ``on_watermark`` and
+    ``on_processing_time`` as a micro-batch without rows does), ``start_write`` (replaces
+    :func:`start_snapshot_write`; tests).
 
     Errors raised in the task (which fails it, and with it the micro-batch): StateError outside
     a Spark task or for a partition id outside ``[0, num_partitions)``; InvalidInputError for a
@@ -172,6 +176,7 @@ class TaskSpec:
     standby: bool = True
     handoff: bool = False
     processing_time_ms: Optional[int] = None
+    flush_final: bool = True
 
     @property
     def key_columns(self) -> tuple:
@@ -320,7 +325,7 @@ class TaskSpec:
             max_parallelism=self.max_parallelism, key_group_range=kg_range,
             key_column=(self.key_column if isinstance(self.key_column, str)
                         else list(self.key_column)),
-            watermark_ms=self.watermark_ms, is_flush=self.is_flush,
+            watermark_ms=self.watermark_ms, is_flush=self.is_flush and self.flush_final,
             processing_time_ms=self.processing_time_ms)
         writer = f"p{partition_id}-{self.attempt}-t{task_attempt}"
         restoring = None
@@ -462,7 +467,7 @@ class TaskSpec:
         ``on_processing_time``; sets ``seen["rows"]``
         (input rows) and ``seen["max_event_ms"]`` (max event time in ms, or None).
         InvalidInputError for a null key and for output not matching the output schema."""
-        if self.is_flush:
+        if self.is_flush and self.flush_final:
             for ob in self.processor.flush(ctx) or ():
                 yield self._check_output(ob)
             return
