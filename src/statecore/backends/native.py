@@ -316,6 +316,7 @@ class NativeBackend(TableBackend):
         snap = NativeSnapshot(self, self._tables, timer_data, sid,
                               self._snapshot_incremental(incremental))
         snap.ttl_expired = self._take_ttl_delta()
+        snap.base_version = self.base_version if snap.incremental else None
         self._pending[sid] = snap.table_versions()
         return snap
 
@@ -376,7 +377,7 @@ class NativeBackend(TableBackend):
                 table.native.load(kg, keys, vals, self.key_prefix_width)
         self.timers.apply_restore(timers)
         # The restored state is the base: the bulk load is not a change.
-        self._contents_are_base()
+        self._contents_are_base(version=base.checkpoint_version(snapshot_like))
         if migrated:
             self._migrated(expired)
 
@@ -430,12 +431,12 @@ class NativeBackend(TableBackend):
         if gone is not None:
             table.native.remove_keys(kg, gone)
 
-    def _contents_are_base(self, applied_changes: bool = False) -> None:
+    def _contents_are_base(self, applied_changes: bool = False, version=None) -> None:
         # The bulk load is not a change; snapshots issued before it can no longer move the base.
         for table in self._tables.values():
             table.native.rebase(applied_changes)
         self._pending.clear()
-        self._restored_is_base()
+        self._restored_is_base(version)
 
     def _check_entries(self, table: NativeTable, kg: int, keys: pa.Array, vals: pa.Array) -> None:
         """Entries are loaded as bytes without decoding, so check what can be checked cheaply:

@@ -176,6 +176,10 @@ class ManifestLog:
                     raise ValueError(f"run {f['path']!r} has unknown kind {f['kind']!r}")
                 if isinstance(f["seq"], bool) or not isinstance(f["seq"], int) or f["seq"] < 0:
                     raise ValueError(f"run {f['path']!r} has a bad seq {f['seq']!r}")
+                b = f.get("base_version")
+                if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 0
+                                      or f["kind"] != KIND_INCREMENTAL):
+                    raise ValueError(f"run {f['path']!r} has a bad base_version {b!r}")
             int(body["max_parallelism"]), range_bounds(body["key_group_range"])
             [m["name"] for m in body["states"]]
             if not isinstance(body["metadata"], dict):

@@ -845,7 +845,10 @@ class PendingBatch:
             "state_bytes": sbytes, "checkpoint_bytes": ckpt_bytes, "metrics": metrics,
             "loads": loads, "final": self.is_flush,
         }
-        manifest = store.commit(self.batch_id, [r["descriptor"] for r in parts], metadata)
+        # A replayed micro-batch re-commits its version: replace on purpose (the operator
+        # restored batch_id - 1 for it); newer versions keep the runs they reference.
+        manifest = store.commit(self.batch_id, [r["descriptor"] for r in parts], metadata,
+                                replace=True)
         store.clear_pending(self.batch_id)
         store.retain(op.retain_versions)
         phases = dict(self.phases, wait_s=self._wait_s, commit_s=time.perf_counter() - t_commit)
