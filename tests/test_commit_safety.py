@@ -95,6 +95,12 @@ def test_base_version_follows_restores_and_notifications(tmp_path, kind):
     assert r.base_version == 4
     _put(st, range(5, 8), 2)
     _checkpoint(store, b, 5)
+    c, _ = _backend(kind)  # a change set applied on top makes its version the base
+    store.restore(c, 4)
+    changes = store.open_changes(5, store.run_path(4, "p0"), 0, 15)
+    c.apply_changes(changes)
+    changes.release()
+    assert c.base_version == 5
     store.restore(r, 5)  # another version on top: no one version is the base any more
     assert r.base_version is None
     snap = r.snapshot(incremental=True)

@@ -636,12 +636,13 @@ class KeyedStateBackend(abc.ABC):
     def _complete_snapshot(self, snapshot_id: int) -> None:
         """Move the change tracking's base to snapshot ``snapshot_id`` (newer than the base)."""
 
-    def _restored_is_base(self, version: int | None = None) -> None:
-        """After a restore (of checkpoint version ``version``, None when not a checkpoint's):
-        every snapshot issued so far predates the base (:attr:`base_version`)."""
+    def _restored_is_base(self, version: int | None = None, applied_changes: bool = False) -> None:
+        """After a restore or (``applied_changes``) a change set, of checkpoint version
+        ``version`` (None when not a checkpoint's): every snapshot issued so far predates the
+        base (:attr:`base_version`)."""
         self._base_snapshot_id = self._last_snapshot_id
         self._restores += 1
-        if self._base_from_restore and self._base_version != version:
+        if not applied_changes and self._base_from_restore and self._base_version != version:
             version = None  # restored from several versions: no one version is the base
         self._base_version = version
         self._base_from_restore = True

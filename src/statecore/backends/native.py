@@ -436,7 +436,7 @@ class NativeBackend(TableBackend):
         for table in self._tables.values():
             table.native.rebase(applied_changes)
         self._pending.clear()
-        self._restored_is_base(version)
+        self._restored_is_base(version, applied_changes)
 
     def _check_entries(self, table: NativeTable, kg: int, keys: pa.Array, vals: pa.Array) -> None:
         """Entries are loaded as bytes without decoding, so check what can be checked cheaply:

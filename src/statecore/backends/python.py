@@ -491,7 +491,7 @@ class PythonBackend(TableBackend):
         incremental base (of checkpoint version ``version`` when known)."""
         for table in self._tables.values():
             table.changes.clear()
-        self._restored_is_base(version)
+        self._restored_is_base(version, applied_changes)
 
     def _key_namespaces(self, state_name: str, kgs: KeyGroupRange):
         data, ser = self._tables[state_name].data, self.key_serializer.serialize
