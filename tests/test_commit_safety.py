@@ -202,3 +202,17 @@ def test_commit_is_durable_before_it_returns(tmp_path, monkeypatch):
     fut = store.write_snapshot_async(snap, 1, release_snapshot=True)
     d1 = fut.result(timeout=60)
     assert [p.split(".tmp-")[0] for p, _ in synced][:1] == [os.path.join(root, d1["path"])]
+
+
+def test_retain_removes_temporary_files_of_killed_manifest_writes(tmp_path):
+    store = CheckpointStore(tmp_path)
+    b, st = _backend("python")
+    _put(st, range(3), 1)
+    _checkpoint(store, b, 0, incremental=False)
+    leftover = tmp_path / (store.manifest_name(1) + ".tmp-0123456789abcdef")
+    leftover.write_bytes(b'{"half": ')
+    assert store.versions() == [0]
+    store.retain(1)
+    assert not leftover.exists()
+    assert store.versions() == [0]
+    assert _contents(store, 0, "python") == {0: 1, 1: 1, 2: 1}
