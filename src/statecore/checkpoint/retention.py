@@ -1,8 +1,8 @@
 """Retention: keeping the newest versions of a root and deleting what nothing needs any more.
 
 :meth:`Retention.retain` deletes manifests of dropped versions first (oldest first, so the
-committed versions stay a suffix), then every file under ``data/`` and ``pending/`` that no
-retained manifest references, and the temporary files of manifest writes that were killed before their rename,
+committed versions stay a suffix), the temporary files of manifest writes killed before their
+rename, then every file under ``data/`` and ``pending/`` that no retained manifest references,
 except files of versions at or above the newest retained one
 (writes of a version in flight) -- compaction outputs excepted -- and files of a compaction in
 progress in this process. The retained manifests are all read and checked before anything is
