@@ -296,7 +296,13 @@ def test_a_manifest_read_again_is_checked_again_unless_its_bytes_are_unchanged(s
     mpath.write_bytes(original.replace(b'"version"', b'"versioN"', 1))
     with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
         store.manifest(1)
+    mpath.write_bytes(original)
     _rewrite_manifest(mpath, lambda d: d["files"].append(dict(d["files"][0])))
+    with pytest.raises(CorruptCheckpointError, match="is listed twice"):
+        CheckpointStore(store.uri).manifest(1)
+    mpath.write_bytes(original)
+    _rewrite_manifest(mpath, lambda d: d["files"].append(
+        dict(d["files"][0], path=d["files"][0]["path"] + "x")))
     with pytest.raises(CorruptCheckpointError, match="both claim key group 0"):
         CheckpointStore(store.uri).manifest(1)
     mpath.write_bytes(original)

@@ -216,3 +216,82 @@ def test_retain_removes_temporary_files_of_killed_manifest_writes(tmp_path):
     assert not leftover.exists()
     assert store.versions() == [0]
     assert _contents(store, 0, "python") == {0: 1, 1: 1, 2: 1}
+
+
+# ------------------------------------------------------------------ forged manifests and footers
+
+
+def _two_state_checkpoint(tmp_path):
+    store = CheckpointStore(tmp_path, max_runs=None)
+    b = statecore.create_backend("native", key_type="int64", max_parallelism=16)
+    a = b.get_state(ValueStateDescriptor("a", "int64"))
+    z = b.get_state(ValueStateDescriptor("z", "int64"))
+    _put(a, range(10), 1)
+    _put(z, range(5), 2)
+    _checkpoint(store, b, 0, incremental=False)
+    return store
+
+
+@pytest.mark.parametrize("edit, what", [
+    (lambda d: d["files"][0].update(key_groups_nonempty={"a": 1}), "key_groups_nonempty"),
+    (lambda d: d["states"].append([1, 2]), "state meta is not an object"),
+    (lambda d: d["states"][0].pop("namespace_type"), "namespace_type is not a string"),
+    (lambda d: d["states"].append(dict(d["states"][0])), "states are listed twice"),
+    (lambda d: d["files"][0].update(states=["a", "a"]), "repeat a name"),
+    (lambda d: d["files"][0].update(states=["nope"]), "does not describe"),
+    (lambda d: d["files"][0].update(entries=[1]), "entries is not an object of counts"),
+    (lambda d: d["files"][0].update(footer_xxh64=12), "footer_xxh64"),
+    (lambda d: d["files"][0].update(version=7), "newer than the manifest"),
+    (lambda d: d.update(max_parallelism=0), "max_parallelism"),
+    (lambda d: d.update(files={"x": 1}), "files is not a list"),
+])
+def test_forged_manifests_are_corrupt_not_type_errors(tmp_path, edit, what):
+    store = _two_state_checkpoint(tmp_path)
+    _forge(store, 0, edit)
+    with pytest.raises(CorruptCheckpointError, match=what):
+        CheckpointStore(tmp_path).open(0)
+
+
+def _forge_footer(store, version, edit_meta):
+    """Rewrite the footer metadata of ``version``'s run with ``edit_meta`` and re-sign the file
+    and the manifest, as a buggy writer would: every checksum is right."""
+    import struct
+
+    from statecore.checkpoint import format as fmt
+
+    run = store.manifest(version)["files"][0]
+    path = os.path.join(store.root, run["path"])
+    with open(path, "rb") as f:
+        raw = f.read()
+    foff, flen = struct.unpack_from("<QQ", raw, len(raw) - fmt.TRAILER_SIZE)
+    footer = raw[foff:foff + flen]
+    (mlen,) = struct.unpack_from("<I", footer, 0)
+    meta = json.loads(footer[4:4 + mlen])
+    edit_meta(meta)
+    mb = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
+    footer = struct.pack("<I", len(mb)) + mb + footer[4 + mlen:]
+    fsum = xxh64(footer)
+    head = fmt.TRAILER.pack(foff, len(footer), fsum, fmt.FORMAT_VERSION, 0, 0, fmt.MAGIC)[:32]
+    data = raw[:foff] + footer + fmt.TRAILER.pack(foff, len(footer), fsum, fmt.FORMAT_VERSION,
+                                                  0, xxh64(head), fmt.MAGIC)
+    with open(path, "wb") as f:
+        f.write(data)
+    _forge(store, version, lambda d: d["files"][0].update(size=len(data),
+                                                          footer_xxh64=f"{fsum:016x}"))
+
+
+@pytest.mark.parametrize("edit, what", [
+    (lambda m: m["states"].reverse(), "footer holds states"),
+    (lambda m: m["states"][0].update(name="b"), "footer holds states"),
+    (lambda m: m["states"][0].update(value_type="float64"), "in the footer but"),
+])
+def test_a_footer_that_disagrees_with_the_manifest_is_corrupt(tmp_path, edit, what):
+    """Entries are found by the footer's state positions: a renamed or reordered state would
+    read as empty or as another state's entries."""
+    store = _two_state_checkpoint(tmp_path)
+    _forge_footer(store, 0, edit)
+    fresh = CheckpointStore(tmp_path)
+    with pytest.raises(CorruptCheckpointError, match=what):
+        fresh.restore(statecore.create_backend("native", key_type="int64", max_parallelism=16), 0)
+    with pytest.raises(CorruptCheckpointError, match=what):
+        fresh.verify(0)

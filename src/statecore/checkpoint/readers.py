@@ -32,6 +32,7 @@ from statecore.checkpoint.format import (
 )
 from statecore.checkpoint.layout import CheckpointRoot
 from statecore.checkpoint.runs import plan_chains
+from statecore.descriptors import stored_format
 from statecore.errors import CheckpointError, CorruptCheckpointError, InvalidInputError
 
 __all__ = ["CheckpointReader", "ChangesReader", "open_changes", "merge_newest_wins", "CHUNK_BYTES"]
@@ -122,6 +123,7 @@ class CheckpointReader:
         self.metadata = manifest["metadata"]
         self._metas = [dict(m) for m in manifest["states"]]
         self._names = {m["name"] for m in self._metas}
+        self._metas_by_name = {m["name"]: m for m in self._metas}
         self._timer_states = {m["name"] for m in self._metas if m.get("kind") == "timers"}
         self._segments = segments if segments is not None else plan_chains(
             manifest["files"], manifest["key_group_range"], CorruptCheckpointError,
@@ -177,6 +179,23 @@ class CheckpointReader:
                 reader.close()
                 raise CorruptCheckpointError(
                     f"checkpoint data file {path}: footer says {theirs}, the manifest {mine}")
+            # Entries are found by the footer's state positions: a footer whose states differ
+            # from the manifest's (renamed, reordered, another format) would read the wrong
+            # state's entries.
+            footer_metas = reader.state_metas()
+            if [m.get("name") for m in footer_metas] != list(run["states"]):
+                reader.close()
+                raise CorruptCheckpointError(
+                    f"checkpoint data file {path}: footer holds states "
+                    f"{[m.get('name') for m in footer_metas]}, the manifest lists "
+                    f"{list(run['states'])}")
+            for m in footer_metas:
+                ours = self._metas_by_name.get(m["name"])
+                if ours is None or stored_format(ours) != stored_format(m):
+                    reader.close()
+                    raise CorruptCheckpointError(
+                        f"checkpoint data file {path}: state {m['name']!r} is {m} in the "
+                        f"footer but {ours} in the manifest")
             self._open_files[run["path"]] = reader
         return reader
 
