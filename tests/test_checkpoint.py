@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
+from statecore import serializers as S
 from statecore.checkpoint import CheckpointStore
 from statecore.checkpoint.format import (
     DEFAULT_BLOCK_TARGET_BYTES,
@@ -669,9 +670,10 @@ def test_hypothesis_round_trip(tmp_path_factory):
     def check(entries, target):
         root = tmp_path_factory.mktemp("h")
         data = {"s": {}}
+        ser = S.key_serializer("binary")  # valid encoded keys: verify decodes them
         for (kg, suffix), v in entries.items():
-            data["s"].setdefault(kg, {})[bytes([kg]) + suffix] = v
-        snap = FakeSnapshot(128, (0, 7), data)
+            data["s"].setdefault(kg, {})[bytes([kg]) + ser.serialize(suffix) + b"\x00"] = v
+        snap = FakeSnapshot(128, (0, 7), data, key_type="binary")
         store = CheckpointStore(root)
         store.commit(0, [store.write_snapshot(snap, 0, block_target_bytes=target)])
         with store.open(0) as r:

@@ -295,3 +295,45 @@ def test_a_footer_that_disagrees_with_the_manifest_is_corrupt(tmp_path, edit, wh
         fresh.restore(statecore.create_backend("native", key_type="int64", max_parallelism=16), 0)
     with pytest.raises(CorruptCheckpointError, match=what):
         fresh.verify(0)
+
+
+class _Snap:
+    """A StateSnapshot of one int64 -> int64 value state over raw entries."""
+
+    def __init__(self, data, kind="value"):
+        self.max_parallelism, self.key_type, self.assigner = 16, "int64", "spark"
+        from statecore.key_groups import KeyGroupRange
+
+        self.key_group_range = KeyGroupRange(0, 15)
+        self.data = data  # kg -> [(key bytes, value bytes)]
+        self.kind = kind
+
+    def state_metas(self):
+        return [{"name": "v", "kind": self.kind, "namespace_type": "void", "value_type": "int64"}]
+
+    def entries(self, name, kg):
+        items = self.data.get(kg, [])
+        return (pa.array([k for k, _ in items], pa.binary()),
+                pa.array([v for _, v in items], pa.binary()))
+
+    def release(self):
+        pass
+
+
+def _ekey(kg, k):
+    return bytes([kg]) + k.to_bytes(8, "big", signed=True) + b"\x00"
+
+
+@pytest.mark.parametrize("entries, what", [
+    ({3: [(_ekey(3, 1)[:6], b"\x00" * 8)]}, "is 6 bytes, not 10"),
+    ({3: [(b"\x03", b"\x00" * 8)]}, "not longer than its key-group prefix"),
+    ({3: [(_ekey(3, 1), b"\x00" * 5)]}, "a value is not 8 bytes"),
+])
+def test_verify_is_as_strict_as_restore(tmp_path, entries, what):
+    store = CheckpointStore(tmp_path)
+    store.commit(0, [store.write_snapshot(_Snap(entries), 0)])
+    with pytest.raises(CorruptCheckpointError, match=what):
+        store.verify(0)
+    for kind in BACKENDS:  # what verify refuses, a restore refuses too
+        with pytest.raises((CorruptCheckpointError, InvalidInputError)):
+            store.restore(_backend(kind)[0], 0)

@@ -399,6 +399,7 @@ class NativeBackend(TableBackend):
                 err = str(exc)
             if err is not None:
                 raise InvalidInputError(f"state {table.name!r}, key groups {lo}..{hi}: {err}")
+            self._check_key_width(table, keys, f"key groups {lo}..{hi}")
             parts.append((keys, vals))
         return parts
 
@@ -451,6 +452,7 @@ class NativeBackend(TableBackend):
             raise InvalidInputError(f"state {name!r}, key group {kg}: keys and values must be "
                                     "non-null and pair up")
         self._check_keys(table, kg, keys)
+        self._check_key_width(table, keys, f"key group {kg}")
         width = self._value_width(table)
         if width is not None:
             voffs = np.frombuffer(vals.buffers()[1], np.int32)[vals.offset:vals.offset + n + 1]
@@ -458,6 +460,21 @@ class NativeBackend(TableBackend):
                 raise InvalidInputError(
                     f"state {name!r}, key group {kg}: {table.value_ser.name} values must be "
                     f"{width} bytes")
+
+    def _check_key_width(self, table: NativeTable, keys: pa.Array, where: str) -> None:
+        """Every encoded key of a state whose keys have one width (key and namespace types
+        fixed-width: serializers.encoded_key_width) must have it: the bulk load does not decode
+        keys, and a truncated one would sit in the map as a key nothing can address or list.
+        InvalidInputError naming the state and ``where`` otherwise."""
+        kw = S.encoded_key_width(table.kind, self.key_serializer, table.ns_ser,
+                                 self.max_parallelism)
+        n = len(keys)
+        if kw is None or not n:
+            return
+        offs = np.frombuffer(keys.buffers()[1], np.int32)[keys.offset:keys.offset + n + 1]
+        if np.any(np.diff(offs) != kw):
+            raise InvalidInputError(
+                f"state {table.name!r}, {where}: an encoded key is not {kw} bytes")
 
     @staticmethod
     def _value_width(table: NativeTable):

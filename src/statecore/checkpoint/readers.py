@@ -32,6 +32,7 @@ from statecore.checkpoint.format import (
 )
 from statecore.checkpoint.layout import CheckpointRoot
 from statecore.checkpoint.runs import plan_chains
+from statecore.checkpoint.verify import check_entries
 from statecore.descriptors import stored_format
 from statecore.errors import CheckpointError, CorruptCheckpointError, InvalidInputError
 
@@ -335,16 +336,21 @@ class CheckpointReader:
 
     def verify(self) -> None:
         """Read and check every block of every run of the version (checksums, structure, entry
-        and tombstone counts against the manifest), then the merged view of every (state, key
-        group). Raises CorruptCheckpointError on the first problem."""
+        and tombstone counts against the manifest, and every entry as a restore would check it:
+        :func:`statecore.checkpoint.verify.check_entries`), then the merged view of every
+        (state, key group). Raises CorruptCheckpointError on the first problem."""
         for f in self.manifest["files"]:
             start, end = f["key_group_range"]
             data = self.data_file(f)
             got = {name: 0 for name in f["states"]}
             tombs = {name: 0 for name in f["states"]}
+            where = f"checkpoint data file {self._root.path(f['path'])}"
             for kg in range(start, end + 1):
                 for name in f["states"]:
-                    _, vals = data.entries(name, kg)
+                    keys, vals = data.entries(name, kg)
+                    check_entries(where, self._metas_by_name[name], kg, keys, vals,
+                                  self.max_parallelism, self.key_type,
+                                  f["kind"] == KIND_INCREMENTAL)
                     got[name] += len(vals)
                     tombs[name] += vals.null_count
             want_t = {n: f.get("tombstones", {}).get(n, 0) for n in f["states"]}
