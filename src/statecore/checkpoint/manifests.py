@@ -38,7 +38,7 @@ from statecore.errors import CheckpointNotFoundError, CorruptCheckpointError, In
 
 __all__ = ["ManifestLog", "MANIFEST_FORMAT", "MANIFEST_FORMAT_VERSION",
            "READABLE_MANIFEST_VERSIONS", "canonical_json", "new_manifest_body", "describe_manifest",
-           "check_manifest_schema"]
+           "check_manifest_schema", "parse_manifest"]
 
 MANIFEST_FORMAT = "statecore-checkpoint"
 MANIFEST_FORMAT_VERSION = 2
@@ -180,6 +180,76 @@ class _ValidatedManifests:
 _VALIDATED_MANIFESTS = _ValidatedManifests()
 
 
+def parse_manifest(raw: bytes, version: int, path: str) -> dict:
+    """The validated manifest of ``version`` from its file's bytes ``raw`` (a fresh dict, a
+    version-1 manifest upgraded); ``path`` names it in errors. Raises CorruptCheckpointError
+    (naming ``path``) when the bytes are not valid JSON, fail the checksum or break a rule of
+    docs/formats.md (:func:`check_manifest_schema`, overlapping runs of one seq, top runs that
+    do not tile the range, a chain without a full run or whose base is missing)."""
+    try:
+        doc = json.loads(raw.decode("ascii"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CorruptCheckpointError(f"manifest {path} is not valid JSON: {exc}") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("checksum_xxh64"), str):
+        raise CorruptCheckpointError(f"manifest {path} is not a statecore manifest object")
+    body = {k: v for k, v in doc.items() if k != "checksum_xxh64"}
+    try:
+        ok = int(doc["checksum_xxh64"], 16) == xxh64(canonical_json(body))
+    except ValueError:
+        ok = False
+    if not ok:
+        raise CorruptCheckpointError(f"manifest {path}: checksum mismatch")
+    try:
+        if (body["format"] != MANIFEST_FORMAT
+                or body["format_version"] not in READABLE_MANIFEST_VERSIONS):
+            raise ValueError(f"format {body['format']!r} v{body['format_version']}")
+        if body["version"] != version:
+            raise ValueError(f"it describes version {body['version']}")
+        if not isinstance(body.get("files"), list) or not all(
+                isinstance(f, dict) for f in body["files"]):
+            raise ValueError("files is not a list of objects")
+        _upgraded(body, version)
+        check_manifest_schema(body)
+        for f in body["files"]:
+            if f["path"].startswith("/") or ".." in f["path"].split("/"):
+                raise ValueError(f"file path {f['path']!r} leaves the root")
+            int(f["size"]), int(f["footer_xxh64"], 16), range_bounds(f["key_group_range"])
+            if f["kind"] not in (KIND_FULL, KIND_INCREMENTAL):
+                raise ValueError(f"run {f['path']!r} has unknown kind {f['kind']!r}")
+            if isinstance(f["seq"], bool) or not isinstance(f["seq"], int) or f["seq"] < 0:
+                raise ValueError(f"run {f['path']!r} has a bad seq {f['seq']!r}")
+            b = f.get("base_version")
+            if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 0
+                                  or f["kind"] != KIND_INCREMENTAL):
+                raise ValueError(f"run {f['path']!r} has a bad base_version {b!r}")
+        int(body["max_parallelism"]), range_bounds(body["key_group_range"])
+        [m["name"] for m in body["states"]]
+        if not isinstance(body["metadata"], dict):
+            raise ValueError("metadata is not an object")
+    except (KeyError, TypeError, ValueError, AttributeError, InvalidInputError) as exc:
+        raise CorruptCheckpointError(f"manifest {path} is malformed: {exc}") from exc
+    top_seq = max((f["seq"] for f in body["files"]), default=0)
+    by_seq: dict[int, list] = {}
+    for f in body["files"]:
+        by_seq.setdefault(f["seq"], []).append(f)
+    union = None
+    for sq, group in by_seq.items():
+        # runs of one seq come from one commit: they must not overlap; the top ones tile
+        if sq == top_seq:
+            union = union_range(group, version, CorruptCheckpointError, path)
+        else:
+            check_disjoint(group, version, path)
+    if union is None:
+        union = (0, -1)
+    if list(union) != list(body["key_group_range"]):
+        raise CorruptCheckpointError(
+            f"manifest {path}: key-group range {body['key_group_range']} is not the union "
+            f"{list(union)} of its files")
+    plan_chains(body["files"], union, CorruptCheckpointError, f"manifest {path}")
+    body["checksum_xxh64"] = doc["checksum_xxh64"]
+    return body
+
+
 class ManifestLog:
     """The manifests under one :class:`~statecore.checkpoint.layout.CheckpointRoot`: the list of
     committed versions, validated reads and atomic writes. Holds no state besides the root (the
@@ -227,72 +297,13 @@ class ManifestLog:
                 f"checkpoint version {version} not found under {self.root.uri} (committed "
                 f"versions: {_short(self.versions())})") from None
         if _VALIDATED_MANIFESTS.seen(path, raw):
-            # These exact bytes passed every check below at this path (so for this version).
+            # These exact bytes passed every check of parse_manifest at this path (so for this
+            # version).
             doc = json.loads(raw)
             body = _upgraded({k: v for k, v in doc.items() if k != "checksum_xxh64"}, version)
             body["checksum_xxh64"] = doc["checksum_xxh64"]
             return body
-        try:
-            doc = json.loads(raw.decode("ascii"))
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise CorruptCheckpointError(f"manifest {path} is not valid JSON: {exc}") from exc
-        if not isinstance(doc, dict) or not isinstance(doc.get("checksum_xxh64"), str):
-            raise CorruptCheckpointError(f"manifest {path} is not a statecore manifest object")
-        body = {k: v for k, v in doc.items() if k != "checksum_xxh64"}
-        try:
-            ok = int(doc["checksum_xxh64"], 16) == xxh64(canonical_json(body))
-        except ValueError:
-            ok = False
-        if not ok:
-            raise CorruptCheckpointError(f"manifest {path}: checksum mismatch")
-        try:
-            if (body["format"] != MANIFEST_FORMAT
-                    or body["format_version"] not in READABLE_MANIFEST_VERSIONS):
-                raise ValueError(f"format {body['format']!r} v{body['format_version']}")
-            if body["version"] != version:
-                raise ValueError(f"it describes version {body['version']}")
-            if not isinstance(body.get("files"), list) or not all(
-                    isinstance(f, dict) for f in body["files"]):
-                raise ValueError("files is not a list of objects")
-            _upgraded(body, version)
-            check_manifest_schema(body)
-            for f in body["files"]:
-                if f["path"].startswith("/") or ".." in f["path"].split("/"):
-                    raise ValueError(f"file path {f['path']!r} leaves the root")
-                int(f["size"]), int(f["footer_xxh64"], 16), range_bounds(f["key_group_range"])
-                if f["kind"] not in (KIND_FULL, KIND_INCREMENTAL):
-                    raise ValueError(f"run {f['path']!r} has unknown kind {f['kind']!r}")
-                if isinstance(f["seq"], bool) or not isinstance(f["seq"], int) or f["seq"] < 0:
-                    raise ValueError(f"run {f['path']!r} has a bad seq {f['seq']!r}")
-                b = f.get("base_version")
-                if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 0
-                                      or f["kind"] != KIND_INCREMENTAL):
-                    raise ValueError(f"run {f['path']!r} has a bad base_version {b!r}")
-            int(body["max_parallelism"]), range_bounds(body["key_group_range"])
-            [m["name"] for m in body["states"]]
-            if not isinstance(body["metadata"], dict):
-                raise ValueError("metadata is not an object")
-        except (KeyError, TypeError, ValueError, AttributeError, InvalidInputError) as exc:
-            raise CorruptCheckpointError(f"manifest {path} is malformed: {exc}") from exc
-        top_seq = max((f["seq"] for f in body["files"]), default=0)
-        by_seq: dict[int, list] = {}
-        for f in body["files"]:
-            by_seq.setdefault(f["seq"], []).append(f)
-        union = None
-        for sq, group in by_seq.items():
-            # runs of one seq come from one commit: they must not overlap; the top ones tile
-            if sq == top_seq:
-                union = union_range(group, version, CorruptCheckpointError, path)
-            else:
-                check_disjoint(group, version, path)
-        if union is None:
-            union = (0, -1)
-        if list(union) != list(body["key_group_range"]):
-            raise CorruptCheckpointError(
-                f"manifest {path}: key-group range {body['key_group_range']} is not the union "
-                f"{list(union)} of its files")
-        plan_chains(body["files"], union, CorruptCheckpointError, f"manifest {path}")
-        body["checksum_xxh64"] = doc["checksum_xxh64"]
+        body = parse_manifest(raw, version, path)
         _VALIDATED_MANIFESTS.add(path, raw)
         return body
 
