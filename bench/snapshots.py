@@ -293,7 +293,7 @@ def _checkpoints(impl: str, n: int, d: str):
     store = CheckpointStore(os.path.join(d, "chain"))
     snap = b.snapshot()
     store.commit(1, [store.write_snapshot(snap, 1)])
-    b.notify_checkpoint_complete(snap.snapshot_id)
+    b.notify_checkpoint_complete(snap.snapshot_id, 1)
     snap.release()
     changed = _change_one_percent(st, n)
     inc = b.snapshot(incremental=True)
@@ -307,7 +307,7 @@ def _checkpoints(impl: str, n: int, d: str):
     full_desc = full_store.write_snapshot(full, 2)
     full_s = time.perf_counter() - t
     full_store.commit(2, [full_desc])
-    b.notify_checkpoint_complete(inc.snapshot_id)
+    b.notify_checkpoint_complete(inc.snapshot_id, 2)
     inc.release()
     full.release()
     return b, {"changed": changed, "inc_s": inc_s, "inc_bytes": inc_desc["size"],

@@ -173,11 +173,11 @@ def _compaction_template(impl: str, suffix: str, n: int, root: str) -> str:
     incremental run re-writing every 100th key (now: those even keys are alive again), i.e. two
     runs for ``compact(2, max_runs=1)`` to merge. Returns its directory."""
     b, st, clock = _loaded(impl, suffix, n)
-    path = f"{root}/template{suffix}"
+    path = f"{root}/template-{impl}{suffix}"
     store = CheckpointStore(path, max_runs=None, ttl_clock=clock)
     snap = b.snapshot()
     store.commit(1, [store.write_snapshot(snap, 1)])
-    b.notify_checkpoint_complete(snap.snapshot_id)
+    b.notify_checkpoint_complete(snap.snapshot_id, 1)
     snap.release()
     k = pa.array(np.arange(0, n, 100, dtype=np.int64))
     st.put_batch(k, k)

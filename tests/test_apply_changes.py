@@ -29,7 +29,7 @@ def _checkpoint(store, b, version, incremental):
     d = store.write_snapshot(snap, version, f"p0-v{version}")
     snap.release()
     store.commit(version, [d])
-    b.notify_checkpoint_complete(d["snapshot_id"])
+    b.notify_checkpoint_complete(d["snapshot_id"], d["version"])
     return d
 
 

@@ -39,7 +39,7 @@ def _history(tmp_path, seed=3):
         d = store.write_snapshot(snap, version, f"p0-v{version}", block_target_bytes=512)
         snap.release()
         store.commit(version, [d])
-        b.notify_checkpoint_complete(d["snapshot_id"])
+        b.notify_checkpoint_complete(d["snapshot_id"], d["version"])
         descs.append(d)
     return store, b, descs
 

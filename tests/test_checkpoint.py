@@ -7,12 +7,14 @@ import io
 import json
 import os
 import random
+import re
 import struct
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
+from statecore import serializers as S
 from statecore.checkpoint import CheckpointStore
 from statecore.checkpoint.format import (
     DEFAULT_BLOCK_TARGET_BYTES,
@@ -182,7 +184,7 @@ def test_round_trip_all_key_groups(tmp_path, how):
     desc = store.write_snapshot(snap, 7)
     assert snap.released == 0
     json.dumps(desc)  # JSON-able for a driver to collect
-    assert desc["path"] == "data/00000000000000000007/p0.sckp"
+    assert re.fullmatch(r"data/00000000000000000007/p0-[0-9a-f]{12}\.sckp", desc["path"])
     assert desc["size"] == os.path.getsize(root / desc["path"])
     manifest = store.commit(7, [desc], metadata={"batch_id": 7, "watermark_ms": 123})
     assert (root / "manifest-00000000000000000007.json").is_file()
@@ -349,25 +351,60 @@ def test_uncommitted_version_is_invisible(tmp_path):
         store.restore(RecordingBackend((0, 3)), 3)
 
 
-def test_replay_overwrites_its_own_files(tmp_path):
+def test_replay_writes_new_files_and_recommits_only_with_replace(tmp_path):
+    """A replayed writer (same version and writer name, other content) never touches the files
+    of the committed version: until the re-commit, that version reads as before, also after a
+    crash between the write and the re-commit; re-committing needs replace=True."""
     store = CheckpointStore(tmp_path)
     first = make_snapshot(kg_range=(0, 7), seed=1)
-    store.commit(4, [store.write_snapshot(first, 4)], metadata={"attempt": 1})
+    d1 = store.write_snapshot(first, 4)
+    store.commit(4, [d1], metadata={"attempt": 1})
     second = make_snapshot(kg_range=(0, 7), seed=2)
-    desc = store.write_snapshot(second, 4)
-    store.commit(4, [desc], metadata={"attempt": 2})
+    desc = store.write_snapshot(second, 4)  # the replay's write; "crash" before its commit
+    assert desc["path"] != d1["path"]
+    assert CheckpointStore(tmp_path).verify(4)["runs"] == 1
+    with CheckpointStore(tmp_path).open(4) as r:
+        assert read_all(r) == expected(first)
+    with pytest.raises(InvalidInputError, match="would replace it; pass replace=True"):
+        store.commit(4, [desc], metadata={"attempt": 2})
+    store.commit(4, [desc], metadata={"attempt": 2}, replace=True)
     assert store.versions() == [4]
     assert store.metadata(4) == {"attempt": 2}
     with store.open(4) as r:
         assert read_all(r) == expected(second)
     version_dir = tmp_path / "data" / "00000000000000000004"
-    assert sorted(p.name for p in version_dir.iterdir()) == ["p0.sckp"]
+    names = sorted(p.name for p in version_dir.iterdir())
+    assert names == sorted([d1["path"].rsplit("/", 1)[1], desc["path"].rsplit("/", 1)[1]])
+    store.commit(5, [store.write_snapshot(make_snapshot(kg_range=(0, 7), seed=3), 5)])
+    store.retain(1)  # the replaced file is referenced by nothing any more
+    assert not version_dir.exists()
+
+
+def test_commit_below_a_newer_version_is_refused_and_never_breaks_it(tmp_path):
+    store = CheckpointStore(tmp_path)
+    snaps = {v: make_snapshot(kg_range=(0, 7), seed=v) for v in (2, 3)}
+    for v in (2, 3):
+        store.commit(v, [store.write_snapshot(snaps[v], v)])
+    other = make_snapshot(kg_range=(0, 7), seed=9)
+    with pytest.raises(InvalidInputError, match="version 2 is not above the latest committed "
+                                                "version 3: committing it would replace it"):
+        store.commit(2, [store.write_snapshot(other, 2)])
+    with pytest.raises(InvalidInputError, match="insert it below newer ones"):
+        store.commit(1, [store.write_snapshot(other, 1)])
+    assert store.versions() == [2, 3]
+    store.commit(2, [store.write_snapshot(other, 2)], replace=True)  # a rollback, on purpose
+    with store.open(2) as r:
+        assert read_all(r) == expected(other)
+    with store.open(3) as r:  # untouched
+        assert read_all(r) == expected(snaps[3])
+    store.verify(3)
 
 
 def test_latest_version_and_open_default(tmp_path):
     store = CheckpointStore(tmp_path)
     for v in (0, 1, 10, 2):
-        store.commit(v, [store.write_snapshot(make_snapshot(kg_range=(0, 1), seed=v), v)])
+        store.commit(v, [store.write_snapshot(make_snapshot(kg_range=(0, 1), seed=v), v)],
+                     replace=v == 2)
     assert store.versions() == [0, 1, 2, 10]
     assert store.latest_version() == 10
     with store.open() as r:
@@ -633,9 +670,10 @@ def test_hypothesis_round_trip(tmp_path_factory):
     def check(entries, target):
         root = tmp_path_factory.mktemp("h")
         data = {"s": {}}
+        ser = S.key_serializer("binary")  # valid encoded keys: verify decodes them
         for (kg, suffix), v in entries.items():
-            data["s"].setdefault(kg, {})[bytes([kg]) + suffix] = v
-        snap = FakeSnapshot(128, (0, 7), data)
+            data["s"].setdefault(kg, {})[bytes([kg]) + ser.serialize(suffix) + b"\x00"] = v
+        snap = FakeSnapshot(128, (0, 7), data, key_type="binary")
         store = CheckpointStore(root)
         store.commit(0, [store.write_snapshot(snap, 0, block_target_bytes=target)])
         with store.open(0) as r:

@@ -85,7 +85,7 @@ def build_history(root):
         m.mutate(rng, KGS, 120 if v == 0 else 25)
         store.commit(v, [store.write_snapshot(m.snapshot(p, v > 0), v, f"p{i}")
                          for i, p in enumerate(PARTS)])
-        m.complete()
+        m.complete(v)
         history[v] = m.expected(KGS)
     return m, rng, history
 

@@ -38,8 +38,9 @@ METAS = [{"name": "a", "kind": "value", "namespace_type": "void", "value_type": 
 class Snap:
     """Full or incremental StateSnapshot over ``data[name][kg] = {key: value or None}``."""
 
-    def __init__(self, kg_range, data, incremental=False, snapshot_id=0):
+    def __init__(self, kg_range, data, incremental=False, snapshot_id=0, base_version=None):
         self.max_parallelism = MAXP
+        self.base_version = base_version
         self.key_group_range = KeyGroupRange(*kg_range)
         self.key_type = "int64"
         self.assigner = "spark"
@@ -66,6 +67,7 @@ class Model:
         self.state = {n: {} for n in ("a", "b", TIMERS)}  # name -> kg -> {key: value}
         self.changed = {n: {} for n in ("a", "b")}  # since the base: kg -> {key: value | None}
         self.sid = 0
+        self.base = None  # the version of the last completed checkpoint
 
     def mutate(self, rng, kgs, n_ops):
         for _ in range(n_ops):
@@ -94,10 +96,12 @@ class Model:
         else:
             data = {n: keep(self.state[n]) for n in ("a", "b")}
         data[TIMERS] = keep(self.state[TIMERS])
-        return Snap(kg_range, data, incremental, self.sid)
+        return Snap(kg_range, data, incremental, self.sid,
+                    base_version=self.base if incremental else None)
 
-    def complete(self):
+    def complete(self, version=None):
         self.changed = {n: {} for n in ("a", "b")}
+        self.base = version
 
     def expected(self, kgs):
         out = {}
@@ -202,7 +206,7 @@ def _write_v1(store, snap, version, writer="p0"):
     fsum = fmt.xxh64(footer)
     t = fmt.TRAILER.pack(foff, len(footer), fsum, 1, 0, 0, fmt.MAGIC)[:32]
     data = head + footer + fmt.TRAILER.pack(foff, len(footer), fsum, 1, 0, fmt.xxh64(t), fmt.MAGIC)
-    rel = store.data_path(version, writer)
+    rel = f"data/{version:020d}/{writer}.sckp"  # the names format-1 runs had
     (store_path := f"{store.root}/{rel}")
     import os
 
@@ -232,7 +236,7 @@ def test_version_1_files_and_manifests_are_read_and_extended(tmp_path):
     m = Model()
     m.mutate(rng, list(range(8)), 80)
     _write_v1(store, m.snapshot((0, 7), False), 0)
-    m.complete()
+    m.complete(0)
     with store.open(0) as r:
         assert read_all(r) == m.expected(range(8))
     assert store.verify(0)["runs"] == 1
@@ -269,7 +273,7 @@ def test_random_history_incremental_equals_full(tmp_path, seed):
         if failed and v > 0:
             continue
         inc.commit(v, descs, metadata={"v": v})
-        m.complete()
+        m.complete(v)
         history[v] = m.expected(kgs)
         assert inc.describe(v)["max_runs_per_key_group"] <= 4
         with inc.open(v) as a, full.open(v) as b:
@@ -290,11 +294,11 @@ def test_runs_are_shared_and_full_runs_drop_older_ones(tmp_path):
     m.mutate(rng, list(range(16)), 100)
     d0 = store.write_snapshot(m.snapshot((0, 15), False), 0)
     store.commit(0, [d0])
-    m.complete()
+    m.complete(0)
     for v in (1, 2, 3):
         m.mutate(rng, [1, 2], 5)
         store.commit(v, [store.write_snapshot(m.snapshot((0, 15), True), v)])
-        m.complete()
+        m.complete(v)
     runs = store.describe(3)["run_list"]
     assert [(r["seq"], r["kind"], r["version"]) for r in runs] == [
         (4, "incremental", 3), (3, "incremental", 2), (2, "incremental", 1), (1, "full", 0)]
@@ -304,7 +308,7 @@ def test_runs_are_shared_and_full_runs_drop_older_ones(tmp_path):
     d4 = [store.write_snapshot(m.snapshot((0, 7), False), 4, "p0"),
           store.write_snapshot(m.snapshot((8, 15), True), 4, "p1")]
     store.commit(4, d4)
-    m.complete()
+    m.complete(4)
     assert len(store.describe(4)["run_list"]) == 6
     with store.open(4) as r:
         assert read_all(r) == m.expected(range(16))
@@ -316,9 +320,10 @@ def test_incremental_without_base_is_rejected(tmp_path):
     store = CheckpointStore(tmp_path)
     m = Model()
     m.mutate(random.Random(1), [0, 1], 10)
-    with pytest.raises(InvalidInputError, match="no full base run for key groups 0..15"):
+    with pytest.raises(InvalidInputError, match="does not record the checkpoint version"):
         store.commit(0, [store.write_snapshot(m.snapshot((0, 15), True), 0)])
     store.commit(0, [store.write_snapshot(m.snapshot((0, 7), False), 0)])
+    m.complete(0)
     with pytest.raises(InvalidInputError, match="no full base run for key groups 8..15"):
         store.commit(1, [store.write_snapshot(m.snapshot((0, 15), True), 1)])
     assert store.versions() == [0]
@@ -328,6 +333,7 @@ def test_state_meta_change_needs_a_full_run(tmp_path):
     store = CheckpointStore(tmp_path)
     m = Model()
     store.commit(0, [store.write_snapshot(m.snapshot((0, 3), False), 0)])
+    m.complete(0)
     snap = m.snapshot((0, 3), True)
     snap.state_metas = lambda: [dict(METAS[0], value_type="int64")] + [dict(x) for x in METAS[1:]]
     with pytest.raises(InvalidInputError, match="stored format of state 'a' changed"):
@@ -345,10 +351,12 @@ def test_state_meta_change_that_keeps_the_stored_format_commits_incrementally(tm
     snap = m.snapshot((0, 3), False)
     snap.state_metas = lambda: [dict(x) for x in metas]
     store.commit(0, [store.write_snapshot(snap, 0)])
+    m.complete(0)
     longer = [dict(metas[0], ttl=dict(ttl, ttl_ms=5000))] + metas[1:]
     snap = m.snapshot((0, 3), True)
     snap.state_metas = lambda: [dict(x) for x in longer]
     store.commit(1, [store.write_snapshot(snap, 1)])
+    m.complete(1)
     man = store.manifest(1)
     assert {f["kind"] for f in man["files"]} == {"full", "incremental"}
     assert [s["ttl"]["ttl_ms"] for s in man["states"] if s["name"] == "a"] == [5000]
@@ -373,7 +381,7 @@ def test_incremental_bytes_scale_with_the_change_set(tmp_path):
     for kg, k in rng.sample(keys, len(keys) // 100):  # 1% of the keys change or go away
         changed.setdefault(kg, {})[k] = None if rng.random() < 0.3 else rng.randbytes(40)
     d1 = store.write_snapshot(Snap((0, MAXP - 1), {"a": changed, "b": {}, TIMERS: {}},
-                                   incremental=True), 1)
+                                   incremental=True, base_version=0), 1)
     store.commit(1, [d1])
     assert d1["size"] * 20 < d0["size"], (d1["size"], d0["size"])
     info = store.describe(1)
@@ -399,12 +407,12 @@ def test_rescale_runs_of_two_writers_restored_by_three(tmp_path):
     m.mutate(rng, kgs, 400)
     store.commit(0, [store.write_snapshot(m.snapshot(p, False), 0, f"p{i}")
                      for i, p in enumerate(splits(2))])
-    m.complete()
+    m.complete(0)
     for v in (1, 2):
         m.mutate(rng, kgs, 80)
         store.commit(v, [store.write_snapshot(m.snapshot(p, True), v, f"p{i}")
                          for i, p in enumerate(splits(2))])
-        m.complete()
+        m.complete(v)
     # 3 writers restore their ranges from runs written by 2
     for p in splits(3):
         with store.open(2) as r:
@@ -415,7 +423,7 @@ def test_rescale_runs_of_two_writers_restored_by_three(tmp_path):
         m.mutate(rng, kgs, 80)
         store.commit(v, [store.write_snapshot(m.snapshot(p, True), v, f"q{i}")
                          for i, p in enumerate(splits(3))])
-        m.complete()
+        m.complete(v)
         with store.open(v) as r:
             assert read_all(r) == m.expected(kgs)
         assert store.describe(v)["max_runs_per_key_group"] <= 3
@@ -462,7 +470,7 @@ def test_real_backend_full_snapshots_rescaled_through_incremental_chain(tmp_path
         kg = kg_of(k)
         enc = bytes([kg]) + struct.pack(">q", k) + b"\x00"
         changes.setdefault(kg, {})[enc] = None if val is None else struct.pack("<q", val)
-    inc = Snap((0, MAXP - 1), {"a": changes}, incremental=True)
+    inc = Snap((0, MAXP - 1), {"a": changes}, incremental=True, base_version=0)
     inc.state_metas = lambda: [dict(writers[0].snapshot().state_metas()[0])]
     store.commit(1, [store.write_snapshot(inc, 1, "p0")])
     got = {}
@@ -489,12 +497,12 @@ def test_compaction_keeps_every_version_and_reads_less(tmp_path):
     kgs = list(range(32))
     m.mutate(rng, kgs, 300)
     store.commit(0, [store.write_snapshot(m.snapshot((0, 31), False), 0)])
-    m.complete()
+    m.complete(0)
     history = {0: m.expected(kgs)}
     for v in range(1, 7):
         m.mutate(rng, kgs, 60)
         store.commit(v, [store.write_snapshot(m.snapshot((0, 31), True), v)])
-        m.complete()
+        m.complete(v)
         history[v] = m.expected(kgs)
     before = store.describe(6)
     assert before["runs"] == 7 and before["max_runs_per_key_group"] == 7
@@ -529,11 +537,11 @@ def test_commit_compacts_automatically_sync_and_async(tmp_path):
         m, rng = Model(), random.Random(3)
         m.mutate(rng, list(range(8)), 50)
         store.commit(0, [store.write_snapshot(m.snapshot((0, 7), False), 0)])
-        m.complete()
+        m.complete(0)
         for v in range(1, 10):
             m.mutate(rng, list(range(8)), 10)
             store.commit(v, [store.write_snapshot(m.snapshot((0, 7), True), v)])
-            m.complete()
+            m.complete(v)
             store.close()  # waits for a background compaction
             assert store.describe(v)["max_runs_per_key_group"] <= 3
             with store.open(v) as r:
@@ -549,7 +557,7 @@ def test_compaction_does_not_publish_over_a_recommitted_version(tmp_path):
     m, rng = Model(), random.Random(4)
     m.mutate(rng, [0, 1], 20)
     store.commit(0, [store.write_snapshot(m.snapshot((0, 1), False), 0)])
-    m.complete()
+    m.complete(0)
     m.mutate(rng, [0, 1], 5)
     store.commit(1, [store.write_snapshot(m.snapshot((0, 1), True), 1)])
     real_manifest = store.manifest
@@ -559,7 +567,7 @@ def test_compaction_does_not_publish_over_a_recommitted_version(tmp_path):
         calls.append(v)
         if len(calls) == 2:
             store.commit(1, [store.write_snapshot(m.snapshot((0, 1), False), 1)],
-                         metadata={"replayed": True})
+                         metadata={"replayed": True}, replace=True)
         return real_manifest(v)
 
     store.manifest = racing_manifest

@@ -75,7 +75,7 @@ def test_incremental_checkpoints_restore_every_version(tmp_path, kind, seed):
         if rng.random() < 0.2 and committed:
             continue  # crashed before the commit: never notified, the next run must cover it
         store.commit(version, [desc])
-        b.notify_checkpoint_complete(snap.snapshot_id)
+        b.notify_checkpoint_complete(snap.snapshot_id, version)
         committed.append(version)
         if version % 5 == 0:
             store.retain(4)
@@ -109,7 +109,7 @@ def test_incremental_bytes_follow_the_change_set(tmp_path, kind):
     full = b.snapshot()
     d1 = store.write_snapshot(full, 1)
     store.commit(1, [d1])
-    b.notify_checkpoint_complete(full.snapshot_id)
+    b.notify_checkpoint_complete(full.snapshot_id, 1)
     changed = pa.array(range(0, 50_000, 100), pa.int64())  # 1% of the keys
     st.put_batch(changed, pa.array([7] * len(changed), pa.int64()))
     inc = b.snapshot(incremental=True)

@@ -1,8 +1,9 @@
 """The shape of the code base: no import cycles among ``statecore`` modules, no module using
 another module's private names, and no trace in tracked files of how the work was organised.
 
-These read the source tree of the checkout (``src/statecore``, ``bench/``), not the installed
-package, and are skipped where the tree is not there (tests run from an unpacked sdist, say).
+These read the source tree of the checkout (``src/statecore``, ``bench/``, ``fuzz/``), not the
+installed package, and are skipped where the tree is not there (tests run from an unpacked sdist,
+say).
 """
 
 from __future__ import annotations
@@ -193,10 +194,11 @@ def test_no_module_uses_another_modules_private_names():
     assert private == []
 
 
-def test_benchmarks_use_no_private_names_of_each_other():
-    if not (REPO / "bench" / "__init__.py").exists():
-        pytest.skip("no bench/ package in this tree")
-    _, _, private = _graph(REPO / "bench", "bench")
+@pytest.mark.parametrize("package", ["bench", "fuzz"])
+def test_harnesses_use_no_private_names_of_each_other(package):
+    if not (REPO / package / "__init__.py").exists():
+        pytest.skip(f"no {package}/ package in this tree")
+    _, _, private = _graph(REPO / package, package)
     assert private == []
 
 

@@ -97,7 +97,7 @@ def test_a_run_that_breaks_the_merge_is_a_corrupt_checkpoint(tmp_path, monkeypat
         st.put_batch(pa.array([1, 2, 3], pa.int64()), pa.array([version] * 3, pa.int64()))
         snap = b.snapshot(incremental=version > 0)
         store.commit(version, [store.write_snapshot(snap, version, "p0")])
-        b.notify_checkpoint_complete(snap.snapshot_id)
+        b.notify_checkpoint_complete(snap.snapshot_id, version)
         snap.release()
 
     def broken(parts, keep_tombstones=False):

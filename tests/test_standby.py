@@ -70,7 +70,7 @@ class _Job:
         self.store.commit(v, descs, {"attempt": f"a{v}",
                                      "writers": [self.writer(p, v) for p in range(N)]})
         for b, d in zip(self.owners, descs):
-            b.notify_checkpoint_complete(d["snapshot_id"])
+            b.notify_checkpoint_complete(d["snapshot_id"], d["version"])
         return descs
 
     def restored(self, partition, version):

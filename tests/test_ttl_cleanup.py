@@ -563,7 +563,7 @@ def test_store_compaction_drops_expired_entries(kind, tmp_path):
     store = CheckpointStore(tmp_path, max_runs=None, ttl_clock=clock)
     snap = b.snapshot()
     store.commit(1, [store.write_snapshot(snap, 1)])
-    b.notify_checkpoint_complete(snap.snapshot_id)
+    b.notify_checkpoint_complete(snap.snapshot_id, 1)
     clock.set(60)
     for k in range(10):  # written again at 60: survive the compaction at 120
         b.set_current_key(k)
@@ -661,7 +661,7 @@ def test_ttl_counts_reach_the_manifest_and_the_inspection_output(kind, tmp_path)
     store = CheckpointStore(tmp_path, max_runs=None, ttl_clock=clock)
     snap = b.snapshot()
     store.commit(1, [store.write_snapshot(snap, 1)])
-    b.notify_checkpoint_complete(snap.snapshot_id)
+    b.notify_checkpoint_complete(snap.snapshot_id, 1)
     for k in range(100):
         b.set_current_key(k)  # incremental cleanup of about half the state
     snap = b.snapshot(incremental=True)

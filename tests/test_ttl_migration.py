@@ -185,7 +185,7 @@ def plain_desc(spec, migrate=True):
 def checkpoint(store, backend, version, incremental=False):
     snap = backend.snapshot(incremental=incremental)
     store.commit(version, [store.write_snapshot(snap, version)])
-    backend.notify_checkpoint_complete(snap.snapshot_id)
+    backend.notify_checkpoint_complete(snap.snapshot_id, version)
     return snap
 
 

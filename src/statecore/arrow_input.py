@@ -58,8 +58,17 @@ def import_arrow(obj, what: str, accepts=None):
     types) rejects the struct but takes the column's type: a one-column RecordBatchReader or
     DataFrame is a column. ``accepts=None`` never unwraps.
 
-    Raises InvalidInputError for anything else, or when the producer fails (an export error, a
-    stream that errors mid-way: nothing has changed then)."""
+    Every column is validated in full (:meth:`pyarrow.Array.validate`): buffers large enough
+    for its length and offset, offsets in bounds and ascending, strings valid UTF-8. What a
+    producer of the C data interface must guarantee beyond that (the interface carries no
+    buffer sizes, so an importer cannot check them): every buffer holds at least what the
+    array's type, length and offset say (e.g. ``8 * (offset + length)`` bytes of int64 values,
+    ``offset + length + 1`` offsets of a string array); the offsets' last value is read to size
+    the data buffer.
+
+    Raises InvalidInputError for anything else, for data that fails validation (naming
+    ``what``), or when the producer fails (an export error, a stream that errors mid-way:
+    nothing has changed then)."""
     if isinstance(obj, (pa.Array, pa.ChunkedArray)):
         arr = obj
     elif hasattr(obj, "__arrow_c_stream__"):
@@ -79,6 +88,16 @@ def import_arrow(obj, what: str, accepts=None):
             f"{what} must be a pyarrow Array/ChunkedArray or implement __arrow_c_stream__ or "
             f"__arrow_c_array__, got {type(obj).__name__}"
         )
+    chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
+    if any(c.offset < 0 for c in chunks):  # pyarrow's validation takes a negative one
+        raise InvalidInputError(f"{what}: invalid Arrow data: a negative array offset")
+    try:
+        # Buffer sizes against lengths and offsets, offsets in bounds and monotonic, UTF-8 of
+        # strings (pyarrow's full validation, O(rows), about 4 ns a string row): the kernels
+        # read the buffers directly and must never run past them.
+        arr.validate(full=True)
+    except (pa.ArrowException, ValueError) as e:
+        raise InvalidInputError(f"{what}: invalid Arrow data: {e}") from e
     t = arr.type
     if (accepts is not None and pa.types.is_struct(t) and t.num_fields == 1
             and not accepts(t) and accepts(t.field(0).type) and not arr.null_count):

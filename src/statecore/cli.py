@@ -12,6 +12,7 @@ checkout with ``python -m bench``.)
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import List, Optional
 
@@ -27,6 +28,13 @@ def _int_at_least(text: str, low: int, what: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a {what} integer, got {text!r}") from None
     if v < low:
         raise argparse.ArgumentTypeError(f"expected a {what} integer, got {text!r}")
+    return v
+
+
+def _max_parallelism(text: str) -> int:
+    v = _int_at_least(text, 1, "positive")
+    if v > 32768:
+        raise argparse.ArgumentTypeError(f"max parallelism must be at most 32768, got {v}")
     return v
 
 
@@ -81,7 +89,7 @@ def _add_demo(sub) -> None:
                    help="daily files per micro-batch (default: %(default)s)")
     p.add_argument("--parallelism", type=_positive_int, default=2,
                    help="operator partitions; may change between runs (default: %(default)s)")
-    p.add_argument("--max-parallelism", type=_positive_int, default=128,
+    p.add_argument("--max-parallelism", type=_max_parallelism, default=128,
                    help="key groups, fixed for the life of a checkpoint (default: %(default)s)")
     p.add_argument("--backend", choices=("native", "python"), default="native",
                    help="keyed state backend (default: %(default)s)")
@@ -142,10 +150,12 @@ def _add_inspect(sub) -> None:
                     "--checkpoint directory): retained versions, runs, bytes, entries and "
                     "tombstones per state, key groups, committed metadata.")
     p.add_argument("path", help="checkpoint root, a directory above roots, or a URI")
-    p.add_argument("--version", type=int, default=None,
+    p.add_argument("--version", type=_non_negative_int, default=None,
                    help="version to describe (default: latest)")
-    p.add_argument("--verify", action="store_true", help="read and check every block first")
-    p.add_argument("--entries", type=int, default=0, metavar="N",
+    p.add_argument("--verify", action="store_true",
+                   help="read and check every block and entry first: of --version, or of every "
+                        "retained version")
+    p.add_argument("--entries", type=_non_negative_int, default=0, metavar="N",
                    help="also print the first N decoded entries of each root")
     p.add_argument("--parquet", default=None, metavar="FILE",
                    help="write all decoded entries of the (single) root to a Parquet file")
@@ -160,6 +170,16 @@ def _run_inspect(args) -> int:
         print(f"statecore: error: --parquet needs one checkpoint root, found {len(roots)}: "
               + ", ".join(roots), file=sys.stderr)
         return 2
+    if args.parquet:
+        target = os.path.abspath(args.parquet)
+        if os.path.isdir(target):
+            print(f"statecore: error: --parquet {args.parquet} is a directory; give a file name",
+                  file=sys.stderr)
+            return 2
+        if not os.path.isdir(os.path.dirname(target)):
+            print(f"statecore: error: --parquet {args.parquet}: directory "
+                  f"{os.path.dirname(target)} does not exist", file=sys.stderr)
+            return 2
     for root in roots:
         for line in summary_lines(root, args.version, verify=args.verify):
             print(line)
@@ -188,11 +208,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Entry point; returns the exit status (0 ok, 1 a statecore error, 2 bad usage)."""
+    """Entry point; returns the exit status (0 ok, 1 a statecore or filesystem error, 2 bad
+    usage). Errors are one line on stderr, never a traceback."""
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except StateError as exc:
+    except (StateError, OSError) as exc:
         print(f"statecore: error: {exc}", file=sys.stderr)
         return 1
 

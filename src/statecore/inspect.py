@@ -66,20 +66,28 @@ def _fmt_bytes(n: int) -> str:
 def summary_lines(root: str, version: Optional[int] = None, verify: bool = False) -> Iterator[str]:
     """Human-readable description of one checkpoint root at ``version`` (default: latest):
     versions retained, runs, bytes, entries and tombstones per state, key groups, timers, the
-    committed metadata. ``verify`` first reads and checks every block (CorruptCheckpointError on
-    the first problem)."""
+    committed metadata. ``verify`` first reads and checks every block and entry
+    (``CheckpointStore.verify``) of ``version``, or of every retained version when ``version``
+    is None, and says which it checked (CorruptCheckpointError on the first problem)."""
     store = CheckpointStore(root)
     versions = store.versions()
     if not versions:
         raise CheckpointNotFoundError(f"no committed version in {root!r}")
     v = versions[-1] if version is None else version
-    d = store.verify(v) if verify else store.describe(v)
+    checked = []
+    if verify:
+        for w in (versions if version is None else [v]):
+            store.verify(w)
+            checked.append(w)
+    d = store.describe(v)
     yield f"checkpoint {root}"
     yield f"  versions retained  {', '.join(map(str, versions))}"
+    if checked:
+        yield (f"  verified           version{'s' if len(checked) > 1 else ''} "
+               f"{', '.join(map(str, checked))}: every block and entry")
     yield (f"  version {v}: {d['runs']} run(s), {_fmt_bytes(d['bytes'])} stored "
            f"({_fmt_bytes(d['bytes_added'])} written for this version), "
-           f"{_fmt_bytes(d['raw_bytes'])} uncompressed"
-           + (", verified" if verify else ""))
+           f"{_fmt_bytes(d['raw_bytes'])} uncompressed")
     yield (f"  key groups         {d['key_group_range'][0]}..{d['key_group_range'][1]} "
            f"of max parallelism {d['max_parallelism']} (key type {d['key_type']}, "
            f"assigner {d['assigner']})")

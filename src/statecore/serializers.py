@@ -48,6 +48,7 @@ __all__ = [
     "read_varlen",
     "len_bytes",
     "key_group_prefix",
+    "encoded_key_width",
     "read_key_group_prefix",
     "encode_key",
     "decode_key",
@@ -193,6 +194,19 @@ def key_group_prefix(key_group: int, max_parallelism: int) -> bytes:
     if not 0 <= key_group < max_parallelism:
         raise InvalidInputError(f"key group {key_group} outside [0, {max_parallelism - 1}]")
     return key_group.to_bytes(1 if max_parallelism <= 128 else 2, "big")
+
+
+def encoded_key_width(kind: str, key_ser, ns_ser, max_parallelism: int) -> int | None:
+    """The byte width every encoded key of a state of ``kind`` has when its key and namespace
+    serializers are fixed-width (prefix | ser(key) | ser(namespace): value, list, reducing and
+    aggregating state), else None (variable-length parts; map state, whose keys carry a user
+    key; timers)."""
+    if kind not in ("value", "list", "reducing", "aggregating"):
+        return None
+    kw, nw = key_serializer(key_ser).fixed_width, key_serializer(ns_ser).fixed_width
+    if kw is None or nw is None:
+        return None
+    return (1 if max_parallelism <= 128 else 2) + kw + nw
 
 
 def read_key_group_prefix(data: bytes, max_parallelism: int) -> tuple[int, int]:

@@ -157,12 +157,20 @@ __all__ = [
     "ReducingState",
     "AggregatingState",
     "StateSnapshot",
+    "checkpoint_version",
     "NAMESPACE_TYPES",
     "resolve_batch_namespaces",
     "check_snapshot_compatible",
 ]
 
 NAMESPACE_TYPES = ("void", "int32", "int64", "string", "binary")
+
+def checkpoint_version(snapshot_like) -> int | None:
+    """The checkpoint version a restore source holds (a ``CheckpointReader`` or
+    ``ChangesReader``: their ``version``), None for other snapshot-likes."""
+    v = getattr(snapshot_like, "version", None)
+    return int(v) if isinstance(v, (int, np.integer)) and not isinstance(v, bool) else None
+
 
 @runtime_checkable
 class StateSnapshot(Protocol):
@@ -277,6 +285,9 @@ class KeyedStateBackend(abc.ABC):
         self._last_snapshot_id = 0
         self._base_snapshot_id = 0
         self._restores = 0  # restores and applied change sets: each replaces the base
+        # The checkpoint version the base is (None: unknown); whether it came from restores.
+        self._base_version: int | None = None
+        self._base_from_restore = False
         if ttl_clock is not None and not callable(ttl_clock):
             raise InvalidInputError(f"ttl_clock must be a callable returning ms, got {ttl_clock!r}")
         self.ttl_clock = ttl_clock or wall_clock_ms
@@ -565,6 +576,17 @@ class KeyedStateBackend(abc.ABC):
         return self._base_snapshot_id
 
     @property
+    def base_version(self) -> int | None:
+        """The checkpoint version the base of incremental snapshots is, when known: the
+        version passed to :meth:`notify_checkpoint_complete` with the base's snapshot id, or
+        the version of the checkpoint reader(s) restored or applied since (every restore since
+        the last completed checkpoint from the same version; restores from different versions
+        or from in-memory snapshots leave it None). An incremental snapshot records it as
+        ``base_version`` and ``CheckpointStore.commit`` refuses an incremental run whose base
+        version is unknown or not the version it would be chained onto."""
+        return self._base_version
+
+    @property
     def base_token(self) -> tuple[int, int]:
         """Identifies the base (:attr:`base_snapshot_id` alone does not: a restore makes the
         restored contents the base without issuing an id): equal tokens mean the same base.
@@ -580,32 +602,50 @@ class KeyedStateBackend(abc.ABC):
         self._last_snapshot_id += 1
         return self._last_snapshot_id
 
-    def notify_checkpoint_complete(self, snapshot_id: int) -> None:
+    def notify_checkpoint_complete(self, snapshot_id: int, version: int | None = None) -> None:
         """The checkpoint holding snapshot ``snapshot_id`` is durable: it becomes the base, and
-        changes up to it stop being tracked. Idempotent; an id not newer than the current base is
-        ignored. Raises InvalidInputError for a non-int or an id this backend never issued,
-        StateError when closed."""
+        changes up to it stop being tracked. ``version``: the checkpoint version that snapshot
+        was committed as; it becomes :attr:`base_version`, which the next incremental snapshot
+        records (without it the base version is unknown and a checkpoint store refuses to
+        commit incremental runs relative to it). Idempotent; an id older than the current base
+        is ignored (the current base's id only records ``version``). Raises InvalidInputError
+        for a non-int or an id this backend never issued or a bad ``version``, StateError when
+        closed."""
         self.check_open()
         if (isinstance(snapshot_id, (bool, np.bool_))
                 or not isinstance(snapshot_id, (int, np.integer))):
             raise InvalidInputError(f"snapshot_id must be an int, got {snapshot_id!r}")
+        if version is not None and (isinstance(version, (bool, np.bool_))
+                                    or not isinstance(version, (int, np.integer))
+                                    or version < 0):
+            raise InvalidInputError(f"version must be an int >= 0 or None, got {version!r}")
         sid = int(snapshot_id)
         if sid < 1 or sid > self._last_snapshot_id:
             raise InvalidInputError(
                 f"unknown snapshot id {sid}: this backend issued ids 1..{self._last_snapshot_id}")
-        if sid <= self._base_snapshot_id:
+        if sid < self._base_snapshot_id or (sid == self._base_snapshot_id
+                                            and (version is None or self._base_from_restore)):
             return
-        self._complete_snapshot(sid)
-        self._base_snapshot_id = sid
+        if sid > self._base_snapshot_id:
+            self._complete_snapshot(sid)
+            self._base_snapshot_id = sid
+        self._base_version = None if version is None else int(version)
+        self._base_from_restore = False
 
     @abc.abstractmethod
     def _complete_snapshot(self, snapshot_id: int) -> None:
         """Move the change tracking's base to snapshot ``snapshot_id`` (newer than the base)."""
 
-    def _restored_is_base(self) -> None:
-        """After a restore: every snapshot issued so far predates the base."""
+    def _restored_is_base(self, version: int | None = None, applied_changes: bool = False) -> None:
+        """After a restore or (``applied_changes``) a change set, of checkpoint version
+        ``version`` (None when not a checkpoint's): every snapshot issued so far predates the
+        base (:attr:`base_version`)."""
         self._base_snapshot_id = self._last_snapshot_id
         self._restores += 1
+        if not applied_changes and self._base_from_restore and self._base_version != version:
+            version = None  # restored from several versions: no one version is the base
+        self._base_version = version
+        self._base_from_restore = True
 
     @abc.abstractmethod
     def num_entries(self) -> int:

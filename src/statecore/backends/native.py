@@ -316,6 +316,7 @@ class NativeBackend(TableBackend):
         snap = NativeSnapshot(self, self._tables, timer_data, sid,
                               self._snapshot_incremental(incremental))
         snap.ttl_expired = self._take_ttl_delta()
+        snap.base_version = self.base_version if snap.incremental else None
         self._pending[sid] = snap.table_versions()
         return snap
 
@@ -376,7 +377,7 @@ class NativeBackend(TableBackend):
                 table.native.load(kg, keys, vals, self.key_prefix_width)
         self.timers.apply_restore(timers)
         # The restored state is the base: the bulk load is not a change.
-        self._contents_are_base()
+        self._contents_are_base(version=base.checkpoint_version(snapshot_like))
         if migrated:
             self._migrated(expired)
 
@@ -398,6 +399,7 @@ class NativeBackend(TableBackend):
                 err = str(exc)
             if err is not None:
                 raise InvalidInputError(f"state {table.name!r}, key groups {lo}..{hi}: {err}")
+            self._check_key_width(table, keys, f"key groups {lo}..{hi}")
             parts.append((keys, vals))
         return parts
 
@@ -430,12 +432,12 @@ class NativeBackend(TableBackend):
         if gone is not None:
             table.native.remove_keys(kg, gone)
 
-    def _contents_are_base(self, applied_changes: bool = False) -> None:
+    def _contents_are_base(self, applied_changes: bool = False, version=None) -> None:
         # The bulk load is not a change; snapshots issued before it can no longer move the base.
         for table in self._tables.values():
             table.native.rebase(applied_changes)
         self._pending.clear()
-        self._restored_is_base()
+        self._restored_is_base(version, applied_changes)
 
     def _check_entries(self, table: NativeTable, kg: int, keys: pa.Array, vals: pa.Array) -> None:
         """Entries are loaded as bytes without decoding, so check what can be checked cheaply:
@@ -450,6 +452,7 @@ class NativeBackend(TableBackend):
             raise InvalidInputError(f"state {name!r}, key group {kg}: keys and values must be "
                                     "non-null and pair up")
         self._check_keys(table, kg, keys)
+        self._check_key_width(table, keys, f"key group {kg}")
         width = self._value_width(table)
         if width is not None:
             voffs = np.frombuffer(vals.buffers()[1], np.int32)[vals.offset:vals.offset + n + 1]
@@ -457,6 +460,21 @@ class NativeBackend(TableBackend):
                 raise InvalidInputError(
                     f"state {name!r}, key group {kg}: {table.value_ser.name} values must be "
                     f"{width} bytes")
+
+    def _check_key_width(self, table: NativeTable, keys: pa.Array, where: str) -> None:
+        """Every encoded key of a state whose keys have one width (key and namespace types
+        fixed-width: serializers.encoded_key_width) must have it: the bulk load does not decode
+        keys, and a truncated one would sit in the map as a key nothing can address or list.
+        InvalidInputError naming the state and ``where`` otherwise."""
+        kw = S.encoded_key_width(table.kind, self.key_serializer, table.ns_ser,
+                                 self.max_parallelism)
+        n = len(keys)
+        if kw is None or not n:
+            return
+        offs = np.frombuffer(keys.buffers()[1], np.int32)[keys.offset:keys.offset + n + 1]
+        if np.any(np.diff(offs) != kw):
+            raise InvalidInputError(
+                f"state {table.name!r}, {where}: an encoded key is not {kw} bytes")
 
     @staticmethod
     def _value_width(table: NativeTable):

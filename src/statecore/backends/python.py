@@ -412,6 +412,7 @@ class PythonBackend(TableBackend):
                               self.assigner, metas, data, snapshot_id=sid,
                               incremental=bool(incremental))
         snap.ttl_expired = self._take_ttl_delta()
+        snap.base_version = self.base_version if snap.incremental else None
         return snap
 
     def _complete_snapshot(self, snapshot_id: int) -> None:
@@ -455,7 +456,7 @@ class PythonBackend(TableBackend):
                 table.put(kg, k, v)
         self.timers.apply_restore(timers)
         # The restored state is the base: nothing before it is a change any more.
-        self._contents_are_base()
+        self._contents_are_base(version=base.checkpoint_version(snapshot_like))
         if migrated:
             self._migrated(expired)
 
@@ -485,12 +486,12 @@ class PythonBackend(TableBackend):
             out.append((key, ns))
         return out
 
-    def _contents_are_base(self, applied_changes: bool = False) -> None:
+    def _contents_are_base(self, applied_changes: bool = False, version=None) -> None:
         """After a restore or (``applied_changes``) a change set: the current contents are the
-        incremental base."""
+        incremental base (of checkpoint version ``version`` when known)."""
         for table in self._tables.values():
             table.changes.clear()
-        self._restored_is_base()
+        self._restored_is_base(version, applied_changes)
 
     def _key_namespaces(self, state_name: str, kgs: KeyGroupRange):
         data, ser = self._tables[state_name].data, self.key_serializer.serialize

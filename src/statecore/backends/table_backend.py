@@ -274,7 +274,7 @@ class TableBackend(base.KeyedStateBackend):
             for part in parts:
                 self._apply_staged_changes(table, part)
         self.timers.replace_restore(kgs, timers)
-        self._contents_are_base(applied_changes=True)
+        self._contents_are_base(applied_changes=True, version=base.checkpoint_version(changes))
 
     def _stage_change_set(self, table: StateTable, changes, kgs: list) -> list:
         """The checked parts of ``changes`` for ``table``'s state over key groups ``kgs``, each
@@ -292,9 +292,10 @@ class TableBackend(base.KeyedStateBackend):
         """Apply one part staged by :meth:`_stage_change_set`."""
 
     @abc.abstractmethod
-    def _contents_are_base(self, applied_changes: bool = False) -> None:
+    def _contents_are_base(self, applied_changes: bool = False, version=None) -> None:
         """After a restore or (``applied_changes``) a change set: the current contents are the
-        incremental base."""
+        incremental base; ``version``: the checkpoint version they are (None: unknown;
+        :meth:`statecore.backends.base.KeyedStateBackend.base_version`)."""
 
     # ------------------------------------------------------------------ lifecycle
     def dispose(self) -> None:

@@ -11,11 +11,17 @@
 
 Invariants:
 
-* Data files are immutable once a manifest references them; runs are shared between versions by
-  path and never rewritten.
+* Data files are immutable and never overwritten: every write gets a new name
+  (statecore.checkpoint.layout), so a replay cannot damage a committed version; runs are
+  shared between versions by path.
+* An incremental run records the version it is relative to (``base_version``) and is only
+  committed directly on top of that version; a chain's runs must agree on it
+  (statecore.checkpoint.runs), so a missing base is an error, never a silent loss.
+* A version at or below the latest committed one is committed only with ``replace=True`` (a
+  replayed micro-batch re-commits its version); newer versions keep the runs they reference.
 * The manifest is written last and atomically: a version exists for readers only once its
   manifest does, and a crash at any point leaves either the previous manifest or the new one.
-  A replayed version (a re-run micro-batch) rewrites its own files and re-commits its manifest.
+  A replayed version (a re-run micro-batch) writes new files and re-commits its manifest.
 * A chain without a full run cannot be committed (InvalidInputError: an incremental snapshot
   needs a committed base).
 * Commit, compaction publishing and retention of one root run in one process (the Spark driver);
@@ -137,6 +143,20 @@ def _run_from_descriptor(d: dict, version: int) -> tuple[dict, tuple, list, dict
         kind = d.get("kind", KIND_FULL)
         if kind not in (KIND_FULL, KIND_INCREMENTAL):
             raise InvalidInputError(f"descriptor of {path!r} has unknown kind {kind!r}")
+        base_version = d.get("base_version")
+        if kind == KIND_INCREMENTAL and base_version is None:
+            raise InvalidInputError(
+                f"incremental run {path!r} of writer {d.get('writer')!r} does not record the "
+                "checkpoint version its changes are relative to (its backend's base came from "
+                "notify_checkpoint_complete without a version, or from an in-memory snapshot): "
+                "pass version= to notify_checkpoint_complete, restore from the store, or write a "
+                "full snapshot")
+        if base_version is not None:
+            base_version = check_version(base_version)
+            if base_version >= version:
+                raise InvalidInputError(
+                    f"incremental run {path!r} is relative to version {base_version}, not below "
+                    f"the version {version} it is committed as")
         run = {
             "path": path, "size": int(d["size"]), "writer": check_writer(d["writer"]),
             "version": version, "seq": 0, "kind": kind,
@@ -149,6 +169,8 @@ def _run_from_descriptor(d: dict, version: int) -> tuple[dict, tuple, list, dict
             "key_groups_nonempty": int(d["key_groups_nonempty"]),
             "footer_xxh64": f"{int(str(d['footer_xxh64']), 16):016x}",
         }
+        if kind == KIND_INCREMENTAL:
+            run["base_version"] = base_version
     except InvalidInputError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -168,10 +190,12 @@ class Committer:
         self.lock = lock
 
     def commit(self, version: int, descriptors: Iterable[dict],
-               metadata: dict | None = None) -> CommitResult:
+               metadata: dict | None = None, replace: bool = False) -> CommitResult:
         """Check ``descriptors`` and publish the manifest of ``version``; arguments and errors as
         ``CheckpointStore.commit`` (which also takes the pending descriptors and compacts)."""
         version = check_version(version)
+        if not isinstance(replace, bool):
+            raise InvalidInputError(f"replace must be a bool, got {replace!r}")
         descriptors = list(descriptors)
         if not descriptors:
             raise InvalidInputError(f"commit of version {version} without any data file descriptor")
@@ -221,7 +245,15 @@ class Committer:
                     f"descriptor says {f['size']}")
 
         with self.lock:
-            prev_version = max((v for v in self.manifests.versions() if v < version), default=None)
+            committed = self.manifests.versions()
+            if committed and version <= committed[-1] and not replace:
+                raise InvalidInputError(
+                    f"version {version} is not above the latest committed version "
+                    f"{committed[-1]}: committing it would "
+                    + ("replace it" if version in committed else "insert it below newer ones")
+                    + "; pass replace=True to do so on purpose (a replayed micro-batch); newer "
+                    "versions keep the runs they were committed with")
+            prev_version = max((v for v in committed if v < version), default=None)
             prev = self.manifests.read(prev_version) if prev_version is not None else None
             prev_runs = prev["files"] if prev is not None else []
             seq = 1 + max((r["seq"] for r in prev_runs), default=0)
@@ -229,6 +261,15 @@ class Committer:
                 f["seq"] = seq
             where = (f"commit of version {version} on top of version {prev_version}"
                      if prev is not None else f"commit of version {version} (no earlier version)")
+            for f in files:
+                base = f.get("base_version")
+                if base is not None and base != prev_version:
+                    missing = "" if base in committed else f" (version {base} is not committed)"
+                    raise InvalidInputError(
+                        f"{where}: incremental run {f['path']!r} of writer {f['writer']!r} holds "
+                        f"the changes since version {base}{missing}, but it would be chained "
+                        f"onto version {prev_version}; write a full snapshot, or restore version "
+                        f"{prev_version} and checkpoint again")
             segments = plan_chains(prev_runs + files, union, InvalidInputError, where)
             used = chain_run_ids(segments)
             kept = [r for r in prev_runs if id(r) in used]

@@ -532,6 +532,8 @@ class DataFileReader:
                               offset=tables + n_blocks * BLOCK_DTYPE.itemsize)
         try:
             states = [m["name"] for m in meta["states"]]
+            if len(set(states)) != len(states) or not all(isinstance(n, str) for n in states):
+                raise ValueError(f"state names are not distinct strings: {states}")
             kg_start, kg_end = (int(x) for x in meta["key_group_range"])
             self.max_parallelism = int(meta["max_parallelism"])
             self.key_type = meta["key_type"]

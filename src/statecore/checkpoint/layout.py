@@ -10,8 +10,14 @@ Invariants this module keeps:
   same directory and then moved (``fs.move``); on object stores (S3, GCS, Azure) it is a single
   put of the complete bytes, which is atomic there. A write that fails or is abandoned leaves
   nothing at the final path.
-* Names of writer runs are deterministic (a replayed micro-batch rewrites its own files);
-  compaction outputs carry a random suffix and are never overwritten.
+* Every data file gets a new name (the writer's name or the compaction's key-group range plus a
+  random suffix), so no write ever replaces a file: a replayed micro-batch writes new files
+  beside the ones a committed manifest may reference, and retention deletes whichever end up
+  unreferenced.
+* Durability (:meth:`CheckpointRoot.write_atomic`): on the local filesystem a file's bytes are
+  fsynced before it is renamed into place and its directory is fsynced after, so a file that
+  has appeared survives a power loss; on object stores a completed put is durable; on HDFS a
+  closed file is replicated (pyarrow exposes no ``hsync``).
 """
 
 from __future__ import annotations
@@ -70,8 +76,9 @@ def manifest_name(version: int) -> str:
 
 
 def data_path(version: int, writer: str) -> str:
-    """Path relative to the root of the data file of ``writer`` at ``version``."""
-    return f"data/{version_dir(version)}/{writer}.sckp"
+    """A new, unique path relative to the root for a data file of ``writer`` at ``version``
+    (``data/V/<writer>-<12 hex digits>.sckp``): every write gets its own file."""
+    return f"data/{version_dir(version)}/{writer}-{uuid.uuid4().hex[:12]}.sckp"
 
 
 def pending_path(version: int, writer: str) -> str:
@@ -106,6 +113,15 @@ def _has_atomic_rename(fs: pafs.FileSystem) -> bool:
     while isinstance(fs, pafs.SubTreeFileSystem):
         fs = fs.base_fs
     return fs.type_name not in _OBJECT_STORES
+
+
+def _local_os_path(fs: pafs.FileSystem, path: str) -> str | None:
+    """The operating-system path of ``path`` in ``fs`` when ``fs`` is the local filesystem
+    (possibly under ``SubTreeFileSystem`` layers), else None."""
+    while isinstance(fs, pafs.SubTreeFileSystem):
+        path = fs.base_path.rstrip("/") + "/" + path.lstrip("/")
+        fs = fs.base_fs
+    return path if fs.type_name == "local" else None
 
 
 class CheckpointRoot:
@@ -168,7 +184,10 @@ class CheckpointRoot:
         """Run ``produce(stream)`` and make its bytes appear at ``rel`` all at once; returns what
         ``produce`` returned. ``before_publish()`` (optional) runs after ``produce`` and before
         the bytes become visible; it raises to abandon the write (nothing appears at ``rel``).
-        Filesystem errors propagate as ``OSError`` (the temporary file removed)."""
+        On the local filesystem the bytes are fsynced before the rename and the directories
+        from the file's up to the root after it (module docstring "Durability"), so once this
+        returns the file survives a power loss. Filesystem errors propagate as ``OSError`` (the
+        temporary file removed)."""
         final = self.path(rel)
         parent = final.rsplit("/", 1)[0]
         if not self.atomic_rename:
@@ -185,6 +204,7 @@ class CheckpointRoot:
         try:
             with self.fs.open_output_stream(tmp) as out:
                 result = produce(out)
+            self._sync(tmp)
             if before_publish is not None:
                 before_publish()
             self.fs.move(tmp, final)
@@ -194,7 +214,25 @@ class CheckpointRoot:
             except OSError:
                 pass
             raise
+        d = parent
+        while True:  # the new name, and any directory create_dir made, reach the disk
+            self._sync(d)
+            if len(d) <= len(self.root) or "/" not in d:
+                break
+            d = d.rsplit("/", 1)[0]
         return result
+
+    def _sync(self, path: str) -> None:
+        """fsync the file or directory ``path`` of :attr:`fs` when it is on the local
+        filesystem (directly or through ``SubTreeFileSystem``); a no-op elsewhere."""
+        local = _local_os_path(self.fs, path)
+        if local is None:
+            return
+        fd = os.open(local, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def write_bytes(self, rel: str, data: bytes) -> None:
         """Publish ``data`` at ``rel`` atomically (:meth:`write_atomic`)."""

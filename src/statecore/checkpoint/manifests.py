@@ -37,7 +37,8 @@ from statecore.checkpoint.runs import (
 from statecore.errors import CheckpointNotFoundError, CorruptCheckpointError, InvalidInputError
 
 __all__ = ["ManifestLog", "MANIFEST_FORMAT", "MANIFEST_FORMAT_VERSION",
-           "READABLE_MANIFEST_VERSIONS", "canonical_json", "new_manifest_body", "describe_manifest"]
+           "READABLE_MANIFEST_VERSIONS", "canonical_json", "new_manifest_body", "describe_manifest",
+           "check_manifest_schema", "parse_manifest"]
 
 MANIFEST_FORMAT = "statecore-checkpoint"
 MANIFEST_FORMAT_VERSION = 2
@@ -59,6 +60,89 @@ def _upgraded(body: dict, version: int) -> dict:
                      tombstones={n: 0 for n in f["entries"]})
     body["format_version"] = MANIFEST_FORMAT_VERSION
     return body
+
+
+def _is_int(x, lo: int = 0) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= lo
+
+
+def _counts(x, what: str, names=None) -> None:
+    """``x`` must be ``{str: int >= 0}`` (keys among ``names`` when given)."""
+    if not isinstance(x, dict) or not all(isinstance(k, str) and _is_int(v) for k, v in x.items()):
+        raise ValueError(f"{what} is not an object of counts: {x!r}")
+    if names is not None and not set(x) <= set(names):
+        raise ValueError(f"{what} names states the run does not hold: "
+                         f"{sorted(set(x) - set(names))}")
+
+
+def check_manifest_schema(body: dict) -> None:
+    """Raise ValueError naming the first field of the (upgraded) manifest ``body`` whose type or
+    value breaks docs/formats.md "Checkpoint store and manifests" (the structural rules: ranges,
+    chains, the checksum, are checked by the reader)."""
+    if not isinstance(body, dict):
+        raise ValueError("the manifest is not an object")
+    for f in ("version", "created_ms", "format_version"):
+        if not _is_int(body.get(f)):
+            raise ValueError(f"{f} is not an int >= 0: {body.get(f)!r}")
+    if not _is_int(body.get("max_parallelism"), 1) or body["max_parallelism"] > 32768:
+        raise ValueError(f"max_parallelism is not in [1, 32768]: {body.get('max_parallelism')!r}")
+    for f in ("key_type", "assigner"):
+        if not isinstance(body.get(f), str):
+            raise ValueError(f"{f} is not a string: {body.get(f)!r}")
+    states = body.get("states")
+    if not isinstance(states, list):
+        raise ValueError(f"states is not a list: {states!r}")
+    names = []
+    for m in states:
+        if not isinstance(m, dict) or not isinstance(m.get("name"), str) or not m["name"]:
+            raise ValueError(f"a state meta is not an object with a name: {m!r}")
+        for f in ("kind", "namespace_type"):
+            if not isinstance(m.get(f), str):
+                raise ValueError(f"state {m['name']!r}: {f} is not a string: {m.get(f)!r}")
+        if m["kind"] != "timers" and not isinstance(m.get("value_type"), str):
+            raise ValueError(f"state {m['name']!r}: value_type is not a string")
+        if m.get("ttl") is not None and not isinstance(m["ttl"], dict):
+            raise ValueError(f"state {m['name']!r}: ttl is not an object")
+        names.append(m["name"])
+    if len(set(names)) != len(names):
+        twice = sorted(n for n in set(names) if names.count(n) > 1)
+        raise ValueError(f"states are listed twice: {twice}")
+    files = body.get("files")
+    if not isinstance(files, list):
+        raise ValueError(f"files is not a list: {files!r}")
+    paths = set()
+    for f in files:
+        if not isinstance(f, dict) or not isinstance(f.get("path"), str) or not f["path"]:
+            raise ValueError(f"a run is not an object with a path: {f!r}")
+        where = f"run {f['path']!r}"
+        if f["path"] in paths:
+            raise ValueError(f"{where} is listed twice")
+        paths.add(f["path"])
+        if not isinstance(f.get("writer"), str):
+            raise ValueError(f"{where}: writer is not a string")
+        for k in ("size", "version", "blocks", "raw_bytes", "stored_bytes", "key_groups_nonempty"):
+            if not _is_int(f.get(k)):
+                raise ValueError(f"{where}: {k} is not an int >= 0: {f.get(k)!r}")
+        if f["version"] > body["version"]:
+            raise ValueError(f"{where} is of version {f['version']}, newer than the manifest")
+        fx = f.get("footer_xxh64")
+        if not isinstance(fx, str) or len(fx) != 16 or fx.strip("0123456789abcdef"):
+            raise ValueError(f"{where}: footer_xxh64 is not 16 lowercase hex digits: {fx!r}")
+        run_states = f.get("states")
+        if not isinstance(run_states, list) or not all(isinstance(n, str) for n in run_states):
+            raise ValueError(f"{where}: states is not a list of names")
+        if len(set(run_states)) != len(run_states) or not set(run_states) <= set(names):
+            raise ValueError(f"{where}: states {run_states} repeat a name or name a state the "
+                             "manifest does not describe")
+        _counts(f.get("entries"), f"{where}: entries", run_states)
+        _counts(f.get("tombstones"), f"{where}: tombstones", run_states)
+    if not isinstance(body.get("metadata"), dict):
+        raise ValueError("metadata is not an object")
+    for f in ("ttl_expired", "ttl_compaction_expired"):
+        if f in body:
+            _counts(body[f], f)
+    if "compacted_ms" in body and not _is_int(body["compacted_ms"]):
+        raise ValueError(f"compacted_ms is not an int >= 0: {body['compacted_ms']!r}")
 
 
 def _short(vs: list[int]) -> str:
@@ -94,6 +178,76 @@ class _ValidatedManifests:
 
 
 _VALIDATED_MANIFESTS = _ValidatedManifests()
+
+
+def parse_manifest(raw: bytes, version: int, path: str) -> dict:
+    """The validated manifest of ``version`` from its file's bytes ``raw`` (a fresh dict, a
+    version-1 manifest upgraded); ``path`` names it in errors. Raises CorruptCheckpointError
+    (naming ``path``) when the bytes are not valid JSON, fail the checksum or break a rule of
+    docs/formats.md (:func:`check_manifest_schema`, overlapping runs of one seq, top runs that
+    do not tile the range, a chain without a full run or whose base is missing)."""
+    try:
+        doc = json.loads(raw.decode("ascii"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CorruptCheckpointError(f"manifest {path} is not valid JSON: {exc}") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("checksum_xxh64"), str):
+        raise CorruptCheckpointError(f"manifest {path} is not a statecore manifest object")
+    body = {k: v for k, v in doc.items() if k != "checksum_xxh64"}
+    try:
+        ok = int(doc["checksum_xxh64"], 16) == xxh64(canonical_json(body))
+    except ValueError:
+        ok = False
+    if not ok:
+        raise CorruptCheckpointError(f"manifest {path}: checksum mismatch")
+    try:
+        if (body["format"] != MANIFEST_FORMAT
+                or body["format_version"] not in READABLE_MANIFEST_VERSIONS):
+            raise ValueError(f"format {body['format']!r} v{body['format_version']}")
+        if body["version"] != version:
+            raise ValueError(f"it describes version {body['version']}")
+        if not isinstance(body.get("files"), list) or not all(
+                isinstance(f, dict) for f in body["files"]):
+            raise ValueError("files is not a list of objects")
+        _upgraded(body, version)
+        check_manifest_schema(body)
+        for f in body["files"]:
+            if f["path"].startswith("/") or ".." in f["path"].split("/"):
+                raise ValueError(f"file path {f['path']!r} leaves the root")
+            int(f["size"]), int(f["footer_xxh64"], 16), range_bounds(f["key_group_range"])
+            if f["kind"] not in (KIND_FULL, KIND_INCREMENTAL):
+                raise ValueError(f"run {f['path']!r} has unknown kind {f['kind']!r}")
+            if isinstance(f["seq"], bool) or not isinstance(f["seq"], int) or f["seq"] < 0:
+                raise ValueError(f"run {f['path']!r} has a bad seq {f['seq']!r}")
+            b = f.get("base_version")
+            if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 0
+                                  or f["kind"] != KIND_INCREMENTAL):
+                raise ValueError(f"run {f['path']!r} has a bad base_version {b!r}")
+        int(body["max_parallelism"]), range_bounds(body["key_group_range"])
+        [m["name"] for m in body["states"]]
+        if not isinstance(body["metadata"], dict):
+            raise ValueError("metadata is not an object")
+    except (KeyError, TypeError, ValueError, AttributeError, InvalidInputError) as exc:
+        raise CorruptCheckpointError(f"manifest {path} is malformed: {exc}") from exc
+    top_seq = max((f["seq"] for f in body["files"]), default=0)
+    by_seq: dict[int, list] = {}
+    for f in body["files"]:
+        by_seq.setdefault(f["seq"], []).append(f)
+    union = None
+    for sq, group in by_seq.items():
+        # runs of one seq come from one commit: they must not overlap; the top ones tile
+        if sq == top_seq:
+            union = union_range(group, version, CorruptCheckpointError, path)
+        else:
+            check_disjoint(group, version, path)
+    if union is None:
+        union = (0, -1)
+    if list(union) != list(body["key_group_range"]):
+        raise CorruptCheckpointError(
+            f"manifest {path}: key-group range {body['key_group_range']} is not the union "
+            f"{list(union)} of its files")
+    plan_chains(body["files"], union, CorruptCheckpointError, f"manifest {path}")
+    body["checksum_xxh64"] = doc["checksum_xxh64"]
+    return body
 
 
 class ManifestLog:
@@ -143,64 +297,13 @@ class ManifestLog:
                 f"checkpoint version {version} not found under {self.root.uri} (committed "
                 f"versions: {_short(self.versions())})") from None
         if _VALIDATED_MANIFESTS.seen(path, raw):
-            # These exact bytes passed every check below at this path (so for this version).
+            # These exact bytes passed every check of parse_manifest at this path (so for this
+            # version).
             doc = json.loads(raw)
             body = _upgraded({k: v for k, v in doc.items() if k != "checksum_xxh64"}, version)
             body["checksum_xxh64"] = doc["checksum_xxh64"]
             return body
-        try:
-            doc = json.loads(raw.decode("ascii"))
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise CorruptCheckpointError(f"manifest {path} is not valid JSON: {exc}") from exc
-        if not isinstance(doc, dict) or not isinstance(doc.get("checksum_xxh64"), str):
-            raise CorruptCheckpointError(f"manifest {path} is not a statecore manifest object")
-        body = {k: v for k, v in doc.items() if k != "checksum_xxh64"}
-        try:
-            ok = int(doc["checksum_xxh64"], 16) == xxh64(canonical_json(body))
-        except ValueError:
-            ok = False
-        if not ok:
-            raise CorruptCheckpointError(f"manifest {path}: checksum mismatch")
-        try:
-            if (body["format"] != MANIFEST_FORMAT
-                    or body["format_version"] not in READABLE_MANIFEST_VERSIONS):
-                raise ValueError(f"format {body['format']!r} v{body['format_version']}")
-            if body["version"] != version:
-                raise ValueError(f"it describes version {body['version']}")
-            _upgraded(body, version)
-            for f in body["files"]:
-                if f["path"].startswith("/") or ".." in f["path"].split("/"):
-                    raise ValueError(f"file path {f['path']!r} leaves the root")
-                int(f["size"]), int(f["footer_xxh64"], 16), range_bounds(f["key_group_range"])
-                if f["kind"] not in (KIND_FULL, KIND_INCREMENTAL):
-                    raise ValueError(f"run {f['path']!r} has unknown kind {f['kind']!r}")
-                if isinstance(f["seq"], bool) or not isinstance(f["seq"], int) or f["seq"] < 0:
-                    raise ValueError(f"run {f['path']!r} has a bad seq {f['seq']!r}")
-            int(body["max_parallelism"]), range_bounds(body["key_group_range"])
-            [m["name"] for m in body["states"]]
-            if not isinstance(body["metadata"], dict):
-                raise ValueError("metadata is not an object")
-        except (KeyError, TypeError, ValueError, AttributeError, InvalidInputError) as exc:
-            raise CorruptCheckpointError(f"manifest {path} is malformed: {exc}") from exc
-        top_seq = max((f["seq"] for f in body["files"]), default=0)
-        by_seq: dict[int, list] = {}
-        for f in body["files"]:
-            by_seq.setdefault(f["seq"], []).append(f)
-        union = None
-        for sq, group in by_seq.items():
-            # runs of one seq come from one commit: they must not overlap; the top ones tile
-            if sq == top_seq:
-                union = union_range(group, version, CorruptCheckpointError, path)
-            else:
-                check_disjoint(group, version, path)
-        if union is None:
-            union = (0, -1)
-        if list(union) != list(body["key_group_range"]):
-            raise CorruptCheckpointError(
-                f"manifest {path}: key-group range {body['key_group_range']} is not the union "
-                f"{list(union)} of its files")
-        plan_chains(body["files"], union, CorruptCheckpointError, f"manifest {path}")
-        body["checksum_xxh64"] = doc["checksum_xxh64"]
+        body = parse_manifest(raw, version, path)
         _VALIDATED_MANIFESTS.add(path, raw)
         return body
 

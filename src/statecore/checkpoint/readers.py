@@ -32,6 +32,8 @@ from statecore.checkpoint.format import (
 )
 from statecore.checkpoint.layout import CheckpointRoot
 from statecore.checkpoint.runs import plan_chains
+from statecore.checkpoint.verify import check_entries
+from statecore.descriptors import stored_format
 from statecore.errors import CheckpointError, CorruptCheckpointError, InvalidInputError
 
 __all__ = ["CheckpointReader", "ChangesReader", "open_changes", "merge_newest_wins", "CHUNK_BYTES"]
@@ -122,6 +124,7 @@ class CheckpointReader:
         self.metadata = manifest["metadata"]
         self._metas = [dict(m) for m in manifest["states"]]
         self._names = {m["name"] for m in self._metas}
+        self._metas_by_name = {m["name"]: m for m in self._metas}
         self._timer_states = {m["name"] for m in self._metas if m.get("kind") == "timers"}
         self._segments = segments if segments is not None else plan_chains(
             manifest["files"], manifest["key_group_range"], CorruptCheckpointError,
@@ -177,6 +180,23 @@ class CheckpointReader:
                 reader.close()
                 raise CorruptCheckpointError(
                     f"checkpoint data file {path}: footer says {theirs}, the manifest {mine}")
+            # Entries are found by the footer's state positions: a footer whose states differ
+            # from the manifest's (renamed, reordered, another format) would read the wrong
+            # state's entries.
+            footer_metas = reader.state_metas()
+            if [m.get("name") for m in footer_metas] != list(run["states"]):
+                reader.close()
+                raise CorruptCheckpointError(
+                    f"checkpoint data file {path}: footer holds states "
+                    f"{[m.get('name') for m in footer_metas]}, the manifest lists "
+                    f"{list(run['states'])}")
+            for m in footer_metas:
+                ours = self._metas_by_name.get(m["name"])
+                if ours is None or stored_format(ours) != stored_format(m):
+                    reader.close()
+                    raise CorruptCheckpointError(
+                        f"checkpoint data file {path}: state {m['name']!r} is {m} in the "
+                        f"footer but {ours} in the manifest")
             self._open_files[run["path"]] = reader
         return reader
 
@@ -316,16 +336,21 @@ class CheckpointReader:
 
     def verify(self) -> None:
         """Read and check every block of every run of the version (checksums, structure, entry
-        and tombstone counts against the manifest), then the merged view of every (state, key
-        group). Raises CorruptCheckpointError on the first problem."""
+        and tombstone counts against the manifest, and every entry as a restore would check it:
+        :func:`statecore.checkpoint.verify.check_entries`), then the merged view of every
+        (state, key group). Raises CorruptCheckpointError on the first problem."""
         for f in self.manifest["files"]:
             start, end = f["key_group_range"]
             data = self.data_file(f)
             got = {name: 0 for name in f["states"]}
             tombs = {name: 0 for name in f["states"]}
+            where = f"checkpoint data file {self._root.path(f['path'])}"
             for kg in range(start, end + 1):
                 for name in f["states"]:
-                    _, vals = data.entries(name, kg)
+                    keys, vals = data.entries(name, kg)
+                    check_entries(where, self._metas_by_name[name], kg, keys, vals,
+                                  self.max_parallelism, self.key_type,
+                                  f["kind"] == KIND_INCREMENTAL)
                     got[name] += len(vals)
                     tombs[name] += vals.null_count
             want_t = {n: f.get("tombstones", {}).get(n, 0) for n in f["states"]}

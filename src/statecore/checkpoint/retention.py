@@ -1,8 +1,9 @@
 """Retention: keeping the newest versions of a root and deleting what nothing needs any more.
 
 :meth:`Retention.retain` deletes manifests of dropped versions first (oldest first, so the
-committed versions stay a suffix), then every file under ``data/`` and ``pending/`` that no
-retained manifest references, except files of versions at or above the newest retained one
+committed versions stay a suffix), the temporary files of manifest writes killed before their
+rename, then every file under ``data/`` and ``pending/`` that no retained manifest references,
+except files of versions at or above the newest retained one
 (writes of a version in flight) -- compaction outputs excepted -- and files of a compaction in
 progress in this process. The retained manifests are all read and checked before anything is
 deleted.
@@ -56,6 +57,12 @@ class Retention:
             for v in drop:
                 self.manifests.delete(v)
             newest = keep[-1]
+            for f in self.root.list(self.root.root):
+                # A manifest write killed before its rename; manifests are only written under
+                # the lock held here, so none is in flight.
+                if (f.type == pafs.FileType.File and f.base_name.startswith("manifest-")
+                        and ".json.tmp-" in f.base_name):
+                    fs.delete_file(f.path)
             for top in ("data", "pending"):
                 for d in self.root.list(self.root.path(top)):
                     if d.type != pafs.FileType.Directory or not is_version_dir(d.base_name):

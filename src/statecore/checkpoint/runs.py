@@ -10,7 +10,10 @@ For a key group ``kg`` the *chain* of a version is its runs covering ``kg`` from
 (highest seq) down to and including the newest full one; a run in no chain of the version's
 range is not needed (a full run makes all older runs of its key groups unnecessary). A chain
 without a full run is an error: at commit an incremental snapshot without a committed base, in a
-stored manifest corruption. A reader merges a chain newest-wins per (state, key group).
+stored manifest corruption. A reader merges a chain newest-wins per (state, key group). An
+incremental run records the version its changes are relative to (``base_version``; runs committed
+before it was recorded have none): the next run down its chain must be of that version, or the
+chain is broken (its base is gone).
 
 Runs are JSON-able dicts (manifest ``files`` entries: ``path``, ``seq``, ``kind``,
 ``key_group_range`` ``[start, end]`` inclusive, ...); the functions here never modify them.
@@ -54,6 +57,14 @@ def plan_chains(runs: list[dict], kg_range, err, where: str) -> list[tuple[int, 
                     break
         if not chain:
             raise err(f"{where}: no run holds key groups {a}..{b}")
+        for newer, older in zip(chain, chain[1:]):
+            base = newer.get("base_version")
+            if base is not None and older["version"] != base:
+                raise err(
+                    f"{where}: incremental run {newer['path']!r} holds the changes since version "
+                    f"{base}, but the run below it for key groups {a}..{b} is "
+                    f"{older['path']!r} of version {older['version']}: the runs of version "
+                    f"{base} are missing")
         if chain[-1]["kind"] != KIND_FULL:
             raise err(
                 f"{where}: incremental run(s) {[r['path'] for r in chain]} have no full base run "

@@ -27,6 +27,7 @@ from statecore.checkpoint.format import (
     CHUNK_TARGET_BYTES,
     DEFAULT_BLOCK_TARGET_BYTES,
     FORMAT_VERSION,
+    KIND_INCREMENTAL,
     WriteSummary,
     plan_file,
     write_data_file,
@@ -55,8 +56,11 @@ def run_descriptor(snap: Any, version: int, writer: str, rel: str, summary: Writ
     ``version`` from ``snap``: a JSON-able dict of the file's facts (``path``, ``size`` in
     bytes, ``kind``, ``key_group_range``, ``states``, ``entries``, ``tombstones``, ``blocks``,
     ``raw_bytes``, ``stored_bytes``, ``footer_xxh64`` as 16 hex digits, ...), the writer's TTL
-    cleanup counts (``snap.ttl_expired``) and ``snapshot_id`` (``snap.snapshot_id`` or None)."""
+    cleanup counts (``snap.ttl_expired``), ``snapshot_id`` (``snap.snapshot_id`` or None) and,
+    for an incremental run, ``base_version``: the checkpoint version its changes are relative
+    to (``snap.base_version``, None when the backend does not know it)."""
     snapshot_id = getattr(snap, "snapshot_id", None)
+    base_version = getattr(snap, "base_version", None) if summary.kind == KIND_INCREMENTAL else None
     meta = summary.meta
     return {
         "format_version": FORMAT_VERSION,
@@ -81,6 +85,8 @@ def run_descriptor(snap: Any, version: int, writer: str, rel: str, summary: Writ
         "kind": summary.kind,
         "tombstones": summary.tombstones,
         "snapshot_id": snapshot_id if isinstance(snapshot_id, int) else None,
+        "base_version": (int(base_version) if isinstance(base_version, int)
+                         and not isinstance(base_version, bool) else None),
     }
 
 

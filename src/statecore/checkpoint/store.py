@@ -41,7 +41,6 @@ from statecore.checkpoint.format import range_bounds
 from statecore.checkpoint.layout import (
     CheckpointRoot,
     check_version,
-    data_path,
     manifest_name,
     pending_path,
 )
@@ -160,10 +159,18 @@ class CheckpointStore:
         """File name (relative to the root) of the manifest of ``version``."""
         return manifest_name(version)
 
-    @staticmethod
-    def data_path(version: int, writer: str) -> str:
-        """Path relative to the root of the data file of ``writer`` at ``version``."""
-        return data_path(version, writer)
+    def run_path(self, version: int, writer: str) -> str:
+        """Path relative to the root of the run ``writer`` wrote for ``version`` as committed in
+        ``version``'s manifest (data file names are unique per write, so a replayed writer's
+        files are told apart by the manifest). Raises CheckpointNotFoundError when ``version``
+        is not committed or its manifest lists no such run, CorruptCheckpointError for a
+        damaged manifest."""
+        version = check_version(version)
+        for f in self.manifest(version)["files"]:
+            if f["writer"] == writer and f["version"] == version:
+                return f["path"]
+        raise CheckpointNotFoundError(
+            f"checkpoint version {version} under {self.uri} has no run of writer {writer!r}")
 
     @staticmethod
     def pending_path(version: int, writer: str) -> str:
@@ -253,7 +260,7 @@ class CheckpointStore:
         self._pending.clear(version)
 
     def commit(self, version: int, descriptors: Iterable[dict] | None = None,
-               metadata: dict | None = None) -> dict:
+               metadata: dict | None = None, *, replace: bool = False) -> dict:
         """Make ``version`` visible: check the descriptors and write its manifest, last and
         atomically (replacing the manifest of a replayed version). Returns the manifest (dict).
 
@@ -266,7 +273,18 @@ class CheckpointStore:
 
         ``descriptors``: from :meth:`write_snapshot`; ``None`` takes :meth:`pending` (version).
         ``metadata``: JSON-able dict stored with the version (e.g. the Spark batch id, watermark).
-        Raises InvalidInputError when there are no descriptors, a descriptor is malformed or of
+        ``replace``: allow ``version`` to be at or below the latest committed version (a
+        replayed micro-batch re-commits its version); without it that is refused, so a stray
+        commit cannot replace a committed version. Newer versions are never broken by it: data
+        files are never overwritten, and they keep referencing the runs they were committed
+        with.
+        An incremental run must record the version it is relative to (its descriptor's
+        ``base_version``, from the backend's ``base_version``) and that version must be the
+        highest committed one below ``version``: otherwise its base is missing or another one,
+        and committing it would silently lose changes.
+        Raises InvalidInputError when there are no descriptors, ``version`` is not above the
+        latest committed one without ``replace``, an incremental run's base version is unknown
+        or not the previous version, a descriptor is malformed or of
         another version, writers disagree on max parallelism / key type / assigner / a state's
         meta (also with the previous version's runs that are kept), two descriptors overlap in
         key groups, their ranges leave a gap, an incremental run has no full base run for some of
@@ -277,7 +295,7 @@ class CheckpointStore:
         version = check_version(version)
         if descriptors is None:
             descriptors = self.pending(version)
-        result = self._committer.commit(version, descriptors, metadata)
+        result = self._committer.commit(version, descriptors, metadata, replace)
         manifest = result.manifest
         if self.max_runs is not None and result.longest_chain > self.max_runs:
             if self.background_compaction:
@@ -289,10 +307,11 @@ class CheckpointStore:
     # ------------------------------------------------------------------- one-call checkpoint
 
     def checkpoint(self, backend: Any, version: int, *, incremental: bool = True,
-                   metadata: dict | None = None, writer: str = "p0") -> dict:
+                   metadata: dict | None = None, writer: str = "p0",
+                   replace: bool = False) -> dict:
         """Checkpoint ``backend`` as ``version`` in one call, with the bookkeeping Flink's
         checkpoint coordinator does for the user: snapshot, :meth:`write_snapshot`,
-        :meth:`commit` (``metadata`` as there) with this one descriptor, then
+        :meth:`commit` (``metadata`` and ``replace`` as there) with this one descriptor, then
         ``backend.notify_checkpoint_complete`` so that the next incremental snapshot is relative
         to ``version``; the snapshot is released in every case. Returns the committed manifest.
 
@@ -321,8 +340,8 @@ class CheckpointStore:
         snap = backend.snapshot(incremental=use_incremental)
         try:
             desc = self.write_snapshot(snap, version, writer)
-            manifest = self.commit(version, [desc], metadata)
-            backend.notify_checkpoint_complete(snap.snapshot_id)
+            manifest = self.commit(version, [desc], metadata, replace=replace)
+            backend.notify_checkpoint_complete(snap.snapshot_id, version)
             self._bases[backend] = (backend.base_token, version)
         finally:
             snap.release()

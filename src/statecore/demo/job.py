@@ -39,10 +39,16 @@ __all__ = ["DemoConfig", "DemoSummary", "DemoPipeline", "run_demo", "parse_durat
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
+#: Longest duration :func:`parse_duration_ms` accepts (100,000 days): event times (ms since the
+#: epoch) plus it stay far inside the int64 microseconds of Spark timestamps.
+MAX_DURATION_MS = 100_000 * 86_400_000
+
+
 def parse_duration_ms(text: str) -> int:
     """Parse ``"6h"``, ``"90m"``, ``"30s"``, ``"1d"``, ``"1h30m"``, ``"250ms"`` into milliseconds.
 
-    Raises InvalidInputError for anything else or for a zero duration.
+    Raises InvalidInputError for anything else, for a zero duration or for one longer than
+    :data:`MAX_DURATION_MS` (event times plus such a gap would overflow Spark's timestamps).
     """
     if not isinstance(text, str):
         raise InvalidInputError(f"duration must be a string like '6h', got {text!r}")
@@ -55,6 +61,9 @@ def parse_duration_ms(text: str) -> int:
     total = sum(int(n) * _UNITS_MS[u] for n, u in parts)
     if total <= 0:
         raise InvalidInputError(f"duration must be positive, got {text!r}")
+    if total > MAX_DURATION_MS:
+        raise InvalidInputError(
+            f"duration {text!r} is longer than {MAX_DURATION_MS // _UNITS_MS['d']:,} days")
     return total
 
 
@@ -109,6 +118,14 @@ class DemoConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InvalidInputError(f"{name} must be a positive int, got {v!r}")
+        if self.max_parallelism > 32768:
+            raise InvalidInputError(
+                f"max_parallelism must be at most 32768 (Flink's upper bound), got "
+                f"{self.max_parallelism}")
+        for name in ("checkpoint", "output", "landing"):
+            path = getattr(self, name)
+            if path is not None and os.path.exists(path) and not os.path.isdir(path):
+                raise InvalidInputError(f"{name} {path!r} exists and is not a directory")
         if self.parallelism > self.max_parallelism:
             raise InvalidInputError(
                 f"parallelism {self.parallelism} exceeds max_parallelism {self.max_parallelism}")
@@ -120,6 +137,10 @@ class DemoConfig:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise InvalidInputError(f"{name} must be a positive int (ms) or None, got {v!r}")
+        for name in ("session_gap_ms", "aircraft_idle_ttl_ms", "route_idle_ttl_ms"):
+            v = getattr(self, name)
+            if v is not None and v > MAX_DURATION_MS:
+                raise InvalidInputError(f"{name} must be at most {MAX_DURATION_MS} ms, got {v}")
         g = self.ttl_background_key_groups
         if isinstance(g, bool) or not isinstance(g, int) or g < 0:
             raise InvalidInputError(f"ttl_background_key_groups must be an int >= 0, got {g!r}")

@@ -957,7 +957,10 @@ class PendingBatch:
             # A flush after a version that predates query ids closes a stream of any query:
             # it must not pin the stream to "no query" (versions module).
             del metadata["query_id"]
-        manifest = store.commit(self.version, [r["descriptor"] for r in parts], metadata)
+        # A replayed micro-batch re-commits its version: replace on purpose (the operator
+        # restored version - 1 for it); newer versions keep the runs they reference.
+        manifest = store.commit(self.version, [r["descriptor"] for r in parts], metadata,
+                                replace=True)
         store.clear_pending(self.version)
         store.retain(op.retain_versions)
         phases = dict(self.phases, wait_s=self._wait_s, commit_s=time.perf_counter() - t_commit)

@@ -180,7 +180,7 @@ def _take_cached(key: tuple, want: tuple, committed_writers: Optional[frozenset]
         entry.backend.close()
         return None
     if entry.snapshot_id is not None:
-        entry.backend.notify_checkpoint_complete(entry.snapshot_id)
+        entry.backend.notify_checkpoint_complete(entry.snapshot_id, entry.version)
     return entry
 
 
@@ -214,7 +214,7 @@ def take_stale(key: tuple, store, version: int, config: tuple, kg_range):
         # the driver gave up on (a worker that never reported) may never finish.
         write = entry.write
         if write is None or (write.done() and write.exception() is None):
-            changes = store.open_changes(version, store.data_path(entry.version, entry.writer),
+            changes = store.open_changes(version, store.run_path(entry.version, entry.writer),
                                          kg_range.start, kg_range.end)
     except (CheckpointNotFoundError, StateError, OSError):
         changes = None
@@ -401,7 +401,7 @@ def _standby_catch_up(store, op_key: tuple, own: tuple, version: int, generation
         if entry.write is not None and entry.write.exception() is not None:
             return None
         kg = key_group_range_for_operator(entry.max_parallelism, entry.num_partitions, partition)
-        changes = store.open_changes(version, store.data_path(entry.version, entry.writer),
+        changes = store.open_changes(version, store.run_path(entry.version, entry.writer),
                                      kg.start, kg.end)
         if changes is None:
             return None

@@ -19,6 +19,7 @@ from statecore.descriptors import (
     ReducingStateDescriptor,
     ValueStateDescriptor,
 )
+from statecore.errors import InvalidInputError
 from statecore.testing.base import ConformanceBase
 from statecore.testing.helpers import snapshot_dump
 
@@ -37,11 +38,11 @@ class _FailingStore(CheckpointStore):
             raise OSError("injected write failure")
         return super().write_snapshot(snap, version, writer, **kw)
 
-    def commit(self, version, descriptors=None, metadata=None):
+    def commit(self, version, descriptors=None, metadata=None, **kw):
         if self.fail == "commit":
             self.fail = None
             raise OSError("injected commit failure")
-        return super().commit(version, descriptors, metadata)
+        return super().commit(version, descriptors, metadata, **kw)
 
 
 def _states(b):
@@ -142,9 +143,14 @@ class CheckpointingConformance(ConformanceBase):
         store.checkpoint(b, 3)
         assert _top_run_kind(store, 3) == "incremental"
         assert self._restored(store, 3) == snapshot_dump(b.snapshot())
-        # Retrying the failed version below a newer one is no chain of this backend: full.
+        # Retrying the failed version below a newer one is refused unless asked for; then it
+        # is no chain of this backend: full.
         _change(b, rng)
-        store.checkpoint(b, 2)
+        base = b.base_snapshot_id
+        with pytest.raises(InvalidInputError, match="not above the latest committed version 3"):
+            store.checkpoint(b, 2)
+        assert b.base_snapshot_id == base and store.versions() == [1, 3]
+        store.checkpoint(b, 2, replace=True)
         assert _top_run_kind(store, 2) == "full"
         assert self._restored(store, 2) == snapshot_dump(b.snapshot())
         _change(b, rng)

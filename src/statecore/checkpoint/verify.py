@@ -1,0 +1,82 @@
+"""The entry checks of ``verify``: what a restore would reject, found without restoring.
+
+A restore rejects a run's entries of one (state, key group) when a key is null, not longer than
+the key-group prefix, carries another key group's prefix, does not decode as the state's key and
+namespace (docs/formats.md "Encoded key"), or when a fixed-width value has another width; a
+merge rejects keys that are not strictly ascending. :func:`check_entries` applies all of these,
+so ``CheckpointReader.verify`` is at least as strict as a restore. Map-state keys (which carry
+a user key) and timer keys (a timestamp first) get the prefix, length and order checks only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from statecore import serializers as S
+from statecore.errors import CorruptCheckpointError, InvalidInputError
+
+__all__ = ["check_entries"]
+
+#: State kinds whose encoded keys are exactly prefix | ser(key) | ser(namespace).
+_PLAIN_KINDS = ("value", "list", "reducing", "aggregating")
+
+
+def check_entries(where: str, meta: dict, kg: int, keys: pa.Array, vals: pa.Array,
+                  max_parallelism: int, key_type: str, incremental: bool) -> None:
+    """Check the entries ``(keys, vals)`` (binary arrays) that one run holds for the state of
+    meta ``meta`` in key group ``kg`` (module docstring); ``incremental``: NULL values are
+    tombstones there, else not allowed. Raises CorruptCheckpointError starting with ``where``
+    and naming the state and key group."""
+    name = meta.get("name")
+    here = f"{where}: state {name!r}, key group {kg}"
+    n = len(keys)
+    if n == 0:
+        return
+    if keys.null_count:
+        raise CorruptCheckpointError(f"{here}: a key is null")
+    if vals.null_count and not incremental:
+        raise CorruptCheckpointError(f"{here}: a value is null in a full run")
+    w = len(S.key_group_prefix(kg, max_parallelism))
+    offs = np.frombuffer(keys.buffers()[1], np.int32)[keys.offset:keys.offset + n + 1]
+    lengths = np.diff(offs)
+    if np.any(lengths <= w):
+        raise CorruptCheckpointError(f"{here}: an encoded key is not longer than its "
+                                     "key-group prefix")
+    data = np.frombuffer(keys.buffers()[2], np.uint8)
+    starts = offs[:-1]
+    got = data[starts].astype(np.int32) if w == 1 else \
+        (data[starts].astype(np.int32) << 8) | data[starts + 1].astype(np.int32)
+    if np.any(got != kg):
+        raise CorruptCheckpointError(f"{here}: a key carries another key group's prefix")
+    raw = keys.to_pylist()
+    for i in range(1, n):
+        if not raw[i - 1] < raw[i]:
+            raise CorruptCheckpointError(
+                f"{here}: keys are not strictly ascending at entry {i} "
+                f"({raw[i - 1].hex()} then {raw[i].hex()})")
+    kind = meta.get("kind")
+    if kind in _PLAIN_KINDS:
+        want = S.encoded_key_width(kind, key_type, meta.get("namespace_type", "void"),
+                                   max_parallelism)
+        if want is not None:
+            bad = np.nonzero(lengths != want)[0]
+            if len(bad):
+                raise CorruptCheckpointError(
+                    f"{here}: encoded key {raw[bad[0]].hex()} is {lengths[bad[0]]} bytes, not "
+                    f"{want}")
+        else:
+            for kb in raw:
+                try:
+                    S.decode_key(kb, max_parallelism, key_type, meta.get("namespace_type"))
+                except InvalidInputError as exc:
+                    raise CorruptCheckpointError(f"{here}: {exc}") from None
+    if kind in ("value", "reducing"):
+        vw = S.value_serializer(meta.get("value_type")).fixed_width
+        if vw is not None:
+            vw += 8 if meta.get("ttl") else 0
+            voffs = np.frombuffer(vals.buffers()[1], np.int32)[vals.offset:vals.offset + n + 1]
+            sizes = np.diff(voffs)
+            live = ~np.asarray(vals.is_null()) if vals.null_count else np.ones(n, bool)
+            if np.any(sizes[live] != vw):
+                raise CorruptCheckpointError(f"{here}: a value is not {vw} bytes")
