@@ -7,6 +7,17 @@ than a few seconds. The fast loop is ``python -m pytest -m "not spark and not sl
 
 import pytest
 
+try:
+    from hypothesis import settings
+except ImportError:  # pragma: no cover - hypothesis is in the test extra
+    settings = None
+
+if settings is not None:
+    # No per-example deadline: these machines are shared, and a slow example is not a failure
+    # (performance is measured in bench/, never asserted in tests).
+    settings.register_profile("statecore", deadline=None)
+    settings.load_profile("statecore")
+
 
 def pytest_collection_modifyitems(config, items):
     for item in items:

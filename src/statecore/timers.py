@@ -209,10 +209,8 @@ class TimerService:
     def _encode(self, ts, namespace, processing: bool) -> tuple[int, bytes, int, Any]:
         self.check_open()
         b = self._backend
-        key = b.current_key  # backend raises when no key is set
-        kg = b.current_key_group
-        if key is None:
-            raise InvalidInputError("no current key: call set_current_key() first")
+        # InvalidInputError without a current key, StateError for one set by another thread
+        key, kg = b.require_current_key()
         ns = self._ns_ser.check(namespace)
         enc = S.encode_timer_key(kg, b.max_parallelism, ts, key, self._key_ser, ns, self._ns_ser,
                                  processing_time=processing)
@@ -308,10 +306,8 @@ class TimerService:
     def _list(self, d: _Domain) -> list[tuple[int, Any]]:
         self.check_open()
         b = self._backend
-        key = b.current_key
-        if key is None:
-            raise InvalidInputError("no current key: call set_current_key() first")
-        group = d.timers.get(b.current_key_group, {})
+        key, kg = b.require_current_key()
+        group = d.timers.get(kg, {})
         return [(ts, ns) for enc, (ts, k, ns) in sorted(group.items()) if k == key]
 
     def list_event_time_timers(self) -> list[tuple[int, Any]]:

@@ -278,6 +278,9 @@ class KeyedStateBackend(abc.ABC):
         self.key_serializer = S.key_serializer(self.key_type)
         self._current_key = None
         self._current_key_group = None
+        #: ``threading.get_ident()`` of the thread that set the current key (None: no key):
+        #: per-record calls from any other thread raise StateError (require_current_key).
+        self.current_key_thread = None
         self._closed = False
         self.timers = TimerService(self, timer_namespace_type)
         # Snapshot ids: the last one issued and the base (last completed id, or the last id issued
@@ -426,6 +429,7 @@ class KeyedStateBackend(abc.ABC):
         kg = self.key_group_of(key)
         self._current_key = K.check_key(key, self.key_type)
         self._current_key_group = kg
+        self.current_key_thread = threading.get_ident()
         for table, cfg in self._every_record_ttl.values():
             self.ttl_state_accessed(table, cfg)
 
@@ -443,15 +447,23 @@ class KeyedStateBackend(abc.ABC):
 
     def require_current_key(self):
         """``(current key, its key group)`` for a per-record state call; InvalidInputError when
-        no key was set (:meth:`set_current_key`)."""
+        no key was set (:meth:`set_current_key`), StateError when another thread set it (the
+        per-record API is single-threaded, as Flink's keyed state: a call from a second thread
+        would read or write the other thread's key; :attr:`current_key_thread`)."""
         if self._current_key is None:
             raise InvalidInputError("no current key: call set_current_key() first")
+        if self.current_key_thread != threading.get_ident():
+            raise StateError(
+                f"per-record state call from thread {threading.get_ident()}, but the current "
+                f"key was set by thread {self.current_key_thread}: a backend serves one thread "
+                "at a time; call set_current_key() in this thread first")
         return self._current_key, self._current_key_group
 
     def _clear_current_key(self) -> None:
         """Back to no current key (what :meth:`apply_to_all_keys` restores when none was set)."""
         self._current_key = None
         self._current_key_group = None
+        self.current_key_thread = None
 
     # ------------------------------------------------------------------ enumerating keys
     def _key_group_subrange(self, key_group_range) -> KeyGroupRange:

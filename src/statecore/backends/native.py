@@ -41,6 +41,7 @@ input buffers must stay unmodified until the call returns.
 from __future__ import annotations
 
 import copy
+from threading import get_ident
 
 import numpy as np
 import pyarrow as pa
@@ -287,6 +288,7 @@ class NativeBackend(TableBackend):
         self.check_open()
         self._current_key, self._current_key_group, self.encoded_current_key = \
             self._keys.encode(key)
+        self.current_key_thread = get_ident()
         if self._every_record_ttl:
             for table, cfg in self._every_record_ttl.values():
                 self.ttl_state_accessed(table, cfg)

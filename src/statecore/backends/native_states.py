@@ -61,6 +61,8 @@ The backend is reached only through the seam documented on
 
 from __future__ import annotations
 
+from threading import get_ident
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -282,9 +284,9 @@ class NativeState(states.TableState):
     def _slot(self):
         if self._row_slot is not None:
             return self._row_slot
-        if self._ck is self.backend.encoded_current_key:
-            return self._cslot
         b = self.backend
+        if self._ck is b.encoded_current_key and b.current_key_thread == get_ident():
+            return self._cslot
         b.check_open()
         _, kg = b.require_current_key()
         self.require_current_namespace()

@@ -215,3 +215,43 @@ class CurrentKeyConformance(ConformanceBase):
 
         seen = self.same_as_reference(program)
         assert seen[0][0] == 2 and seen[1][0] == 1 and seen[2] == 70 and seen[4] == -1
+
+    def test_a_second_thread_cannot_use_anothers_current_key(self):
+        """The per-record API serves one thread at a time (Flink's keyed state is
+        single-threaded): a state call from a thread other than the one that set the current
+        key raises StateError instead of reading or writing that thread's key; the thread sets
+        its own key first and goes on, and nothing was written under the wrong key."""
+        import threading
+
+        from statecore.errors import StateError
+
+        b = self.new_backend()
+        st = _every_kind(b)
+        b.set_current_key(1)
+        _write_all(st, 1)
+        errors, results = [], []
+
+        def other():
+            b.set_current_key(2)
+            _write_all(st, 2)
+            results.append(_read_all(st))
+
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        assert results and results[0][0] == 2
+        for name, call in [("v", lambda: st["v"].value()), ("v", lambda: st["v"].update(9)),
+                           ("l", lambda: st["l"].add("x")), ("m", lambda: st["m"].put("x", 9)),
+                           ("m", lambda: st["m"].items()), ("r", lambda: st["r"].add(9)),
+                           ("a", lambda: st["a"].get()),
+                           ("timers", lambda: b.timers.register_event_time_timer(5))]:
+            try:
+                call()
+            except StateError as exc:
+                errors.append((name, str(exc)))
+        assert len(errors) == 8 and all("set by thread" in e for _, e in errors), errors
+        b.set_current_key(1)  # this thread's own key again: everything as it wrote it
+        assert _read_all(st) == (1, ["1"], [("1", 1)], 1, 1.0)
+        b.set_current_key(2)
+        assert _read_all(st) == (2, ["2"], [("2", 2)], 2, 2.0)
+        assert b.timers.num_timers() == 0
