@@ -454,7 +454,7 @@ class ValueTypeConformance(ConformanceBase):
         elif ser.kind == "timestamp":
             other = "s" if ser.unit != "s" else "ms"
             bad_arrays = [pa.array([1, 2], pa.timestamp(other)), pa.array([1, 2], pa.int64()),
-                          pa.array([1, 2], pa.date64())]
+                          pa.array([0, 86_400_000], pa.date64())]  # valid date64: whole days
             bad_values = [I64_MAX + 1, I64_MIN - 1, 1.5, "1", np.datetime64("NaT")]
         else:
             w = ser.width
