@@ -53,6 +53,7 @@ from statecore.backends.table_backend import TableBackend
 from statecore.errors import InvalidInputError, StateError, StateMigrationError
 from statecore.key_groups import KeyGroupRange
 from statecore.timers import TIMERS_STATE_NAME
+from statecore.ttl import entry_layout
 
 __all__ = ["NativeBackend", "NativeSnapshot", "NativeTable"]
 
@@ -68,6 +69,16 @@ class NativeTable(states.StateTable):
     :meth:`NativeBackend.batch_slots` and ``NativeState._slot``) and take and return the
     reference backend's stored forms; bytes in the map are the encoded key and the serialized
     value.
+
+    A map state's entries are ``prefix | ser(key) | ser(namespace) | ser(user key)`` -> the
+    user value's bytes (docs/formats.md "Map state"); the map calls take ``k`` = the encoded
+    key of the (key, namespace) and the user key's bytes. The index of each map's user keys
+    (``{key group: {k: {user key bytes: None}}}``, insertion ordered) is kept by the map calls,
+    by restores and change sets (:meth:`index_loaded`, :meth:`index_removed`) and after a TTL
+    migration (:meth:`index_prune`). The C++ TTL cleanup passes remove expired entries without
+    telling it, so with TTL the index may name user keys that are gone: reads of a whole map
+    (:meth:`map_items`) check each and drop those, and a put of such a user key moves it last,
+    so the order is the one the reference backend's exact index gives.
     """
 
     def __init__(self, meta: dict, backend: "NativeBackend"):
@@ -75,13 +86,18 @@ class NativeTable(states.StateTable):
         r = backend.key_group_range
         self.native = _native.NativeStateTable(r.start, r.end)
         self._ttl_cursor = None  # (key group, bucket) where the next cleanup step starts
+        self.entry_kind = entry_layout(self.kind)
+        self._maps: dict[int, dict] = {}
+        self._mp = backend.max_parallelism
+        self._key_ser = backend.key_serializer
+        self._pw = backend.key_prefix_width
         self._use_stored_format()
 
     def _use_stored_format(self) -> None:
         # Stored forms are converted in Cython (NativeStateTable.get_stored / put_stored, the
         # layouts of PythonTable.encode_value): the methods are bound on the instance so that an
         # access is one call into the extension, without a Python frame in between.
-        self.native.set_value_format(self.kind, self.value_ser.name, self.ttl)
+        self.native.set_value_format(self.entry_kind, self.value_ser.name, self.ttl)
         self.get = self.native.get_stored
         self.put = self.native.put_stored
         self.remove = self.native.remove_key
@@ -100,34 +116,135 @@ class NativeTable(states.StateTable):
         super().set_ttl_meta(ttl_meta)
         self._use_stored_format()  # the TTL suffix comes or goes with the setting
 
+    # ---- map state (StateTable.map_get ...): entry key = k | user key bytes
+    def map_get(self, kg: int, k: bytes, ukb: bytes):
+        return self.native.get_stored(kg, k + ukb)
+
+    def map_put(self, kg: int, k: bytes, ukb: bytes, stored) -> None:
+        key = k + ukb
+        group = self._maps.get(kg)
+        if group is None:
+            group = self._maps[kg] = {}
+        idx = group.get(k)
+        if idx is None:
+            idx = group[k] = {}
+        elif self.ttl and ukb in idx and self.native.get_stored(kg, key) is None:
+            del idx[ukb]  # removed by a TTL pass: a new entry, which goes last
+        self.native.put_stored(kg, key, stored)
+        idx[ukb] = None
+
+    def map_remove(self, kg: int, k: bytes, ukb: bytes) -> None:
+        self.native.remove_key(kg, k + ukb)
+        self._forget(kg, k, ukb)
+
+    def _forget(self, kg: int, k: bytes, ukb: bytes) -> None:
+        group = self._maps.get(kg)
+        idx = None if group is None else group.get(k)
+        if idx is not None:
+            idx.pop(ukb, None)
+            if not idx:
+                del group[k]
+
+    def map_items(self, kg: int, k: bytes) -> list:
+        group = self._maps.get(kg)
+        idx = None if group is None else group.get(k)
+        if not idx:
+            return []
+        get = self.native.get_stored
+        out, gone = [], []
+        for ukb in idx:
+            s = get(kg, k + ukb)
+            if s is None:
+                gone.append(ukb)  # removed by a TTL pass (class docstring)
+            else:
+                out.append((ukb, s))
+        for ukb in gone:
+            self._forget(kg, k, ukb)
+        return out
+
+    def map_size(self, kg: int, k: bytes) -> int:
+        group = self._maps.get(kg)
+        idx = None if group is None else group.get(k)
+        if not idx:
+            return 0
+        return len(self.map_items(kg, k)) if self.ttl else len(idx)
+
+    def map_clear(self, kg: int, k: bytes) -> None:
+        group = self._maps.get(kg)
+        idx = None if group is None else group.pop(k, None)
+        if idx:
+            remove = self.native.remove_key
+            for ukb in idx:
+                remove(kg, k + ukb)
+
+    def index_loaded(self, keys: pa.Array) -> None:
+        """Add the user keys of map entries just loaded (``keys``: encoded entry keys, a
+        pa.binary array, sorted) to the index: a new user key goes last in its map, a present
+        one keeps its place. No-op for other state kinds."""
+        if self.kind != "map" or not len(keys):
+            return
+        pw, mp, ks, ns = self._pw, self._mp, self._key_ser, self.ns_ser
+        size = S.encoded_prefix_size
+        maps = self._maps
+        for kb in keys.to_pylist():
+            kg = int.from_bytes(kb[:pw], "big")
+            p = size(kb, mp, ks, ns)
+            group = maps.get(kg)
+            if group is None:
+                group = maps[kg] = {}
+            idx = group.get(kb[:p])
+            if idx is None:
+                idx = group[kb[:p]] = {}
+            idx[kb[p:]] = None
+
+    def index_removed(self, keys: pa.Array) -> None:
+        """Drop the user keys of removed map entries (encoded entry keys) from the index."""
+        if self.kind != "map" or not len(keys):
+            return
+        pw, mp, ks, ns = self._pw, self._mp, self._key_ser, self.ns_ser
+        for kb in keys.to_pylist():
+            p = S.encoded_prefix_size(kb, mp, ks, ns)
+            self._forget(int.from_bytes(kb[:pw], "big"), kb[:p], kb[p:])
+
+    def index_prune(self) -> None:
+        """Drop the user keys whose entries are gone (after a pass that removed entries in
+        C++), keeping the order of the others."""
+        for kg, group in self._maps.items():
+            for k in list(group):
+                self.map_items(kg, k)
+
     # TTL cleanup passes run in C++ over the stored bytes (ttl.h cleanup_step); the cursor is
     # a key group and a bucket of its map (StateMap::collect_buckets survives rehashes).
     def ttl_cleanup_step(self, kgs, min_entries: int, ttl_ms: int, now: int, steps: int = 1):
         kg, bucket = self._ttl_cursor or (kgs.start, 0)
         visited, expired, kg, bucket, wrapped = self.native.ttl_cleanup_table_step(
-            kg, bucket, min_entries, self.kind, self.value_ser.fixed_width, ttl_ms, now, steps)
+            kg, bucket, min_entries, self.entry_kind, self.value_ser.fixed_width, ttl_ms, now,
+            steps)
         self._ttl_cursor = (kg, bucket)
         return visited, expired, wrapped
 
     def ttl_restamp(self, ts_from: int, ts_to: int) -> int:
-        return self.native.ttl_restamp(self.kind, self.value_ser.fixed_width, ts_from, ts_to)
+        return self.native.ttl_restamp(self.entry_kind, self.value_ser.fixed_width, ts_from,
+                                       ts_to)
 
     def ttl_migrate(self, ttl_meta, ts: int, ttl_ms: int, now: int) -> int:
         """StateTable.ttl_migrate over the stored bytes, in C++ (ttl.h ``migrate``: all or
         nothing, copy-on-write aware). StateMigrationError, with the state unchanged, for a
         value whose layout is broken (bytes restored without decoding)."""
         try:
-            _, _, expired = self.native.ttl_migrate(self.kind, self.value_ser.fixed_width,
+            _, _, expired = self.native.ttl_migrate(self.entry_kind, self.value_ser.fixed_width,
                                                     ttl_meta is not None, ts, ttl_ms, now)
         except InvalidInputError as e:
             raise StateMigrationError(
                 f"state {self.name!r}: TTL migration failed, the state is unchanged: {e}") from e
         self.set_ttl_meta(ttl_meta)
+        if expired:
+            self.index_prune()
         return expired
 
     def ttl_cleanup_key_group(self, kg: int, ttl_ms: int, now: int) -> int:
-        return self.native.ttl_cleanup_step(kg, 0, 2**62, self.kind, self.value_ser.fixed_width,
-                                            ttl_ms, now)[1]
+        return self.native.ttl_cleanup_step(kg, 0, 2**62, self.entry_kind,
+                                            self.value_ser.fixed_width, ttl_ms, now)[1]
 
 
 class NativeSnapshot:
@@ -374,6 +491,8 @@ class NativeBackend(TableBackend):
                 table.native.load_range(keys, vals, self.key_prefix_width)
             elif kg is not None:
                 table.native.load(kg, keys, vals, self.key_prefix_width)
+            if kg is not None:
+                table.index_loaded(keys)
         self.timers.apply_restore(timers)
         # The restored state is the base: the bulk load is not a change.
         self._contents_are_base()
@@ -398,6 +517,7 @@ class NativeBackend(TableBackend):
                 err = str(exc)
             if err is not None:
                 raise InvalidInputError(f"state {table.name!r}, key groups {lo}..{hi}: {err}")
+            self._check_map_keys(table, keys)
             parts.append((keys, vals))
         return parts
 
@@ -425,10 +545,17 @@ class NativeBackend(TableBackend):
         kg, keys, vals, gone = part
         if kg is _RANGE:
             table.native.load_range(keys, vals, self.key_prefix_width)
+            if table.kind == "map" and vals.null_count:
+                dead = vals.is_null()
+                gone = keys.filter(dead)
+                keys = keys.filter(pc.invert(dead))
         elif len(keys):
             table.native.load(kg, keys, vals, self.key_prefix_width)
-        if gone is not None:
+        if gone is not None and kg is not _RANGE:
             table.native.remove_keys(kg, gone)
+        table.index_loaded(keys)
+        if gone is not None:
+            table.index_removed(gone)
 
     def _contents_are_base(self, applied_changes: bool = False) -> None:
         # The bulk load is not a change; snapshots issued before it can no longer move the base.
@@ -490,6 +617,21 @@ class NativeBackend(TableBackend):
             raise InvalidInputError(
                 f"state {name!r}: entries listed under key group {kg} carry another key-group "
                 "prefix")
+        self._check_map_keys(table, keys)
+
+    def _check_map_keys(self, table: NativeTable, keys: pa.Array) -> None:
+        """For a map state: every key parses as a map entry's (docs/formats.md "Map state"),
+        as the index needs them (InvalidInputError naming the state otherwise)."""
+        if table.kind != "map":
+            return
+        mp, ks, ns, uks = self.max_parallelism, self.key_serializer, table.ns_ser, \
+            table.user_key_ser
+        for kb in keys.to_pylist():
+            try:
+                S.split_map_entry_key(kb, mp, ks, ns, uks)
+            except InvalidInputError as exc:
+                raise InvalidInputError(f"state {table.name!r}: map entry key {kb.hex()}: {exc}") \
+                    from exc
 
     def _key_namespaces(self, state_name: str, kgs: KeyGroupRange):
         # The entries are read from one map snapshot of the table (the keys are collected
@@ -514,6 +656,8 @@ class NativeBackend(TableBackend):
                     key, end = read(kb, pw)
                     rows.append((kb[pw:end], key, None))
             else:
+                if table.kind == "map":  # the (key, namespace) part of each map entry's key
+                    encoded = [kb[:S.encoded_prefix_size(kb, mp, ks, ns_ser)] for kb in encoded]
                 rows = [(ks.serialize(key), key, ns) for _, key, ns, _ in
                         (S.decode_key(kb, mp, ks, ns_ser) for kb in encoded)]
             yield kg, rows

@@ -325,7 +325,7 @@ class CheckpointReader:
             tombs = {name: 0 for name in f["states"]}
             for kg in range(start, end + 1):
                 for name in f["states"]:
-                    _, vals = data.entries(name, kg)
+                    _, vals = data.stored_entries(name, kg)
                     got[name] += len(vals)
                     tombs[name] += vals.null_count
             want_t = {n: f.get("tombstones", {}).get(n, 0) for n in f["states"]}
