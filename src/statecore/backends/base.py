@@ -23,7 +23,8 @@ Common rules (both backends):
 * Per-record reads: ``ValueState.value()`` returns a copy of the descriptor default when absent;
   ``ListState.get()`` returns ``[]``; ``MapState.get(uk)`` returns None for an absent user key;
   ``ReducingState.get()``/``AggregatingState.get()`` return None when absent.
-  Map iteration (``items``/``keys``/``values``) is in ascending order of the serialized user key.
+  Map iteration (``items``/``keys``/``values``) is in insertion order (after a restore: by
+  serialized user key, :class:`MapState`).
 * Writes: ``ValueState.update(None)`` clears. ``ListState.add(None)`` or a None element in
   ``add_all``/``update`` raises InvalidInputError (Flink). ``ListState.update([])`` clears. Removing
   the last user key of a map clears the map (Flink heap). ``add(None)`` on reducing/aggregating

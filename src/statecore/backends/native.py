@@ -73,12 +73,12 @@ class NativeTable(states.StateTable):
     A map state's entries are ``prefix | ser(key) | ser(namespace) | ser(user key)`` -> the
     user value's bytes (docs/formats.md "Map state"); the map calls take ``k`` = the encoded
     key of the (key, namespace) and the user key's bytes. The index of each map's user keys
-    (``{key group: {k: {user key bytes: None}}}``, insertion ordered) is kept by the map calls,
-    by restores and change sets (:meth:`index_loaded`, :meth:`index_removed`) and after a TTL
-    migration (:meth:`index_prune`). The C++ TTL cleanup passes remove expired entries without
-    telling it, so with TTL the index may name user keys that are gone: reads of a whole map
-    (:meth:`map_items`) check each and drop those, and a put of such a user key moves it last,
-    so the order is the one the reference backend's exact index gives.
+    (native collection_index.h, insertion ordered) is kept by the native map calls and map
+    kernels, by restores and change sets (:meth:`index_loaded`, :meth:`index_removed`) and
+    after a TTL migration (``index_prune``). The C++ TTL cleanup passes remove expired entries
+    without telling it, so with TTL the index may list user keys that are gone: reads of a
+    whole map (``map_items``) check each and unlist those, and a put of such a user key moves
+    it last, so the order is the one the reference backend's exact index gives.
     """
 
     def __init__(self, meta: dict, backend: "NativeBackend"):
@@ -87,10 +87,9 @@ class NativeTable(states.StateTable):
         self.native = _native.NativeStateTable(r.start, r.end)
         self._ttl_cursor = None  # (key group, bucket) where the next cleanup step starts
         self.entry_kind = entry_layout(self.kind)
-        self._maps: dict[int, dict] = {}
-        self._mp = backend.max_parallelism
-        self._key_ser = backend.key_serializer
-        self._pw = backend.key_prefix_width
+        if self.kind == "map":
+            self.native.enable_map_index(backend.key_type, self.namespace_type,
+                                         backend.max_parallelism)
         self._use_stored_format()
 
     def _use_stored_format(self) -> None:
@@ -101,6 +100,16 @@ class NativeTable(states.StateTable):
         self.get = self.native.get_stored
         self.put = self.native.put_stored
         self.remove = self.native.remove_key
+        if self.kind == "map":
+            self.map_get = self.native.map_get
+            self.map_put = self.native.map_put
+            self.map_remove = self.native.map_remove
+            self.map_items = self.native.map_items
+            self.map_clear = self.native.map_clear
+            if not self.ttl:
+                self.map_size = self.native.map_size
+            else:
+                self.__dict__.pop("map_size", None)
 
     # get/put/remove are bound per instance (_use_stored_format); these satisfy the interface.
     def get(self, kg: int, k):
@@ -116,102 +125,37 @@ class NativeTable(states.StateTable):
         super().set_ttl_meta(ttl_meta)
         self._use_stored_format()  # the TTL suffix comes or goes with the setting
 
-    # ---- map state (StateTable.map_get ...): entry key = k | user key bytes
+    # ---- map state (StateTable.map_get ...): the native map calls, entry key = k | user key
+    # bytes; bound per instance in _use_stored_format.
     def map_get(self, kg: int, k: bytes, ukb: bytes):
-        return self.native.get_stored(kg, k + ukb)
+        return self.native.map_get(kg, k, ukb)
 
     def map_put(self, kg: int, k: bytes, ukb: bytes, stored) -> None:
-        key = k + ukb
-        group = self._maps.get(kg)
-        if group is None:
-            group = self._maps[kg] = {}
-        idx = group.get(k)
-        if idx is None:
-            idx = group[k] = {}
-        elif self.ttl and ukb in idx and self.native.get_stored(kg, key) is None:
-            del idx[ukb]  # removed by a TTL pass: a new entry, which goes last
-        self.native.put_stored(kg, key, stored)
-        idx[ukb] = None
+        self.native.map_put(kg, k, ukb, stored)
 
     def map_remove(self, kg: int, k: bytes, ukb: bytes) -> None:
-        self.native.remove_key(kg, k + ukb)
-        self._forget(kg, k, ukb)
-
-    def _forget(self, kg: int, k: bytes, ukb: bytes) -> None:
-        group = self._maps.get(kg)
-        idx = None if group is None else group.get(k)
-        if idx is not None:
-            idx.pop(ukb, None)
-            if not idx:
-                del group[k]
+        self.native.map_remove(kg, k, ukb)
 
     def map_items(self, kg: int, k: bytes) -> list:
-        group = self._maps.get(kg)
-        idx = None if group is None else group.get(k)
-        if not idx:
-            return []
-        get = self.native.get_stored
-        out, gone = [], []
-        for ukb in idx:
-            s = get(kg, k + ukb)
-            if s is None:
-                gone.append(ukb)  # removed by a TTL pass (class docstring)
-            else:
-                out.append((ukb, s))
-        for ukb in gone:
-            self._forget(kg, k, ukb)
-        return out
+        return self.native.map_items(kg, k)
 
     def map_size(self, kg: int, k: bytes) -> int:
-        group = self._maps.get(kg)
-        idx = None if group is None else group.get(k)
-        if not idx:
-            return 0
-        return len(self.map_items(kg, k)) if self.ttl else len(idx)
+        # With TTL the index may still list user keys a C++ pass removed: count what is there.
+        return len(self.native.map_items(kg, k)) if self.ttl else self.native.map_size(kg, k)
 
     def map_clear(self, kg: int, k: bytes) -> None:
-        group = self._maps.get(kg)
-        idx = None if group is None else group.pop(k, None)
-        if idx:
-            remove = self.native.remove_key
-            for ukb in idx:
-                remove(kg, k + ukb)
+        self.native.map_clear(kg, k)
 
     def index_loaded(self, keys: pa.Array) -> None:
-        """Add the user keys of map entries just loaded (``keys``: encoded entry keys, a
-        pa.binary array, sorted) to the index: a new user key goes last in its map, a present
-        one keeps its place. No-op for other state kinds."""
-        if self.kind != "map" or not len(keys):
-            return
-        pw, mp, ks, ns = self._pw, self._mp, self._key_ser, self.ns_ser
-        size = S.encoded_prefix_size
-        maps = self._maps
-        for kb in keys.to_pylist():
-            kg = int.from_bytes(kb[:pw], "big")
-            p = size(kb, mp, ks, ns)
-            group = maps.get(kg)
-            if group is None:
-                group = maps[kg] = {}
-            idx = group.get(kb[:p])
-            if idx is None:
-                idx = group[kb[:p]] = {}
-            idx[kb[p:]] = None
+        """List the user keys of map entries just loaded (encoded entry keys, sorted): a new
+        user key goes last in its map, a present one keeps its place. No-op for other kinds."""
+        if self.kind == "map" and len(keys):
+            self.native.index_entry_keys(keys, True)
 
     def index_removed(self, keys: pa.Array) -> None:
-        """Drop the user keys of removed map entries (encoded entry keys) from the index."""
-        if self.kind != "map" or not len(keys):
-            return
-        pw, mp, ks, ns = self._pw, self._mp, self._key_ser, self.ns_ser
-        for kb in keys.to_pylist():
-            p = S.encoded_prefix_size(kb, mp, ks, ns)
-            self._forget(int.from_bytes(kb[:pw], "big"), kb[:p], kb[p:])
-
-    def index_prune(self) -> None:
-        """Drop the user keys whose entries are gone (after a pass that removed entries in
-        C++), keeping the order of the others."""
-        for kg, group in self._maps.items():
-            for k in list(group):
-                self.map_items(kg, k)
+        """Unlist the user keys of removed map entries (encoded entry keys)."""
+        if self.kind == "map" and len(keys):
+            self.native.index_entry_keys(keys, False)
 
     # TTL cleanup passes run in C++ over the stored bytes (ttl.h cleanup_step); the cursor is
     # a key group and a bucket of its map (StateMap::collect_buckets survives rehashes).
@@ -238,8 +182,8 @@ class NativeTable(states.StateTable):
             raise StateMigrationError(
                 f"state {self.name!r}: TTL migration failed, the state is unchanged: {e}") from e
         self.set_ttl_meta(ttl_meta)
-        if expired:
-            self.index_prune()
+        if expired and self.kind == "map":
+            self.native.index_prune()
         return expired
 
     def ttl_cleanup_key_group(self, kg: int, ttl_ms: int, now: int) -> int:
@@ -624,14 +568,10 @@ class NativeBackend(TableBackend):
         as the index needs them (InvalidInputError naming the state otherwise)."""
         if table.kind != "map":
             return
-        mp, ks, ns, uks = self.max_parallelism, self.key_serializer, table.ns_ser, \
-            table.user_key_ser
-        for kb in keys.to_pylist():
-            try:
-                S.split_map_entry_key(kb, mp, ks, ns, uks)
-            except InvalidInputError as exc:
-                raise InvalidInputError(f"state {table.name!r}: map entry key {kb.hex()}: {exc}") \
-                    from exc
+        try:
+            table.native.check_entry_keys(keys)
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"state {table.name!r}: {exc}") from exc
 
     def _key_namespaces(self, state_name: str, kgs: KeyGroupRange):
         # The entries are read from one map snapshot of the table (the keys are collected
@@ -668,6 +608,13 @@ class NativeBackend(TableBackend):
 
     def state_bytes(self) -> int:
         return sum(t.native.nbytes for t in self._tables.values())
+
+    def map_index_stats(self) -> dict:
+        """``{state name: {"maps", "user_keys", "bytes"}}`` of every map state's index of user
+        keys (collection_index.h; ``bytes`` estimated from its hash nodes, buckets and order
+        slots), beside the table's own key and value bytes (:meth:`state_bytes`)."""
+        return {name: t.native.index_stats() for name, t in self._tables.items()
+                if t.kind == "map"}
 
     def removal_log_sizes(self) -> dict:
         """``{state name: records in its maps' removal logs}`` (bounded by the removals since the

@@ -21,13 +21,15 @@ on every fixed-width type but bool (fixed_size_binary by bytes), ``first``/``las
 fixed-width type, ``count`` of values of any flat type), and every key type, multi-column keys
 included (the kernels hash and encode the key arrays themselves,
 native/include/statecore/key_columns.h). The kernels read the Arrow buffers through the C Data
-Interface (no Python object per row) with the GIL released. ListState ``append_batch``
-(:class:`NativeListState`; any namespace, typed elements, TTL or not) runs the collection kernel
+Interface (no Python object per row) with the GIL released. ListState ``append_batch`` and
+MapState ``put_batch`` (:class:`NativeListState`, :class:`NativeMapState`; any namespace, typed
+elements / typed user keys and values, TTL or not) run the collection kernels
 (native/include/statecore/batch_collections.h): each row's element is spliced into the key's
-stored blob in C++. ListState ``get_batch`` and ``clear_batch`` of every state kind but map and
-every value type run the read / removal kernels (native/include/statecore/batch_reads.h), their
-Arrow results built from the kernels' buffers. Map state keeps one entry per user key
-(:class:`NativeMapState`): its batch calls take the per-row path, O(1) per row.
+stored list, each map row writes its own entry (docs/formats.md "Map state") and lists its user
+key in the table's map index. ListState ``get_batch``, MapState
+``get_batch``/``contains_batch``/``remove_batch`` (same scope; removals also with pickle values)
+and ``clear_batch`` of every state kind and value type run the read / removal kernels
+(native/include/statecore/batch_reads.h), their Arrow results built from the kernels' buffers.
 
 What falls back to the per-row path: pickle values or user keys, custom reducers, aggregating
 ``add_batch``/``get_batch`` (:class:`NativeAggregatingState` runs only ``clear_batch`` as a
@@ -50,7 +52,7 @@ per-row paths combine chunks too (they build Python objects anyway).
 
 TTL-enabled states (``NativeTtl*State``) use the same kernels with TTL on (batch.h "TTL",
 batch_reads.h: the value bytes, list elements and map values carry the timestamp suffix; reads
-remove expired entries, list elements and map pairs and renew, writes stamp the batch's one
+remove expired entries, list elements and map entries and renew, writes stamp the batch's one
 clock reading); their semantics are ttl_states.py's, row for row.
 
 The backend is reached only through the seam documented on
@@ -418,10 +420,106 @@ class NativeListState(_KernelClear, states.TableListState, NativeState):
             count_expired=_count_read(b) if ttl else None, namespace_type=self.namespace_type)
 
 
-class NativeMapState(states.TableMapState, NativeState):
-    """Map state over the native table: one entry per user key (NativeTable's map calls), so
-    every call -- the batch calls row by row through the shared per-row path -- costs O(1) per
-    user key (``items``/``clear``: O(size of the map))."""
+def _map_kernel_ok(state, namespaces) -> bool:
+    return _kernel_ok(state, namespaces) and state.user_key_serializer.name != "pickle"
+
+
+def _map_user_keys(state, user_keys, length: int):
+    """The user keys of a map batch checked as the per-row path checks them
+    (``TableMapState._user_keys``: the user key type's Arrow type, ``length`` rows, no nulls), as
+    imported (pa.Array or pa.ChunkedArray); InvalidInputError otherwise."""
+    uk_name = state.user_key_serializer.name
+    uks = import_arrow(user_keys, "user_keys", lambda t: arrow_type_ok(uk_name, t))
+    if len(uks) != length:
+        raise InvalidInputError(f"user_keys have {len(uks)} rows but keys have {length}")
+    check_arrow_type(uks, uk_name, "user_keys")
+    if uks.null_count:
+        raise InvalidInputError(f"user_keys contain {uks.null_count} null(s); map user keys "
+                                "must not be null")
+    return uks
+
+
+class NativeMapState(_KernelClear, states.TableMapState, NativeState):
+    """Map state over the native table: one entry per user key (NativeTable's map calls), the
+    batch calls as kernels that touch one entry per row and keep the table's map index;
+    ``clear_batch`` removes every entry the index lists for a row's (key, namespace)."""
+
+    def _ttl_args(self, rows: int):
+        return None  # TTL maps override it (_TtlKernel)
+
+    def put_batch(self, keys, user_keys, values, namespaces=None) -> None:
+        """The map kernel (batch_collections.h: one entry per row, listed in the table's map
+        index) for any namespace, typed user keys and typed values; else the per-row path.
+        Checks as ``TableMapState.put_batch``: user keys of the user key type's Arrow type, no
+        null user key or value, equal lengths."""
+        if not _map_kernel_ok(self, namespaces):
+            return super().put_batch(keys, user_keys, values, namespaces)
+        b = self.backend
+        b.check_open()
+        self.batch_arrow_type("put_batch")
+        arr = _key_array(self, keys)
+        uk_name = self.user_key_serializer.name
+        uks = _map_user_keys(self, user_keys, len(arr))
+        vals = coerce_value_array(values, self.serializer.name, len(arr), combine=False)
+        if vals.null_count:
+            raise InvalidInputError(f"values contain {vals.null_count} null(s); use remove_batch "
+                                    "to remove user keys")
+        ns = _ns_column(self, namespaces, len(arr))
+        kc, uc, vc = _keyed_chunks(arr, ns, uks, vals)
+        self.table.native.map_put_batch(kc, uc, vc, b.key_type, b.assigner, b.max_parallelism,
+                                        uk_name, self.serializer.name,
+                                        ttl=self._ttl_args(len(arr)),
+                                        namespace_type=self.namespace_type)
+
+    def _read_kernel(self, method: str, keys, user_keys, namespaces):
+        # get_batch / contains_batch through the map read kernels (see get_batch).
+        b = self.backend
+        b.check_open()
+        self.batch_arrow_type(method)
+        arr = _key_array(self, keys)
+        uks = _map_user_keys(self, user_keys, len(arr))
+        ns = _ns_column(self, namespaces, len(arr))
+        ttl = self._ttl_args(len(arr))
+        kc, uc = _keyed_chunks(arr, ns, uks)
+        fn = getattr(self.table.native, "map_" + method)
+        return fn(kc, uc, b.key_type, b.assigner,
+                  b.max_parallelism, self.user_key_serializer.name, self.serializer.name, ttl=ttl,
+                  count_expired=_count_read(b) if ttl else None, namespace_type=self.namespace_type)
+
+    def get_batch(self, keys, user_keys, namespaces=None) -> pa.Array:
+        """The map read kernel (batch_reads.h) for any namespace, typed user keys and
+        values: the value of each (key, user key), null where absent; under TTL as
+        ``TtlMapState.get`` (an expired pair removed and counted, shown once under
+        return_expired, renewed under update_on_read). Else the per-row path."""
+        if not _map_kernel_ok(self, namespaces):
+            return super().get_batch(keys, user_keys, namespaces)
+        out = self._read_kernel("get_batch", keys, user_keys, namespaces)
+        return _cast_out(out, self.serializer)
+
+    def contains_batch(self, keys, user_keys, namespaces=None) -> pa.Array:
+        """As get_batch (the same reads, TTL effects included), a bool array: true where a
+        value is shown."""
+        if not _map_kernel_ok(self, namespaces):
+            return super().contains_batch(keys, user_keys, namespaces)
+        return self._read_kernel("contains_batch", keys, user_keys, namespaces)
+
+    def remove_batch(self, keys, user_keys, namespaces=None) -> None:
+        """The map removal kernel (batch_reads.h): removes the entry of each (key, user key) in
+        row order and unlists it; with TTL nothing is read or counted (as ``remove``)."""
+        # Value bytes are skipped, not decoded: any value type, pickle included.
+        if ((namespaces is not None and self.namespace_type == "void")
+                or self.user_key_serializer.name == "pickle"):
+            return super().remove_batch(keys, user_keys, namespaces)
+        b = self.backend
+        b.check_open()
+        arr = _key_array(self, keys)
+        uks = _map_user_keys(self, user_keys, len(arr))
+        ns = _ns_column(self, namespaces, len(arr))
+        self._ttl_args(len(arr))  # the TTL accesses of the rows (the kernel reads no timestamp)
+        kc, uc = _keyed_chunks(arr, ns, uks)
+        self.table.native.map_remove_batch(kc, uc, b.key_type, b.assigner, b.max_parallelism,
+                                           self.user_key_serializer.name,
+                                           namespace_type=self.namespace_type)
 
 
 class NativeAggregatingState(_KernelClear, states.TableAggregatingState, NativeState):
@@ -473,7 +571,7 @@ class NativeTtlListState(_TtlKernel, NativeListState, ttl_states.TtlListState):
     pass
 
 
-class NativeTtlMapState(NativeMapState, ttl_states.TtlMapState):
+class NativeTtlMapState(_TtlKernel, NativeMapState, ttl_states.TtlMapState):
     pass
 
 

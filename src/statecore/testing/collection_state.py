@@ -154,7 +154,7 @@ class CollectionStateConformance(ConformanceBase):
             assert m2.items() == [(uk, uks.index(uk)) for uk in by_bytes]
         b2.set_current_key(1)
         m2.remove(by_bytes[0])
-        m2.put(by_bytes[0], 0)
+        m2.put(by_bytes[0], uks.index(by_bytes[0]))
         assert m2.keys() == by_bytes[1:] + by_bytes[:1]
         ukt = {"int32": pa.int32(), "int64": pa.int64(), "string": pa.string(),
                "binary": pa.binary()}[user_key_type]
@@ -249,6 +249,28 @@ class CollectionStateConformance(ConformanceBase):
         assert m.keys() == [3, 1]
         clock.advance(200)
         assert m.is_empty() and m.size() == 0 and b.num_entries() == 0
+
+    def test_map_order_after_ttl_cleanup_passes(self):
+        """Entries a TTL cleanup pass removed are gone from the map's order: a user key put
+        again afterwards goes last (background cleanup here; incremental cleanup and TTL
+        migration remove entries the same way)."""
+        clock = ManualClock(0)
+        b = self.new_backend(ttl_clock=clock)
+        d = MapStateDescriptor("m", "string", "int64")
+        d.enable_time_to_live(StateTtlConfig(100, cleanup_in_background=True))
+        m = b.get_state(d)
+        b.set_current_key(1)
+        m.put_all({"a": 1, "b": 2, "c": 3})
+        clock.set(60)
+        m.put("d", 4)
+        clock.set(120)
+        assert b.run_background_ttl_cleanup(b.max_parallelism) == 3
+        m.put("a", 10)
+        assert m.keys() == ["d", "a"] and m.size() == 2
+        m.put("b", 20)
+        m.remove("d")
+        m.put("d", 40)
+        assert m.items() == [("a", 10), ("b", 20), ("d", 40)]
 
     def test_map_state_pickle_user_keys(self):
         b = self.new_backend()
