@@ -144,6 +144,7 @@ def _panel(r) -> object:
 def map_entries(size: Size):
     out = []
     for impl in _impls():
+        _run(impl, 10)  # warm-up, untimed: the first calls of a process pay one-off costs
         for n in _sizes(size, impl):
             out.extend(_run(impl, n))
         out.extend(_checkpoint_bytes(impl, 10_000 if size.quick else 100_000))

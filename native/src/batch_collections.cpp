@@ -180,16 +180,17 @@ void map_put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_
     const uint32_t h = m.hash(ek.data(), ek.size());
     size_t cur = 0;
     bool inserted = false;
-    uint8_t* out = m.upsert(h, ek.data(), ek.size(), vs + suffix, &cur, &inserted);
+    uint8_t* out = upsert_row(m, h, ek.data(), ek.size(), vs + suffix, &cur, &inserted);
     if (!inserted && cur != vs + suffix) out = m.put(ek.data(), ek.size(), vs + suffix);
     if (vs) std::memcpy(out, v, vs);
     if (suffix) ttl::store_timestamp(out + vs, ttl.now);
-    if (index != nullptr) {
+    // Without TTL the index is exact: an overwrite is listed already, a new entry is not. With
+    // TTL a user key still listed but without an entry (a TTL pass removed it,
+    // collection_index.h) is a new entry: it goes last.
+    if (index != nullptr && (inserted || ttl.enabled)) {
       const uint8_t* member = ek.data() + rk.size();
       const size_t ms = ek.size() - rk.size();
-      // A user key still listed but without an entry (a TTL pass removed it, collection_index.h)
-      // is a new entry: it goes last.
-      if (inserted) index->erase(kgs[i], rk.data(), rk.size(), member, ms);
+      if (inserted && ttl.enabled) index->erase(kgs[i], rk.data(), rk.size(), member, ms);
       index->insert(kgs[i], rk.data(), rk.size(), member, ms);
     }
   }

@@ -50,8 +50,10 @@ bool CollectionIndex::insert(int32_t kg, const uint8_t* prefix, size_t prefix_si
                              const uint8_t* member, size_t member_size) {
   Group& g = group(kg);
   Collection& c = g[bytes_of(prefix, prefix_size)];
-  auto [it, fresh] = c.pos.emplace(bytes_of(member, member_size), 0);
-  if (!fresh) return false;
+  std::string m = bytes_of(member, member_size);
+  // find first: emplace would allocate a node for a member that is listed already.
+  if (c.pos.find(m) != c.pos.end()) return false;
+  auto it = c.pos.emplace(std::move(m), 0).first;
   if (c.order.size() >= UINT32_MAX) {
     c.pos.erase(it);
     throw std::length_error("collection index: more than 2^32 - 1 members in one collection");
