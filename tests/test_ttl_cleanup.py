@@ -729,3 +729,29 @@ def test_list_and_map_batch_rows_count_once_as_accesses(kind):
     if kind == "python":
         assert removed["map"] == removed["value"]
     assert 0 < removed["value"][0] < 600
+
+
+@pytest.mark.skipif(_native is None, reason="native extension not built")
+@pytest.mark.parametrize("strategy", ["background", "incremental"])
+def test_native_map_index_drops_what_ttl_cleanup_removes(strategy):
+    """The C++ cleanup steps report the map entries they remove, so the map index does not keep
+    user keys of maps nobody reads again (NativeBackend.map_index_stats)."""
+    clock = ManualClock(0)
+    b = create_backend("native", key_type="int64", ttl_clock=clock)
+    cfg = (StateTtlConfig(100, cleanup_in_background=True) if strategy == "background"
+           else StateTtlConfig(100, cleanup_incrementally=1000))
+    m = b.get_state(MapStateDescriptor("m", "int64", "int64").enable_time_to_live(cfg))
+    keys = pa.array([k for k in range(200) for _ in range(5)], pa.int64())
+    uks = pa.array([u for _ in range(200) for u in range(5)], pa.int64())
+    m.put_batch(keys, uks, uks)
+    assert b.map_index_stats()["m"]["user_keys"] == 1000
+    clock.set(200)
+    if strategy == "background":
+        b.run_background_ttl_cleanup(b.max_parallelism)
+    else:
+        b.set_current_key(10_000)
+        m.get(0)  # one access: a step of 1000 entries
+        m.get(0)
+    assert b.num_entries() == 0
+    assert b.map_index_stats()["m"] == {"maps": 0, "user_keys": 0,
+                                         "bytes": b.map_index_stats()["m"]["bytes"]}

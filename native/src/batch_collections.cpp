@@ -185,8 +185,8 @@ void map_put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_
     if (vs) std::memcpy(out, v, vs);
     if (suffix) ttl::store_timestamp(out + vs, ttl.now);
     // Without TTL the index is exact: an overwrite is listed already, a new entry is not. With
-    // TTL a user key still listed but without an entry (a TTL pass removed it,
-    // collection_index.h) is a new entry: it goes last.
+    // TTL a user key still listed but without an entry (gone without the index being told, a
+    // cleanup step that failed part way) is a new entry: it goes last.
     if (index != nullptr && (inserted || ttl.enabled)) {
       const uint8_t* member = ek.data() + rk.size();
       const size_t ms = ek.size() - rk.size();

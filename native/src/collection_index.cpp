@@ -161,6 +161,16 @@ void CollectionIndex::erase_entry_keys(const uint8_t* data, const int32_t* off, 
   apply_entry_keys<false>(data, off, n, key, namespace_type, max_parallelism);
 }
 
+void CollectionIndex::erase_entry_keys(const std::vector<std::string>& keys, const KeySchema& key,
+                                       NamespaceType namespace_type, int32_t max_parallelism) {
+  for (const std::string& k : keys) {
+    const auto* p = reinterpret_cast<const uint8_t*>(k.data());
+    const size_t n = encoded_prefix_size(p, k.size(), key, namespace_type, max_parallelism);
+    if (n >= k.size()) continue;  // no member: never listed
+    erase(read_key_group_prefix(p, k.size(), max_parallelism), p, n, p + n, k.size() - n);
+  }
+}
+
 size_t CollectionIndex::prune(StateTable& table) {
   size_t dropped = 0;
   std::vector<uint8_t> key;

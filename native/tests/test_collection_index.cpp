@@ -1,6 +1,7 @@
 // The collection index of map state (collection_index.h) and the prefix splitter it relies on
 // (key_codec.h encoded_prefix_size), against keys built by KeyEncoder (docs/formats.md "Encoded
 // key" and "Map state").
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -8,6 +9,9 @@
 #include "check.h"
 #include "statecore/collection_index.h"
 #include "statecore/key_codec.h"
+#include "statecore/sorted_run.h"
+#include "statecore/state_table.h"
+#include "statecore/ttl.h"
 
 using namespace statecore;
 
@@ -203,6 +207,46 @@ TEST(entry_keys_split_into_prefix_and_member) {
                std::out_of_range);
   CHECK_EQ(small.members(), size_t(0));
   (void)b;
+}
+
+// A TTL cleanup step reports the entries it removes; the index unlists them (as the native
+// table does after each step), keeping the order of the others.
+TEST(ttl_cleanup_step_reports_removed_entries_for_the_index) {
+  const KeySchema key = KeySchema::scalar(KeyType::Int64);
+  StateTable t(0, 127);
+  CollectionIndex ix(0, 127);
+  KeyEncoder e(key, NamespaceType::Void, 128);
+  e.key_int64(3, 42);
+  e.namespace_void();
+  const std::vector<uint8_t> prefix(e.data(), e.data() + e.size());
+  for (int64_t uk = 0; uk < 6; ++uk) {
+    std::vector<uint8_t> k = prefix;
+    append_ser_int64(k, uk);
+    std::vector<uint8_t> v;
+    append_ser_int64(v, uk);                      // any 8 value bytes
+    append_ser_int64(v, uk % 2 == 0 ? 0 : 1000);  // even user keys written at 0: expire first
+    std::memcpy(t.map(3).put(k.data(), k.size(), v.size()), v.data(), v.size());
+    ix.insert(3, prefix.data(), prefix.size(), k.data() + prefix.size(), 8);
+  }
+  ttl::FilterSpec spec;
+  spec.layout = ttl::Layout::Value;
+  spec.ttl_ms = 100;
+  SortedRun scratch;
+  std::vector<std::string> removed;
+  ttl::TableCursor cur;
+  const ttl::CleanupStep step = ttl::cleanup_step(t, &cur, 1000, spec, 500, &scratch, &removed);
+  CHECK_EQ(step.expired, size_t(3));
+  CHECK_EQ(removed.size(), size_t(3));
+  ix.erase_entry_keys(removed, key, NamespaceType::Void, 128);
+  std::vector<uint8_t> one, three, five;
+  append_ser_int64(one, 1);
+  append_ser_int64(three, 3);
+  append_ser_int64(five, 5);
+  const std::string p(prefix.begin(), prefix.end());
+  CHECK(members(ix, 3, p) ==
+        V({std::string(one.begin(), one.end()), std::string(three.begin(), three.end()),
+           std::string(five.begin(), five.end())}));
+  CHECK_EQ(ix.prune(t), size_t(0));  // nothing left to prune
 }
 
 TEST_MAIN()

@@ -345,6 +345,9 @@ cdef extern from "statecore/collection_index.h" namespace "statecore" nogil:
         void erase_entry_keys(const uint8_t* data, const int32_t* off, int64_t n,
                               const KeySchema& key, NamespaceType namespace_type,
                               int32_t max_parallelism) except +raise_native_error
+        void erase_entry_key_strings "erase_entry_keys"(
+            const vector[string]& keys, const KeySchema& key, NamespaceType namespace_type,
+            int32_t max_parallelism) except +raise_native_error
         size_t prune(StateTable& table) except +raise_native_error
         size_t collections()
         size_t members()
@@ -461,12 +464,13 @@ cdef extern from "statecore/ttl.h" namespace "statecore::ttl" nogil:
 
     CleanupStep cleanup_table_step "statecore::ttl::cleanup_step"(
         StateTable& table, TableCursor* cursor, size_t min_entries, const FilterSpec& spec,
-        int64_t now, SortedRun* scratch) except +raise_native_error
+        int64_t now, SortedRun* scratch, vector[string]* removed) except +raise_native_error
     size_t restamp(StateMap& map, const FilterSpec& spec, int64_t ts_from, int64_t ts_to) except +raise_native_error
     size_t filter_run(const FilterSpec& spec, int64_t now, const SortedRun& src,
                       SortedRun& out) except +raise_native_error
     CleanupStep cleanup_step(StateMap& map, uint64_t* cursor, size_t min_entries,
-                             const FilterSpec& spec, int64_t now, SortedRun* scratch) except +raise_native_error
+                             const FilterSpec& spec, int64_t now, SortedRun* scratch,
+                             vector[string]* removed) except +raise_native_error
 
 
 cdef extern from "statecore/block_codec.h" namespace "statecore" nogil:

@@ -284,9 +284,9 @@ cdef class NativeStateTable:
 
     def map_put(self, int32_t kg, bytes prefix not None, bytes ukb not None, stored):
         """Write user key ``ukb`` of the map ``prefix`` (as :meth:`put_stored`) and list it: a
-        new user key goes last, a present one keeps its place. With TTL a user key whose entry
-        a C++ TTL pass removed is still listed (passes do not tell the index): it is a new
-        entry, so it moves last."""
+        new user key goes last, a present one keeps its place. With TTL a user key still
+        listed whose entry is gone without the index being told (a cleanup step that failed
+        part way) is a new entry, so it moves last."""
         self._need_index()
         cdef bytes key = prefix + ukb
         cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(prefix)
@@ -307,8 +307,8 @@ cdef class NativeStateTable:
                          <const uint8_t*>PyBytes_AS_STRING(ukb), PyBytes_GET_SIZE(ukb))
 
     def map_items(self, int32_t kg, bytes prefix not None):
-        """``[(user key bytes, stored form), ...]`` of the map ``prefix`` in its order; user
-        keys a C++ TTL pass removed are unlisted on the way."""
+        """``[(user key bytes, stored form), ...]`` of the map ``prefix`` in its order; listed
+        user keys whose entries are gone (see :meth:`map_put`) are unlisted on the way."""
         self._need_index()
         cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(prefix)
         cdef size_t ps = PyBytes_GET_SIZE(prefix)
@@ -334,7 +334,7 @@ cdef class NativeStateTable:
         return out_list
 
     def map_size(self, int32_t kg, bytes prefix not None):
-        """Listed user keys of the map ``prefix`` (with TTL possibly some a pass removed)."""
+        """Listed user keys of the map ``prefix`` (exact without TTL)."""
         self._need_index()
         return self.index.size(kg, <const uint8_t*>PyBytes_AS_STRING(prefix),
                                PyBytes_GET_SIZE(prefix))
@@ -387,8 +387,8 @@ cdef class NativeStateTable:
                 raise InvalidInputError(f"map entry key {i} holds no user key after its prefix")
 
     def index_prune(self):
-        """Unlist the user keys whose entries are gone (CollectionIndex::prune); returns how
-        many."""
+        """Unlist the user keys whose entries are gone (CollectionIndex::prune, after a TTL
+        migration dropped entries); returns how many."""
         self._need_index()
         return self.index.prune(self.table[0])
 
@@ -416,10 +416,15 @@ cdef class NativeStateTable:
         cdef c.FilterSpec spec = _ttl_filter_spec(kind, fixed_width, ttl_ms)
         cdef c.CleanupStep step
         cdef c.SortedRun scratch
+        cdef vector[string] removed  # with a map index: the removed entries' keys
         self._claim()
         try:
             with nogil:
-                step = c.cleanup_step(m[0], &cursor, min_entries, spec, now, &scratch)
+                step = c.cleanup_step(m[0], &cursor, min_entries, spec, now, &scratch,
+                                      &removed if self.index != NULL else NULL)
+                if self.index != NULL and removed.size():
+                    self.index.erase_entry_key_strings(removed, self.ix_key, self.ix_ns,
+                                                       self.ix_mp)
         except InvalidInputError as e:
             raise InvalidInputError(f"key group {kg}: {e}") from None
         finally:
@@ -486,6 +491,7 @@ cdef class NativeStateTable:
         cdef c.FilterSpec spec = _ttl_filter_spec(kind, fixed_width, ttl_ms)
         cdef c.CleanupStep step
         cdef c.SortedRun scratch
+        cdef vector[string] removed  # with a map index: the removed entries' keys
         cdef c.TableCursor cur
         cdef size_t visited = 0, expired = 0, i
         cdef bint wrapped = False, from_start
@@ -497,7 +503,11 @@ cdef class NativeStateTable:
                 for i in range(steps):
                     from_start = cur.key_group == self.table[0].kg_start() and cur.bucket == 0
                     step = c.cleanup_table_step(self.table[0], &cur, min_entries, spec, now,
-                                                &scratch)
+                                                &scratch, &removed if self.index != NULL else NULL)
+                    if self.index != NULL and removed.size():
+                        self.index.erase_entry_key_strings(removed, self.ix_key, self.ix_ns,
+                                                           self.ix_mp)
+                        removed.clear()
                     visited += step.visited
                     expired += step.expired
                     wrapped = wrapped or step.wrapped

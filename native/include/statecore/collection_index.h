@@ -65,8 +65,11 @@ class CollectionIndex {
   void erase_entry_keys(const uint8_t* data, const int32_t* off, int64_t n, const KeySchema& key,
                         NamespaceType namespace_type, int32_t max_parallelism);
 
+  // erase_entry_keys over encoded entry keys held as strings (what a TTL cleanup step removed).
+  void erase_entry_keys(const std::vector<std::string>& keys, const KeySchema& key,
+                        NamespaceType namespace_type, int32_t max_parallelism);
   // Unlists every member whose entry `prefix | member` the table no longer holds (after a pass
-  // that removed entries without telling the index: TTL cleanup and migration), keeping the
+  // that removed entries without telling the index: a TTL migration), keeping the
   // order of the others. Returns the members unlisted. `table` must cover the index's range.
   size_t prune(StateTable& table);
 

@@ -74,11 +74,11 @@ class NativeTable(states.StateTable):
     user value's bytes (docs/formats.md "Map state"); the map calls take ``k`` = the encoded
     key of the (key, namespace) and the user key's bytes. The index of each map's user keys
     (native collection_index.h, insertion ordered) is kept by the native map calls and map
-    kernels, by restores and change sets (:meth:`index_loaded`, :meth:`index_removed`) and
-    after a TTL migration (``index_prune``). The C++ TTL cleanup passes remove expired entries
-    without telling it, so with TTL the index may list user keys that are gone: reads of a
-    whole map (``map_items``) check each and unlist those, and a put of such a user key moves
-    it last, so the order is the one the reference backend's exact index gives.
+    kernels, by the C++ TTL cleanup steps (they report the entries they remove), by restores
+    and change sets (:meth:`index_loaded`, :meth:`index_removed`) and after a TTL migration
+    (``index_prune``). With TTL it also tolerates an entry gone without notice (a cleanup step
+    that failed part way): reads of a whole map (``map_items``) check each user key and unlist
+    such ones, and a put of one moves it last, the order the reference backend's index gives.
     """
 
     def __init__(self, meta: dict, backend: "NativeBackend"):
@@ -140,7 +140,7 @@ class NativeTable(states.StateTable):
         return self.native.map_items(kg, k)
 
     def map_size(self, kg: int, k: bytes) -> int:
-        # With TTL the index may still list user keys a C++ pass removed: count what is there.
+        # With TTL count what is there (the index may list an entry gone without notice).
         return len(self.native.map_items(kg, k)) if self.ttl else self.native.map_size(kg, k)
 
     def map_clear(self, kg: int, k: bytes) -> None:
