@@ -196,9 +196,10 @@ cdef class NativeStateTable:
     # class.
 
     def set_value_format(self, str kind, str value_type, bint ttl):
-        """State kind (value, reducing and aggregating share a layout; list; map), value type
-        (a statecore.value_types name; ``pickle`` stores its bytes as they are) and whether
-        values, list elements and map user values carry the 8-byte TTL timestamp suffix, for
+        """State kind (value, reducing, aggregating and map -- one user value per entry --
+        share a layout; list), value type (a statecore.value_types name; ``pickle`` stores its
+        bytes as they are) and whether values and list elements carry the 8-byte TTL timestamp
+        suffix, for
         :meth:`get_stored` / :meth:`put_stored`. InvalidInputError for an unknown kind or
         value type."""
         layout = _LAYOUTS.get(kind)
@@ -210,17 +211,15 @@ cdef class NativeStateTable:
 
     def get_stored(self, int32_t kg, bytes key not None):
         """Stored form of ``key``'s value, or None when absent: the value (``(value, ts)`` with
-        TTL), a list of elements (each ``(element, ts)`` with TTL) or a dict ``{serialized user
-        key: user value (or (user value, ts))}``. InvalidInputError for malformed bytes, with
-        the reference backend's messages."""
+        TTL; a map entry's user value likewise) or a list of elements (each ``(element, ts)``
+        with TTL). InvalidInputError for malformed bytes, with the reference backend's
+        messages."""
         cdef c.ByteView out
         cdef c.StateMap* m = self._map(kg)
         if not m.get(<const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), &out):
             return None
         if self.vlayout == _LAYOUT_LIST:
             return _decode_list(out.data, out.size, self.vfmt, self.vttl)
-        if self.vlayout == _LAYOUT_MAP:
-            return _decode_map(out.data, out.size, self.vfmt, self.vttl)
         return _decode_value(out.data, out.size, self.vfmt, self.vttl)
 
     def put_stored(self, int32_t kg, bytes key not None, stored):
@@ -236,8 +235,6 @@ cdef class NativeStateTable:
         try:
             if self.vlayout == _LAYOUT_LIST:
                 raw = _encode_list(stored, self.vfmt, self.vttl)
-            elif self.vlayout == _LAYOUT_MAP:
-                raw = _encode_map(stored, self.vfmt, self.vttl)
             elif self.vttl:
                 v, ts = stored
                 n = _fixed_into(v, self.vfmt, buf) if self.vfmt.width <= 8 else -1
