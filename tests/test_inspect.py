@@ -54,7 +54,10 @@ def test_inspect_summary_entries_and_parquet(tmp_path, capsys, kind):
     t = pq.read_table(pq_path).to_pylist()
     counts = {(r["state"], r["key"]): r["value"] for r in t}
     assert counts[("count", "N3")] == "12"
-    assert counts[("attrs", "N1")] == '{"\'k\'": {"i": 0}}'
+    assert counts[("attrs", "N1")] == '{"i": 0}'
+    attrs = [r for r in t if r["state"] == "attrs" and r["key"] == "N1"]
+    assert [r["user_key"] for r in attrs] == ['"k"']  # one row per map entry
+    assert all(r["user_key"] is None for r in t if r["state"] != "attrs")
     assert sorted(r["value"] for r in t if r["state"] == "__timers__") == [
         "1000", "1001", "1002", '{"processing_time": 7}']
 

@@ -1,5 +1,6 @@
 // ListState append and MapState put kernels (contract: batch_collections.h). Same two passes as
 // batch.cpp: validation touching no state, then one row at a time in row order through RowKeys.
+// A map put writes one entry per row (docs/formats.md "Map state").
 // A blob that grows is resized by the map (StateMap::resize / resize_by: realloc'd in place of
 // itself when no snapshot reaches it, copied when one may), keeping its bytes, and the kernel
 // writes or splices the new bytes into it: no scratch copy and no second allocation per row
@@ -85,58 +86,6 @@ const int32_t* validate_map(StateTable& table, const BatchKeySpec& spec, const K
   return validate_keys(table, spec, keys);
 }
 
-// One map put row's splice, planned by StateMap::update_resized from the stored blob before
-// anything is written (a blob that does not parse throws with nothing changed): where the row's
-// pair goes and what it replaces.
-struct MapSplice {
-  // in
-  const uint8_t* uk = nullptr;  // ser(uk) of the row
-  size_t uk_size = 0;
-  size_t pair_size = 0;  // the row's whole encoded pair
-  int64_t row = 0;
-  std::vector<uint8_t>* scratch = nullptr;
-  // out
-  bool absent = false;       // no blob: the new blob is the pair alone
-  bool found = false;        // the user key is present: its pair [pos, pos + removed) is replaced
-  bool via_scratch = false;  // the blob shrinks: its bytes were copied to *scratch first
-  size_t pos = 0, removed = 0;
-};
-
-// ResizePlan of a map put: the blob's new size. The insertion point is the first pair whose user
-// key is not below the row's (pairs are sorted by ser(uk) bytes). A shrinking blob (a shorter
-// variable-width value) is copied to the scratch buffer: resize cuts it before the kernel could
-// move its tail down.
-size_t plan_map_put(void* ctx, const uint8_t* blob, size_t cur) {
-  MapSplice& s = *static_cast<MapSplice*>(ctx);
-  s.found = s.via_scratch = false;
-  s.absent = blob == nullptr;
-  s.pos = s.removed = 0;
-  if (s.absent) return s.pair_size;
-  size_t pos = 0;
-  while (pos < cur) {
-    size_t q = pos;
-    const uint64_t kl = blob_varlen(blob, cur, &q, s.row);
-    const int c = compare_bytes(blob + q, kl, s.uk, s.uk_size);
-    if (c > 0) break;
-    q += kl;
-    q += blob_varlen(blob, cur, &q, s.row);
-    if (c == 0) {
-      s.found = true;
-      s.removed = q - pos;
-      break;
-    }
-    pos = q;
-  }
-  s.pos = pos;
-  if (s.found && s.removed == s.pair_size) return cur;
-  const size_t grown = cur - s.removed + s.pair_size;
-  if (grown < cur) {
-    s.via_scratch = true;
-    s.scratch->assign(blob, blob + cur);
-  }
-  return grown;
-}
-
 }  // namespace
 
 void validate_list_append_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
@@ -197,7 +146,7 @@ void validate_map_put_batch(StateTable& table, const BatchKeySpec& spec, ArrowIn
 
 void map_put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
                    const KeySchema& user_key, ArrowInput user_keys_in, const ValueSpec& value_type,
-                   ArrowInput values_in, const TtlBatchSpec& ttl) {
+                   ArrowInput values_in, const TtlBatchSpec& ttl, CollectionIndex* index) {
   check_spec(value_type);
   const KeyArrays keys = make_keys(spec, keys_in);
   const KeyArrays uks = make_user_keys(user_key, user_keys_in);
@@ -206,70 +155,44 @@ void map_put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_
   const int64_t n = keys.length();
   const size_t suffix = ttl.enabled ? ttl::kTimestampBytes : 0;
   // int64 / timestamp user keys (the common case) skip the general serializer: ser(uk) is the 8
-  // bytes big-endian (key_codec.h), written straight into the pair.
+  // bytes big-endian (key_codec.h), written straight after the prefix.
   const ArrayView* int64_uks = nullptr;
   if (uks.scalar_column() && (user_key.columns[0].type == KeyType::Int64 ||
                               user_key.columns[0].type == KeyType::Timestamp))
     int64_uks = uks.scalar_column();
-  MapSplice sp;
-  sp.scratch = &blob_scratch();
-  std::vector<uint8_t> pair;  // the row's encoded pair; grows to the widest pair once
-  std::vector<uint8_t> uk;
+  std::vector<uint8_t> ek;  // the row's entry key: prefix | ser(uk)
   RowKeys rk(spec, keys, table, kgs);
   uint8_t tmp[8];
   for (int64_t i = 0; i < n; ++i) {
     rk.ahead(i);
     rk.encode(i, kgs[i]);
     StateMap& m = table.map_unchecked(kgs[i]);
+    ek.assign(rk.data(), rk.data() + rk.size());
+    if (int64_uks) {
+      const uint64_t be = be64(static_cast<uint64_t>(int64_uks->int64_at(i)));
+      ek.insert(ek.end(), reinterpret_cast<const uint8_t*>(&be),
+                reinterpret_cast<const uint8_t*>(&be) + 8);
+    } else {
+      uks.append_ser(ek, i);
+    }
     size_t vs = 0;
     const uint8_t* v = value_bytes(value_type, values, i, tmp, &vs);
-    const size_t stored = vs + suffix;
-    size_t ps;
-    if (int64_uks) {
-      pair.resize(1 + 8 + 10 + stored);
-      pair[0] = 8;  // varlen(8)
-      const uint64_t be = be64(static_cast<uint64_t>(int64_uks->int64_at(i)));
-      std::memcpy(pair.data() + 1, &be, 8);
-      ps = 9;
-    } else {
-      uk.clear();
-      uks.append_ser(uk, i);
-      pair.resize(10 + uk.size() + 10 + stored);
-      ps = put_varlen(pair.data(), uk.size());
-      if (!uk.empty()) std::memcpy(pair.data() + ps, uk.data(), uk.size());
-      ps += uk.size();
-    }
-    sp.uk = pair.data() + (ps - (int64_uks ? 8 : uk.size()));
-    sp.uk_size = int64_uks ? 8 : uk.size();
-    ps += put_varlen(pair.data() + ps, stored);
-    const size_t value_at = ps;
-    if (vs) std::memcpy(pair.data() + ps, v, vs);
-    ps += vs;
-    if (suffix) ttl::store_timestamp(pair.data() + ps, ttl.now);
-    ps += suffix;
-    sp.pair_size = ps;
-    sp.row = i;
-
+    const uint32_t h = m.hash(ek.data(), ek.size());
     size_t cur = 0;
-    uint8_t* out = m.update_resized(rk.hash(i, m), rk.data(), rk.size(), &plan_map_put, &sp, &cur);
-    if (sp.absent) {
-      std::memcpy(out, pair.data(), ps);
-      continue;
+    bool inserted = false;
+    uint8_t* out = upsert_row(m, h, ek.data(), ek.size(), vs + suffix, &cur, &inserted);
+    if (!inserted && cur != vs + suffix) out = m.put(ek.data(), ek.size(), vs + suffix);
+    if (vs) std::memcpy(out, v, vs);
+    if (suffix) ttl::store_timestamp(out + vs, ttl.now);
+    // Without TTL the index is exact: an overwrite is listed already, a new entry is not. With
+    // TTL a user key still listed but without an entry (gone without the index being told, a
+    // cleanup step that failed part way) is a new entry: it goes last.
+    if (index != nullptr && (inserted || ttl.enabled)) {
+      const uint8_t* member = ek.data() + rk.size();
+      const size_t ms = ek.size() - rk.size();
+      if (inserted && ttl.enabled) index->erase(kgs[i], rk.data(), rk.size(), member, ms);
+      index->insert(kgs[i], rk.data(), rk.size(), member, ms);
     }
-    const size_t pos = sp.pos, removed = sp.removed;
-    if (sp.found && removed == ps) {
-      // Same layout: only the value bytes change, in place.
-      std::memcpy(out + pos + value_at, pair.data() + value_at, ps - value_at);
-      continue;
-    }
-    const size_t tail = cur - pos - removed;
-    if (!sp.via_scratch) {
-      // Grown: the first cur bytes were kept; the tail moves up past the new pair.
-      if (tail) std::memmove(out + pos + ps, out + pos + removed, tail);
-    } else if (tail) {
-      std::memcpy(out + pos + ps, sp.scratch->data() + pos + removed, tail);
-    }
-    std::memcpy(out + pos, pair.data(), ps);
   }
 }
 

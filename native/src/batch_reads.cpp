@@ -1,5 +1,7 @@
 // Collection read / removal kernels and clear (contract: batch_reads.h). Same two passes as
 // batch.cpp: validation touching no state, then one row at a time in row order through RowKeys.
+// A map row reads or removes one entry, `encoded key | ser(user key)` (docs/formats.md "Map
+// state").
 // Every mutation of a blob first copies what is still needed out of the map (a put or a removal
 // invalidates the pointer the map handed out), to a per-thread scratch buffer.
 #include "statecore/batch_reads.h"
@@ -13,52 +15,6 @@ using namespace batch_detail;
 
 // Bytes one fixed-width element / value takes in the Arrow-layout output (bool: a 0/1 byte).
 size_t out_width(const ValueSpec& t) { return t.type == ValueType::Bool ? 1 : value_width(t); }
-
-// One pair of a map blob: [pos, end) the whole pair, [value, value + value_size) its stored
-// value bytes (with TTL ending with the timestamp).
-struct PairAt {
-  size_t pos = 0, end = 0, value = 0, value_size = 0;
-};
-
-// Finds ser(uk) in a blob sorted by ser(uk) (batch_collections.h "Stored bytes"); stops at the
-// first greater user key. bad_blob(row) on a blob that does not parse up to there.
-bool find_pair(const uint8_t* blob, size_t size, const uint8_t* uk, size_t uks, int64_t row,
-               PairAt* at) {
-  size_t pos = 0;
-  while (pos < size) {
-    size_t q = pos;
-    const uint64_t kl = blob_varlen(blob, size, &q, row);
-    const int c = compare_bytes(blob + q, kl, uk, uks);
-    if (c > 0) return false;
-    q += kl;
-    const uint64_t vl = blob_varlen(blob, size, &q, row);
-    if (c == 0) {
-      at->pos = pos;
-      at->value = q;
-      at->value_size = vl;
-      at->end = q + vl;
-      return true;
-    }
-    pos = q + vl;
-  }
-  return false;
-}
-
-// Removes one pair from the entry whose blob is blob[0, size) (the map's bytes: copied before
-// the put), the entry itself when it was the only pair (the per-record remove's rule: an empty
-// map is no entry).
-void remove_pair(StateMap& m, const uint8_t* key, size_t ks, const uint8_t* blob, size_t size,
-                 const PairAt& at) {
-  if (at.pos == 0 && at.end == size) {
-    m.remove(key, ks);
-    return;
-  }
-  std::vector<uint8_t>& old = blob_scratch();
-  old.assign(blob, blob + size);
-  uint8_t* out = m.put(key, ks, size - (at.end - at.pos));
-  if (at.pos) std::memcpy(out, old.data(), at.pos);
-  if (size > at.end) std::memcpy(out + at.pos, old.data() + at.end, size - at.end);
-}
 
 [[noreturn]] void short_ttl_value(int64_t row, size_t size) {
   fail(row_str(row) + ": the stored value holds " + std::to_string(size) +
@@ -107,36 +63,45 @@ MapKeys validate_map_keys(StateTable& table, const BatchKeySpec& spec, ArrowInpu
   return MapKeys{std::move(keys), std::move(uks), kgs};
 }
 
-// One map read of row i (`_Map.get` / `_TtlMap._read(only=uk)`): emit(user value bytes, size)
-// runs before any mutation; returns whether a value is shown. `width`: the exact stored width of
-// a fixed-width value type without the timestamp, 0 for String/Binary.
+// The entry key of row i: the row's encoded key (rk) followed by ser(user key) (docs/formats.md
+// "Map state").
+inline void entry_key(const RowKeys& rk, const std::vector<uint8_t>& uk, std::vector<uint8_t>& ek) {
+  ek.assign(rk.data(), rk.data() + rk.size());
+  ek.insert(ek.end(), uk.begin(), uk.end());
+}
+
+// One map read of row i (`TableMapState.get` / `TtlMapState._read_one`): emit(user value bytes,
+// size) runs before any mutation; returns whether a value is shown. `width`: the exact stored
+// width of a fixed-width value type without the timestamp, 0 for String/Binary. An expired
+// entry is removed and unlisted from `index` (when given).
 template <class Emit>
-bool map_read_row(StateMap& m, const RowKeys& rk, int64_t i, const std::vector<uint8_t>& uk,
-                  size_t width, const TtlBatchSpec& ttl, int64_t* expired, Emit emit) {
+bool map_read_row(StateMap& m, int32_t kg, const RowKeys& rk, int64_t i,
+                  const std::vector<uint8_t>& ek, size_t width, const TtlBatchSpec& ttl,
+                  int64_t* expired, CollectionIndex* index, Emit emit) {
   ByteView v;
-  if (!kernel_get(m, rk.hash(i, m), rk.data(), rk.size(), &v)) return false;
-  PairAt at;
-  if (!find_pair(v.data, v.size, uk.data(), uk.size(), i, &at)) return false;
+  if (!kernel_get(m, m.hash(ek.data(), ek.size()), ek.data(), ek.size(), &v)) return false;
   const size_t suffix = ttl.enabled ? ttl::kTimestampBytes : 0;
-  if (width != 0 && at.value_size != width + suffix) wrong_width(i, at.value_size, width + suffix);
+  if (width != 0 && v.size != width + suffix) wrong_width(i, v.size, width + suffix);
   if (!ttl.enabled) {
-    emit(v.data + at.value, at.value_size);
+    emit(v.data, v.size);
     return true;
   }
-  if (at.value_size < suffix) short_ttl_value(i, at.value_size);
-  const size_t user = at.value_size - suffix;
-  if (ttl::expired(ttl::load_timestamp(v.data + at.value + user), ttl.ttl_ms, ttl.now)) {
-    if (ttl.return_expired) emit(v.data + at.value, user);
-    remove_pair(m, rk.data(), rk.size(), v.data, v.size, at);
+  if (v.size < suffix) short_ttl_value(i, v.size);
+  const size_t user = v.size - suffix;
+  if (ttl::expired(ttl::load_timestamp(v.data + user), ttl.ttl_ms, ttl.now)) {
+    if (ttl.return_expired) emit(v.data, user);
+    m.remove(ek.data(), ek.size());
+    if (index != nullptr)
+      index->erase(kg, rk.data(), rk.size(), ek.data() + rk.size(), ek.size() - rk.size());
     ++*expired;
     return ttl.return_expired;
   }
-  emit(v.data + at.value, user);
+  emit(v.data, user);
   if (ttl.update_on_read) {
-    // Always written (the per-record path puts the map back): the entry counts as changed.
+    // Always written (the per-record path puts the entry back): it counts as changed.
     size_t sz = 0;
-    uint8_t* p = m.get_for_update(rk.data(), rk.size(), &sz);
-    ttl::store_timestamp(p + at.value + user, ttl.now);
+    uint8_t* p = m.get_for_update(ek.data(), ek.size(), &sz);
+    ttl::store_timestamp(p + user, ttl.now);
   }
   return true;
 }
@@ -146,22 +111,24 @@ bool map_read_row(StateMap& m, const RowKeys& rk, int64_t i, const std::vector<u
 template <class OnRow>
 void map_read_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
                     const KeySchema& user_key, ArrowInput user_keys_in, const ValueSpec& vt,
-                    const TtlBatchSpec& ttl, int64_t* expired_out, OnRow on_row) {
+                    const TtlBatchSpec& ttl, int64_t* expired_out, CollectionIndex* index,
+                    OnRow on_row) {
   int64_t local = 0;
   int64_t* expired = expired_sink(expired_out, &local);
   check_spec(vt);
   const MapKeys mk = validate_map_keys(table, spec, keys_in, user_key, user_keys_in, ttl);
   const int64_t n = mk.keys.length();
   const size_t width = value_width(vt);
-  std::vector<uint8_t> uk;
+  std::vector<uint8_t> uk, ek;
   const ArrayView* uk_i64 = int64_user_keys(user_key, mk.user_keys);
   RowKeys rk(spec, mk.keys, table, mk.kgs);
   for (int64_t i = 0; i < n; ++i) {
     rk.ahead(i);
     rk.encode(i, mk.kgs[i]);
     user_key_ser(mk.user_keys, uk_i64, i, uk);
+    entry_key(rk, uk, ek);
     StateMap& m = table.map_unchecked(mk.kgs[i]);
-    const bool shown = map_read_row(m, rk, i, uk, width, ttl, expired,
+    const bool shown = map_read_row(m, mk.kgs[i], rk, i, ek, width, ttl, expired, index,
                                     [&](const uint8_t* p, size_t s) { on_row(i, p, s); });
     if (!shown) on_row(i, nullptr, 0);
   }
@@ -216,16 +183,28 @@ void validate_map_key_batch(StateTable& table, const BatchKeySpec& spec, ArrowIn
   validate_map_keys(table, spec, keys_in, user_key, user_keys_in, ttl);
 }
 
-void clear_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in) {
+void clear_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
+                 CollectionIndex* index) {
   const KeyArrays keys = make_keys(spec, keys_in);
   const int32_t* kgs = nullptr;
   check_key_batch(table, spec, keys, TtlBatchSpec(), &kgs);
   const int64_t n = keys.length();
   RowKeys rk(spec, keys, table, kgs);
+  std::vector<uint8_t> ek;
   for (int64_t i = 0; i < n; ++i) {
     rk.ahead(i);
     rk.encode(i, kgs[i]);
-    table.map_unchecked(kgs[i]).remove(rk.data(), rk.size());
+    StateMap& m = table.map_unchecked(kgs[i]);
+    if (index == nullptr) {
+      m.remove(rk.data(), rk.size());
+      continue;
+    }
+    // A map: every entry its index lists for the row's (key, namespace).
+    for (const std::string& member : index->take(kgs[i], rk.data(), rk.size())) {
+      ek.assign(rk.data(), rk.data() + rk.size());
+      ek.insert(ek.end(), member.begin(), member.end());
+      m.remove(ek.data(), ek.size());
+    }
   }
 }
 
@@ -320,7 +299,8 @@ void list_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys
 
 void map_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                    const KeySchema& user_key, ArrowInput user_keys, const ValueSpec& vt,
-                   const MapGetOutput& out, const TtlBatchSpec& ttl, int64_t* expired) {
+                   const MapGetOutput& out, const TtlBatchSpec& ttl, int64_t* expired,
+                   CollectionIndex* index) {
   check_spec(vt);
   const bool fixed = is_fixed(vt);
   const bool has_rows = keys.array != nullptr && keys.array->length > 0;
@@ -328,7 +308,7 @@ void map_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
       (out.valid == nullptr || (fixed && out.fixed == nullptr) ||
        (!fixed && (out.offsets == nullptr || out.data == nullptr || out.offsets->empty()))))
     fail("map_get_batch: missing output buffers for value type " + value_type_name(vt));
-  map_read_batch(table, spec, keys, user_key, user_keys, vt, ttl, expired,
+  map_read_batch(table, spec, keys, user_key, user_keys, vt, ttl, expired, index,
                  [&](int64_t i, const uint8_t* p, size_t s) {
                    out.valid[i] = p != nullptr;
                    if (fixed) {
@@ -342,31 +322,29 @@ void map_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
 
 void map_contains_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                         const KeySchema& user_key, ArrowInput user_keys, const ValueSpec& vt,
-                        uint8_t* found, const TtlBatchSpec& ttl, int64_t* expired) {
+                        uint8_t* found, const TtlBatchSpec& ttl, int64_t* expired,
+                        CollectionIndex* index) {
   if (found == nullptr && keys.array != nullptr && keys.array->length > 0)
     fail("map_contains_batch: missing output buffer");
-  map_read_batch(table, spec, keys, user_key, user_keys, vt, ttl, expired,
+  map_read_batch(table, spec, keys, user_key, user_keys, vt, ttl, expired, index,
                  [&](int64_t i, const uint8_t* p, size_t) { found[i] = p != nullptr; });
 }
 
 void map_remove_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
-                      const KeySchema& user_key, ArrowInput user_keys_in) {
+                      const KeySchema& user_key, ArrowInput user_keys_in, CollectionIndex* index) {
   const MapKeys mk =
       validate_map_keys(table, spec, keys_in, user_key, user_keys_in, TtlBatchSpec());
   const int64_t n = mk.keys.length();
-  std::vector<uint8_t> uk;
+  std::vector<uint8_t> uk, ek;
   const ArrayView* uk_i64 = int64_user_keys(user_key, mk.user_keys);
   RowKeys rk(spec, mk.keys, table, mk.kgs);
   for (int64_t i = 0; i < n; ++i) {
     rk.ahead(i);
     rk.encode(i, mk.kgs[i]);
     user_key_ser(mk.user_keys, uk_i64, i, uk);
-    StateMap& m = table.map_unchecked(mk.kgs[i]);
-    ByteView v;
-    if (!kernel_get(m, rk.hash(i, m), rk.data(), rk.size(), &v)) continue;
-    PairAt at;
-    if (find_pair(v.data, v.size, uk.data(), uk.size(), i, &at))
-      remove_pair(m, rk.data(), rk.size(), v.data, v.size, at);
+    entry_key(rk, uk, ek);
+    if (table.map_unchecked(mk.kgs[i]).remove(ek.data(), ek.size()) && index != nullptr)
+      index->erase(mk.kgs[i], rk.data(), rk.size(), uk.data(), uk.size());
   }
 }
 

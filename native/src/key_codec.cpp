@@ -1,6 +1,7 @@
 // Encoded-key codec (docs/formats.md "Encoded key", Flink SerializedCompositeKeyBuilder).
 #include "statecore/key_codec.h"
 
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -227,6 +228,70 @@ void KeyEncoder::namespace_serialized(const uint8_t* ser, size_t size) {
   begin_namespace(namespace_type_ != NamespaceType::Void);
   if (size) buf_.insert(buf_.end(), ser, ser + size);
   end_namespace();
+}
+
+namespace {
+
+// Bytes of one column's serialization at key[pos..size), or throws (truncated / bad varlen).
+size_t column_size(const uint8_t* key, size_t size, size_t pos, KeyType t, int32_t width) {
+  size_t n = 0;
+  switch (t) {
+    case KeyType::Int32: n = 4; break;
+    case KeyType::Int64:
+    case KeyType::UInt64:
+    case KeyType::Float64:
+    case KeyType::Timestamp: n = 8; break;
+    case KeyType::Bool: n = 1; break;
+    case KeyType::FixedSizeBinary: n = static_cast<size_t>(width); break;
+    case KeyType::String:
+    case KeyType::Binary: {
+      uint64_t len = 0;
+      const size_t used = read_varlen(key + pos, size - pos, &len);
+      if (used == 0 || len == 0 || len - 1 > size - pos - used)
+        throw std::invalid_argument("encoded key: malformed or truncated string/binary part");
+      return used + static_cast<size_t>(len - 1);
+    }
+  }
+  if (n > size - pos) throw std::invalid_argument("encoded key: truncated part");
+  return n;
+}
+
+size_t namespace_size(const uint8_t* key, size_t size, size_t pos, NamespaceType t) {
+  switch (t) {
+    case NamespaceType::Void: return column_size(key, size, pos, KeyType::Bool, 0);
+    case NamespaceType::Int64: return column_size(key, size, pos, KeyType::Int64, 0);
+    case NamespaceType::Int32: return column_size(key, size, pos, KeyType::Int32, 0);
+    case NamespaceType::String:
+    case NamespaceType::Binary: return column_size(key, size, pos, KeyType::Binary, 0);
+  }
+  return 0;
+}
+
+// Checks the lenbytes of a part of `part` bytes at key[pos..size); returns their size.
+size_t skip_lenbytes(const uint8_t* key, size_t size, size_t pos, size_t part) {
+  std::vector<uint8_t> want;
+  append_lenbytes(want, static_cast<uint32_t>(part));
+  if (want.size() > size - pos || std::memcmp(key + pos, want.data(), want.size()) != 0)
+    throw std::invalid_argument("encoded key: lenbytes disagree with the part's length");
+  return want.size();
+}
+
+}  // namespace
+
+size_t encoded_prefix_size(const uint8_t* key, size_t size, const KeySchema& key_schema,
+                           NamespaceType namespace_type, int32_t max_parallelism) {
+  if (key == nullptr && size != 0) throw std::invalid_argument("encoded key: null data");
+  const size_t w = static_cast<size_t>(key_group_prefix_size(max_parallelism));
+  if (size < w) throw std::invalid_argument("encoded key: shorter than its key-group prefix");
+  const bool ambiguous = key_schema.variable_length() && is_variable_length(namespace_type);
+  size_t pos = w;
+  const size_t key_start = pos;
+  for (const KeyColumn& c : key_schema.columns) pos += column_size(key, size, pos, c.type, c.width);
+  if (ambiguous) pos += skip_lenbytes(key, size, pos, pos - key_start);
+  const size_t ns_start = pos;
+  pos += namespace_size(key, size, pos, namespace_type);
+  if (ambiguous) pos += skip_lenbytes(key, size, pos, pos - ns_start);
+  return pos;
 }
 
 }  // namespace statecore

@@ -207,7 +207,8 @@ ValuesFiltered filter_values(const FilterSpec& spec, int64_t now, const uint8_t*
 }
 
 CleanupStep cleanup_step(StateMap& map, uint64_t* cursor, size_t min_entries,
-                         const FilterSpec& spec, int64_t now, SortedRun* scratch) {
+                         const FilterSpec& spec, int64_t now, SortedRun* scratch,
+                         std::vector<std::string>* removed) {
   CleanupStep step;
   step.wrapped = map.collect_buckets(cursor, min_entries, scratch);
   std::vector<uint8_t> trimmed;
@@ -217,6 +218,7 @@ CleanupStep cleanup_step(StateMap& map, uint64_t* cursor, size_t min_entries,
     const FilterResult r = filter_value(spec, now, scratch->value(i), &trimmed, &step.expired);
     if (r == FilterResult::Drop) {
       map.remove(k.data, k.size);
+      if (removed != nullptr) removed->emplace_back(reinterpret_cast<const char*>(k.data), k.size);
     } else if (r == FilterResult::Trim) {
       uint8_t* dst = map.put(k.data, k.size, trimmed.size());
       std::memcpy(dst, trimmed.data(), trimmed.size());
@@ -343,7 +345,8 @@ MigrationResult migrate(StateTable& table, const MigrationSpec& spec) {
 }
 
 CleanupStep cleanup_step(StateTable& table, TableCursor* cursor, size_t min_entries,
-                         const FilterSpec& spec, int64_t now, SortedRun* scratch) {
+                         const FilterSpec& spec, int64_t now, SortedRun* scratch,
+                         std::vector<std::string>* removed) {
   CleanupStep total;
   if (cursor->key_group < table.kg_start() || cursor->key_group > table.kg_end()) {
     cursor->key_group = table.kg_start();
@@ -351,8 +354,8 @@ CleanupStep cleanup_step(StateTable& table, TableCursor* cursor, size_t min_entr
   }
   for (;;) {
     const size_t want = min_entries > total.visited ? min_entries - total.visited : 0;
-    CleanupStep s =
-        cleanup_step(table.map(cursor->key_group), &cursor->bucket, want, spec, now, scratch);
+    CleanupStep s = cleanup_step(table.map(cursor->key_group), &cursor->bucket, want, spec, now,
+                                 scratch, removed);
     total.visited += s.visited;
     total.expired += s.expired;
     if (s.wrapped) {

@@ -1,6 +1,7 @@
-// Collection batch kernels (batch_collections.h) over hand-built Arrow arrays: the exact list and
-// map blobs the per-record path writes (docs/formats.md "Values"), repeated keys applied in
-// row order, sliced arrays, TTL suffixes, and errors that leave the table untouched.
+// Collection batch kernels (batch_collections.h) over hand-built Arrow arrays: the exact list
+// blobs and map entries the per-record path writes (docs/formats.md "Values", "Map state"),
+// repeated keys applied in row order, the map index's order, sliced arrays, TTL suffixes, and
+// errors that leave the table untouched.
 #include <cstring>
 #include <functional>
 #include <map>
@@ -82,20 +83,54 @@ TEST(list_append_rejects_bad_input_before_any_write) {
   CHECK(dump(t) == before);
 }
 
-TEST(map_put_int64_user_keys_sorted_last_row_wins) {
+// A map's entries (docs/formats.md "Map state"): (key, ser(user key)) -> value bytes, from
+// the encoded keys of int64 keys in the void namespace (prefix | be64(key) | 00 | ser(uk)).
+std::map<std::pair<int64_t, std::string>, std::string> map_entries(StateTable& t) {
+  std::map<std::pair<int64_t, std::string>, std::string> out;
+  for (const auto& kv : dump(t)) {
+    const std::string& k = kv.first;
+    int64_t key = 0;
+    for (int i = 0; i < 8; ++i) key = (key << 8) | static_cast<uint8_t>(k[1 + i]);
+    CHECK_EQ(int(static_cast<uint8_t>(k[9])), 0);
+    out[{key, k.substr(10)}] = kv.second;
+  }
+  return out;
+}
+
+// The user keys the index lists for int64 key `key` (void namespace), in order.
+std::vector<std::string> listed(StateTable& t, const CollectionIndex& ix, int64_t key) {
+  std::vector<std::string> out;
+  for (const auto& kv : dump(t)) {
+    if (kv.first.substr(1, 8) != be64(key)) continue;
+    const auto* p = reinterpret_cast<const uint8_t*>(kv.first.data());
+    ix.for_each(static_cast<int32_t>(p[0]), p, 10, [&](const uint8_t* m, size_t n) {
+      out.emplace_back(reinterpret_cast<const char*>(m), n);
+    });
+    break;
+  }
+  return out;
+}
+
+using Entries = std::map<std::pair<int64_t, std::string>, std::string>;
+
+TEST(map_put_int64_user_keys_one_entry_each_last_row_wins) {
   StateTable t(0, 127);
+  CollectionIndex ix(0, 127);
   auto keys = fixed<int64_t>("l", I64{1, 1, 2, 1, 1}, 1);
   auto uks = fixed<int64_t>("l", I64{5, 2, 1, 5, -1}, 2);
   auto vals = fixed<int64_t>("l", I64{100, 200, 1, 300, 400});
   map_put_batch(t, int64_spec(), keys.in(), KeySchema::scalar(KeyType::Int64), uks.in(),
-                ValueType::Int64, vals.in());
-  auto pair = [](int64_t uk, int64_t v) { return byte(8) + be64(uk) + byte(8) + le64(v); };
-  // -1 is ff..ff big-endian: it sorts last.
-  CHECK(blobs(t) ==
-        (std::multiset<std::string>{pair(2, 200) + pair(5, 300) + pair(-1, 400), pair(1, 1)}));
+                ValueType::Int64, vals.in(), TtlBatchSpec(), &ix);
+  CHECK(map_entries(t) == (Entries{{{1, be64(5)}, le64(300)},
+                                   {{1, be64(2)}, le64(200)},
+                                   {{1, be64(-1)}, le64(400)},
+                                   {{2, be64(1)}, le64(1)}}));
+  // Insertion order: a repeated user key keeps its place.
+  CHECK(listed(t, ix, 1) == (std::vector<std::string>{be64(5), be64(2), be64(-1)}));
+  CHECK(listed(t, ix, 2) == (std::vector<std::string>{be64(1)}));
 }
 
-TEST(map_put_string_user_keys_binary_values_resize_and_ttl) {
+TEST(map_put_string_user_keys_binary_values_and_ttl) {
   StateTable t(0, 127);
   auto keys = fixed<int64_t>("l", I64{9, 9, 9, 9});
   auto uks = varwidth<int32_t>(
@@ -104,10 +139,10 @@ TEST(map_put_string_user_keys_binary_values_resize_and_ttl) {
       "Z", Str{std::string("x"), std::string("yy"), std::string(""), std::string("zzz")});
   map_put_batch(t, int64_spec(), keys.in(), KeySchema::scalar(KeyType::String), uks.in(),
                 ValueType::Binary, vals.in());
-  // ser("a") = 02 61 < ser("b") = 02 62 < ser("ab") = 03 61 62
-  CHECK(blobs(t) ==
-        (std::multiset<std::string>{byte(2) + byte(2) + "a" + byte(0) + byte(2) + byte(2) + "b" +
-                                    byte(3) + "zzz" + byte(3) + byte(3) + "ab" + byte(2) + "yy"}));
+  // ser(user key) = varlen(len + 1) | bytes; a value shrinking or growing is rewritten whole.
+  CHECK(map_entries(t) ==
+        (Entries{
+            {{9, byte(2) + "b"}, "zzz"}, {{9, byte(3) + "ab"}, "yy"}, {{9, byte(2) + "a"}, ""}}));
   StateTable tt(0, 127);
   TtlBatchSpec ttl;
   ttl.enabled = true;
@@ -118,8 +153,7 @@ TEST(map_put_string_user_keys_binary_values_resize_and_ttl) {
   auto v1 = fixed<int64_t>("l", I64{4});
   map_put_batch(tt, int64_spec(), k1.in(), KeySchema::scalar(KeyType::Int64), u1.in(),
                 ValueType::Int64, v1.in(), ttl);
-  CHECK(blobs(tt) ==
-        (std::multiset<std::string>{byte(8) + be64(3) + byte(16) + le64(4) + be64(5)}));
+  CHECK(map_entries(tt) == (Entries{{{1, be64(3)}, le64(4) + be64(5)}}));
 }
 
 TEST(map_put_rejects_bad_input_before_any_write) {
@@ -158,54 +192,18 @@ TEST(map_put_rejects_bad_input_before_any_write) {
   CHECK(dump(t) == before);
 }
 
-// A stored blob that does not parse (a table written as another kind): a BatchError naming the
-// row, the rows before it applied, that key's blob and the later rows untouched.
-TEST(map_put_unparsable_blob_names_the_row_and_changes_it_not) {
+// Many rows over the same few maps in several batches, against a model: string user keys,
+// binary values of random lengths (entries grow, shrink and keep their size), the index's
+// order (first put first; a repeated put keeps the place), a snapshot held over each batch that
+// must keep its values.
+TEST(map_put_random_rows_match_a_model_and_keep_snapshots) {
   StateTable t(0, 127);
-  const KeySchema uk = KeySchema::scalar(KeyType::Int64);
-  auto k0 = fixed<int64_t>("l", I64{1, 2});
-  auto u0 = fixed<int64_t>("l", I64{1, 1});
-  map_put_batch(t, int64_spec(), k0.in(), uk, u0.in(), ValueType::Int64, k0.in());
-  auto pair = [](int64_t u, int64_t v) { return byte(8) + be64(u) + byte(8) + le64(v); };
-  const std::string bad = byte(8) + "abc";  // claims an 8-byte user key, holds 3 bytes
-  for (const auto& kv : dump(t)) {
-    if (kv.second != pair(1, 2)) continue;  // key 2's blob
-    for (int32_t kg = 0; kg <= 127; ++kg) {
-      ByteView v;
-      const auto* kb = reinterpret_cast<const uint8_t*>(kv.first.data());
-      if (!t.map(kg).get(kb, kv.first.size(), &v)) continue;
-      std::memcpy(t.map(kg).put(kb, kv.first.size(), bad.size()), bad.data(), bad.size());
-    }
-  }
-  auto keys = fixed<int64_t>("l", I64{1, 2, 1});
-  auto uks = fixed<int64_t>("l", I64{7, 7, 8});
-  auto vals = fixed<int64_t>("l", I64{70, 71, 80});
-  CHECK(batch_error(
-      [&] { map_put_batch(t, int64_spec(), keys.in(), uk, uks.in(), ValueType::Int64, vals.in()); },
-      "row 1: the stored list/map blob does not parse"));
-  CHECK(blobs(t) == (std::multiset<std::string>{pair(1, 1) + pair(7, 70), bad}));
-}
-
-// Many rows splicing the same few maps over several batches, against a model: string user keys
-// (a shorter one sorts first), binary values of random lengths (pairs grow, shrink and keep
-// their size), a snapshot held over each batch that must keep its blobs.
-TEST(map_put_random_splices_match_a_model_and_keep_snapshots) {
-  StateTable t(0, 127);
+  CollectionIndex ix(0, 127);
   std::mt19937_64 rng(5);
   const char* names[] = {"", "a", "ab", "abc", "b", "ba", "c", "\xff"};
-  std::map<int64_t, std::map<std::string, std::string>> model;  // key -> ser(uk) -> value
+  Entries model;
+  std::map<int64_t, std::vector<std::string>> order;
   auto ser = [](const std::string& u) { return byte(static_cast<int>(u.size() + 1)) + u; };
-  auto expected = [&] {
-    std::multiset<std::string> out;
-    for (const auto& km : model) {
-      std::string blob;
-      for (const auto& kv : km.second)
-        blob += byte(static_cast<int>(kv.first.size())) + kv.first +
-                byte(static_cast<int>(kv.second.size())) + kv.second;
-      out.insert(blob);
-    }
-    return out;
-  };
   for (int batch = 0; batch < 20; ++batch) {
     I64 ks;
     Str us, vs;
@@ -216,7 +214,8 @@ TEST(map_put_random_splices_match_a_model_and_keep_snapshots) {
       ks.push_back(k);
       us.push_back(u);
       vs.push_back(v);
-      model[k][ser(u)] = v;
+      if (model.count({k, ser(u)}) == 0) order[k].push_back(ser(u));
+      model[{k, ser(u)}] = v;
     }
     std::vector<std::shared_ptr<MapSnapshot>> snaps;
     for (int32_t kg = 0; kg <= 127; ++kg) snaps.push_back(t.map(kg).snapshot());
@@ -225,8 +224,9 @@ TEST(map_put_random_splices_match_a_model_and_keep_snapshots) {
     auto uks = varwidth<int32_t>("u", us);
     auto vals = varwidth<int32_t>("z", vs);
     map_put_batch(t, int64_spec(), keys.in(), KeySchema::scalar(KeyType::String), uks.in(),
-                  ValueType::Binary, vals.in());
-    CHECK(blobs(t) == expected());
+                  ValueType::Binary, vals.in(), TtlBatchSpec(), &ix);
+    CHECK(map_entries(t) == model);
+    for (const auto& ko : order) CHECK(listed(t, ix, ko.first) == ko.second);
     std::multiset<std::string> held;
     for (const auto& s : snaps)
       for (const MapChange& e : s->sorted_entries())

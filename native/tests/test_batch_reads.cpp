@@ -1,9 +1,9 @@
 // Collection read / removal kernels and clear (batch_reads.h) over hand-built Arrow arrays, on
-// blobs written by the collection kernels (batch_collections.h): list get (fixed and
+// entries written by the collection kernels (batch_collections.h): list get (fixed and
 // variable-width elements, absent keys as empty lists, chunked output appended), map get /
-// contains / remove (absent user keys, removing the last pair removes the entry, repeated rows),
-// clear, TTL (expired elements/pairs dropped and counted, return_expired, update_on_read), and
-// errors that leave the table untouched.
+// contains / remove (one entry per user key, absent user keys, repeated rows, the map index
+// kept), clear (of a map: every entry its index lists), TTL (expired elements / entries dropped
+// and counted, return_expired, update_on_read), and errors that leave the table untouched.
 #include <cstring>
 #include <functional>
 #include <map>
@@ -138,7 +138,7 @@ TEST(map_get_contains_remove_int64_user_keys) {
   CHECK_EQ(out[2], 50);
   map_contains_batch(t, int64_spec(), qk.in(), uk, qu.in(), ValueType::Int64, found.data());
   CHECK(found == valid);
-  // Remove 5 of key 1 twice (the repeat finds nothing), and 5 of key 2: its map empties.
+  // Remove 5 of key 1 twice (the repeat finds nothing), and 5 of key 2: one entry is left.
   auto rk = fixed<int64_t>("l", I64{1, 1, 2, 9});
   auto ru = fixed<int64_t>("l", I64{5, 5, 5, 5});
   map_remove_batch(t, int64_spec(), rk.in(), uk, ru.in());
@@ -172,7 +172,7 @@ TEST(map_get_string_values_append_chunks) {
   CHECK(std::string(data.begin(), data.end()) == "BB");
 }
 
-TEST(map_ttl_get_removes_expired_pair_counts_and_renews) {
+TEST(map_ttl_get_removes_expired_entry_counts_and_renews) {
   StateTable t(0, 127);
   const KeySchema uk = KeySchema::scalar(KeyType::Int64);
   auto k = fixed<int64_t>("l", I64{1});
@@ -203,7 +203,7 @@ TEST(map_ttl_get_removes_expired_pair_counts_and_renews) {
   const auto d = dump(t);
   CHECK_EQ(d.size(), size_t(1));
   CHECK(d.begin()->second.substr(d.begin()->second.size() - 8) == be64(160));
-  // The last pair expires: the entry goes.
+  // The other entry expires: it goes.
   map_get_batch(t, int64_spec(), k.in(), uk, u5.in(), ValueType::Int64, o, ttl_at(500), &expired);
   CHECK_EQ(valid, 0);
   CHECK_EQ(expired, 1);
@@ -218,6 +218,53 @@ TEST(clear_removes_entries_of_any_kind) {
   auto ck = fixed<int64_t>("l", I64{2, 2, 4, 3}, 1);
   clear_batch(t, int64_spec(), ck.in());
   CHECK_EQ(t.size(), size_t(1));
+}
+
+TEST(map_kernels_keep_the_index_and_clear_a_map_through_it) {
+  StateTable t(0, 127);
+  CollectionIndex ix(0, 127);
+  const KeySchema uk = KeySchema::scalar(KeyType::Int64);
+  auto keys = fixed<int64_t>("l", I64{1, 1, 1, 2});
+  auto uks = fixed<int64_t>("l", I64{5, 3, 5, 5});
+  auto vals = fixed<int64_t>("l", I64{50, 30, 51, 55});
+  map_put_batch(t, int64_spec(), keys.in(), uk, uks.in(), ValueType::Int64, vals.in(),
+                TtlBatchSpec(), &ix);
+  CHECK_EQ(t.size(), size_t(3));  // one entry per (key, user key)
+  CHECK_EQ(ix.members(), size_t(3));
+  CHECK_EQ(ix.collections(), size_t(2));
+  auto rk = fixed<int64_t>("l", I64{1});
+  auto ru = fixed<int64_t>("l", I64{5});
+  map_remove_batch(t, int64_spec(), rk.in(), uk, ru.in(), &ix);
+  CHECK_EQ(ix.members(), size_t(2));
+  map_put_batch(t, int64_spec(), rk.in(), uk, ru.in(), ValueType::Int64, ru.in(), TtlBatchSpec(),
+                &ix);
+  // Key 1's map lists 3 then 5 (removed and put again: last).
+  std::vector<std::string> order;
+  for (const auto& kv : dump(t)) {
+    if (kv.first.size() != 1 + 8 + 1 + 8 || kv.first.substr(1, 8) != be64(1)) continue;
+    const auto* p = reinterpret_cast<const uint8_t*>(kv.first.data());
+    const int32_t kg = static_cast<int32_t>(p[0]);
+    ix.for_each(kg, p, 10, [&](const uint8_t* m, size_t n) {
+      order.emplace_back(reinterpret_cast<const char*>(m), n);
+    });
+    break;
+  }
+  CHECK(order == (std::vector<std::string>{be64(3), be64(5)}));
+  // TTL: an expired entry read is removed and unlisted.
+  StateTable tt(0, 127);
+  CollectionIndex tix(0, 127);
+  map_put_batch(tt, int64_spec(), rk.in(), uk, ru.in(), ValueType::Int64, ru.in(), ttl_at(0), &tix);
+  uint8_t found = 9;
+  int64_t expired = 0;
+  map_contains_batch(tt, int64_spec(), rk.in(), uk, ru.in(), ValueType::Int64, &found, ttl_at(500),
+                     &expired, &tix);
+  CHECK_EQ(int(found), 0);
+  CHECK_EQ(expired, 1);
+  CHECK_EQ(tix.members(), size_t(0));
+  // Clearing key 1 removes both of its entries, key 2's stays.
+  clear_batch(t, int64_spec(), rk.in(), &ix);
+  CHECK_EQ(t.size(), size_t(1));
+  CHECK_EQ(ix.members(), size_t(1));
 }
 
 TEST(read_kernels_reject_bad_input_before_any_change) {
@@ -252,18 +299,31 @@ TEST(read_kernels_reject_bad_input_before_any_change) {
   auto far = fixed<int64_t>("l", I64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
   CHECK(batch_error([&] { clear_batch(small, s, far.in()); }, "outside"));
   CHECK(dump(t) == before);
-  // A map blob read as a list of fixed-width elements of the wrong width does not parse.
+  // A list blob of another layout (26 bytes) read as fixed-width elements does not parse.
+  StateTable lt(0, 127);
+  auto lk = fixed<int64_t>("l", I64{1});
+  list_append_batch(lt, int64_spec(), lk.in(), ValueType::Int64, lk.in());
+  const std::string lkey = dump(lt).begin()->first;
+  const std::string odd(26, 'x');
+  for (int32_t kg = 0; kg <= 127; ++kg) {
+    ByteView v;
+    const auto* kb = reinterpret_cast<const uint8_t*>(lkey.data());
+    if (!lt.map(kg).get(kb, lkey.size(), &v)) continue;
+    std::memcpy(lt.map(kg).put(kb, lkey.size(), odd.size()), odd.data(), odd.size());
+  }
+  const auto lbefore = dump(lt);
   std::vector<int64_t> lo{0}, eo{0};
   std::vector<uint8_t> el;
   CHECK(batch_error(
       [&] {
-        list_get_batch(t, int64_spec(), keys.in(), ValueType::Int32, lo, el, eo, ttl_at(0, 1000));
+        list_get_batch(lt, int64_spec(), lk.in(), ValueType::Int32, lo, el, eo, ttl_at(0, 1000));
       },
       "does not parse"));
   // Also on the whole-blob copy path (no TTL, fixed-width): 26 bytes are no whole int32s.
   CHECK(
-      batch_error([&] { list_get_batch(t, int64_spec(), keys.in(), ValueType::Int32, lo, el, eo); },
+      batch_error([&] { list_get_batch(lt, int64_spec(), lk.in(), ValueType::Int32, lo, el, eo); },
                   "does not parse"));
+  CHECK(dump(lt) == lbefore);
   CHECK(dump(t) == before);
 }
 

@@ -315,6 +315,45 @@ cdef extern from "statecore/batch.h" namespace "statecore" nogil:
                         const TtlBatchSpec& ttl) except +raise_native_error
 
 
+cdef extern from "statecore/key_codec.h" namespace "statecore" nogil:
+    cdef enum class NamespaceType(uint8_t):
+        Void
+        Int64
+        String
+        Int32
+        Binary
+    size_t encoded_prefix_size(const uint8_t* key, size_t size, const KeySchema& key_schema,
+                               NamespaceType namespace_type, int32_t max_parallelism) except +raise_native_error
+
+
+cdef extern from "statecore/collection_index.h" namespace "statecore" nogil:
+    cdef cppclass CollectionIndex:
+        CollectionIndex(int32_t kg_start, int32_t kg_end) except +raise_native_error
+        cbool insert(int32_t kg, const uint8_t* prefix, size_t prefix_size, const uint8_t* member,
+                     size_t member_size) except +raise_native_error
+        cbool erase(int32_t kg, const uint8_t* prefix, size_t prefix_size, const uint8_t* member,
+                    size_t member_size) except +raise_native_error
+        cbool contains(int32_t kg, const uint8_t* prefix, size_t prefix_size,
+                       const uint8_t* member, size_t member_size) except +raise_native_error
+        size_t size(int32_t kg, const uint8_t* prefix, size_t prefix_size) except +raise_native_error
+        vector[string] take(int32_t kg, const uint8_t* prefix, size_t prefix_size) except +raise_native_error
+        vector[string] list_members "members"(int32_t kg, const uint8_t* prefix, size_t prefix_size) except +raise_native_error
+        void clear()
+        void insert_entry_keys(const uint8_t* data, const int32_t* off, int64_t n,
+                               const KeySchema& key, NamespaceType namespace_type,
+                               int32_t max_parallelism) except +raise_native_error
+        void erase_entry_keys(const uint8_t* data, const int32_t* off, int64_t n,
+                              const KeySchema& key, NamespaceType namespace_type,
+                              int32_t max_parallelism) except +raise_native_error
+        void erase_entry_key_strings "erase_entry_keys"(
+            const vector[string]& keys, const KeySchema& key, NamespaceType namespace_type,
+            int32_t max_parallelism) except +raise_native_error
+        size_t prune(StateTable& table) except +raise_native_error
+        size_t collections()
+        size_t members()
+        size_t bytes()
+
+
 cdef extern from "statecore/batch_collections.h" namespace "statecore" nogil:
     void list_append_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                            const ValueSpec& element_type, ArrowInput values,
@@ -324,7 +363,8 @@ cdef extern from "statecore/batch_collections.h" namespace "statecore" nogil:
                                     const TtlBatchSpec& ttl) except +raise_native_error
     void map_put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                        const KeySchema& user_key, ArrowInput user_keys, const ValueSpec& value_type,
-                       ArrowInput values, const TtlBatchSpec& ttl) except +raise_native_error
+                       ArrowInput values, const TtlBatchSpec& ttl,
+                       CollectionIndex* index) except +raise_native_error
     void validate_map_put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                                 const KeySchema& user_key, ArrowInput user_keys,
                                 const ValueSpec& value_type, ArrowInput values,
@@ -338,7 +378,8 @@ cdef extern from "statecore/batch_reads.h" namespace "statecore" nogil:
         vector[int64_t]* offsets
         vector[uint8_t]* data
         uint8_t* valid
-    void clear_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys) except +raise_native_error
+    void clear_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
+                     CollectionIndex* index) except +raise_native_error
     void list_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                         const ValueSpec& element_type, vector[int64_t]& list_offsets,
                         vector[uint8_t]& elements, vector[int64_t]& element_offsets,
@@ -346,13 +387,16 @@ cdef extern from "statecore/batch_reads.h" namespace "statecore" nogil:
     void map_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                        const KeySchema& user_key, ArrowInput user_keys,
                        const ValueSpec& value_type, const MapGetOutput& out,
-                       const TtlBatchSpec& ttl, int64_t* expired) except +raise_native_error
+                       const TtlBatchSpec& ttl, int64_t* expired,
+                       CollectionIndex* index) except +raise_native_error
     void map_contains_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                             const KeySchema& user_key, ArrowInput user_keys,
                             const ValueSpec& value_type, uint8_t* found,
-                            const TtlBatchSpec& ttl, int64_t* expired) except +raise_native_error
+                            const TtlBatchSpec& ttl, int64_t* expired,
+                            CollectionIndex* index) except +raise_native_error
     void map_remove_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
-                          const KeySchema& user_key, ArrowInput user_keys) except +raise_native_error
+                          const KeySchema& user_key, ArrowInput user_keys,
+                          CollectionIndex* index) except +raise_native_error
     void validate_key_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                             const TtlBatchSpec& ttl) except +raise_native_error
     void validate_map_key_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
@@ -420,12 +464,13 @@ cdef extern from "statecore/ttl.h" namespace "statecore::ttl" nogil:
 
     CleanupStep cleanup_table_step "statecore::ttl::cleanup_step"(
         StateTable& table, TableCursor* cursor, size_t min_entries, const FilterSpec& spec,
-        int64_t now, SortedRun* scratch) except +raise_native_error
+        int64_t now, SortedRun* scratch, vector[string]* removed) except +raise_native_error
     size_t restamp(StateMap& map, const FilterSpec& spec, int64_t ts_from, int64_t ts_to) except +raise_native_error
     size_t filter_run(const FilterSpec& spec, int64_t now, const SortedRun& src,
                       SortedRun& out) except +raise_native_error
     CleanupStep cleanup_step(StateMap& map, uint64_t* cursor, size_t min_entries,
-                             const FilterSpec& spec, int64_t now, SortedRun* scratch) except +raise_native_error
+                             const FilterSpec& spec, int64_t now, SortedRun* scratch,
+                             vector[string]* removed) except +raise_native_error
 
 
 cdef extern from "statecore/block_codec.h" namespace "statecore" nogil:
@@ -583,3 +628,4 @@ cdef extern from *:
     int serializer_next "statecore_serializer_next"(SnapshotSerializer* s, BlockPayload* out) except +raise_native_error nogil
     int serializer_next_chunk "statecore_serializer_next_chunk"(
         SnapshotSerializer* s, BlockChunk* out, size_t target) except +raise_native_error nogil
+

@@ -1,6 +1,7 @@
-# Stored values of the per-record path: a state's value, list and map blobs (with or without the
-# TTL timestamp suffix; docs/formats.md "Values", "TTL suffix") decoded to and encoded from their
-# Python stored forms, as the reference backend's serializers do (statecore.serializers).
+# Stored values of the per-record path: a state's value, list blob or map entry (with or without
+# the TTL timestamp suffix; docs/formats.md "Values", "Map state", "TTL suffix") decoded to and
+# encoded from their Python stored forms, as the reference backend's serializers do
+# (statecore.serializers).
 
 cdef enum _StoredCode:
     _STORED_BYTES = 0   # binary and pickle: the bytes themselves
@@ -89,10 +90,9 @@ cdef object _decode_stored(const uint8_t* p, size_t n, _Fmt f):
 cdef enum _Layout:
     _LAYOUT_VALUE = 0
     _LAYOUT_LIST = 1
-    _LAYOUT_MAP = 2
 
 _LAYOUTS = {"value": _LAYOUT_VALUE, "reducing": _LAYOUT_VALUE, "aggregating": _LAYOUT_VALUE,
-            "list": _LAYOUT_LIST, "map": _LAYOUT_MAP}
+            "list": _LAYOUT_LIST, "map": _LAYOUT_VALUE}  # a map entry holds one user value
 
 
 cdef Py_ssize_t _fixed_into(object s, _Fmt f, uint8_t* dst) except -2:
@@ -179,30 +179,6 @@ cdef list _decode_list(const uint8_t* p, size_t size, _Fmt f, bint ttl):
     return out
 
 
-cdef dict _decode_map(const uint8_t* p, size_t size, _Fmt f, bint ttl):
-    cdef size_t pos = 0, koff, voff
-    cdef uint64_t kn, vn
-    cdef list spans = []
-    # The blob's layout is checked whole before any value is decoded, so a malformed blob
-    # raises what serializers.decode_map raises.
-    while pos < size:
-        _read_varlen(p, size, &pos, &kn)
-        if kn > size - pos:
-            raise InvalidInputError("truncated map blob")
-        koff = pos
-        pos += kn
-        _read_varlen(p, size, &pos, &vn)
-        if vn > size - pos:
-            raise InvalidInputError("truncated map blob")
-        voff = pos
-        pos += vn
-        spans.append((koff, kn, voff, vn))
-    cdef dict out = {}
-    for koff, kn, voff, vn in spans:
-        out[PyBytes_FromStringAndSize(<const char*>p + koff, kn)] = _decode_value(p + voff, vn, f, ttl)
-    return out
-
-
 cdef bytes _encode_list(object stored, _Fmt f, bint ttl):
     cdef Py_ssize_t w = f.width, total = 0, cnt, i
     cdef int64_t check_ts
@@ -245,33 +221,3 @@ cdef bytes _encode_list(object stored, _Fmt f, bint ttl):
             q += 8
     return out
 
-
-cdef bytes _encode_map(object stored, _Fmt f, bint ttl):
-    cdef uint8_t buf[8]
-    cdef Py_ssize_t n, total = 0
-    cdef bytes out, kb, vb
-    cdef uint8_t* q
-    cdef list pairs = []
-    for uk in sorted(stored):
-        kb = <bytes?>uk
-        if ttl:
-            v, ts = stored[uk]
-        else:
-            v = stored[uk]
-        # buf holds the numeric types; wider fixed_size_binary values take the bytes path
-        n = _fixed_into(v, f, buf) if f.width <= 8 else -1
-        vb = PyBytes_FromStringAndSize(<const char*>buf, n) if n >= 0 else _var_bytes(v, f)
-        if ttl:
-            vb += _be_bytes(ts)
-        pairs.append((kb, vb))
-        total += (_varlen_size(PyBytes_GET_SIZE(kb)) + PyBytes_GET_SIZE(kb)
-                  + _varlen_size(PyBytes_GET_SIZE(vb)) + PyBytes_GET_SIZE(vb))
-    out = PyBytes_FromStringAndSize(NULL, total)
-    q = <uint8_t*>PyBytes_AS_STRING(out)
-    for kb, vb in pairs:
-        for r in (kb, vb):
-            _write_varlen(q, PyBytes_GET_SIZE(r))
-            q += _varlen_size(PyBytes_GET_SIZE(r))
-            memcpy(q, PyBytes_AS_STRING(r), PyBytes_GET_SIZE(r))
-            q += PyBytes_GET_SIZE(r)
-    return out

@@ -110,13 +110,20 @@ cdef class NativeStateTable:
     cdef int vlayout
     cdef bint vttl
     cdef int busy  # a call without the GIL is running on the table
+    # Map state (enable_map_index): the members of every map, and how entry keys split.
+    cdef c.CollectionIndex* index
+    cdef c.KeySchema ix_key
+    cdef c.NamespaceType ix_ns
+    cdef int32_t ix_mp
 
     def __cinit__(self, int32_t kg_start, int32_t kg_end):
         self.table = new c.StateTable(kg_start, kg_end)
         self.kg_start = kg_start
         self.kg_end = kg_end
+        self.index = NULL
 
     def __dealloc__(self):
+        del self.index
         del self.table
 
     cdef int _idle(self) except -1:
@@ -189,9 +196,10 @@ cdef class NativeStateTable:
     # class.
 
     def set_value_format(self, str kind, str value_type, bint ttl):
-        """State kind (value, reducing and aggregating share a layout; list; map), value type
-        (a statecore.value_types name; ``pickle`` stores its bytes as they are) and whether
-        values, list elements and map user values carry the 8-byte TTL timestamp suffix, for
+        """State kind (value, reducing, aggregating and map -- one user value per entry --
+        share a layout; list), value type (a statecore.value_types name; ``pickle`` stores its
+        bytes as they are) and whether values and list elements carry the 8-byte TTL timestamp
+        suffix, for
         :meth:`get_stored` / :meth:`put_stored`. InvalidInputError for an unknown kind or
         value type."""
         layout = _LAYOUTS.get(kind)
@@ -203,17 +211,15 @@ cdef class NativeStateTable:
 
     def get_stored(self, int32_t kg, bytes key not None):
         """Stored form of ``key``'s value, or None when absent: the value (``(value, ts)`` with
-        TTL), a list of elements (each ``(element, ts)`` with TTL) or a dict ``{serialized user
-        key: user value (or (user value, ts))}``. InvalidInputError for malformed bytes, with
-        the reference backend's messages."""
+        TTL; a map entry's user value likewise) or a list of elements (each ``(element, ts)``
+        with TTL). InvalidInputError for malformed bytes, with the reference backend's
+        messages."""
         cdef c.ByteView out
         cdef c.StateMap* m = self._map(kg)
         if not m.get(<const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), &out):
             return None
         if self.vlayout == _LAYOUT_LIST:
             return _decode_list(out.data, out.size, self.vfmt, self.vttl)
-        if self.vlayout == _LAYOUT_MAP:
-            return _decode_map(out.data, out.size, self.vfmt, self.vttl)
         return _decode_value(out.data, out.size, self.vfmt, self.vttl)
 
     def put_stored(self, int32_t kg, bytes key not None, stored):
@@ -229,8 +235,6 @@ cdef class NativeStateTable:
         try:
             if self.vlayout == _LAYOUT_LIST:
                 raw = _encode_list(stored, self.vfmt, self.vttl)
-            elif self.vlayout == _LAYOUT_MAP:
-                raw = _encode_map(stored, self.vfmt, self.vttl)
             elif self.vttl:
                 v, ts = stored
                 n = _fixed_into(v, self.vfmt, buf) if self.vfmt.width <= 8 else -1
@@ -253,6 +257,145 @@ cdef class NativeStateTable:
         if n:
             memcpy(dst, src, n)
 
+    # ---- map state: one entry per user key (docs/formats.md "Map state")
+    def enable_map_index(self, str key_type, str namespace_type, int32_t max_parallelism):
+        """Keep the index of the user keys of every map (collection_index.h) for the map calls
+        below, the map kernels and restores; entry keys split after ``prefix | ser(key) |
+        ser(namespace)`` of ``key_type`` / ``namespace_type`` (encoded_prefix_size). Once."""
+        if self.index != NULL:
+            raise StateError("the map index is enabled already")
+        self.ix_key = _key_schema(key_type)
+        self.ix_ns = _namespace_type(namespace_type)
+        self.ix_mp = max_parallelism
+        self.index = new c.CollectionIndex(self.kg_start, self.kg_end)
+
+    cdef int _need_index(self) except -1:
+        if self.index == NULL:
+            raise StateError("the map index is not enabled (enable_map_index)")
+        self._idle()
+        return 0
+
+    def map_get(self, int32_t kg, bytes prefix not None, bytes ukb not None):
+        """Stored form of user key ``ukb`` of the map ``prefix`` (as :meth:`get_stored`)."""
+        return self.get_stored(kg, prefix + ukb)
+
+    def map_put(self, int32_t kg, bytes prefix not None, bytes ukb not None, stored):
+        """Write user key ``ukb`` of the map ``prefix`` (as :meth:`put_stored`) and list it: a
+        new user key goes last, a present one keeps its place. With TTL a user key still
+        listed whose entry is gone without the index being told (a cleanup step that failed
+        part way) is a new entry, so it moves last."""
+        self._need_index()
+        cdef bytes key = prefix + ukb
+        cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(prefix)
+        cdef const uint8_t* u = <const uint8_t*>PyBytes_AS_STRING(ukb)
+        cdef size_t ps = PyBytes_GET_SIZE(prefix), us = PyBytes_GET_SIZE(ukb)
+        cdef c.ByteView out
+        if self.vttl and self.index.contains(kg, p, ps, u, us) and not self._map(kg).get(
+                <const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), &out):
+            self.index.erase(kg, p, ps, u, us)
+        self.put_stored(kg, key, stored)
+        self.index.insert(kg, p, ps, u, us)
+
+    def map_remove(self, int32_t kg, bytes prefix not None, bytes ukb not None):
+        """Remove user key ``ukb`` of the map ``prefix`` (absent: no-op)."""
+        self._need_index()
+        self.remove_key(kg, prefix + ukb)
+        self.index.erase(kg, <const uint8_t*>PyBytes_AS_STRING(prefix), PyBytes_GET_SIZE(prefix),
+                         <const uint8_t*>PyBytes_AS_STRING(ukb), PyBytes_GET_SIZE(ukb))
+
+    def map_items(self, int32_t kg, bytes prefix not None):
+        """``[(user key bytes, stored form), ...]`` of the map ``prefix`` in its order; listed
+        user keys whose entries are gone (see :meth:`map_put`) are unlisted on the way."""
+        self._need_index()
+        cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(prefix)
+        cdef size_t ps = PyBytes_GET_SIZE(prefix)
+        cdef vector[string] members = self.index.list_members(kg, p, ps)
+        cdef c.StateMap* m = self._map(kg)
+        cdef c.ByteView out
+        cdef size_t i
+        cdef bytes ukb, key
+        out_list = []
+        gone = []
+        for i in range(members.size()):
+            ukb = PyBytes_FromStringAndSize(members[i].data(), members[i].size())
+            key = prefix + ukb
+            if not m.get(<const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), &out):
+                gone.append(ukb)
+                continue
+            if self.vlayout == _LAYOUT_LIST:
+                raise StateError("map_items on a list-layout table")
+            out_list.append((ukb, _decode_value(out.data, out.size, self.vfmt, self.vttl)))
+        for ukb in gone:
+            self.index.erase(kg, p, ps, <const uint8_t*>PyBytes_AS_STRING(ukb),
+                             PyBytes_GET_SIZE(ukb))
+        return out_list
+
+    def map_size(self, int32_t kg, bytes prefix not None):
+        """Listed user keys of the map ``prefix`` (exact without TTL)."""
+        self._need_index()
+        return self.index.size(kg, <const uint8_t*>PyBytes_AS_STRING(prefix),
+                               PyBytes_GET_SIZE(prefix))
+
+    def map_clear(self, int32_t kg, bytes prefix not None):
+        """Remove every entry of the map ``prefix``; O(its size)."""
+        self._need_index()
+        cdef vector[string] members = self.index.take(
+            kg, <const uint8_t*>PyBytes_AS_STRING(prefix), PyBytes_GET_SIZE(prefix))
+        cdef c.StateMap* m = self._map(kg)
+        cdef string key
+        cdef size_t i
+        for i in range(members.size()):
+            key.assign(PyBytes_AS_STRING(prefix), PyBytes_GET_SIZE(prefix))
+            key.append(members[i])
+            m.remove(<const uint8_t*>key.data(), key.size())
+
+    def index_entry_keys(self, keys, bint insert):
+        """List (``insert``) or unlist the map entries ``keys`` (a pa.binary array of encoded
+        entry keys, no nulls; CollectionIndex::insert_entry_keys): after a restore, a change set.
+        InvalidInputError, nothing changed, for a key that does not split."""
+        self._need_index()
+        cdef _Entries e = _Entries(keys, keys)
+        cdef uint8_t empty = 0
+        cdef const uint8_t* kd = e.kd if e.kd != NULL else &empty
+        if e.n == 0:
+            return
+        if insert:
+            self.index.insert_entry_keys(kd, e.ko, e.n, self.ix_key, self.ix_ns, self.ix_mp)
+        else:
+            self.index.erase_entry_keys(kd, e.ko, e.n, self.ix_key, self.ix_ns, self.ix_mp)
+
+    def check_entry_keys(self, keys):
+        """InvalidInputError unless every key of ``keys`` (pa.binary, no nulls) splits into a
+        map prefix and a non-empty user key (encoded_prefix_size): the check of a restore
+        before it loads anything. Returns None."""
+        self._need_index()
+        cdef _Entries e = _Entries(keys, keys)
+        cdef uint8_t empty = 0
+        cdef const uint8_t* kd = e.kd if e.kd != NULL else &empty
+        cdef int64_t i
+        cdef size_t n, p
+        for i in range(e.n):
+            n = e.ko[i + 1] - e.ko[i]
+            try:
+                p = c.encoded_prefix_size(kd + e.ko[i], n, self.ix_key, self.ix_ns, self.ix_mp)
+            except InvalidInputError as exc:
+                raise InvalidInputError(f"map entry key {i}: {exc}") from None
+            if p >= n:
+                raise InvalidInputError(f"map entry key {i} holds no user key after its prefix")
+
+    def index_prune(self):
+        """Unlist the user keys whose entries are gone (CollectionIndex::prune, after a TTL
+        migration dropped entries); returns how many."""
+        self._need_index()
+        return self.index.prune(self.table[0])
+
+    def index_stats(self):
+        """``{"maps", "user_keys", "bytes"}`` of the map index (bytes estimated)."""
+        if self.index == NULL:
+            return {"maps": 0, "user_keys": 0, "bytes": 0}
+        return {"maps": self.index.collections(), "user_keys": self.index.members(),
+                "bytes": self.index.bytes()}
+
     def remove_key(self, int32_t kg, bytes key not None):
         """Remove ``key`` if present (:meth:`remove` for bytes keys, returning nothing)."""
         self._map(kg).remove(<const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key))
@@ -270,10 +413,15 @@ cdef class NativeStateTable:
         cdef c.FilterSpec spec = _ttl_filter_spec(kind, fixed_width, ttl_ms)
         cdef c.CleanupStep step
         cdef c.SortedRun scratch
+        cdef vector[string] removed  # with a map index: the removed entries' keys
         self._claim()
         try:
             with nogil:
-                step = c.cleanup_step(m[0], &cursor, min_entries, spec, now, &scratch)
+                step = c.cleanup_step(m[0], &cursor, min_entries, spec, now, &scratch,
+                                      &removed if self.index != NULL else NULL)
+                if self.index != NULL and removed.size():
+                    self.index.erase_entry_key_strings(removed, self.ix_key, self.ix_ns,
+                                                       self.ix_mp)
         except InvalidInputError as e:
             raise InvalidInputError(f"key group {kg}: {e}") from None
         finally:
@@ -340,6 +488,7 @@ cdef class NativeStateTable:
         cdef c.FilterSpec spec = _ttl_filter_spec(kind, fixed_width, ttl_ms)
         cdef c.CleanupStep step
         cdef c.SortedRun scratch
+        cdef vector[string] removed  # with a map index: the removed entries' keys
         cdef c.TableCursor cur
         cdef size_t visited = 0, expired = 0, i
         cdef bint wrapped = False, from_start
@@ -351,7 +500,11 @@ cdef class NativeStateTable:
                 for i in range(steps):
                     from_start = cur.key_group == self.table[0].kg_start() and cur.bucket == 0
                     step = c.cleanup_table_step(self.table[0], &cur, min_entries, spec, now,
-                                                &scratch)
+                                                &scratch, &removed if self.index != NULL else NULL)
+                    if self.index != NULL and removed.size():
+                        self.index.erase_entry_key_strings(removed, self.ix_key, self.ix_ns,
+                                                           self.ix_mp)
+                        removed.clear()
                     visited += step.visited
                     expired += step.expired
                     wrapped = wrapped or step.wrapped
@@ -622,8 +775,9 @@ cdef class NativeStateTable:
     def map_put_batch(self, keys, user_keys, values, str key_type, str assigner,
                       int32_t max_parallelism, str user_key_type, str value_type, ttl=None,
                       namespace_type=None):
-        """MapState: puts user_keys[i] -> values[i] into the map blob of keys[i], in row order
-        (batch_collections.h; the blob stays sorted by ser(user key)). ``user_key_type``: a
+        """MapState: puts user_keys[i] -> values[i] into the map of keys[i], in row order, one
+        entry per row (batch_collections.h; listed in the map index when enabled,
+        :meth:`enable_map_index`). ``user_key_type``: a
         scalar statecore key type (its serializer is the user keys' one). ``keys``,
         ``user_keys`` and ``values`` chunked alike, as in :meth:`put_batch`; no null user keys
         or values. ``ttl`` as there: every put value is stamped ``now_ms``. InvalidInputError
@@ -646,7 +800,7 @@ cdef class NativeStateTable:
                                              v.inputs[j], tspec)
                 for j in range(nchunks):
                     c.map_put_batch(self.table[0], spec, k.inputs[j], uks, u.inputs[j], vt,
-                                    v.inputs[j], tspec)
+                                    v.inputs[j], tspec, self.index)
         finally:
             self._release()
 
@@ -719,7 +873,8 @@ cdef class NativeStateTable:
     def clear_batch(self, keys, str key_type, str assigner, int32_t max_parallelism,
                     namespace_type=None):
         """Removes the entry of every key in row order (absent keys skipped); any state kind
-        and value type (the value bytes are not read). ``keys`` as in :meth:`get_batch`.
+        and value type (the value bytes are not read); with the map index enabled, every entry
+        of the key's map. ``keys`` as in :meth:`get_batch`.
         InvalidInputError on bad input, the table then unchanged."""
         cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism, namespace_type)
         cdef c.TtlBatchSpec none_ttl
@@ -731,7 +886,7 @@ cdef class NativeStateTable:
                 for j in range(1, nchunks):
                     c.validate_key_batch(self.table[0], spec, k.inputs[j], none_ttl)
                 for j in range(nchunks):
-                    c.clear_batch(self.table[0], spec, k.inputs[j])
+                    c.clear_batch(self.table[0], spec, k.inputs[j], self.index)
         finally:
             self._release()
 
@@ -835,7 +990,7 @@ cdef class NativeStateTable:
                     if width:
                         out.fixed = out_base + k.starts[j] * width
                     c.map_get_batch(self.table[0], spec, k.inputs[j], uks, u.inputs[j], vt, out,
-                                    tspec, &chunk_expired)
+                                    tspec, &chunk_expired, self.index)
                     expired += chunk_expired
                     chunk_expired = 0
         finally:
@@ -877,7 +1032,7 @@ cdef class NativeStateTable:
                                                  u.inputs[j], tspec)
                 for j in range(nchunks):
                     c.map_contains_batch(self.table[0], spec, k.inputs[j], uks, u.inputs[j], vt,
-                                         &found[k.starts[j]], tspec, &chunk_expired)
+                                         &found[k.starts[j]], tspec, &chunk_expired, self.index)
                     expired += chunk_expired
                     chunk_expired = 0
         finally:
@@ -890,8 +1045,8 @@ cdef class NativeStateTable:
 
     def map_remove_batch(self, keys, user_keys, str key_type, str assigner,
                          int32_t max_parallelism, str user_key_type, namespace_type=None):
-        """MapState: removes user_keys[i] from the map of keys[i] in row order; a map left
-        empty is removed. Chunked as :meth:`map_put_batch`, every chunk validated before the
+        """MapState: removes the entry of user_keys[i] in the map of keys[i] in row order (and
+        unlists it). Chunked as :meth:`map_put_batch`, every chunk validated before the
         first is applied. InvalidInputError on bad input, the table then unchanged."""
         cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism, namespace_type)
         cdef c.TtlBatchSpec none_ttl
@@ -907,7 +1062,8 @@ cdef class NativeStateTable:
                     c.validate_map_key_batch(self.table[0], spec, k.inputs[j], uks, u.inputs[j],
                                              none_ttl)
                 for j in range(nchunks):
-                    c.map_remove_batch(self.table[0], spec, k.inputs[j], uks, u.inputs[j])
+                    c.map_remove_batch(self.table[0], spec, k.inputs[j], uks, u.inputs[j],
+                                       self.index)
         finally:
             self._release()
 

@@ -48,6 +48,21 @@ cdef c.ValueSpec _value_spec(str value_type) except *:
     return v
 
 
+cdef c.NamespaceType _namespace_type(str namespace_type) except *:
+    """key_codec.h NamespaceType of a state's namespace type (statecore.serializers)."""
+    if namespace_type is None or namespace_type == "void":
+        return c.NamespaceType.Void
+    if namespace_type == "int64":
+        return c.NamespaceType.Int64
+    if namespace_type == "int32":
+        return c.NamespaceType.Int32
+    if namespace_type == "string":
+        return c.NamespaceType.String
+    if namespace_type == "binary":
+        return c.NamespaceType.Binary
+    raise InvalidInputError(f"namespace type {namespace_type!r} is not supported")
+
+
 cdef c.KeySchema _key_schema(str key_type) except *:
     """The native KeySchema of a statecore key type name (statecore.key_types)."""
     cdef c.KeySchema schema
@@ -87,13 +102,13 @@ cdef c.FilterSpec _ttl_filter_spec(str kind, fixed_width, int64_t ttl_ms) except
     cdef c.FilterSpec spec
     if ttl_ms <= 0:
         raise InvalidInputError(f"TTL must be > 0 ms, got {ttl_ms}")
-    if kind in ("value", "reducing", "aggregating"):
+    if kind in ("value", "reducing", "aggregating", "map"):
+        # A map state's entry is one user value with its own timestamp (docs/formats.md
+        # "Map state"): filtered as a value.
         spec.layout = c.Layout.Value
     elif kind == "list":
         spec.layout = c.Layout.List
         spec.fixed_width = fixed_width or 0
-    elif kind == "map":
-        spec.layout = c.Layout.Map
     else:
         raise InvalidInputError(f"no TTL filter for state kind {kind!r}")
     spec.ttl_ms = ttl_ms

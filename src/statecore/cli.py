@@ -187,7 +187,9 @@ def _run_inspect(args) -> int:
             t = entries_table(root, args.version, limit=args.entries)
             for row in t.to_pylist():
                 print(f"    {row['state']:16s} kg={row['key_group']:<5d} key={row['key']!r} "
-                      f"ns={row['namespace']} value={row['value'][:120]}")
+                      f"ns={row['namespace']} "
+                      + ("" if row["user_key"] is None else f"user_key={row['user_key']} ")
+                      + f"value={row['value'][:120]}")
     if args.parquet:
         import pyarrow.parquet as pq
 

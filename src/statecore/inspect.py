@@ -135,9 +135,11 @@ def _jsonish(v) -> str:
 def entries_table(root: str, version: Optional[int] = None,
                   limit: Optional[int] = None) -> pa.Table:
     """The entries of ``version`` (default: latest) as an Arrow table with columns ``state``
-    (string), ``key_group`` (int32), ``key`` (the checkpoint's key type), ``namespace`` and
-    ``value`` (JSON text; lists, maps and pickled objects rendered as JSON, ``repr`` where JSON
-    has no form); timers appear as state ``__timers__`` with the timestamp (ms) as value for an
+    (string), ``key_group`` (int32), ``key`` (the checkpoint's key type), ``namespace``,
+    ``user_key`` and ``value`` (JSON text; lists and pickled objects rendered as JSON, ``repr``
+    where JSON has no form); a map state has one row per user key (its entries,
+    docs/formats.md "Map state"), every other row a null ``user_key``; timers appear as state
+    ``__timers__`` with the timestamp (ms) as value for an
     event-time timer, ``{"processing_time": ts}`` for a processing-time timer.
     ``limit`` caps the rows. Errors as CheckpointStore.restore."""
     store = CheckpointStore(root)
@@ -147,26 +149,29 @@ def entries_table(root: str, version: Optional[int] = None,
                             key_group_range=tuple(m["key_group_range"]), assigner=m["assigner"],
                             timer_namespace_type=_timer_ns(m["states"]))
     store.restore(backend, v)
-    rows = {"state": [], "key_group": [], "key": [], "namespace": [], "value": []}
+    rows = {"state": [], "key_group": [], "key": [], "namespace": [], "user_key": [],
+            "value": []}
 
-    def add(state, kg, key, ns, value) -> bool:
-        for col, x in zip(rows, (state, kg, key, _jsonish(ns), _jsonish(value))):
+    def add(state, kg, key, ns, value, user_key=None, is_map=False) -> bool:
+        uk = _jsonish(user_key) if is_map else None
+        for col, x in zip(rows, (state, kg, key, _jsonish(ns), uk, _jsonish(value))):
             rows[col].append(x)
         return limit is not None and len(rows["state"]) >= limit
 
     done = False
     for name, table in sorted(backend.state_tables().items()):
         for kg in sorted(table.data):
-            for (key, ns), stored in table.data[kg].items():
+            for k, stored in table.data[kg].items():  # restored: in encoded-key order
+                key, ns = k[0], k[1]
+                uk = None
                 if table.kind == "list":
                     value = [from_stored(table.value_ser, e) for e in stored]
                 elif table.kind == "map":
-                    value = {repr(table.user_key_ser.deserialize(uk)):
-                             from_stored(table.value_ser, uv)
-                             for uk, uv in sorted(stored.items())}
+                    uk = table.user_key_ser.deserialize(k[2])
+                    value = from_stored(table.value_ser, stored)
                 else:
                     value = from_stored(table.value_ser, stored)
-                if add(name, kg, key, ns, value):
+                if add(name, kg, key, ns, value, uk, table.kind == "map"):
                     done = True
                     break
             if done:
@@ -187,7 +192,9 @@ def entries_table(root: str, version: Optional[int] = None,
                      "key_group": pa.array(rows["key_group"], pa.int32()),
                      "key": pa.array(rows["key"], key_type),
                      "namespace": pa.array(rows["namespace"], pa.string()),
+                     "user_key": pa.array(rows["user_key"], pa.string()),
                      "value": pa.array(rows["value"], pa.string())})
+
 
 
 def _timer_ns(metas) -> str:

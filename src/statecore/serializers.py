@@ -268,6 +268,36 @@ def decode_key(data, max_parallelism: int, key_ser, ns_ser, user_key_ser=None):
     return kg, key, namespace, user_key
 
 
+def encoded_prefix_size(data, max_parallelism: int, key_ser, ns_ser) -> int:
+    """The length of the ``prefix | ser(key) | ser(namespace)`` part (length bytes included) at
+    the start of encoded key ``data``: what precedes a map entry's serialized user key
+    (docs/formats.md "Map state"). InvalidInputError when ``data`` does not start with one."""
+    ks = key_serializer(key_ser)
+    ns = key_serializer(ns_ser)
+    _, pos = read_key_group_prefix(data, max_parallelism)
+    ambiguous = ks.fixed_width is None and ns.fixed_width is None
+    for ser in (ks, ns):
+        start = pos
+        _, pos = ser.read(data, pos)
+        if ambiguous:
+            pos = _expect(data, pos, len_bytes(pos - start))
+    return pos
+
+
+def split_map_entry_key(data, max_parallelism: int, key_ser, ns_ser, user_key_ser):
+    """``(key_group, key, namespace, user key bytes)`` of the encoded key of a map entry
+    (``prefix | ser(key) | ser(namespace) | ser(user key)``, docs/formats.md "Map state"); the
+    user key bytes are checked to hold exactly one user key. InvalidInputError otherwise."""
+    data = bytes(data)
+    pos = encoded_prefix_size(data, max_parallelism, key_ser, ns_ser)
+    kg, key, namespace, _ = decode_key(data[:pos], max_parallelism, key_ser, ns_ser)
+    ukb = data[pos:]
+    if not ukb:
+        raise InvalidInputError(f"encoded map entry key {data.hex()} has no user key")
+    key_serializer(user_key_ser).deserialize(ukb)
+    return kg, key, namespace, ukb
+
+
 def _expect(data: bytes, pos: int, expected: bytes) -> int:
     if data[pos:pos + len(expected)] != expected:
         raise InvalidInputError(f"bad length bytes in encoded key {data.hex()} at offset {pos}")
@@ -350,6 +380,35 @@ def decode_map(blob, user_key_ser, user_value_ser, raw: bool = False) -> list:
             raise InvalidInputError("truncated map blob")
         out.append((kb, vb) if raw else (ks.deserialize(kb), vs.deserialize(vb)))
     return out
+
+
+def expand_whole_map_entries(keys: list, values: list) -> tuple[list, list]:
+    """The per-entry form (docs/formats.md "Map state") of map-state entries written in the
+    whole-map layout of checkpoint format 3 and older (one entry per (key, namespace) whose
+    value is a map blob, :func:`encode_map_serialized`): each pair of a blob becomes the entry
+    ``encoded key | ser(user key)`` -> ``ser(user value)`` (its TTL suffix kept, per entry).
+    ``keys`` are sorted encoded keys (bytes), ``values`` bytes or None (a tombstone, refused:
+    a whole-map tombstone names no entries). Returns ``(keys, values)`` sorted by key.
+    InvalidInputError for a tombstone or a blob that does not parse."""
+    out = []
+    for kb, vb in zip(keys, values):
+        if vb is None:
+            raise InvalidInputError(
+                "a map-state tombstone of the whole-map layout cannot be converted to entries")
+        blob = bytes(vb)
+        pos = 0
+        while pos < len(blob):
+            n, pos = read_varlen(blob, pos)
+            ukb = blob[pos:pos + n]
+            pos += n
+            m, pos = read_varlen(blob, pos) if pos <= len(blob) else (0, pos)
+            uvb = blob[pos:pos + m]
+            pos += m
+            if pos > len(blob) or not ukb:
+                raise InvalidInputError(f"malformed whole-map value of key {bytes(kb).hex()}")
+            out.append((bytes(kb) + ukb, uvb))
+    out.sort(key=lambda p: p[0])
+    return [p[0] for p in out], [p[1] for p in out]
 
 
 # --------------------------------------------------------------------------- timers

@@ -60,6 +60,7 @@ from statecore.errors import InvalidInputError
 from statecore.varint import read_varlen
 
 __all__ = [
+    "entry_layout",
     "StateTtlConfig",
     "UpdateType",
     "StateVisibility",
@@ -248,18 +249,21 @@ def filter_expired(kind: str, fixed_width: Optional[int], ttl_ms: int, now: int,
     returns ``value`` unchanged when nothing in it expired, the trimmed bytes when part of it did,
     or None when all of it expired (drop the entry).
 
-    ``kind``: value, reducing, aggregating, list or map; ``fixed_width``: a list's element width
-    in bytes without the suffix, None for variable-width elements. Raises InvalidInputError for
-    a list or map value whose layout is broken, or another kind."""
+    ``kind``: value, reducing, aggregating, list or map (a map entry is filtered as a value);
+    ``fixed_width``: a list's element width in bytes without the suffix, None for
+    variable-width elements. Raises InvalidInputError for a list value whose layout is broken,
+    or another kind."""
     return filter_expired_counted(kind, fixed_width, ttl_ms, now, value)[0]
 
 
 def filter_expired_counted(kind: str, fixed_width: Optional[int], ttl_ms: int, now: int,
                            value: bytes) -> tuple[Optional[bytes], int]:
     """:func:`filter_expired` and the number of expired things it removed: 1 for a dropped
-    value, the leading expired list elements, the expired map entries (native ``ttl.h``
-    ``filter_value`` counts the same)."""
-    if kind in ("value", "reducing", "aggregating"):
+    value or map entry, the leading expired list elements (native ``ttl.h`` ``filter_value``
+    counts the same)."""
+    if kind in ("value", "reducing", "aggregating", "map"):
+        # A map state's entry is one user value with its own timestamp (docs/formats.md
+        # "Map state"), filtered as a value.
         if len(value) < 8 or not is_expired(_ts_at(value, len(value) - 8), ttl_ms, now):
             return value, 0
         return None, 1
@@ -280,25 +284,14 @@ def filter_expired_counted(kind: str, fixed_width: Optional[int], ttl_ms: int, n
             dropped += 1
             pos = end
         return None, dropped
-    if kind == "map":
-        kept, pos, dropped = [], 0, 0
-        while pos < len(value):
-            start = pos
-            n, pos = read_varlen(value, pos)
-            pos += n
-            m, pos = read_varlen(value, pos)
-            end = pos + m
-            if end > len(value):
-                raise InvalidInputError("truncated TTL map entry")
-            if m >= 8 and is_expired(_ts_at(value, end - 8), ttl_ms, now):
-                dropped += 1
-            else:
-                kept.append(value[start:end])
-            pos = end
-        if not kept:
-            return None, dropped
-        return (b"".join(kept) if dropped else value), dropped
     raise InvalidInputError(f"no TTL filter for state kind {kind!r}")
+
+
+def entry_layout(kind: str) -> str:
+    """The state kind whose value layout an entry of a ``kind`` state has, as the TTL filters
+    and passes take it: ``"value"`` for a map state (one entry per user key, docs/formats.md
+    "Map state"), else ``kind``."""
+    return "value" if kind == "map" else kind
 
 
 def filter_entries(kind: str, fixed_width: Optional[int], ttl_ms: int, now: int, keys, values):
@@ -419,7 +412,8 @@ def compaction_filter(kind: str, fixed_width: Optional[int], ttl_ms: int,
     while pos < n:
         take = min(time.budget(), n - pos)
         vs = values.slice(pos, take)
-        k, v, e = chunk_filter(kind, fixed_width, ttl_ms, time.now(), keys.slice(pos, take), vs)
+        k, v, e = chunk_filter(entry_layout(kind), fixed_width, ttl_ms, time.now(),
+                               keys.slice(pos, take), vs)
         time.processed(take)
         parts.append((k, v))
         expired += e

@@ -2,15 +2,14 @@
 // key handling, validation rules, thread contract and TTL conventions of batch.h (same
 // BatchKeySpec, ValueSpec, TtlBatchSpec, ArrowInput; BatchError before any mutation).
 //
-// Stored bytes: docs/formats.md "Values" (list and map state) and "TTL suffix"; the per-record
-// path writes the same (statecore/serializers.py encode_list / encode_map_serialized). A map
-// put keeps the pairs sorted by ser(uk) bytes (memcmp, a shorter prefix first): reads scan for
-// the row's user key and rely on that order.
+// Stored bytes: docs/formats.md "Values" (list state), "Map state" (one entry `prefix |
+// ser(uk)` -> `ser(uv)` per user key) and "TTL suffix"; the per-record path writes the same.
 // Only the apply pass can find a stored blob that does not parse (a table written as another
 // type); that is a BatchError naming the row, the rows before it applied (as batch.h's
 // wrong-width case).
 #pragma once
 #include "statecore/batch.h"
+#include "statecore/collection_index.h"
 
 namespace statecore {
 
@@ -23,13 +22,16 @@ void list_append_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput k
                        const TtlBatchSpec& ttl = TtlBatchSpec());
 
 // Puts (user_keys[i] -> values[i]) into the map of keys[i], in row order (a repeated user key:
-// the last row wins). `user_key` is the user-key type as a scalar KeySchema (its accepted Arrow
-// formats as a key column's, key_columns.h). No null user keys or values (a null value is not a
-// removal here: MapState.remove_batch is). With TTL the put value is stamped `ttl.now`; other
-// user keys of the map keep their bytes. Throws BatchError before any mutation on bad input.
+// the last row wins): the entry `encoded key | ser(user_keys[i])` gets the value's bytes, one
+// hash lookup a row whatever the map's size. `user_key` is the user-key type as a scalar
+// KeySchema (its accepted Arrow formats as a key column's, key_columns.h). No null user keys or
+// values (a null value is not a removal here: MapState.remove_batch is). With TTL the put value
+// is stamped `ttl.now`. `index` (the state's map index, or nullptr) lists each user key (a new
+// one last, collection_index.h). Throws BatchError before any mutation on bad input.
 void map_put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                    const KeySchema& user_key, ArrowInput user_keys, const ValueSpec& value_type,
-                   ArrowInput values, const TtlBatchSpec& ttl = TtlBatchSpec());
+                   ArrowInput values, const TtlBatchSpec& ttl = TtlBatchSpec(),
+                   CollectionIndex* index = nullptr);
 
 // The validation passes of the two kernels (see validate_batch in batch.h): throw what the kernel
 // would throw before modifying anything, never touch the table. For callers applying one logical

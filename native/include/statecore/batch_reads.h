@@ -17,8 +17,8 @@
 //    the list and counted; the row shows the unexpired elements, or under `return_expired` all
 //    stored elements; the stored list is rewritten to the unexpired ones (removed when none
 //    remain), under `update_on_read` each of them restamped `now` (also when none expired);
-//  * map get/contains (`_TtlMap._read(only=uk)`): only the row's user key is looked at; expired:
-//    its pair is removed (the entry too when it was the last pair) and counted, the value is
+//  * map get/contains (`TtlMapState._read_one`): only the row's user key's entry is looked at;
+//    expired: the entry is removed (and unlisted from the map index) and counted, the value is
 //    shown only under `return_expired`; fresh: shown, restamped `now` under `update_on_read`;
 //  * map remove and clear read nothing and remove whatever is stored (no expiry check, no count).
 // With TTL the reads MUTATE the table. `*expired` (may be null) receives the number of expired
@@ -33,13 +33,17 @@
 #include <vector>
 
 #include "statecore/batch.h"
+#include "statecore/collection_index.h"
 
 namespace statecore {
 
 // Removes the entry of every key, in row order (absent keys are skipped). The value bytes are
 // not read, so this serves every state kind and value type (pickle included). Throws BatchError
 // before any mutation on bad keys (batch.h's key checks).
-void clear_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys);
+// For a map state `index` is its map index (collection_index.h): every entry it lists for the
+// row's (key, namespace) is removed, and unlisted.
+void clear_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
+                 CollectionIndex* index = nullptr);
 
 // ListState.get_batch: the list of every key. Appends per row the end element offset to
 // `list_offsets` (an absent key is an empty list: the per-record `get()` returns []), and per
@@ -70,7 +74,7 @@ struct MapGetOutput {
 void map_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                    const KeySchema& user_key, ArrowInput user_keys, const ValueSpec& value_type,
                    const MapGetOutput& out, const TtlBatchSpec& ttl = TtlBatchSpec(),
-                   int64_t* expired = nullptr);
+                   int64_t* expired = nullptr, CollectionIndex* index = nullptr);
 
 // MapState.contains_batch: found[i] (uint8_t[n]) = 1 when user_keys[i] is in the map of
 // keys[i] (with TTL: when map_get_batch would show a value), else 0. The value type is needed
@@ -78,14 +82,15 @@ void map_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
 void map_contains_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                         const KeySchema& user_key, ArrowInput user_keys,
                         const ValueSpec& value_type, uint8_t* found,
-                        const TtlBatchSpec& ttl = TtlBatchSpec(), int64_t* expired = nullptr);
+                        const TtlBatchSpec& ttl = TtlBatchSpec(), int64_t* expired = nullptr,
+                        CollectionIndex* index = nullptr);
 
-// MapState.remove_batch: removes user_keys[i] from the map of keys[i], in row order (a repeated
-// row finds nothing left to remove); removing the last pair removes the entry, as the
-// per-record `remove`. Value bytes are skipped, not read, so TTL needs no flag. Throws
-// BatchError before any mutation on bad input.
+// MapState.remove_batch: removes the entry of user_keys[i] in the map of keys[i], in row order
+// (a repeated row finds nothing left to remove), unlisting it from `index` when given. Values
+// are not read, so TTL needs no flag. Throws BatchError before any mutation on bad input.
 void map_remove_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
-                      const KeySchema& user_key, ArrowInput user_keys);
+                      const KeySchema& user_key, ArrowInput user_keys,
+                      CollectionIndex* index = nullptr);
 
 // Validation passes (see validate_batch in batch.h): throw what the kernels above would throw
 // before modifying anything, never touch the table. validate_key_batch stands for clear_batch

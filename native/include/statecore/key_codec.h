@@ -103,6 +103,15 @@ void append_ser_bytes(std::vector<uint8_t>& out, const void* data, size_t size);
 // VoidNamespace: one byte 00.
 inline void append_ser_void(std::vector<uint8_t>& out) { out.push_back(0); }
 
+// The length of the `prefix | ser(key) [| lenbytes] | ser(namespace) [| lenbytes]` part at the
+// start of the encoded key key[0..size): what precedes a map entry's ser(user key)
+// (docs/formats.md "Map state"). Fixed-width columns are skipped by width, string/binary ones by
+// their varlen, a multi-column key column by column; the lenbytes (both parts variable-length)
+// are checked against the parts' lengths. Throws std::invalid_argument for a bad
+// max_parallelism, a truncated part, a malformed varlen or lenbytes that disagree.
+size_t encoded_prefix_size(const uint8_t* key, size_t size, const KeySchema& key_schema,
+                           NamespaceType namespace_type, int32_t max_parallelism);
+
 // Builds encoded keys into one reusable buffer (no allocation once the buffer has grown to the
 // longest key). Usage per entry: one key_*() call, then one namespace_*() call; data()/size()
 // are then the encoded key. A namespace_*() call may be repeated after one key_*() to address the

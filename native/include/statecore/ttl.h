@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "statecore/sorted_run.h"
@@ -117,14 +118,16 @@ ValuesFiltered filter_values(const FilterSpec& spec, int64_t now, const uint8_t*
 // visits whole buckets from `*cursor` on (StateMap::collect_buckets) until at least min_entries
 // entries were visited or the table ended, and removes or trims what filter_value says through
 // the map's normal, copy-on-write aware operations (so live snapshots are unaffected and the
-// changes are tracked like any write). `scratch` is reused between calls.
+// changes are tracked like any write). `scratch` is reused between calls. `removed` (when given)
+// receives the key of every entry removed (a map state's index unlists them).
 struct CleanupStep {
   size_t visited = 0;    // entries looked at
   size_t expired = 0;    // expired things removed (filter_value's count)
   bool wrapped = false;  // the walk reached the end of the table; *cursor is 0 again
 };
 CleanupStep cleanup_step(StateMap& map, uint64_t* cursor, size_t min_entries,
-                         const FilterSpec& spec, int64_t now, SortedRun* scratch);
+                         const FilterSpec& spec, int64_t now, SortedRun* scratch,
+                         std::vector<std::string>* removed = nullptr);
 
 // Rewrites every timestamp equal to `from` (values, list elements, map entries) to `to`, in every
 // entry of the map, through put() (copy-on-write aware, tracked as a write). Used once per
@@ -186,7 +189,8 @@ struct TableCursor {
 // says the pass is complete and the cursor is back at the first key group (the next step starts a
 // new pass, as Flink recreates its iterator). Empty key groups cost one bucket visit each.
 CleanupStep cleanup_step(StateTable& table, TableCursor* cursor, size_t min_entries,
-                         const FilterSpec& spec, int64_t now, SortedRun* scratch);
+                         const FilterSpec& spec, int64_t now, SortedRun* scratch,
+                         std::vector<std::string>* removed = nullptr);
 
 }  // namespace ttl
 }  // namespace statecore

@@ -23,7 +23,8 @@ Common rules (both backends):
 * Per-record reads: ``ValueState.value()`` returns a copy of the descriptor default when absent;
   ``ListState.get()`` returns ``[]``; ``MapState.get(uk)`` returns None for an absent user key;
   ``ReducingState.get()``/``AggregatingState.get()`` return None when absent.
-  Map iteration (``items``/``keys``/``values``) is in ascending order of the serialized user key.
+  Map iteration (``items``/``keys``/``values``) is in insertion order (after a restore: by
+  serialized user key, :class:`MapState`).
 * Writes: ``ValueState.update(None)`` clears. ``ListState.add(None)`` or a None element in
   ``add_all``/``update`` raises InvalidInputError (Flink). ``ListState.update([])`` clears. Removing
   the last user key of a map clears the map (Flink heap). ``add(None)`` on reducing/aggregating
@@ -856,15 +857,15 @@ class MapState(State):
     """A map of user keys to user values per key and namespace (Flink ``MapState``).
 
     User keys are of the descriptor's user key type (int32, int64, string, binary or pickle),
-    equal when their serialized bytes are; iteration (``items``/``keys``/``values``) is in
-    ascending order of the serialized user key (docs/formats.md "Encoded key" and "Values"), the
-    same in every backend and after a restore -- not the natural order: int32/int64 are
-    big-endian two's complement, so 0, 1, ... come before the negative keys (-2**63 ... -1);
-    string and binary keys carry a length prefix (LEB128 ``varlen``), so a shorter key comes
-    before a longer one ("b" before "aa"), keys of one length in byte order (strings: of their
-    UTF-8), and since the prefix is least-significant byte first, keys of 127 bytes and more
-    (binary: 128) come after all shorter ones but not by length among each other; pickle keys in
-    the order of their pickle bytes. Removing the last user key clears the map (as Flink's heap
+    equal when their serialized bytes are. Each user key is an entry of its own (Flink
+    ``RocksDBMapState``'s layout, docs/formats.md "Map state"), so ``get``/``put``/``contains``/
+    ``remove`` cost O(1) whatever the map's size. Iteration (``items``/``keys``/``values``) is in
+    insertion order, the same in every backend: a ``put`` of a present user key keeps its place,
+    a removed user key put again goes last. A restore (and a change set applied) lists each map
+    in ascending order of the serialized user key, which is how checkpoints store entries: for
+    int32/int64 big-endian two's complement (0, 1, ... before the negative keys), for string and
+    binary keys a LEB128 length prefix first (a shorter key before a longer one), pickle keys by
+    their pickle bytes. Removing the last user key clears the map (as Flink's heap
     backend). A user key or value not of its type (None included, unless pickle) raises
     InvalidInputError and changes nothing. Per-record calls, TTL and the batch inputs and
     errors: see :class:`ValueState`; batch calls take one row per (key, user key): ``user_keys``
@@ -933,6 +934,13 @@ class MapState(State):
     @abc.abstractmethod
     def is_empty(self) -> bool:
         """True when :meth:`items` would return ``[]`` (Flink ``isEmpty``)."""
+
+    @abc.abstractmethod
+    def size(self) -> int:
+        """How many user keys :meth:`items` would return (Flink has no such call). O(1) without
+        TTL; with TTL it reads the whole map as :meth:`items` does (expired entries removed and
+        counted, renewed under ``OnReadAndWrite``), so O(size), as Flink's ``TtlMapState.isEmpty``
+        iterates."""
 
 
 class ReducingState(State):

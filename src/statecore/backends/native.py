@@ -54,6 +54,7 @@ from statecore.backends.table_backend import TableBackend
 from statecore.errors import InvalidInputError, StateError, StateMigrationError
 from statecore.key_groups import KeyGroupRange
 from statecore.timers import TIMERS_STATE_NAME
+from statecore.ttl import entry_layout
 
 __all__ = ["NativeBackend", "NativeSnapshot", "NativeTable"]
 
@@ -69,6 +70,16 @@ class NativeTable(states.StateTable):
     :meth:`NativeBackend.batch_slots` and ``NativeState._slot``) and take and return the
     reference backend's stored forms; bytes in the map are the encoded key and the serialized
     value.
+
+    A map state's entries are ``prefix | ser(key) | ser(namespace) | ser(user key)`` -> the
+    user value's bytes (docs/formats.md "Map state"); the map calls take ``k`` = the encoded
+    key of the (key, namespace) and the user key's bytes. The index of each map's user keys
+    (native collection_index.h, insertion ordered) is kept by the native map calls and map
+    kernels, by the C++ TTL cleanup steps (they report the entries they remove), by restores
+    and change sets (:meth:`index_loaded`, :meth:`index_removed`) and after a TTL migration
+    (``index_prune``). With TTL it also tolerates an entry gone without notice (a cleanup step
+    that failed part way): reads of a whole map (``map_items``) check each user key and unlist
+    such ones, and a put of one moves it last, the order the reference backend's index gives.
     """
 
     def __init__(self, meta: dict, backend: "NativeBackend"):
@@ -76,16 +87,30 @@ class NativeTable(states.StateTable):
         r = backend.key_group_range
         self.native = _native.NativeStateTable(r.start, r.end)
         self._ttl_cursor = None  # (key group, bucket) where the next cleanup step starts
+        self.entry_kind = entry_layout(self.kind)
+        if self.kind == "map":
+            self.native.enable_map_index(backend.key_type, self.namespace_type,
+                                         backend.max_parallelism)
         self._use_stored_format()
 
     def _use_stored_format(self) -> None:
         # Stored forms are converted in Cython (NativeStateTable.get_stored / put_stored, the
         # layouts of PythonTable.encode_value): the methods are bound on the instance so that an
         # access is one call into the extension, without a Python frame in between.
-        self.native.set_value_format(self.kind, self.value_ser.name, self.ttl)
+        self.native.set_value_format(self.entry_kind, self.value_ser.name, self.ttl)
         self.get = self.native.get_stored
         self.put = self.native.put_stored
         self.remove = self.native.remove_key
+        if self.kind == "map":
+            self.map_get = self.native.map_get
+            self.map_put = self.native.map_put
+            self.map_remove = self.native.map_remove
+            self.map_items = self.native.map_items
+            self.map_clear = self.native.map_clear
+            if not self.ttl:
+                self.map_size = self.native.map_size
+            else:
+                self.__dict__.pop("map_size", None)
 
     # get/put/remove are bound per instance (_use_stored_format); these satisfy the interface.
     def get(self, kg: int, k):
@@ -101,34 +126,70 @@ class NativeTable(states.StateTable):
         super().set_ttl_meta(ttl_meta)
         self._use_stored_format()  # the TTL suffix comes or goes with the setting
 
+    # ---- map state (StateTable.map_get ...): the native map calls, entry key = k | user key
+    # bytes; bound per instance in _use_stored_format.
+    def map_get(self, kg: int, k: bytes, ukb: bytes):
+        return self.native.map_get(kg, k, ukb)
+
+    def map_put(self, kg: int, k: bytes, ukb: bytes, stored) -> None:
+        self.native.map_put(kg, k, ukb, stored)
+
+    def map_remove(self, kg: int, k: bytes, ukb: bytes) -> None:
+        self.native.map_remove(kg, k, ukb)
+
+    def map_items(self, kg: int, k: bytes) -> list:
+        return self.native.map_items(kg, k)
+
+    def map_size(self, kg: int, k: bytes) -> int:
+        # With TTL count what is there (the index may list an entry gone without notice).
+        return len(self.native.map_items(kg, k)) if self.ttl else self.native.map_size(kg, k)
+
+    def map_clear(self, kg: int, k: bytes) -> None:
+        self.native.map_clear(kg, k)
+
+    def index_loaded(self, keys: pa.Array) -> None:
+        """List the user keys of map entries just loaded (encoded entry keys, sorted): a new
+        user key goes last in its map, a present one keeps its place. No-op for other kinds."""
+        if self.kind == "map" and len(keys):
+            self.native.index_entry_keys(keys, True)
+
+    def index_removed(self, keys: pa.Array) -> None:
+        """Unlist the user keys of removed map entries (encoded entry keys)."""
+        if self.kind == "map" and len(keys):
+            self.native.index_entry_keys(keys, False)
+
     # TTL cleanup passes run in C++ over the stored bytes (ttl.h cleanup_step); the cursor is
     # a key group and a bucket of its map (StateMap::collect_buckets survives rehashes).
     def ttl_cleanup_step(self, kgs, min_entries: int, ttl_ms: int, now: int, steps: int = 1):
         kg, bucket = self._ttl_cursor or (kgs.start, 0)
         visited, expired, kg, bucket, wrapped = self.native.ttl_cleanup_table_step(
-            kg, bucket, min_entries, self.kind, self.value_ser.fixed_width, ttl_ms, now, steps)
+            kg, bucket, min_entries, self.entry_kind, self.value_ser.fixed_width, ttl_ms, now,
+            steps)
         self._ttl_cursor = (kg, bucket)
         return visited, expired, wrapped
 
     def ttl_restamp(self, ts_from: int, ts_to: int) -> int:
-        return self.native.ttl_restamp(self.kind, self.value_ser.fixed_width, ts_from, ts_to)
+        return self.native.ttl_restamp(self.entry_kind, self.value_ser.fixed_width, ts_from,
+                                       ts_to)
 
     def ttl_migrate(self, ttl_meta, ts: int, ttl_ms: int, now: int) -> int:
         """StateTable.ttl_migrate over the stored bytes, in C++ (ttl.h ``migrate``: all or
         nothing, copy-on-write aware). StateMigrationError, with the state unchanged, for a
         value whose layout is broken (bytes restored without decoding)."""
         try:
-            _, _, expired = self.native.ttl_migrate(self.kind, self.value_ser.fixed_width,
+            _, _, expired = self.native.ttl_migrate(self.entry_kind, self.value_ser.fixed_width,
                                                     ttl_meta is not None, ts, ttl_ms, now)
         except InvalidInputError as e:
             raise StateMigrationError(
                 f"state {self.name!r}: TTL migration failed, the state is unchanged: {e}") from e
         self.set_ttl_meta(ttl_meta)
+        if expired and self.kind == "map":
+            self.native.index_prune()
         return expired
 
     def ttl_cleanup_key_group(self, kg: int, ttl_ms: int, now: int) -> int:
-        return self.native.ttl_cleanup_step(kg, 0, 2**62, self.kind, self.value_ser.fixed_width,
-                                            ttl_ms, now)[1]
+        return self.native.ttl_cleanup_step(kg, 0, 2**62, self.entry_kind,
+                                            self.value_ser.fixed_width, ttl_ms, now)[1]
 
 
 class NativeSnapshot:
@@ -377,6 +438,8 @@ class NativeBackend(TableBackend):
                 table.native.load_range(keys, vals, self.key_prefix_width)
             elif kg is not None:
                 table.native.load(kg, keys, vals, self.key_prefix_width)
+            if kg is not None:
+                table.index_loaded(keys)
         self.timers.apply_restore(timers)
         # The restored state is the base: the bulk load is not a change.
         self._contents_are_base(version=base.checkpoint_version(snapshot_like))
@@ -402,6 +465,7 @@ class NativeBackend(TableBackend):
             if err is not None:
                 raise InvalidInputError(f"state {table.name!r}, key groups {lo}..{hi}: {err}")
             self._check_key_width(table, keys, f"key groups {lo}..{hi}")
+            self._check_map_keys(table, keys)
             parts.append((keys, vals))
         return parts
 
@@ -429,10 +493,17 @@ class NativeBackend(TableBackend):
         kg, keys, vals, gone = part
         if kg is _RANGE:
             table.native.load_range(keys, vals, self.key_prefix_width)
+            if table.kind == "map" and vals.null_count:
+                dead = vals.is_null()
+                gone = keys.filter(dead)
+                keys = keys.filter(pc.invert(dead))
         elif len(keys):
             table.native.load(kg, keys, vals, self.key_prefix_width)
-        if gone is not None:
+        if gone is not None and kg is not _RANGE:
             table.native.remove_keys(kg, gone)
+        table.index_loaded(keys)
+        if gone is not None:
+            table.index_removed(gone)
 
     def _contents_are_base(self, applied_changes: bool = False, version=None) -> None:
         # The bulk load is not a change; snapshots issued before it can no longer move the base.
@@ -510,6 +581,17 @@ class NativeBackend(TableBackend):
             raise InvalidInputError(
                 f"state {name!r}: entries listed under key group {kg} carry another key-group "
                 "prefix")
+        self._check_map_keys(table, keys)
+
+    def _check_map_keys(self, table: NativeTable, keys: pa.Array) -> None:
+        """For a map state: every key parses as a map entry's (docs/formats.md "Map state"),
+        as the index needs them (InvalidInputError naming the state otherwise)."""
+        if table.kind != "map":
+            return
+        try:
+            table.native.check_entry_keys(keys)
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"state {table.name!r}: {exc}") from exc
 
     def _key_namespaces(self, state_name: str, kgs: KeyGroupRange):
         # The entries are read from one map snapshot of the table (the keys are collected
@@ -534,6 +616,8 @@ class NativeBackend(TableBackend):
                     key, end = read(kb, pw)
                     rows.append((kb[pw:end], key, None))
             else:
+                if table.kind == "map":  # the (key, namespace) part of each map entry's key
+                    encoded = [kb[:S.encoded_prefix_size(kb, mp, ks, ns_ser)] for kb in encoded]
                 rows = [(ks.serialize(key), key, ns) for _, key, ns, _ in
                         (S.decode_key(kb, mp, ks, ns_ser) for kb in encoded)]
             yield kg, rows
@@ -544,6 +628,13 @@ class NativeBackend(TableBackend):
 
     def state_bytes(self) -> int:
         return sum(t.native.nbytes for t in self._tables.values())
+
+    def map_index_stats(self) -> dict:
+        """``{state name: {"maps", "user_keys", "bytes"}}`` of every map state's index of user
+        keys (collection_index.h; ``bytes`` estimated from its hash nodes, buckets and order
+        slots), beside the table's own key and value bytes (:meth:`state_bytes`)."""
+        return {name: t.native.index_stats() for name, t in self._tables.items()
+                if t.kind == "map"}
 
     def removal_log_sizes(self) -> dict:
         """``{state name: records in its maps' removal logs}`` (bounded by the removals since the

@@ -24,8 +24,9 @@ native/include/statecore/key_columns.h). The kernels read the Arrow buffers thro
 Interface (no Python object per row) with the GIL released. ListState ``append_batch`` and
 MapState ``put_batch`` (:class:`NativeListState`, :class:`NativeMapState`; any namespace, typed
 elements / typed user keys and values, TTL or not) run the collection kernels
-(native/include/statecore/batch_collections.h): each row's element or pair is spliced into the
-key's stored blob in C++. ListState ``get_batch``, MapState
+(native/include/statecore/batch_collections.h): each row's element is spliced into the key's
+stored list, each map row writes its own entry (docs/formats.md "Map state") and lists its user
+key in the table's map index. ListState ``get_batch``, MapState
 ``get_batch``/``contains_batch``/``remove_batch`` (same scope; removals also with pickle values)
 and ``clear_batch`` of every state kind and value type run the read / removal kernels
 (native/include/statecore/batch_reads.h), their Arrow results built from the kernels' buffers.
@@ -51,7 +52,7 @@ per-row paths combine chunks too (they build Python objects anyway).
 
 TTL-enabled states (``NativeTtl*State``) use the same kernels with TTL on (batch.h "TTL",
 batch_reads.h: the value bytes, list elements and map values carry the timestamp suffix; reads
-remove expired entries, list elements and map pairs and renew, writes stamp the batch's one
+remove expired entries, list elements and map entries and renew, writes stamp the batch's one
 clock reading); their semantics are ttl_states.py's, row for row.
 
 The backend is reached only through the seam documented on
@@ -441,13 +442,18 @@ def _map_user_keys(state, user_keys, length: int):
 
 
 class NativeMapState(_KernelClear, states.TableMapState, NativeState):
+    """Map state over the native table: one entry per user key (NativeTable's map calls), the
+    batch calls as kernels that touch one entry per row and keep the table's map index;
+    ``clear_batch`` removes every entry the index lists for a row's (key, namespace)."""
+
     def _ttl_args(self, rows: int):
         return None  # TTL maps override it (_TtlKernel)
 
     def put_batch(self, keys, user_keys, values, namespaces=None) -> None:
-        """The map kernel (batch_collections.h) for the void namespace, typed user keys and
-        typed values; else the per-row path. Checks as ``TableMapState.put_batch``: user keys of
-        the user key type's Arrow type, no null user key or value, equal lengths."""
+        """The map kernel (batch_collections.h: one entry per row, listed in the table's map
+        index) for any namespace, typed user keys and typed values; else the per-row path.
+        Checks as ``TableMapState.put_batch``: user keys of the user key type's Arrow type, no
+        null user key or value, equal lengths."""
         if not _map_kernel_ok(self, namespaces):
             return super().put_batch(keys, user_keys, values, namespaces)
         b = self.backend
@@ -500,8 +506,8 @@ class NativeMapState(_KernelClear, states.TableMapState, NativeState):
         return self._read_kernel("contains_batch", keys, user_keys, namespaces)
 
     def remove_batch(self, keys, user_keys, namespaces=None) -> None:
-        """The map removal kernel (batch_reads.h): removes each (key, user key) in row order,
-        a map left empty is removed; with TTL nothing is read or counted (as ``remove``)."""
+        """The map removal kernel (batch_reads.h): removes the entry of each (key, user key) in
+        row order and unlists it; with TTL nothing is read or counted (as ``remove``)."""
         # Value bytes are skipped, not decoded: any value type, pickle included.
         if ((namespaces is not None and self.namespace_type == "void")
                 or self.user_key_serializer.name == "pickle"):

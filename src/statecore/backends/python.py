@@ -4,12 +4,13 @@ State lives in plain dicts (:class:`PythonTable`): per state, per key group, ``{
 namespace): stored}``, ``stored`` the stored form of :mod:`statecore.backends.states` (the
 canonical Python value for typed values, the pickled bytes for ``pickle`` values, so a caller
 mutating an object after ``update`` cannot change state, as with the native backend which
-serializes on write; a list of those for list state, ``{serialized user key: stored user
-value}`` for map state). The state objects are the shared classes of
-:mod:`statecore.backends.states` and :mod:`statecore.backends.ttl_states`; registration and
-restore checks are :class:`~statecore.backends.table_backend.TableBackend`'s. Snapshots
-serialize everything at snapshot time (O(entries), deliberately simple), so later writes never
-leak into them. Semantics: see :mod:`statecore.backends.base`.
+serializes on write; a list of those for list state). A map state keeps one entry per user key,
+``{(key, namespace, serialized user key): stored user value}``, and an index of the user keys of
+each (key, namespace) in insertion order (:class:`PythonTable`). The state objects are the
+shared classes of :mod:`statecore.backends.states` and :mod:`statecore.backends.ttl_states`;
+registration and restore checks are :class:`~statecore.backends.table_backend.TableBackend`'s.
+Snapshots serialize everything at snapshot time (O(entries), deliberately simple), so later
+writes never leak into them. Semantics: see :mod:`statecore.backends.base`.
 
 Change tracking (incremental snapshots): every table records ``changes[(kg, (key, namespace))] =
 stamp`` on each put and on each removal of a present entry, where ``stamp`` is the id of the last
@@ -70,10 +71,6 @@ def _filter_stored(kind: str, stored, ttl_ms: int, now: int):
             if not is_expired(ts, ttl_ms, now):
                 return (stored, 0) if i == 0 else (stored[i:], i)
         return None, len(stored)
-    if kind == "map":
-        kept = {uk: e for uk, e in stored.items() if not is_expired(e[1], ttl_ms, now)}
-        n = len(stored) - len(kept)
-        return (stored if not n else (kept or None)), n
     return (None, 1) if is_expired(stored[1], ttl_ms, now) else (stored, 0)
 
 
@@ -86,14 +83,9 @@ def _migrate_stored(kind: str, stored, add: bool, ts: int, ttl_ms: int, now: int
     if add:
         if kind == "list":
             return [(s, ts) for s in stored], 0
-        if kind == "map":
-            return {uk: (s, ts) for uk, s in stored.items()}, 0
         return (stored, ts), 0
     if kind == "list":
         kept = [s for s, t in stored if not is_expired(t, ttl_ms, now)]
-        return (kept or None), len(stored) - len(kept)
-    if kind == "map":
-        kept = {uk: s for uk, (s, t) in stored.items() if not is_expired(t, ttl_ms, now)}
         return (kept or None), len(stored) - len(kept)
     return (None, 1) if is_expired(stored[1], ttl_ms, now) else (stored[0], 0)
 
@@ -111,10 +103,14 @@ class ChangeClock:
 
 class PythonTable(StateTable):
     """All entries of one state in dicts: ``data[key_group][(key, namespace)] = stored`` (slots
-    are ``(key group, (key, namespace))``); with a ``clock``, ``changes[(key_group, (key,
-    namespace))]`` = stamp of the last write or removal (see module docstring). Also the
-    reference codec of stored forms (:meth:`encode_value` / :meth:`decode_value`), which the
-    native engine's conversions match byte for byte."""
+    are ``(key group, (key, namespace))``); a map state's entries are ``data[key_group][(key,
+    namespace, user key bytes)] = stored user value``, one per user key, with ``maps[(key_group,
+    (key, namespace))]`` = ``{user key bytes: None}`` the index of each map's user keys in
+    insertion order (kept by :meth:`put` and :meth:`remove`, so every path that writes entries
+    -- TTL passes and restores included -- keeps it exact). With a ``clock``,
+    ``changes[(key_group, entry key)]`` = stamp of the last write or removal (see module
+    docstring). Also the reference codec of stored forms (:meth:`encode_value` /
+    :meth:`decode_value`), which the native engine's conversions match byte for byte."""
 
     def __init__(self, meta: dict, clock: ChangeClock | None = None):
         super().__init__(meta)
@@ -122,6 +118,9 @@ class PythonTable(StateTable):
         self.clock = clock
         self.changes: dict[tuple, int] = {}
         self._ttl_cursor = None  # [key group, its keys as listed on entry, position]
+        self.maps: dict[tuple, dict] = {}
+        # A map entry's stored form is a value state's (one user value, with TTL its stamp).
+        self.entry_kind = "value" if self.kind == "map" else self.kind
 
     def group(self, kg: int) -> dict:
         g = self.data.get(kg)
@@ -134,7 +133,13 @@ class PythonTable(StateTable):
         return None if g is None else g.get(k)
 
     def put(self, kg, k, stored):
-        self.group(kg)[k] = stored
+        g = self.group(kg)
+        if self.kind == "map" and k not in g:
+            idx = self.maps.get((kg, k[:2]))
+            if idx is None:
+                idx = self.maps[(kg, k[:2])] = {}
+            idx[k[2]] = None
+        g[k] = stored
         if self.clock is not None:
             self.changes[(kg, k)] = self.clock.now
 
@@ -144,8 +149,41 @@ class PythonTable(StateTable):
             del g[k]
             if not g:
                 del self.data[kg]
+            if self.kind == "map":
+                idx = self.maps[(kg, k[:2])]
+                del idx[k[2]]
+                if not idx:
+                    del self.maps[(kg, k[:2])]
             if self.clock is not None:
                 self.changes[(kg, k)] = self.clock.now
+
+    # ---- map state (StateTable.map_get ...): entry keys (key, namespace, user key bytes)
+    def map_get(self, kg, k, ukb):
+        g = self.data.get(kg)
+        return None if g is None else g.get((*k, ukb))
+
+    def map_put(self, kg, k, ukb, stored):
+        self.put(kg, (*k, ukb), stored)
+
+    def map_remove(self, kg, k, ukb):
+        self.remove(kg, (*k, ukb))
+
+    def map_items(self, kg, k) -> list:
+        idx = self.maps.get((kg, k))
+        if not idx:
+            return []
+        g = self.data[kg]
+        return [(ukb, g[(*k, ukb)]) for ukb in idx]
+
+    def map_size(self, kg, k) -> int:
+        idx = self.maps.get((kg, k))
+        return 0 if idx is None else len(idx)
+
+    def map_clear(self, kg, k) -> None:
+        idx = self.maps.get((kg, k))
+        if idx:
+            for ukb in list(idx):
+                self.remove(kg, (*k, ukb))
 
     def drop_changes_before(self, stamp: int) -> None:
         """Forget the changes recorded before snapshot ``stamp`` (it became the base)."""
@@ -206,10 +244,6 @@ class PythonTable(StateTable):
                 if self.kind == "list":
                     hits = sum(ts == ts_from for _, ts in stored)
                     new = [(s, ts_to if ts == ts_from else ts) for s, ts in stored]
-                elif self.kind == "map":
-                    hits = sum(e[1] == ts_from for e in stored.values())
-                    new = {uk: (e[0], ts_to if e[1] == ts_from else e[1])
-                           for uk, e in stored.items()}
                 else:
                     hits = int(stored[1] == ts_from)
                     new = (stored[0], ts_to)
@@ -230,7 +264,7 @@ class PythonTable(StateTable):
         staged, expired = [], 0
         for kg, group in self.data.items():
             for k, stored in group.items():
-                new, n = _migrate_stored(self.kind, stored, add, ts, ttl_ms, now)
+                new, n = _migrate_stored(self.entry_kind, stored, add, ts, ttl_ms, now)
                 staged.append((kg, k, new))
                 expired += n
         for kg, k, new in staged:
@@ -249,7 +283,7 @@ class PythonTable(StateTable):
         cur = self.get(kg, k)
         if cur is None:
             return 0
-        new, n = _filter_stored(self.kind, cur, ttl_ms, now)
+        new, n = _filter_stored(self.entry_kind, cur, ttl_ms, now)
         if new is None:
             self.remove(kg, k)
         elif new is not cur:
@@ -271,12 +305,6 @@ class PythonTable(StateTable):
                 if ttl:
                     out.append(_ts_bytes(ts))
             return b"".join(out)
-        if self.kind == "map":
-            if ttl:
-                return S.encode_map_serialized(
-                    {uk: _stored_bytes(ser, s) + _ts_bytes(ts) for uk, (s, ts) in stored.items()})
-            return S.encode_map_serialized(
-                {uk: _stored_bytes(ser, uv) for uk, uv in stored.items()})
         if ttl:
             s, ts = stored
             return _stored_bytes(ser, s) + _ts_bytes(ts)
@@ -303,11 +331,6 @@ class PythonTable(StateTable):
                 out.append((s, _ts_from(b, pos + n)) if ttl else s)
                 pos = end
             return out
-        if self.kind == "map":
-            pairs = S.decode_map(b, self.user_key_ser, self.value_ser, raw=True)
-            if ttl:
-                return {bytes(uk): _split_ttl(ser, uv) for uk, uv in pairs}
-            return {bytes(uk): _stored_from_bytes(ser, uv) for uk, uv in pairs}
         if ttl:
             return _split_ttl(ser, b)
         return _stored_from_bytes(ser, b)
@@ -371,7 +394,9 @@ class PythonBackend(TableBackend):
 
     # ------------------------------------------------------------------ snapshot / restore
     def _encode_entry_key(self, table: PythonTable, kg: int, k) -> bytes:
-        return S.encode_key(kg, self.max_parallelism, k[0], self.key_serializer, k[1], table.ns_ser)
+        kb = S.encode_key(kg, self.max_parallelism, k[0], self.key_serializer, k[1], table.ns_ser)
+        # A map entry: the user key's bytes follow (docs/formats.md "Map state").
+        return kb + k[2] if len(k) == 3 else kb
 
     def snapshot(self, incremental: bool = False) -> PythonSnapshot:
         self.check_open()
@@ -439,15 +464,16 @@ class PythonBackend(TableBackend):
             rows = []
             for kg in kgs:
                 keys, vals = snapshot_like.entries(meta["name"], kg)
-                for (key, ns), vb in zip(self._entry_keys(table, kg, keys), vals.to_pylist()):
+                for k, vb in zip(self._entry_keys(table, kg, keys), vals.to_pylist()):
                     v = src.decode_value(vb)
                     if migration is not None:
                         ttl_meta, ts, ttl_ms, now = migration
-                        v, n = _migrate_stored(table.kind, v, ttl_meta is not None, ts, ttl_ms, now)
+                        v, n = _migrate_stored(table.entry_kind, v, ttl_meta is not None, ts,
+                                               ttl_ms, now)
                         expired += n
                         if v is None:
                             continue  # expired under the snapshot's TTL: not restored
-                    rows.append((kg, (key, ns), v))
+                    rows.append((kg, k, v))
             staged.append((table, rows))
         timers = self.timers.stage_restore(snapshot_like)
         for table, rows in staged:
@@ -474,16 +500,22 @@ class PythonBackend(TableBackend):
                 table.put(kg, k, v)
 
     def _entry_keys(self, table: PythonTable, kg: int, keys: pa.Array) -> list:
-        """``(key, namespace)`` of each encoded key of a snapshot's ``kg``; InvalidInputError
-        when one carries another key group."""
+        """The table's entry key of each encoded key of a snapshot's ``kg``: ``(key,
+        namespace)``, for a map state ``(key, namespace, user key bytes)``; InvalidInputError
+        when one carries another key group or does not parse."""
         out = []
+        mp, ks, ns_ser = self.max_parallelism, self.key_serializer, table.ns_ser
         for kb in keys.to_pylist():
-            kg2, key, ns, _ = S.decode_key(kb, self.max_parallelism, self.key_serializer,
-                                           table.ns_ser)
+            if table.kind == "map":
+                kg2, key, ns, ukb = S.split_map_entry_key(kb, mp, ks, ns_ser, table.user_key_ser)
+                k = (key, ns, ukb)
+            else:
+                kg2, key, ns, _ = S.decode_key(kb, mp, ks, ns_ser)
+                k = (key, ns)
             if kg2 != kg:
                 raise InvalidInputError(
                     f"entry {kb.hex()} of state {table.name!r} listed under key group {kg}")
-            out.append((key, ns))
+            out.append(k)
         return out
 
     def _contents_are_base(self, applied_changes: bool = False, version=None) -> None:
@@ -498,7 +530,9 @@ class PythonBackend(TableBackend):
         for kg in kgs:
             group = data.get(kg)
             if group:
-                yield kg, [(ser(key), key, ns) for key, ns in group]
+                # A map state's entries: one per user key, so (key, namespace) pairs repeat.
+                pairs = dict.fromkeys(k[:2] for k in group)
+                yield kg, [(ser(key), key, ns) for key, ns in pairs]
 
     # ------------------------------------------------------------------ accounting
     def num_entries(self) -> int:

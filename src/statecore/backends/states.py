@@ -6,16 +6,18 @@ state object addresses one entry of its table by a *slot* ``(key group, k)``: ``
 the backend's tables take as the key of an entry (the pure-Python tables: ``(key, namespace)``;
 the native tables: the encoded key bytes), and the state object gets it from the backend
 (:meth:`TableState._slot` for the current key and namespace, through the backend's
-``check_open()`` and ``require_current_key()``; ``backend.batch_slots(state, keys,
-namespaces)`` for the rows of a batch: the seam is described in
-:class:`statecore.backends.table_backend.TableBackend` and :class:`TableState`).
-Tables take and return *stored forms* (:func:`to_stored`): the canonical Python value of a typed
-value, the pickled bytes of a ``pickle`` value; a list state's stored form is a list of those,
-a map state's a dict ``{serialized user key: stored user value}`` (user-key equality is byte
-equality); with TTL every value, list element and map entry is a ``(stored, timestamp ms)`` pair
-(:mod:`statecore.backends.ttl_states`). So the per-record semantics of both backends are this
-one code; what differs is where the entries live (Python dicts or the C++ state map) and the
-batch calls the native backend runs as kernels (:mod:`statecore.backends.native`).
+``check_open()`` and ``require_current_key()``; ``backend.batch_slots(state, keys, namespaces)``
+for the rows of a batch: the seam is described in
+:class:`statecore.backends.table_backend.TableBackend` and :class:`TableState`). Tables take and
+return *stored forms* (:func:`to_stored`): the canonical Python value of a typed value, the
+pickled bytes of a ``pickle`` value; a list state's stored form is a list of those. A map state
+stores each user key as an entry of its own (Flink ``RocksDBMapState``'s layout): the table's
+map calls (:meth:`StateTable.map_get` ...) address an entry by the slot of its (key, namespace)
+and the serialized user key (user-key equality is byte equality), its stored form is the stored
+user value; with TTL every value, list element and map entry is a ``(stored, timestamp ms)``
+pair (:mod:`statecore.backends.ttl_states`). So the per-record semantics of both backends are
+this one code; what differs is where the entries live (Python dicts or the C++ state map) and
+the batch calls the native backend runs as kernels (:mod:`statecore.backends.native`).
 
 The batch calls here are the generic path: each row applied as the per-record method would
 apply it (:meth:`TableState._apply_rows`), every input validated before anything changes.
@@ -110,6 +112,35 @@ class StateTable(abc.ABC):
     @abc.abstractmethod
     def remove(self, kg: int, k) -> None:
         """Remove slot ``(kg, k)`` (no-op when absent)."""
+
+    # ---- map state: one entry per user key (docs/formats.md "Map state"). ``k`` is the slot of
+    # the map's (key, namespace), ``ukb`` the serialized user key. Each table keeps an index of
+    # the user keys of every map (insertion ordered, not part of snapshots: rebuilt from the
+    # entries on restore), which iteration, sizes and clearing use.
+    @abc.abstractmethod
+    def map_get(self, kg: int, k, ukb: bytes):
+        """The stored form of user key ``ukb`` of map ``(kg, k)``, or None when absent."""
+
+    @abc.abstractmethod
+    def map_put(self, kg: int, k, ukb: bytes, stored) -> None:
+        """Write user key ``ukb`` of map ``(kg, k)`` (a new user key goes last in the map's
+        order, a present one keeps its place)."""
+
+    @abc.abstractmethod
+    def map_remove(self, kg: int, k, ukb: bytes) -> None:
+        """Remove user key ``ukb`` of map ``(kg, k)`` (no-op when absent)."""
+
+    @abc.abstractmethod
+    def map_items(self, kg: int, k) -> list:
+        """``[(user key bytes, stored), ...]`` of map ``(kg, k)`` in the map's order."""
+
+    @abc.abstractmethod
+    def map_size(self, kg: int, k) -> int:
+        """The number of entries of map ``(kg, k)`` (expired ones included), O(1)."""
+
+    @abc.abstractmethod
+    def map_clear(self, kg: int, k) -> None:
+        """Remove every entry of map ``(kg, k)``, O(its size)."""
 
     def set_ttl_meta(self, ttl_meta) -> None:
         """Switch the table's TTL setting (after a TTL migration): ``ttl_meta`` is the new TTL
@@ -432,54 +463,44 @@ class TableListState(TableMergingState, TableState, base.ListState):
 
 
 class TableMapState(TableState, base.MapState):
-    """MapState over a table: ``{serialized user key: stored user value}`` per slot (absent
-    when empty); iteration in ascending order of the serialized user key."""
+    """MapState over a table: one table entry per user key (:meth:`StateTable.map_get` ...),
+    iteration in the table's insertion order of the map's user keys."""
 
     def __init__(self, *a):
         super().__init__(*a)
         self.user_key_serializer = self.table.user_key_ser
 
-    def _map(self):
-        kg, k = self._slot()
-        return self.table.get(kg, k) or {}
-
     def get(self, user_key):
-        s = self._map().get(self.user_key_serializer.serialize(user_key))
+        kg, k = self._slot()
+        s = self.table.map_get(kg, k, self.user_key_serializer.serialize(user_key))
         return None if s is None else from_stored(self.serializer, s)
 
     def put(self, user_key, user_value) -> None:
-        self.put_all([(user_key, user_value)])
+        kg, k = self._slot()
+        ukb = self.user_key_serializer.serialize(user_key)
+        self.table.map_put(kg, k, ukb, to_stored(self.serializer, user_value))
 
     def put_all(self, mapping) -> None:
         kg, k = self._slot()
         items = mapping.items() if isinstance(mapping, dict) else mapping
         uks, ser = self.user_key_serializer, self.serializer
+        # Every pair is checked before the first write: all or nothing.
         staged = [(uks.serialize(uk), to_stored(ser, uv)) for uk, uv in items]
-        if staged:
-            m = dict(self.table.get(kg, k) or {})
-            m.update(staged)
-            self.table.put(kg, k, m)
+        for ukb, s in staged:
+            self.table.map_put(kg, k, ukb, s)
 
     def contains(self, user_key) -> bool:
-        return self.user_key_serializer.serialize(user_key) in self._map()
+        kg, k = self._slot()
+        return self.table.map_get(kg, k, self.user_key_serializer.serialize(user_key)) is not None
 
     def remove(self, user_key) -> None:
         kg, k = self._slot()
-        ukb = self.user_key_serializer.serialize(user_key)
-        m = self.table.get(kg, k)
-        if m is None or ukb not in m:
-            return
-        m = dict(m)
-        del m[ukb]
-        if m:
-            self.table.put(kg, k, m)
-        else:
-            self.table.remove(kg, k)
+        self.table.map_remove(kg, k, self.user_key_serializer.serialize(user_key))
 
     def items(self) -> list:
-        m = self._map()
+        kg, k = self._slot()
         uks, ser = self.user_key_serializer, self.serializer
-        return [(uks.deserialize(uk), from_stored(ser, m[uk])) for uk in sorted(m)]
+        return [(uks.deserialize(uk), from_stored(ser, s)) for uk, s in self.table.map_items(kg, k)]
 
     def keys(self) -> list:
         return [uk for uk, _ in self.items()]
@@ -488,7 +509,20 @@ class TableMapState(TableState, base.MapState):
         return [uv for _, uv in self.items()]
 
     def is_empty(self) -> bool:
-        return not self._map()
+        kg, k = self._slot()
+        return self.table.map_size(kg, k) == 0
+
+    def size(self) -> int:
+        kg, k = self._slot()
+        return self.table.map_size(kg, k)
+
+    def clear(self) -> None:
+        kg, k = self._slot()
+        self.table.map_clear(kg, k)
+
+    def clear_batch(self, keys, namespaces=None) -> None:
+        for kg, k in self.backend.batch_slots(self, keys, namespaces):
+            self.table.map_clear(kg, k)
 
     def _user_keys(self, user_keys, length: int) -> list:
         if self.user_key_serializer.name == "pickle":

@@ -37,7 +37,7 @@ from statecore.descriptors import (
 )
 from statecore.errors import InvalidInputError, StateMigrationError
 from statecore.key_groups import KeyGroupRange
-from statecore.ttl import StateTtlConfig
+from statecore.ttl import StateTtlConfig, entry_layout
 
 __all__ = ["TableBackend", "STATE_KINDS"]
 
@@ -205,7 +205,8 @@ class TableBackend(base.KeyedStateBackend):
         cfg = self._ttl_config_of(table)
         if cfg is None or not cfg.cleanup_full_snapshot:
             return None
-        return (table.kind, table.value_ser.fixed_width, cfg.ttl_ms, self.ttl_now(cfg))
+        return (entry_layout(table.kind), table.value_ser.fixed_width, cfg.ttl_ms,
+                self.ttl_now(cfg))
 
     def _table_for_restore(self, meta: dict) -> StateTable:
         """The registered table for a snapshot's state meta (checked compatible), or a new

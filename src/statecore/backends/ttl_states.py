@@ -311,46 +311,59 @@ class TtlListState(_TtlMerging, TableListState):
 
 
 class TtlMapState(TtlState, TableMapState):
-    """MapState with TTL (Flink ``TtlMapState``): one timestamp per user key."""
+    """MapState with TTL (Flink ``TtlMapState``): one timestamp per user key, each user key an
+    entry of its own, so an entry expires, is cleaned up and renewed as a value state's
+    value."""
 
-    def _read(self, only=None) -> dict:
-        """``{user key bytes: stored}`` visible to a read of the whole map (or of the user key
-        ``only``), with cleanup on read and renewal on read applied to what was looked at."""
-        kg, k = self._slot()
-        cur = self.table.get(kg, k)
-        if not cur:
-            return {}
-        look = cur if only is None else ({only: cur[only]} if only in cur else {})
-        if not look:
-            return {}
+    def _read_one(self, kg, k, ukb: bytes):
+        """The stored user value of ``ukb`` as a read sees it (None when absent or expired and
+        not visible), with cleanup on read and renewal on read."""
+        cur = self.table.map_get(kg, k, ukb)
+        if cur is None:
+            return None
+        s, ts = cur
         now = self._now()
-        expired = {uk for uk, (_, ts) in look.items() if self._expired(ts, now)}
-        shown = {uk: s for uk, (s, ts) in look.items()
-                 if self.ttl_config.return_expired or uk not in expired}
-        if expired or self.ttl_config.update_on_read:
-            m = dict(cur)
-            for uk in expired:
-                del m[uk]
-            if self.ttl_config.update_on_read:
-                for uk in look:
-                    if uk in m:
-                        m[uk] = (m[uk][0], now)
-            if expired:
-                self.backend.count_expired("read", len(expired))
-            if m:
-                self.table.put(kg, k, m)
-            else:
-                self.table.remove(kg, k)
+        if self._expired(ts, now):
+            self.table.map_remove(kg, k, ukb)
+            self.backend.count_expired("read")
+            return s if self.ttl_config.return_expired else None
+        if self.ttl_config.update_on_read:
+            self.table.map_put(kg, k, ukb, (s, now))
+        return s
+
+    def _read_all(self) -> list:
+        """``[(user key bytes, stored), ...]`` visible to a read of the whole map, in its order,
+        with cleanup on read and renewal on read applied to every entry."""
+        kg, k = self._slot()
+        entries = self.table.map_items(kg, k)
+        if not entries:
+            return []
+        now = self._now()
+        shown, expired = [], 0
+        for ukb, (s, ts) in entries:
+            if self._expired(ts, now):
+                self.table.map_remove(kg, k, ukb)
+                expired += 1
+                if not self.ttl_config.return_expired:
+                    continue
+            elif self.ttl_config.update_on_read:
+                self.table.map_put(kg, k, ukb, (s, now))
+            shown.append((ukb, s))
+        if expired:
+            self.backend.count_expired("read", expired)
         return shown
 
     def get(self, user_key):
-        ukb = self.user_key_serializer.serialize(user_key)
-        s = self._read(ukb).get(ukb)
+        kg, k = self._slot()
+        s = self._read_one(kg, k, self.user_key_serializer.serialize(user_key))
         return None if s is None else from_stored(self.serializer, s)
 
     def contains(self, user_key) -> bool:
-        ukb = self.user_key_serializer.serialize(user_key)
-        return ukb in self._read(ukb)
+        kg, k = self._slot()
+        return self._read_one(kg, k, self.user_key_serializer.serialize(user_key)) is not None
+
+    def put(self, user_key, user_value) -> None:
+        self.put_all([(user_key, user_value)])
 
     def put_all(self, mapping) -> None:
         kg, k = self._slot()
@@ -358,18 +371,18 @@ class TtlMapState(TtlState, TableMapState):
         now = self._now()
         uks, ser = self.user_key_serializer, self.serializer
         staged = [(uks.serialize(uk), (to_stored(ser, uv), now)) for uk, uv in items]
-        if staged:
-            m = dict(self.table.get(kg, k) or {})
-            m.update(staged)
-            self.table.put(kg, k, m)
+        for ukb, e in staged:
+            self.table.map_put(kg, k, ukb, e)
 
     def items(self) -> list:
-        m = self._read()
         uks, ser = self.user_key_serializer, self.serializer
-        return [(uks.deserialize(uk), from_stored(ser, m[uk])) for uk in sorted(m)]
+        return [(uks.deserialize(uk), from_stored(ser, s)) for uk, s in self._read_all()]
 
     def is_empty(self) -> bool:
-        return not self._read()
+        return not self._read_all()
+
+    def size(self) -> int:
+        return len(self._read_all())
 
 
 #: ``{state kind: class}`` of TTL-enabled states.

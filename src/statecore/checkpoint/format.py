@@ -1,5 +1,6 @@
-"""statecore checkpoint data files (``.sckp``, format version 2; version 1 files are still
-read): the writers (:func:`write_data_file`, :func:`write_data_file_from_blocks`) and the
+"""statecore checkpoint data files (``.sckp``, format version 3; version 1 and 2 files are
+still read, their map states converted to the per-entry layout: :class:`DataFileReader`): the
+writers (:func:`write_data_file`, :func:`write_data_file_from_blocks`) and the
 random-access reader (:class:`DataFileReader`).
 
 One data file holds one *run*: the snapshot of one writer (one Spark task / one backend) for one
@@ -26,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from statecore import buffer_pool
+from statecore import serializers as S
 from statecore.checkpoint.blocks import (  # the block codec, re-exported (__all__)
     LZ4_ACCELERATION,
     compress_block,
@@ -36,11 +38,12 @@ from statecore.checkpoint.blocks import (  # the block codec, re-exported (__all
     native_decode_blocks,
     xxh64,
 )
-from statecore.errors import CorruptCheckpointError, InvalidInputError
+from statecore.errors import CorruptCheckpointError, InvalidInputError, StateMigrationError
 from statecore.key_groups import KeyGroupRange
 
 __all__ = [
-    "MAGIC", "FORMAT_VERSION", "READABLE_FORMAT_VERSIONS", "KIND_FULL", "KIND_INCREMENTAL",
+    "MAGIC", "FORMAT_VERSION", "READABLE_FORMAT_VERSIONS", "MAP_ENTRIES_FORMAT_VERSION",
+    "KIND_FULL", "KIND_INCREMENTAL",
     "HEADER_SIZE", "TRAILER", "TRAILER_SIZE", "DEFAULT_BLOCK_TARGET_BYTES", "COMPRESSION",
     "MAX_KEY_GROUPS", "BLOCK_DTYPE", "INDEX_DTYPE", "CHUNK_TARGET_BYTES", "LZ4_ACCELERATION",
     "compress_block", "native_decode_blocks", "xxh64", "encode_block", "decode_block",
@@ -50,8 +53,11 @@ __all__ = [
 ]
 
 MAGIC = b"SCKGDAT1"
-FORMAT_VERSION = 2
-READABLE_FORMAT_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+READABLE_FORMAT_VERSIONS = (1, 2, 3)
+#: The first format version whose map states hold one entry per user key (docs/formats.md
+#: "Map state"); older files hold one whole-map value per (key, namespace).
+MAP_ENTRIES_FORMAT_VERSION = 3
 KIND_FULL = "full"
 KIND_INCREMENTAL = "incremental"
 HEADER_SIZE = len(MAGIC)
@@ -613,11 +619,51 @@ class DataFileReader:
                 return buf.slice(offset - lo, length)
         return self._read(offset, length, what)
 
+    def _whole_maps(self, state: str) -> bool:
+        """Whether ``state`` is a map state written in the whole-map layout (format < 3)."""
+        if self.format_version >= MAP_ENTRIES_FORMAT_VERSION:
+            return False
+        return any(m["name"] == state and m.get("kind") == "map" for m in self.meta["states"])
+
+    def _as_map_entries(self, state: str, where: str, keys, values):
+        """A format < 3 file's map-state ``(keys, values)`` converted to the per-entry layout
+        (:func:`statecore.serializers.expand_whole_map_entries`). StateMigrationError for an
+        incremental file: a changed whole map names neither its added nor its removed user
+        keys, so its changes cannot be converted (restore a full checkpoint of that format, or
+        write one with the release that wrote it). CorruptCheckpointError for a value that does
+        not parse."""
+        if not len(keys):
+            return keys, values
+        if self.kind == KIND_INCREMENTAL:
+            raise StateMigrationError(
+                f"checkpoint data file {self.name}: map state {state!r} is stored in the "
+                f"whole-map layout of format version {self.format_version} in an incremental "
+                "run, which cannot be converted to per-entry changes; restore from a full "
+                "checkpoint (or compact the version with the release that wrote it)")
+        try:
+            k, v = S.expand_whole_map_entries(keys.to_pylist(), values.to_pylist())
+        except InvalidInputError as exc:
+            raise CorruptCheckpointError(
+                f"checkpoint data file {self.name}: {where}: {exc}") from exc
+        return pa.array(k, pa.binary()), pa.array(v, pa.binary())
+
     def entries(self, state: str, key_group: int) -> tuple[pa.BinaryArray, pa.BinaryArray]:
         """``(keys, values)`` of ``state`` in ``key_group``, sorted by key bytes; empty arrays when
         the file holds no entry for them. In an incremental file a NULL value is a tombstone.
+        A map state of a format 1 or 2 file comes converted to one entry per user key
+        (StateMigrationError for such an incremental file, :meth:`_as_map_entries`).
         The caller checks that ``key_group`` belongs to this file. Raises
         CorruptCheckpointError naming the file, state, key group and block."""
+        keys, values = self.stored_entries(state, key_group)
+        if self._whole_maps(state):
+            return self._as_map_entries(state, f"state {state!r} key group {key_group}",
+                                        keys, values)
+        return keys, values
+
+    def stored_entries(self, state: str, key_group: int
+                       ) -> tuple[pa.BinaryArray, pa.BinaryArray]:
+        """:meth:`entries` as the file stores them (a format 1 or 2 file's map states in the
+        whole-map layout): what the manifest's entry counts count."""
         try:
             si = self.state_names.index(state)
         except ValueError:
@@ -682,12 +728,20 @@ class DataFileReader:
         at most 2 GiB of keys or values; a range holding more raises CorruptCheckpointError like
         a key group that does (callers split by :meth:`raw_bytes`). Other errors as
         :meth:`entries`."""
+        keys, values = self._entries_range(state, start, end)
+        if self._whole_maps(state):
+            return self._as_map_entries(state, f"state {state!r} key groups {start}..{end}",
+                                        keys, values)
+        return keys, values
+
+    def _entries_range(self, state: str, start: int, end: int
+                       ) -> tuple[pa.BinaryArray, pa.BinaryArray]:
         rows = self._rows_of(state, start, end)
         if not len(rows):
             return pa.array([], pa.binary()), pa.array([], pa.binary())
         where = f"state {state!r} key groups {start}..{end}"
         if native_decode_blocks is None:
-            parts = [self.entries(state, int(kg)) for kg in rows["key_group"]]
+            parts = [self.stored_entries(state, int(kg)) for kg in rows["key_group"]]
             return (pa.concat_arrays([k for k, _ in parts]),
                     pa.concat_arrays([v for _, v in parts]))
         lo = int(rows["offset"].min())

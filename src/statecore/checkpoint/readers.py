@@ -347,7 +347,7 @@ class CheckpointReader:
             where = f"checkpoint data file {self._root.path(f['path'])}"
             for kg in range(start, end + 1):
                 for name in f["states"]:
-                    keys, vals = data.entries(name, kg)
+                    keys, vals = data.stored_entries(name, kg)
                     check_entries(where, self._metas_by_name[name], kg, keys, vals,
                                   self.max_parallelism, self.key_type,
                                   f["kind"] == KIND_INCREMENTAL)

@@ -1,7 +1,8 @@
 """List and map state part of the backend conformance suite (mixed into
 :class:`statecore.testing.conformance.BackendConformance`): ``ListState`` and ``MapState`` per
-record -- adds, updates, removals, rejected elements and user keys, user keys ordered by their
-serialized bytes.
+record -- adds, updates, removals, rejected elements and user keys; map iteration in insertion
+order (after a restore: by serialized user key), ``size``, ``clear``, big maps and the
+per-entry layout of map state in snapshots and incremental change sets.
 """
 
 from __future__ import annotations
@@ -91,12 +92,13 @@ class CollectionStateConformance(ConformanceBase):
         m.put("b", 2)
         m.put("a", 1)
         m.put_all({"c": 3, "b": 20})
-        assert m.items() == [("a", 1), ("b", 20), ("c", 3)]
-        assert m.keys() == ["a", "b", "c"] and m.values() == [1, 20, 3]
+        assert m.items() == [("b", 20), ("a", 1), ("c", 3)]  # insertion order
+        assert m.keys() == ["b", "a", "c"] and m.values() == [20, 1, 3]
+        assert m.size() == 3
         assert m.contains("a") and not m.contains("zz") and m.get("b") == 20
         m.remove("zz")
         m.remove("a")
-        assert m.keys() == ["b", "c"]
+        assert m.keys() == ["b", "c"] and m.size() == 2
         with pytest.raises(InvalidInputError):
             m.put(1, 1)
         with pytest.raises(InvalidInputError):
@@ -108,18 +110,20 @@ class CollectionStateConformance(ConformanceBase):
         m.remove("c")
         assert m.is_empty() and b.num_entries() == 0
         m.put("x", 1)
+        m.put("y", 2)
         m.clear()
-        assert m.is_empty()
+        assert m.is_empty() and m.size() == 0 and b.num_entries() == 0
         b.set_current_key(2)
         assert m.is_empty()
 
     @pytest.mark.parametrize("ttl", [False, True])
     @pytest.mark.parametrize("user_key_type", sorted(_ORDER_CASES))
     def test_map_iteration_order(self, user_key_type, ttl):
-        """items/keys/values list user keys by ascending serialized bytes (MapState docstring),
-        whatever the insertion order, with TTL and after a restore too."""
+        """items/keys/values list user keys in insertion order (a put of a present user key
+        keeps its place, a removed one put again goes last), with TTL too; after a restore by
+        ascending serialized bytes (MapState docstring)."""
         uks = _ORDER_CASES[user_key_type]
-        want = sorted(uks, key=_ORDER_KEY[user_key_type])
+        by_bytes = sorted(uks, key=_ORDER_KEY[user_key_type])
         b = self.new_backend(ttl_clock=ManualClock(0))
         d = MapStateDescriptor("m", user_key_type, "int64")
         if ttl:
@@ -128,22 +132,145 @@ class CollectionStateConformance(ConformanceBase):
         b.set_current_key(1)
         for i, uk in enumerate(uks):
             m.put(uk, i)
+        m.put(uks[0], 0)  # present: keeps its place
+        m.remove(uks[1])
+        m.put(uks[1], 1)  # removed and put again: last
+        want1 = [uks[0]] + uks[2:] + [uks[1]]
         b.set_current_key(2)
         m.put_all({uk: i for i, uk in reversed(list(enumerate(uks)))})
+        want2 = list(reversed(uks))
+        for key, want in ((1, want1), (2, want2)):
+            b.set_current_key(key)
+            assert m.keys() == want
+            assert m.values() == [uks.index(uk) for uk in want]
+            assert m.items() == [(uk, uks.index(uk)) for uk in want]
+            assert m.size() == len(uks)
         b2 = self.new_backend(ttl_clock=ManualClock(0))
         b2.restore(b.snapshot())
         m2 = b2.get_state(d)
-        for be, st in ((b, m), (b2, m2)):
-            for key in (1, 2):
-                be.set_current_key(key)
-                assert st.keys() == want
-                assert st.values() == [uks.index(uk) for uk in want]
-                assert st.items() == [(uk, uks.index(uk)) for uk in want]
+        for key in (1, 2):
+            b2.set_current_key(key)
+            assert m2.keys() == by_bytes
+            assert m2.items() == [(uk, uks.index(uk)) for uk in by_bytes]
+        b2.set_current_key(1)
+        m2.remove(by_bytes[0])
+        m2.put(by_bytes[0], uks.index(by_bytes[0]))
+        assert m2.keys() == by_bytes[1:] + by_bytes[:1]
         ukt = {"int32": pa.int32(), "int64": pa.int64(), "string": pa.string(),
                "binary": pa.binary()}[user_key_type]
-        got = m.get_batch(pa.array([1] * len(want), pa.int64()), pa.array(want, ukt))
-        assert got.to_pylist() == [uks.index(uk) for uk in want]
+        got = m.get_batch(pa.array([1] * len(by_bytes), pa.int64()), pa.array(by_bytes, ukt))
+        assert got.to_pylist() == [uks.index(uk) for uk in by_bytes]
         assert dump_backend(b) == dump_backend(b2)
+
+    def test_map_entries_in_snapshots(self):
+        """A map state's snapshot holds one entry per user key: ``encoded key of (key,
+        namespace) | ser(user key)`` -> the user value's bytes (docs/formats.md "Map state")."""
+        b = self.new_backend()
+        m = b.get_state(MapStateDescriptor("m", "string", "int64"))
+        b.set_current_key(7)
+        m.put_all({"b": 2, "a": 1})
+        snap = b.snapshot()
+        kg = b.key_group_of(7)
+        keys, vals = snap.entries("m", kg)
+        prefix = S.encode_key(kg, b.max_parallelism, 7, b.key_serializer, None, "void")
+        uk = S.key_serializer("string").serialize
+        assert keys.to_pylist() == sorted([prefix + uk("a"), prefix + uk("b")])
+        by_key = dict(zip(keys.to_pylist(), vals.to_pylist()))
+        vs = S.value_serializer("int64").serialize
+        assert by_key == {prefix + uk("a"): vs(1), prefix + uk("b"): vs(2)}
+        snap.release()
+
+    def test_big_map_incremental_change_is_one_entry(self):
+        """After one entry of a big map changes, the incremental change set holds that entry
+        only (and a removed entry is one tombstone)."""
+        n = 5000
+        b = self.new_backend()
+        m = b.get_state(MapStateDescriptor("m", "int64", "int64"))
+        b.set_current_key(1)
+        m.put_all({i: i for i in range(n)})
+        assert m.size() == n and b.num_entries() == n
+        full = b.snapshot()
+        b.notify_checkpoint_complete(full.snapshot_id)
+        full.release()
+        m.put(17, -17)
+        m.remove(18)
+        inc = b.snapshot(incremental=True)
+        kg = b.key_group_of(1)
+        keys, vals = inc.entries("m", kg)
+        prefix = S.encode_key(kg, b.max_parallelism, 1, b.key_serializer, None, "void")
+        uk = S.key_serializer("int64").serialize
+        assert keys.to_pylist() == [prefix + uk(17), prefix + uk(18)]
+        assert vals.to_pylist() == [S.value_serializer("int64").serialize(-17), None]
+        inc.release()
+        assert m.get(17) == -17 and not m.contains(18) and m.size() == n - 1
+        assert m.keys()[:3] == [0, 1, 2] and m.keys()[17] == 17 and 18 not in m.keys()
+
+    def test_map_clear_and_size_with_namespaces(self):
+        """``clear`` removes every entry of the current key and namespace only; ``size`` and
+        ``is_empty`` per (key, namespace); clear_batch per row."""
+        b = self.new_backend()
+        m = b.get_state(MapStateDescriptor("m", "int64", "string"), namespace_type="int64")
+        for key in (1, 2):
+            b.set_current_key(key)
+            for ns in (10, 20):
+                m.set_current_namespace(ns)
+                m.put_all({i: f"{key}/{ns}/{i}" for i in range(5)})
+        b.set_current_key(1)
+        m.set_current_namespace(10)
+        m.clear()
+        assert m.is_empty() and m.size() == 0
+        m.set_current_namespace(20)
+        assert m.size() == 5 and m.get(3) == "1/20/3"
+        b.set_current_key(2)
+        assert m.size() == 5
+        m.clear_batch(pa.array([2], pa.int64()), pa.array([20], pa.int64()))
+        assert m.is_empty()
+        m.set_current_namespace(10)
+        assert m.size() == 5
+        assert b.num_entries() == 10
+
+    def test_map_size_and_is_empty_with_ttl(self):
+        """With TTL ``size``/``is_empty`` count the unexpired entries (expired ones removed and
+        counted as read cleanup, Flink ``TtlMapState``)."""
+        clock = ManualClock(0)
+        b = self.new_backend(ttl_clock=clock)
+        d = MapStateDescriptor("m", "int64", "int64")
+        d.enable_time_to_live(StateTtlConfig(100))
+        m = b.get_state(d)
+        b.set_current_key(1)
+        m.put_all({1: 1, 2: 2})
+        clock.advance(60)
+        m.put(3, 3)
+        assert m.size() == 3 and not m.is_empty()
+        clock.advance(60)
+        assert m.size() == 1 and m.items() == [(3, 3)]
+        assert b.ttl_statistics()["read"] == 2
+        m.put(1, 10)  # expired and removed: a new entry, last
+        assert m.keys() == [3, 1]
+        clock.advance(200)
+        assert m.is_empty() and m.size() == 0 and b.num_entries() == 0
+
+    def test_map_order_after_ttl_cleanup_passes(self):
+        """Entries a TTL cleanup pass removed are gone from the map's order: a user key put
+        again afterwards goes last (background cleanup here; incremental cleanup and TTL
+        migration remove entries the same way)."""
+        clock = ManualClock(0)
+        b = self.new_backend(ttl_clock=clock)
+        d = MapStateDescriptor("m", "string", "int64")
+        d.enable_time_to_live(StateTtlConfig(100, cleanup_in_background=True))
+        m = b.get_state(d)
+        b.set_current_key(1)
+        m.put_all({"a": 1, "b": 2, "c": 3})
+        clock.set(60)
+        m.put("d", 4)
+        clock.set(120)
+        assert b.run_background_ttl_cleanup(b.max_parallelism) == 3
+        m.put("a", 10)
+        assert m.keys() == ["d", "a"] and m.size() == 2
+        m.put("b", 20)
+        m.remove("d")
+        m.put("d", 40)
+        assert m.items() == [("a", 10), ("b", 20), ("d", 40)]
 
     def test_map_state_pickle_user_keys(self):
         b = self.new_backend()
@@ -154,5 +281,4 @@ class CollectionStateConformance(ConformanceBase):
         m.put(frozenset(), {})
         assert m.get((1, "a")) == [1] and m.get(None) == "none" and m.contains(frozenset())
         assert len(m.items()) == 3
-        enc = sorted(S.key_serializer("pickle").serialize(k) for k in [(1, "a"), None, frozenset()])
-        assert [S.key_serializer("pickle").serialize(k) for k in m.keys()] == enc
+        assert m.keys() == [(1, "a"), None, frozenset()]  # insertion order

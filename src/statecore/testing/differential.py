@@ -84,7 +84,7 @@ def _random_program(machine: "_DifferentialMachine", rng, steps: int) -> None:
             if rng.random() < 0.2:
                 machine.list_namespace(rng.randint(0, 2))
         elif r < 0.5:
-            machine.map_op(rng.choice(["put", "put", "remove", "remove", "clear"]),
+            machine.map_op(rng.choice(["put", "put", "remove", "remove", "clear", "size"]),
                            rng.choice(["", "a", "ü", "bb"]), rng.randint(-5, 5))
         elif r < 0.62:
             machine.reduce_add(rng.choice(["s", "c", "a"]), small())
@@ -185,7 +185,8 @@ class _DifferentialMachine(RuleBasedStateMachine):
             return getattr(ls, op)()
         self._both(f)
 
-    @rule(op=st.sampled_from(["put", "put", "remove", "remove", "get", "contains", "clear"]),
+    @rule(op=st.sampled_from(["put", "put", "remove", "remove", "get", "contains", "clear",
+                              "size", "keys"]),
           uk=st.sampled_from(["", "a", "ü"]), uv=SMALL)
     def map_op(self, op, uk, uv):
         def f(be, s):
@@ -298,5 +299,6 @@ class _DifferentialMachine(RuleBasedStateMachine):
         if self.backends[1].current_key is None:
             return
         self._both(lambda be, s: (be.current_key, be.current_key_group, s["v"].value(),
-                                  s["l"].get(), s["m"].items(), s["s"].get(), s["c"].get(),
+                                  s["l"].get(), s["m"].items(), s["m"].size(),
+                                  s["s"].get(), s["c"].get(),
                                   s["a"].get(), be.timers.list_event_time_timers()))

@@ -1,0 +1,252 @@
+// The collection index of map state (collection_index.h) and the prefix splitter it relies on
+// (key_codec.h encoded_prefix_size), against keys built by KeyEncoder (docs/formats.md "Encoded
+// key" and "Map state").
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "check.h"
+#include "statecore/collection_index.h"
+#include "statecore/key_codec.h"
+#include "statecore/sorted_run.h"
+#include "statecore/state_table.h"
+#include "statecore/ttl.h"
+
+using namespace statecore;
+
+namespace {
+
+std::vector<uint8_t> b(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+
+std::vector<std::string> members(const CollectionIndex& ix, int32_t kg, const std::string& p) {
+  std::vector<std::string> out;
+  ix.for_each(
+      kg, reinterpret_cast<const uint8_t*>(p.data()), p.size(),
+      [&](const uint8_t* m, size_t n) { out.emplace_back(reinterpret_cast<const char*>(m), n); });
+  return out;
+}
+
+bool ins(CollectionIndex& ix, int32_t kg, const std::string& p, const std::string& m) {
+  return ix.insert(kg, reinterpret_cast<const uint8_t*>(p.data()), p.size(),
+                   reinterpret_cast<const uint8_t*>(m.data()), m.size());
+}
+
+bool era(CollectionIndex& ix, int32_t kg, const std::string& p, const std::string& m) {
+  return ix.erase(kg, reinterpret_cast<const uint8_t*>(p.data()), p.size(),
+                  reinterpret_cast<const uint8_t*>(m.data()), m.size());
+}
+
+size_t sz(const CollectionIndex& ix, int32_t kg, const std::string& p) {
+  return ix.size(kg, reinterpret_cast<const uint8_t*>(p.data()), p.size());
+}
+
+using V = std::vector<std::string>;
+
+}  // namespace
+
+TEST(insertion_order_reinsert_keeps_place_erased_goes_last) {
+  CollectionIndex ix(0, 3);
+  CHECK(ins(ix, 1, "p", "b"));
+  CHECK(ins(ix, 1, "p", "a"));
+  CHECK(ins(ix, 1, "p", "c"));
+  CHECK(!ins(ix, 1, "p", "b"));  // present: keeps its place
+  CHECK(members(ix, 1, "p") == V({"b", "a", "c"}));
+  CHECK(era(ix, 1, "p", "b"));
+  CHECK(!era(ix, 1, "p", "b"));
+  CHECK(ins(ix, 1, "p", "b"));
+  CHECK(members(ix, 1, "p") == V({"a", "c", "b"}));
+  CHECK_EQ(sz(ix, 1, "p"), size_t(3));
+  CHECK_EQ(sz(ix, 1, "q"), size_t(0));
+  CHECK_EQ(sz(ix, 2, "p"), size_t(0));  // collections are per key group
+  CHECK(ix.contains(1, reinterpret_cast<const uint8_t*>("p"), 1,
+                    reinterpret_cast<const uint8_t*>("a"), 1));
+  CHECK_EQ(ix.collections(), size_t(1));
+  CHECK_EQ(ix.members(), size_t(3));
+  CHECK(ix.bytes() > 0);
+}
+
+TEST(emptied_collection_is_dropped_and_take_clears) {
+  CollectionIndex ix(5, 5);
+  ins(ix, 5, "p", "x");
+  era(ix, 5, "p", "x");
+  CHECK_EQ(ix.collections(), size_t(0));
+  ins(ix, 5, "p", "x");
+  ins(ix, 5, "p", "y");
+  ins(ix, 5, "q", "z");
+  const auto taken = ix.take(5, reinterpret_cast<const uint8_t*>("p"), 1);
+  CHECK(taken == V({"x", "y"}));
+  CHECK_EQ(sz(ix, 5, "p"), size_t(0));
+  CHECK_EQ(sz(ix, 5, "q"), size_t(1));
+  ix.clear();
+  CHECK_EQ(ix.members(), size_t(0));
+  CHECK_THROWS(ins(ix, 4, "p", "x"), std::out_of_range);
+  CHECK_THROWS(CollectionIndex(3, 2), std::invalid_argument);
+}
+
+TEST(lazy_removal_compacts_and_keeps_order) {
+  CollectionIndex ix(0, 0);
+  V want;
+  for (int i = 0; i < 1000; ++i) ins(ix, 0, "p", std::to_string(i));
+  for (int i = 0; i < 1000; ++i)
+    if (i % 3 != 0) era(ix, 0, "p", std::to_string(i));
+  for (int i = 0; i < 1000; i += 3) want.push_back(std::to_string(i));
+  CHECK(members(ix, 0, "p") == want);
+  ins(ix, 0, "p", "1");  // erased earlier: last
+  want.push_back("1");
+  CHECK(members(ix, 0, "p") == want);
+  CHECK_EQ(sz(ix, 0, "p"), want.size());
+  // Erase and insert again in a loop: the slots stay bounded by compaction.
+  for (int r = 0; r < 5000; ++r) {
+    era(ix, 0, "p", "0");
+    ins(ix, 0, "p", "0");
+  }
+  CHECK_EQ(sz(ix, 0, "p"), want.size());
+  CHECK(members(ix, 0, "p").back() == "0");
+}
+
+TEST(encoded_prefix_size_of_keys_built_by_the_encoder) {
+  struct Case {
+    KeySchema key;
+    NamespaceType ns;
+    int32_t mp;
+  };
+  KeySchema pair;
+  pair.is_struct = true;
+  pair.columns = {KeyColumn{KeyType::Int32}, KeyColumn{KeyType::String}};
+  std::vector<Case> cases = {
+      {KeySchema::scalar(KeyType::Int64), NamespaceType::Void, 128},
+      {KeySchema::scalar(KeyType::String), NamespaceType::Void, 300},
+      {KeySchema::scalar(KeyType::String), NamespaceType::String, 128},  // lenbytes
+      {KeySchema::scalar(KeyType::Binary), NamespaceType::Int64, 128},
+      {KeySchema::scalar(KeyType::FixedSizeBinary, 3), NamespaceType::Int32, 128},
+      {pair, NamespaceType::Binary, 128},
+  };
+  for (const Case& c : cases) {
+    KeyEncoder e(c.key, c.ns, c.mp);
+    if (c.key.is_struct) {
+      continue;  // struct keys are written through key_row (batch arrays), checked below
+    }
+    switch (c.key.columns[0].type) {
+      case KeyType::Int64: e.key_int64(7, -5); break;
+      case KeyType::FixedSizeBinary: e.key_fixed(7, "abc", 3); break;
+      default: e.key_bytes(7, "hello", 5); break;
+    }
+    switch (c.ns) {
+      case NamespaceType::Void: e.namespace_void(); break;
+      case NamespaceType::Int64: e.namespace_int64(42); break;
+      default: {
+        std::vector<uint8_t> ser;
+        if (c.ns == NamespaceType::Int32) {
+          append_ser_int32(ser, 9);
+        } else {
+          append_ser_bytes(ser, "ns", 2);
+        }
+        e.namespace_serialized(ser.data(), ser.size());
+      }
+    }
+    std::vector<uint8_t> k(e.data(), e.data() + e.size());
+    const size_t p = k.size();
+    std::vector<uint8_t> uk;
+    append_ser_bytes(uk, "user", 4);
+    k.insert(k.end(), uk.begin(), uk.end());
+    CHECK_EQ(encoded_prefix_size(k.data(), k.size(), c.key, c.ns, c.mp), p);
+    // Truncated inside the prefix: an error, never a size past the key.
+    CHECK_THROWS(encoded_prefix_size(k.data(), p - 1, c.key, c.ns, c.mp), std::invalid_argument);
+  }
+  // A struct key (int32, string) and a binary namespace: both variable-length -> lenbytes.
+  std::vector<uint8_t> k = {0x07};
+  append_ser_int32(k, 1);
+  append_ser_bytes(k, "ab", 2);
+  append_lenbytes(k, 4 + 3);
+  append_ser_bytes(k, "n", 1);
+  append_lenbytes(k, 2);
+  const size_t p = k.size();
+  append_ser_int64(k, 3);
+  CHECK_EQ(encoded_prefix_size(k.data(), k.size(), pair, NamespaceType::Binary, 128), p);
+  k[1 + 4 + 3] = 9;  // wrong lenbytes
+  CHECK_THROWS(encoded_prefix_size(k.data(), k.size(), pair, NamespaceType::Binary, 128),
+               std::invalid_argument);
+}
+
+TEST(entry_keys_split_into_prefix_and_member) {
+  const KeySchema key = KeySchema::scalar(KeyType::Int64);
+  std::vector<uint8_t> data;
+  std::vector<int32_t> off = {0};
+  auto add = [&](int32_t kg, int64_t k, int64_t uk) {
+    KeyEncoder e(key, NamespaceType::Void, 128);
+    e.key_int64(kg, k);
+    e.namespace_void();
+    data.insert(data.end(), e.data(), e.data() + e.size());
+    append_ser_int64(data, uk);
+    off.push_back(static_cast<int32_t>(data.size()));
+  };
+  add(1, 10, 2);
+  add(1, 10, 1);
+  add(2, 20, 5);
+  CollectionIndex ix(0, 3);
+  ix.insert_entry_keys(data.data(), off.data(), 3, key, NamespaceType::Void, 128);
+  CHECK_EQ(ix.members(), size_t(3));
+  KeyEncoder e(key, NamespaceType::Void, 128);
+  e.key_int64(1, 10);
+  e.namespace_void();
+  const std::string p(reinterpret_cast<const char*>(e.data()), e.size());
+  std::vector<uint8_t> one, two;
+  append_ser_int64(one, 1);
+  append_ser_int64(two, 2);
+  CHECK(members(ix, 1, p) ==
+        V({std::string(two.begin(), two.end()), std::string(one.begin(), one.end())}));
+  ix.erase_entry_keys(data.data(), off.data(), 1, key, NamespaceType::Void, 128);
+  CHECK(members(ix, 1, p) == V({std::string(one.begin(), one.end())}));
+  // A key without a member, or of a key group outside the index: nothing changes.
+  std::vector<int32_t> bad_off = {0, off[1] - 8, off[1]};
+  CHECK_THROWS(ix.insert_entry_keys(data.data(), bad_off.data(), 1, key, NamespaceType::Void, 128),
+               std::invalid_argument);
+  CollectionIndex small(1, 1);
+  CHECK_THROWS(small.insert_entry_keys(data.data(), off.data(), 3, key, NamespaceType::Void, 128),
+               std::out_of_range);
+  CHECK_EQ(small.members(), size_t(0));
+  (void)b;
+}
+
+// A TTL cleanup step reports the entries it removes; the index unlists them (as the native
+// table does after each step), keeping the order of the others.
+TEST(ttl_cleanup_step_reports_removed_entries_for_the_index) {
+  const KeySchema key = KeySchema::scalar(KeyType::Int64);
+  StateTable t(0, 127);
+  CollectionIndex ix(0, 127);
+  KeyEncoder e(key, NamespaceType::Void, 128);
+  e.key_int64(3, 42);
+  e.namespace_void();
+  const std::vector<uint8_t> prefix(e.data(), e.data() + e.size());
+  for (int64_t uk = 0; uk < 6; ++uk) {
+    std::vector<uint8_t> k = prefix;
+    append_ser_int64(k, uk);
+    std::vector<uint8_t> v;
+    append_ser_int64(v, uk);                      // any 8 value bytes
+    append_ser_int64(v, uk % 2 == 0 ? 0 : 1000);  // even user keys written at 0: expire first
+    std::memcpy(t.map(3).put(k.data(), k.size(), v.size()), v.data(), v.size());
+    ix.insert(3, prefix.data(), prefix.size(), k.data() + prefix.size(), 8);
+  }
+  ttl::FilterSpec spec;
+  spec.layout = ttl::Layout::Value;
+  spec.ttl_ms = 100;
+  SortedRun scratch;
+  std::vector<std::string> removed;
+  ttl::TableCursor cur;
+  const ttl::CleanupStep step = ttl::cleanup_step(t, &cur, 1000, spec, 500, &scratch, &removed);
+  CHECK_EQ(step.expired, size_t(3));
+  CHECK_EQ(removed.size(), size_t(3));
+  ix.erase_entry_keys(removed, key, NamespaceType::Void, 128);
+  std::vector<uint8_t> one, three, five;
+  append_ser_int64(one, 1);
+  append_ser_int64(three, 3);
+  append_ser_int64(five, 5);
+  const std::string p(prefix.begin(), prefix.end());
+  CHECK(members(ix, 3, p) ==
+        V({std::string(one.begin(), one.end()), std::string(three.begin(), three.end()),
+           std::string(five.begin(), five.end())}));
+  CHECK_EQ(ix.prune(t), size_t(0));  // nothing left to prune
+}
+
+TEST_MAIN()

@@ -1,0 +1,241 @@
+"""Map state in checkpoint files: format 3 stores one entry per user key (docs/formats.md "Map
+state"); a format 2 (or 1) file holds one whole-map value per (key, namespace), which readers
+convert to entries as they read a full run and refuse in an incremental run. Per-entry changes
+through incremental checkpoints, compaction, verify and a rescaling restore."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pyarrow as pa
+import pytest
+
+from statecore import serializers as S
+from statecore.backends.python import PythonBackend
+from statecore.checkpoint import format as fmt
+from statecore.descriptors import MapStateDescriptor
+from statecore.errors import CorruptCheckpointError, InvalidInputError, StateMigrationError
+from statecore.key_groups import KeyGroupRange, spark_key_group
+
+MAXP = 128
+BACKENDS = ["python", "native"]
+META = {"name": "m", "kind": "map", "namespace_type": "void", "value_type": "int64",
+        "user_key_type": "string"}
+
+
+def _prefix(key: int) -> tuple[int, bytes]:
+    kg = PythonBackend(key_type="int64", max_parallelism=MAXP).key_group_of(key)
+    return kg, S.encode_key(kg, MAXP, key, "int64", None, "void")
+
+
+class _Snap:
+    """A snapshot of the whole-map layout: ``rows[kg] = {encoded key: blob or None}``."""
+
+    def __init__(self, rows, incremental=False):
+        self.max_parallelism = MAXP
+        self.key_group_range = KeyGroupRange(0, MAXP - 1)
+        self.key_type = "int64"
+        self.assigner = "spark"
+        self.incremental = incremental
+        self.snapshot_id = 1
+        self.rows = rows
+
+    def state_metas(self):
+        return [dict(META)]
+
+    def entries(self, name, kg):
+        items = sorted(self.rows.get(kg, {}).items())
+        return (pa.array([k for k, _ in items], pa.binary()),
+                pa.array([v for _, v in items], pa.binary()))
+
+    def release(self):
+        pass
+
+
+def _as_format_2(snap) -> bytes:
+    """The bytes of a data file of ``snap`` as format version 2 wrote it (the trailer's and the
+    meta's version 2; the layout of blocks and footer is the same)."""
+
+    class Out:
+        def __init__(self):
+            self.parts = []
+
+        def write(self, b):
+            self.parts.append(bytes(b))
+
+    out = Out()
+    fmt.write_data_file(out, snap, version=1, writer="p0")
+    raw = b"".join(out.parts)
+    foff, flen = struct.unpack_from("<QQ", raw, len(raw) - 48)
+    footer = raw[foff:foff + flen]
+    (mlen,) = struct.unpack_from("<I", footer, 0)
+    meta = json.loads(footer[4:4 + mlen])
+    meta["format_version"] = 2
+    mb = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
+    footer = struct.pack("<I", len(mb)) + mb + footer[4 + mlen:]
+    fsum = fmt.xxh64(footer)
+    t = fmt.TRAILER.pack(foff, len(footer), fsum, 2, 0, 0, fmt.MAGIC)[:32]
+    return raw[:foff] + footer + fmt.TRAILER.pack(foff, len(footer), fsum, 2, 0, fmt.xxh64(t),
+                                                  fmt.MAGIC)
+
+
+class _ReaderSnap:
+    """A full snapshot read through a DataFileReader (what a restore reads)."""
+
+    def __init__(self, reader):
+        self.reader = reader
+        self.max_parallelism = MAXP
+        self.key_group_range = KeyGroupRange(0, MAXP - 1)
+        self.key_type = "int64"
+        self.assigner = "spark"
+
+    def state_metas(self):
+        return self.reader.state_metas()
+
+    def entries(self, name, kg):
+        return self.reader.entries(name, kg)
+
+
+def _whole_maps(ttl: bool = False):
+    uk = S.key_serializer("string").serialize
+    v = S.value_serializer("int64").serialize
+    suffix = (lambda t: t.to_bytes(8, "big", signed=True)) if ttl else (lambda t: b"")
+    rows, want = {}, {}
+    for key, pairs in {1: {"b": 2, "a": 1}, 2: {"x": 9}}.items():
+        kg, prefix = _prefix(key)
+        blob = S.encode_map_serialized({uk(u): v(x) + suffix(5) for u, x in pairs.items()})
+        rows.setdefault(kg, {})[prefix] = blob
+        want[key] = sorted(pairs.items(), key=lambda p: uk(p[0]))
+    return rows, want
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_format_2_whole_maps_are_read_as_entries_and_restore(kind):
+    if kind == "native":
+        pytest.importorskip("statecore._native")
+    from statecore import create_backend
+
+    rows, want = _whole_maps()
+    r = fmt.DataFileReader(pa.BufferReader(_as_format_2(_Snap(rows))), "old.sckp")
+    assert r.format_version == 2
+    kg, prefix = _prefix(1)
+    keys, vals = r.entries("m", kg)
+    uk = S.key_serializer("string").serialize
+    v = S.value_serializer("int64").serialize
+    by_key = dict(zip(keys.to_pylist(), vals.to_pylist()))
+    assert by_key[prefix + uk("a")] == v(1) and by_key[prefix + uk("b")] == v(2)
+    assert keys.to_pylist() == sorted(keys.to_pylist())
+    assert len(r.stored_entries("m", kg)[0]) == len(rows[kg])  # as stored: whole maps
+    b = create_backend(kind, key_type="int64", max_parallelism=MAXP)
+    b.restore(_ReaderSnap(r))
+    m = b.get_state(MapStateDescriptor("m", "string", "int64"))
+    for key, pairs in want.items():
+        b.set_current_key(key)
+        assert m.items() == pairs and m.size() == len(pairs)
+    assert b.num_entries() == 3
+
+
+def test_format_2_ttl_whole_maps_keep_each_timestamp():
+    rows, _ = _whole_maps(ttl=True)
+    r = fmt.DataFileReader(pa.BufferReader(_as_format_2(_Snap(rows))), "old.sckp")
+    kg, _ = _prefix(1)
+    _, vals = r.entries("m", kg)
+    assert all(x[-8:] == (5).to_bytes(8, "big") for x in vals.to_pylist())
+
+
+def test_format_2_incremental_whole_maps_are_refused():
+    rows, _ = _whole_maps()
+    r = fmt.DataFileReader(pa.BufferReader(_as_format_2(_Snap(rows, incremental=True))),
+                           "old.sckp")
+    kg, _ = _prefix(1)
+    with pytest.raises(StateMigrationError, match="whole-map layout"):
+        r.entries("m", kg)
+
+
+def test_format_2_broken_whole_map_is_corrupt():
+    kg, prefix = _prefix(1)
+    r = fmt.DataFileReader(pa.BufferReader(_as_format_2(_Snap({kg: {prefix: b"\x05ab"}}))),
+                           "old.sckp")
+    with pytest.raises(CorruptCheckpointError, match="malformed whole-map value"):
+        r.entries("m", kg)
+
+
+def test_format_3_files_are_written_and_read_as_stored():
+    kg, prefix = _prefix(1)
+    entry = prefix + S.key_serializer("string").serialize("a")
+
+    class Out:
+        parts: list = []
+
+        def write(self, b):
+            self.parts.append(bytes(b))
+
+    out = Out()
+    out.parts = []
+    fmt.write_data_file(out, _Snap({kg: {entry: b"\x01" * 8}}), version=1, writer="p0")
+    r = fmt.DataFileReader(pa.BufferReader(b"".join(out.parts)), "new.sckp")
+    assert r.format_version == fmt.FORMAT_VERSION == fmt.MAP_ENTRIES_FORMAT_VERSION == 3
+    assert r.entries("m", kg)[0].to_pylist() == [entry]
+
+
+def test_split_map_entry_key_and_prefix_size():
+    kg, prefix = _prefix(7)
+    ukb = S.key_serializer("int64").serialize(-3)
+    assert S.encoded_prefix_size(prefix + ukb, MAXP, "int64", "void") == len(prefix)
+    assert S.split_map_entry_key(prefix + ukb, MAXP, "int64", "void", "int64") == (
+        kg, 7, None, ukb)
+    ab = S.encode_key(3, MAXP, "k", "string", "ns", "string")
+    assert S.encoded_prefix_size(ab + b"\x02z", MAXP, "string", "string") == len(ab)
+    with pytest.raises(InvalidInputError, match="no user key"):
+        S.split_map_entry_key(prefix, MAXP, "int64", "void", "int64")
+    with pytest.raises(InvalidInputError):
+        S.split_map_entry_key(prefix + b"\x01", MAXP, "int64", "void", "int64")
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_map_entries_through_incremental_checkpoints_compaction_and_rescale(kind, tmp_path):
+    """Per-entry changes of a big map go through the store: the incremental run holds the
+    changed and removed user keys only, compaction merges newest-wins per entry (a removed user
+    key's tombstone wins), verify passes, and a restore into two halves of the key groups
+    (rescale) splits the maps by key group, every map whole in one of them."""
+    if kind == "native":
+        pytest.importorskip("statecore._native")
+    from statecore import CheckpointStore, create_backend
+
+    b = create_backend(kind, key_type="int64", max_parallelism=MAXP)
+    d = MapStateDescriptor("m", "int64", "string")
+    m = b.get_state(d)
+    for key in range(20):
+        b.set_current_key(key)
+        m.put_all({u: f"{key}/{u}" for u in range(300)})
+    store = CheckpointStore(str(tmp_path))
+    store.checkpoint(b, 1)
+    b.set_current_key(3)
+    m.put(7, "changed")
+    m.remove(8)
+    man = store.checkpoint(b, 2)
+    inc = [f for f in man["files"] if f["version"] == 2]
+    assert [f["entries"]["m"] for f in inc] == [2]
+    assert sum(f.get("tombstones", {}).get("m", 0) for f in inc) == 1
+    store.compact(2, max_runs=1)
+    store.verify(2)
+    halves = []
+    for lo, hi in ((0, 63), (64, MAXP - 1)):
+        h = create_backend(kind, key_type="int64", max_parallelism=MAXP, key_group_range=(lo, hi))
+        store.restore(h, 2)
+        halves.append(h)
+    got = {}
+    for h in halves:
+        assert h.num_entries() > 0  # both halves hold maps
+        hm = h.get_state(d)
+        for key in range(20):
+            if spark_key_group(key, "int64", MAXP) in h.key_group_range:
+                h.set_current_key(key)
+                got[key] = dict(hm.items())
+                assert hm.size() == len(got[key])
+    assert sorted(got) == list(range(20))
+    want3 = {u: f"3/{u}" for u in range(300) if u != 8}
+    want3[7] = "changed"
+    assert got[3] == want3
+    assert all(got[k] == {u: f"{k}/{u}" for u in range(300)} for k in got if k != 3)
