@@ -25,14 +25,14 @@ from statecore.descriptors import (
 from statecore.errors import StateError
 from statecore.key_groups import KeyGroupRange
 
-__all__ = ["TARGETS", "run_one"]
+__all__ = ["TARGETS", "run_one", "with_valid_checksums"]
 
 #: At most this many key groups of a data file are read per input (a forged footer may claim
 #: 32768 of them).
 MAX_KEY_GROUPS = 64
 
 
-def _with_valid_checksums(data: bytes) -> bytes:
+def with_valid_checksums(data: bytes) -> bytes:
     """``data`` (a mutated data file) with its block, footer and trailer checksums recomputed
     where its trailer and footer still locate them, so that mutations reach the parsers behind
     the checksums."""
@@ -61,10 +61,10 @@ def _with_valid_checksums(data: bytes) -> bytes:
 
 def data_file(data: bytes) -> None:
     """A data file (``.sckp``, docs/formats.md): open it and read every (state, key group);
-    byte 0 odd: the rest gets valid checksums first (:func:`_with_valid_checksums`)."""
+    byte 0 odd: the rest gets valid checksums first (:func:`with_valid_checksums`)."""
     if not data:
         return
-    data = _with_valid_checksums(data[1:]) if data[0] & 1 else data[1:]
+    data = with_valid_checksums(data[1:]) if data[0] & 1 else data[1:]
     reader = DataFileReader(pa.BufferReader(data), "fuzz.sckp", expected_size=len(data))
     try:
         start = reader.key_group_start

@@ -337,3 +337,25 @@ def test_verify_is_as_strict_as_restore(tmp_path, entries, what):
     for kind in BACKENDS:  # what verify refuses, a restore refuses too
         with pytest.raises((CorruptCheckpointError, InvalidInputError)):
             store.restore(_backend(kind)[0], 0)
+
+
+def test_a_block_table_claiming_more_than_lz4_can_produce_is_corrupt(tmp_path):
+    """Decoding allocates the raw length a block claims: a forged block table (every checksum
+    right) claiming 2 GB from a few stored bytes is refused before anything is allocated (found
+    by the data_file fuzz target, which grew to 2 GB of RSS)."""
+    import struct
+
+    from fuzz.targets import with_valid_checksums
+    from statecore.checkpoint import format as fmt
+
+    store = _two_state_checkpoint(tmp_path)
+    run = store.manifest(0)["files"][0]
+    with open(os.path.join(store.root, run["path"]), "rb") as f:
+        raw = bytearray(f.read())
+    f_off, f_len = struct.unpack_from("<QQ", raw, len(raw) - fmt.TRAILER_SIZE)
+    (mlen,) = struct.unpack_from("<I", raw, f_off)
+    first_block = f_off + 4 + mlen + 16
+    struct.pack_into("<I", raw, first_block + 12, 2**31 - 1)  # raw_length of block 0
+    forged = with_valid_checksums(bytes(raw))
+    with pytest.raises(CorruptCheckpointError, match="more than LZ4 can produce"):
+        fmt.DataFileReader(pa.BufferReader(forged), "forged.sckp")

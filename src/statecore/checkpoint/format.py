@@ -563,6 +563,18 @@ class DataFileReader:
             raise self._fail("block table does not tile the data region")
         if not n_blocks and footer_offset != HEADER_SIZE:
             raise self._fail("no blocks but bytes between header and footer")
+        # Decoding allocates what the block table claims, so bound the claims by what the
+        # stored bytes can hold: LZ4 expands at most 255-fold (a sequence of k length bytes
+        # of 255 encodes about 255 * k bytes), and every entry takes 8 bytes of offsets.
+        raw = blocks["raw_length"].astype(np.int64)
+        stored = blocks["stored_length"].astype(np.int64)
+        bad = np.nonzero((raw > 255 * stored + 64)
+                         | (4 + 8 * blocks["entries"].astype(np.int64) > raw))[0]
+        if len(bad):
+            i = int(bad[0])
+            raise self._fail(f"block {i} claims {int(raw[i])} raw bytes and "
+                             f"{int(blocks['entries'][i])} entries from {int(stored[i])} stored "
+                             "bytes: more than LZ4 can produce or the payload can hold")
         first = index["first_block"].astype(np.int64)
         count = index["block_count"].astype(np.int64)
         exp_first = np.concatenate(([0], np.cumsum(count)[:-1])) if n_index else first
