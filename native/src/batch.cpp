@@ -239,7 +239,7 @@ struct FoldHotRows {
       }
       size_t pi;
       const int r = l.find_key_from<uint64_t, stride, suffix>(s, hashes[j], key, &s, &pi);
-      if (r < 0 || !l.owned[pi]) break;
+      if (r < 0 || l.owned[pi] != 1) break;
       const T x = c.value_at(values, i);
       T acc;
       uint8_t* v;

@@ -3,6 +3,10 @@
 // (F1, F2); the slot layout: statecore/detail/flat_table.h.
 #include <atomic>
 #include <cstring>
+#include <memory>
+#include <thread>
+#include <utility>
+#include <vector>
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -14,6 +18,7 @@ namespace statecore {
 using detail::FlatDirectory;
 using detail::FlatLayout;
 using detail::FlatPage;
+using detail::FlatUndo;
 using detail::kFlatDeleted;
 using detail::kFlatEmpty;
 using detail::load_u32;
@@ -88,7 +93,55 @@ struct SlotWordHash {
   }
 };
 
+// The undo gates this thread holds, with the map holding each (StateMap::Impl::claim_undo).
+thread_local std::vector<std::pair<std::shared_ptr<FlatUndo>, StateMap::Impl*>> t_claims;
+
 }  // namespace
+
+namespace detail {
+thread_local uint32_t kernel_depth = 0;
+thread_local uint32_t undo_claims_held = 0;
+
+void release_undo_claims_slow() {
+  for (auto& c : t_claims) {
+    c.second->undo_held = nullptr;
+    c.first->gate.store(FlatUndo::kOpen, std::memory_order_release);
+  }
+  t_claims.clear();
+  undo_claims_held = 0;
+}
+
+void undo_backoff(unsigned spins) {
+  if (spins < 64) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  } else {
+    std::this_thread::yield();
+  }
+}
+}  // namespace detail
+
+void StateMap::Impl::claim_undo() {
+  FlatUndo* u = undo.get();
+  if (undo_held == u) return;
+  uint32_t g = u->gate.load(std::memory_order_acquire);
+  if (g == FlatUndo::kClosed || u->abandoned.load(std::memory_order_relaxed)) {
+    undo.reset();  // read or released: its pages are written like any other from now on
+    return;
+  }
+  // A reader that wants the gate gets it: this call writes the shared pages it touches the
+  // classic way (a page copy each) rather than taking the gate again, which could keep the
+  // reader out for as long as kernel calls follow each other, or waiting for the reader's copy,
+  // which a busy machine may delay by a scheduler slice.
+  if (g != FlatUndo::kOpen || u->reader_waiting.load(std::memory_order_relaxed)) return;
+  if (u->gate.compare_exchange_strong(g, FlatUndo::kOwner, std::memory_order_acquire,
+                                      std::memory_order_relaxed)) {
+    undo_held = u;
+    t_claims.emplace_back(undo, this);
+    ++detail::undo_claims_held;
+  }
+}
 
 uint32_t StateMap::Impl::flat_hash_of(const FlatDirectory* d, const uint8_t* slot) const {
   const FlatLayout& l = d->layout;

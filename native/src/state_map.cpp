@@ -657,11 +657,16 @@ void StateMap::reserve(size_t entries) {
 std::shared_ptr<MapSnapshot> StateMap::snapshot() {
   Impl& m = *impl_;
   m.advance_version();
+  bool only = false;
   {
     std::lock_guard<std::mutex> lock(m.mu);
     m.live_versions.push_back(m.version);
     m.required.store(m.version, std::memory_order_release);
+    only = m.live_versions.size() == 1;
   }
+  // The pages this snapshot shares are immutable for it: a write-through of an older snapshot's
+  // pages stops here (that snapshot keeps what was saved so far).
+  m.undo.reset();
   m.req = m.version;
   ++m.stats.snapshots;
   auto s = std::make_unique<MapSnapshot::State>();
@@ -672,6 +677,10 @@ std::shared_ptr<MapSnapshot> StateMap::snapshot() {
     s->fprimary = m.fprimary;
     if (m.frehash) m.frehash->ref();
     s->frehash = m.frehash;
+    if (only && !m.frehash && m.fprimary->layout.fixed && m.version <= detail::kFlatMaxVersion) {
+      m.undo = std::make_shared<detail::FlatUndo>(m.fprimary->stride());
+      s->undo = m.undo;
+    }
   } else {
     m.primary->ref();
     s->primary = m.primary;
@@ -825,6 +834,10 @@ MapSnapshot::~MapSnapshot() { release(); }
 void MapSnapshot::release() {
   if (!s_ || s_->released) return;
   s_->released = true;
+  if (s_->undo) {
+    s_->undo->abandoned.store(true, std::memory_order_relaxed);
+    s_->undo.reset();
+  }
   s_->impl->release_snapshot(s_->version);
   Directory::unref(s_->primary);
   Directory::unref(s_->rehash_table);
@@ -833,6 +846,36 @@ void MapSnapshot::release() {
   FlatDirectory::unref(s_->frehash);
   s_->fprimary = s_->frehash = nullptr;
   s_->impl.reset();  // may destroy the engine state when the map is already gone
+}
+
+void MapSnapshot::capture() const {
+  State& st = *s_;
+  if (!st.undo) return;
+  detail::FlatUndo& u = *st.undo;
+  u.reader_waiting.store(true, std::memory_order_relaxed);
+  for (unsigned spins = 0;; ++spins) {
+    uint32_t g = detail::FlatUndo::kOpen;
+    if (u.gate.compare_exchange_weak(g, detail::FlatUndo::kReader, std::memory_order_acquire,
+                                     std::memory_order_relaxed))
+      break;
+    detail::undo_backoff(spins);
+  }
+  // The owner writes none of the shared pages while the gate is ours: copy them, then put the
+  // saved slots back, newest first, so each slot ends with its bytes at snapshot time.
+  const FlatDirectory* d = st.fprimary;
+  FlatDirectory* c = FlatDirectory::make(d->capacity, d->layout);
+  const uint32_t stride = d->stride();
+  for (size_t i = 0; i < d->page_count; ++i) {
+    if (const detail::FlatPage* p = d->pages()[i])
+      c->pages()[i] = detail::FlatPage::make_copy(p, stride);
+  }
+  u.for_each_newest_first([&](uint32_t page, uint32_t offset, const uint8_t* bytes) {
+    std::memcpy(c->pages()[page]->bytes() + offset, bytes, stride);
+  });
+  FlatDirectory::unref(st.fprimary);  // the owner finds the pages exclusive again
+  st.fprimary = c;
+  u.gate.store(detail::FlatUndo::kClosed, std::memory_order_release);
+  st.undo.reset();
 }
 
 size_t MapSnapshot::size() const { return s_->size; }
@@ -978,6 +1021,7 @@ SortedRun MapSnapshot::sorted_changes(uint64_t base) const {
 
 void MapSnapshot::sorted_changes(uint64_t base, SortedRunBuilder& run, SortedRun& out) const {
   if (s_->released) throw std::logic_error("MapSnapshot::sorted_changes() after release()");
+  capture();
   if (base < s_->base || base > s_->version) {
     throw std::invalid_argument("MapSnapshot::sorted_changes: base " + std::to_string(base) +
                                 " outside the tracked versions [" + std::to_string(s_->base) +
@@ -1017,6 +1061,7 @@ SortedRun MapSnapshot::sorted_entries() const {
 
 void MapSnapshot::sorted_entries(SortedRunBuilder& run, SortedRun& out) const {
   if (s_->released) throw std::logic_error("MapSnapshot::sorted_entries() after release()");
+  capture();
   run.clear();
   run.reserve(s_->size, 0, 0);
   walk_snapshot(

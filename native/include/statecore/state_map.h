@@ -276,6 +276,9 @@ class MapSnapshot {
   // Requests the cache line(s) find_hashed(hash, ...) reads first: the home slot (flat) or
   // the bucket head (chained) in every table a lookup may probe. A hint only.
   void prefetch(uint32_t hash) const;
+  // Makes the snapshot's own copy of a table whose pages the owner writes through (see
+  // "Write-through copy-on-write" in docs/state-map.md); a no-op otherwise. The first read.
+  void capture() const;
   std::unique_ptr<State> s_;
 };
 

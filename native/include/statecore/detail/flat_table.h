@@ -192,16 +192,17 @@ static_assert(sizeof(FlatPage) == 8, "slots start 8 bytes into a page");
 
 // Memory: the header, page_count page pointers, then page_count `owned` bytes.
 //
-// owned[i] != 0 promises that pages()[i] exists and no other directory references it, so while
+// owned[i] == 1 promises that pages()[i] exists and no other directory references it, so while
 // the directory itself is exclusive (refs == 1) the owner may write the page in place. Writers
 // test it instead of the page's reference count: that count sits on the page's first cache line,
 // away from the slot being written, and in a state larger than the cache loading it is a cache
-// miss on every row. Only the owner
-// thread reads or writes owned[]. It can only be stale towards "not known": a page becomes shared
-// only through make_copy, which starts the copy with every byte 0 (the source directory then
-// belongs to snapshots, which never write); a page that became exclusive again because a snapshot
-// was released keeps 0 until the owner's next write of it goes through the slow path, which
-// checks the count and sets the byte.
+// miss on every row. owned[i] == 2 marks a page shared with the snapshot of the map's undo state
+// (detail/flat_undo.h) that a batch kernel writes through: in place, under the undo gate, each
+// slot saved before its first write since the snapshot. Only the owner thread reads or writes
+// owned[]. It can only be stale towards "not known": a page becomes shared only through
+// make_copy, which starts the copy with every byte 0 (the source directory then belongs to
+// snapshots, which never write); a page that became exclusive again because a snapshot was
+// released keeps 0 or 2 until the owner's next write of it checks the count and sets 1.
 struct FlatDirectory {
   std::atomic<uint32_t> refs;
   uint32_t page_shift;  // log2(slots per page)
