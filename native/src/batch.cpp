@@ -239,7 +239,14 @@ struct FoldHotRows {
       }
       size_t pi;
       const int r = l.find_key_from<uint64_t, stride, suffix>(s, hashes[j], key, &s, &pi);
-      if (r < 0 || l.owned[pi] != 1) break;
+      if (r < 0) break;
+      if (const uint8_t o = l.owned[pi]; o != 1) {
+        // A page written through for an unread snapshot (write_through.h) while this call holds
+        // the gate: a key written since the snapshot is written in place here; its first write
+        // (saved first) and every other case go to the lambda's lane.
+        if (o != 2 || r != 1 || l.map->through_held == nullptr || detail::load_u32(s) != l.version)
+          break;
+      }
       const T x = c.value_at(values, i);
       T acc;
       uint8_t* v;

@@ -2,6 +2,7 @@
 // the conversion rule: docs/state-map.md "Flat engine"; invariants: StateMap's class comment
 // (F1, F2); the slot layout: statecore/detail/flat_table.h.
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -18,11 +19,11 @@ namespace statecore {
 using detail::FlatDirectory;
 using detail::FlatLayout;
 using detail::FlatPage;
-using detail::FlatUndo;
 using detail::kFlatDeleted;
 using detail::kFlatEmpty;
 using detail::load_u32;
 using detail::store_u32;
+using detail::WriteThrough;
 
 namespace {
 
@@ -93,26 +94,28 @@ struct SlotWordHash {
   }
 };
 
-// The undo gates this thread holds, with the map holding each (StateMap::Impl::claim_undo).
-thread_local std::vector<std::pair<std::shared_ptr<FlatUndo>, StateMap::Impl*>> t_claims;
+constexpr std::chrono::microseconds kMaxThroughWait{2000};
+
+// The write-through gates this thread holds, with the map holding each (StateMap::Impl::claim_through).
+thread_local std::vector<std::pair<std::shared_ptr<WriteThrough>, StateMap::Impl*>> t_claims;
 
 }  // namespace
 
 namespace detail {
 thread_local uint32_t kernel_depth = 0;
-thread_local uint32_t undo_claims_held = 0;
+thread_local uint32_t through_claims_held = 0;
 
-void release_undo_claims_slow() {
+void release_through_claims() {
   for (auto& c : t_claims) {
-    c.second->undo_held = nullptr;
-    c.first->gate.store(FlatUndo::kOpen, std::memory_order_release);
+    c.second->through_held = nullptr;
+    c.first->gate.store(WriteThrough::kOpen, std::memory_order_release);
   }
   t_claims.clear();
-  undo_claims_held = 0;
+  through_claims_held = 0;
 }
 
-void undo_backoff(unsigned spins) {
-  if (spins < 64) {
+void through_backoff(unsigned spins) {
+  if (spins < 512) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif
@@ -122,24 +125,38 @@ void undo_backoff(unsigned spins) {
 }
 }  // namespace detail
 
-void StateMap::Impl::claim_undo() {
-  FlatUndo* u = undo.get();
-  if (undo_held == u) return;
-  uint32_t g = u->gate.load(std::memory_order_acquire);
-  if (g == FlatUndo::kClosed || u->abandoned.load(std::memory_order_relaxed)) {
-    undo.reset();  // read or released: its pages are written like any other from now on
-    return;
-  }
-  // A reader that wants the gate gets it: this call writes the shared pages it touches the
-  // classic way (a page copy each) rather than taking the gate again, which could keep the
-  // reader out for as long as kernel calls follow each other, or waiting for the reader's copy,
-  // which a busy machine may delay by a scheduler slice.
-  if (g != FlatUndo::kOpen || u->reader_waiting.load(std::memory_order_relaxed)) return;
-  if (u->gate.compare_exchange_strong(g, FlatUndo::kOwner, std::memory_order_acquire,
-                                      std::memory_order_relaxed)) {
-    undo_held = u;
-    t_claims.emplace_back(undo, this);
-    ++detail::undo_claims_held;
+void StateMap::Impl::claim_through() {
+  WriteThrough* u = through.get();
+  if (through_held == u) return;
+  std::chrono::steady_clock::time_point t0;
+  bool timing = false;
+  for (unsigned spins = 0;; ++spins) {
+    uint32_t g = u->gate.load(std::memory_order_acquire);
+    if (g == WriteThrough::kClosed || u->abandoned.load(std::memory_order_relaxed)) {
+      through.reset();  // read or released: its pages are written like any other from now on
+      return;
+    }
+    if (g == WriteThrough::kOpen && !u->reader_waiting.load(std::memory_order_relaxed)) {
+      if (u->gate.compare_exchange_weak(g, WriteThrough::kOwner, std::memory_order_acquire,
+                                        std::memory_order_relaxed)) {
+        through_held = u;
+        t_claims.emplace_back(through, this);
+        ++detail::through_claims_held;
+        return;
+      }
+      continue;
+    }
+    // A reader copies the table or waits to: the copy is a memcpy of pages allocated
+    // beforehand, so wait for it rather than copy every page this call touches meanwhile -- but
+    // not for longer than kMaxThroughWait, in case a busy machine keeps the reader off the CPU:
+    // then the call writes the shared pages the classic way (a page copy each).
+    if (!timing) {
+      t0 = std::chrono::steady_clock::now();
+      timing = true;
+    } else if ((spins & 15) == 15 && std::chrono::steady_clock::now() - t0 > kMaxThroughWait) {
+      return;
+    }
+    detail::through_backoff(spins);
   }
 }
 

@@ -666,7 +666,7 @@ std::shared_ptr<MapSnapshot> StateMap::snapshot() {
   }
   // The pages this snapshot shares are immutable for it: a write-through of an older snapshot's
   // pages stops here (that snapshot keeps what was saved so far).
-  m.undo.reset();
+  m.through.reset();
   m.req = m.version;
   ++m.stats.snapshots;
   auto s = std::make_unique<MapSnapshot::State>();
@@ -678,8 +678,8 @@ std::shared_ptr<MapSnapshot> StateMap::snapshot() {
     if (m.frehash) m.frehash->ref();
     s->frehash = m.frehash;
     if (only && !m.frehash && m.fprimary->layout.fixed && m.version <= detail::kFlatMaxVersion) {
-      m.undo = std::make_shared<detail::FlatUndo>(m.fprimary->stride());
-      s->undo = m.undo;
+      m.through = std::make_shared<detail::WriteThrough>(m.fprimary->stride());
+      s->through = m.through;
     }
   } else {
     m.primary->ref();
@@ -834,9 +834,9 @@ MapSnapshot::~MapSnapshot() { release(); }
 void MapSnapshot::release() {
   if (!s_ || s_->released) return;
   s_->released = true;
-  if (s_->undo) {
-    s_->undo->abandoned.store(true, std::memory_order_relaxed);
-    s_->undo.reset();
+  if (s_->through) {
+    s_->through->abandoned.store(true, std::memory_order_relaxed);
+    s_->through.reset();
   }
   s_->impl->release_snapshot(s_->version);
   Directory::unref(s_->primary);
@@ -850,32 +850,40 @@ void MapSnapshot::release() {
 
 void MapSnapshot::capture() const {
   State& st = *s_;
-  if (!st.undo) return;
-  detail::FlatUndo& u = *st.undo;
+  if (!st.through) return;
+  detail::WriteThrough& u = *st.through;
+  // The copy's pages are allocated (and so faulted in) before the gate is taken: the owner
+  // waits for the copy made under the gate, which is then memcpy alone.
+  const FlatDirectory* d = st.fprimary;
+  const uint32_t stride = d->stride();
+  FlatDirectory* c = FlatDirectory::make(d->capacity, d->layout);
+  for (size_t i = 0; i < d->page_count; ++i) {
+    if (const detail::FlatPage* p = d->pages()[i])
+      c->pages()[i] = detail::FlatPage::make_empty(p->slot_count, stride);
+  }
+  // The owner leaves the gate to a waiting reader: it waits at most for the kernel call in
+  // flight (which holds the gate) to end.
   u.reader_waiting.store(true, std::memory_order_relaxed);
   for (unsigned spins = 0;; ++spins) {
-    uint32_t g = detail::FlatUndo::kOpen;
-    if (u.gate.compare_exchange_weak(g, detail::FlatUndo::kReader, std::memory_order_acquire,
+    uint32_t g = detail::WriteThrough::kOpen;
+    if (u.gate.compare_exchange_weak(g, detail::WriteThrough::kReader, std::memory_order_acquire,
                                      std::memory_order_relaxed))
       break;
-    detail::undo_backoff(spins);
+    detail::through_backoff(spins);
   }
   // The owner writes none of the shared pages while the gate is ours: copy them, then put the
   // saved slots back, newest first, so each slot ends with its bytes at snapshot time.
-  const FlatDirectory* d = st.fprimary;
-  FlatDirectory* c = FlatDirectory::make(d->capacity, d->layout);
-  const uint32_t stride = d->stride();
   for (size_t i = 0; i < d->page_count; ++i) {
     if (const detail::FlatPage* p = d->pages()[i])
-      c->pages()[i] = detail::FlatPage::make_copy(p, stride);
+      std::memcpy(c->pages()[i]->bytes(), p->bytes(), size_t(p->slot_count) * stride);
   }
   u.for_each_newest_first([&](uint32_t page, uint32_t offset, const uint8_t* bytes) {
     std::memcpy(c->pages()[page]->bytes() + offset, bytes, stride);
   });
   FlatDirectory::unref(st.fprimary);  // the owner finds the pages exclusive again
   st.fprimary = c;
-  u.gate.store(detail::FlatUndo::kClosed, std::memory_order_release);
-  st.undo.reset();
+  u.gate.store(detail::WriteThrough::kClosed, std::memory_order_release);
+  st.through.reset();
 }
 
 size_t MapSnapshot::size() const { return s_->size; }

@@ -1,4 +1,4 @@
-// Write-through copy-on-write of the flat engine (detail/flat_undo.h, docs/state-map.md
+// Write-through copy-on-write of the flat engine (detail/write_through.h, docs/state-map.md
 // "Write-through copy-on-write"): while a snapshot has not been read, batch kernels write the
 // pages it shares in place and save each slot once before its first write; the snapshot's first
 // read copies the table and puts the saved slots back. Checked against the contents taken at

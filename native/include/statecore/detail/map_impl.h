@@ -10,10 +10,10 @@
 
 #include "statecore/detail/entry.h"
 #include "statecore/detail/flat_table.h"
-#include "statecore/detail/flat_undo.h"
 #include "statecore/detail/key_hash.h"
 #include "statecore/detail/key_log.h"
 #include "statecore/detail/pages.h"
+#include "statecore/detail/write_through.h"
 #include "statecore/state_map.h"
 
 namespace statecore {
@@ -78,12 +78,12 @@ struct StateMap::Impl {
   // keys does so every micro-batch, and logging records only to drop them would take those rows
   // off the batch kernel's hot path.
   size_t epoch_writes = 0;
-  // Write-through copy-on-write (detail/flat_undo.h): the undo state of the one live snapshot
+  // Write-through copy-on-write (detail/write_through.h): the write-through state of the one live snapshot
   // while it has not been read, when it was taken of a flat map with no rehash in flight and no
   // other live snapshot; nullptr otherwise. Shared with the snapshot.
-  std::shared_ptr<detail::FlatUndo> undo;
-  // `undo` while the batch kernel call in flight holds its gate (claim_undo), else nullptr.
-  detail::FlatUndo* undo_held = nullptr;
+  std::shared_ptr<detail::WriteThrough> through;
+  // `through` while the batch kernel call in flight holds its gate (claim_through), else nullptr.
+  detail::WriteThrough* through_held = nullptr;
 
   // ---- shared with threads that release snapshots ----
   // Highest version of a live snapshot, 0 when none (Flink highestRequiredSnapshotVersion).
@@ -333,25 +333,25 @@ struct StateMap::Impl {
   size_t& flat_size_of(detail::FlatDirectory** t) {
     return t == &fprimary ? primary_size : rehash_size;
   }
-  // At the open of a write lane while `undo` is set: takes undo's gate for the kernel call in
-  // flight (undo_held; released when the outermost kernel call ends, leave_kernel), or, when the
-  // snapshot was read or released meanwhile, drops `undo`. Never waits: while a reader wants the
+  // At the open of a write lane while `through` is set: takes its gate for the kernel call in
+  // flight (through_held; released when the outermost kernel call ends, leave_kernel), or, when the
+  // snapshot was read or released meanwhile, drops `through`. Never waits: while a reader wants the
   // gate, the call writes the shared pages the classic way (a page copy each).
-  void claim_undo();
+  void claim_through();
   void release_snapshot(uint64_t v);  // any thread
   void teardown();                    // ~StateMap
   void reset_tables(size_t capacity);
 };
 
 namespace detail {
-// Batch kernel calls in flight on this thread (Lanes: nested calls count once each) and the undo
-// gates they took (StateMap::Impl::claim_undo), all released when the outermost call ends.
+// Batch kernel calls in flight on this thread (Lanes: nested calls count once each) and the
+// write-through gates they took (StateMap::Impl::claim_through), all released when the outermost call ends.
 extern thread_local uint32_t kernel_depth;
-extern thread_local uint32_t undo_claims_held;
-void release_undo_claims_slow();
+extern thread_local uint32_t through_claims_held;
+void release_through_claims();
 inline void enter_kernel() { ++kernel_depth; }
 inline void leave_kernel() {
-  if (--kernel_depth == 0 && undo_claims_held != 0) release_undo_claims_slow();
+  if (--kernel_depth == 0 && through_claims_held != 0) release_through_claims();
 }
 }  // namespace detail
 
@@ -370,9 +370,9 @@ struct MapSnapshot::State {
   detail::KeyLogView writes;    // the write log as of snapshot time
   uint64_t writes_complete_from = 0;
   bool released = false;
-  // Set while the owner may write the shared pages in place (detail/flat_undo.h): the first
+  // Set while the owner may write the shared pages in place (detail/write_through.h): the first
   // read copies the table (MapSnapshot::capture).
-  std::shared_ptr<detail::FlatUndo> undo;
+  std::shared_ptr<detail::WriteThrough> through;
 };
 
 template <class Fn>

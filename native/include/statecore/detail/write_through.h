@@ -31,9 +31,9 @@ namespace detail {
 
 // A wait for the gate: a few pauses, then yields (the other side holds it for a kernel call or
 // a table copy).
-void undo_backoff(unsigned spins);
+void through_backoff(unsigned spins);
 
-class FlatUndo {
+class WriteThrough {
  public:
   static constexpr uint32_t kOpen = 0;    // nobody writes in place or copies right now
   static constexpr uint32_t kOwner = 1;   // the owner's kernel call writes in place
@@ -44,10 +44,10 @@ class FlatUndo {
   std::atomic<bool> reader_waiting{false};
   std::atomic<bool> abandoned{false};  // the snapshot was released before it was read
 
-  explicit FlatUndo(uint32_t stride)
+  explicit WriteThrough(uint32_t stride)
       : stride_(stride), record_(8 + stride), per_chunk_(kChunkBytes / (8 + stride)) {}
-  FlatUndo(const FlatUndo&) = delete;
-  FlatUndo& operator=(const FlatUndo&) = delete;
+  WriteThrough(const WriteThrough&) = delete;
+  WriteThrough& operator=(const WriteThrough&) = delete;
 
   // Owner, holding the gate: the bytes of the slot at byte `offset` of page `page`, as the
   // snapshot sees them, before their first write since the snapshot.
