@@ -242,10 +242,13 @@ struct FoldHotRows {
       if (r < 0) break;
       if (const uint8_t o = l.owned[pi]; o != 1) {
         // A page written through for an unread snapshot (write_through.h) while this call holds
-        // the gate: a key written since the snapshot is written in place here; its first write
-        // (saved first) and every other case go to the lambda's lane.
-        if (o != 2 || r != 1 || l.map->through_held == nullptr || detail::load_u32(s) != l.version)
-          break;
+        // the gate: an update is written in place, the slot saved first on the key's first
+        // write since the snapshot. Every other case goes to the lambda's lane.
+        detail::WriteThrough* w = l.map->through_held;
+        if (o != 2 || r != 1 || w == nullptr) break;
+        if (detail::load_u32(s) != l.version)
+          w->save<stride>(static_cast<uint32_t>(pi),
+                          static_cast<uint32_t>(s - l.pages[pi]->bytes()), s);
       }
       const T x = c.value_at(values, i);
       T acc;
