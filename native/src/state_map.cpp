@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -25,6 +26,9 @@ namespace {
 
 constexpr size_t kMinTransferredPerStep = 4;  // Flink MIN_TRANSFERRED_PER_INCREMENTAL_REHASH
 constexpr size_t kMaxBucketVisitsPerStep = 64;
+// How long a snapshot's first reader tries to take the write-through gate between the owner's
+// kernel calls before it asks the owner to leave the gate to it (MapSnapshot::capture).
+constexpr std::chrono::milliseconds kReaderPatience{20};
 
 size_t threshold_for(size_t capacity) { return (capacity >> 1) + (capacity >> 2); }
 
@@ -861,14 +865,19 @@ void MapSnapshot::capture() const {
     if (const detail::FlatPage* p = d->pages()[i])
       c->pages()[i] = detail::FlatPage::make_empty(p->slot_count, stride);
   }
-  // The owner leaves the gate to a waiting reader: it waits at most for the kernel call in
-  // flight (which holds the gate) to end.
-  u.reader_waiting.store(true, std::memory_order_relaxed);
+  // The gate is free between two kernel calls of the owner: take it there, so that the owner
+  // waits at most for the rest of a copy already running, not for a reader the scheduler keeps
+  // waiting. Only a reader that found no such gap for kReaderPatience says it waits; the owner's
+  // next calls then leave the gate to it.
+  const auto t0 = std::chrono::steady_clock::now();
   for (unsigned spins = 0;; ++spins) {
     uint32_t g = detail::WriteThrough::kOpen;
     if (u.gate.compare_exchange_weak(g, detail::WriteThrough::kReader, std::memory_order_acquire,
                                      std::memory_order_relaxed))
       break;
+    if ((spins & 63) == 63 && !u.reader_waiting.load(std::memory_order_relaxed) &&
+        std::chrono::steady_clock::now() - t0 > kReaderPatience)
+      u.reader_waiting.store(true, std::memory_order_relaxed);
     detail::through_backoff(spins);
   }
   // The owner writes none of the shared pages while the gate is ours: copy them, then put the

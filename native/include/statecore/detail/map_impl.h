@@ -334,9 +334,10 @@ struct StateMap::Impl {
     return t == &fprimary ? primary_size : rehash_size;
   }
   // At the open of a write lane while `through` is set: takes its gate for the kernel call in
-  // flight (through_held; released when the outermost kernel call ends, leave_kernel), or, when the
-  // snapshot was read or released meanwhile, drops `through`. Never waits: while a reader wants the
-  // gate, the call writes the shared pages the classic way (a page copy each).
+  // flight (through_held; released when the outermost kernel call ends, leave_kernel), or, when
+  // the snapshot was read or released meanwhile, drops `through`. While a reader copies or waits
+  // for the gate it waits for the copy, at most kMaxThroughWait; past that the call writes the
+  // shared pages the classic way (a page copy each).
   void claim_through();
   void release_snapshot(uint64_t v);  // any thread
   void teardown();                    // ~StateMap

@@ -12,10 +12,10 @@
 //
 // The gate keeps the owner's in-place writes and the reader's copy apart: the owner holds it
 // (kOwner) from the first write of a batch kernel call to the map until the call returns, the
-// reader takes it (kReader) to copy and closes it for good (kClosed). The owner never waits for
-// the reader to take it: a reader that wants the gate says so (`reader_waiting`) and the owner
-// waits for kClosed at its next call instead of taking it again, and the reader waits at most
-// until the owner's call in flight returns.
+// reader takes it (kReader) in a gap between two calls to copy and closes it for good (kClosed).
+// The owner waits for the reader only while a copy is under way, and for at most a bound; a
+// reader that finds no gap for a while says it waits (`reader_waiting`), and the owner's next
+// calls leave the gate to it.
 #pragma once
 #include <atomic>
 #include <cstddef>
