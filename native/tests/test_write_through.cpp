@@ -149,8 +149,14 @@ TEST(inserts_and_removals_through_a_snapshot_keep_its_view) {
     ks.push_back(f.all[rng() % f.all.size()]);
     vs.push_back(i % 3 == 0 ? std::nullopt : std::optional<int64_t>(i));  // removals shift slots
   }
-  for (int i = 0; i < 3000; ++i) ks.push_back(int64_t(i) * 7 + 1), vs.push_back(i);  // inserts
+  // Inserts past the load threshold: every map starts a rehash while the snapshot is unread.
+  for (int i = 0; i < 8000; ++i) ks.push_back(int64_t(i) * 7 + 1), vs.push_back(i);
+  uint64_t rehashes = 0;
+  for (int32_t kg = 0; kg < kMaxP; ++kg) rehashes += f.t.map(kg).stats().rehashes;
   f.put(ks, vs);
+  uint64_t after = 0;
+  for (int32_t kg = 0; kg < kMaxP; ++kg) after += f.t.map(kg).stats().rehashes;
+  CHECK(after >= rehashes + kMaxP);
   f.add(f.all, 3);
   std::map<int64_t, std::string> want = at;
   for (size_t i = 0; i < ks.size(); ++i) {
@@ -165,6 +171,32 @@ TEST(inserts_and_removals_through_a_snapshot_keep_its_view) {
   }
   CHECK(live(f.t) == want);
   CHECK(of_snapshot(*s) == at);
+}
+
+TEST(changes_listed_from_a_written_through_snapshot) {
+  Fixture f(20000);
+  {
+    TableSnapshot s0 = f.t.snapshot();
+    for (int32_t kg = 0; kg < kMaxP; ++kg) f.t.map(kg).mark_base(s0.version());
+  }
+  const uint64_t base = f.t.map(0).base_version();
+  const std::vector<int64_t> changed = f.sample(3000, 30);
+  f.add(changed, 1);
+  std::optional<TableSnapshot> s(f.t.snapshot());
+  const auto at = live(f.t);
+  f.add(f.all, 1);  // every slot written through, the changed ones saved with their new value
+  std::map<int64_t, std::string> listed;
+  for (int32_t kg = 0; kg < kMaxP; ++kg) {
+    const SortedRun run = s->map(kg)->sorted_changes(base);
+    for (size_t i = 0; i < run.size(); ++i) {
+      CHECK(!run.removed(i));
+      const ByteView v = run.value(i);
+      listed[decode(run.key(i).data)] = std::string(reinterpret_cast<const char*>(v.data), v.size);
+    }
+  }
+  std::map<int64_t, std::string> want;
+  for (int64_t k : changed) want[k] = at.at(k);
+  CHECK(listed == want);
 }
 
 TEST(a_reader_on_another_thread_sees_its_view_while_the_owner_writes_every_slot) {
