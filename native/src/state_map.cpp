@@ -10,6 +10,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "statecore/detail/key_hash.h"
 #include "statecore/detail/map_impl.h"
@@ -28,7 +29,8 @@ constexpr size_t kMinTransferredPerStep = 4;  // Flink MIN_TRANSFERRED_PER_INCRE
 constexpr size_t kMaxBucketVisitsPerStep = 64;
 // How long a snapshot's first reader tries to take the write-through gate between the owner's
 // kernel calls before it asks the owner to leave the gate to it (MapSnapshot::capture).
-constexpr std::chrono::milliseconds kReaderPatience{20};
+constexpr std::chrono::microseconds kReaderSpin{1000};
+constexpr std::chrono::microseconds kReaderPatience{2000};
 
 size_t threshold_for(size_t capacity) { return (capacity >> 1) + (capacity >> 2); }
 
@@ -863,7 +865,7 @@ void MapSnapshot::capture() const {
   FlatDirectory* c = FlatDirectory::make(d->capacity, d->layout);
   for (size_t i = 0; i < d->page_count; ++i) {
     if (const detail::FlatPage* p = d->pages()[i])
-      c->pages()[i] = detail::FlatPage::make_empty(p->slot_count, stride);
+      c->pages()[i] = detail::FlatPage::make_empty(p->slot_count, stride, /*pooled=*/false);
   }
   // The gate is free between two kernel calls of the owner: take it there, so that the owner
   // waits at most for the rest of a copy already running, not for a reader the scheduler keeps
@@ -875,10 +877,15 @@ void MapSnapshot::capture() const {
     if (u.gate.compare_exchange_weak(g, detail::WriteThrough::kReader, std::memory_order_acquire,
                                      std::memory_order_relaxed))
       break;
-    if ((spins & 63) == 63 && !u.reader_waiting.load(std::memory_order_relaxed) &&
-        std::chrono::steady_clock::now() - t0 > kReaderPatience)
-      u.reader_waiting.store(true, std::memory_order_relaxed);
-    detail::through_backoff(spins);
+    // Spin (a gap lasts microseconds; yielding would miss most), yield once past kReaderSpin.
+    if ((spins & 63) == 63) {
+      const auto waited = std::chrono::steady_clock::now() - t0;
+      if (waited > kReaderPatience) u.reader_waiting.store(true, std::memory_order_relaxed);
+      if (waited > kReaderSpin) std::this_thread::yield();
+    }
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
   }
   // The owner writes none of the shared pages while the gate is ours: copy them, then put the
   // saved slots back, newest first, so each slot ends with its bytes at snapshot time.

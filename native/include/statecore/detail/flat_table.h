@@ -166,8 +166,12 @@ struct FlatPage {
   uint8_t* bytes() { return reinterpret_cast<uint8_t*>(this + 1); }
   const uint8_t* bytes() const { return reinterpret_cast<const uint8_t*>(this + 1); }
 
-  static FlatPage* make_empty(uint32_t n, uint32_t stride) {
-    void* mem = page_alloc(sizeof(FlatPage) + size_t(n) * stride);
+  // `pooled`: from the huge-page pool (page_pool.h), for pages probed at random; else from the
+  // C++ heap, for a snapshot's own copy of a table (MapSnapshot::capture), which is read once in
+  // order and whose first use would fault in a huge page a chunk.
+  static FlatPage* make_empty(uint32_t n, uint32_t stride, bool pooled = true) {
+    const size_t bytes = sizeof(FlatPage) + size_t(n) * stride;
+    void* mem = pooled ? page_alloc(bytes) : ::operator new(bytes);
     FlatPage* p = new (mem) FlatPage{{1}, n};
     uint8_t* b = p->bytes();
     for (uint32_t i = 0; i < n; ++i) store_u32(b + size_t(i) * stride, kFlatEmpty);
