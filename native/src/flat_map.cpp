@@ -96,7 +96,8 @@ struct SlotWordHash {
 
 constexpr std::chrono::microseconds kMaxThroughWait{2000};
 
-// The write-through gates this thread holds, with the map holding each (StateMap::Impl::claim_through).
+// The write-through gates this thread holds, with the map holding each
+// (StateMap::Impl::claim_through).
 thread_local std::vector<std::pair<std::shared_ptr<WriteThrough>, StateMap::Impl*>> t_claims;
 
 }  // namespace

@@ -863,9 +863,14 @@ void MapSnapshot::capture() const {
   const FlatDirectory* d = st.fprimary;
   const uint32_t stride = d->stride();
   FlatDirectory* c = FlatDirectory::make(d->capacity, d->layout);
-  for (size_t i = 0; i < d->page_count; ++i) {
-    if (const detail::FlatPage* p = d->pages()[i])
-      c->pages()[i] = detail::FlatPage::make_empty(p->slot_count, stride, /*pooled=*/false);
+  try {
+    for (size_t i = 0; i < d->page_count; ++i) {
+      if (const detail::FlatPage* p = d->pages()[i])
+        c->pages()[i] = detail::FlatPage::make_empty(p->slot_count, stride, /*pooled=*/false);
+    }
+  } catch (...) {
+    FlatDirectory::unref(c);  // nothing taken yet: the snapshot stays as it was
+    throw;
   }
   // The gate is free between two kernel calls of the owner: take it there, so that the owner
   // waits at most for the rest of a copy already running, not for a reader the scheduler keeps

@@ -74,11 +74,12 @@ struct Entry;
 //  F2 (flat) every table keeps a free slot (load <= 3/4; the new table of a rehash stays
 //     under 1/2).
 //  W1 (flat) a page marked written-through (owned 2) is shared only with the unread snapshot of
-//     the map's write-through state, is written only by a kernel call holding the write-through gate, and each
-//     slot written since the snapshot was saved, with its bytes at snapshot time, before that.
+//     the map's write-through state, is written only by a kernel call holding its gate, and
+//     each slot written since the snapshot was saved, with its bytes at snapshot time, before.
 //  W2 (flat) the snapshot's reader reads shared pages and saved slots only holding the gate,
 //     then only its own copy of the table.
-//  W3 (flat) a map has a write-through state only while its snapshot is the only live one and unread.
+//  W3 (flat) a map has a write-through state only while its snapshot is the only live one and
+//     unread.
 //  C1 base <= version; the base never decreases.
 //  C2 an entry reachable from a snapshot of version s has modified < s.
 //  C3 the removal log holds every removal at a version >= base, in version order.

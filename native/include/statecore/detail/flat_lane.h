@@ -102,9 +102,9 @@ struct alignas(64) FlatLane {
 
   // A write of slot `s` on page pi, whose owned[] byte is not 1: true when the lane may write
   // it in place now. An exclusive page (its snapshots released) becomes owned; a page shared
-  // with the snapshot of the map's write-through state is written through while this kernel call holds
-  // the write-through gate, the slot saved first unless it was written since the snapshot (its meta is
-  // the map version). False: the general path (which copies a shared page).
+  // with the snapshot of the map's write-through state is written through while this kernel
+  // call holds its gate, the slot saved first unless it was written since the snapshot (its
+  // meta is the map version). False: the general path (which copies a shared page).
   [[gnu::noinline]] bool write_through(size_t pi, const uint8_t* s) {
     StateMap::Impl& m = *map;
     FlatPage* p = pages[pi];

@@ -200,9 +200,10 @@ static_assert(sizeof(FlatPage) == 8, "slots start 8 bytes into a page");
 // the directory itself is exclusive (refs == 1) the owner may write the page in place. Writers
 // test it instead of the page's reference count: that count sits on the page's first cache line,
 // away from the slot being written, and in a state larger than the cache loading it is a cache
-// miss on every row. owned[i] == 2 marks a page shared with the snapshot of the map's write-through state
-// (detail/write_through.h) that a batch kernel writes through: in place, under the write-through gate, each
-// slot saved before its first write since the snapshot. Only the owner thread reads or writes
+// miss on every row. owned[i] == 2 marks a page shared with the snapshot of the map's
+// write-through state (detail/write_through.h) that a batch kernel writes through: in place,
+// under the state's gate, each slot saved before its first write since the snapshot. Only the
+// owner thread reads or writes
 // owned[]. It can only be stale towards "not known": a page becomes shared only through
 // make_copy, which starts the copy with every byte 0 (the source directory then belongs to
 // snapshots, which never write); a page that became exclusive again because a snapshot was

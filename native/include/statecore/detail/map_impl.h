@@ -78,7 +78,7 @@ struct StateMap::Impl {
   // keys does so every micro-batch, and logging records only to drop them would take those rows
   // off the batch kernel's hot path.
   size_t epoch_writes = 0;
-  // Write-through copy-on-write (detail/write_through.h): the write-through state of the one live snapshot
+  // Write-through copy-on-write (detail/write_through.h): the state of the one live snapshot
   // while it has not been read, when it was taken of a flat map with no rehash in flight and no
   // other live snapshot; nullptr otherwise. Shared with the snapshot.
   std::shared_ptr<detail::WriteThrough> through;
@@ -346,7 +346,8 @@ struct StateMap::Impl {
 
 namespace detail {
 // Batch kernel calls in flight on this thread (Lanes: nested calls count once each) and the
-// write-through gates they took (StateMap::Impl::claim_through), all released when the outermost call ends.
+// write-through gates they took (StateMap::Impl::claim_through), all released when the
+// outermost call ends.
 extern thread_local uint32_t kernel_depth;
 extern thread_local uint32_t through_claims_held;
 void release_through_claims();
