@@ -42,14 +42,13 @@ def test_snapshot_isolated_while_writing_many_keys():
     keys = pa.array(range(20_000), pa.int64())
     st.add_batch(keys, pa.array([1] * 20_000, pa.int64()))
     snap = b.snapshot()
+    # The first read of a flat map's snapshot copies its table on the reading thread
+    # (docs/state-map.md "Write-through copy-on-write"); chained maps copy what writes touch.
     before = snapshot_dump(snap)
-    # Writes after the snapshot (enough to drive rehashes) copy only what they touch.
+    # Writes after the snapshot, enough to drive rehashes.
     st.add_batch(keys, pa.array([5] * 20_000, pa.int64()))
     st.add_batch(pa.array(range(20_000, 60_000), pa.int64()), pa.array([7] * 40_000, pa.int64()))
     assert snapshot_dump(snap) == before
-    stats = b.copy_on_write_stats()["sum"]
-    # Flat maps copy pages, chained maps entries (and their bucket pages).
-    assert stats["page_copies"] > 0
     snap.release()
     while b.copy_on_write_stats()["sum"]["rehashing_maps"]:
         st.get_batch(keys)  # finish the migrations (which copy entries in the flat engine)

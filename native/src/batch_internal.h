@@ -308,7 +308,12 @@ class Lanes {
     lanes_ = lanes.data();
     kg_start_ = table.kg_start();
     epoch_ = epoch;
+    detail::enter_kernel();
   }
+  // The undo gates the call's write lanes took are released (StateMap::Impl::claim_through).
+  ~Lanes() { detail::leave_kernel(); }
+  Lanes(const Lanes&) = delete;
+  Lanes& operator=(const Lanes&) = delete;
   // Key group kg's lane for a key of ks bytes (and, vs != 0, values of vs bytes), or nullptr.
   // Both sizes are checked on every row: string keys and put_batch's string values vary by row.
   [[gnu::always_inline]] detail::FlatLane* get(int32_t kg, const uint8_t* key, size_t ks, size_t vs,

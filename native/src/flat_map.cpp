@@ -2,7 +2,12 @@
 // the conversion rule: docs/state-map.md "Flat engine"; invariants: StateMap's class comment
 // (F1, F2); the slot layout: statecore/detail/flat_table.h.
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <memory>
+#include <thread>
+#include <utility>
+#include <vector>
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -18,6 +23,7 @@ using detail::kFlatDeleted;
 using detail::kFlatEmpty;
 using detail::load_u32;
 using detail::store_u32;
+using detail::WriteThrough;
 
 namespace {
 
@@ -88,7 +94,72 @@ struct SlotWordHash {
   }
 };
 
+constexpr std::chrono::microseconds kMaxThroughWait{2000};
+
+// The write-through gates this thread holds, with the map holding each
+// (StateMap::Impl::claim_through).
+thread_local std::vector<std::pair<std::shared_ptr<WriteThrough>, StateMap::Impl*>> t_claims;
+
 }  // namespace
+
+namespace detail {
+thread_local uint32_t kernel_depth = 0;
+thread_local uint32_t through_claims_held = 0;
+
+void release_through_claims() {
+  for (auto& c : t_claims) {
+    c.second->through_held = nullptr;
+    c.first->gate.store(WriteThrough::kOpen, std::memory_order_release);
+  }
+  t_claims.clear();
+  through_claims_held = 0;
+}
+
+void through_backoff(unsigned spins) {
+  if (spins < 512) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  } else {
+    std::this_thread::yield();
+  }
+}
+}  // namespace detail
+
+void StateMap::Impl::claim_through() {
+  WriteThrough* u = through.get();
+  if (through_held == u) return;
+  std::chrono::steady_clock::time_point t0;
+  bool timing = false;
+  for (unsigned spins = 0;; ++spins) {
+    uint32_t g = u->gate.load(std::memory_order_acquire);
+    if (g == WriteThrough::kClosed || u->abandoned.load(std::memory_order_relaxed)) {
+      through.reset();  // read or released: its pages are written like any other from now on
+      return;
+    }
+    if (g == WriteThrough::kOpen && !u->reader_waiting.load(std::memory_order_relaxed)) {
+      if (u->gate.compare_exchange_weak(g, WriteThrough::kOwner, std::memory_order_acquire,
+                                        std::memory_order_relaxed)) {
+        through_held = u;
+        t_claims.emplace_back(through, this);
+        ++detail::through_claims_held;
+        return;
+      }
+      continue;
+    }
+    // A reader copies the table or waits to: the copy is a memcpy of pages allocated
+    // beforehand, so wait for it rather than copy every page this call touches meanwhile -- but
+    // not for longer than kMaxThroughWait, in case a busy machine keeps the reader off the CPU:
+    // then the call writes the shared pages the classic way (a page copy each).
+    if (!timing) {
+      t0 = std::chrono::steady_clock::now();
+      timing = true;
+    } else if ((spins & 15) == 15 && std::chrono::steady_clock::now() - t0 > kMaxThroughWait) {
+      return;
+    }
+    detail::through_backoff(spins);
+  }
+}
 
 uint32_t StateMap::Impl::flat_hash_of(const FlatDirectory* d, const uint8_t* slot) const {
   const FlatLayout& l = d->layout;

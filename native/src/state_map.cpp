@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "statecore/detail/key_hash.h"
 #include "statecore/detail/map_impl.h"
@@ -25,6 +27,10 @@ namespace {
 
 constexpr size_t kMinTransferredPerStep = 4;  // Flink MIN_TRANSFERRED_PER_INCREMENTAL_REHASH
 constexpr size_t kMaxBucketVisitsPerStep = 64;
+// How long a snapshot's first reader tries to take the write-through gate between the owner's
+// kernel calls before it asks the owner to leave the gate to it (MapSnapshot::capture).
+constexpr std::chrono::microseconds kReaderSpin{1000};
+constexpr std::chrono::microseconds kReaderPatience{2000};
 
 size_t threshold_for(size_t capacity) { return (capacity >> 1) + (capacity >> 2); }
 
@@ -657,11 +663,16 @@ void StateMap::reserve(size_t entries) {
 std::shared_ptr<MapSnapshot> StateMap::snapshot() {
   Impl& m = *impl_;
   m.advance_version();
+  bool only = false;
   {
     std::lock_guard<std::mutex> lock(m.mu);
     m.live_versions.push_back(m.version);
     m.required.store(m.version, std::memory_order_release);
+    only = m.live_versions.size() == 1;
   }
+  // The pages this snapshot shares are immutable for it: a write-through of an older snapshot's
+  // pages stops here (that snapshot keeps what was saved so far).
+  m.through.reset();
   m.req = m.version;
   ++m.stats.snapshots;
   auto s = std::make_unique<MapSnapshot::State>();
@@ -672,6 +683,10 @@ std::shared_ptr<MapSnapshot> StateMap::snapshot() {
     s->fprimary = m.fprimary;
     if (m.frehash) m.frehash->ref();
     s->frehash = m.frehash;
+    if (only && !m.frehash && m.fprimary->layout.fixed && m.version <= detail::kFlatMaxVersion) {
+      m.through = std::make_shared<detail::WriteThrough>(m.fprimary->stride());
+      s->through = m.through;
+    }
   } else {
     m.primary->ref();
     s->primary = m.primary;
@@ -825,6 +840,10 @@ MapSnapshot::~MapSnapshot() { release(); }
 void MapSnapshot::release() {
   if (!s_ || s_->released) return;
   s_->released = true;
+  if (s_->through) {
+    s_->through->abandoned.store(true, std::memory_order_relaxed);
+    s_->through.reset();
+  }
   s_->impl->release_snapshot(s_->version);
   Directory::unref(s_->primary);
   Directory::unref(s_->rehash_table);
@@ -833,6 +852,59 @@ void MapSnapshot::release() {
   FlatDirectory::unref(s_->frehash);
   s_->fprimary = s_->frehash = nullptr;
   s_->impl.reset();  // may destroy the engine state when the map is already gone
+}
+
+void MapSnapshot::capture() const {
+  State& st = *s_;
+  if (!st.through) return;
+  detail::WriteThrough& u = *st.through;
+  // The copy's pages are allocated (and so faulted in) before the gate is taken: the owner
+  // waits for the copy made under the gate, which is then memcpy alone.
+  const FlatDirectory* d = st.fprimary;
+  const uint32_t stride = d->stride();
+  FlatDirectory* c = FlatDirectory::make(d->capacity, d->layout);
+  try {
+    for (size_t i = 0; i < d->page_count; ++i) {
+      if (const detail::FlatPage* p = d->pages()[i])
+        c->pages()[i] = detail::FlatPage::make_empty(p->slot_count, stride, /*pooled=*/false);
+    }
+  } catch (...) {
+    FlatDirectory::unref(c);  // nothing taken yet: the snapshot stays as it was
+    throw;
+  }
+  // The gate is free between two kernel calls of the owner: take it there, so that the owner
+  // waits at most for the rest of a copy already running, not for a reader the scheduler keeps
+  // waiting. Only a reader that found no such gap for kReaderPatience says it waits; the owner's
+  // next calls then leave the gate to it.
+  const auto t0 = std::chrono::steady_clock::now();
+  for (unsigned spins = 0;; ++spins) {
+    uint32_t g = detail::WriteThrough::kOpen;
+    if (u.gate.compare_exchange_weak(g, detail::WriteThrough::kReader, std::memory_order_acquire,
+                                     std::memory_order_relaxed))
+      break;
+    // Spin (a gap lasts microseconds; yielding would miss most), yield once past kReaderSpin.
+    if ((spins & 63) == 63) {
+      const auto waited = std::chrono::steady_clock::now() - t0;
+      if (waited > kReaderPatience) u.reader_waiting.store(true, std::memory_order_relaxed);
+      if (waited > kReaderSpin) std::this_thread::yield();
+    }
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+  // The owner writes none of the shared pages while the gate is ours: copy them, then put the
+  // saved slots back, newest first, so each slot ends with its bytes at snapshot time.
+  for (size_t i = 0; i < d->page_count; ++i) {
+    if (const detail::FlatPage* p = d->pages()[i])
+      std::memcpy(c->pages()[i]->bytes(), p->bytes(), size_t(p->slot_count) * stride);
+  }
+  u.for_each_newest_first([&](uint32_t page, uint32_t offset, const uint8_t* bytes) {
+    std::memcpy(c->pages()[page]->bytes() + offset, bytes, stride);
+  });
+  FlatDirectory::unref(st.fprimary);  // the owner finds the pages exclusive again
+  st.fprimary = c;
+  u.gate.store(detail::WriteThrough::kClosed, std::memory_order_release);
+  st.through.reset();
 }
 
 size_t MapSnapshot::size() const { return s_->size; }
@@ -978,6 +1050,7 @@ SortedRun MapSnapshot::sorted_changes(uint64_t base) const {
 
 void MapSnapshot::sorted_changes(uint64_t base, SortedRunBuilder& run, SortedRun& out) const {
   if (s_->released) throw std::logic_error("MapSnapshot::sorted_changes() after release()");
+  capture();
   if (base < s_->base || base > s_->version) {
     throw std::invalid_argument("MapSnapshot::sorted_changes: base " + std::to_string(base) +
                                 " outside the tracked versions [" + std::to_string(s_->base) +
@@ -1017,6 +1090,7 @@ SortedRun MapSnapshot::sorted_entries() const {
 
 void MapSnapshot::sorted_entries(SortedRunBuilder& run, SortedRun& out) const {
   if (s_->released) throw std::logic_error("MapSnapshot::sorted_entries() after release()");
+  capture();
   run.clear();
   run.reserve(s_->size, 0, 0);
   walk_snapshot(

@@ -37,8 +37,11 @@ struct Entry;
 // keys, or var layouts of a size byte + key + zero padding for string/binary keys) and converts
 // to chained (Flink's layout: paged bucket heads, one allocation per entry) once, on the first
 // entry that fits no flat layout. Conversion keeps every entry's `modified`. Trade-off: the flat
-// engine saves the header, allocation and pointer chase per entry but copies a whole page (up to
-// 16 KiB) on the first write after a snapshot; the chained engine holds any key and value.
+// engine saves the header, allocation and pointer chase per entry but has no entry to copy: while
+// its only snapshot is unread, batch kernels write shared pages through, saving each slot before
+// its first write, and the snapshot's first reader copies the table (write-through copy-on-write,
+// detail/write_through.h); otherwise a write copies a whole page (up to 16 KiB). The chained engine
+// holds any key and value.
 //
 // Snapshots are versions. snapshot() bumps the map version to s and shares the table's
 // directories (reference counted, as are their pages): O(1), no bucket copied (Flink copies the
@@ -61,7 +64,8 @@ struct Entry;
 // Invariants (the code relies on them; docs/state-map.md gives the reasoning):
 //  I1 version >= every live snapshot version; required = max live snapshot version or 0.
 //  I2 no entry with version < required (as last raised by the owner) is written.
-//  I3 every directory/page reachable from a live snapshot is unchanged since the snapshot.
+//  I3 every directory/page reachable from a live snapshot is unchanged since the snapshot, but
+//     flat pages written through for an unread snapshot (W1-W3 below).
 //  I4 every entry reachable from a live snapshot is either in the live table or retired.
 //  I5 size() = live entries; bytes() = sum of their key and value sizes.
 //  I6 during a rehash, live entries with bucket (old) < rehash_index are in the new table only.
@@ -69,6 +73,13 @@ struct Entry;
 //     >= rehash_index.
 //  F2 (flat) every table keeps a free slot (load <= 3/4; the new table of a rehash stays
 //     under 1/2).
+//  W1 (flat) a page marked written-through (owned 2) is shared only with the unread snapshot of
+//     the map's write-through state, is written only by a kernel call holding its gate, and
+//     each slot written since the snapshot was saved, with its bytes at snapshot time, before.
+//  W2 (flat) the snapshot's reader reads shared pages and saved slots only holding the gate,
+//     then only its own copy of the table.
+//  W3 (flat) a map has a write-through state only while its snapshot is the only live one and
+//     unread.
 //  C1 base <= version; the base never decreases.
 //  C2 an entry reachable from a snapshot of version s has modified < s.
 //  C3 the removal log holds every removal at a version >= base, in version order.
@@ -276,6 +287,9 @@ class MapSnapshot {
   // Requests the cache line(s) find_hashed(hash, ...) reads first: the home slot (flat) or
   // the bucket head (chained) in every table a lookup may probe. A hint only.
   void prefetch(uint32_t hash) const;
+  // Makes the snapshot's own copy of a table whose pages the owner writes through (see
+  // "Write-through copy-on-write" in docs/state-map.md); a no-op otherwise. The first read.
+  void capture() const;
   std::unique_ptr<State> s_;
 };
 

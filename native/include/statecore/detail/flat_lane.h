@@ -96,6 +96,28 @@ struct alignas(64) FlatLane {
     key_size = static_cast<uint8_t>(l.key_size);
     value_size = static_cast<uint16_t>(l.value_size);
     version = static_cast<uint32_t>(m.version);
+    if (write && m.through) m.claim_through();
+    return true;
+  }
+
+  // A write of slot `s` on page pi, whose owned[] byte is not 1: true when the lane may write
+  // it in place now. An exclusive page (its snapshots released) becomes owned; a page shared
+  // with the snapshot of the map's write-through state is written through while this kernel
+  // call holds its gate, the slot saved first unless it was written since the snapshot (its
+  // meta is the map version). False: the general path (which copies a shared page).
+  [[gnu::noinline]] bool write_through(size_t pi, const uint8_t* s) {
+    StateMap::Impl& m = *map;
+    FlatPage* p = pages[pi];
+    uint8_t o = owned[pi];
+    if (o == 0 || m.through_held == nullptr) {
+      if (p->refs.load(std::memory_order_acquire) == 1) o = 1;
+      else if (m.through_held == nullptr) return false;
+      else o = 2;
+      m.fprimary->owned()[pi] = o;
+      if (owned == owned_copies) owned_copies[pi] = o;
+    }
+    if (o == 2 && load_u32(s) != version)
+      m.through_held->save(static_cast<uint32_t>(pi), static_cast<uint32_t>(s - p->bytes()), s);
     return true;
   }
 
@@ -261,7 +283,7 @@ struct alignas(64) FlatLane {
     uint8_t* s;
     size_t pi;
     const int r = find_key<W>(h, key, &s, &pi);
-    if (r < 0 || !owned[pi]) return nullptr;
+    if (r < 0 || (owned[pi] != 1 && !write_through(pi, s))) return nullptr;
     StateMap::Impl& m = *map;
     if (r == 0) {
       if (m.size() >= m.threshold) return nullptr;
@@ -312,7 +334,7 @@ struct alignas(64) FlatLane {
     uint8_t* s;
     size_t pi;
     const int r = find_var(h, w, nw, &s, &pi);
-    if (r < 0 || !owned[pi]) return nullptr;
+    if (r < 0 || (owned[pi] != 1 && !write_through(pi, s))) return nullptr;
     StateMap::Impl& m = *map;
     if (r == 0) {
       if (m.size() >= m.threshold) return nullptr;

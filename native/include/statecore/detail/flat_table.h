@@ -166,8 +166,12 @@ struct FlatPage {
   uint8_t* bytes() { return reinterpret_cast<uint8_t*>(this + 1); }
   const uint8_t* bytes() const { return reinterpret_cast<const uint8_t*>(this + 1); }
 
-  static FlatPage* make_empty(uint32_t n, uint32_t stride) {
-    void* mem = page_alloc(sizeof(FlatPage) + size_t(n) * stride);
+  // `pooled`: from the huge-page pool (page_pool.h), for pages probed at random; else from the
+  // C++ heap, for a snapshot's own copy of a table (MapSnapshot::capture), which is read once in
+  // order and whose first use would fault in a huge page a chunk.
+  static FlatPage* make_empty(uint32_t n, uint32_t stride, bool pooled = true) {
+    const size_t bytes = sizeof(FlatPage) + size_t(n) * stride;
+    void* mem = pooled ? page_alloc(bytes) : ::operator new(bytes);
     FlatPage* p = new (mem) FlatPage{{1}, n};
     uint8_t* b = p->bytes();
     for (uint32_t i = 0; i < n; ++i) store_u32(b + size_t(i) * stride, kFlatEmpty);
@@ -192,16 +196,18 @@ static_assert(sizeof(FlatPage) == 8, "slots start 8 bytes into a page");
 
 // Memory: the header, page_count page pointers, then page_count `owned` bytes.
 //
-// owned[i] != 0 promises that pages()[i] exists and no other directory references it, so while
+// owned[i] == 1 promises that pages()[i] exists and no other directory references it, so while
 // the directory itself is exclusive (refs == 1) the owner may write the page in place. Writers
 // test it instead of the page's reference count: that count sits on the page's first cache line,
 // away from the slot being written, and in a state larger than the cache loading it is a cache
-// miss on every row. Only the owner
-// thread reads or writes owned[]. It can only be stale towards "not known": a page becomes shared
-// only through make_copy, which starts the copy with every byte 0 (the source directory then
-// belongs to snapshots, which never write); a page that became exclusive again because a snapshot
-// was released keeps 0 until the owner's next write of it goes through the slow path, which
-// checks the count and sets the byte.
+// miss on every row. owned[i] == 2 marks a page shared with the snapshot of the map's
+// write-through state (detail/write_through.h) that a batch kernel writes through: in place,
+// under the state's gate, each slot saved before its first write since the snapshot. Only the
+// owner thread reads or writes
+// owned[]. It can only be stale towards "not known": a page becomes shared only through
+// make_copy, which starts the copy with every byte 0 (the source directory then belongs to
+// snapshots, which never write); a page that became exclusive again because a snapshot was
+// released keeps 0 or 2 until the owner's next write of it checks the count and sets 1.
 struct FlatDirectory {
   std::atomic<uint32_t> refs;
   uint32_t page_shift;  // log2(slots per page)

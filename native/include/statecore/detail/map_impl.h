@@ -13,6 +13,7 @@
 #include "statecore/detail/key_hash.h"
 #include "statecore/detail/key_log.h"
 #include "statecore/detail/pages.h"
+#include "statecore/detail/write_through.h"
 #include "statecore/state_map.h"
 
 namespace statecore {
@@ -77,6 +78,12 @@ struct StateMap::Impl {
   // keys does so every micro-batch, and logging records only to drop them would take those rows
   // off the batch kernel's hot path.
   size_t epoch_writes = 0;
+  // Write-through copy-on-write (detail/write_through.h): the state of the one live snapshot
+  // while it has not been read, when it was taken of a flat map with no rehash in flight and no
+  // other live snapshot; nullptr otherwise. Shared with the snapshot.
+  std::shared_ptr<detail::WriteThrough> through;
+  // `through` while the batch kernel call in flight holds its gate (claim_through), else nullptr.
+  detail::WriteThrough* through_held = nullptr;
 
   // ---- shared with threads that release snapshots ----
   // Highest version of a live snapshot, 0 when none (Flink highestRequiredSnapshotVersion).
@@ -253,14 +260,14 @@ struct StateMap::Impl {
       uint8_t* s = p->bytes() + (i & d->page_mask()) * stride;
       const uint32_t meta = detail::load_u32(s);
       if (meta == detail::kFlatEmpty) {
-        if (new_vs != l.value_size || size() >= threshold || !d->owned()[i >> d->page_shift])
+        if (new_vs != l.value_size || size() >= threshold || d->owned()[i >> d->page_shift] != 1)
           return nullptr;
         *vs = new_vs;
         *inserted = true;
         return flat_fill_new(s, l, h, key, ks, primary_size);
       }
       if (meta != detail::kFlatDeleted && detail::flat_key_equal(s + 4, suffix, n)) {
-        if (!d->owned()[i >> d->page_shift]) return nullptr;
+        if (d->owned()[i >> d->page_shift] != 1) return nullptr;
         *vs = l.value_size;
         *inserted = false;
         return flat_mark_written(s, l, h, key, ks);
@@ -307,7 +314,7 @@ struct StateMap::Impl {
   // rehash calls it per moved entry.
   uint8_t* flat_slot_for_write(detail::FlatDirectory** table, size_t i) {
     detail::FlatDirectory* d = *table;
-    if (d->refs.load(std::memory_order_acquire) == 1 && d->owned()[i >> d->page_shift])
+    if (d->refs.load(std::memory_order_acquire) == 1 && d->owned()[i >> d->page_shift] == 1)
       return d->pages()[i >> d->page_shift]->bytes() + (i & d->page_mask()) * d->stride();
     return flat_slot_for_write_slow(table, i);
   }
@@ -326,10 +333,29 @@ struct StateMap::Impl {
   size_t& flat_size_of(detail::FlatDirectory** t) {
     return t == &fprimary ? primary_size : rehash_size;
   }
+  // At the open of a write lane while `through` is set: takes its gate for the kernel call in
+  // flight (through_held; released when the outermost kernel call ends, leave_kernel), or, when
+  // the snapshot was read or released meanwhile, drops `through`. While a reader copies or waits
+  // for the gate it waits for the copy, at most kMaxThroughWait; past that the call writes the
+  // shared pages the classic way (a page copy each).
+  void claim_through();
   void release_snapshot(uint64_t v);  // any thread
   void teardown();                    // ~StateMap
   void reset_tables(size_t capacity);
 };
+
+namespace detail {
+// Batch kernel calls in flight on this thread (Lanes: nested calls count once each) and the
+// write-through gates they took (StateMap::Impl::claim_through), all released when the
+// outermost call ends.
+extern thread_local uint32_t kernel_depth;
+extern thread_local uint32_t through_claims_held;
+void release_through_claims();
+inline void enter_kernel() { ++kernel_depth; }
+inline void leave_kernel() {
+  if (--kernel_depth == 0 && through_claims_held != 0) release_through_claims();
+}
+}  // namespace detail
 
 struct MapSnapshot::State {
   std::shared_ptr<StateMap::Impl> impl;  // keeps retired entries (and the mutex) alive
@@ -346,6 +372,9 @@ struct MapSnapshot::State {
   detail::KeyLogView writes;    // the write log as of snapshot time
   uint64_t writes_complete_from = 0;
   bool released = false;
+  // Set while the owner may write the shared pages in place (detail/write_through.h): the first
+  // read copies the table (MapSnapshot::capture).
+  std::shared_ptr<detail::WriteThrough> through;
 };
 
 template <class Fn>
