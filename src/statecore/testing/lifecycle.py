@@ -50,11 +50,14 @@ class LifecycleConformance(ConformanceBase):
                 b.get_state(ValueStateDescriptor("v", "int64"))
 
     def test_disposed_backend_rejects_every_timer_call(self):
+        """Both domains: event time and processing time."""
         b = self.new_backend(timer_namespace_type="int64")
         t = b.timers
         b.set_current_key(1)
         t.register_event_time_timer(10, namespace=0)
+        t.register_processing_time_timer(10, namespace=0)
         ints = pa.array([1, 2], pa.int64())
+        pt = "processing_time"
         calls = {
             "register_event_time_timer": lambda: t.register_event_time_timer(20, namespace=0),
             "delete_event_time_timer": lambda: t.delete_event_time_timer(10, namespace=0),
@@ -65,6 +68,15 @@ class LifecycleConformance(ConformanceBase):
             "advance_watermark": lambda: t.advance_watermark(100),
             "num_timers": t.num_timers,
             "num_bytes": t.num_bytes,
+            "register_processing_time_timer":
+                lambda: t.register_processing_time_timer(20, namespace=0),
+            "delete_processing_time_timer":
+                lambda: t.delete_processing_time_timer(10, namespace=0),
+            "register_batch(processing_time)": lambda: t.register_batch(ints, ints, 0, domain=pt),
+            "delete_batch(processing_time)": lambda: t.delete_batch(ints, ints, 0, domain=pt),
+            "list_processing_time_timers": t.list_processing_time_timers,
+            "all_processing_time_timers": t.all_processing_time_timers,
+            "advance_processing_time": lambda: t.advance_processing_time(100),
         }
         b.dispose()
         accepted = _accepted(calls)

@@ -13,7 +13,7 @@ import pytest
 
 from statecore import key_groups as K
 from statecore import serializers as S
-from statecore.errors import InvalidInputError, StateError
+from statecore.errors import InvalidInputError
 from statecore.testing.base import ConformanceBase
 from statecore.testing.helpers import snapshot_dump
 
@@ -215,23 +215,3 @@ class TimerConformance(ConformanceBase):
         assert fired == [(1000 + k, k, k % 3) for k in range(20)]
         assert all(h.timers.advance_watermark(999) == [] for h in halves)
         assert sum(h.timers.num_timers() for h in halves) == 40
-
-    def test_disposed_backend_rejects_processing_time_timer_calls(self):
-        b = self.new_backend(timer_namespace_type="int64")
-        t = b.timers
-        b.set_current_key(1)
-        t.register_processing_time_timer(10, namespace=0)
-        ints = pa.array([1, 2], pa.int64())
-        calls = [
-            lambda: t.register_processing_time_timer(20, namespace=0),
-            lambda: t.delete_processing_time_timer(10, namespace=0),
-            lambda: t.register_batch(ints, ints, 0, domain="processing_time"),
-            lambda: t.delete_batch(ints, ints, 0, domain="processing_time"),
-            t.list_processing_time_timers,
-            t.all_processing_time_timers,
-            lambda: t.advance_processing_time(100),
-        ]
-        b.dispose()
-        for call in calls:
-            with pytest.raises(StateError):
-                call()
