@@ -190,4 +190,15 @@ inline BatchKeySpec int64_spec() {
   return s;
 }
 
+// A one-column key of type `t` over the whole key-group range [0, maxp), Spark's assigner.
+inline BatchKeySpec full_range_spec(KeyType t, int32_t maxp) {
+  BatchKeySpec s;
+  s.key = KeySchema::scalar(t);
+  s.assigner = Assigner::Spark;
+  s.max_parallelism = maxp;
+  s.kg_start = 0;
+  s.kg_end = maxp - 1;
+  return s;
+}
+
 }  // namespace statecore_test

@@ -25,14 +25,7 @@ using namespace statecore_test;
 
 namespace {
 
-BatchKeySpec spec_for(int32_t maxp) {
-  BatchKeySpec sp = int64_spec();
-  sp.assigner = Assigner::Spark;
-  sp.max_parallelism = maxp;
-  sp.kg_start = 0;
-  sp.kg_end = maxp - 1;
-  return sp;
-}
+BatchKeySpec spec_for(int32_t maxp) { return full_range_spec(KeyType::Int64, maxp); }
 
 // The table contents as the model's form: int64 key -> little-endian value bytes. Keys are
 // decoded from the encoded form (prefix | big-endian key | 00).

@@ -22,15 +22,7 @@ using namespace statecore_test;
 
 namespace {
 
-BatchKeySpec string_spec(int32_t maxp) {
-  BatchKeySpec sp;
-  sp.key = KeySchema::scalar(KeyType::String);
-  sp.assigner = Assigner::Spark;
-  sp.max_parallelism = maxp;
-  sp.kg_start = 0;
-  sp.kg_end = maxp - 1;
-  return sp;
-}
+BatchKeySpec string_spec(int32_t maxp) { return full_range_spec(KeyType::String, maxp); }
 
 uint32_t colliding_hash(const uint8_t* data, size_t size) {
   return size > 1 ? data[size - 2] & 1 : 0;

@@ -29,14 +29,7 @@ namespace {
 
 constexpr int32_t kMaxP = 8;
 
-BatchKeySpec spec() {
-  BatchKeySpec sp = int64_spec();
-  sp.assigner = Assigner::Spark;
-  sp.max_parallelism = kMaxP;
-  sp.kg_start = 0;
-  sp.kg_end = kMaxP - 1;
-  return sp;
-}
+BatchKeySpec spec() { return full_range_spec(KeyType::Int64, kMaxP); }
 
 int64_t decode(const uint8_t* key) {
   uint64_t u = 0;
