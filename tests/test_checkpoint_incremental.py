@@ -17,6 +17,7 @@ from statecore.checkpoint import CheckpointStore
 from statecore.checkpoint import format as fmt
 from statecore.errors import CorruptCheckpointError, InvalidInputError
 from statecore.key_groups import KeyGroupRange
+from support.data_files import data_file_bytes, rewrite_footer_meta
 
 MAXP = 128
 TIMERS = "__timers__"
@@ -182,30 +183,14 @@ def _write_v1(store, snap, version, writer="p0"):
 
     from statecore.checkpoint.manifests import canonical_json as _canonical
 
-    class V1Out:
-        def __init__(self):
-            self.parts = []
+    raw, summary = data_file_bytes(snap, version, writer)
 
-        def write(self, b):
-            self.parts.append(bytes(b))
+    def as_v1(meta):  # meta without kind/tombstones, format 1
+        for k in ("kind", "tombstones"):
+            meta.pop(k)
+        meta["format_version"] = 1
 
-    out = V1Out()
-    summary = fmt.write_data_file(out, snap, version=version, writer=writer)
-    raw = b"".join(out.parts)
-    # rewrite as version 1: meta without kind/tombstones, trailer format 1
-    foff, flen = struct.unpack_from("<QQ", raw, len(raw) - 48)
-    footer = raw[foff:foff + flen]
-    (mlen,) = struct.unpack_from("<I", footer, 0)
-    meta = json.loads(footer[4:4 + mlen])
-    for k in ("kind", "tombstones"):
-        meta.pop(k)
-    meta["format_version"] = 1
-    mb = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
-    footer = struct.pack("<I", len(mb)) + mb + footer[4 + mlen:]
-    head = raw[:foff]
-    fsum = fmt.xxh64(footer)
-    t = fmt.TRAILER.pack(foff, len(footer), fsum, 1, 0, 0, fmt.MAGIC)[:32]
-    data = head + footer + fmt.TRAILER.pack(foff, len(footer), fsum, 1, 0, fmt.xxh64(t), fmt.MAGIC)
+    data, fsum = rewrite_footer_meta(raw, as_v1, trailer_version=1)
     rel = f"data/{version:020d}/{writer}.sckp"  # the names format-1 runs had
     (store_path := f"{store.root}/{rel}")
     import os

@@ -255,25 +255,13 @@ def test_forged_manifests_are_corrupt_not_type_errors(tmp_path, edit, what):
 def _forge_footer(store, version, edit_meta):
     """Rewrite the footer metadata of ``version``'s run with ``edit_meta`` and re-sign the file
     and the manifest, as a buggy writer would: every checksum is right."""
-    import struct
-
-    from statecore.checkpoint import format as fmt
+    from support.data_files import rewrite_footer_meta
 
     run = store.manifest(version)["files"][0]
     path = os.path.join(store.root, run["path"])
     with open(path, "rb") as f:
         raw = f.read()
-    foff, flen = struct.unpack_from("<QQ", raw, len(raw) - fmt.TRAILER_SIZE)
-    footer = raw[foff:foff + flen]
-    (mlen,) = struct.unpack_from("<I", footer, 0)
-    meta = json.loads(footer[4:4 + mlen])
-    edit_meta(meta)
-    mb = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
-    footer = struct.pack("<I", len(mb)) + mb + footer[4 + mlen:]
-    fsum = xxh64(footer)
-    head = fmt.TRAILER.pack(foff, len(footer), fsum, fmt.FORMAT_VERSION, 0, 0, fmt.MAGIC)[:32]
-    data = raw[:foff] + footer + fmt.TRAILER.pack(foff, len(footer), fsum, fmt.FORMAT_VERSION,
-                                                  0, xxh64(head), fmt.MAGIC)
+    data, fsum = rewrite_footer_meta(raw, edit_meta)
     with open(path, "wb") as f:
         f.write(data)
     _forge(store, version, lambda d: d["files"][0].update(size=len(data),

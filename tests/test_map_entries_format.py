@@ -5,9 +5,6 @@ through incremental checkpoints, compaction, verify and a rescaling restore."""
 
 from __future__ import annotations
 
-import json
-import struct
-
 import pyarrow as pa
 import pytest
 
@@ -17,6 +14,7 @@ from statecore.checkpoint import format as fmt
 from statecore.descriptors import MapStateDescriptor
 from statecore.errors import CorruptCheckpointError, InvalidInputError, StateMigrationError
 from statecore.key_groups import KeyGroupRange, spark_key_group
+from support.data_files import data_file_bytes, rewrite_footer_meta
 
 MAXP = 128
 BACKENDS = ["python", "native"]
@@ -57,27 +55,9 @@ def _as_format_2(snap) -> bytes:
     """The bytes of a data file of ``snap`` as format version 2 wrote it (the trailer's and the
     meta's version 2; the layout of blocks and footer is the same)."""
 
-    class Out:
-        def __init__(self):
-            self.parts = []
-
-        def write(self, b):
-            self.parts.append(bytes(b))
-
-    out = Out()
-    fmt.write_data_file(out, snap, version=1, writer="p0")
-    raw = b"".join(out.parts)
-    foff, flen = struct.unpack_from("<QQ", raw, len(raw) - 48)
-    footer = raw[foff:foff + flen]
-    (mlen,) = struct.unpack_from("<I", footer, 0)
-    meta = json.loads(footer[4:4 + mlen])
-    meta["format_version"] = 2
-    mb = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
-    footer = struct.pack("<I", len(mb)) + mb + footer[4 + mlen:]
-    fsum = fmt.xxh64(footer)
-    t = fmt.TRAILER.pack(foff, len(footer), fsum, 2, 0, 0, fmt.MAGIC)[:32]
-    return raw[:foff] + footer + fmt.TRAILER.pack(foff, len(footer), fsum, 2, 0, fmt.xxh64(t),
-                                                  fmt.MAGIC)
+    raw, _ = data_file_bytes(snap, 1)
+    return rewrite_footer_meta(raw, lambda meta: meta.update(format_version=2),
+                               trailer_version=2)[0]
 
 
 class _ReaderSnap:
