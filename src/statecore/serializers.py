@@ -49,6 +49,7 @@ __all__ = [
     "len_bytes",
     "key_group_prefix",
     "encoded_key_width",
+    "encoded_key_problem",
     "read_key_group_prefix",
     "encode_key",
     "decode_key",
@@ -207,6 +208,36 @@ def encoded_key_width(kind: str, key_ser, ns_ser, max_parallelism: int) -> int |
     if kw is None or nw is None:
         return None
     return (1 if max_parallelism <= 128 else 2) + kw + nw
+
+
+def encoded_key_problem(keys, max_parallelism: int, key_group: int | None = None,
+                        width: int | None = None) -> str | None:
+    """What is wrong with the encoded keys ``keys`` (a ``pa.binary()`` array without nulls, as
+    a bulk load takes them undecoded), or None: a key not longer than the key-group prefix,
+    with ``key_group`` one carrying another key group's prefix, with ``width`` one of another
+    length (:func:`encoded_key_width`). Vectorized over the array's offsets."""
+    n = len(keys)
+    if n == 0:
+        return None
+    w = 1 if max_parallelism <= 128 else 2
+    offs = np.frombuffer(keys.buffers()[1], np.int32)[keys.offset:keys.offset + n + 1]
+    lengths = np.diff(offs)
+    if np.any(lengths <= w):
+        return f"an encoded key is too short: not longer than its key-group prefix ({w} bytes)"
+    if key_group is not None:
+        data = np.frombuffer(keys.buffers()[2], np.uint8)
+        starts = offs[:-1]
+        got = data[starts].astype(np.int32) if w == 1 else \
+            (data[starts].astype(np.int32) << 8) | data[starts + 1].astype(np.int32)
+        if np.any(got != key_group):
+            return f"a key listed under key group {key_group} carries another key group's prefix"
+    if width is not None:
+        bad = np.nonzero(lengths != width)[0]
+        if len(bad):
+            i = int(bad[0])
+            return (f"encoded key {keys[i].as_py().hex()} is {int(lengths[i])} bytes, not "
+                    f"{width}")
+    return None
 
 
 def read_key_group_prefix(data: bytes, max_parallelism: int) -> tuple[int, int]:

@@ -541,13 +541,10 @@ class NativeBackend(TableBackend):
         InvalidInputError naming the state and ``where`` otherwise."""
         kw = S.encoded_key_width(table.kind, self.key_serializer, table.ns_ser,
                                  self.max_parallelism)
-        n = len(keys)
-        if kw is None or not n:
-            return
-        offs = np.frombuffer(keys.buffers()[1], np.int32)[keys.offset:keys.offset + n + 1]
-        if np.any(np.diff(offs) != kw):
-            raise InvalidInputError(
-                f"state {table.name!r}, {where}: an encoded key is not {kw} bytes")
+        problem = None if kw is None else S.encoded_key_problem(keys, self.max_parallelism,
+                                                                width=kw)
+        if problem is not None:
+            raise InvalidInputError(f"state {table.name!r}, {where}: {problem}")
 
     @staticmethod
     def _value_width(table: NativeTable):
@@ -563,24 +560,11 @@ class NativeBackend(TableBackend):
         carrying the prefix of ``kg``."""
         name = table.name
         keys = keys.cast(pa.binary()) if keys.type != pa.binary() else keys
-        w = len(S.key_group_prefix(kg, self.max_parallelism))
-        n = len(keys)
         if keys.null_count:
             raise InvalidInputError(f"state {name!r}, key group {kg}: keys must be non-null")
-        if n == 0:
-            return
-        offs = np.frombuffer(keys.buffers()[1], np.int32)[keys.offset:keys.offset + n + 1]
-        if np.any(np.diff(offs) <= w):
-            raise InvalidInputError(
-                f"state {name!r}: an encoded key of key group {kg} is too short")
-        data = np.frombuffer(keys.buffers()[2], np.uint8)
-        starts = offs[:-1]
-        got = data[starts].astype(np.int32) if w == 1 else \
-            (data[starts].astype(np.int32) << 8) | data[starts + 1].astype(np.int32)
-        if np.any(got != kg):
-            raise InvalidInputError(
-                f"state {name!r}: entries listed under key group {kg} carry another key-group "
-                "prefix")
+        problem = S.encoded_key_problem(keys, self.max_parallelism, key_group=kg)
+        if problem is not None:
+            raise InvalidInputError(f"state {name!r}, key group {kg}: {problem}")
         self._check_map_keys(table, keys)
 
     def _check_map_keys(self, table: NativeTable, keys: pa.Array) -> None:
