@@ -347,3 +347,26 @@ def test_a_block_table_claiming_more_than_lz4_can_produce_is_corrupt(tmp_path):
     forged = with_valid_checksums(bytes(raw))
     with pytest.raises(CorruptCheckpointError, match="more than LZ4 can produce"):
         fmt.DataFileReader(pa.BufferReader(forged), "forged.sckp")
+
+
+def test_a_second_file_in_an_existing_directory_syncs_only_that_directory(tmp_path, monkeypatch):
+    """Directories that already exist were made durable when they were created: a later file
+    syncs its own directory, not every ancestor again."""
+    store = CheckpointStore(tmp_path / "ckpt")
+    b, st = _backend("native")
+    _put(st, range(10), 1)
+    snap = b.snapshot()
+    store.write_snapshot(snap, 0)
+    synced = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        synced.append((path, os.path.isdir(path)))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    d = store.write_snapshot(snap, 0, writer="p1")
+    snap.release()
+    dirs = [p for p, is_dir in synced if is_dir]
+    assert dirs == [os.path.dirname(os.path.join(str(tmp_path / "ckpt"), d["path"]))]

@@ -15,9 +15,10 @@ Invariants this module keeps:
   beside the ones a committed manifest may reference, and retention deletes whichever end up
   unreferenced.
 * Durability (:meth:`CheckpointRoot.write_atomic`): on the local filesystem a file's bytes are
-  fsynced before it is renamed into place and its directory is fsynced after, so a file that
-  has appeared survives a power loss; on object stores a completed put is durable; on HDFS a
-  closed file is replicated (pyarrow exposes no ``hsync``).
+  fsynced before it is renamed into place, and after it its directory and the parent of each
+  directory the write created, so a file that has appeared survives a power loss; on object
+  stores a completed put is durable; on HDFS a closed file is replicated (pyarrow exposes no
+  ``hsync``).
 """
 
 from __future__ import annotations
@@ -158,6 +159,7 @@ class CheckpointRoot:
         self.root = path.rstrip("/") or "/"
         self.uri = raw
         self.atomic_rename = _has_atomic_rename(filesystem)
+        self._local = _local_os_path(filesystem, self.root) is not None  # fsync applies
 
     def path(self, rel: str) -> str:
         """The absolute path in :attr:`fs` of ``rel`` (relative to the root)."""
@@ -184,10 +186,10 @@ class CheckpointRoot:
         """Run ``produce(stream)`` and make its bytes appear at ``rel`` all at once; returns what
         ``produce`` returned. ``before_publish()`` (optional) runs after ``produce`` and before
         the bytes become visible; it raises to abandon the write (nothing appears at ``rel``).
-        On the local filesystem the bytes are fsynced before the rename and the directories
-        from the file's up to the root after it (module docstring "Durability"), so once this
-        returns the file survives a power loss. Filesystem errors propagate as ``OSError`` (the
-        temporary file removed)."""
+        On the local filesystem the bytes are fsynced before the rename, and after it the
+        file's directory and the parent of every directory the write created (module docstring
+        "Durability"), so once this returns the file survives a power loss. Filesystem errors
+        propagate as ``OSError`` (the temporary file removed)."""
         final = self.path(rel)
         parent = final.rsplit("/", 1)[0]
         if not self.atomic_rename:
@@ -199,6 +201,15 @@ class CheckpointRoot:
             with self.fs.open_output_stream(final) as out:
                 out.write(data)
             return result
+        # Directories whose new entries must reach the disk: the parent (the file's name) and,
+        # for each directory create_dir makes, the one holding it.
+        synced = [parent]
+        if self._local:
+            d = parent
+            while len(d) > len(self.root) and "/" in d and \
+                    self.fs.get_file_info(d).type == pafs.FileType.NotFound:
+                d = d.rsplit("/", 1)[0]
+                synced.append(d)
         self.fs.create_dir(parent, recursive=True)
         tmp = f"{final}.tmp-{uuid.uuid4().hex}"
         try:
@@ -214,12 +225,8 @@ class CheckpointRoot:
             except OSError:
                 pass
             raise
-        d = parent
-        while True:  # the new name, and any directory create_dir made, reach the disk
+        for d in synced:
             self._sync(d)
-            if len(d) <= len(self.root) or "/" not in d:
-                break
-            d = d.rsplit("/", 1)[0]
         return result
 
     def _sync(self, path: str) -> None:
