@@ -15,8 +15,8 @@ work directory; add it to the target's corpus once fixed.
 from __future__ import annotations
 
 import argparse
+import glob
 import os
-import shutil
 import sys
 import tempfile
 
@@ -77,7 +77,8 @@ def main(argv=None) -> int:
     if args.make_corpus:
         from fuzz.corpus_seeds import make_corpus
 
-        shutil.rmtree(CORPUS, ignore_errors=True)
+        for old in glob.glob(os.path.join(CORPUS, "*", "seed-*")):  # findings stay
+            os.remove(old)
         for target, n in make_corpus(CORPUS).items():
             print(f"{target}: {n} seeds")
         return 0

@@ -88,7 +88,11 @@ def import_arrow(obj, what: str, accepts=None):
             f"{what} must be a pyarrow Array/ChunkedArray or implement __arrow_c_stream__ or "
             f"__arrow_c_array__, got {type(obj).__name__}"
         )
-    chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
+    try:
+        chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
+    except KeyError as e:  # pyarrow has no Python class for the chunks' type (id in e)
+        raise InvalidInputError(f"{what}: unsupported Arrow type id {e} in a chunked "
+                                "array") from e
     if any(c.offset < 0 for c in chunks):  # pyarrow's validation takes a negative one
         raise InvalidInputError(f"{what}: invalid Arrow data: a negative array offset")
     try:
