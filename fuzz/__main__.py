@@ -36,7 +36,8 @@ def _replay(target: str) -> int:
     return 0
 
 
-def _fuzz(target: str, seconds: int, runs: int | None, timeout: int, work: str | None) -> int:
+def _fuzz(target: str, seconds: int, runs: int | None, timeout: int, work: str | None,
+          seed: int) -> int:
     import atheris
 
     from fuzz.targets import run_one
@@ -47,7 +48,7 @@ def _fuzz(target: str, seconds: int, runs: int | None, timeout: int, work: str |
     os.makedirs(scratch, exist_ok=True)
     args = [sys.argv[0], scratch, os.path.join(CORPUS, target),
             f"-max_total_time={seconds}", f"-timeout={timeout}", "-rss_limit_mb=4096",
-            f"-artifact_prefix={work}/", "-print_final_stats=1"]
+            f"-artifact_prefix={work}/", "-print_final_stats=1", f"-seed={seed}"]
     if runs is not None:
         args.append(f"-runs={runs}")
     print(f"fuzzing {target} for {seconds} s; work directory {work}", flush=True)
@@ -67,6 +68,8 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=None, help="stop after this many inputs")
     p.add_argument("--timeout", type=int, default=20, help="seconds one input may take")
     p.add_argument("--work", default=None, help="scratch directory for findings")
+    p.add_argument("--seed", type=int, default=0,
+                   help="libFuzzer's random seed (default 0: a new one each run)")
     p.add_argument("--replay", action="store_true", help="run every seed once, no fuzzing")
     p.add_argument("--make-corpus", action="store_true", help="rewrite the seed corpora")
     args = p.parse_args(argv)
@@ -86,7 +89,7 @@ def main(argv=None) -> int:
         p.error("a target is needed (--list shows them)")
     if args.replay:
         return _replay(args.target)
-    return _fuzz(args.target, args.seconds, args.runs, args.timeout, args.work)
+    return _fuzz(args.target, args.seconds, args.runs, args.timeout, args.work, args.seed)
 
 
 if __name__ == "__main__":
