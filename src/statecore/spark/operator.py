@@ -638,9 +638,9 @@ class StatefulOperator:
 
         ``final=True`` (default), the end of ALL input: every partition calls
         ``processor.flush`` (no watermark, no ``on_watermark`` or ``on_processing_time``:
-        processing-time timers not yet due are not fired, as a Flink job that finishes does
-        not fire them; ``ctx.processing_time_ms`` is the flush's processing time, for a
-        processor that fires them itself) and the version is committed with ``"final":
+        processing-time timers not yet due are not fired, as a Flink streaming job that finishes
+        does not fire them (FLINK-14231); ``ctx.processing_time_ms`` is the flush's processing
+        time, for a processor that fires them itself) and the version is committed with ``"final":
         true``; the finalized checkpoint refuses every later micro-batch (StateError).
 
         ``final=False``, the end of one run of a job that runs again on new input (a scheduled
