@@ -127,6 +127,76 @@ def test_base_version_follows_restores_and_notifications(tmp_path, kind):
                                          **{k: 2 for k in range(5, 8)}, 100: 9}
 
 
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_a_base_of_another_store_with_the_same_version_number_is_refused(tmp_path, kind):
+    """Restored from version 2 of store A, an incremental run is committed into store B whose
+    latest version is also 2: the numbers agree, the contents do not. The run records the commit
+    id of its base and B refuses it; B's versions stay as they were, and a full snapshot goes
+    in."""
+    a = CheckpointStore(tmp_path / "a", max_runs=None)
+    other = CheckpointStore(tmp_path / "b", max_runs=None)
+    for store, value in ((a, 1), (other, 7)):
+        b, st = _backend(kind)
+        _put(st, range(10), value)
+        _checkpoint(store, b, 1, incremental=False)
+        _put(st, range(10, 20), value)
+        _checkpoint(store, b, 2)
+    assert a.manifest(2)["commit_id"] != other.manifest(2)["commit_id"]
+    r, st = _backend(kind)
+    a.restore(r, 2)
+    assert (r.base_version, r.base_commit_id) == (2, a.manifest(2)["commit_id"])
+    _put(st, [100], 3)
+    snap = r.snapshot(incremental=True)
+    assert snap.incremental and snap.base_commit_id == a.manifest(2)["commit_id"]
+    desc = other.write_snapshot(snap, 3)
+    with pytest.raises(InvalidInputError, match=r"changes since a version 2 committed as "
+                                                r"[0-9a-f]{32}, but version 2 of this store"):
+        other.commit(3, [desc])
+    snap.release()
+    assert other.versions() == [1, 2]
+    assert _contents(other, 2, kind) == {k: 7 for k in range(20)}
+    # into A, where it belongs, it goes
+    a.commit(3, [a.write_snapshot(snap2 := r.snapshot(incremental=True), 3)])
+    snap2.release()
+    assert a.manifest(3)["files"][0]["base_commit_id"] == a.manifest(2)["commit_id"]
+    assert _contents(a, 3, kind) == {**{k: 1 for k in range(20)}, 100: 3}
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_a_base_committed_again_is_not_the_base_any_more(tmp_path, kind):
+    """Version 2 is committed again (replace=True, a replayed micro-batch with other content)
+    after a backend restored it: that backend's incremental run is refused, while compaction of
+    a version keeps its commit id (same contents) and the one-call checkpoint records the id."""
+    store = CheckpointStore(tmp_path, max_runs=None)
+    b, st = _backend(kind)
+    _put(st, range(10), 1)
+    store.checkpoint(b, 1, incremental=False)
+    _put(st, range(10, 20), 2)
+    store.checkpoint(b, 2)
+    assert b.base_commit_id == store.manifest(2)["commit_id"]
+    r, rst = _backend(kind)
+    store.restore(r, 2)
+    before = store.manifest(2)["commit_id"]
+    store.compact(2, max_runs=1)
+    assert store.manifest(2)["commit_id"] == before
+    # the writer of version 2 commits it again with other content
+    _put(st, range(10, 20), 5)
+    snap = b.snapshot()
+    store.commit(2, [store.write_snapshot(snap, 2)], replace=True)
+    snap.release()
+    assert store.manifest(2)["commit_id"] != before
+    _put(rst, [100], 3)
+    snap = r.snapshot(incremental=True)
+    with pytest.raises(InvalidInputError, match="committed again since"):
+        store.commit(3, [store.write_snapshot(snap, 3)])
+    snap.release()
+    assert store.versions() == [1, 2]
+    with pytest.raises(InvalidInputError, match="commit_id must be a non-empty str"):
+        b.notify_checkpoint_complete(snap.snapshot_id, 2, commit_id=5)
+    with pytest.raises(InvalidInputError, match="pass version= too"):
+        b.notify_checkpoint_complete(snap.snapshot_id, commit_id=before)
+
+
 def _forge(store, version, edit):
     path = os.path.join(store.root, store.manifest_name(version))
     with open(path) as f:
@@ -244,6 +314,7 @@ def _two_state_checkpoint(tmp_path):
     (lambda d: d["files"][0].update(version=7), "newer than the manifest"),
     (lambda d: d.update(max_parallelism=0), "max_parallelism"),
     (lambda d: d.update(files={"x": 1}), "files is not a list"),
+    (lambda d: d.update(commit_id="XYZ"), "commit_id is not 32 lowercase hex"),
 ])
 def test_forged_manifests_are_corrupt_not_type_errors(tmp_path, edit, what):
     store = _two_state_checkpoint(tmp_path)

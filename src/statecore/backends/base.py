@@ -159,6 +159,7 @@ __all__ = [
     "AggregatingState",
     "StateSnapshot",
     "checkpoint_version",
+    "checkpoint_commit_id",
     "NAMESPACE_TYPES",
     "resolve_batch_namespaces",
     "check_snapshot_compatible",
@@ -171,6 +172,14 @@ def checkpoint_version(snapshot_like) -> int | None:
     ``ChangesReader``: their ``version``), None for other snapshot-likes."""
     v = getattr(snapshot_like, "version", None)
     return int(v) if isinstance(v, (int, np.integer)) and not isinstance(v, bool) else None
+
+
+def checkpoint_commit_id(snapshot_like) -> str | None:
+    """The commit id of the checkpoint version a restore source holds (a ``CheckpointReader``
+    or ``ChangesReader``: their ``commit_id``, which tells two commits of the same version
+    number apart), None for other snapshot-likes and versions committed without one."""
+    c = getattr(snapshot_like, "commit_id", None)
+    return c if isinstance(c, str) else None
 
 
 @runtime_checkable
@@ -291,6 +300,7 @@ class KeyedStateBackend(abc.ABC):
         self._restores = 0  # restores and applied change sets: each replaces the base
         # The checkpoint version the base is (None: unknown); whether it came from restores.
         self._base_version: int | None = None
+        self._base_commit_id: str | None = None  # the base version's commit id, when known
         self._base_from_restore = False
         if ttl_clock is not None and not callable(ttl_clock):
             raise InvalidInputError(f"ttl_clock must be a callable returning ms, got {ttl_clock!r}")
@@ -600,6 +610,15 @@ class KeyedStateBackend(abc.ABC):
         return self._base_version
 
     @property
+    def base_commit_id(self) -> str | None:
+        """The commit id of :attr:`base_version` when known (from the restored or applied
+        checkpoint reader, or passed to :meth:`notify_checkpoint_complete`): a commit of the
+        same version number elsewhere (another store, a version committed again) has another
+        id, so ``CheckpointStore.commit`` can tell the base it was taken from apart from a
+        different state that happens to carry the same version number."""
+        return self._base_commit_id
+
+    @property
     def base_token(self) -> tuple[int, int]:
         """Identifies the base (:attr:`base_snapshot_id` alone does not: a restore makes the
         restored contents the base without issuing an id): equal tokens mean the same base.
@@ -615,15 +634,19 @@ class KeyedStateBackend(abc.ABC):
         self._last_snapshot_id += 1
         return self._last_snapshot_id
 
-    def notify_checkpoint_complete(self, snapshot_id: int, version: int | None = None) -> None:
+    def notify_checkpoint_complete(self, snapshot_id: int, version: int | None = None,
+                                   commit_id: str | None = None) -> None:
         """The checkpoint holding snapshot ``snapshot_id`` is durable: it becomes the base, and
         changes up to it stop being tracked. ``version``: the checkpoint version that snapshot
         was committed as; it becomes :attr:`base_version`, which the next incremental snapshot
         records (without it the base version is unknown and a checkpoint store refuses to
-        commit incremental runs relative to it). Idempotent; an id older than the current base
-        is ignored (the current base's id only records ``version``). Raises InvalidInputError
-        for a non-int or an id this backend never issued or a bad ``version``, StateError when
-        closed."""
+        commit incremental runs relative to it). ``commit_id``: that version's commit id (the
+        manifest's ``commit_id``; :attr:`base_commit_id`), so that a store refuses to chain the
+        next incremental run onto another commit of the same version number. Idempotent; an id
+        older than the current base is ignored (the current base's id only records ``version``
+        and ``commit_id``). Raises InvalidInputError for a non-int or an id this backend never
+        issued, a bad ``version`` or ``commit_id`` (or a ``commit_id`` without a version),
+        StateError when closed."""
         self.check_open()
         if (isinstance(snapshot_id, (bool, np.bool_))
                 or not isinstance(snapshot_id, (int, np.integer))):
@@ -632,6 +655,11 @@ class KeyedStateBackend(abc.ABC):
                                     or not isinstance(version, (int, np.integer))
                                     or version < 0):
             raise InvalidInputError(f"version must be an int >= 0 or None, got {version!r}")
+        if commit_id is not None and (not isinstance(commit_id, str) or not commit_id):
+            raise InvalidInputError(f"commit_id must be a non-empty str or None, got "
+                                    f"{commit_id!r}")
+        if commit_id is not None and version is None:
+            raise InvalidInputError("commit_id names a commit of a version: pass version= too")
         sid = int(snapshot_id)
         if sid < 1 or sid > self._last_snapshot_id:
             raise InvalidInputError(
@@ -643,21 +671,28 @@ class KeyedStateBackend(abc.ABC):
             self._complete_snapshot(sid)
             self._base_snapshot_id = sid
         self._base_version = None if version is None else int(version)
+        self._base_commit_id = commit_id
         self._base_from_restore = False
 
     @abc.abstractmethod
     def _complete_snapshot(self, snapshot_id: int) -> None:
         """Move the change tracking's base to snapshot ``snapshot_id`` (newer than the base)."""
 
-    def _restored_is_base(self, version: int | None = None, applied_changes: bool = False) -> None:
+    def _restored_is_base(self, version: int | None = None, applied_changes: bool = False,
+                          commit_id: str | None = None) -> None:
         """After a restore or (``applied_changes``) a change set, of checkpoint version
-        ``version`` (None when not a checkpoint's): every snapshot issued so far predates the
-        base (:attr:`base_version`)."""
+        ``version`` (None when not a checkpoint's) committed as ``commit_id`` (None: unknown):
+        every snapshot issued so far predates the base (:attr:`base_version`)."""
         self._base_snapshot_id = self._last_snapshot_id
         self._restores += 1
-        if not applied_changes and self._base_from_restore and self._base_version != version:
-            version = None  # restored from several versions: no one version is the base
+        if version is None:
+            commit_id = None
+        if not applied_changes and self._base_from_restore and (
+                self._base_version != version or self._base_commit_id != commit_id):
+            # Restored from several versions (or commits): no one version is the base.
+            version = commit_id = None
         self._base_version = version
+        self._base_commit_id = commit_id
         self._base_from_restore = True
 
     @abc.abstractmethod

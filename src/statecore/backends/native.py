@@ -380,6 +380,7 @@ class NativeBackend(TableBackend):
                               self._snapshot_incremental(incremental))
         snap.ttl_expired = self._take_ttl_delta()
         snap.base_version = self.base_version if snap.incremental else None
+        snap.base_commit_id = self.base_commit_id if snap.incremental else None
         self._pending[sid] = snap.table_versions()
         return snap
 
@@ -442,7 +443,8 @@ class NativeBackend(TableBackend):
                 table.index_loaded(keys)
         self.timers.apply_restore(timers)
         # The restored state is the base: the bulk load is not a change.
-        self._contents_are_base(version=base.checkpoint_version(snapshot_like))
+        self._contents_are_base(version=base.checkpoint_version(snapshot_like),
+                                commit_id=base.checkpoint_commit_id(snapshot_like))
         if migrated:
             self._migrated(expired)
 
@@ -505,12 +507,13 @@ class NativeBackend(TableBackend):
         if gone is not None:
             table.index_removed(gone)
 
-    def _contents_are_base(self, applied_changes: bool = False, version=None) -> None:
+    def _contents_are_base(self, applied_changes: bool = False, version=None,
+                           commit_id=None) -> None:
         # The bulk load is not a change; snapshots issued before it can no longer move the base.
         for table in self._tables.values():
             table.native.rebase(applied_changes)
         self._pending.clear()
-        self._restored_is_base(version, applied_changes)
+        self._restored_is_base(version, applied_changes, commit_id)
 
     def _check_entries(self, table: NativeTable, kg: int, keys: pa.Array, vals: pa.Array) -> None:
         """Entries are loaded as bytes without decoding, so check what can be checked cheaply:

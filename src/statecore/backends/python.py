@@ -438,6 +438,7 @@ class PythonBackend(TableBackend):
                               incremental=bool(incremental))
         snap.ttl_expired = self._take_ttl_delta()
         snap.base_version = self.base_version if snap.incremental else None
+        snap.base_commit_id = self.base_commit_id if snap.incremental else None
         return snap
 
     def _complete_snapshot(self, snapshot_id: int) -> None:
@@ -482,7 +483,8 @@ class PythonBackend(TableBackend):
                 table.put(kg, k, v)
         self.timers.apply_restore(timers)
         # The restored state is the base: nothing before it is a change any more.
-        self._contents_are_base(version=base.checkpoint_version(snapshot_like))
+        self._contents_are_base(version=base.checkpoint_version(snapshot_like),
+                                commit_id=base.checkpoint_commit_id(snapshot_like))
         if migrated:
             self._migrated(expired)
 
@@ -518,12 +520,13 @@ class PythonBackend(TableBackend):
             out.append(k)
         return out
 
-    def _contents_are_base(self, applied_changes: bool = False, version=None) -> None:
+    def _contents_are_base(self, applied_changes: bool = False, version=None,
+                           commit_id=None) -> None:
         """After a restore or (``applied_changes``) a change set: the current contents are the
         incremental base (of checkpoint version ``version`` when known)."""
         for table in self._tables.values():
             table.changes.clear()
-        self._restored_is_base(version, applied_changes)
+        self._restored_is_base(version, applied_changes, commit_id)
 
     def _key_namespaces(self, state_name: str, kgs: KeyGroupRange):
         data, ser = self._tables[state_name].data, self.key_serializer.serialize

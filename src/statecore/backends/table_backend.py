@@ -275,7 +275,8 @@ class TableBackend(base.KeyedStateBackend):
             for part in parts:
                 self._apply_staged_changes(table, part)
         self.timers.replace_restore(kgs, timers)
-        self._contents_are_base(applied_changes=True, version=base.checkpoint_version(changes))
+        self._contents_are_base(applied_changes=True, version=base.checkpoint_version(changes),
+                                commit_id=base.checkpoint_commit_id(changes))
 
     def _stage_change_set(self, table: StateTable, changes, kgs: list) -> list:
         """The checked parts of ``changes`` for ``table``'s state over key groups ``kgs``, each
@@ -293,10 +294,12 @@ class TableBackend(base.KeyedStateBackend):
         """Apply one part staged by :meth:`_stage_change_set`."""
 
     @abc.abstractmethod
-    def _contents_are_base(self, applied_changes: bool = False, version=None) -> None:
+    def _contents_are_base(self, applied_changes: bool = False, version=None,
+                           commit_id=None) -> None:
         """After a restore or (``applied_changes``) a change set: the current contents are the
         incremental base; ``version``: the checkpoint version they are (None: unknown;
-        :meth:`statecore.backends.base.KeyedStateBackend.base_version`)."""
+        :meth:`statecore.backends.base.KeyedStateBackend.base_version`), ``commit_id`` that
+        version's commit id (None: unknown)."""
 
     # ------------------------------------------------------------------ lifecycle
     def dispose(self) -> None:

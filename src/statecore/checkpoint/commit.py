@@ -39,12 +39,18 @@ import pyarrow.fs as pafs
 from statecore.checkpoint.format import KIND_FULL, KIND_INCREMENTAL
 from statecore.checkpoint.layout import (
     CheckpointRoot,
+    check_commit_id,
     check_version,
     check_writer,
     pending_path,
     version_dir,
 )
-from statecore.checkpoint.manifests import ManifestLog, canonical_json, new_manifest_body
+from statecore.checkpoint.manifests import (
+    ManifestLog,
+    canonical_json,
+    new_commit_id,
+    new_manifest_body,
+)
 from statecore.checkpoint.runs import (
     chain_run_ids,
     longest_chain,
@@ -171,6 +177,12 @@ def _run_from_descriptor(d: dict, version: int) -> tuple[dict, tuple, list, dict
         }
         if kind == KIND_INCREMENTAL:
             run["base_version"] = base_version
+            base_commit_id = d.get("base_commit_id")
+            if base_commit_id is not None:
+                if base_version is None:
+                    raise InvalidInputError(
+                        f"incremental run {path!r} names a base commit id without a base version")
+                run["base_commit_id"] = check_commit_id(base_commit_id)
     except InvalidInputError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -270,6 +282,14 @@ class Committer:
                         f"the changes since version {base}{missing}, but it would be chained "
                         f"onto version {prev_version}; write a full snapshot, or restore version "
                         f"{prev_version} and checkpoint again")
+                cid = f.get("base_commit_id")
+                if cid is not None and prev.get("commit_id") not in (None, cid):
+                    raise InvalidInputError(
+                        f"{where}: incremental run {f['path']!r} of writer {f['writer']!r} holds "
+                        f"the changes since a version {base} committed as {cid}, but version "
+                        f"{base} of this store was committed as {prev['commit_id']} (another "
+                        "store's version, or this version committed again since): write a full "
+                        f"snapshot, or restore version {base} and checkpoint again")
             segments = plan_chains(prev_runs + files, union, InvalidInputError, where)
             used = chain_run_ids(segments)
             kept = [r for r in prev_runs if id(r) in used]
@@ -296,7 +316,7 @@ class Committer:
                     f"{where}: a descriptor names a data file the previous version still uses "
                     f"as an older run: {sorted(p for p in paths if paths.count(p) > 1)}")
             body = new_manifest_body(version, common, union, list(states.values()),
-                                     sort_runs(kept + files), metadata)
+                                     sort_runs(kept + files), metadata, new_commit_id())
             if ttl_expired:
                 body["ttl_expired"] = ttl_expired
             manifest = self.manifests.write(body)

@@ -35,7 +35,8 @@ import pyarrow.fs as pafs
 from statecore.errors import InvalidInputError
 
 __all__ = [
-    "CheckpointRoot", "MAX_VERSION", "check_version", "check_writer", "version_dir",
+    "CheckpointRoot", "MAX_VERSION", "check_version", "check_writer", "check_commit_id",
+    "version_dir",
     "manifest_name", "data_path", "pending_path", "compacted_data_path", "is_compacted_name",
     "manifest_version", "is_version_dir",
 ]
@@ -64,6 +65,16 @@ def check_writer(writer: Any) -> str:
         raise InvalidInputError(
             f"writer must match {_WRITER_RE.pattern} (it becomes a file name), got {writer!r}")
     return writer
+
+
+def check_commit_id(commit_id: Any) -> str:
+    """``commit_id`` when it is 32 lowercase hex digits (a manifest's ``commit_id``, what
+    ``statecore.checkpoint.manifests.new_commit_id`` makes); else InvalidInputError."""
+    if (not isinstance(commit_id, str) or len(commit_id) != 32
+            or commit_id.strip("0123456789abcdef")):
+        raise InvalidInputError(
+            f"commit id must be 32 lowercase hex digits, got {commit_id!r}")
+    return commit_id
 
 
 def version_dir(version: int) -> str:

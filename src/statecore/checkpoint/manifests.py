@@ -15,6 +15,7 @@ breaks one.
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 import time
 from typing import Any
@@ -37,7 +38,8 @@ from statecore.checkpoint.runs import (
 from statecore.errors import CheckpointNotFoundError, CorruptCheckpointError, InvalidInputError
 
 __all__ = ["ManifestLog", "MANIFEST_FORMAT", "MANIFEST_FORMAT_VERSION",
-           "READABLE_MANIFEST_VERSIONS", "canonical_json", "new_manifest_body", "describe_manifest",
+           "READABLE_MANIFEST_VERSIONS", "canonical_json", "new_commit_id", "new_manifest_body",
+           "describe_manifest",
            "check_manifest_schema", "parse_manifest"]
 
 MANIFEST_FORMAT = "statecore-checkpoint"
@@ -64,6 +66,10 @@ def _upgraded(body: dict, version: int) -> dict:
 
 def _is_int(x, lo: int = 0) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= lo
+
+
+def _is_hex(x, digits: int) -> bool:
+    return isinstance(x, str) and len(x) == digits and not x.strip("0123456789abcdef")
 
 
 def _counts(x, what: str, names=None) -> None:
@@ -127,6 +133,9 @@ def check_manifest_schema(body: dict) -> None:
         b = f.get("base_version")
         if b is not None and (not _is_int(b) or f["kind"] != KIND_INCREMENTAL):
             raise ValueError(f"run {f['path']!r} has a bad base_version {b!r}")
+        if "base_commit_id" in f and (b is None or not _is_hex(f["base_commit_id"], 32)):
+            raise ValueError(f"run {f['path']!r} has a bad base_commit_id "
+                             f"{f['base_commit_id']!r}")
         try:
             range_bounds(f.get("key_group_range"))
         except InvalidInputError as exc:
@@ -139,7 +148,7 @@ def check_manifest_schema(body: dict) -> None:
         if f["version"] > body["version"]:
             raise ValueError(f"{where} is of version {f['version']}, newer than the manifest")
         fx = f.get("footer_xxh64")
-        if not isinstance(fx, str) or len(fx) != 16 or fx.strip("0123456789abcdef"):
+        if not _is_hex(fx, 16):
             raise ValueError(f"{where}: footer_xxh64 is not 16 lowercase hex digits: {fx!r}")
         run_states = f.get("states")
         if not isinstance(run_states, list) or not all(isinstance(n, str) for n in run_states):
@@ -154,6 +163,8 @@ def check_manifest_schema(body: dict) -> None:
     for f in ("ttl_expired", "ttl_compaction_expired"):
         if f in body:
             _counts(body[f], f)
+    if "commit_id" in body and not _is_hex(body["commit_id"], 32):
+        raise ValueError(f"commit_id is not 32 lowercase hex digits: {body['commit_id']!r}")
     if "compacted_ms" in body and not _is_int(body["compacted_ms"]):
         raise ValueError(f"compacted_ms is not an int >= 0: {body['compacted_ms']!r}")
 
@@ -319,14 +330,20 @@ class ManifestLog:
         self.root.fs.delete_file(self.root.path(manifest_name(version)))
 
 
+def new_commit_id() -> str:
+    """A new commit id: 128 random bits as 32 lowercase hex digits (``secrets``), unique to
+    one commit of one version (compaction keeps it: the contents do not change)."""
+    return secrets.token_hex(16)
+
+
 def new_manifest_body(version: int, common: tuple, key_group_range, states: list, runs: list,
-                      metadata: dict) -> dict:
+                      metadata: dict, commit_id: str) -> dict:
     """The body (no checksum) of a new manifest of ``version``: ``common`` = (max_parallelism,
     key_type, assigner), ``runs`` in manifest order (statecore.checkpoint.runs.sort_runs),
-    ``created_ms`` now."""
+    ``created_ms`` now, ``commit_id`` from :func:`new_commit_id`."""
     return {
         "format": MANIFEST_FORMAT, "format_version": MANIFEST_FORMAT_VERSION,
-        "version": version, "created_ms": int(time.time() * 1000),
+        "version": version, "commit_id": commit_id, "created_ms": int(time.time() * 1000),
         "max_parallelism": common[0], "key_type": common[1], "assigner": common[2],
         "key_group_range": list(key_group_range), "states": states,
         "files": runs, "metadata": metadata,

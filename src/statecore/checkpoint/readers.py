@@ -100,7 +100,9 @@ class CheckpointReader:
     relative to; ``manifest``: the version's validated manifest; ``segments``: its chains
     (statecore.checkpoint.runs.plan_chains; default: planned from the manifest).
 
-    Attributes: ``version``, ``max_parallelism``, ``key_type``, ``assigner``,
+    Attributes: ``version``, ``commit_id`` (the manifest's: tells this commit of the version
+    apart from any other, None for versions committed before commit ids existed),
+    ``max_parallelism``, ``key_type``, ``assigner``,
     ``key_group_range`` (the version's inclusive range, ``.start``/``.end``), ``metadata``
     (user dict), ``manifest``, ``incremental`` (False: entries are complete, without
     tombstones). ``entries`` merges the runs of the key group newest-wins (module docstring)
@@ -116,6 +118,7 @@ class CheckpointReader:
                  segments: list | None = None):
         self._root = root
         self.version = version
+        self.commit_id = manifest.get("commit_id")
         self.manifest = manifest
         self.max_parallelism = int(manifest["max_parallelism"])
         self.key_type = manifest["key_type"]

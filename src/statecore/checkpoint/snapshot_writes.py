@@ -58,9 +58,12 @@ def run_descriptor(snap: Any, version: int, writer: str, rel: str, summary: Writ
     ``raw_bytes``, ``stored_bytes``, ``footer_xxh64`` as 16 hex digits, ...), the writer's TTL
     cleanup counts (``snap.ttl_expired``), ``snapshot_id`` (``snap.snapshot_id`` or None) and,
     for an incremental run, ``base_version``: the checkpoint version its changes are relative
-    to (``snap.base_version``, None when the backend does not know it)."""
+    to (``snap.base_version``, None when the backend does not know it) and ``base_commit_id``,
+    the commit id of that version when the backend knows it (``snap.base_commit_id``)."""
     snapshot_id = getattr(snap, "snapshot_id", None)
     base_version = getattr(snap, "base_version", None) if summary.kind == KIND_INCREMENTAL else None
+    base_commit_id = (getattr(snap, "base_commit_id", None)
+                      if summary.kind == KIND_INCREMENTAL else None)
     meta = summary.meta
     return {
         "format_version": FORMAT_VERSION,
@@ -87,6 +90,7 @@ def run_descriptor(snap: Any, version: int, writer: str, rel: str, summary: Writ
         "snapshot_id": snapshot_id if isinstance(snapshot_id, int) else None,
         "base_version": (int(base_version) if isinstance(base_version, int)
                          and not isinstance(base_version, bool) else None),
+        "base_commit_id": base_commit_id if isinstance(base_commit_id, str) else None,
     }
 
 

@@ -281,10 +281,15 @@ class CheckpointStore:
         An incremental run must record the version it is relative to (its descriptor's
         ``base_version``, from the backend's ``base_version``) and that version must be the
         highest committed one below ``version``: otherwise its base is missing or another one,
-        and committing it would silently lose changes.
+        and committing it would silently lose changes. When the run also records the commit id
+        of its base (``base_commit_id``: the backend restored a reader of this or another store,
+        or was told it by ``notify_checkpoint_complete``), it must be that version's
+        ``commit_id`` here: a version of another store, or one committed again since, with the
+        same number is refused. Every commit gets a new random ``commit_id``; compaction keeps
+        it.
         Raises InvalidInputError when there are no descriptors, ``version`` is not above the
         latest committed one without ``replace``, an incremental run's base version is unknown
-        or not the previous version, a descriptor is malformed or of
+        or not the previous version (or another commit of it), a descriptor is malformed or of
         another version, writers disagree on max parallelism / key type / assigner / a state's
         meta (also with the previous version's runs that are kept), two descriptors overlap in
         key groups, their ranges leave a gap, an incremental run has no full base run for some of
@@ -341,7 +346,8 @@ class CheckpointStore:
         try:
             desc = self.write_snapshot(snap, version, writer)
             manifest = self.commit(version, [desc], metadata, replace=replace)
-            backend.notify_checkpoint_complete(snap.snapshot_id, version)
+            backend.notify_checkpoint_complete(snap.snapshot_id, version,
+                                               manifest.get("commit_id"))
             self._bases[backend] = (backend.base_token, version)
         finally:
             snap.release()
