@@ -8,7 +8,8 @@
 //     set); & 4 corrupt one offset (below); & 8 check_entries allows tombstones; >> 4: the
 //     state's value width + 1 (0: any width);
 //   kg_lo (LE16, below 256 or 32768 by prefix width); span: & 7 key groups past kg_lo in the
-//     table, >> 4 the validity bitmap's first bit (an Arrow array offset);
+//     table, & 8 the chained map engine (else flat), >> 4 the validity bitmap's first bit (an
+//     Arrow array offset);
 //   corrupt: & 31 the offset's index, & 32 value (else key) offsets; delta: int8 added to it.
 //   Each entry: key size (1 byte), key, value size (1 byte; 255 = tombstone when & 2), value.
 //
@@ -169,6 +170,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(bad.empty() == ok, "check_entries accepts exactly the well-formed runs");
 
   const bool loadable = entries_ok(r, kg_lo, kg_hi, pw, -1, true);
+  // Both engines must load alike (state_map.h); the choice applies to maps created from here.
+  statecore::set_default_map_engine((span & 8) ? statecore::MapEngine::Chained
+                                               : statecore::MapEngine::Flat);
   statecore::StateTable table(kg_lo, kg_hi);
   std::map<std::string, std::string> model;
   for (int pass = 0; pass < 2; ++pass) {
