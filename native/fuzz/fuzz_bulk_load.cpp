@@ -18,7 +18,8 @@
 // the runs check_entries (any width, tombstones allowed) refuses, and otherwise leaves the table
 // holding, per key, the last entry's value (none after a tombstone), also when the run is loaded
 // twice, and listing those in key order (MapSnapshot::sorted_entries); merge_newest_wins accepts
-// exactly the runs with sound offsets and strictly ascending keys and picks the newest entry.
+// exactly the runs with sound offsets and strictly ascending keys and picks the newest entry of
+// every key (under a newer run of every other entry too), tombstones only when asked to.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -63,6 +64,16 @@ struct Run {
     return std::string(vd.begin() + vo[i], vd.begin() + vo[i + 1]);
   }
 };
+
+// The values' validity bitmap from r.removed, starting at bit r.validity_bit.
+void set_validity(Run& r) {
+  r.validity.assign((r.validity_bit + r.size() + 7) / 8, 0xA5);  // bits outside: noise
+  for (size_t i = 0; i < r.size(); ++i) {
+    const uint64_t bit = r.validity_bit + i;
+    r.validity[bit / 8] &= static_cast<uint8_t>(~(1u << (bit % 8)));
+    r.validity[bit / 8] |= static_cast<uint8_t>(!r.removed[i]) << (bit % 8);
+  }
+}
 
 bool offsets_sound(const std::vector<int32_t>& o, size_t data_size) {
   if (o.size() == 1) return true;  // no entry: first_bad_offset looks at nothing
@@ -151,14 +162,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     r.vo.push_back(static_cast<int32_t>(r.vd.size()));
     r.removed.push_back(removed);
   }
-  if (with_validity) {
-    r.validity.assign((r.validity_bit + r.size() + 7) / 8, 0xA5);  // bits outside: noise
-    for (size_t i = 0; i < r.size(); ++i) {
-      const uint64_t bit = r.validity_bit + i;
-      r.validity[bit / 8] &= static_cast<uint8_t>(~(1u << (bit % 8)));
-      r.validity[bit / 8] |= static_cast<uint8_t>(!r.removed[i]) << (bit % 8);
-    }
-  }
+  if (with_validity) set_validity(r);
   if (corrupt) {
     std::vector<int32_t>& o = (corrupt_at & 32) ? r.vo : r.ko;
     o[(corrupt_at & 31) % o.size()] += delta;
@@ -192,25 +196,47 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     table.rebase();
   }
 
+  // merge_newest_wins over the run alone, then under a newer run of every other entry of it
+  // (the same keys: those must come from the newer run), with and without tombstones kept.
   const bool mergeable = strictly_ascending(r);
-  for (int runs = 1; runs <= 2; ++runs) {
-    std::vector<statecore::ArrowBinaryRun> chain(runs, view);
-    std::vector<statecore::RunPick> picks;
-    try {
-      statecore::merge_newest_wins(chain, &picks, false);
-      FUZZ_CHECK(mergeable, "merge_newest_wins refuses unsorted runs or unsound offsets");
-    } catch (const std::invalid_argument&) {
-      FUZZ_CHECK(!mergeable, "merge_newest_wins merges sorted runs");
-      continue;
-    }
-    size_t at = 0;
+  std::vector<statecore::RunPick> picks;
+  try {
+    statecore::merge_newest_wins({view}, &picks, false);
+    FUZZ_CHECK(mergeable, "merge_newest_wins refuses unsorted runs or unsound offsets");
+  } catch (const std::invalid_argument&) {
+    FUZZ_CHECK(!mergeable, "merge_newest_wins merges sorted runs");
+    return 0;
+  }
+  size_t at = 0;
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (r.removed[i]) continue;
+    FUZZ_CHECK(at < picks.size() && picks[at].run == 0 && picks[at].row == i,
+               "a run's live entries are picked, in order");
+    ++at;
+  }
+  FUZZ_CHECK(at == picks.size(), "nothing but the live entries is picked");
+  Run newer;
+  for (size_t i = 0; i < r.size(); i += 2) {
+    const std::string k = r.key(i), v = r.value(i);
+    newer.kd.insert(newer.kd.end(), k.begin(), k.end());
+    newer.vd.insert(newer.vd.end(), v.begin(), v.end());
+    newer.ko.push_back(static_cast<int32_t>(newer.kd.size()));
+    newer.vo.push_back(static_cast<int32_t>(newer.vd.size()));
+    newer.removed.push_back(r.removed[i]);
+  }
+  if (with_validity) set_validity(newer);
+  for (bool keep : {false, true}) {
+    picks.clear();
+    statecore::merge_newest_wins({newer.view(), view}, &picks, keep);
+    at = 0;
     for (size_t i = 0; i < r.size(); ++i) {
-      if (r.removed[i]) continue;
-      FUZZ_CHECK(at < picks.size() && picks[at].run == 0 && picks[at].row == i,
-                 "the newest run's live entries are picked, in order");
+      if (r.removed[i] && !keep) continue;
+      const uint32_t run = i % 2 ? 1 : 0, row = static_cast<uint32_t>(i % 2 ? i : i / 2);
+      FUZZ_CHECK(at < picks.size() && picks[at].run == run && picks[at].row == row,
+                 "the newest entry of every key is picked, in key order");
       ++at;
     }
-    FUZZ_CHECK(at == picks.size(), "nothing but the live entries is picked");
+    FUZZ_CHECK(at == picks.size(), "one pick per key");
   }
   return 0;
 }
