@@ -469,7 +469,7 @@ TEST(filter_values_checks_every_offset_before_reading) {
   FilterSpec spec;
   spec.ttl_ms = 100;
   Bytes data = value({1, 2, 3, 4, 5, 6, 7, 8}, 0);  // 16 bytes, unexpired at time 0
-  const size_t claimed = 8;                          // the data buffer the caller says it has
+  const size_t claimed = 8;                         // the data buffer the caller says it has
   std::vector<int32_t> offsets{0, 16, 4};
   std::vector<uint8_t> keep(2, 0xEE);
   std::vector<int32_t> out_offsets(3, -7);
