@@ -167,11 +167,15 @@ ValuesFiltered filter_values_impl(const FilterSpec& spec, int64_t now, const uin
     throw std::invalid_argument("value offsets [" + std::to_string(offsets[0]) + ", " +
                                 std::to_string(offsets[n]) + "] outside the " +
                                 std::to_string(data_size) + "-byte data buffer");
+  // All of them before a byte is read or written: an offset that only decreases later lets the
+  // values before it run past the data, and past out_data (sized by the last offset).
+  for (size_t i = 0; i < n; ++i)
+    if (offsets[i + 1] < offsets[i])
+      throw std::invalid_argument("value " + std::to_string(i) + ": decreasing offsets");
   std::vector<uint8_t> trimmed;
   out_offsets[0] = 0;
   for (size_t i = 0; i < n; ++i) {
     const Offset b = offsets[i], e = offsets[i + 1];
-    if (e < b) throw std::invalid_argument("value " + std::to_string(i) + ": decreasing offsets");
     const ByteView v{data + b, static_cast<size_t>(e - b)};
     FilterResult res;
     try {

@@ -462,6 +462,25 @@ TEST(filter_values_rejects_bad_offsets_and_names_the_broken_value) {
   CHECK(what.rfind("value 1: truncated list element", 0) == 0);
 }
 
+// Offsets that decrease only after a long value (found by native/fuzz ttl_value): the last offset
+// is inside the data, but value 0 runs past it and past out_data, which the last offset sizes.
+// Nothing may be read or written before the offsets are refused.
+TEST(filter_values_checks_every_offset_before_reading) {
+  FilterSpec spec;
+  spec.ttl_ms = 100;
+  Bytes data = value({1, 2, 3, 4, 5, 6, 7, 8}, 0);  // 16 bytes, unexpired at time 0
+  const size_t claimed = 8;                         // the data buffer the caller says it has
+  std::vector<int32_t> offsets{0, 16, 4};
+  std::vector<uint8_t> keep(2, 0xEE);
+  std::vector<int32_t> out_offsets(3, -7);
+  Bytes out(4 + 16, 0xEE);  // capacity offsets[2] - offsets[0] = 4, then a guard
+  CHECK_THROWS(filter_values(spec, 0, data.data(), claimed, offsets.data(), 2, keep.data(),
+                             out_offsets.data(), out.data()),
+               std::invalid_argument);
+  CHECK(keep[0] == 0xEE && keep[1] == 0xEE);
+  for (size_t i = 0; i < out.size(); ++i) CHECK(out[i] == 0xEE);
+}
+
 TEST(table_cursor_walks_every_key_group_and_wraps) {
   StateTable t(3, 9);
   // Flink scenario 6 shape: 970 of 1000 entries expired, spread over key groups 3..9.
