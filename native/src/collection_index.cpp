@@ -14,6 +14,8 @@ namespace statecore {
 namespace {
 
 constexpr uint32_t kNone = UINT32_MAX;
+// Records a new collection's block has room for.
+constexpr size_t kFirstRecords = 4;
 
 void check_bytes(const uint8_t* p, size_t n, const char* what) {
   if (p == nullptr && n != 0)
@@ -47,13 +49,12 @@ uint32_t table_capacity(size_t n) {
   return static_cast<uint32_t>(cap);
 }
 
-// Linear probing over a power-of-two table of `mask + 1` slots, ref 0 = free.
+// Linear probing over a power-of-two table of `mask + 1` slots.
 template <class S>
-void place(S* slots, uint32_t mask, uint32_t h, uint32_t ref) {
-  uint32_t i = h & mask;
-  while (slots[i].ref != 0) i = (i + 1) & mask;
-  slots[i].hash = h;
-  slots[i].ref = ref;
+void place(S* slots, uint32_t mask, const S& s) {
+  uint32_t i = s.hash & mask;
+  while (slots[i].used()) i = (i + 1) & mask;
+  slots[i] = s;
 }
 
 // Backward-shift deletion of slot i (Knuth 6.4 algorithm R): the later slots of its probe run
@@ -61,7 +62,7 @@ void place(S* slots, uint32_t mask, uint32_t h, uint32_t ref) {
 template <class S>
 void unplace(S* slots, uint32_t mask, uint32_t i) {
   for (uint32_t j = (i + 1) & mask;; j = (j + 1) & mask) {
-    if (slots[j].ref == 0) break;
+    if (!slots[j].used()) break;
     const uint32_t home = slots[j].hash & mask;
     // Slot j may move to i iff i lies on its probe path, home .. j (cyclically).
     if (((j - home) & mask) >= ((j - i) & mask)) {
@@ -69,8 +70,27 @@ void unplace(S* slots, uint32_t mask, uint32_t i) {
       i = j;
     }
   }
-  slots[i].ref = 0;
-  slots[i].hash = 0;
+  slots[i] = S{};
+}
+
+// Compares a few bytes inline: prefixes and int64 user keys are 8-20 bytes, where a memcmp call
+// costs more than the compare.
+inline bool same_bytes(const uint8_t* a, const uint8_t* b, size_t n) {
+  if (n == 8) {
+    uint64_t x, y;
+    std::memcpy(&x, a, 8);
+    std::memcpy(&y, b, 8);
+    return x == y;
+  }
+  if (n > 8 && n <= 16) {
+    uint64_t x0, y0, x1, y1;
+    std::memcpy(&x0, a, 8);
+    std::memcpy(&y0, b, 8);
+    std::memcpy(&x1, a + n - 8, 8);
+    std::memcpy(&y1, b + n - 8, 8);
+    return ((x0 ^ y0) | (x1 ^ y1)) == 0;
+  }
+  return n == 0 || std::memcmp(a, b, n) == 0;
 }
 
 }  // namespace
@@ -104,120 +124,137 @@ const CollectionIndex::Group& CollectionIndex::group(int32_t kg) const {
   return const_cast<CollectionIndex*>(this)->group(kg);
 }
 
-uint32_t CollectionIndex::find_coll_index(const Group& g, uint32_t h, const uint8_t* prefix,
-                                          size_t ps) const {
-  if (g.colls.empty()) return kNone;
+uint32_t CollectionIndex::find_slot(const Group& g, uint32_t h, const uint8_t* prefix,
+                                    size_t ps) const {
+  if (g.count == 0) return kNone;
   const uint32_t mask = static_cast<uint32_t>(g.slots.size() - 1);
   for (uint32_t i = h & mask;; i = (i + 1) & mask) {
-    const Slot& s = g.slots[i];
-    if (s.ref == 0) return kNone;
-    if (s.hash != h) continue;
-    const Coll& c = g.colls[s.ref - 1];
-    if (c.prefix_size == ps && (ps == 0 || std::memcmp(c.buf, prefix, ps) == 0)) return s.ref - 1;
+    const GroupSlot& s = g.slots[i];
+    if (!s.used()) return kNone;
+    if (s.hash == h && s.coll->prefix_size == ps && same_bytes(s.coll->data(), prefix, ps))
+      return i;
   }
 }
 
 const CollectionIndex::Coll* CollectionIndex::find_coll(const Group& g, uint32_t h,
                                                         const uint8_t* prefix, size_t ps) const {
   check_bytes(prefix, ps, "prefix");
-  const uint32_t i = find_coll_index(g, h, prefix, ps);
-  return i == kNone ? nullptr : &g.colls[i];
+  const uint32_t i = find_slot(g, h, prefix, ps);
+  return i == kNone ? nullptr : g.slots[i].coll;
+}
+
+uint32_t CollectionIndex::slot_of(const Group& g, const Coll* c) {
+  const uint32_t mask = static_cast<uint32_t>(g.slots.size() - 1);
+  uint32_t i = c->hash & mask;
+  while (g.slots[i].coll != c) i = (i + 1) & mask;
+  return i;
 }
 
 uint32_t CollectionIndex::find_member(const Coll& c, const uint8_t* member, size_t ms) const {
+  const uint8_t* d = c.data();
   if (c.table != nullptr) {
     const uint32_t h = hash(member, ms);
     for (uint32_t i = h & c.mask;; i = (i + 1) & c.mask) {
       const Slot& s = c.table[i];
-      if (s.ref == 0) return kNone;
+      if (!s.used()) return kNone;
       if (s.hash != h) continue;
       size_t hs = 0;
       bool erased = false;
       const uint32_t off = s.ref - 1;
-      const uint32_t n = read_record(c.buf + off, &hs, &erased);
-      if (n == ms && (ms == 0 || std::memcmp(c.buf + off + hs, member, ms) == 0)) return off;
+      const uint32_t n = read_record(d + off, &hs, &erased);
+      if (n == ms && same_bytes(d + off + hs, member, ms)) return off;
     }
   }
   for (uint32_t at = c.prefix_size; at < c.used;) {
     size_t hs = 0;
     bool erased = false;
-    const uint32_t n = read_record(c.buf + at, &hs, &erased);
-    if (!erased && n == ms && (ms == 0 || std::memcmp(c.buf + at + hs, member, ms) == 0)) return at;
+    const uint32_t n = read_record(d + at, &hs, &erased);
+    if (!erased && n == ms && same_bytes(d + at + hs, member, ms)) return at;
     at += static_cast<uint32_t>(hs) + n;
   }
   return kNone;
 }
 
-void CollectionIndex::free_coll(Coll& c) {
-  std::free(c.buf);
-  delete[] c.table;
-  c.buf = nullptr;
-  c.table = nullptr;
+void CollectionIndex::free_coll(Coll* c) {
+  delete[] c->table;
+  std::free(c);
 }
 
-void CollectionIndex::drop_coll(Group& g, uint32_t idx) {
-  const uint32_t mask = static_cast<uint32_t>(g.slots.size() - 1);
-  auto slot_of = [&](uint32_t ref) {
-    uint32_t i = g.colls[ref - 1].hash & mask;
-    while (g.slots[i].ref != ref) i = (i + 1) & mask;
-    return i;
-  };
-  free_coll(g.colls[idx]);
-  unplace(g.slots.data(), mask, slot_of(idx + 1));
-  const uint32_t last = static_cast<uint32_t>(g.colls.size() - 1);
-  if (idx != last) {
-    g.slots[slot_of(last + 1)].ref = idx + 1;
-    g.colls[idx] = g.colls[last];
-  }
-  g.colls.pop_back();
+void CollectionIndex::drop_coll(Group& g, uint32_t slot) {
+  free_coll(g.slots[slot].coll);
+  unplace(g.slots.data(), static_cast<uint32_t>(g.slots.size() - 1), slot);
+  --g.count;
 }
 
 void CollectionIndex::rebuild_table(Coll& c) {
-  std::memset(c.table, 0, (size_t{c.mask} + 1) * sizeof(Slot));
+  std::memset(static_cast<void*>(c.table), 0, (size_t{c.mask} + 1) * sizeof(Slot));
+  const uint8_t* d = c.data();
   for (uint32_t at = c.prefix_size; at < c.used;) {
     size_t hs = 0;
     bool erased = false;
-    const uint32_t n = read_record(c.buf + at, &hs, &erased);
-    if (!erased) place(c.table, c.mask, hash(c.buf + at + hs, n), at + 1);
+    const uint32_t n = read_record(d + at, &hs, &erased);
+    if (!erased) place(c.table, c.mask, Slot{hash(d + at + hs, n), at + 1});
     at += static_cast<uint32_t>(hs) + n;
   }
 }
 
-void CollectionIndex::compact(Coll& c) {
-  uint32_t w = c.prefix_size;
-  for (uint32_t at = c.prefix_size; at < c.used;) {
+void CollectionIndex::compact(Group& g, uint32_t slot) {
+  Coll* c = g.slots[slot].coll;
+  uint8_t* d = c->data();
+  uint32_t w = c->prefix_size;
+  for (uint32_t at = c->prefix_size; at < c->used;) {
     size_t hs = 0;
     bool erased = false;
-    const uint32_t n = read_record(c.buf + at, &hs, &erased);
+    const uint32_t n = read_record(d + at, &hs, &erased);
     const uint32_t len = static_cast<uint32_t>(hs) + n;
     if (!erased) {
-      if (w != at) std::memmove(c.buf + w, c.buf + at, len);
+      if (w != at) std::memmove(d + w, d + at, len);
       w += len;
     }
     at += len;
   }
-  c.used = w;
-  c.dead = 0;
-  if (c.table == nullptr) return;
-  if (c.live <= kSmallMembers) {
-    delete[] c.table;
-    c.table = nullptr;
-    c.mask = 0;
+  c->used = w;
+  c->dead = 0;
+  // A collection that shrank gives back what a regrowth by 1.5x would not reuse soon; a failed
+  // shrink keeps the larger block.
+  if (c->cap / 2 > c->used + 64) {
+    if (auto* moved = static_cast<Coll*>(std::realloc(c, sizeof(Coll) + c->used))) {
+      c = moved;
+      c->cap = c->used;
+      g.slots[slot].coll = c;
+    }
+  }
+  if (c->table == nullptr) return;
+  if (c->live <= kSmallMembers) {
+    delete[] c->table;
+    c->table = nullptr;
+    c->mask = 0;
     return;
   }
-  rebuild_table(c);
+  // The table too, once 4x larger than its live members need (kept when the smaller one
+  // cannot be allocated: compaction must not throw).
+  const uint32_t want = table_capacity(c->live);
+  if (size_t{c->mask} + 1 > size_t{want} * 4) {
+    if (Slot* t = new (std::nothrow) Slot[want]) {
+      delete[] c->table;
+      c->table = t;
+      c->mask = want - 1;
+    }
+  }
+  rebuild_table(*c);
 }
 
 void CollectionIndex::erase_record(Coll& c, uint32_t off) {
+  uint8_t* d = c.data();
   if (c.table != nullptr) {
     size_t hs = 0;
     bool erased = false;
-    const uint32_t n = read_record(c.buf + off, &hs, &erased);
-    uint32_t i = hash(c.buf + off + hs, n) & c.mask;
+    const uint32_t n = read_record(d + off, &hs, &erased);
+    uint32_t i = hash(d + off + hs, n) & c.mask;
     while (c.table[i].ref != off + 1) i = (i + 1) & c.mask;
     unplace(c.table, c.mask, i);
   }
-  c.buf[off] |= 1;  // the erased bit: bit 0 of the varint's first byte
+  d[off] |= 1;  // the erased bit: bit 0 of the varint's first byte
   --c.live;
   ++c.dead;
 }
@@ -235,80 +272,86 @@ bool CollectionIndex::insert_hashed(int32_t kg, uint32_t prefix_hash, const uint
   if (member_size >= (size_t{1} << 31) || prefix_size >= (size_t{1} << 31))
     throw std::length_error("collection index: a prefix or member of 2^31 bytes or more");
   const size_t rec = varint_size(uint64_t{member_size} << 1) + member_size;
-  uint32_t idx = find_coll_index(g, prefix_hash, prefix, prefix_size);
-  if (idx == kNone) {
-    // A new collection: its buffer `prefix | record`, sized exactly (most maps stay small).
+  const uint32_t si = find_slot(g, prefix_hash, prefix, prefix_size);
+  if (si == kNone) {
+    // A new collection: its block `header | prefix | record`, with room for kFirstRecords
+    // records of this size (the common maps grow to a handful: fewer reallocs).
     const size_t need = prefix_size + rec;
-    if (need > UINT32_MAX) throw std::length_error("collection index: collection too large");
-    if ((g.colls.size() + 1) * 4 > g.slots.size() * 3) {
-      std::vector<Slot> grown(table_capacity(g.colls.size() + 1));
+    if (need > UINT32_MAX - sizeof(Coll))
+      throw std::length_error("collection index: collection too large");
+    size_t cap = prefix_size + rec * kFirstRecords;
+    if (cap > UINT32_MAX - sizeof(Coll)) cap = need;
+    if ((g.count + 1) * 4 > g.slots.size() * 3) {
+      std::vector<GroupSlot> grown(table_capacity(g.count + 1));
       const uint32_t mask = static_cast<uint32_t>(grown.size() - 1);
-      for (const Slot& s : g.slots)
-        if (s.ref != 0) place(grown.data(), mask, s.hash, s.ref);
+      for (const GroupSlot& s : g.slots)
+        if (s.used()) place(grown.data(), mask, s);
       g.slots.swap(grown);
     }
-    if (g.colls.size() >= UINT32_MAX - 1)
-      throw std::length_error("collection index: too many collections in one key group");
-    auto* buf = static_cast<uint8_t*>(std::malloc(need));
-    if (buf == nullptr) throw std::bad_alloc();
-    try {
-      g.colls.push_back(Coll{buf, 0, static_cast<uint32_t>(need),
-                             static_cast<uint32_t>(prefix_size), prefix_hash, 1, 0, nullptr, 0});
-    } catch (...) {
-      std::free(buf);
-      throw;
-    }
-    if (prefix_size) std::memcpy(buf, prefix, prefix_size);
-    const size_t hs = put_varint(buf + prefix_size, uint64_t{member_size} << 1);
-    if (member_size) std::memcpy(buf + prefix_size + hs, member, member_size);
-    g.colls.back().used = static_cast<uint32_t>(need);
-    place(g.slots.data(), static_cast<uint32_t>(g.slots.size() - 1), prefix_hash,
-          static_cast<uint32_t>(g.colls.size()));
+    auto* c = static_cast<Coll*>(std::malloc(sizeof(Coll) + cap));
+    if (c == nullptr) throw std::bad_alloc();
+    *c = Coll{static_cast<uint32_t>(need),
+              static_cast<uint32_t>(cap),
+              static_cast<uint32_t>(prefix_size),
+              prefix_hash,
+              1,
+              0,
+              nullptr,
+              0};
+    uint8_t* d = c->data();
+    if (prefix_size) std::memcpy(d, prefix, prefix_size);
+    const size_t hs = put_varint(d + prefix_size, uint64_t{member_size} << 1);
+    if (member_size) std::memcpy(d + prefix_size + hs, member, member_size);
+    place(g.slots.data(), static_cast<uint32_t>(g.slots.size() - 1), GroupSlot{prefix_hash, c});
+    ++g.count;
     return true;
   }
-  Coll& c = g.colls[idx];
-  if (find_member(c, member, member_size) != kNone) return false;
-  if (c.live == UINT32_MAX - 1)
+  Coll* c = g.slots[si].coll;
+  if (find_member(*c, member, member_size) != kNone) return false;
+  if (c->live == UINT32_MAX - 1)
     throw std::length_error("collection index: more than 2^32 - 2 members in one collection");
-  if (rec > UINT32_MAX - c.used) throw std::length_error("collection index: collection too large");
+  if (rec > UINT32_MAX - sizeof(Coll) - c->used)
+    throw std::length_error("collection index: collection too large");
   // Every allocation before the first change, so a failed one leaves the collection as it was.
-  if (c.used + rec > c.cap) {
-    size_t cap = size_t{c.cap} + c.cap / 2;
-    if (cap < c.used + rec) cap = c.used + rec;
-    if (cap > UINT32_MAX) cap = UINT32_MAX;
-    auto* buf = static_cast<uint8_t*>(std::realloc(c.buf, cap));
-    if (buf == nullptr) throw std::bad_alloc();
-    c.buf = buf;
-    c.cap = static_cast<uint32_t>(cap);
+  if (c->used + rec > c->cap) {
+    size_t cap = size_t{c->cap} + c->cap / 2;
+    if (cap < c->used + rec) cap = c->used + rec;
+    if (cap > UINT32_MAX - sizeof(Coll)) cap = UINT32_MAX - sizeof(Coll);
+    auto* moved = static_cast<Coll*>(std::realloc(c, sizeof(Coll) + cap));
+    if (moved == nullptr) throw std::bad_alloc();
+    c = moved;
+    g.slots[si].coll = c;
+    c->cap = static_cast<uint32_t>(cap);
   }
-  const uint32_t off = c.used;
-  const bool promote = c.table == nullptr && c.live + 1 > kSmallMembers;
-  const bool grow = c.table != nullptr && (size_t{c.live} + 1) * 4 > (size_t{c.mask} + 1) * 3;
+  const uint32_t off = c->used;
+  const bool promote = c->table == nullptr && c->live + 1 > kSmallMembers;
+  const bool grow = c->table != nullptr && (size_t{c->live} + 1) * 4 > (size_t{c->mask} + 1) * 3;
   Slot* fresh = nullptr;
   uint32_t fresh_mask = 0;
   if (promote || grow) {
-    fresh_mask = table_capacity(size_t{c.live} + 1) - 1;
+    fresh_mask = table_capacity(size_t{c->live} + 1) - 1;
     fresh = new Slot[size_t{fresh_mask} + 1]();
   }
-  const size_t hs = put_varint(c.buf + off, uint64_t{member_size} << 1);
-  if (member_size) std::memcpy(c.buf + off + hs, member, member_size);
-  c.used = off + static_cast<uint32_t>(rec);
-  ++c.live;
+  uint8_t* d = c->data();
+  const size_t hs = put_varint(d + off, uint64_t{member_size} << 1);
+  if (member_size) std::memcpy(d + off + hs, member, member_size);
+  c->used = off + static_cast<uint32_t>(rec);
+  ++c->live;
   if (fresh != nullptr) {
     if (grow) {
-      for (uint32_t i = 0; i <= c.mask; ++i)
-        if (c.table[i].ref != 0) place(fresh, fresh_mask, c.table[i].hash, c.table[i].ref);
-      delete[] c.table;
-      c.table = fresh;
-      c.mask = fresh_mask;
-      place(c.table, c.mask, hash(member, member_size), off + 1);
+      for (uint32_t i = 0; i <= c->mask; ++i)
+        if (c->table[i].used()) place(fresh, fresh_mask, c->table[i]);
+      delete[] c->table;
+      c->table = fresh;
+      c->mask = fresh_mask;
+      place(c->table, c->mask, Slot{hash(member, member_size), off + 1});
     } else {
-      c.table = fresh;
-      c.mask = fresh_mask;
-      rebuild_table(c);
+      c->table = fresh;
+      c->mask = fresh_mask;
+      rebuild_table(*c);
     }
-  } else if (c.table != nullptr) {
-    place(c.table, c.mask, hash(member, member_size), off + 1);
+  } else if (c->table != nullptr) {
+    place(c->table, c->mask, Slot{hash(member, member_size), off + 1});
   }
   return true;
 }
@@ -323,16 +366,16 @@ bool CollectionIndex::erase_hashed(int32_t kg, uint32_t prefix_hash, const uint8
   Group& g = group(kg);
   check_bytes(prefix, prefix_size, "prefix");
   check_bytes(member, member_size, "member");
-  const uint32_t idx = find_coll_index(g, prefix_hash, prefix, prefix_size);
-  if (idx == kNone) return false;
-  Coll& c = g.colls[idx];
+  const uint32_t si = find_slot(g, prefix_hash, prefix, prefix_size);
+  if (si == kNone) return false;
+  Coll& c = *g.slots[si].coll;
   const uint32_t off = find_member(c, member, member_size);
   if (off == kNone) return false;
   erase_record(c, off);
   if (c.live == 0) {
-    drop_coll(g, idx);
+    drop_coll(g, si);
   } else if (c.dead > c.live) {
-    compact(c);
+    compact(g, si);
   }
   return true;
 }
@@ -363,26 +406,28 @@ std::vector<std::string> CollectionIndex::take(int32_t kg, const uint8_t* prefix
   Group& g = group(kg);
   check_bytes(prefix, prefix_size, "prefix");
   std::vector<std::string> out;
-  const uint32_t idx = find_coll_index(g, hash(prefix, prefix_size), prefix, prefix_size);
-  if (idx == kNone) return out;
-  const Coll& c = g.colls[idx];
+  const uint32_t si = find_slot(g, hash(prefix, prefix_size), prefix, prefix_size);
+  if (si == kNone) return out;
+  const Coll& c = *g.slots[si].coll;
+  const uint8_t* d = c.data();
   out.reserve(c.live);
   for (uint32_t at = c.prefix_size; at < c.used;) {
     size_t hs = 0;
     bool erased = false;
-    const uint32_t n = read_record(c.buf + at, &hs, &erased);
-    if (!erased) out.emplace_back(reinterpret_cast<const char*>(c.buf + at + hs), n);
+    const uint32_t n = read_record(d + at, &hs, &erased);
+    if (!erased) out.emplace_back(reinterpret_cast<const char*>(d + at + hs), n);
     at += static_cast<uint32_t>(hs) + n;
   }
-  drop_coll(g, idx);
+  drop_coll(g, si);
   return out;
 }
 
 void CollectionIndex::clear() {
   for (Group& g : groups_) {
-    for (Coll& c : g.colls) free_coll(c);
-    std::vector<Coll>().swap(g.colls);
-    std::vector<Slot>().swap(g.slots);
+    for (GroupSlot& s : g.slots)
+      if (s.used()) free_coll(s.coll);
+    std::vector<GroupSlot>().swap(g.slots);
+    g.count = 0;
   }
 }
 
@@ -438,33 +483,37 @@ void CollectionIndex::erase_entry_keys(const std::vector<std::string>& keys, con
 size_t CollectionIndex::prune(StateTable& table) {
   size_t dropped = 0;
   std::vector<uint8_t> key;
+  std::vector<Coll*> colls;
   ByteView out;
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     const int32_t kg = kg_start_ + static_cast<int32_t>(gi);
     Group& g = groups_[gi];
-    if (g.colls.empty()) continue;
+    if (g.count == 0) continue;
     StateMap& m = table.map(kg);
-    // Backwards: dropping collection i moves the last one, already visited, into its place.
-    for (size_t ci = g.colls.size(); ci-- > 0;) {
-      Coll& c = g.colls[ci];
-      for (uint32_t at = c.prefix_size; at < c.used;) {
+    // The collections first: dropping one moves other slots (backward shift).
+    colls.clear();
+    for (const GroupSlot& s : g.slots)
+      if (s.used()) colls.push_back(s.coll);
+    for (Coll* c : colls) {
+      const uint8_t* d = c->data();
+      for (uint32_t at = c->prefix_size; at < c->used;) {
         size_t hs = 0;
         bool erased = false;
-        const uint32_t n = read_record(c.buf + at, &hs, &erased);
+        const uint32_t n = read_record(d + at, &hs, &erased);
         if (!erased) {
-          key.assign(c.buf, c.buf + c.prefix_size);
-          key.insert(key.end(), c.buf + at + hs, c.buf + at + hs + n);
+          key.assign(d, d + c->prefix_size);
+          key.insert(key.end(), d + at + hs, d + at + hs + n);
           if (!m.get(key.data(), key.size(), &out)) {
-            erase_record(c, at);
+            erase_record(*c, at);
             ++dropped;
           }
         }
         at += static_cast<uint32_t>(hs) + n;
       }
-      if (c.live == 0) {
-        drop_coll(g, static_cast<uint32_t>(ci));
-      } else if (c.dead > c.live) {
-        compact(c);
+      if (c->live == 0) {
+        drop_coll(g, slot_of(g, c));
+      } else if (c->dead > c->live) {
+        compact(g, slot_of(g, c));
       }
     }
   }
@@ -473,24 +522,26 @@ size_t CollectionIndex::prune(StateTable& table) {
 
 size_t CollectionIndex::collections() const {
   size_t n = 0;
-  for (const Group& g : groups_) n += g.colls.size();
+  for (const Group& g : groups_) n += g.count;
   return n;
 }
 
 size_t CollectionIndex::members() const {
   size_t n = 0;
   for (const Group& g : groups_)
-    for (const Coll& c : g.colls) n += c.live;
+    for (const GroupSlot& s : g.slots)
+      if (s.used()) n += s.coll->live;
   return n;
 }
 
 size_t CollectionIndex::bytes() const {
   size_t b = sizeof(*this) + groups_.capacity() * sizeof(Group);
   for (const Group& g : groups_) {
-    b += g.slots.capacity() * sizeof(Slot) + g.colls.capacity() * sizeof(Coll);
-    for (const Coll& c : g.colls) {
-      b += c.cap;
-      if (c.table != nullptr) b += (size_t{c.mask} + 1) * sizeof(Slot);
+    b += g.slots.capacity() * sizeof(GroupSlot);
+    for (const GroupSlot& s : g.slots) {
+      if (!s.used()) continue;
+      b += sizeof(Coll) + s.coll->cap;
+      if (s.coll->table != nullptr) b += (size_t{s.coll->mask} + 1) * sizeof(Slot);
     }
   }
   return b;
@@ -502,38 +553,35 @@ void CollectionIndex::check_invariants() const {
   };
   for (const Group& g : groups_) {
     size_t used_slots = 0;
-    if (!g.colls.empty() && (g.slots.size() & (g.slots.size() - 1)) != 0)
+    if ((g.slots.size() & (g.slots.size() - 1)) != 0)
       fail("I1 group table capacity not a power of two");
-    for (const Slot& s : g.slots) {
-      if (s.ref == 0) continue;
+    for (const GroupSlot& s : g.slots) {
+      if (!s.used()) continue;
       ++used_slots;
-      if (s.ref > g.colls.size()) fail("I1 slot past the collection records");
-      const Coll& c = g.colls[s.ref - 1];
+      const Coll& c = *s.coll;
       if (c.hash != s.hash) fail("I1 slot hash differs from its collection's");
-      if (find_coll_index(g, c.hash, c.buf, c.prefix_size) != s.ref - 1)
+      if (find_slot(g, c.hash, c.data(), c.prefix_size) == kNone ||
+          g.slots[find_slot(g, c.hash, c.data(), c.prefix_size)].coll != s.coll)
         fail("I1 collection not found by its prefix");
-    }
-    if (used_slots != g.colls.size()) fail("I1 slots != collection records");
-    if (used_slots * 4 > g.slots.size() * 3) fail("I1 group table load above 3/4");
-    for (const Coll& c : g.colls) {
       if (c.live == 0) fail("I2 empty collection kept");
       if (c.dead > c.live) fail("I3 more erased records than live ones");
-      if (c.hash != hash(c.buf, c.prefix_size)) fail("collection hash differs from its prefix's");
+      if (c.hash != hash(c.data(), c.prefix_size))
+        fail("collection hash differs from its prefix's");
       uint32_t live = 0, dead = 0;
       uint32_t at = c.prefix_size;
       while (at < c.used) {
         size_t hs = 0;
         bool erased = false;
-        const uint32_t n = read_record(c.buf + at, &hs, &erased);
+        const uint32_t n = read_record(c.data() + at, &hs, &erased);
         if (erased) {
           ++dead;
         } else {
           ++live;
-          if (find_member(c, c.buf + at + hs, n) != at) fail("I4 live member not found");
+          if (find_member(c, c.data() + at + hs, n) != at) fail("I4 live member not found");
         }
         at += static_cast<uint32_t>(hs) + n;
       }
-      if (at != c.used || c.used > c.cap) fail("records overrun the buffer");
+      if (at != c.used || c.used > c.cap) fail("records overrun the block");
       if (live != c.live || dead != c.dead) fail("live/erased counts differ from the records");
       // Promoted past kSmallMembers; demoted by the first compaction at or below it.
       if (c.live > kSmallMembers && c.table == nullptr) fail("I4 large collection not promoted");
@@ -542,16 +590,18 @@ void CollectionIndex::check_invariants() const {
       if (c.table == nullptr) continue;
       uint32_t slots = 0;
       for (uint32_t i = 0; i <= c.mask; ++i) {
-        if (c.table[i].ref == 0) continue;
+        if (!c.table[i].used()) continue;
         ++slots;
         size_t hs = 0;
         bool erased = false;
-        read_record(c.buf + c.table[i].ref - 1, &hs, &erased);
+        read_record(c.data() + c.table[i].ref - 1, &hs, &erased);
         if (erased) fail("I4 member table slot of an erased record");
       }
       if (slots != c.live) fail("I4 member table slots != live members");
       if (size_t{slots} * 4 > (size_t{c.mask} + 1) * 3) fail("I4 member table load above 3/4");
     }
+    if (used_slots != g.count) fail("I1 slots != collections");
+    if (used_slots * 4 > g.slots.size() * 3) fail("I1 group table load above 3/4");
   }
 }
 

@@ -188,6 +188,23 @@ TEST(promotion_past_small_members_and_demotion_keep_order) {
   ix.check_invariants();
 }
 
+TEST(a_collection_that_shrank_gives_memory_back) {
+  CollectionIndex ix(0, 0);
+  for (int i = 0; i < 10000; ++i) ins(ix, 0, "p", std::to_string(i));
+  const size_t big = ix.bytes();
+  for (int i = 3; i < 10000; ++i) era(ix, 0, "p", std::to_string(i));
+  CHECK(ix.bytes() * 20 < big);  // buffer and member table shrunk, not just emptied
+  CHECK(members(ix, 0, "p") == V({"0", "1", "2"}));
+  ix.check_invariants();
+  for (int i = 0; i < 10000; ++i) ins(ix, 0, "q", std::to_string(i));
+  const size_t q_big = ix.bytes();
+  for (int i = 100; i < 10000; ++i) era(ix, 0, "q", std::to_string(i));  // stays promoted
+  CHECK(ix.bytes() * 20 < q_big);
+  CHECK_EQ(sz(ix, 0, "q"), size_t(100));
+  CHECK(!ins(ix, 0, "q", "99"));
+  ix.check_invariants();
+}
+
 TEST(index_hash_is_the_state_map_hash) {
   // A kernel passes the prefix hash it computed for the table (insert_hashed): both must agree,
   // with the default hash and with an injected one.

@@ -8,29 +8,31 @@
 // and checkpoints hold the entries, and a restore inserts the loaded entries here (in key order).
 //
 // Layout. The common state holds many tiny maps (100k keys x 16 user keys), so the design keeps
-// one allocation per collection and no allocation per member (node-based hash maps cost ~72
-// bytes and two allocations per member):
+// one allocation per collection and none per member (node-based hash maps cost ~72 bytes and two
+// allocations per member), and touches two cache lines to find a collection:
 //  - Per key group an open-addressing table (linear probing, power-of-two capacity, load <= 3/4,
-//    backward-shift deletion, no tombstones) of 8-byte slots {prefix hash, collection number}
-//    over a dense vector of collection records. Dropping a collection moves the last record
-//    into its place and repoints that record's slot.
-//  - A collection record owns one buffer `prefix | member record...`: the prefix bytes stored
-//    once, then one record per member in insertion order, `varint(size << 1 | erased) | bytes`.
-//    Erasing a member sets its erased bit (lazy removal); when the erased records outnumber the
-//    live ones the buffer is compacted in place, so iteration stays O(live members) amortised.
+//    backward-shift deletion, no tombstones) of 16-byte slots {prefix hash, collection pointer}:
+//    a probe reads a collection only when the hashes agree.
+//  - A collection is one malloc'd block: a 40-byte header (sizes, counts, prefix hash, member
+//    table), the prefix bytes stored once, then one record per member in insertion order,
+//    `varint(size << 1 | erased) | bytes`. Erasing a member sets its erased bit (lazy removal);
+//    when the erased records outnumber the live ones they are compacted out in place (and a
+//    block far larger than its bytes shrunk), so iteration stays O(live members) amortised.
+//    The block grows by 1.5x (realloc), its slot repointed when it moves.
 //  - Up to kSmallMembers live members a lookup scans the records (at most 2 * kSmallMembers + 1
-//    of them, by the compaction rule): for 8-byte user keys a few cache lines, cheaper than any
-//    hashing. Beyond that the collection is promoted to an open-addressing member table (the
-//    same probing) of {member hash, record offset + 1} over its live members, rebuilt when a
+//    of them, by the compaction rule): for 8-byte user keys a few cache lines, cheaper than
+//    hashing. Beyond that the collection is promoted to an open-addressing member table (same
+//    probing) of {member hash, record offset + 1} over its live members, rebuilt when a
 //    compaction moves the records and dropped when a compaction leaves kSmallMembers or fewer.
 //  - Hashes are the state map's key hash (StateMap::hash under the same KeyHashFunction), so a
 //    batch kernel that hashed the prefix for the table passes that hash (insert_hashed).
-// Trade-offs: a member is compared by its bytes, never by a stored hash, in small collections
-// (short user keys make that the cheaper test); a promoted collection rehashes its members on a
-// compaction rather than storing per-record hashes. Growth of a buffer is by 1.5x (realloc).
+// Trade-offs: small collections compare members by their bytes, never by a stored hash (short
+// user keys make that the cheaper test); a promoted collection rehashes its members on a
+// compaction rather than storing a hash per record; a lookup of a collection's prefix always
+// reads the collection's block, which the following member scan reads anyway.
 //
 // Invariants (check_invariants(), run by native/tests/test_collection_index.cpp):
-//  I1 a group's slot table holds exactly one slot per collection record, none for others;
+//  I1 a group's slot table holds exactly one slot per collection, found by its prefix;
 //  I2 every collection record has live >= 1 (an emptied collection is dropped at once);
 //  I3 dead <= live after every public call (compaction), so a scan visits <= 2 * live + 1;
 //  I4 a promoted collection's member table holds one slot per live member, none for erased ones.
@@ -126,24 +128,35 @@ class CollectionIndex {
   size_t bytes() const;
 
  private:
+  // A member table slot (ref 0: free).
   struct Slot {
     uint32_t hash;
-    uint32_t ref;  // collection number + 1 (group slots) or record offset + 1 (member tables)
+    uint32_t ref;  // record offset in data() + 1
+    bool used() const { return ref != 0; }
   };
+  // A collection: this header, then its bytes `prefix | member records`, in one malloc'd block.
   struct Coll {
-    uint8_t* buf;   // prefix | member records (malloc'd)
-    uint32_t used;  // bytes of buf in use
-    uint32_t cap;   // bytes of buf allocated
+    uint32_t used;  // bytes of data() in use
+    uint32_t cap;   // bytes of data() allocated
     uint32_t prefix_size;
     uint32_t hash;  // of the prefix
     uint32_t live;  // listed members
-    uint32_t dead;  // erased records still in buf
+    uint32_t dead;  // erased records still in data()
     Slot* table;    // member table of a promoted collection, else nullptr
     uint32_t mask;  // its capacity - 1
+    uint8_t* data() { return reinterpret_cast<uint8_t*>(this + 1); }
+    const uint8_t* data() const { return reinterpret_cast<const uint8_t*>(this + 1); }
+  };
+  // A group table slot (coll nullptr: free): the hash beside the pointer, so a probe reads
+  // a collection only when the hashes agree.
+  struct GroupSlot {
+    uint32_t hash;
+    Coll* coll;
+    bool used() const { return coll != nullptr; }
   };
   struct Group {
-    std::vector<Slot> slots;  // empty, or a power-of-two capacity
-    std::vector<Coll> colls;
+    std::vector<GroupSlot> slots;  // empty, or a power-of-two capacity
+    size_t count = 0;              // collections
   };
   // A record's header: varint(size << 1 | erased); returns size, *header its byte count.
   static uint32_t read_record(const uint8_t* p, size_t* header, bool* erased) {
@@ -161,15 +174,19 @@ class CollectionIndex {
 
   Group& group(int32_t kg);
   const Group& group(int32_t kg) const;
+  // The slot of the collection `prefix` in g, or UINT32_MAX.
+  uint32_t find_slot(const Group& g, uint32_t h, const uint8_t* prefix, size_t ps) const;
   const Coll* find_coll(const Group& g, uint32_t h, const uint8_t* prefix, size_t ps) const;
-  uint32_t find_coll_index(const Group& g, uint32_t h, const uint8_t* prefix, size_t ps) const;
-  // Offset of the live record of `member` in c, or UINT32_MAX.
+  // Offset of the live record of `member` in c's data(), or UINT32_MAX.
   uint32_t find_member(const Coll& c, const uint8_t* member, size_t ms) const;
-  void drop_coll(Group& g, uint32_t idx);
+  // The slot of `c` in g (which holds it).
+  static uint32_t slot_of(const Group& g, const Coll* c);
+  void drop_coll(Group& g, uint32_t slot);
   void erase_record(Coll& c, uint32_t off);
-  void compact(Coll& c);
+  // Compacts the collection of g's slot `slot` (its block may move).
+  void compact(Group& g, uint32_t slot);
   void rebuild_table(Coll& c);
-  static void free_coll(Coll& c);
+  static void free_coll(Coll* c);
   template <bool kInsert>
   void apply_entry_keys(const uint8_t* data, const int32_t* off, int64_t n, const KeySchema& key,
                         NamespaceType namespace_type, int32_t max_parallelism);
@@ -185,11 +202,12 @@ void CollectionIndex::for_each(int32_t kg, const uint8_t* prefix, size_t prefix_
                                Fn&& fn) const {
   const Coll* c = find_coll(group(kg), hash(prefix, prefix_size), prefix, prefix_size);
   if (c == nullptr) return;
+  const uint8_t* d = c->data();
   for (size_t at = c->prefix_size; at < c->used;) {
     size_t hs = 0;
     bool erased = false;
-    const uint32_t n = read_record(c->buf + at, &hs, &erased);
-    if (!erased) fn(static_cast<const uint8_t*>(c->buf + at + hs), static_cast<size_t>(n));
+    const uint32_t n = read_record(d + at, &hs, &erased);
+    if (!erased) fn(d + at + hs, static_cast<size_t>(n));
     at += hs + n;
   }
 }
