@@ -5,6 +5,8 @@ through incremental checkpoints, compaction, verify and a rescaling restore."""
 
 from __future__ import annotations
 
+import re
+
 import pyarrow as pa
 import pytest
 
@@ -219,3 +221,60 @@ def test_map_entries_through_incremental_checkpoints_compaction_and_rescale(kind
     want3[7] = "changed"
     assert got[3] == want3
     assert all(got[k] == {u: f"{k}/{u}" for u in range(300)} for k in got if k != 3)
+
+
+# User keys a writer could not have serialized: (user key type, bytes after the prefix, reason).
+_UNDECODABLE_USER_KEYS = [
+    ("int64", b"\x01\x02", "int64"),                  # 2 bytes of an 8-byte key
+    ("int64", b"\x00" * 9, "int64"),                  # one byte too many
+    ("string", b"\x03\xff\xfe", "UTF-8"),             # varlen ok, bytes not UTF-8
+    ("string", b"\x05ab", "string"),                  # shorter than its varlen says
+    ("string", b"\x80", "string|varlen"),             # varlen cut off
+    ("string", b"\x00", "string"),                    # length 0: a null string
+    ("bool", b"\x02", "bool"),                        # neither 00 nor 01
+]
+
+
+def _forged_run_store(tmp_path, user_key_type: str, bad: bytes):
+    """A committed checkpoint whose run holds two good entries and one whose user key is
+    ``bad``, written as a writer would (checksums and all)."""
+    from statecore.checkpoint import CheckpointStore
+
+    good = S.key_serializer(user_key_type).serialize(
+        {"int64": 5, "string": "ok", "bool": True}[user_key_type])
+    kg, prefix = _prefix(1)
+    kg2, prefix2 = _prefix(2)
+    rows = {kg: {prefix + good: b"\x01" * 8, prefix + bad: b"\x02" * 8}}
+    rows.setdefault(kg2, {})[prefix2 + good] = b"\x03" * 8
+    snap = _Snap(rows)
+    snap.state_metas = lambda: [dict(META, user_key_type=user_key_type)]
+    store = CheckpointStore(str(tmp_path))
+    store.commit(1, [store.write_snapshot(snap, 1, "p0")])
+    return store, kg
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+@pytest.mark.parametrize("uk_type,bad,reason", _UNDECODABLE_USER_KEYS)
+def test_restore_refuses_an_undecodable_user_key(kind, uk_type, bad, reason, tmp_path):
+    """Both backends decode every restored map entry's user key: one the user key type cannot
+    hold is refused naming the state, the key group and why, before anything is loaded; the
+    backend stays usable and empty (the python restore decodes it, the native one checks the
+    bytes, key_codec.h serialized_key_problem)."""
+    if kind == "native":
+        pytest.importorskip("statecore._native")
+    from statecore import create_backend
+
+    store, kg = _forged_run_store(tmp_path, uk_type, bad)
+    b = create_backend(kind, key_type="int64", max_parallelism=MAXP)
+    with pytest.raises(InvalidInputError) as ei:
+        store.restore(b)
+    msg = str(ei.value)
+    assert "state 'm'" in msg and f"key group {kg}" in msg and re.search(reason, msg), msg
+    assert b.num_entries() == 0
+    # The same entries one key group at a time (a reader without entries_chunks).
+    b2 = create_backend(kind, key_type="int64", max_parallelism=MAXP)
+    with store.open(1) as r, pytest.raises(InvalidInputError) as ei:
+        b2.restore(_ReaderSnap(r))
+    msg = str(ei.value)
+    assert "state 'm'" in msg and f"key group {kg}" in msg and re.search(reason, msg), msg
+    assert b2.num_entries() == 0

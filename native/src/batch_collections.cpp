@@ -162,6 +162,11 @@ void map_put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_
     int64_uks = uks.scalar_column();
   std::vector<uint8_t> ek;  // the row's entry key: prefix | ser(uk)
   RowKeys rk(spec, keys, table, kgs);
+  // The index hashes prefixes as the table's maps do when it shares their hash function: then
+  // the prefix hash RowKeys computed ahead is the index's too.
+  const bool shared_hash =
+      index != nullptr &&
+      index->hash_function() == table.map_unchecked(table.kg_start()).engine().hash_fn;
   uint8_t tmp[8];
   for (int64_t i = 0; i < n; ++i) {
     rk.ahead(i);
@@ -190,8 +195,10 @@ void map_put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_
     if (index != nullptr && (inserted || ttl.enabled)) {
       const uint8_t* member = ek.data() + rk.size();
       const size_t ms = ek.size() - rk.size();
-      if (inserted && ttl.enabled) index->erase(kgs[i], rk.data(), rk.size(), member, ms);
-      index->insert(kgs[i], rk.data(), rk.size(), member, ms);
+      const uint32_t ph = shared_hash ? rk.hash(i, m) : index->hash(rk.data(), rk.size());
+      if (inserted && ttl.enabled)
+        index->erase_hashed(kgs[i], ph, rk.data(), rk.size(), member, ms);
+      index->insert_hashed(kgs[i], ph, rk.data(), rk.size(), member, ms);
     }
   }
 }

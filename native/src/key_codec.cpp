@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "statecore/hash.h"
 #include "statecore/key_columns.h"
 
 namespace statecore {
@@ -292,6 +293,41 @@ size_t encoded_prefix_size(const uint8_t* key, size_t size, const KeySchema& key
   pos += namespace_size(key, size, pos, namespace_type);
   if (ambiguous) pos += skip_lenbytes(key, size, pos, pos - ns_start);
   return pos;
+}
+
+std::string serialized_key_problem(const uint8_t* data, size_t size, const KeySchema& schema) {
+  if (data == nullptr && size != 0) return "null data";
+  size_t pos = 0;
+  for (const KeyColumn& c : schema.columns) {
+    size_t n = 0;
+    try {
+      n = column_size(data, size, pos, c.type, c.width);
+    } catch (const std::invalid_argument&) {
+      return "truncated or malformed " + KeySchema::scalar(c.type, c.width).name() + " (" +
+             std::to_string(size - pos) + " bytes left)";
+    }
+    const uint8_t* p = data + pos;
+    if (c.type == KeyType::Bool && p[0] > 1) return "bool byte other than 00/01";
+    if (c.type == KeyType::Float64) {
+      uint64_t bits = 0;
+      for (int i = 0; i < 8; ++i) bits = bits << 8 | p[i];
+      double v = 0;
+      std::memcpy(&v, &bits, 8);
+      if (canonical_double_bits(v) != bits) return "non-canonical float64";
+    }
+    if (c.type == KeyType::String) {
+      uint64_t len = 0;
+      const size_t used = read_varlen(p, n, &len);
+      try {
+        java_hash_string_utf8(reinterpret_cast<const char*>(p + used), n - used);
+      } catch (const std::invalid_argument&) {
+        return "malformed UTF-8 in a string";
+      }
+    }
+    pos += n;
+  }
+  if (pos != size) return std::to_string(size - pos) + " bytes after the key";
+  return std::string();
 }
 
 }  // namespace statecore

@@ -21,9 +21,9 @@ size_t varlen_at(ByteView v, size_t pos, uint64_t* n) {
   return pos + used;
 }
 
-// The one walk over a TTL value's layout: fn(start, end, has_ts) for each list element / map
-// entry (bytes [start, end), its timestamp at end - 8 when has_ts; a Value layout is a single
-// element), in order, until fn returns false. Throws (broken) on a truncated layout. With
+// The one walk over a TTL value's layout: fn(start, end, has_ts) for each list element (bytes
+// [start, end), its timestamp at end - 8 when has_ts; a Value layout is a single element), in
+// order, until fn returns false. Throws (broken) on a truncated layout. With
 // `timestamps` false it walks the same state's layout without TTL (migration reads it): list
 // elements have no suffix and has_ts is always false.
 template <class Fn>
@@ -37,22 +37,11 @@ void for_each_element(const FilterSpec& spec, ByteView v, Fn&& fn, bool timestam
   while (pos < v.size) {
     const size_t start = pos;
     uint64_t n = 0;
-    bool has_ts = timestamps;
-    if (spec.layout == Layout::List) {
-      n = spec.fixed_width;
-      if (n == 0) pos = varlen_at(v, pos, &n);
-      if (n > v.size - pos || v.size - pos - n < suffix) broken("truncated list element", start);
-      pos += n + suffix;
-    } else {
-      uint64_t m = 0;
-      pos = varlen_at(v, pos, &n);
-      if (n > v.size - pos) broken("truncated map user key", start);
-      pos = varlen_at(v, pos + n, &m);
-      if (m > v.size - pos) broken("truncated map user value", start);
-      pos += m;
-      has_ts = timestamps && m >= kTimestampBytes;  // a user value too short for one is kept
-    }
-    if (!fn(start, pos, has_ts)) return;
+    n = spec.fixed_width;
+    if (n == 0) pos = varlen_at(v, pos, &n);
+    if (n > v.size - pos || v.size - pos - n < suffix) broken("truncated list element", start);
+    pos += n + suffix;
+    if (!fn(start, pos, timestamps)) return;
   }
 }
 
@@ -78,24 +67,6 @@ FilterResult filter_list(const FilterSpec& spec, int64_t now, ByteView v, std::v
   return result;
 }
 
-FilterResult filter_map(const FilterSpec& spec, int64_t now, ByteView v, std::vector<uint8_t>* out,
-                        size_t* expired_count) {
-  size_t n_dropped = 0;
-  bool kept = false;
-  for_each_element(spec, v, [&](size_t start, size_t end, bool has_ts) {
-    if (has_ts && expired(load_timestamp(v.data + end - kTimestampBytes), spec.ttl_ms, now)) {
-      if (n_dropped++ == 0) out->assign(v.data, v.data + start);  // everything before was kept
-    } else {
-      kept = true;
-      if (n_dropped) out->insert(out->end(), v.data + start, v.data + end);
-    }
-    return true;
-  });
-  *expired_count += n_dropped;
-  if (!kept) return FilterResult::Drop;  // also an empty map, as the Python filter
-  return n_dropped ? FilterResult::Trim : FilterResult::Keep;
-}
-
 }  // namespace
 
 FilterResult filter_value(const FilterSpec& spec, int64_t now, ByteView value,
@@ -112,12 +83,8 @@ FilterResult filter_value(const FilterSpec& spec, int64_t now, ByteView value,
       *expired_count += 1;
       return FilterResult::Drop;
     case Layout::List:
-    case Layout::Map: {
-      if (out == nullptr)
-        throw std::invalid_argument("filter_value: a list/map filter needs `out`");
-      return spec.layout == Layout::List ? filter_list(spec, now, value, out, expired_count)
-                                         : filter_map(spec, now, value, out, expired_count);
-    }
+      if (out == nullptr) throw std::invalid_argument("filter_value: a list filter needs `out`");
+      return filter_list(spec, now, value, out, expired_count);
   }
   throw std::invalid_argument("filter_value: unknown layout");
 }
@@ -183,7 +150,7 @@ ValuesFiltered filter_values_impl(const FilterSpec& spec, int64_t now, const uin
     } catch (const std::invalid_argument& err) {
       throw std::invalid_argument("value " + std::to_string(i) + ": " + err.what());
     }
-    // An empty list/map value holds nothing alive: dropped (expired count 0), as the full
+    // An empty list value holds nothing alive: dropped (expired count 0), as the full
     // snapshot filter drops it.
     keep[i] = res != FilterResult::Drop;
     if (res == FilterResult::Drop) continue;
@@ -260,18 +227,6 @@ size_t restamp(StateMap& map, const FilterSpec& spec, int64_t from, int64_t to) 
   return rewritten;
 }
 
-namespace {
-
-// A map entry [start, end) of a value `v` whose layout was walked already: the user value's
-// varlen is at *uv_len_at, its bytes at [*uv_at, end).
-void map_entry_parts(ByteView v, size_t start, size_t* uv_len_at, size_t* uv_at) {
-  uint64_t n = 0, m = 0;
-  *uv_len_at = varlen_at(v, start, &n) + n;
-  *uv_at = varlen_at(v, *uv_len_at, &m);
-}
-
-}  // namespace
-
 bool migrate_value(const MigrationSpec& spec, ByteView v, std::vector<uint8_t>* out,
                    size_t* expired_count) {
   if (out == nullptr) throw std::invalid_argument("migrate_value needs `out`");
@@ -298,21 +253,12 @@ bool migrate_value(const MigrationSpec& spec, ByteView v, std::vector<uint8_t>* 
         }
         any = true;
         const size_t body_end = add ? end : end - kTimestampBytes;
-        if (spec.layout == Layout::Map) {
-          // The user value's varlen counts the suffix: rewrite it.
-          size_t uv_len_at = 0, uv_at = 0;
-          map_entry_parts(v, start, &uv_len_at, &uv_at);
-          out->insert(out->end(), v.data + start, v.data + uv_len_at);
-          append_varlen(*out, body_end - uv_at + (add ? kTimestampBytes : 0));
-          out->insert(out->end(), v.data + uv_at, v.data + body_end);
-        } else {
-          out->insert(out->end(), v.data + start, v.data + body_end);
-        }
+        out->insert(out->end(), v.data + start, v.data + body_end);
         if (add) out->insert(out->end(), ts, ts + kTimestampBytes);
         return true;
       },
       !add);
-  // Adding keeps every value (an empty list/map value stays empty, as the Python backend keeps
+  // Adding keeps every value (an empty list value stays empty, as the Python backend keeps
   // it); stripping removes the entry when nothing in it survived.
   return add || any;
 }

@@ -1,7 +1,10 @@
 // The collection index of map state (collection_index.h) and the prefix splitter it relies on
 // (key_codec.h encoded_prefix_size), against keys built by KeyEncoder (docs/formats.md "Encoded
 // key" and "Map state").
+#include <algorithm>
 #include <cstring>
+#include <map>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -43,7 +46,220 @@ size_t sz(const CollectionIndex& ix, int32_t kg, const std::string& p) {
 
 using V = std::vector<std::string>;
 
+// Every prefix and member hashes alike (as Tessil robin-map's tests do with a constant hash): the
+// probing, backward-shift deletion and dropping of collections must still find every key.
+uint32_t colliding_hash(const uint8_t*, size_t) { return 7; }
+
+// A reference index: per (key group, prefix) the members in insertion order.
+struct Reference {
+  std::map<std::pair<int32_t, std::string>, std::vector<std::string>> colls;
+  bool insert(int32_t kg, const std::string& p, const std::string& m) {
+    auto& v = colls[{kg, p}];
+    for (const auto& x : v)
+      if (x == m) return false;
+    v.push_back(m);
+    return true;
+  }
+  bool erase(int32_t kg, const std::string& p, const std::string& m) {
+    auto it = colls.find({kg, p});
+    if (it == colls.end()) return false;
+    auto& v = it->second;
+    for (size_t i = 0; i < v.size(); ++i)
+      if (v[i] == m) {
+        v.erase(v.begin() + static_cast<std::ptrdiff_t>(i));
+        if (v.empty()) colls.erase(it);
+        return true;
+      }
+    return false;
+  }
+  V get(int32_t kg, const std::string& p) const {
+    auto it = colls.find({kg, p});
+    return it == colls.end() ? V() : it->second;
+  }
+  size_t members() const {
+    size_t n = 0;
+    for (const auto& kv : colls) n += kv.second.size();
+    return n;
+  }
+};
+
+// Random inserts, erases, takes and reads over a few key groups, prefixes of mixed sizes (empty
+// included) and members of mixed sizes, some collections growing past kSmallMembers and
+// shrinking back; every result and the full contents compared with the reference.
+void differential(uint32_t seed, KeyHashFunction hash, int ops, int prefixes, int members_per) {
+  std::mt19937 rng(seed);
+  CollectionIndex ix(2, 5, hash);
+  Reference ref;
+  size_t max_size = 0;
+  auto prefix = [&](int i) {
+    return i == 0 ? std::string() : std::string(size_t(i % 11), 'p') + std::to_string(i);
+  };
+  auto member = [&](int i) {
+    return i % 7 == 0 ? std::string(40, 'm') + std::to_string(i) : std::to_string(i);
+  };
+  for (int op = 0; op < ops; ++op) {
+    const int32_t kg = 2 + static_cast<int32_t>(rng() % 4);
+    const std::string p = prefix(static_cast<int>(rng() % static_cast<uint32_t>(prefixes)));
+    // Skewed member choice: phases that grow collections, phases that shrink them.
+    const bool grow_phase = (op / 2000) % 2 == 0;
+    const std::string m = member(static_cast<int>(rng() % static_cast<uint32_t>(members_per)));
+    const uint32_t r = rng() % 100;
+    if (r < (grow_phase ? 55u : 25u)) {
+      CHECK_EQ(ins(ix, kg, p, m), ref.insert(kg, p, m));
+    } else if (r < 90) {
+      CHECK_EQ(era(ix, kg, p, m), ref.erase(kg, p, m));
+    } else if (r < 92) {
+      const auto* pp = reinterpret_cast<const uint8_t*>(p.data());
+      CHECK(ix.take(kg, pp, p.size()) == ref.get(kg, p));
+      ref.colls.erase({kg, p});
+    } else if (r < 96) {
+      CHECK(ix.contains(kg, reinterpret_cast<const uint8_t*>(p.data()), p.size(),
+                        reinterpret_cast<const uint8_t*>(m.data()), m.size()) == [&] {
+        for (const auto& x : ref.get(kg, p))
+          if (x == m) return true;
+        return false;
+      }());
+    } else {
+      CHECK(members(ix, kg, p) == ref.get(kg, p));
+      CHECK_EQ(sz(ix, kg, p), ref.get(kg, p).size());
+    }
+    max_size = std::max(max_size, ref.get(kg, p).size());
+    if (op % 997 == 0) ix.check_invariants();
+  }
+  ix.check_invariants();
+  CHECK(max_size > CollectionIndex::kSmallMembers);  // promoted collections were exercised
+  CHECK_EQ(ix.collections(), ref.colls.size());
+  CHECK_EQ(ix.members(), ref.members());
+  for (const auto& kv : ref.colls) CHECK(members(ix, kv.first.first, kv.first.second) == kv.second);
+}
+
 }  // namespace
+
+TEST(differential_against_reference_fixed_seeds) {
+  for (uint32_t seed : {1u, 2u, 3u}) differential(seed, nullptr, 20000, 40, 48);
+}
+
+TEST(differential_with_an_all_colliding_hash) {
+  for (uint32_t seed : {4u, 5u}) differential(seed, colliding_hash, 6000, 24, 40);
+}
+
+TEST(all_colliding_hash_many_collections_and_members) {
+  CollectionIndex ix(0, 0, colliding_hash);
+  for (int p = 0; p < 200; ++p)
+    for (int m = 0; m < (p % 5 == 0 ? 40 : 3); ++m)
+      CHECK(ins(ix, 0, std::to_string(p), std::to_string(m)));
+  ix.check_invariants();
+  // Drop every other collection (backward shift over one long probe run), then read the rest.
+  for (int p = 0; p < 200; p += 2)
+    CHECK_EQ(ix.take(0, reinterpret_cast<const uint8_t*>(std::to_string(p).data()),
+                     std::to_string(p).size())
+                 .size(),
+             size_t(p % 5 == 0 ? 40 : 3));
+  ix.check_invariants();
+  for (int p = 1; p < 200; p += 2) {
+    V want;
+    for (int m = 0; m < (p % 5 == 0 ? 40 : 3); ++m) want.push_back(std::to_string(m));
+    CHECK(members(ix, 0, std::to_string(p)) == want);
+  }
+  CHECK_EQ(ix.collections(), size_t(100));
+}
+
+TEST(promotion_past_small_members_and_demotion_keep_order) {
+  CollectionIndex ix(0, 0);
+  const uint32_t k = CollectionIndex::kSmallMembers;
+  V want;
+  for (uint32_t i = 0; i < k + 1; ++i) {
+    CHECK(ins(ix, 0, "p", "m" + std::to_string(i)));
+    want.push_back("m" + std::to_string(i));
+    ix.check_invariants();
+  }
+  CHECK(!ins(ix, 0, "p", "m3"));  // found through the member table
+  CHECK(members(ix, 0, "p") == want);
+  // Erase down to a few: compactions drop the member table; order kept.
+  for (uint32_t i = 0; i < k - 2; ++i) {
+    CHECK(era(ix, 0, "p", "m" + std::to_string(i)));
+    ix.check_invariants();
+  }
+  want.erase(want.begin(), want.begin() + static_cast<std::ptrdiff_t>(k - 2));
+  CHECK(members(ix, 0, "p") == want);
+  CHECK(ins(ix, 0, "p", "m0"));
+  want.push_back("m0");
+  CHECK(members(ix, 0, "p") == want);
+  ix.check_invariants();
+}
+
+TEST(a_collection_that_shrank_gives_memory_back) {
+  CollectionIndex ix(0, 0);
+  for (int i = 0; i < 10000; ++i) ins(ix, 0, "p", std::to_string(i));
+  const size_t big = ix.bytes();
+  for (int i = 3; i < 10000; ++i) era(ix, 0, "p", std::to_string(i));
+  CHECK(ix.bytes() * 20 < big);  // buffer and member table shrunk, not just emptied
+  CHECK(members(ix, 0, "p") == V({"0", "1", "2"}));
+  ix.check_invariants();
+  for (int i = 0; i < 10000; ++i) ins(ix, 0, "q", std::to_string(i));
+  const size_t q_big = ix.bytes();
+  for (int i = 100; i < 10000; ++i) era(ix, 0, "q", std::to_string(i));  // stays promoted
+  CHECK(ix.bytes() * 20 < q_big);
+  CHECK_EQ(sz(ix, 0, "q"), size_t(100));
+  CHECK(!ins(ix, 0, "q", "99"));
+  ix.check_invariants();
+}
+
+TEST(index_hash_is_the_state_map_hash) {
+  // A kernel passes the prefix hash it computed for the table (insert_hashed): both must agree,
+  // with the default hash and with an injected one.
+  for (KeyHashFunction h : {KeyHashFunction(nullptr), KeyHashFunction(colliding_hash)}) {
+    CollectionIndex ix(0, 0, h);
+    StateMap m(h);
+    for (size_t n = 0; n < 40; ++n) {
+      std::vector<uint8_t> key(n);
+      for (size_t i = 0; i < n; ++i) key[i] = static_cast<uint8_t>(i * 37 + n);
+      CHECK_EQ(ix.hash(key.data(), n), m.hash(key.data(), n));
+    }
+    CHECK(ix.hash_function() == h);
+  }
+}
+
+TEST(bad_arguments_change_nothing) {
+  CollectionIndex ix(0, 1);
+  ins(ix, 0, "p", "a");
+  CHECK_THROWS(ix.insert(0, nullptr, 3, reinterpret_cast<const uint8_t*>("x"), 1),
+               std::invalid_argument);
+  CHECK_THROWS(ix.insert(0, reinterpret_cast<const uint8_t*>("p"), 1, nullptr, 2),
+               std::invalid_argument);
+  CHECK_THROWS(ix.erase(0, nullptr, 3, reinterpret_cast<const uint8_t*>("a"), 1),
+               std::invalid_argument);
+  CHECK_THROWS(ins(ix, 2, "p", "a"), std::out_of_range);
+  CHECK_THROWS(ix.size(-1, reinterpret_cast<const uint8_t*>("p"), 1), std::out_of_range);
+  CHECK(members(ix, 0, "p") == V({"a"}));
+  // Empty prefixes and empty members are ordinary bytes strings.
+  CHECK(ins(ix, 1, "", ""));
+  CHECK(ins(ix, 1, "", "x"));
+  CHECK(!ins(ix, 1, "", ""));
+  CHECK(members(ix, 1, "") == V({"", "x"}));
+  ix.check_invariants();
+}
+
+TEST(bytes_per_member_of_tiny_maps) {
+  // 16 int64 user keys per map over many maps (the map_put bench's shape): a few bytes of slots
+  // and records per member besides the 8 member bytes, not the ~72 of node-based hash maps.
+  CollectionIndex ix(0, 127);
+  const KeySchema key = KeySchema::scalar(KeyType::Int64);
+  KeyEncoder e(key, NamespaceType::Void, 128);
+  for (int64_t k = 0; k < 20000; ++k) {
+    e.key_int64(static_cast<int32_t>(k % 128), k);
+    e.namespace_void();
+    for (int64_t uk = 0; uk < 16; ++uk) {
+      std::vector<uint8_t> m;
+      append_ser_int64(m, uk);
+      ix.insert(static_cast<int32_t>(k % 128), e.data(), e.size(), m.data(), m.size());
+    }
+  }
+  CHECK_EQ(ix.members(), size_t(20000 * 16));
+  const double per = static_cast<double>(ix.bytes()) / static_cast<double>(ix.members());
+  CHECK(per < 24.0);
+  ix.check_invariants();
+}
 
 TEST(insertion_order_reinsert_keeps_place_erased_goes_last) {
   CollectionIndex ix(0, 3);

@@ -184,4 +184,36 @@ TEST(encoder_type_and_order_checks) {
   CHECK_THROWS(KeyEncoder(KeyType::Int64, NamespaceType::Void, 0), std::invalid_argument);
 }
 
+TEST(serialized_key_problem_names_what_a_user_key_lacks) {
+  auto problem = [](const std::vector<uint8_t>& b, const KeySchema& s) {
+    return serialized_key_problem(b.data(), b.size(), s);
+  };
+  const KeySchema i64 = KeySchema::scalar(KeyType::Int64);
+  const KeySchema str = KeySchema::scalar(KeyType::String);
+  std::vector<uint8_t> ok;
+  append_ser_int64(ok, -3);
+  CHECK(problem(ok, i64).empty());
+  CHECK(problem(std::vector<uint8_t>(ok.begin(), ok.end() - 1), i64).find("truncated") == 0);
+  ok.push_back(0);
+  CHECK(problem(ok, i64) == "1 bytes after the key");
+  std::vector<uint8_t> s;
+  append_ser_bytes(s, "h\xc3\xa9", 3);
+  CHECK(problem(s, str).empty());
+  std::vector<uint8_t> empty_string;
+  append_ser_bytes(empty_string, "", 0);
+  CHECK(problem(empty_string, str).empty());
+  CHECK(problem({0x02, 0xff}, str) == "malformed UTF-8 in a string");
+  CHECK(problem({0x05, 'a'}, str).find("truncated") == 0);
+  CHECK(problem({0x80}, str).find("truncated") == 0);
+  CHECK(problem({0x00}, str).find("truncated") == 0);  // length 0: a null string
+  CHECK(problem({0x02}, KeySchema::scalar(KeyType::Bool)) == "bool byte other than 00/01");
+  CHECK(problem({0x01}, KeySchema::scalar(KeyType::Bool)).empty());
+  std::vector<uint8_t> nan{0x7f, 0xf8, 0, 0, 0, 0, 0, 1};  // a NaN other than the canonical one
+  CHECK(problem(nan, KeySchema::scalar(KeyType::Float64)) == "non-canonical float64");
+  std::vector<uint8_t> f;
+  append_ser_float64(f, 1.5);
+  CHECK(problem(f, KeySchema::scalar(KeyType::Float64)).empty());
+  CHECK(problem({1, 2, 3}, KeySchema::scalar(KeyType::FixedSizeBinary, 4)).find("truncated") == 0);
+}
+
 TEST_MAIN()

@@ -324,6 +324,10 @@ cdef extern from "statecore/key_codec.h" namespace "statecore" nogil:
         Binary
     size_t encoded_prefix_size(const uint8_t* key, size_t size, const KeySchema& key_schema,
                                NamespaceType namespace_type, int32_t max_parallelism) except +raise_native_error
+    string serialized_key_problem(const uint8_t* data, size_t size,
+                                  const KeySchema& schema) except +raise_native_error
+    int32_t read_key_group_prefix(const uint8_t* key, size_t size,
+                                  int32_t max_parallelism) except +raise_native_error
 
 
 cdef extern from "statecore/collection_index.h" namespace "statecore" nogil:
@@ -419,7 +423,6 @@ cdef extern from "statecore/ttl.h" namespace "statecore::ttl" nogil:
     cdef enum class Layout(uint8_t):
         Value
         List
-        Map
 
     cdef cppclass FilterSpec:
         Layout layout

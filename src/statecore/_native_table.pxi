@@ -364,16 +364,23 @@ cdef class NativeStateTable:
         else:
             self.index.erase_entry_keys(kd, e.ko, e.n, self.ix_key, self.ix_ns, self.ix_mp)
 
-    def check_entry_keys(self, keys):
+    def check_entry_keys(self, keys, str user_key_type=None):
         """InvalidInputError unless every key of ``keys`` (pa.binary, no nulls) splits into a
-        map prefix and a non-empty user key (encoded_prefix_size): the check of a restore
-        before it loads anything. Returns None."""
+        map prefix and a non-empty user key (encoded_prefix_size) and, given
+        ``user_key_type``, that user key is exactly one serialized key of that type
+        (serialized_key_problem: width, varlen, UTF-8, ...): the check of a restore before it
+        loads anything; the message names the key group and the reason. Returns None."""
         self._need_index()
         cdef _Entries e = _Entries(keys, keys)
         cdef uint8_t empty = 0
         cdef const uint8_t* kd = e.kd if e.kd != NULL else &empty
         cdef int64_t i
         cdef size_t n, p
+        cdef string why
+        cdef c.KeySchema uks
+        cdef bint check_uk = user_key_type is not None
+        if check_uk:
+            uks = _key_schema(user_key_type)
         for i in range(e.n):
             n = e.ko[i + 1] - e.ko[i]
             try:
@@ -382,6 +389,14 @@ cdef class NativeStateTable:
                 raise InvalidInputError(f"map entry key {i}: {exc}") from None
             if p >= n:
                 raise InvalidInputError(f"map entry key {i} holds no user key after its prefix")
+            if check_uk:
+                why = c.serialized_key_problem(kd + e.ko[i] + p, n - p, uks)
+                if why.size():
+                    raise InvalidInputError(
+                        f"key group {c.read_key_group_prefix(kd + e.ko[i], n, self.ix_mp)}: "
+                        f"map entry key {i} ({(<bytes>kd[e.ko[i]:e.ko[i + 1]]).hex()}): "
+                        f"undecodable {user_key_type} user key: "
+                        f"{why.decode('utf-8', 'replace')}")
 
     def index_prune(self):
         """Unlist the user keys whose entries are gone (CollectionIndex::prune, after a TTL

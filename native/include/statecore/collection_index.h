@@ -7,38 +7,81 @@
 // their count, and clearing a collection. It lives beside the table in memory only: snapshots
 // and checkpoints hold the entries, and a restore inserts the loaded entries here (in key order).
 //
-// Per key group a hash map prefix -> collection; a collection keeps its members in a hash map
-// (member -> slot) and a vector of slots in insertion order pointing at the map's keys. Erasing
-// a member empties its slot (lazy removal); when the empty slots outnumber the live members the
-// vector is compacted, so iteration stays O(live members) amortised. An emptied collection is
-// dropped. Single-threaded: the owner of the table (the thread contract of state_map.h).
+// Layout. The common state holds many tiny maps (100k keys x 16 user keys), so the design keeps
+// one allocation per collection and none per member (node-based hash maps cost ~72 bytes and two
+// allocations per member), and touches two cache lines to find a collection:
+//  - Per key group an open-addressing table (linear probing, power-of-two capacity, load <= 3/4,
+//    backward-shift deletion, no tombstones) of 16-byte slots {prefix hash, collection pointer}:
+//    a probe reads a collection only when the hashes agree.
+//  - A collection is one malloc'd block: a 40-byte header (sizes, counts, prefix hash, member
+//    table), the prefix bytes stored once, then one record per member in insertion order,
+//    `varint(size << 1 | erased) | bytes`. Erasing a member sets its erased bit (lazy removal);
+//    when the erased records outnumber the live ones they are compacted out in place (and a
+//    block far larger than its bytes shrunk), so iteration stays O(live members) amortised.
+//    The block grows by 1.5x (realloc), its slot repointed when it moves.
+//  - Up to kSmallMembers live members a lookup scans the records (at most 2 * kSmallMembers + 1
+//    of them, by the compaction rule): for 8-byte user keys a few cache lines, cheaper than
+//    hashing. Beyond that the collection is promoted to an open-addressing member table (same
+//    probing) of {member hash, record offset + 1} over its live members, rebuilt when a
+//    compaction moves the records and dropped when a compaction leaves kSmallMembers or fewer.
+//  - Hashes are the state map's key hash (StateMap::hash under the same KeyHashFunction), so a
+//    batch kernel that hashed the prefix for the table passes that hash (insert_hashed).
+// Trade-offs: small collections compare members by their bytes, never by a stored hash (short
+// user keys make that the cheaper test); a promoted collection rehashes its members on a
+// compaction rather than storing a hash per record; a lookup of a collection's prefix always
+// reads the collection's block, which the following member scan reads anyway.
+//
+// Invariants (check_invariants(), run by native/tests/test_collection_index.cpp):
+//  I1 a group's slot table holds exactly one slot per collection, found by its prefix;
+//  I2 every collection record has live >= 1 (an emptied collection is dropped at once);
+//  I3 dead <= live after every public call (compaction), so a scan visits <= 2 * live + 1;
+//  I4 a promoted collection's member table holds one slot per live member, none for erased ones.
+// Every operation is O(1) amortised (expected, under a hash that spreads keys), for_each O(live).
+// Single-threaded: the owner of the table (the thread contract of state_map.h).
 #pragma once
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "statecore/key_codec.h"
+#include "statecore/state_map.h"
 #include "statecore/state_table.h"
 
 namespace statecore {
 
 class CollectionIndex {
  public:
+  // Members a collection lists before it is promoted to a member table.
+  static constexpr uint32_t kSmallMembers = 16;
+
   // Key groups [kg_start, kg_end] (0 <= kg_start <= kg_end < 32768); std::invalid_argument
-  // otherwise.
-  CollectionIndex(int32_t kg_start, int32_t kg_end);
+  // otherwise. `hash`: as StateMap's (nullptr: detail::default_key_hash; an injected one is
+  // passed through fmix32), used for prefixes and for the members of promoted collections.
+  CollectionIndex(int32_t kg_start, int32_t kg_end, KeyHashFunction hash = nullptr);
+  ~CollectionIndex();
+  CollectionIndex(const CollectionIndex&) = delete;
+  CollectionIndex& operator=(const CollectionIndex&) = delete;
+
+  // The hash function given at construction, and the hash of `size` bytes under it (what
+  // StateMap::hash returns for a map of the same function): the *_hashed calls take it.
+  KeyHashFunction hash_function() const { return hash_fn_; }
+  uint32_t hash(const uint8_t* data, size_t size) const;
 
   // `member` of the collection `prefix` of key group `kg` has an entry: appended when it is not
   // listed (returns true), kept in place when it is (false). std::out_of_range for a key group
-  // outside the range.
+  // outside the range, std::invalid_argument for null bytes of a non-zero size,
+  // std::length_error past 2^31 bytes of a member or 2^32 - 1 bytes of a collection.
   bool insert(int32_t kg, const uint8_t* prefix, size_t prefix_size, const uint8_t* member,
               size_t member_size);
+  // insert with prefix_hash = hash(prefix, prefix_size) computed by the caller.
+  bool insert_hashed(int32_t kg, uint32_t prefix_hash, const uint8_t* prefix, size_t prefix_size,
+                     const uint8_t* member, size_t member_size);
   // `member` has no entry any more: unlisted (returns whether it was listed).
   bool erase(int32_t kg, const uint8_t* prefix, size_t prefix_size, const uint8_t* member,
              size_t member_size);
+  bool erase_hashed(int32_t kg, uint32_t prefix_hash, const uint8_t* prefix, size_t prefix_size,
+                    const uint8_t* member, size_t member_size);
   bool contains(int32_t kg, const uint8_t* prefix, size_t prefix_size, const uint8_t* member,
                 size_t member_size) const;
   // Listed members of a collection (0 when it has none).
@@ -76,36 +119,97 @@ class CollectionIndex {
   // Collections and listed members over all key groups.
   size_t collections() const;
   size_t members() const;
-  // Bytes held, estimated: members and prefixes, hash nodes and buckets, order slots.
+  // Checks invariants I1-I4 over every key group (O(size of the index), for tests):
+  // std::logic_error naming the first one violated.
+  void check_invariants() const;
+
+  // Bytes held: the capacity of every table, record vector and buffer (allocator headers not
+  // counted).
   size_t bytes() const;
 
  private:
-  struct Collection {
-    std::unordered_map<std::string, uint32_t> pos;  // member -> its slot in `order`
-    std::vector<const std::string*> order;          // insertion order; nullptr = erased
-    size_t dead = 0;                                // nullptr slots
+  // A member table slot (ref 0: free).
+  struct Slot {
+    uint32_t hash;
+    uint32_t ref;  // record offset in data() + 1
+    bool used() const { return ref != 0; }
   };
-  using Group = std::unordered_map<std::string, Collection>;
+  // A collection: this header, then its bytes `prefix | member records`, in one malloc'd block.
+  struct Coll {
+    uint32_t used;  // bytes of data() in use
+    uint32_t cap;   // bytes of data() allocated
+    uint32_t prefix_size;
+    uint32_t hash;  // of the prefix
+    uint32_t live;  // listed members
+    uint32_t dead;  // erased records still in data()
+    Slot* table;    // member table of a promoted collection, else nullptr
+    uint32_t mask;  // its capacity - 1
+    uint8_t* data() { return reinterpret_cast<uint8_t*>(this + 1); }
+    const uint8_t* data() const { return reinterpret_cast<const uint8_t*>(this + 1); }
+  };
+  // A group table slot (coll nullptr: free): the hash beside the pointer, so a probe reads
+  // a collection only when the hashes agree.
+  struct GroupSlot {
+    uint32_t hash;
+    Coll* coll;
+    bool used() const { return coll != nullptr; }
+  };
+  struct Group {
+    std::vector<GroupSlot> slots;  // empty, or a power-of-two capacity
+    size_t count = 0;              // collections
+  };
+  // A record's header: varint(size << 1 | erased); returns size, *header its byte count.
+  static uint32_t read_record(const uint8_t* p, size_t* header, bool* erased) {
+    uint64_t v = 0;
+    size_t i = 0;
+    for (int shift = 0;; shift += 7) {
+      const uint8_t byte = p[i++];
+      v |= static_cast<uint64_t>(byte & 0x7f) << shift;
+      if (byte < 0x80) break;
+    }
+    *header = i;
+    *erased = (v & 1) != 0;
+    return static_cast<uint32_t>(v >> 1);
+  }
+
   Group& group(int32_t kg);
   const Group& group(int32_t kg) const;
-  static void compact(Collection& c);
+  // The slot of the collection `prefix` in g, or UINT32_MAX.
+  uint32_t find_slot(const Group& g, uint32_t h, const uint8_t* prefix, size_t ps) const;
+  const Coll* find_coll(const Group& g, uint32_t h, const uint8_t* prefix, size_t ps) const;
+  // Offset of the live record of `member` in c's data(), or UINT32_MAX.
+  uint32_t find_member(const Coll& c, const uint8_t* member, size_t ms) const;
+  // The slot of `c` in g (which holds it).
+  static uint32_t slot_of(const Group& g, const Coll* c);
+  void drop_coll(Group& g, uint32_t slot);
+  void erase_record(Coll& c, uint32_t off);
+  // Compacts the collection of g's slot `slot` (its block may move).
+  void compact(Group& g, uint32_t slot);
+  void rebuild_table(Coll& c);
+  static void free_coll(Coll* c);
   template <bool kInsert>
   void apply_entry_keys(const uint8_t* data, const int32_t* off, int64_t n, const KeySchema& key,
                         NamespaceType namespace_type, int32_t max_parallelism);
 
   int32_t kg_start_;
   int32_t kg_end_;
+  KeyHashFunction hash_fn_;
   std::vector<Group> groups_;  // index kg - kg_start
 };
 
 template <class Fn>
 void CollectionIndex::for_each(int32_t kg, const uint8_t* prefix, size_t prefix_size,
                                Fn&& fn) const {
-  const Group& g = group(kg);
-  auto it = g.find(std::string(reinterpret_cast<const char*>(prefix), prefix_size));
-  if (it == g.end()) return;
-  for (const std::string* m : it->second.order)
-    if (m != nullptr) fn(reinterpret_cast<const uint8_t*>(m->data()), m->size());
+  const Coll* c = find_coll(group(kg), hash(prefix, prefix_size), prefix, prefix_size);
+  if (c == nullptr) return;
+  const uint8_t* d = c->data();
+  for (size_t at = c->prefix_size; at < c->used;) {
+    size_t hs = 0;
+    bool erased = false;
+    const uint32_t n = read_record(d + at, &hs, &erased);
+    if (!erased) fn(d + at + hs, static_cast<size_t>(n));
+    at += hs + n;
+  }
 }
 
 }  // namespace statecore

@@ -112,6 +112,13 @@ inline void append_ser_void(std::vector<uint8_t>& out) { out.push_back(0); }
 size_t encoded_prefix_size(const uint8_t* key, size_t size, const KeySchema& key_schema,
                            NamespaceType namespace_type, int32_t max_parallelism);
 
+// Why data[0..size) is not exactly one ser(key) of `schema` (the user key of a map entry,
+// docs/formats.md "Map state"), or "" when it is: the reason a restore refuses it, the checks of
+// the Python reader (statecore.key_types KeySerializer.read): a fixed-width column of another
+// width, a malformed, null (length 0) or truncated varlen part, bytes left over, a bool byte other
+// than 00/01, a non-canonical float64 (no key serializes to it), malformed UTF-8 in a string.
+std::string serialized_key_problem(const uint8_t* data, size_t size, const KeySchema& schema);
+
 // Builds encoded keys into one reusable buffer (no allocation once the buffer has grown to the
 // longest key). Usage per entry: one key_*() call, then one namespace_*() call; data()/size()
 // are then the encoded key. A namespace_*() call may be repeated after one key_*() to address the

@@ -54,9 +54,8 @@ inline bool expired(int64_t ts, int64_t ttl_ms, int64_t now) {
 //         kept (frocksdb keeps values too short to hold a timestamp).
 //  List:  elements in append order; fixed width w > 0: each element is w bytes | ts (stride w+8);
 //         fixed width 0: varlen(len) | bytes | ts.
-//  Map:   entries varlen(len(uk)) | uk | varlen(len(uv)) | uv, uv ending with the entry's ts
-//         (an entry whose uv is shorter than 8 bytes is kept).
-enum class Layout : uint8_t { Value, List, Map };
+// A map state's entry holds one user value (docs/formats.md "Map state"): Value layout.
+enum class Layout : uint8_t { Value, List };
 
 struct FilterSpec {
   Layout layout = Layout::Value;
@@ -67,16 +66,16 @@ struct FilterSpec {
 enum class FilterResult : uint8_t {
   Keep,  // nothing expired: keep the value as it is
   Drop,  // everything expired: remove the entry
-  Trim,  // some list elements / map entries expired: *out holds the bytes to keep (non-empty)
+  Trim,  // some list elements expired: *out holds the bytes to keep (non-empty)
 };
 
 // Filters one serialized value at time `now`. List: when the first element is unexpired the list
 // is kept whole (elements are appended in timestamp order), otherwise only the suffix from the
-// first unexpired element on (Drop when none). Map: each entry on its own. `out` is cleared and
+// first unexpired element on (Drop when none). `out` is cleared and
 // filled only for Trim (it may be null for Layout::Value). `expired`, when given, is increased by
 // the number of expired things removed: 1 for a dropped value, the leading expired list
-// elements, the expired map entries. Throws std::invalid_argument naming the problem when a list
-// or map value is truncated or its varlen is broken (bytes not written by a TTL state).
+// elements. Throws std::invalid_argument naming the problem when a list
+// value is truncated or its varlen is broken (bytes not written by a TTL state).
 FilterResult filter_value(const FilterSpec& spec, int64_t now, ByteView value,
                           std::vector<uint8_t>* out, size_t* expired = nullptr);
 
@@ -93,7 +92,7 @@ size_t filter_run(const FilterSpec& spec, int64_t now, const SortedRun& in, Sort
 // clock reading, straight from the Arrow buffers, so no value becomes a Python object.
 //
 // keep[i] becomes 1 when value i stays (whole or trimmed), 0 when filter_value dropped it --
-// except an empty list/map value (dropped by filter_value with nothing expired) before the first
+// except an empty list value (dropped by filter_value with nothing expired) before the first
 // value in which something expired, which stays as statecore.ttl.filter_entries keeps it (that
 // function returns the block unchanged while nothing expired). The values that stay, trimmed
 // where filter_value trims, are written back to back to out_data with their offsets in
@@ -101,7 +100,7 @@ size_t filter_run(const FilterSpec& spec, int64_t now, const SortedRun& in, Sort
 // Capacities the caller provides: keep n, out_offsets n + 1, out_data offsets[n] - offsets[0]
 // bytes (filtering never makes a value longer). Throws std::invalid_argument when the offsets
 // are negative, decreasing or point past data_size, or, prefixed with the value's index, what
-// filter_value throws for a broken list/map layout; the outputs are then partly written.
+// filter_value throws for a broken list layout; the outputs are then partly written.
 struct ValuesFiltered {
   size_t kept = 0;        // values that stay (ones in keep)
   size_t data_bytes = 0;  // bytes written to out_data (= out_offsets[kept])
@@ -129,7 +128,7 @@ CleanupStep cleanup_step(StateMap& map, uint64_t* cursor, size_t min_entries,
                          const FilterSpec& spec, int64_t now, SortedRun* scratch,
                          std::vector<std::string>* removed = nullptr);
 
-// Rewrites every timestamp equal to `from` (values, list elements, map entries) to `to`, in every
+// Rewrites every timestamp equal to `from` (values, list elements) to `to`, in every
 // entry of the map, through put() (copy-on-write aware, tracked as a write). Used once per
 // event-time TTL state when the first watermark arrives: writes made before any watermark carry
 // INT64_MIN and are re-stamped with it. Returns the timestamps rewritten. Throws what
@@ -140,8 +139,7 @@ size_t restamp(StateMap& map, const FilterSpec& spec, int64_t from, int64_t to);
 // Flink refuses such a restore (StateMigrationException); statecore converts the state when the
 // descriptor asks for it (StateDescriptor.enable_ttl_migration, statecore.ttl "Migration"). The
 // layout without TTL is the one above without the suffix -- Value: the user bytes; List: w-byte
-// elements (w = fixed_width) or varlen(len) | bytes; Map: varlen(len(uk)) | uk | varlen(len(uv))
-// | uv -- so the conversion needs no value decoding, only the layout walk.
+// elements (w = fixed_width) or varlen(len) | bytes -- so the conversion needs no value decoding, only the layout walk.
 struct MigrationSpec {
   Layout layout = Layout::Value;
   uint32_t fixed_width = 0;    // List only: element width WITHOUT the timestamp, 0 = varlen
@@ -151,21 +149,20 @@ struct MigrationSpec {
   int64_t now = 0;             //   the time (ms) at which what is expired under it is dropped
 };
 
-// Converts one serialized value into *out (cleared first). Add: every value, list element and
-// map entry gets `ts` as its suffix (a map entry's user-value varlen grows by 8). Strip: every
-// one expired under (ttl_ms, now) is dropped -- each list element and map entry on its own, not
-// only a leading run as filter_value does -- and the rest lose their suffix; *expired (when
+// Converts one serialized value into *out (cleared first). Add: every value and list element
+// gets `ts` as its suffix. Strip: every one expired under (ttl_ms, now) is dropped -- each list
+// element on its own, not only a leading run as filter_value does -- and the rest lose their suffix; *expired (when
 // given) is increased by the number dropped. Returns false when nothing remains (strip only;
-// also a list/map value without elements): the entry is to be removed. Throws
+// also a list value without elements): the entry is to be removed. Throws
 // std::invalid_argument naming the problem for a broken layout, and when stripping, for a value
-// or map user value shorter than its 8-byte timestamp.
+// shorter than its 8-byte timestamp.
 bool migrate_value(const MigrationSpec& spec, ByteView value, std::vector<uint8_t>* out,
                    size_t* expired = nullptr);
 
 struct MigrationResult {
   size_t rewritten = 0;  // entries rewritten in the new format
   size_t removed = 0;    // entries removed (strip: everything in them expired)
-  size_t expired = 0;    // expired values, list elements and map entries dropped (strip)
+  size_t expired = 0;    // expired values and list elements dropped (strip)
 };
 
 // Converts every entry of every key group of `table`, all or nothing: a first pass converts each

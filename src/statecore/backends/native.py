@@ -572,11 +572,13 @@ class NativeBackend(TableBackend):
 
     def _check_map_keys(self, table: NativeTable, keys: pa.Array) -> None:
         """For a map state: every key parses as a map entry's (docs/formats.md "Map state"),
-        as the index needs them (InvalidInputError naming the state otherwise)."""
+        as the index needs them, its user key exactly one serialized user key, as the Python
+        restore decodes it (InvalidInputError naming the state, and the key group and reason
+        for a user key, otherwise)."""
         if table.kind != "map":
             return
         try:
-            table.native.check_entry_keys(keys)
+            table.native.check_entry_keys(keys, table.user_key_ser.name)
         except InvalidInputError as exc:
             raise InvalidInputError(f"state {table.name!r}: {exc}") from exc
 

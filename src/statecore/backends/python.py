@@ -509,7 +509,12 @@ class PythonBackend(TableBackend):
         mp, ks, ns_ser = self.max_parallelism, self.key_serializer, table.ns_ser
         for kb in keys.to_pylist():
             if table.kind == "map":
-                kg2, key, ns, ukb = S.split_map_entry_key(kb, mp, ks, ns_ser, table.user_key_ser)
+                try:
+                    kg2, key, ns, ukb = S.split_map_entry_key(kb, mp, ks, ns_ser,
+                                                              table.user_key_ser)
+                except InvalidInputError as exc:
+                    raise InvalidInputError(f"state {table.name!r}, key group {kg}: map entry "
+                                            f"key {kb.hex()}: {exc}") from None
                 k = (key, ns, ukb)
             else:
                 kg2, key, ns, _ = S.decode_key(kb, mp, ks, ns_ser)
