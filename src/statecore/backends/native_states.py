@@ -112,7 +112,16 @@ def _count_kernel_ok(t: pa.DataType) -> bool:
 def _kernel_ok(state, namespaces) -> bool:
     # namespaces on a void state: the per-row path raises its error.
     return (state.serializer.kind in _native.BATCH_VALUE_KINDS
-            and (namespaces is None or state.namespace_type != "void"))
+            and (namespaces is None or state.namespace_type != "void")
+            and not _row_steps(state))
+
+
+def _row_steps(state) -> bool:
+    """Whether ``state``'s batch rows have incremental TTL cleanup steps of their own: a step
+    before each row (TableState._batch_rows). The kernels run a batch's rows without stopping,
+    so such batches take the per-row path of the shared classes over the native table."""
+    cfg = state.descriptor.ttl_config
+    return cfg is not None and bool(cfg.cleanup_size)
 
 
 def _ns_column(state, namespaces, length: int):
@@ -190,7 +199,9 @@ class _KernelGet:
     """get_batch through the native kernel when it applies (see _kernel_ok)."""
 
     def _ttl_args(self, rows: int):
-        """The kernels' ``ttl`` argument: None here; TTL states override it (_TtlKernel)."""
+        """The kernels' ``ttl`` argument: None here; TTL states override it (_TtlKernel). Runs
+        the batch's cleanup steps of other states (``backend.ttl_batch_accessed``)."""
+        self.backend.ttl_batch_accessed(self.table, None, rows)
         return None
 
     def get_batch(self, keys, namespaces=None) -> pa.Array:
@@ -211,19 +222,18 @@ class _KernelGet:
 
 class _KernelClear:
     """clear_batch through the clear kernel (batch_reads.h), any namespace: it only removes
-    entries, so every state kind and value type (pickle included) is served. Counts one TTL
-    access per row first, as the per-row path's ``batch_slots``."""
+    entries, so every state kind and value type (pickle included) is served. The rows'
+    incremental TTL cleanup first, as the per-row path's (``backend.ttl_batch_accessed``; a
+    state with steps of its own a row takes the per-row path, _row_steps)."""
 
     def clear_batch(self, keys, namespaces=None) -> None:
-        if namespaces is not None and self.namespace_type == "void":
-            return super().clear_batch(keys, namespaces)  # its error
+        if (namespaces is not None and self.namespace_type == "void") or _row_steps(self):
+            return super().clear_batch(keys, namespaces)  # its error, or its steps a row
         b = self.backend
         b.check_open()
         arr = _key_array(self, keys)
         ns = _ns_column(self, namespaces, len(arr))
-        cfg = self.descriptor.ttl_config
-        if cfg is not None:
-            b.ttl_state_accessed(self.table, cfg, len(arr))
+        b.ttl_batch_accessed(self.table, self.descriptor.ttl_config, len(arr))
         (kc,) = _keyed_chunks(arr, ns)
         self.table.native.clear_batch(kc, b.key_type,
                                       b.assigner, b.max_parallelism,
@@ -380,6 +390,7 @@ def _list_values(state, values, length: int):
 
 class NativeListState(_KernelClear, states.TableListState, NativeState):
     def _ttl_args(self, rows: int):
+        self.backend.ttl_batch_accessed(self.table, None, rows)
         return None  # TTL lists override it (_TtlKernel)
 
     def append_batch(self, keys, values, namespaces=None) -> None:
@@ -447,6 +458,7 @@ class NativeMapState(_KernelClear, states.TableMapState, NativeState):
     ``clear_batch`` removes every entry the index lists for a row's (key, namespace)."""
 
     def _ttl_args(self, rows: int):
+        self.backend.ttl_batch_accessed(self.table, None, rows)
         return None  # TTL maps override it (_TtlKernel)
 
     def put_batch(self, keys, user_keys, values, namespaces=None) -> None:
@@ -510,14 +522,14 @@ class NativeMapState(_KernelClear, states.TableMapState, NativeState):
         row order and unlists it; with TTL nothing is read or counted (as ``remove``)."""
         # Value bytes are skipped, not decoded: any value type, pickle included.
         if ((namespaces is not None and self.namespace_type == "void")
-                or self.user_key_serializer.name == "pickle"):
+                or self.user_key_serializer.name == "pickle" or _row_steps(self)):
             return super().remove_batch(keys, user_keys, namespaces)
         b = self.backend
         b.check_open()
         arr = _key_array(self, keys)
         uks = _map_user_keys(self, user_keys, len(arr))
         ns = _ns_column(self, namespaces, len(arr))
-        self._ttl_args(len(arr))  # the TTL accesses of the rows (the kernel reads no timestamp)
+        self._ttl_args(len(arr))  # the rows' cleanup of other states (the kernel reads no ts)
         kc, uc = _keyed_chunks(arr, ns, uks)
         self.table.native.map_remove_batch(kc, uc, b.key_type, b.assigner, b.max_parallelism,
                                            self.user_key_serializer.name,
@@ -540,14 +552,16 @@ STATE_CLASSES = {"value": NativeValueState, "list": NativeListState, "map": Nati
 # clock moves during the call.
 
 class _TtlKernel:
-    """The kernels run with TTL on: the incremental cleanup step of the batch's rows first (one
-    access per row, as the Python path), then ``ttl = (ttl_ms, now, update_on_read,
+    """The kernels run with TTL on, for states without incremental cleanup of their own (a
+    state with ``cleanup_incrementally`` steps before each batch row and takes the per-row
+    path, _row_steps): the batch's cleanup steps of other states first
+    (``backend.ttl_batch_accessed``), then ``ttl = (ttl_ms, now, update_on_read,
     return_expired)``; expired entries the kernels remove are counted as ``read``. On an int64
     sum overflow the aggregates are unchanged while expired entries removed by earlier null
     rows stay removed (and counted), as in ``TtlReducingState.add_batch``."""
 
     def _ttl_args(self, rows: int):
-        self.backend.ttl_state_accessed(self.table, self.ttl_config, rows)
+        self.backend.ttl_batch_accessed(self.table, self.ttl_config, rows)
         return _ttl_kernel_args(self)
 
 
