@@ -20,6 +20,10 @@ last-access time in milliseconds (``backend.ttl_now(config)``). The rules (Flink
 * ``merge_namespaces`` (reducing, aggregating, list) is a write: expired source values (list
   elements) count as absent and are removed with the sources, an expired target as absent;
   the merged target is stamped with ``now`` (a list: every element); one state access;
+* incremental cleanup (``cleanup_incrementally``) steps before each access, a batch call before
+  each of its rows (:meth:`~statecore.backends.states.TableState._batch_rows`; the native
+  kernels through their per-row hook), so row i sees the steps of rows 0..i and the writes of
+  rows 0..i-1 only;
 * batch calls behave as the same rows one at a time (the native backend runs value/reducing,
   list and map batch calls as C++ kernels with exactly these semantics,
   :mod:`statecore.backends.native`; tests/test_ttl_batch.py and
