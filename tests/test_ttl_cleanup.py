@@ -932,3 +932,38 @@ def test_batch_calls_equal_their_rows_with_incremental_cleanup(kind, program):
     assert batched[1] == rows[1]
     assert batched[2] == rows[2]
     assert batched[3] == rows[3]
+
+
+def _failing_add(a, b):
+    if b == 13:
+        raise ValueError("13 refused")
+    return a + b
+
+
+@KIND
+@pytest.mark.parametrize("reducer", ["sum", "custom"])
+def test_failed_add_batch_with_incremental_cleanup_leaves_the_aggregates(kind, reducer):
+    """add_batch with steps a row writes row by row (the kernel's undo log, the Python path's
+    saved aggregates): an int64 sum overflow or a failing reduce function leaves every
+    aggregate as before the call, while what the steps removed stays removed (and counted)."""
+    clock = ManualClock(0)
+    b = create_backend(kind, key_type="int64", ttl_clock=clock)
+    cfg = StateTtlConfig(100, cleanup_incrementally=3)
+    spec = "sum" if reducer == "sum" else _failing_add
+    r = b.get_state(ReducingStateDescriptor("r", spec, "int64").enable_time_to_live(cfg))
+    keys = pa.array(range(40), pa.int64())
+    r.add_batch(keys, pa.array([2**62] * 40, pa.int64()))  # written at 0: expired at 100
+    clock.set(60)
+    r.add_batch(pa.array([100, 101], pa.int64()), pa.array([5, 2**62], pa.int64()))
+    clock.set(120)
+    before = {k: v for k, v in zip((100, 101), r.get_batch(pa.array([100, 101], pa.int64())))}
+    bad = 2**62 if reducer == "sum" else 13
+    with pytest.raises(InvalidInputError):
+        r.add_batch(pa.array([100, 7, 101, 101], pa.int64()),
+                    pa.array([1, 1, 3, bad], pa.int64()))
+    removed = b.ttl_statistics()["incremental"]
+    assert removed > 0  # the steps before the failing row ran and stay
+    after = r.get_batch(pa.array([100, 101], pa.int64()))
+    assert {k: v for k, v in zip((100, 101), after)} == before
+    # Key 7 (expired) got 1 from the call: undone too, so it reads as expired (absent).
+    assert r.get_batch(pa.array([7], pa.int64())).to_pylist() == [None]
