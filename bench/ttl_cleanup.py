@@ -17,9 +17,10 @@ then ``value()``; ``get_batch``: 64k-row Arrow batches. Configurations (impl suf
 * none -- TTL off, the reference of ``+read``;
 * ``+read`` -- TTL with only cleanup on read (the expiry check of every access, always on): the
   baseline of the strategies below;
-* ``+incremental5`` -- ``cleanup_incrementally=5`` (Flink's default), 5 entries per access;
-* ``+every_record5`` -- the same plus ``run_cleanup_for_every_record`` (per record only: the
-  batch path never calls ``set_current_key``, there it is ``+incremental5``).
+* ``+incremental5`` -- ``cleanup_incrementally=5`` (Flink's default), 5 entries per access (a
+  step before each access; on ``get_batch`` before each row);
+* ``+every_record5`` -- the same plus ``run_cleanup_for_every_record`` (per record only; on
+  ``get_batch`` it would be two steps a row, twice ``+incremental5``'s).
 
 Strategies over the whole state (n entries, half expired):
 

@@ -6,6 +6,7 @@ byte (statecore.ttl.filter_expired_counted vs ttl.h filter_run)."""
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pyarrow as pa
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 
 from statecore import CheckpointStore, create_backend
 from statecore import serializers as S
-from statecore.backends.states import TableMapState
+from statecore.backends.states import TableMapState, from_stored
 from statecore.descriptors import (
     AggregatingStateDescriptor,
     ListStateDescriptor,
@@ -25,6 +26,7 @@ from statecore.descriptors import (
 )
 from statecore.errors import InvalidInputError
 from statecore.testing.conformance import AverageAggregate
+from statecore.testing.helpers import dump_backend
 from statecore.ttl import ManualClock, StateTtlConfig, filter_entries
 
 BACKENDS = ["python"]
@@ -755,3 +757,213 @@ def test_native_map_index_drops_what_ttl_cleanup_removes(strategy):
     assert b.num_entries() == 0
     assert b.map_index_stats()["m"] == {"maps": 0, "user_keys": 0,
                                          "bytes": b.map_index_stats()["m"]["bytes"]}
+
+
+# ---- batch calls interleave the cleanup steps with their rows (a step before each row)
+
+_DIFF_KEYS = 24  # keys 0..23; the rows of a batch draw from them
+
+
+def _diff_states(b, sizes, visibility, update, every_record):
+    """One TTL state of each kind (TTL 100 ms), state i with cleanup size ``sizes[i]``; the
+    state named in ``every_record`` also steps on every record."""
+    descs = {
+        "value": ValueStateDescriptor("value", "int64"),
+        "reducing": ReducingStateDescriptor("reducing", "sum", "int64"),
+        "aggregating": AggregatingStateDescriptor("aggregating", AverageAggregate()),
+        "list": ListStateDescriptor("list", "int64"),
+        "map": MapStateDescriptor("map", "int64", "int64"),
+    }
+    out = {}
+    for (name, d), size in zip(descs.items(), sizes):
+        cfg = StateTtlConfig(100, update_type=update, state_visibility=visibility,
+                             cleanup_incrementally=size,
+                             run_cleanup_for_every_record=name == every_record)
+        out[name] = b.get_state(d.enable_time_to_live(cfg))
+    return out
+
+
+def _peek(b, st, key):
+    """The stored aggregate of ``key`` as it is now (no state access, no cleanup)."""
+    ((kg, k),) = b.batch_slots(st, pa.array([key], pa.int64()), None)
+    cur = st.table.get(kg, k)
+    if cur is None:
+        return None
+    acc = from_stored(st.serializer, cur[0])
+    if st.descriptor.kind == "aggregating":
+        return st.descriptor.aggregate_function.get_result(acc)
+    return acc
+
+
+def _row_by_row(b, states, name, op, keys, vals, uks):
+    """The rows of one batch call through set_current_key and the per-record calls."""
+    st = states[name]
+    out = []
+    for i, key in enumerate(keys):
+        b.set_current_key(key)
+        v, uk = vals[i], uks[i]
+        if op == "clear":
+            st.clear()
+        elif name == "value":
+            if op == "get":
+                out.append(st.value())
+            else:
+                st.update(v)
+        elif name in ("reducing", "aggregating"):
+            if op == "get" or v is None:
+                out.append(st.get())
+            else:
+                st.add(v)
+                out.append(_peek(b, st, key))
+        elif name == "list":
+            if op == "get":
+                out.append(st.get())
+            else:
+                st.add(v)
+        elif op == "put":
+            st.put(uk, v)
+        elif op == "get":
+            out.append(st.get(uk))
+        elif op == "contains":
+            out.append(st.contains(uk))
+        else:
+            st.remove(uk)
+    return out
+
+
+def _as_batch(states, name, op, keys, vals, uks):
+    """The same rows as one batch call."""
+    st = states[name]
+    ka = pa.array(keys, pa.int64())
+    va = pa.array(vals, pa.int64())
+    ua = pa.array(uks, pa.int64())
+    if op == "clear":
+        st.clear_batch(ka)
+        return []
+    if name == "value":
+        return st.get_batch(ka).to_pylist() if op == "get" else st.put_batch(ka, va) or []
+    if name in ("reducing", "aggregating"):
+        return (st.get_batch(ka) if op == "get" else st.add_batch(ka, va)).to_pylist()
+    if name == "list":
+        return st.get_batch(ka).to_pylist() if op == "get" else st.append_batch(ka, va) or []
+    if op in ("put", "remove"):
+        getattr(st, op + "_batch")(*((ka, ua, va) if op == "put" else (ka, ua)))
+        return []
+    return getattr(st, op + "_batch")(ka, ua).to_pylist()
+
+
+_OPS = {"value": ["get", "put", "clear"], "reducing": ["get", "add", "clear"],
+        "aggregating": ["get", "add", "clear"], "list": ["get", "add", "clear"],
+        "map": ["get", "put", "contains", "remove", "clear"]}
+
+
+@st.composite
+def _diff_program(draw):
+    sizes = draw(st.lists(st.sampled_from([1, 2, 3, 7]), min_size=5, max_size=5))
+    visibility = draw(st.sampled_from(["NeverReturnExpired", "ReturnExpiredIfNotCleanedUp"]))
+    update = draw(st.sampled_from(["OnCreateAndWrite", "OnReadAndWrite"]))
+    every_record = draw(st.sampled_from([None, "value", "list", "map"]))
+    calls = []
+    for _ in range(draw(st.integers(4, 10))):
+        name = draw(st.sampled_from(sorted(_OPS)))
+        op = draw(st.sampled_from(_OPS[name]))
+        n = draw(st.integers(1, 30))
+        keys = draw(st.lists(st.integers(0, _DIFF_KEYS - 1), min_size=n, max_size=n))
+        null_ok = name in ("value", "reducing", "aggregating") and op != "get"
+        vals = draw(st.lists(st.one_of(st.none(), st.integers(-50, 50)) if null_ok
+                             else st.integers(-50, 50), min_size=n, max_size=n))
+        uks = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+        advance = draw(st.sampled_from([0, 0, 10, 40, 90, 150]))
+        calls.append((name, op, keys, vals, uks, advance))
+    return sizes, visibility, update, every_record, calls
+
+
+def _contents(b, states):
+    """Every key's list elements and map entries in their order, with timestamps, read from the
+    tables without a state access."""
+    out = {}
+    keys = pa.array(range(_DIFF_KEYS), pa.int64())
+    for name in ("list", "map"):
+        st = states[name]
+        for key, (kg, k) in zip(range(_DIFF_KEYS), b.batch_slots(st, keys, None)):
+            out[name, key] = (st.table.map_items(kg, k) if name == "map"
+                              else st.table.get(kg, k))
+    return out
+
+
+def _run_program(kind, program, batched: bool):
+    sizes, visibility, update, every_record, calls = program
+    clock = ManualClock(0)
+    b = create_backend(kind, key_type="int64", ttl_clock=clock)
+    states = _diff_states(b, sizes, visibility, update, every_record)
+    # A filled start: every kind written per record at 0 and 60 (half of it expires at 100).
+    for key in range(_DIFF_KEYS):
+        clock.set(0 if key % 2 else 60)
+        b.set_current_key(key)
+        states["value"].update(key)
+        states["reducing"].add(key)
+        states["aggregating"].add(key)
+        states["list"].add(key)
+        states["list"].add(key + 1)
+        for uk in range(3):
+            states["map"].put(uk, key * 10 + uk)
+    outputs = []
+    for name, op, keys, vals, uks, advance in calls:
+        clock.set(clock() + advance)
+        run = _as_batch if batched else functools.partial(_row_by_row, b)
+        outputs.append(run(states, name, op, keys, vals, uks))
+    result = (outputs, b.ttl_statistics(), _contents(b, states), dump_backend(b))
+    b.close()
+    return result
+
+
+@KIND
+@settings(max_examples=40, derandomize=True, deadline=None)
+@given(program=_diff_program())
+def test_batch_calls_equal_their_rows_with_incremental_cleanup(kind, program):
+    """Random batches of every state kind with incremental cleanup (several sizes, both
+    visibilities, both update types, one state stepping on every record or none, the clock
+    moving between batches) give what the same rows one at a time through set_current_key
+    and the per-record calls give: outputs, ``ttl_statistics()``, list contents and map
+    order (with timestamps), and every entry."""
+    batched = _run_program(kind, program, True)
+    rows = _run_program(kind, program, False)
+    assert batched[0] == rows[0]
+    assert batched[1] == rows[1]
+    assert batched[2] == rows[2]
+    assert batched[3] == rows[3]
+
+
+def _failing_add(a, b):
+    if b == 13:
+        raise ValueError("13 refused")
+    return a + b
+
+
+@KIND
+@pytest.mark.parametrize("reducer", ["sum", "custom"])
+def test_failed_add_batch_with_incremental_cleanup_leaves_the_aggregates(kind, reducer):
+    """add_batch with steps a row writes row by row (the kernel's undo log, the Python path's
+    saved aggregates): an int64 sum overflow or a failing reduce function leaves every
+    aggregate as before the call, while what the steps removed stays removed (and counted)."""
+    clock = ManualClock(0)
+    b = create_backend(kind, key_type="int64", ttl_clock=clock)
+    cfg = StateTtlConfig(100, cleanup_incrementally=3)
+    spec = "sum" if reducer == "sum" else _failing_add
+    r = b.get_state(ReducingStateDescriptor("r", spec, "int64").enable_time_to_live(cfg))
+    keys = pa.array(range(40), pa.int64())
+    r.add_batch(keys, pa.array([2**62] * 40, pa.int64()))  # written at 0: expired at 100
+    clock.set(60)
+    r.add_batch(pa.array([100, 101], pa.int64()), pa.array([5, 2**62], pa.int64()))
+    clock.set(120)
+    before = {k: v for k, v in zip((100, 101), r.get_batch(pa.array([100, 101], pa.int64())))}
+    bad = 2**62 if reducer == "sum" else 13
+    with pytest.raises(InvalidInputError):
+        r.add_batch(pa.array([100, 7, 101, 101], pa.int64()),
+                    pa.array([1, 1, 3, bad], pa.int64()))
+    removed = b.ttl_statistics()["incremental"]
+    assert removed > 0  # the steps before the failing row ran and stay
+    after = r.get_batch(pa.array([100, 101], pa.int64()))
+    assert {k: v for k, v in zip((100, 101), after)} == before
+    # Key 7 (expired) got 1 from the call: undone too, so it reads as expired (absent).
+    assert r.get_batch(pa.array([7], pa.int64())).to_pylist() == [None]

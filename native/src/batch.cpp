@@ -297,6 +297,9 @@ void fold_rows_with(StateTable& table, const int32_t* kgs, RowKeys& rk, const Ar
   if (n > 0) std::memset(valid, 1, static_cast<size_t>(n));
   Lanes lanes(table);
   auto row = [&](int64_t i, int32_t kg, const RowKey& k) SC_INLINE_ROW {
+    if constexpr (kTtl) {
+      if (ttl.cleanup != nullptr) cleanup_row(*ttl.cleanup, lanes);
+    }
     if (!values.is_valid(i)) {
       rk.encode(i, kg);
       emit_current(table.map_unchecked(kg), rk, i, out, valid, ttl, expired);
@@ -469,6 +472,7 @@ void fold_bytes(Reducer r, StateTable& table, const int32_t* kgs, RowKeys& rk,
   const size_t width = fixed_width(w, ttl);
   const int64_t n = values.length();
   for (int64_t i = 0; i < n; ++i) {
+    if (ttl.cleanup != nullptr) ttl::cleanup_row(*ttl.cleanup);
     rk.ahead(i);
     rk.encode(i, kgs[i]);
     StateMap& m = table.map_unchecked(kgs[i]);
@@ -555,6 +559,7 @@ void get_batch_fixed(StateTable& table, const BatchKeySpec& spec, ArrowInput key
   if (ttl.enabled) {
     const size_t width = fixed_width(user_width, ttl);
     for (int64_t i = 0; i < n; ++i) {
+      if (ttl.cleanup != nullptr) ttl::cleanup_row(*ttl.cleanup);
       rk.ahead(i);
       rk.encode(i, kgs[i]);
       out_fixed(value_type, out_values, i, nullptr);
@@ -615,6 +620,7 @@ void get_batch_var(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_
     used += sz;
   };
   for (int64_t i = 0; i < n; ++i) {
+    if (ttl.cleanup != nullptr) ttl::cleanup_row(*ttl.cleanup);
     row = i;
     rk.ahead(i);
     rk.encode(i, kgs[i]);
@@ -645,7 +651,9 @@ void put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
   const size_t suffix = ttl.enabled ? ttl::kTimestampBytes : 0;
   RowKeys rk(spec, keys, table, kgs);
   Lanes lanes(table);
+  ttl::IncrementalCleanup* const cleanup = ttl.cleanup;  // a local: row stores may alias `ttl`
   for_rows(rk, table, lanes, kgs, n, [&](int64_t i, int32_t kg, const RowKey& k) SC_INLINE_ROW {
+    if (cleanup != nullptr) cleanup_row(*cleanup, lanes);
     if (!values.is_valid(i)) {
       table.map_unchecked(kg).remove(k.data, k.size);
       lanes.close(kg);

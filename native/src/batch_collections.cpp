@@ -111,6 +111,7 @@ void list_append_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput k
   uint8_t tmp[8];
   uint8_t head[10];
   for (int64_t i = 0; i < n; ++i) {
+    if (ttl.cleanup != nullptr) ttl::cleanup_row(*ttl.cleanup);
     rk.ahead(i);
     rk.encode(i, kgs[i]);
     StateMap& m = table.map_unchecked(kgs[i]);
@@ -169,6 +170,7 @@ void map_put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_
       index->hash_function() == table.map_unchecked(table.kg_start()).engine().hash_fn;
   uint8_t tmp[8];
   for (int64_t i = 0; i < n; ++i) {
+    if (ttl.cleanup != nullptr) ttl::cleanup_row(*ttl.cleanup);
     rk.ahead(i);
     rk.encode(i, kgs[i]);
     StateMap& m = table.map_unchecked(kgs[i]);

@@ -969,6 +969,13 @@ inline bool ttl_read(StateMap& m, const RowKeys& rk, int64_t i, size_t width,
   }
   return true;
 }
+// The incremental cleanup hook (ttl.h IncrementalCleanup) of a kernel row with lanes: the maps a
+// step wrote outside the lanes get their lanes closed, as after any other call on them.
+inline void cleanup_row(ttl::IncrementalCleanup& c, Lanes& lanes) {
+  if (ttl::cleanup_row(c))
+    for (int32_t kg = c.first_written_kg; kg <= c.last_written_kg; ++kg) lanes.close(kg);
+}
+
 // ---- shared by the collection kernels (batch_collections.cpp, batch_reads.cpp)
 
 // A per-thread buffer for a blob's bytes while the map rewrites it (one allocation per thread

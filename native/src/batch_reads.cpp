@@ -123,6 +123,7 @@ void map_read_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys
   const ArrayView* uk_i64 = int64_user_keys(user_key, mk.user_keys);
   RowKeys rk(spec, mk.keys, table, mk.kgs);
   for (int64_t i = 0; i < n; ++i) {
+    if (ttl.cleanup != nullptr) ttl::cleanup_row(*ttl.cleanup);
     rk.ahead(i);
     rk.encode(i, mk.kgs[i]);
     user_key_ser(mk.user_keys, uk_i64, i, uk);
@@ -184,7 +185,7 @@ void validate_map_key_batch(StateTable& table, const BatchKeySpec& spec, ArrowIn
 }
 
 void clear_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
-                 CollectionIndex* index) {
+                 CollectionIndex* index, ttl::IncrementalCleanup* cleanup) {
   const KeyArrays keys = make_keys(spec, keys_in);
   const int32_t* kgs = nullptr;
   check_key_batch(table, spec, keys, TtlBatchSpec(), &kgs);
@@ -192,6 +193,7 @@ void clear_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in
   RowKeys rk(spec, keys, table, kgs);
   std::vector<uint8_t> ek;
   for (int64_t i = 0; i < n; ++i) {
+    if (cleanup != nullptr) ttl::cleanup_row(*cleanup);
     rk.ahead(i);
     rk.encode(i, kgs[i]);
     StateMap& m = table.map_unchecked(kgs[i]);
@@ -243,6 +245,7 @@ void list_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys
     ++count;
   };
   for (int64_t i = 0; i < n; ++i) {
+    if (ttl.cleanup != nullptr) ttl::cleanup_row(*ttl.cleanup);
     rk.ahead(i);
     rk.encode(i, kgs[i]);
     StateMap& m = table.map_unchecked(kgs[i]);
@@ -331,7 +334,8 @@ void map_contains_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput 
 }
 
 void map_remove_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
-                      const KeySchema& user_key, ArrowInput user_keys_in, CollectionIndex* index) {
+                      const KeySchema& user_key, ArrowInput user_keys_in, CollectionIndex* index,
+                      ttl::IncrementalCleanup* cleanup) {
   const MapKeys mk =
       validate_map_keys(table, spec, keys_in, user_key, user_keys_in, TtlBatchSpec());
   const int64_t n = mk.keys.length();
@@ -339,6 +343,7 @@ void map_remove_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput ke
   const ArrayView* uk_i64 = int64_user_keys(user_key, mk.user_keys);
   RowKeys rk(spec, mk.keys, table, mk.kgs);
   for (int64_t i = 0; i < n; ++i) {
+    if (cleanup != nullptr) ttl::cleanup_row(*cleanup);
     rk.ahead(i);
     rk.encode(i, mk.kgs[i]);
     user_key_ser(mk.user_keys, uk_i64, i, uk);

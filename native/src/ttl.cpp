@@ -1,8 +1,10 @@
 #include "statecore/ttl.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
+#include "statecore/collection_index.h"
 #include "statecore/key_codec.h"
 
 namespace statecore {
@@ -189,10 +191,12 @@ CleanupStep cleanup_step(StateMap& map, uint64_t* cursor, size_t min_entries,
     const FilterResult r = filter_value(spec, now, scratch->value(i), &trimmed, &step.expired);
     if (r == FilterResult::Drop) {
       map.remove(k.data, k.size);
+      ++step.written;
       if (removed != nullptr) removed->emplace_back(reinterpret_cast<const char*>(k.data), k.size);
     } else if (r == FilterResult::Trim) {
       uint8_t* dst = map.put(k.data, k.size, trimmed.size());
       std::memcpy(dst, trimmed.data(), trimmed.size());
+      ++step.written;
     }
   }
   return step;
@@ -308,6 +312,11 @@ CleanupStep cleanup_step(StateTable& table, TableCursor* cursor, size_t min_entr
                                  scratch, removed);
     total.visited += s.visited;
     total.expired += s.expired;
+    if (s.written != 0) {
+      total.written += s.written;
+      if (total.first_written_kg < 0) total.first_written_kg = cursor->key_group;
+      total.last_written_kg = cursor->key_group;
+    }
     if (s.wrapped) {
       if (cursor->key_group == table.kg_end()) {
         cursor->key_group = table.kg_start();
@@ -318,6 +327,29 @@ CleanupStep cleanup_step(StateTable& table, TableCursor* cursor, size_t min_entr
     }
     if (total.visited >= min_entries) return total;
   }
+}
+
+bool cleanup_row(IncrementalCleanup& c) {
+  StateTable& table = *c.table;
+  c.first_written_kg = c.last_written_kg = -1;
+  for (size_t i = 0; i < c.steps_per_row; ++i) {
+    const bool from_start = c.cursor.key_group == table.kg_start() && c.cursor.bucket == 0;
+    CleanupStep s = cleanup_step(table, &c.cursor, c.cleanup_size, c.spec, c.now, &c.scratch,
+                                 c.index != nullptr ? &c.removed : nullptr);
+    c.visited += s.visited;
+    c.expired += s.expired;
+    if (c.index != nullptr && !c.removed.empty()) {
+      c.index->erase_entry_keys(c.removed, c.index_key, c.index_namespace, c.index_max_parallelism);
+      c.removed.clear();
+    }
+    if (s.written != 0) {
+      if (c.first_written_kg < 0 || s.first_written_kg < c.first_written_kg)
+        c.first_written_kg = s.first_written_kg;
+      c.last_written_kg = std::max(c.last_written_kg, s.last_written_kg);
+    }
+    if (s.wrapped && from_start && s.visited == 0) break;  // an empty table
+  }
+  return c.first_written_kg >= 0;
 }
 
 }  // namespace ttl

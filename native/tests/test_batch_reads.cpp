@@ -3,7 +3,8 @@
 // variable-width elements, absent keys as empty lists, chunked output appended), map get /
 // contains / remove (one entry per user key, absent user keys, repeated rows, the map index
 // kept), clear (of a map: every entry its index lists), TTL (expired elements / entries dropped
-// and counted, return_expired, update_on_read), and errors that leave the table untouched.
+// and counted, return_expired, update_on_read), the incremental cleanup hook run before each row
+// (ttl.h IncrementalCleanup), and errors that leave the table untouched.
 #include <cstring>
 #include <functional>
 #include <map>
@@ -19,6 +20,7 @@
 #include "statecore/batch_collections.h"
 #include "statecore/batch_reads.h"
 #include "statecore/state_table.h"
+#include "statecore/ttl.h"
 
 using namespace statecore;
 using namespace statecore_test;
@@ -265,6 +267,146 @@ TEST(map_kernels_keep_the_index_and_clear_a_map_through_it) {
   clear_batch(t, int64_spec(), rk.in(), &ix);
   CHECK_EQ(t.size(), size_t(1));
   CHECK_EQ(ix.members(), size_t(1));
+}
+
+// ---- incremental cleanup before each row (ttl.h IncrementalCleanup, batch.h "TTL")
+
+namespace {
+
+// The hook of a TTL state over `t` (TTL 100 ms) at `now`, `size` entries a step.
+ttl::IncrementalCleanup cleanup_hook(StateTable& t, int64_t now, size_t size) {
+  ttl::IncrementalCleanup h;
+  h.table = &t;
+  h.cleanup_size = size;
+  h.spec.ttl_ms = 100;
+  h.now = now;
+  return h;
+}
+
+// 300 int64 values written at 0 (keys 0..299, expired from 100 on) and key 1000 written at 50.
+void fill_expired(StateTable& t) {
+  I64 ks;
+  for (int64_t i = 0; i < 300; ++i) ks.push_back(i);
+  auto k = fixed<int64_t>("l", ks);
+  put_batch(t, int64_spec(), k.in(), ValueType::Int64, k.in(), ttl_at(0));
+  auto live = fixed<int64_t>("l", I64{1000});
+  put_batch(t, int64_spec(), live.in(), ValueType::Int64, live.in(), ttl_at(50));
+}
+
+}  // namespace
+
+TEST(incremental_cleanup_hook_steps_before_each_row) {
+  StateTable a(0, 127), b(0, 127), c(0, 127);
+  fill_expired(a);
+  fill_expired(b);
+  fill_expired(c);
+  // Reads at 120 under return_expired of the live key and expired ones: 120 rows x 5 entries
+  // a step complete a pass, and some rows meet an expired key before a step does.
+  I64 q;
+  for (int64_t i = 0; i < 120; ++i) q.push_back(i % 3 == 0 ? 1000 : (i * 37) % 300);
+  const size_t n = q.size();
+  auto qa = fixed<int64_t>("l", q);
+  TtlBatchSpec read = ttl_at(120);
+  read.return_expired = true;
+  // a: one batch with the hook.
+  ttl::IncrementalCleanup ha = cleanup_hook(a, 120, 5);
+  TtlBatchSpec hooked = read;
+  hooked.cleanup = &ha;
+  std::vector<int64_t> out_a(n), out_b(n), out_c(n);
+  std::vector<uint8_t> valid_a(n), valid_b(n), valid_c(n);
+  int64_t exp_a = 0, exp_b = 0, exp_c = 0;
+  get_batch_fixed(a, int64_spec(), qa.in(), ValueType::Int64, out_a.data(), valid_a.data(), hooked,
+                  &exp_a);
+  // b: the rows one at a time, each a step then a one-row read.
+  ttl::IncrementalCleanup hb = cleanup_hook(b, 120, 5);
+  for (size_t i = 0; i < n; ++i) {
+    ttl::cleanup_row(hb);
+    auto one = fixed<int64_t>("l", I64{q[i]});
+    int64_t e = 0;  // each call reports its own count
+    get_batch_fixed(b, int64_spec(), one.in(), ValueType::Int64, &out_b[i], &valid_b[i], read, &e);
+    exp_b += e;
+  }
+  CHECK(out_a == out_b);
+  CHECK(valid_a == valid_b);
+  CHECK_EQ(exp_a, exp_b);
+  CHECK_EQ(ha.expired, hb.expired);
+  CHECK_EQ(ha.visited, hb.visited);
+  CHECK_EQ(ha.cursor.key_group, hb.cursor.key_group);
+  CHECK_EQ(ha.cursor.bucket, hb.cursor.bucket);
+  CHECK(dump(a) == dump(b));
+  CHECK_EQ(a.size(), size_t(1));  // the pass removed every expired value the rows left
+  CHECK_EQ(ha.expired + static_cast<size_t>(exp_a), size_t(300));
+  CHECK(exp_a > 0);  // rows that met an expired key first, showing its stale value
+  // c: every step first (not the rows one at a time): the expired keys read nothing.
+  ttl::IncrementalCleanup hc = cleanup_hook(c, 120, 5);
+  for (size_t i = 0; i < n; ++i) ttl::cleanup_row(hc);
+  get_batch_fixed(c, int64_spec(), qa.in(), ValueType::Int64, out_c.data(), valid_c.data(), read,
+                  &exp_c);
+  CHECK(valid_c != valid_a);
+  CHECK_EQ(exp_c, 0);
+}
+
+TEST(incremental_cleanup_hook_in_a_lane_kernel_keeps_snapshots) {
+  StateTable a(0, 127), b(0, 127);
+  fill_expired(a);
+  fill_expired(b);
+  TableSnapshot snap = a.snapshot();
+  // Writes at 120 through the put kernel's lanes (new keys, overwrites, null rows removing),
+  // 2 entries a step: the steps remove expired values from maps the lanes write.
+  I64 ks, vs;
+  for (int64_t i = 0; i < 400; ++i) {
+    ks.push_back(i % 2 ? 500 + i : (i * 7) % 300);
+    vs.push_back(i % 5 == 0 ? std::nullopt : std::optional<int64_t>(i));
+  }
+  auto k = fixed<int64_t>("l", ks);
+  auto v = fixed<int64_t>("l", vs);
+  ttl::IncrementalCleanup ha = cleanup_hook(a, 120, 2);
+  TtlBatchSpec hooked = ttl_at(120);
+  hooked.cleanup = &ha;
+  put_batch(a, int64_spec(), k.in(), ValueType::Int64, v.in(), hooked);
+  ttl::IncrementalCleanup hb = cleanup_hook(b, 120, 2);
+  for (size_t i = 0; i < ks.size(); ++i) {
+    ttl::cleanup_row(hb);
+    auto k1 = fixed<int64_t>("l", I64{ks[i]});
+    auto v1 = fixed<int64_t>("l", I64{vs[i]});
+    put_batch(b, int64_spec(), k1.in(), ValueType::Int64, v1.in(), ttl_at(120));
+  }
+  CHECK(dump(a) == dump(b));
+  CHECK_EQ(ha.expired, hb.expired);
+  CHECK(ha.expired > 0);
+  CHECK_EQ(snap.size(), size_t(301));  // the live snapshot still sees every value
+  snap.release();
+}
+
+TEST(incremental_cleanup_hook_unlists_removed_map_entries) {
+  StateTable t(0, 127);
+  CollectionIndex ix(0, 127);
+  const KeySchema uk = KeySchema::scalar(KeyType::Int64);
+  I64 ks;
+  for (int64_t i = 0; i < 50; ++i) ks.push_back(i);
+  auto keys = fixed<int64_t>("l", ks);
+  auto ones = fixed<int64_t>("l", I64(50, int64_t{1}));
+  map_put_batch(t, int64_spec(), keys.in(), uk, ones.in(), ValueType::Int64, keys.in(), ttl_at(0),
+                &ix);
+  CHECK_EQ(ix.members(), size_t(50));
+  // 30 reads of an absent key at 200, 2 entries a step: the steps reach all 50 expired entries
+  // (one table entry a user key, laid out as a value: docs/formats.md "Map state").
+  ttl::IncrementalCleanup h = cleanup_hook(t, 200, 2);
+  h.index = &ix;
+  h.index_key = KeySchema::scalar(KeyType::Int64);
+  h.index_max_parallelism = 128;
+  TtlBatchSpec hooked = ttl_at(200);
+  hooked.cleanup = &h;
+  auto q = fixed<int64_t>("l", I64(30, int64_t{1000}));
+  auto qu = fixed<int64_t>("l", I64(30, int64_t{1}));
+  std::vector<uint8_t> found(30, 9);
+  int64_t expired = 0;
+  map_contains_batch(t, int64_spec(), q.in(), uk, qu.in(), ValueType::Int64, found.data(), hooked,
+                     &expired, &ix);
+  CHECK_EQ(expired, 0);
+  CHECK_EQ(h.expired, size_t(50));
+  CHECK_EQ(t.size(), size_t(0));
+  CHECK_EQ(ix.members(), size_t(0));
 }
 
 TEST(read_kernels_reject_bad_input_before_any_change) {

@@ -247,6 +247,10 @@ cdef extern from "statecore/state_table.h" namespace "statecore" nogil:
         size_t removal_log_size()
 
 
+cdef extern from "statecore/ttl.h" namespace "statecore::ttl" nogil:
+    cdef cppclass IncrementalCleanup  # defined with the other ttl.h declarations below
+
+
 cdef extern from "statecore/batch.h" namespace "statecore" nogil:
     cdef enum class ValueType(uint8_t):
         Int64
@@ -296,6 +300,7 @@ cdef extern from "statecore/batch.h" namespace "statecore" nogil:
         int64_t now
         cbool update_on_read
         cbool return_expired
+        IncrementalCleanup* cleanup
 
     void get_batch_fixed(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                          const ValueSpec& value_type, void* out_values, uint8_t* out_valid,
@@ -383,7 +388,7 @@ cdef extern from "statecore/batch_reads.h" namespace "statecore" nogil:
         vector[uint8_t]* data
         uint8_t* valid
     void clear_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
-                     CollectionIndex* index) except +raise_native_error
+                     CollectionIndex* index, IncrementalCleanup* cleanup) except +raise_native_error
     void list_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                         const ValueSpec& element_type, vector[int64_t]& list_offsets,
                         vector[uint8_t]& elements, vector[int64_t]& element_offsets,
@@ -400,7 +405,8 @@ cdef extern from "statecore/batch_reads.h" namespace "statecore" nogil:
                             CollectionIndex* index) except +raise_native_error
     void map_remove_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                           const KeySchema& user_key, ArrowInput user_keys,
-                          CollectionIndex* index) except +raise_native_error
+                          CollectionIndex* index,
+                          IncrementalCleanup* cleanup) except +raise_native_error
     void validate_key_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                             const TtlBatchSpec& ttl) except +raise_native_error
     void validate_map_key_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
@@ -437,6 +443,20 @@ cdef extern from "statecore/ttl.h" namespace "statecore::ttl" nogil:
     cdef cppclass TableCursor:
         int32_t key_group
         uint64_t bucket
+
+    cdef cppclass IncrementalCleanup:
+        StateTable* table
+        TableCursor cursor
+        size_t cleanup_size
+        size_t steps_per_row
+        FilterSpec spec
+        int64_t now
+        CollectionIndex* index
+        KeySchema index_key
+        NamespaceType index_namespace
+        int32_t index_max_parallelism
+        size_t expired
+        size_t visited
 
     cdef cppclass MigrationSpec:
         Layout layout

@@ -647,6 +647,31 @@ cdef class NativeStateTable:
         s.snap = c.new_table_snapshot(self.table[0])
         return s
 
+    cdef int _cleanup_begin(self, c.IncrementalCleanup* ic, cleanup) except -1:
+        """Fill ``ic`` from ``cleanup``, the incremental TTL cleanup a kernel runs before each
+        row (ttl.h ``IncrementalCleanup``): ``cleanup.start()`` gives ``(key group, bucket,
+        cleanup_size, steps_per_row, kind, fixed_width, ttl_ms, now)`` -- the cursor of
+        :meth:`ttl_cleanup_table_step`, which per-record steps continue -- and the kernel's
+        call ends with ``cleanup.end(key group, bucket, expired)`` (also when it raises: the
+        steps of the rows before the error stay done). A map state's removed entries leave the
+        map index too."""
+        kg, bucket, size, steps, kind, fixed_width, ttl_ms, now = cleanup.start()
+        if size < 1 or steps < 1:
+            raise InvalidInputError(f"cleanup size {size} and steps a row {steps} must be >= 1")
+        ic.table = self.table
+        ic.cursor.key_group = kg
+        ic.cursor.bucket = bucket
+        ic.cleanup_size = size
+        ic.steps_per_row = steps
+        ic.spec = _ttl_filter_spec(kind, fixed_width, ttl_ms)
+        ic.now = now
+        if self.index != NULL:
+            ic.index = self.index
+            ic.index_key = self.ix_key
+            ic.index_namespace = self.ix_ns
+            ic.index_max_parallelism = self.ix_mp
+        return 0
+
     # -------------------------------------------------------------------- batch kernels
     cdef c.BatchKeySpec _spec(self, str key_type, str assigner, int32_t max_parallelism,
                               str namespace_type=None) except *:
@@ -665,7 +690,7 @@ cdef class NativeStateTable:
         return spec
 
     def get_batch(self, keys, str key_type, str assigner, int32_t max_parallelism, str value_type,
-                  ttl=None, count_expired=None, namespace_type=None):
+                  ttl=None, count_expired=None, namespace_type=None, cleanup=None):
         """Values of ``keys`` as an Arrow array of ``value_type`` (a statecore.value_types name;
         the fixed-width ones -> their Arrow type, timestamps without a time zone; string ->
         large_string, binary -> large_binary); null where absent.
@@ -683,9 +708,12 @@ cdef class NativeStateTable:
         removed (null, or their stale value once under return_expired) and read ones renewed
         under update_on_read -- the call then MODIFIES the table. ``count_expired(n)`` is called
         with the number of expired entries removed when n > 0, also when the call raises
-        mid-batch. InvalidInputError on bad input. The GIL is released while the kernels run."""
+        mid-batch. ``cleanup`` (every kernel call of this class): None, or a TTL state's
+        incremental cleanup, run before each row (:meth:`_cleanup_begin`; batch.h "TTL").
+        InvalidInputError on bad input. The GIL is released while the kernels run."""
         cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism, namespace_type)
         cdef c.TtlBatchSpec tspec = _ttl_spec(ttl)
+        cdef c.IncrementalCleanup ic
         cdef _Chunks k = _Chunks(keys)
         cdef int64_t n = k.total
         cdef int64_t expired = 0, chunk_expired = 0
@@ -706,6 +734,9 @@ cdef class NativeStateTable:
         else:
             offsets.resize(nchunks)
             data.resize(nchunks)
+        if cleanup is not None:
+            self._cleanup_begin(&ic, cleanup)
+            tspec.cleanup = &ic
         self._claim()
         try:
             with nogil:
@@ -728,6 +759,8 @@ cdef class NativeStateTable:
                     chunk_expired = 0
         finally:
             self._release()
+            if cleanup is not None:
+                cleanup.end(ic.cursor.key_group, ic.cursor.bucket, ic.expired)
             expired += chunk_expired
             if expired and count_expired is not None:
                 count_expired(expired)
@@ -738,18 +771,22 @@ cdef class NativeStateTable:
         return pa.Array.from_buffers(typ, n, [_bitmap(valid[:n], n), pa.py_buffer(off_np), pa.py_buffer(data_np)])
 
     def put_batch(self, keys, values, str key_type, str assigner, int32_t max_parallelism,
-                  str value_type, ttl=None, namespace_type=None):
+                  str value_type, ttl=None, namespace_type=None, cleanup=None):
         """values[i] for keys[i] in row order; a null value removes the key. ``keys`` and
         ``values`` as ``keys`` of :meth:`get_batch`, split into chunks of the same lengths
         (InvalidInputError otherwise); every chunk pair is validated before the first is
         written. ``ttl`` as in :meth:`get_batch`: every written value is stamped ``now_ms``."""
         cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism, namespace_type)
         cdef c.TtlBatchSpec tspec = _ttl_spec(ttl)
+        cdef c.IncrementalCleanup ic
         cdef _Chunks k = _Chunks(keys)
         cdef _Chunks v = _Chunks(values)
         cdef c.ValueSpec vt = _value_spec(value_type)
         cdef size_t j, nchunks = k.count()
         k.check_aligned(v)
+        if cleanup is not None:
+            self._cleanup_begin(&ic, cleanup)
+            tspec.cleanup = &ic
         self._claim()
         try:
             with nogil:
@@ -761,9 +798,11 @@ cdef class NativeStateTable:
                     c.put_batch(self.table[0], spec, k.inputs[j], vt, v.inputs[j], tspec)
         finally:
             self._release()
+            if cleanup is not None:
+                cleanup.end(ic.cursor.key_group, ic.cursor.bucket, ic.expired)
 
     def append_batch(self, keys, values, str key_type, str assigner, int32_t max_parallelism,
-                     str element_type, ttl=None, namespace_type=None):
+                     str element_type, ttl=None, namespace_type=None, cleanup=None):
         """ListState: appends values[i] (one element a row, the Arrow type of ``element_type``, no
         nulls) to the list blob of keys[i], in row order (batch_collections.h). ``keys`` and
         ``values`` as in :meth:`put_batch` (chunks of equal lengths, every chunk validated before
@@ -771,11 +810,15 @@ cdef class NativeStateTable:
         InvalidInputError on bad input, the table then unchanged."""
         cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism, namespace_type)
         cdef c.TtlBatchSpec tspec = _ttl_spec(ttl)
+        cdef c.IncrementalCleanup ic
         cdef _Chunks k = _Chunks(keys)
         cdef _Chunks v = _Chunks(values)
         cdef c.ValueSpec et = _value_spec(element_type)
         cdef size_t j, nchunks = k.count()
         k.check_aligned(v)
+        if cleanup is not None:
+            self._cleanup_begin(&ic, cleanup)
+            tspec.cleanup = &ic
         self._claim()
         try:
             with nogil:
@@ -786,10 +829,12 @@ cdef class NativeStateTable:
                     c.list_append_batch(self.table[0], spec, k.inputs[j], et, v.inputs[j], tspec)
         finally:
             self._release()
+            if cleanup is not None:
+                cleanup.end(ic.cursor.key_group, ic.cursor.bucket, ic.expired)
 
     def map_put_batch(self, keys, user_keys, values, str key_type, str assigner,
                       int32_t max_parallelism, str user_key_type, str value_type, ttl=None,
-                      namespace_type=None):
+                      namespace_type=None, cleanup=None):
         """MapState: puts user_keys[i] -> values[i] into the map of keys[i], in row order, one
         entry per row (batch_collections.h; listed in the map index when enabled,
         :meth:`enable_map_index`). ``user_key_type``: a
@@ -799,6 +844,7 @@ cdef class NativeStateTable:
         on bad input, the table then unchanged."""
         cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism, namespace_type)
         cdef c.TtlBatchSpec tspec = _ttl_spec(ttl)
+        cdef c.IncrementalCleanup ic
         cdef c.KeySchema uks = _key_schema(user_key_type)
         cdef _Chunks k = _Chunks(keys)
         cdef _Chunks u = _Chunks(user_keys)
@@ -807,6 +853,9 @@ cdef class NativeStateTable:
         cdef size_t j, nchunks = k.count()
         k.check_aligned(u)
         k.check_aligned(v)
+        if cleanup is not None:
+            self._cleanup_begin(&ic, cleanup)
+            tspec.cleanup = &ic
         self._claim()
         try:
             with nogil:
@@ -818,9 +867,11 @@ cdef class NativeStateTable:
                                     v.inputs[j], tspec, self.index)
         finally:
             self._release()
+            if cleanup is not None:
+                cleanup.end(ic.cursor.key_group, ic.cursor.bucket, ic.expired)
 
     def add_batch(self, keys, values, str key_type, str assigner, int32_t max_parallelism,
-                  str value_type, str reducer, ttl=None, count_expired=None, namespace_type=None):
+                  str value_type, str reducer, ttl=None, count_expired=None, namespace_type=None, cleanup=None):
         """Fold values into the state with a built-in reducer; the running aggregate after each
         row as an array of the state's type (int64 for count), null where none.
 
@@ -833,6 +884,7 @@ cdef class NativeStateTable:
         aggregates but not what null rows removed or renewed, as the Python path)."""
         cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism, namespace_type)
         cdef c.TtlBatchSpec tspec = _ttl_spec(ttl)
+        cdef c.IncrementalCleanup ic
         cdef int64_t expired = 0, chunk_expired = 0
         cdef _Chunks k = _Chunks(keys)
         cdef _Chunks v = _Chunks(values)
@@ -860,6 +912,9 @@ cdef class NativeStateTable:
         vals = np.empty(max(n, 1) * width, np.uint8)
         out_bytes = vals
         out_base = &out_bytes[0]
+        if cleanup is not None:
+            self._cleanup_begin(&ic, cleanup)
+            tspec.cleanup = &ic
         self._claim()
         try:
             with nogil:
@@ -875,6 +930,8 @@ cdef class NativeStateTable:
                     chunk_expired = 0
         finally:
             self._release()
+            if cleanup is not None:
+                cleanup.end(ic.cursor.key_group, ic.cursor.bucket, ic.expired)
             expired += chunk_expired
             if expired and count_expired is not None:
                 count_expired(expired)
@@ -886,27 +943,34 @@ cdef class NativeStateTable:
     # applied; the outputs of all chunks are one result (the kernels append to one buffer).
 
     def clear_batch(self, keys, str key_type, str assigner, int32_t max_parallelism,
-                    namespace_type=None):
+                    namespace_type=None, cleanup=None):
         """Removes the entry of every key in row order (absent keys skipped); any state kind
         and value type (the value bytes are not read); with the map index enabled, every entry
         of the key's map. ``keys`` as in :meth:`get_batch`.
         InvalidInputError on bad input, the table then unchanged."""
         cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism, namespace_type)
         cdef c.TtlBatchSpec none_ttl
+        cdef c.IncrementalCleanup ic
+        cdef c.IncrementalCleanup* icp = NULL
         cdef _Chunks k = _Chunks(keys)
         cdef size_t j, nchunks = k.count()
+        if cleanup is not None:
+            self._cleanup_begin(&ic, cleanup)
+            icp = &ic
         self._claim()
         try:
             with nogil:
                 for j in range(1, nchunks):
                     c.validate_key_batch(self.table[0], spec, k.inputs[j], none_ttl)
                 for j in range(nchunks):
-                    c.clear_batch(self.table[0], spec, k.inputs[j], self.index)
+                    c.clear_batch(self.table[0], spec, k.inputs[j], self.index, icp)
         finally:
             self._release()
+            if cleanup is not None:
+                cleanup.end(ic.cursor.key_group, ic.cursor.bucket, ic.expired)
 
     def list_get_batch(self, keys, str key_type, str assigner, int32_t max_parallelism,
-                       str element_type, ttl=None, count_expired=None, namespace_type=None):
+                       str element_type, ttl=None, count_expired=None, namespace_type=None, cleanup=None):
         """ListState: the list of every key as a ``list<T>`` array (T the Arrow type of
         ``element_type``, as the Python backend's ``pa.list_(T)``; ``large_list`` / large
         element types only when the result holds 2**31 elements / bytes or more), one row per
@@ -915,6 +979,7 @@ cdef class NativeStateTable:
         removed, counted) as batch_reads.h says. The GIL is released while the kernels run."""
         cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism, namespace_type)
         cdef c.TtlBatchSpec tspec = _ttl_spec(ttl)
+        cdef c.IncrementalCleanup ic
         cdef _Chunks k = _Chunks(keys)
         cdef int64_t n = k.total
         cdef int64_t expired = 0, chunk_expired = 0
@@ -925,6 +990,9 @@ cdef class NativeStateTable:
         cdef size_t width = c.value_width(et), j, nchunks = k.count()
         list_offsets.push_back(0)
         element_offsets.push_back(0)
+        if cleanup is not None:
+            self._cleanup_begin(&ic, cleanup)
+            tspec.cleanup = &ic
         self._claim()
         try:
             with nogil:
@@ -938,6 +1006,8 @@ cdef class NativeStateTable:
                     chunk_expired = 0
         finally:
             self._release()
+            if cleanup is not None:
+                cleanup.end(ic.cursor.key_group, ic.cursor.bucket, ic.expired)
             expired += chunk_expired
             if expired and count_expired is not None:
                 count_expired(expired)
@@ -963,13 +1033,14 @@ cdef class NativeStateTable:
 
     def map_get_batch(self, keys, user_keys, str key_type, str assigner,
                       int32_t max_parallelism, str user_key_type, str value_type, ttl=None,
-                      count_expired=None, namespace_type=None):
+                      count_expired=None, namespace_type=None, cleanup=None):
         """MapState: the value of user_keys[i] in the map of keys[i], null where absent, as
         :meth:`get_batch` returns values (string -> large_string, binary -> large_binary).
         ``keys``/``user_keys`` chunked alike (as :meth:`map_put_batch`), no null user keys;
         ``ttl``/``count_expired`` as in :meth:`get_batch` (expired pairs removed, counted)."""
         cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism, namespace_type)
         cdef c.TtlBatchSpec tspec = _ttl_spec(ttl)
+        cdef c.IncrementalCleanup ic
         cdef c.KeySchema uks = _key_schema(user_key_type)
         cdef _Chunks k = _Chunks(keys)
         cdef _Chunks u = _Chunks(user_keys)
@@ -993,6 +1064,9 @@ cdef class NativeStateTable:
         offsets.push_back(0)
         out.offsets = &offsets
         out.data = &data
+        if cleanup is not None:
+            self._cleanup_begin(&ic, cleanup)
+            tspec.cleanup = &ic
         self._claim()
         try:
             with nogil:
@@ -1010,6 +1084,8 @@ cdef class NativeStateTable:
                     chunk_expired = 0
         finally:
             self._release()
+            if cleanup is not None:
+                cleanup.end(ic.cursor.key_group, ic.cursor.bucket, ic.expired)
             expired += chunk_expired
             if expired and count_expired is not None:
                 count_expired(expired)
@@ -1021,12 +1097,13 @@ cdef class NativeStateTable:
 
     def map_contains_batch(self, keys, user_keys, str key_type, str assigner,
                            int32_t max_parallelism, str user_key_type, str value_type, ttl=None,
-                           count_expired=None, namespace_type=None):
+                           count_expired=None, namespace_type=None, cleanup=None):
         """MapState: a bool array (no nulls), true where user_keys[i] is in the map of keys[i]
         (with TTL: where :meth:`map_get_batch` would return a value, with the same removals,
         renewals and counts). Arguments as :meth:`map_get_batch`."""
         cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism, namespace_type)
         cdef c.TtlBatchSpec tspec = _ttl_spec(ttl)
+        cdef c.IncrementalCleanup ic
         cdef c.KeySchema uks = _key_schema(user_key_type)
         cdef _Chunks k = _Chunks(keys)
         cdef _Chunks u = _Chunks(user_keys)
@@ -1038,6 +1115,9 @@ cdef class NativeStateTable:
         k.check_aligned(u)
         found_np = np.zeros(max(n, 1), np.uint8)
         found = found_np
+        if cleanup is not None:
+            self._cleanup_begin(&ic, cleanup)
+            tspec.cleanup = &ic
         self._claim()
         try:
             with nogil:
@@ -1052,6 +1132,8 @@ cdef class NativeStateTable:
                     chunk_expired = 0
         finally:
             self._release()
+            if cleanup is not None:
+                cleanup.end(ic.cursor.key_group, ic.cursor.bucket, ic.expired)
             expired += chunk_expired
             if expired and count_expired is not None:
                 count_expired(expired)
@@ -1059,17 +1141,22 @@ cdef class NativeStateTable:
             np.packbits(found_np[:n], bitorder="little"))])
 
     def map_remove_batch(self, keys, user_keys, str key_type, str assigner,
-                         int32_t max_parallelism, str user_key_type, namespace_type=None):
+                         int32_t max_parallelism, str user_key_type, namespace_type=None, cleanup=None):
         """MapState: removes the entry of user_keys[i] in the map of keys[i] in row order (and
         unlists it). Chunked as :meth:`map_put_batch`, every chunk validated before the
         first is applied. InvalidInputError on bad input, the table then unchanged."""
         cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism, namespace_type)
         cdef c.TtlBatchSpec none_ttl
+        cdef c.IncrementalCleanup ic
+        cdef c.IncrementalCleanup* icp = NULL
         cdef c.KeySchema uks = _key_schema(user_key_type)
         cdef _Chunks k = _Chunks(keys)
         cdef _Chunks u = _Chunks(user_keys)
         cdef size_t j, nchunks = k.count()
         k.check_aligned(u)
+        if cleanup is not None:
+            self._cleanup_begin(&ic, cleanup)
+            icp = &ic
         self._claim()
         try:
             with nogil:
@@ -1078,9 +1165,11 @@ cdef class NativeStateTable:
                                              none_ttl)
                 for j in range(nchunks):
                     c.map_remove_batch(self.table[0], spec, k.inputs[j], uks, u.inputs[j],
-                                       self.index)
+                                       self.index, icp)
         finally:
             self._release()
+            if cleanup is not None:
+                cleanup.end(ic.cursor.key_group, ic.cursor.bucket, ic.expired)
 
 
 def _table_reclaim(NativeStateTable table):

@@ -20,13 +20,14 @@ earlier than they happened, since a watermark is at least the event time of what
 
 Cleanup (each per state, Flink's strategies): on read (always); ``cleanup_full_snapshot``
 (expired entries left out of full snapshots); ``cleanup_incrementally`` (a lazy global iterator
-per state over its key groups, ``cleanup_size`` entries per state access / batch row, optionally
-per record: ``set_current_key``); ``cleanup_in_compaction`` (checkpoint store compaction, the
-clock re-read every N entries: :class:`CompactionTimeProvider`); ``cleanup_in_background``
-(``backend.run_background_ttl_cleanup()``, a key group at a time). The native backend runs the
-filter in C++ (``native/include/statecore/ttl.h``), byte-identical to :func:`filter_expired`; so
-does store compaction (:func:`compaction_filter`) whenever the extension is built, whichever
-backend wrote the checkpoint.
+per state over its key groups, a step of ``cleanup_size`` entries before each state access --
+before each row of a batch call, so a batch equals its rows one at a time -- optionally also
+per record: ``set_current_key`` and each batch row); ``cleanup_in_compaction`` (checkpoint
+store compaction, the clock re-read every N entries: :class:`CompactionTimeProvider`);
+``cleanup_in_background`` (``backend.run_background_ttl_cleanup()``, a key group at a time).
+The native backend runs the filter in C++ (``native/include/statecore/ttl.h``), byte-identical
+to :func:`filter_expired`; so does store compaction (:func:`compaction_filter`) whenever the
+extension is built, whichever backend wrote the checkpoint.
 
 Migration: restoring state written with TTL off under a descriptor with TTL on, or the reverse,
 raises StateMigrationError (as Flink does) unless the descriptor asks for the conversion with
@@ -139,7 +140,8 @@ class StateTtlConfig:
         cleanup_incrementally: ``cleanup_size`` > 0 to visit that many entries per state access
             (Flink default 5) and remove expired ones, resuming where the last step stopped.
         run_cleanup_for_every_record: with incremental cleanup, also step on every record
-            (``set_current_key``), not only on state accesses.
+            (``set_current_key``, and each row of any batch call: a batch row is a record),
+            not only on state accesses.
         cleanup_in_compaction: when checkpoint runs are merged, drop expired entries; the clock
             is re-read every ``query_time_after_num_entries`` entries (Flink default 1000).
         cleanup_in_background: expire a key group at a time when the backend is idle

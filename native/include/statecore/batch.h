@@ -41,6 +41,10 @@
 // included, and entries the batch created), as Python never applies its staged aggregates then,
 // but keeps what null rows did before the failing row (expired entries removed on read, renewed
 // timestamps) and reports their count: Python's `_fresh` applies those immediately.
+// Incremental cleanup (`ttl.cleanup`, ttl.h IncrementalCleanup): when set, every row first runs
+// the state access's cleanup steps (ttl::cleanup_row), so row i sees the table after the steps
+// of rows 0..i and the writes of rows 0..i-1, as the rows one at a time; unset, a null test a
+// row.
 //
 // Thread contract: as StateTable's — the calling thread owns the table for the call; kernels on
 // different tables may run concurrently (no shared mutable state; the scratch is thread_local).
@@ -57,6 +61,9 @@
 #include "statecore/state_table.h"
 
 namespace statecore {
+namespace ttl {
+struct IncrementalCleanup;
+}
 
 // Bad batch input (wrong Arrow type, null key, length mismatch, key group outside the table's
 // range, ...). The message says what and, when a row is at fault, which row (0-based, relative to
@@ -153,6 +160,8 @@ struct TtlBatchSpec {
   int64_t now = 0;              // the batch's clock reading, ms (processing time or watermark)
   bool update_on_read = false;  // UpdateType.OnReadAndWrite: renew on a successful read
   bool return_expired = false;  // StateVisibility.ReturnExpiredIfNotCleanedUp
+  // Incremental cleanup before each row (see "TTL" above; ttl.h); nullptr: none.
+  ttl::IncrementalCleanup* cleanup = nullptr;
 };
 
 // One Arrow array as received through the C Data Interface (e.g. from `__arrow_c_array__`).

@@ -41,9 +41,10 @@ namespace statecore {
 // not read, so this serves every state kind and value type (pickle included). Throws BatchError
 // before any mutation on bad keys (batch.h's key checks).
 // For a map state `index` is its map index (collection_index.h): every entry it lists for the
-// row's (key, namespace) is removed, and unlisted.
+// row's (key, namespace) is removed, and unlisted. `cleanup` (a TTL state's incremental
+// cleanup, batch.h "TTL"): run before each row when set.
 void clear_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
-                 CollectionIndex* index = nullptr);
+                 CollectionIndex* index = nullptr, ttl::IncrementalCleanup* cleanup = nullptr);
 
 // ListState.get_batch: the list of every key. Appends per row the end element offset to
 // `list_offsets` (an absent key is an empty list: the per-record `get()` returns []), and per
@@ -87,10 +88,11 @@ void map_contains_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput 
 
 // MapState.remove_batch: removes the entry of user_keys[i] in the map of keys[i], in row order
 // (a repeated row finds nothing left to remove), unlisting it from `index` when given. Values
-// are not read, so TTL needs no flag. Throws BatchError before any mutation on bad input.
+// are not read, so TTL needs no flag (`cleanup` as clear_batch's). Throws BatchError before any
+// mutation on bad input.
 void map_remove_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                       const KeySchema& user_key, ArrowInput user_keys,
-                      CollectionIndex* index = nullptr);
+                      CollectionIndex* index = nullptr, ttl::IncrementalCleanup* cleanup = nullptr);
 
 // Validation passes (see validate_batch in batch.h): throw what the kernels above would throw
 // before modifying anything, never touch the table. validate_key_batch stands for clear_batch

@@ -19,11 +19,13 @@
 #include <string>
 #include <vector>
 
+#include "statecore/key_codec.h"
 #include "statecore/sorted_run.h"
 #include "statecore/state_map.h"
 #include "statecore/state_table.h"
 
 namespace statecore {
+class CollectionIndex;
 namespace ttl {
 
 constexpr size_t kTimestampBytes = 8;
@@ -123,6 +125,11 @@ struct CleanupStep {
   size_t visited = 0;    // entries looked at
   size_t expired = 0;    // expired things removed (filter_value's count)
   bool wrapped = false;  // the walk reached the end of the table; *cursor is 0 again
+  size_t written = 0;    // entries removed or rewritten (trimmed)
+  // The table step (below): the first and last key group whose map it wrote (-1: none); the
+  // key groups of one step are visited in ascending order.
+  int32_t first_written_kg = -1;
+  int32_t last_written_kg = -1;
 };
 CleanupStep cleanup_step(StateMap& map, uint64_t* cursor, size_t min_entries,
                          const FilterSpec& spec, int64_t now, SortedRun* scratch,
@@ -188,6 +195,44 @@ struct TableCursor {
 CleanupStep cleanup_step(StateTable& table, TableCursor* cursor, size_t min_entries,
                          const FilterSpec& spec, int64_t now, SortedRun* scratch,
                          std::vector<std::string>* removed = nullptr);
+
+// The per-row hook of incremental cleanup in the batch kernels (batch.h TtlBatchSpec::cleanup,
+// batch_reads.h, batch_collections.h): Flink's TtlIncrementalCleanup runs its step before each
+// state access, and a batch row is one, so a kernel calls cleanup_row() at the top of every row
+// when the hook is set: `steps_per_row` table steps (cleanup_step above) of at least
+// `cleanup_size` entries each from `cursor` on, one after the other, exactly what as many single
+// accesses run (a step ends at the end of a pass, the next starts a new one; on an empty table
+// the row's remaining steps are skipped, as they would visit nothing). The cursor is the one of
+// the per-record path (the caller passes it in and takes it back), so batch and per-record calls
+// continue each other's pass. Removals and trims go through the map's copy-on-write operations,
+// as any write; a removed map entry leaves `index` (when set) as well.
+struct IncrementalCleanup {
+  StateTable* table = nullptr;
+  TableCursor cursor;
+  size_t cleanup_size = 1;   // Flink cleanupSize: entries a step visits at least
+  size_t steps_per_row = 1;  // the state's access, and one more with runCleanupForEveryRecord
+  FilterSpec spec;
+  int64_t now = 0;  // ms, the batch's clock reading
+  // A map state's index (collection_index.h) and the key layout that splits its entry keys.
+  CollectionIndex* index = nullptr;
+  KeySchema index_key;
+  NamespaceType index_namespace = NamespaceType::Void;
+  int32_t index_max_parallelism = 0;
+  // Out, summed over the rows: expired things removed (filter_value's count), entries visited.
+  size_t expired = 0;
+  size_t visited = 0;
+  // Out, of the last cleanup_row(): the key groups whose maps it wrote (see CleanupStep).
+  int32_t first_written_kg = -1;
+  int32_t last_written_kg = -1;
+  SortedRun scratch;
+  std::vector<std::string> removed;
+};
+
+// One row's steps (see IncrementalCleanup). Returns whether they removed or rewrote an entry:
+// a kernel then treats key groups [first_written_kg, last_written_kg] as written outside its
+// lanes. Throws std::invalid_argument for a value whose TTL layout is broken (the entries handled
+// before it stay handled, the cursor where the step stopped).
+bool cleanup_row(IncrementalCleanup& c);
 
 }  // namespace ttl
 }  // namespace statecore

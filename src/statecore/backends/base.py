@@ -380,15 +380,36 @@ class KeyedStateBackend(abc.ABC):
         ``cleanup_size`` entries each of the table's lazy global iterator (Flink
         ``TtlIncrementalCleanup.stateAccessed``; a step ends early at the end of a pass, the
         next one starts a new pass), the expired things they remove counted as
-        ``incremental``. TTL state objects call it before each per-record access, batch calls
-        once per batch with the number of rows, before the rows: the same steps as the rows one
-        at a time."""
+        ``incremental``. TTL state objects call it before each per-record access, and a batch
+        call before each of its rows (:meth:`ttl_batch_accessed`): row ``i`` sees the state
+        after the steps of rows ``0..i`` only, as the rows one at a time."""
         if not config.cleanup_size or accesses <= 0:
             return
         _, expired, _ = table.ttl_cleanup_step(self.key_group_range, config.cleanup_size,
                                                config.ttl_ms, self.ttl_now(config), accesses)
         if expired:
             self.count_expired("incremental", expired)
+
+    def ttl_batch_accessed(self, table, config, rows: int) -> int:
+        """The incremental cleanup a batch call of ``rows`` rows on the state of ``table`` (TTL
+        ``config``, or None) owes, as the same rows one at a time through the per-record API
+        (``set_current_key`` and the call): a batch row is a record, so the states with
+        ``run_cleanup_for_every_record`` step once a row, and the state itself, when it has
+        ``cleanup_incrementally``, once a row more (its access). The steps of other tables are
+        run here, ``rows`` each before the batch (the batch touches none of their entries, so
+        their order against the rows changes nothing). Returns the steps of ``table`` itself
+        the caller runs before each row with :meth:`ttl_state_accessed` (0: none; then the
+        call can run its rows without stopping between them)."""
+        own = 0
+        if self._every_record_ttl:
+            for t, cfg in self._every_record_ttl.values():
+                if t is table:
+                    own += 1
+                elif rows > 0:
+                    self.ttl_state_accessed(t, cfg, rows)
+        if config is not None and config.cleanup_size:
+            own += 1
+        return own
 
     @abc.abstractmethod
     def run_background_ttl_cleanup(self, max_key_groups: int = 1) -> int:

@@ -168,6 +168,14 @@ class NativeTable(states.StateTable):
         self._ttl_cursor = (kg, bucket)
         return visited, expired, wrapped
 
+    def kernel_cleanup(self, kgs, min_entries: int, steps_per_row: int, ttl_ms: int, now: int,
+                       on_expired):
+        """The ``cleanup`` argument of a batch kernel (NativeStateTable._cleanup_begin):
+        ``steps_per_row`` steps of :meth:`ttl_cleanup_step` before each row, from and back to
+        this table's cursor over the key groups ``kgs``; ``on_expired(n)`` receives the
+        expired things they removed (n > 0) when the kernel call ends."""
+        return _KernelCleanup(self, kgs, min_entries, steps_per_row, ttl_ms, now, on_expired)
+
     def ttl_restamp(self, ts_from: int, ts_to: int) -> int:
         return self.native.ttl_restamp(self.entry_kind, self.value_ser.fixed_width, ts_from,
                                        ts_to)
@@ -190,6 +198,28 @@ class NativeTable(states.StateTable):
     def ttl_cleanup_key_group(self, kg: int, ttl_ms: int, now: int) -> int:
         return self.native.ttl_cleanup_step(kg, 0, 2**62, self.entry_kind,
                                             self.value_ser.fixed_width, ttl_ms, now)[1]
+
+
+class _KernelCleanup:
+    """NativeTable.kernel_cleanup: what a kernel call's incremental cleanup starts from
+    (``start()``) and ends with (``end(key group, bucket, expired)``)."""
+
+    __slots__ = ("table", "args", "on_expired")
+
+    def __init__(self, table, kgs, min_entries, steps_per_row, ttl_ms, now, on_expired):
+        self.table = table
+        kg, bucket = table._ttl_cursor or (kgs.start, 0)
+        self.args = (kg, bucket, min_entries, steps_per_row, table.entry_kind,
+                     table.value_ser.fixed_width, ttl_ms, now)
+        self.on_expired = on_expired
+
+    def start(self):
+        return self.args
+
+    def end(self, kg: int, bucket: int, expired: int) -> None:
+        self.table._ttl_cursor = (kg, bucket)
+        if expired:
+            self.on_expired(expired)
 
 
 class NativeSnapshot:

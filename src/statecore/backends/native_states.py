@@ -115,6 +115,22 @@ def _kernel_ok(state, namespaces) -> bool:
             and (namespaces is None or state.namespace_type != "void"))
 
 
+def _kernel_cleanup(state, rows: int):
+    """The kernels' ``cleanup`` argument for a batch call of ``rows`` rows on ``state``, after
+    the batch's cleanup steps of other states (``backend.ttl_batch_accessed``): None, or the
+    state's own steps a row (incremental cleanup, one more with run_cleanup_for_every_record),
+    which the kernels run before each row from the table's cursor (ttl.h IncrementalCleanup),
+    as TableState._batch_rows does on the per-row path; their removals count as
+    ``incremental``."""
+    b = state.backend
+    cfg = state.descriptor.ttl_config
+    steps = b.ttl_batch_accessed(state.table, cfg, rows)
+    if not steps:
+        return None
+    return state.table.kernel_cleanup(b.key_group_range, cfg.cleanup_size, steps, cfg.ttl_ms,
+                                      b.ttl_now(cfg), lambda n: b.count_expired("incremental", n))
+
+
 def _ns_column(state, namespaces, length: int):
     """The namespace of each of ``length`` rows as an Arrow array of the state's namespace type
     (pa.Array or pa.ChunkedArray, not copied when given as one), or None for a void state.
@@ -189,9 +205,11 @@ def _cast_out(arr: pa.Array, ser) -> pa.Array:
 class _KernelGet:
     """get_batch through the native kernel when it applies (see _kernel_ok)."""
 
-    def _ttl_args(self, rows: int):
-        """The kernels' ``ttl`` argument: None here; TTL states override it (_TtlKernel)."""
-        return None
+    def _kernel_ttl(self, rows: int):
+        """The kernels' ``(ttl, cleanup)`` arguments for ``rows`` rows: no TTL here (TTL states
+        override it, _TtlKernel); the batch's cleanup steps of other states run
+        (_kernel_cleanup)."""
+        return None, _kernel_cleanup(self, rows)
 
     def get_batch(self, keys, namespaces=None) -> pa.Array:
         if not _kernel_ok(self, namespaces):
@@ -200,19 +218,19 @@ class _KernelGet:
         b.check_open()
         arr = _key_array(self, keys)
         ns = _ns_column(self, namespaces, len(arr))
-        ttl = self._ttl_args(len(arr))
+        ttl, cleanup = self._kernel_ttl(len(arr))
         (kc,) = _keyed_chunks(arr, ns)
         out = self.table.native.get_batch(kc, b.key_type, b.assigner, b.max_parallelism,
                                           self.serializer.name, ttl=ttl,
                                           count_expired=_count_read(b) if ttl else None,
-                                          namespace_type=self.namespace_type)
+                                          namespace_type=self.namespace_type, cleanup=cleanup)
         return _cast_out(out, self.serializer)
 
 
 class _KernelClear:
     """clear_batch through the clear kernel (batch_reads.h), any namespace: it only removes
-    entries, so every state kind and value type (pickle included) is served. Counts one TTL
-    access per row first, as the per-row path's ``batch_slots``."""
+    entries, so every state kind and value type (pickle included) is served. The rows'
+    incremental TTL cleanup as the per-row path's: a step before each row (_kernel_cleanup)."""
 
     def clear_batch(self, keys, namespaces=None) -> None:
         if namespaces is not None and self.namespace_type == "void":
@@ -221,13 +239,11 @@ class _KernelClear:
         b.check_open()
         arr = _key_array(self, keys)
         ns = _ns_column(self, namespaces, len(arr))
-        cfg = self.descriptor.ttl_config
-        if cfg is not None:
-            b.ttl_state_accessed(self.table, cfg, len(arr))
+        cleanup = _kernel_cleanup(self, len(arr))
         (kc,) = _keyed_chunks(arr, ns)
         self.table.native.clear_batch(kc, b.key_type,
                                       b.assigner, b.max_parallelism,
-                                      namespace_type=self.namespace_type)
+                                      namespace_type=self.namespace_type, cleanup=cleanup)
 
 
 _STALE = object()  # a NativeState cache that matches no current key
@@ -307,9 +323,10 @@ class NativeValueState(_KernelClear, _KernelGet, states.TableValueState, NativeS
         vals = coerce_value_array(values, self.serializer.name, len(arr), combine=False)
         ns = _ns_column(self, namespaces, len(arr))
         kc, vc = _keyed_chunks(arr, ns, vals)
+        ttl, cleanup = self._kernel_ttl(len(arr))
         self.table.native.put_batch(kc, vc, b.key_type, b.assigner, b.max_parallelism,
-                                    self.serializer.name, ttl=self._ttl_args(len(arr)),
-                                    namespace_type=self.namespace_type)
+                                    self.serializer.name, ttl=ttl,
+                                    namespace_type=self.namespace_type, cleanup=cleanup)
 
 
 def _reducer_kernel_ok(state, namespaces) -> bool:
@@ -332,14 +349,14 @@ class NativeReducingState(_KernelClear, _KernelGet, states.TableReducingState, N
         if is_count and not _count_kernel_ok(vals.type):
             return super().add_batch(arr, vals, namespaces)
         ns = _ns_column(self, namespaces, len(arr))
-        ttl = self._ttl_args(len(arr))
+        ttl, cleanup = self._kernel_ttl(len(arr))
         # An integer sum's overflow rollback covers one kernel call: its batch is one chunk.
         kc, vc = _keyed_chunks(arr, ns, vals, single=self.descriptor.reducer.name == "sum"
                                and self.serializer.name in ("int64", "int32", "uint64"))
         out = self.table.native.add_batch(kc, vc, b.key_type, b.assigner, b.max_parallelism,
                                           self.serializer.name, self.descriptor.reducer.name,
                                           ttl=ttl, count_expired=_count_read(b) if ttl else None,
-                                          namespace_type=self.namespace_type)
+                                          namespace_type=self.namespace_type, cleanup=cleanup)
         return _cast_out(out, self.serializer)
 
 
@@ -347,9 +364,9 @@ def _list_values(state, values, length: int):
     """append_batch values checked as the per-row path checks them
     (``TableListState.append_batch``: the element type's Arrow type or a list of it, ``length``
     rows, no null element), as
-    ``(elements, parents)``: a flat array of one element a row with ``parents`` None, or a
-    list array's elements (null rows hold none) with ``parents`` the row of each element.
-    InvalidInputError otherwise."""
+    ``(elements, parents, values)``: a flat array of one element a row with ``parents`` None,
+    or a list array's elements (null rows hold none) with ``parents`` the row of each element;
+    ``values`` as imported (read once). InvalidInputError otherwise."""
     t = state.batch_arrow_type("append_batch")
     name = state.serializer.name
 
@@ -370,17 +387,17 @@ def _list_values(state, values, length: int):
         # Not pc.list_parent_indices: it also counts elements a null row's range spans, which
         # list_flatten leaves out.
         lengths = pc.list_value_length(vals).fill_null(0).to_numpy()
-        return elements, pa.array(np.repeat(np.arange(len(vals)), lengths))
+        return elements, pa.array(np.repeat(np.arange(len(vals)), lengths)), vals
     check_arrow_type(vals, name, f"values (or a list<{t}> array)")
     if vals.null_count:
         raise InvalidInputError(f"values contain {vals.null_count} null(s); list state elements "
                                 "must not be null")
-    return vals, None
+    return vals, None, vals
 
 
 class NativeListState(_KernelClear, states.TableListState, NativeState):
-    def _ttl_args(self, rows: int):
-        return None  # TTL lists override it (_TtlKernel)
+    def _kernel_ttl(self, rows: int):
+        return None, _kernel_cleanup(self, rows)  # TTL lists override it (_TtlKernel)
 
     def append_batch(self, keys, values, namespaces=None) -> None:
         """The list kernel (batch_collections.h) for the void namespace and every typed element
@@ -394,15 +411,24 @@ class NativeListState(_KernelClear, states.TableListState, NativeState):
         b.check_open()
         arr = _key_array(self, keys)
         rows = len(arr)
-        elements, parents = _list_values(self, values, rows)
+        elements, parents, values = _list_values(self, values, rows)
+        if parents is not None and self._row_steps():
+            # A kernel row is an element here: rows with steps of their own go row by row.
+            return super().append_batch(arr, values, namespaces)
         ns = _ns_column(self, namespaces, rows)
         if parents is not None:
             arr = combined(arr).take(parents)
             ns = None if ns is None else combined(ns).take(parents)
         kc, vc = _keyed_chunks(arr, ns, elements)
+        ttl, cleanup = self._kernel_ttl(rows)
         self.table.native.append_batch(kc, vc, b.key_type, b.assigner, b.max_parallelism,
-                                       self.serializer.name, ttl=self._ttl_args(rows),
-                                       namespace_type=self.namespace_type)
+                                       self.serializer.name, ttl=ttl,
+                                       namespace_type=self.namespace_type, cleanup=cleanup)
+
+    def _row_steps(self) -> bool:
+        """Whether the batch rows have incremental cleanup steps of this state's own."""
+        cfg = self.descriptor.ttl_config
+        return cfg is not None and bool(cfg.cleanup_size)
 
     def get_batch(self, keys, namespaces=None) -> pa.Array:
         """The list read kernel (batch_reads.h) for any namespace and every typed element
@@ -415,11 +441,12 @@ class NativeListState(_KernelClear, states.TableListState, NativeState):
         b.check_open()
         arr = _key_array(self, keys)
         ns = _ns_column(self, namespaces, len(arr))
-        ttl = self._ttl_args(len(arr))
+        ttl, cleanup = self._kernel_ttl(len(arr))
         (kc,) = _keyed_chunks(arr, ns)
         return self.table.native.list_get_batch(
             kc, b.key_type, b.assigner, b.max_parallelism, self.serializer.name, ttl=ttl,
-            count_expired=_count_read(b) if ttl else None, namespace_type=self.namespace_type)
+            count_expired=_count_read(b) if ttl else None, namespace_type=self.namespace_type,
+            cleanup=cleanup)
 
 
 def _map_kernel_ok(state, namespaces) -> bool:
@@ -446,8 +473,8 @@ class NativeMapState(_KernelClear, states.TableMapState, NativeState):
     batch calls as kernels that touch one entry per row and keep the table's map index;
     ``clear_batch`` removes every entry the index lists for a row's (key, namespace)."""
 
-    def _ttl_args(self, rows: int):
-        return None  # TTL maps override it (_TtlKernel)
+    def _kernel_ttl(self, rows: int):
+        return None, _kernel_cleanup(self, rows)  # TTL maps override it (_TtlKernel)
 
     def put_batch(self, keys, user_keys, values, namespaces=None) -> None:
         """The map kernel (batch_collections.h: one entry per row, listed in the table's map
@@ -468,10 +495,10 @@ class NativeMapState(_KernelClear, states.TableMapState, NativeState):
                                     "to remove user keys")
         ns = _ns_column(self, namespaces, len(arr))
         kc, uc, vc = _keyed_chunks(arr, ns, uks, vals)
+        ttl, cleanup = self._kernel_ttl(len(arr))
         self.table.native.map_put_batch(kc, uc, vc, b.key_type, b.assigner, b.max_parallelism,
-                                        uk_name, self.serializer.name,
-                                        ttl=self._ttl_args(len(arr)),
-                                        namespace_type=self.namespace_type)
+                                        uk_name, self.serializer.name, ttl=ttl,
+                                        namespace_type=self.namespace_type, cleanup=cleanup)
 
     def _read_kernel(self, method: str, keys, user_keys, namespaces):
         # get_batch / contains_batch through the map read kernels (see get_batch).
@@ -481,12 +508,13 @@ class NativeMapState(_KernelClear, states.TableMapState, NativeState):
         arr = _key_array(self, keys)
         uks = _map_user_keys(self, user_keys, len(arr))
         ns = _ns_column(self, namespaces, len(arr))
-        ttl = self._ttl_args(len(arr))
+        ttl, cleanup = self._kernel_ttl(len(arr))
         kc, uc = _keyed_chunks(arr, ns, uks)
         fn = getattr(self.table.native, "map_" + method)
         return fn(kc, uc, b.key_type, b.assigner,
                   b.max_parallelism, self.user_key_serializer.name, self.serializer.name, ttl=ttl,
-                  count_expired=_count_read(b) if ttl else None, namespace_type=self.namespace_type)
+                  count_expired=_count_read(b) if ttl else None, namespace_type=self.namespace_type,
+                  cleanup=cleanup)
 
     def get_batch(self, keys, user_keys, namespaces=None) -> pa.Array:
         """The map read kernel (batch_reads.h) for any namespace, typed user keys and
@@ -517,11 +545,11 @@ class NativeMapState(_KernelClear, states.TableMapState, NativeState):
         arr = _key_array(self, keys)
         uks = _map_user_keys(self, user_keys, len(arr))
         ns = _ns_column(self, namespaces, len(arr))
-        self._ttl_args(len(arr))  # the TTL accesses of the rows (the kernel reads no timestamp)
+        _, cleanup = self._kernel_ttl(len(arr))  # the kernel reads no timestamp
         kc, uc = _keyed_chunks(arr, ns, uks)
         self.table.native.map_remove_batch(kc, uc, b.key_type, b.assigner, b.max_parallelism,
                                            self.user_key_serializer.name,
-                                           namespace_type=self.namespace_type)
+                                           namespace_type=self.namespace_type, cleanup=cleanup)
 
 
 class NativeAggregatingState(_KernelClear, states.TableAggregatingState, NativeState):
@@ -540,15 +568,16 @@ STATE_CLASSES = {"value": NativeValueState, "list": NativeListState, "map": Nati
 # clock moves during the call.
 
 class _TtlKernel:
-    """The kernels run with TTL on: the incremental cleanup step of the batch's rows first (one
-    access per row, as the Python path), then ``ttl = (ttl_ms, now, update_on_read,
-    return_expired)``; expired entries the kernels remove are counted as ``read``. On an int64
-    sum overflow the aggregates are unchanged while expired entries removed by earlier null
-    rows stay removed (and counted), as in ``TtlReducingState.add_batch``."""
+    """The kernels run with TTL on: ``cleanup`` the incremental cleanup steps before each row
+    (_kernel_cleanup; None without ``cleanup_incrementally``), then ``ttl = (ttl_ms, now,
+    update_on_read, return_expired)``; expired entries the kernels' reads remove are counted
+    as ``read``, the steps' as ``incremental``. On an int64 sum overflow the aggregates are
+    unchanged while what the steps and earlier null rows removed stays removed (and counted),
+    as in ``TtlReducingState.add_batch``."""
 
-    def _ttl_args(self, rows: int):
-        self.backend.ttl_state_accessed(self.table, self.ttl_config, rows)
-        return _ttl_kernel_args(self)
+    def _kernel_ttl(self, rows: int):
+        cleanup = _kernel_cleanup(self, rows)
+        return _ttl_kernel_args(self), cleanup
 
 
 def _ttl_kernel_args(state) -> tuple:

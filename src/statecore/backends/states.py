@@ -193,8 +193,10 @@ class TableState:
 
     What a state asks of its backend: the per-record slot through ``backend.check_open()`` and
     ``backend.require_current_key()`` (:meth:`_slot`), the rows of a batch through
-    ``backend.batch_slots(self, keys, namespaces)``, and with TTL ``backend.ttl_now(config)``,
-    ``backend.ttl_state_accessed(table, config, n)`` and ``backend.count_expired("read", n)``
+    ``backend.batch_slots(self, keys, namespaces)`` and ``backend.ttl_batch_accessed(table,
+    config, rows)`` (every batch call, through :meth:`_batch_rows`), and with TTL
+    ``backend.ttl_now(config)``, ``backend.ttl_state_accessed(table, config, n)`` and
+    ``backend.count_expired("read", n)``
     (:class:`statecore.backends.table_backend.TableBackend` lists the whole seam).
 
     Subclasses in other modules may override :meth:`_slot` (the native states cache the encoded
@@ -231,6 +233,24 @@ class TableState:
         key, kg = self.backend.require_current_key()
         return kg, (key, namespace)
 
+    def _batch_rows(self, slots: list):
+        """``slots`` (a batch call's rows, :meth:`backend.batch_slots`) to be applied in row
+        order, with the rows' incremental TTL cleanup (``backend.ttl_batch_accessed``): the
+        state's own steps of a row run as the row is taken from the result, so row ``i`` sees
+        the table after the steps of rows ``0..i`` and the writes of rows ``0..i-1``, as the
+        rows one at a time. ``slots`` itself when the state has no steps a row."""
+        cfg = self.descriptor.ttl_config
+        steps = self.backend.ttl_batch_accessed(self.table, cfg, len(slots))
+        if not steps:
+            return slots
+        return self._stepped_rows(slots, cfg, steps)
+
+    def _stepped_rows(self, slots, cfg, steps: int):
+        b, table = self.backend, self.table
+        for slot in slots:
+            b.ttl_state_accessed(table, cfg, steps)
+            yield slot
+
     def _apply_rows(self, keys, namespaces, fn, *columns) -> list:
         """``[fn(*row) for each row]``, ``row`` = the row's items of ``columns``, with the row's
         (key, namespace) as the slot of the per-record methods meanwhile: the generic batch
@@ -239,7 +259,7 @@ class TableState:
         slots = self.backend.batch_slots(self, keys, namespaces)
         out = []
         try:
-            for i, slot in enumerate(slots):
+            for i, slot in enumerate(self._batch_rows(slots)):
                 self._row_slot = slot
                 out.append(fn(*(c[i] for c in columns)))
         finally:
@@ -258,7 +278,7 @@ class TableState:
         self.table.remove(kg, k)
 
     def clear_batch(self, keys, namespaces=None) -> None:
-        for kg, k in self.backend.batch_slots(self, keys, namespaces):
+        for kg, k in self._batch_rows(self.backend.batch_slots(self, keys, namespaces)):
             self.table.remove(kg, k)
 
     def get_batch(self, keys, namespaces=None) -> pa.Array:
@@ -266,7 +286,7 @@ class TableState:
             raise InvalidInputError(f"{self.table.kind} state has no get_batch")
         if self.serializer.arrow_type is None:
             raise InvalidInputError("the batch API needs a typed value (not pickle) state")
-        slots = self.backend.batch_slots(self, keys, namespaces)
+        slots = self._batch_rows(self.backend.batch_slots(self, keys, namespaces))
         return pa.array([self.table.get(kg, k) for kg, k in slots], self.serializer.arrow_type)
 
 
@@ -293,7 +313,7 @@ class TableValueState(TableState, base.ValueState):
     def put_batch(self, keys, values, namespaces=None) -> None:
         arr = coerce_key_array(keys, self.backend.key_type)
         vals = self.serializer.to_pylist(coerce_value_array(values, self.serializer.name, len(arr)))
-        slots = self.backend.batch_slots(self, arr, namespaces)
+        slots = self._batch_rows(self.backend.batch_slots(self, arr, namespaces))
         for (kg, k), v in zip(slots, vals):
             if v is None:
                 self.table.remove(kg, k)
@@ -521,7 +541,7 @@ class TableMapState(TableState, base.MapState):
         self.table.map_clear(kg, k)
 
     def clear_batch(self, keys, namespaces=None) -> None:
-        for kg, k in self.backend.batch_slots(self, keys, namespaces):
+        for kg, k in self._batch_rows(self.backend.batch_slots(self, keys, namespaces)):
             self.table.map_clear(kg, k)
 
     def _user_keys(self, user_keys, length: int) -> list:
@@ -612,6 +632,7 @@ class TableReducingState(TableMergingState, TableState, base.ReducingState):
         arr = coerce_key_array(keys, self.backend.key_type)
         vals = reducing_batch_values(self, values, len(arr))
         slots = self.backend.batch_slots(self, arr, namespaces)
+        self._batch_rows(slots)  # without TTL: no steps of this table's own
         if self.descriptor.reducer.is_vectorized:
             staged, out = fold_rounds(slots, vals, self.descriptor.reducer, self.serializer,
                                       lambda s, _null: self.table.get(*s))
@@ -767,6 +788,7 @@ class TableAggregatingState(TableMergingState, TableState, base.AggregatingState
         Rows of one key apply in row order; an error leaves the state unchanged."""
         arr, vals = self._batch_values(keys, values)
         slots = self.backend.batch_slots(self, arr, namespaces)
+        self._batch_rows(slots)  # without TTL: no steps of this table's own
         staged, out = self._fold_aggregate(slots, vals, lambda s, _null: self.table.get(*s))
         results = self._results(out)
         for (kg, k), st in staged.items():
@@ -778,7 +800,7 @@ class TableAggregatingState(TableMergingState, TableState, base.AggregatingState
         return self._results(self._apply_rows(keys, namespaces, self.get))
 
     def clear_batch(self, keys, namespaces=None):
-        for kg, k in self.backend.batch_slots(self, keys, namespaces):
+        for kg, k in self._batch_rows(self.backend.batch_slots(self, keys, namespaces)):
             self.table.remove(kg, k)
 
 

@@ -62,7 +62,9 @@ class TableBackend(base.KeyedStateBackend):
     * :meth:`check_open` and :meth:`require_current_key` -- the per-record slot of the
       current key (StateError when closed, InvalidInputError without a current key);
     * :meth:`batch_slots` -- the slots of the rows of a batch call (keys and namespaces
-      validated, one TTL access counted per row);
+      validated);
+    * :meth:`ttl_batch_accessed` -- the incremental TTL cleanup of a batch call's rows (every
+      batch call; the steps to run before each row);
     * with TTL: :meth:`ttl_now`, :meth:`ttl_state_accessed` (incremental cleanup before an
       access) and :meth:`count_expired` (cleanup on read);
     * the key's parameters the native kernels take: ``key_type``, ``key_serializer``,
@@ -316,14 +318,11 @@ class TableBackend(base.KeyedStateBackend):
         """The slot ``(key group, k)`` of each row of a batch call on ``state``, as a list in
         row order: ``k`` is ``(key, namespace)`` here; backends whose tables take another slot
         key convert it (the native backend: the encoded key bytes). Keys and namespaces are
-        validated as the batch API says (InvalidInputError before anything changes); with
-        incremental TTL cleanup one access per row is counted (:meth:`ttl_state_accessed`).
-        StateError once the backend is closed."""
+        validated as the batch API says (InvalidInputError before anything changes). The
+        incremental TTL cleanup of the rows is the caller's (:meth:`ttl_batch_accessed`, a
+        step before each row). StateError once the backend is closed."""
         self.check_open()
         arr = coerce_key_array(keys, self.key_type)
         ks = key_pylist(arr, self.key_type)
-        cfg = state.descriptor.ttl_config
-        if cfg is not None and cfg.cleanup_size:
-            self.ttl_state_accessed(state.table, cfg, len(ks))  # one access per row
         nss = base.resolve_batch_namespaces(namespaces, state, len(ks))
         return [(self.key_group_of(k), (k, ns)) for k, ns in zip(ks, nss)]

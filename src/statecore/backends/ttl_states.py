@@ -20,6 +20,10 @@ last-access time in milliseconds (``backend.ttl_now(config)``). The rules (Flink
 * ``merge_namespaces`` (reducing, aggregating, list) is a write: expired source values (list
   elements) count as absent and are removed with the sources, an expired target as absent;
   the merged target is stamped with ``now`` (a list: every element); one state access;
+* incremental cleanup (``cleanup_incrementally``) steps before each access, a batch call before
+  each of its rows (:meth:`~statecore.backends.states.TableState._batch_rows`; the native
+  kernels through their per-row hook), so row i sees the steps of rows 0..i and the writes of
+  rows 0..i-1 only;
 * batch calls behave as the same rows one at a time (the native backend runs value/reducing,
   list and map batch calls as C++ kernels with exactly these semantics,
   :mod:`statecore.backends.native`; tests/test_ttl_batch.py and
@@ -43,6 +47,7 @@ from statecore.backends.states import (
     reducing_batch_values,
     to_stored,
 )
+from statecore.errors import InvalidInputError
 from statecore.ttl import is_expired
 
 __all__ = [
@@ -70,8 +75,8 @@ class TtlState:
     def _slot(self):
         slot = super()._slot()
         if self.ttl_config.cleanup_size and self._row_slot is None:
-            # Flink runs the incremental step before the access (TtlIncrementalCleanup); batch
-            # rows (_row_slot) were counted as accesses by backend.batch_slots already.
+            # Flink runs the incremental step before the access (TtlIncrementalCleanup); a batch
+            # row (_row_slot) had its step as it was taken (TableState._batch_rows).
             self.backend.ttl_state_accessed(self.table, self.ttl_config)
         return slot
 
@@ -133,6 +138,37 @@ class _TtlMerging(TtlState):
     def _merge_write(self, slot, merged) -> None:
         self.table.put(*slot, (merged, self._now()))
 
+    def _fold_in_place(self, rows, vals, now: int, add, result, finish) -> pa.Array:
+        """add_batch when the rows have incremental cleanup steps of their own
+        (:meth:`_batch_rows` yields ``rows``, stepping as each row is taken): rows one at a
+        time, each written before the next row's step visits the table, as the rows through
+        ``add``/``get``. A row with a value folds it into the unexpired aggregate (``add(stored
+        or None, value)`` -> stored) and writes it stamped ``now``; a null row reads as
+        ``get()``. Returns ``finish([result(stored) or None a row])``. On an error (of the
+        function, or of ``finish``) every aggregate a row wrote is restored to what it was
+        before that slot's first write in the call, so the aggregates are as they were (what
+        cleanup steps and null rows removed stays removed); then the error propagates."""
+        before: dict = {}
+        out = []
+        try:
+            for slot, v in zip(rows, vals):
+                if v is None:
+                    s = self._fresh(*slot)
+                else:
+                    s = add(self._unexpired(*slot), v)
+                    if slot not in before:
+                        before[slot] = self.table.get(*slot)
+                    self.table.put(*slot, (s, now))
+                out.append(None if s is None else result(s))
+            return finish(out)
+        except BaseException:
+            for slot, old in reversed(before.items()):
+                if old is None:
+                    self.table.remove(*slot)
+                else:
+                    self.table.put(*slot, old)
+            raise
+
 
 class TtlValueLike(TtlState):
     """get_batch of value and reducing state: each row reads as ``value()``/``get()`` does."""
@@ -140,7 +176,7 @@ class TtlValueLike(TtlState):
     def get_batch(self, keys, namespaces=None) -> pa.Array:
         if self.serializer.arrow_type is None:
             return super().get_batch(keys, namespaces)  # raises the same error
-        slots = self.backend.batch_slots(self, keys, namespaces)
+        slots = self._batch_rows(self.backend.batch_slots(self, keys, namespaces))
         return pa.array([self._fresh(kg, k) for kg, k in slots], self.serializer.arrow_type)
 
 
@@ -162,7 +198,7 @@ class TtlValueState(TtlValueLike, TableValueState):
     def put_batch(self, keys, values, namespaces=None) -> None:
         arr = coerce_key_array(keys, self.backend.key_type)
         vals = self.serializer.to_pylist(coerce_value_array(values, self.serializer.name, len(arr)))
-        slots = self.backend.batch_slots(self, arr, namespaces)
+        slots = self._batch_rows(self.backend.batch_slots(self, arr, namespaces))
         now = self._now()
         for (kg, k), v in zip(slots, vals):
             if v is None:
@@ -194,7 +230,11 @@ class TtlReducingState(_TtlMerging, TtlValueLike, TableReducingState):
         arr = coerce_key_array(keys, self.backend.key_type)
         vals = reducing_batch_values(self, values, len(arr))
         slots = self.backend.batch_slots(self, arr, namespaces)
+        rows = self._batch_rows(slots)
         now = self._now()
+        if rows is not slots:
+            return self._fold_in_place(rows, vals, now, self._reduce, lambda s: s,
+                                       lambda out: pa.array(out, self.serializer.arrow_type))
         if self.descriptor.reducer.is_vectorized:
             staged, out = fold_rounds(
                 slots, vals, self.descriptor.reducer, self.serializer,
@@ -240,13 +280,34 @@ class TtlAggregatingState(_TtlMerging, TableAggregatingState):
     def add_batch(self, keys, values, namespaces=None) -> pa.Array:
         arr, vals = self._batch_values(keys, values)
         slots = self.backend.batch_slots(self, arr, namespaces)
+        rows = self._batch_rows(slots)
         now = self._now()
+        if rows is not slots:
+            return self._fold_in_place(rows, vals, now, self._add_stored, self._result_of,
+                                       self._results)
         staged, out = self._fold_aggregate(
             slots, vals, lambda s, null: self._fresh(*s) if null else self._unexpired(*s))
         results = self._results(out)
         for (kg, k), st in staged.items():
             self.table.put(kg, k, (st, now))
         return results
+
+    def _add_stored(self, cur, value):
+        """The stored accumulator after ``add(value)`` on stored accumulator ``cur`` (None:
+        ``create_accumulator``); InvalidInputError when the function fails."""
+        fn = self.descriptor.aggregate_function
+        acc = fn.create_accumulator() if cur is None else from_stored(self.serializer, cur)
+        try:
+            acc = fn.add(value, acc)
+        except InvalidInputError:
+            raise
+        except Exception as e:
+            raise InvalidInputError(
+                f"aggregate function of {self.name!r} failed on {value!r}: {e}") from e
+        return to_stored(self.serializer, acc)
+
+    def _result_of(self, stored):
+        return self.descriptor.aggregate_function.get_result(from_stored(self.serializer, stored))
 
 
 class TtlListState(_TtlMerging, TableListState):

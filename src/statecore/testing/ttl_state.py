@@ -2,10 +2,13 @@
 :class:`statecore.testing.conformance.BackendConformance`.
 
 A batch call on a TTL state does what its rows one at a time do. Incremental cleanup
-(``cleanup_incrementally``) counts one state access per batch row, so a batch of n rows runs
-the n cleanup steps n single accesses run -- each step stops at the end of a pass over the
-table, the next one starts a new pass -- and leaves the same entries behind as
-the same rows read or written through ``set_current_key`` and the per-record calls.
+(``cleanup_incrementally``) counts one state access per batch row and runs its step before
+the row, so row i sees the table after the steps of rows 0..i and the writes of rows 0..i-1
+-- each step stops at the end of a pass over the table, the next one starts a new pass -- and
+a batch leaves the same entries, outputs and ``ttl_statistics()`` behind as the same rows read
+or written through ``set_current_key`` and the per-record calls (under
+``ReturnExpiredIfNotCleanedUp`` a row reads the stale value of an expired key the steps of
+the earlier rows have not reached yet).
 
 A processing-time clock reading outside int64 (timestamps are stored as int64) is refused with
 InvalidInputError by the read or write that asks for it, the state unchanged.
@@ -93,7 +96,9 @@ class TtlConformance(ConformanceBase):
     @pytest.mark.parametrize("visibility",
                              ["NeverReturnExpired", "ReturnExpiredIfNotCleanedUp"])
     def test_batch_incremental_cleanup_equals_rows(self, kind, op, visibility):
-        keys = [_LIVE] * _ROWS if op == "get" else [_LIVE + 1 + i % 7 for i in range(_ROWS)]
+        # Reads: the live key and expired ones, some met by a row before a step reaches them.
+        keys = ([_LIVE if i % 3 == 0 else (i * 337) % _EXPIRED for i in range(_ROWS)]
+                if op == "get" else [_LIVE + 1 + i % 7 for i in range(_ROWS)])
         runs = []
         for one_by_one in (True, False):
             b, s, _ = _filled(self, kind, visibility)
@@ -104,8 +109,13 @@ class TtlConformance(ConformanceBase):
         assert runs[0][1] == runs[1][1]
         assert runs[0][0] == runs[1][0]
         assert runs[0][2] == runs[1][2]
-        # 300 steps of 5 entries reach every entry: only what the rows wrote is left.
-        assert runs[0][1]["incremental"] == _EXPIRED
+        # 300 steps of 5 entries reach every entry: only what the rows wrote is left, each
+        # expired entry removed by a step or by the row that read it.
+        assert runs[0][1]["incremental"] + runs[0][1]["read"] == _EXPIRED
+        if op == "get":
+            assert 0 < runs[0][1]["read"] < _ROWS
+            stale = [v for k, v in zip(keys, runs[0][0]) if k != _LIVE and v is not None]
+            assert bool(stale) == (visibility == "ReturnExpiredIfNotCleanedUp")
 
     @pytest.mark.parametrize("reading", [2**63, -(2**63) - 1, 10**30])
     @pytest.mark.parametrize("cleanup", [None, 5])
