@@ -298,15 +298,15 @@ class ArrowInputConformance(ConformanceBase):
             ("namespaces", lambda c, k, i: ns.put_batch(k, i, namespaces=c)),
             ("namespaces", lambda c, k, i: ns.get_batch(k, namespaces=c)),
         ]
-        # Chunked: the malformed chunk after a good one large enough for a kernel call of its
-        # own, which must not run before the bad chunk is found.
-        n = 5000
-        good = pa.array([f"k{j % 4}" for j in range(n)], col.type)
-        forms = [
-            (col, keys, ints),
-            (pa.chunked_array([good, col]), pa.chunked_array([good.cast(pa.string()), keys]),
-             pa.chunked_array([pa.array(range(n)), ints])),
-        ]
+        # Chunked: the malformed chunk after a good one, combined with it first (5000 rows) or
+        # large enough for a kernel call of its own (9000), which must not run before the bad
+        # chunk is found.
+        forms = [(col, keys, ints)]
+        for n in (5000, 9000):
+            good = pa.array([f"k{j % 4}" for j in range(n)], col.type)
+            forms.append((pa.chunked_array([good, col]),
+                          pa.chunked_array([good.cast(pa.string()), keys]),
+                          pa.chunked_array([pa.array(range(n)), ints])))
         for what, call in calls:
             for c, k, i in forms:
                 with pytest.raises(InvalidInputError, match=f"{what}: .*invalid Arrow data"):
