@@ -1,10 +1,13 @@
 """The trust boundary of the batch API: Arrow data whose buffers, offsets or UTF-8 are
 invalid is an InvalidInputError in both backends, with the state unchanged -- never a crash,
-never garbage stored (pyarrow's full validation of every column)."""
+never garbage stored (pyarrow's full validation of every column; for the native backend's
+kernels, pyarrow's structural validation and the kernels' own checks of string and binary
+columns)."""
 
 from __future__ import annotations
 
 import ctypes
+import re
 
 import pyarrow as pa
 import pytest
@@ -96,7 +99,7 @@ def _dump(b, v, m):
 
 @pytest.mark.parametrize("kind", BACKENDS)
 @pytest.mark.parametrize("bad, match", [
-    (BAD_UTF8, "Invalid UTF8"),
+    (BAD_UTF8, "(?i:invalid UTF-?8)"),
     (PAST_THE_DATA, "invalid Arrow data"),
     (DESCENDING, "invalid Arrow data"),
 ])
@@ -145,7 +148,71 @@ def test_invalid_data_behind_the_c_data_interface_is_refused(kind):
         def __arrow_c_array__(self, requested_schema=None):
             return self.arr.__arrow_c_array__(requested_schema)
 
-    with pytest.raises(InvalidInputError, match="values: invalid Arrow data.*UTF8"):
+    with pytest.raises(InvalidInputError, match="values: invalid Arrow data.*(?i:UTF-?8)"):
         v.put_batch(pa.array(["a"]), Producer(BAD_UTF8))
+    b.set_current_key("a")
+    assert v.value() == "x"
+
+
+@pytest.mark.parametrize("bad, why", [
+    ("overlong", "invalid UTF-8 at byte 0 (overlong form)"),
+    ("overlong 3-byte", "invalid UTF-8 at byte 0 (overlong form)"),
+    ("surrogate", "invalid UTF-8 at byte 0 (encoded surrogate)"),
+    ("truncated", "invalid UTF-8 at byte 1 (truncated sequence)"),
+    ("above U+10FFFF", "invalid UTF-8 at byte 0 (code point above U+10FFFF)"),
+    ("stray continuation", "invalid UTF-8 at byte 0 (unexpected continuation byte)"),
+    ("invalid byte", "invalid UTF-8 at byte 0 (invalid byte)"),
+    ("a character split over two rows", "row 1: invalid UTF-8 at byte 0 (truncated sequence)"),
+    ("offsets going backwards", "offsets go backwards (end 2 < start 3)"),
+    ("an offset past the data buffer", "offset 4000 past the array's last offset 4"),
+])
+def test_native_kernels_name_the_row_and_what_is_wrong(bad, why):
+    """The native kernels' own checks of string columns (the structural ones left to pyarrow)
+    name the column, the first bad row and the reason."""
+    from statecore.testing.arrow_inputs import malformed_string_columns
+
+    col = malformed_string_columns()[bad]
+    b, v, n, m = _backend("native")
+    row = "" if why.startswith("row") else "row 2: "
+    for what, call in [("keys", lambda: v.put_batch(col, pa.array(["z"] * 4))),
+                       ("values", lambda: v.put_batch(pa.array(["a"] * 4), col)),
+                       ("user_keys", lambda: m.get_batch(pa.array(["a"] * 4), col))]:
+        want = re.escape(f"{what}: invalid Arrow data: {row}{why}")
+        with pytest.raises(InvalidInputError, match=want):
+            call()
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_utf8_of_null_rows_is_not_checked_but_their_offsets_are(kind):
+    """A null value's bytes are never read: they need not be UTF-8 (as pyarrow's validation
+    has it); its offsets must still be in order."""
+    import struct
+
+    b, v, n, m = _backend(kind)
+    offsets = pa.py_buffer(struct.pack("<4i", 0, 1, 3, 4))
+    validity = pa.py_buffer(bytes([0b101]))
+    vals = pa.Array.from_buffers(pa.string(), 3, [validity, offsets, pa.py_buffer(b"x\xff\xfey")],
+                                 null_count=1)
+    v.put_batch(pa.array(["a", "b", "c"]), vals)
+    b.set_current_key("c")
+    assert v.value() == "y"
+    b.set_current_key("b")
+    assert v.value() is None  # a null value removes
+    backwards = pa.Array.from_buffers(
+        pa.string(), 3, [validity, pa.py_buffer(struct.pack("<4i", 0, 3, 1, 4)),
+                         pa.py_buffer(b"xyzw")], null_count=1)
+    with pytest.raises(InvalidInputError, match="values: invalid Arrow data"):
+        v.put_batch(pa.array(["a", "b", "c"]), backwards)
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_a_null_count_that_lies_is_refused(kind):
+    """A producer whose null_count disagrees with its validity bitmap (pyarrow's full
+    validation checks it; the structural one does not)."""
+    b, v, n, m = _backend(kind)
+    arr = pa.array(["p", None, "q"])
+    lying = _LyingProducer(arr, null_count=0)
+    with pytest.raises(InvalidInputError, match="values: .*null_count"):
+        v.put_batch(pa.array(["a", "b", "c"]), lying)
     b.set_current_key("a")
     assert v.value() == "x"

@@ -101,13 +101,22 @@ inline NamespaceType namespace_type_of(const KeySchema& ns) {
   fail("namespace type " + ns.name() + " is not supported (int32, int64, string or binary)");
 }
 
+// BatchError "<what>: invalid Arrow data: row R: <why>" when check_column_data finds a bad row.
+inline void check_data_row(int64_t row, const char* what, const std::string& why) {
+  if (row >= 0) fail(std::string(what) + ": invalid Arrow data: " + row_str(row) + ": " + why);
+}
+
+// The keys of a kernel call, validated: formats (KeyArrays), then the offsets and UTF-8 of every
+// variable-width column, the namespace column's reported as "namespaces" (check_column_data).
 inline KeyArrays make_keys(const BatchKeySpec& spec, ArrowInput in) {
   try {
     if (spec.has_namespace) namespace_type_of(spec.ns);
     KeyArrays k = spec.has_namespace ? KeyArrays(spec.key, spec.ns, in.schema, in.array)
                                      : KeyArrays(spec.key, in.schema, in.array);
-    const int64_t bad = k.check_offsets();
-    if (bad >= 0) fail("keys: invalid variable-width offsets at " + row_str(bad));
+    std::string why;
+    check_data_row(k.check_data(&why), "keys", why);
+    if (const KeyArrays* ns = k.namespaces())
+      check_data_row(ns->check_data(&why), "namespaces", why);
     return k;
   } catch (const BatchError&) {
     throw;
@@ -116,11 +125,13 @@ inline KeyArrays make_keys(const BatchKeySpec& spec, ArrowInput in) {
   }
 }
 
+// One column of a kernel call (values, list elements), validated as make_keys validates keys;
+// `role` names it in errors.
 inline ArrayView make_view(ArrowInput in, const char* role) {
   try {
     ArrayView v(in.schema, in.array);
-    const int64_t bad = v.check_offsets();
-    if (bad >= 0) fail(std::string(role) + ": invalid variable-width offsets at " + row_str(bad));
+    std::string why;
+    check_data_row(check_column_data(v, &why), role, why);
     return v;
   } catch (const BatchError&) {
     throw;
@@ -991,8 +1002,8 @@ inline KeyArrays make_user_keys(const KeySchema& schema, ArrowInput in) {
     fail("user_keys: a map user key is one column");
   try {
     KeyArrays k(schema, in.schema, in.array);
-    const int64_t bad = k.check_offsets();
-    if (bad >= 0) fail("user_keys: invalid variable-width offsets at " + row_str(bad));
+    std::string why;
+    check_data_row(k.check_data(&why), "user_keys", why);
     return k;
   } catch (const BatchError&) {
     throw;

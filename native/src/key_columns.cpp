@@ -4,6 +4,7 @@
 #include "multiversion.h"
 #include "statecore/detail/bytes.h"
 #include "statecore/detail/spark_pmod.h"
+#include "statecore/detail/utf8.h"
 #include "statecore/hash.h"
 
 #include <cstring>
@@ -129,7 +130,63 @@ ArrayView column_view(const KeyColumn& c, const ArrowSchema* s, const ArrowArray
   }
 }
 
+// The slow path of check_column_data: each non-null element of a utf8 column on its own, for the
+// first bad one and why.
+int64_t first_bad_utf8_row(const ArrayView& v, std::string* why) {
+  for (int64_t i = 0; i < v.length(); ++i) {
+    if (!v.is_valid(i)) continue;
+    size_t size, at = 0;
+    const uint8_t* p = v.bytes_at(i, &size);
+    const detail::Utf8Error err = detail::utf8_check(p, size, &at);
+    if (err != detail::Utf8Error::kNone) {
+      if (why != nullptr)
+        *why = "invalid UTF-8 at byte " + std::to_string(at) + " (" + detail::utf8_error_name(err) +
+               ")";
+      return i;
+    }
+  }
+  return -1;
+}
+
 }  // namespace
+
+int64_t check_column_data(const ArrayView& v, std::string* why) {
+  const int64_t n = v.length();
+  if (!is_variable_width(v.kind()) || n == 0) return -1;
+  const auto fail_at = [why](int64_t row, const std::string& msg) {
+    if (why != nullptr) *why = msg;
+    return row;
+  };
+  int64_t first, last, unused;
+  v.offsets_at(0, &first, &unused);
+  v.offsets_at(n - 1, &unused, &last);
+  if (first < 0) return fail_at(0, "negative offset " + std::to_string(first));
+  const uint8_t* values = v.values_buffer();
+  const bool utf8 = v.kind() == ArrowKind::Utf8 || v.kind() == ArrowKind::LargeUtf8;
+  // A row boundary inside a multi-byte sequence (the next row starting with a continuation
+  // byte): the rows' concatenation may be valid while the rows are not.
+  bool split = false;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t b, e;
+    v.offsets_at(i, &b, &e);
+    if (e < b)
+      return fail_at(i, "offsets go backwards (end " + std::to_string(e) + " < start " +
+                            std::to_string(b) + ")");
+    // Past the last offset means backwards later on; caught here, before the byte read below.
+    if (e > last)
+      return fail_at(i, "offset " + std::to_string(e) + " past the array's last offset " +
+                            std::to_string(last));
+    if (e > b && values == nullptr)
+      return fail_at(i, "no values buffer for its " + std::to_string(e - b) + " bytes");
+    if (utf8 && e < last && values != nullptr) split |= (values[e] & 0xC0) == 0x80;
+  }
+  if (!utf8 || last == first) return -1;
+  // The common case in one run over the bytes: valid throughout and no row boundary splitting
+  // a sequence means every row is valid. Otherwise row by row, skipping nulls, for the row and
+  // the reason (and garbage only in null rows passes, as with pyarrow).
+  if (!split && detail::utf8_valid(values + first, static_cast<size_t>(last - first))) return -1;
+  return first_bad_utf8_row(v, why);
+}
 
 KeyArrays::KeyArrays(const KeySchema& schema, const ArrowSchema* s, const ArrowArray* a)
     : schema_(schema) {
@@ -191,13 +248,15 @@ KeyArrays::KeyArrays(const KeySchema& schema, const KeySchema& ns, const ArrowSc
     bad("namespaced keys: key and namespace columns must be as long as their struct");
 }
 
-int64_t KeyArrays::check_offsets() const {
-  int64_t first = ns_ ? ns_->check_offsets() : -1;
-  for (const ArrayView& v : columns_) {
-    const int64_t r = v.check_offsets();
-    if (r >= 0 && (first < 0 || r < first)) first = r;
+int64_t KeyArrays::check_data(std::string* why) const {
+  for (size_t c = 0; c < columns_.size(); ++c) {
+    const int64_t r = check_column_data(columns_[c], why);
+    if (r >= 0) {
+      if (why != nullptr && schema_.is_struct) *why = "field " + std::to_string(c) + ": " + *why;
+      return r;
+    }
   }
-  return first;
+  return -1;
 }
 
 int64_t KeyArrays::first_null(int* column) const {

@@ -200,7 +200,7 @@ TEST(map_put_random_rows_match_a_model_and_keep_snapshots) {
   StateTable t(0, 127);
   CollectionIndex ix(0, 127);
   std::mt19937_64 rng(5);
-  const char* names[] = {"", "a", "ab", "abc", "b", "ba", "c", "\xff"};
+  const char* names[] = {"", "a", "ab", "abc", "b", "ba", "c", "\xc3\xbf"};
   Entries model;
   std::map<int64_t, std::vector<std::string>> order;
   auto ser = [](const std::string& u) { return byte(static_cast<int>(u.size() + 1)) + u; };

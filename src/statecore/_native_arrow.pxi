@@ -57,6 +57,42 @@ cdef class _Chunks:
                 raise InvalidInputError("keys and values must be split into chunks of equal lengths")
 
 
+def utf8_errors(offsets, data):
+    """The UTF-8 check the batch kernels make of string columns (native/include/statecore/
+    detail/utf8.h: the Unicode Standard's Table 3-7), for each of the byte strings
+    ``data[offsets[i]:offsets[i + 1]]`` (``offsets``: int64 array of n + 1 non-decreasing
+    offsets into the uint8 array ``data``). Returns ``(codes, at)``, two int64 arrays of n:
+    0 for a well-formed string, else the error code (:func:`utf8_error_name`) and in ``at``
+    the offset of the ill-formed sequence's first byte within the string. For tests of the
+    validator against Python's decoder."""
+    cdef const int64_t[::1] o = np.ascontiguousarray(offsets, np.int64)
+    cdef const uint8_t[::1] d = np.ascontiguousarray(data, np.uint8)
+    cdef int64_t n = o.shape[0] - 1, i
+    cdef size_t pos
+    if n < 0:
+        raise InvalidInputError("utf8_errors: offsets must hold at least one value")
+    for i in range(n):
+        if o[i] < 0 or o[i + 1] < o[i] or o[i + 1] > d.shape[0]:
+            raise InvalidInputError(f"utf8_errors: bad offsets at string {i}")
+    codes = np.zeros(n, np.int64)
+    at = np.zeros(n, np.int64)
+    cdef int64_t[::1] cv = codes
+    cdef int64_t[::1] av = at
+    cdef const uint8_t* base = &d[0] if d.shape[0] else <const uint8_t*>NULL
+    with nogil:
+        for i in range(n):
+            pos = 0
+            if o[i + 1] > o[i]:
+                cv[i] = c.utf8_check(base + o[i], <size_t>(o[i + 1] - o[i]), &pos)
+                av[i] = <int64_t>pos
+    return codes, at
+
+
+def utf8_error_name(int code) -> str:
+    """The words for an error code of :func:`utf8_errors` ("overlong form", ...)."""
+    return c.utf8_error_name(code).decode()
+
+
 _ZERO_BYTE = np.zeros(1, np.uint8)  # a valid address for an empty data buffer
 
 

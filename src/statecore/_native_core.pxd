@@ -180,6 +180,21 @@ cdef extern from "statecore/sorted_run.h" namespace "statecore" nogil:
     int64_t first_bad_offset(const int32_t* o, size_t n, size_t data_size)
 
 
+cdef extern from *:
+    """
+    #include "statecore/detail/utf8.h"
+    // detail::utf8_check with its enum as an int (Cython declares no scoped enum by value here).
+    static inline int statecore_utf8_check(const uint8_t* p, size_t n, size_t* at) {
+      return static_cast<int>(statecore::detail::utf8_check(p, n, at));
+    }
+    static inline const char* statecore_utf8_error_name(int err) {
+      return statecore::detail::utf8_error_name(static_cast<statecore::detail::Utf8Error>(err));
+    }
+    """
+    int utf8_check "statecore_utf8_check"(const uint8_t* p, size_t n, size_t* at) nogil
+    const char* utf8_error_name "statecore_utf8_error_name"(int err) nogil
+
+
 cdef extern from "statecore/bulk_load.h" namespace "statecore" nogil:
     string check_entries(const ArrowBinaryRun& run, int32_t kg_lo, int32_t kg_hi,
                          int prefix_bytes, int64_t value_width, cbool tombstones) except +raise_native_error

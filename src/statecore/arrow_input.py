@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from statecore import key_types as KT
 from statecore import serializers as S
@@ -25,6 +26,7 @@ from statecore.errors import InvalidInputError
 __all__ = [
     "is_arrow_input",
     "import_arrow",
+    "check_in_full",
     "combined",
     "as_arrow_array",
     "arrow_type_ok",
@@ -43,7 +45,12 @@ def is_arrow_input(obj) -> bool:
             or hasattr(obj, "__arrow_c_array__"))
 
 
-def import_arrow(obj, what: str, accepts=None):
+def _natively_checked(t: pa.DataType) -> bool:
+    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t))
+
+
+def import_arrow(obj, what: str, accepts=None, native_checks: bool = False):
     """One batch column as a pa.Array or pa.ChunkedArray, without copying any buffer.
 
     Accepted: a pa.Array or pa.ChunkedArray (as is); an object with ``__arrow_c_stream__`` (the
@@ -59,7 +66,15 @@ def import_arrow(obj, what: str, accepts=None):
     DataFrame is a column. ``accepts=None`` never unwraps.
 
     Every column is validated in full (:meth:`pyarrow.Array.validate`): buffers large enough
-    for its length and offset, offsets in bounds and ascending, strings valid UTF-8. What a
+    for its length and offset, offsets in bounds and ascending, strings valid UTF-8, null
+    counts matching the validity bitmaps. With ``native_checks=True`` (the caller hands the
+    column to a native batch kernel and nothing reads its rows before) a string, large_string,
+    binary or large_binary column gets pyarrow's structural validation only (buffer sizes
+    against length and offset; the first and last offsets within the data buffer) plus the null
+    count check, and the kernel checks the rest in its pass over the column -- every offset,
+    UTF-8 of the non-null strings (native/include/statecore/key_columns.h
+    ``check_column_data``) -- before it changes anything (InvalidInputError "<what>: invalid
+    Arrow data: row R: ..."); any other type is validated in full as without it. What a
     producer of the C data interface must guarantee beyond that (the interface carries no
     buffer sizes, so an importer cannot check them): every buffer holds at least what the
     array's type, length and offset say (e.g. ``8 * (offset + length)`` bytes of int64 values,
@@ -95,13 +110,17 @@ def import_arrow(obj, what: str, accepts=None):
                                 "array") from e
     if any(c.offset < 0 for c in chunks):  # pyarrow's validation takes a negative one
         raise InvalidInputError(f"{what}: invalid Arrow data: a negative array offset")
-    try:
-        # Buffer sizes against lengths and offsets, offsets in bounds and monotonic, UTF-8 of
-        # strings (pyarrow's full validation, O(rows), about 4 ns a string row): the kernels
-        # read the buffers directly and must never run past them.
-        arr.validate(full=True)
-    except (pa.ArrowException, ValueError) as e:
-        raise InvalidInputError(f"{what}: invalid Arrow data: {e}") from e
+    if native_checks and _natively_checked(arr.type):
+        try:
+            # Buffer sizes against lengths and offsets, a string array's first and last offsets
+            # within its data buffer: O(1) a chunk. The kernel walks the offsets in between.
+            arr.validate()
+        except (pa.ArrowException, ValueError) as e:
+            raise InvalidInputError(f"{what}: invalid Arrow data: {e}") from e
+        for c in chunks:
+            _check_null_count(c, what)
+    else:
+        check_in_full(arr, what)
     t = arr.type
     if (accepts is not None and pa.types.is_struct(t) and t.num_fields == 1
             and not accepts(t) and accepts(t.field(0).type) and not arr.null_count):
@@ -110,6 +129,34 @@ def import_arrow(obj, what: str, accepts=None):
         else:
             arr = arr.field(0)
     return arr
+
+
+def check_in_full(arr, what: str):
+    """``arr`` (pa.Array or pa.ChunkedArray) after pyarrow's full validation (buffer sizes,
+    every offset, UTF-8 of strings, null counts; O(rows), about 13 ns a row of 8-32 byte
+    strings): the kernels and pyarrow's compute functions read the buffers directly and must
+    never run past them. InvalidInputError "<what>: invalid Arrow data: ..." otherwise."""
+    try:
+        arr.validate(full=True)
+    except (pa.ArrowException, ValueError) as e:
+        raise InvalidInputError(f"{what}: invalid Arrow data: {e}") from e
+    return arr
+
+
+def _check_null_count(chunk: pa.Array, what: str) -> None:
+    # The part of pyarrow's full validation left for a natively checked chunk: its null count
+    # against its validity bitmap (a popcount), since the kernels skip a bitmap whose
+    # array reports no nulls and otherwise read it.
+    validity = chunk.buffers()[0]
+    nulls = 0
+    if validity is not None and len(chunk):
+        bits = pa.BooleanArray.from_buffers(pa.bool_(), len(chunk), [None, validity], 0,
+                                            chunk.offset)
+        nulls = len(chunk) - pc.sum(bits).as_py()
+    if nulls != chunk.null_count:
+        raise InvalidInputError(f"{what}: invalid Arrow data: null_count value "
+                                f"({chunk.null_count}) doesn't match actual number of nulls "
+                                f"in array ({nulls})")
 
 
 def combined(arr):
@@ -122,10 +169,10 @@ def combined(arr):
     return arr
 
 
-def as_arrow_array(obj, what: str, accepts=None) -> pa.Array:
+def as_arrow_array(obj, what: str, accepts=None, native_checks: bool = False) -> pa.Array:
     """:func:`import_arrow` as one pa.Array (several chunks are concatenated: a copy; the
     reference backend converts rows to Python objects anyway)."""
-    return combined(import_arrow(obj, what, accepts))
+    return combined(import_arrow(obj, what, accepts, native_checks))
 
 
 def arrow_type_ok(type_name: str, t: pa.DataType) -> bool:
@@ -147,18 +194,19 @@ def check_arrow_type(arr: pa.Array, type_name: str, what: str) -> None:
             f"({type_name}), got {arr.type}")
 
 
-def coerce_key_array(keys, key_type, combine: bool = True):
+def coerce_key_array(keys, key_type, combine: bool = True, native_checks: bool = False):
     """Validate a batch of keys (the ``keys`` rules of :mod:`statecore.backends.base`) and return it
     as one pa.Array, or with ``combine=False`` as imported (a pa.ChunkedArray stays chunked: no
     copy): the key type's Arrow type (:meth:`statecore.key_types.KeyType.accepts`), no null key and,
     for a multi-column key, no null field. A multi-column key type also takes a list/tuple of arrays
     (one per column, equal lengths), combined into a struct array. InvalidInputError names what
-    is wrong (and the first null row)."""
+    is wrong (and the first null row). ``native_checks``: as in :func:`import_arrow` (for each
+    column given in a list)."""
     kt = KT.key_type(key_type)
     if kt.is_struct and isinstance(keys, (list, tuple)):
-        arr = _struct_from_columns(keys, kt)
+        arr = _struct_from_columns(keys, kt, native_checks)
     else:
-        arr = import_arrow(keys, "keys", kt.accepts)
+        arr = import_arrow(keys, "keys", kt.accepts, native_checks)
     if not kt.accepts(arr.type):
         raise InvalidInputError(
             f"keys must have Arrow type {kt.describe_arrow()} (key type {kt.name}), got {arr.type}")
@@ -183,12 +231,12 @@ def _first_null(arr) -> int:
     return int(np.flatnonzero(combined(arr).is_null().to_numpy(zero_copy_only=False))[0])
 
 
-def _struct_from_columns(columns, kt) -> pa.Array:
+def _struct_from_columns(columns, kt, native_checks: bool) -> pa.Array:
     if len(columns) != len(kt.fields):
         raise InvalidInputError(f"keys: {len(columns)} arrays for key type {kt.name}, which has "
                                 f"{len(kt.fields)} columns")
     # Chunked columns are combined here (a copy): the struct array needs one child per column.
-    arrays = [as_arrow_array(c, f"keys[{i}]", f.accepts)
+    arrays = [as_arrow_array(c, f"keys[{i}]", f.accepts, native_checks)
               for i, (c, f) in enumerate(zip(columns, kt.fields))]
     if len({len(a) for a in arrays}) > 1:
         raise InvalidInputError(f"keys: the column arrays differ in length "
@@ -206,15 +254,15 @@ def key_pylist(arr: pa.Array, key_type) -> list:
 
 
 def coerce_value_array(values, value_type: str, length: int, any_type: bool = False,
-                       combine: bool = True):
+                       combine: bool = True, native_checks: bool = False):
     """Validate a batch of values: length ``length`` and the value type's Arrow type (any type
     when ``any_type``, taken as is). Nulls are allowed (their meaning depends on the
     operation). One pa.Array, or with ``combine=False`` as imported (see
-    :func:`coerce_key_array`)."""
+    :func:`coerce_key_array`; ``native_checks`` as in :func:`import_arrow`)."""
     if value_type == "pickle":
         raise InvalidInputError("the batch API needs a typed value (not pickle) state")
     accepts = None if any_type else (lambda t: arrow_type_ok(value_type, t))
-    arr = import_arrow(values, "values", accepts)
+    arr = import_arrow(values, "values", accepts, native_checks)
     if len(arr) != length:
         raise InvalidInputError(f"values have {len(arr)} rows but keys have {length}")
     if not any_type:
@@ -222,11 +270,13 @@ def coerce_value_array(values, value_type: str, length: int, any_type: bool = Fa
     return combined(arr) if combine else arr
 
 
-def batch_namespace_array(namespaces, ns_type: str, length: int):
+def batch_namespace_array(namespaces, ns_type: str, length: int, native_checks: bool = False):
     """An Arrow input of per-row namespaces (:func:`is_arrow_input`) checked against the
     namespace type ``ns_type`` (its Arrow type, ``length`` rows, no nulls), as imported: a
-    pa.Array or pa.ChunkedArray, not copied. InvalidInputError otherwise."""
-    arr = import_arrow(namespaces, "namespaces", lambda t: arrow_type_ok(ns_type, t))
+    pa.Array or pa.ChunkedArray, not copied. InvalidInputError otherwise. ``native_checks``: as
+    in :func:`import_arrow`."""
+    arr = import_arrow(namespaces, "namespaces", lambda t: arrow_type_ok(ns_type, t),
+                       native_checks)
     if len(arr) != length:
         raise InvalidInputError(f"namespaces have {len(arr)} rows but keys have {length}")
     check_arrow_type(arr, ns_type, "namespaces")

@@ -151,7 +151,8 @@ inline bool is_variable_width(ArrowKind k) {
 // The constructor validates the structure (non-null pointers, not released, supported format,
 // no dictionary, buffer count, non-negative length/offset, data buffers present when length > 0)
 // and throws std::invalid_argument naming the problem. Offsets of variable-width arrays are not
-// walked here; call check_offsets() once (O(n)) before trusting value_at() on untrusted input.
+// walked here; call check_column_data (key_columns.h) once before trusting bytes_at() on
+// untrusted input.
 // The C Data Interface does not carry buffer sizes, so buffers shorter than the declared length
 // cannot be detected: the producer is trusted for that (as every Arrow consumer must).
 class ArrayView {
@@ -229,30 +230,16 @@ class ArrayView {
     }
   }
 
+  // The values buffer of a variable-width array (its byte 0; offsets index into it), or nullptr
+  // (absent: then no element may reference a byte).
+  const uint8_t* values_buffer() const { return values_; }
+
   // Bytes of variable-width element i (utf8/binary, either offset width).
   const uint8_t* bytes_at(int64_t i, size_t* size) const {
     int64_t b, e;
     offsets_at(i, &b, &e);
     *size = static_cast<size_t>(e - b);
     return values_ + b;
-  }
-
-  // For variable-width kinds: checks that offsets are non-negative and non-decreasing over the
-  // viewed range and that the values buffer is present when any byte is referenced; returns the
-  // first bad element index, or -1 when all is well. Fixed-width kinds always return -1.
-  int64_t check_offsets() const {
-    if (!is_variable_width(kind_) || length_ == 0) return -1;
-    int64_t prev_b, prev_e;
-    offsets_at(0, &prev_b, &prev_e);
-    if (prev_b < 0) return 0;
-    for (int64_t i = 0; i < length_; ++i) {
-      int64_t b, e;
-      offsets_at(i, &b, &e);
-      if (b < 0 || e < b || (i > 0 && b != prev_e)) return i;
-      if (e > b && values_ == nullptr) return i;
-      prev_e = e;
-    }
-    return -1;
   }
 
  private:

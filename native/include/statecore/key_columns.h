@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "statecore/arrow_abi.h"
@@ -22,12 +23,25 @@
 
 namespace statecore {
 
+// The checks of a variable-width column's data that pyarrow's full validation makes and its
+// structural one (Array.validate() without full=True) does not, done here in one O(rows + bytes)
+// pass: offsets non-negative and non-decreasing over the viewed rows (of null rows too), a values
+// buffer when any byte is referenced, and, for utf8/large_utf8, every non-null element
+// well-formed UTF-8 (detail/utf8.h; a null element's bytes are never read, as in pyarrow).
+// Returns the first bad row, or -1; *why (may be null) receives what is wrong ("offsets go
+// backwards ...", "invalid UTF-8 at byte 2 (overlong form)"). Fixed-width kinds return -1.
+//
+// The C Data Interface carries no buffer sizes: that the first and last offsets lie within the
+// values buffer is the producer's guarantee (pyarrow's structural validation checks it); given
+// that, every offset of a column passing this check lies within it too.
+int64_t check_column_data(const ArrayView& v, std::string* why);
+
 class KeyArrays {
  public:
   // Validates the arrays' structure and formats against `schema` (the schema is copied). Throws
   // std::invalid_argument naming the problem ("expected an Arrow array of key type
   // timestamp[us], got int64", "field 1: ..."). Offsets of variable-width columns are not walked
-  // here: see check_offsets().
+  // here: see check_data().
   KeyArrays(const KeySchema& schema, const ArrowSchema* arrow_schema, const ArrowArray* array);
   // Namespaced batch keys (batch.h, BatchKeySpec::has_namespace): a struct array of exactly two
   // children {key, namespace} with offset 0 and no null rows, both children as long as it.
@@ -44,9 +58,10 @@ class KeyArrays {
   const KeySchema& schema() const { return schema_; }
   int64_t length() const { return length_; }
 
-  // First row with bad variable-width offsets in any column (the namespace column included), or
-  // -1 (O(rows)).
-  int64_t check_offsets() const;
+  // First row whose data fails check_column_data in any key column (not the namespace column:
+  // check namespaces() on its own), or -1; *why (may be null) receives what is wrong, with a
+  // "field i: " prefix for a multi-column key. O(rows + bytes).
+  int64_t check_data(std::string* why) const;
   // First row whose key is null, or -1; `column` (may be null) receives the column holding the
   // null, -1 when the struct row itself is null. The namespace column is not looked at.
   int64_t first_null(int* column) const;

@@ -74,6 +74,7 @@ from statecore.arrow_input import (
     arrow_type_ok,
     batch_namespace_array,
     check_arrow_type,
+    check_in_full,
     coerce_key_array,
     coerce_value_array,
     combined,
@@ -141,7 +142,7 @@ def _ns_column(state, namespaces, length: int):
     if ns_type == "void":
         return None
     if namespaces is not None and is_arrow_input(namespaces):
-        return batch_namespace_array(namespaces, ns_type, length)
+        return batch_namespace_array(namespaces, ns_type, length, native_checks=True)
     ns = (state.require_current_namespace() if namespaces is None
           else S.key_serializer(ns_type).check(namespaces))
     return pa.repeat(pa.scalar(ns, state.namespace_serializer.key_type.arrow_type), length)
@@ -161,8 +162,10 @@ def _keyed_chunks(keys, ns, *columns, single: bool = False) -> list:
 
 def _key_array(state, keys):
     """Validated keys as imported: a pa.Array, or a pa.ChunkedArray whose chunks the kernels
-    read in place (see _kernel_chunks)."""
-    return coerce_key_array(keys, state.backend.key_type, combine=False)
+    read in place (see _kernel_chunks). String and binary columns are left to the kernels'
+    own checks (import_arrow ``native_checks``): nothing may read their rows before a kernel
+    (or check_in_full) has."""
+    return coerce_key_array(keys, state.backend.key_type, combine=False, native_checks=True)
 
 
 #: Below this many rows per chunk on average a chunked batch is combined into one array (a copy)
@@ -320,7 +323,8 @@ class NativeValueState(_KernelClear, _KernelGet, states.TableValueState, NativeS
         b = self.backend
         b.check_open()
         arr = _key_array(self, keys)
-        vals = coerce_value_array(values, self.serializer.name, len(arr), combine=False)
+        vals = coerce_value_array(values, self.serializer.name, len(arr), combine=False,
+                                  native_checks=True)
         ns = _ns_column(self, namespaces, len(arr))
         kc, vc = _keyed_chunks(arr, ns, vals)
         ttl, cleanup = self._kernel_ttl(len(arr))
@@ -345,7 +349,7 @@ class NativeReducingState(_KernelClear, _KernelGet, states.TableReducingState, N
         arr = _key_array(self, keys)
         is_count = self.descriptor.reducer.name == "count"
         vals = coerce_value_array(values, self.serializer.name, len(arr), any_type=is_count,
-                                  combine=False)
+                                  combine=False, native_checks=True)
         if is_count and not _count_kernel_ok(vals.type):
             return super().add_batch(arr, vals, namespaces)
         ns = _ns_column(self, namespaces, len(arr))
@@ -374,7 +378,7 @@ def _list_values(state, values, length: int):
         return pa.types.is_list(typ) or pa.types.is_large_list(typ)
 
     vals = import_arrow(values, "values", lambda typ: arrow_type_ok(name, typ) or (
-        is_list(typ) and arrow_type_ok(name, typ.value_type)))
+        is_list(typ) and arrow_type_ok(name, typ.value_type)), native_checks=True)
     if len(vals) != length:
         raise InvalidInputError(f"values have {len(vals)} rows but keys have {length}")
     if is_list(vals.type):
@@ -416,9 +420,9 @@ class NativeListState(_KernelClear, states.TableListState, NativeState):
             # A kernel row is an element here: rows with steps of their own go row by row.
             return super().append_batch(arr, values, namespaces)
         ns = _ns_column(self, namespaces, rows)
-        if parents is not None:
-            arr = combined(arr).take(parents)
-            ns = None if ns is None else combined(ns).take(parents)
+        if parents is not None:  # take() reads every row: the keys are checked in full first
+            arr = check_in_full(combined(arr), "keys").take(parents)
+            ns = None if ns is None else check_in_full(combined(ns), "namespaces").take(parents)
         kc, vc = _keyed_chunks(arr, ns, elements)
         ttl, cleanup = self._kernel_ttl(rows)
         self.table.native.append_batch(kc, vc, b.key_type, b.assigner, b.max_parallelism,
@@ -458,7 +462,8 @@ def _map_user_keys(state, user_keys, length: int):
     (``TableMapState._user_keys``: the user key type's Arrow type, ``length`` rows, no nulls), as
     imported (pa.Array or pa.ChunkedArray); InvalidInputError otherwise."""
     uk_name = state.user_key_serializer.name
-    uks = import_arrow(user_keys, "user_keys", lambda t: arrow_type_ok(uk_name, t))
+    uks = import_arrow(user_keys, "user_keys", lambda t: arrow_type_ok(uk_name, t),
+                       native_checks=True)
     if len(uks) != length:
         raise InvalidInputError(f"user_keys have {len(uks)} rows but keys have {length}")
     check_arrow_type(uks, uk_name, "user_keys")
@@ -489,7 +494,8 @@ class NativeMapState(_KernelClear, states.TableMapState, NativeState):
         arr = _key_array(self, keys)
         uk_name = self.user_key_serializer.name
         uks = _map_user_keys(self, user_keys, len(arr))
-        vals = coerce_value_array(values, self.serializer.name, len(arr), combine=False)
+        vals = coerce_value_array(values, self.serializer.name, len(arr), combine=False,
+                                  native_checks=True)
         if vals.null_count:
             raise InvalidInputError(f"values contain {vals.null_count} null(s); use remove_batch "
                                     "to remove user keys")

@@ -2,11 +2,14 @@
 :class:`statecore.testing.conformance.BackendConformance`): every batch call takes chunked
 arrays, Arrow C streams (``__arrow_c_stream__``, also record-batch streams) and C data interface
 arrays (``__arrow_c_array__``) as it takes the plain array; multi-column keys from a record-batch
-stream; and a stream that is malformed or fails mid-way raises InvalidInputError with the state
-untouched.
+stream; a stream that is malformed or fails mid-way, and string columns with malformed UTF-8 or
+offsets in any role (keys, values, namespaces, map user keys, list elements), raise
+InvalidInputError with the state untouched.
 """
 
 from __future__ import annotations
+
+import struct
 
 import pyarrow as pa
 import pytest
@@ -23,9 +26,57 @@ from statecore.errors import InvalidInputError
 from statecore.testing.base import ConformanceBase
 from statecore.testing.helpers import AverageAggregate, StreamOnly, column_in_form, snapshot_dump
 
-__all__ = ["ArrowInputConformance"]
+__all__ = ["ArrowInputConformance", "malformed_string_columns"]
 
 _INT64 = pa.int64()
+_STRING = pa.string()
+
+
+def _string_column(offsets, data: bytes, type_=_STRING) -> pa.Array:
+    """A string array of ``len(offsets) - 1`` rows over ``data``, built from its buffers
+    (pyarrow checks only what its structural validation checks)."""
+    width = "q" if type_ in (pa.large_string(), pa.large_binary()) else "i"
+    offs = pa.py_buffer(struct.pack(f"<{len(offsets)}{width}", *offsets))
+    return pa.Array.from_buffers(type_, len(offsets) - 1, [None, offs, pa.py_buffer(data)])
+
+
+def _rows(*rows: bytes, type_=_STRING) -> pa.Array:
+    offsets = [0]
+    for r in rows:
+        offsets.append(offsets[-1] + len(r))
+    return _string_column(offsets, b"".join(rows), type_)
+
+
+def _past_the_data() -> pa.Array:
+    # The last offset moved far past the 4-byte data buffer after pyarrow built the array (the
+    # offsets live in a mutable buffer).
+    raw = bytearray(struct.pack("<5i", 0, 1, 2, 3, 4))
+    arr = pa.Array.from_buffers(pa.string(), 4, [None, pa.py_buffer(raw), pa.py_buffer(b"abcd")])
+    struct.pack_into("<i", raw, 16, 4000)
+    return arr
+
+
+def malformed_string_columns() -> dict:
+    """Four-row string columns, each malformed in row 2 (UTF-8 of each class of ill-formed
+    sequence of the Unicode Standard's Table 3-7, offsets), by name."""
+    utf8 = {
+        "overlong": b"\xc0\xaf",
+        "overlong 3-byte": b"\xe0\x80\xaf",
+        "surrogate": b"\xed\xa0\x80",
+        "truncated": b"b\xe2\x82",
+        "above U+10FFFF": b"\xf4\x90\x80\x80",
+        "stray continuation": b"\x80z",
+        "invalid byte": b"\xff",
+    }
+    cols = {name: _rows(b"a", b"bb", bad, b"c") for name, bad in utf8.items()}
+    cols["large_string surrogate"] = _rows(b"a", b"bb", b"\xed\xbf\xbf", b"c",
+                                           type_=pa.large_string())
+    # "é" split over rows 1 and 2: the bytes together are valid UTF-8, the rows are not.
+    cols["a character split over two rows"] = _rows(b"a", b"\xc3", b"\xa9", b"c")
+    cols["offsets going backwards"] = _string_column([0, 1, 3, 2, 4], b"abcd")
+    cols["an offset past the data buffer"] = _string_column([0, 1, 2, 4000, 4], b"abcd")
+    cols["the last offset past the data buffer"] = _past_the_data()
+    return cols
 
 
 def _stream_program(form: str):
@@ -204,3 +255,60 @@ class ArrowInputConformance(ConformanceBase):
             with pytest.raises(InvalidInputError):
                 call()
             assert snapshot_dump(b.snapshot()) == before
+
+    @pytest.mark.parametrize("bad", sorted(malformed_string_columns()))
+    def test_malformed_string_columns_change_nothing(self, bad):
+        """A string column with ill-formed UTF-8 or bad offsets, in any role of any batch call,
+        plain or as the second chunk of a chunked column, raises InvalidInputError naming the
+        column, and the state is unchanged."""
+        col = malformed_string_columns()[bad]
+        b = self.new_backend(key_type="string")
+        v = b.get_state(ValueStateDescriptor("v", "string"))
+        s = b.get_state(ReducingStateDescriptor("s", "sum", "int64"))
+        cnt = b.get_state(ReducingStateDescriptor("cnt", "count"))
+        lst = b.get_state(ListStateDescriptor("l", "string"))
+        m = b.get_state(MapStateDescriptor("m", "string", "string"))
+        ns = b.get_state(ValueStateDescriptor("ns", "int64"), namespace_type="string")
+        keys = pa.array(["k0", "k1", "k2", "k3"])
+        ints = pa.array([1, 2, 3, 4])
+        v.put_batch(keys, pa.array(["x", "y", "z", "w"]))
+        s.add_batch(keys, ints)
+        lst.append_batch(keys, pa.array(["e", "f", "g", "h"]))
+        m.put_batch(keys, pa.array(["u"] * 4), pa.array(["v"] * 4))
+        ns.put_batch(keys, ints, namespaces=pa.array(["n"] * 4))
+        before = snapshot_dump(b.snapshot())
+        calls = [
+            ("keys", lambda c, k, i: v.put_batch(c, k)),
+            ("values", lambda c, k, i: v.put_batch(k, c)),
+            ("keys", lambda c, k, i: v.get_batch(c)),
+            ("keys", lambda c, k, i: v.contains_batch(c)),
+            ("keys", lambda c, k, i: v.clear_batch(c)),
+            ("keys", lambda c, k, i: s.add_batch(c, i)),
+            ("keys", lambda c, k, i: cnt.add_batch(c, i)),
+            ("values", lambda c, k, i: cnt.add_batch(k, c)),
+            ("keys", lambda c, k, i: lst.append_batch(c, k)),
+            ("values", lambda c, k, i: lst.append_batch(k, c)),
+            ("keys", lambda c, k, i: lst.get_batch(c)),
+            ("keys", lambda c, k, i: m.put_batch(c, k, k)),
+            ("user_keys", lambda c, k, i: m.put_batch(k, c, k)),
+            ("values", lambda c, k, i: m.put_batch(k, k, c)),
+            ("user_keys", lambda c, k, i: m.get_batch(k, c)),
+            ("user_keys", lambda c, k, i: m.contains_batch(k, c)),
+            ("user_keys", lambda c, k, i: m.remove_batch(k, c)),
+            ("namespaces", lambda c, k, i: ns.put_batch(k, i, namespaces=c)),
+            ("namespaces", lambda c, k, i: ns.get_batch(k, namespaces=c)),
+        ]
+        # Chunked: the malformed chunk after a good one, combined with it first (5000 rows) or
+        # large enough for a kernel call of its own (9000), which must not run before the bad
+        # chunk is found.
+        forms = [(col, keys, ints)]
+        for n in (5000, 9000):
+            good = pa.array([f"k{j % 4}" for j in range(n)], col.type)
+            forms.append((pa.chunked_array([good, col]),
+                          pa.chunked_array([good.cast(pa.string()), keys]),
+                          pa.chunked_array([pa.array(range(n)), ints])))
+        for what, call in calls:
+            for c, k, i in forms:
+                with pytest.raises(InvalidInputError, match=f"{what}: .*invalid Arrow data"):
+                    call(c, k, i)
+                assert snapshot_dump(b.snapshot()) == before, (what, bad)
