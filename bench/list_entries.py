@@ -89,7 +89,7 @@ def _run(impl: str, n: int) -> list:
            record(_CASE, impl, f"get_us_per_element_{n}", _per_us(get, n + _OPS), "us"),
            record(_CASE, impl, f"state_bytes_per_element_{n}", b.state_bytes() / (n + _OPS),
                   "bytes")]
-    if impl == "native":
+    if impl == "native" and hasattr(b, "list_index_stats"):  # absent before per-element lists
         ix = b.list_index_stats()["l"]
         out.append(record(_CASE, impl, f"index_bytes_per_element_{n}",
                           ix["bytes"] / (n + _OPS), "bytes"))

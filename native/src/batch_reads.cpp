@@ -208,7 +208,9 @@ void list_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys
   int64_t count = list_offsets.back();  // elements written so far (earlier chunks included)
   list_offsets.reserve(list_offsets.size() + static_cast<size_t>(n));
   std::vector<uint64_t> seqs, gone;
+  std::vector<uint32_t> hashes;
   std::vector<uint8_t> ek;
+  constexpr size_t kPrefetch = 8;
   RowKeys rk(spec, keys, table, kgs);
   auto emit = [&](const uint8_t* p, size_t size) {
     if (width != 0) {
@@ -233,10 +235,20 @@ void list_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys
     index->for_each(kgs[i], rk.data(), rk.size(), [&](uint64_t s) { seqs.push_back(s); });
     ek.assign(rk.data(), rk.data() + rk.size());
     ek.resize(rk.size() + kListSeqBytes);
-    for (uint64_t seq : seqs) {
+    // The elements' entries are scattered over the table: hash them all first and prefetch
+    // kPrefetch ahead, so the lookups of a long list overlap their cache misses.
+    hashes.resize(seqs.size());
+    for (size_t j = 0; j < seqs.size(); ++j) {
+      store_list_seq(ek.data() + rk.size(), seqs[j]);
+      hashes[j] = m.hash(ek.data(), ek.size());
+    }
+    for (size_t j = 0; j < seqs.size() && j < kPrefetch; ++j) m.prefetch_bucket(hashes[j]);
+    for (size_t j = 0; j < seqs.size(); ++j) {
+      if (j + kPrefetch < seqs.size()) m.prefetch_bucket(hashes[j + kPrefetch]);
+      const uint64_t seq = seqs[j];
       store_list_seq(ek.data() + rk.size(), seq);
       ByteView v;
-      if (!m.get(ek.data(), ek.size(), &v)) {
+      if (!kernel_get(m, hashes[j], ek.data(), ek.size(), &v)) {
         gone.push_back(seq);
         continue;
       }

@@ -53,7 +53,9 @@ inline bool expired(int64_t ts, int64_t ttl_ms, int64_t now) {
 //  Value: value, reducing and aggregating state: user bytes | ts. Values shorter than 8 bytes are
 //         kept (frocksdb keeps values too short to hold a timestamp).
 //  List:  elements in append order; fixed width w > 0: each element is w bytes | ts (stride w+8);
-//         fixed width 0: varlen(len) | bytes | ts.
+//         fixed width 0: varlen(len) | bytes | ts. The whole-list layout of checkpoint formats
+//         before 4: a list state's entries are elements now (docs/formats.md "List state"),
+//         filtered with the Value layout.
 //  Map:   entries varlen(len(uk)) | uk | varlen(len(uv)) | uv, uv ending with the entry's ts
 //         (an entry whose uv is shorter than 8 bytes is kept).
 enum class Layout : uint8_t { Value, List, Map };

@@ -617,7 +617,16 @@ class NativeBackend(TableBackend):
 
     def _check_map_keys(self, table: NativeTable, keys: pa.Array) -> None:
         """For a map state: every key parses as a map entry's (docs/formats.md "Map state"),
-        as the index needs them (InvalidInputError naming the state otherwise)."""
+        as the index needs them; for a list state: every key is longer than the key-group
+        prefix and a sequence number ("List state"). InvalidInputError naming the state
+        otherwise."""
+        if table.kind == "list":
+            if len(keys) and pc.min(pc.binary_length(keys)).as_py() <= (
+                    self.key_prefix_width + S.LIST_SEQ_BYTES):
+                raise InvalidInputError(
+                    f"state {table.name!r}: a list element key holds no (key, namespace) part "
+                    f"before its {S.LIST_SEQ_BYTES}-byte sequence number")
+            return
         if table.kind != "map":
             return
         try:
