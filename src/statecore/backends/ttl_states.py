@@ -16,7 +16,8 @@ last-access time in milliseconds (``backend.ttl_now(config)``). The rules (Flink
 * reducing/aggregating ``add`` on an expired aggregate starts from nothing (Flink
   ``TtlReduceFunction``/``TtlAggregateFunction``: expired = absent, whatever the visibility);
 * list ``add`` appends without looking at older elements; ``get`` returns the unexpired ones (all
-  under ``ReturnExpiredIfNotCleanedUp``) and writes back only the unexpired ones;
+  under ``ReturnExpiredIfNotCleanedUp``) and removes the expired ones (each element is an entry
+  of its own, wherever it is in the list);
 * ``merge_namespaces`` (reducing, aggregating, list) is a write: expired source values (list
   elements) count as absent and are removed with the sources, an expired target as absent;
   the merged target is stamped with ``now`` (a list: every element); one state access;
