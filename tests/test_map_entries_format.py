@@ -143,7 +143,7 @@ def test_format_2_broken_whole_map_is_corrupt():
         r.entries("m", kg)
 
 
-def test_format_3_files_are_written_and_read_as_stored():
+def test_current_format_files_are_written_and_read_as_stored():
     kg, prefix = _prefix(1)
     entry = prefix + S.key_serializer("string").serialize("a")
 
@@ -157,7 +157,7 @@ def test_format_3_files_are_written_and_read_as_stored():
     out.parts = []
     fmt.write_data_file(out, _Snap({kg: {entry: b"\x01" * 8}}), version=1, writer="p0")
     r = fmt.DataFileReader(pa.BufferReader(b"".join(out.parts)), "new.sckp")
-    assert r.format_version == fmt.FORMAT_VERSION == fmt.MAP_ENTRIES_FORMAT_VERSION == 3
+    assert r.format_version == fmt.FORMAT_VERSION == 4 and fmt.MAP_ENTRIES_FORMAT_VERSION == 3
     assert r.entries("m", kg)[0].to_pylist() == [entry]
 
 

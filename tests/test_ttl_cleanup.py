@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from statecore import CheckpointStore, create_backend
 from statecore import serializers as S
-from statecore.backends.states import TableMapState, from_stored
+from statecore.backends.states import TableListState, TableMapState, from_stored
 from statecore.descriptors import (
     AggregatingStateDescriptor,
     ListStateDescriptor,
@@ -399,19 +399,19 @@ def test_compaction_filter_caches_the_clock_for_n_entries():
         CompactionTimeProvider(lambda: "now", 5)
 
 
-def test_compaction_filter_keeps_short_values_trims_lists_and_maps():
+def test_compaction_filter_keeps_short_values_filters_list_elements_and_map_entries():
     tp = CompactionTimeProvider(lambda: 150, 1000)
     keys = pa.array([b"\x00a", b"\x00b"], pa.binary())
     vals = pa.array([b"short", b"x" + _ts(0)], pa.binary())
     k, v, n = compaction_filter("value", None, 100, tp, keys, vals)
     assert k.to_pylist() == [b"\x00a"] and v.to_pylist() == [b"short"] and n == 1
-    lst = b"".join(i.to_bytes(4, "big") + _ts(t) for i, t in enumerate([0, 10, 60, 70]))
-    k, v, n = compaction_filter("list", 4, 100, tp, keys.slice(0, 1), pa.array([lst], pa.binary()))
-    assert v.to_pylist() == [lst[24:]] and n == 2  # stride 4 + 8: the suffix from element 2
-    var = b"".join(S.write_varlen(len(e)) + e + _ts(t) for e, t in [(b"abc", 0), (b"", 60)])
-    k, v, n = compaction_filter("list", None, 100, tp, keys.slice(0, 1),
-                                pa.array([var], pa.binary()))
-    assert v.to_pylist() == [var[1 + 3 + 8:]] and n == 1
+    # List elements (one entry each, docs/formats.md "List state") are filtered as values,
+    # wherever they are in the list.
+    lkeys = pa.array([b"\x00k" + i.to_bytes(8, "big") for i in range(4)], pa.binary())
+    els = [i.to_bytes(4, "big") + _ts(t) for i, t in enumerate([60, 10, 70, 0])]
+    k, v, n = compaction_filter("list", 4, 100, tp, lkeys, pa.array(els, pa.binary()))
+    assert k.to_pylist() == [lkeys[0].as_py(), lkeys[2].as_py()] and n == 2
+    assert v.to_pylist() == [els[0], els[2]]
     # Map entries (one per user key) are filtered as values.
     ent = [b"v" + _ts(t) for t in (0, 60)]
     k, v, n = compaction_filter("map", None, 100, tp, keys, pa.array(ent, pa.binary()))
@@ -505,13 +505,14 @@ _BROKEN = [("list", 4, b"\x00\x00\x00\x01" + _ts(0) + b"\x00"),  # truncated 2nd
 @pytest.mark.skipif(_native is None, reason="native extension not built")
 @pytest.mark.parametrize("kind,width,broken", _BROKEN)
 @pytest.mark.parametrize("native", [False, True])
-def test_compaction_filter_rejects_a_broken_layout_on_both_paths(kind, width, broken, native):
-    tp = CompactionTimeProvider(lambda: 150, 1000)
+def test_whole_list_filter_rejects_a_broken_layout_on_both_paths(kind, width, broken, native):
+    # The filter of the whole-list layout (ttl.h Layout::List; no state stores whole lists since
+    # format 4, docs/formats.md "List state"), called directly.
     keys = pa.array([b"\x00a", b"\x00b"], pa.binary())
     good = (S.write_varlen(0) + _ts(200)) if width is None else b"\x00" * width + _ts(200)
+    chunk = _native.ttl_filter_entries if native else filter_entries
     with pytest.raises(InvalidInputError, match="truncated|varlen|longer"):
-        compaction_filter(kind, width, 100, tp, keys, pa.array([good, broken], pa.binary()),
-                          native=native)
+        chunk(kind, width, 100, 150, keys, pa.array([good, broken], pa.binary()))
 
 
 @pytest.mark.parametrize("native", [False, True] if _native is not None else [False])
@@ -535,7 +536,7 @@ def test_store_compaction_reports_a_broken_layout_as_corrupt(native, monkeypatch
         max_parallelism, key_type, assigner = 128, "int64", "spark"
 
         def entries(self, name, kg):
-            return pa.array([b"\x00a"], pa.binary()), pa.array([b"\x05ab"], pa.binary())
+            return pa.array([b"\x00a"], pa.binary()), pa.array([None], pa.binary())
 
     real = ttl_module.compaction_filter
     monkeypatch.setattr(compaction_module, "compaction_filter",
@@ -699,7 +700,7 @@ def test_list_and_map_batch_rows_count_once_as_accesses(kind):
     same row counts, same removals)."""
     cfg = StateTtlConfig(100, cleanup_incrementally=3)
     removed = {}
-    for what in ("value", "list", "map", "map_per_record"):
+    for what in ("value", "list", "list_per_record", "map", "map_per_record"):
         clock = ManualClock(0)
         b = create_backend(kind, key_type="int64", ttl_clock=clock)
         keys = pa.array(range(600), pa.int64())
@@ -712,6 +713,10 @@ def test_list_and_map_batch_rows_count_once_as_accesses(kind):
             st = b.get_state(ListStateDescriptor("s", "int64").enable_time_to_live(cfg))
             st.append_batch(keys, ones)
             read = lambda ks: st.get_batch(ks)  # noqa: E731
+        elif what == "list_per_record":
+            st = b.get_state(ListStateDescriptor("s", "int64").enable_time_to_live(cfg))
+            TableListState.append_batch(st, keys, ones)
+            read = lambda ks: TableListState.get_batch(st, ks)  # noqa: E731
         elif what == "map":
             st = b.get_state(MapStateDescriptor("s", "int64", "int64").enable_time_to_live(cfg))
             st.put_batch(keys, ones, ones)
@@ -723,13 +728,13 @@ def test_list_and_map_batch_rows_count_once_as_accesses(kind):
         clock.set(200)
         read(pa.array([10_000] * 50, pa.int64()))  # absent key: only the cleanup removes
         removed[what] = (b.ttl_statistics()["incremental"], b.num_entries())
-    assert removed["list"] == removed["value"]
-    # A map's entries are keyed by key and user key (docs/formats.md "Map state"), so the native
-    # walk meets them in another order than value state's: the per-row path of the same calls
-    # removes exactly what the kernels remove.
+    # A list's / map's entries are keyed by key and seq / user key (docs/formats.md "List
+    # state", "Map state"), so the native walk meets them in another order than value state's:
+    # the per-row path of the same calls removes exactly what the kernels remove.
+    assert removed["list"] == removed["list_per_record"]
     assert removed["map"] == removed["map_per_record"]
     if kind == "python":
-        assert removed["map"] == removed["value"]
+        assert removed["map"] == removed["list"] == removed["value"]
     assert 0 < removed["value"][0] < 600
 
 
@@ -967,3 +972,36 @@ def test_failed_add_batch_with_incremental_cleanup_leaves_the_aggregates(kind, r
     assert {k: v for k, v in zip((100, 101), after)} == before
     # Key 7 (expired) got 1 from the call: undone too, so it reads as expired (absent).
     assert r.get_batch(pa.array([7], pa.int64())).to_pylist() == [None]
+
+
+@pytest.mark.skipif(_native is None, reason="native extension not built")
+@pytest.mark.parametrize("strategy", ["background", "incremental", "migration"])
+def test_native_list_index_drops_what_ttl_passes_remove(strategy):
+    """The C++ cleanup steps report the list elements they remove and a TTL migration prunes,
+    so the list index keeps no elements of lists nobody reads again
+    (NativeBackend.list_index_stats); a list emptied that way starts at seq 0 again."""
+    clock = ManualClock(0)
+    b = create_backend("native", key_type="int64", ttl_clock=clock)
+    cfg = (StateTtlConfig(100, cleanup_in_background=True) if strategy == "background"
+           else StateTtlConfig(100, cleanup_incrementally=1000))
+    d = ListStateDescriptor("l", "int64").enable_time_to_live(cfg)
+    ls = b.get_state(d)
+    keys = pa.array([k for k in range(200) for _ in range(5)], pa.int64())
+    ls.append_batch(keys, pa.array(range(1000), pa.int64()))
+    assert b.list_index_stats()["l"]["elements"] == 1000
+    clock.set(200)
+    if strategy == "background":
+        b.run_background_ttl_cleanup(b.max_parallelism)
+    elif strategy == "incremental":
+        b.set_current_key(10_000)
+        ls.get()  # one access: a step of 1000 entries
+        ls.get()
+    else:  # restored without TTL: expired elements dropped, the index pruned
+        snap = b.snapshot()
+        b = create_backend("native", key_type="int64", ttl_clock=clock)
+        b.get_state(ListStateDescriptor("l", "int64").enable_ttl_migration())
+        b.restore(snap)
+        snap.release()
+    assert b.num_entries() == 0
+    stats = b.list_index_stats()["l"]
+    assert (stats["lists"], stats["elements"]) == (0, 0)

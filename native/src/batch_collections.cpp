@@ -1,10 +1,7 @@
 // ListState append and MapState put kernels (contract: batch_collections.h). Same two passes as
 // batch.cpp: validation touching no state, then one row at a time in row order through RowKeys.
-// A map put writes one entry per row (docs/formats.md "Map state").
-// A blob that grows is resized by the map (StateMap::resize / resize_by: realloc'd in place of
-// itself when no snapshot reaches it, copied when one may), keeping its bytes, and the kernel
-// writes or splices the new bytes into it: no scratch copy and no second allocation per row
-// (the earlier read / scratch copy / put / copy back cost a map put ~2x the C++ reference).
+// A list append and a map put write one entry per row (docs/formats.md "List state", "Map
+// state").
 #include "statecore/batch_collections.h"
 
 #include "batch_internal.h"
@@ -98,39 +95,37 @@ void validate_list_append_batch(StateTable& table, const BatchKeySpec& spec, Arr
 }
 
 void list_append_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
-                       const ValueSpec& element_type, ArrowInput values_in,
-                       const TtlBatchSpec& ttl) {
+                       const ValueSpec& element_type, ArrowInput values_in, const TtlBatchSpec& ttl,
+                       ListIndex* index) {
   check_spec(element_type);
+  if (index == nullptr) fail("list_append_batch: the table's list index is required");
   const KeyArrays keys = make_keys(spec, keys_in);
   const ArrayView values = make_view(values_in, "values");
   const int32_t* kgs = validate_list(table, spec, keys, element_type, values, ttl);
   const int64_t n = keys.length();
-  const bool var = !is_fixed(element_type);
   const size_t suffix = ttl.enabled ? ttl::kTimestampBytes : 0;
+  std::vector<uint8_t> ek;  // the row's entry key: prefix | seq
   RowKeys rk(spec, keys, table, kgs);
   uint8_t tmp[8];
-  uint8_t head[10];
   for (int64_t i = 0; i < n; ++i) {
     if (ttl.cleanup != nullptr) ttl::cleanup_row(*ttl.cleanup);
     rk.ahead(i);
     rk.encode(i, kgs[i]);
     StateMap& m = table.map_unchecked(kgs[i]);
+    const uint64_t seq = index->append(kgs[i], rk.data(), rk.size());
+    ek.assign(rk.data(), rk.data() + rk.size());
+    ek.resize(rk.size() + kListSeqBytes);
+    store_list_seq(ek.data() + rk.size(), seq);
     size_t es = 0;
     const uint8_t* e = value_bytes(element_type, values, i, tmp, &es);
-    const size_t hs = var ? put_varlen(head, es) : 0;
-    const size_t add = hs + es + suffix;
-    const uint32_t h = rk.hash(i, m);
-    size_t at = 0;
-    uint8_t* dst = nullptr;
+    const uint32_t h = m.hash(ek.data(), ek.size());
+    size_t cur = 0;
     bool inserted = false;
-    // A flat map (every list of it one element so far) takes the inlined insert; a present key
-    // grows through resize_by, which converts the map to the chained engine once.
-    if (m.engine().flat) dst = upsert_row(m, h, rk.data(), rk.size(), add, &at, &inserted);
-    if (!inserted) dst = m.resize_by(h, rk.data(), rk.size(), add, &at);
-    else at = 0;
-    if (hs) std::memcpy(dst + at, head, hs);
-    if (es) std::memcpy(dst + at + hs, e, es);
-    if (suffix) ttl::store_timestamp(dst + at + hs + es, ttl.now);
+    uint8_t* out = upsert_row(m, h, ek.data(), ek.size(), es + suffix, &cur, &inserted);
+    // A new seq has no entry, unless one outlived its index slot (a failed step): overwritten.
+    if (!inserted && cur != es + suffix) out = m.put(ek.data(), ek.size(), es + suffix);
+    if (es) std::memcpy(out, e, es);
+    if (suffix) ttl::store_timestamp(out + es, ttl.now);
   }
 }
 

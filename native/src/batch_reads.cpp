@@ -1,9 +1,8 @@
 // Collection read / removal kernels and clear (contract: batch_reads.h). Same two passes as
 // batch.cpp: validation touching no state, then one row at a time in row order through RowKeys.
 // A map row reads or removes one entry, `encoded key | ser(user key)` (docs/formats.md "Map
+// state"); a list row reads the entries `encoded key | seq` its list index lists ("List
 // state").
-// Every mutation of a blob first copies what is still needed out of the map (a put or a removal
-// invalidates the pointer the map handed out), to a per-thread scratch buffer.
 #include "statecore/batch_reads.h"
 
 #include "batch_internal.h"
@@ -135,34 +134,6 @@ void map_read_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys
   }
 }
 
-// Elements of one stored list blob: [start, start + size) the user bytes of each (its Arrow
-// value; the varlen header skipped), ts its TTL timestamp.
-struct Element {
-  size_t start, size;
-  int64_t ts;
-};
-
-std::vector<Element>& element_scratch() {
-  thread_local std::vector<Element> buf;
-  return buf;
-}
-
-// Parses a list blob (batch_collections.h "Stored bytes") into element spans; bad_blob(row)
-// when it does not parse (a fixed-width blob not a whole number of elements, a varlen or an
-// element running past the end).
-void parse_list(const uint8_t* blob, size_t size, size_t width, size_t suffix, int64_t row,
-                std::vector<Element>& out) {
-  out.clear();
-  size_t pos = 0;
-  while (pos < size) {
-    size_t len = width;
-    if (width == 0) len = blob_varlen(blob, size, &pos, row);
-    if (len > size - pos || suffix > size - pos - len) bad_blob(row);
-    out.push_back(Element{pos, len, suffix ? ttl::load_timestamp(blob + pos + len) : 0});
-    pos += len + suffix;
-  }
-}
-
 void check_key_batch(StateTable& table, const BatchKeySpec& spec, const KeyArrays& keys,
                      const TtlBatchSpec& ttl, const int32_t** kgs) {
   check_ttl(ttl);
@@ -185,7 +156,8 @@ void validate_map_key_batch(StateTable& table, const BatchKeySpec& spec, ArrowIn
 }
 
 void clear_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
-                 CollectionIndex* index, ttl::IncrementalCleanup* cleanup) {
+                 CollectionIndex* index, ListIndex* list_index,
+                 ttl::IncrementalCleanup* cleanup) {
   const KeyArrays keys = make_keys(spec, keys_in);
   const int32_t* kgs = nullptr;
   check_key_batch(table, spec, keys, TtlBatchSpec(), &kgs);
@@ -197,6 +169,16 @@ void clear_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in
     rk.ahead(i);
     rk.encode(i, kgs[i]);
     StateMap& m = table.map_unchecked(kgs[i]);
+    if (list_index != nullptr) {
+      // A list: every element its index lists for the row's (key, namespace).
+      ek.assign(rk.data(), rk.data() + rk.size());
+      ek.resize(rk.size() + kListSeqBytes);
+      for (uint64_t seq : list_index->take(kgs[i], rk.data(), rk.size())) {
+        store_list_seq(ek.data() + rk.size(), seq);
+        m.remove(ek.data(), ek.size());
+      }
+      continue;
+    }
     if (index == nullptr) {
       m.remove(rk.data(), rk.size());
       continue;
@@ -213,10 +195,11 @@ void clear_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in
 void list_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
                     const ValueSpec& et, std::vector<int64_t>& list_offsets,
                     std::vector<uint8_t>& elements, std::vector<int64_t>& element_offsets,
-                    const TtlBatchSpec& ttl, int64_t* expired_out) {
+                    const TtlBatchSpec& ttl, int64_t* expired_out, ListIndex* index) {
   int64_t local = 0;
   int64_t* expired = expired_sink(expired_out, &local);
   check_spec(et);
+  if (index == nullptr) fail("list_get_batch: the table's list index is required");
   if (list_offsets.empty() || (!is_fixed(et) && element_offsets.empty()))
     fail("list_get_batch: the offsets outputs must hold their running start (e.g. {0})");
   const KeyArrays keys = make_keys(spec, keys_in);
@@ -225,21 +208,20 @@ void list_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys
   const int64_t n = keys.length();
   const size_t width = value_width(et), ow = out_width(et);
   const size_t suffix = ttl.enabled ? ttl::kTimestampBytes : 0;
-  std::vector<Element>& els = element_scratch();
-  std::vector<uint8_t>& rebuilt = blob_scratch();
   int64_t count = list_offsets.back();  // elements written so far (earlier chunks included)
-  // Without TTL a fixed-width blob other than bool is the elements' Arrow buffer itself on a
-  // little-endian host (stored values are little-endian, docs/formats.md "Values").
-  const bool raw_copy = !ttl.enabled && width != 0 && et.type != ValueType::Bool && le64(1) == 1;
   list_offsets.reserve(list_offsets.size() + static_cast<size_t>(n));
+  std::vector<uint64_t> seqs, gone;
+  std::vector<uint32_t> hashes;
+  std::vector<uint8_t> ek;
+  constexpr size_t kPrefetch = 8;
   RowKeys rk(spec, keys, table, kgs);
-  auto emit = [&](const uint8_t* blob, const Element& e) {
+  auto emit = [&](const uint8_t* p, size_t size) {
     if (width != 0) {
       const size_t at = elements.size();
       elements.resize(at + ow);
-      out_fixed(et, elements.data() + at, 0, blob + e.start);
+      out_fixed(et, elements.data() + at, 0, p);
     } else {
-      elements.insert(elements.end(), blob + e.start, blob + e.start + e.size);
+      elements.insert(elements.end(), p, p + size);
       element_offsets.push_back(static_cast<int64_t>(elements.size()));
     }
     ++count;
@@ -249,53 +231,54 @@ void list_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys
     rk.ahead(i);
     rk.encode(i, kgs[i]);
     StateMap& m = table.map_unchecked(kgs[i]);
-    ByteView v;
-    if (kernel_get(m, rk.hash(i, m), rk.data(), rk.size(), &v) && v.size != 0) {
-      if (raw_copy) {
-        // Stored = Arrow layout: the whole blob at once rather than element by element.
-        if (v.size % width != 0) bad_blob(i);
-        elements.insert(elements.end(), v.data, v.data + v.size);
-        count += static_cast<int64_t>(v.size / width);
-        list_offsets.push_back(count);
+    // `TableListState.get` / `TtlListState.get`: each listed element's entry prefix | seq, in
+    // list order; an element whose entry is gone without the index being told (with TTL) is
+    // unlisted.
+    seqs.clear();
+    gone.clear();
+    index->for_each(kgs[i], rk.data(), rk.size(), [&](uint64_t s) { seqs.push_back(s); });
+    ek.assign(rk.data(), rk.data() + rk.size());
+    ek.resize(rk.size() + kListSeqBytes);
+    // The elements' entries are scattered over the table: hash them all first and prefetch
+    // kPrefetch ahead, so the lookups of a long list overlap their cache misses.
+    hashes.resize(seqs.size());
+    for (size_t j = 0; j < seqs.size(); ++j) {
+      store_list_seq(ek.data() + rk.size(), seqs[j]);
+      hashes[j] = m.hash(ek.data(), ek.size());
+    }
+    for (size_t j = 0; j < seqs.size() && j < kPrefetch; ++j) m.prefetch_bucket(hashes[j]);
+    for (size_t j = 0; j < seqs.size(); ++j) {
+      if (j + kPrefetch < seqs.size()) m.prefetch_bucket(hashes[j + kPrefetch]);
+      const uint64_t seq = seqs[j];
+      store_list_seq(ek.data() + rk.size(), seq);
+      ByteView v;
+      if (!kernel_get(m, hashes[j], ek.data(), ek.size(), &v)) {
+        gone.push_back(seq);
         continue;
       }
-      parse_list(v.data, v.size, width, suffix, i, els);
+      if (width != 0 && v.size != width + suffix) wrong_width(i, v.size, width + suffix);
       if (!ttl.enabled) {
-        for (const Element& e : els) emit(v.data, e);
-      } else {
-        size_t live = 0;
-        for (const Element& e : els) {
-          const bool dead = ttl::expired(e.ts, ttl.ttl_ms, ttl.now);
-          live += !dead;
-          if (!dead || ttl.return_expired) emit(v.data, e);
-        }
-        const size_t dead = els.size() - live;
-        if (dead != 0) {
-          *expired += static_cast<int64_t>(dead);
-          if (live == 0) {
-            m.remove(rk.data(), rk.size());
-          } else {
-            // The unexpired elements, framed as stored, restamped under update_on_read.
-            rebuilt.clear();
-            uint8_t head[10];
-            for (const Element& e : els) {
-              if (ttl::expired(e.ts, ttl.ttl_ms, ttl.now)) continue;
-              if (width == 0) rebuilt.insert(rebuilt.end(), head, head + put_varlen(head, e.size));
-              rebuilt.insert(rebuilt.end(), v.data + e.start, v.data + e.start + e.size + suffix);
-              if (ttl.update_on_read)
-                ttl::store_timestamp(rebuilt.data() + rebuilt.size() - suffix, ttl.now);
-            }
-            uint8_t* out = m.put(rk.data(), rk.size(), rebuilt.size());
-            std::memcpy(out, rebuilt.data(), rebuilt.size());
-          }
-        } else if (ttl.update_on_read) {
-          // Every element renewed in place (the per-record path puts the list back).
-          size_t sz = 0;
-          uint8_t* p = m.get_for_update(rk.data(), rk.size(), &sz);
-          for (const Element& e : els) ttl::store_timestamp(p + e.start + e.size, ttl.now);
-        }
+        emit(v.data, v.size);
+        continue;
+      }
+      if (v.size < suffix) short_ttl_value(i, v.size);
+      const size_t user = v.size - suffix;
+      if (ttl::expired(ttl::load_timestamp(v.data + user), ttl.ttl_ms, ttl.now)) {
+        if (ttl.return_expired) emit(v.data, user);
+        m.remove(ek.data(), ek.size());
+        gone.push_back(seq);
+        ++*expired;
+        continue;
+      }
+      emit(v.data, user);
+      if (ttl.update_on_read) {
+        // Always written (the per-record path puts the element back): it counts as changed.
+        size_t sz = 0;
+        uint8_t* p = m.get_for_update(ek.data(), ek.size(), &sz);
+        ttl::store_timestamp(p + user, ttl.now);
       }
     }
+    for (uint64_t seq : gone) index->erase(kgs[i], rk.data(), rk.size(), seq);
     list_offsets.push_back(count);
   }
 }

@@ -6,6 +6,7 @@
 
 #include "statecore/collection_index.h"
 #include "statecore/key_codec.h"
+#include "statecore/list_index.h"
 
 namespace statecore {
 namespace ttl {
@@ -334,12 +335,16 @@ bool cleanup_row(IncrementalCleanup& c) {
   c.first_written_kg = c.last_written_kg = -1;
   for (size_t i = 0; i < c.steps_per_row; ++i) {
     const bool from_start = c.cursor.key_group == table.kg_start() && c.cursor.bucket == 0;
+    const bool indexed = c.index != nullptr || c.list_index != nullptr;
     CleanupStep s = cleanup_step(table, &c.cursor, c.cleanup_size, c.spec, c.now, &c.scratch,
-                                 c.index != nullptr ? &c.removed : nullptr);
+                                 indexed ? &c.removed : nullptr);
     c.visited += s.visited;
     c.expired += s.expired;
-    if (c.index != nullptr && !c.removed.empty()) {
-      c.index->erase_entry_keys(c.removed, c.index_key, c.index_namespace, c.index_max_parallelism);
+    if (!c.removed.empty()) {
+      if (c.index != nullptr)
+        c.index->erase_entry_keys(c.removed, c.index_key, c.index_namespace,
+                                  c.index_max_parallelism);
+      if (c.list_index != nullptr) c.list_index->erase_entry_keys(c.removed, c.list_prefix_width);
       c.removed.clear();
     }
     if (s.written != 0) {

@@ -172,6 +172,25 @@ inline std::multiset<std::string> blobs(StateTable& t) {
   return out;
 }
 
+// List entries (docs/formats.md "List state": `prefix | seq` -> element bytes): per list (the
+// entries sharing a prefix, in key order) its element bytes concatenated, with "#" + its
+// sequence numbers ("0,1,2") appended; so {"<e0><e1>#0,1"} is one list of two elements.
+inline std::multiset<std::string> lists(StateTable& t) {
+  std::map<std::string, std::string> per;
+  std::map<std::string, std::string> seqs;
+  for (const auto& kv : dump(t)) {
+    const std::string prefix = kv.first.substr(0, kv.first.size() - 8);
+    uint64_t seq = 0;
+    for (size_t i = kv.first.size() - 8; i < kv.first.size(); ++i)
+      seq = (seq << 8) | static_cast<uint8_t>(kv.first[i]);
+    per[prefix] += kv.second;
+    seqs[prefix] += (seqs[prefix].empty() ? "" : ",") + std::to_string(seq);
+  }
+  std::multiset<std::string> out;
+  for (const auto& kv : per) out.insert(kv.second + "#" + seqs[kv.first]);
+  return out;
+}
+
 inline std::string le64(int64_t v) {
   std::string s(8, '\0');
   for (int i = 0; i < 8; ++i) s[i] = static_cast<char>(static_cast<uint64_t>(v) >> (8 * i));

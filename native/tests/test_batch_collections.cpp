@@ -1,5 +1,5 @@
 // Collection batch kernels (batch_collections.h) over hand-built Arrow arrays: the exact list
-// blobs and map entries the per-record path writes (docs/formats.md "Values", "Map state"),
+// and map entries the per-record path writes (docs/formats.md "List state", "Map state"),
 // repeated keys applied in row order, the map index's order, sliced arrays, TTL suffixes, and
 // errors that leave the table untouched.
 #include <cstring>
@@ -21,66 +21,74 @@
 using namespace statecore;
 using namespace statecore_test;
 
-TEST(list_append_int64_keeps_row_order_per_key) {
+TEST(list_append_int64_writes_an_entry_per_element_in_row_order) {
   StateTable t(0, 127);
+  ListIndex ix(0, 127);
   auto keys = fixed<int64_t>("l", I64{1, 2, 1, 1}, 2);  // sliced: offset 2
   auto vals = fixed<int64_t>("l", I64{10, 20, 30, 40}, 3);
-  list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, vals.in());
-  CHECK(blobs(t) == (std::multiset<std::string>{le64(10) + le64(30) + le64(40), le64(20)}));
-  // A second batch appends after what is stored.
+  list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, vals.in(), TtlBatchSpec(), &ix);
+  CHECK(lists(t) ==
+        (std::multiset<std::string>{le64(10) + le64(30) + le64(40) + "#0,1,2", le64(20) + "#0"}));
+  CHECK_EQ(ix.lists(), size_t(2));
+  CHECK_EQ(ix.elements(), size_t(4));
+  // A second batch appends after what is stored: the next sequence numbers.
   auto k2 = fixed<int64_t>("l", I64{2, 3});
   auto v2 = fixed<int64_t>("l", I64{21, 5});
-  list_append_batch(t, int64_spec(), k2.in(), ValueType::Int64, v2.in());
-  CHECK(blobs(t) ==
-        (std::multiset<std::string>{le64(10) + le64(30) + le64(40), le64(20) + le64(21), le64(5)}));
+  list_append_batch(t, int64_spec(), k2.in(), ValueType::Int64, v2.in(), TtlBatchSpec(), &ix);
+  CHECK(lists(t) == (std::multiset<std::string>{le64(10) + le64(30) + le64(40) + "#0,1,2",
+                                                le64(20) + le64(21) + "#0,1", le64(5) + "#0"}));
+  CHECK_EQ(t.size(), size_t(6));
 }
 
-TEST(list_append_string_elements_are_varlen_framed_and_ttl_suffixed) {
+TEST(list_append_string_elements_are_plain_values_and_ttl_suffixed) {
   StateTable t(0, 127);
+  ListIndex ix(0, 127);
   auto keys = fixed<int64_t>("l", I64{7, 7});
   auto vals = varwidth<int32_t>("u", Str{std::string("ab"), std::string("")});
-  list_append_batch(t, int64_spec(), keys.in(), ValueType::String, vals.in());
-  CHECK(blobs(t) == (std::multiset<std::string>{byte(2) + "ab" + byte(0)}));
+  list_append_batch(t, int64_spec(), keys.in(), ValueType::String, vals.in(), TtlBatchSpec(), &ix);
+  CHECK(lists(t) == (std::multiset<std::string>{std::string("ab") + "#0,1"}));
   StateTable tt(0, 127);
+  ListIndex tix(0, 127);
   TtlBatchSpec ttl;
   ttl.enabled = true;
   ttl.ttl_ms = 1000;
   ttl.now = 77;
   auto iv = fixed<int64_t>("l", I64{3, 4});
-  list_append_batch(tt, int64_spec(), keys.in(), ValueType::Int64, iv.in(), ttl);
-  list_append_batch(tt, int64_spec(), keys.in(), ValueType::String, vals.in(), ttl);
-  CHECK(blobs(tt) == (std::multiset<std::string>{le64(3) + be64(77) + le64(4) + be64(77) + byte(2) +
-                                                 "ab" + be64(77) + byte(0) + be64(77)}));
+  list_append_batch(tt, int64_spec(), keys.in(), ValueType::Int64, iv.in(), ttl, &tix);
+  list_append_batch(tt, int64_spec(), keys.in(), ValueType::String, vals.in(), ttl, &tix);
+  CHECK(lists(tt) == (std::multiset<std::string>{le64(3) + be64(77) + le64(4) + be64(77) + "ab" +
+                                                 be64(77) + be64(77) + "#0,1,2,3"}));
 }
 
-TEST(list_append_rejects_bad_input_before_any_write) {
+TEST(list_append_needs_the_index_and_rejects_bad_input_before_any_write) {
   StateTable t(0, 127);
+  ListIndex ix(0, 127);
   auto keys = fixed<int64_t>("l", I64{1, 2});
   auto good = fixed<int64_t>("l", I64{1, 2});
-  list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, good.in());
+  list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, good.in(), TtlBatchSpec(), &ix);
   const auto before = dump(t);
+  CHECK(batch_error(
+      [&] { list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, good.in()); },
+      "list index is required"));
   auto null_val = fixed<int64_t>("l", I64{5, std::nullopt});
-  CHECK(batch_error(
-      [&] { list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, null_val.in()); },
-      "null at row 1"));
+  auto append = [&](auto& k, auto& v, ValueType vt) {
+    list_append_batch(t, int64_spec(), k.in(), vt, v.in(), TtlBatchSpec(), &ix);
+  };
+  CHECK(batch_error([&] { append(keys, null_val, ValueType::Int64); }, "null at row 1"));
   auto short_vals = fixed<int64_t>("l", I64{5});
-  CHECK(batch_error(
-      [&] { list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, short_vals.in()); },
-      "length"));
+  CHECK(batch_error([&] { append(keys, short_vals, ValueType::Int64); }, "length"));
   auto floats = fixed<double>("g", F64{1.0, 2.0});
-  CHECK(batch_error(
-      [&] { list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, floats.in()); },
-      "expected an Arrow array of value type int64"));
+  CHECK(batch_error([&] { append(keys, floats, ValueType::Int64); },
+                    "expected an Arrow array of value type int64"));
   auto null_key = fixed<int64_t>("l", I64{1, std::nullopt});
-  CHECK(batch_error(
-      [&] { list_append_batch(t, int64_spec(), null_key.in(), ValueType::Int64, good.in()); },
-      "null key"));
+  CHECK(batch_error([&] { append(null_key, good, ValueType::Int64); }, "null key"));
   CHECK(batch_error(
       [&] {
         validate_list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, null_val.in());
       },
       "null at row 1"));
   CHECK(dump(t) == before);
+  CHECK_EQ(ix.elements(), size_t(2));
 }
 
 // A map's entries (docs/formats.md "Map state"): (key, ser(user key)) -> value bytes, from

@@ -289,15 +289,22 @@ TEST(list_append_under_namespaces) {
   const BatchKeySpec sp = ns_spec(KeyType::Int64, KeyType::String);
   auto keys = key_ns(i64({1, 1, 1}), utf8({"w1", "w2", "w1"}));
   auto vals = i64({10, 20, 30});
-  list_append_batch(t, sp, keys->in(), ValueType::Int64, vals->in());
+  ListIndex ix(0, 127);
+  list_append_batch(t, sp, keys->in(), ValueType::Int64, vals->in(), TtlBatchSpec(), &ix);
   KeyEncoder enc(KeyType::Int64, NamespaceType::String, 128);
   const int32_t kg = key_group_for_int64(Assigner::Spark, 1, 128);
   enc.key_int64(kg, 1);
   enc.namespace_string("w1", 2);
+  // One entry per element: w1's list holds seq 0 and 1, w2's seq 0.
   const auto d = dump(t);
-  CHECK_EQ(d.size(), size_t{2});
-  CHECK(d.count(bytes_of(enc)) == 1);
-  if (d.count(bytes_of(enc))) CHECK(d.at(bytes_of(enc)) == le(10) + le(30));
+  CHECK_EQ(d.size(), size_t{3});
+  const std::string w1 = bytes_of(enc);
+  CHECK(d.count(w1 + std::string(8, '\0')) == 1);
+  CHECK(d.count(w1 + std::string(7, '\0') + '\1') == 1);
+  if (d.count(w1 + std::string(8, '\0'))) CHECK(d.at(w1 + std::string(8, '\0')) == le(10));
+  if (d.count(w1 + std::string(7, '\0') + '\1'))
+    CHECK(d.at(w1 + std::string(7, '\0') + '\1') == le(30));
+  CHECK_EQ(ix.size(kg, reinterpret_cast<const uint8_t*>(w1.data()), w1.size()), size_t{2});
 }
 
 TEST(bad_namespaces_raise_before_any_mutation) {

@@ -1,10 +1,11 @@
 // Collection read / removal kernels and clear (batch_reads.h) over hand-built Arrow arrays, on
-// entries written by the collection kernels (batch_collections.h): list get (fixed and
-// variable-width elements, absent keys as empty lists, chunked output appended), map get /
+// entries written by the collection kernels (batch_collections.h): list get (one entry per
+// element through the list index, fixed and variable-width elements, absent keys as empty
+// lists, chunked output appended, elements gone without notice unlisted), map get /
 // contains / remove (one entry per user key, absent user keys, repeated rows, the map index
-// kept), clear (of a map: every entry its index lists), TTL (expired elements / entries dropped
-// and counted, return_expired, update_on_read), the incremental cleanup hook run before each row
-// (ttl.h IncrementalCleanup), and errors that leave the table untouched.
+// kept), clear (of a map / list: every entry its index lists), TTL (expired elements / entries
+// dropped and counted, return_expired, update_on_read), the incremental cleanup hook run before
+// each row (ttl.h IncrementalCleanup), and errors that leave the table untouched.
 #include <cstring>
 #include <functional>
 #include <map>
@@ -19,6 +20,7 @@
 #include "statecore/batch.h"
 #include "statecore/batch_collections.h"
 #include "statecore/batch_reads.h"
+#include "statecore/key_codec.h"
 #include "statecore/state_table.h"
 #include "statecore/ttl.h"
 
@@ -45,15 +47,17 @@ int64_t i64_at(const std::vector<uint8_t>& v, size_t i) {
 
 TEST(list_get_int64_rows_absent_keys_empty_and_chunks_append) {
   StateTable t(0, 127);
+  ListIndex ix(0, 127);
   auto keys = fixed<int64_t>("l", I64{1, 2, 1});
   auto vals = fixed<int64_t>("l", I64{10, 20, 11});
-  list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, vals.in());
+  list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, vals.in(), TtlBatchSpec(), &ix);
   auto q1 = fixed<int64_t>("l", I64{2, 9, 1}, 3);  // sliced
   auto q2 = fixed<int64_t>("l", I64{1});
   std::vector<int64_t> lo{0}, eo{0};
   std::vector<uint8_t> el;
-  list_get_batch(t, int64_spec(), q1.in(), ValueType::Int64, lo, el, eo);
-  list_get_batch(t, int64_spec(), q2.in(), ValueType::Int64, lo, el, eo);
+  const TtlBatchSpec none;
+  list_get_batch(t, int64_spec(), q1.in(), ValueType::Int64, lo, el, eo, none, nullptr, &ix);
+  list_get_batch(t, int64_spec(), q2.in(), ValueType::Int64, lo, el, eo, none, nullptr, &ix);
   CHECK(lo == (std::vector<int64_t>{0, 1, 1, 3, 5}));
   CHECK_EQ(el.size(), size_t(40));
   CHECK_EQ(i64_at(el, 0), 20);
@@ -61,63 +65,100 @@ TEST(list_get_int64_rows_absent_keys_empty_and_chunks_append) {
   CHECK_EQ(i64_at(el, 2), 11);
   CHECK_EQ(i64_at(el, 4), 11);
   CHECK(eo == std::vector<int64_t>{0});  // fixed-width elements have no offsets
+  CHECK(batch_error([&] { list_get_batch(t, int64_spec(), q2.in(), ValueType::Int64, lo, el, eo); },
+                    "list index is required"));
 }
 
-TEST(list_get_string_elements_and_ttl_filters_expired_anywhere) {
+TEST(list_get_string_elements_and_ttl_removes_expired_anywhere) {
   StateTable u(0, 127);
+  ListIndex ix(0, 127);
   auto ka = fixed<int64_t>("l", I64{7, 7});
   auto kb = fixed<int64_t>("l", I64{7});
   auto va = varwidth<int32_t>("u", Str{std::string("ab"), std::string("")});
   auto vb = varwidth<int32_t>("u", Str{std::string("xyz")});
   auto vc = varwidth<int32_t>("u", Str{std::string("q")});
-  list_append_batch(u, int64_spec(), ka.in(), ValueType::String, va.in(), ttl_at(0));    // expired
-  list_append_batch(u, int64_spec(), kb.in(), ValueType::String, vb.in(), ttl_at(120));  // live
-  list_append_batch(u, int64_spec(), kb.in(), ValueType::String, vc.in(), ttl_at(10));   // expired
+  auto append = [&](auto& k, auto& v, int64_t now) {
+    list_append_batch(u, int64_spec(), k.in(), ValueType::String, v.in(), ttl_at(now), &ix);
+  };
+  append(ka, va, 0);    // seq 0, 1: expired
+  append(kb, vb, 120);  // seq 2: live
+  append(kb, vc, 10);   // seq 3: expired
   TtlBatchSpec tt = ttl_at(150);
   tt.update_on_read = true;
   std::vector<int64_t> lo{0}, eo{0};
   std::vector<uint8_t> el;
   int64_t expired = -1;
-  list_get_batch(u, int64_spec(), kb.in(), ValueType::String, lo, el, eo, tt, &expired);
+  list_get_batch(u, int64_spec(), kb.in(), ValueType::String, lo, el, eo, tt, &expired, &ix);
   CHECK_EQ(expired, 3);
   CHECK(lo == (std::vector<int64_t>{0, 1}));
   CHECK(eo == (std::vector<int64_t>{0, 3}));
   CHECK(std::string(el.begin(), el.end()) == "xyz");
-  // Rewritten to the live element, restamped 150.
-  CHECK(blobs(u) == (std::multiset<std::string>{byte(3) + "xyz" + be64(150)}));
-  // Everything expired at 300: the entry goes, the row is an empty list.
+  // The expired elements' entries are gone and unlisted; the live one restamped 150.
+  CHECK(lists(u) == (std::multiset<std::string>{"xyz" + be64(150) + "#2"}));
+  CHECK_EQ(ix.elements(), size_t(1));
+  // An append continues after the greatest sequence number listed.
+  append(kb, vc, 150);
+  CHECK(lists(u) == (std::multiset<std::string>{"xyz" + be64(150) + "q" + be64(150) + "#2,3"}));
+  // Everything expired at 300: the entries go, the row is an empty list, the list is dropped.
   lo = {0};
   eo = {0};
   el.clear();
-  list_get_batch(u, int64_spec(), kb.in(), ValueType::String, lo, el, eo, ttl_at(300), &expired);
-  CHECK_EQ(expired, 1);
+  list_get_batch(u, int64_spec(), kb.in(), ValueType::String, lo, el, eo, ttl_at(300), &expired,
+                 &ix);
+  CHECK_EQ(expired, 2);
   CHECK(lo == (std::vector<int64_t>{0, 0}));
   CHECK(dump(u).empty());
+  CHECK_EQ(ix.lists(), size_t(0));
 }
 
 TEST(list_get_ttl_return_expired_shows_all_and_update_on_read_renews) {
   StateTable t(0, 127);
+  ListIndex ix(0, 127);
   auto k = fixed<int64_t>("l", I64{4});
   auto a = fixed<int64_t>("l", I64{1});
   auto b = fixed<int64_t>("l", I64{2});
-  list_append_batch(t, int64_spec(), k.in(), ValueType::Int64, a.in(), ttl_at(0));
-  list_append_batch(t, int64_spec(), k.in(), ValueType::Int64, b.in(), ttl_at(100));
+  list_append_batch(t, int64_spec(), k.in(), ValueType::Int64, a.in(), ttl_at(0), &ix);
+  list_append_batch(t, int64_spec(), k.in(), ValueType::Int64, b.in(), ttl_at(100), &ix);
   TtlBatchSpec tt = ttl_at(150);
   tt.return_expired = true;
   std::vector<int64_t> lo{0}, eo{0};
   std::vector<uint8_t> el;
   int64_t expired = 0;
-  list_get_batch(t, int64_spec(), k.in(), ValueType::Int64, lo, el, eo, tt, &expired);
+  list_get_batch(t, int64_spec(), k.in(), ValueType::Int64, lo, el, eo, tt, &expired, &ix);
   CHECK_EQ(expired, 1);
   CHECK(lo == (std::vector<int64_t>{0, 2}));
   CHECK_EQ(i64_at(el, 0), 1);
   CHECK_EQ(i64_at(el, 1), 2);
-  CHECK(blobs(t) == (std::multiset<std::string>{le64(2) + be64(100)}));  // not renewed
+  CHECK(lists(t) == (std::multiset<std::string>{le64(2) + be64(100) + "#1"}));  // not renewed
   TtlBatchSpec renew = ttl_at(160);
   renew.update_on_read = true;
-  list_get_batch(t, int64_spec(), k.in(), ValueType::Int64, lo, el, eo, renew, &expired);
+  list_get_batch(t, int64_spec(), k.in(), ValueType::Int64, lo, el, eo, renew, &expired, &ix);
   CHECK_EQ(expired, 0);
-  CHECK(blobs(t) == (std::multiset<std::string>{le64(2) + be64(160)}));
+  CHECK(lists(t) == (std::multiset<std::string>{le64(2) + be64(160) + "#1"}));
+}
+
+TEST(list_get_unlists_elements_gone_without_notice) {
+  StateTable t(0, 127);
+  ListIndex ix(0, 127);
+  auto k = fixed<int64_t>("l", I64{5, 5, 5});
+  auto v = fixed<int64_t>("l", I64{1, 2, 3});
+  list_append_batch(t, int64_spec(), k.in(), ValueType::Int64, v.in(), TtlBatchSpec(), &ix);
+  // Remove the middle element's entry behind the index's back.
+  for (const auto& kv : dump(t)) {
+    if (kv.second != le64(2)) continue;
+    const auto* kb = reinterpret_cast<const uint8_t*>(kv.first.data());
+    const int32_t kg = read_key_group_prefix(kb, kv.first.size(), 128);
+    t.map(kg).remove(kb, kv.first.size());
+  }
+  auto q = fixed<int64_t>("l", I64{5});
+  std::vector<int64_t> lo{0}, eo{0};
+  std::vector<uint8_t> el;
+  list_get_batch(t, int64_spec(), q.in(), ValueType::Int64, lo, el, eo, TtlBatchSpec(), nullptr,
+                 &ix);
+  CHECK(lo == (std::vector<int64_t>{0, 2}));
+  CHECK_EQ(i64_at(el, 0), 1);
+  CHECK_EQ(i64_at(el, 1), 3);
+  CHECK_EQ(ix.elements(), size_t(2));
 }
 
 TEST(map_get_contains_remove_int64_user_keys) {
@@ -216,10 +257,26 @@ TEST(clear_removes_entries_of_any_kind) {
   StateTable t(0, 127);
   auto keys = fixed<int64_t>("l", I64{1, 2, 3});
   auto vals = fixed<int64_t>("l", I64{1, 2, 3});
-  list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, vals.in());
+  put_batch(t, int64_spec(), keys.in(), ValueType::Int64, vals.in());
   auto ck = fixed<int64_t>("l", I64{2, 2, 4, 3}, 1);
   clear_batch(t, int64_spec(), ck.in());
   CHECK_EQ(t.size(), size_t(1));
+}
+
+TEST(clear_of_a_list_removes_every_element_its_index_lists) {
+  StateTable t(0, 127);
+  ListIndex ix(0, 127);
+  auto keys = fixed<int64_t>("l", I64{1, 2, 1, 3, 1});
+  auto vals = fixed<int64_t>("l", I64{1, 2, 3, 4, 5});
+  list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, vals.in(), TtlBatchSpec(), &ix);
+  auto ck = fixed<int64_t>("l", I64{1, 3, 1});
+  clear_batch(t, int64_spec(), ck.in(), nullptr, &ix);
+  CHECK(lists(t) == (std::multiset<std::string>{le64(2) + "#0"}));
+  CHECK_EQ(ix.lists(), size_t(1));
+  // A cleared list starts at sequence number 0 again.
+  auto k1 = fixed<int64_t>("l", I64{1});
+  list_append_batch(t, int64_spec(), k1.in(), ValueType::Int64, k1.in(), TtlBatchSpec(), &ix);
+  CHECK(lists(t) == (std::multiset<std::string>{le64(2) + "#0", le64(1) + "#0"}));
 }
 
 TEST(map_kernels_keep_the_index_and_clear_a_map_through_it) {
@@ -441,30 +498,26 @@ TEST(read_kernels_reject_bad_input_before_any_change) {
   auto far = fixed<int64_t>("l", I64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
   CHECK(batch_error([&] { clear_batch(small, s, far.in()); }, "outside"));
   CHECK(dump(t) == before);
-  // A list blob of another layout (26 bytes) read as fixed-width elements does not parse.
+  // List elements of another width (int64 entries read as int32) are a BatchError.
   StateTable lt(0, 127);
+  ListIndex lix(0, 127);
   auto lk = fixed<int64_t>("l", I64{1});
-  list_append_batch(lt, int64_spec(), lk.in(), ValueType::Int64, lk.in());
-  const std::string lkey = dump(lt).begin()->first;
-  const std::string odd(26, 'x');
-  for (int32_t kg = 0; kg <= 127; ++kg) {
-    ByteView v;
-    const auto* kb = reinterpret_cast<const uint8_t*>(lkey.data());
-    if (!lt.map(kg).get(kb, lkey.size(), &v)) continue;
-    std::memcpy(lt.map(kg).put(kb, lkey.size(), odd.size()), odd.data(), odd.size());
-  }
+  list_append_batch(lt, int64_spec(), lk.in(), ValueType::Int64, lk.in(), TtlBatchSpec(), &lix);
   const auto lbefore = dump(lt);
   std::vector<int64_t> lo{0}, eo{0};
   std::vector<uint8_t> el;
   CHECK(batch_error(
       [&] {
-        list_get_batch(lt, int64_spec(), lk.in(), ValueType::Int32, lo, el, eo, ttl_at(0, 1000));
+        list_get_batch(lt, int64_spec(), lk.in(), ValueType::Int32, lo, el, eo, ttl_at(0, 1000),
+                       nullptr, &lix);
       },
-      "does not parse"));
-  // Also on the whole-blob copy path (no TTL, fixed-width): 26 bytes are no whole int32s.
-  CHECK(
-      batch_error([&] { list_get_batch(lt, int64_spec(), lk.in(), ValueType::Int32, lo, el, eo); },
-                  "does not parse"));
+      "expected 12"));
+  CHECK(batch_error(
+      [&] {
+        list_get_batch(lt, int64_spec(), lk.in(), ValueType::Int32, lo, el, eo, TtlBatchSpec(),
+                       nullptr, &lix);
+      },
+      "expected 4"));
   CHECK(dump(lt) == lbefore);
   CHECK(dump(t) == before);
 }

@@ -378,10 +378,37 @@ cdef extern from "statecore/collection_index.h" namespace "statecore" nogil:
         size_t bytes()
 
 
+cdef extern from "statecore/list_index.h" namespace "statecore" nogil:
+    cdef cppclass ListIndex:
+        ListIndex(int32_t kg_start, int32_t kg_end) except +raise_native_error
+        uint64_t append(int32_t kg, const uint8_t* prefix, size_t prefix_size,
+                        uint64_t n) except +raise_native_error
+        cbool insert(int32_t kg, const uint8_t* prefix, size_t prefix_size,
+                     uint64_t seq) except +raise_native_error
+        cbool erase(int32_t kg, const uint8_t* prefix, size_t prefix_size,
+                    uint64_t seq) except +raise_native_error
+        size_t size(int32_t kg, const uint8_t* prefix, size_t prefix_size) except +raise_native_error
+        vector[uint64_t] seqs(int32_t kg, const uint8_t* prefix, size_t prefix_size) except +raise_native_error
+        vector[uint64_t] take(int32_t kg, const uint8_t* prefix, size_t prefix_size) except +raise_native_error
+        void clear()
+        void insert_entry_keys(const uint8_t* data, const int32_t* off, int64_t n,
+                               int prefix_width) except +raise_native_error
+        void erase_entry_keys(const uint8_t* data, const int32_t* off, int64_t n,
+                              int prefix_width) except +raise_native_error
+        void erase_entry_key_strings "erase_entry_keys"(
+            const vector[string]& keys, int prefix_width) except +raise_native_error
+        size_t prune(StateTable& table) except +raise_native_error
+        size_t lists()
+        size_t elements()
+        size_t bytes()
+    void store_list_seq(uint8_t* out, uint64_t seq)
+    uint64_t load_list_seq(const uint8_t* p)
+
+
 cdef extern from "statecore/batch_collections.h" namespace "statecore" nogil:
     void list_append_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                            const ValueSpec& element_type, ArrowInput values,
-                           const TtlBatchSpec& ttl) except +raise_native_error
+                           const TtlBatchSpec& ttl, ListIndex* index) except +raise_native_error
     void validate_list_append_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                                     const ValueSpec& element_type, ArrowInput values,
                                     const TtlBatchSpec& ttl) except +raise_native_error
@@ -403,11 +430,13 @@ cdef extern from "statecore/batch_reads.h" namespace "statecore" nogil:
         vector[uint8_t]* data
         uint8_t* valid
     void clear_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
-                     CollectionIndex* index, IncrementalCleanup* cleanup) except +raise_native_error
+                     CollectionIndex* index, ListIndex* list_index,
+                     IncrementalCleanup* cleanup) except +raise_native_error
     void list_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                         const ValueSpec& element_type, vector[int64_t]& list_offsets,
                         vector[uint8_t]& elements, vector[int64_t]& element_offsets,
-                        const TtlBatchSpec& ttl, int64_t* expired) except +raise_native_error
+                        const TtlBatchSpec& ttl, int64_t* expired,
+                        ListIndex* index) except +raise_native_error
     void map_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                        const KeySchema& user_key, ArrowInput user_keys,
                        const ValueSpec& value_type, const MapGetOutput& out,
@@ -470,6 +499,8 @@ cdef extern from "statecore/ttl.h" namespace "statecore::ttl" nogil:
         KeySchema index_key
         NamespaceType index_namespace
         int32_t index_max_parallelism
+        ListIndex* list_index
+        int list_prefix_width
         size_t expired
         size_t visited
 

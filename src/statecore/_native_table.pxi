@@ -115,15 +115,20 @@ cdef class NativeStateTable:
     cdef c.KeySchema ix_key
     cdef c.NamespaceType ix_ns
     cdef int32_t ix_mp
+    # List state (enable_list_index): the elements of every list; entry keys' key-group prefix.
+    cdef c.ListIndex* list_index
+    cdef int lx_pw
 
     def __cinit__(self, int32_t kg_start, int32_t kg_end):
         self.table = new c.StateTable(kg_start, kg_end)
         self.kg_start = kg_start
         self.kg_end = kg_end
         self.index = NULL
+        self.list_index = NULL
 
     def __dealloc__(self):
         del self.index
+        del self.list_index
         del self.table
 
     cdef int _idle(self) except -1:
@@ -211,15 +216,12 @@ cdef class NativeStateTable:
 
     def get_stored(self, int32_t kg, bytes key not None):
         """Stored form of ``key``'s value, or None when absent: the value (``(value, ts)`` with
-        TTL; a map entry's user value likewise) or a list of elements (each ``(element, ts)``
-        with TTL). InvalidInputError for malformed bytes, with the reference backend's
-        messages."""
+        TTL; a map entry's user value and a list entry's element likewise). InvalidInputError
+        for malformed bytes, with the reference backend's messages."""
         cdef c.ByteView out
         cdef c.StateMap* m = self._map(kg)
         if not m.get(<const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), &out):
             return None
-        if self.vlayout == _LAYOUT_LIST:
-            return _decode_list(out.data, out.size, self.vfmt, self.vttl)
         return _decode_value(out.data, out.size, self.vfmt, self.vttl)
 
     def put_stored(self, int32_t kg, bytes key not None, stored):
@@ -233,9 +235,7 @@ cdef class NativeStateTable:
         cdef c.StateMap* m = self._map(kg)
         cdef uint8_t* dst
         try:
-            if self.vlayout == _LAYOUT_LIST:
-                raw = _encode_list(stored, self.vfmt, self.vttl)
-            elif self.vttl:
+            if self.vttl:
                 v, ts = stored
                 n = _fixed_into(v, self.vfmt, buf) if self.vfmt.width <= 8 else -1
                 if n < 0:
@@ -322,8 +322,6 @@ cdef class NativeStateTable:
             if not m.get(<const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), &out):
                 gone.append(ukb)
                 continue
-            if self.vlayout == _LAYOUT_LIST:
-                raise StateError("map_items on a list-layout table")
             out_list.append((ukb, _decode_value(out.data, out.size, self.vfmt, self.vttl)))
         for ukb in gone:
             self.index.erase(kg, p, ps, <const uint8_t*>PyBytes_AS_STRING(ukb),
@@ -411,6 +409,183 @@ cdef class NativeStateTable:
         return {"maps": self.index.collections(), "user_keys": self.index.members(),
                 "bytes": self.index.bytes()}
 
+    # ---- list state: one entry per element (docs/formats.md "List state")
+    def enable_list_index(self, int prefix_width):
+        """Keep the index of the elements of every list (list_index.h) for the list calls
+        below, the list kernels and restores; entry keys carry a ``prefix_width``-byte (1 or 2)
+        key-group prefix. Once."""
+        if self.list_index != NULL:
+            raise StateError("the list index is enabled already")
+        if prefix_width not in (1, 2):
+            raise InvalidInputError(f"key-group prefix width must be 1 or 2, got {prefix_width}")
+        self.lx_pw = prefix_width
+        self.list_index = new c.ListIndex(self.kg_start, self.kg_end)
+
+    cdef int _need_list_index(self) except -1:
+        if self.list_index == NULL:
+            raise StateError("the list index is not enabled (enable_list_index)")
+        self._idle()
+        return 0
+
+    def list_items(self, int32_t kg, bytes prefix not None):
+        """``[(seq, stored form), ...]`` of the list ``prefix`` in list order (stored forms as
+        :meth:`get_stored`); listed elements whose entries are gone (a TTL cleanup step that
+        failed part way) are unlisted on the way."""
+        self._need_list_index()
+        cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(prefix)
+        cdef size_t ps = PyBytes_GET_SIZE(prefix)
+        cdef vector[uint64_t] seqs = self.list_index.seqs(kg, p, ps)
+        cdef c.StateMap* m = self._map(kg)
+        cdef c.ByteView out
+        cdef string key
+        cdef vector[uint32_t] hashes
+        cdef size_t i, ahead = 8
+        out_list = []
+        gone = []
+        key.assign(<const char*>p, ps)
+        key.resize(ps + 8)
+        # The elements' entries are scattered over the table: prefetch ahead (as list_get_batch).
+        hashes.resize(seqs.size())
+        for i in range(seqs.size()):
+            c.store_list_seq(<uint8_t*>key.data() + ps, seqs[i])
+            hashes[i] = m.hash(<const uint8_t*>key.data(), key.size())
+        for i in range(min(ahead, seqs.size())):
+            m.prefetch_bucket(hashes[i])
+        for i in range(seqs.size()):
+            if i + ahead < seqs.size():
+                m.prefetch_bucket(hashes[i + ahead])
+            c.store_list_seq(<uint8_t*>key.data() + ps, seqs[i])
+            if not m.get(<const uint8_t*>key.data(), key.size(), &out):
+                gone.append(seqs[i])
+                continue
+            out_list.append((seqs[i], _decode_value(out.data, out.size, self.vfmt, self.vttl)))
+        for seq in gone:
+            self.list_index.erase(kg, p, ps, seq)
+        return out_list
+
+    def list_append(self, int32_t kg, bytes prefix not None, list stored not None):
+        """Append the stored forms ``stored`` to the list ``prefix`` (each under the next
+        sequence number, listed). Every stored form is encoded before the table changes, so
+        one that does not fit the format (InvalidInputError) changes nothing."""
+        self._need_list_index()
+        cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(prefix)
+        cdef size_t ps = PyBytes_GET_SIZE(prefix)
+        cdef Py_ssize_t i, n = len(stored)
+        cdef uint64_t first
+        cdef bytes raw
+        cdef c.StateMap* m = self._map(kg)
+        cdef string key
+        cdef uint8_t* dst
+        if n == 0:
+            return
+        raws = [self._value_bytes(s) for s in stored]
+        first = self.list_index.append(kg, p, ps, n)
+        key.assign(<const char*>p, ps)
+        key.resize(ps + 8)
+        for i in range(n):
+            c.store_list_seq(<uint8_t*>key.data() + ps, first + i)
+            raw = raws[i]
+            dst = m.put(<const uint8_t*>key.data(), key.size(), PyBytes_GET_SIZE(raw))
+            if PyBytes_GET_SIZE(raw):
+                memcpy(dst, PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw))
+
+    cdef bytes _value_bytes(self, stored):
+        """The bytes of one stored value (or list element / map entry) of this table, as
+        :meth:`put_stored` writes them."""
+        cdef uint8_t buf[8]
+        cdef Py_ssize_t n
+        try:
+            v, ts = stored if self.vttl else (stored, None)
+            n = _fixed_into(v, self.vfmt, buf) if self.vfmt.width <= 8 else -1
+            raw = _var_bytes(v, self.vfmt) if n < 0 else PyBytes_FromStringAndSize(
+                <const char*>buf, n)
+            return raw + _be_bytes(ts) if self.vttl else raw
+        except (TypeError, ValueError, OverflowError) as e:
+            raise InvalidInputError(f"stored value {stored!r} does not fit the state's format: "
+                                    f"{e}") from None
+
+    def list_put(self, int32_t kg, bytes prefix not None, uint64_t seq, stored):
+        """Rewrite element ``seq`` of the list ``prefix`` in place (as :meth:`put_stored`)."""
+        self._need_list_index()
+        cdef uint8_t sb[8]
+        c.store_list_seq(sb, seq)
+        self.put_stored(kg, prefix + (<const char*>sb)[:8], stored)
+
+    def list_remove(self, int32_t kg, bytes prefix not None, uint64_t seq):
+        """Remove element ``seq`` of the list ``prefix`` (absent: no-op) and unlist it."""
+        self._need_list_index()
+        cdef uint8_t sb[8]
+        c.store_list_seq(sb, seq)
+        self.remove_key(kg, prefix + (<const char*>sb)[:8])
+        self.list_index.erase(kg, <const uint8_t*>PyBytes_AS_STRING(prefix),
+                              PyBytes_GET_SIZE(prefix), seq)
+
+    def list_size(self, int32_t kg, bytes prefix not None):
+        """Listed elements of the list ``prefix`` (exact without TTL)."""
+        self._need_list_index()
+        return self.list_index.size(kg, <const uint8_t*>PyBytes_AS_STRING(prefix),
+                                    PyBytes_GET_SIZE(prefix))
+
+    def list_clear(self, int32_t kg, bytes prefix not None):
+        """Remove every element of the list ``prefix`` and drop it from the index; O(its
+        size)."""
+        self._need_list_index()
+        cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(prefix)
+        cdef size_t ps = PyBytes_GET_SIZE(prefix)
+        cdef vector[uint64_t] seqs = self.list_index.take(kg, p, ps)
+        cdef c.StateMap* m = self._map(kg)
+        cdef string key
+        cdef size_t i
+        key.assign(<const char*>p, ps)
+        key.resize(ps + 8)
+        for i in range(seqs.size()):
+            c.store_list_seq(<uint8_t*>key.data() + ps, seqs[i])
+            m.remove(<const uint8_t*>key.data(), key.size())
+
+    def list_index_entry_keys(self, keys, bint insert):
+        """List (``insert``) or unlist the list elements ``keys`` (a pa.binary array of encoded
+        entry keys ``prefix | seq``, no nulls; ListIndex::insert_entry_keys): after a restore,
+        a change set. InvalidInputError, nothing changed, for a key too short to hold a
+        sequence number."""
+        self._need_list_index()
+        cdef _Entries e = _Entries(keys, keys)
+        cdef uint8_t empty = 0
+        cdef const uint8_t* kd = e.kd if e.kd != NULL else &empty
+        if e.n == 0:
+            return
+        if insert:
+            self.list_index.insert_entry_keys(kd, e.ko, e.n, self.lx_pw)
+        else:
+            self.list_index.erase_entry_keys(kd, e.ko, e.n, self.lx_pw)
+
+    def list_index_prune(self):
+        """Unlist the elements whose entries are gone (ListIndex::prune, after a TTL migration
+        dropped entries); returns how many."""
+        self._need_list_index()
+        return self.list_index.prune(self.table[0])
+
+    def list_index_stats(self):
+        """``{"lists", "elements", "bytes"}`` of the list index (bytes estimated)."""
+        if self.list_index == NULL:
+            return {"lists": 0, "elements": 0, "bytes": 0}
+        return {"lists": self.list_index.lists(), "elements": self.list_index.elements(),
+                "bytes": self.list_index.bytes()}
+
+    cdef bint _indexed(self) noexcept nogil:
+        return self.index != NULL or self.list_index != NULL
+
+    cdef int _unlist(self, vector[string]& removed) except -1 nogil:
+        """Unlist from the map or list index the entries a TTL cleanup step removed (their
+        keys in ``removed``, emptied)."""
+        if removed.size() == 0:
+            return 0
+        if self.index != NULL:
+            self.index.erase_entry_key_strings(removed, self.ix_key, self.ix_ns, self.ix_mp)
+        if self.list_index != NULL:
+            self.list_index.erase_entry_key_strings(removed, self.lx_pw)
+        removed.clear()
+        return 0
+
     def remove_key(self, int32_t kg, bytes key not None):
         """Remove ``key`` if present (:meth:`remove` for bytes keys, returning nothing)."""
         self._map(kg).remove(<const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key))
@@ -428,15 +603,13 @@ cdef class NativeStateTable:
         cdef c.FilterSpec spec = _ttl_filter_spec(kind, fixed_width, ttl_ms)
         cdef c.CleanupStep step
         cdef c.SortedRun scratch
-        cdef vector[string] removed  # with a map index: the removed entries' keys
+        cdef vector[string] removed  # with a map / list index: the removed entries' keys
         self._claim()
         try:
             with nogil:
                 step = c.cleanup_step(m[0], &cursor, min_entries, spec, now, &scratch,
-                                      &removed if self.index != NULL else NULL)
-                if self.index != NULL and removed.size():
-                    self.index.erase_entry_key_strings(removed, self.ix_key, self.ix_ns,
-                                                       self.ix_mp)
+                                      &removed if self._indexed() else NULL)
+                self._unlist(removed)
         except InvalidInputError as e:
             raise InvalidInputError(f"key group {kg}: {e}") from None
         finally:
@@ -503,7 +676,7 @@ cdef class NativeStateTable:
         cdef c.FilterSpec spec = _ttl_filter_spec(kind, fixed_width, ttl_ms)
         cdef c.CleanupStep step
         cdef c.SortedRun scratch
-        cdef vector[string] removed  # with a map index: the removed entries' keys
+        cdef vector[string] removed  # with a map / list index: the removed entries' keys
         cdef c.TableCursor cur
         cdef size_t visited = 0, expired = 0, i
         cdef bint wrapped = False, from_start
@@ -515,11 +688,8 @@ cdef class NativeStateTable:
                 for i in range(steps):
                     from_start = cur.key_group == self.table[0].kg_start() and cur.bucket == 0
                     step = c.cleanup_table_step(self.table[0], &cur, min_entries, spec, now,
-                                                &scratch, &removed if self.index != NULL else NULL)
-                    if self.index != NULL and removed.size():
-                        self.index.erase_entry_key_strings(removed, self.ix_key, self.ix_ns,
-                                                           self.ix_mp)
-                        removed.clear()
+                                                &scratch, &removed if self._indexed() else NULL)
+                    self._unlist(removed)
                     visited += step.visited
                     expired += step.expired
                     wrapped = wrapped or step.wrapped
@@ -654,7 +824,7 @@ cdef class NativeStateTable:
         :meth:`ttl_cleanup_table_step`, which per-record steps continue -- and the kernel's
         call ends with ``cleanup.end(key group, bucket, expired)`` (also when it raises: the
         steps of the rows before the error stay done). A map state's removed entries leave the
-        map index too."""
+        map index too, a list state's the list index."""
         kg, bucket, size, steps, kind, fixed_width, ttl_ms, now = cleanup.start()
         if size < 1 or steps < 1:
             raise InvalidInputError(f"cleanup size {size} and steps a row {steps} must be >= 1")
@@ -670,6 +840,9 @@ cdef class NativeStateTable:
             ic.index_key = self.ix_key
             ic.index_namespace = self.ix_ns
             ic.index_max_parallelism = self.ix_mp
+        if self.list_index != NULL:
+            ic.list_index = self.list_index
+            ic.list_prefix_width = self.lx_pw
         return 0
 
     # -------------------------------------------------------------------- batch kernels
@@ -804,7 +977,8 @@ cdef class NativeStateTable:
     def append_batch(self, keys, values, str key_type, str assigner, int32_t max_parallelism,
                      str element_type, ttl=None, namespace_type=None, cleanup=None):
         """ListState: appends values[i] (one element a row, the Arrow type of ``element_type``, no
-        nulls) to the list blob of keys[i], in row order (batch_collections.h). ``keys`` and
+        nulls) to the list of keys[i] as an entry of its own, in row order (batch_collections.h;
+        the list index enabled). ``keys`` and
         ``values`` as in :meth:`put_batch` (chunks of equal lengths, every chunk validated before
         the first is applied); ``ttl`` as there: every element is stamped ``now_ms``.
         InvalidInputError on bad input, the table then unchanged."""
@@ -816,6 +990,7 @@ cdef class NativeStateTable:
         cdef c.ValueSpec et = _value_spec(element_type)
         cdef size_t j, nchunks = k.count()
         k.check_aligned(v)
+        self._need_list_index()
         if cleanup is not None:
             self._cleanup_begin(&ic, cleanup)
             tspec.cleanup = &ic
@@ -826,7 +1001,8 @@ cdef class NativeStateTable:
                     c.validate_list_append_batch(self.table[0], spec, k.inputs[j], et, v.inputs[j],
                                                  tspec)
                 for j in range(nchunks):
-                    c.list_append_batch(self.table[0], spec, k.inputs[j], et, v.inputs[j], tspec)
+                    c.list_append_batch(self.table[0], spec, k.inputs[j], et, v.inputs[j], tspec,
+                                        self.list_index)
         finally:
             self._release()
             if cleanup is not None:
@@ -946,7 +1122,7 @@ cdef class NativeStateTable:
                     namespace_type=None, cleanup=None):
         """Removes the entry of every key in row order (absent keys skipped); any state kind
         and value type (the value bytes are not read); with the map index enabled, every entry
-        of the key's map. ``keys`` as in :meth:`get_batch`.
+        of the key's map, with the list index every element of the key's list. ``keys`` as in :meth:`get_batch`.
         InvalidInputError on bad input, the table then unchanged."""
         cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism, namespace_type)
         cdef c.TtlBatchSpec none_ttl
@@ -963,7 +1139,8 @@ cdef class NativeStateTable:
                 for j in range(1, nchunks):
                     c.validate_key_batch(self.table[0], spec, k.inputs[j], none_ttl)
                 for j in range(nchunks):
-                    c.clear_batch(self.table[0], spec, k.inputs[j], self.index, icp)
+                    c.clear_batch(self.table[0], spec, k.inputs[j], self.index, self.list_index,
+                                  icp)
         finally:
             self._release()
             if cleanup is not None:
@@ -988,6 +1165,7 @@ cdef class NativeStateTable:
         cdef vector[int64_t] element_offsets
         cdef vector[uint8_t] elements
         cdef size_t width = c.value_width(et), j, nchunks = k.count()
+        self._need_list_index()
         list_offsets.push_back(0)
         element_offsets.push_back(0)
         if cleanup is not None:
@@ -1001,7 +1179,8 @@ cdef class NativeStateTable:
                         c.validate_key_batch(self.table[0], spec, k.inputs[j], tspec)
                 for j in range(nchunks):
                     c.list_get_batch(self.table[0], spec, k.inputs[j], et, list_offsets,
-                                     elements, element_offsets, tspec, &chunk_expired)
+                                     elements, element_offsets, tspec, &chunk_expired,
+                                     self.list_index)
                     expired += chunk_expired
                     chunk_expired = 0
         finally:

@@ -138,7 +138,9 @@ def entries_table(root: str, version: Optional[int] = None,
     (string), ``key_group`` (int32), ``key`` (the checkpoint's key type), ``namespace``,
     ``user_key`` and ``value`` (JSON text; lists and pickled objects rendered as JSON, ``repr``
     where JSON has no form); a map state has one row per user key (its entries,
-    docs/formats.md "Map state"), every other row a null ``user_key``; timers appear as state
+    docs/formats.md "Map state"), a list state one row per element in list order with the
+    element's sequence number as ``user_key`` (docs/formats.md "List state"), every other row
+    a null ``user_key``; timers appear as state
     ``__timers__`` with the timestamp (ms) as value for an
     event-time timer, ``{"processing_time": ts}`` for a processing-time timer.
     ``limit`` caps the rows. Errors as CheckpointStore.restore."""
@@ -165,13 +167,14 @@ def entries_table(root: str, version: Optional[int] = None,
                 key, ns = k[0], k[1]
                 uk = None
                 if table.kind == "list":
-                    value = [from_stored(table.value_ser, e) for e in stored]
+                    uk = int.from_bytes(k[2], "big")  # the element's sequence number
+                    value = from_stored(table.value_ser, stored)
                 elif table.kind == "map":
                     uk = table.user_key_ser.deserialize(k[2])
                     value = from_stored(table.value_ser, stored)
                 else:
                     value = from_stored(table.value_ser, stored)
-                if add(name, kg, key, ns, value, uk, table.kind == "map"):
+                if add(name, kg, key, ns, value, uk, table.kind in ("map", "list")):
                     done = True
                     break
             if done:

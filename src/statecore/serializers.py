@@ -199,15 +199,16 @@ def key_group_prefix(key_group: int, max_parallelism: int) -> bytes:
 
 def encoded_key_width(kind: str, key_ser, ns_ser, max_parallelism: int) -> int | None:
     """The byte width every encoded key of a state of ``kind`` has when its key and namespace
-    serializers are fixed-width (prefix | ser(key) | ser(namespace): value, list, reducing and
-    aggregating state), else None (variable-length parts; map state, whose keys carry a user
-    key; timers)."""
+    serializers are fixed-width (prefix | ser(key) | ser(namespace): value, reducing and
+    aggregating state; the same and an 8-byte sequence number: list state), else None
+    (variable-length parts; map state, whose keys carry a user key; timers)."""
     if kind not in ("value", "list", "reducing", "aggregating"):
         return None
     kw, nw = key_serializer(key_ser).fixed_width, key_serializer(ns_ser).fixed_width
     if kw is None or nw is None:
         return None
-    return (1 if max_parallelism <= 128 else 2) + kw + nw
+    return ((1 if max_parallelism <= 128 else 2) + kw + nw
+            + (LIST_SEQ_BYTES if kind == "list" else 0))
 
 
 def encoded_key_problem(keys, max_parallelism: int, key_group: int | None = None,
@@ -329,6 +330,26 @@ def split_map_entry_key(data, max_parallelism: int, key_ser, ns_ser, user_key_se
     return kg, key, namespace, ukb
 
 
+#: Bytes of a list element's sequence number, the end of its entry key (docs/formats.md "List
+#: state"): unsigned big-endian, so encoded key order is list order.
+LIST_SEQ_BYTES = 8
+
+
+def split_list_entry_key(data, max_parallelism: int, key_ser, ns_ser):
+    """``(key_group, key, namespace, seq bytes)`` of the encoded key of a list element
+    (``prefix | ser(key) | ser(namespace) | seq``, seq :data:`LIST_SEQ_BYTES` bytes,
+    docs/formats.md "List state"). InvalidInputError when the key does not end in exactly one
+    sequence number."""
+    data = bytes(data)
+    pos = encoded_prefix_size(data, max_parallelism, key_ser, ns_ser)
+    if len(data) - pos != LIST_SEQ_BYTES:
+        raise InvalidInputError(
+            f"encoded list element key {data.hex()} does not end in a {LIST_SEQ_BYTES}-byte "
+            "sequence number")
+    kg, key, namespace, _ = decode_key(data[:pos], max_parallelism, key_ser, ns_ser)
+    return kg, key, namespace, data[pos:]
+
+
 def _expect(data: bytes, pos: int, expected: bytes) -> int:
     if data[pos:pos + len(expected)] != expected:
         raise InvalidInputError(f"bad length bytes in encoded key {data.hex()} at offset {pos}")
@@ -438,6 +459,39 @@ def expand_whole_map_entries(keys: list, values: list) -> tuple[list, list]:
             if pos > len(blob) or not ukb:
                 raise InvalidInputError(f"malformed whole-map value of key {bytes(kb).hex()}")
             out.append((bytes(kb) + ukb, uvb))
+    out.sort(key=lambda p: p[0])
+    return [p[0] for p in out], [p[1] for p in out]
+
+
+def expand_whole_list_entries(keys: list, values: list, fixed_width, ttl: bool
+                              ) -> tuple[list, list]:
+    """The per-element form (docs/formats.md "List state") of list-state entries written in the
+    whole-list layout of checkpoint format 3 and older (one entry per (key, namespace) whose
+    value is a list blob: its elements in order, each ``varlen(n) | n bytes`` or, for a type of
+    fixed width ``fixed_width``, that many bytes; with ``ttl`` each followed by its 8-byte
+    timestamp): element i becomes the entry ``encoded key | i`` (8 bytes big-endian) -> its
+    bytes (TTL suffix kept). ``keys`` are sorted encoded keys (bytes), ``values`` bytes or
+    None (a tombstone, refused: a whole-list tombstone names no elements). Returns ``(keys,
+    values)`` sorted by key. InvalidInputError for a tombstone or a blob that does not
+    parse."""
+    suffix = 8 if ttl else 0
+    out = []
+    for kb, vb in zip(keys, values):
+        if vb is None:
+            raise InvalidInputError(
+                "a list-state tombstone of the whole-list layout cannot be converted to entries")
+        blob, kb = bytes(vb), bytes(kb)
+        pos = i = 0
+        while pos < len(blob):
+            if fixed_width:
+                n = fixed_width
+            else:
+                n, pos = read_varlen(blob, pos)
+            end = pos + n + suffix
+            if end > len(blob):
+                raise InvalidInputError(f"malformed whole-list value of key {kb.hex()}")
+            out.append((kb + i.to_bytes(LIST_SEQ_BYTES, "big"), blob[pos:end]))
+            pos, i = end, i + 1
     out.sort(key=lambda p: p[0])
     return [p[0] for p in out], [p[1] for p in out]
 

@@ -13,10 +13,11 @@
 //
 // TTL (the Python TTL states of statecore/backends/ttl_states.py are the specification, row for
 // row; `ttl.now` is the batch's one clock reading):
-//  * list get (`_TtlList.get`): the elements expired at `now` are dropped wherever they are in
-//    the list and counted; the row shows the unexpired elements, or under `return_expired` all
-//    stored elements; the stored list is rewritten to the unexpired ones (removed when none
-//    remain), under `update_on_read` each of them restamped `now` (also when none expired);
+//  * list get (`TtlListState.get`): each element is an entry of its own (docs/formats.md "List
+//    state"); the expired ones at `now` are removed wherever they are in the list (and
+//    unlisted from the list index) and counted; the row shows the unexpired elements, or under
+//    `return_expired` all stored elements; under `update_on_read` each unexpired element is
+//    restamped `now`;
 //  * map get/contains (`TtlMapState._read_one`): only the row's user key's entry is looked at;
 //    expired: the entry is removed (and unlisted from the map index) and counted, the value is
 //    shown only under `return_expired`; fresh: shown, restamped `now` under `update_on_read`;
@@ -34,6 +35,7 @@
 
 #include "statecore/batch.h"
 #include "statecore/collection_index.h"
+#include "statecore/list_index.h"
 
 namespace statecore {
 
@@ -41,12 +43,17 @@ namespace statecore {
 // not read, so this serves every state kind and value type (pickle included). Throws BatchError
 // before any mutation on bad keys (batch.h's key checks).
 // For a map state `index` is its map index (collection_index.h): every entry it lists for the
-// row's (key, namespace) is removed, and unlisted. `cleanup` (a TTL state's incremental
-// cleanup, batch.h "TTL"): run before each row when set.
+// row's (key, namespace) is removed, and unlisted. For a list state `list_index` is its list
+// index (list_index.h): every element it lists for the row's (key, namespace) is removed, and
+// the list dropped from it. `cleanup` (a TTL state's incremental cleanup, batch.h "TTL"): run
+// before each row when set.
 void clear_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
-                 CollectionIndex* index = nullptr, ttl::IncrementalCleanup* cleanup = nullptr);
+                 CollectionIndex* index = nullptr, ListIndex* list_index = nullptr,
+                 ttl::IncrementalCleanup* cleanup = nullptr);
 
-// ListState.get_batch: the list of every key. Appends per row the end element offset to
+// ListState.get_batch: the list of every key, its elements the entries `encoded key | seq` that
+// `index` (the state's list index, required) lists, in list order; a listed element without an
+// entry is unlisted. Appends per row the end element offset to
 // `list_offsets` (an absent key is an empty list: the per-record `get()` returns []), and per
 // element: fixed-width element types -> its value to `elements` in the Arrow layout of
 // get_batch_fixed's out_values (int64/timestamp/uint64/float64 8 bytes, int32 4 bytes, bool
@@ -56,7 +63,8 @@ void clear_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
 void list_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                     const ValueSpec& element_type, std::vector<int64_t>& list_offsets,
                     std::vector<uint8_t>& elements, std::vector<int64_t>& element_offsets,
-                    const TtlBatchSpec& ttl = TtlBatchSpec(), int64_t* expired = nullptr);
+                    const TtlBatchSpec& ttl = TtlBatchSpec(), int64_t* expired = nullptr,
+                    ListIndex* index = nullptr);
 
 // Where map_get_batch writes: fixed-width value types -> `fixed` (as get_batch_fixed's
 // out_values, row i of this call at index i; zeros where absent); String/Binary -> appended to

@@ -26,6 +26,7 @@
 
 namespace statecore {
 class CollectionIndex;
+class ListIndex;
 namespace ttl {
 
 constexpr size_t kTimestampBytes = 8;
@@ -55,7 +56,9 @@ inline bool expired(int64_t ts, int64_t ttl_ms, int64_t now) {
 //  Value: value, reducing and aggregating state: user bytes | ts. Values shorter than 8 bytes are
 //         kept (frocksdb keeps values too short to hold a timestamp).
 //  List:  elements in append order; fixed width w > 0: each element is w bytes | ts (stride w+8);
-//         fixed width 0: varlen(len) | bytes | ts.
+//         fixed width 0: varlen(len) | bytes | ts. The whole-list layout of checkpoint formats
+//         before 4: a list state's entries are elements now (docs/formats.md "List state"),
+//         filtered with the Value layout.
 // A map state's entry holds one user value (docs/formats.md "Map state"): Value layout.
 enum class Layout : uint8_t { Value, List };
 
@@ -218,6 +221,9 @@ struct IncrementalCleanup {
   KeySchema index_key;
   NamespaceType index_namespace = NamespaceType::Void;
   int32_t index_max_parallelism = 0;
+  // A list state's index (list_index.h) and the key-group prefix width of its entry keys.
+  ListIndex* list_index = nullptr;
+  int list_prefix_width = 0;
   // Out, summed over the rows: expired things removed (filter_value's count), entries visited.
   size_t expired = 0;
   size_t visited = 0;

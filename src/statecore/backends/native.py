@@ -80,6 +80,13 @@ class NativeTable(states.StateTable):
     (``index_prune``). With TTL it also tolerates an entry gone without notice (a cleanup step
     that failed part way): reads of a whole map (``map_items``) check each user key and unlist
     such ones, and a put of one moves it last, the order the reference backend's index gives.
+
+    A list state's elements are ``prefix | ser(key) | ser(namespace) | seq`` -> the element's
+    bytes (docs/formats.md "List state"); the list calls take ``k`` and the sequence number.
+    The index of each list's sequence numbers (native list_index.h) is kept the same ways as
+    the map index (list calls and kernels, TTL cleanup steps, restores and change sets,
+    ``list_index_prune`` after a TTL migration); reads of a whole list unlist elements gone
+    without notice.
     """
 
     def __init__(self, meta: dict, backend: "NativeBackend"):
@@ -91,6 +98,8 @@ class NativeTable(states.StateTable):
         if self.kind == "map":
             self.native.enable_map_index(backend.key_type, self.namespace_type,
                                          backend.max_parallelism)
+        elif self.kind == "list":
+            self.native.enable_list_index(backend.key_prefix_width)
         self._use_stored_format()
 
     def _use_stored_format(self) -> None:
@@ -111,6 +120,16 @@ class NativeTable(states.StateTable):
                 self.map_size = self.native.map_size
             else:
                 self.__dict__.pop("map_size", None)
+        elif self.kind == "list":
+            self.list_items = self.native.list_items
+            self.list_append = self.native.list_append
+            self.list_put = self.native.list_put
+            self.list_remove = self.native.list_remove
+            self.list_clear = self.native.list_clear
+            if not self.ttl:
+                self.list_size = self.native.list_size
+            else:
+                self.__dict__.pop("list_size", None)
 
     # get/put/remove are bound per instance (_use_stored_format); these satisfy the interface.
     def get(self, kg: int, k):
@@ -147,16 +166,43 @@ class NativeTable(states.StateTable):
     def map_clear(self, kg: int, k: bytes) -> None:
         self.native.map_clear(kg, k)
 
+    # ---- list state (StateTable.list_items ...): the native list calls, entry key = k | seq
+    # (8 bytes big-endian); bound per instance in _use_stored_format.
+    def list_items(self, kg: int, k: bytes) -> list:
+        return self.native.list_items(kg, k)
+
+    def list_append(self, kg: int, k: bytes, stored: list) -> None:
+        self.native.list_append(kg, k, stored)
+
+    def list_put(self, kg: int, k: bytes, seq: int, stored) -> None:
+        self.native.list_put(kg, k, seq, stored)
+
+    def list_remove(self, kg: int, k: bytes, seq: int) -> None:
+        self.native.list_remove(kg, k, seq)
+
+    def list_size(self, kg: int, k: bytes) -> int:
+        # With TTL count what is there (the index may list an element gone without notice).
+        return len(self.native.list_items(kg, k)) if self.ttl else self.native.list_size(kg, k)
+
+    def list_clear(self, kg: int, k: bytes) -> None:
+        self.native.list_clear(kg, k)
+
     def index_loaded(self, keys: pa.Array) -> None:
-        """List the user keys of map entries just loaded (encoded entry keys, sorted): a new
-        user key goes last in its map, a present one keeps its place. No-op for other kinds."""
+        """List the user keys of map entries / the elements of list entries just loaded
+        (encoded entry keys, sorted): a new user key goes last in its map, a present one keeps
+        its place; an element takes its place by sequence number. No-op for other kinds."""
         if self.kind == "map" and len(keys):
             self.native.index_entry_keys(keys, True)
+        elif self.kind == "list" and len(keys):
+            self.native.list_index_entry_keys(keys, True)
 
     def index_removed(self, keys: pa.Array) -> None:
-        """Unlist the user keys of removed map entries (encoded entry keys)."""
+        """Unlist the user keys of removed map entries / elements of removed list entries
+        (encoded entry keys)."""
         if self.kind == "map" and len(keys):
             self.native.index_entry_keys(keys, False)
+        elif self.kind == "list" and len(keys):
+            self.native.list_index_entry_keys(keys, False)
 
     # TTL cleanup passes run in C++ over the stored bytes (ttl.h cleanup_step); the cursor is
     # a key group and a bucket of its map (StateMap::collect_buckets survives rehashes).
@@ -193,6 +239,8 @@ class NativeTable(states.StateTable):
         self.set_ttl_meta(ttl_meta)
         if expired and self.kind == "map":
             self.native.index_prune()
+        elif expired and self.kind == "list":
+            self.native.list_index_prune()
         return expired
 
     def ttl_cleanup_key_group(self, kg: int, ttl_ms: int, now: int) -> int:
@@ -525,7 +573,7 @@ class NativeBackend(TableBackend):
         kg, keys, vals, gone = part
         if kg is _RANGE:
             table.native.load_range(keys, vals, self.key_prefix_width)
-            if table.kind == "map" and vals.null_count:
+            if table.kind in ("map", "list") and vals.null_count:
                 dead = vals.is_null()
                 gone = keys.filter(dead)
                 keys = keys.filter(pc.invert(dead))
@@ -604,7 +652,16 @@ class NativeBackend(TableBackend):
         """For a map state: every key parses as a map entry's (docs/formats.md "Map state"),
         as the index needs them, its user key exactly one serialized user key, as the Python
         restore decodes it (InvalidInputError naming the state, and the key group and reason
-        for a user key, otherwise)."""
+        for a user key, otherwise); for a list state: every key is longer than the key-group
+        prefix and a sequence number ("List state"; InvalidInputError naming the state
+        otherwise)."""
+        if table.kind == "list":
+            if len(keys) and pc.min(pc.binary_length(keys)).as_py() <= (
+                    self.key_prefix_width + S.LIST_SEQ_BYTES):
+                raise InvalidInputError(
+                    f"state {table.name!r}: a list element key holds no (key, namespace) part "
+                    f"before its {S.LIST_SEQ_BYTES}-byte sequence number")
+            return
         if table.kind != "map":
             return
         try:
@@ -637,6 +694,8 @@ class NativeBackend(TableBackend):
             else:
                 if table.kind == "map":  # the (key, namespace) part of each map entry's key
                     encoded = [kb[:S.encoded_prefix_size(kb, mp, ks, ns_ser)] for kb in encoded]
+                elif table.kind == "list":  # each list element's key ends in its seq
+                    encoded = [kb[:-S.LIST_SEQ_BYTES] for kb in encoded]
                 rows = [(ks.serialize(key), key, ns) for _, key, ns, _ in
                         (S.decode_key(kb, mp, ks, ns_ser) for kb in encoded)]
             yield kg, rows
@@ -654,6 +713,13 @@ class NativeBackend(TableBackend):
         slots), beside the table's own key and value bytes (:meth:`state_bytes`)."""
         return {name: t.native.index_stats() for name, t in self._tables.items()
                 if t.kind == "map"}
+
+    def list_index_stats(self) -> dict:
+        """``{state name: {"lists", "elements", "bytes"}}`` of every list state's index of
+        elements (list_index.h; ``bytes`` estimated from its hash nodes, buckets and sequence
+        vectors), beside the table's own key and value bytes (:meth:`state_bytes`)."""
+        return {name: t.native.list_index_stats() for name, t in self._tables.items()
+                if t.kind == "list"}
 
     def removal_log_sizes(self) -> dict:
         """``{state name: records in its maps' removal logs}`` (bounded by the removals since the

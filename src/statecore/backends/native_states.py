@@ -11,24 +11,23 @@ for one record encode nothing. Per batch, the calls below run as native kernels;
 batch call takes the per-row path of the shared classes and behaves identically.
 
 What runs as a kernel: ``get_batch``/``put_batch`` (and ``contains_batch``) on value state and
-``get_batch``/``add_batch`` on reducing state with built-in reducers
-(:class:`NativeValueState`, :class:`NativeReducingState`), for every namespace type (void;
-int32, int64, string, binary namespaces, one per row or one for the whole batch, go to the
-kernels as {key, namespace} struct chunks, ``_keyed_chunks``) and every value type but pickle
-(int64, uint64, float64, int32, bool, timestamp[unit], fixed_size_binary[N], string, binary;
-large_string/large_binary input accepted; ``sum`` on int64/uint64/float64/int32, ``min``/``max``
-on every fixed-width type but bool (fixed_size_binary by bytes), ``first``/``last`` on any
-fixed-width type, ``count`` of values of any flat type), and every key type, multi-column keys
-included (the kernels hash and encode the key arrays themselves,
-native/include/statecore/key_columns.h). The kernels read the Arrow buffers through the C Data
-Interface (no Python object per row) with the GIL released. ListState ``append_batch`` and
-MapState ``put_batch`` (:class:`NativeListState`, :class:`NativeMapState`; any namespace, typed
-elements / typed user keys and values, TTL or not) run the collection kernels
-(native/include/statecore/batch_collections.h): each row's element is spliced into the key's
-stored list, each map row writes its own entry (docs/formats.md "Map state") and lists its user
-key in the table's map index. ListState ``get_batch``, MapState
-``get_batch``/``contains_batch``/``remove_batch`` (same scope; removals also with pickle values)
-and ``clear_batch`` of every state kind and value type run the read / removal kernels
+``get_batch``/``add_batch`` on reducing state with built-in reducers (:class:`NativeValueState`,
+:class:`NativeReducingState`), for every namespace type (void; int32, int64, string, binary
+namespaces, one per row or one for the whole batch, go to the kernels as {key, namespace} struct
+chunks, ``_keyed_chunks``) and every value type but pickle (int64, uint64, float64, int32, bool,
+timestamp[unit], fixed_size_binary[N], string, binary; large_string/large_binary input accepted;
+``sum`` on int64/uint64/float64/int32, ``min``/``max`` on every fixed-width type but bool
+(fixed_size_binary by bytes), ``first``/``last`` on any fixed-width type, ``count`` of values of
+any flat type), and every key type, multi-column keys included (the kernels hash and encode the key
+arrays themselves, native/include/statecore/key_columns.h). The kernels read the Arrow buffers
+through the C Data Interface (no Python object per row) with the GIL released. ListState
+``append_batch`` and MapState ``put_batch`` (:class:`NativeListState`, :class:`NativeMapState`; any
+namespace, typed elements / typed user keys and values, TTL or not) run the collection kernels
+(native/include/statecore/batch_collections.h): each row's element is written as an entry of its
+own and listed in the table's list index (docs/formats.md "List state"), each map row writes its
+own entry ("Map state") and lists its user key in the table's map index. ListState ``get_batch``,
+MapState ``get_batch``/``contains_batch``/``remove_batch`` (same scope; removals also with pickle
+values) and ``clear_batch`` of every state kind and value type run the read / removal kernels
 (native/include/statecore/batch_reads.h), their Arrow results built from the kernels' buffers.
 
 What falls back to the per-row path: pickle values or user keys, custom reducers, aggregating
@@ -400,6 +399,11 @@ def _list_values(state, values, length: int):
 
 
 class NativeListState(_KernelClear, states.TableListState, NativeState):
+    """List state over the native table: one entry per element (NativeTable's list calls,
+    docs/formats.md "List state"); the batch calls as kernels that write or read one entry per
+    element and keep the table's list index; ``clear_batch`` removes every element the index
+    lists for a row's (key, namespace)."""
+
     def _kernel_ttl(self, rows: int):
         return None, _kernel_cleanup(self, rows)  # TTL lists override it (_TtlKernel)
 

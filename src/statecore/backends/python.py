@@ -1,16 +1,17 @@
 """PythonBackend: the pure-Python reference backend and test oracle.
 
-State lives in plain dicts (:class:`PythonTable`): per state, per key group, ``{(key,
-namespace): stored}``, ``stored`` the stored form of :mod:`statecore.backends.states` (the
-canonical Python value for typed values, the pickled bytes for ``pickle`` values, so a caller
-mutating an object after ``update`` cannot change state, as with the native backend which
-serializes on write; a list of those for list state). A map state keeps one entry per user key,
-``{(key, namespace, serialized user key): stored user value}``, and an index of the user keys of
-each (key, namespace) in insertion order (:class:`PythonTable`). The state objects are the
-shared classes of :mod:`statecore.backends.states` and :mod:`statecore.backends.ttl_states`;
-registration and restore checks are :class:`~statecore.backends.table_backend.TableBackend`'s.
-Snapshots serialize everything at snapshot time (O(entries), deliberately simple), so later
-writes never leak into them. Semantics: see :mod:`statecore.backends.base`.
+State lives in plain dicts (:class:`PythonTable`): per state, per key group, ``{(key, namespace):
+stored}``, ``stored`` the stored form of :mod:`statecore.backends.states` (the canonical Python
+value for typed values, the pickled bytes for ``pickle`` values, so a caller mutating an object
+after ``update`` cannot change state, as with the native backend which serializes on write). A map
+state keeps one entry per user key, ``{(key, namespace, serialized user key): stored user value}``,
+and an index of the user keys of each (key, namespace) in insertion order; a list state one entry
+per element, ``{(key, namespace, sequence number bytes): stored element}``, and an index of each
+list's sequence numbers (:class:`PythonTable`). The state objects are the shared classes of
+:mod:`statecore.backends.states` and :mod:`statecore.backends.ttl_states`; registration and restore
+checks are :class:`~statecore.backends.table_backend.TableBackend`'s. Snapshots serialize
+everything at snapshot time (O(entries), deliberately simple), so later writes never leak into
+them. Semantics: see :mod:`statecore.backends.base`.
 
 Change tracking (incremental snapshots): every table records ``changes[(kg, (key, namespace))] =
 stamp`` on each put and on each removal of a present entry, where ``stamp`` is the id of the last
@@ -28,6 +29,7 @@ import pyarrow as pa
 
 from statecore import serializers as S
 from statecore.backends import base
+from statecore.backends.list_index import ListIndex, seq_bytes
 from statecore.backends.states import STATE_CLASSES, StateTable
 from statecore.backends.table_backend import TableBackend
 from statecore.backends.ttl_states import TTL_STATE_CLASSES
@@ -35,7 +37,6 @@ from statecore.errors import InvalidInputError, StateError
 from statecore.key_groups import KeyGroupRange
 from statecore.timers import TIMERS_STATE_NAME
 from statecore.ttl import filter_entries, is_expired
-from statecore.varint import read_varlen, write_varlen
 
 __all__ = ["PythonBackend", "PythonSnapshot", "PythonTable", "ChangeClock"]
 
@@ -64,31 +65,19 @@ def _split_ttl(ser: S.ValueSerializer, b: bytes):
 
 
 def _filter_stored(kind: str, stored, ttl_ms: int, now: int):
-    """statecore.ttl.filter_expired_counted on the stored form of a TTL value: ``(stored,
-    0)`` unchanged, ``(trimmed, n)`` or ``(None, n)``."""
-    if kind == "list":
-        for i, (_, ts) in enumerate(stored):
-            if not is_expired(ts, ttl_ms, now):
-                return (stored, 0) if i == 0 else (stored[i:], i)
-        return None, len(stored)
+    """statecore.ttl.filter_expired_counted on the stored form of a TTL value (a value, list
+    element or map entry: ``(stored, ts)``): ``(stored, 0)`` unchanged or ``(None, 1)``."""
     return (None, 1) if is_expired(stored[1], ttl_ms, now) else (stored, 0)
 
 
 def _migrate_stored(kind: str, stored, add: bool, ts: int, ttl_ms: int, now: int):
-    """The stored form of one value converted by a TTL migration (ttl.h ``migrate_value`` on
-    the stored form): ``add`` wraps every value, list element and map entry as ``(stored,
-    ts)``; otherwise those expired under ``ttl_ms`` at ``now`` are dropped and the rest
-    unwrapped. Returns ``(new, expired)``, ``new`` None when nothing remains (never when
-    adding)."""
+    """The stored form of one value (a value, list element or map entry) converted by a TTL
+    migration (ttl.h ``migrate_value`` on the stored form): ``add`` wraps it as ``(stored,
+    ts)``; otherwise it is dropped when expired under ``ttl_ms`` at ``now``, else unwrapped.
+    Returns ``(new, expired)``, ``new`` None when dropped (never when adding)."""
     if add:
-        if kind == "list":
-            return [(s, ts) for s in stored], 0
         return (stored, ts), 0
-    if kind == "list":
-        kept = [s for s, t in stored if not is_expired(t, ttl_ms, now)]
-        return (kept or None), len(stored) - len(kept)
     return (None, 1) if is_expired(stored[1], ttl_ms, now) else (stored[0], 0)
-
 
 
 class ChangeClock:
@@ -106,8 +95,12 @@ class PythonTable(StateTable):
     are ``(key group, (key, namespace))``); a map state's entries are ``data[key_group][(key,
     namespace, user key bytes)] = stored user value``, one per user key, with ``maps[(key_group,
     (key, namespace))]`` = ``{user key bytes: None}`` the index of each map's user keys in
-    insertion order (kept by :meth:`put` and :meth:`remove`, so every path that writes entries
-    -- TTL passes and restores included -- keeps it exact). With a ``clock``,
+    insertion order; a list state's entries are ``data[key_group][(key, namespace, seq
+    bytes)] = stored element``, one per element (seq bytes: the element's sequence number, 8
+    bytes big-endian), with ``lists[(key_group, (key, namespace))]`` its
+    :class:`~statecore.backends.list_index.ListIndex`.
+    Both indexes are kept by :meth:`put` and :meth:`remove`, so every path that writes entries
+    -- TTL passes and restores included -- keeps them exact. With a ``clock``,
     ``changes[(key_group, entry key)]`` = stamp of the last write or removal (see module
     docstring). Also the reference codec of stored forms (:meth:`encode_value` /
     :meth:`decode_value`), which the native engine's conversions match byte for byte."""
@@ -119,8 +112,10 @@ class PythonTable(StateTable):
         self.changes: dict[tuple, int] = {}
         self._ttl_cursor = None  # [key group, its keys as listed on entry, position]
         self.maps: dict[tuple, dict] = {}
-        # A map entry's stored form is a value state's (one user value, with TTL its stamp).
-        self.entry_kind = "value" if self.kind == "map" else self.kind
+        self.lists: dict[tuple, ListIndex] = {}
+        # A map entry's / list element's stored form is a value state's (one user value or
+        # element, with TTL its stamp).
+        self.entry_kind = "value" if self.kind in ("map", "list") else self.kind
 
     def group(self, kg: int) -> dict:
         g = self.data.get(kg)
@@ -134,11 +129,17 @@ class PythonTable(StateTable):
 
     def put(self, kg, k, stored):
         g = self.group(kg)
-        if self.kind == "map" and k not in g:
-            idx = self.maps.get((kg, k[:2]))
-            if idx is None:
-                idx = self.maps[(kg, k[:2])] = {}
-            idx[k[2]] = None
+        if k not in g:
+            if self.kind == "map":
+                idx = self.maps.get((kg, k[:2]))
+                if idx is None:
+                    idx = self.maps[(kg, k[:2])] = {}
+                idx[k[2]] = None
+            elif self.kind == "list":
+                li = self.lists.get((kg, k[:2]))
+                if li is None:
+                    li = self.lists[(kg, k[:2])] = ListIndex()
+                li.insert(k[2])
         g[k] = stored
         if self.clock is not None:
             self.changes[(kg, k)] = self.clock.now
@@ -154,6 +155,11 @@ class PythonTable(StateTable):
                 del idx[k[2]]
                 if not idx:
                     del self.maps[(kg, k[:2])]
+            elif self.kind == "list":
+                li = self.lists[(kg, k[:2])]
+                del li.seqs[k[2]]
+                if not li.seqs:
+                    del self.lists[(kg, k[:2])]
             if self.clock is not None:
                 self.changes[(kg, k)] = self.clock.now
 
@@ -184,6 +190,36 @@ class PythonTable(StateTable):
         if idx:
             for ukb in list(idx):
                 self.remove(kg, (*k, ukb))
+
+    # ---- list state (StateTable.list_items ...): entry keys (key, namespace, seq bytes)
+    def list_items(self, kg, k) -> list:
+        li = self.lists.get((kg, k))
+        if li is None:
+            return []
+        g = self.data[kg]
+        return [(int.from_bytes(sb, "big"), g[(*k, sb)]) for sb in li.seqs]
+
+    def list_append(self, kg, k, stored: list) -> None:
+        li = self.lists.get((kg, k))
+        seq = 0 if li is None else li.next_seq()
+        for i, s in enumerate(stored):
+            self.put(kg, (*k, seq_bytes(seq + i)), s)
+
+    def list_put(self, kg, k, seq: int, stored) -> None:
+        self.put(kg, (*k, seq_bytes(seq)), stored)
+
+    def list_remove(self, kg, k, seq: int) -> None:
+        self.remove(kg, (*k, seq_bytes(seq)))
+
+    def list_size(self, kg, k) -> int:
+        li = self.lists.get((kg, k))
+        return 0 if li is None else len(li.seqs)
+
+    def list_clear(self, kg, k) -> None:
+        li = self.lists.get((kg, k))
+        if li is not None:
+            for sb in list(li.seqs):
+                self.remove(kg, (*k, sb))
 
     def drop_changes_before(self, stamp: int) -> None:
         """Forget the changes recorded before snapshot ``stamp`` (it became the base)."""
@@ -241,12 +277,8 @@ class PythonTable(StateTable):
         n = 0
         for kg, group in list(self.data.items()):
             for k, stored in list(group.items()):
-                if self.kind == "list":
-                    hits = sum(ts == ts_from for _, ts in stored)
-                    new = [(s, ts_to if ts == ts_from else ts) for s, ts in stored]
-                else:
-                    hits = int(stored[1] == ts_from)
-                    new = (stored[0], ts_to)
+                hits = int(stored[1] == ts_from)
+                new = (stored[0], ts_to)
                 if hits:
                     self.put(kg, k, new)
                     n += hits
@@ -294,17 +326,6 @@ class PythonTable(StateTable):
         """Bytes of a stored value of this table's state (docs/formats.md "Values"; with TTL
         also "TTL suffix")."""
         ser, ttl = self.value_ser, self.ttl
-        if self.kind == "list":
-            out = []
-            for e in stored:
-                s, ts = e if ttl else (e, None)
-                b = _stored_bytes(ser, s)
-                if not ser.fixed_width:
-                    out.append(write_varlen(len(b)))
-                out.append(b)
-                if ttl:
-                    out.append(_ts_bytes(ts))
-            return b"".join(out)
         if ttl:
             s, ts = stored
             return _stored_bytes(ser, s) + _ts_bytes(ts)
@@ -314,23 +335,6 @@ class PythonTable(StateTable):
         """Inverse of :meth:`encode_value`; InvalidInputError for malformed bytes."""
         ser, ttl = self.value_ser, self.ttl
         b = bytes(b)
-        if self.kind == "list":
-            w = ser.fixed_width
-            if not ttl and ser.name != "pickle":
-                return S.decode_list(b, ser)
-            out, pos = [], 0
-            while pos < len(b):
-                if w:
-                    n = w
-                else:
-                    n, pos = read_varlen(b, pos)
-                end = pos + n + (8 if ttl else 0)
-                if end > len(b):
-                    raise InvalidInputError("truncated list element")
-                s = _stored_from_bytes(ser, b[pos:pos + n])
-                out.append((s, _ts_from(b, pos + n)) if ttl else s)
-                pos = end
-            return out
         if ttl:
             return _split_ttl(ser, b)
         return _stored_from_bytes(ser, b)
@@ -395,7 +399,8 @@ class PythonBackend(TableBackend):
     # ------------------------------------------------------------------ snapshot / restore
     def _encode_entry_key(self, table: PythonTable, kg: int, k) -> bytes:
         kb = S.encode_key(kg, self.max_parallelism, k[0], self.key_serializer, k[1], table.ns_ser)
-        # A map entry: the user key's bytes follow (docs/formats.md "Map state").
+        # A map entry: the user key's bytes follow (docs/formats.md "Map state"); a list
+        # element: its sequence number's (docs/formats.md "List state").
         return kb + k[2] if len(k) == 3 else kb
 
     def snapshot(self, incremental: bool = False) -> PythonSnapshot:
@@ -516,6 +521,9 @@ class PythonBackend(TableBackend):
                     raise InvalidInputError(f"state {table.name!r}, key group {kg}: map entry "
                                             f"key {kb.hex()}: {exc}") from None
                 k = (key, ns, ukb)
+            elif table.kind == "list":
+                kg2, key, ns, seqb = S.split_list_entry_key(kb, mp, ks, ns_ser)
+                k = (key, ns, seqb)
             else:
                 kg2, key, ns, _ = S.decode_key(kb, mp, ks, ns_ser)
                 k = (key, ns)
@@ -538,7 +546,8 @@ class PythonBackend(TableBackend):
         for kg in kgs:
             group = data.get(kg)
             if group:
-                # A map state's entries: one per user key, so (key, namespace) pairs repeat.
+                # Map and list states: one entry per user key / element, so (key, namespace)
+                # pairs repeat.
                 pairs = dict.fromkeys(k[:2] for k in group)
                 yield kg, [(ser(key), key, ns) for key, ns in pairs]
 

@@ -1,23 +1,24 @@
 """Per-record state classes shared by both backends, and the table interface they run over.
 
 A keyed backend (:class:`statecore.backends.table_backend.TableBackend`) keeps one
-:class:`StateTable` per registered state and hands it to the state objects of this module. A
-state object addresses one entry of its table by a *slot* ``(key group, k)``: ``k`` is whatever
-the backend's tables take as the key of an entry (the pure-Python tables: ``(key, namespace)``;
-the native tables: the encoded key bytes), and the state object gets it from the backend
-(:meth:`TableState._slot` for the current key and namespace, through the backend's
-``check_open()`` and ``require_current_key()``; ``backend.batch_slots(state, keys, namespaces)``
-for the rows of a batch: the seam is described in
-:class:`statecore.backends.table_backend.TableBackend` and :class:`TableState`). Tables take and
-return *stored forms* (:func:`to_stored`): the canonical Python value of a typed value, the
-pickled bytes of a ``pickle`` value; a list state's stored form is a list of those. A map state
-stores each user key as an entry of its own (Flink ``RocksDBMapState``'s layout): the table's
-map calls (:meth:`StateTable.map_get` ...) address an entry by the slot of its (key, namespace)
-and the serialized user key (user-key equality is byte equality), its stored form is the stored
-user value; with TTL every value, list element and map entry is a ``(stored, timestamp ms)``
-pair (:mod:`statecore.backends.ttl_states`). So the per-record semantics of both backends are
-this one code; what differs is where the entries live (Python dicts or the C++ state map) and
-the batch calls the native backend runs as kernels (:mod:`statecore.backends.native`).
+:class:`StateTable` per registered state and hands it to the state objects of this module. A state
+object addresses one entry of its table by a *slot* ``(key group, k)``: ``k`` is whatever the
+backend's tables take as the key of an entry (the pure-Python tables: ``(key, namespace)``; the
+native tables: the encoded key bytes), and the state object gets it from the backend
+(:meth:`TableState._slot` for the current key and namespace, through the backend's ``check_open()``
+and ``require_current_key()``; ``backend.batch_slots(state, keys, namespaces)`` for the rows of a
+batch: the seam is described in :class:`statecore.backends.table_backend.TableBackend` and
+:class:`TableState`). Tables take and return *stored forms* (:func:`to_stored`): the canonical
+Python value of a typed value, the pickled bytes of a ``pickle`` value. A map state stores each
+user key as an entry of its own (Flink ``RocksDBMapState``'s layout): the table's map calls
+(:meth:`StateTable.map_get` ...) address an entry by the slot of its (key, namespace) and the
+serialized user key (user-key equality is byte equality), its stored form is the stored user value;
+a list state stores each element as an entry of its own, addressed by the slot and the element's
+sequence number (:meth:`StateTable.list_items` ...); with TTL every value, list element and map
+entry is a ``(stored, timestamp ms)`` pair (:mod:`statecore.backends.ttl_states`). So the
+per-record semantics of both backends are this one code; what differs is where the entries live
+(Python dicts or the C++ state map) and the batch calls the native backend runs as kernels
+(:mod:`statecore.backends.native`).
 
 The batch calls here are the generic path: each row applied as the per-record method would
 apply it (:meth:`TableState._apply_rows`), every input validated before anything changes.
@@ -141,6 +142,37 @@ class StateTable(abc.ABC):
     @abc.abstractmethod
     def map_clear(self, kg: int, k) -> None:
         """Remove every entry of map ``(kg, k)``, O(its size)."""
+
+    # ---- list state: one entry per element (docs/formats.md "List state"). ``k`` is the slot
+    # of the list's (key, namespace), ``seq`` an element's sequence number (int, 0 <= seq <
+    # 2**64; its 8 big-endian bytes end the entry key, so key order is list order). Each table
+    # keeps an index of every list's sequence numbers (in order, with the next one to use; not
+    # part of snapshots: rebuilt from the entries on restore).
+    @abc.abstractmethod
+    def list_items(self, kg: int, k) -> list:
+        """``[(seq, stored), ...]`` of list ``(kg, k)`` in list order, O(its size)."""
+
+    @abc.abstractmethod
+    def list_append(self, kg: int, k, stored: list) -> None:
+        """Append the stored forms ``stored`` to list ``(kg, k)``, each under the next sequence
+        number (one past the last one the list used; 0 for an empty list), O(len(stored))."""
+
+    @abc.abstractmethod
+    def list_put(self, kg: int, k, seq: int, stored) -> None:
+        """Rewrite element ``seq`` (present) of list ``(kg, k)`` in place (a TTL renewal)."""
+
+    @abc.abstractmethod
+    def list_remove(self, kg: int, k, seq: int) -> None:
+        """Remove element ``seq`` of list ``(kg, k)`` (no-op when absent)."""
+
+    @abc.abstractmethod
+    def list_size(self, kg: int, k) -> int:
+        """The number of elements of list ``(kg, k)`` (expired ones included)."""
+
+    @abc.abstractmethod
+    def list_clear(self, kg: int, k) -> None:
+        """Remove every element of list ``(kg, k)``, O(its size); the list's next sequence
+        number starts at 0 again."""
 
     def set_ttl_meta(self, ttl_meta) -> None:
         """Switch the table's TTL setting (after a TTL migration): ``ttl_meta`` is the new TTL
@@ -407,12 +439,14 @@ class TableMergingState:
 
 
 class TableListState(TableMergingState, TableState, base.ListState):
-    """ListState over a table: a Python list of stored elements per slot (absent when empty);
-    every write replaces the slot's list, so a snapshot never sees a half-done change."""
+    """ListState over a table: one entry per element (:meth:`StateTable.list_items` ...), so
+    ``add``/``add_all`` cost O(elements added) whatever the list's size and an incremental
+    snapshot after an append holds the appended entries only (Flink ``RocksDBListState``
+    appends through RocksDB's merge operator; without one, each element is an entry)."""
 
     def get(self) -> list:
         kg, k = self._slot()
-        return [from_stored(self.serializer, e) for e in self.table.get(kg, k) or ()]
+        return [from_stored(self.serializer, e) for _, e in self.table.list_items(kg, k)]
 
     def _elements(self, values) -> list:
         if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
@@ -429,22 +463,28 @@ class TableListState(TableMergingState, TableState, base.ListState):
         kg, k = self._slot()
         if value is None:
             raise InvalidInputError("cannot add None to a list state")
-        e = to_stored(self.serializer, value)
-        self.table.put(kg, k, (self.table.get(kg, k) or []) + [e])
+        self.table.list_append(kg, k, [to_stored(self.serializer, value)])
 
     def add_all(self, values) -> None:
         kg, k = self._slot()
         es = self._elements(values)
         if es:
-            self.table.put(kg, k, (self.table.get(kg, k) or []) + es)
+            self.table.list_append(kg, k, es)
 
     def update(self, values) -> None:
         kg, k = self._slot()
-        es = self._elements(values)
+        es = self._elements(values)  # all checked before the list changes
+        self.table.list_clear(kg, k)
         if es:
-            self.table.put(kg, k, es)
-        else:
-            self.table.remove(kg, k)
+            self.table.list_append(kg, k, es)
+
+    def clear(self) -> None:
+        kg, k = self._slot()
+        self.table.list_clear(kg, k)
+
+    def clear_batch(self, keys, namespaces=None) -> None:
+        for kg, k in self.backend.batch_slots(self, keys, namespaces):
+            self.table.list_clear(kg, k)
 
     def append_batch(self, keys, values, namespaces=None) -> None:
         t = self.batch_arrow_type("append_batch")
@@ -478,8 +518,32 @@ class TableListState(TableMergingState, TableState, base.ListState):
         t = self.batch_arrow_type("get_batch")
         return pa.array(self._apply_rows(keys, namespaces, self.get), pa.list_(t))
 
-    def _merge_combine(self, a, b):
-        return a + b
+    # merge_namespaces: the sources' elements are appended to the target's (O(sources) without
+    # TTL: the target's elements are not read); the hooks work on lists of stored elements.
+    def merge_namespaces(self, target, sources) -> None:
+        tslot, slots = self._merge_slots(target, sources)
+        merged, found, expired = [], [], 0
+        for slot in slots:
+            es, n = self._merge_read(slot)
+            expired += n
+            if es or n:
+                found.append(slot)
+            merged += es
+        if merged:
+            expired += self._merge_append(tslot, merged)
+        for kg, k in found:
+            self.table.list_clear(kg, k)
+        if expired:
+            self.backend.count_expired("read", expired)
+
+    def _merge_read(self, slot):
+        """``(stored elements, expired elements found)`` of a source list."""
+        return [e for _, e in self.table.list_items(*slot)], 0
+
+    def _merge_append(self, slot, merged: list) -> int:
+        """Append the merged sources' elements to the target; returns expired elements found."""
+        self.table.list_append(*slot, merged)
+        return 0
 
 
 class TableMapState(TableState, base.MapState):

@@ -16,7 +16,8 @@ last-access time in milliseconds (``backend.ttl_now(config)``). The rules (Flink
 * reducing/aggregating ``add`` on an expired aggregate starts from nothing (Flink
   ``TtlReduceFunction``/``TtlAggregateFunction``: expired = absent, whatever the visibility);
 * list ``add`` appends without looking at older elements; ``get`` returns the unexpired ones (all
-  under ``ReturnExpiredIfNotCleanedUp``) and writes back only the unexpired ones;
+  under ``ReturnExpiredIfNotCleanedUp``) and removes the expired ones (each element is an entry
+  of its own, wherever it is in the list);
 * ``merge_namespaces`` (reducing, aggregating, list) is a write: expired source values (list
   elements) count as absent and are removed with the sources, an expired target as absent;
   the merged target is stamped with ``now`` (a list: every element); one state access;
@@ -311,64 +312,71 @@ class TtlAggregatingState(_TtlMerging, TableAggregatingState):
 
 
 class TtlListState(_TtlMerging, TableListState):
-    """ListState with TTL (Flink ``TtlListState``): one timestamp per element."""
+    """ListState with TTL (Flink ``TtlListState``): one timestamp per element, each element an
+    entry of its own, so an element expires, is cleaned up and renewed as a value state's
+    value."""
 
     def _merge_read(self, slot):
-        cur = self.table.get(*slot)
-        if not cur:
-            return None, 0
+        cur = self.table.list_items(*slot)
         now = self._now()
-        live = [s for s, ts in cur if not self._expired(ts, now)]
-        return live or None, len(cur) - len(live)
+        live = [s for _, (s, ts) in cur if not self._expired(ts, now)]
+        return live, len(cur) - len(live)
 
-    def _merge_write(self, slot, merged) -> None:
+    def _merge_append(self, slot, merged: list) -> int:
+        # The merged target is stamped with now: its live elements renewed, expired ones gone.
         now = self._now()
-        self.table.put(*slot, [(s, now) for s in merged])
+        expired = 0
+        for seq, (s, ts) in self.table.list_items(*slot):
+            if self._expired(ts, now):
+                self.table.list_remove(*slot, seq)
+                expired += 1
+            elif ts != now:
+                self.table.list_put(*slot, seq, (s, now))
+        self.table.list_append(*slot, [(s, now) for s in merged])
+        return expired
 
     def get(self) -> list:
         kg, k = self._slot()
-        cur = self.table.get(kg, k)
+        cur = self.table.list_items(kg, k)
         if not cur:
             return []
         now = self._now()
-        live = [(s, ts) for s, ts in cur if not self._expired(ts, now)]
-        expired = len(cur) - len(live)
-        shown = cur if self.ttl_config.return_expired else live
-        if self.ttl_config.update_on_read:
-            live = [(s, now) for s, _ in live]
+        shown, expired = [], 0
+        renew = self.ttl_config.update_on_read
+        for seq, (s, ts) in cur:
+            if self._expired(ts, now):
+                self.table.list_remove(kg, k, seq)
+                expired += 1
+                if not self.ttl_config.return_expired:
+                    continue
+            elif renew:
+                self.table.list_put(kg, k, seq, (s, now))
+            shown.append(s)
         if expired:
             self.backend.count_expired("read", expired)
-            if live:
-                self.table.put(kg, k, live)
-            else:
-                self.table.remove(kg, k)
-        elif self.ttl_config.update_on_read:
-            self.table.put(kg, k, live)
-        return [from_stored(self.serializer, s) for s, _ in shown]
+        return [from_stored(self.serializer, s) for s in shown]
 
     def add(self, value) -> None:
         if value is None:
             # Same error as without TTL.
             return super().add(value)
         kg, k = self._slot()
-        e = (to_stored(self.serializer, value), self._now())
-        self.table.put(kg, k, (self.table.get(kg, k) or []) + [e])
+        self.table.list_append(kg, k, [(to_stored(self.serializer, value), self._now())])
 
     def add_all(self, values) -> None:
         kg, k = self._slot()
         es = self._elements(values)
         if es:
             now = self._now()
-            self.table.put(kg, k, (self.table.get(kg, k) or []) + [(e, now) for e in es])
+            self.table.list_append(kg, k, [(e, now) for e in es])
 
     def update(self, values) -> None:
         kg, k = self._slot()
         es = self._elements(values)
+        self.table.list_clear(kg, k)
         if es:
             now = self._now()
-            self.table.put(kg, k, [(e, now) for e in es])
-        else:
-            self.table.remove(kg, k)
+            self.table.list_append(kg, k, [(e, now) for e in es])
 
 
 class TtlMapState(TtlState, TableMapState):

@@ -41,14 +41,13 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from statecore import serializers as S
 from statecore.checkpoint.format import KIND_FULL, make_key_group_range, write_data_file
 from statecore.checkpoint.layout import CheckpointRoot, check_version, compacted_data_path
 from statecore.checkpoint.manifests import MANIFEST_FORMAT_VERSION, ManifestLog
 from statecore.checkpoint.readers import CheckpointReader
 from statecore.checkpoint.runs import chain_run_ids, plan_chains, sort_runs
 from statecore.errors import CheckpointNotFoundError, CorruptCheckpointError, InvalidInputError
-from statecore.ttl import CompactionTimeProvider, StateTtlConfig, compaction_filter
+from statecore.ttl import CompactionTimeProvider, StateTtlConfig, compaction_filter, entry_layout
 
 __all__ = ["Compactor", "RangeView", "ttl_filters", "check_max_runs"]
 
@@ -80,8 +79,8 @@ def ttl_filters(manifest: dict, ttl_clock) -> dict:
             clock = lambda wm=wm: wm  # noqa: E731 - the watermark does not move here
         else:
             clock = ttl_clock
-        width = S.value_serializer(m["value_type"]).fixed_width if m["kind"] == "list" else None
-        out[m["name"]] = (m["kind"], width, cfg.ttl_ms,
+        # A list element and a map entry are filtered as values (one entry each).
+        out[m["name"]] = (entry_layout(m["kind"]), None, cfg.ttl_ms,
                           CompactionTimeProvider(clock, cfg.query_time_after_num_entries))
     return out
 

@@ -1,5 +1,6 @@
-"""statecore checkpoint data files (``.sckp``, format version 3; version 1 and 2 files are
-still read, their map states converted to the per-entry layout: :class:`DataFileReader`): the
+"""statecore checkpoint data files (``.sckp``, format version 4; version 1 to 3 files are
+still read, their map states (format 1, 2) and list states (1 to 3) converted to the per-entry
+and per-element layouts: :class:`DataFileReader`): the
 writers (:func:`write_data_file`, :func:`write_data_file_from_blocks`) and the
 random-access reader (:class:`DataFileReader`).
 
@@ -43,6 +44,7 @@ from statecore.key_groups import KeyGroupRange
 
 __all__ = [
     "MAGIC", "FORMAT_VERSION", "READABLE_FORMAT_VERSIONS", "MAP_ENTRIES_FORMAT_VERSION",
+    "LIST_ENTRIES_FORMAT_VERSION",
     "KIND_FULL", "KIND_INCREMENTAL",
     "HEADER_SIZE", "TRAILER", "TRAILER_SIZE", "DEFAULT_BLOCK_TARGET_BYTES", "COMPRESSION",
     "MAX_KEY_GROUPS", "BLOCK_DTYPE", "INDEX_DTYPE", "CHUNK_TARGET_BYTES", "LZ4_ACCELERATION",
@@ -53,11 +55,14 @@ __all__ = [
 ]
 
 MAGIC = b"SCKGDAT1"
-FORMAT_VERSION = 3
-READABLE_FORMAT_VERSIONS = (1, 2, 3)
+FORMAT_VERSION = 4
+READABLE_FORMAT_VERSIONS = (1, 2, 3, 4)
 #: The first format version whose map states hold one entry per user key (docs/formats.md
 #: "Map state"); older files hold one whole-map value per (key, namespace).
 MAP_ENTRIES_FORMAT_VERSION = 3
+#: The first format version whose list states hold one entry per element (docs/formats.md
+#: "List state"); older files hold one whole-list value per (key, namespace).
+LIST_ENTRIES_FORMAT_VERSION = 4
 KIND_FULL = "full"
 KIND_INCREMENTAL = "incremental"
 HEADER_SIZE = len(MAGIC)
@@ -631,29 +636,45 @@ class DataFileReader:
                 return buf.slice(offset - lo, length)
         return self._read(offset, length, what)
 
-    def _whole_maps(self, state: str) -> bool:
-        """Whether ``state`` is a map state written in the whole-map layout (format < 3)."""
-        if self.format_version >= MAP_ENTRIES_FORMAT_VERSION:
-            return False
-        return any(m["name"] == state and m.get("kind") == "map" for m in self.meta["states"])
+    def _whole_layout(self, state: str):
+        """The state meta of ``state`` when its entries are in a whole-collection layout of
+        an older format (a map state before format 3, a list state before format 4), else
+        None."""
+        for m in self.meta["states"]:
+            if m["name"] != state:
+                continue
+            if m.get("kind") == "map" and self.format_version < MAP_ENTRIES_FORMAT_VERSION:
+                return m
+            if m.get("kind") == "list" and self.format_version < LIST_ENTRIES_FORMAT_VERSION:
+                return m
+        return None
 
-    def _as_map_entries(self, state: str, where: str, keys, values):
-        """A format < 3 file's map-state ``(keys, values)`` converted to the per-entry layout
-        (:func:`statecore.serializers.expand_whole_map_entries`). StateMigrationError for an
-        incremental file: a changed whole map names neither its added nor its removed user
-        keys, so its changes cannot be converted (restore a full checkpoint of that format, or
-        write one with the release that wrote it). CorruptCheckpointError for a value that does
-        not parse."""
-        if not len(keys):
+    def _as_entries(self, state: str, where: str, keys, values):
+        """An older file's map- or list-state ``(keys, values)`` converted to the per-entry
+        layout (:func:`statecore.serializers.expand_whole_map_entries`,
+        :func:`statecore.serializers.expand_whole_list_entries`), or as they are when the
+        state's layout is current. StateMigrationError for an incremental file: a changed whole
+        map or list names neither its added nor its removed entries, so its changes cannot be
+        converted (restore a full checkpoint of that format, or compact the version with the
+        release that wrote it). CorruptCheckpointError for a value that does not parse."""
+        meta = self._whole_layout(state)
+        if meta is None or not len(keys):
             return keys, values
+        kind = meta["kind"]
         if self.kind == KIND_INCREMENTAL:
             raise StateMigrationError(
-                f"checkpoint data file {self.name}: map state {state!r} is stored in the "
-                f"whole-map layout of format version {self.format_version} in an incremental "
-                "run, which cannot be converted to per-entry changes; restore from a full "
-                "checkpoint (or compact the version with the release that wrote it)")
+                f"checkpoint data file {self.name}: {kind} state {state!r} is stored in the "
+                f"whole-{kind} layout of format version {self.format_version} in an "
+                f"incremental run, which cannot be converted to per-entry changes; restore "
+                "from a full checkpoint (or compact the version with the release that wrote "
+                "it)")
         try:
-            k, v = S.expand_whole_map_entries(keys.to_pylist(), values.to_pylist())
+            if kind == "map":
+                k, v = S.expand_whole_map_entries(keys.to_pylist(), values.to_pylist())
+            else:
+                width = S.value_serializer(meta["value_type"]).fixed_width
+                k, v = S.expand_whole_list_entries(keys.to_pylist(), values.to_pylist(), width,
+                                                   bool(meta.get("ttl")))
         except InvalidInputError as exc:
             raise CorruptCheckpointError(
                 f"checkpoint data file {self.name}: {where}: {exc}") from exc
@@ -662,20 +683,19 @@ class DataFileReader:
     def entries(self, state: str, key_group: int) -> tuple[pa.BinaryArray, pa.BinaryArray]:
         """``(keys, values)`` of ``state`` in ``key_group``, sorted by key bytes; empty arrays when
         the file holds no entry for them. In an incremental file a NULL value is a tombstone.
-        A map state of a format 1 or 2 file comes converted to one entry per user key
-        (StateMigrationError for such an incremental file, :meth:`_as_map_entries`).
+        A map state of a format 1 or 2 file comes converted to one entry per user key, a list
+        state of a format 1 to 3 file to one entry per element (StateMigrationError for such
+        an incremental file, :meth:`_as_entries`).
         The caller checks that ``key_group`` belongs to this file. Raises
         CorruptCheckpointError naming the file, state, key group and block."""
         keys, values = self.stored_entries(state, key_group)
-        if self._whole_maps(state):
-            return self._as_map_entries(state, f"state {state!r} key group {key_group}",
-                                        keys, values)
-        return keys, values
+        return self._as_entries(state, f"state {state!r} key group {key_group}", keys, values)
 
     def stored_entries(self, state: str, key_group: int
                        ) -> tuple[pa.BinaryArray, pa.BinaryArray]:
         """:meth:`entries` as the file stores them (a format 1 or 2 file's map states in the
-        whole-map layout): what the manifest's entry counts count."""
+        whole-map layout, a format 1 to 3 file's list states in the whole-list layout): what
+        the manifest's entry counts count."""
         try:
             si = self.state_names.index(state)
         except ValueError:
@@ -741,10 +761,8 @@ class DataFileReader:
         a key group that does (callers split by :meth:`raw_bytes`). Other errors as
         :meth:`entries`."""
         keys, values = self._entries_range(state, start, end)
-        if self._whole_maps(state):
-            return self._as_map_entries(state, f"state {state!r} key groups {start}..{end}",
-                                        keys, values)
-        return keys, values
+        return self._as_entries(state, f"state {state!r} key groups {start}..{end}", keys,
+                                values)
 
     def _entries_range(self, state: str, start: int, end: int
                        ) -> tuple[pa.BinaryArray, pa.BinaryArray]:

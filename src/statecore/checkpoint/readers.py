@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 from statecore.checkpoint.format import (
     KIND_FULL,
     KIND_INCREMENTAL,
+    LIST_ENTRIES_FORMAT_VERSION,
     DataFileReader,
     make_key_group_range,
 )
@@ -353,7 +354,8 @@ class CheckpointReader:
                     keys, vals = data.stored_entries(name, kg)
                     check_entries(where, self._metas_by_name[name], kg, keys, vals,
                                   self.max_parallelism, self.key_type,
-                                  f["kind"] == KIND_INCREMENTAL)
+                                  f["kind"] == KIND_INCREMENTAL,
+                                  data.format_version >= LIST_ENTRIES_FORMAT_VERSION)
                     got[name] += len(vals)
                     tombs[name] += vals.null_count
             want_t = {n: f.get("tombstones", {}).get(n, 0) for n in f["states"]}

@@ -18,16 +18,20 @@ from statecore.errors import CorruptCheckpointError, InvalidInputError
 
 __all__ = ["check_entries"]
 
-#: State kinds whose encoded keys are exactly prefix | ser(key) | ser(namespace).
+#: State kinds whose encoded keys are exactly prefix | ser(key) | ser(namespace) (a list
+#: state's followed by an element's sequence number).
 _PLAIN_KINDS = ("value", "list", "reducing", "aggregating")
 
 
 def check_entries(where: str, meta: dict, kg: int, keys: pa.Array, vals: pa.Array,
-                  max_parallelism: int, key_type: str, incremental: bool) -> None:
+                  max_parallelism: int, key_type: str, incremental: bool,
+                  list_entries: bool = True) -> None:
     """Check the entries ``(keys, vals)`` (binary arrays) that one run holds for the state of
     meta ``meta`` in key group ``kg`` (module docstring); ``incremental``: NULL values are
-    tombstones there, else not allowed. Raises CorruptCheckpointError starting with ``where``
-    and naming the state and key group."""
+    tombstones there, else not allowed; ``list_entries``: a list state's keys end in an
+    element's sequence number (docs/formats.md "List state"; False for a file of a format
+    before that, whose list states hold whole lists). Raises CorruptCheckpointError starting
+    with ``where`` and naming the state and key group."""
     name = meta.get("name")
     here = f"{where}: state {name!r}, key group {kg}"
     n = len(keys)
@@ -38,8 +42,11 @@ def check_entries(where: str, meta: dict, kg: int, keys: pa.Array, vals: pa.Arra
     if vals.null_count and not incremental:
         raise CorruptCheckpointError(f"{here}: a value is null in a full run")
     kind = meta.get("kind")
+    seq = S.LIST_SEQ_BYTES if kind == "list" and list_entries else 0
     width = S.encoded_key_width(kind, key_type, meta.get("namespace_type", "void"),
                                 max_parallelism) if kind in _PLAIN_KINDS else None
+    if width is not None and kind == "list" and not seq:
+        width -= S.LIST_SEQ_BYTES  # a whole list's key: no sequence number
     problem = S.encoded_key_problem(keys, max_parallelism, key_group=kg, width=width)
     if problem is not None:
         raise CorruptCheckpointError(f"{here}: {problem}")
@@ -52,7 +59,11 @@ def check_entries(where: str, meta: dict, kg: int, keys: pa.Array, vals: pa.Arra
     if kind in _PLAIN_KINDS and width is None:  # variable-length parts: decode every key
         for kb in raw:
             try:
-                S.decode_key(kb, max_parallelism, key_type, meta.get("namespace_type"))
+                if seq and len(kb) <= seq:
+                    raise InvalidInputError(
+                        f"list element key {kb.hex()} lacks its {seq}-byte sequence number")
+                S.decode_key(kb[:len(kb) - seq], max_parallelism, key_type,
+                             meta.get("namespace_type"))
             except InvalidInputError as exc:
                 raise CorruptCheckpointError(f"{here}: {exc}") from None
     if kind in ("value", "reducing"):

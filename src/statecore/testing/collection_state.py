@@ -1,8 +1,10 @@
 """List and map state part of the backend conformance suite (mixed into
 :class:`statecore.testing.conformance.BackendConformance`): ``ListState`` and ``MapState`` per
-record -- adds, updates, removals, rejected elements and user keys; map iteration in insertion
-order (after a restore: by serialized user key), ``size``, ``clear``, big maps and the
-per-entry layout of map state in snapshots and incremental change sets.
+record -- adds, updates, removals, rejected elements and user keys; list append order, big
+lists, per-element TTL and the per-element layout of list state in snapshots and incremental
+change sets; map iteration in insertion order (after a restore: by serialized user key),
+``size``, ``clear``, big maps and the per-entry layout of map state in snapshots and
+incremental change sets.
 """
 
 from __future__ import annotations
@@ -83,6 +85,176 @@ class CollectionStateConformance(ConformanceBase):
         lp.add({"x": 1})
         lp.add((2,))
         assert lp.get() == [{"x": 1}, (2,)]
+
+    def test_list_elements_in_snapshots(self):
+        """A list state's snapshot holds one entry per element: ``encoded key of (key,
+        namespace) | seq`` (8 bytes big-endian, from 0) -> the element's bytes (docs/formats.md
+        "List state"); ``update`` and ``clear`` start the numbers at 0 again."""
+        b = self.new_backend()
+        ls = b.get_state(ListStateDescriptor("l", "string"))
+        b.set_current_key(7)
+        ls.add("x")
+        ls.add_all(["y", "z"])
+        kg = b.key_group_of(7)
+        prefix = S.encode_key(kg, b.max_parallelism, 7, b.key_serializer, None, "void")
+        vs = S.value_serializer("string").serialize
+
+        def entries():
+            snap = b.snapshot()
+            keys, vals = snap.entries("l", kg)
+            snap.release()
+            return list(zip(keys.to_pylist(), vals.to_pylist()))
+
+        assert entries() == [(prefix + i.to_bytes(8, "big"), vs(e))
+                             for i, e in enumerate(["x", "y", "z"])]
+        ls.update(["u"])
+        ls.add("v")
+        assert entries() == [(prefix + (0).to_bytes(8, "big"), vs("u")),
+                             (prefix + (1).to_bytes(8, "big"), vs("v"))]
+        assert b.num_entries() == 2
+
+    def test_big_list_append_order_and_one_entry_per_append(self):
+        """A big list keeps append order (also after a restore), and the incremental change set
+        after one append holds that element's entry only; ``clear`` of it is one tombstone per
+        element."""
+        n = 5000
+        b = self.new_backend()
+        ls = b.get_state(ListStateDescriptor("l", "int64"))
+        b.set_current_key(1)
+        ls.add_all(range(n))
+        for i in range(n, n + 100):
+            ls.add(-i)
+        want = list(range(n)) + [-i for i in range(n, n + 100)]
+        assert ls.get() == want and b.num_entries() == n + 100
+        full = b.snapshot()
+        b.notify_checkpoint_complete(full.snapshot_id)
+        b2 = self.new_backend()
+        b2.restore(full)
+        full.release()
+        ls2 = b2.get_state(ListStateDescriptor("l", "int64"))
+        b2.set_current_key(1)
+        assert ls2.get() == want
+        ls2.add(42)  # continues after the restored elements
+        assert ls2.get() == want + [42]
+        ls.add(42)
+        inc = b.snapshot(incremental=True)
+        kg = b.key_group_of(1)
+        keys, vals = inc.entries("l", kg)
+        prefix = S.encode_key(kg, b.max_parallelism, 1, b.key_serializer, None, "void")
+        assert keys.to_pylist() == [prefix + (n + 100).to_bytes(8, "big")]
+        assert vals.to_pylist() == [S.value_serializer("int64").serialize(42)]
+        b.notify_checkpoint_complete(inc.snapshot_id)
+        inc.release()
+        ls.clear()
+        inc2 = b.snapshot(incremental=True)
+        keys, vals = inc2.entries("l", kg)
+        assert len(keys) == n + 101 and vals.null_count == n + 101
+        inc2.release()
+        assert ls.get() == [] and b.num_entries() == 0
+
+    def test_list_update_after_clear_restores_exactly_through_a_chain(self):
+        """``update`` restarts the sequence numbers: an incremental change set then overwrites
+        the low ones and tombstones the rest, and applying it to the base gives exactly the
+        new list."""
+        b = self.new_backend()
+        ls = b.get_state(ListStateDescriptor("l", "string"), namespace_type="int64")
+        b.set_current_key(3)
+        ls.set_current_namespace(1)
+        ls.add_all(["a", "b", "c", "d"])
+        ls.set_current_namespace(2)
+        ls.add("keep")
+        base = b.snapshot()
+        b.notify_checkpoint_complete(base.snapshot_id)
+        ls.set_current_namespace(1)
+        ls.update(["x", "y"])
+        ls.add("z")
+        inc = b.snapshot(incremental=True)
+        b2 = self.new_backend()
+        b2.restore(base)
+        b2.apply_changes(inc)
+        base.release()
+        inc.release()
+        ls2 = b2.get_state(ListStateDescriptor("l", "string"), namespace_type="int64")
+        b2.set_current_key(3)
+        ls2.set_current_namespace(1)
+        assert ls2.get() == ["x", "y", "z"]
+        ls2.add("w")
+        assert ls2.get() == ["x", "y", "z", "w"]
+        ls2.set_current_namespace(2)
+        assert ls2.get() == ["keep"]
+        assert dump_backend(b2) != dump_backend(b)  # "w" only in b2
+        ls.add("w")
+        assert dump_backend(b2) == dump_backend(b)
+
+    def test_list_ttl_elements_expire_in_the_middle(self):
+        """Each element carries its own timestamp: elements expiring in the middle of a list
+        are removed on read (counted) and the rest keeps its order; appends continue after
+        the greatest sequence number used."""
+        clock = ManualClock(0)
+        b = self.new_backend(ttl_clock=clock)
+        d = ListStateDescriptor("l", "int64")
+        d.enable_time_to_live(StateTtlConfig(100))
+        ls = b.get_state(d)
+        b.set_current_key(1)
+        ls.add_all([1, 2])
+        clock.set(50)
+        ls.add(3)
+        clock.set(60)
+        ls.update([9])  # a write: one list restarts
+        ls.add_all([1, 2])
+        clock.set(120)
+        ls.add(3)
+        clock.set(170)
+        ls.add(4)
+        # 9, 1, 2 (stamped 60) expire at 160; 3 (120) and 4 (170) live.
+        assert ls.get() == [3, 4]
+        assert b.ttl_statistics()["read"] == 3
+        clock.set(100)  # a clock that moved back: an element older than its neighbours
+        ls.add(-1)
+        clock.set(170)
+        ls.add(5)
+        clock.set(205)  # -1 (100) expired in the middle; 3 (120) still live
+        assert ls.get() == [3, 4, 5]
+        assert b.ttl_statistics()["read"] == 4
+        kg = b.key_group_of(1)
+        snap = b.snapshot()
+        keys, _ = snap.entries("l", kg)
+        snap.release()
+        assert [int.from_bytes(k[-8:], "big") for k in keys.to_pylist()] == [3, 4, 6]
+        clock.set(1000)
+        assert ls.get() == [] and b.num_entries() == 0
+        ls.add(6)
+        snap = b.snapshot()
+        keys, _ = snap.entries("l", kg)
+        snap.release()
+        assert [int.from_bytes(k[-8:], "big") for k in keys.to_pylist()] == [0]
+
+    def test_list_elements_removed_by_ttl_cleanup_passes(self):
+        """Background cleanup removes expired elements one by one (each its own entry); the
+        list reads and appends on as if they had been read away."""
+        clock = ManualClock(0)
+        b = self.new_backend(ttl_clock=clock)
+        d = ListStateDescriptor("l", "string")
+        d.enable_time_to_live(StateTtlConfig(100, cleanup_in_background=True))
+        ls = b.get_state(d)
+        b.set_current_key(1)
+        ls.add_all(["a", "b"])
+        clock.set(60)
+        ls.add("c")
+        clock.set(120)
+        assert b.run_background_ttl_cleanup(b.max_parallelism) == 2
+        assert b.num_entries() == 1
+        ls.add("d")
+        assert ls.get() == ["c", "d"]
+        clock.set(1000)
+        assert b.run_background_ttl_cleanup(b.max_parallelism) == 2
+        ls.add("e")
+        assert ls.get() == ["e"]
+        kg = b.key_group_of(1)
+        snap = b.snapshot()
+        keys, _ = snap.entries("l", kg)
+        snap.release()
+        assert [int.from_bytes(k[-8:], "big") for k in keys.to_pylist()] == [0]
 
     def test_map_state(self):
         b = self.new_backend()

@@ -100,6 +100,13 @@ def _random_program(machine: "_DifferentialMachine", rng, steps: int) -> None:
             ns = [rng.choice(["x", "y"]) for _ in range(n)] if rng.random() < 0.5 else None
             machine._batch_reduce([key() for _ in range(n)], [small() for _ in range(n)],
                                   rng.choice(["s", "c"]), ns)
+        elif r < 0.85:
+            n = rng.randint(0, 6)
+            rows = [rng.choice([None, [], [small() or 0], [rng.randint(-5, 5)] * 2])
+                    for _ in range(n)]
+            machine._batch_list([key() for _ in range(n)], rows,
+                                [rng.randint(0, 1) for _ in range(n)],
+                                rng.choice(["append", "append_lists", "clear"]))
         elif r < 0.9:
             machine.timer(rng.randint(0, 30), rng.randint(0, 1), rng.random() < 0.3)
         elif r < 0.95:
@@ -134,6 +141,7 @@ class _DifferentialMachine(RuleBasedStateMachine):
             self.states.append(dict(
                 v=be.get_state(ValueStateDescriptor("v", "int64")),
                 l=be.get_state(ListStateDescriptor("l", "pickle"), namespace_type="int64"),
+                li=be.get_state(ListStateDescriptor("li", "int64"), namespace_type="int64"),
                 m=be.get_state(MapStateDescriptor("m", "string", "int64")),
                 s=be.get_state(ReducingStateDescriptor("s", "sum", "int64"),
                                namespace_type="string"),
@@ -142,6 +150,7 @@ class _DifferentialMachine(RuleBasedStateMachine):
             ))
         for sts in self.states:
             sts["l"].set_current_namespace(0)
+            sts["li"].set_current_namespace(0)
             sts["s"].set_current_namespace("x")
 
     def _both(self, fn):
@@ -238,6 +247,28 @@ class _DifferentialMachine(RuleBasedStateMachine):
         self._both(lambda be, s: s[name].add_batch(ka, va, namespaces=ns))
         self._both(lambda be, s: s[name].get_batch(ka, namespaces=ns))
 
+    @rule(keys=st.lists(KEYS, max_size=6), data=st.data(), op=st.sampled_from(
+        ["append", "append", "append_lists", "clear"]))
+    def batch_list(self, keys, data, op):
+        rows = data.draw(st.lists(st.one_of(st.none(), st.lists(SMALL, max_size=3)),
+                                  min_size=len(keys), max_size=len(keys)))
+        ns = data.draw(st.lists(st.integers(0, 1), min_size=len(keys), max_size=len(keys)))
+        self._batch_list(keys, rows, ns, op)
+
+    def _batch_list(self, keys, rows, ns_list, op):
+        """The list kernels (append_batch of elements or of list<int64> rows, get_batch,
+        clear_batch) against the reference's per-row path, one entry per element."""
+        ka, ns = pa.array(keys, pa.int64()), pa.array(ns_list, pa.int64())
+        if op == "append":
+            va = pa.array([(r or [None])[0] for r in rows], pa.int64())
+            self._both(lambda be, s: s["li"].append_batch(ka, va, namespaces=ns))
+        elif op == "append_lists":
+            va = pa.array(rows, pa.list_(pa.int64()))
+            self._both(lambda be, s: s["li"].append_batch(ka, va, namespaces=ns))
+        else:
+            self._both(lambda be, s: s["li"].clear_batch(ka, namespaces=ns))
+        self._both(lambda be, s: s["li"].get_batch(ka, namespaces=ns))
+
     @rule(ts=st.integers(0, 30), ns=st.integers(0, 1), delete=st.booleans())
     def timer(self, ts, ns, delete):
         if delete:
@@ -299,6 +330,6 @@ class _DifferentialMachine(RuleBasedStateMachine):
         if self.backends[1].current_key is None:
             return
         self._both(lambda be, s: (be.current_key, be.current_key_group, s["v"].value(),
-                                  s["l"].get(), s["m"].items(), s["m"].size(),
+                                  s["l"].get(), s["li"].get(), s["m"].items(), s["m"].size(),
                                   s["s"].get(), s["c"].get(),
                                   s["a"].get(), be.timers.list_event_time_timers()))

@@ -1,0 +1,235 @@
+"""List state in checkpoint files: format 4 stores one entry per element (docs/formats.md "List
+state"); a format 3 (or older) file holds one whole-list value per (key, namespace), which
+readers convert to elements as they read a full run and refuse in an incremental run.
+Per-element changes through incremental checkpoints, compaction, verify, inspect and a
+rescaling restore."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from statecore import serializers as S
+from statecore.backends.python import PythonBackend
+from statecore.checkpoint import format as fmt
+from statecore.checkpoint.verify import check_entries
+from statecore.descriptors import ListStateDescriptor
+from statecore.errors import CorruptCheckpointError, InvalidInputError, StateMigrationError
+from statecore.key_groups import KeyGroupRange, spark_key_group
+from support.data_files import data_file_bytes, rewrite_footer_meta
+
+MAXP = 128
+BACKENDS = ["python", "native"]
+
+
+def _meta(value_type: str, ttl: bool) -> dict:
+    m = {"name": "l", "kind": "list", "namespace_type": "void", "value_type": value_type}
+    if ttl:
+        m["ttl"] = {"ttl_ms": 1000}
+    return m
+
+
+def _prefix(key: int) -> tuple[int, bytes]:
+    kg = PythonBackend(key_type="int64", max_parallelism=MAXP).key_group_of(key)
+    return kg, S.encode_key(kg, MAXP, key, "int64", None, "void")
+
+
+class _Snap:
+    """A snapshot of the whole-list layout: ``rows[kg] = {encoded key: blob or None}``."""
+
+    def __init__(self, rows, meta, incremental=False):
+        self.max_parallelism = MAXP
+        self.key_group_range = KeyGroupRange(0, MAXP - 1)
+        self.key_type = "int64"
+        self.assigner = "spark"
+        self.incremental = incremental
+        self.snapshot_id = 1
+        self.rows = rows
+        self.meta = meta
+
+    def state_metas(self):
+        return [dict(self.meta)]
+
+    def entries(self, name, kg):
+        items = sorted(self.rows.get(kg, {}).items())
+        return (pa.array([k for k, _ in items], pa.binary()),
+                pa.array([v for _, v in items], pa.binary()))
+
+    def release(self):
+        pass
+
+
+def _as_format_3(snap) -> bytes:
+    """The bytes of a data file of ``snap`` as format version 3 wrote it (the trailer's and the
+    meta's version 3; the layout of blocks and footer is the same)."""
+    raw, _ = data_file_bytes(snap, 1)
+    return rewrite_footer_meta(raw, lambda meta: meta.update(format_version=3),
+                               trailer_version=3)[0]
+
+
+class _ReaderSnap:
+    """A full snapshot read through a DataFileReader (what a restore reads)."""
+
+    def __init__(self, reader):
+        self.reader = reader
+        self.max_parallelism = MAXP
+        self.key_group_range = KeyGroupRange(0, MAXP - 1)
+        self.key_type = "int64"
+        self.assigner = "spark"
+
+    def state_metas(self):
+        return self.reader.state_metas()
+
+    def entries(self, name, kg):
+        return self.reader.entries(name, kg)
+
+
+_LISTS = {"string": {1: ["b", "", "a" * 200], 2: ["x"]}, "int64": {1: [3, -1, 7], 2: [9]}}
+
+
+def _whole_lists(value_type: str, ttl: bool = False):
+    ser = S.value_serializer(value_type)
+    rows = {}
+    for key, elements in _LISTS[value_type].items():
+        kg, prefix = _prefix(key)
+        parts = []
+        for i, e in enumerate(elements):
+            b = ser.serialize(e)
+            parts.append((b"" if ser.fixed_width else S.write_varlen(len(b))) + b
+                         + ((100 + i).to_bytes(8, "big") if ttl else b""))
+        rows.setdefault(kg, {})[prefix] = b"".join(parts)
+    return rows
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+@pytest.mark.parametrize("value_type", ["string", "int64"])
+def test_format_3_whole_lists_are_read_as_elements_and_restore(kind, value_type):
+    if kind == "native":
+        pytest.importorskip("statecore._native")
+    from statecore import create_backend
+
+    rows = _whole_lists(value_type)
+    r = fmt.DataFileReader(pa.BufferReader(_as_format_3(_Snap(rows, _meta(value_type, False)))),
+                           "old.sckp")
+    assert r.format_version == 3
+    kg, prefix = _prefix(1)
+    keys, vals = r.entries("l", kg)
+    ser = S.value_serializer(value_type)
+    assert keys.to_pylist() == [prefix + i.to_bytes(8, "big") for i in range(3)]
+    assert vals.to_pylist() == [ser.serialize(e) for e in _LISTS[value_type][1]]
+    assert len(r.stored_entries("l", kg)[0]) == len(rows[kg])  # as stored: whole lists
+    b = create_backend(kind, key_type="int64", max_parallelism=MAXP)
+    b.restore(_ReaderSnap(r))
+    ls = b.get_state(ListStateDescriptor("l", value_type))
+    for key, elements in _LISTS[value_type].items():
+        b.set_current_key(key)
+        assert ls.get() == elements
+    b.set_current_key(1)
+    ls.add(_LISTS[value_type][2][0])
+    assert ls.get() == _LISTS[value_type][1] + _LISTS[value_type][2]
+    assert b.num_entries() == 5
+
+
+@pytest.mark.parametrize("value_type", ["string", "int64"])
+def test_format_3_ttl_whole_lists_keep_each_timestamp(value_type):
+    rows = _whole_lists(value_type, ttl=True)
+    r = fmt.DataFileReader(pa.BufferReader(_as_format_3(_Snap(rows, _meta(value_type, True)))),
+                           "old.sckp")
+    kg, _ = _prefix(1)
+    _, vals = r.entries("l", kg)
+    assert [x[-8:] for x in vals.to_pylist()] == [(100 + i).to_bytes(8, "big") for i in range(3)]
+
+
+def test_format_3_incremental_whole_lists_are_refused():
+    rows = _whole_lists("string")
+    r = fmt.DataFileReader(pa.BufferReader(_as_format_3(
+        _Snap(rows, _meta("string", False), incremental=True))), "old.sckp")
+    kg, _ = _prefix(1)
+    with pytest.raises(StateMigrationError, match="whole-list layout"):
+        r.entries("l", kg)
+
+
+def test_format_3_broken_whole_list_is_corrupt():
+    kg, prefix = _prefix(1)
+    r = fmt.DataFileReader(pa.BufferReader(_as_format_3(
+        _Snap({kg: {prefix: b"\x05ab"}}, _meta("string", False)))), "old.sckp")
+    with pytest.raises(CorruptCheckpointError, match="malformed whole-list value"):
+        r.entries("l", kg)
+
+
+def test_split_list_entry_key_and_verify_checks():
+    kg, prefix = _prefix(7)
+    seq = (5).to_bytes(8, "big")
+    assert S.split_list_entry_key(prefix + seq, MAXP, "int64", "void") == (kg, 7, None, seq)
+    with pytest.raises(InvalidInputError, match="sequence number"):
+        S.split_list_entry_key(prefix + b"\x00", MAXP, "int64", "void")
+    meta = _meta("int64", False)
+    keys = pa.array([prefix + seq], pa.binary())
+    vals = pa.array([b"\x00" * 8], pa.binary())
+    check_entries("f", meta, kg, keys, vals, MAXP, "int64", False)
+    with pytest.raises(CorruptCheckpointError):  # a whole list's key where elements belong
+        check_entries("f", meta, kg, pa.array([prefix], pa.binary()), vals, MAXP, "int64",
+                      False)
+    check_entries("f", meta, kg, pa.array([prefix], pa.binary()), vals, MAXP, "int64", False,
+                  list_entries=False)
+    smeta = {"name": "s", "kind": "list", "namespace_type": "string", "value_type": "string"}
+    sk = S.encode_key(kg, MAXP, 7, "int64", "ns", "string")
+    check_entries("f", smeta, kg, pa.array([sk + seq], pa.binary()), vals, MAXP, "int64", False)
+    with pytest.raises(CorruptCheckpointError):
+        check_entries("f", smeta, kg, pa.array([sk + b"\x00\x01"], pa.binary()), vals, MAXP,
+                      "int64", False)
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_list_elements_through_incremental_checkpoints_compaction_and_rescale(kind, tmp_path):
+    """Per-element changes of big lists go through the store: the incremental run after one
+    append holds that element only, and after an ``update`` the rewritten elements and one
+    tombstone per element it dropped; compaction merges newest-wins per element, verify
+    passes, inspect lists one row per element, and a restore into two halves of the key groups
+    (rescale) splits the lists by key group, every list whole in one of them."""
+    if kind == "native":
+        pytest.importorskip("statecore._native")
+    from statecore import CheckpointStore, create_backend
+    from statecore.inspect import entries_table
+
+    b = create_backend(kind, key_type="int64", max_parallelism=MAXP)
+    d = ListStateDescriptor("l", "string")
+    ls = b.get_state(d)
+    for key in range(20):
+        b.set_current_key(key)
+        ls.add_all([f"{key}/{i}" for i in range(300)])
+    store = CheckpointStore(str(tmp_path))
+    store.checkpoint(b, 1)
+    b.set_current_key(3)
+    ls.add("appended")
+    man = store.checkpoint(b, 2)
+    inc = [f for f in man["files"] if f["version"] == 2]
+    assert [f["entries"]["l"] for f in inc] == [1]
+    b.set_current_key(4)
+    ls.update(["u0", "u1"])
+    man = store.checkpoint(b, 3)
+    inc = [f for f in man["files"] if f["version"] == 3]
+    assert [f["entries"]["l"] for f in inc] == [300]
+    assert sum(f.get("tombstones", {}).get("l", 0) for f in inc) == 298
+    store.compact(3, max_runs=1)
+    store.verify(3)
+    t = entries_table(str(tmp_path), 3)
+    rows = [r for r in t.to_pylist() if r["state"] == "l" and r["key"] == 4]
+    assert [(r["user_key"], r["value"]) for r in rows] == [("0", '"u0"'), ("1", '"u1"')]
+    halves = []
+    for lo, hi in ((0, 63), (64, MAXP - 1)):
+        h = create_backend(kind, key_type="int64", max_parallelism=MAXP, key_group_range=(lo, hi))
+        store.restore(h, 3)
+        halves.append(h)
+    got = {}
+    for h in halves:
+        assert h.num_entries() > 0  # both halves hold lists
+        hl = h.get_state(d)
+        for key in range(20):
+            if spark_key_group(key, "int64", MAXP) in h.key_group_range:
+                h.set_current_key(key)
+                got[key] = hl.get()
+    assert sorted(got) == list(range(20))
+    assert got[3] == [f"3/{i}" for i in range(300)] + ["appended"]
+    assert got[4] == ["u0", "u1"]
+    assert all(got[k] == [f"{k}/{i}" for i in range(300)] for k in got if k not in (3, 4))
