@@ -483,7 +483,7 @@ class TableListState(TableMergingState, TableState, base.ListState):
         self.table.list_clear(kg, k)
 
     def clear_batch(self, keys, namespaces=None) -> None:
-        for kg, k in self.backend.batch_slots(self, keys, namespaces):
+        for kg, k in self._batch_rows(self.backend.batch_slots(self, keys, namespaces)):
             self.table.list_clear(kg, k)
 
     def append_batch(self, keys, values, namespaces=None) -> None:
