@@ -149,6 +149,8 @@ void WriteThrough::copy_pages(const uint8_t* const* src, uint8_t* const* dst, si
       if (!try_copy(i)) later[kept++] = i;
     later.resize(kept);
     if (kept == 0) break;
+    // Not copying while it waits: the owner may write the page it marked.
+    reader_page_.store(kNoPage, std::memory_order_release);
     through_backoff(spins);
   }
   reader_page_.store(kNoPage, std::memory_order_release);

@@ -7,6 +7,7 @@
 // another thread while the owner writes through. Over the chained engine (the suite's second
 // run) the same contents must hold; only the page-copy counts are flat facts.
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -19,6 +20,8 @@
 #include "batch_test_arrays.h"
 #include "check.h"
 #include "statecore/batch.h"
+#include "statecore/detail/map_impl.h"
+#include "statecore/detail/write_through.h"
 #include "statecore/key_groups.h"
 #include "statecore/state_table.h"
 
@@ -231,6 +234,51 @@ TEST(overlapping_snapshots_released_in_either_order) {
     if (order == 0) CHECK(of_snapshot(*s2) == at2);
     else CHECK(of_snapshot(*s1) == at1);
   }
+}
+
+TEST(the_reader_takes_a_page_the_owner_holds_only_after_the_owner_gave_it_back) {
+  // WriteThrough alone, two pages of 4 slots of 8 bytes (meta + 4 bytes). The owner writes
+  // slot 1 of page 0 in place, holding page 0 until its kernel call ends; the reader copies
+  // page 1 meanwhile but not page 0, and after the call ends copies page 0 with the write in it,
+  // which the saved record then undoes.
+  constexpr uint32_t kStride = 8, kSlots = 4, kVersion = 7;
+  std::vector<uint8_t> src0(kSlots * kStride), src1(kSlots * kStride);
+  std::vector<uint8_t> dst0(src0.size(), 0xEE), dst1(src1.size(), 0xEE);
+  for (size_t i = 0; i < src0.size(); ++i) src0[i] = uint8_t(i), src1[i] = uint8_t(100 + i);
+  const std::vector<uint8_t> at0 = src0;
+  auto w = std::make_shared<detail::WriteThrough>(kStride, 2);
+  detail::enter_kernel();
+  CHECK(w->owner_write(0, kStride, src0.data() + kStride, kVersion));
+  CHECK_EQ(w->size(), size_t(1));
+  std::memset(src0.data() + kStride, 0xAB, kStride);  // the in-place write, meta included
+  std::atomic<bool> finished{false};
+  const uint8_t* src[2] = {src0.data(), src1.data()};
+  uint8_t* dst[2] = {dst0.data(), dst1.data()};
+  std::thread reader([&] {
+    w->copy_pages(src, dst, 2, src0.size());
+    finished.store(true);
+  });
+  // The reader cannot finish while page 0 is held.
+  for (int i = 0; i < 50; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    CHECK(!finished.load());
+  }
+  detail::leave_kernel();  // gives page 0 back
+  reader.join();
+  CHECK(finished.load());
+  CHECK(dst1 == src1);
+  CHECK(dst0 == src0);  // copied after the write
+  w->for_each_newest_first([&](uint32_t page, uint32_t offset, const uint8_t* bytes) {
+    CHECK_EQ(page, 0u);
+    std::memcpy(dst0.data() + offset, bytes, kStride);
+  });
+  CHECK(dst0 == at0);
+  // Both pages copied: the owner writes in place, nothing saved.
+  detail::enter_kernel();
+  CHECK(w->owner_write(0, 0, src0.data(), kVersion));
+  CHECK(w->owner_write(1, 0, src1.data(), kVersion));
+  detail::leave_kernel();
+  CHECK_EQ(w->size(), size_t(1));
 }
 
 TEST(a_reader_copies_pages_while_the_owner_keeps_writing_them) {
