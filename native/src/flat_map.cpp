@@ -2,6 +2,7 @@
 // the conversion rule: docs/state-map.md "Flat engine"; invariants: StateMap's class comment
 // (F1, F2); the slot layout: statecore/detail/flat_table.h.
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -93,6 +94,10 @@ struct SlotWordHash {
   }
 };
 
+// How long the reader tries to take a map between two of the owner's kernel calls before it
+// asks the owner to leave the map to it (WriteThrough::copy_pages).
+constexpr std::chrono::microseconds kReaderPatience{200};
+
 // The write-through states in which this thread holds a page (WriteThrough::hold), given back
 // when the outermost kernel call ends (release_through_claims).
 thread_local std::vector<std::shared_ptr<WriteThrough>> t_claims;
@@ -107,6 +112,18 @@ void release_through_claims() {
   for (auto& c : t_claims) c->end_call();
   t_claims.clear();
   through_claims_held = 0;
+}
+
+void WriteThrough::begin_call() {
+  if (claimed_) return;
+  claimed_ = true;
+  t_claims.push_back(shared_from_this());
+  ++through_claims_held;
+  uint32_t g = kOpen;
+  if (!reader_waiting_.load(std::memory_order_relaxed) &&
+      gate_.compare_exchange_strong(g, kOwner, std::memory_order_acquire,
+                                    std::memory_order_relaxed))
+    whole_ = true;
 }
 
 int WriteThrough::hold(uint32_t page) {
@@ -130,6 +147,21 @@ int WriteThrough::hold(uint32_t page) {
 
 void WriteThrough::copy_pages(const uint8_t* const* src, uint8_t* const* dst, size_t n,
                               size_t bytes) {
+  // The map first: taken in a gap between two of the owner's kernel calls, which then write
+  // it page by page (hold) until the copy ends. A reader that found no gap for a while says it
+  // waits, and the owner's next calls leave the map to it: it waits for one call at most, the
+  // owner never.
+  const auto t0 = std::chrono::steady_clock::now();
+  for (unsigned spins = 0;; ++spins) {
+    uint32_t g = kOpen;
+    if (gate_.compare_exchange_weak(g, kReader, std::memory_order_acquire,
+                                    std::memory_order_relaxed))
+      break;
+    if ((spins & 63) == 63 && !reader_waiting_.load(std::memory_order_relaxed) &&
+        std::chrono::steady_clock::now() - t0 > kReaderPatience)
+      reader_waiting_.store(true, std::memory_order_relaxed);
+    through_backoff(spins);
+  }
   std::vector<size_t> later;
   auto try_copy = [&](size_t i) {
     reader_page_.exchange(static_cast<uint32_t>(i), std::memory_order_seq_cst);

@@ -281,6 +281,47 @@ TEST(the_reader_takes_a_page_the_owner_holds_only_after_the_owner_gave_it_back) 
   CHECK_EQ(w->size(), size_t(1));
 }
 
+TEST(a_kernel_call_holding_the_whole_map_keeps_the_reader_out_until_it_ends) {
+  // A call that began while the reader had not started writes the map without per-page
+  // exchanges (begin_call takes the map); the reader starts only once the call ended, and the
+  // owner's later calls keep pages apart.
+  constexpr uint32_t kStride = 8, kSlots = 4, kVersion = 3;
+  std::vector<uint8_t> src0(kSlots * kStride, 0x11), dst0(src0.size(), 0);
+  const std::vector<uint8_t> at0 = src0;
+  auto w = std::make_shared<detail::WriteThrough>(kStride, 1);
+  detail::enter_kernel();
+  w->begin_call();
+  CHECK(w->owner_write(0, 0, src0.data(), kVersion));
+  std::memset(src0.data(), 0x22, kStride);
+  std::atomic<bool> finished{false};
+  const uint8_t* src[1] = {src0.data()};
+  uint8_t* dst[1] = {dst0.data()};
+  std::thread reader([&] {
+    w->copy_pages(src, dst, 1, src0.size());
+    finished.store(true);
+  });
+  CHECK(w->owner_write(0, kStride, src0.data() + kStride, kVersion));  // still the whole map
+  detail::store_u32(src0.data() + kStride, kVersion);  // the write stamps the slot
+  for (int i = 0; i < 50; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    CHECK(!finished.load());
+    CHECK(w->owner_write(0, kStride, src0.data() + kStride, kVersion));  // no second save
+  }
+  std::memset(src0.data() + kStride + 4, 0x33, kStride - 4);
+  detail::leave_kernel();
+  reader.join();
+  CHECK_EQ(w->size(), size_t(2));
+  w->for_each_newest_first([&](uint32_t, uint32_t offset, const uint8_t* bytes) {
+    std::memcpy(dst0.data() + offset, bytes, kStride);
+  });
+  CHECK(dst0 == at0);
+  detail::enter_kernel();
+  w->begin_call();  // the reader has the map: page by page, and page 0 is copied
+  CHECK(w->owner_write(0, 2 * kStride, src0.data() + 2 * kStride, kVersion));
+  detail::leave_kernel();
+  CHECK_EQ(w->size(), size_t(2));
+}
+
 TEST(a_reader_copies_pages_while_the_owner_keeps_writing_them) {
   // The reader copies page by page while the owner's kernel calls write the same maps in place:
   // updates of every key, inserts into empty slots and removals (put_batch). The owner runs

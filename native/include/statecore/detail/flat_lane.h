@@ -98,7 +98,10 @@ struct alignas(64) FlatLane {
     version = static_cast<uint32_t>(m.version);
     // A state whose reader finished (or whose snapshot was released unread) is dropped: its
     // pages are the owner's again, written like any other.
-    if (write && m.through && m.through->done.load(std::memory_order_acquire)) m.through.reset();
+    if (write && m.through) {
+      if (m.through->done.load(std::memory_order_acquire)) m.through.reset();
+      else m.through->begin_call();
+    }
     return true;
   }
 

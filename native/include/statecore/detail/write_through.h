@@ -66,6 +66,10 @@ class WriteThrough : public std::enable_shared_from_this<WriteThrough> {
   template <uint32_t kStride = 0>
   [[gnu::always_inline]] bool owner_write(uint32_t page, uint32_t offset, const uint8_t* slot,
                                           uint32_t version) {
+    if (whole_) {
+      if (load_u32(slot) != version) save<kStride>(page, offset, slot);
+      return true;
+    }
     if (held_ != page) {
       if (copied_[page].load(std::memory_order_acquire)) return true;
       const int h = hold(page);
@@ -74,9 +78,18 @@ class WriteThrough : public std::enable_shared_from_this<WriteThrough> {
     if (load_u32(slot) != version) save<kStride>(page, offset, slot);
     return true;
   }
-  // The end of the owner's kernel call: the page it holds goes back (release_through_claims).
+  // At the owner's first write lane on the map in a kernel call: while the reader has not
+  // started on the map and does not wait to, the call takes the whole map (gate_) and writes
+  // with no per-page exchange.
+  void begin_call();
+  // The end of the owner's kernel call: the map or the page it holds goes back
+  // (release_through_claims).
   void end_call() {
     claimed_ = false;
+    if (whole_) {
+      whole_ = false;
+      gate_.store(kOpen, std::memory_order_release);
+    }
     release_held();
   }
 
@@ -137,6 +150,12 @@ class WriteThrough : public std::enable_shared_from_this<WriteThrough> {
     left_ = per_chunk_;
   }
 
+  static constexpr uint32_t kOpen = 0;    // neither holds the map
+  static constexpr uint32_t kOwner = 1;   // an owner's kernel call holds the whole map
+  static constexpr uint32_t kReader = 2;  // the reader started copying: pages kept apart from now
+  std::atomic<uint32_t> gate_{kOpen};
+  std::atomic<bool> reader_waiting_{false};  // the owner's next calls leave the gate to the reader
+  bool whole_ = false;                       // owner only: this call holds gate_ (kOwner)
   std::atomic<uint32_t> owner_page_{kNoPage};       // the page the owner writes in place
   std::atomic<uint32_t> reader_page_{kNoPage};      // the page the reader copies
   std::unique_ptr<std::atomic<uint8_t>[]> copied_;  // 1: the reader has its copy of the page
