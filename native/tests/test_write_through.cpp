@@ -301,7 +301,7 @@ TEST(a_kernel_call_holding_the_whole_map_keeps_the_reader_out_until_it_ends) {
     finished.store(true);
   });
   CHECK(w->owner_write(0, kStride, src0.data() + kStride, kVersion));  // still the whole map
-  detail::store_u32(src0.data() + kStride, kVersion);  // the write stamps the slot
+  detail::store_u32(src0.data() + kStride, kVersion);                  // the write stamps the slot
   for (int i = 0; i < 50; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
     CHECK(!finished.load());

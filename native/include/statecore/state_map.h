@@ -74,11 +74,13 @@ struct Entry;
 //  F2 (flat) every table keeps a free slot (load <= 3/4; the new table of a rehash stays
 //     under 1/2).
 //  W1 (flat) a page marked written-through (owned 2) is shared only with the unread snapshot of
-//     the map's write-through state and is written in place only by a kernel call, holding the
-//     page (while the reader does not copy it) or after the reader copied it; each slot written
-//     while its page was not copied was saved, with its bytes at snapshot time, before.
-//  W2 (flat) the snapshot's reader copies a shared page only while the owner does not hold it,
-//     reads the saved slots only after its last page, then only its own copy of the table.
+//     the map's write-through state and is written in place only by a kernel call holding the
+//     map's gate, or the page (while the reader does not copy it), or after the reader copied
+//     it; each slot written while its page was not copied was saved, with its bytes at snapshot
+//     time, before.
+//  W2 (flat) the snapshot's reader copies shared pages only holding the gate and, each, while
+//     the owner does not hold it; it reads the saved slots only after its last page, then only
+//     its own copy of the table.
 //  W3 (flat) a map has a write-through state only while its snapshot is the only live one and
 //     unread.
 //  C1 base <= version; the base never decreases.

@@ -10,17 +10,23 @@
 // snapshot is one saved slot per key written before the reader copied the key's page, not a page
 // per page touched; the table-sized copy is made by the reading (checkpoint) thread.
 //
-// Pages, not the map, are the unit the two threads keep apart: the owner marks the one page of
-// the map it writes in place (owner_page_, kept from its first write there until it writes
-// another page of the map or its kernel call ends), the reader the one page it copies
-// (reader_page_). Each publishes its page and then reads the other's, both sequentially
-// consistent (Dekker's mutual exclusion), so at most one of them goes on with a page:
+// The two threads keep apart by the map until the reader starts on it, then page by page. A
+// kernel call of the owner takes the whole map (gate_) at its first write lane on it while the
+// reader has not started, and writes with saves alone; the reader takes the gate in a gap between
+// two calls (or asks the owner's next calls to leave it, reader_waiting_) and keeps it. From then
+// on the owner marks the one page of the map it writes in place (owner_page_, kept from its first
+// write there until it writes another page of the map or its kernel call ends), the reader the
+// one page it copies (reader_page_). Each publishes its page and then reads the other's, both
+// sequentially consistent (Dekker's mutual exclusion), so at most one of them goes on with a
+// page:
 //  - the reader skips a page the owner holds and comes back to it after the rest;
 //  - the owner never waits: a page the reader copies right now is written the classic way (a
 //    page copy, through the general path), a page already copied (copied_) in place without a
 //    save: the reader no longer looks at it.
-// The owner saves slots only while holding a page not yet copied, so every record was appended
-// before the reader copied its page, and the reader reads the records after its last page.
+// The owner saves slots only holding the map or a page not yet copied, so every record was
+// appended before the reader copied its page, and the reader reads the records after its last
+// page. The map stage exists because the page stage costs an exchange per row on pages not yet
+// copied, which is every row of a map the reader has not reached.
 #pragma once
 #include <atomic>
 #include <cstddef>
