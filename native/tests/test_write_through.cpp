@@ -247,7 +247,6 @@ TEST(the_reader_takes_a_page_the_owner_holds_only_after_the_owner_gave_it_back) 
   for (size_t i = 0; i < src0.size(); ++i) src0[i] = uint8_t(i), src1[i] = uint8_t(100 + i);
   const std::vector<uint8_t> at0 = src0;
   auto w = std::make_shared<detail::WriteThrough>(kStride, 2);
-  detail::enter_kernel();
   CHECK(w->owner_write(0, kStride, src0.data() + kStride, kVersion));
   CHECK_EQ(w->size(), size_t(1));
   std::memset(src0.data() + kStride, 0xAB, kStride);  // the in-place write, meta included
@@ -263,7 +262,7 @@ TEST(the_reader_takes_a_page_the_owner_holds_only_after_the_owner_gave_it_back) 
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
     CHECK(!finished.load());
   }
-  detail::leave_kernel();  // gives page 0 back
+  detail::release_through_claims();  // gives page 0 back
   reader.join();
   CHECK(finished.load());
   CHECK(dst1 == src1);
@@ -274,10 +273,9 @@ TEST(the_reader_takes_a_page_the_owner_holds_only_after_the_owner_gave_it_back) 
   });
   CHECK(dst0 == at0);
   // Both pages copied: the owner writes in place, nothing saved.
-  detail::enter_kernel();
   CHECK(w->owner_write(0, 0, src0.data(), kVersion));
   CHECK(w->owner_write(1, 0, src1.data(), kVersion));
-  detail::leave_kernel();
+  detail::release_through_claims();
   CHECK_EQ(w->size(), size_t(1));
 }
 
@@ -289,7 +287,6 @@ TEST(a_kernel_call_holding_the_whole_map_keeps_the_reader_out_until_it_ends) {
   std::vector<uint8_t> src0(kSlots * kStride, 0x11), dst0(src0.size(), 0);
   const std::vector<uint8_t> at0 = src0;
   auto w = std::make_shared<detail::WriteThrough>(kStride, 1);
-  detail::enter_kernel();
   w->begin_call();
   CHECK(w->owner_write(0, 0, src0.data(), kVersion));
   std::memset(src0.data(), 0x22, kStride);
@@ -308,17 +305,16 @@ TEST(a_kernel_call_holding_the_whole_map_keeps_the_reader_out_until_it_ends) {
     CHECK(w->owner_write(0, kStride, src0.data() + kStride, kVersion));  // no second save
   }
   std::memset(src0.data() + kStride + 4, 0x33, kStride - 4);
-  detail::leave_kernel();
+  detail::release_through_claims();
   reader.join();
   CHECK_EQ(w->size(), size_t(2));
   w->for_each_newest_first([&](uint32_t, uint32_t offset, const uint8_t* bytes) {
     std::memcpy(dst0.data() + offset, bytes, kStride);
   });
   CHECK(dst0 == at0);
-  detail::enter_kernel();
   w->begin_call();  // the reader has the map: page by page, and page 0 is copied
   CHECK(w->owner_write(0, 2 * kStride, src0.data() + 2 * kStride, kVersion));
-  detail::leave_kernel();
+  detail::release_through_claims();
   CHECK_EQ(w->size(), size_t(2));
 }
 
