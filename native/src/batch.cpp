@@ -241,14 +241,14 @@ struct FoldHotRows {
       const int r = l.find_key_from<uint64_t, stride, suffix>(s, hashes[j], key, &s, &pi);
       if (r < 0) break;
       if (const uint8_t o = l.owned[pi]; o != 1) {
-        // A page written through for an unread snapshot (write_through.h) while this call holds
-        // the gate: an update is written in place, the slot saved first on the key's first
-        // write since the snapshot. Every other case goes to the lambda's lane.
-        detail::WriteThrough* w = l.map->through_held;
-        if (o != 2 || r != 1 || w == nullptr) break;
-        if (detail::load_u32(s) != l.version)
-          w->save<stride>(static_cast<uint32_t>(pi),
-                          static_cast<uint32_t>(s - l.pages[pi]->bytes()), s);
+        // A page written through for an unread snapshot (write_through.h): an update is
+        // written in place, the slot saved first on the key's first write since the snapshot
+        // while its page is not copied yet. Every other case goes to the lambda's lane.
+        detail::WriteThrough* w = l.map->through.get();
+        if (o != 2 || r != 1 || w == nullptr ||
+            !w->owner_write<stride>(static_cast<uint32_t>(pi),
+                                    static_cast<uint32_t>(s - l.pages[pi]->bytes()), s, l.version))
+          break;
       }
       const T x = c.value_at(values, i);
       T acc;

@@ -321,7 +321,7 @@ class Lanes {
     epoch_ = epoch;
     detail::enter_kernel();
   }
-  // The undo gates the call's write lanes took are released (StateMap::Impl::claim_through).
+  // The write-through pages the call's write lanes held are given back (WriteThrough::hold).
   ~Lanes() { detail::leave_kernel(); }
   Lanes(const Lanes&) = delete;
   Lanes& operator=(const Lanes&) = delete;

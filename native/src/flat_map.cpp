@@ -94,11 +94,13 @@ struct SlotWordHash {
   }
 };
 
-constexpr std::chrono::microseconds kMaxThroughWait{2000};
+// How long the reader tries to take a map between two of the owner's kernel calls before it
+// asks the owner to leave the map to it (WriteThrough::copy_pages).
+constexpr std::chrono::microseconds kReaderPatience{200};
 
-// The write-through gates this thread holds, with the map holding each
-// (StateMap::Impl::claim_through).
-thread_local std::vector<std::pair<std::shared_ptr<WriteThrough>, StateMap::Impl*>> t_claims;
+// The write-through states in which this thread holds a page (WriteThrough::hold), given back
+// when the outermost kernel call ends (release_through_claims).
+thread_local std::vector<std::shared_ptr<WriteThrough>> t_claims;
 
 }  // namespace
 
@@ -107,16 +109,87 @@ thread_local uint32_t kernel_depth = 0;
 thread_local uint32_t through_claims_held = 0;
 
 void release_through_claims() {
-  for (auto& c : t_claims) {
-    c.second->through_held = nullptr;
-    c.first->gate.store(WriteThrough::kOpen, std::memory_order_release);
-  }
+  for (auto& c : t_claims) c->end_call();
   t_claims.clear();
   through_claims_held = 0;
 }
 
+void WriteThrough::begin_call() {
+  if (claimed_) return;
+  claimed_ = true;
+  t_claims.push_back(shared_from_this());
+  ++through_claims_held;
+  uint32_t g = kOpen;
+  if (!reader_waiting_.load(std::memory_order_relaxed) &&
+      gate_.compare_exchange_strong(g, kOwner, std::memory_order_acquire,
+                                    std::memory_order_relaxed))
+    whole_ = true;
+}
+
+int WriteThrough::hold(uint32_t page) {
+  if (!claimed_) {
+    claimed_ = true;
+    t_claims.push_back(shared_from_this());
+    ++through_claims_held;
+  }
+  // Dekker: publish the page, then look at the reader's; the reader does the same the other way
+  // round, and sequential consistency lets at most one of the two miss the other's page.
+  owner_page_.exchange(page, std::memory_order_seq_cst);
+  held_ = page;
+  if (reader_page_.load(std::memory_order_seq_cst) == page ||
+      copied_[page].load(std::memory_order_acquire)) {
+    const bool copied = copied_[page].load(std::memory_order_acquire);
+    release_held();
+    return copied ? 0 : -1;
+  }
+  return 1;
+}
+
+void WriteThrough::copy_pages(const uint8_t* const* src, uint8_t* const* dst, size_t n,
+                              size_t bytes) {
+  // The map first: taken in a gap between two of the owner's kernel calls, which then write
+  // it page by page (hold) until the copy ends. A reader that found no gap for a while says it
+  // waits, and the owner's next calls leave the map to it: it waits for one call at most, the
+  // owner never.
+  const auto t0 = std::chrono::steady_clock::now();
+  for (unsigned spins = 0;; ++spins) {
+    uint32_t g = kOpen;
+    if (gate_.compare_exchange_weak(g, kReader, std::memory_order_acquire,
+                                    std::memory_order_relaxed))
+      break;
+    if ((spins & 63) == 63 && !reader_waiting_.load(std::memory_order_relaxed) &&
+        std::chrono::steady_clock::now() - t0 > kReaderPatience)
+      reader_waiting_.store(true, std::memory_order_relaxed);
+    through_backoff(spins);
+  }
+  std::vector<size_t> later;
+  auto try_copy = [&](size_t i) {
+    reader_page_.exchange(static_cast<uint32_t>(i), std::memory_order_seq_cst);
+    if (owner_page_.load(std::memory_order_seq_cst) == i) return false;
+    std::memcpy(dst[i], src[i], bytes);
+    copied_[i].store(1, std::memory_order_release);
+    return true;
+  };
+  for (size_t i = 0; i < n; ++i)
+    if (src[i] && !try_copy(i)) later.push_back(i);
+  // The owner gives a page back at its next write of another page of the map or at the end of
+  // its kernel call: a page it held is free soon, unless the scheduler keeps the owner off the
+  // CPU, which the yields leave it to.
+  for (unsigned spins = 0; !later.empty(); ++spins) {
+    size_t kept = 0;
+    for (size_t i : later)
+      if (!try_copy(i)) later[kept++] = i;
+    later.resize(kept);
+    if (kept == 0) break;
+    // Not copying while it waits: the owner may write the page it marked.
+    reader_page_.store(kNoPage, std::memory_order_release);
+    through_backoff(spins);
+  }
+  reader_page_.store(kNoPage, std::memory_order_release);
+}
+
 void through_backoff(unsigned spins) {
-  if (spins < 512) {
+  if (spins < 64) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif
@@ -125,41 +198,6 @@ void through_backoff(unsigned spins) {
   }
 }
 }  // namespace detail
-
-void StateMap::Impl::claim_through() {
-  WriteThrough* u = through.get();
-  if (through_held == u) return;
-  std::chrono::steady_clock::time_point t0;
-  bool timing = false;
-  for (unsigned spins = 0;; ++spins) {
-    uint32_t g = u->gate.load(std::memory_order_acquire);
-    if (g == WriteThrough::kClosed || u->abandoned.load(std::memory_order_relaxed)) {
-      through.reset();  // read or released: its pages are written like any other from now on
-      return;
-    }
-    if (g == WriteThrough::kOpen && !u->reader_waiting.load(std::memory_order_relaxed)) {
-      if (u->gate.compare_exchange_weak(g, WriteThrough::kOwner, std::memory_order_acquire,
-                                        std::memory_order_relaxed)) {
-        through_held = u;
-        t_claims.emplace_back(through, this);
-        ++detail::through_claims_held;
-        return;
-      }
-      continue;
-    }
-    // A reader copies the table or waits to: the copy is a memcpy of pages allocated
-    // beforehand, so wait for it rather than copy every page this call touches meanwhile -- but
-    // not for longer than kMaxThroughWait, in case a busy machine keeps the reader off the CPU:
-    // then the call writes the shared pages the classic way (a page copy each).
-    if (!timing) {
-      t0 = std::chrono::steady_clock::now();
-      timing = true;
-    } else if ((spins & 15) == 15 && std::chrono::steady_clock::now() - t0 > kMaxThroughWait) {
-      return;
-    }
-    detail::through_backoff(spins);
-  }
-}
 
 uint32_t StateMap::Impl::flat_hash_of(const FlatDirectory* d, const uint8_t* slot) const {
   const FlatLayout& l = d->layout;

@@ -4,13 +4,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
-#include <thread>
 
 #include "statecore/detail/key_hash.h"
 #include "statecore/detail/map_impl.h"
@@ -27,10 +25,6 @@ namespace {
 
 constexpr size_t kMinTransferredPerStep = 4;  // Flink MIN_TRANSFERRED_PER_INCREMENTAL_REHASH
 constexpr size_t kMaxBucketVisitsPerStep = 64;
-// How long a snapshot's first reader tries to take the write-through gate between the owner's
-// kernel calls before it asks the owner to leave the gate to it (MapSnapshot::capture).
-constexpr std::chrono::microseconds kReaderSpin{1000};
-constexpr std::chrono::microseconds kReaderPatience{2000};
 
 size_t threshold_for(size_t capacity) { return (capacity >> 1) + (capacity >> 2); }
 
@@ -684,7 +678,8 @@ std::shared_ptr<MapSnapshot> StateMap::snapshot() {
     if (m.frehash) m.frehash->ref();
     s->frehash = m.frehash;
     if (only && !m.frehash && m.fprimary->layout.fixed && m.version <= detail::kFlatMaxVersion) {
-      m.through = std::make_shared<detail::WriteThrough>(m.fprimary->stride());
+      m.through =
+          std::make_shared<detail::WriteThrough>(m.fprimary->stride(), m.fprimary->page_count);
       s->through = m.through;
     }
   } else {
@@ -841,7 +836,7 @@ void MapSnapshot::release() {
   if (!s_ || s_->released) return;
   s_->released = true;
   if (s_->through) {
-    s_->through->abandoned.store(true, std::memory_order_relaxed);
+    s_->through->done.store(true, std::memory_order_release);
     s_->through.reset();
   }
   s_->impl->release_snapshot(s_->version);
@@ -858,52 +853,34 @@ void MapSnapshot::capture() const {
   State& st = *s_;
   if (!st.through) return;
   detail::WriteThrough& u = *st.through;
-  // The copy's pages are allocated (and so faulted in) before the gate is taken: the owner
-  // waits for the copy made under the gate, which is then memcpy alone.
+  // Everything that may fail (the copy's pages) before the first page is copied: the owner
+  // writes a copied page in place without saving its slots, so a capture cannot start over.
   const FlatDirectory* d = st.fprimary;
   const uint32_t stride = d->stride();
+  std::vector<const uint8_t*> src(d->page_count, nullptr);
+  std::vector<uint8_t*> dst(d->page_count, nullptr);
   FlatDirectory* c = FlatDirectory::make(d->capacity, d->layout);
   try {
     for (size_t i = 0; i < d->page_count; ++i) {
-      if (const detail::FlatPage* p = d->pages()[i])
+      if (const detail::FlatPage* p = d->pages()[i]) {
         c->pages()[i] = detail::FlatPage::make_empty(p->slot_count, stride, /*pooled=*/false);
+        src[i] = p->bytes();
+        dst[i] = c->pages()[i]->bytes();
+      }
     }
   } catch (...) {
-    FlatDirectory::unref(c);  // nothing taken yet: the snapshot stays as it was
+    FlatDirectory::unref(c);  // nothing copied yet: the snapshot stays as it was
     throw;
   }
-  // The gate is free between two kernel calls of the owner: take it there, so that the owner
-  // waits at most for the rest of a copy already running, not for a reader the scheduler keeps
-  // waiting. Only a reader that found no such gap for kReaderPatience says it waits; the owner's
-  // next calls then leave the gate to it.
-  const auto t0 = std::chrono::steady_clock::now();
-  for (unsigned spins = 0;; ++spins) {
-    uint32_t g = detail::WriteThrough::kOpen;
-    if (u.gate.compare_exchange_weak(g, detail::WriteThrough::kReader, std::memory_order_acquire,
-                                     std::memory_order_relaxed))
-      break;
-    // Spin (a gap lasts microseconds; yielding would miss most), yield once past kReaderSpin.
-    if ((spins & 63) == 63) {
-      const auto waited = std::chrono::steady_clock::now() - t0;
-      if (waited > kReaderPatience) u.reader_waiting.store(true, std::memory_order_relaxed);
-      if (waited > kReaderSpin) std::this_thread::yield();
-    }
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-  }
-  // The owner writes none of the shared pages while the gate is ours: copy them, then put the
-  // saved slots back, newest first, so each slot ends with its bytes at snapshot time.
-  for (size_t i = 0; i < d->page_count; ++i) {
-    if (const detail::FlatPage* p = d->pages()[i])
-      std::memcpy(c->pages()[i]->bytes(), p->bytes(), size_t(p->slot_count) * stride);
-  }
+  // Page by page while the owner keeps writing (WriteThrough::copy_pages), then the saved
+  // slots put back, newest first, so each slot ends with its bytes at snapshot time.
+  u.copy_pages(src.data(), dst.data(), d->page_count, size_t(d->page_mask() + 1) * stride);
   u.for_each_newest_first([&](uint32_t page, uint32_t offset, const uint8_t* bytes) {
     std::memcpy(c->pages()[page]->bytes() + offset, bytes, stride);
   });
   FlatDirectory::unref(st.fprimary);  // the owner finds the pages exclusive again
   st.fprimary = c;
-  u.gate.store(detail::WriteThrough::kClosed, std::memory_order_release);
+  u.done.store(true, std::memory_order_release);
   st.through.reset();
 }
 

@@ -7,6 +7,7 @@
 // another thread while the owner writes through. Over the chained engine (the suite's second
 // run) the same contents must hold; only the page-copy counts are flat facts.
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -19,6 +20,8 @@
 #include "batch_test_arrays.h"
 #include "check.h"
 #include "statecore/batch.h"
+#include "statecore/detail/map_impl.h"
+#include "statecore/detail/write_through.h"
 #include "statecore/key_groups.h"
 #include "statecore/state_table.h"
 
@@ -230,6 +233,146 @@ TEST(overlapping_snapshots_released_in_either_order) {
     CHECK(of_snapshot(*s3) == at3);
     if (order == 0) CHECK(of_snapshot(*s2) == at2);
     else CHECK(of_snapshot(*s1) == at1);
+  }
+}
+
+TEST(the_reader_takes_a_page_the_owner_holds_only_after_the_owner_gave_it_back) {
+  // WriteThrough alone, two pages of 4 slots of 8 bytes (meta + 4 bytes). The owner writes
+  // slot 1 of page 0 in place, holding page 0 until its kernel call ends; the reader copies
+  // page 1 meanwhile but not page 0, and after the call ends copies page 0 with the write in it,
+  // which the saved record then undoes.
+  constexpr uint32_t kStride = 8, kSlots = 4, kVersion = 7;
+  std::vector<uint8_t> src0(kSlots * kStride), src1(kSlots * kStride);
+  std::vector<uint8_t> dst0(src0.size(), 0xEE), dst1(src1.size(), 0xEE);
+  for (size_t i = 0; i < src0.size(); ++i) src0[i] = uint8_t(i), src1[i] = uint8_t(100 + i);
+  const std::vector<uint8_t> at0 = src0;
+  auto w = std::make_shared<detail::WriteThrough>(kStride, 2);
+  CHECK(w->owner_write(0, kStride, src0.data() + kStride, kVersion));
+  CHECK_EQ(w->size(), size_t(1));
+  std::memset(src0.data() + kStride, 0xAB, kStride);  // the in-place write, meta included
+  std::atomic<bool> finished{false};
+  const uint8_t* src[2] = {src0.data(), src1.data()};
+  uint8_t* dst[2] = {dst0.data(), dst1.data()};
+  std::thread reader([&] {
+    w->copy_pages(src, dst, 2, src0.size());
+    finished.store(true);
+  });
+  // The reader cannot finish while page 0 is held.
+  for (int i = 0; i < 50; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    CHECK(!finished.load());
+  }
+  detail::release_through_claims();  // gives page 0 back
+  reader.join();
+  CHECK(finished.load());
+  CHECK(dst1 == src1);
+  CHECK(dst0 == src0);  // copied after the write
+  w->for_each_newest_first([&](uint32_t page, uint32_t offset, const uint8_t* bytes) {
+    CHECK_EQ(page, 0u);
+    std::memcpy(dst0.data() + offset, bytes, kStride);
+  });
+  CHECK(dst0 == at0);
+  // Both pages copied: the owner writes in place, nothing saved.
+  CHECK(w->owner_write(0, 0, src0.data(), kVersion));
+  CHECK(w->owner_write(1, 0, src1.data(), kVersion));
+  detail::release_through_claims();
+  CHECK_EQ(w->size(), size_t(1));
+}
+
+TEST(a_kernel_call_holding_the_whole_map_keeps_the_reader_out_until_it_ends) {
+  // A call that began while the reader had not started writes the map without per-page
+  // exchanges (begin_call takes the map); the reader starts only once the call ended, and the
+  // owner's later calls keep pages apart.
+  constexpr uint32_t kStride = 8, kSlots = 4, kVersion = 3;
+  std::vector<uint8_t> src0(kSlots * kStride, 0x11), dst0(src0.size(), 0);
+  const std::vector<uint8_t> at0 = src0;
+  auto w = std::make_shared<detail::WriteThrough>(kStride, 1);
+  w->begin_call();
+  CHECK(w->owner_write(0, 0, src0.data(), kVersion));
+  std::memset(src0.data(), 0x22, kStride);
+  std::atomic<bool> finished{false};
+  const uint8_t* src[1] = {src0.data()};
+  uint8_t* dst[1] = {dst0.data()};
+  std::thread reader([&] {
+    w->copy_pages(src, dst, 1, src0.size());
+    finished.store(true);
+  });
+  CHECK(w->owner_write(0, kStride, src0.data() + kStride, kVersion));  // still the whole map
+  detail::store_u32(src0.data() + kStride, kVersion);                  // the write stamps the slot
+  for (int i = 0; i < 50; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    CHECK(!finished.load());
+    CHECK(w->owner_write(0, kStride, src0.data() + kStride, kVersion));  // no second save
+  }
+  std::memset(src0.data() + kStride + 4, 0x33, kStride - 4);
+  detail::release_through_claims();
+  reader.join();
+  CHECK_EQ(w->size(), size_t(2));
+  w->for_each_newest_first([&](uint32_t, uint32_t offset, const uint8_t* bytes) {
+    std::memcpy(dst0.data() + offset, bytes, kStride);
+  });
+  CHECK(dst0 == at0);
+  w->begin_call();  // the reader has the map: page by page, and page 0 is copied
+  CHECK(w->owner_write(0, 2 * kStride, src0.data() + 2 * kStride, kVersion));
+  detail::release_through_claims();
+  CHECK_EQ(w->size(), size_t(2));
+}
+
+TEST(a_reader_copies_pages_while_the_owner_keeps_writing_them) {
+  // The reader copies page by page while the owner's kernel calls write the same maps in place:
+  // updates of every key, inserts into empty slots and removals (put_batch). The owner runs
+  // until the reader is done, so the two overlap on every map; the snapshot must read exactly
+  // its contents and the live table must hold every write.
+  Fixture f(60000);  // ~7500 keys a map, 20 pages each
+  std::map<int64_t, int64_t> want;
+  for (int64_t k : f.all) want[k] = 1;
+  auto as_bytes = [](const std::map<int64_t, int64_t>& m) {
+    std::map<int64_t, std::string> out;
+    for (const auto& kv : m) out[kv.first] = le64(kv.second);
+    return out;
+  };
+  std::mt19937_64 rng(77);
+  int64_t next_new = 1;
+  for (int round = 0; round < 8; ++round) {
+    std::optional<TableSnapshot> s(f.t.snapshot());
+    const auto at = live(f.t);
+    CHECK(at == as_bytes(want));
+    std::atomic<bool> finished{false};
+    std::map<int64_t, std::string> seen;
+    std::thread reader([&] {
+      seen = of_snapshot(*s);
+      finished.store(true);
+    });
+    int calls = 0;
+    while (!finished.load() || calls < 4) {
+      if (calls % 3 == 2) {
+        // Inserts of new keys (odd, so never a multiple of 104729 * 2) and removals.
+        std::vector<int64_t> ks;
+        std::vector<std::optional<int64_t>> vs;
+        for (int i = 0; i < 200; ++i) {
+          const int64_t k = next_new;
+          next_new += 2;
+          ks.push_back(k), vs.push_back(k);
+          want[k] = k;
+        }
+        for (int i = 0; i < 50; ++i) {
+          const int64_t k = f.all[rng() % f.all.size()];
+          ks.push_back(k), vs.push_back(std::nullopt);
+          want.erase(k);
+        }
+        f.put(ks, vs);
+      } else {
+        const std::vector<int64_t> ks =
+            calls % 3 == 0 ? f.all : f.sample(3000, static_cast<uint32_t>(round * 1000 + calls));
+        f.add(ks, 1);
+        for (int64_t k : ks) ++want[k];
+      }
+      ++calls;
+    }
+    reader.join();
+    CHECK(seen == at);
+    CHECK(of_snapshot(*s) == at);
+    CHECK(live(f.t) == as_bytes(want));
   }
 }
 

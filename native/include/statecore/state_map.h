@@ -39,9 +39,9 @@ struct Entry;
 // entry that fits no flat layout. Conversion keeps every entry's `modified`. Trade-off: the flat
 // engine saves the header, allocation and pointer chase per entry but has no entry to copy: while
 // its only snapshot is unread, batch kernels write shared pages through, saving each slot before
-// its first write, and the snapshot's first reader copies the table (write-through copy-on-write,
-// detail/write_through.h); otherwise a write copies a whole page (up to 16 KiB). The chained engine
-// holds any key and value.
+// its first write, and the snapshot's first reader copies the table page by page while the owner
+// writes on (write-through copy-on-write, detail/write_through.h); otherwise a write copies a
+// whole page (up to 16 KiB). The chained engine holds any key and value.
 //
 // Snapshots are versions. snapshot() bumps the map version to s and shares the table's
 // directories (reference counted, as are their pages): O(1), no bucket copied (Flink copies the
@@ -74,10 +74,13 @@ struct Entry;
 //  F2 (flat) every table keeps a free slot (load <= 3/4; the new table of a rehash stays
 //     under 1/2).
 //  W1 (flat) a page marked written-through (owned 2) is shared only with the unread snapshot of
-//     the map's write-through state, is written only by a kernel call holding its gate, and
-//     each slot written since the snapshot was saved, with its bytes at snapshot time, before.
-//  W2 (flat) the snapshot's reader reads shared pages and saved slots only holding the gate,
-//     then only its own copy of the table.
+//     the map's write-through state and is written in place only by a kernel call holding the
+//     map's gate, or the page (while the reader does not copy it), or after the reader copied
+//     it; each slot written while its page was not copied was saved, with its bytes at snapshot
+//     time, before.
+//  W2 (flat) the snapshot's reader copies shared pages only holding the gate and, each, while
+//     the owner does not hold it; it reads the saved slots only after its last page, then only
+//     its own copy of the table.
 //  W3 (flat) a map has a write-through state only while its snapshot is the only live one and
 //     unread.
 //  C1 base <= version; the base never decreases.

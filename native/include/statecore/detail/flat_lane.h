@@ -96,29 +96,35 @@ struct alignas(64) FlatLane {
     key_size = static_cast<uint8_t>(l.key_size);
     value_size = static_cast<uint16_t>(l.value_size);
     version = static_cast<uint32_t>(m.version);
-    if (write && m.through) m.claim_through();
+    // A state whose reader finished (or whose snapshot was released unread) is dropped: its
+    // pages are the owner's again, written like any other.
+    if (write && m.through) {
+      if (m.through->done.load(std::memory_order_acquire)) m.through.reset();
+      else m.through->begin_call();
+    }
     return true;
   }
 
   // A write of slot `s` on page pi, whose owned[] byte is not 1: true when the lane may write
   // it in place now. An exclusive page (its snapshots released) becomes owned; a page shared
-  // with the snapshot of the map's write-through state is written through while this kernel
-  // call holds its gate, the slot saved first unless it was written since the snapshot (its
-  // meta is the map version). False: the general path (which copies a shared page).
+  // with the unread snapshot of the map's write-through state is written through
+  // (WriteThrough::owner_write: the slot saved first unless it was written since the snapshot
+  // or its page was copied already). False: the general path (which copies a shared page), also
+  // when the snapshot's reader copies that page right now.
   [[gnu::noinline]] bool write_through(size_t pi, const uint8_t* s) {
     StateMap::Impl& m = *map;
     FlatPage* p = pages[pi];
     uint8_t o = owned[pi];
-    if (o == 0 || m.through_held == nullptr) {
+    WriteThrough* w = m.through.get();
+    if (o == 0 || w == nullptr) {
       if (p->refs.load(std::memory_order_acquire) == 1) o = 1;
-      else if (m.through_held == nullptr) return false;
+      else if (w == nullptr) return false;
       else o = 2;
       m.fprimary->owned()[pi] = o;
       if (owned == owned_copies) owned_copies[pi] = o;
     }
-    if (o == 2 && load_u32(s) != version)
-      m.through_held->save(static_cast<uint32_t>(pi), static_cast<uint32_t>(s - p->bytes()), s);
-    return true;
+    return o != 2 || w->owner_write(static_cast<uint32_t>(pi),
+                                    static_cast<uint32_t>(s - p->bytes()), s, version);
   }
 
   // Prefetches the home slot of hash h and the next one (a short probe) from the lane's

@@ -202,7 +202,8 @@ static_assert(sizeof(FlatPage) == 8, "slots start 8 bytes into a page");
 // away from the slot being written, and in a state larger than the cache loading it is a cache
 // miss on every row. owned[i] == 2 marks a page shared with the snapshot of the map's
 // write-through state (detail/write_through.h) that a batch kernel writes through: in place,
-// under the state's gate, each slot saved before its first write since the snapshot. Only the
+// holding the page or after the snapshot's reader copied it, each slot saved before its first
+// write since the snapshot while the page was not copied. Only the
 // owner thread reads or writes
 // owned[]. It can only be stale towards "not known": a page becomes shared only through
 // make_copy, which starts the copy with every byte 0 (the source directory then belongs to

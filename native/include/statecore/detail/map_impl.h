@@ -82,8 +82,6 @@ struct StateMap::Impl {
   // while it has not been read, when it was taken of a flat map with no rehash in flight and no
   // other live snapshot; nullptr otherwise. Shared with the snapshot.
   std::shared_ptr<detail::WriteThrough> through;
-  // `through` while the batch kernel call in flight holds its gate (claim_through), else nullptr.
-  detail::WriteThrough* through_held = nullptr;
 
   // ---- shared with threads that release snapshots ----
   // Highest version of a live snapshot, 0 when none (Flink highestRequiredSnapshotVersion).
@@ -333,12 +331,6 @@ struct StateMap::Impl {
   size_t& flat_size_of(detail::FlatDirectory** t) {
     return t == &fprimary ? primary_size : rehash_size;
   }
-  // At the open of a write lane while `through` is set: takes its gate for the kernel call in
-  // flight (through_held; released when the outermost kernel call ends, leave_kernel), or, when
-  // the snapshot was read or released meanwhile, drops `through`. While a reader copies or waits
-  // for the gate it waits for the copy, at most kMaxThroughWait; past that the call writes the
-  // shared pages the classic way (a page copy each).
-  void claim_through();
   void release_snapshot(uint64_t v);  // any thread
   void teardown();                    // ~StateMap
   void reset_tables(size_t capacity);
@@ -346,7 +338,7 @@ struct StateMap::Impl {
 
 namespace detail {
 // Batch kernel calls in flight on this thread (Lanes: nested calls count once each) and the
-// write-through gates they took (StateMap::Impl::claim_through), all released when the
+// write-through states in which they hold a page (WriteThrough::hold), all given back when the
 // outermost call ends.
 extern thread_local uint32_t kernel_depth;
 extern thread_local uint32_t through_claims_held;
