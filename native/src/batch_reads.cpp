@@ -156,8 +156,7 @@ void validate_map_key_batch(StateTable& table, const BatchKeySpec& spec, ArrowIn
 }
 
 void clear_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in,
-                 CollectionIndex* index, ListIndex* list_index,
-                 ttl::IncrementalCleanup* cleanup) {
+                 CollectionIndex* index, ListIndex* list_index, ttl::IncrementalCleanup* cleanup) {
   const KeyArrays keys = make_keys(spec, keys_in);
   const int32_t* kgs = nullptr;
   check_key_batch(table, spec, keys, TtlBatchSpec(), &kgs);
