@@ -8,7 +8,7 @@ n = 10, 1k, 100k and 1M elements (python: up to 100k; ``--quick``: 10, 1k, 10k f
 * ``append_batch``: ``append_batch`` of n rows of the key (one element a row, 64k-row
   batches) into an empty list, microseconds per row;
 * ``get_batch``: ``get_batch`` of one row of the key (the whole list), microseconds per element;
-* per record (``set_current_key(0)`` once, on the full list): ``add`` of ``_OPS`` elements,
+* per record (``set_current_key(0)`` once, on the full list): ``add`` of ``OPS`` elements,
   microseconds per add; ``get``: one ``get()`` of the whole list, microseconds per element;
 * memory: ``state_bytes()`` per element (keys and values as stored) and, native, the
   estimated bytes of the list index (``list_index_stats``) per element.
@@ -20,31 +20,16 @@ Checkpoint bytes (``checkpoint_*``): the 100k-element list (``--quick``: 10k) ch
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 
 import numpy as np
 import pyarrow as pa
 
-from bench.common import has_native
+from bench.collection_sizes import BATCH, OPS, checkpoint_records, impls, per_us, sizes
 from bench.harness import Size, case, record
 from statecore import ListStateDescriptor, create_backend
-from statecore.checkpoint import CheckpointStore
 
 _CASE = "list_entries"
-_OPS = 2000
-_BATCH = 65536
-
-
-def _impls() -> list:
-    return (["native"] if has_native() else []) + ["python"]
-
-
-def _sizes(size: Size, impl: str) -> list:
-    if size.quick:
-        return [10, 1000, 10_000]
-    return [10, 1000, 100_000] + ([1_000_000] if impl == "native" else [])
 
 
 def _backend(impl: str):
@@ -55,12 +40,8 @@ def _backend(impl: str):
 
 def _batches(n: int) -> list:
     vals = np.arange(n, dtype=np.int64)
-    return [(pa.array(np.zeros(min(_BATCH, n - i), np.int64)), pa.array(vals[i:i + _BATCH]))
-            for i in range(0, n, _BATCH)]
-
-
-def _per_us(seconds: float, count: int) -> float:
-    return seconds * 1e6 / max(count, 1)
+    return [(pa.array(np.zeros(min(BATCH, n - i), np.int64)), pa.array(vals[i:i + BATCH]))
+            for i in range(0, n, BATCH)]
 
 
 def _run(impl: str, n: int) -> list:
@@ -76,23 +57,23 @@ def _run(impl: str, n: int) -> list:
     assert len(got.values) == n
     b.set_current_key(0)
     t = time.perf_counter()
-    for i in range(_OPS):
+    for i in range(OPS):
         st.add(i)
     add = time.perf_counter() - t
     t = time.perf_counter()
     elements = st.get()
     get = time.perf_counter() - t
-    assert len(elements) == n + _OPS
-    out = [record(_CASE, impl, f"append_batch_us_per_row_{n}", _per_us(append_batch, n), "us"),
-           record(_CASE, impl, f"get_batch_us_per_element_{n}", _per_us(get_batch, n), "us"),
-           record(_CASE, impl, f"add_us_per_op_{n}", _per_us(add, _OPS), "us"),
-           record(_CASE, impl, f"get_us_per_element_{n}", _per_us(get, n + _OPS), "us"),
-           record(_CASE, impl, f"state_bytes_per_element_{n}", b.state_bytes() / (n + _OPS),
+    assert len(elements) == n + OPS
+    out = [record(_CASE, impl, f"append_batch_us_per_row_{n}", per_us(append_batch, n), "us"),
+           record(_CASE, impl, f"get_batch_us_per_element_{n}", per_us(get_batch, n), "us"),
+           record(_CASE, impl, f"add_us_per_op_{n}", per_us(add, OPS), "us"),
+           record(_CASE, impl, f"get_us_per_element_{n}", per_us(get, n + OPS), "us"),
+           record(_CASE, impl, f"state_bytes_per_element_{n}", b.state_bytes() / (n + OPS),
                   "bytes")]
     if impl == "native" and hasattr(b, "list_index_stats"):  # absent before per-element lists
         ix = b.list_index_stats()["l"]
         out.append(record(_CASE, impl, f"index_bytes_per_element_{n}",
-                          ix["bytes"] / (n + _OPS), "bytes"))
+                          ix["bytes"] / (n + OPS), "bytes"))
     b.dispose()
     return out
 
@@ -101,24 +82,7 @@ def _checkpoint_bytes(impl: str, n: int) -> list:
     b, st = _backend(impl)
     for k, v in _batches(n):
         st.append_batch(k, v)
-    root = tempfile.mkdtemp(prefix="statecore-bench-")
-    try:
-        store = CheckpointStore(root)
-        full = store.checkpoint(b, 1)
-        b.set_current_key(0)
-        st.add(-1)
-        inc = store.checkpoint(b, 2)
-        d1, d2 = store.describe(1), store.describe(2)
-        assert full["files"] and inc["files"]
-        return [record(_CASE, impl, f"checkpoint_full_bytes_{n}", d1["bytes_added"], "bytes"),
-                record(_CASE, impl, f"checkpoint_incremental_bytes_{n}", d2["bytes_added"],
-                       "bytes"),
-                record(_CASE, impl, f"checkpoint_incremental_entries_{n}",
-                       sum(r["entries"]["l"] for r in d2["run_list"] if r["version"] == 2),
-                       "entries")]
-    finally:
-        b.dispose()
-        shutil.rmtree(root, ignore_errors=True)
+    return checkpoint_records(_CASE, impl, n, b, "l", lambda: st.add(-1))
 
 
 def _panel(r) -> object:
@@ -135,9 +99,9 @@ def _panel(r) -> object:
       "key, and the incremental checkpoint after one append", panel=_panel)
 def list_entries(size: Size):
     out = []
-    for impl in _impls():
+    for impl in impls():
         _run(impl, 10)  # warm-up, untimed: the first calls of a process pay one-off costs
-        for n in _sizes(size, impl):
+        for n in sizes(size, impl):
             out.extend(_run(impl, n))
         out.extend(_checkpoint_bytes(impl, 10_000 if size.quick else 100_000))
     return out

@@ -8,7 +8,7 @@ flat. Workload: MapState int64 user key -> int64 value, one key (0), void namesp
 * ``put_batch``: ``put_batch`` of the n rows of the key into an empty map (64k-row batches),
   microseconds per row;
 * ``get_batch``: ``get_batch`` of the same n rows, microseconds per row;
-* per record (``set_current_key(0)`` once, then ``_OPS`` operations on random user keys of the
+* per record (``set_current_key(0)`` once, then ``OPS`` operations on random user keys of the
   full map): ``get``, ``contains``, ``put`` (an existing user key: overwrites), ``remove`` then
   ``put`` back (the pair, so the map keeps its size), microseconds per operation;
 * ``items``: one ``items()`` of the whole map, microseconds per entry;
@@ -23,31 +23,16 @@ Checkpoint bytes (``checkpoint_*``): the 100k-entry map (``--quick``: 10k) check
 from __future__ import annotations
 
 import random
-import shutil
-import tempfile
 import time
 
 import numpy as np
 import pyarrow as pa
 
-from bench.common import has_native
+from bench.collection_sizes import BATCH, OPS, checkpoint_records, impls, per_us, sizes
 from bench.harness import Size, case, record
 from statecore import MapStateDescriptor, create_backend
-from statecore.checkpoint import CheckpointStore
 
 _CASE = "map_entries"
-_OPS = 2000
-_BATCH = 65536
-
-
-def _impls() -> list:
-    return (["native"] if has_native() else []) + ["python"]
-
-
-def _sizes(size: Size, impl: str) -> list:
-    if size.quick:
-        return [10, 1000, 10_000]
-    return [10, 1000, 100_000] + ([1_000_000] if impl == "native" else [])
 
 
 def _backend(impl: str):
@@ -58,12 +43,8 @@ def _backend(impl: str):
 
 def _batches(n: int) -> list:
     uks = np.arange(n, dtype=np.int64)
-    return [(pa.array(np.zeros(min(_BATCH, n - i), np.int64)), pa.array(uks[i:i + _BATCH]),
-             pa.array(uks[i:i + _BATCH] * 2)) for i in range(0, n, _BATCH)]
-
-
-def _per_us(seconds: float, count: int) -> float:
-    return seconds * 1e6 / max(count, 1)
+    return [(pa.array(np.zeros(min(BATCH, n - i), np.int64)), pa.array(uks[i:i + BATCH]),
+             pa.array(uks[i:i + BATCH] * 2)) for i in range(0, n, BATCH)]
 
 
 def _run(impl: str, n: int) -> list:
@@ -79,9 +60,9 @@ def _run(impl: str, n: int) -> list:
     get_batch = time.perf_counter() - t
     b.set_current_key(0)
     rng = random.Random(n)
-    picks = [rng.randrange(n) for _ in range(_OPS)]
-    out = [record(_CASE, impl, f"put_batch_us_per_row_{n}", _per_us(put_batch, n), "us"),
-           record(_CASE, impl, f"get_batch_us_per_row_{n}", _per_us(get_batch, n), "us")]
+    picks = [rng.randrange(n) for _ in range(OPS)]
+    out = [record(_CASE, impl, f"put_batch_us_per_row_{n}", per_us(put_batch, n), "us"),
+           record(_CASE, impl, f"get_batch_us_per_row_{n}", per_us(get_batch, n), "us")]
     for name, fn in (("get", lambda uk: st.get(uk)),
                      ("contains", lambda uk: st.contains(uk)),
                      ("put", lambda uk: st.put(uk, uk)),
@@ -90,11 +71,11 @@ def _run(impl: str, n: int) -> list:
         for uk in picks:
             fn(uk)
         out.append(record(_CASE, impl, f"{name}_us_per_op_{n}",
-                          _per_us(time.perf_counter() - t, _OPS), "us"))
+                          per_us(time.perf_counter() - t, OPS), "us"))
     t = time.perf_counter()
     items = st.items()
     out.append(record(_CASE, impl, f"items_us_per_entry_{n}",
-                      _per_us(time.perf_counter() - t, len(items)), "us"))
+                      per_us(time.perf_counter() - t, len(items)), "us"))
     assert len(items) == n and st.size() == n
     # Memory per entry: the table's key and value bytes, and (native) the index of user keys.
     out.append(record(_CASE, impl, f"state_bytes_per_entry_{n}", b.state_bytes() / n, "bytes"))
@@ -109,24 +90,7 @@ def _checkpoint_bytes(impl: str, n: int) -> list:
     b, st = _backend(impl)
     for k, u, v in _batches(n):
         st.put_batch(k, u, v)
-    root = tempfile.mkdtemp(prefix="statecore-bench-")
-    try:
-        store = CheckpointStore(root)
-        full = store.checkpoint(b, 1)
-        b.set_current_key(0)
-        st.put(n // 2, -1)
-        inc = store.checkpoint(b, 2)
-        d1, d2 = store.describe(1), store.describe(2)
-        assert full["files"] and inc["files"]
-        return [record(_CASE, impl, f"checkpoint_full_bytes_{n}", d1["bytes_added"], "bytes"),
-                record(_CASE, impl, f"checkpoint_incremental_bytes_{n}", d2["bytes_added"],
-                       "bytes"),
-                record(_CASE, impl, f"checkpoint_incremental_entries_{n}",
-                       sum(r["entries"]["m"] for r in d2["run_list"] if r["version"] == 2),
-                       "entries")]
-    finally:
-        b.dispose()
-        shutil.rmtree(root, ignore_errors=True)
+    return checkpoint_records(_CASE, impl, n, b, "m", lambda: st.put(n // 2, -1))
 
 
 def _panel(r) -> object:
@@ -143,9 +107,9 @@ def _panel(r) -> object:
       "incremental checkpoint after one change", panel=_panel)
 def map_entries(size: Size):
     out = []
-    for impl in _impls():
+    for impl in impls():
         _run(impl, 10)  # warm-up, untimed: the first calls of a process pay one-off costs
-        for n in _sizes(size, impl):
+        for n in sizes(size, impl):
             out.extend(_run(impl, n))
         out.extend(_checkpoint_bytes(impl, 10_000 if size.quick else 100_000))
     return out
