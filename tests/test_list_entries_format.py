@@ -15,8 +15,12 @@ from statecore.checkpoint import format as fmt
 from statecore.checkpoint.verify import check_entries
 from statecore.descriptors import ListStateDescriptor
 from statecore.errors import CorruptCheckpointError, InvalidInputError, StateMigrationError
-from statecore.key_groups import KeyGroupRange, spark_key_group
-from support.data_files import data_file_bytes, rewrite_footer_meta
+from statecore.key_groups import spark_key_group
+from support.data_files import (
+    ReaderSnapshot,
+    RowsSnapshot,
+    data_file_of_format,
+)
 
 MAXP = 128
 BACKENDS = ["python", "native"]
@@ -32,56 +36,6 @@ def _meta(value_type: str, ttl: bool) -> dict:
 def _prefix(key: int) -> tuple[int, bytes]:
     kg = PythonBackend(key_type="int64", max_parallelism=MAXP).key_group_of(key)
     return kg, S.encode_key(kg, MAXP, key, "int64", None, "void")
-
-
-class _Snap:
-    """A snapshot of the whole-list layout: ``rows[kg] = {encoded key: blob or None}``."""
-
-    def __init__(self, rows, meta, incremental=False):
-        self.max_parallelism = MAXP
-        self.key_group_range = KeyGroupRange(0, MAXP - 1)
-        self.key_type = "int64"
-        self.assigner = "spark"
-        self.incremental = incremental
-        self.snapshot_id = 1
-        self.rows = rows
-        self.meta = meta
-
-    def state_metas(self):
-        return [dict(self.meta)]
-
-    def entries(self, name, kg):
-        items = sorted(self.rows.get(kg, {}).items())
-        return (pa.array([k for k, _ in items], pa.binary()),
-                pa.array([v for _, v in items], pa.binary()))
-
-    def release(self):
-        pass
-
-
-def _as_format_3(snap) -> bytes:
-    """The bytes of a data file of ``snap`` as format version 3 wrote it (the trailer's and the
-    meta's version 3; the layout of blocks and footer is the same)."""
-    raw, _ = data_file_bytes(snap, 1)
-    return rewrite_footer_meta(raw, lambda meta: meta.update(format_version=3),
-                               trailer_version=3)[0]
-
-
-class _ReaderSnap:
-    """A full snapshot read through a DataFileReader (what a restore reads)."""
-
-    def __init__(self, reader):
-        self.reader = reader
-        self.max_parallelism = MAXP
-        self.key_group_range = KeyGroupRange(0, MAXP - 1)
-        self.key_type = "int64"
-        self.assigner = "spark"
-
-    def state_metas(self):
-        return self.reader.state_metas()
-
-    def entries(self, name, kg):
-        return self.reader.entries(name, kg)
 
 
 _LISTS = {"string": {1: ["b", "", "a" * 200], 2: ["x"]}, "int64": {1: [3, -1, 7], 2: [9]}}
@@ -109,8 +63,8 @@ def test_format_3_whole_lists_are_read_as_elements_and_restore(kind, value_type)
     from statecore import create_backend
 
     rows = _whole_lists(value_type)
-    r = fmt.DataFileReader(pa.BufferReader(_as_format_3(_Snap(rows, _meta(value_type, False)))),
-                           "old.sckp")
+    r = fmt.DataFileReader(pa.BufferReader(data_file_of_format(
+        RowsSnapshot(rows, _meta(value_type, False), MAXP), 3)), "old.sckp")
     assert r.format_version == 3
     kg, prefix = _prefix(1)
     keys, vals = r.entries("l", kg)
@@ -119,7 +73,7 @@ def test_format_3_whole_lists_are_read_as_elements_and_restore(kind, value_type)
     assert vals.to_pylist() == [ser.serialize(e) for e in _LISTS[value_type][1]]
     assert len(r.stored_entries("l", kg)[0]) == len(rows[kg])  # as stored: whole lists
     b = create_backend(kind, key_type="int64", max_parallelism=MAXP)
-    b.restore(_ReaderSnap(r))
+    b.restore(ReaderSnapshot(r, MAXP))
     ls = b.get_state(ListStateDescriptor("l", value_type))
     for key, elements in _LISTS[value_type].items():
         b.set_current_key(key)
@@ -133,8 +87,8 @@ def test_format_3_whole_lists_are_read_as_elements_and_restore(kind, value_type)
 @pytest.mark.parametrize("value_type", ["string", "int64"])
 def test_format_3_ttl_whole_lists_keep_each_timestamp(value_type):
     rows = _whole_lists(value_type, ttl=True)
-    r = fmt.DataFileReader(pa.BufferReader(_as_format_3(_Snap(rows, _meta(value_type, True)))),
-                           "old.sckp")
+    r = fmt.DataFileReader(pa.BufferReader(data_file_of_format(
+        RowsSnapshot(rows, _meta(value_type, True), MAXP), 3)), "old.sckp")
     kg, _ = _prefix(1)
     _, vals = r.entries("l", kg)
     assert [x[-8:] for x in vals.to_pylist()] == [(100 + i).to_bytes(8, "big") for i in range(3)]
@@ -142,8 +96,8 @@ def test_format_3_ttl_whole_lists_keep_each_timestamp(value_type):
 
 def test_format_3_incremental_whole_lists_are_refused():
     rows = _whole_lists("string")
-    r = fmt.DataFileReader(pa.BufferReader(_as_format_3(
-        _Snap(rows, _meta("string", False), incremental=True))), "old.sckp")
+    r = fmt.DataFileReader(pa.BufferReader(data_file_of_format(
+        RowsSnapshot(rows, _meta("string", False), MAXP, incremental=True), 3)), "old.sckp")
     kg, _ = _prefix(1)
     with pytest.raises(StateMigrationError, match="whole-list layout"):
         r.entries("l", kg)
@@ -151,8 +105,8 @@ def test_format_3_incremental_whole_lists_are_refused():
 
 def test_format_3_broken_whole_list_is_corrupt():
     kg, prefix = _prefix(1)
-    r = fmt.DataFileReader(pa.BufferReader(_as_format_3(
-        _Snap({kg: {prefix: b"\x05ab"}}, _meta("string", False)))), "old.sckp")
+    r = fmt.DataFileReader(pa.BufferReader(data_file_of_format(
+        RowsSnapshot({kg: {prefix: b"\x05ab"}}, _meta("string", False), MAXP), 3)), "old.sckp")
     with pytest.raises(CorruptCheckpointError, match="malformed whole-list value"):
         r.entries("l", kg)
 

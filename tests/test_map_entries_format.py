@@ -15,8 +15,12 @@ from statecore.backends.python import PythonBackend
 from statecore.checkpoint import format as fmt
 from statecore.descriptors import MapStateDescriptor
 from statecore.errors import CorruptCheckpointError, InvalidInputError, StateMigrationError
-from statecore.key_groups import KeyGroupRange, spark_key_group
-from support.data_files import data_file_bytes, rewrite_footer_meta
+from statecore.key_groups import spark_key_group
+from support.data_files import (
+    ReaderSnapshot,
+    RowsSnapshot,
+    data_file_of_format,
+)
 
 MAXP = 128
 BACKENDS = ["python", "native"]
@@ -27,56 +31,6 @@ META = {"name": "m", "kind": "map", "namespace_type": "void", "value_type": "int
 def _prefix(key: int) -> tuple[int, bytes]:
     kg = PythonBackend(key_type="int64", max_parallelism=MAXP).key_group_of(key)
     return kg, S.encode_key(kg, MAXP, key, "int64", None, "void")
-
-
-class _Snap:
-    """A snapshot of the whole-map layout: ``rows[kg] = {encoded key: blob or None}``."""
-
-    def __init__(self, rows, incremental=False):
-        self.max_parallelism = MAXP
-        self.key_group_range = KeyGroupRange(0, MAXP - 1)
-        self.key_type = "int64"
-        self.assigner = "spark"
-        self.incremental = incremental
-        self.snapshot_id = 1
-        self.rows = rows
-
-    def state_metas(self):
-        return [dict(META)]
-
-    def entries(self, name, kg):
-        items = sorted(self.rows.get(kg, {}).items())
-        return (pa.array([k for k, _ in items], pa.binary()),
-                pa.array([v for _, v in items], pa.binary()))
-
-    def release(self):
-        pass
-
-
-def _as_format_2(snap) -> bytes:
-    """The bytes of a data file of ``snap`` as format version 2 wrote it (the trailer's and the
-    meta's version 2; the layout of blocks and footer is the same)."""
-
-    raw, _ = data_file_bytes(snap, 1)
-    return rewrite_footer_meta(raw, lambda meta: meta.update(format_version=2),
-                               trailer_version=2)[0]
-
-
-class _ReaderSnap:
-    """A full snapshot read through a DataFileReader (what a restore reads)."""
-
-    def __init__(self, reader):
-        self.reader = reader
-        self.max_parallelism = MAXP
-        self.key_group_range = KeyGroupRange(0, MAXP - 1)
-        self.key_type = "int64"
-        self.assigner = "spark"
-
-    def state_metas(self):
-        return self.reader.state_metas()
-
-    def entries(self, name, kg):
-        return self.reader.entries(name, kg)
 
 
 def _whole_maps(ttl: bool = False):
@@ -99,7 +53,8 @@ def test_format_2_whole_maps_are_read_as_entries_and_restore(kind):
     from statecore import create_backend
 
     rows, want = _whole_maps()
-    r = fmt.DataFileReader(pa.BufferReader(_as_format_2(_Snap(rows))), "old.sckp")
+    r = fmt.DataFileReader(pa.BufferReader(data_file_of_format(
+        RowsSnapshot(rows, META, MAXP), 2)), "old.sckp")
     assert r.format_version == 2
     kg, prefix = _prefix(1)
     keys, vals = r.entries("m", kg)
@@ -110,7 +65,7 @@ def test_format_2_whole_maps_are_read_as_entries_and_restore(kind):
     assert keys.to_pylist() == sorted(keys.to_pylist())
     assert len(r.stored_entries("m", kg)[0]) == len(rows[kg])  # as stored: whole maps
     b = create_backend(kind, key_type="int64", max_parallelism=MAXP)
-    b.restore(_ReaderSnap(r))
+    b.restore(ReaderSnapshot(r, MAXP))
     m = b.get_state(MapStateDescriptor("m", "string", "int64"))
     for key, pairs in want.items():
         b.set_current_key(key)
@@ -120,7 +75,8 @@ def test_format_2_whole_maps_are_read_as_entries_and_restore(kind):
 
 def test_format_2_ttl_whole_maps_keep_each_timestamp():
     rows, _ = _whole_maps(ttl=True)
-    r = fmt.DataFileReader(pa.BufferReader(_as_format_2(_Snap(rows))), "old.sckp")
+    r = fmt.DataFileReader(pa.BufferReader(data_file_of_format(
+        RowsSnapshot(rows, META, MAXP), 2)), "old.sckp")
     kg, _ = _prefix(1)
     _, vals = r.entries("m", kg)
     assert all(x[-8:] == (5).to_bytes(8, "big") for x in vals.to_pylist())
@@ -128,8 +84,8 @@ def test_format_2_ttl_whole_maps_keep_each_timestamp():
 
 def test_format_2_incremental_whole_maps_are_refused():
     rows, _ = _whole_maps()
-    r = fmt.DataFileReader(pa.BufferReader(_as_format_2(_Snap(rows, incremental=True))),
-                           "old.sckp")
+    r = fmt.DataFileReader(pa.BufferReader(data_file_of_format(
+        RowsSnapshot(rows, META, MAXP, incremental=True), 2)), "old.sckp")
     kg, _ = _prefix(1)
     with pytest.raises(StateMigrationError, match="whole-map layout"):
         r.entries("m", kg)
@@ -137,8 +93,8 @@ def test_format_2_incremental_whole_maps_are_refused():
 
 def test_format_2_broken_whole_map_is_corrupt():
     kg, prefix = _prefix(1)
-    r = fmt.DataFileReader(pa.BufferReader(_as_format_2(_Snap({kg: {prefix: b"\x05ab"}}))),
-                           "old.sckp")
+    r = fmt.DataFileReader(pa.BufferReader(data_file_of_format(
+        RowsSnapshot({kg: {prefix: b"\x05ab"}}, META, MAXP), 2)), "old.sckp")
     with pytest.raises(CorruptCheckpointError, match="malformed whole-map value"):
         r.entries("m", kg)
 
@@ -155,7 +111,8 @@ def test_current_format_files_are_written_and_read_as_stored():
 
     out = Out()
     out.parts = []
-    fmt.write_data_file(out, _Snap({kg: {entry: b"\x01" * 8}}), version=1, writer="p0")
+    fmt.write_data_file(out, RowsSnapshot({kg: {entry: b"\x01" * 8}}, META, MAXP),
+                        version=1, writer="p0")
     r = fmt.DataFileReader(pa.BufferReader(b"".join(out.parts)), "new.sckp")
     assert r.format_version == fmt.FORMAT_VERSION == 4 and fmt.MAP_ENTRIES_FORMAT_VERSION == 3
     assert r.entries("m", kg)[0].to_pylist() == [entry]
@@ -246,7 +203,7 @@ def _forged_run_store(tmp_path, user_key_type: str, bad: bytes):
     kg2, prefix2 = _prefix(2)
     rows = {kg: {prefix + good: b"\x01" * 8, prefix + bad: b"\x02" * 8}}
     rows.setdefault(kg2, {})[prefix2 + good] = b"\x03" * 8
-    snap = _Snap(rows)
+    snap = RowsSnapshot(rows, META, MAXP)
     snap.state_metas = lambda: [dict(META, user_key_type=user_key_type)]
     store = CheckpointStore(str(tmp_path))
     store.commit(1, [store.write_snapshot(snap, 1, "p0")])
@@ -274,7 +231,7 @@ def test_restore_refuses_an_undecodable_user_key(kind, uk_type, bad, reason, tmp
     # The same entries one key group at a time (a reader without entries_chunks).
     b2 = create_backend(kind, key_type="int64", max_parallelism=MAXP)
     with store.open(1) as r, pytest.raises(InvalidInputError) as ei:
-        b2.restore(_ReaderSnap(r))
+        b2.restore(ReaderSnapshot(r, MAXP))
     msg = str(ei.value)
     assert "state 'm'" in msg and f"key group {kg}" in msg and re.search(reason, msg), msg
     assert b2.num_entries() == 0

@@ -8,9 +8,58 @@ from __future__ import annotations
 import json
 import struct
 
-from statecore.checkpoint import format as fmt
+import pyarrow as pa
 
-__all__ = ["data_file_bytes", "rewrite_footer_meta"]
+from statecore.checkpoint import format as fmt
+from statecore.key_groups import KeyGroupRange
+
+__all__ = ["data_file_bytes", "rewrite_footer_meta", "data_file_of_format", "RowsSnapshot",
+           "ReaderSnapshot"]
+
+
+class RowsSnapshot:
+    """A full (or ``incremental``) snapshot of int64 keys (Spark assigner) over given rows of one
+    state: ``rows[kg] = {encoded key: stored value bytes, or None for a tombstone}``, the state
+    described by ``meta``; for writing data files of layouts no current backend writes."""
+
+    def __init__(self, rows, meta, max_parallelism, incremental=False):
+        self.max_parallelism = max_parallelism
+        self.key_group_range = KeyGroupRange(0, max_parallelism - 1)
+        self.key_type = "int64"
+        self.assigner = "spark"
+        self.incremental = incremental
+        self.snapshot_id = 1
+        self.rows = rows
+        self.meta = meta
+
+    def state_metas(self):
+        return [dict(self.meta)]
+
+    def entries(self, name, kg):
+        items = sorted(self.rows.get(kg, {}).items())
+        return (pa.array([k for k, _ in items], pa.binary()),
+                pa.array([v for _, v in items], pa.binary()))
+
+    def release(self):
+        pass
+
+
+class ReaderSnapshot:
+    """A full snapshot of int64 keys (Spark assigner) read through ``reader`` (a
+    ``DataFileReader``): what a restore of that file reads."""
+
+    def __init__(self, reader, max_parallelism):
+        self.reader = reader
+        self.max_parallelism = max_parallelism
+        self.key_group_range = KeyGroupRange(0, max_parallelism - 1)
+        self.key_type = "int64"
+        self.assigner = "spark"
+
+    def state_metas(self):
+        return self.reader.state_metas()
+
+    def entries(self, name, kg):
+        return self.reader.entries(name, kg)
 
 
 def data_file_bytes(snap, version: int, writer: str = "p0"):
@@ -45,3 +94,12 @@ def rewrite_footer_meta(raw: bytes, edit, trailer_version: int = fmt.FORMAT_VERS
     trailer = fmt.TRAILER.pack(foff, len(footer), fsum, trailer_version, 0, fmt.xxh64(head),
                                fmt.MAGIC)
     return raw[:foff] + footer + trailer, fsum
+
+
+def data_file_of_format(snap, format_version: int) -> bytes:
+    """The bytes of a data file of ``snap`` as data file format ``format_version`` wrote it (the
+    trailer's and the meta's version; the layout of blocks and footer is the same since format
+    2, what changed is how states lay out their entries)."""
+    raw, _ = data_file_bytes(snap, 1)
+    return rewrite_footer_meta(raw, lambda meta: meta.update(format_version=format_version),
+                               trailer_version=format_version)[0]
