@@ -50,7 +50,8 @@ __all__ = [
     "MAX_KEY_GROUPS", "BLOCK_DTYPE", "INDEX_DTYPE", "CHUNK_TARGET_BYTES", "LZ4_ACCELERATION",
     "compress_block", "native_decode_blocks", "xxh64", "encode_block", "decode_block",
     "decode_stored_block", "cut_points", "key_group_prefix_bytes", "make_key_group_range",
-    "range_bounds", "WriteSummary", "FilePlan", "plan_file", "write_data_file",
+    "range_bounds", "check_state_meta", "WriteSummary", "FilePlan", "plan_file",
+    "write_data_file",
     "write_data_file_from_blocks", "DataFileReader",
 ]
 
@@ -454,6 +455,22 @@ def write_data_file_from_blocks(out, snap: Any, serializer, *, version: int, wri
 # Reader
 
 
+def check_state_meta(m) -> None:
+    """Raise ValueError naming what is wrong when ``m`` is not a state meta as data files and
+    manifests hold them (docs/formats.md): an object with a non-empty string ``name``, string
+    ``kind`` and ``namespace_type``, a string ``value_type`` unless it describes timers, and
+    ``ttl`` an object when present."""
+    if not isinstance(m, dict) or not isinstance(m.get("name"), str) or not m["name"]:
+        raise ValueError(f"a state meta is not an object with a name: {m!r}")
+    for f in ("kind", "namespace_type"):
+        if not isinstance(m.get(f), str):
+            raise ValueError(f"state {m['name']!r}: {f} is not a string: {m.get(f)!r}")
+    if m["kind"] != "timers" and not isinstance(m.get("value_type"), str):
+        raise ValueError(f"state {m['name']!r}: value_type is not a string")
+    if m.get("ttl") is not None and not isinstance(m["ttl"], dict):
+        raise ValueError(f"state {m['name']!r}: ttl is not an object")
+
+
 class DataFileReader:
     """Random-access reader of one data file through a ``pyarrow.NativeFile`` opened for reading.
 
@@ -542,9 +559,13 @@ class DataFileReader:
         index = np.frombuffer(fb, dtype=INDEX_DTYPE, count=n_index,
                               offset=tables + n_blocks * BLOCK_DTYPE.itemsize)
         try:
+            if not isinstance(meta["states"], list):
+                raise ValueError("states is not a list")
+            for m in meta["states"]:
+                check_state_meta(m)
             states = [m["name"] for m in meta["states"]]
-            if len(set(states)) != len(states) or not all(isinstance(n, str) for n in states):
-                raise ValueError(f"state names are not distinct strings: {states}")
+            if len(set(states)) != len(states):
+                raise ValueError(f"state names are not distinct: {states}")
             kg_start, kg_end = (int(x) for x in meta["key_group_range"])
             self.max_parallelism = int(meta["max_parallelism"])
             self.key_type = meta["key_type"]

@@ -22,7 +22,13 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from statecore.checkpoint.format import KIND_FULL, KIND_INCREMENTAL, range_bounds, xxh64
+from statecore.checkpoint.format import (
+    KIND_FULL,
+    KIND_INCREMENTAL,
+    check_state_meta,
+    range_bounds,
+    xxh64,
+)
 from statecore.checkpoint.layout import (
     CheckpointRoot,
     check_version,
@@ -100,15 +106,7 @@ def check_manifest_schema(body: dict) -> None:
         raise ValueError(f"states is not a list: {states!r}")
     names = []
     for m in states:
-        if not isinstance(m, dict) or not isinstance(m.get("name"), str) or not m["name"]:
-            raise ValueError(f"a state meta is not an object with a name: {m!r}")
-        for f in ("kind", "namespace_type"):
-            if not isinstance(m.get(f), str):
-                raise ValueError(f"state {m['name']!r}: {f} is not a string: {m.get(f)!r}")
-        if m["kind"] != "timers" and not isinstance(m.get("value_type"), str):
-            raise ValueError(f"state {m['name']!r}: value_type is not a string")
-        if m.get("ttl") is not None and not isinstance(m["ttl"], dict):
-            raise ValueError(f"state {m['name']!r}: ttl is not an object")
+        check_state_meta(m)
         names.append(m["name"])
     if len(set(names)) != len(names):
         twice = sorted(n for n in set(names) if names.count(n) > 1)
