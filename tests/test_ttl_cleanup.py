@@ -975,11 +975,13 @@ def test_failed_add_batch_with_incremental_cleanup_leaves_the_aggregates(kind, r
 
 
 @pytest.mark.skipif(_native is None, reason="native extension not built")
-@pytest.mark.parametrize("strategy", ["background", "incremental", "migration"])
+@pytest.mark.parametrize("strategy", ["background", "incremental", "incremental_batch",
+                                      "migration"])
 def test_native_list_index_drops_what_ttl_passes_remove(strategy):
-    """The C++ cleanup steps report the list elements they remove and a TTL migration prunes,
-    so the list index keeps no elements of lists nobody reads again
-    (NativeBackend.list_index_stats); a list emptied that way starts at seq 0 again."""
+    """The C++ cleanup steps report the list elements they remove (also the steps a batch
+    kernel runs before each row) and a TTL migration prunes, so the list index keeps no
+    elements of lists nobody reads again (NativeBackend.list_index_stats); a list emptied that
+    way starts at seq 0 again."""
     clock = ManualClock(0)
     b = create_backend("native", key_type="int64", ttl_clock=clock)
     cfg = (StateTtlConfig(100, cleanup_in_background=True) if strategy == "background"
@@ -996,6 +998,8 @@ def test_native_list_index_drops_what_ttl_passes_remove(strategy):
         b.set_current_key(10_000)
         ls.get()  # one access: a step of 1000 entries
         ls.get()
+    elif strategy == "incremental_batch":  # the kernel's per-row steps
+        ls.get_batch(pa.array([10_000, 10_000], pa.int64()))
     else:  # restored without TTL: expired elements dropped, the index pruned
         snap = b.snapshot()
         b = create_backend("native", key_type="int64", ttl_clock=clock)
