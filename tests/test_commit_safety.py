@@ -240,9 +240,10 @@ def test_restore_refuses_a_chain_whose_base_is_missing(tmp_path):
         CheckpointStore(tmp_path).open(2)
 
 
-def test_commit_is_durable_before_it_returns(tmp_path, monkeypatch):
-    """On the local filesystem every published file is fsynced before its rename and its
-    directories after it; the manifest, last. Recorded through os.fsync on the real files."""
+@pytest.fixture
+def fsyncs(monkeypatch):
+    """``[(path, is_dir), ...]`` of every ``os.fsync`` from the moment it is used, in order
+    (the real fsync still runs)."""
     synced = []
     real_fsync = os.fsync
 
@@ -252,6 +253,13 @@ def test_commit_is_durable_before_it_returns(tmp_path, monkeypatch):
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", recording_fsync)
+    return synced
+
+
+def test_commit_is_durable_before_it_returns(tmp_path, fsyncs):
+    """On the local filesystem every published file is fsynced before its rename and its
+    directories after it; the manifest, last. Recorded through os.fsync on the real files."""
+    synced = fsyncs
     store = CheckpointStore(tmp_path / "ckpt")
     b, st = _backend("native")
     _put(st, range(100), 1)
@@ -420,7 +428,7 @@ def test_a_block_table_claiming_more_than_lz4_can_produce_is_corrupt(tmp_path):
         fmt.DataFileReader(pa.BufferReader(forged), "forged.sckp")
 
 
-def test_a_second_file_in_an_existing_directory_syncs_only_that_directory(tmp_path, monkeypatch):
+def test_a_second_file_in_an_existing_directory_syncs_only_that_directory(tmp_path, fsyncs):
     """Directories that already exist were made durable when they were created: a later file
     syncs its own directory, not every ancestor again."""
     store = CheckpointStore(tmp_path / "ckpt")
@@ -428,15 +436,8 @@ def test_a_second_file_in_an_existing_directory_syncs_only_that_directory(tmp_pa
     _put(st, range(10), 1)
     snap = b.snapshot()
     store.write_snapshot(snap, 0)
-    synced = []
-    real_fsync = os.fsync
-
-    def recording_fsync(fd):
-        path = os.readlink(f"/proc/self/fd/{fd}")
-        synced.append((path, os.path.isdir(path)))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", recording_fsync)
+    fsyncs.clear()  # what the second file syncs
+    synced = fsyncs
     d = store.write_snapshot(snap, 0, writer="p1")
     snap.release()
     dirs = [p for p, is_dir in synced if is_dir]
