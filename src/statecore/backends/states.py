@@ -766,6 +766,20 @@ class TableAggregatingState(TableMergingState, TableState, base.AggregatingState
     """AggregatingState over a table: the stored accumulator of the descriptor's
     AggregateFunction per slot; reads return ``get_result`` of it."""
 
+    def _add_stored(self, cur, value):
+        """The stored accumulator after ``add(value)`` on stored accumulator ``cur`` (None:
+        ``create_accumulator``); InvalidInputError when the function fails."""
+        fn = self.descriptor.aggregate_function
+        acc = fn.create_accumulator() if cur is None else from_stored(self.serializer, cur)
+        try:
+            acc = fn.add(value, acc)
+        except InvalidInputError:
+            raise
+        except Exception as e:
+            raise InvalidInputError(
+                f"aggregate function of {self.name!r} failed on {value!r}: {e}") from e
+        return to_stored(self.serializer, acc)
+
     def get(self):
         kg, k = self._slot()
         s = self.table.get(kg, k)
@@ -826,15 +840,7 @@ class TableAggregatingState(TableMergingState, TableState, base.AggregatingState
             if v is not None:
                 # Accumulators go through their stored form row by row, so a function that
                 # mutates its accumulator cannot change a result already produced.
-                acc = fn.create_accumulator() if cur is None else from_stored(self.serializer, cur)
-                try:
-                    acc = fn.add(v, acc)
-                except InvalidInputError:
-                    raise
-                except Exception as e:
-                    raise InvalidInputError(
-                        f"aggregate function of {self.name!r} failed on {v!r}: {e}") from e
-                cur = staged[s] = to_stored(self.serializer, acc)
+                cur = staged[s] = self._add_stored(cur, v)
             out.append(None if cur is None else fn.get_result(from_stored(self.serializer, cur)))
         return staged, out
 

@@ -48,7 +48,6 @@ from statecore.backends.states import (
     reducing_batch_values,
     to_stored,
 )
-from statecore.errors import InvalidInputError
 from statecore.ttl import is_expired
 
 __all__ = [
@@ -292,20 +291,6 @@ class TtlAggregatingState(_TtlMerging, TableAggregatingState):
         for (kg, k), st in staged.items():
             self.table.put(kg, k, (st, now))
         return results
-
-    def _add_stored(self, cur, value):
-        """The stored accumulator after ``add(value)`` on stored accumulator ``cur`` (None:
-        ``create_accumulator``); InvalidInputError when the function fails."""
-        fn = self.descriptor.aggregate_function
-        acc = fn.create_accumulator() if cur is None else from_stored(self.serializer, cur)
-        try:
-            acc = fn.add(value, acc)
-        except InvalidInputError:
-            raise
-        except Exception as e:
-            raise InvalidInputError(
-                f"aggregate function of {self.name!r} failed on {value!r}: {e}") from e
-        return to_stored(self.serializer, acc)
 
     def _result_of(self, stored):
         return self.descriptor.aggregate_function.get_result(from_stored(self.serializer, stored))
