@@ -38,3 +38,21 @@ def spark():
         pytest.skip(f"cannot start a local SparkSession: {exc}")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def statecore_wheel(tmp_path_factory):
+    """A wheel of this checkout for the running Python (``tests/support/wheels.py``), built
+    once per test run."""
+    from support.wheels import build_wheel
+
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+@pytest.fixture(scope="session")
+def wheel_venv(tmp_path_factory, statecore_wheel):
+    """The python of a fresh venv with statecore installed from ``statecore_wheel`` (extras
+    ``spark`` and ``test``) and nothing from this checkout on ``sys.path``."""
+    from support.wheels import make_venv
+
+    return make_venv(tmp_path_factory.mktemp("venv") / "env", statecore_wheel, "[spark,test]")
