@@ -402,7 +402,6 @@ class RowKeys {
   RowKeys(const BatchKeySpec& spec, const KeyArrays& keys, StateTable& table, const int32_t* kgs)
       : enc_(spec.key, ns_type(keys), spec.max_parallelism),
         ahead_enc_(spec.key, ns_type(keys), spec.max_parallelism),
-        keys_(keys),
         ns_(keys.namespaces()),
         table_(table),
         kgs_(kgs),
@@ -818,7 +817,6 @@ class RowKeys {
 
   KeyEncoder enc_;
   KeyEncoder ahead_enc_;
-  const KeyArrays& keys_;
   const KeyArrays* ns_;                // the namespace column of namespaced keys, else nullptr
   const ArrayView* ns_col_ = nullptr;  // its column (write_ns)
   size_t ns_width_ = 0;                // 8 (int64), 4 (int32) or 0 (string/binary) namespaces

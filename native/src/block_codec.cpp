@@ -110,7 +110,9 @@ DecodeResult decode_blocks(const uint8_t* data, size_t size, const StoredBlockRe
     if (xxh64(stored, blk.stored_length, 0) != blk.xxh64) return fail(b, "block checksum mismatch");
     if (blk.stored_length > kInt32Max || blk.raw_length > kInt32Max)
       return fail(b, "cannot decompress: block longer than LZ4 allows");
-    if (scratch.size() < max_raw) scratch.resize(max_raw);
+    // At least one byte, so LZ4 never gets a null destination (a block table of empty blocks).
+    if (scratch.size() < std::max<uint64_t>(max_raw, 1))
+      scratch.resize(std::max<uint64_t>(max_raw, 1));
     const int got = LZ4_decompress_safe(
         reinterpret_cast<const char*>(stored), reinterpret_cast<char*>(scratch.data()),
         static_cast<int>(blk.stored_length), static_cast<int>(blk.raw_length));

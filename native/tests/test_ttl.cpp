@@ -190,7 +190,7 @@ TEST(collect_buckets_survives_rehash_and_snapshots) {
     wrapped = m.collect_buckets(&cursor, 3, &run);
     for (const auto& k : keys_of(run)) seen[k]++;
     // Grow during the walk: rehashes start and run while the cursor moves.
-    for (int j = 0; j < 4; ++j) put_value(m, key_of(next++), next);
+    for (int j = 0; j < 4; ++j, ++next) put_value(m, key_of(next), next);
   }
   CHECK(m.stats().rehashes >= 1);
   // Every key present from start to end of the pass was seen (revisits allowed, no misses).
