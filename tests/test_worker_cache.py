@@ -110,6 +110,25 @@ def test_entry_without_a_write_in_flight_closes_at_once():
     assert threading.active_count() < 50
 
 
+@pytest.mark.parametrize("commit_id", ["c0ffee", None])
+def test_a_cache_hit_takes_the_committed_manifests_commit_id_as_its_base(commit_id):
+    """The backend of a cache hit gets the committed version's commit id as its incremental
+    base, as a restore from that manifest would: the store then refuses to chain its next
+    incremental run onto another commit of the same version number."""
+    backend = _loaded_native(10)
+    sid = backend.snapshot().snapshot_id
+    entry = dataclasses.replace(_entry(backend, None, abandon_after_s=0.1), snapshot_id=sid)
+    key = ("store-uri", "op-commit-id", 0)
+    W.put_cached(key, entry)
+    try:
+        hit = W.take_after_standby(key, entry.state(), frozenset({"p0-a-t0"}), 1.0, commit_id)
+        assert hit is not None and hit.backend is backend
+        assert backend.base_version == 7
+        assert backend.base_commit_id == commit_id
+    finally:
+        backend.close()
+
+
 # ------------------------------------------------- the task: write start vs its last output
 
 class _Count(op_mod.KeyedProcessor):

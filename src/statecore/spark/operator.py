@@ -663,12 +663,13 @@ class StatefulOperator:
             raise InvalidInputError(f"final must be a bool, got {final!r}")
         store = self.store
         latest = store.latest_version()
-        meta = store.metadata(latest) if latest is not None else {}
+        manifest = store.manifest(latest) if latest is not None else {}
+        meta = manifest.get("metadata", {})
         place = place_flush(latest, meta, final)
         if place is None:
             return None
         return self._launch(spark, None, place, meta["key_type"], batch_id=None, final=final,
-                            prev_meta=meta).commit()
+                            prev_meta=meta, prev_commit_id=manifest.get("commit_id")).commit()
 
     # ------------------------------------------------------------------------------ internals
 
@@ -697,11 +698,12 @@ class StatefulOperator:
             F.col("id").cast("int").alias(OPERATOR_INDEX_COLUMN))
 
     def _launch(self, spark, df, place: Placement, key_type: str, *, batch_id: Optional[int],
-                final: bool = False, prev_meta: Optional[Dict[str, Any]] = None
-                ) -> "PendingBatch":
+                final: bool = False, prev_meta: Optional[Dict[str, Any]] = None,
+                prev_commit_id: Optional[str] = None) -> "PendingBatch":
         """Run the tasks of version ``place.version`` up to the sink's action: micro-batch
-        ``batch_id`` of ``df``, or (``df`` None) a flush, ``final`` or not; ``prev_meta``: the
-        predecessor's metadata when the caller read it already."""
+        ``batch_id`` of ``df``, or (``df`` None) a flush, ``final`` or not; ``prev_meta`` and
+        ``prev_commit_id``: the predecessor's metadata and commit id when the caller read its
+        manifest already."""
         from pyspark.sql.pandas.types import from_arrow_schema
 
         t0 = time.perf_counter()
@@ -716,7 +718,9 @@ class StatefulOperator:
             prev_meta = {}
         if prev is not None and not prev_meta:
             if prev in store.versions():
-                prev_meta = store.metadata(prev)
+                prev_manifest = store.manifest(prev)
+                prev_meta = prev_manifest["metadata"]
+                prev_commit_id = prev_manifest.get("commit_id")
             elif store.versions():
                 raise CheckpointNotFoundError(
                     f"operator {self.name}: {what} (version {version}) needs version {prev} of "
@@ -760,6 +764,7 @@ class StatefulOperator:
             flush_final=is_flush and final,
             output_schema=self.processor.output_schema,
             prev_writers=(frozenset(prev_meta["writers"]) if "writers" in prev_meta else None),
+            prev_commit_id=prev_commit_id,
             start_write=self._start_write, commit_timeout_s=self.commit_timeout_s,
             ttl_background_key_groups=self.ttl_background_key_groups,
             stale_copies=self.stale_copies, freeze_worker_gc=self.freeze_worker_gc,

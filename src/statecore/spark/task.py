@@ -137,8 +137,9 @@ class TaskSpec:
     run's offset, :mod:`statecore.spark.versions`), ``prev_version`` (``batch_id - 1``, None
     for the first), ``prev_attempt`` and ``prev_writers`` (the attempt id and the
     data files the driver committed for ``prev_version``: a cached backend serves only when it
-    matches them), ``attempt`` (this attempt's id, part of the writer name
-    ``p<i>-<attempt>-t<task attempt>``), ``watermark_ms`` (ms, or None),
+    matches them), ``prev_commit_id`` (that version's manifest ``commit_id``, None when not
+    recorded: a cached backend's incremental base commit), ``attempt`` (this attempt's id,
+    part of the writer name ``p<i>-<attempt>-t<task attempt>``), ``watermark_ms`` (ms, or None),
     ``processing_time_ms`` (the micro-batch's processing time, ms; None only in specs built
     without one, which then skip ``on_processing_time``), ``is_flush`` (a flush: the input is
     one control row per partition), ``flush_final`` (with ``is_flush``: the end-of-input flush,
@@ -168,6 +169,7 @@ class TaskSpec:
     is_flush: bool
     output_schema: pa.Schema
     prev_writers: Optional[frozenset] = None
+    prev_commit_id: Optional[str] = None
     start_write: Optional[Callable] = None
     commit_timeout_s: float = 300.0
     ttl_background_key_groups: int = 0
@@ -245,7 +247,8 @@ class TaskSpec:
         """In the holder: this worker's cached state of the partition at exactly the previous
         version, taken out of the cache for the handed-off task, or None."""
         return take_after_standby(self._cache_key(partition_id), self._want(),
-                                  self.prev_writers, self.commit_timeout_s)
+                                  self.prev_writers, self.commit_timeout_s,
+                                  self.prev_commit_id)
 
     def _data_chunks(self, batches: Iterator[pa.RecordBatch], partition_id: int):
         """The routed input's data rows, chunk by chunk as Spark delivers them (internal
@@ -301,7 +304,7 @@ class TaskSpec:
         if self.prev_version is not None:
             if hit is None:
                 hit = take_after_standby(cache_key, self._want(), self.prev_writers,
-                                         self.commit_timeout_s)
+                                         self.commit_timeout_s, self.prev_commit_id)
             if hit is None:
                 source = "checkpoint"
             else:

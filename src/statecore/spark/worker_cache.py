@@ -153,15 +153,17 @@ def clear_state_cache() -> None:
         _close_entry(e)
 
 
-def _take_cached(key: tuple, want: tuple, committed_writers: Optional[frozenset]
-                 ) -> Optional[CachedState]:
+def _take_cached(key: tuple, want: tuple, committed_writers: Optional[frozenset],
+                 commit_id: Optional[str] = None) -> Optional[CachedState]:
     """Remove and return the cache entry for ``key`` if it holds exactly ``want`` =
     (version, attempt, n, maxP, kind, key_type) and its data file is one the driver committed
     (``committed_writers``; None = not recorded, older checkpoints). An older pristine entry
     stays cached (a catch-up base for :func:`take_stale`); any other non-matching entry is
     closed. Taking the entry out before mutating it means a task that fails midway can never
     leave a half-updated backend labelled with the old version. On a hit the backend is told
-    that its snapshot of that version is complete, which moves its incremental base there."""
+    that its snapshot of that version is complete, which moves its incremental base there;
+    ``commit_id`` (the committed manifest's, None when not recorded) becomes its base commit id,
+    so the store refuses to chain its next incremental run onto another commit of the version."""
     with _CACHE_LOCK:
         entry = _STATE_CACHE.get(key)
         if entry is None:
@@ -180,7 +182,8 @@ def _take_cached(key: tuple, want: tuple, committed_writers: Optional[frozenset]
         entry.backend.close()
         return None
     if entry.snapshot_id is not None:
-        entry.backend.notify_checkpoint_complete(entry.snapshot_id, entry.version)
+        entry.backend.notify_checkpoint_complete(entry.snapshot_id, entry.version,
+                                                 commit_id=commit_id)
     return entry
 
 
@@ -263,17 +266,19 @@ def _await_standby(key: tuple, timeout_s: float) -> None:
 
 
 def take_after_standby(key: tuple, want: tuple, committed_writers: Optional[frozenset],
-                       timeout_s: float) -> Optional[CachedState]:
+                       timeout_s: float, commit_id: Optional[str] = None
+                       ) -> Optional[CachedState]:
     """:func:`_take_cached` once no standby works on ``key``'s entry: one in flight (the
     previous task of this worker started it) ends within the time of a catch-up and leaves a
     cache hit. A standby that took the entry just after the first look is waited for once more.
-    Each wait lasts at most ``timeout_s`` seconds. Returns the entry, taken out of the cache
+    Each wait lasts at most ``timeout_s`` seconds; ``commit_id`` as for :func:`_take_cached`.
+    Returns the entry, taken out of the cache
     (its backend now told that its snapshot of ``want``'s version is complete), or None when
     this worker does not hold exactly ``want`` with a committed data file (the caller then
     catches up or restores)."""
     for _ in range(2):
         _await_standby(key, timeout_s)
-        hit = _take_cached(key, want, committed_writers)
+        hit = _take_cached(key, want, committed_writers, commit_id)
         with _CACHE_LOCK:
             retry = hit is None and key in _STANDBY_BUSY
         if not retry:
