@@ -31,6 +31,7 @@ if not hasattr(_native, "SnapshotBlockSerializer"):
 
 BACKENDS = ["native", "python"]
 _MAX_OWNER_OPS = 40_000
+_MIN_OWNER_OPS = 2_000
 
 
 class _States:
@@ -147,14 +148,31 @@ def test_async_file_is_byte_identical_to_sync(tmp_path, kind, incremental, targe
     assert _read(store2, d2["path"]) == expected
 
 
+class _GatedHandler(LocalDelegatingHandler):
+    """Local filesystem whose output streams block in write() until ``gate`` is set."""
+
+    type_name = "gated"
+
+    def __init__(self):
+        super().__init__()
+        self.gate = threading.Event()
+        self.waiting = threading.Event()
+
+    def before_write(self, stream, data):
+        self.waiting.set()
+        self.gate.wait(60)
+
+
 @pytest.mark.parametrize("kind", BACKENDS)
 @pytest.mark.parametrize("seed", [1, 2])
 def test_isolation_while_owner_writes(tmp_path, kind, seed):
     """The owner keeps mutating every kind of state during the background write; the checkpoint
     restores to exactly the state at snapshot() time (full, then incremental on top)."""
     b, st, rnd = _populate(kind, seed=seed, n=6000)
-    store = CheckpointStore(str(tmp_path))
+    gated = _GatedHandler()
+    store = CheckpointStore(str(tmp_path), filesystem=pafs.PyFileSystem(gated))
     for version, incremental in ((1, False), (2, True)):
+        gated.gate.clear()
         expected_snap = b.snapshot()  # taken at the same moment, read before any mutation
         expected = _contents(expected_snap)
         expected_snap.release()
@@ -163,18 +181,21 @@ def test_isolation_while_owner_writes(tmp_path, kind, seed):
                                          queue_blocks=2, release_snapshot=bool(version % 2))
         ops = 0
         i = 10**5 * version
-        # Capped: the writer needs the GIL per block, which a busy owner hands over only every
-        # switch interval (5 ms), so an uncapped owner made ~100k ops/s for the whole write and
-        # the next incremental version grew with them (minutes on a quiet machine). The cap
-        # still mutates every key group while the writer is partway through.
-        while not fut.done() and ops < _MAX_OWNER_OPS:
+        # The write holds its first data write until the owner has mutated state, so the two
+        # overlap however the threads are scheduled; then the owner goes on while the write
+        # runs. Capped: the writer needs the GIL per block, which a busy owner hands over only
+        # every switch interval (5 ms), so an uncapped owner made ~100k ops/s for the whole
+        # write and the next incremental version grew with them (minutes on a quiet machine).
+        assert gated.waiting.wait(60)
+        while ops < _MIN_OWNER_OPS or (not fut.done() and ops < _MAX_OWNER_OPS):
             for _ in range(20):
                 st.op(rnd, i)
                 i += 1
                 ops += 1
+            if ops >= _MIN_OWNER_OPS:
+                gated.gate.set()
         desc = fut.result()
         snap.release()
-        assert ops > 0
         store.commit(version, [desc])
         b.notify_checkpoint_complete(desc["snapshot_id"], desc["version"])
         with store.open(version) as reader:
@@ -387,21 +408,6 @@ def test_owner_runs_while_serializer_waits():
     th.join()
     assert n == 3000 and counter[0] > 0
     assert ser.stats()["max_queued"] <= 1
-
-
-class _GatedHandler(LocalDelegatingHandler):
-    """Local filesystem whose output streams block in write() until ``gate`` is set."""
-
-    type_name = "gated"
-
-    def __init__(self):
-        super().__init__()
-        self.gate = threading.Event()
-        self.waiting = threading.Event()
-
-    def before_write(self, stream, data):
-        self.waiting.set()
-        self.gate.wait(60)
 
 
 def _thread_nices() -> dict:
