@@ -12,6 +12,7 @@ checkout with ``python -m bench``.)
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import List, Optional
@@ -159,11 +160,16 @@ def _add_inspect(sub) -> None:
                    help="also print the first N decoded entries of each root")
     p.add_argument("--parquet", default=None, metavar="FILE",
                    help="write all decoded entries of the (single) root to a Parquet file")
+    p.add_argument("--json", action="store_true",
+                   help="print the statistics of every root as one JSON document (versions "
+                        "with commit times; per state and key group: live and stored entries, "
+                        "tombstones, bytes, runs) instead of the summary")
     p.set_defaults(run=_run_inspect)
 
 
 def _run_inspect(args) -> int:
-    from statecore.inspect import entries_table, find_stores, summary_lines
+    from statecore.checkpoint import CheckpointStore
+    from statecore.inspect import entries_table, find_stores, summary_lines, version_stats
 
     roots = find_stores(args.path)
     if args.parquet and len(roots) != 1:
@@ -180,6 +186,19 @@ def _run_inspect(args) -> int:
             print(f"statecore: error: --parquet {args.parquet}: directory "
                   f"{os.path.dirname(target)} does not exist", file=sys.stderr)
             return 2
+    if args.json:
+        if args.entries or args.parquet:
+            print("statecore: error: --json cannot be combined with --entries or --parquet",
+                  file=sys.stderr)
+            return 2
+        if args.verify:
+            for root in roots:
+                store = CheckpointStore(root)
+                for w in (store.versions() if args.version is None else [args.version]):
+                    store.verify(w)
+        print(json.dumps({"roots": [version_stats(r, args.version) for r in roots]},
+                         indent=1, default=str))
+        return 0
     for root in roots:
         for line in summary_lines(root, args.version, verify=args.verify):
             print(line)

@@ -4,7 +4,10 @@ A checkpoint root is a directory (or URI) holding ``manifest-*.json`` files (one
 :class:`statecore.checkpoint.CheckpointStore`). The Spark operator keeps one root per operator
 (``<checkpoint>/operators/<name>``); :func:`find_stores` finds them under a local directory.
 Entries are decoded by restoring the version into the pure-Python reference backend, so what is
-shown is exactly what a restore would load (timers included).
+shown is exactly what a restore would load (timers included). Entry counts distinguish the live
+entries of a version (its runs merged newest-wins, as a restore sees them) from the entries
+stored in its runs (an incremental chain stores a key once per run that changed it, and
+tombstones for removals).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from statecore.backends.states import from_stored
 from statecore.checkpoint import CheckpointStore
 from statecore.errors import CheckpointNotFoundError
 
-__all__ = ["find_stores", "summary_lines", "entries_table"]
+__all__ = ["find_stores", "summary_lines", "version_stats", "entries_table"]
 
 
 def _has_manifest(path: str) -> bool:
@@ -63,12 +66,89 @@ def _fmt_bytes(n: int) -> str:
     return str(n)
 
 
+def version_stats(root: str, version: Optional[int] = None) -> dict:
+    """Statistics of one checkpoint root at ``version`` (default: latest), JSON-able: what
+    ``statecore inspect --json`` prints per root.
+
+    Keys: ``root``, ``version``, ``versions`` (every retained version: ``version``,
+    ``created_ms`` and ``compacted_ms`` (ms since the epoch, None unless compacted),
+    ``commit_id``, ``runs``, ``bytes``), ``max_parallelism``, ``key_type``, ``assigner``,
+    ``key_group_range``, ``runs``, ``bytes`` (stored bytes of the version's runs),
+    ``bytes_added`` (of the runs written for it), ``raw_bytes``, ``max_runs_per_key_group``,
+    ``states`` (one dict per state: its meta (``name``, ``kind``, ...) plus ``live_entries``
+    (after the newest-wins merge of its runs: what a restore loads; list elements and map
+    entries one each), ``stored_entries`` (in the runs, tombstones included, each run's own
+    layout), ``tombstones``, ``bytes`` (stored, compressed) and ``key_groups``: the same five
+    counts (plus ``runs``, the runs holding the key group) per non-empty key group, ascending),
+    ``timers`` (live timers, event and processing time), ``ttl_expired`` {cleanup strategy:
+    n} and ``ttl_compaction_expired`` {state: n} (removed by TTL since the writers' previous
+    versions), ``metadata`` (the committed user metadata).
+
+    Reads and decodes every run of the version (nothing is loaded into a backend). Raises
+    CheckpointNotFoundError for a root without versions or an unknown version,
+    CorruptCheckpointError for an unreadable run."""
+    store = CheckpointStore(root)
+    versions = store.versions()
+    if not versions:
+        raise CheckpointNotFoundError(f"no committed version in {root!r}")
+    v = versions[-1] if version is None else version
+    d = store.describe(v)
+    retained = []
+    for w in versions:
+        m = store.manifest(w)
+        retained.append({"version": w, "created_ms": m["created_ms"],
+                         "compacted_ms": m.get("compacted_ms"), "commit_id": m.get("commit_id"),
+                         "runs": len(m["files"]), "bytes": sum(f["size"] for f in m["files"])})
+    lo, hi = d["key_group_range"]
+    states = []
+    with store.open(v) as reader:
+        files = reader.manifest["files"]
+        for meta in reader.state_metas():
+            name = meta["name"]
+            per_kg: dict = {}
+            for f in files:
+                if name not in f["states"]:
+                    continue
+                a, b = max(f["key_group_range"][0], lo), min(f["key_group_range"][1], hi)
+                if a > b:
+                    continue
+                data = reader.data_file(f)
+                has_tombstones = f.get("tombstones", {}).get(name, 0) > 0
+                kgs, nbytes, nentries = data.stored_sizes(name, a, b)
+                for kg, nb, ne in zip(kgs.tolist(), nbytes.tolist(), nentries.tolist()):
+                    s = per_kg.setdefault(kg, {"key_group": kg, "live_entries": 0,
+                                               "stored_entries": 0, "tombstones": 0,
+                                               "bytes": 0, "runs": 0})
+                    s["stored_entries"] += ne
+                    s["bytes"] += nb
+                    s["runs"] += 1
+                    if has_tombstones:
+                        s["tombstones"] += data.stored_entries(name, kg)[1].null_count
+            for kg, s in per_kg.items():
+                s["live_entries"] = len(reader.entries(name, kg)[0])
+            groups = [per_kg[kg] for kg in sorted(per_kg)]
+            totals = {k: sum(g[k] for g in groups)
+                      for k in ("live_entries", "stored_entries", "tombstones", "bytes")}
+            states.append({**meta, **totals, "key_groups": groups})
+    return {
+        "root": root, "version": v, "versions": retained,
+        "max_parallelism": d["max_parallelism"], "key_type": d["key_type"],
+        "assigner": d["assigner"], "key_group_range": [lo, hi], "runs": d["runs"],
+        "bytes": d["bytes"], "bytes_added": d["bytes_added"], "raw_bytes": d["raw_bytes"],
+        "max_runs_per_key_group": d["max_runs_per_key_group"], "states": states,
+        "timers": sum(s["live_entries"] for s in states if s.get("kind") == "timers"),
+        "ttl_expired": d["ttl_expired"], "ttl_compaction_expired": d["ttl_compaction_expired"],
+        "metadata": d["metadata"],
+    }
+
+
 def summary_lines(root: str, version: Optional[int] = None, verify: bool = False) -> Iterator[str]:
     """Human-readable description of one checkpoint root at ``version`` (default: latest):
-    versions retained, runs, bytes, entries and tombstones per state, key groups, timers, the
-    committed metadata. ``verify`` first reads and checks every block and entry
-    (``CheckpointStore.verify``) of ``version``, or of every retained version when ``version``
-    is None, and says which it checked (CorruptCheckpointError on the first problem)."""
+    versions retained, runs, bytes, live and stored entries and tombstones per state
+    (:func:`version_stats`), key groups, the committed metadata. ``verify`` first reads and
+    checks every block and entry (``CheckpointStore.verify``) of ``version``, or of every
+    retained version when ``version`` is None, and says which it checked
+    (CorruptCheckpointError on the first problem)."""
     store = CheckpointStore(root)
     versions = store.versions()
     if not versions:
@@ -79,7 +159,7 @@ def summary_lines(root: str, version: Optional[int] = None, verify: bool = False
         for w in (versions if version is None else [v]):
             store.verify(w)
             checked.append(w)
-    d = store.describe(v)
+    d = version_stats(root, v)
     yield f"checkpoint {root}"
     yield f"  versions retained  {', '.join(map(str, versions))}"
     if checked:
@@ -92,15 +172,15 @@ def summary_lines(root: str, version: Optional[int] = None, verify: bool = False
            f"of max parallelism {d['max_parallelism']} (key type {d['key_type']}, "
            f"assigner {d['assigner']})")
     yield f"  longest run chain  {d['max_runs_per_key_group']}"
-    for meta in d["states"]:
-        name = meta["name"]
-        what = ", ".join(f"{k}={meta[k]}"
+    for st in d["states"]:
+        what = ", ".join(f"{k}={st[k]}"
                          for k in ("kind", "value_type", "user_key_type", "reducer",
-                                   "namespace_type") if meta.get(k) is not None)
-        yield (f"  state {name:18s} {d['entries'].get(name, 0):>10,} entries "
-               f"{d['tombstones'].get(name, 0):>8,} tombstones  ({what})")
-        if meta.get("ttl"):
-            yield f"    ttl {_ttl_text(meta['ttl'])}"
+                                   "namespace_type") if st.get(k) is not None)
+        yield (f"  state {st['name']:18s} {st['live_entries']:>10,} live entries "
+               f"({st['stored_entries']:,} stored, {st['tombstones']:,} tombstones, "
+               f"{len(st['key_groups']):,} key groups)  ({what})")
+        if st.get("ttl"):
+            yield f"    ttl {_ttl_text(st['ttl'])}"
     expired = dict(d.get("ttl_expired") or {})
     if d.get("ttl_compaction_expired"):
         expired["compaction"] = sum(d["ttl_compaction_expired"].values())

@@ -772,6 +772,16 @@ class DataFileReader:
         return (rows["key_group"].astype(np.int64),
                 csum[first + rows["block_count"].astype(np.int64)] - csum[first])
 
+    def stored_sizes(self, state: str, start: int, end: int
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(key_groups, stored_bytes, entries)`` (int64 arrays, ascending key groups) of
+        ``state`` per non-empty key group in ``[start, end]``, from the key-group index (nothing
+        decoded): the bytes of the key group's blocks in this file (compressed, as stored) and
+        its stored entries (tombstones included, the file's own layout)."""
+        rows = self._rows_of(state, start, end)
+        return (rows["key_group"].astype(np.int64), rows["length"].astype(np.int64),
+                rows["entries"].astype(np.int64))
+
     def entries_range(self, state: str, start: int, end: int
                       ) -> tuple[pa.BinaryArray, pa.BinaryArray]:
         """``(keys, values)`` of ``state`` in key groups ``[start, end]``: what :meth:`entries`
