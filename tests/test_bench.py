@@ -40,8 +40,11 @@ def _check_snapshot_cases(records):
                           ("snapshot_pause", "pause_ms_incremental_median"),
                           ("materialize", "state_MB_per_s"), ("materialize", "rss_bytes_per_entry"),
                           ("incremental_checkpoint", "ratio_incremental_over_full_bytes"),
-                          ("restore", "full_state_MB_per_s"), ("restore", "chain_state_MB_per_s")):
+                          ("restore", "full_state_MB_per_s"), ("restore", "chain_state_MB_per_s"),
+                          ("restore", "full_floor_state_MB_per_s"),
+                          ("restore", "ratio_chain_over_floor")):
             assert by[(c, impl, metric)] > 0, (c, impl, metric)
+        assert by[("restore", impl, "goal_min_ratio_over_floor")] == 0.5
         assert by[("snapshot_pause", impl, "goal_max_pause_ms")] == 1.0
         assert by[("incremental_checkpoint", impl, "goal_max_ratio")] == 0.05
         # 1% of the keys changed: the incremental run is smaller than the full one.
