@@ -1,7 +1,9 @@
-"""State as data, outside a running job: read the state of a checkpoint version as Arrow
-record batches (:func:`read_state`, Flink's State Processor API reader, Spark's ``statestore``
-source)."""
+"""State as data, outside a running job: the state of a checkpoint version as Arrow record
+batches (:func:`read_state`, Flink's State Processor API reader, Spark's ``statestore`` source)
+and the changes between two versions (:func:`read_changes`, the ``statestore`` change feed)."""
 
-from statecore.offline.state_reader import read_state, state_schema
+from statecore.offline.change_feed import change_schema, read_changes
+from statecore.offline.entries import state_schema
+from statecore.offline.state_reader import read_state
 
-__all__ = ["read_state", "state_schema"]
+__all__ = ["read_state", "read_changes", "state_schema", "change_schema"]
