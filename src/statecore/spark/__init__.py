@@ -22,6 +22,9 @@ writes overlap the other's job::
 :func:`epoch_ms` turns a timestamp column of any unit (what a processor receives for a Spark
 timestamp: ``timestamp[us]``) into int64 milliseconds, the unit of watermarks and timers.
 
+:func:`register_state_source` adds ``spark.read.format("statecore")``: a checkpoint's state, or
+its change feed, as a DataFrame.
+
 pyspark is imported lazily; importing this package needs only pyarrow.
 """
 
@@ -48,4 +51,14 @@ __all__ = [
     "clear_state_cache",
     "local_session",
     "epoch_ms",
+    "register_state_source",
 ]
+
+
+def register_state_source(spark) -> None:
+    """Register ``spark.read.format("statecore")`` with ``spark`` (classic or Connect): the
+    state of a statecore checkpoint as a DataFrame (:mod:`statecore.spark.state_source` has
+    the options and columns)."""
+    from statecore.spark.state_source import register
+
+    register(spark)
