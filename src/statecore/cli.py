@@ -217,6 +217,32 @@ def _run_inspect(args) -> int:
     return 0
 
 
+def _add_rewrite(sub) -> None:
+    p = sub.add_parser(
+        "rewrite", help="rewrite a checkpoint version for another max parallelism",
+        description="Re-partition one version of the checkpoint root SOURCE into "
+                    "--max-parallelism key groups and write it, as the same version, to the new "
+                    "root --output (statecore.offline.rewrite_max_parallelism). A job continues "
+                    "from the new root with the new max parallelism.")
+    p.add_argument("source", help="checkpoint root (the directory or URI holding manifests)")
+    p.add_argument("--max-parallelism", type=_max_parallelism, required=True,
+                   help="the new number of key groups")
+    p.add_argument("--output", required=True, help="new, empty checkpoint root")
+    p.add_argument("--version", type=_non_negative_int, default=None,
+                   help="version to rewrite (default: latest)")
+    p.set_defaults(run=_run_rewrite)
+
+
+def _run_rewrite(args) -> int:
+    from statecore.offline.rewrite import rewrite_max_parallelism
+
+    m = rewrite_max_parallelism(args.source, args.output, args.max_parallelism, args.version)
+    print(f"version {m['version']} written to {args.output}: max parallelism "
+          f"{m['max_parallelism']}, {len(m['files'])} run(s), "
+          f"{sum(f['size'] for f in m['files']):,} bytes")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``statecore`` command."""
     parser = argparse.ArgumentParser(
@@ -225,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     _add_demo(sub)
     _add_inspect(sub)
+    _add_rewrite(sub)
     return parser
 
 

@@ -1,9 +1,12 @@
 """State as data, outside a running job: the state of a checkpoint version as Arrow record
 batches (:func:`read_state`, Flink's State Processor API reader, Spark's ``statestore`` source)
-and the changes between two versions (:func:`read_changes`, the ``statestore`` change feed)."""
+and the changes between two versions (:func:`read_changes`, the ``statestore`` change feed); a
+version rewritten for another max parallelism (:func:`rewrite_max_parallelism`)."""
 
 from statecore.offline.change_feed import change_schema, read_changes
 from statecore.offline.entries import state_schema
+from statecore.offline.rewrite import rewrite_max_parallelism
 from statecore.offline.state_reader import read_state
 
-__all__ = ["read_state", "read_changes", "state_schema", "change_schema"]
+__all__ = ["read_state", "read_changes", "state_schema", "change_schema",
+           "rewrite_max_parallelism"]
