@@ -205,6 +205,34 @@ def test_stop_and_restart_with_another_parallelism(spark, tmp_path, backend):
 
 
 @pytest.mark.spark
+def test_restart_from_a_checkpoint_rewritten_for_another_max_parallelism(spark, tmp_path):
+    """Two micro-batches at max parallelism 128, both operators' checkpoints rewritten offline
+    for 256 key groups (`statecore rewrite`), then the rest of the input at max parallelism 256
+    and parallelism 3: the output equals the Spark SQL reference."""
+    from statecore.cli import main
+    from statecore.inspect import find_stores
+
+    cfg = _cfg(tmp_path, backend="native", files_per_trigger=5, max_batches=2)
+    assert run_demo(cfg, spark=spark, progress=None).micro_batches == 2
+    ops = os.path.join(cfg.checkpoint, "operators")
+    old = os.path.join(cfg.checkpoint, "operators-128")
+    os.rename(ops, old)
+    roots = find_stores(old)
+    assert len(roots) == 2
+    for root in roots:
+        target = os.path.join(ops, os.path.relpath(root, old))
+        assert main(["rewrite", root, "--max-parallelism", "256", "--output", target]) == 0
+    # The operators refuse the old max parallelism on the rewritten checkpoints (Spark wraps
+    # the error raised in foreachBatch).
+    with pytest.raises(Exception, match="max_parallelism is fixed .* \\(256\\), got 128"):
+        run_demo(dataclasses.replace(cfg, max_batches=None), spark=spark, progress=None)
+    rest = run_demo(dataclasses.replace(cfg, max_batches=None, parallelism=3,
+                                        max_parallelism=256), spark=spark, progress=None)
+    assert (rest.micro_batches, rest.last_batch_id, rest.flushed) == (3, 4, True)
+    _assert_matches_spark_sql(spark, cfg)
+
+
+@pytest.mark.spark
 def test_failure_between_the_two_operators_then_restart(spark, tmp_path, monkeypatch):
     """Batch 1 fails after the sessions operator's action ran but before the route operator
     ran: both operators commit only at the end of foreachBatch, so neither commits version 1;
