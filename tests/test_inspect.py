@@ -185,3 +185,18 @@ def test_inspect_json_refuses_entries_and_parquet(tmp_path, capsys):
     _write(root)
     assert main(["inspect", root, "--json", "--entries", "3"]) == 2
     assert "--json cannot be combined" in capsys.readouterr().err
+
+
+def test_inspect_shows_the_bytes_each_task_restored(tmp_path, capsys):
+    """The Spark operator records the bytes each task's restore read (metadata
+    ``restore_bytes``, one per partition); the summary shows them."""
+    root = str(tmp_path / "r")
+    b = create_backend("python", key_type="string")
+    b.get_state(ValueStateDescriptor("count", "int64"))
+    store = CheckpointStore(root)
+    store.commit(4, [store.write_snapshot(b.snapshot(), 4)],
+                 metadata={"restore_bytes": [2048, 0, 3 * 1024 * 1024]})
+    assert main(["inspect", root]) == 0
+    out = capsys.readouterr().out
+    assert "restore reads      3.0 MiB by 3 task(s)" in out
+    assert "p0 2.0 KiB, p1 0 B, p2 3.0 MiB" in out

@@ -298,6 +298,14 @@ def test_rescale_2_to_3_on_incremental_checkpoints(spark, tmp_path, backend):
             assert rep.loads == {"checkpoint": 3}
             assert {f["kind"] for f in op.store.manifest(i)["files"] if f["version"] < i} == \
                 {"full", "incremental"}
+            # Each task read the byte ranges of its own key groups and the footers of the runs
+            # covering them (at this tiny size the footers are most of it), below the whole.
+            prev_bytes = sum(f["size"] for f in op.store.manifest(i - 1)["files"])
+            read = [p["restore_bytes"] for p in sorted(rep.partitions,
+                                                       key=lambda p: p["partition"])]
+            assert op.store.metadata(i)["restore_bytes"] == read
+            assert all(0 < b < prev_bytes for b in read), (read, prev_bytes)
+            assert sum(read) <= 2 * prev_bytes, (read, prev_bytes)
     final = len(CRASH_BATCHES) - 1
     assert _state(op.store, final, 80) == _model_state(model, 80)
     assert op.store.metadata(final)["num_partitions"] == 3

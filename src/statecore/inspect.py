@@ -187,6 +187,11 @@ def summary_lines(root: str, version: Optional[int] = None, verify: bool = False
     if expired:
         yield ("  ttl expired        " + ", ".join(f"{k} {n:,}" for k, n in sorted(expired.items()))
                + "  (removed by TTL cleanup since the writers' previous versions)")
+    reads = d["metadata"].get("restore_bytes") if isinstance(d["metadata"], dict) else None
+    if reads and any(reads):
+        yield (f"  restore reads      {_fmt_bytes(sum(reads))} by {len(reads)} task(s) loading "
+               f"the previous version from the checkpoint: "
+               + ", ".join(f"p{i} {_fmt_bytes(n)}" for i, n in enumerate(reads))[:300])
     if d["metadata"]:
         yield f"  metadata           {json.dumps(d['metadata'], sort_keys=True, default=str)[:400]}"
 

@@ -485,6 +485,8 @@ class DataFileReader:
         self.name = name
         self._file = file
         self._prefetched: list[tuple[int, int, pa.Buffer]] = []
+        #: Bytes read from the file so far (footer, prefetched ranges and blocks).
+        self.bytes_read = 0
         try:
             self._open(expected_size, expected_footer_xxh64)
         except Exception:
@@ -508,6 +510,7 @@ class DataFileReader:
             raise self._fail(f"cannot read {what} ({length} bytes at {offset}): {exc}") from exc
         if not isinstance(data, pa.Buffer):
             data = pa.py_buffer(data)
+        self.bytes_read += data.size
         if data.size != length:
             raise self._fail(f"truncated: {what} needs {length} bytes at {offset}, got {data.size}")
         return data

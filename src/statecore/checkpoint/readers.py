@@ -130,6 +130,7 @@ class CheckpointReader:
         self._names = {m["name"] for m in self._metas}
         self._metas_by_name = {m["name"]: m for m in self._metas}
         self._timer_states = {m["name"] for m in self._metas if m.get("kind") == "timers"}
+        self._bytes_released = 0
         self._segments = segments if segments is not None else plan_chains(
             manifest["files"], manifest["key_group_range"], CorruptCheckpointError,
             f"manifest of version {version}")
@@ -368,11 +369,18 @@ class CheckpointReader:
             for kg in self.key_group_range:
                 self.entries(m["name"], kg)
 
+    @property
+    def bytes_read(self) -> int:
+        """Bytes read from the version's data files so far (footers, prefetched key-group
+        ranges, blocks), those of files closed by :meth:`release` included."""
+        return self._bytes_released + sum(r.bytes_read for r in self._open_files.values())
+
     def release(self) -> None:
         """Close the data files opened so far (idempotent); later reads raise CheckpointError."""
         self._released = True
         files, self._open_files = self._open_files, {}
         for r in files.values():
+            self._bytes_released += r.bytes_read
             r.close()
 
 

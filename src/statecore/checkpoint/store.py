@@ -418,11 +418,13 @@ class CheckpointStore:
                 raise CheckpointNotFoundError(f"no committed checkpoint under {self.uri}")
         return CheckpointReader(self._root, version, self.manifest(version))
 
-    def restore(self, backend: Any, version: int | None = None) -> int:
+    def restore(self, backend: Any, version: int | None = None, *,
+                stats: dict | None = None) -> int:
         """``backend.restore(self.open(version))``, reading only the byte ranges of the key
         groups in ``backend.key_group_range`` (one ranged read per run needed there). Releases
-        the reader afterwards. Returns the version restored. Errors as :meth:`open` and
-        CorruptCheckpointError from the data read."""
+        the reader afterwards. Returns the version restored; ``stats`` (a dict), when given,
+        gets ``bytes_read``: the bytes read from data files (footers included). Errors as
+        :meth:`open` and CorruptCheckpointError from the data read."""
         reader = self.open(version)
         try:
             kg_range = getattr(backend, "key_group_range", None)
@@ -431,6 +433,8 @@ class CheckpointStore:
             backend.restore(reader)
         finally:
             reader.release()
+            if stats is not None:
+                stats["bytes_read"] = reader.bytes_read
         return reader.version
 
     def open_changes(self, version: int, base_path: str, start: int, end: int

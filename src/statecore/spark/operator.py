@@ -268,7 +268,9 @@ class BatchReport:
     see ``StatefulOperator(handoff=)``; "standby": a cache hit on a copy that the worker brought
     up to date between its tasks, see ``StatefulOperator(standby=)``), ``load_s`` (cache take or
     restore, plus ``processor.open``; before the input is read), ``load_cpu_s`` (CPU seconds of
-    the thread that restored or caught up; 0 for the other loads), ``standby_cpu_s`` (CPU
+    the thread that restored or caught up; 0 for the other loads), ``restore_bytes`` (bytes the
+    restore or catch-up read from the checkpoint's data files: the ranges of the partition's key
+    groups in each run, and the runs' footers; 0 for the other loads), ``standby_cpu_s`` (CPU
     seconds the standby spent on that copy, between the tasks; 0 for the other loads),
     ``input_s`` (receiving the routed input; 0 for a processor with ``chunked_input``, whose
     input arrives during ``process_s``), ``process_s``, ``snapshot_s`` (the synchronous
@@ -310,7 +312,8 @@ class BatchReport:
 
 #: Fields of a task's report copied into :attr:`BatchReport.partitions`.
 _TASK_TIMINGS = ("partition", "pid", "load", "input_s", "load_s", "load_cpu_s", "standby_cpu_s",
-                 "process_s", "snapshot_s", "task_s", "write_s", "gc_frozen_objects")
+                 "restore_bytes", "process_s", "snapshot_s", "task_s", "write_s",
+                 "gc_frozen_objects")
 
 
 class StatefulOperator:
@@ -957,6 +960,7 @@ class PendingBatch:
             "rows": rows, "output_rows": out_rows, "state_entries": entries,
             "state_bytes": sbytes, "checkpoint_bytes": ckpt_bytes, "metrics": metrics,
             "loads": loads, "flush": self.is_flush, "final": self.final,
+            "restore_bytes": [int(r.get("restore_bytes", 0)) for r in parts],
         }
         if self.is_flush and "query_id" not in self.prev_meta:
             # A flush after a version that predates query ids closes a stream of any query:

@@ -333,6 +333,7 @@ class TaskSpec:
         writer = f"p{partition_id}-{self.attempt}-t{task_attempt}"
         restoring = None
         load_cpu = [0.0]  # CPU seconds of the load's thread (load_s is its wall time)
+        restore_stats: dict = {}  # bytes the load read from the checkpoint
         try:
             t_load = time.perf_counter()
             chunked = bool(getattr(self.processor, "chunked_input", False)) and not self.is_flush
@@ -347,12 +348,13 @@ class TaskSpec:
                     t_cpu = time.thread_time()
                     try:
                         if changes is None:
-                            store.restore(backend, self.prev_version)
+                            store.restore(backend, self.prev_version, stats=restore_stats)
                             return
                         try:
                             backend.apply_changes(changes)
                         finally:
                             changes.release()
+                            restore_stats["bytes_read"] = changes.bytes_read
                     finally:
                         load_cpu[0] = time.thread_time() - t_cpu
                 restoring = _InThread(load, f"statecore-restore-p{partition_id}")
@@ -419,6 +421,7 @@ class TaskSpec:
                 "state_entries": int(backend.num_entries()),
                 "state_bytes": int(backend.state_bytes()),
                 "load": source, "input_s": input_s, "load_s": load_s, "load_cpu_s": load_cpu[0],
+                "restore_bytes": int(restore_stats.get("bytes_read", 0)),
                 "standby_cpu_s": standby_cpu or 0.0,
                 "process_s": proc_s, "snapshot_s": snap_s,
                 "incremental": bool(snap.incremental), "snapshot_id": snapshot_id,
