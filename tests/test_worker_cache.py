@@ -278,10 +278,10 @@ def test_a_restore_runs_while_the_input_arrives(tmp_path, partition_0, monkeypat
 
     real_restore = CheckpointStore.restore
 
-    def slow_restore(self, backend, version=None):
+    def slow_restore(self, backend, version=None, **kw):
         events.append(("restore", "start"))
         time.sleep(0.3)
-        out = real_restore(self, backend, version)
+        out = real_restore(self, backend, version, **kw)
         events.append(("restore", "end"))
         return out
 
@@ -296,7 +296,7 @@ def test_a_restore_runs_while_the_input_arrives(tmp_path, partition_0, monkeypat
     assert counts == [2, 2, 1, 3, 1, 4]  # on top of the restored counts of 0 and 100
     W.clear_state_cache()
 
-    def failing_restore(self, backend, version=None):
+    def failing_restore(self, backend, version=None, **kw):
         time.sleep(0.1)
         raise op_mod.StateError("injected restore failure")
 
