@@ -429,7 +429,7 @@ print(store.versions(), flush=True)
 
 
 def test_process_exits_after_s3_use(s3, prefix, tmp_path):
-    """pyarrow's S3 finalizer at interpreter exit (arrow issue 50188): a process that used an
+    """pyarrow's S3 finalizer at interpreter exit (apache/arrow#50188): a process that used an
     S3 store and returns from its script exits on its own, as does ``statecore inspect``."""
     script = tmp_path / "exit.py"
     script.write_text(_EXIT_SCRIPT)

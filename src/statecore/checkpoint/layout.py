@@ -158,7 +158,7 @@ _S3_EXIT_HOOK = []
 def _finalize_s3_at_exit() -> None:
     """Register (once) an exit hook that collects garbage and then finalizes pyarrow's S3
     support. pyarrow's own hook can deadlock at interpreter exit while S3 filesystem objects are
-    still alive (arrow issue 50188); exit hooks run last-registered first, so this one runs
+    still alive (apache/arrow#50188); exit hooks run last-registered first, so this one runs
     before pyarrow's, when the objects the program dropped are gone, and pyarrow's then finds
     S3 finalized."""
     if _S3_EXIT_HOOK:
