@@ -451,11 +451,20 @@ def test_process_exits_after_s3_use(s3, prefix, tmp_path):
 
 
 def test_inspect_cli_on_s3(s3, prefix, capsys):
+    """``statecore inspect`` of one root and of a prefix above several (as the demo's
+    ``operators``) on S3; the roots found keep the URI's query."""
     from statecore.cli import main
+    from statecore.inspect import find_stores
 
     uri = s3.uri(BUCKET, prefix)
     b, _ = _loaded(5000, "python")
-    CheckpointStore(uri).checkpoint(b, 4)
-    assert main(["inspect", uri, "--verify", "--entries", "2"]) == 0
+    for name in ("alpha", "beta"):
+        CheckpointStore(join_uri(uri, f"ops/{name}")).checkpoint(b, 4)
+    assert find_stores(join_uri(uri, "ops")) == [join_uri(uri, "ops/alpha"),
+                                                 join_uri(uri, "ops/beta")]
+    assert main(["inspect", join_uri(uri, "ops/alpha"), "--verify", "--entries", "2"]) == 0
     out = capsys.readouterr().out
     assert "4" in out and "sum" in out
+    assert main(["inspect", uri, "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert f"{prefix}/ops/alpha" in out and f"{prefix}/ops/beta" in out
