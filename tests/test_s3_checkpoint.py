@@ -468,3 +468,22 @@ def test_inspect_cli_on_s3(s3, prefix, capsys):
     assert main(["inspect", uri, "--verify"]) == 0
     out = capsys.readouterr().out
     assert f"{prefix}/ops/alpha" in out and f"{prefix}/ops/beta" in out
+
+
+def test_bench_case_reports_s3_against_raw_transfers(tmp_path):
+    """The ``s3_checkpoint`` bench case (its own moto server) reports the S3 figures next to the
+    raw transfers of the same bytes, the local disk and the goals."""
+    from bench.cli import main
+
+    out = tmp_path / "r.json"
+    assert main(["--quick", "--scale", "0.02", "--case", "s3_checkpoint", "--json",
+                 str(out)]) == 0
+    by = {(r["impl"], r["metric"]): r["value"] for r in json.loads(out.read_text())}
+    for impl in ("local", "s3"):
+        for m in ("write", "write_sync", "restore", "fetch"):
+            assert by[(impl, f"{m}_MB_per_s")] > 0
+    assert by[("raw_s3", "upload_MB_per_s")] > 0 and by[("raw_s3", "download_MB_per_s")] > 0
+    assert by[("s3", "goal_min_ratio_write_over_raw_upload")] == 0.8
+    assert abs(by[("s3", "ratio_write_over_raw_upload")]
+               - by[("s3", "write_MB_per_s")] / by[("raw_s3", "upload_MB_per_s")]) < 1e-9
+    assert by[("s3", "file_bytes")] > 0
