@@ -9,15 +9,16 @@ older one (Kafka's producer epochs, Chubby's lock-delay):
 * ``_lease.json`` at the root holds the owner (128 random bits per store object), an epoch (+1
   at every takeover) and the time it was taken (format: docs/formats.md "Lease"). A store takes
   it at its first mutating step (commit, compaction publishing, retention) by writing its own
-  owner with the next epoch and reading it back; when another owner held it, the store then
-  waits :attr:`Lease.takeover_delay_s` before its first step, so that every request the old
-  owner had checked and already sent has ended (S3 is strongly read-after-write consistent).
+  owner with the next epoch, waiting :attr:`Lease.takeover_delay_s` -- so that every request
+  an old owner had checked and already sent has ended -- and reading it back (S3 is strongly
+  read-after-write consistent): of two stores taking it at once, the one whose write landed
+  last holds it, the other raises FencedError without having acted.
 * Before every request that publishes or deletes (a manifest put or delete, each retention
   delete) the store reads the lease (:meth:`Lease.check`): a different owner raises
   :class:`~statecore.errors.FencedError` and nothing is sent.
 * After a manifest put the lease is read again (:meth:`Lease.verify`): when a takeover happened
-  while the put was in flight, the store deletes the manifest it wrote (if it still holds its
-  commit id) and raises FencedError; the new owner never builds on it.
+  while the put was in flight, the store deletes the manifest it wrote (if its bytes are still
+  the ones written) and raises FencedError.
 
 So the old driver's steps stop at the first check after the takeover, and the new driver's
 steps start only after the old driver's last checked request has ended: no retained manifest
@@ -74,20 +75,23 @@ class Lease:
         return doc
 
     def acquire(self) -> None:
-        """Take the lease (module docstring): write this owner with the next epoch, read it back,
-        and wait the takeover delay when another owner held it. Raises FencedError when another
-        store took it at the same moment (its write landed last)."""
+        """Take the lease (module docstring): write this owner with the next epoch, wait the
+        takeover delay, read it back. Raises FencedError when another store took it at the same
+        moment (its write landed last)."""
         cur = self.read()
         epoch = (cur["epoch"] if cur is not None else 0) + 1
         doc = {"format": LEASE_FORMAT, "owner": self.owner, "epoch": epoch,
                "acquired_ms": int(time.time() * 1000)}
         self.root.write_bytes(LEASE_NAME, json.dumps(doc, sort_keys=True).encode("ascii"))
+        # Wait before reading it back: a driver that held it finishes what it had checked, and
+        # of two stores taking it at once the one whose write landed last wins, the other sees
+        # that here and acts on nothing.
+        if self.takeover_delay_s > 0:
+            time.sleep(self.takeover_delay_s)
         back = self.read()
         if back is None or back["owner"] != self.owner:
             raise self._fenced(back, "taking the lease")
         self.epoch = epoch
-        if cur is not None and cur["owner"] != self.owner and self.takeover_delay_s > 0:
-            time.sleep(self.takeover_delay_s)
 
     def check(self, what: str) -> None:
         """Make sure this store holds the lease before the request ``what`` (taking it first
