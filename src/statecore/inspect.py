@@ -69,10 +69,10 @@ def _find_uri_stores(uri: str, max_depth: int) -> List[str]:
     for info in root.list(root.root, recursive=True):
         if info.type != pafs.FileType.File or manifest_version(info.base_name) is None:
             continue
-        rel = info.path[len(base) + 1:].rsplit("/", 1)[0] if "/" in info.path[len(base) + 1:] \
-            else ""
-        if rel.count("/") + (1 if rel else 0) <= max_depth:
-            found.add(rel)
+        # The manifest's directory relative to the URI's path ("" for the path itself).
+        parts = info.path[len(base) + 1:].split("/")[:-1]
+        if len(parts) <= max_depth:
+            found.add("/".join(parts))
     if "" in found or not found:
         return [uri]
     # A root's own sub-directories (data/, pending/) hold no manifests, so no root is inside
