@@ -355,6 +355,29 @@ def test_failure_mid_upload_leaves_the_last_version_restorable(s3, prefix, fault
         proxy.close()
 
 
+@pytest.mark.timeout(600)  # a hang fails the test instead of blocking the run
+def test_server_killed_mid_upload_fails_the_checkpoint_in_bounded_time(tmp_path):
+    """The moto process itself SIGKILLed while a multipart data file upload runs: the checkpoint
+    raises OSError (no hang, nothing committed). moto keeps its objects in memory, so what was
+    committed before dies with it; that the last committed version survives a failure mid-upload
+    is what the proxy cases above check."""
+    with start_s3_server(str(tmp_path)) as server:
+        server.create_bucket(BUCKET)
+        fs = server.filesystem(connect_timeout=5, request_timeout=20,
+                               retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=2))
+        store = CheckpointStore(f"{BUCKET}/killed", filesystem=fs, takeover_delay_s=0)
+        b, _ = _loaded(600_000)
+        store.checkpoint(b, 1)
+        timer = threading.Timer(0.3, server.kill)
+        timer.start()
+        with pytest.raises(OSError):
+            store.checkpoint(b, 2, incremental=False)
+        timer.join()
+        with pytest.raises(OSError):
+            store.versions()
+        b.close()
+
+
 _KILL_SCRIPT = r"""
 import os, sys
 import numpy as np, pyarrow as pa, pyarrow.fs as pafs
