@@ -81,11 +81,18 @@ def _add_demo(sub) -> None:
                     "--checkpoint/--output to resume.")
     p.add_argument("--checkpoint", default="./statecore-checkpoint",
                    help="checkpoint directory: landing files, Spark offsets, operator state "
-                        "(default: %(default)s)")
+                        "(default: %(default)s); or a URI such as s3://bucket/prefix for the "
+                        "operator state alone (credentials, endpoint and region from the AWS_* "
+                        "environment variables or the URI's query)")
     p.add_argument("--output", default="./statecore-output",
                    help="output directory: sessions/ and route_delays/ (default: %(default)s)")
     p.add_argument("--landing", default=None,
-                   help="where the daily Parquet files are landed (default: CHECKPOINT/landing)")
+                   help="where the daily Parquet files are landed (default: CHECKPOINT/landing; "
+                        "./statecore-landing when CHECKPOINT is a URI)")
+    p.add_argument("--spark-checkpoint", default=None,
+                   help="Spark's checkpoint location, a local or HDFS path (default: "
+                        "CHECKPOINT/spark; ./statecore-spark-checkpoint when CHECKPOINT is a "
+                        "URI)")
     p.add_argument("--files-per-trigger", type=_positive_int, default=7,
                    help="daily files per micro-batch (default: %(default)s)")
     p.add_argument("--parallelism", type=_positive_int, default=2,
@@ -128,6 +135,7 @@ def _run_demo(args) -> int:
 
     cfg = DemoConfig(
         checkpoint=args.checkpoint, output=args.output, landing=args.landing,
+        spark_checkpoint=args.spark_checkpoint,
         files_per_trigger=args.files_per_trigger, parallelism=args.parallelism,
         max_parallelism=args.max_parallelism, backend=args.backend,
         session_gap_ms=args.session_gap, max_batches=args.max_batches, days=args.days,

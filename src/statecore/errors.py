@@ -26,3 +26,9 @@ class CheckpointNotFoundError(CheckpointError, LookupError):
 class CorruptCheckpointError(CheckpointError):
     """A checkpoint file is truncated, fails its xxhash64 checksum, cannot be decompressed, or is
     missing although a manifest references it. The message names the file."""
+
+
+class FencedError(CheckpointError):
+    """Another driver took over the checkpoint root (its lease, statecore.checkpoint.lease):
+    this store may no longer commit, compact or delete there. Nothing it published after the
+    takeover stays; restart the driver (it then takes the lease back) or stop it."""

@@ -17,11 +17,13 @@ import os
 from typing import Iterator, List, Optional
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from statecore import key_types
 from statecore.backends.python import PythonBackend
 from statecore.backends.states import from_stored
 from statecore.checkpoint import CheckpointStore
+from statecore.checkpoint.layout import CheckpointRoot, join_uri, manifest_version
 from statecore.errors import CheckpointNotFoundError
 
 __all__ = ["find_stores", "summary_lines", "version_stats", "entries_table"]
@@ -35,11 +37,13 @@ def _has_manifest(path: str) -> bool:
 
 
 def find_stores(path: str, max_depth: int = 3) -> List[str]:
-    """Checkpoint roots at or below ``path``: ``[path]`` for a URI or a root itself, else the
-    local sub-directories (at most ``max_depth`` levels down) that hold manifests, sorted.
-    Raises CheckpointNotFoundError when there is none."""
+    """Checkpoint roots at or below ``path``: ``[path]`` for a root itself, else the
+    sub-directories (at most ``max_depth`` levels down) that hold manifests, sorted; local
+    directories or URIs (``s3://bucket/prefix?query``: the roots keep the query). Raises
+    CheckpointNotFoundError when there is none, InvalidInputError for a URI pyarrow cannot
+    open."""
     if "://" in path and not path.startswith("file://"):
-        return [path]
+        return _find_uri_stores(path, max_depth)
     local = path[len("file://"):] if path.startswith("file://") else path
     if not os.path.isdir(local):
         raise CheckpointNotFoundError(f"no checkpoint directory at {path!r}")
@@ -56,6 +60,27 @@ def find_stores(path: str, max_depth: int = 3) -> List[str]:
     if not found:
         raise CheckpointNotFoundError(f"no checkpoint (manifest-*.json) at or below {path!r}")
     return sorted(found)
+
+
+def _find_uri_stores(uri: str, max_depth: int) -> List[str]:
+    """:func:`find_stores` under a URI: one recursive listing (on an object store, paged
+    listings of the prefix) for the directories holding manifests. A URI without any is
+    returned as it is (the store then says that nothing is committed)."""
+    root = CheckpointRoot(uri)
+    base = root.root.rstrip("/")
+    found = set()
+    for info in root.list(root.root, recursive=True):
+        if info.type != pafs.FileType.File or manifest_version(info.base_name) is None:
+            continue
+        # The manifest's directory relative to the URI's path ("" for the path itself).
+        parts = info.path[len(base) + 1:].split("/")[:-1]
+        if len(parts) <= max_depth:
+            found.add("/".join(parts))
+    if "" in found or not found:
+        return [uri]
+    # A root's own sub-directories (data/, pending/) hold no manifests, so no root is inside
+    # another.
+    return [join_uri(uri, rel) for rel in sorted(found)]
 
 
 def _fmt_bytes(n: int) -> str:

@@ -257,6 +257,9 @@ class Committer:
                     f"descriptor says {f['size']}")
 
         with self.lock:
+            # Before the reads the new manifest builds on: a store taking the lease over waits
+            # out the old owner first (statecore.checkpoint.lease).
+            self.manifests.fence(f"commit of version {version}")
             committed = self.manifests.versions()
             if committed and version <= committed[-1] and not replace:
                 raise InvalidInputError(

@@ -154,6 +154,7 @@ class Compactor:
         of the TTL filter. Errors as ``CheckpointStore.compact``."""
         max_runs = check_max_runs(max_runs)
         with self.lock:
+            self.manifests.fence("compaction")
             if version is None:
                 version = self.manifests.latest_version()
                 if version is None:
@@ -188,7 +189,8 @@ class Compactor:
                 view = RangeView(reader, s, e, ttl_filters(manifest, ttl_clock))
                 summary = self.root.write_atomic(
                     rel, lambda out: write_data_file(out, view, version=version, writer=writer,
-                                                     incremental=False))
+                                                     incremental=False),
+                    streamed=True)
                 written.append({
                     "path": rel, "size": summary.size, "writer": writer, "version": version,
                     "seq": t["seq"], "kind": KIND_FULL, "key_group_range": [s, e],
@@ -203,6 +205,7 @@ class Compactor:
                 })
                 reader.drop_prefetched()
             with self.lock:
+                self.manifests.fence(f"compaction of version {version}")
                 try:
                     current = self.manifests.read(version)
                 except CheckpointNotFoundError:

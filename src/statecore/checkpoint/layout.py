@@ -7,9 +7,13 @@ Invariants this module keeps:
 
 * Every file appears at its final path all at once (:meth:`CheckpointRoot.write_atomic`): on
   filesystems with an atomic rename (local disk, HDFS) it is written to a temporary name in the
-  same directory and then moved (``fs.move``); on object stores (S3, GCS, Azure) it is a single
-  put of the complete bytes, which is atomic there. A write that fails or is abandoned leaves
-  nothing at the final path.
+  same directory and then moved (``fs.move``); on object stores (S3, GCS, Azure) nothing is ever
+  renamed (a "move" there is a copy and a delete): a file is a single put of the complete bytes,
+  or one multipart upload, each atomic there (an object appears only when its upload completes).
+  A write that fails or is abandoned leaves nothing at the final path -- except a data file
+  streamed to an object store (``streamed=True``), whose partial upload pyarrow completes when
+  the stream is closed: such a file has a name of its own that no manifest references, is
+  deleted at once and otherwise by retention, and a reader never opens it.
 * Every data file gets a new name (the writer's name or the compaction's key-group range plus a
   random suffix), so no write ever replaces a file: a replayed micro-batch writes new files
   beside the ones a committed manifest may reference, and retention deletes whichever end up
@@ -23,6 +27,8 @@ Invariants this module keeps:
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 import re
 import time
@@ -38,7 +44,7 @@ __all__ = [
     "CheckpointRoot", "MAX_VERSION", "check_version", "check_writer", "check_commit_id",
     "version_dir",
     "manifest_name", "data_path", "pending_path", "compacted_data_path", "is_compacted_name",
-    "manifest_version", "is_version_dir",
+    "manifest_version", "is_version_dir", "join_uri", "is_uri",
 ]
 
 #: Highest checkpoint version (versions are ints in ``[0, 10**20)``, 20 decimal digits).
@@ -121,10 +127,49 @@ def is_version_dir(base_name: str) -> bool:
     return bool(_VERSION_DIR_RE.match(base_name))
 
 
-def _has_atomic_rename(fs: pafs.FileSystem) -> bool:
+def join_uri(base: str, name: str) -> str:
+    """``base`` (a local path or a URI, possibly with a ``?query`` such as
+    ``s3://bucket/prefix?endpoint_override=host:port``) with the path component ``name``
+    appended: ``s3://bucket/prefix/name?endpoint_override=host:port``."""
+    path, sep, query = base.partition("?")
+    return path.rstrip("/") + "/" + name + sep + query
+
+
+def is_uri(path: str) -> bool:
+    """True when ``path`` is a URI (``scheme://...``) rather than a local path."""
+    return "://" in path
+
+
+def _base_type_name(fs: pafs.FileSystem) -> str:
+    """The type name of the filesystem under ``SubTreeFileSystem`` layers (a PyFileSystem's
+    handler's: it reports ``py::<name>``)."""
     while isinstance(fs, pafs.SubTreeFileSystem):
         fs = fs.base_fs
-    return fs.type_name not in _OBJECT_STORES
+    return fs.type_name.split("::")[-1]
+
+
+def _has_atomic_rename(fs: pafs.FileSystem) -> bool:
+    return _base_type_name(fs) not in _OBJECT_STORES
+
+
+_S3_EXIT_HOOK = []
+
+
+def _finalize_s3_at_exit() -> None:
+    """Register (once) an exit hook that collects garbage and then finalizes pyarrow's S3
+    support. pyarrow's own hook can deadlock at interpreter exit while S3 filesystem objects are
+    still alive (apache/arrow#50188); exit hooks run last-registered first, so this one runs
+    before pyarrow's, when the objects the program dropped are gone, and pyarrow's then finds
+    S3 finalized."""
+    if _S3_EXIT_HOOK:
+        return
+    _S3_EXIT_HOOK.append(True)
+
+    def finalize() -> None:
+        gc.collect()
+        pafs.finalize_s3()
+
+    atexit.register(finalize)
 
 
 def _local_os_path(fs: pafs.FileSystem, path: str) -> str | None:
@@ -166,6 +211,8 @@ class CheckpointRoot:
                 raise InvalidInputError(
                     f"filesystem must be a pyarrow.fs.FileSystem, got {type(filesystem).__name__}")
             path = pafs.FileSystem.from_uri(raw)[1] if "://" in raw else raw
+        if _base_type_name(filesystem) == "s3":
+            _finalize_s3_at_exit()
         self.fs = filesystem
         self.root = path.rstrip("/") or "/"
         self.uri = raw
@@ -193,16 +240,39 @@ class CheckpointRoot:
                 time.sleep(0.001 * (attempt + 1))
         raise AssertionError("unreachable")
 
-    def write_atomic(self, rel: str, produce, before_publish=None) -> Any:
+    def write_atomic(self, rel: str, produce, before_publish=None, streamed: bool = False) -> Any:
         """Run ``produce(stream)`` and make its bytes appear at ``rel`` all at once; returns what
         ``produce`` returned. ``before_publish()`` (optional) runs after ``produce`` and before
         the bytes become visible; it raises to abandon the write (nothing appears at ``rel``).
+        ``streamed`` (data files, whose names are unique): on an object store, write straight
+        into the object's (multipart) upload instead of gathering the bytes in memory first, so
+        serializing and uploading overlap; a failed or abandoned write then deletes the object
+        its closed stream completed (module docstring). Elsewhere it changes nothing.
         On the local filesystem the bytes are fsynced before the rename, and after it the
         file's directory and the parent of every directory the write created (module docstring
         "Durability"), so once this returns the file survives a power loss. Filesystem errors
         propagate as ``OSError`` (the temporary file removed)."""
         final = self.path(rel)
         parent = final.rsplit("/", 1)[0]
+        if not self.atomic_rename and streamed:
+            out = self.fs.open_output_stream(final)
+            try:
+                result = produce(out)
+                if before_publish is not None:
+                    before_publish()
+            except BaseException:
+                # pyarrow has no abort: closing completes the upload, so remove what it made.
+                try:
+                    out.close()
+                except OSError:
+                    pass
+                try:
+                    self.fs.delete_file(final)
+                except OSError:
+                    pass
+                raise
+            out.close()
+            return result
         if not self.atomic_rename:
             buf = pa.BufferOutputStream()
             result = produce(buf)

@@ -260,10 +260,13 @@ def parse_manifest(raw: bytes, version: int, path: str) -> dict:
 class ManifestLog:
     """The manifests under one :class:`~statecore.checkpoint.layout.CheckpointRoot`: the list of
     committed versions, validated reads and atomic writes. Holds no state besides the root (the
-    process-wide cache of validated bytes aside), so any number of logs over one root agree."""
+    process-wide cache of validated bytes aside), so any number of logs over one root agree.
+    ``lease``: the root's :class:`~statecore.checkpoint.lease.Lease` as the writing store holds
+    it (None: no fencing); writes and deletes are then checked against it."""
 
-    def __init__(self, root: CheckpointRoot):
+    def __init__(self, root: CheckpointRoot, lease=None):
         self.root = root
+        self.lease = lease
 
     def versions(self) -> list[int]:
         """Committed versions (those with a manifest), ascending. Empty when the root does not
@@ -317,14 +320,44 @@ class ManifestLog:
     def write(self, body: dict) -> dict:
         """Sign ``body`` (a manifest without ``checksum_xxh64``) and publish it atomically as the
         manifest of ``body["version"]``, replacing an earlier one. Returns the signed manifest.
-        Filesystem errors propagate (the previous manifest, if any, stays)."""
+        Filesystem errors propagate (the previous manifest, if any, stays). With a lease: checked
+        before the put and verified after it; FencedError when another driver holds it (before:
+        nothing written; after: the manifest just written is deleted again if it is still the
+        one this call wrote)."""
         manifest = dict(body, checksum_xxh64=f"{xxh64(canonical_json(body)):016x}")
         data = json.dumps(manifest, sort_keys=True, indent=1).encode("ascii")
+        what = f"publishing the manifest of version {body['version']}"
+        if self.lease is not None:
+            self.lease.check(what)
         self.root.write_bytes(manifest_name(body["version"]), data)
+        if self.lease is not None and not self.lease.verify(what):
+            self._retract(body["version"], data)
+            self.lease.check(what)  # raises FencedError naming the new owner
         return manifest
 
+    def fence(self, what: str) -> None:
+        """Check the lease (if any) before the step ``what``, taking it on the first call;
+        FencedError when another driver holds it. A no-op without a lease."""
+        if self.lease is not None:
+            self.lease.check(what)
+
+    def _retract(self, version: int, data: bytes) -> None:
+        """Delete the manifest of ``version`` when its bytes are still ``data`` (what a fenced
+        write published; a newer driver's manifest of the same version stays)."""
+        path = self.root.path(manifest_name(version))
+        try:
+            with self.root.fs.open_input_file(path) as f:
+                if f.read() != data:
+                    return
+            self.root.fs.delete_file(path)
+        except FileNotFoundError:
+            pass
+
     def delete(self, version: int) -> None:
-        """Delete the manifest of ``version``: the version is no longer committed."""
+        """Delete the manifest of ``version``: the version is no longer committed. With a lease,
+        checked first (FencedError when another driver holds it; nothing deleted)."""
+        if self.lease is not None:
+            self.lease.check(f"deleting the manifest of version {version}")
         self.root.fs.delete_file(self.root.path(manifest_name(version)))
 
 

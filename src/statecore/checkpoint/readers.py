@@ -48,6 +48,44 @@ CHUNK_BYTES = 256 << 20
 _EMPTY = (pa.nulls(0, pa.binary()), pa.nulls(0, pa.binary()))
 
 
+class _TailCachedFile:
+    """An object-store input file (pyarrow ``RandomAccessFile`` interface, as
+    :class:`~statecore.checkpoint.format.DataFileReader` uses it) whose last
+    :attr:`TAIL_BYTES` bytes are fetched with one ranged read on first use. Opening a data file
+    reads its header, trailer and footer: three requests to an object store, where each costs a
+    round trip, become one for a file that fits (the Spark operator's per-partition runs are
+    mostly small) and two otherwise. Other reads go to the file."""
+
+    TAIL_BYTES = 1 << 20
+
+    def __init__(self, file):
+        self._file = file
+        self._size = file.size()
+        self._tail: bytes | None = None
+        self._tail_start = max(0, self._size - self.TAIL_BYTES)
+
+    def size(self) -> int:
+        return self._size
+
+    def read_at(self, nbytes: int, offset: int):
+        if offset < self._tail_start:
+            return self._file.read_at(nbytes, offset)
+        if self._tail is None:
+            self._tail = self._file.read_at(self._size - self._tail_start, self._tail_start)
+        lo = offset - self._tail_start
+        return self._tail[lo:lo + nbytes]
+
+    def seek(self, position: int, whence: int = 0):
+        return self._file.seek(position, whence)
+
+    def readinto(self, buf):
+        return self._file.readinto(buf)
+
+    def close(self) -> None:
+        self._tail = None
+        self._file.close()
+
+
 def _native_merge():
     """``statecore._native.merge_newest_wins``, or None without the native extension."""
     try:
@@ -168,6 +206,8 @@ class CheckpointReader:
             path = self._root.path(run["path"])
             try:
                 handle = self._root.fs.open_input_file(path)
+                if not self._root.atomic_rename:
+                    handle = _TailCachedFile(handle)
             except FileNotFoundError:
                 raise CorruptCheckpointError(
                     f"checkpoint data file {path} of version {self.version} is missing") from None

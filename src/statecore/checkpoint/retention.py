@@ -48,6 +48,7 @@ class Retention:
             raise InvalidInputError(f"retain needs k >= 1, got {k!r}")
         fs = self.root.fs
         with self.lock:
+            self.manifests.fence("retention")
             versions = self.manifests.versions()
             if not versions:
                 return []
@@ -62,6 +63,7 @@ class Retention:
                 # the lock held here, so none is in flight.
                 if (f.type == pafs.FileType.File and f.base_name.startswith("manifest-")
                         and ".json.tmp-" in f.base_name):
+                    self.manifests.fence(f"deleting {f.path}")
                     fs.delete_file(f.path)
             for top in ("data", "pending"):
                 for d in self.root.list(self.root.path(top)):
@@ -78,7 +80,9 @@ class Retention:
                                                        and is_compacted_name(f.base_name))):
                             kept_any = True
                         else:
+                            self.manifests.fence(f"deleting {f.path}")
                             fs.delete_file(f.path)
                     if not kept_any and not in_flight_dir:
+                        self.manifests.fence(f"deleting {d.path}")
                         fs.delete_dir(d.path)
             return drop

@@ -170,7 +170,8 @@ class SnapshotWriter:
         rel = data_path(version, writer)
         kwargs = {} if block_target_bytes is None else {"block_target_bytes": block_target_bytes}
         summary = self.root.write_atomic(
-            rel, lambda out: write_data_file(out, snap, version=version, writer=writer, **kwargs))
+            rel, lambda out: write_data_file(out, snap, version=version, writer=writer, **kwargs),
+            streamed=True)
         return run_descriptor(snap, version, writer, rel, summary)
 
     def write_async(self, snap: Any, version: int, writer: str = "p0", *,
@@ -223,7 +224,8 @@ class SnapshotWriter:
             outcome: Any = None
             failed = False
             try:
-                summary = self.root.write_atomic(rel, produce, before_publish=fut._begin_publish)
+                summary = self.root.write_atomic(rel, produce, before_publish=fut._begin_publish,
+                                                 streamed=True)
                 outcome = run_descriptor(snap, version, writer, rel, summary)
                 finished = getattr(snap, "serializer_finished", None)
                 if serializer is not None and callable(finished):

@@ -44,6 +44,7 @@ from statecore.checkpoint.layout import (
     manifest_name,
     pending_path,
 )
+from statecore.checkpoint.lease import DEFAULT_TAKEOVER_DELAY_S, Lease
 from statecore.checkpoint.manifests import (
     MANIFEST_FORMAT,
     MANIFEST_FORMAT_VERSION,
@@ -98,6 +99,9 @@ class _StoreManifests:
     def delete(self, version: int) -> None:
         self._log.delete(version)
 
+    def fence(self, what: str) -> None:
+        self._log.fence(what)
+
 
 class CheckpointStore:
     """Versioned checkpoints of StateSnapshots under one root directory of a ``pyarrow.fs``
@@ -114,18 +118,30 @@ class CheckpointStore:
     compaction in a background thread (:meth:`compact_async`) instead of inside :meth:`commit`.
     ``ttl_clock``: processing-time clock (callable returning ms; default the wall clock) of the
     TTL compaction filter (:mod:`statecore.checkpoint.compaction`).
+    ``fencing``: take the root's lease before committing, compacting or deleting, and refuse
+    (FencedError) once another driver took it over (:mod:`statecore.checkpoint.lease`); ``None``
+    (default) = on for object stores (S3, GCS, Azure: no atomic rename), off elsewhere.
+    ``takeover_delay_s``: seconds to wait after taking the lease over from another driver.
     Attributes: ``fs``, ``root`` (path in ``fs``), ``uri`` (as given), ``max_runs``,
-    ``background_compaction``, ``ttl_clock``.
-    Raises InvalidInputError for a bad root, filesystem, ``max_runs`` or ``ttl_clock``.
+    ``background_compaction``, ``ttl_clock``, ``fencing`` (bool).
+    Raises InvalidInputError for a bad root, filesystem, ``max_runs``, ``ttl_clock``,
+    ``fencing`` or ``takeover_delay_s``.
     """
 
     def __init__(self, uri_or_path: str | os.PathLike, filesystem: pafs.FileSystem | None = None,
                  *, max_runs: int | None = DEFAULT_MAX_RUNS, background_compaction: bool = False,
-                 ttl_clock=None):
+                 ttl_clock=None, fencing: bool | None = None,
+                 takeover_delay_s: float = DEFAULT_TAKEOVER_DELAY_S):
         if max_runs is not None:
             check_max_runs(max_runs)
         if ttl_clock is not None and not callable(ttl_clock):
             raise InvalidInputError(f"ttl_clock must be callable, got {ttl_clock!r}")
+        if fencing is not None and not isinstance(fencing, bool):
+            raise InvalidInputError(f"fencing must be a bool or None, got {fencing!r}")
+        if (isinstance(takeover_delay_s, bool) or not isinstance(takeover_delay_s, (int, float))
+                or not 0 <= takeover_delay_s < float("inf")):
+            raise InvalidInputError(
+                f"takeover_delay_s must be a finite number >= 0, got {takeover_delay_s!r}")
         self.ttl_clock = ttl_clock or wall_clock_ms
         self.max_runs = max_runs
         self.background_compaction = bool(background_compaction)
@@ -135,7 +151,9 @@ class CheckpointStore:
         self.uri = self._root.uri
         # Serializes manifest publishing and retention in this process (compaction in a thread).
         self._lock = threading.RLock()
-        self._manifests = ManifestLog(self._root)
+        self.fencing = (not self._root.atomic_rename) if fencing is None else fencing
+        self._manifests = ManifestLog(
+            self._root, Lease(self._root, takeover_delay_s) if self.fencing else None)
         manifests = _StoreManifests(self, self._manifests)
         self._writer = SnapshotWriter(self._root)
         self._pending = PendingDescriptors(self._root)

@@ -31,10 +31,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
+from statecore.checkpoint.layout import is_uri, join_uri
 from statecore.errors import InvalidInputError, StateError
 
 __all__ = ["DemoConfig", "DemoSummary", "DemoPipeline", "run_demo", "parse_duration_ms",
-           "native_backend_available"]
+           "native_backend_available", "local_parts"]
 
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
@@ -81,7 +82,14 @@ class DemoConfig:
     """Options of ``statecore demo`` (see ``statecore demo --help``).
 
     ``days``: only the first ``days`` New York days of 2013 (None = the whole year).
-    ``landing``: where the daily files are landed (default ``<checkpoint>/landing``).
+    ``checkpoint``: a local directory, or a URI of a ``pyarrow.fs`` filesystem such as
+    ``s3://bucket/prefix`` (docs/deploy.md "Checkpoints on object storage"): the operators'
+    state goes to ``<checkpoint>/operators/<name>``. Spark's own checkpoint (the offsets log)
+    and the landed files need a local or HDFS path.
+    ``landing``: where the daily files are landed (default ``<checkpoint>/landing``, or
+    ``./statecore-landing`` when ``checkpoint`` is a URI).
+    ``spark_checkpoint``: Spark's checkpoint location (default ``<checkpoint>/spark``, or
+    ``./statecore-spark-checkpoint`` when ``checkpoint`` is a URI).
     ``session_gap_ms``: session gap in ms (default 6 h).
     ``aircraft_idle_ttl_ms``, ``route_idle_ttl_ms``: event-time TTL in ms of the per-aircraft
     activity and the per-route statistics (default 30 days; None = kept forever), see
@@ -97,6 +105,7 @@ class DemoConfig:
     checkpoint: str = "./statecore-checkpoint"
     output: str = "./statecore-output"
     landing: Optional[str] = None
+    spark_checkpoint: Optional[str] = None
     files_per_trigger: int = 7
     parallelism: int = 2
     max_parallelism: int = 128
@@ -122,9 +131,10 @@ class DemoConfig:
             raise InvalidInputError(
                 f"max_parallelism must be at most 32768 (Flink's upper bound), got "
                 f"{self.max_parallelism}")
-        for name in ("checkpoint", "output", "landing"):
+        for name in ("checkpoint", "output", "landing", "spark_checkpoint"):
             path = getattr(self, name)
-            if path is not None and os.path.exists(path) and not os.path.isdir(path):
+            if path is not None and not is_uri(path) and os.path.exists(path) \
+                    and not os.path.isdir(path):
                 raise InvalidInputError(f"{name} {path!r} exists and is not a directory")
         if self.parallelism > self.max_parallelism:
             raise InvalidInputError(
@@ -228,9 +238,8 @@ class DemoPipeline:
         from statecore.demo.processors import AircraftSessions, RouteDelays
         from statecore.spark import StatefulOperator
 
-        checkpoint = os.path.abspath(cfg.checkpoint)
         output = os.path.abspath(cfg.output)
-        self.ops_dir = os.path.join(checkpoint, "operators")
+        self.ops_dir = join_uri(_local_or_uri(cfg.checkpoint), "operators")
         common = dict(parallelism=cfg.parallelism, max_parallelism=cfg.max_parallelism,
                       backend=cfg.backend, retain_versions=cfg.retain_versions,
                       max_runs=cfg.max_runs, commit_timeout_s=cfg.commit_timeout_s,
@@ -266,7 +275,32 @@ class _StopAfterMaxBatches(Exception):
     """Raised inside foreachBatch to end a run after --max-batches micro-batches."""
 
 
+def _local_or_uri(path: str) -> str:
+    """``path`` made absolute when it is local; a URI as it is."""
+    return path if is_uri(path) else os.path.abspath(path)
+
+
+def local_parts(cfg: DemoConfig) -> tuple[str, str]:
+    """``(landing, spark_checkpoint)``: the absolute local directories of the landed files and
+    of Spark's checkpoint for ``cfg`` (defaults: :class:`DemoConfig`)."""
+    if is_uri(cfg.checkpoint):
+        landing = cfg.landing or "./statecore-landing"
+        spark_ckpt = cfg.spark_checkpoint or "./statecore-spark-checkpoint"
+    else:
+        landing = cfg.landing or os.path.join(cfg.checkpoint, "landing")
+        spark_ckpt = cfg.spark_checkpoint or os.path.join(cfg.checkpoint, "spark")
+    return os.path.abspath(landing), os.path.abspath(spark_ckpt)
+
+
 def _dir_bytes(path: str, exclude: Optional[str] = None) -> int:
+    if is_uri(path):
+        import pyarrow.fs as pafs
+
+        from statecore.checkpoint.layout import CheckpointRoot
+
+        root = CheckpointRoot(path)
+        return sum(i.size or 0 for i in root.list(root.root, recursive=True)
+                   if i.type == pafs.FileType.File)
     total = 0
     ex = os.path.abspath(exclude) if exclude else None
     for root, _dirs, files in os.walk(path):
@@ -298,10 +332,10 @@ def run_demo(cfg: DemoConfig, spark=None,
     from statecore.spark import local_session
 
     say = progress or (lambda _line: None)
-    checkpoint = os.path.abspath(cfg.checkpoint)
     output = os.path.abspath(cfg.output)
-    landing_dir = os.path.abspath(cfg.landing or os.path.join(checkpoint, "landing"))
-    os.makedirs(checkpoint, exist_ok=True)
+    landing_dir, spark_checkpoint = local_parts(cfg)
+    if not is_uri(cfg.checkpoint):
+        os.makedirs(cfg.checkpoint, exist_ok=True)
     landing = land_flights(landing_dir, cfg.days)
     say(f"{'reusing' if landing.reused else 'landed'} {landing.rows:,} flights in "
         f"{len(landing.files)} daily files under {landing_dir}")
@@ -352,7 +386,7 @@ def run_demo(cfg: DemoConfig, spark=None,
 
     t_start = time.perf_counter()
     query = (source.writeStream.foreachBatch(each_batch)
-             .option("checkpointLocation", os.path.join(checkpoint, "spark"))
+             .option("checkpointLocation", spark_checkpoint)
              .trigger(availableNow=True)
              .queryName(f"statecore_demo_{os.getpid()}_{int(time.time() * 1000)}")
              .start())

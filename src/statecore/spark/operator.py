@@ -118,6 +118,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import pyarrow as pa
 
+from statecore.checkpoint.layout import is_uri, join_uri
 from statecore.errors import CheckpointNotFoundError, InvalidInputError, StateError
 from statecore.key_groups import check_max_parallelism
 from statecore.spark.processor import KeyedProcessor
@@ -512,8 +513,10 @@ class StatefulOperator:
         #: the key column names as a tuple (one for a single-column key)
         self.key_columns = (key_column,) if isinstance(key_column, str) else tuple(key_column)
         self.checkpoint = os.fspath(checkpoint)
-        self.store_uri = self.checkpoint.rstrip("/") + "/" + name
-        if "://" not in self.store_uri:
+        # A URI may carry a query (s3://bucket/prefix?endpoint_override=...): the name goes
+        # into its path.
+        self.store_uri = join_uri(self.checkpoint, name)
+        if not is_uri(self.store_uri):
             self.store_uri = os.path.abspath(self.store_uri)
         self.sink = sink
         self.parallelism = parallelism

@@ -1,0 +1,200 @@
+"""Checkpoints on S3-compatible object storage: write and restore of a checkpoint through a real
+S3 protocol server on loopback (moto in server mode, its own process) next to a raw
+``pyarrow.fs`` upload and download of the same number of bytes to the same server in the same
+run, and next to the local disk.
+
+Workload: one ReducingState ``sum`` over int64 keys and values, keys ``0 .. n-1``, native backend
+(python when the extension is missing), n = 2M entries (``--quick``: 500k). Every figure is the
+median of three repetitions, in MB/s of data-file bytes (1e6 bytes per MB):
+
+* ``write``: ``write_snapshot_async(..., nice=0).result()`` (the Spark operator tasks' write, at
+  normal priority: the figure is the write, not how it yields to processing) of a full
+  snapshot into a new data file; ``write_sync``: ``write_snapshot``.
+* ``restore``: ``CheckpointStore.restore`` into a fresh backend (open the file, one ranged read
+  of its key groups, decode); ``fetch``: that ranged read alone (``CheckpointReader.prefetch``).
+* ``raw_upload`` / ``raw_download``: ``open_output_stream().write()`` of as many random bytes,
+  and ``open_input_file().read()`` of them.
+
+Goals (records ``goal_min_*``, never asserted): write >= 0.8 of the raw upload and fetch >= 0.8
+of the raw download. Restore decodes every block (CPU), which the raw download does not, so its
+ratio to the raw download is reported as a figure, next to restore on local disk. ``load_avg_1m``
+records the machine's load when the case ran: on a loaded machine serialization and the upload
+compete for the same cores and the write ratio drops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from bench.common import has_native
+from bench.harness import Size, case, record
+from statecore import CheckpointStore, ReducingStateDescriptor, create_backend
+
+_ACCESS_KEY, _SECRET_KEY, _REGION, _BUCKET = "bench", "bench-secret", "us-east-1", "bench"
+_REPEAT = 3
+
+
+@contextlib.contextmanager
+def _moto_server():
+    """``(endpoint, S3FileSystem)`` of a moto server on a free loopback port, killed (its
+    process group) on exit; None when moto is not installed."""
+    try:
+        import moto.server  # noqa: F401
+    except ImportError:
+        print("s3_checkpoint: moto[server] is not installed; case left out", file=sys.stderr)
+        yield None
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/moto-api/", timeout=5)
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("moto server did not start") from None
+                time.sleep(0.2)
+        endpoint = f"127.0.0.1:{port}"
+        fs = pafs.S3FileSystem(access_key=_ACCESS_KEY, secret_key=_SECRET_KEY, region=_REGION,
+                               endpoint_override=endpoint, scheme="http",
+                               allow_bucket_creation=True)
+        fs.create_dir(_BUCKET)
+        yield endpoint, fs
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+
+
+def _loaded(impl: str, n: int):
+    b = create_backend(impl, key_type="int64")
+    st = b.get_state(ReducingStateDescriptor("sum", "sum", "int64"))
+    for s in range(0, n, 1 << 20):
+        k = pa.array(np.arange(s, min(n, s + (1 << 20)), dtype=np.int64))
+        st.add_batch(k, k)
+    return b
+
+
+def _median_s(fn) -> float:
+    times = []
+    for _ in range(_REPEAT):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def _store_figures(store: CheckpointStore, backend, impl: str) -> dict:
+    """Seconds (median) of the async and sync writes, the restore and the fetch, and the data
+    file's size, for one store."""
+    snap = backend.snapshot()
+    try:
+        desc = {}
+
+        def write_async():
+            desc["d"] = store.write_snapshot_async(snap, 1, nice=0).result()
+
+        def write_sync():
+            store.write_snapshot(snap, 1)
+
+        w = _median_s(write_async)
+        ws = _median_s(write_sync)
+    finally:
+        snap.release()
+    store.commit(1, [desc["d"]])
+    n = backend.num_entries()
+
+    def restore():
+        fresh = create_backend(impl, key_type="int64")
+        store.restore(fresh, 1)
+        if fresh.num_entries() != n:
+            raise RuntimeError(f"restored {fresh.num_entries()} entries, expected {n}")
+        fresh.close()
+
+    def fetch():
+        reader = store.open(1)
+        try:
+            reader.prefetch(0, reader.max_parallelism - 1)
+        finally:
+            reader.release()
+
+    return {"write_s": w, "write_sync_s": ws, "restore_s": _median_s(restore),
+            "fetch_s": _median_s(fetch), "bytes": desc["d"]["size"]}
+
+
+@case("s3_checkpoint", "checkpoint write and restore MB/s on S3 (moto server on loopback) vs a "
+                       "raw pyarrow.fs upload/download of the same bytes and vs local disk; "
+                       "native 2M entries")
+def s3_checkpoint(size: Size):
+    """Records: impl ``local`` and ``s3``: ``write_MB_per_s``, ``write_sync_MB_per_s``,
+    ``restore_MB_per_s``, ``fetch_MB_per_s``; impl ``raw_s3``: ``upload_MB_per_s``,
+    ``download_MB_per_s``; impl ``s3``: ``file_bytes``, ``ratio_write_over_raw_upload`` and
+    ``ratio_fetch_over_raw_download`` (goals 0.8), ``ratio_restore_over_raw_download``,
+    ``ratio_restore_over_local``; impl ``machine``: ``load_avg_1m`` at the start and the end."""
+    c = "s3_checkpoint"
+    impl = "native" if has_native() else "python"
+    n = size.n(2_000_000, 500_000)
+    out = [record(c, impl, "entries", n, "entries"),
+           record(c, "machine", "load_avg_1m_start", os.getloadavg()[0], "load")]
+    with _moto_server() as server:
+        if server is None:
+            return []
+        endpoint, fs = server
+        backend = _loaded(impl, n)
+        try:
+            with tempfile.TemporaryDirectory(prefix="statecore-bench-") as d:
+                local = _store_figures(CheckpointStore(d), backend, impl)
+            s3 = _store_figures(
+                CheckpointStore(f"{_BUCKET}/ckpt", filesystem=fs), backend, impl)
+        finally:
+            backend.close()
+        data = os.urandom(s3["bytes"])
+
+        def upload():
+            with fs.open_output_stream(f"{_BUCKET}/raw") as f:
+                f.write(data)
+
+        def download():
+            with fs.open_input_file(f"{_BUCKET}/raw") as f:
+                if len(f.read()) != len(data):
+                    raise RuntimeError("short raw download")
+
+        up_s, down_s = _median_s(upload), _median_s(download)
+    mb = s3["bytes"] / 1e6
+    for label, f in (("local", local), ("s3", s3)):
+        for m in ("write", "write_sync", "restore", "fetch"):
+            out.append(record(c, label, f"{m}_MB_per_s", mb / f[f"{m}_s"], "MB/s"))
+    up, down = mb / up_s, mb / down_s
+    out += [record(c, "raw_s3", "upload_MB_per_s", up, "MB/s"),
+            record(c, "raw_s3", "download_MB_per_s", down, "MB/s"),
+            record(c, "s3", "file_bytes", s3["bytes"], "bytes"),
+            record(c, "s3", "ratio_write_over_raw_upload", (mb / s3["write_s"]) / up, "ratio"),
+            record(c, "s3", "goal_min_ratio_write_over_raw_upload", 0.8, "ratio"),
+            record(c, "s3", "ratio_fetch_over_raw_download", (mb / s3["fetch_s"]) / down,
+                   "ratio"),
+            record(c, "s3", "goal_min_ratio_fetch_over_raw_download", 0.8, "ratio"),
+            record(c, "s3", "ratio_restore_over_raw_download", (mb / s3["restore_s"]) / down,
+                   "ratio"),
+            record(c, "s3", "ratio_restore_over_local", local["restore_s"] / s3["restore_s"],
+                   "ratio"),
+            record(c, "machine", "load_avg_1m_end", os.getloadavg()[0], "load")]
+    return out

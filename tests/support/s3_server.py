@@ -1,0 +1,272 @@
+"""A real S3 protocol server on loopback for the object-store tests: moto in server mode, in its
+own process group, plus a loopback TCP proxy that can drop connections (fault injection).
+
+moto's ``mock_aws`` decorators patch boto only; pyarrow's S3 client is the C++ AWS SDK, so the
+tests talk HTTP to ``moto.server`` bound to 127.0.0.1 (never the default 0.0.0.0). The server
+keeps its objects in memory: killing it loses them, which is why the tests that need the
+objects to survive a failure put :class:`DroppingProxy` between the client and the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pyarrow.fs as pafs
+
+from support.fs_wrappers import LocalDelegatingHandler
+
+__all__ = ["S3Server", "DroppingProxy", "start_s3_server", "free_port", "ACCESS_KEY",
+           "SECRET_KEY", "REGION", "S3DelegatingHandler"]
+
+ACCESS_KEY = "statecore-test"
+SECRET_KEY = "statecore-test-secret"
+REGION = "us-east-1"
+START_TIMEOUT_S = 120.0
+_RST = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class S3Server:
+    """One ``moto.server`` process on ``127.0.0.1:port`` (its own process group).
+    :meth:`stop` / :meth:`kill` end the whole group; both are idempotent."""
+
+    def __init__(self, log_path: str):
+        self.port = free_port()
+        self._log = open(log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"moto server exited with {self.proc.returncode} "
+                                   f"(log: {log_path})")
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/moto-api/", timeout=5)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.kill()
+                    raise RuntimeError(
+                        f"moto server did not answer within {START_TIMEOUT_S} s") from None
+                time.sleep(0.2)
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def env(self, endpoint: str | None = None) -> dict:
+        """The AWS environment variables that point a client at this server (or ``endpoint``)."""
+        return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+                "AWS_REGION": REGION, "AWS_ENDPOINT_URL": f"http://{endpoint or self.endpoint}"}
+
+    def filesystem(self, endpoint: str | None = None, **kw) -> pafs.S3FileSystem:
+        """A pyarrow S3FileSystem on this server (or on ``endpoint``, e.g. a proxy's)."""
+        return pafs.S3FileSystem(access_key=ACCESS_KEY, secret_key=SECRET_KEY, region=REGION,
+                                 endpoint_override=endpoint or self.endpoint, scheme="http",
+                                 allow_bucket_creation=True, **kw)
+
+    def create_bucket(self, name: str) -> None:
+        self.filesystem().create_dir(name)
+
+    def uri(self, bucket: str, prefix: str, endpoint: str | None = None) -> str:
+        """``s3://bucket/prefix`` with the endpoint, scheme and region as query parameters
+        (credentials come from the environment, :meth:`env`)."""
+        return (f"s3://{bucket}/{prefix}?endpoint_override={endpoint or self.endpoint}"
+                f"&scheme=http&region={REGION}")
+
+    def _signal(self, sig) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=30)
+        self._log.close()
+
+    def kill(self) -> None:
+        """SIGKILL the server's process group (its objects are lost)."""
+        self._signal(signal.SIGKILL)
+
+    def stop(self) -> None:
+        self._signal(signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def start_s3_server(log_dir: str):
+    """A running :class:`S3Server` (log in ``log_dir``), stopped on exit whatever happens."""
+    server = S3Server(os.path.join(log_dir, "moto-server.log"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+class DroppingProxy:
+    """A TCP proxy on ``127.0.0.1:port`` in front of ``target_port``, run by threads of this
+    process. :meth:`drop_after` makes it cut every connection once ``n`` more bytes went from
+    clients to the server (a request failing mid-upload); :meth:`down` closes the listener and
+    every connection at once (the server dying), :meth:`up` listens again on the same port;
+    :meth:`heal` forwards everything again. :meth:`close` ends it."""
+
+    def __init__(self, target_port: int):
+        self.target_port = target_port
+        self.port = free_port()
+        self._lock = threading.Lock()
+        self._budget: int | None = None  # bytes still forwarded upstream; None = unlimited
+        self._conns: set[socket.socket] = set()
+        self._listener: socket.socket | None = None
+        self._closed = False
+        self.dropped = 0
+        self.up()
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def up(self) -> None:
+        ls = socket.socket()
+        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        ls.bind(("127.0.0.1", self.port))
+        ls.listen(64)
+        self._listener = ls
+        threading.Thread(target=self._accept, args=(ls,), daemon=True).start()
+
+    def down(self) -> None:
+        ls, self._listener = self._listener, None
+        if ls is not None:
+            with contextlib.suppress(OSError):
+                ls.shutdown(socket.SHUT_RDWR)
+            ls.close()
+        self._cut_all()
+
+    def drop_after(self, n: int) -> None:
+        with self._lock:
+            self._budget = n
+
+    def heal(self) -> None:
+        with self._lock:
+            self._budget = None
+
+    def close(self) -> None:
+        self._closed = True
+        self.down()
+
+    def _cut_all(self) -> None:
+        with self._lock:
+            conns, self._conns = list(self._conns), set()
+        for c in conns:
+            with contextlib.suppress(OSError):
+                # RST instead of FIN: the client sees the connection reset mid-request.
+                c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RST)
+                c.close()
+
+    def _accept(self, ls: socket.socket) -> None:
+        while not self._closed:
+            try:
+                client, _ = ls.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=10)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                self._conns.update((client, upstream))
+            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+
+    def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
+        socks = [client, upstream]
+        reset = False  # a deliberate drop resets both ends; an end of stream closes gently
+        try:
+            while True:
+                readable, _, _ = select.select(socks, [], [], 1.0)
+                if self._closed:
+                    reset = True
+                    return
+                for s in readable:
+                    data = s.recv(1 << 16)
+                    if not data:
+                        return
+                    if s is client:
+                        with self._lock:
+                            if self._budget is not None:
+                                if len(data) > self._budget:
+                                    self._budget = 0
+                                    self.dropped += 1
+                                    reset = True
+                                    return
+                                self._budget -= len(data)
+                        upstream.sendall(data)
+                    else:
+                        client.sendall(data)
+        except OSError:
+            reset = True
+        finally:
+            with self._lock:
+                self._conns.discard(client)
+                self._conns.discard(upstream)
+            for s in socks:
+                with contextlib.suppress(OSError):
+                    if reset:
+                        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RST)
+                    else:
+                        s.shutdown(socket.SHUT_WR)
+                    s.close()
+
+
+class S3DelegatingHandler(LocalDelegatingHandler):
+    """A ``pyarrow.fs.PyFileSystem`` handler forwarding every call to the S3 filesystem ``fs``
+    under the type name ``s3`` (so statecore treats it as the object store it is), recording
+    ``(operation, path)`` in :attr:`calls`; ``on_output(path)`` (optional) runs before an
+    output stream is opened (e.g. another driver acting right before a manifest put)."""
+
+    type_name = "s3"
+
+    def __init__(self, fs: pafs.FileSystem, on_output=None):
+        self.fs = fs
+        self.calls: list[tuple[str, str]] = []
+        self.on_output = on_output
+
+    def move(self, src, dest):
+        self.calls.append(("move", src))
+        self.fs.move(src, dest)
+
+    def copy_file(self, src, dest):
+        self.calls.append(("copy_file", src))
+        self.fs.copy_file(src, dest)
+
+    def delete_dir(self, path):
+        self.calls.append(("delete_dir", path))
+        self.fs.delete_dir(path)
+
+    def delete_file(self, path):
+        self.calls.append(("delete_file", path))
+        self.fs.delete_file(path)
+
+    def open_output_stream(self, path, metadata):
+        self.calls.append(("open_output_stream", path))
+        if self.on_output is not None:
+            self.on_output(path)
+        return self.fs.open_output_stream(path)
