@@ -22,6 +22,10 @@ writes overlap the other's job::
 :func:`epoch_ms` turns a timestamp column of any unit (what a processor receives for a Spark
 timestamp: ``timestamp[us]``) into int64 milliseconds, the unit of watermarks and timers.
 
+Under Spark Connect (:func:`remote_session`) the ``foreachBatch`` function runs in a Python
+process on the server and cannot read the running query's id: pass it to ``start``/``process``
+as ``query_id=streaming_query_id(checkpoint_location)``.
+
 pyspark is imported lazily; importing this package needs only pyarrow.
 """
 
@@ -34,7 +38,8 @@ from statecore.spark.operator import (
     parquet_batch_sink,
 )
 from statecore.spark.processor import KeyedProcessor, ProcessorContext
-from statecore.spark.session import local_session
+from statecore.spark.session import is_connect_session, local_session, remote_session
+from statecore.spark.versions import streaming_query_id
 from statecore.timers import epoch_ms
 
 __all__ = [
@@ -47,5 +52,8 @@ __all__ = [
     "parquet_batch_sink",
     "clear_state_cache",
     "local_session",
+    "remote_session",
+    "is_connect_session",
+    "streaming_query_id",
     "epoch_ms",
 ]
