@@ -438,11 +438,10 @@ def run_demo(cfg: DemoConfig, spark=None,
         report_new()
         for rec in log.records():
             _add_batch(summary, rec)
+        summary.stopped_early = log.stopped()
         log.remove()
     summary.seconds = time.perf_counter() - t_start
-    if log.stopped():
-        summary.stopped_early = True
-    else:
+    if not summary.stopped_early:
         rep = sessions_op.flush(spark)
         if rep is not None:
             summary.checkpoint_bytes_written += rep.checkpoint_bytes
