@@ -20,7 +20,8 @@ sessions operator overlap the route operator's job); Spark commits batch N only 
 operators restore N - 1 and overwrite their output. Checkpoints are incremental after the first
 version (``statecore.spark.operator`` docstring). ``max_batches`` stops a run after that many
 micro-batches of this run (the next one is refused before any side effect, so Spark re-plans it on
-restart).
+restart). Through Spark Connect (``remote``) the same ``foreachBatch`` function runs on the
+server and reports back through files (:func:`run_demo`).
 """
 
 from __future__ import annotations
