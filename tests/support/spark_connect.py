@@ -6,8 +6,9 @@ org.apache.spark.sql.connect.service.SparkConnectServer`` of the installed ``pys
 (``spark.connect.grpc.binding.address``/``.port``), master ``local[2]``. The server's Python
 workers and its ``foreachBatch`` runner use the running interpreter (``PYSPARK_PYTHON`` and
 ``spark.pyspark.python`` = ``sys.executable``), with this checkout's ``statecore`` on
-``PYTHONPATH``, so they import the statecore under test. The wait for the port is bounded and
-fails early when the server exits; :meth:`ConnectServer.stop` kills the whole process group
+``PYTHONPATH``, so they import the statecore under test. The wait (until the server logs that
+it started on that port and the port accepts connections) is bounded and fails early when the
+server exits; :meth:`ConnectServer.stop` kills the whole process group
 (the JVM, its Python daemon and workers, the ``foreachBatch`` runner), also when starting failed.
 """
 
@@ -80,10 +81,11 @@ class ConnectServer:
     process: subprocess.Popen
     log: Path
 
-    def log_tail(self, chars: int = 4000) -> str:
-        """The last ``chars`` characters of the server's log."""
+    def log_tail(self, chars: Optional[int] = 4000) -> str:
+        """The last ``chars`` characters of the server's log (None: all of it)."""
         try:
-            return self.log.read_text(errors="replace")[-chars:]
+            text = self.log.read_text(errors="replace")
+            return text if chars is None else text[-chars:]
         except OSError:
             return ""
 
@@ -165,7 +167,10 @@ def start_connect_server(work_dir: Path, *, timeout_s: float = 180.0, attempts: 
             while time.monotonic() < deadline:
                 if proc.poll() is not None:
                     break
-                if _accepts(port):
+                # The log line tells that this server, not another process that took the
+                # port in the meantime, is the one listening.
+                if f"Spark Connect server started at: 127.0.0.1:{port}" in server.log_tail(None) \
+                        and _accepts(port):
                     return server
                 time.sleep(0.5)
         except BaseException:
