@@ -260,10 +260,10 @@ def test_failure_between_the_two_operators_then_restart(spark, tmp_path, monkeyp
     cfg = _cfg(tmp_path)
     real = StatefulOperator.start
 
-    def failing(self, df, batch_id):
+    def failing(self, df, batch_id, **kw):
         if self.name == "route_delays" and batch_id == 1:
             raise RuntimeError("injected failure")
-        return real(self, df, batch_id)
+        return real(self, df, batch_id, **kw)
 
     monkeypatch.setattr(StatefulOperator, "start", failing)
     with pytest.raises(Exception, match="injected failure"):

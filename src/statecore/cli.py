@@ -57,6 +57,13 @@ def _positive_float(text: str) -> float:
     return v
 
 
+def _connect_url(text: str) -> str:
+    if not text.startswith("sc://") or len(text) <= len("sc://"):
+        raise argparse.ArgumentTypeError(
+            f"expected a Spark Connect URL like sc://HOST:PORT, got {text!r}")
+    return text
+
+
 def _duration_ms(text: str) -> int:
     from statecore.demo.job import parse_duration_ms
 
@@ -118,6 +125,10 @@ def _add_demo(sub) -> None:
     p.add_argument("--days", type=_positive_int, default=None,
                    help="only the first N days of 2013 (default: the whole year)")
     p.add_argument("--master", default="local[2]", help="Spark master (default: %(default)s)")
+    p.add_argument("--remote", type=_connect_url, default=None, metavar="sc://HOST:PORT",
+                   help="run through a Spark Connect server instead of a local Spark (--master "
+                        "is then ignored); its Python workers must import statecore and see "
+                        "the --checkpoint/--output/--landing paths")
     p.add_argument("--retain-versions", type=_positive_int, default=3,
                    help="committed state versions kept, >= 2 (default: %(default)s)")
     p.add_argument("--max-runs", type=_positive_int, default=8,
@@ -142,7 +153,7 @@ def _run_demo(args) -> int:
         aircraft_idle_ttl_ms=args.aircraft_idle_ttl, route_idle_ttl_ms=args.route_idle_ttl,
         ttl_background_key_groups=args.ttl_background_key_groups,
         master=args.master, retain_versions=args.retain_versions, max_runs=args.max_runs,
-        commit_timeout_s=args.commit_timeout)
+        commit_timeout_s=args.commit_timeout, remote=args.remote)
     if args.quiet:
         summary = run_demo(cfg, progress=None)
         for line in summary.lines():

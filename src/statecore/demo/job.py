@@ -20,7 +20,8 @@ sessions operator overlap the route operator's job); Spark commits batch N only 
 operators restore N - 1 and overwrite their output. Checkpoints are incremental after the first
 version (``statecore.spark.operator`` docstring). ``max_batches`` stops a run after that many
 micro-batches of this run (the next one is refused before any side effect, so Spark re-plans it on
-restart).
+restart). Through Spark Connect (``remote``) the same ``foreachBatch`` function runs on the
+server and reports back through files (:func:`run_demo`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
 from statecore.checkpoint.layout import is_uri, join_uri
+from statecore.demo.run_log import RunLog
 from statecore.errors import InvalidInputError, StateError
 
 __all__ = ["DemoConfig", "DemoSummary", "DemoPipeline", "run_demo", "parse_duration_ms",
@@ -100,6 +102,8 @@ class DemoConfig:
     ``commit_timeout_s``: passed to both operators (:class:`statecore.spark.StatefulOperator`:
     committed versions kept, incremental runs per key group before a compaction (None = never
     compact), seconds the driver waits for the partitions' background checkpoint writes).
+    ``remote``: a Spark Connect URL (``sc://HOST:PORT``) to run the job through instead of a
+    session on ``master`` (see :func:`run_demo`).
     """
 
     checkpoint: str = "./statecore-checkpoint"
@@ -120,6 +124,7 @@ class DemoConfig:
     retain_versions: int = 3
     max_runs: Optional[int] = 8
     commit_timeout_s: float = 300.0
+    remote: Optional[str] = None
 
     def validate(self) -> None:
         """Raise InvalidInputError for out-of-range options."""
@@ -165,6 +170,11 @@ class DemoConfig:
         t = self.commit_timeout_s
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf"):
             raise InvalidInputError(f"commit_timeout_s must be a positive number, got {t!r}")
+        if self.remote is not None and (not isinstance(self.remote, str)
+                                        or not self.remote.startswith("sc://")
+                                        or len(self.remote) <= len("sc://")):
+            raise InvalidInputError(
+                f"remote must be a Spark Connect URL like sc://HOST:PORT, got {self.remote!r}")
 
 
 @dataclass
@@ -231,7 +241,9 @@ class DemoPipeline:
     route operator on all rows (key ``origin|dest``), then commits version ``batch_id`` of both
     (:func:`statecore.spark.commit_batches`: both actions first, commits at the end), and
     returns their :class:`statecore.spark.BatchReport` pair. Calling it again with the same
-    ``batch_id`` and rows (a replay) reproduces the same state and output.
+    ``batch_id`` and rows (a replay) reproduces the same state and output. ``query_id``: the
+    Spark query the micro-batch belongs to (:meth:`statecore.spark.StatefulOperator.start`;
+    needed under Spark Connect, where the operators cannot read it).
     """
 
     def __init__(self, cfg: DemoConfig):
@@ -252,7 +264,7 @@ class DemoPipeline:
             "route_delays", RouteDelays(cfg.route_idle_ttl_ms), "route", self.ops_dir,
             output=os.path.join(output, "route_delays"), event_time_column="event_time", **common)
 
-    def __call__(self, df, batch_id: int):
+    def __call__(self, df, batch_id: int, query_id: Optional[str] = None):
         from pyspark.sql import functions as F
 
         from statecore.demo.processors import ROUTE_KEY_SEPARATOR
@@ -261,10 +273,11 @@ class DemoPipeline:
         # Both operators read the micro-batch: keep it instead of reading the files twice.
         df = df.persist()
         try:
-            s = self.sessions.start(df.where(F.col("tailnum").isNotNull()), batch_id)
+            s = self.sessions.start(df.where(F.col("tailnum").isNotNull()), batch_id,
+                                    query_id=query_id)
             r = self.routes.start(
                 df.select("*", F.concat_ws(ROUTE_KEY_SEPARATOR, "origin", "dest").alias("route")),
-                batch_id)
+                batch_id, query_id=query_id)
         finally:
             df.unpersist()
         s, r = commit_batches([s, r])
@@ -314,14 +327,87 @@ def _dir_bytes(path: str, exclude: Optional[str] = None) -> int:
     return total
 
 
+def _batch_record(batch_id: int, s, r, seconds: float) -> Dict:
+    """The run log's record of one micro-batch from its two BatchReports (JSON data)."""
+    ttl: Dict[str, int] = {}
+    for rep in (s, r):
+        for strategy, n in rep.ttl_expired.items():
+            ttl[strategy] = ttl.get(strategy, 0) + int(n)
+    return {
+        "batch_id": int(batch_id), "events": r.rows, "sessions": s.output_rows,
+        "routes": r.output_rows, "seconds": seconds, "late_rows": s.metrics.get("late_rows", 0),
+        "checkpoint_bytes": s.checkpoint_bytes + r.checkpoint_bytes,
+        "wait_seconds": s.wait_seconds + r.wait_seconds,
+        "cache_loads": s.loads.get("cache", 0) + r.loads.get("cache", 0),
+        "checkpoint_loads": s.loads.get("checkpoint", 0) + r.loads.get("checkpoint", 0),
+        "ttl_expired": ttl, "watermark_ms": s.watermark_ms,
+        "state_entries": s.state_entries + r.state_entries,
+        "state_bytes": s.state_bytes + r.state_bytes,
+    }
+
+
+def _batch_line(rec: Dict) -> str:
+    wm = ("-" if rec["watermark_ms"] is None
+          else time.strftime("%Y-%m-%d %H:%M", time.gmtime(rec["watermark_ms"] / 1000)))
+    return (f"batch {rec['batch_id']:>4}: {rec['events']:>6,} events  {rec['sessions']:>5,} "
+            f"sessions closed  {rec['routes']:>4} routes updated  watermark {wm}  state "
+            f"{rec['state_entries']:,} entries / {rec['state_bytes']:,} B  "
+            f"{rec['seconds']:.2f} s")
+
+
+def _add_batch(summary: DemoSummary, rec: Dict) -> None:
+    summary.micro_batches += 1
+    summary.last_batch_id = rec["batch_id"]
+    summary.events += rec["events"]
+    summary.late_rows += rec["late_rows"]
+    summary.checkpoint_bytes_written += rec["checkpoint_bytes"]
+    summary.commit_wait_seconds += rec["wait_seconds"]
+    summary.cache_loads += rec["cache_loads"]
+    summary.checkpoint_loads += rec["checkpoint_loads"]
+    for strategy, n in rec["ttl_expired"].items():
+        summary.ttl_expired[strategy] = summary.ttl_expired.get(strategy, 0) + n
+    summary.batches.append({k: rec[k] for k in ("batch_id", "events", "sessions", "routes",
+                                                "seconds")})
+
+
+def _make_each_batch(cfg: DemoConfig, pipeline: DemoPipeline, log: RunLog,
+                     spark_checkpoint: Optional[str]):
+    """The query's ``foreachBatch`` function. It reports only through ``log``: under Spark
+    Connect (``spark_checkpoint`` given) it runs in a Python process on the server, reads the
+    query id from the Spark checkpoint location (no SparkContext there) and counts
+    ``max_batches`` from the log's files, since nothing it keeps in memory reaches the
+    client."""
+
+    def each_batch(df, batch_id: int) -> None:
+        if cfg.max_batches is not None and log.count() >= cfg.max_batches:
+            log.mark_stopped()
+            raise _StopAfterMaxBatches(f"statecore demo: --max-batches {cfg.max_batches} reached")
+        query_id = None
+        if spark_checkpoint is not None:
+            from statecore.spark import streaming_query_id
+
+            query_id = streaming_query_id(spark_checkpoint)
+        t0 = time.perf_counter()
+        s, r = pipeline(df, batch_id, query_id=query_id)
+        log.record(_batch_record(batch_id, s, r, time.perf_counter() - t0))
+
+    return each_batch
+
+
 def run_demo(cfg: DemoConfig, spark=None,
              progress: Optional[Callable[[str], None]] = print) -> DemoSummary:
     """Run the flights job (module docstring) and return its summary.
 
-    ``spark``: an existing SparkSession (default: :func:`statecore.spark.local_session` on
-    ``cfg.master``). ``progress``: called with one line per micro-batch (None = silent).
-    Raises InvalidInputError for bad options, StateError when the native backend is requested
-    but not importable, and whatever the streaming query raised.
+    ``spark``: an existing SparkSession, classic or Spark Connect (default: a Spark Connect
+    session on ``cfg.remote`` when set, :func:`statecore.spark.remote_session`, else
+    :func:`statecore.spark.local_session` on ``cfg.master``). Under Spark Connect the
+    ``foreachBatch`` function runs on the server: the checkpoint, output and landing paths must
+    be the same files for the client and the server (one host or a shared filesystem), and the
+    per-batch figures come back through files under ``<checkpoint>/runs/`` (for a URI
+    checkpoint ``<spark checkpoint>-runs/``; :class:`statecore.demo.run_log.RunLog`).
+    ``progress``: called with one line per micro-batch (None = silent). Raises
+    InvalidInputError for bad options, StateError when the native backend is requested but not
+    importable, and whatever the streaming query raised.
     """
     cfg.validate()
     if cfg.backend == "native" and not native_backend_available():
@@ -329,7 +415,7 @@ def run_demo(cfg: DemoConfig, spark=None,
             "the native backend (statecore.backends.native / statecore._native) is not available "
             "in this installation; build it (pip install .) or run with --backend python")
     from statecore.demo.data import land_flights
-    from statecore.spark import local_session
+    from statecore.spark import is_connect_session, local_session, remote_session
 
     say = progress or (lambda _line: None)
     output = os.path.abspath(cfg.output)
@@ -341,11 +427,21 @@ def run_demo(cfg: DemoConfig, spark=None,
         f"{len(landing.files)} daily files under {landing_dir}")
 
     if spark is None:
-        spark = local_session("statecore-demo", master=cfg.master,
-                              shuffle_partitions=cfg.parallelism)
+        if cfg.remote is not None:
+            spark = remote_session(cfg.remote, shuffle_partitions=cfg.parallelism)
+        else:
+            spark = local_session("statecore-demo", master=cfg.master,
+                                  shuffle_partitions=cfg.parallelism)
+    connect = is_connect_session(spark)
     pipeline = DemoPipeline(cfg)
     ops_dir = pipeline.ops_dir
     sessions_op, routes_op = pipeline.sessions, pipeline.routes
+    run_id = f"{os.getpid()}_{int(time.time() * 1000)}"
+    # Run logs are local files (Spark Connect's client and server share them); a URI
+    # checkpoint keeps them beside Spark's local checkpoint.
+    runs_dir = (spark_checkpoint + "-runs" if is_uri(cfg.checkpoint)
+                else os.path.join(os.path.abspath(cfg.checkpoint), "runs"))
+    log = RunLog(os.path.join(runs_dir, run_id) if connect else None)
 
     summary = DemoSummary()
     schema = spark.read.parquet(landing.files[0]).schema
@@ -354,54 +450,37 @@ def run_demo(cfg: DemoConfig, spark=None,
               .option("maxFileAge", "36500d")
               .option("pathGlobFilter", "*.parquet")
               .parquet(landing_dir))
-    state = {"done": 0, "stop": False}
+    each_batch = _make_each_batch(cfg, pipeline, log, spark_checkpoint if connect else None)
+    said = set()
 
-    def each_batch(df, batch_id: int) -> None:
-        if cfg.max_batches is not None and state["done"] >= cfg.max_batches:
-            state["stop"] = True
-            raise _StopAfterMaxBatches(f"statecore demo: --max-batches {cfg.max_batches} reached")
-        t0 = time.perf_counter()
-        s, r = pipeline(df, batch_id)
-        dt = time.perf_counter() - t0
-        state["done"] += 1
-        summary.micro_batches += 1
-        summary.last_batch_id = batch_id
-        summary.events += r.rows
-        summary.late_rows += s.metrics.get("late_rows", 0)
-        for rep in (s, r):
-            summary.checkpoint_bytes_written += rep.checkpoint_bytes
-            summary.commit_wait_seconds += rep.wait_seconds
-            summary.cache_loads += rep.loads.get("cache", 0)
-            summary.checkpoint_loads += rep.loads.get("checkpoint", 0)
-            for strategy, n in rep.ttl_expired.items():
-                summary.ttl_expired[strategy] = summary.ttl_expired.get(strategy, 0) + n
-        summary.batches.append({"batch_id": batch_id, "events": r.rows, "sessions": s.output_rows,
-                                "routes": r.output_rows, "seconds": dt})
-        wm = ("-" if s.watermark_ms is None
-              else time.strftime("%Y-%m-%d %H:%M", time.gmtime(s.watermark_ms / 1000)))
-        say(f"batch {batch_id:>4}: {r.rows:>6,} events  {s.output_rows:>5,} sessions closed  "
-            f"{r.output_rows:>4} routes updated  watermark {wm}  state "
-            f"{s.state_entries + r.state_entries:,} entries / {s.state_bytes + r.state_bytes:,} B  "
-            f"{dt:.2f} s")
+    def report_new() -> None:
+        for rec in log.records():
+            if rec["batch_id"] not in said:
+                said.add(rec["batch_id"])
+                say(_batch_line(rec))
 
     t_start = time.perf_counter()
     query = (source.writeStream.foreachBatch(each_batch)
              .option("checkpointLocation", spark_checkpoint)
              .trigger(availableNow=True)
-             .queryName(f"statecore_demo_{os.getpid()}_{int(time.time() * 1000)}")
+             .queryName(f"statecore_demo_{run_id}")
              .start())
     try:
-        query.awaitTermination()
+        while not query.awaitTermination(0.5):
+            report_new()
     except Exception:
-        if not state["stop"]:
+        if not log.stopped():
             raise
     finally:
         if query.isActive:
             query.stop()
+        report_new()
+        for rec in log.records():
+            _add_batch(summary, rec)
+        summary.stopped_early = log.stopped()
+        log.remove()
     summary.seconds = time.perf_counter() - t_start
-    if state["stop"]:
-        summary.stopped_early = True
-    else:
+    if not summary.stopped_early:
         rep = sessions_op.flush(spark)
         if rep is not None:
             summary.checkpoint_bytes_written += rep.checkpoint_bytes

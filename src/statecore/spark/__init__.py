@@ -25,6 +25,10 @@ timestamp: ``timestamp[us]``) into int64 milliseconds, the unit of watermarks an
 :func:`register_state_source` adds ``spark.read.format("statecore")``: a checkpoint's state, or
 its change feed, as a DataFrame.
 
+Under Spark Connect (:func:`remote_session`) the ``foreachBatch`` function runs in a Python
+process on the server and cannot read the running query's id: pass it to ``start``/``process``
+as ``query_id=streaming_query_id(checkpoint_location)``.
+
 pyspark is imported lazily; importing this package needs only pyarrow.
 """
 
@@ -37,7 +41,8 @@ from statecore.spark.operator import (
     parquet_batch_sink,
 )
 from statecore.spark.processor import KeyedProcessor, ProcessorContext
-from statecore.spark.session import local_session
+from statecore.spark.session import is_connect_session, local_session, remote_session
+from statecore.spark.versions import streaming_query_id
 from statecore.timers import epoch_ms
 
 __all__ = [
@@ -50,6 +55,9 @@ __all__ = [
     "parquet_batch_sink",
     "clear_state_cache",
     "local_session",
+    "remote_session",
+    "is_connect_session",
+    "streaming_query_id",
     "epoch_ms",
     "register_state_source",
 ]

@@ -225,8 +225,9 @@ def _ship_processor_modules(processor) -> List[str]:
                 f"the processor's class {cls.__qualname__} is defined in module "
                 f"{module.__name__} ({module.__file__}), which the Spark workers cannot import "
                 f"and which cannot be shipped by value ({exc}); ship it with "
-                f"spark.sparkContext.addPyFile({module.__file__!r}) (a package: a .zip of it) "
-                "or install it on the workers") from exc
+                f"spark.sparkContext.addPyFile({module.__file__!r}) (a package: a .zip of it; "
+                "under Spark Connect spark.addArtifacts(path, pyfile=True)) or install it on "
+                "the workers") from exc
         shipped.append(target.__name__)
     return shipped
 
@@ -538,6 +539,13 @@ class StatefulOperator:
         # statecore.spark.checkpoint_write.start_snapshot_write).
         self._start_write: Optional[Callable] = None
 
+    def __getstate__(self) -> Dict[str, Any]:
+        # Under Spark Connect a foreachBatch function that holds the operator is pickled to the
+        # server's Python runner: the store (its lock, its filesystem) is rebuilt there.
+        state = dict(self.__dict__)
+        state["_store"] = None
+        return state
+
     # -------------------------------------------------------------------------- public API
 
     @property
@@ -605,7 +613,7 @@ class StatefulOperator:
         if isinstance(batch_id, bool) or not isinstance(batch_id, int) or batch_id < 0:
             raise InvalidInputError(f"batch_id must be an int >= 0, got {batch_id!r}")
         if query_id is None:
-            query_id = df.sparkSession.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
+            query_id = self._running_query_id(df)
         elif not isinstance(query_id, str) or not query_id:
             raise InvalidInputError(f"query_id must be a non-empty str or None, got {query_id!r}")
         store = self.store
@@ -678,6 +686,24 @@ class StatefulOperator:
                             prev_meta=meta, prev_commit_id=manifest.get("commit_id")).commit()
 
     # ------------------------------------------------------------------------------ internals
+
+    def _running_query_id(self, df) -> Optional[str]:
+        """The id of the streaming query whose micro-batch ``df`` is (Spark's local property
+        :data:`QUERY_ID_PROPERTY`; None outside a query). Under Spark Connect the
+        ``foreachBatch`` function runs on the server without a SparkContext and cannot read it:
+        InvalidInputError asks for ``query_id=`` instead."""
+        from statecore.spark.session import is_connect_session
+
+        spark = df.sparkSession
+        if is_connect_session(spark):
+            raise InvalidInputError(
+                f"operator {self.name}: under Spark Connect the foreachBatch function cannot "
+                "read the running query's id (it runs in a Python process on the server, "
+                "without a SparkContext); pass it: op.process(df, batch_id, "
+                "query_id=streaming_query_id(CHECKPOINT_LOCATION)) or op.start(df, batch_id, "
+                "query_id=...), with statecore.spark.streaming_query_id and the query's "
+                "checkpointLocation")
+        return spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
 
     def _processing_time(self, version: int, prev_meta: Dict[str, Any]) -> int:
         """The version's processing time (ms since the epoch): the one committed with

@@ -5,6 +5,10 @@ The one rule that matters for a local run: PySpark starts its Python workers wit
 ``spark.pyspark.python``), not with the driver's interpreter, so in a virtualenv the workers
 would miss statecore, pyarrow and the native extension. For local masters this module points
 ``PYSPARK_PYTHON`` (environment and ``spark.pyspark.python``) at ``sys.executable``.
+
+Under Spark Connect (:func:`remote_session`) the client has no SparkContext and sets only the
+runtime SQL settings; the server's launch configuration decides the rest, the Python of its
+workers included (``docs/deploy.md`` "Spark Connect").
 """
 
 from __future__ import annotations
@@ -13,7 +17,28 @@ import os
 import sys
 from typing import Mapping, Optional
 
-__all__ = ["local_session", "is_local_master"]
+from statecore.errors import InvalidInputError, StateError
+
+__all__ = ["local_session", "remote_session", "is_local_master", "is_connect_session",
+           "RUNTIME_SETTINGS"]
+
+#: The SQL settings statecore jobs rely on that a session may change at run time (so a Spark
+#: Connect client sets them too): event times in UTC, Arrow, and no adaptive execution, which
+#: could coalesce the ``repartitionById`` partitions and break the partition -> key-group range
+#: mapping.
+RUNTIME_SETTINGS = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.adaptive.enabled": "false",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.streaming.metricsEnabled": "false",
+    "spark.sql.sources.partitionOverwriteMode": "static",
+}
+
+
+def is_connect_session(spark) -> bool:
+    """True when ``spark`` is a Spark Connect client session (``pyspark.sql.connect``), which
+    has no SparkContext, JVM gateway, accumulators or broadcast through ``sparkContext``."""
+    return type(spark).__module__.startswith("pyspark.sql.connect.")
 
 
 def is_local_master(master: str) -> bool:
@@ -44,17 +69,13 @@ def local_session(
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name).master(master)
-    settings = {
-        "spark.sql.session.timeZone": "UTC",
+    settings = dict(RUNTIME_SETTINGS)
+    settings.update({
         "spark.sql.shuffle.partitions": str(int(shuffle_partitions)),
-        "spark.sql.adaptive.enabled": "false",
-        "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
-        "spark.sql.streaming.metricsEnabled": "false",
-        "spark.sql.sources.partitionOverwriteMode": "static",
         "spark.driver.memory": "1g",
-    }
+    })
     if is_local_master(master):
         # Workers must import the same packages as the driver: same interpreter, and the
         # directory this statecore was imported from (a source checkout need not be installed).
@@ -73,4 +94,44 @@ def local_session(
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def remote_session(url: str, shuffle_partitions: int = 2,
+                   conf: Optional[Mapping[str, str]] = None):
+    """Return a Spark Connect client session on ``url`` (``sc://HOST:PORT``, optionally with
+    ``/;param=value`` parameters) with the runtime settings of :data:`RUNTIME_SETTINGS` and
+    ``spark.sql.shuffle.partitions = shuffle_partitions``; ``conf`` entries override them.
+
+    Only runtime SQL settings can be set from a client: the UI, memory, ``spark.pyspark.python``
+    and every other static or core setting belong to the server's launch configuration (its
+    Python workers and its ``foreachBatch`` runner must import statecore). Raises
+    InvalidInputError for a URL that is not ``sc://...`` and for a setting the server refuses
+    (naming it), StateError when adaptive execution stays on, ImportError when the Spark
+    Connect client (``pyspark[connect]``: grpcio, grpcio-status, googleapis-common-protos,
+    zstandard) is not installed.
+    """
+    if not isinstance(url, str) or not url.startswith("sc://") or len(url) <= len("sc://"):
+        raise InvalidInputError(f"a Spark Connect URL looks like sc://HOST:PORT, got {url!r}")
+    # Through pyspark.sql.SparkSession: it also switches pyspark.sql.functions to Connect.
+    import pyspark.sql.connect.session  # noqa: F401  (ImportError without the Connect client)
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.remote(url).getOrCreate()
+    settings = dict(RUNTIME_SETTINGS)
+    settings["spark.sql.shuffle.partitions"] = str(int(shuffle_partitions))
+    settings.update(dict(conf or {}))
+    for k, v in settings.items():
+        try:
+            spark.conf.set(k, v)
+        except Exception as exc:
+            raise InvalidInputError(
+                f"the Spark Connect server at {url} refuses the setting {k}={v!r} from a "
+                f"client ({str(exc).splitlines()[0]}); set it when starting the server "
+                "(--conf) instead") from exc
+    if spark.conf.get("spark.sql.adaptive.enabled").strip().lower() != "false":
+        raise StateError(
+            f"adaptive execution is still on in the Spark Connect session at {url}; statecore "
+            "needs spark.sql.adaptive.enabled=false (it could coalesce the operator's "
+            "partitions)")
     return spark

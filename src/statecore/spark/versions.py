@@ -39,13 +39,53 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
-from statecore.errors import StateError
+from statecore.errors import InvalidInputError, StateError
 
 __all__ = ["QUERY_ID_PROPERTY", "Placement", "place_micro_batch", "place_flush",
-           "is_flush_version"]
+           "is_flush_version", "streaming_query_id"]
 
 #: Spark's local property holding the running streaming query's id (``StreamExecution``).
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
+
+
+def streaming_query_id(checkpoint_location: str) -> str:
+    """The id of the streaming query that runs from Spark checkpoint location
+    ``checkpoint_location`` (a path or a ``pyarrow.fs`` URI): the ``id`` of the JSON file
+    ``<location>/metadata`` that Spark writes when the query first starts there and reuses on
+    every restart (Spark's ``StreamMetadata``; the same id Spark puts in the local property
+    :data:`QUERY_ID_PROPERTY` while it runs the query's batches).
+
+    For a ``foreachBatch`` function that cannot read that property: under Spark Connect it runs
+    in a Python process on the server, without a SparkContext. Raises StateError when the file
+    is missing (the query never started there) and InvalidInputError when it holds no id.
+    """
+    import json
+
+    import pyarrow.fs as pafs
+
+    loc = str(checkpoint_location).rstrip("/")
+    if "://" in loc:
+        fs, base = pafs.FileSystem.from_uri(loc)
+    else:
+        import os
+
+        fs, base = pafs.LocalFileSystem(), os.path.abspath(loc)
+    path = base + "/metadata"
+    try:
+        with fs.open_input_stream(path) as f:
+            text = f.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        raise StateError(
+            f"no Spark checkpoint metadata at {loc}/metadata: no streaming query has started "
+            "from this checkpoint location") from None
+    first = text.splitlines()[0] if text else ""
+    try:
+        qid = json.loads(first).get("id")
+    except (ValueError, AttributeError):
+        qid = None
+    if not isinstance(qid, str) or not qid:
+        raise InvalidInputError(f"{loc}/metadata holds no query id: {first[:200]!r}")
+    return qid
 
 
 @dataclass(frozen=True)
