@@ -1,8 +1,8 @@
-"""List state per element: the cost of one list operation as the list of one key grows.
+"""Chunked list state: the cost of one list operation as the list of one key grows.
 
-List state keeps one table entry per element (docs/formats.md "List state"), so appending to a
-list should cost the same whatever its size (the per-append curves flat) and reading it the
-same per element. Workload: ListState of int64 elements, one key (0), void namespace; lists of
+List state keeps a list as chunks of up to ``LIST_CHUNK_ELEMENTS`` elements, each one table
+entry (docs/formats.md "List state"), so appending to a list should cost the same whatever its
+size (the per-append curves flat) and reading it the same per element. Workload: ListState of int64 elements, one key (0), void namespace; lists of
 n = 10, 1k, 100k and 1M elements (python: up to 100k; ``--quick``: 10, 1k, 10k for both).
 
 * ``append_batch``: ``append_batch`` of n rows of the key (one element a row, 64k-row
@@ -70,7 +70,7 @@ def _run(impl: str, n: int) -> list:
            record(_CASE, impl, f"get_us_per_element_{n}", per_us(get, n + OPS), "us"),
            record(_CASE, impl, f"state_bytes_per_element_{n}", b.state_bytes() / (n + OPS),
                   "bytes")]
-    if impl == "native" and hasattr(b, "list_index_stats"):  # absent before per-element lists
+    if impl == "native" and hasattr(b, "list_index_stats"):  # absent before the list index
         ix = b.list_index_stats()["l"]
         out.append(record(_CASE, impl, f"index_bytes_per_element_{n}",
                           ix["bytes"] / (n + OPS), "bytes"))
@@ -95,7 +95,7 @@ def _panel(r) -> object:
     return (f"us per {op.split('_us_')[0]} (one key's list)", f"{r['impl']} n={n}")
 
 
-@case(_CASE, "ListState per element: one key's append and read cost at 10 .. 1M elements per "
+@case(_CASE, "ListState in chunks: one key's append and read cost at 10 .. 1M elements per "
       "key, and the incremental checkpoint after one append", panel=_panel)
 def list_entries(size: Size):
     out = []

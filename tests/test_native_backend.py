@@ -269,7 +269,7 @@ def test_per_record_stored_form_that_does_not_fit_changes_nothing():
             table = st.table
             kg, key = st._slot()
             is_list = isinstance(d, ListStateDescriptor)
-            want = table.list_items(kg, key) if is_list else table.get(kg, key)
+            want = table.list_chunks(kg, key) if is_list else table.get(kg, key)
             for bad in bads:
                 form = {b"k": bad} if isinstance(d, MapStateDescriptor) else bad
                 with pytest.raises(InvalidInputError):
@@ -277,7 +277,7 @@ def test_per_record_stored_form_that_does_not_fit_changes_nothing():
                         table.list_append(kg, key, [good, form])
                     else:
                         table.put(kg, key, form)
-                assert (table.list_items(kg, key) if is_list else table.get(kg, key)) == want
+                assert (table.list_chunks(kg, key) if is_list else table.get(kg, key)) == want
 
 
 class _StreamOnly:

@@ -138,15 +138,15 @@ class SnapshotConformance(ConformanceBase):
                 n += 1
         assert n == 10
         for rows in snapshot_dump(snap)["l"].values():
-            # One entry per element (docs/formats.md "List state"): prefix | seq, in list order.
+            # One entry per chunk (docs/formats.md "List state"): prefix | seq, in list order.
             per_key = {}
             for kb, vb in rows:
                 _, key, ns, seqb = S.split_list_entry_key(kb, 128, "int64", "int64")
                 assert ns == 7
                 per_key.setdefault(key, []).append(
-                    (int.from_bytes(seqb, "big"), S.value_serializer("string").deserialize(vb)))
-            for key, elements in per_key.items():
-                assert elements == [(0, str(key)), (1, "x")]
+                    (int.from_bytes(seqb, "big"), S.decode_list(vb, "string")))
+            for key, chunks in per_key.items():
+                assert chunks == [(0, [str(key), "x"])]
         for rows in snapshot_dump(snap)["m"].values():
             # One entry per user key (docs/formats.md "Map state"), sorted by key bytes:
             # big-endian two's complement puts user key -1 after the key's own.
