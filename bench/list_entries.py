@@ -2,8 +2,9 @@
 
 List state keeps a list as chunks of up to ``LIST_CHUNK_ELEMENTS`` elements, each one table
 entry (docs/formats.md "List state"), so appending to a list should cost the same whatever its
-size (the per-append curves flat) and reading it the same per element. Workload: ListState of int64 elements, one key (0), void namespace; lists of
-n = 10, 1k, 100k and 1M elements (python: up to 100k; ``--quick``: 10, 1k, 10k for both).
+size (the per-append curves flat) and reading it the same per element. Workload: ListState of
+int64 elements, one key (0), void namespace; lists of n = 10, 1k, 100k and 1M elements
+(python: up to 100k; ``--quick``: 10, 1k, 10k for both).
 
 * ``append_batch``: ``append_batch`` of n rows of the key (one element a row, 64k-row
   batches) into an empty list, microseconds per row;
@@ -11,7 +12,7 @@ n = 10, 1k, 100k and 1M elements (python: up to 100k; ``--quick``: 10, 1k, 10k f
 * per record (``set_current_key(0)`` once, on the full list): ``add`` of ``OPS`` elements,
   microseconds per add; ``get``: one ``get()`` of the whole list, microseconds per element;
 * memory: ``state_bytes()`` per element (keys and values as stored) and, native, the
-  estimated bytes of the list index (``list_index_stats``) per element.
+  estimated bytes of the list index of chunks (``list_index_stats``) per element.
 
 Checkpoint bytes (``checkpoint_*``): the 100k-element list (``--quick``: 10k) checkpointed with
 ``CheckpointStore.checkpoint`` (full), then one element appended and checkpointed again

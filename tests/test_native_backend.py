@@ -194,7 +194,9 @@ def _stored_form(rng, kind: str, vt: str, ttl: bool):
         s = _random_stored(rng, vt)
         return (s, rng.choice([-(2**63), 0, 2**63 - 1, rng.randint(-(2**40), 2**40)])) if ttl else s
 
-    return one()  # a list element / map entry (one entry each) is stored as a value
+    if kind == "list":  # a chunk: a list of elements (docs/formats.md "List state")
+        return [one() for _ in range(rng.randint(1, 4))]
+    return one()  # a map state's entry (one per user key) is stored as a value
 
 
 def _outcome(fn):

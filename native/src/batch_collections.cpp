@@ -110,13 +110,17 @@ void list_append_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput k
   std::vector<uint8_t> key;   // the chunk's entry key: prefix | seq
   std::vector<uint8_t> elem;  // the row's element as a chunk holds it
   RowKeys rk(spec, keys, table, kgs);
+  ListChunkAhead chunk0(rk, table, kgs, n);
   uint8_t tmp[8];
   uint8_t head[10];
   for (int64_t i = 0; i < n; ++i) {
     if (ttl.cleanup != nullptr) ttl::cleanup_row(*ttl.cleanup);
     rk.ahead(i);
+    chunk0.ahead(i);
     rk.encode(i, kgs[i]);
     StateMap& m = table.map_unchecked(kgs[i]);
+    uint32_t h0 = 0;
+    const bool ahead = chunk0.hash(i, &h0);
     size_t es = 0;
     const uint8_t* e = value_bytes(element_type, values, i, tmp, &es);
     const size_t hs = var ? put_varlen(head, es) : 0;
@@ -127,7 +131,7 @@ void list_append_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput k
     const size_t end = elem.size();
     try {
       list_append_encoded(m, *index, kgs[i], rk.data(), rk.size(), elem.data(), &end, 1, width,
-                          suffix, key);
+                          suffix, key, ahead ? &h0 : nullptr);
     } catch (const std::invalid_argument&) {
       bad_blob(i);
     }

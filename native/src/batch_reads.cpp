@@ -240,6 +240,7 @@ void list_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys
   std::vector<uint8_t> rebuilt;
   constexpr size_t kPrefetch = 8;
   RowKeys rk(spec, keys, table, kgs);
+  ListChunkAhead chunk0(rk, table, kgs, n);
   auto emit = [&](const uint8_t* blob, const Element& e) {
     if (width != 0) {
       const size_t at = elements.size();
@@ -254,6 +255,7 @@ void list_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys
   for (int64_t i = 0; i < n; ++i) {
     if (ttl.cleanup != nullptr) ttl::cleanup_row(*ttl.cleanup);
     rk.ahead(i);
+    chunk0.ahead(i);
     rk.encode(i, kgs[i]);
     StateMap& m = table.map_unchecked(kgs[i]);
     // `TableListState.get` / `TtlListState.get`: each chunk of the list in order (chunk 0 of an
@@ -264,9 +266,11 @@ void list_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys
     ek.assign(rk.data(), rk.data() + rk.size());
     ek.resize(rk.size() + kListSeqBytes);
     // A long list's chunks are scattered over the table: hash them all first and prefetch
-    // kPrefetch ahead, so the lookups overlap their cache misses.
+    // kPrefetch ahead, so the lookups overlap their cache misses. Chunk 0 was hashed (and
+    // prefetched) a group ahead.
     hashes.resize(seqs.size());
     for (size_t j = 0; j < seqs.size(); ++j) {
+      if (seqs[j] == 0 && chunk0.hash(i, &hashes[j])) continue;
       store_list_seq(ek.data() + rk.size(), seqs[j]);
       hashes[j] = m.hash(ek.data(), ek.size());
     }

@@ -34,14 +34,15 @@ size_t list_chunk_count(const uint8_t* value, size_t size, size_t width, size_t 
 
 void list_append_encoded(StateMap& m, ListIndex& index, int32_t kg, const uint8_t* prefix,
                          size_t prefix_size, const uint8_t* data, const size_t* ends, size_t n,
-                         size_t width, size_t suffix, std::vector<uint8_t>& key) {
+                         size_t width, size_t suffix, std::vector<uint8_t>& key,
+                         const uint32_t* chunk0_hash) {
   if (n == 0) return;
   uint64_t seq = 0;
-  index.last(kg, prefix, prefix_size, &seq);  // unlisted: chunk 0
+  const bool listed = index.last(kg, prefix, prefix_size, &seq);  // unlisted: chunk 0
   key.assign(prefix, prefix + prefix_size);
   key.resize(prefix_size + kListSeqBytes);
   store_list_seq(key.data() + prefix_size, seq);
-  uint32_t h = m.hash(key.data(), key.size());
+  uint32_t h = !listed && chunk0_hash != nullptr ? *chunk0_hash : m.hash(key.data(), key.size());
   size_t have = 0;
   ByteView v;
   if (m.get_hashed(h, key.data(), key.size(), &v))

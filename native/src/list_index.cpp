@@ -50,8 +50,7 @@ void ListIndex::compact(List& l) {
   l.dead = 0;
 }
 
-bool ListIndex::last(int32_t kg, const uint8_t* prefix, size_t prefix_size,
-                     uint64_t* last) const {
+bool ListIndex::last(int32_t kg, const uint8_t* prefix, size_t prefix_size, uint64_t* last) const {
   const List* l = find(kg, prefix, prefix_size);
   if (l == nullptr) return false;
   *last = l->seqs.back();  // the last slot is live

@@ -101,7 +101,11 @@ TEST(list_append_string_elements_are_varlen_framed_and_ttl_suffixed) {
   auto keys = fixed<int64_t>("l", I64{7, 7});
   auto vals = varwidth<int32_t>("u", Str{std::string("ab"), std::string("")});
   list_append_batch(t, int64_spec(), keys.in(), ValueType::String, vals.in(), TtlBatchSpec(), &ix);
-  CHECK(lists(t) == (std::multiset<std::string>{std::string("\x02" "ab" "\x00", 4) + "#0"}));
+  CHECK(lists(t) == (std::multiset<std::string>{std::string("\x02"
+                                                            "ab"
+                                                            "\x00",
+                                                            4) +
+                                                "#0"}));
   StateTable tt(0, 127);
   ListIndex tix(0, 127);
   TtlBatchSpec ttl;
@@ -120,8 +124,10 @@ TEST(list_append_string_elements_are_varlen_framed_and_ttl_suffixed) {
   StateTable ts(0, 127);
   ListIndex six(0, 127);
   list_append_batch(ts, int64_spec(), keys.in(), ValueType::String, vals.in(), ttl, &six);
-  CHECK(lists(ts) == (std::multiset<std::string>{"\x02" "ab" + be64(77) + std::string(1, '\0') +
-                                                 be64(77) + "#0"}));
+  CHECK(lists(ts) ==
+        (std::multiset<std::string>{"\x02"
+                                    "ab" +
+                                    be64(77) + std::string(1, '\0') + be64(77) + "#0"}));
 }
 
 TEST(list_append_needs_the_index_and_rejects_bad_input_before_any_write) {

@@ -157,8 +157,7 @@ TEST(list_get_ttl_drops_a_chunk_left_empty_and_unlists_it) {
   std::vector<int64_t> lo{0}, eo{0};
   std::vector<uint8_t> el;
   int64_t expired = 0;
-  list_get_batch(t, int64_spec(), q.in(), ValueType::Int64, lo, el, eo, ttl_at(150), &expired,
-                 &ix);
+  list_get_batch(t, int64_spec(), q.in(), ValueType::Int64, lo, el, eo, ttl_at(150), &expired, &ix);
   CHECK_EQ(expired, static_cast<int64_t>(k));
   CHECK(lo == (std::vector<int64_t>{0, static_cast<int64_t>(k)}));
   CHECK_EQ(i64_at(el, 0), 100);

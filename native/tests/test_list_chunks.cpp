@@ -51,8 +51,7 @@ std::vector<std::string> chunks_of(StateMap& m, const ListIndex& ix, const std::
   for (uint64_t s : seqs) {
     const std::string k = chunk_key(p, s);
     ByteView v;
-    if (m.get(u8(k), k.size(), &v))
-      out.emplace_back(reinterpret_cast<const char*>(v.data), v.size);
+    if (m.get(u8(k), k.size(), &v)) out.emplace_back(reinterpret_cast<const char*>(v.data), v.size);
   }
   return out;
 }

@@ -30,11 +30,13 @@ size_t list_chunk_count(const uint8_t* value, size_t size, size_t width, size_t 
 // whose list index is `index`: element i is data[ends[i - 1], ends[i]) (ends[-1] = 0), framed
 // as a chunk holds it (varlen head for width 0, the bytes, the suffix). They fill the last
 // chunk (the index's last listed one, chunk 0 for an unlisted list; written anew when it has no
-// entry) up to kListChunkElements, then new chunks, each listed. `key` is scratch. Throws what
-// list_chunk_count throws for a broken last chunk (nothing changed), std::length_error past
+// entry) up to kListChunkElements, then new chunks, each listed. `key` is scratch;
+// `chunk0_hash`, when given, is m.hash() of `prefix | 0` (a kernel's, computed ahead). Throws
+// what list_chunk_count throws for a broken last chunk (nothing changed), std::length_error past
 // chunk 2^64 - 2, and what StateMap::resize_by throws.
 void list_append_encoded(StateMap& m, ListIndex& index, int32_t kg, const uint8_t* prefix,
                          size_t prefix_size, const uint8_t* data, const size_t* ends, size_t n,
-                         size_t width, size_t suffix, std::vector<uint8_t>& key);
+                         size_t width, size_t suffix, std::vector<uint8_t>& key,
+                         const uint32_t* chunk0_hash = nullptr);
 
 }  // namespace statecore

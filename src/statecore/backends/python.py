@@ -7,9 +7,10 @@ after ``update`` cannot change state, as with the native backend which serialize
 state keeps one entry per user key, ``{(key, namespace, serialized user key): stored user value}``,
 and an index of the user keys of each (key, namespace) in insertion order; a list state one entry
 per chunk of up to ``LIST_CHUNK_ELEMENTS`` elements, ``{(key, namespace, chunk sequence number
-bytes): [stored element, ...]}``, and an index of each list's chunks (:class:`PythonTable`). The state objects are the shared classes of
-:mod:`statecore.backends.states` and :mod:`statecore.backends.ttl_states`; registration and restore
-checks are :class:`~statecore.backends.table_backend.TableBackend`'s. Snapshots serialize
+bytes): [stored element, ...]}``, and an index of each list's chunks (:class:`PythonTable`). The
+state objects are the shared classes of :mod:`statecore.backends.states` and
+:mod:`statecore.backends.ttl_states`; registration and restore checks are
+:class:`~statecore.backends.table_backend.TableBackend`'s. Snapshots serialize
 everything at snapshot time (O(entries), deliberately simple), so later writes never leak into
 them. Semantics: see :mod:`statecore.backends.base`.
 
@@ -30,12 +31,12 @@ import pyarrow as pa
 from statecore import serializers as S
 from statecore.backends import base
 from statecore.backends.list_index import ListIndex, seq_bytes
-from statecore.serializers import LIST_CHUNK_ELEMENTS
 from statecore.backends.states import STATE_CLASSES, StateTable
 from statecore.backends.table_backend import TableBackend
 from statecore.backends.ttl_states import TTL_STATE_CLASSES
 from statecore.errors import InvalidInputError, StateError
 from statecore.key_groups import KeyGroupRange
+from statecore.serializers import LIST_CHUNK_ELEMENTS
 from statecore.timers import TIMERS_STATE_NAME
 from statecore.ttl import filter_entries, is_expired
 from statecore.varint import read_varlen, write_varlen
