@@ -1,13 +1,16 @@
 // Chunked lists (list_chunks.h): counting a chunk's elements, appends that fill the last chunk
 // and start the next one, the index kept (lists of chunk 0 alone unlisted), a chunk that does
-// not parse changing nothing, and random appends against a model -- over the default hash and a
-// deliberately colliding one.
+// not parse changing nothing, random appends against a model -- over the default hash and a
+// deliberately colliding one -- and appends (copy-on-write of the last chunk) while another
+// thread lists a snapshot.
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "check.h"
@@ -152,6 +155,44 @@ TEST(random_appends_match_a_model) {
       CHECK(all == want);
       const size_t expect_chunks = (kv.second.size() + kListChunkElements - 1) / kListChunkElements;
       CHECK_EQ(cs.size(), expect_chunks);
+    }
+  }
+}
+
+TEST(appends_while_another_thread_lists_a_snapshot) {
+  for (MapEngine engine : {MapEngine::Flat, MapEngine::Chained}) {
+    StateMap m(nullptr, engine);
+    ListIndex ix(0, 0);
+    auto prefix = [](int k) { return std::string(1, '\0') + "k" + std::to_string(k); };
+    auto element = [](uint64_t x) {
+      std::string e(8, '\0');
+      std::memcpy(&e[0], &x, 8);
+      return e;
+    };
+    for (int k = 0; k < 50; ++k)
+      for (uint64_t i = 0; i < 40; ++i) append(m, ix, prefix(k), {element(i)}, 8, 0);
+    std::map<std::string, std::string> before;
+    m.for_each([&](ByteView k, ByteView v) {
+      before[std::string(reinterpret_cast<const char*>(k.data), k.size)] =
+          std::string(reinterpret_cast<const char*>(v.data), v.size);
+    });
+    std::shared_ptr<MapSnapshot> snap = m.snapshot();
+    std::map<std::string, std::string> listed;
+    std::thread reader([&] {
+      const SortedRun run = snap->sorted_entries();
+      for (size_t i = 0; i < run.size(); ++i)
+        listed[std::string(reinterpret_cast<const char*>(run.key(i).data), run.key(i).size)] =
+            std::string(reinterpret_cast<const char*>(run.value(i).data), run.value(i).size);
+    });
+    // The owner appends on: the last chunks (copied) and new ones.
+    for (int round = 0; round < 30; ++round)
+      for (int k = 0; k < 50; ++k) append(m, ix, prefix(k), {element(1000 + round)}, 8, 0);
+    reader.join();
+    CHECK(listed == before);
+    snap->release();
+    for (int k = 0; k < 50; ++k) {
+      const auto cs = chunks_of(m, ix, prefix(k));
+      CHECK_EQ(cs.size(), size_t{3});  // 70 elements
     }
   }
 }
