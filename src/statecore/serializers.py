@@ -341,7 +341,8 @@ LIST_CHUNK_ELEMENTS = 32
 
 
 def split_list_entry_key(data, max_parallelism: int, key_ser, ns_ser):
-    """``(key_group, key, namespace, seq bytes)`` of the encoded key of a list element
+    """``(key_group, key, namespace, seq bytes)`` of the encoded key of a list chunk (or, in a
+    format 4 file, of a list element)
     (``prefix | ser(key) | ser(namespace) | seq``, seq :data:`LIST_SEQ_BYTES` bytes,
     docs/formats.md "List state"). InvalidInputError when the key does not end in exactly one
     sequence number."""
@@ -349,7 +350,7 @@ def split_list_entry_key(data, max_parallelism: int, key_ser, ns_ser):
     pos = encoded_prefix_size(data, max_parallelism, key_ser, ns_ser)
     if len(data) - pos != LIST_SEQ_BYTES:
         raise InvalidInputError(
-            f"encoded list element key {data.hex()} does not end in a {LIST_SEQ_BYTES}-byte "
+            f"encoded list key {data.hex()} does not end in a {LIST_SEQ_BYTES}-byte "
             "sequence number")
     kg, key, namespace, _ = decode_key(data[:pos], max_parallelism, key_ser, ns_ser)
     return kg, key, namespace, data[pos:]

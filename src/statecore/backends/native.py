@@ -652,7 +652,7 @@ class NativeBackend(TableBackend):
             if len(keys) and pc.min(pc.binary_length(keys)).as_py() <= (
                     self.key_prefix_width + S.LIST_SEQ_BYTES):
                 raise InvalidInputError(
-                    f"state {table.name!r}: a list element key holds no (key, namespace) part "
+                    f"state {table.name!r}: a list chunk key holds no (key, namespace) part "
                     f"before its {S.LIST_SEQ_BYTES}-byte sequence number")
             return
         if table.kind != "map":
@@ -687,7 +687,7 @@ class NativeBackend(TableBackend):
             else:
                 if table.kind == "map":  # the (key, namespace) part of each map entry's key
                     encoded = [kb[:S.encoded_prefix_size(kb, mp, ks, ns_ser)] for kb in encoded]
-                elif table.kind == "list":  # each list element's key ends in its seq
+                elif table.kind == "list":  # each list chunk's key ends in its seq
                     encoded = [kb[:-S.LIST_SEQ_BYTES] for kb in encoded]
                 rows = [(ks.serialize(key), key, ns) for _, key, ns, _ in
                         (S.decode_key(kb, mp, ks, ns_ser) for kb in encoded)]
