@@ -1,9 +1,10 @@
-"""List state per element: the cost of one list operation as the list of one key grows.
+"""Chunked list state: the cost of one list operation as the list of one key grows.
 
-List state keeps one table entry per element (docs/formats.md "List state"), so appending to a
-list should cost the same whatever its size (the per-append curves flat) and reading it the
-same per element. Workload: ListState of int64 elements, one key (0), void namespace; lists of
-n = 10, 1k, 100k and 1M elements (python: up to 100k; ``--quick``: 10, 1k, 10k for both).
+List state keeps a list as chunks of up to ``LIST_CHUNK_ELEMENTS`` elements, each one table
+entry (docs/formats.md "List state"), so appending to a list should cost the same whatever its
+size (the per-append curves flat) and reading it the same per element. Workload: ListState of
+int64 elements, one key (0), void namespace; lists of n = 10, 1k, 100k and 1M elements
+(python: up to 100k; ``--quick``: 10, 1k, 10k for both).
 
 * ``append_batch``: ``append_batch`` of n rows of the key (one element a row, 64k-row
   batches) into an empty list, microseconds per row;
@@ -11,7 +12,7 @@ n = 10, 1k, 100k and 1M elements (python: up to 100k; ``--quick``: 10, 1k, 10k f
 * per record (``set_current_key(0)`` once, on the full list): ``add`` of ``OPS`` elements,
   microseconds per add; ``get``: one ``get()`` of the whole list, microseconds per element;
 * memory: ``state_bytes()`` per element (keys and values as stored) and, native, the
-  estimated bytes of the list index (``list_index_stats``) per element.
+  estimated bytes of the list index of chunks (``list_index_stats``) per element.
 
 Checkpoint bytes (``checkpoint_*``): the 100k-element list (``--quick``: 10k) checkpointed with
 ``CheckpointStore.checkpoint`` (full), then one element appended and checkpointed again
@@ -70,7 +71,7 @@ def _run(impl: str, n: int) -> list:
            record(_CASE, impl, f"get_us_per_element_{n}", per_us(get, n + OPS), "us"),
            record(_CASE, impl, f"state_bytes_per_element_{n}", b.state_bytes() / (n + OPS),
                   "bytes")]
-    if impl == "native" and hasattr(b, "list_index_stats"):  # absent before per-element lists
+    if impl == "native" and hasattr(b, "list_index_stats"):  # absent before the list index
         ix = b.list_index_stats()["l"]
         out.append(record(_CASE, impl, f"index_bytes_per_element_{n}",
                           ix["bytes"] / (n + OPS), "bytes"))
@@ -95,7 +96,7 @@ def _panel(r) -> object:
     return (f"us per {op.split('_us_')[0]} (one key's list)", f"{r['impl']} n={n}")
 
 
-@case(_CASE, "ListState per element: one key's append and read cost at 10 .. 1M elements per "
+@case(_CASE, "ListState in chunks: one key's append and read cost at 10 .. 1M elements per "
       "key, and the incremental checkpoint after one append", panel=_panel)
 def list_entries(size: Size):
     out = []

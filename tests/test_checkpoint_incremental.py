@@ -146,7 +146,7 @@ def test_incremental_file_round_trips_tombstones(tmp_path):
     assert d["snapshot_id"] == 4 and d["entries"]["a"] == 3
     with pa.OSFile(str(tmp_path / d["path"])) as f:
         r = fmt.DataFileReader(f, "x", expected_size=d["size"])
-        assert r.kind == "incremental" and r.format_version == fmt.FORMAT_VERSION == 4
+        assert r.kind == "incremental" and r.format_version == fmt.FORMAT_VERSION == 5
         k, v = r.entries("a", 3)
         assert k.to_pylist() == [ekey(3, 1), ekey(3, 2), ekey(3, 5)]
         assert v.to_pylist() == [b"x", None, b""]

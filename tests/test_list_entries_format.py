@@ -1,8 +1,9 @@
-"""List state in checkpoint files: format 4 stores one entry per element (docs/formats.md "List
-state"); a format 3 (or older) file holds one whole-list value per (key, namespace), which
-readers convert to elements as they read a full run and refuse in an incremental run.
-Per-element changes through incremental checkpoints, compaction, verify, inspect and a
-rescaling restore."""
+"""List state in checkpoint files: format 5 stores a list as chunks of up to
+``LIST_CHUNK_ELEMENTS`` elements (docs/formats.md "List state"); a format 4 file holds one entry
+per element, a format 3 (or older) file one whole-list value per (key, namespace): readers
+convert both to chunks as they read a full run and refuse them in an incremental run. Chunks of
+any size are read. Per-chunk changes through incremental checkpoints, compaction, verify,
+inspect and a rescaling restore."""
 
 from __future__ import annotations
 
@@ -55,9 +56,13 @@ def _whole_lists(value_type: str, ttl: bool = False):
     return rows
 
 
+def _chunk(value_type: str, elements: list) -> bytes:
+    return S.encode_list(elements, S.value_serializer(value_type))
+
+
 @pytest.mark.parametrize("kind", BACKENDS)
 @pytest.mark.parametrize("value_type", ["string", "int64"])
-def test_format_3_whole_lists_are_read_as_elements_and_restore(kind, value_type):
+def test_format_3_whole_lists_are_read_as_chunks_and_restore(kind, value_type):
     if kind == "native":
         pytest.importorskip("statecore._native")
     from statecore import create_backend
@@ -68,9 +73,8 @@ def test_format_3_whole_lists_are_read_as_elements_and_restore(kind, value_type)
     assert r.format_version == 3
     kg, prefix = _prefix(1)
     keys, vals = r.entries("l", kg)
-    ser = S.value_serializer(value_type)
-    assert keys.to_pylist() == [prefix + i.to_bytes(8, "big") for i in range(3)]
-    assert vals.to_pylist() == [ser.serialize(e) for e in _LISTS[value_type][1]]
+    assert keys.to_pylist() == [prefix + (0).to_bytes(8, "big")]
+    assert vals.to_pylist() == [_chunk(value_type, _LISTS[value_type][1])]
     assert len(r.stored_entries("l", kg)[0]) == len(rows[kg])  # as stored: whole lists
     b = create_backend(kind, key_type="int64", max_parallelism=MAXP)
     b.restore(ReaderSnapshot(r, MAXP))
@@ -81,7 +85,19 @@ def test_format_3_whole_lists_are_read_as_elements_and_restore(kind, value_type)
     b.set_current_key(1)
     ls.add(_LISTS[value_type][2][0])
     assert ls.get() == _LISTS[value_type][1] + _LISTS[value_type][2]
-    assert b.num_entries() == 5
+    assert b.num_entries() == 2
+
+
+def test_format_3_whole_list_longer_than_a_chunk_is_split():
+    k = S.LIST_CHUNK_ELEMENTS
+    kg, prefix = _prefix(1)
+    elements = list(range(k + 5))
+    rows = {kg: {prefix: _chunk("int64", elements)}}
+    r = fmt.DataFileReader(pa.BufferReader(data_file_of_format(
+        RowsSnapshot(rows, _meta("int64", False), MAXP), 3)), "old.sckp")
+    keys, vals = r.entries("l", kg)
+    assert keys.to_pylist() == [prefix + i.to_bytes(8, "big") for i in range(2)]
+    assert vals.to_pylist() == [_chunk("int64", elements[:k]), _chunk("int64", elements[k:])]
 
 
 @pytest.mark.parametrize("value_type", ["string", "int64"])
@@ -89,9 +105,110 @@ def test_format_3_ttl_whole_lists_keep_each_timestamp(value_type):
     rows = _whole_lists(value_type, ttl=True)
     r = fmt.DataFileReader(pa.BufferReader(data_file_of_format(
         RowsSnapshot(rows, _meta(value_type, True), MAXP), 3)), "old.sckp")
+    kg, prefix = _prefix(1)
+    _, vals = r.entries("l", kg)
+    # Shorter than a chunk: the whole list's bytes are its one chunk, timestamps included.
+    assert vals.to_pylist() == [rows[kg][prefix]]
+
+
+def _element_rows(value_type: str, lists: dict, ttl: bool = False) -> dict:
+    """Format 4 rows: one entry ``prefix | seq`` -> ``ser(e) [| ts]`` per element."""
+    ser = S.value_serializer(value_type)
+    rows = {}
+    for key, elements in lists.items():
+        kg, prefix = _prefix(key)
+        for i, e in enumerate(elements):
+            rows.setdefault(kg, {})[prefix + (2 * i).to_bytes(8, "big")] = (
+                ser.serialize(e) + ((100 + i).to_bytes(8, "big") if ttl else b""))
+    return rows
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+@pytest.mark.parametrize("value_type", ["string", "int64"])
+def test_format_4_per_element_lists_are_read_as_chunks_and_restore(kind, value_type):
+    if kind == "native":
+        pytest.importorskip("statecore._native")
+    from statecore import create_backend
+
+    k = S.LIST_CHUNK_ELEMENTS
+    ser = S.value_serializer(value_type)
+    long = [ser.deserialize(ser.serialize(_LISTS[value_type][1][i % 3])) for i in range(k + 4)]
+    lists = {1: long, 2: _LISTS[value_type][2]}
+    r = fmt.DataFileReader(pa.BufferReader(data_file_of_format(
+        RowsSnapshot(_element_rows(value_type, lists), _meta(value_type, False), MAXP), 4)),
+        "old.sckp")
+    assert r.format_version == 4
+    kg, prefix = _prefix(1)
+    keys, vals = r.entries("l", kg)
+    assert keys.to_pylist() == [prefix + i.to_bytes(8, "big") for i in range(2)]
+    assert vals.to_pylist() == [_chunk(value_type, long[:k]), _chunk(value_type, long[k:])]
+    assert len(r.stored_entries("l", kg)[0]) == k + 4  # as stored: elements
+    b = create_backend(kind, key_type="int64", max_parallelism=MAXP)
+    b.restore(ReaderSnapshot(r, MAXP))
+    ls = b.get_state(ListStateDescriptor("l", value_type))
+    for key, elements in lists.items():
+        b.set_current_key(key)
+        assert ls.get() == elements
+    b.set_current_key(1)
+    ls.add(long[0])  # into the restored last chunk
+    assert ls.get() == long + [long[0]] and b.num_entries() == 3
+
+
+def test_format_4_ttl_elements_keep_each_timestamp():
+    rows = _element_rows("string", {1: ["a", "bc"]}, ttl=True)
+    r = fmt.DataFileReader(pa.BufferReader(data_file_of_format(
+        RowsSnapshot(rows, _meta("string", True), MAXP), 4)), "old.sckp")
     kg, _ = _prefix(1)
     _, vals = r.entries("l", kg)
-    assert [x[-8:] for x in vals.to_pylist()] == [(100 + i).to_bytes(8, "big") for i in range(3)]
+    assert vals.to_pylist() == [b"\x01a" + (100).to_bytes(8, "big") + b"\x02bc"
+                                + (101).to_bytes(8, "big")]
+
+
+def test_format_4_incremental_elements_are_refused():
+    rows = _element_rows("string", {1: ["a", "b"]})
+    r = fmt.DataFileReader(pa.BufferReader(data_file_of_format(
+        RowsSnapshot(rows, _meta("string", False), MAXP, incremental=True), 4)), "old.sckp")
+    kg, _ = _prefix(1)
+    with pytest.raises(StateMigrationError, match="per-element layout of format version 4"):
+        r.entries("l", kg)
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_chunks_of_any_size_are_read_and_appended_to(kind):
+    """A reader takes chunks of any number of elements (another bound than this writer's): an
+    append fills a last chunk below the bound and starts a new one after a longer one."""
+    if kind == "native":
+        pytest.importorskip("statecore._native")
+    from statecore import create_backend
+
+    k = S.LIST_CHUNK_ELEMENTS
+    kg1, p1 = _prefix(1)
+    kg2, p2 = _prefix(2)
+    rows = {}
+    rows.setdefault(kg1, {}).update({p1 + (0).to_bytes(8, "big"): _chunk("int64", range(k + 8)),
+                                     p1 + (1).to_bytes(8, "big"): _chunk("int64", [-1, -2])})
+    rows.setdefault(kg2, {})[p2 + (0).to_bytes(8, "big")] = _chunk("int64", range(2 * k))
+    snap = RowsSnapshot(rows, _meta("int64", False), MAXP)
+    r = fmt.DataFileReader(pa.BufferReader(data_file_of_format(snap, fmt.FORMAT_VERSION)),
+                           "f.sckp")
+    b = create_backend(kind, key_type="int64", max_parallelism=MAXP)
+    b.restore(ReaderSnapshot(r, MAXP))
+    ls = b.get_state(ListStateDescriptor("l", "int64"))
+    b.set_current_key(1)
+    ls.add(5)
+    assert ls.get() == list(range(k + 8)) + [-1, -2, 5]
+    b.set_current_key(2)
+    ls.add(5)
+    assert ls.get() == list(range(2 * k)) + [5]
+    out = b.snapshot()
+    try:
+        got = dict(zip(*(a.to_pylist() for a in out.entries("l", kg1))))
+        got.update(zip(*(a.to_pylist() for a in out.entries("l", kg2))))
+    finally:
+        out.release()
+    assert got[p1 + (1).to_bytes(8, "big")] == _chunk("int64", [-1, -2, 5])
+    assert got[p2 + (1).to_bytes(8, "big")] == _chunk("int64", [5])
+    assert len(got) == 4
 
 
 def test_format_3_incremental_whole_lists_are_refused():
@@ -135,12 +252,13 @@ def test_split_list_entry_key_and_verify_checks():
 
 
 @pytest.mark.parametrize("kind", BACKENDS)
-def test_list_elements_through_incremental_checkpoints_compaction_and_rescale(kind, tmp_path):
-    """Per-element changes of big lists go through the store: the incremental run after one
-    append holds that element only, and after an ``update`` the rewritten elements and one
-    tombstone per element it dropped; compaction merges newest-wins per element, verify
-    passes, inspect lists one row per element, and a restore into two halves of the key groups
-    (rescale) splits the lists by key group, every list whole in one of them."""
+def test_list_chunks_through_incremental_checkpoints_compaction_and_rescale(kind, tmp_path):
+    """Per-chunk changes of big lists go through the store: the incremental run after one
+    append holds the list's last chunk only, and after an ``update`` the rewritten chunk and
+    one tombstone per chunk it dropped; compaction merges newest-wins per chunk, verify passes,
+    inspect lists one row per element (its position as user key), and a restore into two
+    halves of the key groups (rescale) splits the lists by key group, every list whole in one
+    of them."""
     if kind == "native":
         pytest.importorskip("statecore._native")
     from statecore import CheckpointStore, create_backend
@@ -163,8 +281,9 @@ def test_list_elements_through_incremental_checkpoints_compaction_and_rescale(ki
     ls.update(["u0", "u1"])
     man = store.checkpoint(b, 3)
     inc = [f for f in man["files"] if f["version"] == 3]
-    assert [f["entries"]["l"] for f in inc] == [300]
-    assert sum(f.get("tombstones", {}).get("l", 0) for f in inc) == 298
+    chunks = -(-300 // S.LIST_CHUNK_ELEMENTS)
+    assert [f["entries"]["l"] for f in inc] == [chunks]
+    assert sum(f.get("tombstones", {}).get("l", 0) for f in inc) == chunks - 1
     store.compact(3, max_runs=1)
     store.verify(3)
     t = entries_table(str(tmp_path), 3)

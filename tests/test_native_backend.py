@@ -194,7 +194,9 @@ def _stored_form(rng, kind: str, vt: str, ttl: bool):
         s = _random_stored(rng, vt)
         return (s, rng.choice([-(2**63), 0, 2**63 - 1, rng.randint(-(2**40), 2**40)])) if ttl else s
 
-    return one()  # a list element / map entry (one entry each) is stored as a value
+    if kind == "list":  # a chunk: a list of elements (docs/formats.md "List state")
+        return [one() for _ in range(rng.randint(1, 4))]
+    return one()  # a map state's entry (one per user key) is stored as a value
 
 
 def _outcome(fn):
@@ -269,7 +271,7 @@ def test_per_record_stored_form_that_does_not_fit_changes_nothing():
             table = st.table
             kg, key = st._slot()
             is_list = isinstance(d, ListStateDescriptor)
-            want = table.list_items(kg, key) if is_list else table.get(kg, key)
+            want = table.list_chunks(kg, key) if is_list else table.get(kg, key)
             for bad in bads:
                 form = {b"k": bad} if isinstance(d, MapStateDescriptor) else bad
                 with pytest.raises(InvalidInputError):
@@ -277,7 +279,7 @@ def test_per_record_stored_form_that_does_not_fit_changes_nothing():
                         table.list_append(kg, key, [good, form])
                     else:
                         table.put(kg, key, form)
-                assert (table.list_items(kg, key) if is_list else table.get(kg, key)) == want
+                assert (table.list_chunks(kg, key) if is_list else table.get(kg, key)) == want
 
 
 class _StreamOnly:

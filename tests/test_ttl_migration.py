@@ -74,9 +74,8 @@ class FixedList(Value):
         return ListStateDescriptor("s", "int64")
 
     def contents(self, dump):
-        # One entry per element, `prefix | seq` (docs/formats.md "List state"): a migration
-        # keeps each survivor's sequence number, which a list written fresh numbers from 0, so
-        # compare the elements of each list in order.
+        # One entry per chunk, `prefix | seq` (docs/formats.md "List state"): compared by
+        # (key, namespace) prefix and chunk bytes, in list order.
         return {kg: [(k[:-8], v) for k, v in rows] for kg, rows in dump.items()}
 
     def write(self, st, i):
@@ -398,8 +397,8 @@ def test_event_time_migration_uses_the_current_watermark(tmp_path, kind):
     store.restore(b, 1)
     b.observe_watermark(7000)  # seen before the state is registered
     st = b.get_state(ttl_desc(spec, cfg))
-    elements = b.snapshot().entries("s", b.key_group_of(1))[1].to_pylist()
-    assert [e[8:16] for e in elements] == [(7000).to_bytes(8, "big", signed=True)] * 2
+    (chunk,) = b.snapshot().entries("s", b.key_group_of(1))[1].to_pylist()  # two elements
+    assert [chunk[8:16], chunk[24:32]] == [(7000).to_bytes(8, "big", signed=True)] * 2
     # on -> off at event time: before any watermark nothing is expired; after one, at it.
     b.set_current_key(2)
     st.add(5)  # stamped 7000
@@ -469,16 +468,15 @@ def test_a_broken_layout_fails_the_migration_and_changes_nothing(kind, order):
     for i in KEYS:
         src.set_current_key(i)
         spec.write(sst, i)
-    # Every element of "s" is 5 bytes: too short for its 8-byte timestamp.
+    # Every chunk of "s" is 13 bytes: not a multiple of 8 + 8 bytes.
     broken = TamperedSnapshot(src.snapshot(), "s", lambda k, v: (
-        k, pa.array([b"\x00" * 5] * len(k), pa.binary())))
+        k, pa.array([b"\x00" * 13] * len(k), pa.binary())))
     b = create_backend(kind, key_type="int64", ttl_clock=ManualClock(0))
     if order == "register_then_restore":
         b.get_state(plain_desc(spec))
         # The python backend decodes on restore (InvalidInputError, as for any malformed
         # snapshot); the native one loads bytes and finds it when converting.
-        with pytest.raises((StateMigrationError, InvalidInputError),
-                           match="lacks its 8-byte timestamp|shorter than its 8-byte timestamp"):
+        with pytest.raises((StateMigrationError, InvalidInputError), match="truncated|list"):
             b.restore(broken)
         assert b.num_entries() == 0 and "ttl" not in s_meta(b.snapshot())
         return
@@ -489,8 +487,7 @@ def test_a_broken_layout_fails_the_migration_and_changes_nothing(kind, order):
         return
     b.restore(broken)  # the native backend loads the bytes without decoding them
     before = snapshot_dump(b.snapshot())
-    with pytest.raises(StateMigrationError,
-                       match=r"unchanged.*key group \d+: .*shorter than its 8-byte timestamp"):
+    with pytest.raises(StateMigrationError, match=r"unchanged.*key group \d+: truncated list"):
         b.get_state(plain_desc(spec))
     snap = b.snapshot()
     assert snapshot_dump(snap) == before and s_meta(snap)["ttl"]

@@ -1,10 +1,11 @@
 // ListState append and MapState put kernels (contract: batch_collections.h). Same two passes as
 // batch.cpp: validation touching no state, then one row at a time in row order through RowKeys.
-// A list append and a map put write one entry per row (docs/formats.md "List state", "Map
-// state").
+// A list append writes the last chunk of the row's list (docs/formats.md "List state",
+// list_chunks.h), a map put one entry per row ("Map state").
 #include "statecore/batch_collections.h"
 
 #include "batch_internal.h"
+#include "statecore/list_chunks.h"
 
 namespace statecore {
 namespace {
@@ -103,29 +104,37 @@ void list_append_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput k
   const ArrayView values = make_view(values_in, "values");
   const int32_t* kgs = validate_list(table, spec, keys, element_type, values, ttl);
   const int64_t n = keys.length();
+  const bool var = !is_fixed(element_type);
+  const size_t width = var ? 0 : value_width(element_type);
   const size_t suffix = ttl.enabled ? ttl::kTimestampBytes : 0;
-  std::vector<uint8_t> ek;  // the row's entry key: prefix | seq
+  std::vector<uint8_t> key;   // the chunk's entry key: prefix | seq
+  std::vector<uint8_t> elem;  // the row's element as a chunk holds it
   RowKeys rk(spec, keys, table, kgs);
+  ListChunkAhead chunk0(rk, table, kgs, n);
   uint8_t tmp[8];
+  uint8_t head[10];
   for (int64_t i = 0; i < n; ++i) {
     if (ttl.cleanup != nullptr) ttl::cleanup_row(*ttl.cleanup);
     rk.ahead(i);
+    chunk0.ahead(i);
     rk.encode(i, kgs[i]);
     StateMap& m = table.map_unchecked(kgs[i]);
-    const uint64_t seq = index->append(kgs[i], rk.data(), rk.size());
-    ek.assign(rk.data(), rk.data() + rk.size());
-    ek.resize(rk.size() + kListSeqBytes);
-    store_list_seq(ek.data() + rk.size(), seq);
+    uint32_t h0 = 0;
+    const bool ahead = chunk0.hash(i, &h0);
     size_t es = 0;
     const uint8_t* e = value_bytes(element_type, values, i, tmp, &es);
-    const uint32_t h = m.hash(ek.data(), ek.size());
-    size_t cur = 0;
-    bool inserted = false;
-    uint8_t* out = upsert_row(m, h, ek.data(), ek.size(), es + suffix, &cur, &inserted);
-    // A new seq has no entry, unless one outlived its index slot (a failed step): overwritten.
-    if (!inserted && cur != es + suffix) out = m.put(ek.data(), ek.size(), es + suffix);
-    if (es) std::memcpy(out, e, es);
-    if (suffix) ttl::store_timestamp(out + es, ttl.now);
+    const size_t hs = var ? put_varlen(head, es) : 0;
+    elem.resize(hs + es + suffix);
+    if (hs) std::memcpy(elem.data(), head, hs);
+    if (es) std::memcpy(elem.data() + hs, e, es);
+    if (suffix) ttl::store_timestamp(elem.data() + hs + es, ttl.now);
+    const size_t end = elem.size();
+    try {
+      list_append_encoded(m, *index, kgs[i], rk.data(), rk.size(), elem.data(), &end, 1, width,
+                          suffix, key, ahead ? &h0 : nullptr);
+    } catch (const std::invalid_argument&) {
+      bad_blob(i);
+    }
   }
 }
 

@@ -922,6 +922,67 @@ inline bool kernel_get(StateMap& m, uint32_t h, const uint8_t* key, size_t ks, B
   return r >= 0 ? r == 1 : m.get_hashed(h, key, ks, v);
 }
 
+// Chunk 0 of the lists of the rows a group ahead (docs/formats.md "List state"; list_chunks.h):
+// RowKeys hashes and prefetches each row's encoded key, the bare prefix, which no list entry
+// has, while a list row's first lookup is its chunk `prefix | 0` (the only one of a list of up
+// to 32 elements). ahead(i), called after RowKeys::ahead(i), hashes chunk 0 of the rows of the
+// group after i's (from the keys RowKeys encoded for it) and prefetches their buckets; hash(i)
+// then gives row i's. Without RowKeys' groups (a small state of string keys) nothing is ahead.
+class ListChunkAhead {
+ public:
+  ListChunkAhead(const RowKeys& rk, StateTable& table, const int32_t* kgs, int64_t n)
+      : rk_(rk), table_(table), kgs_(kgs), n_(n) {}
+
+  void ahead(int64_t i) {
+    if (static_cast<uint64_t>(i) % RowKeys::kGroup != 0) return;
+    if (i == 0) fill(0);
+    fill(i + RowKeys::kGroup);
+  }
+
+  // Row i's chunk 0 hash into *h when hashed ahead.
+  bool hash(int64_t i, uint32_t* h) const {
+    const uint64_t u = static_cast<uint64_t>(i);
+    const Slot& s = slots_[(u / RowKeys::kGroup) & 1];
+    const int64_t start = static_cast<int64_t>(u - u % RowKeys::kGroup);
+    if (s.start != start) return false;
+    *h = s.hashes[u % RowKeys::kGroup];
+    return true;
+  }
+
+ private:
+  struct Slot {
+    int64_t start = -1;
+    uint32_t hashes[RowKeys::kGroup] = {};
+  };
+
+  void fill(int64_t start) {
+    Slot& s = slots_[(static_cast<uint64_t>(start) / RowKeys::kGroup) & 1];
+    s.start = -1;
+    if (start >= n_) return;
+    const RowKeys::GroupView g = rk_.group(start);
+    if (!g.valid) return;
+    const int64_t end = std::min(start + RowKeys::kGroup, n_);
+    for (int64_t j = start; j < end; ++j) {
+      const size_t r = static_cast<size_t>(j - start);
+      const uint8_t* k = g.fixed_size ? g.bytes + r * g.fixed_size : g.bytes + g.offsets[r];
+      const size_t ks = g.fixed_size ? g.fixed_size : g.offsets[r + 1] - g.offsets[r];
+      key_.assign(k, k + ks);
+      key_.resize(ks + 8, 0);  // sequence number 0, big-endian
+      StateMap& m = table_.map_unchecked(kgs_[j]);
+      s.hashes[r] = m.hash(key_.data(), key_.size());
+      m.prefetch_bucket(s.hashes[r]);
+    }
+    s.start = start;
+  }
+
+  const RowKeys& rk_;
+  StateTable& table_;
+  const int32_t* kgs_;
+  int64_t n_;
+  Slot slots_[2];
+  std::vector<uint8_t> key_;
+};
+
 // put() of a row's key in key group kg through its lane, else upsert() (which also completes a
 // rehash in flight); an existing value of another size is replaced by put().
 inline uint8_t* kernel_put(StateTable& table, Lanes& lanes, int32_t kg, const RowKey& k,

@@ -1,8 +1,8 @@
 // Collection read / removal kernels and clear (contract: batch_reads.h). Same two passes as
 // batch.cpp: validation touching no state, then one row at a time in row order through RowKeys.
 // A map row reads or removes one entry, `encoded key | ser(user key)` (docs/formats.md "Map
-// state"); a list row reads the entries `encoded key | seq` its list index lists ("List
-// state").
+// state"); a list row reads the chunks `encoded key | seq` of its list ("List state",
+// list_chunks.h).
 #include "statecore/batch_reads.h"
 
 #include "batch_internal.h"
@@ -134,6 +134,27 @@ void map_read_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys
   }
 }
 
+struct Element {
+  size_t start, size;
+  int64_t ts;
+};
+
+// Parses a list chunk (list_chunks.h) into element spans; bad_blob(row) when it does not parse
+// (a fixed-width chunk not a whole number of elements, a varlen or an element running past the
+// end).
+void parse_chunk(const uint8_t* blob, size_t size, size_t width, size_t suffix, int64_t row,
+                 std::vector<Element>& out) {
+  out.clear();
+  size_t pos = 0;
+  while (pos < size) {
+    size_t len = width;
+    if (width == 0) len = blob_varlen(blob, size, &pos, row);
+    if (len > size - pos || suffix > size - pos - len) bad_blob(row);
+    out.push_back(Element{pos, len, suffix ? ttl::load_timestamp(blob + pos + len) : 0});
+    pos += len + suffix;
+  }
+}
+
 void check_key_batch(StateTable& table, const BatchKeySpec& spec, const KeyArrays& keys,
                      const TtlBatchSpec& ttl, const int32_t** kgs) {
   check_ttl(ttl);
@@ -169,7 +190,7 @@ void clear_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_in
     rk.encode(i, kgs[i]);
     StateMap& m = table.map_unchecked(kgs[i]);
     if (list_index != nullptr) {
-      // A list: every element its index lists for the row's (key, namespace).
+      // A list: every chunk it has (list_index.h: chunk 0 of an unlisted list).
       ek.assign(rk.data(), rk.data() + rk.size());
       ek.resize(rk.size() + kListSeqBytes);
       for (uint64_t seq : list_index->take(kgs[i], rk.data(), rk.size())) {
@@ -208,19 +229,25 @@ void list_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys
   const size_t width = value_width(et), ow = out_width(et);
   const size_t suffix = ttl.enabled ? ttl::kTimestampBytes : 0;
   int64_t count = list_offsets.back();  // elements written so far (earlier chunks included)
+  // Without TTL a fixed-width chunk other than bool is the elements' Arrow buffer itself on a
+  // little-endian host (stored values are little-endian, docs/formats.md "Values").
+  const bool raw_copy = !ttl.enabled && width != 0 && et.type != ValueType::Bool && le64(1) == 1;
   list_offsets.reserve(list_offsets.size() + static_cast<size_t>(n));
   std::vector<uint64_t> seqs, gone;
   std::vector<uint32_t> hashes;
   std::vector<uint8_t> ek;
+  std::vector<Element> els;
+  std::vector<uint8_t> rebuilt;
   constexpr size_t kPrefetch = 8;
   RowKeys rk(spec, keys, table, kgs);
-  auto emit = [&](const uint8_t* p, size_t size) {
+  ListChunkAhead chunk0(rk, table, kgs, n);
+  auto emit = [&](const uint8_t* blob, const Element& e) {
     if (width != 0) {
       const size_t at = elements.size();
       elements.resize(at + ow);
-      out_fixed(et, elements.data() + at, 0, p);
+      out_fixed(et, elements.data() + at, 0, blob + e.start);
     } else {
-      elements.insert(elements.end(), p, p + size);
+      elements.insert(elements.end(), blob + e.start, blob + e.start + e.size);
       element_offsets.push_back(static_cast<int64_t>(elements.size()));
     }
     ++count;
@@ -228,24 +255,27 @@ void list_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys
   for (int64_t i = 0; i < n; ++i) {
     if (ttl.cleanup != nullptr) ttl::cleanup_row(*ttl.cleanup);
     rk.ahead(i);
+    chunk0.ahead(i);
     rk.encode(i, kgs[i]);
     StateMap& m = table.map_unchecked(kgs[i]);
-    // `TableListState.get` / `TtlListState.get`: each listed element's entry prefix | seq, in
-    // list order; an element whose entry is gone without the index being told (with TTL) is
-    // unlisted.
-    seqs.clear();
+    // `TableListState.get` / `TtlListState.get`: each chunk of the list in order (chunk 0 of an
+    // unlisted list); a listed chunk whose entry is gone without the index being told (with
+    // TTL) is unlisted.
+    index->chunks(kgs[i], rk.data(), rk.size(), seqs);
     gone.clear();
-    index->for_each(kgs[i], rk.data(), rk.size(), [&](uint64_t s) { seqs.push_back(s); });
     ek.assign(rk.data(), rk.data() + rk.size());
     ek.resize(rk.size() + kListSeqBytes);
-    // The elements' entries are scattered over the table: hash them all first and prefetch
-    // kPrefetch ahead, so the lookups of a long list overlap their cache misses.
+    // A long list's chunks are scattered over the table: hash them all first and prefetch
+    // kPrefetch ahead, so the lookups overlap their cache misses. Chunk 0 was hashed (and
+    // prefetched) a group ahead.
     hashes.resize(seqs.size());
     for (size_t j = 0; j < seqs.size(); ++j) {
+      if (seqs[j] == 0 && chunk0.hash(i, &hashes[j])) continue;
       store_list_seq(ek.data() + rk.size(), seqs[j]);
       hashes[j] = m.hash(ek.data(), ek.size());
     }
-    for (size_t j = 0; j < seqs.size() && j < kPrefetch; ++j) m.prefetch_bucket(hashes[j]);
+    if (seqs.size() > 1)
+      for (size_t j = 0; j < seqs.size() && j < kPrefetch; ++j) m.prefetch_bucket(hashes[j]);
     for (size_t j = 0; j < seqs.size(); ++j) {
       if (j + kPrefetch < seqs.size()) m.prefetch_bucket(hashes[j + kPrefetch]);
       const uint64_t seq = seqs[j];
@@ -255,26 +285,49 @@ void list_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys
         gone.push_back(seq);
         continue;
       }
-      if (width != 0 && v.size != width + suffix) wrong_width(i, v.size, width + suffix);
+      if (raw_copy) {
+        // Stored = Arrow layout: the whole chunk at once rather than element by element.
+        if (v.size % width != 0) bad_blob(i);
+        elements.insert(elements.end(), v.data, v.data + v.size);
+        count += static_cast<int64_t>(v.size / width);
+        continue;
+      }
+      parse_chunk(v.data, v.size, width, suffix, i, els);
       if (!ttl.enabled) {
-        emit(v.data, v.size);
+        for (const Element& e : els) emit(v.data, e);
         continue;
       }
-      if (v.size < suffix) short_ttl_value(i, v.size);
-      const size_t user = v.size - suffix;
-      if (ttl::expired(ttl::load_timestamp(v.data + user), ttl.ttl_ms, ttl.now)) {
-        if (ttl.return_expired) emit(v.data, user);
-        m.remove(ek.data(), ek.size());
-        gone.push_back(seq);
-        ++*expired;
-        continue;
+      size_t live = 0;
+      for (const Element& e : els) {
+        const bool dead = ttl::expired(e.ts, ttl.ttl_ms, ttl.now);
+        live += !dead;
+        if (!dead || ttl.return_expired) emit(v.data, e);
       }
-      emit(v.data, user);
-      if (ttl.update_on_read) {
-        // Always written (the per-record path puts the element back): it counts as changed.
+      const size_t dead = els.size() - live;
+      if (dead != 0) {
+        *expired += static_cast<int64_t>(dead);
+        if (live == 0) {
+          m.remove(ek.data(), ek.size());
+          gone.push_back(seq);
+        } else {
+          // The unexpired elements, framed as stored, restamped under update_on_read.
+          rebuilt.clear();
+          uint8_t head[10];
+          for (const Element& e : els) {
+            if (ttl::expired(e.ts, ttl.ttl_ms, ttl.now)) continue;
+            if (width == 0) rebuilt.insert(rebuilt.end(), head, head + put_varlen(head, e.size));
+            rebuilt.insert(rebuilt.end(), v.data + e.start, v.data + e.start + e.size + suffix);
+            if (ttl.update_on_read)
+              ttl::store_timestamp(rebuilt.data() + rebuilt.size() - suffix, ttl.now);
+          }
+          uint8_t* out = m.put(ek.data(), ek.size(), rebuilt.size());
+          std::memcpy(out, rebuilt.data(), rebuilt.size());
+        }
+      } else if (ttl.update_on_read) {
+        // Every element renewed in place (the per-record path puts the chunk back).
         size_t sz = 0;
         uint8_t* p = m.get_for_update(ek.data(), ek.size(), &sz);
-        ttl::store_timestamp(p + user, ttl.now);
+        for (const Element& e : els) ttl::store_timestamp(p + e.start + e.size, ttl.now);
       }
     }
     for (uint64_t seq : gone) index->erase(kgs[i], rk.data(), rk.size(), seq);

@@ -1,4 +1,4 @@
-// Sequence numbers of lists stored one entry per element (contract: list_index.h).
+// Sequence numbers of the chunks of lists (contract: list_index.h).
 #include "statecore/list_index.h"
 
 #include <algorithm>
@@ -36,6 +36,7 @@ const ListIndex::Group& ListIndex::group(int32_t kg) const {
 const ListIndex::List* ListIndex::find(int32_t kg, const uint8_t* prefix,
                                        size_t prefix_size) const {
   const Group& g = group(kg);
+  if (g.empty()) return nullptr;  // the common case of small lists: no key to build or hash
   auto it = g.find(bytes_of(prefix, prefix_size));
   return it == g.end() ? nullptr : &it->second;
 }
@@ -49,25 +50,27 @@ void ListIndex::compact(List& l) {
   l.dead = 0;
 }
 
-uint64_t ListIndex::append(int32_t kg, const uint8_t* prefix, size_t prefix_size, uint64_t n) {
-  Group& g = group(kg);
-  List& l = g[bytes_of(prefix, prefix_size)];
-  const uint64_t first = l.seqs.empty() ? 0 : l.seqs.back() + 1;  // the last slot is live
-  if (n > UINT64_MAX - 1 - first) {
-    if (l.seqs.empty()) g.erase(bytes_of(prefix, prefix_size));
-    throw std::length_error("list index: sequence numbers of one list exhausted");
-  }
-  for (uint64_t i = 0; i < n; ++i) {
-    l.seqs.push_back(first + i);
-    l.erased.push_back(false);
-  }
-  return first;
+bool ListIndex::last(int32_t kg, const uint8_t* prefix, size_t prefix_size, uint64_t* last) const {
+  const List* l = find(kg, prefix, prefix_size);
+  if (l == nullptr) return false;
+  *last = l->seqs.back();  // the last slot is live
+  return true;
 }
 
 bool ListIndex::insert(int32_t kg, const uint8_t* prefix, size_t prefix_size, uint64_t seq) {
   if (seq == UINT64_MAX) throw std::length_error("list index: sequence number 2^64 - 1");
-  List& l = group(kg)[bytes_of(prefix, prefix_size)];
-  if (l.seqs.empty() || seq > l.seqs.back()) {
+  Group& g = group(kg);
+  std::string key = bytes_of(prefix, prefix_size);
+  auto found = g.find(key);
+  if (found == g.end()) {
+    if (seq == 0) return false;  // chunk 0 alone: unlisted
+    List& l = g[std::move(key)];
+    l.seqs = {0, seq};  // chunk 0 may exist: a reader unlists it when it does not
+    l.erased = {false, false};
+    return true;
+  }
+  List& l = found->second;
+  if (seq > l.seqs.back()) {
     l.seqs.push_back(seq);
     l.erased.push_back(false);
     return true;
@@ -80,7 +83,7 @@ bool ListIndex::insert(int32_t kg, const uint8_t* prefix, size_t prefix_size, ui
     --l.dead;
     return true;
   }
-  // Below listed ones (a change set writing a seq its base had removed): in sequence order.
+  // Below listed ones (a change set writing a chunk its base had removed): in sequence order.
   l.seqs.insert(it, seq);
   l.erased.insert(l.erased.begin() + static_cast<std::ptrdiff_t>(i), false);
   return true;
@@ -110,8 +113,8 @@ bool ListIndex::erase(int32_t kg, const uint8_t* prefix, size_t prefix_size, uin
   auto it = g.find(bytes_of(prefix, prefix_size));
   if (it == g.end() || !erase_in(it->second, seq)) return false;
   List& l = it->second;
-  if (l.live() == 0) g.erase(it);
-  else settle(l);
+  settle(l);
+  if (l.live() == 0 || (l.live() == 1 && l.seqs.back() == 0)) g.erase(it);
   return true;
 }
 
@@ -129,10 +132,25 @@ std::vector<uint64_t> ListIndex::seqs(int32_t kg, const uint8_t* prefix, size_t 
   return out;
 }
 
+void ListIndex::chunks(int32_t kg, const uint8_t* prefix, size_t prefix_size,
+                       std::vector<uint64_t>& out) const {
+  out.clear();
+  const List* l = find(kg, prefix, prefix_size);
+  if (l == nullptr) {
+    out.push_back(0);
+    return;
+  }
+  out.reserve(l->live());
+  for (size_t i = 0; i < l->seqs.size(); ++i)
+    if (!l->erased[i]) out.push_back(l->seqs[i]);
+}
+
 std::vector<uint64_t> ListIndex::take(int32_t kg, const uint8_t* prefix, size_t prefix_size) {
-  std::vector<uint64_t> out = seqs(kg, prefix, prefix_size);
-  if (!out.empty() || find(kg, prefix, prefix_size) != nullptr)
-    group(kg).erase(bytes_of(prefix, prefix_size));
+  std::vector<uint64_t> out;
+  chunks(kg, prefix, prefix_size, out);
+  Group& g = group(kg);
+  auto it = g.find(bytes_of(prefix, prefix_size));
+  if (it != g.end()) g.erase(it);
   return out;
 }
 
@@ -207,11 +225,11 @@ size_t ListIndex::prune(StateTable& table) {
         ++l.dead;
         ++dropped;
       }
-      if (l.live() == 0) {
+      settle(l);
+      if (l.live() == 0 || (l.live() == 1 && l.seqs.back() == 0)) {
         it = g.erase(it);
         continue;
       }
-      settle(l);
       ++it;
     }
   }
@@ -224,7 +242,7 @@ size_t ListIndex::lists() const {
   return n;
 }
 
-size_t ListIndex::elements() const {
+size_t ListIndex::chunks() const {
   size_t n = 0;
   for (const Group& g : groups_)
     for (const auto& kv : g) n += kv.second.live();

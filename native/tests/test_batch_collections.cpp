@@ -1,5 +1,5 @@
 // Collection batch kernels (batch_collections.h) over hand-built Arrow arrays: the exact list
-// and map entries the per-record path writes (docs/formats.md "List state", "Map state"),
+// chunks and map entries the per-record path writes (docs/formats.md "List state", "Map state"),
 // repeated keys applied in row order, the map index's order, sliced arrays, TTL suffixes, and
 // errors that leave the table untouched.
 #include <cstring>
@@ -21,32 +21,91 @@
 using namespace statecore;
 using namespace statecore_test;
 
-TEST(list_append_int64_writes_an_entry_per_element_in_row_order) {
+TEST(list_append_int64_fills_chunk_0_in_row_order_without_the_index) {
   StateTable t(0, 127);
   ListIndex ix(0, 127);
   auto keys = fixed<int64_t>("l", I64{1, 2, 1, 1}, 2);  // sliced: offset 2
   auto vals = fixed<int64_t>("l", I64{10, 20, 30, 40}, 3);
   list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, vals.in(), TtlBatchSpec(), &ix);
   CHECK(lists(t) ==
-        (std::multiset<std::string>{le64(10) + le64(30) + le64(40) + "#0,1,2", le64(20) + "#0"}));
-  CHECK_EQ(ix.lists(), size_t(2));
-  CHECK_EQ(ix.elements(), size_t(4));
-  // A second batch appends after what is stored: the next sequence numbers.
+        (std::multiset<std::string>{le64(10) + le64(30) + le64(40) + "#0", le64(20) + "#0"}));
+  CHECK_EQ(ix.lists(), size_t(0));  // lists of chunk 0 alone are not listed
+  // A second batch appends after what is stored, in the same chunk.
   auto k2 = fixed<int64_t>("l", I64{2, 3});
   auto v2 = fixed<int64_t>("l", I64{21, 5});
   list_append_batch(t, int64_spec(), k2.in(), ValueType::Int64, v2.in(), TtlBatchSpec(), &ix);
-  CHECK(lists(t) == (std::multiset<std::string>{le64(10) + le64(30) + le64(40) + "#0,1,2",
-                                                le64(20) + le64(21) + "#0,1", le64(5) + "#0"}));
-  CHECK_EQ(t.size(), size_t(6));
+  CHECK(lists(t) == (std::multiset<std::string>{le64(10) + le64(30) + le64(40) + "#0",
+                                                le64(20) + le64(21) + "#0", le64(5) + "#0"}));
+  CHECK_EQ(t.size(), size_t(3));
 }
 
-TEST(list_append_string_elements_are_plain_values_and_ttl_suffixed) {
+TEST(list_append_starts_a_new_chunk_when_the_last_is_full) {
+  StateTable t(0, 127);
+  ListIndex ix(0, 127);
+  const size_t k = kListChunkElements;
+  I64 ks, vs;
+  for (size_t i = 0; i < 2 * k + 3; ++i) {
+    ks.push_back(9);
+    vs.push_back(static_cast<int64_t>(i));
+  }
+  auto keys = fixed<int64_t>("l", ks);
+  auto vals = fixed<int64_t>("l", vs);
+  list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, vals.in(), TtlBatchSpec(), &ix);
+  std::string all;
+  for (size_t i = 0; i < 2 * k + 3; ++i) all += le64(static_cast<int64_t>(i));
+  CHECK(lists(t) == (std::multiset<std::string>{all + "#0,1,2"}));
+  CHECK_EQ(t.size(), size_t(3));
+  CHECK_EQ(ix.lists(), size_t(1));
+  CHECK_EQ(ix.chunks(), size_t(3));
+  // Each chunk holds k elements but the last.
+  std::vector<size_t> sizes;
+  for (const auto& kv : dump(t)) sizes.push_back(kv.second.size());
+  CHECK(sizes == (std::vector<size_t>{8 * k, 8 * k, 24}));
+}
+
+TEST(list_append_copies_the_last_chunk_only_under_a_snapshot) {
+  StateTable t(0, 127);
+  ListIndex ix(0, 127);
+  const size_t k = kListChunkElements;
+  I64 ks, vs;
+  for (size_t i = 0; i < k + 1; ++i) {
+    ks.push_back(4);
+    vs.push_back(static_cast<int64_t>(i));
+  }
+  auto keys = fixed<int64_t>("l", ks);
+  auto vals = fixed<int64_t>("l", vs);
+  list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, vals.in(), TtlBatchSpec(), &ix);
+  const auto before = dump(t);
+  TableSnapshot snap = t.snapshot();
+  auto k1 = fixed<int64_t>("l", I64{4});
+  auto v1 = fixed<int64_t>("l", I64{99});
+  list_append_batch(t, int64_spec(), k1.in(), ValueType::Int64, v1.in(), TtlBatchSpec(), &ix);
+  // The snapshot keeps both chunks as they were; the live table changed chunk 1 only.
+  std::map<std::string, std::string> snapped;
+  for (int32_t kg = snap.kg_start(); kg <= snap.kg_end(); ++kg) {
+    const SortedRun run = snap.map(kg)->sorted_entries();
+    for (size_t i = 0; i < run.size(); ++i)
+      snapped[std::string(reinterpret_cast<const char*>(run.key(i).data), run.key(i).size)] =
+          std::string(reinterpret_cast<const char*>(run.value(i).data), run.value(i).size);
+  }
+  CHECK(before == snapped);
+  const auto after = dump(t);
+  CHECK_EQ(after.size(), size_t(2));
+  CHECK(after.begin()->second == before.begin()->second);
+  CHECK(std::next(after.begin())->second == le64(static_cast<int64_t>(k)) + le64(99));
+}
+
+TEST(list_append_string_elements_are_varlen_framed_and_ttl_suffixed) {
   StateTable t(0, 127);
   ListIndex ix(0, 127);
   auto keys = fixed<int64_t>("l", I64{7, 7});
   auto vals = varwidth<int32_t>("u", Str{std::string("ab"), std::string("")});
   list_append_batch(t, int64_spec(), keys.in(), ValueType::String, vals.in(), TtlBatchSpec(), &ix);
-  CHECK(lists(t) == (std::multiset<std::string>{std::string("ab") + "#0,1"}));
+  CHECK(lists(t) == (std::multiset<std::string>{std::string("\x02"
+                                                            "ab"
+                                                            "\x00",
+                                                            4) +
+                                                "#0"}));
   StateTable tt(0, 127);
   ListIndex tix(0, 127);
   TtlBatchSpec ttl;
@@ -55,9 +114,20 @@ TEST(list_append_string_elements_are_plain_values_and_ttl_suffixed) {
   ttl.now = 77;
   auto iv = fixed<int64_t>("l", I64{3, 4});
   list_append_batch(tt, int64_spec(), keys.in(), ValueType::Int64, iv.in(), ttl, &tix);
-  list_append_batch(tt, int64_spec(), keys.in(), ValueType::String, vals.in(), ttl, &tix);
-  CHECK(lists(tt) == (std::multiset<std::string>{le64(3) + be64(77) + le64(4) + be64(77) + "ab" +
-                                                 be64(77) + be64(77) + "#0,1,2,3"}));
+  CHECK(lists(tt) == (std::multiset<std::string>{le64(3) + be64(77) + le64(4) + be64(77) + "#0"}));
+  // A table of int64 lists appended strings: the chunk no longer parses as int64 elements.
+  CHECK(batch_error(
+      [&] {
+        list_append_batch(tt, int64_spec(), keys.in(), ValueType::String, vals.in(), ttl, &tix);
+      },
+      "does not parse"));
+  StateTable ts(0, 127);
+  ListIndex six(0, 127);
+  list_append_batch(ts, int64_spec(), keys.in(), ValueType::String, vals.in(), ttl, &six);
+  CHECK(lists(ts) ==
+        (std::multiset<std::string>{"\x02"
+                                    "ab" +
+                                    be64(77) + std::string(1, '\0') + be64(77) + "#0"}));
 }
 
 TEST(list_append_needs_the_index_and_rejects_bad_input_before_any_write) {
@@ -88,7 +158,7 @@ TEST(list_append_needs_the_index_and_rejects_bad_input_before_any_write) {
       },
       "null at row 1"));
   CHECK(dump(t) == before);
-  CHECK_EQ(ix.elements(), size_t(2));
+  CHECK_EQ(ix.lists(), size_t(0));
 }
 
 // A map's entries (docs/formats.md "Map state"): (key, ser(user key)) -> value bytes, from

@@ -1,9 +1,9 @@
 // Collection read / removal kernels and clear (batch_reads.h) over hand-built Arrow arrays, on
-// entries written by the collection kernels (batch_collections.h): list get (one entry per
-// element through the list index, fixed and variable-width elements, absent keys as empty
-// lists, chunked output appended, elements gone without notice unlisted), map get /
+// entries written by the collection kernels (batch_collections.h): list get (the list's chunks
+// through the list index, fixed and variable-width elements, absent keys as empty lists, output
+// appended over calls, chunks gone without notice unlisted), map get /
 // contains / remove (one entry per user key, absent user keys, repeated rows, the map index
-// kept), clear (of a map / list: every entry its index lists), TTL (expired elements / entries
+// kept), clear (of a map / list: every entry of it), TTL (expired elements / entries
 // dropped and counted, return_expired, update_on_read), the incremental cleanup hook run before
 // each row (ttl.h IncrementalCleanup), and errors that leave the table untouched.
 #include <cstring>
@@ -80,9 +80,9 @@ TEST(list_get_string_elements_and_ttl_removes_expired_anywhere) {
   auto append = [&](auto& k, auto& v, int64_t now) {
     list_append_batch(u, int64_spec(), k.in(), ValueType::String, v.in(), ttl_at(now), &ix);
   };
-  append(ka, va, 0);    // seq 0, 1: expired
-  append(kb, vb, 120);  // seq 2: live
-  append(kb, vc, 10);   // seq 3: expired
+  append(ka, va, 0);    // expired
+  append(kb, vb, 120);  // live
+  append(kb, vc, 10);   // expired
   TtlBatchSpec tt = ttl_at(150);
   tt.update_on_read = true;
   std::vector<int64_t> lo{0}, eo{0};
@@ -93,13 +93,13 @@ TEST(list_get_string_elements_and_ttl_removes_expired_anywhere) {
   CHECK(lo == (std::vector<int64_t>{0, 1}));
   CHECK(eo == (std::vector<int64_t>{0, 3}));
   CHECK(std::string(el.begin(), el.end()) == "xyz");
-  // The expired elements' entries are gone and unlisted; the live one restamped 150.
-  CHECK(lists(u) == (std::multiset<std::string>{"xyz" + be64(150) + "#2"}));
-  CHECK_EQ(ix.elements(), size_t(1));
-  // An append continues after the greatest sequence number listed.
+  // The chunk keeps the live element only, restamped 150.
+  CHECK(lists(u) == (std::multiset<std::string>{"\x03xyz" + be64(150) + "#0"}));
+  CHECK_EQ(ix.lists(), size_t(0));
   append(kb, vc, 150);
-  CHECK(lists(u) == (std::multiset<std::string>{"xyz" + be64(150) + "q" + be64(150) + "#2,3"}));
-  // Everything expired at 300: the entries go, the row is an empty list, the list is dropped.
+  CHECK(lists(u) ==
+        (std::multiset<std::string>{"\x03xyz" + be64(150) + "\x01q" + be64(150) + "#0"}));
+  // Everything expired at 300: the chunk goes, the row is an empty list.
   lo = {0};
   eo = {0};
   el.clear();
@@ -129,23 +129,65 @@ TEST(list_get_ttl_return_expired_shows_all_and_update_on_read_renews) {
   CHECK(lo == (std::vector<int64_t>{0, 2}));
   CHECK_EQ(i64_at(el, 0), 1);
   CHECK_EQ(i64_at(el, 1), 2);
-  CHECK(lists(t) == (std::multiset<std::string>{le64(2) + be64(100) + "#1"}));  // not renewed
+  CHECK(lists(t) == (std::multiset<std::string>{le64(2) + be64(100) + "#0"}));  // not renewed
   TtlBatchSpec renew = ttl_at(160);
   renew.update_on_read = true;
   list_get_batch(t, int64_spec(), k.in(), ValueType::Int64, lo, el, eo, renew, &expired, &ix);
   CHECK_EQ(expired, 0);
-  CHECK(lists(t) == (std::multiset<std::string>{le64(2) + be64(160) + "#1"}));
+  CHECK(lists(t) == (std::multiset<std::string>{le64(2) + be64(160) + "#0"}));
 }
 
-TEST(list_get_unlists_elements_gone_without_notice) {
+TEST(list_get_ttl_drops_a_chunk_left_empty_and_unlists_it) {
   StateTable t(0, 127);
   ListIndex ix(0, 127);
-  auto k = fixed<int64_t>("l", I64{5, 5, 5});
-  auto v = fixed<int64_t>("l", I64{1, 2, 3});
+  const size_t k = kListChunkElements;
+  I64 ks, old_vals, new_vals;
+  for (size_t i = 0; i < k; ++i) {
+    ks.push_back(6);
+    old_vals.push_back(static_cast<int64_t>(i));
+    new_vals.push_back(static_cast<int64_t>(100 + i));
+  }
+  auto keys = fixed<int64_t>("l", ks);
+  auto a = fixed<int64_t>("l", old_vals);
+  auto b = fixed<int64_t>("l", new_vals);
+  list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, a.in(), ttl_at(0), &ix);
+  list_append_batch(t, int64_spec(), keys.in(), ValueType::Int64, b.in(), ttl_at(100), &ix);
+  CHECK_EQ(ix.chunks(), size_t(2));
+  auto q = fixed<int64_t>("l", I64{6});
+  std::vector<int64_t> lo{0}, eo{0};
+  std::vector<uint8_t> el;
+  int64_t expired = 0;
+  list_get_batch(t, int64_spec(), q.in(), ValueType::Int64, lo, el, eo, ttl_at(150), &expired, &ix);
+  CHECK_EQ(expired, static_cast<int64_t>(k));
+  CHECK(lo == (std::vector<int64_t>{0, static_cast<int64_t>(k)}));
+  CHECK_EQ(i64_at(el, 0), 100);
+  CHECK_EQ(t.size(), size_t(1));  // chunk 0 removed, chunk 1 kept as it was
+  CHECK_EQ(ix.lists(), size_t(1));
+  CHECK_EQ(ix.chunks(), size_t(1));
+  // The next append goes to chunk 1 (full) and so starts chunk 2.
+  auto one = fixed<int64_t>("l", I64{6});
+  list_append_batch(t, int64_spec(), one.in(), ValueType::Int64, one.in(), ttl_at(150), &ix);
+  CHECK_EQ(ix.chunks(), size_t(2));
+  std::vector<uint64_t> cs;
+  for (const auto& kv : dump(t)) cs.push_back(static_cast<uint8_t>(kv.first.back()));
+  CHECK(cs == (std::vector<uint64_t>{1, 2}));
+}
+
+TEST(list_get_unlists_chunks_gone_without_notice) {
+  StateTable t(0, 127);
+  ListIndex ix(0, 127);
+  const size_t n = 2 * kListChunkElements + 1;  // chunks 0, 1 and 2
+  I64 ks, vs;
+  for (size_t i = 0; i < n; ++i) {
+    ks.push_back(5);
+    vs.push_back(static_cast<int64_t>(i));
+  }
+  auto k = fixed<int64_t>("l", ks);
+  auto v = fixed<int64_t>("l", vs);
   list_append_batch(t, int64_spec(), k.in(), ValueType::Int64, v.in(), TtlBatchSpec(), &ix);
-  // Remove the middle element's entry behind the index's back.
+  // Remove the middle chunk's entry behind the index's back.
   for (const auto& kv : dump(t)) {
-    if (kv.second != le64(2)) continue;
+    if (kv.first.back() != '\1') continue;
     const auto* kb = reinterpret_cast<const uint8_t*>(kv.first.data());
     const int32_t kg = read_key_group_prefix(kb, kv.first.size(), 128);
     t.map(kg).remove(kb, kv.first.size());
@@ -155,10 +197,10 @@ TEST(list_get_unlists_elements_gone_without_notice) {
   std::vector<uint8_t> el;
   list_get_batch(t, int64_spec(), q.in(), ValueType::Int64, lo, el, eo, TtlBatchSpec(), nullptr,
                  &ix);
-  CHECK(lo == (std::vector<int64_t>{0, 2}));
-  CHECK_EQ(i64_at(el, 0), 1);
-  CHECK_EQ(i64_at(el, 1), 3);
-  CHECK_EQ(ix.elements(), size_t(2));
+  CHECK(lo == (std::vector<int64_t>{0, static_cast<int64_t>(kListChunkElements + 1)}));
+  CHECK_EQ(i64_at(el, 0), 0);
+  CHECK_EQ(i64_at(el, kListChunkElements), static_cast<int64_t>(n - 1));
+  CHECK_EQ(ix.chunks(), size_t(2));
 }
 
 TEST(map_get_contains_remove_int64_user_keys) {
@@ -263,7 +305,7 @@ TEST(clear_removes_entries_of_any_kind) {
   CHECK_EQ(t.size(), size_t(1));
 }
 
-TEST(clear_of_a_list_removes_every_element_its_index_lists) {
+TEST(clear_of_a_list_removes_every_chunk) {
   StateTable t(0, 127);
   ListIndex ix(0, 127);
   auto keys = fixed<int64_t>("l", I64{1, 2, 1, 3, 1});
@@ -272,8 +314,22 @@ TEST(clear_of_a_list_removes_every_element_its_index_lists) {
   auto ck = fixed<int64_t>("l", I64{1, 3, 1});
   clear_batch(t, int64_spec(), ck.in(), nullptr, &ix);
   CHECK(lists(t) == (std::multiset<std::string>{le64(2) + "#0"}));
-  CHECK_EQ(ix.lists(), size_t(1));
-  // A cleared list starts at sequence number 0 again.
+  CHECK_EQ(ix.lists(), size_t(0));
+  // A list of several chunks: every one goes, and the list is unlisted.
+  I64 many_k, many_v;
+  for (size_t i = 0; i < 3 * kListChunkElements; ++i) {
+    many_k.push_back(8);
+    many_v.push_back(static_cast<int64_t>(i));
+  }
+  auto mk = fixed<int64_t>("l", many_k);
+  auto mv = fixed<int64_t>("l", many_v);
+  list_append_batch(t, int64_spec(), mk.in(), ValueType::Int64, mv.in(), TtlBatchSpec(), &ix);
+  CHECK_EQ(t.size(), size_t(4));
+  auto c8 = fixed<int64_t>("l", I64{8});
+  clear_batch(t, int64_spec(), c8.in(), nullptr, &ix);
+  CHECK_EQ(t.size(), size_t(1));
+  CHECK_EQ(ix.lists(), size_t(0));
+  // A cleared list starts at chunk 0 again.
   auto k1 = fixed<int64_t>("l", I64{1});
   list_append_batch(t, int64_spec(), k1.in(), ValueType::Int64, k1.in(), TtlBatchSpec(), &ix);
   CHECK(lists(t) == (std::multiset<std::string>{le64(2) + "#0", le64(1) + "#0"}));
@@ -498,11 +554,15 @@ TEST(read_kernels_reject_bad_input_before_any_change) {
   auto far = fixed<int64_t>("l", I64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
   CHECK(batch_error([&] { clear_batch(small, s, far.in()); }, "outside"));
   CHECK(dump(t) == before);
-  // List elements of another width (int64 entries read as int32) are a BatchError.
+  // A chunk that does not parse as the element type (an int64 chunk read with the TTL layout,
+  // a string chunk read as int64) is a BatchError.
   StateTable lt(0, 127);
   ListIndex lix(0, 127);
   auto lk = fixed<int64_t>("l", I64{1});
+  auto ls = varwidth<int32_t>("u", Str{std::string("ab")});
   list_append_batch(lt, int64_spec(), lk.in(), ValueType::Int64, lk.in(), TtlBatchSpec(), &lix);
+  auto lk2 = fixed<int64_t>("l", I64{2});
+  list_append_batch(lt, int64_spec(), lk2.in(), ValueType::String, ls.in(), TtlBatchSpec(), &lix);
   const auto lbefore = dump(lt);
   std::vector<int64_t> lo{0}, eo{0};
   std::vector<uint8_t> el;
@@ -511,13 +571,13 @@ TEST(read_kernels_reject_bad_input_before_any_change) {
         list_get_batch(lt, int64_spec(), lk.in(), ValueType::Int32, lo, el, eo, ttl_at(0, 1000),
                        nullptr, &lix);
       },
-      "expected 12"));
+      "does not parse"));
   CHECK(batch_error(
       [&] {
-        list_get_batch(lt, int64_spec(), lk.in(), ValueType::Int32, lo, el, eo, TtlBatchSpec(),
+        list_get_batch(lt, int64_spec(), lk2.in(), ValueType::Int64, lo, el, eo, TtlBatchSpec(),
                        nullptr, &lix);
       },
-      "expected 4"));
+      "does not parse"));
   CHECK(dump(lt) == lbefore);
   CHECK(dump(t) == before);
 }

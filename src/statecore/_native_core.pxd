@@ -381,14 +381,16 @@ cdef extern from "statecore/collection_index.h" namespace "statecore" nogil:
 cdef extern from "statecore/list_index.h" namespace "statecore" nogil:
     cdef cppclass ListIndex:
         ListIndex(int32_t kg_start, int32_t kg_end) except +raise_native_error
-        uint64_t append(int32_t kg, const uint8_t* prefix, size_t prefix_size,
-                        uint64_t n) except +raise_native_error
+        cbool last(int32_t kg, const uint8_t* prefix, size_t prefix_size,
+                   uint64_t* last) except +raise_native_error
         cbool insert(int32_t kg, const uint8_t* prefix, size_t prefix_size,
                      uint64_t seq) except +raise_native_error
         cbool erase(int32_t kg, const uint8_t* prefix, size_t prefix_size,
                     uint64_t seq) except +raise_native_error
         size_t size(int32_t kg, const uint8_t* prefix, size_t prefix_size) except +raise_native_error
         vector[uint64_t] seqs(int32_t kg, const uint8_t* prefix, size_t prefix_size) except +raise_native_error
+        void chunks(int32_t kg, const uint8_t* prefix, size_t prefix_size,
+                    vector[uint64_t]& out) except +raise_native_error
         vector[uint64_t] take(int32_t kg, const uint8_t* prefix, size_t prefix_size) except +raise_native_error
         void clear()
         void insert_entry_keys(const uint8_t* data, const int32_t* off, int64_t n,
@@ -399,10 +401,20 @@ cdef extern from "statecore/list_index.h" namespace "statecore" nogil:
             const vector[string]& keys, int prefix_width) except +raise_native_error
         size_t prune(StateTable& table) except +raise_native_error
         size_t lists()
-        size_t elements()
+        size_t chunks()
         size_t bytes()
     void store_list_seq(uint8_t* out, uint64_t seq)
     uint64_t load_list_seq(const uint8_t* p)
+
+
+cdef extern from "statecore/list_chunks.h" namespace "statecore" nogil:
+    size_t kListChunkElements
+    size_t list_chunk_count(const uint8_t* value, size_t size, size_t width,
+                            size_t suffix) except +raise_native_error
+    void list_append_encoded(StateMap& m, ListIndex& index, int32_t kg, const uint8_t* prefix,
+                             size_t prefix_size, const uint8_t* data, const size_t* ends,
+                             size_t n, size_t width, size_t suffix,
+                             vector[uint8_t]& key) except +raise_native_error
 
 
 cdef extern from "statecore/batch_collections.h" namespace "statecore" nogil:

@@ -89,11 +89,12 @@ cdef object _decode_stored(const uint8_t* p, size_t n, _Fmt f):
 
 cdef enum _Layout:
     _LAYOUT_VALUE = 0
+    _LAYOUT_LIST = 1
 
-# A map entry holds one user value, a list entry one element (docs/formats.md "Map state",
-# "List state").
+# A map entry holds one user value, a list entry one chunk of elements (docs/formats.md "Map
+# state", "List state").
 _LAYOUTS = {"value": _LAYOUT_VALUE, "reducing": _LAYOUT_VALUE, "aggregating": _LAYOUT_VALUE,
-            "list": _LAYOUT_VALUE, "map": _LAYOUT_VALUE}
+            "list": _LAYOUT_LIST, "map": _LAYOUT_VALUE}
 
 
 cdef Py_ssize_t _fixed_into(object s, _Fmt f, uint8_t* dst) except -2:
@@ -152,4 +153,75 @@ cdef object _decode_value(const uint8_t* p, size_t n, _Fmt f, bint ttl):
     return (_decode_stored(p, n - 8, f), <int64_t>_get_be(p + n - 8, 8))
 
 
+# A list chunk (docs/formats.md "List state") as its stored form, a list of elements (each
+# ``(element, ts)`` with TTL), and back.
+cdef list _decode_list(const uint8_t* p, size_t size, _Fmt f, bint ttl):
+    cdef size_t w = f.width, pos = 0, n, need
+    cdef uint64_t vn
+    cdef list out = []
+    if w and not ttl:
+        if size % w:
+            raise InvalidInputError(f"list blob of {size} bytes is not a multiple of {w}")
+        while pos < size:
+            out.append(_decode_stored(p + pos, w, f))
+            pos += w
+        return out
+    while pos < size:
+        if w:
+            n = w
+        else:
+            _read_varlen(p, size, &pos, &vn)
+            if vn > size - pos:
+                raise InvalidInputError("truncated list element")
+            n = vn
+        need = n + (8 if ttl else 0)
+        if need > size - pos:
+            raise InvalidInputError("truncated list element")
+        e = _decode_stored(p + pos, n, f)
+        out.append((e, <int64_t>_get_be(p + pos + n, 8)) if ttl else e)
+        pos += need
+    return out
+
+
+cdef bytes _encode_list(object stored, _Fmt f, bint ttl):
+    cdef Py_ssize_t w = f.width, total = 0, cnt, i
+    cdef int64_t check_ts
+    cdef bytes out
+    cdef uint8_t* q
+    cdef list items = list(stored), raws
+    cnt = len(items)
+    if w:
+        out = PyBytes_FromStringAndSize(NULL, cnt * (w + (8 if ttl else 0)))
+        q = <uint8_t*>PyBytes_AS_STRING(out)
+        for e in items:
+            if ttl:
+                v, ts = e
+                q += _fixed_into(v, f, q)
+                _put_be(q, <uint64_t><int64_t>ts, 8)
+                q += 8
+            else:
+                q += _fixed_into(e, f, q)
+        return out
+    raws = []
+    for e in items:
+        if ttl:
+            v, ts = e
+            check_ts = ts  # a timestamp outside int64 fails before the blob is built
+            r = _var_bytes(v, f)
+        else:
+            r = _var_bytes(e, f)
+        raws.append(r)
+        total += _varlen_size(PyBytes_GET_SIZE(r)) + PyBytes_GET_SIZE(r) + (8 if ttl else 0)
+    out = PyBytes_FromStringAndSize(NULL, total)
+    q = <uint8_t*>PyBytes_AS_STRING(out)
+    for i in range(cnt):
+        r = raws[i]
+        _write_varlen(q, PyBytes_GET_SIZE(r))
+        q += _varlen_size(PyBytes_GET_SIZE(r))
+        memcpy(q, PyBytes_AS_STRING(r), PyBytes_GET_SIZE(r))
+        q += PyBytes_GET_SIZE(r)
+        if ttl:
+            _put_be(q, <uint64_t><int64_t>items[i][1], 8)
+            q += 8
+    return out
 

@@ -216,12 +216,15 @@ cdef class NativeStateTable:
 
     def get_stored(self, int32_t kg, bytes key not None):
         """Stored form of ``key``'s value, or None when absent: the value (``(value, ts)`` with
-        TTL; a map entry's user value and a list entry's element likewise). InvalidInputError
-        for malformed bytes, with the reference backend's messages."""
+        TTL; a map entry's user value likewise), for a list chunk the list of its elements (each
+        ``(element, ts)`` with TTL). InvalidInputError for malformed bytes, with the reference
+        backend's messages."""
         cdef c.ByteView out
         cdef c.StateMap* m = self._map(kg)
         if not m.get(<const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), &out):
             return None
+        if self.vlayout == _LAYOUT_LIST:
+            return _decode_list(out.data, out.size, self.vfmt, self.vttl)
         return _decode_value(out.data, out.size, self.vfmt, self.vttl)
 
     def put_stored(self, int32_t kg, bytes key not None, stored):
@@ -235,7 +238,9 @@ cdef class NativeStateTable:
         cdef c.StateMap* m = self._map(kg)
         cdef uint8_t* dst
         try:
-            if self.vttl:
+            if self.vlayout == _LAYOUT_LIST:
+                raw = _encode_list(stored, self.vfmt, self.vttl)
+            elif self.vttl:
                 v, ts = stored
                 n = _fixed_into(v, self.vfmt, buf) if self.vfmt.width <= 8 else -1
                 if n < 0:
@@ -409,10 +414,10 @@ cdef class NativeStateTable:
         return {"maps": self.index.collections(), "user_keys": self.index.members(),
                 "bytes": self.index.bytes()}
 
-    # ---- list state: one entry per element (docs/formats.md "List state")
+    # ---- list state: a list is a sequence of chunks (docs/formats.md "List state")
     def enable_list_index(self, int prefix_width):
-        """Keep the index of the elements of every list (list_index.h) for the list calls
-        below, the list kernels and restores; entry keys carry a ``prefix_width``-byte (1 or 2)
+        """Keep the index of the chunks of every list (list_index.h) for the list calls below,
+        the list kernels and restores; entry keys carry a ``prefix_width``-byte (1 or 2)
         key-group prefix. Once."""
         if self.list_index != NULL:
             raise StateError("the list index is enabled already")
@@ -424,74 +429,78 @@ cdef class NativeStateTable:
     cdef int _need_list_index(self) except -1:
         if self.list_index == NULL:
             raise StateError("the list index is not enabled (enable_list_index)")
+        if self.vlayout != _LAYOUT_LIST:
+            raise StateError("the list calls need the list value format (set_value_format)")
         self._idle()
         return 0
 
-    def list_items(self, int32_t kg, bytes prefix not None):
-        """``[(seq, stored form), ...]`` of the list ``prefix`` in list order (stored forms as
-        :meth:`get_stored`); listed elements whose entries are gone (a TTL cleanup step that
-        failed part way) are unlisted on the way."""
+    def list_chunks(self, int32_t kg, bytes prefix not None):
+        """``[(seq, [stored element, ...]), ...]``: the chunks of the list ``prefix`` in list
+        order (stored forms as :meth:`get_stored`); listed chunks whose entries are gone (a TTL
+        cleanup step that failed part way) are unlisted on the way."""
         self._need_list_index()
         cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(prefix)
         cdef size_t ps = PyBytes_GET_SIZE(prefix)
-        cdef vector[uint64_t] seqs = self.list_index.seqs(kg, p, ps)
+        cdef vector[uint64_t] seqs
         cdef c.StateMap* m = self._map(kg)
         cdef c.ByteView out
         cdef string key
-        cdef vector[uint32_t] hashes
-        cdef size_t i, ahead = 8
+        cdef size_t i
+        self.list_index.chunks(kg, p, ps, seqs)
         out_list = []
         gone = []
         key.assign(<const char*>p, ps)
         key.resize(ps + 8)
-        # The elements' entries are scattered over the table: prefetch ahead (as list_get_batch).
-        hashes.resize(seqs.size())
         for i in range(seqs.size()):
-            c.store_list_seq(<uint8_t*>key.data() + ps, seqs[i])
-            hashes[i] = m.hash(<const uint8_t*>key.data(), key.size())
-        for i in range(min(ahead, seqs.size())):
-            m.prefetch_bucket(hashes[i])
-        for i in range(seqs.size()):
-            if i + ahead < seqs.size():
-                m.prefetch_bucket(hashes[i + ahead])
             c.store_list_seq(<uint8_t*>key.data() + ps, seqs[i])
             if not m.get(<const uint8_t*>key.data(), key.size(), &out):
                 gone.append(seqs[i])
                 continue
-            out_list.append((seqs[i], _decode_value(out.data, out.size, self.vfmt, self.vttl)))
+            out_list.append((seqs[i], _decode_list(out.data, out.size, self.vfmt, self.vttl)))
         for seq in gone:
             self.list_index.erase(kg, p, ps, seq)
         return out_list
 
     def list_append(self, int32_t kg, bytes prefix not None, list stored not None):
-        """Append the stored forms ``stored`` to the list ``prefix`` (each under the next
-        sequence number, listed). Every stored form is encoded before the table changes, so
-        one that does not fit the format (InvalidInputError) changes nothing."""
+        """Append the stored forms ``stored`` to the list ``prefix`` (list_chunks.h
+        list_append_encoded: the last chunk filled, then new chunks, listed). Every stored form
+        is encoded before the table changes, so one that does not fit the format
+        (InvalidInputError) changes nothing."""
         self._need_list_index()
         cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(prefix)
         cdef size_t ps = PyBytes_GET_SIZE(prefix)
         cdef Py_ssize_t i, n = len(stored)
-        cdef uint64_t first
+        cdef size_t suffix = 8 if self.vttl else 0
+        cdef size_t width = self.vfmt.width
+        cdef vector[size_t] ends
+        cdef vector[uint8_t] key
         cdef bytes raw
         cdef c.StateMap* m = self._map(kg)
-        cdef string key
-        cdef uint8_t* dst
+        cdef uint8_t head[10]
+        cdef Py_ssize_t hs
+        cdef size_t total = 0
         if n == 0:
             return
-        raws = [self._value_bytes(s) for s in stored]
-        first = self.list_index.append(kg, p, ps, n)
-        key.assign(<const char*>p, ps)
-        key.resize(ps + 8)
+        parts = []
         for i in range(n):
-            c.store_list_seq(<uint8_t*>key.data() + ps, first + i)
-            raw = raws[i]
-            dst = m.put(<const uint8_t*>key.data(), key.size(), PyBytes_GET_SIZE(raw))
-            if PyBytes_GET_SIZE(raw):
-                memcpy(dst, PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw))
+            raw = self._value_bytes(stored[i])
+            if width == 0:
+                # The varlen head of a variable-width element (docs/formats.md "List state").
+                _write_varlen(head, PyBytes_GET_SIZE(raw) - suffix)
+                hs = _varlen_size(PyBytes_GET_SIZE(raw) - suffix)
+                parts.append(PyBytes_FromStringAndSize(<const char*>head, hs))
+                total += hs
+            parts.append(raw)
+            total += PyBytes_GET_SIZE(raw)
+            ends.push_back(total)
+        data = b"".join(parts)
+        c.list_append_encoded(m[0], self.list_index[0], kg, p, ps,
+                              <const uint8_t*>PyBytes_AS_STRING(data), ends.data(), n, width,
+                              suffix, key)
 
     cdef bytes _value_bytes(self, stored):
-        """The bytes of one stored value (or list element / map entry) of this table, as
-        :meth:`put_stored` writes them."""
+        """The bytes of one stored value (or list element / map entry) of this table: the value's
+        bytes and, with TTL, its timestamp."""
         cdef uint8_t buf[8]
         cdef Py_ssize_t n
         try:
@@ -504,31 +513,45 @@ cdef class NativeStateTable:
             raise InvalidInputError(f"stored value {stored!r} does not fit the state's format: "
                                     f"{e}") from None
 
-    def list_put(self, int32_t kg, bytes prefix not None, uint64_t seq, stored):
-        """Rewrite element ``seq`` of the list ``prefix`` in place (as :meth:`put_stored`)."""
+    def list_put_chunk(self, int32_t kg, bytes prefix not None, uint64_t seq, list stored not None):
+        """Rewrite chunk ``seq`` (present) of the list ``prefix`` with the stored elements
+        ``stored`` (a TTL read that renewed or dropped some); an empty ``stored`` removes the
+        chunk and unlists it."""
         self._need_list_index()
         cdef uint8_t sb[8]
         c.store_list_seq(sb, seq)
-        self.put_stored(kg, prefix + (<const char*>sb)[:8], stored)
-
-    def list_remove(self, int32_t kg, bytes prefix not None, uint64_t seq):
-        """Remove element ``seq`` of the list ``prefix`` (absent: no-op) and unlist it."""
-        self._need_list_index()
-        cdef uint8_t sb[8]
-        c.store_list_seq(sb, seq)
-        self.remove_key(kg, prefix + (<const char*>sb)[:8])
+        key = prefix + (<const char*>sb)[:8]
+        if stored:
+            self.put_stored(kg, key, stored)
+            return
+        self.remove_key(kg, key)
         self.list_index.erase(kg, <const uint8_t*>PyBytes_AS_STRING(prefix),
                               PyBytes_GET_SIZE(prefix), seq)
 
     def list_size(self, int32_t kg, bytes prefix not None):
-        """Listed elements of the list ``prefix`` (exact without TTL)."""
+        """Elements of the list ``prefix`` (expired ones included), counted in its chunks
+        without decoding them."""
         self._need_list_index()
-        return self.list_index.size(kg, <const uint8_t*>PyBytes_AS_STRING(prefix),
-                                    PyBytes_GET_SIZE(prefix))
+        cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(prefix)
+        cdef size_t ps = PyBytes_GET_SIZE(prefix)
+        cdef vector[uint64_t] seqs
+        cdef c.StateMap* m = self._map(kg)
+        cdef c.ByteView out
+        cdef string key
+        cdef size_t i, total = 0
+        self.list_index.chunks(kg, p, ps, seqs)
+        key.assign(<const char*>p, ps)
+        key.resize(ps + 8)
+        for i in range(seqs.size()):
+            c.store_list_seq(<uint8_t*>key.data() + ps, seqs[i])
+            if m.get(<const uint8_t*>key.data(), key.size(), &out):
+                total += c.list_chunk_count(out.data, out.size, self.vfmt.width,
+                                            8 if self.vttl else 0)
+        return total
 
     def list_clear(self, int32_t kg, bytes prefix not None):
-        """Remove every element of the list ``prefix`` and drop it from the index; O(its
-        size)."""
+        """Remove every chunk of the list ``prefix`` and drop it from the index; O(its
+        chunks)."""
         self._need_list_index()
         cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(prefix)
         cdef size_t ps = PyBytes_GET_SIZE(prefix)
@@ -543,7 +566,7 @@ cdef class NativeStateTable:
             m.remove(<const uint8_t*>key.data(), key.size())
 
     def list_index_entry_keys(self, keys, bint insert):
-        """List (``insert``) or unlist the list elements ``keys`` (a pa.binary array of encoded
+        """List (``insert``) or unlist the list chunks ``keys`` (a pa.binary array of encoded
         entry keys ``prefix | seq``, no nulls; ListIndex::insert_entry_keys): after a restore,
         a change set. InvalidInputError, nothing changed, for a key too short to hold a
         sequence number."""
@@ -568,7 +591,7 @@ cdef class NativeStateTable:
         """``{"lists", "elements", "bytes"}`` of the list index (bytes estimated)."""
         if self.list_index == NULL:
             return {"lists": 0, "elements": 0, "bytes": 0}
-        return {"lists": self.list_index.lists(), "elements": self.list_index.elements(),
+        return {"lists": self.list_index.lists(), "chunks": self.list_index.chunks(),
                 "bytes": self.list_index.bytes()}
 
     cdef bint _indexed(self) noexcept nogil:

@@ -249,8 +249,8 @@ def entries_table(root: str, version: Optional[int] = None,
     ``user_key`` and ``value`` (JSON text; lists and pickled objects rendered as JSON, ``repr``
     where JSON has no form); a map state has one row per user key (its entries,
     docs/formats.md "Map state"), a list state one row per element in list order with the
-    element's sequence number as ``user_key`` (docs/formats.md "List state"), every other row
-    a null ``user_key``; timers appear as state
+    element's position in its list (0 first) as ``user_key`` (its chunks expanded,
+    docs/formats.md "List state"), every other row a null ``user_key``; timers appear as state
     ``__timers__`` with the timestamp (ms) as value for an
     event-time timer, ``{"processing_time": ts}`` for a processing-time timer.
     ``limit`` caps the rows. Errors as CheckpointStore.restore."""
@@ -271,14 +271,26 @@ def entries_table(root: str, version: Optional[int] = None,
         return limit is not None and len(rows["state"]) >= limit
 
     done = False
+    cur_list, pos = None, 0
     for name, table in sorted(backend.state_tables().items()):
         for kg in sorted(table.data):
+            cur_list = None
             for k, stored in table.data[kg].items():  # restored: in encoded-key order
                 key, ns = k[0], k[1]
                 uk = None
                 if table.kind == "list":
-                    uk = int.from_bytes(k[2], "big")  # the element's sequence number
-                    value = from_stored(table.value_ser, stored)
+                    # A chunk: one row per element, its position counted over the list's
+                    # chunks (they follow one another in encoded-key order).
+                    if k[:2] != cur_list:
+                        cur_list, pos = k[:2], 0
+                    for e in stored:
+                        if add(name, kg, key, ns, from_stored(table.value_ser, e), pos, True):
+                            done = True
+                            break
+                        pos += 1
+                    if done:
+                        break
+                    continue
                 elif table.kind == "map":
                     uk = table.user_key_ser.deserialize(k[2])
                     value = from_stored(table.value_ser, stored)

@@ -55,6 +55,7 @@ __all__ = [
     "decode_key",
     "encode_list",
     "decode_list",
+    "chunk_list_entries",
     "encode_map",
     "encode_map_serialized",
     "decode_map",
@@ -330,13 +331,18 @@ def split_map_entry_key(data, max_parallelism: int, key_ser, ns_ser, user_key_se
     return kg, key, namespace, ukb
 
 
-#: Bytes of a list element's sequence number, the end of its entry key (docs/formats.md "List
+#: Bytes of a list chunk's sequence number, the end of its entry key (docs/formats.md "List
 #: state"): unsigned big-endian, so encoded key order is list order.
 LIST_SEQ_BYTES = 8
 
+#: Elements an append puts into one list chunk (docs/formats.md "List state"; native
+#: ``list_chunks.h`` ``kListChunkElements``, the same). A reader takes chunks of any size.
+LIST_CHUNK_ELEMENTS = 32
+
 
 def split_list_entry_key(data, max_parallelism: int, key_ser, ns_ser):
-    """``(key_group, key, namespace, seq bytes)`` of the encoded key of a list element
+    """``(key_group, key, namespace, seq bytes)`` of the encoded key of a list chunk (or, in a
+    format 4 file, of a list element)
     (``prefix | ser(key) | ser(namespace) | seq``, seq :data:`LIST_SEQ_BYTES` bytes,
     docs/formats.md "List state"). InvalidInputError when the key does not end in exactly one
     sequence number."""
@@ -344,7 +350,7 @@ def split_list_entry_key(data, max_parallelism: int, key_ser, ns_ser):
     pos = encoded_prefix_size(data, max_parallelism, key_ser, ns_ser)
     if len(data) - pos != LIST_SEQ_BYTES:
         raise InvalidInputError(
-            f"encoded list element key {data.hex()} does not end in a {LIST_SEQ_BYTES}-byte "
+            f"encoded list key {data.hex()} does not end in a {LIST_SEQ_BYTES}-byte "
             "sequence number")
     kg, key, namespace, _ = decode_key(data[:pos], max_parallelism, key_ser, ns_ser)
     return kg, key, namespace, data[pos:]
@@ -494,6 +500,51 @@ def expand_whole_list_entries(keys: list, values: list, fixed_width, ttl: bool
             pos, i = end, i + 1
     out.sort(key=lambda p: p[0])
     return [p[0] for p in out], [p[1] for p in out]
+
+
+def chunk_list_entries(keys: list, values: list, fixed_width, ttl: bool) -> tuple[list, list]:
+    """The chunked form (docs/formats.md "List state") of list-state entries written one per
+    element (checkpoint format 4, or :func:`expand_whole_list_entries`' output): ``keys`` sorted
+    encoded keys ``prefix | seq`` (bytes), ``values`` each element's bytes ``ser(e) [| ts]``
+    (None, a tombstone, refused: it names an element, not a chunk). A list's elements, in key
+    order, go :data:`LIST_CHUNK_ELEMENTS` to a chunk: chunk i is the entry ``prefix | i`` -> its
+    elements in the list-blob layout (``varlen(len(ser(e)))`` before each variable-width
+    element, the TTL suffix kept), as an append would have written them. Returns ``(keys,
+    values)`` sorted by key. InvalidInputError for a tombstone, a key without a sequence
+    number or an element too short for its TTL suffix."""
+    suffix = 8 if ttl else 0
+    out_k, out_v = [], []
+    prefix, parts, count = None, [], 0
+
+    def flush():
+        if parts:
+            chunk = (count - 1) // LIST_CHUNK_ELEMENTS
+            out_k.append(prefix + chunk.to_bytes(LIST_SEQ_BYTES, "big"))
+            out_v.append(b"".join(parts))
+            parts.clear()
+
+    for kb, vb in zip(keys, values):
+        kb = bytes(kb)
+        if vb is None:
+            raise InvalidInputError(
+                "a list-state tombstone of the per-element layout cannot be converted to chunks")
+        if len(kb) <= LIST_SEQ_BYTES:
+            raise InvalidInputError(f"list element key {kb.hex()} lacks its sequence number")
+        vb = bytes(vb)
+        if len(vb) < suffix:
+            raise InvalidInputError(f"list element of key {kb.hex()} lacks its TTL timestamp")
+        p = kb[:-LIST_SEQ_BYTES]
+        if p != prefix:
+            flush()
+            prefix, count = p, 0
+        elif count % LIST_CHUNK_ELEMENTS == 0:
+            flush()
+        if not fixed_width:
+            parts.append(write_varlen(len(vb) - suffix))
+        parts.append(vb)
+        count += 1
+    flush()
+    return out_k, out_v
 
 
 # --------------------------------------------------------------------------- timers

@@ -292,8 +292,9 @@ def filter_expired_counted(kind: str, fixed_width: Optional[int], ttl_ms: int, n
 def entry_layout(kind: str) -> str:
     """The state kind whose value layout an entry of a ``kind`` state has, as the TTL filters
     and passes take it: ``"value"`` for a map state (one entry per user key, docs/formats.md
-    "Map state") and a list state (one entry per element, "List state"), else ``kind``."""
-    return "value" if kind in ("map", "list") else kind
+    "Map state"), else ``kind`` (a list state's entry is a chunk of elements in the list
+    layout, "List state")."""
+    return "value" if kind == "map" else kind
 
 
 def filter_entries(kind: str, fixed_width: Optional[int], ttl_ms: int, now: int, keys, values):

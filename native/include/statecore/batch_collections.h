@@ -2,23 +2,26 @@
 // key handling, validation rules, thread contract and TTL conventions of batch.h (same
 // BatchKeySpec, ValueSpec, TtlBatchSpec, ArrowInput; BatchError before any mutation).
 //
-// Stored bytes: docs/formats.md "List state" (one entry `prefix | seq` -> `ser(element)` per
-// element, seq 8 bytes big-endian), "Map state" (one entry `prefix | ser(uk)` -> `ser(uv)` per
-// user key) and "TTL suffix"; the per-record path writes the same.
+// Stored bytes: docs/formats.md "List state" (chunks `prefix | seq` -> up to
+// kListChunkElements elements in the list-blob layout, seq 8 bytes big-endian; list_chunks.h),
+// "Map state" (one entry `prefix | ser(uk)` -> `ser(uv)` per user key) and "TTL suffix"; the
+// per-record path writes the same.
 #pragma once
 #include "statecore/batch.h"
 #include "statecore/collection_index.h"
+#include "statecore/list_chunks.h"
 #include "statecore/list_index.h"
 
 namespace statecore {
 
 // Appends values[i] (one element per row, the element type's Arrow format, no nulls) to the list
-// of keys[i], in row order: the entry `encoded key | seq` gets the element's bytes, `seq` the
-// next sequence number of the list in `index` (the state's list index, required; the element
-// is listed there), one hash lookup a row whatever the list's size. With TTL every appended
-// element is stamped `ttl.now` (nothing is read or removed). Throws BatchError before any
-// mutation on bad input: batch.h's key checks, values of another format or length, a null
-// value (list elements must not be null).
+// of keys[i], in row order (list_append_encoded): the element goes at the end of the list's last
+// chunk, or starts the next chunk (listed in `index`, the state's list index, required) when
+// that one is full, whatever the list's size. With TTL every appended element is stamped
+// `ttl.now` (nothing is read or removed). Throws BatchError before any mutation on bad input:
+// batch.h's key checks, values of another format or length, a null value (list elements must not
+// be null); BatchError naming the row when a last chunk does not parse (the table holds another
+// layout), with the earlier rows applied.
 void list_append_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                        const ValueSpec& element_type, ArrowInput values,
                        const TtlBatchSpec& ttl = TtlBatchSpec(), ListIndex* index = nullptr);

@@ -13,9 +13,9 @@
 //
 // TTL (the Python TTL states of statecore/backends/ttl_states.py are the specification, row for
 // row; `ttl.now` is the batch's one clock reading):
-//  * list get (`TtlListState.get`): each element is an entry of its own (docs/formats.md "List
-//    state"); the expired ones at `now` are removed wherever they are in the list (and
-//    unlisted from the list index) and counted; the row shows the unexpired elements, or under
+//  * list get (`TtlListState.get`): a list is a sequence of chunks (docs/formats.md "List
+//    state", list_chunks.h); the expired elements at `now` are removed wherever they are in the
+//    list (a chunk left empty is removed and unlisted from the list index) and counted; the row shows the unexpired elements, or under
 //    `return_expired` all stored elements; under `update_on_read` each unexpired element is
 //    restamped `now`;
 //  * map get/contains (`TtlMapState._read_one`): only the row's user key's entry is looked at;
@@ -44,16 +44,16 @@ namespace statecore {
 // before any mutation on bad keys (batch.h's key checks).
 // For a map state `index` is its map index (collection_index.h): every entry it lists for the
 // row's (key, namespace) is removed, and unlisted. For a list state `list_index` is its list
-// index (list_index.h): every element it lists for the row's (key, namespace) is removed, and
-// the list dropped from it. `cleanup` (a TTL state's incremental cleanup, batch.h "TTL"): run
+// index (list_index.h): every chunk of the row's (key, namespace) is removed, and the list
+// dropped from it. `cleanup` (a TTL state's incremental cleanup, batch.h "TTL"): run
 // before each row when set.
 void clear_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                  CollectionIndex* index = nullptr, ListIndex* list_index = nullptr,
                  ttl::IncrementalCleanup* cleanup = nullptr);
 
-// ListState.get_batch: the list of every key, its elements the entries `encoded key | seq` that
-// `index` (the state's list index, required) lists, in list order; a listed element without an
-// entry is unlisted. Appends per row the end element offset to
+// ListState.get_batch: the list of every key, its elements those of its chunks `encoded key |
+// seq` in list order (`index`, the state's list index, required, lists them; chunk 0 alone when
+// unlisted); a listed chunk without an entry is unlisted. Appends per row the end element offset to
 // `list_offsets` (an absent key is an empty list: the per-record `get()` returns []), and per
 // element: fixed-width element types -> its value to `elements` in the Arrow layout of
 // get_batch_fixed's out_values (int64/timestamp/uint64/float64 8 bytes, int32 4 bytes, bool

@@ -1,16 +1,22 @@
-// The elements of every list of a list state, whose elements are stored one entry each: entry
-// `prefix | seq` -> ser(element) (docs/formats.md "List state"), `prefix` the encoded key of the
-// list's (key, namespace), `seq` the element's sequence number, 8 bytes big-endian, so the
-// table's key order is list order. The table answers a lookup of one element in O(1); this index
-// answers what the table cannot without a scan: the sequence numbers of one list in order, their
-// count, the next one an append uses, and clearing a list. It lives beside the table in memory
+// The chunks of every list of a list state. A list is stored as a sequence of chunks, each one
+// entry `prefix | seq` -> up to kListChunkElements elements in the list-blob layout
+// (docs/formats.md "List state"; list_chunks.h reads and writes them), `prefix` the encoded key
+// of the list's (key, namespace), `seq` the chunk's sequence number, 8 bytes big-endian, so the
+// table's key order is list order. The table answers a lookup of one chunk in O(1); this index
+// answers what it cannot without a scan: the sequence numbers of a list's chunks in order and
+// the last one (where an append goes), and clearing a list. It lives beside the table in memory
 // only: snapshots and checkpoints hold the entries, and a restore lists the loaded entries here.
+//
+// A list whose chunks are at most chunk 0 is not listed (the common small list costs the index
+// nothing): an unlisted list is chunk 0 or nothing. A list is listed once it has a chunk other
+// than 0, and then with every chunk it may have (chunk 0 is listed with it when it was not
+// known to be absent; a reader unlists a listed chunk it finds without an entry); a list whose
+// listed chunks drop to chunk 0 alone is unlisted again.
 //
 // Per key group a hash map prefix -> list; a list keeps its sequence numbers ascending in a
 // vector with a parallel erased mark (an erase finds its slot by binary search and marks it:
 // lazy removal; erased slots at the end are popped, so the last slot is live), compacted when
-// the erased slots outnumber the live ones, so iteration stays O(live elements) amortised. An
-// emptied list is dropped.
+// the erased slots outnumber the live ones, so iteration stays O(live chunks) amortised.
 // Single-threaded: the owner of the table (the thread contract of state_map.h).
 #pragma once
 #include <cstddef>
@@ -23,7 +29,7 @@
 
 namespace statecore {
 
-// Bytes of a sequence number at the end of a list element's entry key.
+// Bytes of a sequence number at the end of a list chunk's entry key.
 constexpr size_t kListSeqBytes = 8;
 
 class ListIndex {
@@ -32,25 +38,30 @@ class ListIndex {
   // otherwise.
   ListIndex(int32_t kg_start, int32_t kg_end);
 
-  // Lists `n` new elements at the end of list `prefix` of key group `kg` and returns the first
-  // one's sequence number (the others follow it): one past the greatest listed, 0 for a list
-  // without elements. So the index is a function of the list's entries alone (a restore
-  // rebuilds what the writer had); a number erased from the end is used again. std::out_of_range for a key group outside the range,
-  // std::length_error past 2^64 - 2.
-  uint64_t append(int32_t kg, const uint8_t* prefix, size_t prefix_size, uint64_t n = 1);
-  // `seq` of list `prefix` has an entry (a restore, a change set): listed in sequence order,
-  // kept when listed (returns whether it was new).
+  // Whether list `prefix` of key group `kg` is listed (it has, or may have, a chunk other than
+  // 0); if so *last = its last listed chunk, where an append goes. std::out_of_range for a key
+  // group outside the range.
+  bool last(int32_t kg, const uint8_t* prefix, size_t prefix_size, uint64_t* last) const;
+  // Chunk `seq` of list `prefix` has an entry (an append that started it, a restore, a change
+  // set): listed in sequence order (returns whether it was new). Chunk 0 of an unlisted list
+  // changes nothing (false); another chunk of an unlisted list lists chunk 0 with it.
+  // std::length_error for seq 2^64 - 1 (no next chunk).
   bool insert(int32_t kg, const uint8_t* prefix, size_t prefix_size, uint64_t seq);
-  // `seq` has no entry any more: unlisted (returns whether it was listed).
+  // Chunk `seq` has no entry any more: unlisted (returns whether it was listed); a list left
+  // with chunk 0 alone is unlisted.
   bool erase(int32_t kg, const uint8_t* prefix, size_t prefix_size, uint64_t seq);
-  // Listed elements of a list (0 when it has none).
+  // Listed chunks of a list (0 when it is unlisted).
   size_t size(int32_t kg, const uint8_t* prefix, size_t prefix_size) const;
-  // fn(uint64_t seq) for each listed element, in list order. fn must not change this index.
+  // fn(uint64_t seq) for each listed chunk, in list order. fn must not change this index.
   template <class Fn>
   void for_each(int32_t kg, const uint8_t* prefix, size_t prefix_size, Fn&& fn) const;
-  // The sequence numbers of a list in order.
+  // The sequence numbers of a list's listed chunks in order (empty when unlisted).
   std::vector<uint64_t> seqs(int32_t kg, const uint8_t* prefix, size_t prefix_size) const;
-  // The sequence numbers of a list in order, the list dropped (a clear of it).
+  // The chunks a reader looks up, in order, into `out` (cleared first): the listed ones, or
+  // chunk 0 for an unlisted list.
+  void chunks(int32_t kg, const uint8_t* prefix, size_t prefix_size,
+              std::vector<uint64_t>& out) const;
+  // chunks() with the list dropped (a clear of it).
   std::vector<uint64_t> take(int32_t kg, const uint8_t* prefix, size_t prefix_size);
   // Drops every list of every key group.
   void clear();
@@ -63,15 +74,15 @@ class ListIndex {
   void insert_entry_keys(const uint8_t* data, const int32_t* off, int64_t n, int prefix_width);
   void erase_entry_keys(const uint8_t* data, const int32_t* off, int64_t n, int prefix_width);
   // erase_entry_keys over encoded entry keys held as strings (what a TTL cleanup step removed);
-  // keys that are no list element's are skipped.
+  // keys that are no list chunk's are skipped.
   void erase_entry_keys(const std::vector<std::string>& keys, int prefix_width);
-  // Unlists every element whose entry the table no longer holds (after a pass that removed
-  // entries without telling the index: a TTL migration). Returns the elements unlisted.
+  // Unlists every chunk whose entry the table no longer holds (after a pass that removed
+  // entries without telling the index: a TTL migration). Returns the chunks unlisted.
   size_t prune(StateTable& table);
 
-  // Lists and listed elements over all key groups.
+  // Listed lists and their listed chunks over all key groups.
   size_t lists() const;
-  size_t elements() const;
+  size_t chunks() const;
   // Bytes held, estimated: prefixes, hash nodes and buckets, sequence and mark vectors.
   size_t bytes() const;
 

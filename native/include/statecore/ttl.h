@@ -56,9 +56,8 @@ inline bool expired(int64_t ts, int64_t ttl_ms, int64_t now) {
 //  Value: value, reducing and aggregating state: user bytes | ts. Values shorter than 8 bytes are
 //         kept (frocksdb keeps values too short to hold a timestamp).
 //  List:  elements in append order; fixed width w > 0: each element is w bytes | ts (stride w+8);
-//         fixed width 0: varlen(len) | bytes | ts. The whole-list layout of checkpoint formats
-//         before 4: a list state's entries are elements now (docs/formats.md "List state"),
-//         filtered with the Value layout.
+//         fixed width 0: varlen(len) | bytes | ts. A list state's entry is a chunk of its
+//         list in this layout (docs/formats.md "List state", list_chunks.h).
 // A map state's entry holds one user value (docs/formats.md "Map state"): Value layout.
 enum class Layout : uint8_t { Value, List };
 

@@ -1,9 +1,10 @@
 """The in-memory index of one list of a list state (docs/formats.md "List state").
 
-A list state stores each element as a table entry ``prefix | seq`` (``seq``: the element's
-sequence number, 8 bytes big-endian, so encoded key order is list order). The table answers a
-lookup of one element; :class:`ListIndex` answers what it cannot without a scan: which
-sequence numbers the list holds, in order, and the next one an append uses. It is kept beside
+A list state stores a list as a sequence of chunks, each a table entry ``prefix | seq``
+(``seq``: the chunk's sequence number, 8 bytes big-endian, so encoded key order is list order)
+holding up to ``LIST_CHUNK_ELEMENTS`` elements. The table answers a lookup of one chunk;
+:class:`ListIndex` answers what it cannot without a scan: which chunks the list holds, in
+order, and the last one (where an append goes). It is kept beside
 the table in memory only (both backends' tables keep one per (key, namespace)); snapshots hold
 the entries, and a restore or change set lists the loaded entries here.
 """
@@ -21,20 +22,21 @@ def seq_bytes(seq: int) -> bytes:
 
 
 class ListIndex:
-    """The elements of one list: ``seqs`` = ``{seq bytes: None}`` in list order (= ascending
-    sequence numbers). The next append takes one past the greatest listed (:meth:`next_seq`),
-    so the index is a function of the list's entries alone: a restore rebuilds exactly what
-    the writer had. Insertion, removal and :meth:`next_seq` are O(1); iteration O(listed)."""
+    """The chunks of one list: ``seqs`` = ``{seq bytes: None}`` in list order (= ascending
+    sequence numbers). An append fills the greatest listed (:meth:`last`) and then takes the
+    numbers after it, so the index is a function of the list's entries alone: a restore
+    rebuilds exactly what the writer had. Insertion, removal and :meth:`last` are O(1);
+    iteration O(listed)."""
 
     __slots__ = ("seqs",)
 
     def __init__(self):
         self.seqs: dict[bytes, None] = {}
 
-    def next_seq(self) -> int:
-        """The sequence number the next append uses: one past the greatest listed, 0 when
-        none is."""
-        return int.from_bytes(next(reversed(self.seqs)), "big") + 1 if self.seqs else 0
+    def last(self) -> int:
+        """The greatest listed sequence number (the list's last chunk; the index of a list
+        without chunks is dropped, so one is listed)."""
+        return int.from_bytes(next(reversed(self.seqs)), "big")
 
     def insert(self, seqb: bytes) -> None:
         """List ``seqb`` (no-op when listed)."""

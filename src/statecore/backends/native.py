@@ -81,11 +81,12 @@ class NativeTable(states.StateTable):
     that failed part way): reads of a whole map (``map_items``) check each user key and unlist
     such ones, and a put of one moves it last, the order the reference backend's index gives.
 
-    A list state's elements are ``prefix | ser(key) | ser(namespace) | seq`` -> the element's
-    bytes (docs/formats.md "List state"); the list calls take ``k`` and the sequence number.
-    The index of each list's sequence numbers (native list_index.h) is kept the same ways as
-    the map index (list calls and kernels, TTL cleanup steps, restores and change sets,
-    ``list_index_prune`` after a TTL migration); reads of a whole list unlist elements gone
+    A list state's chunks are ``prefix | ser(key) | ser(namespace) | seq`` -> up to
+    ``LIST_CHUNK_ELEMENTS`` elements in the list-blob layout (docs/formats.md "List state");
+    the list calls take ``k`` and a chunk's sequence number. The index of each list's chunks
+    (native list_index.h; a list of chunk 0 alone is not listed) is kept the same ways as the
+    map index (list calls and kernels, TTL cleanup steps, restores and change sets,
+    ``list_index_prune`` after a TTL migration); reads of a whole list unlist chunks gone
     without notice.
     """
 
@@ -121,15 +122,11 @@ class NativeTable(states.StateTable):
             else:
                 self.__dict__.pop("map_size", None)
         elif self.kind == "list":
-            self.list_items = self.native.list_items
+            self.list_chunks = self.native.list_chunks
             self.list_append = self.native.list_append
-            self.list_put = self.native.list_put
-            self.list_remove = self.native.list_remove
+            self.list_put_chunk = self.native.list_put_chunk
+            self.list_size = self.native.list_size
             self.list_clear = self.native.list_clear
-            if not self.ttl:
-                self.list_size = self.native.list_size
-            else:
-                self.__dict__.pop("list_size", None)
 
     # get/put/remove are bound per instance (_use_stored_format); these satisfy the interface.
     def get(self, kg: int, k):
@@ -166,39 +163,35 @@ class NativeTable(states.StateTable):
     def map_clear(self, kg: int, k: bytes) -> None:
         self.native.map_clear(kg, k)
 
-    # ---- list state (StateTable.list_items ...): the native list calls, entry key = k | seq
-    # (8 bytes big-endian); bound per instance in _use_stored_format.
-    def list_items(self, kg: int, k: bytes) -> list:
-        return self.native.list_items(kg, k)
+    # ---- list state (StateTable.list_chunks ...): the native list calls, chunk entry key =
+    # k | seq (8 bytes big-endian); bound per instance in _use_stored_format.
+    def list_chunks(self, kg: int, k: bytes) -> list:
+        return self.native.list_chunks(kg, k)
 
     def list_append(self, kg: int, k: bytes, stored: list) -> None:
         self.native.list_append(kg, k, stored)
 
-    def list_put(self, kg: int, k: bytes, seq: int, stored) -> None:
-        self.native.list_put(kg, k, seq, stored)
-
-    def list_remove(self, kg: int, k: bytes, seq: int) -> None:
-        self.native.list_remove(kg, k, seq)
+    def list_put_chunk(self, kg: int, k: bytes, seq: int, stored: list) -> None:
+        self.native.list_put_chunk(kg, k, seq, stored)
 
     def list_size(self, kg: int, k: bytes) -> int:
-        # With TTL count what is there (the index may list an element gone without notice).
-        return len(self.native.list_items(kg, k)) if self.ttl else self.native.list_size(kg, k)
+        return self.native.list_size(kg, k)
 
     def list_clear(self, kg: int, k: bytes) -> None:
         self.native.list_clear(kg, k)
 
     def index_loaded(self, keys: pa.Array) -> None:
-        """List the user keys of map entries / the elements of list entries just loaded
+        """List the user keys of map entries / the chunks of list entries just loaded
         (encoded entry keys, sorted): a new user key goes last in its map, a present one keeps
-        its place; an element takes its place by sequence number. No-op for other kinds."""
+        its place; a chunk takes its place by sequence number. No-op for other kinds."""
         if self.kind == "map" and len(keys):
             self.native.index_entry_keys(keys, True)
         elif self.kind == "list" and len(keys):
             self.native.list_index_entry_keys(keys, True)
 
     def index_removed(self, keys: pa.Array) -> None:
-        """Unlist the user keys of removed map entries / elements of removed list entries
-        (encoded entry keys)."""
+        """Unlist the user keys of removed map entries / removed list chunks (encoded entry
+        keys)."""
         if self.kind == "map" and len(keys):
             self.native.index_entry_keys(keys, False)
         elif self.kind == "list" and len(keys):
@@ -659,7 +652,7 @@ class NativeBackend(TableBackend):
             if len(keys) and pc.min(pc.binary_length(keys)).as_py() <= (
                     self.key_prefix_width + S.LIST_SEQ_BYTES):
                 raise InvalidInputError(
-                    f"state {table.name!r}: a list element key holds no (key, namespace) part "
+                    f"state {table.name!r}: a list chunk key holds no (key, namespace) part "
                     f"before its {S.LIST_SEQ_BYTES}-byte sequence number")
             return
         if table.kind != "map":
@@ -694,7 +687,7 @@ class NativeBackend(TableBackend):
             else:
                 if table.kind == "map":  # the (key, namespace) part of each map entry's key
                     encoded = [kb[:S.encoded_prefix_size(kb, mp, ks, ns_ser)] for kb in encoded]
-                elif table.kind == "list":  # each list element's key ends in its seq
+                elif table.kind == "list":  # each list chunk's key ends in its seq
                     encoded = [kb[:-S.LIST_SEQ_BYTES] for kb in encoded]
                 rows = [(ks.serialize(key), key, ns) for _, key, ns, _ in
                         (S.decode_key(kb, mp, ks, ns_ser) for kb in encoded)]
@@ -715,9 +708,10 @@ class NativeBackend(TableBackend):
                 if t.kind == "map"}
 
     def list_index_stats(self) -> dict:
-        """``{state name: {"lists", "elements", "bytes"}}`` of every list state's index of
-        elements (list_index.h; ``bytes`` estimated from its hash nodes, buckets and sequence
-        vectors), beside the table's own key and value bytes (:meth:`state_bytes`)."""
+        """``{state name: {"lists", "chunks", "bytes"}}`` of every list state's index of chunks
+        (list_index.h: the lists of more than chunk 0 and their chunks; ``bytes`` estimated from
+        its hash nodes, buckets and sequence vectors), beside the table's own key and value
+        bytes (:meth:`state_bytes`)."""
         return {name: t.native.list_index_stats() for name, t in self._tables.items()
                 if t.kind == "list"}
 

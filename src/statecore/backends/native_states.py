@@ -399,10 +399,10 @@ def _list_values(state, values, length: int):
 
 
 class NativeListState(_KernelClear, states.TableListState, NativeState):
-    """List state over the native table: one entry per element (NativeTable's list calls,
-    docs/formats.md "List state"); the batch calls as kernels that write or read one entry per
-    element and keep the table's list index; ``clear_batch`` removes every element the index
-    lists for a row's (key, namespace)."""
+    """List state over the native table: a list is chunks of up to 32 elements (NativeTable's
+    list calls, docs/formats.md "List state"); the batch calls as kernels that append to a
+    list's last chunk or read its chunks and keep the table's list index; ``clear_batch``
+    removes every chunk of a row's (key, namespace)."""
 
     def _kernel_ttl(self, rows: int):
         return None, _kernel_cleanup(self, rows)  # TTL lists override it (_TtlKernel)

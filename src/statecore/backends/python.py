@@ -6,10 +6,11 @@ value for typed values, the pickled bytes for ``pickle`` values, so a caller mut
 after ``update`` cannot change state, as with the native backend which serializes on write). A map
 state keeps one entry per user key, ``{(key, namespace, serialized user key): stored user value}``,
 and an index of the user keys of each (key, namespace) in insertion order; a list state one entry
-per element, ``{(key, namespace, sequence number bytes): stored element}``, and an index of each
-list's sequence numbers (:class:`PythonTable`). The state objects are the shared classes of
-:mod:`statecore.backends.states` and :mod:`statecore.backends.ttl_states`; registration and restore
-checks are :class:`~statecore.backends.table_backend.TableBackend`'s. Snapshots serialize
+per chunk of up to ``LIST_CHUNK_ELEMENTS`` elements, ``{(key, namespace, chunk sequence number
+bytes): [stored element, ...]}``, and an index of each list's chunks (:class:`PythonTable`). The
+state objects are the shared classes of :mod:`statecore.backends.states` and
+:mod:`statecore.backends.ttl_states`; registration and restore checks are
+:class:`~statecore.backends.table_backend.TableBackend`'s. Snapshots serialize
 everything at snapshot time (O(entries), deliberately simple), so later writes never leak into
 them. Semantics: see :mod:`statecore.backends.base`.
 
@@ -35,8 +36,10 @@ from statecore.backends.table_backend import TableBackend
 from statecore.backends.ttl_states import TTL_STATE_CLASSES
 from statecore.errors import InvalidInputError, StateError
 from statecore.key_groups import KeyGroupRange
+from statecore.serializers import LIST_CHUNK_ELEMENTS
 from statecore.timers import TIMERS_STATE_NAME
 from statecore.ttl import filter_entries, is_expired
+from statecore.varint import read_varlen, write_varlen
 
 __all__ = ["PythonBackend", "PythonSnapshot", "PythonTable", "ChangeClock"]
 
@@ -65,18 +68,30 @@ def _split_ttl(ser: S.ValueSerializer, b: bytes):
 
 
 def _filter_stored(kind: str, stored, ttl_ms: int, now: int):
-    """statecore.ttl.filter_expired_counted on the stored form of a TTL value (a value, list
-    element or map entry: ``(stored, ts)``): ``(stored, 0)`` unchanged or ``(None, 1)``."""
+    """statecore.ttl.filter_expired_counted on the stored form of a TTL value (a value or map
+    entry: ``(stored, ts)``; a list chunk: a list of those): ``(stored, 0)`` unchanged,
+    ``(trimmed, n)`` or ``(None, n)``."""
+    if kind == "list":
+        for i, (_, ts) in enumerate(stored):
+            if not is_expired(ts, ttl_ms, now):
+                return (stored, 0) if i == 0 else (stored[i:], i)
+        return None, len(stored)
     return (None, 1) if is_expired(stored[1], ttl_ms, now) else (stored, 0)
 
 
 def _migrate_stored(kind: str, stored, add: bool, ts: int, ttl_ms: int, now: int):
-    """The stored form of one value (a value, list element or map entry) converted by a TTL
-    migration (ttl.h ``migrate_value`` on the stored form): ``add`` wraps it as ``(stored,
-    ts)``; otherwise it is dropped when expired under ``ttl_ms`` at ``now``, else unwrapped.
-    Returns ``(new, expired)``, ``new`` None when dropped (never when adding)."""
+    """The stored form of one value (a value or map entry; a list chunk: each of its
+    elements) converted by a TTL migration (ttl.h ``migrate_value`` on the stored form):
+    ``add`` wraps it as ``(stored, ts)``; otherwise it is dropped when expired under ``ttl_ms``
+    at ``now``, else unwrapped. Returns ``(new, expired)``, ``new`` None when nothing remains
+    (never when adding)."""
     if add:
+        if kind == "list":
+            return [(s, ts) for s in stored], 0
         return (stored, ts), 0
+    if kind == "list":
+        kept = [s for s, t in stored if not is_expired(t, ttl_ms, now)]
+        return (kept or None), len(stored) - len(kept)
     return (None, 1) if is_expired(stored[1], ttl_ms, now) else (stored[0], 0)
 
 
@@ -96,7 +111,7 @@ class PythonTable(StateTable):
     namespace, user key bytes)] = stored user value``, one per user key, with ``maps[(key_group,
     (key, namespace))]`` = ``{user key bytes: None}`` the index of each map's user keys in
     insertion order; a list state's entries are ``data[key_group][(key, namespace, seq
-    bytes)] = stored element``, one per element (seq bytes: the element's sequence number, 8
+    bytes)] = [stored element, ...]``, one per chunk (seq bytes: the chunk's sequence number, 8
     bytes big-endian), with ``lists[(key_group, (key, namespace))]`` its
     :class:`~statecore.backends.list_index.ListIndex`.
     Both indexes are kept by :meth:`put` and :meth:`remove`, so every path that writes entries
@@ -113,9 +128,9 @@ class PythonTable(StateTable):
         self._ttl_cursor = None  # [key group, its keys as listed on entry, position]
         self.maps: dict[tuple, dict] = {}
         self.lists: dict[tuple, ListIndex] = {}
-        # A map entry's / list element's stored form is a value state's (one user value or
-        # element, with TTL its stamp).
-        self.entry_kind = "value" if self.kind in ("map", "list") else self.kind
+        # A map entry's stored form is a value state's (one user value, with TTL its stamp); a
+        # list entry's is a chunk, a list of elements.
+        self.entry_kind = "value" if self.kind == "map" else self.kind
 
     def group(self, kg: int) -> dict:
         g = self.data.get(kg)
@@ -191,8 +206,8 @@ class PythonTable(StateTable):
             for ukb in list(idx):
                 self.remove(kg, (*k, ukb))
 
-    # ---- list state (StateTable.list_items ...): entry keys (key, namespace, seq bytes)
-    def list_items(self, kg, k) -> list:
+    # ---- list state (StateTable.list_chunks ...): entry keys (key, namespace, seq bytes)
+    def list_chunks(self, kg, k) -> list:
         li = self.lists.get((kg, k))
         if li is None:
             return []
@@ -200,20 +215,31 @@ class PythonTable(StateTable):
         return [(int.from_bytes(sb, "big"), g[(*k, sb)]) for sb in li.seqs]
 
     def list_append(self, kg, k, stored: list) -> None:
+        if not stored:
+            return
         li = self.lists.get((kg, k))
-        seq = 0 if li is None else li.next_seq()
-        for i, s in enumerate(stored):
-            self.put(kg, (*k, seq_bytes(seq + i)), s)
+        if li is None:
+            seq, cur = 0, []
+        else:
+            seq = li.last()
+            cur = self.data[kg][(*k, seq_bytes(seq))]
+        i = 0
+        while i < len(stored):
+            if len(cur) >= LIST_CHUNK_ELEMENTS:
+                seq, cur = seq + 1, []
+            take = stored[i:i + LIST_CHUNK_ELEMENTS - len(cur)]
+            cur = cur + take  # a new list: a chunk is never changed in place
+            self.put(kg, (*k, seq_bytes(seq)), cur)
+            i += len(take)
 
-    def list_put(self, kg, k, seq: int, stored) -> None:
-        self.put(kg, (*k, seq_bytes(seq)), stored)
-
-    def list_remove(self, kg, k, seq: int) -> None:
-        self.remove(kg, (*k, seq_bytes(seq)))
+    def list_put_chunk(self, kg, k, seq: int, stored: list) -> None:
+        if stored:
+            self.put(kg, (*k, seq_bytes(seq)), list(stored))
+        else:
+            self.remove(kg, (*k, seq_bytes(seq)))
 
     def list_size(self, kg, k) -> int:
-        li = self.lists.get((kg, k))
-        return 0 if li is None else len(li.seqs)
+        return sum(len(es) for _, es in self.list_chunks(kg, k))
 
     def list_clear(self, kg, k) -> None:
         li = self.lists.get((kg, k))
@@ -277,8 +303,12 @@ class PythonTable(StateTable):
         n = 0
         for kg, group in list(self.data.items()):
             for k, stored in list(group.items()):
-                hits = int(stored[1] == ts_from)
-                new = (stored[0], ts_to)
+                if self.kind == "list":
+                    hits = sum(ts == ts_from for _, ts in stored)
+                    new = [(s, ts_to if ts == ts_from else ts) for s, ts in stored]
+                else:
+                    hits = int(stored[1] == ts_from)
+                    new = (stored[0], ts_to)
                 if hits:
                     self.put(kg, k, new)
                     n += hits
@@ -326,6 +356,18 @@ class PythonTable(StateTable):
         """Bytes of a stored value of this table's state (docs/formats.md "Values"; with TTL
         also "TTL suffix")."""
         ser, ttl = self.value_ser, self.ttl
+        if self.kind == "list":
+            # A chunk: its elements in the list-blob layout (docs/formats.md "List state").
+            out = []
+            for e in stored:
+                s, ts = e if ttl else (e, None)
+                b = _stored_bytes(ser, s)
+                if not ser.fixed_width:
+                    out.append(write_varlen(len(b)))
+                out.append(b)
+                if ttl:
+                    out.append(_ts_bytes(ts))
+            return b"".join(out)
         if ttl:
             s, ts = stored
             return _stored_bytes(ser, s) + _ts_bytes(ts)
@@ -335,6 +377,23 @@ class PythonTable(StateTable):
         """Inverse of :meth:`encode_value`; InvalidInputError for malformed bytes."""
         ser, ttl = self.value_ser, self.ttl
         b = bytes(b)
+        if self.kind == "list":
+            w = ser.fixed_width
+            if not ttl and ser.name != "pickle":
+                return S.decode_list(b, ser)
+            out, pos = [], 0
+            while pos < len(b):
+                if w:
+                    n = w
+                else:
+                    n, pos = read_varlen(b, pos)
+                end = pos + n + (8 if ttl else 0)
+                if end > len(b):
+                    raise InvalidInputError("truncated list element")
+                s = _stored_from_bytes(ser, b[pos:pos + n])
+                out.append((s, _ts_from(b, pos + n)) if ttl else s)
+                pos = end
+            return out
         if ttl:
             return _split_ttl(ser, b)
         return _stored_from_bytes(ser, b)

@@ -13,9 +13,10 @@ Python value of a typed value, the pickled bytes of a ``pickle`` value. A map st
 user key as an entry of its own (Flink ``RocksDBMapState``'s layout): the table's map calls
 (:meth:`StateTable.map_get` ...) address an entry by the slot of its (key, namespace) and the
 serialized user key (user-key equality is byte equality), its stored form is the stored user value;
-a list state stores each element as an entry of its own, addressed by the slot and the element's
-sequence number (:meth:`StateTable.list_items` ...); with TTL every value, list element and map
-entry is a ``(stored, timestamp ms)`` pair (:mod:`statecore.backends.ttl_states`). So the
+a list state stores a list as a sequence of chunks, each an entry of up to
+``LIST_CHUNK_ELEMENTS`` elements addressed by the slot and the chunk's sequence number
+(:meth:`StateTable.list_chunks` ...); with TTL every value, list element and map entry is a
+``(stored, timestamp ms)`` pair (:mod:`statecore.backends.ttl_states`). So the
 per-record semantics of both backends are this one code; what differs is where the entries live
 (Python dicts or the C++ state map) and the batch calls the native backend runs as kernels
 (:mod:`statecore.backends.native`).
@@ -143,27 +144,27 @@ class StateTable(abc.ABC):
     def map_clear(self, kg: int, k) -> None:
         """Remove every entry of map ``(kg, k)``, O(its size)."""
 
-    # ---- list state: one entry per element (docs/formats.md "List state"). ``k`` is the slot
-    # of the list's (key, namespace), ``seq`` an element's sequence number (int, 0 <= seq <
-    # 2**64; its 8 big-endian bytes end the entry key, so key order is list order). Each table
-    # keeps an index of every list's sequence numbers (in order, with the next one to use; not
-    # part of snapshots: rebuilt from the entries on restore).
+    # ---- list state: a sequence of chunks (docs/formats.md "List state"). ``k`` is the slot
+    # of the list's (key, namespace), ``seq`` a chunk's sequence number (int, 0 <= seq < 2**64;
+    # its 8 big-endian bytes end the entry key, so key order is list order), a chunk's stored
+    # form the list of its elements' stored forms. Each table keeps an index of every list's
+    # chunks (in order, with the last one; not part of snapshots: rebuilt from the entries on
+    # restore).
     @abc.abstractmethod
-    def list_items(self, kg: int, k) -> list:
-        """``[(seq, stored), ...]`` of list ``(kg, k)`` in list order, O(its size)."""
+    def list_chunks(self, kg: int, k) -> list:
+        """``[(seq, [stored, ...]), ...]``: the chunks of list ``(kg, k)`` in list order, O(its
+        size)."""
 
     @abc.abstractmethod
     def list_append(self, kg: int, k, stored: list) -> None:
-        """Append the stored forms ``stored`` to list ``(kg, k)``, each under the next sequence
-        number (one past the last one the list used; 0 for an empty list), O(len(stored))."""
+        """Append the stored forms ``stored`` to list ``(kg, k)``: into its last chunk while
+        that holds fewer than ``LIST_CHUNK_ELEMENTS`` elements, then into new chunks, each one
+        past the last (chunk 0 for an empty list); O(len(stored) + one chunk)."""
 
     @abc.abstractmethod
-    def list_put(self, kg: int, k, seq: int, stored) -> None:
-        """Rewrite element ``seq`` (present) of list ``(kg, k)`` in place (a TTL renewal)."""
-
-    @abc.abstractmethod
-    def list_remove(self, kg: int, k, seq: int) -> None:
-        """Remove element ``seq`` of list ``(kg, k)`` (no-op when absent)."""
+    def list_put_chunk(self, kg: int, k, seq: int, stored: list) -> None:
+        """Rewrite chunk ``seq`` (present) of list ``(kg, k)`` with the stored elements
+        ``stored`` (a TTL read that renewed or dropped some); ``[]`` removes the chunk."""
 
     @abc.abstractmethod
     def list_size(self, kg: int, k) -> int:
@@ -171,8 +172,8 @@ class StateTable(abc.ABC):
 
     @abc.abstractmethod
     def list_clear(self, kg: int, k) -> None:
-        """Remove every element of list ``(kg, k)``, O(its size); the list's next sequence
-        number starts at 0 again."""
+        """Remove every chunk of list ``(kg, k)``, O(its chunks); the list's next chunk is
+        chunk 0 again."""
 
     def set_ttl_meta(self, ttl_meta) -> None:
         """Switch the table's TTL setting (after a TTL migration): ``ttl_meta`` is the new TTL
@@ -439,14 +440,16 @@ class TableMergingState:
 
 
 class TableListState(TableMergingState, TableState, base.ListState):
-    """ListState over a table: one entry per element (:meth:`StateTable.list_items` ...), so
-    ``add``/``add_all`` cost O(elements added) whatever the list's size and an incremental
-    snapshot after an append holds the appended entries only (Flink ``RocksDBListState``
-    appends through RocksDB's merge operator; without one, each element is an entry)."""
+    """ListState over a table: a list is a sequence of chunks (:meth:`StateTable.list_chunks`
+    ...), so ``add``/``add_all`` cost O(elements added + one chunk) whatever the list's size and
+    an incremental snapshot after an append holds the last chunk only (Flink
+    ``RocksDBListState`` appends through RocksDB's merge operator; without one, an append
+    rewrites the list's last chunk)."""
 
     def get(self) -> list:
         kg, k = self._slot()
-        return [from_stored(self.serializer, e) for _, e in self.table.list_items(kg, k)]
+        ser = self.serializer
+        return [from_stored(ser, e) for _, es in self.table.list_chunks(kg, k) for e in es]
 
     def _elements(self, values) -> list:
         if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
@@ -538,7 +541,7 @@ class TableListState(TableMergingState, TableState, base.ListState):
 
     def _merge_read(self, slot):
         """``(stored elements, expired elements found)`` of a source list."""
-        return [e for _, e in self.table.list_items(*slot)], 0
+        return [e for _, es in self.table.list_chunks(*slot) for e in es], 0
 
     def _merge_append(self, slot, merged: list) -> int:
         """Append the merged sources' elements to the target; returns expired elements found."""

@@ -297,46 +297,50 @@ class TtlAggregatingState(_TtlMerging, TableAggregatingState):
 
 
 class TtlListState(_TtlMerging, TableListState):
-    """ListState with TTL (Flink ``TtlListState``): one timestamp per element, each element an
-    entry of its own, so an element expires, is cleaned up and renewed as a value state's
-    value."""
+    """ListState with TTL (Flink ``TtlListState``): one timestamp per element, so an element
+    expires, is cleaned up and renewed on its own; a read rewrites the chunks in which it
+    renewed or dropped elements (and removes a chunk left empty)."""
 
     def _merge_read(self, slot):
-        cur = self.table.list_items(*slot)
+        cur = [e for _, es in self.table.list_chunks(*slot) for e in es]
         now = self._now()
-        live = [s for _, (s, ts) in cur if not self._expired(ts, now)]
+        live = [s for s, ts in cur if not self._expired(ts, now)]
         return live, len(cur) - len(live)
 
     def _merge_append(self, slot, merged: list) -> int:
         # The merged target is stamped with now: its live elements renewed, expired ones gone.
         now = self._now()
         expired = 0
-        for seq, (s, ts) in self.table.list_items(*slot):
-            if self._expired(ts, now):
-                self.table.list_remove(*slot, seq)
-                expired += 1
-            elif ts != now:
-                self.table.list_put(*slot, seq, (s, now))
+        for seq, es in self.table.list_chunks(*slot):
+            kept = [(s, now) for s, ts in es if not self._expired(ts, now)]
+            expired += len(es) - len(kept)
+            if kept != es:
+                self.table.list_put_chunk(*slot, seq, kept)
         self.table.list_append(*slot, [(s, now) for s in merged])
         return expired
 
     def get(self) -> list:
         kg, k = self._slot()
-        cur = self.table.list_items(kg, k)
-        if not cur:
+        chunks = self.table.list_chunks(kg, k)
+        if not chunks:
             return []
         now = self._now()
         shown, expired = [], 0
         renew = self.ttl_config.update_on_read
-        for seq, (s, ts) in cur:
-            if self._expired(ts, now):
-                self.table.list_remove(kg, k, seq)
-                expired += 1
-                if not self.ttl_config.return_expired:
+        for seq, es in chunks:
+            kept = []
+            for s, ts in es:
+                if self._expired(ts, now):
+                    expired += 1
+                    if self.ttl_config.return_expired:
+                        shown.append(s)
                     continue
-            elif renew:
-                self.table.list_put(kg, k, seq, (s, now))
-            shown.append(s)
+                kept.append((s, now) if renew else (s, ts))
+                shown.append(s)
+            # Written when an element expired, and under update_on_read always (the native
+            # kernel renews a chunk in place): it counts as changed.
+            if len(kept) != len(es) or renew:
+                self.table.list_put_chunk(kg, k, seq, kept)
         if expired:
             self.backend.count_expired("read", expired)
         return [from_stored(self.serializer, s) for s in shown]

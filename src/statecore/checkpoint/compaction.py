@@ -41,6 +41,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from statecore import serializers as S
 from statecore.checkpoint.format import KIND_FULL, make_key_group_range, write_data_file
 from statecore.checkpoint.layout import CheckpointRoot, check_version, compacted_data_path
 from statecore.checkpoint.manifests import MANIFEST_FORMAT_VERSION, ManifestLog
@@ -79,8 +80,10 @@ def ttl_filters(manifest: dict, ttl_clock) -> dict:
             clock = lambda wm=wm: wm  # noqa: E731 - the watermark does not move here
         else:
             clock = ttl_clock
-        # A list element and a map entry are filtered as values (one entry each).
-        out[m["name"]] = (entry_layout(m["kind"]), None, cfg.ttl_ms,
+        # A map entry is filtered as a value, a list chunk in the list layout (its elements'
+        # width needed to walk it).
+        width = S.value_serializer(m["value_type"]).fixed_width if m["kind"] == "list" else None
+        out[m["name"]] = (entry_layout(m["kind"]), width, cfg.ttl_ms,
                           CompactionTimeProvider(clock, cfg.query_time_after_num_entries))
     return out
 

@@ -1,6 +1,6 @@
-"""statecore checkpoint data files (``.sckp``, format version 4; version 1 to 3 files are
-still read, their map states (format 1, 2) and list states (1 to 3) converted to the per-entry
-and per-element layouts: :class:`DataFileReader`): the
+"""statecore checkpoint data files (``.sckp``, format version 5; version 1 to 4 files are
+still read, their map states (format 1, 2) converted to the per-entry layout and their list
+states (1 to 4) to the chunked layout: :class:`DataFileReader`): the
 writers (:func:`write_data_file`, :func:`write_data_file_from_blocks`) and the
 random-access reader (:class:`DataFileReader`).
 
@@ -44,7 +44,7 @@ from statecore.key_groups import KeyGroupRange
 
 __all__ = [
     "MAGIC", "FORMAT_VERSION", "READABLE_FORMAT_VERSIONS", "MAP_ENTRIES_FORMAT_VERSION",
-    "LIST_ENTRIES_FORMAT_VERSION",
+    "LIST_ENTRIES_FORMAT_VERSION", "LIST_CHUNKS_FORMAT_VERSION",
     "KIND_FULL", "KIND_INCREMENTAL",
     "HEADER_SIZE", "TRAILER", "TRAILER_SIZE", "DEFAULT_BLOCK_TARGET_BYTES", "COMPRESSION",
     "MAX_KEY_GROUPS", "BLOCK_DTYPE", "INDEX_DTYPE", "CHUNK_TARGET_BYTES", "LZ4_ACCELERATION",
@@ -56,14 +56,18 @@ __all__ = [
 ]
 
 MAGIC = b"SCKGDAT1"
-FORMAT_VERSION = 4
-READABLE_FORMAT_VERSIONS = (1, 2, 3, 4)
+FORMAT_VERSION = 5
+READABLE_FORMAT_VERSIONS = (1, 2, 3, 4, 5)
 #: The first format version whose map states hold one entry per user key (docs/formats.md
 #: "Map state"); older files hold one whole-map value per (key, namespace).
 MAP_ENTRIES_FORMAT_VERSION = 3
-#: The first format version whose list states hold one entry per element (docs/formats.md
-#: "List state"); older files hold one whole-list value per (key, namespace).
+#: The first format version whose list states' entry keys end in a sequence number
+#: (docs/formats.md "List state"): one entry per element in format 4; older files hold one
+#: whole-list value per (key, namespace).
 LIST_ENTRIES_FORMAT_VERSION = 4
+#: The first format version whose list states hold chunks of elements (docs/formats.md "List
+#: state").
+LIST_CHUNKS_FORMAT_VERSION = 5
 KIND_FULL = "full"
 KIND_INCREMENTAL = "incremental"
 HEADER_SIZE = len(MAGIC)
@@ -661,35 +665,40 @@ class DataFileReader:
         return self._read(offset, length, what)
 
     def _whole_layout(self, state: str):
-        """The state meta of ``state`` when its entries are in a whole-collection layout of
-        an older format (a map state before format 3, a list state before format 4), else
-        None."""
+        """The state meta of ``state`` when its entries are in a layout of an older format (a
+        map state before format 3 in the whole-map layout, a list state before format 5 in the
+        whole-list or per-element layout), else None."""
         for m in self.meta["states"]:
             if m["name"] != state:
                 continue
             if m.get("kind") == "map" and self.format_version < MAP_ENTRIES_FORMAT_VERSION:
                 return m
-            if m.get("kind") == "list" and self.format_version < LIST_ENTRIES_FORMAT_VERSION:
+            if m.get("kind") == "list" and self.format_version < LIST_CHUNKS_FORMAT_VERSION:
                 return m
         return None
 
     def _as_entries(self, state: str, where: str, keys, values):
-        """An older file's map- or list-state ``(keys, values)`` converted to the per-entry
-        layout (:func:`statecore.serializers.expand_whole_map_entries`,
-        :func:`statecore.serializers.expand_whole_list_entries`), or as they are when the
-        state's layout is current. StateMigrationError for an incremental file: a changed whole
-        map or list names neither its added nor its removed entries, so its changes cannot be
-        converted (restore a full checkpoint of that format, or compact the version with the
-        release that wrote it). CorruptCheckpointError for a value that does not parse."""
+        """An older file's map- or list-state ``(keys, values)`` converted to the current
+        layout (:func:`statecore.serializers.expand_whole_map_entries` for a whole map; for a
+        list :func:`statecore.serializers.chunk_list_entries` over its elements, a whole list's
+        expanded by :func:`statecore.serializers.expand_whole_list_entries` first), or as they
+        are when the state's layout is current. StateMigrationError for an incremental file: a
+        changed whole map or list names neither its added nor its removed entries, and a
+        changed element does not say which chunk it went to, so its changes cannot be converted
+        (restore a full checkpoint of that format, or compact the version with the release
+        that wrote it). CorruptCheckpointError for a value that does not parse."""
         meta = self._whole_layout(state)
         if meta is None or not len(keys):
             return keys, values
         kind = meta["kind"]
+        per_element = kind == "list" and self.format_version >= LIST_ENTRIES_FORMAT_VERSION
         if self.kind == KIND_INCREMENTAL:
+            layout = "per-element" if per_element else f"whole-{kind}"
+            target = "chunk" if kind == "list" else "per-entry"
             raise StateMigrationError(
                 f"checkpoint data file {self.name}: {kind} state {state!r} is stored in the "
-                f"whole-{kind} layout of format version {self.format_version} in an "
-                f"incremental run, which cannot be converted to per-entry changes; restore "
+                f"{layout} layout of format version {self.format_version} in an "
+                f"incremental run, which cannot be converted to {target} changes; restore "
                 "from a full checkpoint (or compact the version with the release that wrote "
                 "it)")
         try:
@@ -697,8 +706,11 @@ class DataFileReader:
                 k, v = S.expand_whole_map_entries(keys.to_pylist(), values.to_pylist())
             else:
                 width = S.value_serializer(meta["value_type"]).fixed_width
-                k, v = S.expand_whole_list_entries(keys.to_pylist(), values.to_pylist(), width,
-                                                   bool(meta.get("ttl")))
+                ttl = bool(meta.get("ttl"))
+                k, v = keys.to_pylist(), values.to_pylist()
+                if not per_element:
+                    k, v = S.expand_whole_list_entries(k, v, width, ttl)
+                k, v = S.chunk_list_entries(k, v, width, ttl)
         except InvalidInputError as exc:
             raise CorruptCheckpointError(
                 f"checkpoint data file {self.name}: {where}: {exc}") from exc
@@ -708,8 +720,8 @@ class DataFileReader:
         """``(keys, values)`` of ``state`` in ``key_group``, sorted by key bytes; empty arrays when
         the file holds no entry for them. In an incremental file a NULL value is a tombstone.
         A map state of a format 1 or 2 file comes converted to one entry per user key, a list
-        state of a format 1 to 3 file to one entry per element (StateMigrationError for such
-        an incremental file, :meth:`_as_entries`).
+        state of a format 1 to 4 file to chunks (StateMigrationError for such an incremental
+        file, :meth:`_as_entries`).
         The caller checks that ``key_group`` belongs to this file. Raises
         CorruptCheckpointError naming the file, state, key group and block."""
         keys, values = self.stored_entries(state, key_group)
@@ -718,8 +730,8 @@ class DataFileReader:
     def stored_entries(self, state: str, key_group: int
                        ) -> tuple[pa.BinaryArray, pa.BinaryArray]:
         """:meth:`entries` as the file stores them (a format 1 or 2 file's map states in the
-        whole-map layout, a format 1 to 3 file's list states in the whole-list layout): what
-        the manifest's entry counts count."""
+        whole-map layout, a format 1 to 3 file's list states in the whole-list layout, a format
+        4 file's one entry per element): what the manifest's entry counts count."""
         try:
             si = self.state_names.index(state)
         except ValueError:

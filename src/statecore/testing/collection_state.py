@@ -1,7 +1,7 @@
 """List and map state part of the backend conformance suite (mixed into
 :class:`statecore.testing.conformance.BackendConformance`): ``ListState`` and ``MapState`` per
 record -- adds, updates, removals, rejected elements and user keys; list append order, big
-lists, per-element TTL and the per-element layout of list state in snapshots and incremental
+lists, per-element TTL and the chunked layout of list state in snapshots and incremental
 change sets; map iteration in insertion order (after a restore: by serialized user key),
 ``size``, ``clear``, big maps and the per-entry layout of map state in snapshots and
 incremental change sets.
@@ -86,10 +86,11 @@ class CollectionStateConformance(ConformanceBase):
         lp.add((2,))
         assert lp.get() == [{"x": 1}, (2,)]
 
-    def test_list_elements_in_snapshots(self):
-        """A list state's snapshot holds one entry per element: ``encoded key of (key,
-        namespace) | seq`` (8 bytes big-endian, from 0) -> the element's bytes (docs/formats.md
-        "List state"); ``update`` and ``clear`` start the numbers at 0 again."""
+    def test_list_chunks_in_snapshots(self):
+        """A list state's snapshot holds one entry per chunk: ``encoded key of (key, namespace)
+        | seq`` (8 bytes big-endian, from 0) -> up to ``LIST_CHUNK_ELEMENTS`` elements in the
+        list-blob layout (docs/formats.md "List state"); an append fills the last chunk, then
+        starts the next; ``update`` and ``clear`` start the numbers at 0 again."""
         b = self.new_backend()
         ls = b.get_state(ListStateDescriptor("l", "string"))
         b.set_current_key(7)
@@ -97,7 +98,7 @@ class CollectionStateConformance(ConformanceBase):
         ls.add_all(["y", "z"])
         kg = b.key_group_of(7)
         prefix = S.encode_key(kg, b.max_parallelism, 7, b.key_serializer, None, "void")
-        vs = S.value_serializer("string").serialize
+        k = S.LIST_CHUNK_ELEMENTS
 
         def entries():
             snap = b.snapshot()
@@ -105,19 +106,26 @@ class CollectionStateConformance(ConformanceBase):
             snap.release()
             return list(zip(keys.to_pylist(), vals.to_pylist()))
 
-        assert entries() == [(prefix + i.to_bytes(8, "big"), vs(e))
-                             for i, e in enumerate(["x", "y", "z"])]
+        def chunk(seq, es):
+            return prefix + seq.to_bytes(8, "big"), S.encode_list(es, S.value_serializer("string"))
+
+        assert entries() == [chunk(0, ["x", "y", "z"])]
         ls.update(["u"])
         ls.add("v")
-        assert entries() == [(prefix + (0).to_bytes(8, "big"), vs("u")),
-                             (prefix + (1).to_bytes(8, "big"), vs("v"))]
-        assert b.num_entries() == 2
+        assert entries() == [chunk(0, ["u", "v"])]
+        assert b.num_entries() == 1
+        more = [str(i) for i in range(k + 1)]
+        ls.add_all(more)
+        els = ["u", "v"] + more
+        assert entries() == [chunk(0, els[:k]), chunk(1, els[k:])]
+        assert ls.get() == els and b.num_entries() == 2
 
-    def test_big_list_append_order_and_one_entry_per_append(self):
+    def test_big_list_append_order_and_one_chunk_per_append(self):
         """A big list keeps append order (also after a restore), and the incremental change set
-        after one append holds that element's entry only; ``clear`` of it is one tombstone per
-        element."""
+        after one append holds the list's last chunk only; ``clear`` of it is one tombstone per
+        chunk."""
         n = 5000
+        k = S.LIST_CHUNK_ELEMENTS
         b = self.new_backend()
         ls = b.get_state(ListStateDescriptor("l", "int64"))
         b.set_current_key(1)
@@ -125,7 +133,8 @@ class CollectionStateConformance(ConformanceBase):
         for i in range(n, n + 100):
             ls.add(-i)
         want = list(range(n)) + [-i for i in range(n, n + 100)]
-        assert ls.get() == want and b.num_entries() == n + 100
+        chunks = -(-(n + 100) // k)
+        assert ls.get() == want and b.num_entries() == chunks
         full = b.snapshot()
         b.notify_checkpoint_complete(full.snapshot_id)
         b2 = self.new_backend()
@@ -134,33 +143,35 @@ class CollectionStateConformance(ConformanceBase):
         ls2 = b2.get_state(ListStateDescriptor("l", "int64"))
         b2.set_current_key(1)
         assert ls2.get() == want
-        ls2.add(42)  # continues after the restored elements
+        ls2.add(42)  # continues in the restored last chunk
         assert ls2.get() == want + [42]
         ls.add(42)
         inc = b.snapshot(incremental=True)
         kg = b.key_group_of(1)
         keys, vals = inc.entries("l", kg)
         prefix = S.encode_key(kg, b.max_parallelism, 1, b.key_serializer, None, "void")
-        assert keys.to_pylist() == [prefix + (n + 100).to_bytes(8, "big")]
-        assert vals.to_pylist() == [S.value_serializer("int64").serialize(42)]
+        last = (chunks - 1) * k
+        assert keys.to_pylist() == [prefix + (chunks - 1).to_bytes(8, "big")]
+        assert vals.to_pylist() == [S.encode_list((want + [42])[last:],
+                                                  S.value_serializer("int64"))]
         b.notify_checkpoint_complete(inc.snapshot_id)
         inc.release()
         ls.clear()
         inc2 = b.snapshot(incremental=True)
         keys, vals = inc2.entries("l", kg)
-        assert len(keys) == n + 101 and vals.null_count == n + 101
+        assert len(keys) == chunks and vals.null_count == chunks
         inc2.release()
         assert ls.get() == [] and b.num_entries() == 0
 
     def test_list_update_after_clear_restores_exactly_through_a_chain(self):
-        """``update`` restarts the sequence numbers: an incremental change set then overwrites
+        """``update`` restarts the chunk numbers: an incremental change set then overwrites
         the low ones and tombstones the rest, and applying it to the base gives exactly the
         new list."""
         b = self.new_backend()
         ls = b.get_state(ListStateDescriptor("l", "string"), namespace_type="int64")
         b.set_current_key(3)
         ls.set_current_namespace(1)
-        ls.add_all(["a", "b", "c", "d"])
+        ls.add_all(["a", "b", "c", "d"] * S.LIST_CHUNK_ELEMENTS)  # four chunks
         ls.set_current_namespace(2)
         ls.add("keep")
         base = b.snapshot()
@@ -188,8 +199,8 @@ class CollectionStateConformance(ConformanceBase):
 
     def test_list_ttl_elements_expire_in_the_middle(self):
         """Each element carries its own timestamp: elements expiring in the middle of a list
-        are removed on read (counted) and the rest keeps its order; appends continue after
-        the greatest sequence number used."""
+        are removed on read (counted) and the rest keeps its order; a chunk left empty is
+        removed and appends continue in the last chunk left."""
         clock = ManualClock(0)
         b = self.new_backend(ttl_clock=clock)
         d = ListStateDescriptor("l", "int64")
@@ -217,21 +228,34 @@ class CollectionStateConformance(ConformanceBase):
         assert ls.get() == [3, 4, 5]
         assert b.ttl_statistics()["read"] == 4
         kg = b.key_group_of(1)
-        snap = b.snapshot()
-        keys, _ = snap.entries("l", kg)
-        snap.release()
-        assert [int.from_bytes(k[-8:], "big") for k in keys.to_pylist()] == [3, 4, 6]
+
+        def chunk_seqs():
+            snap = b.snapshot()
+            keys, _ = snap.entries("l", kg)
+            snap.release()
+            return [int.from_bytes(k[-8:], "big") for k in keys.to_pylist()]
+
+        assert chunk_seqs() == [0]
         clock.set(1000)
         assert ls.get() == [] and b.num_entries() == 0
         ls.add(6)
-        snap = b.snapshot()
-        keys, _ = snap.entries("l", kg)
-        snap.release()
-        assert [int.from_bytes(k[-8:], "big") for k in keys.to_pylist()] == [0]
+        assert chunk_seqs() == [0]
+        # Over chunks: the first chunk expires whole (removed), the second keeps its live part.
+        k = S.LIST_CHUNK_ELEMENTS
+        ls.update(range(k + 7))  # stamped 1000: chunk 0 full, chunk 1 seven elements
+        clock.set(1050)
+        ls.add_all(range(100, 110))  # chunk 1 seven + ten
+        clock.set(1120)
+        assert ls.get() == list(range(100, 110))
+        assert b.ttl_statistics()["read"] == 7 + k + 7
+        assert chunk_seqs() == [1]
+        ls.add(7)  # into chunk 1, not full
+        assert chunk_seqs() == [1] and ls.get() == list(range(100, 110)) + [7]
 
     def test_list_elements_removed_by_ttl_cleanup_passes(self):
-        """Background cleanup removes expired elements one by one (each its own entry); the
-        list reads and appends on as if they had been read away."""
+        """Background cleanup trims a chunk's leading expired elements and removes a chunk that
+        expired whole (the compaction filter of the list layout); the list reads and appends on
+        as if they had been read away."""
         clock = ManualClock(0)
         b = self.new_backend(ttl_clock=clock)
         d = ListStateDescriptor("l", "string")

@@ -79,8 +79,10 @@ def _random_program(machine: "_DifferentialMachine", rng, steps: int) -> None:
         elif r < 0.2:
             machine.value_update(rng.choice([None, rng.randint(-5, 5), 1 << 63]))
         elif r < 0.3:
+            # Now and then a list longer than a chunk (docs/formats.md "List state").
+            n = rng.randint(0, 3) if rng.random() < 0.9 else rng.randint(30, 70)
             machine.list_op(rng.choice(["add", "add_all", "update", "clear"]),
-                            [rng.choice([1, "a", (2,)]) for _ in range(rng.randint(0, 3))])
+                            [rng.choice([1, "a", (2,)]) for _ in range(n)])
             if rng.random() < 0.2:
                 machine.list_namespace(rng.randint(0, 2))
         elif r < 0.5:
@@ -182,13 +184,15 @@ class _DifferentialMachine(RuleBasedStateMachine):
     def list_namespace(self, ns):
         self._both(lambda be, s: s["l"].set_current_namespace(ns))
 
-    @rule(op=st.sampled_from(["add", "add_all", "update", "get", "clear"]),
+    @rule(op=st.sampled_from(["add", "add_all", "add_many", "update", "get", "clear"]),
           xs=st.lists(st.one_of(SMALL, st.text(max_size=2)), max_size=3))
     def list_op(self, op, xs):
         def f(be, s):
             ls = s["l"]
             if op == "add":
                 return ls.add(xs[0] if xs else None)
+            if op == "add_many":  # over a chunk's bound (docs/formats.md "List state")
+                return ls.add_all(xs * 15)
             if op in ("add_all", "update"):
                 return getattr(ls, op)(xs)
             return getattr(ls, op)()
