@@ -1,10 +1,11 @@
 """The changes of one state between two checkpoint versions, as Arrow record batches.
 
 Spark's ``statestore`` source reads a state store's change feed (``readChangeFeed``); this is its
-counterpart over statecore checkpoints: every entry whose bytes differ between version ``start``
-and version ``end`` becomes one row, ``change_type`` "update" (new or changed at ``end``, with
-its value there) or "delete" (present at ``start``, absent at ``end``; null value). Both versions'
-runs are merged per key group as a restore merges them. A key group whose entries lie in the
+counterpart over statecore checkpoints: every row (:func:`statecore.offline.read_state`) whose
+bytes differ between version ``start`` and version ``end`` becomes one row, ``change_type``
+"update" (new or changed at ``end``, with its value there) or "delete" (present at ``start``,
+absent at ``end``; null value). Both versions' runs are merged per key group as a restore
+merges them. A key group whose entries lie in the
 same runs in both versions (an incremental run holds only the key groups it changed, and a
 chain shares its older runs across versions) is skipped after a look at the runs' key-group
 indexes; the others are compared entry by entry, so the cost is that of reading the key groups
@@ -57,8 +58,10 @@ def read_changes(store, state_name: str, start_version: int, end_version: Option
     """The changes of state ``state_name`` from checkpoint version ``start_version`` to
     ``end_version`` (default: the latest) as record batches of :func:`change_schema`, at most
     ``batch_rows`` rows each, in key-group order; within a key group the updates in
-    encoded-key order, then the deletes in encoded-key order. Memory: the entries of one key
-    group of both versions, plus one batch.
+    encoded-key order, then the deletes in encoded-key order. A list's rows are its elements
+    by position (:func:`statecore.offline.read_state`): an element that changed or moved is an
+    update of its position, positions past the list's new end are deletes. Memory: the entries
+    of one key group of both versions, plus one batch.
 
     ``store``: a CheckpointStore or its URI. Both versions must be retained, with the same max
     parallelism and key type; ``key_group_range`` (``(start, end)`` inclusive) limits the key
@@ -105,15 +108,24 @@ def _changes(old, new, meta: dict, old_has: bool, schema: pa.Schema, lo: int, hi
     decoder = EntryDecoder(meta, new.key_type, new.max_parallelism)
     rows: list = []
 
-    def emit(change: str, kb: bytes, vb: Optional[bytes]):
+    def logical(reader, kg: int) -> dict:
+        """``{(kg, key, namespace, user_key): value bytes}`` of ``reader``'s version, in
+        encoded-key order (list chunks expanded into positioned elements)."""
+        keys, values = reader.entries(name, kg)
         try:
-            kg, key, ns, uk = decoder.key(kb)
+            return {r[:4]: r[4] for r in decoder.entries(keys.to_pylist(), values.to_pylist())}
+        except InvalidInputError as exc:
+            raise CorruptCheckpointError(
+                f"checkpoint version {reader.version}: state {name!r}: {exc}") from exc
+
+    def emit(change: str, row: tuple, vb: Optional[bytes], version: int):
+        try:
             value, ts = (None, None) if vb is None else decoder.value(vb)
         except InvalidInputError as exc:
             raise CorruptCheckpointError(
-                f"checkpoint version {new.version if vb is not None else old.version}: state "
-                f"{name!r}: entry {bytes(kb).hex()} does not decode: {exc}") from exc
-        rows.append((change, kg, key, ns, uk, value, ts))
+                f"checkpoint version {version}: state {name!r}: the value of {row[1:4]!r} does "
+                f"not decode: {exc}") from exc
+        rows.append((change, *row, value, ts))
 
     try:
         if lo > hi:
@@ -124,14 +136,12 @@ def _changes(old, new, meta: dict, old_has: bool, schema: pa.Schema, lo: int, hi
         for kg in sorted(groups):
             if old_has and _runs_holding(old, name, kg) == _runs_holding(new, name, kg):
                 continue
-            nk, nv = new.entries(name, kg)
-            ok, ov = old.entries(name, kg) if old_has else ([], [])
-            before = dict(zip(ok.to_pylist(), ov.to_pylist())) if old_has else {}
-            for kb, vb in zip(nk.to_pylist(), nv.to_pylist()):
-                if before.pop(kb, None) != vb:
-                    emit(UPDATE, kb, vb)
-            for kb in sorted(before):
-                emit(DELETE, kb, None)
+            before = logical(old, kg) if old_has else {}
+            for row, vb in logical(new, kg).items():
+                if before.pop(row, None) != vb:
+                    emit(UPDATE, row, vb, new.version)
+            for row in before:
+                emit(DELETE, row, None, old.version)
             while len(rows) >= batch_rows:
                 yield rows_to_batch(rows[:batch_rows], schema)
                 del rows[:batch_rows]

@@ -5,7 +5,7 @@ rows to record batches (:func:`rows_to_batch`). docs/formats.md defines the byte
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Iterator, Optional, Tuple
 
 import pyarrow as pa
 
@@ -38,7 +38,8 @@ def state_schema(meta: dict, key_type: str) -> pa.Schema:
     with keys of ``key_type``: ``key_group`` int32; ``key`` the key type's Arrow type (a
     struct with fields ``f0``, ``f1``, ... for a multi-column key); ``namespace`` the
     namespace type's (null type for the void namespace); ``user_key`` the map's user key type,
-    uint64 (the element's sequence number) for a list state, null type otherwise; ``value``
+    uint64 (the element's position in its list, 0 first) for a list state, null type
+    otherwise; ``value``
     the value type's Arrow type (binary holding the pickle bytes for ``pickle`` values);
     ``ttl_timestamp_ms`` int64 (the last-access timestamp of the TTL suffix, milliseconds;
     null without TTL). InvalidInputError for a timer state or an unknown kind."""
@@ -65,9 +66,12 @@ def state_schema(meta: dict, key_type: str) -> pa.Schema:
 
 class EntryDecoder:
     """Encoded entries of the state of ``meta`` (keys of ``key_type``, key groups of
-    ``max_parallelism``) to row values: :meth:`key` gives ``(key_group, key, namespace,
-    user_key)``, :meth:`value` ``(value, ttl_timestamp_ms or None)``; both raise
-    InvalidInputError for bytes that do not decode."""
+    ``max_parallelism``) to rows: :meth:`entries` turns sorted ``(key bytes, value bytes)``
+    pairs into ``(key_group, key, namespace, user_key, value bytes)`` -- a list chunk
+    (docs/formats.md "List state") into one row per element, ``user_key`` its position in the
+    list (0 first, counted over the list's chunks in key order) -- and :meth:`value` decodes
+    value bytes into ``(value, ttl_timestamp_ms or None)``. Both raise InvalidInputError,
+    naming the entry, for bytes that do not decode."""
 
     def __init__(self, meta: dict, key_type: str, max_parallelism: int):
         self.kind = meta["kind"]
@@ -80,19 +84,38 @@ class EntryDecoder:
         self.pickled = self.value_ser.name == "pickle"
         self.ttl = bool(meta.get("ttl"))
 
-    def key(self, data: bytes):
+    def entries(self, keys, values) -> Iterator[tuple]:
+        """Rows ``(key_group, key, namespace, user_key, value bytes)`` of the sorted pairs
+        ``keys``/``values`` (sequences of bytes; every chunk of a list among them, as the
+        entries of whole key groups hold them)."""
         mp = self.max_parallelism
-        if self.kind == "map":
-            kg, key, ns, ukb = S.split_map_entry_key(data, mp, self.key_ser, self.ns_ser,
-                                                     self.user_key_ser)
-            return kg, key, ns, self.user_key_ser.deserialize(ukb)
-        if self.kind == "list":
-            kg, key, ns, seq = S.split_list_entry_key(data, mp, self.key_ser, self.ns_ser)
-            return kg, key, ns, int.from_bytes(seq, "big")
-        kg, key, ns, _ = S.decode_key(data, mp, self.key_ser, self.ns_ser)
-        return kg, key, ns, None
+        current, pos = None, 0
+        for kb, vb in zip(keys, values):
+            kb = bytes(kb)
+            try:
+                if self.kind == "map":
+                    kg, key, ns, ukb = S.split_map_entry_key(kb, mp, self.key_ser, self.ns_ser,
+                                                             self.user_key_ser)
+                    yield kg, key, ns, self.user_key_ser.deserialize(ukb), vb
+                elif self.kind == "list":
+                    kg, key, ns, _ = S.split_list_entry_key(kb, mp, self.key_ser, self.ns_ser)
+                    prefix = kb[:-S.LIST_SEQ_BYTES]
+                    if prefix != current:
+                        current, pos = prefix, 0
+                    _, elements = S.expand_whole_list_entries(
+                        [b""], [vb], self.value_ser.fixed_width, self.ttl)
+                    for element in elements:
+                        yield kg, key, ns, pos, element
+                        pos += 1
+                else:
+                    kg, key, ns, _ = S.decode_key(kb, mp, self.key_ser, self.ns_ser)
+                    yield kg, key, ns, None, vb
+            except InvalidInputError as exc:
+                raise InvalidInputError(f"entry {kb.hex()}: {exc}") from exc
 
     def value(self, data: bytes) -> Tuple[object, Optional[int]]:
+        """``(value, ttl_timestamp_ms or None)`` of a row's value bytes (a pickle value as its
+        bytes)."""
         ts = None
         if self.ttl:
             if len(data) < _TTL_BYTES:

@@ -6,7 +6,8 @@ running job. The runs of the version are merged newest-wins per key group, as a 
 them (:meth:`statecore.checkpoint.CheckpointReader.entries_chunks`), a few key groups at a time,
 so memory stays bounded by the chunk size whatever the state's size. Each entry becomes one row:
 a value state's value, a reducing or aggregating state's accumulator, one row per list element
-(``user_key`` = its sequence number, rows in list order) and one row per map entry
+(``user_key`` = its position in the list, rows in list order, the list's chunks expanded) and
+one row per map entry
 (``user_key`` = the user key). docs/formats.md defines the bytes decoded here.
 """
 
@@ -76,7 +77,8 @@ def read_state(store, state_name: str, version: Optional[int] = None,
                batch_rows: int = DEFAULT_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
     """The entries of state ``state_name`` of checkpoint ``version`` (default: the latest) as
     record batches of :func:`state_schema`, at most ``batch_rows`` rows each, in key-group
-    order and, within a key group, in encoded-key order (a list's elements in list order).
+        order and, within a key group, in encoded-key order (a list's elements in list order, its
+    chunks expanded: ``user_key`` is the element's position).
 
     ``store``: a :class:`~statecore.checkpoint.CheckpointStore` or its URI.
     ``key_group_range``: ``(start, end)`` inclusive, to read a part of the key groups (e.g. one
@@ -108,18 +110,17 @@ def _batches(reader, meta: dict, schema: pa.Schema, lo: int, hi: int,
     rows: list = []
     try:
         for keys, values in (reader.entries_chunks(name, lo, hi) if lo <= hi else ()):
-            for kb, vb in zip(keys.to_pylist(), values.to_pylist()):
-                try:
-                    kg, key, ns, uk = decoder.key(kb)
+            try:
+                for kg, key, ns, uk, vb in decoder.entries(keys.to_pylist(),
+                                                           values.to_pylist()):
                     value, ts = decoder.value(vb)
-                except InvalidInputError as exc:
-                    raise CorruptCheckpointError(
-                        f"checkpoint version {reader.version}: state {name!r}: entry "
-                        f"{bytes(kb).hex()} does not decode: {exc}") from exc
-                rows.append((kg, key, ns, uk, value, ts))
-                if len(rows) == batch_rows:
-                    yield rows_to_batch(rows, schema)
-                    rows = []
+                    rows.append((kg, key, ns, uk, value, ts))
+                    if len(rows) == batch_rows:
+                        yield rows_to_batch(rows, schema)
+                        rows = []
+            except InvalidInputError as exc:
+                raise CorruptCheckpointError(
+                    f"checkpoint version {reader.version}: state {name!r}: {exc}") from exc
         if rows:
             yield rows_to_batch(rows, schema)
     finally:

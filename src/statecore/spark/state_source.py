@@ -28,7 +28,7 @@ Options (named after Spark's ``statestore`` source where they mean the same):
   most the key groups); each reads a contiguous key-group range.
 
 Columns: ``key_group`` (int), ``key``, ``namespace`` (only for states with a namespace),
-``user_key`` (map user keys; a list element's sequence number as a long), ``value`` (the pickle
+``user_key`` (map user keys; a list element's position in its list as a long), ``value`` (the pickle
 bytes for ``pickle`` values), ``ttl_timestamp_ms`` (long, null without TTL); see
 :func:`statecore.offline.state_schema`. Rows come in key-group order within a partition.
 Errors (a missing option, an unknown state or batch id, a version not retained) are raised on
@@ -162,7 +162,7 @@ def _plan(options) -> _Plan:
 
 def _spark_arrow_schema(schema: pa.Schema) -> pa.Schema:
     """The readers' schema as Spark takes it: null-typed columns dropped (no namespace, no user
-    key), the list sequence number (uint64) as int64."""
+    key), a list element's position (uint64) as int64."""
     fields = []
     for f in schema:
         if pa.types.is_null(f.type):
