@@ -157,10 +157,10 @@ def build_one(python: str, out_dir: Path, tool_python: Path, wrappers: dict[str,
         env.pop(var, None)
     run([env_python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
          "--disable-pip-version-check", "-w", raw,
-         "-C", "build-dir=build/release/{wheel_tag}",
-         "-C", "cmake.build-type=Release",
-         "-C", f"cmake.define.CMAKE_AR={wrappers['ar']}",
-         "-C", f"cmake.define.CMAKE_RANLIB={wrappers['ranlib']}",
+         "--config-settings", "build-dir=build/release/{wheel_tag}",
+         "--config-settings", "cmake.build-type=Release",
+         "--config-settings", f"cmake.define.CMAKE_AR={wrappers['ar']}",
+         "--config-settings", f"cmake.define.CMAKE_RANLIB={wrappers['ranlib']}",
          REPO], env=env)
     (raw_wheel,) = raw.glob("statecore-*.whl")
     auditwheel = tool_python.parent / "auditwheel"
