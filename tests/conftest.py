@@ -42,8 +42,8 @@ def spark():
 
 @pytest.fixture(scope="session")
 def statecore_wheel(tmp_path_factory):
-    """A wheel of this checkout for the running Python (``tests/support/wheels.py``), built
-    once per test run."""
+    """The release wheel of this checkout for the running Python (``wheels/build.py``:
+    manylinux_2_17, ``tests/support/wheels.py``), built once per test run."""
     from support.wheels import build_wheel
 
     return build_wheel(tmp_path_factory.mktemp("wheel"))

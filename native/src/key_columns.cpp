@@ -34,27 +34,31 @@ void spark_key_groups(int32_t maxp, int64_t n, int32_t* out, Hash hash) {
 }
 
 // spark_key_groups of n int64 keys (8 little-endian bytes each at `keys`, any alignment) with a
-// power-of-two max parallelism (mask = maxP - 1). SC_TARGET_CLONES_VEC: on AVX-512 CPUs the loop
-// runs 8 keys at a time, on AVX2 ones 4.
-SC_TARGET_CLONES_VEC
-void spark_int64_key_groups_pow2(const uint8_t* keys, int64_t n, uint64_t mask, int32_t* out) {
+// power-of-two max parallelism (mask = maxP - 1). SC_MULTIVERSION: on AVX-512 CPUs the loop runs
+// 8 keys at a time, on AVX2 ones 4.
+SC_MULTIVERSION_INLINE void spark_int64_key_groups_pow2_loop(const uint8_t* keys, int64_t n,
+                                                             uint64_t mask, int32_t* out) {
   for (int64_t i = 0; i < n; ++i) {
     uint64_t v;
     std::memcpy(&v, keys + i * 8, 8);
     out[i] = static_cast<int32_t>(xxh64_u64(v, kSparkXxhashSeed) & mask);
   }
 }
+SC_MULTIVERSION(void, spark_int64_key_groups_pow2,
+                (const uint8_t* keys, int64_t n, uint64_t mask, int32_t* out), (keys, n, mask, out),
+                spark_int64_key_groups_pow2_loop)
 
 // The Spark hashes (xxhash64, seed 42) of n int64 keys as above, for the other max
 // parallelisms: vectorized the same way, the pmod follows per row (spark_int64_key_groups).
-SC_TARGET_CLONES_VEC
-void spark_int64_hashes(const uint8_t* keys, int64_t n, uint64_t* out) {
+SC_MULTIVERSION_INLINE void spark_int64_hashes_loop(const uint8_t* keys, int64_t n, uint64_t* out) {
   for (int64_t i = 0; i < n; ++i) {
     uint64_t v;
     std::memcpy(&v, keys + i * 8, 8);
     out[i] = xxh64_u64(v, kSparkXxhashSeed);
   }
 }
+SC_MULTIVERSION(void, spark_int64_hashes, (const uint8_t* keys, int64_t n, uint64_t* out),
+                (keys, n, out), spark_int64_hashes_loop)
 
 // spark_key_groups of n int64 keys at `keys` for any max parallelism.
 void spark_int64_key_groups(const uint8_t* keys, int64_t n, int32_t maxp, int32_t* out) {

@@ -5,6 +5,7 @@
 // offsets at both levels, nulls), the batch kernels with those keys, and distinct keys staying
 // distinct in a map whose hash collides.
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -15,6 +16,7 @@
 #include "check.h"
 #include "statecore/arrow_abi.h"
 #include "statecore/batch.h"
+#include "statecore/cpu_dispatch.h"
 #include "statecore/detail/spark_pmod.h"
 #include "statecore/hash.h"
 #include "statecore/key_codec.h"
@@ -379,8 +381,9 @@ TEST(key_arrays_read_bools_timestamps_and_fixed_binary_at_offsets) {
   CHECK_EQ(ser_hex(kd, 1), std::string("7ff8000000000000"));
 }
 
-// The Spark int64 pass has its own loop (built for AVX-512 too, target_clones): it must give
-// the scalar key_group_for_int64 for every key, maximum parallelism and array offset.
+// The Spark int64 pass has its own loop (built for AVX-512 and AVX2 too, multiversion.h): it must
+// give the scalar key_group_for_int64 for every key, maximum parallelism and array offset, at
+// every level (ctest runs this suite again with STATECORE_CPU=baseline and =x86-64-v3).
 TEST(spark_int64_key_groups_match_the_scalar_assignment) {
   std::vector<std::optional<int64_t>> xs = {0, -1, 1, std::numeric_limits<int64_t>::min(),
                                             std::numeric_limits<int64_t>::max()};
@@ -399,6 +402,22 @@ TEST(spark_int64_key_groups_match_the_scalar_assignment) {
         CHECK_EQ(kgs[i], key_group_for_int64(Assigner::Spark, *xs[i], maxp));
     }
   }
+}
+
+// STATECORE_CPU lowers the level that the multiversioned loops run, never raises it.
+TEST(cpu_dispatch_follows_statecore_cpu) {
+  const cpu::Dispatch& d = cpu::dispatch();
+  const char* env = std::getenv("STATECORE_CPU");
+  CHECK(static_cast<int>(d.level) <= static_cast<int>(d.detected));
+  CHECK(d.request_valid);
+  if (env == nullptr) {
+    CHECK(d.level == d.detected);
+  } else if (std::strcmp(env, "baseline") == 0) {
+    CHECK(d.level == cpu::Level::kBaseline);
+  } else if (std::strcmp(env, "x86-64-v3") == 0) {
+    CHECK(static_cast<int>(d.level) <= static_cast<int>(cpu::Level::kV3));
+  }
+  CHECK(std::strcmp(cpu::level_name(cpu::Level::kV4), "x86-64-v4") == 0);
 }
 
 // SparkPmod replaces a division a row: it must equal Spark's ((h % m) + m) % m for every hash,

@@ -55,3 +55,5 @@ include "_native_stored.pxi"
 include "_native_runs.pxi"
 include "_native_table.pxi"
 include "_native_blocks.pxi"
+
+_check_cpu_request()

@@ -85,6 +85,21 @@ cdef extern from "statecore/hash.h" namespace "statecore" nogil:
     int32_t flink_murmur_hash(int32_t code)
 
 
+cdef extern from "statecore/cpu_dispatch.h" namespace "statecore::cpu" nogil:
+    cdef enum class Level(int):
+        kBaseline
+        kV3
+        kV4
+
+    cdef cppclass Dispatch:
+        Level level
+        Level detected
+        bint request_valid
+
+    const Dispatch& dispatch()
+    const char* level_name(Level level)
+
+
 cdef extern from "statecore/key_groups.h" namespace "statecore" nogil:
     cdef enum class Assigner(uint8_t):
         Spark

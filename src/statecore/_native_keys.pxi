@@ -2,6 +2,27 @@
 # assigners, KeyEncoder (prefix | ser(key) of the per-record path) and Flink's operator-index
 # helpers (KeyGroupRangeAssignment).
 
+def cpu_dispatch():
+    """The x86-64 level that this process's vectorized batch loops run (native/src/
+    multiversion.h), read once per process: ``{"level": ..., "detected": ...}``, each one of
+    ``"baseline"``, ``"x86-64-v3"`` (AVX2) and ``"x86-64-v4"`` (AVX-512). ``detected`` is the
+    highest level the CPU and the OS support; ``level`` is lowered from it by the environment
+    variable ``STATECORE_CPU`` (``auto`` or one of the level names)."""
+    cdef c.Dispatch d = c.dispatch()
+    return {"level": c.level_name(d.level).decode(), "detected": c.level_name(d.detected).decode()}
+
+
+def _check_cpu_request():
+    """Raises InvalidInputError when ``STATECORE_CPU`` names no level (the loops would run the
+    baseline): a misspelt request fails at import instead of measuring the wrong path."""
+    if not c.dispatch().request_valid:
+        import os
+
+        raise InvalidInputError(
+            f"STATECORE_CPU={os.environ.get('STATECORE_CPU')!r} is not a CPU level: use auto, "
+            "baseline, x86-64-v3 or x86-64-v4")
+
+
 def xxh64(data, uint64_t seed=0):
     """XXH64 (XXH64 spec) of ``data`` (any contiguous bytes-like object) with the GIL released
     while hashing; unsigned 64-bit int, equal to ``xxhash.xxh64_intdigest``."""

@@ -1,31 +1,59 @@
-"""A statecore wheel built from this checkout and a fresh venv that has it installed.
+"""The release wheel of this checkout and a fresh venv that has it installed.
 
 Shared by the tests that run statecore the way a user installs it: from a wheel, in a venv with
 no source tree on ``sys.path`` (the wheel test, the standalone-cluster test that ships the venv
 to executors with ``venv-pack``).
+
+The wheel is the release one (``wheels/build.py``: zig's clang for glibc 2.17, ``auditwheel
+repair`` to manylinux_2_17) for the running Python only, so the test run exercises the release
+build once instead of compiling a second, plain wheel.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import venv
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# The release build compiles the C++ core and the extension with zig; a cold zig cache builds
+# its libc++ first. Minutes on 2 busy cores, bounded all the same.
+BUILD_TIMEOUT_S = 1800
+INSTALL_TIMEOUT_S = 900
 
 
 def build_wheel(dest: Path) -> Path:
-    """Build a wheel of this checkout for the running Python into ``dest``; return its path.
-
-    Raises ``subprocess.CalledProcessError`` when the build fails."""
+    """Build the release wheel of this checkout for the running Python into ``dest`` with
+    ``wheels/build.py``; return its path. Raises ``subprocess.CalledProcessError`` (with the
+    build's output) when the build or its ``auditwheel`` check fails."""
     dest.mkdir(parents=True, exist_ok=True)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dest), str(REPO)],
-        check=True,
+        [sys.executable, str(REPO / "wheels" / "build.py"), "--python", sys.executable,
+         "--out", str(dest)],
+        check=True, timeout=BUILD_TIMEOUT_S,
     )
     (wheel,) = sorted(dest.glob("statecore-*.whl"))
     return wheel
+
+
+def auditwheel_show(wheel: Path) -> str:
+    """``auditwheel show`` of ``wheel`` (the auditwheel that ``wheels/build.py`` installed),
+    whitespace collapsed."""
+    tool = REPO / "build" / "wheel-tools" / "bin" / "auditwheel"
+    out = subprocess.run([str(tool), "show", str(wheel)], check=True, text=True,
+                         capture_output=True, timeout=300)
+    return " ".join(out.stdout.split())
+
+
+def manylinux_policy(show: str) -> tuple[int, int]:
+    """(glibc major, minor) of the platform tag that ``auditwheel show`` text places a wheel in;
+    raises ValueError when it names none (e.g. a plain ``linux_x86_64`` wheel)."""
+    m = re.search(r'platform tag: "manylinux_(\d+)_(\d+)_\w+"', show)
+    if m is None:
+        raise ValueError(f"auditwheel show names no manylinux tag: {show}")
+    return int(m.group(1)), int(m.group(2))
 
 
 def make_venv(path: Path, wheel: Path, extras: str = "") -> Path:
@@ -36,6 +64,6 @@ def make_venv(path: Path, wheel: Path, extras: str = "") -> Path:
     python = path / "bin" / "python"
     subprocess.run(
         [str(python), "-m", "pip", "install", "-q", f"{wheel}{extras}"],
-        check=True,
+        check=True, timeout=INSTALL_TIMEOUT_S,
     )
     return python
