@@ -36,6 +36,9 @@ from statecore.errors import InvalidInputError, StateError
 __all__ = ["DemoConfig", "DemoSummary", "DemoPipeline", "run_demo", "parse_duration_ms",
            "native_backend_available"]
 
+#: The interpreter of a packed environment (``DemoConfig.python_env``) on the executors.
+_ENV_PYTHON = "./environment/bin/python"
+
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
@@ -92,6 +95,13 @@ class DemoConfig:
     ``commit_timeout_s``: passed to both operators (:class:`statecore.spark.StatefulOperator`:
     committed versions kept, incremental runs per key group before a compaction (None = never
     compact), seconds the driver waits for the partitions' background checkpoint writes).
+    ``spark_conf``: Spark configuration entries for the session the job builds (they override
+    :func:`statecore.spark.local_session`'s settings; ignored when ``run_demo`` is handed a
+    session). ``python_env``: a packed Python environment (a ``venv-pack`` tarball of a venv
+    with statecore installed) for the executors of a cluster master: shipped as
+    ``spark.archives = <python_env>#environment`` and run there as
+    ``./environment/bin/python`` (``PYSPARK_PYTHON``); the driver keeps its own interpreter.
+    Refused with a local master (its workers run the driver's interpreter).
     """
 
     checkpoint: str = "./statecore-checkpoint"
@@ -111,6 +121,8 @@ class DemoConfig:
     retain_versions: int = 3
     max_runs: Optional[int] = 8
     commit_timeout_s: float = 300.0
+    spark_conf: Dict[str, str] = field(default_factory=dict)
+    python_env: Optional[str] = None
 
     def validate(self) -> None:
         """Raise InvalidInputError for out-of-range options."""
@@ -155,6 +167,20 @@ class DemoConfig:
         t = self.commit_timeout_s
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf"):
             raise InvalidInputError(f"commit_timeout_s must be a positive number, got {t!r}")
+        if not isinstance(self.spark_conf, dict) or not all(
+                isinstance(k, str) and k and isinstance(v, str)
+                for k, v in self.spark_conf.items()):
+            raise InvalidInputError(
+                f"spark_conf must map non-empty str keys to str values, got {self.spark_conf!r}")
+        if self.python_env is not None:
+            from statecore.spark.session import is_local_master
+
+            if is_local_master(self.master):
+                raise InvalidInputError(
+                    f"python_env ships an environment to cluster executors; the local master "
+                    f"{self.master!r} runs its workers with the driver's interpreter")
+            if not os.path.isfile(self.python_env):
+                raise InvalidInputError(f"python_env {self.python_env!r} is not a file")
 
 
 @dataclass
@@ -165,7 +191,10 @@ class DemoSummary:
     files this run wrote (both operators, every micro-batch and the flush) and
     ``commit_wait_seconds`` the time the driver waited for background checkpoint writes;
     ``ttl_expired`` counts the state entries TTL cleanup removed during this run, by strategy
-    (read, incremental, background, full_snapshot; as the checkpoint manifests report them)."""
+    (read, incremental, background, full_snapshot; as the checkpoint manifests report them).
+    ``batches``: one dict per micro-batch of this run: ``batch_id``, ``events``, ``sessions``,
+    ``routes`` (output rows), ``seconds`` and ``partitions`` (both operators' per-partition task
+    figures, :attr:`statecore.spark.BatchReport.partitions`, each with its ``operator``)."""
 
     events: int = 0
     seconds: float = 0.0
@@ -307,8 +336,16 @@ def run_demo(cfg: DemoConfig, spark=None,
         f"{len(landing.files)} daily files under {landing_dir}")
 
     if spark is None:
+        conf = {}
+        if cfg.python_env is not None:
+            # The PySpark documentation's recipe for a packed virtualenv: executors unpack the
+            # archive into ./environment of their working directory; the driver's SparkContext
+            # hands PYSPARK_PYTHON to them as the interpreter of their Python workers.
+            os.environ["PYSPARK_PYTHON"] = _ENV_PYTHON
+            conf["spark.archives"] = f"{os.path.abspath(cfg.python_env)}#environment"
+        conf.update(cfg.spark_conf)
         spark = local_session("statecore-demo", master=cfg.master,
-                              shuffle_partitions=cfg.parallelism)
+                              shuffle_partitions=cfg.parallelism, conf=conf)
     pipeline = DemoPipeline(cfg)
     ops_dir = pipeline.ops_dir
     sessions_op, routes_op = pipeline.sessions, pipeline.routes
@@ -342,7 +379,9 @@ def run_demo(cfg: DemoConfig, spark=None,
             for strategy, n in rep.ttl_expired.items():
                 summary.ttl_expired[strategy] = summary.ttl_expired.get(strategy, 0) + n
         summary.batches.append({"batch_id": batch_id, "events": r.rows, "sessions": s.output_rows,
-                                "routes": r.output_rows, "seconds": dt})
+                                "routes": r.output_rows, "seconds": dt,
+                                "partitions": [dict(p, operator=rep.operator_name)
+                                               for rep in (s, r) for p in rep.partitions]})
         wm = ("-" if s.watermark_ms is None
               else time.strftime("%Y-%m-%d %H:%M", time.gmtime(s.watermark_ms / 1000)))
         say(f"batch {batch_id:>4}: {r.rows:>6,} events  {s.output_rows:>5,} sessions closed  "
