@@ -66,10 +66,10 @@ def _drop_unpacked_envs(cluster):
         shutil.rmtree(env, ignore_errors=True)
 
 
-def _cfg(tmp_path) -> DemoConfig:
+def _cfg(tmp_path, landing=None) -> DemoConfig:
     return DemoConfig(checkpoint=str(tmp_path / "ckpt"), output=str(tmp_path / "out"),
-                      backend="native", days=DAYS, files_per_trigger=FILES_PER_TRIGGER,
-                      parallelism=PARALLELISM)
+                      landing=landing, backend="native", days=DAYS,
+                      files_per_trigger=FILES_PER_TRIGGER, parallelism=PARALLELISM)
 
 
 class Driver:
@@ -83,13 +83,17 @@ class Driver:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "statecore.cli", "demo", "--checkpoint", cfg.checkpoint,
              "--output", cfg.output, "--days", str(cfg.days), "--backend", cfg.backend,
+             *(["--landing", cfg.landing] if cfg.landing else []),
              "--files-per-trigger", str(cfg.files_per_trigger),
              "--parallelism", str(cfg.parallelism), "--master", cluster.master_url,
              "--python-env", str(python_env), "--commit-timeout", str(COMMIT_TIMEOUT_S),
              "--conf", "spark.driver.host=127.0.0.1",
              "--conf", "spark.driver.bindAddress=127.0.0.1",
              "--conf", "spark.executor.cores=1", "--conf", "spark.cores.max=2",
-             "--conf", "spark.executor.memory=1g"],
+             "--conf", "spark.executor.memory=1g",
+             # Both executors take part from the first micro-batch on (the test checks both).
+             "--conf", "spark.scheduler.minRegisteredResourcesRatio=1.0",
+             "--conf", "spark.scheduler.maxRegisteredResourcesWaitingTime=120s"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
             start_new_session=True)
         self.lines: list[str] = []
@@ -184,13 +188,17 @@ def undisturbed(spark, cluster, python_env, tmp_path_factory):
     seen: dict[int, tuple[str, list[str]]] = {}
     try:
         # While the job runs, record where its executors' Python workers loaded statecore from.
-        while driver.proc.poll() is None:
+        deadline = time.monotonic() + 900
+        while driver.proc.poll() is None and time.monotonic() < deadline:
             seen.update({p: v for p, v in _python_worker_maps(cluster).items() if v[1]})
             time.sleep(0.5)
-    finally:
-        _run_to_end(driver)
+    except BaseException:
+        driver.kill()
+        raise
+    _run_to_end(driver)
     _assert_matches_spark_sql(spark, cfg)
     return dict(cfg=cfg, plan=batch_plan(os.path.join(cfg.checkpoint, "spark")),
+                landing=os.path.join(cfg.checkpoint, "landing"),
                 outputs=_outputs(cfg), log=driver.output(), seen=seen)
 
 
@@ -229,7 +237,7 @@ def _first_task_output(cfg: DemoConfig, batch_id: int) -> bool:
 
 @pytest.mark.parametrize("when", ["during_tasks", "between_batches"])
 def test_executor_sigkilled_mid_stream(undisturbed, cluster, python_env, tmp_path, when):
-    cfg = _cfg(tmp_path)
+    cfg = _cfg(tmp_path, landing=undisturbed["landing"])
     launched = _executors_launched(cluster)
     driver = Driver(cfg, cluster, python_env)
     try:
@@ -244,8 +252,10 @@ def test_executor_sigkilled_mid_stream(undisturbed, cluster, python_env, tmp_pat
         # else: right after micro-batch 1 committed, before micro-batch 2's tasks start.
         victim = cluster.wait_for_executors(2, timeout_s=120)[0]
         os.kill(victim, signal.SIGKILL)
-    finally:
-        rc = driver.finish()
+    except BaseException:
+        driver.kill()
+        raise
+    rc = driver.finish()
     out = driver.output()
     if rc != 0:
         # The one documented way an executor loss fails a micro-batch (docs/deploy.md, "Failure
@@ -261,11 +271,11 @@ def test_executor_sigkilled_mid_stream(undisturbed, cluster, python_env, tmp_pat
 
 
 def test_driver_sigkilled_mid_stream_then_restarted(undisturbed, cluster, python_env, tmp_path):
-    cfg = _cfg(tmp_path)
+    cfg = _cfg(tmp_path, landing=undisturbed["landing"])
     driver = Driver(cfg, cluster, python_env)
     try:
-        assert driver.wait_for_line("batch    1:"), driver.output()[-3000:]
-        time.sleep(1.0)  # inside micro-batch 2
+        assert driver.wait_for_line("batch    0:"), driver.output()[-3000:]
+        time.sleep(1.0)  # inside micro-batch 1
     finally:
         driver.kill()
     assert "end of input" not in driver.output()
