@@ -25,7 +25,9 @@ from statecore.demo.job import DemoConfig
 from statecore.demo.reference import batch_plan
 from test_demo_job import _assert_matches_spark_sql, _output_rows
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+# The first test's setup builds the wheel, its venv, the archive and the cluster, and runs the
+# job once: well past the default per-test timeout on a loaded machine.
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 REPO = Path(__file__).resolve().parents[1]
 #: Three months of 2013 (~81k flights) in 4 micro-batches, then the final flush.
