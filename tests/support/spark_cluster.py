@@ -25,7 +25,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 __all__ = ["Cluster", "spark_home", "free_port", "descendants", "executor_pids",
            "pack_venv", "EXECUTOR_CLASS"]
@@ -246,15 +246,20 @@ class Cluster:
         self.stop()
 
 
-def pack_venv(python: Path, output: Path) -> Path:
+def pack_venv(python: Path, output: Path, exclude: Sequence[str] = ()) -> Path:
     """Pack the venv of the interpreter ``python`` (``<venv>/bin/python``) into the tarball
     ``output`` with ``venv-pack`` (the way the PySpark documentation ships a virtualenv to
-    executors: ``spark.archives=<output>#environment``). pyspark's ``jars/`` folder is left out:
-    the executors are JVMs of a Spark installation already, and the jars are most of the
-    archive's bytes. Raises ImportError without venv-pack."""
+    executors: ``spark.archives=<output>#environment``). pyspark's ``jars/`` folder is left out
+    (the executors are JVMs of a Spark installation already, and the jars are most of the
+    archive's bytes), and so is whatever matches one of the ``exclude`` glob patterns, relative
+    to the venv's ``site-packages`` (e.g. ``"pytest*"``: a pattern matches a folder's files
+    too). Raises ImportError without venv-pack."""
     import venv_pack
 
     prefix = Path(python).parent.parent
+    site = "lib/python*/site-packages/"
+    filters = [("exclude", site + "pyspark/jars/*")]
+    filters += [("exclude", site + p) for pattern in exclude for p in (pattern, pattern + "/*")]
     venv_pack.pack(prefix=str(prefix), output=str(output), force=True, compress_level=1,
-                   filters=[("exclude", "lib/python*/site-packages/pyspark/jars/*")])
+                   filters=filters)
     return output
