@@ -39,10 +39,12 @@ PARALLELISM = 4
 COMMIT_TIMEOUT_S = 60
 
 
-#: The test tooling of the ``test`` extra (a third of the venv) and the installers: nothing an
-#: executor imports; leaving them out makes each executor's unpacked copy smaller.
+#: The test tooling of the ``test`` extra (a third of the venv's bytes), the installers and the
+#: libraries' own tests, headers and examples (a third of its files): nothing an executor
+#: imports; leaving them out makes each executor's unpacked copy smaller.
 NOT_ON_EXECUTORS = ("atheris*", "*_with_fuzzer.so", "libclang_rt.*", "hypothesis*",
-                    "_hypothesis*", "_pytest*", "pytest*", "pip", "pip-*", "setuptools*")
+                    "_hypothesis*", "_pytest*", "pytest*", "pip", "pip-*", "setuptools*",
+                    "pandas/tests", "pyarrow/tests", "pyarrow/include", "pyspark/examples")
 
 
 @pytest.fixture(scope="module")
