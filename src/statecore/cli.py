@@ -64,6 +64,14 @@ def _connect_url(text: str) -> str:
     return text
 
 
+def _spark_conf(text: str):
+    """``KEY=VALUE`` (a Spark configuration entry) -> (KEY, VALUE)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value
+
+
 def _duration_ms(text: str) -> int:
     from statecore.demo.job import parse_duration_ms
 
@@ -129,6 +137,14 @@ def _add_demo(sub) -> None:
                    help="run through a Spark Connect server instead of a local Spark (--master "
                         "is then ignored); its Python workers must import statecore and see "
                         "the --checkpoint/--output/--landing paths")
+    p.add_argument("--conf", type=_spark_conf, action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark configuration entry for the job's session, e.g. "
+                        "spark.executor.memory=1g; repeatable; overrides the demo's defaults")
+    p.add_argument("--python-env", default=None, metavar="ARCHIVE",
+                   help="a packed Python environment with statecore installed (venv-pack "
+                        "tarball) for the executors of a cluster master: shipped as "
+                        "spark.archives ARCHIVE#environment, executors run "
+                        "./environment/bin/python")
     p.add_argument("--retain-versions", type=_positive_int, default=3,
                    help="committed state versions kept, >= 2 (default: %(default)s)")
     p.add_argument("--max-runs", type=_positive_int, default=8,
@@ -153,7 +169,8 @@ def _run_demo(args) -> int:
         aircraft_idle_ttl_ms=args.aircraft_idle_ttl, route_idle_ttl_ms=args.route_idle_ttl,
         ttl_background_key_groups=args.ttl_background_key_groups,
         master=args.master, retain_versions=args.retain_versions, max_runs=args.max_runs,
-        commit_timeout_s=args.commit_timeout, remote=args.remote)
+        commit_timeout_s=args.commit_timeout, remote=args.remote, spark_conf=dict(args.conf),
+        python_env=args.python_env)
     if args.quiet:
         summary = run_demo(cfg, progress=None)
         for line in summary.lines():

@@ -39,6 +39,9 @@ from statecore.errors import InvalidInputError, StateError
 __all__ = ["DemoConfig", "DemoSummary", "DemoPipeline", "run_demo", "parse_duration_ms",
            "native_backend_available", "local_parts"]
 
+#: The interpreter of a packed environment (``DemoConfig.python_env``) on the executors.
+_ENV_PYTHON = "./environment/bin/python"
+
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
@@ -104,6 +107,13 @@ class DemoConfig:
     compact), seconds the driver waits for the partitions' background checkpoint writes).
     ``remote``: a Spark Connect URL (``sc://HOST:PORT``) to run the job through instead of a
     session on ``master`` (see :func:`run_demo`).
+    ``spark_conf``: Spark configuration entries for the session the job builds (they override
+    :func:`statecore.spark.local_session`'s settings; ignored when ``run_demo`` is handed a
+    session). ``python_env``: a packed Python environment (a ``venv-pack`` tarball of a venv
+    with statecore installed) for the executors of a cluster master: shipped as
+    ``spark.archives = <python_env>#environment`` and run there as
+    ``./environment/bin/python`` (``PYSPARK_PYTHON``); the driver keeps its own interpreter.
+    Refused with a local master (its workers run the driver's interpreter).
     """
 
     checkpoint: str = "./statecore-checkpoint"
@@ -125,6 +135,8 @@ class DemoConfig:
     max_runs: Optional[int] = 8
     commit_timeout_s: float = 300.0
     remote: Optional[str] = None
+    spark_conf: Dict[str, str] = field(default_factory=dict)
+    python_env: Optional[str] = None
 
     def validate(self) -> None:
         """Raise InvalidInputError for out-of-range options."""
@@ -175,6 +187,20 @@ class DemoConfig:
                                         or len(self.remote) <= len("sc://")):
             raise InvalidInputError(
                 f"remote must be a Spark Connect URL like sc://HOST:PORT, got {self.remote!r}")
+        if not isinstance(self.spark_conf, dict) or not all(
+                isinstance(k, str) and k and isinstance(v, str)
+                for k, v in self.spark_conf.items()):
+            raise InvalidInputError(
+                f"spark_conf must map non-empty str keys to str values, got {self.spark_conf!r}")
+        if self.python_env is not None:
+            from statecore.spark.session import is_local_master
+
+            if is_local_master(self.master):
+                raise InvalidInputError(
+                    f"python_env ships an environment to cluster executors; the local master "
+                    f"{self.master!r} runs its workers with the driver's interpreter")
+            if not os.path.isfile(self.python_env):
+                raise InvalidInputError(f"python_env {self.python_env!r} is not a file")
 
 
 @dataclass
@@ -185,7 +211,10 @@ class DemoSummary:
     files this run wrote (both operators, every micro-batch and the flush) and
     ``commit_wait_seconds`` the time the driver waited for background checkpoint writes;
     ``ttl_expired`` counts the state entries TTL cleanup removed during this run, by strategy
-    (read, incremental, background, full_snapshot; as the checkpoint manifests report them)."""
+    (read, incremental, background, full_snapshot; as the checkpoint manifests report them).
+    ``batches``: one dict per micro-batch of this run: ``batch_id``, ``events``, ``sessions``,
+    ``routes`` (output rows), ``seconds`` and ``partitions`` (both operators' per-partition task
+    figures, :attr:`statecore.spark.BatchReport.partitions`, each with its ``operator``)."""
 
     events: int = 0
     seconds: float = 0.0
@@ -343,6 +372,8 @@ def _batch_record(batch_id: int, s, r, seconds: float) -> Dict:
         "ttl_expired": ttl, "watermark_ms": s.watermark_ms,
         "state_entries": s.state_entries + r.state_entries,
         "state_bytes": s.state_bytes + r.state_bytes,
+        "partitions": [dict(p, operator=rep.operator_name) for rep in (s, r)
+                       for p in rep.partitions],
     }
 
 
@@ -367,7 +398,7 @@ def _add_batch(summary: DemoSummary, rec: Dict) -> None:
     for strategy, n in rec["ttl_expired"].items():
         summary.ttl_expired[strategy] = summary.ttl_expired.get(strategy, 0) + n
     summary.batches.append({k: rec[k] for k in ("batch_id", "events", "sessions", "routes",
-                                                "seconds")})
+                                                "seconds", "partitions")})
 
 
 def _make_each_batch(cfg: DemoConfig, pipeline: DemoPipeline, log: RunLog,
@@ -428,10 +459,20 @@ def run_demo(cfg: DemoConfig, spark=None,
 
     if spark is None:
         if cfg.remote is not None:
-            spark = remote_session(cfg.remote, shuffle_partitions=cfg.parallelism)
+            spark = remote_session(cfg.remote, shuffle_partitions=cfg.parallelism,
+                                   conf=cfg.spark_conf)
         else:
+            conf = {}
+            if cfg.python_env is not None:
+                # The PySpark documentation's recipe for a packed virtualenv: executors unpack
+                # the archive into ./environment of their working directory; the driver's
+                # SparkContext hands PYSPARK_PYTHON to them as the interpreter of their Python
+                # workers.
+                os.environ["PYSPARK_PYTHON"] = _ENV_PYTHON
+                conf["spark.archives"] = f"{os.path.abspath(cfg.python_env)}#environment"
+            conf.update(cfg.spark_conf)
             spark = local_session("statecore-demo", master=cfg.master,
-                                  shuffle_partitions=cfg.parallelism)
+                                  shuffle_partitions=cfg.parallelism, conf=conf)
     connect = is_connect_session(spark)
     pipeline = DemoPipeline(cfg)
     ops_dir = pipeline.ops_dir
