@@ -20,7 +20,7 @@ from support.wheels import auditwheel_show, manylinux_policy
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 TESTS = Path(__file__).resolve().parent
-DAYS = 21
+DAYS = 14
 
 
 def test_release_wheel_is_manylinux_2_28_or_older(statecore_wheel):
