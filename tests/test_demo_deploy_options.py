@@ -4,24 +4,13 @@ executors). Their use on a real standalone cluster is tests/test_spark_cluster.p
 
 import pytest
 
-from statecore.demo import job as job_mod
 from statecore.demo.job import DemoConfig
 from statecore.errors import InvalidInputError
+from support.demo_cli import parsed_demo_config
 
 
 def _parsed(monkeypatch, argv):
-    from statecore.cli import main
-
-    class Summary:
-        def lines(self):
-            return []
-
-    seen = []
-    monkeypatch.setattr(job_mod, "run_demo",
-                        lambda cfg, progress=None: seen.append(cfg) or Summary())
-    main(["demo", *argv, "--quiet"])
-    (cfg,) = seen
-    return cfg
+    return parsed_demo_config(monkeypatch, argv)
 
 
 def test_conf_and_python_env_reach_the_config(tmp_path, monkeypatch):

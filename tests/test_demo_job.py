@@ -24,6 +24,7 @@ from statecore.demo.reference import (
     reference_sessions,
 )
 from statecore.errors import InvalidInputError, StateError
+from support.demo_cli import parsed_demo_config
 
 DAYS = 21
 DAY_MS = 86_400_000
@@ -94,19 +95,10 @@ def test_cli_rejects_bad_arguments(capsys):
 
 
 def test_checkpoint_options_reach_both_operators(tmp_path, monkeypatch):
-    from statecore.cli import main
-
-    class Summary:
-        def lines(self):
-            return []
-
-    seen = []
-    monkeypatch.setattr(job_mod, "run_demo",
-                        lambda cfg, progress=None: seen.append(cfg) or Summary())
-    main(["demo", "--checkpoint", str(tmp_path / "c"), "--output", str(tmp_path / "o"),
-          "--backend", "python", "--retain-versions", "5", "--max-runs", "3",
-          "--commit-timeout", "12.5", "--quiet"])
-    (cfg,) = seen
+    cfg = parsed_demo_config(monkeypatch, [
+        "--checkpoint", str(tmp_path / "c"), "--output", str(tmp_path / "o"),
+        "--backend", "python", "--retain-versions", "5", "--max-runs", "3",
+        "--commit-timeout", "12.5"])
     pipe = DemoPipeline(cfg)
     for op in (pipe.sessions, pipe.routes):
         assert (op.retain_versions, op.max_runs, op.commit_timeout_s) == (5, 3, 12.5)

@@ -249,17 +249,22 @@ def _first_task_output(cfg: DemoConfig, batch_id: int) -> bool:
 def _kill_an_executor(cluster, driver: Driver, cfg: DemoConfig, when: str) -> None:
     """SIGKILL one executor JVM: ``between_batches``, right after the driver printed its first
     micro-batch line (that micro-batch committed, the next one not started); ``during_tasks``,
-    once micro-batch 1 committed and micro-batch 2's sessions tasks are streaming output."""
-    first = "batch    1:" if when == "during_tasks" else "batch "
-    assert driver.wait_for_line(first), driver.output()[-3000:]
-    if when == "during_tasks":
-        deadline = time.monotonic() + 300
-        while not _first_task_output(cfg, 2):
-            assert driver.proc.poll() is None and time.monotonic() < deadline, \
-                driver.output()[-3000:]
-            time.sleep(0.02)
-    victim = cluster.wait_for_executors(2, timeout_s=120)[0]
-    os.kill(victim, signal.SIGKILL)
+    once micro-batch 1 committed and micro-batch 2's sessions tasks are streaming output. On a
+    failure here the driver is killed before the error propagates."""
+    try:
+        first = "batch    1:" if when == "during_tasks" else "batch "
+        assert driver.wait_for_line(first), driver.output()[-3000:]
+        if when == "during_tasks":
+            deadline = time.monotonic() + 300
+            while not _first_task_output(cfg, 2):
+                assert driver.proc.poll() is None and time.monotonic() < deadline, \
+                    driver.output()[-3000:]
+                time.sleep(0.02)
+        victim = cluster.wait_for_executors(2, timeout_s=120)[0]
+        os.kill(victim, signal.SIGKILL)
+    except BaseException:
+        driver.kill()
+        raise
 
 
 def _finish_after_executor_loss(cluster, driver: Driver, cfg: DemoConfig, python_env,
@@ -285,11 +290,7 @@ def test_executor_sigkilled_during_tasks(undisturbed, cluster, python_env, tmp_p
     cfg = _cfg(tmp_path, landing=undisturbed["landing"])
     launched = _executors_launched(cluster)
     driver = Driver(cfg, cluster, python_env)
-    try:
-        _kill_an_executor(cluster, driver, cfg, "during_tasks")
-    except BaseException:
-        driver.kill()
-        raise
+    _kill_an_executor(cluster, driver, cfg, "during_tasks")
     _finish_after_executor_loss(cluster, driver, cfg, python_env, launched)
     _assert_same_as_undisturbed(cfg, undisturbed)
 
@@ -309,10 +310,6 @@ def test_driver_sigkilled_then_executor_lost_between_batches(undisturbed, cluste
     assert "end of input" not in driver.output()
     launched = _executors_launched(cluster)
     driver = Driver(cfg, cluster, python_env)
-    try:
-        _kill_an_executor(cluster, driver, cfg, "between_batches")
-    except BaseException:
-        driver.kill()
-        raise
+    _kill_an_executor(cluster, driver, cfg, "between_batches")
     _finish_after_executor_loss(cluster, driver, cfg, python_env, launched)
     _assert_same_as_undisturbed(cfg, undisturbed)
