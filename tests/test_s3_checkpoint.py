@@ -338,11 +338,11 @@ def test_failure_mid_upload_leaves_the_last_version_restorable(s3, prefix, fault
             assert proxy.dropped >= 1
             proxy.heal()
         else:
-            timer = threading.Timer(0.3, proxy.down)
-            timer.start()
+            proxy.down_after(3 << 20)
             with pytest.raises(OSError):
                 store.checkpoint(b, 2, incremental=False)
-            timer.join()
+            assert proxy.dropped >= 1
+            proxy.heal()
             proxy.up()
         assert store.versions() == [1]
         assert _contents(_restored(store, impl="native")) == want
@@ -363,19 +363,22 @@ def test_server_killed_mid_upload_fails_the_checkpoint_in_bounded_time(tmp_path)
     is what the proxy cases above check."""
     with start_s3_server(str(tmp_path)) as server:
         server.create_bucket(BUCKET)
-        fs = server.filesystem(connect_timeout=5, request_timeout=20,
-                               retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=2))
-        store = CheckpointStore(f"{BUCKET}/killed", filesystem=fs, takeover_delay_s=0)
-        b, _ = _loaded(600_000)
-        store.checkpoint(b, 1)
-        timer = threading.Timer(0.3, server.kill)
-        timer.start()
-        with pytest.raises(OSError):
-            store.checkpoint(b, 2, incremental=False)
-        timer.join()
-        with pytest.raises(OSError):
-            store.versions()
-        b.close()
+        # Through a proxy that kills the server once 3 MiB of the data file went up.
+        proxy = DroppingProxy(server.port)
+        try:
+            fs = server.filesystem(proxy.endpoint, connect_timeout=5, request_timeout=20,
+                                   retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=2))
+            store = CheckpointStore(f"{BUCKET}/killed", filesystem=fs, takeover_delay_s=0)
+            b, _ = _loaded(600_000)
+            store.checkpoint(b, 1)
+            proxy.call_after(3 << 20, server.kill)
+            with pytest.raises(OSError):
+                store.checkpoint(b, 2, incremental=False)
+            with pytest.raises(OSError):
+                store.versions()
+            b.close()
+        finally:
+            proxy.close()
 
 
 _KILL_SCRIPT = r"""

@@ -339,19 +339,26 @@ LIST_SEQ_BYTES = 8
 #: ``list_chunks.h`` ``kListChunkElements``, the same). A reader takes chunks of any size.
 LIST_CHUNK_ELEMENTS = 32
 
+#: The sequence number 2**64 - 1 as it ends a key: never written (a list's next sequence number
+#: after it would not fit), refused on restore.
+MAX_LIST_SEQ_BYTES = b"\xff" * LIST_SEQ_BYTES
+
 
 def split_list_entry_key(data, max_parallelism: int, key_ser, ns_ser):
     """``(key_group, key, namespace, seq bytes)`` of the encoded key of a list chunk (or, in a
     format 4 file, of a list element)
     (``prefix | ser(key) | ser(namespace) | seq``, seq :data:`LIST_SEQ_BYTES` bytes,
     docs/formats.md "List state"). InvalidInputError when the key does not end in exactly one
-    sequence number."""
+    sequence number, or in 2**64 - 1 (no list reaches it: the one after it would not fit)."""
     data = bytes(data)
     pos = encoded_prefix_size(data, max_parallelism, key_ser, ns_ser)
     if len(data) - pos != LIST_SEQ_BYTES:
         raise InvalidInputError(
             f"encoded list key {data.hex()} does not end in a {LIST_SEQ_BYTES}-byte "
             "sequence number")
+    if data[pos:] == MAX_LIST_SEQ_BYTES:
+        raise InvalidInputError(f"encoded list key {data.hex()} ends in sequence number "
+                                "2**64 - 1, which no list reaches")
     kg, key, namespace, _ = decode_key(data[:pos], max_parallelism, key_ser, ns_ser)
     return kg, key, namespace, data[pos:]
 

@@ -125,7 +125,9 @@ class DroppingProxy:
     """A TCP proxy on ``127.0.0.1:port`` in front of ``target_port``, run by threads of this
     process. :meth:`drop_after` makes it cut every connection once ``n`` more bytes went from
     clients to the server (a request failing mid-upload); :meth:`down` closes the listener and
-    every connection at once (the server dying), :meth:`up` listens again on the same port;
+    every connection at once (the server dying), :meth:`down_after` does so once ``n`` more
+    bytes went upstream (the server dying mid-upload), :meth:`call_after` runs a function at
+    such a point (e.g. kills the server behind it), :meth:`up` listens again on the same port;
     :meth:`heal` forwards everything again. :meth:`close` ends it."""
 
     def __init__(self, target_port: int):
@@ -136,6 +138,9 @@ class DroppingProxy:
         self._conns: set[socket.socket] = set()
         self._listener: socket.socket | None = None
         self._closed = False
+        self._down_when_spent = False
+        self._pending_down = False  # a down_after in progress: up() waits for it
+        self._on_spent = None  # call_after's hook
         self.dropped = 0
         self.up()
 
@@ -144,6 +149,9 @@ class DroppingProxy:
         return f"127.0.0.1:{self.port}"
 
     def up(self) -> None:
+        deadline = time.monotonic() + 10
+        while self._pending_down and time.monotonic() < deadline:
+            time.sleep(0.01)
         ls = socket.socket()
         ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         ls.bind(("127.0.0.1", self.port))
@@ -163,9 +171,22 @@ class DroppingProxy:
         with self._lock:
             self._budget = n
 
+    def call_after(self, n: int, hook) -> None:
+        """Call ``hook()`` once ``n`` more bytes went upstream, before forwarding the next ones
+        (then forward everything)."""
+        with self._lock:
+            self._budget = n
+            self._on_spent = hook
+
+    def down_after(self, n: int) -> None:
+        with self._lock:
+            self._budget = n
+            self._down_when_spent = True
+
     def heal(self) -> None:
         with self._lock:
             self._budget = None
+            self._down_when_spent = False
 
     def close(self) -> None:
         self._closed = True
@@ -199,6 +220,7 @@ class DroppingProxy:
     def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
         socks = [client, upstream]
         reset = False  # a deliberate drop resets both ends; an end of stream closes gently
+        go_down = False  # the budget of down_after is spent: the whole proxy goes down
         try:
             while True:
                 readable, _, _ = select.select(socks, [], [], 1.0)
@@ -210,14 +232,22 @@ class DroppingProxy:
                     if not data:
                         return
                     if s is client:
+                        hook = None
                         with self._lock:
-                            if self._budget is not None:
+                            if self._budget is not None and self._on_spent is not None \
+                                    and len(data) > self._budget:
+                                hook, self._on_spent, self._budget = self._on_spent, None, None
+                            elif self._budget is not None:
                                 if len(data) > self._budget:
                                     self._budget = 0
                                     self.dropped += 1
                                     reset = True
+                                    if self._down_when_spent:
+                                        self._pending_down = go_down = True
                                     return
                                 self._budget -= len(data)
+                        if hook is not None:
+                            hook()  # e.g. the server killed with part of a request sent
                         upstream.sendall(data)
                     else:
                         client.sendall(data)
@@ -234,6 +264,10 @@ class DroppingProxy:
                     else:
                         s.shutdown(socket.SHUT_WR)
                     s.close()
+            if go_down:  # not under the lock: down() takes it
+                self.down()
+                with self._lock:
+                    self._pending_down = False
 
 
 class S3DelegatingHandler(LocalDelegatingHandler):

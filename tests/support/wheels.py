@@ -11,6 +11,7 @@ build once instead of compiling a second, plain wheel.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -62,8 +63,24 @@ def make_venv(path: Path, wheel: Path, extras: str = "") -> Path:
     venv's python. Raises ``subprocess.CalledProcessError`` when an install fails."""
     venv.EnvBuilder(with_pip=True, clear=True).create(path)
     python = path / "bin" / "python"
+    env = isolated_env()
     subprocess.run(
         [str(python), "-m", "pip", "install", "-q", f"{wheel}{extras}"],
-        check=True, timeout=INSTALL_TIMEOUT_S,
+        check=True, timeout=INSTALL_TIMEOUT_S, env=env,
     )
+    # pip counts a requirement found anywhere on sys.path as installed: check where it went.
+    where = subprocess.run(
+        [str(python), "-c", "import statecore, pyarrow; print(statecore.__file__)"],
+        check=True, text=True, capture_output=True, timeout=300, env=env, cwd=str(path),
+    ).stdout.strip()
+    if not where.startswith(str(path)):
+        raise RuntimeError(f"statecore in the venv at {path} imports from {where}")
     return python
+
+
+def isolated_env() -> dict:
+    """This process's environment without what would let a venv's python see other installs:
+    ``PYTHONPATH`` (a local SparkSession puts this checkout's package root on it, for its
+    workers), ``PYTHONHOME``, pip's install-location overrides."""
+    return {k: v for k, v in os.environ.items()
+            if k not in ("PYTHONPATH", "PYTHONHOME", "PIP_TARGET", "PIP_PREFIX", "PIP_USER")}

@@ -646,14 +646,20 @@ class NativeBackend(TableBackend):
         as the index needs them, its user key exactly one serialized user key, as the Python
         restore decodes it (InvalidInputError naming the state, and the key group and reason
         for a user key, otherwise); for a list state: every key is longer than the key-group
-        prefix and a sequence number ("List state"; InvalidInputError naming the state
-        otherwise)."""
+        prefix and a sequence number, which is not 2**64 - 1 ("List state"; InvalidInputError
+        naming the state otherwise)."""
         if table.kind == "list":
             if len(keys) and pc.min(pc.binary_length(keys)).as_py() <= (
                     self.key_prefix_width + S.LIST_SEQ_BYTES):
                 raise InvalidInputError(
                     f"state {table.name!r}: a list chunk key holds no (key, namespace) part "
                     f"before its {S.LIST_SEQ_BYTES}-byte sequence number")
+            if len(keys) and pc.any(pc.equal(
+                    pc.binary_slice(keys, -S.LIST_SEQ_BYTES),
+                    pa.scalar(S.MAX_LIST_SEQ_BYTES, pa.binary()))).as_py():
+                raise InvalidInputError(
+                    f"state {table.name!r}: a list chunk key ends in sequence number 2**64 - 1, "
+                    "which no list reaches")
             return
         if table.kind != "map":
             return
