@@ -794,10 +794,7 @@ class TableAggregatingState(TableMergingState, TableState, base.AggregatingState
         kg, k = self._slot()
         if value is None:
             return
-        fn = self.descriptor.aggregate_function
-        s = self.table.get(kg, k)
-        acc = fn.create_accumulator() if s is None else from_stored(self.serializer, s)
-        self.table.put(kg, k, to_stored(self.serializer, fn.add(value, acc)))
+        self.table.put(kg, k, self._add_stored(self.table.get(kg, k), value))
 
     def _merge_check(self) -> None:
         fn = self.descriptor.aggregate_function

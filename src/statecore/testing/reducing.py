@@ -163,3 +163,9 @@ class ReducingConformance(ConformanceBase):
             with pytest.raises(InvalidInputError):
                 call()
             assert snapshot_dump(b.snapshot()) == before
+        # Per record as per batch: a failing function is an InvalidInputError naming the
+        # state, and the stored accumulator stays.
+        b.set_current_key(1)
+        with pytest.raises(InvalidInputError, match="aggregate function of 'a' failed"):
+            a.add("x")
+        assert snapshot_dump(b.snapshot()) == before
