@@ -314,6 +314,14 @@ def test_two_drivers_racing_commits_compactions_and_retention(s3, prefix):
 # ------------------------------------------------------------------------------------ faults
 
 
+def _store_through(server, proxy, prefix: str) -> CheckpointStore:
+    """A store on ``server`` reached through ``proxy``, with few retries and short timeouts: a
+    failure is reported in seconds."""
+    fs = server.filesystem(proxy.endpoint, connect_timeout=5, request_timeout=20,
+                           retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=2))
+    return CheckpointStore(f"{BUCKET}/{prefix}", filesystem=fs, takeover_delay_s=0)
+
+
 @pytest.mark.parametrize("fault", ["request_dropped", "server_down"])
 def test_failure_mid_upload_leaves_the_last_version_restorable(s3, prefix, fault):
     """A connection cut after some bytes of a multipart data file upload (a request failing
@@ -322,10 +330,7 @@ def test_failure_mid_upload_leaves_the_last_version_restorable(s3, prefix, fault
     stays the latest and restores, and a retry succeeds."""
     proxy = DroppingProxy(s3.port)
     try:
-        # Few retries and short timeouts: the failure is reported in seconds.
-        fs = s3.filesystem(proxy.endpoint, connect_timeout=5, request_timeout=20,
-                           retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=2))
-        store = CheckpointStore(f"{BUCKET}/{prefix}", filesystem=fs, takeover_delay_s=0)
+        store = _store_through(s3, proxy, prefix)
         b, st = _loaded(600_000)
         store.checkpoint(b, 1)
         want = _contents(_restored(store, 1, impl="native"))
@@ -366,9 +371,7 @@ def test_server_killed_mid_upload_fails_the_checkpoint_in_bounded_time(tmp_path)
         # Through a proxy that kills the server once 3 MiB of the data file went up.
         proxy = DroppingProxy(server.port)
         try:
-            fs = server.filesystem(proxy.endpoint, connect_timeout=5, request_timeout=20,
-                                   retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=2))
-            store = CheckpointStore(f"{BUCKET}/killed", filesystem=fs, takeover_delay_s=0)
+            store = _store_through(server, proxy, "killed")
             b, _ = _loaded(600_000)
             store.checkpoint(b, 1)
             proxy.call_after(3 << 20, server.kill)
