@@ -24,6 +24,7 @@ from statecore.backends.python import PythonBackend
 from statecore.backends.states import from_stored
 from statecore.checkpoint import CheckpointStore
 from statecore.checkpoint.layout import CheckpointRoot, join_uri, manifest_version
+from statecore.checkpoint.manifests import describe_manifest
 from statecore.errors import CheckpointNotFoundError
 
 __all__ = ["find_stores", "summary_lines", "version_stats", "entries_table"]
@@ -117,44 +118,19 @@ def version_stats(root: str, version: Optional[int] = None) -> dict:
     if not versions:
         raise CheckpointNotFoundError(f"no committed version in {root!r}")
     v = versions[-1] if version is None else version
-    d = store.describe(v)
-    retained = []
-    for w in versions:
-        m = store.manifest(w)
-        retained.append({"version": w, "created_ms": m["created_ms"],
-                         "compacted_ms": m.get("compacted_ms"), "commit_id": m.get("commit_id"),
-                         "runs": len(m["files"]), "bytes": sum(f["size"] for f in m["files"])})
-    lo, hi = d["key_group_range"]
     states = []
     with store.open(v) as reader:
-        files = reader.manifest["files"]
+        d = describe_manifest(reader.manifest, store.uri)
+        lo, hi = d["key_group_range"]
         for meta in reader.state_metas():
-            name = meta["name"]
-            per_kg: dict = {}
-            for f in files:
-                if name not in f["states"]:
-                    continue
-                a, b = max(f["key_group_range"][0], lo), min(f["key_group_range"][1], hi)
-                if a > b:
-                    continue
-                data = reader.data_file(f)
-                has_tombstones = f.get("tombstones", {}).get(name, 0) > 0
-                kgs, nbytes, nentries = data.stored_sizes(name, a, b)
-                for kg, nb, ne in zip(kgs.tolist(), nbytes.tolist(), nentries.tolist()):
-                    s = per_kg.setdefault(kg, {"key_group": kg, "live_entries": 0,
-                                               "stored_entries": 0, "tombstones": 0,
-                                               "bytes": 0, "runs": 0})
-                    s["stored_entries"] += ne
-                    s["bytes"] += nb
-                    s["runs"] += 1
-                    if has_tombstones:
-                        s["tombstones"] += data.stored_entries(name, kg)[1].null_count
-            for kg, s in per_kg.items():
-                s["live_entries"] = len(reader.entries(name, kg)[0])
-            groups = [per_kg[kg] for kg in sorted(per_kg)]
+            groups = _key_group_stats(reader, meta["name"], lo, hi)
             totals = {k: sum(g[k] for g in groups)
                       for k in ("live_entries", "stored_entries", "tombstones", "bytes")}
             states.append({**meta, **totals, "key_groups": groups})
+        manifests = {w: (reader.manifest if w == v else store.manifest(w)) for w in versions}
+    retained = [{"version": w, "created_ms": m["created_ms"], "compacted_ms": m.get("compacted_ms"),
+                 "commit_id": m.get("commit_id"), "runs": len(m["files"]),
+                 "bytes": sum(f["size"] for f in m["files"])} for w, m in manifests.items()]
     return {
         "root": root, "version": v, "versions": retained,
         "max_parallelism": d["max_parallelism"], "key_type": d["key_type"],
@@ -165,6 +141,31 @@ def version_stats(root: str, version: Optional[int] = None) -> dict:
         "ttl_expired": d["ttl_expired"], "ttl_compaction_expired": d["ttl_compaction_expired"],
         "metadata": d["metadata"],
     }
+
+
+def _key_group_stats(reader, name: str, lo: int, hi: int) -> list:
+    """Per non-empty key group of state ``name`` in ``[lo, hi]`` (ascending): ``key_group``,
+    ``stored_entries``, ``bytes`` and ``runs`` from the runs' key-group indexes, ``tombstones``
+    from the blocks of the runs that hold any, ``live_entries`` after the newest-wins merge."""
+    per_kg: dict = {}
+    for f in reader.manifest["files"]:
+        a, b = max(f["key_group_range"][0], lo), min(f["key_group_range"][1], hi)
+        if name not in f["states"] or a > b:
+            continue
+        data = reader.data_file(f)
+        has_tombstones = f.get("tombstones", {}).get(name, 0) > 0
+        kgs, nbytes, nentries = data.stored_sizes(name, a, b)
+        for kg, nb, ne in zip(kgs.tolist(), nbytes.tolist(), nentries.tolist()):
+            g = per_kg.setdefault(kg, {"key_group": kg, "live_entries": 0, "stored_entries": 0,
+                                       "tombstones": 0, "bytes": 0, "runs": 0})
+            g["stored_entries"] += ne
+            g["bytes"] += nb
+            g["runs"] += 1
+            if has_tombstones:
+                g["tombstones"] += data.stored_entries(name, kg)[1].null_count
+    for kg, g in per_kg.items():
+        g["live_entries"] = len(reader.entries(name, kg)[0])
+    return [per_kg[kg] for kg in sorted(per_kg)]
 
 
 def summary_lines(root: str, version: Optional[int] = None, verify: bool = False) -> Iterator[str]:
