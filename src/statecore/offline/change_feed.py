@@ -40,16 +40,18 @@ def change_schema(meta: dict, key_type: str) -> pa.Schema:
     return state_schema(meta, key_type).insert(0, pa.field("change_type", pa.string()))
 
 
-def _runs_holding(reader, state_name: str, key_group: int) -> frozenset:
-    """Paths of the runs of ``reader``'s version that hold entries of ``state_name`` in
-    ``key_group`` (from their key-group indexes: nothing decoded)."""
-    out = set()
+def _runs_holding(reader, state_name: str, lo: int, hi: int) -> dict:
+    """``{key group: paths of the runs holding entries of state_name there}`` for the key groups
+    of ``[lo, hi]`` that any run of ``reader``'s version holds entries of (from the runs'
+    key-group indexes: nothing decoded)."""
+    out: dict = {}
     for f in reader.manifest["files"]:
-        a, b = f["key_group_range"]
-        if state_name in f["states"] and a <= key_group <= b:
-            if len(reader.data_file(f).stored_sizes(state_name, key_group, key_group)[0]):
-                out.add(f["path"])
-    return frozenset(out)
+        a, b = max(f["key_group_range"][0], lo), min(f["key_group_range"][1], hi)
+        if state_name not in f["states"] or a > b:
+            continue
+        for kg in reader.data_file(f).stored_sizes(state_name, a, b)[0].tolist():
+            out.setdefault(kg, set()).add(f["path"])
+    return out
 
 
 def read_changes(store, state_name: str, start_version: int, end_version: Optional[int] = None,
@@ -130,11 +132,10 @@ def _changes(old, new, meta: dict, old_has: bool, schema: pa.Schema, lo: int, hi
     try:
         if lo > hi:
             return
-        groups = set(new.key_groups_holding(name, lo, hi))
-        if old_has:
-            groups |= set(old.key_groups_holding(name, lo, hi))
-        for kg in sorted(groups):
-            if old_has and _runs_holding(old, name, kg) == _runs_holding(new, name, kg):
+        new_runs = _runs_holding(new, name, lo, hi)
+        old_runs = _runs_holding(old, name, lo, hi) if old_has else {}
+        for kg in sorted(new_runs.keys() | old_runs.keys()):
+            if old_has and old_runs.get(kg) == new_runs.get(kg):
                 continue
             before = logical(old, kg) if old_has else {}
             for row, vb in logical(new, kg).items():
