@@ -129,7 +129,7 @@ from statecore.spark.watermark import next_watermark, parse_watermark_delay
 from statecore.spark.worker_cache import clear_state_cache
 
 __all__ = ["StatefulOperator", "PendingBatch", "BatchReport", "commit_batches",
-           "parquet_batch_sink", "clear_state_cache"]
+           "parquet_batch_sink", "clear_state_cache", "operator_root"]
 
 
 def _processor_config(processor) -> Any:
@@ -316,6 +316,14 @@ class BatchReport:
 _TASK_TIMINGS = ("partition", "pid", "load", "input_s", "load_s", "load_cpu_s", "standby_cpu_s",
                  "restore_bytes", "process_s", "snapshot_s", "task_s", "write_s",
                  "gc_frozen_objects")
+
+
+def operator_root(checkpoint: str, name: str) -> str:
+    """The checkpoint root of the operator ``name`` under ``checkpoint`` (a local directory,
+    made absolute, or a URI): ``checkpoint/name``. A URI may carry a query
+    (``s3://bucket/prefix?endpoint_override=...``): the name goes into its path."""
+    root = join_uri(os.fspath(checkpoint), name)
+    return root if is_uri(root) else os.path.abspath(root)
 
 
 class StatefulOperator:
@@ -514,11 +522,7 @@ class StatefulOperator:
         #: the key column names as a tuple (one for a single-column key)
         self.key_columns = (key_column,) if isinstance(key_column, str) else tuple(key_column)
         self.checkpoint = os.fspath(checkpoint)
-        # A URI may carry a query (s3://bucket/prefix?endpoint_override=...): the name goes
-        # into its path.
-        self.store_uri = join_uri(self.checkpoint, name)
-        if not is_uri(self.store_uri):
-            self.store_uri = os.path.abspath(self.store_uri)
+        self.store_uri = operator_root(self.checkpoint, name)
         self.sink = sink
         self.parallelism = parallelism
         self.backend = backend

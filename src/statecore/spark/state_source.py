@@ -45,8 +45,10 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from statecore.checkpoint import CheckpointStore
+from statecore.checkpoint.layout import is_uri
 from statecore.errors import CheckpointNotFoundError, InvalidInputError
 from statecore.offline import change_schema, read_changes, read_state, state_schema
+from statecore.spark.operator import operator_root
 
 __all__ = ["StateDataSource", "register"]
 
@@ -105,9 +107,10 @@ def _plan(options) -> _Plan:
     if not state_name:
         raise InvalidInputError("format('statecore') needs option stateName")
     op = options.get("operatorName")
-    root = path.rstrip("/") + "/" + op if op else path
-    if "://" not in root:
-        root = os.path.abspath(root)
+    if op:
+        root = operator_root(path, op)  # where StatefulOperator(op, checkpoint=path) keeps it
+    else:
+        root = path if is_uri(path) else os.path.abspath(path)
     store = CheckpointStore(root)
     versions = store.versions()
     if not versions:
