@@ -8,6 +8,7 @@ activity periods that the event-time idle TTL defines (micro-batches from Spark'
 """
 
 import dataclasses
+import json
 import os
 
 import pyarrow.dataset as ds
@@ -102,6 +103,46 @@ def test_checkpoint_options_reach_both_operators(tmp_path, monkeypatch):
     pipe = DemoPipeline(cfg)
     for op in (pipe.sessions, pipe.routes):
         assert (op.retain_versions, op.max_runs, op.commit_timeout_s) == (5, 3, 12.5)
+
+
+def _spark_logs(root, sources, ends):
+    """A Spark checkpoint's file-source log (``sources``: {source log id: [file names]}) and
+    offset log (``ends``: {batch id: source end offset}), in Spark's formats."""
+    (root / "sources" / "0").mkdir(parents=True)
+    (root / "offsets").mkdir()
+    for sid, files in sources.items():
+        lines = ["v1"] + [json.dumps({"path": f"file:///landing/{f}", "timestamp": 1,
+                                      "batchId": sid}) for f in files]
+        (root / "sources" / "0" / str(sid)).write_text("\n".join(lines))
+    for b, end in ends.items():
+        (root / "offsets" / str(b)).write_text(
+            "\n".join(["v1", '{"batchWatermarkMs":0}', json.dumps({"logOffset": end})]))
+        (root / "offsets" / f".{b}.crc").write_bytes(b"x")
+
+
+def test_batch_plan_follows_the_offset_log(tmp_path):
+    # The usual case: one source log entry per micro-batch.
+    plain = tmp_path / "plain"
+    _spark_logs(plain, {0: ["a", "b"], 1: ["c"], 2: ["d"]}, {0: 0, 1: 1, 2: 2})
+    assert batch_plan(str(plain)) == {"a": 0, "b": 0, "c": 1, "d": 2}
+    # A driver killed after the source logged entry 1 and before offsets/1 was written: the
+    # restarted query's micro-batch 1 reads entries 1 and 2; entry 4 is in no batch yet.
+    killed = tmp_path / "killed"
+    _spark_logs(killed, {0: ["a"], 1: ["b"], 2: ["c"], 3: ["d"], 4: ["e"]},
+                {0: 0, 1: 2, 2: 3})
+    assert batch_plan(str(killed)) == {"a": 0, "b": 1, "c": 1, "d": 2}
+    # An offset log that no longer reaches back to a file's micro-batch.
+    purged = tmp_path / "purged"
+    _spark_logs(purged, {0: ["a"], 1: ["b"]}, {1: 1})
+    with pytest.raises(ValueError, match="no longer holds"):
+        batch_plan(str(purged))
+    bad = tmp_path / "bad"
+    _spark_logs(bad, {0: ["a"]}, {0: 0})
+    (bad / "offsets" / "0").write_text("v1\n{}\n")
+    with pytest.raises(ValueError, match="third line"):
+        batch_plan(str(bad))
+    with pytest.raises(FileNotFoundError):
+        batch_plan(str(tmp_path / "nothing"))
 
 
 # ----------------------------------------------------------------------------- with Spark
@@ -211,6 +252,28 @@ def test_stop_and_restart_with_another_parallelism(spark, tmp_path, kind, chain)
         assert run.checkpoint_loads >= 2 * min(n, 2)
     assert run.last_batch_id == 4
     _assert_matches_spark_sql(spark, cfg)
+
+
+@pytest.mark.spark
+def test_driver_lost_between_the_source_log_and_the_offset_log(spark, tmp_path):
+    """A driver that dies after the file source logged the next micro-batch's files and before
+    the offset log recorded that micro-batch: the restarted query reads that source log entry
+    together with the next one in one micro-batch (two triggers' files), and the output still
+    equals the Spark SQL reference of the batches that actually ran."""
+    cfg = _cfg(tmp_path, backend="python", files_per_trigger=4, max_batches=2)
+    first = run_demo(cfg, spark=spark, progress=None)
+    assert first.stopped_early and first.micro_batches == 2
+    spark_ckpt = tmp_path / "ckpt" / "spark"
+    # --max-batches stopped the query inside micro-batch 2, before the operators ran: what
+    # remains once offsets/2 is gone is what a driver killed between the two logs leaves.
+    assert (spark_ckpt / "sources" / "0" / "2").exists()
+    for name in ("2", ".2.crc"):
+        (spark_ckpt / "offsets" / name).unlink(missing_ok=True)
+    rest = run_demo(dataclasses.replace(cfg, max_batches=None), spark=spark, progress=None)
+    assert rest.flushed and rest.micro_batches == 3
+    plan = batch_plan(str(spark_ckpt))
+    assert sorted(plan.values()).count(2) == 8 and max(plan.values()) == 4
+    _assert_matches_spark_sql(spark, cfg, plan)
 
 
 @pytest.mark.spark

@@ -213,8 +213,13 @@ def undisturbed(spark, cluster, python_env, tmp_path_factory):
                 outputs=_outputs(cfg), log=driver.output(), seen=seen)
 
 
-def _assert_same_as_undisturbed(cfg: DemoConfig, undisturbed) -> None:
-    assert batch_plan(os.path.join(cfg.checkpoint, "spark")) == undisturbed["plan"]
+def _assert_same_as_undisturbed(spark, cfg: DemoConfig, undisturbed) -> None:
+    """The run's output equals the undisturbed run's, row for row, when its micro-batches read
+    the same files; else (a driver killed between the file source's log and the offset log
+    makes one micro-batch read two triggers' files) it equals the Spark SQL reference."""
+    if batch_plan(os.path.join(cfg.checkpoint, "spark")) != undisturbed["plan"]:
+        _assert_matches_spark_sql(spark, cfg)
+        return
     got = _outputs(cfg)
     for name, rows in undisturbed["outputs"].items():
         assert got[name] == rows, name
@@ -286,17 +291,17 @@ def _finish_after_executor_loss(cluster, driver: Driver, cfg: DemoConfig, python
     assert _executors_launched(cluster) - launched >= 3, cluster.log_tails()
 
 
-def test_executor_sigkilled_during_tasks(undisturbed, cluster, python_env, tmp_path):
+def test_executor_sigkilled_during_tasks(spark, undisturbed, cluster, python_env, tmp_path):
     cfg = _cfg(tmp_path, landing=undisturbed["landing"])
     launched = _executors_launched(cluster)
     driver = Driver(cfg, cluster, python_env)
     _kill_an_executor(cluster, driver, cfg, "during_tasks")
     _finish_after_executor_loss(cluster, driver, cfg, python_env, launched)
-    _assert_same_as_undisturbed(cfg, undisturbed)
+    _assert_same_as_undisturbed(spark, cfg, undisturbed)
 
 
-def test_driver_sigkilled_then_executor_lost_between_batches(undisturbed, cluster, python_env,
-                                                             tmp_path):
+def test_driver_sigkilled_then_executor_lost_between_batches(spark, undisturbed, cluster,
+                                                             python_env, tmp_path):
     """The driver's process group SIGKILLed inside micro-batch 1; the restarted driver replays
     what was not committed, and right after its first micro-batch one executor is SIGKILLed
     (between micro-batches)."""
@@ -312,4 +317,4 @@ def test_driver_sigkilled_then_executor_lost_between_batches(undisturbed, cluste
     driver = Driver(cfg, cluster, python_env)
     _kill_an_executor(cluster, driver, cfg, "between_batches")
     _finish_after_executor_loss(cluster, driver, cfg, python_env, launched)
-    _assert_same_as_undisturbed(cfg, undisturbed)
+    _assert_same_as_undisturbed(spark, cfg, undisturbed)

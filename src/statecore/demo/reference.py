@@ -7,8 +7,9 @@ emitted per route must equal ``groupBy(origin, dest)`` over the route's last act
 
 Activity periods (the idle TTL of :mod:`statecore.demo.processors`) depend on which micro-batch
 each row arrived in, because event-time TTL runs on the watermark. The queries take that from
-Spark's own record: the file source's log in the streaming checkpoint (:func:`batch_plan`), or
-an explicit ``{file name: batch id}`` mapping. For one operator and key they model:
+Spark's own record: the file source's log and the offset log in the streaming checkpoint
+(:func:`batch_plan`), or an explicit ``{file name: batch id}`` mapping. For one operator and
+key they model:
 
 * the watermark of micro-batch ``b`` = the largest event time of the operator's rows in
   micro-batches before ``b`` (none for the first);
@@ -31,18 +32,15 @@ __all__ = ["batch_plan", "reference_sessions", "reference_routes", "final_route_
            "read_sessions"]
 
 
-def batch_plan(spark_checkpoint: str) -> Dict[str, int]:
-    """``{file name: micro-batch id}`` of the first file source of a Structured Streaming query,
-    from its checkpoint's source log (``<spark_checkpoint>/sources/0/``: files ``N`` and
-    ``N.compact``, a ``v1`` line then one JSON object per file with ``path`` and ``batchId``).
-
-    Raises FileNotFoundError when there is no such log and ValueError for an entry that does
-    not parse."""
+def _source_log(spark_checkpoint: str) -> Dict[str, int]:
+    """``{file name: file-source log id}`` from ``<spark_checkpoint>/sources/0/`` (files ``N``
+    and ``N.compact``: a ``v1`` line then one JSON object per file with ``path`` and
+    ``batchId``, the id of the source's own log entry)."""
     log_dir = os.path.join(spark_checkpoint, "sources", "0")
     names = [n for n in os.listdir(log_dir) if not n.startswith(".")]
     if not names:
         raise FileNotFoundError(f"no file-source log entries in {log_dir}")
-    plan: Dict[str, int] = {}
+    ids: Dict[str, int] = {}
     for name in names:
         with open(os.path.join(log_dir, name), encoding="utf-8") as f:
             lines = f.read().splitlines()
@@ -51,9 +49,61 @@ def batch_plan(spark_checkpoint: str) -> Dict[str, int]:
                 continue
             try:
                 entry = json.loads(line)
-                plan[entry["path"].rstrip("/").rsplit("/", 1)[-1]] = int(entry["batchId"])
+                ids[entry["path"].rstrip("/").rsplit("/", 1)[-1]] = int(entry["batchId"])
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise ValueError(f"{os.path.join(log_dir, name)}: bad entry {line!r}") from exc
+    return ids
+
+
+def _source_end_offsets(spark_checkpoint: str) -> Dict[int, int]:
+    """``{micro-batch id: end offset of source 0}`` from the offset log
+    ``<spark_checkpoint>/offsets/`` (one file per batch id: a ``v1`` line, the batch's metadata
+    line, then one line per source; the file source's is ``{"logOffset": N}``)."""
+    off_dir = os.path.join(spark_checkpoint, "offsets")
+    ends: Dict[int, int] = {}
+    for name in os.listdir(off_dir):
+        if not name.isdigit():
+            continue
+        path = os.path.join(off_dir, name)
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+        try:
+            ends[int(name)] = int(json.loads(lines[2])["logOffset"])
+        except (IndexError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: no file-source offset on its third line") from exc
+    if not ends:
+        raise FileNotFoundError(f"no offset log entries in {off_dir}")
+    return ends
+
+
+def batch_plan(spark_checkpoint: str) -> Dict[str, int]:
+    """``{file name: micro-batch id}`` of the first file source of a Structured Streaming query,
+    from its checkpoint: the source's log (``sources/0/``) gives each file's source log id, the
+    offset log (``offsets/N``) each micro-batch's end offset, and micro-batch ``N`` reads the
+    source log ids in ``(end(N-1), end(N)]`` (Spark's ``FileStreamSource.getBatch``).
+
+    The two ids usually agree, but not always: a driver that dies after the source logged its
+    next files and before the offset log recorded the batch leaves a source log entry that the
+    restarted query reads together with the next one, in one micro-batch. Files logged by the
+    source but in no micro-batch yet are left out.
+
+    Raises FileNotFoundError when either log is missing or empty and ValueError for an entry
+    that does not parse or a source log id before the oldest offset the log still holds."""
+    ids = _source_log(spark_checkpoint)
+    ends = _source_end_offsets(spark_checkpoint)
+    batches = sorted(ends)
+    first = batches[0]
+    floor = -1 if first == 0 else None  # the start of the oldest batch still in the log
+    plan: Dict[str, int] = {}
+    for name, sid in ids.items():
+        batch = next((b for b in batches if sid <= ends[b]), None)
+        if batch is None:
+            continue  # logged by the source, not yet in a micro-batch
+        if batch == first and (floor is None or sid <= floor):
+            raise ValueError(
+                f"{spark_checkpoint}: file {name} (source log id {sid}) belongs to a "
+                f"micro-batch before {first}, which the offset log no longer holds")
+        plan[name] = batch
     return plan
 
 
