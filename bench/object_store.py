@@ -133,7 +133,7 @@ def _store_figures(store: CheckpointStore, backend, impl: str) -> dict:
     def fetch():
         reader = store.open(1)
         try:
-            reader.prefetch(0, reader.max_parallelism - 1)
+            reader.prefetch(0, reader.max_parallelism - 1, wait=True)
         finally:
             reader.release()
 

@@ -21,9 +21,10 @@ import pyarrow.fs as pafs
 import pytest
 
 from statecore import CheckpointStore, ReducingStateDescriptor, create_backend
+from statecore.checkpoint import readers
 from statecore.checkpoint.layout import join_uri
 from statecore.checkpoint.lease import LEASE_NAME
-from statecore.errors import CorruptCheckpointError, FencedError
+from statecore.errors import CheckpointIOError, CorruptCheckpointError, FencedError
 from support.s3_server import (
     DroppingProxy,
     S3DelegatingHandler,
@@ -355,6 +356,40 @@ def test_failure_mid_upload_leaves_the_last_version_restorable(s3, prefix, fault
         assert _contents(_restored(store, 2, impl="native")) == _contents(b)
         store.retain(1)
         assert _referenced_files_exist(s3.filesystem(), store) == []
+        b.close()
+    finally:
+        proxy.close()
+
+
+@pytest.mark.parametrize("piece_bytes", [None, 256 << 10])
+def test_read_failure_mid_restore_is_an_io_error_and_changes_nothing(s3, prefix, monkeypatch,
+                                                                     piece_bytes):
+    """A connection cut mid-download while a restore reads a data file: CheckpointIOError (an
+    OSError naming the file; the file is intact, so not CorruptCheckpointError), the backend
+    stays empty, and once the network is back the same restore succeeds. With small prefetch
+    pieces the restore reads the run in parallel pieces: the same outcome, no hang, and an
+    undisturbed restore through pieces equals one through a single read."""
+    if piece_bytes is not None:
+        monkeypatch.setattr(readers, "REMOTE_PIECE_BYTES", piece_bytes)
+        monkeypatch.setattr(readers, "REMOTE_CHUNK_BYTES", 1 << 20)
+    proxy = DroppingProxy(s3.port)
+    try:
+        store = _store_through(s3, proxy, prefix)
+        b, _ = _loaded(600_000)
+        store.checkpoint(b, 1)
+        assert store.manifest(1)["files"][0]["size"] > 4 << 20
+        want = _contents(b)
+        proxy.drop_downstream_after(2 << 20)
+        fresh = create_backend("native", key_type="int64")
+        with pytest.raises(CheckpointIOError, match="checkpoint data file .*cannot") as exc:
+            store.restore(fresh, 1)
+        assert not isinstance(exc.value, CorruptCheckpointError)
+        assert isinstance(exc.value, OSError) and proxy.dropped >= 1
+        assert fresh.num_entries() == 0
+        proxy.heal()
+        store.restore(fresh, 1)
+        assert _contents(fresh) == want
+        fresh.close()
         b.close()
     finally:
         proxy.close()

@@ -27,6 +27,7 @@ from statecore.descriptors import (
 )
 from statecore.errors import (
     CheckpointError,
+    CheckpointIOError,
     CheckpointNotFoundError,
     CorruptCheckpointError,
     InvalidInputError,
@@ -47,7 +48,8 @@ __all__ = [
     "create_backend", "KeyedStateBackend", "StateSnapshot", "ValueState", "ListState", "MapState",
     "ReducingState", "AggregatingState", "CheckpointStore", "AggregateFunction",
     "AggregatingStateDescriptor", "ListStateDescriptor", "MapStateDescriptor",
-    "ReducingStateDescriptor", "ValueStateDescriptor", "CheckpointError", "CheckpointNotFoundError",
+    "ReducingStateDescriptor", "ValueStateDescriptor", "CheckpointError", "CheckpointIOError",
+    "CheckpointNotFoundError",
     "CorruptCheckpointError", "InvalidInputError", "StateError", "StateMigrationError",
     "KeyGroupRange", "compute_default_max_parallelism", "key_group_range_for_operator",
     "operator_index_for_key_group", "StateTtlConfig", "StateVisibility", "UpdateType",

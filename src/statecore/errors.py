@@ -28,6 +28,13 @@ class CorruptCheckpointError(CheckpointError):
     missing although a manifest references it. The message names the file."""
 
 
+class CheckpointIOError(CheckpointError, OSError):
+    """Reading a checkpoint file failed below the format: the filesystem or object store
+    refused or dropped the request (network, permissions, a server error). The file may well
+    be intact; retrying later can succeed. The message names the file. (A file whose bytes are
+    wrong raises CorruptCheckpointError instead.)"""
+
+
 class FencedError(CheckpointError):
     """Another driver took over the checkpoint root (its lease, statecore.checkpoint.lease):
     this store may no longer commit, compact or delete there. Nothing it published after the

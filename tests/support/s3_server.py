@@ -124,7 +124,8 @@ def start_s3_server(log_dir: str):
 class DroppingProxy:
     """A TCP proxy on ``127.0.0.1:port`` in front of ``target_port``, run by threads of this
     process. :meth:`drop_after` makes it cut every connection once ``n`` more bytes went from
-    clients to the server (a request failing mid-upload); :meth:`down` closes the listener and
+    clients to the server (a request failing mid-upload), :meth:`drop_downstream_after` once
+    ``n`` more went from the server to clients (a read failing mid-download); :meth:`down` closes the listener and
     every connection at once (the server dying), :meth:`down_after` does so once ``n`` more
     bytes went upstream (the server dying mid-upload), :meth:`call_after` runs a function at
     such a point (e.g. kills the server behind it), :meth:`up` listens again on the same port;
@@ -135,6 +136,7 @@ class DroppingProxy:
         self.port = free_port()
         self._lock = threading.Lock()
         self._budget: int | None = None  # bytes still forwarded upstream; None = unlimited
+        self._down_budget: int | None = None  # the same, from the server to clients
         self._conns: set[socket.socket] = set()
         self._listener: socket.socket | None = None
         self._closed = False
@@ -171,6 +173,12 @@ class DroppingProxy:
         with self._lock:
             self._budget = n
 
+    def drop_downstream_after(self, n: int) -> None:
+        """Cut every connection once ``n`` more bytes went from the server to clients (a read
+        failing mid-download), and every later one, until :meth:`heal`."""
+        with self._lock:
+            self._down_budget = n
+
     def call_after(self, n: int, hook) -> None:
         """Call ``hook()`` once ``n`` more bytes went upstream, before forwarding the next ones
         (then forward everything)."""
@@ -186,6 +194,7 @@ class DroppingProxy:
     def heal(self) -> None:
         with self._lock:
             self._budget = None
+            self._down_budget = None
             self._down_when_spent = False
 
     def close(self) -> None:
@@ -250,6 +259,14 @@ class DroppingProxy:
                             hook()  # e.g. the server killed with part of a request sent
                         upstream.sendall(data)
                     else:
+                        with self._lock:
+                            if self._down_budget is not None:
+                                if len(data) > self._down_budget:
+                                    self._down_budget = 0
+                                    self.dropped += 1
+                                    reset = True
+                                    return
+                                self._down_budget -= len(data)
                         client.sendall(data)
         except OSError:
             reset = True

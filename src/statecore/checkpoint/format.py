@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +41,12 @@ from statecore.checkpoint.blocks import (  # the block codec, re-exported (__all
     native_decode_blocks,
     xxh64,
 )
-from statecore.errors import CorruptCheckpointError, InvalidInputError, StateMigrationError
+from statecore.errors import (
+    CheckpointIOError,
+    CorruptCheckpointError,
+    InvalidInputError,
+    StateMigrationError,
+)
 from statecore.key_groups import KeyGroupRange
 
 __all__ = [
@@ -488,7 +495,10 @@ class DataFileReader:
                  expected_footer_xxh64: int | None = None):
         self.name = name
         self._file = file
-        self._prefetched: list[tuple[int, int, pa.Buffer]] = []
+        #: ``(lo, hi, bytes)`` of prefetched ranges, ascending; ``bytes`` a pa.Buffer or, for a
+        #: parallel prefetch, the Future of one.
+        self._prefetched: list[tuple[int, int, Any]] = []
+        self._count_lock = threading.Lock()
         #: Bytes read from the file so far (footer, prefetched ranges and blocks).
         self.bytes_read = 0
         try:
@@ -511,10 +521,28 @@ class DataFileReader:
             else:
                 data = self._file.read_at(length, offset)
         except OSError as exc:
-            raise self._fail(f"cannot read {what} ({length} bytes at {offset}): {exc}") from exc
+            raise self._io_error(what, offset, length, exc) from exc
+        return self._counted(data, offset, length, what)
+
+    def _read_at(self, offset: int, length: int, what: str) -> pa.Buffer:
+        """:meth:`_read` for any thread: one positional read (``read_at`` keeps no file
+        position, so reads of several threads do not interfere), into fresh memory."""
+        try:
+            data = self._file.read_at(length, offset)
+        except OSError as exc:
+            raise self._io_error(what, offset, length, exc) from exc
+        return self._counted(data, offset, length, what)
+
+    def _io_error(self, what: str, offset: int, length: int, exc: OSError) -> CheckpointIOError:
+        return CheckpointIOError(
+            f"checkpoint data file {self.name}: cannot read {what} ({length} bytes at "
+            f"{offset}): {exc}")
+
+    def _counted(self, data, offset: int, length: int, what: str) -> pa.Buffer:
         if not isinstance(data, pa.Buffer):
             data = pa.py_buffer(data)
-        self.bytes_read += data.size
+        with self._count_lock:
+            self.bytes_read += data.size
         if data.size != length:
             raise self._fail(f"truncated: {what} needs {length} bytes at {offset}, got {data.size}")
         return data
@@ -640,9 +668,18 @@ class DataFileReader:
         """State metas recorded by the writer (list of JSON-able dicts, in file order)."""
         return [dict(m) for m in self.meta["states"]]
 
-    def prefetch(self, start: int, end: int) -> int:
-        """Read the byte range of key groups ``[start, end]`` (all states) with one ranged read
-        and keep it for :meth:`entries`. Returns the number of bytes read."""
+    def prefetch(self, start: int, end: int, *, pool=None, chunk_bytes: int = 4 << 20) -> int:
+        """Fetch the byte range of key groups ``[start, end]`` (all states) and keep it for
+        :meth:`entries`. Returns the number of bytes it covers.
+
+        Without ``pool``: one ranged read, now. With ``pool`` (a
+        ``concurrent.futures.Executor``) and a range longer than ``chunk_bytes``: the range is
+        cut at block starts into pieces of about ``chunk_bytes`` that the pool reads in
+        parallel; this returns at once and a later read waits only for the pieces it needs --
+        on an object store, where a read is a round trip and one stream rarely fills the link,
+        decoding the first pieces overlaps the download of the rest. Read errors surface at the
+        read that needs the piece (CheckpointIOError, CorruptCheckpointError) or at
+        :meth:`wait_prefetched`."""
         rows = self._index_rows
         if not len(rows):
             return 0
@@ -651,18 +688,65 @@ class DataFileReader:
             return 0
         lo = int(sel["offset"].min())
         hi = int((sel["offset"] + sel["length"]).max())
-        self._prefetched.append((lo, hi, self._read(lo, hi - lo, f"key groups {start}..{end}")))
+        what = f"key groups {start}..{end}"
+        if pool is None:
+            self._prefetched.append((lo, hi, self._read(lo, hi - lo, what)))
+        elif hi - lo <= chunk_bytes:
+            self._prefetched.append((lo, hi, pool.submit(self._read_at, lo, hi - lo, what)))
+        else:
+            # Blocks tile the data region in file order: the first block start at or after each
+            # target offset is a cut that splits no block.
+            offsets = self._blocks["offset"].astype(np.int64)
+            targets = np.arange(lo + chunk_bytes, hi, chunk_bytes, dtype=np.int64)
+            idx = np.searchsorted(offsets, targets)
+            cuts = sorted({int(offsets[i]) for i in idx if i < len(offsets)} - {lo} | {hi})
+            a = lo
+            for b in cuts:
+                if b <= a or b > hi:
+                    continue
+                self._prefetched.append((a, b, pool.submit(self._read_at, a, b - a, what)))
+                a = b
+        self._prefetched.sort(key=lambda p: p[0])
         return hi - lo
 
+    def wait_prefetched(self) -> None:
+        """Return once every piece of a parallel :meth:`prefetch` arrived; raises the first
+        read error (CheckpointIOError, CorruptCheckpointError)."""
+        for _, _, buf in self._prefetched:
+            if isinstance(buf, Future):
+                buf.result()
+
     def drop_prefetched(self) -> None:
-        """Forget the bytes :meth:`prefetch` read (later reads read from the file again)."""
-        self._prefetched = []
+        """Forget the bytes :meth:`prefetch` read (later reads read from the file again); reads
+        still in flight are cancelled or waited for."""
+        pending, self._prefetched = self._prefetched, []
+        futures = [b for _, _, b in pending if isinstance(b, Future)]
+        for f in futures:
+            f.cancel()
+        wait(futures)
 
     def _range(self, offset: int, length: int, what: str) -> pa.Buffer:
+        end = offset + length
+        parts = []
+        at = offset
         for lo, hi, buf in self._prefetched:
-            if lo <= offset and offset + length <= hi:
-                return buf.slice(offset - lo, length)
-        return self._read(offset, length, what)
+            if hi <= at:
+                continue
+            if lo > at:
+                break  # a gap: ranges are sorted by start
+            if isinstance(buf, Future):
+                buf = buf.result()
+            take = min(hi, end) - at
+            parts.append(buf.slice(at - lo, take))
+            at += take
+            if at >= end:
+                break
+        if at < end:
+            return self._read(offset, length, what)
+        if len(parts) == 1:
+            return parts[0]
+        # A read across pieces of a parallel prefetch: one copy.
+        return pa.py_buffer(np.concatenate([np.frombuffer(p, dtype=np.uint8) for p in parts]))
 
     def _whole_layout(self, state: str):
         """The state meta of ``state`` when its entries are in a layout of an older format (a
@@ -836,8 +920,9 @@ class DataFileReader:
         return keys, values
 
     def close(self) -> None:
-        """Close the underlying file and drop prefetched bytes (idempotent)."""
-        self._prefetched = []
+        """Close the underlying file and drop prefetched bytes (idempotent); waits for reads of
+        a parallel prefetch still in flight."""
+        self.drop_prefetched()
         if self._file is not None:
             self._file.close()
             self._file = None

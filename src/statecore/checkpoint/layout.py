@@ -187,8 +187,9 @@ class CheckpointRoot:
     ``uri_or_path``: a local path (str or ``os.PathLike``) or a URI understood by
     ``pyarrow.fs.FileSystem.from_uri``; ``filesystem``: a filesystem to use instead (the path is
     then inside it). Attributes: ``fs``, ``root`` (absolute path in ``fs``, no trailing ``/``),
-    ``uri`` (as given), ``atomic_rename``. Raises InvalidInputError for a bad root or filesystem.
-    Nothing is created until the first write.
+    ``uri`` (as given), ``atomic_rename``, ``is_local`` (the files are local OS files: reads are
+    cheap system calls, not round trips to a server). Raises InvalidInputError for a bad root or
+    filesystem. Nothing is created until the first write.
     """
 
     #: Listings retried when a file vanished between the directory read and its stat.
@@ -218,6 +219,7 @@ class CheckpointRoot:
         self.uri = raw
         self.atomic_rename = _has_atomic_rename(filesystem)
         self._local = _local_os_path(filesystem, self.root) is not None  # fsync applies
+        self.is_local = self._local
 
     def path(self, rel: str) -> str:
         """The absolute path in :attr:`fs` of ``rel`` (relative to the root)."""

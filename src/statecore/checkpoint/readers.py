@@ -17,7 +17,10 @@ range, kind) when opened.
 from __future__ import annotations
 
 import operator
+import os
+import threading
 from bisect import bisect_right
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
 
 import numpy as np
@@ -35,13 +38,41 @@ from statecore.checkpoint.layout import CheckpointRoot
 from statecore.checkpoint.runs import plan_chains
 from statecore.checkpoint.verify import check_entries
 from statecore.descriptors import stored_format
-from statecore.errors import CheckpointError, CorruptCheckpointError, InvalidInputError
+from statecore.errors import (
+    CheckpointError,
+    CheckpointIOError,
+    CorruptCheckpointError,
+    InvalidInputError,
+)
 
 __all__ = ["CheckpointReader", "ChangesReader", "open_changes", "merge_newest_wins", "CHUNK_BYTES"]
 
 #: Decoded bytes per (keys, values) pair of :meth:`CheckpointReader.entries_chunks`: well below
 #: the 2 GiB an Arrow binary array holds, large enough that a partition is a handful of pairs.
 CHUNK_BYTES = 256 << 20
+
+#: A remote store's (not local files') prefetch: pieces of this many stored bytes, read by
+#: REMOTE_FETCH_THREADS threads, and entries_chunks pairs of at most REMOTE_CHUNK_BYTES
+#: decoded bytes, so that decoding the first pieces overlaps the download of the rest
+#: (DataFileReader.prefetch).
+REMOTE_PIECE_BYTES = 32 << 20
+REMOTE_FETCH_THREADS = 4
+REMOTE_CHUNK_BYTES = 16 << 20
+
+_pool_lock = threading.Lock()
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _fetch_pool() -> ThreadPoolExecutor:
+    """The process's pool of remote-prefetch threads, created on first use (and again in a
+    forked child, which inherits the object but not its threads: PySpark forks its Python
+    workers from a daemon)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool[0] != os.getpid():
+            _pool = (os.getpid(), ThreadPoolExecutor(REMOTE_FETCH_THREADS,
+                                                     thread_name_prefix="statecore-fetch"))
+        return _pool[1]
 
 # Not pa.array([]): pyarrow's first pa.array call imports pandas (its pandas shim), which would
 # make `import statecore` slow.
@@ -212,7 +243,7 @@ class CheckpointReader:
                 raise CorruptCheckpointError(
                     f"checkpoint data file {path} of version {self.version} is missing") from None
             except OSError as exc:
-                raise CorruptCheckpointError(
+                raise CheckpointIOError(
                     f"checkpoint data file {path} of version {self.version} cannot be opened: "
                     f"{exc}") from exc
             reader = DataFileReader(handle, path, expected_size=run["size"],
@@ -245,10 +276,14 @@ class CheckpointReader:
             self._open_files[run["path"]] = reader
         return reader
 
-    def prefetch(self, start: int, end: int) -> int:
-        """Fetch the blocks of key groups ``[start, end]`` ∩ this version's range with one ranged
-        read per run that those key groups need, for later :meth:`entries` calls. Returns the
-        bytes read."""
+    def prefetch(self, start: int, end: int, *, wait: bool = False) -> int:
+        """Fetch the blocks of key groups ``[start, end]`` ∩ this version's range, for later
+        :meth:`entries` calls: one ranged read per run that those key groups need, or, on a
+        remote store (not local files), pieces of :data:`REMOTE_PIECE_BYTES` read in parallel by
+        a pool of :data:`REMOTE_FETCH_THREADS` threads while the caller goes on
+        (:meth:`DataFileReader.prefetch`); ``wait=True`` returns only once every piece arrived
+        (raising the first read error: CheckpointIOError, CorruptCheckpointError). Returns the
+        bytes covered."""
         spans: dict[str, list] = {}
         for a, b, chain in self._segments:
             lo, hi = max(a, start), min(b, end)
@@ -257,7 +292,15 @@ class CheckpointReader:
             for r in chain:
                 sp = spans.setdefault(r["path"], [r, lo, hi])
                 sp[1], sp[2] = min(sp[1], lo), max(sp[2], hi)
-        return sum(self.data_file(r).prefetch(lo, hi) for r, lo, hi in spans.values())
+        if self._root.is_local:
+            return sum(self.data_file(r).prefetch(lo, hi) for r, lo, hi in spans.values())
+        pool = _fetch_pool()
+        covered = sum(self.data_file(r).prefetch(lo, hi, pool=pool, chunk_bytes=REMOTE_PIECE_BYTES)
+                      for r, lo, hi in spans.values())
+        if wait:
+            for r, _, _ in spans.values():
+                self.data_file(r).wait_prefetched()
+        return covered
 
     def drop_prefetched(self) -> None:
         """Forget the bytes :meth:`prefetch` fetched (later reads read again)."""
@@ -318,7 +361,7 @@ class CheckpointReader:
                 f"runs {[r['path'] for r in runs]}: {exc}") from exc
 
     def entries_chunks(self, state_name: str, start: int, end: int,
-                       max_bytes: int = CHUNK_BYTES
+                       max_bytes: int | None = None
                        ) -> Iterator[tuple[pa.BinaryArray, pa.BinaryArray]]:
         """The entries of ``state_name`` in key groups ``[start, end]`` ∩ this version's range
         as a few large ``(keys, values)`` pairs instead of one per key group: each pair is what
@@ -327,10 +370,14 @@ class CheckpointReader:
         of the key groups' chain in one pass (each run decoded with one native call for them
         all, :meth:`DataFileReader.entries_range`). A pair covers whole key groups and holds at
         most ``max_bytes`` of decoded blocks (summed over the runs) unless one key group alone
-        holds more. Timer states are read key group by key group (their newest run only).
-        Errors as :meth:`entries`; a state not in the version yields nothing."""
+        holds more (default :data:`CHUNK_BYTES`, :data:`REMOTE_CHUNK_BYTES` on a remote store:
+        smaller pairs let decoding overlap a parallel :meth:`prefetch`). Timer states are read
+        key group by key group (their newest run only). Errors as :meth:`entries`; a state not
+        in the version yields nothing."""
         if state_name not in self._names:
             return
+        if max_bytes is None:
+            max_bytes = CHUNK_BYTES if self._root.is_local else REMOTE_CHUNK_BYTES
         for a, b, chain in self._segments:
             lo, hi = max(a, start), min(b, end)
             runs = self._runs_holding(state_name, chain) if lo <= hi else []
