@@ -22,6 +22,7 @@ from statecore.checkpoint.format import (
     DataFileReader,
     cut_points,
 )
+from statecore.checkpoint.layout import redact_uri
 from statecore.errors import (
     CheckpointError,
     CheckpointNotFoundError,
@@ -834,3 +835,22 @@ def test_importing_statecore_does_not_import_pandas():
             "print('pandas' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_credentials_in_a_root_uri_stay_out_of_messages():
+    """``s3://KEY:SECRET@bucket/...`` and secret query parameters are redacted wherever the
+    root is named: ``CheckpointStore.uri`` and the error for a URI pyarrow refuses."""
+    assert redact_uri("s3://AK:SK@bucket/p?endpoint_override=h:1&scheme=http") == \
+        "s3://***@bucket/p?endpoint_override=h:1&scheme=http"
+    assert redact_uri("s3://b/p?access_key=AK&secret_key=SK&region=r") == \
+        "s3://b/p?access_key=***&secret_key=***&region=r"
+    assert redact_uri("failed: gs://u@b/x?session_token=T (retry)") == \
+        "failed: gs://***@b/x?session_token=*** (retry)"
+    for plain in ("/data/a@b/ckpt", "s3://bucket/prefix", "relative/x"):
+        assert redact_uri(plain) == plain
+    store = CheckpointStore("s3://AKX:SKX@bucket/p?endpoint_override=127.0.0.1:9&scheme=http"
+                            "&region=us-east-1")
+    assert "SKX" not in store.uri and "AKX" not in store.uri
+    with pytest.raises(InvalidInputError) as exc:
+        CheckpointStore("s3://AKX:SKX@bucket/p?region=us-east-1&no_such_option=1")
+    assert "SKX" not in str(exc.value) and "***@bucket" in str(exc.value)

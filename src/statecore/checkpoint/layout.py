@@ -44,7 +44,7 @@ __all__ = [
     "CheckpointRoot", "MAX_VERSION", "check_version", "check_writer", "check_commit_id",
     "version_dir",
     "manifest_name", "data_path", "pending_path", "compacted_data_path", "is_compacted_name",
-    "manifest_version", "is_version_dir", "join_uri", "is_uri",
+    "manifest_version", "is_version_dir", "join_uri", "is_uri", "redact_uri",
 ]
 
 #: Highest checkpoint version (versions are ints in ``[0, 10**20)``, 20 decimal digits).
@@ -135,6 +135,23 @@ def join_uri(base: str, name: str) -> str:
     return path.rstrip("/") + "/" + name + sep + query
 
 
+#: Query parameters of a filesystem URI whose values are secrets (``pyarrow.fs`` S3 URIs may
+#: carry ``access_key``/``secret_key``/``session_token``).
+_SECRET_PARAM_RE = re.compile(
+    r"(?i)([?&][^=&\s]*(?:secret|token|password|access_key)[^=&\s]*=)[^&\s'\"]*")
+_USERINFO_RE = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)[^/@?#\s'\"]*@")
+
+
+def redact_uri(text: str) -> str:
+    """``text`` (a URI, or a message that may contain URIs) fit for messages and logs: the
+    user info of every URI (``s3://KEY:SECRET@bucket/prefix``) and the values of query
+    parameters that carry secrets (names containing ``secret``, ``token``, ``password`` or
+    ``access_key``) replaced by ``***``. A local path comes back unchanged."""
+    if "://" not in text:
+        return text
+    return _SECRET_PARAM_RE.sub(r"\1***", _USERINFO_RE.sub(r"\1***@", text))
+
+
 def is_uri(path: str) -> bool:
     """True when ``path`` is a URI (``scheme://...``) rather than a local path."""
     return "://" in path
@@ -187,9 +204,10 @@ class CheckpointRoot:
     ``uri_or_path``: a local path (str or ``os.PathLike``) or a URI understood by
     ``pyarrow.fs.FileSystem.from_uri``; ``filesystem``: a filesystem to use instead (the path is
     then inside it). Attributes: ``fs``, ``root`` (absolute path in ``fs``, no trailing ``/``),
-    ``uri`` (as given), ``atomic_rename``, ``is_local`` (the files are local OS files: reads are
-    cheap system calls, not round trips to a server). Raises InvalidInputError for a bad root or
-    filesystem. Nothing is created until the first write.
+    ``uri`` (as given, credentials redacted: :func:`redact_uri`), ``atomic_rename``,
+    ``is_local`` (the files are local OS files: reads are cheap system calls, not round trips
+    to a server). Raises InvalidInputError for a bad root or filesystem. Nothing is created
+    until the first write.
     """
 
     #: Listings retried when a file vanished between the directory read and its stat.
@@ -204,7 +222,9 @@ class CheckpointRoot:
                 try:
                     filesystem, path = pafs.FileSystem.from_uri(raw)
                 except (pa.ArrowInvalid, OSError) as exc:
-                    raise InvalidInputError(f"cannot open checkpoint URI {raw!r}: {exc}") from exc
+                    raise InvalidInputError(
+                        f"cannot open checkpoint URI {redact_uri(raw)!r}: {redact_uri(str(exc))}"
+                    ) from exc
             else:
                 filesystem, path = pafs.LocalFileSystem(), os.path.abspath(raw)
         else:
@@ -216,7 +236,8 @@ class CheckpointRoot:
             _finalize_s3_at_exit()
         self.fs = filesystem
         self.root = path.rstrip("/") or "/"
-        self.uri = raw
+        # Messages name the root through ``uri``: never with the credentials it may carry.
+        self.uri = redact_uri(raw)
         self.atomic_rename = _has_atomic_rename(filesystem)
         self._local = _local_os_path(filesystem, self.root) is not None  # fsync applies
         self.is_local = self._local

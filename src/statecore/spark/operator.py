@@ -760,13 +760,13 @@ class StatefulOperator:
             elif store.versions():
                 raise CheckpointNotFoundError(
                     f"operator {self.name}: {what} (version {version}) needs version {prev} of "
-                    f"{self.store_uri}, which is not committed (have {store.versions()[-5:]}); "
+                    f"{store.uri}, which is not committed (have {store.versions()[-5:]}); "
                     "the Spark checkpoint and the statecore checkpoint do not belong together")
             else:
                 # Starting empty here would silently lose the state of batches 0..prev.
                 raise CheckpointNotFoundError(
                     f"operator {self.name}: {what} needs version {prev} but "
-                    f"{self.store_uri} holds no committed version; the Spark checkpoint is "
+                    f"{store.uri} holds no committed version; the Spark checkpoint is "
                     "older than the statecore checkpoint (use a fresh Spark checkpoint too)")
         if prev_meta:
             if int(prev_meta["max_parallelism"]) != mp:
