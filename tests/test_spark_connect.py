@@ -234,3 +234,16 @@ def test_demo_api_through_spark_connect_stop_resume_and_unsupported(spark, conne
     sessions = _assert_matches_spark_sql(spark, str(tmp_path / "ckpt"), str(tmp_path / "out"),
                                          6 * 3_600_000, 6 * DAY_MS)
     assert rest["sessions"] == sessions
+
+
+@pytest.mark.slow
+def test_processor_from_a_client_only_module_runs_on_the_server(connect_server, tmp_path):
+    """A processor class from a file module that only the client can import runs in the
+    server's foreachBatch runner and its workers (shipped by value with the function)."""
+    script = os.path.join(TESTS, "support", "connect_user_module.py")
+    text = _run_client([script, connect_server.url, str(tmp_path), _backend()], connect_server,
+                       fresh=lambda: _clear(tmp_path))
+    r = json.loads([ln for ln in text.splitlines() if ln.startswith("{")][-1])
+    assert r["shipped"] == ["connect_user_mod"]
+    # Running counts per key across the two micro-batches (one file each).
+    assert r["out"] == {"0": [[1, 1], [2, 1], [2, 2], [3, 1]], "1": [[2, 3], [3, 2], [3, 3]]}

@@ -125,11 +125,12 @@ class DroppingProxy:
     """A TCP proxy on ``127.0.0.1:port`` in front of ``target_port``, run by threads of this
     process. :meth:`drop_after` makes it cut every connection once ``n`` more bytes went from
     clients to the server (a request failing mid-upload), :meth:`drop_downstream_after` once
-    ``n`` more went from the server to clients (a read failing mid-download); :meth:`down` closes the listener and
-    every connection at once (the server dying), :meth:`down_after` does so once ``n`` more
-    bytes went upstream (the server dying mid-upload), :meth:`call_after` runs a function at
-    such a point (e.g. kills the server behind it), :meth:`up` listens again on the same port;
-    :meth:`heal` forwards everything again. :meth:`close` ends it."""
+    ``n`` more went from the server to clients (a read failing mid-download); :meth:`down`
+    closes the listener and every connection at once (the server dying), :meth:`down_after`
+    does so once ``n`` more bytes went upstream (the server dying mid-upload),
+    :meth:`call_after` runs a function at such a point (e.g. kills the server behind it),
+    :meth:`up` listens again on the same port; :meth:`heal` forwards everything again.
+    :meth:`close` ends it."""
 
     def __init__(self, target_port: int):
         self.target_port = target_port
