@@ -18,6 +18,7 @@ from statecore.descriptors import ValueStateDescriptor
 from statecore.errors import InvalidInputError, StateError
 from statecore.key_groups import operator_index_for_key_group, spark_key_group
 from statecore.spark import KeyedProcessor, StatefulOperator
+from support.user_modules import counter_module
 
 pytestmark = pytest.mark.spark
 
@@ -422,35 +423,7 @@ def test_public_names_of_statecore_spark():
     assert sp.epoch_ms(ts).to_pylist() == [-1, 0, 1999]
 
 
-USER_MODULE = '''
-import pyarrow as pa
-
-from statecore.descriptors import ValueStateDescriptor
-from statecore.spark import KeyedProcessor
-
-SCHEMA = pa.schema([("k", pa.int64()), ("count", pa.int64())])
-
-
-def bump(state):
-    state.update(state.value() + 1)
-    return state.value()
-
-
-class UserCounter(KeyedProcessor):
-    output_schema = SCHEMA
-
-    def open(self, ctx):
-        self.count = ctx.backend.get_state(ValueStateDescriptor("count", "int64", default=0))
-
-    def process_batch(self, batch, ctx):
-        rows = []
-        for k in sorted(batch.column("k").to_pylist()):
-            ctx.backend.set_current_key(k)
-            rows.append((k, bump(self.count)))
-        if rows:
-            yield pa.RecordBatch.from_pylist([{"k": k, "count": c} for k, c in rows],
-                                             schema=SCHEMA)
-'''
+USER_MODULE = counter_module("UserCounter")
 
 
 def test_processor_from_a_user_module_reaches_the_workers(spark, tmp_path, monkeypatch):

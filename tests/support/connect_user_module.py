@@ -16,32 +16,11 @@ import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from user_modules import counter_module
 
 from statecore.spark import StatefulOperator, remote_session, streaming_query_id
 
-USER_MODULE = '''
-import pyarrow as pa
-from statecore import ValueStateDescriptor
-from statecore.spark import KeyedProcessor
-
-SCHEMA = pa.schema([("k", pa.int64()), ("count", pa.int64())])
-
-
-class ConnectUserCounter(KeyedProcessor):
-    output_schema = SCHEMA
-
-    def open(self, ctx):
-        self.count = ctx.backend.get_state(ValueStateDescriptor("count", "int64", default=0))
-
-    def process_batch(self, batch, ctx):
-        rows = []
-        for k in sorted(batch.column("k").to_pylist()):
-            ctx.backend.set_current_key(k)
-            self.count.update(self.count.value() + 1)
-            rows.append({"k": k, "count": self.count.value()})
-        if rows:
-            yield pa.RecordBatch.from_pylist(rows, schema=SCHEMA)
-'''
+USER_MODULE = counter_module("ConnectUserCounter")
 
 
 def main(url: str, root: str, backend: str) -> None:
