@@ -156,7 +156,7 @@ def test_bootstrap_then_read_state_gives_the_input(tmp_path):
                              "value": ["c", "z", "b"]})),
     ]
     bootstrap_checkpoint(tmp_path, states, key_type="struct<string,int64>", max_parallelism=MP,
-                         now_ms=20)
+                         watermark_ms=20)
 
     def rows(name, *cols):
         t = pa.Table.from_batches(list(read_state(tmp_path, name)))
@@ -206,7 +206,7 @@ def _value_input(**cols):
      "position 1 is given more than once"),
     ([(ValueStateDescriptor("t", "int64").enable_time_to_live(
         StateTtlConfig(5, time_characteristic="event_time")),
-       pa.table({"key": ["a"], "value": [1]}))], {}, "need now_ms"),
+       pa.table({"key": ["a"], "value": [1]}))], {}, "need watermark_ms"),
     (_value_input(key=["a"], value=[1]), {"timers": pa.table({"key": ["a"]})},
      "no 'timestamp_ms'"),
     ([(ValueStateDescriptor("v", "int64"), [1, 2])], {}, "data must be a pyarrow Table"),

@@ -28,9 +28,10 @@ bootstraps a checkpoint as it is (``key_group`` is recomputed, not read):
   value type's Arrow type; a ``pickle`` value type takes binary holding the pickle bytes,
   stored as they are (no code runs). No nulls;
 * ``ttl_timestamp_ms``: for a state with TTL, the last-access timestamp to store (int64 ms or a
-  timestamp); a null, or no such column, stores ``now_ms``: the TTL clock's reading the
-  caller gives, else the wall clock at the call for processing-time TTL (event-time TTL needs
-  ``now_ms``, e.g. the watermark the job continues from). A state without TTL takes none.
+  timestamp); a null, or no such column, stores the TTL clock's reading, as a write would:
+  ``now_ms`` (default: the wall clock at the call) for processing-time TTL, ``watermark_ms``
+  (the watermark the job continues from; required then) for event-time TTL. A state without
+  TTL takes none.
 
 Timers (``timers=``): ``key``, ``timestamp_ms`` (int64 ms or a timestamp), optionally
 ``namespace`` (of ``timer_namespace_type``) and ``processing_time`` (bool; default event time).
@@ -239,15 +240,15 @@ class BootstrapPlan:
     """Checked inputs of a bootstrap, picklable (the Spark entry point ships it to its tasks):
     ``states`` (:class:`StateInput` list), ``key_type``, ``max_parallelism``, ``timers`` (timer
     rows, module docstring, or None), ``timer_namespace_type``, ``assigner`` ("spark" or
-    "flink") and ``now_ms`` (the TTL clock's reading for rows without a TTL timestamp; None:
-    the wall clock at construction for processing-time TTL, refused for event-time TTL when
-    needed). :meth:`write_runs` writes the data files of a range of key groups;
+    "flink"), ``now_ms`` and ``watermark_ms`` (the TTL clocks' readings for rows without a TTL
+    timestamp: processing time, default the wall clock at construction; event time, the
+    watermark). :meth:`write_runs` writes the data files of a range of key groups;
     :attr:`metas` are the version's state metas. InvalidInputError for bad arguments (module
     docstring)."""
 
     def __init__(self, states: Sequence[StateInput], *, key_type, max_parallelism: int,
                  timers: Any = None, timer_namespace_type: str = "void", assigner: str = "spark",
-                 now_ms: Optional[int] = None):
+                 now_ms: Optional[int] = None, watermark_ms: Optional[int] = None):
         self.max_parallelism = check_max_parallelism(max_parallelism)
         self.key_type = KT.key_type(key_type).name
         self.kt = KT.key_type(self.key_type)
@@ -259,14 +260,17 @@ class BootstrapPlan:
             raise InvalidInputError(f"timer_namespace_type must be one of {S.NAMESPACE_TYPES}, "
                                     f"got {timer_namespace_type!r}")
         self.timer_ns_type = timer_namespace_type
-        if now_ms is not None and (isinstance(now_ms, bool) or not isinstance(now_ms, int)):
-            raise InvalidInputError(f"now_ms must be an int (ms) or None, got {now_ms!r}")
+        for name, v in (("now_ms", now_ms), ("watermark_ms", watermark_ms)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                raise InvalidInputError(f"{name} must be an int (ms) or None, got {v!r}")
         self.now_ms = now_ms
+        self.watermark_ms = watermark_ms
         self.wall_ms = time.time_ns() // 1_000_000
         if isinstance(states, StateInput):
             states = [states]
-        self.states = [_State(s if isinstance(s, StateInput) else StateInput(*s), self.key_type)
-                       for s in states]
+        #: the states as StateInput
+        self.inputs = [s if isinstance(s, StateInput) else StateInput(*s) for s in states]
+        self.states = [_State(s, self.key_type) for s in self.inputs]
         names = [s.name for s in self.states]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -279,13 +283,13 @@ class BootstrapPlan:
     # ------------------------------------------------------------------------ encoding
 
     def _ttl_now(self, st: _State) -> int:
-        if self.now_ms is not None:
-            return self.now_ms
         if st.ttl.event_time:
-            raise InvalidInputError(
-                f"{st.what} has event-time TTL: rows without ttl_timestamp_ms need now_ms (the "
-                "watermark the state is stamped with)")
-        return self.wall_ms
+            if self.watermark_ms is None:
+                raise InvalidInputError(
+                    f"{st.what} has event-time TTL: rows without ttl_timestamp_ms need "
+                    "watermark_ms (the watermark the state is stamped with)")
+            return self.watermark_ms
+        return self.wall_ms if self.now_ms is None else self.now_ms
 
     def _suffixes(self, st: _State, batch: pa.RecordBatch, rows: List[int]) -> list:
         """Per row of ``rows``: the 8-byte TTL suffix, or b"" for a state without TTL."""
@@ -514,13 +518,15 @@ class BootstrapPlan:
         micro-batch of any Spark query opens a new stream at version 1,
         :mod:`statecore.spark.versions`), ``bootstrap`` True, ``max_parallelism``,
         ``key_type``, ``assigner``, ``state_entries`` (entries written, timers included),
-        ``writers``; then ``extra``."""
+        ``writers``, ``watermark_ms`` when given; then ``extra``."""
         meta = {"bootstrap": True, "flush": True, "final": False, "batch_id": None,
                 "batch_offset": 0, "max_parallelism": self.max_parallelism,
                 "key_type": self.key_type, "assigner": self.assigner,
                 "state_entries": sum(int(n) for d in descriptors
                                      for n in (d.get("entries") or {}).values()),
                 "writers": [d["writer"] for d in descriptors]}
+        if self.watermark_ms is not None:
+            meta["watermark_ms"] = self.watermark_ms
         meta.update(extra or {})
         return meta
 
@@ -537,7 +543,8 @@ def check_empty(store: CheckpointStore, what: str) -> None:
 def bootstrap_checkpoint(store, states: Sequence[StateInput], *, key_type,
                          max_parallelism: int = 128, timers: Any = None,
                          timer_namespace_type: str = "void", assigner: str = "spark",
-                         now_ms: Optional[int] = None, metadata: Optional[Dict[str, Any]] = None,
+                         now_ms: Optional[int] = None, watermark_ms: Optional[int] = None,
+                         metadata: Optional[Dict[str, Any]] = None,
                          memory_bytes: int = DEFAULT_MEMORY_BYTES) -> dict:
     """Write ``states`` (:class:`StateInput` list, or ``(descriptor, data[, namespace_type])``
     tuples) and ``timers`` as version 0 of the empty checkpoint root ``store`` (a
@@ -546,15 +553,18 @@ def bootstrap_checkpoint(store, states: Sequence[StateInput], *, key_type,
     in ``max_parallelism`` key groups; returns the committed manifest (dict).
 
     Rows and columns, TTL timestamps, timers and memory: module docstring. ``assigner``: the
-    key-group hash ("spark", the Spark operator's, or "flink"). ``metadata``: JSON-able fields
-    added to the version's metadata (:meth:`BootstrapPlan.metadata`), e.g. ``watermark_ms``.
+    key-group hash ("spark", the Spark operator's, or "flink"). ``now_ms``, ``watermark_ms``:
+    the TTL clocks (module docstring); ``watermark_ms`` is also committed as the version's
+    watermark, which a Spark operator continuing from it hands to its next micro-batch.
+    ``metadata``: JSON-able fields added to the version's metadata
+    (:meth:`BootstrapPlan.metadata`).
 
     Raises StateError when ``store`` already holds a committed version, InvalidInputError for
     bad arguments or rows (module docstring). A failure commits nothing (data files already
     written stay unreferenced)."""
     plan = BootstrapPlan(states, key_type=key_type, max_parallelism=max_parallelism,
                          timers=timers, timer_namespace_type=timer_namespace_type,
-                         assigner=assigner, now_ms=now_ms)
+                         assigner=assigner, now_ms=now_ms, watermark_ms=watermark_ms)
     if not isinstance(store, CheckpointStore):
         store = CheckpointStore(store)
     check_empty(store, "bootstrap")
