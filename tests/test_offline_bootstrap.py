@@ -20,6 +20,7 @@ from statecore import (
 from statecore.cli import main
 from statecore.errors import InvalidInputError, StateError
 from statecore.offline import StateInput, bootstrap_checkpoint, read_state
+from statecore.offline import bootstrap as bootstrap_module
 from statecore.ttl import ManualClock
 
 BACKENDS = ["python", "native"]
@@ -92,9 +93,14 @@ def _contents(b):
 
 @pytest.mark.parametrize("kind", BACKENDS)
 @pytest.mark.parametrize("memory_bytes", [256 * 1024 * 1024, 4096])
-def test_read_state_of_a_backend_bootstraps_the_same_entries(tmp_path, kind, memory_bytes):
+@pytest.mark.parametrize("native_keys", [True, False])
+def test_read_state_of_a_backend_bootstraps_the_same_entries(tmp_path, monkeypatch, kind,
+                                                              memory_bytes, native_keys):
     """A backend's state, read back with read_state, bootstraps a checkpoint whose entries
-    equal, byte for byte, the backend's own full snapshot; both backends restore it."""
+    equal, byte for byte, the backend's own full snapshot, whether the keys are encoded by
+    the native extension or in Python; both backends restore it."""
+    if not native_keys:
+        monkeypatch.setattr(bootstrap_module, "native_key_encoder", lambda *a: None)
     src = _fill(_backend(kind), seed=7)
     snap = src.snapshot()
     states = [StateInput(d, pa.Table.from_batches(list(_read_from(snap, tmp_path, d.name))))
@@ -246,3 +252,43 @@ def test_a_dataset_or_a_function_streams_the_input(tmp_path):
     assert got["table"] == got["dataset"] == got["function"]
     assert sum(len(b) for b in got["table"]) == n
     assert len(CheckpointStore(roots["table"]).manifest(0)["files"]) > 2
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+@pytest.mark.parametrize("native_keys", [True, False])
+def test_namespaced_states_bootstrap_the_backends_bytes(tmp_path, monkeypatch, kind,
+                                                        native_keys):
+    """String keys with string namespaces (both of variable width: the encoded key carries
+    their lengths) and int64 namespaces: the bootstrapped entries equal the backend's."""
+    if not native_keys:
+        monkeypatch.setattr(bootstrap_module, "native_key_encoder", lambda *a: None)
+    b = _backend(kind)
+    by_window = b.get_state(ValueStateDescriptor("w", "int64"), namespace_type="string")
+    per_day = b.get_state(ListStateDescriptor("d", "string"), namespace_type="int64")
+    rnd = random.Random(3)
+    rows_w, rows_d = [], []
+    for i in range(200):
+        k = f"k{i}" * (1 + i % 3)
+        b.set_current_key(k)
+        for ns in {f"win-{rnd.randrange(5)}" for _ in range(3)}:
+            by_window.set_current_namespace(ns)
+            by_window.update(i)
+            rows_w.append((k, ns, i))
+        day = rnd.randrange(-3, 3)
+        per_day.set_current_namespace(day)
+        per_day.add_all([f"x{j}" for j in range(i % 40)])
+        rows_d += [(k, day, f"x{j}") for j in range(i % 40)]
+    snap = b.snapshot()
+    cols = ("key", "namespace", "value")
+    states = [StateInput(ValueStateDescriptor("w", "int64"),
+                         pa.table(dict(zip(cols, map(list, zip(*rows_w))))), "string"),
+              StateInput(ListStateDescriptor("d", "string"),
+                         pa.table(dict(zip(cols, map(list, zip(*rows_d))))), "int64")]
+    bootstrap_checkpoint(tmp_path, states, key_type="string", max_parallelism=MP)
+    reader = CheckpointStore(tmp_path).open(0)
+    try:
+        for name in ("w", "d"):
+            assert _entries(reader, name) == _entries(snap, name)
+    finally:
+        reader.release()
+        snap.release()

@@ -67,13 +67,15 @@ from statecore.key_groups import assign_key_group, check_max_parallelism
 from statecore.offline.entry_snapshot import EntrySnapshot
 from statecore.timers import TIMERS_STATE_NAME
 
-__all__ = ["StateInput", "BootstrapPlan", "bootstrap_checkpoint", "DEFAULT_MEMORY_BYTES"]
+__all__ = ["StateInput", "BootstrapPlan", "bootstrap_checkpoint", "check_empty",
+           "native_key_encoder", "DEFAULT_MEMORY_BYTES"]
 
 #: Default bound of the encoded entries one pass holds (bytes of keys and values).
 DEFAULT_MEMORY_BYTES = 256 * 1024 * 1024
 
 _BATCH_ROWS = 65_536
 _KINDS = ("value", "reducing", "aggregating", "list", "map")
+_INT_DTYPES = {"int32": "<i4", "int64": "<i8", "uint64": "<u8", "timestamp": "<i8"}
 _STATE_COLUMNS = {"key_group", "key", "namespace", "user_key", "value", "ttl_timestamp_ms"}
 _TIMER_COLUMNS = {"key_group", "key", "namespace", "timestamp_ms", "processing_time"}
 
@@ -189,6 +191,17 @@ def _check_columns(batch: pa.RecordBatch, allowed: set, what: str) -> None:
                                 f"{sorted(allowed)}")
 
 
+def native_key_encoder(key_type: str, assigner: str, max_parallelism: int):
+    """The native extension's ``KeyEncoder(...).encode`` over all key groups (``key -> (canonical
+    key, key group, prefix | ser(key))``), or None when the extension does not import."""
+    try:
+        from statecore import _native
+    except ImportError:
+        return None
+    mp = max_parallelism
+    return _native.KeyEncoder(key_type, assigner, mp, 0, mp - 1, f"0..{mp - 1}").encode
+
+
 class _State:
     """One :class:`StateInput`, checked: its meta and serializers."""
 
@@ -209,6 +222,7 @@ class _State:
         self.meta = dict(d.meta(), namespace_type=inp.namespace_type)
         self.ns_type = inp.namespace_type
         self.ns_ser = S.key_serializer(inp.namespace_type)
+        self.void_ns = self.ns_ser.serialize(None) if inp.namespace_type == "void" else None
         self.vser = S.value_serializer(self.meta["value_type"])
         self.ttl = d.ttl_config
         self.uk_ser = None
@@ -232,6 +246,15 @@ class _State:
             raise InvalidInputError(f"{what} must have Arrow type {vser.describe_arrow()} "
                                     f"({vser.name}), got {arr.type}")
         _no_nulls(arr, what)
+        dtype = _INT_DTYPES.get(vser.kind)
+        if dtype is not None:
+            # Little-endian fixed-width integers (docs/formats.md "Values"): the column's
+            # values as they are, cut per row.
+            if vser.kind == "timestamp":
+                arr = arr.cast(pa.int64())
+            buf = arr.to_numpy(zero_copy_only=False).astype(dtype, copy=False).tobytes()
+            w = vser.fixed_width
+            return [buf[i:i + w] for i in range(0, len(buf), w)]
         ser = vser.serialize
         return [ser(v) for v in vser.to_pylist(arr)]
 
@@ -312,9 +335,31 @@ class BootstrapPlan:
             out.append(t.to_bytes(8, "big", signed=True))
         return out
 
-    def _key_groups(self, keys: list) -> list:
+    def _key_parts(self, keys: list) -> Tuple[list, Optional[list]]:
+        """``(key groups, key parts)`` of ``keys``: the key part is ``prefix | ser(key)`` of
+        each key (docs/formats.md "Encoded key"), from the native extension's key encoder
+        (one call a key); without the extension the key groups alone (key parts None)."""
         mp, kt, assigner = self.max_parallelism, self.key_type, self.assigner
-        return [assign_key_group(k, kt, mp, assigner) for k in keys]
+        enc = native_key_encoder(kt, assigner, mp)
+        if enc is None:
+            return [assign_key_group(k, kt, mp, assigner) for k in keys], None
+        kgs, parts = [], []
+        for k in keys:
+            _, kg, part = enc(k)
+            kgs.append(kg)
+            parts.append(part)
+        return kgs, parts
+
+    def _encoded_key(self, st: "_State", kg: int, key, part: Optional[bytes], ns) -> bytes:
+        """The encoded key of ``(kg, key, ns)`` for state ``st``: :func:`S.encode_key`, or
+        from the key part :meth:`_key_parts` gave."""
+        if part is None:
+            return S.encode_key(kg, self.max_parallelism, key, self.key_ser, ns, st.ns_ser)
+        nb = st.void_ns if ns is None else st.ns_ser.serialize(ns)
+        if self.key_ser.fixed_width is None and st.ns_ser.fixed_width is None:
+            pw = 1 if self.max_parallelism <= 128 else 2
+            return b"".join((part, S.len_bytes(len(part) - pw), nb, S.len_bytes(len(nb))))
+        return part + nb
 
     def _rows_in(self, kgs: list, lo: int, hi: int, bounds: Tuple[int, int], what: str) -> list:
         if bounds[0] > 0 or bounds[1] < self.max_parallelism - 1:
@@ -327,7 +372,6 @@ class BootstrapPlan:
 
     def _collect_state(self, st: _State, lo: int, hi: int, bounds, budget: List[int]) -> dict:
         """``{kg: [(key bytes, value bytes)]}`` of state ``st`` in key groups ``[lo, hi]``."""
-        mp, ks = self.max_parallelism, self.key_ser
         out: Dict[int, Dict[bytes, bytes]] = {}
         lists: Dict[int, Dict[bytes, list]] = {}
         counters: Dict[bytes, int] = {}
@@ -335,7 +379,7 @@ class BootstrapPlan:
         for batch in _batches(st.data, st.what):
             _check_columns(batch, allowed, st.what)
             keys = _key_column(batch, self.kt, st.what)
-            kgs = self._key_groups(keys)
+            kgs, parts = self._key_parts(keys)
             rows = self._rows_in(kgs, lo, hi, bounds, st.what)
             if st.ns_type == "void":
                 if not _is_null_type(batch, "namespace"):
@@ -387,8 +431,8 @@ class BootstrapPlan:
             sfx = self._suffixes(st, batch, rows)
             for i, r in enumerate(rows):
                 kg = kgs[r]
-                kb = S.encode_key(kg, mp, keys[r], ks, None if nss is None else nss[r],
-                                  st.ns_ser)
+                kb = self._encoded_key(st, kg, keys[r], None if parts is None else parts[r],
+                                       None if nss is None else nss[r])
                 if st.kind == "list":
                     per = lists.setdefault(kg, {}).setdefault(kb, [])
                     items = vbytes[r] if whole_lists else [vbytes[r]]
@@ -438,7 +482,7 @@ class BootstrapPlan:
         for batch in _batches(self.timers, what):
             _check_columns(batch, _TIMER_COLUMNS, what)
             keys = _key_column(batch, self.kt, what)
-            kgs = self._key_groups(keys)
+            kgs, _ = self._key_parts(keys)
             rows = self._rows_in(kgs, lo, hi, bounds, what)
             if batch.schema.get_field_index("timestamp_ms") < 0:
                 raise InvalidInputError("timers: no 'timestamp_ms' column")
