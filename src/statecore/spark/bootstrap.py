@@ -10,7 +10,9 @@ from Spark's ``xxhash64`` of the key columns (:mod:`statecore.spark.routing`). T
 ``mapInArrow`` gets the rows of the key groups of operator index ``i``, encodes them
 (:class:`statecore.offline.bootstrap.BootstrapPlan`, the rules of
 :mod:`statecore.offline.bootstrap`) and writes its full runs of version 0; it returns their
-descriptors to the driver, which commits them with the operator's metadata.
+descriptors to the driver, which commits them with the operator's metadata. A task holds its
+partition's input rows in memory (Arrow), as a micro-batch's task holds its input, plus the
+encoded entries of one pass (``memory_bytes``).
 
 The version is committed as a non-final flush without a query id (``flush`` True, ``final``
 False, ``batch_id`` None, ``batch_offset`` 0). By the rules of :mod:`statecore.spark.versions`
