@@ -163,6 +163,12 @@ def test_bootstrap_lists_and_maps_from_dataframes_then_micro_batches(spark, tmp_
                                   "k long, value array<string>")
     words = spark.createDataFrame([(k, f"b{k}", 1) for k in range(40)],
                                   "k long, user_key string, value long")
+    # A user key given twice fails its task: nothing is committed, and a corrected bootstrap
+    # then writes version 0.
+    twice = words.union(words.limit(1))
+    with pytest.raises(Exception, match="is given more than once"):
+        op.bootstrap(spark, [(_Lists.LIST, lists), (_Lists.MAP, twice)])
+    assert op.store.versions() == []
     manifest = op.bootstrap(spark, [(_Lists.LIST, lists), (_Lists.MAP, words)])
     assert len(manifest["files"]) == 3 and manifest["metadata"]["num_partitions"] == 3
     df = spark.createDataFrame([(k, f"n{k}") for k in range(0, 50, 5)], "k long, v string")
