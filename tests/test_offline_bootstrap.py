@@ -216,6 +216,11 @@ def _value_input(**cols):
     (_value_input(key=["a"], value=[1]), {"timers": pa.table({"key": ["a"]})},
      "no 'timestamp_ms'"),
     ([(ValueStateDescriptor("v", "int64"), [1, 2])], {}, "data must be a pyarrow Table"),
+    ([ValueStateDescriptor("v", "int64")], {}, "must be a StateInput"),
+    ([(ValueStateDescriptor("t", "int64").enable_time_to_live(TTL),
+       pa.table({"key": ["a"], "value": [1],
+                 "ttl_timestamp_ms": pa.array([2**62], pa.timestamp("s"))}))], {},
+     "does not fit in int64"),
 ])
 def test_bad_input_is_refused_and_nothing_is_committed(tmp_path, states, kw, match):
     with pytest.raises(InvalidInputError, match=match):
@@ -331,3 +336,19 @@ def test_aggregating_and_pickled_states_take_their_stored_form(tmp_path, kind):
     assert st.get() == 6.0
     b.set_current_key("b")
     assert (st.get(), other.value()) == (3.0, None)
+
+
+def test_the_next_micro_batch_of_any_query_follows_a_bootstrapped_version(tmp_path):
+    """The versions rules (statecore.spark.versions) on a bootstrapped version 0: micro-batch
+    b of any query opens a stream at version 1; a non-final flush right after it does
+    nothing, a final one takes version 1."""
+    from statecore.spark.versions import place_flush, place_micro_batch
+
+    manifest = bootstrap_checkpoint(tmp_path, _value_input(key=["a"], value=[1]),
+                                    key_type="string")
+    meta = manifest["metadata"]
+    for batch_id, query in ((0, "q1"), (7, "q2"), (0, None)):
+        place = place_micro_batch("op", batch_id, query, 0, lambda v: meta if v == 0 else None)
+        assert (place.version, place.batch_offset, place.committed) == (1, 1 - batch_id, False)
+    assert place_flush(0, meta, final=False) is None
+    assert place_flush(0, meta, final=True).version == 1

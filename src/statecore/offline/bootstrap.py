@@ -68,7 +68,7 @@ from statecore.offline.entry_snapshot import EntrySnapshot
 from statecore.timers import TIMERS_STATE_NAME
 
 __all__ = ["StateInput", "BootstrapPlan", "bootstrap_checkpoint", "check_empty",
-           "native_key_encoder", "DEFAULT_MEMORY_BYTES"]
+           "native_key_encoder", "state_input", "DEFAULT_MEMORY_BYTES"]
 
 #: Default bound of the encoded entries one pass holds (bytes of keys and values).
 DEFAULT_MEMORY_BYTES = 256 * 1024 * 1024
@@ -191,6 +191,17 @@ def _check_columns(batch: pa.RecordBatch, allowed: set, what: str) -> None:
                                 f"{sorted(allowed)}")
 
 
+def state_input(s) -> StateInput:
+    """``s`` as a :class:`StateInput` (from a ``(descriptor, data[, namespace_type])`` tuple);
+    InvalidInputError for anything else."""
+    if isinstance(s, StateInput):
+        return s
+    if isinstance(s, tuple) and len(s) in (2, 3):
+        return StateInput(*s)
+    raise InvalidInputError(f"a state to bootstrap must be a StateInput or a (descriptor, data[, "
+                            f"namespace_type]) tuple, got {type(s).__name__}")
+
+
 def native_key_encoder(key_type: str, assigner: str, max_parallelism: int):
     """The native extension's ``KeyEncoder(...).encode`` over all key groups (``key -> (canonical
     key, key group, prefix | ser(key))``), or None when the extension does not import."""
@@ -292,7 +303,7 @@ class BootstrapPlan:
         if isinstance(states, StateInput):
             states = [states]
         #: the states as StateInput
-        self.inputs = [s if isinstance(s, StateInput) else StateInput(*s) for s in states]
+        self.inputs = [state_input(s) for s in states]
         self.states = [_State(s, self.key_type) for s in self.inputs]
         names = [s.name for s in self.states]
         dup = sorted({n for n in names if names.count(n) > 1})
@@ -332,6 +343,8 @@ class BootstrapPlan:
                 if now is None:
                     now = self._ttl_now(st)
                 t = now
+            if not -(1 << 63) <= t < (1 << 63):
+                raise InvalidInputError(f"{st.what}: TTL timestamp {t} ms does not fit in int64")
             out.append(t.to_bytes(8, "big", signed=True))
         return out
 

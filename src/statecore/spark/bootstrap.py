@@ -37,6 +37,7 @@ from statecore.offline.bootstrap import (
     BootstrapPlan,
     StateInput,
     check_empty,
+    state_input,
 )
 
 __all__ = ["bootstrap_operator", "STATE_INDEX_COLUMN"]
@@ -145,7 +146,7 @@ def bootstrap_operator(op, spark, states: Sequence, *, metadata: Dict[str, Any],
 
     store = op.store
     check_empty(store, f"operator {op.name}")
-    inputs = [s if isinstance(s, StateInput) else StateInput(*s) for s in states]
+    inputs = [state_input(s) for s in states]
     frames = []
     key_type = None
     for j, inp in enumerate(inputs + ([StateInput(None, timers)] if timers is not None else [])):
