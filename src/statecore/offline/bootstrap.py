@@ -386,8 +386,7 @@ class BootstrapPlan:
     def _collect_state(self, st: _State, lo: int, hi: int, bounds, budget: List[int]) -> dict:
         """``{kg: [(key bytes, value bytes)]}`` of state ``st`` in key groups ``[lo, hi]``."""
         out: Dict[int, Dict[bytes, bytes]] = {}
-        lists: Dict[int, Dict[bytes, list]] = {}
-        counters: Dict[bytes, int] = {}
+        lists: Dict[int, Dict[bytes, tuple]] = {}
         allowed = set(_STATE_COLUMNS)
         for batch in _batches(st.data, st.what):
             _check_columns(batch, allowed, st.what)
@@ -447,16 +446,17 @@ class BootstrapPlan:
                 kb = self._encoded_key(st, kg, keys[r], None if parts is None else parts[r],
                                        None if nss is None else nss[r])
                 if st.kind == "list":
-                    per = lists.setdefault(kg, {}).setdefault(kb, [])
+                    # Per list: its elements in arrival order and their positions, if given.
+                    per = lists.setdefault(kg, {}).get(kb)
+                    if per is None:
+                        per = lists[kg][kb] = ([], [])
                     items = vbytes[r] if whole_lists else [vbytes[r]]
-                    for e in items:
-                        if positions is not None:
-                            p = positions[r]
-                        else:
-                            p = counters.get(kb, 0)
-                            counters[kb] = p + 1
-                        per.append((p, e + sfx[i]))
-                        budget[0] += len(kb) + len(e) + 16
+                    if sfx[i]:
+                        items = [e + sfx[i] for e in items]
+                    per[0].extend(items)
+                    if positions is not None:
+                        per[1].append(positions[r])
+                    budget[0] += (len(kb) + 16) * len(items) + sum(map(len, items))
                 else:
                     if st.kind == "map":
                         kb += st.uk_ser.serialize(uks[r])
@@ -474,15 +474,19 @@ class BootstrapPlan:
         result = {kg: list(g.items()) for kg, g in out.items()}
         for kg, per_prefix in lists.items():
             ks_, vs_ = [], []
-            for prefix, elems in sorted(per_prefix.items()):
-                elems.sort(key=lambda e: e[0])
-                for j in range(1, len(elems)):
-                    if elems[j][0] == elems[j - 1][0]:
-                        raise InvalidInputError(f"{st.what}: position {elems[j][0]} is given "
-                                                f"more than once in one list")
-                for j, (_, e) in enumerate(elems):
-                    ks_.append(prefix + j.to_bytes(S.LIST_SEQ_BYTES, "big"))
-                    vs_.append(e)
+            for prefix, (elems, pos) in sorted(per_prefix.items()):
+                if pos:
+                    if len(pos) != len(elems):
+                        raise InvalidInputError(f"{st.what}: a list has positions ('user_key') "
+                                                "for some of its elements only")
+                    order = sorted(range(len(elems)), key=pos.__getitem__)
+                    for a, b in zip(order, order[1:]):
+                        if pos[a] == pos[b]:
+                            raise InvalidInputError(f"{st.what}: position {pos[a]} is given "
+                                                    f"more than once in one list")
+                    elems = [elems[j] for j in order]
+                ks_ += [prefix + j.to_bytes(S.LIST_SEQ_BYTES, "big") for j in range(len(elems))]
+                vs_ += elems
             ck, cv = S.chunk_list_entries(ks_, vs_, st.vser.fixed_width, st.ttl is not None)
             result[kg] = list(zip(ck, cv))
         return result
