@@ -24,6 +24,7 @@ def load_cases() -> None:
         list_entries,  # noqa: F401
         map_entries,  # noqa: F401
         object_store,  # noqa: F401
+        offline,  # noqa: F401
         peers,  # noqa: F401
         snapshots,  # noqa: F401
         spark_e2e,  # noqa: F401

@@ -530,3 +530,18 @@ def test_paired_ratios_pair_rounds_and_reject_bad_rates():
     assert paired_ratios([], [1.0]) == []
     with pytest.raises(ValueError):
         paired_ratios([1.0], [0.0])
+
+
+def test_bootstrap_case_reports_every_impl_and_the_same_files(tmp_path):
+    """The bootstrap case reports a rate per workload for the bootstrap and each backend, and
+    all of them wrote data files of (nearly) one size: the same entries."""
+    out = tmp_path / "b.json"
+    assert main(["--quick", "--scale", "0.01", "--case", "bootstrap", "--json", str(out)]) == 0
+    records = json.loads(out.read_text())
+    impls = {r["impl"] for r in records}
+    assert {"bootstrap", "python+checkpoint"} <= impls
+    assert ("native+checkpoint" in impls) == _has_native()
+    for workload in ("value", "list"):
+        sizes = [r["value"] for r in records if r["metric"] == f"file_bytes_{workload}"]
+        assert len(sizes) == len(impls) and max(sizes) - min(sizes) < 64
+        assert all(r["value"] > 0 for r in records if r["metric"] == f"rows_per_s_{workload}")

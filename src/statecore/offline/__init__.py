@@ -1,12 +1,14 @@
 """State as data, outside a running job: the state of a checkpoint version as Arrow record
 batches (:func:`read_state`, Flink's State Processor API reader, Spark's ``statestore`` source)
 and the changes between two versions (:func:`read_changes`, the ``statestore`` change feed); a
-version rewritten for another max parallelism (:func:`rewrite_max_parallelism`)."""
+version rewritten for another max parallelism (:func:`rewrite_max_parallelism`); version 0 of a
+new checkpoint written from Arrow data, initial state for a job (:func:`bootstrap_checkpoint`)."""
 
+from statecore.offline.bootstrap import StateInput, bootstrap_checkpoint
 from statecore.offline.change_feed import change_schema, read_changes
 from statecore.offline.entries import state_schema
 from statecore.offline.rewrite import rewrite_max_parallelism
 from statecore.offline.state_reader import read_state
 
 __all__ = ["read_state", "read_changes", "state_schema", "change_schema",
-           "rewrite_max_parallelism"]
+           "rewrite_max_parallelism", "bootstrap_checkpoint", "StateInput"]

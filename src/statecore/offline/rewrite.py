@@ -22,13 +22,11 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-import pyarrow as pa
-
 from statecore import serializers as S
 from statecore.checkpoint import CheckpointStore
-from statecore.checkpoint.format import make_key_group_range
 from statecore.errors import CorruptCheckpointError, InvalidInputError
 from statecore.key_groups import assign_key_group, check_max_parallelism
+from statecore.offline.entry_snapshot import EntrySnapshot
 from statecore.offline.state_reader import open_version
 
 __all__ = ["rewrite_max_parallelism"]
@@ -36,37 +34,6 @@ __all__ = ["rewrite_max_parallelism"]
 #: Default bound of the entries one pass holds (bytes of keys and values, before Python's own
 #: object overhead).
 DEFAULT_MEMORY_BYTES = 256 * 1024 * 1024
-
-
-class _Rekeyed:
-    """The StateSnapshot read interface (docs/architecture.md) over re-keyed entries of the new
-    key groups ``[start, end]``: ``data[state][kg] = (keys, values)`` sorted by key."""
-
-    incremental = False
-    snapshot_id = None
-
-    def __init__(self, max_parallelism: int, start: int, end: int, key_type: str,
-                 assigner: str, metas: list, data: dict):
-        self.max_parallelism = max_parallelism
-        self.key_group_range = make_key_group_range(start, end)
-        self.key_type = key_type
-        self.assigner = assigner
-        self._metas = metas
-        self._data = data
-
-    def state_metas(self) -> list:
-        return [dict(m) for m in self._metas]
-
-    def entries(self, state_name: str, key_group: int):
-        pairs = self._data.get(state_name, {}).get(key_group)
-        if not pairs:
-            return pa.array([], pa.binary()), pa.array([], pa.binary())
-        pairs.sort(key=lambda p: p[0])
-        return (pa.array([p[0] for p in pairs], pa.binary()),
-                pa.array([p[1] for p in pairs], pa.binary()))
-
-    def release(self) -> None:
-        self._data = {}
 
 
 def _rekey(reader, meta: dict, new_mp: int, start: int, end: int, out: dict) -> None:
@@ -129,7 +96,7 @@ def rewrite_max_parallelism(source, output, max_parallelism: int,
             data = {}
             for meta in metas:
                 _rekey(reader, meta, new_mp, start, end, data.setdefault(meta["name"], {}))
-            snap = _Rekeyed(new_mp, start, end, reader.key_type, reader.assigner, metas, data)
+            snap = EntrySnapshot(new_mp, start, end, reader.key_type, reader.assigner, metas, data)
             descriptors.append(out_store.write_snapshot(snap, reader.version,
                                                         f"rewrite-{p}"))
             snap.release()

@@ -689,6 +689,47 @@ class StatefulOperator:
         return self._launch(spark, None, place, meta["key_type"], batch_id=None, final=final,
                             prev_meta=meta, prev_commit_id=manifest.get("commit_id")).commit()
 
+    def bootstrap(self, spark, states: Sequence, *, timers=None,
+                  timer_namespace_type: str = "void", watermark_ms: Optional[int] = None,
+                  now_ms: Optional[int] = None, memory_bytes: int = 256 * 1024 * 1024) -> dict:
+        """Write version 0 of this operator's empty checkpoint from state a batch query
+        computed (Spark's ``initialState``, Flink's State Processor API bootstrap), in parallel
+        by key-group range (:mod:`statecore.spark.bootstrap`), so that the job starts from it;
+        returns the committed manifest.
+
+        ``states``: :class:`statecore.offline.StateInput` (or ``(descriptor, data[,
+        namespace_type])``) per state, with the descriptors the processor's ``open`` registers;
+        ``data`` a Spark DataFrame or a pyarrow Table whose columns are the key column(s) of the
+        operator (or one ``key`` column, as ``spark.read.format("statecore")`` and
+        ``statecore.offline.read_state`` give it) and ``namespace``, ``user_key``, ``value``,
+        ``ttl_timestamp_ms`` as :mod:`statecore.offline.bootstrap` defines them.
+        ``timers``: a DataFrame or Table of timers (the key column(s), ``timestamp_ms``,
+        optionally ``namespace``, ``processing_time``). ``watermark_ms``: the watermark the
+        first micro-batch gets (and event-time TTL's clock for rows without a TTL timestamp);
+        ``now_ms``: processing-time TTL's clock (default: the driver's wall clock).
+
+        The version is committed as a non-final flush without a query id: the next micro-batch
+        of any Spark query takes version 1 (:mod:`statecore.spark.versions`). Raises StateError
+        when the checkpoint already holds a version, InvalidInputError for bad arguments or
+        rows (from the tasks, wrapped by Spark); a failure commits nothing."""
+        from statecore.spark.bootstrap import bootstrap_operator
+
+        metadata = {
+            "operator": self.name, "key_column": self.key_column, "backend": self.backend,
+            "processor": type(self.processor).__qualname__,
+            "processor_config": _processor_config(self.processor),
+            "input_watermark_ms": None, "watermark_ms": watermark_ms,
+            "processing_time_ms": None, "watermark_delay_ms": self.watermark_delay_ms,
+            # The largest event time the watermark implies, as a micro-batch records it.
+            "max_event_ms": (None if watermark_ms is None
+                             else watermark_ms + self.watermark_delay_ms),
+            "rows": 0, "output_rows": 0, "metrics": {}, "loads": {}, "restore_bytes": [],
+        }
+        return bootstrap_operator(self, spark, states, metadata=metadata, timers=timers,
+                                  timer_namespace_type=timer_namespace_type,
+                                  watermark_ms=watermark_ms, now_ms=now_ms,
+                                  memory_bytes=memory_bytes)
+
     # ------------------------------------------------------------------------------ internals
 
     def _running_query_id(self, df) -> Optional[str]:
