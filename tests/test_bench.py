@@ -46,11 +46,16 @@ def _check_snapshot_cases(records):
             assert by[(c, impl, metric)] > 0, (c, impl, metric)
         assert by[("restore", impl, "goal_min_ratio_over_floor")] == 0.5
         assert by[("restore", impl, "full_first_record_s")] >= by[("restore", impl, "full_s")]
+        for what in ("full", "chain"):
+            for metric in ("cpu_s", "state_MB_per_cpu_s", "kernel_s"):
+                assert by[("restore", impl, f"{what}_{metric}")] >= 0
+            assert by[("restore", impl, f"ratio_{what}_over_floor_cpu")] > 0
         for p in (3, 8):
             label = f"{impl} 4->{p}"
             assert by[("rescale", label, "entries")] == by[("restore", impl, "entries")]
             for metric in ("state_MB_per_s_per_task", "state_MB_per_s_per_task_min",
-                           "max_bytes_read_over_share", "ratio_over_floor", "first_record_s_max"):
+                           "max_bytes_read_over_share", "ratio_over_floor", "first_record_s_max",
+                           "state_MB_per_cpu_s_per_task", "ratio_over_floor_cpu"):
                 assert by[("rescale", label, metric)] > 0, (label, metric)
             assert by[("rescale", label, "goal_min_ratio_over_floor")] == 0.5
         assert by[("snapshot_pause", impl, "goal_max_pause_ms")] == 1.0
