@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import gc
 import os
+import resource
+import shutil
 import statistics
 import tempfile
 import time
@@ -37,6 +39,8 @@ import pyarrow as pa
 from bench.common import has_native, probe_in_child, rss_bytes
 from bench.harness import Size, case, record, timed
 from statecore import CheckpointStore, ReducingStateDescriptor, create_backend
+from statecore.checkpoint.format import MAX_KEY_GROUPS
+from statecore.key_groups import assign_key_group, key_group_range_for_operator
 
 _LOAD_BATCH = 1 << 20
 _WORK_BATCH = 1 << 14  # rows per add_batch of the owner-thread workload
@@ -341,31 +345,66 @@ def incremental_checkpoint(size: Size):
     return out
 
 
-def _read_floor_s(store: CheckpointStore, version: int) -> float:
-    """Seconds to read every run of ``version``, verify each block's XXH64 and decompress it
-    into (keys, values) arrays, building no state: the floor under a restore of it."""
-    t = time.perf_counter()
+def _read_floor(store: CheckpointStore, version: int, start: int = 0,
+                end: int = MAX_KEY_GROUPS - 1) -> tuple[float, float]:
+    """``(seconds, CPU seconds of the calling thread)`` of opening ``version`` and reading every
+    block of its runs in key groups ``[start, end]``, verifying its XXH64 and decompressing it in
+    native code on one thread (``DataFileReader.verify_blocks``: the checks and the LZ4 call of
+    the native decoder, nothing parsed, no state built): the floor under a restore of those key
+    groups, which reads the same bytes the same way."""
+    t, c = time.perf_counter(), time.thread_time()
     with store.open(version) as reader:
         for f in reader.manifest["files"]:
-            data = reader.data_file(f)
-            start, end = f["key_group_range"]
-            for name in f["states"]:
-                data.entries_range(name, start, end)
-    return time.perf_counter() - t
+            a, b = f["key_group_range"]
+            lo, hi = max(a, start), min(b, end)
+            if lo <= hi:
+                reader.data_file(f).verify_blocks(lo, hi)
+    return time.perf_counter() - t, max(time.thread_time() - c, 1e-9)
+
+
+def _kernel_s() -> float:
+    """CPU seconds the calling thread spent in the kernel so far (Linux; the process's
+    elsewhere): in a restore mostly the first touches of the state's fresh memory."""
+    who = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+    return resource.getrusage(who).ru_stime
+
+
+def _first_record(backend, key: int = 0) -> None:
+    """The first record processed after a restore: 1 added to ``key`` (one the backend's
+    key-group range holds) of the restored state."""
+    backend.get_state(_descriptor()).add_batch(pa.array([key], pa.int64()),
+                                               pa.array([1], pa.int64()))
+
+
+def _key_in(kgr, max_parallelism: int) -> int:
+    """The smallest int64 key >= 0 of a key group in ``kgr``."""
+    key = 0
+    while assign_key_group(key, "int64", max_parallelism) not in kgr:
+        key += 1
+    return key
 
 
 @case("restore", "restore a checkpoint into a fresh backend: state MB/s of a full run and of a "
-                 "full + incremental (1% changed) chain, against the floor of reading, verifying "
-                 "and decompressing the same runs; native 10M / python 1M entries")
+                 "full + incremental (1% changed) chain, against the native floor of reading, "
+                 "verifying and decompressing the same runs; native 10M / python 1M entries")
 def restore(size: Size):
     """Records per impl: ``entries``; ``full_state_MB_per_s`` / ``chain_state_MB_per_s`` (restored
     backend.state_bytes() / seconds of ``CheckpointStore.restore``; 1e6 bytes per MB) and the
     matching ``*_s`` seconds; ``full_floor_state_MB_per_s`` / ``chain_floor_state_MB_per_s``
-    (the same bytes / seconds of reading, verifying and decompressing the version's runs without
-    building state, :func:`_read_floor_s`, measured just before the restore) and
-    ``ratio_full_over_floor`` / ``ratio_chain_over_floor``; ``goal_min_ratio_over_floor`` (0.5).
-    Raises RuntimeError if a restored backend's entry count is wrong (the figure would be
-    meaningless)."""
+    (the same bytes / seconds of reading, verifying and decompressing the version's runs in
+    native code without building state, :func:`_read_floor`, measured just before the restore)
+    and ``ratio_full_over_floor`` / ``ratio_chain_over_floor`` (floor seconds / restore
+    seconds); the same in CPU seconds of the restoring thread (the restore and the floor run on
+    one thread; on a shared machine wall seconds also count the waits for a core):
+    ``full_cpu_s`` / ``chain_cpu_s``, ``full_state_MB_per_cpu_s`` / ``chain_state_MB_per_cpu_s``
+    (MB/s of state per core), ``ratio_full_over_floor_cpu`` / ``ratio_chain_over_floor_cpu``;
+    ``goal_min_ratio_over_floor`` (0.5), ``goal_min_state_MB_per_s`` (400, the restore runs on
+    one core); ``full_first_record_s`` / ``chain_first_record_s`` (from the
+    restore's start to the first record processed on the restored state,
+    :func:`_first_record`); ``full_kernel_s`` / ``chain_kernel_s`` (the restoring thread's CPU
+    seconds in the kernel during the restore, :func:`_kernel_s`: faulting in the state's fresh
+    memory, which the floor does not allocate). Raises RuntimeError if a restored backend's
+    entry count is wrong (the figure would be meaningless)."""
     out = []
     c = "restore"
     for impl, n in _sizes(size):
@@ -375,10 +414,18 @@ def restore(size: Size):
             _close(b)
             out.append(record(c, impl, "entries", n, "entries"))
             out.append(record(c, impl, "goal_min_ratio_over_floor", 0.5, "ratio"))
+            out.append(record(c, impl, "goal_min_state_MB_per_s", 400.0, "MB/s"))
             for version, what in ((1, "full"), (2, "chain")):
-                floor_s = _read_floor_s(s["store"], version)
+                floor_s, floor_cpu = _read_floor(s["store"], version)
                 fresh = create_backend(impl, key_type="int64")
-                dt = timed(lambda: s["store"].restore(fresh, version))
+                sys0, cpu0 = _kernel_s(), time.thread_time()
+                t = time.perf_counter()
+                s["store"].restore(fresh, version)
+                dt = time.perf_counter() - t
+                cpu = max(time.thread_time() - cpu0, 1e-9)
+                kernel = _kernel_s() - sys0
+                _first_record(fresh)
+                first = time.perf_counter() - t
                 if fresh.num_entries() != expected[version]:
                     raise RuntimeError(f"{impl} restore of v{version}: {fresh.num_entries()} "
                                        f"entries, expected {expected[version]}")
@@ -388,5 +435,116 @@ def restore(size: Size):
                 out.append(record(c, impl, f"{what}_floor_state_MB_per_s", state_mb / floor_s,
                                   "MB/s"))
                 out.append(record(c, impl, f"ratio_{what}_over_floor", floor_s / dt, "ratio"))
+                out.append(record(c, impl, f"{what}_cpu_s", cpu, "s"))
+                out.append(record(c, impl, f"{what}_state_MB_per_cpu_s", state_mb / cpu, "MB/s"))
+                out.append(record(c, impl, f"ratio_{what}_over_floor_cpu", floor_cpu / cpu,
+                                  "ratio"))
+                out.append(record(c, impl, f"{what}_first_record_s", first, "s"))
+                out.append(record(c, impl, f"{what}_kernel_s", kernel, "s"))
                 _close(fresh)
+    return out
+
+
+_RESCALE_WRITERS = 4
+_RESCALE_READERS = (3, 8)
+
+
+def _rescale_store(impl: str, n: int, d: str) -> tuple[CheckpointStore, int]:
+    """A store holding version 1 of keys ``0 .. n-1`` (value = key) written by
+    ``_RESCALE_WRITERS`` tasks, one run each over its key-group range (Flink
+    KeyGroupRangeAssignment). The tasks get their keys by restoring a full checkpoint of one
+    backend (a 1 -> 4 rescale, not measured). Returns the store and the runs' bytes."""
+    b, _ = _loaded(impl, n)
+    seed = CheckpointStore(os.path.join(d, "seed"))
+    snap = b.snapshot()
+    seed.commit(1, [seed.write_snapshot(snap, 1)])
+    snap.release()
+    mp = b.max_parallelism
+    _close(b)
+    store = CheckpointStore(os.path.join(d, "rescale"))
+    descs = []
+    for i in range(_RESCALE_WRITERS):
+        task = create_backend(impl, key_type="int64", max_parallelism=mp,
+                              key_group_range=key_group_range_for_operator(mp, _RESCALE_WRITERS, i))
+        seed.restore(task, 1)
+        snap = task.snapshot()
+        descs.append(store.write_snapshot(snap, 1, f"p{i}"))
+        snap.release()
+        _close(task)
+    store.commit(1, descs)
+    shutil.rmtree(os.path.join(d, "seed"))
+    return store, sum(x["size"] for x in descs)
+
+
+@case("rescale", "restore a checkpoint written by 4 tasks (4 runs, key-group ranges) into 3 and "
+                 "into 8 tasks, each reading only its key groups: state MB/s per task, bytes "
+                 "read per task against its share, ratio over the native floor; native 10M / "
+                 "python 1M entries")
+def rescale(size: Size):
+    """Per impl and reader parallelism ``p`` in (3, 8) (impl label ``<impl> 4->p``): ``entries``;
+    ``state_MB_per_s_per_task`` (mean over the tasks of restored state_bytes() / seconds of its
+    ``CheckpointStore.restore``, tasks one after another on one thread) and
+    ``state_MB_per_s_per_task_min``; ``max_bytes_read_over_share`` (most bytes a task read from
+    data files, footers included, over its share: the runs' bytes times its key groups /
+    max parallelism); ``ratio_over_floor`` (summed floor seconds over summed restore seconds,
+    the floor of each task :func:`_read_floor` over its key groups, measured before its
+    restore); ``state_MB_per_cpu_s_per_task`` / ``ratio_over_floor_cpu``: the same in CPU
+    seconds of the restoring thread (see :func:`restore`);
+    ``goal_min_ratio_over_floor`` (0.5), ``goal_min_state_MB_per_s`` (400);
+    ``first_record_s_max`` (the slowest task's restore start to its first record processed,
+    :func:`_first_record`). Raises RuntimeError when the tasks do not restore exactly the n
+    entries."""
+    out = []
+    c = "rescale"
+    for impl, n in _sizes(size):
+        with tempfile.TemporaryDirectory(prefix="statecore-bench-") as d:
+            store, run_bytes = _rescale_store(impl, n, d)
+            mp = store.open(1).max_parallelism
+            for p in _RESCALE_READERS:
+                rates, over_share, firsts = [], [], []
+                floor_total = restore_total = floor_cpu_total = restore_cpu_total = 0.0
+                cpu_rates = []
+                entries = 0
+                for i in range(p):
+                    kgr = key_group_range_for_operator(mp, p, i)
+                    floor_s, floor_cpu = _read_floor(store, 1, kgr.start, kgr.end)
+                    task = create_backend(impl, key_type="int64", max_parallelism=mp,
+                                          key_group_range=kgr)
+                    stats: dict = {}
+                    cpu0 = time.thread_time()
+                    t = time.perf_counter()
+                    store.restore(task, 1, stats=stats)
+                    dt = time.perf_counter() - t
+                    cpu = max(time.thread_time() - cpu0, 1e-9)
+                    entries += task.num_entries()
+                    state_mb = task.state_bytes() / 1e6
+                    _first_record(task, _key_in(kgr, mp))
+                    firsts.append(time.perf_counter() - t)
+                    rates.append(state_mb / dt)
+                    cpu_rates.append(state_mb / cpu)
+                    floor_cpu_total += floor_cpu
+                    restore_cpu_total += cpu
+                    share = run_bytes * len(kgr) / mp
+                    over_share.append(stats["bytes_read"] / share)
+                    floor_total += floor_s
+                    restore_total += dt
+                    _close(task)
+                if entries != n:
+                    raise RuntimeError(f"{impl} 4->{p}: tasks restored {entries} entries, "
+                                       f"expected {n}")
+                label = f"{impl} {_RESCALE_WRITERS}->{p}"
+                out += [record(c, label, "entries", n, "entries"),
+                        record(c, label, "state_MB_per_s_per_task", statistics.mean(rates),
+                               "MB/s"),
+                        record(c, label, "state_MB_per_s_per_task_min", min(rates), "MB/s"),
+                        record(c, label, "goal_min_state_MB_per_s", 400.0, "MB/s"),
+                        record(c, label, "max_bytes_read_over_share", max(over_share), "ratio"),
+                        record(c, label, "ratio_over_floor", floor_total / restore_total,
+                               "ratio"),
+                        record(c, label, "state_MB_per_cpu_s_per_task",
+                               statistics.mean(cpu_rates), "MB/s"),
+                        record(c, label, "ratio_over_floor_cpu",
+                               floor_cpu_total / restore_cpu_total, "ratio"),
+                        record(c, label, "goal_min_ratio_over_floor", 0.5, "ratio"),
+                        record(c, label, "first_record_s_max", max(firsts), "s")]
     return out

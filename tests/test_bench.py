@@ -19,7 +19,7 @@ def test_bench_command_writes_records_for_every_case(tmp_path):
     assert {r["case"] for r in records} >= {"add_batch_int64", "per_record", "snapshot",
                                             "checkpoint_write", "snapshot_pause", "materialize",
                                             "throughput_during_snapshot",
-                                            "incremental_checkpoint", "restore"}
+                                            "incremental_checkpoint", "restore", "rescale"}
     for r in records:
         assert set(r) == {"case", "impl", "metric", "value", "unit"}
         assert r["value"] >= 0
@@ -45,6 +45,19 @@ def _check_snapshot_cases(records):
                           ("restore", "ratio_chain_over_floor")):
             assert by[(c, impl, metric)] > 0, (c, impl, metric)
         assert by[("restore", impl, "goal_min_ratio_over_floor")] == 0.5
+        assert by[("restore", impl, "full_first_record_s")] >= by[("restore", impl, "full_s")]
+        for what in ("full", "chain"):
+            for metric in ("cpu_s", "state_MB_per_cpu_s", "kernel_s"):
+                assert by[("restore", impl, f"{what}_{metric}")] >= 0
+            assert by[("restore", impl, f"ratio_{what}_over_floor_cpu")] > 0
+        for p in (3, 8):
+            label = f"{impl} 4->{p}"
+            assert by[("rescale", label, "entries")] == by[("restore", impl, "entries")]
+            for metric in ("state_MB_per_s_per_task", "state_MB_per_s_per_task_min",
+                           "max_bytes_read_over_share", "ratio_over_floor", "first_record_s_max",
+                           "state_MB_per_cpu_s_per_task", "ratio_over_floor_cpu"):
+                assert by[("rescale", label, metric)] > 0, (label, metric)
+            assert by[("rescale", label, "goal_min_ratio_over_floor")] == 0.5
         assert by[("snapshot_pause", impl, "goal_max_pause_ms")] == 1.0
         assert by[("incremental_checkpoint", impl, "goal_max_ratio")] == 0.05
         # 1% of the keys changed: the incremental run is smaller than the full one.

@@ -13,7 +13,8 @@
 // The block table's claims are bounded as DataFileReader bounds them before it calls the native
 // decoder (raw_length <= 255 * stored_length + 64, 4 + 8 * entries <= raw_length).
 //
-// Contract: decode_blocks accepts exactly the well-formed payloads (checked against a reference
+// Contract: verify_blocks fails exactly on a bad checksum or LZ4 stream, where decode_blocks
+// fails with the same words. decode_blocks accepts exactly the well-formed payloads (checked against a reference
 // written here from docs/formats.md), names the first bad block otherwise, never touches memory
 // outside its buffers (ASan: every buffer has its exact size), and what it decodes re-encodes to
 // the very payload bytes.
@@ -142,6 +143,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                vd.data(), capacity,  has_validity ? validity.data() : nullptr};
   const statecore::DecodeResult r =
       statecore::decode_blocks(file.data(), file.size(), refs.data(), count, has_validity, out);
+
+  // verify_blocks (the restore's floor) fails exactly where the stored bytes are bad -- checksum
+  // or LZ4 -- and accepts a block whose payload is malformed: it parses nothing.
+  const statecore::VerifyResult v =
+      statecore::verify_blocks(file.data(), file.size(), refs.data(), count);
+  if (bad_checksum || !lz4_ok) {
+    FUZZ_CHECK(v.failed_block == 0 && !v.error.empty(), "verify_blocks names a bad stored block");
+    FUZZ_CHECK(r.failed_block == 0 && r.error == v.error,
+               "decode_blocks fails on a bad stored block in verify_blocks' words");
+  } else {
+    FUZZ_CHECK(v.failed_block == -1 && v.raw_bytes == capacity,
+               "verify_blocks accepts sound stored bytes and counts their raw bytes");
+  }
 
   const bool expect_ok = !bad_checksum && lz4_ok && well_formed(payload, entries, has_validity);
   if (!expect_ok) {

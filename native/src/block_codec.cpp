@@ -86,13 +86,58 @@ std::string check_payload(const uint8_t* p, size_t size, uint64_t expected, bool
   return "";
 }
 
+// Verifies (XXH64) and decompresses one stored block into `scratch` (at least
+// max(max_raw, 1) bytes after the call); "" or what is wrong with it.
+std::string inflate_block(const uint8_t* data, size_t size, const StoredBlockRef& blk,
+                          uint64_t max_raw, std::vector<uint8_t>* scratch) {
+  if (blk.offset > size || blk.stored_length > size - blk.offset)
+    return "block lies outside the bytes of its key group";
+  const uint8_t* stored = data + blk.offset;
+  if (xxh64(stored, blk.stored_length, 0) != blk.xxh64) return "block checksum mismatch";
+  if (blk.stored_length > kInt32Max || blk.raw_length > kInt32Max)
+    return "cannot decompress: block longer than LZ4 allows";
+  // At least one byte, so LZ4 never gets a null destination (a block table of empty blocks).
+  if (scratch->size() < std::max<uint64_t>(max_raw, 1))
+    scratch->resize(std::max<uint64_t>(max_raw, 1));
+  const int got = LZ4_decompress_safe(
+      reinterpret_cast<const char*>(stored), reinterpret_cast<char*>(scratch->data()),
+      static_cast<int>(blk.stored_length), static_cast<int>(blk.raw_length));
+  if (got < 0) return "cannot decompress: corrupt LZ4 block";
+  if (static_cast<uint64_t>(got) != blk.raw_length)
+    return "cannot decompress: LZ4 gave " + std::to_string(got) + " bytes, the block table says " +
+           std::to_string(blk.raw_length);
+  return "";
+}
+
+uint64_t max_raw_length(const StoredBlockRef* blocks, size_t count) {
+  uint64_t max_raw = 0;
+  for (size_t b = 0; b < count; ++b) max_raw = std::max(max_raw, blocks[b].raw_length);
+  return max_raw;
+}
+
 }  // namespace
+
+VerifyResult verify_blocks(const uint8_t* data, size_t size, const StoredBlockRef* blocks,
+                           size_t count) {
+  VerifyResult r;
+  const uint64_t max_raw = max_raw_length(blocks, count);
+  std::vector<uint8_t> scratch;
+  for (size_t b = 0; b < count; ++b) {
+    std::string why = inflate_block(data, size, blocks[b], max_raw, &scratch);
+    if (!why.empty()) {
+      r.failed_block = static_cast<int64_t>(b);
+      r.error = std::move(why);
+      return r;
+    }
+    r.raw_bytes += blocks[b].raw_length;
+  }
+  return r;
+}
 
 DecodeResult decode_blocks(const uint8_t* data, size_t size, const StoredBlockRef* blocks,
                            size_t count, bool has_validity, const DecodeBuffers& out) {
   DecodeResult r;
-  uint64_t max_raw = 0;
-  for (size_t b = 0; b < count; ++b) max_raw = std::max(max_raw, blocks[b].raw_length);
+  const uint64_t max_raw = max_raw_length(blocks, count);
   std::vector<uint8_t> scratch;
   uint64_t row = 0;  // entries so far
   out.key_offsets[0] = 0;
@@ -104,22 +149,8 @@ DecodeResult decode_blocks(const uint8_t* data, size_t size, const StoredBlockRe
   };
   for (size_t b = 0; b < count; ++b) {
     const StoredBlockRef& blk = blocks[b];
-    if (blk.offset > size || blk.stored_length > size - blk.offset)
-      return fail(b, "block lies outside the bytes of its key group");
-    const uint8_t* stored = data + blk.offset;
-    if (xxh64(stored, blk.stored_length, 0) != blk.xxh64) return fail(b, "block checksum mismatch");
-    if (blk.stored_length > kInt32Max || blk.raw_length > kInt32Max)
-      return fail(b, "cannot decompress: block longer than LZ4 allows");
-    // At least one byte, so LZ4 never gets a null destination (a block table of empty blocks).
-    if (scratch.size() < std::max<uint64_t>(max_raw, 1))
-      scratch.resize(std::max<uint64_t>(max_raw, 1));
-    const int got = LZ4_decompress_safe(
-        reinterpret_cast<const char*>(stored), reinterpret_cast<char*>(scratch.data()),
-        static_cast<int>(blk.stored_length), static_cast<int>(blk.raw_length));
-    if (got < 0) return fail(b, "cannot decompress: corrupt LZ4 block");
-    if (static_cast<uint64_t>(got) != blk.raw_length)
-      return fail(b, "cannot decompress: LZ4 gave " + std::to_string(got) +
-                         " bytes, the block table says " + std::to_string(blk.raw_length));
+    std::string why = inflate_block(data, size, blk, max_raw, &scratch);
+    if (!why.empty()) return fail(b, std::move(why));
     const uint8_t* p = scratch.data();
     std::string bad = check_payload(p, blk.raw_length, blk.entries, has_validity);
     if (!bad.empty()) return fail(b, std::move(bad));

@@ -19,6 +19,45 @@ def lz4_block_compress(data):
     return PyBytes_FromStringAndSize(<const char*>out.data(), out.size())
 
 
+cdef _block_refs(blocks, uint64_t base, vector[c.StoredBlockRef]* refs):
+    """``refs`` filled from block-table rows (numpy, ``format.BLOCK_DTYPE``) whose offsets
+    count from the file start, ``base`` the file offset of the bytes they will be read from."""
+    cdef size_t nb = len(blocks), i
+    cdef const uint64_t[::1] off = np.ascontiguousarray(blocks["offset"], np.uint64)
+    cdef const uint64_t[::1] sl = np.ascontiguousarray(blocks["stored_length"], np.uint64)
+    cdef const uint64_t[::1] rl = np.ascontiguousarray(blocks["raw_length"], np.uint64)
+    cdef const uint64_t[::1] en = np.ascontiguousarray(blocks["entries"], np.uint64)
+    cdef const uint64_t[::1] xx = np.ascontiguousarray(blocks["xxh64"], np.uint64)
+    refs.resize(nb)
+    for i in range(nb):
+        # An offset before the group's bytes wraps to a huge one, which the bounds check rejects.
+        refs[0][i].offset = off[i] - base
+        refs[0][i].stored_length = sl[i]
+        refs[0][i].raw_length = rl[i]
+        refs[0][i].entries = en[i]
+        refs[0][i].xxh64 = xx[i]
+
+
+def verify_blocks(data, blocks, uint64_t base):
+    """Check (bounds, XXH64 of the stored bytes) and LZ4-decompress consecutive stored blocks of
+    a checkpoint data file into one reused scratch buffer, parsing and keeping nothing, with the
+    GIL released: what :func:`decode_blocks` does before it parses a payload (the same checks
+    and words), i.e. the floor under decoding them. ``data``, ``blocks``, ``base``: as
+    :func:`decode_blocks`. Returns ``(raw_bytes, None, None)`` (the decompressed bytes, int) or
+    ``(None, i, reason)`` for the first bad block ``blocks[i]``."""
+    cdef const uint8_t[::1] d = memoryview(data).cast("B")
+    cdef size_t size = d.shape[0]
+    cdef vector[c.StoredBlockRef] refs
+    _block_refs(blocks, base, &refs)
+    cdef const uint8_t* p = &d[0] if size else NULL
+    cdef c.VerifyResult r
+    with nogil:
+        r = c.verify_blocks(p, size, refs.data(), refs.size())
+    if r.failed_block >= 0:
+        return None, r.failed_block, r.error.decode("utf-8", "replace")
+    return r.raw_bytes, None, None
+
+
 def decode_blocks(data, blocks, uint64_t base, bint has_validity):
     """The entries of consecutive stored blocks of one (state, key group) of a checkpoint data
     file (docs/formats.md "Data file"), checked, decompressed and parsed with the GIL released:
@@ -33,22 +72,11 @@ def decode_blocks(data, blocks, uint64_t base, bint has_validity):
     cdef size_t size = d.shape[0]
     cdef size_t nb = len(blocks), i
     cdef vector[c.StoredBlockRef] refs
-    cdef const uint64_t[::1] off = np.ascontiguousarray(blocks["offset"], np.uint64)
-    cdef const uint64_t[::1] sl = np.ascontiguousarray(blocks["stored_length"], np.uint64)
-    cdef const uint64_t[::1] rl = np.ascontiguousarray(blocks["raw_length"], np.uint64)
-    cdef const uint64_t[::1] en = np.ascontiguousarray(blocks["entries"], np.uint64)
-    cdef const uint64_t[::1] xx = np.ascontiguousarray(blocks["xxh64"], np.uint64)
+    _block_refs(blocks, base, &refs)
     cdef uint64_t n = 0, raw = 0
-    refs.resize(nb)
     for i in range(nb):
-        # An offset before the group's bytes wraps to a huge one, which the bounds check rejects.
-        refs[i].offset = off[i] - base
-        refs[i].stored_length = sl[i]
-        refs[i].raw_length = rl[i]
-        refs[i].entries = en[i]
-        refs[i].xxh64 = xx[i]
-        n += en[i]
-        raw += rl[i]
+        n += refs[i].entries
+        raw += refs[i].raw_length
     if n > 2**31 - 2:
         return None, None, 0, f"{n} entries in one read (a key group or a range of them) exceed an Arrow binary array"
     # Reused memory: statecore.buffer_pool says why.

@@ -599,6 +599,14 @@ cdef extern from "statecore/block_codec.h" namespace "statecore" nogil:
                                size_t count, cbool has_validity,
                                const DecodeBuffers& out) except +raise_native_error
 
+    cdef cppclass VerifyResult:
+        int64_t failed_block
+        string error
+        uint64_t raw_bytes
+
+    VerifyResult verify_blocks(const uint8_t* data, size_t size, const StoredBlockRef* blocks,
+                               size_t count) except +raise_native_error
+
 
 cdef extern from "statecore/snapshot_writer.h" namespace "statecore" nogil:
     cdef cppclass SerializerOptions:

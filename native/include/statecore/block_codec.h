@@ -66,4 +66,17 @@ struct DecodeResult {
 DecodeResult decode_blocks(const uint8_t* data, size_t size, const StoredBlockRef* blocks,
                            size_t count, bool has_validity, const DecodeBuffers& out);
 
+struct VerifyResult {
+  int64_t failed_block = -1;  // index into the blocks of the first bad one; -1: all good
+  std::string error;          // what is wrong with it (decode_blocks' wording)
+  uint64_t raw_bytes = 0;     // the blocks' decompressed bytes (of those before a bad one)
+};
+
+// What decode_blocks does to `blocks` before it parses a payload -- bounds, XXH64 of the stored
+// bytes, LZ4 decompression to exactly raw_length bytes -- into one reused scratch buffer,
+// parsing and keeping nothing: the floor under decoding those blocks. Stops at the first bad
+// block and reports it; never reads outside `data`. Thread-safe.
+VerifyResult verify_blocks(const uint8_t* data, size_t size, const StoredBlockRef* blocks,
+                           size_t count);
+
 }  // namespace statecore

@@ -482,6 +482,17 @@ class NativeBackend(TableBackend):
             migration = self._restore_migration(table, meta)
             src = table if migration is None else NativeTable(meta, self)
             staged.append((table, None, None, None))  # registers a state even without entries
+            if (migration is None and kgs and table.kind not in ("map", "list")
+                    and hasattr(snapshot_like, "run_chunks")):
+                # The oldest run loads into empty maps and each newer one is upserted (its
+                # tombstones removing) over it: no merge of the runs first. Map and list
+                # states take the merged path: their index lists keys in the order the
+                # merged entries give.
+                pairs = (p for parts in snapshot_like.run_chunks(table.name, kgs[0], kgs[-1])
+                         for p in parts)
+                staged.extend((table, _RANGE, keys, vals) for keys, vals in
+                              self._checked_parts(table, pairs, kgs, tombstones=True))
+                continue
             if migration is None and kgs and hasattr(snapshot_like, "entries_chunks"):
                 staged.extend((table, _RANGE, keys, vals) for keys, vals in
                               self._range_parts(table, snapshot_like, kgs, tombstones=False))
@@ -526,10 +537,17 @@ class NativeBackend(TableBackend):
         group, and that the pairs are sorted by key group; NULL values are tombstones only with
         ``tombstones``). A partition read as a few large pairs instead of one per key group
         saves the per-call costs of every key group (a catch-up touches them all)."""
+        return self._checked_parts(table, reader.entries_chunks(table.name, kgs[0], kgs[-1]),
+                                   kgs, tombstones)
+
+    def _checked_parts(self, table: NativeTable, pairs, kgs: list, tombstones: bool) -> list:
+        """``(keys, values)`` pairs of ``table``'s state over key groups ``kgs`` (consecutive,
+        inside this backend's range), each checked as :meth:`_range_parts` says; returned as a
+        list. InvalidInputError naming the state and key groups for the first bad pair."""
         lo, hi = kgs[0], kgs[-1]
         width = self._value_width(table)
         parts = []
-        for keys, vals in reader.entries_chunks(table.name, lo, hi):
+        for keys, vals in pairs:
             try:
                 err = _native.check_entry_range(keys, vals, lo, hi, self.key_prefix_width,
                                                 -1 if width is None else width, tombstones)

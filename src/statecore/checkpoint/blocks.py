@@ -20,7 +20,8 @@ import xxhash
 
 from statecore.errors import CorruptCheckpointError
 
-__all__ = ["LZ4_ACCELERATION", "compress_block", "native_decode_blocks", "xxh64", "encode_block",
+__all__ = ["LZ4_ACCELERATION", "compress_block", "native_decode_blocks",
+           "native_verify_blocks", "xxh64", "encode_block",
            "decode_block", "decode_stored_block", "cut_points"]
 
 _U32 = struct.Struct("<I")
@@ -53,6 +54,14 @@ try:
     from statecore._native import decode_blocks as native_decode_blocks
 except ImportError:
     native_decode_blocks = None
+
+#: ``statecore._native.verify_blocks`` (checksums and decompresses the blocks of a byte range,
+#: decoding nothing: the floor under :data:`native_decode_blocks`), or None without the native
+#: extension.
+try:
+    from statecore._native import verify_blocks as native_verify_blocks
+except ImportError:
+    native_verify_blocks = None
 
 
 def xxh64(data) -> int:

@@ -26,6 +26,7 @@ from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from typing import Any
 
+import lz4.block
 import numpy as np
 import pyarrow as pa
 
@@ -39,6 +40,7 @@ from statecore.checkpoint.blocks import (  # the block codec, re-exported (__all
     decode_stored_block,
     encode_block,
     native_decode_blocks,
+    native_verify_blocks,
     xxh64,
 )
 from statecore.errors import (
@@ -918,6 +920,42 @@ class DataFileReader:
                 f"checkpoint data file {self.name}: state {state!r} key group {kg} block "
                 f"{int(picks[bad])}: {why}")
         return keys, values
+
+    def verify_blocks(self, start: int, end: int) -> int:
+        """Read the stored blocks of key groups ``[start, end]`` (all states) with one ranged
+        read (or from :meth:`prefetch`'s bytes), check each block's XXH64 and decompress it,
+        parsing and keeping nothing: the floor under decoding them (native, one thread, GIL
+        released; without the native module ``xxhash`` and ``lz4.block``). Returns their
+        decompressed bytes. CorruptCheckpointError naming the block on a bad one."""
+        rows = self._index_rows
+        sel = rows[(rows["key_group"] >= start) & (rows["key_group"] <= end)]
+        if not len(sel):
+            return 0
+        lo = int(sel["offset"].min())
+        hi = int((sel["offset"] + sel["length"]).max())
+        data = self._range(lo, hi - lo, f"key groups {start}..{end}")
+        first = int(sel["first_block"].min())
+        last = int((sel["first_block"].astype(np.int64) + sel["block_count"]).max())
+        blocks = self._blocks[first:last]
+        if native_verify_blocks is not None:
+            raw, bad, why = native_verify_blocks(data, blocks, lo)
+            if bad is None:
+                return raw
+            raise self._fail(f"key groups {start}..{end} block {first + bad}: {why}")
+        raw = 0
+        for b, blk in enumerate(blocks):
+            stored = data.slice(int(blk["offset"]) - lo, int(blk["stored_length"])).to_pybytes()
+            where = f"key groups {start}..{end} block {first + b}"
+            if xxh64(stored) != int(blk["xxh64"]):
+                raise self._fail(f"{where}: block checksum mismatch")
+            try:
+                got = len(lz4.block.decompress(stored, uncompressed_size=int(blk["raw_length"])))
+            except lz4.block.LZ4BlockError as exc:
+                raise self._fail(f"{where}: cannot decompress: {exc}") from exc
+            if got != int(blk["raw_length"]):
+                raise self._fail(f"{where}: cannot decompress: decompressed size mismatch")
+            raw += got
+        return raw
 
     def close(self) -> None:
         """Close the underlying file and drop prefetched bytes (idempotent); waits for reads of
