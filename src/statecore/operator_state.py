@@ -480,6 +480,11 @@ class OperatorStateStore:
         self.check_open()
         return sorted(n for n, s in self._states.items() if s.kind == BROADCAST)
 
+    def has_kind(self, kind: str) -> bool:
+        """Whether a state of ``kind`` (:data:`LIST`, :data:`UNION_LIST`, :data:`BROADCAST`)
+        is registered or restored."""
+        return any(s.kind == kind for s in self._states.values())
+
     # ------------------------------------------------------------------ snapshots
     def metas(self) -> list[dict]:
         """The pseudo-state metas of every state, by name."""

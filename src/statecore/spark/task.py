@@ -106,9 +106,9 @@ def _union_lists_as_restored(backend, store, version: int, partition_id: int,
                              num_partitions: int) -> None:
     """Give a backend kept from the previous micro-batch (cache, standby, handoff) the
     operator state a restore of ``version`` would: it holds its own union lists only, a
-    restore every partition's (Flink restores union list state whole). Reads the version's
-    operator state only when the version holds a union list state."""
-    if not any(m.get("kind") == UNION_LIST for m in store.manifest(version)["states"]):
+    restore every partition's (Flink restores union list state whole). Reads the version only
+    when the backend holds union list state (every partition runs the same processor)."""
+    if not backend.operator_state.has_kind(UNION_LIST):
         return
     with store.open(version) as reader:
         backend.operator_state.restore(reader, partition_id, num_partitions)
