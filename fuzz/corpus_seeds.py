@@ -19,7 +19,35 @@ from statecore.descriptors import (
     ReducingStateDescriptor,
 )
 
-__all__ = ["make_corpus"]
+__all__ = ["make_corpus", "operator_state_seeds"]
+
+
+def operator_state_seeds() -> list[bytes]:
+    """Inputs of the ``operator_state`` target from real snapshots of each state of
+    ``fuzz.targets.OPERATOR_STATES`` (python backend; the native one snapshots the same
+    bytes)."""
+    from fuzz.targets import OPERATOR_STATES
+
+    samples = {"int64": [3, -1, 7], "string": ["a", "", "xyz"], "float64": [1.5, -0.0],
+               "binary": [b"\x00", b"ab"], "fixed_size_binary[2]": [b"ab", b"\xff\x00"]}
+    ukeys = {"string": ["k", "longer key"], "int64": [5, -9]}
+    out = []
+    for i, (kind, value_type, user_key_type) in enumerate(OPERATOR_STATES):
+        b = statecore.create_backend("python", key_type="string", max_parallelism=8)
+        ops = b.operator_state
+        if kind == "operator_broadcast":
+            ops.get_broadcast_state(MapStateDescriptor("o", user_key_type, value_type)).put_all(
+                dict(zip(ukeys[user_key_type], samples[value_type])))
+        elif kind == "operator_list":
+            ops.get_list_state("o", value_type).add_all(samples[value_type])
+        else:
+            ops.get_union_list_state("o", value_type).add_all(samples[value_type])
+        keys, values = b.snapshot().entries("__operator__.o", 0)
+        out.append(bytes([i]) + b"".join(
+            struct.pack("<H", len(k)) + k + struct.pack("<H", len(v)) + v
+            for k, v in zip(keys.to_pylist(), values.to_pylist())))
+        b.dispose()
+    return out
 
 
 def _backend(kind: str):
@@ -50,6 +78,7 @@ def make_corpus(root: str) -> dict:
     """Write the seeds under ``root``; returns ``{target: number of seeds}``."""
     seeds: dict[str, list[bytes]] = {t: [] for t in ("data_file", "block", "manifest", "stored",
                                                      "encoded_key", "arrow_batch")}
+    seeds["operator_state"] = operator_state_seeds()
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("python", "native"):
             b, states = _backend(kind)

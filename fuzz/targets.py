@@ -180,6 +180,82 @@ def stored(data: bytes) -> None:
             b.dispose()
 
 
+#: (kind, value type, user key type) of the operator states the ``operator_state`` target
+#: restores (no pickle: unpickling forged bytes runs code).
+OPERATOR_STATES = [("operator_list", "int64", None), ("operator_union_list", "string", None),
+                   ("operator_list", "fixed_size_binary[2]", None),
+                   ("operator_broadcast", "float64", "string"),
+                   ("operator_broadcast", "binary", "int64")]
+
+
+class _OperatorEntries:
+    """A snapshot-like holding the entries of one operator state in key group 0."""
+
+    max_parallelism = 8
+    key_group_range = KeyGroupRange(0, 7)
+    key_type = "string"
+    assigner = "spark"
+
+    def __init__(self, meta: dict, keys: list, values: list):
+        self.meta = meta
+        pairs = sorted(zip(keys, values))
+        self.keys = pa.array([k for k, _ in pairs], pa.binary())
+        self.values = pa.array([v for _, v in pairs], pa.binary())
+
+    def state_metas(self):
+        return [dict(self.meta)]
+
+    def entries(self, name, kg):
+        if name == self.meta["name"] and kg == 0:
+            return self.keys, self.values
+        return pa.array([], pa.binary()), pa.array([], pa.binary())
+
+    def release(self):
+        pass
+
+
+def operator_state(data: bytes) -> None:
+    """Entries of one operator state (docs/formats.md "Operator state") restored into both
+    backends' operator state, read back and snapshotted: byte 0 picks the state
+    (:data:`OPERATOR_STATES`), then entries as ``u16 key length | key | u16 value length |
+    value`` (little-endian), sorted by key as a snapshot lists them."""
+    if not data:
+        return
+    kind, value_type, user_key_type = OPERATOR_STATES[data[0] % len(OPERATOR_STATES)]
+    keys, values, pos = [], [], 1
+    while pos + 4 <= len(data):
+        (klen,) = struct.unpack_from("<H", data, pos)
+        key = data[pos + 2:pos + 2 + klen]
+        pos += 2 + klen
+        if pos + 2 > len(data):
+            break
+        (vlen,) = struct.unpack_from("<H", data, pos)
+        keys.append(key)
+        values.append(data[pos + 2:pos + 2 + vlen])
+        pos += 2 + vlen
+    if len(set(keys)) != len(keys):
+        return  # a snapshot's keys are unique; the harness cannot make an input of these
+    meta = {"name": "__operator__.o", "kind": kind, "namespace_type": "void",
+            "value_type": value_type}
+    if user_key_type is not None:
+        meta["user_key_type"] = user_key_type
+    snap = _OperatorEntries(meta, keys, values)
+    for backend in ("python", "native"):
+        b = statecore.create_backend(backend, key_type="string", max_parallelism=8)
+        try:
+            b.operator_state.restore(snap, 0, 1)
+            if kind == "operator_broadcast":
+                b.operator_state.get_broadcast_state(
+                    MapStateDescriptor("o", user_key_type, value_type)).items()
+            elif kind == "operator_list":
+                b.operator_state.get_list_state("o", value_type).get()
+            else:
+                b.operator_state.get_union_list_state("o", value_type).get()
+            b.snapshot().release()
+        finally:
+            b.dispose()
+
+
 def encoded_key(data: bytes) -> None:
     """Encoded keys and timer keys decoded with several key and namespace types."""
     for key_ser, ns_ser in (("string", "void"), ("int64", "int64"), ("binary", "string"),
@@ -233,6 +309,7 @@ TARGETS = {
     "stored": stored,
     "encoded_key": encoded_key,
     "arrow_batch": arrow_batch,
+    "operator_state": operator_state,
 }
 
 

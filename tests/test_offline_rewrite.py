@@ -118,3 +118,13 @@ def test_rewrite_refuses(tmp_path):
     half.commit(0, [half.write_snapshot(part.snapshot(), 0)])
     with pytest.raises(InvalidInputError, match="not all of them"):
         rewrite_max_parallelism(half, str(tmp_path / "b"), 64)
+
+
+def test_rewrite_refuses_operator_state(tmp_path):
+    b = _fill(_backend("python", 128))
+    b.operator_state.get_list_state("offsets", "int64").add(1)
+    store = CheckpointStore(str(tmp_path / "src"))
+    store.commit(0, [store.write_snapshot(b.snapshot(), 0)])
+    with pytest.raises(InvalidInputError, match="operator state"):
+        rewrite_max_parallelism(store, str(tmp_path / "a"), 64)
+    assert CheckpointStore(str(tmp_path / "a")).versions() == []

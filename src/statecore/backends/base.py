@@ -142,6 +142,7 @@ from statecore import serializers as S
 from statecore.arrow_input import batch_namespace_array, combined, is_arrow_input
 from statecore.errors import InvalidInputError, StateError, StateMigrationError
 from statecore.key_groups import KeyGroupRange
+from statecore.operator_state import OperatorStateStore
 from statecore.timers import TimerService
 from statecore.ttl import wall_clock_ms
 
@@ -266,7 +267,10 @@ class KeyedStateBackend(abc.ABC):
 
     Attributes: ``key_type`` (the normalized key type name), ``key_serializer`` (its
     :class:`~statecore.serializers.KeySerializer`), ``max_parallelism``, ``key_group_range``,
-    ``assigner``, ``timers`` (the :class:`~statecore.timers.TimerService`), ``ttl_clock``.
+    ``assigner``, ``timers`` (the :class:`~statecore.timers.TimerService`), ``ttl_clock``,
+    ``operator_state`` (the :class:`~statecore.operator_state.OperatorStateStore`: non-keyed
+    state of this operator instance, part of every snapshot; :meth:`restore` leaves it alone,
+    ``operator_state.restore`` redistributes it).
     """
 
     def __init__(self, key_type="int64", max_parallelism: int = 128, key_group_range=None,
@@ -293,6 +297,7 @@ class KeyedStateBackend(abc.ABC):
         self.current_key_thread = None
         self._closed = False
         self.timers = TimerService(self, timer_namespace_type)
+        self.operator_state = OperatorStateStore(self)
         # Snapshot ids: the last one issued and the base (last completed id, or the last id issued
         # before the latest restore: ids up to it are older than the restored state).
         self._last_snapshot_id = 0
@@ -730,6 +735,7 @@ class KeyedStateBackend(abc.ABC):
         (``backend.timers``) -- raises StateError. Idempotent."""
         self._closed = True
         self.timers.clear()
+        self.operator_state.clear()
 
     def close(self) -> None:
         """Alias of :meth:`dispose`."""

@@ -53,6 +53,7 @@ from statecore.backends import base, native_states, states
 from statecore.backends.table_backend import TableBackend
 from statecore.errors import InvalidInputError, StateError, StateMigrationError
 from statecore.key_groups import KeyGroupRange
+from statecore.operator_state import is_operator_state_meta
 from statecore.timers import TIMERS_STATE_NAME
 from statecore.ttl import entry_layout
 
@@ -271,7 +272,8 @@ class NativeSnapshot:
     """
 
     def __init__(self, backend: "NativeBackend", tables: dict, timer_data: dict,
-                 snapshot_id: int = 0, incremental: bool = False):
+                 snapshot_id: int = 0, incremental: bool = False,
+                 operator_data: dict | None = None):
         self.max_parallelism = backend.max_parallelism
         self.key_group_range = backend.key_group_range
         self.key_type = backend.key_type
@@ -279,14 +281,20 @@ class NativeSnapshot:
         self.snapshot_id = snapshot_id
         self.incremental = incremental
         self.ttl_expired: dict = {}  # TTL cleanup counts since the previous snapshot
-        self._metas = [dict(t.meta) for t in tables.values()] + [backend.timers.meta()]
+        op_metas = backend.operator_state.metas()
+        self._metas = ([dict(t.meta) for t in tables.values()] + [backend.timers.meta()]
+                       + op_metas)
         self._snaps = {name: t.native.snapshot() for name, t in tables.items()}
         # TTL full-snapshot cleanup: entries expired at snapshot time are left out when read.
         self._ttl_filters = {} if incremental else {
             name: f for name, t in tables.items()
             if (f := backend.full_snapshot_ttl_filter(t)) is not None}
         self._count_expired = backend.count_expired
-        self._timers = timer_data
+        # The pseudo-states held in Python ({name: {kg: (keys, values)}}): the timers and the
+        # operator states, both complete in every snapshot.
+        self._python_data = {TIMERS_STATE_NAME: timer_data,
+                             **{m["name"]: (operator_data or {}).get(m["name"], {})
+                                for m in op_metas}}
         self._released = False
         self._pins = 0  # background writes reading the snapshot
         self._release_requested = False
@@ -308,8 +316,9 @@ class NativeSnapshot:
             raise InvalidInputError(
                 f"key group {key_group} outside [0, {self.max_parallelism - 1}]")
         empty = (pa.array([], pa.binary()), pa.array([], pa.binary()))
-        if state_name == TIMERS_STATE_NAME:
-            return self._timers.get(key_group, empty)
+        held = self._python_data.get(state_name)
+        if held is not None:
+            return held.get(key_group, empty)
         snap = self._snaps.get(state_name)
         if snap is None:
             raise InvalidInputError(f"snapshot has no state named {state_name!r}")
@@ -335,7 +344,7 @@ class NativeSnapshot:
             self._released = True
             for s in self._snaps.values():
                 s.release()
-            self._timers = {}
+            self._python_data = {n: {} for n in self._python_data}
 
     # ---- what the asynchronous checkpoint writer needs (CheckpointStore.write_snapshot_async)
     def block_sources(self) -> list[tuple]:
@@ -343,14 +352,15 @@ class NativeSnapshot:
         :meth:`state_metas` order: ``(name, NativeTableSnapshot, incremental, base version,
         None, ttl filter or None)`` for native states (TTL full-snapshot cleanup runs in the
         serializer thread, the same ttl.h filter as :meth:`entries`), ``(name, None, False, 0,
-        {kg: (keys, values)})`` for the timers. Raises StateError after release."""
+        {kg: (keys, values)})`` for the timers and operator states. Raises StateError after
+        release."""
         if self._released:
             raise StateError("snapshot was released")
         out = []
         for m in self._metas:
             name = m["name"]
-            if name == TIMERS_STATE_NAME:
-                out.append((name, None, False, 0, dict(self._timers)))
+            if name in self._python_data:
+                out.append((name, None, False, 0, dict(self._python_data[name])))
             else:
                 s = self._snaps[name]
                 out.append((name, s, self.incremental, s.base_version if self.incremental else 0,
@@ -445,10 +455,11 @@ class NativeBackend(TableBackend):
     # ------------------------------------------------------------------ snapshot / restore
     def snapshot(self, incremental: bool = False) -> NativeSnapshot:
         self.check_open()
+        op_data = self.operator_state.snapshot_data(self.key_group_range, self.max_parallelism)
         timer_data = self.timers.snapshot_all()
         sid = self._next_snapshot_id()
         snap = NativeSnapshot(self, self._tables, timer_data, sid,
-                              self._snapshot_incremental(incremental))
+                              self._snapshot_incremental(incremental), operator_data=op_data)
         snap.ttl_expired = self._take_ttl_delta()
         snap.base_version = self.base_version if snap.incremental else None
         snap.base_commit_id = self.base_commit_id if snap.incremental else None
@@ -476,8 +487,8 @@ class NativeBackend(TableBackend):
         staged = []
         migrated, expired = False, 0
         for meta in snapshot_like.state_metas():
-            if meta["kind"] == "timers":
-                continue
+            if meta["kind"] == "timers" or is_operator_state_meta(meta):
+                continue  # not keyed state: the timer service / operator_state restore them
             table = self._table_for_restore(meta)
             migration = self._restore_migration(table, meta)
             src = table if migration is None else NativeTable(meta, self)

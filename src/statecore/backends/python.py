@@ -36,6 +36,7 @@ from statecore.backends.table_backend import TableBackend
 from statecore.backends.ttl_states import TTL_STATE_CLASSES
 from statecore.errors import InvalidInputError, StateError
 from statecore.key_groups import KeyGroupRange
+from statecore.operator_state import is_operator_state_meta
 from statecore.serializers import LIST_CHUNK_ELEMENTS
 from statecore.timers import TIMERS_STATE_NAME
 from statecore.ttl import filter_entries, is_expired
@@ -465,6 +466,8 @@ class PythonBackend(TableBackend):
     def snapshot(self, incremental: bool = False) -> PythonSnapshot:
         self.check_open()
         incremental = self._snapshot_incremental(incremental)
+        # Operator state is complete in every snapshot, incremental ones included.
+        op_data = self.operator_state.snapshot_data(self.key_group_range, self.max_parallelism)
         metas, data = [], {}
         for name, table in self._tables.items():
             metas.append(dict(table.meta))
@@ -495,6 +498,9 @@ class PythonBackend(TableBackend):
             data[name] = per_kg
         metas.append(self.timers.meta())
         data[TIMERS_STATE_NAME] = self.timers.snapshot_all()
+        for m in self.operator_state.metas():
+            metas.append(m)
+            data[m["name"]] = op_data.get(m["name"], {})
         sid = self._next_snapshot_id()
         self._clock.now = sid
         snap = PythonSnapshot(self.max_parallelism, self.key_group_range, self.key_type,
@@ -519,8 +525,8 @@ class PythonBackend(TableBackend):
         staged = []
         migrated, expired = False, 0
         for meta in metas:
-            if meta["kind"] == "timers":
-                continue
+            if meta["kind"] == "timers" or is_operator_state_meta(meta):
+                continue  # not keyed state: the timer service / operator_state restore them
             table = self._table_for_restore(meta)
             migration = self._restore_migration(table, meta)
             # A TTL migration reads the snapshot's format and converts to the table's.

@@ -37,6 +37,7 @@ from statecore.descriptors import (
 )
 from statecore.errors import InvalidInputError, StateMigrationError
 from statecore.key_groups import KeyGroupRange
+from statecore.operator_state import is_operator_state_meta, writers_of
 from statecore.ttl import StateTtlConfig, entry_layout
 
 __all__ = ["TableBackend", "STATE_KINDS"]
@@ -263,8 +264,8 @@ class TableBackend(base.KeyedStateBackend):
         kgs = list(self.key_group_range.intersection(KeyGroupRange.of(changes.key_group_range)))
         staged = []
         for meta in changes.state_metas():
-            if meta["kind"] == "timers":
-                continue
+            if meta["kind"] == "timers" or is_operator_state_meta(meta):
+                continue  # not keyed state: the timer service / operator_state restore them
             table = self._table_for_restore(meta)
             if self._restore_migration(table, meta) is not None:
                 raise StateMigrationError(
@@ -272,13 +273,37 @@ class TableBackend(base.KeyedStateBackend):
                     "change set is applied as stored, so restore the version instead")
             staged.append((table, self._stage_change_set(table, changes, kgs)))
         timers = self.timers.stage_restore(changes)
+        ops = self._stage_own_operator_state(changes)
         for table, parts in staged:
             self._tables.setdefault(table.name, table)
             for part in parts:
                 self._apply_staged_changes(table, part)
         self.timers.replace_restore(kgs, timers)
+        if ops is not None:
+            self.operator_state.apply_restore(ops)
         self._contents_are_base(applied_changes=True, version=base.checkpoint_version(changes),
                                 commit_id=base.checkpoint_commit_id(changes))
+
+    def _stage_own_operator_state(self, changes):
+        """The operator state a change set brings (staged, or None to keep the backend's): that
+        of the version restored for the writer whose key-group range is exactly this backend's
+        (its operator index among the version's writers, at their parallelism: its own lists
+        and broadcast state, every writer's union lists; docs/formats.md "Operator state"), as
+        a restore of the version would give it. When no writer has this range (the version was
+        written with another parallelism) and the version holds operator state,
+        StateMigrationError: only a restore for an operator index and parallelism can
+        redistribute it."""
+        writers = writers_of(changes)
+        kgr = self.key_group_range
+        own = [i for i, w in enumerate(writers) if w.key_group_range == (kgr.start, kgr.end)]
+        if len(own) == 1:
+            return self.operator_state.stage_restore(writers, own[0], len(writers))
+        if any(w.metas for w in writers):
+            raise StateMigrationError(
+                f"the change set's version was written by writers of other key-group ranges "
+                f"than {kgr} and holds operator state: restore the version for this operator "
+                "index and parallelism instead")
+        return None
 
     def _stage_change_set(self, table: StateTable, changes, kgs: list) -> list:
         """The checked parts of ``changes`` for ``table``'s state over key groups ``kgs``, each

@@ -7,7 +7,8 @@ unless :meth:`CheckpointReader.prefetch` fetched a key-group range at once. For 
 merges the runs of the chain (statecore.checkpoint.runs) newest-wins per key
 (:func:`merge_newest_wins`): a tombstone deletes, the result holds no tombstones (a
 ChangesReader keeps each key's newest tombstone, as a NULL value). Timers (the state of kind
-``timers``) are complete in every run, so they come from the newest run of the chain alone.
+``timers``) and operator states (:mod:`statecore.operator_state`) are complete in every run, so
+they come from the newest run of the chain alone.
 
 Readers never write: runs are immutable once their manifest references them, so a reader needs
 no lock. Every data file is checked against its manifest entry (size, footer checksum, key-group
@@ -44,6 +45,7 @@ from statecore.errors import (
     CorruptCheckpointError,
     InvalidInputError,
 )
+from statecore.operator_state import OperatorStateWriter, is_operator_state_meta
 
 __all__ = ["CheckpointReader", "ChangesReader", "open_changes", "merge_newest_wins", "CHUNK_BYTES"]
 
@@ -198,7 +200,9 @@ class CheckpointReader:
         self._metas = [dict(m) for m in manifest["states"]]
         self._names = {m["name"] for m in self._metas}
         self._metas_by_name = {m["name"]: m for m in self._metas}
-        self._timer_states = {m["name"] for m in self._metas if m.get("kind") == "timers"}
+        # States complete in every run: read from the newest run of a chain alone.
+        self._timer_states = {m["name"] for m in self._metas
+                              if m.get("kind") == "timers" or is_operator_state_meta(m)}
         self._bytes_released = 0
         self._segments = segments if segments is not None else plan_chains(
             manifest["files"], manifest["key_group_range"], CorruptCheckpointError,
@@ -326,6 +330,37 @@ class CheckpointReader:
         runs = self._runs_holding(state_name, self._chain_for(key_group))
         return self._merged(state_name, runs, lambda f: f.entries(state_name, key_group),
                             f"key group {key_group}")
+
+    def operator_state_writers(self) -> list[OperatorStateWriter]:
+        """One :class:`~statecore.operator_state.OperatorStateWriter` per writer of this
+        version -- the runs of the highest ``seq`` with a non-empty key-group range (a
+        version's own runs, or compaction's replacements of them, which keep their ranges) --
+        ordered by key-group range, which is operator index order. Each reads its operator
+        states from its own run (the range's first key group), only when asked; element
+        counts come from the manifest (``entries``), so nothing is read here."""
+        top = max((r["seq"] for r in self.manifest["files"]), default=0)
+        runs = sorted((r for r in self.manifest["files"] if r["seq"] == top
+                       and r["key_group_range"][1] >= r["key_group_range"][0]),
+                      key=lambda r: r["key_group_range"][0])
+        out = []
+        for r in runs:
+            metas = {n: self._metas_by_name[n] for n in r["states"]
+                     if is_operator_state_meta(self._metas_by_name[n])}
+            start = r["key_group_range"][0]
+            out.append(OperatorStateWriter(
+                metas, self.max_parallelism, tuple(r["key_group_range"]),
+                lambda name, r=r, start=start: self._own_entries(r, name, start),
+                counts=dict(r.get("entries", {})),
+                where=f"checkpoint version {self.version}, run {r['path']!r}"))
+        return out
+
+    def _own_entries(self, run: dict, name: str, key_group: int):
+        keys, values = self.data_file(run).entries(name, key_group)
+        if values.null_count:
+            raise CorruptCheckpointError(
+                f"checkpoint version {self.version}, run {run['path']!r}: operator state "
+                f"{name!r} holds tombstones")
+        return keys, values
 
     def _runs_holding(self, state_name: str, chain: list) -> list:
         """The runs of ``chain`` (newest first) whose entries of ``state_name`` make its state:

@@ -437,18 +437,33 @@ class CheckpointStore:
         return CheckpointReader(self._root, version, self.manifest(version))
 
     def restore(self, backend: Any, version: int | None = None, *,
-                stats: dict | None = None) -> int:
+                stats: dict | None = None, operator_index: int | None = None,
+                parallelism: int | None = None) -> int:
         """``backend.restore(self.open(version))``, reading only the byte ranges of the key
-        groups in ``backend.key_group_range`` (one ranged read per run needed there). Releases
+        groups in ``backend.key_group_range`` (one ranged read per run needed there). With
+        ``operator_index`` and ``parallelism`` (both or neither) the backend's operator state
+        is restored too, redistributed from all the version's writers for task
+        ``operator_index`` of ``parallelism`` (``backend.operator_state.restore``). Releases
         the reader afterwards. Returns the version restored; ``stats`` (a dict), when given,
         gets ``bytes_read``: the bytes read from data files (footers included). Errors as
-        :meth:`open` and CorruptCheckpointError from the data read."""
+        :meth:`open` and CorruptCheckpointError from the data read; InvalidInputError for
+        only one of ``operator_index`` and ``parallelism``."""
+        if (operator_index is None) != (parallelism is None):
+            raise InvalidInputError("pass operator_index and parallelism together")
         reader = self.open(version)
         try:
+            staged = None
+            if operator_index is not None:
+                # Staged first and applied last: a bad index, an incompatible operator state or
+                # a failed keyed restore changes neither part.
+                staged = backend.operator_state.stage_restore(reader, operator_index,
+                                                              parallelism)
             kg_range = getattr(backend, "key_group_range", None)
             if kg_range is not None:
                 reader.prefetch(*range_bounds(kg_range))
             backend.restore(reader)
+            if staged is not None:
+                backend.operator_state.apply_restore(staged)
         finally:
             reader.release()
             if stats is not None:

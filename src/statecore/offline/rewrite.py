@@ -28,6 +28,7 @@ from statecore.errors import CorruptCheckpointError, InvalidInputError
 from statecore.key_groups import assign_key_group, check_max_parallelism
 from statecore.offline.entry_snapshot import EntrySnapshot
 from statecore.offline.state_reader import open_version
+from statecore.operator_state import is_operator_state_meta
 
 __all__ = ["rewrite_max_parallelism"]
 
@@ -71,7 +72,8 @@ def rewrite_max_parallelism(source, output, max_parallelism: int,
     below 1, a ``source`` version that does not cover every key group (a part of a
     checkpoint: rewrite the whole), or an ``output`` that already holds versions;
     CheckpointNotFoundError when ``source`` has no such version; CorruptCheckpointError for a
-    run of ``source`` that cannot be read or an entry whose key does not decode. A failure
+    run of ``source`` that cannot be read or an entry whose key does not decode;
+    InvalidInputError for a version holding operator state (its writers are not kept). A failure
     leaves ``output`` without a committed version."""
     new_mp = check_max_parallelism(max_parallelism)
     if isinstance(memory_bytes, bool) or not isinstance(memory_bytes, int) or memory_bytes < 1:
@@ -88,6 +90,13 @@ def rewrite_max_parallelism(source, output, max_parallelism: int,
                 f"version {reader.version} covers key groups {lo}..{hi} of "
                 f"{reader.max_parallelism}, not all of them; rewrite a complete version")
         metas = reader.state_metas()
+        ops = [m["name"] for m in metas if is_operator_state_meta(m)]
+        if ops:
+            # Operator state belongs to the version's writers (docs/formats.md "Operator
+            # state"); the rewritten version's runs are passes, not those writers.
+            raise InvalidInputError(
+                f"version {reader.version} holds operator state {ops}, which a rewrite for "
+                "another max parallelism does not carry")
         raw = sum(int(f.get("raw_bytes", 0)) for f in manifest["files"])
         passes = max(1, min(new_mp, math.ceil(raw / memory_bytes)))
         descriptors = []

@@ -62,6 +62,9 @@ Contract for processors
   processing-time timers there.
 * Configuration: ``config()`` returns JSON-able settings that give the state its meaning (a
   window size, a gap); a checkpoint cannot be continued with different ones.
+* Operator state: ``ctx.operator_state`` holds non-keyed state of the partition (Flink's
+  operator state: even-split and union list state, broadcast state); it is restored for
+  ``ctx.partition_id`` of ``ctx.num_partitions``, redistributed when that number changed.
 * Counters: ``ctx.metrics[name] += n`` (ints) are summed over partitions and stored in the
   committed version's metadata (e.g. late rows dropped).
 """
@@ -123,6 +126,17 @@ class ProcessorContext:
         if not self.key_columns:
             kc = self.key_column
             self.key_columns = (kc,) if isinstance(kc, str) else tuple(kc)
+
+    @property
+    def operator_state(self):
+        """The backend's non-keyed operator state (``backend.operator_state``, a
+        :class:`statecore.operator_state.OperatorStateStore`: ``get_list_state``,
+        ``get_union_list_state``, ``get_broadcast_state``). Committed with every version as this
+        partition's; when a micro-batch runs with another number of partitions than the
+        previous version, it is redistributed on restore for ``partition_id`` of
+        ``num_partitions`` (even-split lists cut into contiguous parts, union lists whole in
+        every partition, broadcast state copied; docs/architecture.md "Operator state")."""
+        return self.backend.operator_state
 
     def keys(self, batch) -> pa.Array:
         """The key of every row of ``batch`` (a ``pa.RecordBatch`` or ``pa.Table`` as given to

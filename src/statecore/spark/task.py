@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 
 from statecore.errors import InvalidInputError, StateError
 from statecore.key_groups import key_group_range_for_operator
+from statecore.operator_state import UNION_LIST
 from statecore.spark import handoff
 from statecore.spark.checkpoint_write import checkpoint_in_background, start_snapshot_write
 from statecore.spark.processor import KeyedProcessor, ProcessorContext
@@ -99,6 +100,18 @@ class _InThread:
         if self._error is not None:
             raise self._error
         return self._value
+
+
+def _union_lists_as_restored(backend, store, version: int, partition_id: int,
+                             num_partitions: int) -> None:
+    """Give a backend kept from the previous micro-batch (cache, standby, handoff) the
+    operator state a restore of ``version`` would: it holds its own union lists only, a
+    restore every partition's (Flink restores union list state whole). Reads the version only
+    when the backend holds union list state (every partition runs the same processor)."""
+    if not backend.operator_state.has_kind(UNION_LIST):
+        return
+    with store.open(version) as reader:
+        backend.operator_state.restore(reader, partition_id, num_partitions)
 
 
 def _spark_partition_id() -> int:
@@ -348,7 +361,11 @@ class TaskSpec:
                     t_cpu = time.thread_time()
                     try:
                         if changes is None:
-                            store.restore(backend, self.prev_version, stats=restore_stats)
+                            # Operator state is redistributed from all the version's writers
+                            # when the parallelism changed (statecore.operator_state).
+                            store.restore(backend, self.prev_version, stats=restore_stats,
+                                          operator_index=partition_id,
+                                          parallelism=self.num_partitions)
                             return
                         try:
                             backend.apply_changes(changes)
@@ -369,6 +386,9 @@ class TaskSpec:
                 restoring.result()
                 restoring = None
                 inputs = itertools.chain(early, inputs) if chunked else early
+            elif self.prev_version is not None:
+                _union_lists_as_restored(backend, store, self.prev_version, partition_id,
+                                         self.num_partitions)
             # State is declared after the restore, as in Flink: get_state then checks the
             # descriptor against the restored meta (StateMigrationError on a mismatch).
             self.processor.open(ctx)

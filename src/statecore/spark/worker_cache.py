@@ -423,7 +423,8 @@ def _standby_catch_up(store, op_key: tuple, own: tuple, version: int, generation
             t_cpu = time.thread_time()
             backend = partition_backend(config[2], config[3], config[1], config[0], partition)
             try:
-                store.restore(backend, version)
+                store.restore(backend, version, operator_index=partition,
+                              parallelism=config[0])
                 new = committed(partition, backend, t_cpu)
             except BaseException:
                 backend.close()

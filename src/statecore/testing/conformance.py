@@ -37,6 +37,7 @@ from statecore.testing.lifecycle import LifecycleConformance
 from statecore.testing.merging import MergingConformance
 from statecore.testing.namespace_batches import NamespaceBatchConformance
 from statecore.testing.namespaces import NamespaceConformance
+from statecore.testing.operator_state import OperatorStateConformance
 from statecore.testing.reducing import ReducingConformance
 from statecore.testing.snapshots import SnapshotConformance
 from statecore.testing.timers import TimerConformance
@@ -52,6 +53,7 @@ __all__ = ["BackendConformance", "snapshot_dump", "merge_incremental", "AverageA
 # last topic first: the tests run in the order of the list read from the bottom up.
 class BackendConformance(
     DifferentialConformance,
+    OperatorStateConformance,
     CheckpointingConformance,
     KeyEnumerationConformance,
     IncrementalSnapshotConformance,
@@ -85,6 +87,7 @@ class BackendConformance(
     (``arrow_inputs``), timers (``timers``), snapshots and restores (``snapshots``), closing
     (``lifecycle``), current key and namespace caching (``current_key``), incremental snapshots
     (``incremental``), TTL rules (``ttl_state``), one-call checkpoints (``checkpointing``),
-    key enumeration (``enumeration``: ``keys``, ``apply_to_all_keys``) and random differential
-    runs (``differential``).
+    key enumeration (``enumeration``: ``keys``, ``apply_to_all_keys``), operator state
+    (``operator_state``: list, union list and broadcast state, their snapshots and
+    redistribution) and random differential runs (``differential``).
     """
