@@ -164,3 +164,26 @@ def test_wait_relaunches_and_takes_the_new_attempt(tmp_path):
     assert calls == [1] and p.relaunches == 1 and p.lost_partitions == [1]
     assert p.attempt == "att2" and {r["attempt"] for r in parts} == {"att2"}
     assert p.phases["detect_s"] >= p.op.heartbeat_timeout_s
+
+
+def test_the_late_report_hook_never_delays_the_task_thread(tmp_path, monkeypatch):
+    """DELAY_REPORT_ENV (the cluster test's hook) delays the descriptor, on a thread of its
+    own, also when the task's thread resolves the output last (it then runs the report)."""
+    from statecore.spark.checkpoint_write import DELAY_REPORT_ENV, start_snapshot_write
+
+    monkeypatch.setenv(DELAY_REPORT_ENV, str(10 * INTERVAL))
+    store = CheckpointStore(str(tmp_path / "root"))
+    backend, snap = _snap()
+    output_done: Future = Future()
+    report = {"partition": 0}
+    done = checkpoint_in_background(store, snap, 0, "p0-a-t0", report, start_snapshot_write,
+                                    output_done, heartbeat_interval_s=INTERVAL)
+    deadline = time.monotonic() + 30
+    while "write_s" not in report:  # the data file is written
+        assert time.monotonic() < deadline
+        time.sleep(INTERVAL / 2)
+    output_done.set_result(True)  # as the task's thread does: returns before the report
+    assert not done.done() and store.pending(0) == []
+    assert done.result(30)["writer"] == "p0-a-t0"
+    assert [d["writer"] for d in store.pending(0)] == ["p0-a-t0"]
+    backend.close()

@@ -49,10 +49,9 @@ def heartbeat_while(store, version: int, writer: str, body: Dict, interval_s: fl
     heartbeat of ``writer`` at ``version`` (:meth:`CheckpointStore.write_heartbeat`) every
     ``interval_s`` seconds, the first one an interval from now, for at most ``max_s`` seconds
     (None: no limit; past the driver's ``commit_timeout_s`` nobody reads them, and a write
-    that hangs must not beat forever). Runs in a daemon thread (a
-    worker that exits takes it along: then the beats stop, as they should) and returns it. A
-    failed put is skipped: the driver then sees the write as lost sooner, which costs a re-run,
-    never correctness."""
+    that hangs must not beat forever). Runs in a daemon thread (a worker that exits takes it
+    along: then the beats stop, as they should) and returns it. A failed put is skipped: the
+    driver then sees the write as lost sooner, which costs a re-run, never correctness."""
     stop = threading.Event()
     done.add_done_callback(lambda _f: stop.set())
 
@@ -143,11 +142,21 @@ def checkpoint_in_background(store, snap, version: int, writer: str, report: dic
                 f"checkpoint {writer} of version {version}: the task's output was cut short; "
                 "not reported"))
             return
+        delay = os.environ.get(DELAY_REPORT_ENV)
+        if delay:
+            # The test hook reports later, never on the task's own thread (which runs this
+            # when the write ended before Spark took the output): the task must end first.
+            def late() -> None:
+                time.sleep(float(delay))
+                record(write)
+
+            threading.Thread(target=late, name=f"statecore-late-{writer}", daemon=True).start()
+            return
+        record(write)
+
+    def record(write: Future) -> None:
         try:
             desc = write.result()
-            delay = os.environ.get(DELAY_REPORT_ENV)
-            if delay:
-                time.sleep(float(delay))
             store.write_pending(version, writer, dict(desc, spark_report=report))
             done.set_result(desc)
         except BaseException as exc:
