@@ -1066,8 +1066,9 @@ class PendingBatch:
                 raise StateError(
                     f"operator {op.name}: {self._what()}: partitions {missing} did "
                     f"not report their checkpoint within {timeout:g} s after the sink's action "
-                    f"(reported: {sorted(by_part)}) although their background writes kept "
-                    "putting heartbeats (a write slower than commit_timeout_s). The "
+                    f"(reported: {sorted(by_part)}) and did not count as lost (their "
+                    "background writes kept putting heartbeats: writes slower than "
+                    "commit_timeout_s; or commit_timeout_s is below heartbeat_timeout_s). The "
                     "micro-batch is not committed; Spark replays it from the previous version")
             time.sleep(min(delay, max(deadline - now, 0.0)))
             if now >= fine_until:
