@@ -314,7 +314,9 @@ def test_rescale_2_to_3_on_incremental_checkpoints(spark, tmp_path, backend):
 # ---------------------------------------------------------- failing background checkpoint
 
 def never_reports(store, snap, version, writer):
-    """A checkpoint write whose worker died: its Future never resolves."""
+    """A checkpoint write that hangs in a live worker: its Future never resolves while its
+    heartbeats go on, so the driver waits for it until ``commit_timeout_s`` (a worker that
+    dies is tests/test_spark_relaunch.py)."""
     return Future()
 
 
@@ -405,8 +407,15 @@ def test_operator_options_are_validated(tmp_path):
     p = Tally()
     ck = str(tmp_path)
     for kw in ({"max_runs": 0}, {"max_runs": True}, {"commit_timeout_s": 0},
-               {"commit_timeout_s": "5"}, {"freeze_worker_gc": 1}, {"freeze_worker_gc": None}):
+               {"commit_timeout_s": "5"}, {"freeze_worker_gc": 1}, {"freeze_worker_gc": None},
+               {"relaunch_attempts": -1}, {"relaunch_attempts": 1.0},
+               {"relaunch_attempts": True}, {"heartbeat_interval_s": 0},
+               {"heartbeat_interval_s": "2"}, {"heartbeat_timeout_s": 2.0},
+               {"heartbeat_interval_s": 1, "heartbeat_timeout_s": 0.5}):
         with pytest.raises(InvalidInputError):
             StatefulOperator("x", p, "k", ck, output=ck, **kw)
     op = StatefulOperator("x", p, "k", ck, output=ck, max_runs=None)
     assert op.store.max_runs is None
+    assert (op.relaunch_attempts, op.heartbeat_interval_s, op.heartbeat_timeout_s) == (2, 2, 6)
+    op = StatefulOperator("x", p, "k", ck, output=ck, heartbeat_interval_s=0.5)
+    assert op.heartbeat_timeout_s == 1.5

@@ -42,6 +42,7 @@ from statecore.checkpoint.layout import (
     check_commit_id,
     check_version,
     check_writer,
+    heartbeat_path,
     pending_path,
     version_dir,
 )
@@ -111,8 +112,41 @@ class PendingDescriptors:
             out.append(desc)
         return out
 
+    def write_heartbeat(self, version: int, writer: str, body: dict) -> str:
+        """Record ``body`` (a JSON object) as ``pending/V/<writer>.alive``, the heartbeat of a
+        write in flight, replacing the earlier one; returns the path relative to the root.
+        InvalidInputError when ``body`` is not JSON-able."""
+        version = check_version(version)
+        writer = check_writer(writer)
+        try:
+            data = canonical_json(dict(body, version=version, writer=writer))
+        except (TypeError, ValueError) as exc:
+            raise InvalidInputError(f"heartbeat is not JSON-serializable: {exc}") from exc
+        rel = heartbeat_path(version, writer)
+        self.root.write_bytes(rel, data)
+        return rel
+
+    def heartbeats(self, version: int) -> list[dict]:
+        """The heartbeats recorded for ``version``, sorted by writer ([] when none). A file
+        that is gone meanwhile or not a JSON object is left out: a heartbeat is a hint of
+        liveness, and a missing one only makes its write look lost sooner."""
+        version = check_version(version)
+        base = self.root.path(f"pending/{version_dir(version)}")
+        out = []
+        for info in sorted(self.root.list(base), key=lambda i: i.path):
+            if info.type != pafs.FileType.File or not info.base_name.endswith(".alive"):
+                continue
+            try:
+                with self.root.fs.open_input_file(info.path) as f:
+                    body = json.loads(f.read().decode("utf-8"))
+            except (FileNotFoundError, ValueError, UnicodeDecodeError):
+                continue
+            if isinstance(body, dict):
+                out.append(body)
+        return out
+
     def clear(self, version: int) -> None:
-        """Delete the descriptors recorded for ``version``."""
+        """Delete the descriptors (and heartbeats) recorded for ``version``."""
         version = check_version(version)
         base = self.root.path(f"pending/{version_dir(version)}")
         if self.root.fs.get_file_info(base).type == pafs.FileType.Directory:

@@ -43,8 +43,8 @@ from statecore.errors import InvalidInputError
 __all__ = [
     "CheckpointRoot", "MAX_VERSION", "check_version", "check_writer", "check_commit_id",
     "version_dir",
-    "manifest_name", "data_path", "pending_path", "compacted_data_path", "is_compacted_name",
-    "manifest_version", "is_version_dir", "join_uri", "is_uri", "redact_uri",
+    "manifest_name", "data_path", "pending_path", "heartbeat_path", "compacted_data_path",
+    "is_compacted_name", "manifest_version", "is_version_dir", "join_uri", "is_uri", "redact_uri",
 ]
 
 #: Highest checkpoint version (versions are ints in ``[0, 10**20)``, 20 decimal digits).
@@ -102,6 +102,13 @@ def data_path(version: int, writer: str) -> str:
 def pending_path(version: int, writer: str) -> str:
     """Path relative to the root of the pending descriptor of ``writer`` at ``version``."""
     return f"pending/{version_dir(version)}/{writer}.json"
+
+
+def heartbeat_path(version: int, writer: str) -> str:
+    """Path relative to the root of the heartbeat of ``writer``'s write in flight at
+    ``version`` (``pending/V/<writer>.alive``; docs/formats.md "Checkpoint store and
+    manifests")."""
+    return f"pending/{version_dir(version)}/{writer}.alive"
 
 
 def compacted_data_path(version: int, seq: int, start: int, end: int) -> str:

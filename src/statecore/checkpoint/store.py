@@ -271,6 +271,18 @@ class CheckpointStore:
         object."""
         return self._pending.read(version)
 
+    def write_heartbeat(self, version: int, writer: str, body: dict) -> str:
+        """Record ``body`` as the heartbeat ``pending/V/<writer>.alive`` of ``writer``'s write in
+        flight at ``version`` (one small put; replaces the earlier one), so that a driver tells
+        a slow write from a lost one (``statecore.spark``). Returns the path relative to the
+        root; InvalidInputError when ``body`` is not JSON-able."""
+        return self._pending.write_heartbeat(version, writer, body)
+
+    def heartbeats(self, version: int) -> list[dict]:
+        """Heartbeats recorded by :meth:`write_heartbeat` for ``version``, sorted by writer
+        (unreadable ones left out)."""
+        return self._pending.heartbeats(version)
+
     def clear_pending(self, version: int) -> None:
         """Delete the pending descriptors of ``version`` (a driver calls this before (re)running
         a micro-batch, so descriptors of an earlier attempt with other writers cannot leak into

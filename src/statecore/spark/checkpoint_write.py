@@ -11,18 +11,67 @@ task whose output was cut short never reports; a failed write records a descript
 ``error`` instead, so the driver fails the micro-batch at once rather than at its timeout.
 Every Spark task attempt has its own writer name, so one attempt's descriptor never pairs with
 another attempt's bytes.
+
+Liveness: while the write is in flight, a heartbeat ``pending/<batch_id>/<writer>.alive``
+(partition, attempt, task attempt, host, pid and a beat counter) is put every
+``heartbeat_interval_s``, the first one an interval after the write started (so a write that
+ends sooner costs nothing). The driver tells a slow write (its beats go on) from one whose
+process died after its task ended (no beat within its timeout): it re-runs the micro-batch
+instead of waiting for ``commit_timeout_s`` (:class:`statecore.spark.PendingBatch`). Files, not
+a call to the driver, so it works alike under Spark Connect and on object stores.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import time
 from concurrent.futures import Future
-from typing import Callable, Optional
+from typing import Callable, Dict, Optional
 
 from statecore.errors import StateError
 
-__all__ = ["checkpoint_in_background", "start_snapshot_write"]
+__all__ = ["checkpoint_in_background", "start_snapshot_write", "heartbeat_while",
+           "DELAY_REPORT_ENV"]
+
+#: Test hook, never set outside tests: seconds the background write sleeps before recording its
+#: pending descriptor (heartbeats go on meanwhile), which makes the window between a task's end
+#: and its report wide enough for a test to kill the executor in it
+#: (``tests/test_spark_cluster.py``, ``spark.executorEnv``).
+DELAY_REPORT_ENV = "STATECORE_TEST_DELAY_REPORT_S"
+
+
+def heartbeat_while(store, version: int, writer: str, body: Dict, interval_s: float,
+                    done: Future, max_s: Optional[float] = None) -> threading.Thread:
+    """Until ``done`` resolves, put ``body`` plus ``beat`` (1, 2, ...) and ``time_ms`` (the
+    writer's wall clock, for people; the driver only looks at ``beat`` changing) as the
+    heartbeat of ``writer`` at ``version`` (:meth:`CheckpointStore.write_heartbeat`) every
+    ``interval_s`` seconds, the first one an interval from now, for at most ``max_s`` seconds
+    (None: no limit; past the driver's ``commit_timeout_s`` nobody reads them, and a write
+    that hangs must not beat forever). Runs in a daemon thread (a worker that exits takes it
+    along: then the beats stop, as they should) and returns it. A failed put is skipped: the
+    driver then sees the write as lost sooner, which costs a re-run, never correctness."""
+    stop = threading.Event()
+    done.add_done_callback(lambda _f: stop.set())
+
+    until = None if max_s is None else time.monotonic() + max_s
+
+    def run() -> None:
+        beat = 0
+        while not stop.wait(interval_s):
+            if until is not None and time.monotonic() > until:
+                return
+            beat += 1
+            try:
+                store.write_heartbeat(version, writer, dict(
+                    body, beat=beat, time_ms=time.time_ns() // 1_000_000))
+            except Exception:  # noqa: BLE001 -- see the docstring
+                pass
+
+    t = threading.Thread(target=run, name=f"statecore-heartbeat-{writer}", daemon=True)
+    t.start()
+    return t
 
 
 def start_snapshot_write(store, snap, version: int, writer: str) -> Future:
@@ -53,7 +102,9 @@ def start_snapshot_write(store, snap, version: int, writer: str) -> Future:
 
 
 def checkpoint_in_background(store, snap, version: int, writer: str, report: dict,
-                             start_write: Callable, output_done: Optional[Future] = None) -> Future:
+                             start_write: Callable, output_done: Optional[Future] = None,
+                             heartbeat_interval_s: Optional[float] = None,
+                             heartbeat_max_s: Optional[float] = None) -> Future:
     """The asynchronous part of a task's checkpoint: write ``snap``'s data file, release the
     snapshot, then record the pending descriptor (``report`` as its ``spark_report``). When the
     write fails, a pending descriptor carrying ``report["error"]`` is recorded instead, so the
@@ -67,10 +118,18 @@ def checkpoint_in_background(store, snap, version: int, writer: str, report: dic
     ``start_write(store, snap, version, writer)`` starts the data file write and returns its
     Future (:func:`start_snapshot_write`, or a test's replacement). The returned Future carries
     ``cancel_write``, which stops a running native write (used when a dropped cache entry's
-    write outlives the driver's timeout)."""
+    write outlives the driver's timeout). ``heartbeat_interval_s`` (> 0, optional): put a
+    heartbeat while all of this is in flight, for at most ``heartbeat_max_s`` seconds
+    (:func:`heartbeat_while`; ``report``'s partition, attempt and task attempt, this host and
+    process)."""
     done: Future = Future()
     done.set_running_or_notify_cancel()
     t_start = time.perf_counter()
+    if heartbeat_interval_s:
+        heartbeat_while(store, version, writer, {
+            "partition": report.get("partition"), "attempt": report.get("attempt"),
+            "task_attempt": report.get("task_attempt"), "host": socket.gethostname(),
+            "pid": os.getpid()}, heartbeat_interval_s, done, heartbeat_max_s)
     if output_done is None:
         output_done = Future()
         output_done.set_result(True)
@@ -83,6 +142,19 @@ def checkpoint_in_background(store, snap, version: int, writer: str, report: dic
                 f"checkpoint {writer} of version {version}: the task's output was cut short; "
                 "not reported"))
             return
+        delay = os.environ.get(DELAY_REPORT_ENV)
+        if delay:
+            # The test hook reports later, never on the task's own thread (which runs this
+            # when the write ended before Spark took the output): the task must end first.
+            def late() -> None:
+                time.sleep(float(delay))
+                record(write)
+
+            threading.Thread(target=late, name=f"statecore-late-{writer}", daemon=True).start()
+            return
+        record(write)
+
+    def record(write: Future) -> None:
         try:
             desc = write.result()
             store.write_pending(version, writer, dict(desc, spark_report=report))

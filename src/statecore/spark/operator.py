@@ -61,9 +61,11 @@ function, or called from one):
    the task waits for its write.) Each Spark task attempt writes its own file, so a retried or
    speculative attempt can never pair one attempt's descriptor with another's bytes.
 3. Driver, after the sink's action returned (:meth:`PendingBatch.commit`): wait until every
-   partition of this attempt recorded its pending descriptor (at most ``commit_timeout_s``),
-   commit version ``batch_id`` (the manifest carries the watermark for the next batch, the
-   attempt id and the committed writers), clear the pending descriptors and apply retention
+   partition of this attempt recorded its pending descriptor (at most ``commit_timeout_s``;
+   a partition whose write is lost -- no report and no heartbeat, see below -- makes it run the
+   micro-batch again under a new attempt id, up to ``relaunch_attempts`` times), commit
+   version ``batch_id`` (the manifest carries the watermark for the next batch, the attempt id
+   and the committed writers), clear the pending descriptors and apply retention
    (``retain_versions``). The store compacts a version whose run chain grew past ``max_runs``.
 
 Incremental checkpoints
@@ -89,10 +91,20 @@ committed (manifest written) before ``foreachBatch`` returns; what is asynchrono
 part between the snapshot and that commit. With several operators in one ``foreachBatch`` (the
 demo has two), each :meth:`StatefulOperator.start` runs its sink's action without committing
 and :func:`commit_batches` then waits for all of them and commits them at the end, so the
-writes of the first operator overlap the second operator's job. A background write that never
-reports (its worker died) makes the driver time out with StateError after
-``commit_timeout_s``; one that fails reports its error at once. Either way nothing is committed,
-``foreachBatch`` raises, and Spark replays ``v``, which restores ``v - 1``.
+writes of the first operator overlap the second operator's job. A background write that fails
+reports its error at once: nothing is committed, ``foreachBatch`` raises, and Spark replays
+``v``, which restores ``v - 1``.
+
+A background write whose process died after its task ended (an executor lost between the end
+of its tasks and their reports) is a failure Spark cannot see: its job succeeded. While a write
+is in flight it puts a heartbeat every ``heartbeat_interval_s``
+(:mod:`statecore.spark.checkpoint_write`); the driver counts a partition that neither reported
+nor beat for ``heartbeat_timeout_s`` after the action as lost and runs the micro-batch again
+(:meth:`PendingBatch.wait`): same version, placement and processing time, a new attempt id, so
+the tasks reload ``v - 1`` (a worker cache holds the lost attempt's state under its attempt id,
+which no task asks for) and the sink overwrites its output of ``v``. The lost attempt's files
+are never committed. Past ``relaunch_attempts`` re-runs, or when a write that still beats does
+not report within ``commit_timeout_s``, the micro-batch fails with StateError as above.
 
 A micro-batch replayed after a failure restores ``batch_id - 1`` again and its sink overwrites
 its own output, so state and output are exactly-once if the processor is deterministic and the
@@ -286,7 +298,13 @@ class BatchReport:
     come from its version's metadata when retention kept it), ``watermark_ms`` (the committed
     watermark, handed to the next micro-batch), ``processing_time_ms`` (ms since the epoch: the
     processing time the version's processing-time timers fired against; the final flush
-    fires none)."""
+    fires none).
+
+    Relaunches (:meth:`PendingBatch.wait`): ``relaunches`` (times the driver re-ran the
+    micro-batch because partitions' background writes were lost after their tasks ended; 0
+    normally), ``lost_partitions`` (the partitions found lost, over all relaunches); ``phases``
+    then also holds ``detect_s`` (driver seconds from the end of an attempt's action to finding
+    its partitions lost, summed) and ``relaunch_s`` (the relaunched actions)."""
 
     operator_name: str
     version: int
@@ -310,6 +328,8 @@ class BatchReport:
     processing_time_ms: Optional[int] = None
     flush: bool = False
     skipped: bool = False
+    relaunches: int = 0
+    lost_partitions: List[int] = field(default_factory=list)
 
 
 #: Fields of a task's report copied into :attr:`BatchReport.partitions`.
@@ -384,7 +404,24 @@ class StatefulOperator:
             never.
         commit_timeout_s: seconds the driver waits, after the sink's action, for every
             partition's background checkpoint write to report (> 0); past it the micro-batch
-            fails with StateError and Spark replays it.
+            fails with StateError and Spark replays it. A write whose heartbeats go on is
+            waited for this long; a lost one is not (``relaunch_attempts``).
+        relaunch_attempts: times the driver re-runs a micro-batch (or flush) whose partitions'
+            background writes were lost after their tasks ended (int >= 0, default 2): same
+            version and placement, a new attempt id, the sink called again with the same
+            version (so it must be idempotent per version, as for Spark's replays); the lost
+            attempt's files are ignored and deleted by retention. A write counts as lost when
+            its task ended (the sink's action returned) and it has neither reported nor put a
+            heartbeat for ``heartbeat_timeout_s`` (its executor or Python worker died). Past
+            the attempts the micro-batch fails with StateError (Spark replays it); 0 fails it
+            at the first loss.
+        heartbeat_interval_s: seconds between the heartbeats a background write in flight puts
+            into the checkpoint (``pending/V/<writer>.alive``, one small put each; > 0,
+            default 2; a write that ends sooner puts none).
+        heartbeat_timeout_s: seconds without a new heartbeat (or, with none, since the action
+            ended) after which the driver counts a write as lost (> ``heartbeat_interval_s``;
+            default 3 x ``heartbeat_interval_s``). Too low a value re-runs micro-batches whose
+            workers were merely slow to beat (never wrong, only slower).
         ttl_background_key_groups: key groups per partition and micro-batch that TTL background
             cleanup (``StateTtlConfig(cleanup_in_background=True)``) expires right after the
             snapshot (int >= 0; 0 = none).
@@ -445,7 +482,9 @@ class StatefulOperator:
                  retain_versions: int = 3,
                  max_runs: Optional[int] = 8, commit_timeout_s: float = 300.0,
                  ttl_background_key_groups: int = 0, stale_copies: int = 1,
-                 freeze_worker_gc: bool = True, standby: bool = True, handoff: bool = False):
+                 freeze_worker_gc: bool = True, standby: bool = True, handoff: bool = False,
+                 relaunch_attempts: int = 2, heartbeat_interval_s: float = 2.0,
+                 heartbeat_timeout_s: Optional[float] = None):
         import re
 
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", name):
@@ -495,6 +534,23 @@ class StatefulOperator:
                 or not commit_timeout_s > 0:
             raise InvalidInputError(
                 f"commit_timeout_s must be a number > 0, got {commit_timeout_s!r}")
+        if isinstance(relaunch_attempts, bool) or not isinstance(relaunch_attempts, int) \
+                or relaunch_attempts < 0:
+            raise InvalidInputError(
+                f"relaunch_attempts must be an int >= 0, got {relaunch_attempts!r}")
+        if isinstance(heartbeat_interval_s, bool) \
+                or not isinstance(heartbeat_interval_s, (int, float)) \
+                or not heartbeat_interval_s > 0:
+            raise InvalidInputError(
+                f"heartbeat_interval_s must be a number > 0, got {heartbeat_interval_s!r}")
+        if heartbeat_timeout_s is None:
+            heartbeat_timeout_s = 3 * heartbeat_interval_s
+        elif isinstance(heartbeat_timeout_s, bool) \
+                or not isinstance(heartbeat_timeout_s, (int, float)) \
+                or not heartbeat_timeout_s > heartbeat_interval_s:
+            raise InvalidInputError(
+                f"heartbeat_timeout_s must be a number > heartbeat_interval_s="
+                f"{heartbeat_interval_s!r}, got {heartbeat_timeout_s!r}")
         if isinstance(ttl_background_key_groups, bool) \
                 or not isinstance(ttl_background_key_groups, int) \
                 or ttl_background_key_groups < 0:
@@ -532,6 +588,9 @@ class StatefulOperator:
         self.retain_versions = retain_versions
         self.max_runs = max_runs
         self.commit_timeout_s = float(commit_timeout_s)
+        self.relaunch_attempts = relaunch_attempts
+        self.heartbeat_interval_s = float(heartbeat_interval_s)
+        self.heartbeat_timeout_s = float(heartbeat_timeout_s)
         self.ttl_background_key_groups = ttl_background_key_groups
         self.stale_copies = stale_copies
         self.freeze_worker_gc = freeze_worker_gc
@@ -776,11 +835,14 @@ class StatefulOperator:
 
     def _launch(self, spark, df, place: Placement, key_type: str, *, batch_id: Optional[int],
                 final: bool = False, prev_meta: Optional[Dict[str, Any]] = None,
-                prev_commit_id: Optional[str] = None) -> "PendingBatch":
+                prev_commit_id: Optional[str] = None,
+                processing_time_ms: Optional[int] = None) -> "PendingBatch":
         """Run the tasks of version ``place.version`` up to the sink's action: micro-batch
         ``batch_id`` of ``df``, or (``df`` None) a flush, ``final`` or not; ``prev_meta`` and
         ``prev_commit_id``: the predecessor's metadata and commit id when the caller read its
-        manifest already."""
+        manifest already; ``processing_time_ms``: the one an earlier attempt of this version
+        used (a relaunch fires the same timers), else chosen here. The PendingBatch returned
+        can run it all again under a new attempt id (:meth:`PendingBatch.wait`)."""
         from pyspark.sql.pandas.types import from_arrow_schema
 
         t0 = time.perf_counter()
@@ -827,7 +889,8 @@ class StatefulOperator:
         # The final flush fires everything through processor.flush; a non-final one gets the
         # watermark the input so far allows, as the micro-batch after it would.
         watermark = None if is_flush and final else prev_meta.get("watermark_ms")
-        processing_time = self._processing_time(version, prev_meta)
+        processing_time = (self._processing_time(version, prev_meta)
+                           if processing_time_ms is None else processing_time_ms)
         attempt = uuid.uuid4().hex[:12]
 
         spec = TaskSpec(
@@ -845,7 +908,8 @@ class StatefulOperator:
             start_write=self._start_write, commit_timeout_s=self.commit_timeout_s,
             ttl_background_key_groups=self.ttl_background_key_groups,
             stale_copies=self.stale_copies, freeze_worker_gc=self.freeze_worker_gc,
-            standby=self.standby, handoff=self.handoff, processing_time_ms=processing_time)
+            standby=self.standby, handoff=self.handoff, processing_time_ms=processing_time,
+            heartbeat_interval_s=self.heartbeat_interval_s)
 
         if is_flush:
             # The flush has no input: its control rows, one per partition, each carrying its
@@ -871,6 +935,13 @@ class StatefulOperator:
                                watermark, processor_config, t0, processing_time_ms=processing_time,
                                batch_id=batch_id, final=is_flush and final, place=place)
         pending.phases = {"plan_s": t_action - t0, "action_s": time.perf_counter() - t_action}
+
+        def relaunch() -> "PendingBatch":
+            return self._launch(spark, df, place, key_type, batch_id=batch_id, final=final,
+                                prev_meta=prev_meta, prev_commit_id=prev_commit_id,
+                                processing_time_ms=processing_time)
+
+        pending._relaunch = relaunch
         return pending
 
 
@@ -883,8 +954,9 @@ _WAIT_FINE_S = 0.25
 class PendingBatch:
     """A micro-batch of one operator whose sink action ran but whose version is not committed
     yet (from :meth:`StatefulOperator.start`). The tasks' checkpoint writes may still be in
-    flight; :meth:`wait` blocks until every partition of this attempt reported and
-    :meth:`commit` then commits the version. Not thread-safe; commit at most once."""
+    flight; :meth:`wait` blocks until every partition of this attempt reported (re-running the
+    micro-batch when partitions' writes were lost) and :meth:`commit` then commits the version.
+    Not thread-safe; commit at most once."""
 
     def __init__(self, op: StatefulOperator, version: int, attempt: str, num_partitions: int,
                  key_type: str, is_flush: bool, prev_meta: Dict[str, Any], watermark: Optional[int],
@@ -912,6 +984,15 @@ class PendingBatch:
         self._wait_s = 0.0
         #: driver phase timings so far (see BatchReport.phases); set by StatefulOperator._launch
         self.phases: Dict[str, float] = {}
+        #: when the sink's action of the current attempt returned (time.perf_counter): every
+        #: task of the attempt had ended by then
+        self.action_end = time.perf_counter()
+        #: times :meth:`wait` re-ran the micro-batch, and the partitions it found lost
+        self.relaunches = 0
+        self.lost_partitions: List[int] = []
+        # Runs the micro-batch again under a new attempt id and returns its PendingBatch
+        # (set by StatefulOperator._launch; None: nothing to re-run).
+        self._relaunch: Optional[Callable[[], "PendingBatch"]] = None
 
     @classmethod
     def done(cls, op: StatefulOperator, report: "BatchReport") -> "PendingBatch":
@@ -930,21 +1011,70 @@ class PendingBatch:
         descriptors every 2 ms for the first 250 ms, then at steps growing by 1.25x to at most
         200 ms: the writes usually end within tens of ms of the action, and the time between the
         last write's end and the poll that sees it adds to every micro-batch, so the first polls
-        are dense; a poll lists one directory of the checkpoint, which is cheap. ``timeout_s``:
-        default the operator's ``commit_timeout_s``. Raises StateError when a partition's
-        background write reported an error (at once) or when some partition did not report
-        within the timeout (its worker died, or the sink's action did not evaluate every
-        partition): the micro-batch then fails and Spark replays it from the previous
-        version."""
+        are dense; a poll lists one directory of the checkpoint, which is cheap.
+
+        Lost writes: every task of the attempt had ended when the sink's action returned, so a
+        partition that has not reported and whose write put no new heartbeat
+        (``pending/V/<writer>.alive``, :mod:`statecore.spark.checkpoint_write`) for the
+        operator's ``heartbeat_timeout_s`` (none at all: since the action ended) is lost -- its
+        executor or Python worker died after the task, which Spark does not see, as its job
+        succeeded. The heartbeats are read only while partitions are missing, every half
+        interval. Then the micro-batch runs again (same version and placement, a new attempt
+        id; the lost attempt's files are ignored, retention deletes them), up to the operator's
+        ``relaunch_attempts`` times, as Spark re-runs a lost task; staleness is judged by beats
+        changing between the driver's own reads, so the hosts' clocks do not matter.
+
+        ``timeout_s``: default the operator's ``commit_timeout_s``, per attempt. Raises
+        StateError when a partition's background write reported an error (at once), when
+        partitions are lost and the relaunches are used up, or when some partition did not
+        report within the timeout while its heartbeats went on: the micro-batch then fails and
+        Spark replays it from the previous version. Whatever the sink raises in a relaunch."""
         if self._parts is not None:
             return self._parts
         op = self.op
-        n = self.num_partitions
         timeout = op.commit_timeout_s if timeout_s is None else float(timeout_s)
+        t_start = time.perf_counter()
+        while True:
+            by_part, lost = self._poll(timeout)
+            if lost is None:
+                break
+            now = time.perf_counter()
+            self.phases["detect_s"] = self.phases.get("detect_s", 0.0) + now - self.action_end
+            self.lost_partitions = sorted(set(self.lost_partitions) | set(lost))
+            if self._relaunch is None or self.relaunches >= op.relaunch_attempts:
+                raise StateError(
+                    f"operator {op.name}: {self._what()}: partitions {lost} did not report "
+                    f"their checkpoint: their task ended but their background write neither "
+                    f"reported nor put a heartbeat for {op.heartbeat_timeout_s:g} s (their "
+                    "worker or executor died, or the sink's action did not evaluate every "
+                    "partition of the DataFrame it is given: use a write, not a limit); "
+                    f"relaunched {self.relaunches} times (relaunch_attempts="
+                    f"{op.relaunch_attempts}). The micro-batch is not committed; Spark replays "
+                    "it from the previous version")
+            self.relaunches += 1
+            fresh = self._relaunch()
+            self.attempt = fresh.attempt
+            self.action_end = fresh.action_end
+            self.phases["relaunch_s"] = (self.phases.get("relaunch_s", 0.0)
+                                         + time.perf_counter() - now)
+        self._wait_s = time.perf_counter() - t_start
+        self._parts = [by_part[i] for i in range(self.num_partitions)]
+        return self._parts
+
+    def _poll(self, timeout: float):
+        """``(reports by partition, None)`` once every partition of the current attempt
+        reported, or ``(None, lost partitions)`` (:meth:`wait`). StateError for a reported
+        error or past ``timeout`` seconds."""
+        op = self.op
+        n = self.num_partitions
+        hb_timeout = op.heartbeat_timeout_s
         t_start = time.perf_counter()
         deadline = t_start + timeout
         fine_until = t_start + _WAIT_FINE_S
         delay = _WAIT_POLL_S
+        # No partition can be lost before a heartbeat timeout has passed since the action.
+        next_check = self.action_end + hb_timeout
+        beats: Dict[str, tuple] = {}
         while True:
             by_part: Dict[int, dict] = {}
             for d in op.store.pending(self.version):
@@ -965,23 +1095,43 @@ class PendingBatch:
                 if have is None or r.get("task_attempt", 0) > have.get("task_attempt", 0):
                     by_part[r["partition"]] = r
             if sorted(by_part) == list(range(n)):
-                break
+                return by_part, None
             now = time.perf_counter()
+            if now >= next_check:
+                lost = self._lost(set(range(n)) - set(by_part), beats, now)
+                if lost:
+                    return None, lost
+                next_check = now + op.heartbeat_interval_s / 2
             if now >= deadline:
                 missing = sorted(set(range(n)) - set(by_part))
                 raise StateError(
                     f"operator {op.name}: {self._what()}: partitions {missing} did "
                     f"not report their checkpoint within {timeout:g} s after the sink's action "
-                    f"(reported: {sorted(by_part)}); either their worker died before the "
-                    "background write finished or the sink's action did not evaluate every "
-                    "partition of the DataFrame it is given (use a write, not a limit). The "
+                    f"(reported: {sorted(by_part)}) and did not count as lost (their "
+                    "background writes kept putting heartbeats: writes slower than "
+                    "commit_timeout_s; or commit_timeout_s is below heartbeat_timeout_s). The "
                     "micro-batch is not committed; Spark replays it from the previous version")
             time.sleep(min(delay, max(deadline - now, 0.0)))
             if now >= fine_until:
                 delay = min(delay * 1.25, 0.2)
-        self._wait_s = time.perf_counter() - t_start
-        self._parts = [by_part[i] for i in range(n)]
-        return self._parts
+
+    def _lost(self, missing, beats: Dict[str, tuple], now: float) -> List[int]:
+        """The partitions of ``missing`` (not reported) whose writes are lost at driver time
+        ``now``: no heartbeat of this attempt's writers of the partition changed its ``beat``
+        within the heartbeat timeout (none seen: since the action ended). ``beats``: writer ->
+        (beat, driver time it was first seen, partition), updated here."""
+        hb_timeout = self.op.heartbeat_timeout_s
+        for hb in self.op.store.heartbeats(self.version):
+            if hb.get("attempt") != self.attempt or not isinstance(hb.get("partition"), int):
+                continue
+            writer, beat = hb.get("writer"), hb.get("beat")
+            seen = beats.get(writer)
+            if seen is None or seen[0] != beat:
+                beats[writer] = (beat, now, hb["partition"])
+        alive = {p for _b, t, p in beats.values() if now - t < hb_timeout}
+        if now - self.action_end < hb_timeout:
+            return []
+        return sorted(p for p in missing if p not in alive)
 
     def _what(self) -> str:
         return (f"the flush (version {self.version})" if self.is_flush
@@ -1035,6 +1185,7 @@ class PendingBatch:
             "state_bytes": sbytes, "checkpoint_bytes": ckpt_bytes, "metrics": metrics,
             "loads": loads, "flush": self.is_flush, "final": self.final,
             "restore_bytes": [int(r.get("restore_bytes", 0)) for r in parts],
+            "relaunches": self.relaunches,
         }
         if self.is_flush and "query_id" not in self.prev_meta:
             # A flush after a version that predates query ids closes a stream of any query:
@@ -1056,7 +1207,8 @@ class PendingBatch:
             checkpoint_total_bytes=sum(int(f["size"]) for f in manifest["files"]),
             incremental=incremental, wait_seconds=self._wait_s,
             ttl_expired=dict(manifest.get("ttl_expired", {})), phases=phases,
-            partitions=[{k: r[k] for k in _TASK_TIMINGS if k in r} for r in parts])
+            partitions=[{k: r[k] for k in _TASK_TIMINGS if k in r} for r in parts],
+            relaunches=self.relaunches, lost_partitions=list(self.lost_partitions))
         op.reports.append(self.report)
         return self.report
 

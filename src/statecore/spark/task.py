@@ -158,7 +158,8 @@ class TaskSpec:
     one control row per partition), ``flush_final`` (with ``is_flush``: the end-of-input flush,
     which calls ``processor.flush``; False: a non-final flush, which calls ``on_watermark`` and
     ``on_processing_time`` as a micro-batch without rows does), ``start_write`` (replaces
-    :func:`start_snapshot_write`; tests).
+    :func:`start_snapshot_write`; tests), ``heartbeat_interval_s`` (seconds between the
+    heartbeats of the background write, which tell the driver it is alive; None = none).
 
     Errors raised in the task (which fails it, and with it the micro-batch): StateError outside
     a Spark task or for a partition id outside ``[0, num_partitions)``; InvalidInputError for a
@@ -192,6 +193,7 @@ class TaskSpec:
     handoff: bool = False
     processing_time_ms: Optional[int] = None
     flush_final: bool = True
+    heartbeat_interval_s: Optional[float] = None
 
     @property
     def key_columns(self) -> tuple:
@@ -461,7 +463,8 @@ class TaskSpec:
         # cut short (a sink that does not evaluate everything) never reports.
         output_done: Future = Future()
         done = checkpoint_in_background(store, snap, self.batch_id, writer, report,
-                                        self.start_write or start_snapshot_write, output_done)
+                                        self.start_write or start_snapshot_write, output_done,
+                                        self.heartbeat_interval_s, self.commit_timeout_s)
         put_cached(cache_key, CachedState(
             self.batch_id, self.attempt, self.num_partitions, self.max_parallelism,
             self.backend_kind, self.key_type, backend, writer=writer, snapshot_id=snapshot_id,
