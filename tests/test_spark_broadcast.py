@@ -166,8 +166,16 @@ def test_bad_broadcast_inputs_are_refused(spark, tmp_path):
                             backend="python")
     with pytest.raises(InvalidInputError, match="lacks process_broadcast"):
         bare.process(df, 0, broadcast=pa.table({"route": ["a|b"]}))
+    # A table the processor rejects fails the micro-batch in its tasks.
+    with pytest.raises(Exception, match="a route is null"):
+        op.process(df, 0, broadcast=pa.table({"route": [None], "minutes": [3]},
+                                             schema=THRESHOLD_SCHEMA))
     # Nothing was committed by the refusals.
     assert op.store.versions() == [] and bare.store.versions() == []
+    op.process(df, 0, broadcast=pa.table({"route": ["a|b"], "minutes": [0]},
+                                         schema=THRESHOLD_SCHEMA))
+    assert _output(tmp_path / "out", 0) == [{"route": "a|b", "threshold_minutes": 0,
+                                             "flights": 1, "delayed": 1, "delayed_total": 1}]
 
 
 class _FlushEcho(KeyedProcessor):
