@@ -247,3 +247,21 @@ def test_processor_from_a_client_only_module_runs_on_the_server(connect_server, 
     assert r["shipped"] == ["connect_user_mod"]
     # Running counts per key across the two micro-batches (one file each).
     assert r["out"] == {"0": [[1, 1], [2, 1], [2, 2], [3, 1]], "1": [[2, 3], [3, 2], [3, 3]]}
+
+
+@pytest.mark.slow
+def test_broadcast_input_through_spark_connect(connect_server, tmp_path):
+    """A broadcast table given in the server's foreachBatch (a Connect DataFrame) reaches
+    every task, and the next micro-batch, without one, counts against the broadcast state."""
+    script = os.path.join(TESTS, "support", "connect_broadcast.py")
+    text = _run_client([script, connect_server.url, str(tmp_path), _backend()], connect_server,
+                       fresh=lambda: _clear(tmp_path))
+    r = json.loads([ln for ln in text.splitlines() if ln.startswith("{")][-1])
+
+    def row(route, minutes, flights, delayed, total):
+        return {"route": route, "threshold_minutes": minutes, "flights": flights,
+                "delayed": delayed, "delayed_total": total}
+
+    assert r["out"] == {"0": [row("A|B", 20, 3, 1, 1), row("C|D", 0, 2, 2, 2)],
+                        "1": [row("A|B", 20, 2, 2, 3), row("C|D", 0, 1, 1, 3)]}
+    assert r["broadcast"]["0"]["rows"] == 2 and r["broadcast"]["1"] is None

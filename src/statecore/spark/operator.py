@@ -122,9 +122,11 @@ its commit is a no-op.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import os
 import time
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
@@ -141,7 +143,11 @@ from statecore.spark.watermark import next_watermark, parse_watermark_delay
 from statecore.spark.worker_cache import clear_state_cache
 
 __all__ = ["StatefulOperator", "PendingBatch", "BatchReport", "commit_batches",
-           "parquet_batch_sink", "clear_state_cache", "operator_root"]
+           "parquet_batch_sink", "clear_state_cache", "operator_root", "BROADCAST_MAX_BYTES"]
+
+#: Largest broadcast table a micro-batch takes: bytes of its Arrow IPC stream, which travels
+#: with every task of the micro-batch (the task spec is serialized into the Spark plan).
+BROADCAST_MAX_BYTES = 64 * 1024 * 1024
 
 
 def _processor_config(processor) -> Any:
@@ -153,6 +159,39 @@ def _processor_config(processor) -> Any:
         return json.loads(json.dumps(cfg, sort_keys=True))
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"processor.config() must return JSON-able data: {exc}") from exc
+
+
+def _broadcast_payload(broadcast, what: str):
+    """``(ipc, meta)`` of a micro-batch's broadcast input, or ``(None, None)`` without one.
+
+    ``broadcast``: a ``pyarrow.Table`` or a Spark DataFrame (classic or Connect), which is
+    collected on the driver with ``toArrow()``. ``ipc``: the table, chunks combined, as one
+    Arrow IPC stream (what the tasks decode); ``meta``: what the version's metadata records,
+    ``{"rows", "bytes", "sha256"}`` (SHA-256 of that stream, schema included). Raises
+    InvalidInputError for another type or a stream larger than :data:`BROADCAST_MAX_BYTES`,
+    naming its size."""
+    if broadcast is None:
+        return None, None
+    if not isinstance(broadcast, pa.Table):
+        to_arrow = getattr(broadcast, "toArrow", None)
+        if not callable(to_arrow) or not hasattr(broadcast, "sparkSession"):
+            raise InvalidInputError(
+                f"{what}: broadcast must be a pyarrow.Table or a Spark DataFrame, got "
+                f"{type(broadcast).__name__}")
+        broadcast = to_arrow()
+    table = broadcast.combine_chunks()
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    ipc = sink.getvalue().to_pybytes()
+    if len(ipc) > BROADCAST_MAX_BYTES:
+        raise InvalidInputError(
+            f"{what}: the broadcast table ({table.num_rows} rows) is {len(ipc)} bytes as Arrow "
+            f"IPC, above the limit of {BROADCAST_MAX_BYTES} bytes (BROADCAST_MAX_BYTES); it "
+            "travels with every task: join large tables as input instead")
+    meta = {"rows": table.num_rows, "bytes": len(ipc),
+            "sha256": hashlib.sha256(ipc).hexdigest()}
+    return ipc, meta
 
 
 def _require_native_backend() -> None:
@@ -298,7 +337,8 @@ class BatchReport:
     come from its version's metadata when retention kept it), ``watermark_ms`` (the committed
     watermark, handed to the next micro-batch), ``processing_time_ms`` (ms since the epoch: the
     processing time the version's processing-time timers fired against; the final flush
-    fires none).
+    fires none), ``broadcast`` (the broadcast table the version applied, ``{"rows", "bytes",
+    "sha256"}`` of its Arrow IPC stream, as the metadata records it; None without one).
 
     Relaunches (:meth:`PendingBatch.wait`): ``relaunches`` (times the driver re-ran the
     micro-batch because partitions' background writes were lost after their tasks ended; 0
@@ -330,6 +370,7 @@ class BatchReport:
     skipped: bool = False
     relaunches: int = 0
     lost_partitions: List[int] = field(default_factory=list)
+    broadcast: Optional[Dict[str, Any]] = None
 
 
 #: Fields of a task's report copied into :attr:`BatchReport.partitions`.
@@ -639,7 +680,8 @@ class StatefulOperator:
             state_entries=int(meta.get("state_entries", 0)),
             state_bytes=int(meta.get("state_bytes", 0)), checkpoint_bytes=0,
             watermark_ms=meta.get("watermark_ms"), seconds=0.0, batch_id=batch_id,
-            processing_time_ms=meta.get("processing_time_ms"), skipped=True)
+            processing_time_ms=meta.get("processing_time_ms"), skipped=True,
+            broadcast=meta.get("broadcast"))
 
     def is_finalized(self) -> bool:
         """True once the end-of-input flush has been committed."""
@@ -651,13 +693,15 @@ class StatefulOperator:
         """``foreachBatch`` entry point: process micro-batch ``batch_id`` of ``df``."""
         return self.process(df, int(batch_id))
 
-    def process(self, df, batch_id: int, *, query_id: Optional[str] = None) -> BatchReport:
+    def process(self, df, batch_id: int, *, query_id: Optional[str] = None,
+                broadcast=None) -> BatchReport:
         """Run micro-batch ``batch_id`` on DataFrame ``df`` and commit its version
         (:meth:`start` then :meth:`PendingBatch.commit`). See the module docstring for the
-        protocol; ``query_id``: :meth:`start`; errors: class docstring."""
-        return self.start(df, batch_id, query_id=query_id).commit()
+        protocol; ``query_id``, ``broadcast``: :meth:`start`; errors: class docstring."""
+        return self.start(df, batch_id, query_id=query_id, broadcast=broadcast).commit()
 
-    def start(self, df, batch_id: int, *, query_id: Optional[str] = None) -> "PendingBatch":
+    def start(self, df, batch_id: int, *, query_id: Optional[str] = None,
+              broadcast=None) -> "PendingBatch":
         """Run micro-batch ``batch_id`` on ``df`` up to and including the sink's action, without
         committing: returns a :class:`PendingBatch` whose ``commit()`` waits for the background
         checkpoint writes and commits the micro-batch's version. Several operators in one
@@ -672,7 +716,18 @@ class StatefulOperator:
         ``sql.streaming.queryId``, stable across restarts from one Spark checkpoint), None
         outside a streaming query. A replay of a micro-batch committed before the latest
         flush runs nothing and returns a PendingBatch whose report has ``skipped=True``.
-        Errors: class docstring."""
+
+        ``broadcast``: the micro-batch's broadcast input (Flink's broadcast stream), a small
+        ``pyarrow.Table`` or a Spark DataFrame collected here with ``toArrow()``; every
+        partition's task receives it with its spec (no ``SparkContext.broadcast``, so it works
+        under Spark Connect too) and calls ``processor.process_broadcast(table, ctx)`` before
+        its input rows, partitions without rows included. Its rows, size and SHA-256 go into
+        the version's metadata (``broadcast``); a replay of a committed micro-batch with a
+        different table (or none where there was one) runs with the new table and warns
+        (RuntimeWarning): state stays consistent, but the output the sink overwrites differs
+        from what downstream may have read. InvalidInputError when it is neither a Table nor a
+        DataFrame, above :data:`BROADCAST_MAX_BYTES` as Arrow IPC, or the processor has no
+        ``process_broadcast``. Errors otherwise: class docstring."""
         if isinstance(batch_id, bool) or not isinstance(batch_id, int) or batch_id < 0:
             raise InvalidInputError(f"batch_id must be an int >= 0, got {batch_id!r}")
         if query_id is None:
@@ -706,9 +761,10 @@ class StatefulOperator:
                     "multi-column key must be scalar (string, bigint, int, binary, double, "
                     "boolean, timestamp, timestamp_ntz)")
             key_type = "struct<" + ",".join(types) + ">"
-        return self._launch(df.sparkSession, df, place, key_type, batch_id=batch_id)
+        return self._launch(df.sparkSession, df, place, key_type, batch_id=batch_id,
+                            broadcast=broadcast)
 
-    def flush(self, spark, *, final: bool = True) -> Optional[BatchReport]:
+    def flush(self, spark, *, final: bool = True, broadcast=None) -> Optional[BatchReport]:
         """Flush after the input of a run, exactly once: run version ``latest + 1`` without
         input rows, write its output through the sink under that version and commit it.
         ``spark``: the SparkSession.
@@ -734,8 +790,10 @@ class StatefulOperator:
         Returns None without doing anything when the checkpoint is empty or finalized, or, for
         ``final=False``, when the latest version is a flush already (so a rerun of a finished
         run is a no-op). A flush killed midway (nothing committed) is redone by the next call;
-        ``final=True`` after a non-final flush runs the final one. InvalidInputError when
-        ``final`` is not a bool."""
+        ``final=True`` after a non-final flush runs the final one. ``broadcast``: a table handed
+        to ``process_broadcast`` in every partition before the flush's hooks, as in
+        :meth:`start`; without it the flush calls no ``process_broadcast``. InvalidInputError
+        when ``final`` is not a bool; ``broadcast`` errors: :meth:`start`."""
         if not isinstance(final, bool):
             raise InvalidInputError(f"final must be a bool, got {final!r}")
         store = self.store
@@ -746,7 +804,8 @@ class StatefulOperator:
         if place is None:
             return None
         return self._launch(spark, None, place, meta["key_type"], batch_id=None, final=final,
-                            prev_meta=meta, prev_commit_id=manifest.get("commit_id")).commit()
+                            prev_meta=meta, prev_commit_id=manifest.get("commit_id"),
+                            broadcast=broadcast).commit()
 
     def bootstrap(self, spark, states: Sequence, *, timers=None,
                   timer_namespace_type: str = "void", watermark_ms: Optional[int] = None,
@@ -823,6 +882,23 @@ class StatefulOperator:
         prev = prev_meta.get("processing_time_ms")
         return now if prev is None else max(now, int(prev))
 
+    def _check_replayed_broadcast(self, version: int, what: str,
+                                  broadcast_meta: Optional[Dict[str, Any]]) -> None:
+        """Warn (RuntimeWarning) when ``version`` is committed already (a replay) with another
+        broadcast table than ``broadcast_meta`` describes: the replay goes on with the new
+        table (state stays a function of version - 1 and the inputs given), but the output
+        replacing the committed one differs from it."""
+        store = self.store
+        if version not in store.versions():
+            return
+        done = store.metadata(version).get("broadcast")
+        if done != broadcast_meta:
+            warnings.warn(
+                f"operator {self.name}: {what} (version {version}) is a replay of a committed "
+                f"version whose broadcast table was {done}, now {broadcast_meta}; it runs "
+                "with the new one and its output replaces the committed output",
+                RuntimeWarning, stacklevel=4)
+
     def _control_rows(self, spark, n: int):
         """The DataFrame of the flush's ``n`` control rows (operator index ``i``, a null key of
         NullType), from one partition: they need no parallelism, and each source partition is
@@ -836,13 +912,14 @@ class StatefulOperator:
     def _launch(self, spark, df, place: Placement, key_type: str, *, batch_id: Optional[int],
                 final: bool = False, prev_meta: Optional[Dict[str, Any]] = None,
                 prev_commit_id: Optional[str] = None,
-                processing_time_ms: Optional[int] = None) -> "PendingBatch":
+                processing_time_ms: Optional[int] = None, broadcast=None) -> "PendingBatch":
         """Run the tasks of version ``place.version`` up to the sink's action: micro-batch
         ``batch_id`` of ``df``, or (``df`` None) a flush, ``final`` or not; ``prev_meta`` and
         ``prev_commit_id``: the predecessor's metadata and commit id when the caller read its
         manifest already; ``processing_time_ms``: the one an earlier attempt of this version
-        used (a relaunch fires the same timers), else chosen here. The PendingBatch returned
-        can run it all again under a new attempt id (:meth:`PendingBatch.wait`)."""
+        used (a relaunch fires the same timers), else chosen here; ``broadcast``:
+        :meth:`start`. The PendingBatch returned can run it all again under a new attempt id
+        (:meth:`PendingBatch.wait`)."""
         from pyspark.sql.pandas.types import from_arrow_schema
 
         t0 = time.perf_counter()
@@ -853,6 +930,13 @@ class StatefulOperator:
         prev = version - 1 if version > 0 else None
         what = "the flush" if is_flush else f"micro-batch {batch_id}"
         processor_config = _processor_config(self.processor)
+        if broadcast is not None and not callable(getattr(self.processor, "process_broadcast",
+                                                          None)):
+            raise InvalidInputError(
+                f"operator {self.name}: {what} has a broadcast table but the processor lacks "
+                "process_broadcast (see statecore.spark.KeyedProcessor)")
+        broadcast_ipc, broadcast_meta = _broadcast_payload(
+            broadcast, f"operator {self.name}: {what}")
         if prev_meta is None:
             prev_meta = {}
         if prev is not None and not prev_meta:
@@ -891,6 +975,7 @@ class StatefulOperator:
         watermark = None if is_flush and final else prev_meta.get("watermark_ms")
         processing_time = (self._processing_time(version, prev_meta)
                            if processing_time_ms is None else processing_time_ms)
+        self._check_replayed_broadcast(version, what, broadcast_meta)
         attempt = uuid.uuid4().hex[:12]
 
         spec = TaskSpec(
@@ -909,7 +994,7 @@ class StatefulOperator:
             ttl_background_key_groups=self.ttl_background_key_groups,
             stale_copies=self.stale_copies, freeze_worker_gc=self.freeze_worker_gc,
             standby=self.standby, handoff=self.handoff, processing_time_ms=processing_time,
-            heartbeat_interval_s=self.heartbeat_interval_s)
+            heartbeat_interval_s=self.heartbeat_interval_s, broadcast_ipc=broadcast_ipc)
 
         if is_flush:
             # The flush has no input: its control rows, one per partition, each carrying its
@@ -935,11 +1020,12 @@ class StatefulOperator:
                                watermark, processor_config, t0, processing_time_ms=processing_time,
                                batch_id=batch_id, final=is_flush and final, place=place)
         pending.phases = {"plan_s": t_action - t0, "action_s": time.perf_counter() - t_action}
+        pending.broadcast = broadcast_meta
 
         def relaunch() -> "PendingBatch":
             return self._launch(spark, df, place, key_type, batch_id=batch_id, final=final,
                                 prev_meta=prev_meta, prev_commit_id=prev_commit_id,
-                                processing_time_ms=processing_time)
+                                processing_time_ms=processing_time, broadcast=broadcast)
 
         pending._relaunch = relaunch
         return pending
@@ -993,6 +1079,8 @@ class PendingBatch:
         # Runs the micro-batch again under a new attempt id and returns its PendingBatch
         # (set by StatefulOperator._launch; None: nothing to re-run).
         self._relaunch: Optional[Callable[[], "PendingBatch"]] = None
+        #: the broadcast table's {"rows", "bytes", "sha256"} or None; set by _launch
+        self.broadcast: Optional[Dict[str, Any]] = None
 
     @classmethod
     def done(cls, op: StatefulOperator, report: "BatchReport") -> "PendingBatch":
@@ -1186,6 +1274,7 @@ class PendingBatch:
             "loads": loads, "flush": self.is_flush, "final": self.final,
             "restore_bytes": [int(r.get("restore_bytes", 0)) for r in parts],
             "relaunches": self.relaunches,
+            "broadcast": self.broadcast,
         }
         if self.is_flush and "query_id" not in self.prev_meta:
             # A flush after a version that predates query ids closes a stream of any query:
@@ -1208,7 +1297,8 @@ class PendingBatch:
             incremental=incremental, wait_seconds=self._wait_s,
             ttl_expired=dict(manifest.get("ttl_expired", {})), phases=phases,
             partitions=[{k: r[k] for k in _TASK_TIMINGS if k in r} for r in parts],
-            relaunches=self.relaunches, lost_partitions=list(self.lost_partitions))
+            relaunches=self.relaunches, lost_partitions=list(self.lost_partitions),
+            broadcast=self.broadcast)
         op.reports.append(self.report)
         return self.report
 

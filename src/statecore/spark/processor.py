@@ -7,6 +7,7 @@ group, restores that partition's key-group range at version ``batch_id - 1`` int
 backend, and then, once per partition and micro-batch, calls on the processor::
 
     open(ctx)                              # declare state: ctx.backend.get_state(descriptor)
+    process_broadcast(table, ctx) -> batches  # the driver's broadcast table, when given
     process_batch(batch, ctx)  -> batches  # all input rows routed to this partition (if any);
                                            # with chunked_input once per input chunk
     on_watermark(ctx, wm_ms)   -> batches  # after the input, when a watermark is known
@@ -65,6 +66,14 @@ Contract for processors
 * Operator state: ``ctx.operator_state`` holds non-keyed state of the partition (Flink's
   operator state: even-split and union list state, broadcast state); it is restored for
   ``ctx.partition_id`` of ``ctx.num_partitions``, redistributed when that number changed.
+* Broadcast input: ``StatefulOperator.start(df, batch_id, broadcast=table)`` (and ``process``,
+  ``flush``) hands a small driver-side ``pa.Table`` (rules, thresholds) to every partition:
+  ``process_broadcast(table, ctx)`` runs after ``open`` and before the partition's input rows,
+  in every partition, with or without rows (Flink's ``processBroadcastElement``). Keep what is
+  needed in ``ctx.operator_state.get_broadcast_state(...)``: it is committed with the version,
+  so a micro-batch without a table reads what the last one left, and a replay restores
+  ``batch_id - 1`` and applies the table again. The state must be a function of the table
+  only (every partition gets the same table and must store the same thing).
 * Counters: ``ctx.metrics[name] += n`` (ints) are summed over partitions and stored in the
   committed version's metadata (e.g. late rows dropped).
 """
@@ -178,6 +187,16 @@ class KeyedProcessor:
     def open(self, ctx: ProcessorContext) -> None:
         """Declare state (``ctx.backend.get_state(descriptor)``) and keep the handles on
         ``self``."""
+
+    def process_broadcast(self, table: pa.Table,
+                          ctx: ProcessorContext) -> Iterable[pa.RecordBatch]:
+        """The micro-batch's broadcast table (``StatefulOperator.start(..., broadcast=)``), the
+        same ``pa.Table`` in every partition, called after ``open`` and before
+        ``process_batch`` (also in partitions without rows, and in a flush given one); store
+        what the keyed input needs in broadcast state (``ctx.operator_state``). Returns output
+        batches like ``process_batch`` (may be empty). Not called in a micro-batch without a
+        broadcast table. Default: ignore the table."""
+        return ()
 
     def process_batch(self, batch: pa.RecordBatch,
                       ctx: ProcessorContext) -> Iterable[pa.RecordBatch]:

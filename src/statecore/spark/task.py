@@ -157,7 +157,9 @@ class TaskSpec:
     without one, which then skip ``on_processing_time``), ``is_flush`` (a flush: the input is
     one control row per partition), ``flush_final`` (with ``is_flush``: the end-of-input flush,
     which calls ``processor.flush``; False: a non-final flush, which calls ``on_watermark`` and
-    ``on_processing_time`` as a micro-batch without rows does), ``start_write`` (replaces
+    ``on_processing_time`` as a micro-batch without rows does), ``broadcast_ipc`` (the
+    micro-batch's broadcast table as one Arrow IPC stream, or None: every partition hands it to
+    ``processor.process_broadcast`` before its input), ``start_write`` (replaces
     :func:`start_snapshot_write`; tests), ``heartbeat_interval_s`` (seconds between the
     heartbeats of the background write, which tell the driver it is alive; None = none).
 
@@ -194,6 +196,7 @@ class TaskSpec:
     processing_time_ms: Optional[int] = None
     flush_final: bool = True
     heartbeat_interval_s: Optional[float] = None
+    broadcast_ipc: Optional[bytes] = None
 
     @property
     def key_columns(self) -> tuple:
@@ -495,7 +498,14 @@ class TaskSpec:
         chunk of the iterator ``inputs`` -- and then ``on_watermark`` and
         ``on_processing_time``; sets ``seen["rows"]``
         (input rows) and ``seen["max_event_ms"]`` (max event time in ms, or None).
-        InvalidInputError for a null key and for output not matching the output schema."""
+        InvalidInputError for a null key and for output not matching the output schema.
+
+        The broadcast table, when the micro-batch has one, goes to ``process_broadcast``
+        first, so the rows (or the flush) see the broadcast state it leaves."""
+        if self.broadcast_ipc is not None:
+            table = pa.ipc.open_stream(self.broadcast_ipc).read_all()
+            for ob in self.processor.process_broadcast(table, ctx) or ():
+                yield self._check_output(ob)
         if self.is_flush and self.flush_final:
             for ob in self.processor.flush(ctx) or ():
                 yield self._check_output(ob)
