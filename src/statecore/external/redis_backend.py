@@ -117,6 +117,37 @@ class _RedisState:
         return f"<RedisBackend state {self._inner!r}>"
 
 
+class _RedisTimers:
+    """The timers of a :class:`RedisBackend`: the cache's
+    :class:`~statecore.timers.TimerService`, with read-through before the calls that need more
+    than the current key's key group (firing, listing every timer, batch registrations)."""
+
+    _WHOLE_RANGE = frozenset({"advance_watermark", "advance_processing_time", "all_timers",
+                              "all_processing_time_timers", "num_timers", "num_bytes",
+                              "key_groups", "snapshot_all", "snapshot_entries"})
+
+    def __init__(self, backend: "RedisBackend"):
+        self._backend = backend
+
+    def __getattr__(self, name):
+        backend = self._backend
+        attr = getattr(backend.cache.timers, name)
+        if not callable(attr):
+            return attr
+        if name in self._WHOLE_RANGE:
+            def whole_range_call(*args, **kwargs):
+                backend.read_through(backend.key_group_range)
+                return attr(*args, **kwargs)
+            whole_range_call.__doc__ = attr.__doc__
+            return whole_range_call
+        if name.endswith("_batch"):
+            def batch_call(keys, *args, **kwargs):
+                return attr(backend.read_through_keys(keys), *args, **kwargs)
+            batch_call.__doc__ = attr.__doc__
+            return batch_call
+        return attr
+
+
 class RedisBackend:
     """Keyed state of one task whose committed copy is in Redis (module docstring).
 
@@ -131,10 +162,12 @@ class RedisBackend:
 
     The state API is the in-memory backends' (:mod:`statecore.backends.base`): ``get_state``,
     per-record and batch calls, ``keys``, ``apply_to_all_keys``, TTL. Timers are not kept in
-    Redis (``timers`` raises StateError). Checkpointing is the epoch protocol instead of
+    Redis as the ``__timers__`` hash of each key group (firing reads every key group of the
+    range through first). Checkpointing is the epoch protocol instead of
     snapshots: :meth:`pre_commit`, the coordinator's
     :func:`~statecore.external.store.commit_epoch`, :meth:`notify_committed`, :meth:`abort`.
-    :meth:`snapshot` (full only) and :meth:`restore` exist to export and import state.
+    :meth:`snapshot` (full only) and :meth:`restore` exist to export and import state. The
+    watermark and processing time are not stored (the operator's, as with checkpoints).
 
     Raises InvalidInputError for bad arguments, StateMigrationError when the namespace holds
     state of another key type, max parallelism or assigner, ExternalStoreUnavailableError /
@@ -175,6 +208,10 @@ class RedisBackend:
         self._stash: dict[tuple, dict] = {}
         self._states: dict[int, _RedisState] = {}
         self._last_pre_commit: int | None = None
+        # {kg: {timer key: entry}}: the timers of each key group read through, as in Redis
+        # after the last pre-commit (timers are complete in every snapshot of the cache).
+        self._timers_stored: dict[int, dict] = {}
+        self._timers = _RedisTimers(self)
         #: Incremented by :meth:`abort` (state objects of an older generation refuse calls).
         self.generation = 0
 
@@ -228,8 +265,14 @@ class RedisBackend:
 
     @property
     def timers(self):
-        raise StateError("timers are not kept in external state yet: use an in-memory backend "
-                         "with checkpoints for timers")
+        """The timer service (:class:`statecore.timers.TimerService`'s calls)."""
+        self.check_open()
+        return self._timers
+
+    @property
+    def cache(self):
+        """The in-memory backend in front of Redis (its contents: what was read and written)."""
+        return self._cache
 
     @property
     def disposed(self) -> bool:
@@ -262,6 +305,8 @@ class RedisBackend:
         self._collect_changes()
         self._cache.restore(_CommittedEntries(self, metas, data))
         self._loaded.update(missing)
+        for kg in missing:
+            self._timers_stored[kg] = data.get((TIMERS_STATE_NAME, kg), {})
 
     def read_through_keys(self, keys):
         """Read through the key groups of a batch's ``keys`` (the batch API's key forms);
@@ -280,15 +325,22 @@ class RedisBackend:
         self.read_through(set(kgs.tolist()))
         return arr
 
-    def _collect_changes(self) -> list[dict]:
+    def _collect_changes(self, timers: dict | None = None) -> list[dict]:
         """Move the cache's changes since the last collection into the stash (an incremental
         snapshot of the cache, then completed so that its change tracking restarts); returns
-        the cache's state metas."""
+        the cache's state metas (the timers' included). ``timers``: a dict to fill with
+        ``{kg: {timer key: entry}}`` of every key group read through."""
         snap = self._cache.snapshot(incremental=True)
         try:
-            metas = [m for m in snap.state_metas() if m["name"] != TIMERS_STATE_NAME]
+            metas = snap.state_metas()
             for meta in metas:
                 name = meta["name"]
+                if name == TIMERS_STATE_NAME:
+                    if timers is not None:
+                        for kg in self._loaded:
+                            keys, vals = snap.entries(name, kg)
+                            timers[kg] = dict(zip(keys.to_pylist(), vals.to_pylist()))
+                    continue
                 for kg in self._loaded:
                     keys, vals = snap.entries(name, kg)
                     if len(keys):
@@ -403,7 +455,8 @@ class RedisBackend:
             if last is not None and epoch <= last:
                 raise EpochCommitError(f"epoch {epoch} is not newer than the {what} epoch "
                                        f"{last} of {self.namespace!r}")
-        metas = self._collect_changes()
+        timers: dict = {}
+        metas = self._collect_changes(timers)
         ops: list = [wal_header(epoch)]
         for meta in metas:
             ops += ("M", meta["name"], json.dumps(meta, sort_keys=True), b"")
@@ -411,6 +464,13 @@ class RedisBackend:
             suffix = NamespaceKeys.data_suffix(kg, name)
             for k, v in sorted(d.items()):
                 ops += ("D", suffix, k, b"") if v is None else ("S", suffix, k, v)
+        # A key group's timers are replaced whole when they changed: R (drop the hash), then S.
+        changed = {kg: t for kg, t in timers.items() if t != self._timers_stored.get(kg, {})}
+        for kg, t in sorted(changed.items()):
+            suffix = NamespaceKeys.data_suffix(kg, TIMERS_STATE_NAME)
+            ops += ("R", suffix, b"", b"")
+            for k, v in sorted(t.items()):
+                ops += ("S", suffix, k, v)
         name = self._keys.wal(epoch, self.task)
         with store_errors(self._client, f"pre-committing epoch {epoch} of {self.namespace!r}"):
             pipe = self._client.pipeline(transaction=True)
@@ -419,6 +479,7 @@ class RedisBackend:
                 pipe.rpush(name, *ops[i:i + _PUSH_CHUNK])
             pipe.execute()
         self._stash = {}
+        self._timers_stored.update(changed)
         self._last_pre_commit = epoch
         return name
 
@@ -442,6 +503,7 @@ class RedisBackend:
         self._cache = backends.create_backend(self._cache_kind, **self._cache_options)
         self._loaded = set()
         self._stash = {}
+        self._timers_stored = {}
         self._states = {}
         self._last_pre_commit = None
         self._committed = committed

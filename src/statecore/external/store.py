@@ -87,6 +87,8 @@ for i = 4, #KEYS do
         redis.call('SADD', KEYS[3], key)
       elseif op == 'D' then
         redis.call('HDEL', ARGV[2] .. ops[j + 1], ops[j + 2])
+      elseif op == 'R' then
+        redis.call('DEL', ARGV[2] .. ops[j + 1])
       elseif op == 'M' then
         redis.call('HSET', KEYS[2], ops[j + 1], ops[j + 2])
       end
