@@ -29,7 +29,6 @@ import json
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from statecore import backends
 from statecore.arrow_input import coerce_key_array
 from statecore.errors import EpochCommitError, InvalidInputError, StateError
 from statecore.external.store import (
@@ -50,6 +49,17 @@ __all__ = ["RedisBackend"]
 #: List elements per RPUSH of a write-ahead log (bounded request sizes).
 _PUSH_CHUNK = 4000
 _EMPTY = pa.array([], pa.binary())
+
+
+def _new_cache(kind: str, **options):
+    """The in-memory backend of ``kind`` ("python" or "native") in front of Redis."""
+    if kind == "python":
+        from statecore.backends.python import PythonBackend
+
+        return PythonBackend(**options)
+    from statecore.backends.native import NativeBackend
+
+    return NativeBackend(**options)
 
 
 class _CommittedEntries:
@@ -188,7 +198,7 @@ class RedisBackend:
                                    key_group_range=key_group_range, assigner=assigner,
                                    ttl_clock=ttl_clock, timer_namespace_type=timer_namespace_type)
         self._cache_kind = cache
-        self._cache = backends.create_backend(cache, **self._cache_options)
+        self._cache = _new_cache(cache, **self._cache_options)
         r = self._cache.key_group_range
         if task is None:
             task = f"kg{r.start}-{r.end}"
@@ -500,7 +510,7 @@ class RedisBackend:
         self.check_open()
         committed = committed_epoch(self._client, self._keys)
         self._cache.dispose()
-        self._cache = backends.create_backend(self._cache_kind, **self._cache_options)
+        self._cache = _new_cache(self._cache_kind, **self._cache_options)
         self._loaded = set()
         self._stash = {}
         self._timers_stored = {}
