@@ -90,6 +90,8 @@ def test_epoch_visible_only_once_committed(redis_server, cache):  # noqa: F811
         ls.add("y")
     b.pre_commit(2)
     assert _values(redis_server) == (1, {k: k for k in range(20)})
+    with pytest.raises(EpochCommitError, match="epoch 2 .* is not committed yet"):
+        b.pre_commit(3)  # epochs commit in order
     fresh = _open(redis_server, cache=cache)
     fv = fresh.get_state(ValueStateDescriptor("v", "int64"))
     fm = fresh.get_state(MapStateDescriptor("m", "string", "int64"))

@@ -205,6 +205,7 @@ class RedisBackend:
         if not isinstance(task, str) or not task or any(ord(c) < 33 for c in task):
             raise InvalidInputError(f"task must be a non-empty str without spaces, got {task!r}")
         self.task = task
+        self._owns_client = client is None
         self._client = client if client is not None else connect(url, timeout_s)
         try:
             self._committed = check_config(self._client, self._keys, self._cache.key_type,
@@ -453,8 +454,11 @@ class RedisBackend:
         and task. Nothing is visible to readers until the commit. The cache keeps serving
         the state, writes after this call belong to the next epoch.
 
-        Raises InvalidInputError for a bad ``epoch``, EpochCommitError when ``epoch`` is not
-        newer than the committed epoch or the last pre-committed one, the store errors of
+        Epochs commit in order: the previous pre-commit must be committed first (read from
+        Redis when :meth:`notify_committed` did not say so). Raises InvalidInputError for a bad
+        ``epoch``, EpochCommitError when ``epoch`` is not newer than the committed epoch or the
+        last pre-committed one, or the last pre-committed one is not committed, the store
+        errors of
         statecore.errors when the write fails (the changes stay collected: pre-commit the
         same epoch again)."""
         self.check_open()
@@ -466,6 +470,16 @@ class RedisBackend:
                 raise EpochCommitError(f"epoch {epoch} is not newer than the {what} epoch "
                                        f"{last} of {self.namespace!r}")
         timers: dict = {}
+        pending = self._last_pre_commit
+        if pending is not None and (self._committed is None or self._committed < pending):
+            self._committed = committed_epoch(self._client, self._keys)
+            if self._committed is None or self._committed < pending:
+                # Its log holds only the changes since the previous one: committing this epoch
+                # first would make the earlier epoch's commit a no-op (older than committed).
+                raise EpochCommitError(
+                    f"epoch {pending} pre-committed by task {self.task!r} of "
+                    f"{self.namespace!r} is not committed yet: commit it (or abort it and "
+                    "call abort()) before pre-committing the next epoch")
         metas = self._collect_changes(timers)
         ops: list = [wal_header(epoch)]
         for meta in metas:
@@ -521,11 +535,13 @@ class RedisBackend:
 
     # ------------------------------------------------------------------ lifecycle
     def dispose(self) -> None:
-        """Release the cache and the connection; every later call raises StateError.
+        """Release the cache and the connection (unless passed in as ``client``); every later
+        call raises StateError.
         Uncommitted changes are dropped. Idempotent."""
         if not self._cache.disposed:
             self._cache.dispose()
-            self._client.close()
+            if self._owns_client:
+                self._client.close()
 
     def close(self) -> None:
         """Alias of :meth:`dispose`."""
