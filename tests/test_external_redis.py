@@ -153,9 +153,14 @@ def test_batch_read_through_is_one_transaction(redis_server):  # noqa: F811
     # (v, r, __timers__) x key groups, the state metas, the meta hash on opening
     assert stats["cmdstat_hgetall"]["calls"] == 3 * len(kgs) + 2
     assert fresh.loaded_key_groups == kgs
-    v.get_batch(keys)
+    v.get_batch(pa.array([0, 1, 2, 3], pa.int64()))
     fresh.set_current_key(3)
     assert admin.info("commandstats")["cmdstat_hgetall"]["calls"] == 3 * len(kgs) + 2
+    # 8 keys or more per key group not read yet: every key group, no hashing per key.
+    big = _open(redis_server)
+    bv = big.get_state(ValueStateDescriptor("v", "int64"))
+    assert bv.get_batch(pa.array(range(1024), pa.int64())).to_pylist()[:500] == [7] * 500
+    assert big.loaded_key_groups == frozenset(range(128))
 
 
 def test_rescale_reads_by_key_group_ranges(redis_server):  # noqa: F811

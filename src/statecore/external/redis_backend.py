@@ -49,6 +49,9 @@ __all__ = ["RedisBackend"]
 #: List elements per RPUSH of a write-ahead log (bounded request sizes).
 _PUSH_CHUNK = 4000
 _EMPTY = pa.array([], pa.binary())
+#: A batch of at least this many keys per key group not read yet reads every key group of the
+#: range through instead of computing the keys' key groups.
+_ALL_GROUPS_FACTOR = 8
 
 
 def _new_cache(kind: str, **options):
@@ -320,15 +323,24 @@ class RedisBackend:
             self._timers_stored[kg] = data.get((TIMERS_STATE_NAME, kg), {})
 
     def read_through_keys(self, keys):
-        """Read through the key groups of a batch's ``keys`` (the batch API's key forms);
-        returns the keys as a validated Arrow array to pass on (a stream is read once). Keys the
-        cache would refuse are returned as given, for the cache to raise its error."""
-        if len(self._loaded) == len(self.key_group_range):
+        """Read through the key groups of a batch's ``keys`` (the batch API's key forms): those
+        of its distinct keys, or every key group of the range for a batch of at least 8 keys
+        per key group not read yet. Returns the keys as a validated Arrow array to pass on (a
+        stream is read once); keys the cache would refuse are returned as given, for the
+        cache to raise its error."""
+        r = self.key_group_range
+        if len(self._loaded) == len(r):
             return keys
         try:
             arr = coerce_key_array(keys, self.key_type, combine=False)
         except StateError:
             return keys
+        if len(arr) >= _ALL_GROUPS_FACTOR * (len(r) - len(self._loaded)):
+            # Keys spread over key groups by a hash: with n keys over m key groups one is
+            # missed with probability (1 - 1/m)^n < e^-8, so read them all rather than hash
+            # every key in Python to find out which.
+            self.read_through(r)
+            return arr
         distinct = arr
         if not pa.types.is_struct(arr.type):
             distinct = pc.unique(arr)
