@@ -15,7 +15,7 @@ from statecore.backends import create_backend
 from statecore.external import commit_epoch
 from statecore.testing.conformance import BackendConformance
 from statecore.testing.helpers import snapshot_dump
-from support.redis_server import redis_server  # noqa: F401  (fixture)
+from support.redis_server import shared_redis_server  # noqa: F401  (fixture)
 
 _namespaces = itertools.count()
 
@@ -24,8 +24,9 @@ class _RedisConformance(BackendConformance):
     cache = "python"
 
     @pytest.fixture(autouse=True)
-    def _server(self, redis_server):  # noqa: F811
-        self.url = redis_server.url
+    def _server(self, shared_redis_server):  # noqa: F811
+        # Every backend opens its own namespace: the tests share one server.
+        self.url = shared_redis_server.url
         self.opened = []
         yield
         for b in self.opened:

@@ -18,7 +18,8 @@ import pytest
 
 from support.s3_server import free_port
 
-__all__ = ["RedisServer", "redis_server", "REDIS_SERVER", "START_TIMEOUT_S"]
+__all__ = ["RedisServer", "redis_server", "redis_server_aof", "shared_redis_server",
+           "REDIS_SERVER", "START_TIMEOUT_S"]
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 START_TIMEOUT_S = 30.0
@@ -129,6 +130,18 @@ def redis_server_aof(tmp_path):
     """A running :class:`RedisServer` with an AOF (``appendfsync always``), killed at teardown."""
     _require_redis()
     server = RedisServer(str(tmp_path), appendonly=True)
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest.fixture(scope="module")
+def shared_redis_server(tmp_path_factory):
+    """One :class:`RedisServer` without persistence for a whole test module (tests that use
+    their own namespaces), killed at the module's end."""
+    _require_redis()
+    server = RedisServer(str(tmp_path_factory.mktemp("redis")))
     try:
         yield server
     finally:
