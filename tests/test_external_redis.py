@@ -150,12 +150,13 @@ def test_batch_read_through_is_one_transaction(redis_server):  # noqa: F811
     stats = admin.info("commandstats")
     kgs = {_kg(k) for k in range(500)}
     assert stats["cmdstat_exec"]["calls"] == 2  # opening the namespace, the read-through
-    # (v, r, __timers__) x key groups, the state metas, the meta hash on opening
-    assert stats["cmdstat_hgetall"]["calls"] == 3 * len(kgs) + 2
+    # (v, r, __timers__) x key groups; the state metas at get_state and at the read-through;
+    # the meta hash on opening
+    assert stats["cmdstat_hgetall"]["calls"] == 3 * len(kgs) + 3
     assert fresh.loaded_key_groups == kgs
     v.get_batch(pa.array([0, 1, 2, 3], pa.int64()))
     fresh.set_current_key(3)
-    assert admin.info("commandstats")["cmdstat_hgetall"]["calls"] == 3 * len(kgs) + 2
+    assert admin.info("commandstats")["cmdstat_hgetall"]["calls"] == 3 * len(kgs) + 3
     # 8 keys or more per key group not read yet: every key group, no hashing per key.
     big = _open(redis_server)
     bv = big.get_state(ValueStateDescriptor("v", "int64"))
@@ -365,13 +366,10 @@ def test_ttl_values_expire_across_epochs(redis_server, cache):  # noqa: F811
     later.advance(100)
     fresh.set_current_key(1)
     assert fv.value() is None
-    # Registered without TTL: the committed entries carry TTL timestamps, so the first read
-    # through refuses them (the cache's restore checks the committed state meta).
+    # Registered without TTL: the committed entries carry TTL timestamps.
     plain = _open(redis_server)
-    plain.get_state(ValueStateDescriptor("v", "int64"))
-    with pytest.raises(StateMigrationError, match="TTL"):
-        plain.set_current_key(1)
-    assert plain.loaded_key_groups == frozenset()
+    with pytest.raises(StateMigrationError, match="does not migrate TTL"):
+        plain.get_state(ValueStateDescriptor("v", "int64"))
 
 
 def test_restore_imports_a_snapshot_as_epoch_writes(redis_server):  # noqa: F811
@@ -405,3 +403,35 @@ def test_timers_survive_in_redis(redis_server, cache):  # noqa: F811
     commit_epoch(redis_server.url, NS, 3, [fresh.pre_commit(3)])
     again = _open(redis_server, cache=cache)
     assert [ts for ts, _, _ in again.timers.advance_watermark(1000)] == list(range(111, 130))
+
+
+@pytest.mark.parametrize("cache", ["python", "native"])
+def test_ttl_setting_changes_are_refused(redis_server, cache):  # noqa: F811
+    """A state committed without TTL registered with TTL (even with enable_ttl_migration), or
+    the other way round: StateMigrationError at registration, nothing registered, the backend
+    usable for its other states."""
+    b = _open(redis_server, cache=cache)
+    _write_epoch(b, range(30), 4)
+    commit_epoch(redis_server.url, NS, 1, [b.pre_commit(1)])
+    m = _open(redis_server, cache=cache, ttl_clock=ManualClock(5000))
+    ttl = StateTtlConfig(100)
+    for d in (ValueStateDescriptor("v", "int64").enable_time_to_live(ttl),
+              ValueStateDescriptor("v", "int64").enable_time_to_live(ttl).enable_ttl_migration()):
+        with pytest.raises(StateMigrationError, match="does not migrate TTL"):
+            m.get_state(d)
+    assert "v" not in m.cache.state_tables()
+    other = m.get_state(ValueStateDescriptor("w", "int64").enable_time_to_live(ttl))
+    other.put_batch(pa.array([1], pa.int64()), pa.array([1], pa.int64()))
+    mv = m.get_state(ValueStateDescriptor("v", "int64"))
+    assert mv.get_batch(pa.array([1, 2], pa.int64())).to_pylist() == [4, 4]
+    # Registered before another task committed the state with the other setting: refused at
+    # the first read-through, which then leaves the cache as it was.
+    early = _open(redis_server, cache=cache, key_group_range=(0, 63))
+    early.get_state(ValueStateDescriptor("u", "int64").enable_time_to_live(ttl))
+    late = _open(redis_server, cache=cache, key_group_range=(64, 127))
+    late.get_state(ValueStateDescriptor("u", "int64"))
+    late.read_through(range(64, 128))
+    commit_epoch(redis_server.url, NS, 2, [late.pre_commit(2)])
+    with pytest.raises(StateMigrationError, match="does not migrate TTL"):
+        early.set_current_key(next(k for k in range(100) if _kg(k) < 64))
+    assert early.loaded_key_groups == frozenset()

@@ -30,7 +30,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from statecore.arrow_input import coerce_key_array
-from statecore.errors import EpochCommitError, InvalidInputError, StateError
+from statecore.errors import (
+    EpochCommitError,
+    InvalidInputError,
+    StateError,
+    StateMigrationError,
+)
 from statecore.external.store import (
     DEFAULT_TIMEOUT_S,
     NamespaceKeys,
@@ -63,6 +68,14 @@ def _new_cache(kind: str, **options):
     from statecore.backends.native import NativeBackend
 
     return NativeBackend(**options)
+
+
+def _ttl_mismatch(name: str, namespace: str, meta: dict, ttl: bool) -> str:
+    return (f"state {name!r} of {namespace!r} is committed with TTL "
+            f"{'enabled' if meta.get('ttl') else 'disabled'} and registered here with TTL "
+            f"{'enabled' if ttl else 'disabled'}; external state does not migrate TTL "
+            "settings (the stored values' formats differ, and a task converts only the key "
+            "groups it reads while every task shares the state meta)")
 
 
 class _CommittedEntries:
@@ -317,6 +330,7 @@ class RedisBackend:
                     pipe.hgetall(self._keys.data(kg, name))
                 data = {s: d for s, d in zip(slots, pipe.execute()) if d}
         self._collect_changes()
+        self._check_ttl_settings(metas)
         self._cache.restore(_CommittedEntries(self, metas, data))
         self._loaded.update(missing)
         for kg in missing:
@@ -348,6 +362,19 @@ class RedisBackend:
         self.read_through(set(kgs.tolist()))
         return arr
 
+    def _check_ttl_settings(self, metas: dict, names=None) -> None:
+        """StateMigrationError when a state registered in the cache (of ``names``, default all)
+        has another TTL setting than its committed meta in ``metas``: a TTL migration
+        (``enable_ttl_migration``) would convert only the key groups this task reads while
+        the state meta is shared by every task, so external state refuses it."""
+        tables = self._cache.state_tables()
+        for name in (metas if names is None else names):
+            meta = metas.get(name)
+            if (meta is not None and name in tables and name != TIMERS_STATE_NAME
+                    and bool(meta.get("ttl")) != tables[name].ttl):
+                raise StateMigrationError(_ttl_mismatch(name, self.namespace, meta,
+                                                        tables[name].ttl))
+
     def _collect_changes(self, timers: dict | None = None) -> list[dict]:
         """Move the cache's changes since the last collection into the stash (an incremental
         snapshot of the cache, then completed so that its change tracking restarts); returns
@@ -376,8 +403,16 @@ class RedisBackend:
 
     # ------------------------------------------------------------------ state API
     def get_state(self, descriptor, namespace_type: str = "void"):
-        """As :meth:`statecore.backends.base.KeyedStateBackend.get_state`; the state checks
-        against the committed state metas once a key group is read."""
+        """As :meth:`statecore.backends.base.KeyedStateBackend.get_state`. A state's first
+        registration reads the committed state metas (one round trip) and raises
+        StateMigrationError for another TTL setting (no TTL migration of external state);
+        the other checks of a committed meta run when a key group is read through."""
+        name = getattr(descriptor, "name", None)
+        if isinstance(name, str) and name not in self._cache.state_tables():
+            meta = load_state_metas(self._client, self._keys).get(name)
+            ttl = getattr(descriptor, "ttl_config", None) is not None
+            if meta is not None and bool(meta.get("ttl")) != ttl:
+                raise StateMigrationError(_ttl_mismatch(name, self.namespace, meta, ttl))
         inner = self._cache.get_state(descriptor, namespace_type)
         st = self._states.get(id(inner))
         if st is None or st._inner is not inner:
