@@ -13,8 +13,9 @@ An in-memory backend (``cache="python"`` or ``"native"``) holds what the task ha
 written: it is the read-through cache and the epoch's write buffer, and it serves every state
 call, so the state API and its semantics are exactly the in-memory backends'. The unit of
 read-through is a key group: the first access to a key group (``set_current_key``, a batch call
-holding one of its keys, key enumeration) reads that key group's hash of every state with one
-pipelined ``HGETALL`` per hash, all missing key groups of a batch in one round trip, and
+holding one of its keys, key enumeration, firing timers) reads that key group's hash of every
+state with one pipelined ``HGETALL`` per hash, all missing key groups of a batch in one round
+trip, and
 restores the entries into the cache (map and list states keep one entry per user key or chunk,
 so the entries of one key are not addressable by name; a key group is also what a task owns).
 The changes since the last hand-over are the cache's incremental snapshot (its change
