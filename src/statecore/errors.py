@@ -39,3 +39,24 @@ class FencedError(CheckpointError):
     """Another driver took over the checkpoint root (its lease, statecore.checkpoint.lease):
     this store may no longer commit, compact or delete there. Nothing it published after the
     takeover stays; restart the driver (it then takes the lease back) or stop it."""
+
+
+class ExternalStateError(StateError):
+    """Base class of the errors of external keyed state (statecore.external): the store
+    refused or failed a request, or an epoch cannot be committed as asked. Committed state is
+    intact when one is raised: an epoch is applied by one atomic step or not at all."""
+
+
+class ExternalStoreUnavailableError(ExternalStateError, OSError):
+    """The external store could not be reached or did not answer in time (connection refused
+    or reset, timeout). Nothing is known to have changed; retrying later can succeed."""
+
+
+class ExternalStoreAuthError(ExternalStateError, PermissionError):
+    """The external store refused the credentials (wrong password or user, no permission)."""
+
+
+class EpochCommitError(ExternalStateError):
+    """An epoch cannot be committed or pre-committed as asked: a write-ahead log named for the
+    commit is missing or belongs to another epoch, or the epoch is not newer than the committed
+    one. The message names the epoch and the log; the committed epoch is unchanged."""

@@ -1,4 +1,4 @@
-"""Keyed state backends: ``create_backend("python" | "native", **options)``."""
+"""Keyed state backends: ``create_backend("python" | "native" | "redis", **options)``."""
 
 from statecore.backends.base import (  # noqa: F401
     AggregatingState,
@@ -21,8 +21,9 @@ def create_backend(kind: str = "native", **options) -> KeyedStateBackend:
     ``kind``: ``"python"`` (PythonBackend, the pure-Python reference) or ``"native"``
     (NativeBackend over the C++ engine; imported lazily so the Python backend works without the
     extension). ``options`` go to the backend: key_type, max_parallelism, key_group_range,
-    assigner, timer_namespace_type, ttl_clock (see KeyedStateBackend). Raises InvalidInputError for
-    an unknown kind.
+    assigner, timer_namespace_type, ttl_clock (see KeyedStateBackend). ``"redis"``: external
+    state in Redis (statecore.external.RedisBackend; ``url`` and ``namespace`` options, needs
+    the ``redis`` extra). Raises InvalidInputError for an unknown kind.
     """
     if kind == "python":
         from statecore.backends.python import PythonBackend
@@ -32,4 +33,9 @@ def create_backend(kind: str = "native", **options) -> KeyedStateBackend:
         from statecore.backends.native import NativeBackend
 
         return NativeBackend(**options)
-    raise InvalidInputError(f"unknown backend kind {kind!r}; expected 'python' or 'native'")
+    if kind == "redis":
+        from statecore.external.redis_backend import RedisBackend
+
+        return RedisBackend(**options)
+    raise InvalidInputError(
+        f"unknown backend kind {kind!r}; expected 'python', 'native' or 'redis'")

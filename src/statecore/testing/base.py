@@ -26,6 +26,15 @@ class ConformanceBase:
 
         return PythonBackend(**options)
 
+    def recover(self, backend, options: dict):
+        """A new backend holding ``backend``'s state, recovered through the backend's own
+        durability protocol instead of snapshots, or None (the default): the backend has none
+        but snapshots. An external-state backend pre-commits and commits its state as an epoch
+        and opens a new backend on its namespace; the differential tests then check that
+        recovery where the others take incremental snapshots. ``options``: those ``backend``
+        was made with."""
+        return None
+
     def new_backend(self, **options):
         """:meth:`make_backend` with key type int64 and max parallelism 128 unless given."""
         options.setdefault("key_type", "int64")

@@ -1,0 +1,335 @@
+"""The Redis side of external keyed state: key names, the connection, error mapping and the
+Lua scripts that commit and abort epochs (layout: docs/formats.md "External state in Redis";
+protocol: docs/external-state.md).
+
+Every key of a state namespace ``NS`` starts with ``statecore:{NS}:``; the braces make ``NS``
+the Redis Cluster hash tag, so all keys of a namespace live in one slot and one script may
+touch them all. The keys:
+
+* ``statecore:{NS}:meta`` -- hash: ``format`` (``"1"``), ``key_type``, ``max_parallelism``,
+  ``assigner`` (fixed by the first backend opened on the namespace) and ``epoch`` (the
+  committed epoch; absent before the first commit);
+* ``statecore:{NS}:states`` -- hash: state name -> JSON state meta (as ``StateSnapshot``'s);
+* ``statecore:{NS}:data:<kg>:<state>`` -- hash: encoded key -> stored value bytes, the
+  committed entries of one state in one key group;
+* ``statecore:{NS}:groups`` -- set of the data hash names ever written (for readers);
+* ``statecore:{NS}:wal:<epoch>:<task>`` -- list: one task's pre-committed changes of one epoch.
+
+The ``redis`` client (PyPI ``redis``, the ``redis`` extra) is imported on first use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+from statecore.errors import (
+    EpochCommitError,
+    ExternalStateError,
+    ExternalStoreAuthError,
+    ExternalStoreUnavailableError,
+    InvalidInputError,
+    StateMigrationError,
+)
+
+__all__ = ["FORMAT", "WAL_MAGIC", "NamespaceKeys", "connect", "store_errors", "check_config",
+           "commit_epoch", "abort_epoch", "wal_keys", "committed_epoch", "load_state_metas",
+           "wal_header", "glob_escape"]
+
+#: Version of the layout written to ``meta.format``.
+FORMAT = "1"
+#: First element of every write-ahead log, followed by a space and the epoch in decimal.
+WAL_MAGIC = "statecore-wal/1"
+#: Socket timeouts (s) of connections opened from a URL.
+DEFAULT_TIMEOUT_S = 10.0
+#: Marker of the errors the scripts raise themselves (mapped to EpochCommitError).
+_SCRIPT_ERROR = "STATECORE_EPOCH"
+
+# Applies every write-ahead log of an epoch, then records the epoch, in one script: Redis runs
+# a script atomically (no other command runs meanwhile, and replication and the AOF see its
+# effects as one MULTI/EXEC), so a reader or a crash sees the epoch either whole or not at all.
+# Every log is checked before the first write; an epoch at or below the committed one changes
+# nothing but the deletion of the logs named (a replayed pre-commit of a committed epoch).
+_COMMIT_LUA = """
+local epoch = ARGV[1]
+local committed = redis.call('HGET', KEYS[1], 'epoch')
+if committed and tonumber(epoch) <= tonumber(committed) then
+  for i = 4, #KEYS do redis.call('DEL', KEYS[i]) end
+  return {0, tonumber(committed)}
+end
+local magic = ARGV[3] .. ' ' .. epoch
+for i = 4, #KEYS do
+  local head = redis.call('LINDEX', KEYS[i], 0)
+  if not head then
+    return redis.error_reply(ARGV[4] .. ' epoch ' .. epoch .. ': write-ahead log ' .. KEYS[i]
+      .. ' is missing (never pre-committed, aborted, or lost)')
+  end
+  if head ~= magic then
+    return redis.error_reply(ARGV[4] .. ' epoch ' .. epoch .. ': write-ahead log ' .. KEYS[i]
+      .. ' starts with ' .. string.sub(head, 1, 40) .. ', not ' .. magic)
+  end
+  if (redis.call('LLEN', KEYS[i]) - 1) % 4 ~= 0 then
+    return redis.error_reply(ARGV[4] .. ' epoch ' .. epoch .. ': write-ahead log ' .. KEYS[i]
+      .. ' is truncated')
+  end
+end
+local applied = 0
+for i = 4, #KEYS do
+  local n = redis.call('LLEN', KEYS[i])
+  local pos = 1
+  while pos < n do
+    local ops = redis.call('LRANGE', KEYS[i], pos, pos + 3999)
+    for j = 1, #ops, 4 do
+      local op = ops[j]
+      if op == 'S' then
+        local key = ARGV[2] .. ops[j + 1]
+        redis.call('HSET', key, ops[j + 2], ops[j + 3])
+        redis.call('SADD', KEYS[3], key)
+      elseif op == 'D' then
+        redis.call('HDEL', ARGV[2] .. ops[j + 1], ops[j + 2])
+      elseif op == 'R' then
+        redis.call('DEL', ARGV[2] .. ops[j + 1])
+      elseif op == 'M' then
+        redis.call('HSET', KEYS[2], ops[j + 1], ops[j + 2])
+      end
+      applied = applied + 1
+    end
+    pos = pos + #ops
+  end
+end
+redis.call('HSET', KEYS[1], 'epoch', epoch)
+for i = 4, #KEYS do redis.call('DEL', KEYS[i]) end
+return {1, applied}
+"""
+
+# Discards write-ahead logs of an epoch not committed (a committed epoch's logs are gone).
+_ABORT_LUA = """
+local committed = redis.call('HGET', KEYS[1], 'epoch')
+if committed and tonumber(ARGV[1]) <= tonumber(committed) then return -1 end
+local n = 0
+for i = 2, #KEYS do n = n + redis.call('DEL', KEYS[i]) end
+return n
+"""
+
+
+def _redis():
+    try:
+        import redis
+    except ImportError as e:  # pragma: no cover - the extra is installed wherever tests run
+        raise InvalidInputError(
+            "external state in Redis needs the redis client: pip install 'statecore[redis]'"
+        ) from e
+    return redis
+
+
+def check_namespace(namespace) -> str:
+    """``namespace`` checked: a non-empty str without ``{``, ``}`` (the Redis Cluster hash tag
+    delimiters) or control characters. InvalidInputError otherwise."""
+    if not isinstance(namespace, str) or not namespace:
+        raise InvalidInputError(f"namespace must be a non-empty str, got {namespace!r}")
+    bad = [c for c in namespace if c in "{}" or ord(c) < 32]
+    if bad:
+        raise InvalidInputError(f"namespace {namespace!r} contains {bad[0]!r}; braces and "
+                                "control characters are not allowed")
+    return namespace
+
+
+def glob_escape(s: str) -> str:
+    """``s`` with the glob characters of Redis ``SCAN MATCH`` escaped."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in s)
+
+
+class NamespaceKeys:
+    """The Redis key names of state namespace ``namespace`` (module docstring)."""
+
+    def __init__(self, namespace: str):
+        self.namespace = check_namespace(namespace)
+        self.prefix = f"statecore:{{{namespace}}}:"
+        self.meta = self.prefix + "meta"
+        self.states = self.prefix + "states"
+        self.groups = self.prefix + "groups"
+        #: Prefix of the data hashes; a hash's name is this plus :meth:`data_suffix`.
+        self.data_prefix = self.prefix + "data:"
+
+    @staticmethod
+    def data_suffix(key_group: int, state: str) -> str:
+        return f"{key_group}:{state}"
+
+    def data(self, key_group: int, state: str) -> str:
+        """Name of the hash of the committed entries of ``state`` in ``key_group``."""
+        return self.data_prefix + self.data_suffix(key_group, state)
+
+    def parse_data(self, name: str):
+        """``(key group, state)`` of a data hash name, None for any other name."""
+        if not name.startswith(self.data_prefix):
+            return None
+        kg, _, state = name[len(self.data_prefix):].partition(":")
+        return (int(kg), state) if kg.isdigit() and state else None
+
+    def wal(self, epoch: int, task: str) -> str:
+        """Name of the write-ahead log of ``task`` for ``epoch``."""
+        return f"{self.prefix}wal:{int(epoch)}:{task}"
+
+
+def wal_header(epoch: int) -> str:
+    """The first element of a write-ahead log of ``epoch``."""
+    return f"{WAL_MAGIC} {int(epoch)}"
+
+
+def connect(url: str, timeout_s: float = DEFAULT_TIMEOUT_S):
+    """A ``redis.Redis`` client for ``url`` (``redis://[user:password@]host:port/db``,
+    ``rediss://`` for TLS, ``unix://``), returning bytes, with connect and socket timeouts of
+    ``timeout_s``. Connects lazily; InvalidInputError for a malformed URL."""
+    redis = _redis()
+    if not isinstance(url, str):
+        raise InvalidInputError(f"url must be a redis:// URL string, got {url!r}")
+    try:
+        return redis.Redis.from_url(url, socket_timeout=timeout_s,
+                                    socket_connect_timeout=timeout_s)
+    except ValueError as e:
+        raise InvalidInputError(f"bad Redis URL: {e}") from e
+
+
+def _where(client) -> str:
+    kw = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+    if "path" in kw:
+        return f"unix:{kw['path']}"
+    return f"{kw.get('host', '?')}:{kw.get('port', '?')}"
+
+
+@contextlib.contextmanager
+def store_errors(client, what: str):
+    """Map the redis client's exceptions raised inside the block to statecore errors naming
+    ``what`` was being done and the server (never its password): unreachable or timed out ->
+    ExternalStoreUnavailableError, credentials refused -> ExternalStoreAuthError, a script's
+    own refusal -> EpochCommitError, anything else -> ExternalStateError."""
+    redis = _redis()
+    ex = redis.exceptions
+    try:
+        yield
+    except tuple(getattr(ex, n) for n in ("AuthenticationError", "AuthorizationError",
+                                          "NoPermissionError") if hasattr(ex, n)) as e:
+        raise ExternalStoreAuthError(f"{what}: Redis at {_where(client)} refused the "
+                                     f"credentials: {e}") from e
+    except (ex.ConnectionError, ex.TimeoutError) as e:
+        raise ExternalStoreUnavailableError(f"{what}: Redis at {_where(client)} unreachable "
+                                            f"or not answering: {e}") from e
+    except ex.ResponseError as e:
+        msg = str(e)
+        if _SCRIPT_ERROR in msg:
+            raise EpochCommitError(f"{what}: {msg.split(_SCRIPT_ERROR, 1)[1].strip()}") from e
+        if msg.startswith(("NOAUTH", "WRONGPASS", "NOPERM")):
+            raise ExternalStoreAuthError(f"{what}: Redis at {_where(client)} refused the "
+                                         f"credentials: {e}") from e
+        raise ExternalStateError(f"{what}: Redis at {_where(client)} answered: {e}") from e
+    except ex.RedisError as e:
+        raise ExternalStateError(f"{what}: Redis at {_where(client)} failed: {e}") from e
+
+
+def _text(b) -> str:
+    return b.decode() if isinstance(b, bytes) else str(b)
+
+
+def check_config(client, keys: NamespaceKeys, key_type: str, max_parallelism: int,
+                 assigner: str) -> int | None:
+    """Record the namespace's key type, max parallelism and assigner if it has none yet, else
+    check them (StateMigrationError when they differ: the encoded keys and key groups would
+    not match); returns the committed epoch (None before the first commit)."""
+    want = {"format": FORMAT, "key_type": key_type, "max_parallelism": str(max_parallelism),
+            "assigner": assigner}
+    with store_errors(client, f"opening namespace {keys.namespace!r}"):
+        pipe = client.pipeline(transaction=True)
+        for f, v in want.items():
+            pipe.hsetnx(keys.meta, f, v)
+        pipe.hgetall(keys.meta)
+        meta = {_text(k): _text(v) for k, v in pipe.execute()[-1].items()}
+    for f, v in want.items():
+        if meta.get(f) != v:
+            raise StateMigrationError(
+                f"namespace {keys.namespace!r} holds state with {f}={meta.get(f)!r}, "
+                f"this backend has {f}={v!r}")
+    return int(meta["epoch"]) if "epoch" in meta else None
+
+
+def committed_epoch(client, keys: NamespaceKeys) -> int | None:
+    """The committed epoch of the namespace (None before the first commit)."""
+    with store_errors(client, f"reading the committed epoch of {keys.namespace!r}"):
+        v = client.hget(keys.meta, "epoch")
+    return None if v is None else int(v)
+
+
+def load_state_metas(client, keys: NamespaceKeys) -> dict:
+    """``{state name: meta dict}`` of the committed states of the namespace."""
+    with store_errors(client, f"reading the states of {keys.namespace!r}"):
+        raw = client.hgetall(keys.states)
+    return {_text(k): json.loads(v) for k, v in raw.items()}
+
+
+def _client(url_or_client, timeout_s: float):
+    return connect(url_or_client, timeout_s) if isinstance(url_or_client, str) else url_or_client
+
+
+def _check_epoch(epoch) -> int:
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise InvalidInputError(f"epoch must be an int >= 0, got {epoch!r}")
+    return epoch
+
+
+def commit_epoch(url_or_client, namespace: str, epoch: int, wal_key_names,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
+    """Commit ``epoch`` of ``namespace``: apply every write-ahead log in ``wal_key_names`` (the
+    names each task's ``RedisBackend.pre_commit`` returned, all of them: a task without
+    changes pre-commits an empty log) to the committed state and record ``epoch`` as the
+    committed epoch, in one Lua script (atomic in Redis: readers and a restarted server see
+    the epoch whole or not at all). The coordinator's step, as Flink's
+    ``TwoPhaseCommitSinkFunction.commit`` after the global snapshot completed.
+
+    Returns True when this call committed the epoch, False when ``epoch`` was committed
+    already (or an older epoch: the named logs are then deleted, never applied) -- so a
+    coordinator may repeat a commit whose answer it lost. Raises EpochCommitError (a log
+    missing, of another epoch or truncated: nothing changed), InvalidInputError for bad
+    arguments, ExternalStoreUnavailableError / ExternalStoreAuthError / ExternalStateError
+    when the store fails (the epoch is then either committed whole or not at all; call again
+    to find out and finish).
+    """
+    epoch = _check_epoch(epoch)
+    keys = NamespaceKeys(namespace)
+    names = list(wal_key_names)
+    for n in names:
+        if not isinstance(n, str) or not n.startswith(f"{keys.prefix}wal:{epoch}:"):
+            raise InvalidInputError(f"{n!r} is not a write-ahead log of epoch {epoch} of "
+                                    f"namespace {namespace!r}")
+    client = _client(url_or_client, timeout_s)
+    with store_errors(client, f"committing epoch {epoch} of {namespace!r}"):
+        done, _ = client.eval(_COMMIT_LUA, 3 + len(names), keys.meta, keys.states,
+                              keys.groups, *names, str(epoch), keys.data_prefix, WAL_MAGIC,
+                              _SCRIPT_ERROR)
+    return bool(done)
+
+
+def wal_keys(url_or_client, namespace: str, epoch: int,
+             timeout_s: float = DEFAULT_TIMEOUT_S) -> list[str]:
+    """The names of the write-ahead logs of ``epoch`` present in ``namespace`` (a ``SCAN``:
+    for recovery and abort; a commit takes the names the tasks returned)."""
+    epoch = _check_epoch(epoch)
+    keys = NamespaceKeys(namespace)
+    client = _client(url_or_client, timeout_s)
+    with store_errors(client, f"listing the write-ahead logs of epoch {epoch}"):
+        found = client.scan_iter(match=glob_escape(f"{keys.prefix}wal:{epoch}:") + "*",
+                                 count=1000)
+        return sorted(_text(k) for k in found)
+
+
+def abort_epoch(url_or_client, namespace: str, epoch: int, wal_key_names=None,
+                timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
+    """Discard the write-ahead logs of uncommitted ``epoch`` (``wal_key_names``, default every
+    log of the epoch present): its changes are never applied. Returns the number of logs
+    deleted, -1 when ``epoch`` is committed already (nothing is deleted then). The tasks
+    discard their caches (``RedisBackend.abort``) and replay from the committed epoch."""
+    epoch = _check_epoch(epoch)
+    keys = NamespaceKeys(namespace)
+    client = _client(url_or_client, timeout_s)
+    names = (wal_keys(client, namespace, epoch) if wal_key_names is None
+             else list(wal_key_names))
+    with store_errors(client, f"aborting epoch {epoch} of {namespace!r}"):
+        return int(client.eval(_ABORT_LUA, 1 + len(names), keys.meta, *names, str(epoch)))
