@@ -409,6 +409,17 @@ class CheckpointReader:
         smaller pairs let decoding overlap a parallel :meth:`prefetch`). Timer states are read
         key group by key group (their newest run only). Errors as :meth:`entries`; a state not
         in the version yields nothing."""
+        for runs, c_lo, c_hi in self._chunks(state_name, start, end, max_bytes):
+            keys, values = self._merged(
+                state_name, runs, lambda f: f.entries_range(state_name, c_lo, c_hi),
+                f"key groups {c_lo}..{c_hi}")
+            if len(keys):
+                yield keys, values
+
+    def _chunks(self, state_name: str, start: int, end: int, max_bytes: int | None):
+        """``(runs, c_lo, c_hi)`` per chunk of :meth:`entries_chunks`: the runs of a chain that
+        hold ``state_name`` (newest first) and the chunk's key groups; nothing for a state not
+        in the version."""
         if state_name not in self._names:
             return
         if max_bytes is None:
@@ -419,13 +430,9 @@ class CheckpointReader:
             if not runs:
                 continue
             for c_lo, c_hi in self._chunk_bounds(state_name, runs, lo, hi, max_bytes):
-                keys, values = self._merged(
-                    state_name, runs, lambda f: f.entries_range(state_name, c_lo, c_hi),
-                    f"key groups {c_lo}..{c_hi}")
-                if len(keys):
-                    yield keys, values
+                yield runs, c_lo, c_hi
 
-    def run_chunks(self, state_name: str, start: int, end: int, max_bytes: int = CHUNK_BYTES
+    def run_chunks(self, state_name: str, start: int, end: int, max_bytes: int | None = None
                    ) -> Iterator[list[tuple[pa.BinaryArray, pa.BinaryArray]]]:
         """The entries of ``state_name`` in key groups ``[start, end]`` ∩ this version's range
         as the runs hold them, not merged: per chunk of consecutive key groups (cut as
@@ -438,22 +445,16 @@ class CheckpointReader:
         loads the oldest run into empty maps and applies the newer ones instead of merging
         them. Unlike :meth:`entries_chunks`, this does not check that a run's keys are
         strictly ascending (an entry repeated in a run would win over its earlier copy).
-        Errors as :meth:`entries`; a state not in the version yields nothing."""
-        if state_name not in self._names:
-            return
-        for a, b, chain in self._segments:
-            lo, hi = max(a, start), min(b, end)
-            runs = self._runs_holding(state_name, chain) if lo <= hi else []
-            if not runs:
-                continue
-            for c_lo, c_hi in self._chunk_bounds(state_name, runs, lo, hi, max_bytes):
-                parts = []
-                for r in reversed(runs):
-                    k, v = self.data_file(r).entries_range(state_name, c_lo, c_hi)
-                    if len(k):
-                        parts.append((k, v))
-                if parts:
-                    yield parts
+        ``max_bytes``: as :meth:`entries_chunks`. Errors as :meth:`entries`; a state not in the
+        version yields nothing."""
+        for runs, c_lo, c_hi in self._chunks(state_name, start, end, max_bytes):
+            parts = []
+            for r in reversed(runs):
+                k, v = self.data_file(r).entries_range(state_name, c_lo, c_hi)
+                if len(k):
+                    parts.append((k, v))
+            if parts:
+                yield parts
 
     def key_groups_holding(self, state_name: str, start: int, end: int) -> list[int]:
         """The key groups of ``[start, end]`` ∩ this version's range for which a run that
