@@ -160,14 +160,13 @@ def test_corrupt_stored_bytes(has_validity):
     assert _same(data, rows3, 100, has_validity).startswith("cannot decompress")
 
 
-def test_reader_uses_native_decoder_with_file_and_block_in_errors(tmp_path):
-    """DataFileReader.entries goes through the native decoder and names the file, the state, the
-    key group and the block of a bad one."""
+def _small_block_checkpoint(tmp_path):
+    """A CheckpointStore at ``tmp_path`` whose version 1 holds 2,000 string values of a native
+    int64-keyed value state ``v`` (max parallelism 8) in blocks of about 256 bytes."""
     import statecore
     from statecore import ValueStateDescriptor
     from statecore.checkpoint.store import CheckpointStore
 
-    assert fmt.native_decode_blocks is _native.decode_blocks
     b = statecore.create_backend("native", key_type="int64", max_parallelism=8)
     st = b.get_state(ValueStateDescriptor("v", "string"))
     for k in range(2000):
@@ -176,12 +175,23 @@ def test_reader_uses_native_decoder_with_file_and_block_in_errors(tmp_path):
     store = CheckpointStore(str(tmp_path))
     d = store.write_snapshot(b.snapshot(), 1, "p0", block_target_bytes=256)
     store.commit(1, [d])
+    return store
+
+
+def test_reader_uses_native_decoder_with_file_and_block_in_errors(tmp_path):
+    """DataFileReader.entries goes through the native decoder and names the file, the state, the
+    key group and the block of a bad one."""
+    import statecore
+    from statecore import ValueStateDescriptor
+
+    assert fmt.native_decode_blocks is _native.decode_blocks
+    store = _small_block_checkpoint(tmp_path)
     b2 = statecore.create_backend("native", key_type="int64", max_parallelism=8)
     b2.get_state(ValueStateDescriptor("v", "string"))
     store.restore(b2, 1)
     b2.set_current_key(1234)
     assert b2.get_state(ValueStateDescriptor("v", "string")).value() == "value-1234" * 3
-    path = tmp_path / d["path"]
+    path = tmp_path / store.manifest(1)["files"][0]["path"]
     raw = bytearray(path.read_bytes())
     raw[len(raw) // 3] ^= 0x10
     path.write_bytes(bytes(raw))
@@ -240,20 +250,10 @@ def test_reader_verify_blocks_reads_a_key_group_range(tmp_path, monkeypatch, nat
     """DataFileReader.verify_blocks: the raw bytes of a key-group range's blocks (all states),
     read with one ranged read; a damaged block raises CorruptCheckpointError naming the file and
     the block, natively and without the native module."""
-    import statecore
-    from statecore import ValueStateDescriptor
-    from statecore.checkpoint.store import CheckpointStore
 
     if not native:
         monkeypatch.setattr(fmt, "native_verify_blocks", None)
-    b = statecore.create_backend("native", key_type="int64", max_parallelism=8)
-    st = b.get_state(ValueStateDescriptor("v", "string"))
-    for k in range(2000):
-        b.set_current_key(k)
-        st.update(f"value-{k}" * 3)
-    store = CheckpointStore(str(tmp_path))
-    d = store.write_snapshot(b.snapshot(), 1, "p0", block_target_bytes=256)
-    store.commit(1, [d])
+    store = _small_block_checkpoint(tmp_path)
     with store.open(1) as reader:
         data = reader.data_file(reader.manifest["files"][0])
         _, per_kg = data.raw_bytes("v", 0, 7)
@@ -263,7 +263,7 @@ def test_reader_verify_blocks_reads_a_key_group_range(tmp_path, monkeypatch, nat
         assert data.verify_blocks(2, 4) == int(some.sum())
         assert data.bytes_read - before == int(data.stored_sizes("v", 2, 4)[1].sum())
         assert data.verify_blocks(9, 12) == 0
-    path = tmp_path / d["path"]
+    path = tmp_path / store.manifest(1)["files"][0]["path"]
     raw = bytearray(path.read_bytes())
     raw[len(raw) // 3] ^= 0x10
     path.write_bytes(bytes(raw))

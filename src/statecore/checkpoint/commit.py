@@ -93,24 +93,32 @@ class PendingDescriptors:
     def read(self, version: int) -> list[dict]:
         """The descriptors recorded for ``version``, sorted by writer ([] when none). Raises
         CorruptCheckpointError naming a file that is not a JSON object."""
+        out = []
+        for path, raw in self._files(version, ".json"):
+            try:
+                desc = json.loads(raw.decode("utf-8"))
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise CorruptCheckpointError(
+                    f"pending descriptor {path} is not valid JSON: {exc}") from exc
+            if not isinstance(desc, dict):
+                raise CorruptCheckpointError(f"pending descriptor {path} is not a JSON object")
+            out.append(desc)
+        return out
+
+    def _files(self, version: int, suffix: str):
+        """``(path, bytes)`` of the files ``pending/V/*<suffix>``, sorted by path; a file
+        cleared (by :meth:`clear`) between the listing and its read is left out."""
         version = check_version(version)
         base = self.root.path(f"pending/{version_dir(version)}")
-        out = []
         for info in sorted(self.root.list(base), key=lambda i: i.path):
-            if info.type != pafs.FileType.File or not info.base_name.endswith(".json"):
+            if info.type != pafs.FileType.File or not info.base_name.endswith(suffix):
                 continue
             try:
                 with self.root.fs.open_input_file(info.path) as f:
-                    desc = json.loads(f.read().decode("utf-8"))
+                    raw = f.read()
             except FileNotFoundError:
-                continue  # cleared by clear() after the listing
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise CorruptCheckpointError(
-                    f"pending descriptor {info.path} is not valid JSON: {exc}") from exc
-            if not isinstance(desc, dict):
-                raise CorruptCheckpointError(f"pending descriptor {info.path} is not a JSON object")
-            out.append(desc)
-        return out
+                continue
+            yield info.path, raw
 
     def write_heartbeat(self, version: int, writer: str, body: dict) -> str:
         """Record ``body`` (a JSON object) as ``pending/V/<writer>.alive``, the heartbeat of a
@@ -130,16 +138,11 @@ class PendingDescriptors:
         """The heartbeats recorded for ``version``, sorted by writer ([] when none). A file
         that is gone meanwhile or not a JSON object is left out: a heartbeat is a hint of
         liveness, and a missing one only makes its write look lost sooner."""
-        version = check_version(version)
-        base = self.root.path(f"pending/{version_dir(version)}")
         out = []
-        for info in sorted(self.root.list(base), key=lambda i: i.path):
-            if info.type != pafs.FileType.File or not info.base_name.endswith(".alive"):
-                continue
+        for _path, raw in self._files(version, ".alive"):
             try:
-                with self.root.fs.open_input_file(info.path) as f:
-                    body = json.loads(f.read().decode("utf-8"))
-            except (FileNotFoundError, ValueError, UnicodeDecodeError):
+                body = json.loads(raw.decode("utf-8"))
+            except (ValueError, UnicodeDecodeError):
                 continue
             if isinstance(body, dict):
                 out.append(body)
