@@ -15,7 +15,7 @@ from fuzz.targets import TARGETS, run_one
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: Seconds each target is fuzzed in the test suite (python -m fuzz TARGET --seconds N for more).
-FUZZ_SECONDS = int(os.environ.get("STATECORE_FUZZ_SECONDS", "20"))
+FUZZ_SECONDS = int(os.environ.get("STATECORE_FUZZ_SECONDS", "15"))
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
@@ -28,19 +28,40 @@ def test_every_seed_passes(target):
             run_one(target, f.read())
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("target", sorted(TARGETS))
-def test_bounded_fuzz_run_finds_nothing(target, tmp_path):
-    pytest.importorskip("atheris")
+def _bounded_run(target: str, work: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     # A fixed libFuzzer seed: the same code meets the same mutations (python -m fuzz with
     # another --seed, or a longer run, explores others).
-    proc = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "fuzz", target, "--seconds", str(FUZZ_SECONDS),
-         "--timeout", "60", "--work", str(tmp_path), "--seed", "1"],
+         "--timeout", "60", "--work", work, "--seed", "1"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=FUZZ_SECONDS + 240)
-    findings = [p for p in os.listdir(tmp_path) if p.startswith(("crash-", "timeout-", "oom-"))]
+
+
+@pytest.fixture(scope="module")
+def bounded_runs(tmp_path_factory):
+    """``{target: (work directory, Future of its bounded run)}``: every target's run started
+    at once, two at a time (each is one process; most of its time goes to importing and
+    instrumenting the code under test), so the module's tests wait for a fraction of the sum."""
+    pytest.importorskip("atheris")
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=2)
+    runs = {}
+    for target in sorted(TARGETS):
+        work = str(tmp_path_factory.mktemp(f"fuzz-{target}"))
+        runs[target] = (work, pool.submit(_bounded_run, target, work))
+    yield runs
+    pool.shutdown(wait=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_bounded_fuzz_run_finds_nothing(target, bounded_runs):
+    work, run = bounded_runs[target]
+    proc = run.result()
+    findings = [p for p in os.listdir(work) if p.startswith(("crash-", "timeout-", "oom-"))]
     assert proc.returncode == 0 and not findings, (
-        f"fuzzing {target} found {findings} (inputs in {tmp_path}):\n{proc.stderr[-4000:]}")
+        f"fuzzing {target} found {findings} (inputs in {work}):\n{proc.stderr[-4000:]}")
     assert "DONE" in proc.stderr, proc.stderr[-2000:]
