@@ -82,13 +82,7 @@ class PendingDescriptors:
                 or descriptor.get("writer") != writer:
             raise InvalidInputError(
                 f"descriptor must be a dict of version {version} and writer {writer!r}")
-        try:
-            data = canonical_json(descriptor)
-        except (TypeError, ValueError) as exc:
-            raise InvalidInputError(f"descriptor is not JSON-serializable: {exc}") from exc
-        rel = pending_path(version, writer)
-        self.root.write_bytes(rel, data)
-        return rel
+        return self._put_json(pending_path(version, writer), descriptor, "descriptor")
 
     def read(self, version: int) -> list[dict]:
         """The descriptors recorded for ``version``, sorted by writer ([] when none). Raises
@@ -126,11 +120,16 @@ class PendingDescriptors:
         InvalidInputError when ``body`` is not JSON-able."""
         version = check_version(version)
         writer = check_writer(writer)
+        return self._put_json(heartbeat_path(version, writer),
+                              dict(body, version=version, writer=writer), "heartbeat")
+
+    def _put_json(self, rel: str, obj: dict, what: str) -> str:
+        """Write ``obj`` as canonical JSON to ``rel`` (relative to the root) and return ``rel``;
+        InvalidInputError naming ``what`` when it is not JSON-able."""
         try:
-            data = canonical_json(dict(body, version=version, writer=writer))
+            data = canonical_json(obj)
         except (TypeError, ValueError) as exc:
-            raise InvalidInputError(f"heartbeat is not JSON-serializable: {exc}") from exc
-        rel = heartbeat_path(version, writer)
+            raise InvalidInputError(f"{what} is not JSON-serializable: {exc}") from exc
         self.root.write_bytes(rel, data)
         return rel
 

@@ -513,18 +513,16 @@ class DataFileReader:
         return CorruptCheckpointError(f"checkpoint data file {self.name}: {msg}")
 
     def _read(self, offset: int, length: int, what: str) -> pa.Buffer:
+        if length < buffer_pool.MIN_BYTES or not hasattr(self._file, "readinto"):
+            return self._read_at(offset, length, what)
+        # Into reused memory (statecore.buffer_pool says why): a catch-up's key-group range.
         try:
-            if length >= buffer_pool.MIN_BYTES and hasattr(self._file, "readinto"):
-                # Into reused memory (statecore.buffer_pool says why): a catch-up's key-group range.
-                buf = buffer_pool.take(length)
-                self._file.seek(offset)
-                got = self._file.readinto(buf)
-                data = pa.py_buffer(buf[:got])
-            else:
-                data = self._file.read_at(length, offset)
+            buf = buffer_pool.take(length)
+            self._file.seek(offset)
+            got = self._file.readinto(buf)
         except OSError as exc:
             raise self._io_error(what, offset, length, exc) from exc
-        return self._counted(data, offset, length, what)
+        return self._counted(pa.py_buffer(buf[:got]), offset, length, what)
 
     def _read_at(self, offset: int, length: int, what: str) -> pa.Buffer:
         """:meth:`_read` for any thread: one positional read (``read_at`` keeps no file
@@ -682,14 +680,10 @@ class DataFileReader:
         decoding the first pieces overlaps the download of the rest. Read errors surface at the
         read that needs the piece (CheckpointIOError, CorruptCheckpointError) or at
         :meth:`wait_prefetched`."""
-        rows = self._index_rows
-        if not len(rows):
+        span = self._key_group_span(start, end)
+        if span is None:
             return 0
-        sel = rows[(rows["key_group"] >= start) & (rows["key_group"] <= end)]
-        if not len(sel):
-            return 0
-        lo = int(sel["offset"].min())
-        hi = int((sel["offset"] + sel["length"]).max())
+        _, lo, hi = span
         what = f"key groups {start}..{end}"
         if pool is None:
             self._prefetched.append((lo, hi, self._read(lo, hi - lo, what)))
@@ -701,15 +695,23 @@ class DataFileReader:
             offsets = self._blocks["offset"].astype(np.int64)
             targets = np.arange(lo + chunk_bytes, hi, chunk_bytes, dtype=np.int64)
             idx = np.searchsorted(offsets, targets)
-            cuts = sorted({int(offsets[i]) for i in idx if i < len(offsets)} - {lo} | {hi})
+            inner = {int(offsets[i]) for i in idx if i < len(offsets) and lo < offsets[i] < hi}
             a = lo
-            for b in cuts:
-                if b <= a or b > hi:
-                    continue
+            for b in sorted(inner) + [hi]:
                 self._prefetched.append((a, b, pool.submit(self._read_at, a, b - a, what)))
                 a = b
         self._prefetched.sort(key=lambda p: p[0])
         return hi - lo
+
+    def _key_group_span(self, start: int, end: int):
+        """``(index rows, lo, hi)``: the key-group index rows of key groups ``[start, end]``
+        (all states) and the byte range ``[lo, hi)`` their blocks fill; None when the file
+        holds none of them."""
+        rows = self._index_rows
+        sel = rows[(rows["key_group"] >= start) & (rows["key_group"] <= end)]
+        if not len(sel):
+            return None
+        return sel, int(sel["offset"].min()), int((sel["offset"] + sel["length"]).max())
 
     def wait_prefetched(self) -> None:
         """Return once every piece of a parallel :meth:`prefetch` arrived; raises the first
@@ -927,12 +929,10 @@ class DataFileReader:
         parsing and keeping nothing: the floor under decoding them (native, one thread, GIL
         released; without the native module ``xxhash`` and ``lz4.block``). Returns their
         decompressed bytes. CorruptCheckpointError naming the block on a bad one."""
-        rows = self._index_rows
-        sel = rows[(rows["key_group"] >= start) & (rows["key_group"] <= end)]
-        if not len(sel):
+        span = self._key_group_span(start, end)
+        if span is None:
             return 0
-        lo = int(sel["offset"].min())
-        hi = int((sel["offset"] + sel["length"]).max())
+        sel, lo, hi = span
         data = self._range(lo, hi - lo, f"key groups {start}..{end}")
         first = int(sel["first_block"].min())
         last = int((sel["first_block"].astype(np.int64) + sel["block_count"]).max())

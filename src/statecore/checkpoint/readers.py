@@ -296,9 +296,7 @@ class CheckpointReader:
             for r in chain:
                 sp = spans.setdefault(r["path"], [r, lo, hi])
                 sp[1], sp[2] = min(sp[1], lo), max(sp[2], hi)
-        if self._root.is_local:
-            return sum(self.data_file(r).prefetch(lo, hi) for r, lo, hi in spans.values())
-        pool = _fetch_pool()
+        pool = None if self._root.is_local else _fetch_pool()
         covered = sum(self.data_file(r).prefetch(lo, hi, pool=pool, chunk_bytes=REMOTE_PIECE_BYTES)
                       for r, lo, hi in spans.values())
         if wait:
