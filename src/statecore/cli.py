@@ -152,7 +152,9 @@ def _add_demo(sub) -> None:
                         "(default: %(default)s)")
     p.add_argument("--commit-timeout", type=_positive_float, default=300.0, metavar="SECONDS",
                    help="how long the driver waits for the partitions' background checkpoint "
-                        "writes before failing the micro-batch (default: %(default)s)")
+                        "writes that are still running (their heartbeats go on) before failing "
+                        "the micro-batch; a write whose heartbeats stopped is re-run at once "
+                        "(default: %(default)s)")
     p.add_argument("--quiet", action="store_true", help="print only the summary")
     p.set_defaults(run=_run_demo)
 

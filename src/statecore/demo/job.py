@@ -104,7 +104,8 @@ class DemoConfig:
     after each micro-batch's snapshot (0 = off). ``retain_versions``, ``max_runs``,
     ``commit_timeout_s``: passed to both operators (:class:`statecore.spark.StatefulOperator`:
     committed versions kept, incremental runs per key group before a compaction (None = never
-    compact), seconds the driver waits for the partitions' background checkpoint writes).
+    compact), seconds the driver waits for the partitions' background checkpoint writes
+    that still beat; a lost write is re-run sooner).
     ``remote``: a Spark Connect URL (``sc://HOST:PORT``) to run the job through instead of a
     session on ``master`` (see :func:`run_demo`).
     ``spark_conf``: Spark configuration entries for the session the job builds (they override
