@@ -43,7 +43,7 @@ def test_inspect_summary_entries_and_parquet(tmp_path, capsys, kind):
     _write(root, kind)
     assert main(["inspect", str(tmp_path), "--entries", "20"]) == 0
     out = capsys.readouterr().out
-    assert "versions retained  1" in out
+    assert "retained           version 1\n" in out
     # Entries as stored: one per list chunk (three lists of two elements), one per map entry.
     for name, n in [("count", 3), ("seen", 3), ("attrs", 3), ("__timers__", 4)]:
         assert any(line.split()[:3] == ["state", name, str(n)]

@@ -187,7 +187,8 @@ def summary_lines(root: str, version: Optional[int] = None, verify: bool = False
             checked.append(w)
     d = version_stats(root, v)
     yield f"checkpoint {root}"
-    yield f"  versions retained  {', '.join(map(str, versions))}"
+    yield (f"  retained           version{'s' if len(versions) > 1 else ''} "
+           f"{', '.join(map(str, versions))}")
     if checked:
         yield (f"  verified           version{'s' if len(checked) > 1 else ''} "
                f"{', '.join(map(str, checked))}: every block and entry")
