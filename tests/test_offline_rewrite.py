@@ -120,11 +120,86 @@ def test_rewrite_refuses(tmp_path):
         rewrite_max_parallelism(half, str(tmp_path / "b"), 64)
 
 
-def test_rewrite_refuses_operator_state(tmp_path):
-    b = _fill(_backend("python", 128))
-    b.operator_state.get_list_state("offsets", "int64").add(1)
+def _writers_with_operator_state(kind, tmp_path, writers=3, mp=128):
+    """A version 0 written by ``writers`` tasks of ``mp`` key groups: the keyed state of
+    :func:`_fill` split by key group, and per task an even-split list of task-specific length,
+    a union list and a broadcast state (equal copies)."""
+    from statecore.key_groups import key_group_range_for_operator
+
     store = CheckpointStore(str(tmp_path / "src"))
-    store.commit(0, [store.write_snapshot(b.snapshot(), 0)])
-    with pytest.raises(InvalidInputError, match="operator state"):
-        rewrite_max_parallelism(store, str(tmp_path / "a"), 64)
-    assert CheckpointStore(str(tmp_path / "a")).versions() == []
+    full = _fill(_backend(kind, mp))
+    snap = full.snapshot()
+    descs = []
+    for i in range(writers):
+        r = key_group_range_for_operator(mp, writers, i)
+        b = create_backend(kind, key_type="string", max_parallelism=mp, assigner="spark",
+                           ttl_clock=ManualClock(5), key_group_range=(r.start, r.end))
+        b.restore(snap)
+        ops = b.operator_state
+        ops.get_list_state("offsets", "int64").add_all(range(10 * i, 10 * i + 2 + 3 * i))
+        ops.get_union_list_state("seen", "string").add_all([f"t{i}-a", f"t{i}-b"])
+        rules = ops.get_broadcast_state(MapStateDescriptor("rules", "string", "int64"))
+        rules.put_all({"delay": 30, "gate": 7})
+        descs.append(store.write_snapshot(b.snapshot(), 0, f"p{i}"))
+    store.commit(0, descs)
+    return store, full
+
+
+def _operator_view(kind, root, mp, index, parallelism):
+    b = create_backend(kind, key_type="string", max_parallelism=mp, assigner="spark",
+                       ttl_clock=ManualClock(5))
+    CheckpointStore(root).restore(b, 0, operator_index=index, parallelism=parallelism)
+    ops = b.operator_state
+    return (list(ops.get_list_state("offsets", "int64").get()),
+            list(ops.get_union_list_state("seen", "string").get()),
+            dict(ops.get_broadcast_state(MapStateDescriptor("rules", "string", "int64")).items()))
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_rewrite_carries_operator_state_per_old_task(kind, tmp_path):
+    """As many passes as old tasks: every task, at every parallelism, restores the same
+    operator state from the rewritten version as from the source; keyed state moves too."""
+    store, full = _writers_with_operator_state(kind, tmp_path)
+    m = rewrite_max_parallelism(store, str(tmp_path / "new"), 64)
+    assert len(m["files"]) == 3
+    for p in (1, 2, 3, 5):
+        for i in range(p):
+            assert (_operator_view(kind, str(tmp_path / "new"), 64, i, p)
+                    == _operator_view(kind, store.uri, 128, i, p)), (p, i)
+    # At the old parallelism every task gets its own even-split list back.
+    assert [_operator_view(kind, str(tmp_path / "new"), 64, i, 3)[0] for i in range(3)] == \
+        [[0, 1], [10, 11, 12, 13, 14], [20, 21, 22, 23, 24, 25, 26, 27]]
+    b = _backend(kind, 64)
+    CheckpointStore(str(tmp_path / "new")).restore(b)
+    assert _contents(b) == _contents(full)
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_rewrite_below_the_old_parallelism_merges_the_last_tasks(kind, tmp_path):
+    """Two new key groups for three old tasks: the second pass holds tasks 1 and 2, their
+    lists concatenated; union lists and broadcast state restore as from the source, and
+    even-split lists hold the same elements in the same order across the tasks."""
+    store, _ = _writers_with_operator_state(kind, tmp_path)
+    rewrite_max_parallelism(store, str(tmp_path / "new"), 2)
+    new = str(tmp_path / "new")
+    assert _operator_view(kind, new, 2, 0, 1) == _operator_view(kind, store.uri, 128, 0, 1)
+    views = [_operator_view(kind, new, 2, i, 2) for i in range(2)]
+    assert views[0][0] == [0, 1]
+    assert views[1][0] == [10, 11, 12, 13, 14, 20, 21, 22, 23, 24, 25, 26, 27]
+    for i in range(2):
+        source = _operator_view(kind, store.uri, 128, i, 2)
+        assert views[i][1:] == source[1:]
+
+
+def test_rewrite_in_more_passes_than_old_tasks_keeps_operator_state(tmp_path):
+    """Memory for one key group a pass: the extra passes hold no operator state; lists keep
+    their elements and order, union and broadcast restore as from the source."""
+    store, _ = _writers_with_operator_state("python", tmp_path)
+    m = rewrite_max_parallelism(store, str(tmp_path / "new"), 8, memory_bytes=1)
+    assert len(m["files"]) == 8
+    new = str(tmp_path / "new")
+    for p in (1, 3, 8):
+        views = [_operator_view("python", new, 8, i, p) for i in range(p)]
+        source = [_operator_view("python", store.uri, 128, i, p) for i in range(p)]
+        assert [x for v in views for x in v[0]] == [x for v in source for x in v[0]]
+        assert [v[1:] for v in views] == [v[1:] for v in source]

@@ -15,6 +15,18 @@ they are.
 Memory: the new key groups are written in passes, each holding the entries of a contiguous range
 of them; the number of passes follows from ``memory_bytes`` and the version's uncompressed size
 (each pass reads the whole version again).
+
+Operator state (docs/formats.md "Operator state") belongs to the version's writers, the old
+tasks, not to key groups; each pass writes one run, a writer of the new version. There are at
+least as many passes as old writers (up to the new max parallelism), and old writer ``j``'s
+operator state goes, unchanged, to pass ``j`` (stored in the pass's first key group), so a job
+restored at its old parallelism gets every task's even-split list back, as it would from the
+source version. When the new max parallelism is below the number of old writers (such a job
+runs at a lower parallelism anyway), the writers from the last pass on are merged into it: list
+elements concatenated in writer order, one broadcast copy kept -- what a restore at a changed
+parallelism concatenates and copies in any case (Flink ``RoundRobinOperatorStateRepartitioner``).
+When memory needs more passes than there were writers, the extra writers hold no operator state
+and a restore redistributes even-split lists as for a changed parallelism.
 """
 
 from __future__ import annotations
@@ -28,7 +40,7 @@ from statecore.errors import CorruptCheckpointError, InvalidInputError
 from statecore.key_groups import assign_key_group, check_max_parallelism
 from statecore.offline.entry_snapshot import EntrySnapshot
 from statecore.offline.state_reader import open_version
-from statecore.operator_state import is_operator_state_meta
+from statecore.operator_state import BROADCAST, is_operator_state_meta
 
 __all__ = ["rewrite_max_parallelism"]
 
@@ -61,6 +73,31 @@ def _rekey(reader, meta: dict, new_mp: int, start: int, end: int, out: dict) -> 
                 out.setdefault(kg, []).append((S.key_group_prefix(kg, new_mp) + kb[pos:], vb))
 
 
+def _operator_entries(writers: list, new_mp: int, first_key_group: int) -> tuple:
+    """The operator states of the old ``writers`` (merged in order) as one new writer's, stored
+    in ``first_key_group`` of ``new_mp``: ``(metas, {pseudo-state: {kg: [(key, value)]}})``.
+    List keys are renumbered (``prefix | seq``, seq 0..n-1), a broadcast state's entries are
+    the first writer's that holds it."""
+    prefix = S.key_group_prefix(first_key_group, new_mp)
+    metas, data = {}, {}
+    for w in writers:
+        old_len = len(S.key_group_prefix(w.first_key_group, w.max_parallelism))
+        for name, meta in w.metas.items():
+            if name in metas and meta["kind"] == BROADCAST:
+                continue
+            metas.setdefault(name, meta)
+            out = data.setdefault(name, {}).setdefault(first_key_group, [])
+            keys, values = w.entries(name)
+            if meta["kind"] == BROADCAST:
+                out.extend((prefix + k[old_len:], v)
+                           for k, v in zip(keys.to_pylist(), values.to_pylist()))
+            else:
+                base = len(out)
+                out.extend((prefix + (base + i).to_bytes(8, "big"), v)
+                           for i, v in enumerate(values.to_pylist()))
+    return list(metas.values()), data
+
+
 def rewrite_max_parallelism(source, output, max_parallelism: int,
                             version: Optional[int] = None,
                             memory_bytes: int = DEFAULT_MEMORY_BYTES) -> dict:
@@ -72,9 +109,9 @@ def rewrite_max_parallelism(source, output, max_parallelism: int,
     below 1, a ``source`` version that does not cover every key group (a part of a
     checkpoint: rewrite the whole), or an ``output`` that already holds versions;
     CheckpointNotFoundError when ``source`` has no such version; CorruptCheckpointError for a
-    run of ``source`` that cannot be read or an entry whose key does not decode;
-    InvalidInputError for a version holding operator state (its writers are not kept). A failure
-    leaves ``output`` without a committed version."""
+    run of ``source`` that cannot be read or an entry whose key does not decode. Operator
+    state is carried per old writer (module docstring). A failure leaves ``output`` without a
+    committed version."""
     new_mp = check_max_parallelism(max_parallelism)
     if isinstance(memory_bytes, bool) or not isinstance(memory_bytes, int) or memory_bytes < 1:
         raise InvalidInputError(f"memory_bytes must be a positive int, got {memory_bytes!r}")
@@ -89,23 +126,22 @@ def rewrite_max_parallelism(source, output, max_parallelism: int,
             raise InvalidInputError(
                 f"version {reader.version} covers key groups {lo}..{hi} of "
                 f"{reader.max_parallelism}, not all of them; rewrite a complete version")
-        metas = reader.state_metas()
-        ops = [m["name"] for m in metas if is_operator_state_meta(m)]
-        if ops:
-            # Operator state belongs to the version's writers (docs/formats.md "Operator
-            # state"); the rewritten version's runs are passes, not those writers.
-            raise InvalidInputError(
-                f"version {reader.version} holds operator state {ops}, which a rewrite for "
-                "another max parallelism does not carry")
+        keyed = [m for m in reader.state_metas() if not is_operator_state_meta(m)]
+        old_writers = reader.operator_state_writers()
         raw = sum(int(f.get("raw_bytes", 0)) for f in manifest["files"])
-        passes = max(1, min(new_mp, math.ceil(raw / memory_bytes)))
+        passes = math.ceil(raw / memory_bytes)
+        if any(w.metas for w in old_writers):
+            passes = max(passes, len(old_writers))
+        passes = max(1, min(new_mp, passes))
         descriptors = []
         for p in range(passes):
             start, end = new_mp * p // passes, new_mp * (p + 1) // passes - 1
-            data = {}
-            for meta in metas:
+            mine = old_writers[p:] if p == passes - 1 else old_writers[p:p + 1]
+            op_metas, data = _operator_entries(mine, new_mp, start)
+            for meta in keyed:
                 _rekey(reader, meta, new_mp, start, end, data.setdefault(meta["name"], {}))
-            snap = EntrySnapshot(new_mp, start, end, reader.key_type, reader.assigner, metas, data)
+            snap = EntrySnapshot(new_mp, start, end, reader.key_type, reader.assigner,
+                                 keyed + op_metas, data)
             descriptors.append(out_store.write_snapshot(snap, reader.version,
                                                         f"rewrite-{p}"))
             snap.release()
