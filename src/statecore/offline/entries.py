@@ -13,20 +13,24 @@ from statecore import key_types
 from statecore import serializers as S
 from statecore.errors import InvalidInputError
 
-__all__ = ["state_schema", "EntryDecoder", "rows_to_batch"]
+__all__ = ["state_schema", "EntryDecoder", "rows_to_batch", "key_arrow_type",
+           "value_arrow_type"]
 
 _TTL_BYTES = 8
 
 
-def _key_arrow_type(spec: str) -> pa.DataType:
+def key_arrow_type(spec: str) -> pa.DataType:
+    """The Arrow type of keys (or user keys, namespaces) of key type ``spec``."""
     return key_types.key_type(spec).arrow_type
 
 
 def _namespace_arrow_type(namespace_type: str) -> pa.DataType:
-    return pa.null() if namespace_type == "void" else _key_arrow_type(namespace_type)
+    return pa.null() if namespace_type == "void" else key_arrow_type(namespace_type)
 
 
-def _value_arrow_type(value_type: str) -> pa.DataType:
+def value_arrow_type(value_type: str) -> pa.DataType:
+    """The Arrow type the offline readers give values of ``value_type`` (binary: pickle
+    bytes)."""
     # A pickled value stays its pickle bytes: reading state as data must not run code from it.
     t = S.value_serializer(value_type).arrow_type
     return pa.binary() if t is None else t
@@ -47,7 +51,7 @@ def state_schema(meta: dict, key_type: str) -> pa.Schema:
     if kind == "timers":
         raise InvalidInputError(f"state {meta.get('name')!r} holds timers, not keyed state")
     if kind == "map":
-        user_key = _key_arrow_type(meta["user_key_type"])
+        user_key = key_arrow_type(meta["user_key_type"])
     elif kind == "list":
         user_key = pa.uint64()
     elif kind in ("value", "reducing", "aggregating"):
@@ -56,10 +60,10 @@ def state_schema(meta: dict, key_type: str) -> pa.Schema:
         raise InvalidInputError(f"state {meta.get('name')!r} has unknown kind {kind!r}")
     return pa.schema([
         ("key_group", pa.int32()),
-        ("key", _key_arrow_type(key_type)),
+        ("key", key_arrow_type(key_type)),
         ("namespace", _namespace_arrow_type(meta["namespace_type"])),
         ("user_key", user_key),
-        ("value", _value_arrow_type(meta["value_type"])),
+        ("value", value_arrow_type(meta["value_type"])),
         ("ttl_timestamp_ms", pa.int64()),
     ])
 
