@@ -539,7 +539,8 @@ def test_inspect_cli_on_s3(s3, prefix, capsys):
 
 def test_bench_case_reports_s3_against_raw_transfers(tmp_path):
     """The ``s3_checkpoint`` bench case (its own moto server) reports the S3 figures next to the
-    raw transfers of the same bytes, the local disk and the goals."""
+    raw transfers of the same bytes, the local disk and the goals, and the CPU seconds that the
+    write and the raw upload cost this process and the server."""
     from bench.cli import main
 
     out = tmp_path / "r.json"
@@ -554,3 +555,7 @@ def test_bench_case_reports_s3_against_raw_transfers(tmp_path):
     assert abs(by[("s3", "ratio_write_over_raw_upload")]
                - by[("s3", "write_MB_per_s")] / by[("raw_s3", "upload_MB_per_s")]) < 1e-9
     assert by[("s3", "file_bytes")] > 0
+    assert by[("s3", "write_cpu_s")] >= 0 and by[("raw_s3", "upload_cpu_s")] >= 0
+    if sys.platform.startswith("linux"):
+        assert by[("s3", "write_server_cpu_s")] >= 0
+        assert by[("raw_s3", "upload_server_cpu_s")] >= 0
