@@ -41,10 +41,11 @@ __all__ = ["SnapshotWriter", "SnapshotWriteFuture", "run_descriptor", "lower_thr
            "OBJECT_STORE_CHUNK_BYTES"]
 
 #: Stored bytes per chunk of a background write to an object store, where the data file streams
-#: into a multipart upload: the part size of ``pyarrow.fs.S3FileSystem`` output streams
-#: (10 MiB). The stream sends nothing before a part is full, so smaller chunks would not reach
-#: the store sooner; they would only make the writing thread take the GIL back more often, and
-#: each take can wait a switch interval while the owning thread runs Python.
+#: into an upload: the part size of ``pyarrow.fs.S3FileSystem`` output streams (10 MiB; GCS and
+#: Azure Blob roots use the same). An S3 stream sends nothing before a part is full, so smaller
+#: chunks would not reach the store sooner; they would only make the writing thread take the
+#: GIL back more often, and each take can wait a switch interval while the owning thread runs
+#: Python.
 OBJECT_STORE_CHUNK_BYTES = 10 << 20
 
 
