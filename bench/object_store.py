@@ -5,7 +5,8 @@ run, and next to the local disk.
 
 Workload: one ReducingState ``sum`` over int64 keys and values, keys ``0 .. n-1``, native backend
 (python when the extension is missing), n = 2M entries (``--quick``: 500k). Every figure is the
-median of three repetitions, in MB/s of data-file bytes (1e6 bytes per MB):
+median (of three repetitions; of five rounds for the alternating ones below), in MB/s of
+data-file bytes (1e6 bytes per MB):
 
 * ``write``: ``write_snapshot_async(..., nice=0).result()`` (the Spark operator tasks' write, at
   normal priority: the figure is the write, not how it yields to processing) of a full
@@ -14,6 +15,15 @@ median of three repetitions, in MB/s of data-file bytes (1e6 bytes per MB):
   of its key groups, decode); ``fetch``: that ranged read alone (``CheckpointReader.prefetch``).
 * ``raw_upload`` / ``raw_download``: ``open_output_stream().write()`` of as many random bytes,
   and ``open_input_file().read()`` of them.
+
+The S3 write and the raw upload alternate (write, upload, write, upload, ... after one unmeasured
+round of each), and so do the fetch and the raw download: on a shared machine the load drifts
+within a run, and a ratio of two figures taken seconds apart would measure the drift. Next to
+the times the case records the CPU seconds (medians) each S3 write and raw upload cost this
+process (all its threads: serializer, writer, pyarrow's uploads) and the moto server (Linux:
+``/proc/PID/stat``): moto is a Python server sharing the machine's cores, so on a busy machine
+the write's serialization and the server's work compete, which a raw upload (no serialization)
+does not.
 
 Goals (records ``goal_min_*``, never asserted): write >= 0.8 of the raw upload and fetch >= 0.8
 of the raw download. Restore decodes every block (CPU), which the raw download does not, so its
@@ -45,12 +55,15 @@ from statecore import CheckpointStore, ReducingStateDescriptor, create_backend
 
 _ACCESS_KEY, _SECRET_KEY, _REGION, _BUCKET = "bench", "bench-secret", "us-east-1", "bench"
 _REPEAT = 3
+#: Rounds of the alternating S3 / raw transfer measures: each is under a second, and a shared
+#: machine's noise needs more of them than three.
+_ROUNDS = 5
 
 
 @contextlib.contextmanager
 def _moto_server():
-    """``(endpoint, S3FileSystem)`` of a moto server on a free loopback port, killed (its
-    process group) on exit; None when moto is not installed."""
+    """``(endpoint, S3FileSystem, server pid)`` of a moto server on a free loopback port, killed
+    (its process group) on exit; None when moto is not installed."""
     try:
         import moto.server  # noqa: F401
     except ImportError:
@@ -78,7 +91,7 @@ def _moto_server():
                                endpoint_override=endpoint, scheme="http",
                                allow_bucket_creation=True)
         fs.create_dir(_BUCKET)
-        yield endpoint, fs
+        yield endpoint, fs, proc.pid
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -103,9 +116,44 @@ def _median_s(fn) -> float:
     return statistics.median(times)
 
 
-def _store_figures(store: CheckpointStore, backend, impl: str) -> dict:
-    """Seconds (median) of the async and sync writes, the restore and the fetch, and the data
-    file's size, for one store."""
+def _cpu_s(pid: int | None = None) -> float | None:
+    """CPU seconds (user + system, all threads) used so far by this process (``pid`` None) or
+    by process ``pid`` (Linux ``/proc``; None where it cannot be read)."""
+    if pid is None:
+        return time.process_time()
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _interleaved(fns: dict, server_pid: int) -> dict:
+    """Run each of ``fns`` ({name: fn}) once unmeasured, then ``_ROUNDS`` rounds of each once in
+    turn; ``{name: (seconds, CPU seconds of this process, CPU seconds of the server or None)}``,
+    medians over the rounds."""
+    for fn in fns.values():
+        fn()
+    got: dict = {name: ([], [], []) for name in fns}
+    for _ in range(_ROUNDS):
+        for name, fn in fns.items():
+            c0, s0, t0 = _cpu_s(), _cpu_s(server_pid), time.perf_counter()
+            fn()
+            t, c1, s1 = time.perf_counter() - t0, _cpu_s(), _cpu_s(server_pid)
+            wall, own, server = got[name]
+            wall.append(t)
+            own.append(c1 - c0)
+            if s0 is not None and s1 is not None:
+                server.append(s1 - s0)
+    return {name: (statistics.median(w), statistics.median(o),
+                   statistics.median(s) if len(s) == _ROUNDS else None)
+            for name, (w, o, s) in got.items()}
+
+
+def _local_figures(store: CheckpointStore, backend, impl: str) -> dict:
+    """Seconds (median) of the async and sync writes, the restore and the fetch of a local
+    store."""
     snap = backend.snapshot()
     try:
         desc = {}
@@ -113,14 +161,19 @@ def _store_figures(store: CheckpointStore, backend, impl: str) -> dict:
         def write_async():
             desc["d"] = store.write_snapshot_async(snap, 1, nice=0).result()
 
-        def write_sync():
-            store.write_snapshot(snap, 1)
-
         w = _median_s(write_async)
-        ws = _median_s(write_sync)
+        ws = _median_s(lambda: store.write_snapshot(snap, 1))
     finally:
         snap.release()
     store.commit(1, [desc["d"]])
+    restore, fetch = _reads(store, backend, impl)
+    return {"write_s": w, "write_sync_s": ws, "restore_s": _median_s(restore),
+            "fetch_s": _median_s(fetch), "bytes": desc["d"]["size"]}
+
+
+def _reads(store: CheckpointStore, backend, impl: str):
+    """``(restore, fetch)``: functions restoring version 1 of ``store`` into a fresh backend
+    (checking its entry count against ``backend``'s) and reading its key groups alone."""
     n = backend.num_entries()
 
     def restore():
@@ -137,8 +190,45 @@ def _store_figures(store: CheckpointStore, backend, impl: str) -> dict:
         finally:
             reader.release()
 
-    return {"write_s": w, "write_sync_s": ws, "restore_s": _median_s(restore),
-            "fetch_s": _median_s(fetch), "bytes": desc["d"]["size"]}
+    return restore, fetch
+
+
+def _s3_figures(store: CheckpointStore, fs, server_pid: int, backend, impl: str) -> dict:
+    """The figures of an S3 store next to raw transfers of as many bytes through ``fs``: the
+    background write alternating with the raw upload, the fetch with the raw download
+    (:func:`_interleaved`), the synchronous write and the restore on their own."""
+    snap = backend.snapshot()
+    try:
+        desc = {}
+
+        def write_async():
+            desc["d"] = store.write_snapshot_async(snap, 1, nice=0).result()
+
+        write_async()  # the file's size: as many random bytes for the raw transfers
+        data = os.urandom(desc["d"]["size"])
+
+        def upload():
+            with fs.open_output_stream(f"{_BUCKET}/raw") as f:
+                f.write(data)
+
+        up = _interleaved({"write": write_async, "upload": upload}, server_pid)
+        ws = _median_s(lambda: store.write_snapshot(snap, 1))
+    finally:
+        snap.release()
+    store.commit(1, [desc["d"]])
+    restore, fetch = _reads(store, backend, impl)
+
+    def download():
+        with fs.open_input_file(f"{_BUCKET}/raw") as f:
+            if len(f.read()) != len(data):
+                raise RuntimeError("short raw download")
+
+    down = _interleaved({"fetch": fetch, "download": download}, server_pid)
+    return {"write_s": up["write"][0], "write_cpu_s": up["write"][1],
+            "write_server_cpu_s": up["write"][2], "upload_s": up["upload"][0],
+            "upload_cpu_s": up["upload"][1], "upload_server_cpu_s": up["upload"][2],
+            "write_sync_s": ws, "restore_s": _median_s(restore), "fetch_s": down["fetch"][0],
+            "download_s": down["download"][0], "bytes": desc["d"]["size"]}
 
 
 @case("s3_checkpoint", "checkpoint write and restore MB/s on S3 (moto server on loopback) vs a "
@@ -149,7 +239,10 @@ def s3_checkpoint(size: Size):
     ``restore_MB_per_s``, ``fetch_MB_per_s``; impl ``raw_s3``: ``upload_MB_per_s``,
     ``download_MB_per_s``; impl ``s3``: ``file_bytes``, ``ratio_write_over_raw_upload`` and
     ``ratio_fetch_over_raw_download`` (goals 0.8), ``ratio_restore_over_raw_download``,
-    ``ratio_restore_over_local``; impl ``machine``: ``load_avg_1m`` at the start and the end."""
+    ``ratio_restore_over_local``; CPU seconds per write / raw upload: ``write_cpu_s`` (impl
+    ``s3``) and ``upload_cpu_s`` (impl ``raw_s3``) of this process, ``write_server_cpu_s`` and
+    ``upload_server_cpu_s`` of the moto server (Linux only); impl ``machine``: ``load_avg_1m`` at
+    the start and the end."""
     c = "s3_checkpoint"
     impl = "native" if has_native() else "python"
     n = size.n(2_000_000, 500_000)
@@ -158,35 +251,28 @@ def s3_checkpoint(size: Size):
     with _moto_server() as server:
         if server is None:
             return []
-        endpoint, fs = server
+        _, fs, server_pid = server
         backend = _loaded(impl, n)
         try:
             with tempfile.TemporaryDirectory(prefix="statecore-bench-") as d:
-                local = _store_figures(CheckpointStore(d), backend, impl)
-            s3 = _store_figures(
-                CheckpointStore(f"{_BUCKET}/ckpt", filesystem=fs), backend, impl)
+                local = _local_figures(CheckpointStore(d), backend, impl)
+            s3 = _s3_figures(CheckpointStore(f"{_BUCKET}/ckpt", filesystem=fs), fs, server_pid,
+                             backend, impl)
         finally:
             backend.close()
-        data = os.urandom(s3["bytes"])
-
-        def upload():
-            with fs.open_output_stream(f"{_BUCKET}/raw") as f:
-                f.write(data)
-
-        def download():
-            with fs.open_input_file(f"{_BUCKET}/raw") as f:
-                if len(f.read()) != len(data):
-                    raise RuntimeError("short raw download")
-
-        up_s, down_s = _median_s(upload), _median_s(download)
     mb = s3["bytes"] / 1e6
     for label, f in (("local", local), ("s3", s3)):
         for m in ("write", "write_sync", "restore", "fetch"):
             out.append(record(c, label, f"{m}_MB_per_s", mb / f[f"{m}_s"], "MB/s"))
-    up, down = mb / up_s, mb / down_s
+    up, down = mb / s3["upload_s"], mb / s3["download_s"]
     out += [record(c, "raw_s3", "upload_MB_per_s", up, "MB/s"),
             record(c, "raw_s3", "download_MB_per_s", down, "MB/s"),
-            record(c, "s3", "file_bytes", s3["bytes"], "bytes"),
+            record(c, "s3", "write_cpu_s", s3["write_cpu_s"], "s"),
+            record(c, "raw_s3", "upload_cpu_s", s3["upload_cpu_s"], "s")]
+    if s3["write_server_cpu_s"] is not None and s3["upload_server_cpu_s"] is not None:
+        out += [record(c, "s3", "write_server_cpu_s", s3["write_server_cpu_s"], "s"),
+                record(c, "raw_s3", "upload_server_cpu_s", s3["upload_server_cpu_s"], "s")]
+    out += [record(c, "s3", "file_bytes", s3["bytes"], "bytes"),
             record(c, "s3", "ratio_write_over_raw_upload", (mb / s3["write_s"]) / up, "ratio"),
             record(c, "s3", "goal_min_ratio_write_over_raw_upload", 0.8, "ratio"),
             record(c, "s3", "ratio_fetch_over_raw_download", (mb / s3["fetch_s"]) / down,

@@ -8,8 +8,9 @@ final path only complete (atomic publication); re-running a (version, writer) re
 
 Asynchronous writes: for native snapshots a C++ thread encodes block payloads from the
 copy-on-write map snapshots into a bounded queue (native snapshot_writer.h) while a Python
-thread takes them in chunks of about 1 MiB, compressed (LZ4) and checksummed (XXH64) with the
-GIL released, and writes each chunk at once; the owner keeps processing. Per chunk, not per
+thread takes them in chunks of about 1 MiB (on an object store: of a multipart upload's part,
+:data:`OBJECT_STORE_CHUNK_BYTES`), compressed (LZ4) and checksummed (XXH64) with the GIL
+released, and writes each chunk at once; the owner keeps processing. Per chunk, not per
 block, the writer needs the GIL once: when the owner runs Python, each time can cost a switch
 interval (5 ms). The write publishes the file only if not cancelled
 (:class:`SnapshotWriteFuture`), so a cancelled or failed write leaves nothing at the final path.
@@ -36,7 +37,16 @@ from statecore.checkpoint.format import (
 from statecore.checkpoint.layout import CheckpointRoot, check_version, check_writer, data_path
 from statecore.errors import InvalidInputError
 
-__all__ = ["SnapshotWriter", "SnapshotWriteFuture", "run_descriptor", "lower_thread_priority"]
+__all__ = ["SnapshotWriter", "SnapshotWriteFuture", "run_descriptor", "lower_thread_priority",
+           "OBJECT_STORE_CHUNK_BYTES"]
+
+#: Stored bytes per chunk of a background write to an object store, where the data file streams
+#: into an upload: the part size of ``pyarrow.fs.S3FileSystem`` output streams (10 MiB; GCS and
+#: Azure Blob roots use the same). An S3 stream sends nothing before a part is full, so smaller
+#: chunks would not reach the store sooner; they would only make the writing thread take the
+#: GIL back more often, and each take can wait a switch interval while the owning thread runs
+#: Python.
+OBJECT_STORE_CHUNK_BYTES = 10 << 20
 
 
 def lower_thread_priority(by: int) -> None:
@@ -157,10 +167,16 @@ class SnapshotWriteFuture(Future):
 class SnapshotWriter:
     """Writes the runs of snapshots under one :class:`~statecore.checkpoint.layout.CheckpointRoot`
     (what ``CheckpointStore.write_snapshot`` and ``write_snapshot_async`` do; their docstrings
-    give the arguments and errors)."""
+    give the arguments and errors).
+
+    ``chunk_bytes``: the default of :meth:`write_async`'s ``chunk_bytes``, stored bytes per
+    chunk: ``format.CHUNK_TARGET_BYTES`` (1 MiB), or :data:`OBJECT_STORE_CHUNK_BYTES` (10 MiB)
+    when ``root`` is on an object store (no atomic rename: the file streams into a multipart
+    upload)."""
 
     def __init__(self, root: CheckpointRoot):
         self.root = root
+        self.chunk_bytes = CHUNK_TARGET_BYTES if root.atomic_rename else OBJECT_STORE_CHUNK_BYTES
 
     def write(self, snap: Any, version: int, writer: str = "p0", *,
               block_target_bytes: int | None = None) -> dict:
@@ -186,7 +202,7 @@ class SnapshotWriter:
         if isinstance(nice, bool) or not isinstance(nice, int) or nice < 0:
             raise InvalidInputError(f"nice must be an int >= 0, got {nice!r}")
         if chunk_bytes is None:
-            chunk_bytes = CHUNK_TARGET_BYTES
+            chunk_bytes = self.chunk_bytes
         if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1:
             raise InvalidInputError(f"chunk_bytes must be an int >= 1, got {chunk_bytes!r}")
         target = DEFAULT_BLOCK_TARGET_BYTES if block_target_bytes is None else block_target_bytes

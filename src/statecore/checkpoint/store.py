@@ -223,7 +223,7 @@ class CheckpointStore:
 
         Native snapshots (``snap.block_sources``): a C++ thread encodes the block payloads from
         the map snapshots into a queue bounded to ``queue_blocks`` payloads (backpressure), and a
-        Python thread takes them in chunks of about ``format.CHUNK_TARGET_BYTES`` stored bytes,
+        Python thread takes them in chunks of about ``chunk_bytes`` stored bytes (below),
         compressed (LZ4) and checksummed (XXH64) with the GIL released, and writes each chunk
         through ``pyarrow.fs`` in one call: one GIL round trip per chunk instead of several per
         block, each of which can wait a switch interval while the owner runs Python. The owning
@@ -231,8 +231,10 @@ class CheckpointStore:
         (state_map.h). Other snapshots (the Python backend's, which
         are materialized at snapshot time) are written by the Python thread alone.
 
-        ``chunk_bytes`` (int >= 1, default ``format.CHUNK_TARGET_BYTES`` = 1 MiB): stored bytes
-        gathered per chunk (per write and GIL round trip); memory: about one chunk more.
+        ``chunk_bytes`` (int >= 1; default ``format.CHUNK_TARGET_BYTES`` = 1 MiB, on an object
+        store ``snapshot_writes.OBJECT_STORE_CHUNK_BYTES`` = 10 MiB, the part size of its
+        multipart upload, which sends nothing before a part is full): stored bytes gathered per
+        chunk (per write and GIL round trip); memory: about one chunk more.
 
         ``nice`` (int >= 0): added to the nice value of the writing threads (Linux; others
         ignore it): the write is background work, and on a machine with as many busy threads as
