@@ -384,6 +384,26 @@ def _key_in(kgr, max_parallelism: int) -> int:
     return key
 
 
+def fresh_restore_probe(root: str, version: int) -> dict:
+    """:func:`_read_floor` then ``CheckpointStore(root).restore`` of ``version`` into a new native
+    backend, meant for a fresh interpreter (:func:`bench.common.probe_in_child`), where no freed
+    memory is left to reuse and every page of the state is faulted in fresh. Returns
+    ``{"floor_s", "floor_cpu", "s", "cpu", "kernel_s", "state_bytes", "entries"}`` (seconds,
+    CPU seconds of the restoring thread, its kernel seconds, as :func:`restore` records them)."""
+    store = CheckpointStore(root)
+    floor_s, floor_cpu = _read_floor(store, version)
+    fresh = create_backend("native", key_type="int64")
+    sys0, cpu0 = _kernel_s(), time.thread_time()
+    t = time.perf_counter()
+    store.restore(fresh, version)
+    dt = time.perf_counter() - t
+    out = {"floor_s": floor_s, "floor_cpu": floor_cpu, "s": dt,
+           "cpu": max(time.thread_time() - cpu0, 1e-9), "kernel_s": _kernel_s() - sys0,
+           "state_bytes": fresh.state_bytes(), "entries": fresh.num_entries()}
+    fresh.close()
+    return out
+
+
 @case("restore", "restore a checkpoint into a fresh backend: state MB/s of a full run and of a "
                  "full + incremental (1% changed) chain, against the native floor of reading, "
                  "verifying and decompressing the same runs; native 10M / python 1M entries")
@@ -403,8 +423,13 @@ def restore(size: Size):
     restore's start to the first record processed on the restored state,
     :func:`_first_record`); ``full_kernel_s`` / ``chain_kernel_s`` (the restoring thread's CPU
     seconds in the kernel during the restore, :func:`_kernel_s`: faulting in the state's fresh
-    memory, which the floor does not allocate). Raises RuntimeError if a restored backend's
-    entry count is wrong (the figure would be meaningless)."""
+    memory, which the floor does not allocate). The restores run in the process that built and
+    closed the checkpointed state, whose freed pages the page pool keeps for reuse; native also
+    ``fresh_process_full_*`` (``_state_MB_per_s``, ``_s``, ``_cpu_s``, ``_state_MB_per_cpu_s``,
+    ``_kernel_s``) and ``ratio_fresh_process_full_over_floor`` / ``..._cpu``: the full run
+    restored in a new interpreter (:func:`fresh_restore_probe`), every page of the state faulted
+    in fresh. Raises RuntimeError if a restored backend's entry count is wrong (the figure would
+    be meaningless)."""
     out = []
     c = "restore"
     for impl, n in _sizes(size):
@@ -442,6 +467,25 @@ def restore(size: Size):
                 out.append(record(c, impl, f"{what}_first_record_s", first, "s"))
                 out.append(record(c, impl, f"{what}_kernel_s", kernel, "s"))
                 _close(fresh)
+            if impl == "native":
+                # The full run again, in a new interpreter: no memory freed before to reuse.
+                got = probe_in_child("bench.snapshots", "fresh_restore_probe",
+                                     s["store"].uri, 1)
+                if got["entries"] != expected[1]:
+                    raise RuntimeError(f"fresh-process restore: {got['entries']} entries, "
+                                       f"expected {expected[1]}")
+                mb = got["state_bytes"] / 1e6
+                out += [record(c, impl, "fresh_process_full_state_MB_per_s", mb / got["s"],
+                               "MB/s"),
+                        record(c, impl, "fresh_process_full_s", got["s"], "s"),
+                        record(c, impl, "ratio_fresh_process_full_over_floor",
+                               got["floor_s"] / got["s"], "ratio"),
+                        record(c, impl, "fresh_process_full_cpu_s", got["cpu"], "s"),
+                        record(c, impl, "fresh_process_full_state_MB_per_cpu_s", mb / got["cpu"],
+                               "MB/s"),
+                        record(c, impl, "ratio_fresh_process_full_over_floor_cpu",
+                               got["floor_cpu"] / got["cpu"], "ratio"),
+                        record(c, impl, "fresh_process_full_kernel_s", got["kernel_s"], "s")]
     return out
 
 

@@ -172,3 +172,57 @@ def test_a_damaged_incremental_run_leaves_the_backend_unchanged(tmp_path):
     store.restore(b, 2)
     assert {name: _values(b, name) for name in ("v", "r")} == {
         s: expected[2][s] for s in ("v", "r")}
+
+
+@pytest.fixture
+def small_stream_chunks(monkeypatch):
+    """Restores into new tables load chunks of about 4 KiB of decoded blocks as they decode
+    them: many chunks per state even for these small checkpoints."""
+    from statecore.backends import native
+
+    monkeypatch.setattr(native, "_STREAM_CHUNK_BYTES", 4096)
+
+
+@pytest.mark.parametrize("readers", [1, 2])
+def test_a_restore_into_new_tables_loads_as_it_decodes(tmp_path, small_stream_chunks, readers):
+    # No state registered before the restore: its tables are new, loaded chunk by chunk.
+    store, expected = _chain(tmp_path, 11)
+    for version in (1, 2, 4):
+        for impl in ("python", "native"):
+            got: dict = {"v": {}, "r": {}}
+            for i in range(readers):
+                b = create_backend(impl, key_type="int64", max_parallelism=MAX_P,
+                                   key_group_range=key_group_range_for_operator(MAX_P, readers, i))
+                store.restore(b, version)
+                for name in got:
+                    got[name].update(_values(b, name))
+                b.close()
+            assert got == expected[version], (impl, version)
+
+
+def test_a_damaged_block_in_a_later_chunk_leaves_new_tables_out(tmp_path, small_stream_chunks):
+    # The last block of state "r" fails after "v" and the first chunks of "r" were loaded into
+    # their new tables: neither is registered, the backend keeps only what it held.
+    store, expected = _chain(tmp_path, 13, versions=1)
+    with store.open(1) as reader:
+        run = reader.manifest["files"][0]
+        data = reader.data_file(run)
+        state = [m["name"] for m in data.state_metas()].index("r")
+        rows = data._rows_of("r", MAX_P - 1, MAX_P - 1)
+        assert len(rows) and rows["state"][0] == state
+        last = data._blocks[int(rows["first_block"][-1] + rows["block_count"][-1] - 1)]
+        chunks = len(list(reader.run_chunks("r", 0, MAX_P - 1, max_bytes=4096)))
+    assert chunks > 3
+    path = tmp_path / "s13-1" / run["path"]
+    raw = bytearray(path.read_bytes())
+    raw[int(last["offset"]) + int(last["stored_length"]) // 2] ^= 0x10
+    path.write_bytes(bytes(raw))
+    b = create_backend("native", key_type="int64", max_parallelism=MAX_P)
+    other = b.get_state(ValueStateDescriptor("o", "int64"))
+    other.put_batch(pa.array([1, 2, 3], pa.int64()), pa.array([7, 8, 9], pa.int64()))
+    with pytest.raises(CorruptCheckpointError, match=f"state 'r' key group {MAX_P - 1} block"):
+        store.restore(b, 1)
+    assert b.num_entries() == 3
+    assert other.get_batch(pa.array([1, 2, 3], pa.int64())).to_pylist() == [7, 8, 9]
+    assert _values(b, "v") == {} and _values(b, "r") == {}
+    b.close()

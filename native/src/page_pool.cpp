@@ -103,7 +103,7 @@ class Pool {
         cls->empty = c;
       } else {
         chunks_.erase(it);
-        munmap(c->base, kPoolChunkBytes);
+        keep_or_unmap(c->base);
         delete c;
       }
     }
@@ -114,6 +114,7 @@ class Pool {
     std::lock_guard<std::mutex> lock(mu_);
     PagePoolStats s;
     s.chunks = chunks_.size();
+    s.spare_chunks = spare_.size();
     s.blocks_in_use = in_use_;
     s.enabled = enabled_;
     return s;
@@ -127,9 +128,39 @@ class Pool {
     const char* env = std::getenv("STATECORE_PAGE_POOL");
     enabled_ = !(env != nullptr && std::strcmp(env, "0") == 0);
 #endif
+    const char* spare = std::getenv("STATECORE_PAGE_POOL_SPARE_MB");
+    size_t mb = kPoolSpareDefaultMb;
+    if (spare != nullptr) {
+      char* end = nullptr;
+      const unsigned long long v = std::strtoull(spare, &end, 10);
+      if (end != spare && *end == '\0') mb = static_cast<size_t>(v);
+    }
+    spare_max_ = mb / (kPoolChunkBytes >> 20);
+  }
+
+  // An empty chunk no class keeps: kept mapped as a spare of any class while there are fewer
+  // than spare_max_, its memory given back lazily (MADV_FREE: the kernel takes the pages only
+  // when it needs them, and until then the next chunk is served from them without a fault or
+  // the zeroing of a fresh page), else unmapped.
+  void keep_or_unmap(uint8_t* base) {
+#ifdef MADV_FREE
+    if (spare_.size() < spare_max_ && madvise(base, kPoolChunkBytes, MADV_FREE) == 0) {
+      spare_.push_back(base);
+      return;
+    }
+#endif
+    munmap(base, kPoolChunkBytes);
   }
 
   Chunk* map_chunk(SizeClass* cls) {
+    if (!spare_.empty()) {
+      // The most recently freed: the likeliest to still hold its pages.
+      uint8_t* base = spare_.back();
+      spare_.pop_back();
+      Chunk* c = new Chunk{base, cls};
+      chunks_.emplace(reinterpret_cast<uintptr_t>(base), c);
+      return c;
+    }
     // Twice the size, then the unaligned head and tail unmapped: mmap aligns to 4 KiB only.
     void* raw = mmap(nullptr, 2 * kPoolChunkBytes, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -171,6 +202,8 @@ class Pool {
   size_t in_use_ = 0;
   std::unordered_map<size_t, SizeClass> classes_;
   std::unordered_map<uintptr_t, Chunk*> chunks_;
+  std::vector<uint8_t*> spare_;  // empty chunks of no class (keep_or_unmap), newest last
+  size_t spare_max_ = 0;
 };
 
 }  // namespace

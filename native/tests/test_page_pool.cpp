@@ -1,8 +1,9 @@
 // Unit tests of the flat engine's page memory (detail/page_pool.h): blocks are distinct, aligned,
-// writable and reused; chunks return to the OS once empty (one kept per size class); frees from
-// other threads; small pages and the ASan build go to operator new. Entry memory (small_alloc):
-// 16-byte classes up to kPoolSmallMaxBytes, realloc across classes and into malloc, a chained map
-// of string keys living in the pool. Fixed seeds throughout.
+// writable and reused; chunks return to the OS once empty (one kept per size class, the others
+// spares of any class); frees from other threads; small pages and the ASan build go to operator
+// new. Entry memory (small_alloc): 16-byte classes up to kPoolSmallMaxBytes, realloc across
+// classes and into malloc, a chained map of string keys living in the pool. Fixed seeds
+// throughout.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -68,6 +69,39 @@ TEST(blocks_are_distinct_aligned_and_keep_their_bytes) {
     CHECK(page_pool_stats().chunks <= chunks + 3);
   }
   page_free(nullptr);  // a no-op
+}
+
+// Chunks emptied beyond the one kept per class become spares that another size class reuses:
+// the same 2 MiB mappings, their blocks writable again (MADV_FREE memory reads back as either
+// its old bytes or zeros until written).
+TEST(empty_chunks_are_spares_for_any_class) {
+  if (!page_pool_stats().enabled) return;
+  std::vector<uint8_t*> blocks;
+  for (int i = 0; i < 3000; ++i) {  // 12 chunks of 254 8256-byte blocks
+    auto* p = static_cast<uint8_t*>(page_alloc(8256));
+    std::memset(p, 0x5A, 8256);
+    blocks.push_back(p);
+  }
+  std::set<uintptr_t> bases;
+  for (uint8_t* p : blocks)
+    bases.insert(reinterpret_cast<uintptr_t>(p) & ~(uintptr_t(kPoolChunkBytes) - 1));
+  const size_t spares = page_pool_stats().spare_chunks;  // those left after the allocations
+  for (uint8_t* p : blocks) page_free(p);
+  const size_t freed = page_pool_stats().spare_chunks;
+  CHECK(freed >= spares + bases.size() - 2);  // one kept for the class, maybe one partly used
+  // Another class takes the spares first, newest first, before mapping new chunks.
+  std::vector<uint8_t*> other;
+  size_t reused = 0;
+  for (int i = 0; i < 1000; ++i) {
+    auto* p = static_cast<uint8_t*>(page_alloc(20032));
+    std::memset(p, i & 0xff, 20032);
+    other.push_back(p);
+    reused += bases.count(reinterpret_cast<uintptr_t>(p) & ~(uintptr_t(kPoolChunkBytes) - 1));
+  }
+  CHECK(reused >= 8 * (kPoolChunkBytes / 20032));
+  for (size_t i = 0; i < other.size(); ++i)
+    CHECK(other[i][0] == (i & 0xff) && other[i][20031] == (i & 0xff));
+  for (uint8_t* p : other) page_free(p);
 }
 
 TEST(small_blocks_and_disabled_pool_use_operator_new) {

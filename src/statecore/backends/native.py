@@ -63,6 +63,12 @@ __all__ = ["NativeBackend", "NativeSnapshot", "NativeTable"]
 #: Marks a staged part that spans several key groups (``NativeStateTable.load_range``).
 _RANGE = object()
 
+#: Decoded bytes per chunk of a restore loaded as it is decoded (``run_chunks``' ``max_bytes``):
+#: the decode buffers of a chunk and of the one before it (its runs' keys, values and offsets,
+#: about three times this) stay within what statecore.buffer_pool keeps for reuse, so a
+#: restore rewrites the same mapped memory instead of faulting in fresh pages for every run.
+_STREAM_CHUNK_BYTES = 8 << 20
+
 
 class NativeTable(states.StateTable):
     """The :class:`~statecore.backends.states.StateTable` interface over a native StateTable.
@@ -499,6 +505,17 @@ class NativeBackend(TableBackend):
                 # tombstones removing) over it: no merge of the runs first. Map and list
                 # states take the merged path: their index lists keys in the order the
                 # merged entries give.
+                if self._tables.get(table.name) is not table:
+                    # A new table, registered only once everything is staged: loaded chunk by
+                    # chunk as it is decoded (an error discards the table, the backend stays
+                    # unchanged). Small chunks reuse their decode buffers instead of holding
+                    # the whole run as Arrow arrays in fresh memory.
+                    for parts in snapshot_like.run_chunks(table.name, kgs[0], kgs[-1],
+                                                          _STREAM_CHUNK_BYTES):
+                        for keys, vals in self._checked_parts(table, parts, kgs,
+                                                              tombstones=True):
+                            table.native.load_range(keys, vals, self.key_prefix_width)
+                    continue
                 pairs = (p for parts in snapshot_like.run_chunks(table.name, kgs[0], kgs[-1])
                          for p in parts)
                 staged.extend((table, _RANGE, keys, vals) for keys, vals in

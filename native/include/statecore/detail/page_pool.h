@@ -11,9 +11,13 @@
 // Blocks of one byte size (rounded up to 64) come from chunks of that size class. A chunk is one
 // aligned 2 MiB mapping (madvise MADV_HUGEPAGE: with THP in "madvise" mode, as Debian ships it,
 // faults there take a huge page when one is free); it hands out never-used blocks by bumping an
-// index and reuses freed ones through its own free list, and goes back to the OS once all of its
-// blocks are free (one empty chunk per class is kept, so a copy-on-write burst does not map and
-// unmap in turn). Pages are allocated by a map's owner while it grows or copies and freed on any
+// index and reuses freed ones through its own free list. Once all of its blocks are free, one
+// empty chunk per class is kept (so a copy-on-write burst does not map and unmap in turn); the
+// others become spares of any class, their memory given back with MADV_FREE (the kernel reclaims
+// it only under memory pressure), up to kPoolSpareDefaultMb, and beyond that go back to the OS.
+// A state built after another was dropped (a restore after a closed backend, the tasks of a
+// rescale one after another) then reuses those pages instead of faulting in fresh ones, whose
+// zeroing by the kernel costs more than the restore's own work. Pages are allocated by a map's owner while it grows or copies and freed on any
 // thread (a snapshot released by a checkpoint writer), never once a row: one mutex guards it all.
 //
 // Only blocks of at least kPoolMinBytes use chunks (a map's full pages, 8-16 KiB); the small
@@ -39,6 +43,11 @@ constexpr size_t kPoolMinBytes = 4096;
 
 constexpr size_t kPoolSmallMaxBytes = 512;
 
+// Most MiB of empty chunks kept as spares for any size class (page_pool.cpp keep_or_unmap)
+// unless STATECORE_PAGE_POOL_SPARE_MB (a whole number of MiB, 0: none) says otherwise when the
+// first block is allocated.
+constexpr size_t kPoolSpareDefaultMb = 1024;
+
 // `bytes` of memory aligned to 16; std::bad_alloc when none is left.
 void* page_alloc(size_t bytes);
 // Frees what page_alloc returned (nullptr: no-op); any thread.
@@ -55,7 +64,8 @@ void small_free(void* p) noexcept;
 void* small_realloc(void* p, size_t valid, size_t bytes);
 
 struct PagePoolStats {
-  size_t chunks = 0;         // 2 MiB chunks mapped now
+  size_t chunks = 0;         // 2 MiB chunks mapped now and in use by a size class
+  size_t spare_chunks = 0;   // empty chunks kept mapped for reuse by any class
   size_t blocks_in_use = 0;  // pool blocks allocated and not freed (pages and entries)
   bool enabled = false;      // whether large blocks come from chunks
 };
