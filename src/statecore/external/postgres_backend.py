@@ -1,0 +1,157 @@
+"""PostgresBackend: keyed state whose committed copy lives in PostgreSQL, exactly once per epoch.
+
+PostgreSQL has MVCC, so the design (docs/external-state.md "PostgreSQL") tags every row with
+the epoch that wrote it instead of keeping write-ahead logs apart: a task's pre-commit copies
+its changes of the epoch into the entries table in one transaction (``COPY``, binary), rows
+that readers skip because their epoch is newer than the committed one; the coordinator's
+commit advances the committed epoch (one row) and drops the superseded versions in one
+transaction (:func:`statecore.external.postgres_store.commit_epoch`). The cache in front and
+the epoch bookkeeping are :mod:`statecore.external.cached`'s, as for Redis.
+"""
+
+from __future__ import annotations
+
+import json
+
+from statecore.errors import EpochCommitError, InvalidInputError
+from statecore.external.cached import CachedExternalBackend
+from statecore.external.postgres_store import (
+    SCHEMA,
+    PgConnection,
+    load_state_metas,
+    namespace_row,
+    open_namespace,
+)
+from statecore.external.store import DEFAULT_TIMEOUT_S, NamespaceKeys
+from statecore.timers import TIMERS_STATE_NAME
+
+__all__ = ["PostgresBackend"]
+
+_COPY_ENTRIES = (f"COPY {SCHEMA}.entries (ns, kg, state, key, epoch, value) "
+                 "FROM STDIN (FORMAT BINARY)")
+_COPY_TYPES = ["int4", "int4", "text", "bytea", "int8", "bytea"]
+
+
+class PostgresBackend(CachedExternalBackend):
+    """Keyed state of one task whose committed copy is in PostgreSQL (module docstring).
+
+    Args: ``url`` (``postgresql://[user[:password]@][host][:port][/dbname][?param=value]``
+    or a libpq conninfo string; what it leaves out comes from libpq's environment variables
+    PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGSSLMODE, ...; None: the environment
+    only), or ``conn``, a psycopg 3 connection in autocommit mode; ``namespace`` (the state
+    namespace, e.g. ``"job/operator"``: a row of ``statecore.namespaces``), ``key_type``,
+    ``max_parallelism``, ``key_group_range``, ``assigner``, ``ttl_clock``,
+    ``timer_namespace_type`` (as ``create_backend``), ``cache`` (``"python"`` or
+    ``"native"``: the in-memory backend in front), ``task`` (the name of this task's
+    write-ahead logs, default ``kg<start>-<end>`` of the key-group range: unique per task of
+    one parallelism), ``timeout_s`` (connect, statement and lock-wait timeouts, s). The
+    first backend on a database creates schema ``statecore`` and its tables (needs the
+    CREATE privilege on the database once; afterwards SELECT, INSERT, UPDATE, DELETE).
+
+    The state API, timers and the epoch protocol (:meth:`pre_commit`, the coordinator's
+    :func:`~statecore.external.postgres_store.commit_epoch`, :meth:`notify_committed`,
+    :meth:`abort`) are :class:`~statecore.external.redis_backend.RedisBackend`'s.
+
+    Raises InvalidInputError for bad arguments, StateMigrationError when the namespace holds
+    state of another key type, max parallelism or assigner, ExternalStoreUnavailableError /
+    ExternalStoreAuthError / ExternalStateError when PostgreSQL cannot be used
+    (statecore.errors).
+    """
+
+    def __init__(self, url: str | None = None, namespace: str | None = None, *,
+                 key_type="int64", max_parallelism: int = 128, key_group_range=None,
+                 assigner: str = "spark", ttl_clock=None, timer_namespace_type: str = "void",
+                 cache: str = "python", task: str | None = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, conn=None):
+        if url is not None and conn is not None:
+            raise InvalidInputError("pass at most one of url= and conn=")
+        self._keys = NamespaceKeys(namespace)
+        super().__init__(self._keys.namespace, cache,
+                         dict(key_type=key_type, max_parallelism=max_parallelism,
+                              key_group_range=key_group_range, assigner=assigner,
+                              ttl_clock=ttl_clock, timer_namespace_type=timer_namespace_type),
+                         task)
+        try:
+            self._pg = PgConnection(url, timeout_s, conn=conn)
+            self._ns, self._committed = open_namespace(
+                self._pg, self.namespace, self._cache.key_type, self._cache.max_parallelism,
+                self._cache.assigner)
+        except BaseException:
+            self._cache.dispose()
+            if hasattr(self, "_pg"):
+                self._pg.close()
+            raise
+
+    # ------------------------------------------------------------------ store hooks
+    def _store_state_metas(self) -> dict:
+        with self._pg.transaction(f"reading the states of {self.namespace!r}",
+                                  read_only=True) as conn:
+            return load_state_metas(conn, self._ns, namespace_row(conn, self.namespace)[4])
+
+    def _store_read(self, key_groups: list[int]) -> tuple[dict, dict]:
+        """One REPEATABLE READ transaction (one snapshot: one committed epoch): the state
+        metas, then the committed rows of the key groups in one query."""
+        data: dict = {}
+        with self._pg.transaction(f"reading key groups {key_groups[0]}..{key_groups[-1]} of "
+                                  f"{self.namespace!r}", read_only=True) as conn:
+            epoch = namespace_row(conn, self.namespace)[4]
+            metas = load_state_metas(conn, self._ns, epoch)
+            if epoch is not None:
+                cur = conn.cursor(binary=True)
+                cur.execute(f"SELECT state, kg, key, value FROM {SCHEMA}.entries WHERE ns = %s "
+                            "AND kg = ANY(%s) AND epoch <= %s", (self._ns, key_groups, epoch))
+                for state, kg, key, value in cur:
+                    d = data.get((state, kg))
+                    if d is None:
+                        d = data[(state, kg)] = {}
+                    d[key] = value
+        return metas, data
+
+    def _store_committed_epoch(self) -> int | None:
+        with self._pg.transaction(f"reading the committed epoch of {self.namespace!r}",
+                                  read_only=True) as conn:
+            return namespace_row(conn, self.namespace)[4]
+
+    def _store_write_log(self, epoch: int, metas: list[dict], changes: dict,
+                         timers: dict) -> str:
+        """One transaction: check under a share lock of the namespace row that ``epoch`` is
+        not committed, delete this task's earlier rows of ``epoch`` and later epochs (a
+        replayed pre-commit) in its key-group range, upsert the state metas, ``COPY`` the
+        changes (a NULL value marks a deletion; a changed key group's timers as the
+        differences to the stored ones) and record the log."""
+        ns, r = self._ns, self.key_group_range
+        rows = [(ns, kg, name, k, epoch, v) for (name, kg), d in sorted(changes.items())
+                for k, v in sorted(d.items())]
+        for kg, (before, now) in sorted(timers.items()):
+            rows += [(ns, kg, TIMERS_STATE_NAME, k, epoch, None)
+                     for k in sorted(before) if k not in now]
+            rows += [(ns, kg, TIMERS_STATE_NAME, k, epoch, v)
+                     for k, v in sorted(now.items()) if before.get(k) != v]
+        with self._pg.transaction(f"pre-committing epoch {epoch} of {self.namespace!r}") as conn:
+            committed = namespace_row(conn, self.namespace, "FOR SHARE")[4]
+            if committed is not None and epoch <= committed:
+                raise EpochCommitError(f"epoch {epoch} is not newer than the committed epoch "
+                                       f"{committed} of {self.namespace!r}")
+            conn.execute(f"DELETE FROM {SCHEMA}.entries WHERE ns = %s AND epoch >= %s AND "
+                         "kg BETWEEN %s AND %s", (ns, epoch, r.start, r.end))
+            conn.execute(f"DELETE FROM {SCHEMA}.logs WHERE ns = %s AND epoch >= %s AND "
+                         "task = %s", (ns, epoch, self.task))
+            conn.execute(f"DELETE FROM {SCHEMA}.states WHERE ns = %s AND epoch > %s",
+                         (ns, epoch))
+            with conn.cursor() as cur:
+                cur.executemany(
+                    f"INSERT INTO {SCHEMA}.states (ns, name, epoch, meta) VALUES (%s, %s, %s, "
+                    "%s) ON CONFLICT (ns, name, epoch) DO UPDATE SET meta = EXCLUDED.meta",
+                    [(ns, m["name"], epoch, json.dumps(m, sort_keys=True))
+                     for m in sorted(metas, key=lambda m: m["name"])])
+                with cur.copy(_COPY_ENTRIES) as copy:
+                    copy.set_types(_COPY_TYPES)
+                    for row in rows:
+                        copy.write_row(row)
+            conn.execute(f"INSERT INTO {SCHEMA}.logs (ns, epoch, task, kg_start, kg_end, "
+                         "entries) VALUES (%s, %s, %s, %s, %s, %s)",
+                         (ns, epoch, self.task, r.start, r.end, len(rows)))
+        return self._keys.wal(epoch, self.task)
+
+    def _store_close(self) -> None:
+        self._pg.close()
