@@ -21,6 +21,7 @@ def load_cases() -> None:
     end-to-end case last."""
     from bench import (
         collection_states,  # noqa: F401
+        external_store,  # noqa: F401
         list_entries,  # noqa: F401
         map_entries,  # noqa: F401
         object_store,  # noqa: F401

@@ -121,7 +121,7 @@ class PostgresServer:
         args = [os.path.join(self.bin, "postgres"), "-D", self.data, "-p", str(self.port),
                 "-c", "listen_addresses=127.0.0.1",
                 "-c", f"unix_socket_directories={self.directory}",
-                "-c", "fsync=off", "-c", "shared_buffers=32MB", "-c", "max_connections=60",
+                "-c", "fsync=off", "-c", "shared_buffers=32MB", "-c", "max_connections=200",
                 "-c", "logging_collector=off"]
         with open(self._log_path, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 
 from statecore.errors import (
     EpochCommitError,
@@ -96,8 +97,6 @@ def is_postgres(url_or_conn) -> bool:
 def _describe(conninfo: str) -> str:
     """``host:port`` of a conninfo (libpq's environment defaults for what it leaves out),
     never its password."""
-    import os
-
     try:
         d = _psycopg().conninfo.conninfo_to_dict(conninfo)
     except Exception:  # noqa: BLE001 - only used in messages
@@ -108,7 +107,7 @@ def _describe(conninfo: str) -> str:
 
 
 _AUTH_WORDS = ("password authentication failed", "authentication failed",
-               "no password supplied", "role ", "permission denied")
+               "no password supplied")
 
 
 def _is_auth(e) -> bool:
@@ -116,7 +115,7 @@ def _is_auth(e) -> bool:
     if state.startswith("28") or state == "42501":
         return True
     msg = str(e)
-    return any(w in msg for w in _AUTH_WORDS[:3]) or (
+    return any(w in msg for w in _AUTH_WORDS) or (
         "role " in msg and "does not exist" in msg)
 
 
@@ -173,15 +172,17 @@ class PgConnection:
                                                 "passed in is closed")
         psycopg = _psycopg()
         ms = int(self.timeout_s * 1000)
+        try:
+            given = psycopg.conninfo.conninfo_to_dict(self.url).get("options")
+        except psycopg.ProgrammingError as e:
+            raise InvalidInputError(f"bad PostgreSQL URL: {e}") from e
+        # Keyword arguments replace the URL's (and PGOPTIONS'): append ours to theirs.
+        given = given if given is not None else os.environ.get("PGOPTIONS", "")
+        options = f"{given} -c statement_timeout={ms} -c lock_timeout={ms}".strip()
         with store_errors(self.where, "connecting"):
-            try:
-                self._conn = psycopg.connect(
-                    self.url, autocommit=True,
-                    connect_timeout=max(1, math.ceil(self.timeout_s)),
-                    tcp_user_timeout=ms, application_name="statecore",
-                    options=f"-c statement_timeout={ms} -c lock_timeout={ms}")
-            except psycopg.ProgrammingError as e:
-                raise InvalidInputError(f"bad PostgreSQL URL: {e}") from e
+            self._conn = psycopg.connect(
+                self.url, autocommit=True, connect_timeout=max(1, math.ceil(self.timeout_s)),
+                tcp_user_timeout=ms, application_name="statecore", options=options)
         return self._conn
 
     def errors(self, what: str):
@@ -206,6 +207,12 @@ class PgConnection:
     def close(self) -> None:
         if self._owns and self._conn is not None:
             self._conn.close()
+
+    def __del__(self):
+        # A backend dropped without dispose() must not hold a server connection (a server
+        # has a fixed number of them).
+        with contextlib.suppress(Exception):
+            self.close()
 
 
 def connect(url_or_conn, timeout_s: float = DEFAULT_TIMEOUT_S) -> PgConnection:
