@@ -12,6 +12,7 @@ the epoch bookkeeping are :mod:`statecore.external.cached`'s, as for Redis.
 from __future__ import annotations
 
 import json
+import struct
 
 from statecore.errors import EpochCommitError, InvalidInputError
 from statecore.external.cached import CachedExternalBackend
@@ -29,7 +30,36 @@ __all__ = ["PostgresBackend"]
 
 _COPY_ENTRIES = (f"COPY {SCHEMA}.entries (ns, kg, state, key, epoch, value) "
                  "FROM STDIN (FORMAT BINARY)")
-_COPY_TYPES = ["int4", "int4", "text", "bytea", "int8", "bytea"]
+_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
+_COPY_TRAILER = struct.pack(">h", -1)
+_NULL = struct.pack(">i", -1)
+#: Rows per chunk handed to COPY (bounded memory beyond the changes themselves).
+_COPY_CHUNK = 20_000
+
+
+def _copy_payload(ns: int, epoch: int, groups) -> tuple[list[bytes], int]:
+    """The rows ``(ns, kg, state, key, epoch, value)`` of ``groups`` (``(state, kg, {key:
+    value or None})``) in PostgreSQL's binary COPY format (the ``COPY`` reference, "Binary
+    Format": a header, per row an int16 field count and per field an int32 length, -1 for
+    NULL, and the bytes; network byte order), as chunks; and the number of rows. Built here
+    rather than with psycopg's ``write_row`` because the fields shared by a (state, key group)
+    are encoded once."""
+    pack = struct.Struct(">i").pack
+    epoch_field = struct.pack(">iq", 8, epoch)
+    chunks, part, n = [], [_COPY_HEADER], 0
+    for state, kg, d in groups:
+        s = state.encode()
+        prefix = struct.pack(">hiiii", 6, 4, ns, 4, kg) + pack(len(s)) + s
+        for k, v in d.items():
+            part.append(b"".join((prefix, pack(len(k)), k, epoch_field,
+                                  _NULL if v is None else pack(len(v)), b"" if v is None else v)))
+            n += 1
+            if len(part) >= _COPY_CHUNK:
+                chunks.append(b"".join(part))
+                part = []
+    part.append(_COPY_TRAILER)
+    chunks.append(b"".join(part))
+    return chunks, n
 
 
 class PostgresBackend(CachedExternalBackend):
@@ -118,15 +148,14 @@ class PostgresBackend(CachedExternalBackend):
         not committed, delete this task's earlier rows of ``epoch`` and later epochs (a
         replayed pre-commit) in its key-group range, upsert the state metas, ``COPY`` the
         changes (a NULL value marks a deletion; a changed key group's timers as the
-        differences to the stored ones) and record the log."""
+        differences to the stored ones; :func:`_copy_payload`) and record the log."""
         ns, r = self._ns, self.key_group_range
-        rows = [(ns, kg, name, k, epoch, v) for (name, kg), d in sorted(changes.items())
-                for k, v in sorted(d.items())]
-        for kg, (before, now) in sorted(timers.items()):
-            rows += [(ns, kg, TIMERS_STATE_NAME, k, epoch, None)
-                     for k in sorted(before) if k not in now]
-            rows += [(ns, kg, TIMERS_STATE_NAME, k, epoch, v)
-                     for k, v in sorted(now.items()) if before.get(k) != v]
+        groups = [(name, kg, d) for (name, kg), d in changes.items()]
+        for kg, (before, now) in timers.items():
+            groups.append((TIMERS_STATE_NAME, kg,
+                           {**dict.fromkeys((k for k in before if k not in now), None),
+                            **{k: v for k, v in now.items() if before.get(k) != v}}))
+        payload, n_rows = _copy_payload(ns, epoch, groups)
         with self._pg.transaction(f"pre-committing epoch {epoch} of {self.namespace!r}") as conn:
             committed = namespace_row(conn, self.namespace, "FOR SHARE")[4]
             if committed is not None and epoch <= committed:
@@ -145,12 +174,11 @@ class PostgresBackend(CachedExternalBackend):
                     [(ns, m["name"], epoch, json.dumps(m, sort_keys=True))
                      for m in sorted(metas, key=lambda m: m["name"])])
                 with cur.copy(_COPY_ENTRIES) as copy:
-                    copy.set_types(_COPY_TYPES)
-                    for row in rows:
-                        copy.write_row(row)
+                    for chunk in payload:
+                        copy.write(chunk)
             conn.execute(f"INSERT INTO {SCHEMA}.logs (ns, epoch, task, kg_start, kg_end, "
                          "entries) VALUES (%s, %s, %s, %s, %s, %s)",
-                         (ns, epoch, self.task, r.start, r.end, len(rows)))
+                         (ns, epoch, self.task, r.start, r.end, n_rows))
         return self._keys.wal(epoch, self.task)
 
     def _store_close(self) -> None:
