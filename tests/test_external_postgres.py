@@ -267,6 +267,19 @@ def test_connection_settings_from_libpq_environment(postgres_server, monkeypatch
     monkeypatch.setenv("PGPASSWORD", "wrong")
     with pytest.raises(ExternalStoreAuthError):
         create_backend("postgres", url="postgresql://", namespace=NS)
+    # The caller's own connection, for the backend and the coordinator's calls.
+    import psycopg
+
+    with psycopg.connect(s.url, autocommit=True) as conn:
+        b = create_backend("postgres", conn=conn, namespace=NS)
+        b.notify_committed(1)
+        _write_epoch(b, range(5), 2)
+        w = b.pre_commit(2)
+        assert wal_keys(conn, NS, 2) == [w]
+        assert commit_epoch(conn, NS, 2, [w])
+        b.dispose()
+        assert not conn.closed
+        assert read_committed(conn, NS, "v").table.column("value").to_pylist() == [2] * 5
 
 
 def test_unreachable_refused_credentials_and_timeouts(postgres_server):  # noqa: F811

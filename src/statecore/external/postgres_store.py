@@ -88,10 +88,12 @@ def _psycopg():
 
 
 def is_postgres(url_or_conn) -> bool:
-    """True for a ``postgresql://`` / ``postgres://`` URL or a psycopg connection."""
+    """True for a ``postgresql://`` / ``postgres://`` URL, a psycopg connection or a
+    :class:`PgConnection`."""
     if isinstance(url_or_conn, str):
         return url_or_conn.startswith(("postgresql://", "postgres://"))
-    return type(url_or_conn).__module__.startswith("psycopg")
+    return isinstance(url_or_conn, PgConnection) or type(url_or_conn).__module__.startswith(
+        "psycopg")
 
 
 def _describe(conninfo: str) -> str:
