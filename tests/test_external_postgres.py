@@ -202,7 +202,18 @@ def test_rescale_reads_by_key_group_ranges(postgres_server):  # noqa: F811
     keys = list(range(300))
     for t in tasks:
         _write_epoch(t, [k for k in keys if _kg(k) in t.key_group_range], 5)
-    assert commit_epoch(s.url, NS, 1, [t.pre_commit(1) for t in tasks])
+    # The tasks pre-commit at the same time (each in its own thread, as executors would).
+    names = [None] * len(tasks)
+
+    def pre_commit(i):
+        names[i] = tasks[i].pre_commit(1)
+
+    threads = [threading.Thread(target=pre_commit, args=(i,)) for i in range(len(tasks))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert commit_epoch(s.url, NS, 1, names)
     seen = []
     for i in range(3):
         t = _open(s, key_group_range=key_group_range_for_operator(128, 3, i))

@@ -144,11 +144,12 @@ class PostgresBackend(CachedExternalBackend):
 
     def _store_write_log(self, epoch: int, metas: list[dict], changes: dict,
                          timers: dict) -> str:
-        """One transaction: check under a share lock of the namespace row that ``epoch`` is
-        not committed, delete this task's earlier rows of ``epoch`` and later epochs (a
-        replayed pre-commit) in its key-group range, upsert the state metas, ``COPY`` the
-        changes (a NULL value marks a deletion; a changed key group's timers as the
-        differences to the stored ones; :func:`_copy_payload`) and record the log."""
+        """Two transactions, each checking under a share lock of the namespace row that
+        ``epoch`` is not committed: the state metas' upsert; then delete this task's earlier
+        rows of ``epoch`` and later epochs (a replayed pre-commit) in its key-group range,
+        ``COPY`` the changes (a NULL value marks a deletion; a changed key group's timers as
+        the differences to the stored ones; :func:`_copy_payload`) and record the log. Only
+        the second makes the log exist: a commit refuses the epoch until it committed."""
         ns, r = self._ns, self.key_group_range
         groups = [(name, kg, d) for (name, kg), d in changes.items()]
         for kg, (before, now) in timers.items():
@@ -156,15 +157,13 @@ class PostgresBackend(CachedExternalBackend):
                            {**dict.fromkeys((k for k in before if k not in now), None),
                             **{k: v for k, v in now.items() if before.get(k) != v}}))
         payload, n_rows = _copy_payload(ns, epoch, groups)
-        with self._pg.transaction(f"pre-committing epoch {epoch} of {self.namespace!r}") as conn:
-            committed = namespace_row(conn, self.namespace, "FOR SHARE")[4]
-            if committed is not None and epoch <= committed:
-                raise EpochCommitError(f"epoch {epoch} is not newer than the committed epoch "
-                                       f"{committed} of {self.namespace!r}")
-            conn.execute(f"DELETE FROM {SCHEMA}.entries WHERE ns = %s AND epoch >= %s AND "
-                         "kg BETWEEN %s AND %s", (ns, epoch, r.start, r.end))
-            conn.execute(f"DELETE FROM {SCHEMA}.logs WHERE ns = %s AND epoch >= %s AND "
-                         "task = %s", (ns, epoch, self.task))
+        what = f"pre-committing epoch {epoch} of {self.namespace!r}"
+        # The state metas first, in a short transaction of their own: every task upserts the
+        # same rows, and holding their locks through a long COPY would serialize the tasks'
+        # pre-commits. Rows of an uncommitted epoch are invisible, and a commit or abort
+        # removes those that never become part of one.
+        with self._pg.transaction(what) as conn:
+            self._check_not_committed(conn, epoch)
             conn.execute(f"DELETE FROM {SCHEMA}.states WHERE ns = %s AND epoch > %s",
                          (ns, epoch))
             with conn.cursor() as cur:
@@ -173,13 +172,27 @@ class PostgresBackend(CachedExternalBackend):
                     "%s) ON CONFLICT (ns, name, epoch) DO UPDATE SET meta = EXCLUDED.meta",
                     [(ns, m["name"], epoch, json.dumps(m, sort_keys=True))
                      for m in sorted(metas, key=lambda m: m["name"])])
-                with cur.copy(_COPY_ENTRIES) as copy:
-                    for chunk in payload:
-                        copy.write(chunk)
+        with self._pg.transaction(what) as conn:
+            self._check_not_committed(conn, epoch)
+            conn.execute(f"DELETE FROM {SCHEMA}.entries WHERE ns = %s AND epoch >= %s AND "
+                         "kg BETWEEN %s AND %s", (ns, epoch, r.start, r.end))
+            conn.execute(f"DELETE FROM {SCHEMA}.logs WHERE ns = %s AND epoch >= %s AND "
+                         "task = %s", (ns, epoch, self.task))
+            with conn.cursor() as cur, cur.copy(_COPY_ENTRIES) as copy:
+                for chunk in payload:
+                    copy.write(chunk)
             conn.execute(f"INSERT INTO {SCHEMA}.logs (ns, epoch, task, kg_start, kg_end, "
                          "entries) VALUES (%s, %s, %s, %s, %s, %s)",
                          (ns, epoch, self.task, r.start, r.end, n_rows))
         return self._keys.wal(epoch, self.task)
+
+    def _check_not_committed(self, conn, epoch: int) -> None:
+        """EpochCommitError when ``epoch`` is committed, checked under a share lock of the
+        namespace row (a commit, which locks it for update, waits for this transaction)."""
+        committed = namespace_row(conn, self.namespace, "FOR SHARE")[4]
+        if committed is not None and epoch <= committed:
+            raise EpochCommitError(f"epoch {epoch} is not newer than the committed epoch "
+                                   f"{committed} of {self.namespace!r}")
 
     def _store_close(self) -> None:
         self._pg.close()
