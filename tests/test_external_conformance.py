@@ -1,13 +1,15 @@
-"""The conformance suite on the Redis backend (statecore.external), against a real
-redis-server: every state call is served by the cache in front, so the suite checks that
-reading through from Redis and the epoch protocol change nothing of the semantics. Each
-comparison with the reference backend (``same_as_reference``) also pre-commits and commits
-the backend's state as an epoch and compares a new backend on the same namespace (which reads
-everything back from Redis) with the reference, for both cache kinds."""
+"""The conformance suite on the external backends (statecore.external), against a real
+redis-server and a real PostgreSQL server: every state call is served by the cache in front,
+so the suite checks that reading through from the store and the epoch protocol change nothing
+of the semantics. Each comparison with the reference backend (``same_as_reference``) also
+pre-commits and commits the backend's state as an epoch and compares a new backend on the same
+namespace (which reads everything back from the store) with the reference, for both cache
+kinds."""
 
 from __future__ import annotations
 
 import itertools
+import weakref
 
 import pytest
 
@@ -16,25 +18,18 @@ from statecore.external import commit_epoch
 from statecore.testing.conformance import BackendConformance
 from statecore.testing.helpers import snapshot_dump
 from statecore.testing.operator_state import OperatorStateConformance
+from support.postgres_server import shared_postgres_server  # noqa: F401  (fixture)
 from support.redis_server import shared_redis_server  # noqa: F401  (fixture)
 
 _namespaces = itertools.count()
 
 
-class _RedisConformance(BackendConformance):
+class _ExternalConformance(BackendConformance):
+    kind = "redis"
     cache = "python"
 
-    @pytest.fixture(autouse=True)
-    def _server(self, shared_redis_server):  # noqa: F811
-        # Every backend opens its own namespace: the tests share one server.
-        self.url = shared_redis_server.url
-        self.opened = []
-        yield
-        for b in self.opened:
-            b.dispose()
-
     def make_backend(self, namespace=None, **options):
-        b = create_backend("redis", url=self.url, cache=self.cache,
+        b = create_backend(self.kind, url=self.url, cache=self.cache,
                            namespace=namespace or f"t/{next(_namespaces)}", **options)
         self.opened.append(b)
         return b
@@ -51,12 +46,12 @@ class _RedisConformance(BackendConformance):
         commit_epoch(self.url, ns, 1, [b.pre_commit(1)])
         fresh = self.make_backend(namespace=ns, **options)
         got, want = snapshot_dump(fresh.snapshot()), snapshot_dump(ref.snapshot())
-        # Timers are not kept in Redis; every state (registered, restored) is.
+        # Timers through the store have their own tests (test_external_redis.py,
+        # test_external_postgres.py); every keyed state (registered, restored) is compared.
         got.pop("__timers__", None)
         want.pop("__timers__", None)
         assert got == want
         return seen
-
 
     def recover(self, backend, options):
         epoch = (backend.committed_epoch or 0) + 1
@@ -96,11 +91,11 @@ def _not_applicable(self):
 
 for _name in _NOT_APPLICABLE:
     assert hasattr(BackendConformance, _name), _name
-    setattr(_RedisConformance, _name, _not_applicable)
+    setattr(_ExternalConformance, _name, _not_applicable)
 
-# Operator state (non-keyed, per task: list, union list, broadcast) is not kept in Redis yet;
-# the Redis backend has no ``operator_state``.
-_NO_OPERATOR_STATE = "the Redis backend keeps no operator state (non-keyed state) yet"
+# Operator state (non-keyed, per task: list, union list, broadcast) is not kept in an external
+# store yet; the external backends have no ``operator_state``.
+_NO_OPERATOR_STATE = "the external backends keep no operator state (non-keyed state) yet"
 
 
 def _no_operator_state(self):
@@ -109,7 +104,40 @@ def _no_operator_state(self):
 
 for _name in vars(OperatorStateConformance):
     if _name.startswith("test_"):
-        setattr(_RedisConformance, _name, _no_operator_state)
+        setattr(_ExternalConformance, _name, _no_operator_state)
+
+
+class _RedisConformance(_ExternalConformance):
+    kind = "redis"
+
+    @pytest.fixture(autouse=True)
+    def _server(self, shared_redis_server):  # noqa: F811
+        # Every backend opens its own namespace: the tests share one server.
+        self.url = shared_redis_server.url
+        self.opened = []
+        yield
+        for b in self.opened:
+            b.dispose()
+
+
+class _PostgresConformance(_ExternalConformance):
+    kind = "postgres"
+
+    @pytest.fixture(autouse=True)
+    def _server(self, shared_postgres_server):  # noqa: F811
+        self.url = shared_postgres_server.url
+        self.opened = _WeakList()
+        yield
+        for b in list(self.opened):
+            b.dispose()
+
+
+class _WeakList(weakref.WeakSet):
+    """The backends a test opened, not kept alive: one made per example of a stateful test
+    releases its server connection when dropped (a server has a fixed number of them)."""
+
+    def append(self, item) -> None:
+        self.add(item)
 
 
 class TestRedisPythonCache(_RedisConformance):
@@ -117,4 +145,12 @@ class TestRedisPythonCache(_RedisConformance):
 
 
 class TestRedisNativeCache(_RedisConformance):
+    cache = "native"
+
+
+class TestPostgresPythonCache(_PostgresConformance):
+    cache = "python"
+
+
+class TestPostgresNativeCache(_PostgresConformance):
     cache = "native"

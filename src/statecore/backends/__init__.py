@@ -1,4 +1,5 @@
-"""Keyed state backends: ``create_backend("python" | "native" | "redis", **options)``."""
+"""Keyed state backends: ``create_backend("python" | "native" | "redis" | "postgres",
+**options)``."""
 
 from statecore.backends.base import (  # noqa: F401
     AggregatingState,
@@ -23,7 +24,9 @@ def create_backend(kind: str = "native", **options) -> KeyedStateBackend:
     extension). ``options`` go to the backend: key_type, max_parallelism, key_group_range,
     assigner, timer_namespace_type, ttl_clock (see KeyedStateBackend). ``"redis"``: external
     state in Redis (statecore.external.RedisBackend; ``url`` and ``namespace`` options, needs
-    the ``redis`` extra). Raises InvalidInputError for an unknown kind.
+    the ``redis`` extra). ``"postgres"``: external state in PostgreSQL
+    (statecore.external.PostgresBackend; ``url`` and ``namespace`` options, needs the
+    ``postgres`` extra). Raises InvalidInputError for an unknown kind.
     """
     if kind == "python":
         from statecore.backends.python import PythonBackend
@@ -37,5 +40,9 @@ def create_backend(kind: str = "native", **options) -> KeyedStateBackend:
         from statecore.external.redis_backend import RedisBackend
 
         return RedisBackend(**options)
+    if kind == "postgres":
+        from statecore.external.postgres_backend import PostgresBackend
+
+        return PostgresBackend(**options)
     raise InvalidInputError(
-        f"unknown backend kind {kind!r}; expected 'python', 'native' or 'redis'")
+        f"unknown backend kind {kind!r}; expected 'python', 'native', 'redis' or 'postgres'")

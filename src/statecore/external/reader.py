@@ -5,6 +5,7 @@ restarts."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -19,7 +20,7 @@ from statecore.external.store import (
 from statecore.key_groups import KeyGroupRange
 from statecore.offline.entries import EntryDecoder, rows_to_batch, state_schema
 
-__all__ = ["CommittedState", "read_committed"]
+__all__ = ["CommittedState", "read_committed", "committed_table"]
 
 #: Transactions restarted by concurrent commits before read_committed gives up.
 MAX_ATTEMPTS = 20
@@ -85,19 +86,24 @@ def read_committed(url_or_client, namespace: str, state: str, key_group_range=No
         else:
             raise ExternalStateError(f"reading state {state!r} of {namespace!r}: restarted by "
                                      f"{MAX_ATTEMPTS} concurrent commits; try again")
-    import json
-
     meta = json.loads(raw_meta)
     key_type = meta_hash[b"key_type"].decode()
     epoch = int(meta_hash[b"epoch"]) if b"epoch" in meta_hash else None
+    pairs = [item for d in hashes for item in sorted(d.items())]
+    return CommittedState(epoch, meta, committed_table(meta, key_type, maxp, pairs))
+
+
+def committed_table(meta: dict, key_type: str, max_parallelism: int, pairs) -> pa.Table:
+    """The committed entries ``pairs`` (``(encoded key, stored value)`` ordered by key group,
+    then encoded key) of the state of ``meta``, decoded into the offline readers' schema
+    (:class:`CommittedState`). InvalidInputError naming the entry for bytes that do not
+    decode."""
     schema = state_schema(meta, key_type)
-    decoder = EntryDecoder(meta, key_type, maxp)
+    decoder = EntryDecoder(meta, key_type, max_parallelism)
+    keys = [k for k, _ in pairs]
     rows = []
-    for d in hashes:
-        items = sorted(d.items())
-        for kg, key, ns, uk, vb in decoder.entries([k for k, _ in items], [v for _, v in items]):
-            value, ts = decoder.value(vb)
-            rows.append((kg, key, ns, uk, value, ts))
-    table = (pa.Table.from_batches([rows_to_batch(rows, schema)]) if rows
-             else schema.empty_table())
-    return CommittedState(epoch, meta, table)
+    for kg, key, ns, uk, vb in decoder.entries(keys, [v for _, v in pairs]):
+        value, ts = decoder.value(vb)
+        rows.append((kg, key, ns, uk, value, ts))
+    return (pa.Table.from_batches([rows_to_batch(rows, schema)]) if rows
+            else schema.empty_table())

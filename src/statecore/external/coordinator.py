@@ -1,0 +1,67 @@
+"""The coordinator's steps and the outside reader for either store, chosen by the URL or the
+client passed: ``postgresql://`` / ``postgres://`` URLs and psycopg connections go to
+PostgreSQL (:mod:`statecore.external.postgres_store`), everything else to Redis
+(:mod:`statecore.external.store`). Arguments, results and errors are the same for both."""
+
+from __future__ import annotations
+
+from statecore.external import store as _redis
+from statecore.external.reader import CommittedState
+from statecore.external.reader import read_committed as _redis_read
+from statecore.external.store import DEFAULT_TIMEOUT_S
+
+__all__ = ["commit_epoch", "abort_epoch", "wal_keys", "read_committed"]
+
+
+def _is_pg(url_or_client) -> bool:
+    from statecore.external.postgres_store import is_postgres
+
+    return is_postgres(url_or_client)
+
+
+def commit_epoch(url_or_client, namespace: str, epoch: int, wal_key_names,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
+    """Commit ``epoch`` of ``namespace`` from the write-ahead logs ``wal_key_names`` (every
+    task's ``pre_commit`` result): Redis :func:`statecore.external.store.commit_epoch`,
+    PostgreSQL :func:`statecore.external.postgres_store.commit_epoch`. True when this call
+    committed it, False when it was committed already."""
+    if _is_pg(url_or_client):
+        from statecore.external import postgres_store
+
+        return postgres_store.commit_epoch(url_or_client, namespace, epoch, wal_key_names,
+                                           timeout_s)
+    return _redis.commit_epoch(url_or_client, namespace, epoch, wal_key_names, timeout_s)
+
+
+def abort_epoch(url_or_client, namespace: str, epoch: int, wal_key_names=None,
+                timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
+    """Discard the logs of uncommitted ``epoch`` (default all of them); the number deleted,
+    -1 when ``epoch`` is committed (either store's ``abort_epoch``)."""
+    if _is_pg(url_or_client):
+        from statecore.external import postgres_store
+
+        return postgres_store.abort_epoch(url_or_client, namespace, epoch, wal_key_names,
+                                          timeout_s)
+    return _redis.abort_epoch(url_or_client, namespace, epoch, wal_key_names, timeout_s)
+
+
+def wal_keys(url_or_client, namespace: str, epoch: int,
+             timeout_s: float = DEFAULT_TIMEOUT_S) -> list[str]:
+    """The names of the write-ahead logs of ``epoch`` present (either store's ``wal_keys``)."""
+    if _is_pg(url_or_client):
+        from statecore.external import postgres_store
+
+        return postgres_store.wal_keys(url_or_client, namespace, epoch, timeout_s)
+    return _redis.wal_keys(url_or_client, namespace, epoch, timeout_s)
+
+
+def read_committed(url_or_client, namespace: str, state: str, key_group_range=None,
+                   timeout_s: float = DEFAULT_TIMEOUT_S) -> CommittedState:
+    """The committed entries of ``state`` as of one committed epoch
+    (:func:`statecore.external.reader.read_committed` for Redis,
+    :func:`statecore.external.postgres_reader.read_committed_pg` for PostgreSQL)."""
+    if _is_pg(url_or_client):
+        from statecore.external.postgres_reader import read_committed_pg
+
+        return read_committed_pg(url_or_client, namespace, state, key_group_range, timeout_s)
+    return _redis_read(url_or_client, namespace, state, key_group_range, timeout_s)
