@@ -19,6 +19,83 @@ def lz4_block_compress(data):
     return PyBytes_FromStringAndSize(<const char*>out.data(), out.size())
 
 
+def key_hashes(keys):
+    """XXH64 (seed 0) of every value of the ``pa.binary()`` array ``keys`` (no nulls; the
+    values of a sliced array as sliced), as a numpy uint64 array, computed with the GIL
+    released: the hashes of format-6 Bloom filters (docs/formats.md "Filters and block
+    keys")."""
+    cdef int64_t n = len(keys), i
+    out_np = np.empty(n, np.uint64)
+    if n == 0:
+        return out_np
+    bufs = keys.buffers()
+    off_np = np.frombuffer(bufs[1], np.int32)[keys.offset:keys.offset + n + 1]
+    data_np = (np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None and len(bufs[2])
+               else np.zeros(1, np.uint8))
+    if off_np[0] < 0 or off_np[n] > len(data_np) or bool(np.any(np.diff(off_np) < 0)):
+        raise InvalidInputError("keys: offsets do not fit the data")
+    cdef const int32_t[::1] off = np.ascontiguousarray(off_np)
+    cdef const uint8_t[::1] data = data_np
+    cdef uint64_t[::1] out = out_np
+    with nogil:
+        for i in range(n):
+            out[i] = c.xxh64(&data[0] + off[i], off[i + 1] - off[i], 0)
+    return out_np
+
+
+def find_sorted(haystack, needles):
+    """For each value of the ``pa.binary()`` array ``needles``, the index of the equal value in
+    ``haystack`` (a ``pa.binary()`` array sorted ascending by bytes, values unique), or -1: a
+    byte-wise binary search per needle (memcmp, then the shorter first), with the GIL released.
+    Neither may hold nulls. Returns a numpy int64 array. The search of point lookups in decoded
+    checkpoint blocks (statecore.checkpoint.lookup)."""
+    cdef int64_t nh = len(haystack), nn = len(needles), i, lo, hi, mid
+    out_np = np.full(nn, -1, np.int64)
+    if nn == 0 or nh == 0:
+        return out_np
+    hb, nb = haystack.buffers(), needles.buffers()
+    hoff_np = np.ascontiguousarray(np.frombuffer(hb[1], np.int32)[haystack.offset:haystack.offset + nh + 1])
+    noff_np = np.ascontiguousarray(np.frombuffer(nb[1], np.int32)[needles.offset:needles.offset + nn + 1])
+    hdat_np = (np.frombuffer(hb[2], np.uint8) if hb[2] is not None and len(hb[2])
+               else np.zeros(1, np.uint8))
+    ndat_np = (np.frombuffer(nb[2], np.uint8) if nb[2] is not None and len(nb[2])
+               else np.zeros(1, np.uint8))
+    for off_np, dat_np, what in ((hoff_np, hdat_np, "haystack"), (noff_np, ndat_np, "needles")):
+        if off_np[0] < 0 or off_np[-1] > len(dat_np) or bool(np.any(np.diff(off_np) < 0)):
+            raise InvalidInputError(f"{what}: offsets do not fit the data")
+    cdef const int32_t[::1] hoff = hoff_np
+    cdef const int32_t[::1] noff = noff_np
+    cdef const uint8_t[::1] hdat = hdat_np
+    cdef const uint8_t[::1] ndat = ndat_np
+    cdef int64_t[::1] out = out_np
+    cdef const uint8_t* q
+    cdef const uint8_t* h
+    cdef int64_t ql, hl, m
+    cdef int c
+    with nogil:
+        for i in range(nn):
+            q = &ndat[0] + noff[i]
+            ql = noff[i + 1] - noff[i]
+            lo = 0
+            hi = nh
+            while lo < hi:
+                mid = lo + (hi - lo) // 2
+                h = &hdat[0] + hoff[mid]
+                hl = hoff[mid + 1] - hoff[mid]
+                m = ql if ql < hl else hl
+                c = memcmp(h, q, m) if m else 0
+                if c == 0:
+                    c = (hl > ql) - (hl < ql)
+                if c == 0:
+                    out[i] = mid
+                    break
+                if c < 0:
+                    lo = mid + 1
+                else:
+                    hi = mid
+    return out_np
+
+
 cdef _block_refs(blocks, uint64_t base, vector[c.StoredBlockRef]* refs):
     """``refs`` filled from block-table rows (numpy, ``format.BLOCK_DTYPE``) whose offsets
     count from the file start, ``base`` the file offset of the bytes they will be read from."""
@@ -148,6 +225,20 @@ cdef class SerializedChunk:
         return [(b.key_group, b.state, b.entries, b.tombstones, b.last_of_group,
                  b.stored_length, b.raw_length, b.xxh64) for b in self.chunk.blocks]
 
+    @property
+    def lookup(self):
+        """One ``(last_key, bloom)`` per block, in the order of :attr:`blocks`: the block's
+        last encoded key (bytes) and, for the last block of its (state, key group), the group's
+        Bloom filter (bytes; None for other blocks) -- the format-6 footer's block keys and
+        filters (docs/formats.md "Filters and block keys")."""
+        out = []
+        for b in self.chunk.blocks:
+            key = PyBytes_FromStringAndSize(<const char*>b.last_key.data(), b.last_key.size())
+            filt = (PyBytes_FromStringAndSize(<const char*>b.filter.data(), b.filter.size())
+                    if b.last_of_group else None)
+            out.append((key, filt))
+        return out
+
     def __len__(self):
         return self.chunk.bytes.size()
 
@@ -250,7 +341,8 @@ cdef class SnapshotBlockSerializer:
     ``incremental``: append the validity bitmap. ``queue_blocks``: bounded queue capacity (memory
     bound: that many payloads). ``release_as_written``: release each key group's map snapshot
     as soon as it is encoded (the table snapshots become unusable for readers). ``nice``: added to
-    the producer thread's nice value (Linux; 0 = unchanged).
+    the producer thread's nice value (Linux; 0 = unchanged). ``bloom_bits_per_key``: the size
+    of each (state, key group)'s Bloom filter (1 to 64, format.DEFAULT_BLOOM_BITS_PER_KEY).
 
     The table snapshots must stay unreleased by others while the serializer runs (the Python
     wrapper keeps references to them). Raises InvalidInputError for bad arguments or a released
@@ -261,7 +353,7 @@ cdef class SnapshotBlockSerializer:
 
     def __cinit__(self, sources, int32_t kg_start, int32_t kg_end, int prefix_bytes,
                   size_t block_target_bytes, bint incremental, size_t queue_blocks=4,
-                  bint release_as_written=False, int nice=0):
+                  bint release_as_written=False, int nice=0, uint32_t bloom_bits_per_key=10):
         cdef vector[c.SerializerSource]* srcs = c.new_sources()
         cdef c.SerializerSource* st
         cdef c.SerializerOptions o
@@ -292,6 +384,7 @@ cdef class SnapshotBlockSerializer:
             o.queue_blocks = queue_blocks
             o.release_as_written = release_as_written
             o.nice = nice
+            o.bloom_bits_per_key = bloom_bits_per_key
             self.ser = c.new_serializer(srcs, o)
         finally:
             del srcs
