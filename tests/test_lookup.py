@@ -96,6 +96,39 @@ def test_lookups_equal_the_merged_runs_of_incremental_chains(tmp_path, kind):
             assert st["blocks_read"] > 0 and st["cache_bytes"] <= 1 << 20
 
 
+def test_lookups_in_runs_of_the_native_serializer(tmp_path):
+    """Runs written by the native background serializer (its filters and block keys, small
+    blocks), a full one and an incremental one on top, against the merged runs."""
+    rng = random.Random(8)
+    store = CheckpointStore(str(tmp_path / "ckpt"), max_runs=None)
+    b = create_backend("native", key_type="int64", max_parallelism=256)
+    v, m, t = _states(b)
+    keys = pa.array(range(4000), pa.int64())
+    v.put_batch(keys, keys)
+    t.put_batch(keys, keys)
+    m.put_batch(keys, pa.array([k % 5 for k in range(4000)], pa.int64()),
+                pa.array([str(k) for k in range(4000)], pa.string()))
+    for version, incremental in ((1, False), (2, True)):
+        if incremental:
+            gone = pa.array(rng.sample(range(4000), 500), pa.int64())
+            v.clear_batch(gone)
+            m.remove_batch(gone, pa.array([k % 5 for k in gone.to_pylist()], pa.int64()))
+            v.put_batch(pa.array([9000, 9001], pa.int64()), pa.array([1, 2], pa.int64()))
+        snap = b.snapshot(incremental=incremental)
+        d = store.write_snapshot_async(snap, version, block_target_bytes=700,
+                                       release_snapshot=True).result(timeout=60)
+        store.commit(version, [d])
+        b.notify_checkpoint_complete(snap.snapshot_id, version)
+    assert [r["kind"] for r in store.describe(2)["run_list"]] == ["incremental", "full"]
+    with store.open(1) as r1, store.open(2) as reader, RunLookup(reader) as lk:
+        for state in ("v", "m", "t"):
+            present = _all_entries(reader, state)
+            ask = sorted(set(present) | set(_all_entries(r1, state)))
+            ask += _absent_keys(present, 256, 200, rng)
+            got = lk.lookup_batch(state, pa.array(ask, pa.binary())).to_pylist()
+            assert got == [present.get(k) for k in ask], state
+
+
 def test_tombstones_shadow_older_runs(tmp_path):
     store = CheckpointStore(str(tmp_path / "ckpt"), max_runs=None)
     b = create_backend("native", key_type="int64", max_parallelism=128)
@@ -313,3 +346,40 @@ def test_bloom_filter_python_and_native_agree():
         f = blocks.bloom_filter(h, bpk)
         assert len(f) == blocks.bloom_filter_bytes(len(keys), bpk)
         assert blocks.bloom_probe(f, blocks.bloom_hashes(bpk), h).all()
+
+
+def test_native_lookup_in_blocks_finds_gathers_and_skips_tombstones():
+    native = pytest.importorskip("statecore._native")
+    rng = random.Random(4)
+    blocks, oracle = [], []
+    for _ in range(6):
+        keys = sorted({bytes(rng.randrange(256) for _ in range(rng.randrange(1, 6)))
+                       for _ in range(rng.randrange(0, 40))})
+        vals = [None if rng.random() < 0.2 else bytes(rng.randrange(256)
+                                                       for _ in range(rng.randrange(0, 5)))
+                for _ in keys]
+        k, v = pa.array(keys, pa.binary()), pa.array(vals, pa.binary())
+        if len(keys) > 4:  # sliced arrays too
+            k, v, keys, vals = k.slice(2), v.slice(2), keys[2:], vals[2:]
+        blocks.append((k, v))
+        oracle.append(dict(zip(keys, vals)))
+    needles, which = [], []
+    for _ in range(500):
+        b = rng.randrange(len(blocks))
+        pool = list(oracle[b])
+        if pool and rng.random() < 0.6:
+            needles.append(rng.choice(pool))
+        else:
+            needles.append(bytes(rng.randrange(256) for _ in range(rng.randrange(0, 6))))
+        which.append(b)
+    rows, values = native.lookup_in_blocks(blocks, np.array(which, np.int64),
+                                           pa.array(needles, pa.binary()))
+    for i, (q, b) in enumerate(zip(needles, which)):
+        if q in oracle[b]:
+            assert blocks[b][0][int(rows[i])].as_py() == q
+            assert values[i].as_py() == oracle[b][q]
+        else:
+            assert rows[i] == -1 and values[i].as_py() is None
+    with pytest.raises(InvalidInputError):
+        native.lookup_in_blocks(blocks, np.array([len(blocks)], np.int64),
+                                pa.array([b"x"], pa.binary()))

@@ -43,57 +43,117 @@ def key_hashes(keys):
     return out_np
 
 
-def find_sorted(haystack, needles):
-    """For each value of the ``pa.binary()`` array ``needles``, the index of the equal value in
-    ``haystack`` (a ``pa.binary()`` array sorted ascending by bytes, values unique), or -1: a
-    byte-wise binary search per needle (memcmp, then the shorter first), with the GIL released.
-    Neither may hold nulls. Returns a numpy int64 array. The search of point lookups in decoded
-    checkpoint blocks (statecore.checkpoint.lookup)."""
-    cdef int64_t nh = len(haystack), nn = len(needles), i, lo, hi, mid
-    out_np = np.full(nn, -1, np.int64)
-    if nn == 0 or nh == 0:
-        return out_np
-    hb, nb = haystack.buffers(), needles.buffers()
-    hoff_np = np.ascontiguousarray(np.frombuffer(hb[1], np.int32)[haystack.offset:haystack.offset + nh + 1])
-    noff_np = np.ascontiguousarray(np.frombuffer(nb[1], np.int32)[needles.offset:needles.offset + nn + 1])
-    hdat_np = (np.frombuffer(hb[2], np.uint8) if hb[2] is not None and len(hb[2])
-               else np.zeros(1, np.uint8))
-    ndat_np = (np.frombuffer(nb[2], np.uint8) if nb[2] is not None and len(nb[2])
-               else np.zeros(1, np.uint8))
-    for off_np, dat_np, what in ((hoff_np, hdat_np, "haystack"), (noff_np, ndat_np, "needles")):
-        if off_np[0] < 0 or off_np[-1] > len(dat_np) or bool(np.any(np.diff(off_np) < 0)):
-            raise InvalidInputError(f"{what}: offsets do not fit the data")
-    cdef const int32_t[::1] hoff = hoff_np
-    cdef const int32_t[::1] noff = noff_np
-    cdef const uint8_t[::1] hdat = hdat_np
-    cdef const uint8_t[::1] ndat = ndat_np
-    cdef int64_t[::1] out = out_np
-    cdef const uint8_t* q
-    cdef const uint8_t* h
-    cdef int64_t ql, hl, m
+cdef inline int64_t _search(const int32_t* off, const uint8_t* data, int64_t n,
+                            const uint8_t* q, int64_t ql) noexcept nogil:
+    """Index of the value equal to ``q[0, ql)`` among the ``n`` ascending binary values given
+    by ``off``/``data``, or -1."""
+    cdef int64_t lo = 0, hi = n, mid, hl, m
     cdef int c
+    cdef const uint8_t* h
+    while lo < hi:
+        mid = lo + (hi - lo) // 2
+        h = data + off[mid]
+        hl = off[mid + 1] - off[mid]
+        m = ql if ql < hl else hl
+        c = memcmp(h, q, m) if m else 0
+        if c == 0:
+            c = (hl > ql) - (hl < ql)
+        if c == 0:
+            return mid
+        if c < 0:
+            lo = mid + 1
+        else:
+            hi = mid
+    return -1
+
+
+cdef const uint8_t* _addr(buf, int64_t skip):
+    """Address of byte ``skip`` of the pa.Buffer ``buf`` (NULL for a missing buffer)."""
+    if buf is None:
+        return NULL
+    return <const uint8_t*><size_t>buf.address + skip
+
+
+def lookup_in_blocks(blocks, which, needles):
+    """Point lookups in decoded checkpoint blocks: ``blocks`` a list of ``(keys, values)``
+    pairs of ``pa.binary()`` arrays (keys ascending by bytes and unique, no nulls; a NULL value
+    is a tombstone), ``which`` (int64, one per needle) the block to search each needle of the
+    ``pa.binary()`` array ``needles`` in. Returns ``(rows, values)``: ``rows`` (numpy int64) the
+    needle's row in its block or -1, ``values`` a ``pa.binary()`` array of the needles' values,
+    NULL where not found or a tombstone. A byte-wise binary search per needle and one gather,
+    with the GIL released (statecore.checkpoint.lookup)."""
+    cdef int64_t nn = len(needles), nb = len(blocks), i, b, r, total = 0, at
+    which_np = np.ascontiguousarray(which, np.int64)
+    if len(which_np) != nn:
+        raise InvalidInputError(f"{nn} needles but {len(which_np)} block numbers")
+    if nn and (which_np.min() < 0 or which_np.max() >= nb):
+        raise InvalidInputError("a block number is outside the blocks")
+    cdef vector[const int32_t*] kof, vof
+    cdef vector[const uint8_t*] kdat, vdat, vbits
+    cdef vector[int64_t] klen, vbit0
+    for keys, values in blocks:
+        if keys.null_count or len(keys) != len(values):
+            raise InvalidInputError("block keys must hold no nulls and pair up with values")
+        kb, vb = keys.buffers(), values.buffers()
+        kof.push_back(<const int32_t*>_addr(kb[1], 4 * keys.offset))
+        kdat.push_back(_addr(kb[2], 0))
+        klen.push_back(len(keys))
+        vof.push_back(<const int32_t*>_addr(vb[1], 4 * values.offset))
+        vdat.push_back(_addr(vb[2], 0))
+        vbits.push_back(_addr(vb[0], 0) if values.null_count else NULL)
+        vbit0.push_back(values.offset)
+    nb_ = needles.buffers()
+    cdef const int32_t* qoff = <const int32_t*>_addr(nb_[1], 4 * needles.offset)
+    cdef const uint8_t* qdat = _addr(nb_[2], 0)
+    rows_np = np.full(nn, -1, np.int64)
+    cdef int64_t[::1] rows = rows_np
+    cdef const int64_t[::1] wh = which_np
+    cdef int64_t bit
     with nogil:
         for i in range(nn):
-            q = &ndat[0] + noff[i]
-            ql = noff[i + 1] - noff[i]
-            lo = 0
-            hi = nh
-            while lo < hi:
-                mid = lo + (hi - lo) // 2
-                h = &hdat[0] + hoff[mid]
-                hl = hoff[mid + 1] - hoff[mid]
-                m = ql if ql < hl else hl
-                c = memcmp(h, q, m) if m else 0
-                if c == 0:
-                    c = (hl > ql) - (hl < ql)
-                if c == 0:
-                    out[i] = mid
-                    break
-                if c < 0:
-                    lo = mid + 1
+            b = wh[i]
+            if klen[b] == 0:
+                continue
+            r = _search(kof[b], kdat[b], klen[b], qdat + qoff[i], qoff[i + 1] - qoff[i])
+            if r < 0:
+                continue
+            bit = vbit0[b] + r
+            if vbits[b] != NULL and not (vbits[b][bit >> 3] >> (bit & 7)) & 1:
+                rows[i] = r  # a tombstone: found, no value
+                continue
+            rows[i] = r
+            total += vof[b][r + 1] - vof[b][r]
+    if total > 2**31 - 1:
+        raise InvalidInputError(f"{total} bytes of values exceed an Arrow binary array")
+    off_np = np.zeros(nn + 1, np.int32)
+    data_np = np.empty(max(total, 1), np.uint8)
+    valid_np = np.zeros((nn + 7) // 8, np.uint8)
+    cdef int32_t[::1] off = off_np
+    cdef uint8_t[::1] data = data_np
+    cdef uint8_t[::1] valid = valid_np
+    cdef int64_t nulls = 0, ln
+    at = 0
+    with nogil:
+        for i in range(nn):
+            r = rows[i]
+            b = wh[i]
+            if r >= 0:
+                bit = vbit0[b] + r
+                if vbits[b] == NULL or (vbits[b][bit >> 3] >> (bit & 7)) & 1:
+                    ln = vof[b][r + 1] - vof[b][r]
+                    if ln:
+                        memcpy(&data[0] + at, vdat[b] + vof[b][r], ln)
+                    at += ln
+                    valid[i >> 3] |= <uint8_t>(1 << (i & 7))
                 else:
-                    hi = mid
-    return out_np
+                    nulls += 1
+            else:
+                nulls += 1
+            off[i + 1] = <int32_t>at
+    values = pa.Array.from_buffers(pa.binary(), nn, [pa.py_buffer(valid_np), pa.py_buffer(off_np),
+                                                     pa.py_buffer(data_np[:total])],
+                                   null_count=nulls)
+    return rows_np, values
 
 
 cdef _block_refs(blocks, uint64_t base, vector[c.StoredBlockRef]* refs):

@@ -541,6 +541,11 @@ class DataFileReader:
     (state, key group). All violations raise CorruptCheckpointError naming ``name``.
     """
 
+    #: Format 6 (set from the footer): the Bloom filters' bits per key and their bytes in the
+    #: file; files of format 1 to 5 have no filters.
+    bloom_bits_per_key: int | None = None
+    filter_bytes = 0
+
     def __init__(self, file, name: str, expected_size: int | None = None,
                  expected_footer_xxh64: int | None = None):
         self.name = name

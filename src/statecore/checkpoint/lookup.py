@@ -58,17 +58,26 @@ FETCH_THREADS = 4
 
 
 try:
-    from statecore._native import find_sorted as _native_find_sorted
+    from statecore._native import lookup_in_blocks as _native_lookup_in_blocks
 except ImportError:
-    _native_find_sorted = None
+    _native_lookup_in_blocks = None
 
 
-def _find(haystack: pa.Array, needles: pa.Array) -> np.ndarray:
-    """Index of each of ``needles`` in ``haystack`` (binary, ascending, unique) or -1 (int64):
-    a native binary search per needle, else Arrow's hash-based ``index_in``."""
-    if _native_find_sorted is not None:
-        return _native_find_sorted(haystack, needles)
-    return pc.fill_null(pc.index_in(needles, value_set=haystack), -1).to_numpy().astype(np.int64)
+def _lookup_in_blocks(blocks: list, which: np.ndarray, needles: pa.Array
+                      ) -> tuple[np.ndarray, pa.Array]:
+    """``(rows, values)``: each needle's row in its block ``blocks[which[i]]`` (``(keys,
+    values)`` pairs, keys ascending and unique) or -1, and its value (NULL where not found or a
+    tombstone). Natively a binary search per needle with the GIL released; else Arrow's
+    hash-based ``index_in`` over the blocks (keys are unique within a file's state, so a key is
+    in its own block or in none)."""
+    if _native_lookup_in_blocks is not None:
+        return _native_lookup_in_blocks(blocks, which, needles)
+    keys = pa.concat_arrays([k for k, _ in blocks])
+    values = pa.concat_arrays([v for _, v in blocks])
+    at = pc.fill_null(pc.index_in(needles, value_set=keys), -1).to_numpy().astype(np.int64)
+    starts = np.concatenate(([0], np.cumsum([len(k) for k, _ in blocks])[:-1])).astype(np.int64)
+    rows = np.where(at >= 0, at - starts[which], -1)
+    return rows, values.take(pa.array(np.maximum(at, 0), mask=at < 0))
 
 
 def _block_bytes(keys: pa.Array, values: pa.Array) -> int:
@@ -331,20 +340,15 @@ class RunLookup:
             blocks.update(self._fetch(missing))
             for path, (rf, idxs, blks) in routed.items():
                 idx, blk = np.concatenate(idxs), np.concatenate(blks)
-                # In file order (key group, then key): their keys, concatenated, ascend.
-                ub = sorted(set(blk.tolist()), key=lambda b: b if b >= 0 else -1 - b)
-                got = [blocks[(path, rf.state, b)] for b in ub]
-                # Keys are unique within a file's state, so one search over the candidate
-                # blocks of the file finds each key in its block or nowhere.
-                bkeys = pa.concat_arrays([k for k, _ in got]) if len(got) > 1 else got[0][0]
-                at = _find(bkeys, keys.take(pa.array(idx)))
-                hit = at >= 0
+                ub, which = np.unique(blk, return_inverse=True)
+                got = [blocks[(path, rf.state, b)] for b in ub.tolist()]
+                rows, vals = _lookup_in_blocks(got, which.astype(np.int64),
+                                               keys.take(pa.array(idx)))
+                hit = rows >= 0
                 if bool(np.any(hit)):
-                    bvalues = (pa.concat_arrays([v for _, v in got]) if len(got) > 1
-                               else got[0][1])
                     take_part[idx[hit]] = len(parts)
-                    take_row[idx[hit]] = np.arange(int(hit.sum()))
-                    parts.append(bvalues.take(pa.array(at[hit])))
+                    take_row[idx[hit]] = np.nonzero(hit)[0]
+                    parts.append(vals)
                 miss = idx[~hit]
                 if len(miss):
                     if rf.tables is not None:  # format 6: the filter sent these keys here
