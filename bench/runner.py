@@ -22,6 +22,7 @@ def load_cases() -> None:
     from bench import (
         collection_states,  # noqa: F401
         list_entries,  # noqa: F401
+        lookup,  # noqa: F401
         map_entries,  # noqa: F401
         object_store,  # noqa: F401
         offline,  # noqa: F401
