@@ -383,3 +383,39 @@ def test_native_lookup_in_blocks_finds_gathers_and_skips_tombstones():
     with pytest.raises(InvalidInputError):
         native.lookup_in_blocks(blocks, np.array([len(blocks)], np.int64),
                                 pa.array([b"x"], pa.binary()))
+
+
+def test_reads_through_a_pyarrow_filesystem_are_what_the_statistics_say(tmp_path):
+    """Through a non-local pyarrow filesystem: opening the lookup reads nothing, the first batch
+    reads the filters of the state's key groups once and a block per key the filter passes
+    (absent keys: only false positives), and the file's byte count agrees with the
+    statistics."""
+    import pyarrow.fs as pafs
+
+    from support.fs_wrappers import LocalDelegatingHandler
+
+    fs = pafs.PyFileSystem(LocalDelegatingHandler())
+    store = CheckpointStore(str(tmp_path / "ckpt"), filesystem=fs)
+    rng = random.Random(9)
+    data = _random_data(rng, 4000)
+    _write(store, 1, Snap(data), block_target=1024)
+    present = {k: v for kv in data["a"].values() for k, v in kv.items()}
+    absent = _absent_keys(present, MAXP, 1000, rng)
+    with store.open(1) as reader:
+        run = reader.manifest["files"][0]
+        f = reader.data_file(run)
+        opened = f.bytes_read
+        with RunLookup(reader) as lk:
+            assert f.bytes_read == opened
+            got = lk.lookup_batch("a", pa.array(absent, pa.binary()))
+            assert got.null_count == len(absent)
+            st = lk.statistics()
+            assert f.bytes_read - opened == st["bytes_read"] > 0
+            assert st["blocks_read"] <= st["filter_false_positives"]
+            before = f.bytes_read
+            ask = sorted(present)
+            got = lk.lookup_batch("a", pa.array(ask, pa.binary())).to_pylist()
+            assert got == [present[k] for k in ask]
+            st2 = lk.statistics()
+            assert f.bytes_read - before == st2["bytes_read"] - st["bytes_read"]
+            assert st2["filter_bytes"] == st["filter_bytes"]  # filters read once
