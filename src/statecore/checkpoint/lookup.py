@@ -85,10 +85,10 @@ def _block_bytes(keys: pa.Array, values: pa.Array) -> int:
 
 
 class BlockCache:
-    """Decoded blocks, least recently used first out, holding at most ``budget`` bytes (the
-    Arrow buffers of each block's keys and values). A block larger than the budget is never
-    kept. Counts ``hits`` and ``misses`` of :meth:`get`. Not thread-safe: one lookup's thread
-    uses it."""
+    """Decoded blocks, least recently used first out, holding at most ``budget`` bytes (each
+    block counted by the memory its keys and values hold: what :meth:`put` is told, by default
+    their Arrow buffers' bytes). A block larger than the budget is never kept. Counts ``hits``
+    and ``misses`` of :meth:`get`. Not thread-safe: one lookup's thread uses it."""
 
     def __init__(self, budget: int):
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
@@ -112,9 +112,11 @@ class BlockCache:
         self._items.move_to_end(key)
         return item[0], item[1]
 
-    def put(self, key, keys: pa.Array, values: pa.Array) -> None:
-        """Keep a decoded block, evicting the least recently used ones to stay within budget."""
-        size = _block_bytes(keys, values)
+    def put(self, key, keys: pa.Array, values: pa.Array, size: int | None = None) -> None:
+        """Keep a decoded block of ``size`` bytes (default: its arrays' buffer bytes), evicting
+        the least recently used ones to stay within budget."""
+        if size is None:
+            size = _block_bytes(keys, values)
         if size > self.budget or key in self._items:
             return
         while self.used + size > self.budget:
@@ -412,27 +414,30 @@ class RunLookup:
                 groups[-1].append(item)
             else:
                 groups.append([item])
-        futures = [self._pool.submit(self._read_group, g) for g in groups]
-        for f in futures:
-            for bid, keys, values, nread in f.result():
+        # A whole (state, key group) of an old file is read through the file's position
+        # (DataFileReader.entries), which one thread at a time may move: those on this thread.
+        futures = [self._pool.submit(self._read_group, g) for g in groups if g[0][2] >= 0]
+        done = [self._read_group(g) for g in groups if g[0][2] < 0]
+        for got in done + [f.result() for f in futures]:
+            for bid, keys, values, nread, size in got:
                 self.stats["blocks_read"] += 1
                 self.stats["bytes_read"] += nread
                 out[bid] = (keys, values)
-                self.cache.put(bid, keys, values)
+                self.cache.put(bid, keys, values, size)
         return out
 
     @staticmethod
     def _read_group(group: list) -> list:
         """Fetch thread: the blocks of ``group`` (consecutive blocks of one file, or one old
         file's (state, key group)) checked and decoded: ``[(block id, keys, values, stored
-        bytes read)]``."""
+        bytes read, bytes the decoded arrays hold)]``."""
         bid, rf, b = group[0]
         data = rf.data
         incremental = data.kind == KIND_INCREMENTAL
         if b < 0:
             before = data.bytes_read
             keys, values = data.entries(rf.state, -1 - b)
-            return [(bid, keys, values, data.bytes_read - before)]
+            return [(bid, keys, values, data.bytes_read - before, None)]
         blocks = data.block_rows(b, len(group))
         lo = int(blocks["offset"][0])
         hi = int(blocks["offset"][-1]) + int(blocks["stored_length"][-1])
@@ -444,18 +449,22 @@ class RunLookup:
             kg, nth = rf.key_group_of_block(gb)
             what = (f"checkpoint data file {data.name}: state {rf.state!r} key group {kg} "
                     f"block {gb}")
+            n, raw_length = int(blk["entries"][0]), int(blk["raw_length"][0])
             if native_decode_blocks is not None:
                 keys, values, bad, why = native_decode_blocks(raw, blk, lo, incremental)
                 if bad is not None:
                     raise CorruptCheckpointError(f"{what}: {why}")
+                # Its allocations: offsets, key and value data of raw_length each, validity.
+                size = 8 * (n + 1) + 2 * max(raw_length, 1) + max((n + 7) // 8, 1)
             else:
+                size = raw_length  # arrays over the decompressed payload
                 stored = raw.slice(int(blk["offset"][0]) - lo, int(blk["stored_length"][0]))
                 keys, values = decode_stored_block(
                     stored, int(blk["raw_length"][0]), int(blk["entries"][0]),
                     int(blk["xxh64"][0]), what, has_validity=incremental)
             if len(keys) == 0 or keys[len(keys) - 1].as_py() != rf.block_keys[kg][nth]:
                 raise CorruptCheckpointError(f"{what}: last key differs from the footer's")
-            out.append((gbid, keys, values, int(blk["stored_length"][0])))
+            out.append((gbid, keys, values, int(blk["stored_length"][0]), size))
         return out
 
     @staticmethod
