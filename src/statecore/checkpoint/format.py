@@ -475,20 +475,22 @@ class _Assembler:
 def write_data_file_from_blocks(out, snap: Any, serializer, *, version: int, writer: str,
                                 block_target_bytes: int = DEFAULT_BLOCK_TARGET_BYTES,
                                 incremental: bool | None = None, check_stop=None,
-                                chunk_bytes: int = CHUNK_TARGET_BYTES) -> WriteSummary:
+                                chunk_bytes: int = CHUNK_TARGET_BYTES,
+                                bloom_bits_per_key: int = DEFAULT_BLOOM_BITS_PER_KEY
+                                ) -> WriteSummary:
     """Write the data file of ``snap`` like :func:`write_data_file`, taking the blocks from
     ``serializer`` (``statecore._native.SnapshotBlockSerializer``, already started, built over
     the same snapshot, range, states order, block target and kind) instead of ``snap.entries``.
     Produces byte-identical files. The serializer compresses and checksums the blocks without
     the GIL and hands them over in chunks of about ``chunk_bytes`` stored bytes (with each
     block's last key and each (state, key group)'s Bloom filter, built with the serializer's
-    bits per key, the default :data:`DEFAULT_BLOOM_BITS_PER_KEY`), one ``write``
+    bits per key, which ``bloom_bits_per_key`` must repeat), one ``write``
     each: this thread takes the GIL back once per chunk, not several times per block (each take
     can wait a switch interval while another thread runs Python). ``check_stop()``: called once
     per chunk, raises to abort. Raises what the serializer raises (InvalidInputError for a
     snapshot breaking its contract, ``concurrent.futures.CancelledError``) and the stream's
     errors."""
-    plan = plan_file(snap, version, writer, block_target_bytes, incremental)
+    plan = plan_file(snap, version, writer, block_target_bytes, incremental, bloom_bits_per_key)
     asm = _Assembler(out, plan)
     nstates = len(plan.names)
     tomb = 0
