@@ -24,6 +24,7 @@ def load_cases() -> None:
         external,  # noqa: F401
         external_store,  # noqa: F401
         list_entries,  # noqa: F401
+        lookup,  # noqa: F401
         map_entries,  # noqa: F401
         object_store,  # noqa: F401
         offline,  # noqa: F401

@@ -45,13 +45,22 @@ def with_valid_checksums(data: bytes) -> bytes:
         footer = bytearray(b[f_off:t_at])
         (mlen,) = struct.unpack_from("<I", footer, 0)
         if 4 + mlen + 16 <= len(footer):
-            n_blocks = struct.unpack_from("<Q", footer, 4 + mlen)[0]
+            n_blocks, n_index = struct.unpack_from("<QQ", footer, 4 + mlen)
             at = 4 + mlen + 16
             for i in range(min(n_blocks, (len(footer) - at) // fmt.BLOCK_DTYPE.itemsize)):
                 rec = at + i * fmt.BLOCK_DTYPE.itemsize
                 off, slen = struct.unpack_from("<QI", footer, rec)
                 if fmt.HEADER_SIZE <= off and off + slen <= f_off:
                     struct.pack_into("<Q", footer, rec + 24, fmt.xxh64(bytes(b[off:off + slen])))
+            # Format 6: the filter table follows the key-group index.
+            at += n_blocks * fmt.BLOCK_DTYPE.itemsize + n_index * fmt.INDEX_DTYPE.itemsize
+            fsize = fmt.FILTER_DTYPE.itemsize
+            for i in range(min(n_index, max(0, len(footer) - at) // fsize)
+                           if version >= fmt.LOOKUP_FORMAT_VERSION else 0):
+                rec = at + i * fsize
+                off, flen = struct.unpack_from("<QI", footer, rec)
+                if fmt.HEADER_SIZE <= off and off + flen <= f_off:
+                    struct.pack_into("<Q", footer, rec + 16, fmt.xxh64(bytes(b[off:off + flen])))
         b[f_off:t_at] = footer
         f_sum = fmt.xxh64(bytes(footer))
     head = fmt.TRAILER.pack(f_off, f_len, f_sum, version, flags, 0, magic)[:32]
@@ -73,6 +82,20 @@ def data_file(data: bytes) -> None:
             for kg in range(start, end + 1):
                 reader.entries(name, kg)
             reader.entries_range(name, start, end)
+        reader.verify_filters()
+        tables = reader.lookup_tables()
+        if tables is not None:
+            # Every key of a (state, key group) passes its Bloom filter; a forged filter may
+            # fail that, which is only a wrong answer, never a crash.
+            filters, key_offsets, key_data = tables
+            for name in reader.state_names:
+                rows, pos = reader.index_rows(name)
+                for r, p in zip(rows[:MAX_KEY_GROUPS], pos[:MAX_KEY_GROUPS]):
+                    keys, _ = reader.stored_entries(name, int(r["key_group"]))
+                    f = filters[p]
+                    lo = int(f["offset"])
+                    filt = reader.read_range(lo, int(f["length"]), "filter")
+                    blocks.bloom_probe(filt, int(f["hashes"]), blocks.key_hashes(keys))
     finally:
         reader.close()
 

@@ -10,6 +10,7 @@ import threading
 import time
 from concurrent.futures import CancelledError
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
@@ -129,6 +130,12 @@ def test_async_file_is_byte_identical_to_sync(tmp_path, kind, incremental, targe
     desc_sync = sync_store.write_snapshot(snap, 1, "p0", block_target_bytes=target)
     expected = _read(sync_store, desc_sync["path"])
     assert _read(store, desc_async["path"]) == expected
+    # Format 6: both writers built the same Bloom filters and block keys (docs/formats.md
+    # "Filters and block keys"), one filter per (state, key group) holding its keys.
+    reader = format.DataFileReader(pa.BufferReader(expected), "sync")
+    filters, key_offsets, _ = reader.lookup_tables()
+    assert reader.format_version == 6 and len(key_offsets) == desc_sync["blocks"] + 1
+    assert len(filters) and reader.filter_bytes == int(filters["length"].sum())
     # Equal but for the file's name: every write gets a new one.
     assert ({k: v for k, v in desc_async.items() if k != "path"}
             == {k: v for k, v in desc_sync.items() if k != "path"})

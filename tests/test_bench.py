@@ -583,3 +583,23 @@ def test_external_redis_reports_every_variant(tmp_path):
         assert by[(impl, "commands_per_batch")] >= 3
         assert 1 <= by[(impl, "key_groups_read_through")] <= 128
     assert by[("native+checkpoint", "restore_s")] > 0
+
+
+def test_run_lookup_reports_rates_reads_and_the_filter_rate(tmp_path):
+    """run_lookup reports cold and warm rates of each batch kind, the reads per lookup, the
+    false-positive rate of the filter (absent keys read no block but for it) and the restore +
+    get_batch reference, in one run."""
+    if not _has_native():
+        pytest.skip("needs the native extension")
+    out = tmp_path / "l.json"
+    assert main(["--quick", "--scale", "0.02", "--case", "run_lookup", "--json", str(out)]) == 0
+    by = {(r["impl"], r["metric"]): r["value"] for r in json.loads(out.read_text())}
+    for kind in ("uniform", "zipf", "absent"):
+        assert by[("lookup", f"rows_per_s_{kind}_cold")] > 0
+        assert by[("lookup", f"rows_per_s_{kind}_warm")] > 0
+        assert by[("restore+get_batch", f"rows_per_s_{kind}")] > 0
+    assert by[("lookup", "blocks_per_lookup_uniform")] > 0
+    assert 0 <= by[("lookup", "filter_fp_rate")] < 0.05
+    assert by[("lookup", "blocks_per_lookup_absent")] <= by[("lookup", "filter_fp_rate")]
+    assert 1.2 <= by[("lookup", "filter_bytes_per_entry")] <= 1.4
+    assert by[("restore+get_batch", "restore_s")] > 0

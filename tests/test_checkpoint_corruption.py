@@ -105,15 +105,25 @@ def test_flipped_byte_anywhere_in_data_file_is_detected(small_ckpt, mask):
     store, path, desc, blocks, index, states, good = small_ckpt
     original = path.read_bytes()
     size = len(original)
-    footer_offset = int(blocks[-1]["offset"]) + int(blocks[-1]["stored_length"])
+    filters_offset = int(blocks[-1]["offset"]) + int(blocks[-1]["stored_length"])
+    footer_offset = struct.unpack_from("<Q", original, size - TRAILER_SIZE)[0]
     positions = range(size) if mask == 0x01 else sorted(
         set(random.Random(mask).sample(range(size), 300)) | set(range(size - TRAILER_SIZE, size))
-        | set(range(HEADER_SIZE)) | {footer_offset, footer_offset + 4})
+        | set(range(HEADER_SIZE)) | {footer_offset, footer_offset + 4, filters_offset,
+                                     footer_offset - 1})
     owners = _block_owners(blocks, index, states)
     fd = os.open(path, os.O_RDWR)  # patch in place: one byte per position, restored after
     try:
         for pos in positions:
             os.pwrite(fd, bytes([original[pos] ^ mask]), pos)
+            if filters_offset <= pos < footer_offset:
+                # A Bloom filter: restores never read them, verification and lookups check them.
+                read_everything(store, 1)
+                with pytest.raises(CorruptCheckpointError) as ei:
+                    store.verify(1)
+                os.pwrite(fd, original[pos:pos + 1], pos)
+                assert str(path) in str(ei.value) and "Bloom filter" in str(ei.value)
+                continue
             with pytest.raises(CorruptCheckpointError) as ei:
                 read_everything(store, 1)
             os.pwrite(fd, original[pos:pos + 1], pos)

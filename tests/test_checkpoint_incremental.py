@@ -17,7 +17,7 @@ from statecore.checkpoint import CheckpointStore
 from statecore.checkpoint import format as fmt
 from statecore.errors import CorruptCheckpointError, InvalidInputError
 from statecore.key_groups import KeyGroupRange
-from support.data_files import data_file_bytes, rewrite_footer_meta
+from support.data_files import data_file_bytes, rewrite_footer_meta, without_lookup_tables
 
 MAXP = 128
 TIMERS = "__timers__"
@@ -146,7 +146,7 @@ def test_incremental_file_round_trips_tombstones(tmp_path):
     assert d["snapshot_id"] == 4 and d["entries"]["a"] == 3
     with pa.OSFile(str(tmp_path / d["path"])) as f:
         r = fmt.DataFileReader(f, "x", expected_size=d["size"])
-        assert r.kind == "incremental" and r.format_version == fmt.FORMAT_VERSION == 5
+        assert r.kind == "incremental" and r.format_version == fmt.FORMAT_VERSION == 6
         k, v = r.entries("a", 3)
         assert k.to_pylist() == [ekey(3, 1), ekey(3, 2), ekey(3, 5)]
         assert v.to_pylist() == [b"x", None, b""]
@@ -184,9 +184,10 @@ def _write_v1(store, snap, version, writer="p0"):
     from statecore.checkpoint.manifests import canonical_json as _canonical
 
     raw, summary = data_file_bytes(snap, version, writer)
+    raw = without_lookup_tables(raw)
 
-    def as_v1(meta):  # meta without kind/tombstones, format 1
-        for k in ("kind", "tombstones"):
+    def as_v1(meta):  # meta without kind/tombstones/filters, format 1
+        for k in ("kind", "tombstones", "bloom_bits_per_key"):
             meta.pop(k)
         meta["format_version"] = 1
 

@@ -15,6 +15,7 @@ from statecore import (
     create_backend,
 )
 from statecore.cli import main
+from statecore.inspect import version_stats
 
 
 def _write(root, kind="python"):
@@ -49,6 +50,11 @@ def test_inspect_summary_entries_and_parquet(tmp_path, capsys, kind):
         assert any(line.split()[:3] == ["state", name, str(n)]
                    for line in out.splitlines()), (name, out)
     assert "key='N2'" in out and "value=11" in out and 'value="n2"' in out
+    # Format 6 runs carry Bloom filters (docs/formats.md "Filters and block keys").
+    assert "Bloom filters" in out and "in 1 of 1 run(s) (10 bits per key)" in out, out
+    stats = version_stats(root)
+    assert stats["filters"]["runs"] == 1 and stats["filters"]["bytes"] == sum(
+        st["filter_bytes"] for st in stats["states"]) > 0
 
     pq_path = str(tmp_path / "e.parquet")
     assert main(["inspect", root, "--parquet", pq_path]) == 0

@@ -114,7 +114,7 @@ def test_current_format_files_are_written_and_read_as_stored():
     fmt.write_data_file(out, RowsSnapshot({kg: {entry: b"\x01" * 8}}, META, MAXP),
                         version=1, writer="p0")
     r = fmt.DataFileReader(pa.BufferReader(b"".join(out.parts)), "new.sckp")
-    assert r.format_version == fmt.FORMAT_VERSION == 5 and fmt.MAP_ENTRIES_FORMAT_VERSION == 3
+    assert r.format_version == fmt.FORMAT_VERSION == 6 and fmt.MAP_ENTRIES_FORMAT_VERSION == 3
     assert r.entries("m", kg)[0].to_pylist() == [entry]
 
 

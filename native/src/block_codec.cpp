@@ -39,6 +39,36 @@ size_t lz4_block_compress(const uint8_t* src, size_t n, std::vector<uint8_t>* ou
   return static_cast<size_t>(written);
 }
 
+uint32_t bloom_hashes(uint32_t bits_per_key) noexcept {
+  // round(bits * ln 2) in integers, so that Python computes the same count.
+  const uint64_t k = (static_cast<uint64_t>(bits_per_key) * 69 + 50) / 100;
+  return static_cast<uint32_t>(std::clamp<uint64_t>(k, 1, 30));
+}
+
+size_t bloom_filter_bytes(size_t n, uint32_t bits_per_key) noexcept {
+  const uint64_t words = (static_cast<uint64_t>(n) * bits_per_key + 63) / 64;
+  return static_cast<size_t>(std::max<uint64_t>(words, 1) * 8);
+}
+
+void bloom_add(uint8_t* filter, size_t bytes, uint32_t k, uint64_t hash) noexcept {
+  const uint64_t bits = static_cast<uint64_t>(bytes) * 8;
+  const uint64_t h1 = hash & 0xFFFFFFFFu, h2 = hash >> 32;
+  for (uint64_t i = 0; i < k; ++i) {
+    const uint64_t p = (h1 + i * h2) % bits;
+    filter[p >> 3] |= static_cast<uint8_t>(1u << (p & 7));
+  }
+}
+
+bool bloom_may_contain(const uint8_t* filter, size_t bytes, uint32_t k, uint64_t hash) noexcept {
+  const uint64_t bits = static_cast<uint64_t>(bytes) * 8;
+  const uint64_t h1 = hash & 0xFFFFFFFFu, h2 = hash >> 32;
+  for (uint64_t i = 0; i < k; ++i) {
+    const uint64_t p = (h1 + i * h2) % bits;
+    if (!(filter[p >> 3] & (1u << (p & 7)))) return false;
+  }
+  return true;
+}
+
 namespace {
 
 constexpr uint64_t kInt32Max = static_cast<uint64_t>(std::numeric_limits<int32_t>::max());

@@ -43,6 +43,8 @@ SnapshotSerializer::SnapshotSerializer(std::vector<SerializerSource> sources,
     throw std::invalid_argument("key-group prefix must be 1 or 2 bytes");
   if (opt_.block_target_bytes == 0) throw std::invalid_argument("block target must be > 0 bytes");
   if (opt_.queue_blocks == 0) throw std::invalid_argument("queue must hold at least one block");
+  if (opt_.bloom_bits_per_key < 1 || opt_.bloom_bits_per_key > 64)
+    throw std::invalid_argument("Bloom filter bits per key must be in [1, 64]");
   if (sources_.size() > std::numeric_limits<uint32_t>::max())
     throw std::invalid_argument("too many states");
   if (opt_.kg_end >= opt_.kg_start) {
@@ -191,6 +193,14 @@ void SnapshotSerializer::serialize_group(size_t si, int32_t kg) {
   // Cut exactly as format.cut_points: from entry i take entries while their cumulative size
   // (8 + key + value each) stays <= target - 12; at least one entry per block.
   const int64_t budget = static_cast<int64_t>(opt_.block_target_bytes) - 12;
+  // The Bloom filter over every key of the group, tombstones included: a lookup must find a
+  // tombstone to stop at it instead of reading an older run.
+  std::vector<uint8_t> filter(bloom_filter_bytes(n, opt_.bloom_bits_per_key), 0);
+  const uint32_t probes = bloom_hashes(opt_.bloom_bits_per_key);
+  for (size_t r = 0; r < n; ++r) {
+    const ByteView key = rows.key(r);
+    bloom_add(filter.data(), filter.size(), probes, xxh64(key.data, key.size, 0));
+  }
   size_t i = 0;
   while (i < n) {
     size_t j = i;
@@ -215,6 +225,9 @@ void SnapshotSerializer::serialize_group(size_t si, int32_t kg) {
     p.entries = static_cast<uint32_t>(m);
     p.tombstones = tomb;
     p.last_of_group = j == n;
+    const ByteView last = rows.key(j - 1);
+    p.last_key.assign(last.data, last.data + last.size);
+    if (p.last_of_group) p.filter = std::move(filter);
     p.bytes.assign(4 + 8 * (m + 1) + kb + vb + bitmap, 0);
     uint8_t* out = p.bytes.data();
     put_u32(out, static_cast<uint32_t>(m));
@@ -304,6 +317,8 @@ bool SnapshotSerializer::next_chunk(BlockChunk* out, size_t target_bytes) {
       b.entries = p.entries;
       b.tombstones = p.tombstones;
       b.last_of_group = p.last_of_group;
+      b.last_key = std::move(p.last_key);
+      b.filter = std::move(p.filter);
       b.offset = out->bytes.size();
       b.raw_length = p.bytes.size();
       b.stored_length = lz4_block_compress(p.bytes.data(), p.bytes.size(), &out->bytes);

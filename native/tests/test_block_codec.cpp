@@ -103,4 +103,30 @@ TEST(a_payload_that_does_not_parse_passes) {
   CHECK_EQ(r.raw_bytes, uint64_t{64});
 }
 
+// Bloom filters (format 6): sizes in whole 64-bit words, round(bits * ln 2) probes, no false
+// negatives, a false-positive rate near the theory, and the bit layout format.py's bloom_filter
+// writes (the Python tests compare whole files of both writers).
+TEST(bloom_filters_size_probe_and_lay_out_bits) {
+  CHECK_EQ(statecore::bloom_hashes(10), 7u);
+  CHECK_EQ(statecore::bloom_hashes(1), 1u);
+  CHECK_EQ(statecore::bloom_hashes(64), 30u);
+  CHECK_EQ(statecore::bloom_filter_bytes(0, 10), size_t{8});
+  CHECK_EQ(statecore::bloom_filter_bytes(7, 10), size_t{16});
+  CHECK_EQ(statecore::bloom_filter_bytes(1000, 10), size_t{1256});
+  std::vector<uint8_t> one(8, 0);
+  // h1 = 3, h2 = 1: probes at bits 3, 4, 5.
+  statecore::bloom_add(one.data(), one.size(), 3, (uint64_t{1} << 32) | 3);
+  CHECK_EQ(one[0], static_cast<uint8_t>(0x38));
+  const size_t n = 5000;
+  std::vector<uint8_t> f(statecore::bloom_filter_bytes(n, 10), 0);
+  for (uint64_t i = 0; i < n; ++i)
+    statecore::bloom_add(f.data(), f.size(), 7, statecore::xxh64(&i, 8, 0));
+  for (uint64_t i = 0; i < n; ++i)
+    CHECK(statecore::bloom_may_contain(f.data(), f.size(), 7, statecore::xxh64(&i, 8, 0)));
+  size_t fp = 0;
+  for (uint64_t i = n; i < n + 100000; ++i)
+    fp += statecore::bloom_may_contain(f.data(), f.size(), 7, statecore::xxh64(&i, 8, 0));
+  CHECK(fp > 400 && fp < 1300);  // 0.82% expected
+}
+
 TEST_MAIN()

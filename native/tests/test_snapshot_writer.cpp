@@ -1,6 +1,7 @@
 // Unit tests of the background block serializer (snapshot_writer.h): payload layout, cut
 // boundaries, tombstone bitmaps, file order across states, backpressure, cancellation, contract
 // errors, and a serializer thread reading while the owner writes (run under TSan too). Fixed seeds.
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -413,6 +414,58 @@ TEST(chunks_hold_compressed_blocks_in_file_order) {
   s.cancel();
   CHECK_THROWS(s.next_chunk(&c, 1 << 20), SerializerCancelled);
   CHECK(c.blocks.empty() && c.bytes.empty());
+}
+
+// Format 6: every block carries its last key, the last block of each (state, key group) the
+// group's Bloom filter, which passes every key of the group (tombstones included), is sized by
+// bits per key, and moves into the chunk's stored block.
+TEST(blocks_carry_last_keys_and_group_filters) {
+  StateTable t(0, 3);
+  std::mt19937 rng(5);
+  std::map<int32_t, std::vector<std::string>> keys;
+  for (uint32_t i = 0; i < 2000; ++i) {
+    int32_t kg = static_cast<int32_t>(rng() % 4);
+    put(t.map(kg), key(kg, i), std::string(rng() % 60, 'v'));
+    keys[kg].push_back(key(kg, i));
+  }
+  auto snap = std::make_shared<TableSnapshot>(t.snapshot());
+  SerializerOptions o = opts(0, 3, 1024);
+  o.bloom_bits_per_key = 12;
+  SnapshotSerializer s({SerializerSource{"s", snap, false, 0, {}}}, o);
+  s.start();
+  const uint32_t k = statecore::bloom_hashes(12);
+  CHECK_EQ(k, 8u);
+  size_t groups = 0;
+  BlockChunk c;
+  while (s.next_chunk(&c, 4096)) {
+    for (const auto& sb : c.blocks) {
+      CHECK(!sb.last_key.empty());
+      CHECK_EQ(static_cast<int32_t>(sb.last_key[0]), sb.key_group);
+      if (!sb.last_of_group) {
+        CHECK(sb.filter.empty());
+        continue;
+      }
+      ++groups;
+      auto& ks = keys[sb.key_group];
+      std::sort(ks.begin(), ks.end());
+      CHECK(std::string(sb.last_key.begin(), sb.last_key.end()) == ks.back());
+      CHECK_EQ(sb.filter.size(), statecore::bloom_filter_bytes(ks.size(), 12));
+      for (const auto& kk : ks)
+        CHECK(statecore::bloom_may_contain(sb.filter.data(), sb.filter.size(), k,
+                                           statecore::xxh64(kk.data(), kk.size(), 0)));
+      size_t fp = 0;
+      for (uint32_t i = 0; i < 20000; ++i) {
+        std::string absent = key(sb.key_group, 1000000 + i);
+        fp += statecore::bloom_may_contain(sb.filter.data(), sb.filter.size(), k,
+                                           statecore::xxh64(absent.data(), absent.size(), 0));
+      }
+      CHECK(fp < 20000 / 100);  // ~0.3% expected at 12 bits per key
+    }
+  }
+  CHECK_EQ(groups, size_t{4});
+  o.bloom_bits_per_key = 0;
+  CHECK_THROWS(SnapshotSerializer({SerializerSource{"s", snap, false, 0, {}}}, o),
+               std::invalid_argument);
 }
 
 TEST(lz4_block_compress_round_trips_and_appends) {

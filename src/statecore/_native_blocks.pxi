@@ -19,6 +19,143 @@ def lz4_block_compress(data):
     return PyBytes_FromStringAndSize(<const char*>out.data(), out.size())
 
 
+def key_hashes(keys):
+    """XXH64 (seed 0) of every value of the ``pa.binary()`` array ``keys`` (no nulls; the
+    values of a sliced array as sliced), as a numpy uint64 array, computed with the GIL
+    released: the hashes of format-6 Bloom filters (docs/formats.md "Filters and block
+    keys")."""
+    cdef int64_t n = len(keys), i
+    out_np = np.empty(n, np.uint64)
+    if n == 0:
+        return out_np
+    bufs = keys.buffers()
+    off_np = np.frombuffer(bufs[1], np.int32)[keys.offset:keys.offset + n + 1]
+    data_np = (np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None and len(bufs[2])
+               else np.zeros(1, np.uint8))
+    if off_np[0] < 0 or off_np[n] > len(data_np) or bool(np.any(np.diff(off_np) < 0)):
+        raise InvalidInputError("keys: offsets do not fit the data")
+    cdef const int32_t[::1] off = np.ascontiguousarray(off_np)
+    cdef const uint8_t[::1] data = data_np
+    cdef uint64_t[::1] out = out_np
+    with nogil:
+        for i in range(n):
+            out[i] = c.xxh64(&data[0] + off[i], off[i + 1] - off[i], 0)
+    return out_np
+
+
+cdef inline int64_t _search(const int32_t* off, const uint8_t* data, int64_t n,
+                            const uint8_t* q, int64_t ql) noexcept nogil:
+    """Index of the value equal to ``q[0, ql)`` among the ``n`` ascending binary values given
+    by ``off``/``data``, or -1."""
+    cdef int64_t lo = 0, hi = n, mid, hl, m
+    cdef int c
+    cdef const uint8_t* h
+    while lo < hi:
+        mid = lo + (hi - lo) // 2
+        h = data + off[mid]
+        hl = off[mid + 1] - off[mid]
+        m = ql if ql < hl else hl
+        c = memcmp(h, q, m) if m else 0
+        if c == 0:
+            c = (hl > ql) - (hl < ql)
+        if c == 0:
+            return mid
+        if c < 0:
+            lo = mid + 1
+        else:
+            hi = mid
+    return -1
+
+
+cdef const uint8_t* _addr(buf, int64_t skip):
+    """Address of byte ``skip`` of the pa.Buffer ``buf`` (NULL for a missing buffer)."""
+    if buf is None:
+        return NULL
+    return <const uint8_t*><size_t>buf.address + skip
+
+
+def lookup_in_blocks(blocks, which, needles):
+    """Point lookups in decoded checkpoint blocks: ``blocks`` a list of ``(keys, values)``
+    pairs of ``pa.binary()`` arrays (keys ascending by bytes and unique, no nulls; a NULL value
+    is a tombstone), ``which`` (int64, one per needle) the block to search each needle of the
+    ``pa.binary()`` array ``needles`` in. Returns ``(rows, values)``: ``rows`` (numpy int64) the
+    needle's row in its block or -1, ``values`` a ``pa.binary()`` array of the needles' values,
+    NULL where not found or a tombstone. A byte-wise binary search per needle and one gather,
+    with the GIL released (statecore.checkpoint.lookup)."""
+    cdef int64_t nn = len(needles), nb = len(blocks), i, b, r, total = 0, at
+    which_np = np.ascontiguousarray(which, np.int64)
+    if len(which_np) != nn:
+        raise InvalidInputError(f"{nn} needles but {len(which_np)} block numbers")
+    if nn and (which_np.min() < 0 or which_np.max() >= nb):
+        raise InvalidInputError("a block number is outside the blocks")
+    cdef vector[const int32_t*] kof, vof
+    cdef vector[const uint8_t*] kdat, vdat, vbits
+    cdef vector[int64_t] klen, vbit0
+    for keys, values in blocks:
+        if keys.null_count or len(keys) != len(values):
+            raise InvalidInputError("block keys must hold no nulls and pair up with values")
+        kb, vb = keys.buffers(), values.buffers()
+        kof.push_back(<const int32_t*>_addr(kb[1], 4 * keys.offset))
+        kdat.push_back(_addr(kb[2], 0))
+        klen.push_back(len(keys))
+        vof.push_back(<const int32_t*>_addr(vb[1], 4 * values.offset))
+        vdat.push_back(_addr(vb[2], 0))
+        vbits.push_back(_addr(vb[0], 0) if values.null_count else NULL)
+        vbit0.push_back(values.offset)
+    nb_ = needles.buffers()
+    cdef const int32_t* qoff = <const int32_t*>_addr(nb_[1], 4 * needles.offset)
+    cdef const uint8_t* qdat = _addr(nb_[2], 0)
+    rows_np = np.full(nn, -1, np.int64)
+    cdef int64_t[::1] rows = rows_np
+    cdef const int64_t[::1] wh = which_np
+    cdef int64_t bit
+    with nogil:
+        for i in range(nn):
+            b = wh[i]
+            if klen[b] == 0:
+                continue
+            r = _search(kof[b], kdat[b], klen[b], qdat + qoff[i], qoff[i + 1] - qoff[i])
+            if r < 0:
+                continue
+            bit = vbit0[b] + r
+            if vbits[b] != NULL and not (vbits[b][bit >> 3] >> (bit & 7)) & 1:
+                rows[i] = r  # a tombstone: found, no value
+                continue
+            rows[i] = r
+            total += vof[b][r + 1] - vof[b][r]
+    if total > 2**31 - 1:
+        raise InvalidInputError(f"{total} bytes of values exceed an Arrow binary array")
+    off_np = np.zeros(nn + 1, np.int32)
+    data_np = np.empty(max(total, 1), np.uint8)
+    valid_np = np.zeros((nn + 7) // 8, np.uint8)
+    cdef int32_t[::1] off = off_np
+    cdef uint8_t[::1] data = data_np
+    cdef uint8_t[::1] valid = valid_np
+    cdef int64_t nulls = 0, ln
+    at = 0
+    with nogil:
+        for i in range(nn):
+            r = rows[i]
+            b = wh[i]
+            if r >= 0:
+                bit = vbit0[b] + r
+                if vbits[b] == NULL or (vbits[b][bit >> 3] >> (bit & 7)) & 1:
+                    ln = vof[b][r + 1] - vof[b][r]
+                    if ln:
+                        memcpy(&data[0] + at, vdat[b] + vof[b][r], ln)
+                    at += ln
+                    valid[i >> 3] |= <uint8_t>(1 << (i & 7))
+                else:
+                    nulls += 1
+            else:
+                nulls += 1
+            off[i + 1] = <int32_t>at
+    values = pa.Array.from_buffers(pa.binary(), nn, [pa.py_buffer(valid_np), pa.py_buffer(off_np),
+                                                     pa.py_buffer(data_np[:total])],
+                                   null_count=nulls)
+    return rows_np, values
+
+
 cdef _block_refs(blocks, uint64_t base, vector[c.StoredBlockRef]* refs):
     """``refs`` filled from block-table rows (numpy, ``format.BLOCK_DTYPE``) whose offsets
     count from the file start, ``base`` the file offset of the bytes they will be read from."""
@@ -148,6 +285,20 @@ cdef class SerializedChunk:
         return [(b.key_group, b.state, b.entries, b.tombstones, b.last_of_group,
                  b.stored_length, b.raw_length, b.xxh64) for b in self.chunk.blocks]
 
+    @property
+    def lookup(self):
+        """One ``(last_key, bloom)`` per block, in the order of :attr:`blocks`: the block's
+        last encoded key (bytes) and, for the last block of its (state, key group), the group's
+        Bloom filter (bytes; None for other blocks) -- the format-6 footer's block keys and
+        filters (docs/formats.md "Filters and block keys")."""
+        out = []
+        for b in self.chunk.blocks:
+            key = PyBytes_FromStringAndSize(<const char*>b.last_key.data(), b.last_key.size())
+            filt = (PyBytes_FromStringAndSize(<const char*>b.filter.data(), b.filter.size())
+                    if b.last_of_group else None)
+            out.append((key, filt))
+        return out
+
     def __len__(self):
         return self.chunk.bytes.size()
 
@@ -250,7 +401,8 @@ cdef class SnapshotBlockSerializer:
     ``incremental``: append the validity bitmap. ``queue_blocks``: bounded queue capacity (memory
     bound: that many payloads). ``release_as_written``: release each key group's map snapshot
     as soon as it is encoded (the table snapshots become unusable for readers). ``nice``: added to
-    the producer thread's nice value (Linux; 0 = unchanged).
+    the producer thread's nice value (Linux; 0 = unchanged). ``bloom_bits_per_key``: the size
+    of each (state, key group)'s Bloom filter (1 to 64, format.DEFAULT_BLOOM_BITS_PER_KEY).
 
     The table snapshots must stay unreleased by others while the serializer runs (the Python
     wrapper keeps references to them). Raises InvalidInputError for bad arguments or a released
@@ -261,7 +413,7 @@ cdef class SnapshotBlockSerializer:
 
     def __cinit__(self, sources, int32_t kg_start, int32_t kg_end, int prefix_bytes,
                   size_t block_target_bytes, bint incremental, size_t queue_blocks=4,
-                  bint release_as_written=False, int nice=0):
+                  bint release_as_written=False, int nice=0, uint32_t bloom_bits_per_key=10):
         cdef vector[c.SerializerSource]* srcs = c.new_sources()
         cdef c.SerializerSource* st
         cdef c.SerializerOptions o
@@ -292,6 +444,7 @@ cdef class SnapshotBlockSerializer:
             o.queue_blocks = queue_blocks
             o.release_as_written = release_as_written
             o.nice = nice
+            o.bloom_bits_per_key = bloom_bits_per_key
             self.ser = c.new_serializer(srcs, o)
         finally:
             del srcs

@@ -617,6 +617,7 @@ cdef extern from "statecore/snapshot_writer.h" namespace "statecore" nogil:
         cbool incremental
         size_t queue_blocks
         cbool release_as_written
+        uint32_t bloom_bits_per_key
         int nice
 
     cdef cppclass BlockPayload:
@@ -637,6 +638,8 @@ cdef extern from "statecore/snapshot_writer.h" namespace "statecore" nogil:
         uint64_t stored_length
         uint64_t raw_length
         uint64_t xxh64
+        vector[uint8_t] last_key
+        vector[uint8_t] filter
 
     cdef cppclass BlockChunk:
         vector[uint8_t] bytes

@@ -105,7 +105,10 @@ def version_stats(root: str, version: Optional[int] = None) -> dict:
     (after the newest-wins merge of its runs: what a restore loads; list elements and map
     entries one each), ``stored_entries`` (in the runs, tombstones included, each run's own
     layout), ``tombstones``, ``bytes`` (stored, compressed) and ``key_groups``: the same five
-    counts (plus ``runs``, the runs holding the key group) per non-empty key group, ascending),
+    counts (plus ``runs``, the runs holding the key group) per non-empty key group, ascending,
+    and ``filter_bytes``: the Bloom filters of its (state, key group)s in the runs of format 6,
+    docs/formats.md "Filters and block keys"), ``filters`` (``runs`` of format 6 with filters,
+    their ``bytes`` and ``bits_per_key`` values),
     ``timers`` (live timers, event and processing time), ``ttl_expired`` {cleanup strategy:
     n} and ``ttl_compaction_expired`` {state: n} (removed by TTL since the writers' previous
     versions), ``metadata`` (the committed user metadata).
@@ -126,7 +129,16 @@ def version_stats(root: str, version: Optional[int] = None) -> dict:
             groups = _key_group_stats(reader, meta["name"], lo, hi)
             totals = {k: sum(g[k] for g in groups)
                       for k in ("live_entries", "stored_entries", "tombstones", "bytes")}
+            totals["filter_bytes"] = _filter_bytes(reader, meta["name"], lo, hi)
             states.append({**meta, **totals, "key_groups": groups})
+        filters = {"runs": 0, "bytes": 0, "bits_per_key": []}
+        for f in reader.manifest["files"]:
+            data = reader.data_file(f)
+            if data.lookup_tables() is not None:
+                filters["runs"] += 1
+                filters["bytes"] += data.filter_bytes
+                if data.bloom_bits_per_key not in filters["bits_per_key"]:
+                    filters["bits_per_key"].append(data.bloom_bits_per_key)
         manifests = {w: (reader.manifest if w == v else store.manifest(w)) for w in versions}
     retained = [{"version": w, "created_ms": m["created_ms"], "compacted_ms": m.get("compacted_ms"),
                  "commit_id": m.get("commit_id"), "runs": len(m["files"]),
@@ -139,8 +151,25 @@ def version_stats(root: str, version: Optional[int] = None) -> dict:
         "max_runs_per_key_group": d["max_runs_per_key_group"], "states": states,
         "timers": sum(s["live_entries"] for s in states if s.get("kind") == "timers"),
         "ttl_expired": d["ttl_expired"], "ttl_compaction_expired": d["ttl_compaction_expired"],
-        "metadata": d["metadata"],
+        "metadata": d["metadata"], "filters": filters,
     }
+
+
+def _filter_bytes(reader, name: str, lo: int, hi: int) -> int:
+    """Bytes of the Bloom filters of state ``name`` in key groups ``[lo, hi]`` over the runs of
+    the version (format 6 runs; older ones have none)."""
+    total = 0
+    for f in reader.manifest["files"]:
+        if name not in f["states"]:
+            continue
+        data = reader.data_file(f)
+        tables = data.lookup_tables()
+        if tables is None:
+            continue
+        rows, pos = data.index_rows(name)
+        keep = (rows["key_group"] >= lo) & (rows["key_group"] <= hi)
+        total += int(tables[0]["length"][pos[keep]].astype("int64").sum())
+    return total
 
 
 def _key_group_stats(reader, name: str, lo: int, hi: int) -> list:
@@ -199,13 +228,20 @@ def summary_lines(root: str, version: Optional[int] = None, verify: bool = False
            f"of max parallelism {d['max_parallelism']} (key type {d['key_type']}, "
            f"assigner {d['assigner']})")
     yield f"  longest run chain  {d['max_runs_per_key_group']}"
+    fl = d["filters"]
+    yield (f"  Bloom filters      {_fmt_bytes(fl['bytes'])} in {fl['runs']} of {d['runs']} run(s)"
+           + (f" ({'/'.join(map(str, fl['bits_per_key']))} bits per key)"
+              if fl["bits_per_key"] else "")
+           + ("; older runs have none (lookups read their whole key groups)"
+              if fl["runs"] < d["runs"] else ""))
     for st in d["states"]:
         what = ", ".join(f"{k}={st[k]}"
                          for k in ("kind", "value_type", "user_key_type", "reducer",
                                    "namespace_type") if st.get(k) is not None)
         yield (f"  state {st['name']:18s} {st['live_entries']:>10,} live entries "
                f"({st['stored_entries']:,} stored, {st['tombstones']:,} tombstones, "
-               f"{len(st['key_groups']):,} key groups)  ({what})")
+               f"{len(st['key_groups']):,} key groups, {_fmt_bytes(st['filter_bytes'])} of "
+               f"filters)  ({what})")
         if st.get("ttl"):
             yield f"    ttl {_ttl_text(st['ttl'])}"
     expired = dict(d.get("ttl_expired") or {})

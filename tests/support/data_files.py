@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import struct
 
+import numpy as np
 import pyarrow as pa
 
 from statecore.checkpoint import format as fmt
@@ -96,10 +97,37 @@ def rewrite_footer_meta(raw: bytes, edit, trailer_version: int = fmt.FORMAT_VERS
     return raw[:foff] + footer + trailer, fsum
 
 
+def without_lookup_tables(raw: bytes) -> bytes:
+    """A format-6 data file ``raw`` without its Bloom filters and block keys (docs/formats.md
+    "Filters and block keys"): the layout of formats 2 to 5, with the trailer still saying 6
+    (footer and trailer checksums recomputed)."""
+    foff, flen = struct.unpack_from("<QQ", raw, len(raw) - fmt.TRAILER_SIZE)
+    footer = raw[foff:foff + flen]
+    (mlen,) = struct.unpack_from("<I", footer, 0)
+    n_blocks, n_index = struct.unpack_from("<QQ", footer, 4 + mlen)
+    fixed = 4 + mlen + 16 + n_blocks * fmt.BLOCK_DTYPE.itemsize + n_index * fmt.INDEX_DTYPE.itemsize
+    filters = np.frombuffer(footer, fmt.FILTER_DTYPE, count=n_index, offset=fixed)
+    data_end = foff - int(filters["length"].astype(np.int64).sum())
+    footer = footer[:fixed]
+    fsum = fmt.xxh64(footer)
+    head = fmt.TRAILER.pack(data_end, len(footer), fsum, 6, 0, 0, fmt.MAGIC)[:32]
+    return (raw[:data_end] + footer
+            + fmt.TRAILER.pack(data_end, len(footer), fsum, 6, 0, fmt.xxh64(head), fmt.MAGIC))
+
+
 def data_file_of_format(snap, format_version: int) -> bytes:
     """The bytes of a data file of ``snap`` as data file format ``format_version`` wrote it (the
-    trailer's and the meta's version; the layout of blocks and footer is the same since format
-    2, what changed is how states lay out their entries)."""
+    trailer's and the meta's version; the layout of blocks and footer is the same from format 2
+    to 5, what changed is how states lay out their entries; format 6 added the filters and block
+    keys, which older formats lack)."""
     raw, _ = data_file_bytes(snap, 1)
-    return rewrite_footer_meta(raw, lambda meta: meta.update(format_version=format_version),
-                               trailer_version=format_version)[0]
+    if format_version < fmt.LOOKUP_FORMAT_VERSION:
+        raw = without_lookup_tables(raw)
+
+        def edit(meta):
+            meta.update(format_version=format_version)
+            meta.pop("bloom_bits_per_key", None)
+    else:
+        def edit(meta):
+            meta.update(format_version=format_version)
+    return rewrite_footer_meta(raw, edit, trailer_version=format_version)[0]

@@ -27,6 +27,18 @@ size_t lz4_block_compress(const uint8_t* src, size_t n, std::vector<uint8_t>* ou
 // LZ4_compressBound(n): the most bytes lz4_block_compress can append; 0 when n is too large.
 size_t lz4_block_bound(size_t n) noexcept;
 
+// Bloom filters of format-6 data files (docs/formats.md "Filters and block keys"; format.py's
+// bloom_filter builds the same bytes): `bloom_filter_bytes(n, bits_per_key)` bytes (n * bits
+// rounded up to whole 64-bit words, at least one), bloom_hashes(bits_per_key) probes per key at
+// (h1 + i * h2) mod bits for i < k, h1/h2 the low/high 32 bits of the key's XXH64 (seed 0)
+// (Kirsch-Mitzenmacher double hashing); bit p is bit p % 8 of byte p / 8.
+uint32_t bloom_hashes(uint32_t bits_per_key) noexcept;
+size_t bloom_filter_bytes(size_t n, uint32_t bits_per_key) noexcept;
+// Sets the probes of the key whose XXH64 is `hash` in `filter[0, bytes)` (bytes > 0).
+void bloom_add(uint8_t* filter, size_t bytes, uint32_t k, uint64_t hash) noexcept;
+// Whether the filter may hold the key whose XXH64 is `hash` (false: certainly not).
+bool bloom_may_contain(const uint8_t* filter, size_t bytes, uint32_t k, uint64_t hash) noexcept;
+
 // One stored block as the data file's block table lists it; `offset` is relative to the bytes
 // given to decode_blocks. Lengths in bytes.
 struct StoredBlockRef {

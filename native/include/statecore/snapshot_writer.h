@@ -79,6 +79,8 @@ struct SerializerOptions {
   bool incremental = false;         // append the validity bitmap to every payload
   size_t queue_blocks = 4;          // bounded queue capacity (>= 1)
   bool release_as_written = false;  // release each map snapshot once its key group is encoded
+  // Bloom filter bits per key of each (state, key group) (block_codec.h bloom_*, 1 to 64).
+  uint32_t bloom_bits_per_key = 10;
   // Added to the producer thread's nice value (Linux; 0 = unchanged, capped at 19): a checkpoint
   // is background work and should yield the CPU to the owning (processing) thread.
   int nice = 0;
@@ -92,6 +94,8 @@ struct BlockPayload {
   uint32_t tombstones = 0;
   bool last_of_group = false;  // the last block of its (state, key group)
   std::vector<uint8_t> bytes;
+  std::vector<uint8_t> last_key;  // the block's last encoded key (format 6 block keys)
+  std::vector<uint8_t> filter;    // last_of_group: the (state, key group)'s Bloom filter
 };
 
 // One block of a BlockChunk in its stored form (block_codec.h): `stored_length` bytes at
@@ -107,6 +111,8 @@ struct StoredBlock {
   uint64_t stored_length = 0;
   uint64_t raw_length = 0;
   uint64_t xxh64 = 0;
+  std::vector<uint8_t> last_key;
+  std::vector<uint8_t> filter;
 };
 
 // Consecutive stored blocks in file order, concatenated.

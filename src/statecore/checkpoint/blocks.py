@@ -22,7 +22,9 @@ from statecore.errors import CorruptCheckpointError
 
 __all__ = ["LZ4_ACCELERATION", "compress_block", "native_decode_blocks",
            "native_verify_blocks", "xxh64", "encode_block",
-           "decode_block", "decode_stored_block", "cut_points"]
+           "decode_block", "decode_stored_block", "cut_points", "DEFAULT_BLOOM_BITS_PER_KEY",
+           "MAX_BLOOM_BITS_PER_KEY", "bloom_hashes", "bloom_filter_bytes", "key_hashes",
+           "bloom_filter", "bloom_probe"]
 
 _U32 = struct.Struct("<I")
 
@@ -68,6 +70,73 @@ def xxh64(data) -> int:
     """XXH64 (seed 0) of ``data`` (bytes-like) as an unsigned 64-bit int."""
     return xxhash.xxh64_intdigest(data)
 
+
+
+#: Bloom filter bits per key of format-6 files (about 1% false positives with 7 hashes).
+DEFAULT_BLOOM_BITS_PER_KEY = 10
+MAX_BLOOM_BITS_PER_KEY = 64
+
+
+def bloom_hashes(bits_per_key: int) -> int:
+    """Probes per key of a Bloom filter of ``bits_per_key`` bits per key: round(bits * ln 2)
+    in integers, ``(bits * 69 + 50) // 100``, clamped to [1, 30] (docs/formats.md "Data file",
+    "Filters"; the optimum for a Bloom filter, Kirsch-Mitzenmacher double hashing)."""
+    return max(1, min(30, (int(bits_per_key) * 69 + 50) // 100))
+
+
+def bloom_filter_bytes(n: int, bits_per_key: int) -> int:
+    """Bytes of the Bloom filter of ``n`` keys: ``n * bits_per_key`` bits rounded up to whole
+    64-bit words, at least one word."""
+    return max(1, (int(n) * int(bits_per_key) + 63) // 64) * 8
+
+
+try:
+    from statecore._native import key_hashes as _native_key_hashes
+except ImportError:
+    _native_key_hashes = None
+
+
+def key_hashes(keys: pa.BinaryArray) -> np.ndarray:
+    """XXH64 (seed 0) of every value of the binary array ``keys`` (no nulls) as a uint64
+    array: natively with the GIL released when the extension is built, else ``xxhash`` per
+    key."""
+    if _native_key_hashes is not None:
+        return _native_key_hashes(keys)
+    return np.fromiter((xxhash.xxh64_intdigest(k) for k in keys.to_pylist()), dtype=np.uint64,
+                       count=len(keys))
+
+
+def _bloom_positions(hashes: np.ndarray, bits: int, k: int) -> np.ndarray:
+    """(len(hashes), k) bit positions: ``(h1 + i * h2) mod bits`` for ``i < k``, ``h1`` the low
+    and ``h2`` the high 32 bits of each hash (no overflow: both < 2**32, i < 32)."""
+    h1 = hashes & np.uint64(0xFFFFFFFF)
+    h2 = hashes >> np.uint64(32)
+    i = np.arange(k, dtype=np.uint64)
+    return (h1[:, None] + i[None, :] * h2[:, None]) % np.uint64(bits)
+
+
+def bloom_filter(hashes: np.ndarray, bits_per_key: int) -> bytes:
+    """The Bloom filter (docs/formats.md "Data file", "Filters") of the keys whose XXH64 hashes
+    are ``hashes`` (uint64 array, :func:`key_hashes`): :func:`bloom_filter_bytes` bytes, bit
+    ``p`` is bit ``p % 8`` of byte ``p // 8``, set for the :func:`bloom_hashes` positions of
+    every key (Kirsch-Mitzenmacher double hashing)."""
+    nbytes = bloom_filter_bytes(len(hashes), bits_per_key)
+    bits = np.zeros(nbytes * 8, dtype=bool)
+    if len(hashes):
+        bits[_bloom_positions(np.asarray(hashes, np.uint64), nbytes * 8,
+                              bloom_hashes(bits_per_key)).ravel().astype(np.int64)] = True
+    return np.packbits(bits, bitorder="little").tobytes()
+
+
+def bloom_probe(filt, k: int, hashes: np.ndarray) -> np.ndarray:
+    """Bool array: for each of ``hashes`` (uint64), whether the filter ``filt`` (bytes-like,
+    :func:`bloom_filter`) with ``k`` probes may hold its key (False: certainly not)."""
+    raw = np.frombuffer(filt, dtype=np.uint8)
+    if not len(hashes):
+        return np.zeros(0, dtype=bool)
+    pos = _bloom_positions(np.asarray(hashes, np.uint64), len(raw) * 8, k).astype(np.int64)
+    hit = (raw[pos >> 3] >> (pos & 7).astype(np.uint8)) & 1
+    return hit.all(axis=1)
 
 
 def encode_block(key_offsets: np.ndarray, key_data, value_offsets: np.ndarray, value_data,

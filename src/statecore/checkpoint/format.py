@@ -1,4 +1,4 @@
-"""statecore checkpoint data files (``.sckp``, format version 5; version 1 to 4 files are
+"""statecore checkpoint data files (``.sckp``, format version 6; version 1 to 5 files are
 still read, their map states (format 1, 2) converted to the per-entry layout and their list
 states (1 to 4) to the chunked layout: :class:`DataFileReader`): the
 writers (:func:`write_data_file`, :func:`write_data_file_from_blocks`) and the
@@ -11,7 +11,8 @@ fetches only the byte ranges of the key groups it owns), after Flink's key-group
 snapshots (``KeyGroupRangeOffsets``) and Parquet's footer + trailer. The block codec is
 :mod:`statecore.checkpoint.blocks`.
 
-Byte layout (header, blocks, payloads, footer with the block table and key-group index, trailer)
+Byte layout (header, blocks, Bloom filters, footer with the block table, key-group index, filter
+table and block keys, trailer)
 and what readers check: docs/formats.md "Data file". Readers raise
 :class:`statecore.errors.CorruptCheckpointError` naming the file (and the state, key group and
 block where it applies) on any violation.
@@ -33,12 +34,17 @@ import pyarrow as pa
 from statecore import buffer_pool
 from statecore import serializers as S
 from statecore.checkpoint.blocks import (  # the block codec, re-exported (__all__)
+    DEFAULT_BLOOM_BITS_PER_KEY,
     LZ4_ACCELERATION,
+    MAX_BLOOM_BITS_PER_KEY,
+    bloom_filter,
+    bloom_hashes,
     compress_block,
     cut_points,
     decode_block,
     decode_stored_block,
     encode_block,
+    key_hashes,
     native_decode_blocks,
     native_verify_blocks,
     xxh64,
@@ -53,7 +59,8 @@ from statecore.key_groups import KeyGroupRange
 
 __all__ = [
     "MAGIC", "FORMAT_VERSION", "READABLE_FORMAT_VERSIONS", "MAP_ENTRIES_FORMAT_VERSION",
-    "LIST_ENTRIES_FORMAT_VERSION", "LIST_CHUNKS_FORMAT_VERSION",
+    "LIST_ENTRIES_FORMAT_VERSION", "LIST_CHUNKS_FORMAT_VERSION", "LOOKUP_FORMAT_VERSION",
+    "FILTER_DTYPE", "DEFAULT_BLOOM_BITS_PER_KEY",
     "KIND_FULL", "KIND_INCREMENTAL",
     "HEADER_SIZE", "TRAILER", "TRAILER_SIZE", "DEFAULT_BLOCK_TARGET_BYTES", "COMPRESSION",
     "MAX_KEY_GROUPS", "BLOCK_DTYPE", "INDEX_DTYPE", "CHUNK_TARGET_BYTES", "LZ4_ACCELERATION",
@@ -65,8 +72,8 @@ __all__ = [
 ]
 
 MAGIC = b"SCKGDAT1"
-FORMAT_VERSION = 5
-READABLE_FORMAT_VERSIONS = (1, 2, 3, 4, 5)
+FORMAT_VERSION = 6
+READABLE_FORMAT_VERSIONS = (1, 2, 3, 4, 5, 6)
 #: The first format version whose map states hold one entry per user key (docs/formats.md
 #: "Map state"); older files hold one whole-map value per (key, namespace).
 MAP_ENTRIES_FORMAT_VERSION = 3
@@ -77,6 +84,10 @@ LIST_ENTRIES_FORMAT_VERSION = 4
 #: The first format version whose list states hold chunks of elements (docs/formats.md "List
 #: state").
 LIST_CHUNKS_FORMAT_VERSION = 5
+#: The first format version with a Bloom filter per (state, key group) and the last key of every
+#: block (docs/formats.md "Data file", "Filters and block keys"): point lookups read at most one
+#: block per run; older files are read whole per (state, key group).
+LOOKUP_FORMAT_VERSION = 6
 KIND_FULL = "full"
 KIND_INCREMENTAL = "incremental"
 HEADER_SIZE = len(MAGIC)
@@ -96,7 +107,12 @@ INDEX_DTYPE = np.dtype(
     [("key_group", "<u4"), ("state", "<u4"), ("first_block", "<u4"), ("block_count", "<u4"),
      ("offset", "<u8"), ("length", "<u8"), ("entries", "<u8")]
 )
+#: Filter table records of format-6 footers (24 bytes), one per key-group index record.
+FILTER_DTYPE = np.dtype(
+    [("offset", "<u8"), ("length", "<u4"), ("hashes", "<u4"), ("xxh64", "<u8")]
+)
 assert BLOCK_DTYPE.itemsize == 32 and INDEX_DTYPE.itemsize == 40 and TRAILER_SIZE == 48
+assert FILTER_DTYPE.itemsize == 24
 
 _U32 = struct.Struct("<I")
 _U64x2 = struct.Struct("<QQ")
@@ -210,6 +226,7 @@ def write_data_file(
     block_target_bytes: int = DEFAULT_BLOCK_TARGET_BYTES,
     incremental: bool | None = None,
     check_stop=None,
+    bloom_bits_per_key: int = DEFAULT_BLOOM_BITS_PER_KEY,
 ) -> WriteSummary:
     """Stream the snapshot ``snap`` (StateSnapshot read interface, docs/architecture.md) into the
     writable binary stream ``out`` (anything with ``write(bytes)``) as one data file
@@ -221,10 +238,11 @@ def write_data_file(
     breaks its contract: metas not JSON-able or without a unique ``name``, arrays not binary /
     of different lengths / with null keys (or null values in a full snapshot), keys not strictly
     ascending, or a key whose key-group prefix is not ``kg``. Does not call ``snap.release()``.
+    ``bloom_bits_per_key`` (1 to 64): the size of each (state, key group)'s Bloom filter.
     ``check_stop()`` (optional) is called before each (state, key group) and raises to abort
     (the asynchronous writer's cancellation).
     """
-    plan = plan_file(snap, version, writer, block_target_bytes, incremental)
+    plan = plan_file(snap, version, writer, block_target_bytes, incremental, bloom_bits_per_key)
     asm = _Assembler(out, plan)
     names, prefix, incremental = plan.names, plan.prefix, plan.incremental
     for kg in range(plan.start, plan.end + 1):
@@ -263,8 +281,9 @@ def write_data_file(
                 payload = encode_block(ko - ko[0], kdata[int(ko[0]):int(ko[-1])],
                                        vo - vo[0], vdata[int(vo[0]):int(vo[-1])],
                                        None if valid is None else valid[a:b])
-                asm.add_block(kg, si, payload, b - a)
-            asm.end_group(kg, si, tomb)
+                asm.add_block(kg, si, payload, b - a,
+                              bytes(kdata[int(koff[b - 1]):int(koff[b])]))
+            asm.end_group(kg, si, tomb, bloom_filter(key_hashes(keys), plan.bloom_bits_per_key))
     return asm.finish()
 
 
@@ -273,8 +292,8 @@ class FilePlan:
     """Header-level facts of one data file, shared by the synchronous and asynchronous writers:
     the footer ``meta`` (docs/formats.md "Data file"), the state ``names`` in file order, the
     inclusive key-group range ``start``..``end`` (``0, -1`` = empty), the key-group ``prefix``
-    width in bytes, whether the run is ``incremental`` and its ``kind``, and the uncompressed
-    ``block_target_bytes``."""
+    width in bytes, whether the run is ``incremental`` and its ``kind``, the uncompressed
+    ``block_target_bytes`` and the Bloom filters' ``bloom_bits_per_key``."""
 
     meta: dict
     names: list
@@ -284,10 +303,12 @@ class FilePlan:
     incremental: bool
     kind: str
     block_target_bytes: int
+    bloom_bits_per_key: int = DEFAULT_BLOOM_BITS_PER_KEY
 
 
 def plan_file(snap: Any, version: int, writer: str, block_target_bytes: int,
-              incremental: bool | None) -> FilePlan:
+              incremental: bool | None,
+              bloom_bits_per_key: int = DEFAULT_BLOOM_BITS_PER_KEY) -> FilePlan:
     """Check the header facts of the snapshot ``snap`` (max parallelism, key-group range, state
     metas) and build the :class:`FilePlan` of its data file for ``version`` and ``writer``
     (``incremental=None``: ``getattr(snap, "incremental", False)``). Reads no entries.
@@ -299,6 +320,11 @@ def plan_file(snap: Any, version: int, writer: str, block_target_bytes: int,
             or block_target_bytes < 1):
         raise InvalidInputError(
             f"block_target_bytes must be a positive int, got {block_target_bytes!r}")
+    if (isinstance(bloom_bits_per_key, bool) or not isinstance(bloom_bits_per_key, int)
+            or not 1 <= bloom_bits_per_key <= MAX_BLOOM_BITS_PER_KEY):
+        raise InvalidInputError(
+            f"bloom_bits_per_key must be an int in [1, {MAX_BLOOM_BITS_PER_KEY}], got "
+            f"{bloom_bits_per_key!r}")
     max_par = int(snap.max_parallelism)
     if not 1 <= max_par <= MAX_KEY_GROUPS:
         raise InvalidInputError(f"max_parallelism must be in [1, {MAX_KEY_GROUPS}], got {max_par}")
@@ -317,6 +343,7 @@ def plan_file(snap: Any, version: int, writer: str, block_target_bytes: int,
         "max_parallelism": max_par, "key_type": str(snap.key_type),
         "assigner": str(snap.assigner), "key_group_range": [start, end], "states": metas,
         "compression": COMPRESSION, "block_target_bytes": block_target_bytes, "kind": kind,
+        "bloom_bits_per_key": bloom_bits_per_key,
     }
     try:
         json.dumps(meta, sort_keys=True, separators=(",", ":")).encode("utf-8")
@@ -324,7 +351,8 @@ def plan_file(snap: Any, version: int, writer: str, block_target_bytes: int,
         raise InvalidInputError(f"state metas are not JSON-serializable: {exc}") from exc
     return FilePlan(meta=meta, names=names, start=start, end=end,
                      prefix=key_group_prefix_bytes(max_par), incremental=bool(incremental),
-                     kind=kind, block_target_bytes=block_target_bytes)
+                     kind=kind, block_target_bytes=block_target_bytes,
+                     bloom_bits_per_key=bloom_bits_per_key)
 
 
 class _Assembler:
@@ -338,6 +366,8 @@ class _Assembler:
         self.pos = 0
         self.blocks: list[tuple] = []
         self.index: list[tuple] = []
+        self.filters: list[bytes] = []  # one per index record
+        self.last_keys: list[bytes] = []  # one per block
         self.counts = {nm: 0 for nm in plan.names}
         self.tombstones = {nm: 0 for nm in plan.names}
         self.raw_total = 0
@@ -364,16 +394,19 @@ class _Assembler:
             self._pending = []
         self.out.write(data)
 
-    def add_block(self, kg: int, si: int, payload, entries: int) -> None:
+    def add_block(self, kg: int, si: int, payload, entries: int, last_key: bytes) -> None:
         """Compress (LZ4 block, no stored size), checksum and write one payload of the current
-        (state ``si``, key group ``kg``) group."""
+        (state ``si``, key group ``kg``) group, whose last encoded key is ``last_key``."""
         stored = compress_block(payload)
-        self.add_stored(len(stored), len(payload), entries, xxh64(stored))
+        self.add_stored(len(stored), len(payload), entries, xxh64(stored), last_key)
         self.write_stored(stored)
 
-    def add_stored(self, stored_length: int, raw_length: int, entries: int, digest: int) -> None:
+    def add_stored(self, stored_length: int, raw_length: int, entries: int, digest: int,
+                   last_key: bytes) -> None:
         """Account for one stored block of the current group at the current position; the caller
-        writes its bytes (lengths in bytes, ``digest``: XXH64 of the stored bytes)."""
+        writes its bytes (lengths in bytes, ``digest``: XXH64 of the stored bytes, ``last_key``:
+        the block's last encoded key)."""
+        self.last_keys.append(bytes(last_key))
         if self._group_first is None:
             self._group_first = (len(self.blocks), self.pos)
             self._group_entries = 0
@@ -382,10 +415,12 @@ class _Assembler:
         self._group_entries += entries
         self.pos += stored_length
 
-    def end_group(self, kg: int, si: int, tombstones: int) -> None:
-        """Close the blocks of (state ``si``, key group ``kg``): one key-group index record."""
+    def end_group(self, kg: int, si: int, tombstones: int, bloom: bytes) -> None:
+        """Close the blocks of (state ``si``, key group ``kg``): one key-group index record, and
+        ``bloom`` its Bloom filter (:func:`statecore.checkpoint.blocks.bloom_filter`)."""
         if self._group_first is None:
             return
+        self.filters.append(bytes(bloom))
         first_block, first_offset = self._group_first
         n = self._group_entries
         self.index.append((kg, si, first_block, len(self.blocks) - first_block, first_offset,
@@ -399,9 +434,18 @@ class _Assembler:
         self._group_first = None
 
     def finish(self) -> WriteSummary:
-        """Footer (meta with the tombstone counts, block table, index) and trailer."""
+        """Bloom filters, footer (meta with the tombstone counts, block table, index, filter
+        table, block keys) and trailer."""
         meta = self.plan.meta
         stored_total = self.pos - HEADER_SIZE
+        k = bloom_hashes(self.plan.bloom_bits_per_key)
+        ftable = np.zeros(len(self.filters), dtype=FILTER_DTYPE)
+        for i, f in enumerate(self.filters):
+            ftable[i] = (self.pos, len(f), k, xxh64(f))
+            self.emit(f)
+        key_offsets = np.zeros(len(self.last_keys) + 1, dtype="<u4")
+        if self.last_keys:
+            key_offsets[1:] = np.cumsum([len(x) for x in self.last_keys])
         meta["tombstones"] = self.tombstones
         try:
             meta_bytes = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode("utf-8")
@@ -411,6 +455,7 @@ class _Assembler:
             _U32.pack(len(meta_bytes)), meta_bytes, _U64x2.pack(len(self.blocks), len(self.index)),
             np.array(self.blocks, dtype=BLOCK_DTYPE).tobytes(),
             np.array(self.index, dtype=INDEX_DTYPE).tobytes(),
+            ftable.tobytes(), key_offsets.tobytes(), b"".join(self.last_keys),
         ))
         footer_offset = self.pos
         footer_sum = xxh64(footer)
@@ -430,18 +475,22 @@ class _Assembler:
 def write_data_file_from_blocks(out, snap: Any, serializer, *, version: int, writer: str,
                                 block_target_bytes: int = DEFAULT_BLOCK_TARGET_BYTES,
                                 incremental: bool | None = None, check_stop=None,
-                                chunk_bytes: int = CHUNK_TARGET_BYTES) -> WriteSummary:
+                                chunk_bytes: int = CHUNK_TARGET_BYTES,
+                                bloom_bits_per_key: int = DEFAULT_BLOOM_BITS_PER_KEY
+                                ) -> WriteSummary:
     """Write the data file of ``snap`` like :func:`write_data_file`, taking the blocks from
     ``serializer`` (``statecore._native.SnapshotBlockSerializer``, already started, built over
     the same snapshot, range, states order, block target and kind) instead of ``snap.entries``.
     Produces byte-identical files. The serializer compresses and checksums the blocks without
-    the GIL and hands them over in chunks of about ``chunk_bytes`` stored bytes, one ``write``
+    the GIL and hands them over in chunks of about ``chunk_bytes`` stored bytes (with each
+    block's last key and each (state, key group)'s Bloom filter, built with the serializer's
+    bits per key, which ``bloom_bits_per_key`` must repeat), one ``write``
     each: this thread takes the GIL back once per chunk, not several times per block (each take
     can wait a switch interval while another thread runs Python). ``check_stop()``: called once
     per chunk, raises to abort. Raises what the serializer raises (InvalidInputError for a
     snapshot breaking its contract, ``concurrent.futures.CancelledError``) and the stream's
     errors."""
-    plan = plan_file(snap, version, writer, block_target_bytes, incremental)
+    plan = plan_file(snap, version, writer, block_target_bytes, incremental, bloom_bits_per_key)
     asm = _Assembler(out, plan)
     nstates = len(plan.names)
     tomb = 0
@@ -451,14 +500,15 @@ def write_data_file_from_blocks(out, snap: Any, serializer, *, version: int, wri
         chunk = serializer.next_chunk(chunk_bytes)
         if chunk is None:
             break
-        for kg, si, entries, tombstones, last, stored, raw, digest in chunk.blocks:
+        for (kg, si, entries, tombstones, last, stored, raw, digest), (last_key, bloom) in zip(
+                chunk.blocks, chunk.lookup):
             if not plan.start <= kg <= plan.end or not 0 <= si < nstates:
                 raise InvalidInputError(
                     f"serializer produced a block of key group {kg}, state {si} outside the file")
-            asm.add_stored(stored, raw, entries, digest)
+            asm.add_stored(stored, raw, entries, digest, last_key)
             tomb += tombstones
             if last:
-                asm.end_group(kg, si, tomb)
+                asm.end_group(kg, si, tomb, bloom)
                 tomb = 0
         asm.write_stored(chunk)
     return asm.finish()
@@ -492,6 +542,11 @@ class DataFileReader:
     magic, the trailer and the footer; :meth:`entries` reads exactly the blocks of one
     (state, key group). All violations raise CorruptCheckpointError naming ``name``.
     """
+
+    #: Format 6 (set from the footer): the Bloom filters' bits per key and their bytes in the
+    #: file; files of format 1 to 5 have no filters.
+    bloom_bits_per_key: int | None = None
+    filter_bytes = 0
 
     def __init__(self, file, name: str, expected_size: int | None = None,
                  expected_footer_xxh64: int | None = None):
@@ -577,6 +632,7 @@ class DataFileReader:
         if expected_footer_xxh64 is not None and f_sum != expected_footer_xxh64:
             raise self._fail("footer checksum differs from the manifest's (file overwritten?)")
         self.footer_xxh64 = f_sum
+        self.footer_length = f_len
         self._parse_footer(footer, f_off)
 
     def _parse_footer(self, footer: pa.Buffer, footer_offset: int) -> None:
@@ -588,7 +644,9 @@ class DataFileReader:
         except (struct.error, ValueError, UnicodeDecodeError) as exc:
             raise self._fail(f"footer is malformed: {exc}") from exc
         tables = 4 + mlen + 16
-        if len(fb) != tables + n_blocks * BLOCK_DTYPE.itemsize + n_index * INDEX_DTYPE.itemsize:
+        fixed = tables + n_blocks * BLOCK_DTYPE.itemsize + n_index * INDEX_DTYPE.itemsize
+        if (len(fb) != fixed if self.format_version < LOOKUP_FORMAT_VERSION
+                else len(fb) < fixed):
             raise self._fail("footer length does not match its block and index table sizes")
         blocks = np.frombuffer(fb, dtype=BLOCK_DTYPE, count=n_blocks, offset=tables)
         index = np.frombuffer(fb, dtype=INDEX_DTYPE, count=n_index,
@@ -615,14 +673,17 @@ class DataFileReader:
                 raise ValueError(f"unknown run kind {kind!r}")
         except (KeyError, TypeError, ValueError) as exc:
             raise self._fail(f"footer metadata is malformed: {exc}") from exc
-        # Blocks must tile [HEADER_SIZE, footer_offset) so that every stored byte is covered by
+        data_end = footer_offset
+        if self.format_version >= LOOKUP_FORMAT_VERSION:
+            data_end = self._parse_lookup_tables(fb, fixed, meta, n_blocks, index, footer_offset)
+        # Blocks must tile [HEADER_SIZE, data_end) so that every stored byte is covered by
         # a checksum; index records must tile the block table in order.
         ends = blocks["offset"].astype(np.int64) + blocks["stored_length"]
         starts = np.concatenate(([HEADER_SIZE], ends[:-1])) if n_blocks else np.zeros(0, np.int64)
         if n_blocks and (bool(np.any(blocks["offset"] != starts))
-                         or int(ends[-1]) != footer_offset):
+                         or int(ends[-1]) != data_end):
             raise self._fail("block table does not tile the data region")
-        if not n_blocks and footer_offset != HEADER_SIZE:
+        if not n_blocks and data_end != HEADER_SIZE:
             raise self._fail("no blocks but bytes between header and footer")
         # Decoding allocates what the block table claims, so bound the claims by what the
         # stored bytes can hold: LZ4 expands at most 255-fold (a sequence of k length bytes
@@ -663,6 +724,89 @@ class DataFileReader:
         self._blocks = blocks
         self._index = {(int(r["state"]), int(r["key_group"])): i for i, r in enumerate(index)}
         self._index_rows = index
+
+    def _parse_lookup_tables(self, fb: bytes, at: int, meta: dict, n_blocks: int,
+                             index: np.ndarray, footer_offset: int) -> int:
+        """Parse and check the filter table and block keys of a format-6 footer (``fb[at:]``,
+        docs/formats.md "Filters and block keys"); returns where the filters start (the end of
+        the blocks). Sets ``bloom_bits_per_key``, ``filter_bytes`` (all filters' bytes) and the
+        tables :meth:`lookup_tables` returns."""
+        n_index = len(index)
+        bpk = meta.get("bloom_bits_per_key")
+        if (isinstance(bpk, bool) or not isinstance(bpk, int)
+                or not 1 <= bpk <= MAX_BLOOM_BITS_PER_KEY):
+            raise self._fail(f"footer metadata is malformed: bloom_bits_per_key {bpk!r}")
+        key_at = at + n_index * FILTER_DTYPE.itemsize
+        if len(fb) < key_at + 4 * (n_blocks + 1):
+            raise self._fail("footer length does not match its filter table and block keys")
+        filters = np.frombuffer(fb, dtype=FILTER_DTYPE, count=n_index, offset=at)
+        koff = np.frombuffer(fb, dtype="<u4", count=n_blocks + 1, offset=key_at).astype(np.int64)
+        data_at = key_at + 4 * (n_blocks + 1)
+        if (int(koff[0]) != 0 or bool(np.any(np.diff(koff) < 0))
+                or data_at + int(koff[-1]) != len(fb)):
+            raise self._fail("footer block keys do not match the footer length")
+        lengths = filters["length"].astype(np.int64)
+        want = (np.maximum(1, (index["entries"].astype(np.int64) * bpk + 63) // 64) * 8
+                if n_index else lengths)
+        start = footer_offset - int(lengths.sum())
+        starts = start + np.concatenate(([0], np.cumsum(lengths)[:-1])) if n_index else lengths
+        if (bool(np.any(filters["offset"].astype(np.int64) != starts))
+                or bool(np.any(lengths != want))
+                or bool(np.any(filters["hashes"] != bloom_hashes(bpk)))
+                or start < HEADER_SIZE):
+            raise self._fail("filter table does not tile the filter region with the sizes of "
+                             f"{bpk} bits per key")
+        self.bloom_bits_per_key = bpk
+        self.filter_bytes = int(lengths.sum())
+        self._filters = filters
+        self._block_keys = (koff, memoryview(fb)[data_at:])
+        return start
+
+    def lookup_tables(self):
+        """``(filters, key_offsets, key_data)`` of a format-6 file -- the filter table
+        (``FILTER_DTYPE`` rows, one per key-group index row), and the last encoded key of
+        every block (block ``b``'s is ``key_data[key_offsets[b]:key_offsets[b + 1]]``,
+        ``key_offsets`` int64) -- or None for a file of format 1 to 5, which has neither."""
+        if self.format_version < LOOKUP_FORMAT_VERSION:
+            return None
+        koff, kdata = self._block_keys
+        return self._filters, koff, kdata
+
+    def verify_filters(self) -> int:
+        """Read the Bloom filters of a format-6 file (one ranged read) and check each against
+        the XXH64 of its filter table record; returns their bytes (0 for formats 1 to 5).
+        CorruptCheckpointError naming the state and key group of a bad one."""
+        if self.format_version < LOOKUP_FORMAT_VERSION or not len(self._filters):
+            return 0
+        lo = int(self._filters["offset"][0])
+        raw = memoryview(self._read(lo, self.filter_bytes, "Bloom filters"))
+        for r, f in zip(self._index_rows, self._filters):
+            a = int(f["offset"]) - lo
+            if xxh64(raw[a:a + int(f["length"])]) != int(f["xxh64"]):
+                raise self._fail(f"state {self.state_names[int(r['state'])]!r} key group "
+                                 f"{int(r['key_group'])}: Bloom filter checksum mismatch")
+        return self.filter_bytes
+
+    def index_rows(self, state: str) -> np.ndarray:
+        """``(rows, positions)``: the key-group index rows (``INDEX_DTYPE``) of ``state`` in
+        key-group order and their positions in the index (int64, the rows of the filter table);
+        empty for a state the file does not hold."""
+        try:
+            si = self.state_names.index(state)
+        except ValueError:
+            return self._index_rows[:0], np.zeros(0, np.int64)
+        pos = np.nonzero(self._index_rows["state"] == si)[0]
+        return self._index_rows[pos], pos
+
+    def block_rows(self, first: int, count: int) -> np.ndarray:
+        """Rows ``[first, first + count)`` of the block table (``BLOCK_DTYPE``)."""
+        return self._blocks[first:first + count]
+
+    def read_range(self, offset: int, length: int, what: str) -> pa.Buffer:
+        """``length`` bytes at ``offset`` with one positional read (safe from any thread;
+        counted in ``bytes_read``). CheckpointIOError when the read fails,
+        CorruptCheckpointError when it comes back short; ``what`` names the bytes in errors."""
+        return self._read_at(offset, length, what)
 
     def state_metas(self) -> list[dict]:
         """State metas recorded by the writer (list of JSON-able dicts, in file order)."""

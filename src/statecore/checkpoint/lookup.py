@@ -1,0 +1,480 @@
+"""Point lookups into the runs of a committed checkpoint version: :class:`RunLookup` answers
+"what is the stored value of these encoded keys" from the data files themselves, reading at most
+one block per key per run, with a bounded cache of decoded blocks (:class:`BlockCache`).
+
+For a key of key group ``kg`` the runs are those of the version's chain for ``kg``
+(statecore.checkpoint.runs, the chains :class:`~statecore.checkpoint.readers.CheckpointReader`
+merges), newest first: the newest run holding the key decides -- a value is the answer, a
+tombstone (incremental runs) means absent -- and a full run ends the chain. In a run of format 6
+(docs/formats.md "Filters and block keys") the key is first probed in the Bloom filter of its
+(state, key group), so an absent key costs no block read unless the filter errs (about 1% at 10
+bits per key); a key the filter passes is searched in the one block whose key range can hold it
+(the footer's last key of every block, binary search). A run of format 1 to 5 has neither: the
+whole (state, key group) is read and decoded as one cached unit.
+
+A batch proceeds in rounds: each round finds, for every key still undecided, the candidate
+block of its next run, fetches all candidate blocks not in the cache together (adjacent blocks
+of one file in one ranged read, on a small thread pool; each block checked -- XXH64 --
+decompressed and decoded once, natively with the GIL released when the extension is built),
+then decides the keys found. Keys not found move on to their next run. Filters are read once per
+data file (the filters of the lookup's key groups, one ranged read, each checked against its
+XXH64) and kept while the lookup is open: about ``bits_per_key / 8`` bytes per entry, outside the
+block cache's budget.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from statecore.checkpoint.blocks import (
+    bloom_probe,
+    decode_stored_block,
+    key_hashes,
+    native_decode_blocks,
+    xxh64,
+)
+from statecore.checkpoint.format import (
+    KIND_FULL,
+    KIND_INCREMENTAL,
+    key_group_prefix_bytes,
+    range_bounds,
+)
+from statecore.checkpoint.runs import plan_chains
+from statecore.errors import CorruptCheckpointError, InvalidInputError
+from statecore.operator_state import is_operator_state_meta
+
+__all__ = ["BlockCache", "RunLookup", "DEFAULT_CACHE_BYTES", "FETCH_THREADS"]
+
+#: Default budget of a lookup's block cache, in decoded bytes.
+DEFAULT_CACHE_BYTES = 64 << 20
+#: Threads fetching and decoding the blocks of one batch.
+FETCH_THREADS = 4
+
+
+try:
+    from statecore._native import lookup_in_blocks as _native_lookup_in_blocks
+except ImportError:
+    _native_lookup_in_blocks = None
+
+
+def _lookup_in_blocks(blocks: list, which: np.ndarray, needles: pa.Array
+                      ) -> tuple[np.ndarray, pa.Array]:
+    """``(rows, values)``: each needle's row in its block ``blocks[which[i]]`` (``(keys,
+    values)`` pairs, keys ascending and unique) or -1, and its value (NULL where not found or a
+    tombstone). Natively a binary search per needle with the GIL released; else Arrow's
+    hash-based ``index_in`` over the blocks (keys are unique within a file's state, so a key is
+    in its own block or in none)."""
+    if _native_lookup_in_blocks is not None:
+        return _native_lookup_in_blocks(blocks, which, needles)
+    keys = pa.concat_arrays([k for k, _ in blocks])
+    values = pa.concat_arrays([v for _, v in blocks])
+    at = pc.fill_null(pc.index_in(needles, value_set=keys), -1).to_numpy().astype(np.int64)
+    starts = np.concatenate(([0], np.cumsum([len(k) for k, _ in blocks])[:-1])).astype(np.int64)
+    rows = np.where(at >= 0, at - starts[which], -1)
+    return rows, values.take(pa.array(np.maximum(at, 0), mask=at < 0))
+
+
+def _block_bytes(keys: pa.Array, values: pa.Array) -> int:
+    return int(keys.nbytes) + int(values.nbytes)
+
+
+class BlockCache:
+    """Decoded blocks, least recently used first out, holding at most ``budget`` bytes (each
+    block counted by the memory its keys and values hold: what :meth:`put` is told, by default
+    their Arrow buffers' bytes). A block larger than the budget is never kept. Counts ``hits``
+    and ``misses`` of :meth:`get`. Not thread-safe: one lookup's thread uses it."""
+
+    def __init__(self, budget: int):
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+            raise InvalidInputError(f"cache budget must be an int >= 0 bytes, got {budget!r}")
+        self.budget = budget
+        self.used = 0
+        self.hits = 0
+        self.misses = 0
+        self._items: OrderedDict[Any, tuple[pa.Array, pa.Array, int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key) -> tuple[pa.Array, pa.Array] | None:
+        """``(keys, values)`` of the cached block ``key`` (now the most recently used), or None."""
+        item = self._items.get(key)
+        if item is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._items.move_to_end(key)
+        return item[0], item[1]
+
+    def put(self, key, keys: pa.Array, values: pa.Array, size: int | None = None) -> None:
+        """Keep a decoded block of ``size`` bytes (default: its arrays' buffer bytes), evicting
+        the least recently used ones to stay within budget."""
+        if size is None:
+            size = _block_bytes(keys, values)
+        if size > self.budget or key in self._items:
+            return
+        while self.used + size > self.budget:
+            _, (_, _, s) = self._items.popitem(last=False)
+            self.used -= s
+        self._items[key] = (keys, values, size)
+        self.used += size
+
+
+class _RunFile:
+    """What a lookup keeps of one open data file for one state: its key-group index rows by key
+    group, its filters (format 6) and its block keys."""
+
+    def __init__(self, data, state: str, start: int, end: int):
+        self.data = data
+        self.state = state
+        rows, pos = data.index_rows(state)
+        keep = (rows["key_group"] >= start) & (rows["key_group"] <= end)
+        rows, pos = rows[keep], pos[keep]
+        self.rows = {int(r["key_group"]): r for r in rows}
+        self.tables = data.lookup_tables()
+        self.filters: dict[int, tuple[memoryview, int]] = {}
+        self.block_keys: dict[int, np.ndarray] = {}  # per key group: last keys (objects)
+        #: first block of each key group's record, ascending, and those key groups
+        self.first_blocks = rows["first_block"].astype(np.int64)
+        self.kg_list = rows["key_group"].astype(np.int64)
+        self.filter_bytes = 0
+        if self.tables is None or not len(rows):
+            return
+        ftab, koff, kdata = self.tables
+        sel = ftab[pos]
+        lo = int(sel["offset"].min())
+        hi = int((sel["offset"].astype(np.int64) + sel["length"]).max())
+        raw = memoryview(data.read_range(lo, hi - lo, f"filters of state {state!r}"))
+        self.filter_bytes = hi - lo
+        for r, f in zip(rows, sel):
+            kg = int(r["key_group"])
+            a = int(f["offset"]) - lo
+            filt = raw[a:a + int(f["length"])]
+            if xxh64(filt) != int(f["xxh64"]):
+                raise CorruptCheckpointError(
+                    f"checkpoint data file {data.name}: state {state!r} key group {kg}: Bloom "
+                    "filter checksum mismatch")
+            self.filters[kg] = (filt, int(f["hashes"]))
+            first = int(r["first_block"])
+            last = np.empty(int(r["block_count"]), dtype=object)
+            last[:] = [bytes(kdata[int(koff[b]):int(koff[b + 1])])
+                       for b in range(first, first + int(r["block_count"]))]
+            self.block_keys[kg] = last
+
+    def key_group_of_block(self, block: int) -> tuple[int, int]:
+        """``(key group, position of the block among the key group's blocks)``."""
+        i = int(np.searchsorted(self.first_blocks, block, side="right")) - 1
+        return int(self.kg_list[i]), block - int(self.first_blocks[i])
+
+
+class RunLookup:
+    """Point lookups of encoded keys in the runs of one committed checkpoint version (module
+    docstring), for the key groups ``[start, end]`` (inclusive; default the version's range).
+
+    ``reader``: the version's :class:`~statecore.checkpoint.readers.CheckpointReader`
+    (``CheckpointStore.open(version)``), which opens and checks the data files against the
+    manifest; the lookup does not release it. ``cache_bytes``: the block cache's budget in
+    decoded bytes. ``threads``: fetch threads.
+
+    ``stats`` (dict of ints): ``blocks_read`` and ``bytes_read`` (blocks fetched from storage,
+    their stored bytes, plus ``filter_bytes`` of filters read), ``filter_negatives`` (key, run
+    pairs the filter ruled out), ``filter_false_positives`` (pairs the filter passed whose run
+    did not hold the key), ``range_negatives`` (pairs outside every block's key range),
+    ``cache_hits`` / ``cache_misses``, ``lookups`` (keys asked). Usable as a context manager;
+    :meth:`close` stops the fetch threads.
+    """
+
+    def __init__(self, reader, key_groups=None, *, cache_bytes: int = DEFAULT_CACHE_BYTES,
+                 threads: int = FETCH_THREADS):
+        self.reader = reader
+        manifest = reader.manifest
+        start, end = range_bounds(key_groups if key_groups is not None
+                                  else manifest["key_group_range"])
+        vs, ve = (int(x) for x in manifest["key_group_range"])
+        if end >= start and (start < vs or end > ve):
+            raise InvalidInputError(
+                f"key groups [{start}, {end}] are outside the range [{vs}, {ve}] of checkpoint "
+                f"version {reader.version}")
+        self.start, self.end = start, end
+        self.prefix = key_group_prefix_bytes(int(manifest["max_parallelism"]))
+        self._segments = plan_chains(manifest["files"], (start, end), CorruptCheckpointError,
+                                     f"manifest of version {reader.version}")
+        self._metas = {m["name"]: m for m in manifest["states"]}
+        self.cache = BlockCache(cache_bytes)
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise InvalidInputError(f"threads must be an int >= 1, got {threads!r}")
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="statecore-lookup")
+        self._files: dict[tuple[str, str], _RunFile] = {}
+        self.stats = {"lookups": 0, "blocks_read": 0, "bytes_read": 0, "filter_bytes": 0,
+                      "filter_negatives": 0, "filter_false_positives": 0,
+                      "range_negatives": 0}
+
+    def __enter__(self) -> "RunLookup":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the fetch threads and drop the cache and filters (idempotent)."""
+        self._pool.shutdown(wait=True)
+        self._files.clear()
+        self.cache = BlockCache(self.cache.budget)
+
+    def statistics(self) -> dict:
+        """:attr:`stats` with the cache's ``cache_hits``, ``cache_misses`` and ``cache_bytes``
+        (decoded bytes held now)."""
+        return dict(self.stats, cache_hits=self.cache.hits, cache_misses=self.cache.misses,
+                    cache_bytes=self.cache.used)
+
+    def _run_file(self, run: dict, state: str) -> _RunFile:
+        key = (run["path"], state)
+        rf = self._files.get(key)
+        if rf is None:
+            rf = _RunFile(self.reader.data_file(run), state, self.start, self.end)
+            self.stats["filter_bytes"] += rf.filter_bytes
+            self.stats["bytes_read"] += rf.filter_bytes
+            self._files[key] = rf
+        return rf
+
+    def _chains(self, state: str) -> list[tuple[int, int, list[dict]]]:
+        """Per segment, the runs whose entries of ``state`` make its state (newest first, down
+        to the first full run; timers and operator states from the newest run alone)."""
+        meta = self._metas[state]
+        complete = meta.get("kind") == "timers" or is_operator_state_meta(meta)
+        out = []
+        for a, b, chain in self._segments:
+            runs = []
+            for r in (chain[:1] if complete else chain):
+                if state not in r["states"]:
+                    if r["kind"] == KIND_FULL:
+                        break
+                    continue
+                runs.append(r)
+            out.append((a, b, runs))
+        return out
+
+    def _key_groups(self, keys: pa.BinaryArray) -> np.ndarray:
+        n = len(keys)
+        bufs = keys.buffers()
+        off = np.frombuffer(bufs[1], np.int32)[keys.offset:keys.offset + n + 1].astype(np.int64)
+        if n and bool(np.any(np.diff(off) < self.prefix)):
+            raise InvalidInputError(
+                f"an encoded key is shorter than its {self.prefix}-byte key-group prefix")
+        data = np.frombuffer(bufs[2], np.uint8) if n else np.zeros(0, np.uint8)
+        kgs = data[off[:-1]].astype(np.int64)
+        if self.prefix == 2:
+            kgs = (kgs << 8) | data[off[:-1] + 1]
+        bad = (kgs < self.start) | (kgs > self.end)
+        if bool(np.any(bad)):
+            raise InvalidInputError(
+                f"encoded key {int(np.nonzero(bad)[0][0])} has key group "
+                f"{int(kgs[bad][0])}, outside the lookup's key groups [{self.start}, "
+                f"{self.end}]")
+        return kgs
+
+    def lookup_batch(self, state_name: str, encoded_keys) -> pa.BinaryArray:
+        """The stored value (``pa.binary()``; "Values", "TTL suffix" of docs/formats.md, as the
+        data files hold them) of each encoded key (docs/formats.md "Encoded key": key-group
+        prefix | key | namespace [| user key]) of ``encoded_keys`` (a ``pa.binary()`` array
+        without nulls) in ``state_name``, NULL where the version holds none (never written,
+        removed, or shadowed by a tombstone). Expired TTL values come back as stored: the
+        caller applies its clock. Raises InvalidInputError for an unknown state, a key shorter
+        than its key-group prefix or of a key group outside the lookup's range;
+        CorruptCheckpointError naming the file, state, key group (and block) for a block,
+        filter or footer that fails its checks; CheckpointIOError when a read fails."""
+        if state_name not in self._metas:
+            raise InvalidInputError(
+                f"checkpoint version {self.reader.version} has no state {state_name!r}")
+        keys = encoded_keys.combine_chunks() if isinstance(encoded_keys,
+                                                           pa.ChunkedArray) else encoded_keys
+        if not isinstance(keys, pa.Array) or not (pa.types.is_binary(keys.type)
+                                                  or pa.types.is_large_binary(keys.type)):
+            raise InvalidInputError("encoded_keys must be a pyarrow binary array")
+        if pa.types.is_large_binary(keys.type):
+            keys = keys.cast(pa.binary())
+        if keys.null_count:
+            raise InvalidInputError("encoded_keys must not contain nulls")
+        n = len(keys)
+        self.stats["lookups"] += n
+        if n == 0:
+            return pa.array([], pa.binary())
+        kgs = self._key_groups(keys)
+        hashes = key_hashes(keys)
+        objkeys = np.empty(n, dtype=object)
+        objkeys[:] = keys.to_pylist()
+        take_part = np.full(n, -1, dtype=np.int64)  # which hit part holds the key's value
+        take_row = np.zeros(n, dtype=np.int64)
+        parts: list[pa.Array] = []
+        chains = self._chains(state_name)
+        seg_starts = np.array([a for a, _, _ in chains], dtype=np.int64)
+        seg_of = np.searchsorted(seg_starts, kgs, side="right") - 1
+        chain_len = np.array([len(runs) for _, _, runs in chains], dtype=np.int64)
+        pos = np.zeros(n, dtype=np.int64)  # per key: its next run in its chain
+        live = np.arange(n)
+        while len(live):
+            routed: dict[str, list] = {}  # path -> [run file, [key arrays], [block arrays]]
+            for s in np.unique(seg_of[live]):
+                runs = chains[int(s)][2]
+                in_seg = live[seg_of[live] == s]
+                for depth in np.unique(pos[in_seg]):
+                    if depth >= len(runs):
+                        continue  # no run left: absent
+                    mine = in_seg[pos[in_seg] == depth]
+                    rf = self._run_file(runs[int(depth)], state_name)
+                    self._candidates(rf, mine, kgs, hashes, objkeys, pos, routed)
+            routed = {p: e for p, e in routed.items() if sum(len(i) for i in e[1])}
+            blocks, missing = {}, []
+            for path, (rf, _, blks) in routed.items():
+                for b in np.unique(np.concatenate(blks)).tolist():
+                    bid = (path, rf.state, b)
+                    got = self.cache.get(bid)
+                    if got is None:
+                        missing.append((bid, rf, b))
+                    else:
+                        blocks[bid] = got
+            blocks.update(self._fetch(missing))
+            for path, (rf, idxs, blks) in routed.items():
+                idx, blk = np.concatenate(idxs), np.concatenate(blks)
+                ub, which = np.unique(blk, return_inverse=True)
+                got = [blocks[(path, rf.state, b)] for b in ub.tolist()]
+                rows, vals = _lookup_in_blocks(got, which.astype(np.int64),
+                                               keys.take(pa.array(idx)))
+                hit = rows >= 0
+                if bool(np.any(hit)):
+                    take_part[idx[hit]] = len(parts)
+                    take_row[idx[hit]] = np.nonzero(hit)[0]
+                    parts.append(vals)
+                miss = idx[~hit]
+                if len(miss):
+                    if rf.tables is not None:  # format 6: the filter sent these keys here
+                        self.stats["filter_false_positives"] += len(miss)
+                    pos[miss] += 1
+            live = np.nonzero((take_part < 0) & (pos < chain_len[seg_of]))[0]
+        return self._assemble(n, take_part, take_row, parts)
+
+    def _candidates(self, rf: _RunFile, mine: np.ndarray, kgs, hashes, objkeys, pos,
+                    routed: dict) -> None:
+        """Route the keys ``mine`` (all in one run ``rf``, one segment) to their candidate
+        block (``routed[path]``: key indices and block numbers, ``-1 - kg`` for the whole
+        (state, key group) of a file without block keys), or past the run (``pos`` + 1) when
+        the run cannot hold them."""
+        entry = routed.get(rf.data.name)
+        if entry is None:
+            entry = routed[rf.data.name] = [rf, [], []]
+        order = np.argsort(kgs[mine], kind="stable")
+        mine = mine[order]
+        gk = kgs[mine]
+        cuts = np.flatnonzero(np.diff(gk)) + 1
+        for grp in np.split(mine, cuts):
+            kg = int(kgs[grp[0]])
+            row = rf.rows.get(kg)
+            if row is None:  # the run holds no entry of this (state, key group)
+                pos[grp] += 1
+                continue
+            if rf.tables is None:  # format 1-5: the whole (state, key group) is the unit
+                entry[1].append(grp)
+                entry[2].append(np.full(len(grp), -1 - kg, dtype=np.int64))
+                continue
+            filt, k = rf.filters[kg]
+            maybe = bloom_probe(filt, k, hashes[grp])
+            neg = grp[~maybe]
+            if len(neg):
+                self.stats["filter_negatives"] += len(neg)
+                pos[neg] += 1
+            grp = grp[maybe]
+            last_keys = rf.block_keys[kg]
+            b = np.searchsorted(last_keys, objkeys[grp], side="left")
+            past = b == len(last_keys)  # after the last key of the group
+            if bool(np.any(past)):
+                self.stats["range_negatives"] += int(past.sum())
+                pos[grp[past]] += 1
+            entry[1].append(grp[~past])
+            entry[2].append(b[~past] + int(row["first_block"]))
+
+    def _fetch(self, missing: list) -> dict:
+        """Read, check and decode the blocks ``missing`` (``(block id, run file, block)``;
+        block ``-1 - kg``: the whole (state, key group) of a file without block keys), adjacent
+        blocks of a file in one read, on the fetch threads; each goes into the cache. Returns
+        ``{block id: (keys, values)}``."""
+        out: dict = {}
+        if not missing:
+            return out
+        groups: list[list] = []
+        for item in sorted(missing, key=lambda m: (m[0][0], m[2])):
+            _, rf, b = item
+            last = groups[-1][-1] if groups else None
+            if last is not None and b >= 0 and last[1] is rf and last[2] + 1 == b:
+                groups[-1].append(item)
+            else:
+                groups.append([item])
+        # A whole (state, key group) of an old file is read through the file's position
+        # (DataFileReader.entries), which one thread at a time may move: those on this thread.
+        futures = [self._pool.submit(self._read_group, g) for g in groups if g[0][2] >= 0]
+        done = [self._read_group(g) for g in groups if g[0][2] < 0]
+        for got in done + [f.result() for f in futures]:
+            for bid, keys, values, nread, size in got:
+                self.stats["blocks_read"] += 1
+                self.stats["bytes_read"] += nread
+                out[bid] = (keys, values)
+                self.cache.put(bid, keys, values, size)
+        return out
+
+    @staticmethod
+    def _read_group(group: list) -> list:
+        """Fetch thread: the blocks of ``group`` (consecutive blocks of one file, or one old
+        file's (state, key group)) checked and decoded: ``[(block id, keys, values, stored
+        bytes read, bytes the decoded arrays hold)]``."""
+        bid, rf, b = group[0]
+        data = rf.data
+        incremental = data.kind == KIND_INCREMENTAL
+        if b < 0:
+            before = data.bytes_read
+            keys, values = data.entries(rf.state, -1 - b)
+            return [(bid, keys, values, data.bytes_read - before, None)]
+        blocks = data.block_rows(b, len(group))
+        lo = int(blocks["offset"][0])
+        hi = int(blocks["offset"][-1]) + int(blocks["stored_length"][-1])
+        kg0, _ = rf.key_group_of_block(b)
+        raw = data.read_range(lo, hi - lo, f"state {rf.state!r} key group {kg0}")
+        out = []
+        for j, (gbid, _, gb) in enumerate(group):
+            blk = blocks[j:j + 1]
+            kg, nth = rf.key_group_of_block(gb)
+            what = (f"checkpoint data file {data.name}: state {rf.state!r} key group {kg} "
+                    f"block {gb}")
+            n, raw_length = int(blk["entries"][0]), int(blk["raw_length"][0])
+            if native_decode_blocks is not None:
+                keys, values, bad, why = native_decode_blocks(raw, blk, lo, incremental)
+                if bad is not None:
+                    raise CorruptCheckpointError(f"{what}: {why}")
+                # Its allocations: offsets, key and value data of raw_length each, validity.
+                size = 8 * (n + 1) + 2 * max(raw_length, 1) + max((n + 7) // 8, 1)
+            else:
+                size = raw_length  # arrays over the decompressed payload
+                stored = raw.slice(int(blk["offset"][0]) - lo, int(blk["stored_length"][0]))
+                keys, values = decode_stored_block(
+                    stored, int(blk["raw_length"][0]), int(blk["entries"][0]),
+                    int(blk["xxh64"][0]), what, has_validity=incremental)
+            if len(keys) == 0 or keys[len(keys) - 1].as_py() != rf.block_keys[kg][nth]:
+                raise CorruptCheckpointError(f"{what}: last key differs from the footer's")
+            out.append((gbid, keys, values, int(blk["stored_length"][0]), size))
+        return out
+
+    @staticmethod
+    def _assemble(n: int, take_part: np.ndarray, take_row: np.ndarray, parts: list) -> pa.Array:
+        """The batch's result: key ``i``'s value is row ``take_row[i]`` of
+        ``parts[take_part[i]]`` (NULL for a tombstone), NULL where ``take_part[i] < 0``."""
+        if not parts:
+            return pa.nulls(n, pa.binary())
+        values = pa.concat_arrays(parts) if len(parts) > 1 else parts[0]
+        starts = np.concatenate(([0], np.cumsum([len(p) for p in parts])[:-1])).astype(np.int64)
+        found = take_part >= 0
+        take = np.where(found, starts[np.maximum(take_part, 0)] + take_row, 0)
+        return values.take(pa.array(take, mask=~found))

@@ -1,0 +1,421 @@
+"""Point lookups into checkpoint runs (statecore.checkpoint.lookup): differential against the
+merged entries a full restore reads (CheckpointReader.entries), for value, map and TTL'd states
+of both backends through chains of incremental checkpoints (tombstones shadow older runs), for
+files of format 5 (no filters: every block of the (state, key group)) and the in-test snapshots
+of both writers; corruption of a block, a filter or the footer; the cache budget; and absent
+keys, which read no block except for the filter's false positives."""
+
+from __future__ import annotations
+
+import os
+import random
+import struct
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from statecore import (
+    MapStateDescriptor,
+    StateTtlConfig,
+    ValueStateDescriptor,
+    create_backend,
+)
+from statecore.checkpoint import CheckpointStore
+from statecore.checkpoint import format as fmt
+from statecore.checkpoint.lookup import BlockCache, RunLookup
+from statecore.errors import CorruptCheckpointError, InvalidInputError
+from support.data_files import without_lookup_tables
+
+KINDS = ["python", "native"]
+
+
+def _states(b):
+    v = b.get_state(ValueStateDescriptor("v", "int64"))
+    m = b.get_state(MapStateDescriptor("m", "int64", "string"))
+    t = ValueStateDescriptor("t", "int64")
+    t.enable_time_to_live(StateTtlConfig(10**12))
+    return v, m, b.get_state(t)
+
+
+def _history(b, store, rng, versions=4, keys=3000):
+    v, m, t = _states(b)
+    for version in range(1, versions + 1):
+        ks = pa.array(rng.sample(range(keys), keys // 3), pa.int64())
+        v.put_batch(ks, pa.array([version * 10**6 + k for k in ks.to_pylist()], pa.int64()))
+        t.put_batch(ks, ks)
+        mk = pa.array(rng.sample(range(keys), 200), pa.int64())
+        m.put_batch(mk, pa.array([k % 7 for k in mk.to_pylist()], pa.int64()),
+                    pa.array([f"v{version}" for _ in range(len(mk))], pa.string()))
+        if version > 1:
+            gone = pa.array(rng.sample(range(keys), keys // 10), pa.int64())
+            v.clear_batch(gone)
+            t.clear_batch(gone)
+            m.remove_batch(gone, pa.array([k % 7 for k in gone.to_pylist()], pa.int64()))
+        store.checkpoint(b, version)
+
+
+def _all_entries(reader, state):
+    out = {}
+    r = reader.key_group_range
+    for kg in range(r.start, r.end + 1):
+        k, val = reader.entries(state, kg)
+        out.update(zip(k.to_pylist(), val.to_pylist()))
+    return out
+
+
+def _absent_keys(present, mp, n, rng):
+    prefix = fmt.key_group_prefix_bytes(mp)
+    sample = rng.sample(sorted(present), min(n, len(present)))
+    out = []
+    for k in sample:  # same key group and layout, a key never written
+        cand = k[:prefix] + bytes([0xEE]) + k[prefix + 1:]
+        if cand not in present:
+            out.append(cand)
+    return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_lookups_equal_the_merged_runs_of_incremental_chains(tmp_path, kind):
+    rng = random.Random(3)
+    store = CheckpointStore(str(tmp_path / "ckpt"), max_runs=None)
+    b = create_backend(kind, key_type="int64", max_parallelism=128)
+    _history(b, store, rng)
+    for version in (2, 4):
+        with store.open(version) as reader, RunLookup(reader, cache_bytes=1 << 20) as lk:
+            for state in ("v", "m", "t"):
+                present = _all_entries(reader, state)
+                assert present
+                # Keys removed in some version are in the newer runs as tombstones.
+                absent = _absent_keys(present, 128, 300, rng)
+                ask = list(present) + absent
+                rng.shuffle(ask)
+                got = lk.lookup_batch(state, pa.array(ask, pa.binary())).to_pylist()
+                assert got == [present.get(k) for k in ask], (version, state)
+            st = lk.statistics()
+            assert st["blocks_read"] > 0 and st["cache_bytes"] <= 1 << 20
+
+
+def test_lookups_in_runs_of_the_native_serializer(tmp_path):
+    """Runs written by the native background serializer (its filters and block keys, small
+    blocks), a full one and an incremental one on top, against the merged runs."""
+    rng = random.Random(8)
+    store = CheckpointStore(str(tmp_path / "ckpt"), max_runs=None)
+    b = create_backend("native", key_type="int64", max_parallelism=256)
+    v, m, t = _states(b)
+    keys = pa.array(range(4000), pa.int64())
+    v.put_batch(keys, keys)
+    t.put_batch(keys, keys)
+    m.put_batch(keys, pa.array([k % 5 for k in range(4000)], pa.int64()),
+                pa.array([str(k) for k in range(4000)], pa.string()))
+    for version, incremental in ((1, False), (2, True)):
+        if incremental:
+            gone = pa.array(rng.sample(range(4000), 500), pa.int64())
+            v.clear_batch(gone)
+            m.remove_batch(gone, pa.array([k % 5 for k in gone.to_pylist()], pa.int64()))
+            v.put_batch(pa.array([9000, 9001], pa.int64()), pa.array([1, 2], pa.int64()))
+        snap = b.snapshot(incremental=incremental)
+        d = store.write_snapshot_async(snap, version, block_target_bytes=700,
+                                       release_snapshot=True).result(timeout=60)
+        store.commit(version, [d])
+        b.notify_checkpoint_complete(snap.snapshot_id, version)
+    assert [r["kind"] for r in store.describe(2)["run_list"]] == ["incremental", "full"]
+    with store.open(1) as r1, store.open(2) as reader, RunLookup(reader) as lk:
+        for state in ("v", "m", "t"):
+            present = _all_entries(reader, state)
+            ask = sorted(set(present) | set(_all_entries(r1, state)))
+            ask += _absent_keys(present, 256, 200, rng)
+            got = lk.lookup_batch(state, pa.array(ask, pa.binary())).to_pylist()
+            assert got == [present.get(k) for k in ask], state
+
+
+def test_tombstones_shadow_older_runs(tmp_path):
+    store = CheckpointStore(str(tmp_path / "ckpt"), max_runs=None)
+    b = create_backend("native", key_type="int64", max_parallelism=128)
+    v = b.get_state(ValueStateDescriptor("v", "int64"))
+    keys = pa.array(range(1000), pa.int64())
+    v.put_batch(keys, keys)
+    store.checkpoint(b, 1)
+    v.clear_batch(pa.array(range(0, 1000, 2), pa.int64()))
+    store.checkpoint(b, 2)
+    assert [r["kind"] for r in store.describe(2)["run_list"]] != ["full"]
+    with store.open(1) as r1, store.open(2) as r2:
+        old = _all_entries(r1, "v")
+        assert len(old) == 1000
+        with RunLookup(r2) as lk:
+            got = lk.lookup_batch("v", pa.array(sorted(old), pa.binary())).to_pylist()
+        now = _all_entries(r2, "v")
+        assert len(now) == 500
+        assert got == [now.get(k) for k in sorted(old)]
+
+
+MAXP = 128
+METAS = [{"name": "a", "kind": "value", "namespace_type": "void", "value_type": "binary"},
+         {"name": "b", "kind": "value", "namespace_type": "void", "value_type": "binary"}]
+
+
+def ekey(kg: int, key: int) -> bytes:
+    return bytes([kg]) + struct.pack(">q", key) + b"\x00"
+
+
+class Snap:
+    """Full or incremental StateSnapshot over ``data[name][kg] = {key: value or None}``."""
+
+    def __init__(self, data, incremental=False, kg_range=(0, MAXP - 1), base_version=None):
+        self.max_parallelism = MAXP
+        self.base_version = base_version
+        self.key_group_range = fmt.make_key_group_range(*kg_range)
+        self.key_type = "int64"
+        self.assigner = "spark"
+        self.incremental = incremental
+        self.data = data
+
+    def state_metas(self):
+        return [dict(m) for m in METAS]
+
+    def entries(self, name, kg):
+        items = sorted(self.data.get(name, {}).get(kg, {}).items())
+        return (pa.array([k for k, _ in items], pa.binary()),
+                pa.array([v for _, v in items], pa.binary()))
+
+    def release(self):
+        pass
+
+
+def _random_data(rng, n_keys, kgs=range(0, MAXP, 3), tomb=0.0):
+    data = {"a": {}, "b": {}}
+    for _ in range(n_keys):
+        kg = rng.choice(list(kgs))
+        key = rng.randrange(10**6)
+        name = rng.choice("ab")
+        val = None if rng.random() < tomb else bytes(rng.randrange(256) for _ in range(9))
+        data[name].setdefault(kg, {})[ekey(kg, key)] = val
+    return data
+
+
+def _write(store, version, snap, block_target=256, strip=False):
+    """Write and commit ``snap``; ``strip``: as a format-5 file (no filters, no block keys)."""
+    d = store.write_snapshot(snap, version, block_target_bytes=block_target)
+    if strip:
+        path = os.path.join(store.root, d["path"])
+        with open(path, "rb") as f:
+            raw = f.read()
+        raw = without_lookup_tables(raw)
+        from support.data_files import rewrite_footer_meta
+
+        def edit(meta):
+            meta.update(format_version=5)
+            meta.pop("bloom_bits_per_key", None)
+
+        raw, fsum = rewrite_footer_meta(raw, edit, trailer_version=5)
+        with open(path, "wb") as f:
+            f.write(raw)
+        d = dict(d, size=len(raw), footer_xxh64=f"{fsum:016x}")
+    store.commit(version, [d])
+
+
+@pytest.mark.parametrize("strip", [False, True], ids=["format6", "format5"])
+def test_chains_of_fake_snapshots_old_and_new_formats(tmp_path, strip):
+    rng = random.Random(11)
+    store = CheckpointStore(str(tmp_path / "ckpt"), max_runs=None)
+    full = _random_data(rng, 3000)
+    _write(store, 1, Snap(full), strip=strip)
+    inc = _random_data(rng, 800, tomb=0.3)
+    for name in "ab":  # tombstones of keys of the full run
+        for kg, kv in full[name].items():
+            for k in list(kv)[:3]:
+                inc[name].setdefault(kg, {})[k] = None
+    _write(store, 2, Snap(inc, incremental=True, base_version=1))
+    with store.open(2) as reader, RunLookup(reader, cache_bytes=64 << 10) as lk:
+        for name in "ab":
+            present = _all_entries(reader, name)
+            ask = sorted(set(list(present) + [k for kv in full[name].values() for k in kv]
+                             + [k for kv in inc[name].values() for k in kv]))
+            ask += _absent_keys(present, MAXP, 200, rng)
+            got = lk.lookup_batch(name, pa.array(ask, pa.binary())).to_pylist()
+            assert got == [present.get(k) for k in ask]
+        assert lk.statistics()["cache_bytes"] <= 64 << 10
+
+
+def test_absent_keys_read_blocks_only_for_filter_false_positives(tmp_path):
+    rng = random.Random(5)
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    data = {"a": {}, "b": {}}
+    for kg in range(0, MAXP, 2):
+        for key in rng.sample(range(10**9), 400):
+            data["a"].setdefault(kg, {})[ekey(kg, key)] = b"x" * 8
+    _write(store, 1, Snap(data), block_target=4096)
+    present = {k for kv in data["a"].values() for k in kv}
+    absent = []
+    while len(absent) < 20000:
+        kg = rng.randrange(0, MAXP, 2)
+        k = ekey(kg, rng.randrange(10**9, 2 * 10**9))
+        if k not in present:
+            absent.append(k)
+    with store.open(1) as reader, RunLookup(reader) as lk:
+        got = lk.lookup_batch("a", pa.array(absent, pa.binary()))
+        assert got.null_count == len(absent)
+        st = lk.statistics()
+    fp = st["filter_false_positives"] + st["range_negatives"]
+    assert st["filter_negatives"] + fp == len(absent)
+    # 10 bits per key and 7 probes: 0.82% expected; allow 4 standard deviations.
+    p = 0.0082
+    sd = (p * (1 - p) * len(absent)) ** 0.5
+    assert abs(fp - p * len(absent)) < 4 * sd + 5, fp
+    assert st["blocks_read"] <= st["filter_false_positives"]
+
+
+def test_cache_stays_within_budget_and_counts_hits():
+    cache = BlockCache(1000)
+    arr = pa.array([b"k" * 10] * 10, pa.binary())
+    for i in range(50):
+        cache.put(i, arr, arr)
+        assert cache.used <= 1000
+        assert cache.get(i) is not None
+    assert cache.get(0) is None and cache.misses == 1 and cache.hits == 50
+    big = pa.array([b"x" * 2000], pa.binary())
+    cache.put("big", big, big)
+    assert cache.get("big") is None and cache.used <= 1000
+    with pytest.raises(InvalidInputError):
+        BlockCache(-1)
+
+
+def _corrupt_store(tmp_path, where):
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    rng = random.Random(2)
+    data = _random_data(rng, 500, kgs=[7])
+    _write(store, 1, Snap(data))
+    d = store.manifest(1)["files"][0]
+    path = os.path.join(store.root, d["path"])
+    with open(path, "rb") as f:
+        raw = bytearray(f.read())
+    r = fmt.DataFileReader(pa.BufferReader(bytes(raw)), "x")
+    ftab, _, _ = r.lookup_tables()
+    if where == "block":
+        raw[int(r.block_rows(0, 1)["offset"][0]) + 3] ^= 0xFF
+    elif where == "filter":
+        raw[int(ftab["offset"][0]) + 2] ^= 0xFF
+    else:
+        foot = len(raw) - fmt.TRAILER_SIZE - 5
+        raw[foot] ^= 0xFF
+    with open(path, "wb") as f:
+        f.write(bytes(raw))
+    keys = [k for kv in data["a"].values() for k in kv]
+    return store, keys
+
+
+@pytest.mark.parametrize("where", ["block", "filter", "footer"])
+def test_corruption_raises_naming_file_state_and_key_group(tmp_path, where):
+    store, keys = _corrupt_store(tmp_path, where)
+    with store.open(1) as reader, RunLookup(reader) as lk:
+        with pytest.raises(CorruptCheckpointError) as err:
+            lk.lookup_batch("a", pa.array(keys, pa.binary()))
+    msg = str(err.value)
+    assert ".sckp" in msg
+    if where != "footer":
+        assert "state 'a'" in msg and "key group 7" in msg, msg
+
+
+def test_bad_arguments(tmp_path):
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    _write(store, 1, Snap(_random_data(random.Random(1), 50)))
+    with store.open(1) as reader:
+        with pytest.raises(InvalidInputError):
+            RunLookup(reader, key_groups=(0, 500))
+        with RunLookup(reader, key_groups=(0, 9)) as lk:
+            with pytest.raises(InvalidInputError, match="no state"):
+                lk.lookup_batch("zz", pa.array([ekey(1, 1)], pa.binary()))
+            with pytest.raises(InvalidInputError, match="outside"):
+                lk.lookup_batch("a", pa.array([ekey(20, 1)], pa.binary()))
+            with pytest.raises(InvalidInputError, match="prefix"):
+                lk.lookup_batch("a", pa.array([b""], pa.binary()))
+            with pytest.raises(InvalidInputError):
+                lk.lookup_batch("a", pa.array([1], pa.int64()))
+            assert lk.lookup_batch("a", pa.array([], pa.binary())).to_pylist() == []
+
+
+def test_bloom_filter_python_and_native_agree():
+    from statecore.checkpoint import blocks
+
+    rng = np.random.default_rng(0)
+    keys = pa.array([bytes(rng.integers(0, 256, rng.integers(0, 30)).astype(np.uint8))
+                     for _ in range(2000)], pa.binary())
+    h = blocks.key_hashes(keys)
+    assert h.tolist() == [blocks.xxh64(k) for k in keys.to_pylist()]
+    for bpk in (1, 10, 64):
+        f = blocks.bloom_filter(h, bpk)
+        assert len(f) == blocks.bloom_filter_bytes(len(keys), bpk)
+        assert blocks.bloom_probe(f, blocks.bloom_hashes(bpk), h).all()
+
+
+def test_native_lookup_in_blocks_finds_gathers_and_skips_tombstones():
+    native = pytest.importorskip("statecore._native")
+    rng = random.Random(4)
+    blocks, oracle = [], []
+    for _ in range(6):
+        keys = sorted({bytes(rng.randrange(256) for _ in range(rng.randrange(1, 6)))
+                       for _ in range(rng.randrange(0, 40))})
+        vals = [None if rng.random() < 0.2 else bytes(rng.randrange(256)
+                                                       for _ in range(rng.randrange(0, 5)))
+                for _ in keys]
+        k, v = pa.array(keys, pa.binary()), pa.array(vals, pa.binary())
+        if len(keys) > 4:  # sliced arrays too
+            k, v, keys, vals = k.slice(2), v.slice(2), keys[2:], vals[2:]
+        blocks.append((k, v))
+        oracle.append(dict(zip(keys, vals)))
+    needles, which = [], []
+    for _ in range(500):
+        b = rng.randrange(len(blocks))
+        pool = list(oracle[b])
+        if pool and rng.random() < 0.6:
+            needles.append(rng.choice(pool))
+        else:
+            needles.append(bytes(rng.randrange(256) for _ in range(rng.randrange(0, 6))))
+        which.append(b)
+    rows, values = native.lookup_in_blocks(blocks, np.array(which, np.int64),
+                                           pa.array(needles, pa.binary()))
+    for i, (q, b) in enumerate(zip(needles, which)):
+        if q in oracle[b]:
+            assert blocks[b][0][int(rows[i])].as_py() == q
+            assert values[i].as_py() == oracle[b][q]
+        else:
+            assert rows[i] == -1 and values[i].as_py() is None
+    with pytest.raises(InvalidInputError):
+        native.lookup_in_blocks(blocks, np.array([len(blocks)], np.int64),
+                                pa.array([b"x"], pa.binary()))
+
+
+def test_reads_through_a_pyarrow_filesystem_are_what_the_statistics_say(tmp_path):
+    """Through a non-local pyarrow filesystem: opening the lookup reads nothing, the first batch
+    reads the filters of the state's key groups once and a block per key the filter passes
+    (absent keys: only false positives), and the file's byte count agrees with the
+    statistics."""
+    import pyarrow.fs as pafs
+
+    from support.fs_wrappers import LocalDelegatingHandler
+
+    fs = pafs.PyFileSystem(LocalDelegatingHandler())
+    store = CheckpointStore(str(tmp_path / "ckpt"), filesystem=fs)
+    rng = random.Random(9)
+    data = _random_data(rng, 4000)
+    _write(store, 1, Snap(data), block_target=1024)
+    present = {k: v for kv in data["a"].values() for k, v in kv.items()}
+    absent = _absent_keys(present, MAXP, 1000, rng)
+    with store.open(1) as reader:
+        run = reader.manifest["files"][0]
+        f = reader.data_file(run)
+        opened = f.bytes_read
+        with RunLookup(reader) as lk:
+            assert f.bytes_read == opened
+            got = lk.lookup_batch("a", pa.array(absent, pa.binary()))
+            assert got.null_count == len(absent)
+            st = lk.statistics()
+            assert f.bytes_read - opened == st["bytes_read"] > 0
+            assert st["blocks_read"] <= st["filter_false_positives"]
+            before = f.bytes_read
+            ask = sorted(present)
+            got = lk.lookup_batch("a", pa.array(ask, pa.binary())).to_pylist()
+            assert got == [present[k] for k in ask]
+            st2 = lk.statistics()
+            assert f.bytes_read - before == st2["bytes_read"] - st["bytes_read"]
+            assert st2["filter_bytes"] == st["filter_bytes"]  # filters read once
