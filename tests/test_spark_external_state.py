@@ -11,10 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from statecore.descriptors import ValueStateDescriptor
-from statecore.errors import InvalidInputError, StateError
+from statecore.errors import ExternalStoreUnavailableError, InvalidInputError, StateError
 from statecore.external import read_committed, read_committed_epoch, wal_keys
 from statecore.spark import KeyedProcessor, StatefulOperator
-from support.redis_server import redis_server  # noqa: F401  (fixture)
+from support.redis_server import redis_server, redis_server_aof  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.spark
 
@@ -255,3 +255,31 @@ def test_store_and_checkpoint_must_belong_together(spark, tmp_path, redis_server
     with pytest.raises(InvalidInputError, match="state_store"):
         StatefulOperator("counts", Count(), "k", str(tmp_path), output=str(tmp_path),
                          state_namespace="x")
+
+
+def test_store_down_fails_the_batch_and_a_restart_finishes_it(spark, tmp_path,
+                                                              redis_server_aof):  # noqa: F811
+    server = redis_server_aof
+    want = _expected_counts()
+    op = _op(tmp_path, server, "native", parallelism=2)
+    for i in (0, 1):
+        op(_df(spark, BATCHES[i]), i)
+    # The server dies between the tasks' pre-commits and the driver's commit: the manifest
+    # (the commit decision) is written, the store's commit fails with a clear error.
+    pending = op.start(_df(spark, BATCHES[2]), 2)
+    pending.wait()
+    server.kill()
+    with pytest.raises(ExternalStoreUnavailableError, match="committing epoch 2"):
+        pending.commit()
+    # Down at the start of a micro-batch: nothing runs.
+    with pytest.raises(ExternalStoreUnavailableError, match="unreachable"):
+        op(_df(spark, BATCHES[2]), 2)
+    server.start()  # the AOF kept every acknowledged write, the logs of epoch 2 included
+    assert read_committed_epoch(server.url, NS) == 1
+    # The restarted driver finishes the decided commit; Spark's replay of 2 has nothing to do.
+    again = _op(tmp_path, server, "native", parallelism=2)
+    assert again(_df(spark, BATCHES[2]), 2).skipped
+    assert _committed_counts(server.url) == (2, want[2])
+    for i in (3, 4):
+        again(_df(spark, BATCHES[i]), i)
+    assert _committed_counts(server.url) == (4, want[4])
