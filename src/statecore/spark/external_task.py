@@ -143,6 +143,13 @@ def run_external(spec, partition_id: int, inputs, t0: float, task_attempt: int, 
     marker = None
     try:
         spec.processor.open(ctx)
+        if spec.first_watermark:
+            # Event-time TTL stamps writes made before any watermark with the lowest int64 and
+            # re-stamps them with the backend's first watermark (observe_watermark). The store
+            # holds such entries from the versions without a watermark: every key group is
+            # read now, so the re-stamp covers them all and goes to the store with this epoch,
+            # as a restore from a checkpoint followed by the first watermark does.
+            backend.read_through(kg_range)
         if spec.watermark_ms is not None:
             backend.observe_watermark(spec.watermark_ms)
         load_s = time.perf_counter() - t_load

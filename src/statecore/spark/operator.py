@@ -1015,7 +1015,9 @@ class StatefulOperator:
             stale_copies=self.stale_copies, freeze_worker_gc=self.freeze_worker_gc,
             standby=self.standby, handoff=self.handoff, processing_time_ms=processing_time,
             heartbeat_interval_s=self.heartbeat_interval_s, broadcast_ipc=broadcast_ipc,
-            state_store=self.state_store, state_namespace=self.state_namespace)
+            state_store=self.state_store, state_namespace=self.state_namespace,
+            first_watermark=(watermark is not None
+                             and prev_meta.get("input_watermark_ms") is None))
 
         if is_flush:
             # The flush has no input: its control rows, one per partition, each carrying its

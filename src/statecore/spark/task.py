@@ -164,7 +164,9 @@ class TaskSpec:
     heartbeats of the background write, which tell the driver it is alive; None = none),
     ``state_store`` and ``state_namespace`` (keyed state in an external store, the store's URL
     and namespace: the task runs :func:`statecore.spark.external_task.run_external` instead;
-    None = in-memory state checkpointed to ``store_uri``).
+    None = in-memory state checkpointed to ``store_uri``), ``first_watermark`` (the first
+    version with a watermark: an external task reads its whole key-group range through before
+    the watermark re-stamps what was written without one).
 
     Errors raised in the task (which fails it, and with it the micro-batch): StateError outside
     a Spark task or for a partition id outside ``[0, num_partitions)``; InvalidInputError for a
@@ -202,6 +204,7 @@ class TaskSpec:
     broadcast_ipc: Optional[bytes] = None
     state_store: Optional[str] = None
     state_namespace: Optional[str] = None
+    first_watermark: bool = False
 
     @property
     def key_columns(self) -> tuple:
