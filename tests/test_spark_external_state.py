@@ -205,15 +205,6 @@ def test_micro_batches_are_epochs_and_rescale_moves_no_data(spark, tmp_path, red
     assert op.flush(spark) is None
 
 
-def test_cached_backend_is_reused_across_micro_batches(spark, tmp_path, redis_server):  # noqa: F811
-    op = _op(tmp_path, redis_server, "python", parallelism=2)
-    for i in range(3):
-        op(_df(spark, BATCHES[i]), i)
-    # local[2] reuses its Python workers: from the second micro-batch on some partition finds
-    # its backend at the committed epoch in the worker it ran on.
-    assert sum(op.store.metadata(i)["loads"].get("cache", 0) for i in (1, 2)) >= 1
-
-
 def test_uncommitted_epoch_is_discarded_when_the_batch_runs_again(spark, tmp_path,
                                                                   redis_server):  # noqa: F811
     want = _expected_counts()

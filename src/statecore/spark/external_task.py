@@ -77,11 +77,15 @@ def _take(key: tuple, prev_version: Optional[int], prev_writers):
 
 
 def _put(key: tuple, backend, epoch: int, writer: str) -> None:
+    """Keep ``backend`` for ``key``; entries of the same namespace at another parallelism are
+    disposed of (no task of this run asks for them)."""
     with _LOCK:
-        old = _BACKENDS.pop(key, None)
+        gone = [k for k in _BACKENDS if k[:2] == key[:2] and k[3] != key[3]]
+        old = [_BACKENDS.pop(k) for k in gone + ([key] if key in _BACKENDS else [])]
         _BACKENDS[key] = (backend, epoch, writer)
-    if old is not None and old[0] is not backend:
-        old[0].dispose()
+    for entry in old:
+        if entry[0] is not backend:
+            entry[0].dispose()
 
 
 def _open_backend(spec, partition_id: int):

@@ -506,6 +506,19 @@ class StatefulOperator:
             ``gc_frozen_objects``). It affects the whole
             worker process, the user's other tasks in it included; False leaves the garbage
             collector alone.
+        state_store: URL of an external store that keeps the keyed state (``redis://HOST:PORT/DB``,
+            ``rediss://``, ``unix://``; :mod:`statecore.external`) instead of the workers'
+            memory and the checkpoint: a micro-batch (or flush) is an epoch of the store,
+            numbered by its version -- tasks pre-commit it, the driver writes the version's
+            manifest (the operator's metadata and the epoch's write-ahead logs) after the sink
+            and then commits the epoch (:mod:`statecore.spark.external_commit`,
+            :mod:`statecore.spark.external_task`). The backend in front of the store is
+            ``backend``. A replay of a micro-batch the store committed runs nothing
+            (``skipped``). Not with operator state or :meth:`bootstrap`. None (default): in
+            memory, checkpointed.
+        state_namespace: the keyed state's namespace in the store (default: the operator's
+            checkpoint root, ``<checkpoint>/<name>``, made absolute); braces and control
+            characters are not allowed.
 
     Raises InvalidInputError for bad arguments (at construction) and for inputs the contract
     forbids (at run time: null keys, a key column of another type, output not matching the
