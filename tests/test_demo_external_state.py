@@ -64,9 +64,7 @@ def _committed(cfg, op, states):
     whose event-time TTL ran out by the last micro-batch's watermark are left out (TTL
     background cleanup removes them at moments that depend on which backends visited which
     key groups)."""
-    latest = op.store.latest_version()
-    last = op.store.metadata(latest - 1)
-    assert not last["flush"]
+    last = [m for m in map(op.store.metadata, op.store.versions()) if not m["flush"]][-1]
     wm = last["input_watermark_ms"]
     out = {}
     for s in states:
