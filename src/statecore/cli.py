@@ -155,6 +155,11 @@ def _add_demo(sub) -> None:
                         "writes that are still running (their heartbeats go on) before failing "
                         "the micro-batch; a write whose heartbeats stopped is re-run at once "
                         "(default: %(default)s)")
+    p.add_argument("--state-store", default=None, metavar="URL",
+                   help="keep the operators' keyed state in this external store "
+                        "(redis://HOST:PORT/DB): a micro-batch is an epoch of the store, the "
+                        "checkpoint keeps the operators' metadata only (default: in memory, "
+                        "checkpointed)")
     p.add_argument("--quiet", action="store_true", help="print only the summary")
     p.set_defaults(run=_run_demo)
 
@@ -172,7 +177,7 @@ def _run_demo(args) -> int:
         ttl_background_key_groups=args.ttl_background_key_groups,
         master=args.master, retain_versions=args.retain_versions, max_runs=args.max_runs,
         commit_timeout_s=args.commit_timeout, remote=args.remote, spark_conf=dict(args.conf),
-        python_env=args.python_env)
+        python_env=args.python_env, state_store=args.state_store)
     if args.quiet:
         summary = run_demo(cfg, progress=None)
         for line in summary.lines():

@@ -115,6 +115,10 @@ class DemoConfig:
     ``spark.archives = <python_env>#environment`` and run there as
     ``./environment/bin/python`` (``PYSPARK_PYTHON``); the driver keeps its own interpreter.
     Refused with a local master (its workers run the driver's interpreter).
+    ``state_store``: the URL of an external store (``redis://HOST:PORT/DB``) that keeps both
+    operators' keyed state (``StatefulOperator(state_store=)``: a micro-batch is an epoch of
+    the store; each operator's namespace is its checkpoint root; the checkpoint keeps the
+    operators' metadata); None: in memory, checkpointed.
     """
 
     checkpoint: str = "./statecore-checkpoint"
@@ -138,6 +142,7 @@ class DemoConfig:
     remote: Optional[str] = None
     spark_conf: Dict[str, str] = field(default_factory=dict)
     python_env: Optional[str] = None
+    state_store: Optional[str] = None
 
     def validate(self) -> None:
         """Raise InvalidInputError for out-of-range options."""
@@ -202,6 +207,10 @@ class DemoConfig:
                     f"{self.master!r} runs its workers with the driver's interpreter")
             if not os.path.isfile(self.python_env):
                 raise InvalidInputError(f"python_env {self.python_env!r} is not a file")
+        if self.state_store is not None:
+            from statecore.spark.external_commit import store_kind
+
+            store_kind(self.state_store)
 
 
 @dataclass
@@ -285,7 +294,8 @@ class DemoPipeline:
         common = dict(parallelism=cfg.parallelism, max_parallelism=cfg.max_parallelism,
                       backend=cfg.backend, retain_versions=cfg.retain_versions,
                       max_runs=cfg.max_runs, commit_timeout_s=cfg.commit_timeout_s,
-                      ttl_background_key_groups=cfg.ttl_background_key_groups)
+                      ttl_background_key_groups=cfg.ttl_background_key_groups,
+                      state_store=cfg.state_store)
         self.sessions = StatefulOperator(
             "sessions", AircraftSessions(cfg.session_gap_ms, cfg.aircraft_idle_ttl_ms), "tailnum",
             self.ops_dir,

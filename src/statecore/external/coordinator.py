@@ -10,7 +10,7 @@ from statecore.external.reader import CommittedState
 from statecore.external.reader import read_committed as _redis_read
 from statecore.external.store import DEFAULT_TIMEOUT_S
 
-__all__ = ["commit_epoch", "abort_epoch", "wal_keys", "read_committed"]
+__all__ = ["commit_epoch", "abort_epoch", "wal_keys", "read_committed_epoch", "read_committed"]
 
 
 def _is_pg(url_or_client) -> bool:
@@ -53,6 +53,18 @@ def wal_keys(url_or_client, namespace: str, epoch: int,
 
         return postgres_store.wal_keys(url_or_client, namespace, epoch, timeout_s)
     return _redis.wal_keys(url_or_client, namespace, epoch, timeout_s)
+
+
+def read_committed_epoch(url_or_client, namespace: str,
+                         timeout_s: float = DEFAULT_TIMEOUT_S) -> int | None:
+    """The committed epoch of ``namespace`` (None before the first commit, or for a namespace
+    never opened), what a coordinator compares with its own record when it restarts (either
+    store's ``read_committed_epoch``)."""
+    if _is_pg(url_or_client):
+        from statecore.external import postgres_store
+
+        return postgres_store.read_committed_epoch(url_or_client, namespace, timeout_s)
+    return _redis.read_committed_epoch(url_or_client, namespace, timeout_s)
 
 
 def read_committed(url_or_client, namespace: str, state: str, key_group_range=None,

@@ -32,7 +32,8 @@ from statecore.external.cached import check_epoch
 from statecore.external.store import DEFAULT_TIMEOUT_S, FORMAT, NamespaceKeys
 
 __all__ = ["SCHEMA", "PgConnection", "connect", "store_errors", "open_namespace",
-           "namespace_row", "commit_epoch", "abort_epoch", "wal_keys", "is_postgres",
+           "namespace_row", "commit_epoch", "abort_epoch", "wal_keys", "read_committed_epoch",
+           "is_postgres",
            "parse_log_name", "ensure_schema"]
 
 #: The schema holding statecore's tables.
@@ -335,6 +336,24 @@ def commit_epoch(url_or_conn, namespace: str, epoch: int, wal_key_names,
                 (ns, epoch))
             conn.execute(f"DELETE FROM {SCHEMA}.logs WHERE ns = %s AND epoch = %s", (ns, epoch))
         return True
+    finally:
+        if pg is not url_or_conn:
+            pg.close()
+
+
+def read_committed_epoch(url_or_conn, namespace: str,
+                         timeout_s: float = DEFAULT_TIMEOUT_S) -> int | None:
+    """The committed epoch of ``namespace`` (None before the first commit, or when the
+    namespace or the statecore tables do not exist). Store errors as :func:`commit_epoch`."""
+    pg = connect(url_or_conn, timeout_s)
+    try:
+        with pg.transaction(f"reading the committed epoch of {namespace!r}",
+                            read_only=True) as conn:
+            if conn.execute("SELECT to_regclass(%s) IS NULL",
+                            (f"{SCHEMA}.namespaces",)).fetchone()[0]:
+                return None
+            row = namespace_row(conn, namespace)
+        return None if row is None else row[4]
     finally:
         if pg is not url_or_conn:
             pg.close()

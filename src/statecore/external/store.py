@@ -33,7 +33,8 @@ from statecore.errors import (
 )
 
 __all__ = ["FORMAT", "WAL_MAGIC", "NamespaceKeys", "connect", "store_errors", "check_config",
-           "commit_epoch", "abort_epoch", "wal_keys", "committed_epoch", "load_state_metas",
+           "commit_epoch", "abort_epoch", "wal_keys", "committed_epoch", "read_committed_epoch",
+           "load_state_metas",
            "wal_header", "glob_escape"]
 
 #: Version of the layout written to ``meta.format``.
@@ -333,3 +334,11 @@ def abort_epoch(url_or_client, namespace: str, epoch: int, wal_key_names=None,
              else list(wal_key_names))
     with store_errors(client, f"aborting epoch {epoch} of {namespace!r}"):
         return int(client.eval(_ABORT_LUA, 1 + len(names), keys.meta, *names, str(epoch)))
+
+
+def read_committed_epoch(url_or_client, namespace: str,
+                         timeout_s: float = DEFAULT_TIMEOUT_S) -> int | None:
+    """The committed epoch of ``namespace`` (None before the first commit, or for a namespace
+    never opened): what a coordinator compares with its own record of committed epochs when it
+    restarts. Store errors as :func:`commit_epoch`."""
+    return committed_epoch(_client(url_or_client, timeout_s), NamespaceKeys(namespace))

@@ -135,6 +135,7 @@ import pyarrow as pa
 from statecore.checkpoint.layout import is_uri, join_uri
 from statecore.errors import CheckpointNotFoundError, InvalidInputError, StateError
 from statecore.key_groups import check_max_parallelism
+from statecore.spark.external_commit import begin_epoch, check_state_store, commit_version_epoch
 from statecore.spark.processor import KeyedProcessor
 from statecore.spark.routing import OPERATOR_INDEX_COLUMN, backend_key_type, operator_index_of
 from statecore.spark.task import TaskSpec
@@ -505,6 +506,19 @@ class StatefulOperator:
             ``gc_frozen_objects``). It affects the whole
             worker process, the user's other tasks in it included; False leaves the garbage
             collector alone.
+        state_store: URL of an external store that keeps the keyed state (``redis://HOST:PORT/DB``,
+            ``rediss://``, ``unix://``; :mod:`statecore.external`) instead of the workers'
+            memory and the checkpoint: a micro-batch (or flush) is an epoch of the store,
+            numbered by its version -- tasks pre-commit it, the driver writes the version's
+            manifest (the operator's metadata and the epoch's write-ahead logs) after the sink
+            and then commits the epoch (:mod:`statecore.spark.external_commit`,
+            :mod:`statecore.spark.external_task`). The backend in front of the store is
+            ``backend``. A replay of a micro-batch the store committed runs nothing
+            (``skipped``). Not with operator state or :meth:`bootstrap`. None (default): in
+            memory, checkpointed.
+        state_namespace: the keyed state's namespace in the store (default: the operator's
+            checkpoint root, ``<checkpoint>/<name>``, made absolute); braces and control
+            characters are not allowed.
 
     Raises InvalidInputError for bad arguments (at construction) and for inputs the contract
     forbids (at run time: null keys, a key column of another type, output not matching the
@@ -525,7 +539,8 @@ class StatefulOperator:
                  ttl_background_key_groups: int = 0, stale_copies: int = 1,
                  freeze_worker_gc: bool = True, standby: bool = True, handoff: bool = False,
                  relaunch_attempts: int = 2, heartbeat_interval_s: float = 2.0,
-                 heartbeat_timeout_s: Optional[float] = None):
+                 heartbeat_timeout_s: Optional[float] = None, state_store: Optional[str] = None,
+                 state_namespace: Optional[str] = None):
         import re
 
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", name):
@@ -620,6 +635,9 @@ class StatefulOperator:
         self.key_columns = (key_column,) if isinstance(key_column, str) else tuple(key_column)
         self.checkpoint = os.fspath(checkpoint)
         self.store_uri = operator_root(self.checkpoint, name)
+        #: the external store's URL and namespace of the keyed state (None: in memory)
+        self.state_store, self.state_namespace = check_state_store(
+            state_store, state_namespace, self.store_uri)
         self.sink = sink
         self.parallelism = parallelism
         self.backend = backend
@@ -737,7 +755,8 @@ class StatefulOperator:
         store = self.store
         latest = store.latest_version()
         place = place_micro_batch(self.name, batch_id, query_id, latest, self._metadata_or_none)
-        if place.committed:
+        if place.committed or (self.state_store is not None
+                               and begin_epoch(self, place.version)):
             report = self._committed_report(place.version, batch_id)
             self.reports.append(report)
             return PendingBatch.done(self, report)
@@ -803,6 +822,8 @@ class StatefulOperator:
         place = place_flush(latest, meta, final)
         if place is None:
             return None
+        if self.state_store is not None and begin_epoch(self, place.version):
+            return None
         return self._launch(spark, None, place, meta["key_type"], batch_id=None, final=final,
                             prev_meta=meta, prev_commit_id=manifest.get("commit_id"),
                             broadcast=broadcast).commit()
@@ -832,6 +853,11 @@ class StatefulOperator:
         rows (from the tasks, wrapped by Spark); a failure commits nothing."""
         from statecore.spark.bootstrap import bootstrap_operator
 
+        if self.state_store is not None:
+            raise InvalidInputError(
+                f"operator {self.name}: bootstrap writes a checkpoint of in-memory state; an "
+                "operator with state_store= keeps its keyed state in the store (write it there "
+                "with the store's backend instead)")
         metadata = {
             "operator": self.name, "key_column": self.key_column, "backend": self.backend,
             "processor": type(self.processor).__qualname__,
@@ -964,6 +990,13 @@ class StatefulOperator:
                 raise InvalidInputError(
                     f"operator {self.name}: key column type {key_type} differs from the "
                     f"checkpoint's {prev_meta['key_type']}")
+            if bool(prev_meta.get("state_store")) != (self.state_store is not None):
+                raise InvalidInputError(
+                    f"operator {self.name}: the checkpoint's keyed state is "
+                    f"{'in an external store' if prev_meta.get('state_store') else 'in memory'}"
+                    f", this operator keeps it "
+                    f"{'in an external store' if self.state_store else 'in memory'}; moving "
+                    "state between them is not supported: use a new checkpoint")
             if ("processor_config" in prev_meta
                     and prev_meta["processor_config"] != processor_config):
                 raise InvalidInputError(
@@ -994,7 +1027,10 @@ class StatefulOperator:
             ttl_background_key_groups=self.ttl_background_key_groups,
             stale_copies=self.stale_copies, freeze_worker_gc=self.freeze_worker_gc,
             standby=self.standby, handoff=self.handoff, processing_time_ms=processing_time,
-            heartbeat_interval_s=self.heartbeat_interval_s, broadcast_ipc=broadcast_ipc)
+            heartbeat_interval_s=self.heartbeat_interval_s, broadcast_ipc=broadcast_ipc,
+            state_store=self.state_store, state_namespace=self.state_namespace,
+            first_watermark=(watermark is not None
+                             and prev_meta.get("input_watermark_ms") is None))
 
         if is_flush:
             # The flush has no input: its control rows, one per partition, each carrying its
@@ -1282,8 +1318,15 @@ class PendingBatch:
             del metadata["query_id"]
         # A replayed micro-batch re-commits its version: replace on purpose (the operator
         # restored version - 1 for it); newer versions keep the runs they reference.
-        manifest = store.commit(self.version, [r["descriptor"] for r in parts], metadata,
-                                replace=True)
+        descriptors = [r["descriptor"] for r in parts]
+        if op.state_store is None:
+            manifest = store.commit(self.version, descriptors, metadata, replace=True)
+        else:
+            prev_epoch = self.version - 1 if self.prev_meta else None
+            manifest = commit_version_epoch(
+                op, self.version, parts, prev_epoch,
+                lambda extra: store.commit(self.version, descriptors, dict(metadata, **extra),
+                                           replace=True))
         store.clear_pending(self.version)
         store.retain(op.retain_versions)
         phases = dict(self.phases, wait_s=self._wait_s, commit_s=time.perf_counter() - t_commit)

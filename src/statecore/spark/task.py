@@ -161,7 +161,12 @@ class TaskSpec:
     micro-batch's broadcast table as one Arrow IPC stream, or None: every partition hands it to
     ``processor.process_broadcast`` before its input), ``start_write`` (replaces
     :func:`start_snapshot_write`; tests), ``heartbeat_interval_s`` (seconds between the
-    heartbeats of the background write, which tell the driver it is alive; None = none).
+    heartbeats of the background write, which tell the driver it is alive; None = none),
+    ``state_store`` and ``state_namespace`` (keyed state in an external store, the store's URL
+    and namespace: the task runs :func:`statecore.spark.external_task.run_external` instead;
+    None = in-memory state checkpointed to ``store_uri``), ``first_watermark`` (the first
+    version with a watermark: an external task reads its whole key-group range through before
+    the watermark re-stamps what was written without one).
 
     Errors raised in the task (which fails it, and with it the micro-batch): StateError outside
     a Spark task or for a partition id outside ``[0, num_partitions)``; InvalidInputError for a
@@ -197,6 +202,9 @@ class TaskSpec:
     flush_final: bool = True
     heartbeat_interval_s: Optional[float] = None
     broadcast_ipc: Optional[bytes] = None
+    state_store: Optional[str] = None
+    state_namespace: Optional[str] = None
+    first_watermark: bool = False
 
     @property
     def key_columns(self) -> tuple:
@@ -231,6 +239,12 @@ class TaskSpec:
             raise StateError(
                 f"operator {self.operator_name}: Spark partition {partition_id} is not an "
                 f"operator index in [0, {self.num_partitions})")
+        if self.state_store is not None:
+            from statecore.spark.external_task import run_external
+
+            yield from run_external(self, partition_id, self._data_chunks(batches, partition_id),
+                                    t0, _task_attempt_number(), self._produce)
+            return
         if self.handoff and self.prev_version is not None:
             relayed = self._hand_off(partition_id, batches)
             if relayed is not None:

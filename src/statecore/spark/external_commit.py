@@ -1,0 +1,126 @@
+"""The driver side of :class:`statecore.spark.StatefulOperator` on external keyed state
+(``state_store=``; docs/spark.md "Keyed state in an external store"): a micro-batch (or flush)
+is an epoch of the store, numbered by its state version.
+
+The driver is the epochs' coordinator, through the external-state contract only
+(:mod:`statecore.external`: ``commit_epoch``, ``abort_epoch``, ``read_committed_epoch``):
+
+* before running version ``v`` (:func:`begin_epoch`) it finishes an epoch whose commit was
+  decided but not applied (below), then either finds ``v`` committed in the store already --
+  the micro-batch is a replay of a committed one and has no state effects left to make -- or
+  discards the write-ahead logs of ``v`` that an earlier attempt left (``abort_epoch``);
+* after the sink's action and every partition's report it writes the version's manifest in
+  the checkpoint directory first, recording the epoch's logs (metadata ``state_store``), and
+  then commits the epoch in the store (:func:`commit_version_epoch`). The manifest is the
+  commit decision, as a two-phase commit's coordinator log: a driver killed after it and before
+  the store's commit finishes that commit at its restart (:func:`begin_epoch`: the logs are
+  still in the store), so the store's committed epoch is always the latest manifest's version
+  or the one before it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any, Dict, Optional
+
+from statecore.errors import InvalidInputError, StateError
+
+__all__ = ["check_state_store", "store_kind", "begin_epoch", "commit_version_epoch",
+           "KILL_BEFORE_COMMIT_ENV", "KILL_BEFORE_EPOCH_COMMIT_ENV"]
+
+#: Test hook: ``OPERATOR:VERSION`` SIGKILLs the driver's process group after every partition
+#: of that version pre-committed and reported, before the manifest is written.
+KILL_BEFORE_COMMIT_ENV = "STATECORE_TEST_KILL_BEFORE_COMMIT"
+#: Test hook: ``OPERATOR:VERSION`` SIGKILLs the driver's process group after the version's
+#: manifest is written, before the store commits the epoch.
+KILL_BEFORE_EPOCH_COMMIT_ENV = "STATECORE_TEST_KILL_BEFORE_EPOCH_COMMIT"
+
+_SCHEMES = {"redis://": "redis", "rediss://": "redis", "unix://": "redis"}
+
+
+def store_kind(url: str) -> str:
+    """The external backend (``create_backend`` name) of a state store URL: ``"redis"`` for
+    ``redis://``, ``rediss://`` and ``unix://``. InvalidInputError for anything else."""
+    if isinstance(url, str):
+        for scheme, kind in _SCHEMES.items():
+            if url.startswith(scheme):
+                return kind
+    raise InvalidInputError(
+        f"state_store must be a redis://, rediss:// or unix:// URL of the store holding the "
+        f"keyed state, got {url!r}")
+
+
+def check_state_store(url: Optional[str], namespace: Optional[str],
+                      default_namespace: str) -> tuple:
+    """``(url, namespace)`` of an operator's external state, checked (InvalidInputError);
+    ``(None, None)`` without ``url``. ``namespace`` defaults to ``default_namespace``."""
+    from statecore.external.store import check_namespace
+
+    if url is None:
+        if namespace is not None:
+            raise InvalidInputError("state_namespace needs state_store")
+        return None, None
+    store_kind(url)
+    return url, check_namespace(default_namespace if namespace is None else namespace)
+
+
+def _kill_hook(env: str, operator: str, version: int) -> None:
+    if os.environ.get(env) == f"{operator}:{version}":
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+def begin_epoch(op, version: int) -> bool:
+    """Prepare the store for version ``version`` of operator ``op`` (module docstring): finish
+    the latest manifest's epoch when its commit was not applied, then return True when the
+    store has committed ``version`` already (a replay: nothing to run), else discard the
+    epoch's leftover logs and return False. StateError when the store and the checkpoint
+    disagree (the store behind the checkpoint by more than the one epoch the manifest can
+    finish, or ahead of it: another checkpoint's namespace, or one of them lost or rolled
+    back); the store's own errors (ExternalStoreUnavailableError, ...) as they are."""
+    from statecore.external import abort_epoch, commit_epoch, read_committed_epoch
+
+    url, ns = op.state_store, op.state_namespace
+    committed = read_committed_epoch(url, ns)
+    store = op.store
+    latest = store.latest_version()
+    meta = store.metadata(latest) if latest is not None else {}
+    ext = meta.get("state_store") if isinstance(meta.get("state_store"), dict) else None
+    if latest is not None and ext is not None and committed != latest:
+        if committed != ext.get("prev_epoch"):
+            raise StateError(
+                f"operator {op.name}: the state store's namespace {ns!r} has committed epoch "
+                f"{committed}, the checkpoint {store.uri} version {latest} (built on epoch "
+                f"{ext.get('prev_epoch')}); they do not belong together (the store's data was "
+                "lost or belongs to another checkpoint): use a new namespace and checkpoint")
+        commit_epoch(url, ns, latest, ext["wals"])
+        committed = latest
+    if committed is not None and (latest is None or committed > latest):
+        raise StateError(
+            f"operator {op.name}: the state store's namespace {ns!r} has committed epoch "
+            f"{committed}, beyond the checkpoint's latest version {latest} in {store.uri}: "
+            "the namespace belongs to another checkpoint (pass state_namespace=)")
+    if committed is not None and version <= committed:
+        return True
+    abort_epoch(url, ns, version)
+    return False
+
+
+def commit_version_epoch(op, version: int, parts, prev_epoch: Optional[int], commit_manifest):
+    """Commit version ``version`` of ``op`` whose partitions reported ``parts`` (their reports,
+    each with its write-ahead log ``wal``): ``commit_manifest(extra_metadata)`` writes the
+    manifest with the epoch's logs recorded, then the store commits the epoch. Returns what
+    ``commit_manifest`` returned. ``prev_epoch``: the epoch the tasks built on (None: none)."""
+    from statecore.external import commit_epoch
+
+    wals = [r["wal"] for r in parts]
+    if any(not isinstance(w, str) for w in wals):
+        raise StateError(f"operator {op.name}: version {version}: a partition reported no "
+                         "write-ahead log; the micro-batch is not committed")
+    _kill_hook(KILL_BEFORE_COMMIT_ENV, op.name, version)
+    extra: Dict[str, Any] = {"state_store": {"namespace": op.state_namespace, "wals": wals,
+                                             "prev_epoch": prev_epoch}}
+    result = commit_manifest(extra)
+    _kill_hook(KILL_BEFORE_EPOCH_COMMIT_ENV, op.name, version)
+    commit_epoch(op.state_store, op.state_namespace, version, wals)
+    return result

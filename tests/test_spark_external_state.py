@@ -1,0 +1,276 @@
+"""The Spark operator on external keyed state (``state_store=``, a real ``redis-server``): a
+micro-batch is an epoch. Tasks pre-commit, the driver commits after the sink; a replayed
+micro-batch discards its uncommitted epoch or, committed, has no state effects; rescaling moves
+no data; a reader outside the job sees committed epochs only."""
+
+import sys
+import threading
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from statecore.descriptors import ValueStateDescriptor
+from statecore.errors import ExternalStoreUnavailableError, InvalidInputError, StateError
+from statecore.external import read_committed, read_committed_epoch, wal_keys
+from statecore.spark import KeyedProcessor, StatefulOperator
+from support.redis_server import redis_server, redis_server_aof  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.spark
+
+MAXP = 64
+NS = "tests/counts"
+OUT = pa.schema([("kind", pa.string()), ("k", pa.int64()), ("count", pa.int64()),
+                 ("ts", pa.int64())])
+
+
+def _by_value():
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class Count(KeyedProcessor):
+    """Per key a running count; an event-time timer at ``t + 10`` per row, reported when it
+    fires (``timer``) or at the final flush (``flush``)."""
+
+    output_schema = OUT
+
+    def open(self, ctx):
+        self.count = ctx.backend.get_state(ValueStateDescriptor("count", "int64", default=0))
+
+    def process_batch(self, batch, ctx):
+        out = []
+        rows = sorted(zip(batch.column("k").to_pylist(), batch.column("t").to_pylist()))
+        for i, (k, t) in enumerate(rows):
+            ctx.backend.set_current_key(k)
+            self.count.update(self.count.value() + 1)
+            ctx.backend.timers.register_event_time_timer(t + 10)
+            if i + 1 == len(rows) or rows[i + 1][0] != k:
+                out.append(("count", k, self.count.value(), None))
+        if out:
+            yield _batch(out)
+
+    def _fire(self, ctx, wm, kind):
+        out = []
+        for ts, k, _ in ctx.backend.timers.advance_watermark(wm):
+            ctx.backend.set_current_key(k)
+            out.append((kind, k, self.count.value(), ts))
+        if out:
+            yield _batch(out)
+
+    def on_watermark(self, ctx, watermark_ms):
+        return self._fire(ctx, watermark_ms, "timer")
+
+    def flush(self, ctx):
+        return self._fire(ctx, 2**63 - 1, "flush")
+
+
+def _batch(rows):
+    cols = list(zip(*rows))
+    return pa.RecordBatch.from_arrays([pa.array(c, t) for c, t in zip(cols, OUT.types)],
+                                      schema=OUT)
+
+
+class Model:
+    """Count under the operator's watermark rule, in plain Python."""
+
+    def __init__(self):
+        self.count, self.timers, self.wm = {}, set(), None
+
+    def batch(self, rows):
+        out = set()
+        for k, t in rows:
+            self.count[k] = self.count.get(k, 0) + 1
+            self.timers.add((t + 10, k))
+        out |= {("count", k, self.count[k], None) for k in {r[0] for r in rows}}
+        if self.wm is not None:
+            for ts, k in sorted(x for x in self.timers if x[0] <= self.wm):
+                self.timers.discard((ts, k))
+                out.add(("timer", k, self.count[k], ts))
+        if rows:
+            m = max(t for _, t in rows)
+            self.wm = m if self.wm is None else max(self.wm, m)
+        return out
+
+    def flush(self):
+        out = {("flush", k, self.count[k], ts) for ts, k in self.timers}
+        self.timers.clear()
+        return out
+
+
+BATCHES = [
+    [(k, 100 + k) for k in range(40)],
+    [(k, 120 + k) for k in range(20, 60)] + [(3, 101)],
+    [],
+    [(k, 200) for k in range(0, 90, 3)],
+    [(k, 230 + k) for k in range(50, 70)],
+]
+
+
+def _op(tmp_path, server, backend="native", parallelism=2, **kw):
+    _by_value()
+    if backend == "native":
+        pytest.importorskip("statecore.backends.native")
+    return StatefulOperator("counts", Count(), "k", str(tmp_path / "ckpt"),
+                            output=str(tmp_path / "out"), parallelism=parallelism,
+                            max_parallelism=MAXP, backend=backend, event_time_column="t",
+                            state_store=server.url, state_namespace=NS, **kw)
+
+
+def _df(spark, rows):
+    return spark.createDataFrame(rows, "k bigint, t bigint")
+
+
+def _rows(tmp_path, version):
+    path = tmp_path / "out" / f"batch_id={version}"
+    if not path.is_dir():
+        return set()
+    return {tuple(r.values()) for r in pq.read_table(str(path), schema=OUT).to_pylist()}
+
+
+def _committed_counts(url):
+    c = read_committed(url, NS, "count")
+    return c.epoch, dict(zip(c.table.column("key").to_pylist(),
+                             c.table.column("value").to_pylist()))
+
+
+def _expected_counts():
+    """{epoch: {key: count}} after each micro-batch of BATCHES."""
+    m, out = Model(), {}
+    for i, rows in enumerate(BATCHES):
+        m.batch(rows)
+        out[i] = dict(m.count)
+    return out
+
+
+@pytest.mark.parametrize("backend", ["native", "python"])
+def test_micro_batches_are_epochs_and_rescale_moves_no_data(spark, tmp_path, redis_server,  # noqa: F811
+                                                            backend):
+    want = _expected_counts()
+    seen, errors, stop = [], [], threading.Event()
+
+    def reader():
+        # Outside the job: every read is one committed epoch, never a pre-committed one.
+        while not stop.is_set():
+            try:
+                epoch, counts = _committed_counts(redis_server.url)
+            except InvalidInputError:
+                continue  # nothing committed yet
+            except Exception as exc:  # reported by the assertion below
+                errors.append(exc)
+                return
+            seen.append(epoch)
+            if epoch in want and counts != want[epoch]:
+                errors.append(AssertionError(f"epoch {epoch}: {counts} != {want[epoch]}"))
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    op = _op(tmp_path, redis_server, backend)
+    model = Model()
+    try:
+        for i, rows in enumerate(BATCHES):
+            op.parallelism = (2, 3, 1, 2, 3)[i]
+            rep = op(_df(spark, rows), i)
+            assert (rep.version, rep.rows, rep.skipped) == (i, len(rows), False)
+            assert _rows(tmp_path, i) == model.batch(rows), f"micro-batch {i}"
+            assert _committed_counts(redis_server.url) == (i, want[i])
+            meta = op.store.metadata(i)
+            assert meta["watermark_ms"] == model.wm
+            assert meta["state_store"]["namespace"] == NS
+            assert len(meta["state_store"]["wals"]) == op.parallelism
+            assert wal_keys(redis_server.url, NS, i) == []  # applied and deleted
+            # Only the marker runs are in the checkpoint: no keyed state there.
+            with op.store.open(i) as r:
+                assert all(len(r.entries(m["name"], kg)[0]) == 0
+                           for m in r.state_metas() for kg in r.key_group_range)
+    finally:
+        stop.set()
+        t.join(30)
+    assert not errors, errors[:3]
+    assert set(seen) <= set(want) and seen
+    # The same parallelism twice in a row (batches 3 -> 4 ran with 2 then 3; 0 -> 1 too):
+    # a new parallelism opens fresh backends that read through from the store.
+    loads = [op.store.metadata(i)["loads"] for i in range(2, 5)]
+    assert all(set(x) <= {"external", "cache"} for x in loads)
+    # A replay of the latest committed micro-batch has no state effects and keeps its output.
+    before = _rows(tmp_path, 4)
+    rep = op(_df(spark, BATCHES[4]), 4)
+    assert rep.skipped and _rows(tmp_path, 4) == before
+    assert _committed_counts(redis_server.url) == (4, want[4])
+    op.parallelism = 2
+    rep = op.flush(spark)
+    assert rep.version == 5 and _rows(tmp_path, 5) == model.flush()
+    assert read_committed_epoch(redis_server.url, NS) == 5
+    assert op.flush(spark) is None
+
+
+def test_uncommitted_epoch_is_discarded_when_the_batch_runs_again(spark, tmp_path,
+                                                                  redis_server):  # noqa: F811
+    want = _expected_counts()
+    op = _op(tmp_path, redis_server, "native", parallelism=2)
+    op(_df(spark, BATCHES[0]), 0)
+    # Micro-batch 1 runs up to the tasks' pre-commits and reports; the driver then dies
+    # (nothing is committed): its logs are in the store, invisible to readers.
+    pending = op.start(_df(spark, BATCHES[1]), 1)
+    pending.wait()
+    assert len(wal_keys(redis_server.url, NS, 1)) == 2
+    assert _committed_counts(redis_server.url) == (0, want[0])
+    # The restarted driver (a new operator object) runs micro-batch 1 with another
+    # parallelism: the first attempt's logs are discarded, not applied.
+    again = _op(tmp_path, redis_server, "native", parallelism=3)
+    again(_df(spark, BATCHES[1]), 1)
+    assert _committed_counts(redis_server.url) == (1, want[1])
+    assert wal_keys(redis_server.url, NS, 1) == []
+    for i in (2, 3):
+        again(_df(spark, BATCHES[i]), i)
+    assert _committed_counts(redis_server.url) == (3, want[3])
+
+
+def test_store_and_checkpoint_must_belong_together(spark, tmp_path, redis_server):  # noqa: F811
+    op = _op(tmp_path / "a", redis_server, "python")
+    op(_df(spark, BATCHES[0]), 0)
+    # Another checkpoint on the same namespace: the store is ahead of it.
+    other = _op(tmp_path / "b", redis_server, "python")
+    with pytest.raises(StateError, match="another checkpoint"):
+        other(_df(spark, BATCHES[0]), 0)
+    # An in-memory operator on the external checkpoint (and back) is refused.
+    mem = StatefulOperator("counts", Count(), "k", str(tmp_path / "a" / "ckpt"),
+                           output=str(tmp_path / "a" / "out"), parallelism=2,
+                           max_parallelism=MAXP, backend="python", event_time_column="t")
+    with pytest.raises(InvalidInputError, match="external store"):
+        mem(_df(spark, BATCHES[1]), 1)
+    with pytest.raises(InvalidInputError, match="state_store"):
+        StatefulOperator("counts", Count(), "k", str(tmp_path), output=str(tmp_path),
+                         state_store="postgresql://x/y")
+    with pytest.raises(InvalidInputError, match="state_store"):
+        StatefulOperator("counts", Count(), "k", str(tmp_path), output=str(tmp_path),
+                         state_namespace="x")
+
+
+def test_store_down_fails_the_batch_and_a_restart_finishes_it(spark, tmp_path,
+                                                              redis_server_aof):  # noqa: F811
+    server = redis_server_aof
+    want = _expected_counts()
+    op = _op(tmp_path, server, "native", parallelism=2)
+    for i in (0, 1):
+        op(_df(spark, BATCHES[i]), i)
+    # The server dies between the tasks' pre-commits and the driver's commit: the manifest
+    # (the commit decision) is written, the store's commit fails with a clear error.
+    pending = op.start(_df(spark, BATCHES[2]), 2)
+    pending.wait()
+    server.kill()
+    with pytest.raises(ExternalStoreUnavailableError, match="committing epoch 2"):
+        pending.commit()
+    # Down at the start of a micro-batch: nothing runs.
+    with pytest.raises(ExternalStoreUnavailableError, match="unreachable"):
+        op(_df(spark, BATCHES[2]), 2)
+    server.start()  # the AOF kept every acknowledged write, the logs of epoch 2 included
+    assert read_committed_epoch(server.url, NS) == 1
+    # The restarted driver finishes the decided commit; Spark's replay of 2 has nothing to do.
+    again = _op(tmp_path, server, "native", parallelism=2)
+    assert again(_df(spark, BATCHES[2]), 2).skipped
+    assert _committed_counts(server.url) == (2, want[2])
+    for i in (3, 4):
+        again(_df(spark, BATCHES[i]), i)
+    assert _committed_counts(server.url) == (4, want[4])
