@@ -29,7 +29,13 @@ from statecore.errors import (
     StateError,
     StateMigrationError,
 )
-from statecore.external import abort_epoch, commit_epoch, read_committed, wal_keys
+from statecore.external import (
+    abort_epoch,
+    commit_epoch,
+    read_committed,
+    read_committed_epoch,
+    wal_keys,
+)
 from statecore.key_groups import assign_key_group, key_group_range_for_operator
 from statecore.ttl import ManualClock, StateTtlConfig
 from support.postgres_server import PASSWORD, USER, postgres_server  # noqa: F401  (fixture)
@@ -85,11 +91,14 @@ def test_epoch_visible_only_once_committed(postgres_server, cache):  # noqa: F81
     assert wal_keys(s.url, NS, 1) == [wal] == [f"statecore:{{{NS}}}:wal:1:kg0-127"]
     with pytest.raises(InvalidInputError, match="no committed state"):
         read_committed(s.url, NS, "v")
+    assert read_committed_epoch(s.url, NS) is None
+    assert read_committed_epoch(s.url, "no/such/namespace") is None
     early = _open(s, cache=cache)
     ev = early.get_state(ValueStateDescriptor("v", "int64"))
     assert ev.get_batch(pa.array([1, 2], pa.int64())).to_pylist() == [None, None]
     assert commit_epoch(s.url, NS, 1, [wal]) is True
     assert commit_epoch(s.url, NS, 1, [wal]) is False  # a repeat changes nothing
+    assert read_committed_epoch(s.url, NS) == 1
     assert wal_keys(s.url, NS, 1) == []
     assert _values(s) == (1, {k: k for k in range(20)})
     b.notify_committed(1)
