@@ -110,6 +110,7 @@ void list_append_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput k
   std::vector<uint8_t> key;   // the chunk's entry key: prefix | seq
   std::vector<uint8_t> elem;  // the row's element as a chunk holds it
   RowKeys rk(spec, keys, table, kgs);
+  rk.skip_table_prefetch();  // a row looks up its chunk 0, prefetched by chunk0
   ListChunkAhead chunk0(rk, table, kgs, n);
   uint8_t tmp[8];
   uint8_t head[10];
@@ -119,8 +120,9 @@ void list_append_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput k
     chunk0.ahead(i);
     rk.encode(i, kgs[i]);
     StateMap& m = table.map_unchecked(kgs[i]);
-    uint32_t h0 = 0;
-    const bool ahead = chunk0.hash(i, &h0);
+    RowKey c0{};
+    const bool ahead = chunk0.get(i, &c0);
+    const uint32_t h0 = c0.hash;
     size_t es = 0;
     const uint8_t* e = value_bytes(element_type, values, i, tmp, &es);
     const size_t hs = var ? put_varlen(head, es) : 0;
@@ -131,7 +133,7 @@ void list_append_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput k
     const size_t end = elem.size();
     try {
       list_append_encoded(m, *index, kgs[i], rk.data(), rk.size(), elem.data(), &end, 1, width,
-                          suffix, key, ahead ? &h0 : nullptr);
+                          suffix, key, ahead ? &h0 : nullptr, ahead ? c0.data : nullptr);
     } catch (const std::invalid_argument&) {
       bad_blob(i);
     }
@@ -165,8 +167,20 @@ void map_put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_
   if (uks.scalar_column() && (user_key.columns[0].type == KeyType::Int64 ||
                               user_key.columns[0].type == KeyType::Timestamp))
     int64_uks = uks.scalar_column();
-  std::vector<uint8_t> ek;  // the row's entry key: prefix | ser(uk)
+  std::vector<uint8_t> ek;  // the row's entry key when not built ahead: prefix | ser(uk)
   RowKeys rk(spec, keys, table, kgs);
+  rk.skip_table_prefetch();  // a row looks up its entry, prefetched by entries
+  auto user_key_suffix = [&](int64_t j, std::vector<uint8_t>& out) {
+    if (int64_uks) {
+      const uint64_t be = be64(static_cast<uint64_t>(int64_uks->int64_at(j)));
+      const size_t at = out.size();
+      out.resize(at + 8);
+      std::memcpy(out.data() + at, &be, 8);
+    } else {
+      uks.append_ser(out, j);
+    }
+  };
+  EntryKeysAhead<decltype(user_key_suffix)> entries(rk, table, kgs, n, user_key_suffix, index);
   // The index hashes prefixes as the table's maps do when it shares their hash function: then
   // the prefix hash RowKeys computed ahead is the index's too.
   const bool shared_hash =
@@ -176,32 +190,31 @@ void map_put_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys_
   for (int64_t i = 0; i < n; ++i) {
     if (ttl.cleanup != nullptr) ttl::cleanup_row(*ttl.cleanup);
     rk.ahead(i);
+    entries.ahead(i);
     rk.encode(i, kgs[i]);
     StateMap& m = table.map_unchecked(kgs[i]);
-    ek.assign(rk.data(), rk.data() + rk.size());
-    if (int64_uks) {
-      const uint64_t be = be64(static_cast<uint64_t>(int64_uks->int64_at(i)));
-      ek.insert(ek.end(), reinterpret_cast<const uint8_t*>(&be),
-                reinterpret_cast<const uint8_t*>(&be) + 8);
-    } else {
-      uks.append_ser(ek, i);
+    RowKey e{};
+    uint32_t ph = 0;  // the prefix's index hash
+    if (!entries.get(i, &e, &ph)) {
+      ek.assign(rk.data(), rk.data() + rk.size());
+      user_key_suffix(i, ek);
+      e = RowKey{ek.data(), ek.size(), m.hash(ek.data(), ek.size())};
+      if (index != nullptr) ph = shared_hash ? rk.hash(i, m) : index->hash(rk.data(), rk.size());
     }
     size_t vs = 0;
     const uint8_t* v = value_bytes(value_type, values, i, tmp, &vs);
-    const uint32_t h = m.hash(ek.data(), ek.size());
     size_t cur = 0;
     bool inserted = false;
-    uint8_t* out = upsert_row(m, h, ek.data(), ek.size(), vs + suffix, &cur, &inserted);
-    if (!inserted && cur != vs + suffix) out = m.put(ek.data(), ek.size(), vs + suffix);
+    uint8_t* out = upsert_row(m, e.hash, e.data, e.size, vs + suffix, &cur, &inserted);
+    if (!inserted && cur != vs + suffix) out = m.put(e.data, e.size, vs + suffix);
     if (vs) std::memcpy(out, v, vs);
     if (suffix) ttl::store_timestamp(out + vs, ttl.now);
     // Without TTL the index is exact: an overwrite is listed already, a new entry is not. With
     // TTL a user key still listed but without an entry (gone without the index being told, a
     // cleanup step that failed part way) is a new entry: it goes last.
     if (index != nullptr && (inserted || ttl.enabled)) {
-      const uint8_t* member = ek.data() + rk.size();
-      const size_t ms = ek.size() - rk.size();
-      const uint32_t ph = shared_hash ? rk.hash(i, m) : index->hash(rk.data(), rk.size());
+      const uint8_t* member = e.data + rk.size();
+      const size_t ms = e.size - rk.size();
       if (inserted && ttl.enabled)
         index->erase_hashed(kgs[i], ph, rk.data(), rk.size(), member, ms);
       index->insert_hashed(kgs[i], ph, rk.data(), rk.size(), member, ms);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "statecore/batch.h"
+#include "statecore/collection_index.h"
 #include "statecore/detail/flat_lane.h"
 #include "statecore/detail/map_impl.h"
 #include "statecore/hash.h"
@@ -483,6 +484,12 @@ class RowKeys {
     encode_other(i, kg);
   }
 
+  // For a kernel whose rows never look their encoded key itself up (list and map state: their
+  // entries are `prefix | suffix`, EntryKeysAhead): groups are encoded and hashed, but no slot
+  // or bucket of the bare prefix is prefetched (a cache line fetched for nothing a row, and
+  // the line fill buffers it holds delay the prefetches that matter). Before the first ahead().
+  void skip_table_prefetch() { table_prefetch_ = false; }
+
   // `lanes`: the calling kernel's, whose open lanes prefetch for less (Lanes::View).
   void ahead(int64_t i, const Lanes* lanes = nullptr) {
     if (!prefetch_ || static_cast<uint64_t>(i) % kGroup != 0) return;
@@ -725,7 +732,7 @@ class RowKeys {
       const uint32_t h =
           detail::map_key_hash(hash_fn_, bytes + g.offsets[k], g.offsets[k + 1] - g.offsets[k]);
       g.hashes[k] = h;
-      if (!prefetch_row(lv, kgs_[j], h)) all_flat = false;
+      if (table_prefetch_ && !prefetch_row(lv, kgs_[j], h)) all_flat = false;
     }
     g.all_flat = all_flat;
   }
@@ -792,7 +799,7 @@ class RowKeys {
       if (const detail::FlatLane* l = lanes.open_lane(kg)) {  // prefetch_row, keeping the slot
         slot = l->home_slot(h);
         l->prefetch_slot(slot);
-      } else if (!prefetch_slot(kg, h)) {
+      } else if (table_prefetch_ && !prefetch_slot(kg, h)) {
         all_flat = false;
       }
       g.slots[k] = slot;
@@ -828,6 +835,7 @@ class RowKeys {
   const int32_t* kgs_;
   int64_t n_;
   bool prefetch_;
+  bool table_prefetch_ = true;  // skip_table_prefetch()
   int prefix_size_;
   KeyHashFunction hash_fn_;                // the table's maps' (they all have the StateTable's)
   const ArrayView* int_keys_ = nullptr;    // the key column when keys are scalar int64 or int32
@@ -922,37 +930,75 @@ inline bool kernel_get(StateMap& m, uint32_t h, const uint8_t* key, size_t ks, B
   return r >= 0 ? r == 1 : m.get_hashed(h, key, ks, v);
 }
 
-// Chunk 0 of the lists of the rows a group ahead (docs/formats.md "List state"; list_chunks.h):
-// RowKeys hashes and prefetches each row's encoded key, the bare prefix, which no list entry
-// has, while a list row's first lookup is its chunk `prefix | 0` (the only one of a list of up
-// to 32 elements). ahead(i), called after RowKeys::ahead(i), hashes chunk 0 of the rows of the
-// group after i's (from the keys RowKeys encoded for it) and prefetches their buckets; hash(i)
-// then gives row i's. Without RowKeys' groups (a small state of string keys) nothing is ahead.
-class ListChunkAhead {
+// The entry keys `prefix | suffix` of the rows a group ahead, for the kernels whose rows look up
+// an entry other than their encoded key (docs/formats.md "List state", "Map state"): a list
+// row's chunk 0 `prefix | seq 0` (the only chunk of a list of up to 32 elements), a map row's
+// entry `prefix | ser(user key)`. Such a kernel's RowKeys skips the table prefetch of the bare
+// prefix, which no entry has (RowKeys::skip_table_prefetch). In two stages, as RowKeys does for
+// chained maps but with half a group between them so each request has time to land:
+//  - ahead(i) at a group's start i builds the keys of the group after i's (from the prefixes
+//    RowKeys encoded for it; suffix(j, out) appends row j's suffix), hashes them and prefetches
+//    their slots (flat maps) or buckets (chained), and, given a collection index, each prefix's
+//    slot there;
+//  - ahead(i) half a group later prefetches that next group's first chained entries (whose
+//    buckets have arrived by then) and the index's collections (CollectionIndex::prefetch);
+//  - ahead(i) at that group's own start prefetches the second entry of each chain whose first
+//    (now in cache) has another hash: a chained table at load 3/8-3/4 puts a fifth of the keys
+//    behind another, and each such row otherwise stalls on the chain walk.
+// get(i) then gives row i's key, its map hash and (with an index) its prefix's index hash.
+// Without RowKeys' groups (a small state of string keys) nothing is ahead and get() is false.
+// Hashes depend on the bytes only, so a row applied in between (a rehash, a TTL cleanup step)
+// at most makes a prefetch useless.
+template <class Suffix>
+class EntryKeysAhead {
  public:
-  ListChunkAhead(const RowKeys& rk, StateTable& table, const int32_t* kgs, int64_t n)
-      : rk_(rk), table_(table), kgs_(kgs), n_(n) {}
+  EntryKeysAhead(const RowKeys& rk, StateTable& table, const int32_t* kgs, int64_t n,
+                 Suffix suffix = Suffix(), const CollectionIndex* index = nullptr)
+      : rk_(rk),
+        table_(table),
+        kgs_(kgs),
+        n_(n),
+        suffix_(std::move(suffix)),
+        index_(index),
+        hash_fn_(table.map_unchecked(table.kg_start()).engine().hash_fn),
+        // The index hashes prefixes as the maps do when it shares their hash function: then the
+        // prefix hash RowKeys computed is the index's too.
+        shared_hash_(index != nullptr && index->hash_function() == hash_fn_) {}
 
   void ahead(int64_t i) {
-    if (static_cast<uint64_t>(i) % RowKeys::kGroup != 0) return;
-    if (i == 0) fill(0);
-    fill(i + RowKeys::kGroup);
+    const uint64_t r = static_cast<uint64_t>(i) % RowKeys::kGroup;
+    if (r == 0) {
+      if (i == 0) {
+        fill(0);
+        settle(0);
+      }
+      chase(i);
+      fill(i + RowKeys::kGroup);
+    } else if (r == RowKeys::kGroup / 2) {
+      settle(i + RowKeys::kGroup / 2);
+    }
   }
 
-  // Row i's chunk 0 hash into *h when hashed ahead.
-  bool hash(int64_t i, uint32_t* h) const {
+  // Row i's entry key (valid until the next ahead() that builds a group), its map hash and
+  // (with an index) its prefix's hash under the index into *prefix_hash, when built ahead.
+  bool get(int64_t i, RowKey* key, uint32_t* prefix_hash = nullptr) const {
     const uint64_t u = static_cast<uint64_t>(i);
     const Slot& s = slots_[(u / RowKeys::kGroup) & 1];
-    const int64_t start = static_cast<int64_t>(u - u % RowKeys::kGroup);
-    if (s.start != start) return false;
-    *h = s.hashes[u % RowKeys::kGroup];
+    if (s.start != static_cast<int64_t>(u - u % RowKeys::kGroup)) return false;
+    const size_t j = static_cast<size_t>(u % RowKeys::kGroup);
+    *key = RowKey{s.bytes.data() + s.offsets[j], s.offsets[j + 1] - s.offsets[j], s.hashes[j]};
+    if (prefix_hash != nullptr) *prefix_hash = s.prefix_hashes[j];
     return true;
   }
 
  private:
   struct Slot {
     int64_t start = -1;
+    bool all_flat = true;  // every row's map is flat: no chained entry to prefetch in settle()
+    std::vector<uint8_t> bytes;
+    uint32_t offsets[RowKeys::kGroup + 1] = {};
     uint32_t hashes[RowKeys::kGroup] = {};
+    uint32_t prefix_hashes[RowKeys::kGroup] = {};
   };
 
   void fill(int64_t start) {
@@ -962,26 +1008,88 @@ class ListChunkAhead {
     const RowKeys::GroupView g = rk_.group(start);
     if (!g.valid) return;
     const int64_t end = std::min(start + RowKeys::kGroup, n_);
+    s.bytes.clear();
     for (int64_t j = start; j < end; ++j) {
       const size_t r = static_cast<size_t>(j - start);
       const uint8_t* k = g.fixed_size ? g.bytes + r * g.fixed_size : g.bytes + g.offsets[r];
       const size_t ks = g.fixed_size ? g.fixed_size : g.offsets[r + 1] - g.offsets[r];
-      key_.assign(k, k + ks);
-      key_.resize(ks + 8, 0);  // sequence number 0, big-endian
-      StateMap& m = table_.map_unchecked(kgs_[j]);
-      s.hashes[r] = m.hash(key_.data(), key_.size());
-      m.prefetch_bucket(s.hashes[r]);
+      s.bytes.insert(s.bytes.end(), k, k + ks);
+      suffix_(j, s.bytes);
+      s.offsets[r + 1] = static_cast<uint32_t>(s.bytes.size());
+      if (index_ != nullptr) s.prefix_hashes[r] = shared_hash_ ? g.hashes[r] : index_->hash(k, ks);
     }
+    // Hashed in a second pass, once the bytes are written (see RowKeys::hash_group_of).
+    bool all_flat = true;
+    for (int64_t j = start; j < end; ++j) {
+      const size_t r = static_cast<size_t>(j - start);
+      const uint32_t h = detail::map_key_hash(hash_fn_, s.bytes.data() + s.offsets[r],
+                                              s.offsets[r + 1] - s.offsets[r]);
+      s.hashes[r] = h;
+      StateMap& m = table_.map_unchecked(kgs_[j]);
+      const StateMap::Impl& e = m.engine();
+      if (e.flat) {
+        e.prefetch(h);
+      } else {
+        m.prefetch_bucket(h);
+        all_flat = false;
+      }
+      if (index_ != nullptr) index_->prefetch(kgs_[j], s.prefix_hashes[r]);
+    }
+    s.all_flat = all_flat;
     s.start = start;
+  }
+
+  // settle() and chase() always inlined: their only effects are prefetches, and GCC deletes a
+  // call to an outlined function of that kind (StateMap::Impl::prefetch).
+  [[gnu::always_inline]] void settle(int64_t start) {
+    const Slot& s = slots_[(static_cast<uint64_t>(start) / RowKeys::kGroup) & 1];
+    if (s.start != start || (s.all_flat && index_ == nullptr)) return;
+    const int64_t end = std::min(start + RowKeys::kGroup, n_);
+    for (int64_t j = start; j < end; ++j) {
+      const size_t r = static_cast<size_t>(j - start);
+      if (!s.all_flat) table_.map_unchecked(kgs_[j]).prefetch_entry(s.hashes[r]);
+      if (index_ != nullptr) index_->prefetch_collection(kgs_[j], s.prefix_hashes[r]);
+    }
+  }
+
+  [[gnu::always_inline]] void chase(int64_t start) {
+    const Slot& s = slots_[(static_cast<uint64_t>(start) / RowKeys::kGroup) & 1];
+    if (s.start != start || s.all_flat) return;
+    const int64_t end = std::min(start + RowKeys::kGroup, n_);
+    for (int64_t j = start; j < end; ++j) {
+      const StateMap::Impl& e = table_.map_unchecked(kgs_[j]).engine();
+      if (e.flat) continue;
+      const uint32_t h = s.hashes[static_cast<size_t>(j - start)];
+      // The bucket as table_for() picks it, read-only (StateMap::prefetch_entry's reads).
+      const detail::Directory* d = e.primary;
+      size_t b = h & (d->capacity - 1);
+      if (e.rehash_table != nullptr && b < e.rehash_index) {
+        d = e.rehash_table;
+        b = h & (d->capacity - 1);
+      }
+      const detail::Entry* first = d->head(b);
+      if (first == nullptr || first->hash == h || first->next == nullptr) continue;
+      __builtin_prefetch(first->next, 1, 3);
+      __builtin_prefetch(reinterpret_cast<const char*>(first->next) + 64, 1, 3);
+    }
   }
 
   const RowKeys& rk_;
   StateTable& table_;
   const int32_t* kgs_;
   int64_t n_;
+  Suffix suffix_;
+  const CollectionIndex* index_;
+  KeyHashFunction hash_fn_;
+  bool shared_hash_;
   Slot slots_[2];
-  std::vector<uint8_t> key_;
 };
+
+// A list row's chunk 0 suffix: sequence number 0, big-endian (list_index.h store_list_seq).
+struct ChunkZeroSuffix {
+  void operator()(int64_t, std::vector<uint8_t>& out) const { out.resize(out.size() + 8, 0); }
+};
+using ListChunkAhead = EntryKeysAhead<ChunkZeroSuffix>;
 
 // put() of a row's key in key group kg through its lane, else upsert() (which also completes a
 // rehash in flight); an existing value of another size is replaced by put().

@@ -240,7 +240,9 @@ void list_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys
   std::vector<uint8_t> rebuilt;
   constexpr size_t kPrefetch = 8;
   RowKeys rk(spec, keys, table, kgs);
+  rk.skip_table_prefetch();  // a row looks up its chunks, chunk 0 prefetched by chunk0
   ListChunkAhead chunk0(rk, table, kgs, n);
+  RowKey c0{};
   auto emit = [&](const uint8_t* blob, const Element& e) {
     if (width != 0) {
       const size_t at = elements.size();
@@ -270,18 +272,25 @@ void list_get_batch(StateTable& table, const BatchKeySpec& spec, ArrowInput keys
     // prefetched) a group ahead.
     hashes.resize(seqs.size());
     for (size_t j = 0; j < seqs.size(); ++j) {
-      if (seqs[j] == 0 && chunk0.hash(i, &hashes[j])) continue;
+      if (seqs[j] == 0 && chunk0.get(i, &c0)) {
+        hashes[j] = c0.hash;
+        continue;
+      }
       store_list_seq(ek.data() + rk.size(), seqs[j]);
       hashes[j] = m.hash(ek.data(), ek.size());
     }
     if (seqs.size() > 1)
       for (size_t j = 0; j < seqs.size() && j < kPrefetch; ++j) m.prefetch_bucket(hashes[j]);
+    // Chunk 0 is looked up with the key built ahead: a compare of ek's bytes just written by
+    // narrower stores would stall until the stores complete.
+    const uint8_t* k0 = chunk0.get(i, &c0) ? c0.data : nullptr;
     for (size_t j = 0; j < seqs.size(); ++j) {
       if (j + kPrefetch < seqs.size()) m.prefetch_bucket(hashes[j + kPrefetch]);
       const uint64_t seq = seqs[j];
       store_list_seq(ek.data() + rk.size(), seq);
       ByteView v;
-      if (!kernel_get(m, hashes[j], ek.data(), ek.size(), &v)) {
+      const uint8_t* k = seq == 0 && k0 != nullptr ? k0 : ek.data();
+      if (!kernel_get(m, hashes[j], k, ek.size(), &v)) {
         gone.push_back(seq);
         continue;
       }

@@ -35,18 +35,20 @@ size_t list_chunk_count(const uint8_t* value, size_t size, size_t width, size_t 
 void list_append_encoded(StateMap& m, ListIndex& index, int32_t kg, const uint8_t* prefix,
                          size_t prefix_size, const uint8_t* data, const size_t* ends, size_t n,
                          size_t width, size_t suffix, std::vector<uint8_t>& key,
-                         const uint32_t* chunk0_hash) {
+                         const uint32_t* chunk0_hash, const uint8_t* chunk0_key) {
   if (n == 0) return;
   uint64_t seq = 0;
   const bool listed = index.last(kg, prefix, prefix_size, &seq);  // unlisted: chunk 0
   key.assign(prefix, prefix + prefix_size);
   key.resize(prefix_size + kListSeqBytes);
   store_list_seq(key.data() + prefix_size, seq);
-  uint32_t h = !listed && chunk0_hash != nullptr ? *chunk0_hash : m.hash(key.data(), key.size());
+  const bool ahead = !listed && chunk0_hash != nullptr;
+  uint32_t h = ahead ? *chunk0_hash : m.hash(key.data(), key.size());
+  // The bytes the lookups read: the kernel's copy of chunk 0's key, else `key`.
+  const uint8_t* k = ahead && chunk0_key != nullptr ? chunk0_key : key.data();
   size_t have = 0;
   ByteView v;
-  if (m.get_hashed(h, key.data(), key.size(), &v))
-    have = list_chunk_count(v.data, v.size, width, suffix);
+  if (m.get_hashed(h, k, key.size(), &v)) have = list_chunk_count(v.data, v.size, width, suffix);
   size_t i = 0;
   while (i < n) {
     if (have >= kListChunkElements) {
@@ -56,13 +58,14 @@ void list_append_encoded(StateMap& m, ListIndex& index, int32_t kg, const uint8_
       index.insert(kg, prefix, prefix_size, seq);
       store_list_seq(key.data() + prefix_size, seq);
       h = m.hash(key.data(), key.size());
+      k = key.data();
       have = 0;
     }
     const size_t take = std::min(n - i, kListChunkElements - have);
     const size_t start = i == 0 ? 0 : ends[i - 1];
     const size_t bytes = ends[i + take - 1] - start;
     size_t at = 0;
-    uint8_t* dst = m.resize_by(h, key.data(), key.size(), bytes, &at);
+    uint8_t* dst = m.resize_by(h, k, key.size(), bytes, &at);
     if (bytes) std::memcpy(dst + at, data + start, bytes);
     have += take;
     i += take;

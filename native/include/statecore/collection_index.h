@@ -84,6 +84,36 @@ class CollectionIndex {
                     const uint8_t* member, size_t member_size);
   bool contains(int32_t kg, const uint8_t* prefix, size_t prefix_size, const uint8_t* member,
                 size_t member_size) const;
+  // Prefetching for a batch kernel that runs a group of rows ahead: prefetch() requests the
+  // group-table slot where a lookup of the collection with prefix hash `prefix_hash` in key group
+  // `kg` starts; prefetch_collection(), once that slot has arrived, reads the slots (at most
+  // kPrefetchProbes of them) and requests the first cache lines of the collection whose hash
+  // agrees: its header, prefix and first records, which an insert reads and appends to. Both
+  // change nothing and do nothing for a key group outside the range. Always inlined: GCC deletes
+  // a call to an outlined function whose only effect is a prefetch (map_impl.h Impl::prefetch).
+  [[gnu::always_inline]] void prefetch(int32_t kg, uint32_t prefix_hash) const {
+    const Group* g = group_if(kg);
+    if (g == nullptr || g->slots.empty()) return;
+    __builtin_prefetch(&g->slots[prefix_hash & (g->slots.size() - 1)], 0, 3);
+  }
+  [[gnu::always_inline]] void prefetch_collection(int32_t kg, uint32_t prefix_hash) const {
+    const Group* g = group_if(kg);
+    if (g == nullptr || g->slots.empty()) return;
+    const size_t mask = g->slots.size() - 1;
+    size_t i = prefix_hash & mask;
+    for (int probe = 0; probe < kPrefetchProbes; ++probe, i = (i + 1) & mask) {
+      const GroupSlot& s = g->slots[i];
+      if (!s.used()) return;
+      if (s.hash == prefix_hash) {
+        const char* c = reinterpret_cast<const char*>(s.coll);
+        __builtin_prefetch(c, 1, 3);
+        __builtin_prefetch(c + 64, 1, 3);
+        __builtin_prefetch(c + 128, 1, 3);
+        return;
+      }
+    }
+  }
+
   // Listed members of a collection (0 when it has none).
   size_t size(int32_t kg, const uint8_t* prefix, size_t prefix_size) const;
   // fn(const uint8_t* member, size_t size) for each listed member, in insertion order. fn must
@@ -172,8 +202,17 @@ class CollectionIndex {
     return static_cast<uint32_t>(v >> 1);
   }
 
+  // Group slots prefetch_collection() reads before it gives up (linear probing at load <= 3/4
+  // finds nearly every collection within a few).
+  static constexpr int kPrefetchProbes = 4;
+
   Group& group(int32_t kg);
   const Group& group(int32_t kg) const;
+  // Key group kg's group, or nullptr outside the range (for the prefetches, which never throw).
+  const Group* group_if(int32_t kg) const {
+    if (kg < kg_start_ || kg > kg_end_) return nullptr;
+    return &groups_[static_cast<size_t>(kg - kg_start_)];
+  }
   // The slot of the collection `prefix` in g, or UINT32_MAX.
   uint32_t find_slot(const Group& g, uint32_t h, const uint8_t* prefix, size_t ps) const;
   const Coll* find_coll(const Group& g, uint32_t h, const uint8_t* prefix, size_t ps) const;

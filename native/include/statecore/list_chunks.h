@@ -31,12 +31,16 @@ size_t list_chunk_count(const uint8_t* value, size_t size, size_t width, size_t 
 // as a chunk holds it (varlen head for width 0, the bytes, the suffix). They fill the last
 // chunk (the index's last listed one, chunk 0 for an unlisted list; written anew when it has no
 // entry) up to kListChunkElements, then new chunks, each listed. `key` is scratch;
-// `chunk0_hash`, when given, is m.hash() of `prefix | 0` (a kernel's, computed ahead). Throws
+// `chunk0_hash`, when given, is m.hash() of `prefix | 0` (a kernel's, computed ahead), and
+// `chunk0_key`, when given too, those prefix_size + 8 bytes as the kernel built them ahead: the
+// lookups of chunk 0 read them instead of `key`, whose bytes were just written by narrower
+// stores (a key compare loading them at once would stall until the stores complete). Throws
 // what list_chunk_count throws for a broken last chunk (nothing changed), std::length_error past
 // chunk 2^64 - 2, and what StateMap::resize_by throws.
 void list_append_encoded(StateMap& m, ListIndex& index, int32_t kg, const uint8_t* prefix,
                          size_t prefix_size, const uint8_t* data, const size_t* ends, size_t n,
                          size_t width, size_t suffix, std::vector<uint8_t>& key,
-                         const uint32_t* chunk0_hash = nullptr);
+                         const uint32_t* chunk0_hash = nullptr,
+                         const uint8_t* chunk0_key = nullptr);
 
 }  // namespace statecore
