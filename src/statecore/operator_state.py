@@ -61,6 +61,8 @@ __all__ = [
     "OperatorStateWriter",
     "writers_of",
     "split_bounds",
+    "list_entry_values",
+    "broadcast_entry_items",
     "OPERATOR_STATE_PREFIX",
     "OPERATOR_STATE_KINDS",
     "LIST",
@@ -113,6 +115,40 @@ def split_bounds(total: int, parallelism: int, index: int) -> tuple[int, int]:
     base, rest = divmod(total, parallelism)
     lo = index * base + min(index, rest)
     return lo, lo + base + (1 if index < rest else 0)
+
+
+
+def list_entry_values(prefix: bytes, keys: pa.Array, values: pa.Array) -> list:
+    """The serialized elements of an operator list state's snapshot entries, in order.
+
+    ``keys``/``values``: binary arrays of one writer's entries, ``prefix | seq`` (``seq`` 8 bytes
+    big-endian, 0, 1, 2, ...) -> ``ser(element)`` (docs/formats.md "Operator state"). Raises
+    InvalidInputError for a key that is not the next sequence number or a null value (the
+    caller names the state and the file)."""
+    out = []
+    for i, (k, v) in enumerate(zip(keys.to_pylist(), values.to_pylist())):
+        expected = prefix + i.to_bytes(8, "big")
+        if k != expected:
+            raise InvalidInputError(f"entry {i} has key {k.hex()}, expected sequence number {i} "
+                                    f"({expected.hex()})")
+        if v is None:
+            raise InvalidInputError(f"entry {i} is a tombstone")
+        out.append(v)
+    return out
+
+
+def broadcast_entry_items(prefix: bytes, keys: pa.Array, values: pa.Array) -> list:
+    """``(ser(user key), ser(value))`` pairs of a broadcast state's snapshot entries.
+
+    ``keys``/``values``: binary arrays of one writer's entries, ``prefix | ser(user key)`` ->
+    ``ser(value)`` (docs/formats.md "Operator state"). Raises InvalidInputError for a key without
+    the prefix or a null value (the caller names the state and the file)."""
+    out = []
+    for k, v in zip(keys.to_pylist(), values.to_pylist()):
+        if not k.startswith(prefix) or v is None:
+            raise InvalidInputError(f"malformed entry {k.hex()}")
+        out.append((k[len(prefix):], v))
+    return out
 
 
 class _OperatorState:
@@ -212,17 +248,11 @@ class OperatorListState(_OperatorState):
         """Elements of snapshot entries (:meth:`entries`' layout); InvalidInputError naming
         ``where`` for a key that is not the next sequence number or a malformed value."""
         ser = self.value_serializer
-        out = []
-        for i, (k, v) in enumerate(zip(keys.to_pylist(), values.to_pylist())):
-            if k != prefix + i.to_bytes(8, "big"):
-                raise InvalidInputError(
-                    f"{where}: operator list state {self.name!r}: entry {i} has key {k.hex()}, "
-                    f"expected {(prefix + i.to_bytes(8, 'big')).hex()}")
-            if v is None:
-                raise InvalidInputError(f"{where}: operator list state {self.name!r}: entry {i} "
-                                        "is a tombstone")
-            out.append(ser.deserialize(v))
-        return out
+        try:
+            return [ser.deserialize(v) for v in list_entry_values(prefix, keys, values)]
+        except InvalidInputError as exc:
+            raise InvalidInputError(
+                f"{where}: operator list state {self.name!r}: {exc}") from None
 
     def load(self, elements: list) -> None:
         self._elements = elements
@@ -324,14 +354,11 @@ class BroadcastState(_OperatorState):
         """``{ser(user key): (user key, value)}`` of snapshot entries (:meth:`entries`' layout);
         InvalidInputError naming ``where`` for a malformed key or value."""
         ser, kser = self.value_serializer, self.user_key_serializer
-        out = {}
-        for k, v in zip(keys.to_pylist(), values.to_pylist()):
-            if not k.startswith(prefix) or v is None:
-                raise InvalidInputError(f"{where}: broadcast state {self.name!r}: malformed "
-                                        f"entry {k.hex()}")
-            kb = k[len(prefix):]
-            out[kb] = (kser.deserialize(kb), ser.deserialize(v))
-        return out
+        try:
+            return {kb: (kser.deserialize(kb), ser.deserialize(v))
+                    for kb, v in broadcast_entry_items(prefix, keys, values)}
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"{where}: broadcast state {self.name!r}: {exc}") from None
 
     def load(self, mapping: dict) -> None:
         self._map = dict(sorted(mapping.items()))

@@ -18,7 +18,12 @@ from statecore import serializers as S
 from statecore.errors import CorruptCheckpointError, InvalidInputError
 from statecore.offline.entries import key_arrow_type, value_arrow_type
 from statecore.offline.state_reader import open_version
-from statecore.operator_state import BROADCAST, OPERATOR_STATE_PREFIX
+from statecore.operator_state import (
+    BROADCAST,
+    OPERATOR_STATE_PREFIX,
+    broadcast_entry_items,
+    list_entry_values,
+)
 
 __all__ = ["read_operator_state", "operator_state_schema"]
 
@@ -41,22 +46,17 @@ def operator_state_schema(meta: dict) -> pa.Schema:
 def _decode(meta: dict, writer, index: int, rows: list) -> None:
     """Append ``writer``'s entries of ``meta``'s state to ``rows`` as (index, position or user
     key, value); InvalidInputError for an entry that does not decode."""
-    name = meta["name"]
     prefix = S.key_group_prefix(writer.first_key_group, writer.max_parallelism)
     vser = S.value_serializer(meta["value_type"])
-    pickled = vser.name == "pickle"
-    kser = S.key_serializer(meta["user_key_type"]) if meta["kind"] == BROADCAST else None
-    keys, values = writer.entries(name)
-    for i, (k, v) in enumerate(zip(keys.to_pylist(), values.to_pylist())):
-        if v is None or not k.startswith(prefix):
-            raise InvalidInputError(f"entry {i} ({k.hex()}) is malformed")
-        if kser is not None:
-            second = kser.deserialize(k[len(prefix):])
-        elif k[len(prefix):] != i.to_bytes(8, "big"):
-            raise InvalidInputError(f"entry {i} has key {k.hex()}, expected sequence number {i}")
-        else:
-            second = i
-        rows.append((index, second, bytes(v) if pickled else vser.deserialize(v)))
+    value = bytes if vser.name == "pickle" else vser.deserialize
+    keys, values = writer.entries(meta["name"])
+    if meta["kind"] == BROADCAST:
+        kser = S.key_serializer(meta["user_key_type"])
+        rows.extend((index, kser.deserialize(kb), value(v))
+                    for kb, v in broadcast_entry_items(prefix, keys, values))
+    else:
+        rows.extend((index, i, value(v))
+                    for i, v in enumerate(list_entry_values(prefix, keys, values)))
 
 
 def read_operator_state(store, name: str, version: Optional[int] = None) -> pa.Table:
