@@ -15,6 +15,7 @@ import pytest
 
 from statecore.backends import create_backend
 from statecore.external import commit_epoch
+from statecore.external.cached import DEFAULT_CACHE_ENTRIES
 from statecore.testing.conformance import BackendConformance
 from statecore.testing.helpers import snapshot_dump
 from statecore.testing.operator_state import OperatorStateConformance
@@ -27,8 +28,12 @@ _namespaces = itertools.count()
 class _ExternalConformance(BackendConformance):
     kind = "redis"
     cache = "python"
+    #: The cache's bound (``cache_entries``): the default, or 1 to evict every clean key group
+    #: not in use at each read-through.
+    cache_entries = DEFAULT_CACHE_ENTRIES
 
     def make_backend(self, namespace=None, **options):
+        options.setdefault("cache_entries", self.cache_entries)
         b = create_backend(self.kind, url=self.url, cache=self.cache,
                            namespace=namespace or f"t/{next(_namespaces)}", **options)
         self.opened.append(b)
@@ -144,8 +149,12 @@ class TestRedisPythonCache(_RedisConformance):
     cache = "python"
 
 
+# The native-cache classes run with a cache bound of one entry: every read-through evicts every
+# clean key group not in use, so the suite checks that eviction and reading through again change
+# nothing (the python-cache class keeps the default bound, never reached here).
 class TestRedisNativeCache(_RedisConformance):
     cache = "native"
+    cache_entries = 1
 
 
 # PostgreSQL with the native cache only: the cache kinds differ in the in-memory backend in
@@ -154,3 +163,4 @@ class TestRedisNativeCache(_RedisConformance):
 # repeat the same store calls.
 class TestPostgresNativeCache(_PostgresConformance):
     cache = "native"
+    cache_entries = 1

@@ -15,7 +15,7 @@ import json
 import struct
 
 from statecore.errors import EpochCommitError, InvalidInputError
-from statecore.external.cached import CachedExternalBackend
+from statecore.external.cached import DEFAULT_CACHE_ENTRIES, CachedExternalBackend
 from statecore.external.postgres_store import (
     SCHEMA,
     PgConnection,
@@ -74,7 +74,9 @@ class PostgresBackend(CachedExternalBackend):
     ``timer_namespace_type`` (as ``create_backend``), ``cache`` (``"python"`` or
     ``"native"``: the in-memory backend in front), ``task`` (the name of this task's
     write-ahead logs, default ``kg<start>-<end>`` of the key-group range: unique per task of
-    one parallelism), ``timeout_s`` (connect, statement and lock-wait timeouts, s). The
+    one parallelism), ``timeout_s`` (connect, statement and lock-wait timeouts, s),
+    ``cache_entries`` (the cache's bound in entries, as
+    :class:`~statecore.external.redis_backend.RedisBackend`'s). The
     first backend on a database creates schema ``statecore`` and its tables (needs the
     CREATE privilege on the database once; afterwards SELECT, INSERT, UPDATE, DELETE).
 
@@ -92,7 +94,8 @@ class PostgresBackend(CachedExternalBackend):
                  key_type="int64", max_parallelism: int = 128, key_group_range=None,
                  assigner: str = "spark", ttl_clock=None, timer_namespace_type: str = "void",
                  cache: str = "python", task: str | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, conn=None):
+                 timeout_s: float = DEFAULT_TIMEOUT_S, conn=None,
+                 cache_entries: int | None = DEFAULT_CACHE_ENTRIES):
         if url is not None and conn is not None:
             raise InvalidInputError("pass at most one of url= and conn=")
         self._keys = NamespaceKeys(namespace)
@@ -100,7 +103,7 @@ class PostgresBackend(CachedExternalBackend):
                          dict(key_type=key_type, max_parallelism=max_parallelism,
                               key_group_range=key_group_range, assigner=assigner,
                               ttl_clock=ttl_clock, timer_namespace_type=timer_namespace_type),
-                         task)
+                         task, cache_entries)
         try:
             self._pg = PgConnection(url, timeout_s, conn=conn)
             self._ns, self._committed = open_namespace(

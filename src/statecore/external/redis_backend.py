@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 
 from statecore.errors import InvalidInputError
-from statecore.external.cached import CachedExternalBackend
+from statecore.external.cached import DEFAULT_CACHE_ENTRIES, CachedExternalBackend
 from statecore.external.store import (
     DEFAULT_TIMEOUT_S,
     NamespaceKeys,
@@ -49,7 +49,10 @@ class RedisBackend(CachedExternalBackend):
     ``create_backend``), ``cache``
     (``"python"`` or ``"native"``: the in-memory backend in front), ``task`` (the name of this
     task's write-ahead logs, default ``kg<start>-<end>`` of the key-group range: unique per
-    task of one parallelism), ``timeout_s`` (connect and socket timeouts, s).
+    task of one parallelism), ``timeout_s`` (connect and socket timeouts, s), ``cache_entries``
+    (the cache's bound in entries, default 2,000,000, None for no bound: past it, key groups
+    whose entries equal the committed state are evicted, least recently used first, and read
+    through again on their next access; :meth:`cache_statistics`).
 
     The state API is the in-memory backends' (:mod:`statecore.backends.base`): ``get_state``,
     per-record and batch calls, ``keys``, ``apply_to_all_keys``, TTL. Timers are kept in
@@ -69,7 +72,8 @@ class RedisBackend(CachedExternalBackend):
                  key_type="int64", max_parallelism: int = 128, key_group_range=None,
                  assigner: str = "spark", ttl_clock=None, timer_namespace_type: str = "void",
                  cache: str = "python",
-                 task: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, client=None):
+                 task: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, client=None,
+                 cache_entries: int | None = DEFAULT_CACHE_ENTRIES):
         if cache not in ("python", "native"):
             raise InvalidInputError(f"cache must be 'python' or 'native', got {cache!r}")
         if (url is None) == (client is None):
@@ -79,7 +83,7 @@ class RedisBackend(CachedExternalBackend):
                          dict(key_type=key_type, max_parallelism=max_parallelism,
                               key_group_range=key_group_range, assigner=assigner,
                               ttl_clock=ttl_clock, timer_namespace_type=timer_namespace_type),
-                         task)
+                         task, cache_entries)
         self._owns_client = client is None
         try:
             self._client = client if client is not None else connect(url, timeout_s)
