@@ -41,13 +41,17 @@ from statecore.errors import (
 from statecore.key_groups import KeyGroupRange, assign_key_groups
 from statecore.operator_state import is_operator_state_meta
 from statecore.timers import TIMERS_STATE_NAME
+from statecore.ttl import INT64_MIN, StateTtlConfig
 
-__all__ = ["CachedExternalBackend", "DEFAULT_CACHE_ENTRIES", "check_cache_entries", "check_epoch",
-           "check_task"]
+__all__ = ["CachedExternalBackend", "DEFAULT_CACHE_ENTRIES", "DEFAULT_TTL_SWEEP_KEY_GROUPS",
+           "check_cache_entries", "check_epoch", "check_task"]
 
 #: Default bound of the cache in entries (``cache_entries``): about 2M small entries, within
 #: the memory a Spark executor's Python worker has room for (docs/external-state.md).
 DEFAULT_CACHE_ENTRIES = 2_000_000
+#: Default number of key groups of a task's range whose expired TTL entries each of its
+#: commits removes from the store (``ttl_sweep_key_groups``), round robin over the range.
+DEFAULT_TTL_SWEEP_KEY_GROUPS = 16
 #: An eviction frees the cache down to this fraction of its bound, so that a cache at the bound
 #: does not evict on every read-through.
 _EVICT_TO = 0.75
@@ -82,6 +86,12 @@ def check_cache_entries(cache_entries) -> int | None:
         raise InvalidInputError(f"cache_entries must be an int >= 1 or None, got "
                                 f"{cache_entries!r}")
     return cache_entries
+
+
+def _check_sweep(n) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise InvalidInputError(f"ttl_sweep_key_groups must be an int >= 0, got {n!r}")
+    return n
 
 
 def _new_cache(kind: str, **options):
@@ -228,13 +238,18 @@ class CachedExternalBackend:
     ``namespace`` is the (checked) state namespace, ``cache`` ``"python"`` or ``"native"``,
     ``cache_options`` the in-memory backend's options, ``task`` the name of this task's
     write-ahead logs (default ``kg<start>-<end>`` of the key-group range), ``cache_entries``
-    the bound of the cache in entries (None: unbounded; module docstring)."""
+    the bound of the cache in entries (None: unbounded; module docstring),
+    ``ttl_sweep_key_groups`` the key groups per pre-commit whose expired TTL entries the
+    commit removes from the store (0: none; :meth:`pre_commit`)."""
 
     def __init__(self, namespace: str, cache: str, cache_options: dict, task: str | None,
-                 cache_entries: int | None = DEFAULT_CACHE_ENTRIES):
+                 cache_entries: int | None = DEFAULT_CACHE_ENTRIES,
+                 ttl_sweep_key_groups: int = DEFAULT_TTL_SWEEP_KEY_GROUPS):
         if cache not in ("python", "native"):
             raise InvalidInputError(f"cache must be 'python' or 'native', got {cache!r}")
         self._cache_entries = check_cache_entries(cache_entries)
+        self._sweep_key_groups = _check_sweep(ttl_sweep_key_groups)
+        self._sweep_next: int | None = None
         self._namespace = namespace
         self._cache_options = dict(cache_options)
         self._cache_kind = cache
@@ -278,12 +293,15 @@ class CachedExternalBackend:
         raise NotImplementedError
 
     def _store_write_log(self, epoch: int, metas: list[dict], changes: dict,
-                         timers: dict) -> str:
+                         timers: dict, sweep: list) -> str:
         """Write epoch ``epoch``'s log of this task, all or nothing, replacing an earlier one
         of the same epoch and task; returns its name. ``metas``: the cache's state metas;
         ``changes``: ``{(state, kg): {encoded key: value or None}}``; ``timers``:
         ``{kg: (timers before, timers now)}`` of the key groups whose timers changed
-        (``{timer key: entry}`` each)."""
+        (``{timer key: entry}`` each); ``sweep``: ``[(state, cutoff, [kg, ...])]``, the
+        committed entries of those states and key groups whose TTL timestamp (the 8-byte
+        big-endian suffix) is at most ``cutoff`` -- and not INT64_MIN, an event-time entry
+        never stamped -- are expired and the commit removes them (:meth:`_sweep_plan`)."""
         raise NotImplementedError
 
     def _store_close(self) -> None:
@@ -644,7 +662,10 @@ class CachedExternalBackend:
         ``commit_epoch``). The log holds the state metas and every changed entry (set or
         deleted); it is written all or nothing, replacing any earlier log of the same epoch
         and task. Nothing is visible to readers until the commit. The cache keeps serving the
-        state, writes after this call belong to the next epoch.
+        state, writes after this call belong to the next epoch. The log also asks the commit to
+        remove the expired entries of TTL states in the next ``ttl_sweep_key_groups`` key
+        groups of the range from the store (:meth:`_sweep_plan`: expired by this task's TTL
+        clock now, so never an entry this task could still read).
 
         Epochs commit in order: the previous pre-commit must be committed first (read from
         the store when :meth:`notify_committed` did not say so). Raises InvalidInputError for
@@ -673,12 +694,45 @@ class CachedExternalBackend:
         metas = self._collect_changes(timers)
         changed = {kg: (self._timers_stored.get(kg, {}), t) for kg, t in timers.items()
                    if t != self._timers_stored.get(kg, {})}
-        name = self._store_write_log(epoch, metas, self._stash, changed)
+        sweep = self._sweep_plan()
+        name = self._store_write_log(epoch, metas, self._stash, changed, sweep)
+        if sweep:
+            self._sweep_next = sweep[0][2][-1] + 1
         self._in_flight = {kg for (_, kg) in self._stash}
         self._stash = {}
         self._timers_stored.update({kg: now for kg, (_, now) in changed.items()})
         self._last_pre_commit = epoch
         return name
+
+    def _sweep_plan(self) -> list:
+        """``[(state, cutoff, key groups)]`` for :meth:`_store_write_log`: the next
+        ``ttl_sweep_key_groups`` key groups of the range (round robin, from where the last
+        pre-commit's stopped) for every TTL state whose entries expire as a whole (value,
+        reducing, aggregating, map: one timestamp per entry; a list chunk holds one per element
+        and is left to the cache's cleanup), ``cutoff`` = this task's TTL time now minus the
+        TTL (an entry stamped at or before it is expired: ``ts + ttl <= now``, Flink
+        ``TtlUtils.expired``). Event-time TTL before the first watermark sweeps nothing."""
+        n = self._sweep_key_groups
+        if not n:
+            return []
+        states = []
+        for name, table in self._cache.state_tables().items():
+            meta = table.meta
+            if (name == TIMERS_STATE_NAME or not meta.get("ttl") or meta.get("kind") == "list"
+                    or is_operator_state_meta(meta)):
+                continue
+            cfg = StateTtlConfig.from_meta(meta["ttl"])
+            now = self._cache.ttl_now(cfg)
+            if now == INT64_MIN or now - cfg.ttl_ms < INT64_MIN:
+                continue
+            states.append((name, now - cfg.ttl_ms))
+        if not states:
+            return []
+        r = self.key_group_range
+        start = (self._sweep_next if self._sweep_next is not None and self._sweep_next in r
+                 else r.start)
+        kgs = [r.start + (start - r.start + i) % len(r) for i in range(min(n, len(r)))]
+        return [(name, cutoff, kgs) for name, cutoff in sorted(states)]
 
     def notify_committed(self, epoch: int) -> None:
         """The coordinator committed ``epoch`` (every pre-commit up to it is now committed)."""
