@@ -99,8 +99,10 @@ for _name in _NOT_APPLICABLE:
     setattr(_ExternalConformance, _name, _not_applicable)
 
 # Operator state (non-keyed, per task: list, union list, broadcast) is not kept in an external
-# store yet; the external backends have no ``operator_state``.
-_NO_OPERATOR_STATE = "the external backends keep no operator state (non-keyed state) yet"
+# store: the external backends' ``operator_state`` raises StateError
+# (tests/test_external_redis.py).
+_NO_OPERATOR_STATE = ("the external backends refuse operator state (non-keyed state): the epoch "
+                      "protocol does not store it")
 
 
 def _no_operator_state(self):

@@ -436,3 +436,10 @@ def test_ttl_setting_changes_are_refused(redis_server, cache):  # noqa: F811
     with pytest.raises(StateMigrationError, match="does not migrate TTL"):
         early.set_current_key(next(k for k in range(100) if _kg(k) < 64))
     assert early.loaded_key_groups == frozenset()
+
+
+def test_operator_state_is_refused_naming_why(redis_server):  # noqa: F811
+    b = _open(redis_server)
+    with pytest.raises(StateError, match="operator state .* not be exactly once"):
+        b.operator_state  # noqa: B018
+    b.dispose()

@@ -372,6 +372,20 @@ class CachedExternalBackend:
     def disposed(self) -> bool:
         return self._cache.disposed
 
+    @property
+    def operator_state(self):
+        """Refused: StateError. Operator state (non-keyed list, union list and broadcast
+        state; :mod:`statecore.operator_state`) is not written to the store by the epoch
+        protocol, so the cache's copy would be lost at recovery or rescaling (and replayed
+        input would then rebuild it from nothing): not exactly once. Refusing it keeps a job
+        from relying on it silently."""
+        raise StateError(
+            f"operator state (non-keyed list, union list and broadcast state) is not kept in "
+            f"external state ({self.namespace!r}): the epoch protocol commits keyed state "
+            "only, so operator state held in the task's cache would be lost at recovery and "
+            "not be exactly once; keep it in keyed state or use a checkpointed backend "
+            "(python, native)")
+
     def check_open(self) -> None:
         self._cache.check_open()
 
