@@ -749,7 +749,9 @@ class CachedExternalBackend:
         return [(name, cutoff, kgs) for name, cutoff in sorted(states)]
 
     def notify_committed(self, epoch: int) -> None:
-        """The coordinator committed ``epoch`` (every pre-commit up to it is now committed)."""
+        """The coordinator committed ``epoch`` (every pre-commit up to it is now committed):
+        the key groups of those logs are clean now, and past the bound the cache evicts
+        (:meth:`evict`)."""
         check_epoch(epoch)
         if self._committed is None or epoch > self._committed:
             self._committed = epoch
