@@ -25,6 +25,7 @@ from statecore.demo.reference import (
 from statecore.errors import InvalidInputError
 from statecore.external import read_committed, read_committed_epoch, wal_keys
 from statecore.spark.external_commit import KILL_BEFORE_COMMIT_ENV, KILL_BEFORE_EPOCH_COMMIT_ENV
+from statecore.ttl import INT64_MIN
 from support.redis_server import redis_server, redis_server_aof  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.spark
@@ -68,7 +69,7 @@ def _committed(cfg, op, states):
     wm = last["input_watermark_ms"]
     out = {}
     for s in states:
-        c = read_committed(cfg.state_store, op.state_namespace, s)
+        c = read_committed(cfg.state_store, op.state_namespace, s, now_ms=wm)
         ttl = c.meta["ttl"]["ttl_ms"] if c.meta.get("ttl") else None
         out[s] = (c.epoch, sorted(
             tuple(r.values()) for r in c.table.to_pylist()
@@ -134,7 +135,10 @@ def test_driver_killed_around_the_commit_then_restarted(spark, tmp_path,
         # Outside the job: the route counts of one committed epoch per read.
         while not stop.is_set():
             try:
-                c = read_committed(cfg.state_store, pipe.routes.state_namespace, "flights")
+                # Event-time TTL expires by the job's watermark; INT64_MIN: every committed
+                # entry, as of before any watermark.
+                c = read_committed(cfg.state_store, pipe.routes.state_namespace, "flights",
+                                   now_ms=INT64_MIN)
             except InvalidInputError:
                 continue  # nothing committed yet
             except Exception as exc:  # the assertion below reports it

@@ -15,6 +15,7 @@ import pytest
 
 from statecore.backends import create_backend
 from statecore.external import commit_epoch
+from statecore.external.cached import DEFAULT_CACHE_ENTRIES
 from statecore.testing.conformance import BackendConformance
 from statecore.testing.helpers import snapshot_dump
 from statecore.testing.operator_state import OperatorStateConformance
@@ -27,8 +28,12 @@ _namespaces = itertools.count()
 class _ExternalConformance(BackendConformance):
     kind = "redis"
     cache = "python"
+    #: The cache's bound (``cache_entries``): the default, or 1 to evict every clean key group
+    #: not in use at each read-through.
+    cache_entries = DEFAULT_CACHE_ENTRIES
 
     def make_backend(self, namespace=None, **options):
+        options.setdefault("cache_entries", self.cache_entries)
         b = create_backend(self.kind, url=self.url, cache=self.cache,
                            namespace=namespace or f"t/{next(_namespaces)}", **options)
         self.opened.append(b)
@@ -94,8 +99,10 @@ for _name in _NOT_APPLICABLE:
     setattr(_ExternalConformance, _name, _not_applicable)
 
 # Operator state (non-keyed, per task: list, union list, broadcast) is not kept in an external
-# store yet; the external backends have no ``operator_state``.
-_NO_OPERATOR_STATE = "the external backends keep no operator state (non-keyed state) yet"
+# store: the external backends' ``operator_state`` raises StateError
+# (tests/test_external_redis.py).
+_NO_OPERATOR_STATE = ("the external backends refuse operator state (non-keyed state): the epoch "
+                      "protocol does not store it")
 
 
 def _no_operator_state(self):
@@ -144,8 +151,12 @@ class TestRedisPythonCache(_RedisConformance):
     cache = "python"
 
 
+# The native-cache classes run with a cache bound of one entry: every read-through evicts every
+# clean key group not in use, so the suite checks that eviction and reading through again change
+# nothing (the python-cache class keeps the default bound, never reached here).
 class TestRedisNativeCache(_RedisConformance):
     cache = "native"
+    cache_entries = 1
 
 
 # PostgreSQL with the native cache only: the cache kinds differ in the in-memory backend in
@@ -154,3 +165,4 @@ class TestRedisNativeCache(_RedisConformance):
 # repeat the same store calls.
 class TestPostgresNativeCache(_PostgresConformance):
     cache = "native"
+    cache_entries = 1

@@ -454,8 +454,9 @@ def test_ttl_and_timers_through_postgres(postgres_server, cache):  # noqa: F811
         b.timers.register_event_time_timer(100 + k)
     commit_epoch(s.url, NS, 1, [b.pre_commit(1)])
     b.notify_committed(1)
-    assert read_committed(s.url, NS, "v").table.column("ttl_timestamp_ms").to_pylist() == [
-        1000, 1000]
+    assert read_committed(s.url, NS, "v", now_ms=1099).table.column(
+        "ttl_timestamp_ms").to_pylist() == [1000, 1000]
+    assert read_committed(s.url, NS, "v", now_ms=1100).table.num_rows == 0
     b.set_current_key(0)
     b.timers.delete_event_time_timer(100)
     commit_epoch(s.url, NS, 2, [b.pre_commit(2)])

@@ -356,8 +356,9 @@ def test_ttl_values_expire_across_epochs(redis_server, cache):  # noqa: F811
     v = b.get_state(d)
     v.put_batch(pa.array([1, 2], pa.int64()), pa.array([10, 20], pa.int64()))
     commit_epoch(redis_server.url, NS, 1, [b.pre_commit(1)])
-    c = read_committed(redis_server.url, NS, "v")
+    c = read_committed(redis_server.url, NS, "v", now_ms=1099)
     assert c.table.column("ttl_timestamp_ms").to_pylist() == [1000, 1000]
+    assert read_committed(redis_server.url, NS, "v", now_ms=1100).table.num_rows == 0
     later = ManualClock(1050)
     fresh = _open(redis_server, ttl_clock=later, cache=cache)
     fv = fresh.get_state(ValueStateDescriptor("v", "int64").enable_time_to_live(
@@ -435,3 +436,10 @@ def test_ttl_setting_changes_are_refused(redis_server, cache):  # noqa: F811
     with pytest.raises(StateMigrationError, match="does not migrate TTL"):
         early.set_current_key(next(k for k in range(100) if _kg(k) < 64))
     assert early.loaded_key_groups == frozenset()
+
+
+def test_operator_state_is_refused_naming_why(redis_server):  # noqa: F811
+    b = _open(redis_server)
+    with pytest.raises(StateError, match="operator state .* not be exactly once"):
+        b.operator_state  # noqa: B018
+    b.dispose()

@@ -15,6 +15,13 @@ key are not addressable by name; a key group is also what a task owns). The chan
 last hand-over are the cache's incremental snapshot (its change tracking); they are collected
 before each read-through restore (which makes the cache's contents the base) and at pre-commit.
 
+The cache is bounded (``cache_entries``): past the bound, whole key groups (the read-through
+unit) whose entries equal the committed store state are evicted, least recently used first;
+the key groups holding changes not committed yet (collected, in a log not known committed, or
+still in the cache's change tracking) are the epoch's write buffer and stay. An evicted key
+group is read through again on its next access. Timers are never evicted (they are what firing
+needs for every key group, and small).
+
 A store implements five hooks: ``_store_state_metas``, ``_store_read``,
 ``_store_committed_epoch``, ``_store_write_log`` and ``_store_close`` (their docstrings).
 """
@@ -32,9 +39,22 @@ from statecore.errors import (
     StateMigrationError,
 )
 from statecore.key_groups import KeyGroupRange, assign_key_groups
+from statecore.operator_state import is_operator_state_meta
 from statecore.timers import TIMERS_STATE_NAME
+from statecore.ttl import INT64_MIN, StateTtlConfig
 
-__all__ = ["CachedExternalBackend", "check_epoch", "check_task"]
+__all__ = ["CachedExternalBackend", "DEFAULT_CACHE_ENTRIES", "DEFAULT_TTL_SWEEP_KEY_GROUPS",
+           "check_cache_entries", "check_epoch", "check_task"]
+
+#: Default bound of the cache in entries (``cache_entries``): about 2M small entries, within
+#: the memory a Spark executor's Python worker has room for (docs/external-state.md).
+DEFAULT_CACHE_ENTRIES = 2_000_000
+#: Default number of key groups of a task's range whose expired TTL entries each of its
+#: commits removes from the store (``ttl_sweep_key_groups``), round robin over the range.
+DEFAULT_TTL_SWEEP_KEY_GROUPS = 16
+#: An eviction frees the cache down to this fraction of its bound, so that a cache at the bound
+#: does not evict on every read-through.
+_EVICT_TO = 0.75
 
 _EMPTY = pa.array([], pa.binary())
 #: A batch of at least this many keys per key group not read yet reads every key group of the
@@ -54,6 +74,24 @@ def check_task(task) -> str:
     if not isinstance(task, str) or not task or any(ord(c) < 33 for c in task):
         raise InvalidInputError(f"task must be a non-empty str without spaces, got {task!r}")
     return task
+
+
+def check_cache_entries(cache_entries) -> int | None:
+    """``cache_entries`` checked: an int >= 1, or None for an unbounded cache
+    (InvalidInputError otherwise)."""
+    if cache_entries is None:
+        return None
+    if (isinstance(cache_entries, bool) or not isinstance(cache_entries, int)
+            or cache_entries < 1):
+        raise InvalidInputError(f"cache_entries must be an int >= 1 or None, got "
+                                f"{cache_entries!r}")
+    return cache_entries
+
+
+def _check_sweep(n) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise InvalidInputError(f"ttl_sweep_key_groups must be an int >= 0, got {n!r}")
+    return n
 
 
 def _new_cache(kind: str, **options):
@@ -103,6 +141,27 @@ class _CommittedEntries:
 
     def release(self) -> None:
         self._data = {}
+
+
+class _EvictionChanges:
+    """A change set (for the cache's ``apply_changes``) that removes the entries of evicted key
+    groups: ``data[(state, kg)] = (keys, values)``, the values NULL (tombstones) for keyed
+    state, and for ``__timers__`` every timer of the range as it is (a change set's timers
+    replace the range's)."""
+
+    def __init__(self, backend, metas: list[dict], data: dict):
+        self.max_parallelism = backend.max_parallelism
+        self.key_group_range = backend.key_group_range
+        self.key_type = backend.key_type
+        self.assigner = backend.assigner
+        self._metas = metas
+        self._data = data
+
+    def state_metas(self) -> list[dict]:
+        return [dict(m) for m in self._metas]
+
+    def entries(self, state_name: str, key_group: int):
+        return self._data.get((state_name, key_group), (_EMPTY, _EMPTY))
 
 
 class _CachedState:
@@ -159,7 +218,7 @@ class _CachedTimers:
             return attr
         if name in self._WHOLE_RANGE:
             def whole_range_call(*args, **kwargs):
-                backend.read_through(backend.key_group_range)
+                backend.read_through_timers()
                 return attr(*args, **kwargs)
             whole_range_call.__doc__ = attr.__doc__
             return whole_range_call
@@ -178,11 +237,19 @@ class CachedExternalBackend:
 
     ``namespace`` is the (checked) state namespace, ``cache`` ``"python"`` or ``"native"``,
     ``cache_options`` the in-memory backend's options, ``task`` the name of this task's
-    write-ahead logs (default ``kg<start>-<end>`` of the key-group range)."""
+    write-ahead logs (default ``kg<start>-<end>`` of the key-group range), ``cache_entries``
+    the bound of the cache in entries (None: unbounded; module docstring),
+    ``ttl_sweep_key_groups`` the key groups per pre-commit whose expired TTL entries the
+    commit removes from the store (0: none; :meth:`pre_commit`)."""
 
-    def __init__(self, namespace: str, cache: str, cache_options: dict, task: str | None):
+    def __init__(self, namespace: str, cache: str, cache_options: dict, task: str | None,
+                 cache_entries: int | None = DEFAULT_CACHE_ENTRIES,
+                 ttl_sweep_key_groups: int = DEFAULT_TTL_SWEEP_KEY_GROUPS):
         if cache not in ("python", "native"):
             raise InvalidInputError(f"cache must be 'python' or 'native', got {cache!r}")
+        self._cache_entries = check_cache_entries(cache_entries)
+        self._sweep_key_groups = _check_sweep(ttl_sweep_key_groups)
+        self._sweep_next: int | None = None
         self._namespace = namespace
         self._cache_options = dict(cache_options)
         self._cache_kind = cache
@@ -190,7 +257,15 @@ class CachedExternalBackend:
         r = self._cache.key_group_range
         self.task = check_task(f"kg{r.start}-{r.end}" if task is None else task)
         self._committed: int | None = None
+        # Key groups whose entries are in the cache, and whose timers are (never evicted).
         self._loaded: set[int] = set()
+        self._timers_loaded: set[int] = set()
+        # Key groups by last access, least recent first (the eviction order).
+        self._recent: dict[int, None] = {}
+        # Key groups with changes in the last pre-commit's log (dirty until it is committed).
+        self._in_flight: set[int] = set()
+        self._stats = dict.fromkeys(("hits", "misses", "key_groups_read", "evictions",
+                                     "evicted_entries"), 0)
         # {(state, kg): {encoded key: stored value, or None = removed}}: changes collected
         # from the cache and not yet in a write-ahead log.
         self._stash: dict[tuple, dict] = {}
@@ -218,12 +293,15 @@ class CachedExternalBackend:
         raise NotImplementedError
 
     def _store_write_log(self, epoch: int, metas: list[dict], changes: dict,
-                         timers: dict) -> str:
+                         timers: dict, sweep: list) -> str:
         """Write epoch ``epoch``'s log of this task, all or nothing, replacing an earlier one
         of the same epoch and task; returns its name. ``metas``: the cache's state metas;
         ``changes``: ``{(state, kg): {encoded key: value or None}}``; ``timers``:
         ``{kg: (timers before, timers now)}`` of the key groups whose timers changed
-        (``{timer key: entry}`` each)."""
+        (``{timer key: entry}`` each); ``sweep``: ``[(state, cutoff, [kg, ...])]``, the
+        committed entries of those states and key groups whose TTL timestamp (the 8-byte
+        big-endian suffix) is at most ``cutoff`` -- and not INT64_MIN, an event-time entry
+        never stamped -- are expired and the commit removes them (:meth:`_sweep_plan`)."""
         raise NotImplementedError
 
     def _store_close(self) -> None:
@@ -294,27 +372,140 @@ class CachedExternalBackend:
     def disposed(self) -> bool:
         return self._cache.disposed
 
+    @property
+    def operator_state(self):
+        """Refused: StateError. Operator state (non-keyed list, union list and broadcast
+        state; :mod:`statecore.operator_state`) is not written to the store by the epoch
+        protocol, so the cache's copy would be lost at recovery or rescaling (and replayed
+        input would then rebuild it from nothing): not exactly once. Refusing it keeps a job
+        from relying on it silently."""
+        raise StateError(
+            f"operator state (non-keyed list, union list and broadcast state) is not kept in "
+            f"external state ({self.namespace!r}): the epoch protocol commits keyed state "
+            "only, so operator state held in the task's cache would be lost at recovery and "
+            "not be exactly once; keep it in keyed state or use a checkpointed backend "
+            "(python, native)")
+
     def check_open(self) -> None:
         self._cache.check_open()
 
     # ------------------------------------------------------------------ read-through
     def read_through(self, key_groups) -> None:
         """Read the committed entries of every state in those of ``key_groups`` (inside the
-        key-group range) not read yet into the cache, in one request as of one committed
-        epoch (the store's ``_store_read``). Store errors leave the cache unchanged
+        key-group range) not in the cache into it, in one request as of one committed epoch
+        (the store's ``_store_read``); then, past the bound, evict clean key groups other than
+        ``key_groups`` (:meth:`evict`). Store errors leave the cache unchanged
         (statecore.errors)."""
         self.check_open()
         r = self.key_group_range
-        missing = sorted({int(kg) for kg in key_groups if kg in r} - self._loaded)
+        wanted = {int(kg) for kg in key_groups if kg in r}
+        missing = sorted(wanted - self._loaded)
+        self._touch(wanted)
         if not missing:
+            self._stats["hits"] += 1
             return
         metas, data = self._store_read(missing)
         self._collect_changes()
         self._check_ttl_settings(metas)
+        for kg in missing:
+            # The cache's timers of a key group read before are its current ones (timers are
+            # never evicted); the store's may be older.
+            if kg in self._timers_loaded:
+                data.pop((TIMERS_STATE_NAME, kg), None)
         self._cache.restore(_CommittedEntries(self, metas, data))
         self._loaded.update(missing)
         for kg in missing:
-            self._timers_stored[kg] = data.get((TIMERS_STATE_NAME, kg), {})
+            if kg not in self._timers_loaded:
+                self._timers_stored[kg] = data.get((TIMERS_STATE_NAME, kg), {})
+                self._timers_loaded.add(kg)
+        self._stats["misses"] += 1
+        self._stats["key_groups_read"] += len(missing)
+        self.evict(protect=wanted)
+
+    def read_through_timers(self) -> None:
+        """Read through every key group of the range whose timers are not in the cache (the
+        calls that fire or list timers need every key group's)."""
+        self.read_through(set(self.key_group_range) - self._timers_loaded)
+
+    def _touch(self, key_groups) -> None:
+        recent = self._recent
+        for kg in key_groups:
+            recent.pop(kg, None)
+            recent[kg] = None
+
+    def _dirty_key_groups(self) -> set[int]:
+        """Key groups whose cached entries may differ from the committed store state: changes
+        collected and not in a log yet, and those of the last log while it is not known
+        committed (call after :meth:`_collect_changes`)."""
+        dirty = {kg for (_, kg) in self._stash}
+        pending = self._last_pre_commit
+        if pending is not None and (self._committed is None or self._committed < pending):
+            dirty |= self._in_flight
+        return dirty
+
+    def evict(self, protect=(), max_entries: int | None = None) -> int:
+        """When the cache holds more than ``max_entries`` (default the bound,
+        ``cache_entries``; nothing happens for an unbounded cache then), evict clean key
+        groups -- least recently used first, never one in ``protect``, the current key's or a
+        dirty one -- until it holds at most 3/4 of it. Clean: every entry equals the
+        committed store state (no change since the last commit this backend knows of). The
+        evicted key groups' entries leave the cache without becoming changes; they are read
+        through again on their next access. Returns the number of key groups evicted."""
+        self.check_open()
+        bound = self._cache_entries if max_entries is None else max_entries
+        if bound is None or not self._loaded:
+            return 0
+        total = self._cache.num_entries()
+        if total <= bound:
+            return 0
+        self._collect_changes()
+        keep = set(protect) | self._dirty_key_groups()
+        current = self._cache.current_key_group
+        if current is not None:
+            keep.add(current)
+        candidates = [kg for kg in self._recent if kg in self._loaded and kg not in keep]
+        if not candidates:
+            return 0
+        target = int(bound * _EVICT_TO)
+        snap = self._cache.snapshot()
+        try:
+            metas = snap.state_metas()
+            names = [m["name"] for m in metas
+                     if m["name"] != TIMERS_STATE_NAME and not is_operator_state_meta(m)]
+            data, evicted, entries = {}, [], 0
+            for kg in candidates:
+                if total - entries <= target:
+                    break
+                for name in names:
+                    keys, _ = snap.entries(name, kg)
+                    if len(keys):
+                        data[(name, kg)] = (keys, pa.nulls(len(keys), pa.binary()))
+                        entries += len(keys)
+                evicted.append(kg)
+            if any(m["name"] == TIMERS_STATE_NAME for m in metas):
+                for kg in self.key_group_range:
+                    data[(TIMERS_STATE_NAME, kg)] = snap.entries(TIMERS_STATE_NAME, kg)
+            # Tombstones applied as a change set become the cache's new base, not changes:
+            # the store holds these entries already.
+            self._cache.apply_changes(_EvictionChanges(self, metas, data))
+        finally:
+            snap.release()
+        self._loaded.difference_update(evicted)
+        for kg in evicted:
+            self._recent.pop(kg, None)
+        self._stats["evictions"] += len(evicted)
+        self._stats["evicted_entries"] += entries
+        return len(evicted)
+
+    def cache_statistics(self) -> dict:
+        """The cache's counters since the backend opened: ``hits`` (accesses -- a
+        ``set_current_key``, a batch call, a call over the range -- whose key groups were all
+        in the cache), ``misses`` (accesses that read key groups through), ``key_groups_read``
+        (key groups read through, re-reads after eviction included), ``evictions`` (key
+        groups evicted), ``evicted_entries``; and ``entries`` (in the cache now),
+        ``max_entries`` (the bound, None when unbounded), ``key_groups`` (in the cache now)."""
+        return dict(self._stats, entries=self._cache.num_entries(),
+                    max_entries=self._cache_entries, key_groups=len(self._loaded))
 
     def read_through_keys(self, keys):
         """Read through the key groups of a batch's ``keys`` (the batch API's key forms): those
@@ -324,6 +515,7 @@ class CachedExternalBackend:
         cache to raise its error."""
         r = self.key_group_range
         if len(self._loaded) == len(r):
+            self._stats["hits"] += 1
             return keys
         try:
             arr = coerce_key_array(keys, self.key_type, combine=False)
@@ -367,7 +559,7 @@ class CachedExternalBackend:
                 name = meta["name"]
                 if name == TIMERS_STATE_NAME:
                     if timers is not None:
-                        for kg in self._loaded:
+                        for kg in self._timers_loaded:
                             keys, vals = snap.entries(name, kg)
                             timers[kg] = dict(zip(keys.to_pylist(), vals.to_pylist()))
                     continue
@@ -408,6 +600,11 @@ class CachedExternalBackend:
         kg = self._cache.key_group_of(key)
         if kg not in self._loaded:
             self.read_through((kg,))
+        else:
+            self._stats["hits"] += 1
+            recent = self._recent
+            recent.pop(kg, None)
+            recent[kg] = None
         self._cache.set_current_key(key)
 
     def keys(self, state_name: str, namespace=None, key_group_range=None) -> list:
@@ -479,7 +676,10 @@ class CachedExternalBackend:
         ``commit_epoch``). The log holds the state metas and every changed entry (set or
         deleted); it is written all or nothing, replacing any earlier log of the same epoch
         and task. Nothing is visible to readers until the commit. The cache keeps serving the
-        state, writes after this call belong to the next epoch.
+        state, writes after this call belong to the next epoch. The log also asks the commit to
+        remove the expired entries of TTL states in the next ``ttl_sweep_key_groups`` key
+        groups of the range from the store (:meth:`_sweep_plan`: expired by this task's TTL
+        clock now, so never an entry this task could still read).
 
         Epochs commit in order: the previous pre-commit must be committed first (read from
         the store when :meth:`notify_committed` did not say so). Raises InvalidInputError for
@@ -508,17 +708,55 @@ class CachedExternalBackend:
         metas = self._collect_changes(timers)
         changed = {kg: (self._timers_stored.get(kg, {}), t) for kg, t in timers.items()
                    if t != self._timers_stored.get(kg, {})}
-        name = self._store_write_log(epoch, metas, self._stash, changed)
+        sweep = self._sweep_plan()
+        name = self._store_write_log(epoch, metas, self._stash, changed, sweep)
+        if sweep:
+            self._sweep_next = sweep[0][2][-1] + 1
+        self._in_flight = {kg for (_, kg) in self._stash}
         self._stash = {}
         self._timers_stored.update({kg: now for kg, (_, now) in changed.items()})
         self._last_pre_commit = epoch
         return name
 
+    def _sweep_plan(self) -> list:
+        """``[(state, cutoff, key groups)]`` for :meth:`_store_write_log`: the next
+        ``ttl_sweep_key_groups`` key groups of the range (round robin, from where the last
+        pre-commit's stopped) for every TTL state whose entries expire as a whole (value,
+        reducing, aggregating, map: one timestamp per entry; a list chunk holds one per element
+        and is left to the cache's cleanup), ``cutoff`` = this task's TTL time now minus the
+        TTL (an entry stamped at or before it is expired: ``ts + ttl <= now``, Flink
+        ``TtlUtils.expired``). Event-time TTL before the first watermark sweeps nothing."""
+        n = self._sweep_key_groups
+        if not n:
+            return []
+        states = []
+        for name, table in self._cache.state_tables().items():
+            meta = table.meta
+            if (name == TIMERS_STATE_NAME or not meta.get("ttl") or meta.get("kind") == "list"
+                    or is_operator_state_meta(meta)):
+                continue
+            cfg = StateTtlConfig.from_meta(meta["ttl"])
+            now = self._cache.ttl_now(cfg)
+            if now == INT64_MIN or now - cfg.ttl_ms < INT64_MIN:
+                continue
+            states.append((name, now - cfg.ttl_ms))
+        if not states:
+            return []
+        r = self.key_group_range
+        start = (self._sweep_next if self._sweep_next is not None and self._sweep_next in r
+                 else r.start)
+        kgs = [r.start + (start - r.start + i) % len(r) for i in range(min(n, len(r)))]
+        return [(name, cutoff, kgs) for name, cutoff in sorted(states)]
+
     def notify_committed(self, epoch: int) -> None:
-        """The coordinator committed ``epoch`` (every pre-commit up to it is now committed)."""
+        """The coordinator committed ``epoch`` (every pre-commit up to it is now committed):
+        the key groups of those logs are clean now, and past the bound the cache evicts
+        (:meth:`evict`)."""
         check_epoch(epoch)
         if self._committed is None or epoch > self._committed:
             self._committed = epoch
+        if not self._cache.disposed:
+            self.evict()
 
     def abort(self) -> None:
         """Discard everything not committed: the cache (the epoch's writes and everything
@@ -531,6 +769,9 @@ class CachedExternalBackend:
         self._cache.dispose()
         self._cache = _new_cache(self._cache_kind, **self._cache_options)
         self._loaded = set()
+        self._timers_loaded = set()
+        self._recent = {}
+        self._in_flight = set()
         self._stash = {}
         self._timers_stored = {}
         self._states = {}

@@ -68,12 +68,15 @@ def read_committed_epoch(url_or_client, namespace: str,
 
 
 def read_committed(url_or_client, namespace: str, state: str, key_group_range=None,
-                   timeout_s: float = DEFAULT_TIMEOUT_S) -> CommittedState:
-    """The committed entries of ``state`` as of one committed epoch
+                   timeout_s: float = DEFAULT_TIMEOUT_S, now_ms: int | None = None
+                   ) -> CommittedState:
+    """The committed entries of ``state`` as of one committed epoch, without TTL values
+    expired at ``now_ms`` (default the wall clock; required for event-time TTL)
     (:func:`statecore.external.reader.read_committed` for Redis,
     :func:`statecore.external.postgres_reader.read_committed_pg` for PostgreSQL)."""
     if _is_pg(url_or_client):
         from statecore.external.postgres_reader import read_committed_pg
 
-        return read_committed_pg(url_or_client, namespace, state, key_group_range, timeout_s)
-    return _redis_read(url_or_client, namespace, state, key_group_range, timeout_s)
+        return read_committed_pg(url_or_client, namespace, state, key_group_range, timeout_s,
+                                 now_ms)
+    return _redis_read(url_or_client, namespace, state, key_group_range, timeout_s, now_ms)

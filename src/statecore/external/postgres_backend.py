@@ -15,7 +15,11 @@ import json
 import struct
 
 from statecore.errors import EpochCommitError, InvalidInputError
-from statecore.external.cached import CachedExternalBackend
+from statecore.external.cached import (
+    DEFAULT_CACHE_ENTRIES,
+    DEFAULT_TTL_SWEEP_KEY_GROUPS,
+    CachedExternalBackend,
+)
 from statecore.external.postgres_store import (
     SCHEMA,
     PgConnection,
@@ -74,7 +78,10 @@ class PostgresBackend(CachedExternalBackend):
     ``timer_namespace_type`` (as ``create_backend``), ``cache`` (``"python"`` or
     ``"native"``: the in-memory backend in front), ``task`` (the name of this task's
     write-ahead logs, default ``kg<start>-<end>`` of the key-group range: unique per task of
-    one parallelism), ``timeout_s`` (connect, statement and lock-wait timeouts, s). The
+    one parallelism), ``timeout_s`` (connect, statement and lock-wait timeouts, s),
+    ``cache_entries`` (the cache's bound in entries) and ``ttl_sweep_key_groups`` (key groups
+    per pre-commit whose expired TTL entries the commit deletes), as
+    :class:`~statecore.external.redis_backend.RedisBackend`'s. The
     first backend on a database creates schema ``statecore`` and its tables (needs the
     CREATE privilege on the database once; afterwards SELECT, INSERT, UPDATE, DELETE).
 
@@ -92,7 +99,9 @@ class PostgresBackend(CachedExternalBackend):
                  key_type="int64", max_parallelism: int = 128, key_group_range=None,
                  assigner: str = "spark", ttl_clock=None, timer_namespace_type: str = "void",
                  cache: str = "python", task: str | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, conn=None):
+                 timeout_s: float = DEFAULT_TIMEOUT_S, conn=None,
+                 cache_entries: int | None = DEFAULT_CACHE_ENTRIES,
+                 ttl_sweep_key_groups: int = DEFAULT_TTL_SWEEP_KEY_GROUPS):
         if url is not None and conn is not None:
             raise InvalidInputError("pass at most one of url= and conn=")
         self._keys = NamespaceKeys(namespace)
@@ -100,7 +109,7 @@ class PostgresBackend(CachedExternalBackend):
                          dict(key_type=key_type, max_parallelism=max_parallelism,
                               key_group_range=key_group_range, assigner=assigner,
                               ttl_clock=ttl_clock, timer_namespace_type=timer_namespace_type),
-                         task)
+                         task, cache_entries, ttl_sweep_key_groups)
         try:
             self._pg = PgConnection(url, timeout_s, conn=conn)
             self._ns, self._committed = open_namespace(
@@ -143,12 +152,13 @@ class PostgresBackend(CachedExternalBackend):
             return namespace_row(conn, self.namespace)[4]
 
     def _store_write_log(self, epoch: int, metas: list[dict], changes: dict,
-                         timers: dict) -> str:
+                         timers: dict, sweep: list) -> str:
         """Two transactions, each checking under a share lock of the namespace row that
         ``epoch`` is not committed: the state metas' upsert; then delete this task's earlier
         rows of ``epoch`` and later epochs (a replayed pre-commit) in its key-group range,
         ``COPY`` the changes (a NULL value marks a deletion; a changed key group's timers as
-        the differences to the stored ones; :func:`_copy_payload`) and record the log. Only
+        the differences to the stored ones; :func:`_copy_payload`) and record the log (with
+        the TTL sweep its commit runs, JSON in column ``sweep``). Only
         the second makes the log exist: a commit refuses the epoch until it committed."""
         ns, r = self._ns, self.key_group_range
         groups = [(name, kg, d) for (name, kg), d in changes.items()]
@@ -182,8 +192,9 @@ class PostgresBackend(CachedExternalBackend):
                 for chunk in payload:
                     copy.write(chunk)
             conn.execute(f"INSERT INTO {SCHEMA}.logs (ns, epoch, task, kg_start, kg_end, "
-                         "entries) VALUES (%s, %s, %s, %s, %s, %s)",
-                         (ns, epoch, self.task, r.start, r.end, n_rows))
+                         "entries, sweep) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                         (ns, epoch, self.task, r.start, r.end, n_rows,
+                          json.dumps(sweep) if sweep else None))
         return self._keys.wal(epoch, self.task)
 
     def _check_not_committed(self, conn, epoch: int) -> None:

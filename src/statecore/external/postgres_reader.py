@@ -9,7 +9,7 @@ import json
 
 from statecore.errors import InvalidInputError
 from statecore.external.postgres_store import SCHEMA, connect, namespace_row
-from statecore.external.reader import CommittedState, committed_table
+from statecore.external.reader import CommittedState, committed_table, ttl_reader_now
 from statecore.external.store import DEFAULT_TIMEOUT_S, check_namespace
 from statecore.key_groups import KeyGroupRange
 
@@ -17,14 +17,16 @@ __all__ = ["read_committed_pg"]
 
 
 def read_committed_pg(url_or_conn, namespace: str, state: str, key_group_range=None,
-                      timeout_s: float = DEFAULT_TIMEOUT_S) -> CommittedState:
+                      timeout_s: float = DEFAULT_TIMEOUT_S, now_ms: int | None = None
+                      ) -> CommittedState:
     """The committed entries of ``state`` in ``namespace`` (key groups of ``key_group_range``,
     default all) in PostgreSQL, decoded, as of one committed epoch (a
     :class:`~statecore.external.reader.CommittedState`).
 
     ``url_or_conn``: a ``postgresql://`` URL (libpq's environment variables fill in what it
-    leaves out) or a psycopg connection. TTL values are reported with their timestamp, not
-    filtered. Raises InvalidInputError for an unknown state or namespace,
+    leaves out) or a psycopg connection. A TTL state's values expired at ``now_ms`` are left
+    out (:func:`~statecore.external.reader.ttl_reader_now`). Raises InvalidInputError for an
+    unknown state or namespace, for an event-time TTL state without ``now_ms``,
     ExternalStateError and its subclasses for store failures, InvalidInputError naming the
     entry for bytes that do not decode."""
     check_namespace(namespace)
@@ -56,4 +58,5 @@ def read_committed_pg(url_or_conn, namespace: str, state: str, key_group_range=N
         if pg is not url_or_conn:
             pg.close()
     meta = json.loads(raw[0])
-    return CommittedState(epoch, meta, committed_table(meta, key_type, maxp, pairs))
+    now = ttl_reader_now(meta, state, now_ms)
+    return CommittedState(epoch, meta, committed_table(meta, key_type, maxp, pairs, now))

@@ -75,7 +75,20 @@ _DDL = [
         kg_end integer NOT NULL,
         entries bigint NOT NULL,
         PRIMARY KEY (ns, epoch, task))""",
+    # The TTL sweep a log asks its commit for (JSON [[state, cutoff, [kg, ...]], ...]); added
+    # to tables created before it existed.
+    f"ALTER TABLE {SCHEMA}.logs ADD COLUMN IF NOT EXISTS sweep text",
 ]
+
+
+_INT64_MIN = -(2**63)
+# The TTL sweep of one state over some key groups (a log's ``sweep``): delete the committed
+# entries whose 8-byte big-endian timestamp suffix (docs/formats.md "TTL suffix") lies in
+# [INT64_MIN + 1, cutoff] -- INT64_MIN is an event-time write not stamped yet. Deletion markers
+# (NULL values) are gone once a commit finished, and none is below the new committed epoch.
+_SWEEP = (f"DELETE FROM {SCHEMA}.entries WHERE ns = %s AND state = %s AND kg = ANY(%s) AND "
+          "epoch <= %s AND octet_length(value) >= 8 AND ('x' || encode(substring(value FROM "
+          "octet_length(value) - 7), 'hex'))::bit(64)::bigint BETWEEN %s AND %s")
 
 
 def _psycopg():
@@ -231,8 +244,9 @@ def ensure_schema(pg: PgConnection) -> None:
     """Create schema ``statecore`` and its tables unless they exist (under an advisory lock:
     tasks opening their first namespace together)."""
     with pg.transaction("creating the statecore tables") as conn:
-        exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
-                              (f"{SCHEMA}.logs",)).fetchone()[0]
+        exists = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) AND "
+            "attname = 'sweep' AND NOT attisdropped)", (f"{SCHEMA}.logs",)).fetchone()[0]
         if exists:
             return
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK,))
@@ -304,9 +318,9 @@ def commit_epoch(url_or_conn, namespace: str, epoch: int, wal_key_names,
             ns, committed = row[0], row[4]
             if committed is not None and epoch <= committed:
                 return False
-            logs = dict((t, (s, e)) for t, s, e in conn.execute(
-                f"SELECT task, kg_start, kg_end FROM {SCHEMA}.logs WHERE ns = %s AND epoch = %s",
-                (ns, epoch)))
+            logs = {t: (s, e, sweep) for t, s, e, sweep in conn.execute(
+                f"SELECT task, kg_start, kg_end, sweep FROM {SCHEMA}.logs WHERE ns = %s AND "
+                "epoch = %s", (ns, epoch))}
             missing = [t for t in tasks if t not in logs]
             if missing:
                 raise EpochCommitError(
@@ -334,6 +348,9 @@ def commit_epoch(url_or_conn, namespace: str, epoch: int, wal_key_names,
                 f"DELETE FROM {SCHEMA}.states o USING {SCHEMA}.states n WHERE n.ns = %s "
                 "AND n.epoch = %s AND o.ns = n.ns AND o.name = n.name AND o.epoch < n.epoch",
                 (ns, epoch))
+            for t in tasks:
+                for state, cutoff, kgs in json.loads(logs[t][2] or "[]"):
+                    conn.execute(_SWEEP, (ns, state, kgs, epoch, _INT64_MIN + 1, cutoff))
             conn.execute(f"DELETE FROM {SCHEMA}.logs WHERE ns = %s AND epoch = %s", (ns, epoch))
         return True
     finally:

@@ -20,7 +20,11 @@ from __future__ import annotations
 import json
 
 from statecore.errors import InvalidInputError
-from statecore.external.cached import CachedExternalBackend
+from statecore.external.cached import (
+    DEFAULT_CACHE_ENTRIES,
+    DEFAULT_TTL_SWEEP_KEY_GROUPS,
+    CachedExternalBackend,
+)
 from statecore.external.store import (
     DEFAULT_TIMEOUT_S,
     NamespaceKeys,
@@ -49,7 +53,12 @@ class RedisBackend(CachedExternalBackend):
     ``create_backend``), ``cache``
     (``"python"`` or ``"native"``: the in-memory backend in front), ``task`` (the name of this
     task's write-ahead logs, default ``kg<start>-<end>`` of the key-group range: unique per
-    task of one parallelism), ``timeout_s`` (connect and socket timeouts, s).
+    task of one parallelism), ``timeout_s`` (connect and socket timeouts, s), ``cache_entries``
+    (the cache's bound in entries, default 2,000,000, None for no bound: past it, key groups
+    whose entries equal the committed state are evicted, least recently used first, and read
+    through again on their next access; :meth:`cache_statistics`), ``ttl_sweep_key_groups``
+    (key groups per pre-commit whose expired TTL entries the commit script deletes, round
+    robin over the range, default 16, 0 for none).
 
     The state API is the in-memory backends' (:mod:`statecore.backends.base`): ``get_state``,
     per-record and batch calls, ``keys``, ``apply_to_all_keys``, TTL. Timers are kept in
@@ -69,7 +78,9 @@ class RedisBackend(CachedExternalBackend):
                  key_type="int64", max_parallelism: int = 128, key_group_range=None,
                  assigner: str = "spark", ttl_clock=None, timer_namespace_type: str = "void",
                  cache: str = "python",
-                 task: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, client=None):
+                 task: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, client=None,
+                 cache_entries: int | None = DEFAULT_CACHE_ENTRIES,
+                 ttl_sweep_key_groups: int = DEFAULT_TTL_SWEEP_KEY_GROUPS):
         if cache not in ("python", "native"):
             raise InvalidInputError(f"cache must be 'python' or 'native', got {cache!r}")
         if (url is None) == (client is None):
@@ -79,7 +90,7 @@ class RedisBackend(CachedExternalBackend):
                          dict(key_type=key_type, max_parallelism=max_parallelism,
                               key_group_range=key_group_range, assigner=assigner,
                               ttl_clock=ttl_clock, timer_namespace_type=timer_namespace_type),
-                         task)
+                         task, cache_entries, ttl_sweep_key_groups)
         self._owns_client = client is None
         try:
             self._client = client if client is not None else connect(url, timeout_s)
@@ -112,11 +123,12 @@ class RedisBackend(CachedExternalBackend):
         return committed_epoch(self._client, self._keys)
 
     def _store_write_log(self, epoch: int, metas: list[dict], changes: dict,
-                         timers: dict) -> str:
+                         timers: dict, sweep: list) -> str:
         """The log (docs/formats.md "External state in Redis") is a list: the header, the
         state metas, then one ``S`` (set) or ``D`` (delete) record per changed entry, and a
-        changed key group's timers replaced whole (``R``, then ``S``); written with one
-        MULTI."""
+        changed key group's timers replaced whole (``R``, then ``S``), then one ``X`` (sweep)
+        record per hash to clear of expired TTL entries, with the cutoff as its high and low
+        32-bit halves (Lua numbers are doubles); written with one MULTI."""
         ops: list = [wal_header(epoch)]
         for meta in metas:
             ops += ("M", meta["name"], json.dumps(meta, sort_keys=True), b"")
@@ -129,6 +141,10 @@ class RedisBackend(CachedExternalBackend):
             ops += ("R", suffix, b"", b"")
             for k, v in sorted(now.items()):
                 ops += ("S", suffix, k, v)
+        for state, cutoff, kgs in sweep:
+            bound = f"{cutoff >> 32} {cutoff & 0xFFFFFFFF}"
+            for kg in kgs:
+                ops += ("X", NamespaceKeys.data_suffix(kg, state), bound, b"")
         name = self._keys.wal(epoch, self.task)
         with store_errors(self._client, f"pre-committing epoch {epoch} of {self.namespace!r}"):
             pipe = self._client.pipeline(transaction=True)

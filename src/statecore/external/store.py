@@ -92,6 +92,30 @@ for i = 4, #KEYS do
         redis.call('DEL', ARGV[2] .. ops[j + 1])
       elseif op == 'M' then
         redis.call('HSET', KEYS[2], ops[j + 1], ops[j + 2])
+      elseif op == 'X' then
+        -- TTL sweep of one hash, in the commit so that it is atomic with the epoch: delete the
+        -- fields whose 8-byte big-endian timestamp suffix is at or below the cutoff, given as
+        -- its signed high and unsigned low 32-bit halves (exact in Lua's doubles); never
+        -- INT64_MIN (an event-time write before the first watermark, not stamped yet).
+        local key = ARGV[2] .. ops[j + 1]
+        local sp = string.find(ops[j + 2], ' ', 1, true)
+        local chi = tonumber(string.sub(ops[j + 2], 1, sp - 1))
+        local clo = tonumber(string.sub(ops[j + 2], sp + 1))
+        local all = redis.call('HGETALL', key)
+        for f = 1, #all, 2 do
+          local v = all[f + 1]
+          local n = #v
+          if n >= 8 then
+            local b1, b2, b3, b4, b5, b6, b7, b8 = string.byte(v, n - 7, n)
+            local hi = ((b1 * 256 + b2) * 256 + b3) * 256 + b4
+            if hi >= 2147483648 then hi = hi - 4294967296 end
+            local lo = ((b5 * 256 + b6) * 256 + b7) * 256 + b8
+            if (hi < chi or (hi == chi and lo <= clo))
+                and not (hi == -2147483648 and lo == 0) then
+              redis.call('HDEL', key, all[f])
+            end
+          end
+        end
       end
       applied = applied + 1
     end
