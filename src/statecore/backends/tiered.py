@@ -85,6 +85,7 @@ from statecore.arrow_input import (
     coerce_value_array,
     combined,
     is_arrow_input,
+    key_pylist,
 )
 from statecore.backends import base, native_states
 from statecore.backends.native import NativeBackend, NativeTable
@@ -167,11 +168,29 @@ class _TieredBatch:
     a stream is read once."""
 
     def _load_rows(self, keys, namespaces, rows=None) -> list:
-        b = self.backend
-        slots = b.batch_slots(self, keys, namespaces)
-        enc = [k for _, k in slots] if rows is None else [slots[i][1] for i in rows]
-        b.load_keys(self.table, enc)
+        """Load the keys of the rows (all, or the row numbers ``rows``) and return their
+        encoded keys (bytes, row order)."""
+        enc = self._encoded_rows(keys, namespaces, rows)
+        self.backend.load_keys(self.table, enc)
         return enc
+
+    def _encoded_rows(self, keys, namespaces, rows=None) -> list:
+        """The encoded key of each row (docs/formats.md "Encoded key"): the backend's native
+        KeyEncoder per key (validating it and its key group as the kernels do) and the
+        namespace's part, built once per distinct namespace."""
+        b = self.backend
+        kl = key_pylist(keys, b.key_type)
+        nss = base.resolve_batch_namespaces(namespaces, self, len(kl))
+        if rows is not None:
+            kl = [kl[i] for i in rows]
+            nss = [nss[i] for i in rows]
+        encode, parts, out = b.encode_current_key_bytes, {}, []
+        for k, ns in zip(kl, nss):
+            part = parts.get(ns)
+            if part is None:
+                part = parts[ns] = self._encoded_namespace(ns)
+            out.append(self._encoded_key(encode(k), part))
+        return out
 
     def _inputs(self, keys, namespaces):
         b = self.backend
@@ -308,6 +327,11 @@ class TieredBackend(NativeBackend):
                                 "mode (memory holds part of the state)")
 
     # ------------------------------------------------------------------ loads, removals, eviction
+    def encode_current_key_bytes(self, key) -> bytes:
+        """``prefix | ser(key)`` of ``key`` (what ``set_current_key`` builds, without making it
+        current). InvalidInputError for a key of another type or outside the key groups."""
+        return self._keys.encode(key)[2]
+
     def load_keys(self, table: TieredTable, encoded: list) -> int:
         """Load the keys of ``encoded`` (encoded keys, bytes, of ``table``'s state and this
         backend's key groups; repeats allowed) that memory lacks and no removed set holds from
