@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from pathlib import Path
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa

@@ -280,6 +280,10 @@ class TieredBackend(NativeBackend):
     missing store.
     """
 
+    #: Restores attach the version's runs instead of reading them
+    #: (CheckpointStore.restore then prefetches nothing).
+    attaches_runs = True
+
     state_classes = {"value": TieredValueState, "reducing": TieredReducingState}
     ttl_state_classes = {"value": TieredTtlValueState, "reducing": TieredTtlReducingState}
 
