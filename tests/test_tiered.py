@@ -160,6 +160,36 @@ def test_removals_of_evicted_keys_and_re_puts_survive_checkpoints(tmp_path):
     assert got == [0, None, 200, None] + list(range(4, 20))
 
 
+@pytest.mark.parametrize("attached", [False, True])
+def test_a_removal_while_a_checkpoint_is_in_flight_is_not_undone_by_it(tmp_path, attached):
+    """A key removed after the snapshot of a checkpoint that then completes: the version the
+    backend attaches to holds the key, memory does not; the removal must still hide it."""
+    store = CheckpointStore(tmp_path)
+    b = tiered(store, budget=2 * ENTRY)
+    v = b.get_state(ValueStateDescriptor("v", "int64"))
+    v.put_batch(pa.array(range(8), pa.int64()), pa.array(range(8), pa.int64()))
+    if attached:
+        store.checkpoint(b, 1)
+    snap = b.snapshot(incremental=attached)
+    desc = store.write_snapshot(snap, 2)
+    v.clear_batch(pa.array([1], pa.int64()))
+    b.set_current_key(2)
+    v.clear()
+    v.put_batch(pa.array([3], pa.int64()), pa.array([None], pa.int64()))
+    manifest = store.commit(2, [desc])
+    b.notify_checkpoint_complete(snap.snapshot_id, 2, manifest.get("commit_id"))
+    snap.release()
+    assert b.attached_version == 2
+    v.get_batch(pa.array(range(4, 8), pa.int64()))  # evicts what it can
+    got = v.get_batch(pa.array(range(8), pa.int64())).to_pylist()
+    assert got == [0, None, None, None, 4, 5, 6, 7]
+    store.checkpoint(b, 3)
+    fresh = tiered(store)
+    store.restore(fresh)
+    fv = fresh.get_state(ValueStateDescriptor("v", "int64"))
+    assert fv.get_batch(pa.array(range(8), pa.int64())).to_pylist() == got
+
+
 def test_snapshots_are_incremental_once_attached(tmp_path):
     store = CheckpointStore(tmp_path)
     b = tiered(store)

@@ -167,9 +167,14 @@ class _TieredBatch:
     eviction check. Keys (and namespaces given as Arrow) are imported once and handed on, so
     a stream is read once."""
 
-    def _load_rows(self, keys, namespaces, rows=None) -> list:
+    def _load_rows(self, keys, namespaces, rows=None, removing: bool = False) -> list:
         """Load the keys of the rows (all, or the row numbers ``rows``) and return their
-        encoded keys (bytes, row order)."""
+        encoded keys (bytes, row order). While the attached version holds nothing of the state
+        (memory holds all of it then) nothing is loaded, and unless ``removing`` (the caller
+        records the keys as removed: a snapshot taken before may still complete and hold
+        them) nothing is encoded either: the result is empty."""
+        if not removing and not self.backend.reads_runs(self.table):
+            return []
         enc = self._encoded_rows(keys, namespaces, rows)
         self.backend.load_keys(self.table, enc)
         return enc
@@ -218,7 +223,7 @@ class _TieredBatch:
 
     def clear_batch(self, keys, namespaces=None) -> None:
         keys, namespaces = self._inputs(keys, namespaces)
-        enc = self._load_rows(keys, namespaces)
+        enc = self._load_rows(keys, namespaces, removing=True)
         super().clear_batch(keys, namespaces)
         self.backend.note_removed(self.table, enc)
         self.backend.evict()
@@ -234,7 +239,7 @@ class _TieredValue(_TieredBatch):
             if values.null_count else None
         enc = None
         if nulls is not None and len(nulls):
-            enc = self._load_rows(keys, namespaces, rows=nulls.tolist())
+            enc = self._load_rows(keys, namespaces, rows=nulls.tolist(), removing=True)
         super().put_batch(keys, values, namespaces)
         if enc:
             self.backend.note_removed(self.table, enc)
@@ -336,12 +341,17 @@ class TieredBackend(NativeBackend):
         current). InvalidInputError for a key of another type or outside the key groups."""
         return self._keys.encode(key)[2]
 
+    def reads_runs(self, table: TieredTable) -> bool:
+        """Whether keys of ``table``'s state may be loaded from the attached version (one is
+        attached and holds the state)."""
+        return self._lookup is not None and table.name in self._lookup_states
+
     def load_keys(self, table: TieredTable, encoded: list) -> int:
         """Load the keys of ``encoded`` (encoded keys, bytes, of ``table``'s state and this
         backend's key groups; repeats allowed) that memory lacks and no removed set holds from
         the attached version, as clean entries, with one lookup. Returns the entries loaded (0
         when not attached)."""
-        if self._lookup is None or not encoded or table.name not in self._lookup_states:
+        if not encoded or not self.reads_runs(table):
             return 0
         keys = pc.unique(pa.array(encoded, pa.binary()))
         keys = keys.filter(table.native.absent_keys(keys, self.key_prefix_width))
@@ -362,9 +372,9 @@ class TieredBackend(NativeBackend):
 
     def note_removed(self, table: TieredTable, encoded: list) -> None:
         """Record removals of the keys of ``encoded`` from ``table``'s state (module docstring,
-        T2). Without an attached version nothing is recorded: there is nothing stale to
-        hide."""
-        if self._lookup is not None and encoded:
+        T2), attached or not: a snapshot taken before the removal may complete later, and the
+        version it becomes holds the keys."""
+        if encoded:
             self._removed.setdefault(table.name, set()).update(encoded)
 
     def evict(self) -> int:
