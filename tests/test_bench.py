@@ -603,3 +603,21 @@ def test_run_lookup_reports_rates_reads_and_the_filter_rate(tmp_path):
     assert by[("lookup", "blocks_per_lookup_absent")] <= by[("lookup", "filter_fp_rate")]
     assert 1.2 <= by[("lookup", "filter_bytes_per_entry")] <= 1.4
     assert by[("restore+get_batch", "restore_s")] > 0
+
+
+def test_tiered_running_count_reports_both_backends_and_the_loads(tmp_path):
+    """tiered_running_count runs the same batches on the tiered and the in-memory native backend
+    (the case checks their outputs equal) and reports rates, loads per row and checkpoint time
+    per distribution."""
+    if not _has_native():
+        pytest.skip("needs the native extension")
+    out = tmp_path / "t.json"
+    assert main(["--quick", "--scale", "0.02", "--case", "tiered_running_count", "--json",
+                 str(out)]) == 0
+    by = {(r["impl"], r["metric"]): r["value"] for r in json.loads(out.read_text())}
+    for dist in ("zipf", "uniform"):
+        assert by[("tiered", f"rows_per_s_{dist}")] > 0
+        assert by[("in-memory", f"rows_per_s_{dist}")] > 0
+        assert 0 < by[("tiered", f"loaded_per_row_{dist}")] <= 1
+        assert by[("tiered", f"checkpoint_s_{dist}")] > 0
+    assert by[("tiered", "budget_bytes")] < by[("tiered", "entries")] * 18

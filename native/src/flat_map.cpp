@@ -443,7 +443,7 @@ bool StateMap::Impl::flat_remove(const uint8_t* key, size_t ks) {
   const FlatLocation at = flat_locate(hash_of(key, ks), key, ks);
   if (!at.table) return false;
   FlatDirectory** t = at.table;
-  removals.append(version, at.h, key, ks);
+  if (!quiet) removals.append(version, at.h, key, ks);
   --flat_size_of(t);
   live_bytes -= ks + (*t)->layout.value_size;
   if (frehash && t == &fprimary) {

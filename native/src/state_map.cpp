@@ -726,6 +726,73 @@ uint64_t StateMap::rebase(bool applied_changes) {
   return m.base;
 }
 
+namespace {
+
+// Sets Impl::quiet for a scope: the inserts and removals inside are not logged as changes.
+struct QuietScope {
+  explicit QuietScope(StateMap::Impl& m) : m_(m) { m_.quiet = true; }
+  ~QuietScope() { m_.quiet = false; }
+  QuietScope(const QuietScope&) = delete;
+  QuietScope& operator=(const QuietScope&) = delete;
+  StateMap::Impl& m_;
+};
+
+}  // namespace
+
+bool StateMap::is_clean(const uint8_t* key, size_t key_size) {
+  check_buffer(key, key_size, "key");
+  Impl& m = *impl_;
+  if (m.flat) {
+    const Impl::FlatLocation at = m.flat_locate(m.hash_of(key, key_size), key, key_size);
+    return at.table && detail::load_u32((*at.table)->slot(at.slot)) < m.base;
+  }
+  const Entry* e = m.locate(key, key_size).entry;
+  return e && e->modified < m.base;
+}
+
+bool StateMap::insert_clean(const uint8_t* key, size_t key_size, const uint8_t* value,
+                            size_t value_size) {
+  check_buffer(key, key_size, "key");
+  check_buffer(value, value_size, "value");
+  Impl& m = *impl_;
+  if (m.base == 0) {
+    throw std::logic_error("StateMap::insert_clean: the map has no base (nothing committed)");
+  }
+  if (get(key, key_size, nullptr)) return false;
+  const auto stamp = static_cast<uint32_t>(m.base - 1);
+  QuietScope quiet(m);
+  uint8_t* out = put(key, key_size, value_size);
+  if (value_size) std::memcpy(out, value, value_size);
+  // put() stamped the map version on a slot or entry it made writable (page copied, or a new
+  // entry no snapshot reaches): stamping it older in place changes no snapshot's view.
+  if (m.flat) {
+    const Impl::FlatLocation at = m.flat_locate(m.hash_of(key, key_size), key, key_size);
+    detail::store_u32(m.flat_slot_for_write(at.table, at.slot), stamp);
+  } else {
+    m.locate(key, key_size).entry->modified = stamp;
+  }
+  return true;
+}
+
+size_t StateMap::evict_clean(size_t target_bytes, uint64_t* cursor) {
+  Impl& m = *impl_;
+  if (m.live_bytes <= target_bytes || m.base == 0) return 0;
+  QuietScope quiet(m);
+  SortedRun batch;
+  size_t evicted = 0;
+  // At most two passes of the hand: the first may start mid-table, the second sees the rest;
+  // a pass that ends with nothing evictable left ends the call.
+  int wraps = 0;
+  while (m.live_bytes > target_bytes && wraps < 2) {
+    if (collect_buckets(cursor, 64, &batch)) ++wraps;
+    for (size_t i = 0; i < batch.size() && m.live_bytes > target_bytes; ++i) {
+      const ByteView k = batch.key(i);
+      if (is_clean(k.data, k.size) && remove(k.data, k.size)) ++evicted;
+    }
+  }
+  return evicted;
+}
+
 void StateMap::give_up_write_log() {
   if (impl_->logs_writes()) impl_->give_up_epoch_log();
 }

@@ -75,6 +75,26 @@ size_t StateTable::removal_log_size() const {
   return n;
 }
 
+size_t StateTable::evict_clean(size_t target_bytes) {
+  size_t total = bytes();
+  if (total <= target_bytes) return 0;
+  if (evict_cursors_.size() != maps_.size()) evict_cursors_.assign(maps_.size(), 0);
+  size_t evicted = 0;
+  const size_t n = maps_.size();
+  const size_t start = evict_map_;
+  for (size_t i = 0; i < n && total > target_bytes; ++i) {
+    const size_t at = (start + i) % n;
+    StateMap& m = *maps_[at];
+    const size_t before = m.bytes();
+    if (before == 0) continue;
+    const size_t excess = total - target_bytes;
+    evicted += m.evict_clean(before > excess ? before - excess : 0, &evict_cursors_[at]);
+    total -= before - m.bytes();
+    evict_map_ = (at + 1) % n;
+  }
+  return evicted;
+}
+
 size_t StateTable::index_of(int32_t kg) const {
   if (kg < kg_start_ || kg > kg_end_) throw_out_of_range(kg, kg_start_, kg_end_);
   return static_cast<size_t>(kg - kg_start_);

@@ -241,6 +241,9 @@ cdef extern from "statecore/state_map.h" namespace "statecore" nogil:
         MapStats stats()
         uint64_t version()
         uint64_t base_version()
+        cbool insert_clean(const uint8_t* key, size_t key_size, const uint8_t* value,
+                           size_t value_size) except +raise_native_error
+        cbool is_clean(const uint8_t* key, size_t key_size) except +raise_native_error
 
     cdef cppclass MapSnapshot:
         void release()
@@ -275,6 +278,7 @@ cdef extern from "statecore/state_table.h" namespace "statecore" nogil:
         void mark_base(uint64_t version) except +raise_native_error
         uint64_t rebase(bint applied_changes) except +raise_native_error
         size_t removal_log_size()
+        size_t evict_clean(size_t target_bytes) except +raise_native_error
 
 
 cdef extern from "statecore/ttl.h" namespace "statecore::ttl" nogil:

@@ -779,6 +779,73 @@ cdef class NativeStateTable:
             self._release()
         return removed
 
+    # ---------------------------------------------------------------- tiered mode (tiered.md)
+    cdef int32_t _prefix_kg(self, const uint8_t* k, int32_t size, int prefix_width) except -2:
+        cdef int32_t kg
+        if size <= prefix_width:
+            raise InvalidInputError("an encoded key is not longer than its key-group prefix")
+        kg = k[0] if prefix_width == 1 else (<int32_t>k[0] << 8) | k[1]
+        if kg < self.kg_start or kg > self.kg_end:
+            raise InvalidInputError(f"an encoded key has key group {kg}, outside the table's "
+                                    f"range [{self.kg_start}, {self.kg_end}]")
+        return kg
+
+    def absent_keys(self, keys, int prefix_width):
+        """Which encoded keys (a pa.binary array without nulls, any key groups of the table,
+        each read from its big-endian ``prefix_width``-byte prefix) the table does not hold:
+        a numpy bool array. InvalidInputError for a key not longer than its prefix or of a key
+        group outside the table."""
+        cdef _Entries e = _Entries(keys, keys)
+        cdef int64_t i
+        cdef int32_t kg, size
+        cdef uint8_t empty = 0
+        cdef const uint8_t* kd = e.kd if e.kd != NULL else &empty
+        out = np.zeros(e.n, np.bool_)
+        cdef uint8_t[::1] o = out.view(np.uint8)
+        self._idle()
+        for i in range(e.n):
+            size = e.ko[i + 1] - e.ko[i]
+            kg = self._prefix_kg(kd + e.ko[i], size, prefix_width)
+            o[i] = not self.table.map(kg).get(kd + e.ko[i], size, NULL)
+        return out
+
+    def load_clean(self, keys, values, int prefix_width):
+        """Insert entries of the committed checkpoint as clean (StateMap::insert_clean: part of
+        the base, logged as no change): ``keys``/``values`` pa.binary arrays of equal length,
+        keys without nulls (any order, key groups read from the prefix); a NULL value (absent
+        from the checkpoint) and a key the table already holds are skipped. Returns the entries
+        inserted. InvalidInputError for bad keys (nothing inserted then: the keys are checked
+        first); StateError (from the map's logic error) when the table has no base."""
+        cdef _Entries e = _Entries(keys, values)
+        cdef int64_t i
+        cdef int64_t n = 0
+        cdef uint8_t empty = 0
+        cdef const uint8_t* kd = e.kd if e.kd != NULL else &empty
+        cdef const uint8_t* vd = e.vd if e.vd != NULL else &empty
+        kgs = np.empty(e.n, np.int32)
+        cdef int32_t[::1] kv = kgs
+        self._idle()
+        for i in range(e.n):
+            kv[i] = self._prefix_kg(kd + e.ko[i], e.ko[i + 1] - e.ko[i], prefix_width)
+        for i in range(e.n):
+            if e.vbits != NULL and not (e.vbits[(e.voff + i) >> 3] >> ((e.voff + i) & 7)) & 1:
+                continue
+            n += self.table.map(kv[i]).insert_clean(kd + e.ko[i], e.ko[i + 1] - e.ko[i],
+                                                    vd + e.vo[i], e.vo[i + 1] - e.vo[i])
+        return n
+
+    def is_clean(self, int32_t kg, bytes key not None):
+        """True when ``key`` is present and unchanged since the base (StateMap::is_clean)."""
+        cdef c.StateMap* m = self._map(kg)
+        return m.is_clean(<const uint8_t*><const char*>key, len(key))
+
+    def evict_clean(self, size_t target_bytes):
+        """Remove clean entries (unchanged since the base; StateTable::evict_clean's clock hand
+        over key groups and buckets) without logging them, until :attr:`nbytes` <=
+        ``target_bytes`` or none is left. Returns the entries removed."""
+        self._idle()
+        return self.table.evict_clean(target_bytes)
+
     def key_group_size(self, int32_t kg):
         return self._map(kg).size()
 

@@ -87,8 +87,9 @@ struct Entry;
 //  C2 an entry reachable from a snapshot of version s has modified < s.
 //  C3 the removal log holds every removal at a version >= base, in version order.
 //  C4 a snapshot's listing never changes after it was taken.
-//  C5 every live entry with modified = m >= writes_complete_from has a write-log record at a
-//     version in [start of m's epoch, m].
+//  C5 every live entry with modified = m >= max(writes_complete_from, base) has a write-log
+//     record at a version in [start of m's epoch, m] (a clean entry, insert_clean, has
+//     m < base and no record).
 // Versions are limited to 2^32 - 1 (32-bit `modified`, as Flink's int version):
 // snapshot() and rebase() throw std::overflow_error beyond.
 //
@@ -192,6 +193,23 @@ class StateMap {
   // records are dropped and listings over the epoch walk. For a bulk load that rebase() follows
   // (load_entries), whose writes no listing reads. Sound at any time (C5).
   void give_up_write_log();
+  // ---- tiered mode (docs/tiered.md): entries the committed checkpoint holds ----
+  // Inserts `key` -> `value` as a CLEAN entry: stamped modified = base_version() - 1 (older than
+  // the base, so no listing reports it: C2 holds, the entry is part of the base) and recorded
+  // in neither log (a load is not a change). Returns false, changing nothing, when the key is
+  // present (the map's entry is newer than the checkpoint's). std::logic_error while the base
+  // is 0 (nothing is committed, so nothing can be clean). Errors as put(). Snapshots are
+  // unaffected (copy-on-write as put()). Owner thread.
+  bool insert_clean(const uint8_t* key, size_t key_size, const uint8_t* value, size_t value_size);
+  // Removes clean entries (modified < base_version()) without logging them, until bytes() <=
+  // target_bytes or no clean entry is left. Victims come in bucket order from the clock hand
+  // `*cursor` (collect_buckets' cursor: it survives rehashes and snapshots), which advances past
+  // them, so successive calls go round the table. Dirty entries (written since the base) stay:
+  // the next incremental checkpoint needs them. Returns the entries removed. Owner thread.
+  size_t evict_clean(size_t target_bytes, uint64_t* cursor);
+  // Whether `key` is present with modified < base_version() (false when absent).
+  bool is_clean(const uint8_t* key, size_t key_size);
+
   // Records in the removal log / the write log (for memory accounting and tests).
   size_t removal_log_size() const;
   size_t write_log_size() const;

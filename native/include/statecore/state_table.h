@@ -77,12 +77,19 @@ class StateTable {
   uint64_t rebase(bool applied_changes = false);
   // Removal-log records over all key groups.
   size_t removal_log_size() const;
+  // Tiered mode: StateMap::evict_clean over the key groups, from the table's clock hand (a key
+  // group and each map's bucket cursor), until bytes() <= target_bytes or no clean entry is
+  // left. Each call starts at the key group after the one the previous call ended in, so the
+  // evictions go round the key groups. Returns the entries removed.
+  size_t evict_clean(size_t target_bytes);
 
  private:
   size_t index_of(int32_t kg) const;
   int32_t kg_start_;
   int32_t kg_end_;
   std::vector<std::unique_ptr<StateMap>> maps_;  // index kg - kg_start
+  std::vector<uint64_t> evict_cursors_;          // evict_clean's bucket hand per map
+  size_t evict_map_ = 0;                         // evict_clean's next map
 };
 
 }  // namespace statecore

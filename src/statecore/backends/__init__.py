@@ -22,7 +22,10 @@ def create_backend(kind: str = "native", **options) -> KeyedStateBackend:
     ``kind``: ``"python"`` (PythonBackend, the pure-Python reference) or ``"native"``
     (NativeBackend over the C++ engine; imported lazily so the Python backend works without the
     extension). ``options`` go to the backend: key_type, max_parallelism, key_group_range,
-    assigner, timer_namespace_type, ttl_clock (see KeyedStateBackend). ``"redis"``: external
+    assigner, timer_namespace_type, ttl_clock (see KeyedStateBackend); ``"native"`` with
+    ``memory_budget`` (and ``checkpoint``, ``cache_bytes``) is the tiered mode, state larger
+    than memory over a checkpoint store's runs (statecore.backends.tiered.TieredBackend,
+    docs/tiered.md). ``"redis"``: external
     state in Redis (statecore.external.RedisBackend; ``url`` and ``namespace`` options, needs
     the ``redis`` extra). ``"postgres"``: external state in PostgreSQL
     (statecore.external.PostgresBackend; ``url`` and ``namespace`` options, needs the
@@ -32,6 +35,10 @@ def create_backend(kind: str = "native", **options) -> KeyedStateBackend:
         from statecore.backends.python import PythonBackend
 
         return PythonBackend(**options)
+    if kind == "native" and "memory_budget" in options:
+        from statecore.backends.tiered import TieredBackend
+
+        return TieredBackend(**options)
     if kind == "native":
         from statecore.backends.native import NativeBackend
 

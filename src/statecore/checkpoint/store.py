@@ -454,10 +454,12 @@ class CheckpointStore:
                 stats: dict | None = None, operator_index: int | None = None,
                 parallelism: int | None = None) -> int:
         """``backend.restore(self.open(version))``, reading only the byte ranges of the key
-        groups in ``backend.key_group_range`` (one ranged read per run needed there). With
-        ``operator_index`` and ``parallelism`` (both or neither) the backend's operator state
-        is restored too, redistributed from all the version's writers for task
-        ``operator_index`` of ``parallelism`` (``backend.operator_state.restore``). Releases
+        groups in ``backend.key_group_range`` (one ranged read per run needed there; none for a
+        backend whose ``attaches_runs`` is true, the tiered mode, which reads the runs in place
+        later: docs/tiered.md). With ``operator_index`` and ``parallelism`` (both or neither)
+        the backend's operator state is restored too, redistributed from all the version's
+        writers for task ``operator_index`` of ``parallelism``
+        (``backend.operator_state.restore``). Releases
         the reader afterwards. Returns the version restored; ``stats`` (a dict), when given,
         gets ``bytes_read``: the bytes read from data files (footers included). Errors as
         :meth:`open` and CorruptCheckpointError from the data read; InvalidInputError for
@@ -473,7 +475,9 @@ class CheckpointStore:
                 staged = backend.operator_state.stage_restore(reader, operator_index,
                                                               parallelism)
             kg_range = getattr(backend, "key_group_range", None)
-            if kg_range is not None:
+            # A backend that reads the runs in place (the tiered mode, attaches_runs) reads
+            # none of them now.
+            if kg_range is not None and not getattr(backend, "attaches_runs", False):
                 reader.prefetch(*range_bounds(kg_range))
             backend.restore(reader)
             if staged is not None:

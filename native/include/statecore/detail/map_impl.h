@@ -78,6 +78,10 @@ struct StateMap::Impl {
   // keys does so every micro-batch, and logging records only to drop them would take those rows
   // off the batch kernel's hot path.
   size_t epoch_writes = 0;
+  // Set only inside StateMap::insert_clean / evict_clean (the tiered mode's loads and
+  // evictions of entries the committed checkpoint holds): their inserts and removals are not
+  // changes, so neither log records them.
+  bool quiet = false;
   // Write-through copy-on-write (detail/write_through.h): the state of the one live snapshot
   // while it has not been read, when it was taken of a flat map with no rehash in flight and no
   // other live snapshot; nullptr otherwise. Shared with the snapshot.
@@ -160,6 +164,7 @@ struct StateMap::Impl {
   uint64_t advance_version();
   // A present key is being removed: log it for change tracking.
   void log_removal(const detail::Entry* e) {
+    if (quiet) return;
     removals.append(version, e->hash, e->key(), e->key_size);
   }
   // Whether this epoch logs first writes: false in a fresh map's first epoch (writes_complete_from
@@ -174,6 +179,7 @@ struct StateMap::Impl {
     return size() / 16 > write_log_min ? size() / 16 : write_log_min;
   }
   void log_write(uint32_t h, const uint8_t* key, size_t ks) {
+    if (quiet) return;
     ++epoch_writes;
     if (!logs_writes()) return;
     if (writes.size() >= write_log_limit()) {

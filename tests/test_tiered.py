@@ -1,0 +1,331 @@
+"""The tiered mode of the native backend (statecore.backends.tiered, docs/tiered.md): memory holds
+a bounded working set, the attached checkpoint version the rest. Checked against the in-memory
+native backend with budgets of a few KiB, so that nearly every batch evicts and most reads fetch
+from the runs."""
+
+from __future__ import annotations
+
+import itertools
+
+import pyarrow as pa
+import pytest
+
+pytest.importorskip("statecore._native")
+
+from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from statecore import create_backend  # noqa: E402
+from statecore.backends.tiered import TieredBackend, parse_bytes  # noqa: E402
+from statecore.checkpoint import CheckpointStore  # noqa: E402
+from statecore.descriptors import (  # noqa: E402
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    ValueStateDescriptor,
+)
+from statecore.errors import InvalidInputError  # noqa: E402
+from statecore.testing.helpers import AverageAggregate  # noqa: E402
+from statecore.testing.reducing import ReducingConformance  # noqa: E402
+from statecore.testing.value_state import ValueStateConformance  # noqa: E402
+from statecore.ttl import ManualClock, StateTtlConfig  # noqa: E402
+
+#: Key and value bytes of an int64 -> int64 entry (1-byte prefix, key, void namespace; value).
+ENTRY = 10 + 8
+BUDGET = 64 * ENTRY
+#: Key and value bytes of one key in the three states of the differential test (the TTL'd
+#: value carries an 8-byte timestamp).
+PER_KEY = ENTRY + ENTRY + ENTRY + 8
+
+
+def tiered(store, **kw):
+    kw.setdefault("key_type", "int64")
+    return create_backend("native", memory_budget=kw.pop("budget", BUDGET), checkpoint=store,
+                          **kw)
+
+
+class _AttachedTiered:
+    """Tiered backends attached to an empty committed version (so every read goes through the
+    load path), with a budget of a few entries."""
+
+    _counter = itertools.count()
+
+    @pytest.fixture(autouse=True)
+    def _root(self, tmp_path):
+        self._tmp = tmp_path
+
+    def make_backend(self, **options):
+        store = CheckpointStore(self._tmp / f"s{next(self._counter)}")
+        first = create_backend("native", memory_budget=512, checkpoint=store, **options)
+        store.checkpoint(first, 1)
+        first.dispose()
+        b = create_backend("native", memory_budget=512, checkpoint=store, **options)
+        store.restore(b)
+        return b
+
+
+class TestTieredValueConformance(_AttachedTiered, ValueStateConformance):
+    pass
+
+
+class TestTieredReducingConformance(_AttachedTiered, ReducingConformance):
+    # These register aggregating states, which the tiered mode refuses
+    # (test_unsupported_kinds_are_refused_at_registration).
+    test_reducing_custom_and_aggregating = None
+    test_aggregating_batch = None
+
+
+def test_parse_bytes():
+    assert parse_bytes("512MiB") == 512 << 20
+    assert parse_bytes("4 KiB") == 4096
+    assert parse_bytes("2GB") == 2 * 10**9
+    assert parse_bytes(100) == 100
+    for bad in ("lots", "-1KiB", -5, 1.5, True):
+        with pytest.raises(InvalidInputError, match="memory_budget"):
+            parse_bytes(bad)
+
+
+def test_needs_a_store(tmp_path):
+    with pytest.raises(InvalidInputError, match="checkpoint"):
+        create_backend("native", memory_budget="1MiB")
+    assert isinstance(tiered(str(tmp_path)), TieredBackend)
+
+
+@pytest.mark.parametrize("desc,kind", [
+    (ListStateDescriptor("l", "int64"), "list"),
+    (MapStateDescriptor("m", "int64", "int64"), "map"),
+    (AggregatingStateDescriptor("a", AverageAggregate()), "aggregating"),
+])
+def test_unsupported_kinds_are_refused_at_registration(tmp_path, desc, kind):
+    b = tiered(tmp_path)
+    with pytest.raises(InvalidInputError, match=f"{kind} state is not supported"):
+        b.get_state(desc)
+    # The refused restore of such a state names it too, and leaves the backend unattached.
+    n = create_backend("native", key_type="int64")
+    n.get_state(desc)
+    store = CheckpointStore(tmp_path / "other")
+    store.checkpoint(n, 1)
+    b2 = tiered(store)
+    with pytest.raises(InvalidInputError, match=f"{kind} state"):
+        store.restore(b2)
+    assert b2.attached_version is None
+
+
+def test_attach_reads_from_the_runs_and_evicts_to_the_budget(tmp_path):
+    store = CheckpointStore(tmp_path)
+    n = create_backend("native", key_type="int64")
+    v = n.get_state(ValueStateDescriptor("v", "int64"))
+    keys = pa.array(range(10_000), pa.int64())
+    v.put_batch(keys, pa.array(range(0, 30_000, 3), pa.int64()))
+    store.checkpoint(n, 1)
+    b = tiered(store)
+    stats = {}
+    store.restore(b, stats=stats)
+    assert b.num_entries() == 0 and b.attached_version == 1
+    # Attaching reads no block of the run (its footer only).
+    data = sum(f["size"] for f in store.manifest(1)["files"])
+    assert stats["bytes_read"] < data / 8
+    tv = b.get_state(ValueStateDescriptor("v", "int64"))
+    for lo in range(0, 1000, 100):
+        got = tv.get_batch(pa.array(range(lo, lo + 100), pa.int64()))
+        assert got.to_pylist() == list(range(3 * lo, 3 * (lo + 100), 3))
+        assert b.state_bytes() <= BUDGET
+    b.set_current_key(7)
+    assert tv.value() == 21
+    stats = b.tiered_statistics()
+    assert stats["evicted"] > 0 and stats["loaded"] >= 1000
+    assert stats["over_budget_batches"] == 0
+
+
+def test_removals_of_evicted_keys_and_re_puts_survive_checkpoints(tmp_path):
+    store = CheckpointStore(tmp_path)
+    b = tiered(store, budget=4 * ENTRY)
+    v = b.get_state(ValueStateDescriptor("v", "int64"))
+    v.put_batch(pa.array(range(20), pa.int64()), pa.array(range(20), pa.int64()))
+    store.checkpoint(b, 1)  # fresh: a full run; the backend attaches to version 1
+    assert b.attached_version == 1
+    v.get_batch(pa.array(range(10, 20), pa.int64()))  # evicts most of 0..9
+    v.clear_batch(pa.array([1, 2, 3], pa.int64()))
+    assert v.get_batch(pa.array([1, 2, 3, 4], pa.int64())).to_pylist() == [None, None, None, 4]
+    store.checkpoint(b, 2)
+    v.put_batch(pa.array([2], pa.int64()), pa.array([200], pa.int64()))
+    v.get_batch(pa.array(range(10, 20), pa.int64()))
+    assert v.get_batch(pa.array([1, 2], pa.int64())).to_pylist() == [None, 200]
+    store.checkpoint(b, 3)
+    fresh = tiered(store, budget=4 * ENTRY)
+    store.restore(fresh)
+    fv = fresh.get_state(ValueStateDescriptor("v", "int64"))
+    got = fv.get_batch(pa.array(range(20), pa.int64())).to_pylist()
+    assert got == [0, None, 200, None] + list(range(4, 20))
+
+
+@pytest.mark.parametrize("attached", [False, True])
+def test_a_removal_while_a_checkpoint_is_in_flight_is_not_undone_by_it(tmp_path, attached):
+    """A key removed after the snapshot of a checkpoint that then completes: the version the
+    backend attaches to holds the key, memory does not; the removal must still hide it."""
+    store = CheckpointStore(tmp_path)
+    b = tiered(store, budget=2 * ENTRY)
+    v = b.get_state(ValueStateDescriptor("v", "int64"))
+    v.put_batch(pa.array(range(8), pa.int64()), pa.array(range(8), pa.int64()))
+    if attached:
+        store.checkpoint(b, 1)
+    snap = b.snapshot(incremental=attached)
+    desc = store.write_snapshot(snap, 2)
+    v.clear_batch(pa.array([1], pa.int64()))
+    b.set_current_key(2)
+    v.clear()
+    v.put_batch(pa.array([3], pa.int64()), pa.array([None], pa.int64()))
+    manifest = store.commit(2, [desc])
+    b.notify_checkpoint_complete(snap.snapshot_id, 2, manifest.get("commit_id"))
+    snap.release()
+    assert b.attached_version == 2
+    v.get_batch(pa.array(range(4, 8), pa.int64()))  # evicts what it can
+    got = v.get_batch(pa.array(range(8), pa.int64())).to_pylist()
+    assert got == [0, None, None, None, 4, 5, 6, 7]
+    store.checkpoint(b, 3)
+    fresh = tiered(store)
+    store.restore(fresh)
+    fv = fresh.get_state(ValueStateDescriptor("v", "int64"))
+    assert fv.get_batch(pa.array(range(8), pa.int64())).to_pylist() == got
+
+
+def test_snapshots_are_incremental_once_attached(tmp_path):
+    store = CheckpointStore(tmp_path)
+    b = tiered(store)
+    v = b.get_state(ValueStateDescriptor("v", "int64"))
+    v.put_batch(pa.array([1], pa.int64()), pa.array([1], pa.int64()))
+    store.checkpoint(b, 1)
+    v.put_batch(pa.array([2], pa.int64()), pa.array([2], pa.int64()))
+    m = store.checkpoint(b, 2, incremental=False)
+    assert sorted(f["kind"] for f in m["files"]) == ["full", "incremental"]
+
+
+def test_notify_needs_the_version(tmp_path):
+    b = tiered(tmp_path)
+    snap = b.snapshot()
+    with pytest.raises(InvalidInputError, match="version"):
+        b.notify_checkpoint_complete(snap.snapshot_id)
+    snap.release()
+
+
+# ---------------------------------------------------------------- differential, fixed seeds
+KEYS = 200
+_key = st.integers(0, KEYS - 1)
+_op = st.one_of(
+    st.tuples(st.just("put"), st.lists(st.tuples(_key, st.one_of(st.none(), st.integers(-99, 99))),
+                                       min_size=1, max_size=24)),
+    st.tuples(st.just("get"), st.lists(_key, min_size=1, max_size=24)),
+    st.tuples(st.just("add"), st.lists(st.tuples(_key, st.integers(-5, 5)), min_size=1,
+                                       max_size=24)),
+    st.tuples(st.just("clear"), st.lists(_key, min_size=1, max_size=8)),
+    st.tuples(st.just("record"), _key, st.one_of(st.none(), st.integers(0, 9))),
+    st.tuples(st.just("advance"), st.integers(0, 40)),
+    st.tuples(st.just("checkpoint")),
+    st.tuples(st.just("restore")),
+)
+
+
+class _Pair:
+    """The tiered backend and the in-memory native one, driven by the same ops."""
+
+    def __init__(self, root, budget):
+        self.store = CheckpointStore(root)
+        self.clock = ManualClock(1_000)
+        self.budget = budget
+        self.version = 0
+        self.ref = create_backend("native", key_type="int64", ttl_clock=self.clock)
+        self.b = self._new()
+        self.dirty: set = set()  # keys written or removed since the last checkpoint
+
+    def _new(self):
+        return tiered(self.store, budget=self.budget, ttl_clock=self.clock)
+
+    def states(self, b):
+        ttl = StateTtlConfig(50, update_type="OnReadAndWrite")
+        return (b.get_state(ValueStateDescriptor("v", "int64")),
+                b.get_state(ReducingStateDescriptor("s", "sum", "int64")),
+                b.get_state(ValueStateDescriptor("t", "int64").enable_time_to_live(ttl)))
+
+    def run(self, op):
+        what = op[0]
+        if what == "advance":
+            self.clock.advance(op[1])
+            return
+        if what == "checkpoint":
+            self.version += 1
+            self.store.checkpoint(self.b, self.version)
+            self.dirty.clear()
+            return
+        if what == "restore":
+            # A restart: checkpoint, then a new backend attaches to that version.
+            self.run(("checkpoint",))
+            self.b.dispose()
+            self.b = self._new()
+            self.store.restore(self.b)
+            assert self.b.num_entries() == 0
+            return
+        got = [self._apply(b, op) for b in (self.b, self.ref)]
+        assert got[0] == got[1], op
+        if len(self.dirty) * PER_KEY <= self.budget:
+            # Dirty entries fit: memory is within the budget (key and value bytes).
+            assert self.b.state_bytes() <= self.budget, op
+
+    def _apply(self, b, op):
+        v, s, t = self.states(b)
+        what = op[0]
+        if what == "put":
+            keys = pa.array([k for k, _ in op[1]], pa.int64())
+            vals = pa.array([x for _, x in op[1]], pa.int64())
+            v.put_batch(keys, vals)
+            t.put_batch(keys, vals)
+            self.dirty.update(k for k, _ in op[1])
+            return [v.get_batch(keys).to_pylist(), t.get_batch(keys).to_pylist()]
+        if what == "get":
+            keys = pa.array(op[1], pa.int64())
+            # TTL reads renew (OnReadAndWrite): writes.
+            self.dirty.update(op[1])
+            return [v.get_batch(keys).to_pylist(), s.get_batch(keys).to_pylist(),
+                    t.get_batch(keys).to_pylist(), v.contains_batch(keys).to_pylist()]
+        if what == "add":
+            keys = pa.array([k for k, _ in op[1]], pa.int64())
+            self.dirty.update(k for k, _ in op[1])
+            return s.add_batch(keys, pa.array([x for _, x in op[1]], pa.int64())).to_pylist()
+        if what == "clear":
+            keys = pa.array(op[1], pa.int64())
+            self.dirty.update(op[1])
+            for x in (v, s, t):
+                x.clear_batch(keys)
+            return None
+        if what == "record":
+            _, k, x = op
+            self.dirty.add(k)
+            b.set_current_key(k)
+            before = (v.value(), s.get(), t.value())
+            v.update(x)
+            if x is not None:
+                s.add(x)
+            else:
+                t.clear()
+            return before, v.value(), s.get(), t.value()
+        raise AssertionError(op)
+
+
+@pytest.mark.parametrize("budget", [16 * ENTRY, 48 * ENTRY, 256 * ENTRY])
+@seed(20261129)
+@settings(max_examples=25, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(ops=st.lists(_op, min_size=5, max_size=60))
+def test_differential_against_the_in_memory_backend(tmp_path_factory, budget, ops):
+    pair = _Pair(tmp_path_factory.mktemp("tiered"), budget)
+    try:
+        for op in ops:
+            pair.run(op)
+        # The end state, read in full from both.
+        keys = pa.array(range(KEYS), pa.int64())
+        for x, y in zip(pair.states(pair.b), pair.states(pair.ref)):
+            assert x.get_batch(keys).to_pylist() == y.get_batch(keys).to_pylist()
+    finally:
+        pair.b.dispose()
+        pair.ref.dispose()
+        pair.store.close()
