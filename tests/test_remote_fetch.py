@@ -10,6 +10,7 @@ import io
 import os
 import random
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -272,3 +273,25 @@ def test_a_prefetch_of_bytes_held_reads_nothing_more(remote):
         keys, _ = r.entries("sum", 5)
         assert _data_reads(handler, path) == first
     assert keys.to_pylist() == want.get(5, ([], []))[0]
+
+
+def test_a_whole_fetch_asks_for_the_footer_first(remote):
+    """The last piece (the footer's) is read first: the file cannot be decoded before it, and a
+    pool takes its queue in order."""
+    handler, store, path, desc, want = remote
+    size = desc["size"]
+    with ThreadPoolExecutor(1) as pool:
+        f = store._root.fs.open_input_file(path)
+        r = DataFileReader(f, path, expected_size=size, fetch_pool=pool,
+                           piece_bytes=-(-size // 4))
+        try:
+            r.wait_prefetched()
+            got = [(at, n) for p, at, n in handler.reads if p == path]
+            assert len(got) == 4 and got[0][0] + got[0][1] == size
+            assert got[1:] == sorted(got[1:]) and got[1][0] == 0
+            assert r.bytes_read == size
+            keys, _ = r.entries("sum", 5)
+            assert keys.to_pylist() == want.get(5, ([], []))[0]
+            assert len(handler.reads) == 4
+        finally:
+            r.close()

@@ -623,7 +623,8 @@ class DataFileReader:
         if size < HEADER_SIZE + TRAILER_SIZE:
             raise self._fail(f"truncated: {size} bytes is shorter than header + trailer")
         if fetch_pool is not None:
-            self._submit_pieces(0, size, fetch_pool, piece_bytes, "the whole file", None)
+            self._submit_pieces(0, size, fetch_pool, piece_bytes, "the whole file", None,
+                                tail_first=True)
         # Through _range: from the pieces just submitted, else read from the file.
         if self._range(0, HEADER_SIZE, "header").to_pybytes() != MAGIC:
             raise self._fail("bad magic in header (not a statecore checkpoint data file)")
@@ -856,9 +857,11 @@ class DataFileReader:
         return hi - lo
 
     def _submit_pieces(self, lo: int, hi: int, pool, piece_bytes: int, what: str,
-                       block_offsets) -> None:
+                       block_offsets, tail_first: bool = False) -> None:
         """Have ``pool`` read ``[lo, hi)`` in ``round((hi - lo) / piece_bytes)`` pieces (at least
-        one) of about equal size, kept as prefetched bytes (Futures). With ``block_offsets``
+        one) of about equal size, kept as prefetched bytes (Futures), submitted in file order
+        (``tail_first``: the last piece first -- it holds the footer, without which nothing
+        else can be decoded, and a pool reads its queue in order). With ``block_offsets``
         (ascending starts of the blocks, which tile the data region in file order) each cut
         moves to the first block start at or after it, so that no block is split."""
         k = max(1, round((hi - lo) / piece_bytes))
@@ -869,10 +872,12 @@ class DataFileReader:
                     if i < len(block_offsets) and lo < block_offsets[i] < hi}
         else:
             cuts = {int(t) for t in targets}
-        a = lo
-        for b in sorted(cuts) + [hi]:
+        bounds = [lo] + sorted(cuts) + [hi]
+        pieces = list(zip(bounds[:-1], bounds[1:]))
+        if tail_first:
+            pieces = pieces[-1:] + pieces[:-1]
+        for a, b in pieces:
             self._prefetched.append((a, b, pool.submit(self._read_at, a, b - a, what)))
-            a = b
         self._prefetched.sort(key=lambda p: p[0])
 
     def _held(self, lo: int, hi: int) -> bool:
