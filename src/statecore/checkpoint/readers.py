@@ -513,7 +513,7 @@ class CheckpointReader:
         for f in self.manifest["files"]:
             start, end = f["key_group_range"]
             data = self.data_file(f)
-            data.verify_filters()  # the Bloom filters of format 6, which restores never read
+            data.verify_filters()  # the Bloom filters of format 6, which restores never check
             got = {name: 0 for name in f["states"]}
             tombs = {name: 0 for name in f["states"]}
             where = f"checkpoint data file {self._root.path(f['path'])}"
