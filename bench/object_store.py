@@ -11,8 +11,12 @@ data-file bytes (1e6 bytes per MB):
 * ``write``: ``write_snapshot_async(..., nice=0).result()`` (the Spark operator tasks' write, at
   normal priority: the figure is the write, not how it yields to processing) of a full
   snapshot into a new data file; ``write_sync``: ``write_snapshot``.
-* ``restore``: ``CheckpointStore.restore`` into a fresh backend (open the file, one ranged read
-  of its key groups, decode); ``fetch``: that ranged read alone (``CheckpointReader.prefetch``).
+* ``restore``: ``CheckpointStore.restore`` into a fresh backend (read the manifest, fetch the
+  data file, decode); ``fetch``: those reads alone (``CheckpointStore.open`` and
+  ``CheckpointReader.prefetch(..., wait=True)`` of every key group). On S3 the restore asks for
+  all of the run's key groups, so the data file is fetched whole as it is opened (one GET here:
+  ``readers.REMOTE_PIECE_BYTES``); locally it is a header, a trailer, a footer and a key-group
+  read.
 * ``raw_upload`` / ``raw_download``: ``open_output_stream().write()`` of as many random bytes,
   and ``open_input_file().read()`` of them.
 

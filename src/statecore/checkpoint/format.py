@@ -541,6 +541,16 @@ class DataFileReader:
     when given (from the manifest), are checked too. Opening reads 3 byte ranges: the header
     magic, the trailer and the footer; :meth:`entries` reads exactly the blocks of one
     (state, key group). All violations raise CorruptCheckpointError naming ``name``.
+
+    With ``fetch_pool`` (a ``concurrent.futures.Executor``) opening fetches the whole file
+    instead, in pieces of about ``piece_bytes`` that the pool reads in parallel, and keeps them
+    as prefetched bytes (:meth:`prefetch`): the header, trailer and footer are checked from
+    them and later block reads use them. For a caller that reads all of the file's blocks (a
+    restore of its whole key-group range) on a store where every request is a round trip, one
+    request per piece replaces a header read, a tail read and a key-group read, at the price
+    of the Bloom filters' bytes, which such a caller does not need. Read errors of the pieces
+    surface as the opening's (CheckpointIOError, CorruptCheckpointError), or at a later read
+    that needs the piece.
     """
 
     #: Format 6 (set from the footer): the Bloom filters' bits per key and their bytes in the
@@ -549,7 +559,8 @@ class DataFileReader:
     filter_bytes = 0
 
     def __init__(self, file, name: str, expected_size: int | None = None,
-                 expected_footer_xxh64: int | None = None):
+                 expected_footer_xxh64: int | None = None, *, fetch_pool=None,
+                 piece_bytes: int = 32 << 20):
         self.name = name
         self._file = file
         #: ``(lo, hi, bytes)`` of prefetched ranges, ascending; ``bytes`` a pa.Buffer or, for a
@@ -559,8 +570,9 @@ class DataFileReader:
         #: Bytes read from the file so far (footer, prefetched ranges and blocks).
         self.bytes_read = 0
         try:
-            self._open(expected_size, expected_footer_xxh64)
+            self._open(expected_size, expected_footer_xxh64, fetch_pool, piece_bytes)
         except Exception:
+            self.drop_prefetched()  # no piece read may outlive the file
             file.close()
             raise
 
@@ -602,7 +614,7 @@ class DataFileReader:
             raise self._fail(f"truncated: {what} needs {length} bytes at {offset}, got {data.size}")
         return data
 
-    def _open(self, expected_size, expected_footer_xxh64) -> None:
+    def _open(self, expected_size, expected_footer_xxh64, fetch_pool, piece_bytes) -> None:
         size = self._file.size()
         self.size = size
         if expected_size is not None and size != expected_size:
@@ -610,9 +622,13 @@ class DataFileReader:
                              "or overwritten)")
         if size < HEADER_SIZE + TRAILER_SIZE:
             raise self._fail(f"truncated: {size} bytes is shorter than header + trailer")
-        if self._read(0, HEADER_SIZE, "header").to_pybytes() != MAGIC:
+        if fetch_pool is not None:
+            self._submit_pieces(0, size, fetch_pool, piece_bytes, "the whole file", None,
+                                tail_first=True)
+        # Through _range: from the pieces just submitted, else read from the file.
+        if self._range(0, HEADER_SIZE, "header").to_pybytes() != MAGIC:
             raise self._fail("bad magic in header (not a statecore checkpoint data file)")
-        trailer = self._read(size - TRAILER_SIZE, TRAILER_SIZE, "trailer").to_pybytes()
+        trailer = self._range(size - TRAILER_SIZE, TRAILER_SIZE, "trailer").to_pybytes()
         f_off, f_len, f_sum, fmt, flags, t_sum, magic = TRAILER.unpack(trailer)
         if magic != MAGIC:
             raise self._fail("bad magic in trailer (truncated or not a statecore data file)")
@@ -626,7 +642,7 @@ class DataFileReader:
             raise self._fail(f"unknown trailer flags {flags:#x}")
         if f_off < HEADER_SIZE or f_off + f_len != size - TRAILER_SIZE:
             raise self._fail(f"footer [{f_off}, {f_off + f_len}) does not end at the trailer")
-        footer = self._read(f_off, f_len, "footer")
+        footer = self._range(f_off, f_len, "footer")
         if xxh64(footer) != f_sum:
             raise self._fail("footer checksum mismatch")
         if expected_footer_xxh64 is not None and f_sum != expected_footer_xxh64:
@@ -817,35 +833,65 @@ class DataFileReader:
         :meth:`entries`. Returns the number of bytes it covers.
 
         Without ``pool``: one ranged read, now. With ``pool`` (a
-        ``concurrent.futures.Executor``) and a range longer than ``chunk_bytes``: the range is
-        cut at block starts into pieces of about ``chunk_bytes`` that the pool reads in
-        parallel; this returns at once and a later read waits only for the pieces it needs --
-        on an object store, where a read is a round trip and one stream rarely fills the link,
-        decoding the first pieces overlaps the download of the rest. Read errors surface at the
-        read that needs the piece (CheckpointIOError, CorruptCheckpointError) or at
-        :meth:`wait_prefetched`."""
+        ``concurrent.futures.Executor``): the range is cut at block starts into
+        ``round(length / chunk_bytes)`` pieces (at least one) of about equal size that the pool
+        reads in parallel; this returns at once and a later read waits only for the pieces it
+        needs -- on an object store, where a read is a round trip and one stream rarely fills
+        the link, decoding the first pieces overlaps the download of the rest. Read errors
+        surface at the read that needs the piece (CheckpointIOError, CorruptCheckpointError) or
+        at :meth:`wait_prefetched`. A range already held (an earlier prefetch, or the whole file
+        fetched at open: ``fetch_pool``) is not read again."""
         span = self._key_group_span(start, end)
         if span is None:
             return 0
         _, lo, hi = span
+        if self._held(lo, hi):
+            return hi - lo
         what = f"key groups {start}..{end}"
         if pool is None:
             self._prefetched.append((lo, hi, self._read(lo, hi - lo, what)))
-        elif hi - lo <= chunk_bytes:
-            self._prefetched.append((lo, hi, pool.submit(self._read_at, lo, hi - lo, what)))
+            self._prefetched.sort(key=lambda p: p[0])
         else:
-            # Blocks tile the data region in file order: the first block start at or after each
-            # target offset is a cut that splits no block.
-            offsets = self._blocks["offset"].astype(np.int64)
-            targets = np.arange(lo + chunk_bytes, hi, chunk_bytes, dtype=np.int64)
-            idx = np.searchsorted(offsets, targets)
-            inner = {int(offsets[i]) for i in idx if i < len(offsets) and lo < offsets[i] < hi}
-            a = lo
-            for b in sorted(inner) + [hi]:
-                self._prefetched.append((a, b, pool.submit(self._read_at, a, b - a, what)))
-                a = b
-        self._prefetched.sort(key=lambda p: p[0])
+            self._submit_pieces(lo, hi, pool, chunk_bytes, what,
+                                self._blocks["offset"].astype(np.int64))
         return hi - lo
+
+    def _submit_pieces(self, lo: int, hi: int, pool, piece_bytes: int, what: str,
+                       block_offsets, tail_first: bool = False) -> None:
+        """Have ``pool`` read ``[lo, hi)`` in ``round((hi - lo) / piece_bytes)`` pieces (at least
+        one) of about equal size, kept as prefetched bytes (Futures), submitted in file order
+        (``tail_first``: the last piece first -- it holds the footer, without which nothing
+        else can be decoded, and a pool reads its queue in order). With ``block_offsets``
+        (ascending starts of the blocks, which tile the data region in file order) each cut
+        moves to the first block start at or after it, so that no block is split."""
+        k = max(1, round((hi - lo) / piece_bytes))
+        targets = lo + (np.arange(1, k, dtype=np.int64) * (hi - lo)) // k
+        if block_offsets is not None:
+            idx = np.searchsorted(block_offsets, targets)
+            cuts = {int(block_offsets[i]) for i in idx
+                    if i < len(block_offsets) and lo < block_offsets[i] < hi}
+        else:
+            cuts = {int(t) for t in targets}
+        bounds = [lo] + sorted(cuts) + [hi]
+        pieces = list(zip(bounds[:-1], bounds[1:]))
+        if tail_first:
+            pieces = pieces[-1:] + pieces[:-1]
+        for a, b in pieces:
+            self._prefetched.append((a, b, pool.submit(self._read_at, a, b - a, what)))
+        self._prefetched.sort(key=lambda p: p[0])
+
+    def _held(self, lo: int, hi: int) -> bool:
+        """Whether prefetched pieces (arrived or not) cover ``[lo, hi)``."""
+        at = lo
+        for a, b, _ in self._prefetched:
+            if b <= at:
+                continue
+            if a > at:
+                return False
+            at = b
+            if at >= hi:
+                return True
+        return at >= hi
 
     def _key_group_span(self, start: int, end: int):
         """``(index rows, lo, hi)``: the key-group index rows of key groups ``[start, end]``

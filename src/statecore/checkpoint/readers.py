@@ -234,6 +234,11 @@ class CheckpointReader:
         ``files`` entry), opened on first use and checked against the manifest. Raises
         CheckpointError after :meth:`release`, CorruptCheckpointError when the file is missing,
         cannot be opened or disagrees with the manifest."""
+        return self._data_file(run, None)
+
+    def _data_file(self, run: dict, fetch_pool) -> DataFileReader:
+        """:meth:`data_file`; with ``fetch_pool``, a file opened here is fetched whole, in
+        pieces of about :data:`REMOTE_PIECE_BYTES` (DataFileReader's ``fetch_pool``)."""
         if self._released:
             raise CheckpointError(f"reader of checkpoint version {self.version} was released")
         reader = self._open_files.get(run["path"])
@@ -241,7 +246,7 @@ class CheckpointReader:
             path = self._root.path(run["path"])
             try:
                 handle = self._root.fs.open_input_file(path)
-                if not self._root.atomic_rename:
+                if not self._root.atomic_rename and fetch_pool is None:
                     handle = _TailCachedFile(handle)
             except FileNotFoundError:
                 raise CorruptCheckpointError(
@@ -251,7 +256,8 @@ class CheckpointReader:
                     f"checkpoint data file {path} of version {self.version} cannot be opened: "
                     f"{exc}") from exc
             reader = DataFileReader(handle, path, expected_size=run["size"],
-                                    expected_footer_xxh64=int(run["footer_xxh64"], 16))
+                                    expected_footer_xxh64=int(run["footer_xxh64"], 16),
+                                    fetch_pool=fetch_pool, piece_bytes=REMOTE_PIECE_BYTES)
             mine = (self.max_parallelism, self.key_type, self.assigner,
                     list(run["key_group_range"]), run["kind"])
             theirs = (reader.max_parallelism, reader.key_type, reader.assigner,
@@ -283,11 +289,13 @@ class CheckpointReader:
     def prefetch(self, start: int, end: int, *, wait: bool = False) -> int:
         """Fetch the blocks of key groups ``[start, end]`` ∩ this version's range, for later
         :meth:`entries` calls: one ranged read per run that those key groups need, or, on a
-        remote store (not local files), pieces of :data:`REMOTE_PIECE_BYTES` read in parallel by
-        a pool of :data:`REMOTE_FETCH_THREADS` threads while the caller goes on
-        (:meth:`DataFileReader.prefetch`); ``wait=True`` returns only once every piece arrived
-        (raising the first read error: CheckpointIOError, CorruptCheckpointError). Returns the
-        bytes covered."""
+        remote store (not local files), pieces of about :data:`REMOTE_PIECE_BYTES` read in
+        parallel by a pool of :data:`REMOTE_FETCH_THREADS` threads while the caller goes on
+        (:meth:`DataFileReader.prefetch`); there a run not opened yet whose whole key-group range
+        is asked for is fetched whole as it is opened (header, blocks, filters and footer in
+        those pieces; DataFileReader's ``fetch_pool``). ``wait=True`` returns only once every
+        piece arrived (raising the first read error: CheckpointIOError,
+        CorruptCheckpointError). Returns the bytes covered (of the key groups' blocks)."""
         spans: dict[str, list] = {}
         for a, b, chain in self._segments:
             lo, hi = max(a, start), min(b, end)
@@ -297,8 +305,15 @@ class CheckpointReader:
                 sp = spans.setdefault(r["path"], [r, lo, hi])
                 sp[1], sp[2] = min(sp[1], lo), max(sp[2], hi)
         pool = None if self._root.is_local else _fetch_pool()
-        covered = sum(self.data_file(r).prefetch(lo, hi, pool=pool, chunk_bytes=REMOTE_PIECE_BYTES)
-                      for r, lo, hi in spans.values())
+        covered = 0
+        for r, lo, hi in spans.values():
+            # A run read for all its key groups is fetched whole as it is opened: one request
+            # (per piece) instead of its header, its tail and then its blocks, each a round
+            # trip; only its Bloom filters are read in vain.
+            whole = (pool is not None and r["path"] not in self._open_files
+                     and lo <= r["key_group_range"][0] and hi >= r["key_group_range"][1])
+            covered += self._data_file(r, pool if whole else None).prefetch(
+                lo, hi, pool=pool, chunk_bytes=REMOTE_PIECE_BYTES)
         if wait:
             for r, _, _ in spans.values():
                 self.data_file(r).wait_prefetched()
@@ -498,7 +513,7 @@ class CheckpointReader:
         for f in self.manifest["files"]:
             start, end = f["key_group_range"]
             data = self.data_file(f)
-            data.verify_filters()  # the Bloom filters of format 6, which restores never read
+            data.verify_filters()  # the Bloom filters of format 6, which restores never check
             got = {name: 0 for name in f["states"]}
             tombs = {name: 0 for name in f["states"]}
             where = f"checkpoint data file {self._root.path(f['path'])}"
