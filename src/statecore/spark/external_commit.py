@@ -36,19 +36,24 @@ KILL_BEFORE_COMMIT_ENV = "STATECORE_TEST_KILL_BEFORE_COMMIT"
 #: manifest is written, before the store commits the epoch.
 KILL_BEFORE_EPOCH_COMMIT_ENV = "STATECORE_TEST_KILL_BEFORE_EPOCH_COMMIT"
 
-_SCHEMES = {"redis://": "redis", "rediss://": "redis", "unix://": "redis"}
+_SCHEMES = {"redis://": "redis", "rediss://": "redis", "unix://": "redis",
+            "postgresql://": "postgres", "postgres://": "postgres"}
 
 
 def store_kind(url: str) -> str:
     """The external backend (``create_backend`` name) of a state store URL: ``"redis"`` for
-    ``redis://``, ``rediss://`` and ``unix://``. InvalidInputError for anything else."""
+    ``redis://``, ``rediss://`` and ``unix://``, ``"postgres"`` for ``postgresql://`` and
+    ``postgres://`` (what the URL leaves out comes from libpq's environment variables).
+    InvalidInputError for anything else, naming the URL's scheme only (a URL may hold a
+    password)."""
     if isinstance(url, str):
         for scheme, kind in _SCHEMES.items():
             if url.startswith(scheme):
                 return kind
+    shown = url.split("://", 1)[0] + "://..." if isinstance(url, str) and "://" in url else url
     raise InvalidInputError(
-        f"state_store must be a redis://, rediss:// or unix:// URL of the store holding the "
-        f"keyed state, got {url!r}")
+        f"state_store must be a redis://, rediss://, unix://, postgresql:// or postgres:// URL "
+        f"of the store holding the keyed state, got {shown!r}")
 
 
 def check_state_store(url: Optional[str], namespace: Optional[str],

@@ -89,9 +89,11 @@ def _put(key: tuple, backend, epoch: int, writer: str) -> None:
 
 
 def _open_backend(spec, partition_id: int):
-    from statecore.external import RedisBackend
+    from statecore.external import PostgresBackend, RedisBackend
+    from statecore.spark.external_commit import store_kind
 
-    return RedisBackend(
+    cls = PostgresBackend if store_kind(spec.state_store) == "postgres" else RedisBackend
+    return cls(
         spec.state_store, spec.state_namespace, key_type=spec.key_type,
         max_parallelism=spec.max_parallelism,
         key_group_range=key_group_range_for_operator(spec.max_parallelism,
