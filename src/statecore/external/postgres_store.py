@@ -165,8 +165,9 @@ class PgConnection:
         self.where = _describe(self.url) if conn is None else (
             f"{conn.info.host}:{conn.info.port}")
 
-    def get(self):
-        """The open connection (autocommit mode: transactions are explicit blocks)."""
+    def get(self, what: str | None = None):
+        """The open connection (autocommit mode: transactions are explicit blocks); a failed
+        connect's error names ``what`` it was for."""
         c = self._conn
         if c is not None and not c.closed and not c.broken:
             return c
@@ -182,7 +183,7 @@ class PgConnection:
         # Keyword arguments replace the URL's (and PGOPTIONS'): append ours to theirs.
         given = given if given is not None else os.environ.get("PGOPTIONS", "")
         options = f"{given} -c statement_timeout={ms} -c lock_timeout={ms}".strip()
-        with store_errors(self.where, "connecting"):
+        with store_errors(self.where, "connecting" if what is None else f"{what}: connecting"):
             self._conn = psycopg.connect(
                 self.url, autocommit=True, connect_timeout=max(1, math.ceil(self.timeout_s)),
                 tcp_user_timeout=ms, application_name="statecore", options=options)
@@ -200,7 +201,7 @@ class PgConnection:
         connection is reopened at the next call."""
         psycopg = _psycopg()
         with self.errors(what):
-            conn = self.get()
+            conn = self.get(what)
             conn.isolation_level = (psycopg.IsolationLevel.REPEATABLE_READ if read_only
                                     else psycopg.IsolationLevel.READ_COMMITTED)
             conn.read_only = read_only
@@ -385,13 +386,17 @@ def abort_epoch(url_or_conn, namespace: str, epoch: int, wal_key_names=None,
     """Discard the write-ahead logs of uncommitted ``epoch`` (``wal_key_names``, default every
     log of the epoch) and their rows: they are never committed. Returns the number of logs
     deleted, -1 when ``epoch`` is committed already (nothing is deleted then). The tasks
-    discard their caches (``abort()``) and replay from the committed epoch."""
+    discard their caches (``abort()``) and replay from the committed epoch. 0 on a database
+    without the statecore tables (nothing was ever pre-committed there)."""
     check_epoch(epoch)
     names = None if wal_key_names is None else sorted(
         {parse_log_name(namespace, epoch, n) for n in wal_key_names})
     pg = connect(url_or_conn, timeout_s)
     try:
         with pg.transaction(f"aborting epoch {epoch} of {namespace!r}") as conn:
+            if conn.execute("SELECT to_regclass(%s) IS NULL",
+                            (f"{SCHEMA}.namespaces",)).fetchone()[0]:
+                return 0
             row = namespace_row(conn, namespace, "FOR UPDATE")
             if row is None:
                 return 0

@@ -506,16 +506,18 @@ class StatefulOperator:
             ``gc_frozen_objects``). It affects the whole
             worker process, the user's other tasks in it included; False leaves the garbage
             collector alone.
-        state_store: URL of an external store that keeps the keyed state (``redis://HOST:PORT/DB``,
-            ``rediss://``, ``unix://``; :mod:`statecore.external`) instead of the workers'
-            memory and the checkpoint: a micro-batch (or flush) is an epoch of the store,
-            numbered by its version -- tasks pre-commit it, the driver writes the version's
-            manifest (the operator's metadata and the epoch's write-ahead logs) after the sink
-            and then commits the epoch (:mod:`statecore.spark.external_commit`,
-            :mod:`statecore.spark.external_task`). The backend in front of the store is
-            ``backend``. A replay of a micro-batch the store committed runs nothing
-            (``skipped``). Not with operator state or :meth:`bootstrap`. None (default): in
-            memory, checkpointed.
+        state_store: URL of an external store that keeps the keyed state (Redis:
+            ``redis://HOST:PORT/DB``, ``rediss://``, ``unix://``; PostgreSQL:
+            ``postgresql://USER@HOST:PORT/DB`` or ``postgres://``, the rest from libpq's
+            environment variables such as ``PGPASSWORD``; :mod:`statecore.external`) instead
+            of the workers' memory and the checkpoint: a micro-batch (or flush) is an epoch of
+            the store, numbered by its version -- tasks pre-commit it, the driver writes the
+            version's metadata-only manifest (the operator's metadata and the epoch's
+            write-ahead logs, no data files) after the sink and then commits the epoch
+            (:mod:`statecore.spark.external_commit`, :mod:`statecore.spark.external_task`).
+            The backend in front of the store is ``backend``. A replay of a micro-batch the
+            store committed runs nothing (``skipped``). Not with operator state or
+            :meth:`bootstrap`. None (default): in memory, checkpointed.
         state_namespace: the keyed state's namespace in the store (default: the operator's
             checkpoint root, ``<checkpoint>/<name>``, made absolute); braces and control
             characters are not allowed.
@@ -1292,7 +1294,8 @@ class PendingBatch:
         out_rows = sum(r["output_rows"] for r in parts)
         entries = sum(r["state_entries"] for r in parts)
         sbytes = sum(r["state_bytes"] for r in parts)
-        ckpt_bytes = sum(r["descriptor"]["size"] for r in parts)
+        # A task of external keyed state reports without a data file (no size, no kind).
+        ckpt_bytes = sum(r["descriptor"].get("size", 0) for r in parts)
         incremental = all(r["descriptor"].get("kind") == "incremental" for r in parts)
         metadata = {
             "operator": op.name, "batch_id": self.batch_id, "attempt": self.attempt,
@@ -1323,10 +1326,8 @@ class PendingBatch:
             manifest = store.commit(self.version, descriptors, metadata, replace=True)
         else:
             prev_epoch = self.version - 1 if self.prev_meta else None
-            manifest = commit_version_epoch(
-                op, self.version, parts, prev_epoch,
-                lambda extra: store.commit(self.version, descriptors, dict(metadata, **extra),
-                                           replace=True))
+            manifest = commit_version_epoch(op, self.version, parts, prev_epoch, self.key_type,
+                                            metadata)
         store.clear_pending(self.version)
         store.retain(op.retain_versions)
         phases = dict(self.phases, wait_s=self._wait_s, commit_s=time.perf_counter() - t_commit)
