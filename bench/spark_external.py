@@ -80,7 +80,9 @@ def run_query(spark, landing: str, workdir: str, state_store=None, namespace=Non
     op = StatefulOperator("count", RunningCount(), "k", os.path.join(workdir, "state"),
                           sink=_noop, parallelism=_PARALLELISM, max_parallelism=_MP,
                           backend="native", state_store=state_store,
-                          state_namespace=namespace)
+                          state_namespace=namespace,
+                          # A first epoch's commit on a busy 2-core machine can exceed 10 s.
+                          state_store_timeout_s=300.0)
     source = (spark.readStream.schema(StructType([StructField("k", LongType())]))
               .option("maxFilesPerTrigger", 1).option("maxFileAge", "36500d").parquet(landing))
     t0 = time.perf_counter()

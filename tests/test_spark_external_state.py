@@ -179,7 +179,7 @@ def test_micro_batches_are_epochs_and_rescale_moves_no_data(spark, tmp_path, req
 
     t = threading.Thread(target=reader, daemon=True)
     t.start()
-    op = _op(tmp_path, server, backend)
+    op = _op(tmp_path, server, backend, state_store_timeout_s=60)
     model = Model()
     try:
         for i, rows in enumerate(BATCHES):
@@ -264,6 +264,10 @@ def test_store_and_checkpoint_must_belong_together(spark, tmp_path, store_server
     with pytest.raises(InvalidInputError, match="state_store"):
         StatefulOperator("counts", Count(), "k", str(tmp_path), output=str(tmp_path),
                          state_namespace="x")
+    for bad in (0, -1.0, float("nan"), "10", True):
+        with pytest.raises(InvalidInputError, match="state_store_timeout_s"):
+            StatefulOperator("counts", Count(), "k", str(tmp_path), output=str(tmp_path),
+                             state_store=store_server.url, state_store_timeout_s=bad)
 
 
 def test_store_down_fails_the_batch_and_a_restart_finishes_it(spark, tmp_path, store_server):

@@ -103,8 +103,8 @@ def begin_epoch(op, version: int) -> bool:
     back); the store's own errors (ExternalStoreUnavailableError, ...) as they are."""
     from statecore.external import abort_epoch, commit_epoch, read_committed_epoch
 
-    url, ns = op.state_store, op.state_namespace
-    committed = read_committed_epoch(url, ns)
+    url, ns, timeout = op.state_store, op.state_namespace, op.state_store_timeout_s
+    committed = read_committed_epoch(url, ns, timeout)
     store = op.store
     latest = store.latest_version()
     decided = decided_epoch(store.manifest(latest)) if latest is not None else None
@@ -116,7 +116,7 @@ def begin_epoch(op, version: int) -> bool:
                 f"{committed}, the checkpoint {store.uri} version {latest} (built on epoch "
                 f"{base}); they do not belong together (the store's data was "
                 "lost or belongs to another checkpoint): use a new namespace and checkpoint")
-        commit_epoch(url, ns, latest, logs)
+        commit_epoch(url, ns, latest, logs, timeout)
         committed = latest
     if committed is not None and (latest is None or committed > latest):
         raise StateError(
@@ -125,7 +125,7 @@ def begin_epoch(op, version: int) -> bool:
             "the namespace belongs to another checkpoint (pass state_namespace=)")
     if committed is not None and version <= committed:
         return True
-    abort_epoch(url, ns, version)
+    abort_epoch(url, ns, version, timeout_s=timeout)
     return False
 
 
@@ -150,5 +150,5 @@ def commit_version_epoch(op, version: int, parts, prev_epoch: Optional[int], key
         key_type=key_type, assigner="spark",
         metadata=dict(metadata, state_store={"namespace": op.state_namespace}), replace=True)
     _kill_hook(KILL_BEFORE_EPOCH_COMMIT_ENV, op.name, version)
-    commit_epoch(op.state_store, op.state_namespace, version, wals)
+    commit_epoch(op.state_store, op.state_namespace, version, wals, op.state_store_timeout_s)
     return manifest

@@ -99,7 +99,7 @@ def _open_backend(spec, partition_id: int):
         key_group_range=key_group_range_for_operator(spec.max_parallelism,
                                                      spec.num_partitions, partition_id),
         assigner="spark", cache=spec.backend_kind,
-        task=f"p{partition_id}of{spec.num_partitions}")
+        task=f"p{partition_id}of{spec.num_partitions}", timeout_s=spec.state_store_timeout_s)
 
 
 def _no_data_file(_store, _snap, version: int, writer: str) -> Future:

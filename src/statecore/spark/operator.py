@@ -521,6 +521,10 @@ class StatefulOperator:
         state_namespace: the keyed state's namespace in the store (default: the operator's
             checkpoint root, ``<checkpoint>/<name>``, made absolute); braces and control
             characters are not allowed.
+        state_store_timeout_s: seconds (> 0, default 10) that every connect, command,
+            statement and lock wait on the store may take, in the tasks and on the driver
+            (the store's ``timeout_s``): a large epoch's commit in PostgreSQL on a busy
+            server can need more.
 
     Raises InvalidInputError for bad arguments (at construction) and for inputs the contract
     forbids (at run time: null keys, a key column of another type, output not matching the
@@ -542,7 +546,7 @@ class StatefulOperator:
                  freeze_worker_gc: bool = True, standby: bool = True, handoff: bool = False,
                  relaunch_attempts: int = 2, heartbeat_interval_s: float = 2.0,
                  heartbeat_timeout_s: Optional[float] = None, state_store: Optional[str] = None,
-                 state_namespace: Optional[str] = None):
+                 state_namespace: Optional[str] = None, state_store_timeout_s: float = 10.0):
         import re
 
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", name):
@@ -640,6 +644,13 @@ class StatefulOperator:
         #: the external store's URL and namespace of the keyed state (None: in memory)
         self.state_store, self.state_namespace = check_state_store(
             state_store, state_namespace, self.store_uri)
+        if (isinstance(state_store_timeout_s, bool)
+                or not isinstance(state_store_timeout_s, (int, float))
+                or not 0 < state_store_timeout_s < float("inf")):
+            raise InvalidInputError(
+                f"state_store_timeout_s must be a number > 0, got {state_store_timeout_s!r}")
+        #: seconds every connect, statement and lock wait on the external store may take
+        self.state_store_timeout_s = float(state_store_timeout_s)
         self.sink = sink
         self.parallelism = parallelism
         self.backend = backend
@@ -1031,6 +1042,7 @@ class StatefulOperator:
             standby=self.standby, handoff=self.handoff, processing_time_ms=processing_time,
             heartbeat_interval_s=self.heartbeat_interval_s, broadcast_ipc=broadcast_ipc,
             state_store=self.state_store, state_namespace=self.state_namespace,
+            state_store_timeout_s=self.state_store_timeout_s,
             first_watermark=(watermark is not None
                              and prev_meta.get("input_watermark_ms") is None))
 
