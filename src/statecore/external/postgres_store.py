@@ -88,6 +88,11 @@ def _psycopg():
     return psycopg
 
 
+#: Rows in an epoch's named logs from which its commit refreshes the planner statistics of
+#: the entries table first (commit_epoch).
+_ANALYZE_ROWS = 10_000
+
+
 def is_postgres(url_or_conn) -> bool:
     """True for a ``postgresql://`` / ``postgres://`` URL, a psycopg connection or a
     :class:`PgConnection`."""
@@ -305,9 +310,12 @@ def commit_epoch(url_or_conn, namespace: str, epoch: int, wal_key_names,
             ns, committed = row[0], row[4]
             if committed is not None and epoch <= committed:
                 return False
-            logs = dict((t, (s, e)) for t, s, e in conn.execute(
-                f"SELECT task, kg_start, kg_end FROM {SCHEMA}.logs WHERE ns = %s AND epoch = %s",
-                (ns, epoch)))
+            logs, rows = {}, 0
+            for t, s, e, n in conn.execute(
+                    f"SELECT task, kg_start, kg_end, entries FROM {SCHEMA}.logs "
+                    "WHERE ns = %s AND epoch = %s", (ns, epoch)):
+                logs[t] = (s, e)
+                rows += n if t in tasks else 0
             missing = [t for t in tasks if t not in logs]
             if missing:
                 raise EpochCommitError(
@@ -325,6 +333,12 @@ def commit_epoch(url_or_conn, namespace: str, epoch: int, wal_key_names,
                          "NOT (kg = ANY(%s))", (ns, epoch, covered))
             conn.execute(f"UPDATE {SCHEMA}.namespaces SET epoch = %s WHERE id = %s",
                          (epoch, ns))
+            if rows >= _ANALYZE_ROWS:
+                # Planner statistics older than the epoch's COPY (autovacuum lags behind bulk
+                # loads) can make the superseded-versions join below a nested loop that scans
+                # the namespace once per new row: quadratic, minutes for 10^5 rows. ANALYZE
+                # samples a bounded number of rows, small next to an epoch this large.
+                conn.execute(f"ANALYZE {SCHEMA}.entries")
             conn.execute(
                 f"DELETE FROM {SCHEMA}.entries o USING {SCHEMA}.entries n WHERE n.ns = %s "
                 "AND n.epoch = %s AND o.ns = n.ns AND o.kg = n.kg AND o.state = n.state "
