@@ -398,6 +398,21 @@ def test_server_killed_between_pre_commit_and_commit(postgres_server):  # noqa: 
     assert _values(s) == (3, {**dict.fromkeys(range(10), 3), **dict.fromkeys(range(10, 50), 2)})
 
 
+def test_a_backend_idle_through_a_server_restart_continues(postgres_server):  # noqa: F811
+    """A backend whose connection the server ended while it was idle (a restart between two
+    micro-batches) opens a new one for its next statement instead of failing it."""
+    s = postgres_server
+    b = _open(s, timeout_s=5)
+    _write_epoch(b, range(20), 1)
+    commit_epoch(s.url, NS, 1, [b.pre_commit(1)])
+    b.notify_committed(1)
+    s.kill()
+    s.start()
+    _write_epoch(b, range(20), 2)  # key groups in the cache: no store access
+    commit_epoch(s.url, NS, 2, [b.pre_commit(2)])  # its first statement since the restart
+    assert _values(s) == (2, dict.fromkeys(range(20), 2))
+
+
 def test_server_killed_during_commit(postgres_server):  # noqa: F811
     """SIGKILL while the commit transaction of a large epoch may be running: after crash
     recovery the namespace holds either the old epoch whole or the new one whole, never a mix;

@@ -19,6 +19,7 @@ import contextlib
 import json
 import math
 import os
+import select
 
 from statecore.errors import (
     EpochCommitError,
@@ -175,7 +176,13 @@ class PgConnection:
         connect's error names ``what`` it was for."""
         c = self._conn
         if c is not None and not c.closed and not c.broken:
-            return c
+            if not self._owns or not _ended_by_server(c):
+                return c
+            # A restarted server ended this idle connection: its first statement would fail
+            # with "terminating connection" although a new one works (a task's backend kept
+            # from the previous micro-batch).
+            with contextlib.suppress(Exception):
+                c.close()
         if not self._owns:
             raise ExternalStoreUnavailableError(f"PostgreSQL at {self.where}: the connection "
                                                 "passed in is closed")
@@ -222,6 +229,16 @@ class PgConnection:
         # has a fixed number of them).
         with contextlib.suppress(Exception):
             self.close()
+
+
+def _ended_by_server(conn) -> bool:
+    """True when the idle connection ``conn`` has input waiting (no statement is in flight, so
+    that is the server's goodbye: a termination notice or end of file), without a round
+    trip."""
+    try:
+        return bool(select.select([conn.fileno()], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
 
 
 def connect(url_or_conn, timeout_s: float = DEFAULT_TIMEOUT_S) -> PgConnection:
