@@ -15,7 +15,7 @@ Not part of the statecore wheel. Modules:
 * :mod:`bench.cpp_reference` -- the C++ hash map reference (``cpp/hashmap_ref.cpp``).
 * Case modules: :mod:`bench.state_ops`, :mod:`bench.snapshots`, :mod:`bench.ttl`,
   :mod:`bench.ttl_cleanup`, :mod:`bench.peers`, :mod:`bench.collection_states`,
-  :mod:`bench.windows`, :mod:`bench.spark_e2e`.
+  :mod:`bench.windows`, :mod:`bench.spark_e2e`, :mod:`bench.spark_external`.
 
 This package imports none of its modules: importing a case module registers its cases
 (:func:`bench.runner.load_cases` imports them all).

@@ -1,6 +1,7 @@
 """The flights job (``statecore demo --state-store``) with its keyed state in a real
-``redis-server``, checked against the Spark SQL reference of tests/test_demo_job.py: a run
-that changes parallelism midway, and a driver SIGKILLed (its whole process group) between the
+``redis-server`` or a real PostgreSQL server, checked against the Spark SQL reference of
+tests/test_demo_job.py: a run that changes parallelism midway (both stores), and a driver
+SIGKILLed (Redis) (its whole process group) between the
 tasks' pre-commits and the commit, and between the manifest and the store's commit, while a
 reader outside the job polls the committed state."""
 
@@ -26,6 +27,7 @@ from statecore.errors import InvalidInputError
 from statecore.external import read_committed, read_committed_epoch, wal_keys
 from statecore.spark.external_commit import KILL_BEFORE_COMMIT_ENV, KILL_BEFORE_EPOCH_COMMIT_ENV
 from statecore.ttl import INT64_MIN
+from support.postgres_server import postgres_server  # noqa: F401  (fixture)
 from support.redis_server import redis_server, redis_server_aof  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.spark
@@ -79,12 +81,13 @@ def _committed(cfg, op, states):
 
 def test_config_checks_the_state_store_url(tmp_path):
     with pytest.raises(InvalidInputError, match="state_store"):
-        DemoConfig(state_store="postgres://x").validate()
+        DemoConfig(state_store="mysql://x").validate()
 
 
-def test_demo_on_redis_matches_spark_sql_across_a_rescale(spark, tmp_path,
-                                                          redis_server):  # noqa: F811
-    cfg = _cfg(tmp_path, redis_server, max_batches=2)
+@pytest.mark.parametrize("store", ["redis", "postgres"])
+def test_demo_matches_spark_sql_across_a_rescale(spark, tmp_path, request, store):
+    server = request.getfixturevalue(f"{store}_server")
+    cfg = _cfg(tmp_path, server, max_batches=2)
     first = run_demo(cfg, spark=spark, progress=None)
     assert first.stopped_early and first.micro_batches == 2
     pipe = DemoPipeline(cfg)
@@ -97,6 +100,7 @@ def test_demo_on_redis_matches_spark_sql_across_a_rescale(spark, tmp_path,
     for op in (pipe.sessions, pipe.routes):
         latest = op.store.latest_version()
         assert op.store.metadata(latest)["num_partitions"] == 3
+        assert op.store.manifest(latest)["external"]["store"] == store
         assert read_committed_epoch(cfg.state_store, op.state_namespace) == latest
         assert wal_keys(cfg.state_store, op.state_namespace, latest) == []
     _assert_matches_spark_sql(spark, cfg)

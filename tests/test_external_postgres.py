@@ -131,8 +131,34 @@ def test_epoch_visible_only_once_committed(postgres_server, cache):  # noqa: F81
                    "statecore.entries WHERE epoch = 2)") == [(0,)]
 
 
+def test_a_large_epoch_refreshes_the_planner_statistics(postgres_server):  # noqa: F811
+    """A commit of at least 10,000 rows ANALYZEs the entries table first: with statistics from
+    before the epoch's COPY the planner joined the superseded versions by a nested loop that
+    scans the namespace once per new row (a first epoch of 180k rows ran for minutes). ANALYZE
+    updates pg_class.reltuples in the commit's own transaction."""
+    import psycopg
+
+    s = postgres_server
+    b = _open(s)
+    _write_epoch(b, range(12_000), 1)
+    wal = b.pre_commit(1)
+
+    def reltuples():
+        with psycopg.connect(s.url) as c:
+            return c.execute("SELECT reltuples FROM pg_class WHERE oid = "
+                             "'statecore.entries'::regclass").fetchone()[0]
+
+    assert reltuples() < 12_000  # never analyzed yet (-1), the COPY did not count
+    assert commit_epoch(s.url, NS, 1, [wal])
+    assert reltuples() >= 12_000
+    assert _values(s)[0] == 1
+
+
 def test_abort_discards_the_epoch(postgres_server):  # noqa: F811
     s = postgres_server
+    # A fresh database (no statecore tables yet): nothing to abort, as a coordinator's
+    # first epoch finds it.
+    assert abort_epoch(s.url, NS, 0) == 0
     b = _open(s)
     _write_epoch(b, range(8), 1)
     commit_epoch(s.url, NS, 1, [b.pre_commit(1)])
@@ -370,6 +396,21 @@ def test_server_killed_between_pre_commit_and_commit(postgres_server):  # noqa: 
     assert _values(s) == (2, dict.fromkeys(range(50), 2))
     commit_epoch(s.url, NS, 3, [b.pre_commit(3)])  # the retried pre-commit has everything
     assert _values(s) == (3, {**dict.fromkeys(range(10), 3), **dict.fromkeys(range(10, 50), 2)})
+
+
+def test_a_backend_idle_through_a_server_restart_continues(postgres_server):  # noqa: F811
+    """A backend whose connection the server ended while it was idle (a restart between two
+    micro-batches) opens a new one for its next statement instead of failing it."""
+    s = postgres_server
+    b = _open(s, timeout_s=5)
+    _write_epoch(b, range(20), 1)
+    commit_epoch(s.url, NS, 1, [b.pre_commit(1)])
+    b.notify_committed(1)
+    s.kill()
+    s.start()
+    _write_epoch(b, range(20), 2)  # key groups in the cache: no store access
+    commit_epoch(s.url, NS, 2, [b.pre_commit(2)])  # its first statement since the restart
+    assert _values(s) == (2, dict.fromkeys(range(20), 2))
 
 
 def test_server_killed_during_commit(postgres_server):  # noqa: F811

@@ -132,6 +132,59 @@ def test_abort_discards_the_epoch(redis_server):  # noqa: F811
     assert _values(redis_server)[1][1] == 3
 
 
+def _command_calls(client) -> dict:
+    """{command: calls} since the last ``CONFIG RESETSTAT`` (``INFO commandstats``; commands a
+    script runs count too), without the INFO itself."""
+    stats = client.info("commandstats")
+    return {k: v["calls"] for k, v in stats.items() if k != "cmdstat_info"}
+
+
+def test_abort_and_commit_cost_does_not_grow_with_unrelated_keys(redis_server):  # noqa: F811
+    """abort_epoch without names finds the epoch's logs in the namespace's pending set: the
+    commands it runs are the same with 40,000 unrelated keys in the database as without, and
+    no SCAN; the pending set empties on abort and commit."""
+    import redis
+
+    from statecore.key_groups import assign_key_group
+
+    client = redis.Redis.from_url(redis_server.url)
+    tasks = [_open(redis_server, key_group_range=r, task=f"t{i}")
+             for i, r in enumerate([(0, 63), (64, 127)])]
+    owned = [[k for k in range(64) if (assign_key_group(k, "int64", 128) < 64) == (i == 0)]
+             for i in range(2)]
+
+    def abort_calls(epoch):
+        for t, keys in zip(tasks, owned):
+            _write_epoch(t, keys, epoch)
+            t.pre_commit(epoch)
+        assert len(wal_keys(redis_server.url, NS, epoch)) == 2
+        client.config_resetstat()
+        assert abort_epoch(redis_server.url, NS, epoch) == 2
+        calls = _command_calls(client)
+        for t in tasks:
+            t.abort()
+        assert wal_keys(redis_server.url, NS, epoch) == []
+        return calls
+
+    small = abort_calls(1)
+    for i in range(0, 40_000, 5_000):
+        client.mset({f"unrelated:{j}": b"x" for j in range(i, i + 5_000)})
+    assert client.dbsize() > 40_000
+    large = abort_calls(1)
+    assert "cmdstat_scan" not in small and "cmdstat_keys" not in small
+    assert large == small, (small, large)
+    # A commit removes its logs from the set; only the other epoch's stay listed.
+    wals = []
+    for t, keys in zip(tasks, owned):
+        _write_epoch(t, keys, 7)
+        wals.append(t.pre_commit(1))
+    assert commit_epoch(redis_server.url, NS, 1, wals)
+    assert client.smembers(f"statecore:{{{NS}}}:pending") == set()
+    assert abort_epoch(redis_server.url, NS, 1) == -1
+    with pytest.raises(InvalidInputError, match="not a write-ahead log of epoch 2"):
+        abort_epoch(redis_server.url, NS, 2, ["unrelated:1"])
+
+
 def test_batch_read_through_is_one_transaction(redis_server):  # noqa: F811
     """A batch touching many key groups reads them with one MULTI of pipelined HGETALLs (one
     per state and key group), never a round trip per row; later calls read nothing."""

@@ -1,7 +1,8 @@
 """The external-state task of the Spark operator (statecore.spark.external_task) run directly,
-without Spark, against a real redis-server and a real checkpoint directory: which backend a
-task takes (its worker's, only at the committed epoch with the committed writer; else a fresh
-one reading through), what it reports, and that a failed task leaves nothing behind."""
+without Spark, against a real redis-server or PostgreSQL server and a real checkpoint
+directory: which backend a task takes (its worker's, only at the committed epoch with the
+committed writer; else a fresh one reading through), what it reports (a pending descriptor
+without a data file), and that a failed task leaves nothing behind."""
 
 import pyarrow as pa
 import pytest
@@ -17,6 +18,7 @@ from statecore.spark.external_task import (
     run_external,
 )
 from statecore.spark.task import TaskSpec
+from support.postgres_server import postgres_server  # noqa: F401  (fixture)
 from support.redis_server import redis_server  # noqa: F401  (fixture)
 
 MAXP = 32
@@ -76,12 +78,20 @@ def _run(tmp_path, server, version, prev_writers, keys, attempt=None, fail=False
     store = CheckpointStore(str(tmp_path / "ckpt"))
     (desc,) = [d for d in store.pending(version)
                if d["spark_report"]["attempt"] == spec.attempt]
+    # The report alone: no data file, nothing else in the checkpoint.
+    assert set(desc) == {"version", "writer", "spark_report"}
+    assert not list((tmp_path / "ckpt").rglob("*.sckp"))
     return out, desc["spark_report"]
 
 
 def _counts(server):
     c = read_committed(server.url, NS, "count")
     return dict(zip(c.table.column("key").to_pylist(), c.table.column("value").to_pylist()))
+
+
+@pytest.fixture(params=["redis", "postgres"])
+def server(request):
+    return request.getfixturevalue(f"{request.param}_server")
 
 
 @pytest.fixture(autouse=True)
@@ -91,40 +101,40 @@ def _fresh_cache():
     clear_external_backends()
 
 
-def test_worker_backend_is_reused_only_at_the_committed_epoch(tmp_path, redis_server):  # noqa: F811
+def test_worker_backend_is_reused_only_at_the_committed_epoch(tmp_path, server):
     keys = _keys(0, 6)
-    out, r0 = _run(tmp_path, redis_server, 0, None, keys)
+    out, r0 = _run(tmp_path, server, 0, None, keys)
     assert r0["load"] == "external" and r0["wal"].endswith(":wal:0:p0of2")
     assert out[0].column("count").to_pylist() == [1] * 6
-    assert commit_epoch(redis_server.url, NS, 0, [r0["wal"]])
-    assert _counts(redis_server) == {k: 1 for k in keys}
+    assert commit_epoch(server.url, NS, 0, [r0["wal"]])
+    assert _counts(server) == {k: 1 for k in keys}
     # The driver committed this writer's epoch 0: the next task takes the worker's backend.
-    out, r1 = _run(tmp_path, redis_server, 1, frozenset({r0["writer"]}), keys[:3])
+    out, r1 = _run(tmp_path, server, 1, frozenset({r0["writer"]}), keys[:3])
     assert r1["load"] == "cache" and cached_external_backends() == 1
     assert out[0].column("count").to_pylist() == [2] * 3
-    commit_epoch(redis_server.url, NS, 1, [r1["wal"]])
+    commit_epoch(server.url, NS, 1, [r1["wal"]])
     # Another writer's epoch was committed (a duplicate attempt elsewhere): a fresh backend
     # reads the committed state through.
-    out, r2 = _run(tmp_path, redis_server, 2, frozenset({"p0-other-t0"}), keys)
+    out, r2 = _run(tmp_path, server, 2, frozenset({"p0-other-t0"}), keys)
     assert r2["load"] == "external"
     assert out[0].column("count").to_pylist() == [3, 3, 3, 2, 2, 2]
     # Epoch 2 is never committed (the micro-batch failed); its replay must not build on it.
-    out, r2b = _run(tmp_path, redis_server, 2, frozenset({r1["writer"]}), keys, attempt="b2")
+    out, r2b = _run(tmp_path, server, 2, frozenset({r1["writer"]}), keys, attempt="b2")
     assert r2b["load"] == "external"
     assert out[0].column("count").to_pylist() == [3, 3, 3, 2, 2, 2]
-    assert wal_keys(redis_server.url, NS, 2) == [r2b["wal"]]
-    commit_epoch(redis_server.url, NS, 2, [r2b["wal"]])
-    assert _counts(redis_server) == dict(zip(keys, [3, 3, 3, 2, 2, 2]))
+    assert wal_keys(server.url, NS, 2) == [r2b["wal"]]
+    commit_epoch(server.url, NS, 2, [r2b["wal"]])
+    assert _counts(server) == dict(zip(keys, [3, 3, 3, 2, 2, 2]))
 
 
-def test_a_failed_task_drops_its_backend(tmp_path, redis_server):  # noqa: F811
+def test_a_failed_task_drops_its_backend(tmp_path, server):
     keys = _keys(0, 4)
-    _, r0 = _run(tmp_path, redis_server, 0, None, keys)
-    commit_epoch(redis_server.url, NS, 0, [r0["wal"]])
+    _, r0 = _run(tmp_path, server, 0, None, keys)
+    commit_epoch(server.url, NS, 0, [r0["wal"]])
     assert cached_external_backends() == 1
     with pytest.raises(RuntimeError, match="processor failed"):
-        _run(tmp_path, redis_server, 1, frozenset({r0["writer"]}), keys, fail=True)
+        _run(tmp_path, server, 1, frozenset({r0["writer"]}), keys, fail=True)
     # Nothing pre-committed, the worker's backend (holding the failed writes) is gone.
-    assert wal_keys(redis_server.url, NS, 1) == [] and cached_external_backends() == 0
-    _, r1 = _run(tmp_path, redis_server, 1, frozenset({r0["writer"]}), keys)
+    assert wal_keys(server.url, NS, 1) == [] and cached_external_backends() == 0
+    _, r1 = _run(tmp_path, server, 1, frozenset({r0["writer"]}), keys)
     assert r1["load"] == "external"

@@ -1,7 +1,8 @@
-"""The Spark operator on external keyed state (``state_store=``, a real ``redis-server``): a
-micro-batch is an epoch. Tasks pre-commit, the driver commits after the sink; a replayed
-micro-batch discards its uncommitted epoch or, committed, has no state effects; rescaling moves
-no data; a reader outside the job sees committed epochs only."""
+"""The Spark operator on external keyed state (``state_store=``, a real ``redis-server`` and a
+real PostgreSQL server): a micro-batch is an epoch. Tasks pre-commit, the driver writes a
+metadata-only manifest and commits after the sink; a replayed micro-batch discards its
+uncommitted epoch or, committed, has no state effects; rescaling moves no data; a reader
+outside the job sees committed epochs only."""
 
 import sys
 import threading
@@ -14,6 +15,7 @@ from statecore.descriptors import ValueStateDescriptor
 from statecore.errors import ExternalStoreUnavailableError, InvalidInputError, StateError
 from statecore.external import read_committed, read_committed_epoch, wal_keys
 from statecore.spark import KeyedProcessor, StatefulOperator
+from support.postgres_server import postgres_server  # noqa: F401  (fixture)
 from support.redis_server import redis_server, redis_server_aof  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.spark
@@ -22,6 +24,15 @@ MAXP = 64
 NS = "tests/counts"
 OUT = pa.schema([("kind", pa.string()), ("k", pa.int64()), ("count", pa.int64()),
                  ("ts", pa.int64())])
+
+
+@pytest.fixture(params=["redis", "postgres"])
+def store_server(request):
+    """A running server of each external store (``.url``, ``.kill()``, ``.start()``): Redis
+    with its AOF (``appendfsync always``), PostgreSQL (a SIGKILLed server keeps what it
+    acknowledged)."""
+    return request.getfixturevalue("redis_server_aof" if request.param == "redis"
+                                   else "postgres_server")
 
 
 def _by_value():
@@ -144,9 +155,11 @@ def _expected_counts():
     return out
 
 
-@pytest.mark.parametrize("backend", ["native", "python"])
-def test_micro_batches_are_epochs_and_rescale_moves_no_data(spark, tmp_path, redis_server,  # noqa: F811
+@pytest.mark.parametrize("store,backend", [("redis", "native"), ("redis", "python"),
+                                           ("postgres", "native")])
+def test_micro_batches_are_epochs_and_rescale_moves_no_data(spark, tmp_path, request, store,
                                                             backend):
+    server = request.getfixturevalue("redis_server" if store == "redis" else "postgres_server")
     want = _expected_counts()
     seen, errors, stop = [], [], threading.Event()
 
@@ -154,7 +167,7 @@ def test_micro_batches_are_epochs_and_rescale_moves_no_data(spark, tmp_path, red
         # Outside the job: every read is one committed epoch, never a pre-committed one.
         while not stop.is_set():
             try:
-                epoch, counts = _committed_counts(redis_server.url)
+                epoch, counts = _committed_counts(server.url)
             except InvalidInputError:
                 continue  # nothing committed yet
             except Exception as exc:  # reported by the assertion below
@@ -166,7 +179,7 @@ def test_micro_batches_are_epochs_and_rescale_moves_no_data(spark, tmp_path, red
 
     t = threading.Thread(target=reader, daemon=True)
     t.start()
-    op = _op(tmp_path, redis_server, backend)
+    op = _op(tmp_path, server, backend, state_store_timeout_s=60)
     model = Model()
     try:
         for i, rows in enumerate(BATCHES):
@@ -174,16 +187,17 @@ def test_micro_batches_are_epochs_and_rescale_moves_no_data(spark, tmp_path, red
             rep = op(_df(spark, rows), i)
             assert (rep.version, rep.rows, rep.skipped) == (i, len(rows), False)
             assert _rows(tmp_path, i) == model.batch(rows), f"micro-batch {i}"
-            assert _committed_counts(redis_server.url) == (i, want[i])
-            meta = op.store.metadata(i)
-            assert meta["watermark_ms"] == model.wm
-            assert meta["state_store"]["namespace"] == NS
-            assert len(meta["state_store"]["wals"]) == op.parallelism
-            assert wal_keys(redis_server.url, NS, i) == []  # applied and deleted
-            # Only the marker runs are in the checkpoint: no keyed state there.
-            with op.store.open(i) as r:
-                assert all(len(r.entries(m["name"], kg)[0]) == 0
-                           for m in r.state_metas() for kg in r.key_group_range)
+            assert _committed_counts(server.url) == (i, want[i])
+            manifest = op.store.manifest(i)
+            assert manifest["metadata"]["watermark_ms"] == model.wm
+            assert manifest["metadata"]["state_store"] == {"namespace": NS}
+            # A metadata-only manifest: the epoch's logs, no data files, no keyed state.
+            ext = manifest["external"]
+            assert (ext["store"], ext["namespace"], ext["epoch"]) == (store, NS, i)
+            assert ext["base_epoch"] == (None if i == 0 else i - 1)
+            assert len(ext["logs"]) == op.parallelism
+            assert manifest["files"] == [] and manifest["states"] == []
+            assert wal_keys(server.url, NS, i) == []  # applied and deleted
     finally:
         stop.set()
         t.join(30)
@@ -197,41 +211,44 @@ def test_micro_batches_are_epochs_and_rescale_moves_no_data(spark, tmp_path, red
     before = _rows(tmp_path, 4)
     rep = op(_df(spark, BATCHES[4]), 4)
     assert rep.skipped and _rows(tmp_path, 4) == before
-    assert _committed_counts(redis_server.url) == (4, want[4])
+    assert _committed_counts(server.url) == (4, want[4])
     op.parallelism = 2
     rep = op.flush(spark)
     assert rep.version == 5 and _rows(tmp_path, 5) == model.flush()
-    assert read_committed_epoch(redis_server.url, NS) == 5
+    assert read_committed_epoch(server.url, NS) == 5
     assert op.flush(spark) is None
+    # No data files in the checkpoint: the manifests are all there is.
+    assert not list((tmp_path / "ckpt").rglob("*.sckp"))
 
 
 def test_uncommitted_epoch_is_discarded_when_the_batch_runs_again(spark, tmp_path,
-                                                                  redis_server):  # noqa: F811
+                                                                  store_server):
+    server = store_server
     want = _expected_counts()
-    op = _op(tmp_path, redis_server, "native", parallelism=2)
+    op = _op(tmp_path, server, "native", parallelism=2)
     op(_df(spark, BATCHES[0]), 0)
     # Micro-batch 1 runs up to the tasks' pre-commits and reports; the driver then dies
     # (nothing is committed): its logs are in the store, invisible to readers.
     pending = op.start(_df(spark, BATCHES[1]), 1)
     pending.wait()
-    assert len(wal_keys(redis_server.url, NS, 1)) == 2
-    assert _committed_counts(redis_server.url) == (0, want[0])
+    assert len(wal_keys(server.url, NS, 1)) == 2
+    assert _committed_counts(server.url) == (0, want[0])
     # The restarted driver (a new operator object) runs micro-batch 1 with another
     # parallelism: the first attempt's logs are discarded, not applied.
-    again = _op(tmp_path, redis_server, "native", parallelism=3)
+    again = _op(tmp_path, server, "native", parallelism=3)
     again(_df(spark, BATCHES[1]), 1)
-    assert _committed_counts(redis_server.url) == (1, want[1])
-    assert wal_keys(redis_server.url, NS, 1) == []
+    assert _committed_counts(server.url) == (1, want[1])
+    assert wal_keys(server.url, NS, 1) == []
     for i in (2, 3):
         again(_df(spark, BATCHES[i]), i)
-    assert _committed_counts(redis_server.url) == (3, want[3])
+    assert _committed_counts(server.url) == (3, want[3])
 
 
-def test_store_and_checkpoint_must_belong_together(spark, tmp_path, redis_server):  # noqa: F811
-    op = _op(tmp_path / "a", redis_server, "python")
+def test_store_and_checkpoint_must_belong_together(spark, tmp_path, store_server):
+    op = _op(tmp_path / "a", store_server, "python")
     op(_df(spark, BATCHES[0]), 0)
     # Another checkpoint on the same namespace: the store is ahead of it.
-    other = _op(tmp_path / "b", redis_server, "python")
+    other = _op(tmp_path / "b", store_server, "python")
     with pytest.raises(StateError, match="another checkpoint"):
         other(_df(spark, BATCHES[0]), 0)
     # An in-memory operator on the external checkpoint (and back) is refused.
@@ -240,17 +257,21 @@ def test_store_and_checkpoint_must_belong_together(spark, tmp_path, redis_server
                            max_parallelism=MAXP, backend="python", event_time_column="t")
     with pytest.raises(InvalidInputError, match="external store"):
         mem(_df(spark, BATCHES[1]), 1)
-    with pytest.raises(InvalidInputError, match="state_store"):
+    with pytest.raises(InvalidInputError, match="state_store") as e:
         StatefulOperator("counts", Count(), "k", str(tmp_path), output=str(tmp_path),
-                         state_store="postgresql://x/y")
+                         state_store="mysql://user:secret@x/y")
+    assert "secret" not in str(e.value)
     with pytest.raises(InvalidInputError, match="state_store"):
         StatefulOperator("counts", Count(), "k", str(tmp_path), output=str(tmp_path),
                          state_namespace="x")
+    for bad in (0, -1.0, float("nan"), "10", True):
+        with pytest.raises(InvalidInputError, match="state_store_timeout_s"):
+            StatefulOperator("counts", Count(), "k", str(tmp_path), output=str(tmp_path),
+                             state_store=store_server.url, state_store_timeout_s=bad)
 
 
-def test_store_down_fails_the_batch_and_a_restart_finishes_it(spark, tmp_path,
-                                                              redis_server_aof):  # noqa: F811
-    server = redis_server_aof
+def test_store_down_fails_the_batch_and_a_restart_finishes_it(spark, tmp_path, store_server):
+    server = store_server
     want = _expected_counts()
     op = _op(tmp_path, server, "native", parallelism=2)
     for i in (0, 1):
@@ -265,7 +286,7 @@ def test_store_down_fails_the_batch_and_a_restart_finishes_it(spark, tmp_path,
     # Down at the start of a micro-batch: nothing runs.
     with pytest.raises(ExternalStoreUnavailableError, match="unreachable"):
         op(_df(spark, BATCHES[2]), 2)
-    server.start()  # the AOF kept every acknowledged write, the logs of epoch 2 included
+    server.start()  # every acknowledged write is kept, the logs of epoch 2 included
     assert read_committed_epoch(server.url, NS) == 1
     # The restarted driver finishes the decided commit; Spark's replay of 2 has nothing to do.
     again = _op(tmp_path, server, "native", parallelism=2)

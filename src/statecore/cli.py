@@ -157,9 +157,10 @@ def _add_demo(sub) -> None:
                         "(default: %(default)s)")
     p.add_argument("--state-store", default=None, metavar="URL",
                    help="keep the operators' keyed state in this external store "
-                        "(redis://HOST:PORT/DB): a micro-batch is an epoch of the store, the "
-                        "checkpoint keeps the operators' metadata only (default: in memory, "
-                        "checkpointed)")
+                        "(redis://HOST:PORT/DB, rediss://, unix://, or "
+                        "postgresql://USER@HOST:PORT/DB with the password in PGPASSWORD): a "
+                        "micro-batch is an epoch of the store, the checkpoint keeps the "
+                        "operators' metadata only (default: in memory, checkpointed)")
     p.add_argument("--quiet", action="store_true", help="print only the summary")
     p.set_defaults(run=_run_demo)
 
@@ -245,7 +246,11 @@ def _run_inspect(args) -> int:
     for root in roots:
         for line in summary_lines(root, args.version, verify=args.verify):
             print(line)
-        if args.entries:
+        if args.entries and CheckpointStore(root).describe(
+                args.version if args.version is not None
+                else CheckpointStore(root).latest_version())["external"] is not None:
+            print("    (no entries in the checkpoint: the keyed state is in the external store)")
+        elif args.entries:
             t = entries_table(root, args.version, limit=args.entries)
             for row in t.to_pylist():
                 print(f"    {row['state']:16s} kg={row['key_group']:<5d} key={row['key']!r} "

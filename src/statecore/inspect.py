@@ -25,7 +25,7 @@ from statecore.backends.states import from_stored
 from statecore.checkpoint import CheckpointStore
 from statecore.checkpoint.layout import CheckpointRoot, join_uri, manifest_version
 from statecore.checkpoint.manifests import describe_manifest
-from statecore.errors import CheckpointNotFoundError
+from statecore.errors import CheckpointNotFoundError, InvalidInputError
 
 __all__ = ["find_stores", "summary_lines", "version_stats", "entries_table"]
 
@@ -111,7 +111,9 @@ def version_stats(root: str, version: Optional[int] = None) -> dict:
     their ``bytes`` and ``bits_per_key`` values),
     ``timers`` (live timers, event and processing time), ``ttl_expired`` {cleanup strategy:
     n} and ``ttl_compaction_expired`` {state: n} (removed by TTL since the writers' previous
-    versions), ``metadata`` (the committed user metadata).
+    versions), ``metadata`` (the committed user metadata), ``external`` (a metadata-only
+    version's ``{"store", "namespace", "epoch", "logs", "base_epoch"}``: its keyed state is in
+    that external store and it has no runs; else None).
 
     Reads and decodes every run of the version (nothing is loaded into a backend). Raises
     CheckpointNotFoundError for a root without versions or an unknown version,
@@ -151,7 +153,7 @@ def version_stats(root: str, version: Optional[int] = None) -> dict:
         "max_runs_per_key_group": d["max_runs_per_key_group"], "states": states,
         "timers": sum(s["live_entries"] for s in states if s.get("kind") == "timers"),
         "ttl_expired": d["ttl_expired"], "ttl_compaction_expired": d["ttl_compaction_expired"],
-        "metadata": d["metadata"], "filters": filters,
+        "metadata": d["metadata"], "filters": filters, "external": d["external"],
     }
 
 
@@ -221,6 +223,18 @@ def summary_lines(root: str, version: Optional[int] = None, verify: bool = False
     if checked:
         yield (f"  verified           version{'s' if len(checked) > 1 else ''} "
                f"{', '.join(map(str, checked))}: every block and entry")
+    ext = d["external"]
+    if ext is not None:
+        yield (f"  version {v}: metadata only, the keyed state is in an external store: "
+               f"{ext['store']} namespace {ext['namespace']!r}, epoch {ext['epoch']} (on "
+               f"{'no earlier epoch' if ext['base_epoch'] is None else ext['base_epoch']}) "
+               f"from {len(ext['logs'])} write-ahead log(s)")
+        yield (f"  key type           {d['key_type']} of max parallelism "
+               f"{d['max_parallelism']} (assigner {d['assigner']})")
+        if d["metadata"]:
+            yield (f"  metadata           "
+                   f"{json.dumps(d['metadata'], sort_keys=True, default=str)[:400]}")
+        return
     yield (f"  version {v}: {d['runs']} run(s), {_fmt_bytes(d['bytes'])} stored "
            f"({_fmt_bytes(d['bytes_added'])} written for this version), "
            f"{_fmt_bytes(d['raw_bytes'])} uncompressed")
@@ -295,6 +309,12 @@ def entries_table(root: str, version: Optional[int] = None,
     store = CheckpointStore(root)
     v = store.latest_version() if version is None else version
     m = store.describe(v)
+    ext = m["external"]
+    if ext is not None:
+        raise InvalidInputError(
+            f"version {v} of {root} is metadata only: its keyed state is in an external store "
+            f"({ext['store']} namespace {ext['namespace']!r}, epoch {ext['epoch']}); read it "
+            "with statecore.external.read_committed")
     backend = PythonBackend(key_type=m["key_type"], max_parallelism=m["max_parallelism"],
                             key_group_range=tuple(m["key_group_range"]), assigner=m["assigner"],
                             timer_namespace_type=_timer_ns(m["states"]))

@@ -26,6 +26,12 @@ Invariants:
   needs a committed base).
 * Commit, compaction publishing and retention of one root run in one process (the Spark driver);
   within it they are serialized by one lock, which the caller passes in.
+
+A version whose keyed state lives in an external store is committed by
+:meth:`Committer.commit_external`: a metadata-only manifest (no runs; the store's namespace,
+epoch and write-ahead log names instead), published under the same lock, fence and
+``replace`` rule, written atomically as every manifest: it is the commit decision of the
+store's epoch.
 """
 
 from __future__ import annotations
@@ -49,7 +55,9 @@ from statecore.checkpoint.layout import (
 from statecore.checkpoint.manifests import (
     ManifestLog,
     canonical_json,
+    check_external,
     new_commit_id,
+    new_external_manifest_body,
     new_manifest_body,
 )
 from statecore.checkpoint.runs import (
@@ -247,14 +255,7 @@ class Committer:
         descriptors = list(descriptors)
         if not descriptors:
             raise InvalidInputError(f"commit of version {version} without any data file descriptor")
-        if metadata is None:
-            metadata = {}
-        if not isinstance(metadata, dict):
-            raise InvalidInputError(f"metadata must be a dict, got {type(metadata).__name__}")
-        try:
-            metadata = json.loads(canonical_json(metadata))
-        except (TypeError, ValueError) as exc:
-            raise InvalidInputError(f"metadata is not JSON-serializable: {exc}") from exc
+        metadata = _checked_metadata(metadata)
 
         files, states, common = [], {}, None
         ttl_expired: dict[str, int] = {}
@@ -296,14 +297,7 @@ class Committer:
             # Before the reads the new manifest builds on: a store taking the lease over waits
             # out the old owner first (statecore.checkpoint.lease).
             self.manifests.fence(f"commit of version {version}")
-            committed = self.manifests.versions()
-            if committed and version <= committed[-1] and not replace:
-                raise InvalidInputError(
-                    f"version {version} is not above the latest committed version "
-                    f"{committed[-1]}: committing it would "
-                    + ("replace it" if version in committed else "insert it below newer ones")
-                    + "; pass replace=True to do so on purpose (a replayed micro-batch); newer "
-                    "versions keep the runs they were committed with")
+            committed = self._committed_for(version, replace)
             prev_version = max((v for v in committed if v < version), default=None)
             prev = self.manifests.read(prev_version) if prev_version is not None else None
             prev_runs = prev["files"] if prev is not None else []
@@ -360,3 +354,58 @@ class Committer:
                 body["ttl_expired"] = ttl_expired
             manifest = self.manifests.write(body)
         return CommitResult(manifest, longest_chain(segments))
+
+    def _committed_for(self, version: int, replace: bool) -> list[int]:
+        """The committed versions, checked for a commit of ``version`` (under the lock):
+        InvalidInputError when ``version`` is not above the latest one and not ``replace``."""
+        committed = self.manifests.versions()
+        if committed and version <= committed[-1] and not replace:
+            raise InvalidInputError(
+                f"version {version} is not above the latest committed version "
+                f"{committed[-1]}: committing it would "
+                + ("replace it" if version in committed else "insert it below newer ones")
+                + "; pass replace=True to do so on purpose (a replayed micro-batch); newer "
+                "versions keep the runs they were committed with")
+        return committed
+
+    def commit_external(self, version: int, common: tuple, external: dict,
+                        metadata: dict | None = None, replace: bool = False) -> dict:
+        """Publish the metadata-only manifest of ``version`` (module docstring; docs/formats.md
+        "Checkpoint store and manifests"): ``common`` = (max_parallelism, key_type, assigner),
+        ``external`` = ``{"store", "namespace", "epoch", "logs", "base_epoch"}``. Returns the
+        signed manifest. InvalidInputError for a malformed ``external`` or ``common``,
+        ``metadata`` that is not a JSON-able dict, or ``version`` not above the latest committed
+        one without ``replace``; FencedError and filesystem errors as :meth:`commit`."""
+        version = check_version(version)
+        if not isinstance(replace, bool):
+            raise InvalidInputError(f"replace must be a bool, got {replace!r}")
+        metadata = _checked_metadata(metadata)
+        try:
+            external = json.loads(canonical_json(check_external(external)))
+            mp, key_type, assigner = common
+            if isinstance(mp, bool) or not isinstance(mp, int) or not 1 <= mp <= 32768:
+                raise ValueError(f"max_parallelism is not in [1, 32768]: {mp!r}")
+            if not isinstance(key_type, str) or not isinstance(assigner, str):
+                raise ValueError(f"key_type and assigner must be strings: {common!r}")
+        except (TypeError, ValueError) as exc:
+            raise InvalidInputError(
+                f"metadata-only commit of version {version}: {exc}") from exc
+        with self.lock:
+            self.manifests.fence(f"commit of version {version}")
+            self._committed_for(version, replace)
+            body = new_external_manifest_body(version, (mp, key_type, assigner), external,
+                                              metadata, new_commit_id())
+            return self.manifests.write(body)
+
+
+def _checked_metadata(metadata) -> dict:
+    """``metadata`` (None: ``{}``) as JSON round-trips it; InvalidInputError when it is not a
+    JSON-able dict."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict):
+        raise InvalidInputError(f"metadata must be a dict, got {type(metadata).__name__}")
+    try:
+        return json.loads(canonical_json(metadata))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"metadata is not JSON-serializable: {exc}") from exc

@@ -10,6 +10,12 @@ hold.
 Manifest fields, canonical JSON, checksum and validity rules: docs/formats.md "Checkpoint store
 and manifests". A read checks all of them and raises CorruptCheckpointError for a manifest that
 breaks one.
+
+A *metadata-only* manifest (``format_version`` 3, field ``external``) commits a version whose
+keyed state lives in an external store (statecore.external): it lists no runs and no states
+and names the store's namespace, epoch and write-ahead logs instead, so that writing it is the
+commit decision of that epoch. Readers built before it refuse it by its format version rather
+than take it for an empty checkpoint.
 """
 
 from __future__ import annotations
@@ -44,13 +50,16 @@ from statecore.checkpoint.runs import (
 from statecore.errors import CheckpointNotFoundError, CorruptCheckpointError, InvalidInputError
 
 __all__ = ["ManifestLog", "MANIFEST_FORMAT", "MANIFEST_FORMAT_VERSION",
+           "EXTERNAL_MANIFEST_FORMAT_VERSION",
            "READABLE_MANIFEST_VERSIONS", "canonical_json", "new_commit_id", "new_manifest_body",
-           "describe_manifest",
+           "new_external_manifest_body", "check_external", "describe_manifest",
            "check_manifest_schema", "parse_manifest"]
 
 MANIFEST_FORMAT = "statecore-checkpoint"
 MANIFEST_FORMAT_VERSION = 2
-READABLE_MANIFEST_VERSIONS = (1, 2)
+#: The format version of metadata-only manifests (module docstring).
+EXTERNAL_MANIFEST_FORMAT_VERSION = 3
+READABLE_MANIFEST_VERSIONS = (1, 2, 3)
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -61,13 +70,40 @@ def canonical_json(obj: Any) -> bytes:
 
 def _upgraded(body: dict, version: int) -> dict:
     """``body`` (a manifest without its checksum) in the current format: a version-1 manifest's
-    runs get ``seq`` 0, kind ``full``, their version and no tombstones. Returns ``body``."""
+    runs get ``seq`` 0, kind ``full``, their version and no tombstones (a metadata-only
+    manifest keeps its format version). Returns ``body``."""
     if body.get("format_version") == 1:
         for f in body["files"]:
             f.update(seq=0, kind=KIND_FULL, version=version,
                      tombstones={n: 0 for n in f["entries"]})
-    body["format_version"] = MANIFEST_FORMAT_VERSION
+    if body.get("format_version") != EXTERNAL_MANIFEST_FORMAT_VERSION:
+        body["format_version"] = MANIFEST_FORMAT_VERSION
     return body
+
+
+def check_external(ext) -> dict:
+    """``ext``, the ``external`` field of a metadata-only manifest, checked: ``{"store": str,
+    "namespace": str, "epoch": int >= 0, "logs": [str, ...] (non-empty, distinct),
+    "base_epoch": int >= 0 below epoch, or None}`` and nothing else. Raises ValueError naming
+    the first field that breaks it."""
+    if not isinstance(ext, dict):
+        raise ValueError(f"external is not an object: {ext!r}")
+    want = {"store", "namespace", "epoch", "logs", "base_epoch"}
+    if set(ext) != want:
+        raise ValueError(f"external has fields {sorted(ext)}, not {sorted(want)}")
+    for f in ("store", "namespace"):
+        if not isinstance(ext[f], str) or not ext[f]:
+            raise ValueError(f"external.{f} is not a non-empty string: {ext[f]!r}")
+    if not _is_int(ext["epoch"]):
+        raise ValueError(f"external.epoch is not an int >= 0: {ext['epoch']!r}")
+    logs = ext["logs"]
+    if (not isinstance(logs, list) or not logs
+            or not all(isinstance(n, str) and n for n in logs) or len(set(logs)) != len(logs)):
+        raise ValueError(f"external.logs is not a non-empty list of distinct names: {logs!r}")
+    b = ext["base_epoch"]
+    if b is not None and (not _is_int(b) or b >= ext["epoch"]):
+        raise ValueError(f"external.base_epoch is not null or an int in [0, epoch): {b!r}")
+    return ext
 
 
 def _is_int(x, lo: int = 0) -> bool:
@@ -165,6 +201,15 @@ def check_manifest_schema(body: dict) -> None:
         raise ValueError(f"commit_id is not 32 lowercase hex digits: {body['commit_id']!r}")
     if "compacted_ms" in body and not _is_int(body["compacted_ms"]):
         raise ValueError(f"compacted_ms is not an int >= 0: {body['compacted_ms']!r}")
+    external = body["format_version"] == EXTERNAL_MANIFEST_FORMAT_VERSION
+    if external != ("external" in body):
+        raise ValueError("external is present exactly in manifests of format_version "
+                         f"{EXTERNAL_MANIFEST_FORMAT_VERSION}")
+    if external:
+        check_external(body["external"])
+        if files or names or list(body.get("key_group_range", [])) != [0, -1]:
+            raise ValueError("a metadata-only manifest (external) lists no runs and no states "
+                             "and has key_group_range [0, -1]")
 
 
 def _short(vs: list[int]) -> str:
@@ -381,6 +426,20 @@ def new_manifest_body(version: int, common: tuple, key_group_range, states: list
     }
 
 
+def new_external_manifest_body(version: int, common: tuple, external: dict, metadata: dict,
+                               commit_id: str) -> dict:
+    """The body (no checksum) of a new metadata-only manifest of ``version`` (module
+    docstring): ``common`` = (max_parallelism, key_type, assigner), ``external`` checked by
+    :func:`check_external`; no runs, no states, key-group range ``[0, -1]``."""
+    return {
+        "format": MANIFEST_FORMAT, "format_version": EXTERNAL_MANIFEST_FORMAT_VERSION,
+        "version": version, "commit_id": commit_id, "created_ms": int(time.time() * 1000),
+        "max_parallelism": common[0], "key_type": common[1], "assigner": common[2],
+        "key_group_range": [0, -1], "states": [], "files": [], "metadata": metadata,
+        "external": external,
+    }
+
+
 def describe_manifest(m: dict, uri: str) -> dict:
     """Statistics of the validated manifest ``m`` of the root ``uri`` (what
     ``CheckpointStore.describe`` returns; keys documented there)."""
@@ -407,6 +466,7 @@ def describe_manifest(m: dict, uri: str) -> dict:
         "blocks": sum(f["blocks"] for f in m["files"]), "entries": entries,
         "tombstones": tombs, "max_runs_per_key_group": longest_chain(segments),
         "states": m["states"], "metadata": m["metadata"],
+        "external": m.get("external"),
         "ttl_expired": dict(m.get("ttl_expired", {})),
         "ttl_compaction_expired": dict(m.get("ttl_compaction_expired", {})),
         "writers": [{k: f[k] for k in ("path", "writer", "key_group_range", "size", "entries")}

@@ -341,6 +341,25 @@ class CheckpointStore:
                 manifest = self.compact(version)
         return manifest
 
+    def commit_external(self, version: int, *, store: str, namespace: str, epoch: int,
+                        logs: Iterable[str], base_epoch: int | None, max_parallelism: int,
+                        key_type: str, assigner: str, metadata: dict | None = None,
+                        replace: bool = False) -> dict:
+        """Make ``version`` visible as a metadata-only manifest: the version's keyed state is
+        in an external store (``store``, e.g. ``"redis"``; never a URL, which may hold a
+        password), namespace ``namespace``, to be committed there as ``epoch`` from the
+        write-ahead logs ``logs`` on top of ``base_epoch`` (None: none). No data files, no
+        descriptors; written last and atomically like every manifest, so it is the commit
+        decision of the store's epoch (statecore.spark.external_commit). Returns the
+        manifest. ``max_parallelism``, ``key_type``, ``assigner``, ``metadata`` and
+        ``replace`` as in :meth:`commit`. Raises InvalidInputError for bad arguments (also a
+        version not above the latest without ``replace``); FencedError when another driver
+        holds the lease."""
+        return self._committer.commit_external(
+            version, (max_parallelism, key_type, assigner),
+            {"store": store, "namespace": namespace, "epoch": epoch, "logs": list(logs),
+             "base_epoch": base_epoch}, metadata, replace)
+
     # ------------------------------------------------------------------- one-call checkpoint
 
     def checkpoint(self, backend: Any, version: int, *, incremental: bool = True,
@@ -467,6 +486,14 @@ class CheckpointStore:
         if (operator_index is None) != (parallelism is None):
             raise InvalidInputError("pass operator_index and parallelism together")
         reader = self.open(version)
+        ext = reader.manifest.get("external")
+        if ext is not None:
+            reader.release()
+            raise InvalidInputError(
+                f"version {reader.version} of {self.uri} keeps its keyed state in an external "
+                f"store ({ext['store']} namespace {ext['namespace']!r}, epoch {ext['epoch']}): "
+                "there is nothing to restore from the checkpoint; read it with "
+                "statecore.external.read_committed or a backend on the store")
         try:
             staged = None
             if operator_index is not None:

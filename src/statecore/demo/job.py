@@ -115,10 +115,12 @@ class DemoConfig:
     ``spark.archives = <python_env>#environment`` and run there as
     ``./environment/bin/python`` (``PYSPARK_PYTHON``); the driver keeps its own interpreter.
     Refused with a local master (its workers run the driver's interpreter).
-    ``state_store``: the URL of an external store (``redis://HOST:PORT/DB``) that keeps both
-    operators' keyed state (``StatefulOperator(state_store=)``: a micro-batch is an epoch of
-    the store; each operator's namespace is its checkpoint root; the checkpoint keeps the
-    operators' metadata); None: in memory, checkpointed.
+    ``state_store``: the URL of an external store (``redis://HOST:PORT/DB``,
+    ``postgresql://USER@HOST:PORT/DB``; a password is better given to PostgreSQL as
+    ``PGPASSWORD`` in the environment) that keeps both operators' keyed state
+    (``StatefulOperator(state_store=)``: a micro-batch is an epoch of the store; each
+    operator's namespace is its checkpoint root; the checkpoint keeps the operators'
+    metadata-only manifests); None: in memory, checkpointed.
     """
 
     checkpoint: str = "./statecore-checkpoint"

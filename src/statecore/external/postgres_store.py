@@ -19,6 +19,7 @@ import contextlib
 import json
 import math
 import os
+import select
 
 from statecore.errors import (
     EpochCommitError,
@@ -101,6 +102,11 @@ def _psycopg():
     return psycopg
 
 
+#: Rows in an epoch's named logs from which its commit refreshes the planner statistics of
+#: the entries table first (commit_epoch).
+_ANALYZE_ROWS = 10_000
+
+
 def is_postgres(url_or_conn) -> bool:
     """True for a ``postgresql://`` / ``postgres://`` URL, a psycopg connection or a
     :class:`PgConnection`."""
@@ -178,11 +184,18 @@ class PgConnection:
         self.where = _describe(self.url) if conn is None else (
             f"{conn.info.host}:{conn.info.port}")
 
-    def get(self):
-        """The open connection (autocommit mode: transactions are explicit blocks)."""
+    def get(self, what: str | None = None):
+        """The open connection (autocommit mode: transactions are explicit blocks); a failed
+        connect's error names ``what`` it was for."""
         c = self._conn
         if c is not None and not c.closed and not c.broken:
-            return c
+            if not self._owns or not _ended_by_server(c):
+                return c
+            # A restarted server ended this idle connection: its first statement would fail
+            # with "terminating connection" although a new one works (a task's backend kept
+            # from the previous micro-batch).
+            with contextlib.suppress(Exception):
+                c.close()
         if not self._owns:
             raise ExternalStoreUnavailableError(f"PostgreSQL at {self.where}: the connection "
                                                 "passed in is closed")
@@ -195,7 +208,7 @@ class PgConnection:
         # Keyword arguments replace the URL's (and PGOPTIONS'): append ours to theirs.
         given = given if given is not None else os.environ.get("PGOPTIONS", "")
         options = f"{given} -c statement_timeout={ms} -c lock_timeout={ms}".strip()
-        with store_errors(self.where, "connecting"):
+        with store_errors(self.where, "connecting" if what is None else f"{what}: connecting"):
             self._conn = psycopg.connect(
                 self.url, autocommit=True, connect_timeout=max(1, math.ceil(self.timeout_s)),
                 tcp_user_timeout=ms, application_name="statecore", options=options)
@@ -213,7 +226,7 @@ class PgConnection:
         connection is reopened at the next call."""
         psycopg = _psycopg()
         with self.errors(what):
-            conn = self.get()
+            conn = self.get(what)
             conn.isolation_level = (psycopg.IsolationLevel.REPEATABLE_READ if read_only
                                     else psycopg.IsolationLevel.READ_COMMITTED)
             conn.read_only = read_only
@@ -229,6 +242,16 @@ class PgConnection:
         # has a fixed number of them).
         with contextlib.suppress(Exception):
             self.close()
+
+
+def _ended_by_server(conn) -> bool:
+    """True when the idle connection ``conn`` has input waiting (no statement is in flight, so
+    that is the server's goodbye: a termination notice or end of file), without a round
+    trip."""
+    try:
+        return bool(select.select([conn.fileno()], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
 
 
 def connect(url_or_conn, timeout_s: float = DEFAULT_TIMEOUT_S) -> PgConnection:
@@ -318,9 +341,12 @@ def commit_epoch(url_or_conn, namespace: str, epoch: int, wal_key_names,
             ns, committed = row[0], row[4]
             if committed is not None and epoch <= committed:
                 return False
-            logs = {t: (s, e, sweep) for t, s, e, sweep in conn.execute(
-                f"SELECT task, kg_start, kg_end, sweep FROM {SCHEMA}.logs WHERE ns = %s AND "
-                "epoch = %s", (ns, epoch))}
+            logs, rows = {}, 0
+            for t, s, e, n, sweep in conn.execute(
+                    f"SELECT task, kg_start, kg_end, entries, sweep FROM {SCHEMA}.logs "
+                    "WHERE ns = %s AND epoch = %s", (ns, epoch)):
+                logs[t] = (s, e, sweep)
+                rows += n if t in tasks else 0
             missing = [t for t in tasks if t not in logs]
             if missing:
                 raise EpochCommitError(
@@ -338,6 +364,12 @@ def commit_epoch(url_or_conn, namespace: str, epoch: int, wal_key_names,
                          "NOT (kg = ANY(%s))", (ns, epoch, covered))
             conn.execute(f"UPDATE {SCHEMA}.namespaces SET epoch = %s WHERE id = %s",
                          (epoch, ns))
+            if rows >= _ANALYZE_ROWS:
+                # Planner statistics older than the epoch's COPY (autovacuum lags behind bulk
+                # loads) can make the superseded-versions join below a nested loop that scans
+                # the namespace once per new row: quadratic, minutes for 10^5 rows. ANALYZE
+                # samples a bounded number of rows, small next to an epoch this large.
+                conn.execute(f"ANALYZE {SCHEMA}.entries")
             conn.execute(
                 f"DELETE FROM {SCHEMA}.entries o USING {SCHEMA}.entries n WHERE n.ns = %s "
                 "AND n.epoch = %s AND o.ns = n.ns AND o.kg = n.kg AND o.state = n.state "
@@ -402,13 +434,17 @@ def abort_epoch(url_or_conn, namespace: str, epoch: int, wal_key_names=None,
     """Discard the write-ahead logs of uncommitted ``epoch`` (``wal_key_names``, default every
     log of the epoch) and their rows: they are never committed. Returns the number of logs
     deleted, -1 when ``epoch`` is committed already (nothing is deleted then). The tasks
-    discard their caches (``abort()``) and replay from the committed epoch."""
+    discard their caches (``abort()``) and replay from the committed epoch. 0 on a database
+    without the statecore tables (nothing was ever pre-committed there)."""
     check_epoch(epoch)
     names = None if wal_key_names is None else sorted(
         {parse_log_name(namespace, epoch, n) for n in wal_key_names})
     pg = connect(url_or_conn, timeout_s)
     try:
         with pg.transaction(f"aborting epoch {epoch} of {namespace!r}") as conn:
+            if conn.execute("SELECT to_regclass(%s) IS NULL",
+                            (f"{SCHEMA}.namespaces",)).fetchone()[0]:
+                return 0
             row = namespace_row(conn, namespace, "FOR UPDATE")
             if row is None:
                 return 0

@@ -151,6 +151,7 @@ class RedisBackend(CachedExternalBackend):
             pipe.delete(name)
             for i in range(0, len(ops), _PUSH_CHUNK):
                 pipe.rpush(name, *ops[i:i + _PUSH_CHUNK])
+            pipe.sadd(self._keys.pending, name)
             pipe.execute()
         return name
 

@@ -13,7 +13,10 @@ touch them all. The keys:
 * ``statecore:{NS}:data:<kg>:<state>`` -- hash: encoded key -> stored value bytes, the
   committed entries of one state in one key group;
 * ``statecore:{NS}:groups`` -- set of the data hash names ever written (for readers);
-* ``statecore:{NS}:wal:<epoch>:<task>`` -- list: one task's pre-committed changes of one epoch.
+* ``statecore:{NS}:wal:<epoch>:<task>`` -- list: one task's pre-committed changes of one epoch;
+* ``statecore:{NS}:pending`` -- set of the names of the logs present (added in the
+  pre-commit's MULTI, removed by the commit and abort scripts), so that finding an epoch's
+  logs costs O(logs pending) rather than a ``SCAN`` of the whole database.
 
 The ``redis`` client (PyPI ``redis``, the ``redis`` extra) is imported on first use.
 """
@@ -35,7 +38,7 @@ from statecore.errors import (
 __all__ = ["FORMAT", "WAL_MAGIC", "NamespaceKeys", "connect", "store_errors", "check_config",
            "commit_epoch", "abort_epoch", "wal_keys", "committed_epoch", "read_committed_epoch",
            "load_state_metas",
-           "wal_header", "glob_escape"]
+           "wal_header"]
 
 #: Version of the layout written to ``meta.format``.
 FORMAT = "1"
@@ -55,11 +58,14 @@ _COMMIT_LUA = """
 local epoch = ARGV[1]
 local committed = redis.call('HGET', KEYS[1], 'epoch')
 if committed and tonumber(epoch) <= tonumber(committed) then
-  for i = 4, #KEYS do redis.call('DEL', KEYS[i]) end
+  for i = 5, #KEYS do
+    redis.call('DEL', KEYS[i])
+    redis.call('SREM', KEYS[4], KEYS[i])
+  end
   return {0, tonumber(committed)}
 end
 local magic = ARGV[3] .. ' ' .. epoch
-for i = 4, #KEYS do
+for i = 5, #KEYS do
   local head = redis.call('LINDEX', KEYS[i], 0)
   if not head then
     return redis.error_reply(ARGV[4] .. ' epoch ' .. epoch .. ': write-ahead log ' .. KEYS[i]
@@ -75,7 +81,7 @@ for i = 4, #KEYS do
   end
 end
 local applied = 0
-for i = 4, #KEYS do
+for i = 5, #KEYS do
   local n = redis.call('LLEN', KEYS[i])
   local pos = 1
   while pos < n do
@@ -123,16 +129,33 @@ for i = 4, #KEYS do
   end
 end
 redis.call('HSET', KEYS[1], 'epoch', epoch)
-for i = 4, #KEYS do redis.call('DEL', KEYS[i]) end
+for i = 5, #KEYS do
+  redis.call('DEL', KEYS[i])
+  redis.call('SREM', KEYS[4], KEYS[i])
+end
 return {1, applied}
 """
 
-# Discards write-ahead logs of an epoch not committed (a committed epoch's logs are gone).
+# Discards write-ahead logs of an epoch not committed (a committed epoch's logs are gone):
+# those named, or without names every pending log of the epoch (ARGV[2], the names' prefix,
+# matched in the pending set: never a scan of the database).
 _ABORT_LUA = """
 local committed = redis.call('HGET', KEYS[1], 'epoch')
 if committed and tonumber(ARGV[1]) <= tonumber(committed) then return -1 end
+local names = {}
+if ARGV[2] ~= '' then
+  local prefix = ARGV[2]
+  for _, name in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+    if string.sub(name, 1, #prefix) == prefix then names[#names + 1] = name end
+  end
+else
+  for i = 3, #KEYS do names[#names + 1] = KEYS[i] end
+end
 local n = 0
-for i = 2, #KEYS do n = n + redis.call('DEL', KEYS[i]) end
+for _, name in ipairs(names) do
+  n = n + redis.call('DEL', name)
+  redis.call('SREM', KEYS[2], name)
+end
 return n
 """
 
@@ -159,11 +182,6 @@ def check_namespace(namespace) -> str:
     return namespace
 
 
-def glob_escape(s: str) -> str:
-    """``s`` with the glob characters of Redis ``SCAN MATCH`` escaped."""
-    return "".join("\\" + c if c in "*?[]\\" else c for c in s)
-
-
 class NamespaceKeys:
     """The Redis key names of state namespace ``namespace`` (module docstring)."""
 
@@ -173,6 +191,9 @@ class NamespaceKeys:
         self.meta = self.prefix + "meta"
         self.states = self.prefix + "states"
         self.groups = self.prefix + "groups"
+        #: Set of the names of the write-ahead logs present (pre-committed, not yet committed
+        #: nor aborted).
+        self.pending = self.prefix + "pending"
         #: Prefix of the data hashes; a hash's name is this plus :meth:`data_suffix`.
         self.data_prefix = self.prefix + "data:"
 
@@ -193,7 +214,11 @@ class NamespaceKeys:
 
     def wal(self, epoch: int, task: str) -> str:
         """Name of the write-ahead log of ``task`` for ``epoch``."""
-        return f"{self.prefix}wal:{int(epoch)}:{task}"
+        return f"{self.wal_prefix(epoch)}{task}"
+
+    def wal_prefix(self, epoch: int) -> str:
+        """The common start of the names of ``epoch``'s write-ahead logs."""
+        return f"{self.prefix}wal:{int(epoch)}:"
 
 
 def wal_header(epoch: int) -> str:
@@ -321,28 +346,29 @@ def commit_epoch(url_or_client, namespace: str, epoch: int, wal_key_names,
     keys = NamespaceKeys(namespace)
     names = list(wal_key_names)
     for n in names:
-        if not isinstance(n, str) or not n.startswith(f"{keys.prefix}wal:{epoch}:"):
+        if not isinstance(n, str) or not n.startswith(keys.wal_prefix(epoch)):
             raise InvalidInputError(f"{n!r} is not a write-ahead log of epoch {epoch} of "
                                     f"namespace {namespace!r}")
     client = _client(url_or_client, timeout_s)
     with store_errors(client, f"committing epoch {epoch} of {namespace!r}"):
-        done, _ = client.eval(_COMMIT_LUA, 3 + len(names), keys.meta, keys.states,
-                              keys.groups, *names, str(epoch), keys.data_prefix, WAL_MAGIC,
-                              _SCRIPT_ERROR)
+        done, _ = client.eval(_COMMIT_LUA, 4 + len(names), keys.meta, keys.states,
+                              keys.groups, keys.pending, *names, str(epoch), keys.data_prefix,
+                              WAL_MAGIC, _SCRIPT_ERROR)
     return bool(done)
 
 
 def wal_keys(url_or_client, namespace: str, epoch: int,
              timeout_s: float = DEFAULT_TIMEOUT_S) -> list[str]:
-    """The names of the write-ahead logs of ``epoch`` present in ``namespace`` (a ``SCAN``:
-    for recovery and abort; a commit takes the names the tasks returned)."""
+    """The names of the write-ahead logs of ``epoch`` present in ``namespace``, sorted (the
+    members of the namespace's pending set of that epoch: one ``SMEMBERS``, whatever else the
+    database holds; a commit takes the names the tasks returned)."""
     epoch = _check_epoch(epoch)
     keys = NamespaceKeys(namespace)
     client = _client(url_or_client, timeout_s)
+    prefix = keys.wal_prefix(epoch)
     with store_errors(client, f"listing the write-ahead logs of epoch {epoch}"):
-        found = client.scan_iter(match=glob_escape(f"{keys.prefix}wal:{epoch}:") + "*",
-                                 count=1000)
-        return sorted(_text(k) for k in found)
+        found = (_text(k) for k in client.smembers(keys.pending))
+        return sorted(k for k in found if k.startswith(prefix))
 
 
 def abort_epoch(url_or_client, namespace: str, epoch: int, wal_key_names=None,
@@ -350,14 +376,27 @@ def abort_epoch(url_or_client, namespace: str, epoch: int, wal_key_names=None,
     """Discard the write-ahead logs of uncommitted ``epoch`` (``wal_key_names``, default every
     log of the epoch present): its changes are never applied. Returns the number of logs
     deleted, -1 when ``epoch`` is committed already (nothing is deleted then). The tasks
-    discard their caches (``RedisBackend.abort``) and replay from the committed epoch."""
+    discard their caches (``RedisBackend.abort``) and replay from the committed epoch.
+
+    One script, which without names finds the epoch's logs in the namespace's pending set: its
+    cost is O(logs pending), independent of the other keys of the database (a coordinator
+    calls this before every epoch). InvalidInputError for a name that is not a log of
+    ``epoch`` of ``namespace``; store errors as :func:`commit_epoch`."""
     epoch = _check_epoch(epoch)
     keys = NamespaceKeys(namespace)
+    prefix = keys.wal_prefix(epoch)
+    if wal_key_names is None:
+        names: list = []
+    else:
+        names = list(wal_key_names)
+        for n in names:
+            if not isinstance(n, str) or not n.startswith(prefix):
+                raise InvalidInputError(f"{n!r} is not a write-ahead log of epoch {epoch} of "
+                                        f"namespace {namespace!r}")
     client = _client(url_or_client, timeout_s)
-    names = (wal_keys(client, namespace, epoch) if wal_key_names is None
-             else list(wal_key_names))
     with store_errors(client, f"aborting epoch {epoch} of {namespace!r}"):
-        return int(client.eval(_ABORT_LUA, 1 + len(names), keys.meta, *names, str(epoch)))
+        return int(client.eval(_ABORT_LUA, 2 + len(names), keys.meta, keys.pending, *names,
+                               str(epoch), prefix if wal_key_names is None else ""))
 
 
 def read_committed_epoch(url_or_client, namespace: str,

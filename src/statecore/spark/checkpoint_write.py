@@ -106,7 +106,9 @@ def checkpoint_in_background(store, snap, version: int, writer: str, report: dic
                              heartbeat_interval_s: Optional[float] = None,
                              heartbeat_max_s: Optional[float] = None) -> Future:
     """The asynchronous part of a task's checkpoint: write ``snap``'s data file, release the
-    snapshot, then record the pending descriptor (``report`` as its ``spark_report``). When the
+    snapshot, then record the pending descriptor (``report`` as its ``spark_report``).
+    ``snap`` None: a report without a data file (a task whose keyed state is in an external
+    store); ``start_write`` then resolves to the bare ``{"version", "writer"}``. When the
     write fails, a pending descriptor carrying ``report["error"]`` is recorded instead, so the
     driver fails the micro-batch at once rather than at its timeout. ``output_done``
     (optional): a Future the task resolves to True once Spark took all of its output, False when
@@ -171,7 +173,8 @@ def checkpoint_in_background(store, snap, version: int, writer: str, report: dic
     def written(_write: Future) -> None:
         # The snapshot pins copy-on-write memory: released as soon as its bytes are out.
         report["write_s"] = time.perf_counter() - t_start
-        snap.release()
+        if snap is not None:
+            snap.release()
 
     def arrive(_f: Future) -> None:
         # The data file and the task's output, in either order; the second records.

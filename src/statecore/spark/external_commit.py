@@ -10,12 +10,16 @@ The driver is the epochs' coordinator, through the external-state contract only
   the micro-batch is a replay of a committed one and has no state effects left to make -- or
   discards the write-ahead logs of ``v`` that an earlier attempt left (``abort_epoch``);
 * after the sink's action and every partition's report it writes the version's manifest in
-  the checkpoint directory first, recording the epoch's logs (metadata ``state_store``), and
-  then commits the epoch in the store (:func:`commit_version_epoch`). The manifest is the
-  commit decision, as a two-phase commit's coordinator log: a driver killed after it and before
-  the store's commit finishes that commit at its restart (:func:`begin_epoch`: the logs are
-  still in the store), so the store's committed epoch is always the latest manifest's version
-  or the one before it.
+  the checkpoint directory first -- a metadata-only manifest
+  (``CheckpointStore.commit_external``: no data files; the store's namespace, the epoch, its
+  logs and the epoch it builds on in the manifest's ``external`` field, the operator's
+  metadata with ``state_store``) -- and then commits the epoch in the store
+  (:func:`commit_version_epoch`). The manifest is the commit decision, as a two-phase
+  commit's coordinator log: a driver killed after it and before the store's commit finishes
+  that commit at its restart (:func:`begin_epoch`: the logs are still in the store), so the
+  store's committed epoch is always the latest manifest's version or the one before it.
+  Manifests written before metadata-only manifests existed (marker runs, the logs in the
+  metadata's ``state_store``) are read the same way.
 """
 
 from __future__ import annotations
@@ -26,8 +30,8 @@ from typing import Any, Dict, Optional
 
 from statecore.errors import InvalidInputError, StateError
 
-__all__ = ["check_state_store", "store_kind", "begin_epoch", "commit_version_epoch",
-           "KILL_BEFORE_COMMIT_ENV", "KILL_BEFORE_EPOCH_COMMIT_ENV"]
+__all__ = ["check_state_store", "store_kind", "begin_epoch", "decided_epoch",
+           "commit_version_epoch", "KILL_BEFORE_COMMIT_ENV", "KILL_BEFORE_EPOCH_COMMIT_ENV"]
 
 #: Test hook: ``OPERATOR:VERSION`` SIGKILLs the driver's process group after every partition
 #: of that version pre-committed and reported, before the manifest is written.
@@ -36,19 +40,24 @@ KILL_BEFORE_COMMIT_ENV = "STATECORE_TEST_KILL_BEFORE_COMMIT"
 #: manifest is written, before the store commits the epoch.
 KILL_BEFORE_EPOCH_COMMIT_ENV = "STATECORE_TEST_KILL_BEFORE_EPOCH_COMMIT"
 
-_SCHEMES = {"redis://": "redis", "rediss://": "redis", "unix://": "redis"}
+_SCHEMES = {"redis://": "redis", "rediss://": "redis", "unix://": "redis",
+            "postgresql://": "postgres", "postgres://": "postgres"}
 
 
 def store_kind(url: str) -> str:
     """The external backend (``create_backend`` name) of a state store URL: ``"redis"`` for
-    ``redis://``, ``rediss://`` and ``unix://``. InvalidInputError for anything else."""
+    ``redis://``, ``rediss://`` and ``unix://``, ``"postgres"`` for ``postgresql://`` and
+    ``postgres://`` (what the URL leaves out comes from libpq's environment variables).
+    InvalidInputError for anything else, naming the URL's scheme only (a URL may hold a
+    password)."""
     if isinstance(url, str):
         for scheme, kind in _SCHEMES.items():
             if url.startswith(scheme):
                 return kind
+    shown = url.split("://", 1)[0] + "://..." if isinstance(url, str) and "://" in url else url
     raise InvalidInputError(
-        f"state_store must be a redis://, rediss:// or unix:// URL of the store holding the "
-        f"keyed state, got {url!r}")
+        f"state_store must be a redis://, rediss://, unix://, postgresql:// or postgres:// URL "
+        f"of the store holding the keyed state, got {shown!r}")
 
 
 def check_state_store(url: Optional[str], namespace: Optional[str],
@@ -70,6 +79,20 @@ def _kill_hook(env: str, operator: str, version: int) -> None:
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
+def decided_epoch(manifest: dict) -> Optional[tuple]:
+    """``(logs, base epoch)`` of the store epoch a committed version's ``manifest`` decided:
+    from its ``external`` field (a metadata-only manifest), else from the metadata's
+    ``state_store`` (``wals``, ``prev_epoch``) of a manifest with marker runs; None for a
+    version of in-memory state."""
+    ext = manifest.get("external")
+    if isinstance(ext, dict):
+        return list(ext["logs"]), ext["base_epoch"]
+    meta = manifest.get("metadata", {}).get("state_store")
+    if isinstance(meta, dict) and "wals" in meta:
+        return list(meta["wals"]), meta.get("prev_epoch")
+    return None
+
+
 def begin_epoch(op, version: int) -> bool:
     """Prepare the store for version ``version`` of operator ``op`` (module docstring): finish
     the latest manifest's epoch when its commit was not applied, then return True when the
@@ -80,20 +103,20 @@ def begin_epoch(op, version: int) -> bool:
     back); the store's own errors (ExternalStoreUnavailableError, ...) as they are."""
     from statecore.external import abort_epoch, commit_epoch, read_committed_epoch
 
-    url, ns = op.state_store, op.state_namespace
-    committed = read_committed_epoch(url, ns)
+    url, ns, timeout = op.state_store, op.state_namespace, op.state_store_timeout_s
+    committed = read_committed_epoch(url, ns, timeout)
     store = op.store
     latest = store.latest_version()
-    meta = store.metadata(latest) if latest is not None else {}
-    ext = meta.get("state_store") if isinstance(meta.get("state_store"), dict) else None
-    if latest is not None and ext is not None and committed != latest:
-        if committed != ext.get("prev_epoch"):
+    decided = decided_epoch(store.manifest(latest)) if latest is not None else None
+    if decided is not None and committed != latest:
+        logs, base = decided
+        if committed != base:
             raise StateError(
                 f"operator {op.name}: the state store's namespace {ns!r} has committed epoch "
                 f"{committed}, the checkpoint {store.uri} version {latest} (built on epoch "
-                f"{ext.get('prev_epoch')}); they do not belong together (the store's data was "
+                f"{base}); they do not belong together (the store's data was "
                 "lost or belongs to another checkpoint): use a new namespace and checkpoint")
-        commit_epoch(url, ns, latest, ext["wals"])
+        commit_epoch(url, ns, latest, logs, timeout)
         committed = latest
     if committed is not None and (latest is None or committed > latest):
         raise StateError(
@@ -102,15 +125,18 @@ def begin_epoch(op, version: int) -> bool:
             "the namespace belongs to another checkpoint (pass state_namespace=)")
     if committed is not None and version <= committed:
         return True
-    abort_epoch(url, ns, version)
+    abort_epoch(url, ns, version, timeout_s=timeout)
     return False
 
 
-def commit_version_epoch(op, version: int, parts, prev_epoch: Optional[int], commit_manifest):
+def commit_version_epoch(op, version: int, parts, prev_epoch: Optional[int], key_type: str,
+                         metadata: Dict[str, Any]) -> dict:
     """Commit version ``version`` of ``op`` whose partitions reported ``parts`` (their reports,
-    each with its write-ahead log ``wal``): ``commit_manifest(extra_metadata)`` writes the
-    manifest with the epoch's logs recorded, then the store commits the epoch. Returns what
-    ``commit_manifest`` returned. ``prev_epoch``: the epoch the tasks built on (None: none)."""
+    each with its write-ahead log ``wal``): write the version's metadata-only manifest
+    (``metadata`` plus ``state_store``: the namespace; the epoch's logs and ``prev_epoch``, the
+    epoch the tasks built on or None, in its ``external`` field), then commit the epoch in the
+    store. Returns the manifest. A replayed version replaces its manifest. Errors: StateError
+    when a partition reported no log; the checkpoint's and the store's errors."""
     from statecore.external import commit_epoch
 
     wals = [r["wal"] for r in parts]
@@ -118,9 +144,11 @@ def commit_version_epoch(op, version: int, parts, prev_epoch: Optional[int], com
         raise StateError(f"operator {op.name}: version {version}: a partition reported no "
                          "write-ahead log; the micro-batch is not committed")
     _kill_hook(KILL_BEFORE_COMMIT_ENV, op.name, version)
-    extra: Dict[str, Any] = {"state_store": {"namespace": op.state_namespace, "wals": wals,
-                                             "prev_epoch": prev_epoch}}
-    result = commit_manifest(extra)
+    manifest = op.store.commit_external(
+        version, store=store_kind(op.state_store), namespace=op.state_namespace, epoch=version,
+        logs=wals, base_epoch=prev_epoch, max_parallelism=op.max_parallelism,
+        key_type=key_type, assigner="spark",
+        metadata=dict(metadata, state_store={"namespace": op.state_namespace}), replace=True)
     _kill_hook(KILL_BEFORE_EPOCH_COMMIT_ENV, op.name, version)
-    commit_epoch(op.state_store, op.state_namespace, version, wals)
-    return result
+    commit_epoch(op.state_store, op.state_namespace, version, wals, op.state_store_timeout_s)
+    return manifest

@@ -14,13 +14,13 @@ A task of Spark partition ``i``:
    TTL and the watermark unchanged);
 3. pre-commits epoch ``batch_id`` (the version): its changes go to the store as this task's
    write-ahead log, invisible to readers;
-4. reports to the driver through the checkpoint directory as the in-memory task does: a
-   *marker run* (the full snapshot of an empty backend of its key-group range: no entries,
-   a few hundred bytes) and a pending descriptor whose report carries the log's name
-   (``wal``), written in the background with heartbeats
-   (:func:`statecore.spark.checkpoint_write.checkpoint_in_background`), so the driver's wait,
-   lost-write relaunch and manifest commit are the in-memory path's. The driver commits the
-   epoch with every partition's log once the sink succeeded.
+4. reports to the driver through the checkpoint directory as the in-memory task does, minus
+   the data file: a pending descriptor ``{"version", "writer"}`` whose report carries the
+   log's name (``wal``), recorded once Spark took the task's output, with heartbeats
+   (:func:`statecore.spark.checkpoint_write.checkpoint_in_background` without a snapshot), so
+   the driver's wait and lost-write relaunch are the in-memory path's. The driver writes the
+   version's metadata-only manifest naming every partition's log once the sink succeeded,
+   then commits the epoch.
 
 A task never commits. Any failure before the pre-commit drops the worker's backend (its cache
 holds uncommitted writes); the store discards logs of epochs the driver never commits
@@ -89,27 +89,24 @@ def _put(key: tuple, backend, epoch: int, writer: str) -> None:
 
 
 def _open_backend(spec, partition_id: int):
-    from statecore.external import RedisBackend
+    from statecore.external import PostgresBackend, RedisBackend
+    from statecore.spark.external_commit import store_kind
 
-    return RedisBackend(
+    cls = PostgresBackend if store_kind(spec.state_store) == "postgres" else RedisBackend
+    return cls(
         spec.state_store, spec.state_namespace, key_type=spec.key_type,
         max_parallelism=spec.max_parallelism,
         key_group_range=key_group_range_for_operator(spec.max_parallelism,
                                                      spec.num_partitions, partition_id),
         assigner="spark", cache=spec.backend_kind,
-        task=f"p{partition_id}of{spec.num_partitions}")
+        task=f"p{partition_id}of{spec.num_partitions}", timeout_s=spec.state_store_timeout_s)
 
 
-def _marker_snapshot(spec, partition_id: int):
-    """The full snapshot of an empty backend of the partition's key-group range: the run that
-    records the range in the version's manifest (no keyed state: that is in the store)."""
-    from statecore.backends.python import PythonBackend
-
-    b = PythonBackend(key_type=spec.key_type, max_parallelism=spec.max_parallelism,
-                      key_group_range=key_group_range_for_operator(
-                          spec.max_parallelism, spec.num_partitions, partition_id),
-                      assigner="spark")
-    return b, b.snapshot()
+def _no_data_file(_store, _snap, version: int, writer: str) -> Future:
+    """The "write" of a task without a data file: resolved at once to the bare descriptor."""
+    fut: Future = Future()
+    fut.set_result({"version": version, "writer": writer})
+    return fut
 
 
 def run_external(spec, partition_id: int, inputs, t0: float, task_attempt: int, produce):
@@ -120,7 +117,7 @@ def run_external(spec, partition_id: int, inputs, t0: float, task_attempt: int, 
     processor's, the store's (statecore.errors StateError subclasses naming the server),
     :class:`~statecore.spark.task.TaskSpec`'s."""
     from statecore.checkpoint import CheckpointStore
-    from statecore.spark.checkpoint_write import checkpoint_in_background, start_snapshot_write
+    from statecore.spark.checkpoint_write import checkpoint_in_background
     from statecore.spark.processor import ProcessorContext
 
     store = CheckpointStore(spec.store_uri)
@@ -144,7 +141,6 @@ def run_external(spec, partition_id: int, inputs, t0: float, task_attempt: int, 
                     else list(spec.key_column)),
         watermark_ms=spec.watermark_ms, is_flush=spec.is_flush and spec.flush_final,
         processing_time_ms=spec.processing_time_ms)
-    marker = None
     try:
         spec.processor.open(ctx)
         if spec.first_watermark:
@@ -178,7 +174,6 @@ def run_external(spec, partition_id: int, inputs, t0: float, task_attempt: int, 
         if spec.ttl_background_key_groups and not spec.is_flush:
             # Its removals are writes of the next epoch.
             backend.run_background_ttl_cleanup(spec.ttl_background_key_groups)
-        marker_backend, marker = _marker_snapshot(spec, partition_id)
         report = {
             "partition": partition_id, "attempt": spec.attempt, "task_attempt": task_attempt,
             "writer": writer, "wal": wal,
@@ -193,15 +188,12 @@ def run_external(spec, partition_id: int, inputs, t0: float, task_attempt: int, 
             "metrics": {k: int(v) for k, v in ctx.metrics.items()},
         }
     except BaseException:
-        if marker is not None:
-            marker.release()
         backend.dispose()
         raise
     output_done: Future = Future()
-    done = checkpoint_in_background(store, marker, spec.batch_id, writer, report,
-                                    spec.start_write or start_snapshot_write, output_done,
-                                    spec.heartbeat_interval_s, spec.commit_timeout_s)
-    done.add_done_callback(lambda _f: marker_backend.dispose())
+    done = checkpoint_in_background(store, None, spec.batch_id, writer, report, _no_data_file,
+                                    output_done, spec.heartbeat_interval_s,
+                                    spec.commit_timeout_s)
     _put(key, backend, spec.batch_id, writer)
     try:
         if held is not None:

@@ -506,19 +506,25 @@ class StatefulOperator:
             ``gc_frozen_objects``). It affects the whole
             worker process, the user's other tasks in it included; False leaves the garbage
             collector alone.
-        state_store: URL of an external store that keeps the keyed state (``redis://HOST:PORT/DB``,
-            ``rediss://``, ``unix://``; :mod:`statecore.external`) instead of the workers'
-            memory and the checkpoint: a micro-batch (or flush) is an epoch of the store,
-            numbered by its version -- tasks pre-commit it, the driver writes the version's
-            manifest (the operator's metadata and the epoch's write-ahead logs) after the sink
-            and then commits the epoch (:mod:`statecore.spark.external_commit`,
-            :mod:`statecore.spark.external_task`). The backend in front of the store is
-            ``backend``. A replay of a micro-batch the store committed runs nothing
-            (``skipped``). Not with operator state or :meth:`bootstrap`. None (default): in
-            memory, checkpointed.
+        state_store: URL of an external store that keeps the keyed state (Redis:
+            ``redis://HOST:PORT/DB``, ``rediss://``, ``unix://``; PostgreSQL:
+            ``postgresql://USER@HOST:PORT/DB`` or ``postgres://``, the rest from libpq's
+            environment variables such as ``PGPASSWORD``; :mod:`statecore.external`) instead
+            of the workers' memory and the checkpoint: a micro-batch (or flush) is an epoch of
+            the store, numbered by its version -- tasks pre-commit it, the driver writes the
+            version's metadata-only manifest (the operator's metadata and the epoch's
+            write-ahead logs, no data files) after the sink and then commits the epoch
+            (:mod:`statecore.spark.external_commit`, :mod:`statecore.spark.external_task`).
+            The backend in front of the store is ``backend``. A replay of a micro-batch the
+            store committed runs nothing (``skipped``). Not with operator state or
+            :meth:`bootstrap`. None (default): in memory, checkpointed.
         state_namespace: the keyed state's namespace in the store (default: the operator's
             checkpoint root, ``<checkpoint>/<name>``, made absolute); braces and control
             characters are not allowed.
+        state_store_timeout_s: seconds (> 0, default 10) that every connect, command,
+            statement and lock wait on the store may take, in the tasks and on the driver
+            (the store's ``timeout_s``): a large epoch's commit in PostgreSQL on a busy
+            server can need more.
 
     Raises InvalidInputError for bad arguments (at construction) and for inputs the contract
     forbids (at run time: null keys, a key column of another type, output not matching the
@@ -540,7 +546,7 @@ class StatefulOperator:
                  freeze_worker_gc: bool = True, standby: bool = True, handoff: bool = False,
                  relaunch_attempts: int = 2, heartbeat_interval_s: float = 2.0,
                  heartbeat_timeout_s: Optional[float] = None, state_store: Optional[str] = None,
-                 state_namespace: Optional[str] = None):
+                 state_namespace: Optional[str] = None, state_store_timeout_s: float = 10.0):
         import re
 
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", name):
@@ -638,6 +644,13 @@ class StatefulOperator:
         #: the external store's URL and namespace of the keyed state (None: in memory)
         self.state_store, self.state_namespace = check_state_store(
             state_store, state_namespace, self.store_uri)
+        if (isinstance(state_store_timeout_s, bool)
+                or not isinstance(state_store_timeout_s, (int, float))
+                or not 0 < state_store_timeout_s < float("inf")):
+            raise InvalidInputError(
+                f"state_store_timeout_s must be a number > 0, got {state_store_timeout_s!r}")
+        #: seconds every connect, statement and lock wait on the external store may take
+        self.state_store_timeout_s = float(state_store_timeout_s)
         self.sink = sink
         self.parallelism = parallelism
         self.backend = backend
@@ -1029,6 +1042,7 @@ class StatefulOperator:
             standby=self.standby, handoff=self.handoff, processing_time_ms=processing_time,
             heartbeat_interval_s=self.heartbeat_interval_s, broadcast_ipc=broadcast_ipc,
             state_store=self.state_store, state_namespace=self.state_namespace,
+            state_store_timeout_s=self.state_store_timeout_s,
             first_watermark=(watermark is not None
                              and prev_meta.get("input_watermark_ms") is None))
 
@@ -1292,7 +1306,8 @@ class PendingBatch:
         out_rows = sum(r["output_rows"] for r in parts)
         entries = sum(r["state_entries"] for r in parts)
         sbytes = sum(r["state_bytes"] for r in parts)
-        ckpt_bytes = sum(r["descriptor"]["size"] for r in parts)
+        # A task of external keyed state reports without a data file (no size, no kind).
+        ckpt_bytes = sum(r["descriptor"].get("size", 0) for r in parts)
         incremental = all(r["descriptor"].get("kind") == "incremental" for r in parts)
         metadata = {
             "operator": op.name, "batch_id": self.batch_id, "attempt": self.attempt,
@@ -1323,10 +1338,8 @@ class PendingBatch:
             manifest = store.commit(self.version, descriptors, metadata, replace=True)
         else:
             prev_epoch = self.version - 1 if self.prev_meta else None
-            manifest = commit_version_epoch(
-                op, self.version, parts, prev_epoch,
-                lambda extra: store.commit(self.version, descriptors, dict(metadata, **extra),
-                                           replace=True))
+            manifest = commit_version_epoch(op, self.version, parts, prev_epoch, self.key_type,
+                                            metadata)
         store.clear_pending(self.version)
         store.retain(op.retain_versions)
         phases = dict(self.phases, wait_s=self._wait_s, commit_s=time.perf_counter() - t_commit)

@@ -162,9 +162,10 @@ class TaskSpec:
     ``processor.process_broadcast`` before its input), ``start_write`` (replaces
     :func:`start_snapshot_write`; tests), ``heartbeat_interval_s`` (seconds between the
     heartbeats of the background write, which tell the driver it is alive; None = none),
-    ``state_store`` and ``state_namespace`` (keyed state in an external store, the store's URL
-    and namespace: the task runs :func:`statecore.spark.external_task.run_external` instead;
-    None = in-memory state checkpointed to ``store_uri``), ``first_watermark`` (the first
+    ``state_store``, ``state_namespace`` and ``state_store_timeout_s`` (keyed state in an
+    external store, the store's URL, namespace and the bound of every wait on it: the task
+    runs :func:`statecore.spark.external_task.run_external` instead; None = in-memory state
+    checkpointed to ``store_uri``), ``first_watermark`` (the first
     version with a watermark: an external task reads its whole key-group range through before
     the watermark re-stamps what was written without one).
 
@@ -204,6 +205,7 @@ class TaskSpec:
     broadcast_ipc: Optional[bytes] = None
     state_store: Optional[str] = None
     state_namespace: Optional[str] = None
+    state_store_timeout_s: float = 10.0
     first_watermark: bool = False
 
     @property
