@@ -51,22 +51,24 @@ size_t bloom_filter_bytes(size_t n, uint32_t bits_per_key) noexcept {
 }
 
 void bloom_add(uint8_t* filter, size_t bytes, uint32_t k, uint64_t hash) noexcept {
-  const uint64_t bits = static_cast<uint64_t>(bytes) * 8;
-  const uint64_t h1 = hash & 0xFFFFFFFFu, h2 = hash >> 32;
-  for (uint64_t i = 0; i < k; ++i) {
-    const uint64_t p = (h1 + i * h2) % bits;
-    filter[p >> 3] |= static_cast<uint8_t>(1u << (p & 7));
-  }
+  BloomShape(bytes, k).add(filter, hash);
 }
 
 bool bloom_may_contain(const uint8_t* filter, size_t bytes, uint32_t k, uint64_t hash) noexcept {
-  const uint64_t bits = static_cast<uint64_t>(bytes) * 8;
-  const uint64_t h1 = hash & 0xFFFFFFFFu, h2 = hash >> 32;
-  for (uint64_t i = 0; i < k; ++i) {
-    const uint64_t p = (h1 + i * h2) % bits;
-    if (!(filter[p >> 3] & (1u << (p & 7)))) return false;
-  }
-  return true;
+  return BloomShape(bytes, k).may_contain(filter, hash);
+}
+
+void bloom_probe_many(const uint8_t* filter, size_t bytes, uint32_t k, const uint64_t* hashes,
+                      size_t n, uint8_t* out) noexcept {
+  const BloomShape shape(bytes, k);
+  for (size_t i = 0; i < n; ++i) out[i] = shape.may_contain(filter, hashes[i]) ? 1 : 0;
+}
+
+void bloom_filter_build(const int32_t* offsets, const uint8_t* data, size_t n,
+                        uint32_t bits_per_key, std::vector<uint8_t>* out) {
+  out->assign(bloom_filter_bytes(n, bits_per_key), 0);
+  if (n == 0) return;
+  BloomShape(out->size(), bloom_hashes(bits_per_key)).add_keys(out->data(), offsets, data, 0, n);
 }
 
 namespace {

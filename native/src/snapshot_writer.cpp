@@ -195,12 +195,9 @@ void SnapshotSerializer::serialize_group(size_t si, int32_t kg) {
   const int64_t budget = static_cast<int64_t>(opt_.block_target_bytes) - 12;
   // The Bloom filter over every key of the group, tombstones included: a lookup must find a
   // tombstone to stop at it instead of reading an older run.
+  // Built block by block while the block's keys are in cache from its copy.
   std::vector<uint8_t> filter(bloom_filter_bytes(n, opt_.bloom_bits_per_key), 0);
-  const uint32_t probes = bloom_hashes(opt_.bloom_bits_per_key);
-  for (size_t r = 0; r < n; ++r) {
-    const ByteView key = rows.key(r);
-    bloom_add(filter.data(), filter.size(), probes, xxh64(key.data, key.size, 0));
-  }
+  const BloomShape shape(filter.size(), bloom_hashes(opt_.bloom_bits_per_key));
   size_t i = 0;
   while (i < n) {
     size_t j = i;
@@ -227,7 +224,6 @@ void SnapshotSerializer::serialize_group(size_t si, int32_t kg) {
     p.last_of_group = j == n;
     const ByteView last = rows.key(j - 1);
     p.last_key.assign(last.data, last.data + last.size);
-    if (p.last_of_group) p.filter = std::move(filter);
     p.bytes.assign(4 + 8 * (m + 1) + kb + vb + bitmap, 0);
     uint8_t* out = p.bytes.data();
     put_u32(out, static_cast<uint32_t>(m));
@@ -244,6 +240,8 @@ void SnapshotSerializer::serialize_group(size_t si, int32_t kg) {
       if (opt_.incremental && e < m && !rows.removed(i + e))
         bits[e / 8] |= static_cast<uint8_t>(1u << (e % 8));
     }
+    shape.add_keys(filter.data(), rows.key_offsets.data(), rows.key_data.data(), i, j);
+    if (p.last_of_group) p.filter = std::move(filter);
     i = j;
     emit(std::move(p));
   }

@@ -129,4 +129,63 @@ TEST(bloom_filters_size_probe_and_lay_out_bits) {
   CHECK(fp > 400 && fp < 1300);  // 0.82% expected
 }
 
+// BloomShape reduces without a division per probe: the bits must be those of the definition,
+// (h1 + i * h2) mod bits, for every filter size (odd word counts, sizes near 2^32 bits' reach)
+// and probe count; bloom_filter_build sets the bits of its keys' XXH64s.
+TEST(bloom_shape_sets_the_bits_of_the_definition) {
+  uint64_t x = 0x9E3779B97F4A7C15ULL;
+  auto next = [&x] {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  };
+  const size_t sizes[] = {8, 16, 24, 1256, 4096 + 8, 99992, size_t{1} << 20};
+  for (size_t bytes : sizes) {
+    for (uint32_t k : {1u, 2u, 7u, 30u}) {
+      std::vector<uint8_t> want(bytes, 0), got(bytes, 0);
+      const uint64_t bits = uint64_t{bytes} * 8;
+      const statecore::BloomShape shape(bytes, k);
+      for (int r = 0; r < 200; ++r) {
+        uint64_t h = next();
+        if (r == 0) h = ~uint64_t{0};
+        if (r == 1) h = 0;
+        const uint64_t h1 = h & 0xFFFFFFFFu, h2 = h >> 32;
+        for (uint64_t i = 0; i < k; ++i) {
+          const uint64_t p = (h1 + i * h2) % bits;
+          want[p >> 3] |= static_cast<uint8_t>(1u << (p & 7));
+        }
+        shape.add(got.data(), h);
+        CHECK(shape.may_contain(got.data(), h));
+      }
+      CHECK(want == got);
+    }
+  }
+  const std::vector<int32_t> offsets = {0, 3, 3, 12, 20};
+  const std::string data = "abcdefghijklmnopqrst";
+  std::vector<uint8_t> built;
+  statecore::bloom_filter_build(offsets.data(), reinterpret_cast<const uint8_t*>(data.data()), 4,
+                                10, &built);
+  std::vector<uint8_t> want(statecore::bloom_filter_bytes(4, 10), 0);
+  for (size_t i = 0; i < 4; ++i)
+    statecore::bloom_add(want.data(), want.size(), 7,
+                         statecore::xxh64(data.data() + offsets[i],
+                                          static_cast<size_t>(offsets[i + 1] - offsets[i]), 0));
+  CHECK(built == want);
+  std::vector<uint64_t> probes;
+  for (size_t i = 0; i < 4; ++i)
+    probes.push_back(statecore::xxh64(data.data() + offsets[i],
+                                      static_cast<size_t>(offsets[i + 1] - offsets[i]), 0));
+  for (int r = 0; r < 500; ++r) probes.push_back(next());
+  std::vector<uint8_t> hit(probes.size(), 2);
+  statecore::bloom_probe_many(built.data(), built.size(), 7, probes.data(), probes.size(),
+                              hit.data());
+  for (size_t i = 0; i < probes.size(); ++i)
+    CHECK_EQ(hit[i], static_cast<uint8_t>(
+                         statecore::bloom_may_contain(built.data(), built.size(), 7, probes[i])));
+  for (size_t i = 0; i < 4; ++i) CHECK_EQ(hit[i], uint8_t{1});
+  statecore::bloom_filter_build(nullptr, nullptr, 0, 10, &built);
+  CHECK(built == std::vector<uint8_t>(8, 0));
+}
+
 TEST_MAIN()

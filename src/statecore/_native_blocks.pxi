@@ -43,6 +43,56 @@ def key_hashes(keys):
     return out_np
 
 
+def bloom_filter_of_keys(keys, uint32_t bits_per_key):
+    """The Bloom filter (docs/formats.md "Filters and block keys") of the values of the
+    ``pa.binary()`` array ``keys`` (no nulls; a sliced array as sliced) with ``bits_per_key``
+    (1 to 64) bits per key, as ``bytes``: the bytes of
+    ``blocks.bloom_filter(key_hashes(keys), bits_per_key)``, hashed and set in one pass with the
+    GIL released (block_codec.h ``bloom_filter_build``). Raises InvalidInputError for offsets
+    that do not fit the data or ``bits_per_key`` out of range."""
+    if bits_per_key < 1 or bits_per_key > 64:
+        raise InvalidInputError(f"bits_per_key must be in [1, 64], got {bits_per_key}")
+    cdef int64_t n = len(keys)
+    cdef vector[uint8_t] out
+    cdef const int32_t[::1] off
+    cdef const uint8_t[::1] data
+    if n == 0:
+        with nogil:
+            c.bloom_filter_build(NULL, NULL, 0, bits_per_key, &out)
+        return PyBytes_FromStringAndSize(<const char*>out.data(), out.size())
+    bufs = keys.buffers()
+    off_np = np.frombuffer(bufs[1], np.int32)[keys.offset:keys.offset + n + 1]
+    data_np = (np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None and len(bufs[2])
+               else np.zeros(1, np.uint8))
+    if off_np[0] < 0 or off_np[n] > len(data_np) or bool(np.any(np.diff(off_np) < 0)):
+        raise InvalidInputError("keys: offsets do not fit the data")
+    off = np.ascontiguousarray(off_np)
+    data = data_np
+    with nogil:
+        c.bloom_filter_build(&off[0], &data[0], n, bits_per_key, &out)
+    return PyBytes_FromStringAndSize(<const char*>out.data(), out.size())
+
+
+def bloom_probe_hashes(filt, uint32_t k, hashes):
+    """Numpy bool array: for each XXH64 of ``hashes`` (uint64 array), whether the Bloom filter
+    ``filt`` (bytes-like, at least 8 bytes) with ``k`` probes may hold its key (False:
+    certainly not), computed with the GIL released; ``blocks.bloom_probe`` with the same
+    arguments gives the same array."""
+    cdef const uint8_t[::1] f = memoryview(filt).cast("B")
+    cdef size_t nbytes = f.shape[0]
+    if nbytes == 0:
+        raise InvalidInputError("a Bloom filter of 0 bytes")
+    cdef const uint64_t[::1] h = np.ascontiguousarray(hashes, dtype=np.uint64)
+    cdef Py_ssize_t n = h.shape[0]
+    out_np = np.empty(n, dtype=np.bool_)
+    if n == 0:
+        return out_np
+    cdef uint8_t[::1] out = out_np.view(np.uint8)
+    with nogil:
+        c.bloom_probe_many(&f[0], nbytes, k, &h[0], n, &out[0])
+    return out_np
+
+
 cdef inline int64_t _search(const int32_t* off, const uint8_t* data, int64_t n,
                             const uint8_t* q, int64_t ql) noexcept nogil:
     """Index of the value equal to ``q[0, ql)`` among the ``n`` ascending binary values given

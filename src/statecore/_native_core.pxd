@@ -576,6 +576,10 @@ cdef extern from "statecore/ttl.h" namespace "statecore::ttl" nogil:
 cdef extern from "statecore/block_codec.h" namespace "statecore" nogil:
     size_t lz4_block_compress(const uint8_t* src, size_t n, vector[uint8_t]* out) except +raise_native_error
     size_t lz4_block_bound(size_t n)
+    void bloom_filter_build(const int32_t* offsets, const uint8_t* data, size_t n,
+                            uint32_t bits_per_key, vector[uint8_t]* out) except +raise_native_error
+    void bloom_probe_many(const uint8_t* filter, size_t nbytes, uint32_t k, const uint64_t* hashes,
+                          size_t n, uint8_t* out)
 
     cdef cppclass StoredBlockRef:
         uint64_t offset

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "statecore/hash.h"
+
 namespace statecore {
 
 // LZ4's acceleration for checkpoint blocks (format.py LZ4_ACCELERATION; 1 is LZ4's default
@@ -34,10 +36,82 @@ size_t lz4_block_bound(size_t n) noexcept;
 // (Kirsch-Mitzenmacher double hashing); bit p is bit p % 8 of byte p / 8.
 uint32_t bloom_hashes(uint32_t bits_per_key) noexcept;
 size_t bloom_filter_bytes(size_t n, uint32_t bits_per_key) noexcept;
+
+// The probe positions of one filter size, computed without a division per probe: (h1 + i * h2)
+// mod bits equals p_i with p_0 = h1 mod bits, p_{i+1} = p_i + (h2 mod bits), less bits when that
+// reaches bits; the two remainders by Lemire's "Faster Remainder by Direct Computation" (2019)
+// with a multiplier fixed per filter (h1, h2 < 2^32; a filter of 2^32 bits or more holds them
+// unreduced). The same bits as the definition above, bit for bit.
+class BloomShape {
+ public:
+  BloomShape(size_t bytes, uint32_t k) noexcept
+      : bits_(static_cast<uint64_t>(bytes) * 8),
+        small_(bits_ - 1 < 0xFFFFFFFFu),  // 1 <= bits <= 2^32 - 1 (0 bytes: no division)
+        m_(small_ ? ~uint64_t{0} / bits_ + 1 : 0),
+        k_(k) {}
+  // Sets the probes of the key whose XXH64 is `hash` in a filter of this shape's bytes.
+  void add(uint8_t* filter, uint64_t hash) const noexcept {
+    uint64_t p = reduce(hash & 0xFFFFFFFFu);
+    const uint64_t d = reduce(hash >> 32);
+    for (uint32_t i = 0; i < k_; ++i) {
+      filter[p >> 3] |= static_cast<uint8_t>(1u << (p & 7));
+      p += d;
+      if (p >= bits_) p -= bits_;
+    }
+  }
+  // Whether the filter may hold the key whose XXH64 is `hash` (false: certainly not).
+  bool may_contain(const uint8_t* filter, uint64_t hash) const noexcept {
+    uint64_t p = reduce(hash & 0xFFFFFFFFu);
+    const uint64_t d = reduce(hash >> 32);
+    for (uint32_t i = 0; i < k_; ++i) {
+      if (!(filter[p >> 3] & (1u << (p & 7)))) return false;
+      p += d;
+      if (p >= bits_) p -= bits_;
+    }
+    return true;
+  }
+  // Adds the keys data[offsets[i], offsets[i + 1]) for i in [begin, end), their XXH64s (seed 0)
+  // taken a group at a time before their probes are set: one key's hashing then does not wait
+  // behind the previous key's stores.
+  template <class Offset>
+  void add_keys(uint8_t* filter, const Offset* offsets, const uint8_t* data, size_t begin,
+                size_t end) const noexcept {
+    constexpr size_t kGroup = 32;
+    uint64_t h[kGroup];
+    for (size_t i = begin; i < end; i += kGroup) {
+      const size_t m = end - i < kGroup ? end - i : kGroup;
+      for (size_t j = 0; j < m; ++j)
+        h[j] = xxh64(data + offsets[i + j],
+                     static_cast<size_t>(offsets[i + j + 1] - offsets[i + j]), 0);
+      for (size_t j = 0; j < m; ++j) add(filter, h[j]);
+    }
+  }
+
+ private:
+  // x mod bits for x < 2^32.
+  uint64_t reduce(uint64_t x) const noexcept {
+    if (!small_) return x;
+    const uint64_t low = m_ * x;
+    return static_cast<uint64_t>((static_cast<unsigned __int128>(low) * bits_) >> 64);
+  }
+  uint64_t bits_;
+  bool small_;
+  uint64_t m_;
+  uint32_t k_;
+};
+
 // Sets the probes of the key whose XXH64 is `hash` in `filter[0, bytes)` (bytes > 0).
 void bloom_add(uint8_t* filter, size_t bytes, uint32_t k, uint64_t hash) noexcept;
 // Whether the filter may hold the key whose XXH64 is `hash` (false: certainly not).
 bool bloom_may_contain(const uint8_t* filter, size_t bytes, uint32_t k, uint64_t hash) noexcept;
+// For each of the `n` XXH64s `hashes`, whether the filter may hold its key: out[i] = 1 or 0.
+void bloom_probe_many(const uint8_t* filter, size_t bytes, uint32_t k, const uint64_t* hashes,
+                      size_t n, uint8_t* out) noexcept;
+// The filter of the `n` keys `data[offsets[i], offsets[i + 1])` (an Arrow binary array's
+// offsets, non-decreasing) with `bits_per_key` bits per key, into `out` (resized to
+// bloom_filter_bytes(n, bits_per_key)).
+void bloom_filter_build(const int32_t* offsets, const uint8_t* data, size_t n,
+                        uint32_t bits_per_key, std::vector<uint8_t>* out);
 
 // One stored block as the data file's block table lists it; `offset` is relative to the bytes
 // given to decode_blocks. Lengths in bytes.

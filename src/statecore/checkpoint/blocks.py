@@ -24,7 +24,7 @@ __all__ = ["LZ4_ACCELERATION", "compress_block", "native_decode_blocks",
            "native_verify_blocks", "xxh64", "encode_block",
            "decode_block", "decode_stored_block", "cut_points", "DEFAULT_BLOOM_BITS_PER_KEY",
            "MAX_BLOOM_BITS_PER_KEY", "bloom_hashes", "bloom_filter_bytes", "key_hashes",
-           "bloom_filter", "bloom_probe"]
+           "bloom_filter", "bloom_filter_of_keys", "bloom_probe"]
 
 _U32 = struct.Struct("<I")
 
@@ -106,13 +106,27 @@ def key_hashes(keys: pa.BinaryArray) -> np.ndarray:
                        count=len(keys))
 
 
+try:
+    from statecore._native import bloom_filter_of_keys as _native_bloom_filter_of_keys
+    from statecore._native import bloom_probe_hashes as _native_bloom_probe
+except ImportError:
+    _native_bloom_filter_of_keys = _native_bloom_probe = None
+
+
 def _bloom_positions(hashes: np.ndarray, bits: int, k: int) -> np.ndarray:
     """(len(hashes), k) bit positions: ``(h1 + i * h2) mod bits`` for ``i < k``, ``h1`` the low
-    and ``h2`` the high 32 bits of each hash (no overflow: both < 2**32, i < 32)."""
-    h1 = hashes & np.uint64(0xFFFFFFFF)
-    h2 = hashes >> np.uint64(32)
-    i = np.arange(k, dtype=np.uint64)
-    return (h1[:, None] + i[None, :] * h2[:, None]) % np.uint64(bits)
+    and ``h2`` the high 32 bits of each hash, as ``p_0 = h1 mod bits`` and ``p_{i+1} = (p_i +
+    (h2 mod bits)) mod bits`` (the same positions, two remainders per key instead of ``k``)."""
+    b = np.uint64(bits)
+    p = (hashes & np.uint64(0xFFFFFFFF)) % b
+    d = (hashes >> np.uint64(32)) % b
+    out = np.empty((len(hashes), k), dtype=np.uint64)
+    out[:, 0] = p
+    for i in range(1, k):
+        p = p + d
+        p -= b * (p >= b)
+        out[:, i] = p
+    return out
 
 
 def bloom_filter(hashes: np.ndarray, bits_per_key: int) -> bytes:
@@ -128,12 +142,24 @@ def bloom_filter(hashes: np.ndarray, bits_per_key: int) -> bytes:
     return np.packbits(bits, bitorder="little").tobytes()
 
 
+def bloom_filter_of_keys(keys: pa.BinaryArray, bits_per_key: int) -> bytes:
+    """:func:`bloom_filter` of the keys of the binary array ``keys`` (no nulls): the same bytes
+    as ``bloom_filter(key_hashes(keys), bits_per_key)``, with the native extension in one pass
+    (each key hashed and its probes set while it is in cache) with the GIL released."""
+    if _native_bloom_filter_of_keys is not None:
+        return _native_bloom_filter_of_keys(keys, bits_per_key)
+    return bloom_filter(key_hashes(keys), bits_per_key)
+
+
 def bloom_probe(filt, k: int, hashes: np.ndarray) -> np.ndarray:
     """Bool array: for each of ``hashes`` (uint64), whether the filter ``filt`` (bytes-like,
-    :func:`bloom_filter`) with ``k`` probes may hold its key (False: certainly not)."""
-    raw = np.frombuffer(filt, dtype=np.uint8)
+    :func:`bloom_filter`) with ``k`` probes may hold its key (False: certainly not); natively
+    with the GIL released when the extension is built."""
     if not len(hashes):
         return np.zeros(0, dtype=bool)
+    if _native_bloom_probe is not None and len(filt):
+        return _native_bloom_probe(filt, k, hashes)
+    raw = np.frombuffer(filt, dtype=np.uint8)
     pos = _bloom_positions(np.asarray(hashes, np.uint64), len(raw) * 8, k).astype(np.int64)
     hit = (raw[pos >> 3] >> (pos & 7).astype(np.uint8)) & 1
     return hit.all(axis=1)

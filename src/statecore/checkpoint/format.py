@@ -37,14 +37,13 @@ from statecore.checkpoint.blocks import (  # the block codec, re-exported (__all
     DEFAULT_BLOOM_BITS_PER_KEY,
     LZ4_ACCELERATION,
     MAX_BLOOM_BITS_PER_KEY,
-    bloom_filter,
+    bloom_filter_of_keys,
     bloom_hashes,
     compress_block,
     cut_points,
     decode_block,
     decode_stored_block,
     encode_block,
-    key_hashes,
     native_decode_blocks,
     native_verify_blocks,
     xxh64,
@@ -283,7 +282,7 @@ def write_data_file(
                                        None if valid is None else valid[a:b])
                 asm.add_block(kg, si, payload, b - a,
                               bytes(kdata[int(koff[b - 1]):int(koff[b])]))
-            asm.end_group(kg, si, tomb, bloom_filter(key_hashes(keys), plan.bloom_bits_per_key))
+            asm.end_group(kg, si, tomb, bloom_filter_of_keys(keys, plan.bloom_bits_per_key))
     return asm.finish()
 
 
