@@ -33,6 +33,7 @@ from statecore.checkpoint.format import (
     KIND_INCREMENTAL,
     LIST_ENTRIES_FORMAT_VERSION,
     DataFileReader,
+    StoredBlocks,
     make_key_group_range,
 )
 from statecore.checkpoint.layout import CheckpointRoot
@@ -451,6 +452,31 @@ class CheckpointReader:
                 k, v = self.data_file(r).entries_range(state_name, c_lo, c_hi)
                 if len(k):
                     parts.append((k, v))
+            if parts:
+                yield parts
+
+    def run_blocks(self, state_name: str, start: int, end: int, max_bytes: int | None = None
+                   ) -> Iterator[list[StoredBlocks]]:
+        """:meth:`run_chunks` undecoded: per chunk of consecutive key groups (cut as
+        :meth:`entries_chunks` cuts them), one
+        :class:`~statecore.checkpoint.format.StoredBlocks` per run holding blocks of
+        ``state_name`` there, oldest run first -- the stored bytes a caller decodes and loads
+        itself (the native restore, ``statecore._native.load_blocks``), each checked there
+        as :meth:`entries` checks it. Only for a state whose layout is current in every run
+        (``DataFileReader.converts``: map and list states of older formats are not);
+        InvalidInputError otherwise. Errors as :meth:`entries`; a state not in the version
+        yields nothing."""
+        for runs, c_lo, c_hi in self._chunks(state_name, start, end, max_bytes):
+            parts = []
+            for r in reversed(runs):
+                f = self.data_file(r)
+                if f.converts(state_name):
+                    raise InvalidInputError(
+                        f"state {state_name!r} of checkpoint data file {f.name} is stored in "
+                        "an older format's layout: read it with run_chunks")
+                got = f.stored_blocks(state_name, c_lo, c_hi)
+                if got is not None:
+                    parts.append(got)
             if parts:
                 yield parts
 
