@@ -242,6 +242,42 @@ def load_blocks(NativeStateTable table, data, blocks, key_groups, uint64_t base,
     return r.entries, None, None, None
 
 
+cdef class PagePrefault:
+    """A helper thread faulting in about ``nbytes`` of the page pool's memory ahead of a bulk
+    load (native detail/page_pool.h ``PagePrefault``): the chunks a restore's maps will take are
+    mapped and touched there, so the loading thread writes mapped memory instead of faulting
+    in, and having the kernel zero, every page of the new state itself. Nothing when the pool
+    is off or keeps no spares. :meth:`close` (or leaving the ``with`` block) stops the helper
+    and waits for it; chunks it faulted in stay with the pool as spares (up to its limit).
+    ``chunks``: chunks handed to the pool so far."""
+    cdef c.PagePrefault* p
+
+    def __cinit__(self, size_t nbytes):
+        self.p = new c.PagePrefault(nbytes)
+
+    @property
+    def chunks(self):
+        return self.p.chunks() if self.p != NULL else 0
+
+    def close(self):
+        cdef c.PagePrefault* p = self.p
+        self.p = NULL
+        if p != NULL:
+            with nogil:
+                del p
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __dealloc__(self):
+        if self.p != NULL:
+            with nogil:
+                del self.p
+
+
 def decode_blocks(data, blocks, uint64_t base, bint has_validity):
     """The entries of consecutive stored blocks of one (state, key group) of a checkpoint data
     file (docs/formats.md "Data file"), checked, decompressed and parsed with the GIL released:

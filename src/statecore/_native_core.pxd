@@ -755,3 +755,9 @@ cdef extern from *:
     int serializer_next_chunk "statecore_serializer_next_chunk"(
         SnapshotSerializer* s, BlockChunk* out, size_t target) except +raise_native_error nogil
 
+
+
+cdef extern from "statecore/detail/page_pool.h" namespace "statecore::detail" nogil:
+    cdef cppclass PagePrefault:
+        PagePrefault(size_t nbytes) except +raise_native_error
+        size_t chunks()

@@ -582,6 +582,27 @@ class NativeBackend(TableBackend):
         width = self._value_width(table)
         key_width = S.encoded_key_width(table.kind, self.key_serializer, table.ns_ser,
                                         self.max_parallelism)
+        with _native.PagePrefault(self._table_bytes(reader, table.name, kgs, key_width, width)):
+            self._load_blocks_of(table, reader, kgs, key_width, width)
+
+    @staticmethod
+    def _table_bytes(reader, name: str, kgs: list, key_width, width) -> int:
+        """About the bytes of flat-map slots a restore of state ``name`` over key groups
+        ``kgs`` fills (0 unless keys and values have fixed widths): per key group the table
+        capacity its entries pre-size (the smallest power of two whose 3/4 holds them,
+        StateMap::reserve) times the slot (docs/state-map.md "Flat engine": a 4-byte meta, the
+        key without its first byte, the value)."""
+        if key_width is None or width is None or not hasattr(reader, "key_group_entries"):
+            return 0
+        _, n = reader.key_group_entries(name, kgs[0], kgs[-1])
+        n = n[n > 3]
+        if not len(n):
+            return 0
+        cap = np.left_shift(1, np.ceil(np.log2(np.ceil(n * 4 / 3))).astype(np.int64))
+        cap[(cap >> 1) + (cap >> 2) < n] <<= 1
+        return int(cap.sum()) * (4 + key_width - 1 + width)
+
+    def _load_blocks_of(self, table: NativeTable, reader, kgs: list, key_width, width) -> None:
         for parts in reader.run_blocks(table.name, kgs[0], kgs[-1], _RUN_BLOCK_BYTES):
             for i, run in enumerate(parts):
                 _, bad, why, corrupt = _native.load_blocks(

@@ -480,6 +480,26 @@ class CheckpointReader:
             if parts:
                 yield parts
 
+    def key_group_entries(self, state_name: str, start: int, end: int
+                          ) -> tuple[np.ndarray, np.ndarray]:
+        """``(key_groups, entries)`` (int64 arrays, ascending key groups): per key group of
+        ``[start, end]`` ∩ this version's range where a run :meth:`entries` reads holds
+        ``state_name``, the most stored entries (tombstones included) one of those runs holds
+        there -- from the runs' key-group indexes, nothing decoded: about the entries a restore
+        loads, for pre-sizing. Empty for a state not in the version."""
+        most: dict[int, int] = {}
+        if state_name in self._names:
+            for a, b, chain in self._segments:
+                lo, hi = max(a, start), min(b, end)
+                if lo > hi:
+                    continue
+                for r in self._runs_holding(state_name, chain):
+                    kgs, _, n = self.data_file(r).stored_sizes(state_name, lo, hi)
+                    for kg, c in zip(kgs.tolist(), n.tolist()):
+                        most[kg] = max(most.get(kg, 0), c)
+        kgs = np.array(sorted(most), np.int64)
+        return kgs, np.array([most[k] for k in kgs.tolist()], np.int64)
+
     def key_groups_holding(self, state_name: str, start: int, end: int) -> list[int]:
         """The key groups of ``[start, end]`` ∩ this version's range for which a run that
         :meth:`entries` reads holds blocks of ``state_name`` (ascending; from the runs' block
