@@ -166,6 +166,13 @@ VerifyResult verify_blocks(const uint8_t* data, size_t size, const StoredBlockRe
   return r;
 }
 
+std::string open_block(const uint8_t* data, size_t size, const StoredBlockRef& block,
+                       bool has_validity, std::vector<uint8_t>* scratch) {
+  std::string why = inflate_block(data, size, block, block.raw_length, scratch);
+  if (!why.empty()) return why;
+  return check_payload(scratch->data(), block.raw_length, block.entries, has_validity);
+}
+
 DecodeResult decode_blocks(const uint8_t* data, size_t size, const StoredBlockRef* blocks,
                            size_t count, bool has_validity, const DecodeBuffers& out) {
   DecodeResult r;

@@ -2,8 +2,10 @@
 #include "statecore/bulk_load.h"
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "batch_internal.h"
 #include "statecore/detail/bytes.h"
@@ -123,6 +125,171 @@ void load_entries(StateTable& table, const ArrowBinaryRun& run, int prefix_bytes
     }
     start = end;
   }
+}
+
+namespace {
+
+// Bytewise order of two keys, shorter first on a common prefix: <0, 0, >0.
+int compare_keys(const uint8_t* a, size_t an, const uint8_t* b, size_t bn) {
+  const int c = std::memcmp(a, b, std::min(an, bn));
+  if (c != 0) return c;
+  return an < bn ? -1 : an > bn ? 1 : 0;
+}
+
+// One checked payload (block_codec.h: entries | key offsets | value offsets | keys | values |
+// validity), read in place.
+struct Payload {
+  uint64_t n = 0;
+  const uint8_t* ko = nullptr;
+  const uint8_t* vo = nullptr;
+  const uint8_t* kd = nullptr;
+  const uint8_t* vd = nullptr;
+  const uint8_t* bits = nullptr;  // nullptr: no tombstones possible
+
+  Payload(const uint8_t* p, bool has_validity) {
+    n = detail::load_le32(p);
+    ko = p + 4;
+    vo = ko + 4 * (n + 1);
+    kd = vo + 4 * (n + 1);
+    const uint64_t klen = detail::load_le32(ko + 4 * n);
+    vd = kd + klen;
+    if (has_validity) bits = vd + detail::load_le32(vo + 4 * n);
+  }
+  uint32_t koff(uint64_t i) const { return detail::load_le32(ko + 4 * i); }
+  uint32_t voff(uint64_t i) const { return detail::load_le32(vo + 4 * i); }
+  bool removed(uint64_t i) const { return bits != nullptr && !((bits[i >> 3] >> (i & 7)) & 1); }
+};
+
+}  // namespace
+
+BlockLoadResult load_blocks(StateTable& table, const uint8_t* data, size_t size,
+                            const StoredBlockRef* blocks, const int32_t* key_groups, size_t count,
+                            const BlockLoadSpec& spec) {
+  const int pw = spec.prefix_bytes;
+  if (pw != 1 && pw != 2)
+    throw std::invalid_argument("prefix_width must be 1 or 2, got " + std::to_string(pw));
+  BlockLoadResult r;
+  auto fail = [&](size_t b, bool corrupt, std::string why) {
+    r.failed_block = static_cast<int64_t>(b);
+    r.corrupt = corrupt;
+    r.error = std::move(why);
+    return r;
+  };
+  if (count == 0) return r;
+  const KeyHashFunction hash_fn = table.map_unchecked(table.kg_start()).engine().hash_fn;
+  Lanes lanes(table);
+  std::vector<std::vector<uint8_t>> scratch;  // one decompressed payload per block of a key group
+  std::vector<Payload> payloads;
+  uint32_t ahead[kAhead];
+  const std::string at = "entry ";
+  for (size_t b0 = 0; b0 < count;) {
+    const int32_t kg = key_groups[b0];
+    if (kg < table.kg_start() || kg > table.kg_end() || (b0 > 0 && kg < key_groups[b0 - 1]))
+      return fail(b0, false,
+                  "the block's key group " + std::to_string(kg) + " is outside [" +
+                      std::to_string(table.kg_start()) + ", " + std::to_string(table.kg_end()) +
+                      "] or below the block before it (blocks must be sorted by key group)");
+    size_t b1 = b0 + 1;
+    while (b1 < count && key_groups[b1] == kg) ++b1;
+    // Every block of the key group opened and its entries checked before any is inserted: a
+    // bad block leaves nothing of its key group behind.
+    if (scratch.size() < b1 - b0) scratch.resize(b1 - b0);
+    payloads.clear();
+    uint64_t total = 0;
+    const uint8_t* last_key = nullptr;  // the key group's last key so far (in its payload)
+    size_t last_size = 0;
+    for (size_t b = b0; b < b1; ++b) {
+      std::vector<uint8_t>& buf = scratch[b - b0];
+      std::string why = open_block(data, size, blocks[b], spec.has_validity, &buf);
+      if (!why.empty()) return fail(b, true, std::move(why));
+      const Payload& p = payloads.emplace_back(buf.data(), spec.has_validity);
+      const int64_t n = static_cast<int64_t>(p.n);
+      for (int64_t i = 0; i < n; ++i) {
+        const uint32_t k0 = p.koff(i);
+        const size_t ks = p.koff(i + 1) - k0;
+        const uint8_t* key = p.kd + k0;
+        if (ks <= static_cast<size_t>(pw))
+          return fail(b, false,
+                      at + std::to_string(i) + ": its encoded key is not longer than the " +
+                          std::to_string(pw) + "-byte key-group prefix");
+        if (spec.key_width >= 0 && static_cast<int64_t>(ks) != spec.key_width)
+          return fail(b, false,
+                      at + std::to_string(i) + ": encoded key is " + std::to_string(ks) +
+                          " bytes, not " + std::to_string(spec.key_width));
+        const int32_t ekg = pw == 1 ? int32_t{key[0]} : (int32_t{key[0]} << 8) | int32_t{key[1]};
+        if (ekg != kg)
+          return fail(b, false,
+                      at + std::to_string(i) + ": key-group prefix " + std::to_string(ekg) +
+                          " in a block of key group " + std::to_string(kg));
+        if (!p.removed(i) && spec.value_width >= 0 &&
+            static_cast<int64_t>(p.voff(i + 1) - p.voff(i)) != spec.value_width)
+          return fail(b, false,
+                      at + std::to_string(i) + ": value is " +
+                          std::to_string(p.voff(i + 1) - p.voff(i)) +
+                          " bytes, the state's values are " + std::to_string(spec.value_width));
+        if (last_key != nullptr && compare_keys(last_key, last_size, key, ks) >= 0)
+          return fail(b, true,
+                      at + std::to_string(i) +
+                          ": keys are not strictly ascending within key group " +
+                          std::to_string(kg));
+        last_key = key;
+        last_size = ks;
+      }
+      total += p.n;
+    }
+    StateMap& m = table.map_unchecked(kg);
+    const bool fresh = spec.into_empty && m.size() == 0;
+    m.reserve(static_cast<size_t>(total));
+    m.give_up_write_log();
+    // With `fresh`, unique keys go into an empty, pre-sized map: inserted without looking for
+    // an equal key, tombstones skipped (nothing to remove).
+    if (fresh) lanes.close(kg);  // reserve() may have replaced the table a lane holds
+    for (const Payload& p : payloads) {
+      const int64_t n = static_cast<int64_t>(p.n);
+      auto hash_and_prefetch = [&](int64_t i) {
+        const uint32_t k0 = p.koff(i);
+        const uint32_t h = detail::map_key_hash(hash_fn, p.kd + k0, p.koff(i + 1) - k0);
+        if (!lanes.view().prefetch(kg, h)) m.prefetch_bucket(h);
+        return h;
+      };
+      for (int64_t j = 0; j < std::min<int64_t>(n, kAhead); ++j)
+        ahead[j & (kAhead - 1)] = hash_and_prefetch(j);
+      for (int64_t i = 0; i < n; ++i) {
+        const uint32_t h = ahead[i & (kAhead - 1)];
+        if (i + kAhead < n) ahead[(i + kAhead) & (kAhead - 1)] = hash_and_prefetch(i + kAhead);
+        const uint32_t k0 = p.koff(i);
+        const uint8_t* key = p.kd + k0;
+        const size_t ks = p.koff(i + 1) - k0;
+        if (p.removed(i)) {
+          if (!fresh) {
+            m.remove(key, ks);
+            lanes.close(kg);
+          }
+          continue;
+        }
+        const uint32_t v0 = p.voff(i);
+        const size_t vs = p.voff(i + 1) - v0;
+        if (vs == 0) {  // a lane takes vs == 0 as "any value size": not for an empty value
+          lanes.close(kg);
+          size_t cur = 0;
+          bool inserted = false;
+          m.upsert(h, key, ks, 0, &cur, &inserted);
+          if (cur != 0) m.put(key, ks, 0);
+          continue;
+        }
+        uint8_t* dst = nullptr;
+        if (fresh) {
+          if (detail::FlatLane* ln = lanes.get(kg, key, ks, vs, true))
+            dst = ln->insert_new(h, key, ks);
+        }
+        if (dst == nullptr) dst = kernel_put(table, lanes, kg, RowKey{key, ks, h}, vs);
+        detail::copy_small(dst, p.vd + v0, vs);
+      }
+    }
+    r.entries += total;
+    b0 = b1;
+  }
+  return r;
 }
 
 }  // namespace statecore

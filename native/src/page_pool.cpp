@@ -3,6 +3,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -110,6 +111,40 @@ class Pool {
     return true;
   }
 
+  // An empty chunk faulted in by PagePrefault, kept as a spare: false (nothing kept) at the spare
+  // limit or with the pool off.
+  bool add_spare(uint8_t* base) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!enabled_ || spare_.size() >= spare_max_) return false;
+    spare_.push_back(base);
+    return true;
+  }
+  // How many more spares PagePrefault may add for a load of `wanted` chunks: what the spares
+  // kept already (pages freed before, still mapped) do not cover, up to the limit.
+  size_t spares_wanted(size_t wanted) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!enabled_ || spare_.size() >= wanted) return 0;
+    return std::min(wanted, spare_max_) - std::min(spare_.size(), spare_max_);
+  }
+
+  // A fresh aligned kPoolChunkBytes mapping advised for huge pages; nullptr when none is left.
+  static uint8_t* map_aligned() {
+    // Twice the size, then the unaligned head and tail unmapped: mmap aligns to 4 KiB only.
+    void* raw = mmap(nullptr, 2 * kPoolChunkBytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return nullptr;
+    const uintptr_t r = reinterpret_cast<uintptr_t>(raw);
+    const uintptr_t a = (r + kPoolChunkBytes - 1) & ~(uintptr_t(kPoolChunkBytes) - 1);
+    if (a > r) munmap(raw, a - r);
+    const uintptr_t end = r + 2 * kPoolChunkBytes;
+    if (end > a + kPoolChunkBytes)
+      munmap(reinterpret_cast<void*>(a + kPoolChunkBytes), end - a - kPoolChunkBytes);
+#ifdef MADV_HUGEPAGE
+    madvise(reinterpret_cast<void*>(a), kPoolChunkBytes, MADV_HUGEPAGE);  // a hint: may fail
+#endif
+    return reinterpret_cast<uint8_t*>(a);
+  }
+
   PagePoolStats stats() {
     std::lock_guard<std::mutex> lock(mu_);
     PagePoolStats s;
@@ -161,21 +196,10 @@ class Pool {
       chunks_.emplace(reinterpret_cast<uintptr_t>(base), c);
       return c;
     }
-    // Twice the size, then the unaligned head and tail unmapped: mmap aligns to 4 KiB only.
-    void* raw = mmap(nullptr, 2 * kPoolChunkBytes, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED) throw std::bad_alloc();
-    const uintptr_t r = reinterpret_cast<uintptr_t>(raw);
-    const uintptr_t a = (r + kPoolChunkBytes - 1) & ~(uintptr_t(kPoolChunkBytes) - 1);
-    if (a > r) munmap(raw, a - r);
-    const uintptr_t end = r + 2 * kPoolChunkBytes;
-    if (end > a + kPoolChunkBytes)
-      munmap(reinterpret_cast<void*>(a + kPoolChunkBytes), end - a - kPoolChunkBytes);
-#ifdef MADV_HUGEPAGE
-    madvise(reinterpret_cast<void*>(a), kPoolChunkBytes, MADV_HUGEPAGE);  // a hint: may fail
-#endif
-    Chunk* c = new Chunk{reinterpret_cast<uint8_t*>(a), cls};
-    chunks_.emplace(a, c);
+    uint8_t* a = map_aligned();
+    if (a == nullptr) throw std::bad_alloc();
+    Chunk* c = new Chunk{a, cls};
+    chunks_.emplace(reinterpret_cast<uintptr_t>(a), c);
     return c;
   }
 
@@ -249,6 +273,31 @@ void* small_realloc(void* p, size_t valid, size_t bytes) {
 }
 
 PagePoolStats page_pool_stats() { return Pool::get().stats(); }
+
+PagePrefault::PagePrefault(size_t bytes) {
+  const size_t n = Pool::get().spares_wanted((bytes + kPoolChunkBytes - 1) / kPoolChunkBytes);
+  if (n == 0) return;
+  thread_ = std::thread([this, n] {
+    Pool& pool = Pool::get();
+    for (size_t i = 0; i < n && !stop_.load(std::memory_order_relaxed); ++i) {
+      uint8_t* base = Pool::map_aligned();
+      if (base == nullptr) return;
+      // One write a 4 KiB page faults the chunk in (one fault for a huge page).
+      for (size_t off = 0; off < kPoolChunkBytes; off += 4096)
+        static_cast<volatile uint8_t*>(base)[off] = 0;
+      if (!pool.add_spare(base)) {
+        munmap(base, kPoolChunkBytes);
+        return;
+      }
+      done_.fetch_add(1, std::memory_order_release);
+    }
+  });
+}
+
+PagePrefault::~PagePrefault() {
+  stop_.store(true, std::memory_order_relaxed);
+  if (thread_.joinable()) thread_.join();
+}
 
 }  // namespace detail
 }  // namespace statecore

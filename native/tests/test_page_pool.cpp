@@ -1,7 +1,7 @@
 // Unit tests of the flat engine's page memory (detail/page_pool.h): blocks are distinct, aligned,
 // writable and reused; chunks return to the OS once empty (one kept per size class, the others
-// spares of any class); frees from other threads; small pages and the ASan build go to operator
-// new. Entry memory (small_alloc): 16-byte classes up to kPoolSmallMaxBytes, realloc across
+// spares of any class); a prefault helper feeding spares; frees from other threads; small pages
+// and the ASan build go to operator new. Entry memory (small_alloc): 16-byte classes up to kPoolSmallMaxBytes, realloc across
 // classes and into malloc, a chained map of string keys living in the pool. Fixed seeds
 // throughout.
 #include <algorithm>
@@ -23,6 +23,7 @@ using statecore::detail::kPoolSmallMaxBytes;
 using statecore::detail::page_alloc;
 using statecore::detail::page_free;
 using statecore::detail::page_pool_stats;
+using statecore::detail::PagePrefault;
 using statecore::detail::small_alloc;
 using statecore::detail::small_free;
 using statecore::detail::small_realloc;
@@ -102,6 +103,36 @@ TEST(empty_chunks_are_spares_for_any_class) {
   for (size_t i = 0; i < other.size(); ++i)
     CHECK(other[i][0] == (i & 0xff) && other[i][20031] == (i & 0xff));
   for (uint8_t* p : other) page_free(p);
+}
+
+// A prefault helper hands faulted-in chunks to the pool while the owner allocates from it: the
+// owner's blocks stay distinct and keep their bytes, the helper stops at what it was asked for
+// less the spares already kept, and destruction waits for it. Nothing with the pool off.
+TEST(prefault_helper_feeds_spares_while_the_owner_allocates) {
+  const size_t in_use = page_pool_stats().blocks_in_use;
+  std::vector<uint8_t*> blocks;
+  size_t helped = 0;
+  {
+    const size_t spares = page_pool_stats().spare_chunks;
+    PagePrefault helper((spares + 6) * kPoolChunkBytes);
+    for (int i = 0; i < 1500; ++i) {  // about 6 chunks of 8256-byte blocks
+      auto* p = static_cast<uint8_t*>(page_alloc(8256));
+      std::memset(p, i & 0xff, 8256);
+      blocks.push_back(p);
+    }
+    helped = helper.chunks();
+    CHECK(helped <= 6);
+  }
+  std::set<uint8_t*> distinct(blocks.begin(), blocks.end());
+  CHECK_EQ(distinct.size(), blocks.size());
+  for (size_t i = 0; i < blocks.size(); ++i)
+    CHECK(blocks[i][0] == (i & 0xff) && blocks[i][8255] == (i & 0xff));
+  for (uint8_t* p : blocks) page_free(p);
+  CHECK_EQ(page_pool_stats().blocks_in_use, in_use);
+  if (!page_pool_stats().enabled) CHECK_EQ(helped, size_t{0});
+  // Asked for no more than the spares kept: no helper at all.
+  PagePrefault none(page_pool_stats().spare_chunks * kPoolChunkBytes);
+  CHECK_EQ(none.chunks(), size_t{0});
 }
 
 TEST(small_blocks_and_disabled_pool_use_operator_new) {

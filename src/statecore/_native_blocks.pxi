@@ -245,6 +245,89 @@ def verify_blocks(data, blocks, uint64_t base):
     return r.raw_bytes, None, None
 
 
+def load_blocks(NativeStateTable table, data, blocks, key_groups, uint64_t base,
+                bint has_validity, int prefix_width, int64_t key_width=-1,
+                int64_t value_width=-1, bint into_empty=False):
+    """Restore consecutive stored blocks of one run's state straight into ``table``: each block
+    checked (bounds, XXH64), decompressed and its payload checked as :func:`decode_blocks` does,
+    its entries checked and inserted from the decompressed bytes in C++ with the GIL released,
+    no Arrow arrays in between (native bulk_load.h ``load_blocks``). ``data``, ``blocks``,
+    ``base``, ``has_validity``: as :func:`decode_blocks` (the blocks sorted by key group);
+    ``key_groups``: the key group of each block (int32, from the file's key-group index);
+    ``prefix_width``: 1 or 2 key-group prefix bytes; ``key_width`` / ``value_width``: the bytes
+    every key / non-tombstone value must have (-1: any); ``into_empty``: the oldest run of these
+    key groups, loaded into maps that are empty (its keys inserted without a look for an equal
+    one). Returns ``(entries, None, None, None)`` or ``(None, i, reason, corrupt)`` for the
+    first bad block ``blocks[i]``: ``corrupt`` when its stored bytes are damaged (or its keys
+    not strictly ascending), else an entry breaks the state's rules; the blocks before it stay
+    loaded (load into a table to discard on error). InvalidInputError for ``key_groups`` not
+    one per block or a prefix width other than 1 or 2; StateError when another thread's call
+    holds the table."""
+    cdef const uint8_t[::1] d = memoryview(data).cast("B")
+    cdef size_t size = d.shape[0]
+    cdef size_t nb = len(blocks)
+    cdef vector[c.StoredBlockRef] refs
+    _block_refs(blocks, base, &refs)
+    kg_np = np.ascontiguousarray(key_groups, np.int32)
+    if kg_np.ndim != 1 or <size_t>kg_np.shape[0] != nb:
+        raise InvalidInputError(f"{nb} blocks but {kg_np.size} key groups")
+    cdef const int32_t[::1] kgs = kg_np
+    cdef const int32_t* kp = &kgs[0] if nb else NULL
+    cdef c.BlockLoadSpec spec
+    spec.prefix_bytes = prefix_width
+    spec.key_width = key_width
+    spec.value_width = value_width
+    spec.has_validity = has_validity
+    spec.into_empty = into_empty
+    cdef const uint8_t* p = &d[0] if size else NULL
+    cdef c.BlockLoadResult r
+    table._claim()
+    try:
+        with nogil:
+            r = c.load_blocks(table.table[0], p, size, refs.data(), kp, nb, spec)
+    finally:
+        table._release()
+    if r.failed_block >= 0:
+        return None, r.failed_block, r.error.decode("utf-8", "replace"), r.corrupt
+    return r.entries, None, None, None
+
+
+cdef class PagePrefault:
+    """A helper thread faulting in about ``nbytes`` of the page pool's memory ahead of a bulk
+    load (native detail/page_pool.h ``PagePrefault``): the chunks a restore's maps will take are
+    mapped and touched there, so the loading thread writes mapped memory instead of faulting
+    in, and having the kernel zero, every page of the new state itself. Nothing when the pool
+    is off or keeps no spares. :meth:`close` (or leaving the ``with`` block) stops the helper
+    and waits for it; chunks it faulted in stay with the pool as spares (up to its limit).
+    ``chunks``: chunks handed to the pool so far."""
+    cdef c.PagePrefault* p
+
+    def __cinit__(self, size_t nbytes):
+        self.p = new c.PagePrefault(nbytes)
+
+    @property
+    def chunks(self):
+        return self.p.chunks() if self.p != NULL else 0
+
+    def close(self):
+        cdef c.PagePrefault* p = self.p
+        self.p = NULL
+        if p != NULL:
+            with nogil:
+                del p
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __dealloc__(self):
+        if self.p != NULL:
+            with nogil:
+                del self.p
+
+
 def decode_blocks(data, blocks, uint64_t base, bint has_validity):
     """The entries of consecutive stored blocks of one (state, key group) of a checkpoint data
     file (docs/formats.md "Data file"), checked, decompressed and parsed with the GIL released:

@@ -616,6 +616,25 @@ cdef extern from "statecore/block_codec.h" namespace "statecore" nogil:
                                size_t count) except +raise_native_error
 
 
+cdef extern from "statecore/bulk_load.h" namespace "statecore" nogil:
+    cdef cppclass BlockLoadSpec:
+        int prefix_bytes
+        int64_t key_width
+        int64_t value_width
+        cbool has_validity
+        cbool into_empty
+
+    cdef cppclass BlockLoadResult:
+        int64_t failed_block
+        cbool corrupt
+        string error
+        uint64_t entries
+
+    BlockLoadResult load_blocks(StateTable& table, const uint8_t* data, size_t size,
+                                const StoredBlockRef* blocks, const int32_t* key_groups,
+                                size_t count, const BlockLoadSpec& spec) except +raise_native_error
+
+
 cdef extern from "statecore/snapshot_writer.h" namespace "statecore" nogil:
     cdef cppclass SerializerOptions:
         int32_t kg_start
@@ -744,3 +763,9 @@ cdef extern from *:
     int serializer_next_chunk "statecore_serializer_next_chunk"(
         SnapshotSerializer* s, BlockChunk* out, size_t target) except +raise_native_error nogil
 
+
+
+cdef extern from "statecore/detail/page_pool.h" namespace "statecore::detail" nogil:
+    cdef cppclass PagePrefault:
+        PagePrefault(size_t nbytes) except +raise_native_error
+        size_t chunks()

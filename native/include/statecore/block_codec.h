@@ -165,4 +165,12 @@ struct VerifyResult {
 VerifyResult verify_blocks(const uint8_t* data, size_t size, const StoredBlockRef* blocks,
                            size_t count);
 
+// One block of `data[0, size)` as decode_blocks takes it: bounds, XXH64 of the stored bytes, LZ4
+// decompression into `*scratch` (resized to at least raw_length bytes, reused across calls) and
+// the payload's checks. "" when the payload, scratch[0, raw_length), is well formed, else what is
+// wrong (decode_blocks' wording). For a caller that consumes the entries of each payload in
+// place (bulk_load.h load_blocks). Thread-safe.
+std::string open_block(const uint8_t* data, size_t size, const StoredBlockRef& block,
+                       bool has_validity, std::vector<uint8_t>* scratch);
+
 }  // namespace statecore

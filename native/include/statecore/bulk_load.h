@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "statecore/block_codec.h"
 #include "statecore/sorted_run.h"
 #include "statecore/state_table.h"
 
@@ -39,5 +40,47 @@ std::string check_entries(const ArrowBinaryRun& run, int32_t kg_lo, int32_t kg_h
 // lane of the map (FlatLane::upsert: the geometry read once per key group, not per entry) when
 // the map is flat and the entry's key and value fit its layout, else StateMap::upsert / put.
 void load_entries(StateTable& table, const ArrowBinaryRun& run, int prefix_bytes);
+
+// What load_blocks checks the entries against.
+struct BlockLoadSpec {
+  int prefix_bytes = 1;       // the key-group prefix: 1 or 2 big-endian bytes
+  int64_t key_width = -1;     // every encoded key this many bytes; -1: any
+  int64_t value_width = -1;   // every non-tombstone value this many bytes; -1: any
+  bool has_validity = false;  // incremental run: its payloads end in a validity bitmap
+  bool into_empty = false;    // the oldest run of the key groups (see load_blocks)
+};
+
+struct BlockLoadResult {
+  int64_t failed_block = -1;  // index into the blocks of the first bad one; -1: all loaded
+  // The failed block's problem: `corrupt` when the stored bytes are damaged (bounds, XXH64,
+  // LZ4, payload structure, keys not strictly ascending within their key group), else an
+  // entry breaks the state's rules (a key width, prefix or value width) or the blocks' key
+  // groups do not fit the table.
+  bool corrupt = false;
+  std::string error;     // decode_blocks' wording, entries named "entry i: ..."
+  uint64_t entries = 0;  // entries of the loaded blocks, tombstones included
+};
+
+// Restores `blocks` (consecutive stored blocks of one run's state, in file order: sorted by key
+// group, `key_groups[i]` the key group block i belongs to, as the file's key-group index says)
+// of `data[0, size)` into `table`, with no intermediate arrays. Per key group: each of its blocks
+// is verified, decompressed and its payload checked (block_codec.h open_block) into a buffer
+// reused across key groups, and its entries checked -- every key longer than the prefix, of
+// key_width bytes, carrying the block's key-group prefix, keys strictly ascending (bytewise)
+// across the key group's blocks, every non-tombstone value value_width bytes; a tombstone
+// (validity bit 0) exists only with has_validity -- and only then inserted from those buffers as
+// load_entries inserts (the map pre-sized for the key group's entries, slots prefetched ahead,
+// flat lanes, the write log given up, tombstones removing their keys). With `into_empty`, a
+// key group whose map is empty gets its keys inserted without looking for an equal one (they
+// are unique, checked above: a linear probe stops at the first free slot), its tombstones
+// skipped.
+//
+// Stops at the first bad block (reported in the result): nothing of its key group is loaded, the
+// key groups before it stay loaded, so a caller that must leave its state unchanged loads into a
+// table it discards on error. Never reads outside `data`. std::invalid_argument for a
+// prefix_bytes other than 1 or 2. Owner thread of `table`.
+BlockLoadResult load_blocks(StateTable& table, const uint8_t* data, size_t size,
+                            const StoredBlockRef* blocks, const int32_t* key_groups, size_t count,
+                            const BlockLoadSpec& spec);
 
 }  // namespace statecore

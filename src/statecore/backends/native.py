@@ -69,6 +69,11 @@ _RANGE = object()
 #: restore rewrites the same mapped memory instead of faulting in fresh pages for every run.
 _STREAM_CHUNK_BYTES = 8 << 20
 
+#: Decoded bytes per chunk of a restore whose blocks load without decoding to arrays
+#: (``run_blocks``' ``max_bytes``): a chunk costs one ranged read (into reused memory,
+#: statecore.buffer_pool) and one native call per run, and only its stored bytes are held.
+_RUN_BLOCK_BYTES = 32 << 20
+
 
 class NativeTable(states.StateTable):
     """The :class:`~statecore.backends.states.StateTable` interface over a native StateTable.
@@ -505,6 +510,13 @@ class NativeBackend(TableBackend):
                 # tombstones removing) over it: no merge of the runs first. Map and list
                 # states take the merged path: their index lists keys in the order the
                 # merged entries give.
+                if (self._tables.get(table.name) is not table
+                        and hasattr(snapshot_like, "run_blocks")):
+                    # A new table, registered only once everything is staged: each run's
+                    # blocks decoded and inserted in one native call per chunk, no arrays in
+                    # between (an error discards the table, the backend stays unchanged).
+                    self._load_run_blocks(table, snapshot_like, kgs)
+                    continue
                 if self._tables.get(table.name) is not table:
                     # A new table, registered only once everything is staged: loaded chunk by
                     # chunk as it is decoded (an error discards the table, the backend stays
@@ -557,6 +569,53 @@ class NativeBackend(TableBackend):
                                 commit_id=base.checkpoint_commit_id(snapshot_like))
         if migrated:
             self._migrated(expired)
+
+    def _load_run_blocks(self, table: NativeTable, reader, kgs: list) -> None:
+        """Restore ``table``'s state over key groups ``kgs`` (consecutive, inside this
+        backend's range) from ``reader.run_blocks`` into ``table``, a new table not yet
+        registered: per chunk the oldest run's blocks into the (empty) maps, the newer runs'
+        upserted over them, tombstones removing (:func:`statecore._native.load_blocks`, which
+        checks what :meth:`_checked_parts` checks and that keys are strictly ascending within a
+        key group). CorruptCheckpointError naming the file, state, key group and block for
+        damaged blocks, InvalidInputError naming the state and key group for an entry that
+        breaks the state's rules."""
+        width = self._value_width(table)
+        key_width = S.encoded_key_width(table.kind, self.key_serializer, table.ns_ser,
+                                        self.max_parallelism)
+        with _native.PagePrefault(self._table_bytes(reader, table.name, kgs, key_width, width)):
+            self._load_blocks_of(table, reader, kgs, key_width, width)
+
+    @staticmethod
+    def _table_bytes(reader, name: str, kgs: list, key_width, width) -> int:
+        """About the bytes of flat-map slots a restore of state ``name`` over key groups
+        ``kgs`` fills (0 unless keys and values have fixed widths): per key group the table
+        capacity its entries pre-size (the smallest power of two whose 3/4 holds them,
+        StateMap::reserve) times the slot (docs/state-map.md "Flat engine": a 4-byte meta, the
+        key without its first byte, the value)."""
+        if key_width is None or width is None or not hasattr(reader, "key_group_entries"):
+            return 0
+        _, n = reader.key_group_entries(name, kgs[0], kgs[-1])
+        n = n[n > 3]
+        if not len(n):
+            return 0
+        cap = np.left_shift(1, np.ceil(np.log2(np.ceil(n * 4 / 3))).astype(np.int64))
+        cap[(cap >> 1) + (cap >> 2) < n] <<= 1
+        return int(cap.sum()) * (4 + key_width - 1 + width)
+
+    def _load_blocks_of(self, table: NativeTable, reader, kgs: list, key_width, width) -> None:
+        for parts in reader.run_blocks(table.name, kgs[0], kgs[-1], _RUN_BLOCK_BYTES):
+            for i, run in enumerate(parts):
+                _, bad, why, corrupt = _native.load_blocks(
+                    table.native, run.data, run.blocks, run.key_groups, run.base,
+                    run.incremental, self.key_prefix_width,
+                    -1 if key_width is None else key_width, -1 if width is None else width,
+                    into_empty=i == 0)
+                if bad is None:
+                    continue
+                if corrupt:
+                    raise run.corrupt(bad, why)
+                raise InvalidInputError(
+                    f"state {table.name!r}, key group {run.key_group_of(bad)}: {why}")
 
     def _range_parts(self, table: NativeTable, reader, kgs: list, tombstones: bool) -> list:
         """``reader.entries_chunks`` of ``table``'s state over key groups ``kgs`` (consecutive,

@@ -67,7 +67,7 @@ __all__ = [
     "decode_stored_block", "cut_points", "key_group_prefix_bytes", "make_key_group_range",
     "range_bounds", "check_state_meta", "WriteSummary", "FilePlan", "plan_file",
     "write_data_file",
-    "write_data_file_from_blocks", "DataFileReader",
+    "write_data_file_from_blocks", "DataFileReader", "StoredBlocks",
 ]
 
 MAGIC = b"SCKGDAT1"
@@ -531,6 +531,42 @@ def check_state_meta(m) -> None:
         raise ValueError(f"state {m['name']!r}: value_type is not a string")
     if m.get("ttl") is not None and not isinstance(m["ttl"], dict):
         raise ValueError(f"state {m['name']!r}: ttl is not an object")
+
+
+class StoredBlocks:
+    """The stored (checksummed, compressed) blocks of one state over a range of key groups of
+    one data file, undecoded, for a caller that decodes them itself
+    (:meth:`DataFileReader.stored_blocks`; ``statecore._native.load_blocks`` restores them
+    into a table). Attributes: ``data`` (a buffer: the file's bytes from offset ``base``),
+    ``blocks`` (their block-table rows, ``BLOCK_DTYPE``, file order, offsets from the file
+    start), ``key_groups`` (int32, the key group of each block), ``incremental`` (the run's
+    payloads carry tombstones), ``picks`` (int64, each block's index in the file's block
+    table)."""
+
+    __slots__ = ("_reader", "state", "data", "base", "blocks", "key_groups", "incremental",
+                 "picks")
+
+    def __init__(self, reader: "DataFileReader", state: str, data, base: int,
+                 blocks: np.ndarray, key_groups: np.ndarray, picks: np.ndarray):
+        self._reader = reader
+        self.state = state
+        self.data = data
+        self.base = base
+        self.blocks = blocks
+        self.key_groups = key_groups
+        self.incremental = reader.kind == KIND_INCREMENTAL
+        self.picks = picks
+
+    def key_group_of(self, i: int) -> int:
+        """The key group of ``blocks[i]``."""
+        return int(self.key_groups[i])
+
+    def corrupt(self, i: int, why: str) -> CorruptCheckpointError:
+        """The error for ``blocks[i]`` found damaged (``why``), naming the file, state, key group
+        and block as :meth:`DataFileReader.entries` does."""
+        return CorruptCheckpointError(
+            f"checkpoint data file {self._reader.name}: state {self.state!r} key group "
+            f"{self.key_group_of(i)} block {int(self.picks[i])}: {why}")
 
 
 class DataFileReader:
@@ -1111,6 +1147,29 @@ class DataFileReader:
                 f"checkpoint data file {self.name}: state {state!r} key group {kg} block "
                 f"{int(picks[bad])}: {why}")
         return keys, values
+
+    def stored_blocks(self, state: str, start: int, end: int) -> StoredBlocks | None:
+        """The stored blocks of ``state`` in key groups ``[start, end]``, read with one ranged
+        read (or taken from :meth:`prefetch`'s bytes) and left undecoded, as a
+        :class:`StoredBlocks`; None when the file holds none of them. Only for a state whose
+        layout is current (:meth:`converts` false): an older layout's entries need converting
+        after decoding. CheckpointIOError / CorruptCheckpointError when the read fails."""
+        rows = self._rows_of(state, start, end)
+        if not len(rows):
+            return None
+        lo = int(rows["offset"].min())
+        hi = int((rows["offset"] + rows["length"]).max())
+        data = self._range(lo, hi - lo, f"state {state!r} key groups {start}..{end}")
+        counts = rows["block_count"].astype(np.int64)
+        picks = np.concatenate([np.arange(int(f), int(f) + int(c), dtype=np.int64)
+                                for f, c in zip(rows["first_block"], counts)])
+        return StoredBlocks(self, state, data, lo, self._blocks[picks],
+                            np.repeat(rows["key_group"].astype(np.int32), counts), picks)
+
+    def converts(self, state: str) -> bool:
+        """Whether :meth:`entries` converts ``state``'s stored entries from an older format's
+        layout (a map or list state of an older format version)."""
+        return self._whole_layout(state) is not None
 
     def verify_blocks(self, start: int, end: int) -> int:
         """Read the stored blocks of key groups ``[start, end]`` (all states) with one ranged

@@ -33,6 +33,7 @@ from statecore.checkpoint.format import (
     KIND_INCREMENTAL,
     LIST_ENTRIES_FORMAT_VERSION,
     DataFileReader,
+    StoredBlocks,
     make_key_group_range,
 )
 from statecore.checkpoint.layout import CheckpointRoot
@@ -468,6 +469,51 @@ class CheckpointReader:
                     parts.append((k, v))
             if parts:
                 yield parts
+
+    def run_blocks(self, state_name: str, start: int, end: int, max_bytes: int | None = None
+                   ) -> Iterator[list[StoredBlocks]]:
+        """:meth:`run_chunks` undecoded: per chunk of consecutive key groups (cut as
+        :meth:`entries_chunks` cuts them), one
+        :class:`~statecore.checkpoint.format.StoredBlocks` per run holding blocks of
+        ``state_name`` there, oldest run first -- the stored bytes a caller decodes and loads
+        itself (the native restore, ``statecore._native.load_blocks``), each checked there
+        as :meth:`entries` checks it. Only for a state whose layout is current in every run
+        (``DataFileReader.converts``: map and list states of older formats are not);
+        InvalidInputError otherwise. Errors as :meth:`entries`; a state not in the version
+        yields nothing."""
+        for runs, c_lo, c_hi in self._chunks(state_name, start, end, max_bytes):
+            parts = []
+            for r in reversed(runs):
+                f = self.data_file(r)
+                if f.converts(state_name):
+                    raise InvalidInputError(
+                        f"state {state_name!r} of checkpoint data file {f.name} is stored in "
+                        "an older format's layout: read it with run_chunks")
+                got = f.stored_blocks(state_name, c_lo, c_hi)
+                if got is not None:
+                    parts.append(got)
+            if parts:
+                yield parts
+
+    def key_group_entries(self, state_name: str, start: int, end: int
+                          ) -> tuple[np.ndarray, np.ndarray]:
+        """``(key_groups, entries)`` (int64 arrays, ascending key groups): per key group of
+        ``[start, end]`` ∩ this version's range where a run :meth:`entries` reads holds
+        ``state_name``, the most stored entries (tombstones included) one of those runs holds
+        there -- from the runs' key-group indexes, nothing decoded: about the entries a restore
+        loads, for pre-sizing. Empty for a state not in the version."""
+        most: dict[int, int] = {}
+        if state_name in self._names:
+            for a, b, chain in self._segments:
+                lo, hi = max(a, start), min(b, end)
+                if lo > hi:
+                    continue
+                for r in self._runs_holding(state_name, chain):
+                    kgs, _, n = self.data_file(r).stored_sizes(state_name, lo, hi)
+                    for kg, c in zip(kgs.tolist(), n.tolist()):
+                        most[kg] = max(most.get(kg, 0), c)
+        kgs = np.array(sorted(most), np.int64)
+        return kgs, np.array([most[k] for k in kgs.tolist()], np.int64)
 
     def key_groups_holding(self, state_name: str, start: int, end: int) -> list[int]:
         """The key groups of ``[start, end]`` ∩ this version's range for which a run that

@@ -231,6 +231,19 @@ struct alignas(64) FlatLane {
                    : upsert_words<uint32_t>(h, key, inserted);
   }
 
+  // upsert() of a key the map does not hold (a bulk load of unique keys into an empty map,
+  // bulk_load.h load_blocks): the probe stops at the first free slot without comparing keys,
+  // the key is stored and counted, its value bytes (returned) left for the caller to write.
+  // nullptr, having changed nothing, as upsert. Var lanes upsert (their keys compare a word at a
+  // time; a restore of string keys is not held up by the comparison).
+  [[gnu::always_inline]] uint8_t* insert_new(uint32_t h, const uint8_t* key, size_t ks) {
+    if (var) {
+      bool inserted = false;
+      return upsert_var(h, key, ks, &inserted);
+    }
+    return ks >= 9 ? insert_words<uint64_t>(h, key) : insert_words<uint32_t>(h, key);
+  }
+
   // get_hashed: the value bytes (value_size of them) or nullptr when absent.
   [[gnu::always_inline]] const uint8_t* get(uint32_t h, const uint8_t* key, size_t ks) const {
     if (var) return get_var(h, key, ks);
@@ -304,6 +317,19 @@ struct alignas(64) FlatLane {
     if (load_u32(s) != version) m.log_write(h, key, key_size);
     store_u32(s, version);
     return s + 4 + suffix;
+  }
+
+  template <class W>
+  [[gnu::always_inline]] uint8_t* insert_words(uint32_t h, const uint8_t* key) {
+    uint8_t* s = home_slot(h);
+    if (!s) return nullptr;
+    size_t pi;
+    const int r = find_with<0>(s, h, [](const uint8_t*) { return false; }, &s, &pi);
+    if (r < 0 || (owned[pi] != 1 && !write_through(pi, s))) return nullptr;
+    StateMap::Impl& m = *map;
+    if (m.size() >= m.threshold) return nullptr;
+    m.log_write(h, key, key_size);
+    return fill_new<W>(s, key);
   }
 
   template <class W>

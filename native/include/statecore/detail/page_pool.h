@@ -33,7 +33,9 @@
 // Under AddressSanitizer, or with STATECORE_PAGE_POOL=0 in the environment when the first block
 // is allocated, everything goes to operator new / malloc (ASan then still sees every bound).
 #pragma once
+#include <atomic>
 #include <cstddef>
+#include <thread>
 
 namespace statecore {
 namespace detail {
@@ -70,6 +72,30 @@ struct PagePoolStats {
   bool enabled = false;      // whether large blocks come from chunks
 };
 PagePoolStats page_pool_stats();
+
+// Faults in pool memory ahead of a bulk load (a restore into a new table) on a helper thread:
+// about `bytes` (whole chunks) mapped, advised for huge pages, touched (the kernel zeroes each page
+// at its first touch, on the toucher's thread) and kept as spares, which the loading thread's next
+// chunks are taken from, so the loader writes mapped memory instead of faulting in and zeroing
+// each page itself. In a process without freed pages to reuse, that first touch costs more than
+// the restore's own work. Spares the pool keeps already (freed pages) count against `bytes`.
+// The helper stops at the spare limit (kPoolSpareDefaultMb, so at most
+// that much is kept unused when the estimate was too large), after `bytes`, or when the object is
+// destroyed (which waits for it); nothing when the pool is off or keeps no spares.
+class PagePrefault {
+ public:
+  explicit PagePrefault(size_t bytes);
+  ~PagePrefault();
+  PagePrefault(const PagePrefault&) = delete;
+  PagePrefault& operator=(const PagePrefault&) = delete;
+  // Chunks the helper faulted in and handed to the pool so far.
+  size_t chunks() const { return done_.load(std::memory_order_acquire); }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::atomic<size_t> done_{0};
+  std::thread thread_;
+};
 
 }  // namespace detail
 }  // namespace statecore

@@ -1,0 +1,281 @@
+// Unit tests of load_blocks (bulk_load.h): stored blocks of random runs over many key groups,
+// several blocks per key group, restored against a std::map model -- the oldest run into empty
+// maps (into_empty), newer incremental runs upserted over it with tombstones, into_empty over a
+// map that is not empty, 1- and 2-byte prefixes -- and every kind of bad input: damaged stored
+// bytes and keys out of order (corrupt), entries breaking the state's rules and key groups
+// outside the table (not corrupt), each naming its block and loading nothing of its key group.
+// Fixed seeds.
+#include <cstdint>
+#include <map>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "check.h"
+#include "statecore/block_codec.h"
+#include "statecore/bulk_load.h"
+#include "statecore/hash.h"
+
+using statecore::BlockLoadResult;
+using statecore::BlockLoadSpec;
+using statecore::ByteView;
+using statecore::StateTable;
+using statecore::StoredBlockRef;
+
+namespace {
+
+using Model = std::map<std::string, std::string>;  // encoded key -> value
+// One entry of a block: key, value (nullptr-like: `live` false is a tombstone).
+struct Row {
+  std::string key;
+  std::string value;
+  bool live = true;
+};
+
+std::string encoded_key(int32_t kg, uint64_t key, int pw) {
+  std::string s;
+  if (pw == 2) s.push_back(static_cast<char>(kg >> 8));
+  s.push_back(static_cast<char>(kg & 0xff));
+  for (int i = 7; i >= 0; --i) s.push_back(static_cast<char>((key >> (8 * i)) & 0xff));
+  s.push_back('\0');  // the void namespace
+  return s;
+}
+
+int32_t kg_of(const std::string& k, int pw) {
+  const auto* p = reinterpret_cast<const uint8_t*>(k.data());
+  return pw == 1 ? p[0] : (p[0] << 8) | p[1];
+}
+
+void put_le32(std::vector<uint8_t>* out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out->push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+
+// The payload of one block (docs/formats.md "Data file"): entries | key offsets | value offsets
+// | keys | values | validity (with has_validity).
+std::vector<uint8_t> payload(const std::vector<Row>& rows, bool has_validity) {
+  std::vector<uint8_t> p;
+  put_le32(&p, static_cast<uint32_t>(rows.size()));
+  uint32_t at = 0;
+  put_le32(&p, 0);
+  for (const Row& r : rows) put_le32(&p, at += static_cast<uint32_t>(r.key.size()));
+  at = 0;
+  put_le32(&p, 0);
+  for (const Row& r : rows) put_le32(&p, at += static_cast<uint32_t>(r.live ? r.value.size() : 0));
+  for (const Row& r : rows) p.insert(p.end(), r.key.begin(), r.key.end());
+  for (const Row& r : rows)
+    if (r.live) p.insert(p.end(), r.value.begin(), r.value.end());
+  if (has_validity) {
+    std::vector<uint8_t> bits((rows.size() + 7) / 8, 0);
+    for (size_t i = 0; i < rows.size(); ++i)
+      if (rows[i].live) bits[i / 8] |= static_cast<uint8_t>(1u << (i % 8));
+    p.insert(p.end(), bits.begin(), bits.end());
+  }
+  return p;
+}
+
+// Blocks stored back to back, with the key group of each.
+struct Stored {
+  std::vector<uint8_t> bytes;
+  std::vector<StoredBlockRef> refs;
+  std::vector<int32_t> kgs;
+
+  void add(const std::vector<Row>& rows, int32_t kg, bool has_validity) {
+    const std::vector<uint8_t> p = payload(rows, has_validity);
+    const size_t at = bytes.size();
+    const size_t n = statecore::lz4_block_compress(p.data(), p.size(), &bytes);
+    refs.push_back({at, n, p.size(), rows.size(), statecore::xxh64(bytes.data() + at, n, 0)});
+    kgs.push_back(kg);
+  }
+  BlockLoadResult load(StateTable& t, const BlockLoadSpec& spec) const {
+    return statecore::load_blocks(t, bytes.data(), bytes.size(), refs.data(), kgs.data(),
+                                  refs.size(), spec);
+  }
+};
+
+// A run of random rows over key groups [lo, hi], sorted by key, cut into blocks of at most
+// `per_block` rows that never span two key groups; applied to `model`.
+Stored random_run(std::mt19937_64& rng, Model& model, int32_t lo, int32_t hi, uint64_t keys, int pw,
+                  int tombstone_pct, size_t per_block) {
+  const bool incremental = tombstone_pct > 0;
+  std::map<std::string, Row> rows;
+  for (uint64_t i = 0; i < keys; ++i) {
+    const int32_t kg = lo + static_cast<int32_t>(rng() % static_cast<uint64_t>(hi - lo + 1));
+    Row r{encoded_key(kg, rng() % (keys * 2), pw), std::string(8, '\0'), true};
+    for (char& c : r.value) c = static_cast<char>(rng());
+    r.live = static_cast<int>(rng() % 100) >= tombstone_pct;
+    rows[r.key] = r;
+  }
+  Stored s;
+  std::vector<Row> block;
+  int32_t kg = -1;
+  for (const auto& [k, r] : rows) {
+    if (!block.empty() && (kg_of(k, pw) != kg || block.size() == per_block)) {
+      s.add(block, kg, incremental);
+      block.clear();
+    }
+    kg = kg_of(k, pw);
+    block.push_back(r);
+    if (r.live) model[k] = r.value;
+    else model.erase(k);
+  }
+  if (!block.empty()) s.add(block, kg, incremental);
+  return s;
+}
+
+void check_table(StateTable& t, const Model& model, int pw) {
+  std::map<int32_t, size_t> per_kg;
+  for (const auto& [k, v] : model) {
+    ++per_kg[kg_of(k, pw)];
+    ByteView got;
+    const bool found =
+        t.map(kg_of(k, pw)).get(reinterpret_cast<const uint8_t*>(k.data()), k.size(), &got);
+    CHECK(found);
+    if (found) CHECK_EQ(std::string(reinterpret_cast<const char*>(got.data), got.size), v);
+  }
+  for (int32_t kg = t.kg_start(); kg <= t.kg_end(); ++kg) CHECK_EQ(t.map(kg).size(), per_kg[kg]);
+}
+
+BlockLoadSpec spec_of(int pw, bool has_validity, bool into_empty) {
+  BlockLoadSpec s;
+  s.prefix_bytes = pw;
+  s.key_width = pw + 9;
+  s.value_width = 8;
+  s.has_validity = has_validity;
+  s.into_empty = into_empty;
+  return s;
+}
+
+std::vector<Row> rows_of(int32_t kg, std::initializer_list<uint64_t> keys, int pw = 1) {
+  std::vector<Row> out;
+  for (uint64_t k : keys) out.push_back({encoded_key(kg, k, pw), std::string(8, 'v'), true});
+  return out;
+}
+
+}  // namespace
+
+TEST(random_chains_match_a_model) {
+  for (int pw : {1, 2}) {
+    std::mt19937_64 rng(pw * 11);
+    const int32_t lo = pw == 1 ? 3 : 250, hi = pw == 1 ? 40 : 300;
+    StateTable t(lo, hi);
+    Model model;
+    // The oldest run into empty maps, then incremental runs over it.
+    for (int round = 0; round < 5; ++round) {
+      const Stored s = random_run(rng, model, lo, hi, 30000, pw, round == 0 ? 0 : 10, 97);
+      const BlockLoadResult r = s.load(t, spec_of(pw, round > 0, round == 0));
+      CHECK_EQ(r.failed_block, int64_t{-1});
+      CHECK(r.error.empty());
+      check_table(t, model, pw);
+    }
+  }
+}
+
+TEST(into_empty_over_a_map_that_is_not_empty_upserts) {
+  StateTable t(0, 3);
+  Model model;
+  std::mt19937_64 rng(5);
+  const Stored first = random_run(rng, model, 0, 3, 2000, 1, 0, 50);
+  CHECK_EQ(first.load(t, spec_of(1, false, true)).failed_block, int64_t{-1});
+  // The same keys again with other values (and new ones), claimed to be the oldest run.
+  const Stored again = random_run(rng, model, 0, 3, 2000, 1, 0, 50);
+  CHECK_EQ(again.load(t, spec_of(1, false, true)).failed_block, int64_t{-1});
+  check_table(t, model, 1);
+}
+
+TEST(damaged_bytes_are_corrupt_and_name_their_block) {
+  Stored s;
+  s.add(rows_of(1, {1, 2, 3}), 1, false);
+  s.add(rows_of(2, {1, 2}), 2, false);
+  s.add(rows_of(2, {5, 6}), 2, false);
+  {
+    Stored bad = s;
+    bad.bytes[bad.refs[2].offset + 1] ^= 0x10;
+    StateTable t(0, 3);
+    const BlockLoadResult r = bad.load(t, spec_of(1, false, true));
+    CHECK_EQ(r.failed_block, int64_t{2});
+    CHECK(r.corrupt);
+    CHECK_EQ(r.error, std::string("block checksum mismatch"));
+    CHECK_EQ(t.map(1).size(), size_t{3});  // the key groups before it are loaded
+    CHECK_EQ(t.map(2).size(), size_t{0});  // nothing of its own key group
+  }
+  {
+    StateTable t(0, 3);
+    const BlockLoadResult r =
+        statecore::load_blocks(t, s.bytes.data(), s.bytes.size() - 1, s.refs.data(), s.kgs.data(),
+                               3, spec_of(1, false, true));
+    CHECK_EQ(r.failed_block, int64_t{2});
+    CHECK(r.corrupt);
+  }
+  {
+    Stored bad = s;
+    bad.refs[0].entries = 4;  // the payload says 3
+    StateTable t(0, 3);
+    const BlockLoadResult r = bad.load(t, spec_of(1, false, true));
+    CHECK_EQ(r.failed_block, int64_t{0});
+    CHECK(r.corrupt);
+    CHECK_EQ(r.error, std::string("block holds 3 entries, block table says 4"));
+  }
+}
+
+TEST(keys_out_of_order_are_corrupt) {
+  for (const auto& blocks : std::vector<std::vector<std::vector<Row>>>{
+           {rows_of(1, {1, 3, 2})},                   // within a block
+           {rows_of(1, {1, 2}), rows_of(1, {2, 3})},  // a key repeated across blocks
+           {rows_of(1, {5, 6}), rows_of(1, {1})}}) {  // descending across blocks
+    Stored s;
+    for (const auto& b : blocks) s.add(b, 1, false);
+    StateTable t(0, 3);
+    const BlockLoadResult r = s.load(t, spec_of(1, false, true));
+    CHECK_EQ(r.failed_block, static_cast<int64_t>(blocks.size() - 1));
+    CHECK(r.corrupt);
+    CHECK(r.error.find("not strictly ascending within key group 1") != std::string::npos);
+    CHECK_EQ(t.map(1).size(), size_t{0});
+  }
+}
+
+TEST(entries_breaking_the_rules_are_not_corrupt) {
+  auto fails = [](std::vector<Row> rows, int32_t block_kg, const std::string& want,
+                  bool has_validity = false) {
+    Stored s;
+    s.add(rows_of(0, {1}), 0, has_validity);
+    s.add(rows, block_kg, has_validity);
+    StateTable t(0, 3);
+    const BlockLoadResult r = s.load(t, spec_of(1, has_validity, true));
+    CHECK_EQ(r.failed_block, int64_t{1});
+    CHECK(!r.corrupt);
+    CHECK_EQ(r.error, want);
+  };
+  fails(rows_of(2, {1}), 1, "entry 0: key-group prefix 2 in a block of key group 1");
+  fails(rows_of(9, {1}), 9,
+        "the block's key group 9 is outside [0, 3] or below the block before it (blocks must "
+        "be sorted by key group)");
+  std::vector<Row> short_key = rows_of(1, {1, 2});
+  short_key[1].key.pop_back();
+  fails(short_key, 1, "entry 1: encoded key is 9 bytes, not 10");
+  std::vector<Row> prefix_only = rows_of(1, {1});
+  prefix_only[0].key.resize(1);
+  fails(prefix_only, 1, "entry 0: its encoded key is not longer than the 1-byte key-group prefix");
+  std::vector<Row> wide = rows_of(1, {1});
+  wide[0].value += "x";
+  fails(wide, 1, "entry 0: value is 9 bytes, the state's values are 8");
+  // A tombstone carries no value: its width is not checked.
+  std::vector<Row> dead = rows_of(1, {1, 2});
+  dead[0].live = false;
+  Stored s;
+  s.add(dead, 1, true);
+  StateTable t(0, 3);
+  CHECK_EQ(s.load(t, spec_of(1, true, false)).failed_block, int64_t{-1});
+  CHECK_EQ(t.map(1).size(), size_t{1});
+  // Below the block before it.
+  Stored back;
+  back.add(rows_of(2, {1}), 2, false);
+  back.add(rows_of(1, {1}), 1, false);
+  StateTable t2(0, 3);
+  const BlockLoadResult r = back.load(t2, spec_of(1, false, true));
+  CHECK_EQ(r.failed_block, int64_t{1});
+  CHECK(!r.corrupt);
+  CHECK_THROWS(back.load(t2, spec_of(3, false, true)), std::invalid_argument);
+}
+
+TEST_MAIN()
