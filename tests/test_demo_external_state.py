@@ -8,9 +8,11 @@ reader outside the job polls the committed state."""
 import dataclasses
 import glob
 import os
+import shutil
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -29,10 +31,13 @@ from statecore.spark.external_commit import KILL_BEFORE_COMMIT_ENV, KILL_BEFORE_
 from statecore.ttl import INT64_MIN
 from support.postgres_server import postgres_server  # noqa: F401  (fixture)
 from support.redis_server import redis_server, redis_server_aof  # noqa: F401  (fixtures)
+from support.spark_cluster import scratch
 
 pytestmark = pytest.mark.spark
 
 DAYS = 21
+#: The kill test's job: 3 micro-batches (the kills hit micro-batches 1 and 2), then the flush.
+KILL_DAYS = 15
 DAY_MS = 86_400_000
 SESSION_STATES = ("open_session", "aircraft")
 ROUTE_STATES = ("active_since", "flights", "arr_delay_count", "arr_delay_sum", "arr_delay_max")
@@ -107,13 +112,25 @@ def test_demo_matches_spark_sql_across_a_rescale(spark, tmp_path, request, store
 
 
 def _cli(cfg, parallelism, env=None):
+    """``statecore demo`` in a process group of its own; its Spark scratch files (left behind
+    when it is SIGKILLed) are kept beside the checkpoint and deleted when it ended."""
+    root = Path(cfg.checkpoint).parent / "spark-scratch"
+    scratch_env, scratch_conf = scratch(root)
+    try:
+        return _run_cli(cfg, parallelism, dict(scratch_env, **(env or {})), scratch_conf)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _run_cli(cfg, parallelism, env, conf):
     return subprocess.run(
         [sys.executable, "-m", "statecore.cli", "demo", "--checkpoint", cfg.checkpoint,
          "--output", cfg.output, "--days", str(cfg.days), "--backend", cfg.backend,
          "--files-per-trigger", str(cfg.files_per_trigger), "--parallelism", str(parallelism),
          "--aircraft-idle-ttl", "6d", "--route-idle-ttl", "6d", "--master", "local[2]",
-         "--state-store", cfg.state_store, "--quiet"],
-        env=dict(os.environ, **(env or {})), capture_output=True, text=True, timeout=900,
+         "--state-store", cfg.state_store, "--quiet",
+         *[a for k, v in conf.items() for a in ("--conf", f"{k}={v}")]],
+        env=dict(os.environ, **env), capture_output=True, text=True, timeout=900,
         start_new_session=True)
 
 
@@ -131,7 +148,7 @@ def _route_flights_by_batch(cfg):
 def test_driver_killed_around_the_commit_then_restarted(spark, tmp_path,
                                                         redis_server_aof):  # noqa: F811
     server = redis_server_aof
-    cfg = _cfg(tmp_path / "k", server)
+    cfg = _cfg(tmp_path / "k", server, days=KILL_DAYS)
     pipe = DemoPipeline(cfg)
     samples, errors, stop = [], [], threading.Event()
 
@@ -187,7 +204,7 @@ def test_driver_killed_around_the_commit_then_restarted(spark, tmp_path,
             last.update(emitted[b])
         assert all(last.get(route) == n for route, n in counts.items()), epoch
     # The committed state equals that of an uninterrupted run.
-    ref_cfg = _cfg(tmp_path / "ref", server)
+    ref_cfg = _cfg(tmp_path / "ref", server, days=KILL_DAYS)
     run_demo(ref_cfg, spark=spark, progress=None)
     ref = DemoPipeline(ref_cfg)
     assert _committed(cfg, pipe.sessions, SESSION_STATES) == \

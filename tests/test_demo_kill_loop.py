@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,19 +16,29 @@ import time
 import pytest
 
 from statecore.demo.job import DemoConfig, DemoPipeline
+from support.spark_cluster import scratch
 from test_demo_job import DAY_MS, DAYS, _assert_matches_spark_sql
 
 KILLS = int(os.environ.get("STATECORE_DEMO_KILLS", "3"))
 
 
+def _scratch(cfg: DemoConfig) -> str:
+    """Where the drivers keep their Spark scratch files (a SIGKILLed JVM leaves them behind):
+    beside the checkpoint, deleted after each run."""
+    return os.path.join(os.path.dirname(cfg.checkpoint), "spark-scratch")
+
+
 def _start(cfg: DemoConfig) -> subprocess.Popen:
+    scratch_env, scratch_conf = scratch(_scratch(cfg))
     return subprocess.Popen(
         [sys.executable, "-m", "statecore.cli", "demo", "--checkpoint", cfg.checkpoint,
          "--output", cfg.output, "--days", str(cfg.days), "--backend", cfg.backend,
          "--files-per-trigger", str(cfg.files_per_trigger), "--parallelism",
          str(cfg.parallelism), "--aircraft-idle-ttl", "6d", "--route-idle-ttl", "6d",
-         "--master", "local[2]"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+         "--master", "local[2]",
+         *[a for k, v in scratch_conf.items() for a in ("--conf", f"{k}={v}")]],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env=dict(os.environ, **scratch_env))
 
 
 def _check_latest_versions(cfg: DemoConfig) -> None:
@@ -65,9 +76,11 @@ def test_driver_killed_mid_batch_then_restarted_matches_spark_sql(spark, tmp_pat
             os.killpg(proc.pid, signal.SIGKILL)
             killed += 1
         proc.communicate(timeout=120)
+        shutil.rmtree(_scratch(cfg), ignore_errors=True)
         _check_latest_versions(cfg)
     proc = _start(cfg)
     out, _ = proc.communicate(timeout=900)
+    shutil.rmtree(_scratch(cfg), ignore_errors=True)
     assert proc.returncode == 0, out[-3000:]
     assert killed >= 1
     _assert_matches_spark_sql(spark, cfg)

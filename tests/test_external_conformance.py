@@ -3,8 +3,8 @@ redis-server and a real PostgreSQL server: every state call is served by the cac
 so the suite checks that reading through from the store and the epoch protocol change nothing
 of the semantics. Each comparison with the reference backend (``same_as_reference``) also
 pre-commits and commits the backend's state as an epoch and compares a new backend on the same
-namespace (which reads everything back from the store) with the reference, for both cache
-kinds."""
+namespace (which reads everything back from the store) with the reference: Redis with the
+python cache, PostgreSQL with the native one."""
 
 from __future__ import annotations
 
@@ -147,22 +147,19 @@ class _WeakList(weakref.WeakSet):
         self.add(item)
 
 
+# Each store once, each cache kind once: the cache kinds differ only in the in-memory backend in
+# front (the python and the native backend, which the conformance suite itself holds to the same
+# semantics), with the same read-through and epoch code (statecore.external.cached) for both; a
+# class per store and cache kind would repeat the same store calls.
 class TestRedisPythonCache(_RedisConformance):
     cache = "python"
 
 
-# The native-cache classes run with a cache bound of one entry: every read-through evicts every
-# clean key group not in use, so the suite checks that eviction and reading through again change
-# nothing (the python-cache class keeps the default bound, never reached here).
-class TestRedisNativeCache(_RedisConformance):
-    cache = "native"
-    cache_entries = 1
-
-
-# PostgreSQL with the native cache only: the cache kinds differ in the in-memory backend in
-# front, which the Redis classes above already run through the whole suite with the same
-# read-through and epoch code (statecore.external.cached); a second PostgreSQL class would
-# repeat the same store calls.
+# The native-cache class runs with a cache bound of one entry: every read-through evicts every
+# clean key group not in use, so the suite checks on a real store that eviction and reading
+# through again change nothing (tests/test_external_cache.py compares a bounded with an
+# unbounded cache on Redis with both cache kinds and on PostgreSQL; the python-cache class keeps
+# the default bound).
 class TestPostgresNativeCache(_PostgresConformance):
     cache = "native"
     cache_entries = 1

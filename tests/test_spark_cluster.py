@@ -3,11 +3,17 @@ on 127.0.0.1, executors whose Python workers run statecore from the wheel, shipp
 ``venv-pack`` archive (``statecore demo --python-env``), the driver in a process of its own with
 its own interpreter. The output of an undisturbed run must equal the Spark SQL oracle of the
 end-to-end tests (``tests/test_demo_job.py``), and every other run's output must equal that one
-(same micro-batches, from Spark's source log), also when an executor JVM is SIGKILLed mid-stream
-(Spark's master launches a replacement and the job goes on), when one is SIGKILLed after its
-tasks of a micro-batch ended while their background checkpoint writes run (the driver re-runs
-the micro-batch; the query does not fail) and when the whole driver process group is SIGKILLed
-and the job is started again on its checkpoint.
+(same micro-batches, from Spark's source log), also when the whole driver process group is
+SIGKILLed and the job is started again on its checkpoint and that run loses an executor JVM
+between micro-batches and another while a micro-batch's tasks run (SIGKILLs; Spark's master
+launches replacements and the job goes on), and when an executor is SIGKILLed after its tasks
+of a micro-batch ended while their background checkpoint writes run (the driver re-runs the
+micro-batch; the query does not fail). Each run is one Spark application: the kill points share
+applications rather than each starting its own.
+
+Every driver and the cluster keep their Spark scratch files (``spark-*``, ``blockmgr-*``, the
+driver's unpacked copy of the shipped environment) under the test's directory, deleted after
+the test: a SIGKILLed JVM never runs Spark's own clean-up.
 """
 
 from __future__ import annotations
@@ -77,12 +83,19 @@ def python_env(tmp_path_factory, wheel_venv):
 
 
 @pytest.fixture(autouse=True)
-def _drop_unpacked_envs(cluster):
+def _drop_unpacked_envs(cluster, tmp_path):
     """After each test, delete the environments the executors unpacked (~0.5 GB each; the
-    workers keep their applications' directories, which count the executors launched)."""
+    workers keep their applications' directories, which count the executors launched) and the
+    drivers' scratch files (``_scratch``)."""
     yield
     for env in [e for d in cluster.worker_dirs for e in d.glob("app-*/*/environment")]:
         shutil.rmtree(env, ignore_errors=True)
+    shutil.rmtree(_scratch(tmp_path), ignore_errors=True)
+
+
+def _scratch(tmp_path: Path) -> Path:
+    """Where the drivers of a test keep their Spark scratch files."""
+    return tmp_path / "spark-scratch"
 
 
 def _cfg(tmp_path, landing=None) -> DemoConfig:
@@ -96,9 +109,14 @@ class Driver:
     interpreter: the driver needs the demo extra, the executors do not). Its output lines are
     collected by a thread, so the test can wait for one without blocking on the pipe."""
 
-    def __init__(self, cfg: DemoConfig, cluster, python_env: Path, conf: tuple = ()):
-        env = dict(os.environ)
+    def __init__(self, cfg: DemoConfig, cluster, python_env: Path, scratch_root: Path,
+                 conf: tuple = ()):
+        from support.spark_cluster import scratch
+
+        scratch_env, scratch_conf = scratch(scratch_root)
+        env = dict(os.environ, **scratch_env)
         env["SPARK_LOCAL_IP"] = "127.0.0.1"
+        conf = tuple(f"{k}={v}" for k, v in scratch_conf.items()) + tuple(conf)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "statecore.cli", "demo", "--checkpoint", cfg.checkpoint,
              "--output", cfg.output, "--days", str(cfg.days), "--backend", cfg.backend,
@@ -203,8 +221,9 @@ def undisturbed(spark, cluster, python_env, tmp_path_factory):
     """One run of the job on the cluster, checked against the Spark SQL oracle; returns its
     config, its micro-batch plan, its output rows, its driver output and, per executor Python
     process seen while it ran, (command line, paths of the statecore extension it mapped)."""
-    cfg = _cfg(tmp_path_factory.mktemp("undisturbed"))
-    driver = Driver(cfg, cluster, python_env)
+    root = tmp_path_factory.mktemp("undisturbed")
+    cfg = _cfg(root)
+    driver = Driver(cfg, cluster, python_env, _scratch(root))
     seen: dict[int, tuple[str, list[str]]] = {}
     try:
         # While the job runs, record where its executors' Python workers loaded statecore from.
@@ -216,6 +235,7 @@ def undisturbed(spark, cluster, python_env, tmp_path_factory):
         driver.kill()
         raise
     _run_to_end(driver)
+    shutil.rmtree(_scratch(root), ignore_errors=True)
     _assert_matches_spark_sql(spark, cfg)
     return dict(cfg=cfg, plan=batch_plan(os.path.join(cfg.checkpoint, "spark")),
                 landing=os.path.join(cfg.checkpoint, "landing"),
@@ -279,27 +299,31 @@ def _beating_writer_pids(cfg: DemoConfig, version: int) -> set:
     return pids
 
 
-def _kill_an_executor(cluster, driver: Driver, cfg: DemoConfig, when: str) -> None:
-    """SIGKILL one executor JVM: ``between_batches``, right after the driver printed its first
-    micro-batch line (that micro-batch committed, the next one not started); ``during_tasks``,
-    once micro-batch 1 committed and micro-batch 2's sessions tasks are streaming output;
-    ``after_tasks``, once micro-batch 2's sessions job committed its output (every task of it
-    ended) while a background write of one of its Python workers beats without having
-    reported (the run's writes report late, DELAY_REPORT_S): that executor with its Python
-    processes, as a lost node takes them. On a failure here the driver is killed before the
-    error propagates."""
+def _kill_an_executor(cluster, driver: Driver, cfg: DemoConfig, when: str, batch: int = 2,
+                      spared: tuple = ()) -> int:
+    """SIGKILL one executor JVM and return its pid: ``between_batches``, right after the driver
+    printed its first micro-batch line (that micro-batch committed, the next one not started);
+    ``during_tasks``, once micro-batch ``batch`` - 1 committed and micro-batch ``batch``'s
+    sessions tasks are streaming output; ``after_tasks``, once micro-batch 2's sessions job
+    committed its output (every task of it ended) while a background write of one of its
+    Python workers beats without having reported (the run's writes report late,
+    DELAY_REPORT_S): that executor with its Python processes, as a lost node takes them.
+    ``spared``: pids of executors killed before (the victim is another; one living executor
+    is enough then, its replacement may not be up yet). On a failure here the driver is killed
+    before the error propagates."""
     from support.spark_cluster import descendants
 
     try:
-        first = "batch " if when == "between_batches" else "batch    1:"
+        first = "batch " if when == "between_batches" else f"batch {batch - 1:4d}:"
         assert driver.wait_for_line(first), driver.output()[-3000:]
         deadline = time.monotonic() + 300
         if when == "during_tasks":
-            while not _first_task_output(cfg, 2):
+            while not _first_task_output(cfg, batch):
                 assert driver.proc.poll() is None and time.monotonic() < deadline, \
                     driver.output()[-3000:]
                 time.sleep(0.02)
-        executors = cluster.wait_for_executors(2, timeout_s=120)
+        executors = cluster.wait_for_executors(1 if spared else 2, timeout_s=120,
+                                               exclude=spared)
         victim, doomed = executors[0], []
         if when == "after_tasks":
             done = Path(cfg.output) / "sessions" / "batch_id=2" / "_SUCCESS"
@@ -317,6 +341,7 @@ def _kill_an_executor(cluster, driver: Driver, cfg: DemoConfig, when: str) -> No
     except BaseException:
         driver.kill()
         raise
+    return victim
 
 
 def _victim_found(cluster, cfg: DemoConfig, executors: list, done: Path, descendants,
@@ -336,10 +361,10 @@ def _victim_found(cluster, cfg: DemoConfig, executors: list, done: Path, descend
 
 
 def _finish_after_executor_loss(cluster, driver: Driver, cfg: DemoConfig, python_env,
-                                launched: int) -> None:
-    """Wait for the driver of a run that lost an executor; check that the master launched a
-    replacement and that the job finished (or failed the one documented way, then finished after
-    a restart)."""
+                                launched: int, scratch_root: Path, lost: int = 1) -> None:
+    """Wait for the driver of a run that lost ``lost`` executors; check that the master launched
+    replacements and that the job finished (or failed the one documented way, then finished
+    after a restart)."""
     rc = driver.finish()
     out = driver.output()
     if rc != 0:
@@ -348,39 +373,43 @@ def _finish_after_executor_loss(cluster, driver: Driver, cfg: DemoConfig, python
         # reported more often than the driver re-runs a micro-batch (relaunch_attempts).
         # Nothing was committed; a restart replays the micro-batch.
         assert "did not report their checkpoint" in out, out[-4000:]
-        _run_to_end(Driver(cfg, cluster, python_env))
+        _run_to_end(Driver(cfg, cluster, python_env, scratch_root))
     else:
         assert "end of input: flushed" in out
-    # 2 executors at the start and at least 1 more: the master replaced the lost one.
-    assert _executors_launched(cluster) - launched >= 3, cluster.log_tails()
+    # 2 executors at the start and one more per loss: the master replaced the lost ones.
+    assert _executors_launched(cluster) - launched >= 2 + lost, cluster.log_tails()
 
 
-def test_executor_sigkilled_during_tasks(spark, undisturbed, cluster, python_env, tmp_path):
+def test_driver_sigkilled_then_executors_lost_between_batches_and_during_tasks(
+        spark, undisturbed, cluster, python_env, tmp_path):
+    """The driver's process group SIGKILLed while micro-batch 1's tasks run; the restarted
+    driver replays what was not committed, and in that one application one executor is
+    SIGKILLed right after its first micro-batch (between micro-batches) and another while the
+    sessions tasks of the micro-batch after next stream output."""
     cfg = _cfg(tmp_path, landing=undisturbed["landing"])
-    launched = _executors_launched(cluster)
-    driver = Driver(cfg, cluster, python_env)
-    _kill_an_executor(cluster, driver, cfg, "during_tasks")
-    _finish_after_executor_loss(cluster, driver, cfg, python_env, launched)
-    _assert_same_as_undisturbed(spark, cfg, undisturbed)
-
-
-def test_driver_sigkilled_then_executor_lost_between_batches(spark, undisturbed, cluster,
-                                                             python_env, tmp_path):
-    """The driver's process group SIGKILLed inside micro-batch 1; the restarted driver replays
-    what was not committed, and right after its first micro-batch one executor is SIGKILLed
-    (between micro-batches)."""
-    cfg = _cfg(tmp_path, landing=undisturbed["landing"])
-    driver = Driver(cfg, cluster, python_env)
+    driver = Driver(cfg, cluster, python_env, _scratch(tmp_path))
     try:
         assert driver.wait_for_line("batch    0:"), driver.output()[-3000:]
-        time.sleep(1.0)  # inside micro-batch 1
+        deadline = time.monotonic() + 300
+        while not _first_task_output(cfg, 1):  # inside micro-batch 1
+            assert driver.proc.poll() is None and time.monotonic() < deadline, \
+                driver.output()[-3000:]
+            time.sleep(0.02)
     finally:
         driver.kill()
     assert "end of input" not in driver.output()
     launched = _executors_launched(cluster)
-    driver = Driver(cfg, cluster, python_env)
-    _kill_an_executor(cluster, driver, cfg, "between_batches")
-    _finish_after_executor_loss(cluster, driver, cfg, python_env, launched)
+    driver = Driver(cfg, cluster, python_env, _scratch(tmp_path))
+    first = _kill_an_executor(cluster, driver, cfg, "between_batches")
+    replayed = next(int(ln.split()[1].rstrip(":")) for ln in driver.lines
+                    if ln and ln.startswith("batch "))
+    if replayed != 1:
+        driver.kill()
+        pytest.fail(f"the restarted run began with micro-batch {replayed}, not 1:\n"
+                    + driver.output()[-3000:])
+    _kill_an_executor(cluster, driver, cfg, "during_tasks", batch=replayed + 2, spared=(first,))
+    _finish_after_executor_loss(cluster, driver, cfg, python_env, launched, _scratch(tmp_path),
+                                lost=2)
     _assert_same_as_undisturbed(spark, cfg, undisturbed)
 
 
@@ -393,7 +422,7 @@ def test_executor_sigkilled_after_its_tasks_relaunches_the_micro_batch(spark, un
     undisturbed run's."""
     cfg = _cfg(tmp_path, landing=undisturbed["landing"])
     launched = _executors_launched(cluster)
-    driver = Driver(cfg, cluster, python_env,
+    driver = Driver(cfg, cluster, python_env, _scratch(tmp_path),
                     conf=(f"spark.executorEnv.STATECORE_TEST_DELAY_REPORT_S={DELAY_REPORT_S}",))
     _kill_an_executor(cluster, driver, cfg, "after_tasks")
     rc = driver.finish()

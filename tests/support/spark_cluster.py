@@ -8,7 +8,13 @@ its own, on free loopback ports, with work and log files under a temporary direc
 waits (bounded) until the master's JSON page lists every worker ALIVE. :meth:`Cluster.stop`
 SIGKILLs every process the cluster started and every descendant of them (the workers' executor
 JVMs, their PySpark daemons, which put themselves into process groups of their own, and the
-Python workers), also when a start failed half way.
+Python workers), also when a start failed half way, then deletes their scratch files.
+
+Scratch files: a Spark process keeps its ``spark-*`` and ``blockmgr-*`` directories (with the
+files and archives an application ships, e.g. an unpacked Python environment) under its local
+directories, by default in ``/tmp``, and deletes them from a JVM shutdown hook -- which a SIGKILL
+never runs. :func:`scratch` points a driver at a directory of the caller's; the cluster's
+master, workers and executors use one under ``workdir``.
 
 The module imports nothing from this project (the benchmarks use it too).
 """
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,10 +32,10 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["Cluster", "spark_home", "free_port", "descendants", "executor_pids",
-           "pack_venv", "EXECUTOR_CLASS"]
+           "pack_venv", "scratch", "EXECUTOR_CLASS"]
 
 #: The main class of an executor JVM (what a kill of "an executor" targets).
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
@@ -46,6 +53,25 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def scratch(root: Path) -> Tuple[Dict[str, str], Dict[str, str]]:
+    """``(environment, spark conf)`` that keep the scratch files of a Spark application's
+    processes under ``root`` (created): Spark's local directories (``SPARK_LOCAL_DIRS``, which
+    takes precedence over ``spark.local.dir``: ``spark-*``, ``blockmgr-*``, the driver's copy
+    of shipped files and archives), Python's ``TMPDIR`` and the JVMs' ``java.io.tmpdir``
+    (native libraries unpacked from jars, Hadoop's temporary files). Deleting ``root`` after the
+    processes are gone removes all of it, also after a SIGKILL (which skips Spark's own
+    clean-up). Environment entries go to the driver's process (and are inherited by a local
+    master's executors); conf entries to its session (``--conf``)."""
+    local, tmp = Path(root) / "local", Path(root) / "tmp"
+    local.mkdir(parents=True, exist_ok=True)
+    tmp.mkdir(parents=True, exist_ok=True)
+    java_tmp = f"-Djava.io.tmpdir={tmp}"
+    env = {"SPARK_LOCAL_DIRS": str(local), "TMPDIR": str(tmp)}
+    conf = {"spark.local.dir": str(local), "spark.driver.extraJavaOptions": java_tmp,
+            "spark.executor.extraJavaOptions": java_tmp}
+    return env, conf
 
 
 def _children_map() -> Dict[int, List[int]]:
@@ -138,7 +164,18 @@ class Cluster:
             env.pop(name, None)
         env.update(SPARK_HOME=spark_home(), SPARK_LOCAL_IP="127.0.0.1",
                    SPARK_LOG_DIR=str(self.workdir / "logs"))
+        # The workers hand their local directories on to the executors they launch
+        # (SPARK_EXECUTOR_DIRS); the executors' Python workers inherit TMPDIR.
+        scratch_env, scratch_conf = scratch(self.scratch_dir)
+        env.update(scratch_env)
+        env["SPARK_DAEMON_JAVA_OPTS"] = scratch_conf["spark.driver.extraJavaOptions"]
         return env
+
+    @property
+    def scratch_dir(self) -> Path:
+        """Where the cluster's processes keep their scratch files (:func:`scratch`); deleted
+        by :meth:`stop`."""
+        return self.workdir / "scratch"
 
     def _spawn(self, name: str, args: List[str]) -> subprocess.Popen:
         log = self.workdir / f"{name}.log"
@@ -238,6 +275,7 @@ class Cluster:
                 p.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 pass
+        shutil.rmtree(self.scratch_dir, ignore_errors=True)
 
     def __enter__(self) -> "Cluster":
         return self
