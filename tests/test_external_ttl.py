@@ -118,8 +118,19 @@ def test_each_commit_sweeps_the_next_key_groups(store):
     clock.set(5000)
     _commit(store, off, 2)
     assert _stored(store, off.namespace, "v") == _KEYS
+    # A pre-commit that asks for no sweep (the Spark operator's end-of-input flush) removes
+    # nothing; the next one sweeps again.
+    skip = _open(store, f"ttl/{next(_namespaces)}", clock, ttl_sweep_key_groups=16)
+    skip.get_state(_VALUE).put_batch(_ints(_KEYS), _ints(_KEYS))
+    _commit(store, skip, 1)
+    clock.set(9000)
+    commit_epoch(store[1], skip.namespace, 2, [skip.pre_commit(2, sweep_ttl=False)])
+    assert _stored(store, skip.namespace, "v") == _KEYS
+    _commit(store, skip, 3)
+    assert _stored(store, skip.namespace, "v") == []
     b.dispose()
     off.dispose()
+    skip.dispose()
 
 
 def test_readers_never_return_expired_values(store):

@@ -670,7 +670,7 @@ class CachedExternalBackend:
         self._cache.notify_checkpoint_complete(snap.snapshot_id)
 
     # ------------------------------------------------------------------ epochs
-    def pre_commit(self, epoch: int) -> str:
+    def pre_commit(self, epoch: int, sweep_ttl: bool = True) -> str:
         """Hand over the changes made since the last pre-commit as epoch ``epoch``'s
         write-ahead log of this task, and return the log's name (for the coordinator's
         ``commit_epoch``). The log holds the state metas and every changed entry (set or
@@ -679,7 +679,10 @@ class CachedExternalBackend:
         state, writes after this call belong to the next epoch. The log also asks the commit to
         remove the expired entries of TTL states in the next ``ttl_sweep_key_groups`` key
         groups of the range from the store (:meth:`_sweep_plan`: expired by this task's TTL
-        clock now, so never an entry this task could still read).
+        clock now, so never an entry this task could still read); ``sweep_ttl=False`` asks for
+        no sweep (the Spark operator's end-of-input flush: its watermark jumps to the end of time,
+        which would make the sweep remove every TTL entry of those key groups, and the in-memory
+        backends' background cleanup skips the flush too).
 
         Epochs commit in order: the previous pre-commit must be committed first (read from
         the store when :meth:`notify_committed` did not say so). Raises InvalidInputError for
@@ -708,7 +711,7 @@ class CachedExternalBackend:
         metas = self._collect_changes(timers)
         changed = {kg: (self._timers_stored.get(kg, {}), t) for kg, t in timers.items()
                    if t != self._timers_stored.get(kg, {})}
-        sweep = self._sweep_plan()
+        sweep = self._sweep_plan() if sweep_ttl else []
         name = self._store_write_log(epoch, metas, self._stash, changed, sweep)
         if sweep:
             self._sweep_next = sweep[0][2][-1] + 1

@@ -169,7 +169,7 @@ def run_external(spec, partition_id: int, inputs, t0: float, task_attempt: int, 
             held = ob
         proc_s = time.perf_counter() - t_proc
         t_snap = time.perf_counter()
-        wal = backend.pre_commit(spec.batch_id)
+        wal = backend.pre_commit(spec.batch_id, sweep_ttl=not spec.is_flush)
         snap_s = time.perf_counter() - t_snap
         if spec.ttl_background_key_groups and not spec.is_flush:
             # Its removals are writes of the next epoch.
