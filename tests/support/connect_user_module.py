@@ -33,8 +33,11 @@ def main(url: str, root: str, backend: str) -> None:
     landing = os.path.join(root, "landing")
     os.makedirs(landing, exist_ok=True)
     for i, keys in enumerate(([1, 2, 2, 3], [2, 3, 3])):
-        pq.write_table(pa.table({"k": pa.array(keys, pa.int64())}),
-                       os.path.join(landing, f"part-{i}.parquet"))
+        path = os.path.join(landing, f"part-{i}.parquet")
+        pq.write_table(pa.table({"k": pa.array(keys, pa.int64())}), path)
+        # Spark's file source takes files oldest first by modification time: two files
+        # written within one clock tick could come in either order.
+        os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))
     spark = remote_session(url, shuffle_partitions=2)
     op = StatefulOperator("user", mod.ConnectUserCounter(), "k", os.path.join(root, "ckpt"),
                           output=os.path.join(root, "out"), backend=backend)
