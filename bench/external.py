@@ -32,13 +32,7 @@ the last epoch and counts every row (``read_committed``), else the case raises R
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 
@@ -47,6 +41,7 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 
 from bench.common import has_native
+from bench.external_servers import redis_server, redis_stats
 from bench.harness import Size, case, record
 from statecore import CheckpointStore, ReducingStateDescriptor, create_backend
 
@@ -55,54 +50,6 @@ _BATCH = 65_536
 _MP = 128
 _BATCHES = 4
 _PIPELINE_ROWS = 10_000
-
-
-@contextlib.contextmanager
-def _redis_server():
-    """A ``redis.Redis`` client of a fresh ``redis-server`` on a free loopback port (its own
-    process group, killed on exit), and its URL; None when redis-server or redis-py is
-    missing."""
-    exe = shutil.which("redis-server")
-    try:
-        import redis
-    except ImportError:
-        redis = None
-    if exe is None or redis is None:
-        print(f"{_CASE}: redis-server or the redis client is not installed; case left out",
-              file=sys.stderr)
-        yield None
-        return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    work = tempfile.mkdtemp(prefix="statecore-bench-redis-")
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", work,
-                             "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    try:
-        client = redis.Redis(host="127.0.0.1", port=port)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.1)
-        yield client, f"redis://127.0.0.1:{port}/0"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def _stats(client) -> np.ndarray:
-    s = client.info("stats")
-    return np.array([s["total_commands_processed"], s["total_net_input_bytes"],
-                     s["total_net_output_bytes"]], dtype=np.int64)
 
 
 def _micro_batches(n: int, rows: int) -> list:
@@ -128,7 +75,7 @@ def _external(client, url: str, cache: str, batches: list) -> dict:
     deltas = []
     t0 = time.perf_counter()
     for epoch, keys in enumerate(batches):
-        before = _stats(client)
+        before = redis_stats(client)
         ta = time.perf_counter()
         _add(st, keys)
         tb = time.perf_counter()
@@ -138,7 +85,7 @@ def _external(client, url: str, cache: str, batches: list) -> dict:
         b.notify_committed(epoch)
         td = time.perf_counter()
         phases += (tb - ta, tc - tb, td - tc)
-        deltas.append(_stats(client) - before)
+        deltas.append(redis_stats(client) - before)
     total = time.perf_counter() - t0
     read_through = len(b.loaded_key_groups)
     b.dispose()
@@ -193,14 +140,14 @@ def _pipelined(client, batches: list) -> dict:
     deltas = []
     t0 = time.perf_counter()
     for keys in batches:
-        before = _stats(client)
+        before = redis_stats(client)
         pipe = client.pipeline(transaction=False)
         for i, k in enumerate(keys.tolist()):
             pipe.hincrby("plain:pipelined", k, 1)
             if (i + 1) % _PIPELINE_ROWS == 0:
                 pipe.execute()
         pipe.execute()
-        deltas.append(_stats(client) - before)
+        deltas.append(redis_stats(client) - before)
     total = time.perf_counter() - t0
     d = np.mean(deltas, axis=0)
     return {"rows_per_s": sum(map(len, batches)) / total, "commands_per_batch": d[0],
@@ -232,7 +179,7 @@ def external_redis(size: Size) -> list:
     batches = _micro_batches(n, rows)
     out = [record(_CASE, "workload", "distinct_keys", n, "keys"),
            record(_CASE, "workload", "rows_per_batch", rows, "rows")]
-    with _redis_server() as server:
+    with redis_server(_CASE) as server:
         if server is None:
             return []
         client, url = server

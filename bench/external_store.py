@@ -27,24 +27,11 @@ import uuid
 import pyarrow as pa
 
 from bench.common import has_native
+from bench.external_servers import drop_postgres_namespace
 from bench.harness import Size, case, record
 
 _REPEAT = 3
 _ENV = "STATECORE_BENCH_POSTGRES"
-
-
-def _drop_namespace(url: str, ns: str) -> None:
-    """Delete the benchmark's namespace and its rows (docs/formats.md "External state in
-    PostgreSQL")."""
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
-        row = conn.execute("SELECT id FROM statecore.namespaces WHERE name = %s",
-                           (ns,)).fetchone()
-        if row:
-            for table in ("entries", "logs", "states"):
-                conn.execute(f"DELETE FROM statecore.{table} WHERE ns = %s", row)
-            conn.execute("DELETE FROM statecore.namespaces WHERE id = %s", row)
 
 
 def _median_rate(n: int, fn) -> float:
@@ -107,7 +94,7 @@ def external_postgres(size: Size):
             return took
         finally:
             b.dispose()
-            _drop_namespace(url, ns)
+            drop_postgres_namespace(url, ns)
 
     figures["insert"] = _median_rate(n, lambda: epoch_run(True))
     figures["update"] = _median_rate(n, lambda: epoch_run(False))

@@ -32,12 +32,8 @@ without it or the ``redis`` client. PostgreSQL: the server of ``$STATECORE_BENCH
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,6 +44,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.common import has_native
+from bench.external_servers import drop_postgres_namespace, redis_server, redis_stats
 from bench.harness import Size, case, record
 from bench.spark_e2e import RunningCount, make_stream
 
@@ -97,53 +94,6 @@ def run_query(spark, landing: str, workdir: str, state_store=None, namespace=Non
     return time.perf_counter() - t0, op
 
 
-@contextlib.contextmanager
-def _redis():
-    """``(client, url)`` of a fresh ``redis-server`` on a free loopback port (its own process
-    group, killed on exit); None when redis-server or the client is missing."""
-    exe = shutil.which("redis-server")
-    try:
-        import redis
-    except ImportError:
-        redis = None
-    if exe is None or redis is None:
-        print(f"{_CASE}: redis-server or the redis client is not installed; Redis left out",
-              file=sys.stderr)
-        yield None
-        return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    work = tempfile.mkdtemp(prefix="statecore-bench-redis-")
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", work,
-                             "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    try:
-        client = redis.Redis(host="127.0.0.1", port=port)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.1)
-        yield client, f"redis://127.0.0.1:{port}/0"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def _redis_stats(client) -> np.ndarray:
-    s = client.info("stats")
-    return np.array([s["total_commands_processed"], s["total_net_input_bytes"],
-                     s["total_net_output_bytes"]], dtype=np.int64)
-
-
 def _pg_stats(url: str) -> np.ndarray:
     import psycopg
 
@@ -152,19 +102,6 @@ def _pg_stats(url: str) -> np.ndarray:
             "SELECT xact_commit, tup_inserted + tup_updated + tup_deleted FROM "
             "pg_stat_database WHERE datname = current_database()").fetchone()
     return np.array(row, dtype=np.int64)
-
-
-def _drop_pg_namespace(url: str, ns: str) -> None:
-    """Delete the namespace's rows (docs/formats.md "External state in PostgreSQL")."""
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
-        row = conn.execute("SELECT id FROM statecore.namespaces WHERE name = %s",
-                           (ns,)).fetchone()
-        if row:
-            for table in ("entries", "logs", "states"):
-                conn.execute(f"DELETE FROM statecore.{table} WHERE ns = %s", row)
-            conn.execute("DELETE FROM statecore.namespaces WHERE id = %s", row)
 
 
 def _check_counts(op, files, keys: int) -> None:
@@ -221,7 +158,7 @@ def _variant(name: str, landing: str, new_file, work: str, keys: int, events: in
     print(f"  {_CASE}: {name:<18} {events / secs:>10,.0f} events/s; after the restart "
           f"{last.seconds:.2f} s (loads {last.loads})")
     if store is not None and store[0] == "postgres":
-        _drop_pg_namespace(url, ns)
+        drop_postgres_namespace(url, ns)
     return out
 
 
@@ -260,11 +197,11 @@ def spark_running_count_external(size: Size) -> list:
         make_stream(warm, 100, 1000, 2)
         run_query(_session(), warm, os.path.join(root, "warm-work"))
         out += _variant("native+checkpoint", *prepare("native"), keys, events, batches)
-        with _redis() as server:
+        with redis_server(_CASE) as server:
             if server is not None:
                 client, url = server
                 out += _variant("redis", *prepare("redis"), keys, events, batches,
-                                ("redis", url, lambda: _redis_stats(client)))
+                                ("redis", url, lambda: redis_stats(client)))
         pg = os.environ.get(_PG_ENV)
         try:
             import psycopg  # noqa: F401
