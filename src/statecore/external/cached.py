@@ -113,18 +113,23 @@ def _ttl_mismatch(name: str, namespace: str, meta: dict, ttl: bool) -> str:
             "groups it reads while every task shares the state meta)")
 
 
-class _CommittedEntries:
-    """A StateSnapshot-like view of committed entries read from the store, restored into the cache:
-    ``data[(state, kg)] = {encoded key: stored value}`` for the key groups read, nothing for
-    the others."""
+class _CacheInput:
+    """What the cache's ``restore`` / ``apply_changes`` read besides the entries: the cache's
+    key-group layout, and the state metas (``metas``) with the data behind them (``data``)."""
 
-    def __init__(self, backend, metas: dict, data: dict):
+    def __init__(self, backend, metas, data: dict):
         self.max_parallelism = backend.max_parallelism
         self.key_group_range = backend.key_group_range
         self.key_type = backend.key_type
         self.assigner = backend.assigner
         self._metas = metas
         self._data = data
+
+
+class _CommittedEntries(_CacheInput):
+    """A StateSnapshot-like view of committed entries read from the store, restored into the cache:
+    ``metas`` ``{state: meta}``, ``data[(state, kg)] = {encoded key: stored value}`` for the key
+    groups read, nothing for the others."""
 
     def state_metas(self) -> list[dict]:
         return [dict(m) for m in self._metas.values()]
@@ -143,19 +148,11 @@ class _CommittedEntries:
         self._data = {}
 
 
-class _EvictionChanges:
+class _EvictionChanges(_CacheInput):
     """A change set (for the cache's ``apply_changes``) that removes the entries of evicted key
-    groups: ``data[(state, kg)] = (keys, values)``, the values NULL (tombstones) for keyed
-    state, and for ``__timers__`` every timer of the range as it is (a change set's timers
-    replace the range's)."""
-
-    def __init__(self, backend, metas: list[dict], data: dict):
-        self.max_parallelism = backend.max_parallelism
-        self.key_group_range = backend.key_group_range
-        self.key_type = backend.key_type
-        self.assigner = backend.assigner
-        self._metas = metas
-        self._data = data
+    groups: ``metas`` a list of metas, ``data[(state, kg)] = (keys, values)``, the values NULL
+    (tombstones) for keyed state, and for ``__timers__`` every timer of the range as it is (a
+    change set's timers replace the range's)."""
 
     def state_metas(self) -> list[dict]:
         return [dict(m) for m in self._metas]
