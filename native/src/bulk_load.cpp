@@ -20,6 +20,17 @@ using batch_detail::RowKey;
 
 constexpr int64_t kAhead = 16;  // a power of two: ring positions are masked
 
+// Stores an empty value under `key` (hash `h`) in key group `kg`'s map. A lane takes a value
+// size of 0 as "any value size", so empty values go around the lanes, through the map.
+void put_empty_value(StateMap& m, Lanes& lanes, int32_t kg, uint32_t h, const uint8_t* key,
+                     size_t ks) {
+  lanes.close(kg);
+  size_t cur = 0;
+  bool inserted = false;
+  m.upsert(h, key, ks, 0, &cur, &inserted);
+  if (cur != 0) m.put(key, ks, 0);
+}
+
 struct Entries {
   const ArrowBinaryRun& r;
   int pw;
@@ -112,12 +123,8 @@ void load_entries(StateTable& table, const ArrowBinaryRun& run, int prefix_bytes
         continue;
       }
       const size_t vs = static_cast<size_t>(run.value_offsets[i + 1] - run.value_offsets[i]);
-      if (vs == 0) {  // a lane takes vs == 0 as "any value size": not for an empty value
-        lanes.close(kg);
-        size_t cur = 0;
-        bool inserted = false;
-        m.upsert(h, key, ks, 0, &cur, &inserted);
-        if (cur != 0) m.put(key, ks, 0);
+      if (vs == 0) {
+        put_empty_value(m, lanes, kg, h, key, ks);
         continue;
       }
       uint8_t* dst = kernel_put(table, lanes, kg, RowKey{key, ks, h}, vs);
@@ -269,12 +276,8 @@ BlockLoadResult load_blocks(StateTable& table, const uint8_t* data, size_t size,
         }
         const uint32_t v0 = p.voff(i);
         const size_t vs = p.voff(i + 1) - v0;
-        if (vs == 0) {  // a lane takes vs == 0 as "any value size": not for an empty value
-          lanes.close(kg);
-          size_t cur = 0;
-          bool inserted = false;
-          m.upsert(h, key, ks, 0, &cur, &inserted);
-          if (cur != 0) m.put(key, ks, 0);
+        if (vs == 0) {
+          put_empty_value(m, lanes, kg, h, key, ks);
           continue;
         }
         uint8_t* dst = nullptr;
