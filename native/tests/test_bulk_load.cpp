@@ -13,47 +13,17 @@
 #include "check.h"
 #include "owned_run.h"
 #include "statecore/bulk_load.h"
+#include "table_model.h"
 
 using statecore::ArrowBinaryRun;
-using statecore::ByteView;
 using statecore::StateTable;
 
 namespace {
-
-using Model = std::map<std::string, std::string>;  // encoded key -> value
-
-std::string encoded_key(int32_t kg, uint64_t key, int pw) {
-  std::string s;
-  if (pw == 2) s.push_back(static_cast<char>(kg >> 8));
-  s.push_back(static_cast<char>(kg & 0xff));
-  for (int i = 7; i >= 0; --i) s.push_back(static_cast<char>((key >> (8 * i)) & 0xff));
-  s.push_back('\0');  // the void namespace
-  return s;
-}
-
-int32_t kg_of(const std::string& k, int pw) {
-  const auto* p = reinterpret_cast<const uint8_t*>(k.data());
-  return pw == 1 ? p[0] : (p[0] << 8) | p[1];
-}
 
 std::string value_of(uint64_t x, size_t size) {
   std::string v(size, '\0');
   for (size_t i = 0; i < size; ++i) v[i] = static_cast<char>((x >> (8 * (i % 8))) + i);
   return v;
-}
-
-// The table's entries against the model (sizes per key group and every value).
-void check_table(StateTable& t, const Model& model, int pw) {
-  std::map<int32_t, size_t> per_kg;
-  for (const auto& [k, v] : model) {
-    ++per_kg[kg_of(k, pw)];
-    ByteView got;
-    const bool found =
-        t.map(kg_of(k, pw)).get(reinterpret_cast<const uint8_t*>(k.data()), k.size(), &got);
-    CHECK(found);
-    if (found) CHECK_EQ(std::string(reinterpret_cast<const char*>(got.data), got.size), v);
-  }
-  for (int32_t kg = t.kg_start(); kg <= t.kg_end(); ++kg) CHECK_EQ(t.map(kg).size(), per_kg[kg]);
 }
 
 // A run of random upserts/tombstones over `keys` keys in key groups [lo, hi], sorted by key

@@ -16,36 +16,21 @@
 #include "statecore/block_codec.h"
 #include "statecore/bulk_load.h"
 #include "statecore/hash.h"
+#include "table_model.h"
 
 using statecore::BlockLoadResult;
 using statecore::BlockLoadSpec;
-using statecore::ByteView;
 using statecore::StateTable;
 using statecore::StoredBlockRef;
 
 namespace {
 
-using Model = std::map<std::string, std::string>;  // encoded key -> value
 // One entry of a block: key, value (nullptr-like: `live` false is a tombstone).
 struct Row {
   std::string key;
   std::string value;
   bool live = true;
 };
-
-std::string encoded_key(int32_t kg, uint64_t key, int pw) {
-  std::string s;
-  if (pw == 2) s.push_back(static_cast<char>(kg >> 8));
-  s.push_back(static_cast<char>(kg & 0xff));
-  for (int i = 7; i >= 0; --i) s.push_back(static_cast<char>((key >> (8 * i)) & 0xff));
-  s.push_back('\0');  // the void namespace
-  return s;
-}
-
-int32_t kg_of(const std::string& k, int pw) {
-  const auto* p = reinterpret_cast<const uint8_t*>(k.data());
-  return pw == 1 ? p[0] : (p[0] << 8) | p[1];
-}
 
 void put_le32(std::vector<uint8_t>* out, uint32_t v) {
   for (int i = 0; i < 4; ++i) out->push_back(static_cast<uint8_t>(v >> (8 * i)));
@@ -121,19 +106,6 @@ Stored random_run(std::mt19937_64& rng, Model& model, int32_t lo, int32_t hi, ui
   }
   if (!block.empty()) s.add(block, kg, incremental);
   return s;
-}
-
-void check_table(StateTable& t, const Model& model, int pw) {
-  std::map<int32_t, size_t> per_kg;
-  for (const auto& [k, v] : model) {
-    ++per_kg[kg_of(k, pw)];
-    ByteView got;
-    const bool found =
-        t.map(kg_of(k, pw)).get(reinterpret_cast<const uint8_t*>(k.data()), k.size(), &got);
-    CHECK(found);
-    if (found) CHECK_EQ(std::string(reinterpret_cast<const char*>(got.data), got.size), v);
-  }
-  for (int32_t kg = t.kg_start(); kg <= t.kg_end(); ++kg) CHECK_EQ(t.map(kg).size(), per_kg[kg]);
 }
 
 BlockLoadSpec spec_of(int pw, bool has_validity, bool into_empty) {
