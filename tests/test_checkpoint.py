@@ -3,7 +3,6 @@ descriptors, lazy key-group reads, and restores into backends."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import random
@@ -133,40 +132,11 @@ class CountingHandler(LocalDelegatingHandler):
         self.opened = []
 
     def open_input_file(self, path):
-        handler = self
         self.opened.append(path)
+        return super().open_input_file(path)
 
-        class Counting(io.RawIOBase):
-            def __init__(self):
-                self.f = open(path, "rb")
-
-            def readable(self):
-                return True
-
-            def seekable(self):
-                return True
-
-            def seek(self, off, whence=0):
-                return self.f.seek(off, whence)
-
-            def tell(self):
-                return self.f.tell()
-
-            def read(self, n=-1):
-                data = self.f.read(n)
-                handler.bytes_read += len(data)
-                return data
-
-            def readinto(self, b):
-                data = self.read(len(b))
-                b[:len(data)] = data
-                return len(data)
-
-            def close(self):
-                self.f.close()
-                super().close()
-
-        return pa.PythonFile(Counting(), mode="r")
+    def on_read(self, path, offset, data):
+        self.bytes_read += len(data)
 
 
 # ------------------------------------------------------------------------------- round trips

@@ -6,7 +6,6 @@ The filesystem is a ``pyarrow.fs.PyFileSystem`` over real local files that recor
 
 from __future__ import annotations
 
-import io
 import os
 import random
 import threading
@@ -37,44 +36,11 @@ class RecordingHandler(LocalDelegatingHandler):
         self.fail_reads_of = None
         self._lock = threading.Lock()
 
-    def open_input_file(self, path):
-        handler = self
-
-        class Recording(io.RawIOBase):
-            def __init__(self):
-                self.f = open(path, "rb")
-
-            def readable(self):
-                return True
-
-            def seekable(self):
-                return True
-
-            def seek(self, off, whence=0):
-                return self.f.seek(off, whence)
-
-            def tell(self):
-                return self.f.tell()
-
-            def read(self, n=-1):
-                if handler.fail_reads_of and path.endswith(handler.fail_reads_of):
-                    raise OSError("connection reset by peer")
-                at = self.f.tell()
-                data = self.f.read(n)
-                with handler._lock:
-                    handler.reads.append((path, at, len(data)))
-                return data
-
-            def readinto(self, b):
-                data = self.read(len(b))
-                b[:len(data)] = data
-                return len(data)
-
-            def close(self):
-                self.f.close()
-                super().close()
-
-        return pa.PythonFile(Recording(), mode="r")
+    def on_read(self, path, offset, data):
+        if self.fail_reads_of and path.endswith(self.fail_reads_of):
+            raise OSError("connection reset by peer")
+        with self._lock:
+            self.reads.append((path, offset, len(data)))
 
 
 N = 60_000

@@ -1,6 +1,8 @@
 """A pyarrow filesystem handler that forwards everything to the local disk; tests subclass it to
 count reads or inject failures by overriding only the calls they care about."""
 
+import io
+
 import pyarrow as pa
 import pyarrow.fs as pafs
 
@@ -56,7 +58,13 @@ class LocalDelegatingHandler(pafs.FileSystemHandler):
         return self.fs.open_input_stream(path)
 
     def open_input_file(self, path):
-        return self.fs.open_input_file(path)
+        if type(self).on_read is LocalDelegatingHandler.on_read:
+            return self.fs.open_input_file(path)
+        return pa.PythonFile(_HookedInput(self, path), mode="r")
+
+    def on_read(self, path, offset, data) -> None:
+        """Called after every read of an input file opened at ``path``: ``data`` (bytes) was read
+        at ``offset``; subclasses record or count it, or raise to fail the read."""
 
     def open_output_stream(self, path, metadata):
         if type(self).before_write is LocalDelegatingHandler.before_write:
@@ -70,6 +78,42 @@ class LocalDelegatingHandler(pafs.FileSystemHandler):
 
     def open_append_stream(self, path, metadata):
         return self.fs.open_append_stream(path)
+
+
+class _HookedInput(io.RawIOBase):
+    """Local input file that calls ``handler.on_read(path, offset, data)`` after each read."""
+
+    def __init__(self, handler, path):
+        self.handler = handler
+        self.path = path
+        self.f = open(path, "rb")
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def seek(self, off, whence=0):
+        return self.f.seek(off, whence)
+
+    def tell(self):
+        return self.f.tell()
+
+    def read(self, n=-1):
+        at = self.f.tell()
+        data = self.f.read(n)
+        self.handler.on_read(self.path, at, data)
+        return data
+
+    def readinto(self, b):
+        data = self.read(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+    def close(self):
+        self.f.close()
+        super().close()
 
 
 class _HookedOutput:
