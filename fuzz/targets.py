@@ -6,6 +6,7 @@ itself cannot turn into an input (an Arrow IPC stream pyarrow cannot read) are s
 
 from __future__ import annotations
 
+import json
 import struct
 
 import numpy as np
@@ -16,7 +17,7 @@ from statecore import serializers as S
 from statecore.checkpoint import blocks
 from statecore.checkpoint import format as fmt
 from statecore.checkpoint.format import DataFileReader
-from statecore.checkpoint.manifests import describe_manifest, parse_manifest
+from statecore.checkpoint.manifests import canonical_json, describe_manifest, parse_manifest
 from statecore.descriptors import (
     ListStateDescriptor,
     MapStateDescriptor,
@@ -126,10 +127,35 @@ def block(data: bytes) -> None:
                              f"({reason})")
 
 
+def _resigned_manifest(data: bytes) -> bytes | None:
+    """``data`` (a mutated manifest) with its ``checksum_xxh64`` recomputed when it is still a
+    JSON object, so that mutations reach the schema checks behind the checksum; None when it is
+    not one."""
+    try:
+        doc = json.loads(data.decode("ascii"))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    body = {k: v for k, v in doc.items() if k != "checksum_xxh64"}
+    try:
+        signed = dict(body, checksum_xxh64=f"{fmt.xxh64(canonical_json(body)):016x}")
+        return json.dumps(signed).encode("ascii")
+    except (TypeError, ValueError):
+        return None
+
+
 def manifest(data: bytes) -> None:
-    """A manifest of version 1 (docs/formats.md "Checkpoint store and manifests")."""
-    body = parse_manifest(data, 1, "fuzz/manifest-1.json")
-    describe_manifest(body, "fuzz")
+    """A manifest of version 1 (docs/formats.md "Checkpoint store and manifests"), as given and
+    re-signed."""
+    for raw in (data, _resigned_manifest(data)):
+        if raw is None:
+            continue
+        try:
+            body = parse_manifest(raw, 1, "fuzz/manifest-1.json")
+        except StateError:
+            continue
+        describe_manifest(body, "fuzz")
 
 
 #: Descriptor factories (of a state name) of the states the ``stored`` target restores into.
