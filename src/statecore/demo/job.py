@@ -210,7 +210,7 @@ class DemoConfig:
             if not os.path.isfile(self.python_env):
                 raise InvalidInputError(f"python_env {self.python_env!r} is not a file")
         if self.state_store is not None:
-            from statecore.spark.external_commit import store_kind
+            from statecore.external.urls import store_kind
 
             store_kind(self.state_store)
 

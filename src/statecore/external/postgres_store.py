@@ -31,6 +31,7 @@ from statecore.errors import (
 )
 from statecore.external.cached import check_epoch
 from statecore.external.store import DEFAULT_TIMEOUT_S, FORMAT, NamespaceKeys
+from statecore.external.urls import is_postgres_url
 
 __all__ = ["SCHEMA", "PgConnection", "connect", "store_errors", "open_namespace",
            "namespace_row", "commit_epoch", "abort_epoch", "wal_keys", "read_committed_epoch",
@@ -111,7 +112,7 @@ def is_postgres(url_or_conn) -> bool:
     """True for a ``postgresql://`` / ``postgres://`` URL, a psycopg connection or a
     :class:`PgConnection`."""
     if isinstance(url_or_conn, str):
-        return url_or_conn.startswith(("postgresql://", "postgres://"))
+        return is_postgres_url(url_or_conn)
     return isinstance(url_or_conn, PgConnection) or type(url_or_conn).__module__.startswith(
         "psycopg")
 
