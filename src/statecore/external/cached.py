@@ -44,7 +44,7 @@ from statecore.timers import TIMERS_STATE_NAME
 from statecore.ttl import INT64_MIN, StateTtlConfig
 
 __all__ = ["CachedExternalBackend", "DEFAULT_CACHE_ENTRIES", "DEFAULT_TTL_SWEEP_KEY_GROUPS",
-           "check_cache_entries", "check_epoch", "check_task"]
+           "check_cache_entries", "check_ttl_sweep_key_groups", "check_epoch", "check_task"]
 
 #: Default bound of the cache in entries (``cache_entries``): about 2M small entries, within
 #: the memory a Spark executor's Python worker has room for (docs/external-state.md).
@@ -76,21 +76,23 @@ def check_task(task) -> str:
     return task
 
 
-def check_cache_entries(cache_entries) -> int | None:
+def check_cache_entries(cache_entries, name: str = "cache_entries") -> int | None:
     """``cache_entries`` checked: an int >= 1, or None for an unbounded cache
-    (InvalidInputError otherwise)."""
+    (InvalidInputError naming the argument ``name`` otherwise)."""
     if cache_entries is None:
         return None
     if (isinstance(cache_entries, bool) or not isinstance(cache_entries, int)
             or cache_entries < 1):
-        raise InvalidInputError(f"cache_entries must be an int >= 1 or None, got "
+        raise InvalidInputError(f"{name} must be an int >= 1 or None, got "
                                 f"{cache_entries!r}")
     return cache_entries
 
 
-def _check_sweep(n) -> int:
+def check_ttl_sweep_key_groups(n, name: str = "ttl_sweep_key_groups") -> int:
+    """``ttl_sweep_key_groups`` checked: an int >= 0 (InvalidInputError naming the argument
+    ``name`` otherwise)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise InvalidInputError(f"ttl_sweep_key_groups must be an int >= 0, got {n!r}")
+        raise InvalidInputError(f"{name} must be an int >= 0, got {n!r}")
     return n
 
 
@@ -245,7 +247,7 @@ class CachedExternalBackend:
         if cache not in ("python", "native"):
             raise InvalidInputError(f"cache must be 'python' or 'native', got {cache!r}")
         self._cache_entries = check_cache_entries(cache_entries)
-        self._sweep_key_groups = _check_sweep(ttl_sweep_key_groups)
+        self._sweep_key_groups = check_ttl_sweep_key_groups(ttl_sweep_key_groups)
         self._sweep_next: int | None = None
         self._namespace = namespace
         self._cache_options = dict(cache_options)

@@ -16,7 +16,9 @@ A task of Spark partition ``i``:
    write-ahead log, invisible to readers;
 4. reports to the driver through the checkpoint directory as the in-memory task does, minus
    the data file: a pending descriptor ``{"version", "writer"}`` whose report carries the
-   log's name (``wal``), recorded once Spark took the task's output, with heartbeats
+   log's name (``wal``) and the task's cache counters (``cache_hits``, ``cache_misses``,
+   ``cache_key_groups_read``, ``cache_evictions``), recorded once Spark took the task's
+   output, with heartbeats
    (:func:`statecore.spark.checkpoint_write.checkpoint_in_background` without a snapshot), so
    the driver's wait and lost-write relaunch are the in-memory path's. The driver writes the
    version's metadata-only manifest naming every partition's log once the sink succeeded,
@@ -40,9 +42,12 @@ from statecore.key_groups import key_group_range_for_operator
 __all__ = ["run_external", "clear_external_backends", "cached_external_backends"]
 
 # Worker-process cache of external backends: (url, namespace, partition, n, maxP, cache kind,
-# key type) -> (backend, epoch it pre-committed last, writer of that pre-commit).
+# key type, cache bound, TTL sweep) -> (backend, epoch it pre-committed last, writer of that
+# pre-commit).
 _BACKENDS: Dict[tuple, tuple] = {}
 _LOCK = threading.Lock()
+# The cache counters a task reports (CachedExternalBackend.cache_statistics), as cache_<name>.
+_CACHE_COUNTERS = ("hits", "misses", "key_groups_read", "evictions")
 
 
 def clear_external_backends() -> None:
@@ -77,10 +82,12 @@ def _take(key: tuple, prev_version: Optional[int], prev_writers):
 
 
 def _put(key: tuple, backend, epoch: int, writer: str) -> None:
-    """Keep ``backend`` for ``key``; entries of the same namespace at another parallelism are
-    disposed of (no task of this run asks for them)."""
+    """Keep ``backend`` for ``key``; entries of the same namespace at another parallelism, or
+    of the same partition with other options, are disposed of (no task of this run asks for
+    them)."""
     with _LOCK:
-        gone = [k for k in _BACKENDS if k[:2] == key[:2] and k[3] != key[3]]
+        gone = [k for k in _BACKENDS if k[:2] == key[:2] and k != key
+                and (k[3] != key[3] or k[2] == key[2])]
         old = [_BACKENDS.pop(k) for k in gone + ([key] if key in _BACKENDS else [])]
         _BACKENDS[key] = (backend, epoch, writer)
     for entry in old:
@@ -90,7 +97,7 @@ def _put(key: tuple, backend, epoch: int, writer: str) -> None:
 
 def _open_backend(spec, partition_id: int):
     from statecore.external import PostgresBackend, RedisBackend
-    from statecore.spark.external_commit import store_kind
+    from statecore.external.urls import store_kind
 
     cls = PostgresBackend if store_kind(spec.state_store) == "postgres" else RedisBackend
     return cls(
@@ -99,7 +106,9 @@ def _open_backend(spec, partition_id: int):
         key_group_range=key_group_range_for_operator(spec.max_parallelism,
                                                      spec.num_partitions, partition_id),
         assigner="spark", cache=spec.backend_kind,
-        task=f"p{partition_id}of{spec.num_partitions}", timeout_s=spec.state_store_timeout_s)
+        task=f"p{partition_id}of{spec.num_partitions}", timeout_s=spec.state_store_timeout_s,
+        cache_entries=spec.state_store_cache_entries,
+        ttl_sweep_key_groups=spec.state_store_ttl_sweep_key_groups)
 
 
 def _no_data_file(_store, _snap, version: int, writer: str) -> Future:
@@ -122,7 +131,8 @@ def run_external(spec, partition_id: int, inputs, t0: float, task_attempt: int, 
 
     store = CheckpointStore(spec.store_uri)
     key = (spec.state_store, spec.state_namespace, partition_id, spec.num_partitions,
-           spec.max_parallelism, spec.backend_kind, spec.key_type)
+           spec.max_parallelism, spec.backend_kind, spec.key_type,
+           spec.state_store_cache_entries, spec.state_store_ttl_sweep_key_groups)
     t_load = time.perf_counter()
     backend = _take(key, spec.prev_version, spec.prev_writers)
     source = "cache"
@@ -131,6 +141,7 @@ def run_external(spec, partition_id: int, inputs, t0: float, task_attempt: int, 
         source = "external"
     elif spec.prev_version is not None:
         backend.notify_committed(spec.prev_version)
+    stats0 = backend.cache_statistics()
     kg_range = backend.key_group_range
     writer = f"p{partition_id}-{spec.attempt}-t{task_attempt}"
     ctx = ProcessorContext(
@@ -174,6 +185,7 @@ def run_external(spec, partition_id: int, inputs, t0: float, task_attempt: int, 
         if spec.ttl_background_key_groups and not spec.is_flush:
             # Its removals are writes of the next epoch.
             backend.run_background_ttl_cleanup(spec.ttl_background_key_groups)
+        stats = backend.cache_statistics()
         report = {
             "partition": partition_id, "attempt": spec.attempt, "task_attempt": task_attempt,
             "writer": writer, "wal": wal,
@@ -186,6 +198,8 @@ def run_external(spec, partition_id: int, inputs, t0: float, task_attempt: int, 
             "snapshot_s": snap_s, "incremental": False, "snapshot_id": 0,
             "task_s": time.perf_counter() - t0, "pid": os.getpid(), "gc_frozen_objects": 0,
             "metrics": {k: int(v) for k, v in ctx.metrics.items()},
+            # This task's share of the cache's counters (the backend outlives the task).
+            **{f"cache_{k}": int(stats[k] - stats0[k]) for k in _CACHE_COUNTERS},
         }
     except BaseException:
         backend.dispose()
