@@ -40,6 +40,7 @@ from statecore.errors import (
 )
 from statecore.key_groups import KeyGroupRange, assign_key_groups
 from statecore.operator_state import is_operator_state_meta
+from statecore.serializers import value_serializer
 from statecore.timers import TIMERS_STATE_NAME
 from statecore.ttl import INT64_MIN, StateTtlConfig
 
@@ -297,10 +298,13 @@ class CachedExternalBackend:
         of the same epoch and task; returns its name. ``metas``: the cache's state metas;
         ``changes``: ``{(state, kg): {encoded key: value or None}}``; ``timers``:
         ``{kg: (timers before, timers now)}`` of the key groups whose timers changed
-        (``{timer key: entry}`` each); ``sweep``: ``[(state, cutoff, [kg, ...])]``, the
+        (``{timer key: entry}`` each); ``sweep``: ``[(state, cutoff, [kg, ...], width)]``, the
         committed entries of those states and key groups whose TTL timestamp (the 8-byte
         big-endian suffix) is at most ``cutoff`` -- and not INT64_MIN, an event-time entry
-        never stamped -- are expired and the commit removes them (:meth:`_sweep_plan`)."""
+        never stamped -- are expired and the commit removes them; ``width`` is None for those,
+        and for a list state the element width in bytes (0: variable width), whose chunks the
+        commit trims of their leading expired elements, removing a chunk with none left
+        (:meth:`_sweep_plan`)."""
         raise NotImplementedError
 
     def _store_close(self) -> None:
@@ -721,34 +725,40 @@ class CachedExternalBackend:
         return name
 
     def _sweep_plan(self) -> list:
-        """``[(state, cutoff, key groups)]`` for :meth:`_store_write_log`: the next
+        """``[(state, cutoff, key groups, width)]`` for :meth:`_store_write_log`: the next
         ``ttl_sweep_key_groups`` key groups of the range (round robin, from where the last
-        pre-commit's stopped) for every TTL state whose entries expire as a whole (value,
-        reducing, aggregating, map: one timestamp per entry; a list chunk holds one per element
-        and is left to the cache's cleanup), ``cutoff`` = this task's TTL time now minus the
-        TTL (an entry stamped at or before it is expired: ``ts + ttl <= now``, Flink
-        ``TtlUtils.expired``). Event-time TTL before the first watermark sweeps nothing."""
+        pre-commit's stopped) for every TTL state, ``cutoff`` = this task's TTL time now minus
+        the TTL (an entry stamped at or before it is expired: ``ts + ttl <= now``, Flink
+        ``TtlUtils.expired``). Value, reducing, aggregating and map state (one timestamp per
+        entry or user key) expire whole entries (``width`` None); a list chunk keeps a
+        timestamp per element and is filtered as the in-memory backends' compaction filter
+        does (:func:`statecore.ttl.filter_expired`: the leading expired elements dropped, the
+        chunk when none is left), ``width`` its element width (0: variable width). Event-time
+        TTL before the first watermark sweeps nothing."""
         n = self._sweep_key_groups
         if not n:
             return []
         states = []
         for name, table in self._cache.state_tables().items():
             meta = table.meta
-            if (name == TIMERS_STATE_NAME or not meta.get("ttl") or meta.get("kind") == "list"
+            if (name == TIMERS_STATE_NAME or not meta.get("ttl")
                     or is_operator_state_meta(meta)):
                 continue
             cfg = StateTtlConfig.from_meta(meta["ttl"])
             now = self._cache.ttl_now(cfg)
             if now == INT64_MIN or now - cfg.ttl_ms < INT64_MIN:
                 continue
-            states.append((name, now - cfg.ttl_ms))
+            width = None
+            if meta.get("kind") == "list":
+                width = value_serializer(meta["value_type"]).fixed_width or 0
+            states.append((name, now - cfg.ttl_ms, width))
         if not states:
             return []
         r = self.key_group_range
         start = (self._sweep_next if self._sweep_next is not None and self._sweep_next in r
                  else r.start)
         kgs = [r.start + (start - r.start + i) % len(r) for i in range(min(n, len(r)))]
-        return [(name, cutoff, kgs) for name, cutoff in sorted(states)]
+        return [(name, cutoff, kgs, width) for name, cutoff, width in sorted(states)]
 
     def notify_committed(self, epoch: int) -> None:
         """The coordinator committed ``epoch`` (every pre-commit up to it is now committed):

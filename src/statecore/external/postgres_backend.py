@@ -66,6 +66,16 @@ def _copy_payload(ns: int, epoch: int, groups) -> tuple[list[bytes], int]:
     return chunks, n
 
 
+def _sweep_json(sweep: list) -> str | None:
+    """A log's ``sweep`` column (docs/formats.md "External state in PostgreSQL"): JSON
+    ``[state, cutoff, [kg, ...]]`` per state whose entries expire whole, with the element
+    width appended for a list state (0: variable width); None for no sweep."""
+    if not sweep:
+        return None
+    return json.dumps([[name, cutoff, kgs] + ([] if width is None else [width])
+                       for name, cutoff, kgs, width in sweep])
+
+
 class PostgresBackend(CachedExternalBackend):
     """Keyed state of one task whose committed copy is in PostgreSQL (module docstring).
 
@@ -194,7 +204,7 @@ class PostgresBackend(CachedExternalBackend):
             conn.execute(f"INSERT INTO {SCHEMA}.logs (ns, epoch, task, kg_start, kg_end, "
                          "entries, sweep) VALUES (%s, %s, %s, %s, %s, %s, %s)",
                          (ns, epoch, self.task, r.start, r.end, n_rows,
-                          json.dumps(sweep) if sweep else None))
+                          _sweep_json(sweep)))
         return self._keys.wal(epoch, self.task)
 
     def _check_not_committed(self, conn, epoch: int) -> None:

@@ -127,8 +127,9 @@ class RedisBackend(CachedExternalBackend):
         """The log (docs/formats.md "External state in Redis") is a list: the header, the
         state metas, then one ``S`` (set) or ``D`` (delete) record per changed entry, and a
         changed key group's timers replaced whole (``R``, then ``S``), then one ``X`` (sweep)
-        record per hash to clear of expired TTL entries, with the cutoff as its high and low
-        32-bit halves (Lua numbers are doubles); written with one MULTI."""
+        record per hash to clear of expired TTL entries, or ``L`` per hash of a list state whose
+        chunks to trim of their expired elements, with the cutoff as its high and low 32-bit
+        halves (Lua numbers are doubles); written with one MULTI."""
         ops: list = [wal_header(epoch)]
         for meta in metas:
             ops += ("M", meta["name"], json.dumps(meta, sort_keys=True), b"")
@@ -141,10 +142,12 @@ class RedisBackend(CachedExternalBackend):
             ops += ("R", suffix, b"", b"")
             for k, v in sorted(now.items()):
                 ops += ("S", suffix, k, v)
-        for state, cutoff, kgs in sweep:
+        for state, cutoff, kgs, width in sweep:
             bound = f"{cutoff >> 32} {cutoff & 0xFFFFFFFF}"
             for kg in kgs:
-                ops += ("X", NamespaceKeys.data_suffix(kg, state), bound, b"")
+                suffix = NamespaceKeys.data_suffix(kg, state)
+                ops += (("X", suffix, bound, b"") if width is None
+                        else ("L", suffix, bound, str(width)))
         name = self._keys.wal(epoch, self.task)
         with store_errors(self._client, f"pre-committing epoch {epoch} of {self.namespace!r}"):
             pipe = self._client.pipeline(transaction=True)

@@ -122,6 +122,59 @@ for i = 5, #KEYS do
             end
           end
         end
+      elseif op == 'L' then
+        -- TTL sweep of one list state's hash: each chunk trimmed of its leading expired
+        -- elements (statecore.ttl.filter_expired of a list), removed when none is left.
+        -- ops[j + 3] is the element width without the suffix, 0 for varlen-prefixed
+        -- elements; a chunk whose layout cannot be read stays as it is.
+        local key = ARGV[2] .. ops[j + 1]
+        local sp = string.find(ops[j + 2], ' ', 1, true)
+        local chi = tonumber(string.sub(ops[j + 2], 1, sp - 1))
+        local clo = tonumber(string.sub(ops[j + 2], sp + 1))
+        local width = tonumber(ops[j + 3])
+        local all = redis.call('HGETALL', key)
+        for f = 1, #all, 2 do
+          local v = all[f + 1]
+          local len = #v
+          local pos = 1
+          local keep = nil
+          local broken = false
+          while pos <= len do
+            local start = pos
+            local n = width
+            if width == 0 then
+              n = 0
+              local mul = 1
+              while true do
+                if pos > len or mul > 2 ^ 56 then broken = true break end
+                local b = string.byte(v, pos)
+                pos = pos + 1
+                n = n + (b % 128) * mul
+                if b < 128 then break end
+                mul = mul * 128
+              end
+              if broken then break end
+            end
+            if pos + n + 7 > len then broken = true break end
+            pos = pos + n + 8
+            local b1, b2, b3, b4, b5, b6, b7, b8 = string.byte(v, pos - 8, pos - 1)
+            local hi = ((b1 * 256 + b2) * 256 + b3) * 256 + b4
+            if hi >= 2147483648 then hi = hi - 4294967296 end
+            local lo = ((b5 * 256 + b6) * 256 + b7) * 256 + b8
+            if (hi > chi or (hi == chi and lo > clo))
+                or (hi == -2147483648 and lo == 0) then
+              keep = start
+              break
+            end
+          end
+          if not broken then
+            if keep == nil then
+              redis.call('HDEL', key, all[f])
+            elseif keep > 1 then
+              redis.call('HSET', key, all[f], string.sub(v, keep))
+            end
+          end
+        end
       end
       applied = applied + 1
     end
