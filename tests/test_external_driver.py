@@ -173,3 +173,46 @@ def test_a_changed_store_setting_replaces_the_connection(tmp_path, server):
     begin_epoch(op, 0)
     assert _connections(server) == 1
     op.close()
+
+
+# ---------------------------------------------------------------------------- the demo
+
+def test_the_demo_passes_the_cache_options_to_its_operators(tmp_path):
+    from statecore.cli import build_parser
+    from statecore.demo.job import DemoConfig, DemoPipeline
+
+    args = build_parser().parse_args(
+        ["demo", "--state-store", "redis://127.0.0.1:1/0", "--state-store-cache-entries", "none",
+         "--state-store-ttl-sweep-key-groups", "4", "--checkpoint", str(tmp_path / "c")])
+    assert (args.state_store_cache_entries, args.state_store_ttl_sweep_key_groups) == (None, 4)
+    cfg = DemoConfig(checkpoint=str(tmp_path / "c"), output=str(tmp_path / "o"),
+                     state_store=args.state_store,
+                     state_store_cache_entries=args.state_store_cache_entries,
+                     state_store_ttl_sweep_key_groups=args.state_store_ttl_sweep_key_groups)
+    cfg.validate()
+    pipe = DemoPipeline(cfg)
+    for op in (pipe.sessions, pipe.routes):
+        assert (op.state_store_cache_entries, op.state_store_ttl_sweep_key_groups) == (None, 4)
+
+
+@pytest.mark.parametrize("argv", [["--state-store-cache-entries", "0"],
+                                  ["--state-store-cache-entries", "many"],
+                                  ["--state-store-ttl-sweep-key-groups", "-1"]])
+def test_the_demo_refuses_bad_cache_options(argv, capsys):
+    from statecore.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["demo", "--state-store", "redis://127.0.0.1:1/0", *argv])
+    assert "expected a" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"state_store_cache_entries": 5}, "state_store_cache_entries needs state_store"),
+    ({"state_store": "redis://h:1/0", "state_store_ttl_sweep_key_groups": -2},
+     "state_store_ttl_sweep_key_groups must be an int >= 0"),
+])
+def test_the_demo_config_checks_the_cache_options(kw, match):
+    from statecore.demo.job import DemoConfig
+
+    with pytest.raises(InvalidInputError, match=match):
+        DemoConfig(**kw).validate()
