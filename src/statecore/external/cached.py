@@ -22,8 +22,13 @@ still in the cache's change tracking) are the epoch's write buffer and stay. An 
 group is read through again on its next access. Timers are never evicted (they are what firing
 needs for every key group, and small).
 
-A store implements five hooks: ``_store_state_metas``, ``_store_read``,
-``_store_committed_epoch``, ``_store_write_log`` and ``_store_close`` (their docstrings).
+Operator state (:meth:`CachedExternalBackend.open_operator_state`) is kept beside the cache
+and committed with the epoch as pseudo-states of the task's first key group
+(docs/external-state.md "Operator state").
+
+A store implements six hooks: ``_store_state_metas``, ``_store_read``,
+``_store_read_operator_state``, ``_store_committed_epoch``, ``_store_write_log`` and
+``_store_close`` (their docstrings).
 """
 
 from __future__ import annotations
@@ -39,12 +44,18 @@ from statecore.errors import (
     StateMigrationError,
 )
 from statecore.key_groups import KeyGroupRange, assign_key_groups
-from statecore.operator_state import is_operator_state_meta
+from statecore.operator_state import (
+    UNION_LIST,
+    OperatorStateStore,
+    OperatorStateWriter,
+    is_operator_state_meta,
+)
 from statecore.serializers import value_serializer
 from statecore.timers import TIMERS_STATE_NAME
 from statecore.ttl import INT64_MIN, StateTtlConfig
 
 __all__ = ["CachedExternalBackend", "DEFAULT_CACHE_ENTRIES", "DEFAULT_TTL_SWEEP_KEY_GROUPS",
+           "OPERATOR_WRITERS_STATE",
            "check_cache_entries", "check_ttl_sweep_key_groups", "check_epoch", "check_task"]
 
 #: Default bound of the cache in entries (``cache_entries``): about 2M small entries, within
@@ -53,6 +64,10 @@ DEFAULT_CACHE_ENTRIES = 2_000_000
 #: Default number of key groups of a task's range whose expired TTL entries each of its
 #: commits removes from the store (``ttl_sweep_key_groups``), round robin over the range.
 DEFAULT_TTL_SWEEP_KEY_GROUPS = 16
+#: The pseudo-state recording, in the first key group of each task that wrote operator state,
+#: its key-group range (docs/external-state.md "Operator state"): one entry, key empty, value
+#: the range's last key group in decimal ASCII.
+OPERATOR_WRITERS_STATE = "__operator_writers__"
 #: An eviction frees the cache down to this fraction of its bound, so that a cache at the bound
 #: does not evict on every read-through.
 _EVICT_TO = 0.75
@@ -114,6 +129,13 @@ def _ttl_mismatch(name: str, namespace: str, meta: dict, ttl: bool) -> str:
             f"{'enabled' if ttl else 'disabled'}; external state does not migrate TTL "
             "settings (the stored values' formats differ, and a task converts only the key "
             "groups it reads while every task shares the state meta)")
+
+
+def _sorted_arrays(d: dict) -> tuple[pa.Array, pa.Array]:
+    """``(keys, values)`` binary arrays of ``{key: value}``, ascending by key bytes."""
+    items = sorted(d.items())
+    return (pa.array([k for k, _ in items], pa.binary()),
+            pa.array([v for _, v in items], pa.binary()))
 
 
 class _CacheInput:
@@ -277,6 +299,12 @@ class CachedExternalBackend:
         self._timers = _CachedTimers(self)
         #: Incremented by :meth:`abort` (state objects of an older generation refuse calls).
         self.generation = 0
+        # Operator state, once open_operator_state ran: the store, (index, parallelism), and
+        # {(pseudo-state, kg): {key: value}} of the key groups of the range as the store holds
+        # them after the last pre-commit (what the next one writes the differences to).
+        self._op_store: OperatorStateStore | None = None
+        self._op_task: tuple[int, int] | None = None
+        self._op_stored: dict[tuple, dict] = {}
 
     # ------------------------------------------------------------------ store hooks
     def _store_state_metas(self) -> dict:
@@ -290,6 +318,13 @@ class CachedExternalBackend:
 
     def _store_committed_epoch(self) -> int | None:
         """The committed epoch read from the store (None before the first commit)."""
+        raise NotImplementedError
+
+    def _store_read_operator_state(self) -> tuple[dict, dict]:
+        """``(metas, data)`` as of one committed epoch: ``{pseudo-state name: meta}`` of the
+        committed operator states (``__operator__.<name>``), and ``{(state, kg): {encoded key:
+        stored value}}`` of those pseudo-states and of :data:`OPERATOR_WRITERS_STATE` in every
+        key group holding any."""
         raise NotImplementedError
 
     def _store_write_log(self, epoch: int, metas: list[dict], changes: dict,
@@ -377,17 +412,84 @@ class CachedExternalBackend:
 
     @property
     def operator_state(self):
-        """Refused: StateError. Operator state (non-keyed list, union list and broadcast
-        state; :mod:`statecore.operator_state`) is not written to the store by the epoch
-        protocol, so the cache's copy would be lost at recovery or rescaling (and replayed
-        input would then rebuild it from nothing): not exactly once. Refusing it keeps a job
-        from relying on it silently."""
-        raise StateError(
-            f"operator state (non-keyed list, union list and broadcast state) is not kept in "
-            f"external state ({self.namespace!r}): the epoch protocol commits keyed state "
-            "only, so operator state held in the task's cache would be lost at recovery and "
-            "not be exactly once; keep it in keyed state or use a checkpointed backend "
-            "(python, native)")
+        """The task's operator state (non-keyed list, union list and broadcast state;
+        :class:`statecore.operator_state.OperatorStateStore`), committed with each epoch
+        (docs/external-state.md "Operator state"). StateError until
+        :meth:`open_operator_state` read it for this task's operator index."""
+        self.check_open()
+        if self._op_store is None:
+            raise StateError(
+                f"operator state of external state ({self.namespace!r}) is committed with the "
+                "epochs and redistributed by operator index: call "
+                "open_operator_state(operator_index, parallelism) first")
+        return self._op_store
+
+    def open_operator_state(self, operator_index: int, parallelism: int) -> None:
+        """Read the committed operator state of every task that wrote it (as of one committed
+        epoch) and give this backend the part of task ``operator_index`` of ``parallelism``
+        (:meth:`statecore.operator_state.OperatorStateStore.restore`: Flink's round-robin
+        redistribution; every task's own lists back at an unchanged parallelism, union lists
+        whole). From then on :attr:`operator_state` is available and each :meth:`pre_commit`
+        writes it with the epoch. Called again (a kept backend's union lists), the state
+        objects handed out stay valid and get the committed contents. InvalidInputError for
+        a bad index or parallelism; the store's errors; StateMigrationError when a registered
+        state has another kind or type than the committed one. Nothing changes when it
+        raises."""
+        self.check_open()
+        metas, data = self._store_read_operator_state()
+        writers = []
+        for (name, kg), d in data.items():
+            if name == OPERATOR_WRITERS_STATE and b"" in d:
+                writers.append((kg, int(d[b""])))
+        writers.sort()
+        pmetas = {n: m for n, m in metas.items() if is_operator_state_meta(m)}
+        sources = [OperatorStateWriter(
+            pmetas, self.max_parallelism, (start, end),
+            lambda name, kg=start: _sorted_arrays(data.get((name, kg), {})),
+            where=f"operator state of key groups {start}..{end} of {self.namespace!r}")
+            for start, end in writers]
+        store = self._op_store if self._op_store is not None else OperatorStateStore(self)
+        store.apply_restore(store.stage_restore(sources, operator_index, parallelism))
+        r = self.key_group_range
+        self._op_store = store
+        self._op_task = (operator_index, parallelism)
+        self._op_stored = {(name, kg): dict(d) for (name, kg), d in data.items()
+                           if kg in r and d}
+
+    def refresh_operator_state(self) -> bool:
+        """Re-read the operator state when it holds union lists (a restore gives every task all
+        tasks' union lists, which this backend's own epochs do not: the Spark operator calls
+        this on a backend kept from the previous micro-batch, as its in-memory path restores
+        union lists); returns whether it re-read. Errors as :meth:`open_operator_state`."""
+        if self._op_store is None or not self._op_store.has_kind(UNION_LIST):
+            return False
+        self.open_operator_state(*self._op_task)
+        return True
+
+    def _operator_state_changes(self) -> dict:
+        """``{(pseudo-state, kg): {key: value or None}}``: what the store must change in this
+        task's range so that it holds this task's operator state complete in the range's first
+        key group with its writer record, and no other operator state (written with the
+        epoch's log); empty before :meth:`open_operator_state`, and while neither this task
+        nor the store has operator state."""
+        store = self._op_store
+        if store is None or not (store.metas() or self._op_stored):
+            return {}
+        r = self.key_group_range
+        want: dict[tuple, dict] = {}
+        for name, groups in store.snapshot_data(r, self.max_parallelism).items():
+            for kg, (keys, values) in groups.items():
+                want[(name, kg)] = dict(zip(keys.to_pylist(), values.to_pylist()))
+        if not r.is_empty():
+            want[(OPERATOR_WRITERS_STATE, r.start)] = {b"": str(r.end).encode()}
+        changes = {}
+        for slot in set(want) | set(self._op_stored):
+            have, now = self._op_stored.get(slot, {}), want.get(slot, {})
+            diff = {k: None for k in have if k not in now}
+            diff.update((k, v) for k, v in now.items() if have.get(k) != v)
+            if diff:
+                changes[slot] = diff
+        return changes
 
     def check_open(self) -> None:
         self._cache.check_open()
@@ -408,6 +510,9 @@ class CachedExternalBackend:
             self._stats["hits"] += 1
             return
         metas, data = self._store_read(missing)
+        # Operator state and its writer records are not keyed state (open_operator_state).
+        metas = {n: m for n, m in metas.items() if not is_operator_state_meta(m)}
+        data = {slot: d for slot, d in data.items() if slot[0] in metas}
         self._collect_changes()
         self._check_ttl_settings(metas)
         for kg in missing:
@@ -715,7 +820,22 @@ class CachedExternalBackend:
         changed = {kg: (self._timers_stored.get(kg, {}), t) for kg, t in timers.items()
                    if t != self._timers_stored.get(kg, {})}
         sweep = self._sweep_plan() if sweep_ttl else []
-        name = self._store_write_log(epoch, metas, self._stash, changed, sweep)
+        op_changes = self._operator_state_changes()
+        changes = self._stash
+        if op_changes:
+            changes = {**self._stash, **op_changes}
+        if self._op_store is not None:
+            metas = metas + self._op_store.metas()
+        name = self._store_write_log(epoch, metas, changes, changed, sweep)
+        for slot, diff in op_changes.items():
+            d = self._op_stored.setdefault(slot, {})
+            for k, v in diff.items():
+                if v is None:
+                    d.pop(k, None)
+                else:
+                    d[k] = v
+            if not d:
+                del self._op_stored[slot]
         if sweep:
             self._sweep_next = sweep[0][2][-1] + 1
         self._in_flight = {kg for (_, kg) in self._stash}
@@ -790,6 +910,9 @@ class CachedExternalBackend:
         self._last_pre_commit = None
         self._committed = committed
         self.generation += 1
+        if self._op_task is not None:
+            # The operator state's uncommitted changes go with the cache's.
+            self.open_operator_state(*self._op_task)
 
     # ------------------------------------------------------------------ lifecycle
     def dispose(self) -> None:
@@ -797,6 +920,8 @@ class CachedExternalBackend:
         call raises StateError. Uncommitted changes are dropped. Idempotent."""
         if not self._cache.disposed:
             self._cache.dispose()
+            if self._op_store is not None:
+                self._op_store.clear()
             self._store_close()
 
     def close(self) -> None:

@@ -18,6 +18,7 @@ from statecore.errors import EpochCommitError, InvalidInputError
 from statecore.external.cached import (
     DEFAULT_CACHE_ENTRIES,
     DEFAULT_TTL_SWEEP_KEY_GROUPS,
+    OPERATOR_WRITERS_STATE,
     CachedExternalBackend,
 )
 from statecore.external.postgres_store import (
@@ -28,6 +29,7 @@ from statecore.external.postgres_store import (
     open_namespace,
 )
 from statecore.external.store import DEFAULT_TIMEOUT_S, NamespaceKeys
+from statecore.operator_state import is_operator_state_meta
 from statecore.timers import TIMERS_STATE_NAME
 
 __all__ = ["PostgresBackend"]
@@ -154,6 +156,24 @@ class PostgresBackend(CachedExternalBackend):
                     if d is None:
                         d = data[(state, kg)] = {}
                     d[key] = value
+        return metas, data
+
+    def _store_read_operator_state(self) -> tuple[dict, dict]:
+        """One REPEATABLE READ transaction: the state metas, then the committed rows of every
+        operator pseudo-state and of the writer records in one query."""
+        data: dict = {}
+        with self._pg.transaction(f"reading the operator state of {self.namespace!r}",
+                                  read_only=True) as conn:
+            epoch = namespace_row(conn, self.namespace)[4]
+            metas = load_state_metas(conn, self._ns, epoch)
+            names = sorted(n for n, m in metas.items() if is_operator_state_meta(m))
+            if names:
+                cur = conn.cursor(binary=True)
+                cur.execute(f"SELECT state, kg, key, value FROM {SCHEMA}.entries WHERE ns = %s "
+                            "AND state = ANY(%s) AND epoch <= %s",
+                            (self._ns, names + [OPERATOR_WRITERS_STATE], epoch))
+                for state, kg, key, value in cur:
+                    data.setdefault((state, kg), {})[bytes(key)] = bytes(value)
         return metas, data
 
     def _store_committed_epoch(self) -> int | None:

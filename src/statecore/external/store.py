@@ -38,7 +38,7 @@ from statecore.errors import (
 __all__ = ["FORMAT", "WAL_MAGIC", "NamespaceKeys", "connect", "store_errors", "check_config",
            "commit_epoch", "abort_epoch", "wal_keys", "committed_epoch", "read_committed_epoch",
            "load_state_metas",
-           "wal_header"]
+           "wal_header", "text_of"]
 
 #: Version of the layout written to ``meta.format``.
 FORMAT = "1"
@@ -329,7 +329,8 @@ def store_errors(client, what: str):
         raise ExternalStateError(f"{what}: Redis at {_where(client)} failed: {e}") from e
 
 
-def _text(b) -> str:
+def text_of(b) -> str:
+    """``b`` as str (the client returns bytes)."""
     return b.decode() if isinstance(b, bytes) else str(b)
 
 
@@ -345,7 +346,7 @@ def check_config(client, keys: NamespaceKeys, key_type: str, max_parallelism: in
         for f, v in want.items():
             pipe.hsetnx(keys.meta, f, v)
         pipe.hgetall(keys.meta)
-        meta = {_text(k): _text(v) for k, v in pipe.execute()[-1].items()}
+        meta = {text_of(k): text_of(v) for k, v in pipe.execute()[-1].items()}
     for f, v in want.items():
         if meta.get(f) != v:
             raise StateMigrationError(
@@ -365,7 +366,7 @@ def load_state_metas(client, keys: NamespaceKeys) -> dict:
     """``{state name: meta dict}`` of the committed states of the namespace."""
     with store_errors(client, f"reading the states of {keys.namespace!r}"):
         raw = client.hgetall(keys.states)
-    return {_text(k): json.loads(v) for k, v in raw.items()}
+    return {text_of(k): json.loads(v) for k, v in raw.items()}
 
 
 def _client(url_or_client, timeout_s: float):
@@ -420,7 +421,7 @@ def wal_keys(url_or_client, namespace: str, epoch: int,
     client = _client(url_or_client, timeout_s)
     prefix = keys.wal_prefix(epoch)
     with store_errors(client, f"listing the write-ahead logs of epoch {epoch}"):
-        found = (_text(k) for k in client.smembers(keys.pending))
+        found = (text_of(k) for k in client.smembers(keys.pending))
         return sorted(k for k in found if k.startswith(prefix))
 
 

@@ -7,9 +7,11 @@ A task of Spark partition ``i``:
 
 1. takes this worker's backend of the partition when its last pre-committed epoch is the
    version the driver committed last with this very writer (``prev_version`` and
-   ``prev_writers`` of the spec: the cache is then exactly the committed state), else opens a
-   fresh backend on the store for the partition's key-group range, which reads committed
-   entries through on first access -- nothing is downloaded, whatever the parallelism was;
+   ``prev_writers`` of the spec: the cache is then exactly the committed state; its union
+   lists are re-read), else opens a fresh backend on the store for the partition's key-group
+   range, which reads committed entries through on first access -- nothing is downloaded,
+   whatever the parallelism was -- and reads the committed operator state for partition ``i``
+   of the partitions (``open_operator_state``: redistributed as a restore does);
 2. runs the processor as the in-memory task does (the same hooks in the same order: timers,
    TTL and the watermark unchanged);
 3. pre-commits epoch ``batch_id`` (the version): its changes go to the store as this task's
@@ -139,6 +141,11 @@ def run_external(spec, partition_id: int, inputs, t0: float, task_attempt: int, 
     if backend is None:
         backend = _open_backend(spec, partition_id)
         source = "external"
+        try:
+            backend.open_operator_state(partition_id, spec.num_partitions)
+        except BaseException:
+            backend.dispose()
+            raise
     elif spec.prev_version is not None:
         backend.notify_committed(spec.prev_version)
     stats0 = backend.cache_statistics()
@@ -153,6 +160,9 @@ def run_external(spec, partition_id: int, inputs, t0: float, task_attempt: int, 
         watermark_ms=spec.watermark_ms, is_flush=spec.is_flush and spec.flush_final,
         processing_time_ms=spec.processing_time_ms)
     try:
+        if source == "cache":
+            # A restore gives every task all tasks' union lists; this backend holds its own.
+            backend.refresh_operator_state()
         spec.processor.open(ctx)
         if spec.first_watermark:
             # Event-time TTL stamps writes made before any watermark with the lowest int64 and

@@ -526,7 +526,9 @@ class StatefulOperator:
             write-ahead logs, no data files) after the sink and then commits the epoch
             (:mod:`statecore.spark.external_commit`, :mod:`statecore.spark.external_task`).
             The backend in front of the store is ``backend``. A replay of a micro-batch the
-            store committed runs nothing (``skipped``). Not with operator state or
+            store committed runs nothing (``skipped``). Operator state
+            (``ctx.operator_state``) is committed with the epoch as well and redistributed by
+            partition index (docs/external-state.md "Operator state"). Not with
             :meth:`bootstrap`. None (default): in memory, checkpointed.
         state_namespace: the keyed state's namespace in the store (default: the operator's
             checkpoint root, ``<checkpoint>/<name>``, made absolute); braces and control
