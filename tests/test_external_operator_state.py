@@ -171,3 +171,18 @@ def test_a_kept_backend_refreshes_its_union_lists(store):
     assert not other.refresh_operator_state()
     for t in tasks + [other]:
         t.dispose()
+
+
+def test_a_task_without_operator_state_still_counts_as_an_old_task(store):
+    ns = f"ops/{next(_namespaces)}"
+    first = [_task(store, ns, i, 2) for i in range(2)]
+    first[0].operator_state.get_list_state("offsets", "int64").update([1, 2, 3])
+    _commit_all(store, ns, first, 1)
+    # Task 1 registers nothing, yet its record keeps the parallelism at 2 for the restore:
+    # at an unchanged parallelism each task gets its own list back.
+    assert _writer_records(store, ns) == [_range(0, 2), _range(1, 2)]
+    again = [_task(store, ns, i, 2) for i in range(2)]
+    assert [t.operator_state.get_list_state("offsets", "int64").get() for t in again] == [
+        [1, 2, 3], []]
+    for t in first + again:
+        t.dispose()

@@ -321,10 +321,10 @@ class CachedExternalBackend:
         raise NotImplementedError
 
     def _store_read_operator_state(self) -> tuple[dict, dict]:
-        """``(metas, data)`` as of one committed epoch: ``{pseudo-state name: meta}`` of the
-        committed operator states (``__operator__.<name>``), and ``{(state, kg): {encoded key:
-        stored value}}`` of those pseudo-states and of :data:`OPERATOR_WRITERS_STATE` in every
-        key group holding any."""
+        """``(metas, data)`` as of one committed epoch: the committed state metas (those of the
+        operator states are ``__operator__.<name>``), and ``{(state, kg): {encoded key: stored
+        value}}`` of the operator pseudo-states and of :data:`OPERATOR_WRITERS_STATE` in every
+        key group holding any (the writer records also when there is no operator state)."""
         raise NotImplementedError
 
     def _store_write_log(self, epoch: int, metas: list[dict], changes: dict,
@@ -469,11 +469,12 @@ class CachedExternalBackend:
     def _operator_state_changes(self) -> dict:
         """``{(pseudo-state, kg): {key: value or None}}``: what the store must change in this
         task's range so that it holds this task's operator state complete in the range's first
-        key group with its writer record, and no other operator state (written with the
-        epoch's log); empty before :meth:`open_operator_state`, and while neither this task
-        nor the store has operator state."""
+        key group with its writer record (which counts the task as an old task at the next
+        redistribution, with operator state or without, as a checkpoint's writer does), and no
+        other operator state (written with the epoch's log); empty before
+        :meth:`open_operator_state`."""
         store = self._op_store
-        if store is None or not (store.metas() or self._op_stored):
+        if store is None:
             return {}
         r = self.key_group_range
         want: dict[tuple, dict] = {}

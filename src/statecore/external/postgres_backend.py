@@ -160,18 +160,22 @@ class PostgresBackend(CachedExternalBackend):
 
     def _store_read_operator_state(self) -> tuple[dict, dict]:
         """One REPEATABLE READ transaction: the state metas, then the committed rows of every
-        operator pseudo-state and of the writer records in one query."""
+        operator pseudo-state and of the writer records in one query (by the primary key's
+        index)."""
         data: dict = {}
         with self._pg.transaction(f"reading the operator state of {self.namespace!r}",
                                   read_only=True) as conn:
             epoch = namespace_row(conn, self.namespace)[4]
             metas = load_state_metas(conn, self._ns, epoch)
             names = sorted(n for n, m in metas.items() if is_operator_state_meta(m))
-            if names:
+            if epoch is not None:
+                # Every key group named: the primary key (ns, kg, state, ...) then finds the
+                # rows by index, not by scanning the namespace.
                 cur = conn.cursor(binary=True)
                 cur.execute(f"SELECT state, kg, key, value FROM {SCHEMA}.entries WHERE ns = %s "
-                            "AND state = ANY(%s) AND epoch <= %s",
-                            (self._ns, names + [OPERATOR_WRITERS_STATE], epoch))
+                            "AND kg = ANY(%s) AND state = ANY(%s) AND epoch <= %s",
+                            (self._ns, list(range(self.max_parallelism)),
+                             names + [OPERATOR_WRITERS_STATE], epoch))
                 for state, kg, key, value in cur:
                     data.setdefault((state, kg), {})[bytes(key)] = bytes(value)
         return metas, data

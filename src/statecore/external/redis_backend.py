@@ -127,13 +127,14 @@ class RedisBackend(CachedExternalBackend):
 
     def _store_read_operator_state(self) -> tuple[dict, dict]:
         """The state metas, then in one MULTI the metas again and the hashes of every
-        operator pseudo-state and of the writer records in every key group (read again when
-        the metas changed in between: one committed epoch)."""
+        operator pseudo-state and of the writer records in every key group (one pipelined
+        ``HGETALL`` each, absent hashes cost a lookup; read again when the metas changed in
+        between: one committed epoch)."""
         metas = load_state_metas(self._client, self._keys)
         while True:
             names = sorted(n for n, m in metas.items() if is_operator_state_meta(m))
             slots = [(name, kg) for kg in range(self.max_parallelism)
-                     for name in names + [OPERATOR_WRITERS_STATE]] if names else []
+                     for name in names + [OPERATOR_WRITERS_STATE]]
             with store_errors(self._client, f"reading the operator state of "
                                             f"{self.namespace!r}"):
                 pipe = self._client.pipeline(transaction=True)
