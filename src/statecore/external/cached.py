@@ -45,6 +45,7 @@ from statecore.errors import (
 )
 from statecore.key_groups import KeyGroupRange, assign_key_groups
 from statecore.operator_state import (
+    OPERATOR_STATE_PREFIX,
     UNION_LIST,
     OperatorStateStore,
     OperatorStateWriter,
@@ -513,7 +514,8 @@ class CachedExternalBackend:
         metas, data = self._store_read(missing)
         # Operator state and its writer records are not keyed state (open_operator_state).
         metas = {n: m for n, m in metas.items() if not is_operator_state_meta(m)}
-        data = {slot: d for slot, d in data.items() if slot[0] in metas}
+        data = {slot: d for slot, d in data.items() if slot[0] != OPERATOR_WRITERS_STATE
+                and not slot[0].startswith(OPERATOR_STATE_PREFIX)}
         self._collect_changes()
         self._check_ttl_settings(metas)
         for kg in missing:
