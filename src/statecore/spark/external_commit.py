@@ -37,7 +37,6 @@ import weakref
 from typing import Any, Dict, Optional
 
 from statecore.errors import InvalidInputError, StateError
-from statecore.external.urls import store_kind
 
 __all__ = ["check_state_store", "check_store_cache", "driver_store", "close_driver_store",
            "begin_epoch", "decided_epoch", "commit_version_epoch", "KILL_BEFORE_COMMIT_ENV",
@@ -56,6 +55,7 @@ def check_state_store(url: Optional[str], namespace: Optional[str],
     """``(url, namespace)`` of an operator's external state, checked (InvalidInputError);
     ``(None, None)`` without ``url``. ``namespace`` defaults to ``default_namespace``."""
     from statecore.external.store import check_namespace
+    from statecore.external.urls import store_kind
 
     if url is None:
         if namespace is not None:
@@ -103,6 +103,8 @@ class _DriverStore:
     @property
     def client(self):
         if self._client is None:
+            from statecore.external.urls import store_kind
+
             if store_kind(self.url) == "postgres":
                 from statecore.external.postgres_store import connect
             else:
@@ -218,6 +220,7 @@ def commit_version_epoch(op, version: int, parts, prev_epoch: Optional[int], key
     store. Returns the manifest. A replayed version replaces its manifest. Errors: StateError
     when a partition reported no log; the checkpoint's and the store's errors."""
     from statecore.external import commit_epoch
+    from statecore.external.urls import store_kind
 
     wals = [r["wal"] for r in parts]
     if any(not isinstance(w, str) for w in wals):
