@@ -491,8 +491,8 @@ def test_ttl_setting_changes_are_refused(redis_server, cache):  # noqa: F811
     assert early.loaded_key_groups == frozenset()
 
 
-def test_operator_state_is_refused_naming_why(redis_server):  # noqa: F811
+def test_operator_state_needs_opening_naming_why(redis_server):  # noqa: F811
     b = _open(redis_server)
-    with pytest.raises(StateError, match="operator state .* not be exactly once"):
+    with pytest.raises(StateError, match="committed with the epochs .* open_operator_state"):
         b.operator_state  # noqa: B018
     b.dispose()

@@ -182,3 +182,199 @@ def test_event_time_ttl_sweeps_by_the_watermark_and_readers_need_it(store):
     assert _stored(store, ns, "e") == []
     assert read_committed(store[1], ns, "e", now_ms=5100).table.num_rows == 0
     b.dispose()
+
+
+def _raw(store, namespace, state) -> dict:
+    """``{(kg, encoded key): stored value bytes}`` of ``state``'s committed entries, straight
+    from the store (docs/formats.md "External state in Redis" / "in PostgreSQL")."""
+    kind, url = store
+    if kind == "redis":
+        import redis
+
+        from statecore.external.store import NamespaceKeys
+
+        keys = NamespaceKeys(namespace)
+        c = redis.Redis.from_url(url)
+        try:
+            return {(kg, k): v for kg in range(16)
+                    for k, v in c.hgetall(keys.data(kg, state)).items()}
+        finally:
+            c.close()
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        return {(kg, bytes(k)): bytes(v) for kg, k, v in conn.execute(
+            "SELECT e.kg, e.key, e.value FROM statecore.entries e JOIN statecore.namespaces n "
+            "ON n.id = e.ns WHERE n.name = %s AND e.state = %s AND e.epoch <= n.epoch",
+            (namespace, state))}
+
+
+def _put_raw(store, namespace, state, kg, key: bytes, value: bytes) -> None:
+    """Write one committed entry behind the backends' back (a corrupt chunk)."""
+    kind, url = store
+    if kind == "redis":
+        import redis
+
+        from statecore.external.store import NamespaceKeys
+
+        c = redis.Redis.from_url(url)
+        try:
+            c.hset(NamespaceKeys(namespace).data(kg, state), key, value)
+        finally:
+            c.close()
+        return
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        conn.execute(
+            "INSERT INTO statecore.entries (ns, kg, state, key, epoch, value) SELECT id, %s, "
+            "%s, %s, epoch, %s FROM statecore.namespaces WHERE name = %s",
+            (kg, state, key, value, namespace))
+
+
+_STR_LIST = ListStateDescriptor("s", "string").enable_time_to_live(_TTL)
+
+
+def test_commits_trim_list_chunks_as_the_compaction_filter_does(store):
+    """List chunks swept in the store equal the in-memory backends' compaction filter
+    (statecore.ttl.filter_expired) of the committed chunks, element by element: the leading
+    expired elements go, a chunk with none left goes, live elements are never touched."""
+    from statecore.ttl import filter_expired
+
+    ns = f"ttl/{next(_namespaces)}"
+    clock = ManualClock(1000)
+    b = _open(store, ns, clock, ttl_sweep_key_groups=16)
+    li, st = b.get_state(_LIST), b.get_state(_STR_LIST)
+    # Key 1: 40 elements at 1000 (chunk 0 full, chunk 1 with 8), then 10 more at 1050 (chunk 1);
+    # key 2: 3 at 1000 and 3 at 1050 in one chunk; key 3: 2 at 1000 only; key 4: 2 at 1050.
+    for k, n in ((1, 40), (2, 3), (3, 2)):
+        b.set_current_key(k)
+        li.add_all(list(range(n)))
+        st.add_all([f"s{k}-{i}" * (i + 1) for i in range(n)])  # lengths 3 .. 200+ bytes
+    _commit(store, b, 1)
+    clock.set(1050)
+    for k, n in ((1, 10), (2, 3), (4, 2)):
+        b.set_current_key(k)
+        li.add_all([100 + i for i in range(n)])
+        st.add_all([f"t{k}-{i}" for i in range(n)])
+    _commit(store, b, 2)
+    b.dispose()
+    before = {name: _raw(store, ns, name) for name in ("l", "s")}
+    assert len(before["l"]) == 5  # key 1: two chunks; keys 2, 3, 4: one each
+    # A task that reads nothing sweeps what it never read; at 1099 nothing expired yet.
+    later = ManualClock(1099)
+    t = _open(store, ns, later, ttl_sweep_key_groups=16)
+    t.get_state(_LIST)
+    t.get_state(_STR_LIST)
+    _commit(store, t, 3)
+    assert {name: _raw(store, ns, name) for name in ("l", "s")} == before
+    for now, epoch in ((1100, 4), (1149, 5), (1150, 6)):
+        later.set(now)
+        wal = t.pre_commit(epoch)
+        assert _raw(store, ns, "l") == before["l"] or epoch > 4  # not before the commit
+        commit_epoch(store[1], ns, epoch, [wal])
+        t.notify_committed(epoch)
+        for name, width in (("l", 8), ("s", None)):
+            want = {}
+            for slot, v in before[name].items():
+                kept = filter_expired("list", width, 100, now, v)
+                if kept is not None:
+                    want[slot] = kept
+            got = _raw(store, ns, name)
+            assert got == want, (name, now)
+            before[name] = got
+    assert before == {"l": {}, "s": {}}
+    assert t.loaded_key_groups == frozenset()
+    t.dispose()
+
+
+def _delete_raw(store, namespace, state, kg, key: bytes) -> None:
+    kind, url = store
+    if kind == "redis":
+        import redis
+
+        from statecore.external.store import NamespaceKeys
+
+        c = redis.Redis.from_url(url)
+        try:
+            c.hdel(NamespaceKeys(namespace).data(kg, state), key)
+        finally:
+            c.close()
+        return
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        conn.execute("DELETE FROM statecore.entries WHERE ns = (SELECT id FROM "
+                     "statecore.namespaces WHERE name = %s) AND state = %s AND kg = %s AND "
+                     "key = %s", (namespace, state, kg, key))
+
+
+def test_the_list_sweep_skips_broken_chunks_and_reads_as_in_memory(store):
+    ns = f"ttl/{next(_namespaces)}"
+    clocks = [ManualClock(1000), ManualClock(1000)]
+    b = _open(store, ns, clocks[0], ttl_sweep_key_groups=16)
+    # The same writes into an in-memory backend: the reference of what a read returns.
+    ref = create_backend("python", key_type="int64", max_parallelism=16, ttl_clock=clocks[1])
+    lists = [x.get_state(_LIST) for x in (b, ref)]
+    for x, li in zip((b, ref), lists):
+        for k in _KEYS[:20]:
+            x.set_current_key(k)
+            li.add_all([k, k + 1])
+    _commit(store, b, 1)
+    for c in clocks:
+        c.set(1060)
+    for x, li in zip((b, ref), lists):
+        for k in _KEYS[:10]:
+            x.set_current_key(k)
+            li.add(k + 2)
+    _commit(store, b, 2)
+    # A chunk whose layout the sweep cannot read (a truncated element) stays as it is, and
+    # the rest of the epoch commits: a script error after its first write would leave Redis
+    # with part of an epoch.
+    # (a list not renewed: two int64 elements with their timestamps, all expired at 1100)
+    slot = next(s for s, v in sorted(_raw(store, ns, "l").items()) if len(v) == 32)
+    broken = b"\x00" * 11
+    _put_raw(store, ns, "l", slot[0], slot[1], broken)
+    clocks[0].set(1100)
+    _commit(store, b, 3)
+    raw = _raw(store, ns, "l")
+    assert raw[slot] == broken
+    assert len(raw) == 11  # the ten lists renewed at 1060, and the broken chunk
+    _delete_raw(store, ns, "l", *slot)
+    # A fresh task reads the swept lists through: what the in-memory backend returns.
+    clocks[1].set(1100)
+    t = _open(store, ns, ManualClock(1100), ttl_sweep_key_groups=0)
+    tl = t.get_state(_LIST)
+    got, want = {}, {}
+    for x, li, out in ((t, tl, got), (ref, lists[1], want)):
+        for k in _KEYS[:20]:
+            x.set_current_key(k)
+            out[k] = li.get()
+    assert got == want
+    assert want[3] == [5] and not want[15]
+    b.dispose()
+    t.dispose()
+    ref.dispose()
+
+
+def test_tables_from_before_the_list_sweep_get_its_function(shared_postgres_server):  # noqa: F811
+    import psycopg
+
+    store = ("postgres", shared_postgres_server.url)
+    ns = f"ttl/{next(_namespaces)}"
+    clock = ManualClock(1000)
+    b = _open(store, ns, clock)
+    b.get_state(_LIST)
+    b.dispose()
+    # Tables created by a version without the list sweep: no trimming function.
+    with psycopg.connect(store[1], autocommit=True) as conn:
+        conn.execute("DROP FUNCTION statecore.ttl_trim_list_chunk(bytea, integer, bigint)")
+    b = _open(store, ns, clock)
+    li = b.get_state(_LIST)
+    b.set_current_key(7)
+    li.add_all([1, 2])
+    _commit(store, b, 1)
+    clock.set(1100)
+    _commit(store, b, 2)
+    assert _raw(store, ns, "l") == {}
+    b.dispose()

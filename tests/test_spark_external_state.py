@@ -295,3 +295,40 @@ def test_store_down_fails_the_batch_and_a_restart_finishes_it(spark, tmp_path, s
     for i in (3, 4):
         again(_df(spark, BATCHES[i]), i)
     assert _committed_counts(server.url) == (4, want[4])
+
+
+@pytest.mark.parametrize("store", ["redis", "postgres"])
+def test_operator_state_is_committed_with_the_epochs_across_rescales(spark, tmp_path, request,
+                                                                      store):
+    """ctx.operator_state on an external store behaves as on in-memory state
+    (tests/test_spark_operator_state.py, whose processor and expectations this reuses): each
+    partition's even-split list, union list and broadcast state come back for its operator
+    index, redistributed when the parallelism changes; kept backends included."""
+    from pyspark import cloudpickle
+
+    import test_spark_operator_state as ref
+
+    cloudpickle.register_pickle_by_value(ref)
+    server = request.getfixturevalue(f"{store}_server")
+    op = StatefulOperator("tasks", ref.TaskLog(), "k", str(tmp_path / "ckpt"),
+                          output=str(tmp_path / "out"), parallelism=2, max_parallelism=MAXP,
+                          state_store=server.url, state_namespace="tests/operator-state")
+    parallelisms = [2, 2, 3, 1, 4, 2]
+    lists, union = None, None
+    for b, n in enumerate(parallelisms):
+        op.parallelism = n
+        op(spark.createDataFrame([(k, 1) for k in range(b * 3)], "k bigint, v bigint"), b)
+        got = pq.read_table(str(tmp_path / "out" / f"batch_id={b}"),
+                            schema=ref.SCHEMA).to_pylist()
+        got = sorted(got, key=lambda r: r["partition"])
+        assert [r["partition"] for r in got] == list(range(n)), f"micro-batch {b}"
+        new_lists = []
+        for i, r in enumerate(got):
+            own = [] if lists is None else ref._split(lists, n, i)
+            assert r["own"] == own, f"micro-batch {b}, partition {i}"
+            assert r["union"] == ([] if union is None else union)
+            assert r["rules_batch"] == (None if b == 0 else b - 1)
+            new_lists.append(own + [b * 100 + i])
+        lists, union = new_lists, [b * 100 + i for i in range(n)]
+    assert read_committed_epoch(server.url, "tests/operator-state") == len(parallelisms) - 1
+    op.close()

@@ -47,6 +47,11 @@ def _non_negative_int(text: str) -> int:
     return _int_at_least(text, 0, "non-negative")
 
 
+def _cache_entries(text: str):
+    """``--state-store-cache-entries``: a positive int, or ``none`` for no bound."""
+    return None if text.strip().lower() == "none" else _positive_int(text)
+
+
 def _positive_float(text: str) -> float:
     try:
         v = float(text)
@@ -161,6 +166,16 @@ def _add_demo(sub) -> None:
                         "postgresql://USER@HOST:PORT/DB with the password in PGPASSWORD): a "
                         "micro-batch is an epoch of the store, the checkpoint keeps the "
                         "operators' metadata only (default: in memory, checkpointed)")
+    p.add_argument("--state-store-cache-entries", type=_cache_entries, default=2_000_000,
+                   metavar="N",
+                   help="with --state-store: the entries each task's cache in front of the "
+                        "store holds at most before it evicts key groups equal to the "
+                        "committed state ('none': no bound; default: %(default)s)")
+    p.add_argument("--state-store-ttl-sweep-key-groups", type=_non_negative_int, default=16,
+                   metavar="N",
+                   help="with --state-store: key groups of each task whose expired TTL "
+                        "entries every commit removes from the store (0: none; default: "
+                        "%(default)s)")
     p.add_argument("--quiet", action="store_true", help="print only the summary")
     p.set_defaults(run=_run_demo)
 
@@ -178,7 +193,9 @@ def _run_demo(args) -> int:
         ttl_background_key_groups=args.ttl_background_key_groups,
         master=args.master, retain_versions=args.retain_versions, max_runs=args.max_runs,
         commit_timeout_s=args.commit_timeout, remote=args.remote, spark_conf=dict(args.conf),
-        python_env=args.python_env, state_store=args.state_store)
+        python_env=args.python_env, state_store=args.state_store,
+        state_store_cache_entries=args.state_store_cache_entries,
+        state_store_ttl_sweep_key_groups=args.state_store_ttl_sweep_key_groups)
     if args.quiet:
         summary = run_demo(cfg, progress=None)
         for line in summary.lines():

@@ -120,7 +120,10 @@ class DemoConfig:
     ``PGPASSWORD`` in the environment) that keeps both operators' keyed state
     (``StatefulOperator(state_store=)``: a micro-batch is an epoch of the store; each
     operator's namespace is its checkpoint root; the checkpoint keeps the operators'
-    metadata-only manifests); None: in memory, checkpointed.
+    metadata-only manifests); None: in memory, checkpointed. ``state_store_cache_entries``
+    and ``state_store_ttl_sweep_key_groups``: the operators' options of the same names (each
+    task's cache bound in entries, None: unbounded; key groups whose expired TTL entries each
+    commit removes from the store), only with ``state_store``.
     """
 
     checkpoint: str = "./statecore-checkpoint"
@@ -145,6 +148,8 @@ class DemoConfig:
     spark_conf: Dict[str, str] = field(default_factory=dict)
     python_env: Optional[str] = None
     state_store: Optional[str] = None
+    state_store_cache_entries: Optional[int] = 2_000_000
+    state_store_ttl_sweep_key_groups: int = 16
 
     def validate(self) -> None:
         """Raise InvalidInputError for out-of-range options."""
@@ -210,9 +215,13 @@ class DemoConfig:
             if not os.path.isfile(self.python_env):
                 raise InvalidInputError(f"python_env {self.python_env!r} is not a file")
         if self.state_store is not None:
-            from statecore.spark.external_commit import store_kind
+            from statecore.external.urls import store_kind
 
             store_kind(self.state_store)
+        from statecore.spark.external_commit import check_store_cache
+
+        check_store_cache(self.state_store, self.state_store_cache_entries,
+                          self.state_store_ttl_sweep_key_groups)
 
 
 @dataclass
@@ -297,7 +306,9 @@ class DemoPipeline:
                       backend=cfg.backend, retain_versions=cfg.retain_versions,
                       max_runs=cfg.max_runs, commit_timeout_s=cfg.commit_timeout_s,
                       ttl_background_key_groups=cfg.ttl_background_key_groups,
-                      state_store=cfg.state_store)
+                      state_store=cfg.state_store,
+                      state_store_cache_entries=cfg.state_store_cache_entries,
+                      state_store_ttl_sweep_key_groups=cfg.state_store_ttl_sweep_key_groups)
         self.sessions = StatefulOperator(
             "sessions", AircraftSessions(cfg.session_gap_ms, cfg.aircraft_idle_ttl_ms), "tailnum",
             self.ops_dir,
@@ -541,6 +552,8 @@ def run_demo(cfg: DemoConfig, spark=None,
             summary.commit_wait_seconds += rep.wait_seconds
             say(f"end of input: flushed {rep.output_rows:,} open sessions as version {rep.version}")
     summary.flushed = sessions_op.is_finalized()
+    for op in (sessions_op, routes_op):
+        op.close()  # the driver's connections to the state store
 
     # Figures of the latest committed versions (this run or an earlier one).
     for op in (sessions_op, routes_op):

@@ -22,8 +22,13 @@ still in the cache's change tracking) are the epoch's write buffer and stay. An 
 group is read through again on its next access. Timers are never evicted (they are what firing
 needs for every key group, and small).
 
-A store implements five hooks: ``_store_state_metas``, ``_store_read``,
-``_store_committed_epoch``, ``_store_write_log`` and ``_store_close`` (their docstrings).
+Operator state (:meth:`CachedExternalBackend.open_operator_state`) is kept beside the cache
+and committed with the epoch as pseudo-states of the task's first key group
+(docs/external-state.md "Operator state").
+
+A store implements six hooks: ``_store_state_metas``, ``_store_read``,
+``_store_read_operator_state``, ``_store_committed_epoch``, ``_store_write_log`` and
+``_store_close`` (their docstrings).
 """
 
 from __future__ import annotations
@@ -39,12 +44,20 @@ from statecore.errors import (
     StateMigrationError,
 )
 from statecore.key_groups import KeyGroupRange, assign_key_groups
-from statecore.operator_state import is_operator_state_meta
+from statecore.operator_state import (
+    OPERATOR_STATE_PREFIX,
+    UNION_LIST,
+    OperatorStateStore,
+    OperatorStateWriter,
+    is_operator_state_meta,
+)
+from statecore.serializers import value_serializer
 from statecore.timers import TIMERS_STATE_NAME
 from statecore.ttl import INT64_MIN, StateTtlConfig
 
 __all__ = ["CachedExternalBackend", "DEFAULT_CACHE_ENTRIES", "DEFAULT_TTL_SWEEP_KEY_GROUPS",
-           "check_cache_entries", "check_epoch", "check_task"]
+           "OPERATOR_WRITERS_STATE",
+           "check_cache_entries", "check_ttl_sweep_key_groups", "check_epoch", "check_task"]
 
 #: Default bound of the cache in entries (``cache_entries``): about 2M small entries, within
 #: the memory a Spark executor's Python worker has room for (docs/external-state.md).
@@ -52,6 +65,10 @@ DEFAULT_CACHE_ENTRIES = 2_000_000
 #: Default number of key groups of a task's range whose expired TTL entries each of its
 #: commits removes from the store (``ttl_sweep_key_groups``), round robin over the range.
 DEFAULT_TTL_SWEEP_KEY_GROUPS = 16
+#: The pseudo-state recording, in the first key group of each task that wrote operator state,
+#: its key-group range (docs/external-state.md "Operator state"): one entry, key empty, value
+#: the range's last key group in decimal ASCII.
+OPERATOR_WRITERS_STATE = "__operator_writers__"
 #: An eviction frees the cache down to this fraction of its bound, so that a cache at the bound
 #: does not evict on every read-through.
 _EVICT_TO = 0.75
@@ -76,21 +93,23 @@ def check_task(task) -> str:
     return task
 
 
-def check_cache_entries(cache_entries) -> int | None:
+def check_cache_entries(cache_entries, name: str = "cache_entries") -> int | None:
     """``cache_entries`` checked: an int >= 1, or None for an unbounded cache
-    (InvalidInputError otherwise)."""
+    (InvalidInputError naming the argument ``name`` otherwise)."""
     if cache_entries is None:
         return None
     if (isinstance(cache_entries, bool) or not isinstance(cache_entries, int)
             or cache_entries < 1):
-        raise InvalidInputError(f"cache_entries must be an int >= 1 or None, got "
+        raise InvalidInputError(f"{name} must be an int >= 1 or None, got "
                                 f"{cache_entries!r}")
     return cache_entries
 
 
-def _check_sweep(n) -> int:
+def check_ttl_sweep_key_groups(n, name: str = "ttl_sweep_key_groups") -> int:
+    """``ttl_sweep_key_groups`` checked: an int >= 0 (InvalidInputError naming the argument
+    ``name`` otherwise)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise InvalidInputError(f"ttl_sweep_key_groups must be an int >= 0, got {n!r}")
+        raise InvalidInputError(f"{name} must be an int >= 0, got {n!r}")
     return n
 
 
@@ -111,6 +130,13 @@ def _ttl_mismatch(name: str, namespace: str, meta: dict, ttl: bool) -> str:
             f"{'enabled' if ttl else 'disabled'}; external state does not migrate TTL "
             "settings (the stored values' formats differ, and a task converts only the key "
             "groups it reads while every task shares the state meta)")
+
+
+def _sorted_arrays(d: dict) -> tuple[pa.Array, pa.Array]:
+    """``(keys, values)`` binary arrays of ``{key: value}``, ascending by key bytes."""
+    items = sorted(d.items())
+    return (pa.array([k for k, _ in items], pa.binary()),
+            pa.array([v for _, v in items], pa.binary()))
 
 
 class _CacheInput:
@@ -245,7 +271,7 @@ class CachedExternalBackend:
         if cache not in ("python", "native"):
             raise InvalidInputError(f"cache must be 'python' or 'native', got {cache!r}")
         self._cache_entries = check_cache_entries(cache_entries)
-        self._sweep_key_groups = _check_sweep(ttl_sweep_key_groups)
+        self._sweep_key_groups = check_ttl_sweep_key_groups(ttl_sweep_key_groups)
         self._sweep_next: int | None = None
         self._namespace = namespace
         self._cache_options = dict(cache_options)
@@ -274,6 +300,12 @@ class CachedExternalBackend:
         self._timers = _CachedTimers(self)
         #: Incremented by :meth:`abort` (state objects of an older generation refuse calls).
         self.generation = 0
+        # Operator state, once open_operator_state ran: the store, (index, parallelism), and
+        # {(pseudo-state, kg): {key: value}} of the key groups of the range as the store holds
+        # them after the last pre-commit (what the next one writes the differences to).
+        self._op_store: OperatorStateStore | None = None
+        self._op_task: tuple[int, int] | None = None
+        self._op_stored: dict[tuple, dict] = {}
 
     # ------------------------------------------------------------------ store hooks
     def _store_state_metas(self) -> dict:
@@ -289,16 +321,26 @@ class CachedExternalBackend:
         """The committed epoch read from the store (None before the first commit)."""
         raise NotImplementedError
 
+    def _store_read_operator_state(self) -> tuple[dict, dict]:
+        """``(metas, data)`` as of one committed epoch: the committed state metas (those of the
+        operator states are ``__operator__.<name>``), and ``{(state, kg): {encoded key: stored
+        value}}`` of the operator pseudo-states and of :data:`OPERATOR_WRITERS_STATE` in every
+        key group holding any (the writer records also when there is no operator state)."""
+        raise NotImplementedError
+
     def _store_write_log(self, epoch: int, metas: list[dict], changes: dict,
                          timers: dict, sweep: list) -> str:
         """Write epoch ``epoch``'s log of this task, all or nothing, replacing an earlier one
         of the same epoch and task; returns its name. ``metas``: the cache's state metas;
         ``changes``: ``{(state, kg): {encoded key: value or None}}``; ``timers``:
         ``{kg: (timers before, timers now)}`` of the key groups whose timers changed
-        (``{timer key: entry}`` each); ``sweep``: ``[(state, cutoff, [kg, ...])]``, the
+        (``{timer key: entry}`` each); ``sweep``: ``[(state, cutoff, [kg, ...], width)]``, the
         committed entries of those states and key groups whose TTL timestamp (the 8-byte
         big-endian suffix) is at most ``cutoff`` -- and not INT64_MIN, an event-time entry
-        never stamped -- are expired and the commit removes them (:meth:`_sweep_plan`)."""
+        never stamped -- are expired and the commit removes them; ``width`` is None for those,
+        and for a list state the element width in bytes (0: variable width), whose chunks the
+        commit trims of their leading expired elements, removing a chunk with none left
+        (:meth:`_sweep_plan`)."""
         raise NotImplementedError
 
     def _store_close(self) -> None:
@@ -371,17 +413,85 @@ class CachedExternalBackend:
 
     @property
     def operator_state(self):
-        """Refused: StateError. Operator state (non-keyed list, union list and broadcast
-        state; :mod:`statecore.operator_state`) is not written to the store by the epoch
-        protocol, so the cache's copy would be lost at recovery or rescaling (and replayed
-        input would then rebuild it from nothing): not exactly once. Refusing it keeps a job
-        from relying on it silently."""
-        raise StateError(
-            f"operator state (non-keyed list, union list and broadcast state) is not kept in "
-            f"external state ({self.namespace!r}): the epoch protocol commits keyed state "
-            "only, so operator state held in the task's cache would be lost at recovery and "
-            "not be exactly once; keep it in keyed state or use a checkpointed backend "
-            "(python, native)")
+        """The task's operator state (non-keyed list, union list and broadcast state;
+        :class:`statecore.operator_state.OperatorStateStore`), committed with each epoch
+        (docs/external-state.md "Operator state"). StateError until
+        :meth:`open_operator_state` read it for this task's operator index."""
+        self.check_open()
+        if self._op_store is None:
+            raise StateError(
+                f"operator state of external state ({self.namespace!r}) is committed with the "
+                "epochs and redistributed by operator index: call "
+                "open_operator_state(operator_index, parallelism) first")
+        return self._op_store
+
+    def open_operator_state(self, operator_index: int, parallelism: int) -> None:
+        """Read the committed operator state of every task that wrote it (as of one committed
+        epoch) and give this backend the part of task ``operator_index`` of ``parallelism``
+        (:meth:`statecore.operator_state.OperatorStateStore.restore`: Flink's round-robin
+        redistribution; every task's own lists back at an unchanged parallelism, union lists
+        whole). From then on :attr:`operator_state` is available and each :meth:`pre_commit`
+        writes it with the epoch. Called again (a kept backend's union lists), the state
+        objects handed out stay valid and get the committed contents. InvalidInputError for
+        a bad index or parallelism; the store's errors; StateMigrationError when a registered
+        state has another kind or type than the committed one. Nothing changes when it
+        raises."""
+        self.check_open()
+        metas, data = self._store_read_operator_state()
+        writers = []
+        for (name, kg), d in data.items():
+            if name == OPERATOR_WRITERS_STATE and b"" in d:
+                writers.append((kg, int(d[b""])))
+        writers.sort()
+        pmetas = {n: m for n, m in metas.items() if is_operator_state_meta(m)}
+        sources = [OperatorStateWriter(
+            pmetas, self.max_parallelism, (start, end),
+            lambda name, kg=start: _sorted_arrays(data.get((name, kg), {})),
+            where=f"operator state of key groups {start}..{end} of {self.namespace!r}")
+            for start, end in writers]
+        store = self._op_store if self._op_store is not None else OperatorStateStore(self)
+        store.apply_restore(store.stage_restore(sources, operator_index, parallelism))
+        r = self.key_group_range
+        self._op_store = store
+        self._op_task = (operator_index, parallelism)
+        self._op_stored = {(name, kg): dict(d) for (name, kg), d in data.items()
+                           if kg in r and d}
+
+    def refresh_operator_state(self) -> bool:
+        """Re-read the operator state when it holds union lists (a restore gives every task all
+        tasks' union lists, which this backend's own epochs do not: the Spark operator calls
+        this on a backend kept from the previous micro-batch, as its in-memory path restores
+        union lists); returns whether it re-read. Errors as :meth:`open_operator_state`."""
+        if self._op_store is None or not self._op_store.has_kind(UNION_LIST):
+            return False
+        self.open_operator_state(*self._op_task)
+        return True
+
+    def _operator_state_changes(self) -> dict:
+        """``{(pseudo-state, kg): {key: value or None}}``: what the store must change in this
+        task's range so that it holds this task's operator state complete in the range's first
+        key group with its writer record (which counts the task as an old task at the next
+        redistribution, with operator state or without, as a checkpoint's writer does), and no
+        other operator state (written with the epoch's log); empty before
+        :meth:`open_operator_state`."""
+        store = self._op_store
+        if store is None:
+            return {}
+        r = self.key_group_range
+        want: dict[tuple, dict] = {}
+        for name, groups in store.snapshot_data(r, self.max_parallelism).items():
+            for kg, (keys, values) in groups.items():
+                want[(name, kg)] = dict(zip(keys.to_pylist(), values.to_pylist()))
+        if not r.is_empty():
+            want[(OPERATOR_WRITERS_STATE, r.start)] = {b"": str(r.end).encode()}
+        changes = {}
+        for slot in set(want) | set(self._op_stored):
+            have, now = self._op_stored.get(slot, {}), want.get(slot, {})
+            diff = {k: None for k in have if k not in now}
+            diff.update((k, v) for k, v in now.items() if have.get(k) != v)
+            if diff:
+                changes[slot] = diff
+        return changes
 
     def check_open(self) -> None:
         self._cache.check_open()
@@ -402,6 +512,10 @@ class CachedExternalBackend:
             self._stats["hits"] += 1
             return
         metas, data = self._store_read(missing)
+        # Operator state and its writer records are not keyed state (open_operator_state).
+        metas = {n: m for n, m in metas.items() if not is_operator_state_meta(m)}
+        data = {slot: d for slot, d in data.items() if slot[0] != OPERATOR_WRITERS_STATE
+                and not slot[0].startswith(OPERATOR_STATE_PREFIX)}
         self._collect_changes()
         self._check_ttl_settings(metas)
         for kg in missing:
@@ -709,7 +823,22 @@ class CachedExternalBackend:
         changed = {kg: (self._timers_stored.get(kg, {}), t) for kg, t in timers.items()
                    if t != self._timers_stored.get(kg, {})}
         sweep = self._sweep_plan() if sweep_ttl else []
-        name = self._store_write_log(epoch, metas, self._stash, changed, sweep)
+        op_changes = self._operator_state_changes()
+        changes = self._stash
+        if op_changes:
+            changes = {**self._stash, **op_changes}
+        if self._op_store is not None:
+            metas = metas + self._op_store.metas()
+        name = self._store_write_log(epoch, metas, changes, changed, sweep)
+        for slot, diff in op_changes.items():
+            d = self._op_stored.setdefault(slot, {})
+            for k, v in diff.items():
+                if v is None:
+                    d.pop(k, None)
+                else:
+                    d[k] = v
+            if not d:
+                del self._op_stored[slot]
         if sweep:
             self._sweep_next = sweep[0][2][-1] + 1
         self._in_flight = {kg for (_, kg) in self._stash}
@@ -719,34 +848,40 @@ class CachedExternalBackend:
         return name
 
     def _sweep_plan(self) -> list:
-        """``[(state, cutoff, key groups)]`` for :meth:`_store_write_log`: the next
+        """``[(state, cutoff, key groups, width)]`` for :meth:`_store_write_log`: the next
         ``ttl_sweep_key_groups`` key groups of the range (round robin, from where the last
-        pre-commit's stopped) for every TTL state whose entries expire as a whole (value,
-        reducing, aggregating, map: one timestamp per entry; a list chunk holds one per element
-        and is left to the cache's cleanup), ``cutoff`` = this task's TTL time now minus the
-        TTL (an entry stamped at or before it is expired: ``ts + ttl <= now``, Flink
-        ``TtlUtils.expired``). Event-time TTL before the first watermark sweeps nothing."""
+        pre-commit's stopped) for every TTL state, ``cutoff`` = this task's TTL time now minus
+        the TTL (an entry stamped at or before it is expired: ``ts + ttl <= now``, Flink
+        ``TtlUtils.expired``). Value, reducing, aggregating and map state (one timestamp per
+        entry or user key) expire whole entries (``width`` None); a list chunk keeps a
+        timestamp per element and is filtered as the in-memory backends' compaction filter
+        does (:func:`statecore.ttl.filter_expired`: the leading expired elements dropped, the
+        chunk when none is left), ``width`` its element width (0: variable width). Event-time
+        TTL before the first watermark sweeps nothing."""
         n = self._sweep_key_groups
         if not n:
             return []
         states = []
         for name, table in self._cache.state_tables().items():
             meta = table.meta
-            if (name == TIMERS_STATE_NAME or not meta.get("ttl") or meta.get("kind") == "list"
+            if (name == TIMERS_STATE_NAME or not meta.get("ttl")
                     or is_operator_state_meta(meta)):
                 continue
             cfg = StateTtlConfig.from_meta(meta["ttl"])
             now = self._cache.ttl_now(cfg)
             if now == INT64_MIN or now - cfg.ttl_ms < INT64_MIN:
                 continue
-            states.append((name, now - cfg.ttl_ms))
+            width = None
+            if meta.get("kind") == "list":
+                width = value_serializer(meta["value_type"]).fixed_width or 0
+            states.append((name, now - cfg.ttl_ms, width))
         if not states:
             return []
         r = self.key_group_range
         start = (self._sweep_next if self._sweep_next is not None and self._sweep_next in r
                  else r.start)
         kgs = [r.start + (start - r.start + i) % len(r) for i in range(min(n, len(r)))]
-        return [(name, cutoff, kgs) for name, cutoff in sorted(states)]
+        return [(name, cutoff, kgs, width) for name, cutoff, width in sorted(states)]
 
     def notify_committed(self, epoch: int) -> None:
         """The coordinator committed ``epoch`` (every pre-commit up to it is now committed):
@@ -778,6 +913,9 @@ class CachedExternalBackend:
         self._last_pre_commit = None
         self._committed = committed
         self.generation += 1
+        if self._op_task is not None:
+            # The operator state's uncommitted changes go with the cache's.
+            self.open_operator_state(*self._op_task)
 
     # ------------------------------------------------------------------ lifecycle
     def dispose(self) -> None:
@@ -785,6 +923,8 @@ class CachedExternalBackend:
         call raises StateError. Uncommitted changes are dropped. Idempotent."""
         if not self._cache.disposed:
             self._cache.dispose()
+            if self._op_store is not None:
+                self._op_store.clear()
             self._store_close()
 
     def close(self) -> None:

@@ -18,6 +18,7 @@ from statecore.errors import EpochCommitError, InvalidInputError
 from statecore.external.cached import (
     DEFAULT_CACHE_ENTRIES,
     DEFAULT_TTL_SWEEP_KEY_GROUPS,
+    OPERATOR_WRITERS_STATE,
     CachedExternalBackend,
 )
 from statecore.external.postgres_store import (
@@ -28,6 +29,7 @@ from statecore.external.postgres_store import (
     open_namespace,
 )
 from statecore.external.store import DEFAULT_TIMEOUT_S, NamespaceKeys
+from statecore.operator_state import is_operator_state_meta
 from statecore.timers import TIMERS_STATE_NAME
 
 __all__ = ["PostgresBackend"]
@@ -64,6 +66,16 @@ def _copy_payload(ns: int, epoch: int, groups) -> tuple[list[bytes], int]:
     part.append(_COPY_TRAILER)
     chunks.append(b"".join(part))
     return chunks, n
+
+
+def _sweep_json(sweep: list) -> str | None:
+    """A log's ``sweep`` column (docs/formats.md "External state in PostgreSQL"): JSON
+    ``[state, cutoff, [kg, ...]]`` per state whose entries expire whole, with the element
+    width appended for a list state (0: variable width); None for no sweep."""
+    if not sweep:
+        return None
+    return json.dumps([[name, cutoff, kgs] + ([] if width is None else [width])
+                       for name, cutoff, kgs, width in sweep])
 
 
 class PostgresBackend(CachedExternalBackend):
@@ -146,6 +158,28 @@ class PostgresBackend(CachedExternalBackend):
                     d[key] = value
         return metas, data
 
+    def _store_read_operator_state(self) -> tuple[dict, dict]:
+        """One REPEATABLE READ transaction: the state metas, then the committed rows of every
+        operator pseudo-state and of the writer records in one query (by the primary key's
+        index)."""
+        data: dict = {}
+        with self._pg.transaction(f"reading the operator state of {self.namespace!r}",
+                                  read_only=True) as conn:
+            epoch = namespace_row(conn, self.namespace)[4]
+            metas = load_state_metas(conn, self._ns, epoch)
+            names = sorted(n for n, m in metas.items() if is_operator_state_meta(m))
+            if epoch is not None:
+                # Every key group named: the primary key (ns, kg, state, ...) then finds the
+                # rows by index, not by scanning the namespace.
+                cur = conn.cursor(binary=True)
+                cur.execute(f"SELECT state, kg, key, value FROM {SCHEMA}.entries WHERE ns = %s "
+                            "AND kg = ANY(%s) AND state = ANY(%s) AND epoch <= %s",
+                            (self._ns, list(range(self.max_parallelism)),
+                             names + [OPERATOR_WRITERS_STATE], epoch))
+                for state, kg, key, value in cur:
+                    data.setdefault((state, kg), {})[bytes(key)] = bytes(value)
+        return metas, data
+
     def _store_committed_epoch(self) -> int | None:
         with self._pg.transaction(f"reading the committed epoch of {self.namespace!r}",
                                   read_only=True) as conn:
@@ -194,7 +228,7 @@ class PostgresBackend(CachedExternalBackend):
             conn.execute(f"INSERT INTO {SCHEMA}.logs (ns, epoch, task, kg_start, kg_end, "
                          "entries, sweep) VALUES (%s, %s, %s, %s, %s, %s, %s)",
                          (ns, epoch, self.task, r.start, r.end, n_rows,
-                          json.dumps(sweep) if sweep else None))
+                          _sweep_json(sweep)))
         return self._keys.wal(epoch, self.task)
 
     def _check_not_committed(self, conn, epoch: int) -> None:

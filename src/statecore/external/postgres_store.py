@@ -31,6 +31,7 @@ from statecore.errors import (
 )
 from statecore.external.cached import check_epoch
 from statecore.external.store import DEFAULT_TIMEOUT_S, FORMAT, NamespaceKeys
+from statecore.external.urls import is_postgres_url
 
 __all__ = ["SCHEMA", "PgConnection", "connect", "store_errors", "open_namespace",
            "namespace_row", "commit_epoch", "abort_epoch", "wal_keys", "read_committed_epoch",
@@ -42,6 +43,10 @@ SCHEMA = "statecore"
 #: Key of the advisory lock taken while creating the tables (concurrent tasks may open the
 #: first namespace together; CREATE ... IF NOT EXISTS alone races on the catalogs).
 _DDL_LOCK = 0x5374_6174_6543_6F72 & 0x7FFF_FFFF_FFFF_FFFF
+
+#: The function trimming a TTL list chunk (_DDL) and its signature.
+_TRIM_LIST = f"{SCHEMA}.ttl_trim_list_chunk"
+_TRIM_LIST_SIGNATURE = f"{_TRIM_LIST}(bytea,integer,bigint)"
 
 _DDL = [
     f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}",
@@ -79,6 +84,49 @@ _DDL = [
     # The TTL sweep a log asks its commit for (JSON [[state, cutoff, [kg, ...]], ...]); added
     # to tables created before it existed.
     f"ALTER TABLE {SCHEMA}.logs ADD COLUMN IF NOT EXISTS sweep text",
+    # The TTL sweep of one list chunk (docs/formats.md "List state", "TTL suffix"): the chunk
+    # from its first element not expired at ``cutoff`` on (``v`` itself when that is the
+    # first), NULL when every element expired -- statecore.ttl.filter_expired of a list, with
+    # an element stamped INT64_MIN (event time, not stamped yet) never expired. ``width``:
+    # the element width without the suffix, 0 for varlen-prefixed elements. A broken layout
+    # returns ``v`` unchanged: the sweep never corrupts what it cannot read.
+    f"""CREATE OR REPLACE FUNCTION {_TRIM_LIST}(v bytea, width integer, cutoff bigint)
+    RETURNS bytea LANGUAGE plpgsql IMMUTABLE STRICT AS $$
+    DECLARE
+      len integer := octet_length(v);
+      pos bigint := 0;
+      start bigint;
+      n bigint;
+      shift integer;
+      b integer;
+      ts bigint;
+    BEGIN
+      WHILE pos < len LOOP
+        start := pos;
+        IF width > 0 THEN
+          n := width;
+        ELSE
+          n := 0;
+          shift := 0;
+          LOOP
+            IF pos >= len OR shift > 56 THEN RETURN v; END IF;
+            b := get_byte(v, pos::integer);
+            pos := pos + 1;
+            n := n | ((b & 127)::bigint << shift);
+            EXIT WHEN b < 128;
+            shift := shift + 7;
+          END LOOP;
+        END IF;
+        IF pos + n + 8 > len THEN RETURN v; END IF;
+        pos := pos + n + 8;
+        ts := ('x' || encode(substring(v FROM (pos - 7)::integer FOR 8), 'hex'))::bit(64)::bigint;
+        IF ts > cutoff OR ts = -9223372036854775808 THEN
+          IF start = 0 THEN RETURN v; END IF;
+          RETURN substring(v FROM (start + 1)::integer);
+        END IF;
+      END LOOP;
+      RETURN NULL;
+    END $$""",
 ]
 
 
@@ -90,6 +138,18 @@ _INT64_MIN = -(2**63)
 _SWEEP = (f"DELETE FROM {SCHEMA}.entries WHERE ns = %s AND state = %s AND kg = ANY(%s) AND "
           "epoch <= %s AND octet_length(value) >= 8 AND ('x' || encode(substring(value FROM "
           "octet_length(value) - 7), 'hex'))::bit(64)::bigint BETWEEN %s AND %s")
+# The TTL sweep of one list state over some key groups: each committed chunk trimmed of its
+# leading expired elements (_TRIM_LIST), removed when none is left.
+_SWEEP_LIST = (
+    f"WITH swept AS (SELECT kg, key, epoch, value, {_TRIM_LIST}(value, %(width)s, %(cutoff)s) "
+    f"AS kept FROM {SCHEMA}.entries WHERE ns = %(ns)s AND state = %(state)s AND "
+    "kg = ANY(%(kgs)s) AND epoch <= %(epoch)s AND value IS NOT NULL), "
+    f"gone AS (DELETE FROM {SCHEMA}.entries e USING swept s WHERE s.kept IS NULL AND "
+    "e.ns = %(ns)s AND e.state = %(state)s AND e.kg = s.kg AND e.key = s.key AND "
+    "e.epoch = s.epoch) "
+    f"UPDATE {SCHEMA}.entries e SET value = s.kept FROM swept s WHERE s.kept IS NOT NULL AND "
+    "s.kept <> s.value AND e.ns = %(ns)s AND e.state = %(state)s AND e.kg = s.kg AND "
+    "e.key = s.key AND e.epoch = s.epoch")
 
 
 def _psycopg():
@@ -111,7 +171,7 @@ def is_postgres(url_or_conn) -> bool:
     """True for a ``postgresql://`` / ``postgres://`` URL, a psycopg connection or a
     :class:`PgConnection`."""
     if isinstance(url_or_conn, str):
-        return url_or_conn.startswith(("postgresql://", "postgres://"))
+        return is_postgres_url(url_or_conn)
     return isinstance(url_or_conn, PgConnection) or type(url_or_conn).__module__.startswith(
         "psycopg")
 
@@ -269,7 +329,8 @@ def ensure_schema(pg: PgConnection) -> None:
     with pg.transaction("creating the statecore tables") as conn:
         exists = conn.execute(
             "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) AND "
-            "attname = 'sweep' AND NOT attisdropped)", (f"{SCHEMA}.logs",)).fetchone()[0]
+            "attname = 'sweep' AND NOT attisdropped) AND to_regprocedure(%s) IS NOT NULL",
+            (f"{SCHEMA}.logs", _TRIM_LIST_SIGNATURE)).fetchone()[0]
         if exists:
             return
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK,))
@@ -381,8 +442,12 @@ def commit_epoch(url_or_conn, namespace: str, epoch: int, wal_key_names,
                 "AND n.epoch = %s AND o.ns = n.ns AND o.name = n.name AND o.epoch < n.epoch",
                 (ns, epoch))
             for t in tasks:
-                for state, cutoff, kgs in json.loads(logs[t][2] or "[]"):
-                    conn.execute(_SWEEP, (ns, state, kgs, epoch, _INT64_MIN + 1, cutoff))
+                for state, cutoff, kgs, *width in json.loads(logs[t][2] or "[]"):
+                    if width:
+                        conn.execute(_SWEEP_LIST, dict(ns=ns, state=state, kgs=kgs, epoch=epoch,
+                                                       cutoff=cutoff, width=width[0]))
+                    else:
+                        conn.execute(_SWEEP, (ns, state, kgs, epoch, _INT64_MIN + 1, cutoff))
             conn.execute(f"DELETE FROM {SCHEMA}.logs WHERE ns = %s AND epoch = %s", (ns, epoch))
         return True
     finally:

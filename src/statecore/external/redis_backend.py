@@ -23,6 +23,7 @@ from statecore.errors import InvalidInputError
 from statecore.external.cached import (
     DEFAULT_CACHE_ENTRIES,
     DEFAULT_TTL_SWEEP_KEY_GROUPS,
+    OPERATOR_WRITERS_STATE,
     CachedExternalBackend,
 )
 from statecore.external.store import (
@@ -33,8 +34,10 @@ from statecore.external.store import (
     connect,
     load_state_metas,
     store_errors,
+    text_of,
     wal_header,
 )
+from statecore.operator_state import is_operator_state_meta
 from statecore.timers import TIMERS_STATE_NAME
 
 __all__ = ["RedisBackend"]
@@ -122,13 +125,35 @@ class RedisBackend(CachedExternalBackend):
     def _store_committed_epoch(self) -> int | None:
         return committed_epoch(self._client, self._keys)
 
+    def _store_read_operator_state(self) -> tuple[dict, dict]:
+        """The state metas, then in one MULTI the metas again and the hashes of every
+        operator pseudo-state and of the writer records in every key group (one pipelined
+        ``HGETALL`` each, absent hashes cost a lookup; read again when the metas changed in
+        between: one committed epoch)."""
+        metas = load_state_metas(self._client, self._keys)
+        while True:
+            names = sorted(n for n, m in metas.items() if is_operator_state_meta(m))
+            slots = [(name, kg) for kg in range(self.max_parallelism)
+                     for name in names + [OPERATOR_WRITERS_STATE]]
+            with store_errors(self._client, f"reading the operator state of "
+                                            f"{self.namespace!r}"):
+                pipe = self._client.pipeline(transaction=True)
+                pipe.hgetall(self._keys.states)
+                for name, kg in slots:
+                    pipe.hgetall(self._keys.data(kg, name))
+                got = pipe.execute()
+            metas = {text_of(k): json.loads(v) for k, v in got[0].items()}
+            if sorted(n for n, m in metas.items() if is_operator_state_meta(m)) == names:
+                return metas, {s: d for s, d in zip(slots, got[1:]) if d}
+
     def _store_write_log(self, epoch: int, metas: list[dict], changes: dict,
                          timers: dict, sweep: list) -> str:
         """The log (docs/formats.md "External state in Redis") is a list: the header, the
         state metas, then one ``S`` (set) or ``D`` (delete) record per changed entry, and a
         changed key group's timers replaced whole (``R``, then ``S``), then one ``X`` (sweep)
-        record per hash to clear of expired TTL entries, with the cutoff as its high and low
-        32-bit halves (Lua numbers are doubles); written with one MULTI."""
+        record per hash to clear of expired TTL entries, or ``L`` per hash of a list state whose
+        chunks to trim of their expired elements, with the cutoff as its high and low 32-bit
+        halves (Lua numbers are doubles); written with one MULTI."""
         ops: list = [wal_header(epoch)]
         for meta in metas:
             ops += ("M", meta["name"], json.dumps(meta, sort_keys=True), b"")
@@ -141,10 +166,12 @@ class RedisBackend(CachedExternalBackend):
             ops += ("R", suffix, b"", b"")
             for k, v in sorted(now.items()):
                 ops += ("S", suffix, k, v)
-        for state, cutoff, kgs in sweep:
+        for state, cutoff, kgs, width in sweep:
             bound = f"{cutoff >> 32} {cutoff & 0xFFFFFFFF}"
             for kg in kgs:
-                ops += ("X", NamespaceKeys.data_suffix(kg, state), bound, b"")
+                suffix = NamespaceKeys.data_suffix(kg, state)
+                ops += (("X", suffix, bound, b"") if width is None
+                        else ("L", suffix, bound, str(width)))
         name = self._keys.wal(epoch, self.task)
         with store_errors(self._client, f"pre-committing epoch {epoch} of {self.namespace!r}"):
             pipe = self._client.pipeline(transaction=True)

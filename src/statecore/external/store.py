@@ -38,7 +38,7 @@ from statecore.errors import (
 __all__ = ["FORMAT", "WAL_MAGIC", "NamespaceKeys", "connect", "store_errors", "check_config",
            "commit_epoch", "abort_epoch", "wal_keys", "committed_epoch", "read_committed_epoch",
            "load_state_metas",
-           "wal_header"]
+           "wal_header", "text_of"]
 
 #: Version of the layout written to ``meta.format``.
 FORMAT = "1"
@@ -119,6 +119,59 @@ for i = 5, #KEYS do
             if (hi < chi or (hi == chi and lo <= clo))
                 and not (hi == -2147483648 and lo == 0) then
               redis.call('HDEL', key, all[f])
+            end
+          end
+        end
+      elseif op == 'L' then
+        -- TTL sweep of one list state's hash: each chunk trimmed of its leading expired
+        -- elements (statecore.ttl.filter_expired of a list), removed when none is left.
+        -- ops[j + 3] is the element width without the suffix, 0 for varlen-prefixed
+        -- elements; a chunk whose layout cannot be read stays as it is.
+        local key = ARGV[2] .. ops[j + 1]
+        local sp = string.find(ops[j + 2], ' ', 1, true)
+        local chi = tonumber(string.sub(ops[j + 2], 1, sp - 1))
+        local clo = tonumber(string.sub(ops[j + 2], sp + 1))
+        local width = tonumber(ops[j + 3])
+        local all = redis.call('HGETALL', key)
+        for f = 1, #all, 2 do
+          local v = all[f + 1]
+          local len = #v
+          local pos = 1
+          local keep = nil
+          local broken = false
+          while pos <= len do
+            local start = pos
+            local n = width
+            if width == 0 then
+              n = 0
+              local mul = 1
+              while true do
+                if pos > len or mul > 2 ^ 56 then broken = true break end
+                local b = string.byte(v, pos)
+                pos = pos + 1
+                n = n + (b % 128) * mul
+                if b < 128 then break end
+                mul = mul * 128
+              end
+              if broken then break end
+            end
+            if pos + n + 7 > len then broken = true break end
+            pos = pos + n + 8
+            local b1, b2, b3, b4, b5, b6, b7, b8 = string.byte(v, pos - 8, pos - 1)
+            local hi = ((b1 * 256 + b2) * 256 + b3) * 256 + b4
+            if hi >= 2147483648 then hi = hi - 4294967296 end
+            local lo = ((b5 * 256 + b6) * 256 + b7) * 256 + b8
+            if (hi > chi or (hi == chi and lo > clo))
+                or (hi == -2147483648 and lo == 0) then
+              keep = start
+              break
+            end
+          end
+          if not broken then
+            if keep == nil then
+              redis.call('HDEL', key, all[f])
+            elseif keep > 1 then
+              redis.call('HSET', key, all[f], string.sub(v, keep))
             end
           end
         end
@@ -276,7 +329,8 @@ def store_errors(client, what: str):
         raise ExternalStateError(f"{what}: Redis at {_where(client)} failed: {e}") from e
 
 
-def _text(b) -> str:
+def text_of(b) -> str:
+    """``b`` as str (the client returns bytes)."""
     return b.decode() if isinstance(b, bytes) else str(b)
 
 
@@ -292,7 +346,7 @@ def check_config(client, keys: NamespaceKeys, key_type: str, max_parallelism: in
         for f, v in want.items():
             pipe.hsetnx(keys.meta, f, v)
         pipe.hgetall(keys.meta)
-        meta = {_text(k): _text(v) for k, v in pipe.execute()[-1].items()}
+        meta = {text_of(k): text_of(v) for k, v in pipe.execute()[-1].items()}
     for f, v in want.items():
         if meta.get(f) != v:
             raise StateMigrationError(
@@ -312,7 +366,7 @@ def load_state_metas(client, keys: NamespaceKeys) -> dict:
     """``{state name: meta dict}`` of the committed states of the namespace."""
     with store_errors(client, f"reading the states of {keys.namespace!r}"):
         raw = client.hgetall(keys.states)
-    return {_text(k): json.loads(v) for k, v in raw.items()}
+    return {text_of(k): json.loads(v) for k, v in raw.items()}
 
 
 def _client(url_or_client, timeout_s: float):
@@ -367,7 +421,7 @@ def wal_keys(url_or_client, namespace: str, epoch: int,
     client = _client(url_or_client, timeout_s)
     prefix = keys.wal_prefix(epoch)
     with store_errors(client, f"listing the write-ahead logs of epoch {epoch}"):
-        found = (_text(k) for k in client.smembers(keys.pending))
+        found = (text_of(k) for k in client.smembers(keys.pending))
         return sorted(k for k in found if k.startswith(prefix))
 
 

@@ -20,18 +20,27 @@ The driver is the epochs' coordinator, through the external-state contract only
   store's committed epoch is always the latest manifest's version or the one before it.
   Manifests written before metadata-only manifests existed (marker runs, the logs in the
   metadata's ``state_store``) are read the same way.
+
+The driver talks to the store through one connection per operator object
+(:func:`driver_store`: a :class:`~statecore.external.postgres_store.PgConnection` or a
+``redis.Redis`` client), opened at the first micro-batch, reopened when the server closed it
+(both clients check an idle connection before using it) and closed by
+:func:`close_driver_store` (``StatefulOperator.close``), rather than one connection per call.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
+import weakref
 from typing import Any, Dict, Optional
 
 from statecore.errors import InvalidInputError, StateError
 
-__all__ = ["check_state_store", "store_kind", "begin_epoch", "decided_epoch",
-           "commit_version_epoch", "KILL_BEFORE_COMMIT_ENV", "KILL_BEFORE_EPOCH_COMMIT_ENV"]
+__all__ = ["check_state_store", "check_store_cache", "driver_store", "close_driver_store",
+           "begin_epoch", "decided_epoch", "commit_version_epoch", "KILL_BEFORE_COMMIT_ENV",
+           "KILL_BEFORE_EPOCH_COMMIT_ENV"]
 
 #: Test hook: ``OPERATOR:VERSION`` SIGKILLs the driver's process group after every partition
 #: of that version pre-committed and reported, before the manifest is written.
@@ -40,31 +49,13 @@ KILL_BEFORE_COMMIT_ENV = "STATECORE_TEST_KILL_BEFORE_COMMIT"
 #: manifest is written, before the store commits the epoch.
 KILL_BEFORE_EPOCH_COMMIT_ENV = "STATECORE_TEST_KILL_BEFORE_EPOCH_COMMIT"
 
-_SCHEMES = {"redis://": "redis", "rediss://": "redis", "unix://": "redis",
-            "postgresql://": "postgres", "postgres://": "postgres"}
-
-
-def store_kind(url: str) -> str:
-    """The external backend (``create_backend`` name) of a state store URL: ``"redis"`` for
-    ``redis://``, ``rediss://`` and ``unix://``, ``"postgres"`` for ``postgresql://`` and
-    ``postgres://`` (what the URL leaves out comes from libpq's environment variables).
-    InvalidInputError for anything else, naming the URL's scheme only (a URL may hold a
-    password)."""
-    if isinstance(url, str):
-        for scheme, kind in _SCHEMES.items():
-            if url.startswith(scheme):
-                return kind
-    shown = url.split("://", 1)[0] + "://..." if isinstance(url, str) and "://" in url else url
-    raise InvalidInputError(
-        f"state_store must be a redis://, rediss://, unix://, postgresql:// or postgres:// URL "
-        f"of the store holding the keyed state, got {shown!r}")
-
 
 def check_state_store(url: Optional[str], namespace: Optional[str],
                       default_namespace: str) -> tuple:
     """``(url, namespace)`` of an operator's external state, checked (InvalidInputError);
     ``(None, None)`` without ``url``. ``namespace`` defaults to ``default_namespace``."""
     from statecore.external.store import check_namespace
+    from statecore.external.urls import store_kind
 
     if url is None:
         if namespace is not None:
@@ -72,6 +63,91 @@ def check_state_store(url: Optional[str], namespace: Optional[str],
         return None, None
     store_kind(url)
     return url, check_namespace(default_namespace if namespace is None else namespace)
+
+
+def check_store_cache(url: Optional[str], cache_entries, ttl_sweep_key_groups) -> tuple:
+    """``(cache_entries, ttl_sweep_key_groups)`` of an operator's external state, checked as
+    the backends check them (``state_store_cache_entries``: an int >= 1 or None for no bound;
+    ``state_store_ttl_sweep_key_groups``: an int >= 0) and passed to every task's backend.
+    InvalidInputError naming the operator's argument for a bad value, or for a value other
+    than the default without ``url`` (in-memory state has no cache in front of a store)."""
+    from statecore.external.cached import (
+        DEFAULT_CACHE_ENTRIES,
+        DEFAULT_TTL_SWEEP_KEY_GROUPS,
+        check_cache_entries,
+        check_ttl_sweep_key_groups,
+    )
+
+    entries = check_cache_entries(cache_entries, "state_store_cache_entries")
+    sweep = check_ttl_sweep_key_groups(ttl_sweep_key_groups, "state_store_ttl_sweep_key_groups")
+    if url is None:
+        for name, value, default in (
+                ("state_store_cache_entries", entries, DEFAULT_CACHE_ENTRIES),
+                ("state_store_ttl_sweep_key_groups", sweep, DEFAULT_TTL_SWEEP_KEY_GROUPS)):
+            if value != default:
+                raise InvalidInputError(f"{name} needs state_store (it configures the cache "
+                                        "in front of the external store)")
+    return entries, sweep
+
+
+class _DriverStore:
+    """The driver's client of one operator's store: ``client`` (opened lazily) for ``url``
+    with ``timeout_s``; ``lock`` serializes its use (one transaction at a time)."""
+
+    def __init__(self, url: str, timeout_s: float):
+        self.url = url
+        self.timeout_s = timeout_s
+        self.lock = threading.Lock()
+        self._client = None
+
+    @property
+    def client(self):
+        if self._client is None:
+            from statecore.external.urls import store_kind
+
+            if store_kind(self.url) == "postgres":
+                from statecore.external.postgres_store import connect
+            else:
+                from statecore.external.store import connect
+            self._client = connect(self.url, self.timeout_s)
+        return self._client
+
+    def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+
+# Operator object -> its driver client; weak, so that an operator dropped without close()
+# does not keep a connection (PgConnection and redis.Redis close theirs when collected).
+_DRIVER_STORES: "weakref.WeakKeyDictionary[Any, _DriverStore]" = weakref.WeakKeyDictionary()
+_DRIVER_LOCK = threading.Lock()
+
+
+def driver_store(op) -> _DriverStore:
+    """The driver's connection holder of operator ``op``'s store (module docstring): the same
+    object for every call while ``op.state_store`` and ``op.state_store_timeout_s`` stay the
+    same, a new one (the old closed) when they changed."""
+    with _DRIVER_LOCK:
+        held = _DRIVER_STORES.get(op)
+        if held is not None and (held.url, held.timeout_s) == (op.state_store,
+                                                              op.state_store_timeout_s):
+            return held
+        _DRIVER_STORES[op] = fresh = _DriverStore(op.state_store, op.state_store_timeout_s)
+    if held is not None:
+        with held.lock:
+            held.close()
+    return fresh
+
+
+def close_driver_store(op) -> None:
+    """Close the driver's connection to ``op``'s store, if one is open (the next micro-batch
+    opens a new one). Idempotent."""
+    with _DRIVER_LOCK:
+        held = _DRIVER_STORES.pop(op, None)
+    if held is not None:
+        with held.lock:
+            held.close()
 
 
 def _kill_hook(env: str, operator: str, version: int) -> None:
@@ -101,10 +177,16 @@ def begin_epoch(op, version: int) -> bool:
     disagree (the store behind the checkpoint by more than the one epoch the manifest can
     finish, or ahead of it: another checkpoint's namespace, or one of them lost or rolled
     back); the store's own errors (ExternalStoreUnavailableError, ...) as they are."""
+    held = driver_store(op)
+    with held.lock:
+        return _begin_epoch(op, version, held.client)
+
+
+def _begin_epoch(op, version: int, client) -> bool:
     from statecore.external import abort_epoch, commit_epoch, read_committed_epoch
 
-    url, ns, timeout = op.state_store, op.state_namespace, op.state_store_timeout_s
-    committed = read_committed_epoch(url, ns, timeout)
+    ns, timeout = op.state_namespace, op.state_store_timeout_s
+    committed = read_committed_epoch(client, ns, timeout)
     store = op.store
     latest = store.latest_version()
     decided = decided_epoch(store.manifest(latest)) if latest is not None else None
@@ -116,7 +198,7 @@ def begin_epoch(op, version: int) -> bool:
                 f"{committed}, the checkpoint {store.uri} version {latest} (built on epoch "
                 f"{base}); they do not belong together (the store's data was "
                 "lost or belongs to another checkpoint): use a new namespace and checkpoint")
-        commit_epoch(url, ns, latest, logs, timeout)
+        commit_epoch(client, ns, latest, logs, timeout)
         committed = latest
     if committed is not None and (latest is None or committed > latest):
         raise StateError(
@@ -125,7 +207,7 @@ def begin_epoch(op, version: int) -> bool:
             "the namespace belongs to another checkpoint (pass state_namespace=)")
     if committed is not None and version <= committed:
         return True
-    abort_epoch(url, ns, version, timeout_s=timeout)
+    abort_epoch(client, ns, version, timeout_s=timeout)
     return False
 
 
@@ -138,6 +220,7 @@ def commit_version_epoch(op, version: int, parts, prev_epoch: Optional[int], key
     store. Returns the manifest. A replayed version replaces its manifest. Errors: StateError
     when a partition reported no log; the checkpoint's and the store's errors."""
     from statecore.external import commit_epoch
+    from statecore.external.urls import store_kind
 
     wals = [r["wal"] for r in parts]
     if any(not isinstance(w, str) for w in wals):
@@ -150,5 +233,7 @@ def commit_version_epoch(op, version: int, parts, prev_epoch: Optional[int], key
         key_type=key_type, assigner="spark",
         metadata=dict(metadata, state_store={"namespace": op.state_namespace}), replace=True)
     _kill_hook(KILL_BEFORE_EPOCH_COMMIT_ENV, op.name, version)
-    commit_epoch(op.state_store, op.state_namespace, version, wals, op.state_store_timeout_s)
+    held = driver_store(op)
+    with held.lock:
+        commit_epoch(held.client, op.state_namespace, version, wals, op.state_store_timeout_s)
     return manifest

@@ -7,16 +7,20 @@ A task of Spark partition ``i``:
 
 1. takes this worker's backend of the partition when its last pre-committed epoch is the
    version the driver committed last with this very writer (``prev_version`` and
-   ``prev_writers`` of the spec: the cache is then exactly the committed state), else opens a
-   fresh backend on the store for the partition's key-group range, which reads committed
-   entries through on first access -- nothing is downloaded, whatever the parallelism was;
+   ``prev_writers`` of the spec: the cache is then exactly the committed state; its union
+   lists are re-read), else opens a fresh backend on the store for the partition's key-group
+   range, which reads committed entries through on first access -- nothing is downloaded,
+   whatever the parallelism was -- and reads the committed operator state for partition ``i``
+   of the partitions (``open_operator_state``: redistributed as a restore does);
 2. runs the processor as the in-memory task does (the same hooks in the same order: timers,
    TTL and the watermark unchanged);
 3. pre-commits epoch ``batch_id`` (the version): its changes go to the store as this task's
    write-ahead log, invisible to readers;
 4. reports to the driver through the checkpoint directory as the in-memory task does, minus
    the data file: a pending descriptor ``{"version", "writer"}`` whose report carries the
-   log's name (``wal``), recorded once Spark took the task's output, with heartbeats
+   log's name (``wal``) and the task's cache counters (``cache_hits``, ``cache_misses``,
+   ``cache_key_groups_read``, ``cache_evictions``), recorded once Spark took the task's
+   output, with heartbeats
    (:func:`statecore.spark.checkpoint_write.checkpoint_in_background` without a snapshot), so
    the driver's wait and lost-write relaunch are the in-memory path's. The driver writes the
    version's metadata-only manifest naming every partition's log once the sink succeeded,
@@ -40,9 +44,12 @@ from statecore.key_groups import key_group_range_for_operator
 __all__ = ["run_external", "clear_external_backends", "cached_external_backends"]
 
 # Worker-process cache of external backends: (url, namespace, partition, n, maxP, cache kind,
-# key type) -> (backend, epoch it pre-committed last, writer of that pre-commit).
+# key type, cache bound, TTL sweep) -> (backend, epoch it pre-committed last, writer of that
+# pre-commit).
 _BACKENDS: Dict[tuple, tuple] = {}
 _LOCK = threading.Lock()
+# The cache counters a task reports (CachedExternalBackend.cache_statistics), as cache_<name>.
+_CACHE_COUNTERS = ("hits", "misses", "key_groups_read", "evictions")
 
 
 def clear_external_backends() -> None:
@@ -77,10 +84,12 @@ def _take(key: tuple, prev_version: Optional[int], prev_writers):
 
 
 def _put(key: tuple, backend, epoch: int, writer: str) -> None:
-    """Keep ``backend`` for ``key``; entries of the same namespace at another parallelism are
-    disposed of (no task of this run asks for them)."""
+    """Keep ``backend`` for ``key``; entries of the same namespace at another parallelism, or
+    of the same partition with other options, are disposed of (no task of this run asks for
+    them)."""
     with _LOCK:
-        gone = [k for k in _BACKENDS if k[:2] == key[:2] and k[3] != key[3]]
+        gone = [k for k in _BACKENDS if k[:2] == key[:2] and k != key
+                and (k[3] != key[3] or k[2] == key[2])]
         old = [_BACKENDS.pop(k) for k in gone + ([key] if key in _BACKENDS else [])]
         _BACKENDS[key] = (backend, epoch, writer)
     for entry in old:
@@ -90,7 +99,7 @@ def _put(key: tuple, backend, epoch: int, writer: str) -> None:
 
 def _open_backend(spec, partition_id: int):
     from statecore.external import PostgresBackend, RedisBackend
-    from statecore.spark.external_commit import store_kind
+    from statecore.external.urls import store_kind
 
     cls = PostgresBackend if store_kind(spec.state_store) == "postgres" else RedisBackend
     return cls(
@@ -99,7 +108,9 @@ def _open_backend(spec, partition_id: int):
         key_group_range=key_group_range_for_operator(spec.max_parallelism,
                                                      spec.num_partitions, partition_id),
         assigner="spark", cache=spec.backend_kind,
-        task=f"p{partition_id}of{spec.num_partitions}", timeout_s=spec.state_store_timeout_s)
+        task=f"p{partition_id}of{spec.num_partitions}", timeout_s=spec.state_store_timeout_s,
+        cache_entries=spec.state_store_cache_entries,
+        ttl_sweep_key_groups=spec.state_store_ttl_sweep_key_groups)
 
 
 def _no_data_file(_store, _snap, version: int, writer: str) -> Future:
@@ -122,15 +133,22 @@ def run_external(spec, partition_id: int, inputs, t0: float, task_attempt: int, 
 
     store = CheckpointStore(spec.store_uri)
     key = (spec.state_store, spec.state_namespace, partition_id, spec.num_partitions,
-           spec.max_parallelism, spec.backend_kind, spec.key_type)
+           spec.max_parallelism, spec.backend_kind, spec.key_type,
+           spec.state_store_cache_entries, spec.state_store_ttl_sweep_key_groups)
     t_load = time.perf_counter()
     backend = _take(key, spec.prev_version, spec.prev_writers)
     source = "cache"
     if backend is None:
         backend = _open_backend(spec, partition_id)
         source = "external"
+        try:
+            backend.open_operator_state(partition_id, spec.num_partitions)
+        except BaseException:
+            backend.dispose()
+            raise
     elif spec.prev_version is not None:
         backend.notify_committed(spec.prev_version)
+    stats0 = backend.cache_statistics()
     kg_range = backend.key_group_range
     writer = f"p{partition_id}-{spec.attempt}-t{task_attempt}"
     ctx = ProcessorContext(
@@ -142,6 +160,9 @@ def run_external(spec, partition_id: int, inputs, t0: float, task_attempt: int, 
         watermark_ms=spec.watermark_ms, is_flush=spec.is_flush and spec.flush_final,
         processing_time_ms=spec.processing_time_ms)
     try:
+        if source == "cache":
+            # A restore gives every task all tasks' union lists; this backend holds its own.
+            backend.refresh_operator_state()
         spec.processor.open(ctx)
         if spec.first_watermark:
             # Event-time TTL stamps writes made before any watermark with the lowest int64 and
@@ -174,6 +195,7 @@ def run_external(spec, partition_id: int, inputs, t0: float, task_attempt: int, 
         if spec.ttl_background_key_groups and not spec.is_flush:
             # Its removals are writes of the next epoch.
             backend.run_background_ttl_cleanup(spec.ttl_background_key_groups)
+        stats = backend.cache_statistics()
         report = {
             "partition": partition_id, "attempt": spec.attempt, "task_attempt": task_attempt,
             "writer": writer, "wal": wal,
@@ -186,6 +208,8 @@ def run_external(spec, partition_id: int, inputs, t0: float, task_attempt: int, 
             "snapshot_s": snap_s, "incremental": False, "snapshot_id": 0,
             "task_s": time.perf_counter() - t0, "pid": os.getpid(), "gc_frozen_objects": 0,
             "metrics": {k: int(v) for k, v in ctx.metrics.items()},
+            # This task's share of the cache's counters (the backend outlives the task).
+            **{f"cache_{k}": int(stats[k] - stats0[k]) for k in _CACHE_COUNTERS},
         }
     except BaseException:
         backend.dispose()

@@ -135,7 +135,13 @@ import pyarrow as pa
 from statecore.checkpoint.layout import is_uri, join_uri
 from statecore.errors import CheckpointNotFoundError, InvalidInputError, StateError
 from statecore.key_groups import check_max_parallelism
-from statecore.spark.external_commit import begin_epoch, check_state_store, commit_version_epoch
+from statecore.spark.external_commit import (
+    begin_epoch,
+    check_state_store,
+    check_store_cache,
+    close_driver_store,
+    commit_version_epoch,
+)
 from statecore.spark.processor import KeyedProcessor
 from statecore.spark.routing import OPERATOR_INDEX_COLUMN, backend_key_type, operator_index_of
 from statecore.spark.task import TaskSpec
@@ -330,7 +336,10 @@ class BatchReport:
     input arrives during ``process_s``), ``process_s``, ``snapshot_s`` (the synchronous
     snapshot), ``task_s`` (task start to snapshot), ``write_s`` (the background data file
     write), ``gc_frozen_objects`` (``gc.get_freeze_count()`` of the worker right after its last
-    freeze, 0 without one; see ``freeze_worker_gc``).
+    freeze, 0 without one; see ``freeze_worker_gc``); with ``state_store``, the task's share
+    of its cache's counters: ``cache_hits``, ``cache_misses`` (accesses served from the cache
+    or reading key groups through), ``cache_key_groups_read``, ``cache_evictions`` (key groups
+    evicted; docs/external-state.md "The cache in front").
 
     The version: ``version`` (the state version committed), ``batch_id`` (the Spark batch id,
     None for a flush), ``flush`` (a flush), ``final`` (the final flush), ``skipped`` (Spark
@@ -377,7 +386,8 @@ class BatchReport:
 #: Fields of a task's report copied into :attr:`BatchReport.partitions`.
 _TASK_TIMINGS = ("partition", "pid", "load", "input_s", "load_s", "load_cpu_s", "standby_cpu_s",
                  "restore_bytes", "process_s", "snapshot_s", "task_s", "write_s",
-                 "gc_frozen_objects")
+                 "gc_frozen_objects", "cache_hits", "cache_misses", "cache_key_groups_read",
+                 "cache_evictions")
 
 
 def operator_root(checkpoint: str, name: str) -> str:
@@ -516,7 +526,9 @@ class StatefulOperator:
             write-ahead logs, no data files) after the sink and then commits the epoch
             (:mod:`statecore.spark.external_commit`, :mod:`statecore.spark.external_task`).
             The backend in front of the store is ``backend``. A replay of a micro-batch the
-            store committed runs nothing (``skipped``). Not with operator state or
+            store committed runs nothing (``skipped``). Operator state
+            (``ctx.operator_state``) is committed with the epoch as well and redistributed by
+            partition index (docs/external-state.md "Operator state"). Not with
             :meth:`bootstrap`. None (default): in memory, checkpointed.
         state_namespace: the keyed state's namespace in the store (default: the operator's
             checkpoint root, ``<checkpoint>/<name>``, made absolute); braces and control
@@ -525,6 +537,16 @@ class StatefulOperator:
             statement and lock wait on the store may take, in the tasks and on the driver
             (the store's ``timeout_s``): a large epoch's commit in PostgreSQL on a busy
             server can need more.
+        state_store_cache_entries: the bound, in entries, of each task's cache in front of the
+            store (the backends' ``cache_entries``: an int >= 1, default 2,000,000; None: no
+            bound). Past it a task evicts key groups equal to the committed state, least
+            recently used first, and reads them through again at their next access
+            (docs/external-state.md "The cache in front").
+        state_store_ttl_sweep_key_groups: key groups of each task's range whose expired TTL
+            entries every epoch's commit removes from the store (the backends'
+            ``ttl_sweep_key_groups``: an int >= 0, default 16, round robin; 0: none;
+            docs/external-state.md "TTL: expiry in the cache and in the store").
+            Both need ``state_store``.
 
     Raises InvalidInputError for bad arguments (at construction) and for inputs the contract
     forbids (at run time: null keys, a key column of another type, output not matching the
@@ -546,7 +568,9 @@ class StatefulOperator:
                  freeze_worker_gc: bool = True, standby: bool = True, handoff: bool = False,
                  relaunch_attempts: int = 2, heartbeat_interval_s: float = 2.0,
                  heartbeat_timeout_s: Optional[float] = None, state_store: Optional[str] = None,
-                 state_namespace: Optional[str] = None, state_store_timeout_s: float = 10.0):
+                 state_namespace: Optional[str] = None, state_store_timeout_s: float = 10.0,
+                 state_store_cache_entries: Optional[int] = 2_000_000,
+                 state_store_ttl_sweep_key_groups: int = 16):
         import re
 
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", name):
@@ -651,6 +675,10 @@ class StatefulOperator:
                 f"state_store_timeout_s must be a number > 0, got {state_store_timeout_s!r}")
         #: seconds every connect, statement and lock wait on the external store may take
         self.state_store_timeout_s = float(state_store_timeout_s)
+        #: each task's cache bound (entries) and TTL sweep (key groups per commit) on the store
+        self.state_store_cache_entries, self.state_store_ttl_sweep_key_groups = (
+            check_store_cache(self.state_store, state_store_cache_entries,
+                              state_store_ttl_sweep_key_groups))
         self.sink = sink
         self.parallelism = parallelism
         self.backend = backend
@@ -719,6 +747,12 @@ class StatefulOperator:
         store = self.store
         v = store.latest_version()
         return v is not None and bool(store.metadata(v).get("final"))
+
+    def close(self) -> None:
+        """Close the driver's connection to the external state store (``state_store``), kept
+        from one micro-batch to the next; the next micro-batch or flush opens a new one.
+        Nothing for in-memory state. Idempotent."""
+        close_driver_store(self)
 
     def __call__(self, df, batch_id: int) -> BatchReport:
         """``foreachBatch`` entry point: process micro-batch ``batch_id`` of ``df``."""
@@ -1043,6 +1077,8 @@ class StatefulOperator:
             heartbeat_interval_s=self.heartbeat_interval_s, broadcast_ipc=broadcast_ipc,
             state_store=self.state_store, state_namespace=self.state_namespace,
             state_store_timeout_s=self.state_store_timeout_s,
+            state_store_cache_entries=self.state_store_cache_entries,
+            state_store_ttl_sweep_key_groups=self.state_store_ttl_sweep_key_groups,
             first_watermark=(watermark is not None
                              and prev_meta.get("input_watermark_ms") is None))
 

@@ -165,7 +165,9 @@ class TaskSpec:
     ``state_store``, ``state_namespace`` and ``state_store_timeout_s`` (keyed state in an
     external store, the store's URL, namespace and the bound of every wait on it: the task
     runs :func:`statecore.spark.external_task.run_external` instead; None = in-memory state
-    checkpointed to ``store_uri``), ``first_watermark`` (the first
+    checkpointed to ``store_uri``), ``state_store_cache_entries`` and
+    ``state_store_ttl_sweep_key_groups`` (the store backend's ``cache_entries`` and
+    ``ttl_sweep_key_groups``), ``first_watermark`` (the first
     version with a watermark: an external task reads its whole key-group range through before
     the watermark re-stamps what was written without one).
 
@@ -206,6 +208,8 @@ class TaskSpec:
     state_store: Optional[str] = None
     state_namespace: Optional[str] = None
     state_store_timeout_s: float = 10.0
+    state_store_cache_entries: Optional[int] = 2_000_000
+    state_store_ttl_sweep_key_groups: int = 16
     first_watermark: bool = False
 
     @property
