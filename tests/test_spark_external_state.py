@@ -4,8 +4,11 @@ metadata-only manifest and commits after the sink; a replayed micro-batch discar
 uncommitted epoch or, committed, has no state effects; rescaling moves no data; a reader
 outside the job sees committed epochs only."""
 
+import os
+import signal
 import sys
 import threading
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -119,11 +122,11 @@ BATCHES = [
 ]
 
 
-def _op(tmp_path, server, backend="native", parallelism=2, **kw):
+def _op(tmp_path, server, backend="native", parallelism=2, processor=None, **kw):
     _by_value()
     if backend == "native":
         pytest.importorskip("statecore.backends.native")
-    return StatefulOperator("counts", Count(), "k", str(tmp_path / "ckpt"),
+    return StatefulOperator("counts", processor or Count(), "k", str(tmp_path / "ckpt"),
                             output=str(tmp_path / "out"), parallelism=parallelism,
                             max_parallelism=MAXP, backend=backend, event_time_column="t",
                             state_store=server.url, state_namespace=NS, **kw)
@@ -295,6 +298,71 @@ def test_store_down_fails_the_batch_and_a_restart_finishes_it(spark, tmp_path, s
     for i in (3, 4):
         again(_df(spark, BATCHES[i]), i)
     assert _committed_counts(server.url) == (4, want[4])
+
+
+class CountThenHold(Count):
+    """Count, except that the first task to claim ``hold_dir`` applies its rows, writes its
+    Python worker's pid to ``hold_dir/pid`` and waits there (at most ``hold_s``) to be killed:
+    a task killed mid-epoch, its changes only in the worker's memory."""
+
+    def __init__(self, hold_dir, hold_s=120.0):
+        self.hold_dir, self.hold_s = hold_dir, hold_s
+
+    def process_batch(self, batch, ctx):
+        out = list(super().process_batch(batch, ctx))
+        try:
+            fd = os.open(os.path.join(self.hold_dir, "claim"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            yield from out
+            return
+        os.close(fd)
+        tmp = os.path.join(self.hold_dir, "pid.tmp")
+        with open(tmp, "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(tmp, os.path.join(self.hold_dir, "pid"))
+        time.sleep(self.hold_s)
+        raise RuntimeError("the held task was not killed")
+
+
+def test_a_task_killed_mid_epoch_then_the_batch_runs_again(spark, tmp_path, store_server):
+    server = store_server
+    want, model = _expected_counts(), Model()
+    op = _op(tmp_path, server, "native", parallelism=2)
+    op(_df(spark, BATCHES[0]), 0)
+    assert _rows(tmp_path, 0) == model.batch(BATCHES[0])
+    # Micro-batch 1: one task applies its rows and is SIGKILLed (its Python worker) before
+    # it pre-commits; the other may have pre-committed. The micro-batch fails.
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    killed = _op(tmp_path, server, "native", parallelism=2, processor=CountThenHold(str(hold)))
+    failure = []
+    run = threading.Thread(target=lambda: _record_failure(
+        failure, lambda: killed(_df(spark, BATCHES[1]), 1)), daemon=True)
+    run.start()
+    deadline = time.monotonic() + 90
+    while not (hold / "pid").exists():
+        assert time.monotonic() < deadline and run.is_alive(), (
+            f"the held task never started: {failure}")
+        time.sleep(0.05)
+    os.kill(int((hold / "pid").read_text()), signal.SIGKILL)
+    run.join(120)
+    assert not run.is_alive() and failure, "the micro-batch did not fail"
+    assert _committed_counts(server.url) == (0, want[0])
+    # The restarted driver runs micro-batch 1 again (another parallelism): the killed
+    # attempt left nothing visible, nothing is counted twice.
+    again = _op(tmp_path, server, "native", parallelism=3)
+    for i in range(1, len(BATCHES)):
+        again(_df(spark, BATCHES[i]), i)
+        assert _rows(tmp_path, i) == model.batch(BATCHES[i]), f"micro-batch {i}"
+        assert _committed_counts(server.url) == (i, want[i])
+        assert wal_keys(server.url, NS, i) == []
+
+
+def _record_failure(failures, fn):
+    try:
+        fn()
+    except Exception as exc:  # the test asserts that there was one
+        failures.append(exc)
 
 
 @pytest.mark.parametrize("store", ["redis", "postgres"])
