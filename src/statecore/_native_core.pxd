@@ -616,6 +616,22 @@ cdef extern from "statecore/block_codec.h" namespace "statecore" nogil:
                                size_t count) except +raise_native_error
 
 
+cdef extern from "statecore/payload_lookup.h" namespace "statecore" nogil:
+    cdef cppclass PayloadView:
+        uint32_t entries
+        const uint8_t* value_data
+        @staticmethod
+        PayloadView of(const uint8_t* p, size_t size, cbool has_validity)
+        int64_t find(const uint8_t* key, size_t key_size)
+        cbool has_value(int64_t row)
+        uint32_t value_offset(int64_t row)
+
+    int64_t open_blocks_into(const uint8_t* data, size_t size, const StoredBlockRef* blocks,
+                             size_t count, cbool has_validity, const uint8_t* const* last_keys,
+                             const size_t* last_key_sizes, uint8_t* const* out,
+                             string* why) except +raise_native_error
+
+
 cdef extern from "statecore/bulk_load.h" namespace "statecore" nogil:
     cdef cppclass BlockLoadSpec:
         int prefix_bytes

@@ -14,9 +14,11 @@ whole (state, key group) is read and decoded as one cached unit.
 
 A batch proceeds in rounds: each round finds, for every key still undecided, the candidate
 block of its next run, fetches all candidate blocks not in the cache together (adjacent blocks
-of one file in one ranged read, on a small thread pool; each block checked -- XXH64 --
-decompressed and decoded once, natively with the GIL released when the extension is built),
-then decides the keys found. Keys not found move on to their next run. Filters are read once per
+of one file in one ranged read, on a small thread pool; each block checked -- XXH64, payload
+structure, last key against the footer's -- and decompressed once, natively with the GIL
+released when the extension is built, into a payload of its own that the cache keeps and the
+keys are searched in, in place: no per-entry decode), then decides the keys found. Keys not
+found move on to their next run. Filters are read once per
 data file (the filters of the lookup's key groups, one ranged read, each checked against its
 XXH64) and kept while the lookup is open: about ``bits_per_key / 8`` bytes per entry, outside the
 block cache's budget.
@@ -59,8 +61,10 @@ FETCH_THREADS = 4
 
 try:
     from statecore._native import lookup_in_blocks as _native_lookup_in_blocks
+    from statecore._native import lookup_in_payloads as _native_lookup_in_payloads
+    from statecore._native import open_blocks as _native_open_blocks
 except ImportError:
-    _native_lookup_in_blocks = None
+    _native_lookup_in_blocks = _native_lookup_in_payloads = _native_open_blocks = None
 
 
 def _lookup_in_blocks(blocks: list, which: np.ndarray, needles: pa.Array
@@ -86,9 +90,12 @@ def _block_bytes(keys: pa.Array, values: pa.Array) -> int:
 
 class BlockCache:
     """Decoded blocks, least recently used first out, holding at most ``budget`` bytes (each
-    block counted by the memory its keys and values hold: what :meth:`put` is told, by default
-    their Arrow buffers' bytes). A block larger than the budget is never kept. Counts ``hits``
-    and ``misses`` of :meth:`get`. Not thread-safe: one lookup's thread uses it."""
+    block counted by the memory it holds: what :meth:`put` is told, by default its Arrow
+    buffers' bytes). A block is ``(keys, values)`` Arrow arrays, or ``(payload, None)``: a
+    checked, decompressed block payload (docs/formats.md "Block payload", a numpy uint8 array)
+    that the native lookups search in place. A block larger than the budget is never kept.
+    Counts ``hits`` and ``misses`` of :meth:`get`. Not thread-safe: one lookup's thread uses
+    it."""
 
     def __init__(self, budget: int):
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
@@ -344,8 +351,13 @@ class RunLookup:
                 idx, blk = np.concatenate(idxs), np.concatenate(blks)
                 ub, which = np.unique(blk, return_inverse=True)
                 got = [blocks[(path, rf.state, b)] for b in ub.tolist()]
-                rows, vals = _lookup_in_blocks(got, which.astype(np.int64),
-                                               keys.take(pa.array(idx)))
+                needles = keys.take(pa.array(idx))
+                if got[0][1] is None:  # payloads opened natively (_read_group)
+                    rows, vals = _native_lookup_in_payloads(
+                        [p for p, _ in got], rf.data.kind == KIND_INCREMENTAL,
+                        which.astype(np.int64), needles)
+                else:
+                    rows, vals = _lookup_in_blocks(got, which.astype(np.int64), needles)
                 hit = rows >= 0
                 if bool(np.any(hit)):
                     take_part[idx[hit]] = len(parts)
@@ -430,7 +442,8 @@ class RunLookup:
     def _read_group(group: list) -> list:
         """Fetch thread: the blocks of ``group`` (consecutive blocks of one file, or one old
         file's (state, key group)) checked and decoded: ``[(block id, keys, values, stored
-        bytes read, bytes the decoded arrays hold)]``."""
+        bytes read, bytes the decoded block holds)]`` -- natively (format 6) ``keys`` the
+        block's payload and ``values`` None (BlockCache)."""
         bid, rf, b = group[0]
         data = rf.data
         incremental = data.kind == KIND_INCREMENTAL
@@ -443,6 +456,21 @@ class RunLookup:
         hi = int(blocks["offset"][-1]) + int(blocks["stored_length"][-1])
         kg0, _ = rf.key_group_of_block(b)
         raw = data.read_range(lo, hi - lo, f"state {rf.state!r} key group {kg0}")
+        if _native_open_blocks is not None:
+            # One native call for the group: each block checked and decompressed into a
+            # payload of its own, searched in place later (no per-entry decode).
+            _, koff, kdata = rf.tables
+            ends = koff[b:b + len(group) + 1].tolist()
+            last = [bytes(kdata[ends[j]:ends[j + 1]]) for j in range(len(group))]
+            payloads, bad, why = _native_open_blocks(raw, blocks, lo, incremental, last)
+            if bad is not None:
+                kg, _ = rf.key_group_of_block(group[bad][2])
+                raise CorruptCheckpointError(
+                    f"checkpoint data file {data.name}: state {rf.state!r} key group {kg} "
+                    f"block {group[bad][2]}: {why}")
+            return [(gbid, payload, None, int(sl), len(payload))
+                    for (gbid, _, _), payload, sl in zip(group, payloads,
+                                                         blocks["stored_length"].tolist())]
         out = []
         for j, (gbid, _, gb) in enumerate(group):
             blk = blocks[j:j + 1]
