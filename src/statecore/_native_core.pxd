@@ -453,6 +453,12 @@ cdef extern from "statecore/batch_collections.h" namespace "statecore" nogil:
                                 const TtlBatchSpec& ttl) except +raise_native_error
 
 
+cdef extern from "statecore/tiered_batch.h" namespace "statecore" nogil:
+    void batch_encoded_keys(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
+                            const uint8_t* rows, cbool only_absent, vector[int32_t]* offsets,
+                            vector[uint8_t]* data) except +raise_native_error
+
+
 cdef extern from "statecore/batch_reads.h" namespace "statecore" nogil:
     cdef cppclass MapGetOutput:
         MapGetOutput()

@@ -834,6 +834,49 @@ cdef class NativeStateTable:
                                                     vd + e.vo[i], e.vo[i + 1] - e.vo[i])
         return n
 
+    def batch_encoded_keys(self, keys, str key_type, str assigner, int32_t max_parallelism,
+                           rows=None, bint only_absent=True, namespace_type=None):
+        """The encoded keys (a ``pa.binary()`` array) of the rows of ``keys`` -- all, or those
+        where the numpy bool array ``rows`` is true -- each once per chunk, in the order of their
+        first row; with ``only_absent`` only those the table does not hold (tiered_batch.h: what
+        the tiered mode loads before a kernel runs). ``keys`` and ``namespace_type`` as in
+        :meth:`get_batch`; the keys are validated as the kernels validate them
+        (InvalidInputError). Touches no state; the GIL is released."""
+        cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism, namespace_type)
+        cdef _Chunks k = _Chunks(keys)
+        cdef size_t j, nchunks = k.count()
+        cdef vector[int32_t] offsets
+        cdef vector[uint8_t] data
+        cdef const uint8_t[::1] mask
+        cdef const uint8_t* mp = NULL
+        if rows is not None:
+            rows_np = np.ascontiguousarray(rows, np.bool_).view(np.uint8)
+            if len(rows_np) != k.total:
+                raise InvalidInputError(f"{k.total} keys but {len(rows_np)} row flags")
+            if k.total:
+                mask = rows_np
+                mp = &mask[0]
+        offsets.push_back(0)
+        self._claim()
+        try:
+            with nogil:
+                for j in range(nchunks):
+                    c.batch_encoded_keys(self.table[0], spec, k.inputs[j],
+                                         mp + k.starts[j] if mp != NULL else NULL, only_absent,
+                                         &offsets, &data)
+        finally:
+            self._release()
+        cdef size_t n = offsets.size() - 1
+        off_np = np.empty(n + 1, np.int32)
+        data_np = np.empty(max(data.size(), 1), np.uint8)
+        cdef int32_t[::1] ov = off_np
+        cdef uint8_t[::1] dv = data_np
+        memcpy(&ov[0], offsets.data(), 4 * (n + 1))
+        if data.size():
+            memcpy(&dv[0], data.data(), data.size())
+        return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(off_np),
+                                                      pa.py_buffer(data_np[:data.size()])])
+
     def is_clean(self, int32_t kg, bytes key not None):
         """True when ``key`` is present and unchanged since the base (StateMap::is_clean)."""
         cdef c.StateMap* m = self._map(kg)
