@@ -738,3 +738,55 @@ def lookup_in_payloads(payloads, bint has_validity, which, needles):
                                                      pa.py_buffer(data_np[:total])],
                                    null_count=nulls)
     return rows_np, values
+
+
+def lower_bound_blocks(key_offsets, key_data, int64_t first, int64_t count, needles, rows):
+    """The candidate block of each needle ``needles[rows[i]]`` (``needles`` a ``pa.binary()``
+    array without nulls, ``rows`` int64 row numbers) among the blocks ``[first, first +
+    count)`` of a data file's footer, whose last keys are ``key_data[key_offsets[b]:
+    key_offsets[b + 1]]`` (``DataFileReader.lookup_tables``: int64 offsets), ascending: the
+    position (0 to ``count``; ``count``: past the last key) of the first block whose last key
+    is >= the needle, byte-wise. A binary search per needle, GIL released. InvalidInputError
+    when the blocks or rows lie outside the arrays."""
+    cdef const int64_t[::1] ko = np.ascontiguousarray(key_offsets, np.int64)
+    cdef const uint8_t[::1] kd = memoryview(key_data).cast("B")
+    cdef const int64_t[::1] rw = np.ascontiguousarray(rows, np.int64)
+    cdef int64_t n = rw.shape[0], nq = len(needles), i, lo, hi, mid, ql, hl, m, r
+    cdef int cmp
+    if first < 0 or count < 0 or first + count + 1 > ko.shape[0]:
+        raise InvalidInputError(f"blocks [{first}, {first + count}) lie outside the footer's "
+                                f"{ko.shape[0] - 1} block keys")
+    if count and (ko[first] < 0 or ko[first + count] > kd.shape[0]):
+        raise InvalidInputError("block key offsets lie outside the key data")
+    if n and (np.min(rw) < 0 or np.max(rw) >= nq):
+        raise InvalidInputError("a row number is outside the needles")
+    if needles.null_count:
+        raise InvalidInputError("needles must not contain nulls")
+    nb_ = needles.buffers()
+    cdef const int32_t* qoff = <const int32_t*>_addr(nb_[1], 4 * needles.offset)
+    cdef const uint8_t* qdat = _addr(nb_[2], 0)
+    cdef uint8_t empty = 0
+    cdef const uint8_t* kbase = &kd[0] if kd.shape[0] else &empty
+    if qdat == NULL:
+        qdat = &empty
+    out_np = np.empty(n, np.int64)
+    cdef int64_t[::1] out = out_np
+    with nogil:
+        for i in range(n):
+            r = rw[i]
+            ql = qoff[r + 1] - qoff[r]
+            lo = 0
+            hi = count
+            while lo < hi:
+                mid = lo + (hi - lo) // 2
+                hl = ko[first + mid + 1] - ko[first + mid]
+                m = ql if ql < hl else hl
+                cmp = memcmp(kbase + ko[first + mid], qdat + qoff[r], m) if m else 0
+                if cmp == 0:
+                    cmp = (hl > ql) - (hl < ql)
+                if cmp < 0:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            out[i] = lo
+    return out_np
