@@ -1,6 +1,7 @@
 // batch_encoded_keys (tiered_batch.h): the keys a batch's rows address, each once, all or only
 // those the table lacks, against the entries put_batch writes for the same rows; bad keys throw
 // with nothing appended.
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -99,6 +100,45 @@ TEST(bad_keys_throw_with_nothing_appended) {
   TestArray wrong = fixed<double>("g", F64{1.0});
   CHECK_THROWS(batch_encoded_keys(t, sp, wrong.in(), nullptr, false, &off, &data), BatchError);
   CHECK_EQ(off.size(), size_t(1));
+}
+
+TEST(load_clean_batch_inserts_clean_entries_and_skips_nulls_and_held_keys) {
+  StateTable t(0, 127);
+  const BatchKeySpec sp = int64_spec();
+  TestArray held = fixed<int64_t>("l", I64{37});
+  TestArray hv = fixed<int64_t>("l", I64{70});
+  put_batch(t, sp, held.in(), ValueType::Int64, hv.in());
+  const uint64_t base = t.rebase();
+  CHECK(base > 0);
+  // 200 keys: 37 (held: skipped), every 10th a NULL value (skipped), the rest loaded.
+  std::vector<int32_t> kgs, ko{0}, vo{0};
+  std::vector<uint8_t> kd, vd, valid(25, 0);
+  std::map<std::string, std::string> want = dump(t);
+  for (int i = 0; i < 200; ++i) {
+    const int64_t k = i * 37 % 1000;
+    TestArray one = fixed<int64_t>("l", I64{k});
+    std::vector<int32_t> o;
+    std::vector<uint8_t> d;
+    batch_encoded_keys(t, sp, one.in(), nullptr, false, &o, &d);
+    kgs.push_back(d[0]);
+    kd.insert(kd.end(), d.begin(), d.end());
+    ko.push_back(static_cast<int32_t>(kd.size()));
+    const bool null = i % 10 == 3;
+    const std::string v = null ? "" : be64(k);
+    vd.insert(vd.end(), v.begin(), v.end());
+    vo.push_back(static_cast<int32_t>(vd.size()));
+    if (!null) valid[i / 8] |= static_cast<uint8_t>(1u << (i % 8));
+    const std::string key(d.begin(), d.end());
+    if (!null && !want.count(key)) want[key] = v;
+  }
+  const size_t n = load_clean_batch(t, kgs.data(), ko.data(), kd.data(), vo.data(), vd.data(),
+                                    valid.data(), 0, kgs.size());
+  CHECK_EQ(n + 1, want.size());
+  CHECK(dump(t) == want);
+  for (const auto& kv : want) {
+    const auto* k = reinterpret_cast<const uint8_t*>(kv.first.data());
+    CHECK(t.map(static_cast<uint8_t>(kv.first[0])).is_clean(k, kv.first.size()));
+  }
 }
 
 TEST_MAIN()

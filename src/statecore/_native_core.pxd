@@ -457,6 +457,10 @@ cdef extern from "statecore/tiered_batch.h" namespace "statecore" nogil:
     void batch_encoded_keys(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
                             const uint8_t* rows, cbool only_absent, vector[int32_t]* offsets,
                             vector[uint8_t]* data) except +raise_native_error
+    size_t load_clean_batch(StateTable& table, const int32_t* kgs, const int32_t* key_offsets,
+                            const uint8_t* key_data, const int32_t* value_offsets,
+                            const uint8_t* value_data, const uint8_t* validity,
+                            int64_t validity_offset, size_t n) except +raise_native_error
 
 
 cdef extern from "statecore/batch_reads.h" namespace "statecore" nogil:

@@ -18,4 +18,16 @@ void batch_encoded_keys(StateTable& table, const BatchKeySpec& spec, ArrowInput 
                         const uint8_t* rows, bool only_absent, std::vector<int32_t>* offsets,
                         std::vector<uint8_t>* data);
 
+// Inserts the `n` entries key i -> value i (Arrow binary layout: `key_offsets`/`value_offsets`
+// n + 1 each, `validity` with bit offset `validity_offset`, null: no NULL value) into the map of
+// key group kgs[i] as CLEAN entries (StateMap::insert_clean), skipping NULL values and keys the
+// table holds; the map slots of the rows ahead are prefetched, as the kernels' rows are
+// (RowKeys), since a loaded key is by definition one memory did not touch recently. The key
+// groups must be the table's (the caller checked them). Returns the entries inserted. Errors as
+// insert_clean.
+size_t load_clean_batch(StateTable& table, const int32_t* kgs, const int32_t* key_offsets,
+                        const uint8_t* key_data, const int32_t* value_offsets,
+                        const uint8_t* value_data, const uint8_t* validity, int64_t validity_offset,
+                        size_t n);
+
 }  // namespace statecore
