@@ -63,10 +63,12 @@ what the runs hold, and expired values read from V are treated as the kernels tr
 entries in memory). List, map and aggregating states are refused at registration
 (InvalidInputError naming the kind), as are TTL migrations, ``apply_changes``, ``keys`` and
 ``apply_to_all_keys`` (they would see memory only). Timers and operator state are held in
-memory as in the native backend. The batch calls gather every row's encoded key (per row in
-Python), fetch the keys memory lacks in one :meth:`RunLookup.lookup_batch` (the blocks decoded
-natively with the GIL released, on its thread pool) and then apply the batch with the native
-kernels.
+memory as in the native backend. A batch call takes a constant number of Python steps whatever
+its rows: one native call encodes the rows' keys with the kernels' encoder and returns those
+memory lacks, each once (``NativeStateTable.batch_encoded_keys``); one
+:meth:`RunLookup.lookup_batch` fetches them (blocks read together on its thread pool, opened and
+searched natively with the GIL released); one native call loads them as clean entries
+(``load_clean``); then the native kernel applies the batch.
 
 Thread contract: the native backend's.
 """
