@@ -499,6 +499,32 @@ def test_native_payload_lookups_find_gather_and_check_blocks(incremental):
                                   pa.array([b"x"], pa.binary()))
 
 
+def test_native_block_key_search_is_numpys_over_bytes():
+    """lower_bound_blocks (each key's candidate block among a key group's blocks of a footer)
+    equals numpy's searchsorted over the block keys as bytes objects, for keys before, between,
+    equal to and past them, over a sub-range of the blocks."""
+    native = pytest.importorskip("statecore._native")
+    rng = random.Random(8)
+    last = sorted({bytes(rng.randrange(4) for _ in range(rng.randrange(0, 5)))
+                   for _ in range(60)})
+    koff = np.cumsum([0] + [len(k) for k in last]).astype(np.int64)
+    kdata = memoryview(b"".join(last))
+    needles = pa.array([bytes(rng.randrange(5) for _ in range(rng.randrange(0, 6)))
+                        for _ in range(400)] + last, pa.binary()).slice(3)
+    rows = np.array(rng.sample(range(len(needles)), 300), np.int64)
+    for first, count in ((0, len(last)), (5, 20), (7, 0)):
+        got = native.lower_bound_blocks(koff, kdata, first, count, needles, rows)
+        keys = np.empty(count, dtype=object)
+        keys[:] = last[first:first + count]
+        want = np.searchsorted(keys, np.array(needles.to_pylist(), dtype=object)[rows],
+                               side="left")
+        assert np.array_equal(got, want)
+    with pytest.raises(InvalidInputError):
+        native.lower_bound_blocks(koff, kdata, 50, 20, needles, rows)
+    with pytest.raises(InvalidInputError):
+        native.lower_bound_blocks(koff, kdata, 0, 5, needles, np.array([len(needles)]))
+
+
 def test_reads_through_a_pyarrow_filesystem_are_what_the_statistics_say(tmp_path):
     """Through a non-local pyarrow filesystem: opening the lookup reads nothing, the first batch
     reads the filters of the state's key groups once and a block per key the filter passes
