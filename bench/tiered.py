@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from bench.common import has_native
+from bench.compare import rocksdict_module
 from bench.harness import Size, case, record
 from statecore import CheckpointStore, ReducingStateDescriptor, create_backend
 
@@ -43,16 +44,76 @@ def _run(backend, batches) -> tuple[float, list]:
     return time.perf_counter() - t, out
 
 
+def _bytes8(a: np.ndarray) -> list:
+    """The 8-byte items of an 8-byte numpy array as bytes objects."""
+    raw = a.tobytes()
+    return [raw[i:i + 8] for i in range(0, len(raw), 8)]
+
+
+def _rocksdb(rocksdict, root: Path, n: int, cache_bytes: int):
+    """A RocksDB (rocksdict, raw bytes, write-ahead log off) holding count 1 for keys
+    0..n-1 (8-byte big-endian -> 8-byte little-endian), ingested from one SST file, with a
+    block cache of ``cache_bytes``."""
+    opt = rocksdict.Options(raw_mode=True)
+    table = rocksdict.BlockBasedOptions()
+    table.set_block_cache(rocksdict.Cache(cache_bytes))
+    opt.set_block_based_table_factory(table)
+    sst = str(root / "base.sst")
+    w = rocksdict.SstFileWriter(options=opt)
+    w.open(sst)
+    one = (1).to_bytes(8, "little")
+    for s in range(0, n, _LOAD_BATCH):
+        for k in _bytes8(np.arange(s, min(n, s + _LOAD_BATCH), dtype=">i8")):
+            w[k] = one
+    w.finish()
+    db = rocksdict.Rdict(str(root / "db"), options=opt)
+    wo = rocksdict.WriteOptions()
+    wo.disable_wal = True
+    db.set_write_options(wo)
+    db.ingest_external_file([sst])
+    return db
+
+
+def _rocksdb_run(rocksdict, db, batches) -> tuple[float, pa.Array]:
+    """Seconds of the running count over ``batches`` in RocksDB, batched as a Python user would:
+    per batch one multi-get of the distinct keys, the running counts computed with numpy and
+    one WriteBatch of the new counts; and the last batch's output (the count after each row)."""
+    out = None
+    t = time.perf_counter()
+    for keys in batches:
+        uniq, inv = np.unique(keys, return_inverse=True)
+        names = _bytes8(uniq.astype(">i8"))
+        got = db[names]
+        base = np.array([0 if v is None else int.from_bytes(v, "little") for v in got],
+                        np.int64)
+        # Row i's count: its key's stored count plus its occurrences up to and including i.
+        order = np.argsort(inv, kind="stable")
+        first = np.searchsorted(inv[order], inv[order])
+        rank = np.empty(len(keys), np.int64)
+        rank[order] = np.arange(len(keys)) - first
+        out_np = base[inv] + rank + 1
+        final = base + np.bincount(inv, minlength=len(uniq))
+        wb = rocksdict.WriteBatch(raw_mode=True)
+        for k, v in zip(names, _bytes8(final.astype("<i8"))):
+            wb.put(k, v)
+        db.write(wb)
+        out = out_np
+    return time.perf_counter() - t, pa.array(out)
+
+
 @case("tiered_running_count",
       "running count (ReducingState sum, 64k-row batches) over 10M / 1M int64 keys with a "
       "memory budget of 1/8 of the state (tiered mode), Zipf(1.0) and uniform keys, vs the "
-      "in-memory native backend restored from the same checkpoint")
+      "in-memory native backend restored from the same checkpoint and RocksDB (rocksdict, "
+      "multi-get + WriteBatch per batch, block cache = the budget)")
 def tiered_running_count(size: Size):
     """Records per distribution ``zipf`` / ``uniform``: impl ``tiered``: ``rows_per_s_<dist>``,
     ``loaded_per_row_<dist>`` (entries fetched from the runs per row), ``checkpoint_s_<dist>``
     (the incremental checkpoint after the rows), ``attach_s`` (restore = attach); impl
-    ``in-memory``: ``rows_per_s_<dist>``, ``restore_s``. Also ``entries`` and
-    ``budget_bytes``. Both backends' outputs are checked equal."""
+    ``in-memory``: ``rows_per_s_<dist>``, ``restore_s``; impl ``rocksdict`` (when importable):
+    ``rows_per_s_<dist>`` of the same count in RocksDB holding the same entries (ingested from an
+    SST file, not timed), batched as a Python user would (_rocksdb_run). Also ``entries`` and
+    ``budget_bytes``. Every implementation's outputs are checked equal."""
     if not has_native():
         return []
     n = size.n(10_000_000, 1_000_000)
@@ -60,6 +121,7 @@ def tiered_running_count(size: Size):
     batch = min(_BATCH, rows)
     budget = max(4096, n * _ENTRY // 8)
     rng = np.random.default_rng(11)
+    rdb = rocksdict_module()
     out = [record("tiered_running_count", "tiered", "entries", n, "entries"),
            record("tiered_running_count", "tiered", "budget_bytes", budget, "bytes")]
     dists = {"zipf": _zipf_keys(rng, n, rows), "uniform": rng.integers(0, n, rows,
@@ -93,6 +155,14 @@ def tiered_running_count(size: Size):
             attach_s = time.perf_counter() - t
             secs, out_tiered = _run(tb, batches)
             assert out_tiered.equals(out_mem)
+            if rdb is not None:
+                (Path(d) / f"rocksdb-{dist}").mkdir()
+                db = _rocksdb(rdb, Path(d) / f"rocksdb-{dist}", n, budget)
+                secs_rdb, out_rdb = _rocksdb_run(rdb, db, batches)
+                db.close()
+                assert out_rdb.equals(out_mem.cast(pa.int64()))
+                out.append(record("tiered_running_count", "rocksdict", f"rows_per_s_{dist}",
+                                  len(batches) * batch / secs_rdb, "rows/s"))
             stats = tb.tiered_statistics()
             t = time.perf_counter()
             store.checkpoint(tb, 2)

@@ -434,6 +434,97 @@ def test_native_lookup_in_blocks_finds_gathers_and_skips_tombstones():
                                 pa.array([b"x"], pa.binary()))
 
 
+def _stored_blocks(rng, n_blocks, incremental):
+    """Random blocks as a data file stores them: ``(stored bytes, block-table rows, last keys,
+    per block {key: value or None})``, the keys of each block ascending and unique."""
+    from statecore.checkpoint import blocks as blk
+
+    parts, rows, last, oracle, at = [], [], [], [], 0
+    for _ in range(n_blocks):
+        keys = sorted({bytes(rng.randrange(256) for _ in range(rng.randrange(1, 6)))
+                       for _ in range(rng.randrange(1, 40))})
+        vals = [None if incremental and rng.random() < 0.2
+                else bytes(rng.randrange(256) for _ in range(rng.randrange(0, 5))) for _ in keys]
+        ko = np.cumsum([0] + [len(k) for k in keys]).astype(np.int32)
+        vo = np.cumsum([0] + [len(v or b"") for v in vals]).astype(np.int32)
+        payload = blk.encode_block(ko, b"".join(keys), vo, b"".join(v or b"" for v in vals),
+                                   [v is not None for v in vals] if incremental else None)
+        stored = blk.compress_block(payload)
+        rows.append((at, len(stored), len(payload), len(keys), 0, blk.xxh64(stored)))
+        parts.append(stored)
+        last.append(keys[-1])
+        oracle.append(dict(zip(keys, vals)))
+        at += len(stored)
+    return b"".join(parts), np.array(rows, dtype=fmt.BLOCK_DTYPE), last, oracle
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+def test_native_payload_lookups_find_gather_and_check_blocks(incremental):
+    """open_blocks + lookup_in_payloads (the lookup's native path) against a dict per block:
+    found keys and their values, tombstones and absent keys NULL; a block whose bytes, or whose
+    last key against the footer's, are wrong is named by its index."""
+    native = pytest.importorskip("statecore._native")
+    rng = random.Random(5 + incremental)
+    data, rows, last, oracle = _stored_blocks(rng, 7, incremental)
+    payloads, bad, why = native.open_blocks(data, rows, 0, incremental, last)
+    assert bad is None and [len(p) for p in payloads] == rows["raw_length"].tolist()
+    needles, which = [], []
+    for _ in range(600):
+        b = rng.randrange(len(oracle))
+        pool = list(oracle[b])
+        needles.append(rng.choice(pool) if rng.random() < 0.6
+                       else bytes(rng.randrange(256) for _ in range(rng.randrange(0, 6))))
+        which.append(b)
+    rows_out, values = native.lookup_in_payloads(payloads, incremental,
+                                                 np.array(which, np.int64),
+                                                 pa.array(needles, pa.binary()))
+    for i, (q, b) in enumerate(zip(needles, which)):
+        if q in oracle[b]:
+            assert rows_out[i] == sorted(oracle[b]).index(q)
+            assert values[i].as_py() == oracle[b][q]
+        else:
+            assert rows_out[i] == -1 and values[i].as_py() is None
+    wrong = list(last)
+    wrong[3] = wrong[3] + b"\x00"
+    assert native.open_blocks(data, rows, 0, incremental, wrong)[1:] == (
+        3, "last key differs from the footer's")
+    flipped = bytearray(data)
+    flipped[int(rows["offset"][5])] ^= 0xFF
+    assert native.open_blocks(bytes(flipped), rows, 0, incremental, last)[1:] == (
+        5, "block checksum mismatch")
+    with pytest.raises(InvalidInputError):
+        native.open_blocks(data, rows, 0, incremental, last[:-1])
+    with pytest.raises(InvalidInputError):
+        native.lookup_in_payloads(payloads, incremental, np.array([len(payloads)], np.int64),
+                                  pa.array([b"x"], pa.binary()))
+
+
+def test_native_block_key_search_is_numpys_over_bytes():
+    """lower_bound_blocks (each key's candidate block among a key group's blocks of a footer)
+    equals numpy's searchsorted over the block keys as bytes objects, for keys before, between,
+    equal to and past them, over a sub-range of the blocks."""
+    native = pytest.importorskip("statecore._native")
+    rng = random.Random(8)
+    last = sorted({bytes(rng.randrange(4) for _ in range(rng.randrange(0, 5)))
+                   for _ in range(60)})
+    koff = np.cumsum([0] + [len(k) for k in last]).astype(np.int64)
+    kdata = memoryview(b"".join(last))
+    needles = pa.array([bytes(rng.randrange(5) for _ in range(rng.randrange(0, 6)))
+                        for _ in range(400)] + last, pa.binary()).slice(3)
+    rows = np.array(rng.sample(range(len(needles)), 300), np.int64)
+    for first, count in ((0, len(last)), (5, 20), (7, 0)):
+        got = native.lower_bound_blocks(koff, kdata, first, count, needles, rows)
+        keys = np.empty(count, dtype=object)
+        keys[:] = last[first:first + count]
+        want = np.searchsorted(keys, np.array(needles.to_pylist(), dtype=object)[rows],
+                               side="left")
+        assert np.array_equal(got, want)
+    with pytest.raises(InvalidInputError):
+        native.lower_bound_blocks(koff, kdata, 50, 20, needles, rows)
+    with pytest.raises(InvalidInputError):
+        native.lower_bound_blocks(koff, kdata, 0, 5, needles, np.array([len(needles)]))
+
+
 def test_reads_through_a_pyarrow_filesystem_are_what_the_statistics_say(tmp_path):
     """Through a non-local pyarrow filesystem: opening the lookup reads nothing, the first batch
     reads the filters of the state's key groups once and a block per key the filter passes

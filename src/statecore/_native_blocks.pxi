@@ -630,3 +630,163 @@ cdef class SnapshotBlockSerializer:
         return {"blocks": s.blocks, "payload_bytes": s.payload_bytes,
                 "max_queued": s.max_queued, "producer_waits": s.producer_waits,
                 "ttl_expired": s.ttl_expired}
+
+
+def open_blocks(data, blocks, uint64_t base, bint has_validity, last_keys):
+    """Open consecutive stored blocks of a checkpoint data file for point lookups
+    (payload_lookup.h): each checked as :func:`decode_blocks` checks it (bounds, XXH64, LZ4,
+    payload structure) and its last key against ``last_keys[i]`` (bytes: the footer's block
+    key), decompressed into a numpy uint8 array of its own, with the GIL released. ``data``,
+    ``blocks``, ``base``, ``has_validity``: as :func:`decode_blocks`. Returns ``(payloads, None,
+    None)`` -- one array per block, searched by :func:`lookup_in_payloads` -- or ``(None, i,
+    reason)`` for the first bad block ``blocks[i]``."""
+    cdef const uint8_t[::1] d = memoryview(data).cast("B")
+    cdef size_t size = d.shape[0]
+    cdef size_t nb = len(blocks), i
+    cdef vector[c.StoredBlockRef] refs
+    _block_refs(blocks, base, &refs)
+    if len(last_keys) != nb:
+        raise InvalidInputError(f"{nb} blocks but {len(last_keys)} last keys")
+    cdef vector[const uint8_t*] lk
+    cdef vector[size_t] lks
+    cdef vector[uint8_t*] outs
+    cdef uint8_t[::1] o
+    cdef bytes key
+    payloads = []
+    for i in range(nb):
+        key = last_keys[i]
+        lk.push_back(<const uint8_t*>PyBytes_AS_STRING(key))
+        lks.push_back(PyBytes_GET_SIZE(key))
+        arr = np.empty(max(refs[i].raw_length, 1), np.uint8)[:refs[i].raw_length]
+        payloads.append(arr)
+        o = np.empty(1, np.uint8) if refs[i].raw_length == 0 else arr
+        outs.push_back(&o[0])
+    cdef const uint8_t* p = &d[0] if size else NULL
+    cdef string why
+    cdef int64_t bad
+    with nogil:
+        bad = c.open_blocks_into(p, size, refs.data(), nb, has_validity, lk.data(), lks.data(),
+                                 outs.data(), &why)
+    if bad >= 0:
+        return None, bad, why.decode("utf-8", "replace")
+    return payloads, None, None
+
+
+def lookup_in_payloads(payloads, bint has_validity, which, needles):
+    """Point lookups in block payloads :func:`open_blocks` returned (of one file:
+    ``has_validity`` as it was opened with): ``which`` (int64, one per needle) the payload to
+    search each needle of the ``pa.binary()`` array ``needles`` in. Returns ``(rows, values)``
+    as :func:`lookup_in_blocks`: the needle's row or -1, and a ``pa.binary()`` array of the
+    values, NULL where not found or a tombstone. A byte-wise binary search per needle in place
+    and one gather, with the GIL released."""
+    cdef int64_t nn = len(needles), nb = len(payloads), i, b, r, total = 0
+    which_np = np.ascontiguousarray(which, np.int64)
+    if len(which_np) != nn:
+        raise InvalidInputError(f"{nn} needles but {len(which_np)} payload numbers")
+    if nn and (which_np.min() < 0 or which_np.max() >= nb):
+        raise InvalidInputError("a payload number is outside the payloads")
+    if needles.null_count:
+        raise InvalidInputError("needles must not contain nulls")
+    cdef vector[c.PayloadView] views
+    cdef const uint8_t[::1] pv
+    for payload in payloads:
+        pv = payload
+        if pv.shape[0] < 4:
+            raise InvalidInputError("a block payload is shorter than its entry count")
+        views.push_back(c.PayloadView.of(&pv[0], pv.shape[0], has_validity))
+    nb_ = needles.buffers()
+    cdef const int32_t* qoff = <const int32_t*>_addr(nb_[1], 4 * needles.offset)
+    cdef const uint8_t* qdat = _addr(nb_[2], 0)
+    cdef uint8_t empty = 0
+    if qdat == NULL:
+        qdat = &empty
+    rows_np = np.full(nn, -1, np.int64)
+    cdef int64_t[::1] rows = rows_np
+    cdef const int64_t[::1] wh = which_np
+    with nogil:
+        for i in range(nn):
+            b = wh[i]
+            r = views[b].find(qdat + qoff[i], qoff[i + 1] - qoff[i])
+            rows[i] = r
+            if r >= 0 and views[b].has_value(r):
+                total += views[b].value_offset(r + 1) - views[b].value_offset(r)
+    if total > 2**31 - 1:
+        raise InvalidInputError(f"{total} bytes of values exceed an Arrow binary array")
+    off_np = np.zeros(nn + 1, np.int32)
+    data_np = np.empty(max(total, 1), np.uint8)
+    valid_np = np.zeros((nn + 7) // 8, np.uint8)
+    cdef int32_t[::1] off = off_np
+    cdef uint8_t[::1] data = data_np
+    cdef uint8_t[::1] valid = valid_np
+    cdef int64_t nulls = 0, ln, at = 0
+    cdef uint32_t a
+    with nogil:
+        for i in range(nn):
+            r = rows[i]
+            b = wh[i]
+            if r >= 0 and views[b].has_value(r):
+                a = views[b].value_offset(r)
+                ln = views[b].value_offset(r + 1) - a
+                if ln:
+                    memcpy(&data[0] + at, views[b].value_data + a, ln)
+                at += ln
+                valid[i >> 3] |= <uint8_t>(1 << (i & 7))
+            else:
+                nulls += 1
+            off[i + 1] = <int32_t>at
+    values = pa.Array.from_buffers(pa.binary(), nn, [pa.py_buffer(valid_np), pa.py_buffer(off_np),
+                                                     pa.py_buffer(data_np[:total])],
+                                   null_count=nulls)
+    return rows_np, values
+
+
+def lower_bound_blocks(key_offsets, key_data, int64_t first, int64_t count, needles, rows):
+    """The candidate block of each needle ``needles[rows[i]]`` (``needles`` a ``pa.binary()``
+    array without nulls, ``rows`` int64 row numbers) among the blocks ``[first, first +
+    count)`` of a data file's footer, whose last keys are ``key_data[key_offsets[b]:
+    key_offsets[b + 1]]`` (``DataFileReader.lookup_tables``: int64 offsets), ascending: the
+    position (0 to ``count``; ``count``: past the last key) of the first block whose last key
+    is >= the needle, byte-wise. A binary search per needle, GIL released. InvalidInputError
+    when the blocks or rows lie outside the arrays."""
+    cdef const int64_t[::1] ko = np.ascontiguousarray(key_offsets, np.int64)
+    cdef const uint8_t[::1] kd = memoryview(key_data).cast("B")
+    cdef const int64_t[::1] rw = np.ascontiguousarray(rows, np.int64)
+    cdef int64_t n = rw.shape[0], nq = len(needles), i, lo, hi, mid, ql, hl, m, r
+    cdef int cmp
+    if first < 0 or count < 0 or first + count + 1 > ko.shape[0]:
+        raise InvalidInputError(f"blocks [{first}, {first + count}) lie outside the footer's "
+                                f"{ko.shape[0] - 1} block keys")
+    if count and (ko[first] < 0 or ko[first + count] > kd.shape[0]):
+        raise InvalidInputError("block key offsets lie outside the key data")
+    if n and (np.min(rw) < 0 or np.max(rw) >= nq):
+        raise InvalidInputError("a row number is outside the needles")
+    if needles.null_count:
+        raise InvalidInputError("needles must not contain nulls")
+    nb_ = needles.buffers()
+    cdef const int32_t* qoff = <const int32_t*>_addr(nb_[1], 4 * needles.offset)
+    cdef const uint8_t* qdat = _addr(nb_[2], 0)
+    cdef uint8_t empty = 0
+    cdef const uint8_t* kbase = &kd[0] if kd.shape[0] else &empty
+    if qdat == NULL:
+        qdat = &empty
+    out_np = np.empty(n, np.int64)
+    cdef int64_t[::1] out = out_np
+    with nogil:
+        for i in range(n):
+            r = rw[i]
+            ql = qoff[r + 1] - qoff[r]
+            lo = 0
+            hi = count
+            while lo < hi:
+                mid = lo + (hi - lo) // 2
+                hl = ko[first + mid + 1] - ko[first + mid]
+                m = ql if ql < hl else hl
+                cmp = memcmp(kbase + ko[first + mid], qdat + qoff[r], m) if m else 0
+                if cmp == 0:
+                    cmp = (hl > ql) - (hl < ql)
+                if cmp < 0:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            out[i] = lo
+    return out_np

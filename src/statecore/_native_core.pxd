@@ -453,6 +453,16 @@ cdef extern from "statecore/batch_collections.h" namespace "statecore" nogil:
                                 const TtlBatchSpec& ttl) except +raise_native_error
 
 
+cdef extern from "statecore/tiered_batch.h" namespace "statecore" nogil:
+    void batch_encoded_keys(StateTable& table, const BatchKeySpec& spec, ArrowInput keys,
+                            const uint8_t* rows, cbool only_absent, vector[int32_t]* offsets,
+                            vector[uint8_t]* data) except +raise_native_error
+    size_t load_clean_batch(StateTable& table, const int32_t* kgs, const int32_t* key_offsets,
+                            const uint8_t* key_data, const int32_t* value_offsets,
+                            const uint8_t* value_data, const uint8_t* validity,
+                            int64_t validity_offset, size_t n) except +raise_native_error
+
+
 cdef extern from "statecore/batch_reads.h" namespace "statecore" nogil:
     cdef cppclass MapGetOutput:
         MapGetOutput()
@@ -614,6 +624,22 @@ cdef extern from "statecore/block_codec.h" namespace "statecore" nogil:
 
     VerifyResult verify_blocks(const uint8_t* data, size_t size, const StoredBlockRef* blocks,
                                size_t count) except +raise_native_error
+
+
+cdef extern from "statecore/payload_lookup.h" namespace "statecore" nogil:
+    cdef cppclass PayloadView:
+        uint32_t entries
+        const uint8_t* value_data
+        @staticmethod
+        PayloadView of(const uint8_t* p, size_t size, cbool has_validity)
+        int64_t find(const uint8_t* key, size_t key_size)
+        cbool has_value(int64_t row)
+        uint32_t value_offset(int64_t row)
+
+    int64_t open_blocks_into(const uint8_t* data, size_t size, const StoredBlockRef* blocks,
+                             size_t count, cbool has_validity, const uint8_t* const* last_keys,
+                             const size_t* last_key_sizes, uint8_t* const* out,
+                             string* why) except +raise_native_error
 
 
 cdef extern from "statecore/bulk_load.h" namespace "statecore" nogil:

@@ -815,7 +815,8 @@ cdef class NativeStateTable:
         keys without nulls (any order, key groups read from the prefix); a NULL value (absent
         from the checkpoint) and a key the table already holds are skipped. Returns the entries
         inserted. InvalidInputError for bad keys (nothing inserted then: the keys are checked
-        first); StateError (from the map's logic error) when the table has no base."""
+        first); StateError (from the map's logic error) when the table has no base. The GIL is
+        released while the entries are inserted."""
         cdef _Entries e = _Entries(keys, values)
         cdef int64_t i
         cdef int64_t n = 0
@@ -827,12 +828,60 @@ cdef class NativeStateTable:
         self._idle()
         for i in range(e.n):
             kv[i] = self._prefix_kg(kd + e.ko[i], e.ko[i + 1] - e.ko[i], prefix_width)
-        for i in range(e.n):
-            if e.vbits != NULL and not (e.vbits[(e.voff + i) >> 3] >> ((e.voff + i) & 7)) & 1:
-                continue
-            n += self.table.map(kv[i]).insert_clean(kd + e.ko[i], e.ko[i + 1] - e.ko[i],
-                                                    vd + e.vo[i], e.vo[i + 1] - e.vo[i])
+        if e.n == 0:
+            return 0
+        # tiered_batch.h load_clean_batch: the rows' map slots prefetched ahead.
+        self._claim()
+        try:
+            with nogil:
+                n = c.load_clean_batch(self.table[0], &kv[0], e.ko, kd, e.vo, vd, e.vbits,
+                                       e.voff, e.n)
+        finally:
+            self._release()
         return n
+
+    def batch_encoded_keys(self, keys, str key_type, str assigner, int32_t max_parallelism,
+                           rows=None, bint only_absent=True, namespace_type=None):
+        """The encoded keys (a ``pa.binary()`` array) of the rows of ``keys`` -- all, or those
+        where the numpy bool array ``rows`` is true -- each once per chunk, in the order of their
+        first row; with ``only_absent`` only those the table does not hold (tiered_batch.h: what
+        the tiered mode loads before a kernel runs). ``keys`` and ``namespace_type`` as in
+        :meth:`get_batch`; the keys are validated as the kernels validate them
+        (InvalidInputError). Touches no state; the GIL is released."""
+        cdef c.BatchKeySpec spec = self._spec(key_type, assigner, max_parallelism, namespace_type)
+        cdef _Chunks k = _Chunks(keys)
+        cdef size_t j, nchunks = k.count()
+        cdef vector[int32_t] offsets
+        cdef vector[uint8_t] data
+        cdef const uint8_t[::1] mask
+        cdef const uint8_t* mp = NULL
+        if rows is not None:
+            rows_np = np.ascontiguousarray(rows, np.bool_).view(np.uint8)
+            if len(rows_np) != k.total:
+                raise InvalidInputError(f"{k.total} keys but {len(rows_np)} row flags")
+            if k.total:
+                mask = rows_np
+                mp = &mask[0]
+        offsets.push_back(0)
+        self._claim()
+        try:
+            with nogil:
+                for j in range(nchunks):
+                    c.batch_encoded_keys(self.table[0], spec, k.inputs[j],
+                                         mp + k.starts[j] if mp != NULL else NULL, only_absent,
+                                         &offsets, &data)
+        finally:
+            self._release()
+        cdef size_t n = offsets.size() - 1
+        off_np = np.empty(n + 1, np.int32)
+        data_np = np.empty(max(data.size(), 1), np.uint8)
+        cdef int32_t[::1] ov = off_np
+        cdef uint8_t[::1] dv = data_np
+        memcpy(&ov[0], offsets.data(), 4 * (n + 1))
+        if data.size():
+            memcpy(&dv[0], data.data(), data.size())
+        return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(off_np),
+                                                      pa.py_buffer(data_np[:data.size()])])
 
     def is_clean(self, int32_t kg, bytes key not None):
         """True when ``key`` is present and unchanged since the base (StateMap::is_clean)."""

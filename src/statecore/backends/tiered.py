@@ -63,10 +63,12 @@ what the runs hold, and expired values read from V are treated as the kernels tr
 entries in memory). List, map and aggregating states are refused at registration
 (InvalidInputError naming the kind), as are TTL migrations, ``apply_changes``, ``keys`` and
 ``apply_to_all_keys`` (they would see memory only). Timers and operator state are held in
-memory as in the native backend. The batch calls gather every row's encoded key (per row in
-Python), fetch the keys memory lacks in one :meth:`RunLookup.lookup_batch` (the blocks decoded
-natively with the GIL released, on its thread pool) and then apply the batch with the native
-kernels.
+memory as in the native backend. A batch call takes a constant number of Python steps whatever
+its rows: one native call encodes the rows' keys with the kernels' encoder and returns those
+memory lacks, each once (``NativeStateTable.batch_encoded_keys``); one
+:meth:`RunLookup.lookup_batch` fetches them (blocks read together on its thread pool, opened and
+searched natively with the GIL released); one native call loads them as clean entries
+(``load_clean``); then the native kernel applies the batch.
 
 Thread contract: the native backend's.
 """
@@ -85,7 +87,6 @@ from statecore.arrow_input import (
     coerce_value_array,
     combined,
     is_arrow_input,
-    key_pylist,
 )
 from statecore.backends import base, native_states
 from statecore.backends.native import NativeBackend, NativeTable
@@ -94,6 +95,7 @@ from statecore.checkpoint.store import CheckpointStore
 from statecore.errors import InvalidInputError
 from statecore.key_groups import KeyGroupRange
 from statecore.operator_state import is_operator_state_meta
+from statecore.serializers import key_serializer
 
 __all__ = ["TieredBackend", "TieredTable", "parse_bytes", "TIERED_KINDS"]
 
@@ -167,35 +169,45 @@ class _TieredBatch:
     eviction check. Keys (and namespaces given as Arrow) are imported once and handed on, so
     a stream is read once."""
 
-    def _load_rows(self, keys, namespaces, rows=None, removing: bool = False) -> list:
-        """Load the keys of the rows (all, or the row numbers ``rows``) and return their
-        encoded keys (bytes, row order). While the attached version holds nothing of the state
-        (memory holds all of it then) nothing is loaded, and unless ``removing`` (the caller
-        records the keys as removed: a snapshot taken before may still complete and hold
-        them) nothing is encoded either: the result is empty."""
-        if not removing and not self.backend.reads_runs(self.table):
-            return []
-        enc = self._encoded_rows(keys, namespaces, rows)
-        self.backend.load_keys(self.table, enc)
-        return enc
-
-    def _encoded_rows(self, keys, namespaces, rows=None) -> list:
-        """The encoded key of each row (docs/formats.md "Encoded key"): the backend's native
-        KeyEncoder per key (validating it and its key group as the kernels do) and the
-        namespace's part, built once per distinct namespace."""
+    def _load_rows(self, keys, namespaces, rows=None, removing: bool = False):
+        """Load the keys of the rows (all, or those where the numpy bool array ``rows`` is
+        true) that memory lacks; with ``removing`` return the encoded keys of those rows
+        (``pa.binary()``, each once), which the caller records as removed. While the attached
+        version holds nothing of the state (memory holds all of it then) nothing is loaded,
+        and unless ``removing`` (a snapshot taken before may still complete and hold the keys)
+        nothing is encoded either. One native call finds the keys (tiered_batch.h), validating
+        them as the kernels do."""
         b = self.backend
-        kl = key_pylist(keys, b.key_type)
-        nss = base.resolve_batch_namespaces(namespaces, self, len(kl))
-        if rows is not None:
-            kl = [kl[i] for i in rows]
-            nss = [nss[i] for i in rows]
-        encode, parts, out = b.encode_current_key_bytes, {}, []
-        for k, ns in zip(kl, nss):
-            part = parts.get(ns)
-            if part is None:
-                part = parts[ns] = self._encoded_namespace(ns)
-            out.append(self._encoded_key(encode(k), part))
-        return out
+        reads = b.reads_runs(self.table)
+        if removing:
+            enc = self._batch_keys(keys, namespaces, rows, only_absent=False)
+            if reads:
+                b.load_keys(self.table, enc)
+            return enc
+        if reads:
+            b.load_keys(self.table, self._batch_keys(keys, namespaces, rows, only_absent=True),
+                        absent=True)
+        return None
+
+    def _batch_keys(self, keys, namespaces, rows, only_absent: bool) -> pa.Array:
+        """NativeStateTable.batch_encoded_keys of the batch (the kernels' key chunks: a struct
+        {key, namespace} per chunk for a namespaced state, as the native states build them)."""
+        b = self.backend
+        chunks = keys.chunks if isinstance(keys, pa.ChunkedArray) else [keys]
+        if self.namespace_type != "void":
+            if namespaces is not None and is_arrow_input(namespaces):
+                ns = namespaces  # one array a row (_inputs)
+            else:
+                one = (self.require_current_namespace() if namespaces is None
+                       else key_serializer(self.namespace_type).check(namespaces))
+                ns = pa.repeat(pa.scalar(one, self.namespace_serializer.key_type.arrow_type),
+                               len(keys))
+            ns = ns.combine_chunks() if isinstance(ns, pa.ChunkedArray) else ns
+            keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
+            chunks = [pa.StructArray.from_arrays([keys, ns], names=["key", "namespace"])]
+        return self.table.native.batch_encoded_keys(
+            chunks, b.key_type, b.assigner, b.max_parallelism, rows=rows,
+            only_absent=only_absent, namespace_type=self.namespace_type)
 
     def _inputs(self, keys, namespaces):
         b = self.backend
@@ -235,13 +247,13 @@ class _TieredValue(_TieredBatch):
         values = coerce_value_array(values, self.serializer.name, len(keys), combine=True)
         # A NULL value removes its row's key: those keys are loaded and recorded as removed.
         # Other rows are blind writes and need nothing loaded.
-        nulls = np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False)) \
-            if values.null_count else None
         enc = None
-        if nulls is not None and len(nulls):
-            enc = self._load_rows(keys, namespaces, rows=nulls.tolist(), removing=True)
+        if values.null_count:
+            enc = self._load_rows(keys, namespaces,
+                                  rows=values.is_null().to_numpy(zero_copy_only=False),
+                                  removing=True)
         super().put_batch(keys, values, namespaces)
-        if enc:
+        if enc is not None:
             self.backend.note_removed(self.table, enc)
         self.backend.evict()
 
@@ -346,15 +358,18 @@ class TieredBackend(NativeBackend):
         attached and holds the state)."""
         return self._lookup is not None and table.name in self._lookup_states
 
-    def load_keys(self, table: TieredTable, encoded: list) -> int:
-        """Load the keys of ``encoded`` (encoded keys, bytes, of ``table``'s state and this
-        backend's key groups; repeats allowed) that memory lacks and no removed set holds from
-        the attached version, as clean entries, with one lookup. Returns the entries loaded (0
-        when not attached)."""
-        if not encoded or not self.reads_runs(table):
+    def load_keys(self, table: TieredTable, encoded, absent: bool = False) -> int:
+        """Load the keys of ``encoded`` (encoded keys of ``table``'s state and this backend's
+        key groups: a list of bytes or a ``pa.binary()`` array; repeats allowed) that memory
+        lacks and no removed set holds from the attached version, as clean entries, with one
+        lookup. ``absent``: the keys are unique and memory lacks each (batch_encoded_keys said
+        so). Returns the entries loaded (0 when not attached)."""
+        if not len(encoded) or not self.reads_runs(table):
             return 0
-        keys = pc.unique(pa.array(encoded, pa.binary()))
-        keys = keys.filter(table.native.absent_keys(keys, self.key_prefix_width))
+        keys = encoded if isinstance(encoded, pa.Array) else pa.array(encoded, pa.binary())
+        if not absent:
+            keys = pc.unique(keys)
+            keys = keys.filter(table.native.absent_keys(keys, self.key_prefix_width))
         removed = [s[table.name] for s in (self._removed, *self._removed_pending.values())
                    if table.name in s]
         if removed and len(keys):
@@ -370,10 +385,13 @@ class TieredBackend(NativeBackend):
         st["loaded"] += n
         return n
 
-    def note_removed(self, table: TieredTable, encoded: list) -> None:
-        """Record removals of the keys of ``encoded`` from ``table``'s state (module docstring,
+    def note_removed(self, table: TieredTable, encoded) -> None:
+        """Record removals of the keys of ``encoded`` (a list of bytes or a ``pa.binary()``
+        array) from ``table``'s state (module docstring,
         T2), attached or not: a snapshot taken before the removal may complete later, and the
         version it becomes holds the keys."""
+        if isinstance(encoded, pa.Array):
+            encoded = encoded.to_pylist()
         if encoded:
             self._removed.setdefault(table.name, set()).update(encoded)
 

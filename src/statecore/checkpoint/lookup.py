@@ -14,9 +14,11 @@ whole (state, key group) is read and decoded as one cached unit.
 
 A batch proceeds in rounds: each round finds, for every key still undecided, the candidate
 block of its next run, fetches all candidate blocks not in the cache together (adjacent blocks
-of one file in one ranged read, on a small thread pool; each block checked -- XXH64 --
-decompressed and decoded once, natively with the GIL released when the extension is built),
-then decides the keys found. Keys not found move on to their next run. Filters are read once per
+of one file in one ranged read, on a small thread pool; each block checked -- XXH64, payload
+structure, last key against the footer's -- and decompressed once, natively with the GIL
+released when the extension is built, into a payload of its own that the cache keeps and the
+keys are searched in, in place: no per-entry decode), then decides the keys found. Keys not
+found move on to their next run. Filters are read once per
 data file (the filters of the lookup's key groups, one ranged read, each checked against its
 XXH64) and kept while the lookup is open: about ``bits_per_key / 8`` bytes per entry, outside the
 block cache's budget.
@@ -55,12 +57,25 @@ __all__ = ["BlockCache", "RunLookup", "DEFAULT_CACHE_BYTES", "FETCH_THREADS"]
 DEFAULT_CACHE_BYTES = 64 << 20
 #: Threads fetching and decoding the blocks of one batch.
 FETCH_THREADS = 4
+#: With the extension, missing blocks of one file at most this many bytes apart are fetched by
+#: one ranged read (the bytes between them read and dropped), after RocksDB's and ForSt's
+#: coalesced reads: on an object store a request costs far more than 128 KiB of transfer, and
+#: locally one read and one native call per range replace a read, a call and a thread task per
+#: block, which cost more than decompressing it.
+COALESCE_GAP_BYTES = 128 << 10
+#: ... up to this many bytes per read, so that a batch's blocks are several tasks the fetch
+#: threads share.
+MAX_READ_BYTES = 4 << 20
 
 
 try:
     from statecore._native import lookup_in_blocks as _native_lookup_in_blocks
+    from statecore._native import lookup_in_payloads as _native_lookup_in_payloads
+    from statecore._native import lower_bound_blocks as _native_lower_bound_blocks
+    from statecore._native import open_blocks as _native_open_blocks
 except ImportError:
-    _native_lookup_in_blocks = None
+    _native_lookup_in_blocks = _native_lookup_in_payloads = _native_open_blocks = None
+    _native_lower_bound_blocks = None
 
 
 def _lookup_in_blocks(blocks: list, which: np.ndarray, needles: pa.Array
@@ -86,9 +101,12 @@ def _block_bytes(keys: pa.Array, values: pa.Array) -> int:
 
 class BlockCache:
     """Decoded blocks, least recently used first out, holding at most ``budget`` bytes (each
-    block counted by the memory its keys and values hold: what :meth:`put` is told, by default
-    their Arrow buffers' bytes). A block larger than the budget is never kept. Counts ``hits``
-    and ``misses`` of :meth:`get`. Not thread-safe: one lookup's thread uses it."""
+    block counted by the memory it holds: what :meth:`put` is told, by default its Arrow
+    buffers' bytes). A block is ``(keys, values)`` Arrow arrays, or ``(payload, None)``: a
+    checked, decompressed block payload (docs/formats.md "Block payload", a numpy uint8 array)
+    that the native lookups search in place. A block larger than the budget is never kept.
+    Counts ``hits`` and ``misses`` of :meth:`get`. Not thread-safe: one lookup's thread uses
+    it."""
 
     def __init__(self, budget: int):
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
@@ -139,7 +157,9 @@ class _RunFile:
         self.rows = {int(r["key_group"]): r for r in rows}
         self.tables = data.lookup_tables()
         self.filters: dict[int, tuple[memoryview, int]] = {}
-        self.block_keys: dict[int, np.ndarray] = {}  # per key group: last keys (objects)
+        # Per key group: last keys (objects), for the lookups without the extension (the
+        # native ones search the footer's block keys in place).
+        self.block_keys: dict[int, np.ndarray] = {}
         #: first block of each key group's record, ascending, and those key groups
         self.first_blocks = rows["first_block"].astype(np.int64)
         self.kg_list = rows["key_group"].astype(np.int64)
@@ -161,6 +181,8 @@ class _RunFile:
                     f"checkpoint data file {data.name}: state {state!r} key group {kg}: Bloom "
                     "filter checksum mismatch")
             self.filters[kg] = (filt, int(f["hashes"]))
+            if _native_lower_bound_blocks is not None:
+                continue
             first = int(r["first_block"])
             last = np.empty(int(r["block_count"]), dtype=object)
             last[:] = [bytes(kdata[int(koff[b]):int(koff[b + 1])])
@@ -182,8 +204,9 @@ class RunLookup:
     manifest; the lookup does not release it. ``cache_bytes``: the block cache's budget in
     decoded bytes. ``threads``: fetch threads.
 
-    ``stats`` (dict of ints): ``blocks_read`` and ``bytes_read`` (blocks fetched from storage,
-    their stored bytes, plus ``filter_bytes`` of filters read), ``filter_negatives`` (key, run
+    ``stats`` (dict of ints): ``blocks_read`` and ``bytes_read`` (blocks fetched from storage
+    and the bytes of their reads -- with the extension, the gaps between blocks one read
+    coalesces included -- plus ``filter_bytes`` of filters read), ``filter_negatives`` (key, run
     pairs the filter ruled out), ``filter_false_positives`` (pairs the filter passed whose run
     did not hold the key), ``range_negatives`` (pairs outside every block's key range),
     ``cache_hits`` / ``cache_misses``, ``lookups`` (keys asked). Usable as a context manager;
@@ -307,8 +330,10 @@ class RunLookup:
             return pa.array([], pa.binary())
         kgs = self._key_groups(keys)
         hashes = key_hashes(keys)
-        objkeys = np.empty(n, dtype=object)
-        objkeys[:] = keys.to_pylist()
+        objkeys = None  # the keys as bytes, for the block-key search without the extension
+        if _native_lower_bound_blocks is None:
+            objkeys = np.empty(n, dtype=object)
+            objkeys[:] = keys.to_pylist()
         take_part = np.full(n, -1, dtype=np.int64)  # which hit part holds the key's value
         take_row = np.zeros(n, dtype=np.int64)
         parts: list[pa.Array] = []
@@ -328,7 +353,7 @@ class RunLookup:
                         continue  # no run left: absent
                     mine = in_seg[pos[in_seg] == depth]
                     rf = self._run_file(runs[int(depth)], state_name)
-                    self._candidates(rf, mine, kgs, hashes, objkeys, pos, routed)
+                    self._candidates(rf, mine, keys, kgs, hashes, objkeys, pos, routed)
             routed = {p: e for p, e in routed.items() if sum(len(i) for i in e[1])}
             blocks, missing = {}, []
             for path, (rf, _, blks) in routed.items():
@@ -344,8 +369,13 @@ class RunLookup:
                 idx, blk = np.concatenate(idxs), np.concatenate(blks)
                 ub, which = np.unique(blk, return_inverse=True)
                 got = [blocks[(path, rf.state, b)] for b in ub.tolist()]
-                rows, vals = _lookup_in_blocks(got, which.astype(np.int64),
-                                               keys.take(pa.array(idx)))
+                needles = keys.take(pa.array(idx))
+                if got[0][1] is None:  # payloads opened natively (_read_group)
+                    rows, vals = _native_lookup_in_payloads(
+                        [p for p, _ in got], rf.data.kind == KIND_INCREMENTAL,
+                        which.astype(np.int64), needles)
+                else:
+                    rows, vals = _lookup_in_blocks(got, which.astype(np.int64), needles)
                 hit = rows >= 0
                 if bool(np.any(hit)):
                     take_part[idx[hit]] = len(parts)
@@ -359,7 +389,7 @@ class RunLookup:
             live = np.nonzero((take_part < 0) & (pos < chain_len[seg_of]))[0]
         return self._assemble(n, take_part, take_row, parts)
 
-    def _candidates(self, rf: _RunFile, mine: np.ndarray, kgs, hashes, objkeys, pos,
+    def _candidates(self, rf: _RunFile, mine: np.ndarray, keys, kgs, hashes, objkeys, pos,
                     routed: dict) -> None:
         """Route the keys ``mine`` (all in one run ``rf``, one segment) to their candidate
         block (``routed[path]``: key indices and block numbers, ``-1 - kg`` for the whole
@@ -389,9 +419,14 @@ class RunLookup:
                 self.stats["filter_negatives"] += len(neg)
                 pos[neg] += 1
             grp = grp[maybe]
-            last_keys = rf.block_keys[kg]
-            b = np.searchsorted(last_keys, objkeys[grp], side="left")
-            past = b == len(last_keys)  # after the last key of the group
+            count = int(row["block_count"])
+            if objkeys is None:
+                _, koff, kdata = rf.tables
+                b = _native_lower_bound_blocks(koff, kdata, int(row["first_block"]), count, keys,
+                                               grp)
+            else:
+                b = np.searchsorted(rf.block_keys[kg], objkeys[grp], side="left")
+            past = b == count  # after the last key of the group
             if bool(np.any(past)):
                 self.stats["range_negatives"] += int(past.sum())
                 pos[grp[past]] += 1
@@ -407,13 +442,16 @@ class RunLookup:
         if not missing:
             return out
         groups: list[list] = []
+        native = _native_open_blocks is not None
         for item in sorted(missing, key=lambda m: (m[0][0], m[2])):
             _, rf, b = item
             last = groups[-1][-1] if groups else None
-            if last is not None and b >= 0 and last[1] is rf and last[2] + 1 == b:
+            if last is not None and b >= 0 and last[1] is rf and last[2] + 1 == b and not native:
                 groups[-1].append(item)
             else:
                 groups.append([item])
+        if native:
+            groups = self._coalesce(groups)
         # A whole (state, key group) of an old file is read through the file's position
         # (DataFileReader.entries), which one thread at a time may move: those on this thread.
         futures = [self._pool.submit(self._read_group, g) for g in groups if g[0][2] >= 0]
@@ -427,10 +465,41 @@ class RunLookup:
         return out
 
     @staticmethod
+    def _coalesce(singles: list) -> list:
+        """The one-block groups ``singles`` (sorted by file and block) merged into groups of
+        blocks of one file that one ranged read fetches: each block within
+        COALESCE_GAP_BYTES of the previous one, a group's bytes within MAX_READ_BYTES (or one
+        block)."""
+        out: list[list] = []
+        i = 0
+        while i < len(singles):
+            _, rf, b = singles[i][0]
+            j = i
+            while j < len(singles) and singles[j][0][1] is rf and singles[j][0][2] >= 0:
+                j += 1
+            if j == i:  # a whole (state, key group) of an old file
+                out.append(singles[i])
+                i += 1
+                continue
+            bs = np.array([g[0][2] for g in singles[i:j]], np.int64)
+            rows = rf.data.block_rows(int(bs[0]), int(bs[-1] - bs[0]) + 1)[bs - bs[0]]
+            starts = rows["offset"].astype(np.int64).tolist()
+            ends = (rows["offset"].astype(np.int64) + rows["stored_length"]).tolist()
+            first = 0
+            for k in range(1, j - i + 1):
+                if (k == j - i or starts[k] - ends[k - 1] > COALESCE_GAP_BYTES
+                        or ends[k] - starts[first] > MAX_READ_BYTES):
+                    out.append([g[0] for g in singles[i + first:i + k]])
+                    first = k
+            i = j
+        return out
+
+    @staticmethod
     def _read_group(group: list) -> list:
         """Fetch thread: the blocks of ``group`` (consecutive blocks of one file, or one old
         file's (state, key group)) checked and decoded: ``[(block id, keys, values, stored
-        bytes read, bytes the decoded arrays hold)]``."""
+        bytes read, bytes the decoded block holds)]`` -- natively (format 6) ``keys`` the
+        block's payload and ``values`` None (BlockCache)."""
         bid, rf, b = group[0]
         data = rf.data
         incremental = data.kind == KIND_INCREMENTAL
@@ -438,6 +507,28 @@ class RunLookup:
             before = data.bytes_read
             keys, values = data.entries(rf.state, -1 - b)
             return [(bid, keys, values, data.bytes_read - before, None)]
+        if _native_open_blocks is not None:
+            # One read and one native call for the group (blocks of one file, not necessarily
+            # adjacent: _coalesce): each block checked and decompressed into a payload of its
+            # own, searched in place later (no per-entry decode).
+            bs = np.array([g[2] for g in group], np.int64)
+            blocks = data.block_rows(b, int(bs[-1]) - b + 1)[bs - b]
+            lo = int(blocks["offset"][0])
+            hi = int(blocks["offset"][-1]) + int(blocks["stored_length"][-1])
+            kg0, _ = rf.key_group_of_block(b)
+            raw = data.read_range(lo, hi - lo, f"state {rf.state!r} key group {kg0}")
+            _, koff, kdata = rf.tables
+            starts, ends = koff[bs].tolist(), koff[bs + 1].tolist()
+            last = [bytes(kdata[a:e]) for a, e in zip(starts, ends)]
+            payloads, bad, why = _native_open_blocks(raw, blocks, lo, incremental, last)
+            if bad is not None:
+                kg, _ = rf.key_group_of_block(group[bad][2])
+                raise CorruptCheckpointError(
+                    f"checkpoint data file {data.name}: state {rf.state!r} key group {kg} "
+                    f"block {group[bad][2]}: {why}")
+            # The read's bytes (gaps between the blocks included) count with the first block.
+            return [(gbid, payload, None, hi - lo if j == 0 else 0, len(payload))
+                    for j, ((gbid, _, _), payload) in enumerate(zip(group, payloads))]
         blocks = data.block_rows(b, len(group))
         lo = int(blocks["offset"][0])
         hi = int(blocks["offset"][-1]) + int(blocks["stored_length"][-1])
