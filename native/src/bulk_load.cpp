@@ -357,10 +357,15 @@ BlockLoadResult load_blocks(StateTable& table, const uint8_t* data, size_t size,
     bool direct = false;
     if (fresh) {
       lanes.close(kg);  // reserve() may have replaced the table a lane holds
-      direct =
-          spec.key_width > pw && spec.value_width > 0 && total > 0 &&
-          prepare_fresh(m, payloads[0].kd + payloads[0].koff(0),
-                        static_cast<size_t>(spec.key_width), static_cast<size_t>(spec.value_width));
+      if (spec.key_width > pw && spec.value_width > 0) {
+        // The layout follows the key group's first key (a block may hold no entries).
+        for (const Payload& p : payloads) {
+          if (p.n == 0) continue;
+          direct = prepare_fresh(m, p.kd + p.koff(0), static_cast<size_t>(spec.key_width),
+                                 static_cast<size_t>(spec.value_width));
+          break;
+        }
+      }
     }
     for (const Payload& p : payloads) {
       const int64_t n = static_cast<int64_t>(p.n);

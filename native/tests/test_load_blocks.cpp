@@ -220,6 +220,20 @@ TEST(into_empty_loads_every_key_and_value_width) {
   }
 }
 
+TEST(into_empty_lays_a_map_out_after_an_empty_block) {
+  // The key group's first block holds no entries: its layout comes from the next block's keys.
+  Stored s;
+  s.add({}, 1, false);
+  s.add(rows_of(1, {4, 9}), 1, false);
+  StateTable t(0, 3);
+  const BlockLoadResult r = s.load(t, spec_of(1, false, true));
+  CHECK_EQ(r.failed_block, int64_t{-1});
+  CHECK_EQ(r.entries, uint64_t{2});
+  Model model;
+  for (const Row& row : rows_of(1, {4, 9})) model[row.key] = row.value;
+  check_table(t, model, 1);
+}
+
 TEST(damaged_bytes_are_corrupt_and_name_their_block) {
   Stored s;
   s.add(rows_of(1, {1, 2, 3}), 1, false);
