@@ -1,6 +1,7 @@
 """Seed corpora of the libFuzzer targets in native/fuzz/, cut from real checkpoints.
 
     PYTHONPATH=src python native/fuzz/make_corpus.py    # rewrites native/fuzz/corpus/*/seed-*
+    PYTHONPATH=src python native/fuzz/make_corpus.py load_blocks    # that target's only
 
 Both backends write a full and an incremental checkpoint (tombstones) of value, TTL value, list
 and map states under a string, an int64 (two-byte key-group prefix) and a struct key; the
@@ -87,7 +88,8 @@ def _checkpoints(kind: str, key_type: str, root: str) -> list[str]:
 
 
 def _blocks(path: str):
-    """(state name, stored bytes, raw payload, entries, has_validity) of every block."""
+    """(state name, stored bytes, raw payload, entries, has_validity, key group) of every
+    block, in file order."""
     with open(path, "rb") as f:
         raw = f.read()
     f_off, f_len = TRAILER.unpack(raw[-TRAILER_SIZE:])[:2]
@@ -105,7 +107,8 @@ def _blocks(path: str):
             blk = blocks[bi]
             stored = raw[int(blk["offset"]):int(blk["offset"] + blk["stored_length"])]
             payload = lz4.block.decompress(stored, uncompressed_size=int(blk["raw_length"]))
-            yield names[int(row["state"])], stored, payload, int(blk["entries"]), incremental
+            yield (names[int(row["state"])], stored, payload, int(blk["entries"]), incremental,
+                   int(row["key_group"]))
 
 
 def _entries(payload: bytes, has_validity: bool) -> list[tuple[bytes, bytes | None]]:
@@ -136,6 +139,28 @@ def _bulk_load_seed(entries, prefix_bytes: int, has_validity: bool) -> bytes:
     return bytes([flags]) + struct.pack("<H", lo) + bytes([span, 0, 0]) + body
 
 
+def _load_blocks_seed(blocks, prefix_bytes: int, has_validity: bool) -> bytes | None:
+    """The load_blocks input of one state's blocks of one data file, ``[(key group, entries)]``
+    in file order: the first up to 8 blocks within 12 key groups, keys without their prefix (the
+    harness prepends it), widths fixed when the entries' are; None when an entry does not fit
+    the layout (a key suffix or value over 31 bytes, over 63 entries a block)."""
+    lo = blocks[0][0]
+    blocks = [(kg, e) for kg, e in blocks if kg - lo < 12][:8]
+    if any(len(e) > 63 or any(len(k) - prefix_bytes > 31 or (v is not None and len(v) > 31)
+                              for k, v in e) for _, e in blocks):
+        return None
+    key_sizes = {len(k) for _, e in blocks for k, _ in e}
+    value_sizes = {len(v) for _, e in blocks for _, v in e if v is not None}
+    flags = ((prefix_bytes == 2) | has_validity << 1 | (not has_validity) << 2
+             | (len(key_sizes) == 1) << 3 | (len(value_sizes) == 1) << 4)
+    body = b"".join(
+        bytes([kg - lo + 4, len(e)])
+        + b"".join(bytes([len(k) - prefix_bytes]) + k[prefix_bytes:]
+                   + (b"\xff" if v is None else bytes([len(v)]) + v) for k, v in e)
+        for kg, e in blocks)
+    return bytes([flags]) + struct.pack("<H", lo) + bytes([min(blocks[-1][0] - lo, 7)]) + body
+
+
 def _ttl_seeds(values: list[bytes]) -> list[bytes]:
     ts = [int.from_bytes(v[-8:], "big", signed=True) for v in values if len(v) >= 8]
     now = struct.pack("<q", (max(ts) if ts else 0) + TTL_MS // 2)
@@ -148,29 +173,39 @@ def _ttl_seeds(values: list[bytes]) -> list[bytes]:
 
 def make_seeds(tmp: str) -> dict[str, list[bytes]]:
     seeds: dict[str, list[bytes]] = {"block_decode": [], "bulk_load": [], "key_codec": [],
-                                     "ttl_value": []}
+                                     "load_blocks": [], "ttl_value": []}
     for key_type, (mp, head, cols) in KEYS.items():
         prefix_bytes = 2 if mp > 128 else 1
         for kind in ("python", "native"):
             for path in _checkpoints(kind, key_type, tmp):
-                for name, stored, payload, n, hv in _blocks(path):
+                per_state: dict[str, list] = {}
+                for name, stored, payload, n, hv, kg in _blocks(path):
                     seeds["block_decode"] += [bytes([hv]) + payload,
                                               bytes([hv | 2]) + struct.pack("<II", len(payload), n)
                                               + stored]
                     entries = _entries(payload, hv)
+                    per_state.setdefault(name, []).append((kg, entries, hv))
                     if entries:
                         seeds["bulk_load"].append(_bulk_load_seed(entries, prefix_bytes, hv))
                         seeds["key_codec"].append(bytes(head + cols) + entries[0][0])
                     if name == "ttl":
                         live = [v for _, v in entries if v is not None]
                         seeds["ttl_value"] += _ttl_seeds(live)
+                for blocks in per_state.values():
+                    seed = _load_blocks_seed([(kg, e) for kg, e, _ in blocks], prefix_bytes,
+                                             blocks[0][2])
+                    if seed is not None:
+                        seeds["load_blocks"].append(seed)
     return seeds
 
 
-def main() -> int:
+def main(targets: list[str]) -> int:
+    """Rewrites the seeds of ``targets`` (every target when empty)."""
     with tempfile.TemporaryDirectory() as tmp:
         seeds = make_seeds(tmp)
     for target, items in seeds.items():
+        if targets and target not in targets:
+            continue
         d = os.path.join(CORPUS, target)
         os.makedirs(d, exist_ok=True)
         for name in os.listdir(d):
@@ -187,4 +222,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -136,10 +136,18 @@ void load_entries(StateTable& table, const ArrowBinaryRun& run, int prefix_bytes
 
 namespace {
 
-// Bytewise order of two keys, shorter first on a common prefix: <0, 0, >0.
+// Bytewise order of two keys, shorter first on a common prefix: <0, 0, >0. Eight bytes at a
+// time as big-endian words, inline: a memcmp call an entry was a visible share of the check.
 int compare_keys(const uint8_t* a, size_t an, const uint8_t* b, size_t bn) {
-  const int c = std::memcmp(a, b, std::min(an, bn));
-  if (c != 0) return c;
+  const size_t n = std::min(an, bn);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const uint64_t x = detail::be64(detail::load_u64(a + i));
+    const uint64_t y = detail::be64(detail::load_u64(b + i));
+    if (x != y) return x < y ? -1 : 1;
+  }
+  for (; i < n; ++i)
+    if (a[i] != b[i]) return a[i] < b[i] ? -1 : 1;
   return an < bn ? -1 : an > bn ? 1 : 0;
 }
 
@@ -166,6 +174,100 @@ struct Payload {
   uint32_t voff(uint64_t i) const { return detail::load_le32(vo + 4 * i); }
   bool removed(uint64_t i) const { return bits != nullptr && !((bits[i >> 3] >> (i & 7)) & 1); }
 };
+
+// Entries hashed and their home slots prefetched a group ahead of the inserts (insert_fresh).
+constexpr int64_t kGroup = 16;
+
+// Lays an empty flat map out for keys of ks bytes starting as `key` (the key group's prefix)
+// and values of vs bytes, as its first insert would (flat_upsert: a fresh directory of the same
+// capacity), and gives it every page of its table now, each owned by it. A load of the oldest
+// run into a map pre-sized for it fills every page anyway (at least 3/8 of each page's slots),
+// and a page made at the load's first insert into it would take that insert off the lane (the
+// general path) and leave the slots hashed ahead of it without a page to prefetch. False,
+// having changed nothing, when the map is not flat, not empty, rehashing, or its keys have no
+// fixed layout (the general loop then loads it).
+bool prepare_fresh(StateMap& map, const uint8_t* key, size_t ks, size_t vs) {
+  StateMap::Impl& m = map.engine();
+  if (!m.flat || m.frehash != nullptr || m.size() != 0) return false;
+  if (!m.fprimary->layout.fixed) {
+    detail::FlatLayout nl;
+    if (!detail::FlatLayout::make(key, ks, vs, &nl)) return false;
+    const size_t cap = m.fprimary->capacity;
+    detail::FlatDirectory::unref(m.fprimary);
+    m.fprimary = detail::FlatDirectory::make(cap, nl);
+  }
+  for (size_t i = 0; i < m.fprimary->page_count; ++i)
+    if (m.fprimary->pages()[i] == nullptr || m.fprimary->owned()[i] != 1)
+      m.flat_slot_for_write_slow(&m.fprimary, i << m.fprimary->page_shift);
+  return true;
+}
+
+// Inserts the entries of payload `p` into the open, fixed-layout lane `ln` of an empty map that
+// prepare_fresh laid out (load_blocks `fresh`: keys unique, of the lane's key size, live values
+// of its value size -- the caller checked both), tombstones skipped. Per group of kGroup
+// entries: the next group's keys hashed and their home slots found and prefetched, then this
+// group's keys stored at the first free slot from their home (no key comparisons) with their
+// values. What the lane would check and count a row is checked and counted once a payload: room
+// below the load threshold for all of its entries, every page owned, the map's size and live
+// bytes (and the epoch's first writes, its log given up) added at the end. W: the lane's key
+// word (FlatLane::insert_new); kValue: the value size when known at compile time (0: the lane's).
+// Returns the first entry not inserted, for the caller's general loop: n when all are, 0 (having
+// changed nothing) when the lane cannot take the payload that way, an entry whose probe finds no
+// free slot (with room below the threshold checked, only a broken map would have none).
+template <class W, size_t kValue>
+int64_t insert_fresh(detail::FlatLane& ln, const Payload& p, KeyHashFunction hash_fn) {
+  StateMap::Impl& m = *ln.map;
+  const int64_t n = static_cast<int64_t>(p.n);
+  if (m.size() + p.n >= m.threshold || m.logs_writes() || m.quiet) return 0;
+  for (uint32_t i = 0; i <= ln.page_last; ++i)
+    if (ln.owned[i] != 1 || ln.pages[i] == nullptr) return 0;
+  const size_t ks = ln.key_size;
+  const size_t vs = kValue != 0 ? kValue : ln.value_size;
+  const size_t tail = ln.suffix - sizeof(W);  // the key's second word, from byte 1 + tail
+  const uint32_t version = ln.version;
+  uint32_t hashes[2][kGroup];
+  uint8_t* slots[2][kGroup];
+  auto stage = [&](int64_t g, int buf) {
+    const int64_t e = std::min(n, g + kGroup);
+    for (int64_t i = g; i < e; ++i) {
+      const uint32_t h = detail::map_key_hash(hash_fn, p.kd + p.koff(i), ks);
+      uint8_t* s = ln.home_slot(h);
+      ln.prefetch_slot(s);
+      hashes[buf][i - g] = h;
+      slots[buf][i - g] = s;
+    }
+  };
+  uint64_t added = 0;
+  int64_t stop = n;
+  stage(0, 0);
+  int buf = 0;
+  for (int64_t g = 0; g < n && stop == n; g += kGroup, buf ^= 1) {
+    if (g + kGroup < n) stage(g + kGroup, buf ^ 1);
+    const int64_t e = std::min(n, g + kGroup);
+    for (int64_t i = g; i < e; ++i) {
+      if (p.removed(i)) continue;
+      uint8_t* s = slots[buf][i - g];
+      size_t pi = 0;
+      const auto no_key = [](const uint8_t*) { return false; };
+      if (ln.find_with<0>(s, hashes[buf][i - g], no_key, &s, &pi) < 0) {
+        stop = i;
+        break;
+      }
+      const uint8_t* key = p.kd + p.koff(i);
+      detail::store_u32(s, version);
+      std::memcpy(s + 4, key + 1, sizeof(W));
+      std::memcpy(s + 4 + tail, key + 1 + tail, sizeof(W));
+      uint8_t* v = s + 4 + ln.suffix;
+      if (kValue != 0) std::memcpy(v, p.vd + p.voff(i), kValue);
+      else detail::copy_small(v, p.vd + p.voff(i), vs);
+      ++added;
+    }
+  }
+  m.primary_size += added;
+  m.live_bytes += added * (ks + vs);
+  m.epoch_writes += added;
+  return stop;
+}
 
 }  // namespace
 
@@ -249,19 +351,47 @@ BlockLoadResult load_blocks(StateTable& table, const uint8_t* data, size_t size,
     m.reserve(static_cast<size_t>(total));
     m.give_up_write_log();
     // With `fresh`, unique keys go into an empty, pre-sized map: inserted without looking for
-    // an equal key, tombstones skipped (nothing to remove).
-    if (fresh) lanes.close(kg);  // reserve() may have replaced the table a lane holds
+    // an equal key, tombstones skipped (nothing to remove). With every key key_width bytes and
+    // every live value value_width (checked above), the map is laid out for them first, and a
+    // lane that opens for one key takes them all (insert_fresh).
+    bool direct = false;
+    if (fresh) {
+      lanes.close(kg);  // reserve() may have replaced the table a lane holds
+      if (spec.key_width > pw && spec.value_width > 0) {
+        // The layout follows the key group's first key (a block may hold no entries).
+        for (const Payload& p : payloads) {
+          if (p.n == 0) continue;
+          direct = prepare_fresh(m, p.kd + p.koff(0), static_cast<size_t>(spec.key_width),
+                                 static_cast<size_t>(spec.value_width));
+          break;
+        }
+      }
+    }
     for (const Payload& p : payloads) {
       const int64_t n = static_cast<int64_t>(p.n);
+      int64_t from = 0;
+      if (direct && n > 0) {
+        const size_t ks = static_cast<size_t>(spec.key_width);
+        detail::FlatLane* ln =
+            lanes.get(kg, p.kd + p.koff(0), ks, static_cast<size_t>(spec.value_width), true);
+        if (ln != nullptr && !ln->var && ln->key_size == ks) {
+          const bool word = ks >= 9;
+          const bool v8 = spec.value_width == 8;
+          from = word ? (v8 ? insert_fresh<uint64_t, 8>(*ln, p, hash_fn)
+                            : insert_fresh<uint64_t, 0>(*ln, p, hash_fn))
+                      : (v8 ? insert_fresh<uint32_t, 8>(*ln, p, hash_fn)
+                            : insert_fresh<uint32_t, 0>(*ln, p, hash_fn));
+        }
+      }
       auto hash_and_prefetch = [&](int64_t i) {
         const uint32_t k0 = p.koff(i);
         const uint32_t h = detail::map_key_hash(hash_fn, p.kd + k0, p.koff(i + 1) - k0);
         if (!lanes.view().prefetch(kg, h)) m.prefetch_bucket(h);
         return h;
       };
-      for (int64_t j = 0; j < std::min<int64_t>(n, kAhead); ++j)
+      for (int64_t j = from; j < std::min<int64_t>(n, from + kAhead); ++j)
         ahead[j & (kAhead - 1)] = hash_and_prefetch(j);
-      for (int64_t i = 0; i < n; ++i) {
+      for (int64_t i = from; i < n; ++i) {
         const uint32_t h = ahead[i & (kAhead - 1)];
         if (i + kAhead < n) ahead[(i + kAhead) & (kAhead - 1)] = hash_and_prefetch(i + kAhead);
         const uint32_t k0 = p.koff(i);

@@ -155,6 +155,85 @@ TEST(into_empty_over_a_map_that_is_not_empty_upserts) {
   check_table(t, model, 1);
 }
 
+TEST(into_empty_loads_every_key_and_value_width) {
+  // The oldest run straight into laid-out maps takes keys below 9 bytes (one-word suffixes),
+  // values other than 8 bytes, tombstones (skipped), and key groups large enough to span many
+  // pages; with no widths given it goes the general way. The table must match the model.
+  for (const size_t kw : {size_t{6}, size_t{10}, size_t{14}}) {
+    for (const size_t vw : {size_t{3}, size_t{8}, size_t{16}}) {
+      for (const bool widths : {true, false}) {
+        std::mt19937_64 rng(kw * 131 + vw * 7 + (widths ? 1 : 0));
+        Model model;
+        Stored s;
+        for (int32_t kg = 0; kg < 4; ++kg) {
+          std::map<std::string, Row> rows;
+          const size_t keys = kg == 2 ? 20000 : 300;
+          while (rows.size() < keys) {
+            std::string key(1, static_cast<char>(kg));
+            for (size_t i = 1; i < kw; ++i) key.push_back(static_cast<char>(rng()));
+            Row r{key, std::string(vw, '\0'), rng() % 10 != 0};
+            for (char& c : r.value) c = static_cast<char>(rng());
+            rows[key] = r;
+          }
+          std::vector<Row> block;
+          for (const auto& [k, r] : rows) {
+            block.push_back(r);
+            if (r.live) model[k] = r.value;
+            if (block.size() == 997) {
+              s.add(block, kg, true);
+              block.clear();
+            }
+          }
+          if (!block.empty()) s.add(block, kg, true);
+        }
+        BlockLoadSpec spec;
+        spec.key_width = widths ? static_cast<int64_t>(kw) : -1;
+        spec.value_width = widths ? static_cast<int64_t>(vw) : -1;
+        spec.has_validity = true;
+        spec.into_empty = true;
+        StateTable t(0, 3);
+        const BlockLoadResult r = s.load(t, spec);
+        CHECK_EQ(r.failed_block, int64_t{-1});
+        std::map<int32_t, size_t> per_kg;
+        for (const auto& [k, v] : model) {
+          ++per_kg[kg_of(k, 1)];
+          statecore::ByteView got;
+          const bool found =
+              t.map(kg_of(k, 1)).get(reinterpret_cast<const uint8_t*>(k.data()), k.size(), &got);
+          CHECK(found);
+          if (found) CHECK_EQ(std::string(reinterpret_cast<const char*>(got.data), got.size), v);
+        }
+        for (int32_t kg = 0; kg < 4; ++kg) CHECK_EQ(t.map(kg).size(), per_kg[kg]);
+        // A newer run upserts over what the direct load stored.
+        const std::string key = model.begin()->first;
+        Stored newer;
+        newer.add({Row{key, std::string(vw, 'n'), true}}, kg_of(key, 1), true);
+        spec.into_empty = false;
+        CHECK_EQ(newer.load(t, spec).failed_block, int64_t{-1});
+        statecore::ByteView got;
+        CHECK(t.map(kg_of(key, 1))
+                  .get(reinterpret_cast<const uint8_t*>(key.data()), key.size(), &got));
+        CHECK_EQ(std::string(reinterpret_cast<const char*>(got.data), got.size),
+                 std::string(vw, 'n'));
+      }
+    }
+  }
+}
+
+TEST(into_empty_lays_a_map_out_after_an_empty_block) {
+  // The key group's first block holds no entries: its layout comes from the next block's keys.
+  Stored s;
+  s.add({}, 1, false);
+  s.add(rows_of(1, {4, 9}), 1, false);
+  StateTable t(0, 3);
+  const BlockLoadResult r = s.load(t, spec_of(1, false, true));
+  CHECK_EQ(r.failed_block, int64_t{-1});
+  CHECK_EQ(r.entries, uint64_t{2});
+  Model model;
+  for (const Row& row : rows_of(1, {4, 9})) model[row.key] = row.value;
+  check_table(t, model, 1);
+}
+
 TEST(damaged_bytes_are_corrupt_and_name_their_block) {
   Stored s;
   s.add(rows_of(1, {1, 2, 3}), 1, false);

@@ -73,7 +73,10 @@ struct BlockLoadResult {
 // flat lanes, the write log given up, tombstones removing their keys). With `into_empty`, a
 // key group whose map is empty gets its keys inserted without looking for an equal one (they
 // are unique, checked above: a linear probe stops at the first free slot), its tombstones
-// skipped.
+// skipped; with key_width and value_width given too, its flat map is first laid out for them
+// and given every page of its table (which the load fills anyway), and each payload goes in
+// with the lane's per-row checks and counts done once a payload: the next 16 keys hashed and
+// their home slots prefetched while the 16 before them are stored.
 //
 // Stops at the first bad block (reported in the result): nothing of its key group is loaded, the
 // key groups before it stay loaded, so a caller that must leave its state unchanged loads into a
