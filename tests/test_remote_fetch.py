@@ -137,6 +137,33 @@ def test_restore_of_part_of_a_run_reads_only_its_key_groups(remote):
          (size - TRAILER_SIZE - f_len, f_len), (lo, hi - lo)])
 
 
+@pytest.mark.parametrize("impl", ["native", "python"])
+def test_restore_of_part_of_a_run_in_pieces_split_key_groups(remote, monkeypatch, impl):
+    """Key groups of part of a run prefetched in pieces cut at block starts (so a piece
+    boundary may split a key group's blocks): loaded as their pieces arrive, the key group
+    split between two in a range of its own, the state the same."""
+    handler, store, path, desc, want = remote
+    monkeypatch.setattr(readers, "REMOTE_PIECE_BYTES", 20_000)
+    fresh = create_backend(impl, key_type="int64", key_group_range=(10, 60))
+    store.restore(fresh, 1)
+    assert _contents(fresh) == {kg: v for kg, v in want.items() if 10 <= kg <= 60}
+    fresh.close()
+    with store.open(1) as r:
+        data = r.data_file(r.manifest["files"][0])
+        r.prefetch(10, 60, wait=True)
+        cuts = data.piece_cuts()
+        rows = data._index_rows
+        starts = {int(x["offset"]): int(x["key_group"]) for x in rows}
+        edges = sorted({a for a, _, _ in data._prefetched})[1:]
+    assert len(edges) > 3 and cuts
+    for at in edges:  # one state: a key-group index row per key group
+        if at in starts:
+            assert starts[at] in cuts
+        else:  # the edge splits a key group: it is a range of its own
+            holder = int(rows[(rows["offset"] <= at)][-1]["key_group"])
+            assert holder in cuts and holder + 1 in cuts
+
+
 def _layout(path):
     with pafs.LocalFileSystem().open_input_file(path) as f:
         r = DataFileReader(f, path)
