@@ -584,16 +584,15 @@ class DataFileReader:
     and later block reads use them. For a caller that reads all of the file's blocks (a
     restore of its whole key-group range) on a store where every request is a round trip, one
     request per piece replaces a header read, a tail read and a key-group read, at the price
-    of the Bloom filters' bytes, which such a caller does not need. The last piece (the
-    footer's, and the blocks before it) is read first, by the opening thread: nothing can be
-    decoded without the footer. The others are then cut at key-group starts (no key group is
-    split between them) and read in file order by at most ``fetch_lanes`` tasks of the pool
-    (one per two pieces), each as soon as the one before it in its lane arrived, so that they
-    arrive a few at a time, in file order, and a caller decoding what arrived (:meth:`pending`,
-    :meth:`piece_cuts`) overlaps the download of the rest. The first piece's task checks the
-    header. Read errors of the pieces surface as the opening's (CheckpointIOError,
-    CorruptCheckpointError), or at a later read that needs the piece or at
-    :meth:`wait_prefetched`.
+    of the Bloom filters' bytes, which such a caller does not need. The pieces are of equal
+    size; the last (the footer's, and the blocks before it) is read first, by the opening
+    thread: nothing can be decoded without the footer. The others are then read in file order
+    by at most ``fetch_lanes`` tasks of the pool (one per two pieces), each as soon as the one
+    before it in its lane arrived, so that they arrive a few at a time, in file order, and a
+    caller decoding what arrived (:meth:`pending`, :meth:`piece_cuts`) overlaps the download
+    of the rest. The first piece's task checks the header. Read errors of the pieces surface
+    as the opening's (CheckpointIOError, CorruptCheckpointError), or at a later read that
+    needs the piece or at :meth:`wait_prefetched`.
     """
 
     #: Format 6 (set from the footer): the Bloom filters' bits per key and their bytes in the
@@ -674,6 +673,13 @@ class DataFileReader:
             # opened at once) must not wait for the pool.
             self._prefetched.append((tail, size, self._read_at(tail, size - tail,
                                                                "the whole file")))
+        if tail > 0:
+            # Asked for before the footer is checked, which then overlaps their download: cut
+            # at equal shares, not at key-group starts (piece_cuts gives a split key group a
+            # range of its own).
+            cuts = [tail * i // (pieces - 1) for i in range(pieces)]
+            self._fetch_in_order(list(zip(cuts[:-1], cuts[1:])), fetch_pool,
+                                 max(1, min(fetch_lanes, pieces // 2)))
         # Through _range: from the piece just read, else read from the file. A header in a
         # later piece is checked as that piece arrives (_fetch_in_order).
         if tail == 0 and self._range(0, HEADER_SIZE, "header").to_pybytes() != MAGIC:
@@ -700,24 +706,6 @@ class DataFileReader:
         self.footer_xxh64 = f_sum
         self.footer_length = f_len
         self._parse_footer(footer, f_off)
-        if tail > 0:
-            self._fetch_in_order(self._piece_bounds(tail, pieces - 1), fetch_pool,
-                                 max(1, min(fetch_lanes, pieces // 2)))
-
-    def _piece_bounds(self, hi: int, n: int) -> list[tuple[int, int]]:
-        """``[0, hi)`` cut into about ``n`` pieces of about equal size, each cut moved to the
-        first key-group start at or after it (the blocks of a key group, all its states', are
-        consecutive in the file: docs/formats.md "Data file")."""
-        rows = self._index_rows
-        kgs = rows["key_group"]
-        first = np.ones(len(rows), dtype=bool)
-        first[1:] = kgs[1:] != kgs[:-1]
-        starts = rows["offset"][first].astype(np.int64)
-        targets = (np.arange(1, n, dtype=np.int64) * hi) // n
-        idx = np.searchsorted(starts, targets)
-        cuts = sorted({int(starts[i]) for i in idx if i < len(starts) and 0 < starts[i] < hi})
-        bounds = [0] + cuts + [hi]
-        return list(zip(bounds[:-1], bounds[1:]))
 
     def _fetch_in_order(self, pieces: list, pool, lanes: int) -> None:
         """Have ``lanes`` tasks of ``pool`` read ``pieces`` (``(lo, hi)`` byte ranges, file
