@@ -589,7 +589,7 @@ class DataFileReader:
     thread: nothing can be decoded without the footer. The others are then read in file order
     by at most ``fetch_lanes`` tasks of the pool (one per two pieces), each as soon as the one
     before it in its lane arrived, so that they arrive a few at a time, in file order, and a
-    caller decoding what arrived (:meth:`pending`, :meth:`piece_cuts`) overlaps the download
+    caller decoding what arrived (:meth:`pieces`, :meth:`piece_cuts`) overlaps the download
     of the rest. The first piece's task checks the header. Read errors of the pieces surface
     as the opening's (CheckpointIOError, CorruptCheckpointError), or at a later read that
     needs the piece or at :meth:`wait_prefetched`.
@@ -987,18 +987,18 @@ class DataFileReader:
             return None
         return sel, int(sel["offset"].min()), int((sel["offset"] + sel["length"]).max())
 
-    def pending(self, state: str, start: int, end: int) -> list[Future]:
-        """The Futures of prefetched pieces that the blocks of ``state`` in key groups
-        ``[start, end]`` need and that have not arrived yet ([] when they all arrived, or when
-        the file holds none of them or they were not prefetched: a read reads them now). A
-        caller reading what arrived first waits for these (``concurrent.futures.wait``)."""
+    def pieces(self, state: str, start: int, end: int) -> list[Future]:
+        """The Futures of the prefetched pieces (of a parallel :meth:`prefetch` or a whole
+        fetch) that hold blocks of ``state`` in key groups ``[start, end]``, arrived or not
+        ([] when the file holds none of them, or they are held already or not prefetched: a
+        read reads them now). A caller reading what arrived first checks ``done()`` or waits
+        for them (``concurrent.futures.wait``)."""
         rows = self._rows_of(state, start, end)
         if not len(rows):
             return []
         lo = int(rows["offset"].min())
         hi = int((rows["offset"] + rows["length"]).max())
-        return [f for a, b, f in self._prefetched
-                if a < hi and b > lo and isinstance(f, Future) and not f.done()]
+        return [f for a, b, f in self._prefetched if a < hi and b > lo and isinstance(f, Future)]
 
     def piece_cuts(self) -> list[int]:
         """Key groups (ascending) where a reader of this file's prefetched pieces starts a new

@@ -514,7 +514,7 @@ class CheckpointReader:
         ``as_fetched``: for a caller to whom the order of the chunks does not matter (each
         covers other key groups; a restore): chunks are also cut where a run's prefetched
         pieces meet (``DataFileReader.piece_cuts``) and come in the order their pieces
-        arrive (``DataFileReader.pending``), the first one in key-group order whose bytes are
+        arrive (``DataFileReader.pieces``), the first one in key-group order whose bytes are
         all here, so that loading what arrived overlaps the download of the rest; a piece
         that failed is raised when its chunk comes. Every prefetched piece of the runs read
         arrived (``DataFileReader.wait_prefetched``: a header checked as its piece arrives
@@ -525,30 +525,29 @@ class CheckpointReader:
                 if parts:
                     yield parts
             return
-        chunks = []
+        cuts: dict = {}
+        chunks = []  # (runs, first key group, last key group, the pieces they need)
         for runs, c_lo, c_hi in self._chunks(state_name, start, end, max_bytes):
-            cuts = {g for r in runs for g in self.data_file(r).piece_cuts() if c_lo < g <= c_hi}
-            bounds = [c_lo] + sorted(cuts) + [c_hi + 1]
-            chunks.extend((runs, a, b - 1) for a, b in zip(bounds[:-1], bounds[1:]))
-        files = {r["path"]: self.data_file(r) for runs, _, _ in chunks for r in runs}
+            at = set()
+            for r in runs:
+                if r["path"] not in cuts:
+                    cuts[r["path"]] = self.data_file(r).piece_cuts()
+                at.update(g for g in cuts[r["path"]] if c_lo < g <= c_hi)
+            bounds = [c_lo] + sorted(at) + [c_hi + 1]
+            for a, b in zip(bounds[:-1], bounds[1:]):
+                need = [f for r in runs for f in self.data_file(r).pieces(state_name, a, b - 1)]
+                chunks.append((runs, a, b - 1, need))
         while chunks:
-            waits: set = set()
-            ready = None
-            for i, (runs, c_lo, c_hi) in enumerate(chunks):
-                pending = [f for r in runs
-                           for f in self.data_file(r).pending(state_name, c_lo, c_hi)]
-                if not pending:
-                    ready = i
-                    break
-                waits.update(pending)
+            ready = next((i for i, c in enumerate(chunks) if all(f.done() for f in c[3])), None)
             if ready is None:
-                wait_futures(waits, return_when=FIRST_COMPLETED)
+                wait_futures({f for c in chunks for f in c[3] if not f.done()},
+                             return_when=FIRST_COMPLETED)
                 continue
-            runs, c_lo, c_hi = chunks.pop(ready)
+            runs, c_lo, c_hi, _ = chunks.pop(ready)
             parts = self._stored_parts(state_name, runs, c_lo, c_hi)
             if not chunks:
-                for f in files.values():
-                    f.wait_prefetched()
+                for path in cuts:
+                    self._open_files[path].wait_prefetched()
             if parts:
                 yield parts
 
