@@ -525,14 +525,15 @@ class CheckpointReader:
                 if parts:
                     yield parts
             return
-        cuts: dict = {}
+        files: dict = {}  # path: (its DataFileReader, its piece_cuts)
         chunks = []  # (runs, first key group, last key group, the pieces they need)
         for runs, c_lo, c_hi in self._chunks(state_name, start, end, max_bytes):
             at = set()
             for r in runs:
-                if r["path"] not in cuts:
-                    cuts[r["path"]] = self.data_file(r).piece_cuts()
-                at.update(g for g in cuts[r["path"]] if c_lo < g <= c_hi)
+                if r["path"] not in files:
+                    f = self.data_file(r)
+                    files[r["path"]] = (f, f.piece_cuts())
+                at.update(g for g in files[r["path"]][1] if c_lo < g <= c_hi)
             bounds = [c_lo] + sorted(at) + [c_hi + 1]
             for a, b in zip(bounds[:-1], bounds[1:]):
                 need = [f for r in runs for f in self.data_file(r).pieces(state_name, a, b - 1)]
@@ -546,8 +547,8 @@ class CheckpointReader:
             runs, c_lo, c_hi, _ = chunks.pop(ready)
             parts = self._stored_parts(state_name, runs, c_lo, c_hi)
             if not chunks:
-                for path in cuts:
-                    self._open_files[path].wait_prefetched()
+                for f, _ in files.values():
+                    f.wait_prefetched()
             if parts:
                 yield parts
 
