@@ -12,28 +12,28 @@ data-file bytes (1e6 bytes per MB):
   normal priority: the figure is the write, not how it yields to processing) of a full
   snapshot into a new data file; ``write_sync``: ``write_snapshot``.
 * ``restore``: ``CheckpointStore.restore`` into a fresh backend (read the manifest, fetch the
-  data file, decode); ``fetch``: those reads alone (``CheckpointStore.open`` and
+  data file, decode and load it); ``fetch``: those reads alone (``CheckpointStore.open`` and
   ``CheckpointReader.prefetch(..., wait=True)`` of every key group). On S3 the restore asks for
-  all of the run's key groups, so the data file is fetched whole as it is opened (one GET here:
-  ``readers.REMOTE_PIECE_BYTES``); locally it is a header, a trailer, a footer and a key-group
-  read.
+  all of the run's key groups, so the data file is fetched whole as it is opened, in
+  ``restore_pieces`` ranged GETs (``readers.REMOTE_PIECE_BYTES``: the footer's piece first,
+  the others in file order), and the key groups of each piece are loaded as it arrives while
+  the next downloads; locally it is a header, a trailer, a footer and a key-group read.
 * ``raw_upload`` / ``raw_download``: ``open_output_stream().write()`` of as many random bytes,
   and ``open_input_file().read()`` of them.
 
 The S3 write and the raw upload alternate (write, upload, write, upload, ... after one unmeasured
-round of each), and so do the fetch and the raw download: on a shared machine the load drifts
-within a run, and a ratio of two figures taken seconds apart would measure the drift. Next to
-the times the case records the CPU seconds (medians) each S3 write and raw upload cost this
-process (all its threads: serializer, writer, pyarrow's uploads) and the moto server (Linux:
-``/proc/PID/stat``): moto is a Python server sharing the machine's cores, so on a busy machine
-the write's serialization and the server's work compete, which a raw upload (no serialization)
-does not.
+round of each), and so do the fetch, the restore and the raw download: on a shared machine the
+load drifts within a run, and a ratio of two figures taken seconds apart would measure the
+drift. Next to the times the case records the CPU seconds (medians) each S3 write, raw upload,
+restore and raw download cost this process (all its threads: serializer, writer, pyarrow's
+transfers, the loading) and the moto server (Linux: ``/proc/PID/stat``): moto is a Python server
+sharing the machine's cores, so on a busy machine our CPU work (serializing, decoding) and the
+server's compete, which a raw transfer does not.
 
-Goals (records ``goal_min_*``, never asserted): write >= 0.8 of the raw upload and fetch >= 0.8
-of the raw download. Restore decodes every block (CPU), which the raw download does not, so its
-ratio to the raw download is reported as a figure, next to restore on local disk. ``load_avg_1m``
-records the machine's load when the case ran: on a loaded machine serialization and the upload
-compete for the same cores and the write ratio drops.
+Goals (records ``goal_min_*``, never asserted): write >= 0.8 of the raw upload, and fetch and
+restore >= 0.8 of the raw download, next to restore on local disk. ``load_avg_1m`` records the
+machine's load when the case ran: a restore overlaps loading with the download only where a
+core is free for it.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ import pyarrow.fs as pafs
 from bench.common import has_native
 from bench.harness import Size, case, record
 from statecore import CheckpointStore, ReducingStateDescriptor, create_backend
+from statecore.checkpoint import readers
 
 _ACCESS_KEY, _SECRET_KEY, _REGION, _BUCKET = "bench", "bench-secret", "us-east-1", "bench"
 _REPEAT = 3
@@ -199,8 +200,8 @@ def _reads(store: CheckpointStore, backend, impl: str):
 
 def _s3_figures(store: CheckpointStore, fs, server_pid: int, backend, impl: str) -> dict:
     """The figures of an S3 store next to raw transfers of as many bytes through ``fs``: the
-    background write alternating with the raw upload, the fetch with the raw download
-    (:func:`_interleaved`), the synchronous write and the restore on their own."""
+    background write alternating with the raw upload, the fetch and the restore with the raw
+    download (:func:`_interleaved`), the synchronous write on its own."""
     snap = backend.snapshot()
     try:
         desc = {}
@@ -227,12 +228,15 @@ def _s3_figures(store: CheckpointStore, fs, server_pid: int, backend, impl: str)
             if len(f.read()) != len(data):
                 raise RuntimeError("short raw download")
 
-    down = _interleaved({"fetch": fetch, "download": download}, server_pid)
+    down = _interleaved({"fetch": fetch, "restore": restore, "download": download}, server_pid)
     return {"write_s": up["write"][0], "write_cpu_s": up["write"][1],
             "write_server_cpu_s": up["write"][2], "upload_s": up["upload"][0],
             "upload_cpu_s": up["upload"][1], "upload_server_cpu_s": up["upload"][2],
-            "write_sync_s": ws, "restore_s": _median_s(restore), "fetch_s": down["fetch"][0],
-            "download_s": down["download"][0], "bytes": desc["d"]["size"]}
+            "write_sync_s": ws, "restore_s": down["restore"][0],
+            "restore_cpu_s": down["restore"][1], "restore_server_cpu_s": down["restore"][2],
+            "fetch_s": down["fetch"][0], "download_s": down["download"][0],
+            "download_cpu_s": down["download"][1],
+            "download_server_cpu_s": down["download"][2], "bytes": desc["d"]["size"]}
 
 
 @case("s3_checkpoint", "checkpoint write and restore MB/s on S3 (moto server on loopback) vs a "
@@ -242,11 +246,12 @@ def s3_checkpoint(size: Size):
     """Records: impl ``local`` and ``s3``: ``write_MB_per_s``, ``write_sync_MB_per_s``,
     ``restore_MB_per_s``, ``fetch_MB_per_s``; impl ``raw_s3``: ``upload_MB_per_s``,
     ``download_MB_per_s``; impl ``s3``: ``file_bytes``, ``ratio_write_over_raw_upload`` and
-    ``ratio_fetch_over_raw_download`` (goals 0.8), ``ratio_restore_over_raw_download``,
-    ``ratio_restore_over_local``; CPU seconds per write / raw upload: ``write_cpu_s`` (impl
-    ``s3``) and ``upload_cpu_s`` (impl ``raw_s3``) of this process, ``write_server_cpu_s`` and
-    ``upload_server_cpu_s`` of the moto server (Linux only); impl ``machine``: ``load_avg_1m`` at
-    the start and the end."""
+    ``ratio_fetch_over_raw_download``, ``ratio_restore_over_raw_download`` (goals 0.8),
+    ``ratio_restore_over_local``, ``restore_pieces`` (the GETs of the data file); CPU seconds
+    per write / raw upload / restore / raw download: ``write_cpu_s``, ``restore_cpu_s`` (impl
+    ``s3``) and ``upload_cpu_s``, ``download_cpu_s`` (impl ``raw_s3``) of this process,
+    ``*_server_cpu_s`` of the moto server (Linux only); impl ``machine``: ``load_avg_1m`` at the
+    start and the end."""
     c = "s3_checkpoint"
     impl = "native" if has_native() else "python"
     n = size.n(2_000_000, 500_000)
@@ -270,13 +275,16 @@ def s3_checkpoint(size: Size):
             out.append(record(c, label, f"{m}_MB_per_s", mb / f[f"{m}_s"], "MB/s"))
     up, down = mb / s3["upload_s"], mb / s3["download_s"]
     out += [record(c, "raw_s3", "upload_MB_per_s", up, "MB/s"),
-            record(c, "raw_s3", "download_MB_per_s", down, "MB/s"),
-            record(c, "s3", "write_cpu_s", s3["write_cpu_s"], "s"),
-            record(c, "raw_s3", "upload_cpu_s", s3["upload_cpu_s"], "s")]
-    if s3["write_server_cpu_s"] is not None and s3["upload_server_cpu_s"] is not None:
-        out += [record(c, "s3", "write_server_cpu_s", s3["write_server_cpu_s"], "s"),
-                record(c, "raw_s3", "upload_server_cpu_s", s3["upload_server_cpu_s"], "s")]
+            record(c, "raw_s3", "download_MB_per_s", down, "MB/s")]
+    for label, m, raw in (("s3", "write", "upload"), ("s3", "restore", "download")):
+        out += [record(c, label, f"{m}_cpu_s", s3[f"{m}_cpu_s"], "s"),
+                record(c, "raw_s3", f"{raw}_cpu_s", s3[f"{raw}_cpu_s"], "s")]
+        if s3[f"{m}_server_cpu_s"] is not None and s3[f"{raw}_server_cpu_s"] is not None:
+            out += [record(c, label, f"{m}_server_cpu_s", s3[f"{m}_server_cpu_s"], "s"),
+                    record(c, "raw_s3", f"{raw}_server_cpu_s", s3[f"{raw}_server_cpu_s"], "s")]
     out += [record(c, "s3", "file_bytes", s3["bytes"], "bytes"),
+            record(c, "s3", "restore_pieces",
+                   max(1, round(s3["bytes"] / readers.REMOTE_PIECE_BYTES)), "GETs"),
             record(c, "s3", "ratio_write_over_raw_upload", (mb / s3["write_s"]) / up, "ratio"),
             record(c, "s3", "goal_min_ratio_write_over_raw_upload", 0.8, "ratio"),
             record(c, "s3", "ratio_fetch_over_raw_download", (mb / s3["fetch_s"]) / down,
@@ -284,6 +292,7 @@ def s3_checkpoint(size: Size):
             record(c, "s3", "goal_min_ratio_fetch_over_raw_download", 0.8, "ratio"),
             record(c, "s3", "ratio_restore_over_raw_download", (mb / s3["restore_s"]) / down,
                    "ratio"),
+            record(c, "s3", "goal_min_ratio_restore_over_raw_download", 0.8, "ratio"),
             record(c, "s3", "ratio_restore_over_local", local["restore_s"] / s3["restore_s"],
                    "ratio"),
             record(c, "machine", "load_avg_1m_end", os.getloadavg()[0], "load")]

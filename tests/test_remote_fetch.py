@@ -130,6 +130,33 @@ def test_restore_of_part_of_a_run_reads_only_its_key_groups(remote):
          (size - TRAILER_SIZE - f_len, f_len), (lo, hi - lo)])
 
 
+@pytest.mark.parametrize("impl", ["native", "python"])
+def test_restore_of_part_of_a_run_in_pieces_split_key_groups(remote, monkeypatch, impl):
+    """Key groups of part of a run prefetched in pieces cut at block starts (so a piece
+    boundary may split a key group's blocks): loaded as their pieces arrive, the key group
+    split between two in a range of its own, the state the same."""
+    handler, store, path, desc, want = remote
+    monkeypatch.setattr(readers, "REMOTE_PIECE_BYTES", 20_000)
+    fresh = create_backend(impl, key_type="int64", key_group_range=(10, 60))
+    store.restore(fresh, 1)
+    assert _contents(fresh) == {kg: v for kg, v in want.items() if 10 <= kg <= 60}
+    fresh.close()
+    with store.open(1) as r:
+        data = r.data_file(r.manifest["files"][0])
+        r.prefetch(10, 60, wait=True)
+        cuts = data.piece_cuts()
+        rows = data._index_rows
+        starts = {int(x["offset"]): int(x["key_group"]) for x in rows}
+        edges = sorted({a for a, _, _ in data._prefetched})[1:]
+    assert len(edges) > 3 and cuts
+    for at in edges:  # one state: a key-group index row per key group
+        if at in starts:
+            assert starts[at] in cuts
+        else:  # the edge splits a key group: it is a range of its own
+            holder = int(rows[(rows["offset"] <= at)][-1]["key_group"])
+            assert holder in cuts and holder + 1 in cuts
+
+
 def _layout(path):
     with pafs.LocalFileSystem().open_input_file(path) as f:
         r = DataFileReader(f, path)
@@ -261,3 +288,248 @@ def test_a_whole_fetch_asks_for_the_footer_first(remote):
             assert len(handler.reads) == 4
         finally:
             r.close()
+
+
+class _HeldHeadHandler(RecordingHandler):
+    """A :class:`RecordingHandler` whose read of offset 0 of a file named ``held`` (a data file's
+    first piece, fetched last) waits until ``release`` is set (at most ``timeout`` seconds;
+    ``timed_out`` says whether it had to give up), then fails while ``fail`` is set."""
+
+    def __init__(self, held, timeout=30.0):
+        super().__init__()
+        self.held = held
+        self.release = threading.Event()
+        self.timeout = timeout
+        self.timed_out = False
+        self.fail = False
+
+    def on_read(self, path, offset, data):
+        if offset == 0 and path.endswith(self.held):
+            self.timed_out = not self.release.wait(self.timeout)
+            if self.fail:
+                raise OSError("connection reset by peer")
+        super().on_read(path, offset, data)
+
+
+def _with_handler(tmp_path, handler):
+    return CheckpointStore(str(tmp_path), filesystem=pafs.PyFileSystem(handler))
+
+
+def _counting_load_blocks(monkeypatch, on_call):
+    """Wrap ``statecore._native.load_blocks`` (the native restore's loader): ``on_call(key
+    groups)`` before each call."""
+    from statecore import _native
+
+    real = _native.load_blocks
+
+    def load_blocks(table, data, blocks, key_groups, *args, **kwargs):
+        on_call(np.asarray(key_groups))
+        return real(table, data, blocks, key_groups, *args, **kwargs)
+
+    monkeypatch.setattr(_native, "load_blocks", load_blocks)
+
+
+def test_a_restore_loads_the_first_piece_to_arrive_while_the_rest_downloads(
+        remote, tmp_path, monkeypatch):
+    """The footer's piece (the file's last key groups) is read first; those key groups are
+    loaded while the file's first piece is still on its way (its read is held until a load
+    happened), and the restored state is complete."""
+    _, _, path, desc, want = remote
+    monkeypatch.setattr(readers, "REMOTE_PIECE_BYTES", -(-desc["size"] // 2))
+    handler = _HeldHeadHandler(os.path.basename(path))
+    store = _with_handler(tmp_path, handler)
+    loads = []
+
+    def on_call(kgs):
+        loads.append((handler.release.is_set(), int(kgs.min()), int(kgs.max())))
+        handler.release.set()
+
+    _counting_load_blocks(monkeypatch, on_call)
+    fresh = create_backend("native", key_type="int64")
+    store.restore(fresh, 1)
+    assert _contents(fresh) == want
+    fresh.close()
+    assert not handler.timed_out
+    # The first load ran while the first piece was held, and it was of the file's last key
+    # groups; the first piece's key groups, below them, were loaded after it arrived.
+    held, first_lo, _ = loads[0]
+    assert not held and first_lo > min(want)
+    assert any(released and lo < first_lo for released, lo, _ in loads[1:])
+    assert sorted(_data_reads(handler, path))[0][0] == 0
+
+
+def _flip(path, pos):
+    with open(path, "r+b") as f:
+        f.seek(pos)
+        b = f.read(1)
+        f.seek(pos)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
+def _with_other_state(impl="native"):
+    """A backend holding another state's entries, which a failed restore must leave alone."""
+    b = create_backend(impl, key_type="int64")
+    st = b.get_state(ReducingStateDescriptor("other", "sum", "int64"))
+    st.add_batch(pa.array(np.arange(100, dtype=np.int64)), pa.array(np.ones(100, np.int64)))
+    return b
+
+
+def _other_unchanged(b):
+    snap = b.snapshot()
+    try:
+        got = {}
+        for m in snap.state_metas():
+            for kg in snap.key_group_range:
+                keys, vals = snap.entries(m["name"], kg)
+                got[m["name"]] = got.get(m["name"], 0) + len(keys)
+    finally:
+        snap.release()
+    # The restored state was not registered: the snapshot lists it not even empty.
+    return "sum" not in got and {name: n for name, n in got.items() if n} == {"other": 100}
+
+
+def _held_loads(monkeypatch, handler):
+    """Load calls recorded (their first key group), the first one releasing ``handler``'s held
+    read."""
+    loads = []
+
+    def on_call(kgs):
+        loads.append(int(kgs.min()))
+        handler.release.set()
+
+    _counting_load_blocks(monkeypatch, on_call)
+    return loads
+
+
+def test_corruption_in_the_last_piece_to_arrive_leaves_the_backend_unchanged(
+        remote, tmp_path, monkeypatch):
+    """A damaged block in the file's first piece, which arrives last (held until a load
+    happened): the key groups of the pieces before it were loaded already, yet the restore
+    raises CorruptCheckpointError naming the block and the backend holds what it held (the new
+    state's table is registered only at the end). Once repaired, the same restore succeeds."""
+    _, _, path, desc, want = remote
+    monkeypatch.setattr(readers, "REMOTE_PIECE_BYTES", -(-desc["size"] // 3))
+    handler = _HeldHeadHandler(os.path.basename(path))
+    store = _with_handler(tmp_path, handler)
+    blocks, index, states, _, _ = _layout(path)
+    blk = 3  # in the first key groups: the first piece
+    pos = int(blocks[blk]["offset"]) + 5
+    kg = next(int(r["key_group"]) for r in index
+              if int(r["first_block"]) <= blk < int(r["first_block"]) + int(r["block_count"]))
+    loads = _held_loads(monkeypatch, handler)
+    original = open(path, "rb").read()
+    _flip(path, pos)
+    b = _with_other_state()
+    with pytest.raises(CorruptCheckpointError,
+                       match=f"{path}: state 'sum' key group {kg} block {blk}: .*checksum"):
+        store.restore(b, 1)
+    assert loads and loads[0] > kg and not handler.timed_out  # later key groups loaded first
+    assert _other_unchanged(b)
+    with open(path, "wb") as f:
+        f.write(original)
+    store.restore(b, 1)
+    assert _contents(b) == want
+    b.close()
+
+
+def test_a_failing_late_piece_is_an_io_error_and_changes_nothing(remote, tmp_path, monkeypatch):
+    """The read of the file's first piece (fetched after the footer's, whose key groups were
+    loaded meanwhile) fails: CheckpointIOError, the backend holds what it held."""
+    _, _, path, desc, want = remote
+    monkeypatch.setattr(readers, "REMOTE_PIECE_BYTES", -(-desc["size"] // 2))
+    handler = _HeldHeadHandler(os.path.basename(path))
+    handler.fail = True
+    store = _with_handler(tmp_path, handler)
+    loads = _held_loads(monkeypatch, handler)
+    b = _with_other_state()
+    with pytest.raises(CheckpointIOError, match=f"checkpoint data file {path}: cannot read"):
+        store.restore(b, 1)
+    assert loads and not handler.timed_out and _other_unchanged(b)
+    handler.fail = False
+    store.restore(b, 1)
+    assert _contents(b) == want
+    b.close()
+
+
+def _incremental_chain(tmp_path, impl):
+    """Versions 1 (full), 2 and 3 (incremental: updates, new keys, removals) of one task's
+    ``sum`` state in a local store under ``tmp_path``; returns ``(paths of the runs of version 3's
+    chain, the task's contents at version 3)``. Fixed seed."""
+    rng = np.random.default_rng(11)
+    store = CheckpointStore(str(tmp_path))
+    b = _loaded(impl)
+    st = b.get_state(ReducingStateDescriptor("sum", "sum", "int64"))
+    for version in (1, 2, 3):
+        if version > 1:
+            keys = rng.choice(N + 5000, size=N // 6, replace=False).astype(np.int64)
+            st.add_batch(pa.array(keys), pa.array(np.full(len(keys), version, np.int64)))
+            gone = rng.choice(N, size=N // 20, replace=False).astype(np.int64)
+            st.clear_batch(pa.array(gone))
+        snap = b.snapshot(incremental=version > 1)
+        try:
+            desc = store.write_snapshot(snap, version, block_target_bytes=4096)
+            store.commit(version, [desc])
+            b.notify_checkpoint_complete(snap.snapshot_id, version)
+        finally:
+            snap.release()
+    want = _contents(b)
+    b.close()
+    runs = [str(tmp_path / f["path"]) for f in store.manifest(3)["files"]]
+    return runs, want
+
+
+@pytest.mark.parametrize("impl", ["native", "python"])
+def test_a_chain_restores_through_pieces_fetched_at_once(tmp_path, monkeypatch, impl):
+    """A full run and two incremental runs on top, each fetched whole in pieces (the runs'
+    footer pieces read at once, each run's other pieces after its footer's): the restored state
+    is the chain's newest-wins state (the oldest run loaded first, the newer ones upserted,
+    their tombstones removing), and each run is read exactly once."""
+    runs, want = _incremental_chain(tmp_path, impl)
+    assert len(runs) == 3
+    monkeypatch.setattr(readers, "REMOTE_PIECE_BYTES", 64 << 10)
+    handler = RecordingHandler()
+    store = _with_handler(tmp_path, handler)
+    fresh = create_backend(impl, key_type="int64")
+    store.restore(fresh, 3)
+    assert _contents(fresh) == want
+    fresh.close()
+    for run in runs:
+        size = os.path.getsize(run)
+        order = [(at, n) for p, at, n in handler.reads if p == run]
+        assert sorted(order)[0][0] == 0 and sum(n for _, n in order) == size
+        assert order[0][0] + order[0][1] == size and len(order) >= 2  # the footer's first
+
+
+class _ShuffledHandler(RecordingHandler):
+    """A :class:`RecordingHandler` whose reads each take a random extra 0 to 4 ms (seeded), so
+    that the pieces of several runs arrive in shuffled orders."""
+
+    def __init__(self, seed):
+        super().__init__()
+        self._rng = random.Random(seed)
+        self._rng_lock = threading.Lock()
+
+    def on_read(self, path, offset, data):
+        with self._rng_lock:
+            delay = self._rng.random() * 0.004
+        threading.Event().wait(delay)
+        super().on_read(path, offset, data)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_chain_restores_the_same_whatever_order_its_pieces_arrive_in(tmp_path, monkeypatch,
+                                                                       seed):
+    """Differential, fixed seeds: a chain restored through pieces of a random size arriving in
+    shuffled orders equals the chain's state (the local restore's)."""
+    runs, want = _incremental_chain(tmp_path, "native")
+    rng = random.Random(seed)
+    monkeypatch.setattr(readers, "REMOTE_PIECE_BYTES", rng.randrange(8 << 10, 200 << 10))
+    store = _with_handler(tmp_path, _ShuffledHandler(seed))
+    fresh = create_backend("native", key_type="int64")
+    store.restore(fresh, 3)
+    assert _contents(fresh) == want
+    local = create_backend("native", key_type="int64")
+    CheckpointStore(str(tmp_path)).restore(local, 3)
+    assert _contents(local) == want
+    fresh.close()
+    local.close()

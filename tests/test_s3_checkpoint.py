@@ -568,7 +568,7 @@ def test_inspect_cli_on_s3(s3, prefix, capsys):
 def test_bench_case_reports_s3_against_raw_transfers(tmp_path):
     """The ``s3_checkpoint`` bench case (its own moto server) reports the S3 figures next to the
     raw transfers of the same bytes, the local disk and the goals, and the CPU seconds that the
-    write and the raw upload cost this process and the server."""
+    write, the restore and the raw transfers cost this process and the server."""
     from bench.cli import main
 
     out = tmp_path / "r.json"
@@ -582,8 +582,12 @@ def test_bench_case_reports_s3_against_raw_transfers(tmp_path):
     assert by[("s3", "goal_min_ratio_write_over_raw_upload")] == 0.8
     assert abs(by[("s3", "ratio_write_over_raw_upload")]
                - by[("s3", "write_MB_per_s")] / by[("raw_s3", "upload_MB_per_s")]) < 1e-9
-    assert by[("s3", "file_bytes")] > 0
-    assert by[("s3", "write_cpu_s")] >= 0 and by[("raw_s3", "upload_cpu_s")] >= 0
-    if sys.platform.startswith("linux"):
-        assert by[("s3", "write_server_cpu_s")] >= 0
-        assert by[("raw_s3", "upload_server_cpu_s")] >= 0
+    assert by[("s3", "goal_min_ratio_restore_over_raw_download")] == 0.8
+    assert abs(by[("s3", "ratio_restore_over_raw_download")]
+               - by[("s3", "restore_MB_per_s")] / by[("raw_s3", "download_MB_per_s")]) < 1e-9
+    assert by[("s3", "file_bytes")] > 0 and by[("s3", "restore_pieces")] >= 1
+    for ours, raw in (("write", "upload"), ("restore", "download")):
+        assert by[("s3", f"{ours}_cpu_s")] >= 0 and by[("raw_s3", f"{raw}_cpu_s")] >= 0
+        if sys.platform.startswith("linux"):
+            assert by[("s3", f"{ours}_server_cpu_s")] >= 0
+            assert by[("raw_s3", f"{raw}_server_cpu_s")] >= 0

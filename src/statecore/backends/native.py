@@ -603,7 +603,10 @@ class NativeBackend(TableBackend):
         return int(cap.sum()) * (4 + key_width - 1 + width)
 
     def _load_blocks_of(self, table: NativeTable, reader, kgs: list, key_width, width) -> None:
-        for parts in reader.run_blocks(table.name, kgs[0], kgs[-1], _RUN_BLOCK_BYTES):
+        # Chunks in the order their bytes arrive (a remote prefetch), each its own key groups:
+        # loading what arrived overlaps the download of the rest.
+        for parts in reader.run_blocks(table.name, kgs[0], kgs[-1], _RUN_BLOCK_BYTES,
+                                       as_fetched=True):
             for i, run in enumerate(parts):
                 _, bad, why, corrupt = _native.load_blocks(
                     table.native, run.data, run.blocks, run.key_groups, run.base,

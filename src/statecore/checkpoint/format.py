@@ -113,6 +113,7 @@ FILTER_DTYPE = np.dtype(
 assert BLOCK_DTYPE.itemsize == 32 and INDEX_DTYPE.itemsize == 40 and TRAILER_SIZE == 48
 assert FILTER_DTYPE.itemsize == 24
 
+_BAD_HEADER = "bad magic in header (not a statecore checkpoint data file)"
 _U32 = struct.Struct("<I")
 _U64x2 = struct.Struct("<QQ")
 _INT32_MAX = 2**31 - 1
@@ -578,14 +579,20 @@ class DataFileReader:
     (state, key group). All violations raise CorruptCheckpointError naming ``name``.
 
     With ``fetch_pool`` (a ``concurrent.futures.Executor``) opening fetches the whole file
-    instead, in pieces of about ``piece_bytes`` that the pool reads in parallel, and keeps them
-    as prefetched bytes (:meth:`prefetch`): the header, trailer and footer are checked from
-    them and later block reads use them. For a caller that reads all of the file's blocks (a
+    instead, in ``round(size / piece_bytes)`` pieces (at least one), and keeps them as
+    prefetched bytes (:meth:`prefetch`): the header, trailer and footer are checked from them
+    and later block reads use them. For a caller that reads all of the file's blocks (a
     restore of its whole key-group range) on a store where every request is a round trip, one
     request per piece replaces a header read, a tail read and a key-group read, at the price
-    of the Bloom filters' bytes, which such a caller does not need. Read errors of the pieces
-    surface as the opening's (CheckpointIOError, CorruptCheckpointError), or at a later read
-    that needs the piece.
+    of the Bloom filters' bytes, which such a caller does not need. The pieces are of equal
+    size; the last (the footer's, and the blocks before it) is read first, by the opening
+    thread: nothing can be decoded without the footer. The others are then read in file order
+    by at most ``fetch_lanes`` tasks of the pool (one per two pieces), each as soon as the one
+    before it in its lane arrived, so that they arrive a few at a time, in file order, and a
+    caller decoding what arrived (:meth:`pieces`, :meth:`piece_cuts`) overlaps the download
+    of the rest. The first piece's task checks the header. Read errors of the pieces surface
+    as the opening's (CheckpointIOError, CorruptCheckpointError), or at a later read that
+    needs the piece or at :meth:`wait_prefetched`.
     """
 
     #: Format 6 (set from the footer): the Bloom filters' bits per key and their bytes in the
@@ -595,7 +602,7 @@ class DataFileReader:
 
     def __init__(self, file, name: str, expected_size: int | None = None,
                  expected_footer_xxh64: int | None = None, *, fetch_pool=None,
-                 piece_bytes: int = 32 << 20):
+                 piece_bytes: int = 32 << 20, fetch_lanes: int = 1):
         self.name = name
         self._file = file
         #: ``(lo, hi, bytes)`` of prefetched ranges, ascending; ``bytes`` a pa.Buffer or, for a
@@ -605,7 +612,8 @@ class DataFileReader:
         #: Bytes read from the file so far (footer, prefetched ranges and blocks).
         self.bytes_read = 0
         try:
-            self._open(expected_size, expected_footer_xxh64, fetch_pool, piece_bytes)
+            self._open(expected_size, expected_footer_xxh64, fetch_pool, piece_bytes,
+                       fetch_lanes)
         except Exception:
             self.drop_prefetched()  # no piece read may outlive the file
             file.close()
@@ -649,7 +657,8 @@ class DataFileReader:
             raise self._fail(f"truncated: {what} needs {length} bytes at {offset}, got {data.size}")
         return data
 
-    def _open(self, expected_size, expected_footer_xxh64, fetch_pool, piece_bytes) -> None:
+    def _open(self, expected_size, expected_footer_xxh64, fetch_pool, piece_bytes,
+              fetch_lanes) -> None:
         size = self._file.size()
         self.size = size
         if expected_size is not None and size != expected_size:
@@ -657,12 +666,24 @@ class DataFileReader:
                              "or overwritten)")
         if size < HEADER_SIZE + TRAILER_SIZE:
             raise self._fail(f"truncated: {size} bytes is shorter than header + trailer")
+        pieces = 1 if fetch_pool is None else max(1, round(size / piece_bytes))
+        tail = size - size // pieces
         if fetch_pool is not None:
-            self._submit_pieces(0, size, fetch_pool, piece_bytes, "the whole file", None,
-                                tail_first=True)
-        # Through _range: from the pieces just submitted, else read from the file.
-        if self._range(0, HEADER_SIZE, "header").to_pybytes() != MAGIC:
-            raise self._fail("bad magic in header (not a statecore checkpoint data file)")
+            # Read here, not by the pool: an opening in one of the pool's threads (several runs
+            # opened at once) must not wait for the pool.
+            self._prefetched.append((tail, size, self._read_at(tail, size - tail,
+                                                               "the whole file")))
+        if tail > 0:
+            # Asked for before the footer is checked, which then overlaps their download: cut
+            # at equal shares, not at key-group starts (piece_cuts gives a split key group a
+            # range of its own).
+            cuts = [tail * i // (pieces - 1) for i in range(pieces)]
+            self._fetch_in_order(list(zip(cuts[:-1], cuts[1:])), fetch_pool,
+                                 max(1, min(fetch_lanes, pieces // 2)))
+        # Through _range: from the piece just read, else read from the file. A header in a
+        # later piece is checked as that piece arrives (_fetch_in_order).
+        if tail == 0 and self._range(0, HEADER_SIZE, "header").to_pybytes() != MAGIC:
+            raise self._fail(_BAD_HEADER)
         trailer = self._range(size - TRAILER_SIZE, TRAILER_SIZE, "trailer").to_pybytes()
         f_off, f_len, f_sum, fmt, flags, t_sum, magic = TRAILER.unpack(trailer)
         if magic != MAGIC:
@@ -685,6 +706,38 @@ class DataFileReader:
         self.footer_xxh64 = f_sum
         self.footer_length = f_len
         self._parse_footer(footer, f_off)
+
+    def _fetch_in_order(self, pieces: list, pool, lanes: int) -> None:
+        """Have ``lanes`` tasks of ``pool`` read ``pieces`` (``(lo, hi)`` byte ranges, file
+        order), each task taking the next piece not taken yet once its last one arrived; the
+        pieces are kept as prefetched bytes (Futures) at once. The task reading offset 0
+        checks the header magic (CorruptCheckpointError, kept in that piece's Future)."""
+        futures = [Future() for _ in pieces]
+        self._prefetched.extend((a, b, f) for (a, b), f in zip(pieces, futures))
+        self._prefetched.sort(key=lambda p: p[0])
+        todo = iter(list(zip(pieces, futures)))
+        lock = threading.Lock()
+
+        def lane() -> None:
+            while True:
+                with lock:
+                    item = next(todo, None)
+                if item is None:
+                    return
+                (a, b), f = item
+                if not f.set_running_or_notify_cancel():
+                    continue  # dropped (drop_prefetched, close) before it was read
+                try:
+                    data = self._read_at(a, b - a, "the whole file")
+                    if a == 0 and data.slice(0, HEADER_SIZE).to_pybytes() != MAGIC:
+                        raise self._fail(_BAD_HEADER)
+                except Exception as exc:
+                    f.set_exception(exc)
+                else:
+                    f.set_result(data)
+
+        for _ in range(lanes):
+            pool.submit(lane)
 
     def _parse_footer(self, footer: pa.Buffer, footer_offset: int) -> None:
         fb = footer.to_pybytes()
@@ -892,13 +945,12 @@ class DataFileReader:
         return hi - lo
 
     def _submit_pieces(self, lo: int, hi: int, pool, piece_bytes: int, what: str,
-                       block_offsets, tail_first: bool = False) -> None:
+                       block_offsets) -> None:
         """Have ``pool`` read ``[lo, hi)`` in ``round((hi - lo) / piece_bytes)`` pieces (at least
-        one) of about equal size, kept as prefetched bytes (Futures), submitted in file order
-        (``tail_first``: the last piece first -- it holds the footer, without which nothing
-        else can be decoded, and a pool reads its queue in order). With ``block_offsets``
-        (ascending starts of the blocks, which tile the data region in file order) each cut
-        moves to the first block start at or after it, so that no block is split."""
+        one) of about equal size, kept as prefetched bytes (Futures), submitted in file order.
+        With ``block_offsets`` (ascending starts of the blocks, which tile the data region in
+        file order) each cut moves to the first block start at or after it, so that no block
+        is split."""
         k = max(1, round((hi - lo) / piece_bytes))
         targets = lo + (np.arange(1, k, dtype=np.int64) * (hi - lo)) // k
         if block_offsets is not None:
@@ -908,10 +960,7 @@ class DataFileReader:
         else:
             cuts = {int(t) for t in targets}
         bounds = [lo] + sorted(cuts) + [hi]
-        pieces = list(zip(bounds[:-1], bounds[1:]))
-        if tail_first:
-            pieces = pieces[-1:] + pieces[:-1]
-        for a, b in pieces:
+        for a, b in zip(bounds[:-1], bounds[1:]):
             self._prefetched.append((a, b, pool.submit(self._read_at, a, b - a, what)))
         self._prefetched.sort(key=lambda p: p[0])
 
@@ -937,6 +986,43 @@ class DataFileReader:
         if not len(sel):
             return None
         return sel, int(sel["offset"].min()), int((sel["offset"] + sel["length"]).max())
+
+    def pieces(self, state: str, start: int, end: int) -> list[Future]:
+        """The Futures of the prefetched pieces (of a parallel :meth:`prefetch` or a whole
+        fetch) that hold blocks of ``state`` in key groups ``[start, end]``, arrived or not
+        ([] when the file holds none of them, or they are held already or not prefetched: a
+        read reads them now). A caller reading what arrived first checks ``done()`` or waits
+        for them (``concurrent.futures.wait``)."""
+        rows = self._rows_of(state, start, end)
+        if not len(rows):
+            return []
+        lo = int(rows["offset"].min())
+        hi = int((rows["offset"] + rows["length"]).max())
+        return [f for a, b, f in self._prefetched if a < hi and b > lo and isinstance(f, Future)]
+
+    def piece_cuts(self) -> list[int]:
+        """Key groups (ascending) where a reader of this file's prefetched pieces starts a new
+        range of key groups so that each range's blocks lie within one piece: the first key
+        group at a boundary between two pieces, and a key group split by one (a piece of a
+        partial :meth:`prefetch` is cut at a block start) gets a range of its own. Empty
+        without pieces."""
+        rows = self._index_rows
+        if len(self._prefetched) < 2 or not len(rows):
+            return []
+        starts = rows["offset"].astype(np.int64)
+        ends = starts + rows["length"].astype(np.int64)
+        kgs = rows["key_group"].astype(np.int64)
+        edges = {a for a, _, _ in self._prefetched} | {b for _, b, _ in self._prefetched}
+        out: set = set()
+        for at in edges:
+            i = int(np.searchsorted(ends, at, "right"))  # the row holding byte ``at``
+            if i >= len(rows) or at <= int(starts[0]):
+                continue
+            kg = int(kgs[i])
+            out.add(kg)
+            if int(starts[i]) != at or (i and int(kgs[i - 1]) == kg):
+                out.add(kg + 1)
+        return sorted(out)
 
     def wait_prefetched(self) -> None:
         """Return once every piece of a parallel :meth:`prefetch` arrived; raises the first

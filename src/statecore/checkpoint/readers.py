@@ -21,7 +21,8 @@ import operator
 import os
 import threading
 from bisect import bisect_right
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from typing import Iterator
 
 import numpy as np
@@ -57,8 +58,9 @@ CHUNK_BYTES = 256 << 20
 #: A remote store's (not local files') prefetch: pieces of this many stored bytes, read by
 #: REMOTE_FETCH_THREADS threads, and entries_chunks pairs of at most REMOTE_CHUNK_BYTES
 #: decoded bytes, so that decoding the first pieces overlaps the download of the rest
-#: (DataFileReader.prefetch).
-REMOTE_PIECE_BYTES = 32 << 20
+#: (DataFileReader.prefetch; a run fetched whole: DataFileReader's ``fetch_pool``, and
+#: docs/deploy.md "Checkpoints on object storage" for the size).
+REMOTE_PIECE_BYTES = 16 << 20
 REMOTE_FETCH_THREADS = 4
 REMOTE_CHUNK_BYTES = 16 << 20
 
@@ -244,47 +246,53 @@ class CheckpointReader:
             raise CheckpointError(f"reader of checkpoint version {self.version} was released")
         reader = self._open_files.get(run["path"])
         if reader is None:
-            path = self._root.path(run["path"])
-            try:
-                handle = self._root.fs.open_input_file(path)
-                if not self._root.atomic_rename and fetch_pool is None:
-                    handle = _TailCachedFile(handle)
-            except FileNotFoundError:
-                raise CorruptCheckpointError(
-                    f"checkpoint data file {path} of version {self.version} is missing") from None
-            except OSError as exc:
-                raise CheckpointIOError(
-                    f"checkpoint data file {path} of version {self.version} cannot be opened: "
-                    f"{exc}") from exc
-            reader = DataFileReader(handle, path, expected_size=run["size"],
-                                    expected_footer_xxh64=int(run["footer_xxh64"], 16),
-                                    fetch_pool=fetch_pool, piece_bytes=REMOTE_PIECE_BYTES)
-            mine = (self.max_parallelism, self.key_type, self.assigner,
-                    list(run["key_group_range"]), run["kind"])
-            theirs = (reader.max_parallelism, reader.key_type, reader.assigner,
-                      [reader.key_group_start, reader.key_group_end], reader.kind)
-            if mine != theirs:
+            reader = self._open_files[run["path"]] = self._open_data_file(run, fetch_pool)
+        return reader
+
+    def _open_data_file(self, run: dict, fetch_pool) -> DataFileReader:
+        """``run``'s data file opened and checked against the manifest (:meth:`data_file`),
+        not kept: safe from any thread."""
+        path = self._root.path(run["path"])
+        try:
+            handle = self._root.fs.open_input_file(path)
+            if not self._root.atomic_rename and fetch_pool is None:
+                handle = _TailCachedFile(handle)
+        except FileNotFoundError:
+            raise CorruptCheckpointError(
+                f"checkpoint data file {path} of version {self.version} is missing") from None
+        except OSError as exc:
+            raise CheckpointIOError(
+                f"checkpoint data file {path} of version {self.version} cannot be opened: "
+                f"{exc}") from exc
+        reader = DataFileReader(handle, path, expected_size=run["size"],
+                                expected_footer_xxh64=int(run["footer_xxh64"], 16),
+                                fetch_pool=fetch_pool, piece_bytes=REMOTE_PIECE_BYTES,
+                                fetch_lanes=REMOTE_FETCH_THREADS)
+        mine = (self.max_parallelism, self.key_type, self.assigner,
+                list(run["key_group_range"]), run["kind"])
+        theirs = (reader.max_parallelism, reader.key_type, reader.assigner,
+                  [reader.key_group_start, reader.key_group_end], reader.kind)
+        if mine != theirs:
+            reader.close()
+            raise CorruptCheckpointError(
+                f"checkpoint data file {path}: footer says {theirs}, the manifest {mine}")
+        # Entries are found by the footer's state positions: a footer whose states differ
+        # from the manifest's (renamed, reordered, another format) would read the wrong
+        # state's entries.
+        footer_metas = reader.state_metas()
+        if [m.get("name") for m in footer_metas] != list(run["states"]):
+            reader.close()
+            raise CorruptCheckpointError(
+                f"checkpoint data file {path}: footer holds states "
+                f"{[m.get('name') for m in footer_metas]}, the manifest lists "
+                f"{list(run['states'])}")
+        for m in footer_metas:
+            ours = self._metas_by_name.get(m["name"])
+            if ours is None or stored_format(ours) != stored_format(m):
                 reader.close()
                 raise CorruptCheckpointError(
-                    f"checkpoint data file {path}: footer says {theirs}, the manifest {mine}")
-            # Entries are found by the footer's state positions: a footer whose states differ
-            # from the manifest's (renamed, reordered, another format) would read the wrong
-            # state's entries.
-            footer_metas = reader.state_metas()
-            if [m.get("name") for m in footer_metas] != list(run["states"]):
-                reader.close()
-                raise CorruptCheckpointError(
-                    f"checkpoint data file {path}: footer holds states "
-                    f"{[m.get('name') for m in footer_metas]}, the manifest lists "
-                    f"{list(run['states'])}")
-            for m in footer_metas:
-                ours = self._metas_by_name.get(m["name"])
-                if ours is None or stored_format(ours) != stored_format(m):
-                    reader.close()
-                    raise CorruptCheckpointError(
-                        f"checkpoint data file {path}: state {m['name']!r} is {m} in the "
-                        f"footer but {ours} in the manifest")
-            self._open_files[run["path"]] = reader
+                    f"checkpoint data file {path}: state {m['name']!r} is {m} in the "
+                    f"footer but {ours} in the manifest")
         return reader
 
     def prefetch(self, start: int, end: int, *, wait: bool = False) -> int:
@@ -294,7 +302,8 @@ class CheckpointReader:
         parallel by a pool of :data:`REMOTE_FETCH_THREADS` threads while the caller goes on
         (:meth:`DataFileReader.prefetch`); there a run not opened yet whose whole key-group range
         is asked for is fetched whole as it is opened (header, blocks, filters and footer in
-        those pieces; DataFileReader's ``fetch_pool``). ``wait=True`` returns only once every
+        those pieces; DataFileReader's ``fetch_pool``: its last piece first, the others in file
+        order, and several such runs opened at once). ``wait=True`` returns only once every
         piece arrived (raising the first read error: CheckpointIOError,
         CorruptCheckpointError). Returns the bytes covered (of the key groups' blocks)."""
         spans: dict[str, list] = {}
@@ -306,19 +315,39 @@ class CheckpointReader:
                 sp = spans.setdefault(r["path"], [r, lo, hi])
                 sp[1], sp[2] = min(sp[1], lo), max(sp[2], hi)
         pool = None if self._root.is_local else _fetch_pool()
+        # A run read for all its key groups is fetched whole as it is opened: one request (per
+        # piece) instead of its header, its tail and then its blocks, each a round trip; only
+        # its Bloom filters are read in vain.
+        whole = [r for r, lo, hi in spans.values()
+                 if pool is not None and r["path"] not in self._open_files
+                 and lo <= r["key_group_range"][0] and hi >= r["key_group_range"][1]]
+        if len(whole) > 1:
+            self._open_at_once(whole, pool)
+        whole_paths = {r["path"] for r in whole}
         covered = 0
         for r, lo, hi in spans.values():
-            # A run read for all its key groups is fetched whole as it is opened: one request
-            # (per piece) instead of its header, its tail and then its blocks, each a round
-            # trip; only its Bloom filters are read in vain.
-            whole = (pool is not None and r["path"] not in self._open_files
-                     and lo <= r["key_group_range"][0] and hi >= r["key_group_range"][1])
-            covered += self._data_file(r, pool if whole else None).prefetch(
+            covered += self._data_file(r, pool if r["path"] in whole_paths else None).prefetch(
                 lo, hi, pool=pool, chunk_bytes=REMOTE_PIECE_BYTES)
         if wait:
             for r, _, _ in spans.values():
                 self.data_file(r).wait_prefetched()
         return covered
+
+    def _open_at_once(self, runs: list, pool) -> None:
+        """Open ``runs`` (not open yet) fetching each whole, the openings -- each a read of the
+        file's last piece -- run by ``pool`` at once (a chain's runs: one round trip for all).
+        The first error (in ``runs`` order) is raised once all openings ended; the files that
+        opened are kept (closed by :meth:`release`)."""
+        if self._released:
+            raise CheckpointError(f"reader of checkpoint version {self.version} was released")
+        futures = [pool.submit(self._open_data_file, r, pool) for r in runs]
+        wait_futures(futures)
+        for r, f in zip(runs, futures):
+            if f.exception() is None:
+                self._open_files[r["path"]] = f.result()
+        for f in futures:
+            if f.exception() is not None:
+                raise f.exception()
 
     def drop_prefetched(self) -> None:
         """Forget the bytes :meth:`prefetch` fetched (later reads read again)."""
@@ -470,8 +499,8 @@ class CheckpointReader:
             if parts:
                 yield parts
 
-    def run_blocks(self, state_name: str, start: int, end: int, max_bytes: int | None = None
-                   ) -> Iterator[list[StoredBlocks]]:
+    def run_blocks(self, state_name: str, start: int, end: int, max_bytes: int | None = None,
+                   *, as_fetched: bool = False) -> Iterator[list[StoredBlocks]]:
         """:meth:`run_chunks` undecoded: per chunk of consecutive key groups (cut as
         :meth:`entries_chunks` cuts them), one
         :class:`~statecore.checkpoint.format.StoredBlocks` per run holding blocks of
@@ -480,20 +509,63 @@ class CheckpointReader:
         as :meth:`entries` checks it. Only for a state whose layout is current in every run
         (``DataFileReader.converts``: map and list states of older formats are not);
         InvalidInputError otherwise. Errors as :meth:`entries`; a state not in the version
-        yields nothing."""
+        yields nothing.
+
+        ``as_fetched``: for a caller to whom the order of the chunks does not matter (each
+        covers other key groups; a restore): chunks are also cut where a run's prefetched
+        pieces meet (``DataFileReader.piece_cuts``) and come in the order their pieces
+        arrive (``DataFileReader.pieces``), the first one in key-group order whose bytes are
+        all here, so that loading what arrived overlaps the download of the rest; a piece
+        that failed is raised when its chunk comes. Every prefetched piece of the runs read
+        arrived (``DataFileReader.wait_prefetched``: a header checked as its piece arrives
+        included) before the last chunk is yielded."""
+        if not as_fetched:
+            for runs, c_lo, c_hi in self._chunks(state_name, start, end, max_bytes):
+                parts = self._stored_parts(state_name, runs, c_lo, c_hi)
+                if parts:
+                    yield parts
+            return
+        files: dict = {}  # path: (its DataFileReader, its piece_cuts)
+        chunks = []  # (runs, first key group, last key group, the pieces they need)
         for runs, c_lo, c_hi in self._chunks(state_name, start, end, max_bytes):
-            parts = []
-            for r in reversed(runs):
-                f = self.data_file(r)
-                if f.converts(state_name):
-                    raise InvalidInputError(
-                        f"state {state_name!r} of checkpoint data file {f.name} is stored in "
-                        "an older format's layout: read it with run_chunks")
-                got = f.stored_blocks(state_name, c_lo, c_hi)
-                if got is not None:
-                    parts.append(got)
+            at = set()
+            for r in runs:
+                if r["path"] not in files:
+                    f = self.data_file(r)
+                    files[r["path"]] = (f, f.piece_cuts())
+                at.update(g for g in files[r["path"]][1] if c_lo < g <= c_hi)
+            bounds = [c_lo] + sorted(at) + [c_hi + 1]
+            for a, b in zip(bounds[:-1], bounds[1:]):
+                need = [f for r in runs for f in self.data_file(r).pieces(state_name, a, b - 1)]
+                chunks.append((runs, a, b - 1, need))
+        while chunks:
+            ready = next((i for i, c in enumerate(chunks) if all(f.done() for f in c[3])), None)
+            if ready is None:
+                wait_futures({f for c in chunks for f in c[3] if not f.done()},
+                             return_when=FIRST_COMPLETED)
+                continue
+            runs, c_lo, c_hi, _ = chunks.pop(ready)
+            parts = self._stored_parts(state_name, runs, c_lo, c_hi)
+            if not chunks:
+                for f, _ in files.values():
+                    f.wait_prefetched()
             if parts:
                 yield parts
+
+    def _stored_parts(self, state_name: str, runs: list, c_lo: int, c_hi: int
+                      ) -> list[StoredBlocks]:
+        """:meth:`run_blocks`' list for one chunk: ``runs`` (newest first) taken oldest first."""
+        parts = []
+        for r in reversed(runs):
+            f = self.data_file(r)
+            if f.converts(state_name):
+                raise InvalidInputError(
+                    f"state {state_name!r} of checkpoint data file {f.name} is stored in "
+                    "an older format's layout: read it with run_chunks")
+            got = f.stored_blocks(state_name, c_lo, c_hi)
+            if got is not None:
+                parts.append(got)
+        return parts
 
     def key_group_entries(self, state_name: str, start: int, end: int
                           ) -> tuple[np.ndarray, np.ndarray]:
