@@ -51,7 +51,8 @@ from bench.harness import Size, case, record
 from statecore.descriptors import ReducingStateDescriptor
 from statecore.spark.processor import KeyedProcessor
 
-__all__ = ["RunningCount", "make_stream", "run_variant", "VARIANTS"]
+__all__ = ["RunningCount", "landing_stream", "make_stream", "run_available_now", "run_variant",
+           "VARIANTS"]
 
 _MAX_PARALLELISM = 128
 _OUT_SCHEMA = pa.schema([("k", pa.int64()), ("count", pa.int64())])
@@ -189,15 +190,35 @@ def _noop(df, _batch_id=None) -> None:
     df.write.format("noop").mode("overwrite").save()
 
 
+def landing_stream(spark, landing: str):
+    """The streaming DataFrame (one int64 column ``k``) over the Parquet files of ``landing``,
+    one file per micro-batch, however old the files are."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    return (spark.readStream.schema(StructType([StructField("k", LongType())]))
+            .option("maxFilesPerTrigger", 1).option("maxFileAge", "36500d").parquet(landing))
+
+
+def run_available_now(writer, checkpoint_dir: str) -> float:
+    """Start ``writer`` (a DataStreamWriter) with ``trigger(availableNow=True)`` and Spark's
+    checkpoint in ``checkpoint_dir``, wait until it has processed everything; returns the
+    wall-clock seconds. Raises what the query raised (the query is stopped)."""
+    t0 = time.perf_counter()
+    query = (writer.option("checkpointLocation", checkpoint_dir)
+             .trigger(availableNow=True).start())
+    try:
+        query.awaitTermination()
+    finally:
+        if query.isActive:
+            query.stop()
+    return time.perf_counter() - t0
+
+
 def run_variant(spark, variant: str, landing: str, workdir: str, parallelism: int = 2) -> float:
     """Run one variant (see the module docstring) over every file in ``landing`` as a streaming
     query, in ``workdir`` (checkpoints); returns the wall-clock seconds of the query. Raises
     KeyError for an unknown variant and whatever the query raised."""
-    from pyspark.sql.types import LongType, StructField, StructType
-
-    schema = StructType([StructField("k", LongType())])
-    source = (spark.readStream.schema(schema).option("maxFilesPerTrigger", 1)
-              .option("maxFileAge", "36500d").parquet(landing))
+    source = landing_stream(spark, landing)
     ckpt = os.path.join(workdir, variant)
     if variant in ("statecore_native", "statecore_python"):
         from statecore.spark import StatefulOperator
@@ -225,15 +246,7 @@ def run_variant(spark, variant: str, landing: str, workdir: str, parallelism: in
         writer = out.writeStream.format("noop").outputMode("update")
     else:
         raise KeyError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
-    t0 = time.perf_counter()
-    query = (writer.option("checkpointLocation", os.path.join(ckpt, "spark"))
-             .trigger(availableNow=True).start())
-    try:
-        query.awaitTermination()
-    finally:
-        if query.isActive:
-            query.stop()
-    return time.perf_counter() - t0
+    return run_available_now(writer, os.path.join(ckpt, "spark"))
 
 
 #: Variants in the order they run; the last two are Spark's own stateful Python APIs.

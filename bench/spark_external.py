@@ -55,7 +55,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 import uuid
 
 import numpy as np
@@ -65,7 +64,7 @@ import pyarrow.parquet as pq
 from bench.common import has_native
 from bench.external_servers import drop_postgres_namespace, redis_server, redis_stats
 from bench.harness import Size, case, record
-from bench.spark_e2e import RunningCount, make_stream
+from bench.spark_e2e import RunningCount, landing_stream, make_stream, run_available_now
 
 __all__ = ["run_query", "run_plain_query", "PlainCount"]
 
@@ -93,8 +92,6 @@ def run_query(spark, landing: str, workdir: str, state_store=None, namespace=Non
     """Run the running count over the files of ``landing`` not yet processed by the streaming
     checkpoint under ``workdir`` (``trigger(availableNow=True)``), keyed state in memory or in
     ``state_store``; returns ``(seconds, operator)``. Errors: the query's."""
-    from pyspark.sql.types import LongType, StructField, StructType
-
     from statecore.spark import StatefulOperator
 
     op = StatefulOperator("count", RunningCount(), "k", os.path.join(workdir, "state"),
@@ -103,18 +100,9 @@ def run_query(spark, landing: str, workdir: str, state_store=None, namespace=Non
                           state_namespace=namespace,
                           # A first epoch's commit on a busy 2-core machine can exceed 10 s.
                           state_store_timeout_s=300.0)
-    source = (spark.readStream.schema(StructType([StructField("k", LongType())]))
-              .option("maxFilesPerTrigger", 1).option("maxFileAge", "36500d").parquet(landing))
-    t0 = time.perf_counter()
-    query = (source.writeStream.foreachBatch(op)
-             .option("checkpointLocation", os.path.join(workdir, "spark"))
-             .trigger(availableNow=True).start())
-    try:
-        query.awaitTermination()
-    finally:
-        if query.isActive:
-            query.stop()
-    return time.perf_counter() - t0, op
+    seconds = run_available_now(landing_stream(spark, landing).writeStream.foreachBatch(op),
+                                os.path.join(workdir, "spark"))
+    return seconds, op
 
 
 def _redis_partition(url: str, target: str, mode: str):
@@ -238,22 +226,11 @@ def run_plain_query(spark, landing: str, workdir: str, fn: PlainCount) -> float:
     """Run ``fn`` as the ``foreachBatch`` function over the files of ``landing``
     (``trigger(availableNow=True)``, one file per micro-batch); returns the seconds."""
     from pyspark import cloudpickle
-    from pyspark.sql.types import LongType, StructField, StructType
 
     # The partition functions travel by value: the workers do not have this package.
     cloudpickle.register_pickle_by_value(sys.modules[__name__.split(".")[0]])
-    source = (spark.readStream.schema(StructType([StructField("k", LongType())]))
-              .option("maxFilesPerTrigger", 1).option("maxFileAge", "36500d").parquet(landing))
-    t0 = time.perf_counter()
-    query = (source.writeStream.foreachBatch(fn)
-             .option("checkpointLocation", os.path.join(workdir, "spark"))
-             .trigger(availableNow=True).start())
-    try:
-        query.awaitTermination()
-    finally:
-        if query.isActive:
-            query.stop()
-    return time.perf_counter() - t0
+    return run_available_now(landing_stream(spark, landing).writeStream.foreachBatch(fn),
+                             os.path.join(workdir, "spark"))
 
 
 def _pg_stats(url: str) -> np.ndarray:

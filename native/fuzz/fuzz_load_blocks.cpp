@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "fuzz_input.h"
+#include "fuzz_table_model.h"
 #include "statecore/block_codec.h"
 #include "statecore/bulk_load.h"
 #include "statecore/hash.h"
@@ -38,6 +39,7 @@
 
 namespace {
 
+using statecore_fuzz::check_table;
 using statecore_fuzz::Input;
 
 struct Entry {
@@ -117,19 +119,6 @@ int64_t first_bad(const std::vector<Block>& blocks, int32_t lo, int32_t hi, int 
     b0 = b1;
   }
   return -1;
-}
-
-void check_table(statecore::StateTable& table, const std::map<std::string, std::string>& model,
-                 int pw) {
-  FUZZ_CHECK(table.size() == model.size(), "the table holds exactly the model's keys");
-  for (const auto& [k, v] : model) {
-    const int32_t kg = pw == 1 ? uint8_t(k[0]) : uint8_t(k[0]) << 8 | uint8_t(k[1]);
-    statecore::ByteView got;
-    FUZZ_CHECK(table.map(kg).get(reinterpret_cast<const uint8_t*>(k.data()), k.size(), &got),
-               "a loaded key is found in its key group");
-    FUZZ_CHECK(std::string(reinterpret_cast<const char*>(got.data), got.size) == v,
-               "a loaded key holds its value");
-  }
 }
 
 }  // namespace
