@@ -1,6 +1,8 @@
-"""The tiered mode of the native backend (docs/tiered.md): a running count over a state much
-larger than the memory budget, served from the checkpoint's runs, against the in-memory native
-backend restored from the same checkpoint, in the same run.
+"""The tiered mode of the native backend (docs/tiered.md), against the in-memory native backend
+restored from the same checkpoint, in the same run: a running count over a state much larger
+than the memory budget, served from the checkpoint's runs (``tiered_running_count``); the time
+from a restore or rescale to the first record and to a warm working set (``tiered_restore``);
+the bytes and seconds of a checkpoint against the state's size (``tiered_checkpoint``).
 """
 
 from __future__ import annotations
@@ -276,7 +278,7 @@ def tiered_restore(size: Size):
         return []
     n = size.n(10_000_000, 1_000_000)
     nb = 32 if not size.quick else 8
-    batch = min(_BATCH, max(1, size.n(_BATCH, _BATCH)))
+    batch = min(_BATCH, size.n(_BATCH, _BATCH))
     budget = max(4096, n * _ENTRY // 8)
     c = "tiered_restore"
     rng = np.random.default_rng(12)
