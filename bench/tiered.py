@@ -1,6 +1,8 @@
-"""The tiered mode of the native backend (docs/tiered.md): a running count over a state much
-larger than the memory budget, served from the checkpoint's runs, against the in-memory native
-backend restored from the same checkpoint, in the same run.
+"""The tiered mode of the native backend (docs/tiered.md), against the in-memory native backend
+restored from the same checkpoint, in the same run: a running count over a state much larger
+than the memory budget, served from the checkpoint's runs (``tiered_running_count``); the time
+from a restore or rescale to the first record and to a warm working set (``tiered_restore``);
+the bytes and seconds of a checkpoint against the state's size (``tiered_checkpoint``).
 """
 
 from __future__ import annotations
@@ -13,15 +15,31 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from bench.common import has_native
+from bench.common import has_native, label
 from bench.compare import rocksdict_module
 from bench.harness import Size, case, record
 from statecore import CheckpointStore, ReducingStateDescriptor, create_backend
+from statecore.key_groups import assign_key_group, key_group_range_for_operator
 
 _LOAD_BATCH = 1 << 20
 _BATCH = 1 << 16
 #: Key and value bytes of an int64 -> int64 entry (docs/formats.md "Encoded key").
 _ENTRY = 18
+
+
+def _base_checkpoint(root: Path, n: int) -> None:
+    """Version 1 of a new checkpoint store at ``root``: one full run of the running count's
+    state (ReducingState "c", sum of int64) holding count 1 for keys 0..n-1, written by the
+    native backend over the whole key-group range."""
+    store = CheckpointStore(root)
+    b = create_backend("native", key_type="int64")
+    st = b.get_state(ReducingStateDescriptor("c", "sum", "int64"))
+    for s in range(0, n, _LOAD_BATCH):
+        k = pa.array(np.arange(s, min(n, s + _LOAD_BATCH), dtype=np.int64))
+        st.add_batch(k, pa.array(np.ones(len(k), dtype=np.int64)))
+    store.checkpoint(b, 1, incremental=False)
+    store.close()
+    b.close()
 
 
 def _zipf_keys(rng, n: int, m: int) -> np.ndarray:
@@ -127,15 +145,7 @@ def tiered_running_count(size: Size):
     dists = {"zipf": _zipf_keys(rng, n, rows), "uniform": rng.integers(0, n, rows,
                                                                        dtype=np.int64)}
     with tempfile.TemporaryDirectory(prefix="statecore-bench-") as d:
-        base_store = CheckpointStore(Path(d) / "base")
-        b = create_backend("native", key_type="int64")
-        st = b.get_state(ReducingStateDescriptor("c", "sum", "int64"))
-        for s in range(0, n, _LOAD_BATCH):
-            k = pa.array(np.arange(s, min(n, s + _LOAD_BATCH), dtype=np.int64))
-            st.add_batch(k, pa.array(np.ones(len(k), dtype=np.int64)))
-        base_store.checkpoint(b, 1, incremental=False)
-        base_store.close()
-        b.close()
+        _base_checkpoint(Path(d) / "base", n)
         for dist, keys in dists.items():
             # A copy of the checkpoint per distribution: each tiered run commits version 2 on
             # top of version 1.
@@ -183,4 +193,232 @@ def tiered_running_count(size: Size):
                 record("tiered_running_count", "tiered", f"checkpoint_s_{dist}", ckpt_s, "s"),
             ]
             store.close()
+    return out
+
+
+def _key_groups_of(keys: np.ndarray, mp: int) -> np.ndarray:
+    """The key group of every int64 of ``keys`` (each distinct key hashed once)."""
+    uniq, inv = np.unique(keys, return_inverse=True)
+    kgs = np.fromiter((assign_key_group(int(k), "int64", mp) for k in uniq), np.int32,
+                      len(uniq))
+    return kgs[inv]
+
+
+def _warm_up(backend, first_key: int, batches) -> dict:
+    """Process, on a just restored/attached ``backend``, one record (``first_key`` + 1) then
+    ``batches`` (running count, ``add_batch``), timing each. Returns ``{"first_record_s",
+    "first_batch_s", "batch_s": [seconds of each batch], "outputs": [each batch's output]}``,
+    the first two from the moment this is called."""
+    t0 = time.perf_counter()
+    st = backend.get_state(ReducingStateDescriptor("c", "sum", "int64"))
+    st.add_batch(pa.array([first_key], pa.int64()), pa.array([1], pa.int64()))
+    first = time.perf_counter() - t0
+    ones = pa.array(np.ones(len(batches[0]), dtype=np.int64))
+    secs, outs = [], []
+    for keys in batches:
+        t = time.perf_counter()
+        outs.append(st.add_batch(pa.array(keys), ones))
+        secs.append(time.perf_counter() - t)
+    return {"first_record_s": first, "first_batch_s": first + secs[0], "batch_s": secs,
+            "outputs": outs}
+
+
+def _warm_records(c: str, impl: str, restore_s: float, got: dict, batch: int) -> list:
+    """Records of one :func:`_warm_up` after a restore of ``restore_s`` seconds: the times from
+    the restore's start, the steady rate (median rows/s of the last quarter of the batches)
+    and the time until the first batch that reached 90% of it (``warm_s``, with
+    ``warm_batches``, the batches processed by then)."""
+    secs = got["batch_s"]
+    rates = [batch / s for s in secs]
+    steady = float(np.median(rates[-max(1, len(rates) // 4):]))
+    warm_i = next(i for i, r in enumerate(rates) if r >= 0.9 * steady)
+    return [record(c, impl, "restore_s", restore_s, "s"),
+            record(c, impl, "first_record_s", restore_s + got["first_record_s"], "s"),
+            record(c, impl, "first_batch_s", restore_s + got["first_batch_s"], "s"),
+            record(c, impl, "warm_s",
+                   restore_s + got["first_record_s"] + sum(secs[:warm_i + 1]), "s"),
+            record(c, impl, "warm_batches", warm_i + 1, "batches"),
+            record(c, impl, "steady_rows_per_s", steady, "rows/s"),
+            record(c, impl, "first_batch_rows_per_s", rates[0], "rows/s")]
+
+
+def _restore_panel(r) -> object:
+    """tiered_restore's plot: per restore kind the seconds to the first record, the first
+    batch and the warm working set, tiered beside in-memory; the steady rates."""
+    kind, impl = r["impl"].split(" ", 1) if " " in r["impl"] else ("", r["impl"])
+    if r["unit"] == "s" and r["metric"] in ("first_record_s", "first_batch_s", "warm_s"):
+        return f"{kind} (s)", f"{impl}: {r['metric'][:-2]}"
+    if r["metric"] == "steady_rows_per_s":
+        return "steady rows/s", r["impl"]
+    if r["metric"] == "goal_max_first_record_s":
+        return f"{kind} (s)", None
+    return None
+
+
+@case("tiered_restore",
+      "restore and rescale (half the key groups) of a checkpoint of 10M / 1M int64 keys: "
+      "tiered attach (budget 1/8 of the state) vs in-memory native restore, the time to the "
+      "first record, to the first 64k-row Zipf(1.0) batch and until the batches run at 90% "
+      "of their steady rate", panel=_restore_panel)
+def tiered_restore(size: Size):
+    """Per restore kind ``restore`` (one task, all key groups) and ``rescale`` (task 0 of
+    parallelism 2: half the key groups, the checkpoint written by one task) and impl
+    (``<kind> tiered``: ``create_backend("native", memory_budget=1/8 of the state,
+    checkpoint=store)`` + ``CheckpointStore.restore``, which attaches; ``<kind> in-memory``:
+    ``create_backend("native")`` + ``CheckpointStore.restore``, which loads the key groups),
+    each in a fresh backend, seconds from the restore's start: ``restore_s`` (the restore call),
+    ``first_record_s`` (one record processed: a running count of one key), ``first_batch_s``
+    (then a 64k-row batch of Zipf(1.0) keys over the task's keys), ``warm_s`` (then batches of
+    the same stream until one ran at >= 90% of the steady rate, ``warm_batches`` batches),
+    ``steady_rows_per_s`` (median rate of the last quarter of the 32 / 8 batches),
+    ``first_batch_rows_per_s``; ``goal_max_first_record_s`` (1 s, tiered). Also ``entries``
+    (the checkpoint's) and ``entries_in_range`` (per kind). The tiered and in-memory outputs
+    are checked equal."""
+    if not has_native():
+        return []
+    n = size.n(10_000_000, 1_000_000)
+    nb = 32 if not size.quick else 8
+    batch = min(_BATCH, size.n(_BATCH, _BATCH))
+    budget = max(4096, n * _ENTRY // 8)
+    c = "tiered_restore"
+    rng = np.random.default_rng(12)
+    out = [record(c, "tiered", "entries", n, "entries"),
+           record(c, "tiered", "budget_bytes", budget, "bytes")]
+    with tempfile.TemporaryDirectory(prefix="statecore-bench-") as d:
+        root = Path(d) / "base"
+        _base_checkpoint(root, n)
+        mp = CheckpointStore(root).open(1).max_parallelism
+        for kind, kgr in (("restore", key_group_range_for_operator(mp, 1, 0)),
+                          ("rescale", key_group_range_for_operator(mp, 2, 0))):
+            # The task's Zipf stream: a stream over all keys, the rows of its key groups kept.
+            want = nb * batch + 1
+            keys = np.empty(0, np.int64)
+            while len(keys) < want:
+                drawn = _zipf_keys(rng, n, 2 * want)
+                kgs = _key_groups_of(drawn, mp)
+                keys = np.concatenate([keys, drawn[(kgs >= kgr.start) & (kgs <= kgr.end)]])
+            first_key, keys = int(keys[0]), keys[1:want]
+            batches = [keys[i:i + batch] for i in range(0, nb * batch, batch)]
+            outputs = {}
+            for impl in ("tiered", "in-memory"):
+                # A copy of the checkpoint per backend, each restore reading files the other
+                # did not just read (both from the page cache alike: the copy is fresh).
+                copy = Path(d) / f"{kind}-{impl}"
+                shutil.copytree(root, copy)
+                store = CheckpointStore(copy)
+                opts = {"memory_budget": budget, "checkpoint": store} if impl == "tiered" \
+                    else {}
+                b = create_backend("native", key_type="int64", max_parallelism=mp,
+                                   key_group_range=kgr, **opts)
+                t = time.perf_counter()
+                store.restore(b, 1)
+                restore_s = time.perf_counter() - t
+                got = _warm_up(b, first_key, batches)
+                outputs[impl] = got["outputs"]
+                label = f"{kind} {impl}"
+                out += _warm_records(c, label, restore_s, got, batch)
+                if impl == "tiered":
+                    out.append(record(c, label, "goal_max_first_record_s", 1.0, "s"))
+                    out.append(record(c, label, "loaded", b.tiered_statistics()["loaded"],
+                                      "entries"))
+                else:
+                    out.append(record(c, label, "entries_in_range", b.num_entries(),
+                                      "entries"))
+                b.close()
+                store.close()
+                shutil.rmtree(copy)
+            for a, m in zip(outputs["tiered"], outputs["in-memory"]):
+                assert a.equals(m)
+    return out
+
+
+def _written_bytes(manifest: dict) -> int:
+    """Bytes of the data files a checkpoint's commit added (those of the manifest's version)."""
+    return sum(f["size"] for f in manifest["files"] if f["version"] == manifest["version"])
+
+
+def _checkpoint_panel(r) -> object:
+    """tiered_checkpoint's plot: bytes and seconds per checkpoint over the state sizes."""
+    if r["metric"].startswith(("bytes_", "seconds_")):
+        what, n = r["metric"].split("_", 1)
+        return f"{what} per checkpoint", f"{r['impl']} {n}"
+    return None
+
+
+@case("tiered_checkpoint",
+      "checkpoint bytes and seconds vs state size (1M, 4M, 10M int64 keys / 100k, 400k, 1M) "
+      "after a fixed change rate (64k / 16k rows of uniform keys per interval): tiered "
+      "(budget 1/8) vs in-memory incremental, and the in-memory full checkpoint",
+      panel=_checkpoint_panel)
+def tiered_checkpoint(size: Size):
+    """Per state size ``N`` (label of the metric: 1M, 4M, 10M) each backend, restored from
+    version 1 (a full run of N keys, count 1 each), runs intervals of ``rows`` uniform keys
+    over 0..N-1 (running count, ``add_batch`` of 64k-row batches) each followed by
+    ``CheckpointStore.checkpoint``: impl ``tiered`` (attached; every checkpoint incremental),
+    ``in-memory incremental`` (``create_backend("native")`` restored; after a first, full
+    checkpoint, which a restored backend's first one is) and ``in-memory full`` (that first
+    checkpoint, a full one). Records ``bytes_<N>`` (the data files a checkpoint wrote, median
+    over 4 / 2 intervals), ``seconds_<N>`` (median seconds of ``CheckpointStore.checkpoint``:
+    snapshot, write, commit, notify), ``rows_per_s_<N>`` (the intervals' rows over their
+    ``add_batch`` seconds); ``rows_per_interval`` and ``changed_<N>`` (distinct keys per
+    interval, mean). The tiered and in-memory outputs are checked equal."""
+    if not has_native():
+        return []
+    sizes = [size.n(full, quick) for full, quick in
+             ((1_000_000, 100_000), (4_000_000, 400_000), (10_000_000, 1_000_000))]
+    rows = size.n(1 << 16, 1 << 14)
+    intervals = 2 if size.quick else 4
+    c = "tiered_checkpoint"
+    rng = np.random.default_rng(13)
+    out = [record(c, "tiered", "rows_per_interval", rows, "rows"),
+           record(c, "tiered", "intervals", intervals, "intervals")]
+    for n in sizes:
+        lab = label(n)
+        streams = [rng.integers(0, n, rows, dtype=np.int64) for _ in range(intervals + 1)]
+        with tempfile.TemporaryDirectory(prefix="statecore-bench-") as d:
+            root = Path(d) / "base"
+            _base_checkpoint(root, n)
+            outputs = {}
+            for impl in ("tiered", "in-memory"):
+                copy = Path(d) / impl
+                shutil.copytree(root, copy)
+                store = CheckpointStore(copy)
+                opts = {"memory_budget": max(4096, n * _ENTRY // 8), "checkpoint": store} \
+                    if impl == "tiered" else {}
+                b = create_backend("native", key_type="int64", **opts)
+                store.restore(b, 1)
+                st = b.get_state(ReducingStateDescriptor("c", "sum", "int64"))
+                secs, nbytes, run_s, outs = [], [], 0.0, []
+                for i, keys in enumerate(streams):
+                    t = time.perf_counter()
+                    for s in range(0, rows, _BATCH):
+                        k = keys[s:s + _BATCH]
+                        outs.append(st.add_batch(pa.array(k),
+                                                 pa.array(np.ones(len(k), np.int64))))
+                    run_s += time.perf_counter() - t
+                    t = time.perf_counter()
+                    manifest = store.checkpoint(b, 2 + i)
+                    secs.append(time.perf_counter() - t)
+                    nbytes.append(_written_bytes(manifest))
+                outputs[impl] = outs
+                if impl == "tiered":
+                    # Interval 0 warms the attached backend like the in-memory one's full
+                    # checkpoint: both report the intervals after it.
+                    out += [record(c, impl, f"bytes_{lab}", np.median(nbytes[1:]), "bytes"),
+                            record(c, impl, f"seconds_{lab}", np.median(secs[1:]), "s")]
+                else:
+                    out += [record(c, "in-memory full", f"bytes_{lab}", nbytes[0], "bytes"),
+                            record(c, "in-memory full", f"seconds_{lab}", secs[0], "s"),
+                            record(c, "in-memory incremental", f"bytes_{lab}",
+                                   np.median(nbytes[1:]), "bytes"),
+                            record(c, "in-memory incremental", f"seconds_{lab}",
+                                   np.median(secs[1:]), "s")]
+                out.append(record(c, impl, f"rows_per_s_{lab}",
+                                  rows * len(streams) / run_s, "rows/s"))
+                b.close()
+                store.close()
+            for a, m in zip(outputs["tiered"], outputs["in-memory"]):
+                assert a.equals(m)
+        out.append(record(c, "tiered", f"changed_{lab}",
+                          np.mean([len(np.unique(k)) for k in streams[1:]]), "entries"))
     return out

@@ -621,3 +621,51 @@ def test_tiered_running_count_reports_both_backends_and_the_loads(tmp_path):
         assert 0 < by[("tiered", f"loaded_per_row_{dist}")] <= 1
         assert by[("tiered", f"checkpoint_s_{dist}")] > 0
     assert by[("tiered", "budget_bytes")] < by[("tiered", "entries")] * 18
+
+
+def test_tiered_restore_reports_times_for_both_backends_and_both_kinds(tmp_path):
+    """tiered_restore attaches (tiered) and restores (in-memory) a whole range and a half range
+    in fresh backends (the case checks their outputs equal) and reports, from the restore's
+    start, first record <= first batch <= warm; the half range holds part of the keys."""
+    if not _has_native():
+        pytest.skip("needs the native extension")
+    out = tmp_path / "t.json"
+    assert main(["--quick", "--scale", "0.02", "--case", "tiered_restore", "--json",
+                 str(out)]) == 0
+    by = {(r["impl"], r["metric"]): r["value"] for r in json.loads(out.read_text())}
+    n = by[("tiered", "entries")]
+    for kind in ("restore", "rescale"):
+        for impl in ("tiered", "in-memory"):
+            label = f"{kind} {impl}"
+            assert 0 <= by[(label, "restore_s")] <= by[(label, "first_record_s")]
+            assert by[(label, "first_record_s")] <= by[(label, "first_batch_s")] \
+                <= by[(label, "warm_s")]
+            assert 1 <= by[(label, "warm_batches")] <= 8
+            assert by[(label, "steady_rows_per_s")] > 0
+        assert by[(f"{kind} tiered", "goal_max_first_record_s")] == 1.0
+        # An attach loads only what the batches touched, fewer keys than the range holds.
+        assert 0 < by[(f"{kind} tiered", "loaded")] < by[(f"{kind} in-memory",
+                                                           "entries_in_range")]
+    assert by[("restore in-memory", "entries_in_range")] == n
+    assert 0 < by[("rescale in-memory", "entries_in_range")] < n
+
+
+def test_tiered_checkpoint_reports_bytes_and_seconds_per_size(tmp_path):
+    """tiered_checkpoint reports per state size the bytes and seconds of the tiered, the
+    in-memory incremental and the in-memory full checkpoint; the incremental ones after the
+    same changes write the same entries, fewer bytes than the full one."""
+    if not _has_native():
+        pytest.skip("needs the native extension")
+    out = tmp_path / "t.json"
+    assert main(["--quick", "--scale", "0.05", "--case", "tiered_checkpoint", "--json",
+                 str(out)]) == 0
+    by = {(r["impl"], r["metric"]): r["value"] for r in json.loads(out.read_text())}
+    labels = ("5k", "20k", "50k")
+    for lab in labels:
+        for impl in ("tiered", "in-memory incremental", "in-memory full"):
+            assert by[(impl, f"bytes_{lab}")] > 0 and by[(impl, f"seconds_{lab}")] > 0
+        assert by[("tiered", f"bytes_{lab}")] < by[("in-memory full", f"bytes_{lab}")]
+        assert by[("in-memory incremental", f"bytes_{lab}")] < \
+            by[("in-memory full", f"bytes_{lab}")]
+        assert 0 < by[("tiered", f"changed_{lab}")] <= by[("tiered", "rows_per_interval")]
+    assert by[("in-memory full", "bytes_5k")] < by[("in-memory full", "bytes_50k")]
