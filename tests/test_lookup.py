@@ -559,3 +559,32 @@ def test_reads_through_a_pyarrow_filesystem_are_what_the_statistics_say(tmp_path
             st2 = lk.statistics()
             assert f.bytes_read - before == st2["bytes_read"] - st["bytes_read"]
             assert st2["filter_bytes"] == st["filter_bytes"]  # filters read once
+
+
+def test_a_lookup_reads_the_filters_of_the_key_groups_it_reaches_only(tmp_path):
+    """Attaching costs no read proportional to the state: the first lookup of one key reads its
+    key group's filter alone; a later batch reads the filters it has not read, once."""
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    rng = random.Random(4)
+    data = _random_data(rng, 6000, kgs=range(0, MAXP, 2))
+    _write(store, 1, Snap(data), block_target=1024)
+    present = {k: v for kv in data["a"].values() for k, v in kv.items()}
+    with store.open(1) as reader:
+        r = reader.data_file(reader.manifest["files"][0])
+        rows, pos = r.index_rows("a")
+        every = r.lookup_tables()[0]
+        flen = {int(kg): int(n) for kg, n in zip(rows["key_group"], every[pos]["length"])}
+        first = min(present)
+        with RunLookup(reader) as lk:
+            assert lk.lookup_batch("a", pa.array([first], pa.binary())).to_pylist() == \
+                [present[first]]
+            assert lk.statistics()["filter_bytes"] == flen[first[0]]
+            ask = sorted(present)
+            assert lk.lookup_batch("a", pa.array(ask, pa.binary())).to_pylist() == \
+                [present[k] for k in ask]
+            total = lk.statistics()["filter_bytes"]
+            # One ranged read over the span: the other state's filters lie between (the
+            # filters are stored in key-group order, states within a key group).
+            assert sum(flen.values()) <= total <= int(every["length"].sum())
+            lk.lookup_batch("a", pa.array(ask, pa.binary()))
+            assert lk.statistics()["filter_bytes"] == total

@@ -18,10 +18,11 @@ of one file in one ranged read, on a small thread pool; each block checked -- XX
 structure, last key against the footer's -- and decompressed once, natively with the GIL
 released when the extension is built, into a payload of its own that the cache keeps and the
 keys are searched in, in place: no per-entry decode), then decides the keys found. Keys not
-found move on to their next run. Filters are read once per
-data file (the filters of the lookup's key groups, one ranged read, each checked against its
-XXH64) and kept while the lookup is open: about ``bits_per_key / 8`` bytes per entry, outside the
-block cache's budget.
+found move on to their next run. A run's filters are read when a batch first needs them: the
+filters of the key groups the batch reaches in that run and not read before, in one ranged read
+(they are stored in key-group order), each checked against its XXH64, and kept while the lookup
+is open: about ``bits_per_key / 8`` bytes per entry, outside the block cache's budget. So the
+first lookup after an attach reads one key group's filters, not the whole state's.
 """
 
 from __future__ import annotations
@@ -146,7 +147,8 @@ class BlockCache:
 
 class _RunFile:
     """What a lookup keeps of one open data file for one state: its key-group index rows by key
-    group, its filters (format 6) and its block keys."""
+    group, and -- read on the first lookup of each key group, so that opening a run costs no
+    read proportional to its size -- its filters (format 6) and block keys."""
 
     def __init__(self, data, state: str, start: int, end: int):
         self.data = data
@@ -156,6 +158,9 @@ class _RunFile:
         rows, pos = rows[keep], pos[keep]
         self.rows = {int(r["key_group"]): r for r in rows}
         self.tables = data.lookup_tables()
+        #: per key group its filter's record in the footer's filter table (format 6)
+        self._filter_rows = ({} if self.tables is None else
+                             {int(r["key_group"]): f for r, f in zip(rows, self.tables[0][pos])})
         self.filters: dict[int, tuple[memoryview, int]] = {}
         # Per key group: last keys (objects), for the lookups without the extension (the
         # native ones search the footer's block keys in place).
@@ -163,31 +168,39 @@ class _RunFile:
         #: first block of each key group's record, ascending, and those key groups
         self.first_blocks = rows["first_block"].astype(np.int64)
         self.kg_list = rows["key_group"].astype(np.int64)
-        self.filter_bytes = 0
-        if self.tables is None or not len(rows):
-            return
-        ftab, koff, kdata = self.tables
-        sel = ftab[pos]
-        lo = int(sel["offset"].min())
-        hi = int((sel["offset"].astype(np.int64) + sel["length"]).max())
-        raw = memoryview(data.read_range(lo, hi - lo, f"filters of state {state!r}"))
-        self.filter_bytes = hi - lo
-        for r, f in zip(rows, sel):
-            kg = int(r["key_group"])
+
+    def ensure_filters(self, kgs) -> int:
+        """Read the filters of the key groups ``kgs`` (ints) not read yet, in one ranged read
+        over the span they lie in (filters are stored in key-group order), checking each
+        against its XXH64; returns the bytes read. CorruptCheckpointError on a mismatch (no
+        filter of the read kept), CheckpointIOError when the read fails."""
+        want = sorted({kg for kg in kgs if kg in self._filter_rows and kg not in self.filters})
+        if not want:
+            return 0
+        sel = [self._filter_rows[kg] for kg in want]
+        lo = min(int(f["offset"]) for f in sel)
+        hi = max(int(f["offset"]) + int(f["length"]) for f in sel)
+        raw = memoryview(self.data.read_range(lo, hi - lo, f"filters of state {self.state!r}"))
+        got = {}
+        for kg, f in zip(want, sel):
             a = int(f["offset"]) - lo
             filt = raw[a:a + int(f["length"])]
             if xxh64(filt) != int(f["xxh64"]):
                 raise CorruptCheckpointError(
-                    f"checkpoint data file {data.name}: state {state!r} key group {kg}: Bloom "
-                    "filter checksum mismatch")
-            self.filters[kg] = (filt, int(f["hashes"]))
-            if _native_lower_bound_blocks is not None:
-                continue
-            first = int(r["first_block"])
-            last = np.empty(int(r["block_count"]), dtype=object)
-            last[:] = [bytes(kdata[int(koff[b]):int(koff[b + 1])])
-                       for b in range(first, first + int(r["block_count"]))]
-            self.block_keys[kg] = last
+                    f"checkpoint data file {self.data.name}: state {self.state!r} key group "
+                    f"{kg}: Bloom filter checksum mismatch")
+            got[kg] = (filt, int(f["hashes"]))
+        self.filters.update(got)
+        if _native_lower_bound_blocks is None:
+            _, koff, kdata = self.tables
+            for kg in want:
+                r = self.rows[kg]
+                first = int(r["first_block"])
+                last = np.empty(int(r["block_count"]), dtype=object)
+                last[:] = [bytes(kdata[int(koff[b]):int(koff[b + 1])])
+                           for b in range(first, first + int(r["block_count"]))]
+                self.block_keys[kg] = last
+        return hi - lo
 
     def key_group_of_block(self, block: int) -> tuple[int, int]:
         """``(key group, position of the block among the key group's blocks)``."""
@@ -261,8 +274,6 @@ class RunLookup:
         rf = self._files.get(key)
         if rf is None:
             rf = _RunFile(self.reader.data_file(run), state, self.start, self.end)
-            self.stats["filter_bytes"] += rf.filter_bytes
-            self.stats["bytes_read"] += rf.filter_bytes
             self._files[key] = rf
         return rf
 
@@ -402,6 +413,10 @@ class RunLookup:
         mine = mine[order]
         gk = kgs[mine]
         cuts = np.flatnonzero(np.diff(gk)) + 1
+        if rf.tables is not None:
+            n = rf.ensure_filters(int(kg) for kg in np.unique(gk))
+            self.stats["filter_bytes"] += n
+            self.stats["bytes_read"] += n
         for grp in np.split(mine, cuts):
             kg = int(kgs[grp[0]])
             row = rf.rows.get(kg)
