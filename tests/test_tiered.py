@@ -20,6 +20,7 @@ from statecore import create_backend  # noqa: E402
 from statecore.backends.tiered import TieredBackend, parse_bytes  # noqa: E402
 from statecore.checkpoint import CheckpointStore  # noqa: E402
 from statecore.descriptors import (  # noqa: E402
+    AggregateFunction,
     AggregatingStateDescriptor,
     ListStateDescriptor,
     MapStateDescriptor,
@@ -28,6 +29,7 @@ from statecore.descriptors import (  # noqa: E402
 )
 from statecore.errors import InvalidInputError  # noqa: E402
 from statecore.testing.helpers import AverageAggregate  # noqa: E402
+from statecore.testing.merging import MergingConformance  # noqa: E402
 from statecore.testing.reducing import ReducingConformance  # noqa: E402
 from statecore.testing.value_state import ValueStateConformance  # noqa: E402
 from statecore.ttl import ManualClock, StateTtlConfig  # noqa: E402
@@ -35,9 +37,9 @@ from statecore.ttl import ManualClock, StateTtlConfig  # noqa: E402
 #: Key and value bytes of an int64 -> int64 entry (1-byte prefix, key, void namespace; value).
 ENTRY = 10 + 8
 BUDGET = 64 * ENTRY
-#: Key and value bytes of one key in the three states of the differential test (the TTL'd
-#: value carries an 8-byte timestamp).
-PER_KEY = ENTRY + ENTRY + ENTRY + 8
+#: Key and value bytes of one key in the five states of the differential test (the TTL'd
+#: value and accumulator carry an 8-byte timestamp).
+PER_KEY = 5 * ENTRY + 2 * 8
 
 
 def tiered(store, **kw):
@@ -71,10 +73,20 @@ class TestTieredValueConformance(_AttachedTiered, ValueStateConformance):
 
 
 class TestTieredReducingConformance(_AttachedTiered, ReducingConformance):
-    # These register aggregating states, which the tiered mode refuses
+    pass
+
+
+class TestTieredMergingConformance(_AttachedTiered, MergingConformance):
+    # These register list states, which the tiered mode refuses
     # (test_unsupported_kinds_are_refused_at_registration).
-    test_reducing_custom_and_aggregating = None
-    test_aggregating_batch = None
+    test_merge_list = None
+    test_merge_errors = None
+    test_merge_ttl_list_drops_expired_elements = None
+    test_merge_snapshots_equal_reference = None
+
+    @pytest.mark.parametrize("kind", ["reducing", "aggregating"])
+    def test_merge_ttl(self, kind):
+        MergingConformance.test_merge_ttl(self, kind)
 
 
 def test_parse_bytes():
@@ -96,7 +108,6 @@ def test_needs_a_store(tmp_path):
 @pytest.mark.parametrize("desc,kind", [
     (ListStateDescriptor("l", "int64"), "list"),
     (MapStateDescriptor("m", "int64", "int64"), "map"),
-    (AggregatingStateDescriptor("a", AverageAggregate()), "aggregating"),
 ])
 def test_unsupported_kinds_are_refused_at_registration(tmp_path, desc, kind):
     b = tiered(tmp_path)
@@ -191,6 +202,42 @@ def test_a_removal_while_a_checkpoint_is_in_flight_is_not_undone_by_it(tmp_path,
     assert fv.get_batch(pa.array(range(8), pa.int64())).to_pylist() == got
 
 
+def test_aggregating_accumulators_load_from_the_runs_and_survive_checkpoints(tmp_path):
+    """Pickled accumulators written by the in-memory backend are attached, read-modify-written
+    by batch and per record with keys evicted between calls, and the incremental runs on top
+    restore to what the in-memory backend holds."""
+    store = CheckpointStore(tmp_path)
+    ref = create_backend("native", key_type="int64")
+    desc = AggregatingStateDescriptor("a", AverageAggregate(), result_type="float64")
+    keys = pa.array(range(300), pa.int64())
+    ref.get_state(desc).add_batch(keys, pa.array(range(300), pa.int64()))
+    store.checkpoint(ref, 1)
+    b = tiered(store, budget=8 * ENTRY)
+    store.restore(b)
+    try:
+        for version in range(2, 5):
+            rows = pa.array([(7 * i + version) % 300 for i in range(60)], pa.int64())
+            vals = pa.array([None if i % 9 == 0 else i for i in range(60)], pa.int64())
+            outs = [x.get_state(desc).add_batch(rows, vals).to_pylist() for x in (b, ref)]
+            assert outs[0] == outs[1]
+            for x in (b, ref):
+                x.set_current_key(version)
+                x.get_state(desc).add(1000)
+                x.get_state(desc).clear_batch(pa.array([version + 1], pa.int64()))
+            store.checkpoint(b, version)
+        stats = b.tiered_statistics()
+        assert stats["loaded"] > 0 and stats["evicted"] > 0
+        fresh = tiered(store, budget=8 * ENTRY)
+        store.restore(fresh)
+        want = ref.get_state(desc).get_batch(keys).to_pylist()
+        assert b.get_state(desc).get_batch(keys).to_pylist() == want
+        assert fresh.get_state(desc).get_batch(keys).to_pylist() == want
+        fresh.dispose()
+    finally:
+        b.dispose()
+        ref.dispose()
+
+
 def test_snapshots_are_incremental_once_attached(tmp_path):
     store = CheckpointStore(tmp_path)
     b = tiered(store)
@@ -219,12 +266,27 @@ _op = st.one_of(
     st.tuples(st.just("get"), st.lists(_key, min_size=1, max_size=24)),
     st.tuples(st.just("add"), st.lists(st.tuples(_key, st.integers(-5, 5)), min_size=1,
                                        max_size=24)),
+    st.tuples(st.just("agg"), st.lists(st.tuples(_key, st.one_of(st.none(), st.integers(-5, 5))),
+                                       min_size=1, max_size=24)),
     st.tuples(st.just("clear"), st.lists(_key, min_size=1, max_size=8)),
     st.tuples(st.just("record"), _key, st.one_of(st.none(), st.integers(0, 9))),
     st.tuples(st.just("advance"), st.integers(0, 40)),
     st.tuples(st.just("checkpoint")),
     st.tuples(st.just("restore")),
 )
+
+
+class _SumOfSquares(AggregateFunction):
+    """An int64 accumulator (a typed accumulator, so entry sizes are known)."""
+
+    def create_accumulator(self):
+        return 0
+
+    def add(self, value, acc):
+        return acc + value * value
+
+    def get_result(self, acc):
+        return acc
 
 
 class _Pair:
@@ -244,9 +306,13 @@ class _Pair:
 
     def states(self, b):
         ttl = StateTtlConfig(50, update_type="OnReadAndWrite")
+        agg = AggregatingStateDescriptor("a", _SumOfSquares(), "int64", result_type="int64")
+        agg_ttl = AggregatingStateDescriptor("u", _SumOfSquares(), "int64", result_type="int64")
         return (b.get_state(ValueStateDescriptor("v", "int64")),
                 b.get_state(ReducingStateDescriptor("s", "sum", "int64")),
-                b.get_state(ValueStateDescriptor("t", "int64").enable_time_to_live(ttl)))
+                b.get_state(ValueStateDescriptor("t", "int64").enable_time_to_live(ttl)),
+                b.get_state(agg),
+                b.get_state(agg_ttl.enable_time_to_live(StateTtlConfig(30))))
 
     def run(self, op):
         what = op[0]
@@ -273,7 +339,7 @@ class _Pair:
             assert self.b.state_bytes() <= self.budget, op
 
     def _apply(self, b, op):
-        v, s, t = self.states(b)
+        v, s, t, a, u = self.states(b)
         what = op[0]
         if what == "put":
             keys = pa.array([k for k, _ in op[1]], pa.int64())
@@ -287,28 +353,37 @@ class _Pair:
             # TTL reads renew (OnReadAndWrite): writes.
             self.dirty.update(op[1])
             return [v.get_batch(keys).to_pylist(), s.get_batch(keys).to_pylist(),
-                    t.get_batch(keys).to_pylist(), v.contains_batch(keys).to_pylist()]
+                    t.get_batch(keys).to_pylist(), v.contains_batch(keys).to_pylist(),
+                    a.get_batch(keys).to_pylist(), u.get_batch(keys).to_pylist()]
         if what == "add":
             keys = pa.array([k for k, _ in op[1]], pa.int64())
             self.dirty.update(k for k, _ in op[1])
             return s.add_batch(keys, pa.array([x for _, x in op[1]], pa.int64())).to_pylist()
+        if what == "agg":
+            keys = pa.array([k for k, _ in op[1]], pa.int64())
+            vals = pa.array([x for _, x in op[1]], pa.int64())
+            self.dirty.update(k for k, _ in op[1])
+            return [a.add_batch(keys, vals).to_pylist(), u.add_batch(keys, vals).to_pylist()]
         if what == "clear":
             keys = pa.array(op[1], pa.int64())
             self.dirty.update(op[1])
-            for x in (v, s, t):
+            for x in (v, s, t, a, u):
                 x.clear_batch(keys)
             return None
         if what == "record":
             _, k, x = op
             self.dirty.add(k)
             b.set_current_key(k)
-            before = (v.value(), s.get(), t.value())
+            before = (v.value(), s.get(), t.value(), a.get(), u.get())
             v.update(x)
+            a.add(x)
             if x is not None:
                 s.add(x)
+                u.add(x)
             else:
                 t.clear()
-            return before, v.value(), s.get(), t.value()
+                u.clear()
+            return before, v.value(), s.get(), t.value(), a.get(), u.get()
         raise AssertionError(op)
 
 

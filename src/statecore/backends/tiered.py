@@ -58,9 +58,14 @@ Invariants:
   of a key present in the logical state is a logged removal of a present entry.
 * T4 eviction removes clean entries only, without logging.
 
-Scope: value and reducing states (TTL'd or not; the stored bytes, TTL suffix included, are
-what the runs hold, and expired values read from V are treated as the kernels treat expired
-entries in memory). List, map and aggregating states are refused at registration
+Scope: value, reducing and aggregating states (TTL'd or not; the stored bytes, TTL suffix
+included, are what the runs hold, and expired values read from V are treated as the kernels
+treat expired entries in memory). An aggregating state's accumulator is one entry per key and
+namespace, as a reducing state's value: ``add`` and ``add_batch`` are read-modify-writes that
+load first; its batch calls take the shared per-row path over the table (no kernel), so they
+load the rows' keys in one lookup and hold eviction until the last row is applied
+(:meth:`TieredBackend.eviction_held`). ``merge_namespaces`` reads and removes through the
+same per-record table calls. List and map states are refused at registration
 (InvalidInputError naming the kind), as are TTL migrations, ``apply_changes``, ``keys`` and
 ``apply_to_all_keys`` (they would see memory only). Timers and operator state are held in
 memory as in the native backend. A batch call takes a constant number of Python steps whatever
@@ -75,6 +80,7 @@ Thread contract: the native backend's.
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import numpy as np
@@ -100,7 +106,7 @@ from statecore.serializers import key_serializer
 __all__ = ["TieredBackend", "TieredTable", "parse_bytes", "TIERED_KINDS"]
 
 #: State kinds a tiered backend holds.
-TIERED_KINDS = ("value", "reducing")
+TIERED_KINDS = ("value", "reducing", "aggregating")
 
 _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
@@ -219,19 +225,21 @@ class _TieredBatch:
                                                         len(keys)))
         return keys, namespaces
 
-    def get_batch(self, keys, namespaces=None) -> pa.Array:
+    def _loaded_call(self, call, keys, namespaces, *args):
+        """``call(keys, *args, namespaces)`` after loading the rows' keys, with eviction held
+        until it returns (a per-row path reads the keys one access at a time: evicting between
+        rows would drop keys loaded for later rows), then the eviction check."""
         keys, namespaces = self._inputs(keys, namespaces)
-        self._load_rows(keys, namespaces)
-        out = super().get_batch(keys, namespaces)
-        self.backend.evict()
-        return out
+        b = self.backend
+        try:
+            with b.eviction_held():
+                self._load_rows(keys, namespaces)
+                return call(keys, *args, namespaces)
+        finally:
+            b.evict()
 
-    def contains_batch(self, keys, namespaces=None) -> pa.Array:
-        keys, namespaces = self._inputs(keys, namespaces)
-        self._load_rows(keys, namespaces)
-        out = super().contains_batch(keys, namespaces)
-        self.backend.evict()
-        return out
+    def get_batch(self, keys, namespaces=None) -> pa.Array:
+        return self._loaded_call(super().get_batch, keys, namespaces)
 
     def clear_batch(self, keys, namespaces=None) -> None:
         keys, namespaces = self._inputs(keys, namespaces)
@@ -257,21 +265,25 @@ class _TieredValue(_TieredBatch):
             self.backend.note_removed(self.table, enc)
         self.backend.evict()
 
+    def contains_batch(self, keys, namespaces=None) -> pa.Array:
+        return self._loaded_call(super().contains_batch, keys, namespaces)
 
-class _TieredReducing(_TieredBatch):
+
+class _TieredMerging(_TieredBatch):
+    """``add_batch`` of reducing and aggregating states: a read-modify-write of each row's key,
+    so the rows' keys are loaded first (an aggregating state's accumulator is stored as a
+    reducing state's value, one entry a key and namespace; its ``add_batch`` folds the rows
+    in Python over ``table.get`` and writes the staged accumulators at the end)."""
+
     def add_batch(self, keys, values, namespaces=None) -> pa.Array:
-        keys, namespaces = self._inputs(keys, namespaces)
-        self._load_rows(keys, namespaces)
-        out = super().add_batch(keys, values, namespaces)
-        self.backend.evict()
-        return out
+        return self._loaded_call(super().add_batch, keys, namespaces, values)
 
 
 class TieredValueState(_TieredValue, native_states.NativeValueState):
     """Value state of a tiered backend (module docstring)."""
 
 
-class TieredReducingState(_TieredReducing, native_states.NativeReducingState):
+class TieredReducingState(_TieredMerging, native_states.NativeReducingState):
     """Reducing state of a tiered backend (module docstring)."""
 
 
@@ -279,8 +291,16 @@ class TieredTtlValueState(_TieredValue, native_states.NativeTtlValueState):
     """TTL'd value state of a tiered backend (module docstring)."""
 
 
-class TieredTtlReducingState(_TieredReducing, native_states.NativeTtlReducingState):
+class TieredTtlReducingState(_TieredMerging, native_states.NativeTtlReducingState):
     """TTL'd reducing state of a tiered backend (module docstring)."""
+
+
+class TieredAggregatingState(_TieredMerging, native_states.NativeAggregatingState):
+    """Aggregating state of a tiered backend (module docstring)."""
+
+
+class TieredTtlAggregatingState(_TieredMerging, native_states.NativeTtlAggregatingState):
+    """TTL'd aggregating state of a tiered backend (module docstring)."""
 
 
 class TieredBackend(NativeBackend):
@@ -301,8 +321,10 @@ class TieredBackend(NativeBackend):
     #: (CheckpointStore.restore then prefetches nothing).
     attaches_runs = True
 
-    state_classes = {"value": TieredValueState, "reducing": TieredReducingState}
-    ttl_state_classes = {"value": TieredTtlValueState, "reducing": TieredTtlReducingState}
+    state_classes = {"value": TieredValueState, "reducing": TieredReducingState,
+                     "aggregating": TieredAggregatingState}
+    ttl_state_classes = {"value": TieredTtlValueState, "reducing": TieredTtlReducingState,
+                         "aggregating": TieredTtlAggregatingState}
 
     def __init__(self, *, memory_budget, checkpoint=None, cache_bytes: int = DEFAULT_CACHE_BYTES,
                  **options):
@@ -318,6 +340,7 @@ class TieredBackend(NativeBackend):
         self._reader = None
         self._lookup_states: frozenset = frozenset()
         self.attached_version: int | None = None
+        self._evict_holds = 0  # eviction_held() depth: evict() drops nothing while > 0
         self._removed: dict[str, set] = {}  # this epoch's removed keys, per state
         self._removed_pending: dict[int, dict[str, set]] = {}  # snapshot id -> removed keys
         self._stats = {"loaded": 0, "fetched_keys": 0, "fetch_batches": 0, "evicted": 0,
@@ -329,7 +352,7 @@ class TieredBackend(NativeBackend):
         if kind is not None and kind not in TIERED_KINDS:
             raise InvalidInputError(
                 f"state {descriptor.name!r}: {kind} state is not supported by the tiered mode "
-                f"(memory_budget) yet; it holds {' and '.join(TIERED_KINDS)} states")
+                f"(memory_budget) yet; it holds {', '.join(TIERED_KINDS)} states")
         return super().get_state(descriptor, namespace_type)
 
     def _new_table(self, meta: dict) -> TieredTable:
@@ -395,9 +418,23 @@ class TieredBackend(NativeBackend):
         if encoded:
             self._removed.setdefault(table.name, set()).update(encoded)
 
+    @contextlib.contextmanager
+    def eviction_held(self):
+        """A context in which :meth:`evict` drops nothing (nestable): a batch call that reads
+        its rows one access at a time keeps the keys it loaded together until it is done, and
+        calls :meth:`evict` after."""
+        self._evict_holds += 1
+        try:
+            yield
+        finally:
+            self._evict_holds -= 1
+
     def evict(self) -> int:
         """Drop clean entries until :meth:`state_bytes` fits the budget (or none is left);
-        returns how many were dropped. Counted in :meth:`tiered_statistics`."""
+        returns how many were dropped (0 inside :meth:`eviction_held`). Counted in
+        :meth:`tiered_statistics`."""
+        if self._evict_holds:
+            return 0
         total = self.state_bytes()
         if total <= self.memory_budget:
             return 0
