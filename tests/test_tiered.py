@@ -28,6 +28,7 @@ from statecore.descriptors import (  # noqa: E402
     ValueStateDescriptor,
 )
 from statecore.errors import InvalidInputError  # noqa: E402
+from statecore.testing.enumeration import KeyEnumerationConformance  # noqa: E402
 from statecore.testing.helpers import AverageAggregate  # noqa: E402
 from statecore.testing.merging import MergingConformance  # noqa: E402
 from statecore.testing.reducing import ReducingConformance  # noqa: E402
@@ -74,6 +75,26 @@ class TestTieredValueConformance(_AttachedTiered, ValueStateConformance):
 
 class TestTieredReducingConformance(_AttachedTiered, ReducingConformance):
     pass
+
+
+class TestTieredKeyEnumerationConformance(_AttachedTiered, KeyEnumerationConformance):
+    # These register list or map states (refused) or restore from an in-memory snapshot (a
+    # tiered backend attaches committed versions only); test_keys_and_apply_to_all_keys_*
+    # below cover the same ground over attached versions.
+    test_keys_with_namespaces_and_removals = None
+    test_keys_after_restore_and_incremental_snapshots_unaffected = None
+    test_apply_to_all_keys_restores_the_current_key_on_error = None
+
+    def same_as_reference(self, program, **options):
+        # Observations only: once attached, a tiered snapshot is incremental on top of the
+        # attached version (its tombstones included), so its bytes differ from the reference's
+        # full one; the programs observe the state through keys() and reads.
+        options.setdefault("key_type", "int64")
+        options.setdefault("max_parallelism", 128)
+        seen = [program(b) for b in (self.make_backend(**options),
+                                     self.make_reference_backend(**options))]
+        assert seen[0] == seen[1]
+        return seen[0]
 
 
 class TestTieredMergingConformance(_AttachedTiered, MergingConformance):
@@ -238,6 +259,96 @@ def test_aggregating_accumulators_load_from_the_runs_and_survive_checkpoints(tmp
         ref.dispose()
 
 
+def test_keys_merge_memory_with_the_runs(tmp_path):
+    """keys() / apply_to_all_keys() over an attached version equal the in-memory backend's:
+    keys evicted (only in the runs), removed since the version (also by a checkpoint in
+    flight), written only in memory, in several namespaces, through restarts."""
+    rng = random.Random(5)
+    store = CheckpointStore(tmp_path)
+    ref = create_backend("native", key_type="int64")
+    b = tiered(store, budget=6 * (ENTRY + 8))
+
+    def state(x):
+        return x.get_state(ValueStateDescriptor("v", "int64"), namespace_type="int64")
+
+    def check():
+        for ns in (None, 0, 1, 2):
+            assert b.keys("v", ns) == ref.keys("v", ns), ns
+        assert b.keys("v", key_group_range=(3, 40)) == ref.keys("v", key_group_range=(3, 40))
+
+    versions = itertools.count(1)
+    try:
+        for step in range(1, 7):
+            rows = pa.array([rng.randrange(400) for _ in range(80)], pa.int64())
+            gone = pa.array([rng.randrange(400) for _ in range(30)], pa.int64())
+            space = rng.randrange(3)
+            for x in (b, ref):
+                state(x).put_batch(rows, rows, namespaces=step % 3)
+                state(x).clear_batch(gone, namespaces=space)
+            check()
+            snap, version = b.snapshot(), next(versions)
+            desc = store.write_snapshot(snap, version)
+            gone = pa.array([rng.randrange(400) for _ in range(30)], pa.int64())
+            for x in (b, ref):
+                state(x).clear_batch(gone, namespaces=1)
+            check()  # removed after the snapshot in flight
+            b.notify_checkpoint_complete(snap.snapshot_id, version,
+                                         store.commit(version, [desc]).get("commit_id"))
+            snap.release()
+            check()
+            if step % 2 == 0:
+                store.checkpoint(b, next(versions))
+                b.dispose()
+                b = tiered(store, budget=6 * (ENTRY + 8))
+                store.restore(b)
+                assert b.num_entries() == 0
+                check()
+        seen = []
+        for x in (b, ref):
+            out = []
+
+            def fn(key, st, out=out):
+                out.append((key, st.value()))
+                if key % 3 == 0:
+                    st.clear()
+                else:
+                    st.update(-key)
+
+            x.apply_to_all_keys(ValueStateDescriptor("v", "int64"), fn, namespace=1)
+            seen.append(out)
+        assert seen[0] == seen[1] and seen[0]
+        check()
+        stats = b.tiered_statistics()
+        assert stats["loaded"] > 0 and stats["evicted"] > 0
+    finally:
+        b.dispose()
+        ref.dispose()
+
+
+def test_keys_leave_out_keys_expired_and_removed_since_the_version(tmp_path):
+    """A TTL read of the batch kernels removes an expired entry loaded from the version (a
+    logged removal, no removed-set entry): keys() leaves it out, as the in-memory backend."""
+    clock = ManualClock(0)
+    d = ValueStateDescriptor("t", "int64").enable_time_to_live(StateTtlConfig(50))
+    store = CheckpointStore(tmp_path)
+    got = []
+    for b in (tiered(store, budget=2 * (ENTRY + 8), ttl_clock=clock),
+              create_backend("native", key_type="int64", ttl_clock=clock)):
+        clock.set(0)
+        t = b.get_state(d)
+        t.put_batch(pa.array(range(10), pa.int64()), pa.array(range(10), pa.int64()))
+        if isinstance(b, TieredBackend):
+            store.checkpoint(b, 1)
+            t.get_batch(pa.array([8, 9], pa.int64()))  # evicts the others
+        clock.set(100)
+        assert t.get_batch(pa.array([1, 2], pa.int64())).to_pylist() == [None, None]
+        b.set_current_key(3)
+        assert t.value() is None
+        got.append(b.keys("t"))
+        b.dispose()
+    assert got[0] == got[1] and len(got[0]) == 7
+
+
 def test_snapshots_are_incremental_once_attached(tmp_path):
     store = CheckpointStore(tmp_path)
     b = tiered(store)
@@ -273,6 +384,8 @@ _op = st.one_of(
     st.tuples(st.just("advance"), st.integers(0, 40)),
     st.tuples(st.just("checkpoint")),
     st.tuples(st.just("restore")),
+    st.tuples(st.just("keys")),
+    st.tuples(st.just("apply"), st.integers(1, 3)),
 )
 
 
@@ -370,6 +483,26 @@ class _Pair:
             for x in (v, s, t, a, u):
                 x.clear_batch(keys)
             return None
+        if what == "keys":
+            return [b.keys(x.name) for x in (v, s, t, a, u)]
+        if what == "apply":
+            # Flink applyToAllKeys: read-modify-write every key of the reducing state, and
+            # remove the value of every op[1]-th key of the value state.
+            seen = []
+
+            def bump(key, state):
+                seen.append((key, state.get()))
+                state.add(op[1])
+
+            def drop(key, state):
+                seen.append((key, state.value()))
+                if key % op[1] == 0:
+                    state.clear()
+
+            b.apply_to_all_keys(s.descriptor, bump)
+            b.apply_to_all_keys(v.descriptor, drop)
+            self.dirty.update(k for k, _ in seen)
+            return seen
         if what == "record":
             _, k, x = op
             self.dirty.add(k)
@@ -400,6 +533,7 @@ def test_differential_against_the_in_memory_backend(tmp_path_factory, budget, op
         # The end state, read in full from both.
         keys = pa.array(range(KEYS), pa.int64())
         for x, y in zip(pair.states(pair.b), pair.states(pair.ref)):
+            assert pair.b.keys(x.name) == pair.ref.keys(y.name)
             assert x.get_batch(keys).to_pylist() == y.get_batch(keys).to_pylist()
     finally:
         pair.b.dispose()

@@ -65,9 +65,10 @@ namespace, as a reducing state's value: ``add`` and ``add_batch`` are read-modif
 load first; its batch calls take the shared per-row path over the table (no kernel), so they
 load the rows' keys in one lookup and hold eviction until the last row is applied
 (:meth:`TieredBackend.eviction_held`). ``merge_namespaces`` reads and removes through the
-same per-record table calls. List and map states are refused at registration
-(InvalidInputError naming the kind), as are TTL migrations, ``apply_changes``, ``keys`` and
-``apply_to_all_keys`` (they would see memory only). Timers and operator state are held in
+same per-record table calls. ``keys`` and ``apply_to_all_keys`` merge V's keys with memory
+one key group at a time (:meth:`TieredBackend._key_namespaces`). List and map states are
+refused at registration (InvalidInputError naming the kind), as are TTL migrations and
+``apply_changes``. Timers and operator state are held in
 memory as in the native backend. A batch call takes a constant number of Python steps whatever
 its rows: one native call encodes the rows' keys with the kernels' encoder and returns those
 memory lacks, each once (``NativeStateTable.batch_encoded_keys``); one
@@ -87,6 +88,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from statecore import serializers as S
 from statecore.arrow_input import (
     batch_namespace_array,
     coerce_key_array,
@@ -367,8 +369,52 @@ class TieredBackend(NativeBackend):
                                 "(attach) the version instead")
 
     def _key_namespaces(self, state_name: str, kgs: KeyGroupRange):
-        raise InvalidInputError("keys() and apply_to_all_keys() are not supported by the tiered "
-                                "mode (memory holds part of the state)")
+        """The keys of ``keys()`` / ``apply_to_all_keys()`` (Flink ``getKeys``,
+        ``applyToAllKeys``): per key group, the attached version's keys merged with memory --
+        every entry memory holds (dirty or clean), plus each key of V's runs that was not
+        removed since V. The removals are the maps' own removal log (the tombstones of the
+        changes since the base, which is V's snapshot): it holds every removal of a key present
+        in the logical state (T3) -- those of TTL reads and cleanup steps included -- and no
+        eviction (T4). One key group at a time: V's entries of the group, merged newest-wins
+        over its runs (``CheckpointReader.entries``), and memory's keys and tombstones of the
+        group, read from one copy-on-write snapshot of the map; nothing is loaded into
+        memory. Unattached (or V without the state): memory alone, as the native backend."""
+        table = self._tables.get(state_name)
+        if table is None or not self.reads_runs(table) or not len(kgs):
+            yield from super()._key_namespaces(state_name, kgs)
+            return
+        native = table.native
+        in_runs = set(self._reader.key_groups_holding(state_name, kgs.start, kgs.end))
+        busy = in_runs | {kg for kg in kgs if native.key_group_size(kg)}
+        if not busy:
+            return
+        snap = native.snapshot()
+        try:
+            for kg in sorted(busy):
+                held = set(snap.entries(kg)[0].to_pylist()) if native.key_group_size(kg) \
+                    else set()
+                if kg in in_runs:
+                    keys, values = snap.changes(kg, snap.base_version)
+                    gone = set(keys.filter(values.is_null()).to_pylist())
+                    held.update(k for k in self._reader.entries(state_name, kg)[0].to_pylist()
+                                if k not in gone)
+                yield kg, self._decoded_rows(table, held)
+        finally:
+            snap.release()
+
+    def _decoded_rows(self, table: TieredTable, encoded) -> list:
+        """``[(serialized key, key, namespace)]`` of the encoded keys ``encoded`` of a value,
+        reducing or aggregating state (namespace None for void)."""
+        ks, ns_ser, pw = self.key_serializer, table.ns_ser, self.key_prefix_width
+        if ns_ser.name == "void":
+            # prefix | ser(key) | 00: only the key needs reading.
+            rows = []
+            for kb in encoded:
+                key, end = ks.read(kb, pw)
+                rows.append((kb[pw:end], key, None))
+            return rows
+        return [(ks.serialize(key), key, ns) for _, key, ns, _ in
+                (S.decode_key(kb, self.max_parallelism, ks, ns_ser) for kb in encoded)]
 
     # ------------------------------------------------------------------ loads, removals, eviction
     def encode_current_key_bytes(self, key) -> bytes:
