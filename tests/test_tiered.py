@@ -349,6 +349,43 @@ def test_keys_leave_out_keys_expired_and_removed_since_the_version(tmp_path):
     assert got[0] == got[1] and len(got[0]) == 7
 
 
+@pytest.mark.parametrize("kind", ["value", "reducing", "aggregating"])
+def test_an_expired_value_a_batch_read_removed_is_not_read_again(tmp_path, kind):
+    """ReturnExpiredIfNotCleanedUp: the first read returns an expired value loaded from the
+    version and removes it; later reads return None, as in the in-memory backend (the batch
+    kernels' removals are recorded like any other)."""
+    clock = ManualClock(0)
+    cfg = StateTtlConfig(50, state_visibility="ReturnExpiredIfNotCleanedUp")
+    d = {"value": ValueStateDescriptor("t", "int64"),
+         "reducing": ReducingStateDescriptor("t", "sum", "int64"),
+         "aggregating": AggregatingStateDescriptor("t", AverageAggregate(),
+                                                   result_type="float64")}[kind]
+    d.enable_time_to_live(cfg)
+    store = CheckpointStore(tmp_path)
+    got = []
+    for b in (tiered(store, budget=2 * (ENTRY + 8), ttl_clock=clock),
+              create_backend("native", key_type="int64", ttl_clock=clock)):
+        clock.set(0)
+        t = b.get_state(d)
+        keys = pa.array(range(10), pa.int64())
+        if kind == "value":
+            t.put_batch(keys, keys)
+        else:
+            t.add_batch(keys, keys)
+        if isinstance(b, TieredBackend):
+            store.checkpoint(b, 1)
+            t.get_batch(pa.array([8, 9], pa.int64()))  # evicts the others
+        clock.set(100)
+        reads = [t.get_batch(pa.array([1, 2, 1], pa.int64())).to_pylist() for _ in range(2)]
+        if kind == "value":
+            reads.append(t.contains_batch(pa.array([3, 3], pa.int64())).to_pylist())
+            reads.append(t.contains_batch(pa.array([3], pa.int64())).to_pylist())
+        got.append((reads, b.keys("t"), b.ttl_statistics()["read"]))
+        b.dispose()
+    assert got[0] == got[1]
+    assert got[0][0][1] == [None, None, None]
+
+
 def test_snapshots_are_incremental_once_attached(tmp_path):
     store = CheckpointStore(tmp_path)
     b = tiered(store)

@@ -34,7 +34,9 @@ docs/state-map.md "Change tracking" state the rules this builds on):
   in a *removed set* (per state) until a checkpoint that holds its tombstone completes: the
   set of the current epoch moves to the snapshot taken next and is dropped when that snapshot
   (or a later one) completes, when V advances past it. A key is absent when memory lacks it and
-  it is in a removed set, or when neither memory nor V's runs hold it. A removed key written
+  it is in a removed set, or when neither memory nor V's runs hold it. A batch read of a
+  TTL'd state records as removed every row key memory lacks after it (the kernels remove the
+  expired entries they read without saying which). A removed key written
   again is in memory (dirty) and memory answers first.
 * **Eviction.** After each batch call and each per-record access, when the states' key and
   value bytes (``state_bytes``) exceed the budget, clean entries are dropped
@@ -236,7 +238,15 @@ class _TieredBatch:
         try:
             with b.eviction_held():
                 self._load_rows(keys, namespaces)
-                return call(keys, *args, namespaces)
+                out = call(keys, *args, namespaces)
+                if self.descriptor.ttl_config is not None:
+                    # A TTL read removes the expired entries it finds (a logged removal); the
+                    # batch kernels do not say which, so every row key memory lacks now
+                    # (nothing was evicted meanwhile) is recorded as removed (T2): absent
+                    # either way, and V's expired value must not be read again.
+                    b.note_removed(self.table, self._batch_keys(keys, namespaces, None,
+                                                                only_absent=True))
+                return out
         finally:
             b.evict()
 
