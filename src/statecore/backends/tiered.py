@@ -155,7 +155,8 @@ class TieredTable(NativeTable):
             native.remove_key
 
         def get(kg: int, k):
-            backend.load_keys(self, [k])
+            if not backend.rows_loaded:
+                backend.load_keys(self, [k])
             out = get_stored(kg, k)
             backend.evict()
             return out
@@ -165,7 +166,8 @@ class TieredTable(NativeTable):
             backend.evict()
 
         def remove(kg: int, k) -> None:
-            backend.load_keys(self, [k])
+            if not backend.rows_loaded:
+                backend.load_keys(self, [k])
             remove_key(kg, k)
             backend.note_removed(self, [k])
             backend.evict()
@@ -232,13 +234,15 @@ class _TieredBatch:
     def _loaded_call(self, call, keys, namespaces, *args):
         """``call(keys, *args, namespaces)`` after loading the rows' keys, with eviction held
         until it returns (a per-row path reads the keys one access at a time: evicting between
-        rows would drop keys loaded for later rows), then the eviction check."""
+        rows would drop keys loaded for later rows) and the per-record loads skipped (the rows'
+        keys are loaded), then the eviction check."""
         keys, namespaces = self._inputs(keys, namespaces)
         b = self.backend
         try:
             with b.eviction_held():
                 self._load_rows(keys, namespaces)
-                out = call(keys, *args, namespaces)
+                with b.rows_held():
+                    out = call(keys, *args, namespaces)
                 if self.descriptor.ttl_config is not None:
                     # A TTL read removes the expired entries it finds (a logged removal); the
                     # batch kernels do not say which, so every row key memory lacks now
@@ -353,6 +357,9 @@ class TieredBackend(NativeBackend):
         self._lookup_states: frozenset = frozenset()
         self.attached_version: int | None = None
         self._evict_holds = 0  # eviction_held() depth: evict() drops nothing while > 0
+        #: rows_held() depth: while > 0 the per-record table calls load nothing (a batch call
+        #: loaded the keys of its rows, and eviction is held)
+        self.rows_loaded = 0
         self._removed: dict[str, set] = {}  # this epoch's removed keys, per state
         self._removed_pending: dict[int, dict[str, set]] = {}  # snapshot id -> removed keys
         self._stats = {"loaded": 0, "fetched_keys": 0, "fetch_batches": 0, "evicted": 0,
@@ -484,6 +491,17 @@ class TieredBackend(NativeBackend):
             yield
         finally:
             self._evict_holds -= 1
+
+    @contextlib.contextmanager
+    def rows_held(self):
+        """A context, inside :meth:`eviction_held`, in which the per-record table calls of
+        the tiered tables load nothing: the batch call running in it loaded the keys of its
+        rows, and its per-row path touches those keys only."""
+        self.rows_loaded += 1
+        try:
+            yield
+        finally:
+            self.rows_loaded -= 1
 
     def evict(self) -> int:
         """Drop clean entries until :meth:`state_bytes` fits the budget (or none is left);
