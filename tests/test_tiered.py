@@ -20,6 +20,7 @@ from statecore import create_backend  # noqa: E402
 from statecore.backends.tiered import TieredBackend, parse_bytes  # noqa: E402
 from statecore.checkpoint import CheckpointStore  # noqa: E402
 from statecore.descriptors import (  # noqa: E402
+    AggregateFunction,
     AggregatingStateDescriptor,
     ListStateDescriptor,
     MapStateDescriptor,
@@ -27,7 +28,9 @@ from statecore.descriptors import (  # noqa: E402
     ValueStateDescriptor,
 )
 from statecore.errors import InvalidInputError  # noqa: E402
+from statecore.testing.enumeration import KeyEnumerationConformance  # noqa: E402
 from statecore.testing.helpers import AverageAggregate  # noqa: E402
+from statecore.testing.merging import MergingConformance  # noqa: E402
 from statecore.testing.reducing import ReducingConformance  # noqa: E402
 from statecore.testing.value_state import ValueStateConformance  # noqa: E402
 from statecore.ttl import ManualClock, StateTtlConfig  # noqa: E402
@@ -35,9 +38,9 @@ from statecore.ttl import ManualClock, StateTtlConfig  # noqa: E402
 #: Key and value bytes of an int64 -> int64 entry (1-byte prefix, key, void namespace; value).
 ENTRY = 10 + 8
 BUDGET = 64 * ENTRY
-#: Key and value bytes of one key in the three states of the differential test (the TTL'd
-#: value carries an 8-byte timestamp).
-PER_KEY = ENTRY + ENTRY + ENTRY + 8
+#: Key and value bytes of one key in the five states of the differential test (the TTL'd
+#: value and accumulator carry an 8-byte timestamp).
+PER_KEY = 5 * ENTRY + 2 * 8
 
 
 def tiered(store, **kw):
@@ -71,10 +74,40 @@ class TestTieredValueConformance(_AttachedTiered, ValueStateConformance):
 
 
 class TestTieredReducingConformance(_AttachedTiered, ReducingConformance):
-    # These register aggregating states, which the tiered mode refuses
+    pass
+
+
+class TestTieredKeyEnumerationConformance(_AttachedTiered, KeyEnumerationConformance):
+    # These register list or map states (refused) or restore from an in-memory snapshot (a
+    # tiered backend attaches committed versions only); test_keys_and_apply_to_all_keys_*
+    # below cover the same ground over attached versions.
+    test_keys_with_namespaces_and_removals = None
+    test_keys_after_restore_and_incremental_snapshots_unaffected = None
+    test_apply_to_all_keys_restores_the_current_key_on_error = None
+
+    def same_as_reference(self, program, **options):
+        # Observations only: once attached, a tiered snapshot is incremental on top of the
+        # attached version (its tombstones included), so its bytes differ from the reference's
+        # full one; the programs observe the state through keys() and reads.
+        options.setdefault("key_type", "int64")
+        options.setdefault("max_parallelism", 128)
+        seen = [program(b) for b in (self.make_backend(**options),
+                                     self.make_reference_backend(**options))]
+        assert seen[0] == seen[1]
+        return seen[0]
+
+
+class TestTieredMergingConformance(_AttachedTiered, MergingConformance):
+    # These register list states, which the tiered mode refuses
     # (test_unsupported_kinds_are_refused_at_registration).
-    test_reducing_custom_and_aggregating = None
-    test_aggregating_batch = None
+    test_merge_list = None
+    test_merge_errors = None
+    test_merge_ttl_list_drops_expired_elements = None
+    test_merge_snapshots_equal_reference = None
+
+    @pytest.mark.parametrize("kind", ["reducing", "aggregating"])
+    def test_merge_ttl(self, kind):
+        MergingConformance.test_merge_ttl(self, kind)
 
 
 def test_parse_bytes():
@@ -96,7 +129,6 @@ def test_needs_a_store(tmp_path):
 @pytest.mark.parametrize("desc,kind", [
     (ListStateDescriptor("l", "int64"), "list"),
     (MapStateDescriptor("m", "int64", "int64"), "map"),
-    (AggregatingStateDescriptor("a", AverageAggregate()), "aggregating"),
 ])
 def test_unsupported_kinds_are_refused_at_registration(tmp_path, desc, kind):
     b = tiered(tmp_path)
@@ -191,6 +223,169 @@ def test_a_removal_while_a_checkpoint_is_in_flight_is_not_undone_by_it(tmp_path,
     assert fv.get_batch(pa.array(range(8), pa.int64())).to_pylist() == got
 
 
+def test_aggregating_accumulators_load_from_the_runs_and_survive_checkpoints(tmp_path):
+    """Pickled accumulators written by the in-memory backend are attached, read-modify-written
+    by batch and per record with keys evicted between calls, and the incremental runs on top
+    restore to what the in-memory backend holds."""
+    store = CheckpointStore(tmp_path)
+    ref = create_backend("native", key_type="int64")
+    desc = AggregatingStateDescriptor("a", AverageAggregate(), result_type="float64")
+    keys = pa.array(range(300), pa.int64())
+    ref.get_state(desc).add_batch(keys, pa.array(range(300), pa.int64()))
+    store.checkpoint(ref, 1)
+    b = tiered(store, budget=8 * ENTRY)
+    store.restore(b)
+    try:
+        for version in range(2, 5):
+            rows = pa.array([(7 * i + version) % 300 for i in range(60)], pa.int64())
+            vals = pa.array([None if i % 9 == 0 else i for i in range(60)], pa.int64())
+            outs = [x.get_state(desc).add_batch(rows, vals).to_pylist() for x in (b, ref)]
+            assert outs[0] == outs[1]
+            for x in (b, ref):
+                x.set_current_key(version)
+                x.get_state(desc).add(1000)
+                x.get_state(desc).clear_batch(pa.array([version + 1], pa.int64()))
+            store.checkpoint(b, version)
+        stats = b.tiered_statistics()
+        assert stats["loaded"] > 0 and stats["evicted"] > 0
+        fresh = tiered(store, budget=8 * ENTRY)
+        store.restore(fresh)
+        want = ref.get_state(desc).get_batch(keys).to_pylist()
+        assert b.get_state(desc).get_batch(keys).to_pylist() == want
+        assert fresh.get_state(desc).get_batch(keys).to_pylist() == want
+        fresh.dispose()
+    finally:
+        b.dispose()
+        ref.dispose()
+
+
+def test_keys_merge_memory_with_the_runs(tmp_path):
+    """keys() / apply_to_all_keys() over an attached version equal the in-memory backend's:
+    keys evicted (only in the runs), removed since the version (also by a checkpoint in
+    flight), written only in memory, in several namespaces, through restarts."""
+    rng = random.Random(5)
+    store = CheckpointStore(tmp_path)
+    ref = create_backend("native", key_type="int64")
+    b = tiered(store, budget=6 * (ENTRY + 8))
+
+    def state(x):
+        return x.get_state(ValueStateDescriptor("v", "int64"), namespace_type="int64")
+
+    def check():
+        for ns in (None, 0, 1, 2):
+            assert b.keys("v", ns) == ref.keys("v", ns), ns
+        assert b.keys("v", key_group_range=(3, 40)) == ref.keys("v", key_group_range=(3, 40))
+
+    versions = itertools.count(1)
+    try:
+        for step in range(1, 7):
+            rows = pa.array([rng.randrange(400) for _ in range(80)], pa.int64())
+            gone = pa.array([rng.randrange(400) for _ in range(30)], pa.int64())
+            space = rng.randrange(3)
+            for x in (b, ref):
+                state(x).put_batch(rows, rows, namespaces=step % 3)
+                state(x).clear_batch(gone, namespaces=space)
+            check()
+            snap, version = b.snapshot(), next(versions)
+            desc = store.write_snapshot(snap, version)
+            gone = pa.array([rng.randrange(400) for _ in range(30)], pa.int64())
+            for x in (b, ref):
+                state(x).clear_batch(gone, namespaces=1)
+            check()  # removed after the snapshot in flight
+            b.notify_checkpoint_complete(snap.snapshot_id, version,
+                                         store.commit(version, [desc]).get("commit_id"))
+            snap.release()
+            check()
+            if step % 2 == 0:
+                store.checkpoint(b, next(versions))
+                b.dispose()
+                b = tiered(store, budget=6 * (ENTRY + 8))
+                store.restore(b)
+                assert b.num_entries() == 0
+                check()
+        seen = []
+        for x in (b, ref):
+            out = []
+
+            def fn(key, st, out=out):
+                out.append((key, st.value()))
+                if key % 3 == 0:
+                    st.clear()
+                else:
+                    st.update(-key)
+
+            x.apply_to_all_keys(ValueStateDescriptor("v", "int64"), fn, namespace=1)
+            seen.append(out)
+        assert seen[0] == seen[1] and seen[0]
+        check()
+        stats = b.tiered_statistics()
+        assert stats["loaded"] > 0 and stats["evicted"] > 0
+    finally:
+        b.dispose()
+        ref.dispose()
+
+
+def test_keys_leave_out_keys_expired_and_removed_since_the_version(tmp_path):
+    """A TTL read of the batch kernels removes an expired entry loaded from the version (a
+    logged removal, no removed-set entry): keys() leaves it out, as the in-memory backend."""
+    clock = ManualClock(0)
+    d = ValueStateDescriptor("t", "int64").enable_time_to_live(StateTtlConfig(50))
+    store = CheckpointStore(tmp_path)
+    got = []
+    for b in (tiered(store, budget=2 * (ENTRY + 8), ttl_clock=clock),
+              create_backend("native", key_type="int64", ttl_clock=clock)):
+        clock.set(0)
+        t = b.get_state(d)
+        t.put_batch(pa.array(range(10), pa.int64()), pa.array(range(10), pa.int64()))
+        if isinstance(b, TieredBackend):
+            store.checkpoint(b, 1)
+            t.get_batch(pa.array([8, 9], pa.int64()))  # evicts the others
+        clock.set(100)
+        assert t.get_batch(pa.array([1, 2], pa.int64())).to_pylist() == [None, None]
+        b.set_current_key(3)
+        assert t.value() is None
+        got.append(b.keys("t"))
+        b.dispose()
+    assert got[0] == got[1] and len(got[0]) == 7
+
+
+@pytest.mark.parametrize("kind", ["value", "reducing", "aggregating"])
+def test_an_expired_value_a_batch_read_removed_is_not_read_again(tmp_path, kind):
+    """ReturnExpiredIfNotCleanedUp: the first read returns an expired value loaded from the
+    version and removes it; later reads return None, as in the in-memory backend (the batch
+    kernels' removals are recorded like any other)."""
+    clock = ManualClock(0)
+    cfg = StateTtlConfig(50, state_visibility="ReturnExpiredIfNotCleanedUp")
+    d = {"value": ValueStateDescriptor("t", "int64"),
+         "reducing": ReducingStateDescriptor("t", "sum", "int64"),
+         "aggregating": AggregatingStateDescriptor("t", AverageAggregate(),
+                                                   result_type="float64")}[kind]
+    d.enable_time_to_live(cfg)
+    store = CheckpointStore(tmp_path)
+    got = []
+    for b in (tiered(store, budget=2 * (ENTRY + 8), ttl_clock=clock),
+              create_backend("native", key_type="int64", ttl_clock=clock)):
+        clock.set(0)
+        t = b.get_state(d)
+        keys = pa.array(range(10), pa.int64())
+        if kind == "value":
+            t.put_batch(keys, keys)
+        else:
+            t.add_batch(keys, keys)
+        if isinstance(b, TieredBackend):
+            store.checkpoint(b, 1)
+            t.get_batch(pa.array([8, 9], pa.int64()))  # evicts the others
+        clock.set(100)
+        reads = [t.get_batch(pa.array([1, 2, 1], pa.int64())).to_pylist() for _ in range(2)]
+        if kind == "value":
+            reads.append(t.contains_batch(pa.array([3, 3], pa.int64())).to_pylist())
+            reads.append(t.contains_batch(pa.array([3], pa.int64())).to_pylist())
+        got.append((reads, b.keys("t"), b.ttl_statistics()["read"]))
+        b.dispose()
+    assert got[0] == got[1]
+    assert got[0][0][1] == [None, None, None]
+
+
 def test_snapshots_are_incremental_once_attached(tmp_path):
     store = CheckpointStore(tmp_path)
     b = tiered(store)
@@ -219,12 +414,29 @@ _op = st.one_of(
     st.tuples(st.just("get"), st.lists(_key, min_size=1, max_size=24)),
     st.tuples(st.just("add"), st.lists(st.tuples(_key, st.integers(-5, 5)), min_size=1,
                                        max_size=24)),
+    st.tuples(st.just("agg"), st.lists(st.tuples(_key, st.one_of(st.none(), st.integers(-5, 5))),
+                                       min_size=1, max_size=24)),
     st.tuples(st.just("clear"), st.lists(_key, min_size=1, max_size=8)),
     st.tuples(st.just("record"), _key, st.one_of(st.none(), st.integers(0, 9))),
     st.tuples(st.just("advance"), st.integers(0, 40)),
     st.tuples(st.just("checkpoint")),
     st.tuples(st.just("restore")),
+    st.tuples(st.just("keys")),
+    st.tuples(st.just("apply"), st.integers(1, 3)),
 )
+
+
+class _SumOfSquares(AggregateFunction):
+    """An int64 accumulator (a typed accumulator, so entry sizes are known)."""
+
+    def create_accumulator(self):
+        return 0
+
+    def add(self, value, acc):
+        return acc + value * value
+
+    def get_result(self, acc):
+        return acc
 
 
 class _Pair:
@@ -244,9 +456,13 @@ class _Pair:
 
     def states(self, b):
         ttl = StateTtlConfig(50, update_type="OnReadAndWrite")
+        agg = AggregatingStateDescriptor("a", _SumOfSquares(), "int64", result_type="int64")
+        agg_ttl = AggregatingStateDescriptor("u", _SumOfSquares(), "int64", result_type="int64")
         return (b.get_state(ValueStateDescriptor("v", "int64")),
                 b.get_state(ReducingStateDescriptor("s", "sum", "int64")),
-                b.get_state(ValueStateDescriptor("t", "int64").enable_time_to_live(ttl)))
+                b.get_state(ValueStateDescriptor("t", "int64").enable_time_to_live(ttl)),
+                b.get_state(agg),
+                b.get_state(agg_ttl.enable_time_to_live(StateTtlConfig(30))))
 
     def run(self, op):
         what = op[0]
@@ -273,7 +489,7 @@ class _Pair:
             assert self.b.state_bytes() <= self.budget, op
 
     def _apply(self, b, op):
-        v, s, t = self.states(b)
+        v, s, t, a, u = self.states(b)
         what = op[0]
         if what == "put":
             keys = pa.array([k for k, _ in op[1]], pa.int64())
@@ -287,28 +503,57 @@ class _Pair:
             # TTL reads renew (OnReadAndWrite): writes.
             self.dirty.update(op[1])
             return [v.get_batch(keys).to_pylist(), s.get_batch(keys).to_pylist(),
-                    t.get_batch(keys).to_pylist(), v.contains_batch(keys).to_pylist()]
+                    t.get_batch(keys).to_pylist(), v.contains_batch(keys).to_pylist(),
+                    a.get_batch(keys).to_pylist(), u.get_batch(keys).to_pylist()]
         if what == "add":
             keys = pa.array([k for k, _ in op[1]], pa.int64())
             self.dirty.update(k for k, _ in op[1])
             return s.add_batch(keys, pa.array([x for _, x in op[1]], pa.int64())).to_pylist()
+        if what == "agg":
+            keys = pa.array([k for k, _ in op[1]], pa.int64())
+            vals = pa.array([x for _, x in op[1]], pa.int64())
+            self.dirty.update(k for k, _ in op[1])
+            return [a.add_batch(keys, vals).to_pylist(), u.add_batch(keys, vals).to_pylist()]
         if what == "clear":
             keys = pa.array(op[1], pa.int64())
             self.dirty.update(op[1])
-            for x in (v, s, t):
+            for x in (v, s, t, a, u):
                 x.clear_batch(keys)
             return None
+        if what == "keys":
+            return [b.keys(x.name) for x in (v, s, t, a, u)]
+        if what == "apply":
+            # Flink applyToAllKeys: read-modify-write every key of the reducing state, and
+            # remove the value of every op[1]-th key of the value state.
+            seen = []
+
+            def bump(key, state):
+                seen.append((key, state.get()))
+                state.add(op[1])
+
+            def drop(key, state):
+                seen.append((key, state.value()))
+                if key % op[1] == 0:
+                    state.clear()
+
+            b.apply_to_all_keys(s.descriptor, bump)
+            b.apply_to_all_keys(v.descriptor, drop)
+            self.dirty.update(k for k, _ in seen)
+            return seen
         if what == "record":
             _, k, x = op
             self.dirty.add(k)
             b.set_current_key(k)
-            before = (v.value(), s.get(), t.value())
+            before = (v.value(), s.get(), t.value(), a.get(), u.get())
             v.update(x)
+            a.add(x)
             if x is not None:
                 s.add(x)
+                u.add(x)
             else:
                 t.clear()
-            return before, v.value(), s.get(), t.value()
+                u.clear()
+            return before, v.value(), s.get(), t.value(), a.get(), u.get()
         raise AssertionError(op)
 
 
@@ -325,6 +570,7 @@ def test_differential_against_the_in_memory_backend(tmp_path_factory, budget, op
         # The end state, read in full from both.
         keys = pa.array(range(KEYS), pa.int64())
         for x, y in zip(pair.states(pair.b), pair.states(pair.ref)):
+            assert pair.b.keys(x.name) == pair.ref.keys(y.name)
             assert x.get_batch(keys).to_pylist() == y.get_batch(keys).to_pylist()
     finally:
         pair.b.dispose()

@@ -34,7 +34,9 @@ docs/state-map.md "Change tracking" state the rules this builds on):
   in a *removed set* (per state) until a checkpoint that holds its tombstone completes: the
   set of the current epoch moves to the snapshot taken next and is dropped when that snapshot
   (or a later one) completes, when V advances past it. A key is absent when memory lacks it and
-  it is in a removed set, or when neither memory nor V's runs hold it. A removed key written
+  it is in a removed set, or when neither memory nor V's runs hold it. A batch read of a
+  TTL'd state records as removed every row key memory lacks after it (the kernels remove the
+  expired entries they read without saying which). A removed key written
   again is in memory (dirty) and memory answers first.
 * **Eviction.** After each batch call and each per-record access, when the states' key and
   value bytes (``state_bytes``) exceed the budget, clean entries are dropped
@@ -58,11 +60,17 @@ Invariants:
   of a key present in the logical state is a logged removal of a present entry.
 * T4 eviction removes clean entries only, without logging.
 
-Scope: value and reducing states (TTL'd or not; the stored bytes, TTL suffix included, are
-what the runs hold, and expired values read from V are treated as the kernels treat expired
-entries in memory). List, map and aggregating states are refused at registration
-(InvalidInputError naming the kind), as are TTL migrations, ``apply_changes``, ``keys`` and
-``apply_to_all_keys`` (they would see memory only). Timers and operator state are held in
+Scope: value, reducing and aggregating states (TTL'd or not; the stored bytes, TTL suffix
+included, are what the runs hold, and expired values read from V are treated as the kernels
+treat expired entries in memory). An aggregating state's accumulator is one entry per key and
+namespace, as a reducing state's value: ``add`` and ``add_batch`` are read-modify-writes that
+load first; its batch calls take the shared per-row path over the table (no kernel), so they
+load the rows' keys in one lookup and hold eviction until the last row is applied
+(:meth:`TieredBackend.eviction_held`). ``merge_namespaces`` reads and removes through the
+same per-record table calls. ``keys`` and ``apply_to_all_keys`` merge V's keys with memory
+one key group at a time (:meth:`TieredBackend._key_namespaces`). List and map states are
+refused at registration (InvalidInputError naming the kind), as are TTL migrations and
+``apply_changes``. Timers and operator state are held in
 memory as in the native backend. A batch call takes a constant number of Python steps whatever
 its rows: one native call encodes the rows' keys with the kernels' encoder and returns those
 memory lacks, each once (``NativeStateTable.batch_encoded_keys``); one
@@ -75,12 +83,14 @@ Thread contract: the native backend's.
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from statecore import serializers as S
 from statecore.arrow_input import (
     batch_namespace_array,
     coerce_key_array,
@@ -100,7 +110,7 @@ from statecore.serializers import key_serializer
 __all__ = ["TieredBackend", "TieredTable", "parse_bytes", "TIERED_KINDS"]
 
 #: State kinds a tiered backend holds.
-TIERED_KINDS = ("value", "reducing")
+TIERED_KINDS = ("value", "reducing", "aggregating")
 
 _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
@@ -145,7 +155,8 @@ class TieredTable(NativeTable):
             native.remove_key
 
         def get(kg: int, k):
-            backend.load_keys(self, [k])
+            if not backend.rows_loaded:
+                backend.load_keys(self, [k])
             out = get_stored(kg, k)
             backend.evict()
             return out
@@ -155,7 +166,8 @@ class TieredTable(NativeTable):
             backend.evict()
 
         def remove(kg: int, k) -> None:
-            backend.load_keys(self, [k])
+            if not backend.rows_loaded:
+                backend.load_keys(self, [k])
             remove_key(kg, k)
             backend.note_removed(self, [k])
             backend.evict()
@@ -219,19 +231,31 @@ class _TieredBatch:
                                                         len(keys)))
         return keys, namespaces
 
-    def get_batch(self, keys, namespaces=None) -> pa.Array:
+    def _loaded_call(self, call, keys, namespaces, *args):
+        """``call(keys, *args, namespaces)`` after loading the rows' keys, with eviction held
+        until it returns (a per-row path reads the keys one access at a time: evicting between
+        rows would drop keys loaded for later rows) and the per-record loads skipped (the rows'
+        keys are loaded), then the eviction check."""
         keys, namespaces = self._inputs(keys, namespaces)
-        self._load_rows(keys, namespaces)
-        out = super().get_batch(keys, namespaces)
-        self.backend.evict()
-        return out
+        b = self.backend
+        try:
+            with b.eviction_held():
+                self._load_rows(keys, namespaces)
+                with b.rows_held():
+                    out = call(keys, *args, namespaces)
+                if self.descriptor.ttl_config is not None:
+                    # A TTL read removes the expired entries it finds (a logged removal); the
+                    # batch kernels do not say which, so every row key memory lacks now
+                    # (nothing was evicted meanwhile) is recorded as removed (T2): absent
+                    # either way, and V's expired value must not be read again.
+                    b.note_removed(self.table, self._batch_keys(keys, namespaces, None,
+                                                                only_absent=True))
+                return out
+        finally:
+            b.evict()
 
-    def contains_batch(self, keys, namespaces=None) -> pa.Array:
-        keys, namespaces = self._inputs(keys, namespaces)
-        self._load_rows(keys, namespaces)
-        out = super().contains_batch(keys, namespaces)
-        self.backend.evict()
-        return out
+    def get_batch(self, keys, namespaces=None) -> pa.Array:
+        return self._loaded_call(super().get_batch, keys, namespaces)
 
     def clear_batch(self, keys, namespaces=None) -> None:
         keys, namespaces = self._inputs(keys, namespaces)
@@ -257,21 +281,25 @@ class _TieredValue(_TieredBatch):
             self.backend.note_removed(self.table, enc)
         self.backend.evict()
 
+    def contains_batch(self, keys, namespaces=None) -> pa.Array:
+        return self._loaded_call(super().contains_batch, keys, namespaces)
 
-class _TieredReducing(_TieredBatch):
+
+class _TieredMerging(_TieredBatch):
+    """``add_batch`` of reducing and aggregating states: a read-modify-write of each row's key,
+    so the rows' keys are loaded first (an aggregating state's accumulator is stored as a
+    reducing state's value, one entry a key and namespace; its ``add_batch`` folds the rows
+    in Python over ``table.get`` and writes the staged accumulators at the end)."""
+
     def add_batch(self, keys, values, namespaces=None) -> pa.Array:
-        keys, namespaces = self._inputs(keys, namespaces)
-        self._load_rows(keys, namespaces)
-        out = super().add_batch(keys, values, namespaces)
-        self.backend.evict()
-        return out
+        return self._loaded_call(super().add_batch, keys, namespaces, values)
 
 
 class TieredValueState(_TieredValue, native_states.NativeValueState):
     """Value state of a tiered backend (module docstring)."""
 
 
-class TieredReducingState(_TieredReducing, native_states.NativeReducingState):
+class TieredReducingState(_TieredMerging, native_states.NativeReducingState):
     """Reducing state of a tiered backend (module docstring)."""
 
 
@@ -279,8 +307,16 @@ class TieredTtlValueState(_TieredValue, native_states.NativeTtlValueState):
     """TTL'd value state of a tiered backend (module docstring)."""
 
 
-class TieredTtlReducingState(_TieredReducing, native_states.NativeTtlReducingState):
+class TieredTtlReducingState(_TieredMerging, native_states.NativeTtlReducingState):
     """TTL'd reducing state of a tiered backend (module docstring)."""
+
+
+class TieredAggregatingState(_TieredMerging, native_states.NativeAggregatingState):
+    """Aggregating state of a tiered backend (module docstring)."""
+
+
+class TieredTtlAggregatingState(_TieredMerging, native_states.NativeTtlAggregatingState):
+    """TTL'd aggregating state of a tiered backend (module docstring)."""
 
 
 class TieredBackend(NativeBackend):
@@ -301,8 +337,10 @@ class TieredBackend(NativeBackend):
     #: (CheckpointStore.restore then prefetches nothing).
     attaches_runs = True
 
-    state_classes = {"value": TieredValueState, "reducing": TieredReducingState}
-    ttl_state_classes = {"value": TieredTtlValueState, "reducing": TieredTtlReducingState}
+    state_classes = {"value": TieredValueState, "reducing": TieredReducingState,
+                     "aggregating": TieredAggregatingState}
+    ttl_state_classes = {"value": TieredTtlValueState, "reducing": TieredTtlReducingState,
+                         "aggregating": TieredTtlAggregatingState}
 
     def __init__(self, *, memory_budget, checkpoint=None, cache_bytes: int = DEFAULT_CACHE_BYTES,
                  **options):
@@ -318,6 +356,10 @@ class TieredBackend(NativeBackend):
         self._reader = None
         self._lookup_states: frozenset = frozenset()
         self.attached_version: int | None = None
+        self._evict_holds = 0  # eviction_held() depth: evict() drops nothing while > 0
+        #: rows_held() depth: while > 0 the per-record table calls load nothing (a batch call
+        #: loaded the keys of its rows, and eviction is held)
+        self.rows_loaded = 0
         self._removed: dict[str, set] = {}  # this epoch's removed keys, per state
         self._removed_pending: dict[int, dict[str, set]] = {}  # snapshot id -> removed keys
         self._stats = {"loaded": 0, "fetched_keys": 0, "fetch_batches": 0, "evicted": 0,
@@ -329,7 +371,7 @@ class TieredBackend(NativeBackend):
         if kind is not None and kind not in TIERED_KINDS:
             raise InvalidInputError(
                 f"state {descriptor.name!r}: {kind} state is not supported by the tiered mode "
-                f"(memory_budget) yet; it holds {' and '.join(TIERED_KINDS)} states")
+                f"(memory_budget) yet; it holds {', '.join(TIERED_KINDS)} states")
         return super().get_state(descriptor, namespace_type)
 
     def _new_table(self, meta: dict) -> TieredTable:
@@ -344,8 +386,52 @@ class TieredBackend(NativeBackend):
                                 "(attach) the version instead")
 
     def _key_namespaces(self, state_name: str, kgs: KeyGroupRange):
-        raise InvalidInputError("keys() and apply_to_all_keys() are not supported by the tiered "
-                                "mode (memory holds part of the state)")
+        """The keys of ``keys()`` / ``apply_to_all_keys()`` (Flink ``getKeys``,
+        ``applyToAllKeys``): per key group, the attached version's keys merged with memory --
+        every entry memory holds (dirty or clean), plus each key of V's runs that was not
+        removed since V. The removals are the maps' own removal log (the tombstones of the
+        changes since the base, which is V's snapshot): it holds every removal of a key present
+        in the logical state (T3) -- those of TTL reads and cleanup steps included -- and no
+        eviction (T4). One key group at a time: V's entries of the group, merged newest-wins
+        over its runs (``CheckpointReader.entries``), and memory's keys and tombstones of the
+        group, read from one copy-on-write snapshot of the map; nothing is loaded into
+        memory. Unattached (or V without the state): memory alone, as the native backend."""
+        table = self._tables.get(state_name)
+        if table is None or not self.reads_runs(table) or not len(kgs):
+            yield from super()._key_namespaces(state_name, kgs)
+            return
+        native = table.native
+        in_runs = set(self._reader.key_groups_holding(state_name, kgs.start, kgs.end))
+        busy = in_runs | {kg for kg in kgs if native.key_group_size(kg)}
+        if not busy:
+            return
+        snap = native.snapshot()
+        try:
+            for kg in sorted(busy):
+                held = set(snap.entries(kg)[0].to_pylist()) if native.key_group_size(kg) \
+                    else set()
+                if kg in in_runs:
+                    keys, values = snap.changes(kg, snap.base_version)
+                    gone = set(keys.filter(values.is_null()).to_pylist())
+                    held.update(k for k in self._reader.entries(state_name, kg)[0].to_pylist()
+                                if k not in gone)
+                yield kg, self._decoded_rows(table, held)
+        finally:
+            snap.release()
+
+    def _decoded_rows(self, table: TieredTable, encoded) -> list:
+        """``[(serialized key, key, namespace)]`` of the encoded keys ``encoded`` of a value,
+        reducing or aggregating state (namespace None for void)."""
+        ks, ns_ser, pw = self.key_serializer, table.ns_ser, self.key_prefix_width
+        if ns_ser.name == "void":
+            # prefix | ser(key) | 00: only the key needs reading.
+            rows = []
+            for kb in encoded:
+                key, end = ks.read(kb, pw)
+                rows.append((kb[pw:end], key, None))
+            return rows
+        return [(ks.serialize(key), key, ns) for _, key, ns, _ in
+                (S.decode_key(kb, self.max_parallelism, ks, ns_ser) for kb in encoded)]
 
     # ------------------------------------------------------------------ loads, removals, eviction
     def encode_current_key_bytes(self, key) -> bytes:
@@ -395,9 +481,34 @@ class TieredBackend(NativeBackend):
         if encoded:
             self._removed.setdefault(table.name, set()).update(encoded)
 
+    @contextlib.contextmanager
+    def eviction_held(self):
+        """A context in which :meth:`evict` drops nothing (nestable): a batch call that reads
+        its rows one access at a time keeps the keys it loaded together until it is done, and
+        calls :meth:`evict` after."""
+        self._evict_holds += 1
+        try:
+            yield
+        finally:
+            self._evict_holds -= 1
+
+    @contextlib.contextmanager
+    def rows_held(self):
+        """A context, inside :meth:`eviction_held`, in which the per-record table calls of
+        the tiered tables load nothing: the batch call running in it loaded the keys of its
+        rows, and its per-row path touches those keys only."""
+        self.rows_loaded += 1
+        try:
+            yield
+        finally:
+            self.rows_loaded -= 1
+
     def evict(self) -> int:
         """Drop clean entries until :meth:`state_bytes` fits the budget (or none is left);
-        returns how many were dropped. Counted in :meth:`tiered_statistics`."""
+        returns how many were dropped (0 inside :meth:`eviction_held`). Counted in
+        :meth:`tiered_statistics`."""
+        if self._evict_holds:
+            return 0
         total = self.state_bytes()
         if total <= self.memory_budget:
             return 0
