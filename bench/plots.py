@@ -73,9 +73,14 @@ def plot(records: List[Record], path: str) -> None:
             ax.bar_label(drawn, fmt="%.3g", fontsize=6)
         ax.set_xticks(range(len(rs)))
         ax.set_xticklabels(labels, rotation=rotation, ha=ha, fontsize=fontsize)
-        for g in {(r["metric"], r["value"]) for r in goals}:
-            ax.axhline(g[1], color="#d62728", linestyle="--", linewidth=1)
-            ax.annotate(g[0], (0, g[1]), fontsize=6, color="#d62728", va="bottom")
+        by_value: dict = {}
+        for r in goals:
+            by_value.setdefault(r["value"], set()).add(r["metric"])
+        for value, names in by_value.items():
+            # Several goals at one value share a line and one label (they would overprint).
+            label = names.pop() if len(names) == 1 else f"goal {value:g} ({len(names)} goals)"
+            ax.axhline(value, color="#d62728", linestyle="--", linewidth=1)
+            ax.annotate(label, (0, value), fontsize=6, color="#d62728", va="bottom")
         if wide:
             ax.set_yscale("log")
             ax.axhline(1.0, color="#555555", linewidth=0.8)
