@@ -325,6 +325,13 @@ def test_keys_merge_memory_with_the_runs(tmp_path):
         ref.dispose()
 
 
+def _tiered_and_in_memory(store, clock):
+    """A tiered backend on ``store`` with a budget of two entries and an in-memory native
+    backend, both on the TTL clock ``clock`` (the backends a TTL comparison runs in turn)."""
+    yield tiered(store, budget=2 * (ENTRY + 8), ttl_clock=clock)
+    yield create_backend("native", key_type="int64", ttl_clock=clock)
+
+
 def test_keys_leave_out_keys_expired_and_removed_since_the_version(tmp_path):
     """A TTL read of the batch kernels removes an expired entry loaded from the version (a
     logged removal, no removed-set entry): keys() leaves it out, as the in-memory backend."""
@@ -332,8 +339,7 @@ def test_keys_leave_out_keys_expired_and_removed_since_the_version(tmp_path):
     d = ValueStateDescriptor("t", "int64").enable_time_to_live(StateTtlConfig(50))
     store = CheckpointStore(tmp_path)
     got = []
-    for b in (tiered(store, budget=2 * (ENTRY + 8), ttl_clock=clock),
-              create_backend("native", key_type="int64", ttl_clock=clock)):
+    for b in _tiered_and_in_memory(store, clock):
         clock.set(0)
         t = b.get_state(d)
         t.put_batch(pa.array(range(10), pa.int64()), pa.array(range(10), pa.int64()))
@@ -363,8 +369,7 @@ def test_an_expired_value_a_batch_read_removed_is_not_read_again(tmp_path, kind)
     d.enable_time_to_live(cfg)
     store = CheckpointStore(tmp_path)
     got = []
-    for b in (tiered(store, budget=2 * (ENTRY + 8), ttl_clock=clock),
-              create_backend("native", key_type="int64", ttl_clock=clock)):
+    for b in _tiered_and_in_memory(store, clock):
         clock.set(0)
         t = b.get_state(d)
         keys = pa.array(range(10), pa.int64())
