@@ -496,3 +496,18 @@ def test_operator_state_needs_opening_naming_why(redis_server):  # noqa: F811
     with pytest.raises(StateError, match="committed with the epochs .* open_operator_state"):
         b.operator_state  # noqa: B018
     b.dispose()
+
+
+def test_the_url_comes_from_redis_url_when_none_is_given(redis_server, monkeypatch):  # noqa: F811
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    with pytest.raises(InvalidInputError, match="REDIS_URL"):
+        create_backend("redis", namespace=NS)
+    monkeypatch.setenv("REDIS_URL", redis_server.url)
+    b = create_backend("redis", namespace=NS)
+    _write_epoch(b, range(3), 1)
+    assert commit_epoch(redis_server.url, NS, 1, [b.pre_commit(1)])
+    b.dispose()
+    assert read_committed(redis_server.url, NS, "v").epoch == 1
+    with pytest.raises(InvalidInputError, match="not both"):
+        create_backend("redis", url=redis_server.url, namespace=NS,
+                       client=object())

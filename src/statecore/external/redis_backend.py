@@ -50,7 +50,8 @@ class RedisBackend(CachedExternalBackend):
     """Keyed state of one task whose committed copy is in Redis (module docstring).
 
     Args: ``url`` (``redis://[user:password@]host:port/db``; or ``client``, a ``redis.Redis``
-    returning bytes), ``namespace`` (the state namespace, e.g. ``"job/operator"``: every key
+    returning bytes; neither: the URL in the ``REDIS_URL`` environment variable),
+    ``namespace`` (the state namespace, e.g. ``"job/operator"``: every key
     lives under ``statecore:{namespace}:``), ``key_type``, ``max_parallelism``,
     ``key_group_range``, ``assigner``, ``ttl_clock``, ``timer_namespace_type`` (as
     ``create_backend``), ``cache``
@@ -86,8 +87,8 @@ class RedisBackend(CachedExternalBackend):
                  ttl_sweep_key_groups: int = DEFAULT_TTL_SWEEP_KEY_GROUPS):
         if cache not in ("python", "native"):
             raise InvalidInputError(f"cache must be 'python' or 'native', got {cache!r}")
-        if (url is None) == (client is None):
-            raise InvalidInputError("pass exactly one of url= and client=")
+        if url is not None and client is not None:
+            raise InvalidInputError("pass one of url= and client=, not both")
         self._keys = NamespaceKeys(namespace)
         super().__init__(self._keys.namespace, cache,
                          dict(key_type=key_type, max_parallelism=max_parallelism,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 
 from statecore.errors import (
     EpochCommitError,
@@ -279,11 +280,22 @@ def wal_header(epoch: int) -> str:
     return f"{WAL_MAGIC} {int(epoch)}"
 
 
-def connect(url: str, timeout_s: float = DEFAULT_TIMEOUT_S):
+#: The environment variable a Redis URL is taken from when none is given (the convention of
+#: hosted Redis services and most client frameworks).
+REDIS_URL_ENV = "REDIS_URL"
+
+
+def connect(url: str | None, timeout_s: float = DEFAULT_TIMEOUT_S):
     """A ``redis.Redis`` client for ``url`` (``redis://[user:password@]host:port/db``,
-    ``rediss://`` for TLS, ``unix://``), returning bytes, with connect and socket timeouts of
-    ``timeout_s``. Connects lazily; InvalidInputError for a malformed URL."""
+    ``rediss://`` for TLS, ``unix://``; None: the ``REDIS_URL`` environment variable),
+    returning bytes, with connect and socket timeouts of ``timeout_s``. Connects lazily;
+    InvalidInputError for a malformed URL, or for None when ``REDIS_URL`` is not set."""
     redis = _redis()
+    if url is None:
+        url = os.environ.get(REDIS_URL_ENV)
+        if url is None:
+            raise InvalidInputError(
+                f"no Redis URL: pass url= (redis://host:port/db) or set {REDIS_URL_ENV}")
     if not isinstance(url, str):
         raise InvalidInputError(f"url must be a redis:// URL string, got {url!r}")
     try:
