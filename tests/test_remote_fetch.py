@@ -20,6 +20,7 @@ from statecore import CheckpointStore, ReducingStateDescriptor, create_backend
 from statecore.checkpoint import readers
 from statecore.checkpoint.format import HEADER_SIZE, TRAILER_SIZE, DataFileReader
 from statecore.errors import CheckpointIOError, CorruptCheckpointError
+from tests.support.data_files import DataFileLayout
 from tests.support.fs_wrappers import LocalDelegatingHandler
 
 
@@ -157,26 +158,13 @@ def test_restore_of_part_of_a_run_in_pieces_split_key_groups(remote, monkeypatch
             assert holder in cuts and holder + 1 in cuts
 
 
-def _layout(path):
-    with pafs.LocalFileSystem().open_input_file(path) as f:
-        r = DataFileReader(f, path)
-        blocks, index, states = r._blocks.copy(), r._index_rows.copy(), list(r.state_names)
-        filters_at = int(blocks[-1]["offset"]) + int(blocks[-1]["stored_length"])
-        footer_at = r.size - TRAILER_SIZE - r.footer_length
-        r.close()
-    return blocks, index, states, filters_at, footer_at
-
-
 @pytest.mark.parametrize("pieces", [1, 4])
 def test_a_flipped_byte_is_detected_through_a_whole_fetch(remote, monkeypatch, pieces):
     handler, store, path, desc, want = remote
     size = desc["size"]
     monkeypatch.setattr(readers, "REMOTE_PIECE_BYTES", -(-size // pieces))
-    blocks, index, states, filters_at, footer_at = _layout(path)
-    owner = {}
-    for rec in index:
-        for b in range(int(rec["first_block"]), int(rec["first_block"]) + int(rec["block_count"])):
-            owner[b] = (states[int(rec["state"])], int(rec["key_group"]))
+    layout = DataFileLayout(path)
+    blocks, filters_at, footer_at = layout.blocks, layout.filters_at, layout.footer_at
     rng = random.Random(5)
     picks = rng.sample(range(len(blocks)), 6)
     positions = ([0, HEADER_SIZE - 1, footer_at, footer_at + 4, size - 1, size - TRAILER_SIZE,
@@ -205,17 +193,7 @@ def test_a_flipped_byte_is_detected_through_a_whole_fetch(remote, monkeypatch, p
                 os.pwrite(fd, original[pos:pos + 1], pos)
             msg = str(ei.value)
             assert path in msg, (pos, msg)
-            blk = int(np.searchsorted(blocks["offset"].astype(np.int64), pos, "right")) - 1
-            if pos < HEADER_SIZE:
-                assert "magic" in msg
-            elif pos < filters_at:
-                name, kg = owner[blk]
-                assert f"state {name!r} key group {kg} block {blk}" in msg, (pos, msg)
-                assert "checksum" in msg
-            elif pos >= size - TRAILER_SIZE:
-                assert "trailer" in msg or "footer" in msg, (pos, msg)
-            else:
-                assert "footer" in msg, (pos, msg)
+            layout.assert_names_the_damage(msg, pos)
     finally:
         os.close(fd)
     with open(path, "wb") as f:
@@ -411,11 +389,10 @@ def test_corruption_in_the_last_piece_to_arrive_leaves_the_backend_unchanged(
     monkeypatch.setattr(readers, "REMOTE_PIECE_BYTES", -(-desc["size"] // 3))
     handler = _HeldHeadHandler(os.path.basename(path))
     store = _with_handler(tmp_path, handler)
-    blocks, index, states, _, _ = _layout(path)
+    layout = DataFileLayout(path)
     blk = 3  # in the first key groups: the first piece
-    pos = int(blocks[blk]["offset"]) + 5
-    kg = next(int(r["key_group"]) for r in index
-              if int(r["first_block"]) <= blk < int(r["first_block"]) + int(r["block_count"]))
+    pos = int(layout.blocks[blk]["offset"]) + 5
+    _, kg, _ = layout.block_at(pos)
     loads = _held_loads(monkeypatch, handler)
     original = open(path, "rb").read()
     _flip(path, pos)

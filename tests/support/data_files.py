@@ -10,12 +10,13 @@ import struct
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from statecore.checkpoint import format as fmt
 from statecore.key_groups import KeyGroupRange
 
 __all__ = ["data_file_bytes", "rewrite_footer_meta", "data_file_of_format", "RowsSnapshot",
-           "ReaderSnapshot"]
+           "ReaderSnapshot", "DataFileLayout"]
 
 
 class RowsSnapshot:
@@ -131,3 +132,53 @@ def data_file_of_format(snap, format_version: int) -> bytes:
         def edit(meta):
             meta.update(format_version=format_version)
     return rewrite_footer_meta(raw, edit, trailer_version=format_version)[0]
+
+
+class DataFileLayout:
+    """Where the parts of the data file at ``path`` (a local file, read once) lie: ``blocks``
+    and ``index`` (copies of its block table and key-group index rows), ``states`` (names),
+    ``size``, ``filters_at`` (the first byte after the blocks: the Bloom filters of format 6),
+    ``footer_at``. For tests that damage a byte and check what the error names."""
+
+    def __init__(self, path):
+        with pafs.LocalFileSystem().open_input_file(str(path)) as f:
+            r = fmt.DataFileReader(f, str(path))
+            try:
+                self.blocks = r._blocks.copy()
+                self.index = r._index_rows.copy()
+                self.states = list(r.state_names)
+                self.size = r.size
+                self.footer_at = r.size - fmt.TRAILER_SIZE - r.footer_length
+            finally:
+                r.close()
+        self.filters_at = int(self.blocks[-1]["offset"]) + int(self.blocks[-1]["stored_length"])
+        self._owners = {}  # block number -> (state name, key group)
+        for rec in self.index:
+            first = int(rec["first_block"])
+            for b in range(first, first + int(rec["block_count"])):
+                self._owners[b] = (self.states[int(rec["state"])], int(rec["key_group"]))
+        self._starts = self.blocks["offset"].astype(np.int64)
+
+    def block_at(self, pos: int):
+        """``(state name, key group, block number)`` of the block whose stored bytes hold byte
+        ``pos``, or None when no block does."""
+        b = int(np.searchsorted(self._starts, pos, "right")) - 1
+        if b < 0 or pos >= int(self._starts[b]) + int(self.blocks[b]["stored_length"]):
+            return None
+        return self._owners[b] + (b,)
+
+    def assert_names_the_damage(self, msg: str, pos: int) -> None:
+        """Assert that ``msg``, the error of a read of the file with byte ``pos`` damaged (not
+        in a Bloom filter), names what holds it: the block's state, key group and number and
+        its checksum; the header's magic; the trailer or footer."""
+        owner = self.block_at(pos)
+        if owner is not None:
+            name, kg, b = owner
+            assert f"state {name!r} key group {kg} block {b}" in msg, (pos, msg)
+            assert "checksum" in msg
+        elif pos < fmt.HEADER_SIZE:
+            assert "magic" in msg
+        elif pos >= self.size - fmt.TRAILER_SIZE:
+            assert "trailer" in msg or "footer" in msg, (pos, msg)
+        else:
+            assert "footer" in msg, (pos, msg)
