@@ -17,7 +17,7 @@ from statecore import serializers as S
 from statecore.checkpoint import blocks
 from statecore.checkpoint import format as fmt
 from statecore.checkpoint.format import DataFileReader
-from statecore.checkpoint.manifests import canonical_json, describe_manifest, parse_manifest
+from statecore.checkpoint.manifests import describe_manifest, parse_manifest, signed_manifest
 from statecore.descriptors import (
     ListStateDescriptor,
     MapStateDescriptor,
@@ -139,8 +139,7 @@ def _resigned_manifest(data: bytes) -> bytes | None:
         return None
     body = {k: v for k, v in doc.items() if k != "checksum_xxh64"}
     try:
-        signed = dict(body, checksum_xxh64=f"{fmt.xxh64(canonical_json(body)):016x}")
-        return json.dumps(signed).encode("ascii")
+        return json.dumps(signed_manifest(body)).encode("ascii")
     except (TypeError, ValueError):
         return None
 

@@ -5,7 +5,6 @@ appended bytes, missing and replaced files."""
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import struct
@@ -26,6 +25,7 @@ from statecore.checkpoint.format import (
 from statecore.errors import CheckpointNotFoundError, CorruptCheckpointError
 from statecore.key_groups import KeyGroupRange
 from support.data_files import DataFileLayout
+from support.manifests import forge_manifest_file
 
 
 class Snap:
@@ -280,11 +280,11 @@ def test_a_manifest_read_again_is_checked_again_unless_its_bytes_are_unchanged(s
     with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
         store.manifest(1)
     mpath.write_bytes(original)
-    _rewrite_manifest(mpath, lambda d: d["files"].append(dict(d["files"][0])))
+    forge_manifest_file(mpath, lambda d: d["files"].append(dict(d["files"][0])))
     with pytest.raises(CorruptCheckpointError, match="is listed twice"):
         CheckpointStore(store.uri).manifest(1)
     mpath.write_bytes(original)
-    _rewrite_manifest(mpath, lambda d: d["files"].append(
+    forge_manifest_file(mpath, lambda d: d["files"].append(
         dict(d["files"][0], path=d["files"][0]["path"] + "x")))
     with pytest.raises(CorruptCheckpointError, match="both claim key group 0"):
         CheckpointStore(store.uri).manifest(1)
@@ -310,18 +310,6 @@ def test_manifest_truncated_or_not_json(small_ckpt):
             store.open(1)
 
 
-def _rewrite_manifest(mpath, mutate):
-    """Apply ``mutate`` to the manifest body and re-sign it, as a buggy writer would."""
-    from statecore.checkpoint.format import xxh64
-
-    doc = json.loads(mpath.read_bytes())
-    doc.pop("checksum_xxh64")
-    mutate(doc)
-    canon = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("ascii")
-    doc["checksum_xxh64"] = f"{xxh64(canon):016x}"
-    mpath.write_bytes(json.dumps(doc).encode("ascii"))
-
-
 def test_manifest_with_overlapping_files_is_corrupt(tmp_path):
     store = CheckpointStore(tmp_path)
     full = build(kg_range=(0, 7))
@@ -335,7 +323,7 @@ def test_manifest_with_overlapping_files_is_corrupt(tmp_path):
         doc["files"][1]["key_group_range"] = [3, 7]
         doc["key_group_range"] = [0, 7]
 
-    _rewrite_manifest(mpath, overlap)
+    forge_manifest_file(mpath, overlap)
     with pytest.raises(CorruptCheckpointError, match="both claim key group 3"):
         store.open(0)
 
@@ -344,7 +332,7 @@ def test_manifest_with_overlapping_files_is_corrupt(tmp_path):
     def gap(doc):
         doc["files"][1]["key_group_range"] = [5, 7]
 
-    _rewrite_manifest(mpath, gap)
+    forge_manifest_file(mpath, gap)
     with pytest.raises(CorruptCheckpointError, match="no file holds key groups 4..4"):
         store.open(0)
 
@@ -353,7 +341,7 @@ def test_manifest_with_overlapping_files_is_corrupt(tmp_path):
     def wrong_union(doc):
         doc["key_group_range"] = [0, 9]
 
-    _rewrite_manifest(mpath, wrong_union)
+    forge_manifest_file(mpath, wrong_union)
     with pytest.raises(CorruptCheckpointError, match="not the union"):
         store.open(0)
 
@@ -362,7 +350,7 @@ def test_manifest_with_overlapping_files_is_corrupt(tmp_path):
     def escape(doc):
         doc["files"][0]["path"] = "../elsewhere.sckp"
 
-    _rewrite_manifest(mpath, escape)
+    forge_manifest_file(mpath, escape)
     with pytest.raises(CorruptCheckpointError, match="leaves the root"):
         store.open(0)
 
@@ -372,7 +360,7 @@ def test_manifest_with_overlapping_files_is_corrupt(tmp_path):
         doc["files"][0]["key_group_range"] = [0, 2]
         doc["files"][1]["key_group_range"] = [3, 7]
 
-    _rewrite_manifest(mpath, wrong_range)
+    forge_manifest_file(mpath, wrong_range)
     with store.open(0) as r, pytest.raises(CorruptCheckpointError, match="footer says"):
         r.entries("a", 0)
 
@@ -381,7 +369,7 @@ def test_manifest_with_overlapping_files_is_corrupt(tmp_path):
     def other_version(doc):
         doc["version"] = 5
 
-    _rewrite_manifest(mpath, other_version)
+    forge_manifest_file(mpath, other_version)
     with pytest.raises(CorruptCheckpointError, match="version 5"):
         store.open(0)
 

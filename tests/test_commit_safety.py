@@ -4,7 +4,6 @@ version, commits and restores refuse a chain whose base is missing, and a commit
 
 from __future__ import annotations
 
-import json
 import os
 
 import pyarrow as pa
@@ -13,9 +12,8 @@ import pytest
 import statecore
 from statecore import ValueStateDescriptor
 from statecore.checkpoint import CheckpointStore
-from statecore.checkpoint.format import xxh64
-from statecore.checkpoint.manifests import canonical_json
 from statecore.errors import CorruptCheckpointError, InvalidInputError
+from support.manifests import forge_manifest
 
 BACKENDS = ["python", "native"]
 
@@ -197,17 +195,6 @@ def test_a_base_committed_again_is_not_the_base_any_more(tmp_path, kind):
         b.notify_checkpoint_complete(snap.snapshot_id, commit_id=before)
 
 
-def _forge(store, version, edit):
-    path = os.path.join(store.root, store.manifest_name(version))
-    with open(path) as f:
-        doc = json.load(f)
-    doc.pop("checksum_xxh64")
-    edit(doc)
-    doc["checksum_xxh64"] = f"{xxh64(canonical_json(doc)):016x}"
-    with open(path, "w") as f:
-        f.write(json.dumps(doc))
-
-
 def test_restore_refuses_a_chain_whose_base_is_missing(tmp_path):
     """A manifest whose incremental run sits on a run of another version than its base (runs
     dropped by hand, or by a buggy writer) reads as corrupt instead of silently missing the
@@ -224,7 +211,7 @@ def test_restore_refuses_a_chain_whose_base_is_missing(tmp_path):
     def drop_version_2(doc):
         doc["files"] = [f for f in doc["files"] if f["version"] != 2]
 
-    _forge(store, 3, drop_version_2)
+    forge_manifest(store, 3, drop_version_2)
     fresh = CheckpointStore(tmp_path)
     with pytest.raises(CorruptCheckpointError, match="holds the changes since version 2, but "
                                                      "the run below it"):
@@ -235,7 +222,7 @@ def test_restore_refuses_a_chain_whose_base_is_missing(tmp_path):
     def bad_base(doc):
         doc["files"][0]["base_version"] = "2"
 
-    _forge(store, 2, bad_base)
+    forge_manifest(store, 2, bad_base)
     with pytest.raises(CorruptCheckpointError, match="bad base_version"):
         CheckpointStore(tmp_path).open(2)
 
@@ -326,7 +313,7 @@ def _two_state_checkpoint(tmp_path):
 ])
 def test_forged_manifests_are_corrupt_not_type_errors(tmp_path, edit, what):
     store = _two_state_checkpoint(tmp_path)
-    _forge(store, 0, edit)
+    forge_manifest(store, 0, edit)
     with pytest.raises(CorruptCheckpointError, match=what):
         CheckpointStore(tmp_path).open(0)
 
@@ -343,7 +330,7 @@ def _forge_footer(store, version, edit_meta):
     data, fsum = rewrite_footer_meta(raw, edit_meta)
     with open(path, "wb") as f:
         f.write(data)
-    _forge(store, version, lambda d: d["files"][0].update(size=len(data),
+    forge_manifest(store, version, lambda d: d["files"][0].update(size=len(data),
                                                           footer_xxh64=f"{fsum:016x}"))
 
 

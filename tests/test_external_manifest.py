@@ -11,12 +11,11 @@ import os
 import pytest
 
 from statecore import CheckpointStore, ValueStateDescriptor, create_backend
-from statecore.checkpoint.format import xxh64
-from statecore.checkpoint.manifests import canonical_json
 from statecore.cli import main
 from statecore.errors import CorruptCheckpointError, InvalidInputError
 from statecore.inspect import entries_table, summary_lines, version_stats
 from statecore.spark.external_commit import decided_epoch
+from support.manifests import forge_manifest
 
 LOGS = ["statecore:{job/op}:wal:3:p0of2", "statecore:{job/op}:wal:3:p1of2"]
 
@@ -78,17 +77,6 @@ def test_first_epoch_and_retention(tmp_path):
     assert store.versions() == [2, 3]
 
 
-def _tampered(store, version, change):
-    path = os.path.join(store.uri, store.manifest_name(version))
-    with open(path) as f:
-        doc = json.load(f)
-    doc.pop("checksum_xxh64")
-    change(doc)
-    doc["checksum_xxh64"] = f"{xxh64(canonical_json(doc)):016x}"
-    with open(path, "w") as f:
-        json.dump(doc, f)
-
-
 @pytest.mark.parametrize("change, what", [
     (lambda d: d.update(format_version=2), "format_version 3"),
     (lambda d: d.pop("external"), "format_version 3"),
@@ -102,7 +90,7 @@ def _tampered(store, version, change):
 def test_tampered_metadata_only_manifest_is_corrupt(tmp_path, change, what):
     store = CheckpointStore(str(tmp_path / "ckpt"))
     _commit(store)
-    _tampered(store, 3, change)
+    forge_manifest(store, 3, change)
     with pytest.raises(CorruptCheckpointError, match=what):
         CheckpointStore(store.uri).manifest(3)
 
@@ -112,7 +100,7 @@ def test_an_ordinary_manifest_cannot_carry_external(tmp_path):
     b = create_backend("python", key_type="int64", max_parallelism=64)
     b.get_state(ValueStateDescriptor("count", "int64"))
     store.commit(1, [store.write_snapshot(b.snapshot(), 1)])
-    _tampered(store, 1, lambda d: d.update(external={
+    forge_manifest(store, 1, lambda d: d.update(external={
         "store": "redis", "namespace": "n", "epoch": 1, "logs": ["l"], "base_epoch": None}))
     with pytest.raises(CorruptCheckpointError, match="format_version 3"):
         CheckpointStore(store.uri).manifest(1)

@@ -53,7 +53,7 @@ __all__ = ["ManifestLog", "MANIFEST_FORMAT", "MANIFEST_FORMAT_VERSION",
            "EXTERNAL_MANIFEST_FORMAT_VERSION",
            "READABLE_MANIFEST_VERSIONS", "canonical_json", "new_commit_id", "new_manifest_body",
            "new_external_manifest_body", "check_external", "describe_manifest",
-           "check_manifest_schema", "parse_manifest"]
+           "check_manifest_schema", "parse_manifest", "signed_manifest"]
 
 MANIFEST_FORMAT = "statecore-checkpoint"
 MANIFEST_FORMAT_VERSION = 2
@@ -247,6 +247,13 @@ class _ValidatedManifests:
 _VALIDATED_MANIFESTS = _ValidatedManifests()
 
 
+def signed_manifest(body: dict) -> dict:
+    """``body`` (a manifest without ``checksum_xxh64``) with its ``checksum_xxh64`` added: the
+    XXH64 of its canonical JSON as 16 hex digits (docs/formats.md "Checkpoint store and
+    manifests"). TypeError / ValueError when ``body`` is not JSON data."""
+    return dict(body, checksum_xxh64=f"{xxh64(canonical_json(body)):016x}")
+
+
 def parse_manifest(raw: bytes, version: int, path: str) -> dict:
     """The validated manifest of ``version`` from its file's bytes ``raw`` (a fresh dict, a
     version-1 manifest upgraded); ``path`` names it in errors. Raises CorruptCheckpointError
@@ -369,7 +376,7 @@ class ManifestLog:
         before the put and verified after it; FencedError when another driver holds it (before:
         nothing written; after: the manifest just written is deleted again if it is still the
         one this call wrote)."""
-        manifest = dict(body, checksum_xxh64=f"{xxh64(canonical_json(body)):016x}")
+        manifest = signed_manifest(body)
         data = json.dumps(manifest, sort_keys=True, indent=1).encode("ascii")
         what = f"publishing the manifest of version {body['version']}"
         if self.lease is not None:
