@@ -172,8 +172,9 @@ class _RunFile:
     def ensure_filters(self, kgs) -> int:
         """Read the filters of the key groups ``kgs`` (ints) not read yet, in one ranged read
         over the span they lie in (filters are stored in key-group order), checking each
-        against its XXH64; returns the bytes read. CorruptCheckpointError on a mismatch (no
-        filter of the read kept), CheckpointIOError when the read fails."""
+        against its XXH64 (and, without the extension, take their block keys from the footer);
+        returns the bytes read. CorruptCheckpointError on a mismatch (no filter of the read
+        kept), CheckpointIOError when the read fails."""
         want = sorted({kg for kg in kgs if kg in self._filter_rows and kg not in self.filters})
         if not want:
             return 0

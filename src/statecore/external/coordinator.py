@@ -10,13 +10,26 @@ from statecore.external.reader import CommittedState
 from statecore.external.reader import read_committed as _redis_read
 from statecore.external.store import DEFAULT_TIMEOUT_S
 
-__all__ = ["commit_epoch", "abort_epoch", "wal_keys", "read_committed_epoch", "read_committed"]
+__all__ = ["connect", "commit_epoch", "abort_epoch", "wal_keys", "read_committed_epoch",
+           "read_committed"]
 
 
 def _is_pg(url_or_client) -> bool:
     from statecore.external.postgres_store import is_postgres
 
     return is_postgres(url_or_client)
+
+
+def connect(url: str, timeout_s: float = DEFAULT_TIMEOUT_S):
+    """A client of the store ``url`` names, for the other functions here to share: a
+    :class:`~statecore.external.postgres_store.PgConnection` for a PostgreSQL URL, else a
+    ``redis.Redis`` (:func:`statecore.external.store.connect`); both connect at their first
+    use. InvalidInputError for a malformed URL."""
+    if _is_pg(url):
+        from statecore.external import postgres_store
+
+        return postgres_store.connect(url, timeout_s)
+    return _redis.connect(url, timeout_s)
 
 
 def commit_epoch(url_or_client, namespace: str, epoch: int, wal_key_names,

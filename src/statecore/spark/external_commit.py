@@ -103,12 +103,8 @@ class _DriverStore:
     @property
     def client(self):
         if self._client is None:
-            from statecore.external.urls import store_kind
+            from statecore.external.coordinator import connect
 
-            if store_kind(self.url) == "postgres":
-                from statecore.external.postgres_store import connect
-            else:
-                from statecore.external.store import connect
             self._client = connect(self.url, self.timeout_s)
         return self._client
 
