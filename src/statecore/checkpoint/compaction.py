@@ -151,11 +151,16 @@ class Compactor:
         published in this process (a copy; call it holding :attr:`lock`)."""
         return set(self._inflight)
 
-    def compact(self, version: int | None, max_runs: int, ttl_clock) -> dict:
+    def compact(self, version: int | None, max_runs: int, ttl_clock,
+                key_groups: tuple[int, int] | None = None) -> dict:
         """Compact ``version`` (None: the latest) where a key group needs more than ``max_runs``
         runs; returns the (possibly unchanged) manifest. ``ttl_clock``: the processing-time clock
-        of the TTL filter. Errors as ``CheckpointStore.compact``."""
+        of the TTL filter. ``key_groups`` (inclusive ``(start, end)``; None: all): only top runs
+        overlapping these key groups are compacted, whole. Errors as
+        ``CheckpointStore.compact``."""
         max_runs = check_max_runs(max_runs)
+        if key_groups is not None:
+            ks, ke = (int(x) for x in key_groups)
         with self.lock:
             self.manifests.fence("compaction")
             if version is None:
@@ -172,6 +177,8 @@ class Compactor:
         targets = []
         for t in tops:
             s, e = t["key_group_range"]
+            if key_groups is not None and (e < ks or s > ke):
+                continue
             depth = max((len(c) for a, b, c in segments if a <= e and b >= s), default=0)
             if depth > max_runs:
                 targets.append(t)
