@@ -418,9 +418,10 @@ class CheckpointStore:
         listing it instead (:mod:`statecore.checkpoint.compaction`). ``key_groups`` (inclusive
         ``(start, end)``): only the top runs overlapping these key groups (what one task owns)
         are looked at, each compacted whole. What the version restores to does not change
-        (less the entries the TTL compaction filter drops). Returns the (possibly unchanged) manifest. Raises CheckpointNotFoundError
-        for an unknown version, InvalidInputError for a bad ``max_runs``, CorruptCheckpointError
-        when a run cannot be read; filesystem errors propagate (nothing published then)."""
+        (less the entries the TTL compaction filter drops). Returns the (possibly unchanged)
+        manifest. Raises CheckpointNotFoundError for an unknown version, InvalidInputError for
+        a bad ``max_runs`` or ``key_groups``, CorruptCheckpointError when a run cannot be read;
+        filesystem errors propagate (nothing published then)."""
         if max_runs is None:
             max_runs = self.max_runs if self.max_runs is not None else 1
         if key_groups is not None:
