@@ -13,6 +13,7 @@ each in its own module of ``statecore.checkpoint``:
 ``commit``             the commit protocol: descriptors in, a version's manifest out
 ``compaction``         replacing long chains by full runs (and the TTL compaction filter)
 ``retention``          keeping the newest versions, deleting what nothing references
+``pins``               the runs open readers read, which retention keeps
 ``readers``            lazy StateSnapshots over a committed version, and change sets
 =====================  ======================================================================
 
