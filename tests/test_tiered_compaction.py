@@ -20,7 +20,8 @@ import pytest
 pytest.importorskip("statecore._native")
 
 from statecore import create_backend  # noqa: E402
-from statecore.checkpoint import CheckpointStore  # noqa: E402
+from statecore.checkpoint import CheckpointStore, compaction  # noqa: E402
+from statecore.checkpoint.readers import CheckpointReader  # noqa: E402
 from statecore.descriptors import ReducingStateDescriptor, ValueStateDescriptor  # noqa: E402
 from statecore.errors import InvalidInputError  # noqa: E402
 from statecore.ttl import ManualClock, StateTtlConfig  # noqa: E402
@@ -127,6 +128,37 @@ def test_background_compaction_matches_the_in_memory_backend(tmp_path):
     assert expired > 0
     b.dispose()
     store.close()
+
+
+def test_compaction_reads_the_runs_one_window_of_key_groups_at_a_time(tmp_path, monkeypatch):
+    """With a window of one key group's bytes, the compaction prefetches one key group at a
+    time (its memory bounded whatever the state's size) and the version restores the same."""
+    monkeypatch.setattr(compaction, "PREFETCH_WINDOW_BYTES", 1)
+    spans = []
+    prefetch = CheckpointReader.prefetch
+
+    def spy(self, start, end, **kw):
+        spans.append((start, end))
+        return prefetch(self, start, end, **kw)
+
+    store = CheckpointStore(tmp_path, max_runs=None)
+    b = create_backend("native", key_type="int64", max_parallelism=64)
+    s = b.get_state(ValueStateDescriptor("v", "int64"))
+    keys = pa.array(range(500), pa.int64())
+    for version in range(1, 4):
+        s.put_batch(keys[version * 100:], keys[version * 100:])
+        store.checkpoint(b, version)
+
+    def restored():
+        r = create_backend("native", key_type="int64", max_parallelism=64)
+        store.restore(r, 3)
+        return r.get_state(ValueStateDescriptor("v", "int64")).get_batch(keys).to_pylist()
+
+    before = restored()
+    monkeypatch.setattr(CheckpointReader, "prefetch", spy)
+    store.compact(3, max_runs=1)
+    assert spans == [(kg, kg) for kg in range(64)]
+    assert store.describe(3)["runs"] == 1 and restored() == before
 
 
 class _ReadPaths(LocalDelegatingHandler):
