@@ -1,9 +1,9 @@
 """Run by test_tiered_compaction in a fresh interpreter, to be SIGKILLed at its ``kill_at``-th
 filesystem mutation (a file opened for writing, a write into it -- half of it written first, a
 torn file --, a move, a delete): a tiered backend attached to the newest version of a history
-:func:`build` wrote either checkpoints the next version and runs retention (``commit``), or has
-its attached version compacted in the background, re-attaches and runs retention
-(``compact``). With ``kill_at`` 0 nothing is killed and it prints ``mutations N`` (:func:`main`
+:func:`build` wrote checkpoints the next version and runs retention (``commit``); in
+``compact`` that version's chain is compacted in the background in between and the backend
+re-attaches to it. With ``kill_at`` 0 nothing is killed and it prints ``mutations N`` (:func:`main`
 run in process, as the test does to count them). Every
 version's state is a function of the version alone (:func:`expected`)."""
 
@@ -82,61 +82,58 @@ class KillingHandler(LocalDelegatingHandler):
         super().__init__()
         self.kill_at = kill_at
         self.mutations = 0
-        #: what each mutation was: "open", "write", "move", "delete"
-        self.kinds: list[str] = []
+        #: each mutation: (what: "open", "write", "move" or "delete", the file's base name)
+        self.steps: list[tuple[str, str]] = []
 
-    def _step(self, kind: str) -> bool:
+    def _step(self, kind: str, path: str) -> bool:
         self.mutations += 1
-        self.kinds.append(kind)
+        self.steps.append((kind, os.path.basename(path)))
         return self.mutations == self.kill_at
 
     def _die(self) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
     def before_write(self, stream, data) -> None:
-        if self._step("write"):
+        if self._step("write", stream.path):
             stream.inner.write(bytes(data)[:len(data) // 2])
             stream.inner.flush()
             self._die()
 
     def open_output_stream(self, path, metadata):
-        if self._step("open"):
+        if self._step("open", path):
             self._die()
         return super().open_output_stream(path, metadata)
 
     def move(self, src, dest):
-        if self._step("move"):
+        if self._step("move", src):
             self._die()
         super().move(src, dest)
 
     def delete_file(self, path):
-        if self._step("delete"):
+        if self._step("delete", path):
             self._die()
         super().delete_file(path)
 
     def delete_dir(self, path):
-        if self._step("delete"):
+        if self._step("delete", path):
             self._die()
         super().delete_dir(path)
 
 
 def main(root: str, phase: str, kill_at: int) -> KillingHandler:
     """The phase on ``root``, killed at mutation ``kill_at`` (0: never); returns the handler
-    (its ``kinds`` list the mutations)."""
+    (its ``steps`` list the mutations)."""
     handler = KillingHandler(kill_at)
     store = CheckpointStore(root, filesystem=pafs.PyFileSystem(handler), max_runs=None)
-    if phase == "commit":
-        b = tiered(store)
-        store.restore(b)
-        apply(b, LAST + 1)
-        store.checkpoint(b, LAST + 1)
-        store.retain(2)
-    else:
-        b = tiered(store, compact_max_runs=1)
-        store.restore(b)  # the chain of LAST runs is compacted in the background
+    b = tiered(store, compact_max_runs=None if phase == "commit" else LAST)
+    store.restore(b)
+    apply(b, LAST + 1)
+    store.checkpoint(b, LAST + 1)
+    if phase == "compact":
+        # The chain of LAST + 1 runs is compacted in the background; the backend re-attaches.
         if not b.poll_compaction(wait=True):
             raise SystemExit(f"no re-attach: {b.last_compaction_error}")
-        store.retain(1)
+    store.retain(2)
     b.dispose()
     store.close()
     print(f"mutations {handler.mutations}", flush=True)

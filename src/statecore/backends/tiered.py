@@ -51,8 +51,10 @@ docs/state-map.md "Change tracking" state the rules this builds on):
   need the whole state in memory): ``snapshot(incremental=False)`` takes an incremental one.
 * **Background compaction.** Each checkpoint adds a run to V's chains, and a lookup of a key
   memory lacks consults every run of its chain. When the chain of the backend's key groups is
-  longer than ``compact_max_runs`` after an attach, the store's compactor compacts V's top runs
-  of those key groups in its background thread (``CheckpointStore.compact_async`` with
+  longer than ``compact_max_runs`` after an attach, and the backend's store object committed V
+  (so that the compaction publishes under the commits' lock and lease; a Spark task's store
+  commits nothing, the driver's compacts), the store's compactor compacts V's top runs of
+  those key groups in its background thread (``CheckpointStore.compact_async`` with
   ``key_groups``: the manifest of V is replaced by one restoring the same state from one full
   run per top run, the TTL compaction filter applied), as Flink 2.0's ForSt compacts a task's
   files in the background. Processing goes on meanwhile against V's old runs, which the
@@ -353,10 +355,11 @@ class TieredBackend(NativeBackend):
     None): when the attached version's chains for the backend's key groups hold more runs than
     this, they are compacted in the store's background thread and the backend re-attaches to
     the compacted manifest (module docstring, "Background compaction"; default
-    :data:`DEFAULT_COMPACT_MAX_RUNS`); None: never -- for a backend whose store another
-    process publishes to, as a Spark task's (the driver compacts, docs/tiered.md "Compaction
-    and retention"). Other options as :class:`~statecore.backends.native.NativeBackend`.
-    InvalidInputError for a bad budget, ``compact_max_runs`` or a missing store.
+    :data:`DEFAULT_COMPACT_MAX_RUNS`; None: never). Only versions the store object committed
+    are compacted so: a backend whose versions another process commits (a Spark task's) leaves
+    compaction to that process (docs/tiered.md "Compaction and retention"). Other options as
+    :class:`~statecore.backends.native.NativeBackend`. InvalidInputError for a bad budget,
+    ``compact_max_runs`` or a missing store.
     """
 
     #: Restores attach the version's runs instead of reading them
@@ -598,9 +601,12 @@ class TieredBackend(NativeBackend):
     def _maybe_compact(self) -> None:
         """Ask the store's compactor for a background compaction of the attached version's
         top runs of this backend's key groups when their chains are longer than
-        ``compact_max_runs`` and none is in flight."""
+        ``compact_max_runs``, none is in flight, and the store object made that commit
+        (``CheckpointStore.committed_here``: compaction publishes under the commits' lock and
+        lease; a version another process committed is left to it)."""
         if (self.compact_max_runs is None or self._lookup is None
                 or self._compaction is not None
+                or not self.store.committed_here(self.attached_version, self._reader.commit_id)
                 or self.attached_runs() <= self.compact_max_runs):
             return
         version = self.attached_version
@@ -635,7 +641,7 @@ class TieredBackend(NativeBackend):
                 and manifest["checksum_xxh64"] != old.manifest["checksum_xxh64"]):
             try:
                 switched = self._attach(version, commit_id=old.commit_id)
-            except CheckpointError as exc:  # retained away or unreadable: stay on the old runs
+            except (CheckpointError, OSError) as exc:  # gone or unreadable: stay on the old runs
                 self._stats["compaction_failures"] += 1
                 self.last_compaction_error = f"{type(exc).__name__}: {exc}"
             if switched:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from collections import deque
 from concurrent.futures import Future
 from typing import Any, Iterable
 
@@ -70,6 +71,8 @@ __all__ = [
 ]
 
 DEFAULT_MAX_RUNS = 8
+#: Commits :meth:`CheckpointStore.committed_here` remembers.
+COMMITTED_HERE_KEPT = 16
 
 
 class _StoreManifests:
@@ -165,6 +168,8 @@ class CheckpointStore:
         self._retention = Retention(
             self._root, manifests, self._lock,
             lambda: self._compactor.in_flight_paths() | self._pins.paths())
+        # (version, commit id) of the newest commits of this object (committed_here)
+        self._committed_here: deque = deque(maxlen=COMMITTED_HERE_KEPT)
         # backend -> (its base_token, the version that base is): what checkpoint() committed
         self._bases: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
 
@@ -338,6 +343,7 @@ class CheckpointStore:
             descriptors = self.pending(version)
         result = self._committer.commit(version, descriptors, metadata, replace)
         manifest = result.manifest
+        self._committed_here.append((version, manifest.get("commit_id")))
         if self.max_runs is not None and result.longest_chain > self.max_runs:
             if self.background_compaction:
                 self.compact_async(version)
@@ -439,6 +445,13 @@ class CheckpointStore:
     def close(self) -> None:
         """Wait for background compactions and stop their thread (idempotent)."""
         self._compactor.close()
+
+    def committed_here(self, version: int, commit_id: str | None) -> bool:
+        """True when this store object made the commit ``commit_id`` of ``version`` (one of
+        its last :data:`COMMITTED_HERE_KEPT` :meth:`commit` calls). A tiered backend asks its
+        store to compact only such versions, so that the compaction publishes under the lock
+        and the lease of the commits (docs/tiered.md "Compaction and retention")."""
+        return (version, commit_id) in self._committed_here
 
     # -------------------------------------------------------------------------------- reads
 
