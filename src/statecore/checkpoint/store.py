@@ -343,7 +343,8 @@ class CheckpointStore:
             descriptors = self.pending(version)
         result = self._committer.commit(version, descriptors, metadata, replace)
         manifest = result.manifest
-        self._committed_here.append((version, manifest.get("commit_id")))
+        with self._lock:
+            self._committed_here.append((version, manifest.get("commit_id")))
         if self.max_runs is not None and result.longest_chain > self.max_runs:
             if self.background_compaction:
                 self.compact_async(version)
@@ -451,7 +452,8 @@ class CheckpointStore:
         its last :data:`COMMITTED_HERE_KEPT` :meth:`commit` calls). A tiered backend asks its
         store to compact only such versions, so that the compaction publishes under the lock
         and the lease of the commits (docs/tiered.md "Compaction and retention")."""
-        return (version, commit_id) in self._committed_here
+        with self._lock:
+            return (version, commit_id) in self._committed_here
 
     # -------------------------------------------------------------------------------- reads
 
