@@ -192,6 +192,29 @@ def test_only_versions_the_store_object_committed_are_compacted(tmp_path):
     other.close()
 
 
+def test_a_failed_background_compaction_is_reported_and_changes_nothing(tmp_path,
+                                                                        monkeypatch):
+    store = CheckpointStore(tmp_path, max_runs=None)
+    b = tiered(store, compact_max_runs=1)
+    s = b.get_state(ValueStateDescriptor("v", "int64"))
+    for version in (1, 2):
+        s.put_batch(pa.array([version], pa.int64()), pa.array([version], pa.int64()))
+        if version == 2:
+            def broken(*args, **kwargs):
+                raise OSError("disk full")
+
+            monkeypatch.setattr(store, "compact", broken)
+        store.checkpoint(b, version)
+    assert not b.poll_compaction(wait=True)
+    stats = b.tiered_statistics()
+    assert stats["compaction_failures"] == 1 and stats["attached_runs"] == 2
+    assert b.last_compaction_error == "OSError: disk full"
+    s.get_batch(pa.array(range(50, 80), pa.int64()))
+    assert s.get_batch(pa.array([1, 2], pa.int64())).to_pylist() == [1, 2]
+    b.dispose()
+    store.close()
+
+
 def test_lookups_after_the_re_attach_read_the_compacted_run_alone(tmp_path):
     handler = _ReadPaths()
     store = CheckpointStore(str(tmp_path), filesystem=pafs.PyFileSystem(handler), max_runs=None)
