@@ -2,7 +2,9 @@
 restored from the same checkpoint, in the same run: a running count over a state much larger
 than the memory budget, served from the checkpoint's runs (``tiered_running_count``); the time
 from a restore or rescale to the first record and to a warm working set (``tiered_restore``);
-the bytes and seconds of a checkpoint against the state's size (``tiered_checkpoint``).
+the bytes and seconds of a checkpoint against the state's size (``tiered_checkpoint``); the
+cost of lookups against the attached chain's length, before and after its compaction
+(``tiered_compaction``).
 """
 
 from __future__ import annotations
@@ -383,8 +385,9 @@ def tiered_checkpoint(size: Size):
                 copy = Path(d) / impl
                 shutil.copytree(root, copy)
                 store = CheckpointStore(copy)
-                opts = {"memory_budget": max(4096, n * _ENTRY // 8), "checkpoint": store} \
-                    if impl == "tiered" else {}
+                # No background compaction: it would run during the measured intervals.
+                opts = {"memory_budget": max(4096, n * _ENTRY // 8), "checkpoint": store,
+                        "compact_max_runs": None} if impl == "tiered" else {}
                 b = create_backend("native", key_type="int64", **opts)
                 store.restore(b, 1)
                 st = b.get_state(ReducingStateDescriptor("c", "sum", "int64"))
@@ -421,4 +424,92 @@ def tiered_checkpoint(size: Size):
                 assert a.equals(m)
         out.append(record(c, "tiered", f"changed_{lab}",
                           np.mean([len(np.unique(k)) for k in streams[1:]]), "entries"))
+    return out
+
+
+def _compaction_panel(r) -> object:
+    """tiered_compaction's plot: seconds per lookup batch over the chain lengths, the chain
+    beside its compaction; the compactions' seconds."""
+    if r["metric"].startswith("lookup_s_"):
+        return "seconds per 64k-key lookup batch", f"{r['impl']} {r['metric'][9:]}"
+    if r["metric"].startswith("compaction_s_"):
+        return "compaction (s)", r["metric"][13:]
+    return None
+
+
+@case("tiered_compaction",
+      "tiered lookups (get_batch of 64k uniform keys, budget and block cache 1/8 of the state) "
+      "over an attached "
+      "chain of 1, 2, 4, 8, 16 runs of 1M / 100k int64 keys, against the same version "
+      "compacted to one run; and the compaction's seconds", panel=_compaction_panel)
+def tiered_compaction(size: Size):
+    """A full run of ``N`` keys (count 1 each, version 1) and incremental runs on top, each of
+    ``N / 100`` uniform keys' counts incremented (one checkpoint of a tiered backend each).
+    At chain lengths ``d`` = 1, 2, 4, 8, 16: impl ``chain`` is a tiered backend attached to
+    the version (budget and block cache each 1/8 of the state's bytes), impl ``compacted`` one
+    attached to a copy of it compacted to one run (``CheckpointStore.compact(max_runs=1)``,
+    its seconds recorded as ``compaction_s_<d>runs``); each reads a warm-up batch then
+    ``get_batch`` of 4 (quick: 2) batches of 64k uniform keys, fresh each. Records
+    ``lookup_s_<d>runs`` (median seconds per batch) and ``blocks_per_batch_<d>runs`` (blocks
+    read from the files, from the lookup statistics). The two impls' outputs are checked
+    equal."""
+    if not has_native():
+        return []
+    n = size.n(1_000_000, 100_000)
+    reps = 2 if size.quick else 4
+    c = "tiered_compaction"
+    rng = np.random.default_rng(17)
+    desc = ReducingStateDescriptor("c", "sum", "int64")
+    out = [record(c, "chain", "keys", n, "entries")]
+    with tempfile.TemporaryDirectory(prefix="statecore-bench-") as d:
+        root = Path(d) / "base"
+        _base_checkpoint(root, n)
+        store = CheckpointStore(root, max_runs=None)
+        writer = create_backend("native", key_type="int64", memory_budget=n * _ENTRY // 8,
+                                checkpoint=store, compact_max_runs=None)
+        store.restore(writer, 1)
+        st = writer.get_state(desc)
+        version = 1
+        for depth in (1, 2, 4, 8, 16):
+            while version < depth:  # version v holds a chain of v runs
+                keys = pa.array(rng.integers(0, n, max(1, n // 100), dtype=np.int64))
+                st.add_batch(keys, pa.array(np.ones(len(keys), np.int64)))
+                version += 1
+                store.checkpoint(writer, version)
+            copy = Path(d) / f"compacted-{depth}"
+            shutil.copytree(root, copy)
+            compacted = CheckpointStore(copy, max_runs=None)
+            t = time.perf_counter()
+            compacted.compact(version, max_runs=1)
+            out.append(record(c, "compaction", f"compaction_s_{depth}runs",
+                              time.perf_counter() - t, "s"))
+            batches = [pa.array(rng.integers(0, n, _BATCH, dtype=np.int64))
+                       for _ in range(reps + 1)]
+            got = {}
+            for impl, s in (("chain", store), ("compacted", compacted)):
+                b = create_backend("native", key_type="int64", memory_budget=n * _ENTRY // 8,
+                                   cache_bytes=max(1 << 20, n * _ENTRY // 8), checkpoint=s,
+                                   compact_max_runs=None)
+                s.restore(b, version)
+                assert b.attached_runs() == (depth if impl == "chain" else 1)
+                reader = b.get_state(desc)
+                reader.get_batch(batches[0])
+                blocks0 = b.tiered_statistics()["lookup"]["blocks_read"]
+                secs, outs = [], []
+                for keys in batches[1:]:
+                    t = time.perf_counter()
+                    outs.append(reader.get_batch(keys))
+                    secs.append(time.perf_counter() - t)
+                blocks = b.tiered_statistics()["lookup"]["blocks_read"] - blocks0
+                got[impl] = outs
+                out += [record(c, impl, f"lookup_s_{depth}runs", np.median(secs), "s"),
+                        record(c, impl, f"blocks_per_batch_{depth}runs", blocks / reps,
+                               "blocks")]
+                b.close()
+            compacted.close()
+            shutil.rmtree(copy)
+            for a, m in zip(got["chain"], got["compacted"]):
+                assert a.equals(m)
+        writer.close()
+        store.close()
     return out

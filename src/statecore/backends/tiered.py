@@ -49,6 +49,22 @@ docs/state-map.md "Change tracking" state the rules this builds on):
   it (``over_budget_batches``, ``dirty_bytes_peak``).
 * **Snapshots.** Once attached, every snapshot is incremental on top of V (a full one would
   need the whole state in memory): ``snapshot(incremental=False)`` takes an incremental one.
+* **Background compaction.** Each checkpoint adds a run to V's chains, and a lookup of a key
+  memory lacks consults every run of its chain. When the chain of the backend's key groups is
+  longer than ``compact_max_runs`` after an attach, and the backend's store object committed V
+  (so that the compaction publishes under the commits' lock and lease; a Spark task's store
+  commits nothing, the driver's compacts), the store's compactor compacts V's top runs of
+  those key groups in its background thread (``CheckpointStore.compact_async`` with
+  ``key_groups``: the manifest of V is replaced by one restoring the same state from one full
+  run per top run, the TTL compaction filter applied), as Flink 2.0's ForSt compacts a task's
+  files in the background. Processing goes on meanwhile against V's old runs, which the
+  backend's reader pins (statecore.checkpoint.pins: retention keeps them). At the next safe
+  point after it finished -- the end of a call (:meth:`TieredBackend.evict`) or
+  ``notify_checkpoint_complete`` -- the backend re-attaches to V's compacted manifest when V
+  is still its version and the same commit; the block cache is kept (its keys name immutable
+  files). Same content, so T1 and T2 hold across the switch, except for entries the TTL
+  filter dropped: V no longer holds those, and a clean copy in memory is expired, which every
+  read treats as absent.
 
 Invariants:
 
@@ -100,17 +116,24 @@ from statecore.arrow_input import (
 )
 from statecore.backends import base, native_states
 from statecore.backends.native import NativeBackend, NativeTable
+from statecore.checkpoint.compaction import check_max_runs
 from statecore.checkpoint.lookup import DEFAULT_CACHE_BYTES, RunLookup
+from statecore.checkpoint.runs import plan_chains
 from statecore.checkpoint.store import CheckpointStore
-from statecore.errors import InvalidInputError
+from statecore.errors import CheckpointError, CorruptCheckpointError, InvalidInputError
 from statecore.key_groups import KeyGroupRange
 from statecore.operator_state import is_operator_state_meta
 from statecore.serializers import key_serializer
 
-__all__ = ["TieredBackend", "TieredTable", "parse_bytes", "TIERED_KINDS"]
+__all__ = ["TieredBackend", "TieredTable", "parse_bytes", "TIERED_KINDS",
+           "DEFAULT_COMPACT_MAX_RUNS"]
 
 #: State kinds a tiered backend holds.
 TIERED_KINDS = ("value", "reducing", "aggregating")
+
+#: Runs of the attached chain above which a tiered backend has it compacted in the background
+#: (below the store's own ``DEFAULT_MAX_RUNS``, which compacts inside the commit).
+DEFAULT_COMPACT_MAX_RUNS = 4
 
 _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
@@ -328,9 +351,15 @@ class TieredBackend(NativeBackend):
     indexes come on top, docs/tiered.md "Memory"). ``checkpoint``: the
     :class:`~statecore.checkpoint.store.CheckpointStore` (or its URI or local path) whose
     versions the backend attaches to. ``cache_bytes``: the block cache of the run lookups
-    (decoded blocks, outside the budget; default 64 MiB). Other options as
-    :class:`~statecore.backends.native.NativeBackend`. InvalidInputError for a bad budget or a
-    missing store.
+    (decoded blocks, outside the budget; default 64 MiB). ``compact_max_runs`` (int >= 1 or
+    None): when the attached version's chains for the backend's key groups hold more runs than
+    this, they are compacted in the store's background thread and the backend re-attaches to
+    the compacted manifest (module docstring, "Background compaction"; default
+    :data:`DEFAULT_COMPACT_MAX_RUNS`; None: never). Only versions the store object committed
+    are compacted so: a backend whose versions another process commits (a Spark task's) leaves
+    compaction to that process (docs/tiered.md "Compaction and retention"). Other options as
+    :class:`~statecore.backends.native.NativeBackend`. InvalidInputError for a bad budget,
+    ``compact_max_runs`` or a missing store.
     """
 
     #: Restores attach the version's runs instead of reading them
@@ -343,9 +372,16 @@ class TieredBackend(NativeBackend):
                          "aggregating": TieredTtlAggregatingState}
 
     def __init__(self, *, memory_budget, checkpoint=None, cache_bytes: int = DEFAULT_CACHE_BYTES,
-                 **options):
+                 compact_max_runs: int | None = DEFAULT_COMPACT_MAX_RUNS, **options):
         self.memory_budget = parse_bytes(memory_budget)
         self.cache_bytes = parse_bytes(cache_bytes, "cache_bytes")
+        if compact_max_runs is not None:
+            try:
+                check_max_runs(compact_max_runs)
+            except InvalidInputError:
+                raise InvalidInputError(f"compact_max_runs must be an int >= 1 or None, got "
+                                        f"{compact_max_runs!r}") from None
+        self.compact_max_runs = compact_max_runs
         if checkpoint is None:
             raise InvalidInputError("a tiered backend (memory_budget) needs checkpoint=: the "
                                     "CheckpointStore, URI or path holding its state")
@@ -363,7 +399,12 @@ class TieredBackend(NativeBackend):
         self._removed: dict[str, set] = {}  # this epoch's removed keys, per state
         self._removed_pending: dict[int, dict[str, set]] = {}  # snapshot id -> removed keys
         self._stats = {"loaded": 0, "fetched_keys": 0, "fetch_batches": 0, "evicted": 0,
-                       "over_budget_batches": 0, "dirty_bytes_peak": 0}
+                       "over_budget_batches": 0, "dirty_bytes_peak": 0, "compactions": 0,
+                       "compaction_failures": 0}
+        #: (version, Future) of the background compaction asked for and not yet seen done
+        self._compaction = None
+        #: "ExceptionName: message" of the last failed background compaction (None: none)
+        self.last_compaction_error: str | None = None
 
     # ------------------------------------------------------------------ registration
     def get_state(self, descriptor, namespace_type: str = "void"):
@@ -506,9 +547,12 @@ class TieredBackend(NativeBackend):
     def evict(self) -> int:
         """Drop clean entries until :meth:`state_bytes` fits the budget (or none is left);
         returns how many were dropped (0 inside :meth:`eviction_held`). Counted in
-        :meth:`tiered_statistics`."""
+        :meth:`tiered_statistics`. Every call ends here, outside any batch: the safe point
+        where a finished background compaction is taken up (:meth:`poll_compaction`)."""
         if self._evict_holds:
             return 0
+        if self._compaction is not None:
+            self.poll_compaction()
         total = self.state_bytes()
         if total <= self.memory_budget:
             return 0
@@ -533,16 +577,86 @@ class TieredBackend(NativeBackend):
         made), ``evicted`` (clean entries dropped), ``over_budget_batches`` (eviction checks
         that ended above the budget: dirty entries alone exceeded it), ``dirty_bytes_peak``
         (the most bytes held after such a check), ``memory_budget``, ``state_bytes`` (now),
-        ``attached_version`` (None: not attached) and the lookup's own statistics under
-        ``lookup`` (RunLookup.statistics; {} when not attached)."""
+        ``attached_version`` (None: not attached), ``attached_runs`` (the most runs a key
+        group's chain holds in the attached version; 0 when not attached), ``compactions``
+        (re-attaches to a compacted manifest), ``compaction_failures`` (background compactions
+        that raised; :attr:`last_compaction_error` says what), ``compacting`` (one is in
+        flight) and the lookup's own statistics under ``lookup`` (RunLookup.statistics; {}
+        when not attached)."""
         return dict(self._stats, memory_budget=self.memory_budget,
                     state_bytes=self.state_bytes(), attached_version=self.attached_version,
+                    attached_runs=self.attached_runs(), compacting=self._compaction is not None,
                     lookup=self._lookup.statistics() if self._lookup is not None else {})
 
-    def _attach(self, version: int) -> None:
+    # ------------------------------------------------------------------ background compaction
+    def attached_runs(self) -> int:
+        """The most runs the chain of one of the backend's key groups holds in the attached
+        version (what a lookup of a key memory lacks consults at most); 0 when not attached."""
+        if self._lookup is None:
+            return 0
+        segs = plan_chains(self._reader.manifest["files"], (self._lookup.start, self._lookup.end),
+                           CorruptCheckpointError, f"manifest of version {self.attached_version}")
+        return max((len(chain) for _, _, chain in segs), default=0)
+
+    def _maybe_compact(self) -> None:
+        """Ask the store's compactor for a background compaction of the attached version's
+        top runs of this backend's key groups when their chains are longer than
+        ``compact_max_runs``, none is in flight, and the store object made that commit
+        (``CheckpointStore.committed_here``: compaction publishes under the commits' lock and
+        lease; a version another process committed is left to it)."""
+        if (self.compact_max_runs is None or self._lookup is None
+                or self._compaction is not None
+                or not self.store.committed_here(self.attached_version, self._reader.commit_id)
+                or self.attached_runs() <= self.compact_max_runs):
+            return
+        version = self.attached_version
+        future = self.store.compact_async(version, self.compact_max_runs,
+                                          key_groups=(self._lookup.start, self._lookup.end))
+        self._compaction = (version, future)
+
+    def poll_compaction(self, wait: bool = False) -> bool:
+        """Take up the background compaction when it finished (with ``wait``: after waiting
+        for it): re-attach to the compacted manifest when it is of the attached version and
+        the same commit, then ask for the next compaction if the chains are still too long.
+        A compaction that raised is counted (``compaction_failures``,
+        :attr:`last_compaction_error`) and changes nothing: the backend stays on the runs it
+        reads. Returns True when the backend re-attached. Called at every safe point
+        (:meth:`evict`, ``notify_checkpoint_complete``); public for callers that want to wait
+        (tests, a shutdown)."""
+        pending = self._compaction
+        if pending is None or not (wait or pending[1].done()):
+            return False
+        self._compaction = None
+        version, future = pending
+        try:
+            manifest = future.result()
+        except Exception as exc:  # noqa: BLE001 - a background failure is reported, not raised
+            self._stats["compaction_failures"] += 1
+            self.last_compaction_error = f"{type(exc).__name__}: {exc}"
+            return False
+        switched = False
+        old = self._reader
+        if (version == self.attached_version and old is not None
+                and manifest.get("commit_id") == old.commit_id
+                and manifest["checksum_xxh64"] != old.manifest["checksum_xxh64"]):
+            try:
+                switched = self._attach(version, commit_id=old.commit_id)
+            except (CheckpointError, OSError) as exc:  # gone or unreadable: stay on the old runs
+                self._stats["compaction_failures"] += 1
+                self.last_compaction_error = f"{type(exc).__name__}: {exc}"
+            if switched:
+                self._stats["compactions"] += 1
+        self._maybe_compact()
+        return switched
+
+    def _attach(self, version: int, commit_id: str | None = None) -> bool:
         """Open the run lookup of committed ``version`` for this backend's key groups, keeping
-        the previous lookup's block cache (its keys name immutable files)."""
+        the previous lookup's block cache (its keys name immutable files). With ``commit_id``
+        only a manifest of that commit is attached (False, nothing changed, otherwise)."""
         reader = self.store.open(version)
+        if commit_id is not None and reader.commit_id != commit_id:
+            reader.release()
+            return False
         try:
             r = KeyGroupRange.of(reader.key_group_range)
             mine = self.key_group_range.intersection(r)
@@ -560,6 +674,7 @@ class TieredBackend(NativeBackend):
         if old is not None:
             old.close()
             old_reader.release()
+        return True
 
     def _detach(self) -> None:
         if self._lookup is not None:
@@ -591,6 +706,9 @@ class TieredBackend(NativeBackend):
         super().notify_checkpoint_complete(snapshot_id, version, commit_id)
         if self.base_snapshot_id != before:
             self._attach(int(version))
+            # A compaction of the version left behind is no use to this backend any more.
+            self.poll_compaction()
+            self._maybe_compact()
             self._removed_pending = {sid: s for sid, s in self._removed_pending.items()
                                      if sid > snapshot_id}
 
@@ -624,6 +742,7 @@ class TieredBackend(NativeBackend):
             tables.append(table)
         timers = self.timers.stage_restore(snapshot_like)
         self._attach(version)
+        self._maybe_compact()
         for table in tables:
             self._tables.setdefault(table.name, table)
         self.timers.apply_restore(timers)
@@ -632,5 +751,8 @@ class TieredBackend(NativeBackend):
                                 commit_id=base.checkpoint_commit_id(snapshot_like))
 
     def dispose(self) -> None:
+        # A background compaction in flight finishes in the store's thread (CheckpointStore.
+        # close waits for it); its manifest serves later restores.
+        self._compaction = None
         self._detach()
         super().dispose()

@@ -16,6 +16,9 @@ Why rewrite V's manifest rather than record compaction results for the next comm
    version ever changes what it restores to;
 3. the next commit simply starts from V's (compacted) manifest, no side state to keep consistent.
 
+The runs are read one window of key groups at a time (about :data:`PREFETCH_WINDOW_BYTES` of
+stored bytes, the previous window dropped), so a compaction's memory does not grow with the state.
+
 The replace happens only when V's manifest is still the one compaction read (checksum compared
 under the root's lock); otherwise (V re-committed meanwhile) the new file is abandoned.
 Compaction inputs stay on disk while any retained manifest (e.g. of V+1, committed before the
@@ -50,7 +53,12 @@ from statecore.checkpoint.runs import chain_run_ids, plan_chains, sort_runs
 from statecore.errors import CheckpointNotFoundError, CorruptCheckpointError, InvalidInputError
 from statecore.ttl import CompactionTimeProvider, StateTtlConfig, compaction_filter, entry_layout
 
-__all__ = ["Compactor", "RangeView", "ttl_filters", "check_max_runs"]
+__all__ = ["Compactor", "RangeView", "ttl_filters", "check_max_runs", "PREFETCH_WINDOW_BYTES"]
+
+#: Stored bytes of the runs a compaction fetches at once: it reads them one window of key groups
+#: at a time (estimated from the runs' sizes), so its memory does not grow with the state (a
+#: tiered backend's state is larger than memory).
+PREFETCH_WINDOW_BYTES = 64 << 20
 
 
 def check_max_runs(max_runs) -> int:
@@ -92,12 +100,18 @@ class RangeView:
     """Full StateSnapshot of a reader restricted to key groups ``[start, end]``: what compaction
     writes. ``ttl_filters`` (:func:`ttl_filters`) drop expired entries as they are read;
     ``ttl_expired`` counts them per state. A filter that finds a value layout it cannot read
-    raises CorruptCheckpointError naming the state and key group."""
+    raises CorruptCheckpointError naming the state and key group. ``window`` (key groups):
+    the reader's blocks are prefetched that many key groups at a time, the previous window's
+    dropped, as the entries are asked for in key-group order (None: nothing is prefetched
+    here)."""
 
     incremental = False
 
-    def __init__(self, reader: CheckpointReader, start: int, end: int, ttl_filters=None):
+    def __init__(self, reader: CheckpointReader, start: int, end: int, ttl_filters=None,
+                 window: int | None = None):
         self._reader = reader
+        self._window = window
+        self._fetched_to = start - 1
         self.max_parallelism = reader.max_parallelism
         self.key_type = reader.key_type
         self.assigner = reader.assigner
@@ -114,6 +128,10 @@ class RangeView:
         ``name`` in ``key_group``, without the entries (or list elements, map entries) the
         state's TTL filter finds expired; those are counted in ``ttl_expired``. Errors as the
         reader's; CorruptCheckpointError for a broken TTL value layout."""
+        if self._window is not None and key_group > self._fetched_to:
+            self._reader.drop_prefetched()
+            self._fetched_to = min(self.key_group_range.end, key_group + self._window - 1)
+            self._reader.prefetch(key_group, self._fetched_to)
         keys, values = self._reader.entries(name, key_group)
         f = self._ttl.get(name)
         if f is None or not len(keys):
@@ -130,6 +148,21 @@ class RangeView:
 
     def release(self) -> None:
         """No-op: the reader belongs to the caller."""
+
+
+def _window(segments: list, start: int, end: int) -> int:
+    """Key groups of about :data:`PREFETCH_WINDOW_BYTES` stored bytes in ``[start, end]``,
+    each run's size spread evenly over its key groups (>= 1)."""
+    total = 0.0
+    for a, b, chain in segments:
+        lo, hi = max(a, start), min(b, end)
+        if lo > hi:
+            continue
+        for r in chain:
+            rs, re_ = r["key_group_range"]
+            total += r["size"] * (hi - lo + 1) / (re_ - rs + 1)
+    per_kg = total / (end - start + 1)
+    return max(1, int(PREFETCH_WINDOW_BYTES // max(per_kg, 1.0)))
 
 
 class Compactor:
@@ -151,11 +184,16 @@ class Compactor:
         published in this process (a copy; call it holding :attr:`lock`)."""
         return set(self._inflight)
 
-    def compact(self, version: int | None, max_runs: int, ttl_clock) -> dict:
+    def compact(self, version: int | None, max_runs: int, ttl_clock,
+                key_groups: tuple[int, int] | None = None) -> dict:
         """Compact ``version`` (None: the latest) where a key group needs more than ``max_runs``
         runs; returns the (possibly unchanged) manifest. ``ttl_clock``: the processing-time clock
-        of the TTL filter. Errors as ``CheckpointStore.compact``."""
+        of the TTL filter. ``key_groups`` (inclusive ``(start, end)``; None: all): only top runs
+        overlapping these key groups are compacted, whole. Errors as
+        ``CheckpointStore.compact``."""
         max_runs = check_max_runs(max_runs)
+        if key_groups is not None:
+            ks, ke = (int(x) for x in key_groups)
         with self.lock:
             self.manifests.fence("compaction")
             if version is None:
@@ -172,6 +210,8 @@ class Compactor:
         targets = []
         for t in tops:
             s, e = t["key_group_range"]
+            if key_groups is not None and (e < ks or s > ke):
+                continue
             depth = max((len(c) for a, b, c in segments if a <= e and b >= s), default=0)
             if depth > max_runs:
                 targets.append(t)
@@ -188,8 +228,8 @@ class Compactor:
                 with self.lock:
                     self._inflight.add(rel)
                     inflight.append(rel)
-                reader.prefetch(s, e)
-                view = RangeView(reader, s, e, ttl_filters(manifest, ttl_clock))
+                view = RangeView(reader, s, e, ttl_filters(manifest, ttl_clock),
+                                 window=_window(segments, s, e))
                 summary = self.root.write_atomic(
                     rel, lambda out: write_data_file(out, view, version=version, writer=writer,
                                                      incremental=False),

@@ -173,7 +173,9 @@ class CheckpointReader:
 
     ``root``: the :class:`~statecore.checkpoint.layout.CheckpointRoot` the manifest's paths are
     relative to; ``manifest``: the version's validated manifest; ``segments``: its chains
-    (statecore.checkpoint.runs.plan_chains; default: planned from the manifest).
+    (statecore.checkpoint.runs.plan_chains; default: planned from the manifest);
+    ``on_release``: called once by the first :meth:`release` (the store unpins the reader's
+    files there, statecore.checkpoint.pins).
 
     Attributes: ``version``, ``commit_id`` (the manifest's: tells this commit of the version
     apart from any other, None for versions committed before commit ids existed),
@@ -190,8 +192,9 @@ class CheckpointReader:
     _keep_tombstones = False
 
     def __init__(self, root: CheckpointRoot, version: int, manifest: dict,
-                 segments: list | None = None):
+                 segments: list | None = None, on_release=None):
         self._root = root
+        self._on_release = on_release
         self.version = version
         self.commit_id = manifest.get("commit_id")
         self.manifest = manifest
@@ -663,6 +666,9 @@ class CheckpointReader:
     def release(self) -> None:
         """Close the data files opened so far (idempotent); later reads raise CheckpointError."""
         self._released = True
+        on_release, self._on_release = self._on_release, None
+        if on_release is not None:
+            on_release()
         files, self._open_files = self._open_files, {}
         for r in files.values():
             self._bytes_released += r.bytes_read

@@ -3,10 +3,11 @@
 :meth:`Retention.retain` deletes manifests of dropped versions first (oldest first, so the
 committed versions stay a suffix), the temporary files of manifest writes killed before their
 rename, then every file under ``data/`` and ``pending/`` that no retained manifest references,
-except files of versions at or above the newest retained one
-(writes of a version in flight) -- compaction outputs excepted -- and files of a compaction in
-progress in this process. The retained manifests are all read and checked before anything is
-deleted.
+except files of versions at or above the newest retained one (writes of a version in flight) --
+compaction outputs and their temporary files excepted --, files of a compaction in progress in
+this process and the runs that open readers of this process pin (statecore.checkpoint.pins: a
+tiered backend reading the version it is attached to). The retained manifests are all read and
+checked before anything is deleted.
 
 Invariants: a crash at any point leaves every retained version restorable (its manifest and
 every run it references stay); calling :meth:`Retention.retain` again finishes the job. Retention
@@ -30,8 +31,9 @@ class Retention:
     """Keeps the newest versions under one root. ``manifests``: the root's
     :class:`~statecore.checkpoint.manifests.ManifestLog` (or an object with its interface);
     ``lock``: the lock serializing manifest publishing and retention of the root in this process;
-    ``in_flight_paths()``: paths (relative to the root) of files written but not yet referenced
-    that must stay (compaction outputs), called holding ``lock``."""
+    ``in_flight_paths()``: paths (relative to the root) of files no retained manifest may
+    reference that must stay (compaction outputs not yet published, runs pinned by open
+    readers), called holding ``lock``."""
 
     def __init__(self, root: CheckpointRoot, manifests: ManifestLog, lock,
                  in_flight_paths: Callable[[], set[str]]):
@@ -75,9 +77,12 @@ class Retention:
                         if f.type != pafs.FileType.File:
                             continue
                         rel = f"{top}/{d.base_name}/{f.path[len(d.path) + 1:]}"
-                        if rel in referenced or (
-                                in_flight_dir and not (top == "data"
-                                                       and is_compacted_name(f.base_name))):
+                        # A temporary file of an atomic write is named after its final path:
+                        # one of a compaction killed before its rename is a compaction output.
+                        final = rel.split(".tmp-", 1)[0]
+                        if rel in referenced or final in referenced or (
+                                in_flight_dir and not (top == "data" and is_compacted_name(
+                                    final.rsplit("/", 1)[-1]))):
                             kept_any = True
                         else:
                             self.manifests.fence(f"deleting {f.path}")

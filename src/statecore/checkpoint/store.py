@@ -13,6 +13,7 @@ each in its own module of ``statecore.checkpoint``:
 ``commit``             the commit protocol: descriptors in, a version's manifest out
 ``compaction``         replacing long chains by full runs (and the TTL compaction filter)
 ``retention``          keeping the newest versions, deleting what nothing references
+``pins``               the runs open readers read, which retention keeps
 ``readers``            lazy StateSnapshots over a committed version, and change sets
 =====================  ======================================================================
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from collections import deque
 from concurrent.futures import Future
 from typing import Any, Iterable
 
@@ -51,6 +53,7 @@ from statecore.checkpoint.manifests import (
     ManifestLog,
     describe_manifest,
 )
+from statecore.checkpoint.pins import ReaderPins
 from statecore.checkpoint.readers import CHUNK_BYTES, ChangesReader, CheckpointReader, open_changes
 from statecore.checkpoint.retention import Retention
 from statecore.checkpoint.snapshot_writes import (
@@ -68,6 +71,8 @@ __all__ = [
 ]
 
 DEFAULT_MAX_RUNS = 8
+#: Commits :meth:`CheckpointStore.committed_here` remembers.
+COMMITTED_HERE_KEPT = 16
 
 
 class _StoreManifests:
@@ -159,8 +164,12 @@ class CheckpointStore:
         self._pending = PendingDescriptors(self._root)
         self._committer = Committer(self._root, manifests, self._lock)
         self._compactor = Compactor(self._root, manifests, self._lock)
-        self._retention = Retention(self._root, manifests, self._lock,
-                                    self._compactor.in_flight_paths)
+        self._pins = ReaderPins()
+        self._retention = Retention(
+            self._root, manifests, self._lock,
+            lambda: self._compactor.in_flight_paths() | self._pins.paths())
+        # (version, commit id) of the newest commits of this object (committed_here)
+        self._committed_here: deque = deque(maxlen=COMMITTED_HERE_KEPT)
         # backend -> (its base_token, the version that base is): what checkpoint() committed
         self._bases: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
 
@@ -334,6 +343,8 @@ class CheckpointStore:
             descriptors = self.pending(version)
         result = self._committer.commit(version, descriptors, metadata, replace)
         manifest = result.manifest
+        with self._lock:
+            self._committed_here.append((version, manifest.get("commit_id")))
         if self.max_runs is not None and result.longest_chain > self.max_runs:
             if self.background_compaction:
                 self.compact_async(version)
@@ -406,27 +417,43 @@ class CheckpointStore:
 
     # --------------------------------------------------------------------------- compaction
 
-    def compact(self, version: int | None = None, max_runs: int | None = None) -> dict:
+    def compact(self, version: int | None = None, max_runs: int | None = None, *,
+                key_groups: tuple[int, int] | None = None) -> dict:
         """Compact ``version`` (default: the latest): for every top run (one of the version's own
         commit) whose key groups need more than ``max_runs`` runs (default: the store's
         ``max_runs``, or 1 when that is None), write one full run over the top run's range (the
         merged state, no tombstones) and atomically replace the version's manifest with one
-        listing it instead (:mod:`statecore.checkpoint.compaction`). What the version restores to
-        does not change. Returns the (possibly unchanged) manifest. Raises CheckpointNotFoundError
-        for an unknown version, InvalidInputError for a bad ``max_runs``, CorruptCheckpointError
-        when a run cannot be read; filesystem errors propagate (nothing published then)."""
+        listing it instead (:mod:`statecore.checkpoint.compaction`). ``key_groups`` (inclusive
+        ``(start, end)``): only the top runs overlapping these key groups (what one task owns)
+        are looked at, each compacted whole. What the version restores to does not change
+        (less the entries the TTL compaction filter drops). Returns the (possibly unchanged)
+        manifest. Raises CheckpointNotFoundError for an unknown version, InvalidInputError for
+        a bad ``max_runs`` or ``key_groups``, CorruptCheckpointError when a run cannot be read;
+        filesystem errors propagate (nothing published then)."""
         if max_runs is None:
             max_runs = self.max_runs if self.max_runs is not None else 1
-        return self._compactor.compact(version, max_runs, self.ttl_clock)
+        if key_groups is not None:
+            key_groups = range_bounds(key_groups)
+        return self._compactor.compact(version, max_runs, self.ttl_clock, key_groups)
 
-    def compact_async(self, version: int | None = None, max_runs: int | None = None) -> Future:
+    def compact_async(self, version: int | None = None, max_runs: int | None = None, *,
+                      key_groups: tuple[int, int] | None = None) -> Future:
         """:meth:`compact` in the store's single background thread; returns its Future (whose
         result is the manifest, or the exception :meth:`compact` raised)."""
-        return self._compactor.submit(self.compact, version, max_runs)
+        return self._compactor.submit(
+            lambda: self.compact(version, max_runs, key_groups=key_groups))
 
     def close(self) -> None:
         """Wait for background compactions and stop their thread (idempotent)."""
         self._compactor.close()
+
+    def committed_here(self, version: int, commit_id: str | None) -> bool:
+        """True when this store object made the commit ``commit_id`` of ``version`` (one of
+        its last :data:`COMMITTED_HERE_KEPT` :meth:`commit` calls). A tiered backend asks its
+        store to compact only such versions, so that the compaction publishes under the lock
+        and the lease of the commits (docs/tiered.md "Compaction and retention")."""
+        with self._lock:
+            return (version, commit_id) in self._committed_here
 
     # -------------------------------------------------------------------------------- reads
 
@@ -461,13 +488,23 @@ class CheckpointStore:
 
     def open(self, version: int | None = None) -> "CheckpointReader":
         """A lazy StateSnapshot-like reader of ``version`` (default: the latest). Only the
-        manifest is read here; data files are opened and their blocks read on demand.
+        manifest is read here; data files are opened and their blocks read on demand. Until
+        the reader is released (or garbage collected) the runs of the manifest it read are
+        pinned: :meth:`retain` of this store object keeps them, even once no retained manifest
+        references them (statecore.checkpoint.pins).
         Raises CheckpointNotFoundError for an unknown version (or none committed)."""
         if version is None:
             version = self.latest_version()
             if version is None:
                 raise CheckpointNotFoundError(f"no committed checkpoint under {self.uri}")
-        return CheckpointReader(self._root, version, self.manifest(version))
+        # Read and pinned under the lock retention holds: a retention either ran before (the
+        # manifest read is one it kept, with its files) or sees the pins.
+        with self._lock:
+            manifest = self.manifest(version)
+            unpin = self._pins.pin(f["path"] for f in manifest["files"])
+        reader = CheckpointReader(self._root, version, manifest, on_release=unpin)
+        weakref.finalize(reader, unpin)
+        return reader
 
     def restore(self, backend: Any, version: int | None = None, *,
                 stats: dict | None = None, operator_index: int | None = None,
@@ -565,7 +602,8 @@ class CheckpointStore:
         (runs shared with retained versions stay, compaction inputs go once no retained version
         uses them). Files of versions at or above the newest retained one are left alone (they
         may be in flight), except unreferenced compaction outputs; so are outputs of a
-        compaction in progress in this process. Returns the versions deleted. Raises
+        compaction in progress in this process and the runs of readers this store object opened
+        and has not released (:meth:`open`). Returns the versions deleted. Raises
         InvalidInputError for ``k < 1`` and CorruptCheckpointError (deleting nothing) when a
         retained manifest cannot be read. A crash at any point leaves every retained version
         restorable; calling it again finishes the job."""
