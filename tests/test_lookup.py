@@ -23,6 +23,7 @@ from statecore import (
 )
 from statecore.checkpoint import CheckpointStore
 from statecore.checkpoint import format as fmt
+from statecore.checkpoint import lookup as lookup_module
 from statecore.checkpoint.lookup import BlockCache, RunLookup
 from statecore.errors import CorruptCheckpointError, InvalidInputError
 from support.data_files import without_lookup_tables
@@ -237,11 +238,16 @@ def test_chains_of_fake_snapshots_old_and_new_formats(tmp_path, strip):
         assert lk.statistics()["cache_bytes"] <= 64 << 10
 
 
-@pytest.mark.parametrize("strip", [False, True], ids=["format6", "format5"])
-def test_prefix_entries_equal_the_merged_runs_under_each_prefix(tmp_path, strip):
+@pytest.mark.parametrize("strip,decode", [(False, True), (False, False), (True, True)],
+                         ids=["format6", "format6-python-decode", "format5"])
+def test_prefix_entries_equal_the_merged_runs_under_each_prefix(tmp_path, monkeypatch, strip,
+                                                                 decode):
     """RunLookup.prefix_entries (the tiered mode's loads of whole lists and maps): every entry
     under a prefix, newest-wins over a full and an incremental run with tombstones, prefixes
-    spanning many blocks (256-byte blocks), falling between blocks, or holding nothing."""
+    spanning many blocks (256-byte blocks), falling between blocks, or holding nothing; blocks
+    decoded natively or in Python."""
+    if not decode:
+        monkeypatch.setattr(lookup_module, "native_decode_blocks", None)
     rng = random.Random(5)
     store = CheckpointStore(str(tmp_path / "ckpt"), max_runs=None)
     full = _random_data(rng, 3000)

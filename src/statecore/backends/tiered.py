@@ -754,11 +754,13 @@ class TieredBackend(NativeBackend):
     def tiered_statistics(self) -> dict:
         """Counters of the tiered mode: ``loaded`` (entries loaded from the attached version),
         ``fetched_keys`` / ``fetch_batches`` (keys asked of the run lookups and the lookups
-        made), ``evicted`` (clean entries dropped), ``over_budget_batches`` (eviction checks
-        that ended above the budget: dirty entries alone exceeded it), ``dirty_bytes_peak``
-        (the most bytes held after such a check), ``memory_budget``, ``state_bytes`` (now),
-        ``attached_version`` (None: not attached) and the lookup's own statistics under
-        ``lookup`` (RunLookup.statistics; {} when not attached)."""
+        made; for lists and maps, the collections asked), ``evicted`` (clean entries of
+        value, reducing and aggregating states dropped), ``evicted_collections`` (lists and
+        maps dropped whole), ``over_budget_batches`` (eviction checks that ended above the
+        budget: dirty entries alone exceeded it), ``dirty_bytes_peak`` (the most bytes held
+        after such a check), ``memory_budget``, ``state_bytes`` (now), ``attached_version``
+        (None: not attached) and the lookup's own statistics under ``lookup``
+        (RunLookup.statistics; {} when not attached)."""
         return dict(self._stats, memory_budget=self.memory_budget,
                     state_bytes=self.state_bytes(), attached_version=self.attached_version,
                     lookup=self._lookup.statistics() if self._lookup is not None else {})
