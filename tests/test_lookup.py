@@ -23,6 +23,7 @@ from statecore import (
 )
 from statecore.checkpoint import CheckpointStore
 from statecore.checkpoint import format as fmt
+from statecore.checkpoint import lookup as lookup_module
 from statecore.checkpoint.lookup import BlockCache, RunLookup
 from statecore.errors import CorruptCheckpointError, InvalidInputError
 from support.data_files import without_lookup_tables
@@ -235,6 +236,46 @@ def test_chains_of_fake_snapshots_old_and_new_formats(tmp_path, strip):
             got = lk.lookup_batch(name, pa.array(ask, pa.binary())).to_pylist()
             assert got == [present.get(k) for k in ask]
         assert lk.statistics()["cache_bytes"] <= 64 << 10
+
+
+@pytest.mark.parametrize("strip,decode", [(False, True), (False, False), (True, True)],
+                         ids=["format6", "format6-python-decode", "format5"])
+def test_prefix_entries_equal_the_merged_runs_under_each_prefix(tmp_path, monkeypatch, strip,
+                                                                 decode):
+    """RunLookup.prefix_entries (the tiered mode's loads of whole lists and maps): every entry
+    under a prefix, newest-wins over a full and an incremental run with tombstones, prefixes
+    spanning many blocks (256-byte blocks), falling between blocks, or holding nothing; blocks
+    decoded natively or in Python."""
+    if not decode:
+        monkeypatch.setattr(lookup_module, "native_decode_blocks", None)
+    rng = random.Random(5)
+    store = CheckpointStore(str(tmp_path / "ckpt"), max_runs=None)
+    full = _random_data(rng, 3000)
+    _write(store, 1, Snap(full), strip=strip)
+    inc = _random_data(rng, 800, tomb=0.3)
+    for name in "ab":
+        for kg, kv in full[name].items():
+            for k in list(kv)[:3]:
+                inc[name].setdefault(kg, {})[k] = None
+    _write(store, 2, Snap(inc, incremental=True, base_version=1))
+    with store.open(2) as reader, RunLookup(reader) as lk:
+        for name in "ab":
+            present = _all_entries(reader, name)
+            # kg | the key's first 5, 6 or 7 bytes (keys < 2^20: a whole key group, or up to
+            # 65536 or 256 keys), and prefixes no key has.
+            every = list(present)
+            prefixes = sorted({k[:6] for k in every[::97]} | {k[:7] for k in every[::3]}
+                              | {k[:8] for k in every[::50]}
+                              | {bytes([kg]) + b"\x7f" for kg in range(0, MAXP, 7)})
+            keys, values = lk.prefix_entries(name, prefixes + prefixes[:3])
+            ps = set(prefixes)
+            want = sorted((k, v) for k, v in present.items()
+                          if {k[:6], k[:7], k[:8]} & ps)
+            assert list(zip(keys.to_pylist(), values.to_pylist())) == want
+            keys, _ = lk.prefix_entries(name, prefixes[:1])
+            assert keys.to_pylist() == sorted(k for k in present if k.startswith(prefixes[0]))
+        with pytest.raises(InvalidInputError, match="no state"):
+            lk.prefix_entries("nope", [b"\x00"])
 
 
 def test_absent_keys_read_blocks_only_for_filter_false_positives(tmp_path):

@@ -750,6 +750,12 @@ bool StateMap::is_clean(const uint8_t* key, size_t key_size) {
   return e && e->modified < m.base;
 }
 
+bool StateMap::evict(const uint8_t* key, size_t key_size) {
+  if (!is_clean(key, key_size)) return false;
+  QuietScope quiet(*impl_);
+  return remove(key, key_size);
+}
+
 bool StateMap::insert_clean(const uint8_t* key, size_t key_size, const uint8_t* value,
                             size_t value_size) {
   check_buffer(key, key_size, "key");

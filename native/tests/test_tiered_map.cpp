@@ -91,6 +91,23 @@ TEST(clean_entries_are_not_changes_and_their_eviction_is_no_removal) {
   CHECK(changes(*s, m.base_version()) == expect);
 }
 
+TEST(evict_removes_one_clean_entry_without_logging_it) {
+  StateMap m;
+  put(m, key(1), "old");
+  CHECK(!m.evict(u8(key(1)), 9));  // no base yet: nothing is clean
+  complete_a_checkpoint(m);
+  CHECK(clean(m, key(2), "loaded"));
+  put(m, key(3), "dirty");
+  CHECK(m.evict(u8(key(1)), 9));
+  CHECK(m.evict(u8(key(2)), 9));
+  CHECK(!m.evict(u8(key(3)), 9));  // written since the base: stays
+  CHECK(!m.evict(u8(key(4)), 9));  // absent
+  CHECK_EQ(m.size(), 1u);
+  CHECK_EQ(m.removal_log_size(), 0u);
+  auto s = m.snapshot();
+  CHECK((changes(*s, m.base_version()) == Ref{{key(3), "dirty"}}));
+}
+
 TEST(eviction_stops_at_the_target_and_the_hand_goes_round) {
   StateMap m;
   complete_a_checkpoint(m);

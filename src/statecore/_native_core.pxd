@@ -244,6 +244,7 @@ cdef extern from "statecore/state_map.h" namespace "statecore" nogil:
         cbool insert_clean(const uint8_t* key, size_t key_size, const uint8_t* value,
                            size_t value_size) except +raise_native_error
         cbool is_clean(const uint8_t* key, size_t key_size) except +raise_native_error
+        cbool evict(const uint8_t* key, size_t key_size) except +raise_native_error
 
     cdef cppclass MapSnapshot:
         void release()

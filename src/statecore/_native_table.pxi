@@ -895,6 +895,49 @@ cdef class NativeStateTable:
         self._idle()
         return self.table.evict_clean(target_bytes)
 
+    def evict_collection(self, int32_t kg, bytes prefix not None):
+        """Evict the list or map ``prefix`` (a list's chunks, a map's user keys, as its index
+        lists them) whole or not at all: when every entry present is clean
+        (StateMap::evict, no removal logged) they are removed and the collection is unlisted,
+        returning how many; else nothing changes and -1 is returned (an
+        entry written since the base). The tiered mode never holds part of a collection."""
+        if self.index == NULL and self.list_index == NULL:
+            raise StateError("evict_collection needs a map or list index")
+        self._idle()
+        cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(prefix)
+        cdef size_t ps = PyBytes_GET_SIZE(prefix)
+        cdef c.StateMap* m = self._map(kg)
+        cdef vector[string] keys
+        cdef vector[string] members
+        cdef vector[uint64_t] seqs
+        cdef string key
+        cdef size_t i
+        cdef int64_t evicted = 0
+        if self.index != NULL:
+            members = self.index.list_members(kg, p, ps)
+            for i in range(members.size()):
+                key.assign(<const char*>p, ps)
+                key.append(members[i])
+                keys.push_back(key)
+        else:
+            self.list_index.chunks(kg, p, ps, seqs)
+            for i in range(seqs.size()):
+                key.assign(<const char*>p, ps)
+                key.resize(ps + 8)
+                c.store_list_seq(<uint8_t*>key.data() + ps, seqs[i])
+                keys.push_back(key)
+        for i in range(keys.size()):
+            if (m.get(<const uint8_t*>keys[i].data(), keys[i].size(), NULL)
+                    and not m.is_clean(<const uint8_t*>keys[i].data(), keys[i].size())):
+                return -1
+        for i in range(keys.size()):
+            evicted += m.evict(<const uint8_t*>keys[i].data(), keys[i].size())
+        if self.index != NULL:
+            self.index.take(kg, p, ps)
+        else:
+            self.list_index.take(kg, p, ps)
+        return evicted
+
     def key_group_size(self, int32_t kg):
         return self._map(kg).size()
 

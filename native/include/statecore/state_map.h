@@ -209,6 +209,10 @@ class StateMap {
   size_t evict_clean(size_t target_bytes, uint64_t* cursor);
   // Whether `key` is present with modified < base_version() (false when absent).
   bool is_clean(const uint8_t* key, size_t key_size);
+  // Removes `key` without logging it when it is clean (is_clean); returns whether it did. The
+  // tiered mode evicts a list's or a map's entries together with it (never part of one).
+  // Owner thread.
+  bool evict(const uint8_t* key, size_t key_size);
 
   // Records in the removal log / the write log (for memory accounting and tests).
   size_t removal_log_size() const;

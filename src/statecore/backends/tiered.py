@@ -47,6 +47,21 @@ docs/state-map.md "Change tracking" state the rules this builds on):
   snapshot lists. Dirty entries beyond the budget are not spilled: memory grows past the
   budget until the next completed checkpoint makes them clean; ``tiered_statistics()`` reports
   it (``over_budget_batches``, ``dirty_bytes_peak``).
+* **Lists and maps.** A list's chunks and a map's user keys are entries of their own
+  (docs/formats.md "List state", "Map state"), all under the collection's ``key |
+  namespace`` prefix. The unit of loading and eviction is the whole collection: the first
+  touch of one (any read, append, put, removal or clear, per record or in a batch) loads every
+  entry V holds under its prefix as clean entries (:meth:`RunLookup.prefix_entries`) and lists
+  them in the table's list or map index, and the backend records the prefix as *held*
+  (:meth:`TieredBackend.touch_collections`); eviction drops a held collection only when all
+  its entries are clean and its prefix is in no removed set, all of them at once
+  (``NativeStateTable.evict_collection``: ``StateMap::evict`` of each, unlisted together), so
+  memory never holds part of one. An append therefore sees the list's last chunk and
+  continues its sequence numbers as in memory, and a clear removes (and logs) every chunk V
+  holds. T2 for collections: memory holds a collection whole when its prefix is held;
+  otherwise memory holds none of its entries and V's are the collection. A call that may
+  remove entries (a clear, a map removal, a TTL'd state's reads) records the prefix as
+  removed, which keeps it held until a checkpoint holding the removals completes.
 * **Snapshots.** Once attached, every snapshot is incremental on top of V (a full one would
   need the whole state in memory): ``snapshot(incremental=False)`` takes an incremental one.
 * **Background compaction.** Each checkpoint adds a run to V's chains, and a lookup of a key
@@ -75,24 +90,31 @@ Invariants:
 * T3 a key is loaded (when V holds it) before any read or removal touches it, so every removal
   of a key present in the logical state is a logged removal of a present entry.
 * T4 eviction removes clean entries only, without logging.
+* T5 (lists and maps) memory holds every entry of a held collection and no entry of another;
+  a collection is evicted whole, only when all its entries are clean and its prefix is in no
+  removed set.
 
-Scope: value, reducing and aggregating states (TTL'd or not; the stored bytes, TTL suffix
-included, are what the runs hold, and expired values read from V are treated as the kernels
-treat expired entries in memory). An aggregating state's accumulator is one entry per key and
-namespace, as a reducing state's value: ``add`` and ``add_batch`` are read-modify-writes that
-load first; its batch calls take the shared per-row path over the table (no kernel), so they
-load the rows' keys in one lookup and hold eviction until the last row is applied
-(:meth:`TieredBackend.eviction_held`). ``merge_namespaces`` reads and removes through the
-same per-record table calls. ``keys`` and ``apply_to_all_keys`` merge V's keys with memory
-one key group at a time (:meth:`TieredBackend._key_namespaces`). List and map states are
-refused at registration (InvalidInputError naming the kind), as are TTL migrations and
-``apply_changes``. Timers and operator state are held in
-memory as in the native backend. A batch call takes a constant number of Python steps whatever
-its rows: one native call encodes the rows' keys with the kernels' encoder and returns those
-memory lacks, each once (``NativeStateTable.batch_encoded_keys``); one
-:meth:`RunLookup.lookup_batch` fetches them (blocks read together on its thread pool, opened and
-searched natively with the GIL released); one native call loads them as clean entries
-(``load_clean``); then the native kernel applies the batch.
+Scope: value, reducing, aggregating, list and map states (TTL'd or not; the stored bytes, TTL
+suffix included, are what the runs hold, and expired values read from V are treated as the
+kernels treat expired entries in memory). An aggregating state's accumulator is one entry per
+key and namespace, as a reducing state's value: ``add`` and ``add_batch`` are
+read-modify-writes that load first; its batch calls take the shared per-row path over the table
+(no kernel), so they load the rows' keys in one lookup and hold eviction until the last row is
+applied (:meth:`TieredBackend.eviction_held`). ``merge_namespaces`` reads and removes through
+the same per-record table calls. ``keys`` and ``apply_to_all_keys`` merge V's keys with memory
+one key group at a time (:meth:`TieredBackend._key_namespaces`). List and map states cost a
+whole collection per first touch (above): a map's single-key ``get`` or ``put`` loads the map,
+and a map loaded from V iterates in its user keys' byte order (as after a restore), not in the
+order they were first put. Their ``merge_namespaces`` and batch calls load the collections of
+their rows first. TTL migrations and ``apply_changes`` are refused (InvalidInputError). Timers
+and operator state are held in memory as in the native backend. A batch call of a value,
+reducing or aggregating state takes a constant number of Python steps whatever its rows (a list
+or map batch checks its rows' prefixes against the held ones in Python): one native call
+encodes the rows' keys with the kernels' encoder and returns those memory lacks, each once
+(``NativeStateTable.batch_encoded_keys``); one :meth:`RunLookup.lookup_batch` fetches them
+(blocks read together on its thread pool, opened and searched natively with the GIL released);
+one native call loads them as clean entries (``load_clean``); then the native kernel applies
+the batch.
 
 Thread contract: the native backend's.
 """
@@ -101,6 +123,8 @@ from __future__ import annotations
 
 import contextlib
 import re
+from bisect import bisect_left
+from collections import OrderedDict
 
 import numpy as np
 import pyarrow as pa
@@ -125,11 +149,14 @@ from statecore.key_groups import KeyGroupRange
 from statecore.operator_state import is_operator_state_meta
 from statecore.serializers import key_serializer
 
-__all__ = ["TieredBackend", "TieredTable", "parse_bytes", "TIERED_KINDS",
+__all__ = ["TieredBackend", "TieredTable", "parse_bytes", "TIERED_KINDS", "COLLECTION_KINDS",
            "DEFAULT_COMPACT_MAX_RUNS"]
 
 #: State kinds a tiered backend holds.
-TIERED_KINDS = ("value", "reducing", "aggregating")
+TIERED_KINDS = ("value", "reducing", "aggregating", "list", "map")
+#: ... of which these are collections: a list's chunks or a map's user keys are entries of
+#: their own, loaded and evicted together (module docstring).
+COLLECTION_KINDS = ("list", "map")
 
 #: Runs of the attached chain above which a tiered backend has it compacted in the background
 #: (below the store's own ``DEFAULT_MAX_RUNS``, which compacts inside the commit).
@@ -196,6 +223,28 @@ class TieredTable(NativeTable):
             backend.evict()
 
         self.get, self.put, self.remove = get, put, remove
+        if self.kind in COLLECTION_KINDS:
+            self._wrap_collection_calls()
+
+    def _wrap_collection_calls(self) -> None:
+        """The list or map calls (bound per instance by NativeTable) wrapped: the collection
+        is loaded whole first (TieredBackend.touch_collections), the calls that may remove
+        entries record it as removed, and the call ends with the eviction check."""
+        backend = self._tiered
+        names = (("list_chunks", "read"), ("list_append", "write"), ("list_put_chunk", "remove"),
+                 ("list_size", "read"), ("list_clear", "remove")) if self.kind == "list" else \
+            (("map_get", "read"), ("map_put", "write"), ("map_remove", "remove"),
+             ("map_items", "read"), ("map_size", "read"), ("map_clear", "remove"))
+        for name, mode in names:
+            setattr(self, name, self._touching(backend, getattr(self, name), mode))
+
+    def _touching(self, backend: "TieredBackend", call, mode: str):
+        def touched(kg: int, k: bytes, *args):
+            backend.touch_collections(self, [k], mode)
+            out = call(kg, k, *args)
+            backend.evict()
+            return out
+        return touched
 
 
 class _TieredBatch:
@@ -318,6 +367,67 @@ class _TieredMerging(_TieredBatch):
         return self._loaded_call(super().add_batch, keys, namespaces, values)
 
 
+class _TieredCollection(_TieredBatch):
+    """Batch calls of list and map states: the collections of the rows (their ``key |
+    namespace`` prefixes, from the kernels' key encoder) are loaded whole before the kernel
+    runs (:meth:`TieredBackend.touch_collections`, one range lookup for those memory does not
+    hold), with eviction held until it returns, then the eviction check."""
+
+    def _touch_call(self, call, mode: str, keys, namespaces, *args):
+        keys, namespaces = self._inputs(keys, namespaces)
+        b = self.backend
+        try:
+            with b.eviction_held():
+                prefixes = self._batch_keys(keys, namespaces, None, only_absent=False)
+                b.touch_collections(self.table, prefixes.to_pylist(), mode)
+                return call(keys, *args, namespaces)
+        finally:
+            b.evict()
+
+    def clear_batch(self, keys, namespaces=None) -> None:
+        return self._touch_call(super(_TieredBatch, self).clear_batch, "remove", keys,
+                                namespaces)
+
+
+class _TieredList(_TieredCollection):
+    def append_batch(self, keys, values, namespaces=None) -> None:
+        return self._touch_call(super().append_batch, "write", keys, namespaces, values)
+
+    def get_batch(self, keys, namespaces=None) -> pa.Array:
+        return self._touch_call(super(_TieredBatch, self).get_batch, "read", keys, namespaces)
+
+
+class _TieredMap(_TieredCollection):
+    def put_batch(self, keys, user_keys, values, namespaces=None) -> None:
+        return self._touch_call(super().put_batch, "write", keys, namespaces, user_keys, values)
+
+    def get_batch(self, keys, user_keys, namespaces=None) -> pa.Array:
+        return self._touch_call(super(_TieredBatch, self).get_batch, "read", keys, namespaces,
+                                user_keys)
+
+    def contains_batch(self, keys, user_keys, namespaces=None) -> pa.Array:
+        return self._touch_call(super().contains_batch, "read", keys, namespaces, user_keys)
+
+    def remove_batch(self, keys, user_keys, namespaces=None) -> None:
+        return self._touch_call(super().remove_batch, "remove", keys, namespaces, user_keys)
+
+
+class TieredListState(_TieredList, native_states.NativeListState):
+    """List state of a tiered backend (module docstring)."""
+
+
+class TieredTtlListState(_TieredList, native_states.NativeTtlListState):
+    """TTL'd list state of a tiered backend (module docstring)."""
+
+
+class TieredMapState(_TieredMap, native_states.NativeMapState):
+    """Map state of a tiered backend (module docstring)."""
+
+
+class TieredTtlMapState(_TieredMap, native_states.NativeTtlMapState):
+    """TTL'd map state of a tiered backend (module docstring)."""
+
+
 class TieredValueState(_TieredValue, native_states.NativeValueState):
     """Value state of a tiered backend (module docstring)."""
 
@@ -367,9 +477,11 @@ class TieredBackend(NativeBackend):
     attaches_runs = True
 
     state_classes = {"value": TieredValueState, "reducing": TieredReducingState,
-                     "aggregating": TieredAggregatingState}
+                     "aggregating": TieredAggregatingState, "list": TieredListState,
+                     "map": TieredMapState}
     ttl_state_classes = {"value": TieredTtlValueState, "reducing": TieredTtlReducingState,
-                         "aggregating": TieredTtlAggregatingState}
+                         "aggregating": TieredTtlAggregatingState, "list": TieredTtlListState,
+                         "map": TieredTtlMapState}
 
     def __init__(self, *, memory_budget, checkpoint=None, cache_bytes: int = DEFAULT_CACHE_BYTES,
                  compact_max_runs: int | None = DEFAULT_COMPACT_MAX_RUNS, **options):
@@ -398,9 +510,13 @@ class TieredBackend(NativeBackend):
         self.rows_loaded = 0
         self._removed: dict[str, set] = {}  # this epoch's removed keys, per state
         self._removed_pending: dict[int, dict[str, set]] = {}  # snapshot id -> removed keys
+        #: per list or map state: the ``key | namespace`` prefixes of the collections memory
+        #: holds whole (every entry of V's and every change since), least recently used first,
+        #: with their key groups
+        self._held: dict[str, OrderedDict] = {}
         self._stats = {"loaded": 0, "fetched_keys": 0, "fetch_batches": 0, "evicted": 0,
-                       "over_budget_batches": 0, "dirty_bytes_peak": 0, "compactions": 0,
-                       "compaction_failures": 0}
+                       "evicted_collections": 0, "over_budget_batches": 0,
+                       "dirty_bytes_peak": 0, "compactions": 0, "compaction_failures": 0}
         #: (version, Future) of the background compaction asked for and not yet seen done
         self._compaction = None
         #: "ExceptionName: message" of the last failed background compaction (None: none)
@@ -441,6 +557,9 @@ class TieredBackend(NativeBackend):
         if table is None or not self.reads_runs(table) or not len(kgs):
             yield from super()._key_namespaces(state_name, kgs)
             return
+        if table.kind in COLLECTION_KINDS:
+            yield from self._collection_key_namespaces(table, kgs)
+            return
         native = table.native
         in_runs = set(self._reader.key_groups_holding(state_name, kgs.start, kgs.end))
         busy = in_runs | {kg for kg in kgs if native.key_group_size(kg)}
@@ -457,6 +576,37 @@ class TieredBackend(NativeBackend):
                     held.update(k for k in self._reader.entries(state_name, kg)[0].to_pylist()
                                 if k not in gone)
                 yield kg, self._decoded_rows(table, held)
+        finally:
+            snap.release()
+
+    def _collection_key_namespaces(self, table: TieredTable, kgs: KeyGroupRange):
+        """:meth:`_key_namespaces` of a list or map state: per key group, the collections
+        memory holds entries of (those it holds whole, module docstring), plus those of V's
+        runs memory does not hold (V's are then the whole collection). A collection memory
+        holds without entries was emptied since V: absent."""
+        native, name = table.native, table.name
+        held = self._held.get(name, {})
+        in_runs = set(self._reader.key_groups_holding(name, kgs.start, kgs.end))
+        busy = in_runs | {kg for kg in kgs if native.key_group_size(kg)}
+        if not busy:
+            return
+        if table.kind == "list":
+            def prefix(kb):
+                return kb[:-S.LIST_SEQ_BYTES]
+        else:
+            mp, ks, ns_ser = self.max_parallelism, self.key_serializer, table.ns_ser
+
+            def prefix(kb):
+                return kb[:S.encoded_prefix_size(kb, mp, ks, ns_ser)]
+        snap = native.snapshot()
+        try:
+            for kg in sorted(busy):
+                found = {prefix(kb) for kb in snap.entries(kg)[0].to_pylist()} \
+                    if native.key_group_size(kg) else set()
+                if kg in in_runs:
+                    stored = {prefix(kb) for kb in self._reader.entries(name, kg)[0].to_pylist()}
+                    found.update(p for p in stored if p not in held)
+                yield kg, self._decoded_rows(table, found)
         finally:
             snap.release()
 
@@ -522,6 +672,77 @@ class TieredBackend(NativeBackend):
         if encoded:
             self._removed.setdefault(table.name, set()).update(encoded)
 
+    def touch_collections(self, table: TieredTable, prefixes, mode: str = "read") -> None:
+        """Make memory hold whole the lists or maps of ``table`` (a list or map state) named by
+        ``prefixes`` (their encoded ``key | namespace`` prefixes, bytes; repeats allowed)
+        before a call touches them: those memory does not hold are loaded from the attached
+        version, every entry as a clean one (one :meth:`RunLookup.prefix_entries`) and listed
+        in the table's index. ``mode``: ``"read"`` (a collection found nowhere is not
+        recorded), ``"write"`` (it is: the call creates it) or ``"remove"`` (the call may
+        remove entries: the prefixes are recorded as removed, T2, so that they stay in memory
+        until a checkpoint holding the removals completes). A TTL'd state's reads remove the
+        expired entries they find: any mode counts as ``"remove"`` there."""
+        held = self._held.setdefault(table.name, OrderedDict())
+        missing = []
+        for p in prefixes:
+            if p in held:
+                held.move_to_end(p)
+            else:
+                missing.append(p)
+        if table.ttl:
+            mode = "remove"
+        if missing:
+            missing = list(dict.fromkeys(missing))
+            found = self._load_collections(table, missing) if self.reads_runs(table) \
+                else set()
+            pw = self.key_prefix_width
+            for p in missing:
+                if mode != "read" or p in found:
+                    held[p] = int.from_bytes(p[:pw], "big")
+        if mode == "remove":
+            self._removed.setdefault(table.name, set()).update(prefixes)
+
+    def _load_collections(self, table: TieredTable, prefixes: list) -> set:
+        """Load every entry of the attached version under ``prefixes`` (memory holds none of
+        them) as clean entries and list them in the table's index; returns the prefixes that
+        had entries."""
+        keys, values = self._lookup.prefix_entries(table.name, prefixes)
+        st = self._stats
+        st["fetch_batches"] += 1
+        st["fetched_keys"] += len(prefixes)
+        if not len(keys):
+            return set()
+        st["loaded"] += table.native.load_clean(keys, values, self.key_prefix_width)
+        table.index_loaded(keys)
+        got = keys.to_pylist()
+        found = set()
+        for p in prefixes:
+            i = bisect_left(got, p)
+            if i < len(got) and got[i].startswith(p):
+                found.add(p)
+        return found
+
+    def _evict_collections(self, table: TieredTable, target: int) -> int:
+        """Evict whole lists or maps of ``table``, least recently touched first, until its
+        bytes are at most ``target``: those whose entries are all clean and whose prefix is in
+        no removed set (``evict_collection``; others go to the back). Returns how many."""
+        held = self._held.get(table.name)
+        if not held:
+            return 0
+        removed = [s[table.name] for s in (self._removed, *self._removed_pending.values())
+                   if table.name in s]
+        native, n = table.native, 0
+        for _ in range(len(held)):
+            if native.nbytes <= target:
+                break
+            p, kg = next(iter(held.items()))
+            if any(p in s for s in removed) or native.evict_collection(kg, p) < 0:
+                held.move_to_end(p)
+                continue
+            del held[p]
+            n += 1
+        return n
+
     @contextlib.contextmanager
     def eviction_held(self):
         """A context in which :meth:`evict` drops nothing (nestable): a batch call that reads
@@ -556,15 +777,17 @@ class TieredBackend(NativeBackend):
         total = self.state_bytes()
         if total <= self.memory_budget:
             return 0
-        n = 0
+        n, st = 0, self._stats
         for table in self._tables.values():
             excess = total - self.memory_budget
             if excess <= 0:
                 break
             before = table.native.nbytes
-            n += table.native.evict_clean(max(0, before - excess))
+            if table.kind in COLLECTION_KINDS:
+                st["evicted_collections"] += self._evict_collections(table, before - excess)
+            else:
+                n += table.native.evict_clean(max(0, before - excess))
             total -= before - table.native.nbytes
-        st = self._stats
         st["evicted"] += n
         if total > self.memory_budget:
             st["over_budget_batches"] += 1
@@ -574,15 +797,17 @@ class TieredBackend(NativeBackend):
     def tiered_statistics(self) -> dict:
         """Counters of the tiered mode: ``loaded`` (entries loaded from the attached version),
         ``fetched_keys`` / ``fetch_batches`` (keys asked of the run lookups and the lookups
-        made), ``evicted`` (clean entries dropped), ``over_budget_batches`` (eviction checks
-        that ended above the budget: dirty entries alone exceeded it), ``dirty_bytes_peak``
-        (the most bytes held after such a check), ``memory_budget``, ``state_bytes`` (now),
-        ``attached_version`` (None: not attached), ``attached_runs`` (the most runs a key
-        group's chain holds in the attached version; 0 when not attached), ``compactions``
-        (re-attaches to a compacted manifest), ``compaction_failures`` (background compactions
-        that raised; :attr:`last_compaction_error` says what), ``compacting`` (one is in
-        flight) and the lookup's own statistics under ``lookup`` (RunLookup.statistics; {}
-        when not attached)."""
+        made; for lists and maps, the collections asked), ``evicted`` (clean entries of
+        value, reducing and aggregating states dropped), ``evicted_collections`` (lists and
+        maps dropped whole), ``over_budget_batches`` (eviction checks that ended above the
+        budget: dirty entries alone exceeded it), ``dirty_bytes_peak`` (the most bytes held
+        after such a check), ``memory_budget``, ``state_bytes`` (now), ``attached_version``
+        (None: not attached), ``attached_runs`` (the most runs a key group's chain holds in the
+        attached version; 0 when not attached), ``compactions`` (re-attaches to a compacted
+        manifest), ``compaction_failures`` (background compactions that raised;
+        :attr:`last_compaction_error` says what), ``compacting`` (one is in flight) and the
+        lookup's own statistics under ``lookup`` (RunLookup.statistics; {} when not
+        attached)."""
         return dict(self._stats, memory_budget=self.memory_budget,
                     state_bytes=self.state_bytes(), attached_version=self.attached_version,
                     attached_runs=self.attached_runs(), compacting=self._compaction is not None,
@@ -746,7 +971,7 @@ class TieredBackend(NativeBackend):
         for table in tables:
             self._tables.setdefault(table.name, table)
         self.timers.apply_restore(timers)
-        self._removed, self._removed_pending = {}, {}
+        self._removed, self._removed_pending, self._held = {}, {}, {}
         self._contents_are_base(version=version,
                                 commit_id=base.checkpoint_commit_id(snapshot_like))
 

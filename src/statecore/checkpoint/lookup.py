@@ -27,6 +27,7 @@ first lookup after an attach reads one key group's filters, not the whole state'
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -400,6 +401,124 @@ class RunLookup:
                     pos[miss] += 1
             live = np.nonzero((take_part < 0) & (pos < chain_len[seg_of]))[0]
         return self._assemble(n, take_part, take_row, parts)
+
+    def prefix_entries(self, state_name: str, prefixes) -> tuple[pa.BinaryArray, pa.BinaryArray]:
+        """``(keys, values)`` (``pa.binary()``, sorted by key, no NULL): every entry the version
+        holds under each encoded-key prefix of ``prefixes`` (bytes, each ``key-group prefix |
+        key | namespace``: a list's chunks or a map's user keys, docs/formats.md "List state",
+        "Map state"), newest-wins over the runs of the prefix's chain as
+        :meth:`lookup_batch` (a tombstone hides the older runs' entry of its key). The Bloom
+        filters hash whole keys and cannot rule a prefix out, so each run's candidate blocks
+        come from the footer's block keys: the first block whose last key is >= the prefix,
+        and each next one while the previous block's last key still starts with it (a file of
+        format 1 to 5: the whole (state, key group)). Each block is read, checked and decoded
+        once per batch and kept in the block cache as entries. Errors as :meth:`lookup_batch`."""
+        if state_name not in self._metas:
+            raise InvalidInputError(
+                f"checkpoint version {self.reader.version} has no state {state_name!r}")
+        pre = list(dict.fromkeys(bytes(p) for p in prefixes))
+        if not pre:
+            return pa.array([], pa.binary()), pa.array([], pa.binary())
+        kgs = self._key_groups(pa.array(pre, pa.binary()))
+        chains = self._chains(state_name)
+        seg_starts = np.array([a for a, _, _ in chains], dtype=np.int64)
+        seg_of = np.searchsorted(seg_starts, kgs, side="right") - 1
+        plans, decoded = [], {}
+        for p, kg, seg in zip(pre, kgs.tolist(), seg_of.tolist()):
+            steps = []
+            for run in chains[seg][2]:
+                rf = self._run_file(run, state_name)
+                row = rf.rows.get(kg)
+                if row is None:
+                    continue
+                blocks = [-1 - kg] if rf.tables is None else self._prefix_blocks(rf, row, p)
+                steps.append((rf, blocks))
+                for b in blocks:
+                    decoded.setdefault((rf.data.name, b), rf)
+            plans.append(steps)
+        for (path, b), rf in decoded.items():
+            bid = (path, state_name, b) if b < 0 else (path, state_name, b, "entries")
+            got = self.cache.get(bid)
+            if got is None:
+                got = self._decode_entries(rf, b)
+                self.cache.put(bid, *got)
+            decoded[(path, b)] = (got[0].to_pylist(), got[1])
+        out: dict[bytes, Any] = {}
+        for p, steps in zip(pre, plans):
+            found: dict[bytes, Any] = {}
+            for rf, blocks in steps:
+                for b in blocks:
+                    keys, values = decoded[(rf.data.name, b)]
+                    i = bisect_left(keys, p)
+                    while i < len(keys) and keys[i].startswith(p):
+                        if keys[i] not in found:
+                            found[keys[i]] = values[i].as_py()
+                        i += 1
+            out.update((k, v) for k, v in found.items() if v is not None)
+        ordered = sorted(out)
+        return pa.array(ordered, pa.binary()), pa.array([out[k] for k in ordered], pa.binary())
+
+    @staticmethod
+    def _prefix_blocks(rf: _RunFile, row, prefix: bytes) -> list[int]:
+        """The blocks of ``rf``'s (state, key group) ``row`` that can hold keys starting with
+        ``prefix`` (format 6: by the footer's last key of each block)."""
+        _, koff, kdata = rf.tables
+        first, count = int(row["first_block"]), int(row["block_count"])
+
+        def last(b: int) -> bytes:
+            return bytes(kdata[int(koff[b]):int(koff[b + 1])])
+
+        lo, hi = first, first + count
+        while lo < hi:  # the first block whose last key is >= prefix
+            mid = (lo + hi) // 2
+            if last(mid) < prefix:
+                lo = mid + 1
+            else:
+                hi = mid
+        out = []
+        b = lo
+        while b < first + count:
+            out.append(b)
+            if not last(b).startswith(prefix):
+                break
+            b += 1
+        return out
+
+    def _decode_entries(self, rf: _RunFile, b: int) -> tuple[pa.BinaryArray, pa.BinaryArray]:
+        """``(keys, values)`` of block ``b`` of ``rf`` (``-1 - kg``: the whole (state, key
+        group) of a file of format 1 to 5), checked as :meth:`_read_group` checks blocks; NULL
+        values are tombstones."""
+        data = rf.data
+        if b < 0:
+            before = data.bytes_read
+            keys, values = data.entries(rf.state, -1 - b)
+            self.stats["bytes_read"] += data.bytes_read - before
+            self.stats["blocks_read"] += 1
+            return keys, values
+        incremental = data.kind == KIND_INCREMENTAL
+        blk = data.block_rows(b, 1)
+        lo, n = int(blk["offset"][0]), int(blk["stored_length"][0])
+        kg, _ = rf.key_group_of_block(b)
+        what = f"checkpoint data file {data.name}: state {rf.state!r} key group {kg} block {b}"
+        raw = data.read_range(lo, n, f"state {rf.state!r} key group {kg}")
+        if native_decode_blocks is not None:
+            keys, values, bad, why = native_decode_blocks(raw, blk, lo, incremental)
+            if bad is not None:
+                raise CorruptCheckpointError(f"{what}: {why}")
+            # Own buffers: the decoder's come from a pool and the cache keeps these.
+            keys = pa.array(keys.to_pylist(), pa.binary())
+            values = pa.array(values.to_pylist(), pa.binary())
+        else:
+            keys, values = decode_stored_block(raw, int(blk["raw_length"][0]),
+                                               int(blk["entries"][0]), int(blk["xxh64"][0]),
+                                               what, has_validity=incremental)
+        _, koff, kdata = rf.tables
+        if len(keys) == 0 or keys[len(keys) - 1].as_py() != bytes(
+                kdata[int(koff[b]):int(koff[b + 1])]):
+            raise CorruptCheckpointError(f"{what}: last key differs from the footer's")
+        self.stats["blocks_read"] += 1
+        self.stats["bytes_read"] += n
+        return keys, values
 
     def _candidates(self, rf: _RunFile, mine: np.ndarray, keys, kgs, hashes, objkeys, pos,
                     routed: dict) -> None:
