@@ -316,13 +316,19 @@ def test_sigkill_during_commit_or_compaction_leaves_the_last_version_restorable(
 @pytest.mark.slow
 @pytest.mark.parametrize("phase", ["commit", "compact"])
 def test_sigkill_at_every_mutation_of_commit_and_compaction(tmp_path, phase):
-    """Every kill point but writes into a file, of which every fifth (a fresh interpreter per
-    point, about a second each: tens of points a phase)."""
+    """Every kill point but writes into a file, and of those the first and the last of each
+    file plus three more drawn with a fixed seed (a fresh interpreter per point, about a second
+    each)."""
     base, steps = _kill_points(tmp_path, phase)
-    writes = 0
-    for k, (kind, _) in enumerate(steps, 1):
+    writes: dict[str, list[int]] = {}
+    points = []
+    for k, (kind, name) in enumerate(steps, 1):
         if kind == "write":
-            writes += 1
-            if writes % 5:
-                continue
+            writes.setdefault(name, []).append(k)
+        else:
+            points.append(k)
+    every_write = [k for ks in writes.values() for k in ks]
+    points += [k for ks in writes.values() for k in (ks[0], ks[-1])]
+    points += random.Random(7).sample(every_write, min(3, len(every_write)))
+    for k in sorted(set(points)):
         _kill_at(tmp_path, base, phase, k)
