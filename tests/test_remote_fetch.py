@@ -510,3 +510,63 @@ def test_a_chain_restores_the_same_whatever_order_its_pieces_arrive_in(tmp_path,
     assert _contents(local) == want
     fresh.close()
     local.close()
+
+
+def _sliced_loads(monkeypatch, threads):
+    """Have the native restore load every chunk of blocks on ``threads`` threads (slices of
+    disjoint key groups, however few bytes); returns the ``threads`` of each load call."""
+    from statecore import _native
+    from statecore.backends import native
+
+    monkeypatch.setattr(native, "_LOAD_THREADS", threads)
+    monkeypatch.setattr(native, "_LOAD_SLICE_BYTES", 0)
+    calls = []
+    real = _native.load_blocks
+
+    def load_blocks(*args, **kwargs):
+        calls.append(kwargs.get("threads", 1))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_native, "load_blocks", load_blocks)
+    return calls
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_a_chain_loaded_on_several_threads_restores_the_same(tmp_path, monkeypatch, threads):
+    """Differential: a chain (upserts, tombstones over a full run) restored through pieces
+    with each chunk's key groups cut into slices loaded at once equals the chain's state; a
+    local restore loads on one thread."""
+    runs, want = _incremental_chain(tmp_path, "native")
+    calls = _sliced_loads(monkeypatch, threads)
+    monkeypatch.setattr(readers, "REMOTE_PIECE_BYTES", 96 << 10)
+    fresh = create_backend("native", key_type="int64")
+    _with_handler(tmp_path, _ShuffledHandler(threads)).restore(fresh, 3)
+    assert _contents(fresh) == want
+    fresh.close()
+    assert calls and set(calls) == {threads}
+    calls.clear()
+    local = create_backend("native", key_type="int64")
+    CheckpointStore(str(tmp_path)).restore(local, 3)
+    assert calls and set(calls) == {1}
+    local.close()
+
+
+def test_damage_in_a_later_slice_names_its_block_and_changes_nothing(remote, monkeypatch):
+    """A damaged block among the last key groups of a chunk loaded on two threads (so in the
+    second slice, whose blocks are numbered from the chunk's start): CorruptCheckpointError
+    naming that block, the backend holds what it held."""
+    _, store, path, desc, want = remote
+    _sliced_loads(monkeypatch, 2)
+    monkeypatch.setattr(readers, "REMOTE_PIECE_BYTES", desc["size"])
+    layout = DataFileLayout(path)
+    pos = int(layout.blocks[-3]["offset"]) + 5
+    _flip(path, pos)
+    b = _with_other_state()
+    with pytest.raises(CorruptCheckpointError) as ei:
+        store.restore(b, 1)
+    layout.assert_names_the_damage(str(ei.value), pos)
+    assert _other_unchanged(b)
+    _flip(path, pos)
+    store.restore(b, 1)
+    assert _contents(b) == want
+    b.close()

@@ -3,8 +3,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <stdexcept>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #include "batch_internal.h"
@@ -423,6 +426,88 @@ BlockLoadResult load_blocks(StateTable& table, const uint8_t* data, size_t size,
     b0 = b1;
   }
   return r;
+}
+
+namespace {
+
+// Block indexes where load_blocks_parallel's slices start, and `count` last: at most `threads`
+// slices of about equal stored bytes, each of at least `min_slice_bytes`, cut only between two
+// key groups; {0, count} when the key groups are not sorted and inside the table's range.
+std::vector<size_t> slice_starts(const StateTable& table, const StoredBlockRef* blocks,
+                                 const int32_t* key_groups, size_t count, size_t size, int threads,
+                                 uint64_t min_slice_bytes) {
+  std::vector<size_t> cuts{0};
+  uint64_t total = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const int32_t kg = key_groups[i];
+    if (kg < table.kg_start() || kg > table.kg_end() || (i > 0 && kg < key_groups[i - 1])) {
+      cuts.push_back(count);
+      return cuts;
+    }
+    // A block claiming more than `data` holds fails in load_blocks; here it only must not
+    // overflow the sum.
+    total += std::min<uint64_t>(blocks[i].stored_length, size);
+  }
+  const uint64_t most = min_slice_bytes > 0 ? total / min_slice_bytes : total;
+  const uint64_t n = std::min<uint64_t>(threads > 1 ? static_cast<uint64_t>(threads) : 1, most);
+  uint64_t acc = 0;
+  size_t i = 0;
+  for (uint64_t s = 1; s < n; ++s) {
+    const uint64_t target = total / n * s;
+    while (i < count && acc < target) acc += std::min<uint64_t>(blocks[i++].stored_length, size);
+    while (i > 0 && i < count && key_groups[i] == key_groups[i - 1])
+      acc += std::min<uint64_t>(blocks[i++].stored_length, size);
+    if (i >= count) break;
+    if (i > cuts.back()) cuts.push_back(i);
+  }
+  cuts.push_back(count);
+  return cuts;
+}
+
+}  // namespace
+
+BlockLoadResult load_blocks_parallel(StateTable& table, const uint8_t* data, size_t size,
+                                     const StoredBlockRef* blocks, const int32_t* key_groups,
+                                     size_t count, const BlockLoadSpec& spec, int threads,
+                                     uint64_t min_slice_bytes) {
+  const std::vector<size_t> cuts =
+      slice_starts(table, blocks, key_groups, count, size, threads, min_slice_bytes);
+  const size_t k = cuts.size() - 1;
+  if (k <= 1) return load_blocks(table, data, size, blocks, key_groups, count, spec);
+  std::vector<BlockLoadResult> results(k);
+  std::vector<std::exception_ptr> errors(k);
+  auto run = [&](size_t s) {
+    try {
+      results[s] = load_blocks(table, data, size, blocks + cuts[s], key_groups + cuts[s],
+                               cuts[s + 1] - cuts[s], spec);
+    } catch (...) {
+      errors[s] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> workers;
+  std::vector<size_t> here{0};  // slices the calling thread loads
+  workers.reserve(k - 1);
+  for (size_t s = 1; s < k; ++s) {
+    try {
+      workers.emplace_back(run, s);
+    } catch (const std::system_error&) {
+      here.push_back(s);
+    }
+  }
+  for (size_t s : here) run(s);
+  for (std::thread& w : workers) w.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+  BlockLoadResult out;
+  for (size_t s = 0; s < k; ++s) {
+    out.entries += results[s].entries;
+    if (out.failed_block < 0 && results[s].failed_block >= 0) {
+      out.failed_block = results[s].failed_block + static_cast<int64_t>(cuts[s]);
+      out.corrupt = results[s].corrupt;
+      out.error = std::move(results[s].error);
+    }
+  }
+  return out;
 }
 
 }  // namespace statecore

@@ -247,7 +247,8 @@ def verify_blocks(data, blocks, uint64_t base):
 
 def load_blocks(NativeStateTable table, data, blocks, key_groups, uint64_t base,
                 bint has_validity, int prefix_width, int64_t key_width=-1,
-                int64_t value_width=-1, bint into_empty=False):
+                int64_t value_width=-1, bint into_empty=False, int threads=1,
+                uint64_t min_slice_bytes=0):
     """Restore consecutive stored blocks of one run's state straight into ``table``: each block
     checked (bounds, XXH64), decompressed and its payload checked as :func:`decode_blocks` does,
     its entries checked and inserted from the decompressed bytes in C++ with the GIL released,
@@ -262,7 +263,13 @@ def load_blocks(NativeStateTable table, data, blocks, key_groups, uint64_t base,
     not strictly ascending), else an entry breaks the state's rules; the blocks before it stay
     loaded (load into a table to discard on error). InvalidInputError for ``key_groups`` not
     one per block or a prefix width other than 1 or 2; StateError when another thread's call
-    holds the table."""
+    holds the table.
+
+    ``threads`` > 1: the blocks are cut between key groups into up to that many slices of about
+    equal stored bytes, at least ``min_slice_bytes`` (bytes) each, loaded at once on threads of
+    their own (native bulk_load.h ``load_blocks_parallel``: they write disjoint key groups'
+    maps). Then on a bad block the other slices, key groups after it included, may be loaded
+    too; the bad block reported is the first in ``blocks`` order among the failed slices."""
     cdef const uint8_t[::1] d = memoryview(data).cast("B")
     cdef size_t size = d.shape[0]
     cdef size_t nb = len(blocks)
@@ -284,7 +291,11 @@ def load_blocks(NativeStateTable table, data, blocks, key_groups, uint64_t base,
     table._claim()
     try:
         with nogil:
-            r = c.load_blocks(table.table[0], p, size, refs.data(), kp, nb, spec)
+            if threads > 1:
+                r = c.load_blocks_parallel(table.table[0], p, size, refs.data(), kp, nb, spec,
+                                           threads, min_slice_bytes)
+            else:
+                r = c.load_blocks(table.table[0], p, size, refs.data(), kp, nb, spec)
     finally:
         table._release()
     if r.failed_block >= 0:

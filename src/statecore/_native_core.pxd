@@ -660,6 +660,10 @@ cdef extern from "statecore/bulk_load.h" namespace "statecore" nogil:
     BlockLoadResult load_blocks(StateTable& table, const uint8_t* data, size_t size,
                                 const StoredBlockRef* blocks, const int32_t* key_groups,
                                 size_t count, const BlockLoadSpec& spec) except +raise_native_error
+    BlockLoadResult load_blocks_parallel(
+        StateTable& table, const uint8_t* data, size_t size, const StoredBlockRef* blocks,
+        const int32_t* key_groups, size_t count, const BlockLoadSpec& spec, int threads,
+        uint64_t min_slice_bytes) except +raise_native_error
 
 
 cdef extern from "statecore/snapshot_writer.h" namespace "statecore" nogil:

@@ -86,4 +86,22 @@ BlockLoadResult load_blocks(StateTable& table, const uint8_t* data, size_t size,
                             const StoredBlockRef* blocks, const int32_t* key_groups, size_t count,
                             const BlockLoadSpec& spec);
 
+// load_blocks on up to `threads` threads: `blocks` cut at key-group boundaries into that many
+// slices of about equal stored bytes, each slice loaded by load_blocks on a thread of its own
+// (the first on the calling thread). Slices hold disjoint key groups, so the threads write
+// disjoint maps of `table` (its maps share no mutable state; the page pool locks, and the
+// kernels' lanes are per thread). Cuts only where every key group is inside the table's range
+// and not below the one before it, and only into slices of at least `min_slice_bytes` stored
+// bytes; otherwise one load_blocks call (which then names the bad block). The result is the
+// first failed slice's (block indexes into `blocks`), `entries` summed over all slices. On a
+// failure other slices, key groups after the failed block included, may be loaded: as with
+// load_blocks, a caller that must leave its state unchanged loads into a table it discards on
+// error. An exception of a slice (std::invalid_argument as load_blocks, std::bad_alloc) is
+// rethrown once every thread ended; a thread that cannot be started leaves its slice to the
+// calling thread. Owner thread of `table` (no other call on it until this returns).
+BlockLoadResult load_blocks_parallel(StateTable& table, const uint8_t* data, size_t size,
+                                     const StoredBlockRef* blocks, const int32_t* key_groups,
+                                     size_t count, const BlockLoadSpec& spec, int threads,
+                                     uint64_t min_slice_bytes);
+
 }  // namespace statecore

@@ -41,6 +41,7 @@ input buffers must stay unmodified until the call returns.
 from __future__ import annotations
 
 import copy
+import os
 from threading import get_ident
 
 import numpy as np
@@ -73,6 +74,16 @@ _STREAM_CHUNK_BYTES = 8 << 20
 #: (``run_blocks``' ``max_bytes``): a chunk costs one ranged read (into reused memory,
 #: statecore.buffer_pool) and one native call per run, and only its stored bytes are held.
 _RUN_BLOCK_BYTES = 32 << 20
+
+#: Threads loading one chunk of stored blocks of a remote store's reader (its ``remote``;
+#: ``_native.load_blocks``' ``threads``: slices of disjoint key groups loaded at once), and the
+#: fewest stored bytes worth a thread of their own. The loading is a restore's largest CPU cost,
+#: and what is left of it when the last piece arrives is the restore's tail. Twice the cores
+#: used (at most two): on 2 cores four slices loaded a chunk faster than two (docs/deploy.md
+#: "Checkpoints on object storage"). A local restore loads on its own thread: an executor's
+#: other cores run other tasks.
+_LOAD_THREADS = 2 * min(2, os.cpu_count() or 1)
+_LOAD_SLICE_BYTES = 1 << 20
 
 
 class NativeTable(states.StateTable):
@@ -605,6 +616,7 @@ class NativeBackend(TableBackend):
     def _load_blocks_of(self, table: NativeTable, reader, kgs: list, key_width, width) -> None:
         # Chunks in the order their bytes arrive (a remote prefetch), each its own key groups:
         # loading what arrived overlaps the download of the rest.
+        threads = _LOAD_THREADS if getattr(reader, "remote", False) else 1
         for parts in reader.run_blocks(table.name, kgs[0], kgs[-1], _RUN_BLOCK_BYTES,
                                        as_fetched=True):
             for i, run in enumerate(parts):
@@ -612,7 +624,8 @@ class NativeBackend(TableBackend):
                     table.native, run.data, run.blocks, run.key_groups, run.base,
                     run.incremental, self.key_prefix_width,
                     -1 if key_width is None else key_width, -1 if width is None else width,
-                    into_empty=i == 0)
+                    into_empty=i == 0, threads=threads,
+                    min_slice_bytes=_LOAD_SLICE_BYTES)
                 if bad is None:
                     continue
                 if corrupt:

@@ -182,9 +182,11 @@ class CheckpointReader:
     ``max_parallelism``, ``key_type``, ``assigner``,
     ``key_group_range`` (the version's inclusive range, ``.start``/``.end``), ``metadata``
     (user dict), ``manifest``, ``incremental`` (False: entries are complete, without
-    tombstones). ``entries`` merges the runs of the key group newest-wins (module docstring)
-    and reads exactly the blocks of one (state, key group) per run unless :meth:`prefetch`
-    fetched them. Usable as a context manager; :meth:`release` is idempotent.
+    tombstones), ``remote`` (the root is not on local OS files: every read is a round trip,
+    and :meth:`prefetch` fetches in parallel pieces). ``entries`` merges the runs of the key
+    group newest-wins (module docstring) and reads exactly the blocks of one (state, key group)
+    per run unless :meth:`prefetch` fetched them. Usable as a context manager; :meth:`release`
+    is idempotent.
     """
 
     incremental = False
@@ -195,6 +197,7 @@ class CheckpointReader:
                  segments: list | None = None, on_release=None):
         self._root = root
         self._on_release = on_release
+        self.remote = not root.is_local
         self.version = version
         self.commit_id = manifest.get("commit_id")
         self.manifest = manifest
