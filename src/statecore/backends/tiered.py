@@ -99,7 +99,8 @@ from statecore.arrow_input import (
     is_arrow_input,
 )
 from statecore.backends import base, native_states
-from statecore.backends.native import NativeBackend, NativeTable
+from statecore.backends.native import NativeBackend, NativeSnapshot, NativeTable
+from statecore.backends.tiered_spill import SpilledSnapshot, SpillRuns
 from statecore.checkpoint.lookup import DEFAULT_CACHE_BYTES, RunLookup
 from statecore.checkpoint.store import CheckpointStore
 from statecore.errors import InvalidInputError
@@ -328,7 +329,9 @@ class TieredBackend(NativeBackend):
     indexes come on top, docs/tiered.md "Memory"). ``checkpoint``: the
     :class:`~statecore.checkpoint.store.CheckpointStore` (or its URI or local path) whose
     versions the backend attaches to. ``cache_bytes``: the block cache of the run lookups
-    (decoded blocks, outside the budget; default 64 MiB). Other options as
+    (decoded blocks, outside the budget; default 64 MiB). ``spill_dir``: the local directory
+    under which the spill runs' private directory is made (None: the system's temporary
+    directory; :mod:`statecore.backends.tiered_spill`). Other options as
     :class:`~statecore.backends.native.NativeBackend`. InvalidInputError for a bad budget or a
     missing store.
     """
@@ -343,7 +346,7 @@ class TieredBackend(NativeBackend):
                          "aggregating": TieredTtlAggregatingState}
 
     def __init__(self, *, memory_budget, checkpoint=None, cache_bytes: int = DEFAULT_CACHE_BYTES,
-                 **options):
+                 spill_dir: str | None = None, **options):
         self.memory_budget = parse_bytes(memory_budget)
         self.cache_bytes = parse_bytes(cache_bytes, "cache_bytes")
         if checkpoint is None:
@@ -360,10 +363,14 @@ class TieredBackend(NativeBackend):
         #: rows_held() depth: while > 0 the per-record table calls load nothing (a batch call
         #: loaded the keys of its rows, and eviction is held)
         self.rows_loaded = 0
-        self._removed: dict[str, set] = {}  # this epoch's removed keys, per state
-        self._removed_pending: dict[int, dict[str, set]] = {}  # snapshot id -> removed keys
+        #: this epoch's removed keys per state, each with the spill count at its removal
+        self._removed: dict[str, dict[bytes, int]] = {}
+        self._removed_pending: dict[int, dict[str, dict]] = {}  # snapshot id -> removed keys
+        self._spills = SpillRuns(spill_dir)
+        self._snapshot_spill_seq: dict[int, int] = {}  # snapshot id -> newest spill run merged
         self._stats = {"loaded": 0, "fetched_keys": 0, "fetch_batches": 0, "evicted": 0,
-                       "over_budget_batches": 0, "dirty_bytes_peak": 0}
+                       "over_budget_batches": 0, "dirty_bytes_peak": 0, "spills": 0,
+                       "spilled_entries": 0, "spilled_bytes": 0}
 
     # ------------------------------------------------------------------ registration
     def get_state(self, descriptor, namespace_type: str = "void"):
@@ -395,29 +402,45 @@ class TieredBackend(NativeBackend):
         eviction (T4). One key group at a time: V's entries of the group, merged newest-wins
         over its runs (``CheckpointReader.entries``), and memory's keys and tombstones of the
         group, read from one copy-on-write snapshot of the map; nothing is loaded into
-        memory. Unattached (or V without the state): memory alone, as the native backend."""
+        memory. With spill runs, each run's changes apply over V's keys, oldest first, and the
+        maps' changes (since the newest spill) last. Unattached without spill runs (or V
+        without the state): memory alone, as the native backend."""
         table = self._tables.get(state_name)
         if table is None or not self.reads_runs(table) or not len(kgs):
             yield from super()._key_namespaces(state_name, kgs)
             return
         native = table.native
-        in_runs = set(self._reader.key_groups_holding(state_name, kgs.start, kgs.end))
-        busy = in_runs | {kg for kg in kgs if native.key_group_size(kg)}
+        in_runs = set(self._reader.key_groups_holding(state_name, kgs.start, kgs.end)) \
+            if self._attached_holds(table) else set()
+        spilled = list(self._spills.runs) if self._spills.holds(state_name) else []
+        busy = set(kgs) if spilled else \
+            in_runs | {kg for kg in kgs if native.key_group_size(kg)}
         if not busy:
             return
         snap = native.snapshot()
+        readers: dict = {}
         try:
             for kg in sorted(busy):
                 held = set(snap.entries(kg)[0].to_pylist()) if native.key_group_size(kg) \
                     else set()
-                if kg in in_runs:
-                    keys, values = snap.changes(kg, snap.base_version)
-                    gone = set(keys.filter(values.is_null()).to_pylist())
-                    held.update(k for k in self._reader.entries(state_name, kg)[0].to_pylist()
-                                if k not in gone)
-                yield kg, self._decoded_rows(table, held)
+                if kg in in_runs or spilled:
+                    # V's keys, then each spill run's and memory's changes over them, oldest
+                    # first: a value adds its key, a tombstone removes it.
+                    live = set(self._reader.entries(state_name, kg)[0].to_pylist()) \
+                        if kg in in_runs else set()
+                    parts = self._spills.entries(state_name, kg, spilled, readers)[::-1]
+                    parts.append(snap.changes(kg, snap.base_version))
+                    for keys, values in parts:
+                        valid = values.is_valid()
+                        live.difference_update(keys.filter(pc.invert(valid)).to_pylist())
+                        live.update(keys.filter(valid).to_pylist())
+                    held |= live
+                if held:
+                    yield kg, self._decoded_rows(table, held)
         finally:
             snap.release()
+            for rd in readers.values():
+                rd.close()
 
     def _decoded_rows(self, table: TieredTable, encoded) -> list:
         """``[(serialized key, key, namespace)]`` of the encoded keys ``encoded`` of a value,
@@ -440,16 +463,20 @@ class TieredBackend(NativeBackend):
         return self._keys.encode(key)[2]
 
     def reads_runs(self, table: TieredTable) -> bool:
-        """Whether keys of ``table``'s state may be loaded from the attached version (one is
-        attached and holds the state)."""
+        """Whether keys of ``table``'s state may be loaded: from a spill run that holds the
+        state, or from the attached version (one is attached and holds the state)."""
+        return self._attached_holds(table) or self._spills.holds(table.name)
+
+    def _attached_holds(self, table: TieredTable) -> bool:
         return self._lookup is not None and table.name in self._lookup_states
 
     def load_keys(self, table: TieredTable, encoded, absent: bool = False) -> int:
         """Load the keys of ``encoded`` (encoded keys of ``table``'s state and this backend's
         key groups: a list of bytes or a ``pa.binary()`` array; repeats allowed) that memory
-        lacks and no removed set holds from the attached version, as clean entries, with one
-        lookup. ``absent``: the keys are unique and memory lacks each (batch_encoded_keys said
-        so). Returns the entries loaded (0 when not attached)."""
+        lacks from the spill runs (newest first) and then the attached version, as clean
+        entries, with one lookup of each (:meth:`_fetch`). ``absent``: the keys are unique and
+        memory lacks each (batch_encoded_keys said so). Returns the entries loaded (0 when
+        neither a spill run nor the attached version holds the state)."""
         if not len(encoded) or not self.reads_runs(table):
             return 0
         keys = encoded if isinstance(encoded, pa.Array) else pa.array(encoded, pa.binary())
@@ -458,12 +485,18 @@ class TieredBackend(NativeBackend):
             keys = keys.filter(table.native.absent_keys(keys, self.key_prefix_width))
         removed = [s[table.name] for s in (self._removed, *self._removed_pending.values())
                    if table.name in s]
+        since = None
         if removed and len(keys):
-            keep = [not any(k in s for s in removed) for k in keys.to_pylist()]
-            keys = keys.filter(pa.array(keep, pa.bool_()))
+            # The spill count at each key's last removal (-1: not removed since V). A key
+            # removed after the newest spill is absent: nothing to fetch.
+            since = np.array([max(s.get(k, -1) for s in removed) for k in keys.to_pylist()],
+                             dtype=np.int64)
+            keep = since < self._spills.last_seq
+            if not keep.all():
+                keys, since = keys.filter(pa.array(keep)), since[keep]
         if not len(keys):
             return 0
-        values = self._lookup.lookup_batch(table.name, keys)
+        values = self._fetch(table, keys, since)
         n = table.native.load_clean(keys, values, self.key_prefix_width)
         st = self._stats
         st["fetch_batches"] += 1
@@ -471,15 +504,44 @@ class TieredBackend(NativeBackend):
         st["loaded"] += n
         return n
 
+    def _fetch(self, table: TieredTable, keys: pa.Array, since) -> pa.Array:
+        """The stored values of the encoded keys ``keys`` (NULL: absent). ``since`` (None, or
+        per key the spill count at its last removal since V, -1 for none): a spill run written
+        after a key's last removal decides it with its value or tombstone; a key removed since
+        V that no such run holds is absent (T2); the attached version answers the others."""
+        n = len(keys)
+        if self._spills.holds(table.name):
+            seq, values = self._spills.lookup(table.name, keys, self.key_prefix_width)
+        else:
+            seq, values = np.zeros(n, dtype=np.int64), pa.nulls(n, pa.binary())
+        if since is not None:
+            stale = (seq > 0) & (seq <= since)  # a run older than the removal: absent
+            if stale.any():
+                values = pc.if_else(pa.array(stale), pa.scalar(None, pa.binary()), values)
+            ask = (seq == 0) & (since < 0)
+        else:
+            ask = seq == 0
+        if not ask.any() or not self._attached_holds(table):
+            return values
+        rest = np.flatnonzero(ask)
+        older = self._lookup.lookup_batch(table.name, keys.take(pa.array(rest)))
+        if len(rest) == n:
+            return older
+        pick = np.arange(n, dtype=np.int64)
+        pick[rest] = n + np.arange(len(rest), dtype=np.int64)
+        return pa.concat_arrays([values, older]).take(pa.array(pick))
+
     def note_removed(self, table: TieredTable, encoded) -> None:
         """Record removals of the keys of ``encoded`` (a list of bytes or a ``pa.binary()``
-        array) from ``table``'s state (module docstring,
-        T2), attached or not: a snapshot taken before the removal may complete later, and the
-        version it becomes holds the keys."""
+        array) from ``table``'s state (module docstring, T2), attached or not, with the spill
+        count at the removal: a snapshot taken before the removal may complete later, and the
+        version it becomes holds the keys; a spill run written before it holds them too, one
+        written after it the key's newer entry."""
         if isinstance(encoded, pa.Array):
             encoded = encoded.to_pylist()
         if encoded:
-            self._removed.setdefault(table.name, set()).update(encoded)
+            self._removed.setdefault(table.name, {}).update(
+                dict.fromkeys(encoded, self._spills.last_seq))
 
     @contextlib.contextmanager
     def eviction_held(self):
@@ -504,14 +566,52 @@ class TieredBackend(NativeBackend):
             self.rows_loaded -= 1
 
     def evict(self) -> int:
-        """Drop clean entries until :meth:`state_bytes` fits the budget (or none is left);
-        returns how many were dropped (0 inside :meth:`eviction_held`). Counted in
+        """Drop clean entries until :meth:`state_bytes` fits the budget; when the changed
+        entries alone exceed it, spill them first (:meth:`spill`) and drop them too. Returns how
+        many entries were dropped (0 inside :meth:`eviction_held`). Counted in
         :meth:`tiered_statistics`."""
         if self._evict_holds:
             return 0
         total = self.state_bytes()
         if total <= self.memory_budget:
             return 0
+        n = self._evict_clean(total)
+        total = self.state_bytes()
+        if total > self.memory_budget and self.spill():
+            n += self._evict_clean(total)
+            total = self.state_bytes()
+        st = self._stats
+        st["evicted"] += n
+        if total > self.memory_budget:
+            st["over_budget_batches"] += 1
+            st["dirty_bytes_peak"] = max(st["dirty_bytes_peak"], total)
+        return n
+
+    def spill(self) -> int:
+        """Write every change since the maps' base (values and tombstones, all states) as a
+        spill run and move the maps' base to it, so the changed entries become clean
+        (:mod:`statecore.backends.tiered_spill`); returns the entries written (0: no change).
+        The next snapshots merge the run until a checkpoint holding it completes."""
+        names = list(self._tables)
+        snap = NativeSnapshot(self, self._tables, {}, 0, True)
+        try:
+            run = self._spills.write(snap, names)
+            versions = snap.table_versions()
+        finally:
+            snap.release()
+        if run is None:
+            return 0
+        for name, version in versions.items():
+            self._tables[name].native.mark_base(version)
+        st = self._stats
+        st["spills"] += 1
+        st["spilled_entries"] += run.entries
+        st["spilled_bytes"] += run.file_bytes
+        return run.entries
+
+    def _evict_clean(self, total: int) -> int:
+        """Drop clean entries, state by state, until ``total`` (the bytes held) fits the
+        budget; returns how many."""
         n = 0
         for table in self._tables.values():
             excess = total - self.memory_budget
@@ -520,22 +620,20 @@ class TieredBackend(NativeBackend):
             before = table.native.nbytes
             n += table.native.evict_clean(max(0, before - excess))
             total -= before - table.native.nbytes
-        st = self._stats
-        st["evicted"] += n
-        if total > self.memory_budget:
-            st["over_budget_batches"] += 1
-            st["dirty_bytes_peak"] = max(st["dirty_bytes_peak"], total)
         return n
 
     def tiered_statistics(self) -> dict:
         """Counters of the tiered mode: ``loaded`` (entries loaded from the attached version),
         ``fetched_keys`` / ``fetch_batches`` (keys asked of the run lookups and the lookups
-        made), ``evicted`` (clean entries dropped), ``over_budget_batches`` (eviction checks
-        that ended above the budget: dirty entries alone exceeded it), ``dirty_bytes_peak``
-        (the most bytes held after such a check), ``memory_budget``, ``state_bytes`` (now),
+        made), ``evicted`` (clean entries dropped), ``spills`` / ``spilled_entries`` /
+        ``spilled_bytes`` (spill runs written, their entries and file bytes), ``spill_runs``
+        (live now), ``over_budget_batches`` (eviction checks that ended above the budget even
+        after a spill), ``dirty_bytes_peak`` (the most bytes held after such a check),
+        ``memory_budget``, ``state_bytes`` (now),
         ``attached_version`` (None: not attached) and the lookup's own statistics under
         ``lookup`` (RunLookup.statistics; {} when not attached)."""
         return dict(self._stats, memory_budget=self.memory_budget,
+                    spill_runs=len(self._spills.runs),
                     state_bytes=self.state_bytes(), attached_version=self.attached_version,
                     lookup=self._lookup.statistics() if self._lookup is not None else {})
 
@@ -576,6 +674,9 @@ class TieredBackend(NativeBackend):
         if self._removed:
             self._removed_pending[snap.snapshot_id] = self._removed
             self._removed = {}
+        if self._spills.runs:
+            snap = SpilledSnapshot(snap, self._spills.runs, self._spills, set(self._tables))
+            self._snapshot_spill_seq[snap.snapshot_id] = snap.spill_seq
         return snap
 
     def notify_checkpoint_complete(self, snapshot_id: int, version: int | None = None,
@@ -593,6 +694,12 @@ class TieredBackend(NativeBackend):
             self._attach(int(version))
             self._removed_pending = {sid: s for sid, s in self._removed_pending.items()
                                      if sid > snapshot_id}
+            # The version holds the spill runs the snapshot merged (and older ones).
+            merged = [seq for sid, seq in self._snapshot_spill_seq.items() if sid <= snapshot_id]
+            if merged:
+                self._spills.retire_through(max(merged))
+            self._snapshot_spill_seq = {sid: seq for sid, seq in
+                                        self._snapshot_spill_seq.items() if sid > snapshot_id}
 
     def restore(self, snapshot_like) -> None:
         """Attach to the committed version of ``snapshot_like`` (a ``CheckpointReader`` of this
@@ -605,7 +712,7 @@ class TieredBackend(NativeBackend):
         if version is None:
             raise InvalidInputError("a tiered backend restores by attaching a committed "
                                     "version: pass a CheckpointReader (CheckpointStore.open)")
-        if self._lookup is not None or self.num_entries():
+        if self._lookup is not None or self.num_entries() or self._spills.runs:
             raise InvalidInputError("a tiered backend attaches one version, into an empty "
                                     "backend")
         base.check_snapshot_compatible(self, snapshot_like)
@@ -633,4 +740,5 @@ class TieredBackend(NativeBackend):
 
     def dispose(self) -> None:
         self._detach()
+        self._spills.close()
         super().dispose()

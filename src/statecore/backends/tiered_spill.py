@@ -1,0 +1,333 @@
+"""Spill runs of the tiered mode: the changed entries that do not fit the memory budget,
+written to local data files until a completed checkpoint holds them (docs/tiered.md
+"Spill").
+
+After Flink 2.0's ForSt, whose memtables flush to local SST files that a checkpoint later
+uploads: when the entries changed since the attached version alone exceed the budget, the
+:class:`~statecore.backends.tiered.TieredBackend` writes every change since its maps'
+change-tracking base -- values and tombstones -- as one *spill run* (the checkpoint data-file
+format, docs/formats.md "Data file", an incremental run: NULL values are tombstones), then
+moves the maps' base to that spill snapshot, so the spilled entries are clean and evictable.
+
+* **Reads** consult memory, then the spill runs newest first, then the attached version: a
+  spill run's value or tombstone decides a key (:meth:`SpillRuns.lookup`).
+* **Snapshots** taken while spill runs exist merge them under memory's changes, newest wins,
+  tombstones kept (:class:`SpilledSnapshot`): the published run lists every change since the
+  attached version, as it would have without spilling.
+* **Retirement.** When a checkpoint completes, the spill runs its snapshot merged are retired
+  (the version now holds them); a retired run's file is deleted once no snapshot still being
+  written reads it.
+* **Crash safety.** Spill files live in a private local directory and no manifest ever names
+  one: a crash at any point leaves the store's committed versions untouched, and the files
+  are garbage (:meth:`SpillRuns.close` removes them on an orderly close).
+
+Thread contract: the backend's thread writes, looks up and retires; a snapshot's background
+write reads the runs it pinned through readers of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from statecore.checkpoint.format import DataFileReader, write_data_file
+from statecore.checkpoint.readers import merge_newest_wins
+from statecore.errors import CheckpointIOError
+
+__all__ = ["SpillRun", "SpillRuns", "SpilledSnapshot"]
+
+
+class SpillRun:
+    """One spill run: the data file at ``path`` (an incremental run of the keyed states
+    ``states`` that it holds entries of), ``seq`` (1, 2, ... in writing order), ``entries``
+    (values and tombstones) and ``file_bytes``."""
+
+    def __init__(self, path: str, seq: int, states: frozenset, entries: int, file_bytes: int):
+        self.path, self.seq, self.states = path, seq, states
+        self.entries, self.file_bytes = entries, file_bytes
+        self._reader: DataFileReader | None = None
+        self._pins = 0
+        self._retired = False
+        self._lock = threading.Lock()
+
+    def open_reader(self) -> DataFileReader:
+        """A new reader of the file (the caller closes it)."""
+        return DataFileReader(pa.OSFile(self.path, "rb"), self.path)
+
+    def reader(self) -> DataFileReader:
+        """The backend thread's reader of the file, opened at first use."""
+        if self._reader is None:
+            self._reader = self.open_reader()
+        return self._reader
+
+    def pin(self) -> None:
+        with self._lock:
+            self._pins += 1
+
+    def unpin(self) -> None:
+        with self._lock:
+            self._pins -= 1
+            gone = self._retired and not self._pins
+        if gone:
+            self._delete()
+
+    @property
+    def pinned(self) -> bool:
+        """Whether a snapshot being written reads the run."""
+        return self._pins > 0
+
+    def retire(self) -> None:
+        """The run is held by a completed checkpoint: delete its file once unpinned."""
+        with self._lock:
+            self._retired = True
+            gone = not self._pins
+        if gone:
+            self._delete()
+
+    def _delete(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        try:
+            os.remove(self.path)
+        except FileNotFoundError:
+            pass
+
+
+def _merged(parts: list) -> tuple[pa.Array, pa.Array]:
+    """``merge_newest_wins`` of ``(keys, values)`` parts given newest first, tombstones kept."""
+    parts = [p for p in parts if len(p[0])]
+    if not parts:
+        return pa.array([], pa.binary()), pa.array([], pa.binary())
+    return merge_newest_wins(parts, keep_tombstones=True)
+
+
+class SpillRuns:
+    """The spill runs of one tiered backend, oldest first, in a private directory created under
+    ``parent_dir`` (None: the system's temporary directory) at the first spill."""
+
+    def __init__(self, parent_dir: str | None = None):
+        self.parent_dir = parent_dir
+        self.dir: str | None = None
+        self.runs: list[SpillRun] = []
+        self._seq = 0
+
+    @property
+    def last_seq(self) -> int:
+        """The sequence number of the newest run written (0: none yet)."""
+        return self._seq
+
+    def holds(self, state_name: str) -> bool:
+        """Whether a live run holds entries of ``state_name``."""
+        return any(state_name in r.states for r in self.runs)
+
+    def write(self, snap, state_names: list) -> SpillRun | None:
+        """Write the changes since the maps' base that ``snap`` (a
+        :class:`~statecore.backends.native.NativeSnapshot`) lists for the keyed states
+        ``state_names`` as a new run; None when there was no change. The file is written under
+        a temporary name and renamed when complete. CheckpointIOError when the directory or
+        file cannot be written (nothing changes then)."""
+        view = _StatesView(snap, state_names)
+        seq = self._seq + 1
+        try:
+            if self.dir is None:
+                if self.parent_dir is not None:
+                    os.makedirs(self.parent_dir, exist_ok=True)
+                self.dir = tempfile.mkdtemp(prefix="statecore-spill-", dir=self.parent_dir)
+            path = os.path.join(self.dir, f"spill-{seq:06d}.data")
+            tmp = path + ".tmp"
+            try:
+                with pa.OSFile(tmp, "wb") as out:
+                    write_data_file(out, view, version=seq, writer="spill", incremental=True)
+            except BaseException:
+                with _suppress_missing():
+                    os.remove(tmp)
+                raise
+        except OSError as exc:
+            raise CheckpointIOError(
+                f"cannot write a spill run under {self.parent_dir or tempfile.gettempdir()!r}: "
+                f"{exc}") from exc
+        if not view.count:
+            os.remove(tmp)
+            return None
+        os.replace(tmp, path)
+        self._seq = seq
+        run = SpillRun(path, seq, frozenset(view.states), view.count, os.path.getsize(path))
+        self.runs.append(run)
+        return run
+
+    def lookup(self, state_name: str, keys: pa.Array, prefix_width: int):
+        """Point lookups of the encoded keys ``keys`` (``pa.binary()``) of ``state_name`` in the
+        runs, newest first: ``(seq, values)``, a numpy int64 array (per key the sequence number
+        of the newest run holding its value or tombstone, 0 for none) and a ``pa.binary()``
+        array (the value; NULL for a tombstone or a key no run holds). One read of the (state,
+        key group) per run and key group asked."""
+        n = len(keys)
+        runs = [r for r in reversed(self.runs) if state_name in r.states]
+        seq = np.zeros(n, dtype=np.int64)
+        if not runs or not n:
+            return seq, pa.nulls(n, pa.binary())
+        kgs = _key_groups(keys, prefix_width)
+        out: list = [None] * n
+        for kg in np.unique(kgs):
+            rows = np.flatnonzero(kgs == kg)
+            for r in runs:
+                rk, rv = r.reader().entries(state_name, int(kg))
+                if not len(rk):
+                    continue
+                idx = pc.index_in(keys.take(pa.array(rows)), value_set=rk)
+                hit = idx.is_valid().to_numpy(zero_copy_only=False)
+                if not hit.any():
+                    continue
+                for row, v in zip(rows[hit], rv.take(idx.filter(pa.array(hit))).to_pylist()):
+                    seq[row] = r.seq
+                    out[row] = v
+                rows = rows[~hit]
+                if not len(rows):
+                    break
+        return seq, pa.array(out, pa.binary())
+
+    def entries(self, state_name: str, kg: int, runs: list, readers: dict
+                ) -> list[tuple[pa.Array, pa.Array]]:
+        """``(keys, values)`` of ``state_name`` in ``kg`` of each of ``runs`` that holds the
+        state, newest first, read through ``readers`` (``{seq: DataFileReader}``, opened as
+        needed)."""
+        parts = []
+        for r in reversed(runs):
+            if state_name not in r.states:
+                continue
+            rd = readers.get(r.seq)
+            if rd is None:
+                rd = readers[r.seq] = r.open_reader()
+            parts.append(rd.entries(state_name, kg))
+        return parts
+
+    def retire_through(self, seq: int) -> int:
+        """Retire the runs of sequence numbers <= ``seq`` (a completed checkpoint holds them);
+        returns how many."""
+        old = [r for r in self.runs if r.seq <= seq]
+        self.runs = [r for r in self.runs if r.seq > seq]
+        for r in old:
+            r.retire()
+        return len(old)
+
+    def close(self) -> None:
+        """Retire every run and remove the directory; while a snapshot being written still
+        reads a run, its file goes with the snapshot's release and the empty directory
+        stays."""
+        pinned = any(r.pinned for r in self.runs)
+        self.retire_through(self._seq)
+        if self.dir is not None and not pinned:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir = None
+
+
+class _suppress_missing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        return exc_type is not None and issubclass(exc_type, FileNotFoundError)
+
+
+def _key_groups(keys: pa.Array, prefix_width: int) -> np.ndarray:
+    """Key group of each encoded key (its big-endian prefix of ``prefix_width`` bytes)."""
+    offs = np.frombuffer(keys.buffers()[1], np.int32)[keys.offset:keys.offset + len(keys)]
+    data = np.frombuffer(keys.buffers()[2], np.uint8)
+    kg = data[offs].astype(np.int64)
+    if prefix_width == 2:
+        kg = (kg << 8) | data[offs + 1]
+    return kg
+
+
+class _StatesView:
+    """The keyed states ``names`` of a snapshot, as the data-file writer reads them: each
+    state's changes since the maps' base; counts the entries read (``count``) and the states
+    holding any (``states``)."""
+
+    def __init__(self, snap, names: list):
+        self._snap, self._names = snap, set(names)
+        self.max_parallelism = snap.max_parallelism
+        self.key_group_range = snap.key_group_range
+        self.key_type, self.assigner = snap.key_type, snap.assigner
+        self.count = 0
+        self.states: set = set()
+
+    def state_metas(self) -> list:
+        return [m for m in self._snap.state_metas() if m["name"] in self._names]
+
+    def entries(self, name: str, kg: int):
+        keys, values = self._snap.changes_since_base(name, kg)
+        if len(keys):
+            self.count += len(keys)
+            self.states.add(name)
+        return keys, values
+
+
+class SpilledSnapshot:
+    """A snapshot of a tiered backend taken while spill runs exist: the
+    :class:`~statecore.backends.native.NativeSnapshot` ``inner`` with each keyed state's
+    entries of a key group merged over the spill runs ``runs`` (newest wins, tombstones kept
+    in an incremental snapshot, dropped in a full one): what ``inner`` would list had nothing
+    been spilled. ``entries`` reads the runs through readers of its own (the write may run in
+    another thread); the runs stay pinned until :meth:`release`. It offers no native block
+    sources, so the writer serializes it through :meth:`entries`."""
+
+    def __init__(self, inner, runs: list, spills: SpillRuns, keyed: set):
+        self._inner, self._runs, self._spills = inner, list(runs), spills
+        self._keyed = keyed
+        self._readers: dict = {}
+        self._lock = threading.Lock()
+        for r in self._runs:
+            r.pin()
+        self._released = False
+        for name in ("max_parallelism", "key_group_range", "key_type", "assigner",
+                     "snapshot_id", "incremental", "base_version", "base_commit_id"):
+            setattr(self, name, getattr(inner, name))
+
+    @property
+    def ttl_expired(self) -> dict:
+        return self._inner.ttl_expired
+
+    @property
+    def spill_seq(self) -> int:
+        """The newest spill run merged (0: none)."""
+        return max((r.seq for r in self._runs), default=0)
+
+    def state_metas(self) -> list:
+        return self._inner.state_metas()
+
+    def table_versions(self) -> dict:
+        return self._inner.table_versions()
+
+    def entries(self, state_name: str, key_group: int):
+        """As :meth:`NativeSnapshot.entries`, the spill runs merged under memory's changes."""
+        if state_name not in self._keyed or key_group not in self.key_group_range:
+            return self._inner.entries(state_name, key_group)
+        with self._lock:
+            parts = [self._inner.changes_since_base(state_name, key_group)]
+            parts += self._spills.entries(state_name, key_group, self._runs, self._readers)
+        keys, values = _merged(parts)
+        if not self.incremental and values.null_count:
+            live = values.is_valid()
+            keys, values = keys.filter(live), values.filter(live)
+        return keys, values
+
+    def release(self) -> None:
+        """Idempotent: releases ``inner``, closes this snapshot's readers and unpins the runs."""
+        self._inner.release()
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+            readers, self._readers = self._readers, {}
+        for rd in readers.values():
+            rd.close()
+        for r in self._runs:
+            r.unpin()
