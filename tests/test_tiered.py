@@ -444,7 +444,7 @@ class _SumOfSquares(AggregateFunction):
         return acc
 
 
-class _Pair:
+class TieredPair:
     """The tiered backend and the in-memory native one, driven by the same ops."""
 
     def __init__(self, root, budget):
@@ -571,7 +571,7 @@ class _Pair:
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(ops=st.lists(_op, min_size=5, max_size=60))
 def test_differential_against_the_in_memory_backend(tmp_path_factory, budget, ops):
-    pair = _Pair(tmp_path_factory.mktemp("tiered"), budget)
+    pair = TieredPair(tmp_path_factory.mktemp("tiered"), budget)
     try:
         for op in ops:
             pair.run(op)

@@ -36,7 +36,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from statecore.checkpoint.format import DataFileReader, write_data_file
+from statecore.checkpoint.format import (
+    DEFAULT_BLOCK_TARGET_BYTES,
+    DataFileReader,
+    plan_file,
+    write_data_file_from_blocks,
+)
 from statecore.checkpoint.readers import merge_newest_wins
 from statecore.errors import CheckpointIOError
 
@@ -129,11 +134,10 @@ class SpillRuns:
 
     def write(self, snap, state_names: list) -> SpillRun | None:
         """Write the changes since the maps' base that ``snap`` (a
-        :class:`~statecore.backends.native.NativeSnapshot`) lists for the keyed states
-        ``state_names`` as a new run; None when there was no change. The file is written under
-        a temporary name and renamed when complete. CheckpointIOError when the directory or
-        file cannot be written (nothing changes then)."""
-        view = _StatesView(snap, state_names)
+        :class:`~statecore.backends.native.NativeSnapshot` taken incremental) lists as a new
+        run holding the keyed states ``state_names``; None when they had no change. The file
+        is written under a temporary name and renamed when complete. CheckpointIOError when
+        the directory or file cannot be written (nothing changes then)."""
         seq = self._seq + 1
         try:
             if self.dir is None:
@@ -144,7 +148,7 @@ class SpillRuns:
             tmp = path + ".tmp"
             try:
                 with pa.OSFile(tmp, "wb") as out:
-                    write_data_file(out, view, version=seq, writer="spill", incremental=True)
+                    summary = _write_changes(out, snap, seq)
             except BaseException:
                 with _suppress_missing():
                     os.remove(tmp)
@@ -153,12 +157,13 @@ class SpillRuns:
             raise CheckpointIOError(
                 f"cannot write a spill run under {self.parent_dir or tempfile.gettempdir()!r}: "
                 f"{exc}") from exc
-        if not view.count:
+        held = {name: n for name, n in summary.entries.items() if n and name in state_names}
+        if not held:
             os.remove(tmp)
             return None
         os.replace(tmp, path)
         self._seq = seq
-        run = SpillRun(path, seq, frozenset(view.states), view.count, os.path.getsize(path))
+        run = SpillRun(path, seq, frozenset(held), sum(held.values()), summary.size)
         self.runs.append(run)
         return run
 
@@ -246,28 +251,21 @@ def _key_groups(keys: pa.Array, prefix_width: int) -> np.ndarray:
     return kg
 
 
-class _StatesView:
-    """The keyed states ``names`` of a snapshot, as the data-file writer reads them: each
-    state's changes since the maps' base; counts the entries read (``count``) and the states
-    holding any (``states``)."""
+def _write_changes(out, snap, seq: int):
+    """Write the changes since the maps' base that the incremental NativeSnapshot ``snap``
+    lists as one incremental data file into ``out``, its blocks encoded by the native
+    serializer (as an asynchronous checkpoint write encodes them); returns the WriteSummary."""
+    from statecore import _native
 
-    def __init__(self, snap, names: list):
-        self._snap, self._names = snap, set(names)
-        self.max_parallelism = snap.max_parallelism
-        self.key_group_range = snap.key_group_range
-        self.key_type, self.assigner = snap.key_type, snap.assigner
-        self.count = 0
-        self.states: set = set()
-
-    def state_metas(self) -> list:
-        return [m for m in self._snap.state_metas() if m["name"] in self._names]
-
-    def entries(self, name: str, kg: int):
-        keys, values = self._snap.changes_since_base(name, kg)
-        if len(keys):
-            self.count += len(keys)
-            self.states.add(name)
-        return keys, values
+    plan = plan_file(snap, seq, "spill", DEFAULT_BLOCK_TARGET_BYTES, True)
+    ser = _native.SnapshotBlockSerializer(snap.block_sources(), plan.start, plan.end,
+                                          plan.prefix, plan.block_target_bytes, True)
+    ser.start()
+    try:
+        return write_data_file_from_blocks(out, snap, ser, version=seq, writer="spill",
+                                           incremental=True)
+    finally:
+        ser.cancel()
 
 
 class SpilledSnapshot:
