@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import os
 import random
+import signal
+import subprocess
+import sys
+import time
 
 import pyarrow as pa
 import pytest
@@ -210,3 +214,62 @@ def test_a_spill_that_cannot_be_written_raises_and_keeps_the_entries(tmp_path):
     assert fv.get_batch(pa.array(range(20), pa.int64())).to_pylist() == list(range(20))
     b.dispose()
     fresh.dispose()
+
+
+def _worker():
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, os.path.join(here, "support"))
+    import tiered_spill_worker
+
+    return os.path.join(here, "support", "tiered_spill_worker.py"), tiered_spill_worker
+
+
+def _contents(backend, w) -> dict:
+    v, n = w.states(backend)
+    keys = pa.array(range(w.KEYS), pa.int64())
+    return {k: (x, c) for k, x, c in zip(range(w.KEYS), v.get_batch(keys).to_pylist(),
+                                         n.get_batch(keys).to_pylist()) if x is not None}
+
+
+@pytest.mark.slow
+def test_sigkill_during_spills_and_checkpoints_keeps_the_last_committed_version(tmp_path):
+    """A tiered worker that spills several runs per version (tests/support/
+    tiered_spill_worker.py) is SIGKILLed at random moments (seeded) three times, each run
+    attaching what the one before committed: after every kill the newest committed version is
+    at least the last one reported, and restores -- into the in-memory backend, and attached by
+    a tiered backend -- to exactly the state of that version; leftover spill files change
+    nothing. Slow: each worker needs an interpreter start (~0.5 s idle) and a few versions."""
+    path, w = _worker()
+    rng = random.Random(20261129)
+    store_path, spill = str(tmp_path / "store"), str(tmp_path / "spill")
+    progressed = 0
+    for _ in range(3):
+        proc = subprocess.Popen([sys.executable, path, store_path, spill],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=dict(os.environ), text=True)
+        # Killed at a random moment of the versions after its first commit: spilling,
+        # writing a run, committing or attaching.
+        first = proc.stdout.readline()
+        time.sleep(rng.uniform(0.0, 0.6))
+        proc.send_signal(signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == -signal.SIGKILL, f"worker ended by itself: {err[-2000:]}"
+        done = [int(line.split()[1]) for line in (first + out).splitlines()
+                if line.startswith("committed")]
+        progressed += len(done)
+        store = CheckpointStore(store_path)
+        latest = store.latest_version()
+        if done:
+            assert latest >= done[-1]
+        if latest is None:
+            continue
+        plain = create_backend("native", key_type="int64")
+        store.restore(plain)
+        assert _contents(plain, w) == w.expected(latest), latest
+        plain.dispose()
+        attached = create_backend("native", key_type="int64", memory_budget=w.BUDGET,
+                                  checkpoint=store, spill_dir=str(tmp_path / "check"))
+        store.restore(attached)
+        assert _contents(attached, w) == w.expected(latest), latest
+        attached.dispose()
+    assert progressed >= 3, f"only {progressed} versions in 3 runs"
