@@ -41,24 +41,32 @@ docs/state-map.md "Change tracking" state the rules this builds on):
 * **Eviction.** After each batch call and each per-record access, when the states' key and
   value bytes (``state_bytes``) exceed the budget, clean entries are dropped
   (``StateTable::evict_clean``: a clock hand over key groups and buckets, no change logged)
-  until they fit. Dirty entries are never evicted: they exist nowhere else until the next
-  checkpoint completes. Snapshots are copy-on-write views (state-map.md "Snapshots are
+  until they fit. Snapshots are copy-on-write views (state-map.md "Snapshots are
   versions"), so an eviction -- a removal from the live map -- never changes what a running
-  snapshot lists. Dirty entries beyond the budget are not spilled: memory grows past the
-  budget until the next completed checkpoint makes them clean; ``tiered_statistics()`` reports
-  it (``over_budget_batches``, ``dirty_bytes_peak``).
+  snapshot lists.
+* **Spill.** Dirty entries exist nowhere else until the next checkpoint completes; when they
+  alone exceed the budget, every change since the maps' base is written to a local spill run
+  and the base moves to it (:mod:`statecore.backends.tiered_spill`), so they become clean and
+  evictable. Reads then consult memory, the spill runs newest first, then V; a removal records
+  the number of runs written before it, and a run older than the removal never decides the key.
+  Snapshots merge the spill runs under memory's changes, so the published run is the one an
+  unspilled backend writes; a completed checkpoint retires the runs its snapshot merged. From
+  the first spill on, "clean" means: the bytes of the newest spill run holding the key, or of V.
 * **Snapshots.** Once attached, every snapshot is incremental on top of V (a full one would
   need the whole state in memory): ``snapshot(incremental=False)`` takes an incremental one.
 
 Invariants:
 
-* T1 while attached to V (of the maps' base b): every clean entry's bytes are V's value of its
-  key; every dirty entry has ``modified >= b``.
-* T2 a key whose entry is absent from memory and in no removed set has V's value (or is absent
-  from V too); a key in a removed set is absent unless memory holds it.
+* T1 while attached to V (of the maps' base b): every clean entry's bytes are its key's value in
+  the newest spill run holding it, or else V's; every dirty entry has ``modified >= b``.
+* T2 a key whose entry is absent from memory and in no removed set has the value of the newest
+  spill run holding it, or else V's (or is absent from both); a key in a removed set is absent
+  unless memory or a spill run written after the removal holds it.
 * T3 a key is loaded (when V holds it) before any read or removal touches it, so every removal
   of a key present in the logical state is a logged removal of a present entry.
 * T4 eviction removes clean entries only, without logging.
+* T5 a spill run is referenced by no manifest; it is retired only when a checkpoint whose
+  snapshot merged it completes.
 
 Scope: value, reducing and aggregating states (TTL'd or not; the stored bytes, TTL suffix
 included, are what the runs hold, and expired values read from V are treated as the kernels
@@ -569,7 +577,8 @@ class TieredBackend(NativeBackend):
         """Drop clean entries until :meth:`state_bytes` fits the budget; when the changed
         entries alone exceed it, spill them first (:meth:`spill`) and drop them too. Returns how
         many entries were dropped (0 inside :meth:`eviction_held`). Counted in
-        :meth:`tiered_statistics`."""
+        :meth:`tiered_statistics`. CheckpointIOError when a spill run cannot be written: the
+        entries stay in memory, over the budget, and the next checkpoint publishes them."""
         if self._evict_holds:
             return 0
         total = self.state_bytes()
