@@ -27,6 +27,7 @@ write reads the runs it pinned through readers of its own.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -99,10 +100,8 @@ class SpillRun:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.remove(self.path)
-        except FileNotFoundError:
-            pass
 
 
 def _merged(parts: list) -> tuple[pa.Array, pa.Array]:
@@ -150,7 +149,7 @@ class SpillRuns:
                 with pa.OSFile(tmp, "wb") as out:
                     summary = _write_changes(out, snap, seq)
             except BaseException:
-                with _suppress_missing():
+                with contextlib.suppress(FileNotFoundError):
                     os.remove(tmp)
                 raise
         except OSError as exc:
@@ -231,14 +230,6 @@ class SpillRuns:
         if self.dir is not None and not pinned:
             shutil.rmtree(self.dir, ignore_errors=True)
         self.dir = None
-
-
-class _suppress_missing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        return exc_type is not None and issubclass(exc_type, FileNotFoundError)
 
 
 def _key_groups(keys: pa.Array, prefix_width: int) -> np.ndarray:
