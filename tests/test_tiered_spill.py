@@ -97,7 +97,7 @@ def test_dirty_heavy_workloads_spill_and_match_the_in_memory_backend(tmp_path, s
     restored from the last committed version into an in-memory backend -- is the same."""
     pair = _SpillPair(tmp_path / "store", budget)
     try:
-        for op in _dirty_heavy_ops(random.Random(seed), 90):
+        for op in _dirty_heavy_ops(random.Random(seed), 60):
             pair.run(op)
         assert pair.spills > 0
         keys = pa.array(range(KEYS), pa.int64())

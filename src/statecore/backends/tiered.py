@@ -418,11 +418,12 @@ class TieredBackend(NativeBackend):
             yield from super()._key_namespaces(state_name, kgs)
             return
         native = table.native
-        in_runs = set(self._reader.key_groups_holding(state_name, kgs.start, kgs.end)) \
+        in_v = set(self._reader.key_groups_holding(state_name, kgs.start, kgs.end)) \
             if self._attached_holds(table) else set()
         spilled = list(self._spills.runs) if self._spills.holds(state_name) else []
-        busy = set(kgs) if spilled else \
-            in_runs | {kg for kg in kgs if native.key_group_size(kg)}
+        in_runs = in_v | (self._spills.key_groups(state_name, kgs.start, kgs.end)
+                          if spilled else set())
+        busy = in_runs | {kg for kg in kgs if native.key_group_size(kg)}
         if not busy:
             return
         snap = native.snapshot()
@@ -431,11 +432,11 @@ class TieredBackend(NativeBackend):
             for kg in sorted(busy):
                 held = set(snap.entries(kg)[0].to_pylist()) if native.key_group_size(kg) \
                     else set()
-                if kg in in_runs or spilled:
+                if kg in in_runs:
                     # V's keys, then each spill run's and memory's changes over them, oldest
                     # first: a value adds its key, a tombstone removes it.
                     live = set(self._reader.entries(state_name, kg)[0].to_pylist()) \
-                        if kg in in_runs else set()
+                        if kg in in_v else set()
                     parts = self._spills.entries(state_name, kg, spilled, readers)[::-1]
                     parts.append(snap.changes(kg, snap.base_version))
                     for keys, values in parts:

@@ -32,6 +32,7 @@ import os
 import shutil
 import tempfile
 import threading
+from collections import OrderedDict
 
 import numpy as np
 import pyarrow as pa
@@ -46,7 +47,12 @@ from statecore.checkpoint.format import (
 from statecore.checkpoint.readers import merge_newest_wins
 from statecore.errors import CheckpointIOError
 
-__all__ = ["SpillRun", "SpillRuns", "SpilledSnapshot"]
+__all__ = ["SpillRun", "SpillRuns", "SpilledSnapshot", "DECODED_CACHE_BYTES"]
+
+#: Bytes of decoded (state, key group) entries of the spill runs kept for the backend's lookups
+#: (least recently used dropped first): per-record reads, and ``apply_to_all_keys`` walking a
+#: key group, ask the same (state, key group) of a run again and again.
+DECODED_CACHE_BYTES = 4 << 20
 
 
 class SpillRun:
@@ -121,6 +127,8 @@ class SpillRuns:
         self.dir: str | None = None
         self.runs: list[SpillRun] = []
         self._seq = 0
+        self._decoded: OrderedDict = OrderedDict()  # (seq, state, kg) -> (keys, values)
+        self._decoded_bytes = 0
 
     @property
     def last_seq(self) -> int:
@@ -182,7 +190,7 @@ class SpillRuns:
         for kg in np.unique(kgs):
             rows = np.flatnonzero(kgs == kg)
             for r in runs:
-                rk, rv = r.reader().entries(state_name, int(kg))
+                rk, rv = self._entries_of(r, state_name, int(kg))
                 if not len(rk):
                     continue
                 idx = pc.index_in(keys.take(pa.array(rows)), value_set=rk)
@@ -196,6 +204,33 @@ class SpillRuns:
                 if not len(rows):
                     break
         return seq, pa.array(out, pa.binary())
+
+    def _entries_of(self, run: SpillRun, state_name: str, kg: int):
+        """``run``'s decoded entries of (``state_name``, ``kg``), through the decoded cache."""
+        key = (run.seq, state_name, kg)
+        got = self._decoded.get(key)
+        if got is not None:
+            self._decoded.move_to_end(key)
+            return got
+        got = run.reader().entries(state_name, kg)
+        size = got[0].nbytes + got[1].nbytes
+        if size <= DECODED_CACHE_BYTES:
+            self._decoded[key] = got
+            self._decoded_bytes += size
+            while self._decoded_bytes > DECODED_CACHE_BYTES:
+                _, (k, v) = self._decoded.popitem(last=False)
+                self._decoded_bytes -= k.nbytes + v.nbytes
+        return got
+
+    def key_groups(self, state_name: str, start: int, end: int) -> set:
+        """The key groups of ``[start, end]`` in which a live run holds entries of
+        ``state_name`` (from the runs' block tables, nothing decoded)."""
+        out: set = set()
+        for r in self.runs:
+            if state_name in r.states:
+                kgs, _ = r.reader().raw_bytes(state_name, start, end)
+                out.update(kgs.tolist())
+        return out
 
     def entries(self, state_name: str, kg: int, runs: list, readers: dict
                 ) -> list[tuple[pa.Array, pa.Array]]:
@@ -219,6 +254,9 @@ class SpillRuns:
         self.runs = [r for r in self.runs if r.seq > seq]
         for r in old:
             r.retire()
+        for key in [k for k in self._decoded if k[0] <= seq]:
+            k, v = self._decoded.pop(key)
+            self._decoded_bytes -= k.nbytes + v.nbytes
         return len(old)
 
     def close(self) -> None:
