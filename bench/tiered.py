@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from bench import tiered_rss
 from bench.common import has_native, label
 from bench.compare import rocksdict_module
 from bench.harness import Size, case, record
@@ -27,6 +28,9 @@ _LOAD_BATCH = 1 << 20
 _BATCH = 1 << 16
 #: Key and value bytes of an int64 -> int64 entry (docs/formats.md "Encoded key").
 _ENTRY = 18
+#: The run lookup's block cache in the resident-memory runs (bench.tiered_rss): it is part of
+#: the memory above the budget, so it is set, and reported, apart.
+_RSS_CACHE_BYTES = 16 << 20
 
 
 def _base_checkpoint(root: Path, n: int) -> None:
@@ -133,7 +137,13 @@ def tiered_running_count(size: Size):
     ``in-memory``: ``rows_per_s_<dist>``, ``restore_s``; impl ``rocksdict`` (when importable):
     ``rows_per_s_<dist>`` of the same count in RocksDB holding the same entries (ingested from an
     SST file, not timed), batched as a Python user would (_rocksdb_run). Also ``entries`` and
-    ``budget_bytes``. Every implementation's outputs are checked equal."""
+    ``budget_bytes``. Every implementation's outputs are checked equal. The resident memory of
+    the tiered run, measured in a fresh interpreter (:mod:`bench.tiered_rss`, Linux), per
+    distribution and for uniform keys with an eighth of the budget (``uniform_spill``: the
+    changed entries exceed it and spill): ``rss_delta_bytes_<label>``,
+    ``rss_over_budget_bytes_<label>`` (the delta minus that run's budget),
+    ``rss_over_budget_and_cache_bytes_<label>`` (minus the block cache's bound, 16 MiB, too),
+    ``state_bytes_max_<label>``, ``budget_bytes_<label>``, ``spills_<label>``."""
     if not has_native():
         return []
     n = size.n(10_000_000, 1_000_000)
@@ -195,7 +205,34 @@ def tiered_running_count(size: Size):
                 record("tiered_running_count", "tiered", f"checkpoint_s_{dist}", ckpt_s, "s"),
             ]
             store.close()
+            np.save(Path(d) / f"{dist}.npy", keys[:len(batches) * batch])
+            # Resident memory in a fresh interpreter; with uniform keys also a budget of an
+            # eighth, which the changed entries exceed: the run spills.
+            tight = {"": budget} if dist == "zipf" else {"": budget, "_spill": budget // 8}
+            for suffix, b in tight.items():
+                out += _rss_records(f"{dist}{suffix}", tiered_rss.measure(
+                    Path(d) / dist, Path(d) / f"{dist}.npy", b, _RSS_CACHE_BYTES, batch,
+                    Path(d) / f"spill-{dist}{suffix}"), b)
     return out
+
+
+def _rss_records(tag: str, got: dict | None, budget: int) -> list:
+    """Records of one :func:`bench.tiered_rss.measure` result (none off Linux): the resident
+    memory the run added (``rss_delta_bytes_<tag>``), that minus the budget
+    (``rss_over_budget_bytes_<tag>``), that minus the block cache's bound too
+    (``rss_over_budget_and_cache_bytes_<tag>``), the most key and value bytes held after a
+    batch, the budget, and the spill runs written."""
+    if got is None:
+        return []
+    c = "tiered_running_count"
+    return [record(c, "tiered", f"rss_delta_bytes_{tag}", got["rss_delta_bytes"], "bytes"),
+            record(c, "tiered", f"rss_over_budget_bytes_{tag}",
+                   got["rss_delta_bytes"] - budget, "bytes"),
+            record(c, "tiered", f"rss_over_budget_and_cache_bytes_{tag}",
+                   got["rss_delta_bytes"] - budget - _RSS_CACHE_BYTES, "bytes"),
+            record(c, "tiered", f"state_bytes_max_{tag}", got["state_bytes_max"], "bytes"),
+            record(c, "tiered", f"budget_bytes_{tag}", budget, "bytes"),
+            record(c, "tiered", f"spills_{tag}", got["stats"]["spills"], "runs")]
 
 
 def _key_groups_of(keys: np.ndarray, mp: int) -> np.ndarray:

@@ -3,6 +3,7 @@
 to compare. Nothing about speed is asserted."""
 
 import json
+import os
 
 import pytest
 
@@ -621,6 +622,13 @@ def test_tiered_running_count_reports_both_backends_and_the_loads(tmp_path):
         assert 0 < by[("tiered", f"loaded_per_row_{dist}")] <= 1
         assert by[("tiered", f"checkpoint_s_{dist}")] > 0
     assert by[("tiered", "budget_bytes")] < by[("tiered", "entries")] * 18
+    if os.path.exists("/proc/self/status"):
+        # Resident memory in a fresh interpreter; the eighth budget spills and holds.
+        for tag in ("zipf", "uniform", "uniform_spill"):
+            assert by[("tiered", f"rss_delta_bytes_{tag}")] > 0
+            assert by[("tiered", f"state_bytes_max_{tag}")] <= \
+                by[("tiered", f"budget_bytes_{tag}")]
+        assert by[("tiered", "spills_uniform_spill")] > 0
 
 
 def test_tiered_restore_reports_times_for_both_backends_and_both_kinds(tmp_path):

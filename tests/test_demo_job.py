@@ -466,3 +466,17 @@ def test_idle_aircraft_starts_a_new_activity_period(backend, ttl):
     assert _sessions(got) == [("A", 0, 60, 1, 0, 1, 0, 1), ("A", 100, 160, 1, 0, 2, 0, 2), last]
     # Removed by the incremental cleanup step that runs before the read (or by the read).
     assert sum(b.ttl_statistics().values()) == (0 if ttl is None else 1)
+
+
+def test_memory_budget_reaches_both_operators(tmp_path, monkeypatch):
+    pytest.importorskip("statecore._native")
+    cfg = parsed_demo_config(monkeypatch, [
+        "--checkpoint", str(tmp_path / "c"), "--output", str(tmp_path / "o"),
+        "--memory-budget", "64MiB"])
+    pipe = DemoPipeline(cfg)
+    for op in (pipe.sessions, pipe.routes):
+        assert op.memory_budget == 64 << 20
+        assert (op.stale_copies, op.standby) == (0, False)
+    for bad in (dict(memory_budget="lots"), dict(memory_budget="1MiB", backend="python")):
+        with pytest.raises(InvalidInputError, match="memory_budget"):
+            DemoConfig(**bad).validate()

@@ -419,3 +419,35 @@ def test_operator_options_are_validated(tmp_path):
     assert (op.relaunch_attempts, op.heartbeat_interval_s, op.heartbeat_timeout_s) == (2, 2, 6)
     op = StatefulOperator("x", p, "k", ck, output=ck, heartbeat_interval_s=0.5)
     assert op.heartbeat_timeout_s == 1.5
+
+
+def _tiered_job(i, nkeys):
+    """Micro-batch ``i``: 0 writes every key, later ones touch a tenth of them (one removed)."""
+    if i == 0:
+        return [(k, k, 100) for k in range(nkeys)]
+    touched = sorted({(13 * i + j * 37) % nkeys for j in range(nkeys // 10)})
+    return [(touched[0], -1, 200 + i)] + [(k, i, 200 + i) for k in touched[1:]]
+
+
+def test_tiered_operator_matches_the_model(spark, tmp_path):
+    """``memory_budget``: every task's backend is tiered over the operator's store (attached,
+    never loaded; a cached one told the committed version), and a budget of a few hundred
+    bytes against thousands of bytes of state forces evictions and spills in every task; the
+    output and every committed version equal the model's (which the in-memory operator
+    matches, above)."""
+    pytest.importorskip("statecore.backends.native")
+    nkeys, budget = 300, 512
+    with pytest.raises(InvalidInputError, match="memory_budget"):
+        _op(tmp_path, "python", memory_budget=budget)
+    op = _op(tmp_path, "native", memory_budget=budget)
+    model = Model()
+    for i in range(3):
+        rows = _tiered_job(i, nkeys)
+        rep = op(_df(spark, rows), i)
+        assert _rows_of(str(tmp_path / "out" / f"batch_id={i}")) == model.batch(rows), i
+        assert _state(op.store, i, nkeys) == _model_state(model, nkeys), i
+        assert rep.incremental == (i > 0)
+        # No catch-up or standby copies in the tiered mode: its own cached backend or an attach.
+        assert set(rep.loads) <= {"cache", "checkpoint", "empty"}, rep.loads
+        # Each of the two partitions' backends held at most the budget after its last call.
+        assert rep.state_bytes <= 2 * budget, (i, rep.state_bytes)

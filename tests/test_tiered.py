@@ -541,7 +541,7 @@ class _SumOfSquares(AggregateFunction):
         return acc
 
 
-class _Pair:
+class TieredPair:
     """The tiered backend and the in-memory native one, driven by the same ops."""
 
     def __init__(self, root, budget):
@@ -552,6 +552,7 @@ class _Pair:
         self.ref = create_backend("native", key_type="int64", ttl_clock=self.clock)
         self.b = self._new()
         self.dirty: set = set()  # keys written or removed since the last checkpoint
+        self.spills = self._spills_seen = 0  # spill runs written, over every backend
 
     def _new(self):
         return tiered(self.store, budget=self.budget, ttl_clock=self.clock)
@@ -581,14 +582,16 @@ class _Pair:
             self.run(("checkpoint",))
             self.b.dispose()
             self.b = self._new()
+            self._spills_seen = 0
             self.store.restore(self.b)
             assert self.b.num_entries() == 0
             return
         got = [self._apply(b, op) for b in (self.b, self.ref)]
         assert got[0] == got[1], op
-        if len(self.dirty) * PER_KEY <= self.budget:
-            # Dirty entries fit: memory is within the budget (key and value bytes).
-            assert self.b.state_bytes() <= self.budget, op
+        # Memory is within the budget (key and value bytes): changed entries beyond it spill.
+        assert self.b.state_bytes() <= self.budget, op
+        self.spills += self.b.tiered_statistics()["spills"] - self._spills_seen
+        self._spills_seen = self.b.tiered_statistics()["spills"]
 
     def _apply(self, b, op):
         v, s, t, a, u = self.states(b)
@@ -665,7 +668,7 @@ class _Pair:
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(ops=st.lists(_op, min_size=5, max_size=60))
 def test_differential_against_the_in_memory_backend(tmp_path_factory, budget, ops):
-    pair = _Pair(tmp_path_factory.mktemp("tiered"), budget)
+    pair = TieredPair(tmp_path_factory.mktemp("tiered"), budget)
     try:
         for op in ops:
             pair.run(op)
@@ -764,8 +767,8 @@ _cop = st.one_of(
 )
 
 
-class _CollectionPair(_Pair):
-    """:class:`_Pair` over list and map states (TTL'd or not, and a namespaced list for
+class _CollectionPair(TieredPair):
+    """:class:`TieredPair` over list and map states (TTL'd or not, and a namespaced list for
     merge_namespaces); maps compared as sets of items (a map loaded from the runs iterates in
     user-key byte order, as after a restore)."""
 

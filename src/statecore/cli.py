@@ -176,6 +176,10 @@ def _add_demo(sub) -> None:
                    help="with --state-store: key groups of each task whose expired TTL "
                         "entries every commit removes from the store (0: none; default: "
                         "%(default)s)")
+    p.add_argument("--memory-budget", default=None, metavar="SIZE",
+                   help="the tiered mode: each task keeps at most SIZE of keyed state in "
+                        "memory (e.g. 64MiB, 2GB) and reads the rest from the committed "
+                        "checkpoint; needs --backend native (default: all state in memory)")
     p.add_argument("--quiet", action="store_true", help="print only the summary")
     p.set_defaults(run=_run_demo)
 
@@ -195,7 +199,8 @@ def _run_demo(args) -> int:
         commit_timeout_s=args.commit_timeout, remote=args.remote, spark_conf=dict(args.conf),
         python_env=args.python_env, state_store=args.state_store,
         state_store_cache_entries=args.state_store_cache_entries,
-        state_store_ttl_sweep_key_groups=args.state_store_ttl_sweep_key_groups)
+        state_store_ttl_sweep_key_groups=args.state_store_ttl_sweep_key_groups,
+        memory_budget=args.memory_budget)
     if args.quiet:
         summary = run_demo(cfg, progress=None)
         for line in summary.lines():

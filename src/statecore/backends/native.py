@@ -355,6 +355,22 @@ class NativeSnapshot:
         self._count_expired("full_snapshot", n)
         return keys, values
 
+    def changes_since_base(self, state_name: str, key_group: int):
+        """(keys, values) ``pa.binary()`` arrays of a keyed state's changes in ``key_group``
+        since its map's change-tracking base when the snapshot was taken, sorted by key bytes,
+        a removed key as a NULL value (tombstone) -- whether the snapshot is incremental or
+        not. StateError after release, InvalidInputError for an unknown keyed state or a key
+        group outside the snapshot's range."""
+        if self._released:
+            raise StateError("snapshot was released")
+        snap = self._snaps.get(state_name)
+        if snap is None:
+            raise InvalidInputError(f"snapshot has no keyed state named {state_name!r}")
+        if key_group not in self.key_group_range:
+            raise InvalidInputError(
+                f"key group {key_group} outside the snapshot's range {self.key_group_range}")
+        return snap.changes(key_group, snap.base_version)
+
     def release(self) -> None:
         """Idempotent. While an asynchronous checkpoint write reads this snapshot (see
         :meth:`pin_for_write`) the release is deferred until that write ends, because a map

@@ -41,12 +41,18 @@ docs/state-map.md "Change tracking" state the rules this builds on):
 * **Eviction.** After each batch call and each per-record access, when the states' key and
   value bytes (``state_bytes``) exceed the budget, clean entries are dropped
   (``StateTable::evict_clean``: a clock hand over key groups and buckets, no change logged)
-  until they fit. Dirty entries are never evicted: they exist nowhere else until the next
-  checkpoint completes. Snapshots are copy-on-write views (state-map.md "Snapshots are
+  until they fit. Snapshots are copy-on-write views (state-map.md "Snapshots are
   versions"), so an eviction -- a removal from the live map -- never changes what a running
-  snapshot lists. Dirty entries beyond the budget are not spilled: memory grows past the
-  budget until the next completed checkpoint makes them clean; ``tiered_statistics()`` reports
-  it (``over_budget_batches``, ``dirty_bytes_peak``).
+  snapshot lists.
+* **Spill.** Dirty entries exist nowhere else until the next checkpoint completes; when they
+  alone exceed the budget, every change since the maps' base is written to a local spill run
+  and the base moves to it (:mod:`statecore.backends.tiered_spill`), so they become clean and
+  evictable. Reads then consult memory, the spill runs newest first, then V; a removal records
+  the number of runs written before it, and a run older than the removal never decides the key.
+  Snapshots merge the spill runs under memory's changes, so the published run is the one an
+  unspilled backend writes; a completed checkpoint retires the runs its snapshot merged. From
+  the first spill on, "clean" means: the bytes of the newest spill run holding the key, or of V.
+  Lists and maps are not spilled (their changes stay in memory until a checkpoint completes).
 * **Lists and maps.** A list's chunks and a map's user keys are entries of their own
   (docs/formats.md "List state", "Map state"), all under the collection's ``key |
   namespace`` prefix. The unit of loading and eviction is the whole collection: the first
@@ -83,16 +89,19 @@ docs/state-map.md "Change tracking" state the rules this builds on):
 
 Invariants:
 
-* T1 while attached to V (of the maps' base b): every clean entry's bytes are V's value of its
-  key; every dirty entry has ``modified >= b``.
-* T2 a key whose entry is absent from memory and in no removed set has V's value (or is absent
-  from V too); a key in a removed set is absent unless memory holds it.
+* T1 while attached to V (of the maps' base b): every clean entry's bytes are its key's value in
+  the newest spill run holding it, or else V's; every dirty entry has ``modified >= b``.
+* T2 a key whose entry is absent from memory and in no removed set has the value of the newest
+  spill run holding it, or else V's (or is absent from both); a key in a removed set is absent
+  unless memory or a spill run written after the removal holds it.
 * T3 a key is loaded (when V holds it) before any read or removal touches it, so every removal
   of a key present in the logical state is a logged removal of a present entry.
 * T4 eviction removes clean entries only, without logging.
 * T5 (lists and maps) memory holds every entry of a held collection and no entry of another;
   a collection is evicted whole, only when all its entries are clean and its prefix is in no
   removed set.
+* T6 a spill run is referenced by no manifest; it is retired only when a checkpoint whose
+  snapshot merged it completes.
 
 Scope: value, reducing, aggregating, list and map states (TTL'd or not; the stored bytes, TTL
 suffix included, are what the runs hold, and expired values read from V are treated as the
@@ -139,7 +148,8 @@ from statecore.arrow_input import (
     is_arrow_input,
 )
 from statecore.backends import base, native_states
-from statecore.backends.native import NativeBackend, NativeTable
+from statecore.backends.native import NativeBackend, NativeSnapshot, NativeTable
+from statecore.backends.tiered_spill import SpilledSnapshot, SpillRuns
 from statecore.checkpoint.compaction import check_max_runs
 from statecore.checkpoint.lookup import DEFAULT_CACHE_BYTES, RunLookup
 from statecore.checkpoint.runs import plan_chains
@@ -468,7 +478,9 @@ class TieredBackend(NativeBackend):
     :data:`DEFAULT_COMPACT_MAX_RUNS`; None: never). Only versions the store object committed
     are compacted so: a backend whose versions another process commits (a Spark task's) leaves
     compaction to that process (docs/tiered.md "Compaction and retention"). Other options as
-    :class:`~statecore.backends.native.NativeBackend`. InvalidInputError for a bad budget,
+    :class:`~statecore.backends.native.NativeBackend`. ``spill_dir``: the local directory
+    under which the spill runs' private directory is made (None: the system's temporary
+    directory; :mod:`statecore.backends.tiered_spill`). InvalidInputError for a bad budget,
     ``compact_max_runs`` or a missing store.
     """
 
@@ -484,7 +496,8 @@ class TieredBackend(NativeBackend):
                          "map": TieredTtlMapState}
 
     def __init__(self, *, memory_budget, checkpoint=None, cache_bytes: int = DEFAULT_CACHE_BYTES,
-                 compact_max_runs: int | None = DEFAULT_COMPACT_MAX_RUNS, **options):
+                 compact_max_runs: int | None = DEFAULT_COMPACT_MAX_RUNS,
+                 spill_dir: str | None = None, **options):
         self.memory_budget = parse_bytes(memory_budget)
         self.cache_bytes = parse_bytes(cache_bytes, "cache_bytes")
         if compact_max_runs is not None:
@@ -508,15 +521,20 @@ class TieredBackend(NativeBackend):
         #: rows_held() depth: while > 0 the per-record table calls load nothing (a batch call
         #: loaded the keys of its rows, and eviction is held)
         self.rows_loaded = 0
-        self._removed: dict[str, set] = {}  # this epoch's removed keys, per state
-        self._removed_pending: dict[int, dict[str, set]] = {}  # snapshot id -> removed keys
+        #: this epoch's removed keys (and list or map prefixes) per state, each with the spill
+        #: count at its removal
+        self._removed: dict[str, dict[bytes, int]] = {}
+        self._removed_pending: dict[int, dict[str, dict]] = {}  # snapshot id -> removed keys
+        self._spills = SpillRuns(spill_dir)
+        self._snapshot_spill_seq: dict[int, int] = {}  # snapshot id -> newest spill run merged
         #: per list or map state: the ``key | namespace`` prefixes of the collections memory
         #: holds whole (every entry of V's and every change since), least recently used first,
         #: with their key groups
         self._held: dict[str, OrderedDict] = {}
         self._stats = {"loaded": 0, "fetched_keys": 0, "fetch_batches": 0, "evicted": 0,
                        "evicted_collections": 0, "over_budget_batches": 0,
-                       "dirty_bytes_peak": 0, "compactions": 0, "compaction_failures": 0}
+                       "dirty_bytes_peak": 0, "compactions": 0, "compaction_failures": 0,
+                       "spills": 0, "spilled_entries": 0, "spilled_bytes": 0}
         #: (version, Future) of the background compaction asked for and not yet seen done
         self._compaction = None
         #: "ExceptionName: message" of the last failed background compaction (None: none)
@@ -552,7 +570,9 @@ class TieredBackend(NativeBackend):
         eviction (T4). One key group at a time: V's entries of the group, merged newest-wins
         over its runs (``CheckpointReader.entries``), and memory's keys and tombstones of the
         group, read from one copy-on-write snapshot of the map; nothing is loaded into
-        memory. Unattached (or V without the state): memory alone, as the native backend."""
+        memory. With spill runs, each run's changes apply over V's keys, oldest first, and the
+        maps' changes (since the newest spill) last. Unattached without spill runs (or V
+        without the state): memory alone, as the native backend."""
         table = self._tables.get(state_name)
         if table is None or not self.reads_runs(table) or not len(kgs):
             yield from super()._key_namespaces(state_name, kgs)
@@ -561,23 +581,38 @@ class TieredBackend(NativeBackend):
             yield from self._collection_key_namespaces(table, kgs)
             return
         native = table.native
-        in_runs = set(self._reader.key_groups_holding(state_name, kgs.start, kgs.end))
+        in_v = set(self._reader.key_groups_holding(state_name, kgs.start, kgs.end)) \
+            if self._attached_holds(table) else set()
+        spilled = list(self._spills.runs) if self._spills.holds(state_name) else []
+        in_runs = in_v | (self._spills.key_groups(state_name, kgs.start, kgs.end)
+                          if spilled else set())
         busy = in_runs | {kg for kg in kgs if native.key_group_size(kg)}
         if not busy:
             return
         snap = native.snapshot()
+        readers: dict = {}
         try:
             for kg in sorted(busy):
                 held = set(snap.entries(kg)[0].to_pylist()) if native.key_group_size(kg) \
                     else set()
                 if kg in in_runs:
-                    keys, values = snap.changes(kg, snap.base_version)
-                    gone = set(keys.filter(values.is_null()).to_pylist())
-                    held.update(k for k in self._reader.entries(state_name, kg)[0].to_pylist()
-                                if k not in gone)
-                yield kg, self._decoded_rows(table, held)
+                    # V's keys, then each spill run's and memory's changes over them, oldest
+                    # first: a value adds its key, a tombstone removes it.
+                    live = set(self._reader.entries(state_name, kg)[0].to_pylist()) \
+                        if kg in in_v else set()
+                    parts = self._spills.entries(state_name, kg, spilled, readers)[::-1]
+                    parts.append(snap.changes(kg, snap.base_version))
+                    for keys, values in parts:
+                        valid = values.is_valid()
+                        live.difference_update(keys.filter(pc.invert(valid)).to_pylist())
+                        live.update(keys.filter(valid).to_pylist())
+                    held |= live
+                if held:
+                    yield kg, self._decoded_rows(table, held)
         finally:
             snap.release()
+            for rd in readers.values():
+                rd.close()
 
     def _collection_key_namespaces(self, table: TieredTable, kgs: KeyGroupRange):
         """:meth:`_key_namespaces` of a list or map state: per key group, the collections
@@ -631,16 +666,20 @@ class TieredBackend(NativeBackend):
         return self._keys.encode(key)[2]
 
     def reads_runs(self, table: TieredTable) -> bool:
-        """Whether keys of ``table``'s state may be loaded from the attached version (one is
-        attached and holds the state)."""
+        """Whether keys of ``table``'s state may be loaded: from a spill run that holds the
+        state, or from the attached version (one is attached and holds the state)."""
+        return self._attached_holds(table) or self._spills.holds(table.name)
+
+    def _attached_holds(self, table: TieredTable) -> bool:
         return self._lookup is not None and table.name in self._lookup_states
 
     def load_keys(self, table: TieredTable, encoded, absent: bool = False) -> int:
         """Load the keys of ``encoded`` (encoded keys of ``table``'s state and this backend's
         key groups: a list of bytes or a ``pa.binary()`` array; repeats allowed) that memory
-        lacks and no removed set holds from the attached version, as clean entries, with one
-        lookup. ``absent``: the keys are unique and memory lacks each (batch_encoded_keys said
-        so). Returns the entries loaded (0 when not attached)."""
+        lacks from the spill runs (newest first) and then the attached version, as clean
+        entries, with one lookup of each (:meth:`_fetch`). ``absent``: the keys are unique and
+        memory lacks each (batch_encoded_keys said so). Returns the entries loaded (0 when
+        neither a spill run nor the attached version holds the state)."""
         if not len(encoded) or not self.reads_runs(table):
             return 0
         keys = encoded if isinstance(encoded, pa.Array) else pa.array(encoded, pa.binary())
@@ -649,12 +688,18 @@ class TieredBackend(NativeBackend):
             keys = keys.filter(table.native.absent_keys(keys, self.key_prefix_width))
         removed = [s[table.name] for s in (self._removed, *self._removed_pending.values())
                    if table.name in s]
+        since = None
         if removed and len(keys):
-            keep = [not any(k in s for s in removed) for k in keys.to_pylist()]
-            keys = keys.filter(pa.array(keep, pa.bool_()))
+            # The spill count at each key's last removal (-1: not removed since V). A key
+            # removed after the newest spill is absent: nothing to fetch.
+            since = np.array([max(s.get(k, -1) for s in removed) for k in keys.to_pylist()],
+                             dtype=np.int64)
+            keep = since < self._spills.last_seq
+            if not keep.all():
+                keys, since = keys.filter(pa.array(keep)), since[keep]
         if not len(keys):
             return 0
-        values = self._lookup.lookup_batch(table.name, keys)
+        values = self._fetch(table, keys, since)
         n = table.native.load_clean(keys, values, self.key_prefix_width)
         st = self._stats
         st["fetch_batches"] += 1
@@ -662,15 +707,44 @@ class TieredBackend(NativeBackend):
         st["loaded"] += n
         return n
 
+    def _fetch(self, table: TieredTable, keys: pa.Array, since) -> pa.Array:
+        """The stored values of the encoded keys ``keys`` (NULL: absent). ``since`` (None, or
+        per key the spill count at its last removal since V, -1 for none): a spill run written
+        after a key's last removal decides it with its value or tombstone; a key removed since
+        V that no such run holds is absent (T2); the attached version answers the others."""
+        n = len(keys)
+        if self._spills.holds(table.name):
+            seq, values = self._spills.lookup(table.name, keys, self.key_prefix_width)
+        else:
+            seq, values = np.zeros(n, dtype=np.int64), pa.nulls(n, pa.binary())
+        if since is not None:
+            stale = (seq > 0) & (seq <= since)  # a run older than the removal: absent
+            if stale.any():
+                values = pc.if_else(pa.array(stale), pa.scalar(None, pa.binary()), values)
+            ask = (seq == 0) & (since < 0)
+        else:
+            ask = seq == 0
+        if not ask.any() or not self._attached_holds(table):
+            return values
+        rest = np.flatnonzero(ask)
+        older = self._lookup.lookup_batch(table.name, keys.take(pa.array(rest)))
+        if len(rest) == n:
+            return older
+        pick = np.arange(n, dtype=np.int64)
+        pick[rest] = n + np.arange(len(rest), dtype=np.int64)
+        return pa.concat_arrays([values, older]).take(pa.array(pick))
+
     def note_removed(self, table: TieredTable, encoded) -> None:
         """Record removals of the keys of ``encoded`` (a list of bytes or a ``pa.binary()``
-        array) from ``table``'s state (module docstring,
-        T2), attached or not: a snapshot taken before the removal may complete later, and the
-        version it becomes holds the keys."""
+        array) from ``table``'s state (module docstring, T2), attached or not, with the spill
+        count at the removal: a snapshot taken before the removal may complete later, and the
+        version it becomes holds the keys; a spill run written before it holds them too, one
+        written after it the key's newer entry."""
         if isinstance(encoded, pa.Array):
             encoded = encoded.to_pylist()
         if encoded:
-            self._removed.setdefault(table.name, set()).update(encoded)
+            self._removed.setdefault(table.name, {}).update(
+                dict.fromkeys(encoded, self._spills.last_seq))
 
     def touch_collections(self, table: TieredTable, prefixes, mode: str = "read") -> None:
         """Make memory hold whole the lists or maps of ``table`` (a list or map state) named by
@@ -700,7 +774,8 @@ class TieredBackend(NativeBackend):
                 if mode != "read" or p in found:
                     held[p] = int.from_bytes(p[:pw], "big")
         if mode == "remove":
-            self._removed.setdefault(table.name, set()).update(prefixes)
+            self._removed.setdefault(table.name, {}).update(
+                dict.fromkeys(prefixes, self._spills.last_seq))
 
     def _load_collections(self, table: TieredTable, prefixes: list) -> set:
         """Load every entry of the attached version under ``prefixes`` (memory holds none of
@@ -766,10 +841,13 @@ class TieredBackend(NativeBackend):
             self.rows_loaded -= 1
 
     def evict(self) -> int:
-        """Drop clean entries until :meth:`state_bytes` fits the budget (or none is left);
-        returns how many were dropped (0 inside :meth:`eviction_held`). Counted in
-        :meth:`tiered_statistics`. Every call ends here, outside any batch: the safe point
-        where a finished background compaction is taken up (:meth:`poll_compaction`)."""
+        """Drop clean entries until :meth:`state_bytes` fits the budget; when the changed
+        entries alone exceed it, spill them first (:meth:`spill`) and drop them too. Returns how
+        many entries were dropped (0 inside :meth:`eviction_held`). Counted in
+        :meth:`tiered_statistics`. CheckpointIOError when a spill run cannot be written: the
+        entries stay in memory, over the budget, and the next checkpoint publishes them. Every
+        call ends here, outside any batch: the safe point where a finished background
+        compaction is taken up (:meth:`poll_compaction`)."""
         if self._evict_holds:
             return 0
         if self._compaction is not None:
@@ -777,6 +855,46 @@ class TieredBackend(NativeBackend):
         total = self.state_bytes()
         if total <= self.memory_budget:
             return 0
+        n = self._evict_clean(total)
+        total = self.state_bytes()
+        if total > self.memory_budget and self.spill():
+            n += self._evict_clean(total)
+            total = self.state_bytes()
+        st = self._stats
+        st["evicted"] += n
+        if total > self.memory_budget:
+            st["over_budget_batches"] += 1
+            st["dirty_bytes_peak"] = max(st["dirty_bytes_peak"], total)
+        return n
+
+    def spill(self) -> int:
+        """Write every change since the maps' base (values and tombstones of every value,
+        reducing and aggregating state; lists and maps are not spilled) as a
+        spill run and move the maps' base to it, so the changed entries become clean
+        (:mod:`statecore.backends.tiered_spill`); returns the entries written (0: no change).
+        The next snapshots merge the run until a checkpoint holding it completes."""
+        names = [n for n, t in self._tables.items() if t.kind not in COLLECTION_KINDS]
+        if not names:
+            return 0
+        snap = NativeSnapshot(self, {n: self._tables[n] for n in names}, {}, 0, True)
+        try:
+            run = self._spills.write(snap, names)
+            versions = snap.table_versions()
+        finally:
+            snap.release()
+        if run is None:
+            return 0
+        for name, version in versions.items():
+            self._tables[name].native.mark_base(version)
+        st = self._stats
+        st["spills"] += 1
+        st["spilled_entries"] += run.entries
+        st["spilled_bytes"] += run.file_bytes
+        return run.entries
+
+    def _evict_clean(self, total: int) -> int:
+        """Drop clean entries, state by state, until ``total`` (the bytes held) fits the
+        budget; returns how many."""
         n, st = 0, self._stats
         for table in self._tables.values():
             excess = total - self.memory_budget
@@ -788,10 +906,6 @@ class TieredBackend(NativeBackend):
             else:
                 n += table.native.evict_clean(max(0, before - excess))
             total -= before - table.native.nbytes
-        st["evicted"] += n
-        if total > self.memory_budget:
-            st["over_budget_batches"] += 1
-            st["dirty_bytes_peak"] = max(st["dirty_bytes_peak"], total)
         return n
 
     def tiered_statistics(self) -> dict:
@@ -799,16 +913,19 @@ class TieredBackend(NativeBackend):
         ``fetched_keys`` / ``fetch_batches`` (keys asked of the run lookups and the lookups
         made; for lists and maps, the collections asked), ``evicted`` (clean entries of
         value, reducing and aggregating states dropped), ``evicted_collections`` (lists and
-        maps dropped whole), ``over_budget_batches`` (eviction checks that ended above the
-        budget: dirty entries alone exceeded it), ``dirty_bytes_peak`` (the most bytes held
-        after such a check), ``memory_budget``, ``state_bytes`` (now), ``attached_version``
-        (None: not attached), ``attached_runs`` (the most runs a key group's chain holds in the
-        attached version; 0 when not attached), ``compactions`` (re-attaches to a compacted
-        manifest), ``compaction_failures`` (background compactions that raised;
+        maps dropped whole), ``spills`` / ``spilled_entries`` / ``spilled_bytes`` (spill runs
+        written, their entries and file bytes), ``spill_runs`` (live now),
+        ``over_budget_batches`` (eviction checks that ended above the budget even after a
+        spill), ``dirty_bytes_peak`` (the most bytes held after such a check),
+        ``memory_budget``, ``state_bytes`` (now), ``attached_version`` (None: not attached),
+        ``attached_runs`` (the most runs a key group's chain holds in the attached version; 0
+        when not attached), ``compactions`` (re-attaches to a compacted manifest),
+        ``compaction_failures`` (background compactions that raised;
         :attr:`last_compaction_error` says what), ``compacting`` (one is in flight) and the
         lookup's own statistics under ``lookup`` (RunLookup.statistics; {} when not
         attached)."""
         return dict(self._stats, memory_budget=self.memory_budget,
+                    spill_runs=len(self._spills.runs),
                     state_bytes=self.state_bytes(), attached_version=self.attached_version,
                     attached_runs=self.attached_runs(), compacting=self._compaction is not None,
                     lookup=self._lookup.statistics() if self._lookup is not None else {})
@@ -916,6 +1033,9 @@ class TieredBackend(NativeBackend):
         if self._removed:
             self._removed_pending[snap.snapshot_id] = self._removed
             self._removed = {}
+        if self._spills.runs:
+            snap = SpilledSnapshot(snap, self._spills.runs, self._spills, set(self._tables))
+            self._snapshot_spill_seq[snap.snapshot_id] = snap.spill_seq
         return snap
 
     def notify_checkpoint_complete(self, snapshot_id: int, version: int | None = None,
@@ -936,6 +1056,12 @@ class TieredBackend(NativeBackend):
             self._maybe_compact()
             self._removed_pending = {sid: s for sid, s in self._removed_pending.items()
                                      if sid > snapshot_id}
+            # The version holds the spill runs the snapshot merged (and older ones).
+            merged = [seq for sid, seq in self._snapshot_spill_seq.items() if sid <= snapshot_id]
+            if merged:
+                self._spills.retire_through(max(merged))
+            self._snapshot_spill_seq = {sid: seq for sid, seq in
+                                        self._snapshot_spill_seq.items() if sid > snapshot_id}
 
     def restore(self, snapshot_like) -> None:
         """Attach to the committed version of ``snapshot_like`` (a ``CheckpointReader`` of this
@@ -948,7 +1074,7 @@ class TieredBackend(NativeBackend):
         if version is None:
             raise InvalidInputError("a tiered backend restores by attaching a committed "
                                     "version: pass a CheckpointReader (CheckpointStore.open)")
-        if self._lookup is not None or self.num_entries():
+        if self._lookup is not None or self.num_entries() or self._spills.runs:
             raise InvalidInputError("a tiered backend attaches one version, into an empty "
                                     "backend")
         base.check_snapshot_compatible(self, snapshot_like)
@@ -980,4 +1106,5 @@ class TieredBackend(NativeBackend):
         # close waits for it); its manifest serves later restores.
         self._compaction = None
         self._detach()
+        self._spills.close()
         super().dispose()

@@ -30,7 +30,7 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Union
 
 from statecore.checkpoint.layout import is_uri, join_uri
 from statecore.demo.run_log import RunLog
@@ -124,6 +124,10 @@ class DemoConfig:
     and ``state_store_ttl_sweep_key_groups``: the operators' options of the same names (each
     task's cache bound in entries, None: unbounded; key groups whose expired TTL entries each
     commit removes from the store), only with ``state_store``.
+    ``memory_budget``: the operators' tiered mode (``StatefulOperator(memory_budget=)``, bytes
+    as an int or a string such as ``"64MiB"``): each task's native backend keeps at most that
+    many bytes of key and value in memory and reads the rest from the committed checkpoint;
+    None: the whole state in memory.
     """
 
     checkpoint: str = "./statecore-checkpoint"
@@ -150,6 +154,7 @@ class DemoConfig:
     state_store: Optional[str] = None
     state_store_cache_entries: Optional[int] = 2_000_000
     state_store_ttl_sweep_key_groups: int = 16
+    memory_budget: Optional[Union[int, str]] = None
 
     def validate(self) -> None:
         """Raise InvalidInputError for out-of-range options."""
@@ -186,6 +191,13 @@ class DemoConfig:
             raise InvalidInputError(f"ttl_background_key_groups must be an int >= 0, got {g!r}")
         if self.backend not in ("python", "native"):
             raise InvalidInputError(f"backend must be 'native' or 'python', got {self.backend!r}")
+        if self.memory_budget is not None:
+            from statecore.backends.tiered import parse_bytes
+
+            parse_bytes(self.memory_budget)
+            if self.backend != "native" or self.state_store is not None:
+                raise InvalidInputError("memory_budget (the tiered mode) needs backend 'native' "
+                                        "and no state_store")
         r = self.retain_versions
         if isinstance(r, bool) or not isinstance(r, int) or r < 2:
             raise InvalidInputError(f"retain_versions must be an int >= 2, got {r!r}")
@@ -308,7 +320,8 @@ class DemoPipeline:
                       ttl_background_key_groups=cfg.ttl_background_key_groups,
                       state_store=cfg.state_store,
                       state_store_cache_entries=cfg.state_store_cache_entries,
-                      state_store_ttl_sweep_key_groups=cfg.state_store_ttl_sweep_key_groups)
+                      state_store_ttl_sweep_key_groups=cfg.state_store_ttl_sweep_key_groups,
+                      memory_budget=cfg.memory_budget)
         self.sessions = StatefulOperator(
             "sessions", AircraftSessions(cfg.session_gap_ms, cfg.aircraft_idle_ttl_ms), "tailnum",
             self.ops_dir,

@@ -547,6 +547,17 @@ class StatefulOperator:
             ``ttl_sweep_key_groups``: an int >= 0, default 16, round robin; 0: none;
             docs/external-state.md "TTL: expiry in the cache and in the store").
             Both need ``state_store``.
+        memory_budget: the tiered mode (docs/tiered.md): each task's native backend keeps at
+            most this many bytes of key and value in memory (an int, or a string such as
+            ``"512MiB"``; :func:`statecore.backends.tiered.parse_bytes`) and reads the rest
+            from the operator's committed versions, which it attaches instead of loading; the
+            entries changed since the last commit that do not fit are spilled to local files
+            until the next commit. A task's backend is then its own cached one (the
+            predecessor it wrote, told the committed version) or a fresh attach of the
+            committed version: ``stale_copies`` and ``standby`` are not used (a catch-up
+            applies changes into memory, which the tiered mode does not do), and
+            ``handoff=True`` is refused. Needs ``backend="native"`` and no ``state_store``.
+            None (default): the whole state in memory.
 
     Raises InvalidInputError for bad arguments (at construction) and for inputs the contract
     forbids (at run time: null keys, a key column of another type, output not matching the
@@ -570,7 +581,8 @@ class StatefulOperator:
                  heartbeat_timeout_s: Optional[float] = None, state_store: Optional[str] = None,
                  state_namespace: Optional[str] = None, state_store_timeout_s: float = 10.0,
                  state_store_cache_entries: Optional[int] = 2_000_000,
-                 state_store_ttl_sweep_key_groups: int = 16):
+                 state_store_ttl_sweep_key_groups: int = 16,
+                 memory_budget: Union[int, str, None] = None):
         import re
 
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", name):
@@ -650,6 +662,16 @@ class StatefulOperator:
             raise InvalidInputError(f"standby must be a bool, got {standby!r}")
         if not isinstance(handoff, bool):
             raise InvalidInputError(f"handoff must be a bool, got {handoff!r}")
+        if memory_budget is not None:
+            from statecore.backends.tiered import parse_bytes
+
+            memory_budget = parse_bytes(memory_budget)
+            if backend != "native" or state_store is not None or handoff:
+                raise InvalidInputError(
+                    "memory_budget (the tiered mode) needs backend='native', no state_store "
+                    f"and handoff=False; got backend={backend!r}, state_store={state_store!r}, "
+                    f"handoff={handoff!r}")
+            stale_copies, standby = 0, False
         if sink is None:
             if output is None:
                 raise InvalidInputError(
@@ -696,6 +718,8 @@ class StatefulOperator:
         self.freeze_worker_gc = freeze_worker_gc
         self.standby = standby
         self.handoff = handoff
+        #: bytes of key and value each task's backend holds (the tiered mode), or None
+        self.memory_budget = memory_budget
         self.reports: List[BatchReport] = []
         self._store = None
         # Tests replace the worker-side write (a Callable like
@@ -1079,6 +1103,7 @@ class StatefulOperator:
             state_store_timeout_s=self.state_store_timeout_s,
             state_store_cache_entries=self.state_store_cache_entries,
             state_store_ttl_sweep_key_groups=self.state_store_ttl_sweep_key_groups,
+            memory_budget=self.memory_budget,
             first_watermark=(watermark is not None
                              and prev_meta.get("input_watermark_ms") is None))
 

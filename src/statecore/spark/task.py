@@ -169,7 +169,10 @@ class TaskSpec:
     ``state_store_ttl_sweep_key_groups`` (the store backend's ``cache_entries`` and
     ``ttl_sweep_key_groups``), ``first_watermark`` (the first
     version with a watermark: an external task reads its whole key-group range through before
-    the watermark re-stamps what was written without one).
+    the watermark re-stamps what was written without one), ``memory_budget`` (bytes, or None:
+    each task's native backend is a tiered backend with that budget attached to the
+    operator's committed versions in ``store_uri``, docs/tiered.md; the operator then sets
+    ``stale_copies`` to 0, so a task's backend is its own cached one or a fresh attach).
 
     Errors raised in the task (which fails it, and with it the micro-batch): StateError outside
     a Spark task or for a partition id outside ``[0, num_partitions)``; InvalidInputError for a
@@ -211,6 +214,16 @@ class TaskSpec:
     state_store_cache_entries: Optional[int] = 2_000_000
     state_store_ttl_sweep_key_groups: int = 16
     first_watermark: bool = False
+    memory_budget: Optional[int] = None
+
+    @property
+    def backend_label(self) -> str:
+        """The backend kind as the worker cache matches it: ``backend_kind``, or for the
+        tiered mode (``memory_budget``) ``"<kind>/tiered:<budget bytes>"``, so a cached backend
+        of the other mode (or another budget) never serves."""
+        if self.memory_budget is None:
+            return self.backend_kind
+        return f"{self.backend_kind}/tiered:{self.memory_budget}"
 
     @property
     def key_columns(self) -> tuple:
@@ -268,7 +281,7 @@ class TaskSpec:
 
     def _want(self) -> tuple:
         return (self.prev_version, self.prev_attempt, self.num_partitions, self.max_parallelism,
-                self.backend_kind, self.key_type)
+                self.backend_label, self.key_type)
 
     def _hand_off(self, partition_id: int, batches: Iterator[pa.RecordBatch]):
         """The output of this task run by the worker of this host that holds the partition's
@@ -352,14 +365,17 @@ class TaskSpec:
         changes = None
         if backend is None and self.prev_version is not None and self.stale_copies:
             stale = take_stale(cache_key, store, self.prev_version,
-                               (self.num_partitions, self.max_parallelism, self.backend_kind,
+                               (self.num_partitions, self.max_parallelism, self.backend_label,
                                 self.key_type), kg_range)
             if stale is not None:
                 backend, changes = stale
                 source = "catch-up"
         if backend is None:
+            # The tiered mode attaches the operator's committed versions (docs/tiered.md).
+            tiered = ({} if self.memory_budget is None
+                      else {"memory_budget": self.memory_budget, "checkpoint": store})
             backend = partition_backend(self.backend_kind, self.key_type, self.max_parallelism,
-                                        self.num_partitions, partition_id)
+                                        self.num_partitions, partition_id, **tiered)
         ctx = ProcessorContext(
             backend=backend, operator_name=self.operator_name, batch_id=self.batch_id,
             partition_id=partition_id, num_partitions=self.num_partitions,
@@ -490,7 +506,7 @@ class TaskSpec:
                                         self.heartbeat_interval_s, self.commit_timeout_s)
         put_cached(cache_key, CachedState(
             self.batch_id, self.attempt, self.num_partitions, self.max_parallelism,
-            self.backend_kind, self.key_type, backend, writer=writer, snapshot_id=snapshot_id,
+            self.backend_label, self.key_type, backend, writer=writer, snapshot_id=snapshot_id,
             write=done, abandon_after_s=2 * self.commit_timeout_s,
             pristine=not (self.ttl_background_key_groups and not self.is_flush)),
             self.stale_copies)
@@ -498,7 +514,7 @@ class TaskSpec:
             handoff.claim(cache_key, self.batch_id)
         if self.standby and self.stale_copies and not self.is_flush:
             start_standby(store, op_key, cache_key, self.batch_id,
-                          (self.num_partitions, self.max_parallelism, self.backend_kind,
+                          (self.num_partitions, self.max_parallelism, self.backend_label,
                            self.key_type), self.stale_copies, self.handoff)
         try:
             if held is not None:

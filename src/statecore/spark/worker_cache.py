@@ -303,17 +303,18 @@ STANDBY_NICE = 19
 
 
 def partition_backend(kind: str, key_type: str, max_parallelism: int, num_partitions: int,
-                      partition: int):
+                      partition: int, **options):
     """An empty backend (``kind`` "python" or "native", keys of ``key_type``) for operator index
     ``partition`` of ``num_partitions``: Spark key-group assignment, Flink's
     ``KeyGroupRangeAssignment.computeKeyGroupRangeForOperatorIndex`` range of that index.
+    ``options`` go to the backend (``memory_budget`` and ``checkpoint``: the tiered mode).
     Errors: :func:`statecore.backends.create_backend`."""
     from statecore.backends import create_backend
 
     return create_backend(kind, key_type=key_type, max_parallelism=max_parallelism,
                           key_group_range=key_group_range_for_operator(
                               max_parallelism, num_partitions, partition),
-                          assigner="spark")
+                          assigner="spark", **options)
 
 
 def _standby_candidates(op_key: tuple, own: tuple, version: int) -> List[tuple]:

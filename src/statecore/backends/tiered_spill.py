@@ -1,0 +1,360 @@
+"""Spill runs of the tiered mode: the changed entries that do not fit the memory budget,
+written to local data files until a completed checkpoint holds them (docs/tiered.md
+"Spill").
+
+After Flink 2.0's ForSt, whose memtables flush to local SST files that a checkpoint later
+uploads: when the entries changed since the attached version alone exceed the budget, the
+:class:`~statecore.backends.tiered.TieredBackend` writes every change since its maps'
+change-tracking base -- values and tombstones -- as one *spill run* (the checkpoint data-file
+format, docs/formats.md "Data file", an incremental run: NULL values are tombstones), then
+moves the maps' base to that spill snapshot, so the spilled entries are clean and evictable.
+
+* **Reads** consult memory, then the spill runs newest first, then the attached version: a
+  spill run's value or tombstone decides a key (:meth:`SpillRuns.lookup`).
+* **Snapshots** taken while spill runs exist merge them under memory's changes, newest wins,
+  tombstones kept (:class:`SpilledSnapshot`): the published run lists every change since the
+  attached version, as it would have without spilling.
+* **Retirement.** When a checkpoint completes, the spill runs its snapshot merged are retired
+  (the version now holds them); a retired run's file is deleted once no snapshot still being
+  written reads it.
+* **Crash safety.** Spill files live in a private local directory and no manifest ever names
+  one: a crash at any point leaves the store's committed versions untouched, and the files
+  are garbage (:meth:`SpillRuns.close` removes them on an orderly close).
+
+Thread contract: the backend's thread writes, looks up and retires; a snapshot's background
+write reads the runs it pinned through readers of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import threading
+from collections import OrderedDict
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from statecore.checkpoint.format import (
+    DEFAULT_BLOCK_TARGET_BYTES,
+    DataFileReader,
+    plan_file,
+    write_data_file_from_blocks,
+)
+from statecore.checkpoint.readers import merge_newest_wins
+from statecore.errors import CheckpointIOError
+
+__all__ = ["SpillRun", "SpillRuns", "SpilledSnapshot", "DECODED_CACHE_BYTES"]
+
+#: Bytes of decoded (state, key group) entries of the spill runs kept for the backend's lookups
+#: (least recently used dropped first): per-record reads, and ``apply_to_all_keys`` walking a
+#: key group, ask the same (state, key group) of a run again and again.
+DECODED_CACHE_BYTES = 4 << 20
+
+
+class SpillRun:
+    """One spill run: the data file at ``path`` (an incremental run of the keyed states
+    ``states`` that it holds entries of), ``seq`` (1, 2, ... in writing order), ``entries``
+    (values and tombstones) and ``file_bytes``."""
+
+    def __init__(self, path: str, seq: int, states: frozenset, entries: int, file_bytes: int):
+        self.path, self.seq, self.states = path, seq, states
+        self.entries, self.file_bytes = entries, file_bytes
+        self._reader: DataFileReader | None = None
+        self._pins = 0
+        self._retired = False
+        self._lock = threading.Lock()
+
+    def open_reader(self) -> DataFileReader:
+        """A new reader of the file (the caller closes it)."""
+        return DataFileReader(pa.OSFile(self.path, "rb"), self.path)
+
+    def reader(self) -> DataFileReader:
+        """The backend thread's reader of the file, opened at first use."""
+        if self._reader is None:
+            self._reader = self.open_reader()
+        return self._reader
+
+    def pin(self) -> None:
+        with self._lock:
+            self._pins += 1
+
+    def unpin(self) -> None:
+        with self._lock:
+            self._pins -= 1
+            gone = self._retired and not self._pins
+        if gone:
+            self._delete()
+
+    @property
+    def pinned(self) -> bool:
+        """Whether a snapshot being written reads the run."""
+        return self._pins > 0
+
+    def retire(self) -> None:
+        """The run is held by a completed checkpoint: delete its file once unpinned."""
+        with self._lock:
+            self._retired = True
+            gone = not self._pins
+        if gone:
+            self._delete()
+
+    def _delete(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.path)
+
+
+def _merged(parts: list) -> tuple[pa.Array, pa.Array]:
+    """``merge_newest_wins`` of ``(keys, values)`` parts given newest first, tombstones kept."""
+    parts = [p for p in parts if len(p[0])]
+    if not parts:
+        return pa.array([], pa.binary()), pa.array([], pa.binary())
+    return merge_newest_wins(parts, keep_tombstones=True)
+
+
+class SpillRuns:
+    """The spill runs of one tiered backend, oldest first, in a private directory created under
+    ``parent_dir`` (None: the system's temporary directory) at the first spill."""
+
+    def __init__(self, parent_dir: str | None = None):
+        self.parent_dir = parent_dir
+        self.dir: str | None = None
+        self.runs: list[SpillRun] = []
+        self._seq = 0
+        self._decoded: OrderedDict = OrderedDict()  # (seq, state, kg) -> (keys, values)
+        self._decoded_bytes = 0
+
+    @property
+    def last_seq(self) -> int:
+        """The sequence number of the newest run written (0: none yet)."""
+        return self._seq
+
+    def holds(self, state_name: str) -> bool:
+        """Whether a live run holds entries of ``state_name``."""
+        return any(state_name in r.states for r in self.runs)
+
+    def write(self, snap, state_names: list) -> SpillRun | None:
+        """Write the changes since the maps' base that ``snap`` (a
+        :class:`~statecore.backends.native.NativeSnapshot` taken incremental) lists as a new
+        run holding the keyed states ``state_names``; None when they had no change. The file
+        is written under a temporary name and renamed when complete. CheckpointIOError when
+        the directory or file cannot be written (nothing changes then)."""
+        seq = self._seq + 1
+        try:
+            if self.dir is None:
+                if self.parent_dir is not None:
+                    os.makedirs(self.parent_dir, exist_ok=True)
+                self.dir = tempfile.mkdtemp(prefix="statecore-spill-", dir=self.parent_dir)
+            path = os.path.join(self.dir, f"spill-{seq:06d}.data")
+            tmp = path + ".tmp"
+            try:
+                with pa.OSFile(tmp, "wb") as out:
+                    summary = _write_changes(out, snap, seq)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(tmp)
+                raise
+        except OSError as exc:
+            raise CheckpointIOError(
+                f"cannot write a spill run under {self.parent_dir or tempfile.gettempdir()!r}: "
+                f"{exc}") from exc
+        held = {name: n for name, n in summary.entries.items() if n and name in state_names}
+        if not held:
+            os.remove(tmp)
+            return None
+        os.replace(tmp, path)
+        self._seq = seq
+        run = SpillRun(path, seq, frozenset(held), sum(held.values()), summary.size)
+        self.runs.append(run)
+        return run
+
+    def lookup(self, state_name: str, keys: pa.Array, prefix_width: int):
+        """Point lookups of the encoded keys ``keys`` (``pa.binary()``) of ``state_name`` in the
+        runs, newest first: ``(seq, values)``, a numpy int64 array (per key the sequence number
+        of the newest run holding its value or tombstone, 0 for none) and a ``pa.binary()``
+        array (the value; NULL for a tombstone or a key no run holds). One read of the (state,
+        key group) per run and key group asked."""
+        n = len(keys)
+        runs = [r for r in reversed(self.runs) if state_name in r.states]
+        seq = np.zeros(n, dtype=np.int64)
+        if not runs or not n:
+            return seq, pa.nulls(n, pa.binary())
+        kgs = _key_groups(keys, prefix_width)
+        out: list = [None] * n
+        for kg in np.unique(kgs):
+            rows = np.flatnonzero(kgs == kg)
+            for r in runs:
+                rk, rv = self._entries_of(r, state_name, int(kg))
+                if not len(rk):
+                    continue
+                idx = pc.index_in(keys.take(pa.array(rows)), value_set=rk)
+                hit = idx.is_valid().to_numpy(zero_copy_only=False)
+                if not hit.any():
+                    continue
+                for row, v in zip(rows[hit], rv.take(idx.filter(pa.array(hit))).to_pylist()):
+                    seq[row] = r.seq
+                    out[row] = v
+                rows = rows[~hit]
+                if not len(rows):
+                    break
+        return seq, pa.array(out, pa.binary())
+
+    def _entries_of(self, run: SpillRun, state_name: str, kg: int):
+        """``run``'s decoded entries of (``state_name``, ``kg``), through the decoded cache."""
+        key = (run.seq, state_name, kg)
+        got = self._decoded.get(key)
+        if got is not None:
+            self._decoded.move_to_end(key)
+            return got
+        got = run.reader().entries(state_name, kg)
+        size = got[0].nbytes + got[1].nbytes
+        if size <= DECODED_CACHE_BYTES:
+            self._decoded[key] = got
+            self._decoded_bytes += size
+            while self._decoded_bytes > DECODED_CACHE_BYTES:
+                _, (k, v) = self._decoded.popitem(last=False)
+                self._decoded_bytes -= k.nbytes + v.nbytes
+        return got
+
+    def key_groups(self, state_name: str, start: int, end: int) -> set:
+        """The key groups of ``[start, end]`` in which a live run holds entries of
+        ``state_name`` (from the runs' block tables, nothing decoded)."""
+        out: set = set()
+        for r in self.runs:
+            if state_name in r.states:
+                kgs, _ = r.reader().raw_bytes(state_name, start, end)
+                out.update(kgs.tolist())
+        return out
+
+    def entries(self, state_name: str, kg: int, runs: list, readers: dict
+                ) -> list[tuple[pa.Array, pa.Array]]:
+        """``(keys, values)`` of ``state_name`` in ``kg`` of each of ``runs`` that holds the
+        state, newest first, read through ``readers`` (``{seq: DataFileReader}``, opened as
+        needed)."""
+        parts = []
+        for r in reversed(runs):
+            if state_name not in r.states:
+                continue
+            rd = readers.get(r.seq)
+            if rd is None:
+                rd = readers[r.seq] = r.open_reader()
+            parts.append(rd.entries(state_name, kg))
+        return parts
+
+    def retire_through(self, seq: int) -> int:
+        """Retire the runs of sequence numbers <= ``seq`` (a completed checkpoint holds them);
+        returns how many."""
+        old = [r for r in self.runs if r.seq <= seq]
+        self.runs = [r for r in self.runs if r.seq > seq]
+        for r in old:
+            r.retire()
+        for key in [k for k in self._decoded if k[0] <= seq]:
+            k, v = self._decoded.pop(key)
+            self._decoded_bytes -= k.nbytes + v.nbytes
+        return len(old)
+
+    def close(self) -> None:
+        """Retire every run and remove the directory; while a snapshot being written still
+        reads a run, its file goes with the snapshot's release and the empty directory
+        stays."""
+        pinned = any(r.pinned for r in self.runs)
+        self.retire_through(self._seq)
+        if self.dir is not None and not pinned:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir = None
+
+
+def _key_groups(keys: pa.Array, prefix_width: int) -> np.ndarray:
+    """Key group of each encoded key (its big-endian prefix of ``prefix_width`` bytes)."""
+    offs = np.frombuffer(keys.buffers()[1], np.int32)[keys.offset:keys.offset + len(keys)]
+    data = np.frombuffer(keys.buffers()[2], np.uint8)
+    kg = data[offs].astype(np.int64)
+    if prefix_width == 2:
+        kg = (kg << 8) | data[offs + 1]
+    return kg
+
+
+def _write_changes(out, snap, seq: int):
+    """Write the changes since the maps' base that the incremental NativeSnapshot ``snap``
+    lists as one incremental data file into ``out``, its blocks encoded by the native
+    serializer (as an asynchronous checkpoint write encodes them); returns the WriteSummary."""
+    from statecore import _native
+
+    plan = plan_file(snap, seq, "spill", DEFAULT_BLOCK_TARGET_BYTES, True)
+    ser = _native.SnapshotBlockSerializer(snap.block_sources(), plan.start, plan.end,
+                                          plan.prefix, plan.block_target_bytes, True)
+    ser.start()
+    try:
+        return write_data_file_from_blocks(out, snap, ser, version=seq, writer="spill",
+                                           incremental=True)
+    finally:
+        ser.cancel()
+
+
+class SpilledSnapshot:
+    """A snapshot of a tiered backend taken while spill runs exist: the
+    :class:`~statecore.backends.native.NativeSnapshot` ``inner`` with each keyed state's
+    entries of a key group merged over the spill runs ``runs`` (newest wins, tombstones kept
+    in an incremental snapshot, dropped in a full one): what ``inner`` would list had nothing
+    been spilled. ``entries`` reads the runs through readers of its own (the write may run in
+    another thread); the runs stay pinned until :meth:`release`. It offers no native block
+    sources, so the writer serializes it through :meth:`entries`."""
+
+    def __init__(self, inner, runs: list, spills: SpillRuns, keyed: set):
+        self._inner, self._runs, self._spills = inner, list(runs), spills
+        self._keyed = keyed
+        self._readers: dict = {}
+        self._lock = threading.Lock()
+        for r in self._runs:
+            r.pin()
+        self._released = False
+        for name in ("max_parallelism", "key_group_range", "key_type", "assigner",
+                     "snapshot_id", "incremental", "base_version", "base_commit_id"):
+            setattr(self, name, getattr(inner, name))
+
+    @property
+    def ttl_expired(self) -> dict:
+        return self._inner.ttl_expired
+
+    @property
+    def spill_seq(self) -> int:
+        """The newest spill run merged (0: none)."""
+        return max((r.seq for r in self._runs), default=0)
+
+    def state_metas(self) -> list:
+        return self._inner.state_metas()
+
+    def table_versions(self) -> dict:
+        return self._inner.table_versions()
+
+    def entries(self, state_name: str, key_group: int):
+        """As :meth:`NativeSnapshot.entries`, the spill runs merged under memory's changes."""
+        if state_name not in self._keyed or key_group not in self.key_group_range:
+            return self._inner.entries(state_name, key_group)
+        with self._lock:
+            parts = [self._inner.changes_since_base(state_name, key_group)]
+            parts += self._spills.entries(state_name, key_group, self._runs, self._readers)
+        keys, values = _merged(parts)
+        if not self.incremental and values.null_count:
+            live = values.is_valid()
+            keys, values = keys.filter(live), values.filter(live)
+        return keys, values
+
+    def release(self) -> None:
+        """Idempotent: releases ``inner``, closes this snapshot's readers and unpins the runs."""
+        self._inner.release()
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+            readers, self._readers = self._readers, {}
+        for rd in readers.values():
+            rd.close()
+        for r in self._runs:
+            r.unpin()
