@@ -247,7 +247,7 @@ def verify_blocks(data, blocks, uint64_t base):
 
 def load_blocks(NativeStateTable table, data, blocks, key_groups, uint64_t base,
                 bint has_validity, int prefix_width, int64_t key_width=-1,
-                int64_t value_width=-1, bint into_empty=False):
+                int64_t value_width=-1, bint into_empty=False, bint open_ahead=False):
     """Restore consecutive stored blocks of one run's state straight into ``table``: each block
     checked (bounds, XXH64), decompressed and its payload checked as :func:`decode_blocks` does,
     its entries checked and inserted from the decompressed bytes in C++ with the GIL released,
@@ -257,8 +257,10 @@ def load_blocks(NativeStateTable table, data, blocks, key_groups, uint64_t base,
     ``prefix_width``: 1 or 2 key-group prefix bytes; ``key_width`` / ``value_width``: the bytes
     every key / non-tombstone value must have (-1: any); ``into_empty``: the oldest run of these
     key groups, loaded into maps that are empty (its keys inserted without a look for an equal
-    one). Returns ``(entries, None, None, None)`` or ``(None, i, reason, corrupt)`` for the
-    first bad block ``blocks[i]``: ``corrupt`` when its stored bytes are damaged (or its keys
+    one); ``open_ahead``: blocks verified and decompressed on a native helper thread a few
+    blocks ahead of the inserts (less wall time, the same CPU time on two cores). Returns
+    ``(entries, None, None, None)`` or ``(None, i, reason, corrupt)`` for the first bad block
+    ``blocks[i]``: ``corrupt`` when its stored bytes are damaged (or its keys
     not strictly ascending), else an entry breaks the state's rules; the blocks before it stay
     loaded (load into a table to discard on error). InvalidInputError for ``key_groups`` not
     one per block or a prefix width other than 1 or 2; StateError when another thread's call
@@ -279,6 +281,7 @@ def load_blocks(NativeStateTable table, data, blocks, key_groups, uint64_t base,
     spec.value_width = value_width
     spec.has_validity = has_validity
     spec.into_empty = into_empty
+    spec.open_ahead = open_ahead
     cdef const uint8_t* p = &d[0] if size else NULL
     cdef c.BlockLoadResult r
     table._claim()

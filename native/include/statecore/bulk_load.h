@@ -48,6 +48,9 @@ struct BlockLoadSpec {
   int64_t value_width = -1;   // every non-tombstone value this many bytes; -1: any
   bool has_validity = false;  // incremental run: its payloads end in a validity bitmap
   bool into_empty = false;    // the oldest run of the key groups (see load_blocks)
+  // Open (verify, decompress, check) the blocks on a helper thread, a few ahead of the
+  // inserts: the load's wall time about that of the larger step, not of their sum.
+  bool open_ahead = false;
 };
 
 struct BlockLoadResult {

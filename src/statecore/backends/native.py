@@ -612,7 +612,7 @@ class NativeBackend(TableBackend):
                     table.native, run.data, run.blocks, run.key_groups, run.base,
                     run.incremental, self.key_prefix_width,
                     -1 if key_width is None else key_width, -1 if width is None else width,
-                    into_empty=i == 0)
+                    into_empty=i == 0, open_ahead=True)
                 if bad is None:
                     continue
                 if corrupt:
