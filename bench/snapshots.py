@@ -397,7 +397,7 @@ def fresh_restore_probe(root: str, version: int) -> dict:
     memory is left to reuse and every page of the state is faulted in fresh. Returns
     ``{"floor_s", "floor_cpu", "s", "cpu", "process_cpu", "kernel_s", "state_bytes",
     "entries"}`` (seconds, CPU seconds of the restoring thread and of the whole process -- the
-    native restore faults its pages in on a helper thread -- the thread's kernel seconds, as
+    native restore faults its pages in on a worker thread -- the thread's kernel seconds, as
     :func:`restore` records them)."""
     store = CheckpointStore(root)
     floor_s, floor_cpu = _read_floor(store, version)
@@ -425,7 +425,7 @@ def restore(size: Size):
     native code without building state, :func:`_read_floor`, measured just before the restore)
     and ``ratio_full_over_floor`` / ``ratio_chain_over_floor`` (floor seconds / restore
     seconds); the same in CPU seconds of the restoring thread (the floor runs on one thread, the
-    restore on it plus a native helper that opens the blocks ahead of the inserts, whose CPU
+    restore on it plus a native worker that opens the blocks ahead of the inserts, whose CPU
     these leave out; on a shared machine wall seconds also count the waits for a core):
     ``full_cpu_s`` / ``chain_cpu_s``, ``full_state_MB_per_cpu_s`` / ``chain_state_MB_per_cpu_s``,
     ``ratio_full_over_floor_cpu`` / ``ratio_chain_over_floor_cpu``; and in CPU seconds of every
@@ -443,7 +443,7 @@ def restore(size: Size):
     restored in a new interpreter (:func:`fresh_restore_probe`), every page of the state faulted
     in fresh; there also ``fresh_process_full_process_cpu_s`` and
     ``fresh_process_full_state_MB_per_process_cpu_s``, the CPU seconds of every thread of the
-    process (a native restore faults its pages in on a helper thread). Raises RuntimeError if
+    process (a native restore faults its pages in on a worker thread). Raises RuntimeError if
     a restored backend's entry count is wrong (the figure would be meaningless)."""
     out = []
     c = "restore"

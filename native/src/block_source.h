@@ -1,9 +1,9 @@
 // Stored blocks opened in file order for a bulk load (bulk_load.cpp load_blocks), on the loading
-// thread or on a helper thread ahead of it. Not a public header.
+// thread or on a worker thread ahead of it. Not a public header.
 //
 // Opening a block (block_codec.h open_block: XXH64 of its stored bytes, LZ4 decompression, the
 // payload's checks) is about 0.4 of a restore's CPU time and touches nothing the load touches:
-// on a helper thread it runs while the loader stores the block before it, so the load takes
+// on a worker thread it runs while the loader stores the block before it, so the load takes
 // about the time of the larger of the two steps rather than of their sum (the CPU time is the
 // same, spent on two cores).
 #pragma once
@@ -23,11 +23,11 @@ class BlockSource {
  public:
   // The blocks `blocks[0, count)` of `data[0, size)` (kept alive and unchanged by the caller
   // until this is destroyed), payloads with a validity bitmap with `has_validity`. `ahead`: open
-  // them on a helper thread, up to kAhead blocks before the one the loader holds; else each on
+  // them on a worker thread, up to kAhead blocks before the one the loader holds; else each on
   // the calling thread when it is asked for.
   BlockSource(const uint8_t* data, size_t size, const StoredBlockRef* blocks, size_t count,
               bool has_validity, bool ahead);
-  // Stops the helper thread (a load that ended early) and waits for it.
+  // Stops the worker thread (a load that ended early) and waits for it.
   ~BlockSource();
   BlockSource(const BlockSource&) = delete;
   BlockSource& operator=(const BlockSource&) = delete;
@@ -47,13 +47,13 @@ class BlockSource {
   const StoredBlockRef* blocks_;
   size_t count_;
   bool has_validity_;
-  std::vector<uint8_t> own_;  // without a helper thread
+  std::vector<uint8_t> own_;  // without a worker thread
   std::vector<uint8_t> ring_[kAhead];
   std::string why_[kAhead];
   std::mutex mu_;
   std::condition_variable cv_;
-  size_t opened_ = 0;  // blocks the helper finished (a bad one included); guarded by mu_
-  size_t held_ = 0;    // the block the loader holds: the helper may fill up to held_ + kAhead - 1
+  size_t opened_ = 0;  // blocks the worker finished (a bad one included); guarded by mu_
+  size_t held_ = 0;    // the block the loader holds: the worker may fill up to held_ + kAhead - 1
   bool stop_ = false;  // guarded by mu_
   std::thread thread_;
 };

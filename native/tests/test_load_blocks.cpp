@@ -25,7 +25,7 @@ using statecore::StoredBlockRef;
 
 namespace {
 
-// Whether the loads of the test running open their blocks on a helper thread
+// Whether the loads of the test running open their blocks on a worker thread
 // (BlockLoadSpec::open_ahead); the tests of fallible loads run once each way (both_ways).
 bool g_open_ahead = false;
 
@@ -130,7 +130,7 @@ std::vector<Row> rows_of(int32_t kg, std::initializer_list<uint64_t> keys, int p
   return out;
 }
 
-// Runs `body` with blocks opened on the loading thread, then on a helper thread ahead of it.
+// Runs `body` with blocks opened on the loading thread, then on a worker thread ahead of it.
 void both_ways(void (*body)()) {
   for (const bool ahead : {false, true}) {
     g_open_ahead = ahead;

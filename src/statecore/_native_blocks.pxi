@@ -257,7 +257,7 @@ def load_blocks(NativeStateTable table, data, blocks, key_groups, uint64_t base,
     ``prefix_width``: 1 or 2 key-group prefix bytes; ``key_width`` / ``value_width``: the bytes
     every key / non-tombstone value must have (-1: any); ``into_empty``: the oldest run of these
     key groups, loaded into maps that are empty (its keys inserted without a look for an equal
-    one); ``open_ahead``: blocks verified and decompressed on a native helper thread a few
+    one); ``open_ahead``: blocks verified and decompressed on a native worker thread a few
     blocks ahead of the inserts (less wall time, the same CPU time on two cores). Returns
     ``(entries, None, None, None)`` or ``(None, i, reason, corrupt)`` for the first bad block
     ``blocks[i]``: ``corrupt`` when its stored bytes are damaged (or its keys
@@ -296,7 +296,7 @@ def load_blocks(NativeStateTable table, data, blocks, key_groups, uint64_t base,
 
 
 cdef class PagePrefault:
-    """A helper thread faulting in about ``nbytes`` of the page pool's memory ahead of a bulk
+    """A worker thread faulting in about ``nbytes`` of the page pool's memory ahead of a bulk
     load (native detail/page_pool.h ``PagePrefault``): the chunks a restore's maps will take are
     mapped and touched there, so the loading thread writes mapped memory instead of faulting
     in, and having the kernel zero, every page of the new state itself. Nothing when the pool

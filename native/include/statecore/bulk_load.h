@@ -48,7 +48,7 @@ struct BlockLoadSpec {
   int64_t value_width = -1;   // every non-tombstone value this many bytes; -1: any
   bool has_validity = false;  // incremental run: its payloads end in a validity bitmap
   bool into_empty = false;    // the oldest run of the key groups (see load_blocks)
-  // Open (verify, decompress, check) the blocks on a helper thread, a few ahead of the
+  // Open (verify, decompress, check) the blocks on a worker thread, a few ahead of the
   // inserts: the load's wall time about that of the larger step, not of their sum.
   bool open_ahead = false;
 };
@@ -68,7 +68,7 @@ struct BlockLoadResult {
 // group, `key_groups[i]` the key group block i belongs to, as the file's key-group index says)
 // of `data[0, size)` into `table`, with no intermediate arrays. Per key group: each of its blocks
 // is verified, decompressed and its payload checked (block_codec.h open_block; with
-// `open_ahead` on a helper thread a few blocks ahead, block_source.h), and its entries checked
+// `open_ahead` on a worker thread a few blocks ahead, block_source.h), and its entries checked
 // -- every key longer than the prefix, of key_width bytes, carrying the block's key-group
 // prefix, keys strictly ascending (bytewise) across the key group's blocks, every non-tombstone
 // value value_width bytes; a tombstone (validity bit 0) exists only with has_validity -- and
