@@ -2,6 +2,7 @@
 #include "block_source.h"
 
 #include <cstring>
+#include <exception>
 
 namespace statecore {
 
@@ -29,11 +30,18 @@ void BlockSource::run() {
       if (stop_) return;
     }
     // Slot b % kAhead last held block b - kAhead, which the loader has handed back.
-    std::string why = open_block(data_, size_, blocks_[b], has_validity_, &ring_[b % kAhead]);
-    const bool bad = !why.empty();
+    std::string why;
+    std::exception_ptr error;
+    try {
+      why = open_block(data_, size_, blocks_[b], has_validity_, &ring_[b % kAhead]);
+    } catch (...) {  // std::bad_alloc: raised on the loading thread, as without a worker
+      error = std::current_exception();
+    }
+    const bool bad = !why.empty() || error != nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
       why_[b % kAhead] = std::move(why);
+      error_ = error;
       opened_ = b + 1;
     }
     cv_.notify_all();
@@ -52,6 +60,7 @@ const uint8_t* BlockSource::open(size_t b, std::vector<uint8_t>* keep, std::stri
     held_ = b;
     cv_.notify_all();
     cv_.wait(lock, [&] { return opened_ > b; });
+    if (opened_ == b + 1 && error_ != nullptr) std::rethrow_exception(error_);
     *why = why_[b % kAhead];
   }
   if (!why->empty()) return nullptr;

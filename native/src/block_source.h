@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -36,6 +37,7 @@ class BlockSource {
   // before it): its checked payload of blocks[b].raw_length bytes, or nullptr with *why set to
   // what is wrong with it (open_block's wording). The payload is in `*keep` when given (which
   // the caller then owns), else in memory of this source that the next call may reuse.
+  // std::bad_alloc (from the worker thread too) when no memory is left for the payload.
   const uint8_t* open(size_t b, std::vector<uint8_t>* keep, std::string* why);
 
  private:
@@ -55,6 +57,7 @@ class BlockSource {
   size_t opened_ = 0;  // blocks the worker finished (a bad one included); guarded by mu_
   size_t held_ = 0;    // the block the loader holds: the worker may fill up to held_ + kAhead - 1
   bool stop_ = false;  // guarded by mu_
+  std::exception_ptr error_;  // what opening block opened_ - 1 threw; guarded by mu_
   std::thread thread_;
 };
 
