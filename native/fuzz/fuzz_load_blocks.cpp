@@ -10,7 +10,8 @@
 //     prepended and each block's keys sorted and made unique); & 128 the blocks loaded twice
 //     (the second time into maps that hold the first load, into_empty as the first);
 //   kg_lo (LE16, below 256 or 32768 by prefix width); span: & 7 key groups past kg_lo in the
-//     table, & 8 the chained map engine (else flat).
+//     table, & 8 the chained map engine (else flat), & 16 blocks opened on a worker thread
+//     (open_ahead).
 //   Up to 8 blocks, each: key group (kg_lo + (byte & 15) - 4: some outside the table), entry
 //   count (& 63), then per entry: key size (& 31), key, value size (255: a tombstone in an
 //   incremental run; else & 31), value.
@@ -170,6 +171,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   spec.prefix_bytes = pw;
   spec.has_validity = validity;
   spec.into_empty = into_empty;
+  spec.open_ahead = span & 16;  // blocks opened on a worker thread
   for (const Block& b : blocks)
     for (const Entry& e : b.entries) {
       if ((flags & 8) && spec.key_width < 0) spec.key_width = static_cast<int64_t>(e.key.size());

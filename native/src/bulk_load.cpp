@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "batch_internal.h"
+#include "block_source.h"
 #include "statecore/detail/bytes.h"
 
 namespace statecore {
@@ -178,6 +179,118 @@ struct Payload {
   bool removed(uint64_t i) const { return bits != nullptr && !((bits[i >> 3] >> (i & 7)) & 1); }
 };
 
+// What is wrong with an entry of a payload: "" for nothing; `corrupt` as BlockLoadResult's.
+struct EntryFault {
+  std::string why;
+  bool corrupt = false;
+};
+
+// The entry checks of load_blocks (bulk_load.h) over payload `p` of a block of key group `kg`:
+// the first entry that breaks one, or nothing. `*last` (`*last_size` bytes; nullptr: none) is
+// the key group's last key before the payload, and becomes the payload's last key (in `p`).
+EntryFault check_payload_entries(const Payload& p, int32_t kg, const BlockLoadSpec& spec,
+                                 const uint8_t** last, size_t* last_size) {
+  const int pw = spec.prefix_bytes;
+  const std::string at = "entry ";
+  const int64_t n = static_cast<int64_t>(p.n);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t k0 = p.koff(i);
+    const size_t ks = p.koff(i + 1) - k0;
+    const uint8_t* key = p.kd + k0;
+    if (ks <= static_cast<size_t>(pw))
+      return {at + std::to_string(i) + ": its encoded key is not longer than the " +
+                  std::to_string(pw) + "-byte key-group prefix",
+              false};
+    if (spec.key_width >= 0 && static_cast<int64_t>(ks) != spec.key_width)
+      return {at + std::to_string(i) + ": encoded key is " + std::to_string(ks) + " bytes, not " +
+                  std::to_string(spec.key_width),
+              false};
+    const int32_t ekg = pw == 1 ? int32_t{key[0]} : (int32_t{key[0]} << 8) | int32_t{key[1]};
+    if (ekg != kg)
+      return {at + std::to_string(i) + ": key-group prefix " + std::to_string(ekg) +
+                  " in a block of key group " + std::to_string(kg),
+              false};
+    if (!p.removed(i) && spec.value_width >= 0 &&
+        static_cast<int64_t>(p.voff(i + 1) - p.voff(i)) != spec.value_width)
+      return {at + std::to_string(i) + ": value is " + std::to_string(p.voff(i + 1) - p.voff(i)) +
+                  " bytes, the state's values are " + std::to_string(spec.value_width),
+              false};
+    if (*last != nullptr && compare_keys(*last, *last_size, key, ks) >= 0)
+      return {at + std::to_string(i) + ": keys are not strictly ascending within key group " +
+                  std::to_string(kg),
+              true};
+    *last = key;
+    *last_size = ks;
+  }
+  return {};
+}
+
+// The two big-endian words a key of ks bytes is ordered by after its pw-byte prefix when the
+// rest, L = ks - pw bytes, is sizeof(W) to 2 * sizeof(W) long: its first and its last sizeof(W)
+// bytes. Keys sharing the prefix are ordered as these pairs are: where the first words are
+// equal, so are the bytes the last words share with them, and the last words compare the rest.
+template <class W>
+[[gnu::always_inline]] inline W ordered_word(const uint8_t* p) {
+  W w;
+  std::memcpy(&w, p, sizeof(W));
+  if constexpr (sizeof(W) == 8) return detail::kBigEndianHost ? w : __builtin_bswap64(w);
+  else return detail::kBigEndianHost ? w : __builtin_bswap32(w);
+}
+
+template <class W>
+bool fixed_keys_ascend(const Payload& p, int32_t kg, int pw, size_t ks, const uint8_t* last) {
+  const int64_t n = static_cast<int64_t>(p.n);
+  const size_t tail = ks - sizeof(W);
+  const uint32_t want = static_cast<uint32_t>(kg);
+  const uint8_t* k = p.kd;
+  W x0 = 0, x1 = 0;
+  int64_t i = 0;
+  if (last != nullptr) {
+    x0 = ordered_word<W>(last + pw);
+    x1 = ordered_word<W>(last + tail);
+  } else {  // the first key has nothing to be above
+    x0 = ordered_word<W>(k + pw);
+    x1 = ordered_word<W>(k + tail);
+    if ((pw == 1 ? uint32_t{k[0]} : (uint32_t{k[0]} << 8) | k[1]) != want) return false;
+    i = 1;
+    k += ks;
+  }
+  // No branch per entry: the loop only accumulates whether any entry broke a rule.
+  bool bad = false;
+  for (; i < n; ++i, k += ks) {
+    const W y0 = ordered_word<W>(k + pw);
+    const W y1 = ordered_word<W>(k + tail);
+    const uint32_t pre = pw == 1 ? uint32_t{k[0]} : (uint32_t{k[0]} << 8) | k[1];
+    bad |= (pre != want) | !((x0 < y0) | ((x0 == y0) & (x1 < y1)));
+    x0 = y0;
+    x1 = y1;
+  }
+  return !bad;
+}
+
+// Whether the entries of payload `p` (no validity bitmap) pass the checks
+// check_payload_entries makes with key_width ks > pw and value_width vs > 0 (its `last` as
+// there, ks bytes), and -- what lets insert_fresh<..., true> address them without their offsets
+// -- key i starts at byte i * ks of the keys, value i at i * vs of the values. One pass with no
+// branch per entry; false also when the keys' bytes after the prefix are not 4 to 16 bytes, whose
+// order it does not compare: the caller then runs check_payload_entries, which names the entry.
+bool fixed_entries_ok(const Payload& p, int32_t kg, int pw, size_t ks, size_t vs,
+                      const uint8_t* last) {
+  const uint64_t n = p.n;
+  // Offsets below 2^31 (check_payload), so i * ks <= n * ks = the keys' bytes cannot wrap.
+  if (p.koff(n) != n * ks || p.voff(n) != n * vs) return false;
+  uint32_t diff = 0;
+  for (uint64_t i = 0; i < n; ++i)
+    diff |=
+        (p.koff(i) ^ static_cast<uint32_t>(i * ks)) | (p.voff(i) ^ static_cast<uint32_t>(i * vs));
+  if (diff != 0) return false;
+  if (n == 0) return true;
+  const size_t rest = ks - static_cast<size_t>(pw);
+  if (rest >= 8 && rest <= 16) return fixed_keys_ascend<uint64_t>(p, kg, pw, ks, last);
+  if (rest >= 4 && rest < 8) return fixed_keys_ascend<uint32_t>(p, kg, pw, ks, last);
+  return false;
+}
+
 // Entries hashed and their home slots prefetched a group ahead of the inserts (insert_fresh).
 constexpr int64_t kGroup = 16;
 
@@ -213,11 +326,13 @@ bool prepare_fresh(StateMap& map, const uint8_t* key, size_t ks, size_t vs) {
 // values. What the lane would check and count a row is checked and counted once a payload: room
 // below the load threshold for all of its entries, every page owned, the map's size and live
 // bytes (and the epoch's first writes, its log given up) added at the end. W: the lane's key
-// word (FlatLane::insert_new); kValue: the value size when known at compile time (0: the lane's).
+// word (FlatLane::insert_new); kValue: the value size when known at compile time (0: the
+// lane's); kFixed: fixed_entries_ok passed for `p` (key i at i * key size, value i at i * value
+// size, no tombstones), so no offset is loaded.
 // Returns the first entry not inserted, for the caller's general loop: n when all are, 0 (having
 // changed nothing) when the lane cannot take the payload that way, an entry whose probe finds no
 // free slot (with room below the threshold checked, only a broken map would have none).
-template <class W, size_t kValue>
+template <class W, size_t kValue, bool kFixed>
 int64_t insert_fresh(detail::FlatLane& ln, const Payload& p, KeyHashFunction hash_fn) {
   StateMap::Impl& m = *ln.map;
   const int64_t n = static_cast<int64_t>(p.n);
@@ -228,12 +343,18 @@ int64_t insert_fresh(detail::FlatLane& ln, const Payload& p, KeyHashFunction has
   const size_t vs = kValue != 0 ? kValue : ln.value_size;
   const size_t tail = ln.suffix - sizeof(W);  // the key's second word, from byte 1 + tail
   const uint32_t version = ln.version;
+  auto key_at = [&](int64_t i) {
+    return p.kd + (kFixed ? static_cast<size_t>(i) * ks : p.koff(static_cast<uint64_t>(i)));
+  };
+  auto value_at = [&](int64_t i) {
+    return p.vd + (kFixed ? static_cast<size_t>(i) * vs : p.voff(static_cast<uint64_t>(i)));
+  };
   uint32_t hashes[2][kGroup];
   uint8_t* slots[2][kGroup];
   auto stage = [&](int64_t g, int buf) {
     const int64_t e = std::min(n, g + kGroup);
     for (int64_t i = g; i < e; ++i) {
-      const uint32_t h = detail::map_key_hash(hash_fn, p.kd + p.koff(i), ks);
+      const uint32_t h = detail::map_key_hash(hash_fn, key_at(i), ks);
       uint8_t* s = ln.home_slot(h);
       ln.prefetch_slot(s);
       hashes[buf][i - g] = h;
@@ -248,7 +369,7 @@ int64_t insert_fresh(detail::FlatLane& ln, const Payload& p, KeyHashFunction has
     if (g + kGroup < n) stage(g + kGroup, buf ^ 1);
     const int64_t e = std::min(n, g + kGroup);
     for (int64_t i = g; i < e; ++i) {
-      if (p.removed(i)) continue;
+      if (!kFixed && p.removed(i)) continue;
       uint8_t* s = slots[buf][i - g];
       size_t pi = 0;
       const auto no_key = [](const uint8_t*) { return false; };
@@ -256,13 +377,13 @@ int64_t insert_fresh(detail::FlatLane& ln, const Payload& p, KeyHashFunction has
         stop = i;
         break;
       }
-      const uint8_t* key = p.kd + p.koff(i);
+      const uint8_t* key = key_at(i);
       detail::store_u32(s, version);
       std::memcpy(s + 4, key + 1, sizeof(W));
       std::memcpy(s + 4 + tail, key + 1 + tail, sizeof(W));
       uint8_t* v = s + 4 + ln.suffix;
-      if (kValue != 0) std::memcpy(v, p.vd + p.voff(i), kValue);
-      else detail::copy_small(v, p.vd + p.voff(i), vs);
+      if (kValue != 0) std::memcpy(v, value_at(i), kValue);
+      else detail::copy_small(v, value_at(i), vs);
       ++added;
     }
   }
@@ -270,6 +391,165 @@ int64_t insert_fresh(detail::FlatLane& ln, const Payload& p, KeyHashFunction has
   m.live_bytes += added * (ks + vs);
   m.epoch_writes += added;
   return stop;
+}
+
+// insert_fresh through the lane of key group kg's map opened for `p`'s first key, with the
+// word and value size its layout takes: the first entry not inserted (0 when the lane does not
+// open or is not of a fixed layout of key size ks).
+template <bool kFixed>
+int64_t insert_fresh_payload(Lanes& lanes, int32_t kg, const Payload& p, size_t ks, size_t vs,
+                             KeyHashFunction hash_fn) {
+  detail::FlatLane* ln = lanes.get(kg, p.kd + p.koff(0), ks, vs, true);
+  if (ln == nullptr || ln->var || ln->key_size != ks) return 0;
+  const bool word = ks >= 9;
+  const bool v8 = vs == 8;
+  return word ? (v8 ? insert_fresh<uint64_t, 8, kFixed>(*ln, p, hash_fn)
+                    : insert_fresh<uint64_t, 0, kFixed>(*ln, p, hash_fn))
+              : (v8 ? insert_fresh<uint32_t, 8, kFixed>(*ln, p, hash_fn)
+                    : insert_fresh<uint32_t, 0, kFixed>(*ln, p, hash_fn));
+}
+
+// Inserts entries [from, n) of payload `p` of key group kg into its map `m` one at a time: the
+// general loop of load_blocks (slots prefetched kAhead entries ahead, through the lanes where
+// they open). `fresh`: m held none of the key group's keys before the load (see load_blocks).
+void insert_entries(StateTable& table, Lanes& lanes, StateMap& m, int32_t kg, const Payload& p,
+                    int64_t from, bool fresh, KeyHashFunction hash_fn) {
+  const int64_t n = static_cast<int64_t>(p.n);
+  uint32_t ahead[kAhead];
+  auto hash_and_prefetch = [&](int64_t i) {
+    const uint32_t k0 = p.koff(i);
+    const uint32_t h = detail::map_key_hash(hash_fn, p.kd + k0, p.koff(i + 1) - k0);
+    if (!lanes.view().prefetch(kg, h)) m.prefetch_bucket(h);
+    return h;
+  };
+  for (int64_t j = from; j < std::min<int64_t>(n, from + kAhead); ++j)
+    ahead[j & (kAhead - 1)] = hash_and_prefetch(j);
+  for (int64_t i = from; i < n; ++i) {
+    const uint32_t h = ahead[i & (kAhead - 1)];
+    if (i + kAhead < n) ahead[(i + kAhead) & (kAhead - 1)] = hash_and_prefetch(i + kAhead);
+    const uint32_t k0 = p.koff(i);
+    const uint8_t* key = p.kd + k0;
+    const size_t ks = p.koff(i + 1) - k0;
+    if (p.removed(i)) {
+      if (!fresh) {
+        m.remove(key, ks);
+        lanes.close(kg);
+      }
+      continue;
+    }
+    const uint32_t v0 = p.voff(i);
+    const size_t vs = p.voff(i + 1) - v0;
+    if (vs == 0) {
+      put_empty_value(m, lanes, kg, h, key, ks);
+      continue;
+    }
+    uint8_t* dst = nullptr;
+    if (fresh) {
+      if (detail::FlatLane* ln = lanes.get(kg, key, ks, vs, true)) dst = ln->insert_new(h, key, ks);
+    }
+    if (dst == nullptr) dst = kernel_put(table, lanes, kg, RowKey{key, ks, h}, vs);
+    detail::copy_small(dst, p.vd + v0, vs);
+  }
+}
+
+// How a load of one key group went: failed_block < 0 for loaded.
+struct GroupLoad {
+  int64_t failed_block = -1;
+  EntryFault fault;
+  uint64_t entries = 0;
+};
+
+// The empty map of key group kg back as it was before load_fresh_group laid it out and loaded
+// into it: its directory replaced by an empty one of the same capacity and the layout it had,
+// nothing counted (a map the load took off the flat engine is cleared instead).
+void unload_fresh(StateMap& map, Lanes& lanes, int32_t kg, const detail::FlatLayout& layout,
+                  size_t epoch_writes) {
+  lanes.close(kg);
+  StateMap::Impl& m = map.engine();
+  if (!m.flat || m.frehash != nullptr) {
+    map.clear();
+    return;
+  }
+  const size_t cap = m.fprimary->capacity;
+  detail::FlatDirectory::unref(m.fprimary);
+  m.fprimary = detail::FlatDirectory::make(cap, layout);
+  m.primary_size = 0;
+  m.live_bytes = 0;
+  m.epoch_writes = epoch_writes;
+}
+
+// load_blocks of key group kg's blocks [b0, b1) into its empty map when the spec fixes the key
+// and value widths and the run has no tombstones (the oldest run of a restore): the map is
+// pre-sized and laid out first (prepare_fresh), then block after block is opened into one
+// buffer, its entries checked (fixed_entries_ok, check_payload_entries where that does not
+// pass) and inserted (insert_fresh<..., true>) while the payload is still in the core's cache --
+// rather than every block of the key group opened and checked before any is inserted, which for
+// a key group of megabytes reads its payloads back from memory. A bad block empties the map
+// again (unload_fresh): nothing of its key group stays. `handled` false when the map cannot be
+// laid out that way (having at most pre-sized it; load_blocks' general path then loads it).
+GroupLoad load_fresh_group(StateTable& table, Lanes& lanes, int32_t kg, BlockSource& source,
+                           const StoredBlockRef* blocks, size_t b0, size_t b1,
+                           const BlockLoadSpec& spec, KeyHashFunction hash_fn, bool* handled) {
+  GroupLoad out;
+  *handled = false;
+  const int pw = spec.prefix_bytes;
+  const size_t ks = static_cast<size_t>(spec.key_width);
+  const size_t vs = static_cast<size_t>(spec.value_width);
+  // The entries the block table announces, each block's count capped by what its stored bytes
+  // could hold (LZ4 expands at most 255-fold, an entry is at least 8 + ks + vs bytes): a damaged
+  // table pre-sizes the map for no more than the bytes given, and the load rejects it anyway.
+  uint64_t total = 0;
+  for (size_t b = b0; b < b1; ++b)
+    total += std::min<uint64_t>(blocks[b].entries, blocks[b].stored_length * 255 / (8 + ks + vs));
+  StateMap& m = table.map_unchecked(kg);
+  if (total == 0 || m.size() != 0) return out;
+  StateMap::Impl& impl = m.engine();
+  if (!impl.flat || impl.frehash != nullptr) return out;
+  const detail::FlatLayout layout = impl.fprimary->layout;
+  const size_t epoch_writes = impl.epoch_writes;
+  m.reserve(static_cast<size_t>(total));
+  m.give_up_write_log();
+  lanes.close(kg);  // reserve() may have replaced the table a lane holds
+  // The layout takes the key group's prefix from the first key; every key must carry it.
+  const uint8_t prefix[2] = {static_cast<uint8_t>(pw == 1 ? kg : kg >> 8),
+                             static_cast<uint8_t>(kg)};
+  uint8_t first[detail::kFlatMaxKey] = {};
+  std::memcpy(first, prefix, static_cast<size_t>(pw));
+  if (ks > detail::kFlatMaxKey || !prepare_fresh(m, first, ks, vs)) return out;
+  *handled = true;
+  uint8_t last[detail::kFlatMaxKey];
+  bool have_last = false;
+  for (size_t b = b0; b < b1; ++b) {
+    std::string why;
+    const uint8_t* payload = source.open(b, nullptr, &why);
+    if (payload == nullptr) {
+      unload_fresh(m, lanes, kg, layout, epoch_writes);
+      out.failed_block = static_cast<int64_t>(b);
+      out.fault = {std::move(why), true};
+      return out;
+    }
+    const Payload p(payload, false);
+    if (!fixed_entries_ok(p, kg, pw, ks, vs, have_last ? last : nullptr)) {
+      const uint8_t* prev = have_last ? last : nullptr;
+      size_t prev_size = ks;
+      EntryFault f = check_payload_entries(p, kg, spec, &prev, &prev_size);
+      if (!f.why.empty()) {
+        unload_fresh(m, lanes, kg, layout, epoch_writes);
+        out.failed_block = static_cast<int64_t>(b);
+        out.fault = std::move(f);
+        return out;
+      }
+    }
+    const int64_t n = static_cast<int64_t>(p.n);
+    if (n == 0) continue;
+    // Passed check_payload_entries: widths as the spec's, so the offsets are i * width.
+    const int64_t from = insert_fresh_payload<true>(lanes, kg, p, ks, vs, hash_fn);
+    insert_entries(table, lanes, m, kg, p, from, true, hash_fn);
+    std::memcpy(last, p.kd + (p.n - 1) * ks, ks);
+    have_last = true;
+    out.entries += p.n;
+  }
+  return out;
 }
 
 }  // namespace
@@ -292,8 +572,8 @@ BlockLoadResult load_blocks(StateTable& table, const uint8_t* data, size_t size,
   Lanes lanes(table);
   std::vector<std::vector<uint8_t>> scratch;  // one decompressed payload per block of a key group
   std::vector<Payload> payloads;
-  uint32_t ahead[kAhead];
-  const std::string at = "entry ";
+  const bool fixed = spec.key_width > pw && spec.value_width > 0;
+  BlockSource source(data, size, blocks, count, spec.has_validity, spec.open_ahead);
   for (size_t b0 = 0; b0 < count;) {
     const int32_t kg = key_groups[b0];
     if (kg < table.kg_start() || kg > table.kg_end() || (b0 > 0 && kg < key_groups[b0 - 1]))
@@ -303,6 +583,18 @@ BlockLoadResult load_blocks(StateTable& table, const uint8_t* data, size_t size,
                       "] or below the block before it (blocks must be sorted by key group)");
     size_t b1 = b0 + 1;
     while (b1 < count && key_groups[b1] == kg) ++b1;
+    if (spec.into_empty && fixed && !spec.has_validity) {
+      bool handled = false;
+      GroupLoad g =
+          load_fresh_group(table, lanes, kg, source, blocks, b0, b1, spec, hash_fn, &handled);
+      if (g.failed_block >= 0)
+        return fail(static_cast<size_t>(g.failed_block), g.fault.corrupt, std::move(g.fault.why));
+      if (handled) {
+        r.entries += g.entries;
+        b0 = b1;
+        continue;
+      }
+    }
     // Every block of the key group opened and its entries checked before any is inserted: a
     // bad block leaves nothing of its key group behind.
     if (scratch.size() < b1 - b0) scratch.resize(b1 - b0);
@@ -311,42 +603,12 @@ BlockLoadResult load_blocks(StateTable& table, const uint8_t* data, size_t size,
     const uint8_t* last_key = nullptr;  // the key group's last key so far (in its payload)
     size_t last_size = 0;
     for (size_t b = b0; b < b1; ++b) {
-      std::vector<uint8_t>& buf = scratch[b - b0];
-      std::string why = open_block(data, size, blocks[b], spec.has_validity, &buf);
-      if (!why.empty()) return fail(b, true, std::move(why));
-      const Payload& p = payloads.emplace_back(buf.data(), spec.has_validity);
-      const int64_t n = static_cast<int64_t>(p.n);
-      for (int64_t i = 0; i < n; ++i) {
-        const uint32_t k0 = p.koff(i);
-        const size_t ks = p.koff(i + 1) - k0;
-        const uint8_t* key = p.kd + k0;
-        if (ks <= static_cast<size_t>(pw))
-          return fail(b, false,
-                      at + std::to_string(i) + ": its encoded key is not longer than the " +
-                          std::to_string(pw) + "-byte key-group prefix");
-        if (spec.key_width >= 0 && static_cast<int64_t>(ks) != spec.key_width)
-          return fail(b, false,
-                      at + std::to_string(i) + ": encoded key is " + std::to_string(ks) +
-                          " bytes, not " + std::to_string(spec.key_width));
-        const int32_t ekg = pw == 1 ? int32_t{key[0]} : (int32_t{key[0]} << 8) | int32_t{key[1]};
-        if (ekg != kg)
-          return fail(b, false,
-                      at + std::to_string(i) + ": key-group prefix " + std::to_string(ekg) +
-                          " in a block of key group " + std::to_string(kg));
-        if (!p.removed(i) && spec.value_width >= 0 &&
-            static_cast<int64_t>(p.voff(i + 1) - p.voff(i)) != spec.value_width)
-          return fail(b, false,
-                      at + std::to_string(i) + ": value is " +
-                          std::to_string(p.voff(i + 1) - p.voff(i)) +
-                          " bytes, the state's values are " + std::to_string(spec.value_width));
-        if (last_key != nullptr && compare_keys(last_key, last_size, key, ks) >= 0)
-          return fail(b, true,
-                      at + std::to_string(i) +
-                          ": keys are not strictly ascending within key group " +
-                          std::to_string(kg));
-        last_key = key;
-        last_size = ks;
-      }
+      std::string why;
+      const uint8_t* payload = source.open(b, &scratch[b - b0], &why);
+      if (payload == nullptr) return fail(b, true, std::move(why));
+      const Payload& p = payloads.emplace_back(payload, spec.has_validity);
+      EntryFault f = check_payload_entries(p, kg, spec, &last_key, &last_size);
+      if (!f.why.empty()) return fail(b, f.corrupt, std::move(f.why));
       total += p.n;
     }
     StateMap& m = table.map_unchecked(kg);
@@ -360,7 +622,7 @@ BlockLoadResult load_blocks(StateTable& table, const uint8_t* data, size_t size,
     bool direct = false;
     if (fresh) {
       lanes.close(kg);  // reserve() may have replaced the table a lane holds
-      if (spec.key_width > pw && spec.value_width > 0) {
+      if (fixed) {
         // The layout follows the key group's first key (a block may hold no entries).
         for (const Payload& p : payloads) {
           if (p.n == 0) continue;
@@ -371,56 +633,11 @@ BlockLoadResult load_blocks(StateTable& table, const uint8_t* data, size_t size,
       }
     }
     for (const Payload& p : payloads) {
-      const int64_t n = static_cast<int64_t>(p.n);
       int64_t from = 0;
-      if (direct && n > 0) {
-        const size_t ks = static_cast<size_t>(spec.key_width);
-        detail::FlatLane* ln =
-            lanes.get(kg, p.kd + p.koff(0), ks, static_cast<size_t>(spec.value_width), true);
-        if (ln != nullptr && !ln->var && ln->key_size == ks) {
-          const bool word = ks >= 9;
-          const bool v8 = spec.value_width == 8;
-          from = word ? (v8 ? insert_fresh<uint64_t, 8>(*ln, p, hash_fn)
-                            : insert_fresh<uint64_t, 0>(*ln, p, hash_fn))
-                      : (v8 ? insert_fresh<uint32_t, 8>(*ln, p, hash_fn)
-                            : insert_fresh<uint32_t, 0>(*ln, p, hash_fn));
-        }
-      }
-      auto hash_and_prefetch = [&](int64_t i) {
-        const uint32_t k0 = p.koff(i);
-        const uint32_t h = detail::map_key_hash(hash_fn, p.kd + k0, p.koff(i + 1) - k0);
-        if (!lanes.view().prefetch(kg, h)) m.prefetch_bucket(h);
-        return h;
-      };
-      for (int64_t j = from; j < std::min<int64_t>(n, from + kAhead); ++j)
-        ahead[j & (kAhead - 1)] = hash_and_prefetch(j);
-      for (int64_t i = from; i < n; ++i) {
-        const uint32_t h = ahead[i & (kAhead - 1)];
-        if (i + kAhead < n) ahead[(i + kAhead) & (kAhead - 1)] = hash_and_prefetch(i + kAhead);
-        const uint32_t k0 = p.koff(i);
-        const uint8_t* key = p.kd + k0;
-        const size_t ks = p.koff(i + 1) - k0;
-        if (p.removed(i)) {
-          if (!fresh) {
-            m.remove(key, ks);
-            lanes.close(kg);
-          }
-          continue;
-        }
-        const uint32_t v0 = p.voff(i);
-        const size_t vs = p.voff(i + 1) - v0;
-        if (vs == 0) {
-          put_empty_value(m, lanes, kg, h, key, ks);
-          continue;
-        }
-        uint8_t* dst = nullptr;
-        if (fresh) {
-          if (detail::FlatLane* ln = lanes.get(kg, key, ks, vs, true))
-            dst = ln->insert_new(h, key, ks);
-        }
-        if (dst == nullptr) dst = kernel_put(table, lanes, kg, RowKey{key, ks, h}, vs);
-        detail::copy_small(dst, p.vd + v0, vs);
-      }
+      if (direct && p.n > 0)
+        from = insert_fresh_payload<false>(lanes, kg, p, static_cast<size_t>(spec.key_width),
+                                           static_cast<size_t>(spec.value_width), hash_fn);
+      insert_entries(table, lanes, m, kg, p, from, fresh, hash_fn);
     }
     r.entries += total;
     b0 = b1;

@@ -25,6 +25,10 @@ using statecore::StoredBlockRef;
 
 namespace {
 
+// Whether the loads of the test running open their blocks on a worker thread
+// (BlockLoadSpec::open_ahead); the tests of fallible loads run once each way (both_ways).
+bool g_open_ahead = false;
+
 // One entry of a block: key, value (nullptr-like: `live` false is a tombstone).
 struct Row {
   std::string key;
@@ -72,7 +76,8 @@ struct Stored {
     refs.push_back({at, n, p.size(), rows.size(), statecore::xxh64(bytes.data() + at, n, 0)});
     kgs.push_back(kg);
   }
-  BlockLoadResult load(StateTable& t, const BlockLoadSpec& spec) const {
+  BlockLoadResult load(StateTable& t, BlockLoadSpec spec) const {
+    spec.open_ahead = g_open_ahead;
     return statecore::load_blocks(t, bytes.data(), bytes.size(), refs.data(), kgs.data(),
                                   refs.size(), spec);
   }
@@ -120,6 +125,7 @@ BlockLoadSpec spec_of(int pw, bool has_validity, bool into_empty) {
   s.value_width = 8;
   s.has_validity = has_validity;
   s.into_empty = into_empty;
+  s.open_ahead = g_open_ahead;
   return s;
 }
 
@@ -129,9 +135,20 @@ std::vector<Row> rows_of(int32_t kg, std::initializer_list<uint64_t> keys, int p
   return out;
 }
 
+// Runs `body` with blocks opened on the loading thread, then on a worker thread ahead of it.
+void both_ways(void (*body)()) {
+  for (const bool ahead : {false, true}) {
+    g_open_ahead = ahead;
+    body();
+  }
+  g_open_ahead = false;
+}
+
 }  // namespace
 
-TEST(random_chains_match_a_model) {
+static void random_chains_match_a_model_once();
+TEST(random_chains_match_a_model) { both_ways(random_chains_match_a_model_once); }
+static void random_chains_match_a_model_once() {
   for (int pw : {1, 2}) {
     std::mt19937_64 rng(pw * 11);
     const int32_t lo = pw == 1 ? 3 : 250, hi = pw == 1 ? 40 : 300;
@@ -163,63 +180,68 @@ TEST(into_empty_over_a_map_that_is_not_empty_upserts) {
 TEST(into_empty_loads_every_key_and_value_width) {
   // The oldest run straight into laid-out maps takes keys below 9 bytes (one-word suffixes),
   // values other than 8 bytes, tombstones (skipped), and key groups large enough to span many
-  // pages; with no widths given it goes the general way. The table must match the model.
-  for (const size_t kw : {size_t{6}, size_t{10}, size_t{14}}) {
-    for (const size_t vw : {size_t{3}, size_t{8}, size_t{16}}) {
-      for (const bool widths : {true, false}) {
-        std::mt19937_64 rng(kw * 131 + vw * 7 + (widths ? 1 : 0));
-        Model model;
-        Stored s;
-        for (int32_t kg = 0; kg < 4; ++kg) {
-          std::map<std::string, Row> rows;
-          const size_t keys = kg == 2 ? 20000 : 300;
-          while (rows.size() < keys) {
-            std::string key(1, static_cast<char>(kg));
-            for (size_t i = 1; i < kw; ++i) key.push_back(static_cast<char>(rng()));
-            Row r{key, std::string(vw, '\0'), rng() % 10 != 0};
-            for (char& c : r.value) c = static_cast<char>(rng());
-            rows[key] = r;
-          }
-          std::vector<Row> block;
-          for (const auto& [k, r] : rows) {
-            block.push_back(r);
-            if (r.live) model[k] = r.value;
-            if (block.size() == 997) {
-              s.add(block, kg, true);
-              block.clear();
+  // pages; with no widths given it goes the general way; without a validity bitmap, block by
+  // block (checked in one pass where the key after its prefix is 4 to 16 bytes, entry by entry
+  // for the 2- and 21-byte ones). The table must match the model.
+  for (const bool validity : {true, false}) {
+    for (const size_t kw : {size_t{3}, size_t{6}, size_t{10}, size_t{14}, size_t{22}}) {
+      for (const size_t vw : {size_t{3}, size_t{8}, size_t{16}}) {
+        for (const bool widths : {true, false}) {
+          if (!validity && !widths) continue;  // the general way, as with validity
+          std::mt19937_64 rng(kw * 131 + vw * 7 + (widths ? 1 : 0) + (validity ? 0 : 5));
+          Model model;
+          Stored s;
+          for (int32_t kg = 0; kg < 4; ++kg) {
+            std::map<std::string, Row> rows;
+            const size_t keys = kg == 2 ? 20000 : 300;
+            while (rows.size() < keys) {
+              std::string key(1, static_cast<char>(kg));
+              for (size_t i = 1; i < kw; ++i) key.push_back(static_cast<char>(rng()));
+              Row r{key, std::string(vw, '\0'), !validity || rng() % 10 != 0};
+              for (char& c : r.value) c = static_cast<char>(rng());
+              rows[key] = r;
             }
+            std::vector<Row> block;
+            for (const auto& [k, r] : rows) {
+              block.push_back(r);
+              if (r.live) model[k] = r.value;
+              if (block.size() == 997) {
+                s.add(block, kg, validity);
+                block.clear();
+              }
+            }
+            if (!block.empty()) s.add(block, kg, validity);
           }
-          if (!block.empty()) s.add(block, kg, true);
-        }
-        BlockLoadSpec spec;
-        spec.key_width = widths ? static_cast<int64_t>(kw) : -1;
-        spec.value_width = widths ? static_cast<int64_t>(vw) : -1;
-        spec.has_validity = true;
-        spec.into_empty = true;
-        StateTable t(0, 3);
-        const BlockLoadResult r = s.load(t, spec);
-        CHECK_EQ(r.failed_block, int64_t{-1});
-        std::map<int32_t, size_t> per_kg;
-        for (const auto& [k, v] : model) {
-          ++per_kg[kg_of(k, 1)];
+          BlockLoadSpec spec;
+          spec.key_width = widths ? static_cast<int64_t>(kw) : -1;
+          spec.value_width = widths ? static_cast<int64_t>(vw) : -1;
+          spec.has_validity = validity;
+          spec.into_empty = true;
+          StateTable t(0, 3);
+          const BlockLoadResult r = s.load(t, spec);
+          CHECK_EQ(r.failed_block, int64_t{-1});
+          std::map<int32_t, size_t> per_kg;
+          for (const auto& [k, v] : model) {
+            ++per_kg[kg_of(k, 1)];
+            statecore::ByteView got;
+            const bool found =
+                t.map(kg_of(k, 1)).get(reinterpret_cast<const uint8_t*>(k.data()), k.size(), &got);
+            CHECK(found);
+            if (found) CHECK_EQ(std::string(reinterpret_cast<const char*>(got.data), got.size), v);
+          }
+          for (int32_t kg = 0; kg < 4; ++kg) CHECK_EQ(t.map(kg).size(), per_kg[kg]);
+          // A newer run upserts over what the direct load stored.
+          const std::string key = model.begin()->first;
+          Stored newer;
+          newer.add({Row{key, std::string(vw, 'n'), true}}, kg_of(key, 1), validity);
+          spec.into_empty = false;
+          CHECK_EQ(newer.load(t, spec).failed_block, int64_t{-1});
           statecore::ByteView got;
-          const bool found =
-              t.map(kg_of(k, 1)).get(reinterpret_cast<const uint8_t*>(k.data()), k.size(), &got);
-          CHECK(found);
-          if (found) CHECK_EQ(std::string(reinterpret_cast<const char*>(got.data), got.size), v);
+          CHECK(t.map(kg_of(key, 1))
+                    .get(reinterpret_cast<const uint8_t*>(key.data()), key.size(), &got));
+          CHECK_EQ(std::string(reinterpret_cast<const char*>(got.data), got.size),
+                   std::string(vw, 'n'));
         }
-        for (int32_t kg = 0; kg < 4; ++kg) CHECK_EQ(t.map(kg).size(), per_kg[kg]);
-        // A newer run upserts over what the direct load stored.
-        const std::string key = model.begin()->first;
-        Stored newer;
-        newer.add({Row{key, std::string(vw, 'n'), true}}, kg_of(key, 1), true);
-        spec.into_empty = false;
-        CHECK_EQ(newer.load(t, spec).failed_block, int64_t{-1});
-        statecore::ByteView got;
-        CHECK(t.map(kg_of(key, 1))
-                  .get(reinterpret_cast<const uint8_t*>(key.data()), key.size(), &got));
-        CHECK_EQ(std::string(reinterpret_cast<const char*>(got.data), got.size),
-                 std::string(vw, 'n'));
       }
     }
   }
@@ -239,7 +261,11 @@ TEST(into_empty_lays_a_map_out_after_an_empty_block) {
   check_table(t, model, 1);
 }
 
+static void damaged_bytes_are_corrupt_and_name_their_block_once();
 TEST(damaged_bytes_are_corrupt_and_name_their_block) {
+  both_ways(damaged_bytes_are_corrupt_and_name_their_block_once);
+}
+static void damaged_bytes_are_corrupt_and_name_their_block_once() {
   Stored s;
   s.add(rows_of(1, {1, 2, 3}), 1, false);
   s.add(rows_of(2, {1, 2}), 2, false);
@@ -274,7 +300,9 @@ TEST(damaged_bytes_are_corrupt_and_name_their_block) {
   }
 }
 
-TEST(keys_out_of_order_are_corrupt) {
+static void keys_out_of_order_are_corrupt_once();
+TEST(keys_out_of_order_are_corrupt) { both_ways(keys_out_of_order_are_corrupt_once); }
+static void keys_out_of_order_are_corrupt_once() {
   for (const auto& blocks : std::vector<std::vector<std::vector<Row>>>{
            {rows_of(1, {1, 3, 2})},                   // within a block
            {rows_of(1, {1, 2}), rows_of(1, {2, 3})},  // a key repeated across blocks
@@ -290,7 +318,11 @@ TEST(keys_out_of_order_are_corrupt) {
   }
 }
 
+static void entries_breaking_the_rules_are_not_corrupt_once();
 TEST(entries_breaking_the_rules_are_not_corrupt) {
+  both_ways(entries_breaking_the_rules_are_not_corrupt_once);
+}
+static void entries_breaking_the_rules_are_not_corrupt_once() {
   auto fails = [](std::vector<Row> rows, int32_t block_kg, const std::string& want,
                   bool has_validity = false) {
     Stored s;
@@ -427,6 +459,70 @@ TEST(parallel_load_reports_the_first_bad_block) {
   CHECK_EQ(r.failed_block, int64_t{8});
   CHECK(!r.corrupt);
   CHECK_THROWS(s.load_parallel(t4, spec_of(3, false, true), 2), std::invalid_argument);
+}
+
+static void fresh_loads_check_each_entry_of_a_block_once();
+TEST(fresh_loads_check_each_entry_of_a_block) {
+  both_ways(fresh_loads_check_each_entry_of_a_block_once);
+}
+static void fresh_loads_check_each_entry_of_a_block_once() {
+  // The oldest run without tombstones goes in block by block, each checked in one pass: every
+  // rule still holds for an entry in the middle of a block, for keys that differ only in their
+  // last byte (the second of the two words the pass orders keys by), and for a key group
+  // whose earlier blocks went in before its bad one (it is emptied again).
+  for (const int pw : {1, 2}) {
+    const int32_t kg = pw == 1 ? 1 : 300;
+    auto key_of = [&](int32_t g, uint8_t last) {
+      std::string k = encoded_key(g, 7, pw);
+      k.back() = static_cast<char>(last);
+      return k;
+    };
+    auto rows = [&](std::initializer_list<int> lasts) {
+      std::vector<Row> out;
+      for (int b : lasts) out.push_back({key_of(kg, static_cast<uint8_t>(b)), "12345678", true});
+      return out;
+    };
+    auto load = [&](const std::vector<std::vector<Row>>& blocks, BlockLoadResult* r) {
+      Stored st;
+      st.add({Row{key_of(kg - 1, 1), "12345678", true}}, kg - 1, false);
+      for (const auto& b : blocks) st.add(b, kg, false);
+      StateTable t(kg - 1, kg + 1);
+      *r = st.load(t, spec_of(pw, false, true));
+      return std::make_pair(t.map(kg - 1).size(), t.map(kg).size());
+    };
+    BlockLoadResult r;
+    CHECK(load({rows({1, 2, 3, 200}), rows({201, 255})}, &r) ==
+          std::make_pair(size_t{1}, size_t{6}));
+    CHECK_EQ(r.failed_block, int64_t{-1});
+    CHECK_EQ(r.entries, uint64_t{7});
+    const std::string order =
+        "keys are not strictly ascending within key group " + std::to_string(kg);
+    CHECK(load({rows({1, 2, 3}), rows({4, 6, 5, 7})}, &r) == std::make_pair(size_t{1}, size_t{0}));
+    CHECK_EQ(r.failed_block, int64_t{2});
+    CHECK(r.corrupt);
+    CHECK_EQ(r.error, "entry 2: " + order);
+    CHECK(load({rows({1, 2, 3}), rows({3, 4})}, &r) == std::make_pair(size_t{1}, size_t{0}));
+    CHECK_EQ(r.error, "entry 0: " + order);
+    CHECK(load({rows({1, 2, 2, 3})}, &r) == std::make_pair(size_t{1}, size_t{0}));
+    CHECK_EQ(r.error, "entry 2: " + order);
+    std::vector<Row> foreign = rows({1, 2, 3});
+    foreign[1].key = key_of(kg + 1, 2);
+    CHECK(load({rows({0}), foreign}, &r) == std::make_pair(size_t{1}, size_t{0}));
+    CHECK_EQ(r.failed_block, int64_t{2});
+    CHECK(!r.corrupt);
+    CHECK_EQ(r.error, "entry 1: key-group prefix " + std::to_string(kg + 1) +
+                          " in a block of key group " + std::to_string(kg));
+    std::vector<Row> wide = rows({1, 2, 3});
+    wide[2].value += "x";
+    CHECK(load({wide}, &r) == std::make_pair(size_t{1}, size_t{0}));
+    CHECK(!r.corrupt);
+    CHECK_EQ(r.error, "entry 2: value is 9 bytes, the state's values are 8");
+    std::vector<Row> longer = rows({1, 2, 3});
+    longer[1].key += "z";
+    CHECK(load({longer}, &r) == std::make_pair(size_t{1}, size_t{0}));
+    CHECK_EQ(r.error, "entry 1: encoded key is " + std::to_string(pw + 10) + " bytes, not " +
+                          std::to_string(pw + 9));
+  }
 }
 
 TEST_MAIN()

@@ -650,6 +650,7 @@ cdef extern from "statecore/bulk_load.h" namespace "statecore" nogil:
         int64_t value_width
         cbool has_validity
         cbool into_empty
+        cbool open_ahead
 
     cdef cppclass BlockLoadResult:
         int64_t failed_block

@@ -48,6 +48,9 @@ struct BlockLoadSpec {
   int64_t value_width = -1;   // every non-tombstone value this many bytes; -1: any
   bool has_validity = false;  // incremental run: its payloads end in a validity bitmap
   bool into_empty = false;    // the oldest run of the key groups (see load_blocks)
+  // Open (verify, decompress, check) the blocks on a worker thread, a few ahead of the
+  // inserts: the load's wall time about that of the larger step, not of their sum.
+  bool open_ahead = false;
 };
 
 struct BlockLoadResult {
@@ -64,19 +67,23 @@ struct BlockLoadResult {
 // Restores `blocks` (consecutive stored blocks of one run's state, in file order: sorted by key
 // group, `key_groups[i]` the key group block i belongs to, as the file's key-group index says)
 // of `data[0, size)` into `table`, with no intermediate arrays. Per key group: each of its blocks
-// is verified, decompressed and its payload checked (block_codec.h open_block) into a buffer
-// reused across key groups, and its entries checked -- every key longer than the prefix, of
-// key_width bytes, carrying the block's key-group prefix, keys strictly ascending (bytewise)
-// across the key group's blocks, every non-tombstone value value_width bytes; a tombstone
-// (validity bit 0) exists only with has_validity -- and only then inserted from those buffers as
-// load_entries inserts (the map pre-sized for the key group's entries, slots prefetched ahead,
-// flat lanes, the write log given up, tombstones removing their keys). With `into_empty`, a
-// key group whose map is empty gets its keys inserted without looking for an equal one (they
-// are unique, checked above: a linear probe stops at the first free slot), its tombstones
-// skipped; with key_width and value_width given too, its flat map is first laid out for them
-// and given every page of its table (which the load fills anyway), and each payload goes in
-// with the lane's per-row checks and counts done once a payload: the next 16 keys hashed and
-// their home slots prefetched while the 16 before them are stored.
+// is verified, decompressed and its payload checked (block_codec.h open_block; with
+// `open_ahead` on a worker thread a few blocks ahead, block_source.h), and its entries checked
+// -- every key longer than the prefix, of key_width bytes, carrying the block's key-group
+// prefix, keys strictly ascending (bytewise) across the key group's blocks, every non-tombstone
+// value value_width bytes; a tombstone (validity bit 0) exists only with has_validity -- and
+// once every block of the key group passed, inserted from those buffers as load_entries inserts
+// (the map pre-sized for the key group's entries, slots prefetched ahead, flat lanes, the write
+// log given up, tombstones removing their keys). With `into_empty`, a key group whose map is
+// empty gets its keys inserted without looking for an equal one (they are unique, checked
+// above: a linear probe stops at the first free slot), its tombstones skipped. With key_width
+// and value_width given too and no validity bitmaps (a full run), its flat map is first
+// pre-sized for the entries the block table announces, laid out for those widths and given
+// every page of its table (which the load fills anyway), and each block is inserted right after
+// its checks, while its payload is in cache (a bad block empties the map again): the checks in
+// one pass without a branch per entry, the lane's per-row checks and counts done once a
+// payload, the next 16 keys hashed and their home slots prefetched while the 16 before them
+// are stored.
 //
 // Stops at the first bad block (reported in the result): nothing of its key group is loaded, the
 // key groups before it stay loaded, so a caller that must leave its state unchanged loads into a

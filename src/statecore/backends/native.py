@@ -641,7 +641,9 @@ class NativeBackend(TableBackend):
                     run.incremental, self.key_prefix_width,
                     -1 if key_width is None else key_width, -1 if width is None else width,
                     into_empty=i == 0, threads=threads,
-                    min_slice_bytes=_LOAD_SLICE_BYTES)
+                    min_slice_bytes=_LOAD_SLICE_BYTES,
+                    # Slices already keep the cores busy; one slice opens blocks ahead.
+                    open_ahead=threads <= 1)
                 if bad is None:
                     continue
                 if corrupt:
