@@ -178,12 +178,12 @@ def _rates(got: dict, rows_per_interval: int, warm: int) -> tuple[float, float, 
       "vs the in-memory native backend restored from the same checkpoint (same checkpoints) "
       "and RocksDB (rocksdict, multi-get + WriteBatch per batch, block cache = the budget)")
 def tiered_running_count(size: Size):
-    """A stream of 16 / 8 intervals of 8 / 4 batches of 64k keys (8M / 2M rows), drawn per
+    """A stream of 16 / 4 intervals of 8 / 4 batches of 64k keys (8M / 1M rows), drawn per
     distribution ``zipf`` (Zipf(1.0), :func:`_zipf_keys`) / ``uniform``, each interval followed
     by a checkpoint (``CheckpointStore.checkpoint``, incremental, the store's default
     compaction: what a streaming operator does per micro-batch), on a backend restored from
     version 1 of a checkpoint of ``entries`` keys (count 1 each); then ``record_rows`` (32k /
-    8k) more rows per record (``set_current_key``, ``add``, ``get``). The first half of the
+    4k) more rows per record (``set_current_key``, ``add``, ``get``). The first half of the
     intervals (``warm_up_rows``) warms the backend: at 10M keys the budget fills in about 4M
     Zipf rows, and only then does eviction choose what stays.
 
@@ -207,9 +207,9 @@ def tiered_running_count(size: Size):
     n = size.n(10_000_000, 1_000_000)
     batch = min(_BATCH, size.n(_BATCH, _BATCH))
     per_interval = 4 if size.quick else 8
-    n_intervals = 8 if size.quick else 16
+    n_intervals = 4 if size.quick else 16
     warm = n_intervals // 2
-    record_rows = min(batch, size.n(1 << 15, 1 << 13))
+    record_rows = min(batch, size.n(1 << 15, 1 << 12))
     budget = max(4096, n * _ENTRY // 8)
     rng = np.random.default_rng(11)
     rdb = rocksdict_module()
