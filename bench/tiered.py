@@ -171,12 +171,25 @@ def _rates(got: dict, rows_per_interval: int, warm: int) -> tuple[float, float, 
             rows_per_interval / run[0])
 
 
+def _running_panel(r) -> object:
+    """tiered_running_count's plot: per distribution the steady, cold and per-record rows/s
+    of each implementation."""
+    for dist in ("zipf", "uniform"):
+        for kind, metric in (("steady", f"rows_per_s_{dist}"),
+                             ("cold", f"cold_rows_per_s_{dist}"),
+                             ("per record", f"rows_per_s_record_{dist}")):
+            if r["metric"] == metric:
+                return f"{dist} rows/s", f"{r['impl']}: {kind}"
+    return None
+
+
 @case("tiered_running_count",
       "running count (ReducingState sum) over 10M / 1M int64 keys with a memory budget of 1/8 "
       "of the state (tiered mode), Zipf(1.0) and uniform keys, a stream of 64k-row batches "
       "checkpointed every 8 / 4 batches (steady rate after a warm-up, and cold), and per record; "
       "vs the in-memory native backend restored from the same checkpoint (same checkpoints) "
-      "and RocksDB (rocksdict, multi-get + WriteBatch per batch, block cache = the budget)")
+      "and RocksDB (rocksdict, multi-get + WriteBatch per batch, block cache = the budget)",
+      panel=_running_panel)
 def tiered_running_count(size: Size):
     """A stream of 16 / 4 intervals of 8 / 4 batches of 64k keys (8M / 1M rows), drawn per
     distribution ``zipf`` (Zipf(1.0), :func:`_zipf_keys`) / ``uniform``, each interval followed
