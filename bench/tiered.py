@@ -191,7 +191,7 @@ def _running_panel(r) -> object:
       "and RocksDB (rocksdict, multi-get + WriteBatch per batch, block cache = the budget)",
       panel=_running_panel)
 def tiered_running_count(size: Size):
-    """A stream of 16 / 4 intervals of 8 / 4 batches of 64k keys (8M / 1M rows), drawn per
+    """A stream of 16 / 2 intervals of 8 / 4 batches of 64k keys (8M / 512k rows), drawn per
     distribution ``zipf`` (Zipf(1.0), :func:`_zipf_keys`) / ``uniform``, each interval followed
     by a checkpoint (``CheckpointStore.checkpoint``, incremental, the store's default
     compaction: what a streaming operator does per micro-batch), on a backend restored from
@@ -220,7 +220,7 @@ def tiered_running_count(size: Size):
     n = size.n(10_000_000, 1_000_000)
     batch = min(_BATCH, size.n(_BATCH, _BATCH))
     per_interval = 4 if size.quick else 8
-    n_intervals = 4 if size.quick else 16
+    n_intervals = 2 if size.quick else 16
     warm = n_intervals // 2
     record_rows = min(batch, size.n(1 << 15, 1 << 12))
     budget = max(4096, n * _ENTRY // 8)
