@@ -607,9 +607,10 @@ def test_run_lookup_reports_rates_reads_and_the_filter_rate(tmp_path):
 
 
 def test_tiered_running_count_reports_both_backends_and_the_loads(tmp_path):
-    """tiered_running_count runs the same batches on the tiered and the in-memory native backend
-    (the case checks their outputs equal) and reports rates, loads per row and checkpoint time
-    per distribution."""
+    """tiered_running_count runs the same checkpointed stream and per-record rows on the tiered
+    and the in-memory native backend (the case checks their outputs equal) and reports steady
+    and cold rates, the per-record rate, loads per row, the hit rate and checkpoint time per
+    distribution; the steady part starts after the warm-up."""
     if not _has_native():
         pytest.skip("needs the native extension")
     out = tmp_path / "t.json"
@@ -617,10 +618,15 @@ def test_tiered_running_count_reports_both_backends_and_the_loads(tmp_path):
                  str(out)]) == 0
     by = {(r["impl"], r["metric"]): r["value"] for r in json.loads(out.read_text())}
     for dist in ("zipf", "uniform"):
-        assert by[("tiered", f"rows_per_s_{dist}")] > 0
-        assert by[("in-memory", f"rows_per_s_{dist}")] > 0
+        for impl in ("tiered", "in-memory"):
+            for m in ("rows_per_s", "cold_rows_per_s", "rows_per_s_record"):
+                assert by[(impl, f"{m}_{dist}")] > 0
+            assert by[(impl, f"checkpoint_s_{dist}")] > 0
         assert 0 < by[("tiered", f"loaded_per_row_{dist}")] <= 1
-        assert by[("tiered", f"checkpoint_s_{dist}")] > 0
+        assert 0 <= by[("tiered", f"hit_rate_{dist}")] < 1
+    # Zipf keys repeat: the warm working set answers more of them than of uniform keys.
+    assert by[("tiered", "hit_rate_zipf")] > by[("tiered", "hit_rate_uniform")]
+    assert 0 < by[("tiered", "warm_up_rows")] < by[("tiered", "rows")]
     assert by[("tiered", "budget_bytes")] < by[("tiered", "entries")] * 18
     if os.path.exists("/proc/self/status"):
         # Resident memory in a fresh interpreter; the eighth budget spills and holds.

@@ -780,10 +780,28 @@ bool StateMap::insert_clean(const uint8_t* key, size_t key_size, const uint8_t* 
   return true;
 }
 
-size_t StateMap::evict_clean(size_t target_bytes, uint64_t* cursor) {
+size_t StateMap::evict_clean(size_t target_bytes, uint64_t* cursor, bool spare_recent) {
   Impl& m = *impl_;
   if (m.live_bytes <= target_bytes || m.base == 0) return 0;
+  if (spare_recent && m.evict_no_old_at == m.base) return 0;
   QuietScope quiet(m);
+  // A clean entry's stamp is the epoch of its last write, or base - 1 when loaded since the base:
+  // stamp base - 1 means touched in the last epoch, which a stream re-reading its hot keys every
+  // interval will likely read again.
+  const uint64_t recent = m.base - 1;
+  auto evictable = [&m, spare_recent, recent](const ByteView& k) {
+    uint64_t stamp;
+    if (m.flat) {
+      const Impl::FlatLocation at = m.flat_locate(m.hash_of(k.data, k.size), k.data, k.size);
+      if (!at.table) return false;
+      stamp = detail::load_u32((*at.table)->slot(at.slot));
+    } else {
+      const Entry* e = m.locate(k.data, k.size).entry;
+      if (!e) return false;
+      stamp = e->modified;
+    }
+    return stamp < m.base && !(spare_recent && stamp >= recent);
+  };
   SortedRun batch;
   size_t evicted = 0;
   // At most two passes of the hand: the first may start mid-table, the second sees the rest;
@@ -793,9 +811,12 @@ size_t StateMap::evict_clean(size_t target_bytes, uint64_t* cursor) {
     if (collect_buckets(cursor, 64, &batch)) ++wraps;
     for (size_t i = 0; i < batch.size() && m.live_bytes > target_bytes; ++i) {
       const ByteView k = batch.key(i);
-      if (is_clean(k.data, k.size) && remove(k.data, k.size)) ++evicted;
+      if (evictable(k) && remove(k.data, k.size)) ++evicted;
     }
   }
+  // The hand went round without reaching the target: no older clean entry is left, and none
+  // can appear before the base moves (loads are stamped base - 1, writes make entries dirty).
+  if (spare_recent && m.live_bytes > target_bytes) m.evict_no_old_at = m.base;
   return evicted;
 }
 

@@ -81,16 +81,20 @@ size_t StateTable::evict_clean(size_t target_bytes) {
   if (evict_cursors_.size() != maps_.size()) evict_cursors_.assign(maps_.size(), 0);
   size_t evicted = 0;
   const size_t n = maps_.size();
-  const size_t start = evict_map_;
-  for (size_t i = 0; i < n && total > target_bytes; ++i) {
-    const size_t at = (start + i) % n;
-    StateMap& m = *maps_[at];
-    const size_t before = m.bytes();
-    if (before == 0) continue;
-    const size_t excess = total - target_bytes;
-    evicted += m.evict_clean(before > excess ? before - excess : 0, &evict_cursors_[at]);
-    total -= before - m.bytes();
-    evict_map_ = (at + 1) % n;
+  // First round: entries not touched in the last epoch, from every key group; then any clean.
+  for (const bool spare_recent : {true, false}) {
+    const size_t start = evict_map_;
+    for (size_t i = 0; i < n && total > target_bytes; ++i) {
+      const size_t at = (start + i) % n;
+      StateMap& m = *maps_[at];
+      const size_t before = m.bytes();
+      if (before == 0) continue;
+      const size_t excess = total - target_bytes;
+      evicted +=
+          m.evict_clean(before > excess ? before - excess : 0, &evict_cursors_[at], spare_recent);
+      total -= before - m.bytes();
+      evict_map_ = (at + 1) % n;
+    }
   }
   return evicted;
 }

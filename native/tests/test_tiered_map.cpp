@@ -123,6 +123,27 @@ TEST(eviction_stops_at_the_target_and_the_hand_goes_round) {
   CHECK_EQ(m.size(), 100u);
 }
 
+TEST(eviction_sparing_recent_entries_takes_older_clean_ones_first) {
+  StateMap m;
+  complete_a_checkpoint(m);
+  const size_t per = 9 + 8;
+  for (uint64_t k = 0; k < 100; ++k) CHECK(clean(m, key(k), "12345678"));  // loaded
+  for (uint64_t k = 100; k < 200; ++k) put(m, key(k), "12345678");         // written
+  complete_a_checkpoint(m);  // 100..199: written in the last epoch; 0..99 loaded before it
+  for (uint64_t k = 200; k < 250; ++k) CHECK(clean(m, key(k), "12345678"));  // loaded now
+  uint64_t cursor = 0;
+  CHECK_EQ(m.evict_clean(160 * per, &cursor, true), 90u);
+  CHECK_EQ(m.evict_clean(100 * per, &cursor, true), 10u);  // the last older ones, then none
+  ByteView out;
+  for (uint64_t k = 0; k < 100; ++k) CHECK(!m.get(u8(key(k)), 9, &out));
+  for (uint64_t k = 100; k < 250; ++k) CHECK(m.get(u8(key(k)), 9, &out));
+  CHECK_EQ(m.evict_clean(100 * per, &cursor, true), 0u);  // none older until the base moves
+  CHECK_EQ(m.evict_clean(100 * per, &cursor, false), 50u);
+  complete_a_checkpoint(m);  // every entry left is now older than the last epoch
+  CHECK_EQ(m.evict_clean(40 * per, &cursor, true), 60u);
+  CHECK_EQ(m.size(), 40u);
+}
+
 TEST(snapshots_keep_what_eviction_and_clean_inserts_change_in_the_live_map) {
   StateMap m;
   put(m, key(1), "a");
@@ -168,7 +189,7 @@ void randomized(uint64_t seed) {
         logical.erase(k);
       } else if (op == 2) {
         uint64_t cursor = rng();
-        m.evict_clean(m.bytes() / 2, &cursor);
+        m.evict_clean(m.bytes() / 2, &cursor, rng() % 2 == 0);
       }
     }
     auto s = m.snapshot();
@@ -216,6 +237,33 @@ TEST(table_eviction_spreads_over_key_groups_to_the_target) {
   CHECK_EQ(t.bytes(), 150 * per);
   CHECK_EQ(t.evict_clean(0), 149u);
   CHECK_EQ(t.size(), 1u);
+}
+
+TEST(table_eviction_takes_older_entries_from_every_key_group_first) {
+  StateTable t(0, 1);
+  t.snapshot().release();
+  t.mark_base(t.version());
+  auto kg_key = [](int32_t kg, uint64_t k) {
+    std::string kk = key(k);
+    kk[0] = static_cast<char>(kg);
+    return kk;
+  };
+  for (uint64_t k = 0; k < 100; ++k) {
+    const std::string kk = kg_key(1, k);
+    CHECK(t.map(1).insert_clean(u8(kk), kk.size(), u8(std::string("v")), 1));
+  }
+  t.snapshot().release();
+  t.mark_base(t.version());  // key group 1's entries are now older than the last epoch
+  for (uint64_t k = 0; k < 100; ++k) {
+    const std::string kk = kg_key(0, k);
+    CHECK(t.map(0).insert_clean(u8(kk), kk.size(), u8(std::string("v")), 1));
+  }
+  const size_t per = 10;
+  CHECK_EQ(t.evict_clean(120 * per), 80u);  // the hand starts at key group 0: all spared
+  CHECK_EQ(t.map(0).size(), 100u);
+  CHECK_EQ(t.evict_clean(50 * per), 70u);  // key group 1's last 20, then 50 recent ones
+  CHECK_EQ(t.map(1).size(), 0u);
+  CHECK_EQ(t.map(0).size(), 50u);
 }
 
 TEST_MAIN()

@@ -205,8 +205,12 @@ class StateMap {
   // target_bytes or no clean entry is left. Victims come in bucket order from the clock hand
   // `*cursor` (collect_buckets' cursor: it survives rehashes and snapshots), which advances past
   // them, so successive calls go round the table. Dirty entries (written since the base) stay:
-  // the next incremental checkpoint needs them. Returns the entries removed. Owner thread.
-  size_t evict_clean(size_t target_bytes, uint64_t* cursor);
+  // the next incremental checkpoint needs them. With `spare_recent`, clean entries touched in
+  // the last epoch (written in the epoch before the base, or loaded since it: stamped
+  // base_version() - 1) stay too, a second chance as in CLOCK (Corbato 1968) with the write
+  // epoch as the reference bit; once a round of the hand found no older one, such calls return
+  // 0 at once until the base moves. Returns the entries removed. Owner thread.
+  size_t evict_clean(size_t target_bytes, uint64_t* cursor, bool spare_recent = false);
   // Whether `key` is present with modified < base_version() (false when absent).
   bool is_clean(const uint8_t* key, size_t key_size);
   // Removes `key` without logging it when it is clean (is_clean); returns whether it did. The

@@ -80,7 +80,9 @@ class StateTable {
   // Tiered mode: StateMap::evict_clean over the key groups, from the table's clock hand (a key
   // group and each map's bucket cursor), until bytes() <= target_bytes or no clean entry is
   // left. Each call starts at the key group after the one the previous call ended in, so the
-  // evictions go round the key groups. Returns the entries removed.
+  // evictions go round the key groups. Entries touched in the last epoch go last: a first
+  // round over the key groups spares them (StateMap::evict_clean `spare_recent`). Returns the
+  // entries removed.
   size_t evict_clean(size_t target_bytes);
 
  private:

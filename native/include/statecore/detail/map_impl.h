@@ -82,6 +82,9 @@ struct StateMap::Impl {
   // evictions of entries the committed checkpoint holds): their inserts and removals are not
   // changes, so neither log records them.
   bool quiet = false;
+  // The base at which evict_clean(spare_recent) last went round without finding a clean entry
+  // older than base - 1 (0: none): until the base moves, none can appear.
+  uint64_t evict_no_old_at = 0;
   // Write-through copy-on-write (detail/write_through.h): the state of the one live snapshot
   // while it has not been read, when it was taken of a flat map with no rehash in flight and no
   // other live snapshot; nullptr otherwise. Shared with the snapshot.
