@@ -329,18 +329,18 @@ def tiered_running_count(size: Size):
 
 def _rss_records(tag: str, got: dict | None, budget: int) -> list:
     """Records of one :func:`bench.tiered_rss.measure` result (none off Linux): the resident
-    memory the run added (``rss_delta_bytes_<tag>``), that minus the budget
-    (``rss_over_budget_bytes_<tag>``), that minus the block cache's bound too
-    (``rss_over_budget_and_cache_bytes_<tag>``), the most key and value bytes held after a
-    batch, the budget, and the spill runs written."""
+    memory the run added (``rss_delta_bytes_<tag>``), what it added above the budget
+    (``rss_over_budget_bytes_<tag>``) and above the budget and the block cache's bound
+    (``rss_over_budget_and_cache_bytes_<tag>``; both 0 when the run stayed within), the most
+    key and value bytes held after a batch, the budget, and the spill runs written."""
     if got is None:
         return []
     c = "tiered_running_count"
     return [record(c, "tiered", f"rss_delta_bytes_{tag}", got["rss_delta_bytes"], "bytes"),
             record(c, "tiered", f"rss_over_budget_bytes_{tag}",
-                   got["rss_delta_bytes"] - budget, "bytes"),
+                   max(0, got["rss_delta_bytes"] - budget), "bytes"),
             record(c, "tiered", f"rss_over_budget_and_cache_bytes_{tag}",
-                   got["rss_delta_bytes"] - budget - _RSS_CACHE_BYTES, "bytes"),
+                   max(0, got["rss_delta_bytes"] - budget - _RSS_CACHE_BYTES), "bytes"),
             record(c, "tiered", f"state_bytes_max_{tag}", got["state_bytes_max"], "bytes"),
             record(c, "tiered", f"budget_bytes_{tag}", budget, "bytes"),
             record(c, "tiered", f"spills_{tag}", got["stats"]["spills"], "runs")]
