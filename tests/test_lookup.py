@@ -629,3 +629,42 @@ def test_a_lookup_reads_the_filters_of_the_key_groups_it_reaches_only(tmp_path):
             assert sum(flen.values()) <= total <= int(every["length"].sum())
             lk.lookup_batch("a", pa.array(ask, pa.binary()))
             assert lk.statistics()["filter_bytes"] == total
+
+
+@pytest.mark.parametrize("strip,payloads", [(False, True), (False, False), (True, True)],
+                         ids=["format6", "format6-python", "format5"])
+def test_a_batch_opens_its_blocks_in_rounds_within_open_bytes(tmp_path, monkeypatch, strip,
+                                                             payloads):
+    """A batch whose candidate blocks far exceed ``open_bytes`` (nothing cached) gives the
+    answers of an unbounded lookup, and no round holds more than ``open_bytes`` decoded bytes
+    of blocks open (or one block, when a block alone is larger)."""
+    if not payloads:  # the lookup without the extension: Arrow blocks, decoded in Python
+        for name in ("_native_open_blocks", "_native_lower_bound_blocks",
+                     "_native_lookup_in_blocks", "native_decode_blocks"):
+            monkeypatch.setattr(lookup_module, name, None)
+    rng = random.Random(17)
+    store = CheckpointStore(str(tmp_path / "ckpt"), max_runs=None)
+    full = _random_data(rng, 4000)
+    _write(store, 1, Snap(full), block_target=1024, strip=strip)
+    inc = _random_data(rng, 1000, tomb=0.3)
+    _write(store, 2, Snap(inc, incremental=True, base_version=1), block_target=1024)
+    bound = 4 << 10
+    with store.open(2) as reader:
+        present = _all_entries(reader, "a")
+        ask = list(present) + _absent_keys(present, MAXP, 300, rng)
+        ask += [k for kv in inc["a"].values() for k in kv]
+        rng.shuffle(ask)
+        ask = pa.array(ask, pa.binary())
+        largest = max(int(reader.data_file(r).block_rows(0, 1 << 30)["raw_length"].max())
+                      for r in reader.manifest["files"])
+        with RunLookup(reader, cache_bytes=1, open_bytes=bound) as lk:
+            got = lk.lookup_batch("a", ask).to_pylist()
+            peak = lk.statistics()["peak_open_bytes"]
+        with RunLookup(reader, cache_bytes=1, open_bytes=1 << 40) as lk:
+            assert lk.lookup_batch("a", ask).to_pylist() == got
+            unbounded = lk.statistics()["peak_open_bytes"]
+    assert got == [present.get(k) for k in ask.to_pylist()]
+    assert 0 < peak <= max(bound, largest)
+    assert unbounded > 4 * bound  # the batch's blocks do exceed the bound
+    with store.open(2) as reader, pytest.raises(InvalidInputError, match="open_bytes"):
+        RunLookup(reader, open_bytes=0)
