@@ -264,6 +264,7 @@ class RunLookup:
         self.open_bytes = open_bytes
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="statecore-lookup")
         self._files: dict[tuple[str, str], _RunFile] = {}
+        self._chain_memo: dict[str, tuple[list[int], list]] = {}
         self.stats = {"lookups": 0, "blocks_read": 0, "bytes_read": 0, "filter_bytes": 0,
                       "filter_negatives": 0, "filter_false_positives": 0,
                       "range_negatives": 0, "peak_open_bytes": 0}
@@ -387,6 +388,105 @@ class RunLookup:
                 self._search_round(chunk, keys, take_part, take_row, parts, pos)
             live = np.nonzero((take_part < 0) & (pos < chain_len[seg_of]))[0]
         return self._assemble(n, take_part, take_row, parts)
+
+    def lookup_one(self, state_name: str, encoded_key: bytes) -> bytes | None:
+        """:meth:`lookup_batch` of the one encoded key ``encoded_key`` (bytes), for per-record
+        reads: its stored value (bytes), or None where the version holds none. The same runs,
+        filters, block cache and statistics, on the calling thread -- no thread pool, no
+        batch arrays: the key's Bloom filter probed first in each run, its block found by a
+        binary search over the footer's block keys, taken from the cache or read and opened,
+        and searched in place. Same errors as :meth:`lookup_batch` (InvalidInputError also
+        for a key that is not bytes)."""
+        if state_name not in self._metas:
+            raise InvalidInputError(
+                f"checkpoint version {self.reader.version} has no state {state_name!r}")
+        if not isinstance(encoded_key, (bytes, bytearray, memoryview)):
+            raise InvalidInputError(f"an encoded key must be bytes, got {type(encoded_key)!r}")
+        key = bytes(encoded_key)
+        if len(key) < self.prefix:
+            raise InvalidInputError(
+                f"an encoded key is shorter than its {self.prefix}-byte key-group prefix")
+        kg = key[0] if self.prefix == 1 else (key[0] << 8) | key[1]
+        if kg < self.start or kg > self.end:
+            raise InvalidInputError(
+                f"encoded key 0 has key group {kg}, outside the lookup's key groups "
+                f"[{self.start}, {self.end}]")
+        self.stats["lookups"] += 1
+        needle = hashes = None
+        for run in self._runs_of(state_name, kg):
+            rf = self._run_file(run, state_name)
+            row = rf.rows.get(kg)
+            if row is None:
+                continue
+            if rf.tables is None:
+                b = -1 - kg
+            else:
+                n = rf.ensure_filters((kg,))
+                self.stats["filter_bytes"] += n
+                self.stats["bytes_read"] += n
+                if hashes is None:
+                    hashes = np.array([xxh64(key)], np.uint64)
+                filt, k = rf.filters[kg]
+                if not bool(bloom_probe(filt, k, hashes)[0]):
+                    self.stats["filter_negatives"] += 1
+                    continue
+                b = self._block_of(rf, row, key)
+                if b < 0:
+                    self.stats["range_negatives"] += 1
+                    continue
+            bid = (rf.data.name, state_name, b)
+            got = self.cache.get(bid)
+            if got is None:
+                got = self._fetch_one(bid, rf, b)
+            if needle is None:
+                needle = pa.array([key], pa.binary())
+            which = np.zeros(1, np.int64)
+            if got[1] is None:  # a payload opened natively (_read_group)
+                rows, vals = _native_lookup_in_payloads(
+                    [got[0]], rf.data.kind == KIND_INCREMENTAL, which, needle)
+            else:
+                rows, vals = _lookup_in_blocks([got], which, needle)
+            if int(rows[0]) >= 0:
+                return vals[0].as_py()  # None: a tombstone
+            if rf.tables is not None:
+                self.stats["filter_false_positives"] += 1
+        return None
+
+    def _runs_of(self, state: str, kg: int) -> list[dict]:
+        """The runs of key group ``kg``'s chain for ``state`` (:meth:`_chains`), newest
+        first; the chains kept per state (the manifest does not change)."""
+        got = self._chain_memo.get(state)
+        if got is None:
+            chains = self._chains(state)
+            got = self._chain_memo[state] = ([a for a, _, _ in chains], chains)
+        starts, chains = got
+        return chains[bisect_left(starts, kg + 1) - 1][2]
+
+    @staticmethod
+    def _block_of(rf: _RunFile, row, key: bytes) -> int:
+        """The block of ``rf``'s (state, key group) ``row`` whose key range can hold ``key``
+        (the first whose footer last key is >= it), or -1 past the last one."""
+        _, koff, kdata = rf.tables
+        first, count = int(row["first_block"]), int(row["block_count"])
+        lo, hi = first, first + count
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if bytes(kdata[int(koff[mid]):int(koff[mid + 1])]) < key:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo if lo < first + count else -1
+
+    def _fetch_one(self, bid, rf: _RunFile, b: int) -> tuple:
+        """Read, check and open one block on the calling thread (:meth:`_read_group`), count
+        it and offer it to the cache; its ``(keys, values)``."""
+        self.stats["peak_open_bytes"] = max(self.stats["peak_open_bytes"],
+                                            int(self._decoded_sizes(rf, np.array([b]))[0]))
+        (_, keys, values, nread, size), = self._read_group([(bid, rf, b)])
+        self.stats["blocks_read"] += 1
+        self.stats["bytes_read"] += nread
+        self.cache.put(bid, keys, values, size)
+        return keys, values
 
     def _open_rounds(self, routed: dict):
         """The candidate blocks of one step of a batch (``routed``: :meth:`_candidates`) in
