@@ -18,16 +18,15 @@ one ranged read, on a small thread pool; each block checked -- XXH64, payload st
 key against the footer's -- and decompressed once, natively with the GIL released when the
 extension is built, into a payload of its own that the cache keeps and the keys are searched in,
 in place: no per-entry decode), then decides the keys found. Keys not found move on to their
-next run. A step fetches and searches its candidate blocks in rounds that open at most
-``open_bytes`` decoded bytes of blocks the cache lacks (default :data:`OPEN_BYTES`; a block
-larger than that alone), those the cache does not keep released before the next round: a batch
-of uniform keys over a large state would otherwise hold about every block of the runs
-decompressed at once, and the allocator would keep those pages after the batch. A run's filters
-are read when a batch first needs them: the filters of the key groups the batch reaches in that
-run and not read before, in one ranged read (they are stored in key-group order), each checked
-against its XXH64, and kept while the lookup is open: about ``bits_per_key / 8`` bytes per
-entry, outside the block cache's budget. So the first lookup after an attach reads one key
-group's filters, not the whole state's."""
+next run. A step opens and searches its candidate blocks in rounds of at most ``open_bytes``
+decoded bytes (default :data:`OPEN_BYTES`; a block larger than that alone), those the cache does
+not keep released before the next round: a batch of uniform keys over a large state would
+otherwise hold about every block of the runs decompressed at once, and the allocator would keep
+those pages after the batch. A run's filters are read when a batch first needs them: the
+filters of the key groups the batch reaches in that run and not read before, in one ranged read
+(they are stored in key-group order), each checked against its XXH64, and kept while the lookup
+is open: about ``bits_per_key / 8`` bytes per entry, outside the block cache's budget. So the
+first lookup after an attach reads one key group's filters, not the whole state's."""
 
 from __future__ import annotations
 
@@ -73,9 +72,9 @@ COALESCE_GAP_BYTES = 128 << 10
 #: threads share.
 MAX_READ_BYTES = 4 << 20
 #: Default bound of the decoded bytes of the blocks one lookup holds open at once beyond its
-#: cache (RunLookup ``open_bytes``): a batch's candidate blocks are fetched and searched in
-#: rounds that open at most this many bytes, so that a large batch of uniform keys over a large
-#: state does not decompress every block of the runs at once.
+#: cache (RunLookup ``open_bytes``): a batch's candidate blocks are opened and searched in
+#: rounds of at most this many bytes, so that a large batch of uniform keys over a large state
+#: does not decompress every block of the runs at once.
 OPEN_BYTES = 8 << 20
 
 
@@ -227,7 +226,7 @@ class RunLookup:
     (``CheckpointStore.open(version)``), which opens and checks the data files against the
     manifest; the lookup does not release it. ``cache_bytes``: the block cache's budget in
     decoded bytes. ``threads``: fetch threads. ``open_bytes``: the most decoded bytes of blocks
-    the cache lacks that one round of a batch opens at once (module docstring), >= 1.
+    one round of a batch opens at once (module docstring), >= 1.
 
     ``stats`` (dict of ints): ``blocks_read`` and ``bytes_read`` (blocks fetched from storage
     and the bytes of their reads -- with the extension, the gaps between blocks one read
@@ -235,10 +234,10 @@ class RunLookup:
     pairs the filter ruled out), ``filter_false_positives`` (pairs the filter passed whose run
     did not hold the key), ``range_negatives`` (pairs outside every block's key range),
     ``cache_hits`` / ``cache_misses``, ``lookups`` (keys asked), ``peak_open_bytes`` (the most
-    decoded bytes of blocks one round fetched, those the cache held not counted: at most
-    ``open_bytes``, or the largest block when that is larger). InvalidInputError for a bad
-    ``cache_bytes``, ``threads`` or ``open_bytes``. Usable as a context manager; :meth:`close`
-    stops the fetch threads.
+    decoded bytes one round held open, cached blocks included: at most ``open_bytes``, or the
+    largest block when that is larger). InvalidInputError for a bad ``cache_bytes``,
+    ``threads`` or ``open_bytes``. Usable as a context manager;
+    :meth:`close` stops the fetch threads.
     """
 
     def __init__(self, reader, key_groups=None, *, cache_bytes: int = DEFAULT_CACHE_BYTES,
@@ -491,14 +490,11 @@ class RunLookup:
 
     def _open_rounds(self, routed: dict):
         """The candidate blocks of one step of a batch (``routed``: :meth:`_candidates`) in
-        rounds that fetch at most ``open_bytes`` decoded bytes of blocks the cache lacks (a
-        block larger than that alone), so that a batch never holds more blocks open than that
-        beyond those the cache held: yields per round ``[(run file, blocks (ascending), cached
-        (per block its cached ``(keys, values)`` or None), key indices, which, decoded bytes
-        to fetch)]``, key ``idx[i]`` to be searched in ``blocks[which[i]]``. Blocks of one
-        file stay adjacent, in block order, so that :meth:`_coalesce` still merges their
-        reads. The cached blocks are taken from the cache here (each counted once as a hit or
-        a miss) and held until their round: a round's fetches may evict them."""
+        rounds of at most ``open_bytes`` decoded bytes (a block larger than that alone), so
+        that a batch never holds more blocks open than that beyond the cache: yields per round
+        ``[(run file, blocks (ascending), key indices, which, decoded bytes)]``, key
+        ``idx[i]`` to be searched in ``blocks[which[i]]``. Blocks of one file stay adjacent,
+        in block order, so that :meth:`_coalesce` still merges their reads."""
         chunk: list = []
         held = 0
         for rf, idxs, blks in routed.values():
@@ -507,9 +503,7 @@ class RunLookup:
             idx, blk = idx[order], blk[order]
             ub, which = np.unique(blk, return_inverse=True)
             which = which.astype(np.int64).reshape(-1)
-            cached = [self.cache.get((rf.data.name, rf.state, b)) for b in ub.tolist()]
             sizes = self._decoded_sizes(rf, ub)
-            sizes[np.array([c is not None for c in cached], dtype=bool)] = 0
             a = 0
             while a < len(ub):
                 fit = np.cumsum(sizes[a:])
@@ -522,7 +516,7 @@ class RunLookup:
                     e = a + 1
                 s, t = (int(x) for x in np.searchsorted(which, [a, e]))
                 size = int(sizes[a:e].sum())
-                chunk.append((rf, ub[a:e], cached[a:e], idx[s:t], which[s:t] - a, size))
+                chunk.append((rf, ub[a:e], idx[s:t], which[s:t] - a, size))
                 held += size
                 a = e
         if chunk:
@@ -546,22 +540,23 @@ class RunLookup:
 
     def _search_round(self, chunk: list, keys: pa.BinaryArray, take_part: np.ndarray,
                       take_row: np.ndarray, parts: list, pos: np.ndarray) -> None:
-        """Open the blocks of one round (:meth:`_open_rounds`: cached or fetched now) and
+        """Open the blocks of one round (:meth:`_open_rounds`; from the cache or fetched) and
         search its keys: a hit records its value (``take_part``, ``take_row``, ``parts``), a
         miss moves the key on to its next run (``pos``). The blocks the cache does not keep
         are released on return."""
         blocks, missing = {}, []
-        for rf, ub, cached, _, _, _ in chunk:
-            for b, got in zip(ub.tolist(), cached):
+        for rf, ub, _, _, _ in chunk:
+            for b in ub.tolist():
                 bid = (rf.data.name, rf.state, b)
+                got = self.cache.get(bid)
                 if got is None:
                     missing.append((bid, rf, b))
                 else:
                     blocks[bid] = got
         blocks.update(self._fetch(missing))
         self.stats["peak_open_bytes"] = max(self.stats["peak_open_bytes"],
-                                            sum(c[5] for c in chunk))
-        for rf, ub, _, idx, which, _ in chunk:
+                                            sum(c[4] for c in chunk))
+        for rf, ub, idx, which, _ in chunk:
             got = [blocks[(rf.data.name, rf.state, b)] for b in ub.tolist()]
             needles = keys.take(pa.array(idx))
             if got[0][1] is None:  # payloads opened natively (_read_group)
