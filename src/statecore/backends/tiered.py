@@ -126,7 +126,8 @@ encodes the rows' keys with the kernels' encoder and returns those memory lacks,
 (``NativeStateTable.batch_encoded_keys``); one :meth:`RunLookup.lookup_batch` fetches them
 (blocks read together on its thread pool, opened and searched natively with the GIL released);
 one native call loads them as clean entries (``load_clean``); then the native kernel applies
-the batch.
+the batch. A per-record read of a key memory lacks fetches it with
+:meth:`RunLookup.lookup_one` (on the calling thread, no batch arrays).
 
 Thread contract: the native backend's.
 """
