@@ -629,3 +629,84 @@ def test_a_lookup_reads_the_filters_of_the_key_groups_it_reaches_only(tmp_path):
             assert sum(flen.values()) <= total <= int(every["length"].sum())
             lk.lookup_batch("a", pa.array(ask, pa.binary()))
             assert lk.statistics()["filter_bytes"] == total
+
+
+@pytest.mark.parametrize("strip,payloads", [(False, True), (False, False), (True, True)],
+                         ids=["format6", "format6-python", "format5"])
+def test_a_batch_opens_its_blocks_in_rounds_within_open_bytes(tmp_path, monkeypatch, strip,
+                                                             payloads):
+    """A batch whose candidate blocks far exceed ``open_bytes`` (nothing cached) gives the
+    answers of an unbounded lookup, and no round holds more than ``open_bytes`` decoded bytes
+    of blocks open (or one block, when a block alone is larger)."""
+    if not payloads:  # the lookup without the extension: Arrow blocks, decoded in Python
+        for name in ("_native_open_blocks", "_native_lower_bound_blocks",
+                     "_native_lookup_in_blocks", "native_decode_blocks"):
+            monkeypatch.setattr(lookup_module, name, None)
+    rng = random.Random(17)
+    store = CheckpointStore(str(tmp_path / "ckpt"), max_runs=None)
+    full = _random_data(rng, 4000)
+    _write(store, 1, Snap(full), block_target=1024, strip=strip)
+    inc = _random_data(rng, 1000, tomb=0.3)
+    _write(store, 2, Snap(inc, incremental=True, base_version=1), block_target=1024)
+    bound = 4 << 10
+    with store.open(2) as reader:
+        present = _all_entries(reader, "a")
+        ask = list(present) + _absent_keys(present, MAXP, 300, rng)
+        ask += [k for kv in inc["a"].values() for k in kv]
+        rng.shuffle(ask)
+        ask = pa.array(ask, pa.binary())
+        largest = max(int(reader.data_file(r).block_rows(0, 1 << 30)["raw_length"].max())
+                      for r in reader.manifest["files"])
+        with RunLookup(reader, cache_bytes=1, open_bytes=bound) as lk:
+            got = lk.lookup_batch("a", ask).to_pylist()
+            peak = lk.statistics()["peak_open_bytes"]
+        with RunLookup(reader, cache_bytes=1, open_bytes=1 << 40) as lk:
+            assert lk.lookup_batch("a", ask).to_pylist() == got
+            unbounded = lk.statistics()["peak_open_bytes"]
+    assert got == [present.get(k) for k in ask.to_pylist()]
+    assert 0 < peak <= max(bound, largest)
+    assert unbounded > 4 * bound  # the batch's blocks do exceed the bound
+    with store.open(2) as reader, pytest.raises(InvalidInputError, match="open_bytes"):
+        RunLookup(reader, open_bytes=0)
+
+
+@pytest.mark.parametrize("strip,payloads", [(False, True), (False, False), (True, True)],
+                         ids=["format6", "format6-python", "format5"])
+def test_lookup_one_answers_and_counts_as_lookup_batch(tmp_path, monkeypatch, strip, payloads):
+    """The per-record path (RunLookup.lookup_one) against lookup_batch over a full run and an
+    incremental one with tombstones: the same values, and the same filter and block
+    statistics with a cache holding every block (each block read once by either; the filters
+    are read one key group at a time by lookup_one, so their bytes differ)."""
+    if not payloads:
+        for name in ("_native_open_blocks", "_native_lower_bound_blocks",
+                     "_native_lookup_in_blocks", "native_decode_blocks"):
+            monkeypatch.setattr(lookup_module, name, None)
+    rng = random.Random(23)
+    store = CheckpointStore(str(tmp_path / "ckpt"), max_runs=None)
+    full = _random_data(rng, 2000)
+    _write(store, 1, Snap(full), block_target=1024, strip=strip)
+    inc = _random_data(rng, 600, tomb=0.3)
+    _write(store, 2, Snap(inc, incremental=True, base_version=1), block_target=1024)
+    with store.open(2) as reader:
+        present = _all_entries(reader, "a")
+        ask = list(present) + _absent_keys(present, MAXP, 200, rng)
+        ask += [k for kv in inc["a"].values() for k in kv]
+        ask += [k for kv in full["b"].values() for k in kv][:200]  # other state's keys
+        rng.shuffle(ask)
+        with RunLookup(reader) as one, RunLookup(reader) as batch:
+            got = [one.lookup_one("a", k) for k in ask]
+            assert got == batch.lookup_batch("a", pa.array(ask, pa.binary())).to_pylist()
+            assert got == [present.get(k) for k in ask]
+            a, b = one.statistics(), batch.statistics()
+            for name in ("lookups", "blocks_read", "filter_negatives", "range_negatives",
+                         "filter_false_positives"):
+                assert a[name] == b[name], name
+            with pytest.raises(InvalidInputError, match="no state"):
+                one.lookup_one("zz", ask[0])
+            with pytest.raises(InvalidInputError, match="prefix"):
+                one.lookup_one("a", b"")
+            with pytest.raises(InvalidInputError, match="bytes"):
+                one.lookup_one("a", 5)
+        with RunLookup(reader, key_groups=(0, 9)) as lk, \
+                pytest.raises(InvalidInputError, match="outside"):
+            lk.lookup_one("a", ekey(20, 1))

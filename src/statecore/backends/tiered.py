@@ -126,7 +126,8 @@ encodes the rows' keys with the kernels' encoder and returns those memory lacks,
 (``NativeStateTable.batch_encoded_keys``); one :meth:`RunLookup.lookup_batch` fetches them
 (blocks read together on its thread pool, opened and searched natively with the GIL released);
 one native call loads them as clean entries (``load_clean``); then the native kernel applies
-the batch.
+the batch. A per-record read of a key memory lacks fetches it with
+:meth:`RunLookup.lookup_one` (on the calling thread, no batch arrays).
 
 Thread contract: the native backend's.
 """
@@ -218,9 +219,10 @@ class TieredTable(NativeTable):
             native.remove_key
 
         def get(kg: int, k):
-            if not backend.rows_loaded:
-                backend.load_keys(self, [k])
             out = get_stored(kg, k)
+            if out is None and not backend.rows_loaded:  # memory lacks the key: load it
+                backend.load_keys(self, [k])
+                out = get_stored(kg, k)
             backend.evict()
             return out
 
@@ -730,7 +732,11 @@ class TieredBackend(NativeBackend):
         if not ask.any() or not self._attached_holds(table):
             return values
         rest = np.flatnonzero(ask)
-        older = self._lookup.lookup_batch(table.name, keys.take(pa.array(rest)))
+        if len(rest) == 1:  # a per-record read: no thread pool, no batch arrays
+            one = self._lookup.lookup_one(table.name, keys[int(rest[0])].as_py())
+            older = pa.array([one], pa.binary())
+        else:
+            older = self._lookup.lookup_batch(table.name, keys.take(pa.array(rest)))
         if len(rest) == n:
             return older
         pick = np.arange(n, dtype=np.int64)

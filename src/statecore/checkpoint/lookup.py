@@ -12,18 +12,21 @@ bits per key); a key the filter passes is searched in the one block whose key ra
 (the footer's last key of every block, binary search). A run of format 1 to 5 has neither: the
 whole (state, key group) is read and decoded as one cached unit.
 
-A batch proceeds in rounds: each round finds, for every key still undecided, the candidate
-block of its next run, fetches all candidate blocks not in the cache together (adjacent blocks
-of one file in one ranged read, on a small thread pool; each block checked -- XXH64, payload
-structure, last key against the footer's -- and decompressed once, natively with the GIL
-released when the extension is built, into a payload of its own that the cache keeps and the
-keys are searched in, in place: no per-entry decode), then decides the keys found. Keys not
-found move on to their next run. A run's filters are read when a batch first needs them: the
+A batch proceeds in steps: each step finds, for every key still undecided, the candidate block
+of its next run, fetches the candidate blocks not in the cache (adjacent blocks of one file in
+one ranged read, on a small thread pool; each block checked -- XXH64, payload structure, last
+key against the footer's -- and decompressed once, natively with the GIL released when the
+extension is built, into a payload of its own that the cache keeps and the keys are searched in,
+in place: no per-entry decode), then decides the keys found. Keys not found move on to their
+next run. A step opens and searches its candidate blocks in rounds of at most ``open_bytes``
+decoded bytes (default :data:`OPEN_BYTES`; a block larger than that alone), those the cache does
+not keep released before the next round: a batch of uniform keys over a large state would
+otherwise hold about every block of the runs decompressed at once, and the allocator would keep
+those pages after the batch. A run's filters are read when a batch first needs them: the
 filters of the key groups the batch reaches in that run and not read before, in one ranged read
 (they are stored in key-group order), each checked against its XXH64, and kept while the lookup
 is open: about ``bits_per_key / 8`` bytes per entry, outside the block cache's budget. So the
-first lookup after an attach reads one key group's filters, not the whole state's.
-"""
+first lookup after an attach reads one key group's filters, not the whole state's."""
 
 from __future__ import annotations
 
@@ -53,7 +56,7 @@ from statecore.checkpoint.runs import plan_chains
 from statecore.errors import CorruptCheckpointError, InvalidInputError
 from statecore.operator_state import is_operator_state_meta
 
-__all__ = ["BlockCache", "RunLookup", "DEFAULT_CACHE_BYTES", "FETCH_THREADS"]
+__all__ = ["BlockCache", "RunLookup", "DEFAULT_CACHE_BYTES", "FETCH_THREADS", "OPEN_BYTES"]
 
 #: Default budget of a lookup's block cache, in decoded bytes.
 DEFAULT_CACHE_BYTES = 64 << 20
@@ -68,6 +71,11 @@ COALESCE_GAP_BYTES = 128 << 10
 #: ... up to this many bytes per read, so that a batch's blocks are several tasks the fetch
 #: threads share.
 MAX_READ_BYTES = 4 << 20
+#: Default bound of the decoded bytes of the blocks one lookup holds open at once beyond its
+#: cache (RunLookup ``open_bytes``): a batch's candidate blocks are opened and searched in
+#: rounds of at most this many bytes, so that a large batch of uniform keys over a large state
+#: does not decompress every block of the runs at once.
+OPEN_BYTES = 8 << 20
 
 
 try:
@@ -217,19 +225,23 @@ class RunLookup:
     ``reader``: the version's :class:`~statecore.checkpoint.readers.CheckpointReader`
     (``CheckpointStore.open(version)``), which opens and checks the data files against the
     manifest; the lookup does not release it. ``cache_bytes``: the block cache's budget in
-    decoded bytes. ``threads``: fetch threads.
+    decoded bytes. ``threads``: fetch threads. ``open_bytes``: the most decoded bytes of blocks
+    one round of a batch opens at once (module docstring), >= 1.
 
     ``stats`` (dict of ints): ``blocks_read`` and ``bytes_read`` (blocks fetched from storage
     and the bytes of their reads -- with the extension, the gaps between blocks one read
     coalesces included -- plus ``filter_bytes`` of filters read), ``filter_negatives`` (key, run
     pairs the filter ruled out), ``filter_false_positives`` (pairs the filter passed whose run
     did not hold the key), ``range_negatives`` (pairs outside every block's key range),
-    ``cache_hits`` / ``cache_misses``, ``lookups`` (keys asked). Usable as a context manager;
+    ``cache_hits`` / ``cache_misses``, ``lookups`` (keys asked), ``peak_open_bytes`` (the most
+    decoded bytes one round held open, cached blocks included: at most ``open_bytes``, or the
+    largest block when that is larger). InvalidInputError for a bad ``cache_bytes``,
+    ``threads`` or ``open_bytes``. Usable as a context manager;
     :meth:`close` stops the fetch threads.
     """
 
     def __init__(self, reader, key_groups=None, *, cache_bytes: int = DEFAULT_CACHE_BYTES,
-                 threads: int = FETCH_THREADS):
+                 threads: int = FETCH_THREADS, open_bytes: int = OPEN_BYTES):
         self.reader = reader
         manifest = reader.manifest
         start, end = range_bounds(key_groups if key_groups is not None
@@ -247,11 +259,15 @@ class RunLookup:
         self.cache = BlockCache(cache_bytes)
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise InvalidInputError(f"threads must be an int >= 1, got {threads!r}")
+        if isinstance(open_bytes, bool) or not isinstance(open_bytes, int) or open_bytes < 1:
+            raise InvalidInputError(f"open_bytes must be an int >= 1, got {open_bytes!r}")
+        self.open_bytes = open_bytes
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="statecore-lookup")
         self._files: dict[tuple[str, str], _RunFile] = {}
+        self._chain_memo: dict[str, tuple[list[int], list]] = {}
         self.stats = {"lookups": 0, "blocks_read": 0, "bytes_read": 0, "filter_bytes": 0,
                       "filter_negatives": 0, "filter_false_positives": 0,
-                      "range_negatives": 0}
+                      "range_negatives": 0, "peak_open_bytes": 0}
 
     def __enter__(self) -> "RunLookup":
         return self
@@ -368,39 +384,196 @@ class RunLookup:
                     rf = self._run_file(runs[int(depth)], state_name)
                     self._candidates(rf, mine, keys, kgs, hashes, objkeys, pos, routed)
             routed = {p: e for p, e in routed.items() if sum(len(i) for i in e[1])}
-            blocks, missing = {}, []
-            for path, (rf, _, blks) in routed.items():
-                for b in np.unique(np.concatenate(blks)).tolist():
-                    bid = (path, rf.state, b)
-                    got = self.cache.get(bid)
-                    if got is None:
-                        missing.append((bid, rf, b))
-                    else:
-                        blocks[bid] = got
-            blocks.update(self._fetch(missing))
-            for path, (rf, idxs, blks) in routed.items():
-                idx, blk = np.concatenate(idxs), np.concatenate(blks)
-                ub, which = np.unique(blk, return_inverse=True)
-                got = [blocks[(path, rf.state, b)] for b in ub.tolist()]
-                needles = keys.take(pa.array(idx))
-                if got[0][1] is None:  # payloads opened natively (_read_group)
-                    rows, vals = _native_lookup_in_payloads(
-                        [p for p, _ in got], rf.data.kind == KIND_INCREMENTAL,
-                        which.astype(np.int64), needles)
-                else:
-                    rows, vals = _lookup_in_blocks(got, which.astype(np.int64), needles)
-                hit = rows >= 0
-                if bool(np.any(hit)):
-                    take_part[idx[hit]] = len(parts)
-                    take_row[idx[hit]] = np.nonzero(hit)[0]
-                    parts.append(vals)
-                miss = idx[~hit]
-                if len(miss):
-                    if rf.tables is not None:  # format 6: the filter sent these keys here
-                        self.stats["filter_false_positives"] += len(miss)
-                    pos[miss] += 1
+            for chunk in self._open_rounds(routed):
+                self._search_round(chunk, keys, take_part, take_row, parts, pos)
             live = np.nonzero((take_part < 0) & (pos < chain_len[seg_of]))[0]
         return self._assemble(n, take_part, take_row, parts)
+
+    def lookup_one(self, state_name: str, encoded_key: bytes) -> bytes | None:
+        """:meth:`lookup_batch` of the one encoded key ``encoded_key`` (bytes), for per-record
+        reads: its stored value (bytes), or None where the version holds none. The same runs,
+        filters, block cache and statistics, on the calling thread -- no thread pool, no
+        batch arrays: the key's Bloom filter probed first in each run, its block found by a
+        binary search over the footer's block keys, taken from the cache or read and opened,
+        and searched in place. Same errors as :meth:`lookup_batch` (InvalidInputError also
+        for a key that is not bytes)."""
+        if state_name not in self._metas:
+            raise InvalidInputError(
+                f"checkpoint version {self.reader.version} has no state {state_name!r}")
+        if not isinstance(encoded_key, (bytes, bytearray, memoryview)):
+            raise InvalidInputError(f"an encoded key must be bytes, got {type(encoded_key)!r}")
+        key = bytes(encoded_key)
+        if len(key) < self.prefix:
+            raise InvalidInputError(
+                f"an encoded key is shorter than its {self.prefix}-byte key-group prefix")
+        kg = key[0] if self.prefix == 1 else (key[0] << 8) | key[1]
+        if kg < self.start or kg > self.end:
+            raise InvalidInputError(
+                f"encoded key 0 has key group {kg}, outside the lookup's key groups "
+                f"[{self.start}, {self.end}]")
+        self.stats["lookups"] += 1
+        needle = hashes = None
+        for run in self._runs_of(state_name, kg):
+            rf = self._run_file(run, state_name)
+            row = rf.rows.get(kg)
+            if row is None:
+                continue
+            if rf.tables is None:
+                b = -1 - kg
+            else:
+                n = rf.ensure_filters((kg,))
+                self.stats["filter_bytes"] += n
+                self.stats["bytes_read"] += n
+                if hashes is None:
+                    hashes = np.array([xxh64(key)], np.uint64)
+                filt, k = rf.filters[kg]
+                if not bool(bloom_probe(filt, k, hashes)[0]):
+                    self.stats["filter_negatives"] += 1
+                    continue
+                b = self._block_of(rf, row, key)
+                if b < 0:
+                    self.stats["range_negatives"] += 1
+                    continue
+            bid = (rf.data.name, state_name, b)
+            got = self.cache.get(bid)
+            if got is None:
+                got = self._fetch_one(bid, rf, b)
+            if needle is None:
+                needle = pa.array([key], pa.binary())
+            which = np.zeros(1, np.int64)
+            if got[1] is None:  # a payload opened natively (_read_group)
+                rows, vals = _native_lookup_in_payloads(
+                    [got[0]], rf.data.kind == KIND_INCREMENTAL, which, needle)
+            else:
+                rows, vals = _lookup_in_blocks([got], which, needle)
+            if int(rows[0]) >= 0:
+                return vals[0].as_py()  # None: a tombstone
+            if rf.tables is not None:
+                self.stats["filter_false_positives"] += 1
+        return None
+
+    def _runs_of(self, state: str, kg: int) -> list[dict]:
+        """The runs of key group ``kg``'s chain for ``state`` (:meth:`_chains`), newest
+        first; the chains kept per state (the manifest does not change)."""
+        got = self._chain_memo.get(state)
+        if got is None:
+            chains = self._chains(state)
+            got = self._chain_memo[state] = ([a for a, _, _ in chains], chains)
+        starts, chains = got
+        return chains[bisect_left(starts, kg + 1) - 1][2]
+
+    @staticmethod
+    def _block_of(rf: _RunFile, row, key: bytes) -> int:
+        """The block of ``rf``'s (state, key group) ``row`` whose key range can hold ``key``
+        (the first whose footer last key is >= it), or -1 past the last one."""
+        _, koff, kdata = rf.tables
+        first, count = int(row["first_block"]), int(row["block_count"])
+        lo, hi = first, first + count
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if bytes(kdata[int(koff[mid]):int(koff[mid + 1])]) < key:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo if lo < first + count else -1
+
+    def _fetch_one(self, bid, rf: _RunFile, b: int) -> tuple:
+        """Read, check and open one block on the calling thread (:meth:`_read_group`), count
+        it and offer it to the cache; its ``(keys, values)``."""
+        self.stats["peak_open_bytes"] = max(self.stats["peak_open_bytes"],
+                                            int(self._decoded_sizes(rf, np.array([b]))[0]))
+        (_, keys, values, nread, size), = self._read_group([(bid, rf, b)])
+        self.stats["blocks_read"] += 1
+        self.stats["bytes_read"] += nread
+        self.cache.put(bid, keys, values, size)
+        return keys, values
+
+    def _open_rounds(self, routed: dict):
+        """The candidate blocks of one step of a batch (``routed``: :meth:`_candidates`) in
+        rounds of at most ``open_bytes`` decoded bytes (a block larger than that alone), so
+        that a batch never holds more blocks open than that beyond the cache: yields per round
+        ``[(run file, blocks (ascending), key indices, which, decoded bytes)]``, key
+        ``idx[i]`` to be searched in ``blocks[which[i]]``. Blocks of one file stay adjacent,
+        in block order, so that :meth:`_coalesce` still merges their reads."""
+        chunk: list = []
+        held = 0
+        for rf, idxs, blks in routed.values():
+            idx, blk = np.concatenate(idxs), np.concatenate(blks)
+            order = np.argsort(blk, kind="stable")
+            idx, blk = idx[order], blk[order]
+            ub, which = np.unique(blk, return_inverse=True)
+            which = which.astype(np.int64).reshape(-1)
+            sizes = self._decoded_sizes(rf, ub)
+            a = 0
+            while a < len(ub):
+                fit = np.cumsum(sizes[a:])
+                e = a + int(np.searchsorted(fit, self.open_bytes - held, side="right"))
+                if e == a:
+                    if chunk:  # the next block does not fit: this round is full
+                        yield chunk
+                        chunk, held = [], 0
+                        continue
+                    e = a + 1
+                s, t = (int(x) for x in np.searchsorted(which, [a, e]))
+                size = int(sizes[a:e].sum())
+                chunk.append((rf, ub[a:e], idx[s:t], which[s:t] - a, size))
+                held += size
+                a = e
+        if chunk:
+            yield chunk
+
+    @staticmethod
+    def _decoded_sizes(rf: _RunFile, ub: np.ndarray) -> np.ndarray:
+        """Decoded bytes (int64) of the blocks ``ub`` (ascending, of one file) per the block
+        table's raw lengths; a whole (state, key group) ``-1 - kg`` of a file of format 1 to 5
+        the sum of its blocks'."""
+        if len(ub) and int(ub[0]) >= 0:
+            first = int(ub[0])
+            rows = rf.data.block_rows(first, int(ub[-1]) - first + 1)
+            return rows["raw_length"][ub - first].astype(np.int64)
+        out = np.zeros(len(ub), np.int64)
+        for j, b in enumerate(ub.tolist()):
+            row = rf.rows[-1 - b]
+            out[j] = int(rf.data.block_rows(int(row["first_block"]),
+                                            int(row["block_count"]))["raw_length"].sum())
+        return out
+
+    def _search_round(self, chunk: list, keys: pa.BinaryArray, take_part: np.ndarray,
+                      take_row: np.ndarray, parts: list, pos: np.ndarray) -> None:
+        """Open the blocks of one round (:meth:`_open_rounds`; from the cache or fetched) and
+        search its keys: a hit records its value (``take_part``, ``take_row``, ``parts``), a
+        miss moves the key on to its next run (``pos``). The blocks the cache does not keep
+        are released on return."""
+        blocks, missing = {}, []
+        for rf, ub, _, _, _ in chunk:
+            for b in ub.tolist():
+                bid = (rf.data.name, rf.state, b)
+                got = self.cache.get(bid)
+                if got is None:
+                    missing.append((bid, rf, b))
+                else:
+                    blocks[bid] = got
+        blocks.update(self._fetch(missing))
+        self.stats["peak_open_bytes"] = max(self.stats["peak_open_bytes"],
+                                            sum(c[4] for c in chunk))
+        for rf, ub, idx, which, _ in chunk:
+            got = [blocks[(rf.data.name, rf.state, b)] for b in ub.tolist()]
+            needles = keys.take(pa.array(idx))
+            if got[0][1] is None:  # payloads opened natively (_read_group)
+                rows, vals = _native_lookup_in_payloads(
+                    [p for p, _ in got], rf.data.kind == KIND_INCREMENTAL, which, needles)
+            else:
+                rows, vals = _lookup_in_blocks(got, which, needles)
+            hit = rows >= 0
+            if bool(np.any(hit)):
+                take_part[idx[hit]] = len(parts)
+                take_row[idx[hit]] = np.nonzero(hit)[0]
+                parts.append(vals)
+            miss = idx[~hit]
+            if len(miss):
+                if rf.tables is not None:  # format 6: the filter sent these keys here
+                    self.stats["filter_false_positives"] += len(miss)
+                pos[miss] += 1
 
     def prefix_entries(self, state_name: str, prefixes) -> tuple[pa.BinaryArray, pa.BinaryArray]:
         """``(keys, values)`` (``pa.binary()``, sorted by key, no NULL): every entry the version
