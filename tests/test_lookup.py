@@ -631,6 +631,23 @@ def test_a_lookup_reads_the_filters_of_the_key_groups_it_reaches_only(tmp_path):
             assert lk.statistics()["filter_bytes"] == total
 
 
+def _full_and_incremental(tmp_path, monkeypatch, strip, payloads, rng, n_full, n_inc):
+    """A store holding version 1 (a full run of ``n_full`` random entries, ``strip``: format 5)
+    and version 2 (an incremental run of ``n_inc``, 30% tombstones), 1 KiB blocks; without
+    ``payloads`` the lookups run without the extension (Arrow blocks decoded in Python).
+    Returns the store, version 1's data and version 2's."""
+    if not payloads:
+        for name in ("_native_open_blocks", "_native_lower_bound_blocks",
+                     "_native_lookup_in_blocks", "native_decode_blocks"):
+            monkeypatch.setattr(lookup_module, name, None)
+    store = CheckpointStore(str(tmp_path / "ckpt"), max_runs=None)
+    full = _random_data(rng, n_full)
+    _write(store, 1, Snap(full), block_target=1024, strip=strip)
+    inc = _random_data(rng, n_inc, tomb=0.3)
+    _write(store, 2, Snap(inc, incremental=True, base_version=1), block_target=1024)
+    return store, full, inc
+
+
 @pytest.mark.parametrize("strip,payloads", [(False, True), (False, False), (True, True)],
                          ids=["format6", "format6-python", "format5"])
 def test_a_batch_opens_its_blocks_in_rounds_within_open_bytes(tmp_path, monkeypatch, strip,
@@ -638,16 +655,9 @@ def test_a_batch_opens_its_blocks_in_rounds_within_open_bytes(tmp_path, monkeypa
     """A batch whose candidate blocks far exceed ``open_bytes`` (nothing cached) gives the
     answers of an unbounded lookup, and no round holds more than ``open_bytes`` decoded bytes
     of blocks open (or one block, when a block alone is larger)."""
-    if not payloads:  # the lookup without the extension: Arrow blocks, decoded in Python
-        for name in ("_native_open_blocks", "_native_lower_bound_blocks",
-                     "_native_lookup_in_blocks", "native_decode_blocks"):
-            monkeypatch.setattr(lookup_module, name, None)
     rng = random.Random(17)
-    store = CheckpointStore(str(tmp_path / "ckpt"), max_runs=None)
-    full = _random_data(rng, 4000)
-    _write(store, 1, Snap(full), block_target=1024, strip=strip)
-    inc = _random_data(rng, 1000, tomb=0.3)
-    _write(store, 2, Snap(inc, incremental=True, base_version=1), block_target=1024)
+    store, _, inc = _full_and_incremental(tmp_path, monkeypatch, strip, payloads, rng, 4000,
+                                          1000)
     bound = 4 << 10
     with store.open(2) as reader:
         present = _all_entries(reader, "a")
@@ -677,16 +687,9 @@ def test_lookup_one_answers_and_counts_as_lookup_batch(tmp_path, monkeypatch, st
     incremental one with tombstones: the same values, and the same filter and block
     statistics with a cache holding every block (each block read once by either; the filters
     are read one key group at a time by lookup_one, so their bytes differ)."""
-    if not payloads:
-        for name in ("_native_open_blocks", "_native_lower_bound_blocks",
-                     "_native_lookup_in_blocks", "native_decode_blocks"):
-            monkeypatch.setattr(lookup_module, name, None)
     rng = random.Random(23)
-    store = CheckpointStore(str(tmp_path / "ckpt"), max_runs=None)
-    full = _random_data(rng, 2000)
-    _write(store, 1, Snap(full), block_target=1024, strip=strip)
-    inc = _random_data(rng, 600, tomb=0.3)
-    _write(store, 2, Snap(inc, incremental=True, base_version=1), block_target=1024)
+    store, full, inc = _full_and_incremental(tmp_path, monkeypatch, strip, payloads, rng,
+                                             2000, 600)
     with store.open(2) as reader:
         present = _all_entries(reader, "a")
         ask = list(present) + _absent_keys(present, MAXP, 200, rng)
