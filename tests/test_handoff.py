@@ -202,3 +202,15 @@ def test_a_starting_server_sweeps_files_of_dead_processes(tmp_path, monkeypatch)
     monkeypatch.setattr(handoff._Server, "_pid", None)
     assert handoff._Server.ensure(str(tmp_path))
     assert sorted(os.listdir(tmp_path)) == left
+
+
+def test_a_holder_failing_while_input_still_flows_reports_its_failure(holder):
+    """The holder fails on the first chunk and closes the socket while the relaying task is
+    still sending input (a broken pipe on its side): the task fails with the holder's error,
+    not with the socket's."""
+    _, root = holder
+    many = [b for _ in range(2000) for b in _input(KEYS)]
+    out = _spec(root, processor=_Failing())._hand_off(0, iter(many))
+    assert out is not None
+    with pytest.raises(InvalidInputError, match="injected processor failure"):
+        list(out)

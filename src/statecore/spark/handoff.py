@@ -383,12 +383,20 @@ def _relayed(sock: socket.socket, chunks: Callable[[], Iterator[pa.RecordBatch]]
     failure: list = []
 
     def send_input() -> None:
+        sending = False
         try:
             out = _BatchSender(sock)
             for b in chunks():
+                sending = True
                 out.send(b)
+                sending = False
+            sending = True
             _send(sock, INPUT_END)
         except BaseException as exc:  # noqa: BLE001 -- raised by the relay's task below
+            if sending and isinstance(exc, OSError):
+                # The holder closed the socket (it failed): the ERROR it sent first, or the
+                # socket error the receiving side sees, says why.
+                return
             failure.append(exc)
             try:
                 _send(sock, ERROR)
