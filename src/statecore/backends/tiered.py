@@ -783,8 +783,7 @@ class TieredBackend(NativeBackend):
                 if mode != "read" or p in found:
                     held[p] = int.from_bytes(p[:pw], "big")
         if mode == "remove":
-            self._removed.setdefault(table.name, {}).update(
-                dict.fromkeys(prefixes, self._spills.last_seq))
+            self.note_removed(table, prefixes)
 
     def _load_collections(self, table: TieredTable, prefixes: list) -> set:
         """Load every entry of the attached version under ``prefixes`` (memory holds none of
