@@ -44,6 +44,7 @@ from statecore.checkpoint.format import (
     plan_file,
     write_data_file_from_blocks,
 )
+from statecore.checkpoint.lookup import encoded_key_groups
 from statecore.checkpoint.readers import merge_newest_wins
 from statecore.errors import CheckpointIOError
 
@@ -185,7 +186,7 @@ class SpillRuns:
         seq = np.zeros(n, dtype=np.int64)
         if not runs or not n:
             return seq, pa.nulls(n, pa.binary())
-        kgs = _key_groups(keys, prefix_width)
+        kgs = encoded_key_groups(keys, prefix_width)
         out: list = [None] * n
         for kg in np.unique(kgs):
             rows = np.flatnonzero(kgs == kg)
@@ -268,16 +269,6 @@ class SpillRuns:
         if self.dir is not None and not pinned:
             shutil.rmtree(self.dir, ignore_errors=True)
         self.dir = None
-
-
-def _key_groups(keys: pa.Array, prefix_width: int) -> np.ndarray:
-    """Key group of each encoded key (its big-endian prefix of ``prefix_width`` bytes)."""
-    offs = np.frombuffer(keys.buffers()[1], np.int32)[keys.offset:keys.offset + len(keys)]
-    data = np.frombuffer(keys.buffers()[2], np.uint8)
-    kg = data[offs].astype(np.int64)
-    if prefix_width == 2:
-        kg = (kg << 8) | data[offs + 1]
-    return kg
 
 
 def _write_changes(out, snap, seq: int):

@@ -56,7 +56,8 @@ from statecore.checkpoint.runs import plan_chains
 from statecore.errors import CorruptCheckpointError, InvalidInputError
 from statecore.operator_state import is_operator_state_meta
 
-__all__ = ["BlockCache", "RunLookup", "DEFAULT_CACHE_BYTES", "FETCH_THREADS", "OPEN_BYTES"]
+__all__ = ["BlockCache", "RunLookup", "DEFAULT_CACHE_BYTES", "FETCH_THREADS", "OPEN_BYTES",
+           "encoded_key_groups"]
 
 #: Default budget of a lookup's block cache, in decoded bytes.
 DEFAULT_CACHE_BYTES = 64 << 20
@@ -107,6 +108,23 @@ def _lookup_in_blocks(blocks: list, which: np.ndarray, needles: pa.Array
 
 def _block_bytes(keys: pa.Array, values: pa.Array) -> int:
     return int(keys.nbytes) + int(values.nbytes)
+
+
+def encoded_key_groups(keys: pa.BinaryArray, prefix_width: int) -> np.ndarray:
+    """The key group of each encoded key of ``keys`` (``pa.binary()``): its big-endian
+    ``prefix_width``-byte (1 or 2) key-group prefix (docs/formats.md "Encoded key"), as int64,
+    one per key. InvalidInputError for a key shorter than its prefix."""
+    n = len(keys)
+    bufs = keys.buffers()
+    off = np.frombuffer(bufs[1], np.int32)[keys.offset:keys.offset + n + 1].astype(np.int64)
+    if n and bool(np.any(np.diff(off) < prefix_width)):
+        raise InvalidInputError(
+            f"an encoded key is shorter than its {prefix_width}-byte key-group prefix")
+    data = np.frombuffer(bufs[2], np.uint8) if n else np.zeros(0, np.uint8)
+    kgs = data[off[:-1]].astype(np.int64)
+    if prefix_width == 2:
+        kgs = (kgs << 8) | data[off[:-1] + 1]
+    return kgs
 
 
 class BlockCache:
@@ -313,16 +331,7 @@ class RunLookup:
         return out
 
     def _key_groups(self, keys: pa.BinaryArray) -> np.ndarray:
-        n = len(keys)
-        bufs = keys.buffers()
-        off = np.frombuffer(bufs[1], np.int32)[keys.offset:keys.offset + n + 1].astype(np.int64)
-        if n and bool(np.any(np.diff(off) < self.prefix)):
-            raise InvalidInputError(
-                f"an encoded key is shorter than its {self.prefix}-byte key-group prefix")
-        data = np.frombuffer(bufs[2], np.uint8) if n else np.zeros(0, np.uint8)
-        kgs = data[off[:-1]].astype(np.int64)
-        if self.prefix == 2:
-            kgs = (kgs << 8) | data[off[:-1] + 1]
+        kgs = encoded_key_groups(keys, self.prefix)
         bad = (kgs < self.start) | (kgs > self.end)
         if bool(np.any(bad)):
             raise InvalidInputError(
