@@ -6,10 +6,10 @@ Starting state: ``keys`` distinct int64 keys ``0..keys-1`` (20M; ``--quick``: 20
 count drawn uniformly from 1..100, written once as version 0 of the operator's checkpoint by
 :meth:`statecore.spark.StatefulOperator.bootstrap` from a Parquet table read as a DataFrame (the
 same full runs, routing and metadata a micro-batch's restore reads; two Spark tasks encode
-their key-group ranges in parallel). It is bootstrapped rather than streamed in because a
-first streaming pass over every key would be a measurement of its own and twice as slow; the
-bootstrap's wall time is recorded (``bootstrap_s``). Each statecore run starts from its own copy
-of that checkpoint directory.
+their key-group ranges in parallel). It is bootstrapped rather than streamed in so that the
+measured streams start from one full run per task, as a job started from a batch query's
+state does; the bootstrap's wall time is recorded (``bootstrap_s``). Each statecore run starts
+from its own copy of that checkpoint directory.
 
 Streams (Parquet files, one per micro-batch, read with ``maxFilesPerTrigger=1`` and
 ``trigger(availableNow=True)``, output into Spark's ``noop`` sink): ``events`` int64 keys (4M in
@@ -25,19 +25,21 @@ bootstrapped count included, and commits a checkpoint every micro-batch:
   key and value bytes (18 bytes an entry, docs/tiered.md "Memory"): its first micro-batch
   attaches version 0 instead of loading it and reads the keys it lacks from the runs.
 * ``transformWithStateInPandas``: Spark's own stateful Python API (RocksDB state store), its
-  ``initialState`` the same kind of table read as a DataFrame. It runs at thousands of events
-  per second, so it runs on ``tws_keys`` keys (200k) and ``tws_events`` events (40k in 4
-  micro-batches) with the same distributions: its rate is comparable, its totals are not. Left
-  out at ``--quick`` (it would not fit the quick run's time) and without protobuf.
+  ``initialState`` the same kind of table read as a DataFrame. It loads an initial state at
+  about a thousand keys per second and counts at hundreds of events per second here, so it runs
+  on ``tws_keys`` keys (100k) and ``tws_events`` events (20k in 4 micro-batches) with the same
+  distributions: its rates are comparable, its totals are not. Left out at ``--quick`` and
+  without protobuf.
 
 Per variant and stream: events/s of the whole query (wall clock, micro-batch planning
 included), events/s after the first micro-batch (the micro-batches' own durations from Spark's
-query progress), the first micro-batch's seconds (restore, attach or initial state), and the
-peak resident memory of the Python workers (summed over the live workers: statecore's state
-lives there) and of the JVM (Spark, and RocksDB for ``transformWithStateInPandas``), each
-measured from a reset of the kernel's high-water mark (``/proc/PID/clear_refs`` 5) after every
-worker's cached backends were closed; left out where ``/proc`` lacks it. Ratios: tiered /
-in_memory and tiered / transformWithStateInPandas, per stream.
+query progress), the first micro-batch's seconds (restore, attach or initial state, and its
+events) and, for statecore, its tasks' load seconds. Resident memory (not at ``--quick``, and
+only where ``/proc`` has it): the peak of the Python workers (statecore's state lives there)
+and of the JVM (Spark, and RocksDB for ``transformWithStateInPandas``), from a reset of the
+kernel's high-water mark (``/proc/PID/clear_refs`` 5) after every worker's cached backends were
+closed, and what each process added over its resident memory at the reset. Ratios: tiered /
+in_memory and tiered / transformWithStateInPandas, per stream, of both rates.
 """
 
 from __future__ import annotations
@@ -152,6 +154,7 @@ def _clear_worker(_rows: Iterator) -> Iterator[int]:
 
     clear_state_cache()
     gc.collect()
+    pa.default_memory_pool().release_unused()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
@@ -281,18 +284,26 @@ def _session():
     return spark, before
 
 
+_SHORT = {"in_memory": "in memory", "tiered": "tiered", "transformWithStateInPandas": "TWS"}
+
+
 def _panel(r):
     if r["impl"] == "setup":
         return None
-    bar = f"{r['impl']}\n{r['metric'].split('_')[0]}"
+    dist = r["metric"].split("_")[0]
+    bar = f"{_SHORT[r['impl']]}\n{dist}"
     if r["unit"] == "events/s" and not r["metric"].endswith("steady_events_per_s"):
         return ("events/s", bar)
     if r["unit"] == "s" and r["metric"].endswith("first_batch_s"):
-        return ("first micro-batch, s", bar)
-    if r["unit"] == "bytes" and "workers_added_rss" in r["metric"]:
-        return ("Python workers' RSS added at peak, bytes", bar)
+        return ("1st micro-batch, s", bar)
+    if r["unit"] == "bytes" and "workers_added_rss" in r["metric"] and r["impl"] != \
+            "transformWithStateInPandas":  # its state is in the JVM
+        return ("workers' RSS added", bar)
     if r["unit"] == "ratio":
-        return ("tiered / other", r["metric"].replace("_over_", " /\n"))
+        other = r["metric"].split("_over_")[1]
+        steady = other.endswith("_steady")
+        other = _SHORT[other.removesuffix("_steady")]
+        return ("tiered / other", f"{dist} / {other}" + ("\nsteady" if steady else ""))
     return None
 
 
@@ -310,7 +321,7 @@ def _rates(dist: str, run: dict, events: int) -> Dict[str, float]:
       "running count per key through Structured Streaming local[2] over 20M bootstrapped keys "
       "(200k at --quick), a checkpoint every micro-batch, uniform and Zipf(1.0) keys: statecore "
       "tiered (memory_budget 1/16 of the state) vs statecore in memory vs "
-      "transformWithStateInPandas with RocksDB (200k keys; left out at --quick)", panel=_panel)
+      "transformWithStateInPandas with RocksDB (100k keys; left out at --quick)", panel=_panel)
 def spark_tiered_running_count(size: Size):
     try:
         import pyspark  # noqa: F401
@@ -322,7 +333,9 @@ def spark_tiered_running_count(size: Size):
         return []
     tws = not size.quick
     if size.quick:
-        print(f"  {CASE}: --quick leaves transformWithStateInPandas out (thousands of events/s)")
+        print(f"  {CASE}: --quick leaves transformWithStateInPandas out (thousands of events/s) "
+              "and resident memory unmeasured (closing the workers' backends takes a Spark job "
+              "per run)")
     try:
         import google.protobuf  # noqa: F401  (transformWithStateInPandas' Python runner needs it)
     except ImportError:
@@ -368,10 +381,14 @@ def spark_tiered_running_count(size: Size):
                 shutil.copytree(base, os.path.join(work, "state"))
                 op = _operator(os.path.join(work, "state"), budget if variant == "tiered"
                                else None)
-                before = reset_peaks(spark)
+                before = None if size.quick else reset_peaks(spark)
                 run = _run(landing_stream(spark, landing).writeStream.foreachBatch(op),
                            os.path.join(work, "spark"))
                 rss = rss_figures(before, peak_rss(spark))
+                seen = sum(r.rows for r in op.reports), sum(r.output_rows for r in op.reports)
+                if seen != (events, events):
+                    raise RuntimeError(f"{variant} {dist}: the operator committed (rows, output "
+                                       f"rows) {seen}, not {events} of each")
                 got = _rates(dist, run, events)
                 first = op.reports[0] if op.reports else None
                 if first is not None:
@@ -387,9 +404,10 @@ def spark_tiered_running_count(size: Size):
                 steady[(variant, dist)] = got.get(f"{dist}_steady_events_per_s")
                 print(f"  {CASE}: {variant:<10} {dist:<8} {events:>10,} events in "
                       f"{run['s']:6.1f} s = {rates[(variant, dist)]:>10,.0f} events/s; first "
-                      f"micro-batch {got[f'{dist}_first_batch_s']:.2f} s (load: {loads}); "
-                      f"workers' peak RSS {rss.get('workers_peak_rss', 0) / 2**20:,.0f} MiB "
-                      f"(+{rss.get('workers_added_rss', 0) / 2**20:,.0f})", flush=True)
+                      f"micro-batch {got[f'{dist}_first_batch_s']:.2f} s (load: {loads})"
+                      + (f"; workers' peak RSS {rss['workers_peak_rss'] / 2**20:,.0f} MiB, "
+                         f"{rss['workers_added_rss'] / 2**20:,.0f} MiB added" if rss else ""),
+                      flush=True)
         if tws:
             out.append(record(CASE, "setup", "tws_keys", tws_keys, "keys"))
             out.append(record(CASE, "setup", "tws_events", tws_events, "events"))
@@ -398,7 +416,7 @@ def spark_tiered_running_count(size: Size):
             for dist in _DISTS:
                 landing = os.path.join(root, f"tws-landing-{dist}")
                 write_keys(landing, dist, tws_keys, tws_events, 4)
-                before = reset_peaks(spark)
+                before = None if size.quick else reset_peaks(spark)
                 initial = spark.read.parquet(tws_initial).groupBy("k")
                 df = landing_stream(spark, landing).groupBy("k").transformWithStateInPandas(
                     statefulProcessor=_tws_processor(), outputStructType=_OUT_DDL,
