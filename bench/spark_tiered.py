@@ -25,9 +25,9 @@ bootstrapped count included, and commits a checkpoint every micro-batch:
   key and value bytes (18 bytes an entry, docs/tiered.md "Memory"): its first micro-batch
   attaches version 0 instead of loading it and reads the keys it lacks from the runs.
 * ``transformWithStateInPandas``: Spark's own stateful Python API (RocksDB state store), its
-  ``initialState`` the same kind of table read as a DataFrame. It loads an initial state at
-  about a thousand keys per second and counts at hundreds of events per second here, so it runs
-  on ``tws_keys`` keys (100k) and ``tws_events`` events (20k in 4 micro-batches) with the same
+  ``initialState`` the same kind of table read as a DataFrame. It loads an initial state at a
+  few thousand keys per second and counts at hundreds of events per second here, so it runs on
+  ``tws_keys`` keys (100k) and ``tws_events`` events (20k in 4 micro-batches) with the same
   distributions: its rates are comparable, its totals are not. Left out at ``--quick`` and
   without protobuf.
 
@@ -126,8 +126,8 @@ def _status_kb(pid: int, field: str) -> Optional[int]:
 
 
 def _python_workers(jvm_pid: int) -> List[int]:
-    """The live PySpark worker processes: children of the JVM's ``pyspark.daemon`` (and the
-    daemon's forks)."""
+    """The live PySpark worker processes: the forks of the ``pyspark.daemon`` that the JVM
+    ``jvm_pid`` started (another JVM's daemon and workers are left out)."""
     daemons, procs = set(), {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
