@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from bench.common import has_native
 from bench.harness import Size, case, record
+from bench.workloads import zipf_keys
 from statecore import CheckpointStore, ValueStateDescriptor, create_backend
 from statecore import serializers as S
 from statecore.checkpoint.lookup import RunLookup
@@ -30,13 +31,6 @@ def _encoded(keys: np.ndarray, max_parallelism: int) -> pa.Array:
     return pa.array([S.encode_key(int(g), max_parallelism, int(k), "int64", None, "void")
                      for g, k in zip(kgs, keys)], pa.binary())
 
-
-def _zipf_keys(rng, n: int, m: int) -> np.ndarray:
-    """``m`` keys of 0..n-1 drawn Zipf(1.0) by rank (P(rank r) ~ 1 / r), ranks mapped to keys
-    by a random permutation (the hot keys are spread over the key groups)."""
-    cdf = np.cumsum(1.0 / np.arange(1, n + 1))
-    ranks = np.searchsorted(cdf, rng.random(m) * cdf[-1])
-    return rng.permutation(n)[np.minimum(ranks, n - 1)].astype(np.int64)
 
 
 @case("run_lookup", "point lookups into a checkpoint's runs (RunLookup: Bloom filter, block "
@@ -63,7 +57,7 @@ def run_lookup(size: Size):
         k = pa.array(np.arange(s, min(n, s + _LOAD_BATCH), dtype=np.int64))
         st.put_batch(k, k)
     batches = {"uniform": rng.integers(0, n, batch, dtype=np.int64),
-               "zipf": _zipf_keys(rng, n, batch),
+               "zipf": zipf_keys(rng, n, batch),
                "absent": rng.integers(n, 2 * n, batch, dtype=np.int64)}
     encoded = {kind: _encoded(keys, mp) for kind, keys in batches.items()}
     with tempfile.TemporaryDirectory(prefix="statecore-bench-") as d:

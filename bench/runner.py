@@ -32,6 +32,7 @@ def load_cases() -> None:
         snapshots,  # noqa: F401
         spark_e2e,  # noqa: F401
         spark_external,  # noqa: F401
+        spark_tiered,  # noqa: F401
         state_ops,  # noqa: F401  (each import registers the module's cases)
         tiered,  # noqa: F401
         ttl,  # noqa: F401

@@ -21,6 +21,7 @@ from bench import tiered_rss
 from bench.common import has_native, label
 from bench.compare import rocksdict_module
 from bench.harness import Size, case, record
+from bench.workloads import zipf_keys
 from statecore import CheckpointStore, ReducingStateDescriptor, create_backend
 from statecore.key_groups import assign_key_group, key_group_range_for_operator
 
@@ -47,13 +48,6 @@ def _base_checkpoint(root: Path, n: int) -> None:
     store.close()
     b.close()
 
-
-def _zipf_keys(rng, n: int, m: int) -> np.ndarray:
-    """``m`` keys of 0..n-1 drawn Zipf(1.0) by rank, ranks mapped to keys by a random
-    permutation (the hot keys spread over the key groups)."""
-    cdf = np.cumsum(1.0 / np.arange(1, n + 1))
-    ranks = np.searchsorted(cdf, rng.random(m) * cdf[-1])
-    return rng.permutation(n)[np.minimum(ranks, n - 1)].astype(np.int64)
 
 
 def _bytes8(a: np.ndarray) -> list:
@@ -198,7 +192,7 @@ def _running_panel(r) -> object:
       panel=_running_panel)
 def tiered_running_count(size: Size):
     """A stream of 16 / 2 intervals of 8 / 4 batches of 64k keys (8M / 512k rows), drawn per
-    distribution ``zipf`` (Zipf(1.0), :func:`_zipf_keys`) / ``uniform``, each interval followed
+    distribution ``zipf`` (Zipf(1.0), :func:`zipf_keys`) / ``uniform``, each interval followed
     by a checkpoint (``CheckpointStore.checkpoint``, incremental, the store's default
     compaction: what a streaming operator does per micro-batch), on a backend restored from
     version 1 of a checkpoint of ``entries`` keys (count 1 each); then ``record_rows`` (32k /
@@ -245,7 +239,7 @@ def tiered_running_count(size: Size):
            record(c, "tiered", "budget_bytes", budget, "bytes"),
            record(c, "tiered", "rows", rows, "rows"),
            record(c, "tiered", "warm_up_rows", warm * per_interval * batch, "rows")]
-    draw = {"zipf": lambda m: _zipf_keys(rng, n, m),
+    draw = {"zipf": lambda m: zipf_keys(rng, n, m),
             "uniform": lambda m: rng.integers(0, n, m, dtype=np.int64)}
     with tempfile.TemporaryDirectory(prefix="statecore-bench-") as d:
         _base_checkpoint(Path(d) / "base", n)
@@ -444,7 +438,7 @@ def tiered_restore(size: Size):
             want = nb * batch + 1
             keys = np.empty(0, np.int64)
             while len(keys) < want:
-                drawn = _zipf_keys(rng, n, 2 * want)
+                drawn = zipf_keys(rng, n, 2 * want)
                 kgs = _key_groups_of(drawn, mp)
                 keys = np.concatenate([keys, drawn[(kgs >= kgr.start) & (kgs <= kgr.end)]])
             first_key, keys = int(keys[0]), keys[1:want]

@@ -13,8 +13,8 @@ from typing import List, Optional, Tuple
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["BATCH", "VALUE_BYTES", "int64_keys", "string_keys", "row_order", "string_buffers",
-           "slices", "binary_values", "pylist"]
+__all__ = ["BATCH", "VALUE_BYTES", "int64_keys", "string_keys", "row_order", "zipf_keys",
+           "string_buffers", "slices", "binary_values", "pylist"]
 
 #: Rows of every Arrow batch the peer cases feed the implementations.
 BATCH = 65_536
@@ -61,6 +61,15 @@ def row_order(distinct: int, reps: int, seed: int = 2) -> np.ndarray:
     """Indices 0..distinct-1, each exactly ``reps`` times, in random order (int64 array of
     length ``distinct * reps``)."""
     return np.random.default_rng(seed).permutation(distinct * reps) % distinct
+
+
+def zipf_keys(rng, n: int, m: int) -> np.ndarray:
+    """``m`` keys of 0..n-1 (int64 array) drawn Zipf(1.0) by rank (P(rank r) ~ 1 / r) with
+    ``rng`` (a numpy Generator), ranks mapped to keys by a random permutation (the hot keys are
+    spread over the key groups)."""
+    cdf = np.cumsum(1.0 / np.arange(1, n + 1))
+    ranks = np.searchsorted(cdf, rng.random(m) * cdf[-1])
+    return rng.permutation(n)[np.minimum(ranks, n - 1)].astype(np.int64)
 
 
 def string_buffers(arr: pa.Array) -> Tuple[np.ndarray, np.ndarray]:

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from bench import compare, cpp_reference, plots, spark_e2e, workloads
+from bench import compare, cpp_reference, plots, spark_e2e, spark_tiered, workloads
 from bench.cli import main
 from bench.harness import CASES, record
 
@@ -544,6 +544,45 @@ def test_paired_ratios_pair_rounds_and_reject_bad_rates():
     assert paired_ratios([], [1.0]) == []
     with pytest.raises(ValueError):
         paired_ratios([1.0], [0.0])
+
+
+def test_spark_tiered_inputs_hold_every_key_and_the_streams_in_file_order(tmp_path):
+    """The tiered Spark case's starting state holds each key once with a count in 1..100; its
+    streams stay in the key range, one file a micro-batch in modification-time order, and the
+    Zipf stream is skewed where the uniform one is not."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    spark_tiered.write_initial_counts(str(tmp_path / "init"), 1000, files=3)
+    t = pq.read_table(str(tmp_path / "init"))
+    assert sorted(t.column("k").to_pylist()) == list(range(1000))
+    assert 1 <= min(t.column("value").to_pylist()) <= max(t.column("value").to_pylist()) <= 100
+    top = {}
+    for dist in ("uniform", "zipf"):
+        path = tmp_path / dist
+        spark_tiered.write_keys(str(path), dist, 500, 10_000, 4)
+        files = sorted(path.iterdir())
+        assert len(files) == 4
+        assert [f.stat().st_mtime for f in files] == sorted(f.stat().st_mtime for f in files)
+        keys = pq.read_table(str(path)).column("k").to_numpy()
+        assert len(keys) == 10_000 and 0 <= keys.min() and keys.max() < 500
+        top[dist] = max(np.bincount(keys))
+    assert top["zipf"] > 5 * top["uniform"]  # rank 1 of Zipf(1.0) over 500: ~15% of rows
+    with pytest.raises(KeyError):
+        spark_tiered.write_keys(str(tmp_path / "x"), "normal", 10, 10, 1)
+    with pytest.raises(ValueError):
+        spark_tiered.write_keys(str(tmp_path / "x"), "uniform", 0, 10, 1)
+
+
+def test_spark_tiered_rss_figures_sum_each_process_from_its_reset():
+    """Peaks are summed over the processes alive at the end; what a process added is its peak
+    less its resident memory at the reset (a new worker's whole peak), never negative."""
+    before = {"workers": {1: 100, 2: 200}, "jvm": {9: 1000}}
+    peak = {"workers": {1: 150, 3: 70}, "jvm": {9: 900}}
+    assert spark_tiered.rss_figures(before, peak) == {
+        "workers_peak_rss": 220, "workers_added_rss": 120, "jvm_peak_rss": 900,
+        "jvm_added_rss": 0}
+    assert spark_tiered.rss_figures(None, peak) == {} == spark_tiered.rss_figures(before, None)
 
 
 def test_bootstrap_case_reports_every_impl_and_the_same_files(tmp_path):
