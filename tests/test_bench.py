@@ -4,6 +4,9 @@ to compare. Nothing about speed is asserted."""
 
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,11 +14,18 @@ from bench import compare, cpp_reference, plots, spark_e2e, spark_tiered, worklo
 from bench.cli import main
 from bench.harness import CASES, record
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 @pytest.mark.slow
 def test_bench_command_writes_records_for_every_case(tmp_path):
+    # `python -m bench` in a process of its own, as a user runs it: its Spark cases start and
+    # stop Spark sessions (a restart, a cluster), which must not stop the test run's session.
     out = tmp_path / "r.json"
-    assert main(["--quick", "--scale", "0.01", "--json", str(out)]) == 0
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--scale", "0.01", "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     records = json.loads(out.read_text())
     assert {r["case"] for r in records} >= {"add_batch_int64", "per_record", "snapshot",
                                             "checkpoint_write", "snapshot_pause", "materialize",
