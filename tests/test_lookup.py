@@ -11,9 +11,11 @@ import os
 import random
 import struct
 
+import hypothesis
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import strategies as st
 
 from statecore import (
     MapStateDescriptor,
@@ -540,32 +542,6 @@ def test_native_payload_lookups_find_gather_and_check_blocks(incremental):
                                   pa.array([b"x"], pa.binary()))
 
 
-def test_native_block_key_search_is_numpys_over_bytes():
-    """lower_bound_blocks (each key's candidate block among a key group's blocks of a footer)
-    equals numpy's searchsorted over the block keys as bytes objects, for keys before, between,
-    equal to and past them, over a sub-range of the blocks."""
-    native = pytest.importorskip("statecore._native")
-    rng = random.Random(8)
-    last = sorted({bytes(rng.randrange(4) for _ in range(rng.randrange(0, 5)))
-                   for _ in range(60)})
-    koff = np.cumsum([0] + [len(k) for k in last]).astype(np.int64)
-    kdata = memoryview(b"".join(last))
-    needles = pa.array([bytes(rng.randrange(5) for _ in range(rng.randrange(0, 6)))
-                        for _ in range(400)] + last, pa.binary()).slice(3)
-    rows = np.array(rng.sample(range(len(needles)), 300), np.int64)
-    for first, count in ((0, len(last)), (5, 20), (7, 0)):
-        got = native.lower_bound_blocks(koff, kdata, first, count, needles, rows)
-        keys = np.empty(count, dtype=object)
-        keys[:] = last[first:first + count]
-        want = np.searchsorted(keys, np.array(needles.to_pylist(), dtype=object)[rows],
-                               side="left")
-        assert np.array_equal(got, want)
-    with pytest.raises(InvalidInputError):
-        native.lower_bound_blocks(koff, kdata, 50, 20, needles, rows)
-    with pytest.raises(InvalidInputError):
-        native.lower_bound_blocks(koff, kdata, 0, 5, needles, np.array([len(needles)]))
-
-
 def test_reads_through_a_pyarrow_filesystem_are_what_the_statistics_say(tmp_path):
     """Through a non-local pyarrow filesystem: opening the lookup reads nothing, the first batch
     reads the filters of the state's key groups once and a block per key the filter passes
@@ -637,8 +613,8 @@ def _full_and_incremental(tmp_path, monkeypatch, strip, payloads, rng, n_full, n
     ``payloads`` the lookups run without the extension (Arrow blocks decoded in Python).
     Returns the store, version 1's data and version 2's."""
     if not payloads:
-        for name in ("_native_open_blocks", "_native_lower_bound_blocks",
-                     "_native_lookup_in_blocks", "native_decode_blocks"):
+        for name in ("_native_open_blocks", "_RunRouter", "_native_lookup_in_blocks",
+                     "native_decode_blocks"):
             monkeypatch.setattr(lookup_module, name, None)
     store = CheckpointStore(str(tmp_path / "ckpt"), max_runs=None)
     full = _random_data(rng, n_full)
@@ -713,3 +689,125 @@ def test_lookup_one_answers_and_counts_as_lookup_batch(tmp_path, monkeypatch, st
         with RunLookup(reader, key_groups=(0, 9)) as lk, \
                 pytest.raises(InvalidInputError, match="outside"):
             lk.lookup_one("a", ekey(20, 1))
+
+
+def _reference_probe(filt: bytes, k: int, h: int) -> bool:
+    """Whether every probe bit of hash ``h`` is set in ``filt`` (the formula of
+    :func:`_reference_bloom`)."""
+    bits = len(filt) * 8
+    h1, h2 = h & 0xFFFFFFFF, h >> 32
+    return all(filt[p // 8] >> (p % 8) & 1 for p in ((h1 + i * h2) % bits for i in range(k)))
+
+
+@hypothesis.settings(derandomize=True, max_examples=20, deadline=None)
+@hypothesis.given(
+    groups=st.lists(st.lists(st.binary(min_size=0, max_size=4), max_size=30), min_size=1,
+                    max_size=5),
+    block=st.integers(1, 6), extra=st.lists(st.binary(max_size=4), max_size=40),
+    filtered=st.lists(st.booleans(), min_size=5, max_size=5))
+def test_native_router_routes_as_the_formula_and_a_search_over_bytes(groups, block, extra,
+                                                                     filtered):
+    """RunRouter.route (each key's candidate block in one run: its key group's Bloom filter,
+    then the first block whose footer last key is >= the key) against the filter formula and
+    bisect over the block keys as bytes, for stored keys, other keys, key groups the run lacks
+    (empty lists) and key groups without a filter given."""
+    native = pytest.importorskip("statecore._native")
+    from bisect import bisect_left
+
+    from statecore.checkpoint import blocks as blk
+
+    base, bpk = 3, 10
+    k = blk.bloom_hashes(bpk)
+    kgs, firsts, counts, last_keys, filters = [], [], [], [], {}
+    for g, keys in enumerate(groups):
+        keys = sorted(set(keys))
+        if not keys:
+            continue  # the run lacks this key group
+        kgs.append(base + g)
+        firsts.append(len(last_keys))
+        lasts = [keys[min(i + block - 1, len(keys) - 1)] for i in range(0, len(keys), block)]
+        counts.append(len(lasts))
+        last_keys += lasts
+        filters[base + g] = blk.bloom_filter(
+            np.array([blk.xxh64(x) for x in keys], np.uint64), bpk)
+    koff = np.cumsum([0] + [len(x) for x in last_keys]).astype(np.int64)
+    router = native.RunRouter(base, base + 5, kgs, firsts, counts, koff,
+                              b"".join(last_keys))
+    for kg in kgs:
+        if filtered[kg - base]:
+            router.set_filter(kg, filters[kg], k)
+    asked = [(x, base + g) for g, keys in enumerate(groups) for x in keys]
+    asked += [(x, base + i % 6) for i, x in enumerate(extra)]
+    keys = pa.array([b"pad"] + [x for x, _ in asked], pa.binary()).slice(1)
+    key_groups = np.array([kg for _, kg in asked], np.int64)
+    hashes = np.array([blk.xxh64(x) for x, _ in asked], np.uint64)
+    rows = np.arange(len(asked), dtype=np.int64)[::-1].copy()
+    got, negatives, past = router.route(keys, rows, key_groups, hashes)
+    want, want_neg, want_past = [], 0, 0
+    for r in rows.tolist():
+        x, kg = asked[r]
+        b = -1
+        if kg in kgs:
+            i = kgs.index(kg)
+            lasts = last_keys[firsts[i]:firsts[i] + counts[i]]
+            if filtered[kg - base] and not _reference_probe(filters[kg], k, int(hashes[r])):
+                want_neg += 1
+            elif bisect_left(lasts, x) == len(lasts):
+                want_past += 1
+            else:
+                b = firsts[i] + bisect_left(lasts, x)
+        want.append(b)
+    assert got.tolist() == want
+    assert (negatives, past) == (want_neg, want_past)
+
+
+def test_native_router_rejects_bad_arguments():
+    native = pytest.importorskip("statecore._native")
+    koff = np.array([0, 1, 2], np.int64)
+    with pytest.raises(InvalidInputError, match="outside the footer"):
+        native.RunRouter(0, 3, [1], [1], [2], koff, b"ab")
+    with pytest.raises(InvalidInputError, match="outside the key groups"):
+        native.RunRouter(0, 3, [4], [0], [1], koff, b"ab")
+    with pytest.raises(InvalidInputError, match="do not fit"):
+        native.RunRouter(0, 3, [1], [0], [1], np.array([0, 2, 1], np.int64), b"ab")
+    router = native.RunRouter(0, 3, [1], [0], [2], koff, b"ab")
+    with pytest.raises(InvalidInputError, match="no key group 2"):
+        router.set_filter(2, b"\xff" * 8, 3)
+    with pytest.raises(InvalidInputError, match="0 bytes"):
+        router.set_filter(1, b"", 3)
+    keys = pa.array([b"a", b"b"], pa.binary())
+    kg = np.array([1, 1], np.int64)
+    h = np.zeros(2, np.uint64)
+    with pytest.raises(InvalidInputError, match="outside the keys"):
+        router.route(keys, np.array([2], np.int64), kg, h)
+    with pytest.raises(InvalidInputError, match="hashes"):
+        router.route(keys, np.array([0], np.int64), kg[:1], h)
+    with pytest.raises(InvalidInputError, match="nulls"):
+        router.route(pa.array([b"a", None], pa.binary()), np.array([0], np.int64), kg, h)
+    got, _, _ = router.route(keys, np.array([1, 0], np.int64), kg, h)
+    assert got.tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("strip", [False, True], ids=["format6", "format5"])
+def test_native_routing_answers_and_counts_as_the_python_path(tmp_path, monkeypatch, strip):
+    """lookup_batch with the native routing (RunRouter) and with the Python one (a filter
+    probe and a block search per run and key group, no extension) over a full run and an
+    incremental one with tombstones: the same values and statistics."""
+    rng = random.Random(29)
+    store, full, inc = _full_and_incremental(tmp_path, monkeypatch, strip, True, rng, 1500, 500)
+    with store.open(2) as reader:
+        present = _all_entries(reader, "a")
+        ask = list(present) + _absent_keys(present, MAXP, 200, rng)
+        ask += [k for kv in inc["a"].values() for k in kv]
+        rng.shuffle(ask)
+        ask = pa.array(ask, pa.binary())
+        with RunLookup(reader) as lk:
+            native = lk.lookup_batch("a", ask).to_pylist()
+            native_stats = lk.statistics()
+        monkeypatch.setattr(lookup_module, "_RunRouter", None)
+        with RunLookup(reader) as lk:
+            assert lk.lookup_batch("a", ask).to_pylist() == native
+            assert lk.statistics() == native_stats
+    assert native == [present.get(k) for k in ask.to_pylist()]
+    if not strip:
+        assert native_stats["filter_negatives"] > 0

@@ -118,27 +118,34 @@ std::string check_payload(const uint8_t* p, size_t size, uint64_t expected, bool
   return "";
 }
 
-// Verifies (XXH64) and decompresses one stored block into `scratch` (at least
-// max(max_raw, 1) bytes after the call); "" or what is wrong with it.
-std::string inflate_block(const uint8_t* data, size_t size, const StoredBlockRef& blk,
-                          uint64_t max_raw, std::vector<uint8_t>* scratch) {
+// Verifies (XXH64) and decompresses one stored block into `out` (at least max(raw_length, 1)
+// bytes); "" or what is wrong with it.
+std::string inflate_into(const uint8_t* data, size_t size, const StoredBlockRef& blk,
+                         uint8_t* out) {
   if (blk.offset > size || blk.stored_length > size - blk.offset)
     return "block lies outside the bytes of its key group";
   const uint8_t* stored = data + blk.offset;
   if (xxh64(stored, blk.stored_length, 0) != blk.xxh64) return "block checksum mismatch";
   if (blk.stored_length > kInt32Max || blk.raw_length > kInt32Max)
     return "cannot decompress: block longer than LZ4 allows";
-  // At least one byte, so LZ4 never gets a null destination (a block table of empty blocks).
-  if (scratch->size() < std::max<uint64_t>(max_raw, 1))
-    scratch->resize(std::max<uint64_t>(max_raw, 1));
-  const int got = LZ4_decompress_safe(
-      reinterpret_cast<const char*>(stored), reinterpret_cast<char*>(scratch->data()),
-      static_cast<int>(blk.stored_length), static_cast<int>(blk.raw_length));
+  const int got =
+      LZ4_decompress_safe(reinterpret_cast<const char*>(stored), reinterpret_cast<char*>(out),
+                          static_cast<int>(blk.stored_length), static_cast<int>(blk.raw_length));
   if (got < 0) return "cannot decompress: corrupt LZ4 block";
   if (static_cast<uint64_t>(got) != blk.raw_length)
     return "cannot decompress: LZ4 gave " + std::to_string(got) + " bytes, the block table says " +
            std::to_string(blk.raw_length);
   return "";
+}
+
+// Verifies (XXH64) and decompresses one stored block into `scratch` (at least
+// max(max_raw, 1) bytes after the call); "" or what is wrong with it.
+std::string inflate_block(const uint8_t* data, size_t size, const StoredBlockRef& blk,
+                          uint64_t max_raw, std::vector<uint8_t>* scratch) {
+  // At least one byte, so LZ4 never gets a null destination (a block table of empty blocks).
+  if (scratch->size() < std::max<uint64_t>(max_raw, 1))
+    scratch->resize(std::max<uint64_t>(max_raw, 1));
+  return inflate_into(data, size, blk, scratch->data());
 }
 
 uint64_t max_raw_length(const StoredBlockRef* blocks, size_t count) {
@@ -171,6 +178,13 @@ std::string open_block(const uint8_t* data, size_t size, const StoredBlockRef& b
   std::string why = inflate_block(data, size, block, block.raw_length, scratch);
   if (!why.empty()) return why;
   return check_payload(scratch->data(), block.raw_length, block.entries, has_validity);
+}
+
+std::string open_block_into(const uint8_t* data, size_t size, const StoredBlockRef& block,
+                            bool has_validity, uint8_t* out) {
+  std::string why = inflate_into(data, size, block, out);
+  if (!why.empty()) return why;
+  return check_payload(out, block.raw_length, block.entries, has_validity);
 }
 
 DecodeResult decode_blocks(const uint8_t* data, size_t size, const StoredBlockRef* blocks,

@@ -56,11 +56,10 @@ bool PayloadView::has_value(int64_t row) const {
 int64_t open_blocks_into(const uint8_t* data, size_t size, const StoredBlockRef* blocks,
                          size_t count, bool has_validity, const uint8_t* const* last_keys,
                          const size_t* last_key_sizes, uint8_t* const* out, std::string* why) {
-  std::vector<uint8_t> scratch;
   for (size_t b = 0; b < count; ++b) {
-    std::string bad = open_block(data, size, blocks[b], has_validity, &scratch);
+    std::string bad = open_block_into(data, size, blocks[b], has_validity, out[b]);
     if (bad.empty()) {
-      const PayloadView v = PayloadView::of(scratch.data(), blocks[b].raw_length, has_validity);
+      const PayloadView v = PayloadView::of(out[b], blocks[b].raw_length, has_validity);
       // An empty block has no last key to match the footer's (format.py writes none).
       bool same = v.entries > 0;
       if (same) {
@@ -75,7 +74,6 @@ int64_t open_blocks_into(const uint8_t* data, size_t size, const StoredBlockRef*
       if (why) *why = std::move(bad);
       return static_cast<int64_t>(b);
     }
-    if (blocks[b].raw_length) std::memcpy(out[b], scratch.data(), blocks[b].raw_length);
   }
   return -1;
 }

@@ -671,9 +671,11 @@ def open_blocks(data, blocks, uint64_t base, bint has_validity, last_keys):
         key = last_keys[i]
         lk.push_back(<const uint8_t*>PyBytes_AS_STRING(key))
         lks.push_back(PyBytes_GET_SIZE(key))
-        arr = np.empty(max(refs[i].raw_length, 1), np.uint8)[:refs[i].raw_length]
-        payloads.append(arr)
-        o = np.empty(1, np.uint8) if refs[i].raw_length == 0 else arr
+        # At least one byte (LZ4 gets no null destination); the payload a view of it, which
+        # keeps it alive while the native call writes into it.
+        buf = np.empty(max(refs[i].raw_length, 1), np.uint8)
+        payloads.append(buf[:refs[i].raw_length])
+        o = buf
         outs.push_back(&o[0])
     cdef const uint8_t* p = &d[0] if size else NULL
     cdef string why
@@ -754,53 +756,122 @@ def lookup_in_payloads(payloads, bint has_validity, which, needles):
     return rows_np, values
 
 
-def lower_bound_blocks(key_offsets, key_data, int64_t first, int64_t count, needles, rows):
-    """The candidate block of each needle ``needles[rows[i]]`` (``needles`` a ``pa.binary()``
-    array without nulls, ``rows`` int64 row numbers) among the blocks ``[first, first +
-    count)`` of a data file's footer, whose last keys are ``key_data[key_offsets[b]:
-    key_offsets[b + 1]]`` (``DataFileReader.lookup_tables``: int64 offsets), ascending: the
-    position (0 to ``count``; ``count``: past the last key) of the first block whose last key
-    is >= the needle, byte-wise. A binary search per needle, GIL released. InvalidInputError
-    when the blocks or rows lie outside the arrays."""
-    cdef const int64_t[::1] ko = np.ascontiguousarray(key_offsets, np.int64)
-    cdef const uint8_t[::1] kd = memoryview(key_data).cast("B")
-    cdef const int64_t[::1] rw = np.ascontiguousarray(rows, np.int64)
-    cdef int64_t n = rw.shape[0], nq = len(needles), i, lo, hi, mid, ql, hl, m, r
-    cdef int cmp
-    if first < 0 or count < 0 or first + count + 1 > ko.shape[0]:
-        raise InvalidInputError(f"blocks [{first}, {first + count}) lie outside the footer's "
-                                f"{ko.shape[0] - 1} block keys")
-    if count and (ko[first] < 0 or ko[first + count] > kd.shape[0]):
-        raise InvalidInputError("block key offsets lie outside the key data")
-    if n and (np.min(rw) < 0 or np.max(rw) >= nq):
-        raise InvalidInputError("a row number is outside the needles")
-    if needles.null_count:
-        raise InvalidInputError("needles must not contain nulls")
-    nb_ = needles.buffers()
-    cdef const int32_t* qoff = <const int32_t*>_addr(nb_[1], 4 * needles.offset)
-    cdef const uint8_t* qdat = _addr(nb_[2], 0)
-    cdef uint8_t empty = 0
-    cdef const uint8_t* kbase = &kd[0] if kd.shape[0] else &empty
-    if qdat == NULL:
-        qdat = &empty
-    out_np = np.empty(n, np.int64)
-    cdef int64_t[::1] out = out_np
-    with nogil:
-        for i in range(n):
-            r = rw[i]
-            ql = qoff[r + 1] - qoff[r]
-            lo = 0
-            hi = count
-            while lo < hi:
-                mid = lo + (hi - lo) // 2
-                hl = ko[first + mid + 1] - ko[first + mid]
-                m = ql if ql < hl else hl
-                cmp = memcmp(kbase + ko[first + mid], qdat + qoff[r], m) if m else 0
-                if cmp == 0:
-                    cmp = (hl > ql) - (hl < ql)
-                if cmp < 0:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            out[i] = lo
-    return out_np
+cdef class RunRouter:
+    """The candidate blocks, in one run (data file) of a checkpoint version, of a batch's
+    encoded keys (run_route.h ``route_to_blocks``): per key the Bloom filter of its (state, key
+    group) in the run, then the first block of that key group whose footer last key is >= the
+    key (docs/formats.md "Filters and block keys"), for every key of the batch in one call with
+    the GIL released.
+
+    ``kg_start``, ``kg_end``: the inclusive key groups it routes keys of. ``key_groups``,
+    ``first_blocks``, ``block_counts`` (int arrays, one per (state, key group) the run holds):
+    the file's key-group index rows of one state. ``key_offsets`` (int64), ``key_data``
+    (bytes-like): the footer's block keys (``DataFileReader.lookup_tables``), block ``b``'s last
+    key ``key_data[key_offsets[b]:key_offsets[b + 1]]``. A key group's filter is probed once
+    given by :meth:`set_filter`; until then its keys all pass to the block search.
+    InvalidInputError when the arrays differ in length, a key group lies outside
+    ``[kg_start, kg_end]`` or its blocks outside the footer's, or the offsets decrease."""
+    cdef vector[c.RouteGroup] groups
+    cdef int64_t kg_base
+    cdef object koff_np
+    cdef object kdata_view
+    cdef list keep
+    cdef const int64_t* koff
+    cdef const uint8_t* kdata
+    cdef uint8_t empty
+
+    def __cinit__(self, int64_t kg_start, int64_t kg_end, key_groups, first_blocks,
+                  block_counts, key_offsets, key_data):
+        kgs = np.ascontiguousarray(key_groups, np.int64)
+        firsts = np.ascontiguousarray(first_blocks, np.int64)
+        counts = np.ascontiguousarray(block_counts, np.int64)
+        if not (len(kgs) == len(firsts) == len(counts)):
+            raise InvalidInputError(
+                f"{len(kgs)} key groups, {len(firsts)} first blocks, {len(counts)} block counts")
+        koff = np.ascontiguousarray(key_offsets, np.int64)
+        cdef const uint8_t[::1] kd = memoryview(key_data).cast("B")
+        nblocks = len(koff) - 1
+        if len(kgs) and (kgs.min() < kg_start or kgs.max() > kg_end):
+            raise InvalidInputError(
+                f"a key group lies outside the key groups [{kg_start}, {kg_end}]")
+        if len(kgs) and (firsts.min() < 0 or counts.min() < 0
+                         or (firsts + counts).max() > nblocks):
+            raise InvalidInputError(
+                f"a key group's blocks lie outside the footer's {max(nblocks, 0)} block keys")
+        if len(koff) and (koff[0] < 0 or koff[-1] > kd.shape[0]
+                          or bool(np.any(np.diff(koff) < 0))):
+            raise InvalidInputError("block key offsets do not fit the key data")
+        self.kg_base = kg_start
+        self.groups.resize(max(kg_end - kg_start + 1, 0))
+        cdef int64_t i, g
+        for i in range(len(kgs)):
+            g = kgs[i] - kg_start
+            self.groups[g].first_block = firsts[i]
+            self.groups[g].block_count = counts[i]
+        self.koff_np = koff
+        self.kdata_view = kd
+        self.keep = []
+        self.empty = 0
+        cdef const int64_t[::1] ko = koff
+        self.koff = &ko[0] if len(koff) else NULL
+        self.kdata = &kd[0] if kd.shape[0] else &self.empty
+
+    def set_filter(self, int64_t key_group, filt, uint32_t hashes):
+        """Probe ``filt`` (bytes-like, the Bloom filter of ``key_group`` in the run, checked
+        against its XXH64 by the caller; kept referenced) with ``hashes`` probes for the keys
+        of ``key_group`` from now on. InvalidInputError for a key group the router does not
+        hold or an empty filter."""
+        cdef int64_t g = key_group - self.kg_base
+        if g < 0 or g >= <int64_t>self.groups.size() or self.groups[g].block_count < 0:
+            raise InvalidInputError(f"the run holds no key group {key_group}")
+        cdef const uint8_t[::1] f = memoryview(filt).cast("B")
+        if f.shape[0] == 0:
+            raise InvalidInputError("a Bloom filter of 0 bytes")
+        self.keep.append(f)
+        self.groups[g].filter = &f[0]
+        self.groups[g].filter_bytes = f.shape[0]
+        self.groups[g].hashes = hashes
+
+    def route(self, keys, rows, key_groups, hashes):
+        """``(blocks, filter_negatives, range_negatives)``: for each key ``keys[rows[i]]``
+        (``keys`` a ``pa.binary()`` array without nulls, ``rows`` int64), of key group
+        ``key_groups[rows[i]]`` (int64, one per key of ``keys``) and XXH64 ``hashes[rows[i]]``
+        (uint64, one per key), ``blocks[i]`` (numpy int64) the file block number of its
+        candidate block, or -1 when the run cannot hold it (a key group the run lacks, a filter
+        negative, a key after the key group's last block key); and how many keys the filters
+        and the block keys sent past the run. InvalidInputError for nulls, arrays of other
+        lengths or rows outside the keys."""
+        cdef int64_t nq = len(keys)
+        if keys.null_count:
+            raise InvalidInputError("keys must not contain nulls")
+        kg_np = np.ascontiguousarray(key_groups, np.int64)
+        h_np = np.ascontiguousarray(hashes, np.uint64)
+        rw_np = np.ascontiguousarray(rows, np.int64)
+        if len(kg_np) != nq or len(h_np) != nq:
+            raise InvalidInputError(
+                f"{nq} keys but {len(kg_np)} key groups and {len(h_np)} hashes")
+        cdef int64_t n = len(rw_np)
+        if n and (rw_np.min() < 0 or rw_np.max() >= nq):
+            raise InvalidInputError("a row number is outside the keys")
+        out_np = np.empty(n, np.int64)
+        if n == 0:
+            return out_np, 0, 0
+        bufs = keys.buffers()
+        cdef c.RouteKeys k
+        k.offsets = <const int32_t*>_addr(bufs[1], 4 * keys.offset)
+        k.data = _addr(bufs[2], 0)
+        if k.data == NULL:
+            k.data = &self.empty
+        cdef const int64_t[::1] kgv = kg_np
+        cdef const uint64_t[::1] hv = h_np
+        cdef const int64_t[::1] rv = rw_np
+        cdef int64_t[::1] ov = out_np
+        k.key_groups = &kgv[0]
+        k.hashes = &hv[0]
+        cdef c.RouteCounts counts
+        counts.filter_negatives = 0
+        counts.range_negatives = 0
+        with nogil:
+            c.route_to_blocks(self.groups.data(), self.groups.size(), self.kg_base, self.koff,
+                              self.kdata, k, &rv[0], n, &ov[0], &counts)
+        return out_np, counts.filter_negatives, counts.range_negatives

@@ -643,6 +643,30 @@ cdef extern from "statecore/payload_lookup.h" namespace "statecore" nogil:
                              string* why) except +raise_native_error
 
 
+cdef extern from "statecore/run_route.h" namespace "statecore" nogil:
+    cdef cppclass RouteGroup:
+        const uint8_t* filter
+        size_t filter_bytes
+        uint32_t hashes
+        int64_t first_block
+        int64_t block_count
+
+    cdef cppclass RouteCounts:
+        int64_t filter_negatives
+        int64_t range_negatives
+
+    cdef cppclass RouteKeys:
+        const int32_t* offsets
+        const uint8_t* data
+        const int64_t* key_groups
+        const uint64_t* hashes
+
+    void route_to_blocks(const RouteGroup* groups, size_t group_count, int64_t kg_base,
+                         const int64_t* block_key_offsets, const uint8_t* block_key_data,
+                         const RouteKeys& keys, const int64_t* rows, size_t n, int64_t* out,
+                         RouteCounts* counts)
+
+
 cdef extern from "statecore/bulk_load.h" namespace "statecore" nogil:
     cdef cppclass BlockLoadSpec:
         int prefix_bytes

@@ -172,5 +172,10 @@ VerifyResult verify_blocks(const uint8_t* data, size_t size, const StoredBlockRe
 // place (bulk_load.h load_blocks). Thread-safe.
 std::string open_block(const uint8_t* data, size_t size, const StoredBlockRef& block,
                        bool has_validity, std::vector<uint8_t>* scratch);
+// open_block with the payload decompressed straight into `out` (block.raw_length bytes, at least
+// one; caller-owned): a caller that keeps each payload in a buffer of its own copies nothing
+// (payload_lookup.h open_blocks_into). On a bad block `out` holds no meaningful bytes.
+std::string open_block_into(const uint8_t* data, size_t size, const StoredBlockRef& block,
+                            bool has_validity, uint8_t* out);
 
 }  // namespace statecore

@@ -33,8 +33,9 @@ struct PayloadView {
 };
 
 // Opens `count` stored blocks of `data[0, size)` (open_block) into caller-owned buffers:
-// payload b goes to `out[b]`, which holds blocks[b].raw_length bytes. Also checks that each
-// payload's last key equals `last_keys[b]` (the footer's block key, `last_key_sizes[b]` bytes).
+// payload b is decompressed straight into `out[b]`, which holds max(blocks[b].raw_length, 1)
+// bytes. Also checks that each payload's last key equals `last_keys[b]` (the footer's block key,
+// `last_key_sizes[b]` bytes).
 // Stops at the first bad block: its index (else -1) and what is wrong in *why. Thread-safe.
 int64_t open_blocks_into(const uint8_t* data, size_t size, const StoredBlockRef* blocks,
                          size_t count, bool has_validity, const uint8_t* const* last_keys,

@@ -80,13 +80,13 @@ OPEN_BYTES = 8 << 20
 
 
 try:
+    from statecore._native import RunRouter as _RunRouter
     from statecore._native import lookup_in_blocks as _native_lookup_in_blocks
     from statecore._native import lookup_in_payloads as _native_lookup_in_payloads
-    from statecore._native import lower_bound_blocks as _native_lower_bound_blocks
     from statecore._native import open_blocks as _native_open_blocks
 except ImportError:
     _native_lookup_in_blocks = _native_lookup_in_payloads = _native_open_blocks = None
-    _native_lower_bound_blocks = None
+    _RunRouter = None
 
 
 def _lookup_in_blocks(blocks: list, which: np.ndarray, needles: pa.Array
@@ -195,13 +195,24 @@ class _RunFile:
         #: first block of each key group's record, ascending, and those key groups
         self.first_blocks = rows["first_block"].astype(np.int64)
         self.kg_list = rows["key_group"].astype(np.int64)
+        #: With the extension (format 6): routes a batch's keys to their candidate blocks in
+        #: one native call (filters given to it as they are read).
+        self.router = None
+        if self.tables is not None and _RunRouter is not None:
+            self.router = _RunRouter(start, end, self.kg_list, self.first_blocks,
+                                     rows["block_count"], self.tables[1], self.tables[2])
 
     def ensure_filters(self, kgs) -> int:
-        """Read the filters of the key groups ``kgs`` (ints) not read yet, in one ranged read
+        """Read the filters of the key groups ``kgs`` (ints, or an int array; repeats allowed)
+        not read yet, in one ranged read
         over the span they lie in (filters are stored in key-group order), checking each
         against its XXH64 (and, without the extension, take their block keys from the footer);
         returns the bytes read. CorruptCheckpointError on a mismatch (no filter of the read
         kept), CheckpointIOError when the read fails."""
+        if len(self.filters) == len(self._filter_rows):
+            return 0
+        if isinstance(kgs, np.ndarray):
+            kgs = np.unique(kgs).tolist()
         want = sorted({kg for kg in kgs if kg in self._filter_rows and kg not in self.filters})
         if not want:
             return 0
@@ -219,7 +230,10 @@ class _RunFile:
                     f"{kg}: Bloom filter checksum mismatch")
             got[kg] = (filt, int(f["hashes"]))
         self.filters.update(got)
-        if _native_lower_bound_blocks is None:
+        if self.router is not None:
+            for kg, (filt, k) in got.items():
+                self.router.set_filter(kg, filt, k)
+        else:
             _, koff, kdata = self.tables
             for kg in want:
                 r = self.rows[kg]
@@ -369,7 +383,7 @@ class RunLookup:
         kgs = self._key_groups(keys)
         hashes = key_hashes(keys)
         objkeys = None  # the keys as bytes, for the block-key search without the extension
-        if _native_lower_bound_blocks is None:
+        if _RunRouter is None:
             objkeys = np.empty(n, dtype=object)
             objkeys[:] = keys.to_pylist()
         take_part = np.full(n, -1, dtype=np.int64)  # which hit part holds the key's value
@@ -707,10 +721,24 @@ class RunLookup:
         """Route the keys ``mine`` (all in one run ``rf``, one segment) to their candidate
         block (``routed[path]``: key indices and block numbers, ``-1 - kg`` for the whole
         (state, key group) of a file without block keys), or past the run (``pos`` + 1) when
-        the run cannot hold them."""
+        the run cannot hold them. With the extension a run of format 6 routes them in one
+        native call (:class:`_RunFile` ``router``); else, and for older files, per key group:
+        its filter probed, its block keys searched (``objkeys``, the keys as bytes)."""
         entry = routed.get(rf.data.name)
         if entry is None:
             entry = routed[rf.data.name] = [rf, [], []]
+        if rf.router is not None:  # format 6 with the extension: one native call
+            n = rf.ensure_filters(kgs[mine])
+            self.stats["filter_bytes"] += n
+            self.stats["bytes_read"] += n
+            blocks, negatives, past = rf.router.route(keys, mine, kgs, hashes)
+            self.stats["filter_negatives"] += negatives
+            self.stats["range_negatives"] += past
+            out = blocks < 0
+            pos[mine[out]] += 1
+            entry[1].append(mine[~out])
+            entry[2].append(blocks[~out])
+            return
         order = np.argsort(kgs[mine], kind="stable")
         mine = mine[order]
         gk = kgs[mine]
@@ -737,12 +765,7 @@ class RunLookup:
                 pos[neg] += 1
             grp = grp[maybe]
             count = int(row["block_count"])
-            if objkeys is None:
-                _, koff, kdata = rf.tables
-                b = _native_lower_bound_blocks(koff, kdata, int(row["first_block"]), count, keys,
-                                               grp)
-            else:
-                b = np.searchsorted(rf.block_keys[kg], objkeys[grp], side="left")
+            b = np.searchsorted(rf.block_keys[kg], objkeys[grp], side="left")
             past = b == count  # after the last key of the group
             if bool(np.any(past)):
                 self.stats["range_negatives"] += int(past.sum())
