@@ -19,7 +19,7 @@ from statecore.demo.job import DemoConfig, DemoPipeline
 from support.spark_cluster import scratch
 from test_demo_job import DAY_MS, DAYS, _assert_matches_spark_sql
 
-KILLS = int(os.environ.get("STATECORE_DEMO_KILLS", "3"))
+KILLS = int(os.environ.get("STATECORE_DEMO_KILLS", "2"))
 
 
 def _scratch(cfg: DemoConfig) -> str:
