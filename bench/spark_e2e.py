@@ -51,8 +51,8 @@ from bench.harness import Size, case, record
 from statecore.descriptors import ReducingStateDescriptor
 from statecore.spark.processor import KeyedProcessor
 
-__all__ = ["RunningCount", "landing_stream", "make_stream", "run_available_now", "run_variant",
-           "VARIANTS"]
+__all__ = ["RunningCount", "landing_stream", "make_stream", "restore_state_store",
+           "rocksdb_session", "run_available_now", "run_variant", "VARIANTS"]
 
 _MAX_PARALLELISM = 128
 _OUT_SCHEMA = pa.schema([("k", pa.int64()), ("count", pa.int64())])
@@ -260,17 +260,26 @@ _FAST_ROUNDS = 5
 _PROVIDER = "spark.sql.streaming.stateStore.providerClass"
 
 
-def _session():
+def rocksdb_session():
+    """``(spark, before)``: the bench's local[2] SparkSession (2 shuffle partitions) with the
+    RocksDB state store provider that transformWithStateInPandas needs -- a session conf, set
+    for all variants so they run under the same settings -- and the provider it had before
+    (None: unset), for :func:`restore_state_store` afterwards (the session may be shared)."""
     from statecore.spark import local_session
 
     spark = local_session("statecore-bench", master="local[2]", shuffle_partitions=2)
-    # transformWithStateInPandas needs the RocksDB provider; a session conf, set for all
-    # variants so they run under the same settings (and put back afterwards: the session may
-    # be shared).
     before = spark.conf.get(_PROVIDER, None)
     spark.conf.set(_PROVIDER,
                    "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
     return spark, before
+
+
+def restore_state_store(spark, before) -> None:
+    """Put back the state store provider :func:`rocksdb_session` replaced."""
+    if before is None:
+        spark.conf.unset(_PROVIDER)
+    else:
+        spark.conf.set(_PROVIDER, before)
 
 
 def _panel(r):
@@ -313,7 +322,7 @@ def spark_running_count(size: Size):
     events = size.n(4_000_000, 400_000)
     slow_events = size.n(200_000, 20_000)
     files = 3 if size.quick else 8
-    spark, provider_before = _session()
+    spark, provider_before = rocksdb_session()
     root = tempfile.mkdtemp(prefix="statecore-bench-spark-")
     out = []
     rates = {}
@@ -356,10 +365,7 @@ def spark_running_count(size: Size):
             out.append(record("spark_running_count", v, "events_per_s", rates[v], "events/s"))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-        if provider_before is None:
-            spark.conf.unset(_PROVIDER)
-        else:
-            spark.conf.set(_PROVIDER, provider_before)
+        restore_state_store(spark, provider_before)
     if "statecore_native" in rates:
         nat = rates["statecore_native"]
         for other in ("identity", "dict", "statecore_python") + _SLOW:

@@ -58,7 +58,7 @@ import pyarrow.parquet as pq
 
 from bench.common import has_native
 from bench.harness import Size, case, record
-from bench.spark_e2e import RunningCount, landing_stream
+from bench.spark_e2e import RunningCount, landing_stream, restore_state_store, rocksdb_session
 from bench.workloads import zipf_keys
 from statecore.descriptors import ReducingStateDescriptor
 
@@ -73,8 +73,6 @@ _ENTRY_BYTES = 18
 #: The tiered budget is this fraction of a task's share of the state.
 _BUDGET_DIVISOR = 16
 _OUT_DDL = "k long, count long"
-_PROVIDER = "spark.sql.streaming.stateStore.providerClass"
-_ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 _DISTS = ("uniform", "zipf")
 
 
@@ -274,16 +272,6 @@ def _operator(checkpoint: str, budget: Optional[int]):
                             backend="native", memory_budget=budget)
 
 
-def _session():
-    from statecore.spark import local_session
-
-    spark = local_session("statecore-bench", master=f"local[{_PARALLELISM}]",
-                          shuffle_partitions=_PARALLELISM)
-    before = spark.conf.get(_PROVIDER, None)
-    spark.conf.set(_PROVIDER, _ROCKSDB)  # transformWithStateInPandas needs it
-    return spark, before
-
-
 _SHORT = {"in_memory": "in memory", "tiered": "tiered", "transformWithStateInPandas": "TWS"}
 
 
@@ -348,7 +336,7 @@ def spark_tiered_running_count(size: Size):
     tws_keys = min(keys, size.n(100_000, 20_000))
     tws_events = size.n(20_000, 4_000)
     budget = max(1, keys * _ENTRY_BYTES // (_PARALLELISM * _BUDGET_DIVISOR))
-    spark, provider_before = _session()
+    spark, provider_before = rocksdb_session()
     root = tempfile.mkdtemp(prefix="statecore-bench-spark-tiered-")
     out = [record(CASE, "setup", "keys", keys, "keys"),
            record(CASE, "setup", "events", events, "events"),
@@ -435,10 +423,7 @@ def spark_tiered_running_count(size: Size):
                       f"micro-batch {got[f'{dist}_first_batch_s']:.2f} s", flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-        if provider_before is None:
-            spark.conf.unset(_PROVIDER)
-        else:
-            spark.conf.set(_PROVIDER, provider_before)
+        restore_state_store(spark, provider_before)
     for dist in _DISTS:
         for other in ("in_memory", "transformWithStateInPandas"):
             for what, got in (("", rates), ("_steady", steady)):
