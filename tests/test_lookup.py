@@ -78,6 +78,16 @@ def _absent_keys(present, mp, n, rng):
     return out
 
 
+def _shuffled_asks(present, inc, n_absent, rng, extra=()):
+    """Every key of ``present``, ``n_absent`` keys never written (``_absent_keys``), the keys
+    the incremental run ``inc`` wrote to state "a" and ``extra``, shuffled by ``rng``."""
+    ask = list(present) + _absent_keys(present, MAXP, n_absent, rng)
+    ask += [k for kv in inc["a"].values() for k in kv]
+    ask += list(extra)
+    rng.shuffle(ask)
+    return ask
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_lookups_equal_the_merged_runs_of_incremental_chains(tmp_path, kind):
     rng = random.Random(3)
@@ -637,10 +647,7 @@ def test_a_batch_opens_its_blocks_in_rounds_within_open_bytes(tmp_path, monkeypa
     bound = 4 << 10
     with store.open(2) as reader:
         present = _all_entries(reader, "a")
-        ask = list(present) + _absent_keys(present, MAXP, 300, rng)
-        ask += [k for kv in inc["a"].values() for k in kv]
-        rng.shuffle(ask)
-        ask = pa.array(ask, pa.binary())
+        ask = pa.array(_shuffled_asks(present, inc, 300, rng), pa.binary())
         largest = max(int(reader.data_file(r).block_rows(0, 1 << 30)["raw_length"].max())
                       for r in reader.manifest["files"])
         with RunLookup(reader, cache_bytes=1, open_bytes=bound) as lk:
@@ -667,11 +674,9 @@ def test_lookup_one_answers_and_counts_as_lookup_batch(tmp_path, monkeypatch, st
     store, full, inc = _full_and_incremental(tmp_path, monkeypatch, strip, payloads, rng,
                                              2000, 600)
     with store.open(2) as reader:
+        other = [k for kv in full["b"].values() for k in kv][:200]  # other state's keys
         present = _all_entries(reader, "a")
-        ask = list(present) + _absent_keys(present, MAXP, 200, rng)
-        ask += [k for kv in inc["a"].values() for k in kv]
-        ask += [k for kv in full["b"].values() for k in kv][:200]  # other state's keys
-        rng.shuffle(ask)
+        ask = _shuffled_asks(present, inc, 200, rng, other)
         with RunLookup(reader) as one, RunLookup(reader) as batch:
             got = [one.lookup_one("a", k) for k in ask]
             assert got == batch.lookup_batch("a", pa.array(ask, pa.binary())).to_pylist()
@@ -797,10 +802,7 @@ def test_native_routing_answers_and_counts_as_the_python_path(tmp_path, monkeypa
     store, full, inc = _full_and_incremental(tmp_path, monkeypatch, strip, True, rng, 1500, 500)
     with store.open(2) as reader:
         present = _all_entries(reader, "a")
-        ask = list(present) + _absent_keys(present, MAXP, 200, rng)
-        ask += [k for kv in inc["a"].values() for k in kv]
-        rng.shuffle(ask)
-        ask = pa.array(ask, pa.binary())
+        ask = pa.array(_shuffled_asks(present, inc, 200, rng), pa.binary())
         with RunLookup(reader) as lk:
             native = lk.lookup_batch("a", ask).to_pylist()
             native_stats = lk.statistics()
