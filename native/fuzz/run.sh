@@ -9,7 +9,7 @@
 #   native/fuzz/run.sh --seconds 1800 bulk_load
 #   native/fuzz/run.sh --replay               # every corpus file once (seeds and findings)
 #
-# CC / CXX choose the compilers (default clang-14 / clang++-14).
+# CC / CXX choose the compilers (default clang-14 / clang++-14); CMAKE_ARGS adds configure arguments.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -33,8 +33,13 @@ if [ ${#targets[@]} -eq 0 ]; then
   done
 fi
 
+# -O1 -g1: what libFuzzer's documentation builds with, and reports name files and lines.
+# CMAKE_ARGS (word-split) adds configure arguments, e.g. a generator.
+# shellcheck disable=SC2086
 CC=${CC:-clang-14} CXX=${CXX:-clang++-14} cmake -S . -B build/fuzz -DSTATECORE_FUZZ=ON \
-  -DSTATECORE_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  -DSTATECORE_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
+  ${CMAKE_ARGS:-} >/dev/null
 cmake --build build/fuzz -j2 >/dev/null
 
 # Fuzzes target $1 (binary $2, corpus $3) in the work directory $4: its report goes to
