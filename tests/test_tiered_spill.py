@@ -173,7 +173,7 @@ def test_spill_files_are_private_and_go_with_the_checkpoint_and_the_close(tmp_pa
     v = b.get_state(ValueStateDescriptor("v", "int64"))
 
     def files():
-        return sorted(f for _, _, fs in os.walk(spill) for f in fs)
+        return sorted(f for _, _, fs in os.walk(spill) for f in fs if f != ".owner.lock")
 
     v.put_batch(pa.array(range(40), pa.int64()), pa.array(range(40), pa.int64()))
     assert files() == ["spill-000001.data"] and b.state_bytes() <= 4 * ENTRY
@@ -273,3 +273,36 @@ def test_sigkill_during_spills_and_checkpoints_keeps_the_last_committed_version(
         assert _contents(attached, w) == w.expected(latest), latest
         attached.dispose()
     assert progressed >= 3, f"only {progressed} versions in 3 runs"
+    # Each worker spilled after its first commit, removing the directories of the killed
+    # workers before it: only the last one's is left.
+    assert len(os.listdir(spill)) == 1
+
+
+def test_spill_directories_of_ended_processes_are_removed_at_the_next_spill(tmp_path):
+    """A spill directory whose owner ended (its lock file unlocked) goes when the next
+    backend spills under the same parent; a live owner's directory and a directory without a
+    lock file stay."""
+    from statecore.backends.tiered_spill import SpillRuns, remove_abandoned_spill_dirs
+
+    parent = tmp_path / "spill"
+    live = SpillRuns(str(parent))
+    live._make_dir()
+    abandoned = parent / "statecore-spill-dead"
+    abandoned.mkdir()
+    (abandoned / ".owner.lock").touch()
+    (abandoned / "spill-000001.data").write_bytes(b"x")
+    foreign = parent / "statecore-spill-foreign"
+    foreign.mkdir()
+    assert remove_abandoned_spill_dirs(str(parent)) == 1
+    assert sorted(os.listdir(parent)) == sorted([os.path.basename(live.dir), foreign.name])
+    b = create_backend("native", key_type="int64", memory_budget=4 * ENTRY,
+                       checkpoint=CheckpointStore(tmp_path / "store"), spill_dir=str(parent))
+    (parent / "statecore-spill-dead2").mkdir()
+    (parent / "statecore-spill-dead2" / ".owner.lock").touch()
+    b.get_state(ValueStateDescriptor("v", "int64")).put_batch(
+        pa.array(range(40), pa.int64()), pa.array(range(40), pa.int64()))
+    assert b.tiered_statistics()["spill_runs"] >= 1
+    assert len(os.listdir(parent)) == 3 and "statecore-spill-dead2" not in os.listdir(parent)
+    b.dispose()
+    live.close()
+    assert os.listdir(parent) == [foreign.name]

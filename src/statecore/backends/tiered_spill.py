@@ -19,7 +19,11 @@ moves the maps' base to that spill snapshot, so the spilled entries are clean an
   written reads it.
 * **Crash safety.** Spill files live in a private local directory and no manifest ever names
   one: a crash at any point leaves the store's committed versions untouched, and the files
-  are garbage (:meth:`SpillRuns.close` removes them on an orderly close).
+  are garbage. :meth:`SpillRuns.close` removes them on an orderly close; a process that died
+  leaves its directory, which the next tiered backend to spill under the same parent removes:
+  each directory holds a lock file that its owner keeps locked (``fcntl.flock``, released by
+  the kernel when the process ends, whatever its PID namespace), so a directory whose lock can
+  be taken has no live owner.
 
 Thread contract: the backend's thread writes, looks up and retires; a snapshot's background
 write reads the runs it pinned through readers of its own.
@@ -28,6 +32,8 @@ write reads the runs it pinned through readers of its own.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import glob
 import os
 import shutil
 import tempfile
@@ -119,13 +125,44 @@ def _merged(parts: list) -> tuple[pa.Array, pa.Array]:
     return merge_newest_wins(parts, keep_tombstones=True)
 
 
+_DIR_PREFIX = "statecore-spill-"
+_LOCK_NAME = ".owner.lock"
+
+
+def remove_abandoned_spill_dirs(parent_dir: str | None = None) -> int:
+    """Remove the spill directories under ``parent_dir`` (None: the system's temporary
+    directory) whose owner process has ended: those whose lock file can be locked. A directory
+    without a lock file (being created, or not ours) is left alone. Returns how many were
+    removed; never raises for a directory it cannot read or remove."""
+    parent = parent_dir if parent_dir is not None else tempfile.gettempdir()
+    removed = 0
+    for d in glob.glob(os.path.join(glob.escape(parent), _DIR_PREFIX + "*")):
+        try:
+            fd = os.open(os.path.join(d, _LOCK_NAME), os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)  # a live owner holds it
+            continue
+        try:
+            shutil.rmtree(d, ignore_errors=True)
+            removed += not os.path.exists(d)
+        finally:
+            os.close(fd)
+    return removed
+
+
 class SpillRuns:
     """The spill runs of one tiered backend, oldest first, in a private directory created under
-    ``parent_dir`` (None: the system's temporary directory) at the first spill."""
+    ``parent_dir`` (None: the system's temporary directory) at the first spill, after removing
+    the directories of ended processes there (:func:`remove_abandoned_spill_dirs`)."""
 
     def __init__(self, parent_dir: str | None = None):
         self.parent_dir = parent_dir
         self.dir: str | None = None
+        self._lock_fd: int | None = None
         self.runs: list[SpillRun] = []
         self._seq = 0
         self._decoded: OrderedDict = OrderedDict()  # (seq, state, kg) -> (keys, values)
@@ -149,9 +186,7 @@ class SpillRuns:
         seq = self._seq + 1
         try:
             if self.dir is None:
-                if self.parent_dir is not None:
-                    os.makedirs(self.parent_dir, exist_ok=True)
-                self.dir = tempfile.mkdtemp(prefix="statecore-spill-", dir=self.parent_dir)
+                self._make_dir()
             path = os.path.join(self.dir, f"spill-{seq:06d}.data")
             tmp = path + ".tmp"
             try:
@@ -174,6 +209,20 @@ class SpillRuns:
         run = SpillRun(path, seq, frozenset(held), sum(held.values()), summary.size)
         self.runs.append(run)
         return run
+
+    def _make_dir(self) -> None:
+        if self.parent_dir is not None:
+            os.makedirs(self.parent_dir, exist_ok=True)
+        remove_abandoned_spill_dirs(self.parent_dir)
+        d = tempfile.mkdtemp(prefix=_DIR_PREFIX, dir=self.parent_dir)
+        fd = os.open(os.path.join(d, _LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            shutil.rmtree(d, ignore_errors=True)
+            raise
+        self.dir, self._lock_fd = d, fd
 
     def lookup(self, state_name: str, keys: pa.Array, prefix_width: int):
         """Point lookups of the encoded keys ``keys`` (``pa.binary()``) of ``state_name`` in the
@@ -268,6 +317,11 @@ class SpillRuns:
         self.retire_through(self._seq)
         if self.dir is not None and not pinned:
             shutil.rmtree(self.dir, ignore_errors=True)
+        if self._lock_fd is not None and not pinned:
+            os.close(self._lock_fd)
+        # A directory left for a pinned run's last reader stays locked until this process
+        # ends: only then may another backend remove it.
+        self._lock_fd = None
         self.dir = None
 
 
