@@ -128,7 +128,7 @@ def _moto_server():
 def _network_proxy(target: str):
     """The endpoint of a ``tests/support/tcp_proxy.py`` process (:data:`NET_LATENCY_S`,
     :data:`NET_BYTES_PER_S`) in front of ``target`` (``host:port`` on loopback), ended on exit.
-    A process of its own, in this process's session (so at its scheduling priority): its
+    A process of its own in this process's scheduling group (Linux autogroup: its priority): its
     threads neither count in this process's CPU seconds nor take its GIL."""
     proc = subprocess.Popen([sys.executable, str(_PROXY), target.rsplit(":", 1)[1],
                              "--latency-ms", str(NET_LATENCY_S * 1000),
@@ -348,7 +348,8 @@ def _panel(r) -> object:
     if r["unit"] not in ("MB/s", "ratio") or r["metric"].startswith("net_"):
         return None
     where = "S3-like network" if r["impl"].endswith("_net") else "loopback"
-    return f"{where}, {r['unit']}"
+    m = r["metric"].removesuffix("_MB_per_s").removeprefix("goal_min_").removeprefix("ratio_")
+    return f"{where}, {r['unit']}", f"{r['impl'].removesuffix('_net')} {m}"
 
 
 @case("s3_checkpoint", "checkpoint write and restore MB/s on S3 (moto server on loopback, and "
