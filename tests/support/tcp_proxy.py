@@ -159,7 +159,8 @@ class TcpProxy:
                 continue
             upstream.settimeout(None)
             for s in (client, upstream):
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                with contextlib.suppress(OSError):  # an end already gone: its pump sees it
+                    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
                 self._conns.update((client, upstream))
                 self.accepted += 1

@@ -592,11 +592,11 @@ class DataFileReader:
     decoding what arrived (:meth:`pieces`, :meth:`piece_cuts`) overlaps the download of the
     rest. With ``tail_first`` (the default) the lanes start once the footer's piece arrived,
     so that it arrives first, alone, and its key groups load while the others download; else
-    they start before it is asked for, all in flight at once, for a store whose connections
-    each move a bounded rate after a long round trip (docs/deploy.md "Checkpoints on object
-    storage"). The first piece's task checks the header. Read errors of the pieces surface
-    as the opening's (CheckpointIOError, CorruptCheckpointError), or at a later read that
-    needs the piece or at :meth:`wait_prefetched`.
+    they start before it is asked for, and it downloads alongside their first pieces, for a
+    store whose connections each move a bounded rate after a long round trip (docs/deploy.md
+    "Checkpoints on object storage"). The first piece's task checks the header. Read errors of
+    the pieces surface as the opening's (CheckpointIOError, CorruptCheckpointError), or at a
+    later read that needs the piece or at :meth:`wait_prefetched`.
     """
 
     #: Format 6 (set from the footer): the Bloom filters' bits per key and their bytes in the

@@ -64,11 +64,12 @@ CHUNK_BYTES = 256 << 20
 REMOTE_PIECE_BYTES = 16 << 20
 REMOTE_FETCH_THREADS = 4
 #: Seconds the opening of a data file (on an object store one round trip, a HEAD request) must
-#: take for its pieces to be asked for all at once instead of the footer's first: a store that
-#: far away bounds each connection's rate (AWS's "Best Practices Design Patterns: Optimizing
-#: Amazon S3 Performance": one connection per 85-90 MB/s), and the pieces in flight together
-#: move more than loading the footer's piece during the next one's download wins; a store
-#: nearer than that answers too fast for it (docs/deploy.md "Checkpoints on object storage").
+#: take for the footer's piece to be asked for alongside the others' first ones instead of
+#: before them (DataFileReader's ``tail_first``): a store that far away bounds each
+#: connection's rate (AWS's "Best Practices Design Patterns: Optimizing Amazon S3
+#: Performance": one connection per 85-90 MB/s), and the pieces in flight together move more
+#: than loading the footer's piece during the next one's download wins; a store nearer than
+#: that answers too fast for it (docs/deploy.md "Checkpoints on object storage").
 REMOTE_FAR_OPEN_S = 0.010
 REMOTE_CHUNK_BYTES = 16 << 20
 
