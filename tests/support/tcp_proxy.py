@@ -197,7 +197,7 @@ class TcpProxy:
                             time.sleep(self.first_byte_latency_s)
                     paced[s].wait(len(data))
                     (upstream if upward else client).sendall(data)
-        except OSError:
+        except (OSError, ValueError):  # ValueError: select() on a socket down() closed
             reset = True
         finally:
             with self._lock:
