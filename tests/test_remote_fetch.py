@@ -68,6 +68,13 @@ def _contents(b):
         snap.release()
 
 
+@pytest.fixture(autouse=True)
+def near_store(monkeypatch):
+    """The order of a store near this process (the footer's piece first), whatever the time
+    opening a file takes on a busy machine; the far store's order has a test of its own."""
+    monkeypatch.setattr(readers, "REMOTE_FAR_OPEN_S", float("inf"))
+
+
 @pytest.fixture
 def remote(tmp_path):
     """``(handler, store, data file path, descriptor, contents)``: version 1 of a native
@@ -334,6 +341,75 @@ def test_a_restore_loads_the_first_piece_to_arrive_while_the_rest_downloads(
     assert not held and first_lo > min(want)
     assert any(released and lo < first_lo for released, lo, _ in loads[1:])
     assert sorted(_data_reads(handler, path))[0][0] == 0
+
+
+class _TailWaitsForHead:
+    """A data file's bytes as an input file (``size``, ``read_at``, ``close``) whose read at
+    offset ``tail`` returns only once a read of offset 0 returned (at most ``timeout`` seconds;
+    ``timed_out`` says whether it had to give up). Not through ``PyFileSystem``: its files
+    serve one read at a time."""
+
+    def __init__(self, data: bytes, tail: int, timeout: float = 2.0):
+        self.data, self.tail, self.timeout = data, tail, timeout
+        self.head_read = threading.Event()
+        self.timed_out = False
+
+    def size(self) -> int:
+        return len(self.data)
+
+    def read_at(self, n: int, offset: int) -> bytes:
+        if offset == self.tail:
+            self.timed_out = not self.head_read.wait(self.timeout)
+        out = self.data[offset:offset + n]
+        if offset == 0:
+            self.head_read.set()
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def test_pieces_not_tail_first_are_in_flight_at_once(remote):
+    """``tail_first=False``: the first piece is asked for before the footer's piece arrived
+    (whose read waits for it: in vain were they asked for one after the other), and the file
+    reads the same."""
+    _, _, path, desc, want = remote
+    size = desc["size"]
+    with open(path, "rb") as f:
+        file = _TailWaitsForHead(f.read(), size - size // 2)
+    with ThreadPoolExecutor(2) as pool:
+        r = DataFileReader(file, path, expected_size=size, fetch_pool=pool,
+                           piece_bytes=-(-size // 2), tail_first=False)
+        try:
+            r.wait_prefetched()
+            assert not file.timed_out and r.bytes_read == size
+            keys, _ = r.entries("sum", 5)
+            assert keys.to_pylist() == want.get(5, ([], []))[0]
+        finally:
+            r.close()
+
+
+@pytest.mark.parametrize("far_s", [0.0, float("inf")])
+def test_a_store_slow_to_open_a_file_asks_for_its_pieces_at_once(remote, monkeypatch, far_s):
+    """Opening a data file that takes ``REMOTE_FAR_OPEN_S`` or more (a store a long round trip
+    away) has its pieces asked for at once, not the footer's first; the restore is the same."""
+    handler, store, path, desc, want = remote
+    size = desc["size"]
+    monkeypatch.setattr(readers, "REMOTE_PIECE_BYTES", -(-size // 2))
+    monkeypatch.setattr(readers, "REMOTE_FAR_OPEN_S", far_s)
+    opened = []
+
+    def spy(*args, **kwargs):
+        opened.append(kwargs["tail_first"])
+        return DataFileReader(*args, **kwargs)
+
+    monkeypatch.setattr(readers, "DataFileReader", spy)
+    fresh = create_backend("native", key_type="int64")
+    store.restore(fresh, 1)
+    assert _contents(fresh) == want
+    fresh.close()
+    assert opened == [far_s > 0]
+    assert _data_reads(handler, path) == [(0, size - size // 2), (size - size // 2, size // 2)]
 
 
 def _flip(path, pos):

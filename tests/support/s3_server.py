@@ -4,26 +4,24 @@ own process group, plus a loopback TCP proxy that can drop connections (fault in
 moto's ``mock_aws`` decorators patch boto only; pyarrow's S3 client is the C++ AWS SDK, so the
 tests talk HTTP to ``moto.server`` bound to 127.0.0.1 (never the default 0.0.0.0). The server
 keeps its objects in memory: killing it loses them, which is why the tests that need the
-objects to survive a failure put :class:`DroppingProxy` between the client and the server.
+objects to survive a failure put :class:`DroppingProxy` (a
+:class:`support.tcp_proxy.TcpProxy`) between the client and the server.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import select
 import signal
-import socket
-import struct
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 
 import pyarrow.fs as pafs
 
 from support.fs_wrappers import LocalDelegatingHandler
+from support.tcp_proxy import TcpProxy, free_port
 
 __all__ = ["S3Server", "DroppingProxy", "start_s3_server", "free_port", "ACCESS_KEY",
            "SECRET_KEY", "REGION", "S3DelegatingHandler"]
@@ -32,14 +30,6 @@ ACCESS_KEY = "statecore-test"
 SECRET_KEY = "statecore-test-secret"
 REGION = "us-east-1"
 START_TIMEOUT_S = 120.0
-_RST = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class S3Server:
@@ -121,54 +111,24 @@ def start_s3_server(log_dir: str):
         server.stop()
 
 
-class DroppingProxy:
-    """A TCP proxy on ``127.0.0.1:port`` in front of ``target_port``, run by threads of this
-    process. :meth:`drop_after` makes it cut every connection once ``n`` more bytes went from
-    clients to the server (a request failing mid-upload), :meth:`drop_downstream_after` once
-    ``n`` more went from the server to clients (a read failing mid-download); :meth:`down`
-    closes the listener and every connection at once (the server dying), :meth:`down_after`
-    does so once ``n`` more bytes went upstream (the server dying mid-upload),
-    :meth:`call_after` runs a function at such a point (e.g. kills the server behind it),
-    :meth:`up` listens again on the same port; :meth:`heal` forwards everything again.
-    :meth:`close` ends it."""
+class DroppingProxy(TcpProxy):
+    """A :class:`~support.tcp_proxy.TcpProxy` on ``127.0.0.1:port`` in front of
+    ``target_port`` that fails on demand. :meth:`drop_after` makes it cut every connection once
+    ``n`` more bytes went from clients to the server (a request failing mid-upload),
+    :meth:`drop_downstream_after` once ``n`` more went from the server to clients (a read
+    failing mid-download); :meth:`down` closes the listener and every connection at once (the
+    server dying), :meth:`down_after` does so once ``n`` more bytes went upstream (the server
+    dying mid-upload), :meth:`call_after` runs a function at such a point (e.g. kills the
+    server behind it), :meth:`up` listens again on the same port; :meth:`heal` forwards
+    everything again. :meth:`close` ends it."""
 
     def __init__(self, target_port: int):
-        self.target_port = target_port
-        self.port = free_port()
-        self._lock = threading.Lock()
         self._budget: int | None = None  # bytes still forwarded upstream; None = unlimited
         self._down_budget: int | None = None  # the same, from the server to clients
-        self._conns: set[socket.socket] = set()
-        self._listener: socket.socket | None = None
-        self._closed = False
         self._down_when_spent = False
-        self._pending_down = False  # a down_after in progress: up() waits for it
         self._on_spent = None  # call_after's hook
         self.dropped = 0
-        self.up()
-
-    @property
-    def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def up(self) -> None:
-        deadline = time.monotonic() + 10
-        while self._pending_down and time.monotonic() < deadline:
-            time.sleep(0.01)
-        ls = socket.socket()
-        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        ls.bind(("127.0.0.1", self.port))
-        ls.listen(64)
-        self._listener = ls
-        threading.Thread(target=self._accept, args=(ls,), daemon=True).start()
-
-    def down(self) -> None:
-        ls, self._listener = self._listener, None
-        if ls is not None:
-            with contextlib.suppress(OSError):
-                ls.shutdown(socket.SHUT_RDWR)
-            ls.close()
-        self._cut_all()
+        super().__init__(target_port)
 
     def drop_after(self, n: int) -> None:
         with self._lock:
@@ -198,94 +158,31 @@ class DroppingProxy:
             self._down_budget = None
             self._down_when_spent = False
 
-    def close(self) -> None:
-        self._closed = True
-        self.down()
-
-    def _cut_all(self) -> None:
+    def _admit_upstream(self, data: bytes) -> str:
+        hook = None
         with self._lock:
-            conns, self._conns = list(self._conns), set()
-        for c in conns:
-            with contextlib.suppress(OSError):
-                # RST instead of FIN: the client sees the connection reset mid-request.
-                c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RST)
-                c.close()
+            if self._budget is not None and self._on_spent is not None \
+                    and len(data) > self._budget:
+                hook, self._on_spent, self._budget = self._on_spent, None, None
+            elif self._budget is not None:
+                if len(data) > self._budget:
+                    self._budget = 0
+                    self.dropped += 1
+                    return "down" if self._down_when_spent else "reset"
+                self._budget -= len(data)
+        if hook is not None:
+            hook()  # e.g. the server killed with part of a request sent
+        return "forward"
 
-    def _accept(self, ls: socket.socket) -> None:
-        while not self._closed:
-            try:
-                client, _ = ls.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=10)
-            except OSError:
-                client.close()
-                continue
-            upstream.settimeout(None)
-            with self._lock:
-                self._conns.update((client, upstream))
-            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
-
-    def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
-        socks = [client, upstream]
-        reset = False  # a deliberate drop resets both ends; an end of stream closes gently
-        go_down = False  # the budget of down_after is spent: the whole proxy goes down
-        try:
-            while True:
-                readable, _, _ = select.select(socks, [], [], 1.0)
-                if self._closed:
-                    reset = True
-                    return
-                for s in readable:
-                    data = s.recv(1 << 16)
-                    if not data:
-                        return
-                    if s is client:
-                        hook = None
-                        with self._lock:
-                            if self._budget is not None and self._on_spent is not None \
-                                    and len(data) > self._budget:
-                                hook, self._on_spent, self._budget = self._on_spent, None, None
-                            elif self._budget is not None:
-                                if len(data) > self._budget:
-                                    self._budget = 0
-                                    self.dropped += 1
-                                    reset = True
-                                    if self._down_when_spent:
-                                        self._pending_down = go_down = True
-                                    return
-                                self._budget -= len(data)
-                        if hook is not None:
-                            hook()  # e.g. the server killed with part of a request sent
-                        upstream.sendall(data)
-                    else:
-                        with self._lock:
-                            if self._down_budget is not None:
-                                if len(data) > self._down_budget:
-                                    self._down_budget = 0
-                                    self.dropped += 1
-                                    reset = True
-                                    return
-                                self._down_budget -= len(data)
-                        client.sendall(data)
-        except OSError:
-            reset = True
-        finally:
-            with self._lock:
-                self._conns.discard(client)
-                self._conns.discard(upstream)
-            for s in socks:
-                with contextlib.suppress(OSError):
-                    if reset:
-                        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RST)
-                    else:
-                        s.shutdown(socket.SHUT_WR)
-                    s.close()
-            if go_down:  # not under the lock: down() takes it
-                self.down()
-                with self._lock:
-                    self._pending_down = False
+    def _admit_downstream(self, data: bytes) -> str:
+        with self._lock:
+            if self._down_budget is not None:
+                if len(data) > self._down_budget:
+                    self._down_budget = 0
+                    self.dropped += 1
+                    return "reset"
+                self._down_budget -= len(data)
+        return "forward"
 
 
 class S3DelegatingHandler(LocalDelegatingHandler):

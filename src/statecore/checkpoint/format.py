@@ -585,14 +585,18 @@ class DataFileReader:
     restore of its whole key-group range) on a store where every request is a round trip, one
     request per piece replaces a header read, a tail read and a key-group read, at the price
     of the Bloom filters' bytes, which such a caller does not need. The pieces are of equal
-    size; the last (the footer's, and the blocks before it) is read first, by the opening
-    thread: nothing can be decoded without the footer. The others are then read in file order
-    by at most ``fetch_lanes`` tasks of the pool (one per two pieces), each as soon as the one
-    before it in its lane arrived, so that they arrive a few at a time, in file order, and a
-    caller decoding what arrived (:meth:`pieces`, :meth:`piece_cuts`) overlaps the download
-    of the rest. The first piece's task checks the header. Read errors of the pieces surface
-    as the opening's (CheckpointIOError, CorruptCheckpointError), or at a later read that
-    needs the piece or at :meth:`wait_prefetched`.
+    size; the last (the footer's, and the blocks before it) is read by the opening thread:
+    nothing can be decoded without the footer. The others are read in file order by at most
+    ``fetch_lanes`` tasks of the pool (one per two pieces), each as soon as the one before it
+    in its lane arrived, so that they arrive a few at a time, in file order, and a caller
+    decoding what arrived (:meth:`pieces`, :meth:`piece_cuts`) overlaps the download of the
+    rest. With ``tail_first`` (the default) the lanes start once the footer's piece arrived,
+    so that it arrives first, alone, and its key groups load while the others download; else
+    they start before it is asked for, and it downloads alongside their first pieces, for a
+    store whose connections each move a bounded rate after a long round trip (docs/deploy.md
+    "Checkpoints on object storage"). The first piece's task checks the header. Read errors of
+    the pieces surface as the opening's (CheckpointIOError, CorruptCheckpointError), or at a
+    later read that needs the piece or at :meth:`wait_prefetched`.
     """
 
     #: Format 6 (set from the footer): the Bloom filters' bits per key and their bytes in the
@@ -602,7 +606,7 @@ class DataFileReader:
 
     def __init__(self, file, name: str, expected_size: int | None = None,
                  expected_footer_xxh64: int | None = None, *, fetch_pool=None,
-                 piece_bytes: int = 32 << 20, fetch_lanes: int = 1):
+                 piece_bytes: int = 32 << 20, fetch_lanes: int = 1, tail_first: bool = True):
         self.name = name
         self._file = file
         #: ``(lo, hi, bytes)`` of prefetched ranges, ascending; ``bytes`` a pa.Buffer or, for a
@@ -613,7 +617,7 @@ class DataFileReader:
         self.bytes_read = 0
         try:
             self._open(expected_size, expected_footer_xxh64, fetch_pool, piece_bytes,
-                       fetch_lanes)
+                       fetch_lanes, tail_first)
         except Exception:
             self.drop_prefetched()  # no piece read may outlive the file
             file.close()
@@ -658,7 +662,7 @@ class DataFileReader:
         return data
 
     def _open(self, expected_size, expected_footer_xxh64, fetch_pool, piece_bytes,
-              fetch_lanes) -> None:
+              fetch_lanes, tail_first) -> None:
         size = self._file.size()
         self.size = size
         if expected_size is not None and size != expected_size:
@@ -668,7 +672,7 @@ class DataFileReader:
             raise self._fail(f"truncated: {size} bytes is shorter than header + trailer")
         pieces = 1 if fetch_pool is None else max(1, round(size / piece_bytes))
         tail = size - size // pieces
-        if fetch_pool is not None:
+        if fetch_pool is not None and tail_first:
             # Read here, not by the pool: an opening in one of the pool's threads (several runs
             # opened at once) must not wait for the pool.
             self._prefetched.append((tail, size, self._read_at(tail, size - tail,
@@ -680,6 +684,11 @@ class DataFileReader:
             cuts = [tail * i // (pieces - 1) for i in range(pieces)]
             self._fetch_in_order(list(zip(cuts[:-1], cuts[1:])), fetch_pool,
                                  max(1, min(fetch_lanes, pieces // 2)))
+        if fetch_pool is not None and not tail_first:
+            # The same read, with the other pieces already on their way (the last range: the
+            # order of the prefetched ranges holds).
+            self._prefetched.append((tail, size, self._read_at(tail, size - tail,
+                                                               "the whole file")))
         # Through _range: from the piece just read, else read from the file. A header in a
         # later piece is checked as that piece arrives (_fetch_in_order).
         if tail == 0 and self._range(0, HEADER_SIZE, "header").to_pybytes() != MAGIC:

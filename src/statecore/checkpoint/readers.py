@@ -20,6 +20,7 @@ from __future__ import annotations
 import operator
 import os
 import threading
+import time
 from bisect import bisect_right
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
@@ -62,6 +63,14 @@ CHUNK_BYTES = 256 << 20
 #: docs/deploy.md "Checkpoints on object storage" for the size).
 REMOTE_PIECE_BYTES = 16 << 20
 REMOTE_FETCH_THREADS = 4
+#: Seconds the opening of a data file (on an object store one round trip, a HEAD request) must
+#: take for the footer's piece to be asked for alongside the others' first ones instead of
+#: before them (DataFileReader's ``tail_first``): a store that far away bounds each
+#: connection's rate (AWS's "Best Practices Design Patterns: Optimizing Amazon S3
+#: Performance": one connection per 85-90 MB/s), and the pieces in flight together move more
+#: than loading the footer's piece during the next one's download wins; a store nearer than
+#: that answers too fast for it (docs/deploy.md "Checkpoints on object storage").
+REMOTE_FAR_OPEN_S = 0.010
 REMOTE_CHUNK_BYTES = 16 << 20
 
 _pool_lock = threading.Lock()
@@ -260,7 +269,9 @@ class CheckpointReader:
         not kept: safe from any thread."""
         path = self._root.path(run["path"])
         try:
+            t = time.monotonic()
             handle = self._root.fs.open_input_file(path)
+            far = time.monotonic() - t >= REMOTE_FAR_OPEN_S
             if not self._root.atomic_rename and fetch_pool is None:
                 handle = _TailCachedFile(handle)
         except FileNotFoundError:
@@ -273,7 +284,7 @@ class CheckpointReader:
         reader = DataFileReader(handle, path, expected_size=run["size"],
                                 expected_footer_xxh64=int(run["footer_xxh64"], 16),
                                 fetch_pool=fetch_pool, piece_bytes=REMOTE_PIECE_BYTES,
-                                fetch_lanes=REMOTE_FETCH_THREADS)
+                                fetch_lanes=REMOTE_FETCH_THREADS, tail_first=not far)
         mine = (self.max_parallelism, self.key_type, self.assigner,
                 list(run["key_group_range"]), run["kind"])
         theirs = (reader.max_parallelism, reader.key_type, reader.assigner,
