@@ -25,6 +25,7 @@ which (``native+async`` / ``native+thread``).
 from __future__ import annotations
 
 import gc
+import mmap
 import os
 import resource
 import shutil
@@ -376,6 +377,38 @@ def _kernel_s() -> float:
     return resource.getrusage(who).ru_stime
 
 
+def _anon_huge_bytes() -> int | None:
+    """Bytes of this process's anonymous memory backed by transparent huge pages
+    (``AnonHugePages`` of ``/proc/self/smaps_rollup``, Linux 4.14); None where unreadable."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _fault_in_cpu(nbytes: int) -> float:
+    """CPU seconds of the calling thread to fault in ``nbytes`` of fresh anonymous memory
+    advised for transparent huge pages, one write a 4 KiB page and nothing else (the kernel
+    zeroes each page as it faults it in): what a restore into a fresh process pays for that
+    much new memory before it stores anything."""
+    m = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            m.madvise(mmap.MADV_HUGEPAGE)
+        view = np.frombuffer(m, np.uint8)
+        c = time.thread_time()
+        view[::4096] = 1
+        dt = time.thread_time() - c
+        del view
+        return dt
+    finally:
+        m.close()
+
+
 def _first_record(backend, key: int = 0) -> None:
     """The first record processed after a restore: 1 added to ``key`` (one the backend's
     key-group range holds) of the restored state."""
@@ -395,21 +428,30 @@ def fresh_restore_probe(root: str, version: int) -> dict:
     """:func:`_read_floor` then ``CheckpointStore(root).restore`` of ``version`` into a new native
     backend, meant for a fresh interpreter (:func:`bench.common.probe_in_child`), where no freed
     memory is left to reuse and every page of the state is faulted in fresh. Returns
-    ``{"floor_s", "floor_cpu", "s", "cpu", "process_cpu", "kernel_s", "state_bytes",
-    "entries"}`` (seconds, CPU seconds of the restoring thread and of the whole process -- the
-    native restore faults its pages in on a worker thread -- the thread's kernel seconds, as
-    :func:`restore` records them)."""
+    ``{"floor_s", "floor_cpu", "s", "cpu", "process_cpu", "kernel_s", "process_kernel_s",
+    "huge_page_bytes", "fault_in_cpu", "state_bytes", "entries"}`` (seconds, CPU seconds of
+    the restoring thread and of the whole process -- the native restore faults its pages in on
+    a worker thread too -- kernel seconds of the thread and of the process, as :func:`restore`
+    records them, the bytes of huge pages the restore faulted in, :func:`_anon_huge_bytes`,
+    None where unknown, and, after the restore, the CPU seconds of faulting in as many bytes
+    of other fresh memory alone, :func:`_fault_in_cpu`)."""
     store = CheckpointStore(root)
     floor_s, floor_cpu = _read_floor(store, version)
     fresh = create_backend("native", key_type="int64")
+    huge0 = _anon_huge_bytes()
+    psys0 = resource.getrusage(resource.RUSAGE_SELF).ru_stime
     sys0, cpu0, proc0 = _kernel_s(), time.thread_time(), time.process_time()
     t = time.perf_counter()
     store.restore(fresh, version)
     dt = time.perf_counter() - t
+    huge1 = _anon_huge_bytes()
     out = {"floor_s": floor_s, "floor_cpu": floor_cpu, "s": dt,
            "cpu": max(time.thread_time() - cpu0, 1e-9),
            "process_cpu": max(time.process_time() - proc0, 1e-9), "kernel_s": _kernel_s() - sys0,
+           "process_kernel_s": resource.getrusage(resource.RUSAGE_SELF).ru_stime - psys0,
+           "huge_page_bytes": None if huge0 is None or huge1 is None else max(huge1 - huge0, 0),
            "state_bytes": fresh.state_bytes(), "entries": fresh.num_entries()}
+    out["fault_in_cpu"] = _fault_in_cpu(out["huge_page_bytes"] or out["state_bytes"])
     fresh.close()
     return out
 
@@ -443,7 +485,13 @@ def restore(size: Size):
     restored in a new interpreter (:func:`fresh_restore_probe`), every page of the state faulted
     in fresh; there also ``fresh_process_full_process_cpu_s`` and
     ``fresh_process_full_state_MB_per_process_cpu_s``, the CPU seconds of every thread of the
-    process (a native restore faults its pages in on a worker thread). Raises RuntimeError if
+    process (a native restore faults its pages in on a worker thread too),
+    ``fresh_process_full_process_kernel_s`` (of them in the kernel), where the OS tells
+    ``fresh_process_full_huge_page_MB`` (memory the restore faulted in as transparent huge
+    pages, :func:`_anon_huge_bytes`), and ``fresh_process_fault_in_cpu_s``: CPU seconds of
+    faulting in as many bytes of fresh memory in that process with nothing else
+    (:func:`_fault_in_cpu`; the state's bytes where the huge pages are unknown), what any
+    restore into a fresh process pays besides the floor. Raises RuntimeError if
     a restored backend's entry count is wrong (the figure would be meaningless)."""
     out = []
     c = "restore"
@@ -510,7 +558,14 @@ def restore(size: Size):
                         record(c, impl, "fresh_process_full_process_cpu_s", got["process_cpu"],
                                "s"),
                         record(c, impl, "fresh_process_full_state_MB_per_process_cpu_s",
-                               mb / got["process_cpu"], "MB/s")]
+                               mb / got["process_cpu"], "MB/s"),
+                        record(c, impl, "fresh_process_full_process_kernel_s",
+                               got["process_kernel_s"], "s"),
+                        record(c, impl, "fresh_process_fault_in_cpu_s", got["fault_in_cpu"],
+                               "s")]
+                if got["huge_page_bytes"] is not None:
+                    out.append(record(c, impl, "fresh_process_full_huge_page_MB",
+                                      got["huge_page_bytes"] / 1e6, "MB"))
     return out
 
 

@@ -111,6 +111,25 @@ class Pool {
     return true;
   }
 
+  // A PagePrefault helper's `chunks` to fault in: added to what the running helpers still owe.
+  void begin_prefault(size_t chunks) {
+    std::lock_guard<std::mutex> lock(mu_);
+    prefault_owed_ += chunks;
+    ++prefaults_;
+  }
+  // Whether a helper is to fault in one more chunk (taken from what they owe).
+  bool claim_prefault() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (prefault_owed_ == 0) return false;
+    --prefault_owed_;
+    return true;
+  }
+  // A helper stopped; once none runs, nothing is owed any more.
+  void end_prefault() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--prefaults_ == 0) prefault_owed_ = 0;
+  }
+
   // An empty chunk faulted in by PagePrefault, kept as a spare: false (nothing kept) at the spare
   // limit or with the pool off.
   bool add_spare(uint8_t* base) {
@@ -198,6 +217,9 @@ class Pool {
     }
     uint8_t* a = map_aligned();
     if (a == nullptr) throw std::bad_alloc();
+    // A load that ran out of prefaulted spares faults this chunk in itself: one chunk fewer
+    // for the helpers, which would otherwise fault in chunks the load never takes.
+    if (prefault_owed_ > 0) --prefault_owed_;
     Chunk* c = new Chunk{a, cls};
     chunks_.emplace(reinterpret_cast<uintptr_t>(a), c);
     return c;
@@ -228,6 +250,8 @@ class Pool {
   std::unordered_map<uintptr_t, Chunk*> chunks_;
   std::vector<uint8_t*> spare_;  // empty chunks of no class (keep_or_unmap), newest last
   size_t spare_max_ = 0;
+  size_t prefault_owed_ = 0;  // chunks the running PagePrefault helpers may still fault in
+  size_t prefaults_ = 0;      // PagePrefault helpers running
 };
 
 }  // namespace
@@ -274,24 +298,50 @@ void* small_realloc(void* p, size_t valid, size_t bytes) {
 
 PagePoolStats page_pool_stats() { return Pool::get().stats(); }
 
+namespace {
+
+// Faults in a fresh chunk, zeroed, as the writes of a load would (a huge page where the kernel
+// has one). MADV_POPULATE_WRITE (Linux 5.14, madvise(2)) does it in one call, also where the
+// kernel has no huge page to give and a write a 4 KiB page would take 512 faults; older kernels
+// reject it (EINVAL) and get the writes.
+void populate(uint8_t* base) {
+#ifdef MADV_POPULATE_WRITE
+  if (madvise(base, kPoolChunkBytes, MADV_POPULATE_WRITE) == 0) return;
+#endif
+  for (size_t off = 0; off < kPoolChunkBytes; off += 4096)
+    static_cast<volatile uint8_t*>(base)[off] = 0;
+}
+
+}  // namespace
+
 PagePrefault::PagePrefault(size_t bytes) {
-  const size_t n = Pool::get().spares_wanted((bytes + kPoolChunkBytes - 1) / kPoolChunkBytes);
-  if (n == 0) return;
-  thread_ = std::thread([this, n] {
-    Pool& pool = Pool::get();
-    for (size_t i = 0; i < n && !stop_.load(std::memory_order_relaxed); ++i) {
-      uint8_t* base = Pool::map_aligned();
-      if (base == nullptr) return;
-      // One write a 4 KiB page faults the chunk in (one fault for a huge page).
-      for (size_t off = 0; off < kPoolChunkBytes; off += 4096)
-        static_cast<volatile uint8_t*>(base)[off] = 0;
-      if (!pool.add_spare(base)) {
-        munmap(base, kPoolChunkBytes);
-        return;
+  Pool& pool = Pool::get();
+  const size_t n = pool.spares_wanted((bytes + kPoolChunkBytes - 1) / kPoolChunkBytes);
+  if (n == 0) {
+    finished_.store(true, std::memory_order_release);
+    return;
+  }
+  pool.begin_prefault(n);
+  try {
+    thread_ = std::thread([this] {
+      Pool& pool = Pool::get();
+      while (!stop_.load(std::memory_order_relaxed) && pool.claim_prefault()) {
+        uint8_t* base = Pool::map_aligned();
+        if (base == nullptr) break;
+        populate(base);
+        if (!pool.add_spare(base)) {
+          munmap(base, kPoolChunkBytes);
+          break;
+        }
+        done_.fetch_add(1, std::memory_order_release);
       }
-      done_.fetch_add(1, std::memory_order_release);
-    }
-  });
+      pool.end_prefault();
+      finished_.store(true, std::memory_order_release);
+    });
+  } catch (...) {
+    pool.end_prefault();
+    throw;
+  }
 }
 
 PagePrefault::~PagePrefault() {

@@ -1,9 +1,9 @@
 // Unit tests of the flat engine's page memory (detail/page_pool.h): blocks are distinct, aligned,
 // writable and reused; chunks return to the OS once empty (one kept per size class, the others
-// spares of any class); a prefault helper feeding spares; frees from other threads; small pages
-// and the ASan build go to operator new. Entry memory (small_alloc): 16-byte classes up to kPoolSmallMaxBytes, realloc across
-// classes and into malloc, a chained map of string keys living in the pool. Fixed seeds
-// throughout.
+// spares of any class); a prefault helper feeding spares, and stopping where the loader mapped
+// chunks itself; frees from other threads; small pages and the ASan build go to operator new.
+// Entry memory (small_alloc): 16-byte classes up to kPoolSmallMaxBytes, realloc across classes
+// and into malloc, a chained map of string keys living in the pool. Fixed seeds throughout.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -133,6 +133,31 @@ TEST(prefault_helper_feeds_spares_while_the_owner_allocates) {
   // Asked for no more than the spares kept: no helper at all.
   PagePrefault none(page_pool_stats().spare_chunks * kPoolChunkBytes);
   CHECK_EQ(none.chunks(), size_t{0});
+}
+
+// A loader that runs ahead of the helper maps fresh chunks itself; each counts against what the
+// helper was asked for, so the helper stops instead of faulting in chunks nobody takes. Here the
+// owner takes every spare and maps the rest before the helper has populated more than a chunk
+// or two (it only maps, never writes): at most the chunk the helper was populating is left over.
+TEST(prefault_helper_stops_when_the_loader_maps_the_chunks_itself) {
+  if (!page_pool_stats().enabled) return;
+  const size_t spares = page_pool_stats().spare_chunks;
+  const size_t asked = 8;
+  std::vector<void*> blocks;
+  size_t helped = 0;
+  {
+    PagePrefault helper((spares + asked) * kPoolChunkBytes);
+    // One size class; blocks for the spares, the chunks asked for and two more (its class may
+    // keep an empty chunk of its own).
+    const size_t per_chunk = kPoolChunkBytes / 8256;
+    for (size_t i = 0; i < (spares + asked + 2) * per_chunk; ++i)
+      blocks.push_back(page_alloc(8256));
+    while (!helper.finished()) std::this_thread::yield();
+    helped = helper.chunks();
+  }
+  CHECK(helped <= asked);
+  CHECK(page_pool_stats().spare_chunks <= 1);
+  for (void* p : blocks) page_free(p);
 }
 
 TEST(small_blocks_and_disabled_pool_use_operator_new) {

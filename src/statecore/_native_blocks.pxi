@@ -309,8 +309,9 @@ def load_blocks(NativeStateTable table, data, blocks, key_groups, uint64_t base,
 cdef class PagePrefault:
     """A worker thread faulting in about ``nbytes`` of the page pool's memory ahead of a bulk
     load (native detail/page_pool.h ``PagePrefault``): the chunks a restore's maps will take are
-    mapped and touched there, so the loading thread writes mapped memory instead of faulting
-    in, and having the kernel zero, every page of the new state itself. Nothing when the pool
+    mapped and populated there, so the loading thread writes mapped memory instead of faulting
+    in, and having the kernel zero, every page of the new state itself; a chunk the loading
+    thread maps itself while the helper runs counts against ``nbytes``. Nothing when the pool
     is off or keeps no spares. :meth:`close` (or leaving the ``with`` block) stops the helper
     and waits for it; chunks it faulted in stay with the pool as spares (up to its limit).
     ``chunks``: chunks handed to the pool so far."""

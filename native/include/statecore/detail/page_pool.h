@@ -74,11 +74,14 @@ struct PagePoolStats {
 PagePoolStats page_pool_stats();
 
 // Faults in pool memory ahead of a bulk load (a restore into a new table) on a helper thread:
-// about `bytes` (whole chunks) mapped, advised for huge pages, touched (the kernel zeroes each page
-// at its first touch, on the toucher's thread) and kept as spares, which the loading thread's next
-// chunks are taken from, so the loader writes mapped memory instead of faulting in and zeroing
-// each page itself. In a process without freed pages to reuse, that first touch costs more than
-// the restore's own work. Spares the pool keeps already (freed pages) count against `bytes`.
+// about `bytes` (whole chunks) mapped, advised for huge pages, populated (MADV_POPULATE_WRITE,
+// else a write a 4 KiB page: the kernel zeroes each page as it faults it in, on the helper's
+// thread) and kept as spares, which the loading thread's next chunks are taken from, so the
+// loader writes mapped memory instead of faulting in and zeroing each page itself. In a process
+// without freed pages to reuse, that first touch costs more than the restore's own work. Spares
+// the pool keeps already (freed pages) count against `bytes`, and so does every fresh chunk
+// the pool maps while the helper runs (a loader that ran ahead of it faults that chunk in
+// itself), so that helper and loader together fault in about `bytes`, not more.
 // The helper stops at the spare limit (kPoolSpareDefaultMb, so at most
 // that much is kept unused when the estimate was too large), after `bytes`, or when the object is
 // destroyed (which waits for it); nothing when the pool is off or keeps no spares.
@@ -90,9 +93,12 @@ class PagePrefault {
   PagePrefault& operator=(const PagePrefault&) = delete;
   // Chunks the helper faulted in and handed to the pool so far.
   size_t chunks() const { return done_.load(std::memory_order_acquire); }
+  // True once the helper stopped on its own (or never started): chunks() is final.
+  bool finished() const { return finished_.load(std::memory_order_acquire); }
 
  private:
   std::atomic<bool> stop_{false};
+  std::atomic<bool> finished_{false};
   std::atomic<size_t> done_{0};
   std::thread thread_;
 };
