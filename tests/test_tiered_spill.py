@@ -282,11 +282,19 @@ def test_spill_directories_of_ended_processes_are_removed_at_the_next_spill(tmp_
     """A spill directory whose owner ended (its lock file unlocked) goes when the next
     backend spills under the same parent; a live owner's directory and a directory without a
     lock file stay."""
-    from statecore.backends.tiered_spill import SpillRuns, remove_abandoned_spill_dirs
+    from statecore.backends.tiered_spill import remove_abandoned_spill_dirs
 
     parent = tmp_path / "spill"
-    live = SpillRuns(str(parent))
-    live._make_dir()
+
+    def spilling_backend(name):
+        b = create_backend("native", key_type="int64", memory_budget=4 * ENTRY,
+                           checkpoint=CheckpointStore(tmp_path / name), spill_dir=str(parent))
+        return b, b.get_state(ValueStateDescriptor("v", "int64"))
+
+    live, live_v = spilling_backend("store-live")
+    live_v.put_batch(pa.array(range(40), pa.int64()), pa.array(range(40), pa.int64()))
+    assert live.tiered_statistics()["spill_runs"] >= 1
+    (live_dir,) = os.listdir(parent)
     abandoned = parent / "statecore-spill-dead"
     abandoned.mkdir()
     (abandoned / ".owner.lock").touch()
@@ -294,15 +302,13 @@ def test_spill_directories_of_ended_processes_are_removed_at_the_next_spill(tmp_
     foreign = parent / "statecore-spill-foreign"
     foreign.mkdir()
     assert remove_abandoned_spill_dirs(str(parent)) == 1
-    assert sorted(os.listdir(parent)) == sorted([os.path.basename(live.dir), foreign.name])
-    b = create_backend("native", key_type="int64", memory_budget=4 * ENTRY,
-                       checkpoint=CheckpointStore(tmp_path / "store"), spill_dir=str(parent))
+    assert sorted(os.listdir(parent)) == sorted([live_dir, foreign.name])
+    b, v = spilling_backend("store")
     (parent / "statecore-spill-dead2").mkdir()
     (parent / "statecore-spill-dead2" / ".owner.lock").touch()
-    b.get_state(ValueStateDescriptor("v", "int64")).put_batch(
-        pa.array(range(40), pa.int64()), pa.array(range(40), pa.int64()))
+    v.put_batch(pa.array(range(40), pa.int64()), pa.array(range(40), pa.int64()))
     assert b.tiered_statistics()["spill_runs"] >= 1
     assert len(os.listdir(parent)) == 3 and "statecore-spill-dead2" not in os.listdir(parent)
     b.dispose()
-    live.close()
+    live.dispose()
     assert os.listdir(parent) == [foreign.name]
