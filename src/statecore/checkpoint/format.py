@@ -672,11 +672,14 @@ class DataFileReader:
             raise self._fail(f"truncated: {size} bytes is shorter than header + trailer")
         pieces = 1 if fetch_pool is None else max(1, round(size / piece_bytes))
         tail = size - size // pieces
-        if fetch_pool is not None and tail_first:
+        def read_footer_piece():
             # Read here, not by the pool: an opening in one of the pool's threads (several runs
             # opened at once) must not wait for the pool.
             self._prefetched.append((tail, size, self._read_at(tail, size - tail,
                                                                "the whole file")))
+
+        if fetch_pool is not None and tail_first:
+            read_footer_piece()
         if tail > 0:
             # Asked for before the footer is checked, which then overlaps their download: cut
             # at equal shares, not at key-group starts (piece_cuts gives a split key group a
@@ -685,10 +688,9 @@ class DataFileReader:
             self._fetch_in_order(list(zip(cuts[:-1], cuts[1:])), fetch_pool,
                                  max(1, min(fetch_lanes, pieces // 2)))
         if fetch_pool is not None and not tail_first:
-            # The same read, with the other pieces already on their way (the last range: the
-            # order of the prefetched ranges holds).
-            self._prefetched.append((tail, size, self._read_at(tail, size - tail,
-                                                               "the whole file")))
+            # With the other pieces already on their way (the last range: the order of the
+            # prefetched ranges holds).
+            read_footer_piece()
         # Through _range: from the piece just read, else read from the file. A header in a
         # later piece is checked as that piece arrives (_fetch_in_order).
         if tail == 0 and self._range(0, HEADER_SIZE, "header").to_pybytes() != MAGIC:
