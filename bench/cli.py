@@ -9,6 +9,8 @@ from typing import List, Optional
 
 from bench import plots, runner
 from bench.harness import CASES, Size
+from statecore.backends.tiered import parse_bytes
+from statecore.errors import InvalidInputError
 
 __all__ = ["build_parser", "main"]
 
@@ -27,12 +29,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", default=None, metavar="FILE",
                    help="write a PNG bar chart (needs matplotlib)")
     p.add_argument("--list", action="store_true", help="list the cases and exit")
-    p.add_argument("--scale", type=float, default=1.0, help=argparse.SUPPRESS)  # tests shrink sizes
+    p.add_argument("--scale", type=float, default=1.0, metavar="F",
+                   help="multiply the cases' entries by F (e.g. 10: the tiered cases at 100M keys)")
+    p.add_argument("--memory-budget", default=None, metavar="SIZE",
+                   help="the tiered mode's memory budget in tiered_running_count, e.g. 512MiB "
+                        "(default: 1/8 of the state's key and value bytes)")
     return p
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Entry point; returns the exit status (0 ok, 2 bad usage: an unknown case)."""
+    """Entry point; returns the exit status (0 ok, 2 bad usage: an unknown case or a bad
+    ``--memory-budget``)."""
     args = build_parser().parse_args(argv)
     if args.list:
         runner.load_cases()
@@ -40,7 +47,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"{name:20s} {desc}")
         return 0
     try:
-        records = runner.run(args.case, Size(quick=args.quick, scale=args.scale))
+        budget = None if args.memory_budget is None else parse_bytes(args.memory_budget)
+    except InvalidInputError as exc:
+        print(f"bench: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        records = runner.run(args.case, Size(quick=args.quick, scale=args.scale,
+                                             memory_budget=budget))
     except KeyError as exc:
         print(f"bench: error: {exc.args[0]}", file=sys.stderr)
         return 2

@@ -25,10 +25,12 @@ __all__ = ["Record", "Size", "case", "CASES", "PANELS", "layout", "record", "tim
 @dataclasses.dataclass(frozen=True)
 class Size:
     """Problem sizes of a run: ``full`` (default), ``quick`` (a few minutes in all) or a
-    ``scale`` factor applied to both (tests use a tiny one)."""
+    ``scale`` factor applied to both (tests use a tiny one); ``memory_budget``: bytes of key and
+    values the tiered mode may hold where a case takes it (None: the case's own share)."""
 
     quick: bool = False
     scale: float = 1.0
+    memory_budget: Optional[int] = None
 
     def n(self, full: int, quick: int) -> int:
         """``full`` or ``quick`` entries/rows, times ``scale`` (at least 1)."""

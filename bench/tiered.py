@@ -201,8 +201,9 @@ def tiered_running_count(size: Size):
     Zipf rows, and only then does eviction choose what stays.
 
     Records per distribution, per impl ``tiered`` (``memory_budget`` = 1/8 of the state's key
-    and value bytes, attached), ``in-memory`` (``create_backend("native")``, restored: its
-    first checkpoint is a full one, the later ones incremental) and ``rocksdict`` (when
+    and value bytes, or ``python -m bench --memory-budget``; attached), ``in-memory``
+    (``create_backend("native")``, restored: its first checkpoint is a full one, the later ones
+    incremental) and ``rocksdict`` (when
     importable: RocksDB holding the same entries, ingested from an SST file, not timed; the
     batches as a Python user would write them, :func:`_rocksdb_batch`; no checkpoints):
     ``rows_per_s_<dist>`` (steady: the rows of the intervals after the warm-up over their
@@ -231,7 +232,7 @@ def tiered_running_count(size: Size):
     n_intervals = 2 if size.quick else 16
     warm = n_intervals // 2
     record_rows = min(batch, size.n(1 << 15, 1 << 12))
-    budget = max(4096, n * _ENTRY // 8)
+    budget = size.memory_budget or max(4096, n * _ENTRY // 8)
     rng = np.random.default_rng(11)
     rdb = rocksdict_module()
     rows = n_intervals * per_interval * batch

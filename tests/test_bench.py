@@ -214,6 +214,11 @@ def test_bench_rejects_unknown_case(capsys):
     assert "no_such_case" in capsys.readouterr().err
 
 
+def test_bench_rejects_a_bad_memory_budget(capsys):
+    assert main(["--memory-budget", "12XB", "--case", "tiered_running_count"]) == 2
+    assert "memory_budget" in capsys.readouterr().err
+
+
 def test_bench_list(capsys):
     assert main(["--list"]) == 0
     out = capsys.readouterr().out
@@ -673,12 +678,13 @@ def test_tiered_running_count_reports_both_backends_and_the_loads(tmp_path):
     """tiered_running_count runs the same checkpointed stream and per-record rows on the tiered
     and the in-memory native backend (the case checks their outputs equal) and reports steady
     and cold rates, the per-record rate, loads per row, the hit rate and checkpoint time per
-    distribution; the steady part starts after the warm-up."""
+    distribution; the steady part starts after the warm-up; ``--memory-budget`` sets the
+    budget."""
     if not _has_native():
         pytest.skip("needs the native extension")
     out = tmp_path / "t.json"
-    assert main(["--quick", "--scale", "0.02", "--case", "tiered_running_count", "--json",
-                 str(out)]) == 0
+    assert main(["--quick", "--scale", "0.02", "--case", "tiered_running_count",
+                 "--memory-budget", "48KiB", "--json", str(out)]) == 0
     by = {(r["impl"], r["metric"]): r["value"] for r in json.loads(out.read_text())}
     for dist in ("zipf", "uniform"):
         for impl in ("tiered", "in-memory"):
@@ -690,6 +696,7 @@ def test_tiered_running_count_reports_both_backends_and_the_loads(tmp_path):
     # Zipf keys repeat: the warm working set answers more of them than of uniform keys.
     assert by[("tiered", "hit_rate_zipf")] > by[("tiered", "hit_rate_uniform")]
     assert 0 < by[("tiered", "warm_up_rows")] < by[("tiered", "rows")]
+    assert by[("tiered", "budget_bytes")] == 48 << 10  # --memory-budget
     assert by[("tiered", "budget_bytes")] < by[("tiered", "entries")] * 18
     if os.path.exists("/proc/self/status"):
         # Resident memory in a fresh interpreter; the eighth budget spills and holds.
