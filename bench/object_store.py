@@ -26,7 +26,11 @@ in MB/s of data-file bytes (1e6 bytes per MB):
   ``restore_pieces`` ranged GETs (``readers.REMOTE_PIECE_BYTES``; the footer's piece first,
   or all at once from a store slow to open a file, ``readers.REMOTE_FAR_OPEN_S``), and the key
   groups of each piece are loaded as it arrives while the rest downloads; locally it is a
-  header, a trailer, a footer and a key-group read.
+  header, a trailer, a footer and a key-group read. ``load``: ``backend.restore`` from a reader
+  whose data file arrived whole before (untimed): the loading alone. ``overlap_of_fetch_and_load``
+  is ``(fetch + load - restore) / min(fetch, load)`` in seconds: 1 where the restore takes the
+  longer of the two, 0 where it takes their sum (below 0: longer still, the two competing for
+  the cores).
 * ``upload`` (raw): ``open_output_stream().write()`` of as many random bytes (pyarrow uploads
   its 10 MiB parts in the background, several at once); ``download``:
   ``open_input_file().read()`` of them (one GET), and ``download_ranged``: the same pieces
@@ -249,6 +253,29 @@ def _reads(store: CheckpointStore, backend, impl: str):
     return restore, fetch
 
 
+def _load_s(store: CheckpointStore, backend, impl: str, repeat: int) -> float:
+    """Seconds (median of ``repeat``) of ``backend.restore`` into a fresh backend from a reader
+    of version 1 whose data file arrived whole before (``prefetch(..., wait=True)``, untimed):
+    the loading alone, as a restore does it from that store (on an object store in slices on
+    several threads), next to which the restore's overlap of loading and download is judged."""
+    n = backend.num_entries()
+    times = []
+    for _ in range(repeat):
+        reader = store.open(1)
+        fresh = create_backend(impl, key_type="int64")
+        try:
+            reader.prefetch(0, reader.max_parallelism - 1, wait=True)
+            t = time.perf_counter()
+            fresh.restore(reader)
+            times.append(time.perf_counter() - t)
+            if fresh.num_entries() != n:
+                raise RuntimeError(f"loaded {fresh.num_entries()} entries, expected {n}")
+        finally:
+            reader.release()
+            fresh.close()
+    return statistics.median(times)
+
+
 def _s3_figures(store: CheckpointStore, fs, server_pid: int, backend, impl: str,
                 rounds: int) -> dict:
     """The figures of an S3 store next to raw transfers of as many bytes through ``fs``: the
@@ -297,12 +324,13 @@ def _s3_figures(store: CheckpointStore, fs, server_pid: int, backend, impl: str,
             fns["download_ranged"] = download_ranged
         down = _interleaved(fns, server_pid, rounds)
     down.setdefault("download_ranged", down["download"])
+    load = _load_s(store, backend, impl, min(_REPEAT, rounds))
     return {"write_s": up["write"][0], "write_cpu_s": up["write"][1],
             "write_server_cpu_s": up["write"][2], "upload_s": up["upload"][0],
             "upload_cpu_s": up["upload"][1], "upload_server_cpu_s": up["upload"][2],
             "write_sync_s": ws, "restore_s": down["restore"][0],
             "restore_cpu_s": down["restore"][1], "restore_server_cpu_s": down["restore"][2],
-            "fetch_s": down["fetch"][0], "download_s": down["download"][0],
+            "fetch_s": down["fetch"][0], "load_s": load, "download_s": down["download"][0],
             "download_cpu_s": down["download"][1],
             "download_server_cpu_s": down["download"][2],
             "download_ranged_s": down["download_ranged"][0], "pieces": pieces,
@@ -314,7 +342,7 @@ def _condition_records(c: str, ours: str, raw: str, s3: dict, local: dict) -> li
     raw transfers') impl labels."""
     mb = s3["bytes"] / 1e6
     out = [record(c, ours, f"{m}_MB_per_s", mb / s3[f"{m}_s"], "MB/s")
-           for m in ("write", "write_sync", "restore", "fetch")]
+           for m in ("write", "write_sync", "restore", "fetch", "load")]
     up, down = mb / s3["upload_s"], mb / s3["download_s"]
     floor = mb / min(s3["download_s"], s3["download_ranged_s"])
     out += [record(c, raw, "upload_MB_per_s", up, "MB/s"),
@@ -338,7 +366,10 @@ def _condition_records(c: str, ours: str, raw: str, s3: dict, local: dict) -> li
                    "ratio"),
             record(c, ours, "goal_min_ratio_restore_over_raw_download", 0.8, "ratio"),
             record(c, ours, "ratio_restore_over_local", local["restore_s"] / s3["restore_s"],
-                   "ratio")]
+                   "ratio"),
+            record(c, ours, "overlap_of_fetch_and_load",
+                   (s3["fetch_s"] + s3["load_s"] - s3["restore_s"])
+                   / min(s3["fetch_s"], s3["load_s"]), "ratio")]
     return out
 
 
@@ -364,7 +395,9 @@ def s3_checkpoint(size: Size):
     ``download_floor_MB_per_s`` (the faster of the two); impl ``s3*``: ``file_bytes``,
     ``ratio_write_over_raw_upload`` and ``ratio_fetch_over_raw_download``,
     ``ratio_restore_over_raw_download`` (over the download floor; goals 0.8),
-    ``ratio_restore_over_local``, ``restore_pieces`` (the GETs of the data file); CPU seconds
+    ``ratio_restore_over_local``, ``restore_pieces`` (the GETs of the data file),
+    ``load_MB_per_s`` (the loading of fetched bytes alone) and ``overlap_of_fetch_and_load``
+    (module docstring); CPU seconds
     per write / raw upload / restore / raw download (one GET): ``write_cpu_s``,
     ``restore_cpu_s`` (impl ``s3*``) and ``upload_cpu_s``, ``download_cpu_s`` (impl
     ``raw_s3*``) of this process, ``*_server_cpu_s`` of the moto server (Linux only); impl
