@@ -38,6 +38,7 @@ import os
 import shutil
 import tempfile
 import threading
+from bisect import bisect_left
 from collections import OrderedDict
 
 import numpy as np
@@ -254,6 +255,41 @@ class SpillRuns:
                 if not len(rows):
                     break
         return seq, pa.array(out, pa.binary())
+
+    def prefix_entries(self, state_name: str, prefixes: list, prefix_width: int
+                       ) -> tuple[pa.Array, pa.Array]:
+        """``(keys, values)`` (``pa.binary()``, sorted by key): every entry of ``state_name``
+        the runs hold under each encoded-key prefix of ``prefixes`` (bytes, each ``key-group
+        prefix | key | namespace``: a list's chunks or a map's user keys, docs/formats.md "List
+        state", "Map state"; each once), merged newest-wins over the runs with the tombstones
+        kept (NULL values), to be merged over the attached version's entries. One read of the
+        (state, key group) per run and key group asked (through the decoded cache)."""
+        runs = [r for r in reversed(self.runs) if state_name in r.states]
+        if not runs or not prefixes:
+            return pa.array([], pa.binary()), pa.array([], pa.binary())
+        pre = sorted(prefixes)
+        parts = []
+        for r in runs:
+            keys_of: dict = {}
+            rows: list = []
+            for p in pre:
+                kg = int.from_bytes(p[:prefix_width], "big")
+                got = keys_of.get(kg)
+                if got is None:
+                    rk, rv = self._entries_of(r, state_name, kg)
+                    got = keys_of[kg] = (rk.to_pylist(), rv)
+                rk, rv = got
+                # The run's keys are sorted, so those starting with p are one range.
+                i = bisect_left(rk, p)
+                j = i
+                while j < len(rk) and rk[j].startswith(p):
+                    j += 1
+                if j > i:
+                    rows.append((rk, rv, i, j))
+            if rows:
+                parts.append((pa.array([k for rk, _, i, j in rows for k in rk[i:j]], pa.binary()),
+                              pa.concat_arrays([rv.slice(i, j - i) for _, rv, i, j in rows])))
+        return _merged(parts)
 
     def _entries_of(self, run: SpillRun, state_name: str, kg: int):
         """``run``'s decoded entries of (``state_name``, ``kg``), through the decoded cache."""
