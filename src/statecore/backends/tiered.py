@@ -927,7 +927,9 @@ class TieredBackend(NativeBackend):
             return 0
         n = self._evict_clean(total)
         total = self.state_bytes()
-        if total > self.memory_budget and self.spill():
+        if total > self.memory_budget:
+            # Even a spill that finds no change frees collections (_removals_spilled).
+            self.spill()
             n += self._evict_clean(total)
             total = self.state_bytes()
         st = self._stats
@@ -954,6 +956,7 @@ class TieredBackend(NativeBackend):
         finally:
             snap.release()
         if run is None:
+            self._removals_spilled()
             return 0
         for name, version in versions.items():
             self._tables[name].native.mark_base(version)
@@ -962,6 +965,20 @@ class TieredBackend(NativeBackend):
         st["spilled_entries"] += run.entries
         st["spilled_bytes"] += run.file_bytes
         return run.entries
+
+    def _removals_spilled(self) -> None:
+        """A spill found no change: every removal from a list or map recorded so far is then in
+        the runs already (one that removed an entry a run or V holds is a logged change), so
+        those recorded after the newest run are restamped as before it: they hold their
+        collections no longer (T5)."""
+        last = self._spills.last_seq
+        for removed in (self._removed, *self._removed_pending.values()):
+            for name, keys in removed.items():
+                table = self._tables.get(name)
+                if table is not None and table.kind in COLLECTION_KINDS:
+                    for k, seq in keys.items():
+                        if seq >= last:
+                            keys[k] = last - 1
 
     def _evict_clean(self, total: int) -> int:
         """Drop clean entries, state by state, until ``total`` (the bytes held) fits the
