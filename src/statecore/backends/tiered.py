@@ -55,7 +55,8 @@ docs/state-map.md "Change tracking" state the rules this builds on):
   Snapshots merge the spill runs under memory's changes, so the published run is the one an
   unspilled backend writes; a completed checkpoint retires the runs its snapshot merged. From
   the first spill on, "clean" means: the bytes of the newest spill run holding the key, or of V.
-  Lists and maps are not spilled (their changes stay in memory until a checkpoint completes).
+  Every keyed state spills: a list's chunks and a map's user keys, with their tombstones, as
+  any entry (their collections then become evictable whole, below).
 * **Lists and maps.** A list's chunks and a map's user keys are entries of their own
   (docs/formats.md "List state", "Map state"), all under the collection's ``key |
   namespace`` prefix. The unit of loading and eviction is the whole collection: the first
@@ -63,14 +64,22 @@ docs/state-map.md "Change tracking" state the rules this builds on):
   entry V holds under its prefix as clean entries (:meth:`RunLookup.prefix_entries`) and lists
   them in the table's list or map index, and the backend records the prefix as *held*
   (:meth:`TieredBackend.touch_collections`); eviction drops a held collection only when all
-  its entries are clean and its prefix is in no removed set, all of them at once
-  (``NativeStateTable.evict_collection``: ``StateMap::evict`` of each, unlisted together), so
-  memory never holds part of one. An append therefore sees the list's last chunk and
+  its entries are clean and no removal from it was recorded after the newest spill run, all of
+  them at once (``NativeStateTable.evict_collection``: ``StateMap::evict`` of each, unlisted
+  together), so memory never holds part of one. A load merges: V's entries under the prefix,
+  then each spill run's, oldest to newest (a value replaces, a tombstone deletes;
+  :meth:`SpillRuns.prefix_entries`). An append therefore sees the list's last chunk and
   continues its sequence numbers as in memory, and a clear removes (and logs) every chunk V
-  holds. T2 for collections: memory holds a collection whole when its prefix is held;
-  otherwise memory holds none of its entries and V's are the collection. A call that may
-  remove entries (a clear, a map removal, a TTL'd state's reads) records the prefix as
-  removed, which keeps it held until a checkpoint holding the removals completes.
+  and the spill runs hold. T2 for collections: memory holds a collection whole when its prefix
+  is held; otherwise memory holds none of its entries and V's entries with the spill runs'
+  over them are the collection. A call that may remove entries (a clear, a map removal, a
+  TTL'd state's reads) records the prefix as removed with the spill count, as a value key's
+  removal: the removals (the chunks' and user keys' tombstones: the collection was loaded
+  whole first) are then in memory only, which keeps it held until a spill run written after
+  them or a completed checkpoint holding them; a spill that finds no change at all proves
+  them held by the runs already (:meth:`TieredBackend._removals_spilled`). A TTL cleanup step
+  removes expired entries without naming their collections: it holds every collection of its
+  state the same way (:meth:`TieredBackend.note_cleanup`).
 * **Snapshots.** Once attached, every snapshot is incremental on top of V (a full one would
   need the whole state in memory): ``snapshot(incremental=False)`` takes an incremental one.
 * **Background compaction.** Each checkpoint adds a run to V's chains, and a lookup of a key
@@ -101,14 +110,18 @@ Invariants:
   of a key present in the logical state is a logged removal of a present entry.
 * T4 eviction removes clean entries only, without logging.
 * T5 (lists and maps) memory holds every entry of a held collection and no entry of another;
-  a collection is evicted whole, only when all its entries are clean and its prefix is in no
-  removed set.
+  a collection is evicted whole, only when all its entries are clean and every removal from it
+  (a removed set's entry of its prefix, or of a cleanup step of its state) was recorded before
+  the newest spill run, so that the spill runs hold its tombstones.
 * T6 a spill run is referenced by no manifest; it is retired only when a checkpoint whose
   snapshot merged it completes.
 
 Scope: value, reducing, aggregating, list and map states (TTL'd or not; the stored bytes, TTL
 suffix included, are what the runs hold, and expired values read from V are treated as the
-kernels treat expired entries in memory). An aggregating state's accumulator is one entry per
+kernels treat expired entries in memory; incremental TTL cleanup visits the entries memory
+holds, so what it removes and counts in ``ttl_statistics`` -- and hence the expired entries
+``keys`` still lists, and with ``ReturnExpiredIfNotCleanedUp`` those reads still return --
+depends on what was evicted). An aggregating state's accumulator is one entry per
 key and namespace, as a reducing state's value: ``add`` and ``add_batch`` are
 read-modify-writes that load first; its batch calls take the shared per-row path over the table
 (no kernel), so they load the rows' keys in one lookup and hold eviction until the last row is
@@ -807,8 +820,8 @@ class TieredBackend(NativeBackend):
         """Make memory hold whole the lists or maps of ``table`` (a list or map state) named by
         ``prefixes`` (their encoded ``key | namespace`` prefixes, bytes; repeats allowed)
         before a call touches them: those memory does not hold are loaded from the attached
-        version, every entry as a clean one (one :meth:`RunLookup.prefix_entries`) and listed
-        in the table's index. ``mode``: ``"read"`` (a collection found nowhere is not
+        version and the spill runs, every entry as a clean one (:meth:`_load_collections`) and
+        listed in the table's index. ``mode``: ``"read"`` (a collection found nowhere is not
         recorded), ``"write"`` (it is: the call creates it) or ``"remove"`` (the call may
         remove entries: the prefixes are recorded as removed, T2, so that they stay in memory
         until a checkpoint holding the removals completes). A TTL'd state's reads remove the

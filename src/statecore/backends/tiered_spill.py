@@ -9,8 +9,13 @@ change-tracking base -- values and tombstones -- as one *spill run* (the checkpo
 format, docs/formats.md "Data file", an incremental run: NULL values are tombstones), then
 moves the maps' base to that spill snapshot, so the spilled entries are clean and evictable.
 
+* **Every keyed state** spills: values and accumulators, a list's chunks and a map's user keys,
+  with their tombstones.
 * **Reads** consult memory, then the spill runs newest first, then the attached version: a
-  spill run's value or tombstone decides a key (:meth:`SpillRuns.lookup`).
+  spill run's value or tombstone decides a key (:meth:`SpillRuns.lookup`). A list or map memory
+  does not hold is loaded whole: the attached version's entries under its prefix with each
+  spill run's over them, oldest to newest, a tombstone deleting (:meth:`SpillRuns.
+  prefix_entries`).
 * **Snapshots** taken while spill runs exist merge them under memory's changes, newest wins,
   tombstones kept (:class:`SpilledSnapshot`): the published run lists every change since the
   attached version, as it would have without spilling.
