@@ -286,6 +286,48 @@ def test_list_and_map_changes_alone_over_the_budget_spill(tmp_path):
     b.dispose()
 
 
+def test_spill_runs_prefix_entries_merge_the_runs_newest_wins(tmp_path):
+    """SpillRuns.prefix_entries over three runs of a list state's changes (appends and clears,
+    few key groups so a group holds many chunks): its values are the live chunks under the
+    prefixes asked -- one prefix, many, an absent one -- and its tombstones the chunks the
+    newest run holding them removed."""
+    from statecore.backends.tiered_spill import SpillRuns
+    from statecore.serializers import LIST_SEQ_BYTES
+
+    b = create_backend("native", key_type="int64", max_parallelism=2)
+    lst = b.get_state(ListStateDescriptor("l", "int64"))
+    runs = SpillRuns(str(tmp_path))
+    rng = random.Random(9)
+    try:
+        for _ in range(3):
+            for _ in range(8):
+                keys = pa.array([rng.randrange(50) for _ in range(20)], pa.int64())
+                lst.append_batch(keys, pa.array(range(20), pa.int64()))
+            lst.clear_batch(pa.array([rng.randrange(50) for _ in range(6)], pa.int64()))
+            snap = b.snapshot(incremental=True)
+            assert runs.write(snap, ["l"]) is not None
+            b.notify_checkpoint_complete(snap.snapshot_id)
+            snap.release()
+        full = b.snapshot()
+        live = {k: v for kg in range(2) for k, v in zip(*(a.to_pylist() for a in
+                                                          full.entries("l", kg)))}
+        full.release()
+        every = sorted({k[:-LIST_SEQ_BYTES] for r in runs.runs for kg in range(2)
+                        for k in r.reader().entries("l", kg)[0].to_pylist()})
+        pw = b.key_prefix_width
+        for asked in ([every[3]], every, every[::3] + [every[0][:pw] + b"\xff" * 9]):
+            keys, values = runs.prefix_entries("l", asked, pw)
+            got = dict(zip(keys.to_pylist(), values.to_pylist()))
+            assert {k: v for k, v in got.items() if v is not None} == \
+                {k: v for k, v in live.items() if k[:-LIST_SEQ_BYTES] in asked}
+            assert all(k not in live for k, v in got.items() if v is None)
+            assert keys.to_pylist() == sorted(got)
+        assert sum(v is None for v in got.values()) > 0
+    finally:
+        runs.close()
+        b.dispose()
+
+
 def _run_entries(store: CheckpointStore, root, version: int) -> dict:
     """{(state, key group): (keys, values)} of the run written for ``version``."""
     (run,) = [f for f in store.manifest(version)["files"] if f["version"] == version]

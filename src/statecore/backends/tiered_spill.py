@@ -43,7 +43,7 @@ import os
 import shutil
 import tempfile
 import threading
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 
 import numpy as np
@@ -121,6 +121,21 @@ class SpillRun:
             self._reader = None
         with contextlib.suppress(FileNotFoundError):
             os.remove(self.path)
+
+
+class _ArrowKeys:
+    """The bytes of a ``pa.binary()`` array by index, converted on access (a bisect's few)."""
+
+    __slots__ = ("_arr",)
+
+    def __init__(self, arr: pa.Array):
+        self._arr = arr
+
+    def __len__(self) -> int:
+        return len(self._arr)
+
+    def __getitem__(self, i: int) -> bytes:
+        return self._arr[i].as_py()
 
 
 def _merged(parts: list) -> tuple[pa.Array, pa.Array]:
@@ -272,28 +287,29 @@ class SpillRuns:
         runs = [r for r in reversed(self.runs) if state_name in r.states]
         if not runs or not prefixes:
             return pa.array([], pa.binary()), pa.array([], pa.binary())
-        pre = sorted(prefixes)
+        by_kg: dict = {}
+        for p in sorted(prefixes):
+            by_kg.setdefault(int.from_bytes(p[:prefix_width], "big"), []).append(p)
         parts = []
         for r in runs:
-            keys_of: dict = {}
-            rows: list = []
-            for p in pre:
-                kg = int.from_bytes(p[:prefix_width], "big")
-                got = keys_of.get(kg)
-                if got is None:
-                    rk, rv = self._entries_of(r, state_name, kg)
-                    got = keys_of[kg] = (rk.to_pylist(), rv)
-                rk, rv = got
-                # The run's keys are sorted, so those starting with p are one range.
-                i = bisect_left(rk, p)
-                j = i
-                while j < len(rk) and rk[j].startswith(p):
-                    j += 1
-                if j > i:
-                    rows.append((rk, rv, i, j))
-            if rows:
-                parts.append((pa.array([k for rk, _, i, j in rows for k in rk[i:j]], pa.binary()),
-                              pa.concat_arrays([rv.slice(i, j - i) for _, rv, i, j in rows])))
+            ks, vs = [], []
+            for kg, pre in by_kg.items():
+                rk, rv = self._entries_of(r, state_name, kg)
+                n = len(rk)
+                if not n:
+                    continue
+                # A few prefixes are searched in the Arrow array, many in its Python list.
+                seq = _ArrowKeys(rk) if 4 * len(pre) * n.bit_length() < n else rk.to_pylist()
+                for p in pre:
+                    # The run's keys are sorted, so those starting with p are one range.
+                    cut = len(p)
+                    lo = bisect_left(seq, p, key=lambda k, c=cut: k[:c])
+                    hi = bisect_right(seq, p, lo=lo, key=lambda k, c=cut: k[:c])
+                    if hi > lo:
+                        ks.append(rk.slice(lo, hi - lo))
+                        vs.append(rv.slice(lo, hi - lo))
+            if ks:
+                parts.append((pa.concat_arrays(ks), pa.concat_arrays(vs)))
         return _merged(parts)
 
     def _entries_of(self, run: SpillRun, state_name: str, kg: int):
