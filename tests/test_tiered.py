@@ -796,6 +796,8 @@ class _CollectionPair(TieredPair):
             return super().run(op)
         got = [self._apply(b, op) for b in (self.b, self.ref)]
         assert got[0] == got[1], op
+        # List and map changes beyond the budget spill, and their collections are evicted.
+        assert self.b.state_bytes() <= self.budget, op
 
     def _apply(self, b, op):
         lst, lt, m, mt, ln = self.states(b)

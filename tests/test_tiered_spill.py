@@ -374,6 +374,7 @@ def test_the_published_run_is_the_one_an_unspilled_backend_writes(tmp_path):
                 store.checkpoint(b, i // 4 + 1)
     small, large = pairs
     assert small[1].tiered_statistics()["spills"] > 0
+    assert small[1].tiered_statistics()["evicted_collections"] > 0
     assert large[1].tiered_statistics()["spills"] == 0
     for version in (1, 2, 3):
         assert _run_entries(small[0], small[2], version) == \
