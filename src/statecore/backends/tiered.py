@@ -824,8 +824,9 @@ class TieredBackend(NativeBackend):
         listed in the table's index. ``mode``: ``"read"`` (a collection found nowhere is not
         recorded), ``"write"`` (it is: the call creates it) or ``"remove"`` (the call may
         remove entries: the prefixes are recorded as removed, T2, so that they stay in memory
-        until a checkpoint holding the removals completes). A TTL'd state's reads remove the
-        expired entries they find: any mode counts as ``"remove"`` there."""
+        until a spill run written after the removals, or a completed checkpoint, holds them).
+        A TTL'd state's reads remove the expired entries they find: any mode counts as
+        ``"remove"`` there."""
         held = self._held.setdefault(table.name, OrderedDict())
         missing = []
         for p in prefixes:
