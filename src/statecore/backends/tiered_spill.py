@@ -298,10 +298,20 @@ class SpillRuns:
                 n = len(rk)
                 if not n:
                     continue
-                # A few prefixes are searched in the Arrow array, many in its Python list.
-                seq = _ArrowKeys(rk) if 4 * len(pre) * n.bit_length() < n else rk.to_pylist()
+                if 4 * len(pre) * n.bit_length() >= n:
+                    # Many prefixes: each key's first len(p) bytes looked up in the prefixes
+                    # of that length, over the whole group in Arrow.
+                    mask = None
+                    for cut in sorted({len(p) for p in pre}):
+                        hit = pc.is_in(pc.binary_slice(rk, 0, cut), value_set=pa.array(
+                            [p for p in pre if len(p) == cut], pa.binary()))
+                        mask = hit if mask is None else pc.or_(mask, hit)
+                    ks.append(rk.filter(mask))
+                    vs.append(rv.filter(mask))
+                    continue
+                # A few prefixes: each one's range of the sorted keys by binary search.
+                seq = _ArrowKeys(rk)
                 for p in pre:
-                    # The run's keys are sorted, so those starting with p are one range.
                     cut = len(p)
                     lo = bisect_left(seq, p, key=lambda k, c=cut: k[:c])
                     hi = bisect_right(seq, p, lo=lo, key=lambda k, c=cut: k[:c])
