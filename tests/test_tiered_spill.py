@@ -224,7 +224,7 @@ def test_list_and_map_changes_spill_and_match_the_in_memory_backend(tmp_path, se
     into an in-memory backend to that state."""
     pair = _CollectionSpillPair(tmp_path / "store", budget)
     try:
-        for op in _collection_ops(random.Random(seed), 50):
+        for op in _collection_ops(random.Random(seed), 40):
             pair.run(op)
         assert pair.spills > 0 and pair.evicted > 0
         want = _collections_of(pair.ref, pair.states(pair.ref))
