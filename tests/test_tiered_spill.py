@@ -20,9 +20,15 @@ pytest.importorskip("statecore._native")
 from statecore import create_backend  # noqa: E402
 from statecore.checkpoint import CheckpointStore  # noqa: E402
 from statecore.checkpoint.format import DataFileReader  # noqa: E402
-from statecore.descriptors import ReducingStateDescriptor, ValueStateDescriptor  # noqa: E402
+from statecore.descriptors import (  # noqa: E402
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    ValueStateDescriptor,
+)
 from statecore.errors import CheckpointIOError  # noqa: E402
-from test_tiered import ENTRY, KEYS, TieredPair  # noqa: E402
+from statecore.ttl import StateTtlConfig  # noqa: E402
+from test_tiered import CKEYS, ENTRY, KEYS, TieredPair, _CollectionPair  # noqa: E402
 
 
 class _SpillPair(TieredPair):
@@ -117,21 +123,227 @@ def test_dirty_heavy_workloads_spill_and_match_the_in_memory_backend(tmp_path, s
         pair.store.close()
 
 
+class _CollectionSpillPair(_SpillPair, _CollectionPair):
+    """:class:`_SpillPair` over the list and map states of :class:`test_tiered._CollectionPair`
+    (the TTL'd list with incremental cleanup): after every op memory is within the budget and
+    no eviction check ended above it. The keys of the TTL'd list are not compared: they
+    include the expired lists incremental cleanup has not reached, and its steps visit the
+    entries memory holds."""
+
+    def states(self, b):
+        lst, _, m, mt, ln = super().states(b)
+        ttl = StateTtlConfig(50, update_type="OnReadAndWrite", cleanup_incrementally=2)
+        return (lst, b.get_state(ListStateDescriptor("lt", "int64").enable_time_to_live(ttl)),
+                m, mt, ln)
+
+    def _apply(self, b, op):
+        if op[0] == "keys":
+            return [b.keys(x.name) for x in self.states(b) if x.name != "lt"]
+        return super()._apply(b, op)
+
+    def run(self, op):
+        super().run(op)
+        stats = self.b.tiered_statistics()
+        assert self.b.state_bytes() <= self.budget, op
+        assert stats["over_budget_batches"] == 0, op
+        self.spills += stats["spills"] - self._spills_seen
+        self._spills_seen = stats["spills"]
+        self.evicted = getattr(self, "evicted", 0) + stats["evicted_collections"] - \
+            getattr(self, "_evicted_seen", 0)
+        self._evicted_seen = stats["evicted_collections"]
+
+    def _new(self):
+        self._evicted_seen = 0
+        return super()._new()
+
+
+def _collection_ops(rng: random.Random, n: int) -> list:
+    """List and map ops of test_tiered._CollectionPair over CKEYS keys, mostly writes and
+    removals, with reads, listings and few checkpoints, some in flight across later writes."""
+    key = lambda: rng.randrange(CKEYS)  # noqa: E731
+    ops = []
+    for _ in range(n):
+        r = rng.random()
+        if r < 0.2:
+            ops.append(("append", [(key(), rng.randint(-99, 99))
+                                   for _ in range(rng.randint(1, 30))]))
+        elif r < 0.38:
+            ops.append(("mput", [(key(), rng.randrange(7), rng.randint(-9, 9))
+                                 for _ in range(rng.randint(1, 20))]))
+        elif r < 0.46:
+            ops.append(("mremove", [(key(), rng.randrange(7)) for _ in range(rng.randint(1, 8))]))
+        elif r < 0.52:
+            ops.append(("clear", [key() for _ in range(rng.randint(1, 5))]))
+        elif r < 0.64:
+            ops.append(("record", key(), rng.randrange(10)))
+        elif r < 0.69:
+            ops.append(("merge", key(), rng.randrange(4), rng.randrange(4)))
+        elif r < 0.75:
+            ops.append(("lget", [key() for _ in range(rng.randint(1, 12))]))
+        elif r < 0.8:
+            ops.append(("mget", [(key(), rng.randrange(7)) for _ in range(rng.randint(1, 12))]))
+        elif r < 0.83:
+            ops.append(("keys",))
+        elif r < 0.85:
+            ops.append(("apply", rng.randint(1, 3)))
+        elif r < 0.9:
+            ops.append(("advance", rng.randint(0, 30)))
+        elif r < 0.93:
+            ops.append(("begin",))
+        elif r < 0.96:
+            ops.append(("end",))
+        elif r < 0.985:
+            ops.append(("checkpoint",))
+        else:
+            ops.append(("restore",))
+    return ops
+
+
+def _collections_of(b, states) -> list:
+    """Every list and map of ``states`` of ``b`` (maps as sorted items) and the keys of each
+    state but the TTL'd list's (_CollectionSpillPair). The reads remove the expired entries
+    they find."""
+    keys = pa.array(range(CKEYS), pa.int64())
+    lst, lt, m, mt, ln = states
+    out = [b.keys(x.name) for x in states if x is not lt]
+    out += [lst.get_batch(keys).to_pylist(), lt.get_batch(keys).to_pylist()]
+    for k in range(CKEYS):
+        b.set_current_key(k)
+        out.append((sorted(m.items()), sorted(mt.items()),
+                    [ln.set_current_namespace(n) or ln.get() for n in range(4)]))
+    return out
+
+
+@pytest.mark.parametrize("seed, budget", [(3, 300), (4, 900)])
+def test_list_and_map_changes_spill_and_match_the_in_memory_backend(tmp_path, seed, budget):
+    """List and map states (per record and batch, TTL'd or not, incremental cleanup,
+    merge_namespaces, keys and apply_to_all_keys) with a budget of a few entries: their
+    changes spill, their collections are evicted whole and reloaded from the spill runs and
+    the attached version, memory stays within the budget after every op, every op's result
+    and the end state equal the in-memory backend's, and the last committed version restores
+    into an in-memory backend to that state."""
+    pair = _CollectionSpillPair(tmp_path / "store", budget)
+    try:
+        for op in _collection_ops(random.Random(seed), 40):
+            pair.run(op)
+        assert pair.spills > 0 and pair.evicted > 0
+        want = _collections_of(pair.ref, pair.states(pair.ref))
+        assert _collections_of(pair.b, pair.states(pair.b)) == want
+        pair.run(("checkpoint",))
+        want = _collections_of(pair.ref, pair.states(pair.ref))
+        plain = create_backend("native", key_type="int64", ttl_clock=pair.clock)
+        pair.store.restore(plain)
+        assert _collections_of(plain, pair.states(plain)) == want
+        plain.dispose()
+    finally:
+        pair.b.dispose()
+        pair.ref.dispose()
+        pair.store.close()
+
+
+def test_list_and_map_changes_alone_over_the_budget_spill(tmp_path):
+    """Appends and puts between checkpoints many times the budget, into a fresh backend and
+    then one attached to a version: no eviction check ends above the budget (the changes
+    spill and their collections are evicted), and each checkpoint restores to what was
+    written."""
+    store = CheckpointStore(tmp_path / "store")
+    b = create_backend("native", key_type="int64", memory_budget=2000, checkpoint=store,
+                       spill_dir=str(tmp_path / "spill"))
+    rng = random.Random(7)
+    want_l: dict = {}
+    want_m: dict = {}
+    for version in (1, 2):
+        lst = b.get_state(ListStateDescriptor("l", "int64"))
+        m = b.get_state(MapStateDescriptor("m", "int64", "int64"))
+        for _ in range(12):
+            keys = [rng.randrange(60) for _ in range(80)]
+            vals = [rng.randrange(1000) for _ in range(80)]
+            lst.append_batch(pa.array(keys, pa.int64()), pa.array(vals, pa.int64()))
+            m.put_batch(pa.array(keys, pa.int64()), pa.array(vals, pa.int64()),
+                        pa.array(keys, pa.int64()))
+            for k, x in zip(keys, vals):
+                want_l.setdefault(k, []).append(x)
+                want_m.setdefault(k, {})[x] = k
+        stats = b.tiered_statistics()
+        assert stats["over_budget_batches"] == 0 and stats["spills"] > 0
+        assert stats["evicted_collections"] > 0 and b.state_bytes() <= 2000
+        store.checkpoint(b, version)
+        plain = create_backend("native", key_type="int64")
+        store.restore(plain)
+        pl = plain.get_state(ListStateDescriptor("l", "int64"))
+        pm = plain.get_state(MapStateDescriptor("m", "int64", "int64"))
+        assert pl.get_batch(pa.array(range(60), pa.int64())).to_pylist() == \
+            [want_l.get(k) for k in range(60)]
+        for k in range(60):
+            plain.set_current_key(k)
+            assert dict(pm.items()) == want_m.get(k, {})
+        plain.dispose()
+        if version == 1:
+            b.dispose()
+            b = create_backend("native", key_type="int64", memory_budget=2000,
+                               checkpoint=store, spill_dir=str(tmp_path / "spill"))
+            store.restore(b)
+    b.dispose()
+
+
+def test_spill_runs_prefix_entries_merge_the_runs_newest_wins(tmp_path):
+    """SpillRuns.prefix_entries over three runs of a list state's changes (appends and clears,
+    few key groups so a group holds many chunks): its values are the live chunks under the
+    prefixes asked -- one prefix, many, an absent one -- and its tombstones the chunks the
+    newest run holding them removed."""
+    from statecore.backends.tiered_spill import SpillRuns
+    from statecore.serializers import LIST_SEQ_BYTES
+
+    b = create_backend("native", key_type="int64", max_parallelism=2)
+    lst = b.get_state(ListStateDescriptor("l", "int64"))
+    runs = SpillRuns(str(tmp_path))
+    rng = random.Random(9)
+    try:
+        for _ in range(3):
+            for _ in range(8):
+                keys = pa.array([rng.randrange(50) for _ in range(20)], pa.int64())
+                lst.append_batch(keys, pa.array(range(20), pa.int64()))
+            lst.clear_batch(pa.array([rng.randrange(50) for _ in range(6)], pa.int64()))
+            snap = b.snapshot(incremental=True)
+            assert runs.write(snap, ["l"]) is not None
+            b.notify_checkpoint_complete(snap.snapshot_id)
+            snap.release()
+        full = b.snapshot()
+        live = {k: v for kg in range(2) for k, v in zip(*(a.to_pylist() for a in
+                                                          full.entries("l", kg)))}
+        full.release()
+        every = sorted({k[:-LIST_SEQ_BYTES] for r in runs.runs for kg in range(2)
+                        for k in r.reader().entries("l", kg)[0].to_pylist()})
+        pw = b.key_prefix_width
+        for asked in ([every[3]], every, every[::3] + [every[0][:pw] + b"\xff" * 9]):
+            keys, values = runs.prefix_entries("l", asked, pw)
+            got = dict(zip(keys.to_pylist(), values.to_pylist()))
+            assert {k: v for k, v in got.items() if v is not None} == \
+                {k: v for k, v in live.items() if k[:-LIST_SEQ_BYTES] in asked}
+            assert all(k not in live for k, v in got.items() if v is None)
+            assert keys.to_pylist() == sorted(got)
+        assert sum(v is None for v in got.values()) > 0
+    finally:
+        runs.close()
+        b.dispose()
+
+
 def _run_entries(store: CheckpointStore, root, version: int) -> dict:
     """{(state, key group): (keys, values)} of the run written for ``version``."""
     (run,) = [f for f in store.manifest(version)["files"] if f["version"] == version]
     rd = DataFileReader(pa.OSFile(os.path.join(root, run["path"]), "rb"), run["path"])
     try:
         return {(s, kg): tuple(a.to_pylist() for a in rd.entries(s, kg))
-                for s in ("v", "s") for kg in range(128)}
+                for s in ("v", "s", "l", "m") for kg in range(128)}
     finally:
         rd.close()
 
 
 def test_the_published_run_is_the_one_an_unspilled_backend_writes(tmp_path):
     """The same writes into a tiered backend that spills (a budget of 4 entries) and one whose
-    budget holds everything: each checkpoint's run lists the same keys, values and tombstones.
-    """
+    budget holds everything: each checkpoint's run lists the same keys, values and tombstones
+    -- list chunks (appends continuing a spilled and reloaded list, clears) and map user keys
+    (puts, removals, clears) included."""
     rng = random.Random(5)
     pairs = []
     for name, budget in (("small", 4 * ENTRY), ("large", 1 << 30)):
@@ -147,13 +359,22 @@ def test_the_published_run_is_the_one_an_unspilled_backend_writes(tmp_path):
         for store, b, _ in pairs:
             v = b.get_state(ValueStateDescriptor("v", "int64"))
             s = b.get_state(ReducingStateDescriptor("s", "sum", "int64"))
+            lst = b.get_state(ListStateDescriptor("l", "int64"))
+            m = b.get_state(MapStateDescriptor("m", "int64", "int64"))
             v.put_batch(keys, vals)
             s.add_batch(keys, pa.array([1] * len(batch), pa.int64()))
+            lst.append_batch(keys.slice(0, 20), pa.array(range(20), pa.int64()))
+            m.put_batch(keys.slice(0, 20), pa.array([k % 5 for k in range(20)], pa.int64()),
+                        pa.array(range(20), pa.int64()))
+            m.remove_batch(keys.slice(20, 5), pa.array([i % 5] * 5, pa.int64()))
             if i % 4 == 3:
                 s.clear_batch(keys.slice(0, 5))
+                lst.clear_batch(keys.slice(5, 3))
+                m.clear_batch(keys.slice(8, 3))
                 store.checkpoint(b, i // 4 + 1)
     small, large = pairs
     assert small[1].tiered_statistics()["spills"] > 0
+    assert small[1].tiered_statistics()["evicted_collections"] > 0
     assert large[1].tiered_statistics()["spills"] == 0
     for version in (1, 2, 3):
         assert _run_entries(small[0], small[2], version) == \

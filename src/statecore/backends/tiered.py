@@ -55,7 +55,8 @@ docs/state-map.md "Change tracking" state the rules this builds on):
   Snapshots merge the spill runs under memory's changes, so the published run is the one an
   unspilled backend writes; a completed checkpoint retires the runs its snapshot merged. From
   the first spill on, "clean" means: the bytes of the newest spill run holding the key, or of V.
-  Lists and maps are not spilled (their changes stay in memory until a checkpoint completes).
+  Every keyed state spills: a list's chunks and a map's user keys, with their tombstones, as
+  any entry (their collections then become evictable whole, below).
 * **Lists and maps.** A list's chunks and a map's user keys are entries of their own
   (docs/formats.md "List state", "Map state"), all under the collection's ``key |
   namespace`` prefix. The unit of loading and eviction is the whole collection: the first
@@ -63,14 +64,22 @@ docs/state-map.md "Change tracking" state the rules this builds on):
   entry V holds under its prefix as clean entries (:meth:`RunLookup.prefix_entries`) and lists
   them in the table's list or map index, and the backend records the prefix as *held*
   (:meth:`TieredBackend.touch_collections`); eviction drops a held collection only when all
-  its entries are clean and its prefix is in no removed set, all of them at once
-  (``NativeStateTable.evict_collection``: ``StateMap::evict`` of each, unlisted together), so
-  memory never holds part of one. An append therefore sees the list's last chunk and
+  its entries are clean and no removal from it was recorded after the newest spill run, all of
+  them at once (``NativeStateTable.evict_collection``: ``StateMap::evict`` of each, unlisted
+  together), so memory never holds part of one. A load merges: V's entries under the prefix,
+  then each spill run's, oldest to newest (a value replaces, a tombstone deletes;
+  :meth:`SpillRuns.prefix_entries`). An append therefore sees the list's last chunk and
   continues its sequence numbers as in memory, and a clear removes (and logs) every chunk V
-  holds. T2 for collections: memory holds a collection whole when its prefix is held;
-  otherwise memory holds none of its entries and V's are the collection. A call that may
-  remove entries (a clear, a map removal, a TTL'd state's reads) records the prefix as
-  removed, which keeps it held until a checkpoint holding the removals completes.
+  and the spill runs hold. T2 for collections: memory holds a collection whole when its prefix
+  is held; otherwise memory holds none of its entries and V's entries with the spill runs'
+  over them are the collection. A call that may remove entries (a clear, a map removal, a
+  TTL'd state's reads) records the prefix as removed with the spill count, as a value key's
+  removal: the removals (the chunks' and user keys' tombstones: the collection was loaded
+  whole first) are then in memory only, which keeps it held until a spill run written after
+  them or a completed checkpoint holding them; a spill that finds no change at all proves
+  them held by the runs already (:meth:`TieredBackend._removals_spilled`). A TTL cleanup step
+  removes expired entries without naming their collections: it holds every collection of its
+  state the same way (:meth:`TieredBackend.note_cleanup`).
 * **Snapshots.** Once attached, every snapshot is incremental on top of V (a full one would
   need the whole state in memory): ``snapshot(incremental=False)`` takes an incremental one.
 * **Background compaction.** Each checkpoint adds a run to V's chains, and a lookup of a key
@@ -101,14 +110,18 @@ Invariants:
   of a key present in the logical state is a logged removal of a present entry.
 * T4 eviction removes clean entries only, without logging.
 * T5 (lists and maps) memory holds every entry of a held collection and no entry of another;
-  a collection is evicted whole, only when all its entries are clean and its prefix is in no
-  removed set.
+  a collection is evicted whole, only when all its entries are clean and every removal from it
+  (a removed set's entry of its prefix, or of a cleanup step of its state) was recorded before
+  the newest spill run, so that the spill runs hold its tombstones.
 * T6 a spill run is referenced by no manifest; it is retired only when a checkpoint whose
   snapshot merged it completes.
 
 Scope: value, reducing, aggregating, list and map states (TTL'd or not; the stored bytes, TTL
 suffix included, are what the runs hold, and expired values read from V are treated as the
-kernels treat expired entries in memory). An aggregating state's accumulator is one entry per
+kernels treat expired entries in memory; incremental TTL cleanup visits the entries memory
+holds, so what it removes and counts in ``ttl_statistics`` -- and hence the expired entries
+``keys`` still lists, and with ``ReturnExpiredIfNotCleanedUp`` those reads still return --
+depends on what was evicted). An aggregating state's accumulator is one entry per
 key and namespace, as a reducing state's value: ``add`` and ``add_batch`` are
 read-modify-writes that load first; its batch calls take the shared per-row path over the table
 (no kernel), so they load the rows' keys in one lookup and hold eviction until the last row is
@@ -156,6 +169,7 @@ from statecore.backends.native import NativeBackend, NativeSnapshot, NativeTable
 from statecore.backends.tiered_spill import SpilledSnapshot, SpillRuns
 from statecore.checkpoint.compaction import check_max_runs
 from statecore.checkpoint.lookup import DEFAULT_CACHE_BYTES, RunLookup
+from statecore.checkpoint.readers import merge_newest_wins
 from statecore.checkpoint.runs import plan_chains
 from statecore.checkpoint.store import CheckpointStore
 from statecore.errors import CheckpointError, CorruptCheckpointError, InvalidInputError
@@ -175,6 +189,10 @@ COLLECTION_KINDS = ("list", "map")
 #: Runs of the attached chain above which a tiered backend has it compacted in the background
 #: (below the store's own ``DEFAULT_MAX_RUNS``, which compacts inside the commit).
 DEFAULT_COMPACT_MAX_RUNS = 4
+
+#: The removed-set entry of a TTL cleanup step's removals from a list or map state: they name
+#: no collection, so they hold every one (TieredBackend.note_cleanup; no encoded key is empty).
+_CLEANUP = b""
 
 _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
@@ -240,6 +258,28 @@ class TieredTable(NativeTable):
         self.get, self.put, self.remove = get, put, remove
         if self.kind in COLLECTION_KINDS:
             self._wrap_collection_calls()
+
+    # A TTL cleanup step removes expired entries of collections it does not name: for a list
+    # or map state the backend records that they await a spill run or checkpoint
+    # (TieredBackend.note_cleanup), so that no collection is evicted and reloaded with them.
+    def ttl_cleanup_step(self, kgs, min_entries: int, ttl_ms: int, now: int, steps: int = 1):
+        out = super().ttl_cleanup_step(kgs, min_entries, ttl_ms, now, steps)
+        if out[1]:
+            self._tiered.note_cleanup(self)
+        return out
+
+    def kernel_cleanup(self, kgs, min_entries: int, steps_per_row: int, ttl_ms: int, now: int,
+                       on_expired):
+        def expired(n: int) -> None:
+            self._tiered.note_cleanup(self)
+            on_expired(n)
+        return super().kernel_cleanup(kgs, min_entries, steps_per_row, ttl_ms, now, expired)
+
+    def ttl_cleanup_key_group(self, kg: int, ttl_ms: int, now: int) -> int:
+        n = super().ttl_cleanup_key_group(kg, ttl_ms, now)
+        if n:
+            self._tiered.note_cleanup(self)
+        return n
 
     def _wrap_collection_calls(self) -> None:
         """The list or map calls (bound per instance by NativeTable) wrapped: the collection
@@ -621,12 +661,17 @@ class TieredBackend(NativeBackend):
 
     def _collection_key_namespaces(self, table: TieredTable, kgs: KeyGroupRange):
         """:meth:`_key_namespaces` of a list or map state: per key group, the collections
-        memory holds entries of (those it holds whole, module docstring), plus those of V's
-        runs memory does not hold (V's are then the whole collection). A collection memory
-        holds without entries was emptied since V: absent."""
+        memory holds entries of (those it holds whole, module docstring), plus those with a
+        live entry in the runs that memory does not hold: the attached version's entries with
+        each spill run's over them, oldest to newest (a tombstone deletes), are then the whole
+        collection (T5). A collection memory holds without entries was emptied: absent."""
         native, name = table.native, table.name
         held = self._held.get(name, {})
-        in_runs = set(self._reader.key_groups_holding(name, kgs.start, kgs.end))
+        in_v = set(self._reader.key_groups_holding(name, kgs.start, kgs.end)) \
+            if self._attached_holds(table) else set()
+        spilled = list(self._spills.runs) if self._spills.holds(name) else []
+        in_runs = in_v | (self._spills.key_groups(name, kgs.start, kgs.end) if spilled
+                          else set())
         busy = in_runs | {kg for kg in kgs if native.key_group_size(kg)}
         if not busy:
             return
@@ -639,16 +684,24 @@ class TieredBackend(NativeBackend):
             def prefix(kb):
                 return kb[:S.encoded_prefix_size(kb, mp, ks, ns_ser)]
         snap = native.snapshot()
+        readers: dict = {}
         try:
             for kg in sorted(busy):
                 found = {prefix(kb) for kb in snap.entries(kg)[0].to_pylist()} \
                     if native.key_group_size(kg) else set()
                 if kg in in_runs:
-                    stored = {prefix(kb) for kb in self._reader.entries(name, kg)[0].to_pylist()}
-                    found.update(p for p in stored if p not in held)
+                    parts = self._spills.entries(name, kg, spilled, readers)
+                    if kg in in_v:
+                        parts.append(self._reader.entries(name, kg))
+                    stored, _ = merge_newest_wins([p for p in parts if len(p[0])]) \
+                        if any(len(p[0]) for p in parts) else (pa.array([], pa.binary()), None)
+                    found.update(p for p in {prefix(kb) for kb in stored.to_pylist()}
+                                 if p not in held)
                 yield kg, self._decoded_rows(table, found)
         finally:
             snap.release()
+            for rd in readers.values():
+                rd.close()
 
     def _decoded_rows(self, table: TieredTable, encoded) -> list:
         """``[(serialized key, key, namespace)]`` of the encoded keys ``encoded`` of a value,
@@ -755,16 +808,25 @@ class TieredBackend(NativeBackend):
             self._removed.setdefault(table.name, {}).update(
                 dict.fromkeys(encoded, self._spills.last_seq))
 
+    def note_cleanup(self, table: TieredTable) -> None:
+        """Record that a TTL cleanup step removed expired entries of ``table`` without naming
+        them: for a list or map state, as a removal from every collection (:data:`_CLEANUP` in
+        the removed set), so none is evicted until a spill run or a completed checkpoint holds
+        the tombstones (T5)."""
+        if table.kind in COLLECTION_KINDS:
+            self._removed.setdefault(table.name, {})[_CLEANUP] = self._spills.last_seq
+
     def touch_collections(self, table: TieredTable, prefixes, mode: str = "read") -> None:
         """Make memory hold whole the lists or maps of ``table`` (a list or map state) named by
         ``prefixes`` (their encoded ``key | namespace`` prefixes, bytes; repeats allowed)
         before a call touches them: those memory does not hold are loaded from the attached
-        version, every entry as a clean one (one :meth:`RunLookup.prefix_entries`) and listed
-        in the table's index. ``mode``: ``"read"`` (a collection found nowhere is not
+        version and the spill runs, every entry as a clean one (:meth:`_load_collections`) and
+        listed in the table's index. ``mode``: ``"read"`` (a collection found nowhere is not
         recorded), ``"write"`` (it is: the call creates it) or ``"remove"`` (the call may
         remove entries: the prefixes are recorded as removed, T2, so that they stay in memory
-        until a checkpoint holding the removals completes). A TTL'd state's reads remove the
-        expired entries they find: any mode counts as ``"remove"`` there."""
+        until a spill run written after the removals, or a completed checkpoint, holds them).
+        A TTL'd state's reads remove the expired entries they find: any mode counts as
+        ``"remove"`` there."""
         held = self._held.setdefault(table.name, OrderedDict())
         missing = []
         for p in prefixes:
@@ -786,10 +848,19 @@ class TieredBackend(NativeBackend):
             self.note_removed(table, prefixes)
 
     def _load_collections(self, table: TieredTable, prefixes: list) -> set:
-        """Load every entry of the attached version under ``prefixes`` (memory holds none of
-        them) as clean entries and list them in the table's index; returns the prefixes that
-        had entries."""
-        keys, values = self._lookup.prefix_entries(table.name, prefixes)
+        """Load every entry under ``prefixes`` (collections memory holds none of, so every
+        removal from them is in a spill run, T5) as clean entries and list them in the table's
+        index: the attached version's entries (:meth:`RunLookup.prefix_entries`) with each
+        spill run's entries over them, oldest to newest (a value replaces, a tombstone deletes;
+        :meth:`SpillRuns.prefix_entries`); returns the prefixes that had entries."""
+        parts = []
+        if self._spills.holds(table.name):
+            parts.append(self._spills.prefix_entries(table.name, prefixes,
+                                                     self.key_prefix_width))
+        if self._attached_holds(table):
+            parts.append(self._lookup.prefix_entries(table.name, prefixes))
+        keys, values = merge_newest_wins([p for p in parts if len(p[0])]) \
+            if any(len(p[0]) for p in parts) else (pa.array([], pa.binary()),) * 2
         st = self._stats
         st["fetch_batches"] += 1
         st["fetched_keys"] += len(prefixes)
@@ -807,19 +878,24 @@ class TieredBackend(NativeBackend):
 
     def _evict_collections(self, table: TieredTable, target: int) -> int:
         """Evict whole lists or maps of ``table``, least recently touched first, until its
-        bytes are at most ``target``: those whose entries are all clean and whose prefix is in
-        no removed set (``evict_collection``; others go to the back). Returns how many."""
+        bytes are at most ``target``: those whose entries are all clean and that were not
+        removed from since the newest spill run (``evict_collection``; others go to the back).
+        A removal recorded before a spill run was written is in that run (its tombstones: the
+        collection was loaded whole before it, T3), so loads merging the runs see it (T5).
+        Returns how many."""
         held = self._held.get(table.name)
         if not held:
             return 0
         removed = [s[table.name] for s in (self._removed, *self._removed_pending.values())
                    if table.name in s]
+        last = self._spills.last_seq
         native, n = table.native, 0
         for _ in range(len(held)):
             if native.nbytes <= target:
                 break
             p, kg = next(iter(held.items()))
-            if any(p in s for s in removed) or native.evict_collection(kg, p) < 0:
+            if any(max(s.get(p, -1), s.get(_CLEANUP, -1)) >= last for s in removed) \
+                    or native.evict_collection(kg, p) < 0:
                 held.move_to_end(p)
                 continue
             del held[p]
@@ -865,7 +941,9 @@ class TieredBackend(NativeBackend):
             return 0
         n = self._evict_clean(total)
         total = self.state_bytes()
-        if total > self.memory_budget and self.spill():
+        if total > self.memory_budget:
+            # Even a spill that finds no change frees collections (_removals_spilled).
+            self.spill()
             n += self._evict_clean(total)
             total = self.state_bytes()
         st = self._stats
@@ -876,12 +954,13 @@ class TieredBackend(NativeBackend):
         return n
 
     def spill(self) -> int:
-        """Write every change since the maps' base (values and tombstones of every value,
-        reducing and aggregating state; lists and maps are not spilled) as a
-        spill run and move the maps' base to it, so the changed entries become clean
-        (:mod:`statecore.backends.tiered_spill`); returns the entries written (0: no change).
-        The next snapshots merge the run until a checkpoint holding it completes."""
-        names = [n for n, t in self._tables.items() if t.kind not in COLLECTION_KINDS]
+        """Write every change since the maps' base (values and tombstones of every keyed
+        state: values, accumulators, list chunks and map user keys) as a spill run and move the
+        maps' base to it, so the changed entries become clean
+        (:mod:`statecore.backends.tiered_spill`) and the collections holding them evictable
+        whole; returns the entries written (0: no change). The next snapshots merge the run
+        until a checkpoint holding it completes."""
+        names = list(self._tables)
         if not names:
             return 0
         snap = NativeSnapshot(self, {n: self._tables[n] for n in names}, {}, 0, True)
@@ -891,6 +970,7 @@ class TieredBackend(NativeBackend):
         finally:
             snap.release()
         if run is None:
+            self._removals_spilled()
             return 0
         for name, version in versions.items():
             self._tables[name].native.mark_base(version)
@@ -899,6 +979,20 @@ class TieredBackend(NativeBackend):
         st["spilled_entries"] += run.entries
         st["spilled_bytes"] += run.file_bytes
         return run.entries
+
+    def _removals_spilled(self) -> None:
+        """A spill found no change: every removal from a list or map recorded so far is then in
+        the runs already (one that removed an entry a run or V holds is a logged change), so
+        those recorded after the newest run are restamped as before it: they hold their
+        collections no longer (T5)."""
+        last = self._spills.last_seq
+        for removed in (self._removed, *self._removed_pending.values()):
+            for name, keys in removed.items():
+                table = self._tables.get(name)
+                if table is not None and table.kind in COLLECTION_KINDS:
+                    for k, seq in keys.items():
+                        if seq >= last:
+                            keys[k] = last - 1
 
     def _evict_clean(self, total: int) -> int:
         """Drop clean entries, state by state, until ``total`` (the bytes held) fits the

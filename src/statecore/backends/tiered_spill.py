@@ -9,8 +9,13 @@ change-tracking base -- values and tombstones -- as one *spill run* (the checkpo
 format, docs/formats.md "Data file", an incremental run: NULL values are tombstones), then
 moves the maps' base to that spill snapshot, so the spilled entries are clean and evictable.
 
+* **Every keyed state** spills: values and accumulators, a list's chunks and a map's user keys,
+  with their tombstones.
 * **Reads** consult memory, then the spill runs newest first, then the attached version: a
-  spill run's value or tombstone decides a key (:meth:`SpillRuns.lookup`).
+  spill run's value or tombstone decides a key (:meth:`SpillRuns.lookup`). A list or map memory
+  does not hold is loaded whole: the attached version's entries under its prefix with each
+  spill run's over them, oldest to newest, a tombstone deleting (:meth:`SpillRuns.
+  prefix_entries`).
 * **Snapshots** taken while spill runs exist merge them under memory's changes, newest wins,
   tombstones kept (:class:`SpilledSnapshot`): the published run lists every change since the
   attached version, as it would have without spilling.
@@ -38,6 +43,7 @@ import os
 import shutil
 import tempfile
 import threading
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 
 import numpy as np
@@ -115,6 +121,21 @@ class SpillRun:
             self._reader = None
         with contextlib.suppress(FileNotFoundError):
             os.remove(self.path)
+
+
+class _ArrowKeys:
+    """The bytes of a ``pa.binary()`` array by index, converted on access (a bisect's few)."""
+
+    __slots__ = ("_arr",)
+
+    def __init__(self, arr: pa.Array):
+        self._arr = arr
+
+    def __len__(self) -> int:
+        return len(self._arr)
+
+    def __getitem__(self, i: int) -> bytes:
+        return self._arr[i].as_py()
 
 
 def _merged(parts: list) -> tuple[pa.Array, pa.Array]:
@@ -254,6 +275,52 @@ class SpillRuns:
                 if not len(rows):
                     break
         return seq, pa.array(out, pa.binary())
+
+    def prefix_entries(self, state_name: str, prefixes: list, prefix_width: int
+                       ) -> tuple[pa.Array, pa.Array]:
+        """``(keys, values)`` (``pa.binary()``, sorted by key): every entry of ``state_name``
+        the runs hold under each encoded-key prefix of ``prefixes`` (bytes, each ``key-group
+        prefix | key | namespace``: a list's chunks or a map's user keys, docs/formats.md "List
+        state", "Map state"; each once), merged newest-wins over the runs with the tombstones
+        kept (NULL values), to be merged over the attached version's entries. One read of the
+        (state, key group) per run and key group asked (through the decoded cache)."""
+        runs = [r for r in reversed(self.runs) if state_name in r.states]
+        if not runs or not prefixes:
+            return pa.array([], pa.binary()), pa.array([], pa.binary())
+        by_kg: dict = {}
+        for p in sorted(prefixes):
+            by_kg.setdefault(int.from_bytes(p[:prefix_width], "big"), []).append(p)
+        parts = []
+        for r in runs:
+            ks, vs = [], []
+            for kg, pre in by_kg.items():
+                rk, rv = self._entries_of(r, state_name, kg)
+                n = len(rk)
+                if not n:
+                    continue
+                if 4 * len(pre) * n.bit_length() >= n:
+                    # Many prefixes: each key's first len(p) bytes looked up in the prefixes
+                    # of that length, over the whole group in Arrow.
+                    mask = None
+                    for cut in sorted({len(p) for p in pre}):
+                        hit = pc.is_in(pc.binary_slice(rk, 0, cut), value_set=pa.array(
+                            [p for p in pre if len(p) == cut], pa.binary()))
+                        mask = hit if mask is None else pc.or_(mask, hit)
+                    ks.append(rk.filter(mask))
+                    vs.append(rv.filter(mask))
+                    continue
+                # A few prefixes: each one's range of the sorted keys by binary search.
+                seq = _ArrowKeys(rk)
+                for p in pre:
+                    cut = len(p)
+                    lo = bisect_left(seq, p, key=lambda k, c=cut: k[:c])
+                    hi = bisect_right(seq, p, lo=lo, key=lambda k, c=cut: k[:c])
+                    if hi > lo:
+                        ks.append(rk.slice(lo, hi - lo))
+                        vs.append(rv.slice(lo, hi - lo))
+            if ks:
+                parts.append((pa.concat_arrays(ks), pa.concat_arrays(vs)))
+        return _merged(parts)
 
     def _entries_of(self, run: SpillRun, state_name: str, kg: int):
         """``run``'s decoded entries of (``state_name``, ``kg``), through the decoded cache."""
