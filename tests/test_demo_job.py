@@ -485,3 +485,31 @@ def test_memory_budget_reaches_both_operators(tmp_path, monkeypatch):
     for bad in (dict(memory_budget="lots"), dict(memory_budget="1MiB", backend="python")):
         with pytest.raises(InvalidInputError, match="memory_budget"):
             DemoConfig(**bad).validate()
+
+
+@pytest.mark.spark
+def test_quiet_query_end_turns_the_micro_batch_logger_off_and_back(spark):
+    """--max-batches ends the query by raising in foreachBatch; quiet_query_end keeps Spark's
+    micro-batch engine from logging that end at ERROR, and restores the level after."""
+    from statecore.spark import quiet_query_end
+
+    log4j = spark.sparkContext._jvm.org.apache.logging.log4j
+    logger = log4j.LogManager.getLogger(
+        "org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution")
+    assert logger.isErrorEnabled()
+    with quiet_query_end(spark):
+        assert not logger.isErrorEnabled()
+    assert logger.isErrorEnabled()
+    with pytest.raises(ZeroDivisionError), quiet_query_end(spark):
+        raise ZeroDivisionError("the query failed")
+    assert logger.isErrorEnabled()
+
+
+def test_quiet_query_end_changes_nothing_without_a_jvm():
+    """A session without a JVM gateway (Spark Connect's) passes through unchanged."""
+    from statecore.spark.session import quiet_query_end
+
+    with quiet_query_end(object()):
+        pass
+    with pytest.raises(KeyError), quiet_query_end(object()):
+        raise KeyError("x")

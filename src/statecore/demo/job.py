@@ -26,6 +26,7 @@ server and reports back through files (:func:`run_demo`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -354,6 +355,7 @@ class _StopAfterMaxBatches(Exception):
     """Raised inside foreachBatch to end a run after --max-batches micro-batches."""
 
 
+
 def _local_or_uri(path: str) -> str:
     """``path`` made absolute when it is local; a URI as it is."""
     return path if is_uri(path) else os.path.abspath(path)
@@ -483,7 +485,7 @@ def run_demo(cfg: DemoConfig, spark=None,
             "the native backend (statecore.backends.native / statecore._native) is not available "
             "in this installation; build it (pip install .) or run with --backend python")
     from statecore.demo.data import land_flights
-    from statecore.spark import is_connect_session, local_session, remote_session
+    from statecore.spark import is_connect_session, local_session, quiet_query_end, remote_session
 
     say = progress or (lambda _line: None)
     output = os.path.abspath(cfg.output)
@@ -538,25 +540,28 @@ def run_demo(cfg: DemoConfig, spark=None,
                 say(_batch_line(rec))
 
     t_start = time.perf_counter()
-    query = (source.writeStream.foreachBatch(each_batch)
-             .option("checkpointLocation", spark_checkpoint)
-             .trigger(availableNow=True)
-             .queryName(f"statecore_demo_{run_id}")
-             .start())
-    try:
-        while not query.awaitTermination(0.5):
+    quiet = (quiet_query_end(spark) if cfg.max_batches is not None and not connect
+             else contextlib.nullcontext())
+    with quiet:
+        query = (source.writeStream.foreachBatch(each_batch)
+                 .option("checkpointLocation", spark_checkpoint)
+                 .trigger(availableNow=True)
+                 .queryName(f"statecore_demo_{run_id}")
+                 .start())
+        try:
+            while not query.awaitTermination(0.5):
+                report_new()
+        except Exception:
+            if not log.stopped():
+                raise
+        finally:
+            if query.isActive:
+                query.stop()
             report_new()
-    except Exception:
-        if not log.stopped():
-            raise
-    finally:
-        if query.isActive:
-            query.stop()
-        report_new()
-        for rec in log.records():
-            _add_batch(summary, rec)
-        summary.stopped_early = log.stopped()
-        log.remove()
+            for rec in log.records():
+                _add_batch(summary, rec)
+            summary.stopped_early = log.stopped()
+            log.remove()
     summary.seconds = time.perf_counter() - t_start
     if not summary.stopped_early:
         rep = sessions_op.flush(spark)

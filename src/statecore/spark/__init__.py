@@ -41,7 +41,12 @@ from statecore.spark.operator import (
     parquet_batch_sink,
 )
 from statecore.spark.processor import KeyedProcessor, ProcessorContext
-from statecore.spark.session import is_connect_session, local_session, remote_session
+from statecore.spark.session import (
+    is_connect_session,
+    local_session,
+    quiet_query_end,
+    remote_session,
+)
 from statecore.spark.versions import streaming_query_id
 from statecore.timers import epoch_ms
 
@@ -57,6 +62,7 @@ __all__ = [
     "local_session",
     "remote_session",
     "is_connect_session",
+    "quiet_query_end",
     "streaming_query_id",
     "epoch_ms",
     "register_state_source",

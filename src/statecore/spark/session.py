@@ -13,6 +13,7 @@ workers included (``docs/deploy.md`` "Spark Connect").
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import Mapping, Optional
@@ -20,7 +21,7 @@ from typing import Mapping, Optional
 from statecore.errors import InvalidInputError, StateError
 
 __all__ = ["local_session", "remote_session", "is_local_master", "is_connect_session",
-           "RUNTIME_SETTINGS"]
+           "quiet_query_end", "RUNTIME_SETTINGS"]
 
 #: The SQL settings statecore jobs rely on that a session may change at run time (so a Spark
 #: Connect client sets them too): event times in UTC, Arrow, and no adaptive execution, which
@@ -135,3 +136,34 @@ def remote_session(url: str, shuffle_partitions: int = 2,
             "needs spark.sql.adaptive.enabled=false (it could coalesce the operator's "
             "partitions)")
     return spark
+
+
+#: The loggers of Spark's micro-batch engine (Spark 4.1 and 4.0 packages), which log a query
+#: ended by an exception of its foreachBatch function at ERROR with the whole stack.
+_QUERY_LOGGERS = ("org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",
+                  "org.apache.spark.sql.execution.streaming.MicroBatchExecution")
+
+
+@contextlib.contextmanager
+def quiet_query_end(spark):
+    """A context manager: within it, the driver JVM of ``spark`` does not log the end of a
+    streaming query by an exception at ERROR (Spark's ``MicroBatchExecution`` logs it with the
+    whole stack), for a query a ``foreachBatch`` function ends on purpose by raising (``statecore
+    demo --max-batches``); the exception still reaches the caller, raised by
+    ``awaitTermination``. The loggers' levels are restored at exit. Classic sessions only (Log4j
+    2 through the JVM gateway); for a Spark Connect session (the server's log is not the
+    client's) or without Log4j 2 it changes nothing."""
+    before, configurator = {}, None
+    try:
+        log4j = spark.sparkContext._jvm.org.apache.logging.log4j
+        configurator = log4j.core.config.Configurator
+        for name in _QUERY_LOGGERS:
+            before[name] = log4j.LogManager.getLogger(name).getLevel()
+            configurator.setLevel(name, log4j.Level.OFF)
+    except Exception:  # no JVM gateway (Spark Connect) or no Log4j 2: leave logging as it is
+        pass
+    try:
+        yield
+    finally:
+        for name, level in before.items():
+            configurator.setLevel(name, level)
