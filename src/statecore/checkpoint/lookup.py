@@ -26,7 +26,11 @@ those pages after the batch. A run's filters are read when a batch first needs t
 filters of the key groups the batch reaches in that run and not read before, in one ranged read
 (they are stored in key-group order), each checked against its XXH64, and kept while the lookup
 is open: about ``bits_per_key / 8`` bytes per entry, outside the block cache's budget. So the
-first lookup after an attach reads one key group's filters, not the whole state's."""
+first lookup after an attach reads one key group's filters, not the whole state's.
+
+:meth:`RunLookup.prefix_entries` (whole lists and maps) fetches the candidate blocks of all
+its prefixes and runs in the same rounds, through the same cache and threads, and selects the
+entries under the prefixes with Arrow kernels over the opened blocks in place."""
 
 from __future__ import annotations
 
@@ -180,12 +184,36 @@ def _payload_entries(payload: np.ndarray, has_validity: bool) -> tuple[pa.Array,
     return keys, values
 
 
+class _KeySequence:
+    """The values of a ``pa.binary()`` array as a read-only sequence of bytes, for
+    :func:`bisect.bisect_left` over a block's sorted keys without converting them all."""
+
+    def __init__(self, keys: pa.Array):
+        bufs = keys.buffers()
+        self._n = len(keys)
+        self._off = np.frombuffer(bufs[1], np.int32)[keys.offset:keys.offset + self._n + 1]
+        self._data = memoryview(bufs[2]) if bufs[2] is not None else memoryview(b"")
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: int) -> bytes:
+        return bytes(self._data[int(self._off[i]):int(self._off[i + 1])])
+
+
 def _merge_newest(parts: list) -> tuple[pa.BinaryArray, pa.BinaryArray]:
     """``(keys, values)`` sorted by key, without tombstones: per key the entry of the first
     part holding it (``parts``: ``(depth, keys, values)``, newest run first, each part's keys
-    ascending, NULL values tombstones) -- natively ``merge_newest_wins``, else with a dict."""
+    ascending, NULL values tombstones) -- natively ``merge_newest_wins``, else with a dict. One
+    part comes back as given (its tombstones dropped): it may be a view of a cached block."""
     if not parts:
         return pa.array([], pa.binary()), pa.array([], pa.binary())
+    if len(parts) == 1:  # one run's keys: nothing to merge
+        _, k, v = parts[0]
+        if v.null_count:
+            live = pc.is_valid(v)
+            k, v = k.filter(live), v.filter(live)
+        return k, v
     if _native_merge_newest_wins is not None:
         return _native_merge_newest_wins([(k, v) for _, k, v in parts])
     found: dict[bytes, Any] = {}
@@ -495,6 +523,18 @@ class RunLookup:
             live = np.nonzero((take_part < 0) & (pos < chain_len[seg_of]))[0]
         return self._assemble(n, take_part, take_row, parts)
 
+    def _key_group_of(self, key: bytes) -> int:
+        """:meth:`_key_groups` of one encoded key (bytes), with its errors."""
+        if len(key) < self.prefix:
+            raise InvalidInputError(
+                f"an encoded key is shorter than its {self.prefix}-byte key-group prefix")
+        kg = key[0] if self.prefix == 1 else (key[0] << 8) | key[1]
+        if kg < self.start or kg > self.end:
+            raise InvalidInputError(
+                f"encoded key 0 has key group {kg}, outside the lookup's key groups "
+                f"[{self.start}, {self.end}]")
+        return kg
+
     def lookup_one(self, state_name: str, encoded_key: bytes) -> bytes | None:
         """:meth:`lookup_batch` of the one encoded key ``encoded_key`` (bytes), for per-record
         reads: its stored value (bytes), or None where the version holds none. The same runs,
@@ -509,14 +549,7 @@ class RunLookup:
         if not isinstance(encoded_key, (bytes, bytearray, memoryview)):
             raise InvalidInputError(f"an encoded key must be bytes, got {type(encoded_key)!r}")
         key = bytes(encoded_key)
-        if len(key) < self.prefix:
-            raise InvalidInputError(
-                f"an encoded key is shorter than its {self.prefix}-byte key-group prefix")
-        kg = key[0] if self.prefix == 1 else (key[0] << 8) | key[1]
-        if kg < self.start or kg > self.end:
-            raise InvalidInputError(
-                f"encoded key 0 has key group {kg}, outside the lookup's key groups "
-                f"[{self.start}, {self.end}]")
+        kg = self._key_group_of(key)
         self.stats["lookups"] += 1
         needle = hashes = None
         for run in self._runs_of(state_name, kg):
@@ -704,6 +737,8 @@ class RunLookup:
         pre = list(dict.fromkeys(bytes(p) for p in prefixes))
         if not pre:
             return pa.array([], pa.binary()), pa.array([], pa.binary())
+        if len(pre) == 1:  # a per-record load: no batch arrays, no thread
+            return self._prefix_entries_one(state_name, pre[0], self._key_group_of(pre[0]))
         kgs = self._key_groups(pa.array(pre, pa.binary()))
         routed = self._prefix_candidates(state_name, pre, kgs)
         by_len: dict[int, list] = {}
@@ -714,6 +749,42 @@ class RunLookup:
         for chunk in self._open_rounds(routed):
             parts += self._select_round(chunk, wanted)
         parts.sort(key=lambda t: t[0])  # newest run first; a sort by depth alone is stable
+        return _merge_newest(parts)
+
+    def _prefix_entries_one(self, state_name: str, prefix: bytes, kg: int
+                            ) -> tuple[pa.BinaryArray, pa.BinaryArray]:
+        """:meth:`prefix_entries` of one prefix (of key group ``kg``) on the calling thread,
+        as :meth:`lookup_one` serves one key: per run its candidate blocks found by binary
+        searches over the footer's block keys, each from the cache or read and opened
+        (:meth:`_fetch_one`), the prefix's range of its keys found by binary search."""
+        succ = _successor(prefix)
+        parts = []
+        for depth, run in enumerate(self._runs_of(state_name, kg)):
+            rf = self._run_file(run, state_name)
+            row = rf.rows.get(kg)
+            if row is None:
+                continue
+            if rf.tables is None:
+                blocks = [-1 - kg]
+            else:
+                last = rf.last_keys(kg)
+                lo = bisect_left(last, prefix)
+                hi = len(last) - 1 if succ is None else min(bisect_left(last, succ, lo=lo),
+                                                            len(last) - 1)
+                first = int(row["first_block"])
+                blocks = range(first + lo, first + hi + 1)
+            incremental = rf.data.kind == KIND_INCREMENTAL
+            for b in blocks:
+                bid = (rf.data.name, state_name, b)
+                got = self.cache.get(bid)
+                if got is None:
+                    got = self._fetch_one(bid, rf, b)
+                keys, values = _payload_entries(got[0], incremental) if got[1] is None else got
+                seq = _KeySequence(keys)
+                a = bisect_left(seq, prefix)
+                e = len(seq) if succ is None else bisect_left(seq, succ, lo=a)
+                if e > a:
+                    parts.append((depth, keys.slice(a, e - a), values.slice(a, e - a)))
         return _merge_newest(parts)
 
     def _prefix_candidates(self, state_name: str, pre: list, kgs: np.ndarray) -> dict:
