@@ -734,11 +734,25 @@ def _collections_stream(backend, store, intervals, rng_seed: int) -> dict:
     return got
 
 
+def _collections_records(backend, keys: np.ndarray) -> list:
+    """Per record (``set_current_key`` per row): the list's ``get()`` and the map's ``get`` of
+    user key ``key % 2 *`` :data:`_MAP_USER_KEYS` of each key of ``keys``; returns them."""
+    ls = backend.get_state(ListStateDescriptor("l", "int64"))
+    ms = backend.get_state(MapStateDescriptor("m", "int64", "int64"))
+    out = []
+    for k in keys.tolist():
+        backend.set_current_key(k)
+        out.append((list(ls.get()), ms.get(k % (2 * _MAP_USER_KEYS))))
+    return out
+
+
 def _collections_panel(r) -> object:
     """tiered_collections' plot: the list and map rows/s of each impl."""
     for kind in ("list", "map"):
         if r["metric"] == f"rows_per_s_{kind}_uniform":
             return "uniform keys: rows/s", f"{r['impl']}: {kind}"
+    if r["metric"] == "rows_per_s_record_uniform":
+        return "uniform keys: rows/s per record", r["impl"]
     return None
 
 
@@ -747,20 +761,24 @@ def _collections_panel(r) -> object:
       "get_batch) over a checkpoint of 250k / 25k int64 keys (a 3-chunk list and 4 user keys "
       "each) with a memory budget of 1/8 of the state (tiered mode: whole lists and maps "
       "loaded on first touch), uniform keys, 16k-row batches checkpointed every "
-      "4 / 2 batches; vs the in-memory native backend restored from the same checkpoint",
+      "4 / 2 batches, then per record; vs the in-memory native backend restored from the "
+      "same checkpoint",
       panel=_collections_panel)
 def tiered_collections(size: Size):
     """A stream of 4 / 2 intervals of 4 / 2 batches of 16k keys, drawn uniformly (``<dist>`` =
     ``uniform`` in the metric names) over the ``entries`` keys of version 1
     (:func:`_collections_checkpoint`), each batch ``append_batch`` + ``get_batch`` on the list
     state and ``put_batch`` + ``get_batch`` on the map state (:func:`_collections_stream`),
-    each interval followed by an incremental checkpoint. Impl ``tiered``: ``memory_budget`` =
+    each interval followed by an incremental checkpoint; then ``record_rows`` (4k / 1k) more
+    uniform keys per record (:func:`_collections_records`: a list ``get()`` and a map ``get``
+    per row, a collection load each where memory lacks it). Impl ``tiered``: ``memory_budget`` =
     1/8 of the state's key and value bytes (or ``python -m bench --memory-budget``), attached;
     ``in-memory``: ``create_backend("native")`` restored from the same version.
 
     Records per impl: ``rows_per_s_list_<dist>`` / ``rows_per_s_map_<dist>``
     (the stream's rows over the seconds of its two list / map calls per batch), ``rows_per_s_
-    <dist>`` (rows over both), ``checkpoint_s_<dist>`` (median seconds of a checkpoint); tiered
+    <dist>`` (rows over both), ``checkpoint_s_<dist>`` (median seconds of a checkpoint),
+    ``rows_per_s_record_<dist>`` (per record); tiered
     also ``loaded_collections_per_row_<dist>`` (lists and maps fetched from the runs per row,
     ``fetched_keys`` of the value states excluded: there are none) and ``loaded_per_row_<dist>``
     (entries loaded per row). Also ``entries`` and ``budget_bytes``. Both impls' outputs are
@@ -773,6 +791,7 @@ def tiered_collections(size: Size):
     per_interval = 4 if not size.quick else 2
     n_intervals = 4 if not size.quick else 2
     rows = n_intervals * per_interval * batch
+    record_rows = size.n(4096, 1024)
     rng = np.random.default_rng(13)
     # Uniform keys only: under Zipf the hot keys' lists grow by thousands of elements and
     # every read of one returns all of them, which would measure the output, not the loads.
@@ -784,7 +803,8 @@ def tiered_collections(size: Size):
         budget = size.memory_budget or max(4096, nbytes // 8)
         out.append(record(c, "tiered", "budget_bytes", budget, "bytes"))
         for dist, gen in draw.items():
-            keys = gen(rows)
+            keys = gen(rows + record_rows)
+            per_record = keys[rows:]
             flat = [keys[i:i + batch] for i in range(0, rows, batch)]
             intervals = [flat[i:i + per_interval] for i in range(0, len(flat), per_interval)]
             results = {}
@@ -797,13 +817,18 @@ def tiered_collections(size: Size):
                 b = create_backend("native", key_type="int64", **opts)
                 store.restore(b, 1)
                 got = _collections_stream(b, store, intervals, 7)
+                t = time.perf_counter()
+                got["records"] = _collections_records(b, per_record)
+                rec_s = time.perf_counter() - t
                 results[impl] = got
                 list_s, map_s = sum(got["list_s"]), sum(got["map_s"])
                 out += [record(c, impl, f"rows_per_s_list_{dist}", rows / list_s, "rows/s"),
                         record(c, impl, f"rows_per_s_map_{dist}", rows / map_s, "rows/s"),
                         record(c, impl, f"rows_per_s_{dist}", rows / (list_s + map_s),
                                "rows/s"),
-                        record(c, impl, f"checkpoint_s_{dist}", np.median(got["ckpt_s"]), "s")]
+                        record(c, impl, f"checkpoint_s_{dist}", np.median(got["ckpt_s"]), "s"),
+                        record(c, impl, f"rows_per_s_record_{dist}", record_rows / rec_s,
+                               "rows/s")]
                 if impl == "tiered":
                     last = got["stats"][-1]
                     out += [record(c, impl, f"loaded_collections_per_row_{dist}",
@@ -816,4 +841,5 @@ def tiered_collections(size: Size):
             for (tl, tm), (ml, mm) in zip(results["tiered"]["outputs"],
                                           results["in-memory"]["outputs"]):
                 assert tl.equals(ml) and tm.equals(mm)
+            assert results["tiered"]["records"] == results["in-memory"]["records"]
     return out
