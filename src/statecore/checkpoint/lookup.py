@@ -140,30 +140,6 @@ def _successor(prefix: bytes) -> bytes | None:
     return p[:-1] + bytes([p[-1] + 1]) if p else None
 
 
-def _prefix_blocks(rf: "_RunFile", kg: int, row, prefixes: np.ndarray, succ: np.ndarray
-                   ) -> np.ndarray:
-    """The blocks (int64, with repeats) of ``rf``'s (state, key group ``kg``) ``row`` that can
-    hold keys starting with any of ``prefixes`` (bytes objects; ``succ`` their
-    :func:`_successor`): for each, by the footer's last key of each block, the first block
-    whose last key is >= the prefix through the first whose last key is >= its successor
-    (the first that ends past the prefix's keys), or the key group's last block."""
-    last = rf.last_keys(kg)
-    count = len(last)
-    lo = np.searchsorted(last, prefixes, side="left")
-    has_succ = np.array([s is not None for s in succ], dtype=bool)
-    hi = np.full(len(prefixes), count - 1, np.int64)
-    if bool(has_succ.any()):
-        hi[has_succ] = np.minimum(np.searchsorted(last, succ[has_succ], side="left"),
-                                  count - 1)
-    keep = lo < count
-    lo, hi = lo[keep].astype(np.int64), hi[keep]
-    if not len(lo):
-        return np.zeros(0, np.int64)
-    n = hi - lo + 1
-    starts = np.repeat(lo - np.concatenate(([0], np.cumsum(n)[:-1])), n)
-    return starts + np.arange(int(n.sum()), dtype=np.int64) + int(row["first_block"])
-
-
 def _payload_entries(payload: np.ndarray, has_validity: bool) -> tuple[pa.Array, pa.Array]:
     """``(keys, values)`` ``pa.binary()`` arrays over an opened block payload
     (docs/formats.md "Block payload": entry count, key offsets, value offsets, key data, value
@@ -292,6 +268,10 @@ class _RunFile:
         #: first block of each key group's record, ascending, and those key groups
         self.first_blocks = rows["first_block"].astype(np.int64)
         self.kg_list = rows["key_group"].astype(np.int64)
+        self.block_counts = rows["block_count"].astype(np.int64)
+        #: format 6, for prefix searches: the last key of every block of the state in key
+        #: order (the key groups' blocks one after another) and each one's block number
+        self._state_keys: tuple[np.ndarray, np.ndarray] | None = None
         #: With the extension (format 6): routes a batch's keys to their candidate blocks in
         #: one native call (filters given to it as they are read).
         self.router = None
@@ -354,6 +334,45 @@ class _RunFile:
             got[:] = [bytes(kdata[a:e]) for a, e in zip(ends[:-1], ends[1:])]
             self.block_keys[kg] = got
         return got
+
+    def prefix_blocks(self, prefixes: np.ndarray, succ: np.ndarray, kgs: np.ndarray
+                      ) -> np.ndarray:
+        """The blocks (int64, with repeats) of this state (format 6) that can hold keys
+        starting with any of ``prefixes`` (bytes objects, of the key groups ``kgs``; ``succ``
+        their :func:`_successor`): for each, by the footer's last key of each block of its key
+        group, the first block whose last key is >= the prefix through the first whose last
+        key is >= its successor (the first that ends past the prefix's keys), or the key
+        group's last block. One search over the state's block keys for all prefixes: blocks
+        are stored by key group, then key (docs/formats.md "Blocks"), so the state's block
+        keys taken key group after key group are ascending."""
+        if self._state_keys is None:
+            _, koff, kdata = self.tables
+            blocks = np.concatenate([np.arange(f, f + c, dtype=np.int64) for f, c in
+                                     zip(self.first_blocks.tolist(),
+                                         self.block_counts.tolist())] or [np.zeros(0, np.int64)])
+            starts, ends = koff[blocks].tolist(), koff[blocks + 1].tolist()
+            last = np.empty(len(blocks), dtype=object)
+            last[:] = [bytes(kdata[a:e]) for a, e in zip(starts, ends)]
+            self._state_keys = (last, blocks)
+        last, block_of = self._state_keys
+        r = np.minimum(np.searchsorted(self.kg_list, kgs), max(len(self.kg_list) - 1, 0))
+        held = (self.kg_list[r] == kgs) if len(self.kg_list) else np.zeros(len(kgs), bool)
+        prefixes, succ, r = prefixes[held], succ[held], r[held]
+        row_start = np.concatenate(([0], np.cumsum(self.block_counts)[:-1])).astype(np.int64)
+        row_end = (row_start + self.block_counts)[r]
+        lo = np.searchsorted(last, prefixes, side="left").astype(np.int64)
+        hi = row_end - 1
+        has_succ = np.array([x is not None for x in succ], dtype=bool)
+        if bool(has_succ.any()):
+            hi[has_succ] = np.minimum(np.searchsorted(last, succ[has_succ], side="left"),
+                                      hi[has_succ])
+        keep = lo < row_end
+        lo, hi = lo[keep], hi[keep]
+        if not len(lo):
+            return np.zeros(0, np.int64)
+        n = hi - lo + 1
+        first = np.repeat(lo - np.concatenate(([0], np.cumsum(n)[:-1])), n)
+        return block_of[first + np.arange(int(n.sum()), dtype=np.int64)]
 
     def key_group_of_block(self, block: int) -> tuple[int, int]:
         """``(key group, position of the block among the key group's blocks)``."""
@@ -803,23 +822,15 @@ class RunLookup:
         routed: dict = {}
         segs, starts = np.unique(seg_of[order], return_index=True)
         for s, mine in zip(segs.tolist(), np.split(order, starts[1:])):
-            kg_of = kgs[mine]
-            kg_ids, kg_starts = np.unique(kg_of, return_index=True)
-            groups = list(zip(kg_ids.tolist(), np.split(mine, kg_starts[1:])))
             for depth, run in enumerate(chains[s][2]):
                 rf = self._run_file(run, state_name)
-                blocks = []
-                for kg, idx in groups:
-                    row = rf.rows.get(kg)
-                    if row is None:
-                        continue
-                    if rf.tables is None:
-                        blocks.append(np.array([-1 - kg], np.int64))
-                        continue
-                    blocks.append(_prefix_blocks(rf, kg, row, objpre[idx], succ[idx]))
-                blocks = [b for b in blocks if len(b)]
-                if blocks:
-                    ub = np.unique(np.concatenate(blocks))
+                if rf.tables is None:  # format 1-5: the whole (state, key group) is the unit
+                    blocks = np.array([-1 - kg for kg in np.unique(kgs[mine]).tolist()
+                                       if kg in rf.rows], np.int64)
+                else:
+                    blocks = rf.prefix_blocks(objpre[mine], succ[mine], kgs[mine])
+                if len(blocks):
+                    ub = np.unique(blocks)
                     routed[(depth, rf.data.name)] = [rf, [np.full(len(ub), depth, np.int64)],
                                                      [ub]]
         return routed
@@ -1048,7 +1059,7 @@ class RunLookup:
                 keys, values = decode_stored_block(
                     stored, int(blk["raw_length"][0]), int(blk["entries"][0]),
                     int(blk["xxh64"][0]), what, has_validity=incremental)
-            if len(keys) == 0 or keys[len(keys) - 1].as_py() != rf.block_keys[kg][nth]:
+            if len(keys) == 0 or keys[len(keys) - 1].as_py() != rf.last_keys(kg)[nth]:
                 raise CorruptCheckpointError(f"{what}: last key differs from the footer's")
             out.append((gbid, keys, values, int(blk["stored_length"][0]), size))
         return out
