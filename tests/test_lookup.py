@@ -363,7 +363,7 @@ def test_prefix_entries_of_a_batch_in_rounds_equal_the_model(tmp_path, monkeypat
                     assert list(zip(k.to_pylist(), v.to_pylist())) == _under(merged[name], [p])
 
 
-@hypothesis.settings(max_examples=12, deadline=None, derandomize=True, database=None,
+@hypothesis.settings(max_examples=8, deadline=None, derandomize=True, database=None,
                      suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture])
 @hypothesis.given(seed=st.integers(0, 2**32 - 1), versions=st.integers(1, 4),
                   block_target=st.sampled_from([64, 256, 4096]))

@@ -854,16 +854,18 @@ class RunLookup:
         self.stats["peak_open_bytes"] = max(self.stats["peak_open_bytes"],
                                             sum(c[4] for c in chunk))
         ks, vs, bounds = [], [], []  # bounds: (depth, first row, end row) per run file
+        rows = 0
         for rf, ub, idx, _, _ in chunk:
             incremental = rf.data.kind == KIND_INCREMENTAL
-            first = sum(len(k) for k in ks)
+            first = rows
             # Key order: ascending blocks; whole key groups -1 - kg of an old file descending.
             for b in (ub.tolist() if ub[0] >= 0 else ub[::-1].tolist()):
                 got = blocks[(rf.data.name, rf.state, b)]
                 k, v = _payload_entries(got[0], incremental) if got[1] is None else got
                 ks.append(k)
                 vs.append(v)
-            bounds.append((int(idx[0]), first, first + sum(len(k) for k in ks[-len(ub):])))
+                rows += len(k)
+            bounds.append((int(idx[0]), first, rows))
         keys = pa.concat_arrays(ks) if len(ks) > 1 else ks[0]
         values = pa.concat_arrays(vs) if len(vs) > 1 else vs[0]
         mask = None
