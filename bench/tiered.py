@@ -22,7 +22,13 @@ from bench.common import has_native, label
 from bench.compare import rocksdict_module
 from bench.harness import Size, case, record
 from bench.workloads import zipf_keys
-from statecore import CheckpointStore, ReducingStateDescriptor, create_backend
+from statecore import (
+    CheckpointStore,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    create_backend,
+)
 from statecore.key_groups import assign_key_group, key_group_range_for_operator
 
 _LOAD_BATCH = 1 << 20
@@ -655,4 +661,185 @@ def tiered_compaction(size: Size):
                 assert a.equals(m)
         writer.close()
         store.close()
+    return out
+
+
+#: Elements per list of tiered_collections' checkpoint (three chunks: 32 + 32 + 2) and user
+#: keys per map.
+_LIST_ELEMENTS = 66
+_MAP_USER_KEYS = 4
+_COLL_BATCH = 1 << 14
+
+
+def _collections_checkpoint(root: Path, n: int) -> int:
+    """Version 1 of a new checkpoint store at ``root``: one full run of a list state ("l",
+    int64 elements; keys 0..n-1 each a list of :data:`_LIST_ELEMENTS` elements, three chunks)
+    and a map state ("m", int64 -> int64; keys 0..n-1 each :data:`_MAP_USER_KEYS` user keys),
+    written by the native backend. Returns the state's key and value bytes."""
+    store = CheckpointStore(root)
+    b = create_backend("native", key_type="int64")
+    ls = b.get_state(ListStateDescriptor("l", "int64"))
+    ms = b.get_state(MapStateDescriptor("m", "int64", "int64"))
+    step = max(1, _LOAD_BATCH // _LIST_ELEMENTS)
+    for s in range(0, n, step):
+        k = np.arange(s, min(n, s + step), dtype=np.int64)
+        flat = np.arange(len(k) * _LIST_ELEMENTS, dtype=np.int64)
+        ls.append_batch(pa.array(k), pa.ListArray.from_arrays(
+            pa.array(np.arange(0, len(flat) + 1, _LIST_ELEMENTS, dtype=np.int32)), flat))
+        mk = np.repeat(k, _MAP_USER_KEYS)
+        uk = np.tile(np.arange(_MAP_USER_KEYS, dtype=np.int64), len(k))
+        ms.put_batch(pa.array(mk), pa.array(uk), pa.array(mk * 10 + uk))
+    nbytes = b.state_bytes()
+    store.checkpoint(b, 1, incremental=False)
+    store.close()
+    b.close()
+    return nbytes
+
+
+def _collections_stream(backend, store, intervals, rng_seed: int) -> dict:
+    """Per batch of ``intervals`` (lists of key batches) on ``backend``: ``append_batch`` of
+    one element per row and ``get_batch`` of the same keys (list "l"), ``put_batch`` of one user
+    key per row (drawn from 0..2 * :data:`_MAP_USER_KEYS`: half new, half overwritten) and
+    ``get_batch`` of another drawn user key (map "m"); each interval followed by
+    ``store.checkpoint(backend, 2 + i)``. Returns ``{"list_s", "map_s", "ckpt_s": [seconds per
+    interval], "outputs": [each batch's two read outputs], "stats": [tiered_statistics() after
+    each interval, when the backend has them]}``."""
+    ls = backend.get_state(ListStateDescriptor("l", "int64"))
+    ms = backend.get_state(MapStateDescriptor("m", "int64", "int64"))
+    rng = np.random.default_rng(rng_seed)
+    got = {"list_s": [], "map_s": [], "ckpt_s": [], "outputs": [], "stats": []}
+    for i, batches in enumerate(intervals):
+        list_s = map_s = 0.0
+        for keys in batches:
+            k = pa.array(keys)
+            put_uk = pa.array(rng.integers(0, 2 * _MAP_USER_KEYS, len(keys), dtype=np.int64))
+            get_uk = pa.array(rng.integers(0, 2 * _MAP_USER_KEYS, len(keys), dtype=np.int64))
+            t = time.perf_counter()
+            ls.append_batch(k, k)
+            lists = ls.get_batch(k)
+            t2 = time.perf_counter()
+            ms.put_batch(k, put_uk, k)
+            maps = ms.get_batch(k, get_uk)
+            t3 = time.perf_counter()
+            list_s += t2 - t
+            map_s += t3 - t2
+            got["outputs"].append((lists, maps))
+        got["list_s"].append(list_s)
+        got["map_s"].append(map_s)
+        t = time.perf_counter()
+        store.checkpoint(backend, 2 + i)
+        got["ckpt_s"].append(time.perf_counter() - t)
+        if hasattr(backend, "tiered_statistics"):
+            got["stats"].append(backend.tiered_statistics())
+    return got
+
+
+def _collections_records(backend, keys: np.ndarray) -> list:
+    """Per record (``set_current_key`` per row): the list's ``get()`` and the map's ``get`` of
+    user key ``key % 2 *`` :data:`_MAP_USER_KEYS` of each key of ``keys``; returns them."""
+    ls = backend.get_state(ListStateDescriptor("l", "int64"))
+    ms = backend.get_state(MapStateDescriptor("m", "int64", "int64"))
+    out = []
+    for k in keys.tolist():
+        backend.set_current_key(k)
+        out.append((list(ls.get()), ms.get(k % (2 * _MAP_USER_KEYS))))
+    return out
+
+
+def _collections_panel(r) -> object:
+    """tiered_collections' plot: the list and map rows/s of each impl."""
+    for kind in ("list", "map"):
+        if r["metric"] == f"rows_per_s_{kind}_uniform":
+            return "uniform keys: rows/s", f"{r['impl']}: {kind}"
+    if r["metric"] == "rows_per_s_record_uniform":
+        return "uniform keys: rows/s per record", r["impl"]
+    return None
+
+
+@case("tiered_collections",
+      "list and map states (ListState append_batch + get_batch, MapState put_batch + "
+      "get_batch) over a checkpoint of 250k / 25k int64 keys (a 3-chunk list and 4 user keys "
+      "each) with a memory budget of 1/8 of the state (tiered mode: whole lists and maps "
+      "loaded on first touch), uniform keys, 16k-row batches checkpointed every "
+      "4 / 2 batches, then per record; vs the in-memory native backend restored from the "
+      "same checkpoint",
+      panel=_collections_panel)
+def tiered_collections(size: Size):
+    """A stream of 4 / 2 intervals of 4 / 2 batches of 16k keys, drawn uniformly (``<dist>`` =
+    ``uniform`` in the metric names) over the ``entries`` keys of version 1
+    (:func:`_collections_checkpoint`), each batch ``append_batch`` + ``get_batch`` on the list
+    state and ``put_batch`` + ``get_batch`` on the map state (:func:`_collections_stream`),
+    each interval followed by an incremental checkpoint; then ``record_rows`` (4k / 1k) more
+    uniform keys per record (:func:`_collections_records`: a list ``get()`` and a map ``get``
+    per row, a collection load each where memory lacks it). Impl ``tiered``: ``memory_budget`` =
+    1/8 of the state's key and value bytes (or ``python -m bench --memory-budget``), attached;
+    ``in-memory``: ``create_backend("native")`` restored from the same version.
+
+    Records per impl: ``rows_per_s_list_<dist>`` / ``rows_per_s_map_<dist>``
+    (the stream's rows over the seconds of its two list / map calls per batch), ``rows_per_s_
+    <dist>`` (rows over both), ``checkpoint_s_<dist>`` (median seconds of a checkpoint),
+    ``rows_per_s_record_<dist>`` (per record); tiered
+    also ``loaded_collections_per_row_<dist>`` (lists and maps fetched from the runs per row,
+    ``fetched_keys`` of the value states excluded: there are none) and ``loaded_per_row_<dist>``
+    (entries loaded per row). Also ``entries`` and ``budget_bytes``. Both impls' outputs are
+    checked equal."""
+    if not has_native():
+        return []
+    c = "tiered_collections"
+    n = size.n(250_000, 25_000)
+    batch = min(_COLL_BATCH, n)
+    per_interval = 4 if not size.quick else 2
+    n_intervals = 4 if not size.quick else 2
+    rows = n_intervals * per_interval * batch
+    record_rows = size.n(4096, 1024)
+    rng = np.random.default_rng(13)
+    # Uniform keys only: under Zipf the hot keys' lists grow by thousands of elements and
+    # every read of one returns all of them, which would measure the output, not the loads.
+    draw = {"uniform": lambda m: rng.integers(0, n, m, dtype=np.int64)}
+    out = [record(c, "tiered", "entries", n, "entries"),
+           record(c, "tiered", "rows", rows, "rows")]
+    with tempfile.TemporaryDirectory(prefix="statecore-bench-") as d:
+        nbytes = _collections_checkpoint(Path(d) / "base", n)
+        budget = size.memory_budget or max(4096, nbytes // 8)
+        out.append(record(c, "tiered", "budget_bytes", budget, "bytes"))
+        for dist, gen in draw.items():
+            keys = gen(rows + record_rows)
+            per_record = keys[rows:]
+            flat = [keys[i:i + batch] for i in range(0, rows, batch)]
+            intervals = [flat[i:i + per_interval] for i in range(0, len(flat), per_interval)]
+            results = {}
+            for impl in ("in-memory", "tiered"):
+                root = Path(d) / f"{dist}-{impl}"
+                shutil.copytree(Path(d) / "base", root)
+                store = CheckpointStore(root)
+                opts = {"memory_budget": budget, "checkpoint": store} if impl == "tiered" \
+                    else {}
+                b = create_backend("native", key_type="int64", **opts)
+                store.restore(b, 1)
+                got = _collections_stream(b, store, intervals, 7)
+                t = time.perf_counter()
+                got["records"] = _collections_records(b, per_record)
+                rec_s = time.perf_counter() - t
+                results[impl] = got
+                list_s, map_s = sum(got["list_s"]), sum(got["map_s"])
+                out += [record(c, impl, f"rows_per_s_list_{dist}", rows / list_s, "rows/s"),
+                        record(c, impl, f"rows_per_s_map_{dist}", rows / map_s, "rows/s"),
+                        record(c, impl, f"rows_per_s_{dist}", rows / (list_s + map_s),
+                               "rows/s"),
+                        record(c, impl, f"checkpoint_s_{dist}", np.median(got["ckpt_s"]), "s"),
+                        record(c, impl, f"rows_per_s_record_{dist}", record_rows / rec_s,
+                               "rows/s")]
+                if impl == "tiered":
+                    last = got["stats"][-1]
+                    out += [record(c, impl, f"loaded_collections_per_row_{dist}",
+                                   last["fetched_keys"] / rows, "collections"),
+                            record(c, impl, f"loaded_per_row_{dist}", last["loaded"] / rows,
+                                   "entries")]
+                b.close()
+                store.close()
+                shutil.rmtree(root)
+            for (tl, tm), (ml, mm) in zip(results["tiered"]["outputs"],
+                                          results["in-memory"]["outputs"]):
+                assert tl.equals(ml) and tm.equals(mm)
+            assert results["tiered"]["records"] == results["in-memory"]["records"]
     return out

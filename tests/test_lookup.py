@@ -250,6 +250,13 @@ def test_chains_of_fake_snapshots_old_and_new_formats(tmp_path, strip):
         assert lk.statistics()["cache_bytes"] <= 64 << 10
 
 
+def _without_native_prefix_path(monkeypatch):
+    """RunLookup's pure-Python path: blocks decoded into Arrow arrays, the runs merged with a
+    dict."""
+    for name in ("native_decode_blocks", "_native_open_blocks", "_native_merge_newest_wins"):
+        monkeypatch.setattr(lookup_module, name, None)
+
+
 @pytest.mark.parametrize("strip,decode", [(False, True), (False, False), (True, True)],
                          ids=["format6", "format6-python-decode", "format5"])
 def test_prefix_entries_equal_the_merged_runs_under_each_prefix(tmp_path, monkeypatch, strip,
@@ -257,9 +264,9 @@ def test_prefix_entries_equal_the_merged_runs_under_each_prefix(tmp_path, monkey
     """RunLookup.prefix_entries (the tiered mode's loads of whole lists and maps): every entry
     under a prefix, newest-wins over a full and an incremental run with tombstones, prefixes
     spanning many blocks (256-byte blocks), falling between blocks, or holding nothing; blocks
-    decoded natively or in Python."""
+    opened natively or decoded in Python."""
     if not decode:
-        monkeypatch.setattr(lookup_module, "native_decode_blocks", None)
+        _without_native_prefix_path(monkeypatch)
     rng = random.Random(5)
     store = CheckpointStore(str(tmp_path / "ckpt"), max_runs=None)
     full = _random_data(rng, 3000)
@@ -288,6 +295,102 @@ def test_prefix_entries_equal_the_merged_runs_under_each_prefix(tmp_path, monkey
             assert keys.to_pylist() == sorted(k for k in present if k.startswith(prefixes[0]))
         with pytest.raises(InvalidInputError, match="no state"):
             lk.prefix_entries("nope", [b"\x00"])
+
+
+def _chain_of_runs(store, rng, versions, n_keys, kgs, block_target=256):
+    """Versions 1..``versions`` of ``store``: a full run of ``n_keys`` random entries of states
+    "a" and "b" (in the key groups ``kgs``) and incremental runs over it, each writing,
+    rewriting and removing (tombstones) entries of the ones before. Returns the merged state
+    of the last version, ``{name: {key: value}}``."""
+    merged = {"a": {}, "b": {}}
+    for version in range(1, versions + 1):
+        data = _random_data(rng, n_keys if version == 1 else n_keys // 4, kgs=kgs,
+                            tomb=0.0 if version == 1 else 0.2)
+        if version > 1:
+            for name in "ab":
+                for k in rng.sample(sorted(merged[name]), len(merged[name]) // 8):
+                    data[name].setdefault(k[0], {})[k] = None
+        for name in "ab":
+            for kv in data[name].values():
+                for k, v in kv.items():
+                    if v is None:
+                        merged[name].pop(k, None)
+                    else:
+                        merged[name][k] = v
+        _write(store, version, Snap(data, incremental=version > 1,
+                                    base_version=version - 1 if version > 1 else None),
+               block_target=block_target)
+    return merged
+
+
+def _under(merged: dict, prefixes) -> list:
+    return sorted((k, v) for k, v in merged.items() if any(k.startswith(p) for p in prefixes))
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def test_prefix_entries_of_a_batch_in_rounds_equal_the_model(tmp_path, monkeypatch, native):
+    """A batch of prefixes over a chain of four runs with tombstones: its candidate blocks
+    opened in rounds of at most ``open_bytes`` (one block each here, and all at once by
+    default) give the model's entries, and each prefix alone (the per-record load) its part;
+    the blocks land in the block cache the point lookups use, so looking the loaded keys up
+    afterwards reads no block."""
+    if not native:
+        _without_native_prefix_path(monkeypatch)
+    rng = random.Random(21)
+    store = CheckpointStore(str(tmp_path / "ckpt"), max_runs=None)
+    merged = _chain_of_runs(store, rng, 4, 1600, kgs=range(0, MAXP, 5))
+    assert len(store.describe(4)["run_list"]) == 4
+    with store.open(4) as reader:
+        for name in "ab":
+            keys = sorted(merged[name])
+            prefixes = sorted({k[:7] for k in keys[::5]} | {k[:6] for k in keys[::301]}
+                              | {bytes([kg]) + b"\x7f" for kg in range(0, MAXP, 9)})
+            want = _under(merged[name], prefixes)
+            for open_bytes in (1, lookup_module.OPEN_BYTES):
+                with RunLookup(reader, open_bytes=open_bytes) as lk:
+                    k, v = lk.prefix_entries(name, prefixes)
+                    assert list(zip(k.to_pylist(), v.to_pylist())) == want
+                    st = lk.statistics()
+                    assert st["blocks_read"] > 0 and 0 < st["peak_open_bytes"]
+                    if open_bytes == 1:  # one block a round: none of 256 bytes is larger
+                        assert st["peak_open_bytes"] < 4096
+                    got = lk.lookup_batch(name, k)
+                    assert got.equals(v)
+                    assert lk.statistics()["blocks_read"] == st["blocks_read"]
+            with RunLookup(reader) as lk:
+                for p in prefixes[::23]:
+                    k, v = lk.prefix_entries(name, [p])
+                    assert list(zip(k.to_pylist(), v.to_pylist())) == _under(merged[name], [p])
+
+
+@hypothesis.settings(max_examples=8, deadline=None, derandomize=True, database=None,
+                     suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture])
+@hypothesis.given(seed=st.integers(0, 2**32 - 1), versions=st.integers(1, 4),
+                  block_target=st.sampled_from([64, 256, 4096]))
+def test_prefix_entries_differential_over_random_chains(tmp_path_factory, seed, versions,
+                                                        block_target):
+    """prefix_entries against the model (the merged runs) over random chains, block sizes and
+    prefixes of every length from the key-group byte to whole keys."""
+    rng = random.Random(seed)
+    store = CheckpointStore(str(tmp_path_factory.mktemp("ckpt")), max_runs=None)
+    merged = _chain_of_runs(store, rng, versions, 300, kgs=range(0, MAXP, 11),
+                            block_target=block_target)
+    keys = sorted(merged["a"]) or [ekey(0, 1)]
+    prefixes = [rng.choice(keys)[:rng.randrange(1, 11)] for _ in range(rng.randrange(1, 40))]
+    with store.open(versions) as reader, RunLookup(reader, open_bytes=rng.choice([1, 1 << 20])
+                                                  ) as lk:
+        k, v = lk.prefix_entries("a", prefixes)
+    assert list(zip(k.to_pylist(), v.to_pylist())) == _under(merged["a"], set(prefixes))
+
+
+@pytest.mark.parametrize("count", [1, 40], ids=["one-prefix", "batch"])
+def test_prefix_entries_of_a_corrupt_block_raise_naming_it(tmp_path, count):
+    store, keys = _corrupt_store(tmp_path, "block")
+    with store.open(1) as reader, RunLookup(reader) as lk:
+        with pytest.raises(CorruptCheckpointError) as err:
+            lk.prefix_entries("a", sorted({k[:3] for k in keys})[:count])
+    msg = str(err.value)
+    assert ".sckp" in msg and "state 'a'" in msg and "key group 7" in msg and "block 0" in msg
 
 
 def test_absent_keys_read_blocks_only_for_filter_false_positives(tmp_path):

@@ -26,7 +26,11 @@ those pages after the batch. A run's filters are read when a batch first needs t
 filters of the key groups the batch reaches in that run and not read before, in one ranged read
 (they are stored in key-group order), each checked against its XXH64, and kept while the lookup
 is open: about ``bits_per_key / 8`` bytes per entry, outside the block cache's budget. So the
-first lookup after an attach reads one key group's filters, not the whole state's."""
+first lookup after an attach reads one key group's filters, not the whole state's.
+
+:meth:`RunLookup.prefix_entries` (whole lists and maps) fetches the candidate blocks of all
+its prefixes and runs in the same rounds, through the same cache and threads, and selects the
+entries under the prefixes with Arrow kernels over the opened blocks in place."""
 
 from __future__ import annotations
 
@@ -83,10 +87,11 @@ try:
     from statecore._native import RunRouter as _RunRouter
     from statecore._native import lookup_in_blocks as _native_lookup_in_blocks
     from statecore._native import lookup_in_payloads as _native_lookup_in_payloads
+    from statecore._native import merge_newest_wins as _native_merge_newest_wins
     from statecore._native import open_blocks as _native_open_blocks
 except ImportError:
     _native_lookup_in_blocks = _native_lookup_in_payloads = _native_open_blocks = None
-    _RunRouter = None
+    _RunRouter = _native_merge_newest_wins = None
 
 
 def _lookup_in_blocks(blocks: list, which: np.ndarray, needles: pa.Array
@@ -125,6 +130,74 @@ def encoded_key_groups(keys: pa.BinaryArray, prefix_width: int) -> np.ndarray:
     if prefix_width == 2:
         kgs = (kgs << 8) | data[off[:-1] + 1]
     return kgs
+
+
+def _successor(prefix: bytes) -> bytes | None:
+    """The least byte string greater than every string that starts with ``prefix`` (its last
+    byte below 0xff incremented, the 0xff bytes after it dropped), or None when there is none
+    (``prefix`` all 0xff bytes)."""
+    p = prefix.rstrip(b"\xff")
+    return p[:-1] + bytes([p[-1] + 1]) if p else None
+
+
+def _payload_entries(payload: np.ndarray, has_validity: bool) -> tuple[pa.Array, pa.Array]:
+    """``(keys, values)`` ``pa.binary()`` arrays over an opened block payload
+    (docs/formats.md "Block payload": entry count, key offsets, value offsets, key data, value
+    data, validity of incremental runs' tombstones), without a copy: they keep ``payload``
+    alive. The payload was checked when opened (``open_blocks``)."""
+    buf = pa.py_buffer(payload)
+    n = int(payload[:4].view("<u4")[0])
+    ko, vo, kd = 4, 4 + 4 * (n + 1), 4 + 8 * (n + 1)
+    klen = int(payload[vo - 4:vo].view("<u4")[0])
+    vlen = int(payload[kd - 4:kd].view("<u4")[0])
+    vd = kd + klen
+    end = vd + vlen
+    validity = buf.slice(end) if has_validity and end < len(payload) else None
+    keys = pa.Array.from_buffers(pa.binary(), n, [None, buf.slice(ko, 4 * (n + 1)),
+                                                  buf.slice(kd, klen)])
+    values = pa.Array.from_buffers(pa.binary(), n, [validity, buf.slice(vo, 4 * (n + 1)),
+                                                    buf.slice(vd, vlen)])
+    return keys, values
+
+
+class _KeySequence:
+    """The values of a ``pa.binary()`` array as a read-only sequence of bytes, for
+    :func:`bisect.bisect_left` over a block's sorted keys without converting them all."""
+
+    def __init__(self, keys: pa.Array):
+        bufs = keys.buffers()
+        self._n = len(keys)
+        self._off = np.frombuffer(bufs[1], np.int32)[keys.offset:keys.offset + self._n + 1]
+        self._data = memoryview(bufs[2]) if bufs[2] is not None else memoryview(b"")
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: int) -> bytes:
+        return bytes(self._data[int(self._off[i]):int(self._off[i + 1])])
+
+
+def _merge_newest(parts: list) -> tuple[pa.BinaryArray, pa.BinaryArray]:
+    """``(keys, values)`` sorted by key, without tombstones: per key the entry of the first
+    part holding it (``parts``: ``(depth, keys, values)``, newest run first, each part's keys
+    ascending, NULL values tombstones) -- natively ``merge_newest_wins``, else with a dict. One
+    part comes back as given (its tombstones dropped): it may be a view of a cached block."""
+    if not parts:
+        return pa.array([], pa.binary()), pa.array([], pa.binary())
+    if len(parts) == 1:  # one run's keys: nothing to merge
+        _, k, v = parts[0]
+        if v.null_count:
+            live = pc.is_valid(v)
+            k, v = k.filter(live), v.filter(live)
+        return k, v
+    if _native_merge_newest_wins is not None:
+        return _native_merge_newest_wins([(k, v) for _, k, v in parts])
+    found: dict[bytes, Any] = {}
+    for _, k, v in parts:
+        for key, value in zip(k.to_pylist(), v.to_pylist()):
+            found.setdefault(key, value)
+    ordered = sorted(key for key, value in found.items() if value is not None)
+    return pa.array(ordered, pa.binary()), pa.array([found[k] for k in ordered], pa.binary())
 
 
 class BlockCache:
@@ -195,6 +268,10 @@ class _RunFile:
         #: first block of each key group's record, ascending, and those key groups
         self.first_blocks = rows["first_block"].astype(np.int64)
         self.kg_list = rows["key_group"].astype(np.int64)
+        self.block_counts = rows["block_count"].astype(np.int64)
+        #: format 6, for prefix searches: the last key of every block of the state in key
+        #: order (the key groups' blocks one after another) and each one's block number
+        self._state_keys: tuple[np.ndarray, np.ndarray] | None = None
         #: With the extension (format 6): routes a batch's keys to their candidate blocks in
         #: one native call (filters given to it as they are read).
         self.router = None
@@ -243,6 +320,59 @@ class _RunFile:
                            for b in range(first, first + int(r["block_count"]))]
                 self.block_keys[kg] = last
         return hi - lo
+
+    def last_keys(self, kg: int) -> np.ndarray:
+        """The footer's last key (bytes objects, ascending) of each block of key group
+        ``kg``'s record (format 6), kept while the lookup is open."""
+        got = self.block_keys.get(kg)
+        if got is None:
+            _, koff, kdata = self.tables
+            r = self.rows[kg]
+            first, count = int(r["first_block"]), int(r["block_count"])
+            ends = koff[first:first + count + 1].tolist()
+            got = np.empty(count, dtype=object)
+            got[:] = [bytes(kdata[a:e]) for a, e in zip(ends[:-1], ends[1:])]
+            self.block_keys[kg] = got
+        return got
+
+    def prefix_blocks(self, prefixes: np.ndarray, succ: np.ndarray, kgs: np.ndarray
+                      ) -> np.ndarray:
+        """The blocks (int64, with repeats) of this state (format 6) that can hold keys
+        starting with any of ``prefixes`` (bytes objects, of the key groups ``kgs``; ``succ``
+        their :func:`_successor`): for each, by the footer's last key of each block of its key
+        group, the first block whose last key is >= the prefix through the first whose last
+        key is >= its successor (the first that ends past the prefix's keys), or the key
+        group's last block. One search over the state's block keys for all prefixes: blocks
+        are stored by key group, then key (docs/formats.md "Blocks"), so the state's block
+        keys taken key group after key group are ascending."""
+        if self._state_keys is None:
+            _, koff, kdata = self.tables
+            blocks = np.concatenate([np.arange(f, f + c, dtype=np.int64) for f, c in
+                                     zip(self.first_blocks.tolist(),
+                                         self.block_counts.tolist())] or [np.zeros(0, np.int64)])
+            starts, ends = koff[blocks].tolist(), koff[blocks + 1].tolist()
+            last = np.empty(len(blocks), dtype=object)
+            last[:] = [bytes(kdata[a:e]) for a, e in zip(starts, ends)]
+            self._state_keys = (last, blocks)
+        last, block_of = self._state_keys
+        r = np.minimum(np.searchsorted(self.kg_list, kgs), max(len(self.kg_list) - 1, 0))
+        held = (self.kg_list[r] == kgs) if len(self.kg_list) else np.zeros(len(kgs), bool)
+        prefixes, succ, r = prefixes[held], succ[held], r[held]
+        row_start = np.concatenate(([0], np.cumsum(self.block_counts)[:-1])).astype(np.int64)
+        row_end = (row_start + self.block_counts)[r]
+        lo = np.searchsorted(last, prefixes, side="left").astype(np.int64)
+        hi = row_end - 1
+        has_succ = np.array([x is not None for x in succ], dtype=bool)
+        if bool(has_succ.any()):
+            hi[has_succ] = np.minimum(np.searchsorted(last, succ[has_succ], side="left"),
+                                      hi[has_succ])
+        keep = lo < row_end
+        lo, hi = lo[keep], hi[keep]
+        if not len(lo):
+            return np.zeros(0, np.int64)
+        n = hi - lo + 1
+        first = np.repeat(lo - np.concatenate(([0], np.cumsum(n)[:-1])), n)
+        return block_of[first + np.arange(int(n.sum()), dtype=np.int64)]
 
     def key_group_of_block(self, block: int) -> tuple[int, int]:
         """``(key group, position of the block among the key group's blocks)``."""
@@ -412,6 +542,18 @@ class RunLookup:
             live = np.nonzero((take_part < 0) & (pos < chain_len[seg_of]))[0]
         return self._assemble(n, take_part, take_row, parts)
 
+    def _key_group_of(self, key: bytes) -> int:
+        """:meth:`_key_groups` of one encoded key (bytes), with its errors."""
+        if len(key) < self.prefix:
+            raise InvalidInputError(
+                f"an encoded key is shorter than its {self.prefix}-byte key-group prefix")
+        kg = key[0] if self.prefix == 1 else (key[0] << 8) | key[1]
+        if kg < self.start or kg > self.end:
+            raise InvalidInputError(
+                f"encoded key 0 has key group {kg}, outside the lookup's key groups "
+                f"[{self.start}, {self.end}]")
+        return kg
+
     def lookup_one(self, state_name: str, encoded_key: bytes) -> bytes | None:
         """:meth:`lookup_batch` of the one encoded key ``encoded_key`` (bytes), for per-record
         reads: its stored value (bytes), or None where the version holds none. The same runs,
@@ -426,14 +568,7 @@ class RunLookup:
         if not isinstance(encoded_key, (bytes, bytearray, memoryview)):
             raise InvalidInputError(f"an encoded key must be bytes, got {type(encoded_key)!r}")
         key = bytes(encoded_key)
-        if len(key) < self.prefix:
-            raise InvalidInputError(
-                f"an encoded key is shorter than its {self.prefix}-byte key-group prefix")
-        kg = key[0] if self.prefix == 1 else (key[0] << 8) | key[1]
-        if kg < self.start or kg > self.end:
-            raise InvalidInputError(
-                f"encoded key 0 has key group {kg}, outside the lookup's key groups "
-                f"[{self.start}, {self.end}]")
+        kg = self._key_group_of(key)
         self.stats["lookups"] += 1
         needle = hashes = None
         for run in self._runs_of(state_name, kg):
@@ -607,114 +742,144 @@ class RunLookup:
         filters hash whole keys and cannot rule a prefix out, so each run's candidate blocks
         come from the footer's block keys: the first block whose last key is >= the prefix,
         and each next one while the previous block's last key still starts with it (a file of
-        format 1 to 5: the whole (state, key group)). Each block is read, checked and decoded
-        once per batch and kept in the block cache as entries. Errors as :meth:`lookup_batch`."""
+        format 1 to 5: the whole (state, key group)). The candidate blocks of all prefixes and
+        runs are fetched as :meth:`lookup_batch` fetches its blocks: in rounds of at most
+        ``open_bytes`` decoded bytes, those not in the block cache read together on the fetch
+        threads (adjacent blocks of a file in one read) and checked and opened natively with
+        the GIL released; each round's entries under the prefixes are selected with Arrow
+        kernels over the opened blocks in place, and the runs' selections merged newest-wins
+        (``merge_newest_wins``). Blocks are cached as the point lookups cache them, so either
+        reuses the other's. Errors as :meth:`lookup_batch`."""
         if state_name not in self._metas:
             raise InvalidInputError(
                 f"checkpoint version {self.reader.version} has no state {state_name!r}")
         pre = list(dict.fromkeys(bytes(p) for p in prefixes))
         if not pre:
             return pa.array([], pa.binary()), pa.array([], pa.binary())
+        if len(pre) == 1:  # a per-record load: no batch arrays, no thread
+            return self._prefix_entries_one(state_name, pre[0], self._key_group_of(pre[0]))
         kgs = self._key_groups(pa.array(pre, pa.binary()))
+        routed = self._prefix_candidates(state_name, pre, kgs)
+        by_len: dict[int, list] = {}
+        for p in pre:
+            by_len.setdefault(len(p), []).append(p)
+        wanted = [(cut, pa.array(ps, pa.binary())) for cut, ps in sorted(by_len.items())]
+        parts: list[tuple[int, pa.Array, pa.Array]] = []  # (depth, keys, values)
+        for chunk in self._open_rounds(routed):
+            parts += self._select_round(chunk, wanted)
+        parts.sort(key=lambda t: t[0])  # newest run first; a sort by depth alone is stable
+        return _merge_newest(parts)
+
+    def _prefix_entries_one(self, state_name: str, prefix: bytes, kg: int
+                            ) -> tuple[pa.BinaryArray, pa.BinaryArray]:
+        """:meth:`prefix_entries` of one prefix (of key group ``kg``) on the calling thread,
+        as :meth:`lookup_one` serves one key: per run its candidate blocks found by binary
+        searches over the footer's block keys, each from the cache or read and opened
+        (:meth:`_fetch_one`), the prefix's range of its keys found by binary search."""
+        succ = _successor(prefix)
+        parts = []
+        for depth, run in enumerate(self._runs_of(state_name, kg)):
+            rf = self._run_file(run, state_name)
+            row = rf.rows.get(kg)
+            if row is None:
+                continue
+            if rf.tables is None:
+                blocks = [-1 - kg]
+            else:
+                last = rf.last_keys(kg)
+                lo = bisect_left(last, prefix)
+                hi = len(last) - 1 if succ is None else min(bisect_left(last, succ, lo=lo),
+                                                            len(last) - 1)
+                first = int(row["first_block"])
+                blocks = range(first + lo, first + hi + 1)
+            incremental = rf.data.kind == KIND_INCREMENTAL
+            for b in blocks:
+                bid = (rf.data.name, state_name, b)
+                got = self.cache.get(bid)
+                if got is None:
+                    got = self._fetch_one(bid, rf, b)
+                keys, values = _payload_entries(got[0], incremental) if got[1] is None else got
+                seq = _KeySequence(keys)
+                a = bisect_left(seq, prefix)
+                e = len(seq) if succ is None else bisect_left(seq, succ, lo=a)
+                if e > a:
+                    parts.append((depth, keys.slice(a, e - a), values.slice(a, e - a)))
+        return _merge_newest(parts)
+
+    def _prefix_candidates(self, state_name: str, pre: list, kgs: np.ndarray) -> dict:
+        """The candidate blocks of the prefixes ``pre`` (key groups ``kgs``) in every run of
+        their chains (:meth:`prefix_entries`), in the form :meth:`_open_rounds` takes:
+        ``{(depth, path): [run file, [depth per block], [blocks]]}`` (``depth``: the run's
+        place in its chain, 0 the newest)."""
         chains = self._chains(state_name)
         seg_starts = np.array([a for a, _, _ in chains], dtype=np.int64)
         seg_of = np.searchsorted(seg_starts, kgs, side="right") - 1
-        plans, decoded = [], {}
-        for p, kg, seg in zip(pre, kgs.tolist(), seg_of.tolist()):
-            steps = []
-            for run in chains[seg][2]:
+        objpre = np.empty(len(pre), dtype=object)
+        objpre[:] = pre
+        succ = np.empty(len(pre), dtype=object)
+        succ[:] = [_successor(p) for p in pre]
+        order = np.lexsort((kgs, seg_of))
+        routed: dict = {}
+        segs, starts = np.unique(seg_of[order], return_index=True)
+        for s, mine in zip(segs.tolist(), np.split(order, starts[1:])):
+            for depth, run in enumerate(chains[s][2]):
                 rf = self._run_file(run, state_name)
-                row = rf.rows.get(kg)
-                if row is None:
-                    continue
-                blocks = [-1 - kg] if rf.tables is None else self._prefix_blocks(rf, row, p)
-                steps.append((rf, blocks))
-                for b in blocks:
-                    decoded.setdefault((rf.data.name, b), rf)
-            plans.append(steps)
-        for (path, b), rf in decoded.items():
-            bid = (path, state_name, b) if b < 0 else (path, state_name, b, "entries")
-            got = self.cache.get(bid)
-            if got is None:
-                got = self._decode_entries(rf, b)
-                self.cache.put(bid, *got)
-            decoded[(path, b)] = (got[0].to_pylist(), got[1])
-        out: dict[bytes, Any] = {}
-        for p, steps in zip(pre, plans):
-            found: dict[bytes, Any] = {}
-            for rf, blocks in steps:
-                for b in blocks:
-                    keys, values = decoded[(rf.data.name, b)]
-                    i = bisect_left(keys, p)
-                    while i < len(keys) and keys[i].startswith(p):
-                        if keys[i] not in found:
-                            found[keys[i]] = values[i].as_py()
-                        i += 1
-            out.update((k, v) for k, v in found.items() if v is not None)
-        ordered = sorted(out)
-        return pa.array(ordered, pa.binary()), pa.array([out[k] for k in ordered], pa.binary())
+                if rf.tables is None:  # format 1-5: the whole (state, key group) is the unit
+                    blocks = np.array([-1 - kg for kg in np.unique(kgs[mine]).tolist()
+                                       if kg in rf.rows], np.int64)
+                else:
+                    blocks = rf.prefix_blocks(objpre[mine], succ[mine], kgs[mine])
+                if len(blocks):
+                    ub = np.unique(blocks)
+                    routed[(depth, rf.data.name)] = [rf, [np.full(len(ub), depth, np.int64)],
+                                                     [ub]]
+        return routed
 
-    @staticmethod
-    def _prefix_blocks(rf: _RunFile, row, prefix: bytes) -> list[int]:
-        """The blocks of ``rf``'s (state, key group) ``row`` that can hold keys starting with
-        ``prefix`` (format 6: by the footer's last key of each block)."""
-        _, koff, kdata = rf.tables
-        first, count = int(row["first_block"]), int(row["block_count"])
-
-        def last(b: int) -> bytes:
-            return bytes(kdata[int(koff[b]):int(koff[b + 1])])
-
-        lo, hi = first, first + count
-        while lo < hi:  # the first block whose last key is >= prefix
-            mid = (lo + hi) // 2
-            if last(mid) < prefix:
-                lo = mid + 1
-            else:
-                hi = mid
+    def _select_round(self, chunk: list, wanted: list) -> list:
+        """Open the blocks of one round (:meth:`_open_rounds` over
+        :meth:`_prefix_candidates`: from the cache or fetched) and select their entries under
+        the prefixes ``wanted`` (``[(length, pa.binary() prefixes of that length)]``):
+        ``[(depth, keys, values)]``, one part per run file (keys ascending; NULL values are
+        tombstones), copies: the blocks the cache does not keep are released on return."""
+        blocks, missing = {}, []
+        for rf, ub, _, _, _ in chunk:
+            for b in ub.tolist():
+                bid = (rf.data.name, rf.state, b)
+                got = self.cache.get(bid)
+                if got is None:
+                    missing.append((bid, rf, b))
+                else:
+                    blocks[bid] = got
+        blocks.update(self._fetch(missing))
+        self.stats["peak_open_bytes"] = max(self.stats["peak_open_bytes"],
+                                            sum(c[4] for c in chunk))
+        ks, vs, bounds = [], [], []  # bounds: (depth, first row, end row) per run file
+        rows = 0
+        for rf, ub, idx, _, _ in chunk:
+            incremental = rf.data.kind == KIND_INCREMENTAL
+            first = rows
+            # Key order: ascending blocks; whole key groups -1 - kg of an old file descending.
+            for b in (ub.tolist() if ub[0] >= 0 else ub[::-1].tolist()):
+                got = blocks[(rf.data.name, rf.state, b)]
+                k, v = _payload_entries(got[0], incremental) if got[1] is None else got
+                ks.append(k)
+                vs.append(v)
+                rows += len(k)
+            bounds.append((int(idx[0]), first, rows))
+        keys = pa.concat_arrays(ks) if len(ks) > 1 else ks[0]
+        values = pa.concat_arrays(vs) if len(vs) > 1 else vs[0]
+        mask = None
+        for cut, ps in wanted:
+            hit = pc.is_in(pc.binary_slice(keys, 0, cut), value_set=ps)
+            mask = hit if mask is None else pc.or_(mask, hit)
+        mask = mask.to_numpy(zero_copy_only=False)
         out = []
-        b = lo
-        while b < first + count:
-            out.append(b)
-            if not last(b).startswith(prefix):
-                break
-            b += 1
+        for depth, a, e in bounds:
+            sel = np.flatnonzero(mask[a:e])
+            if len(sel):
+                take = pa.array(sel + a)
+                out.append((depth, keys.take(take), values.take(take)))
         return out
-
-    def _decode_entries(self, rf: _RunFile, b: int) -> tuple[pa.BinaryArray, pa.BinaryArray]:
-        """``(keys, values)`` of block ``b`` of ``rf`` (``-1 - kg``: the whole (state, key
-        group) of a file of format 1 to 5), checked as :meth:`_read_group` checks blocks; NULL
-        values are tombstones."""
-        data = rf.data
-        if b < 0:
-            before = data.bytes_read
-            keys, values = data.entries(rf.state, -1 - b)
-            self.stats["bytes_read"] += data.bytes_read - before
-            self.stats["blocks_read"] += 1
-            return keys, values
-        incremental = data.kind == KIND_INCREMENTAL
-        blk = data.block_rows(b, 1)
-        lo, n = int(blk["offset"][0]), int(blk["stored_length"][0])
-        kg, _ = rf.key_group_of_block(b)
-        what = f"checkpoint data file {data.name}: state {rf.state!r} key group {kg} block {b}"
-        raw = data.read_range(lo, n, f"state {rf.state!r} key group {kg}")
-        if native_decode_blocks is not None:
-            keys, values, bad, why = native_decode_blocks(raw, blk, lo, incremental)
-            if bad is not None:
-                raise CorruptCheckpointError(f"{what}: {why}")
-            # Own buffers: the decoder's come from a pool and the cache keeps these.
-            keys = pa.array(keys.to_pylist(), pa.binary())
-            values = pa.array(values.to_pylist(), pa.binary())
-        else:
-            keys, values = decode_stored_block(raw, int(blk["raw_length"][0]),
-                                               int(blk["entries"][0]), int(blk["xxh64"][0]),
-                                               what, has_validity=incremental)
-        _, koff, kdata = rf.tables
-        if len(keys) == 0 or keys[len(keys) - 1].as_py() != bytes(
-                kdata[int(koff[b]):int(koff[b + 1])]):
-            raise CorruptCheckpointError(f"{what}: last key differs from the footer's")
-        self.stats["blocks_read"] += 1
-        self.stats["bytes_read"] += n
-        return keys, values
 
     def _candidates(self, rf: _RunFile, mine: np.ndarray, keys, kgs, hashes, objkeys, pos,
                     routed: dict) -> None:
@@ -793,9 +958,12 @@ class RunLookup:
         if native:
             groups = self._coalesce(groups)
         # A whole (state, key group) of an old file is read through the file's position
-        # (DataFileReader.entries), which one thread at a time may move: those on this thread.
-        futures = [self._pool.submit(self._read_group, g) for g in groups if g[0][2] >= 0]
-        done = [self._read_group(g) for g in groups if g[0][2] < 0]
+        # (DataFileReader.entries), which one thread at a time may move: those on this thread;
+        # so is a lone group (a per-record load), which a thread would only hand back.
+        alone = len(groups) == 1
+        futures = [self._pool.submit(self._read_group, g) for g in groups
+                   if g[0][2] >= 0 and not alone]
+        done = [self._read_group(g) for g in groups if g[0][2] < 0 or alone]
         for got in done + [f.result() for f in futures]:
             for bid, keys, values, nread, size in got:
                 self.stats["blocks_read"] += 1
@@ -893,7 +1061,7 @@ class RunLookup:
                 keys, values = decode_stored_block(
                     stored, int(blk["raw_length"][0]), int(blk["entries"][0]),
                     int(blk["xxh64"][0]), what, has_validity=incremental)
-            if len(keys) == 0 or keys[len(keys) - 1].as_py() != rf.block_keys[kg][nth]:
+            if len(keys) == 0 or keys[len(keys) - 1].as_py() != rf.last_keys(kg)[nth]:
                 raise CorruptCheckpointError(f"{what}: last key differs from the footer's")
             out.append((gbid, keys, values, int(blk["stored_length"][0]), size))
         return out
