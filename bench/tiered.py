@@ -56,6 +56,18 @@ def _base_checkpoint(root: Path, n: int) -> None:
 
 
 
+def _backend_on_copy(d: Path, name: str, impl: str, budget: int):
+    """``(root, store, backend)``: a copy at ``d / name`` of the checkpoint at ``d / "base"``
+    (one per backend: each commits versions 2, 3, ... on top of version 1 in its own) and a
+    native int64-keyed backend for it, not restored yet: ``impl`` ``"tiered"`` (``budget``
+    bytes, attached to the copy's store) or ``"in-memory"``."""
+    root = d / name
+    shutil.copytree(d / "base", root)
+    store = CheckpointStore(root)
+    opts = {"memory_budget": budget, "checkpoint": store} if impl == "tiered" else {}
+    return root, store, create_backend("native", key_type="int64", **opts)
+
+
 def _bytes8(a: np.ndarray) -> list:
     """The 8-byte items of an 8-byte numpy array as bytes objects."""
     raw = a.tobytes()
@@ -258,14 +270,7 @@ def tiered_running_count(size: Size):
             distinct = [len(np.unique(b)) for b in flat]
             results = {}
             for impl in ("in-memory", "tiered"):
-                # A copy of the checkpoint per backend: each commits versions 2, 3, ... on
-                # top of version 1.
-                root = Path(d) / f"{dist}-{impl}"
-                shutil.copytree(Path(d) / "base", root)
-                store = CheckpointStore(root)
-                opts = {"memory_budget": budget, "checkpoint": store} if impl == "tiered" \
-                    else {}
-                b = create_backend("native", key_type="int64", **opts)
+                root, store, b = _backend_on_copy(Path(d), f"{dist}-{impl}", impl, budget)
                 t = time.perf_counter()
                 store.restore(b, 1)
                 out.append(record(c, impl, "attach_s" if impl == "tiered" else "restore_s",
@@ -809,12 +814,7 @@ def tiered_collections(size: Size):
             intervals = [flat[i:i + per_interval] for i in range(0, len(flat), per_interval)]
             results = {}
             for impl in ("in-memory", "tiered"):
-                root = Path(d) / f"{dist}-{impl}"
-                shutil.copytree(Path(d) / "base", root)
-                store = CheckpointStore(root)
-                opts = {"memory_budget": budget, "checkpoint": store} if impl == "tiered" \
-                    else {}
-                b = create_backend("native", key_type="int64", **opts)
+                root, store, b = _backend_on_copy(Path(d), f"{dist}-{impl}", impl, budget)
                 store.restore(b, 1)
                 got = _collections_stream(b, store, intervals, 7)
                 t = time.perf_counter()

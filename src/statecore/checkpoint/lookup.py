@@ -696,12 +696,10 @@ class RunLookup:
                                             int(row["block_count"]))["raw_length"].sum())
         return out
 
-    def _search_round(self, chunk: list, keys: pa.BinaryArray, take_part: np.ndarray,
-                      take_row: np.ndarray, parts: list, pos: np.ndarray) -> None:
-        """Open the blocks of one round (:meth:`_open_rounds`; from the cache or fetched) and
-        search its keys: a hit records its value (``take_part``, ``take_row``, ``parts``), a
-        miss moves the key on to its next run (``pos``). The blocks the cache does not keep
-        are released on return."""
+    def _round_blocks(self, chunk: list) -> dict:
+        """``{(file name, state, block): opened block}`` of every block of one round
+        (:meth:`_open_rounds`): from the cache, the others fetched together (:meth:`_fetch`);
+        the round's decoded bytes counted into ``peak_open_bytes``."""
         blocks, missing = {}, []
         for rf, ub, _, _, _ in chunk:
             for b in ub.tolist():
@@ -714,6 +712,15 @@ class RunLookup:
         blocks.update(self._fetch(missing))
         self.stats["peak_open_bytes"] = max(self.stats["peak_open_bytes"],
                                             sum(c[4] for c in chunk))
+        return blocks
+
+    def _search_round(self, chunk: list, keys: pa.BinaryArray, take_part: np.ndarray,
+                      take_row: np.ndarray, parts: list, pos: np.ndarray) -> None:
+        """Open the blocks of one round (:meth:`_open_rounds`; from the cache or fetched) and
+        search its keys: a hit records its value (``take_part``, ``take_row``, ``parts``), a
+        miss moves the key on to its next run (``pos``). The blocks the cache does not keep
+        are released on return."""
+        blocks = self._round_blocks(chunk)
         for rf, ub, idx, which, _ in chunk:
             got = [blocks[(rf.data.name, rf.state, b)] for b in ub.tolist()]
             needles = keys.take(pa.array(idx))
@@ -841,18 +848,7 @@ class RunLookup:
         the prefixes ``wanted`` (``[(length, pa.binary() prefixes of that length)]``):
         ``[(depth, keys, values)]``, one part per run file (keys ascending; NULL values are
         tombstones), copies: the blocks the cache does not keep are released on return."""
-        blocks, missing = {}, []
-        for rf, ub, _, _, _ in chunk:
-            for b in ub.tolist():
-                bid = (rf.data.name, rf.state, b)
-                got = self.cache.get(bid)
-                if got is None:
-                    missing.append((bid, rf, b))
-                else:
-                    blocks[bid] = got
-        blocks.update(self._fetch(missing))
-        self.stats["peak_open_bytes"] = max(self.stats["peak_open_bytes"],
-                                            sum(c[4] for c in chunk))
+        blocks = self._round_blocks(chunk)
         ks, vs, bounds = [], [], []  # bounds: (depth, first row, end row) per run file
         rows = 0
         for rf, ub, idx, _, _ in chunk:
