@@ -43,7 +43,6 @@ import os
 import shutil
 import tempfile
 import threading
-from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 
 import numpy as np
@@ -56,7 +55,12 @@ from statecore.checkpoint.format import (
     plan_file,
     write_data_file_from_blocks,
 )
-from statecore.checkpoint.lookup import encoded_key_groups
+from statecore.checkpoint.lookup import (
+    encoded_key_groups,
+    prefix_mask,
+    prefix_range,
+    prefixes_by_length,
+)
 from statecore.checkpoint.readers import merge_newest_wins
 from statecore.errors import CheckpointIOError
 
@@ -121,21 +125,6 @@ class SpillRun:
             self._reader = None
         with contextlib.suppress(FileNotFoundError):
             os.remove(self.path)
-
-
-class _ArrowKeys:
-    """The bytes of a ``pa.binary()`` array by index, converted on access (a bisect's few)."""
-
-    __slots__ = ("_arr",)
-
-    def __init__(self, arr: pa.Array):
-        self._arr = arr
-
-    def __len__(self) -> int:
-        return len(self._arr)
-
-    def __getitem__(self, i: int) -> bytes:
-        return self._arr[i].as_py()
 
 
 def _merged(parts: list) -> tuple[pa.Array, pa.Array]:
@@ -299,22 +288,14 @@ class SpillRuns:
                 if not n:
                     continue
                 if 4 * len(pre) * n.bit_length() >= n:
-                    # Many prefixes: each key's first len(p) bytes looked up in the prefixes
-                    # of that length, over the whole group in Arrow.
-                    mask = None
-                    for cut in sorted({len(p) for p in pre}):
-                        hit = pc.is_in(pc.binary_slice(rk, 0, cut), value_set=pa.array(
-                            [p for p in pre if len(p) == cut], pa.binary()))
-                        mask = hit if mask is None else pc.or_(mask, hit)
+                    # Many prefixes: the whole group's keys matched against them in Arrow.
+                    mask = prefix_mask(rk, prefixes_by_length(pre))
                     ks.append(rk.filter(mask))
                     vs.append(rv.filter(mask))
                     continue
                 # A few prefixes: each one's range of the sorted keys by binary search.
-                seq = _ArrowKeys(rk)
                 for p in pre:
-                    cut = len(p)
-                    lo = bisect_left(seq, p, key=lambda k, c=cut: k[:c])
-                    hi = bisect_right(seq, p, lo=lo, key=lambda k, c=cut: k[:c])
+                    lo, hi = prefix_range(rk, p)
                     if hi > lo:
                         ks.append(rk.slice(lo, hi - lo))
                         vs.append(rv.slice(lo, hi - lo))

@@ -61,7 +61,7 @@ from statecore.errors import CorruptCheckpointError, InvalidInputError
 from statecore.operator_state import is_operator_state_meta
 
 __all__ = ["BlockCache", "RunLookup", "DEFAULT_CACHE_BYTES", "FETCH_THREADS", "OPEN_BYTES",
-           "encoded_key_groups"]
+           "encoded_key_groups", "prefixes_by_length", "prefix_mask", "prefix_range"]
 
 #: Default budget of a lookup's block cache, in decoded bytes.
 DEFAULT_CACHE_BYTES = 64 << 20
@@ -175,6 +175,36 @@ class _KeySequence:
 
     def __getitem__(self, i: int) -> bytes:
         return bytes(self._data[int(self._off[i]):int(self._off[i + 1])])
+
+
+def prefixes_by_length(prefixes) -> list[tuple[int, pa.Array]]:
+    """``[(length, pa.binary() prefixes of that length)]``, lengths ascending, of the encoded-key
+    prefixes ``prefixes`` (bytes; each once): the form :func:`prefix_mask` takes."""
+    by_len: dict[int, list] = {}
+    for p in prefixes:
+        by_len.setdefault(len(p), []).append(p)
+    return [(cut, pa.array(ps, pa.binary())) for cut, ps in sorted(by_len.items())]
+
+
+def prefix_mask(keys: pa.Array, wanted: list) -> pa.BooleanArray:
+    """Per key of ``keys`` (``pa.binary()``, any order) whether it starts with one of the
+    prefixes ``wanted`` (:func:`prefixes_by_length`): each key's first bytes looked up in the
+    prefixes of each length, with Arrow kernels over the whole array."""
+    mask = None
+    for cut, ps in wanted:
+        hit = pc.is_in(pc.binary_slice(keys, 0, cut), value_set=ps)
+        mask = hit if mask is None else pc.or_(mask, hit)
+    return mask
+
+
+def prefix_range(keys: pa.Array, prefix: bytes) -> tuple[int, int]:
+    """``(lo, hi)``: the rows of ``keys`` (``pa.binary()``, ascending, no NULL) that start with
+    ``prefix``, by two binary searches (``prefix`` and its successor) without converting the
+    keys; ``lo == hi`` when none does."""
+    seq = _KeySequence(keys)
+    lo = bisect_left(seq, prefix)
+    succ = _successor(prefix)
+    return lo, (len(seq) if succ is None else bisect_left(seq, succ, lo=lo))
 
 
 def _merge_newest(parts: list) -> tuple[pa.BinaryArray, pa.BinaryArray]:
@@ -767,10 +797,7 @@ class RunLookup:
             return self._prefix_entries_one(state_name, pre[0], self._key_group_of(pre[0]))
         kgs = self._key_groups(pa.array(pre, pa.binary()))
         routed = self._prefix_candidates(state_name, pre, kgs)
-        by_len: dict[int, list] = {}
-        for p in pre:
-            by_len.setdefault(len(p), []).append(p)
-        wanted = [(cut, pa.array(ps, pa.binary())) for cut, ps in sorted(by_len.items())]
+        wanted = prefixes_by_length(pre)
         parts: list[tuple[int, pa.Array, pa.Array]] = []  # (depth, keys, values)
         for chunk in self._open_rounds(routed):
             parts += self._select_round(chunk, wanted)
@@ -806,9 +833,7 @@ class RunLookup:
                 if got is None:
                     got = self._fetch_one(bid, rf, b)
                 keys, values = _payload_entries(got[0], incremental) if got[1] is None else got
-                seq = _KeySequence(keys)
-                a = bisect_left(seq, prefix)
-                e = len(seq) if succ is None else bisect_left(seq, succ, lo=a)
+                a, e = prefix_range(keys, prefix)
                 if e > a:
                     parts.append((depth, keys.slice(a, e - a), values.slice(a, e - a)))
         return _merge_newest(parts)
@@ -864,11 +889,7 @@ class RunLookup:
             bounds.append((int(idx[0]), first, rows))
         keys = pa.concat_arrays(ks) if len(ks) > 1 else ks[0]
         values = pa.concat_arrays(vs) if len(vs) > 1 else vs[0]
-        mask = None
-        for cut, ps in wanted:
-            hit = pc.is_in(pc.binary_slice(keys, 0, cut), value_set=ps)
-            mask = hit if mask is None else pc.or_(mask, hit)
-        mask = mask.to_numpy(zero_copy_only=False)
+        mask = prefix_mask(keys, wanted).to_numpy(zero_copy_only=False)
         out = []
         for depth, a, e in bounds:
             sel = np.flatnonzero(mask[a:e])
