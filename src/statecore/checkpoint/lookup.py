@@ -300,8 +300,9 @@ class _RunFile:
         self.kg_list = rows["key_group"].astype(np.int64)
         self.block_counts = rows["block_count"].astype(np.int64)
         #: format 6, for prefix searches: the last key of every block of the state in key
-        #: order (the key groups' blocks one after another) and each one's block number
-        self._state_keys: tuple[np.ndarray, np.ndarray] | None = None
+        #: order (the key groups' blocks one after another), each one's block number, and
+        #: where each key group's blocks start in that order
+        self._state_keys: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         #: With the extension (format 6): routes a batch's keys to their candidate blocks in
         #: one native call (filters given to it as they are read).
         self.router = None
@@ -341,14 +342,8 @@ class _RunFile:
             for kg, (filt, k) in got.items():
                 self.router.set_filter(kg, filt, k)
         else:
-            _, koff, kdata = self.tables
             for kg in want:
-                r = self.rows[kg]
-                first = int(r["first_block"])
-                last = np.empty(int(r["block_count"]), dtype=object)
-                last[:] = [bytes(kdata[int(koff[b]):int(koff[b + 1])])
-                           for b in range(first, first + int(r["block_count"]))]
-                self.block_keys[kg] = last
+                self.last_keys(kg)
         return hi - lo
 
     def last_keys(self, kg: int) -> np.ndarray:
@@ -383,12 +378,12 @@ class _RunFile:
             starts, ends = koff[blocks].tolist(), koff[blocks + 1].tolist()
             last = np.empty(len(blocks), dtype=object)
             last[:] = [bytes(kdata[a:e]) for a, e in zip(starts, ends)]
-            self._state_keys = (last, blocks)
-        last, block_of = self._state_keys
+            row_start = np.concatenate(([0], np.cumsum(self.block_counts)[:-1])).astype(np.int64)
+            self._state_keys = (last, blocks, row_start)
+        last, block_of, row_start = self._state_keys
         r = np.minimum(np.searchsorted(self.kg_list, kgs), max(len(self.kg_list) - 1, 0))
         held = (self.kg_list[r] == kgs) if len(self.kg_list) else np.zeros(len(kgs), bool)
         prefixes, succ, r = prefixes[held], succ[held], r[held]
-        row_start = np.concatenate(([0], np.cumsum(self.block_counts)[:-1])).astype(np.int64)
         row_end = (row_start + self.block_counts)[r]
         lo = np.searchsorted(last, prefixes, side="left").astype(np.int64)
         hi = row_end - 1
