@@ -693,8 +693,7 @@ class TieredBackend(NativeBackend):
                     parts = self._spills.entries(name, kg, spilled, readers)
                     if kg in in_v:
                         parts.append(self._reader.entries(name, kg))
-                    stored, _ = merge_newest_wins([p for p in parts if len(p[0])]) \
-                        if any(len(p[0]) for p in parts) else (pa.array([], pa.binary()), None)
+                    stored, _ = merge_newest_wins(parts)
                     found.update(p for p in {prefix(kb) for kb in stored.to_pylist()}
                                  if p not in held)
                 yield kg, self._decoded_rows(table, found)
@@ -859,8 +858,7 @@ class TieredBackend(NativeBackend):
                                                      self.key_prefix_width))
         if self._attached_holds(table):
             parts.append(self._lookup.prefix_entries(table.name, prefixes))
-        keys, values = merge_newest_wins([p for p in parts if len(p[0])]) \
-            if any(len(p[0]) for p in parts) else (pa.array([], pa.binary()),) * 2
+        keys, values = merge_newest_wins(parts)
         st = self._stats
         st["fetch_batches"] += 1
         st["fetched_keys"] += len(prefixes)

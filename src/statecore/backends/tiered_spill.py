@@ -127,14 +127,6 @@ class SpillRun:
             os.remove(self.path)
 
 
-def _merged(parts: list) -> tuple[pa.Array, pa.Array]:
-    """``merge_newest_wins`` of ``(keys, values)`` parts given newest first, tombstones kept."""
-    parts = [p for p in parts if len(p[0])]
-    if not parts:
-        return pa.array([], pa.binary()), pa.array([], pa.binary())
-    return merge_newest_wins(parts, keep_tombstones=True)
-
-
 _DIR_PREFIX = "statecore-spill-"
 _LOCK_NAME = ".owner.lock"
 
@@ -301,7 +293,7 @@ class SpillRuns:
                         vs.append(rv.slice(lo, hi - lo))
             if ks:
                 parts.append((pa.concat_arrays(ks), pa.concat_arrays(vs)))
-        return _merged(parts)
+        return merge_newest_wins(parts, keep_tombstones=True)
 
     def _entries_of(self, run: SpillRun, state_name: str, kg: int):
         """``run``'s decoded entries of (``state_name``, ``kg``), through the decoded cache."""
@@ -433,7 +425,7 @@ class SpilledSnapshot:
         with self._lock:
             parts = [self._inner.changes_since_base(state_name, key_group)]
             parts += self._spills.entries(state_name, key_group, self._runs, self._readers)
-        keys, values = _merged(parts)
+        keys, values = merge_newest_wins(parts, keep_tombstones=True)
         if not self.incremental and values.null_count:
             live = values.is_valid()
             keys, values = keys.filter(live), values.filter(live)

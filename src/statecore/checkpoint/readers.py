@@ -145,12 +145,16 @@ def merge_newest_wins(parts: list[tuple[pa.Array, pa.Array]], native: bool = Tru
     """Merge ``(keys, values)`` pairs (``pa.binary()`` arrays) given newest first, each sorted by
     key: per key the newest value wins, NULL (tombstone) values delete. Returns sorted binary
     arrays without NULLs; with ``keep_tombstones`` (a change set, :class:`ChangesReader`) the
-    newest tombstone of a key stays, as a NULL value.
+    newest tombstone of a key stays, as a NULL value. Pairs without entries are skipped; with
+    none left both arrays are empty.
 
     Several runs go through the native k-way merge when the extension is there (``native``;
     it also checks that each run's keys are strictly ascending, InvalidInputError otherwise):
     sorting their concatenation here is the largest part of a restore over an incremental chain.
     """
+    parts = [p for p in parts if len(p[0])]
+    if not parts:
+        return _EMPTY
     merge = _native_merge() if native and len(parts) > 1 else None
     if merge is not None:
         return merge(parts, keep_tombstones)
@@ -441,13 +445,7 @@ class CheckpointReader:
         """``read(data file reader)`` of each of ``runs`` merged newest-wins (empty arrays when
         none holds an entry); a merge that finds a run out of order raises
         CorruptCheckpointError naming the version, state, ``where`` and the runs."""
-        parts = []
-        for r in runs:
-            k, v = read(self.data_file(r))
-            if len(k):
-                parts.append((k, v))
-        if not parts:
-            return _EMPTY
+        parts = [read(self.data_file(r)) for r in runs]
         try:
             return merge_newest_wins(parts, keep_tombstones=self._keep_tombstones)
         except InvalidInputError as exc:
