@@ -32,8 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", type=float, default=1.0, metavar="F",
                    help="multiply the cases' entries by F (e.g. 10: the tiered cases at 100M keys)")
     p.add_argument("--memory-budget", default=None, metavar="SIZE",
-                   help="the tiered mode's memory budget in tiered_running_count, e.g. 512MiB "
-                        "(default: 1/8 of the state's key and value bytes)")
+                   help="the tiered mode's memory budget in tiered_running_count and "
+                        "tiered_collections, e.g. 512MiB (default: 1/8 of the state's key and "
+                        "value bytes)")
     return p
 
 
