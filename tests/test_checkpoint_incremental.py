@@ -516,6 +516,38 @@ def test_compaction_keeps_every_version_and_reads_less(tmp_path):
         assert read_all(r) == m.expected(kgs)
 
 
+def test_store_block_target_reaches_writes_and_compactions(tmp_path):
+    """A store's ``block_target_bytes`` cuts the blocks of every run it writes (synchronous,
+    asynchronous, compacted) unless a write gives its own; readers need no setting."""
+    kgs = list(range(8))
+    counts = {}
+    for target in (fmt.DEFAULT_BLOCK_TARGET_BYTES, 32):
+        m, rng = Model(), random.Random(5)
+        m.mutate(rng, kgs, 400)
+        store = CheckpointStore(tmp_path / str(target), max_runs=None, block_target_bytes=target)
+        assert store.block_target_bytes == target
+        d0 = store.write_snapshot(m.snapshot((0, 7), False), 0)
+        own = store.write_snapshot(m.snapshot((0, 7), False), 0, "own",
+                                   block_target_bytes=fmt.DEFAULT_BLOCK_TARGET_BYTES)
+        store.commit(0, [d0])
+        m.complete(0)
+        m.mutate(rng, kgs, 200)
+        store.commit(1, [store.write_snapshot_async(m.snapshot((0, 7), True), 1).result()])
+        d1 = store.manifest(1)["files"][-1]
+        m.complete(1)
+        compacted = store.compact(1, max_runs=1)["files"][0]
+        assert compacted["kind"] == "full"
+        counts[target] = (d0["blocks"], d1["blocks"], compacted["blocks"], own["blocks"])
+        with store.open(1) as r:
+            assert read_all(r) == m.expected(kgs)
+    big, small = counts[fmt.DEFAULT_BLOCK_TARGET_BYTES], counts[32]
+    assert all(s > 2 * b for s, b in zip(small[:3], big[:3])), counts
+    assert small[3] == big[3]
+    for bad in (0, -1, 1.5, True, "16KiB", None):
+        with pytest.raises(InvalidInputError, match="block_target_bytes"):
+            CheckpointStore(tmp_path / "bad", block_target_bytes=bad)
+
+
 def test_commit_compacts_automatically_sync_and_async(tmp_path):
     for background in (False, True):
         root = tmp_path / str(background)

@@ -439,7 +439,8 @@ def test_tiered_operator_matches_the_model(spark, tmp_path):
     nkeys, budget = 300, 512
     with pytest.raises(InvalidInputError, match="memory_budget"):
         _op(tmp_path, "python", memory_budget=budget)
-    op = _op(tmp_path, "native", memory_budget=budget)
+    op = _op(tmp_path, "native", memory_budget=budget, block_target_bytes="64B")
+    assert op.store.block_target_bytes == 64
     model = Model()
     for i in range(3):
         rows = _tiered_job(i, nkeys)
@@ -451,3 +452,10 @@ def test_tiered_operator_matches_the_model(spark, tmp_path):
         assert set(rep.loads) <= {"cache", "checkpoint", "empty"}, rep.loads
         # Each of the two partitions' backends held at most the budget after its last call.
         assert rep.state_bytes <= 2 * budget, (i, rep.state_bytes)
+        # The tasks cut their runs' blocks at the operator's block_target_bytes: a block of
+        # more than one entry holds at most 64 payload bytes (and an incremental run's
+        # validity bytes); whole key groups of 3 or more entries would not fit.
+        with op.store.open(i) as r:
+            for run in r.manifest["files"]:
+                blocks = r.data_file(run).block_rows(0, run["blocks"])
+                assert bool(((blocks["raw_length"] <= 72) | (blocks["entries"] == 1)).all())

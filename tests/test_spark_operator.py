@@ -362,6 +362,11 @@ def test_constructor_validation(tmp_path):
         StatefulOperator("x", p, "k", ck, output=ck, retain_versions=1)
     with pytest.raises(InvalidInputError):
         StatefulOperator("x", object(), "k", ck, output=ck)
+    for bad in (0, "lots", -5, 1.5):
+        with pytest.raises(InvalidInputError, match="block_target_bytes"):
+            StatefulOperator("x", p, "k", ck, output=ck, block_target_bytes=bad)
+    op = StatefulOperator("x", p, "k", ck, output=ck, block_target_bytes="16KiB")
+    assert op.block_target_bytes == op.store.block_target_bytes == 16 << 10
 
 
 def test_native_backend_is_the_default(tmp_path, monkeypatch):

@@ -45,7 +45,12 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from statecore import serializers as S
-from statecore.checkpoint.format import KIND_FULL, make_key_group_range, write_data_file
+from statecore.checkpoint.format import (
+    DEFAULT_BLOCK_TARGET_BYTES,
+    KIND_FULL,
+    make_key_group_range,
+    write_data_file,
+)
 from statecore.checkpoint.layout import CheckpointRoot, check_version, compacted_data_path
 from statecore.checkpoint.manifests import MANIFEST_FORMAT_VERSION, ManifestLog
 from statecore.checkpoint.readers import CheckpointReader
@@ -170,10 +175,12 @@ class Compactor:
     :class:`~statecore.checkpoint.manifests.ManifestLog` (or an object with its interface);
     ``lock``: the lock that serializes manifest publishing and retention of the root in this
     process; the compactor holds it only to read and to publish manifests, not while it writes
-    runs."""
+    runs. ``block_target_bytes``: the block size of the runs it writes (``format``)."""
 
-    def __init__(self, root: CheckpointRoot, manifests: ManifestLog, lock):
+    def __init__(self, root: CheckpointRoot, manifests: ManifestLog, lock,
+                 block_target_bytes: int = DEFAULT_BLOCK_TARGET_BYTES):
         self.root = root
+        self.block_target_bytes = block_target_bytes
         self.manifests = manifests
         self.lock = lock
         self._inflight: set[str] = set()  # outputs written but not yet published
@@ -232,7 +239,8 @@ class Compactor:
                                  window=_window(segments, s, e))
                 summary = self.root.write_atomic(
                     rel, lambda out: write_data_file(out, view, version=version, writer=writer,
-                                                     incremental=False),
+                                                     incremental=False,
+                                                     block_target_bytes=self.block_target_bytes),
                     streamed=True)
                 written.append({
                     "path": rel, "size": summary.size, "writer": writer, "version": version,

@@ -61,7 +61,8 @@ __all__ = [
     "LIST_ENTRIES_FORMAT_VERSION", "LIST_CHUNKS_FORMAT_VERSION", "LOOKUP_FORMAT_VERSION",
     "FILTER_DTYPE", "DEFAULT_BLOOM_BITS_PER_KEY",
     "KIND_FULL", "KIND_INCREMENTAL",
-    "HEADER_SIZE", "TRAILER", "TRAILER_SIZE", "DEFAULT_BLOCK_TARGET_BYTES", "COMPRESSION",
+    "HEADER_SIZE", "TRAILER", "TRAILER_SIZE", "DEFAULT_BLOCK_TARGET_BYTES",
+    "check_block_target_bytes", "COMPRESSION",
     "MAX_KEY_GROUPS", "BLOCK_DTYPE", "INDEX_DTYPE", "CHUNK_TARGET_BYTES", "LZ4_ACCELERATION",
     "compress_block", "native_decode_blocks", "xxh64", "encode_block", "decode_block",
     "decode_stored_block", "cut_points", "key_group_prefix_bytes", "make_key_group_range",
@@ -306,6 +307,16 @@ class FilePlan:
     bloom_bits_per_key: int = DEFAULT_BLOOM_BITS_PER_KEY
 
 
+def check_block_target_bytes(block_target_bytes) -> int:
+    """``block_target_bytes`` (the uncompressed size a data file's blocks are cut at, bytes)
+    when it is an int >= 1; InvalidInputError otherwise."""
+    if (isinstance(block_target_bytes, bool) or not isinstance(block_target_bytes, int)
+            or block_target_bytes < 1):
+        raise InvalidInputError(
+            f"block_target_bytes must be a positive int, got {block_target_bytes!r}")
+    return block_target_bytes
+
+
 def plan_file(snap: Any, version: int, writer: str, block_target_bytes: int,
               incremental: bool | None,
               bloom_bits_per_key: int = DEFAULT_BLOOM_BITS_PER_KEY) -> FilePlan:
@@ -316,10 +327,7 @@ def plan_file(snap: Any, version: int, writer: str, block_target_bytes: int,
     if incremental is None:
         incremental = bool(getattr(snap, "incremental", False))
     kind = KIND_INCREMENTAL if incremental else KIND_FULL
-    if (isinstance(block_target_bytes, bool) or not isinstance(block_target_bytes, int)
-            or block_target_bytes < 1):
-        raise InvalidInputError(
-            f"block_target_bytes must be a positive int, got {block_target_bytes!r}")
+    check_block_target_bytes(block_target_bytes)
     if (isinstance(bloom_bits_per_key, bool) or not isinstance(bloom_bits_per_key, int)
             or not 1 <= bloom_bits_per_key <= MAX_BLOOM_BITS_PER_KEY):
         raise InvalidInputError(

@@ -174,8 +174,10 @@ class SnapshotWriter:
     when ``root`` is on an object store (no atomic rename: the file streams into a multipart
     upload)."""
 
-    def __init__(self, root: CheckpointRoot):
+    def __init__(self, root: CheckpointRoot,
+                 block_target_bytes: int = DEFAULT_BLOCK_TARGET_BYTES):
         self.root = root
+        self.block_target_bytes = block_target_bytes
         self.chunk_bytes = CHUNK_TARGET_BYTES if root.atomic_rename else OBJECT_STORE_CHUNK_BYTES
 
     def write(self, snap: Any, version: int, writer: str = "p0", *,
@@ -184,9 +186,10 @@ class SnapshotWriter:
         version = check_version(version)
         writer = check_writer(writer)
         rel = data_path(version, writer)
-        kwargs = {} if block_target_bytes is None else {"block_target_bytes": block_target_bytes}
+        target = self.block_target_bytes if block_target_bytes is None else block_target_bytes
         summary = self.root.write_atomic(
-            rel, lambda out: write_data_file(out, snap, version=version, writer=writer, **kwargs),
+            rel, lambda out: write_data_file(out, snap, version=version, writer=writer,
+                                             block_target_bytes=target),
             streamed=True)
         return run_descriptor(snap, version, writer, rel, summary)
 
@@ -205,7 +208,7 @@ class SnapshotWriter:
             chunk_bytes = self.chunk_bytes
         if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1:
             raise InvalidInputError(f"chunk_bytes must be an int >= 1, got {chunk_bytes!r}")
-        target = DEFAULT_BLOCK_TARGET_BYTES if block_target_bytes is None else block_target_bytes
+        target = self.block_target_bytes if block_target_bytes is None else block_target_bytes
         plan = plan_file(snap, version, writer, target, None)  # argument errors raise here
         rel = data_path(version, writer)
         fut = SnapshotWriteFuture()
