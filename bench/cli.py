@@ -10,6 +10,7 @@ from typing import List, Optional
 from bench import plots, runner
 from bench.harness import CASES, Size
 from statecore.backends.tiered import parse_bytes
+from statecore.checkpoint.format import check_block_target_bytes
 from statecore.errors import InvalidInputError
 
 __all__ = ["build_parser", "main"]
@@ -35,12 +36,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the tiered mode's memory budget in tiered_running_count and "
                         "tiered_collections, e.g. 512MiB (default: 1/8 of the state's key and "
                         "value bytes)")
+    p.add_argument("--block-bytes", default=None, metavar="SIZE",
+                   help="the block size of the checkpoints the tiered cases write, e.g. 16KiB "
+                        "(CheckpointStore block_target_bytes; default 64 KiB)")
     return p
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point; returns the exit status (0 ok, 2 bad usage: an unknown case or a bad
-    ``--memory-budget``)."""
+    ``--memory-budget`` or ``--block-bytes``)."""
     args = build_parser().parse_args(argv)
     if args.list:
         runner.load_cases()
@@ -49,12 +53,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     try:
         budget = None if args.memory_budget is None else parse_bytes(args.memory_budget)
+        block = None if args.block_bytes is None else check_block_target_bytes(
+            parse_bytes(args.block_bytes, "--block-bytes"))
     except InvalidInputError as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 2
     try:
         records = runner.run(args.case, Size(quick=args.quick, scale=args.scale,
-                                             memory_budget=budget))
+                                             memory_budget=budget, block_target_bytes=block))
     except KeyError as exc:
         print(f"bench: error: {exc.args[0]}", file=sys.stderr)
         return 2

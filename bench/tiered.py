@@ -29,6 +29,7 @@ from statecore import (
     ReducingStateDescriptor,
     create_backend,
 )
+from statecore.checkpoint.format import DEFAULT_BLOCK_TARGET_BYTES
 from statecore.key_groups import assign_key_group, key_group_range_for_operator
 
 _LOAD_BATCH = 1 << 20
@@ -40,30 +41,41 @@ _ENTRY = 18
 _RSS_CACHE_BYTES = 16 << 20
 
 
-def _base_checkpoint(root: Path, n: int) -> None:
+def _store(root: Path, size: Size, **options) -> CheckpointStore:
+    """A checkpoint store at ``root`` that cuts the runs it writes into blocks of
+    ``python -m bench --block-bytes`` (``size.block_target_bytes``; None: the store's default)."""
+    if size.block_target_bytes is not None:
+        options["block_target_bytes"] = size.block_target_bytes
+    return CheckpointStore(root, **options)
+
+
+def _base_checkpoint(root: Path, n: int, size: Size) -> int:
     """Version 1 of a new checkpoint store at ``root``: one full run of the running count's
     state (ReducingState "c", sum of int64) holding count 1 for keys 0..n-1, written by the
-    native backend over the whole key-group range."""
-    store = CheckpointStore(root)
+    native backend over the whole key-group range (blocks: :func:`_store`). Returns the run's
+    number of blocks."""
+    store = _store(root, size)
     b = create_backend("native", key_type="int64")
     st = b.get_state(ReducingStateDescriptor("c", "sum", "int64"))
     for s in range(0, n, _LOAD_BATCH):
         k = pa.array(np.arange(s, min(n, s + _LOAD_BATCH), dtype=np.int64))
         st.add_batch(k, pa.array(np.ones(len(k), dtype=np.int64)))
     store.checkpoint(b, 1, incremental=False)
+    blocks = sum(f["blocks"] for f in store.manifest(1)["files"])
     store.close()
     b.close()
+    return blocks
 
 
 
-def _backend_on_copy(d: Path, name: str, impl: str, budget: int):
+def _backend_on_copy(d: Path, name: str, impl: str, budget: int, size: Size):
     """``(root, store, backend)``: a copy at ``d / name`` of the checkpoint at ``d / "base"``
     (one per backend: each commits versions 2, 3, ... on top of version 1 in its own) and a
     native int64-keyed backend for it, not restored yet: ``impl`` ``"tiered"`` (``budget``
     bytes, attached to the copy's store) or ``"in-memory"``."""
     root = d / name
     shutil.copytree(d / "base", root)
-    store = CheckpointStore(root)
+    store = _store(root, size)
     opts = {"memory_budget": budget, "checkpoint": store} if impl == "tiered" else {}
     return root, store, create_backend("native", key_type="int64", **opts)
 
@@ -261,7 +273,10 @@ def tiered_running_count(size: Size):
     draw = {"zipf": lambda m: zipf_keys(rng, n, m),
             "uniform": lambda m: rng.integers(0, n, m, dtype=np.int64)}
     with tempfile.TemporaryDirectory(prefix="statecore-bench-") as d:
-        _base_checkpoint(Path(d) / "base", n)
+        out += [record(c, "tiered", "base_blocks", _base_checkpoint(Path(d) / "base", n, size),
+                       "blocks"),
+                record(c, "tiered", "block_target_bytes",
+                       size.block_target_bytes or DEFAULT_BLOCK_TARGET_BYTES, "bytes")]
         for dist, gen in draw.items():
             keys = gen(rows + record_rows)
             flat = [keys[i:i + batch] for i in range(0, rows, batch)]
@@ -270,7 +285,7 @@ def tiered_running_count(size: Size):
             distinct = [len(np.unique(b)) for b in flat]
             results = {}
             for impl in ("in-memory", "tiered"):
-                root, store, b = _backend_on_copy(Path(d), f"{dist}-{impl}", impl, budget)
+                root, store, b = _backend_on_copy(Path(d), f"{dist}-{impl}", impl, budget, size)
                 t = time.perf_counter()
                 store.restore(b, 1)
                 out.append(record(c, impl, "attach_s" if impl == "tiered" else "restore_s",
@@ -442,7 +457,7 @@ def tiered_restore(size: Size):
            record(c, "tiered", "budget_bytes", budget, "bytes")]
     with tempfile.TemporaryDirectory(prefix="statecore-bench-") as d:
         root = Path(d) / "base"
-        _base_checkpoint(root, n)
+        _base_checkpoint(root, n, size)
         mp = CheckpointStore(root).open(1).max_parallelism
         for kind, kgr in (("restore", key_group_range_for_operator(mp, 1, 0)),
                           ("rescale", key_group_range_for_operator(mp, 2, 0))):
@@ -461,7 +476,7 @@ def tiered_restore(size: Size):
                 # did not just read (both from the page cache alike: the copy is fresh).
                 copy = Path(d) / f"{kind}-{impl}"
                 shutil.copytree(root, copy)
-                store = CheckpointStore(copy)
+                store = _store(copy, size)
                 opts = {"memory_budget": budget, "checkpoint": store} if impl == "tiered" \
                     else {}
                 b = create_backend("native", key_type="int64", max_parallelism=mp,
@@ -533,12 +548,12 @@ def tiered_checkpoint(size: Size):
         streams = [rng.integers(0, n, rows, dtype=np.int64) for _ in range(intervals + 1)]
         with tempfile.TemporaryDirectory(prefix="statecore-bench-") as d:
             root = Path(d) / "base"
-            _base_checkpoint(root, n)
+            _base_checkpoint(root, n, size)
             outputs = {}
             for impl in ("tiered", "in-memory"):
                 copy = Path(d) / impl
                 shutil.copytree(root, copy)
-                store = CheckpointStore(copy)
+                store = _store(copy, size)
                 # No background compaction: it would run during the measured intervals.
                 opts = {"memory_budget": max(4096, n * _ENTRY // 8), "checkpoint": store,
                         "compact_max_runs": None} if impl == "tiered" else {}
@@ -617,8 +632,8 @@ def tiered_compaction(size: Size):
     out = [record(c, "chain", "keys", n, "entries")]
     with tempfile.TemporaryDirectory(prefix="statecore-bench-") as d:
         root = Path(d) / "base"
-        _base_checkpoint(root, n)
-        store = CheckpointStore(root, max_runs=None)
+        _base_checkpoint(root, n, size)
+        store = _store(root, size, max_runs=None)
         writer = create_backend("native", key_type="int64", memory_budget=n * _ENTRY // 8,
                                 checkpoint=store, compact_max_runs=None)
         store.restore(writer, 1)
@@ -632,7 +647,7 @@ def tiered_compaction(size: Size):
                 store.checkpoint(writer, version)
             copy = Path(d) / f"compacted-{depth}"
             shutil.copytree(root, copy)
-            compacted = CheckpointStore(copy, max_runs=None)
+            compacted = _store(copy, size, max_runs=None)
             t = time.perf_counter()
             compacted.compact(version, max_runs=1)
             out.append(record(c, "compaction", f"compaction_s_{depth}runs",
@@ -676,12 +691,12 @@ _MAP_USER_KEYS = 4
 _COLL_BATCH = 1 << 14
 
 
-def _collections_checkpoint(root: Path, n: int) -> int:
+def _collections_checkpoint(root: Path, n: int, size: Size) -> int:
     """Version 1 of a new checkpoint store at ``root``: one full run of a list state ("l",
     int64 elements; keys 0..n-1 each a list of :data:`_LIST_ELEMENTS` elements, three chunks)
     and a map state ("m", int64 -> int64; keys 0..n-1 each :data:`_MAP_USER_KEYS` user keys),
     written by the native backend. Returns the state's key and value bytes."""
-    store = CheckpointStore(root)
+    store = _store(root, size)
     b = create_backend("native", key_type="int64")
     ls = b.get_state(ListStateDescriptor("l", "int64"))
     ms = b.get_state(MapStateDescriptor("m", "int64", "int64"))
@@ -804,7 +819,7 @@ def tiered_collections(size: Size):
     out = [record(c, "tiered", "entries", n, "entries"),
            record(c, "tiered", "rows", rows, "rows")]
     with tempfile.TemporaryDirectory(prefix="statecore-bench-") as d:
-        nbytes = _collections_checkpoint(Path(d) / "base", n)
+        nbytes = _collections_checkpoint(Path(d) / "base", n, size)
         budget = size.memory_budget or max(4096, nbytes // 8)
         out.append(record(c, "tiered", "budget_bytes", budget, "bytes"))
         for dist, gen in draw.items():
@@ -814,7 +829,7 @@ def tiered_collections(size: Size):
             intervals = [flat[i:i + per_interval] for i in range(0, len(flat), per_interval)]
             results = {}
             for impl in ("in-memory", "tiered"):
-                root, store, b = _backend_on_copy(Path(d), f"{dist}-{impl}", impl, budget)
+                root, store, b = _backend_on_copy(Path(d), f"{dist}-{impl}", impl, budget, size)
                 store.restore(b, 1)
                 got = _collections_stream(b, store, intervals, 7)
                 t = time.perf_counter()

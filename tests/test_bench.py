@@ -220,6 +220,9 @@ def test_bench_rejects_unknown_case(capsys):
 def test_bench_rejects_a_bad_memory_budget(capsys):
     assert main(["--memory-budget", "12XB", "--case", "tiered_running_count"]) == 2
     assert "memory_budget" in capsys.readouterr().err
+    for bad in ("0", "lots"):
+        assert main(["--block-bytes", bad, "--case", "tiered_running_count"]) == 2
+        assert "block" in capsys.readouterr().err
 
 
 def test_bench_list(capsys):
@@ -682,12 +685,12 @@ def test_tiered_running_count_reports_both_backends_and_the_loads(tmp_path):
     and the in-memory native backend (the case checks their outputs equal) and reports steady
     and cold rates, the per-record rate, loads per row, the hit rate and checkpoint time per
     distribution; the steady part starts after the warm-up; ``--memory-budget`` sets the
-    budget."""
+    budget, ``--block-bytes`` the checkpoints' block size."""
     if not _has_native():
         pytest.skip("needs the native extension")
     out = tmp_path / "t.json"
     assert main(["--quick", "--scale", "0.02", "--case", "tiered_running_count",
-                 "--memory-budget", "48KiB", "--json", str(out)]) == 0
+                 "--memory-budget", "48KiB", "--block-bytes", "512B", "--json", str(out)]) == 0
     by = {(r["impl"], r["metric"]): r["value"] for r in json.loads(out.read_text())}
     for dist in ("zipf", "uniform"):
         for impl in ("tiered", "in-memory"):
@@ -700,6 +703,10 @@ def test_tiered_running_count_reports_both_backends_and_the_loads(tmp_path):
     assert by[("tiered", "hit_rate_zipf")] > by[("tiered", "hit_rate_uniform")]
     assert 0 < by[("tiered", "warm_up_rows")] < by[("tiered", "rows")]
     assert by[("tiered", "budget_bytes")] == 48 << 10  # --memory-budget
+    # --block-bytes: 20k entries of 18 bytes in 128 key groups, about 6 blocks of 512 bytes
+    # each where 64 KiB blocks would be one per key group.
+    assert by[("tiered", "block_target_bytes")] == 512
+    assert by[("tiered", "base_blocks")] > 4 * 128
     assert by[("tiered", "budget_bytes")] < by[("tiered", "entries")] * 18
     if os.path.exists("/proc/self/status"):
         # Resident memory in a fresh interpreter; the eighth budget spills and holds.
