@@ -884,15 +884,17 @@ class TieredBackend(NativeBackend):
         held = self._held.get(table.name)
         if not held:
             return 0
-        removed = [s[table.name] for s in (self._removed, *self._removed_pending.values())
-                   if table.name in s]
         last = self._spills.last_seq
+        removed = [s[table.name] for s in (self._removed, *self._removed_pending.values())
+                   if s.get(table.name)]
+        if any(s.get(_CLEANUP, -1) >= last for s in removed):
+            return 0  # a TTL cleanup step since the newest run holds every collection (T5)
         native, n = table.native, 0
         for _ in range(len(held)):
             if native.nbytes <= target:
                 break
             p, kg = next(iter(held.items()))
-            if any(max(s.get(p, -1), s.get(_CLEANUP, -1)) >= last for s in removed) \
+            if (removed and any(s.get(p, -1) >= last for s in removed)) \
                     or native.evict_collection(kg, p) < 0:
                 held.move_to_end(p)
                 continue
