@@ -904,6 +904,45 @@ cdef class NativeStateTable:
         if self.index == NULL and self.list_index == NULL:
             raise StateError("evict_collection needs a map or list index")
         self._idle()
+        return self._evict_collection(kg, prefix)
+
+    def evict_collections(self, list kgs not None, list prefixes not None,
+                          list skip not None, size_t target_bytes):
+        """:meth:`evict_collection` of ``prefixes[i]`` (bytes) in key group ``kgs[i]`` (ints)
+        in order, until :attr:`nbytes` <= ``target_bytes``; ``skip[i]`` true: not tried. One
+        call for a run of collections (the tiered mode's least recently used first). Returns
+        a list, one int per collection tried or skipped before the target was reached: the
+        entries evicted (>= 0), -1 (an entry written since the base: kept), -2 (skipped);
+        shorter than ``prefixes`` when the target was reached first. InvalidInputError for
+        lists of different lengths or a key group outside the table's range."""
+        if self.index == NULL and self.list_index == NULL:
+            raise StateError("evict_collections needs a map or list index")
+        if len(kgs) != len(prefixes) or len(skip) != len(prefixes):
+            raise InvalidInputError(
+                f"kgs, prefixes and skip must have one item per collection, got {len(kgs)}, "
+                f"{len(prefixes)} and {len(skip)}")
+        self._idle()
+        cdef size_t total = self.table.bytes(), before
+        cdef Py_ssize_t i
+        cdef int32_t kg
+        cdef int64_t got
+        cdef c.StateMap* m
+        out = []
+        for i in range(len(prefixes)):
+            if total <= target_bytes:
+                break
+            if skip[i]:
+                out.append(-2)
+                continue
+            kg = kgs[i]
+            m = self._map(kg)
+            before = m.bytes()
+            got = self._evict_collection(kg, prefixes[i])
+            total -= before - m.bytes()
+            out.append(got)
+        return out
+
+    cdef int64_t _evict_collection(self, int32_t kg, bytes prefix) except -2:
         cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(prefix)
         cdef size_t ps = PyBytes_GET_SIZE(prefix)
         cdef c.StateMap* m = self._map(kg)

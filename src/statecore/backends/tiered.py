@@ -148,6 +148,7 @@ Thread contract: the native backend's.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import re
 from bisect import bisect_left
 from collections import OrderedDict
@@ -193,6 +194,9 @@ DEFAULT_COMPACT_MAX_RUNS = 4
 #: The removed-set entry of a TTL cleanup step's removals from a list or map state: they name
 #: no collection, so they hold every one (TieredBackend.note_cleanup; no encoded key is empty).
 _CLEANUP = b""
+#: Collections one native call of the collection eviction tries at most (its Python side
+#: builds lists of that length).
+_EVICT_RUN = 256
 
 _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
@@ -889,17 +893,24 @@ class TieredBackend(NativeBackend):
                    if s.get(table.name)]
         if any(s.get(_CLEANUP, -1) >= last for s in removed):
             return 0  # a TTL cleanup step since the newest run holds every collection (T5)
-        native, n = table.native, 0
-        for _ in range(len(held)):
-            if native.nbytes <= target:
-                break
-            p, kg = next(iter(held.items()))
-            if (removed and any(s.get(p, -1) >= last for s in removed)) \
-                    or native.evict_collection(kg, p) < 0:
-                held.move_to_end(p)
-                continue
-            del held[p]
-            n += 1
+        native, n, left = table.native, 0, len(held)
+        # In runs of the least recently used: one native call per run, which stops at the
+        # target; those it kept or skipped go to the back, so each is tried once per call.
+        while left > 0:
+            run = list(itertools.islice(held.items(), min(left, _EVICT_RUN)))
+            left -= len(run)
+            skip = [bool(removed) and any(s.get(p, -1) >= last for s in removed)
+                    for p, _ in run]
+            got = native.evict_collections([kg for _, kg in run], [p for p, _ in run], skip,
+                                           max(target, 0))
+            for (p, _), g in zip(run, got):
+                if g < 0:
+                    held.move_to_end(p)
+                else:
+                    del held[p]
+                    n += 1
+            if len(got) < len(run):
+                break  # the target was reached
         return n
 
     @contextlib.contextmanager
