@@ -26,24 +26,40 @@ BlockRef BlockCache::get(int64_t file, int64_t block) {
 }
 
 void BlockCache::put(int64_t file, int64_t block, BlockRef b) {
-  if (!b || b->size > budget_) return;
+  if (!b) return;
   // The evicted blocks are released after the lock: freeing a payload can take a while.
   std::list<Entry> evicted;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const Key key{file, block};
-    if (map_.count(key)) return;
-    while (stats_.used_bytes + b->size > budget_) {
-      auto last = std::prev(lru_.end());
-      stats_.used_bytes -= last->block->size;
-      map_.erase(last->key);
-      evicted.splice(evicted.begin(), lru_, last);
-    }
+    if (map_.count(key) || b->size > budget_) return;
+    evict_for(b->size, &evicted);
     stats_.used_bytes += b->size;
     lru_.push_front(Entry{key, std::move(b)});
     map_.emplace(key, lru_.begin());
     stats_.blocks = map_.size();
   }
+}
+
+void BlockCache::evict_for(uint64_t size, std::list<Entry>* out) {
+  while (!lru_.empty() && stats_.used_bytes + size > budget_) {
+    auto last = std::prev(lru_.end());
+    stats_.used_bytes -= last->block->size;
+    map_.erase(last->key);
+    out->splice(out->begin(), lru_, last);
+  }
+}
+
+uint64_t BlockCache::budget() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return budget_;
+}
+
+void BlockCache::set_budget(uint64_t budget_bytes) {
+  std::list<Entry> evicted;
+  std::lock_guard<std::mutex> lock(mu_);
+  budget_ = budget_bytes;
+  evict_for(0, &evicted);
 }
 
 BlockCacheStats BlockCache::stats() const {

@@ -85,6 +85,19 @@ TEST(an_evicted_block_stays_valid_while_referenced) {
   CHECK(cache.get(1, 1) == nullptr);
 }
 
+TEST(a_smaller_budget_evicts_least_recently_used_first) {
+  BlockCache cache(40);
+  for (int64_t b = 0; b < 4; ++b) cache.put(1, b, block_of(10, static_cast<uint8_t>(b)));
+  CHECK(cache.get(1, 0) != nullptr);
+  cache.set_budget(20);
+  CHECK_EQ(cache.budget(), uint64_t(20));
+  CHECK_EQ(cache.stats().used_bytes, uint64_t(20));
+  CHECK(cache.get(1, 0) != nullptr);
+  CHECK(cache.get(1, 3) != nullptr);
+  CHECK(cache.get(1, 1) == nullptr);
+  CHECK(cache.get(1, 2) == nullptr);
+}
+
 TEST(concurrent_gets_and_puts_keep_the_budget) {
   BlockCache cache(64 * 8);
   std::vector<std::thread> threads;

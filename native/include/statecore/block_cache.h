@@ -42,7 +42,9 @@ class BlockCache {
   // the budget; a block larger than the budget, or one already kept, is not (re)placed.
   void put(int64_t file, int64_t block, BlockRef b);
   BlockCacheStats stats() const;
-  uint64_t budget() const { return budget_; }
+  uint64_t budget() const;
+  // A new budget, the least recently used blocks evicted down to it.
+  void set_budget(uint64_t budget_bytes);
   // Drops every block (references held elsewhere stay valid); counters are kept.
   void clear();
 
@@ -59,7 +61,9 @@ class BlockCache {
     Key key;
     BlockRef block;
   };
-  const uint64_t budget_;
+  // Evicts least recently used blocks into *out until `size` more bytes fit. Holds mu_.
+  void evict_for(uint64_t size, std::list<Entry>* out);
+  uint64_t budget_;
   mutable std::mutex mu_;
   std::list<Entry> lru_;  // front: most recently used
   std::unordered_map<Key, std::list<Entry>::iterator, KeyHash> map_;
