@@ -32,8 +32,9 @@ at once, and the allocator would keep those pages after the batch.
 
 A run's filters are read when a batch first needs them: the filters of the key groups the batch
 reaches in that run and not read before, in one ranged read (they are stored in key-group
-order), each checked against its XXH64, and kept while the lookup is open: about ``bits_per_key / 8`` bytes per entry, outside the block cache's budget. So the
-first lookup after an attach reads one key group's filters, not the whole state's.
+order), each checked against its XXH64, and kept while the lookup is open: about
+``bits_per_key / 8`` bytes per entry, outside the block cache's budget. So the first lookup
+after an attach reads one key group's filters, not the whole state's.
 
 :meth:`RunLookup.prefix_entries` (whole lists and maps) fetches the candidate blocks of all
 its prefixes and runs in the same rounds, through the same cache (so point and prefix lookups
@@ -739,7 +740,7 @@ class RunLookup:
                     self.stats["range_negatives"] += 1
                     continue
             bid = (rf.data.name, state_name, b)
-            got = self._unit_cache().get(bid)
+            got = self._cached(rf, bid, b)
             if got is None:
                 got = self._fetch_one(bid, rf, b)
             if needle is None:
@@ -906,19 +907,16 @@ class RunLookup:
 
     def _search_round(self, chunk: list, keys: pa.BinaryArray, take_part: np.ndarray,
                       take_row: np.ndarray, parts: list, pos: np.ndarray) -> None:
-        """Open the blocks of one round (:meth:`_open_rounds`; from the cache or fetched) and
-        search its keys: a hit records its value (``take_part``, ``take_row``, ``parts``), a
-        miss moves the key on to its next run (``pos``). The blocks the cache does not keep
-        are released on return."""
+        """Open the blocks of one round (:meth:`_open_rounds`, files without the native
+        step: no extension, or format 1 to 5; from the cache or fetched) and search its keys:
+        a hit records its value (``take_part``, ``take_row``, ``parts``), a miss moves the key
+        on to its next run (``pos``). The blocks the cache does not keep are released on
+        return."""
         blocks = self._round_blocks(chunk)
         for rf, ub, idx, which, _ in chunk:
             got = [blocks[(rf.data.name, rf.state, b)] for b in ub.tolist()]
             needles = keys.take(pa.array(idx))
-            if got[0][1] is None:  # payloads opened natively (_read_group)
-                rows, vals = _native_lookup_in_payloads(
-                    [p for p, _ in got], rf.data.kind == KIND_INCREMENTAL, which, needles)
-            else:
-                rows, vals = _lookup_in_blocks(got, which, needles)
+            rows, vals = _lookup_in_blocks(got, which, needles)
             hit = rows >= 0
             if bool(np.any(hit)):
                 take_part[idx[hit]] = len(parts)
