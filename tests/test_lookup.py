@@ -2,8 +2,9 @@
 merged entries a full restore reads (CheckpointReader.entries), for value, map and TTL'd states
 of both backends through chains of incremental checkpoints (tombstones shadow older runs), for
 files of format 5 (no filters: every block of the (state, key group)) and the in-test snapshots
-of both writers; corruption of a block, a filter or the footer; the cache budget; and absent
-keys, which read no block except for the filter's false positives."""
+of both writers; corruption of a block, a filter or the footer (a corrupt block never cached);
+the cache budgets; the native lookup steps against the pure-Python path; and absent keys, which
+read no block except for the filter's false positives."""
 
 from __future__ import annotations
 
@@ -253,7 +254,7 @@ def test_chains_of_fake_snapshots_old_and_new_formats(tmp_path, strip):
 def _without_native_prefix_path(monkeypatch):
     """RunLookup's pure-Python path: blocks decoded into Arrow arrays, the runs merged with a
     dict."""
-    for name in ("native_decode_blocks", "_native_open_blocks", "_native_merge_newest_wins"):
+    for name in ("native_decode_blocks", "_RunBlocks", "_native_merge_newest_wins"):
         monkeypatch.setattr(lookup_module, name, None)
 
 
@@ -726,7 +727,7 @@ def _full_and_incremental(tmp_path, monkeypatch, strip, payloads, rng, n_full, n
     ``payloads`` the lookups run without the extension (Arrow blocks decoded in Python).
     Returns the store, version 1's data and version 2's."""
     if not payloads:
-        for name in ("_native_open_blocks", "_RunRouter", "_native_lookup_in_blocks",
+        for name in ("_RunBlocks", "_RunRouter", "_native_lookup_in_blocks",
                      "native_decode_blocks"):
             monkeypatch.setattr(lookup_module, name, None)
     store = CheckpointStore(str(tmp_path / "ckpt"), max_runs=None)
@@ -916,3 +917,109 @@ def test_native_routing_answers_and_counts_as_the_python_path(tmp_path, monkeypa
     assert native == [present.get(k) for k in ask.to_pylist()]
     if not strip:
         assert native_stats["filter_negatives"] > 0
+
+
+def _without_extension(monkeypatch):
+    """RunLookup as it runs without the extension: Python routing, blocks decoded into Arrow
+    arrays and kept in a BlockCache, searched with Arrow kernels."""
+    for name in ("_RunBlocks", "_RunRouter", "_native_lookup_in_blocks", "native_decode_blocks",
+                 "NativeBlockCache", "_native_merge_newest_wins"):
+        monkeypatch.setattr(lookup_module, name, None)
+
+
+@pytest.mark.parametrize("open_bytes", [1, lookup_module.OPEN_BYTES], ids=["open1", "default"])
+def test_native_steps_answer_and_count_as_the_python_path(tmp_path, monkeypatch, open_bytes):
+    """lookup_batch and lookup_one through the native block cache and lookup steps against the
+    pure-Python path over a chain of a full run and three incremental runs with tombstones:
+    the same values (the merged chain's), and the same block, filter and false-positive
+    counts; a second batch is served from the cache."""
+    pytest.importorskip("statecore._native")
+    rng = random.Random(41)
+    store = CheckpointStore(str(tmp_path / "ckpt"), max_runs=None)
+    merged = _chain_of_runs(store, rng, 4, 1200, range(0, MAXP, 5))["a"]
+    ask = list(merged) + _absent_keys(set(merged), MAXP, 300, rng)
+    ask += [k for k in _all_entries_of_every_run(store, 4) if k not in merged][:300]
+    rng.shuffle(ask)
+    arr = pa.array(ask, pa.binary())
+    names = ("lookups", "blocks_read", "filter_negatives", "range_negatives",
+             "filter_false_positives")
+    with store.open(4) as reader:
+        with RunLookup(reader, open_bytes=open_bytes) as lk:
+            assert isinstance(lk.cache, lookup_module.NativeBlockCache)
+            got = lk.lookup_batch("a", arr).to_pylist()
+            native = lk.statistics()
+            assert lk.lookup_batch("a", arr).to_pylist() == got
+            again = lk.statistics()
+            assert again["blocks_read"] == native["blocks_read"]
+            assert again["cache_hits"] > native["cache_hits"]
+        assert native["peak_open_bytes"] > 0
+        with RunLookup(reader, open_bytes=open_bytes) as lk:
+            assert [lk.lookup_one("a", k) for k in ask[:400]] == got[:400]
+        with monkeypatch.context() as m:
+            _without_extension(m)
+            with RunLookup(reader, open_bytes=open_bytes) as lk:
+                assert isinstance(lk.cache, BlockCache)
+                assert lk.lookup_batch("a", arr).to_pylist() == got
+                python = lk.statistics()
+    assert got == [merged.get(k) for k in ask]
+    for name in names:
+        assert native[name] == python[name], name
+
+
+def _all_entries_of_every_run(store, version) -> list:
+    """Every key any run of ``version``'s chain holds in state "a" (tombstones included)."""
+    out = []
+    with store.open(version) as reader:
+        for run in reader.manifest["files"]:
+            data = reader.data_file(run)
+            rows, _ = data.index_rows("a")
+            for kg in rows["key_group"].tolist():
+                keys, _ = data.entries("a", int(kg))
+                out += keys.to_pylist()
+    return out
+
+
+@pytest.mark.parametrize("how", ["batch", "one", "prefix"])
+def test_a_corrupt_block_is_never_cached(tmp_path, how):
+    """A block failing its checks raises CorruptCheckpointError naming file, state, key group
+    and block -- and again on the next lookup: it never enters the cache."""
+    store, keys = _corrupt_store(tmp_path, "block")
+    with store.open(1) as reader, RunLookup(reader) as lk:
+        for _ in range(2):
+            with pytest.raises(CorruptCheckpointError) as err:
+                if how == "batch":
+                    lk.lookup_batch("a", pa.array(keys, pa.binary()))
+                elif how == "one":
+                    for k in sorted(keys):
+                        lk.lookup_one("a", k)
+                else:
+                    lk.prefix_entries("a", [sorted(keys)[0][:3]])
+            msg = str(err.value)
+            assert "state 'a'" in msg and "key group 7" in msg and "block 0" in msg, msg
+            assert ".sckp" in msg
+
+
+def test_native_block_cache_budget_and_counts(tmp_path):
+    """NativeBlockCache through a lookup: within its budget, blocks shared between point and
+    prefix lookups (a prefix lookup after point lookups of the same keys reads nothing), and
+    a bad budget rejected."""
+    native = pytest.importorskip("statecore._native")
+    with pytest.raises(InvalidInputError, match="budget"):
+        native.NativeBlockCache(-1)
+    rng = random.Random(43)
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    data = _random_data(rng, 800, kgs=[3])
+    _write(store, 1, Snap(data), block_target=512)
+    keys = sorted(data["a"][3])
+    with store.open(1) as reader:
+        with RunLookup(reader, cache_bytes=2048) as lk:
+            lk.lookup_batch("a", pa.array(keys, pa.binary()))
+            st = lk.statistics()
+            assert 0 < st["cache_bytes"] <= 2048 and len(lk.cache) >= 1
+        with RunLookup(reader, cache_bytes=64 << 20) as lk:
+            for k in keys:
+                lk.lookup_one("a", k)
+            read = lk.statistics()["blocks_read"]
+            got = lk.prefix_entries("a", [keys[0][:2]])
+            assert lk.statistics()["blocks_read"] == read
+            assert len(got[0]) == len(keys)

@@ -5,8 +5,9 @@ Thin wrappers, one area per included file: ``_native_types.pxi`` (statecore type
 specs), ``_native_bytes.pxi`` (byte order, varlen), ``_native_keys.pxi`` (hashes, key groups,
 KeyEncoder), ``_native_arrow.pxi`` (Arrow in and out), ``_native_stored.pxi`` (stored values of
 the per-record path), ``_native_runs.pxi`` (merge, TTL filter and checks of sorted runs),
-``_native_table.pxi`` (NativeStateTable, NativeTableSnapshot) and ``_native_blocks.pxi``
-(checkpoint data-file blocks, SnapshotBlockSerializer). The C++ declarations are in
+``_native_table.pxi`` (NativeStateTable, NativeTableSnapshot), ``_native_blocks.pxi``
+(checkpoint data-file blocks, SnapshotBlockSerializer) and ``_native_lookup.pxi`` (the run
+lookups' block cache and batch steps). The C++ declarations are in
 ``_native_core.pxd``.
 
 Errors: translated once, where the C++ functions are declared (``raise_native_error`` in
@@ -24,11 +25,14 @@ on it raises StateError meanwhile (NativeStateTable). Kernels on different table
 mutable state and may run in parallel.
 """
 from cpython.buffer cimport PyBUF_WRITABLE
+from cython.operator cimport dereference as deref
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.pycapsule cimport PyCapsule_GetPointer
 from cpython.unicode cimport PyUnicode_AsUTF8String, PyUnicode_DecodeUTF8
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memchr, memcmp, memcpy
+from libcpp.memory cimport shared_ptr
+from libcpp.pair cimport pair
 from libcpp.string cimport string
 from libcpp.vector cimport vector
 
@@ -55,5 +59,6 @@ include "_native_stored.pxi"
 include "_native_runs.pxi"
 include "_native_table.pxi"
 include "_native_blocks.pxi"
+include "_native_lookup.pxi"
 
 _check_cpu_request()

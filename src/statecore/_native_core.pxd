@@ -643,6 +643,67 @@ cdef extern from "statecore/payload_lookup.h" namespace "statecore" nogil:
                              string* why) except +raise_native_error
 
 
+cdef extern from "statecore/block_cache.h" namespace "statecore" nogil:
+    cdef cppclass OpenedBlock:
+        uint8_t* bytes "bytes.get"()
+        size_t size
+
+    cdef cppclass BlockCacheStats:
+        int64_t hits
+        int64_t misses
+        uint64_t used_bytes
+        size_t blocks
+
+    cdef cppclass BlockCache:
+        BlockCache(uint64_t budget_bytes) except +raise_native_error
+        shared_ptr[const OpenedBlock] get(int64_t file, int64_t block) except +raise_native_error
+        void put(int64_t file, int64_t block,
+                 shared_ptr[const OpenedBlock] b) except +raise_native_error
+        BlockCacheStats stats()
+        uint64_t budget()
+        void set_budget(uint64_t budget_bytes)
+        void clear()
+
+
+cdef extern from "statecore/run_lookup.h" namespace "statecore" nogil:
+    cdef cppclass RunBlockTable:
+        int64_t file_id
+        cbool has_validity
+        const StoredBlockRef* blocks
+        size_t block_count
+        const int64_t* key_offsets
+        const uint8_t* key_data
+
+    shared_ptr[const OpenedBlock] open_table_block(
+        const RunBlockTable& table, int64_t b, const uint8_t* data, size_t size, uint64_t base,
+        string* why) except +raise_native_error
+
+    cdef cppclass ReadRange:
+        size_t file
+        uint64_t offset
+        uint64_t length
+        size_t first
+        size_t count
+
+    cdef cppclass LookupStep:
+        LookupStep(BlockCache* cache, uint64_t open_bytes, uint64_t gap_bytes,
+                   uint64_t max_read_bytes) except +raise_native_error
+        void add(const RunBlockTable* table, const int64_t* keys, const int64_t* blocks,
+                 size_t n) except +raise_native_error
+        cbool next_round() except +raise_native_error
+        const vector[ReadRange]& ranges()
+        const vector[pair[size_t, int64_t]]& missing()
+        uint64_t round_bytes()
+        size_t round_hits()
+        int64_t open_range(size_t r, const uint8_t* data, size_t size,
+                           string* why) except +raise_native_error
+        size_t round_key_count()
+        int64_t round_key(size_t i)
+        uint64_t search(const int32_t* key_offsets, const uint8_t* key_data, int64_t* rows)
+        int64_t gather(const int64_t* rows, int32_t* out_offsets, uint8_t* out_data,
+                       uint8_t* out_validity)
+
+
 cdef extern from "statecore/run_route.h" namespace "statecore" nogil:
     cdef cppclass RouteGroup:
         const uint8_t* filter

@@ -1,6 +1,7 @@
 """Point lookups into the runs of a committed checkpoint version: :class:`RunLookup` answers
 "what is the stored value of these encoded keys" from the data files themselves, reading at most
-one block per key per run, with a bounded cache of decoded blocks (:class:`BlockCache`).
+one block per key per run, with a bounded cache of decoded blocks (natively
+``NativeBlockCache``, else :class:`BlockCache`).
 
 For a key of key group ``kg`` the runs are those of the version's chain for ``kg``
 (statecore.checkpoint.runs, the chains :class:`~statecore.checkpoint.readers.CheckpointReader`
@@ -13,30 +14,39 @@ bits per key); a key the filter passes is searched in the one block whose key ra
 whole (state, key group) is read and decoded as one cached unit.
 
 A batch proceeds in steps: each step finds, for every key still undecided, the candidate block
-of its next run, fetches the candidate blocks not in the cache (adjacent blocks of one file in
-one ranged read, on a small thread pool; each block checked -- XXH64, payload structure, last
-key against the footer's -- and decompressed once, natively with the GIL released when the
-extension is built, into a payload of its own that the cache keeps and the keys are searched in,
-in place: no per-entry decode), then decides the keys found. Keys not found move on to their
-next run. A step opens and searches its candidate blocks in rounds of at most ``open_bytes``
-decoded bytes (default :data:`OPEN_BYTES`; a block larger than that alone), those the cache does
-not keep released before the next round: a batch of uniform keys over a large state would
-otherwise hold about every block of the runs decompressed at once, and the allocator would keep
-those pages after the batch. A run's filters are read when a batch first needs them: the
-filters of the key groups the batch reaches in that run and not read before, in one ranged read
-(they are stored in key-group order), each checked against its XXH64, and kept while the lookup
-is open: about ``bits_per_key / 8`` bytes per entry, outside the block cache's budget. So the
-first lookup after an attach reads one key group's filters, not the whole state's.
+of its next run (per run one native call: filter probe and block-key search, RunRouter), then
+decides the keys found; keys not found move on to their next run. With the extension, a step's
+per-block and per-key work is native (run_lookup.h ``LookupStep``): the keys grouped by block,
+the blocks taken in rounds of at most ``open_bytes`` decoded bytes (default
+:data:`OPEN_BYTES`; a block larger than that alone), each round's blocks probed in the native
+block cache (block_cache.h ``NativeBlockCache``: opened payloads by (file, block), LRU within
+the cache budget, thread-safe) and the missing ones planned as coalesced reads; per read, on a
+small thread pool, one positional read and one native call that checks (XXH64, payload
+structure, last key against the footer's), decompresses and caches its blocks with the GIL
+released; then one native search of the round's keys in their payloads in place (no per-entry
+decode). Python runs per read at most, never per block or per key. Without the extension, and
+for files of format 1 to 5, the same rounds run in Python over a :class:`BlockCache` of Arrow
+arrays. A round's blocks the cache does not keep are released before the next round: a batch of
+uniform keys over a large state would otherwise hold about every block of the runs decompressed
+at once, and the allocator would keep those pages after the batch.
+
+A run's filters are read when a batch first needs them: the filters of the key groups the batch
+reaches in that run and not read before, in one ranged read (they are stored in key-group
+order), each checked against its XXH64, and kept while the lookup is open: about
+``bits_per_key / 8`` bytes per entry, outside the block cache's budget. So the first lookup
+after an attach reads one key group's filters, not the whole state's.
 
 :meth:`RunLookup.prefix_entries` (whole lists and maps) fetches the candidate blocks of all
-its prefixes and runs in the same rounds, through the same cache and threads, and selects the
-entries under the prefixes with Arrow kernels over the opened blocks in place."""
+its prefixes and runs in the same rounds, through the same cache (so point and prefix lookups
+share blocks) and threads, and selects the entries under the prefixes with Arrow kernels over
+the opened blocks in place. :meth:`RunLookup.lookup_one` serves one key with one native call per
+run (route, cache probe, search) and a read and an open only for a block not cached."""
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -84,14 +94,31 @@ OPEN_BYTES = 8 << 20
 
 
 try:
+    from statecore._native import ONE_FILTERED as _ONE_FILTERED
+    from statecore._native import ONE_MISSING as _ONE_MISSING
+    from statecore._native import ONE_NOT_FOUND as _ONE_NOT_FOUND
+    from statecore._native import ONE_PAST as _ONE_PAST
+    from statecore._native import ONE_TOMBSTONE as _ONE_TOMBSTONE
+    from statecore._native import ONE_VALUE as _ONE_VALUE
+    from statecore._native import LookupStep as _LookupStep
+    from statecore._native import NativeBlockCache
+    from statecore._native import RunBlocks as _RunBlocks
     from statecore._native import RunRouter as _RunRouter
     from statecore._native import lookup_in_blocks as _native_lookup_in_blocks
     from statecore._native import lookup_in_payloads as _native_lookup_in_payloads
     from statecore._native import merge_newest_wins as _native_merge_newest_wins
-    from statecore._native import open_blocks as _native_open_blocks
 except ImportError:
-    _native_lookup_in_blocks = _native_lookup_in_payloads = _native_open_blocks = None
-    _RunRouter = _native_merge_newest_wins = None
+    _native_lookup_in_blocks = _native_lookup_in_payloads = None
+    _RunRouter = _native_merge_newest_wins = NativeBlockCache = _RunBlocks = _LookupStep = None
+
+#: Per data file name, its id in the native block caches: one numbering for the process, so a
+#: cache handed from one lookup to the next (the tiered mode re-attaching) names a file as
+#: every lookup does.
+_FILE_IDS: dict[str, int] = {}
+
+
+def _file_id(name: str) -> int:
+    return _FILE_IDS.setdefault(name, len(_FILE_IDS))
 
 
 def _lookup_in_blocks(blocks: list, which: np.ndarray, needles: pa.Array
@@ -306,9 +333,16 @@ class _RunFile:
         #: With the extension (format 6): routes a batch's keys to their candidate blocks in
         #: one native call (filters given to it as they are read).
         self.router = None
+        #: With the extension (format 6): the file's block table and block keys for the
+        #: native lookup steps, cache probes and block opens (:class:`RunLookup`).
+        self.blocks = None
         if self.tables is not None and _RunRouter is not None:
             self.router = _RunRouter(start, end, self.kg_list, self.first_blocks,
                                      rows["block_count"], self.tables[1], self.tables[2])
+        if self.tables is not None and _RunBlocks is not None:
+            koff = self.tables[1]
+            self.blocks = _RunBlocks(_file_id(data.name), data.block_rows(0, len(koff) - 1),
+                                     koff, self.tables[2], data.kind == KIND_INCREMENTAL)
 
     def ensure_filters(self, kgs) -> int:
         """Read the filters of the key groups ``kgs`` (ints, or an int array; repeats allowed)
@@ -443,7 +477,14 @@ class RunLookup:
         self._segments = plan_chains(manifest["files"], (start, end), CorruptCheckpointError,
                                      f"manifest of version {reader.version}")
         self._metas = {m["name"]: m for m in manifest["states"]}
-        self.cache = BlockCache(cache_bytes)
+        #: Decoded blocks: with the extension a NativeBlockCache of format-6 blocks and, once a
+        #: file of format 1 to 5 is read, a BlockCache of its (state, key group) units beside
+        #: it, the budget split in half between them (:meth:`_unit_cache`); without the
+        #: extension one BlockCache of both.
+        self.cache = BlockCache(cache_bytes) if NativeBlockCache is None else \
+            NativeBlockCache(cache_bytes)
+        self._cache_bytes = cache_bytes
+        self._units: BlockCache | None = None
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise InvalidInputError(f"threads must be an int >= 1, got {threads!r}")
         if isinstance(open_bytes, bool) or not isinstance(open_bytes, int) or open_bytes < 1:
@@ -466,13 +507,28 @@ class RunLookup:
         """Stop the fetch threads and drop the cache and filters (idempotent)."""
         self._pool.shutdown(wait=True)
         self._files.clear()
-        self.cache = BlockCache(self.cache.budget)
+        self.cache = type(self.cache)(self._cache_bytes)
+        self._units = None
 
     def statistics(self) -> dict:
-        """:attr:`stats` with the cache's ``cache_hits``, ``cache_misses`` and ``cache_bytes``
+        """:attr:`stats` with the caches' ``cache_hits``, ``cache_misses`` and ``cache_bytes``
         (decoded bytes held now)."""
-        return dict(self.stats, cache_hits=self.cache.hits, cache_misses=self.cache.misses,
-                    cache_bytes=self.cache.used)
+        caches = [self.cache] + ([self._units] if self._units is not None else [])
+        return dict(self.stats, cache_hits=sum(c.hits for c in caches),
+                    cache_misses=sum(c.misses for c in caches),
+                    cache_bytes=sum(c.used for c in caches))
+
+    def _unit_cache(self) -> BlockCache:
+        """The BlockCache of the blocks the native cache does not take: all of them without
+        the extension, else the (state, key group) units of files of format 1 to 5, with half
+        the budget (the native cache keeps the other half)."""
+        if NativeBlockCache is None:
+            return self.cache
+        if self._units is None:
+            half = self._cache_bytes // 2
+            self.cache.set_budget(self._cache_bytes - half)
+            self._units = BlockCache(half)
+        return self._units
 
     def _run_file(self, run: dict, state: str) -> _RunFile:
         key = (run["path"], state)
@@ -562,10 +618,71 @@ class RunLookup:
                     rf = self._run_file(runs[int(depth)], state_name)
                     self._candidates(rf, mine, keys, kgs, hashes, objkeys, pos, routed)
             routed = {p: e for p, e in routed.items() if sum(len(i) for i in e[1])}
-            for chunk in self._open_rounds(routed):
+            native = [e for e in routed.values() if e[0].blocks is not None]
+            if native:
+                self._native_step(native, keys, take_part, take_row, parts, pos)
+            for chunk in self._open_rounds({p: e for p, e in routed.items()
+                                            if e[0].blocks is None}):
                 self._search_round(chunk, keys, take_part, take_row, parts, pos)
             live = np.nonzero((take_part < 0) & (pos < chain_len[seg_of]))[0]
         return self._assemble(n, take_part, take_row, parts)
+
+    def _native_step(self, routed: list, keys: pa.BinaryArray, take_part: np.ndarray,
+                     take_row: np.ndarray, parts: list, pos: np.ndarray) -> None:
+        """One step of a batch over format-6 files with the extension (``routed``:
+        ``[run file, [key arrays], [block arrays]]`` per file, :meth:`_candidates`): a native
+        LookupStep takes the blocks in rounds of at most ``open_bytes`` decoded bytes, probes
+        the cache and plans each round's missing blocks as coalesced reads; per read one
+        positional read and one native open (checks, decompression, cache insert) on the fetch
+        threads; then one native search of the round's keys. A hit records its value
+        (``take_part``, ``take_row``, ``parts``), a miss moves the key on (``pos``)."""
+        step = _LookupStep(self.cache, self.open_bytes, COALESCE_GAP_BYTES, MAX_READ_BYTES)
+        files = []
+        for rf, idxs, blks in routed:
+            step.add(rf.blocks, np.concatenate(idxs), np.concatenate(blks))
+            files.append(rf)
+        while step.next_round():
+            self.stats["peak_open_bytes"] = max(self.stats["peak_open_bytes"], step.round_bytes)
+            reads = step.ranges()
+            if len(reads) == 1:  # nothing to share: on this thread
+                done = [self._read_range(step, 0, files, reads[0])]
+            else:
+                futures = [self._pool.submit(self._read_range, step, r, files, read)
+                           for r, read in enumerate(reads)]
+                wait(futures)  # every read finished before one error leaves the step
+                done = [f.result() for f in futures]
+            for nblocks, nbytes in done:
+                self.stats["blocks_read"] += nblocks
+                self.stats["bytes_read"] += nbytes
+            idx, rows, vals = step.search(keys)
+            hit = rows >= 0
+            if bool(np.any(hit)):
+                take_part[idx[hit]] = len(parts)
+                take_row[idx[hit]] = np.nonzero(hit)[0]
+                parts.append(vals)
+            miss = idx[~hit]
+            if len(miss):  # the filter sent these keys here
+                self.stats["filter_false_positives"] += len(miss)
+                pos[miss] += 1
+
+    @staticmethod
+    def _read_range(step, r: int, files: list, read: tuple) -> tuple[int, int]:
+        """Fetch thread: read ``r`` of a LookupStep's round (``read``: ``(file, offset,
+        length, first block, blocks)``) with one positional read, its blocks opened into the
+        cache natively; ``(blocks, bytes read)``. CorruptCheckpointError naming the file,
+        state, key group and block of a bad block (not cached); CheckpointIOError when the
+        read fails."""
+        f, offset, length, first, count = read
+        rf = files[f]
+        kg0, _ = rf.key_group_of_block(first)
+        raw = rf.data.read_range(offset, length, f"state {rf.state!r} key group {kg0}")
+        bad, why = step.open_range(r, raw)
+        if bad is not None:
+            kg, _ = rf.key_group_of_block(bad)
+            raise CorruptCheckpointError(
+                f"checkpoint data file {rf.data.name}: state {rf.state!r} key group {kg} "
+                f"block {bad}: {why}")
+        return count, length
 
     def _key_group_of(self, key: bytes) -> int:
         """:meth:`_key_groups` of one encoded key (bytes), with its errors."""
@@ -601,6 +718,11 @@ class RunLookup:
             row = rf.rows.get(kg)
             if row is None:
                 continue
+            if rf.router is not None and rf.blocks is not None:
+                found, value = self._native_one(rf, key, kg)
+                if found:
+                    return value
+                continue
             if rf.tables is None:
                 b = -1 - kg
             else:
@@ -618,7 +740,7 @@ class RunLookup:
                     self.stats["range_negatives"] += 1
                     continue
             bid = (rf.data.name, state_name, b)
-            got = self.cache.get(bid)
+            got = self._cached(rf, bid, b)
             if got is None:
                 got = self._fetch_one(bid, rf, b)
             if needle is None:
@@ -634,6 +756,40 @@ class RunLookup:
             if rf.tables is not None:
                 self.stats["filter_false_positives"] += 1
         return None
+
+    def _native_one(self, rf: _RunFile, key: bytes, kg: int) -> tuple[bool, bytes | None]:
+        """:meth:`lookup_one` in one format-6 run with the extension: routed, probed in the
+        cache and searched in one native call; a block not cached read with one positional
+        read and opened natively. ``(decided, value)``: decided when the run holds the key
+        (its value, or None for a tombstone)."""
+        if kg not in rf.filters:
+            n = rf.ensure_filters((kg,))
+            self.stats["filter_bytes"] += n
+            self.stats["bytes_read"] += n
+        found, got = rf.blocks.lookup_one(rf.router, self.cache, key, kg)
+        if found == _ONE_MISSING:
+            b = got
+            offset, length = rf.blocks.block_span(b, b)
+            self.stats["peak_open_bytes"] = max(self.stats["peak_open_bytes"],
+                                                int(rf.data.block_rows(b, 1)["raw_length"][0]))
+            kg_, _ = rf.key_group_of_block(b)
+            what = f"state {rf.state!r} key group {kg_}"
+            raw = rf.data.read_range(offset, length, what)
+            self.stats["blocks_read"] += 1
+            self.stats["bytes_read"] += length
+            found, got = rf.blocks.open_search_one(self.cache, raw, offset, b, key)
+            if found < 0:
+                raise CorruptCheckpointError(
+                    f"checkpoint data file {rf.data.name}: {what} block {b}: {got}")
+        if found == _ONE_VALUE or found == _ONE_TOMBSTONE:
+            return True, got
+        if found == _ONE_FILTERED:
+            self.stats["filter_negatives"] += 1
+        elif found == _ONE_PAST:
+            self.stats["range_negatives"] += 1
+        elif found == _ONE_NOT_FOUND:
+            self.stats["filter_false_positives"] += 1
+        return False, None
 
     def _runs_of(self, state: str, kg: int) -> list[dict]:
         """The runs of key group ``kg``'s chain for ``state`` (:meth:`_chains`), newest
@@ -668,7 +824,8 @@ class RunLookup:
         (_, keys, values, nread, size), = self._read_group([(bid, rf, b)])
         self.stats["blocks_read"] += 1
         self.stats["bytes_read"] += nread
-        self.cache.put(bid, keys, values, size)
+        if rf.blocks is None:  # the native open cached it
+            self._unit_cache().put(bid, keys, values, size)
         return keys, values
 
     def _open_rounds(self, routed: dict):
@@ -721,6 +878,15 @@ class RunLookup:
                                             int(row["block_count"]))["raw_length"].sum())
         return out
 
+    def _cached(self, rf: _RunFile, bid, b: int) -> tuple | None:
+        """Block ``b`` of ``rf`` (block id ``bid``) from its cache (:meth:`_unit_cache`, or
+        with the extension the native cache of format-6 blocks: ``(payload, None)``), or
+        None."""
+        if rf.blocks is None:
+            return self._unit_cache().get(bid)
+        payload = self.cache.get(rf.blocks.file_id, b)
+        return None if payload is None else (payload, None)
+
     def _round_blocks(self, chunk: list) -> dict:
         """``{(file name, state, block): opened block}`` of every block of one round
         (:meth:`_open_rounds`): from the cache, the others fetched together (:meth:`_fetch`);
@@ -729,7 +895,7 @@ class RunLookup:
         for rf, ub, _, _, _ in chunk:
             for b in ub.tolist():
                 bid = (rf.data.name, rf.state, b)
-                got = self.cache.get(bid)
+                got = self._cached(rf, bid, b)
                 if got is None:
                     missing.append((bid, rf, b))
                 else:
@@ -741,19 +907,16 @@ class RunLookup:
 
     def _search_round(self, chunk: list, keys: pa.BinaryArray, take_part: np.ndarray,
                       take_row: np.ndarray, parts: list, pos: np.ndarray) -> None:
-        """Open the blocks of one round (:meth:`_open_rounds`; from the cache or fetched) and
-        search its keys: a hit records its value (``take_part``, ``take_row``, ``parts``), a
-        miss moves the key on to its next run (``pos``). The blocks the cache does not keep
-        are released on return."""
+        """Open the blocks of one round (:meth:`_open_rounds`, files without the native
+        step: no extension, or format 1 to 5; from the cache or fetched) and search its keys:
+        a hit records its value (``take_part``, ``take_row``, ``parts``), a miss moves the key
+        on to its next run (``pos``). The blocks the cache does not keep are released on
+        return."""
         blocks = self._round_blocks(chunk)
         for rf, ub, idx, which, _ in chunk:
             got = [blocks[(rf.data.name, rf.state, b)] for b in ub.tolist()]
             needles = keys.take(pa.array(idx))
-            if got[0][1] is None:  # payloads opened natively (_read_group)
-                rows, vals = _native_lookup_in_payloads(
-                    [p for p, _ in got], rf.data.kind == KIND_INCREMENTAL, which, needles)
-            else:
-                rows, vals = _lookup_in_blocks(got, which, needles)
+            rows, vals = _lookup_in_blocks(got, which, needles)
             hit = rows >= 0
             if bool(np.any(hit)):
                 take_part[idx[hit]] = len(parts)
@@ -824,7 +987,7 @@ class RunLookup:
             incremental = rf.data.kind == KIND_INCREMENTAL
             for b in blocks:
                 bid = (rf.data.name, state_name, b)
-                got = self.cache.get(bid)
+                got = self._cached(rf, bid, b)
                 if got is None:
                     got = self._fetch_one(bid, rf, b)
                 keys, values = _payload_entries(got[0], incremental) if got[1] is None else got
@@ -959,16 +1122,15 @@ class RunLookup:
         if not missing:
             return out
         groups: list[list] = []
-        native = _native_open_blocks is not None
         for item in sorted(missing, key=lambda m: (m[0][0], m[2])):
             _, rf, b = item
             last = groups[-1][-1] if groups else None
-            if last is not None and b >= 0 and last[1] is rf and last[2] + 1 == b and not native:
+            if (last is not None and b >= 0 and last[1] is rf and last[2] + 1 == b
+                    and rf.blocks is None):
                 groups[-1].append(item)
             else:
                 groups.append([item])
-        if native:
-            groups = self._coalesce(groups)
+        groups = self._coalesce(groups)
         # A whole (state, key group) of an old file is read through the file's position
         # (DataFileReader.entries), which one thread at a time may move: those on this thread;
         # so is a lone group (a per-record load), which a thread would only hand back.
@@ -976,28 +1138,31 @@ class RunLookup:
         futures = [self._pool.submit(self._read_group, g) for g in groups
                    if g[0][2] >= 0 and not alone]
         done = [self._read_group(g) for g in groups if g[0][2] < 0 or alone]
+        wait(futures)  # every read finished before one error leaves the fetch
         for got in done + [f.result() for f in futures]:
             for bid, keys, values, nread, size in got:
                 self.stats["blocks_read"] += 1
                 self.stats["bytes_read"] += nread
                 out[bid] = (keys, values)
-                self.cache.put(bid, keys, values, size)
+                if values is not None:  # a payload (values None) the native open cached
+                    self._unit_cache().put(bid, keys, values, size)
         return out
 
     @staticmethod
     def _coalesce(singles: list) -> list:
-        """The one-block groups ``singles`` (sorted by file and block) merged into groups of
-        blocks of one file that one ranged read fetches: each block within
-        COALESCE_GAP_BYTES of the previous one, a group's bytes within MAX_READ_BYTES (or one
-        block)."""
+        """The groups ``singles`` (sorted by file and block) with the one-block groups of
+        format-6 files opened natively merged into groups of blocks of one file that one ranged
+        read fetches: each block within COALESCE_GAP_BYTES of the previous one, a group's
+        bytes within MAX_READ_BYTES (or one block). Other groups come back as they are."""
         out: list[list] = []
         i = 0
         while i < len(singles):
             _, rf, b = singles[i][0]
             j = i
-            while j < len(singles) and singles[j][0][1] is rf and singles[j][0][2] >= 0:
+            while (j < len(singles) and singles[j][0][1] is rf and singles[j][0][2] >= 0
+                   and rf.blocks is not None and len(singles[j]) == 1):
                 j += 1
-            if j == i:  # a whole (state, key group) of an old file
+            if j == i:  # a whole (state, key group) of an old file, or blocks read together
                 out.append(singles[i])
                 i += 1
                 continue
@@ -1014,12 +1179,11 @@ class RunLookup:
             i = j
         return out
 
-    @staticmethod
-    def _read_group(group: list) -> list:
+    def _read_group(self, group: list) -> list:
         """Fetch thread: the blocks of ``group`` (consecutive blocks of one file, or one old
         file's (state, key group)) checked and decoded: ``[(block id, keys, values, stored
         bytes read, bytes the decoded block holds)]`` -- natively (format 6) ``keys`` the
-        block's payload and ``values`` None (BlockCache)."""
+        block's payload and ``values`` None, already in the native cache."""
         bid, rf, b = group[0]
         data = rf.data
         incremental = data.kind == KIND_INCREMENTAL
@@ -1027,20 +1191,16 @@ class RunLookup:
             before = data.bytes_read
             keys, values = data.entries(rf.state, -1 - b)
             return [(bid, keys, values, data.bytes_read - before, None)]
-        if _native_open_blocks is not None:
+        if rf.blocks is not None:
             # One read and one native call for the group (blocks of one file, not necessarily
             # adjacent: _coalesce): each block checked and decompressed into a payload of its
-            # own, searched in place later (no per-entry decode).
+            # own, kept in the native cache and searched in place (no per-entry decode).
             bs = np.array([g[2] for g in group], np.int64)
-            blocks = data.block_rows(b, int(bs[-1]) - b + 1)[bs - b]
-            lo = int(blocks["offset"][0])
-            hi = int(blocks["offset"][-1]) + int(blocks["stored_length"][-1])
+            lo, length = rf.blocks.block_span(b, int(bs[-1]))
+            hi = lo + length
             kg0, _ = rf.key_group_of_block(b)
-            raw = data.read_range(lo, hi - lo, f"state {rf.state!r} key group {kg0}")
-            _, koff, kdata = rf.tables
-            starts, ends = koff[bs].tolist(), koff[bs + 1].tolist()
-            last = [bytes(kdata[a:e]) for a, e in zip(starts, ends)]
-            payloads, bad, why = _native_open_blocks(raw, blocks, lo, incremental, last)
+            raw = data.read_range(lo, length, f"state {rf.state!r} key group {kg0}")
+            payloads, bad, why = rf.blocks.open_into(self.cache, raw, lo, bs)
             if bad is not None:
                 kg, _ = rf.key_group_of_block(group[bad][2])
                 raise CorruptCheckpointError(

@@ -1,0 +1,120 @@
+// One step of a batch of point lookups in the runs of a checkpoint version (the tiered mode's
+// statecore.checkpoint.lookup), with per-block work all native: the keys a step routed to
+// candidate blocks (run_route.h) are grouped by block; the blocks are taken in rounds of at
+// most `open_bytes` decoded bytes; per round the blocks in the BlockCache are pinned, the
+// missing ones planned as coalesced read ranges (one positional read each, after RocksDB's and
+// ForSt's coalesced MultiGet reads), each range's bytes opened (XXH64, LZ4, payload and last
+// key checked: payload_lookup.h) into the cache, and the round's keys searched in place. The
+// caller does per read range at most: the read itself.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "statecore/block_cache.h"
+#include "statecore/block_codec.h"
+
+namespace statecore {
+
+// One format-6 data file's blocks as a lookup sees them (the caller keeps the arrays alive):
+// the block table (`blocks[b]`, offsets from the start of the file), the footer's last key of
+// every block (block b's is `key_data[key_offsets[b], key_offsets[b + 1])`), whether its
+// payloads carry tombstone validity (incremental runs), and its id in the BlockCache.
+struct RunBlockTable {
+  int64_t file_id = 0;
+  bool has_validity = false;
+  const StoredBlockRef* blocks = nullptr;
+  size_t block_count = 0;
+  const int64_t* key_offsets = nullptr;
+  const uint8_t* key_data = nullptr;
+};
+
+// Opens block `b` of `table` from `data[0, size)`, the file's bytes from offset `base`:
+// bounds, XXH64, LZ4, payload structure and the last key against the footer's. Null and the
+// reason in *why for a bad block. Thread-safe.
+BlockRef open_table_block(const RunBlockTable& table, int64_t b, const uint8_t* data, size_t size,
+                          uint64_t base, std::string* why);
+
+// One read of a round: `length` bytes at file offset `offset` of the round's file `file` (its
+// index in add() order), holding the round's missing blocks [first, first + count) of
+// LookupStep::missing().
+struct ReadRange {
+  size_t file = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  size_t first = 0;
+  size_t count = 0;
+};
+
+class LookupStep {
+ public:
+  // `open_bytes` >= 1: the most decoded bytes one round holds (a larger block alone);
+  // `gap_bytes`, `max_read_bytes`: missing blocks of one file at most `gap_bytes` apart are
+  // read together, up to `max_read_bytes` a read (or one block).
+  LookupStep(BlockCache* cache, uint64_t open_bytes, uint64_t gap_bytes, uint64_t max_read_bytes);
+
+  // Keys keys[i] (caller's key indices) routed to blocks[i] of `table` (each < block_count:
+  // the caller checks). Each file once per step, before the first round.
+  void add(const RunBlockTable* table, const int64_t* keys, const int64_t* blocks, size_t n);
+
+  // Unpins the previous round and starts the next: false when none is left. Probes the cache
+  // for each of the round's blocks (pinning the hits) and plans the missing ones as reads.
+  bool next_round();
+  const std::vector<ReadRange>& ranges() const { return ranges_; }
+  // The round's missing blocks: (file index, block number).
+  const std::vector<std::pair<size_t, int64_t>>& missing() const { return missing_; }
+  uint64_t round_bytes() const { return round_bytes_; }
+  size_t round_hits() const { return round_hits_; }
+
+  // Opens the blocks of ranges()[r] from `data[0, size)` (read at ranges()[r].offset), pins
+  // them and offers them to the cache. -1, or the index (in the range) of the first bad block
+  // (the reason in *why): it and the blocks after it are neither pinned nor cached.
+  // Thread-safe for distinct ranges.
+  int64_t open_range(size_t r, const uint8_t* data, size_t size, std::string* why);
+
+  // The round's keys, in block order: their count, their key indices, their file indices.
+  size_t round_key_count() const { return key_end_ - key_begin_; }
+  int64_t round_key(size_t i) const { return entries_[key_begin_ + i].key; }
+  size_t round_key_file(size_t i) const { return entries_[key_begin_ + i].file; }
+  // Searches each round key (key index k is `key_data[key_offsets[k], key_offsets[k + 1])`) in
+  // its block: rows[i] its row or -1; returns the bytes of the values found (tombstones hold
+  // none). Every block of the round must be pinned (each range opened without error).
+  uint64_t search(const int32_t* key_offsets, const uint8_t* key_data, int64_t* rows) const;
+  // The value of round key i at rows[i] (search) appended at out_data + offsets, its validity
+  // bit set (bitmap of round_key_count() bits, zeroed by the caller); out_offsets has
+  // round_key_count() + 1 entries. Returns the NULLs written (misses and tombstones).
+  int64_t gather(const int64_t* rows, int32_t* out_offsets, uint8_t* out_data,
+                 uint8_t* out_validity) const;
+
+ private:
+  struct Entry {
+    size_t file;
+    int64_t block;
+    int64_t key;
+  };
+  struct Unique {  // one distinct block of the step and its keys entries_[begin, end)
+    size_t file;
+    int64_t block;
+    size_t begin;
+    size_t end;
+  };
+  void plan();
+  BlockCache* cache_;
+  uint64_t open_bytes_, gap_bytes_, max_read_bytes_;
+  std::vector<const RunBlockTable*> files_;
+  std::vector<Entry> entries_;
+  std::vector<Unique> unique_;
+  bool planned_ = false;
+  size_t next_unique_ = 0;
+  size_t round_begin_ = 0, round_end_ = 0;  // the round's unique_ range
+  size_t key_begin_ = 0, key_end_ = 0;      // the round's entries_ range
+  std::vector<BlockRef> pins_;              // per round block (index - round_begin_)
+  std::vector<size_t> missing_slot_;        // per missing block its pins_ index
+  std::vector<std::pair<size_t, int64_t>> missing_;
+  std::vector<ReadRange> ranges_;
+  uint64_t round_bytes_ = 0;
+  size_t round_hits_ = 0;
+};
+
+}  // namespace statecore

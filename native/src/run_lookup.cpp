@@ -1,0 +1,173 @@
+#include "statecore/run_lookup.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "statecore/payload_lookup.h"
+
+namespace statecore {
+
+BlockRef open_table_block(const RunBlockTable& table, int64_t b, const uint8_t* data, size_t size,
+                          uint64_t base, std::string* why) {
+  StoredBlockRef ref = table.blocks[b];
+  // An offset before `base` wraps to a huge one, which open_block's bounds check rejects.
+  ref.offset -= base;
+  auto opened = std::make_shared<OpenedBlock>();
+  // At least one byte: LZ4 gets no null destination.
+  opened->bytes.reset(new uint8_t[std::max<uint64_t>(ref.raw_length, 1)]);
+  opened->size = ref.raw_length;
+  const int64_t a = table.key_offsets[b];
+  const uint8_t* last = table.key_data + a;
+  const size_t last_size = static_cast<size_t>(table.key_offsets[b + 1] - a);
+  uint8_t* out = opened->bytes.get();
+  if (open_blocks_into(data, size, &ref, 1, table.has_validity, &last, &last_size, &out, why) >= 0)
+    return nullptr;
+  return opened;
+}
+
+LookupStep::LookupStep(BlockCache* cache, uint64_t open_bytes, uint64_t gap_bytes,
+                       uint64_t max_read_bytes)
+    : cache_(cache),
+      open_bytes_(std::max<uint64_t>(open_bytes, 1)),
+      gap_bytes_(gap_bytes),
+      max_read_bytes_(max_read_bytes) {}
+
+void LookupStep::add(const RunBlockTable* table, const int64_t* keys, const int64_t* blocks,
+                     size_t n) {
+  const size_t f = files_.size();
+  files_.push_back(table);
+  entries_.reserve(entries_.size() + n);
+  for (size_t i = 0; i < n; ++i) entries_.push_back(Entry{f, blocks[i], keys[i]});
+  planned_ = false;
+}
+
+void LookupStep::plan() {
+  // Files in add() order, blocks ascending within one: a file's blocks stay adjacent so that
+  // its missing blocks coalesce into ranged reads.
+  std::stable_sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) {
+    return a.file != b.file ? a.file < b.file : a.block < b.block;
+  });
+  unique_.clear();
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (unique_.empty() || unique_.back().file != entries_[i].file ||
+        unique_.back().block != entries_[i].block) {
+      unique_.push_back(Unique{entries_[i].file, entries_[i].block, i, i});
+    }
+    unique_.back().end = i + 1;
+  }
+  next_unique_ = 0;
+  planned_ = true;
+}
+
+bool LookupStep::next_round() {
+  if (!planned_) plan();
+  pins_.clear();
+  missing_.clear();
+  missing_slot_.clear();
+  ranges_.clear();
+  round_bytes_ = 0;
+  round_hits_ = 0;
+  if (next_unique_ >= unique_.size()) {
+    key_begin_ = key_end_ = entries_.size();
+    return false;
+  }
+  round_begin_ = next_unique_;
+  size_t e = round_begin_;
+  while (e < unique_.size()) {
+    const uint64_t size = files_[unique_[e].file]->blocks[unique_[e].block].raw_length;
+    if (e > round_begin_ && round_bytes_ + size > open_bytes_) break;
+    round_bytes_ += size;
+    ++e;
+  }
+  round_end_ = next_unique_ = e;
+  key_begin_ = unique_[round_begin_].begin;
+  key_end_ = unique_[round_end_ - 1].end;
+  pins_.resize(round_end_ - round_begin_);
+  for (size_t u = round_begin_; u < round_end_; ++u) {
+    const Unique& q = unique_[u];
+    BlockRef hit = cache_->get(files_[q.file]->file_id, q.block);
+    if (hit) {
+      pins_[u - round_begin_] = std::move(hit);
+      ++round_hits_;
+      continue;
+    }
+    const StoredBlockRef& ref = files_[q.file]->blocks[q.block];
+    const uint64_t start = ref.offset, end = ref.offset + ref.stored_length;
+    ReadRange* last = ranges_.empty() ? nullptr : &ranges_.back();
+    const bool join = last != nullptr && last->file == q.file &&
+                      start >= last->offset + last->length &&
+                      start - (last->offset + last->length) <= gap_bytes_ &&
+                      end - last->offset <= max_read_bytes_;
+    if (join) {
+      last->length = end - last->offset;
+      ++last->count;
+    } else {
+      ranges_.push_back(ReadRange{q.file, start, end - start, missing_.size(), 1});
+    }
+    missing_.emplace_back(q.file, q.block);
+    missing_slot_.push_back(u - round_begin_);
+  }
+  return true;
+}
+
+int64_t LookupStep::open_range(size_t r, const uint8_t* data, size_t size, std::string* why) {
+  const ReadRange& range = ranges_[r];
+  const RunBlockTable& table = *files_[range.file];
+  for (size_t i = 0; i < range.count; ++i) {
+    const int64_t b = missing_[range.first + i].second;
+    BlockRef opened = open_table_block(table, b, data, size, range.offset, why);
+    if (!opened) return static_cast<int64_t>(i);
+    cache_->put(table.file_id, b, opened);
+    pins_[missing_slot_[range.first + i]] = std::move(opened);
+  }
+  return -1;
+}
+
+uint64_t LookupStep::search(const int32_t* key_offsets, const uint8_t* key_data,
+                            int64_t* rows) const {
+  uint64_t total = 0;
+  size_t i = 0;
+  for (size_t u = round_begin_; u < round_end_; ++u) {
+    const Unique& q = unique_[u];
+    const OpenedBlock& blk = *pins_[u - round_begin_];
+    const PayloadView v = PayloadView::of(blk.bytes.get(), blk.size, files_[q.file]->has_validity);
+    for (size_t j = q.begin; j < q.end; ++j, ++i) {
+      const int64_t k = entries_[j].key;
+      const int64_t r = v.find(key_data + key_offsets[k],
+                               static_cast<size_t>(key_offsets[k + 1] - key_offsets[k]));
+      rows[i] = r;
+      if (r >= 0 && v.has_value(r)) total += v.value_offset(r + 1) - v.value_offset(r);
+    }
+  }
+  return total;
+}
+
+int64_t LookupStep::gather(const int64_t* rows, int32_t* out_offsets, uint8_t* out_data,
+                           uint8_t* out_validity) const {
+  int64_t nulls = 0;
+  int64_t at = 0;
+  size_t i = 0;
+  out_offsets[0] = 0;
+  for (size_t u = round_begin_; u < round_end_; ++u) {
+    const Unique& q = unique_[u];
+    const OpenedBlock& blk = *pins_[u - round_begin_];
+    const PayloadView v = PayloadView::of(blk.bytes.get(), blk.size, files_[q.file]->has_validity);
+    for (size_t j = q.begin; j < q.end; ++j, ++i) {
+      const int64_t r = rows[i];
+      if (r >= 0 && v.has_value(r)) {
+        const uint32_t a = v.value_offset(r);
+        const uint32_t len = v.value_offset(r + 1) - a;
+        if (len) std::memcpy(out_data + at, v.value_data + a, len);
+        at += len;
+        out_validity[i >> 3] |= static_cast<uint8_t>(1u << (i & 7));
+      } else {
+        ++nulls;
+      }
+      out_offsets[i + 1] = static_cast<int32_t>(at);
+    }
+  }
+  return nulls;
+}
+
+}  // namespace statecore

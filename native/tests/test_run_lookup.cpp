@@ -1,0 +1,250 @@
+// LookupStep and open_table_block (run_lookup.h) against a model: a file of blocks of sorted
+// keys (some tombstones), keys routed to their blocks; rounds within open_bytes, cached blocks
+// not read again, missing blocks coalesced by gap and read size, every key found or not as the
+// model says, and a corrupt block reported and never cached.
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "check.h"
+#include "statecore/block_codec.h"
+#include "statecore/hash.h"
+#include "statecore/run_lookup.h"
+
+using namespace statecore;
+
+namespace {
+
+void put_u32(std::vector<uint8_t>& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+
+// Block payload of sorted entries; a value "" is a tombstone (validity bit clear).
+std::vector<uint8_t> payload(const std::map<std::string, std::string>& entries) {
+  std::vector<uint8_t> p;
+  put_u32(p, static_cast<uint32_t>(entries.size()));
+  uint32_t at = 0;
+  put_u32(p, 0);
+  for (const auto& kv : entries) put_u32(p, at += static_cast<uint32_t>(kv.first.size()));
+  at = 0;
+  put_u32(p, 0);
+  for (const auto& kv : entries) put_u32(p, at += static_cast<uint32_t>(kv.second.size()));
+  for (const auto& kv : entries) p.insert(p.end(), kv.first.begin(), kv.first.end());
+  for (const auto& kv : entries) p.insert(p.end(), kv.second.begin(), kv.second.end());
+  std::vector<uint8_t> bits((entries.size() + 7) / 8, 0);
+  size_t i = 0;
+  for (const auto& kv : entries) {
+    if (!kv.second.empty()) bits[i / 8] |= static_cast<uint8_t>(1u << (i % 8));
+    ++i;
+  }
+  p.insert(p.end(), bits.begin(), bits.end());
+  return p;
+}
+
+// A file of `nblocks` blocks of 4 keys each ("k<block><j>"), `gap` bytes between blocks.
+struct File {
+  std::vector<uint8_t> bytes;
+  std::vector<StoredBlockRef> refs;
+  std::vector<int64_t> key_offsets{0};
+  std::vector<uint8_t> key_data;
+  std::map<std::string, std::string> model;
+  RunBlockTable table;
+
+  File(int nblocks, size_t gap, int64_t file_id) {
+    for (int b = 0; b < nblocks; ++b) {
+      std::map<std::string, std::string> e;
+      for (int j = 0; j < 4; ++j) {
+        char k[16];
+        std::snprintf(k, sizeof k, "k%03d%d", b, j * 2);
+        e[k] = (b + j) % 5 == 0 ? "" : std::string(1 + (b + j) % 3, static_cast<char>('a' + j));
+      }
+      model.insert(e.begin(), e.end());
+      const std::vector<uint8_t> p = payload(e);
+      std::vector<uint8_t> stored;
+      lz4_block_compress(p.data(), p.size(), &stored);
+      bytes.insert(bytes.end(), gap, 0);
+      StoredBlockRef r;
+      r.offset = bytes.size();
+      r.stored_length = stored.size();
+      r.raw_length = p.size();
+      r.entries = e.size();
+      r.xxh64 = xxh64(stored.data(), stored.size(), 0);
+      refs.push_back(r);
+      bytes.insert(bytes.end(), stored.begin(), stored.end());
+      const std::string& last = e.rbegin()->first;
+      key_data.insert(key_data.end(), last.begin(), last.end());
+      key_offsets.push_back(static_cast<int64_t>(key_data.size()));
+    }
+    table.file_id = file_id;
+    table.has_validity = true;
+    table.blocks = refs.data();
+    table.block_count = refs.size();
+    table.key_offsets = key_offsets.data();
+    table.key_data = key_data.data();
+  }
+};
+
+struct Keys {
+  std::vector<int32_t> offsets{0};
+  std::vector<uint8_t> data;
+  std::vector<std::string> text;
+  std::vector<int64_t> block;
+  void add(const std::string& k, int64_t b) {
+    data.insert(data.end(), k.begin(), k.end());
+    offsets.push_back(static_cast<int32_t>(data.size()));
+    text.push_back(k);
+    block.push_back(b);
+  }
+};
+
+// Runs every round of `step` (reads served from `f`), checking each key against the model;
+// returns the blocks read.
+size_t run_step(LookupStep& step, const File& f, const Keys& keys, uint64_t open_bytes,
+                std::vector<size_t>* reads_per_round = nullptr) {
+  size_t read = 0;
+  std::vector<int> seen(keys.text.size(), 0);
+  while (step.next_round()) {
+    CHECK(step.round_bytes() <= open_bytes || step.missing().size() + step.round_hits() == 1);
+    for (size_t r = 0; r < step.ranges().size(); ++r) {
+      const ReadRange& rr = step.ranges()[r];
+      std::string why;
+      CHECK_EQ(step.open_range(r, f.bytes.data() + rr.offset, rr.length, &why), int64_t(-1));
+      read += rr.count;
+    }
+    if (reads_per_round) reads_per_round->push_back(step.ranges().size());
+    const size_t n = step.round_key_count();
+    std::vector<int64_t> rows(n);
+    const uint64_t total = step.search(keys.offsets.data(), keys.data.data(), rows.data());
+    std::vector<int32_t> off(n + 1);
+    std::vector<uint8_t> data(total + 1), valid((n + 7) / 8, 0);
+    step.gather(rows.data(), off.data(), data.data(), valid.data());
+    CHECK_EQ(uint64_t(off[n]), total);
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t k = step.round_key(i);
+      ++seen[k];
+      auto it = f.model.find(keys.text[k]);
+      CHECK_EQ(rows[i] >= 0, it != f.model.end());
+      const bool has = (valid[i >> 3] >> (i & 7)) & 1;
+      CHECK_EQ(has, it != f.model.end() && !it->second.empty());
+      if (has) CHECK_EQ(std::string(data.begin() + off[i], data.begin() + off[i + 1]), it->second);
+    }
+  }
+  for (int s : seen) CHECK_EQ(s, 1);
+  return read;
+}
+
+Keys routed_keys(const File& f, int n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Keys keys;
+  for (int i = 0; i < n; ++i) {
+    const int64_t b = static_cast<int64_t>(rng() % f.refs.size());
+    char k[16];
+    std::snprintf(k, sizeof k, "k%03d%d", static_cast<int>(b), static_cast<int>(rng() % 8));
+    keys.add(k, b);
+  }
+  return keys;
+}
+
+}  // namespace
+
+TEST(every_key_is_answered_as_the_model_says) {
+  const File f(40, 5, 1);
+  const Keys keys = routed_keys(f, 300, 7);
+  for (uint64_t open_bytes : {uint64_t(1), uint64_t(200), uint64_t(1) << 30}) {
+    BlockCache cache(1 << 20);
+    LookupStep step(&cache, open_bytes, 128, 1 << 20);
+    std::vector<int64_t> idx(keys.text.size());
+    for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int64_t>(i);
+    step.add(&f.table, idx.data(), keys.block.data(), idx.size());
+    const size_t read = run_step(step, f, keys, open_bytes);
+    CHECK(read <= f.refs.size());
+    // A second step finds every block in the cache: no read.
+    LookupStep again(&cache, open_bytes, 128, 1 << 20);
+    again.add(&f.table, idx.data(), keys.block.data(), idx.size());
+    CHECK_EQ(run_step(again, f, keys, open_bytes), size_t(0));
+  }
+}
+
+TEST(rounds_hold_at_most_open_bytes) {
+  const File f(30, 0, 1);
+  Keys keys;
+  for (int b = 0; b < 30; ++b) keys.add("k" + std::to_string(1000 + b).substr(1) + "0", b);
+  std::vector<int64_t> idx(30);
+  for (int i = 0; i < 30; ++i) idx[i] = i;
+  const uint64_t two = f.refs[0].raw_length + f.refs[1].raw_length;
+  BlockCache cache(0);  // keeps nothing
+  LookupStep step(&cache, two, 1 << 20, 1 << 20);
+  step.add(&f.table, idx.data(), keys.block.data(), 30);
+  size_t rounds = 0;
+  while (step.next_round()) {
+    ++rounds;
+    CHECK(step.round_bytes() <= two);
+    CHECK(step.missing().size() >= 1);
+    CHECK_EQ(step.ranges().size(), size_t(1));  // adjacent blocks: one read
+  }
+  CHECK(rounds >= 15);
+}
+
+TEST(missing_blocks_coalesce_by_gap_and_read_size) {
+  const File near(10, 16, 1), far(10, 1000, 2);
+  Keys keys;
+  std::vector<int64_t> idx, blocks;
+  for (int b = 0; b < 10; b += 2) {
+    keys.add("x", b);
+    idx.push_back(static_cast<int64_t>(idx.size()));
+    blocks.push_back(b);
+  }
+  BlockCache cache(1 << 20);
+  {
+    LookupStep step(&cache, 1 << 30, 512, 1 << 20);
+    step.add(&near.table, idx.data(), blocks.data(), idx.size());
+    step.add(&far.table, idx.data(), blocks.data(), idx.size());
+    CHECK(step.next_round());
+    // near: blocks 0, 2, ..., 8 one read; far: gaps of > 1000 bytes, one read each.
+    CHECK_EQ(step.ranges().size(), size_t(6));
+    CHECK_EQ(step.ranges()[0].count, size_t(5));
+    CHECK_EQ(step.ranges()[0].offset, near.refs[0].offset);
+    CHECK_EQ(step.ranges()[0].length,
+             near.refs[8].offset + near.refs[8].stored_length - near.refs[0].offset);
+    for (size_t r = 1; r < 6; ++r) CHECK_EQ(step.ranges()[r].count, size_t(1));
+  }
+  {
+    const uint64_t cap = near.refs[2].offset + near.refs[2].stored_length - near.refs[0].offset;
+    LookupStep step(&cache, 1 << 30, 512, cap);
+    step.add(&near.table, idx.data(), blocks.data(), idx.size());
+    CHECK(step.next_round());
+    CHECK(step.ranges().size() >= 2);
+    for (const ReadRange& r : step.ranges()) CHECK(r.length <= cap || r.count == 1);
+  }
+}
+
+TEST(a_corrupt_block_is_reported_and_never_cached) {
+  File f(4, 0, 1);
+  f.bytes[f.refs[2].offset + 1] ^= 0xFF;
+  Keys keys;
+  keys.add("k0000", 0);
+  keys.add("k0020", 2);
+  std::vector<int64_t> idx{0, 1};
+  BlockCache cache(1 << 20);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    LookupStep step(&cache, 1 << 30, 1 << 20, 1 << 20);
+    step.add(&f.table, idx.data(), keys.block.data(), 2);
+    CHECK(step.next_round());
+    CHECK_EQ(step.ranges().size(), size_t(attempt == 0 ? 1 : 1));
+    const ReadRange& rr = step.ranges()[0];
+    std::string why;
+    const int64_t bad = step.open_range(0, f.bytes.data() + rr.offset, rr.length, &why);
+    CHECK_EQ(step.missing()[rr.first + bad].second, int64_t(2));
+    CHECK_EQ(why, std::string("block checksum mismatch"));
+  }
+  CHECK(cache.get(1, 2) == nullptr);
+  CHECK(cache.get(1, 0) != nullptr);  // the good block before it was kept
+  std::string why;
+  f.key_data.back() ^= 1;  // the last key no longer the footer's
+  CHECK(open_table_block(f.table, 3, f.bytes.data(), f.bytes.size(), 0, &why) == nullptr);
+  CHECK_EQ(why, std::string("last key differs from the footer's"));
+  CHECK(open_table_block(f.table, 1, f.bytes.data() + 1, f.bytes.size() - 1, 1, &why) != nullptr);
+}
+
+TEST_MAIN()

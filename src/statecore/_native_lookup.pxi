@@ -1,0 +1,375 @@
+# Run lookups of the tiered mode (statecore.checkpoint.lookup) with their per-block work native:
+# the decoded-block cache (block_cache.h), one file's block table (RunBlocks), the steps of a
+# batch (run_lookup.h LookupStep) and one key's lookup in one run.
+
+
+#: :meth:`RunBlocks.lookup_one` outcomes.
+ONE_VALUE = 0        # found: the value
+ONE_TOMBSTONE = 1    # found a tombstone: absent, older runs shadowed
+ONE_FILTERED = 2     # the run's Bloom filter ruled the key out
+ONE_PAST = 3         # after the last key of the key group's last block
+ONE_NOT_HELD = 4     # the run holds no entry of the key group
+ONE_NOT_FOUND = 5    # the filter passed the key, its block does not hold it
+ONE_MISSING = 6      # its block is not in the cache: the block number
+
+
+cdef class OpenedPayload:
+    """One checked, decompressed block payload (docs/formats.md "Block payload") held by a
+    :class:`NativeBlockCache`, exposed through the read-only buffer protocol (zero copy:
+    ``np.frombuffer(p, np.uint8)``); the bytes stay valid while this object lives, evicted or
+    not."""
+    cdef shared_ptr[const c.OpenedBlock] block
+    cdef Py_ssize_t shape[1]
+    cdef Py_ssize_t strides[1]
+
+    def __len__(self):
+        return deref(self.block).size
+
+    def __getbuffer__(self, Py_buffer* buf, int flags):
+        if flags & PyBUF_WRITABLE:
+            raise BufferError("a cached block payload is read-only")
+        self.shape[0] = deref(self.block).size
+        self.strides[0] = 1
+        buf.buf = <void*>deref(self.block).bytes()
+        buf.obj = self
+        buf.len = self.shape[0]
+        buf.readonly = 1
+        buf.itemsize = 1
+        buf.format = "B"
+        buf.ndim = 1
+        buf.shape = self.shape
+        buf.strides = self.strides
+        buf.suboffsets = NULL
+        buf.internal = NULL
+
+    def __releasebuffer__(self, Py_buffer* buf):
+        pass
+
+
+cdef object _payload_array(shared_ptr[const c.OpenedBlock] block):
+    """A numpy uint8 view of ``block`` that keeps it alive."""
+    cdef OpenedPayload p = OpenedPayload.__new__(OpenedPayload)
+    p.block = block
+    return np.frombuffer(p, np.uint8)
+
+
+cdef class NativeBlockCache:
+    """Decoded blocks of format-6 data files for the run lookups (block_cache.h): opened block
+    payloads keyed by (file id, block number), least recently used first out, holding at most
+    ``budget`` payload bytes (each block counted by its raw_length); a block larger than the
+    budget is never kept. Thread-safe (the fetch threads insert into it with the GIL released).
+    ``hits`` / ``misses`` count lookups of a block; ``used`` is the bytes held now.
+    InvalidInputError for a budget that is not an int >= 0."""
+    cdef c.BlockCache* cache
+
+    def __cinit__(self, budget):
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+            raise InvalidInputError(f"cache budget must be an int >= 0 bytes, got {budget!r}")
+        self.cache = new c.BlockCache(<uint64_t>budget)
+
+    def __dealloc__(self):
+        del self.cache
+
+    @property
+    def budget(self):
+        return self.cache.budget()
+
+    @property
+    def hits(self):
+        return self.cache.stats().hits
+
+    @property
+    def misses(self):
+        return self.cache.stats().misses
+
+    @property
+    def used(self):
+        return self.cache.stats().used_bytes
+
+    def __len__(self):
+        return self.cache.stats().blocks
+
+    def get(self, int64_t file_id, int64_t block):
+        """The payload (numpy uint8, read-only) of block ``block`` of file ``file_id``, now the
+        most recently used, or None; counted as a hit or a miss."""
+        cdef shared_ptr[const c.OpenedBlock] got = self.cache.get(file_id, block)
+        if not got:
+            return None
+        return _payload_array(got)
+
+    def set_budget(self, uint64_t budget):
+        """A new budget (bytes), the least recently used blocks evicted down to it."""
+        self.cache.set_budget(budget)
+
+    def clear(self):
+        """Drop every block (payloads handed out stay valid)."""
+        self.cache.clear()
+
+
+cdef class RunBlocks:
+    """One format-6 data file's blocks as the native run lookups see them: ``file_id`` (its id
+    in a :class:`NativeBlockCache`), ``blocks`` (the whole block table, ``format.BLOCK_DTYPE``
+    rows, offsets from the start of the file), ``key_offsets`` (int64) and ``key_data``
+    (bytes-like): the footer's last key of every block (``DataFileReader.lookup_tables``);
+    ``has_validity``: an incremental run's payloads (tombstones). InvalidInputError when the
+    block keys do not pair with the blocks."""
+    cdef c.RunBlockTable table
+    cdef vector[c.StoredBlockRef] refs
+    cdef object koff_np
+    cdef object kdata_view
+    cdef uint8_t empty
+
+    def __cinit__(self, int64_t file_id, blocks, key_offsets, key_data, bint has_validity):
+        koff = np.ascontiguousarray(key_offsets, np.int64)
+        cdef const uint8_t[::1] kd = memoryview(key_data).cast("B")
+        if len(koff) != len(blocks) + 1:
+            raise InvalidInputError(f"{len(blocks)} blocks but {len(koff)} block key offsets")
+        if koff[0] < 0 or koff[-1] > kd.shape[0] or bool(np.any(np.diff(koff) < 0)):
+            raise InvalidInputError("block key offsets do not fit the key data")
+        _block_refs(blocks, 0, &self.refs)
+        self.koff_np = koff
+        self.kdata_view = kd
+        self.empty = 0
+        cdef const int64_t[::1] ko = koff
+        self.table.file_id = file_id
+        self.table.has_validity = has_validity
+        self.table.blocks = self.refs.data()
+        self.table.block_count = self.refs.size()
+        self.table.key_offsets = &ko[0]
+        self.table.key_data = &kd[0] if kd.shape[0] else &self.empty
+
+    @property
+    def file_id(self):
+        return self.table.file_id
+
+    def block_span(self, int64_t first, int64_t last):
+        """``(offset, length)``: the file bytes from block ``first`` through block ``last``."""
+        self._check(first)
+        self._check(last)
+        cdef uint64_t lo = self.refs[first].offset
+        return lo, self.refs[last].offset + self.refs[last].stored_length - lo
+
+    cdef int _check(self, int64_t b) except -1:
+        if b < 0 or <size_t>b >= self.refs.size():
+            raise InvalidInputError(f"block {b} is outside the file's {self.refs.size()} blocks")
+        return 0
+
+    def open_into(self, NativeBlockCache cache, data, uint64_t base, blocks):
+        """Open the blocks ``blocks`` (int64 block numbers, ascending) from ``data`` (the
+        file's bytes from offset ``base``), each checked (bounds, XXH64, LZ4, payload, last key
+        against the footer's) with the GIL released and offered to ``cache``. Returns
+        ``(payloads, None, None)`` (numpy uint8 arrays) or ``(None, i, reason)`` for the first
+        bad block ``blocks[i]``, which is not cached."""
+        bs = np.ascontiguousarray(blocks, np.int64)
+        cdef const int64_t[::1] bv = bs
+        cdef size_t n = len(bs), i
+        for i in range(n):
+            self._check(bv[i])
+        cdef const uint8_t[::1] d = memoryview(data).cast("B")
+        cdef size_t size = d.shape[0]
+        cdef const uint8_t* p = &d[0] if size else &self.empty
+        cdef vector[shared_ptr[const c.OpenedBlock]] out
+        out.resize(n)
+        cdef string why
+        cdef int64_t bad = -1
+        with nogil:
+            for i in range(n):
+                out[i] = c.open_table_block(self.table, bv[i], p, size, base, &why)
+                if not out[i]:
+                    bad = i
+                    break
+                cache.cache.put(self.table.file_id, bv[i], out[i])
+        if bad >= 0:
+            return None, bad, why.decode("utf-8", "replace")
+        return [_payload_array(out[i]) for i in range(n)], None, None
+
+    cdef tuple _search_one(self, const c.OpenedBlock* blk, const uint8_t* q, size_t ql):
+        cdef c.PayloadView v = c.PayloadView.of(blk.bytes(), blk.size, self.table.has_validity)
+        cdef int64_t r = v.find(q, ql)
+        if r < 0:
+            return ONE_NOT_FOUND, None
+        if not v.has_value(r):
+            return ONE_TOMBSTONE, None
+        cdef uint32_t a = v.value_offset(r)
+        return ONE_VALUE, PyBytes_FromStringAndSize(<const char*>v.value_data + a,
+                                                    v.value_offset(r + 1) - a)
+
+    def lookup_one(self, RunRouter router, NativeBlockCache cache, bytes key, int64_t kg):
+        """One encoded key ``key`` (of key group ``kg``) in this run: routed by ``router``
+        (this file's :class:`RunRouter`: filter, block keys), its block taken from ``cache``
+        and searched in place. ``(outcome, value)``: ``(ONE_VALUE, bytes)``, ``(ONE_MISSING,
+        block number)`` when the block is not cached (:meth:`open_search_one` next), else
+        ``(ONE_TOMBSTONE | ONE_FILTERED | ONE_PAST | ONE_NOT_HELD | ONE_NOT_FOUND, None)``."""
+        cdef const uint8_t* q = <const uint8_t*>PyBytes_AS_STRING(key)
+        cdef size_t ql = PyBytes_GET_SIZE(key)
+        cdef int32_t offs[2]
+        offs[0] = 0
+        offs[1] = <int32_t>ql
+        cdef uint64_t h = c.xxh64(q, ql, 0)
+        cdef c.RouteKeys rk
+        rk.offsets = offs
+        rk.data = q
+        rk.key_groups = &kg
+        rk.hashes = &h
+        cdef int64_t row = 0, b = -1
+        cdef c.RouteCounts counts
+        counts.filter_negatives = 0
+        counts.range_negatives = 0
+        c.route_to_blocks(router.groups.data(), router.groups.size(), router.kg_base,
+                          router.koff, router.kdata, rk, &row, 1, &b, &counts)
+        if b < 0:
+            if counts.filter_negatives:
+                return ONE_FILTERED, None
+            return (ONE_PAST, None) if counts.range_negatives else (ONE_NOT_HELD, None)
+        self._check(b)
+        cdef shared_ptr[const c.OpenedBlock] got = cache.cache.get(self.table.file_id, b)
+        if not got:
+            return ONE_MISSING, b
+        return self._search_one(got.get(), q, ql)
+
+    def open_search_one(self, NativeBlockCache cache, data, uint64_t base, int64_t block,
+                        bytes key):
+        """Open block ``block`` from ``data`` (the file's bytes from offset ``base``) as
+        :meth:`open_into`, offer it to ``cache`` and search ``key`` in it: ``(outcome, value)``
+        as :meth:`lookup_one` (never ``ONE_MISSING``), or ``(-1, reason)`` for a bad block (not
+        cached)."""
+        self._check(block)
+        cdef const uint8_t[::1] d = memoryview(data).cast("B")
+        cdef size_t size = d.shape[0]
+        cdef string why
+        cdef shared_ptr[const c.OpenedBlock] got = c.open_table_block(
+            self.table, block, &d[0] if size else &self.empty, size, base, &why)
+        if not got:
+            return -1, why.decode("utf-8", "replace")
+        cache.cache.put(self.table.file_id, block, got)
+        return self._search_one(got.get(), <const uint8_t*>PyBytes_AS_STRING(key),
+                                PyBytes_GET_SIZE(key))
+
+
+cdef class LookupStep:
+    """One step of a batch of run lookups (run_lookup.h): the keys routed to candidate blocks
+    (:meth:`add`, per file) taken in rounds of at most ``open_bytes`` decoded bytes (a larger
+    block alone); per round (:meth:`next_round`) the cached blocks pinned and the missing ones
+    planned as reads (:meth:`ranges`: blocks of one file at most ``gap_bytes`` apart in one
+    read of at most ``max_read_bytes``), each read's bytes opened into ``cache`` with the GIL
+    released (:meth:`open_range`, from any thread), then every key of the round searched
+    (:meth:`search`). InvalidInputError for block numbers outside a file or key indices outside
+    the keys searched."""
+    cdef c.LookupStep* step
+    cdef NativeBlockCache cache
+    cdef list files
+    cdef int64_t max_key
+
+    def __cinit__(self, NativeBlockCache cache, uint64_t open_bytes, uint64_t gap_bytes,
+                  uint64_t max_read_bytes):
+        self.cache = cache
+        self.step = new c.LookupStep(cache.cache, open_bytes, gap_bytes, max_read_bytes)
+        self.files = []
+        self.max_key = -1
+
+    def __dealloc__(self):
+        del self.step
+
+    def add(self, RunBlocks blocks, keys, block_numbers):
+        """Keys ``keys[i]`` (int64 indices into the keys :meth:`search` gets) routed to block
+        ``block_numbers[i]`` of the file ``blocks``; each file once, before the first round."""
+        k = np.ascontiguousarray(keys, np.int64)
+        b = np.ascontiguousarray(block_numbers, np.int64)
+        if len(k) != len(b):
+            raise InvalidInputError(f"{len(k)} keys but {len(b)} block numbers")
+        if not len(k):
+            return
+        if k.min() < 0:
+            raise InvalidInputError("a key index is negative")
+        if b.min() < 0 or b.max() >= blocks.table.block_count:
+            raise InvalidInputError(
+                f"a block number is outside the file's {blocks.table.block_count} blocks")
+        self.max_key = max(self.max_key, int(k.max()))
+        self.files.append(blocks)
+        cdef const int64_t[::1] kv = k
+        cdef const int64_t[::1] bv = b
+        self.step.add(&blocks.table, &kv[0], &bv[0], len(k))
+
+    def next_round(self):
+        """Start the next round (False when none is left): its cached blocks pinned (each a
+        cache hit or miss), its missing ones planned as :meth:`ranges`."""
+        return self.step.next_round()
+
+    @property
+    def round_bytes(self):
+        """Decoded bytes of the round's blocks, cached ones included."""
+        return self.step.round_bytes()
+
+    def ranges(self):
+        """The round's reads: ``[(file, offset, length, first block, blocks)]`` -- ``file`` the
+        index of its file in :meth:`add` order, ``offset`` and ``length`` the file bytes to
+        read, ``first block`` its first block's number, ``blocks`` how many it opens."""
+        cdef const vector[c.ReadRange]* rs = &self.step.ranges()
+        cdef const vector[pair[size_t, int64_t]]* ms = &self.step.missing()
+        return [(deref(rs)[r].file, deref(rs)[r].offset, deref(rs)[r].length,
+                 deref(ms)[deref(rs)[r].first].second, deref(rs)[r].count)
+                for r in range(rs.size())]
+
+    def open_range(self, size_t r, data):
+        """Open the blocks of read ``r`` of :meth:`ranges` from ``data`` (its bytes), with the
+        GIL released: ``(None, None)``, or ``(block number, reason)`` of its first bad block
+        (neither it nor the blocks after it cached)."""
+        if r >= self.step.ranges().size():
+            raise InvalidInputError(f"the round has no read {r}")
+        cdef const uint8_t[::1] d = memoryview(data).cast("B")
+        cdef size_t size = d.shape[0]
+        cdef uint8_t empty = 0
+        cdef const uint8_t* p = &d[0] if size else &empty
+        cdef string why
+        cdef int64_t bad
+        with nogil:
+            bad = self.step.open_range(r, p, size, &why)
+        if bad < 0:
+            return None, None
+        return (self.step.missing()[self.step.ranges()[r].first + bad].second,
+                why.decode("utf-8", "replace"))
+
+    def search(self, keys):
+        """Search the round's keys (indices into ``keys``, a ``pa.binary()`` array without
+        nulls) in their blocks, every read of the round opened: ``(key indices, rows,
+        values)`` in the round's order -- ``rows`` (int64) the key's row in its block or -1,
+        ``values`` a ``pa.binary()`` array, NULL where not found or a tombstone -- with the GIL
+        released."""
+        if keys.null_count:
+            raise InvalidInputError("keys must not contain nulls")
+        if self.max_key >= len(keys):
+            raise InvalidInputError("a key index is outside the keys")
+        cdef size_t n = self.step.round_key_count(), i
+        idx_np = np.empty(n, np.int64)
+        rows_np = np.empty(n, np.int64)
+        cdef int64_t[::1] idx = idx_np
+        cdef int64_t[::1] rows = rows_np
+        for i in range(n):
+            idx[i] = self.step.round_key(i)
+        bufs = keys.buffers()
+        cdef const int32_t* qoff = <const int32_t*>_addr(bufs[1], 4 * keys.offset)
+        cdef const uint8_t* qdat = _addr(bufs[2], 0)
+        cdef uint8_t empty = 0
+        if qdat == NULL:
+            qdat = &empty
+        cdef uint64_t total = 0
+        if n:
+            with nogil:
+                total = self.step.search(qoff, qdat, &rows[0])
+        if total > 2**31 - 1:
+            raise InvalidInputError(f"{total} bytes of values exceed an Arrow binary array")
+        off_np = np.zeros(n + 1, np.int32)
+        data_np = np.empty(max(total, 1), np.uint8)
+        valid_np = np.zeros((n + 7) // 8, np.uint8)
+        cdef int32_t[::1] off = off_np
+        cdef uint8_t[::1] data = data_np
+        cdef uint8_t[::1] valid = valid_np
+        cdef int64_t nulls = 0
+        if n:
+            with nogil:
+                nulls = self.step.gather(&rows[0], &off[0], &data[0], &valid[0] if n else NULL)
+        values = pa.Array.from_buffers(pa.binary(), n, [pa.py_buffer(valid_np),
+                                                        pa.py_buffer(off_np),
+                                                        pa.py_buffer(data_np[:total])],
+                                       null_count=nulls)
+        return idx_np, rows_np, values
