@@ -1023,3 +1023,36 @@ def test_native_block_cache_budget_and_counts(tmp_path):
             got = lk.prefix_entries("a", [keys[0][:2]])
             assert lk.statistics()["blocks_read"] == read
             assert len(got[0]) == len(keys)
+
+
+def test_local_files_are_read_natively_as_a_remote_store_reads_them(tmp_path):
+    """The same files through the local filesystem (read by the extension: pread on the fetch
+    threads, reads coalesced across gaps of at most 8 KiB) and through a non-local pyarrow
+    filesystem (one positional read per range, gaps up to 128 KiB): equal answers, the same
+    blocks opened, and no more bytes read locally."""
+    import pyarrow.fs as pafs
+
+    from support.fs_wrappers import LocalDelegatingHandler
+
+    if lookup_module.NativeBlockCache is None:
+        pytest.skip("needs the native extension")
+    root = str(tmp_path / "ckpt")
+    store = CheckpointStore(root)
+    rng = random.Random(17)
+    data = _random_data(rng, 20000)
+    _write(store, 1, Snap(data), block_target=256)
+    present = {k: v for kv in data["a"].values() for k, v in kv.items()}
+    # Few keys over many blocks: the gaps between their blocks exceed 8 KiB.
+    ask = rng.sample(sorted(present), 40) + _absent_keys(present, MAXP, 20, rng)
+    got, stats = [], []
+    for s in (CheckpointStore(root), CheckpointStore(root, filesystem=pafs.PyFileSystem(
+            LocalDelegatingHandler()))):
+        with s.open(1) as reader, RunLookup(reader, threads=3, open_bytes=4096) as lk:
+            got.append(lk.lookup_batch("a", pa.array(ask, pa.binary())).to_pylist())
+            got.append([lk.lookup_one("a", k) for k in ask[:20]])
+            stats.append(lk.statistics())
+    assert got[0] == got[2] == [present.get(k) for k in ask]
+    assert got[1] == got[3] == [present.get(k) for k in ask[:20]]
+    local, remote = stats
+    assert local["blocks_read"] == remote["blocks_read"] > 10
+    assert local["bytes_read"] < remote["bytes_read"]

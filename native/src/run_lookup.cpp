@@ -1,6 +1,9 @@
 #include "statecore/run_lookup.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <utility>
 
@@ -120,6 +123,34 @@ int64_t LookupStep::open_range(size_t r, const uint8_t* data, size_t size, std::
     if (!opened) return static_cast<int64_t>(i);
     cache_->put(table.file_id, b, opened);
     pins_[missing_slot_[range.first + i]] = std::move(opened);
+  }
+  return -1;
+}
+
+int64_t LookupStep::read_open_ranges(const int* fds, size_t worker, size_t workers,
+                                     std::vector<uint8_t>* buffer, size_t* range,
+                                     std::string* why) {
+  for (size_t r = worker; r < ranges_.size(); r += std::max<size_t>(workers, 1)) {
+    const ReadRange& rr = ranges_[r];
+    *range = r;
+    buffer->resize(std::max<uint64_t>(rr.length, 1));
+    uint64_t got = 0;
+    while (got < rr.length) {
+      const ssize_t n = ::pread(fds[rr.file], buffer->data() + got, rr.length - got,
+                                static_cast<off_t>(rr.offset + got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        *why = std::strerror(errno);
+        return kReadFailed;
+      }
+      if (n == 0) {
+        *why = "the file ends at byte " + std::to_string(rr.offset + got);
+        return kReadShort;
+      }
+      got += static_cast<uint64_t>(n);
+    }
+    const int64_t bad = open_range(r, buffer->data(), rr.length, why);
+    if (bad >= 0) return bad;
   }
   return -1;
 }

@@ -697,6 +697,9 @@ cdef extern from "statecore/run_lookup.h" namespace "statecore" nogil:
         size_t round_hits()
         int64_t open_range(size_t r, const uint8_t* data, size_t size,
                            string* why) except +raise_native_error
+        int64_t read_open_ranges(const int* fds, size_t worker, size_t workers,
+                                 vector[uint8_t]* buffer, size_t* range,
+                                 string* why) except +raise_native_error
         size_t round_key_count()
         int64_t round_key(size_t i)
         uint64_t search(const int32_t* key_offsets, const uint8_t* key_data, int64_t* rows)

@@ -310,6 +310,35 @@ cdef class LookupStep:
                  deref(ms)[deref(rs)[r].first].second, deref(rs)[r].count)
                 for r in range(rs.size())]
 
+    def read_open_ranges(self, fds, size_t worker, size_t workers):
+        """Local files: read (pread from ``fds[file index]``, open OS file descriptors, one
+        per file in :meth:`add` order) and open every read ``r`` of :meth:`ranges` with ``r %
+        workers == worker``, with the GIL released: one call per worker and round. ``(None,
+        None, None)``, or ``(r, "read", reason)`` when read ``r`` failed, ``(r, "short",
+        reason)`` when the file ended inside it, ``(r, block number, reason)`` for its first
+        bad block (the reads after it left unopened). InvalidInputError for too few
+        descriptors or ``workers`` 0."""
+        if workers == 0:
+            raise InvalidInputError("workers must be >= 1")
+        cdef vector[int] fv = [int(f) for f in fds]
+        if fv.size() < len(self.files):
+            raise InvalidInputError(
+                f"{fv.size()} file descriptors for {len(self.files)} files")
+        cdef vector[uint8_t] buffer
+        cdef size_t r = 0
+        cdef string why
+        cdef int64_t bad
+        with nogil:
+            bad = self.step.read_open_ranges(fv.data(), worker, workers, &buffer, &r, &why)
+        if bad == -1:
+            return None, None, None
+        text = why.decode("utf-8", "replace")
+        if bad == -2:
+            return r, "read", text
+        if bad == -3:
+            return r, "short", text
+        return r, self.step.missing()[self.step.ranges()[r].first + bad].second, text
+
     def open_range(self, size_t r, data):
         """Open the blocks of read ``r`` of :meth:`ranges` from ``data`` (its bytes), with the
         GIL released: ``(None, None)``, or ``(block number, reason)`` of its first bad block

@@ -73,6 +73,17 @@ class LookupStep {
   // Thread-safe for distinct ranges.
   int64_t open_range(size_t r, const uint8_t* data, size_t size, std::string* why);
 
+  // Results of read_open_ranges beyond open_range's.
+  static constexpr int64_t kReadFailed = -2;  // the read failed (errno's text in *why)
+  static constexpr int64_t kReadShort = -3;   // the file ended inside the range
+  // Local files: for every range r with r % workers == worker, reads it from fds[its file]
+  // (pread into `buffer`, reused) and opens it (open_range), so that one call per worker and
+  // round replaces a read and a call per range. -1 when all went well; else the failing
+  // range in *range and open_range's index of its bad block, kReadFailed or kReadShort (the
+  // reason in *why), the ranges after it left unopened. Thread-safe for distinct workers.
+  int64_t read_open_ranges(const int* fds, size_t worker, size_t workers,
+                           std::vector<uint8_t>* buffer, size_t* range, std::string* why);
+
   // The round's keys, in block order: their count, their key indices, their file indices.
   size_t round_key_count() const { return key_end_ - key_begin_; }
   int64_t round_key(size_t i) const { return entries_[key_begin_ + i].key; }

@@ -253,6 +253,11 @@ class CheckpointRoot:
         """The absolute path in :attr:`fs` of ``rel`` (relative to the root)."""
         return f"{self.root}/{rel}" if self.root != "/" else f"/{rel}"
 
+    def os_path(self, rel: str) -> str | None:
+        """The operating-system path of ``rel`` (relative to the root) when the root's files
+        are local OS files (:attr:`is_local`), else None."""
+        return _local_os_path(self.fs, self.path(rel)) if self.is_local else None
+
     def list(self, base: str, recursive: bool = False) -> list:
         """FileInfos under the absolute path ``base`` (empty when it does not exist).
 

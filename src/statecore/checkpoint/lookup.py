@@ -44,6 +44,7 @@ run (route, cache probe, search) and a read and an open only for a block not cac
 
 from __future__ import annotations
 
+import os
 from bisect import bisect_left
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -67,7 +68,7 @@ from statecore.checkpoint.format import (
     range_bounds,
 )
 from statecore.checkpoint.runs import plan_chains
-from statecore.errors import CorruptCheckpointError, InvalidInputError
+from statecore.errors import CheckpointIOError, CorruptCheckpointError, InvalidInputError
 from statecore.operator_state import is_operator_state_meta
 
 __all__ = ["BlockCache", "RunLookup", "DEFAULT_CACHE_BYTES", "FETCH_THREADS", "OPEN_BYTES",
@@ -83,6 +84,10 @@ FETCH_THREADS = 4
 #: locally one read and one native call per range replace a read, a call and a thread task per
 #: block, which cost more than decompressing it.
 COALESCE_GAP_BYTES = 128 << 10
+#: The same for local files, which the extension reads itself (pread on the fetch threads,
+#: no Python per read): a system call costs about as much as copying a few KiB, and reading
+#: the gaps of a batch of keys spread over a large file would read the whole file.
+LOCAL_COALESCE_GAP_BYTES = 8 << 10
 #: ... up to this many bytes per read, so that a batch's blocks are several tasks the fetch
 #: threads share.
 MAX_READ_BYTES = 4 << 20
@@ -307,9 +312,11 @@ class _RunFile:
     group, and -- read on the first lookup of each key group, so that opening a run costs no
     read proportional to its size -- its filters (format 6) and block keys."""
 
-    def __init__(self, data, state: str, start: int, end: int):
+    def __init__(self, data, state: str, start: int, end: int, fd: int | None = None):
         self.data = data
         self.state = state
+        #: an OS file descriptor of the data file (local files; the lookup owns it), or None
+        self.fd = fd
         rows, pos = data.index_rows(state)
         keep = (rows["key_group"] >= start) & (rows["key_group"] <= end)
         rows, pos = rows[keep], pos[keep]
@@ -439,6 +446,18 @@ class _RunFile:
         return int(self.kg_list[i]), block - int(self.first_blocks[i])
 
 
+def _open_local(path: str | None) -> int | None:
+    """An OS file descriptor (read-only) of ``path`` (an operating-system path, or None), or
+    None when it is None or cannot be opened: the lookup then reads through the data file
+    reader, whose open already checked the file."""
+    if path is None:
+        return None
+    try:
+        return os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+
+
 class RunLookup:
     """Point lookups of encoded keys in the runs of one committed checkpoint version (module
     docstring), for the key groups ``[start, end]`` (inclusive; default the version's range).
@@ -490,8 +509,12 @@ class RunLookup:
         if isinstance(open_bytes, bool) or not isinstance(open_bytes, int) or open_bytes < 1:
             raise InvalidInputError(f"open_bytes must be an int >= 1, got {open_bytes!r}")
         self.open_bytes = open_bytes
+        self._threads = threads
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="statecore-lookup")
         self._files: dict[tuple[str, str], _RunFile] = {}
+        #: data file path -> an OS file descriptor (local files of format 6; None: remote or
+        #: not openable, read through the data file reader)
+        self._fds: dict[str, int | None] = {}
         self._chain_memo: dict[str, tuple[list[int], list]] = {}
         self.stats = {"lookups": 0, "blocks_read": 0, "bytes_read": 0, "filter_bytes": 0,
                       "filter_negatives": 0, "filter_false_positives": 0,
@@ -507,6 +530,10 @@ class RunLookup:
         """Stop the fetch threads and drop the cache and filters (idempotent)."""
         self._pool.shutdown(wait=True)
         self._files.clear()
+        for fd in self._fds.values():
+            if fd is not None:
+                os.close(fd)
+        self._fds.clear()
         self.cache = type(self.cache)(self._cache_bytes)
         self._units = None
 
@@ -534,7 +561,13 @@ class RunLookup:
         key = (run["path"], state)
         rf = self._files.get(key)
         if rf is None:
-            rf = _RunFile(self.reader.data_file(run), state, self.start, self.end)
+            data = self.reader.data_file(run)
+            fd = None
+            if data.lookup_tables() is not None and _RunBlocks is not None:
+                fd = self._fds.get(run["path"], -1)
+                if fd == -1:
+                    fd = self._fds[run["path"]] = _open_local(self.reader.local_path(run))
+            rf = _RunFile(data, state, self.start, self.end, fd)
             self._files[key] = rf
         return rf
 
@@ -636,7 +669,11 @@ class RunLookup:
         positional read and one native open (checks, decompression, cache insert) on the fetch
         threads; then one native search of the round's keys. A hit records its value
         (``take_part``, ``take_row``, ``parts``), a miss moves the key on (``pos``)."""
-        step = _LookupStep(self.cache, self.open_bytes, COALESCE_GAP_BYTES, MAX_READ_BYTES)
+        fds = [rf.fd for rf, _, _ in routed]
+        local = all(fd is not None for fd in fds)
+        step = _LookupStep(self.cache, self.open_bytes,
+                           LOCAL_COALESCE_GAP_BYTES if local else COALESCE_GAP_BYTES,
+                           MAX_READ_BYTES)
         files = []
         for rf, idxs, blks in routed:
             step.add(rf.blocks, np.concatenate(idxs), np.concatenate(blks))
@@ -644,16 +681,22 @@ class RunLookup:
         while step.next_round():
             self.stats["peak_open_bytes"] = max(self.stats["peak_open_bytes"], step.round_bytes)
             reads = step.ranges()
-            if len(reads) == 1:  # nothing to share: on this thread
-                done = [self._read_range(step, 0, files, reads[0])]
+            if local:
+                self._read_open_local(step, files, fds, reads)
+                for _, _, length, _, count in reads:
+                    self.stats["blocks_read"] += count
+                    self.stats["bytes_read"] += length
             else:
-                futures = [self._pool.submit(self._read_range, step, r, files, read)
-                           for r, read in enumerate(reads)]
-                wait(futures)  # every read finished before one error leaves the step
-                done = [f.result() for f in futures]
-            for nblocks, nbytes in done:
-                self.stats["blocks_read"] += nblocks
-                self.stats["bytes_read"] += nbytes
+                if len(reads) == 1:  # nothing to share: on this thread
+                    done = [self._read_range(step, 0, files, reads[0])]
+                else:
+                    futures = [self._pool.submit(self._read_range, step, r, files, read)
+                               for r, read in enumerate(reads)]
+                    wait(futures)  # every read finished before one error leaves the step
+                    done = [f.result() for f in futures]
+                for nblocks, nbytes in done:
+                    self.stats["blocks_read"] += nblocks
+                    self.stats["bytes_read"] += nbytes
             idx, rows, vals = step.search(keys)
             hit = rows >= 0
             if bool(np.any(hit)):
@@ -664,6 +707,42 @@ class RunLookup:
             if len(miss):  # the filter sent these keys here
                 self.stats["filter_false_positives"] += len(miss)
                 pos[miss] += 1
+
+    def _read_open_local(self, step, files: list, fds: list, reads: list) -> None:
+        """The reads of a LookupStep's round over local files: read (pread) and opened by the
+        extension with the GIL released, one call per fetch thread (a lone read on this
+        thread). CheckpointIOError when a read fails, CorruptCheckpointError when a file ends
+        inside a read or for a bad block (not cached), naming the file, state and key group
+        (and block)."""
+        if not reads:
+            return
+        workers = min(len(reads), self._threads)
+        if workers == 1:
+            results = [step.read_open_ranges(fds, 0, 1)]
+        else:
+            futures = [self._pool.submit(step.read_open_ranges, fds, w, workers)
+                       for w in range(workers)]
+            wait(futures)  # every worker finished before one error leaves the step
+            results = [f.result() for f in futures]
+        for r, what, why in results:
+            if r is None:
+                continue
+            f, offset, length, first, _ = reads[r]
+            rf = files[f]
+            if what == "read":
+                kg, _ = rf.key_group_of_block(first)
+                raise CheckpointIOError(
+                    f"checkpoint data file {rf.data.name}: cannot read state {rf.state!r} key "
+                    f"group {kg} ({length} bytes at {offset}): {why}")
+            if what == "short":
+                kg, _ = rf.key_group_of_block(first)
+                raise CorruptCheckpointError(
+                    f"checkpoint data file {rf.data.name}: state {rf.state!r} key group {kg}: "
+                    f"{length} bytes at {offset} run past the file's end ({why})")
+            kg, _ = rf.key_group_of_block(what)
+            raise CorruptCheckpointError(
+                f"checkpoint data file {rf.data.name}: state {rf.state!r} key group {kg} "
+                f"block {what}: {why}")
 
     @staticmethod
     def _read_range(step, r: int, files: list, read: tuple) -> tuple[int, int]:

@@ -251,6 +251,11 @@ class CheckpointReader:
                 f"{self.manifest['key_group_range']} of checkpoint version {self.version}")
         return self._segments[i][2]
 
+    def local_path(self, run: dict) -> str | None:
+        """The operating-system path of ``run``'s data file (a manifest ``files`` entry) when
+        the version's root is on local OS files, else None (a remote store)."""
+        return self._root.os_path(run["path"])
+
     def data_file(self, run: dict) -> DataFileReader:
         """The open :class:`~statecore.checkpoint.format.DataFileReader` of ``run`` (a manifest
         ``files`` entry), opened on first use and checked against the manifest. Raises
