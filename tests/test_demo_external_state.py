@@ -29,6 +29,7 @@ from statecore.errors import InvalidInputError
 from statecore.external import read_committed, read_committed_epoch, wal_keys
 from statecore.spark.external_commit import KILL_BEFORE_COMMIT_ENV, KILL_BEFORE_EPOCH_COMMIT_ENV
 from statecore.ttl import INT64_MIN
+from support.frames import assert_same_rows
 from support.postgres_server import postgres_server  # noqa: F401  (fixture)
 from support.redis_server import redis_server, redis_server_aof  # noqa: F401  (fixtures)
 from support.spark_cluster import scratch
@@ -52,19 +53,14 @@ def _cfg(tmp_path, server, **kw):
     return DemoConfig(**base)
 
 
-def _same(a, b):
-    assert a.count() == b.count()
-    assert a.exceptAll(b).count() == 0
-    assert b.exceptAll(a).count() == 0
-
-
 def _assert_matches_spark_sql(spark, cfg):
     landing = os.path.join(cfg.checkpoint, "landing")
     plan = batch_plan(os.path.join(cfg.checkpoint, "spark"))
-    _same(read_sessions(spark, cfg.output),
-          reference_sessions(spark, landing, cfg.session_gap_ms, cfg.aircraft_idle_ttl_ms, plan))
-    _same(final_route_stats(spark, cfg.output),
-          reference_routes(spark, landing, cfg.route_idle_ttl_ms, plan))
+    assert_same_rows(read_sessions(spark, cfg.output),
+                     reference_sessions(spark, landing, cfg.session_gap_ms,
+                                        cfg.aircraft_idle_ttl_ms, plan))
+    assert_same_rows(final_route_stats(spark, cfg.output),
+                     reference_routes(spark, landing, cfg.route_idle_ttl_ms, plan))
 
 
 def _committed(cfg, op, states):

@@ -26,6 +26,7 @@ from statecore.demo.reference import (
 )
 from statecore.errors import InvalidInputError, StateError
 from support.demo_cli import parsed_demo_config
+from support.frames import assert_same_rows
 
 DAYS = 21
 DAY_MS = 86_400_000
@@ -157,32 +158,26 @@ def _cfg(tmp_path, **kw):
     return DemoConfig(**base)
 
 
-def _same(a, b):
-    assert a.count() == b.count()
-    assert a.exceptAll(b).count() == 0
-    assert b.exceptAll(a).count() == 0
-
-
 def _assert_matches_spark_sql(spark, cfg, plan=None):
     """The job's output equals the Spark SQL reference; returns the number of activity periods
     beyond the first (sessions, routes) so that a test can check the TTL did something."""
     landing = os.path.join(cfg.checkpoint, "landing")
     if plan is None:
         plan = batch_plan(os.path.join(cfg.checkpoint, "spark"))
-    got = read_sessions(spark, cfg.output)
     want = reference_sessions(spark, landing, cfg.session_gap_ms, cfg.aircraft_idle_ttl_ms, plan)
-    assert got.columns == want.columns
-    _same(got, want)
-    routes = final_route_stats(spark, cfg.output)
+    sessions = assert_same_rows(read_sessions(spark, cfg.output), want)
     want_routes = reference_routes(spark, landing, cfg.route_idle_ttl_ms, plan)
-    assert routes.columns == want_routes.columns
-    _same(routes, want_routes)
-    restarted_aircraft = want.where("session_number = 1").count() - \
-        want.select("tailnum").distinct().count()
+    routes = assert_same_rows(final_route_stats(spark, cfg.output), want_routes)
+    number, tailnum = want.columns.index("session_number"), want.columns.index("tailnum")
+    restarted_aircraft = sum(1 for r in sessions if r[number] == 1) - \
+        len({r[tailnum] for r in sessions})
     # A route's last period is not its first when it started after the route's first flight.
-    restarted_routes = want_routes.join(
-        spark.read.parquet(landing).groupBy("origin", "dest").agg({"event_time": "min"}),
-        ["origin", "dest"]).where("active_since > `min(event_time)`").count()
+    first_flight = {(r[0], r[1]): r[2] for r in spark.read.parquet(landing).groupBy(
+        "origin", "dest").agg({"event_time": "min"}).collect()}
+    cols = want_routes.columns
+    origin, dest, since = (cols.index(c) for c in ("origin", "dest", "active_since"))
+    restarted_routes = sum(1 for r in routes if (r[origin], r[dest]) in first_flight
+                           and r[since] > first_flight[(r[origin], r[dest])])
     return restarted_aircraft, restarted_routes
 
 

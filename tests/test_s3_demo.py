@@ -20,6 +20,7 @@ from statecore.demo.reference import (
     reference_routes,
     reference_sessions,
 )
+from support.frames import assert_same_rows
 from support.s3_server import ACCESS_KEY, SECRET_KEY, start_s3_server
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -27,12 +28,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 DAYS = 21
 DAY_MS = 86_400_000
 BUCKET = "statecore-demo"
-
-
-def _same(a, b):
-    assert a.count() == b.count()
-    assert a.exceptAll(b).count() == 0
-    assert b.exceptAll(a).count() == 0
 
 
 @pytest.fixture
@@ -64,10 +59,11 @@ def test_demo_with_checkpoints_on_s3_matches_spark_sql(spark, s3, tmp_path, caps
     landing, spark_ckpt = local_parts(cfg)
     assert not os.path.exists(os.path.join(cfg.output, "operators"))
     plan = batch_plan(spark_ckpt)
-    _same(read_sessions(spark, cfg.output),
-          reference_sessions(spark, landing, cfg.session_gap_ms, cfg.aircraft_idle_ttl_ms, plan))
-    _same(final_route_stats(spark, cfg.output),
-          reference_routes(spark, landing, cfg.route_idle_ttl_ms, plan))
+    assert_same_rows(read_sessions(spark, cfg.output),
+                     reference_sessions(spark, landing, cfg.session_gap_ms,
+                                        cfg.aircraft_idle_ttl_ms, plan))
+    assert_same_rows(final_route_stats(spark, cfg.output),
+                     reference_routes(spark, landing, cfg.route_idle_ttl_ms, plan))
     pipe = DemoPipeline(cfg)
     for op in (pipe.sessions, pipe.routes):
         assert op.store_uri.startswith(f"s3://{ACCESS_KEY}:{SECRET_KEY}@{BUCKET}/flights/"

@@ -25,16 +25,11 @@ from statecore.descriptors import ValueStateDescriptor
 from statecore.errors import StateError
 from statecore.offline import StateInput, read_state
 from statecore.spark import KeyedProcessor, StatefulOperator, register_state_source
+from support.frames import assert_same_rows
 
 DAYS = 21
 DAY_MS = 86_400_000
 TTL_MS = 6 * DAY_MS
-
-
-def _same(a, b):
-    assert a.count() == b.count()
-    assert a.exceptAll(b).count() == 0
-    assert b.exceptAll(a).count() == 0
 
 
 def _descriptors(op_name):
@@ -117,8 +112,9 @@ def test_flights_job_started_from_a_bootstrapped_checkpoint_matches_spark_sql(sp
     assert max(plan.values()) == 4
     got = read_sessions(spark, cfg.output)
     want = reference_sessions(spark, landing, cfg.session_gap_ms, TTL_MS, plan)
-    _same(got, want)
-    _same(final_route_stats(spark, cfg.output), reference_routes(spark, landing, TTL_MS, plan))
+    assert_same_rows(got, want)
+    assert_same_rows(final_route_stats(spark, cfg.output),
+                     reference_routes(spark, landing, TTL_MS, plan))
 
 
 class _Lists(KeyedProcessor):

@@ -27,6 +27,7 @@ from statecore.demo.reference import (
 from statecore.demo.run_log import RunLog
 from statecore.errors import InvalidInputError, StateError
 from statecore.spark import StatefulOperator, remote_session, streaming_query_id
+from support.frames import assert_same_rows
 
 DAY_MS = 86_400_000
 SRC = os.path.dirname(os.path.dirname(os.path.abspath(__import__("statecore").__file__)))
@@ -158,26 +159,17 @@ def _clear(path):
             child.unlink()
 
 
-def _same(a, b):
-    assert a.count() == b.count()
-    assert a.exceptAll(b).count() == 0
-    assert b.exceptAll(a).count() == 0
-
-
 def _assert_matches_spark_sql(spark, checkpoint, output, gap_ms, ttl_ms):
     """The job's output under ``output`` equals the Spark SQL reference over the files it
     landed under ``checkpoint`` (micro-batches from the Spark checkpoint's source log)."""
     landing = os.path.join(checkpoint, "landing")
     plan = batch_plan(os.path.join(checkpoint, "spark"))
-    got = read_sessions(spark, output)
-    want = reference_sessions(spark, landing, gap_ms, ttl_ms, plan)
-    assert got.columns == want.columns and want.count() > 0
-    _same(got, want)
-    routes = final_route_stats(spark, output)
-    want_routes = reference_routes(spark, landing, ttl_ms, plan)
-    assert routes.columns == want_routes.columns and want_routes.count() > 0
-    _same(routes, want_routes)
-    return want.count()
+    sessions = assert_same_rows(read_sessions(spark, output),
+                                reference_sessions(spark, landing, gap_ms, ttl_ms, plan))
+    routes = assert_same_rows(final_route_stats(spark, output),
+                              reference_routes(spark, landing, ttl_ms, plan))
+    assert sessions and routes
+    return len(sessions)
 
 
 @pytest.mark.slow

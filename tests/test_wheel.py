@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from support.frames import assert_same_rows
 from support.wheels import auditwheel_show, manylinux_policy
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -110,14 +111,8 @@ def test_flights_job_from_the_wheel_matches_spark_sql(wheel_venv, spark, tmp_pat
     assert p.returncode == 0, p.stdout[-5000:] + p.stderr[-5000:]
 
     plan = batch_plan(str(ckpt / "spark"))
-    got = read_sessions(spark, str(out))
-    want = reference_sessions(spark, str(landing), 6 * 3_600_000, 6 * 86_400_000, plan)
-    assert got.columns == want.columns
-    assert got.count() == want.count() > 0
-    assert got.exceptAll(want).count() == 0 and want.exceptAll(got).count() == 0
-    routes = final_route_stats(spark, str(out))
-    want_routes = reference_routes(spark, str(landing), 6 * 86_400_000, plan)
-    assert routes.columns == want_routes.columns
-    assert routes.count() == want_routes.count() > 0
-    assert routes.exceptAll(want_routes).count() == 0
-    assert want_routes.exceptAll(routes).count() == 0
+    assert assert_same_rows(
+        read_sessions(spark, str(out)),
+        reference_sessions(spark, str(landing), 6 * 3_600_000, 6 * 86_400_000, plan))
+    assert assert_same_rows(final_route_stats(spark, str(out)),
+                            reference_routes(spark, str(landing), 6 * 86_400_000, plan))

@@ -3,5 +3,5 @@
 change listings the change-tracking tests compare against (``listed_changes``), the generators of
 the test vectors in ``tests/data/`` (``spark_key_type_vectors``, ``JavaHashCodes.java``) and the
 script of the Spark job run without Python worker reuse (``spark_no_reuse_job``), the Spark
-Connect server on loopback (``spark_connect``) and the Connect client script of the flights job
-(``connect_job``)."""
+Connect server on loopback (``spark_connect``), the Connect client script of the flights job
+(``connect_job``) and the equality of DataFrames as multisets of rows (``frames``)."""
