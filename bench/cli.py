@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "value bytes)")
     p.add_argument("--block-bytes", default=None, metavar="SIZE",
                    help="the block size of the checkpoints the tiered cases write, e.g. 16KiB "
-                        "(CheckpointStore block_target_bytes; default 64 KiB)")
+                        "(CheckpointStore block_target_bytes; default the tiered mode's, 4 KiB)")
     return p
 
 

@@ -29,7 +29,7 @@ from statecore import (
     ReducingStateDescriptor,
     create_backend,
 )
-from statecore.checkpoint.format import DEFAULT_BLOCK_TARGET_BYTES
+from statecore.backends.tiered import TIERED_BLOCK_TARGET_BYTES
 from statecore.key_groups import assign_key_group, key_group_range_for_operator
 
 _LOAD_BATCH = 1 << 20
@@ -41,12 +41,17 @@ _ENTRY = 18
 _RSS_CACHE_BYTES = 16 << 20
 
 
+def _block_bytes(size: Size) -> int:
+    """The block size of the checkpoints the tiered cases write: ``python -m bench
+    --block-bytes`` (``size.block_target_bytes``), by default the tiered mode's own
+    (``TIERED_BLOCK_TARGET_BYTES``, as a tiered operator writes its runs)."""
+    return size.block_target_bytes or TIERED_BLOCK_TARGET_BYTES
+
+
 def _store(root: Path, size: Size, **options) -> CheckpointStore:
     """A checkpoint store at ``root`` that cuts the runs it writes into blocks of
-    ``python -m bench --block-bytes`` (``size.block_target_bytes``; None: the store's default)."""
-    if size.block_target_bytes is not None:
-        options["block_target_bytes"] = size.block_target_bytes
-    return CheckpointStore(root, **options)
+    :func:`_block_bytes`."""
+    return CheckpointStore(root, block_target_bytes=_block_bytes(size), **options)
 
 
 def _base_checkpoint(root: Path, n: int, size: Size) -> int:
@@ -275,8 +280,7 @@ def tiered_running_count(size: Size):
     with tempfile.TemporaryDirectory(prefix="statecore-bench-") as d:
         out += [record(c, "tiered", "base_blocks", _base_checkpoint(Path(d) / "base", n, size),
                        "blocks"),
-                record(c, "tiered", "block_target_bytes",
-                       size.block_target_bytes or DEFAULT_BLOCK_TARGET_BYTES, "bytes")]
+                record(c, "tiered", "block_target_bytes", _block_bytes(size), "bytes")]
         for dist, gen in draw.items():
             keys = gen(rows + record_rows)
             flat = [keys[i:i + batch] for i in range(0, rows, batch)]

@@ -367,6 +367,10 @@ def test_constructor_validation(tmp_path):
             StatefulOperator("x", p, "k", ck, output=ck, block_target_bytes=bad)
     op = StatefulOperator("x", p, "k", ck, output=ck, block_target_bytes="16KiB")
     assert op.block_target_bytes == op.store.block_target_bytes == 16 << 10
+    # The tiered mode cuts small blocks unless told otherwise; the in-memory mode the store's.
+    assert StatefulOperator("x", p, "k", ck, output=ck).block_target_bytes is None
+    assert StatefulOperator("x", p, "k", ck, output=ck,
+                            memory_budget="1MiB").block_target_bytes == 4096
 
 
 def test_native_backend_is_the_default(tmp_path, monkeypatch):

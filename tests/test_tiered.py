@@ -190,7 +190,12 @@ def test_parse_bytes():
 def test_needs_a_store(tmp_path):
     with pytest.raises(InvalidInputError, match="checkpoint"):
         create_backend("native", memory_budget="1MiB")
-    assert isinstance(tiered(str(tmp_path)), TieredBackend)
+    b = tiered(str(tmp_path))
+    assert isinstance(b, TieredBackend)
+    # A store the backend opens itself cuts small blocks (point lookups read one per run);
+    # a store object given keeps its own block size.
+    assert b.store.block_target_bytes == 4096
+    assert tiered(CheckpointStore(tmp_path)).store.block_target_bytes == 64 << 10
 
 
 def test_lists_and_maps_load_whole_evict_whole_and_keep_removals(tmp_path):

@@ -187,6 +187,14 @@ TIERED_KINDS = ("value", "reducing", "aggregating", "list", "map")
 #: their own, loaded and evicted together (module docstring).
 COLLECTION_KINDS = ("list", "map")
 
+#: The block size (bytes) of the runs a tiered backend's own store writes when it is given a
+#: URI or path (``checkpoint=``) and of a tiered operator's (``StatefulOperator``
+#: ``memory_budget`` without ``block_target_bytes``): a lookup that misses the cache opens one
+#: block per run, so the runs the tiered mode reads key by key are cut as RocksDB cuts its
+#: (``block_size``, 4 KiB by default), not at the in-memory restores' 64 KiB
+#: (docs/tiered.md "Block size").
+TIERED_BLOCK_TARGET_BYTES = 4 << 10
+
 #: Runs of the attached chain above which a tiered backend has it compacted in the background
 #: (below the store's own ``DEFAULT_MAX_RUNS``, which compacts inside the commit).
 DEFAULT_COMPACT_MAX_RUNS = 4
@@ -518,8 +526,9 @@ class TieredBackend(NativeBackend):
     ``memory_budget`` (int bytes or a string such as ``"512MiB"``): the key and value bytes of
     the states' entries held in memory (what :meth:`state_bytes` counts; the maps' slots and
     indexes come on top, docs/tiered.md "Memory"). ``checkpoint``: the
-    :class:`~statecore.checkpoint.store.CheckpointStore` (or its URI or local path) whose
-    versions the backend attaches to. ``cache_bytes``: the block cache of the run lookups
+    :class:`~statecore.checkpoint.store.CheckpointStore` (or its URI or local path, opened
+    with ``block_target_bytes`` :data:`TIERED_BLOCK_TARGET_BYTES`) whose versions the backend
+    attaches to. ``cache_bytes``: the block cache of the run lookups
     (decoded blocks, outside the budget; default 64 MiB). ``compact_max_runs`` (int >= 1 or
     None): when the attached version's chains for the backend's key groups hold more runs than
     this, they are compacted in the store's background thread and the backend re-attaches to
@@ -561,7 +570,7 @@ class TieredBackend(NativeBackend):
                                     "CheckpointStore, URI or path holding its state")
         super().__init__(**options)
         self.store = checkpoint if isinstance(checkpoint, CheckpointStore) \
-            else CheckpointStore(checkpoint)
+            else CheckpointStore(checkpoint, block_target_bytes=TIERED_BLOCK_TARGET_BYTES)
         self._lookup: RunLookup | None = None
         self._reader = None
         self._lookup_states: frozenset = frozenset()

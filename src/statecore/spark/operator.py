@@ -561,8 +561,10 @@ class StatefulOperator:
         block_target_bytes: the uncompressed size at which the runs of the operator's
             checkpoints (tasks' writes, the driver's compactions) cut their blocks (an int >=
             1, or a string such as ``"16KiB"``; ``CheckpointStore`` ``block_target_bytes``).
-            None (default): the store's, 64 KiB. Smaller blocks make the tiered mode's reads
-            of a large state cheaper and a full restore dearer (docs/tiered.md "Block size").
+            None (default): 4 KiB with ``memory_budget`` (the tiered mode's
+            ``TIERED_BLOCK_TARGET_BYTES``), else the store's 64 KiB. Smaller blocks make the
+            tiered mode's reads of a large state cheaper and a full restore dearer
+            (docs/tiered.md "Block size").
 
     Raises InvalidInputError for bad arguments (at construction) and for inputs the contract
     forbids (at run time: null keys, a key column of another type, output not matching the
@@ -684,6 +686,10 @@ class StatefulOperator:
 
             block_target_bytes = check_block_target_bytes(
                 parse_bytes(block_target_bytes, "block_target_bytes"))
+        elif memory_budget is not None:
+            from statecore.backends.tiered import TIERED_BLOCK_TARGET_BYTES
+
+            block_target_bytes = TIERED_BLOCK_TARGET_BYTES
         if sink is None:
             if output is None:
                 raise InvalidInputError(
