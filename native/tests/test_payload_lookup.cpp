@@ -6,41 +6,15 @@
 #include <vector>
 
 #include "check.h"
+#include "payload_builder.h"
 #include "statecore/block_codec.h"
 #include "statecore/hash.h"
 #include "statecore/payload_lookup.h"
 
 using namespace statecore;
+using statecore_test::payload;
 
 namespace {
-
-void put_u32(std::vector<uint8_t>& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-
-// The payload of sorted `entries` (a value "" with `tombstones`: a tombstone).
-std::vector<uint8_t> payload(const std::map<std::string, std::string>& entries, bool tombstones) {
-  std::vector<uint8_t> p;
-  put_u32(p, static_cast<uint32_t>(entries.size()));
-  uint32_t at = 0;
-  put_u32(p, 0);
-  for (const auto& kv : entries) put_u32(p, at += static_cast<uint32_t>(kv.first.size()));
-  at = 0;
-  put_u32(p, 0);
-  for (const auto& kv : entries) put_u32(p, at += static_cast<uint32_t>(kv.second.size()));
-  for (const auto& kv : entries) p.insert(p.end(), kv.first.begin(), kv.first.end());
-  for (const auto& kv : entries) p.insert(p.end(), kv.second.begin(), kv.second.end());
-  if (tombstones) {
-    std::vector<uint8_t> bits((entries.size() + 7) / 8, 0);
-    size_t i = 0;
-    for (const auto& kv : entries) {
-      if (!kv.second.empty()) bits[i / 8] |= static_cast<uint8_t>(1u << (i % 8));
-      ++i;
-    }
-    p.insert(p.end(), bits.begin(), bits.end());
-  }
-  return p;
-}
 
 struct Blocks {
   std::vector<uint8_t> bytes;

@@ -698,15 +698,25 @@ class RunLookup:
                     self.stats["blocks_read"] += nblocks
                     self.stats["bytes_read"] += nbytes
             idx, rows, vals = step.search(keys)
-            hit = rows >= 0
-            if bool(np.any(hit)):
-                take_part[idx[hit]] = len(parts)
-                take_row[idx[hit]] = np.nonzero(hit)[0]
-                parts.append(vals)
-            miss = idx[~hit]
-            if len(miss):  # the filter sent these keys here
+            self._decide(idx, rows, vals, True, take_part, take_row, parts, pos)
+
+    def _decide(self, idx: np.ndarray, rows: np.ndarray, vals: pa.Array, filtered: bool,
+                take_part: np.ndarray, take_row: np.ndarray, parts: list,
+                pos: np.ndarray) -> None:
+        """Decide the keys ``idx`` searched in a round: those found (``rows`` >= 0) take their
+        value from ``vals`` (``take_part``, ``take_row``, ``parts``), the others move on to
+        their next run (``pos``), counted as the filter's false positives when ``filtered``
+        (format 6: the filter sent them to this run)."""
+        hit = rows >= 0
+        if bool(np.any(hit)):
+            take_part[idx[hit]] = len(parts)
+            take_row[idx[hit]] = np.nonzero(hit)[0]
+            parts.append(vals)
+        miss = idx[~hit]
+        if len(miss):
+            if filtered:
                 self.stats["filter_false_positives"] += len(miss)
-                pos[miss] += 1
+            pos[miss] += 1
 
     def _read_open_local(self, step, files: list, fds: list, reads: list) -> None:
         """The reads of a LookupStep's round over local files: read (pread) and opened by the
@@ -996,16 +1006,8 @@ class RunLookup:
             got = [blocks[(rf.data.name, rf.state, b)] for b in ub.tolist()]
             needles = keys.take(pa.array(idx))
             rows, vals = _lookup_in_blocks(got, which, needles)
-            hit = rows >= 0
-            if bool(np.any(hit)):
-                take_part[idx[hit]] = len(parts)
-                take_row[idx[hit]] = np.nonzero(hit)[0]
-                parts.append(vals)
-            miss = idx[~hit]
-            if len(miss):
-                if rf.tables is not None:  # format 6: the filter sent these keys here
-                    self.stats["filter_false_positives"] += len(miss)
-                pos[miss] += 1
+            self._decide(idx, rows, vals, rf.tables is not None, take_part, take_row, parts,
+                         pos)
 
     def prefix_entries(self, state_name: str, prefixes) -> tuple[pa.BinaryArray, pa.BinaryArray]:
         """``(keys, values)`` (``pa.binary()``, sorted by key, no NULL): every entry the version
