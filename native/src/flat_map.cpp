@@ -393,7 +393,11 @@ bool StateMap::Impl::flat_put(const FlatLocation& at, const uint8_t* key, size_t
       unflatten();
       return false;
     }
-    *value = flat_mark_written(flat_slot_for_write(at.table, at.slot), l, at.h, key, ks);
+    uint8_t* s = flat_slot_for_write(at.table, at.slot);
+    // The layout again, not `l`: the write may have replaced the directory by a copy, and a
+    // snapshot released meanwhile on another thread leaves this map the last owner of the one
+    // `l` is in, which the replacement then freed.
+    *value = flat_mark_written(s, fprimary->layout, at.h, key, ks);
     return true;
   }
   if (!l.fixed) {
