@@ -4,7 +4,12 @@
 // Usage, one executable per test_*.cpp (`./test_x [name substring]` runs a subset):
 //   #include "check.h"
 //   TEST(put_then_get) { CHECK(x); CHECK_EQ(a, b); CHECK_THROWS(f(), std::out_of_range); }
+//   THREADED_TEST(reader_thread_races_writes) { ... }   // starts threads
 //   TEST_MAIN()
+//
+// With CHECK_THREADED_ONLY=1 in the environment only the THREADED_TESTs run (and a suite that
+// has none fails): the ThreadSanitizer build finds races only where threads run, and runs the
+// long single-threaded randomized tests of a suite at many times their cost for nothing.
 //
 // Every CHECK counts as one check; a failing check prints "file:line: ..." to stderr and the test
 // continues (so one run shows every failure). An exception escaping a TEST counts as a failure.
@@ -12,6 +17,7 @@
 // which is what ctest looks at.
 #pragma once
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <sstream>
 #include <string>
@@ -33,13 +39,16 @@ inline Counters& counters() {
 struct TestCase {
   const char* name;
   void (*fn)();
+  bool threaded;
 };
 inline std::vector<TestCase>& registry() {
   static std::vector<TestCase> r;
   return r;
 }
 struct Registrar {
-  Registrar(const char* name, void (*fn)()) { registry().push_back({name, fn}); }
+  Registrar(const char* name, void (*fn)(), bool threaded = false) {
+    registry().push_back({name, fn, threaded});
+  }
 };
 
 inline void pass() { ++counters().passed; }
@@ -75,10 +84,13 @@ void check_eq(const A& a, const B& b, const char* ea, const char* eb, const char
 }
 
 // Runs every registered test in registration order (only those whose name contains `filter`,
-// when given); returns the process exit code.
-inline int run_all(const char* filter = nullptr) {
+// when given; only THREADED_TESTs with `threaded_only`); returns the process exit code.
+inline int run_all(const char* filter = nullptr, bool threaded_only = false) {
+  int ran = 0;
   for (const TestCase& t : registry()) {
     if (filter && std::string(t.name).find(filter) == std::string::npos) continue;
+    if (threaded_only && !t.threaded) continue;
+    ++ran;
     long long before = counters().failed;
     try {
       t.fn();
@@ -89,8 +101,30 @@ inline int run_all(const char* filter = nullptr) {
     }
     std::fprintf(stderr, "[%s] %s\n", counters().failed == before ? " ok " : "FAIL", t.name);
   }
+  if (threaded_only && ran == 0)
+    fail(__FILE__, __LINE__, "CHECK_THREADED_ONLY: no THREADED_TEST ran");
   std::printf("%lld passed, %lld failed\n", counters().passed, counters().failed);
   return counters().failed == 0 ? 0 : 1;
+}
+
+// True in a ThreadSanitizer build (gcc defines __SANITIZE_THREAD__, clang has the feature): a
+// threaded test may take fewer rounds there, where every memory access costs many times more.
+#if defined(__SANITIZE_THREAD__)
+inline constexpr bool kThreadSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+inline constexpr bool kThreadSanitizer = true;
+#else
+inline constexpr bool kThreadSanitizer = false;
+#endif
+#else
+inline constexpr bool kThreadSanitizer = false;
+#endif
+
+// CHECK_THREADED_ONLY set (and not "0") in the environment.
+inline bool threaded_only_from_env() {
+  const char* v = std::getenv("CHECK_THREADED_ONLY");
+  return v != nullptr && *v != '\0' && std::string(v) != "0";
 }
 
 }  // namespace check
@@ -98,6 +132,11 @@ inline int run_all(const char* filter = nullptr) {
 #define TEST(name)                                                 \
   static void name();                                              \
   static const ::check::Registrar name##_registrar_(#name, &name); \
+  static void name()
+
+#define THREADED_TEST(name)                                              \
+  static void name();                                                    \
+  static const ::check::Registrar name##_registrar_(#name, &name, true); \
   static void name()
 
 #define CHECK(cond)                             \
@@ -128,5 +167,7 @@ inline int run_all(const char* filter = nullptr) {
   } while (0)
 
 // `./test_x [substring]` runs the tests whose name contains the substring.
-#define TEST_MAIN() \
-  int main(int argc, char** argv) { return ::check::run_all(argc > 1 ? argv[1] : nullptr); }
+#define TEST_MAIN()                                                                           \
+  int main(int argc, char** argv) {                                                           \
+    return ::check::run_all(argc > 1 ? argv[1] : nullptr, ::check::threaded_only_from_env()); \
+  }

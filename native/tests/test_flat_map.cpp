@@ -421,7 +421,7 @@ TEST(collect_buckets_once_per_pass_while_the_visitor_removes) {
 
 // The snapshot thread contract on the flat engine (run under TSan in CI): a reader lists and
 // releases a snapshot while the owner writes, removes and grows the map.
-TEST(snapshot_read_and_released_concurrently_with_writes) {
+THREADED_TEST(snapshot_read_and_released_concurrently_with_writes) {
   StateMap m(nullptr, MapEngine::Flat);
   std::mt19937_64 rng(12);
   Ref ref;

@@ -452,7 +452,7 @@ TEST(snapshot_is_o1_and_writes_copy_only_what_they_touch) {
   s->release();
 }
 
-TEST(no_copies_after_last_release) {
+THREADED_TEST(no_copies_after_last_release) {
   StateMap m;
   for (int i = 0; i < 3000; ++i) put(m, be64(i), "v" + std::to_string(i));
   auto s1 = m.snapshot();
@@ -518,7 +518,7 @@ TEST(reclamation_follows_snapshot_intervals) {
   CHECK_EQ(m.retired_entries(), 0u);
 }
 
-TEST(map_destroyed_while_snapshots_alive) {
+THREADED_TEST(map_destroyed_while_snapshots_alive) {
   std::shared_ptr<MapSnapshot> s1, s2;
   Ref r1, r2;
   {
@@ -542,7 +542,7 @@ TEST(map_destroyed_while_snapshots_alive) {
 }
 
 // A snapshot serialized on another thread while the owner keeps writing (checkpoint pattern).
-TEST(snapshot_read_concurrently_with_writes) {
+THREADED_TEST(snapshot_read_concurrently_with_writes) {
   StateMap m;
   std::mt19937_64 rng(11);
   Ref ref;

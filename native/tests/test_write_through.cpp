@@ -195,7 +195,7 @@ TEST(changes_listed_from_a_written_through_snapshot) {
   CHECK(listed == want);
 }
 
-TEST(a_reader_on_another_thread_sees_its_view_while_the_owner_writes_every_slot) {
+THREADED_TEST(a_reader_on_another_thread_sees_its_view_while_the_owner_writes_every_slot) {
   Fixture f(30000);
   for (int round = 0; round < 4; ++round) {
     std::optional<TableSnapshot> s(f.t.snapshot());
@@ -236,7 +236,7 @@ TEST(overlapping_snapshots_released_in_either_order) {
   }
 }
 
-TEST(the_reader_takes_a_page_the_owner_holds_only_after_the_owner_gave_it_back) {
+THREADED_TEST(the_reader_takes_a_page_the_owner_holds_only_after_the_owner_gave_it_back) {
   // WriteThrough alone, two pages of 4 slots of 8 bytes (meta + 4 bytes). The owner writes
   // slot 1 of page 0 in place, holding page 0 until its kernel call ends; the reader copies
   // page 1 meanwhile but not page 0, and after the call ends copies page 0 with the write in it,
@@ -279,7 +279,7 @@ TEST(the_reader_takes_a_page_the_owner_holds_only_after_the_owner_gave_it_back) 
   CHECK_EQ(w->size(), size_t(1));
 }
 
-TEST(a_kernel_call_holding_the_whole_map_keeps_the_reader_out_until_it_ends) {
+THREADED_TEST(a_kernel_call_holding_the_whole_map_keeps_the_reader_out_until_it_ends) {
   // A call that began while the reader had not started writes the map without per-page
   // exchanges (begin_call takes the map); the reader starts only once the call ended, and the
   // owner's later calls keep pages apart.
@@ -318,7 +318,7 @@ TEST(a_kernel_call_holding_the_whole_map_keeps_the_reader_out_until_it_ends) {
   CHECK_EQ(w->size(), size_t(2));
 }
 
-TEST(a_reader_copies_pages_while_the_owner_keeps_writing_them) {
+THREADED_TEST(a_reader_copies_pages_while_the_owner_keeps_writing_them) {
   // The reader copies page by page while the owner's kernel calls write the same maps in place:
   // updates of every key, inserts into empty slots and removals (put_batch). The owner runs
   // until the reader is done, so the two overlap on every map; the snapshot must read exactly
@@ -333,7 +333,7 @@ TEST(a_reader_copies_pages_while_the_owner_keeps_writing_them) {
   };
   std::mt19937_64 rng(77);
   int64_t next_new = 1;
-  for (int round = 0; round < 8; ++round) {
+  for (int round = 0; round < (check::kThreadSanitizer ? 2 : 8); ++round) {
     std::optional<TableSnapshot> s(f.t.snapshot());
     const auto at = live(f.t);
     CHECK(at == as_bytes(want));
@@ -376,7 +376,7 @@ TEST(a_reader_copies_pages_while_the_owner_keeps_writing_them) {
   }
 }
 
-TEST(a_snapshot_released_on_another_thread_while_the_owner_writes_through) {
+THREADED_TEST(a_snapshot_released_on_another_thread_while_the_owner_writes_through) {
   Fixture f(30000);
   for (int round = 0; round < 4; ++round) {
     auto s = std::make_shared<TableSnapshot>(f.t.snapshot());
