@@ -840,6 +840,15 @@ cdef class NativeStateTable:
             self._release()
         return n
 
+    def load_clean_one(self, int32_t kg, bytes key not None, bytes value not None):
+        """:meth:`load_clean` of one entry (``key`` of key group ``kg``, its stored ``value``)
+        for the per-record reads: True when inserted, False when the table holds the key
+        already. InvalidInputError for a key group outside the table; StateError (from the
+        map's logic error) when the table has no base."""
+        cdef c.StateMap* m = self._map(kg)
+        return m.insert_clean(<const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key),
+                              <const uint8_t*>PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value))
+
     def batch_encoded_keys(self, keys, str key_type, str assigner, int32_t max_parallelism,
                            rows=None, bint only_absent=True, namespace_type=None):
         """The encoded keys (a ``pa.binary()`` array) of the rows of ``keys`` -- all, or those

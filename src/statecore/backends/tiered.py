@@ -206,6 +206,10 @@ _CLEANUP = b""
 #: builds lists of that length).
 _EVICT_RUN = 256
 
+#: Eviction frees down to the budget less 1/EVICT_SLACK_FRACTION of it (TieredBackend.
+#: _evict_clean).
+EVICT_SLACK_FRACTION = 64
+
 _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 
@@ -251,8 +255,8 @@ class TieredTable(NativeTable):
         def get(kg: int, k):
             out = get_stored(kg, k)
             if out is None and not backend.rows_loaded:  # memory lacks the key: load it
-                backend.load_keys(self, [k])
-                out = get_stored(kg, k)
+                if backend.load_one(self, kg, k):
+                    out = get_stored(kg, k)
             backend.evict()
             return out
 
@@ -261,8 +265,8 @@ class TieredTable(NativeTable):
             backend.evict()
 
         def remove(kg: int, k) -> None:
-            if not backend.rows_loaded:
-                backend.load_keys(self, [k])
+            if not backend.rows_loaded and get_stored(kg, k) is None:
+                backend.load_one(self, kg, k)
             remove_key(kg, k)
             backend.note_removed(self, [k])
             backend.evict()
@@ -777,6 +781,36 @@ class TieredBackend(NativeBackend):
         st["loaded"] += n
         return n
 
+    def load_one(self, table: TieredTable, kg: int, key: bytes) -> bool:
+        """:meth:`load_keys` of the one encoded key ``key`` (bytes) of key group ``kg``, which
+        memory lacks, for the per-record reads: no arrays, the spill runs searched and the
+        attached version looked up for this key alone (``RunLookup.lookup_one``). Returns
+        whether an entry was loaded."""
+        if not self.reads_runs(table):
+            return False
+        since = -1
+        for removed in (self._removed, *self._removed_pending.values()):
+            got = removed.get(table.name)
+            if got:
+                since = max(since, got.get(key, -1))
+        if since >= self._spills.last_seq:  # removed after the newest spill: absent
+            return False
+        value = None
+        seq = 0
+        if self._spills.holds(table.name):
+            seq, value = self._spills.lookup_one(table.name, key, kg)
+            if 0 < seq <= since:  # a run older than the removal: absent
+                value = None
+        if seq == 0 and since < 0 and self._attached_holds(table):
+            value = self._lookup.lookup_one(table.name, key)
+        st = self._stats
+        st["fetch_batches"] += 1
+        st["fetched_keys"] += 1
+        if value is None or not table.native.load_clean_one(kg, key, value):
+            return False
+        st["loaded"] += 1
+        return True
+
     def _fetch(self, table: TieredTable, keys: pa.Array, since) -> pa.Array:
         """The stored values of the encoded keys ``keys`` (NULL: absent). ``since`` (None, or
         per key the spill count at its last removal since V, -1 for none): a spill run written
@@ -1016,10 +1050,13 @@ class TieredBackend(NativeBackend):
 
     def _evict_clean(self, total: int) -> int:
         """Drop clean entries, state by state, until ``total`` (the bytes held) fits the
-        budget; returns how many."""
+        budget less :data:`EVICT_SLACK_FRACTION` of it (a low watermark: per-record reads that
+        load one entry each then evict once in many calls, not at every call); returns how
+        many."""
         n, st = 0, self._stats
+        target = self.memory_budget - self.memory_budget // EVICT_SLACK_FRACTION
         for table in self._tables.values():
-            excess = total - self.memory_budget
+            excess = total - target
             if excess <= 0:
                 break
             before = table.native.nbytes

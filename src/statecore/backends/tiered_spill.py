@@ -43,6 +43,7 @@ import os
 import shutil
 import tempfile
 import threading
+from bisect import bisect_left
 from collections import OrderedDict
 
 import numpy as np
@@ -56,6 +57,7 @@ from statecore.checkpoint.format import (
     write_data_file_from_blocks,
 )
 from statecore.checkpoint.lookup import (
+    KeySequence,
     encoded_key_groups,
     prefix_mask,
     prefix_range,
@@ -256,6 +258,23 @@ class SpillRuns:
                 if not len(rows):
                     break
         return seq, pa.array(out, pa.binary())
+
+    def lookup_one(self, state_name: str, key: bytes, kg: int) -> tuple[int, bytes | None]:
+        """:meth:`lookup` of the one encoded key ``key`` (bytes) of key group ``kg``, for the
+        per-record reads: ``(seq, value)`` (``value`` None for a tombstone or a key no run
+        holds; ``seq`` 0 for none), by a binary search over each run's sorted keys of the key
+        group, newest run first."""
+        for r in reversed(self.runs):
+            if state_name not in r.states:
+                continue
+            rk, rv = self._entries_of(r, state_name, kg)
+            if not len(rk):
+                continue
+            keys = KeySequence(rk)
+            i = bisect_left(keys, key)
+            if i < len(keys) and keys[i] == key:
+                return r.seq, rv[i].as_py()
+        return 0, None
 
     def prefix_entries(self, state_name: str, prefixes: list, prefix_width: int
                        ) -> tuple[pa.Array, pa.Array]:

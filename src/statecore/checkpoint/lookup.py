@@ -192,9 +192,10 @@ def _payload_entries(payload: np.ndarray, has_validity: bool) -> tuple[pa.Array,
     return keys, values
 
 
-class _KeySequence:
+class KeySequence:
     """The values of a ``pa.binary()`` array as a read-only sequence of bytes, for
-    :func:`bisect.bisect_left` over a block's sorted keys without converting them all."""
+    :func:`bisect.bisect_left` over sorted keys (a block's, a run's key group) without
+    converting them all."""
 
     def __init__(self, keys: pa.Array):
         bufs = keys.buffers()
@@ -233,7 +234,7 @@ def prefix_range(keys: pa.Array, prefix: bytes) -> tuple[int, int]:
     """``(lo, hi)``: the rows of ``keys`` (``pa.binary()``, ascending, no NULL) that start with
     ``prefix``, by two binary searches (``prefix`` and its successor) without converting the
     keys; ``lo == hi`` when none does."""
-    seq = _KeySequence(keys)
+    seq = KeySequence(keys)
     lo = bisect_left(seq, prefix)
     succ = _successor(prefix)
     return lo, (len(seq) if succ is None else bisect_left(seq, succ, lo=lo))
