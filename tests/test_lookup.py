@@ -1056,3 +1056,30 @@ def test_local_files_are_read_natively_as_a_remote_store_reads_them(tmp_path):
     local, remote = stats
     assert local["blocks_read"] == remote["blocks_read"] > 10
     assert local["bytes_read"] < remote["bytes_read"]
+
+
+def test_lookup_one_of_a_local_file_cut_short_raises_naming_it(tmp_path):
+    """A local data file cut short while a lookup holds it open: lookup_one's positional read
+    of a block past the new end raises CorruptCheckpointError naming the file, state and key
+    group; the blocks read before still answer."""
+    if lookup_module.NativeBlockCache is None:
+        pytest.skip("needs the native extension")
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    data = _random_data(random.Random(3), 500, kgs=[7])
+    _write(store, 1, Snap(data), block_target=256)
+    present = data["a"][7]
+    first, last = min(present), max(present)
+    path = os.path.join(store.root, store.manifest(1)["files"][0]["path"])
+    with open(path, "rb") as f:
+        r = fmt.DataFileReader(pa.BufferReader(f.read()), "x")
+    blocks = r.block_rows(0, len(r.lookup_tables()[1]) - 1)
+    assert len(blocks) > 4
+    with store.open(1) as reader, RunLookup(reader) as lk:
+        assert lk.lookup_one("a", first) == present[first]
+        os.truncate(path, int(blocks["offset"][1]) + 1)  # every block but the first cut
+        with pytest.raises(CorruptCheckpointError) as err:
+            lk.lookup_one("a", last)
+        assert lk.lookup_one("a", first) == present[first]
+    msg = str(err.value)
+    assert os.path.basename(path) in msg, msg
+    assert "state 'a'" in msg and "key group 7" in msg and "past the file's end" in msg, msg

@@ -334,6 +334,9 @@ class _RunFile:
         self.first_blocks = rows["first_block"].astype(np.int64)
         self.kg_list = rows["key_group"].astype(np.int64)
         self.block_counts = rows["block_count"].astype(np.int64)
+        #: decoded bytes of every block of the file, by block number
+        self.raw_lengths = (None if self.tables is None else
+                            data.block_rows(0, len(self.tables[1]) - 1)["raw_length"])
         #: format 6, for prefix searches: the last key of every block of the state in key
         #: order (the key groups' blocks one after another), each one's block number, and
         #: where each key group's blocks start in that order
@@ -860,17 +863,18 @@ class RunLookup:
         if found == _ONE_MISSING:
             b = got
             offset, length = rf.blocks.block_span(b, b)
-            self.stats["peak_open_bytes"] = max(self.stats["peak_open_bytes"],
-                                                int(rf.data.block_rows(b, 1)["raw_length"][0]))
-            kg_, _ = rf.key_group_of_block(b)
-            what = f"state {rf.state!r} key group {kg_}"
-            raw = rf.data.read_range(offset, length, what)
-            self.stats["blocks_read"] += 1
-            self.stats["bytes_read"] += length
+            st = self.stats
+            raw_length = int(rf.raw_lengths[b])
+            if raw_length > st["peak_open_bytes"]:
+                st["peak_open_bytes"] = raw_length
+            raw = self._read_one(rf, b, offset, length)
+            st["blocks_read"] += 1
+            st["bytes_read"] += length
             found, got = rf.blocks.open_search_one(self.cache, raw, offset, b, key)
             if found < 0:
                 raise CorruptCheckpointError(
-                    f"checkpoint data file {rf.data.name}: {what} block {b}: {got}")
+                    f"checkpoint data file {rf.data.name}: {self._block_what(rf, b)} block "
+                    f"{b}: {got}")
         if found == _ONE_VALUE or found == _ONE_TOMBSTONE:
             return True, got
         if found == _ONE_FILTERED:
@@ -880,6 +884,31 @@ class RunLookup:
         elif found == _ONE_NOT_FOUND:
             self.stats["filter_false_positives"] += 1
         return False, None
+
+    @staticmethod
+    def _block_what(rf: _RunFile, b: int) -> str:
+        """Names block ``b``'s state and key group in errors."""
+        kg, _ = rf.key_group_of_block(b)
+        return f"state {rf.state!r} key group {kg}"
+
+    def _read_one(self, rf: _RunFile, b: int, offset: int, length: int):
+        """The ``length`` file bytes of block ``b`` at ``offset``: one ``os.pread`` of a local
+        file's descriptor, else the data file reader's positional read. CheckpointIOError when
+        the read fails, CorruptCheckpointError when the file ends inside it, naming the file,
+        state and key group."""
+        if rf.fd is None:
+            return rf.data.read_range(offset, length, self._block_what(rf, b))
+        try:
+            raw = os.pread(rf.fd, length, offset)
+        except OSError as exc:
+            raise CheckpointIOError(
+                f"checkpoint data file {rf.data.name}: cannot read {self._block_what(rf, b)} "
+                f"({length} bytes at {offset}): {exc}") from exc
+        if len(raw) != length:
+            raise CorruptCheckpointError(
+                f"checkpoint data file {rf.data.name}: {self._block_what(rf, b)}: {length} "
+                f"bytes at {offset} run past the file's end (got {len(raw)})")
+        return raw
 
     def _runs_of(self, state: str, kg: int) -> list[dict]:
         """The runs of key group ``kg``'s chain for ``state`` (:meth:`_chains`), newest
