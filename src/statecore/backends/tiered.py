@@ -41,10 +41,11 @@ docs/state-map.md "Change tracking" state the rules this builds on):
 * **Eviction.** After each batch call and each per-record access, when the states' key and
   value bytes (``state_bytes``) exceed the budget, clean entries are dropped
   (``StateTable::evict_clean``: a clock hand over key groups and buckets, no change logged)
-  until they fit, those not touched in the last epoch first -- a clean entry's stamp is the
-  epoch of its last write, or the one before the base when loaded since it, so a key a stream
-  touches every interval gets a second chance, as CLOCK's reference bit gives one.
-  Snapshots are copy-on-write views (state-map.md "Snapshots are
+  until they fit in the budget less 1/:data:`EVICT_SLACK_FRACTION` of it (a low watermark:
+  one-entry loads evict once in many calls), those not touched in the last epoch first -- a
+  clean entry's stamp is the epoch of its last write, or the one before the base when loaded
+  since it, so a key a stream touches every interval gets a second chance, as CLOCK's
+  reference bit gives one. Snapshots are copy-on-write views (state-map.md "Snapshots are
   versions"), so an eviction -- a removal from the live map -- never changes what a running
   snapshot lists.
 * **Spill.** Dirty entries exist nowhere else until the next checkpoint completes; when they
