@@ -449,6 +449,11 @@ class _RunFile:
         i = int(np.searchsorted(self.first_blocks, block, side="right")) - 1
         return int(self.kg_list[i]), block - int(self.first_blocks[i])
 
+    def block_what(self, block: int) -> str:
+        """``state '<name>' key group <kg>`` of ``block``, for error messages."""
+        kg, _ = self.key_group_of_block(block)
+        return f"state {self.state!r} key group {kg}"
+
 
 def _open_local(path: str | None) -> int | None:
     """An OS file descriptor (read-only) of ``path`` (an operating-system path, or None), or
@@ -744,19 +749,16 @@ class RunLookup:
             f, offset, length, first, _ = reads[r]
             rf = files[f]
             if what == "read":
-                kg, _ = rf.key_group_of_block(first)
                 raise CheckpointIOError(
-                    f"checkpoint data file {rf.data.name}: cannot read state {rf.state!r} key "
-                    f"group {kg} ({length} bytes at {offset}): {why}")
+                    f"checkpoint data file {rf.data.name}: cannot read {rf.block_what(first)} "
+                    f"({length} bytes at {offset}): {why}")
             if what == "short":
-                kg, _ = rf.key_group_of_block(first)
                 raise CorruptCheckpointError(
-                    f"checkpoint data file {rf.data.name}: state {rf.state!r} key group {kg}: "
-                    f"{length} bytes at {offset} run past the file's end ({why})")
-            kg, _ = rf.key_group_of_block(what)
+                    f"checkpoint data file {rf.data.name}: {rf.block_what(first)}: {length} "
+                    f"bytes at {offset} run past the file's end ({why})")
             raise CorruptCheckpointError(
-                f"checkpoint data file {rf.data.name}: state {rf.state!r} key group {kg} "
-                f"block {what}: {why}")
+                f"checkpoint data file {rf.data.name}: {rf.block_what(what)} block {what}: "
+                f"{why}")
 
     @staticmethod
     def _read_range(step, r: int, files: list, read: tuple) -> tuple[int, int]:
@@ -767,14 +769,11 @@ class RunLookup:
         read fails."""
         f, offset, length, first, count = read
         rf = files[f]
-        kg0, _ = rf.key_group_of_block(first)
-        raw = rf.data.read_range(offset, length, f"state {rf.state!r} key group {kg0}")
+        raw = rf.data.read_range(offset, length, rf.block_what(first))
         bad, why = step.open_range(r, raw)
         if bad is not None:
-            kg, _ = rf.key_group_of_block(bad)
             raise CorruptCheckpointError(
-                f"checkpoint data file {rf.data.name}: state {rf.state!r} key group {kg} "
-                f"block {bad}: {why}")
+                f"checkpoint data file {rf.data.name}: {rf.block_what(bad)} block {bad}: {why}")
         return count, length
 
     def _key_group_of(self, key: bytes) -> int:
@@ -873,8 +872,7 @@ class RunLookup:
             found, got = rf.blocks.open_search_one(self.cache, raw, offset, b, key)
             if found < 0:
                 raise CorruptCheckpointError(
-                    f"checkpoint data file {rf.data.name}: {self._block_what(rf, b)} block "
-                    f"{b}: {got}")
+                    f"checkpoint data file {rf.data.name}: {rf.block_what(b)} block {b}: {got}")
         if found == _ONE_VALUE or found == _ONE_TOMBSTONE:
             return True, got
         if found == _ONE_FILTERED:
@@ -886,28 +884,23 @@ class RunLookup:
         return False, None
 
     @staticmethod
-    def _block_what(rf: _RunFile, b: int) -> str:
-        """Names block ``b``'s state and key group in errors."""
-        kg, _ = rf.key_group_of_block(b)
-        return f"state {rf.state!r} key group {kg}"
-
-    def _read_one(self, rf: _RunFile, b: int, offset: int, length: int):
+    def _read_one(rf: _RunFile, b: int, offset: int, length: int):
         """The ``length`` file bytes of block ``b`` at ``offset``: one ``os.pread`` of a local
         file's descriptor, else the data file reader's positional read. CheckpointIOError when
         the read fails, CorruptCheckpointError when the file ends inside it, naming the file,
         state and key group."""
         if rf.fd is None:
-            return rf.data.read_range(offset, length, self._block_what(rf, b))
+            return rf.data.read_range(offset, length, rf.block_what(b))
         try:
             raw = os.pread(rf.fd, length, offset)
         except OSError as exc:
             raise CheckpointIOError(
-                f"checkpoint data file {rf.data.name}: cannot read {self._block_what(rf, b)} "
+                f"checkpoint data file {rf.data.name}: cannot read {rf.block_what(b)} "
                 f"({length} bytes at {offset}): {exc}") from exc
         if len(raw) != length:
             raise CorruptCheckpointError(
-                f"checkpoint data file {rf.data.name}: {self._block_what(rf, b)}: {length} "
-                f"bytes at {offset} run past the file's end (got {len(raw)})")
+                f"checkpoint data file {rf.data.name}: {rf.block_what(b)}: {length} bytes at "
+                f"{offset} run past the file's end (got {len(raw)})")
         return raw
 
     def _runs_of(self, state: str, kg: int) -> list[dict]:
@@ -1309,22 +1302,19 @@ class RunLookup:
             bs = np.array([g[2] for g in group], np.int64)
             lo, length = rf.blocks.block_span(b, int(bs[-1]))
             hi = lo + length
-            kg0, _ = rf.key_group_of_block(b)
-            raw = data.read_range(lo, length, f"state {rf.state!r} key group {kg0}")
+            raw = data.read_range(lo, length, rf.block_what(b))
             payloads, bad, why = rf.blocks.open_into(self.cache, raw, lo, bs)
             if bad is not None:
-                kg, _ = rf.key_group_of_block(group[bad][2])
+                gb = group[bad][2]
                 raise CorruptCheckpointError(
-                    f"checkpoint data file {data.name}: state {rf.state!r} key group {kg} "
-                    f"block {group[bad][2]}: {why}")
+                    f"checkpoint data file {data.name}: {rf.block_what(gb)} block {gb}: {why}")
             # The read's bytes (gaps between the blocks included) count with the first block.
             return [(gbid, payload, None, hi - lo if j == 0 else 0, len(payload))
                     for j, ((gbid, _, _), payload) in enumerate(zip(group, payloads))]
         blocks = data.block_rows(b, len(group))
         lo = int(blocks["offset"][0])
         hi = int(blocks["offset"][-1]) + int(blocks["stored_length"][-1])
-        kg0, _ = rf.key_group_of_block(b)
-        raw = data.read_range(lo, hi - lo, f"state {rf.state!r} key group {kg0}")
+        raw = data.read_range(lo, hi - lo, rf.block_what(b))
         out = []
         for j, (gbid, _, gb) in enumerate(group):
             blk = blocks[j:j + 1]
