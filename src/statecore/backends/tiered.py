@@ -761,8 +761,7 @@ class TieredBackend(NativeBackend):
         if not absent:
             keys = pc.unique(keys)
             keys = keys.filter(table.native.absent_keys(keys, self.key_prefix_width))
-        removed = [s[table.name] for s in (self._removed, *self._removed_pending.values())
-                   if table.name in s]
+        removed = self._removals_of(table)
         since = None
         if removed and len(keys):
             # The spill count at each key's last removal (-1: not removed since V). A key
@@ -789,11 +788,7 @@ class TieredBackend(NativeBackend):
         whether an entry was loaded."""
         if not self.reads_runs(table):
             return False
-        since = -1
-        for removed in (self._removed, *self._removed_pending.values()):
-            got = removed.get(table.name)
-            if got:
-                since = max(since, got.get(key, -1))
+        since = max((r.get(key, -1) for r in self._removals_of(table)), default=-1)
         if since >= self._spills.last_seq:  # removed after the newest spill: absent
             return False
         value = None
@@ -811,6 +806,12 @@ class TieredBackend(NativeBackend):
             return False
         st["loaded"] += 1
         return True
+
+    def _removals_of(self, table: TieredTable) -> list[dict]:
+        """The removal records of ``table``'s state ({encoded key: spill count at its
+        removal}; module docstring, T2), current and of the snapshots still pending."""
+        return [s[table.name] for s in (self._removed, *self._removed_pending.values())
+                if table.name in s]
 
     def _fetch(self, table: TieredTable, keys: pa.Array, since) -> pa.Array:
         """The stored values of the encoded keys ``keys`` (NULL: absent). ``since`` (None, or
@@ -933,8 +934,7 @@ class TieredBackend(NativeBackend):
         if not held:
             return 0
         last = self._spills.last_seq
-        removed = [s[table.name] for s in (self._removed, *self._removed_pending.values())
-                   if s.get(table.name)]
+        removed = self._removals_of(table)
         if any(s.get(_CLEANUP, -1) >= last for s in removed):
             return 0  # a TTL cleanup step since the newest run holds every collection (T5)
         native, n, left = table.native, 0, len(held)
