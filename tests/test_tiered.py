@@ -283,6 +283,36 @@ def test_attach_reads_from_the_runs_and_evicts_to_the_budget(tmp_path):
     assert stats["over_budget_batches"] == 0
 
 
+def test_per_record_loads_evict_down_to_the_low_watermark(tmp_path):
+    """Per-record reads of keys memory lacks load one entry each; when one pushes the state
+    over the budget, eviction frees down to the budget less 1/EVICT_SLACK_FRACTION of it, so
+    the next loads fit without evicting."""
+    from statecore.backends.tiered import EVICT_SLACK_FRACTION
+
+    store = CheckpointStore(tmp_path)
+    n = create_backend("native", key_type="int64")
+    v = n.get_state(ValueStateDescriptor("v", "int64"))
+    v.put_batch(pa.array(range(10_000), pa.int64()), pa.array(range(10_000), pa.int64()))
+    store.checkpoint(n, 1)
+    budget = 2048 * ENTRY  # a slack of 32 entries
+    b = tiered(store, budget=budget)
+    store.restore(b)
+    tv = b.get_state(ValueStateDescriptor("v", "int64"))
+    low = budget - budget // EVICT_SLACK_FRACTION
+    evictions = 0
+    for k in range(5_000):
+        b.set_current_key(k)
+        before = b.tiered_statistics()["evicted"]
+        assert tv.value() == k
+        if b.tiered_statistics()["evicted"] > before:
+            evictions += 1
+            assert b.state_bytes() <= low
+        assert b.state_bytes() <= budget
+    assert evictions > 0
+    # The slack holds many entries: many loads fit between two evictions.
+    assert evictions * 10 < b.tiered_statistics()["loaded"]
+
+
 def test_removals_of_evicted_keys_and_re_puts_survive_checkpoints(tmp_path):
     store = CheckpointStore(tmp_path)
     b = tiered(store, budget=4 * ENTRY)
