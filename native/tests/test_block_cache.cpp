@@ -1,5 +1,7 @@
-// BlockCache (block_cache.h): the byte budget, least-recently-used eviction order, a block
-// larger than the budget, hit and miss counts, and concurrent gets and puts (run under TSan).
+// BlockCache (block_cache.h): the byte budget, least-recently-used eviction order, TinyLFU
+// admission (scans, ageing), a block larger than the budget, hit and miss counts, and concurrent
+// gets and puts (run under TSan). Callers ask get() before they put() a block they opened, and so
+// do these tests where admission matters.
 #include <cstdlib>
 #include <thread>
 #include <vector>
@@ -17,6 +19,11 @@ BlockRef block_of(size_t size, uint8_t fill) {
   for (size_t i = 0; i < size; ++i) b->bytes[i] = fill;
   b->size = size;
   return b;
+}
+
+// get() then put(), as the lookups do: a miss, and the block kept if admitted.
+void ask_and_put(BlockCache& cache, int64_t file, int64_t block, size_t size) {
+  if (!cache.get(file, block)) cache.put(file, block, block_of(size, static_cast<uint8_t>(block)));
 }
 
 }  // namespace
@@ -42,15 +49,77 @@ TEST(evicts_least_recently_used_first) {
   cache.put(1, 1, block_of(10, 1));
   cache.put(1, 2, block_of(10, 2));
   CHECK(cache.get(1, 0) != nullptr);  // now 1 is the least recently used
+  CHECK(cache.get(1, 3) == nullptr);  // asked once: more often than 1
   cache.put(1, 3, block_of(10, 3));
   CHECK(cache.get(1, 1) == nullptr);
   CHECK(cache.get(1, 0) != nullptr);
   CHECK(cache.get(1, 2) != nullptr);
   CHECK(cache.get(1, 3) != nullptr);
-  cache.put(1, 4, block_of(25, 4));  // needs three of the four gone
+  for (int i = 0; i < 3; ++i) CHECK(cache.get(1, 4) == nullptr);  // more often than any
+  cache.put(1, 4, block_of(25, 4));                               // needs three of the four gone
   CHECK_EQ(cache.stats().blocks, size_t(1));
   CHECK_EQ(cache.stats().used_bytes, uint64_t(25));
   CHECK(cache.get(1, 4) != nullptr);
+  CHECK_EQ(cache.stats().rejected, int64_t(0));
+}
+
+TEST(a_full_cache_admits_no_block_asked_for_no_more_often_than_its_victim) {
+  BlockCache cache(20);
+  ask_and_put(cache, 1, 0, 10);
+  ask_and_put(cache, 1, 1, 10);
+  CHECK(cache.get(1, 0) != nullptr);  // 1 is the victim, asked once
+  ask_and_put(cache, 1, 2, 10);       // asked once too: refused
+  CHECK_EQ(cache.stats().rejected, int64_t(1));
+  CHECK(cache.get(1, 1) != nullptr);
+  ask_and_put(cache, 1, 2, 10);  // asked twice now, the victim 0 twice: refused again
+  CHECK_EQ(cache.stats().rejected, int64_t(2));
+  ask_and_put(cache, 1, 2, 10);  // three times: in, in place of 0 (least recently used)
+  CHECK(cache.get(1, 2) != nullptr);
+  CHECK(cache.get(1, 0) == nullptr);
+  CHECK(cache.get(1, 1) != nullptr);
+  CHECK_EQ(cache.stats().used_bytes, uint64_t(20));
+}
+
+TEST(a_scan_larger_than_the_cache_keeps_the_blocks_asked_for_often) {
+  // Ten blocks of 4 KiB; the counts halve every 100 gets. The five hot blocks are asked for
+  // once every 20 blocks of the scan: least recently used alone would have evicted them by then.
+  BlockCache cache(10 * 4096);
+  for (int64_t b = 0; b < 5; ++b) ask_and_put(cache, 1, b, 4096);
+  int64_t hot_misses = 0;
+  for (int64_t b = 0; b < 2000; ++b) {
+    ask_and_put(cache, 2, b, 4096);  // each asked for once
+    if (b % 20 == 19) {
+      for (int64_t h = 0; h < 5; ++h) hot_misses += cache.get(1, h) == nullptr;
+    }
+  }
+  CHECK_EQ(hot_misses, int64_t(0));
+  CHECK(cache.stats().used_bytes <= uint64_t(10 * 4096));
+}
+
+TEST(repeated_scans_larger_than_the_cache_hit_a_stable_part_of_them) {
+  // Least recently used alone would evict every block before the next pass asks for it again
+  // (no hit at all); admission keeps ten of the fifty.
+  BlockCache cache(10 * 4096);
+  for (int pass = 0; pass < 8; ++pass) {
+    const int64_t before = cache.stats().hits;
+    for (int64_t b = 0; b < 50; ++b) ask_and_put(cache, 1, b, 4096);
+    if (pass > 0) CHECK_EQ(cache.stats().hits - before, int64_t(10));
+  }
+}
+
+TEST(popularity_fades_so_a_new_favourite_gets_in) {
+  // A budget under 4 KiB halves the counts every 10 gets. Without the halving the old block's
+  // count would stay at the maximum (15), which a newcomer can only tie, never beat.
+  BlockCache cache(10);
+  ask_and_put(cache, 1, 0, 10);
+  for (int i = 0; i < 40; ++i) CHECK(cache.get(1, 0) != nullptr);
+  int asked = 0;
+  while (asked < 60 && !cache.get(1, 1)) {
+    cache.put(1, 1, block_of(10, 1));
+    ++asked;
+  }
+  CHECK(asked < 60);
+  CHECK(cache.get(1, 0) == nullptr);
 }
 
 TEST(keeps_no_block_larger_than_the_budget) {
@@ -77,6 +146,8 @@ TEST(an_evicted_block_stays_valid_while_referenced) {
   BlockCache cache(10);
   cache.put(1, 0, block_of(10, 5));
   BlockRef held = cache.get(1, 0);
+  CHECK(cache.get(1, 1) == nullptr);
+  CHECK(cache.get(1, 1) == nullptr);  // asked for more often than block 0
   cache.put(1, 1, block_of(10, 6));
   CHECK(cache.get(1, 0) == nullptr);
   CHECK_EQ(int(held->bytes[9]), 5);

@@ -651,6 +651,7 @@ cdef extern from "statecore/block_cache.h" namespace "statecore" nogil:
     cdef cppclass BlockCacheStats:
         int64_t hits
         int64_t misses
+        int64_t rejected
         uint64_t used_bytes
         size_t blocks
 

@@ -83,6 +83,12 @@ cdef class NativeBlockCache:
         return self.cache.stats().misses
 
     @property
+    def rejected(self):
+        """Blocks offered to a full cache and refused by its admission test (block_cache.h:
+        asked for no more often than the block they would have replaced)."""
+        return self.cache.stats().rejected
+
+    @property
     def used(self):
         return self.cache.stats().used_bytes
 

@@ -1,8 +1,19 @@
 // The decoded-block cache of the run lookups of the tiered mode (statecore.checkpoint.lookup):
 // opened block payloads (docs/formats.md "Block payload", checked and decompressed once) keyed
-// by (file id, block number), least recently used first out within a byte budget, after
-// RocksDB's LRUCache (a block larger than the budget is never kept). Thread-safe: one mutex,
-// held for a map probe and a list splice, never while a block is read or opened.
+// by (file id, block number) within a byte budget (a block larger than the budget is never
+// kept). Thread-safe: one mutex, held for a map probe, a list splice and a few counter updates,
+// never while a block is read or opened.
+//
+// Replacement is least recently used first, after RocksDB's LRUCache; admission follows TinyLFU
+// (Einziger, Friedman and Manes, "TinyLFU: A Highly Efficient Cache Admission Policy", 2017;
+// Caffeine's FrequencySketch). Every get() records its block in a count-min sketch of small
+// saturating counters, halved every `sample` records so that old popularity fades. A put()
+// that needs room is admitted only when its block was asked for more often than the least
+// recently used block it would evict first. Why: a batch of uniform keys over a large run opens
+// many more blocks than the cache holds, in key order, batch after batch; plain LRU then evicts
+// every block before the next batch asks for it again (a scan), and keeps none. With the
+// admission test the cache keeps a stable part of the run instead, and blocks asked for often
+// (Zipf's hot keys) still replace rarely asked ones.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -10,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 namespace statecore {
 
@@ -23,8 +35,9 @@ struct OpenedBlock {
 using BlockRef = std::shared_ptr<const OpenedBlock>;
 
 struct BlockCacheStats {
-  int64_t hits = 0;    // get() calls that found the block
-  int64_t misses = 0;  // get() calls that did not
+  int64_t hits = 0;      // get() calls that found the block
+  int64_t misses = 0;    // get() calls that did not
+  int64_t rejected = 0;  // put() calls the admission test refused
   uint64_t used_bytes = 0;
   size_t blocks = 0;
 };
@@ -38,8 +51,10 @@ class BlockCache {
 
   // The block (now the most recently used), or null; counted as a hit or a miss.
   BlockRef get(int64_t file, int64_t block);
-  // Keeps `b` as block (file, block), evicting the least recently used ones to stay within
-  // the budget; a block larger than the budget, or one already kept, is not (re)placed.
+  // Keeps `b` as block (file, block) when it fits, or when get() asked for it more often than
+  // for the least recently used block (TinyLFU admission, above), evicting least recently used
+  // blocks to stay within the budget; a block larger than the budget, or one already kept, is
+  // not (re)placed.
   void put(int64_t file, int64_t block, BlockRef b);
   BlockCacheStats stats() const;
   uint64_t budget() const;
@@ -57,6 +72,10 @@ class BlockCache {
   struct KeyHash {
     size_t operator()(const Key& k) const noexcept;
   };
+  // Count-min sketch of 4 saturating 4-bit counts (one byte each) per key, halved every
+  // `sample_` records.
+  void record(uint64_t hash);
+  uint32_t frequency(uint64_t hash) const;
   struct Entry {
     Key key;
     BlockRef block;
@@ -67,6 +86,9 @@ class BlockCache {
   mutable std::mutex mu_;
   std::list<Entry> lru_;  // front: most recently used
   std::unordered_map<Key, std::list<Entry>::iterator, KeyHash> map_;
+  std::vector<uint8_t> counts_;  // a power of two of them
+  uint64_t records_ = 0;
+  uint64_t sample_ = 0;
   BlockCacheStats stats_;
 };
 

@@ -279,6 +279,8 @@ class BlockCache:
         self.used = 0
         self.hits = 0
         self.misses = 0
+        #: always 0: no admission test here (the native cache's, block_cache.h, refuses blocks)
+        self.rejected = 0
         self._items: OrderedDict[Any, tuple[pa.Array, pa.Array, int]] = OrderedDict()
 
     def __len__(self) -> int:
@@ -547,11 +549,13 @@ class RunLookup:
         self._units = None
 
     def statistics(self) -> dict:
-        """:attr:`stats` with the caches' ``cache_hits``, ``cache_misses`` and ``cache_bytes``
-        (decoded bytes held now)."""
+        """:attr:`stats` with the caches' ``cache_hits``, ``cache_misses``, ``cache_rejected``
+        (blocks the native cache's admission test refused) and ``cache_bytes`` (decoded bytes
+        held now)."""
         caches = [self.cache] + ([self._units] if self._units is not None else [])
         return dict(self.stats, cache_hits=sum(c.hits for c in caches),
                     cache_misses=sum(c.misses for c in caches),
+                    cache_rejected=sum(c.rejected for c in caches),
                     cache_bytes=sum(c.used for c in caches))
 
     def _unit_cache(self) -> BlockCache:
