@@ -208,20 +208,27 @@ class Cluster:
                 if p.poll() is not None:
                     raise RuntimeError(f"a cluster process exited with {p.returncode}\n"
                                        + self.log_tails())
-            try:
-                if self.alive_workers() == workers:
-                    return
-            except OSError:
-                pass  # the master's UI is not up yet
+            if self.registered(workers):
+                return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{workers} workers not registered within {timeout_s:.0f} s\n"
                                    + self.log_tails())
             time.sleep(0.5)
 
     def status(self) -> dict:
-        """The master's JSON status page (``/json/``). Raises OSError when it does not answer."""
+        """The master's JSON status page (``/json/``). Raises OSError when it does not answer,
+        ValueError when the answer is not JSON."""
         with urllib.request.urlopen(self.master_ui + "/json/", timeout=10) as r:
             return json.loads(r.read())
+
+    def registered(self, workers: int) -> bool:
+        """Whether the master lists ``workers`` workers ALIVE; False while its UI does not
+        answer or, starting, answers ``/json/`` with an HTML page (its JSON page is attached
+        after the server is up)."""
+        try:
+            return self.alive_workers() == workers
+        except (OSError, ValueError):
+            return False
 
     def alive_workers(self) -> int:
         """Workers the master lists as ALIVE."""
