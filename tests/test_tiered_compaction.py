@@ -332,3 +332,37 @@ def test_sigkill_at_every_mutation_of_commit_and_compaction(tmp_path, phase):
     points += random.Random(7).sample(every_write, min(3, len(every_write)))
     for k in sorted(set(points)):
         _kill_at(tmp_path, base, phase, k)
+
+
+def test_the_re_attach_after_a_compaction_drops_the_replaced_runs_blocks(tmp_path):
+    # Passes over more blocks than the cache holds leave it full of the old runs' blocks with
+    # high admission counts (block_cache.h). The compacted run replaces them: kept, they would
+    # never be asked for again and the admission test would refuse the new run's blocks.
+    store = CheckpointStore(str(tmp_path), block_target_bytes=4096, max_runs=None)
+    b = tiered(store, budget=64 * ENTRY, cache_bytes=32 * 4096, compact_max_runs=3)
+    s = b.get_state(ValueStateDescriptor("v", "int64"))
+    keys = pa.array(range(40_000), pa.int64())
+    s.put_batch(keys, keys)
+    store.checkpoint(b, 1)
+    for version in (2, 3):
+        s.put_batch(keys[:100], keys[:100])
+        store.checkpoint(b, version)
+    for _ in range(6):
+        s.get_batch(keys)
+
+    def cache() -> dict:
+        st = b.tiered_statistics()["lookup"]
+        return {k: st[k] for k in ("cache_hits", "cache_bytes")}
+
+    assert cache()["cache_bytes"] > 30 * 4096
+    s.put_batch(keys[:100], keys[:100])
+    store.checkpoint(b, 4)
+    assert b.poll_compaction(wait=True) and b.attached_runs() == 1
+    assert cache()["cache_bytes"] == 0
+    assert s.get_batch(keys).to_pylist() == keys.to_pylist()
+    assert cache()["cache_bytes"] > 30 * 4096  # filled with the compacted run's blocks
+    before = cache()["cache_hits"]
+    assert s.get_batch(keys).to_pylist() == keys.to_pylist()
+    assert cache()["cache_hits"] > before
+    b.dispose()
+    store.close()

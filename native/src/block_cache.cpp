@@ -59,10 +59,7 @@ uint32_t BlockCache::frequency(uint64_t hash) const {
   return f;
 }
 
-BlockRef BlockCache::get(int64_t file, int64_t block) {
-  const Key key{file, block};
-  const uint64_t hash = KeyHash{}(key);
-  std::lock_guard<std::mutex> lock(mu_);
+BlockRef BlockCache::get_locked(const Key& key, uint64_t hash) {
   record(hash);
   auto it = map_.find(key);
   if (it == map_.end()) {
@@ -74,25 +71,51 @@ BlockRef BlockCache::get(int64_t file, int64_t block) {
   return it->second->block;
 }
 
+BlockRef BlockCache::get(int64_t file, int64_t block) {
+  const Key key{file, block};
+  const uint64_t hash = KeyHash{}(key);
+  std::lock_guard<std::mutex> lock(mu_);
+  return get_locked(key, hash);
+}
+
+void BlockCache::get_many(const int64_t* files, const int64_t* blocks, size_t n, BlockRef* out) {
+  std::vector<uint64_t> hashes(n);
+  for (size_t i = 0; i < n; ++i) hashes[i] = KeyHash{}(Key{files[i], blocks[i]});
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < n; ++i) out[i] = get_locked(Key{files[i], blocks[i]}, hashes[i]);
+}
+
+void BlockCache::put_locked(const Key& key, uint64_t hash, BlockRef b, std::list<Entry>* evicted) {
+  if (!b || map_.count(key) || b->size > budget_) return;
+  if (stats_.used_bytes + b->size > budget_ && !lru_.empty() &&
+      frequency(hash) <= frequency(KeyHash{}(lru_.back().key))) {
+    ++stats_.rejected;
+    return;
+  }
+  evict_for(b->size, evicted);
+  stats_.used_bytes += b->size;
+  lru_.push_front(Entry{key, std::move(b)});
+  map_.emplace(key, lru_.begin());
+  stats_.blocks = map_.size();
+}
+
 void BlockCache::put(int64_t file, int64_t block, BlockRef b) {
   if (!b) return;
+  const Key key{file, block};
+  const uint64_t hash = KeyHash{}(key);
   // The evicted blocks are released after the lock: freeing a payload can take a while.
   std::list<Entry> evicted;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    const Key key{file, block};
-    if (map_.count(key) || b->size > budget_) return;
-    if (stats_.used_bytes + b->size > budget_ && !lru_.empty() &&
-        frequency(KeyHash{}(key)) <= frequency(KeyHash{}(lru_.back().key))) {
-      ++stats_.rejected;
-      return;
-    }
-    evict_for(b->size, &evicted);
-    stats_.used_bytes += b->size;
-    lru_.push_front(Entry{key, std::move(b)});
-    map_.emplace(key, lru_.begin());
-    stats_.blocks = map_.size();
-  }
+  std::lock_guard<std::mutex> lock(mu_);
+  put_locked(key, hash, std::move(b), &evicted);
+}
+
+void BlockCache::put_many(const int64_t* files, const int64_t* blocks, const BlockRef* bs,
+                          size_t n) {
+  std::vector<uint64_t> hashes(n);
+  for (size_t i = 0; i < n; ++i) hashes[i] = KeyHash{}(Key{files[i], blocks[i]});
+  std::list<Entry> evicted;  // released after the lock, as in put()
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < n; ++i) put_locked(Key{files[i], blocks[i]}, hashes[i], bs[i], &evicted);
 }
 
 void BlockCache::evict_for(uint64_t size, std::list<Entry>* out) {
@@ -121,6 +144,26 @@ BlockCacheStats BlockCache::stats() const {
   BlockCacheStats s = stats_;
   s.blocks = map_.size();
   return s;
+}
+
+void BlockCache::retain_files(const int64_t* files, size_t n) {
+  const std::vector<int64_t> keep = [&] {
+    std::vector<int64_t> v(files, files + n);
+    std::sort(v.begin(), v.end());
+    return v;
+  }();
+  std::list<Entry> dropped;  // released after the lock
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = lru_.begin(); it != lru_.end();) {
+    auto next = std::next(it);
+    if (!std::binary_search(keep.begin(), keep.end(), it->key.file)) {
+      stats_.used_bytes -= it->block->size;
+      map_.erase(it->key);
+      dropped.splice(dropped.end(), lru_, it);
+    }
+    it = next;
+  }
+  stats_.blocks = map_.size();
 }
 
 void BlockCache::clear() {

@@ -86,12 +86,18 @@ bool LookupStep::next_round() {
   round_end_ = next_unique_ = e;
   key_begin_ = unique_[round_begin_].begin;
   key_end_ = unique_[round_end_ - 1].end;
-  pins_.resize(round_end_ - round_begin_);
+  const size_t n = round_end_ - round_begin_;
+  pins_.resize(n);
+  probe_files_.resize(n);
+  probe_blocks_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    probe_files_[i] = files_[unique_[round_begin_ + i].file]->file_id;
+    probe_blocks_[i] = unique_[round_begin_ + i].block;
+  }
+  cache_->get_many(probe_files_.data(), probe_blocks_.data(), n, pins_.data());
   for (size_t u = round_begin_; u < round_end_; ++u) {
     const Unique& q = unique_[u];
-    BlockRef hit = cache_->get(files_[q.file]->file_id, q.block);
-    if (hit) {
-      pins_[u - round_begin_] = std::move(hit);
+    if (pins_[u - round_begin_]) {
       ++round_hits_;
       continue;
     }
@@ -117,14 +123,26 @@ bool LookupStep::next_round() {
 int64_t LookupStep::open_range(size_t r, const uint8_t* data, size_t size, std::string* why) {
   const ReadRange& range = ranges_[r];
   const RunBlockTable& table = *files_[range.file];
-  for (size_t i = 0; i < range.count; ++i) {
-    const int64_t b = missing_[range.first + i].second;
-    BlockRef opened = open_table_block(table, b, data, size, range.offset, why);
-    if (!opened) return static_cast<int64_t>(i);
-    cache_->put(table.file_id, b, opened);
-    pins_[missing_slot_[range.first + i]] = std::move(opened);
+  // The range's opened blocks go into the cache together (one lock per read, not per block);
+  // those opened before a bad block are still cached and pinned.
+  std::vector<int64_t> ids(range.count, table.file_id);
+  std::vector<int64_t> numbers(range.count);
+  int64_t bad = -1;
+  size_t opened = 0;
+  for (; opened < range.count; ++opened) {
+    const size_t m = range.first + opened;
+    numbers[opened] = missing_[m].second;
+    BlockRef b = open_table_block(table, numbers[opened], data, size, range.offset, why);
+    if (!b) {
+      bad = static_cast<int64_t>(opened);
+      break;
+    }
+    pins_[missing_slot_[m]] = std::move(b);
   }
-  return -1;
+  std::vector<BlockRef> blocks(opened);
+  for (size_t i = 0; i < opened; ++i) blocks[i] = pins_[missing_slot_[range.first + i]];
+  cache_->put_many(ids.data(), numbers.data(), blocks.data(), opened);
+  return bad;
 }
 
 int64_t LookupStep::read_open_ranges(const int* fds, size_t worker, size_t workers,

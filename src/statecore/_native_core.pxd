@@ -664,6 +664,7 @@ cdef extern from "statecore/block_cache.h" namespace "statecore" nogil:
         uint64_t budget()
         void set_budget(uint64_t budget_bytes)
         void clear()
+        void retain_files(const int64_t* files, size_t n) except +raise_native_error
 
 
 cdef extern from "statecore/run_lookup.h" namespace "statecore" nogil:

@@ -111,6 +111,16 @@ cdef class NativeBlockCache:
         """Drop every block (payloads handed out stay valid)."""
         self.cache.clear()
 
+    def retain_files(self, file_ids):
+        """Drop the blocks of every file whose id is not in ``file_ids`` (an iterable of ints;
+        payloads handed out stay valid); counters and admission counts are kept."""
+        ids = np.ascontiguousarray(np.fromiter(file_ids, np.int64))
+        cdef const int64_t[::1] v = ids
+        cdef size_t n = v.shape[0]
+        cdef const int64_t* p = &v[0] if n else NULL
+        with nogil:
+            self.cache.retain_files(p, n)
+
 
 cdef class RunBlocks:
     """One format-6 data file's blocks as the native run lookups see them: ``file_id`` (its id

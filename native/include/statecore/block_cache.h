@@ -62,6 +62,19 @@ class BlockCache {
   void set_budget(uint64_t budget_bytes);
   // Drops every block (references held elsewhere stay valid); counters are kept.
   void clear();
+  // Drops the blocks of every file not among files[0, n) (references held elsewhere stay
+  // valid); counters and the sketch are kept. Why: after a compaction the tiered mode attaches
+  // a version whose runs replace the cached ones; their blocks, never asked for again, would
+  // keep high sketch counts and make the admission test refuse the new runs' blocks until
+  // ageing fades them.
+  void retain_files(const int64_t* files, size_t n);
+
+  // get() of keys (files[i], blocks[i]) for i < n into out[i], under one lock (one acquisition
+  // per round of a batch instead of one per block): the same hits, misses and sketch records
+  // as n calls of get() in that order.
+  void get_many(const int64_t* files, const int64_t* blocks, size_t n, BlockRef* out);
+  // put() of (files[i], blocks[i], bs[i]) for i < n, in that order, under one lock.
+  void put_many(const int64_t* files, const int64_t* blocks, const BlockRef* bs, size_t n);
 
  private:
   struct Key {
@@ -82,6 +95,9 @@ class BlockCache {
   };
   // Evicts least recently used blocks into *out until `size` more bytes fit. Holds mu_.
   void evict_for(uint64_t size, std::list<Entry>* out);
+  // get() and put() with mu_ held and the key's hash given.
+  BlockRef get_locked(const Key& key, uint64_t hash);
+  void put_locked(const Key& key, uint64_t hash, BlockRef b, std::list<Entry>* evicted);
   uint64_t budget_;
   mutable std::mutex mu_;
   std::list<Entry> lru_;  // front: most recently used

@@ -118,10 +118,11 @@ class LookupStep {
   std::vector<Unique> unique_;
   bool planned_ = false;
   size_t next_unique_ = 0;
-  size_t round_begin_ = 0, round_end_ = 0;  // the round's unique_ range
-  size_t key_begin_ = 0, key_end_ = 0;      // the round's entries_ range
-  std::vector<BlockRef> pins_;              // per round block (index - round_begin_)
-  std::vector<size_t> missing_slot_;        // per missing block its pins_ index
+  size_t round_begin_ = 0, round_end_ = 0;           // the round's unique_ range
+  size_t key_begin_ = 0, key_end_ = 0;               // the round's entries_ range
+  std::vector<BlockRef> pins_;                       // per round block (index - round_begin_)
+  std::vector<int64_t> probe_files_, probe_blocks_;  // the round's cache keys, reused
+  std::vector<size_t> missing_slot_;                 // per missing block its pins_ index
   std::vector<std::pair<size_t, int64_t>> missing_;
   std::vector<ReadRange> ranges_;
   uint64_t round_bytes_ = 0;

@@ -95,10 +95,11 @@ docs/state-map.md "Change tracking" state the rules this builds on):
   backend's reader pins (statecore.checkpoint.pins: retention keeps them). At the next safe
   point after it finished -- the end of a call (:meth:`TieredBackend.evict`) or
   ``notify_checkpoint_complete`` -- the backend re-attaches to V's compacted manifest when V
-  is still its version and the same commit; the block cache is kept (its keys name immutable
-  files). Same content, so T1 and T2 hold across the switch, except for entries the TTL
-  filter dropped: V no longer holds those, and a clean copy in memory is expired, which every
-  read treats as absent.
+  is still its version and the same commit; the block cache keeps the blocks of the files V
+  still lists (its keys name immutable files) and drops the replaced runs' ones. Same
+  content, so T1 and T2 hold across the switch, except for entries the TTL filter dropped: V
+  no longer holds those, and a clean copy in memory is expired, which every read treats as
+  absent.
 
 Invariants:
 
@@ -1153,7 +1154,8 @@ class TieredBackend(NativeBackend):
 
     def _attach(self, version: int, commit_id: str | None = None) -> bool:
         """Open the run lookup of committed ``version`` for this backend's key groups, keeping
-        the previous lookup's block cache (its keys name immutable files). With ``commit_id``
+        the previous lookup's cached blocks of the files the version still lists
+        (RunLookup.take_cache). With ``commit_id``
         only a manifest of that commit is attached (False, nothing changed, otherwise)."""
         reader = self.store.open(version)
         if commit_id is not None and reader.commit_id != commit_id:
@@ -1169,7 +1171,7 @@ class TieredBackend(NativeBackend):
             raise
         old, old_reader = self._lookup, self._reader
         if old is not None:
-            lookup.cache = old.cache
+            lookup.take_cache(old)
         self._lookup, self._reader = lookup, reader
         self._lookup_states = frozenset(m["name"] for m in reader.state_metas())
         self.attached_version = version

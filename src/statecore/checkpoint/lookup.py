@@ -527,6 +527,9 @@ class RunLookup:
         #: not openable, read through the data file reader)
         self._fds: dict[str, int | None] = {}
         self._chain_memo: dict[str, tuple[list[int], list]] = {}
+        #: run path -> its file id in the native block cache, per format-6 file opened here or
+        #: by the lookups whose cache this one took (:meth:`take_cache`)
+        self._file_ids: dict[str, int] = {}
         self.stats = {"lookups": 0, "blocks_read": 0, "bytes_read": 0, "filter_bytes": 0,
                       "filter_negatives": 0, "filter_false_positives": 0,
                       "range_negatives": 0, "peak_open_bytes": 0}
@@ -582,7 +585,22 @@ class RunLookup:
                     fd = self._fds[run["path"]] = _open_local(self.reader.local_path(run))
             rf = _RunFile(data, state, self.start, self.end, fd)
             self._files[key] = rf
+            if rf.blocks is not None:
+                self._file_ids[run["path"]] = rf.blocks.file_id
         return rf
+
+    def take_cache(self, previous: "RunLookup") -> None:
+        """Use the block cache of ``previous``, a lookup of an earlier version of the same
+        checkpoint store in this process (the tiered mode re-attaching after a checkpoint or a
+        compaction): the blocks of the data files this lookup's version still lists stay (their
+        keys name immutable files), the others are dropped. Why: the runs a compaction replaced
+        are never asked for again, and in the native cache their blocks' admission counts would
+        make it refuse the new runs' blocks (block_cache.h) until ageing fades them."""
+        paths = {run["path"] for run in self.reader.manifest["files"]}
+        self.cache = previous.cache
+        self._file_ids = {p: i for p, i in previous._file_ids.items() if p in paths}
+        if NativeBlockCache is not None and isinstance(self.cache, NativeBlockCache):
+            self.cache.retain_files(self._file_ids.values())
 
     def _chains(self, state: str) -> list[tuple[int, int, list[dict]]]:
         """Per segment, the runs whose entries of ``state`` make its state (newest first, down
