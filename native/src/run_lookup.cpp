@@ -63,47 +63,49 @@ void LookupStep::plan() {
   planned_ = true;
 }
 
-bool LookupStep::next_round() {
+bool LookupStep::next_round(size_t slot) {
   if (!planned_) plan();
-  pins_.clear();
-  missing_.clear();
-  missing_slot_.clear();
-  ranges_.clear();
-  round_bytes_ = 0;
-  round_hits_ = 0;
+  Round& rd = rounds_[slot];
+  rd.pins.clear();
+  rd.missing.clear();
+  rd.missing_slot.clear();
+  rd.ranges.clear();
+  rd.bytes = 0;
+  rd.hits = 0;
   if (next_unique_ >= unique_.size()) {
-    key_begin_ = key_end_ = entries_.size();
+    rd.begin = rd.end = unique_.size();
+    rd.key_begin = rd.key_end = entries_.size();
     return false;
   }
-  round_begin_ = next_unique_;
-  size_t e = round_begin_;
+  rd.begin = next_unique_;
+  size_t e = rd.begin;
   while (e < unique_.size()) {
     const uint64_t size = files_[unique_[e].file]->blocks[unique_[e].block].raw_length;
-    if (e > round_begin_ && round_bytes_ + size > open_bytes_) break;
-    round_bytes_ += size;
+    if (e > rd.begin && rd.bytes + size > open_bytes_) break;
+    rd.bytes += size;
     ++e;
   }
-  round_end_ = next_unique_ = e;
-  key_begin_ = unique_[round_begin_].begin;
-  key_end_ = unique_[round_end_ - 1].end;
-  const size_t n = round_end_ - round_begin_;
-  pins_.resize(n);
+  rd.end = next_unique_ = e;
+  rd.key_begin = unique_[rd.begin].begin;
+  rd.key_end = unique_[rd.end - 1].end;
+  const size_t n = rd.end - rd.begin;
+  rd.pins.resize(n);
   probe_files_.resize(n);
   probe_blocks_.resize(n);
   for (size_t i = 0; i < n; ++i) {
-    probe_files_[i] = files_[unique_[round_begin_ + i].file]->file_id;
-    probe_blocks_[i] = unique_[round_begin_ + i].block;
+    probe_files_[i] = files_[unique_[rd.begin + i].file]->file_id;
+    probe_blocks_[i] = unique_[rd.begin + i].block;
   }
-  cache_->get_many(probe_files_.data(), probe_blocks_.data(), n, pins_.data());
-  for (size_t u = round_begin_; u < round_end_; ++u) {
+  cache_->get_many(probe_files_.data(), probe_blocks_.data(), n, rd.pins.data());
+  for (size_t u = rd.begin; u < rd.end; ++u) {
     const Unique& q = unique_[u];
-    if (pins_[u - round_begin_]) {
-      ++round_hits_;
+    if (rd.pins[u - rd.begin]) {
+      ++rd.hits;
       continue;
     }
     const StoredBlockRef& ref = files_[q.file]->blocks[q.block];
     const uint64_t start = ref.offset, end = ref.offset + ref.stored_length;
-    ReadRange* last = ranges_.empty() ? nullptr : &ranges_.back();
+    ReadRange* last = rd.ranges.empty() ? nullptr : &rd.ranges.back();
     const bool join = last != nullptr && last->file == q.file &&
                       start >= last->offset + last->length &&
                       start - (last->offset + last->length) <= gap_bytes_ &&
@@ -112,16 +114,18 @@ bool LookupStep::next_round() {
       last->length = end - last->offset;
       ++last->count;
     } else {
-      ranges_.push_back(ReadRange{q.file, start, end - start, missing_.size(), 1});
+      rd.ranges.push_back(ReadRange{q.file, start, end - start, rd.missing.size(), 1});
     }
-    missing_.emplace_back(q.file, q.block);
-    missing_slot_.push_back(u - round_begin_);
+    rd.missing.emplace_back(q.file, q.block);
+    rd.missing_slot.push_back(u - rd.begin);
   }
   return true;
 }
 
-int64_t LookupStep::open_range(size_t r, const uint8_t* data, size_t size, std::string* why) {
-  const ReadRange& range = ranges_[r];
+int64_t LookupStep::open_range(size_t r, const uint8_t* data, size_t size, std::string* why,
+                               size_t slot) {
+  Round& rd = rounds_[slot];
+  const ReadRange& range = rd.ranges[r];
   const RunBlockTable& table = *files_[range.file];
   // The range's opened blocks go into the cache together (one lock per read, not per block);
   // those opened before a bad block are still cached and pinned.
@@ -131,25 +135,26 @@ int64_t LookupStep::open_range(size_t r, const uint8_t* data, size_t size, std::
   size_t opened = 0;
   for (; opened < range.count; ++opened) {
     const size_t m = range.first + opened;
-    numbers[opened] = missing_[m].second;
+    numbers[opened] = rd.missing[m].second;
     BlockRef b = open_table_block(table, numbers[opened], data, size, range.offset, why);
     if (!b) {
       bad = static_cast<int64_t>(opened);
       break;
     }
-    pins_[missing_slot_[m]] = std::move(b);
+    rd.pins[rd.missing_slot[m]] = std::move(b);
   }
   std::vector<BlockRef> blocks(opened);
-  for (size_t i = 0; i < opened; ++i) blocks[i] = pins_[missing_slot_[range.first + i]];
+  for (size_t i = 0; i < opened; ++i) blocks[i] = rd.pins[rd.missing_slot[range.first + i]];
   cache_->put_many(ids.data(), numbers.data(), blocks.data(), opened);
   return bad;
 }
 
 int64_t LookupStep::read_open_ranges(const int* fds, size_t worker, size_t workers,
-                                     std::vector<uint8_t>* buffer, size_t* range,
-                                     std::string* why) {
-  for (size_t r = worker; r < ranges_.size(); r += std::max<size_t>(workers, 1)) {
-    const ReadRange& rr = ranges_[r];
+                                     std::vector<uint8_t>* buffer, size_t* range, std::string* why,
+                                     size_t slot) {
+  const std::vector<ReadRange>& ranges = rounds_[slot].ranges;
+  for (size_t r = worker; r < ranges.size(); r += std::max<size_t>(workers, 1)) {
+    const ReadRange& rr = ranges[r];
     *range = r;
     buffer->resize(std::max<uint64_t>(rr.length, 1));
     uint64_t got = 0;
@@ -167,19 +172,20 @@ int64_t LookupStep::read_open_ranges(const int* fds, size_t worker, size_t worke
       }
       got += static_cast<uint64_t>(n);
     }
-    const int64_t bad = open_range(r, buffer->data(), rr.length, why);
+    const int64_t bad = open_range(r, buffer->data(), rr.length, why, slot);
     if (bad >= 0) return bad;
   }
   return -1;
 }
 
-uint64_t LookupStep::search(const int32_t* key_offsets, const uint8_t* key_data,
-                            int64_t* rows) const {
+uint64_t LookupStep::search(const int32_t* key_offsets, const uint8_t* key_data, int64_t* rows,
+                            size_t slot) const {
+  const Round& rd = rounds_[slot];
   uint64_t total = 0;
   size_t i = 0;
-  for (size_t u = round_begin_; u < round_end_; ++u) {
+  for (size_t u = rd.begin; u < rd.end; ++u) {
     const Unique& q = unique_[u];
-    const OpenedBlock& blk = *pins_[u - round_begin_];
+    const OpenedBlock& blk = *rd.pins[u - rd.begin];
     const PayloadView v = PayloadView::of(blk.bytes.get(), blk.size, files_[q.file]->has_validity);
     for (size_t j = q.begin; j < q.end; ++j, ++i) {
       const int64_t k = entries_[j].key;
@@ -193,14 +199,15 @@ uint64_t LookupStep::search(const int32_t* key_offsets, const uint8_t* key_data,
 }
 
 int64_t LookupStep::gather(const int64_t* rows, int32_t* out_offsets, uint8_t* out_data,
-                           uint8_t* out_validity) const {
+                           uint8_t* out_validity, size_t slot) const {
+  const Round& rd = rounds_[slot];
   int64_t nulls = 0;
   int64_t at = 0;
   size_t i = 0;
   out_offsets[0] = 0;
-  for (size_t u = round_begin_; u < round_end_; ++u) {
+  for (size_t u = rd.begin; u < rd.end; ++u) {
     const Unique& q = unique_[u];
-    const OpenedBlock& blk = *pins_[u - round_begin_];
+    const OpenedBlock& blk = *rd.pins[u - rd.begin];
     const PayloadView v = PayloadView::of(blk.bytes.get(), blk.size, files_[q.file]->has_validity);
     for (size_t j = q.begin; j < q.end; ++j, ++i) {
       const int64_t r = rows[i];

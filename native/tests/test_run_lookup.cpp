@@ -5,6 +5,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "check.h"
@@ -105,6 +106,54 @@ size_t run_step(LookupStep& step, const File& f, const Keys& keys, uint64_t open
       CHECK_EQ(has, it != f.model.end() && !it->second.empty());
       if (has) CHECK_EQ(std::string(data.begin() + off[i], data.begin() + off[i + 1]), it->second);
     }
+  }
+  for (int s : seen) CHECK_EQ(s, 1);
+  return read;
+}
+
+// Opens every read of round `slot` of `step` from `f`; returns the blocks read.
+size_t open_all(LookupStep& step, const File& f, size_t slot) {
+  size_t read = 0;
+  for (size_t r = 0; r < step.ranges(slot).size(); ++r) {
+    const ReadRange& rr = step.ranges(slot)[r];
+    std::string why;
+    if (step.open_range(r, f.bytes.data() + rr.offset, rr.length, &why, slot) != -1) std::abort();
+    read += rr.count;
+  }
+  return read;
+}
+
+// run_step with two round slots: a thread opens the next round (slot 1 - s) while this one
+// searches and gathers round s, as RunLookup does.
+size_t run_step_pipelined(LookupStep& step, const File& f, const Keys& keys) {
+  std::vector<int> seen(keys.text.size(), 0);
+  size_t slot = 0;
+  if (!step.next_round(slot)) return 0;
+  size_t read = open_all(step, f, slot);
+  for (bool more = true; more;) {
+    const size_t ahead = 1 - slot;
+    more = step.next_round(ahead);
+    size_t ahead_read = 0;
+    std::thread opener;
+    if (more) opener = std::thread([&] { ahead_read = open_all(step, f, ahead); });
+    const size_t n = step.round_key_count(slot);
+    std::vector<int64_t> rows(n);
+    const uint64_t total = step.search(keys.offsets.data(), keys.data.data(), rows.data(), slot);
+    std::vector<int32_t> off(n + 1);
+    std::vector<uint8_t> data(total + 1), valid((n + 7) / 8, 0);
+    step.gather(rows.data(), off.data(), data.data(), valid.data(), slot);
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t k = step.round_key(i, slot);
+      ++seen[k];
+      auto it = f.model.find(keys.text[k]);
+      CHECK_EQ(rows[i] >= 0, it != f.model.end());
+      const bool has = (valid[i >> 3] >> (i & 7)) & 1;
+      CHECK_EQ(has, it != f.model.end() && !it->second.empty());
+      if (has) CHECK_EQ(std::string(data.begin() + off[i], data.begin() + off[i + 1]), it->second);
+    }
+    if (opener.joinable()) opener.join();
+    read += ahead_read;
+    slot = ahead;
   }
   for (int s : seen) CHECK_EQ(s, 1);
   return read;
@@ -221,6 +270,26 @@ TEST(a_corrupt_block_is_reported_and_never_cached) {
   CHECK(open_table_block(f.table, 3, f.bytes.data(), f.bytes.size(), 0, &why) == nullptr);
   CHECK_EQ(why, std::string("last key differs from the footer's"));
   CHECK(open_table_block(f.table, 1, f.bytes.data() + 1, f.bytes.size() - 1, 1, &why) != nullptr);
+}
+
+THREADED_TEST(two_round_slots_open_the_next_round_while_this_one_is_searched) {
+  // The same keys and blocks as one slot gives, each key answered once as the model says,
+  // with a thread opening the next round's blocks (and offering them to the shared cache)
+  // while this one searches; run under TSan.
+  const File f(60, 5, 1);
+  const Keys keys = routed_keys(f, 400, 11);
+  for (uint64_t open_bytes : {uint64_t(1), uint64_t(300), uint64_t(1) << 30}) {
+    BlockCache cache_one(1 << 20), cache_two(1 << 20);
+    LookupStep one(&cache_one, open_bytes, 0, 1 << 20), two(&cache_two, open_bytes, 0, 1 << 20);
+    std::vector<int64_t> idx(keys.text.size());
+    for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int64_t>(i);
+    one.add(&f.table, idx.data(), keys.block.data(), idx.size());
+    two.add(&f.table, idx.data(), keys.block.data(), idx.size());
+    const size_t single = run_step(one, f, keys, open_bytes);
+    CHECK_EQ(run_step_pipelined(two, f, keys), single);
+    CHECK_EQ(cache_two.stats().used_bytes, cache_one.stats().used_bytes);
+    CHECK_EQ(cache_two.stats().misses, cache_one.stats().misses);
+  }
 }
 
 TEST_MAIN()

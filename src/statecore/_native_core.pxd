@@ -692,21 +692,22 @@ cdef extern from "statecore/run_lookup.h" namespace "statecore" nogil:
                    uint64_t max_read_bytes) except +raise_native_error
         void add(const RunBlockTable* table, const int64_t* keys, const int64_t* blocks,
                  size_t n) except +raise_native_error
-        cbool next_round() except +raise_native_error
-        const vector[ReadRange]& ranges()
-        const vector[pair[size_t, int64_t]]& missing()
-        uint64_t round_bytes()
-        size_t round_hits()
-        int64_t open_range(size_t r, const uint8_t* data, size_t size,
-                           string* why) except +raise_native_error
+        cbool next_round(size_t slot) except +raise_native_error
+        const vector[ReadRange]& ranges(size_t slot)
+        const vector[pair[size_t, int64_t]]& missing(size_t slot)
+        uint64_t round_bytes(size_t slot)
+        size_t round_hits(size_t slot)
+        int64_t open_range(size_t r, const uint8_t* data, size_t size, string* why,
+                           size_t slot) except +raise_native_error
         int64_t read_open_ranges(const int* fds, size_t worker, size_t workers,
-                                 vector[uint8_t]* buffer, size_t* range,
-                                 string* why) except +raise_native_error
-        size_t round_key_count()
-        int64_t round_key(size_t i)
-        uint64_t search(const int32_t* key_offsets, const uint8_t* key_data, int64_t* rows)
+                                 vector[uint8_t]* buffer, size_t* range, string* why,
+                                 size_t slot) except +raise_native_error
+        size_t round_key_count(size_t slot)
+        int64_t round_key(size_t i, size_t slot)
+        uint64_t search(const int32_t* key_offsets, const uint8_t* key_data, int64_t* rows,
+                        size_t slot)
         int64_t gather(const int64_t* rows, int32_t* out_offsets, uint8_t* out_data,
-                       uint8_t* out_validity)
+                       uint8_t* out_validity, size_t slot)
 
 
 cdef extern from "statecore/run_route.h" namespace "statecore" nogil:

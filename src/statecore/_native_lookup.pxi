@@ -262,6 +262,12 @@ cdef class RunBlocks:
                                 PyBytes_GET_SIZE(key))
 
 
+cdef inline size_t _slot(size_t slot) except? 2:
+    if slot > 1:
+        raise InvalidInputError(f"a round slot is 0 or 1, got {slot}")
+    return slot
+
+
 cdef class LookupStep:
     """One step of a batch of run lookups (run_lookup.h): the keys routed to candidate blocks
     (:meth:`add`, per file) taken in rounds of at most ``open_bytes`` decoded bytes (a larger
@@ -269,8 +275,11 @@ cdef class LookupStep:
     planned as reads (:meth:`ranges`: blocks of one file at most ``gap_bytes`` apart in one
     read of at most ``max_read_bytes``), each read's bytes opened into ``cache`` with the GIL
     released (:meth:`open_range`, from any thread), then every key of the round searched
-    (:meth:`search`). InvalidInputError for block numbers outside a file or key indices outside
-    the keys searched."""
+    (:meth:`search`). A round lives in one of two slots (``slot``, 0 or 1, default 0), so that
+    the next round's reads can run on other threads while this thread searches the current
+    one; planning a slot (:meth:`next_round`) must wait for its reads. InvalidInputError for
+    block numbers outside a file, key indices outside the keys searched, or a slot other than
+    0 and 1."""
     cdef c.LookupStep* step
     cdef NativeBlockCache cache
     cdef list files
@@ -306,27 +315,27 @@ cdef class LookupStep:
         cdef const int64_t[::1] bv = b
         self.step.add(&blocks.table, &kv[0], &bv[0], len(k))
 
-    def next_round(self):
-        """Start the next round (False when none is left): its cached blocks pinned (each a
-        cache hit or miss), its missing ones planned as :meth:`ranges`."""
-        return self.step.next_round()
+    def next_round(self, size_t slot=0):
+        """Plan the step's next round into ``slot`` (False when none is left), unpinning the
+        round it held: its cached blocks pinned (each a cache hit or miss), its missing ones
+        planned as :meth:`ranges`. No read of ``slot`` may be in flight."""
+        return self.step.next_round(_slot(slot))
 
-    @property
-    def round_bytes(self):
+    def round_bytes(self, size_t slot=0):
         """Decoded bytes of the round's blocks, cached ones included."""
-        return self.step.round_bytes()
+        return self.step.round_bytes(_slot(slot))
 
-    def ranges(self):
+    def ranges(self, size_t slot=0):
         """The round's reads: ``[(file, offset, length, first block, blocks)]`` -- ``file`` the
         index of its file in :meth:`add` order, ``offset`` and ``length`` the file bytes to
         read, ``first block`` its first block's number, ``blocks`` how many it opens."""
-        cdef const vector[c.ReadRange]* rs = &self.step.ranges()
-        cdef const vector[pair[size_t, int64_t]]* ms = &self.step.missing()
+        cdef const vector[c.ReadRange]* rs = &self.step.ranges(_slot(slot))
+        cdef const vector[pair[size_t, int64_t]]* ms = &self.step.missing(slot)
         return [(deref(rs)[r].file, deref(rs)[r].offset, deref(rs)[r].length,
                  deref(ms)[deref(rs)[r].first].second, deref(rs)[r].count)
                 for r in range(rs.size())]
 
-    def read_open_ranges(self, fds, size_t worker, size_t workers):
+    def read_open_ranges(self, fds, size_t worker, size_t workers, size_t slot=0):
         """Local files: read (pread from ``fds[file index]``, open OS file descriptors, one
         per file in :meth:`add` order) and open every read ``r`` of :meth:`ranges` with ``r %
         workers == worker``, with the GIL released: one call per worker and round. ``(None,
@@ -334,6 +343,7 @@ cdef class LookupStep:
         reason)`` when the file ended inside it, ``(r, block number, reason)`` for its first
         bad block (the reads after it left unopened). InvalidInputError for too few
         descriptors or ``workers`` 0."""
+        _slot(slot)
         if workers == 0:
             raise InvalidInputError("workers must be >= 1")
         cdef vector[int] fv = [int(f) for f in fds]
@@ -345,7 +355,8 @@ cdef class LookupStep:
         cdef string why
         cdef int64_t bad
         with nogil:
-            bad = self.step.read_open_ranges(fv.data(), worker, workers, &buffer, &r, &why)
+            bad = self.step.read_open_ranges(fv.data(), worker, workers, &buffer, &r, &why,
+                                             slot)
         if bad == -1:
             return None, None, None
         text = why.decode("utf-8", "replace")
@@ -353,13 +364,13 @@ cdef class LookupStep:
             return r, "read", text
         if bad == -3:
             return r, "short", text
-        return r, self.step.missing()[self.step.ranges()[r].first + bad].second, text
+        return r, self.step.missing(slot)[self.step.ranges(slot)[r].first + bad].second, text
 
-    def open_range(self, size_t r, data):
+    def open_range(self, size_t r, data, size_t slot=0):
         """Open the blocks of read ``r`` of :meth:`ranges` from ``data`` (its bytes), with the
         GIL released: ``(None, None)``, or ``(block number, reason)`` of its first bad block
         (neither it nor the blocks after it cached)."""
-        if r >= self.step.ranges().size():
+        if r >= self.step.ranges(_slot(slot)).size():
             raise InvalidInputError(f"the round has no read {r}")
         cdef const uint8_t[::1] d = memoryview(data).cast("B")
         cdef size_t size = d.shape[0]
@@ -368,29 +379,30 @@ cdef class LookupStep:
         cdef string why
         cdef int64_t bad
         with nogil:
-            bad = self.step.open_range(r, p, size, &why)
+            bad = self.step.open_range(r, p, size, &why, slot)
         if bad < 0:
             return None, None
-        return (self.step.missing()[self.step.ranges()[r].first + bad].second,
+        return (self.step.missing(slot)[self.step.ranges(slot)[r].first + bad].second,
                 why.decode("utf-8", "replace"))
 
-    def search(self, keys):
+    def search(self, keys, size_t slot=0):
         """Search the round's keys (indices into ``keys``, a ``pa.binary()`` array without
         nulls) in their blocks, every read of the round opened: ``(key indices, rows,
         values)`` in the round's order -- ``rows`` (int64) the key's row in its block or -1,
         ``values`` a ``pa.binary()`` array, NULL where not found or a tombstone -- with the GIL
         released."""
+        _slot(slot)
         if keys.null_count:
             raise InvalidInputError("keys must not contain nulls")
         if self.max_key >= len(keys):
             raise InvalidInputError("a key index is outside the keys")
-        cdef size_t n = self.step.round_key_count(), i
+        cdef size_t n = self.step.round_key_count(slot), i
         idx_np = np.empty(n, np.int64)
         rows_np = np.empty(n, np.int64)
         cdef int64_t[::1] idx = idx_np
         cdef int64_t[::1] rows = rows_np
         for i in range(n):
-            idx[i] = self.step.round_key(i)
+            idx[i] = self.step.round_key(i, slot)
         bufs = keys.buffers()
         cdef const int32_t* qoff = <const int32_t*>_addr(bufs[1], 4 * keys.offset)
         cdef const uint8_t* qdat = _addr(bufs[2], 0)
@@ -400,7 +412,7 @@ cdef class LookupStep:
         cdef uint64_t total = 0
         if n:
             with nogil:
-                total = self.step.search(qoff, qdat, &rows[0])
+                total = self.step.search(qoff, qdat, &rows[0], slot)
         if total > 2**31 - 1:
             raise InvalidInputError(f"{total} bytes of values exceed an Arrow binary array")
         off_np = np.zeros(n + 1, np.int32)
@@ -412,7 +424,8 @@ cdef class LookupStep:
         cdef int64_t nulls = 0
         if n:
             with nogil:
-                nulls = self.step.gather(&rows[0], &off[0], &data[0], &valid[0] if n else NULL)
+                nulls = self.step.gather(&rows[0], &off[0], &data[0], &valid[0] if n else NULL,
+                                         slot)
         values = pa.Array.from_buffers(pa.binary(), n, [pa.py_buffer(valid_np),
                                                         pa.py_buffer(off_np),
                                                         pa.py_buffer(data_np[:total])],

@@ -47,6 +47,11 @@ struct ReadRange {
   size_t count = 0;
 };
 
+// Rounds live in one of two slots (0 and 1), so that a caller can read and open the next
+// round's blocks (in slot 1 - s) on other threads while it searches the current round's keys
+// (slot s): every call below names its slot, 0 by default. Planning a round (next_round) is
+// the caller's thread's alone; the blocks a slot pins stay valid until that slot is planned
+// again.
 class LookupStep {
  public:
   // `open_bytes` >= 1: the most decoded bytes one round holds (a larger block alone);
@@ -58,45 +63,58 @@ class LookupStep {
   // the caller checks). Each file once per step, before the first round.
   void add(const RunBlockTable* table, const int64_t* keys, const int64_t* blocks, size_t n);
 
-  // Unpins the previous round and starts the next: false when none is left. Probes the cache
-  // for each of the round's blocks (pinning the hits) and plans the missing ones as reads.
-  bool next_round();
-  const std::vector<ReadRange>& ranges() const { return ranges_; }
+  // Unpins the round `slot` held and plans the step's next round into it: false when none is
+  // left. Probes the cache for each of the round's blocks (pinning the hits; one lock for
+  // all) and plans the missing ones as reads. Not thread-safe: no read of `slot` may be in
+  // flight.
+  bool next_round(size_t slot = 0);
+  const std::vector<ReadRange>& ranges(size_t slot = 0) const { return rounds_[slot].ranges; }
   // The round's missing blocks: (file index, block number).
-  const std::vector<std::pair<size_t, int64_t>>& missing() const { return missing_; }
-  uint64_t round_bytes() const { return round_bytes_; }
-  size_t round_hits() const { return round_hits_; }
+  const std::vector<std::pair<size_t, int64_t>>& missing(size_t slot = 0) const {
+    return rounds_[slot].missing;
+  }
+  uint64_t round_bytes(size_t slot = 0) const { return rounds_[slot].bytes; }
+  size_t round_hits(size_t slot = 0) const { return rounds_[slot].hits; }
 
-  // Opens the blocks of ranges()[r] from `data[0, size)` (read at ranges()[r].offset), pins
-  // them and offers them to the cache. -1, or the index (in the range) of the first bad block
-  // (the reason in *why): it and the blocks after it are neither pinned nor cached.
-  // Thread-safe for distinct ranges.
-  int64_t open_range(size_t r, const uint8_t* data, size_t size, std::string* why);
+  // Opens the blocks of ranges(slot)[r] from `data[0, size)` (read at its offset), pins them
+  // and offers them to the cache (one lock for the range's blocks). -1, or the index (in the
+  // range) of the first bad block (the reason in *why): it and the blocks after it are
+  // neither pinned nor cached. Thread-safe for distinct ranges.
+  int64_t open_range(size_t r, const uint8_t* data, size_t size, std::string* why, size_t slot = 0);
 
   // Results of read_open_ranges beyond open_range's.
   static constexpr int64_t kReadFailed = -2;  // the read failed (errno's text in *why)
   static constexpr int64_t kReadShort = -3;   // the file ended inside the range
-  // Local files: for every range r with r % workers == worker, reads it from fds[its file]
-  // (pread into `buffer`, reused) and opens it (open_range), so that one call per worker and
-  // round replaces a read and a call per range. -1 when all went well; else the failing
-  // range in *range and open_range's index of its bad block, kReadFailed or kReadShort (the
-  // reason in *why), the ranges after it left unopened. Thread-safe for distinct workers.
+  // Local files: for every range r of `slot` with r % workers == worker, reads it from
+  // fds[its file] (pread into `buffer`, reused) and opens it (open_range), so that one call
+  // per worker and round replaces a read and a call per range. -1 when all went well; else
+  // the failing range in *range and open_range's index of its bad block, kReadFailed or
+  // kReadShort (the reason in *why), the ranges after it left unopened. Thread-safe for
+  // distinct workers.
   int64_t read_open_ranges(const int* fds, size_t worker, size_t workers,
-                           std::vector<uint8_t>* buffer, size_t* range, std::string* why);
+                           std::vector<uint8_t>* buffer, size_t* range, std::string* why,
+                           size_t slot = 0);
 
   // The round's keys, in block order: their count, their key indices, their file indices.
-  size_t round_key_count() const { return key_end_ - key_begin_; }
-  int64_t round_key(size_t i) const { return entries_[key_begin_ + i].key; }
-  size_t round_key_file(size_t i) const { return entries_[key_begin_ + i].file; }
+  size_t round_key_count(size_t slot = 0) const {
+    return rounds_[slot].key_end - rounds_[slot].key_begin;
+  }
+  int64_t round_key(size_t i, size_t slot = 0) const {
+    return entries_[rounds_[slot].key_begin + i].key;
+  }
+  size_t round_key_file(size_t i, size_t slot = 0) const {
+    return entries_[rounds_[slot].key_begin + i].file;
+  }
   // Searches each round key (key index k is `key_data[key_offsets[k], key_offsets[k + 1])`) in
   // its block: rows[i] its row or -1; returns the bytes of the values found (tombstones hold
   // none). Every block of the round must be pinned (each range opened without error).
-  uint64_t search(const int32_t* key_offsets, const uint8_t* key_data, int64_t* rows) const;
+  uint64_t search(const int32_t* key_offsets, const uint8_t* key_data, int64_t* rows,
+                  size_t slot = 0) const;
   // The value of round key i at rows[i] (search) appended at out_data + offsets, its validity
   // bit set (bitmap of round_key_count() bits, zeroed by the caller); out_offsets has
   // round_key_count() + 1 entries. Returns the NULLs written (misses and tombstones).
   int64_t gather(const int64_t* rows, int32_t* out_offsets, uint8_t* out_data,
-                 uint8_t* out_validity) const;
+                 uint8_t* out_validity, size_t slot = 0) const;
 
  private:
   struct Entry {
@@ -110,6 +128,16 @@ class LookupStep {
     size_t begin;
     size_t end;
   };
+  struct Round {
+    size_t begin = 0, end = 0;          // its unique_ range
+    size_t key_begin = 0, key_end = 0;  // its entries_ range
+    std::vector<BlockRef> pins;         // per block (index - begin)
+    std::vector<size_t> missing_slot;   // per missing block its pins index
+    std::vector<std::pair<size_t, int64_t>> missing;
+    std::vector<ReadRange> ranges;
+    uint64_t bytes = 0;
+    size_t hits = 0;
+  };
   void plan();
   BlockCache* cache_;
   uint64_t open_bytes_, gap_bytes_, max_read_bytes_;
@@ -118,15 +146,8 @@ class LookupStep {
   std::vector<Unique> unique_;
   bool planned_ = false;
   size_t next_unique_ = 0;
-  size_t round_begin_ = 0, round_end_ = 0;           // the round's unique_ range
-  size_t key_begin_ = 0, key_end_ = 0;               // the round's entries_ range
-  std::vector<BlockRef> pins_;                       // per round block (index - round_begin_)
-  std::vector<int64_t> probe_files_, probe_blocks_;  // the round's cache keys, reused
-  std::vector<size_t> missing_slot_;                 // per missing block its pins_ index
-  std::vector<std::pair<size_t, int64_t>> missing_;
-  std::vector<ReadRange> ranges_;
-  uint64_t round_bytes_ = 0;
-  size_t round_hits_ = 0;
+  Round rounds_[2];
+  std::vector<int64_t> probe_files_, probe_blocks_;  // a round's cache keys, reused
 };
 
 }  // namespace statecore

@@ -17,14 +17,16 @@ A batch proceeds in steps: each step finds, for every key still undecided, the c
 of its next run (per run one native call: filter probe and block-key search, RunRouter), then
 decides the keys found; keys not found move on to their next run. With the extension, a step's
 per-block and per-key work is native (run_lookup.h ``LookupStep``): the keys grouped by block,
-the blocks taken in rounds of at most ``open_bytes`` decoded bytes (default
+the blocks taken in rounds of at most half of ``open_bytes`` decoded bytes (default
 :data:`OPEN_BYTES`; a block larger than that alone), each round's blocks probed in the native
 block cache (block_cache.h ``NativeBlockCache``: opened payloads by (file, block), LRU within
 the cache budget, thread-safe) and the missing ones planned as coalesced reads; per read, on a
 small thread pool, one positional read and one native call that checks (XXH64, payload
 structure, last key against the footer's), decompresses and caches its blocks with the GIL
 released; then one native search of the round's keys in their payloads in place (no per-entry
-decode). Python runs per read at most, never per block or per key. Without the extension, and
+decode), on the calling thread while the fetch threads read and open the next round (two rounds
+open at once: hence half of ``open_bytes`` each). Python runs per read at most, never per block
+or per key. Without the extension, and
 for files of format 1 to 5, the same rounds run in Python over a :class:`BlockCache` of Arrow
 arrays. A round's blocks the cache does not keep are released before the next round: a batch of
 uniform keys over a large state would otherwise hold about every block of the runs decompressed
@@ -47,7 +49,7 @@ from __future__ import annotations
 import os
 from bisect import bisect_left
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -485,10 +487,10 @@ class RunLookup:
     pairs the filter ruled out), ``filter_false_positives`` (pairs the filter passed whose run
     did not hold the key), ``range_negatives`` (pairs outside every block's key range),
     ``cache_hits`` / ``cache_misses``, ``lookups`` (keys asked), ``peak_open_bytes`` (the most
-    decoded bytes one round held open, cached blocks included: at most ``open_bytes``, or the
-    largest block when that is larger). InvalidInputError for a bad ``cache_bytes``,
-    ``threads`` or ``open_bytes``. Usable as a context manager;
-    :meth:`close` stops the fetch threads.
+    decoded bytes a batch held open at once, cached blocks included: at most ``open_bytes``, or
+    with the extension two of the largest blocks when one is larger than half of it).
+    InvalidInputError for a bad ``cache_bytes``, ``threads`` or ``open_bytes``. Usable as a
+    context manager; :meth:`close` stops the fetch threads.
     """
 
     def __init__(self, reader, key_groups=None, *, cache_bytes: int = DEFAULT_CACHE_BYTES,
@@ -695,41 +697,87 @@ class RunLookup:
                      take_row: np.ndarray, parts: list, pos: np.ndarray) -> None:
         """One step of a batch over format-6 files with the extension (``routed``:
         ``[run file, [key arrays], [block arrays]]`` per file, :meth:`_candidates`): a native
-        LookupStep takes the blocks in rounds of at most ``open_bytes`` decoded bytes, probes
-        the cache and plans each round's missing blocks as coalesced reads; per read one
-        positional read and one native open (checks, decompression, cache insert) on the fetch
-        threads; then one native search of the round's keys. A hit records its value
-        (``take_part``, ``take_row``, ``parts``), a miss moves the key on (``pos``)."""
+        LookupStep takes the blocks in rounds of at most half of ``open_bytes`` decoded bytes,
+        probes the cache and plans each round's missing blocks as coalesced reads; per read
+        one positional read and one native open (checks, decompression, cache insert) on the
+        fetch threads; then one native search of the round's keys on this thread, while the
+        fetch threads read and open the next round (two round slots, so at most ``open_bytes``
+        open at once, or two blocks when one is larger than half of it). A hit records its
+        value (``take_part``, ``take_row``, ``parts``), a miss moves the key on (``pos``)."""
         fds = [rf.fd for rf, _, _ in routed]
         local = all(fd is not None for fd in fds)
-        step = _LookupStep(self.cache, self.open_bytes,
+        step = _LookupStep(self.cache, max(1, self.open_bytes // 2),
                            LOCAL_COALESCE_GAP_BYTES if local else COALESCE_GAP_BYTES,
                            MAX_READ_BYTES)
         files = []
         for rf, idxs, blks in routed:
             step.add(rf.blocks, np.concatenate(idxs), np.concatenate(blks))
             files.append(rf)
-        while step.next_round():
-            self.stats["peak_open_bytes"] = max(self.stats["peak_open_bytes"], step.round_bytes)
-            reads = step.ranges()
-            if local:
-                self._read_open_local(step, files, fds, reads)
-                for _, _, length, _, count in reads:
-                    self.stats["blocks_read"] += count
-                    self.stats["bytes_read"] += length
-            else:
-                if len(reads) == 1:  # nothing to share: on this thread
-                    done = [self._read_range(step, 0, files, reads[0])]
+        slot = 0
+        if not step.next_round(slot):
+            return
+        # Nothing to overlap the first round's reads with: a lone read runs on this thread.
+        pending = self._start_reads(step, slot, files, fds, local, inline=True)
+        try:
+            while pending is not None:
+                self._finish_reads(step, slot, files, pending)
+                pending = None
+                ahead = 1 - slot
+                if step.next_round(ahead):
+                    pending = self._start_reads(step, ahead, files, fds, local)
+                    self.stats["peak_open_bytes"] = max(
+                        self.stats["peak_open_bytes"],
+                        step.round_bytes(slot) + step.round_bytes(ahead))
                 else:
-                    futures = [self._pool.submit(self._read_range, step, r, files, read)
-                               for r, read in enumerate(reads)]
-                    wait(futures)  # every read finished before one error leaves the step
-                    done = [f.result() for f in futures]
-                for nblocks, nbytes in done:
-                    self.stats["blocks_read"] += nblocks
-                    self.stats["bytes_read"] += nbytes
-            idx, rows, vals = step.search(keys)
-            self._decide(idx, rows, vals, True, take_part, take_row, parts, pos)
+                    self.stats["peak_open_bytes"] = max(self.stats["peak_open_bytes"],
+                                                        step.round_bytes(slot))
+                idx, rows, vals = step.search(keys, slot)
+                self._decide(idx, rows, vals, True, take_part, take_row, parts, pos)
+                slot = ahead
+        finally:
+            if pending is not None:  # an error left a round's reads in flight: let them end
+                wait(pending[1])
+
+    def _start_reads(self, step, slot: int, files: list, fds: list, local: bool,
+                     inline: bool = False) -> tuple:
+        """Submit the reads of round ``slot`` of a LookupStep to the fetch threads: local files
+        one native read-and-open call per worker (:meth:`LookupStep.read_open_ranges`), other
+        files one task per read (:meth:`_read_range`); with ``inline`` a round of one read is
+        read on this thread instead (a hand-off to a thread costs more than it saves when
+        nothing overlaps it). ``(local, futures, reads)`` for :meth:`_finish_reads`."""
+        reads = step.ranges(slot)
+        if inline and len(reads) == 1:
+            done: Future = Future()
+            try:
+                done.set_result(step.read_open_ranges(fds, 0, 1, slot) if local
+                                else self._read_range(step, 0, files, reads[0], slot))
+            except Exception as exc:  # raised by _finish_reads, as a thread's would be
+                done.set_exception(exc)
+            return local, [done], reads
+        if local:
+            workers = min(len(reads), self._threads)
+            futures = [self._pool.submit(step.read_open_ranges, fds, w, workers, slot)
+                       for w in range(workers)]
+        else:
+            futures = [self._pool.submit(self._read_range, step, r, files, read, slot)
+                       for r, read in enumerate(reads)]
+        return local, futures, reads
+
+    def _finish_reads(self, step, slot: int, files: list, pending: tuple) -> None:
+        """Wait for the reads :meth:`_start_reads` submitted (every one, before an error
+        leaves) and count them; raise what a read met (:meth:`_local_results`,
+        :meth:`_read_range`)."""
+        local, futures, reads = pending
+        wait(futures)
+        if local:
+            self._local_results([f.result() for f in futures], files, reads)
+            for _, _, length, _, count in reads:
+                self.stats["blocks_read"] += count
+                self.stats["bytes_read"] += length
+        else:
+            for nblocks, nbytes in [f.result() for f in futures]:
+                self.stats["blocks_read"] += nblocks
+                self.stats["bytes_read"] += nbytes
 
     def _decide(self, idx: np.ndarray, rows: np.ndarray, vals: pa.Array, filtered: bool,
                 take_part: np.ndarray, take_row: np.ndarray, parts: list,
@@ -749,22 +797,13 @@ class RunLookup:
                 self.stats["filter_false_positives"] += len(miss)
             pos[miss] += 1
 
-    def _read_open_local(self, step, files: list, fds: list, reads: list) -> None:
-        """The reads of a LookupStep's round over local files: read (pread) and opened by the
-        extension with the GIL released, one call per fetch thread (a lone read on this
-        thread). CheckpointIOError when a read fails, CorruptCheckpointError when a file ends
-        inside a read or for a bad block (not cached), naming the file, state and key group
-        (and block)."""
-        if not reads:
-            return
-        workers = min(len(reads), self._threads)
-        if workers == 1:
-            results = [step.read_open_ranges(fds, 0, 1)]
-        else:
-            futures = [self._pool.submit(step.read_open_ranges, fds, w, workers)
-                       for w in range(workers)]
-            wait(futures)  # every worker finished before one error leaves the step
-            results = [f.result() for f in futures]
+    @staticmethod
+    def _local_results(results: list, files: list, reads: list) -> None:
+        """Raise what the native read-and-open calls of a round over local files met
+        (``results``: their ``(read, what, why)``, :meth:`LookupStep.read_open_ranges`):
+        CheckpointIOError when a read failed, CorruptCheckpointError when a file ends inside a
+        read or for a bad block (not cached), naming the file, state and key group (and
+        block)."""
         for r, what, why in results:
             if r is None:
                 continue
@@ -783,16 +822,16 @@ class RunLookup:
                 f"{why}")
 
     @staticmethod
-    def _read_range(step, r: int, files: list, read: tuple) -> tuple[int, int]:
-        """Fetch thread: read ``r`` of a LookupStep's round (``read``: ``(file, offset,
-        length, first block, blocks)``) with one positional read, its blocks opened into the
-        cache natively; ``(blocks, bytes read)``. CorruptCheckpointError naming the file,
-        state, key group and block of a bad block (not cached); CheckpointIOError when the
-        read fails."""
+    def _read_range(step, r: int, files: list, read: tuple, slot: int = 0) -> tuple[int, int]:
+        """Fetch thread: read ``r`` of a LookupStep's round in ``slot`` (``read``: ``(file,
+        offset, length, first block, blocks)``) with one positional read, its blocks opened
+        into the cache natively; ``(blocks, bytes read)``. CorruptCheckpointError naming the
+        file, state, key group and block of a bad block (not cached); CheckpointIOError when
+        the read fails."""
         f, offset, length, first, count = read
         rf = files[f]
         raw = rf.data.read_range(offset, length, rf.block_what(first))
-        bad, why = step.open_range(r, raw)
+        bad, why = step.open_range(r, raw, slot)
         if bad is not None:
             raise CorruptCheckpointError(
                 f"checkpoint data file {rf.data.name}: {rf.block_what(bad)} block {bad}: {why}")
