@@ -3,6 +3,7 @@
 // gets and puts (run under TSan). Callers ask get() before they put() a block they opened, and so
 // do these tests where admission matters.
 #include <cstdlib>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -239,13 +240,7 @@ TEST(batched_gets_and_puts_behave_as_single_calls_in_order) {
   // blocks and then offers the missing ones: one call per block vs one call per round. The
   // same blocks, counters and admission decisions.
   BlockCache single(24 * 4096), batched(24 * 4096);
-  uint64_t x = 0x9E3779B97F4A7C15ull;
-  auto next = [&x] {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return x;
-  };
+  std::mt19937_64 next(0x9E3779B97F4A7C15ull);
   for (int round = 0; round < 400; ++round) {
     std::vector<int64_t> files, blocks;
     for (size_t want = 1 + next() % 16; files.size() < want;) {

@@ -75,6 +75,28 @@ struct Keys {
   }
 };
 
+// Searches and gathers the keys of round `slot` of `step`, every block pinned, checking each
+// against the model and counting it in *seen.
+void search_and_check(const LookupStep& step, const File& f, const Keys& keys, size_t slot,
+                      std::vector<int>* seen) {
+  const size_t n = step.round_key_count(slot);
+  std::vector<int64_t> rows(n);
+  const uint64_t total = step.search(keys.offsets.data(), keys.data.data(), rows.data(), slot);
+  std::vector<int32_t> off(n + 1);
+  std::vector<uint8_t> data(total + 1), valid((n + 7) / 8, 0);
+  step.gather(rows.data(), off.data(), data.data(), valid.data(), slot);
+  CHECK_EQ(uint64_t(off[n]), total);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t k = step.round_key(i, slot);
+    ++(*seen)[k];
+    auto it = f.model.find(keys.text[k]);
+    CHECK_EQ(rows[i] >= 0, it != f.model.end());
+    const bool has = (valid[i >> 3] >> (i & 7)) & 1;
+    CHECK_EQ(has, it != f.model.end() && !it->second.empty());
+    if (has) CHECK_EQ(std::string(data.begin() + off[i], data.begin() + off[i + 1]), it->second);
+  }
+}
+
 // Runs every round of `step` (reads served from `f`), checking each key against the model;
 // returns the blocks read.
 size_t run_step(LookupStep& step, const File& f, const Keys& keys, uint64_t open_bytes,
@@ -90,22 +112,7 @@ size_t run_step(LookupStep& step, const File& f, const Keys& keys, uint64_t open
       read += rr.count;
     }
     if (reads_per_round) reads_per_round->push_back(step.ranges().size());
-    const size_t n = step.round_key_count();
-    std::vector<int64_t> rows(n);
-    const uint64_t total = step.search(keys.offsets.data(), keys.data.data(), rows.data());
-    std::vector<int32_t> off(n + 1);
-    std::vector<uint8_t> data(total + 1), valid((n + 7) / 8, 0);
-    step.gather(rows.data(), off.data(), data.data(), valid.data());
-    CHECK_EQ(uint64_t(off[n]), total);
-    for (size_t i = 0; i < n; ++i) {
-      const int64_t k = step.round_key(i);
-      ++seen[k];
-      auto it = f.model.find(keys.text[k]);
-      CHECK_EQ(rows[i] >= 0, it != f.model.end());
-      const bool has = (valid[i >> 3] >> (i & 7)) & 1;
-      CHECK_EQ(has, it != f.model.end() && !it->second.empty());
-      if (has) CHECK_EQ(std::string(data.begin() + off[i], data.begin() + off[i + 1]), it->second);
-    }
+    search_and_check(step, f, keys, 0, &seen);
   }
   for (int s : seen) CHECK_EQ(s, 1);
   return read;
@@ -136,21 +143,7 @@ size_t run_step_pipelined(LookupStep& step, const File& f, const Keys& keys) {
     size_t ahead_read = 0;
     std::thread opener;
     if (more) opener = std::thread([&] { ahead_read = open_all(step, f, ahead); });
-    const size_t n = step.round_key_count(slot);
-    std::vector<int64_t> rows(n);
-    const uint64_t total = step.search(keys.offsets.data(), keys.data.data(), rows.data(), slot);
-    std::vector<int32_t> off(n + 1);
-    std::vector<uint8_t> data(total + 1), valid((n + 7) / 8, 0);
-    step.gather(rows.data(), off.data(), data.data(), valid.data(), slot);
-    for (size_t i = 0; i < n; ++i) {
-      const int64_t k = step.round_key(i, slot);
-      ++seen[k];
-      auto it = f.model.find(keys.text[k]);
-      CHECK_EQ(rows[i] >= 0, it != f.model.end());
-      const bool has = (valid[i >> 3] >> (i & 7)) & 1;
-      CHECK_EQ(has, it != f.model.end() && !it->second.empty());
-      if (has) CHECK_EQ(std::string(data.begin() + off[i], data.begin() + off[i + 1]), it->second);
-    }
+    search_and_check(step, f, keys, slot, &seen);
     if (opener.joinable()) opener.join();
     read += ahead_read;
     slot = ahead;
