@@ -253,8 +253,9 @@ def tiered_running_count(size: Size):
 
     The resident memory of a tiered run over the stream's first 16 / 2 batches without
     checkpoints, measured in a fresh interpreter (:mod:`bench.tiered_rss`, Linux), per
-    distribution and for uniform keys with an eighth of the budget (``uniform_spill``: the
-    changed entries exceed it and spill): ``rss_delta_bytes_<label>``,
+    distribution and for uniform keys with an eighth of the key and value bytes that run held
+    at most (``uniform_spill``: the changed entries exceed it and spill):
+    ``rss_delta_bytes_<label>``,
     ``rss_over_budget_bytes_<label>`` (the delta minus that run's budget),
     ``rss_over_budget_and_cache_bytes_<label>`` (minus the block cache's bound, 16 MiB, too),
     ``state_bytes_max_<label>``, ``budget_bytes_<label>``, ``spills_<label>``."""
@@ -342,13 +343,17 @@ def tiered_running_count(size: Size):
                                record_rows / rec_s, "rows/s")]
             np.save(Path(d) / f"{dist}.npy", keys[:min(rows, 16 * batch)])
             # Resident memory in a fresh interpreter (attached to the base checkpoint, which
-            # it does not write); with uniform keys also a budget of an eighth, which the
-            # changed entries exceed: the run spills.
-            tight = {"": budget} if dist == "zipf" else {"": budget, "_spill": budget // 8}
-            for suffix, b in tight.items():
-                out += _rss_records(f"{dist}{suffix}", tiered_rss.measure(
-                    Path(d) / "base", Path(d) / f"{dist}.npy", b, _RSS_CACHE_BYTES, batch,
-                    Path(d) / f"spill-{dist}{suffix}"), b)
+            # it does not write); with uniform keys also a budget of an eighth of the key and
+            # value bytes that run held at most (not of its budget, which a large budget
+            # leaves unfilled), which the changed entries exceed: the run spills.
+            got = tiered_rss.measure(Path(d) / "base", Path(d) / f"{dist}.npy", budget,
+                                     _RSS_CACHE_BYTES, batch, Path(d) / f"spill-{dist}")
+            out += _rss_records(dist, got, budget)
+            if dist == "uniform" and got is not None:
+                tight = max(1024, min(budget, got["state_bytes_max"]) // 8)
+                out += _rss_records(f"{dist}_spill", tiered_rss.measure(
+                    Path(d) / "base", Path(d) / f"{dist}.npy", tight, _RSS_CACHE_BYTES, batch,
+                    Path(d) / f"spill-{dist}_spill"), tight)
     return out
 
 
