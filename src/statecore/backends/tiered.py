@@ -1155,8 +1155,8 @@ class TieredBackend(NativeBackend):
     def _attach(self, version: int, commit_id: str | None = None) -> bool:
         """Open the run lookup of committed ``version`` for this backend's key groups, keeping
         the previous lookup's cached blocks of the files the version still lists
-        (RunLookup.take_cache). With ``commit_id``
-        only a manifest of that commit is attached (False, nothing changed, otherwise)."""
+        (RunLookup.take_cache). With ``commit_id`` only a manifest of that commit is attached
+        (False, nothing changed, otherwise)."""
         reader = self.store.open(version)
         if commit_id is not None and reader.commit_id != commit_id:
             reader.release()

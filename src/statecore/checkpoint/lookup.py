@@ -26,11 +26,11 @@ structure, last key against the footer's), decompresses and caches its blocks wi
 released; then one native search of the round's keys in their payloads in place (no per-entry
 decode), on the calling thread while the fetch threads read and open the next round (two rounds
 open at once: hence half of ``open_bytes`` each). Python runs per read at most, never per block
-or per key. Without the extension, and
-for files of format 1 to 5, the same rounds run in Python over a :class:`BlockCache` of Arrow
-arrays. A round's blocks the cache does not keep are released before the next round: a batch of
-uniform keys over a large state would otherwise hold about every block of the runs decompressed
-at once, and the allocator would keep those pages after the batch.
+or per key. Without the extension, and for files of format 1 to 5, the same rounds run in
+Python over a :class:`BlockCache` of Arrow arrays. A round's blocks the cache does not keep are
+released before the round after the next is read (one round at a time without the extension):
+a batch of uniform keys over a large state would otherwise hold about every block of the runs
+decompressed at once, and the allocator would keep those pages after the batch.
 
 A run's filters are read when a batch first needs them: the filters of the key groups the batch
 reaches in that run and not read before, in one ranged read (they are stored in key-group
