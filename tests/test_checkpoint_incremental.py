@@ -516,6 +516,68 @@ def test_compaction_keeps_every_version_and_reads_less(tmp_path):
         assert read_all(r) == m.expected(kgs)
 
 
+def _history_over_a_split(root):
+    """A store at ``root`` with versions 0 (full) to 4 (incremental) over key groups 0..31 and
+    5: an incremental run of 0..15 and a full one of 16..31; returns it and ``{version:
+    expected contents}``."""
+    store = CheckpointStore(root, max_runs=None)
+    m, rng = Model(), random.Random(33)
+    kgs = list(range(32))
+    m.mutate(rng, kgs, 300)
+    store.commit(0, [store.write_snapshot(m.snapshot((0, 31), False), 0)])
+    m.complete(0)
+    history = {0: m.expected(kgs)}
+    for v in range(1, 6):
+        m.mutate(rng, kgs, 60)
+        if v < 5:
+            snaps = [m.snapshot((0, 31), True)]
+        else:
+            snaps = [m.snapshot((0, 15), True), m.snapshot((16, 31), False)]
+        store.commit(v, [store.write_snapshot(s, v, f"w{i}") for i, s in enumerate(snaps)])
+        m.complete(v)
+        history[v] = m.expected(kgs)
+    return store, history
+
+
+def test_compaction_reaches_the_later_versions_chained_onto_its_runs(tmp_path):
+    """Compacting version 3 after 4 and 5 were committed on top of it (a background compaction
+    slower than the commits) replaces the merged runs in 4 and 5 too, their own runs kept
+    above the compacted one; every version restores what it did, and retention then needs
+    only the runs of the newest."""
+    store, history = _history_over_a_split(tmp_path)
+    assert store.describe(5)["max_runs_per_key_group"] == 6
+    store.compact(3, max_runs=1)
+    (out,) = store.manifest(3)["files"]
+    assert out["kind"] == "full" and out["seq"] == 4
+    assert [f["path"] for f in store.manifest(4)["files"]][1:] == [out["path"]]
+    five = store.manifest(5)["files"]
+    assert out["path"] in {f["path"] for f in five} and len(five) == 4
+    assert store.describe(5)["max_runs_per_key_group"] == 3
+    for v, want in history.items():
+        store.verify(v)
+        with store.open(v) as r:
+            assert read_all(r) == want, v
+    store.retain(1)
+    files = {p.relative_to(tmp_path).as_posix() for p in (tmp_path / "data").rglob("*.sckp")}
+    assert files == {f["path"] for f in five}
+    with store.open(5) as r:
+        assert read_all(r) == history[5]
+
+
+def test_compaction_leaves_later_versions_whose_chains_differ(tmp_path):
+    """Version 4 was compacted first (its chain no longer holds version 3's runs): compacting
+    3 then replaces 3's manifest alone."""
+    store, history = _history_over_a_split(tmp_path)
+    store.compact(4, max_runs=1)
+    later = {v: store.manifest(v)["checksum_xxh64"] for v in (4, 5)}
+    store.compact(3, max_runs=1)
+    assert len(store.manifest(3)["files"]) == 1
+    assert {v: store.manifest(v)["checksum_xxh64"] for v in (4, 5)} == later
+    for v, want in history.items():
+        with store.open(v) as r:
+            assert read_all(r) == want, v
+
+
 def test_store_block_target_reaches_writes_and_compactions(tmp_path):
     """A store's ``block_target_bytes`` cuts the blocks of every run it writes (synchronous,
     asynchronous, compacted) unless a write gives its own; readers need no setting."""

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -211,6 +212,38 @@ def test_a_failed_background_compaction_is_reported_and_changes_nothing(tmp_path
     assert b.last_compaction_error == "OSError: disk full"
     s.get_batch(pa.array(range(50, 80), pa.int64()))
     assert s.get_batch(pa.array([1, 2], pa.int64())).to_pylist() == [1, 2]
+    b.dispose()
+    store.close()
+
+
+def test_a_compaction_slower_than_the_checkpoints_is_taken_up(tmp_path, monkeypatch):
+    """Version 3's background compaction finishes only after versions 4 and 5 were committed
+    on top of it: it reaches their manifests too, and the backend, attached to 5, re-attaches
+    to 5's (two runs of its own above the compacted one)."""
+    store = CheckpointStore(tmp_path, max_runs=None)
+    b = tiered(store, compact_max_runs=2)
+    s = b.get_state(ValueStateDescriptor("v", "int64"))
+    gate = threading.Event()
+    real = store.compact
+
+    def slow(*args, **kwargs):
+        gate.wait(60)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "compact", slow)
+    keys = pa.array(range(250), pa.int64())
+    for version in range(1, 6):
+        s.put_batch(keys[(version - 1) * 50:], pa.array([version] * (300 - version * 50),
+                                                         pa.int64()))
+        store.checkpoint(b, version)
+    stats = b.tiered_statistics()
+    assert stats["compacting"] and stats["attached_runs"] == 5 and b.attached_version == 5
+    gate.set()
+    assert b.poll_compaction(wait=True)
+    stats = b.tiered_statistics()
+    assert stats["compactions"] == 1 and stats["attached_runs"] == 3
+    assert os.path.basename(store.manifest(5)["files"][-1]["path"]).startswith("compacted-")
+    assert s.get_batch(keys).to_pylist() == [v for v in range(1, 6) for _ in range(50)]
     b.dispose()
     store.close()
 

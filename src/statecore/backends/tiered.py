@@ -94,9 +94,11 @@ docs/state-map.md "Change tracking" state the rules this builds on):
   files in the background. Processing goes on meanwhile against V's old runs, which the
   backend's reader pins (statecore.checkpoint.pins: retention keeps them). At the next safe
   point after it finished -- the end of a call (:meth:`TieredBackend.evict`) or
-  ``notify_checkpoint_complete`` -- the backend re-attaches to V's compacted manifest when V
-  is still its version and the same commit; the block cache keeps the blocks of the files V
-  still lists (its keys name immutable files) and drops the replaced runs' ones. Same
+  ``notify_checkpoint_complete`` -- the backend re-attaches to its version's manifest when the
+  compaction replaced it (V's, or that of a later version still chained onto the runs it
+  merged: the checkpoints taken while it ran) and it is still the same commit; the block
+  cache keeps the blocks of the files V still lists (its keys name immutable files) and drops
+  the replaced runs' ones. Same
   content, so T1 and T2 hold across the switch, except for entries the TTL filter dropped: V
   no longer holds those, and a clean copy in memory is expired, which every read treats as
   absent.
@@ -1119,31 +1121,32 @@ class TieredBackend(NativeBackend):
 
     def poll_compaction(self, wait: bool = False) -> bool:
         """Take up the background compaction when it finished (with ``wait``: after waiting
-        for it): re-attach to the compacted manifest when it is of the attached version and
-        the same commit, then ask for the next compaction if the chains are still too long.
-        A compaction that raised is counted (``compaction_failures``,
-        :attr:`last_compaction_error`) and changes nothing: the backend stays on the runs it
-        reads. Returns True when the backend re-attached. Called at every safe point
-        (:meth:`evict`, ``notify_checkpoint_complete``); public for callers that want to wait
-        (tests, a shutdown)."""
+        for it): re-attach to the attached version's manifest when the compaction replaced it
+        (module docstring, "Background compaction") and it is the same commit, then ask for
+        the next compaction if the chains are still too long. A compaction that raised is
+        counted (``compaction_failures``, :attr:`last_compaction_error`) and changes nothing:
+        the backend stays on the runs it reads. Returns True when the backend re-attached.
+        Called at every safe point (:meth:`evict`, ``notify_checkpoint_complete``); public for
+        callers that want to wait (tests, a shutdown)."""
         pending = self._compaction
         if pending is None or not (wait or pending[1].done()):
             return False
         self._compaction = None
         version, future = pending
         try:
-            manifest = future.result()
+            future.result()
         except Exception as exc:  # noqa: BLE001 - a background failure is reported, not raised
             self._stats["compaction_failures"] += 1
             self.last_compaction_error = f"{type(exc).__name__}: {exc}"
             return False
         switched = False
         old = self._reader
-        if (version == self.attached_version and old is not None
-                and manifest.get("commit_id") == old.commit_id
-                and manifest["checksum_xxh64"] != old.manifest["checksum_xxh64"]):
+        # The compaction replaced the manifest of its version and of the later versions still
+        # chained onto the runs it merged: re-read the attached one when it is one of those.
+        if old is not None and version <= self.attached_version:
             try:
-                switched = self._attach(version, commit_id=old.commit_id)
+                switched = self._attach(self.attached_version, commit_id=old.commit_id,
+                                        unless_checksum=old.manifest["checksum_xxh64"])
             except (CheckpointError, OSError) as exc:  # gone or unreadable: stay on the old runs
                 self._stats["compaction_failures"] += 1
                 self.last_compaction_error = f"{type(exc).__name__}: {exc}"
@@ -1152,13 +1155,17 @@ class TieredBackend(NativeBackend):
         self._maybe_compact()
         return switched
 
-    def _attach(self, version: int, commit_id: str | None = None) -> bool:
+    def _attach(self, version: int, commit_id: str | None = None,
+                unless_checksum: str | None = None) -> bool:
         """Open the run lookup of committed ``version`` for this backend's key groups, keeping
         the previous lookup's cached blocks of the files the version still lists
-        (RunLookup.take_cache). With ``commit_id`` only a manifest of that commit is attached
-        (False, nothing changed, otherwise)."""
+        (RunLookup.take_cache). With ``commit_id`` only a manifest of that commit is attached,
+        with ``unless_checksum`` only one whose ``checksum_xxh64`` differs (False, nothing
+        changed, otherwise)."""
         reader = self.store.open(version)
-        if commit_id is not None and reader.commit_id != commit_id:
+        if ((commit_id is not None and reader.commit_id != commit_id)
+                or (unless_checksum is not None
+                    and reader.manifest["checksum_xxh64"] == unless_checksum)):
             reader.release()
             return False
         try:

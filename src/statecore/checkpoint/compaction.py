@@ -5,14 +5,19 @@ highest in the manifest; they tile V's range). For each top run whose range has 
 than N it writes one full run over the same range, same ``seq`` (the merged chain, tombstones
 dropped), as a new file with a unique name; then it atomically replaces ``manifest-V.json`` with a
 manifest listing the compacted runs instead (same version, same metadata, runs no chain needs
-any more dropped).
+any more dropped), and does the same to the manifest of every later committed version whose
+chains still hold, from the top run down, exactly the runs it merged (the versions committed
+on top of V while it ran: their new runs stay above the compacted one). A compaction taking
+longer than the interval between commits thus still shortens the newest version's chains, as
+a RocksDB compaction's output enters the current version, not the one it started from.
 
 Why rewrite V's manifest rather than record compaction results for the next commit:
 
 1. every step is one atomic file operation and the manifest replace is the only publishing step:
    a crash before it leaves an unreferenced file (deleted by a later retention), a crash after
    it leaves a complete manifest;
-2. the compacted manifest restores exactly what the old one did (same merged content), so no
+2. a compacted manifest restores exactly what the old one did (same merged content: a later
+   version's is replaced only where its chains below its own runs are V's, run for run), so no
    version ever changes what it restores to;
 3. the next commit simply starts from V's (compacted) manifest, no side state to keep consistent.
 
@@ -21,9 +26,11 @@ stored bytes, the previous window dropped), so a compaction's memory does not gr
 
 The replace happens only when V's manifest is still the one compaction read (checksum compared
 under the root's lock); otherwise (V re-committed meanwhile) the new file is abandoned.
-Compaction inputs stay on disk while any retained manifest (e.g. of V+1, committed before the
-compaction) references them; outputs not yet published are reported by
-:meth:`Compactor.in_flight_paths` so that retention leaves them alone.
+Each later manifest is replaced the same way, read and written under the lock; a crash between
+two replaces leaves each manifest complete, some compacted and some not. Compaction inputs stay
+on disk while any retained manifest (e.g. of a version below V) references them; outputs not
+yet published are reported by :meth:`Compactor.in_flight_paths` so that retention leaves them
+alone.
 
 TTL compaction filter
 ---------------------
@@ -41,6 +48,7 @@ manifest counts them per state (``ttl_compaction_expired``).
 
 from __future__ import annotations
 
+import bisect
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -99,6 +107,36 @@ def ttl_filters(manifest: dict, ttl_clock) -> dict:
         out[m["name"]] = (entry_layout(m["kind"]), width, cfg.ttl_ms,
                           CompactionTimeProvider(clock, cfg.query_time_after_num_entries))
     return out
+
+
+def _chains_below(manifest: dict, seq: int, start: int, end: int) -> list:
+    """``[(first key group, (path, footer) of each run))]``: for each segment of ``[start, end]``
+    the runs of ``manifest``'s chain (:func:`plan_chains`) with ``seq`` at most ``seq``, newest
+    first."""
+    segs = plan_chains(manifest["files"], (start, end), CorruptCheckpointError,
+                       f"manifest of version {manifest['version']}")
+    return [(a, tuple((r["path"], r.get("footer_xxh64")) for r in chain if r["seq"] <= seq))
+            for a, _, chain in segs]
+
+
+def _shares_chain(later: dict, manifest: dict, top: dict) -> bool:
+    """True when a compaction output of ``manifest``'s top run ``top`` may replace ``top`` in
+    ``later`` (a manifest of a later version) too: ``later`` lists ``top``, and for each key
+    group of ``top``'s range ``later``'s chain either ends above ``top``'s seq (a newer full run)
+    or holds, from ``top`` down, exactly the runs of ``manifest``'s chain -- the runs the
+    output merged -- so that the replaced ``later`` restores what it did."""
+    path = top["path"]
+    if not any(r["path"] == path for r in later["files"]):
+        return False
+    s, e = top["key_group_range"]
+    ours = _chains_below(manifest, top["seq"], s, e)
+    theirs = _chains_below(later, top["seq"], s, e)
+    cuts = sorted({a for a, _ in ours} | {a for a, _ in theirs})
+
+    def at(segs, kg):
+        return segs[bisect.bisect_right([a for a, _ in segs], kg) - 1][1]
+
+    return all(not at(theirs, kg) or at(theirs, kg) == at(ours, kg) for kg in cuts)
 
 
 class RangeView:
@@ -194,9 +232,10 @@ class Compactor:
     def compact(self, version: int | None, max_runs: int, ttl_clock,
                 key_groups: tuple[int, int] | None = None) -> dict:
         """Compact ``version`` (None: the latest) where a key group needs more than ``max_runs``
-        runs; returns the (possibly unchanged) manifest. ``ttl_clock``: the processing-time clock
-        of the TTL filter. ``key_groups`` (inclusive ``(start, end)``; None: all): only top runs
-        overlapping these key groups are compacted, whole. Errors as
+        runs, and the later versions whose chains still hold the runs it merged (module
+        docstring); returns ``version``'s (possibly unchanged) manifest. ``ttl_clock``: the
+        processing-time clock of the TTL filter. ``key_groups`` (inclusive ``(start, end)``;
+        None: all): only top runs overlapping these key groups are compacted, whole. Errors as
         ``CheckpointStore.compact``."""
         max_runs = check_max_runs(max_runs)
         if key_groups is not None:
@@ -251,7 +290,6 @@ class Compactor:
                     "stored_bytes": summary.stored_bytes,
                     "key_groups_nonempty": summary.key_groups_nonempty,
                     "footer_xxh64": f"{summary.footer_xxh64:016x}",
-                    "replaces": t["path"],
                     "ttl_expired": dict(view.ttl_expired),
                 })
                 reader.drop_prefetched()
@@ -263,26 +301,44 @@ class Compactor:
                     return manifest  # retained away meanwhile: the outputs are orphans
                 if current["checksum_xxh64"] != manifest["checksum_xxh64"]:
                     return current  # re-committed meanwhile: publish nothing
-                replaced = {w.pop("replaces") for w in written}
-                runs = [r for r in manifest["files"] if r["path"] not in replaced] + written
-                segs = plan_chains(runs, manifest["key_group_range"], CorruptCheckpointError,
-                                   f"compaction of version {version}")
-                ids = chain_run_ids(segs)
-                runs = [r for r in runs if id(r) in ids or r in written]
-                body = {k: v for k, v in manifest.items() if k != "checksum_xxh64"}
-                expired = dict(body.get("ttl_compaction_expired", {}))
-                for w in written:
-                    for name, n in w.pop("ttl_expired").items():
-                        expired[name] = expired.get(name, 0) + n
-                body.update(files=sort_runs(runs), compacted_ms=int(time.time() * 1000),
-                            format_version=MANIFEST_FORMAT_VERSION)
-                if expired:
-                    body["ttl_compaction_expired"] = expired
-                return self.manifests.write(body)
+                pairs = [(t, w) for t, w in zip(targets, written)]
+                published = self._publish(manifest, pairs)
+                for later in self.manifests.versions():
+                    if later <= version:
+                        continue
+                    m = self.manifests.read(later)
+                    fits = [(t, w) for t, w in pairs if _shares_chain(m, manifest, t)]
+                    if fits:
+                        self._publish(m, fits)
+                return published
         finally:
             reader.release()
             with self.lock:
                 self._inflight.difference_update(inflight)
+
+    def _publish(self, manifest: dict, pairs: list) -> dict:
+        """Publish ``manifest`` (a version's) with each top run ``t`` of ``pairs`` (``(t,
+        output)``: a compacted run's manifest entry, with its ``ttl_expired`` counts) replaced
+        by its output and the runs no chain needs any more dropped; returns the new manifest.
+        Call it holding :attr:`lock`."""
+        version = manifest["version"]
+        replaced = {t["path"] for t, _ in pairs}
+        written = [{k: v for k, v in w.items() if k != "ttl_expired"} for _, w in pairs]
+        runs = [r for r in manifest["files"] if r["path"] not in replaced] + written
+        segs = plan_chains(runs, manifest["key_group_range"], CorruptCheckpointError,
+                           f"compaction of version {version}")
+        ids = chain_run_ids(segs)
+        runs = [r for r in runs if id(r) in ids]
+        body = {k: v for k, v in manifest.items() if k != "checksum_xxh64"}
+        expired = dict(body.get("ttl_compaction_expired", {}))
+        for _, w in pairs:
+            for name, n in w["ttl_expired"].items():
+                expired[name] = expired.get(name, 0) + n
+        body.update(files=sort_runs(runs), compacted_ms=int(time.time() * 1000),
+                    format_version=MANIFEST_FORMAT_VERSION)
+        if expired:
+            body["ttl_compaction_expired"] = expired
+        return self.manifests.write(body)
 
     def submit(self, fn, *args) -> Future:
         """Run ``fn(*args)`` in the compactor's single background thread (started on first use);

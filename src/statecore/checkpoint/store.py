@@ -437,13 +437,16 @@ class CheckpointStore:
         commit) whose key groups need more than ``max_runs`` runs (default: the store's
         ``max_runs``, or 1 when that is None), write one full run over the top run's range (the
         merged state, no tombstones) and atomically replace the version's manifest with one
-        listing it instead (:mod:`statecore.checkpoint.compaction`). ``key_groups`` (inclusive
+        listing it instead, then likewise the manifest of every later version whose chains still
+        hold the runs it merged (versions committed while it ran;
+        :mod:`statecore.checkpoint.compaction`). ``key_groups`` (inclusive
         ``(start, end)``): only the top runs overlapping these key groups (what one task owns)
         are looked at, each compacted whole. What the version restores to does not change
-        (less the entries the TTL compaction filter drops). Returns the (possibly unchanged)
-        manifest. Raises CheckpointNotFoundError for an unknown version, InvalidInputError for
-        a bad ``max_runs`` or ``key_groups``, CorruptCheckpointError when a run cannot be read;
-        filesystem errors propagate (nothing published then)."""
+        (less the entries the TTL compaction filter drops), nor what a later one does. Returns
+        the version's (possibly unchanged) manifest. Raises CheckpointNotFoundError for an
+        unknown version, InvalidInputError for a bad ``max_runs`` or ``key_groups``,
+        CorruptCheckpointError when a run cannot be read; filesystem errors propagate (nothing
+        published then, or the manifests published before the error)."""
         if max_runs is None:
             max_runs = self.max_runs if self.max_runs is not None else 1
         if key_groups is not None:
