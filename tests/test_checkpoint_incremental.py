@@ -516,14 +516,81 @@ def test_compaction_keeps_every_version_and_reads_less(tmp_path):
         assert read_all(r) == m.expected(kgs)
 
 
-def _history_over_a_split(root):
+def test_minor_compaction_merges_the_incremental_runs_alone(tmp_path):
+    """Small incremental runs over a large full one: compaction merges them into one
+    incremental run (tombstones kept, based on the full run's version) and keeps the full run;
+    its output is merged again with the next runs, until they reach 1/ratio of the full run's
+    bytes and a full compaction follows. Every version restores what it did and verifies."""
+    store = CheckpointStore(tmp_path, max_runs=None, compaction_size_ratio=4)
+    m, rng = Model(), random.Random(8)
+    kgs = list(range(32))
+    m.mutate(rng, kgs, 3000)
+    for kg in kgs:  # entries the changes never touch
+        m.state["a"][kg].update({ekey(kg, k): bytes(8) for k in range(100, 200)})
+    store.commit(0, [store.write_snapshot(m.snapshot((0, 31), False), 0)])
+    m.complete(0)
+    base = store.manifest(0)["files"][0]
+    history = {0: m.expected(kgs)}
+    kinds = []
+    for v in range(1, 40):
+        m.mutate(rng, kgs, 40)
+        store.commit(v, [store.write_snapshot(m.snapshot((0, 31), True), v)])
+        m.complete(v)
+        history[v] = m.expected(kgs)
+        if store.describe(v)["max_runs_per_key_group"] > 3:
+            files = store.compact(v, max_runs=3)["files"]
+            kinds.append([f["kind"] for f in files])
+            if len(files) == 2:  # minor: the full run kept under the merged changes
+                top, full = files
+                assert top["kind"] == "incremental" and full == base
+                assert top["base_version"] == base["version"] and top["seq"] == v + 1
+                assert sum(top["tombstones"].values()) > 0
+            else:
+                (base,) = files
+        for w in (v - 1, v):
+            store.verify(w)
+            with store.open(w) as r:
+                assert read_all(r) == history[w], w
+    assert ["incremental", "full"] in kinds and ["full"] in kinds
+    assert kinds.index(["full"]) > kinds.index(["incremental", "full"])
+
+
+def test_minor_compaction_only_where_it_meets_max_runs_and_the_ratio(tmp_path):
+    """``max_runs=1`` and ``compaction_size_ratio=None`` compact full; a bad ratio is
+    refused."""
+    for ratio, max_runs in ((4, 1), (None, 2)):
+        store = CheckpointStore(tmp_path / f"{ratio}-{max_runs}", max_runs=None,
+                                compaction_size_ratio=ratio)
+        assert store.compaction_size_ratio == ratio
+        m, rng = Model(), random.Random(9)
+        m.mutate(rng, [0, 1], 2000)
+        store.commit(0, [store.write_snapshot(m.snapshot((0, 1), False), 0)])
+        m.complete(0)
+        for v in (1, 2, 3):
+            m.mutate(rng, [0, 1], 5)
+            store.commit(v, [store.write_snapshot(m.snapshot((0, 1), True), v)])
+            m.complete(v)
+        assert [f["kind"] for f in store.compact(3, max_runs=max_runs)["files"]] == ["full"]
+        with store.open(3) as r:
+            assert read_all(r) == m.expected([0, 1])
+    for bad in (0, -1, 1.5, True, "4"):
+        with pytest.raises(InvalidInputError, match="compaction_size_ratio"):
+            CheckpointStore(tmp_path / "bad", compaction_size_ratio=bad)
+
+
+def _history_over_a_split(root, pad=False):
     """A store at ``root`` with versions 0 (full) to 4 (incremental) over key groups 0..31 and
     5: an incremental run of 0..15 and a full one of 16..31; returns it and ``{version:
-    expected contents}``."""
+    expected contents}``. ``pad``: version 0 also holds entries no change touches, many more
+    bytes than the changes."""
     store = CheckpointStore(root, max_runs=None)
     m, rng = Model(), random.Random(33)
     kgs = list(range(32))
     m.mutate(rng, kgs, 300)
+    if pad:
+        for kg in kgs:
+            m.state["a"].setdefault(kg, {}).update(
+                {ekey(kg, k): bytes(16) for k in range(100, 400)})
     store.commit(0, [store.write_snapshot(m.snapshot((0, 31), False), 0)])
     m.complete(0)
     history = {0: m.expected(kgs)}
@@ -539,20 +606,25 @@ def _history_over_a_split(root):
     return store, history
 
 
-def test_compaction_reaches_the_later_versions_chained_onto_its_runs(tmp_path):
+@pytest.mark.parametrize("minor", [False, True])
+def test_compaction_reaches_the_later_versions_chained_onto_its_runs(tmp_path, minor):
     """Compacting version 3 after 4 and 5 were committed on top of it (a background compaction
     slower than the commits) replaces the merged runs in 4 and 5 too, their own runs kept
-    above the compacted one; every version restores what it did, and retention then needs
-    only the runs of the newest."""
-    store, history = _history_over_a_split(tmp_path)
+    above the compacted one -- a full run, or (``minor``) the merged incremental runs over
+    version 0's full run; every version restores what it did, and retention then needs only
+    the runs of the newest."""
+    store, history = _history_over_a_split(tmp_path, pad=minor)
     assert store.describe(5)["max_runs_per_key_group"] == 6
-    store.compact(3, max_runs=1)
-    (out,) = store.manifest(3)["files"]
-    assert out["kind"] == "full" and out["seq"] == 4
-    assert [f["path"] for f in store.manifest(4)["files"]][1:] == [out["path"]]
+    base = store.manifest(0)["files"]
+    store.compact(3, max_runs=2 if minor else 1)
+    out, *below = store.manifest(3)["files"]
+    assert below == (base if minor else [])
+    assert out["kind"] == ("incremental" if minor else "full") and out["seq"] == 4
+    assert [f["path"] for f in store.manifest(4)["files"]][1:] == [out["path"]] + [
+        f["path"] for f in below]
     five = store.manifest(5)["files"]
-    assert out["path"] in {f["path"] for f in five} and len(five) == 4
-    assert store.describe(5)["max_runs_per_key_group"] == 3
+    assert out["path"] in {f["path"] for f in five} and len(five) == 4 + len(below)
+    assert store.describe(5)["max_runs_per_key_group"] == 3 + len(below)
     for v, want in history.items():
         store.verify(v)
         with store.open(v) as r:

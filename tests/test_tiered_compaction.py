@@ -86,13 +86,17 @@ def test_retention_keeps_the_runs_an_attached_backend_reads(tmp_path, how):
     assert len(older) == 2 and older.isdisjoint(_data_files(tmp_path))
 
 
-def test_background_compaction_matches_the_in_memory_backend(tmp_path):
+@pytest.mark.parametrize("ratio", [None, 1])
+def test_background_compaction_matches_the_in_memory_backend(tmp_path, ratio):
     """Random writes, removals and TTL expiry over six checkpoints; the chain is compacted in
-    the background whenever it holds more than two runs (the TTL filter dropping expired
-    values), the backend re-attaches, retention runs after every checkpoint; reads equal the
-    in-memory backend's throughout."""
+    the background whenever it holds more than two runs (full compactions only, the TTL filter
+    dropping expired values, or also minor ones: ``compaction_size_ratio=1`` and a state the
+    changes never touch, so that they stay below the full run's bytes), the backend
+    re-attaches, retention runs after every checkpoint; reads equal the in-memory backend's
+    throughout."""
     clock = ManualClock(0)
-    store = CheckpointStore(tmp_path, max_runs=None, ttl_clock=clock)
+    store = CheckpointStore(tmp_path, max_runs=None, ttl_clock=clock,
+                            compaction_size_ratio=ratio)
     b = tiered(store, budget=24 * ENTRY, compact_max_runs=2, ttl_clock=clock)
     ref = create_backend("native", key_type="int64", ttl_clock=clock)
     ttl = StateTtlConfig(500, cleanup_in_compaction=10)
@@ -101,7 +105,12 @@ def test_background_compaction_matches_the_in_memory_backend(tmp_path):
     pairs = [(b.get_state(d), ref.get_state(d)) for d in descs]
     rng = random.Random(20261129)
     every = pa.array(range(400), pa.int64())
+    if ratio is not None:
+        cold = pa.array(range(1000, 9000), pa.int64())
+        for be in (b, ref):
+            be.get_state(ValueStateDescriptor("cold", "int64")).put_batch(cold, cold)
     expired = 0
+    minor = 0
     for version in range(1, 7):
         clock.advance(200)
         for _ in range(4):
@@ -124,9 +133,15 @@ def test_background_compaction_matches_the_in_memory_backend(tmp_path):
             assert s.get_batch(every).to_pylist() == r.get_batch(every).to_pylist()
         assert b.keys("v") == ref.keys("v")
         expired += sum(store.manifest(version).get("ttl_compaction_expired", {}).values())
+        minor += any(f["kind"] == "incremental" and "compacted-" in f["path"]
+                     for f in store.manifest(version)["files"])
     stats = b.tiered_statistics()
     assert stats["compactions"] >= 2 and stats["compaction_failures"] == 0
-    assert expired > 0
+    assert (expired > 0) if ratio is None else (minor > 0)
+    if ratio is not None:
+        cold = pa.array(range(1000, 9000), pa.int64())
+        assert (b.get_state(ValueStateDescriptor("cold", "int64")).get_batch(cold)
+                == ref.get_state(ValueStateDescriptor("cold", "int64")).get_batch(cold))
     b.dispose()
     store.close()
 
@@ -371,7 +386,8 @@ def test_the_re_attach_after_a_compaction_drops_the_replaced_runs_blocks(tmp_pat
     # Passes over more blocks than the cache holds leave it full of the old runs' blocks with
     # high admission counts (block_cache.h). The compacted run replaces them: kept, they would
     # never be asked for again and the admission test would refuse the new run's blocks.
-    store = CheckpointStore(str(tmp_path), block_target_bytes=4096, max_runs=None)
+    store = CheckpointStore(str(tmp_path), block_target_bytes=4096, max_runs=None,
+                            compaction_size_ratio=None)
     b = tiered(store, budget=64 * ENTRY, cache_bytes=32 * 4096, compact_max_runs=3)
     s = b.get_state(ValueStateDescriptor("v", "int64"))
     keys = pa.array(range(40_000), pa.int64())

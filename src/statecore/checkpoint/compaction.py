@@ -1,15 +1,26 @@
-"""Compaction: replacing a version's long chains of runs by one full run each.
+"""Compaction: replacing a version's long chains of runs by one or two runs each.
 
 ``compact(V, max_runs=N)`` looks at V's *top runs* (those of V's own commit: ``seq`` = the
 highest in the manifest; they tile V's range). For each top run whose range has a chain longer
-than N it writes one full run over the same range, same ``seq`` (the merged chain, tombstones
-dropped), as a new file with a unique name; then it atomically replaces ``manifest-V.json`` with a
-manifest listing the compacted runs instead (same version, same metadata, runs no chain needs
-any more dropped), and does the same to the manifest of every later committed version whose
-chains still hold, from the top run down, exactly the runs it merged (the versions committed
-on top of V while it ran: their new runs stay above the compacted one). A compaction taking
-longer than the interval between commits thus still shortens the newest version's chains, as
-a RocksDB compaction's output enters the current version, not the one it started from.
+than N it writes one run over the same range, same ``seq``, as a new file with a unique name:
+
+* a *minor* compaction when the chains of the range share one full run, the incremental runs
+  above it lie within the range and hold under 1/``size_ratio`` of its bytes (default
+  :data:`DEFAULT_SIZE_RATIO`), and N >= 2: one incremental run of those runs' merged changes
+  (newest wins, tombstones kept, ``base_version`` of the oldest), the full run left as it is;
+* else a *full* compaction: one full run of the merged chain (tombstones dropped).
+
+So the bytes a compaction writes follow the bytes changed since the last full compaction, until
+those reach 1/``size_ratio`` of the state -- RocksDB's leveled compaction bounds its write
+amplification by the same ratio between levels; rewriting the whole state on every compaction would
+make its cost grow with the state, not the change rate. Then it atomically replaces
+``manifest-V.json`` with a manifest listing the compacted runs instead (same version, same metadata,
+the runs merged and those no chain needs any more dropped), and does the same to the manifest of
+every later committed version whose chains still hold, from the top run down, exactly the runs it
+merged (the versions committed on top of V while it ran: their new runs stay above the compacted
+one). A compaction taking longer than the interval between commits thus still shortens the newest
+version's chains, as a RocksDB compaction's output enters the current version, not the one it
+started from.
 
 Why rewrite V's manifest rather than record compaction results for the next commit:
 
@@ -35,9 +46,10 @@ alone.
 TTL compaction filter
 ---------------------
 A state whose TTL config has ``cleanup_in_compaction`` (``query_time_after_num_entries`` N) loses
-its expired entries whenever compaction merges its runs (frocksdb's FlinkCompactionFilter on
-statecore's suffix layout, ``statecore.ttl.compaction_filter``; what it drops and keeps:
-docs/formats.md "TTL suffix"). The time is read from the
+its expired entries whenever a full compaction merges its runs (frocksdb's
+FlinkCompactionFilter on statecore's suffix layout, ``statecore.ttl.compaction_filter``; what it
+drops and keeps: docs/formats.md "TTL suffix"); a minor one keeps them (an expired value dropped
+from an incremental run would uncover the value under it). The time is read from the
 ``ttl_clock`` once per compaction and again after every N entries (cached in between, as
 frocksdb does); event-time TTL uses the version's ``metadata["watermark_ms"]`` (none: nothing
 expires). Each run of entries sharing one clock reading is filtered in C++ when the extension is
@@ -56,22 +68,38 @@ from statecore import serializers as S
 from statecore.checkpoint.format import (
     DEFAULT_BLOCK_TARGET_BYTES,
     KIND_FULL,
+    KIND_INCREMENTAL,
     make_key_group_range,
     write_data_file,
 )
 from statecore.checkpoint.layout import CheckpointRoot, check_version, compacted_data_path
 from statecore.checkpoint.manifests import MANIFEST_FORMAT_VERSION, ManifestLog
-from statecore.checkpoint.readers import CheckpointReader
+from statecore.checkpoint.readers import CheckpointReader, open_changes
 from statecore.checkpoint.runs import chain_run_ids, plan_chains, sort_runs
 from statecore.errors import CheckpointNotFoundError, CorruptCheckpointError, InvalidInputError
 from statecore.ttl import CompactionTimeProvider, StateTtlConfig, compaction_filter, entry_layout
 
-__all__ = ["Compactor", "RangeView", "ttl_filters", "check_max_runs", "PREFETCH_WINDOW_BYTES"]
+__all__ = ["Compactor", "RangeView", "ttl_filters", "check_max_runs", "check_size_ratio",
+           "PREFETCH_WINDOW_BYTES", "DEFAULT_SIZE_RATIO"]
 
 #: Stored bytes of the runs a compaction fetches at once: it reads them one window of key groups
 #: at a time (estimated from the runs' sizes), so its memory does not grow with the state (a
 #: tiered backend's state is larger than memory).
 PREFETCH_WINDOW_BYTES = 64 << 20
+
+
+#: A chain's incremental runs are merged among themselves (a minor compaction) while their bytes
+#: are below 1/ratio of the full run's under them: a compaction's cost then follows the bytes
+#: changed, not the state's size (RocksDB's level size multiplier plays this part).
+DEFAULT_SIZE_RATIO = 4
+
+
+def check_size_ratio(size_ratio) -> int | None:
+    """``size_ratio`` when it is None or an int >= 1; else InvalidInputError."""
+    if size_ratio is not None and (isinstance(size_ratio, bool) or not isinstance(size_ratio, int)
+                                   or size_ratio < 1):
+        raise InvalidInputError(f"size_ratio must be an int >= 1 or None, got {size_ratio!r}")
+    return size_ratio
 
 
 def check_max_runs(max_runs) -> int:
@@ -193,6 +221,54 @@ class RangeView:
         """No-op: the reader belongs to the caller."""
 
 
+class ChangesView(RangeView):
+    """Incremental StateSnapshot of a :class:`~statecore.checkpoint.readers.ChangesReader`
+    restricted to key groups ``[start, end]``: what a minor compaction writes (NULL values are
+    tombstones; ``base_version`` and ``base_commit_id`` those of the oldest run merged). No TTL
+    filter: dropping an expired value from an incremental run would uncover the value under
+    it."""
+
+    incremental = True
+
+    def __init__(self, reader, start: int, end: int, base_version, base_commit_id,
+                 window: int | None = None):
+        super().__init__(reader, start, end, None, window)
+        self.base_version = base_version
+        self.base_commit_id = base_commit_id
+
+
+def _data_bytes(run: dict) -> int:
+    """The stored bytes of ``run``'s blocks (its file's size when the manifest does not say):
+    what a compaction reads and writes of it, without the footer, filters and index."""
+    return run.get("stored_bytes", run["size"])
+
+
+def _minor_inputs(manifest: dict, top: dict, max_runs: int, size_ratio: int | None):
+    """``(base run, [runs to merge])`` when the chains of ``top``'s key groups in ``manifest``
+    may be compacted minor: they share one full run, the incremental runs above it (two or
+    more) lie within ``top``'s range (so that dropping them leaves no other key group without
+    them) and hold under ``1 / size_ratio`` of its stored bytes (spread evenly over its key
+    groups), and two runs per chain are within ``max_runs``. Else None: a full compaction."""
+    if size_ratio is None or max_runs < 2:
+        return None
+    s, e = top["key_group_range"]
+    segs = plan_chains(manifest["files"], (s, e), CorruptCheckpointError,
+                       f"manifest of version {manifest['version']}")
+    bases = {chain[-1]["path"]: chain[-1] for _, _, chain in segs}
+    above = {r["path"]: r for _, _, chain in segs for r in chain[:-1]}
+    if len(bases) != 1 or len(above) < 2:
+        return None
+    (base,) = bases.values()
+    if any(not (s <= r["key_group_range"][0] and r["key_group_range"][1] <= e)
+           for r in above.values()):
+        return None
+    bs, be = base["key_group_range"]
+    base_bytes = _data_bytes(base) * (e - s + 1) / (be - bs + 1)
+    if sum(_data_bytes(r) for r in above.values()) * size_ratio >= base_bytes:
+        return None
+    return base, sorted(above.values(), key=lambda r: r["seq"])
+
+
 def _window(segments: list, start: int, end: int) -> int:
     """Key groups of about :data:`PREFETCH_WINDOW_BYTES` stored bytes in ``[start, end]``,
     each run's size spread evenly over its key groups (>= 1)."""
@@ -213,11 +289,16 @@ class Compactor:
     :class:`~statecore.checkpoint.manifests.ManifestLog` (or an object with its interface);
     ``lock``: the lock that serializes manifest publishing and retention of the root in this
     process; the compactor holds it only to read and to publish manifests, not while it writes
-    runs. ``block_target_bytes``: the block size of the runs it writes (``format``)."""
+    runs. ``block_target_bytes``: the block size of the runs it writes (``format``).
+    ``size_ratio`` (int >= 1, or None: every compaction full): minor compactions merge a
+    chain's incremental runs alone while they hold under 1/``size_ratio`` of the bytes of the
+    full run under them (module docstring)."""
 
     def __init__(self, root: CheckpointRoot, manifests: ManifestLog, lock,
-                 block_target_bytes: int = DEFAULT_BLOCK_TARGET_BYTES):
+                 block_target_bytes: int = DEFAULT_BLOCK_TARGET_BYTES,
+                 size_ratio: int | None = DEFAULT_SIZE_RATIO):
         self.root = root
+        self.size_ratio = check_size_ratio(size_ratio)
         self.block_target_bytes = block_target_bytes
         self.manifests = manifests
         self.lock = lock
@@ -274,16 +355,39 @@ class Compactor:
                 with self.lock:
                     self._inflight.add(rel)
                     inflight.append(rel)
-                view = RangeView(reader, s, e, ttl_filters(manifest, ttl_clock),
-                                 window=_window(segments, s, e))
-                summary = self.root.write_atomic(
-                    rel, lambda out: write_data_file(out, view, version=version, writer=writer,
-                                                     incremental=False,
-                                                     block_target_bytes=self.block_target_bytes),
-                    streamed=True)
+                minor = _minor_inputs(manifest, t, max_runs, self.size_ratio)
+                extra = {}
+                if minor is None:
+                    source, replaced = None, {t["path"]}
+                    view = RangeView(reader, s, e, ttl_filters(manifest, ttl_clock),
+                                     window=_window(segments, s, e))
+                else:
+                    base, merged = minor
+                    source = open_changes(self.root, version, manifest, base["path"], s, e)
+                    if source is None:
+                        raise CorruptCheckpointError(
+                            f"compaction of version {version}: the runs above {base['path']!r} "
+                            f"for key groups {s}..{e} are not a plain incremental chain")
+                    replaced = {r["path"] for r in merged}
+                    extra = {k: merged[0][k] for k in ("base_version", "base_commit_id")
+                             if merged[0].get(k) is not None}
+                    view = ChangesView(source, s, e, extra.get("base_version"),
+                                       extra.get("base_commit_id"),
+                                       window=_window(segments, s, e))
+                try:
+                    summary = self.root.write_atomic(
+                        rel, lambda out: write_data_file(
+                            out, view, version=version, writer=writer,
+                            incremental=view.incremental,
+                            block_target_bytes=self.block_target_bytes),
+                        streamed=True)
+                finally:
+                    if source is not None:
+                        source.release()
                 written.append({
                     "path": rel, "size": summary.size, "writer": writer, "version": version,
-                    "seq": t["seq"], "kind": KIND_FULL, "key_group_range": [s, e],
+                    "seq": t["seq"], "kind": KIND_INCREMENTAL if minor else KIND_FULL,
+                    "key_group_range": [s, e], **extra,
                     "states": [m["name"] for m in summary.meta["states"]],
                     "entries": summary.entries, "tombstones": summary.tombstones,
                     "blocks": summary.blocks, "raw_bytes": summary.raw_bytes,
@@ -291,6 +395,7 @@ class Compactor:
                     "key_groups_nonempty": summary.key_groups_nonempty,
                     "footer_xxh64": f"{summary.footer_xxh64:016x}",
                     "ttl_expired": dict(view.ttl_expired),
+                    "replaces": replaced,
                 })
                 reader.drop_prefetched()
             with self.lock:
@@ -317,13 +422,14 @@ class Compactor:
                 self._inflight.difference_update(inflight)
 
     def _publish(self, manifest: dict, pairs: list) -> dict:
-        """Publish ``manifest`` (a version's) with each top run ``t`` of ``pairs`` (``(t,
-        output)``: a compacted run's manifest entry, with its ``ttl_expired`` counts) replaced
-        by its output and the runs no chain needs any more dropped; returns the new manifest.
-        Call it holding :attr:`lock`."""
+        """Publish ``manifest`` (a version's) with the runs each output of ``pairs`` (``(top
+        run, output)``: a compacted run's manifest entry, with its ``ttl_expired`` counts and
+        the paths it ``replaces``) replaces dropped, the output added and the runs no chain
+        needs any more dropped; returns the new manifest. Call it holding :attr:`lock`."""
         version = manifest["version"]
-        replaced = {t["path"] for t, _ in pairs}
-        written = [{k: v for k, v in w.items() if k != "ttl_expired"} for _, w in pairs]
+        replaced = set().union(*(w["replaces"] for _, w in pairs))
+        written = [{k: v for k, v in w.items() if k not in ("ttl_expired", "replaces")}
+                   for _, w in pairs]
         runs = [r for r in manifest["files"] if r["path"] not in replaced] + written
         segs = plan_chains(runs, manifest["key_group_range"], CorruptCheckpointError,
                            f"compaction of version {version}")

@@ -38,7 +38,12 @@ from typing import Any, Iterable
 import pyarrow.fs as pafs
 
 from statecore.checkpoint.commit import Committer, PendingDescriptors
-from statecore.checkpoint.compaction import Compactor, check_max_runs
+from statecore.checkpoint.compaction import (
+    DEFAULT_SIZE_RATIO,
+    Compactor,
+    check_max_runs,
+    check_size_ratio,
+)
 from statecore.checkpoint.format import (
     DEFAULT_BLOCK_TARGET_BYTES,
     check_block_target_bytes,
@@ -138,18 +143,31 @@ class CheckpointStore:
     faster, at the cost of more blocks to open in a full restore (docs/tiered.md "Block
     size"); RocksDB's ``block_size`` (Flink's ``state.backend.rocksdb.block.blocksize``) is
     the same trade-off. Readers need no setting: every block's size is in the file's footer.
+    ``compaction_size_ratio`` (int >= 1, default 4; None: every compaction writes a full run):
+    a compaction merges a chain's incremental runs alone (a minor compaction, the full run
+    under them kept) while they hold under 1/ratio of that full run's bytes, so that its cost
+    follows the bytes changed rather than the state's size (:mod:`statecore.checkpoint.
+    compaction`; RocksDB's ``max_bytes_for_level_multiplier`` is the same trade-off: a larger
+    ratio writes less and leaves more bytes for reads to skip).
     Attributes: ``fs``, ``root`` (path in ``fs``), ``uri`` (as given), ``max_runs``,
-    ``background_compaction``, ``ttl_clock``, ``fencing`` (bool), ``block_target_bytes``.
-    Raises InvalidInputError for a bad root, filesystem, ``max_runs``, ``ttl_clock``,
-    ``fencing``, ``takeover_delay_s`` or ``block_target_bytes``.
+    ``background_compaction``, ``ttl_clock``, ``fencing`` (bool), ``block_target_bytes``,
+    ``compaction_size_ratio``. Raises InvalidInputError for a bad root, filesystem,
+    ``max_runs``, ``ttl_clock``, ``fencing``, ``takeover_delay_s``, ``block_target_bytes`` or
+    ``compaction_size_ratio``.
     """
 
     def __init__(self, uri_or_path: str | os.PathLike, filesystem: pafs.FileSystem | None = None,
                  *, max_runs: int | None = DEFAULT_MAX_RUNS, background_compaction: bool = False,
                  ttl_clock=None, fencing: bool | None = None,
                  takeover_delay_s: float = DEFAULT_TAKEOVER_DELAY_S,
-                 block_target_bytes: int = DEFAULT_BLOCK_TARGET_BYTES):
+                 block_target_bytes: int = DEFAULT_BLOCK_TARGET_BYTES,
+                 compaction_size_ratio: int | None = DEFAULT_SIZE_RATIO):
         self.block_target_bytes = check_block_target_bytes(block_target_bytes)
+        try:
+            self.compaction_size_ratio = check_size_ratio(compaction_size_ratio)
+        except InvalidInputError:
+            raise InvalidInputError(f"compaction_size_ratio must be an int >= 1 or None, got "
+                                    f"{compaction_size_ratio!r}") from None
         if max_runs is not None:
             check_max_runs(max_runs)
         if ttl_clock is not None and not callable(ttl_clock):
@@ -177,7 +195,7 @@ class CheckpointStore:
         self._pending = PendingDescriptors(self._root)
         self._committer = Committer(self._root, manifests, self._lock)
         self._compactor = Compactor(self._root, manifests, self._lock,
-                                    self.block_target_bytes)
+                                    self.block_target_bytes, self.compaction_size_ratio)
         self._pins = ReaderPins()
         self._retention = Retention(
             self._root, manifests, self._lock,
@@ -435,18 +453,19 @@ class CheckpointStore:
                 key_groups: tuple[int, int] | None = None) -> dict:
         """Compact ``version`` (default: the latest): for every top run (one of the version's own
         commit) whose key groups need more than ``max_runs`` runs (default: the store's
-        ``max_runs``, or 1 when that is None), write one full run over the top run's range (the
-        merged state, no tombstones) and atomically replace the version's manifest with one
-        listing it instead, then likewise the manifest of every later version whose chains still
-        hold the runs it merged (versions committed while it ran;
-        :mod:`statecore.checkpoint.compaction`). ``key_groups`` (inclusive
-        ``(start, end)``): only the top runs overlapping these key groups (what one task owns)
-        are looked at, each compacted whole. What the version restores to does not change
-        (less the entries the TTL compaction filter drops), nor what a later one does. Returns
-        the version's (possibly unchanged) manifest. Raises CheckpointNotFoundError for an
-        unknown version, InvalidInputError for a bad ``max_runs`` or ``key_groups``,
-        CorruptCheckpointError when a run cannot be read; filesystem errors propagate (nothing
-        published then, or the manifests published before the error)."""
+        ``max_runs``, or 1 when that is None), write one run over the top run's range -- the merged
+        changes above the chains' full run when they are small enough (a minor compaction,
+        ``compaction_size_ratio``), else the merged state, no tombstones -- and atomically replace
+        the version's manifest with one listing it instead, then likewise the manifest of every
+        later version whose chains still hold the runs it merged (versions committed while it ran;
+        :mod:`statecore.checkpoint.compaction`). ``key_groups`` (inclusive ``(start, end)``): only
+        the top runs overlapping these key groups (what one task owns) are looked at, each compacted
+        whole. What the version restores to does not change (less the entries the TTL compaction
+        filter of a full compaction drops), nor what a later one does. Returns the version's
+        (possibly unchanged) manifest. Raises CheckpointNotFoundError for an unknown version,
+        InvalidInputError for a bad ``max_runs`` or ``key_groups``, CorruptCheckpointError when a
+        run cannot be read; filesystem errors propagate (nothing published then, or the manifests
+        published before the error)."""
         if max_runs is None:
             max_runs = self.max_runs if self.max_runs is not None else 1
         if key_groups is not None:
