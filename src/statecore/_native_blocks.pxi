@@ -528,11 +528,12 @@ cdef void _fill_static(c.SortedRun* out, keys, values) except *:
         memcpy(out.key_data.data(), &kdv[0], kd.shape[0])
     if vd.shape[0]:
         memcpy(out.value_data.data(), &vdv[0], vd.shape[0])
+    cdef const uint8_t[::1] validv
     if values.null_count:
-        valid = values.is_valid().to_numpy(zero_copy_only=False)
+        validity = values.is_valid().to_numpy(zero_copy_only=False).astype(np.uint8)
+        validv = validity
         out.valid.resize(n)
-        for i in range(n):
-            out.valid[i] = 1 if valid[i] else 0
+        memcpy(out.valid.data(), &validv[0], n)
 
 
 cdef class SnapshotBlockSerializer:

@@ -67,8 +67,8 @@ __all__ = [
     "compress_block", "native_decode_blocks", "xxh64", "encode_block", "decode_block",
     "decode_stored_block", "cut_points", "key_group_prefix_bytes", "make_key_group_range",
     "range_bounds", "check_state_meta", "WriteSummary", "FilePlan", "plan_file",
-    "write_data_file",
-    "write_data_file_from_blocks", "DataFileReader", "StoredBlocks",
+    "write_data_file", "write_data_file_from_blocks", "write_data_file_serialized",
+    "SERIALIZE_WINDOW_BYTES", "DataFileReader", "StoredBlocks",
 ]
 
 MAGIC = b"SCKGDAT1"
@@ -121,6 +121,9 @@ _INT32_MAX = 2**31 - 1
 
 #: Stored bytes the asynchronous writer gathers per chunk (one write, one GIL round trip).
 CHUNK_TARGET_BYTES = 1 << 20
+#: Key and value bytes :func:`write_data_file_serialized` hands to one native serializer at
+#: once (a window of key groups): what it holds copied besides the snapshot's own arrays.
+SERIALIZE_WINDOW_BYTES = 16 << 20
 
 
 def key_group_prefix_bytes(max_parallelism: int) -> int:
@@ -500,6 +503,14 @@ def write_data_file_from_blocks(out, snap: Any, serializer, *, version: int, wri
     errors."""
     plan = plan_file(snap, version, writer, block_target_bytes, incremental, bloom_bits_per_key)
     asm = _Assembler(out, plan)
+    _drain(asm, plan, serializer, chunk_bytes, check_stop)
+    return asm.finish()
+
+
+def _drain(asm: "_Assembler", plan: FilePlan, serializer, chunk_bytes: int,
+           check_stop=None) -> None:
+    """Write every chunk of the started ``serializer`` through ``asm`` (blocks of the groups of
+    ``plan``'s file, each group whole within the serializer's output)."""
     nstates = len(plan.names)
     tomb = 0
     while True:
@@ -519,7 +530,79 @@ def write_data_file_from_blocks(out, snap: Any, serializer, *, version: int, wri
                 asm.end_group(kg, si, tomb, bloom)
                 tomb = 0
         asm.write_stored(chunk)
+
+
+def write_data_file_serialized(out, snap: Any, *, version: int, writer: str,
+                               block_target_bytes: int = DEFAULT_BLOCK_TARGET_BYTES,
+                               incremental: bool | None = None,
+                               chunk_bytes: int = CHUNK_TARGET_BYTES,
+                               bloom_bits_per_key: int = DEFAULT_BLOOM_BITS_PER_KEY,
+                               window_bytes: int = SERIALIZE_WINDOW_BYTES) -> WriteSummary:
+    """Write the data file of ``snap`` exactly as :func:`write_data_file` does (byte-identical,
+    same reads of ``snap.entries``, same checks and errors), but have the extension's
+    ``SnapshotBlockSerializer`` cut, encode, compress and checksum the blocks and build the
+    Bloom filters on its own thread without the GIL: the entries of about ``window_bytes`` key
+    and value bytes (whole key groups) at a time are read here and handed over as its
+    in-memory sources, and this thread takes the GIL back once per chunk of about
+    ``chunk_bytes`` stored bytes. What a writer on a background thread (compaction) should use,
+    so that it leaves the GIL to the threads processing records; ``write_data_file`` runs
+    Python per block. Raises ImportError without the extension."""
+    from statecore import _native
+
+    plan = plan_file(snap, version, writer, block_target_bytes, incremental, bloom_bits_per_key)
+    asm = _Assembler(out, plan)
+    kg = plan.start
+    while kg <= plan.end:
+        first, held = kg, 0
+        groups: dict[str, dict] = {name: {} for name in plan.names}
+        while kg <= plan.end and (kg == first or held < window_bytes):
+            for name in plan.names:
+                keys, values = _checked_entries(snap, plan, name, kg)
+                if len(keys):
+                    groups[name][kg] = (keys, values)
+                    held += keys.nbytes + values.nbytes
+            kg += 1
+        serializer = _native.SnapshotBlockSerializer(
+            [(name, None, False, 0, groups[name]) for name in plan.names], first, kg - 1,
+            plan.prefix, plan.block_target_bytes, plan.incremental,
+            bloom_bits_per_key=plan.bloom_bits_per_key)
+        serializer.start()
+        del groups
+        _drain(asm, plan, serializer, chunk_bytes)
     return asm.finish()
+
+
+def _checked_entries(snap: Any, plan: FilePlan, name: str, kg: int):
+    """``snap.entries(name, kg)`` checked as :func:`write_data_file` checks them, a tombstone's
+    value emptied (an Arrow NULL slot may still span bytes; tombstones store none)."""
+    keys, values = snap.entries(name, kg)
+    keys = _as_binary(keys, f"keys of state {name!r} key group {kg}")
+    values = _as_binary(values, f"values of state {name!r} key group {kg}",
+                        allow_nulls=plan.incremental)
+    if len(values) != len(keys):
+        raise InvalidInputError(
+            f"state {name!r} key group {kg}: {len(keys)} keys but {len(values)} values")
+    if not len(keys):
+        return keys, values
+    if plan.incremental and values.null_count:
+        import pyarrow.compute as pc
+
+        valid = values.is_valid()
+        filled = pc.if_else(valid, values, pa.scalar(b"", pa.binary()))
+        off = filled.offset
+        bitmap = np.packbits(np.concatenate([np.zeros(off, bool),
+                                             valid.to_numpy(zero_copy_only=False)]),
+                             bitorder="little")
+        bufs = filled.buffers()
+        values = pa.Array.from_buffers(pa.binary(), len(filled),
+                                       [pa.py_buffer(bitmap), bufs[1], bufs[2]],
+                                       null_count=values.null_count, offset=off)
+    koff, kdata = _offsets_and_data(keys)
+    voff, _ = _offsets_and_data(values)
+    if int(koff[-1]) > _INT32_MAX or int(voff[-1]) > _INT32_MAX:
+        raise InvalidInputError(f"state {name!r} key group {kg}: more than 2 GiB of bytes")
+    _check_sorted_and_prefixed(keys, koff, kdata, kg, plan.prefix, name)
+    return keys, values
 
 
 # ---------------------------------------------------------------------------------------------
