@@ -246,6 +246,7 @@ def tiered_running_count(size: Size):
     restore), ``rows_per_s_record_<dist>`` (per record); tiered and in-memory also
     ``rows_per_s_ckpt_<dist>`` (steady, over the rows' and the checkpoints' seconds) and
     ``checkpoint_s_<dist>`` (median seconds of a steady interval's checkpoint); tiered also
+    ``record_attached_runs_<dist>`` (the chain's runs when the per-record rows start),
     ``loaded_per_row_<dist>`` (entries fetched from the runs per steady row), ``hit_rate_<dist>``
     (share of the steady batches' distinct keys found in memory), ``over_budget_batches_<dist>``
     and ``attach_s``; in-memory ``restore_s``. Also ``entries``, ``budget_bytes``, ``rows``,
@@ -296,6 +297,11 @@ def tiered_running_count(size: Size):
                 out.append(record(c, impl, "attach_s" if impl == "tiered" else "restore_s",
                                   time.perf_counter() - t, "s"))
                 got = _stream(b, store, intervals, 2)
+                if impl == "tiered":
+                    # A per-record miss consults the chain run by run: its length (the last
+                    # background compaction's outcome) moves the per-record rate.
+                    out.append(record(c, impl, f"record_attached_runs_{dist}",
+                                      b.tiered_statistics()["attached_runs"], "runs"))
                 t = time.perf_counter()
                 got["records"] = _native_records(b, per_record)
                 rec_s = time.perf_counter() - t

@@ -406,7 +406,8 @@ def test_two_operators_commit_after_both_actions(spark, tmp_path):
 def test_operator_options_are_validated(tmp_path):
     p = Tally()
     ck = str(tmp_path)
-    for kw in ({"max_runs": 0}, {"max_runs": True}, {"commit_timeout_s": 0},
+    for kw in ({"max_runs": 0}, {"max_runs": True}, {"compaction_size_ratio": 0},
+               {"compaction_size_ratio": 2.5}, {"commit_timeout_s": 0},
                {"commit_timeout_s": "5"}, {"freeze_worker_gc": 1}, {"freeze_worker_gc": None},
                {"relaunch_attempts": -1}, {"relaunch_attempts": 1.0},
                {"relaunch_attempts": True}, {"heartbeat_interval_s": 0},
@@ -415,7 +416,9 @@ def test_operator_options_are_validated(tmp_path):
         with pytest.raises(InvalidInputError):
             StatefulOperator("x", p, "k", ck, output=ck, **kw)
     op = StatefulOperator("x", p, "k", ck, output=ck, max_runs=None)
-    assert op.store.max_runs is None
+    assert op.store.max_runs is None and op.store.compaction_size_ratio == 4
+    op = StatefulOperator("x", p, "k", ck, output=ck, compaction_size_ratio=None)
+    assert op.store.compaction_size_ratio is None
     assert (op.relaunch_attempts, op.heartbeat_interval_s, op.heartbeat_timeout_s) == (2, 2, 6)
     op = StatefulOperator("x", p, "k", ck, output=ck, heartbeat_interval_s=0.5)
     assert op.heartbeat_timeout_s == 1.5

@@ -1,11 +1,12 @@
 """Run by test_tiered_compaction in a fresh interpreter, to be SIGKILLed at its ``kill_at``-th
-filesystem mutation (a file opened for writing, a write into it -- half of it written first, a
-torn file --, a move, a delete): a tiered backend attached to the newest version of a history
-:func:`build` wrote checkpoints the next version and runs retention (``commit``); in
-``compact`` that version's chain is compacted in the background in between and the backend
-re-attaches to it. With ``kill_at`` 0 nothing is killed and it prints ``mutations N`` (:func:`main`
-run in process, as the test does to count them). Every
-version's state is a function of the version alone (:func:`expected`)."""
+filesystem mutation (a file opened for writing, a write into it -- half of it written first, a torn
+file --, a move, a delete): a tiered backend attached to the newest version of a history
+:func:`build` wrote checkpoints the next version and runs retention (``commit``); in ``compact``
+that version's chain is compacted in the background in between and the backend re-attaches to it; in
+``forward`` the next version is committed first and the compaction replaces both manifests. With
+``kill_at`` 0 nothing is killed and it prints ``mutations N`` (:func:`main` run in process, as the
+test does to count them). Every version's state is a function of the version alone
+(:func:`expected`)."""
 
 import os
 import random
@@ -125,7 +126,7 @@ def main(root: str, phase: str, kill_at: int) -> KillingHandler:
     (its ``steps`` list the mutations)."""
     handler = KillingHandler(kill_at)
     store = CheckpointStore(root, filesystem=pafs.PyFileSystem(handler), max_runs=None)
-    b = tiered(store, compact_max_runs=None if phase == "commit" else LAST)
+    b = tiered(store, compact_max_runs=LAST if phase == "compact" else None)
     store.restore(b)
     apply(b, LAST + 1)
     store.checkpoint(b, LAST + 1)
@@ -133,6 +134,14 @@ def main(root: str, phase: str, kill_at: int) -> KillingHandler:
         # The chain of LAST + 1 runs is compacted in the background; the backend re-attaches.
         if not b.poll_compaction(wait=True):
             raise SystemExit(f"no re-attach: {b.last_compaction_error}")
+    elif phase == "forward":
+        # LAST + 1 is compacted only once LAST + 2 was committed on top of it: the compaction
+        # replaces both manifests, one after the other.
+        apply(b, LAST + 2)
+        store.checkpoint(b, LAST + 2)
+        store.compact(LAST + 1, max_runs=1)
+        if LAST + 1 != store.manifest(LAST + 2)["files"][-1]["seq"]:
+            raise SystemExit("the compaction did not reach version LAST + 2")
     store.retain(2)
     b.dispose()
     store.close()

@@ -132,6 +132,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import pyarrow as pa
 
+from statecore.checkpoint.compaction import DEFAULT_SIZE_RATIO, check_size_ratio
 from statecore.checkpoint.layout import is_uri, join_uri
 from statecore.errors import CheckpointNotFoundError, InvalidInputError, StateError
 from statecore.key_groups import check_max_parallelism
@@ -454,6 +455,10 @@ class StatefulOperator:
         max_runs: the store compacts a committed version whose key groups need more than this
             many runs (incremental chain length, int >= 1), so restores stay bounded; None =
             never.
+        compaction_size_ratio: a compaction merges a chain's incremental runs alone (the full
+            run under them kept) while they hold under 1/ratio of its bytes (int >= 1; None =
+            every compaction rewrites the whole state of its key groups); see
+            ``CheckpointStore``.
         commit_timeout_s: seconds the driver waits, after the sink's action, for every
             partition's background checkpoint write to report (> 0); past it the micro-batch
             fails with StateError and Spark replays it. A write whose heartbeats go on is
@@ -581,7 +586,9 @@ class StatefulOperator:
                  event_time_column: Optional[str] = None,
                  watermark_delay: Union[int, str, datetime.timedelta, None] = 0,
                  retain_versions: int = 3,
-                 max_runs: Optional[int] = 8, commit_timeout_s: float = 300.0,
+                 max_runs: Optional[int] = 8,
+                 compaction_size_ratio: Optional[int] = DEFAULT_SIZE_RATIO,
+                 commit_timeout_s: float = 300.0,
                  ttl_background_key_groups: int = 0, stale_copies: int = 1,
                  freeze_worker_gc: bool = True, standby: bool = True, handoff: bool = False,
                  relaunch_attempts: int = 2, heartbeat_interval_s: float = 2.0,
@@ -636,6 +643,11 @@ class StatefulOperator:
         if max_runs is not None and (isinstance(max_runs, bool) or not isinstance(max_runs, int)
                                      or max_runs < 1):
             raise InvalidInputError(f"max_runs must be an int >= 1 or None, got {max_runs!r}")
+        try:
+            check_size_ratio(compaction_size_ratio)
+        except InvalidInputError:
+            raise InvalidInputError(f"compaction_size_ratio must be an int >= 1 or None, got "
+                                    f"{compaction_size_ratio!r}") from None
         if isinstance(commit_timeout_s, bool) or not isinstance(commit_timeout_s, (int, float)) \
                 or not commit_timeout_s > 0:
             raise InvalidInputError(
@@ -727,6 +739,7 @@ class StatefulOperator:
         self.watermark_delay_ms = delay_ms
         self.retain_versions = retain_versions
         self.max_runs = max_runs
+        self.compaction_size_ratio = compaction_size_ratio
         self.commit_timeout_s = float(commit_timeout_s)
         self.relaunch_attempts = relaunch_attempts
         self.heartbeat_interval_s = float(heartbeat_interval_s)
@@ -761,7 +774,8 @@ class StatefulOperator:
         commit, compaction and retention of a store are serialized by its lock)."""
         from statecore.checkpoint import CheckpointStore
 
-        options = {"max_runs": self.max_runs}
+        options = {"max_runs": self.max_runs,
+                   "compaction_size_ratio": self.compaction_size_ratio}
         if self.block_target_bytes is not None:
             options["block_target_bytes"] = self.block_target_bytes
         if self._store is None or any(getattr(self._store, k) != v for k, v in options.items()):
