@@ -1058,6 +1058,17 @@ def test_local_files_are_read_natively_as_a_remote_store_reads_them(tmp_path):
     assert local["bytes_read"] < remote["bytes_read"]
 
 
+def test_lookup_chain_one_checks_where_it_starts():
+    """The chain walk of lookup_one (answers and counts: the tests above) refuses a negative
+    start and decides nothing past the chain's end."""
+    native = pytest.importorskip("statecore._native")
+    cache = native.NativeBlockCache(1 << 10)
+    with pytest.raises(InvalidInputError, match="start"):
+        native.lookup_chain_one([], cache, b"\x00k", 0, -1)
+    assert native.lookup_chain_one([], cache, b"\x00k", 0, 3) == (
+        3, native.ONE_NOT_HELD, None, 0, 0, 0)
+
+
 def test_lookup_one_of_a_local_file_cut_short_raises_naming_it(tmp_path):
     """A local data file cut short while a lookup holds it open: lookup_one's positional read
     of a block past the new end raises CorruptCheckpointError naming the file, state and key

@@ -218,10 +218,14 @@ cdef class RunBlocks:
         ``(ONE_TOMBSTONE | ONE_FILTERED | ONE_PAST | ONE_NOT_HELD | ONE_NOT_FOUND, None)``."""
         cdef const uint8_t* q = <const uint8_t*>PyBytes_AS_STRING(key)
         cdef size_t ql = PyBytes_GET_SIZE(key)
+        return self._lookup_hashed(router, cache, q, ql, c.xxh64(q, ql, 0), kg)
+
+    cdef tuple _lookup_hashed(self, RunRouter router, NativeBlockCache cache,
+                              const uint8_t* q, size_t ql, uint64_t h, int64_t kg):
+        """:meth:`lookup_one` of the key ``q[0:ql]`` whose XXH64 (seed 0) is ``h``."""
         cdef int32_t offs[2]
         offs[0] = 0
         offs[1] = <int32_t>ql
-        cdef uint64_t h = c.xxh64(q, ql, 0)
         cdef c.RouteKeys rk
         rk.offsets = offs
         rk.data = q
@@ -266,6 +270,42 @@ cdef inline size_t _slot(size_t slot) except? 2:
     if slot > 1:
         raise InvalidInputError(f"a round slot is 0 or 1, got {slot}")
     return slot
+
+
+def lookup_chain_one(list chain, NativeBlockCache cache, bytes key, int64_t kg,
+                     Py_ssize_t start=0):
+    """:meth:`RunBlocks.lookup_one` of the encoded key ``key`` (of key group ``kg``) in the runs
+    of ``chain`` (``(RunBlocks, RunRouter)`` pairs, newest first) from index ``start`` on,
+    hashing the key once, until one run decides: its outcome is ``ONE_VALUE``, ``ONE_TOMBSTONE``
+    or ``ONE_MISSING`` (its block is not cached). Returns ``(index, outcome, value, filtered,
+    past, false_positives)``: that run's index, outcome and value as ``lookup_one``'s (``len
+    (chain)``, ``ONE_NOT_HELD``, None when no run decided), and how many runs on the way the
+    Bloom filter ruled out, the key lay past, and the filter passed without the block holding
+    the key. The per-record read of a tiered backend: one call for the whole chain instead of
+    one per run. InvalidInputError for a negative ``start``."""
+    if start < 0:
+        raise InvalidInputError(f"start must be >= 0, got {start}")
+    cdef const uint8_t* q = <const uint8_t*>PyBytes_AS_STRING(key)
+    cdef size_t ql = PyBytes_GET_SIZE(key)
+    cdef uint64_t h = c.xxh64(q, ql, 0)
+    cdef Py_ssize_t i, n = len(chain)
+    cdef int64_t filtered = 0, past = 0, false_positives = 0
+    cdef RunBlocks blocks
+    cdef RunRouter router
+    cdef tuple got
+    for i in range(start, n):
+        blocks, router = chain[i]
+        got = blocks._lookup_hashed(router, cache, q, ql, h, kg)
+        outcome = got[0]
+        if outcome == ONE_FILTERED:
+            filtered += 1
+        elif outcome == ONE_PAST:
+            past += 1
+        elif outcome == ONE_NOT_FOUND:
+            false_positives += 1
+        elif outcome != ONE_NOT_HELD:
+            return i, outcome, got[1], filtered, past, false_positives
+    return max(n, start), ONE_NOT_HELD, None, filtered, past, false_positives
 
 
 cdef class LookupStep:

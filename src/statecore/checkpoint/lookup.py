@@ -111,11 +111,12 @@ try:
     from statecore._native import NativeBlockCache
     from statecore._native import RunBlocks as _RunBlocks
     from statecore._native import RunRouter as _RunRouter
+    from statecore._native import lookup_chain_one as _lookup_chain_one
     from statecore._native import lookup_in_blocks as _native_lookup_in_blocks
     from statecore._native import lookup_in_payloads as _native_lookup_in_payloads
     from statecore._native import merge_newest_wins as _native_merge_newest_wins
 except ImportError:
-    _native_lookup_in_blocks = _native_lookup_in_payloads = None
+    _native_lookup_in_blocks = _native_lookup_in_payloads = _lookup_chain_one = None
     _RunRouter = _native_merge_newest_wins = NativeBlockCache = _RunBlocks = _LookupStep = None
 
 #: Per data file name, its id in the native block caches: one numbering for the process, so a
@@ -529,6 +530,8 @@ class RunLookup:
         #: not openable, read through the data file reader)
         self._fds: dict[str, int | None] = {}
         self._chain_memo: dict[str, tuple[list[int], list]] = {}
+        #: (state, key group) -> its runs for lookup_one's native path, or None (_native_chain)
+        self._one_chains: dict[tuple[str, int], tuple | None] = {}
         #: run path -> its file id in the native block cache, per format-6 file opened here or
         #: by the lookups whose cache this one took (:meth:`take_cache`)
         self._file_ids: dict[str, int] = {}
@@ -865,6 +868,9 @@ class RunLookup:
         key = bytes(encoded_key)
         kg = self._key_group_of(key)
         self.stats["lookups"] += 1
+        chain = self._native_chain(state_name, kg)
+        if chain is not None:
+            return self._native_chain_one(chain, key, kg)
         needle = hashes = None
         for run in self._runs_of(state_name, kg):
             rf = self._run_file(run, state_name)
@@ -910,6 +916,74 @@ class RunLookup:
                 self.stats["filter_false_positives"] += 1
         return None
 
+    def _native_chain(self, state: str, kg: int) -> tuple | None:
+        """``(run files, (RunBlocks, RunRouter) pairs)`` of the runs of key group ``kg``'s chain
+        for ``state`` that hold entries of it, newest first, their filters of ``kg`` read; None
+        when one of them is not served natively (a file before format 6, no extension), and
+        :meth:`lookup_one` goes run by run. Kept per (state, key group): the runs of a lookup
+        do not change."""
+        memo = (state, kg)
+        if memo in self._one_chains:
+            return self._one_chains[memo]
+        rfs = []
+        for run in self._runs_of(state, kg):
+            rf = self._run_file(run, state)
+            if kg not in rf.rows:
+                continue
+            if rf.router is None or rf.blocks is None or _lookup_chain_one is None:
+                rfs = None
+                break
+            if kg not in rf.filters:
+                n = rf.ensure_filters((kg,))
+                self.stats["filter_bytes"] += n
+                self.stats["bytes_read"] += n
+            rfs.append(rf)
+        chain = None if rfs is None else (rfs, [(rf.blocks, rf.router) for rf in rfs])
+        self._one_chains[memo] = chain
+        return chain
+
+    def _native_chain_one(self, chain: tuple, key: bytes, kg: int) -> bytes | None:
+        """:meth:`lookup_one` over a :meth:`_native_chain`: one native call walks the runs
+        (:func:`statecore._native.lookup_chain_one`) until one holds the key or its block is
+        not cached; that block is read and opened here and the walk goes on below it when the
+        block does not hold the key."""
+        rfs, pairs = chain
+        st = self.stats
+        i = 0
+        while True:
+            i, found, got, filtered, past, false_positives = _lookup_chain_one(
+                pairs, self.cache, key, kg, i)
+            st["filter_negatives"] += filtered
+            st["range_negatives"] += past
+            st["filter_false_positives"] += false_positives
+            if i >= len(pairs):
+                return None
+            if found == _ONE_MISSING:
+                found, got = self._open_search(rfs[i], got, key)
+                if found == _ONE_NOT_FOUND:
+                    st["filter_false_positives"] += 1
+                    i += 1
+                    continue
+            return got  # a value, or None for a tombstone
+
+    def _open_search(self, rf: _RunFile, b: int, key: bytes) -> tuple:
+        """Read block ``b`` of ``rf`` (not cached), open it into the cache and search ``key``
+        in it: ``RunBlocks.open_search_one``'s ``(outcome, value)``; CorruptCheckpointError for
+        a bad block."""
+        offset, length = rf.blocks.block_span(b, b)
+        st = self.stats
+        raw_length = int(rf.raw_lengths[b])
+        if raw_length > st["peak_open_bytes"]:
+            st["peak_open_bytes"] = raw_length
+        raw = self._read_one(rf, b, offset, length)
+        st["blocks_read"] += 1
+        st["bytes_read"] += length
+        found, got = rf.blocks.open_search_one(self.cache, raw, offset, b, key)
+        if found < 0:
+            raise CorruptCheckpointError(
+                f"checkpoint data file {rf.data.name}: {rf.block_what(b)} block {b}: {got}")
+        return found, got
+
     def _native_one(self, rf: _RunFile, key: bytes, kg: int) -> tuple[bool, bytes | None]:
         """:meth:`lookup_one` in one format-6 run with the extension: routed, probed in the
         cache and searched in one native call; a block not cached read with one positional
@@ -921,19 +995,7 @@ class RunLookup:
             self.stats["bytes_read"] += n
         found, got = rf.blocks.lookup_one(rf.router, self.cache, key, kg)
         if found == _ONE_MISSING:
-            b = got
-            offset, length = rf.blocks.block_span(b, b)
-            st = self.stats
-            raw_length = int(rf.raw_lengths[b])
-            if raw_length > st["peak_open_bytes"]:
-                st["peak_open_bytes"] = raw_length
-            raw = self._read_one(rf, b, offset, length)
-            st["blocks_read"] += 1
-            st["bytes_read"] += length
-            found, got = rf.blocks.open_search_one(self.cache, raw, offset, b, key)
-            if found < 0:
-                raise CorruptCheckpointError(
-                    f"checkpoint data file {rf.data.name}: {rf.block_what(b)} block {b}: {got}")
+            found, got = self._open_search(rf, got, key)
         if found == _ONE_VALUE or found == _ONE_TOMBSTONE:
             return True, got
         if found == _ONE_FILTERED:
