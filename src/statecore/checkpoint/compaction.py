@@ -108,10 +108,12 @@ def _write_file():
 
 
 def check_size_ratio(size_ratio) -> int | None:
-    """``size_ratio`` when it is None or an int >= 1; else InvalidInputError."""
+    """``size_ratio`` (the option ``compaction_size_ratio`` of the store and the operator) when
+    it is None or an int >= 1; else InvalidInputError naming that option."""
     if size_ratio is not None and (isinstance(size_ratio, bool) or not isinstance(size_ratio, int)
                                    or size_ratio < 1):
-        raise InvalidInputError(f"size_ratio must be an int >= 1 or None, got {size_ratio!r}")
+        raise InvalidInputError(
+            f"compaction_size_ratio must be an int >= 1 or None, got {size_ratio!r}")
     return size_ratio
 
 
@@ -419,7 +421,7 @@ class Compactor:
                     return manifest  # retained away meanwhile: the outputs are orphans
                 if current["checksum_xxh64"] != manifest["checksum_xxh64"]:
                     return current  # re-committed meanwhile: publish nothing
-                pairs = [(t, w) for t, w in zip(targets, written)]
+                pairs = list(zip(targets, written))
                 published = self._publish(manifest, pairs)
                 for later in self.manifests.versions():
                     if later <= version:

@@ -248,37 +248,18 @@ def write_data_file(
     """
     plan = plan_file(snap, version, writer, block_target_bytes, incremental, bloom_bits_per_key)
     asm = _Assembler(out, plan)
-    names, prefix, incremental = plan.names, plan.prefix, plan.incremental
     for kg in range(plan.start, plan.end + 1):
-        for si, name in enumerate(names):
+        for si, name in enumerate(plan.names):
             if check_stop is not None:
                 check_stop()
-            keys, values = snap.entries(name, kg)
-            keys = _as_binary(keys, f"keys of state {name!r} key group {kg}")
-            values = _as_binary(values, f"values of state {name!r} key group {kg}",
-                                allow_nulls=incremental)
-            n = len(keys)
-            if len(values) != n:
-                raise InvalidInputError(
-                    f"state {name!r} key group {kg}: {n} keys but {len(values)} values")
-            if n == 0:
+            keys, values, koff, kdata, voff, vdata = _checked_entries(snap, plan, name, kg)
+            if not len(keys):
                 continue
             valid = None
             tomb = 0
-            if incremental:
-                valid = np.ones(n, dtype=bool)
-                if values.null_count:
-                    import pyarrow.compute as pc
-
-                    valid = values.is_valid().to_numpy(zero_copy_only=False)
-                    # a NULL slot may still span bytes in Arrow; tombstones store none
-                    values = pc.if_else(valid, values, pa.scalar(b"", pa.binary()))
-                    tomb = int(n - valid.sum())
-            koff, kdata = _offsets_and_data(keys)
-            voff, vdata = _offsets_and_data(values)
-            if int(koff[-1]) > _INT32_MAX or int(voff[-1]) > _INT32_MAX:
-                raise InvalidInputError(f"state {name!r} key group {kg}: more than 2 GiB of bytes")
-            _check_sorted_and_prefixed(keys, koff, kdata, kg, prefix, name)
+            if plan.incremental:
+                valid = values.is_valid().to_numpy(zero_copy_only=False)
+                tomb = values.null_count
             cuts = cut_points(koff, voff, plan.block_target_bytes)
             for a, b in zip(cuts[:-1], cuts[1:]):
                 ko, vo = koff[a:b + 1], voff[a:b + 1]
@@ -557,7 +538,7 @@ def write_data_file_serialized(out, snap: Any, *, version: int, writer: str,
         groups: dict[str, dict] = {name: {} for name in plan.names}
         while kg <= plan.end and (kg == first or held < window_bytes):
             for name in plan.names:
-                keys, values = _checked_entries(snap, plan, name, kg)
+                keys, values = _checked_entries(snap, plan, name, kg)[:2]
                 if len(keys):
                     groups[name][kg] = (keys, values)
                     held += keys.nbytes + values.nbytes
@@ -572,9 +553,12 @@ def write_data_file_serialized(out, snap: Any, *, version: int, writer: str,
     return asm.finish()
 
 
-def _checked_entries(snap: Any, plan: FilePlan, name: str, kg: int):
-    """``snap.entries(name, kg)`` checked as :func:`write_data_file` checks them, a tombstone's
-    value emptied (an Arrow NULL slot may still span bytes; tombstones store none)."""
+def _checked_entries(snap: Any, plan: FilePlan, name: str, kg: int) -> tuple:
+    """``snap.entries(name, kg)`` of ``plan``'s file checked against the writers' contract
+    (:func:`write_data_file`), a tombstone's value slot emptied (an Arrow NULL slot may still
+    span bytes; tombstones store none, the NULL stays): ``(keys, values, key offsets, key data,
+    value offsets, value data)`` (:func:`_offsets_and_data`; empty arrays and None offsets and
+    data when the group is empty)."""
     keys, values = snap.entries(name, kg)
     keys = _as_binary(keys, f"keys of state {name!r} key group {kg}")
     values = _as_binary(values, f"values of state {name!r} key group {kg}",
@@ -583,7 +567,7 @@ def _checked_entries(snap: Any, plan: FilePlan, name: str, kg: int):
         raise InvalidInputError(
             f"state {name!r} key group {kg}: {len(keys)} keys but {len(values)} values")
     if not len(keys):
-        return keys, values
+        return keys, values, None, None, None, None
     if plan.incremental and values.null_count:
         import pyarrow.compute as pc
 
@@ -598,11 +582,11 @@ def _checked_entries(snap: Any, plan: FilePlan, name: str, kg: int):
                                        [pa.py_buffer(bitmap), bufs[1], bufs[2]],
                                        null_count=values.null_count, offset=off)
     koff, kdata = _offsets_and_data(keys)
-    voff, _ = _offsets_and_data(values)
+    voff, vdata = _offsets_and_data(values)
     if int(koff[-1]) > _INT32_MAX or int(voff[-1]) > _INT32_MAX:
         raise InvalidInputError(f"state {name!r} key group {kg}: more than 2 GiB of bytes")
     _check_sorted_and_prefixed(keys, koff, kdata, kg, plan.prefix, name)
-    return keys, values
+    return keys, values, koff, kdata, voff, vdata
 
 
 # ---------------------------------------------------------------------------------------------

@@ -147,8 +147,9 @@ class CheckpointStore:
     a compaction merges a chain's incremental runs alone (a minor compaction, the full run
     under them kept) while they hold under 1/ratio of that full run's bytes, so that its cost
     follows the bytes changed rather than the state's size (:mod:`statecore.checkpoint.
-    compaction`; RocksDB's ``max_bytes_for_level_multiplier`` is the same trade-off: a larger
-    ratio writes less and leaves more bytes for reads to skip).
+    compaction`; RocksDB's ``max_bytes_for_level_multiplier`` is the same trade-off: a smaller
+    ratio lets more changed bytes gather before the full run is rewritten, so compaction
+    writes less and lookups pass more bytes of changes).
     Attributes: ``fs``, ``root`` (path in ``fs``), ``uri`` (as given), ``max_runs``,
     ``background_compaction``, ``ttl_clock``, ``fencing`` (bool), ``block_target_bytes``,
     ``compaction_size_ratio``. Raises InvalidInputError for a bad root, filesystem,
@@ -163,11 +164,7 @@ class CheckpointStore:
                  block_target_bytes: int = DEFAULT_BLOCK_TARGET_BYTES,
                  compaction_size_ratio: int | None = DEFAULT_SIZE_RATIO):
         self.block_target_bytes = check_block_target_bytes(block_target_bytes)
-        try:
-            self.compaction_size_ratio = check_size_ratio(compaction_size_ratio)
-        except InvalidInputError:
-            raise InvalidInputError(f"compaction_size_ratio must be an int >= 1 or None, got "
-                                    f"{compaction_size_ratio!r}") from None
+        self.compaction_size_ratio = check_size_ratio(compaction_size_ratio)
         if max_runs is not None:
             check_max_runs(max_runs)
         if ttl_clock is not None and not callable(ttl_clock):

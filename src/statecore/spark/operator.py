@@ -643,11 +643,7 @@ class StatefulOperator:
         if max_runs is not None and (isinstance(max_runs, bool) or not isinstance(max_runs, int)
                                      or max_runs < 1):
             raise InvalidInputError(f"max_runs must be an int >= 1 or None, got {max_runs!r}")
-        try:
-            check_size_ratio(compaction_size_ratio)
-        except InvalidInputError:
-            raise InvalidInputError(f"compaction_size_ratio must be an int >= 1 or None, got "
-                                    f"{compaction_size_ratio!r}") from None
+        check_size_ratio(compaction_size_ratio)
         if isinstance(commit_timeout_s, bool) or not isinstance(commit_timeout_s, (int, float)) \
                 or not commit_timeout_s > 0:
             raise InvalidInputError(
