@@ -45,6 +45,11 @@ void LookupStep::add(const RunBlockTable* table, const int64_t* keys, const int6
   planned_ = false;
 }
 
+void LookupStep::set_keys(const int32_t* key_offsets, const uint8_t* key_data) {
+  key_offsets_ = key_offsets;
+  key_data_ = key_data;
+}
+
 void LookupStep::plan() {
   // Files in add() order, blocks ascending within one: a file's blocks stay adjacent so that
   // its missing blocks coalesce into ranged reads.
@@ -90,6 +95,8 @@ bool LookupStep::next_round(size_t slot) {
   rd.key_end = unique_[rd.end - 1].end;
   const size_t n = rd.end - rd.begin;
   rd.pins.resize(n);
+  rd.searched.assign(n, 0);
+  rd.found.resize(rd.key_end - rd.key_begin);
   probe_files_.resize(n);
   probe_blocks_.resize(n);
   for (size_t i = 0; i < n; ++i) {
@@ -128,12 +135,15 @@ int64_t LookupStep::open_range(size_t r, const uint8_t* data, size_t size, std::
   const ReadRange& range = rd.ranges[r];
   const RunBlockTable& table = *files_[range.file];
   // The range's opened blocks go into the cache together (one lock per read, not per block);
-  // those opened before a bad block are still cached and pinned.
-  std::vector<int64_t> ids(range.count, table.file_id);
-  std::vector<int64_t> numbers(range.count);
+  // those opened before a bad block are still cached and pinned. Scratch per thread: a call
+  // per read, on every fetch thread.
+  thread_local std::vector<int64_t> ids, numbers;
+  thread_local std::vector<BlockRef> blocks;
+  ids.assign(range.count, table.file_id);
+  numbers.resize(range.count);
+  blocks.clear();
   int64_t bad = -1;
-  size_t opened = 0;
-  for (; opened < range.count; ++opened) {
+  for (size_t opened = 0; opened < range.count; ++opened) {
     const size_t m = range.first + opened;
     numbers[opened] = rd.missing[m].second;
     BlockRef b = open_table_block(table, numbers[opened], data, size, range.offset, why);
@@ -141,11 +151,16 @@ int64_t LookupStep::open_range(size_t r, const uint8_t* data, size_t size, std::
       bad = static_cast<int64_t>(opened);
       break;
     }
-    rd.pins[rd.missing_slot[m]] = std::move(b);
+    const size_t at = rd.missing_slot[m];
+    rd.pins[at] = b;
+    blocks.push_back(std::move(b));
+    if (key_offsets_ != nullptr) {
+      search_block(rd, rd.begin + at, key_offsets_, key_data_);
+      rd.searched[at] = 1;
+    }
   }
-  std::vector<BlockRef> blocks(opened);
-  for (size_t i = 0; i < opened; ++i) blocks[i] = rd.pins[rd.missing_slot[range.first + i]];
-  cache_->put_many(ids.data(), numbers.data(), blocks.data(), opened);
+  cache_->put_many(ids.data(), numbers.data(), blocks.data(), blocks.size());
+  blocks.clear();  // the cache and the round hold them; a thread's scratch pins none
   return bad;
 }
 
@@ -153,10 +168,16 @@ int64_t LookupStep::read_open_ranges(const int* fds, size_t worker, size_t worke
                                      std::vector<uint8_t>* buffer, size_t* range, std::string* why,
                                      size_t slot) {
   const std::vector<ReadRange>& ranges = rounds_[slot].ranges;
+  // Kept across calls: the fetch threads read every round, and a fresh buffer per call would
+  // be zeroed (and, at this size, mapped) each time.
+  thread_local std::vector<uint8_t> own;
+  if (buffer == nullptr) buffer = &own;
   for (size_t r = worker; r < ranges.size(); r += std::max<size_t>(workers, 1)) {
     const ReadRange& rr = ranges[r];
     *range = r;
-    buffer->resize(std::max<uint64_t>(rr.length, 1));
+    // Grown only: a shrink and a regrow would zero the regrown bytes on every read.
+    if (buffer->size() < std::max<uint64_t>(rr.length, 1))
+      buffer->resize(std::max<uint64_t>(rr.length, 1));
     uint64_t got = 0;
     while (got < rr.length) {
       const ssize_t n = ::pread(fds[rr.file], buffer->data() + got, rr.length - got,
@@ -178,22 +199,35 @@ int64_t LookupStep::read_open_ranges(const int* fds, size_t worker, size_t worke
   return -1;
 }
 
-uint64_t LookupStep::search(const int32_t* key_offsets, const uint8_t* key_data, int64_t* rows,
-                            size_t slot) const {
-  const Round& rd = rounds_[slot];
-  uint64_t total = 0;
-  size_t i = 0;
-  for (size_t u = rd.begin; u < rd.end; ++u) {
-    const Unique& q = unique_[u];
-    const OpenedBlock& blk = *rd.pins[u - rd.begin];
-    const PayloadView v = PayloadView::of(blk.bytes.get(), blk.size, files_[q.file]->has_validity);
-    for (size_t j = q.begin; j < q.end; ++j, ++i) {
-      const int64_t k = entries_[j].key;
-      const int64_t r = v.find(key_data + key_offsets[k],
-                               static_cast<size_t>(key_offsets[k + 1] - key_offsets[k]));
-      rows[i] = r;
-      if (r >= 0 && v.has_value(r)) total += v.value_offset(r + 1) - v.value_offset(r);
+void LookupStep::search_block(Round& rd, size_t u, const int32_t* key_offsets,
+                              const uint8_t* key_data) const {
+  const Unique& q = unique_[u];
+  const OpenedBlock& blk = *rd.pins[u - rd.begin];
+  const PayloadView v = PayloadView::of(blk.bytes.get(), blk.size, files_[q.file]->has_validity);
+  for (size_t j = q.begin; j < q.end; ++j) {
+    const int64_t k = entries_[j].key;
+    Found& f = rd.found[j - rd.key_begin];
+    f.row =
+        v.find(key_data + key_offsets[k], static_cast<size_t>(key_offsets[k + 1] - key_offsets[k]));
+    f.value = nullptr;
+    f.size = 0;
+    if (f.row >= 0 && v.has_value(f.row)) {
+      const uint32_t a = v.value_offset(f.row);
+      f.value = v.value_data + a;
+      f.size = v.value_offset(f.row + 1) - a;
     }
+  }
+}
+
+uint64_t LookupStep::search(const int32_t* key_offsets, const uint8_t* key_data, int64_t* rows,
+                            size_t slot) {
+  Round& rd = rounds_[slot];
+  for (size_t u = rd.begin; u < rd.end; ++u)
+    if (!rd.searched[u - rd.begin]) search_block(rd, u, key_offsets, key_data);
+  uint64_t total = 0;
+  for (size_t i = 0; i < rd.found.size(); ++i) {
+    rows[i] = rd.found[i].row;
+    total += rd.found[i].size;
   }
   return total;
 }
@@ -203,25 +237,17 @@ int64_t LookupStep::gather(const int64_t* rows, int32_t* out_offsets, uint8_t* o
   const Round& rd = rounds_[slot];
   int64_t nulls = 0;
   int64_t at = 0;
-  size_t i = 0;
   out_offsets[0] = 0;
-  for (size_t u = rd.begin; u < rd.end; ++u) {
-    const Unique& q = unique_[u];
-    const OpenedBlock& blk = *rd.pins[u - rd.begin];
-    const PayloadView v = PayloadView::of(blk.bytes.get(), blk.size, files_[q.file]->has_validity);
-    for (size_t j = q.begin; j < q.end; ++j, ++i) {
-      const int64_t r = rows[i];
-      if (r >= 0 && v.has_value(r)) {
-        const uint32_t a = v.value_offset(r);
-        const uint32_t len = v.value_offset(r + 1) - a;
-        if (len) std::memcpy(out_data + at, v.value_data + a, len);
-        at += len;
-        out_validity[i >> 3] |= static_cast<uint8_t>(1u << (i & 7));
-      } else {
-        ++nulls;
-      }
-      out_offsets[i + 1] = static_cast<int32_t>(at);
+  for (size_t i = 0; i < rd.found.size(); ++i) {
+    const Found& f = rd.found[i];
+    if (rows[i] >= 0 && f.value != nullptr) {
+      if (f.size) std::memcpy(out_data + at, f.value, f.size);
+      at += f.size;
+      out_validity[i >> 3] |= static_cast<uint8_t>(1u << (i & 7));
+    } else {
+      ++nulls;
     }
+    out_offsets[i + 1] = static_cast<int32_t>(at);
   }
   return nulls;
 }

@@ -247,33 +247,48 @@ void SnapshotSerializer::serialize_group(size_t si, int32_t kg) {
   }
 }
 
+// Hand-over with hysteresis: a producer that found the queue full sleeps until the consumer
+// drained it to half (low_water()), and a consumer that found it empty sleeps until the producer
+// filled it to half (or finished). Waking the other side per payload would cost two thread
+// switches per block on a full (or empty) queue -- thousands a second with small blocks, taken
+// from the processing threads on a machine with few cores.
+size_t SnapshotSerializer::low_water() const { return opt_.queue_blocks / 2; }
+
 void SnapshotSerializer::emit(BlockPayload&& p) {
   std::unique_lock<std::mutex> lk(mu_);
   if (queue_.size() >= opt_.queue_blocks) {
     ++stats_.producer_waits;
+    producer_waiting_ = true;
     not_full_.wait(lk, [this] {
-      return queue_.size() < opt_.queue_blocks || cancelled_.load(std::memory_order_relaxed);
+      return queue_.size() <= low_water() || cancelled_.load(std::memory_order_relaxed);
     });
+    producer_waiting_ = false;
   }
   if (cancelled_.load(std::memory_order_relaxed)) throw SerializerCancelled();
   ++stats_.blocks;
   stats_.payload_bytes += p.bytes.size();
   queue_.push_back(std::move(p));
   if (queue_.size() > stats_.max_queued) stats_.max_queued = queue_.size();
-  not_empty_.notify_one();
+  if (consumer_waiting_ && queue_.size() >= std::max<size_t>(low_water(), 1))
+    not_empty_.notify_one();
 }
 
 bool SnapshotSerializer::next(BlockPayload* out) {
   std::unique_lock<std::mutex> lk(mu_);
   if (!started_) throw std::logic_error("serializer not started");
-  not_empty_.wait(lk, [this] {
-    return !queue_.empty() || done_ || cancelled_.load(std::memory_order_relaxed);
-  });
+  if (queue_.empty()) {
+    consumer_waiting_ = true;
+    not_empty_.wait(lk, [this] {
+      return queue_.size() >= std::max<size_t>(low_water(), 1) || done_ ||
+             cancelled_.load(std::memory_order_relaxed);
+    });
+    consumer_waiting_ = false;
+  }
   if (cancelled_.load(std::memory_order_relaxed)) throw SerializerCancelled();
   if (!queue_.empty()) {
     *out = std::move(queue_.front());
     queue_.pop_front();
-    not_full_.notify_one();
+    if (producer_waiting_ && queue_.size() <= low_water()) not_full_.notify_one();
     return true;
   }
   if (error_) std::rethrow_exception(error_);

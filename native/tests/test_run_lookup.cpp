@@ -77,7 +77,7 @@ struct Keys {
 
 // Searches and gathers the keys of round `slot` of `step`, every block pinned, checking each
 // against the model and counting it in *seen.
-void search_and_check(const LookupStep& step, const File& f, const Keys& keys, size_t slot,
+void search_and_check(LookupStep& step, const File& f, const Keys& keys, size_t slot,
                       std::vector<int>* seen) {
   const size_t n = step.round_key_count(slot);
   std::vector<int64_t> rows(n);
@@ -118,10 +118,12 @@ size_t run_step(LookupStep& step, const File& f, const Keys& keys, uint64_t open
   return read;
 }
 
-// Opens every read of round `slot` of `step` from `f`; returns the blocks read.
-size_t open_all(LookupStep& step, const File& f, size_t slot) {
+// Opens the reads r % workers == worker of round `slot` of `step` from `f`; returns the blocks
+// read.
+size_t open_all(LookupStep& step, const File& f, size_t slot, size_t worker = 0,
+                size_t workers = 1) {
   size_t read = 0;
-  for (size_t r = 0; r < step.ranges(slot).size(); ++r) {
+  for (size_t r = worker; r < step.ranges(slot).size(); r += workers) {
     const ReadRange& rr = step.ranges(slot)[r];
     std::string why;
     if (step.open_range(r, f.bytes.data() + rr.offset, rr.length, &why, slot) != -1) std::abort();
@@ -130,9 +132,9 @@ size_t open_all(LookupStep& step, const File& f, size_t slot) {
   return read;
 }
 
-// run_step with two round slots: a thread opens the next round (slot 1 - s) while this one
-// searches and gathers round s, as RunLookup does.
-size_t run_step_pipelined(LookupStep& step, const File& f, const Keys& keys) {
+// run_step with two round slots: `openers` threads open the next round's reads (slot 1 - s)
+// while this one searches and gathers round s, as RunLookup does.
+size_t run_step_pipelined(LookupStep& step, const File& f, const Keys& keys, size_t openers = 1) {
   std::vector<int> seen(keys.text.size(), 0);
   size_t slot = 0;
   if (!step.next_round(slot)) return 0;
@@ -140,12 +142,13 @@ size_t run_step_pipelined(LookupStep& step, const File& f, const Keys& keys) {
   for (bool more = true; more;) {
     const size_t ahead = 1 - slot;
     more = step.next_round(ahead);
-    size_t ahead_read = 0;
-    std::thread opener;
-    if (more) opener = std::thread([&] { ahead_read = open_all(step, f, ahead); });
+    std::vector<size_t> ahead_read(openers, 0);
+    std::vector<std::thread> threads;
+    for (size_t w = 0; more && w < openers; ++w)
+      threads.emplace_back([&, w] { ahead_read[w] = open_all(step, f, ahead, w, openers); });
     search_and_check(step, f, keys, slot, &seen);
-    if (opener.joinable()) opener.join();
-    read += ahead_read;
+    for (std::thread& t : threads) t.join();
+    for (size_t n : ahead_read) read += n;
     slot = ahead;
   }
   for (int s : seen) CHECK_EQ(s, 1);
@@ -167,20 +170,26 @@ Keys routed_keys(const File& f, int n, uint64_t seed) {
 }  // namespace
 
 TEST(every_key_is_answered_as_the_model_says) {
+  // With set_keys the keys of each opened block are searched by open_range, those of cached
+  // blocks by search(): the answers are the same.
   const File f(40, 5, 1);
   const Keys keys = routed_keys(f, 300, 7);
-  for (uint64_t open_bytes : {uint64_t(1), uint64_t(200), uint64_t(1) << 30}) {
-    BlockCache cache(1 << 20);
-    LookupStep step(&cache, open_bytes, 128, 1 << 20);
-    std::vector<int64_t> idx(keys.text.size());
-    for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int64_t>(i);
-    step.add(&f.table, idx.data(), keys.block.data(), idx.size());
-    const size_t read = run_step(step, f, keys, open_bytes);
-    CHECK(read <= f.refs.size());
-    // A second step finds every block in the cache: no read.
-    LookupStep again(&cache, open_bytes, 128, 1 << 20);
-    again.add(&f.table, idx.data(), keys.block.data(), idx.size());
-    CHECK_EQ(run_step(again, f, keys, open_bytes), size_t(0));
+  for (bool on_open : {false, true}) {
+    for (uint64_t open_bytes : {uint64_t(1), uint64_t(200), uint64_t(1) << 30}) {
+      BlockCache cache(1 << 20);
+      LookupStep step(&cache, open_bytes, 128, 1 << 20);
+      std::vector<int64_t> idx(keys.text.size());
+      for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int64_t>(i);
+      step.add(&f.table, idx.data(), keys.block.data(), idx.size());
+      if (on_open) step.set_keys(keys.offsets.data(), keys.data.data());
+      const size_t read = run_step(step, f, keys, open_bytes);
+      CHECK(read <= f.refs.size());
+      // A second step finds every block in the cache: no read.
+      LookupStep again(&cache, open_bytes, 128, 1 << 20);
+      again.add(&f.table, idx.data(), keys.block.data(), idx.size());
+      if (on_open) again.set_keys(keys.offsets.data(), keys.data.data());
+      CHECK_EQ(run_step(again, f, keys, open_bytes), size_t(0));
+    }
   }
 }
 
@@ -282,6 +291,25 @@ THREADED_TEST(two_round_slots_open_the_next_round_while_this_one_is_searched) {
     CHECK_EQ(run_step_pipelined(two, f, keys), single);
     CHECK_EQ(cache_two.stats().used_bytes, cache_one.stats().used_bytes);
     CHECK_EQ(cache_two.stats().misses, cache_one.stats().misses);
+  }
+}
+
+THREADED_TEST(blocks_are_searched_by_the_threads_that_open_them) {
+  // set_keys: three threads open (and search) the next round's reads while this one searches
+  // the cached blocks of the current round and gathers its values; run under TSan.
+  const File f(60, 5, 1);
+  const Keys keys = routed_keys(f, 400, 13);
+  for (uint64_t open_bytes : {uint64_t(1), uint64_t(300), uint64_t(1) << 30}) {
+    BlockCache cache_one(1 << 20), cache_many(1 << 20);
+    LookupStep one(&cache_one, open_bytes, 0, 1 << 20), many(&cache_many, open_bytes, 0, 1 << 20);
+    std::vector<int64_t> idx(keys.text.size());
+    for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int64_t>(i);
+    one.add(&f.table, idx.data(), keys.block.data(), idx.size());
+    many.add(&f.table, idx.data(), keys.block.data(), idx.size());
+    many.set_keys(keys.offsets.data(), keys.data.data());
+    const size_t single = run_step(one, f, keys, open_bytes);
+    CHECK_EQ(run_step_pipelined(many, f, keys, 3), single);
+    CHECK_EQ(cache_many.stats().misses, cache_one.stats().misses);
   }
 }
 

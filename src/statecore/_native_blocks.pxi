@@ -548,7 +548,8 @@ cdef class SnapshotBlockSerializer:
     inclusive key-group range of the file (``kg_end < kg_start``: empty). ``prefix_bytes``: 1 or
     2 (key-group prefix width). ``block_target_bytes``: uncompressed block target (bytes).
     ``incremental``: append the validity bitmap. ``queue_blocks``: bounded queue capacity (memory
-    bound: that many payloads). ``release_as_written``: release each key group's map snapshot
+    bound: that many payloads; a side that waits sleeps until the other drained or filled it
+    to half, snapshot_writer.h). ``release_as_written``: release each key group's map snapshot
     as soon as it is encoded (the table snapshots become unusable for readers). ``nice``: added to
     the producer thread's nice value (Linux; 0 = unchanged). ``bloom_bits_per_key``: the size
     of each (state, key group)'s Bloom filter (1 to 64, format.DEFAULT_BLOOM_BITS_PER_KEY).

@@ -692,6 +692,7 @@ cdef extern from "statecore/run_lookup.h" namespace "statecore" nogil:
                    uint64_t max_read_bytes) except +raise_native_error
         void add(const RunBlockTable* table, const int64_t* keys, const int64_t* blocks,
                  size_t n) except +raise_native_error
+        void set_keys(const int32_t* key_offsets, const uint8_t* key_data)
         cbool next_round(size_t slot) except +raise_native_error
         const vector[ReadRange]& ranges(size_t slot)
         const vector[pair[size_t, int64_t]]& missing(size_t slot)

@@ -324,6 +324,9 @@ cdef class LookupStep:
     cdef NativeBlockCache cache
     cdef list files
     cdef int64_t max_key
+    cdef object keys  # set_keys's
+    cdef bint rounds  # whether a round was planned
+    cdef uint8_t empty
 
     def __cinit__(self, NativeBlockCache cache, uint64_t open_bytes, uint64_t gap_bytes,
                   uint64_t max_read_bytes):
@@ -344,6 +347,8 @@ cdef class LookupStep:
             raise InvalidInputError(f"{len(k)} keys but {len(b)} block numbers")
         if not len(k):
             return
+        if self.rounds or self.keys is not None:
+            raise InvalidInputError("add comes before set_keys and the first round")
         if k.min() < 0:
             raise InvalidInputError("a key index is negative")
         if b.min() < 0 or b.max() >= blocks.table.block_count:
@@ -355,10 +360,33 @@ cdef class LookupStep:
         cdef const int64_t[::1] bv = b
         self.step.add(&blocks.table, &kv[0], &bv[0], len(k))
 
+    def set_keys(self, keys):
+        """Search each block :meth:`open_range` / :meth:`read_open_ranges` open for its keys
+        (indices into ``keys``, a ``pa.binary()`` array without nulls) right away, on the
+        thread that opened it; :meth:`search` must then get the same ``keys``. After the last
+        :meth:`add`, before the first round. InvalidInputError for nulls, a key index outside
+        ``keys``, or a call after the first round."""
+        if self.rounds:
+            raise InvalidInputError("set_keys comes before the first round")
+        if not isinstance(keys, pa.Array) or not pa.types.is_binary(keys.type):
+            raise InvalidInputError("keys must be a pyarrow binary array")
+        if keys.null_count:
+            raise InvalidInputError("keys must not contain nulls")
+        if self.max_key >= len(keys):
+            raise InvalidInputError("a key index is outside the keys")
+        bufs = keys.buffers()
+        cdef const int32_t* qoff = <const int32_t*>_addr(bufs[1], 4 * keys.offset)
+        cdef const uint8_t* qdat = _addr(bufs[2], 0)
+        if qdat == NULL:
+            qdat = &self.empty
+        self.keys = keys  # its buffers must outlive the step's rounds
+        self.step.set_keys(qoff, qdat)
+
     def next_round(self, size_t slot=0):
         """Plan the step's next round into ``slot`` (False when none is left), unpinning the
         round it held: its cached blocks pinned (each a cache hit or miss), its missing ones
         planned as :meth:`ranges`. No read of ``slot`` may be in flight."""
+        self.rounds = True
         return self.step.next_round(_slot(slot))
 
     def round_bytes(self, size_t slot=0):
@@ -390,13 +418,11 @@ cdef class LookupStep:
         if fv.size() < len(self.files):
             raise InvalidInputError(
                 f"{fv.size()} file descriptors for {len(self.files)} files")
-        cdef vector[uint8_t] buffer
         cdef size_t r = 0
         cdef string why
         cdef int64_t bad
         with nogil:
-            bad = self.step.read_open_ranges(fv.data(), worker, workers, &buffer, &r, &why,
-                                             slot)
+            bad = self.step.read_open_ranges(fv.data(), worker, workers, NULL, &r, &why, slot)
         if bad == -1:
             return None, None, None
         text = why.decode("utf-8", "replace")
@@ -432,6 +458,8 @@ cdef class LookupStep:
         ``values`` a ``pa.binary()`` array, NULL where not found or a tombstone -- with the GIL
         released."""
         _slot(slot)
+        if self.keys is not None and keys is not self.keys:
+            raise InvalidInputError("search must get the keys set_keys got")
         if keys.null_count:
             raise InvalidInputError("keys must not contain nulls")
         if self.max_key >= len(keys):

@@ -4,8 +4,9 @@
 // most `open_bytes` decoded bytes; per round the blocks in the BlockCache are pinned, the
 // missing ones planned as coalesced read ranges (one positional read each, after RocksDB's and
 // ForSt's coalesced MultiGet reads), each range's bytes opened (XXH64, LZ4, payload and last
-// key checked: payload_lookup.h) into the cache, and the round's keys searched in place. The
-// caller does per read range at most: the read itself.
+// key checked: payload_lookup.h) into the cache, and the round's keys searched in place (those
+// of an opened block by the thread that opened it, set_keys). The caller does per read range at
+// most: the read itself.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -63,6 +64,13 @@ class LookupStep {
   // the caller checks). Each file once per step, before the first round.
   void add(const RunBlockTable* table, const int64_t* keys, const int64_t* blocks, size_t n);
 
+  // The keys (key index k is `key_data[key_offsets[k], key_offsets[k + 1])`, every index
+  // add() got among them; the arrays outlive the step) that open_range searches each block it
+  // opens for, on the thread that opened it: the block is still in that core's cache there,
+  // and the searches of a round's missing blocks run in parallel instead of on the caller's
+  // thread. search() must then get the same keys. Before the first round.
+  void set_keys(const int32_t* key_offsets, const uint8_t* key_data);
+
   // Unpins the round `slot` held and plans the step's next round into it: false when none is
   // left. Probes the cache for each of the round's blocks (pinning the hits; one lock for
   // all) and plans the missing ones as reads. Not thread-safe: no read of `slot` may be in
@@ -86,7 +94,8 @@ class LookupStep {
   static constexpr int64_t kReadFailed = -2;  // the read failed (errno's text in *why)
   static constexpr int64_t kReadShort = -3;   // the file ended inside the range
   // Local files: for every range r of `slot` with r % workers == worker, reads it from
-  // fds[its file] (pread into `buffer`, reused) and opens it (open_range), so that one call
+  // fds[its file] (pread into `buffer`, reused; null: a buffer the calling thread keeps for its
+  // later calls) and opens it (open_range), so that one call
   // per worker and round replaces a read and a call per range. -1 when all went well; else
   // the failing range in *range and open_range's index of its bad block, kReadFailed or
   // kReadShort (the reason in *why), the ranges after it left unopened. Thread-safe for
@@ -106,12 +115,13 @@ class LookupStep {
     return entries_[rounds_[slot].key_begin + i].file;
   }
   // Searches each round key (key index k is `key_data[key_offsets[k], key_offsets[k + 1])`) in
-  // its block: rows[i] its row or -1; returns the bytes of the values found (tombstones hold
-  // none). Every block of the round must be pinned (each range opened without error).
+  // its block, unless open_range did (set_keys): rows[i] its row or -1; returns the bytes of
+  // the values found (tombstones hold none). Every block of the round must be pinned (each
+  // range opened without error).
   uint64_t search(const int32_t* key_offsets, const uint8_t* key_data, int64_t* rows,
-                  size_t slot = 0) const;
-  // The value of round key i at rows[i] (search) appended at out_data + offsets, its validity
-  // bit set (bitmap of round_key_count() bits, zeroed by the caller); out_offsets has
+                  size_t slot = 0);
+  // The value of round key i (search; `rows` is search's) appended at out_data + offsets, its
+  // validity bit set (bitmap of round_key_count() bits, zeroed by the caller); out_offsets has
   // round_key_count() + 1 entries. Returns the NULLs written (misses and tombstones).
   int64_t gather(const int64_t* rows, int32_t* out_offsets, uint8_t* out_data,
                  uint8_t* out_validity, size_t slot = 0) const;
@@ -128,18 +138,31 @@ class LookupStep {
     size_t begin;
     size_t end;
   };
+  struct Found {  // a round key's row in its block (-1: absent) and its value there
+    int64_t row = -1;
+    const uint8_t* value = nullptr;  // null: no value (absent or a tombstone)
+    uint32_t size = 0;
+  };
   struct Round {
     size_t begin = 0, end = 0;          // its unique_ range
     size_t key_begin = 0, key_end = 0;  // its entries_ range
     std::vector<BlockRef> pins;         // per block (index - begin)
-    std::vector<size_t> missing_slot;   // per missing block its pins index
+    // Per block whether its keys' found entries are set; one byte each, as open_range calls
+    // on several threads set distinct ones.
+    std::vector<uint8_t> searched;
+    std::vector<Found> found;          // per round key (index - key_begin)
+    std::vector<size_t> missing_slot;  // per missing block its pins index
     std::vector<std::pair<size_t, int64_t>> missing;
     std::vector<ReadRange> ranges;
     uint64_t bytes = 0;
     size_t hits = 0;
   };
   void plan();
+  // Fills found[] for the keys of the round's block `u` (a unique_ index), pinned.
+  void search_block(Round& rd, size_t u, const int32_t* key_offsets, const uint8_t* key_data) const;
   BlockCache* cache_;
+  const int32_t* key_offsets_ = nullptr;  // set_keys
+  const uint8_t* key_data_ = nullptr;
   uint64_t open_bytes_, gap_bytes_, max_read_bytes_;
   std::vector<const RunBlockTable*> files_;
   std::vector<Entry> entries_;

@@ -13,7 +13,9 @@
 // hands over payloads (the consumer compresses them), next_chunk() compresses and checksums
 // several into one chunk without returning (block_codec.h: the same bytes as the Python writer's).
 // Finished payloads go to a bounded queue (`queue_blocks`): the producer waits while it is full,
-// so memory is bounded by queue_blocks payloads + the key group being cut. With
+// so memory is bounded by queue_blocks payloads + the key group being cut. Either side that
+// has to wait sleeps until the other has drained (filled) the queue to half, not for one
+// payload: a thread switch per block would cost more than the block. With
 // `release_as_written`, each map snapshot is released as soon as its key group was encoded, so
 // the owner stops copying (and retired entries get reclaimed) progressively during the write.
 //
@@ -164,6 +166,7 @@ class SnapshotSerializer {
   void run();
   void produce();
   void emit(BlockPayload&& p);  // blocks while the queue is full; throws SerializerCancelled
+  size_t low_water() const;
   void serialize_group(size_t si, int32_t kg);
 
   std::vector<SerializerSource> sources_;
@@ -181,7 +184,9 @@ class SnapshotSerializer {
   std::condition_variable not_full_;
   std::condition_variable not_empty_;
   std::deque<BlockPayload> queue_;
-  bool done_ = false;  // producer finished (ok or error)
+  bool done_ = false;              // producer finished (ok or error)
+  bool producer_waiting_ = false;  // emit() sleeps on a full queue
+  bool consumer_waiting_ = false;  // next() sleeps on an empty queue
   std::atomic<bool> cancelled_{false};
   std::exception_ptr error_;
   Stats stats_;

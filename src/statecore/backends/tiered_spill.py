@@ -54,6 +54,7 @@ from statecore.checkpoint.format import (
     DEFAULT_BLOCK_TARGET_BYTES,
     DataFileReader,
     plan_file,
+    queue_payloads,
     write_data_file_from_blocks,
 )
 from statecore.checkpoint.lookup import (
@@ -392,7 +393,8 @@ def _write_changes(out, snap, seq: int):
 
     plan = plan_file(snap, seq, "spill", DEFAULT_BLOCK_TARGET_BYTES, True)
     ser = _native.SnapshotBlockSerializer(snap.block_sources(), plan.start, plan.end,
-                                          plan.prefix, plan.block_target_bytes, True)
+                                          plan.prefix, plan.block_target_bytes, True,
+                                          queue_payloads(plan.block_target_bytes))
     ser.start()
     try:
         return write_data_file_from_blocks(out, snap, ser, version=seq, writer="spill",

@@ -121,6 +121,18 @@ _INT32_MAX = 2**31 - 1
 
 #: Stored bytes the asynchronous writer gathers per chunk (one write, one GIL round trip).
 CHUNK_TARGET_BYTES = 1 << 20
+#: Payload bytes a native serializer's queue holds at least (:func:`queue_payloads`).
+QUEUE_BYTES = 256 << 10
+
+
+def queue_payloads(block_target_bytes: int, at_least: int = 4) -> int:
+    """The queue length (payloads, >= ``at_least``) of a native serializer cutting blocks of
+    ``block_target_bytes``: at least :data:`QUEUE_BYTES` of them, so that its producer and
+    consumer threads trade many small blocks per wake-up (snapshot_writer.h) rather than one
+    or two."""
+    return max(at_least, QUEUE_BYTES // max(1, block_target_bytes))
+
+
 #: Key and value bytes :func:`write_data_file_serialized` hands to one native serializer at
 #: once (a window of key groups): what it holds copied besides the snapshot's own arrays.
 SERIALIZE_WINDOW_BYTES = 16 << 20
@@ -546,6 +558,7 @@ def write_data_file_serialized(out, snap: Any, *, version: int, writer: str,
         serializer = _native.SnapshotBlockSerializer(
             [(name, None, False, 0, groups[name]) for name in plan.names], first, kg - 1,
             plan.prefix, plan.block_target_bytes, plan.incremental,
+            queue_blocks=queue_payloads(plan.block_target_bytes),
             bloom_bits_per_key=plan.bloom_bits_per_key)
         serializer.start()
         del groups

@@ -702,9 +702,11 @@ class RunLookup:
         ``[run file, [key arrays], [block arrays]]`` per file, :meth:`_candidates`): a native
         LookupStep takes the blocks in rounds of at most half of ``open_bytes`` decoded bytes,
         probes the cache and plans each round's missing blocks as coalesced reads; per read
-        one positional read and one native open (checks, decompression, cache insert) on the
-        fetch threads; then one native search of the round's keys on this thread, while the
-        fetch threads read and open the next round (two round slots, so at most ``open_bytes``
+        one positional read and one native open (checks, decompression, cache insert, and the
+        search of each opened block's keys while the block is in that core's cache) on the
+        fetch threads; then one native search of the cached blocks' keys and the gathering of
+        the round's values on this thread, while the fetch threads read and open the next
+        round (two round slots, so at most ``open_bytes``
         open at once, or two blocks when one is larger than half of it). A hit records its
         value (``take_part``, ``take_row``, ``parts``), a miss moves the key on (``pos``)."""
         fds = [rf.fd for rf, _, _ in routed]
@@ -716,6 +718,7 @@ class RunLookup:
         for rf, idxs, blks in routed:
             step.add(rf.blocks, np.concatenate(idxs), np.concatenate(blks))
             files.append(rf)
+        step.set_keys(keys)
         slot = 0
         if not step.next_round(slot):
             return

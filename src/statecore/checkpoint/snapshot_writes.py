@@ -31,6 +31,7 @@ from statecore.checkpoint.format import (
     KIND_INCREMENTAL,
     WriteSummary,
     plan_file,
+    queue_payloads,
     write_data_file,
     write_data_file_from_blocks,
 )
@@ -195,12 +196,13 @@ class SnapshotWriter:
 
     def write_async(self, snap: Any, version: int, writer: str = "p0", *,
                     block_target_bytes: int | None = None, release_snapshot: bool = False,
-                    queue_blocks: int = 4, nice: int = 10,
+                    queue_blocks: int | None = None, nice: int = 10,
                     chunk_bytes: int | None = None) -> SnapshotWriteFuture:
         """:meth:`write` in a background thread; returns its :class:`SnapshotWriteFuture`."""
         version = check_version(version)
         writer = check_writer(writer)
-        if isinstance(queue_blocks, bool) or not isinstance(queue_blocks, int) or queue_blocks < 1:
+        if queue_blocks is not None and (isinstance(queue_blocks, bool) or
+                                         not isinstance(queue_blocks, int) or queue_blocks < 1):
             raise InvalidInputError(f"queue_blocks must be an int >= 1, got {queue_blocks!r}")
         if isinstance(nice, bool) or not isinstance(nice, int) or nice < 0:
             raise InvalidInputError(f"nice must be an int >= 0, got {nice!r}")
@@ -210,6 +212,8 @@ class SnapshotWriter:
             raise InvalidInputError(f"chunk_bytes must be an int >= 1, got {chunk_bytes!r}")
         target = self.block_target_bytes if block_target_bytes is None else block_target_bytes
         plan = plan_file(snap, version, writer, target, None)  # argument errors raise here
+        if queue_blocks is None:
+            queue_blocks = queue_payloads(plan.block_target_bytes)
         rel = data_path(version, writer)
         fut = SnapshotWriteFuture()
         serializer = None

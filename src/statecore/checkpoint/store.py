@@ -254,13 +254,14 @@ class CheckpointStore:
 
     def write_snapshot_async(self, snap: Any, version: int, writer: str = "p0", *,
                              block_target_bytes: int | None = None, release_snapshot: bool = False,
-                             queue_blocks: int = 4, nice: int = 10,
+                             queue_blocks: int | None = None, nice: int = 10,
                              chunk_bytes: int | None = None) -> "SnapshotWriteFuture":
         """:meth:`write_snapshot` in the background; returns a :class:`SnapshotWriteFuture` whose
         result is the same descriptor, and whose file is byte-identical to the synchronous one.
 
         Native snapshots (``snap.block_sources``): a C++ thread encodes the block payloads from
-        the map snapshots into a queue bounded to ``queue_blocks`` payloads (backpressure), and a
+        the map snapshots into a queue bounded to ``queue_blocks`` payloads (backpressure;
+        default ``format.queue_payloads``: 256 KiB of blocks, at least 4), and a
         Python thread takes them in chunks of about ``chunk_bytes`` stored bytes (below),
         compressed (LZ4) and checksummed (XXH64) with the GIL released, and writes each chunk
         through ``pyarrow.fs`` in one call: one GIL round trip per chunk instead of several per
