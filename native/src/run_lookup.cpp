@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <utility>
 
 #include "statecore/payload_lookup.h"
@@ -217,6 +218,47 @@ void LookupStep::search_block(Round& rd, size_t u, const int32_t* key_offsets,
       f.size = v.value_offset(f.row + 1) - a;
     }
   }
+}
+
+void LookupStep::start_reads(FetchPool* pool, const int* fds, size_t nfds, size_t workers,
+                             size_t slot) {
+  Round& rd = rounds_[slot];
+  rd.fds.assign(fds, fds + nfds);
+  workers = std::max<size_t>(workers, 1);
+  rd.outcomes.assign(workers, Round::Outcome{});
+  rd.reads.reset(workers);
+  pool->run(
+      workers,
+      [this, &rd, slot, workers](size_t w) {
+        Round::Outcome& o = rd.outcomes[w];
+        try {
+          o.bad = read_open_ranges(rd.fds.data(), w, workers, nullptr, &o.range, &o.why, slot);
+        } catch (const std::exception& e) {  // bad_alloc: reported as a failed read
+          o.bad = kReadFailed;
+          o.why = e.what();
+        }
+      },
+      &rd.reads);
+}
+
+int64_t LookupStep::finish_reads(size_t* range, std::string* why, size_t slot) {
+  Round& rd = rounds_[slot];
+  rd.reads.wait();
+  const Round::Outcome* first = nullptr;
+  for (const Round::Outcome& o : rd.outcomes)
+    if (o.bad != -1 && (first == nullptr || o.range < first->range)) first = &o;
+  int64_t bad = -1;
+  if (first != nullptr) {
+    bad = first->bad;
+    *range = first->range;
+    *why = first->why;
+  }
+  rd.outcomes.clear();
+  return bad;
+}
+
+LookupStep::~LookupStep() {
+  for (Round& rd : rounds_) rd.reads.wait();
 }
 
 uint64_t LookupStep::search(const int32_t* key_offsets, const uint8_t* key_data, int64_t* rows,

@@ -2,6 +2,9 @@
 // keys (some tombstones), keys routed to their blocks; rounds within open_bytes, cached blocks
 // not read again, missing blocks coalesced by gap and read size, every key found or not as the
 // model says, and a corrupt block reported and never cached.
+#include <unistd.h>
+
+#include <cstdlib>
 #include <map>
 #include <random>
 #include <string>
@@ -311,6 +314,60 @@ THREADED_TEST(blocks_are_searched_by_the_threads_that_open_them) {
     CHECK_EQ(run_step_pipelined(many, f, keys, 3), single);
     CHECK_EQ(cache_many.stats().misses, cache_one.stats().misses);
   }
+}
+
+THREADED_TEST(a_fetch_pool_reads_and_opens_the_next_round_while_this_one_is_searched) {
+  // start_reads / finish_reads over a file on disk: the pool's threads pread and open (and
+  // search) the next round while this thread searches the current one; the same answers and
+  // misses as one slot, and a read past the file's end reported as kReadShort; under TSan.
+  const File f(60, 5, 1);
+  const Keys keys = routed_keys(f, 400, 17);
+  char path[] = "/tmp/statecore-run-lookup-XXXXXX";
+  const int fd = ::mkstemp(path);
+  CHECK(fd >= 0);
+  ::unlink(path);
+  CHECK_EQ(::write(fd, f.bytes.data(), f.bytes.size()), ssize_t(f.bytes.size()));
+  FetchPool pool(3);
+  for (uint64_t open_bytes : {uint64_t(1), uint64_t(300), uint64_t(1) << 30}) {
+    BlockCache cache_one(1 << 20), cache_pool(1 << 20);
+    LookupStep one(&cache_one, open_bytes, 0, 1 << 20), step(&cache_pool, open_bytes, 0, 1 << 20);
+    std::vector<int64_t> idx(keys.text.size());
+    for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int64_t>(i);
+    one.add(&f.table, idx.data(), keys.block.data(), idx.size());
+    step.add(&f.table, idx.data(), keys.block.data(), idx.size());
+    step.set_keys(keys.offsets.data(), keys.data.data());
+    run_step(one, f, keys, open_bytes);
+    std::vector<int> seen(keys.text.size(), 0);
+    size_t slot = 0, range = 0;
+    std::string why;
+    CHECK(step.next_round(slot));
+    step.start_reads(&pool, &fd, 1, 3, slot);
+    for (bool more = true; more;) {
+      CHECK_EQ(step.finish_reads(&range, &why, slot), int64_t(-1));
+      const size_t ahead = 1 - slot;
+      more = step.next_round(ahead);
+      if (more) step.start_reads(&pool, &fd, 1, 3, ahead);
+      search_and_check(step, f, keys, slot, &seen);
+      slot = ahead;
+    }
+    for (int s : seen) CHECK_EQ(s, 1);
+    CHECK_EQ(cache_pool.stats().misses, cache_one.stats().misses);
+  }
+  // A file cut short: the worker's read ends early, and finish_reads reports it.
+  CHECK_EQ(::ftruncate(fd, 16), 0);
+  BlockCache cache(1 << 20);
+  LookupStep step(&cache, 1 << 30, 0, 1 << 20);
+  std::vector<int64_t> idx(keys.text.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int64_t>(i);
+  step.add(&f.table, idx.data(), keys.block.data(), idx.size());
+  CHECK(step.next_round());
+  step.start_reads(&pool, &fd, 1, 2);
+  size_t range = 99;
+  std::string why;
+  CHECK_EQ(step.finish_reads(&range, &why), LookupStep::kReadShort);
+  CHECK_EQ(range, size_t(0));
+  CHECK(!why.empty());
+  ::close(fd);
 }
 
 TEST_MAIN()

@@ -667,6 +667,12 @@ cdef extern from "statecore/block_cache.h" namespace "statecore" nogil:
         void retain_files(const int64_t* files, size_t n) except +raise_native_error
 
 
+cdef extern from "statecore/fetch_pool.h" namespace "statecore" nogil:
+    cdef cppclass FetchPool:
+        FetchPool(size_t threads) except +raise_native_error
+        size_t threads()
+
+
 cdef extern from "statecore/run_lookup.h" namespace "statecore" nogil:
     cdef cppclass RunBlockTable:
         int64_t file_id
@@ -703,6 +709,9 @@ cdef extern from "statecore/run_lookup.h" namespace "statecore" nogil:
         int64_t read_open_ranges(const int* fds, size_t worker, size_t workers,
                                  vector[uint8_t]* buffer, size_t* range, string* why,
                                  size_t slot) except +raise_native_error
+        void start_reads(FetchPool* pool, const int* fds, size_t nfds, size_t workers,
+                         size_t slot) except +raise_native_error
+        int64_t finish_reads(size_t* range, string* why, size_t slot) except +raise_native_error
         size_t round_key_count(size_t slot)
         int64_t round_key(size_t i, size_t slot)
         uint64_t search(const int32_t* key_offsets, const uint8_t* key_data, int64_t* rows,

@@ -308,6 +308,36 @@ def lookup_chain_one(list chain, NativeBlockCache cache, bytes key, int64_t kg,
     return max(n, start), ONE_NOT_HELD, None, filtered, past, false_positives
 
 
+cdef class NativeFetchPool:
+    """``threads`` (int >= 1) native threads that read and open the blocks of lookup rounds
+    over local files (:meth:`LookupStep.start_reads`; fetch_pool.h says why not Python
+    threads). :meth:`close` (idempotent; also when collected) finishes the reads in flight and
+    joins the threads. InvalidInputError for a bad ``threads``."""
+    cdef c.FetchPool* pool
+
+    def __cinit__(self, threads):
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise InvalidInputError(f"threads must be an int >= 1, got {threads!r}")
+        self.pool = new c.FetchPool(<size_t>threads)
+
+    @property
+    def threads(self):
+        """The number of threads (0 once closed)."""
+        return 0 if self.pool == NULL else self.pool.threads()
+
+    def close(self):
+        cdef c.FetchPool* pool = self.pool
+        self.pool = NULL
+        if pool != NULL:
+            with nogil:
+                del pool
+
+    def __dealloc__(self):
+        if self.pool != NULL:
+            with nogil:
+                del self.pool
+
+
 cdef class LookupStep:
     """One step of a batch of run lookups (run_lookup.h): the keys routed to candidate blocks
     (:meth:`add`, per file) taken in rounds of at most ``open_bytes`` decoded bytes (a larger
@@ -325,6 +355,7 @@ cdef class LookupStep:
     cdef list files
     cdef int64_t max_key
     cdef object keys  # set_keys's
+    cdef list pools  # per slot, the NativeFetchPool of its reads in flight
     cdef bint rounds  # whether a round was planned
     cdef uint8_t empty
 
@@ -333,10 +364,12 @@ cdef class LookupStep:
         self.cache = cache
         self.step = new c.LookupStep(cache.cache, open_bytes, gap_bytes, max_read_bytes)
         self.files = []
+        self.pools = [None, None]
         self.max_key = -1
 
     def __dealloc__(self):
-        del self.step
+        with nogil:
+            del self.step  # waits for reads in flight
 
     def add(self, RunBlocks blocks, keys, block_numbers):
         """Keys ``keys[i]`` (int64 indices into the keys :meth:`search` gets) routed to block
@@ -423,6 +456,43 @@ cdef class LookupStep:
         cdef int64_t bad
         with nogil:
             bad = self.step.read_open_ranges(fv.data(), worker, workers, NULL, &r, &why, slot)
+        if bad == -1:
+            return None, None, None
+        text = why.decode("utf-8", "replace")
+        if bad == -2:
+            return r, "read", text
+        if bad == -3:
+            return r, "short", text
+        return r, self.step.missing(slot)[self.step.ranges(slot)[r].first + bad].second, text
+
+    def start_reads(self, NativeFetchPool pool, fds, size_t workers, size_t slot=0):
+        """:meth:`read_open_ranges` for every worker in ``range(workers)`` on the threads of
+        ``pool``, returning at once; :meth:`finish_reads` waits for them (and must, before this
+        slot is planned again). InvalidInputError for a closed pool, too few descriptors or
+        ``workers`` 0."""
+        _slot(slot)
+        if pool.pool == NULL:
+            raise InvalidInputError("the fetch pool is closed")
+        if workers == 0:
+            raise InvalidInputError("workers must be >= 1")
+        cdef vector[int] fv = [int(f) for f in fds]
+        if fv.size() < len(self.files):
+            raise InvalidInputError(
+                f"{fv.size()} file descriptors for {len(self.files)} files")
+        self.pools[slot] = pool  # the threads must outlive the reads
+        self.step.start_reads(pool.pool, fv.data(), fv.size(), workers, slot)
+
+    def finish_reads(self, size_t slot=0):
+        """Wait (GIL released) for the reads :meth:`start_reads` began in ``slot``: the
+        result of the failing worker of the lowest read, as :meth:`read_open_ranges` returns it,
+        or ``(None, None, None)``."""
+        _slot(slot)
+        cdef size_t r = 0
+        cdef string why
+        cdef int64_t bad
+        with nogil:
+            bad = self.step.finish_reads(&r, &why, slot)
+        self.pools[slot] = None
         if bad == -1:
             return None, None, None
         text = why.decode("utf-8", "replace")

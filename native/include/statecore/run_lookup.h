@@ -15,6 +15,7 @@
 
 #include "statecore/block_cache.h"
 #include "statecore/block_codec.h"
+#include "statecore/fetch_pool.h"
 
 namespace statecore {
 
@@ -104,6 +105,20 @@ class LookupStep {
                            std::vector<uint8_t>* buffer, size_t* range, std::string* why,
                            size_t slot = 0);
 
+  // read_open_ranges(fds, w, workers) of `slot` for each w in [0, workers) on the threads of
+  // `pool` (each with a buffer of its thread), returning at once; finish_reads waits for them.
+  // `fds` (one per file, add() order) is copied. Not thread-safe; no read of `slot` may be in
+  // flight.
+  void start_reads(FetchPool* pool, const int* fds, size_t nfds, size_t workers, size_t slot = 0);
+  // Waits for the reads start_reads began in `slot` (none: returns at once): -1, or the result
+  // of the failing call of the lowest range (as read_open_ranges returns it, with *range and
+  // *why).
+  int64_t finish_reads(size_t* range, std::string* why, size_t slot = 0);
+  // Waits for reads in flight.
+  ~LookupStep();
+  LookupStep(const LookupStep&) = delete;
+  LookupStep& operator=(const LookupStep&) = delete;
+
   // The round's keys, in block order: their count, their key indices, their file indices.
   size_t round_key_count(size_t slot = 0) const {
     return rounds_[slot].key_end - rounds_[slot].key_begin;
@@ -150,7 +165,16 @@ class LookupStep {
     // Per block whether its keys' found entries are set; one byte each, as open_range calls
     // on several threads set distinct ones.
     std::vector<uint8_t> searched;
-    std::vector<Found> found;          // per round key (index - key_begin)
+    std::vector<Found> found;  // per round key (index - key_begin)
+    // start_reads: the descriptors, each worker's outcome, the workers still running.
+    struct Outcome {
+      int64_t bad = -1;
+      size_t range = 0;
+      std::string why;
+    };
+    std::vector<int> fds;
+    std::vector<Outcome> outcomes;
+    Countdown reads;
     std::vector<size_t> missing_slot;  // per missing block its pins index
     std::vector<std::pair<size_t, int64_t>> missing;
     std::vector<ReadRange> ranges;

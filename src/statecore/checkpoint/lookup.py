@@ -109,6 +109,7 @@ try:
     from statecore._native import ONE_VALUE as _ONE_VALUE
     from statecore._native import LookupStep as _LookupStep
     from statecore._native import NativeBlockCache
+    from statecore._native import NativeFetchPool as _NativeFetchPool
     from statecore._native import RunBlocks as _RunBlocks
     from statecore._native import RunRouter as _RunRouter
     from statecore._native import lookup_chain_one as _lookup_chain_one
@@ -118,6 +119,7 @@ try:
 except ImportError:
     _native_lookup_in_blocks = _native_lookup_in_payloads = _lookup_chain_one = None
     _RunRouter = _native_merge_newest_wins = NativeBlockCache = _RunBlocks = _LookupStep = None
+    _NativeFetchPool = None
 
 #: Per data file name, its id in the native block caches: one numbering for the process, so a
 #: cache handed from one lookup to the next (the tiered mode re-attaching) names a file as
@@ -525,6 +527,8 @@ class RunLookup:
         self.open_bytes = open_bytes
         self._threads = threads
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="statecore-lookup")
+        #: Reads of local format-6 files run on native threads (fetch_pool.h); others on _pool.
+        self._native_pool = _NativeFetchPool(threads) if _NativeFetchPool is not None else None
         self._files: dict[tuple[str, str], _RunFile] = {}
         #: data file path -> an OS file descriptor (local files of format 6; None: remote or
         #: not openable, read through the data file reader)
@@ -548,6 +552,8 @@ class RunLookup:
     def close(self) -> None:
         """Stop the fetch threads and drop the cache and filters (idempotent)."""
         self._pool.shutdown(wait=True)
+        if self._native_pool is not None:
+            self._native_pool.close()
         self._files.clear()
         for fd in self._fds.values():
             if fd is not None:
@@ -742,7 +748,10 @@ class RunLookup:
                 slot = ahead
         finally:
             if pending is not None:  # an error left a round's reads in flight: let them end
-                wait(pending[1])
+                if pending[1] is None:
+                    step.finish_reads(pending[3])
+                else:
+                    wait(pending[1])
 
     def _start_reads(self, step, slot: int, files: list, fds: list, local: bool,
                      inline: bool = False) -> tuple:
@@ -750,7 +759,8 @@ class RunLookup:
         one native read-and-open call per worker (:meth:`LookupStep.read_open_ranges`), other
         files one task per read (:meth:`_read_range`); with ``inline`` a round of one read is
         read on this thread instead (a hand-off to a thread costs more than it saves when
-        nothing overlaps it). ``(local, futures, reads)`` for :meth:`_finish_reads`."""
+        nothing overlaps it). ``(local, futures, reads, slot)`` for :meth:`_finish_reads`
+        (``futures`` None: the reads run on the native fetch threads)."""
         reads = step.ranges(slot)
         if inline and len(reads) == 1:
             done: Future = Future()
@@ -759,7 +769,10 @@ class RunLookup:
                                 else self._read_range(step, 0, files, reads[0], slot))
             except Exception as exc:  # raised by _finish_reads, as a thread's would be
                 done.set_exception(exc)
-            return local, [done], reads
+            return local, [done], reads, slot
+        if local and self._native_pool is not None and reads:
+            step.start_reads(self._native_pool, fds, min(len(reads), self._threads), slot)
+            return local, None, reads, slot
         if local:
             workers = min(len(reads), self._threads)
             futures = [self._pool.submit(step.read_open_ranges, fds, w, workers, slot)
@@ -767,21 +780,25 @@ class RunLookup:
         else:
             futures = [self._pool.submit(self._read_range, step, r, files, read, slot)
                        for r, read in enumerate(reads)]
-        return local, futures, reads
+        return local, futures, reads, slot
 
     def _finish_reads(self, step, slot: int, files: list, pending: tuple) -> None:
         """Wait for the reads :meth:`_start_reads` submitted (every one, before an error
         leaves) and count them; raise what a read met (:meth:`_local_results`,
         :meth:`_read_range`)."""
-        local, futures, reads = pending
-        wait(futures)
+        local, futures, reads, _ = pending
+        if futures is None:
+            results = [step.finish_reads(slot)]
+        else:
+            wait(futures)
+            results = [f.result() for f in futures]
         if local:
-            self._local_results([f.result() for f in futures], files, reads)
+            self._local_results(results, files, reads)
             for _, _, length, _, count in reads:
                 self.stats["blocks_read"] += count
                 self.stats["bytes_read"] += length
         else:
-            for nblocks, nbytes in [f.result() for f in futures]:
+            for nblocks, nbytes in results:
                 self.stats["blocks_read"] += nblocks
                 self.stats["bytes_read"] += nbytes
 
