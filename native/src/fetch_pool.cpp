@@ -20,11 +20,6 @@ void Countdown::wait() {
   cv_.wait(lk, [this] { return left_ == 0; });
 }
 
-bool Countdown::pending() {
-  std::lock_guard<std::mutex> g(mu_);
-  return left_ > 0;
-}
-
 FetchPool::FetchPool(size_t threads) {
   threads = std::max<size_t>(threads, 1);
   threads_.reserve(threads);

@@ -22,7 +22,6 @@ class Countdown {
   void reset(size_t n);
   void count_down();
   void wait();
-  bool pending();
 
  private:
   std::mutex mu_;

@@ -756,8 +756,9 @@ class RunLookup:
     def _start_reads(self, step, slot: int, files: list, fds: list, local: bool,
                      inline: bool = False) -> tuple:
         """Submit the reads of round ``slot`` of a LookupStep to the fetch threads: local files
-        one native read-and-open call per worker (:meth:`LookupStep.read_open_ranges`), other
-        files one task per read (:meth:`_read_range`); with ``inline`` a round of one read is
+        one native read-and-open call per worker on the native fetch pool
+        (:meth:`LookupStep.start_reads`), other files one task per read on the Python pool
+        (:meth:`_read_range`); with ``inline`` a round of one read is
         read on this thread instead (a hand-off to a thread costs more than it saves when
         nothing overlaps it). ``(local, futures, reads, slot)`` for :meth:`_finish_reads`
         (``futures`` None: the reads run on the native fetch threads)."""
@@ -770,16 +771,11 @@ class RunLookup:
             except Exception as exc:  # raised by _finish_reads, as a thread's would be
                 done.set_exception(exc)
             return local, [done], reads, slot
-        if local and self._native_pool is not None and reads:
+        if local and reads:  # local files imply the extension, so its fetch pool
             step.start_reads(self._native_pool, fds, min(len(reads), self._threads), slot)
             return local, None, reads, slot
-        if local:
-            workers = min(len(reads), self._threads)
-            futures = [self._pool.submit(step.read_open_ranges, fds, w, workers, slot)
-                       for w in range(workers)]
-        else:
-            futures = [self._pool.submit(self._read_range, step, r, files, read, slot)
-                       for r, read in enumerate(reads)]
+        futures = [self._pool.submit(self._read_range, step, r, files, read, slot)
+                   for r, read in enumerate(reads)]
         return local, futures, reads, slot
 
     def _finish_reads(self, step, slot: int, files: list, pending: tuple) -> None:
