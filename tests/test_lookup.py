@@ -1094,3 +1094,94 @@ def test_lookup_one_of_a_local_file_cut_short_raises_naming_it(tmp_path):
     msg = str(err.value)
     assert os.path.basename(path) in msg, msg
     assert "state 'a'" in msg and "key group 7" in msg and "past the file's end" in msg, msg
+
+
+
+def _one_run_file(tmp_path):
+    """``(native module, blocks, block count, path, keys)``: a format-6 full run's
+    :class:`RunBlocks` (file id 0), its OS path, and the encoded keys of its state ``v``
+    (``pa.binary()``) with as many absent ones after them."""
+    native = pytest.importorskip("statecore._native")
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    b = create_backend("native", key_type="int64", max_parallelism=64)
+    v, _, _ = _states(b)
+    keys = pa.array(range(0, 3000, 2), pa.int64())
+    v.put_batch(keys, keys)
+    snap = b.snapshot()
+    d = store.write_snapshot_async(snap, 1, block_target_bytes=600,
+                                   release_snapshot=True).result(timeout=60)
+    store.commit(1, [d])
+    with store.open(1) as reader:
+        run = reader.manifest["files"][0]
+        data = reader.data_file(run)
+        _, koff, kdata = data.lookup_tables()
+        blocks = native.RunBlocks(0, data.block_rows(0, len(koff) - 1), koff, kdata, False)
+        present = sorted(_all_entries(reader, "v"))
+        path = reader.local_path(run)
+    absent = _absent_keys(set(present), 64, len(present), random.Random(3))
+    return native, blocks, len(koff) - 1, path, pa.array(present + absent, pa.binary())
+
+
+def _step_answers(native, blocks, count, path, keys, on_open):
+    """Every key of ``keys`` routed to every one of the file's ``count`` blocks, through a
+    LookupStep whose reads are opened from the file's bytes: ``(sorted (key index, value)
+    found, blocks searched on open, blocks read)``."""
+    step = native.LookupStep(native.NativeBlockCache(1 << 22), 4096, 0, 1 << 20)
+    step.add(blocks, np.repeat(np.arange(len(keys), dtype=np.int64), count),
+             np.tile(np.arange(count, dtype=np.int64), len(keys)))
+    if on_open:
+        step.set_keys(keys)
+    with open(path, "rb") as f:
+        data = f.read()
+    found, searched, read = [], 0, 0
+    while step.next_round():
+        for r, (_, off, length, _, nblocks) in enumerate(step.ranges()):
+            assert step.open_range(r, data[off:off + length]) == (None, None)
+            read += nblocks
+        searched += step.round_searched_on_open()
+        ki, rows, vals = step.search(keys)
+        found += [(int(k), v) for k, r, v in zip(ki, rows, vals.to_pylist()) if r >= 0]
+    return sorted(found), searched, read
+
+
+def test_a_step_searching_blocks_on_open_answers_as_one_searching_after(tmp_path):
+    """LookupStep.set_keys: the blocks are searched where they are opened, and the answers
+    equal those of a step whose search() searches every block (each present key found once,
+    with its value; the absent ones never)."""
+    native, blocks, count, path, keys = _one_run_file(tmp_path)
+    after, searched_after, read = _step_answers(native, blocks, count, path, keys, False)
+    on_open, searched_on_open, read_on_open = _step_answers(native, blocks, count, path, keys,
+                                                            True)
+    assert on_open == after
+    assert [k for k, _ in after] == list(range(len(keys) // 2))
+    assert searched_after == 0
+    assert searched_on_open == read_on_open == read == count
+
+
+def test_lookup_step_misuse_raises_and_leaves_the_step_usable(tmp_path):
+    native, blocks, count, path, keys = _one_run_file(tmp_path)
+    step = native.LookupStep(native.NativeBlockCache(1 << 22), 4096, 0, 1 << 20)
+    step.add(blocks, np.arange(len(keys), dtype=np.int64), np.zeros(len(keys), np.int64))
+    with pytest.raises(InvalidInputError, match="binary array"):
+        step.set_keys(keys.to_pylist())
+    with pytest.raises(InvalidInputError, match="binary array"):
+        step.set_keys(pa.array([1, 2], pa.int64()))
+    with pytest.raises(InvalidInputError, match="nulls"):
+        step.set_keys(pa.array(keys.to_pylist()[:-1] + [None], pa.binary()))
+    with pytest.raises(InvalidInputError, match="outside the keys"):
+        step.set_keys(keys.slice(0, len(keys) - 1))
+    step.set_keys(keys)
+    with pytest.raises(InvalidInputError, match="before set_keys"):
+        step.add(blocks, np.array([0], np.int64), np.array([0], np.int64))
+    assert step.next_round()
+    with pytest.raises(InvalidInputError, match="before the first round"):
+        step.set_keys(keys)
+    with open(path, "rb") as f:
+        data = f.read()
+    for r, (_, off, length, _, _) in enumerate(step.ranges()):
+        assert step.open_range(r, data[off:off + length]) == (None, None)
+    with pytest.raises(InvalidInputError, match="keys set_keys got"):
+        step.search(pa.array(keys.to_pylist(), pa.binary()))
+    ki, rows, _ = step.search(keys)
+    assert sorted(ki.tolist()) == list(range(len(keys)))
+    assert step.round_searched_on_open() == 1

@@ -261,6 +261,12 @@ LookupStep::~LookupStep() {
   for (Round& rd : rounds_) rd.reads.wait();
 }
 
+size_t LookupStep::round_searched_on_open(size_t slot) const {
+  size_t n = 0;
+  for (uint8_t b : rounds_[slot].searched) n += b;
+  return n;
+}
+
 uint64_t LookupStep::search(const int32_t* key_offsets, const uint8_t* key_data, int64_t* rows,
                             size_t slot) {
   Round& rd = rounds_[slot];

@@ -136,8 +136,10 @@ size_t open_all(LookupStep& step, const File& f, size_t slot, size_t worker = 0,
 }
 
 // run_step with two round slots: `openers` threads open the next round's reads (slot 1 - s)
-// while this one searches and gathers round s, as RunLookup does.
-size_t run_step_pipelined(LookupStep& step, const File& f, const Keys& keys, size_t openers = 1) {
+// while this one searches and gathers round s, as RunLookup does. Adds the blocks open_range
+// searched to *on_open.
+size_t run_step_pipelined(LookupStep& step, const File& f, const Keys& keys, size_t openers = 1,
+                          size_t* on_open = nullptr) {
   std::vector<int> seen(keys.text.size(), 0);
   size_t slot = 0;
   if (!step.next_round(slot)) return 0;
@@ -149,6 +151,7 @@ size_t run_step_pipelined(LookupStep& step, const File& f, const Keys& keys, siz
     std::vector<std::thread> threads;
     for (size_t w = 0; more && w < openers; ++w)
       threads.emplace_back([&, w] { ahead_read[w] = open_all(step, f, ahead, w, openers); });
+    if (on_open) *on_open += step.round_searched_on_open(slot);
     search_and_check(step, f, keys, slot, &seen);
     for (std::thread& t : threads) t.join();
     for (size_t n : ahead_read) read += n;
@@ -291,7 +294,9 @@ THREADED_TEST(two_round_slots_open_the_next_round_while_this_one_is_searched) {
     one.add(&f.table, idx.data(), keys.block.data(), idx.size());
     two.add(&f.table, idx.data(), keys.block.data(), idx.size());
     const size_t single = run_step(one, f, keys, open_bytes);
-    CHECK_EQ(run_step_pipelined(two, f, keys), single);
+    size_t on_open = 0;
+    CHECK_EQ(run_step_pipelined(two, f, keys, 1, &on_open), single);
+    CHECK_EQ(on_open, size_t(0));  // no set_keys: search() searches every block
     CHECK_EQ(cache_two.stats().used_bytes, cache_one.stats().used_bytes);
     CHECK_EQ(cache_two.stats().misses, cache_one.stats().misses);
   }
@@ -311,8 +316,11 @@ THREADED_TEST(blocks_are_searched_by_the_threads_that_open_them) {
     many.add(&f.table, idx.data(), keys.block.data(), idx.size());
     many.set_keys(keys.offsets.data(), keys.data.data());
     const size_t single = run_step(one, f, keys, open_bytes);
-    CHECK_EQ(run_step_pipelined(many, f, keys, 3), single);
+    size_t on_open = 0;
+    CHECK_EQ(run_step_pipelined(many, f, keys, 3, &on_open), single);
     CHECK_EQ(cache_many.stats().misses, cache_one.stats().misses);
+    // Every block read was searched where it was opened; none by search().
+    CHECK_EQ(on_open, single);
   }
 }
 

@@ -704,6 +704,7 @@ cdef extern from "statecore/run_lookup.h" namespace "statecore" nogil:
         const vector[pair[size_t, int64_t]]& missing(size_t slot)
         uint64_t round_bytes(size_t slot)
         size_t round_hits(size_t slot)
+        size_t round_searched_on_open(size_t slot)
         int64_t open_range(size_t r, const uint8_t* data, size_t size, string* why,
                            size_t slot) except +raise_native_error
         int64_t read_open_ranges(const int* fds, size_t worker, size_t workers,

@@ -426,6 +426,11 @@ cdef class LookupStep:
         """Decoded bytes of the round's blocks, cached ones included."""
         return self.step.round_bytes(_slot(slot))
 
+    def round_searched_on_open(self, size_t slot=0):
+        """How many of the round's blocks were searched for their keys where they were opened
+        (:meth:`set_keys`); :meth:`search` searches the others."""
+        return self.step.round_searched_on_open(_slot(slot))
+
     def ranges(self, size_t slot=0):
         """The round's reads: ``[(file, offset, length, first block, blocks)]`` -- ``file`` the
         index of its file in :meth:`add` order, ``offset`` and ``length`` the file bytes to

@@ -84,6 +84,8 @@ class LookupStep {
   }
   uint64_t round_bytes(size_t slot = 0) const { return rounds_[slot].bytes; }
   size_t round_hits(size_t slot = 0) const { return rounds_[slot].hits; }
+  // The round's blocks whose keys open_range searched (set_keys), for tests and statistics.
+  size_t round_searched_on_open(size_t slot = 0) const;
 
   // Opens the blocks of ranges(slot)[r] from `data[0, size)` (read at its offset), pins them
   // and offers them to the cache (one lock for the range's blocks). -1, or the index (in the
