@@ -165,23 +165,21 @@ int64_t LookupStep::open_range(size_t r, const uint8_t* data, size_t size, std::
   return bad;
 }
 
-int64_t LookupStep::read_open_ranges(const int* fds, size_t worker, size_t workers,
-                                     std::vector<uint8_t>* buffer, size_t* range, std::string* why,
-                                     size_t slot) {
+int64_t LookupStep::read_open_ranges(const int* fds, size_t worker, size_t workers, size_t* range,
+                                     std::string* why, size_t slot) {
   const std::vector<ReadRange>& ranges = rounds_[slot].ranges;
   // Kept across calls: the fetch threads read every round, and a fresh buffer per call would
   // be zeroed (and, at this size, mapped) each time.
-  thread_local std::vector<uint8_t> own;
-  if (buffer == nullptr) buffer = &own;
+  thread_local std::vector<uint8_t> buffer;
   for (size_t r = worker; r < ranges.size(); r += std::max<size_t>(workers, 1)) {
     const ReadRange& rr = ranges[r];
     *range = r;
     // Grown only: a shrink and a regrow would zero the regrown bytes on every read.
-    if (buffer->size() < std::max<uint64_t>(rr.length, 1))
-      buffer->resize(std::max<uint64_t>(rr.length, 1));
+    if (buffer.size() < std::max<uint64_t>(rr.length, 1))
+      buffer.resize(std::max<uint64_t>(rr.length, 1));
     uint64_t got = 0;
     while (got < rr.length) {
-      const ssize_t n = ::pread(fds[rr.file], buffer->data() + got, rr.length - got,
+      const ssize_t n = ::pread(fds[rr.file], buffer.data() + got, rr.length - got,
                                 static_cast<off_t>(rr.offset + got));
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) {
@@ -194,7 +192,7 @@ int64_t LookupStep::read_open_ranges(const int* fds, size_t worker, size_t worke
       }
       got += static_cast<uint64_t>(n);
     }
-    const int64_t bad = open_range(r, buffer->data(), rr.length, why, slot);
+    const int64_t bad = open_range(r, buffer.data(), rr.length, why, slot);
     if (bad >= 0) return bad;
   }
   return -1;
@@ -232,7 +230,7 @@ void LookupStep::start_reads(FetchPool* pool, const int* fds, size_t nfds, size_
       [this, &rd, slot, workers](size_t w) {
         Round::Outcome& o = rd.outcomes[w];
         try {
-          o.bad = read_open_ranges(rd.fds.data(), w, workers, nullptr, &o.range, &o.why, slot);
+          o.bad = read_open_ranges(rd.fds.data(), w, workers, &o.range, &o.why, slot);
         } catch (const std::exception& e) {  // bad_alloc: reported as a failed read
           o.bad = kReadFailed;
           o.why = e.what();

@@ -708,7 +708,7 @@ cdef extern from "statecore/run_lookup.h" namespace "statecore" nogil:
         int64_t open_range(size_t r, const uint8_t* data, size_t size, string* why,
                            size_t slot) except +raise_native_error
         int64_t read_open_ranges(const int* fds, size_t worker, size_t workers,
-                                 vector[uint8_t]* buffer, size_t* range, string* why,
+                                 size_t* range, string* why,
                                  size_t slot) except +raise_native_error
         void start_reads(FetchPool* pool, const int* fds, size_t nfds, size_t workers,
                          size_t slot) except +raise_native_error

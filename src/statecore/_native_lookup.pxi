@@ -460,7 +460,7 @@ cdef class LookupStep:
         cdef string why
         cdef int64_t bad
         with nogil:
-            bad = self.step.read_open_ranges(fv.data(), worker, workers, NULL, &r, &why, slot)
+            bad = self.step.read_open_ranges(fv.data(), worker, workers, &r, &why, slot)
         if bad == -1:
             return None, None, None
         text = why.decode("utf-8", "replace")

@@ -97,15 +97,13 @@ class LookupStep {
   static constexpr int64_t kReadFailed = -2;  // the read failed (errno's text in *why)
   static constexpr int64_t kReadShort = -3;   // the file ended inside the range
   // Local files: for every range r of `slot` with r % workers == worker, reads it from
-  // fds[its file] (pread into `buffer`, reused; null: a buffer the calling thread keeps for its
-  // later calls) and opens it (open_range), so that one call
-  // per worker and round replaces a read and a call per range. -1 when all went well; else
-  // the failing range in *range and open_range's index of its bad block, kReadFailed or
-  // kReadShort (the reason in *why), the ranges after it left unopened. Thread-safe for
-  // distinct workers.
-  int64_t read_open_ranges(const int* fds, size_t worker, size_t workers,
-                           std::vector<uint8_t>* buffer, size_t* range, std::string* why,
-                           size_t slot = 0);
+  // fds[its file] (pread into a buffer the calling thread keeps for its later calls) and opens
+  // it (open_range), so that one call per worker and round replaces a read and a call per
+  // range. -1 when all went well; else the failing range in *range and open_range's index of
+  // its bad block, kReadFailed or kReadShort (the reason in *why), the ranges after it left
+  // unopened. Thread-safe for distinct workers.
+  int64_t read_open_ranges(const int* fds, size_t worker, size_t workers, size_t* range,
+                           std::string* why, size_t slot = 0);
 
   // read_open_ranges(fds, w, workers) of `slot` for each w in [0, workers) on the threads of
   // `pool` (each with a buffer of its thread), returning at once; finish_reads waits for them.
