@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <utility>
 
+#ifdef __linux__
+#include <pthread.h>
+#endif
+
 namespace statecore {
 
 void Countdown::reset(size_t n) {
@@ -50,6 +54,11 @@ void FetchPool::run(size_t n, std::function<void(size_t)> task, Countdown* done)
 }
 
 void FetchPool::work() {
+#ifdef __linux__
+  // Named so top -H, perf and /proc/<pid>/task tell the reads apart from the threads that
+  // hand them out (a new thread inherits its creator's name).
+  ::pthread_setname_np(::pthread_self(), "sc-fetch");
+#endif
   for (;;) {
     Item item;
     {

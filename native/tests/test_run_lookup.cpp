@@ -4,7 +4,10 @@
 // model says, and a corrupt block reported and never cached.
 #include <unistd.h>
 
+#include <dirent.h>
+#include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <random>
 #include <string>
@@ -377,5 +380,36 @@ THREADED_TEST(a_fetch_pool_reads_and_opens_the_next_round_while_this_one_is_sear
   CHECK(!why.empty());
   ::close(fd);
 }
+
+#ifdef __linux__
+// The threads of this process whose name (/proc/self/task/<tid>/comm) is `name`.
+size_t threads_named(const std::string& name) {
+  size_t n = 0;
+  DIR* dir = ::opendir("/proc/self/task");
+  if (dir == nullptr) return 0;
+  while (const dirent* e = ::readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream comm(std::string("/proc/self/task/") + e->d_name + "/comm");
+    std::string line;
+    if (std::getline(comm, line) && line == name) ++n;
+  }
+  ::closedir(dir);
+  return n;
+}
+
+THREADED_TEST(fetch_pool_threads_are_named) {
+  // Named so that top -H, perf and /proc tell them apart from the threads handing out reads.
+  const size_t before = threads_named("sc-fetch");
+  size_t seen = before;
+  {
+    FetchPool pool(3);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while ((seen = threads_named("sc-fetch")) < before + 3 &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECK_EQ(seen, before + 3);
+}
+#endif
 
 TEST_MAIN()
