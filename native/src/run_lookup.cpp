@@ -278,15 +278,15 @@ uint64_t LookupStep::search(const int32_t* key_offsets, const uint8_t* key_data,
   return total;
 }
 
-int64_t LookupStep::gather(const int64_t* rows, int32_t* out_offsets, uint8_t* out_data,
-                           uint8_t* out_validity, size_t slot) const {
+int64_t LookupStep::gather(int32_t* out_offsets, uint8_t* out_data, uint8_t* out_validity,
+                           size_t slot) const {
   const Round& rd = rounds_[slot];
   int64_t nulls = 0;
   int64_t at = 0;
   out_offsets[0] = 0;
   for (size_t i = 0; i < rd.found.size(); ++i) {
     const Found& f = rd.found[i];
-    if (rows[i] >= 0 && f.value != nullptr) {
+    if (f.value != nullptr) {  // found, not a tombstone
       if (f.size) std::memcpy(out_data + at, f.value, f.size);
       at += f.size;
       out_validity[i >> 3] |= static_cast<uint8_t>(1u << (i & 7));

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <initializer_list>
 #include <map>
 #include <random>
 #include <string>
@@ -90,7 +91,7 @@ void search_and_check(LookupStep& step, const File& f, const Keys& keys, size_t 
   const uint64_t total = step.search(keys.offsets.data(), keys.data.data(), rows.data(), slot);
   std::vector<int32_t> off(n + 1);
   std::vector<uint8_t> data(total + 1), valid((n + 7) / 8, 0);
-  step.gather(rows.data(), off.data(), data.data(), valid.data(), slot);
+  step.gather(off.data(), data.data(), valid.data(), slot);
   CHECK_EQ(uint64_t(off[n]), total);
   for (size_t i = 0; i < n; ++i) {
     const int64_t k = step.round_key(i, slot);
@@ -164,6 +165,13 @@ size_t run_step_pipelined(LookupStep& step, const File& f, const Keys& keys, siz
   return read;
 }
 
+// Routes every key of `keys` (key index i) to its block keys.block[i] of `f` in each of `steps`.
+void add_every_key(const File& f, const Keys& keys, std::initializer_list<LookupStep*> steps) {
+  std::vector<int64_t> idx(keys.text.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int64_t>(i);
+  for (LookupStep* step : steps) step->add(&f.table, idx.data(), keys.block.data(), idx.size());
+}
+
 Keys routed_keys(const File& f, int n, uint64_t seed) {
   std::mt19937_64 rng(seed);
   Keys keys;
@@ -187,15 +195,13 @@ TEST(every_key_is_answered_as_the_model_says) {
     for (uint64_t open_bytes : {uint64_t(1), uint64_t(200), uint64_t(1) << 30}) {
       BlockCache cache(1 << 20);
       LookupStep step(&cache, open_bytes, 128, 1 << 20);
-      std::vector<int64_t> idx(keys.text.size());
-      for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int64_t>(i);
-      step.add(&f.table, idx.data(), keys.block.data(), idx.size());
+      add_every_key(f, keys, {&step});
       if (on_open) step.set_keys(keys.offsets.data(), keys.data.data());
       const size_t read = run_step(step, f, keys, open_bytes);
       CHECK(read <= f.refs.size());
       // A second step finds every block in the cache: no read.
       LookupStep again(&cache, open_bytes, 128, 1 << 20);
-      again.add(&f.table, idx.data(), keys.block.data(), idx.size());
+      add_every_key(f, keys, {&again});
       if (on_open) again.set_keys(keys.offsets.data(), keys.data.data());
       CHECK_EQ(run_step(again, f, keys, open_bytes), size_t(0));
     }
@@ -292,10 +298,7 @@ THREADED_TEST(two_round_slots_open_the_next_round_while_this_one_is_searched) {
   for (uint64_t open_bytes : {uint64_t(1), uint64_t(300), uint64_t(1) << 30}) {
     BlockCache cache_one(1 << 20), cache_two(1 << 20);
     LookupStep one(&cache_one, open_bytes, 0, 1 << 20), two(&cache_two, open_bytes, 0, 1 << 20);
-    std::vector<int64_t> idx(keys.text.size());
-    for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int64_t>(i);
-    one.add(&f.table, idx.data(), keys.block.data(), idx.size());
-    two.add(&f.table, idx.data(), keys.block.data(), idx.size());
+    add_every_key(f, keys, {&one, &two});
     const size_t single = run_step(one, f, keys, open_bytes);
     size_t on_open = 0;
     CHECK_EQ(run_step_pipelined(two, f, keys, 1, &on_open), single);
@@ -313,10 +316,7 @@ THREADED_TEST(blocks_are_searched_by_the_threads_that_open_them) {
   for (uint64_t open_bytes : {uint64_t(1), uint64_t(300), uint64_t(1) << 30}) {
     BlockCache cache_one(1 << 20), cache_many(1 << 20);
     LookupStep one(&cache_one, open_bytes, 0, 1 << 20), many(&cache_many, open_bytes, 0, 1 << 20);
-    std::vector<int64_t> idx(keys.text.size());
-    for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int64_t>(i);
-    one.add(&f.table, idx.data(), keys.block.data(), idx.size());
-    many.add(&f.table, idx.data(), keys.block.data(), idx.size());
+    add_every_key(f, keys, {&one, &many});
     many.set_keys(keys.offsets.data(), keys.data.data());
     const size_t single = run_step(one, f, keys, open_bytes);
     size_t on_open = 0;
@@ -342,10 +342,7 @@ THREADED_TEST(a_fetch_pool_reads_and_opens_the_next_round_while_this_one_is_sear
   for (uint64_t open_bytes : {uint64_t(1), uint64_t(300), uint64_t(1) << 30}) {
     BlockCache cache_one(1 << 20), cache_pool(1 << 20);
     LookupStep one(&cache_one, open_bytes, 0, 1 << 20), step(&cache_pool, open_bytes, 0, 1 << 20);
-    std::vector<int64_t> idx(keys.text.size());
-    for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int64_t>(i);
-    one.add(&f.table, idx.data(), keys.block.data(), idx.size());
-    step.add(&f.table, idx.data(), keys.block.data(), idx.size());
+    add_every_key(f, keys, {&one, &step});
     step.set_keys(keys.offsets.data(), keys.data.data());
     run_step(one, f, keys, open_bytes);
     std::vector<int> seen(keys.text.size(), 0);
@@ -368,9 +365,7 @@ THREADED_TEST(a_fetch_pool_reads_and_opens_the_next_round_while_this_one_is_sear
   CHECK_EQ(::ftruncate(fd, 16), 0);
   BlockCache cache(1 << 20);
   LookupStep step(&cache, 1 << 30, 0, 1 << 20);
-  std::vector<int64_t> idx(keys.text.size());
-  for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int64_t>(i);
-  step.add(&f.table, idx.data(), keys.block.data(), idx.size());
+  add_every_key(f, keys, {&step});
   CHECK(step.next_round());
   step.start_reads(&pool, &fd, 1, 2);
   size_t range = 99;

@@ -717,7 +717,7 @@ cdef extern from "statecore/run_lookup.h" namespace "statecore" nogil:
         int64_t round_key(size_t i, size_t slot)
         uint64_t search(const int32_t* key_offsets, const uint8_t* key_data, int64_t* rows,
                         size_t slot)
-        int64_t gather(const int64_t* rows, int32_t* out_offsets, uint8_t* out_data,
+        int64_t gather(int32_t* out_offsets, uint8_t* out_data,
                        uint8_t* out_validity, size_t slot)
 
 

@@ -371,6 +371,36 @@ cdef class LookupStep:
         with nogil:
             del self.step  # waits for reads in flight
 
+    cdef int _key_arrays(self, keys, const int32_t** offsets, const uint8_t** data) except -1:
+        """Point ``offsets`` and ``data`` at the offsets and bytes of ``keys``, a
+        ``pa.binary()`` array without nulls that holds every key index :meth:`add` got;
+        InvalidInputError otherwise."""
+        if not isinstance(keys, pa.Array) or not pa.types.is_binary(keys.type):
+            raise InvalidInputError("keys must be a pyarrow binary array")
+        if keys.null_count:
+            raise InvalidInputError("keys must not contain nulls")
+        if self.max_key >= len(keys):
+            raise InvalidInputError("a key index is outside the keys")
+        bufs = keys.buffers()
+        offsets[0] = <const int32_t*>_addr(bufs[1], 4 * keys.offset)
+        data[0] = _addr(bufs[2], 0)
+        if data[0] == NULL:
+            data[0] = &self.empty
+        return 0
+
+    cdef tuple _read_outcome(self, int64_t bad, size_t r, string why, size_t slot):
+        """A native read-and-open result of ``slot`` as :meth:`read_open_ranges` returns it:
+        ``(None, None, None)`` for -1, else ``(read, "read" | "short" | block number,
+        reason)``."""
+        if bad == -1:
+            return None, None, None
+        text = why.decode("utf-8", "replace")
+        if bad == -2:  # LookupStep::kReadFailed
+            return r, "read", text
+        if bad == -3:  # LookupStep::kReadShort
+            return r, "short", text
+        return r, self.step.missing(slot)[self.step.ranges(slot)[r].first + bad].second, text
+
     def add(self, RunBlocks blocks, keys, block_numbers):
         """Keys ``keys[i]`` (int64 indices into the keys :meth:`search` gets) routed to block
         ``block_numbers[i]`` of the file ``blocks``; each file once, before the first round."""
@@ -401,17 +431,9 @@ cdef class LookupStep:
         ``keys``, or a call after the first round."""
         if self.rounds:
             raise InvalidInputError("set_keys comes before the first round")
-        if not isinstance(keys, pa.Array) or not pa.types.is_binary(keys.type):
-            raise InvalidInputError("keys must be a pyarrow binary array")
-        if keys.null_count:
-            raise InvalidInputError("keys must not contain nulls")
-        if self.max_key >= len(keys):
-            raise InvalidInputError("a key index is outside the keys")
-        bufs = keys.buffers()
-        cdef const int32_t* qoff = <const int32_t*>_addr(bufs[1], 4 * keys.offset)
-        cdef const uint8_t* qdat = _addr(bufs[2], 0)
-        if qdat == NULL:
-            qdat = &self.empty
+        cdef const int32_t* qoff = NULL
+        cdef const uint8_t* qdat = NULL
+        self._key_arrays(keys, &qoff, &qdat)
         self.keys = keys  # its buffers must outlive the step's rounds
         self.step.set_keys(qoff, qdat)
 
@@ -461,14 +483,7 @@ cdef class LookupStep:
         cdef int64_t bad
         with nogil:
             bad = self.step.read_open_ranges(fv.data(), worker, workers, &r, &why, slot)
-        if bad == -1:
-            return None, None, None
-        text = why.decode("utf-8", "replace")
-        if bad == -2:
-            return r, "read", text
-        if bad == -3:
-            return r, "short", text
-        return r, self.step.missing(slot)[self.step.ranges(slot)[r].first + bad].second, text
+        return self._read_outcome(bad, r, why, slot)
 
     def start_reads(self, NativeFetchPool pool, fds, size_t workers, size_t slot=0):
         """:meth:`read_open_ranges` for every worker in ``range(workers)`` on the threads of
@@ -498,14 +513,7 @@ cdef class LookupStep:
         with nogil:
             bad = self.step.finish_reads(&r, &why, slot)
         self.pools[slot] = None
-        if bad == -1:
-            return None, None, None
-        text = why.decode("utf-8", "replace")
-        if bad == -2:
-            return r, "read", text
-        if bad == -3:
-            return r, "short", text
-        return r, self.step.missing(slot)[self.step.ranges(slot)[r].first + bad].second, text
+        return self._read_outcome(bad, r, why, slot)
 
     def open_range(self, size_t r, data, size_t slot=0):
         """Open the blocks of read ``r`` of :meth:`ranges` from ``data`` (its bytes), with the
@@ -535,10 +543,9 @@ cdef class LookupStep:
         _slot(slot)
         if self.keys is not None and keys is not self.keys:
             raise InvalidInputError("search must get the keys set_keys got")
-        if keys.null_count:
-            raise InvalidInputError("keys must not contain nulls")
-        if self.max_key >= len(keys):
-            raise InvalidInputError("a key index is outside the keys")
+        cdef const int32_t* qoff = NULL
+        cdef const uint8_t* qdat = NULL
+        self._key_arrays(keys, &qoff, &qdat)
         cdef size_t n = self.step.round_key_count(slot), i
         idx_np = np.empty(n, np.int64)
         rows_np = np.empty(n, np.int64)
@@ -546,12 +553,6 @@ cdef class LookupStep:
         cdef int64_t[::1] rows = rows_np
         for i in range(n):
             idx[i] = self.step.round_key(i, slot)
-        bufs = keys.buffers()
-        cdef const int32_t* qoff = <const int32_t*>_addr(bufs[1], 4 * keys.offset)
-        cdef const uint8_t* qdat = _addr(bufs[2], 0)
-        cdef uint8_t empty = 0
-        if qdat == NULL:
-            qdat = &empty
         cdef uint64_t total = 0
         if n:
             with nogil:
@@ -567,8 +568,7 @@ cdef class LookupStep:
         cdef int64_t nulls = 0
         if n:
             with nogil:
-                nulls = self.step.gather(&rows[0], &off[0], &data[0], &valid[0] if n else NULL,
-                                         slot)
+                nulls = self.step.gather(&off[0], &data[0], &valid[0] if n else NULL, slot)
         values = pa.Array.from_buffers(pa.binary(), n, [pa.py_buffer(valid_np),
                                                         pa.py_buffer(off_np),
                                                         pa.py_buffer(data_np[:total])],

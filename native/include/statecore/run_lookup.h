@@ -135,11 +135,12 @@ class LookupStep {
   // range opened without error).
   uint64_t search(const int32_t* key_offsets, const uint8_t* key_data, int64_t* rows,
                   size_t slot = 0);
-  // The value of round key i (search; `rows` is search's) appended at out_data + offsets, its
-  // validity bit set (bitmap of round_key_count() bits, zeroed by the caller); out_offsets has
-  // round_key_count() + 1 entries. Returns the NULLs written (misses and tombstones).
-  int64_t gather(const int64_t* rows, int32_t* out_offsets, uint8_t* out_data,
-                 uint8_t* out_validity, size_t slot = 0) const;
+  // The value search() found for round key i appended at out_data + offsets (out_data holds
+  // the bytes search() returned), its validity bit set (bitmap of round_key_count() bits,
+  // zeroed by the caller); out_offsets has round_key_count() + 1 entries. Returns the NULLs
+  // written (misses and tombstones).
+  int64_t gather(int32_t* out_offsets, uint8_t* out_data, uint8_t* out_validity,
+                 size_t slot = 0) const;
 
  private:
   struct Entry {
