@@ -290,40 +290,26 @@ TEST(a_corrupt_block_is_reported_and_never_cached) {
 }
 
 THREADED_TEST(two_round_slots_open_the_next_round_while_this_one_is_searched) {
-  // The same keys and blocks as one slot gives, each key answered once as the model says,
-  // with a thread opening the next round's blocks (and offering them to the shared cache)
-  // while this one searches; run under TSan.
+  // The same keys, blocks and cache as one slot gives, each key answered once as the model
+  // says, with threads opening the next round's blocks (and offering them to the shared
+  // cache) while this one searches the current round and gathers its values: one opener
+  // without set_keys (search() searches every block), three with it (each block searched by
+  // the thread that opened it); run under TSan.
   const File f(60, 5, 1);
-  const Keys keys = routed_keys(f, 400, 11);
-  for (uint64_t open_bytes : {uint64_t(1), uint64_t(300), uint64_t(1) << 30}) {
-    BlockCache cache_one(1 << 20), cache_two(1 << 20);
-    LookupStep one(&cache_one, open_bytes, 0, 1 << 20), two(&cache_two, open_bytes, 0, 1 << 20);
-    add_every_key(f, keys, {&one, &two});
-    const size_t single = run_step(one, f, keys, open_bytes);
-    size_t on_open = 0;
-    CHECK_EQ(run_step_pipelined(two, f, keys, 1, &on_open), single);
-    CHECK_EQ(on_open, size_t(0));  // no set_keys: search() searches every block
-    CHECK_EQ(cache_two.stats().used_bytes, cache_one.stats().used_bytes);
-    CHECK_EQ(cache_two.stats().misses, cache_one.stats().misses);
-  }
-}
-
-THREADED_TEST(blocks_are_searched_by_the_threads_that_open_them) {
-  // set_keys: three threads open (and search) the next round's reads while this one searches
-  // the cached blocks of the current round and gathers its values; run under TSan.
-  const File f(60, 5, 1);
-  const Keys keys = routed_keys(f, 400, 13);
-  for (uint64_t open_bytes : {uint64_t(1), uint64_t(300), uint64_t(1) << 30}) {
-    BlockCache cache_one(1 << 20), cache_many(1 << 20);
-    LookupStep one(&cache_one, open_bytes, 0, 1 << 20), many(&cache_many, open_bytes, 0, 1 << 20);
-    add_every_key(f, keys, {&one, &many});
-    many.set_keys(keys.offsets.data(), keys.data.data());
-    const size_t single = run_step(one, f, keys, open_bytes);
-    size_t on_open = 0;
-    CHECK_EQ(run_step_pipelined(many, f, keys, 3, &on_open), single);
-    CHECK_EQ(cache_many.stats().misses, cache_one.stats().misses);
-    // Every block read was searched where it was opened; none by search().
-    CHECK_EQ(on_open, single);
+  for (bool on_open : {false, true}) {
+    const Keys keys = routed_keys(f, 400, on_open ? 13 : 11);
+    for (uint64_t open_bytes : {uint64_t(1), uint64_t(300), uint64_t(1) << 30}) {
+      BlockCache cache_one(1 << 20), cache_two(1 << 20);
+      LookupStep one(&cache_one, open_bytes, 0, 1 << 20), two(&cache_two, open_bytes, 0, 1 << 20);
+      add_every_key(f, keys, {&one, &two});
+      if (on_open) two.set_keys(keys.offsets.data(), keys.data.data());
+      const size_t single = run_step(one, f, keys, open_bytes);
+      size_t searched_on_open = 0;
+      CHECK_EQ(run_step_pipelined(two, f, keys, on_open ? 3 : 1, &searched_on_open), single);
+      CHECK_EQ(searched_on_open, on_open ? single : size_t(0));
+      CHECK_EQ(cache_two.stats().used_bytes, cache_one.stats().used_bytes);
+      CHECK_EQ(cache_two.stats().misses, cache_one.stats().misses);
+    }
   }
 }
 
