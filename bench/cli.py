@@ -10,7 +10,7 @@ from typing import List, Optional
 from bench import plots, runner
 from bench.harness import CASES, Size
 from statecore.backends.tiered import parse_bytes
-from statecore.checkpoint.format import check_block_target_bytes
+from statecore.checkpoint.format import CODECS, check_block_target_bytes
 from statecore.errors import InvalidInputError
 
 __all__ = ["build_parser", "main"]
@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-bytes", default=None, metavar="SIZE",
                    help="the block size of the checkpoints the tiered cases write, e.g. 16KiB "
                         "(CheckpointStore block_target_bytes; default the tiered mode's, 4 KiB)")
+    p.add_argument("--compression", default=None, choices=sorted(CODECS),
+                   help="the block codec of the checkpoints the tiered cases write "
+                        "(CheckpointStore compression; default lz4.block)")
     return p
 
 
@@ -60,7 +63,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     try:
         records = runner.run(args.case, Size(quick=args.quick, scale=args.scale,
-                                             memory_budget=budget, block_target_bytes=block))
+                                             memory_budget=budget, block_target_bytes=block,
+                                             compression=args.compression))
     except KeyError as exc:
         print(f"bench: error: {exc.args[0]}", file=sys.stderr)
         return 2

@@ -27,13 +27,14 @@ class Size:
     """Problem sizes of a run: ``full`` (default), ``quick`` (a few minutes in all) or a
     ``scale`` factor applied to both (tests use a tiny one); ``memory_budget``: bytes of key and
     values the tiered mode may hold where a case takes it (None: the case's own share);
-    ``block_target_bytes``: the block size of the checkpoints the tiered cases write (None: the
-    store's default)."""
+    ``block_target_bytes`` and ``compression``: the block size and codec of the checkpoints
+    the tiered cases write (None: the tiered mode's block size, the stores' codec)."""
 
     quick: bool = False
     scale: float = 1.0
     memory_budget: Optional[int] = None
     block_target_bytes: Optional[int] = None
+    compression: Optional[str] = None
 
     def n(self, full: int, quick: int) -> int:
         """``full`` or ``quick`` entries/rows, times ``scale`` (at least 1)."""

@@ -6,6 +6,7 @@ the whole checkpoint into the native backend and reading it with ``get_batch``, 
 from __future__ import annotations
 
 import gc
+import os
 import tempfile
 import time
 
@@ -33,17 +34,69 @@ def _encoded(keys: np.ndarray, max_parallelism: int) -> pa.Array:
 
 
 
+def _lookup_records(store, impl: str, encoded: dict, batch: int, n: int) -> list:
+    """The records of impl ``impl`` over version 1 of ``store`` (:func:`run_lookup`)."""
+    out = []
+    with store.open(1) as reader:
+        run = reader.manifest["files"][0]
+        data = reader.data_file(run)
+        out.append(record("run_lookup", impl, "footer_bytes_per_entry",
+                          data.footer_length / n, "bytes"))
+        out.append(record("run_lookup", impl, "filter_bytes_per_entry",
+                          data.filter_bytes / n, "bytes"))
+        out.append(record("run_lookup", impl, "stored_bytes_per_entry",
+                          run["stored_bytes"] / n, "bytes"))
+        lk = RunLookup(reader, cache_bytes=_CACHE_BYTES)
+        t = time.perf_counter()
+        lk.lookup_batch("v", encoded["uniform"].slice(0, 1))
+        out.append(record("run_lookup", impl, "open_ms", (time.perf_counter() - t) * 1e3, "ms"))
+        for kind in ("uniform", "zipf", "absent"):
+            lk.cache = type(lk.cache)(_CACHE_BYTES)
+            before = dict(lk.statistics())
+            t = time.perf_counter()
+            got = lk.lookup_batch("v", encoded[kind])
+            cold = time.perf_counter() - t
+            after = lk.statistics()
+            t = time.perf_counter()
+            again = lk.lookup_batch("v", encoded[kind])
+            warm = time.perf_counter() - t
+            if kind == "absent":
+                assert got.null_count == batch
+                passed = (after["filter_false_positives"] - before["filter_false_positives"]
+                          + after["range_negatives"] - before["range_negatives"])
+                out.append(record("run_lookup", impl, "filter_fp_rate", passed / batch,
+                                  "ratio"))
+            else:
+                assert got.null_count == 0 and again.equals(got)
+            out.append(record("run_lookup", impl, f"rows_per_s_{kind}_cold",
+                              batch / cold, "rows/s"))
+            out.append(record("run_lookup", impl, f"rows_per_s_{kind}_warm",
+                              batch / warm, "rows/s"))
+            out.append(record("run_lookup", impl, f"blocks_per_lookup_{kind}",
+                              (after["blocks_read"] - before["blocks_read"]) / batch,
+                              "blocks"))
+            out.append(record("run_lookup", impl, f"bytes_per_lookup_{kind}",
+                              (after["bytes_read"] - before["bytes_read"]) / batch, "bytes"))
+        lk.close()
+    return out
+
+
 @case("run_lookup", "point lookups into a checkpoint's runs (RunLookup: Bloom filter, block "
-                    "keys, block cache) for 64k-key batches, cold and warm, vs a full restore + "
-                    "get_batch of the native backend; 10M / 1M int64 entries")
+                    "keys, block cache) for 64k-key batches, cold and warm, LZ4 and uncompressed "
+                    "blocks, vs a full restore + get_batch of the native backend; 10M / 1M "
+                    "int64 entries")
 def run_lookup(size: Size):
-    """Records (impl ``lookup``): ``entries``; per batch kind ``uniform`` / ``zipf`` (present
-    keys) and ``absent``: ``rows_per_s_<kind>_cold`` (empty block cache; filters already read)
-    and ``_warm`` (the same batch again), ``blocks_per_lookup_<kind>`` and
-    ``bytes_per_lookup_<kind>`` (stored bytes read per key, cold); ``filter_fp_rate`` (absent
-    keys the filter passed); ``open_ms`` (footer and Bloom filters of the file read: the first
-    lookup); ``footer_bytes_per_entry``, ``filter_bytes_per_entry``. Impl ``restore+get_batch``:
-    ``restore_s`` and ``rows_per_s_<kind>`` of ``get_batch`` on the restored native backend."""
+    """Records of impl ``lookup`` (a run of LZ4 blocks, the stores' default) and ``lookup
+    none`` (the same entries in a run of uncompressed blocks, ``compression="none"``):
+    ``entries``; per batch kind ``uniform`` / ``zipf`` (present keys) and ``absent``:
+    ``rows_per_s_<kind>_cold`` (empty block cache; filters already read) and ``_warm`` (the
+    same batch again), ``blocks_per_lookup_<kind>`` and ``bytes_per_lookup_<kind>`` (stored
+    bytes read per key, cold); ``filter_fp_rate`` (absent keys the filter passed); ``open_ms``
+    (footer and Bloom filters of the file read: the first lookup); ``footer_bytes_per_entry``,
+    ``filter_bytes_per_entry``, ``stored_bytes_per_entry`` (the run's blocks). Impl
+    ``restore+get_batch``: ``restore_s`` and ``rows_per_s_<kind>`` of ``get_batch`` on the
+    native backend restored from the LZ4 run. Both runs cut blocks at the stores' default
+    64 KiB."""
     if not has_native():
         return []
     n = size.n(10_000_000, 1_000_000)
@@ -61,51 +114,15 @@ def run_lookup(size: Size):
                "absent": rng.integers(n, 2 * n, batch, dtype=np.int64)}
     encoded = {kind: _encoded(keys, mp) for kind, keys in batches.items()}
     with tempfile.TemporaryDirectory(prefix="statecore-bench-") as d:
-        store = CheckpointStore(d)
+        store = CheckpointStore(os.path.join(d, "lz4"))
+        plain = CheckpointStore(os.path.join(d, "none"), compression="none")
         store.checkpoint(b, 1, incremental=False)
+        plain.checkpoint(b, 1, incremental=False)
         b.close()
         del b, st
         gc.collect()
-        with store.open(1) as reader:
-            run = reader.manifest["files"][0]
-            data = reader.data_file(run)
-            out.append(record("run_lookup", "lookup", "footer_bytes_per_entry",
-                              data.footer_length / n, "bytes"))
-            out.append(record("run_lookup", "lookup", "filter_bytes_per_entry",
-                              data.filter_bytes / n, "bytes"))
-            lk = RunLookup(reader, cache_bytes=_CACHE_BYTES)
-            t = time.perf_counter()
-            lk.lookup_batch("v", encoded["uniform"].slice(0, 1))
-            out.append(record("run_lookup", "lookup", "open_ms",
-                              (time.perf_counter() - t) * 1e3, "ms"))
-            for kind in ("uniform", "zipf", "absent"):
-                lk.cache = type(lk.cache)(_CACHE_BYTES)
-                before = dict(lk.statistics())
-                t = time.perf_counter()
-                got = lk.lookup_batch("v", encoded[kind])
-                cold = time.perf_counter() - t
-                after = lk.statistics()
-                t = time.perf_counter()
-                again = lk.lookup_batch("v", encoded[kind])
-                warm = time.perf_counter() - t
-                if kind == "absent":
-                    assert got.null_count == batch
-                    passed = (after["filter_false_positives"] - before["filter_false_positives"]
-                              + after["range_negatives"] - before["range_negatives"])
-                    out.append(record("run_lookup", "lookup", "filter_fp_rate", passed / batch,
-                                      "ratio"))
-                else:
-                    assert got.null_count == 0 and again.equals(got)
-                out.append(record("run_lookup", "lookup", f"rows_per_s_{kind}_cold",
-                                  batch / cold, "rows/s"))
-                out.append(record("run_lookup", "lookup", f"rows_per_s_{kind}_warm",
-                                  batch / warm, "rows/s"))
-                out.append(record("run_lookup", "lookup", f"blocks_per_lookup_{kind}",
-                                  (after["blocks_read"] - before["blocks_read"]) / batch,
-                                  "blocks"))
-                out.append(record("run_lookup", "lookup", f"bytes_per_lookup_{kind}",
-                                  (after["bytes_read"] - before["bytes_read"]) / batch, "bytes"))
-            lk.close()
+        out += _lookup_records(store, "lookup", encoded, batch, n)
+        out += _lookup_records(plain, "lookup none", encoded, batch, n)
         fresh = create_backend("native", key_type="int64")
         t = time.perf_counter()
         store.restore(fresh, 1)

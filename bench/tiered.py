@@ -30,6 +30,7 @@ from statecore import (
     create_backend,
 )
 from statecore.backends.tiered import TIERED_BLOCK_TARGET_BYTES
+from statecore.checkpoint.format import CODECS, COMPRESSION
 from statecore.key_groups import assign_key_group, key_group_range_for_operator
 
 _LOAD_BATCH = 1 << 20
@@ -48,10 +49,17 @@ def _block_bytes(size: Size) -> int:
     return size.block_target_bytes or TIERED_BLOCK_TARGET_BYTES
 
 
+def _compression(size: Size) -> str:
+    """The block codec of the checkpoints the tiered cases write: ``python -m bench
+    --compression`` (``size.compression``), by default the stores' (``COMPRESSION``)."""
+    return size.compression or COMPRESSION
+
+
 def _store(root: Path, size: Size, **options) -> CheckpointStore:
     """A checkpoint store at ``root`` that cuts the runs it writes into blocks of
-    :func:`_block_bytes`."""
-    return CheckpointStore(root, block_target_bytes=_block_bytes(size), **options)
+    :func:`_block_bytes` stored with :func:`_compression`."""
+    return CheckpointStore(root, block_target_bytes=_block_bytes(size),
+                           compression=_compression(size), **options)
 
 
 def _base_checkpoint(root: Path, n: int, size: Size) -> int:
@@ -282,7 +290,8 @@ def tiered_running_count(size: Size):
     with tempfile.TemporaryDirectory(prefix="statecore-bench-") as d:
         out += [record(c, "tiered", "base_blocks", _base_checkpoint(Path(d) / "base", n, size),
                        "blocks"),
-                record(c, "tiered", "block_target_bytes", _block_bytes(size), "bytes")]
+                record(c, "tiered", "block_target_bytes", _block_bytes(size), "bytes"),
+                record(c, "tiered", "block_codec", CODECS[_compression(size)], "codec")]
         for dist, gen in draw.items():
             keys = gen(rows + record_rows)
             flat = [keys[i:i + batch] for i in range(0, rows, batch)]

@@ -2,13 +2,12 @@
 against the Python one it replaces (``format.decode_block`` over ``lz4.block`` and ``xxhash``):
 the same entries from good blocks, and the same verdict on bad ones -- structural payload
 errors with the same words, corrupt compressed bytes as "cannot decompress", changed bytes as a
-checksum mismatch. Fixed seeds."""
+checksum mismatch; blocks of both codecs (LZ4, stored uncompressed). Fixed seeds."""
 
 from __future__ import annotations
 
 import random
 
-import lz4.block
 import numpy as np
 import pytest
 
@@ -18,13 +17,14 @@ from statecore.errors import CorruptCheckpointError
 _native = pytest.importorskip("statecore._native")
 
 
-def _table(stored: list[bytes], raws: list[int], entries: list[int], base: int = 100):
+def _table(stored: list[bytes], raws: list[int], entries: list[int], base: int = 100,
+           codec: int = fmt.CODEC_LZ4):
     """Block-table rows (format.BLOCK_DTYPE) for blocks stored back to back from file offset
-    ``base``, and their concatenated bytes."""
+    ``base`` with ``codec``, and their concatenated bytes."""
     rows = np.zeros(len(stored), fmt.BLOCK_DTYPE)
     pos = base
     for i, s in enumerate(stored):
-        rows[i] = (pos, len(s), raws[i], entries[i], 0, fmt.xxh64(s))
+        rows[i] = (pos, len(s), raws[i], entries[i], codec, fmt.xxh64(s))
         pos += len(s)
     return rows, b"".join(stored)
 
@@ -37,12 +37,7 @@ def _python(data: bytes, rows, base: int, has_validity: bool):
             s = data[int(r["offset"]) - base:int(r["offset"]) - base + int(r["stored_length"])]
             if len(s) != int(r["stored_length"]) or fmt.xxh64(s) != int(r["xxh64"]):
                 raise CorruptCheckpointError("t: block checksum mismatch")
-            try:
-                p = lz4.block.decompress(s, uncompressed_size=int(r["raw_length"]))
-            except Exception as exc:
-                raise CorruptCheckpointError(f"t: cannot decompress: {exc}") from exc
-            if len(p) != int(r["raw_length"]):
-                raise CorruptCheckpointError("t: cannot decompress: decompressed size mismatch")
+            p = fmt.inflate_stored(s, int(r["raw_length"]), int(r["codec"]), "t")
             k, v = fmt.decode_block(p, int(r["entries"]), "t", has_validity)
             keys += k.to_pylist()
             values += v.to_pylist()
@@ -86,13 +81,15 @@ def _payloads(rnd: random.Random, count: int, has_validity: bool):
     return out
 
 
+@pytest.mark.parametrize("codec", [fmt.CODEC_LZ4, fmt.CODEC_NONE])
 @pytest.mark.parametrize("has_validity", [False, True])
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_good_blocks_decode_like_python(seed, has_validity):
+def test_good_blocks_decode_like_python(seed, has_validity, codec):
     rnd = random.Random(seed)
     blocks = _payloads(rnd, rnd.randrange(1, 8), has_validity)
-    stored = [fmt.compress_block(p) for p, _ in blocks]
-    rows, data = _table(stored, [len(p) for p, _ in blocks], [n for _, n in blocks])
+    stored = [fmt.encode_stored(p, codec) for p, _ in blocks]
+    rows, data = _table(stored, [len(p) for p, _ in blocks], [n for _, n in blocks],
+                        codec=codec)
     keys, values = _same(data, rows, 100, has_validity)
     assert len(keys) == sum(n for _, n in blocks)
     # The bytes may be a slice of something larger (a prefetched range) and a pa.Buffer.
@@ -158,6 +155,43 @@ def test_corrupt_stored_bytes(has_validity):
     rows3 = rows.copy()
     rows3["raw_length"][0] += 1
     assert _same(data, rows3, 100, has_validity).startswith("cannot decompress")
+
+
+@pytest.mark.parametrize("has_validity", [False, True])
+def test_uncompressed_and_unknown_codec_blocks(has_validity):
+    """An uncompressed block whose table record gives another raw length, and a record naming a
+    codec that does not exist: the same words natively and in Python, never a crash; flipped
+    bytes of uncompressed blocks are checksum mismatches, and with the checksum recomputed
+    (a wrong writer) the payload checks judge them as they judge decompressed ones."""
+    rnd = random.Random(13)
+    blocks = _payloads(rnd, 3, has_validity)
+    stored = [p for p, _ in blocks]
+    raws, ns = [len(p) for p, _ in blocks], [n for _, n in blocks]
+    rows, data = _table(stored, raws, ns, codec=fmt.CODEC_NONE)
+    for delta in (1, -1):
+        rows2 = rows.copy()
+        rows2["raw_length"][1] = raws[1] + delta
+        want = f"uncompressed block of {raws[1]} bytes, the block table says {raws[1] + delta}"
+        assert _same(data, rows2, 100, has_validity) == want
+        assert _verify(data, rows2, 100) == want
+    for codec in (2, 7, 2**32 - 1):
+        rows2 = rows.copy()
+        rows2["codec"][2] = codec
+        assert _same(data, rows2, 100, has_validity) == f"unknown block codec {codec}"
+        assert _verify(data, rows2, 100) == f"unknown block codec {codec}"
+        assert _native.decode_blocks(data, rows2, 100, has_validity)[2] == 2
+    # Raw bytes read as LZ4 (a table naming the wrong codec): whatever LZ4 makes of them.
+    rows2 = rows.copy()
+    rows2["codec"] = fmt.CODEC_LZ4
+    assert isinstance(_same(data, rows2, 100, has_validity), str)
+    for _ in range(200):
+        pos = rnd.randrange(len(data))
+        flipped = data[:pos] + bytes([data[pos] ^ (1 << rnd.randrange(8))]) + data[pos + 1:]
+        assert _same(flipped, rows, 100, has_validity) == "block checksum mismatch"
+        rows2, _ = _table([flipped[int(r["offset"]) - 100:int(r["offset"]) - 100 +
+                                   int(r["stored_length"])] for r in rows], raws, ns,
+                          codec=fmt.CODEC_NONE)
+        _same(flipped, rows2, 100, has_validity)
 
 
 def _small_block_checkpoint(tmp_path):

@@ -73,7 +73,8 @@ class _AttachedTiered:
         self._tmp = tmp_path
 
     def make_backend(self, **options):
-        store = CheckpointStore(self._tmp / f"s{next(self._counter)}")
+        # Uncompressed runs here; the tests below mostly use LZ4 ones.
+        store = CheckpointStore(self._tmp / f"s{next(self._counter)}", compression="none")
         first = create_backend("native", memory_budget=512, checkpoint=store, **options)
         store.checkpoint(first, 1)
         first.dispose()
@@ -589,8 +590,8 @@ class _SumOfSquares(AggregateFunction):
 class TieredPair:
     """The tiered backend and the in-memory native one, driven by the same ops."""
 
-    def __init__(self, root, budget):
-        self.store = CheckpointStore(root)
+    def __init__(self, root, budget, compression="lz4.block"):
+        self.store = CheckpointStore(root, compression=compression)
         self.clock = ManualClock(1_000)
         self.budget = budget
         self.version = 0
@@ -707,13 +708,16 @@ class TieredPair:
         raise AssertionError(op)
 
 
-@pytest.mark.parametrize("budget", [16 * ENTRY, 48 * ENTRY, 256 * ENTRY])
+# Both block codecs: the runs (checkpoints, spills, compactions) are LZ4 or uncompressed.
+@pytest.mark.parametrize("budget,compression", [(16 * ENTRY, "none"), (48 * ENTRY, "lz4.block"),
+                                                (256 * ENTRY, "none")])
 @seed(20261129)
 @settings(max_examples=25, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(ops=st.lists(_op, min_size=5, max_size=60))
-def test_differential_against_the_in_memory_backend(tmp_path_factory, budget, ops):
-    pair = TieredPair(tmp_path_factory.mktemp("tiered"), budget)
+def test_differential_against_the_in_memory_backend(tmp_path_factory, budget, compression,
+                                                    ops):
+    pair = TieredPair(tmp_path_factory.mktemp("tiered"), budget, compression)
     try:
         for op in ops:
             pair.run(op)

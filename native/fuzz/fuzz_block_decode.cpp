@@ -1,15 +1,17 @@
 // libFuzzer target: decode_blocks (block_codec.h), the reader of a data file's stored blocks
-// (docs/formats.md "Data file": XXH64 over the stored bytes, LZ4 block, then the payload of
-// entry count, key offsets, value offsets, key bytes, value bytes, validity bitmap).
+// (docs/formats.md "Data file": XXH64 over the stored bytes, an LZ4 block or the payload stored
+// uncompressed, then the payload of entry count, key offsets, value offsets, key bytes, value
+// bytes, validity bitmap).
 //
 // Input: flags (1 byte), then
-//   flags & 2 == 0 ("payload"): the uncompressed payload; the harness compresses it and computes
+//   flags & 2 == 0 ("payload"): the uncompressed payload; the harness encodes it and computes
 //     its checksum, so that mutations reach the payload checks instead of stopping at the XXH64;
-//   flags & 2 != 0 ("stored"): raw_length (LE32), entries (LE32), the stored LZ4 bytes; the
+//   flags & 2 != 0 ("stored"): raw_length (LE32), entries (LE32), the stored bytes; the
 //     harness computes the checksum, so mutations reach the LZ4 decoder.
 // flags & 1: incremental file (validity bitmap); & 4: the block twice (two table rows over
 // consecutive copies); & 8: a block-table entry count taken from the input instead of the
-// payload's; & 16: a wrong checksum (must fail).
+// payload's; & 16: a wrong checksum (must fail); & 32: codec "none" instead of LZ4 (stored
+// bytes are the payload; in "stored" mode a raw_length other than their length must fail).
 // The block table's claims are bounded as DataFileReader bounds them before it calls the native
 // decoder (raw_length <= 255 * stored_length + 64, 4 + 8 * entries <= raw_length).
 //
@@ -95,17 +97,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t flags = in.u8();
   const bool has_validity = flags & 1, stored_mode = flags & 2, twice = flags & 4;
   const bool table_entries = flags & 8, bad_checksum = flags & 16;
+  const uint32_t codec = (flags & 32) ? statecore::kCodecNone : statecore::kCodecLz4;
 
   std::vector<uint8_t> stored;
-  std::vector<uint8_t> payload;  // what LZ4 gives back (empty when the LZ4 block is corrupt)
-  bool lz4_ok = true;
+  std::vector<uint8_t> payload;  // what decoding gives back (meaningless when it fails)
+  bool decodes = true;
   uint64_t raw_length = 0, entries = 0;
   if (!stored_mode) {
     size_t n = 0;
     const uint8_t* p = in.rest(&n);
     payload.assign(p, p + n);
     if (payload.size() < 4) return 0;  // DataFileReader refuses the file first (below)
-    statecore::lz4_block_compress(payload.data(), payload.size(), &stored);
+    statecore::block_encode(codec, payload.data(), payload.size(), &stored);
     raw_length = payload.size();
     entries = le32_at(payload.data());
     if (table_entries) entries ^= 1;
@@ -119,10 +122,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     raw_length %= 255 * stored.size() + 65;
     payload.reserve(1);
     payload.resize(raw_length);
-    const int got = LZ4_decompress_safe(
-        reinterpret_cast<const char*>(stored.data()), reinterpret_cast<char*>(payload.data()),
-        static_cast<int>(stored.size()), static_cast<int>(raw_length));
-    lz4_ok = got >= 0 && static_cast<uint64_t>(got) == raw_length;
+    if (codec == statecore::kCodecNone) {
+      decodes = raw_length == stored.size();
+      if (decodes) payload = stored;
+    } else {
+      const int got = LZ4_decompress_safe(
+          reinterpret_cast<const char*>(stored.data()), reinterpret_cast<char*>(payload.data()),
+          static_cast<int>(stored.size()), static_cast<int>(raw_length));
+      decodes = got >= 0 && static_cast<uint64_t>(got) == raw_length;
+    }
     if (!table_entries && raw_length >= 4) entries = le32_at(payload.data());
   }
   if (4 + 8 * entries > raw_length) return 0;  // DataFileReader refuses the file first
@@ -133,7 +141,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   file.reserve(1);
   std::vector<statecore::StoredBlockRef> refs;
   for (size_t b = 0; b < count; ++b) {
-    refs.push_back({file.size(), stored.size(), raw_length, entries, checksum});
+    refs.push_back({file.size(), stored.size(), raw_length, entries, checksum, codec});
     file.insert(file.end(), stored.begin(), stored.end());
   }
   const size_t rows = count * entries, capacity = count * raw_length;
@@ -144,11 +152,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const statecore::DecodeResult r =
       statecore::decode_blocks(file.data(), file.size(), refs.data(), count, has_validity, out);
 
-  // verify_blocks (the restore's floor) fails exactly where the stored bytes are bad -- checksum
-  // or LZ4 -- and accepts a block whose payload is malformed: it parses nothing.
+  // verify_blocks (the restore's floor) fails exactly where the stored bytes are bad -- checksum,
+  // LZ4, an uncompressed block's length -- and accepts a block whose payload is malformed: it
+  // parses nothing.
   const statecore::VerifyResult v =
       statecore::verify_blocks(file.data(), file.size(), refs.data(), count);
-  if (bad_checksum || !lz4_ok) {
+  if (bad_checksum || !decodes) {
     FUZZ_CHECK(v.failed_block == 0 && !v.error.empty(), "verify_blocks names a bad stored block");
     FUZZ_CHECK(r.failed_block == 0 && r.error == v.error,
                "decode_blocks fails on a bad stored block in verify_blocks' words");
@@ -157,7 +166,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                "verify_blocks accepts sound stored bytes and counts their raw bytes");
   }
 
-  const bool expect_ok = !bad_checksum && lz4_ok && well_formed(payload, entries, has_validity);
+  const bool expect_ok = !bad_checksum && decodes && well_formed(payload, entries, has_validity);
   if (!expect_ok) {
     FUZZ_CHECK(r.failed_block == 0, "a bad block is reported as the first block");
     FUZZ_CHECK(!r.error.empty(), "a failure says what is wrong");

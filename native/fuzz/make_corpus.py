@@ -180,9 +180,13 @@ def make_seeds(tmp: str) -> dict[str, list[bytes]]:
             for path in _checkpoints(kind, key_type, tmp):
                 per_state: dict[str, list] = {}
                 for name, stored, payload, n, hv, kg in _blocks(path):
+                    # LZ4 (flags 0 / 2) and uncompressed (32 / 34: the payload stored as is).
                     seeds["block_decode"] += [bytes([hv]) + payload,
                                               bytes([hv | 2]) + struct.pack("<II", len(payload), n)
-                                              + stored]
+                                              + stored,
+                                              bytes([hv | 32]) + payload,
+                                              bytes([hv | 34]) + struct.pack("<II", len(payload),
+                                                                             n) + payload]
                     entries = _entries(payload, hv)
                     per_state.setdefault(name, []).append((kg, entries, hv))
                     if entries:

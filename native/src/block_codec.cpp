@@ -39,6 +39,18 @@ size_t lz4_block_compress(const uint8_t* src, size_t n, std::vector<uint8_t>* ou
   return static_cast<size_t>(written);
 }
 
+size_t block_encode_bound(uint32_t codec, size_t n) noexcept {
+  return codec == kCodecNone ? n : lz4_block_bound(n);
+}
+
+size_t block_encode(uint32_t codec, const uint8_t* src, size_t n, std::vector<uint8_t>* out) {
+  if (codec == kCodecLz4) return lz4_block_compress(src, n, out);
+  if (codec != kCodecNone)
+    throw std::invalid_argument("unknown block codec " + std::to_string(codec));
+  out->insert(out->end(), src, src + n);
+  return n;
+}
+
 uint32_t bloom_hashes(uint32_t bits_per_key) noexcept {
   // round(bits * ln 2) in integers, so that Python computes the same count.
   const uint64_t k = (static_cast<uint64_t>(bits_per_key) * 69 + 50) / 100;
@@ -118,7 +130,7 @@ std::string check_payload(const uint8_t* p, size_t size, uint64_t expected, bool
   return "";
 }
 
-// Verifies (XXH64) and decompresses one stored block into `out` (at least max(raw_length, 1)
+// Verifies (XXH64) and decodes (LZ4, or a copy) one stored block into `out` (at least max(raw_length, 1)
 // bytes); "" or what is wrong with it.
 std::string inflate_into(const uint8_t* data, size_t size, const StoredBlockRef& blk,
                          uint8_t* out) {
@@ -126,6 +138,14 @@ std::string inflate_into(const uint8_t* data, size_t size, const StoredBlockRef&
     return "block lies outside the bytes of its key group";
   const uint8_t* stored = data + blk.offset;
   if (xxh64(stored, blk.stored_length, 0) != blk.xxh64) return "block checksum mismatch";
+  if (blk.codec == kCodecNone) {
+    if (blk.stored_length != blk.raw_length)
+      return "uncompressed block of " + std::to_string(blk.stored_length) +
+             " bytes, the block table says " + std::to_string(blk.raw_length);
+    if (blk.raw_length) std::memcpy(out, stored, blk.raw_length);
+    return "";
+  }
+  if (blk.codec != kCodecLz4) return "unknown block codec " + std::to_string(blk.codec);
   if (blk.stored_length > kInt32Max || blk.raw_length > kInt32Max)
     return "cannot decompress: block longer than LZ4 allows";
   const int got =

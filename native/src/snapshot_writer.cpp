@@ -43,6 +43,8 @@ SnapshotSerializer::SnapshotSerializer(std::vector<SerializerSource> sources,
     throw std::invalid_argument("key-group prefix must be 1 or 2 bytes");
   if (opt_.block_target_bytes == 0) throw std::invalid_argument("block target must be > 0 bytes");
   if (opt_.queue_blocks == 0) throw std::invalid_argument("queue must hold at least one block");
+  if (opt_.codec != kCodecLz4 && opt_.codec != kCodecNone)
+    throw std::invalid_argument("unknown block codec " + std::to_string(opt_.codec));
   if (opt_.bloom_bits_per_key < 1 || opt_.bloom_bits_per_key > 64)
     throw std::invalid_argument("Bloom filter bits per key must be in [1, 64]");
   if (sources_.size() > std::numeric_limits<uint32_t>::max())
@@ -319,7 +321,7 @@ bool SnapshotSerializer::next_chunk(BlockChunk* out, size_t target_bytes) {
   // One allocation for the chunk instead of doublings that copy what is compressed so far (a
   // block can end the chunk past the target by at most one block's bound).
   out->bytes.reserve(std::min<size_t>(target_bytes, size_t{16} << 20) +
-                     lz4_block_bound(opt_.block_target_bytes) + 64);
+                     block_encode_bound(opt_.codec, opt_.block_target_bytes) + 64);
   BlockPayload p;
   try {
     while (out->blocks.empty() || out->bytes.size() < target_bytes) {
@@ -334,7 +336,7 @@ bool SnapshotSerializer::next_chunk(BlockChunk* out, size_t target_bytes) {
       b.filter = std::move(p.filter);
       b.offset = out->bytes.size();
       b.raw_length = p.bytes.size();
-      b.stored_length = lz4_block_compress(p.bytes.data(), p.bytes.size(), &out->bytes);
+      b.stored_length = block_encode(opt_.codec, p.bytes.data(), p.bytes.size(), &out->bytes);
       b.xxh64 = xxh64(out->bytes.data() + b.offset, b.stored_length, 0);
       out->blocks.push_back(b);
     }

@@ -1,9 +1,12 @@
-// block_codec.h: verify_blocks, the check-and-decompress step decode_blocks runs on every stored
+// block_codec.h: verify_blocks, the check-and-decode step decode_blocks runs on every stored
 // block, on its own (the floor a restore is measured against). Good blocks give their raw
-// bytes; a bad checksum, truncated bytes, a block outside the bytes or an LZ4 stream that does
-// not give raw_length bytes name the first bad block in decode_blocks' words; a malformed
-// payload behind sound stored bytes passes (nothing is parsed).
+// bytes; a bad checksum, truncated bytes, a block outside the bytes, an LZ4 stream that does
+// not give raw_length bytes, an uncompressed block of another length or an unknown codec name
+// the first bad block in decode_blocks' words; a malformed payload behind sound stored bytes
+// passes (nothing is parsed).
+#include <algorithm>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -22,13 +25,14 @@ struct Stored {
 };
 
 // Blocks of the given raw payloads (arbitrary bytes: verify_blocks does not parse them),
-// compressed and stored back to back.
-Stored store(const std::vector<std::vector<uint8_t>>& payloads) {
+// encoded with `codec` and stored back to back.
+Stored store(const std::vector<std::vector<uint8_t>>& payloads,
+             uint32_t codec = statecore::kCodecLz4) {
   Stored s;
   for (const auto& p : payloads) {
     const size_t at = s.bytes.size();
-    const size_t n = statecore::lz4_block_compress(p.data(), p.size(), &s.bytes);
-    s.refs.push_back({at, n, p.size(), 0, statecore::xxh64(s.bytes.data() + at, n, 0)});
+    const size_t n = statecore::block_encode(codec, p.data(), p.size(), &s.bytes);
+    s.refs.push_back({at, n, p.size(), 0, statecore::xxh64(s.bytes.data() + at, n, 0), codec});
   }
   return s;
 }
@@ -106,6 +110,43 @@ TEST(a_payload_that_does_not_parse_passes) {
 // Bloom filters (format 6): sizes in whole 64-bit words, round(bits * ln 2) probes, no false
 // negatives, a false-positive rate near the theory, and the bit layout format.py's bloom_filter
 // writes (the Python tests compare whole files of both writers).
+TEST(uncompressed_blocks_are_their_payloads_of_exactly_raw_length) {
+  const auto ps = payloads();
+  const Stored s = store(ps, statecore::kCodecNone);
+  size_t total = 0;
+  for (size_t b = 0; b < ps.size(); ++b) {
+    CHECK_EQ(s.refs[b].stored_length, s.refs[b].raw_length);
+    CHECK(std::equal(ps[b].begin(), ps[b].end(), s.bytes.begin() + s.refs[b].offset));
+    total += ps[b].size();
+  }
+  CHECK_EQ(s.bytes.size(), total);
+  const auto r = verify_blocks(s.bytes.data(), s.bytes.size(), s.refs.data(), s.refs.size());
+  CHECK_EQ(r.failed_block, int64_t{-1});
+  CHECK_EQ(r.raw_bytes, uint64_t{total});
+  for (int delta : {-1, 1}) {
+    Stored bad = s;
+    bad.refs[2].raw_length += delta;
+    const auto v = verify_blocks(bad.bytes.data(), bad.bytes.size(), bad.refs.data(), 4);
+    CHECK_EQ(v.failed_block, int64_t{2});
+    CHECK_EQ(v.error, "uncompressed block of 1600 bytes, the block table says " +
+                          std::to_string(1600 + delta));
+  }
+  Stored odd = s;
+  odd.refs[1].codec = 9;
+  const auto v = verify_blocks(odd.bytes.data(), odd.bytes.size(), odd.refs.data(), 4);
+  CHECK_EQ(v.failed_block, int64_t{1});
+  CHECK_EQ(v.error, std::string("unknown block codec 9"));
+  std::vector<uint8_t> out;
+  bool threw = false;
+  try {
+    statecore::block_encode(9, ps[0].data(), ps[0].size(), &out);
+  } catch (const std::invalid_argument&) {
+    threw = true;
+  }
+  CHECK(threw && out.empty());
+  CHECK_EQ(statecore::block_encode_bound(statecore::kCodecNone, 4096), size_t{4096});
+}
+
 TEST(bloom_filters_size_probe_and_lay_out_bits) {
   CHECK_EQ(statecore::bloom_hashes(10), 7u);
   CHECK_EQ(statecore::bloom_hashes(1), 1u);

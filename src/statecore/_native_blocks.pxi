@@ -208,13 +208,16 @@ def lookup_in_blocks(blocks, which, needles):
 
 cdef _block_refs(blocks, uint64_t base, vector[c.StoredBlockRef]* refs):
     """``refs`` filled from block-table rows (numpy, ``format.BLOCK_DTYPE``) whose offsets
-    count from the file start, ``base`` the file offset of the bytes they will be read from."""
+    count from the file start, ``base`` the file offset of the bytes they will be read from. A
+    row's ``codec`` goes through unchecked: the native decoder reports an unknown one as a bad
+    block."""
     cdef size_t nb = len(blocks), i
     cdef const uint64_t[::1] off = np.ascontiguousarray(blocks["offset"], np.uint64)
     cdef const uint64_t[::1] sl = np.ascontiguousarray(blocks["stored_length"], np.uint64)
     cdef const uint64_t[::1] rl = np.ascontiguousarray(blocks["raw_length"], np.uint64)
     cdef const uint64_t[::1] en = np.ascontiguousarray(blocks["entries"], np.uint64)
     cdef const uint64_t[::1] xx = np.ascontiguousarray(blocks["xxh64"], np.uint64)
+    cdef const uint32_t[::1] co = np.ascontiguousarray(blocks["codec"], np.uint32)
     refs.resize(nb)
     for i in range(nb):
         # An offset before the group's bytes wraps to a huge one, which the bounds check rejects.
@@ -223,6 +226,7 @@ cdef _block_refs(blocks, uint64_t base, vector[c.StoredBlockRef]* refs):
         refs[0][i].raw_length = rl[i]
         refs[0][i].entries = en[i]
         refs[0][i].xxh64 = xx[i]
+        refs[0][i].codec = co[i]
 
 
 def verify_blocks(data, blocks, uint64_t base):
@@ -553,6 +557,8 @@ cdef class SnapshotBlockSerializer:
     as soon as it is encoded (the table snapshots become unusable for readers). ``nice``: added to
     the producer thread's nice value (Linux; 0 = unchanged). ``bloom_bits_per_key``: the size
     of each (state, key group)'s Bloom filter (1 to 64, format.DEFAULT_BLOOM_BITS_PER_KEY).
+    ``codec``: how :meth:`next_chunk` stores the blocks (``format.CODECS``: 0 LZ4 block, 1
+    uncompressed).
 
     The table snapshots must stay unreleased by others while the serializer runs (the Python
     wrapper keeps references to them). Raises InvalidInputError for bad arguments or a released
@@ -563,7 +569,8 @@ cdef class SnapshotBlockSerializer:
 
     def __cinit__(self, sources, int32_t kg_start, int32_t kg_end, int prefix_bytes,
                   size_t block_target_bytes, bint incremental, size_t queue_blocks=4,
-                  bint release_as_written=False, int nice=0, uint32_t bloom_bits_per_key=10):
+                  bint release_as_written=False, int nice=0, uint32_t bloom_bits_per_key=10,
+                  uint32_t codec=0):
         cdef vector[c.SerializerSource]* srcs = c.new_sources()
         cdef c.SerializerSource* st
         cdef c.SerializerOptions o
@@ -595,6 +602,7 @@ cdef class SnapshotBlockSerializer:
             o.release_as_written = release_as_written
             o.nice = nice
             o.bloom_bits_per_key = bloom_bits_per_key
+            o.codec = codec
             self.ser = c.new_serializer(srcs, o)
         finally:
             del srcs

@@ -598,6 +598,7 @@ cdef extern from "statecore/block_codec.h" namespace "statecore" nogil:
         uint64_t raw_length
         uint64_t entries
         uint64_t xxh64
+        uint32_t codec
 
     cdef cppclass DecodeBuffers:
         int32_t* key_offsets
@@ -779,6 +780,7 @@ cdef extern from "statecore/snapshot_writer.h" namespace "statecore" nogil:
         size_t queue_blocks
         cbool release_as_written
         uint32_t bloom_bits_per_key
+        uint32_t codec
         int nice
 
     cdef cppclass BlockPayload:

@@ -1,9 +1,9 @@
 // The stored form of a checkpoint data-file block (src/statecore/checkpoint/format.py, "Block"):
-// the uncompressed payload in the LZ4 block format without a stored size, checksummed with XXH64
-// (seed 0). Exactly the bytes of Python's `lz4.block.compress(payload, mode="fast",
+// the payload as its block table record's codec says -- kCodecLz4: the LZ4 block format without a
+// stored size, exactly the bytes of Python's `lz4.block.compress(payload, mode="fast",
 // acceleration=kLz4Acceleration, store_size=False)` built on the same LZ4 release
 // (native/third_party/lz4/README.md), so a file written here and one written by the pure-Python
-// writer are byte-identical.
+// writer are byte-identical; kCodecNone: the payload itself -- checksummed with XXH64 (seed 0).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -20,6 +20,19 @@ namespace statecore {
 // little ratio on compressible text. Decompression does not depend on it: files written with
 // another setting read the same.
 constexpr int kLz4Acceleration = 2;
+
+// Block codecs (the block table record's `codec`, docs/formats.md "Data file"; a file's meta
+// `compression` names the one all its blocks use). Stored uncompressed, a block costs its reader
+// a copy instead of a decompression: what a tiered run, read block by block on every miss,
+// prefers over the smaller file (RocksDB's per-block kNoCompression makes the same trade).
+constexpr uint32_t kCodecLz4 = 0;
+constexpr uint32_t kCodecNone = 1;
+
+// Appends `src[0, n)` stored with `codec` to `out` and returns the number of bytes appended.
+// std::invalid_argument for an unknown codec or, with LZ4, as lz4_block_compress.
+size_t block_encode(uint32_t codec, const uint8_t* src, size_t n, std::vector<uint8_t>* out);
+// The most bytes block_encode can append for n payload bytes (0 when n is too large for LZ4).
+size_t block_encode_bound(uint32_t codec, size_t n) noexcept;
 
 // Appends the LZ4-compressed `src[0, n)` to `out` and returns the number of bytes appended.
 // Thread-safe (no shared state; 16 KiB of stack). std::invalid_argument when n exceeds LZ4's
@@ -114,13 +127,15 @@ void bloom_filter_build(const int32_t* offsets, const uint8_t* data, size_t n,
                         uint32_t bits_per_key, std::vector<uint8_t>* out);
 
 // One stored block as the data file's block table lists it; `offset` is relative to the bytes
-// given to decode_blocks. Lengths in bytes.
+// given to decode_blocks. Lengths in bytes; `codec` kCodecLz4 or kCodecNone (any other value is
+// reported as a bad block).
 struct StoredBlockRef {
   uint64_t offset = 0;
   uint64_t stored_length = 0;
   uint64_t raw_length = 0;
   uint64_t entries = 0;
   uint64_t xxh64 = 0;
+  uint32_t codec = kCodecLz4;
 };
 
 // Caller-owned buffers of the entries of consecutive blocks, as two Arrow binary arrays (keys;
@@ -159,7 +174,8 @@ struct VerifyResult {
 };
 
 // What decode_blocks does to `blocks` before it parses a payload -- bounds, XXH64 of the stored
-// bytes, LZ4 decompression to exactly raw_length bytes -- into one reused scratch buffer,
+// bytes, decoding (LZ4 decompression, or a copy of an uncompressed block) to exactly raw_length
+// bytes -- into one reused scratch buffer,
 // parsing and keeping nothing: the floor under decoding those blocks. Stops at the first bad
 // block and reports it; never reads outside `data`. Thread-safe.
 VerifyResult verify_blocks(const uint8_t* data, size_t size, const StoredBlockRef* blocks,

@@ -47,6 +47,7 @@
 #include <thread>
 #include <vector>
 
+#include "statecore/block_codec.h"
 #include "statecore/state_table.h"
 #include "statecore/ttl.h"
 
@@ -83,6 +84,8 @@ struct SerializerOptions {
   bool release_as_written = false;  // release each map snapshot once its key group is encoded
   // Bloom filter bits per key of each (state, key group) (block_codec.h bloom_*, 1 to 64).
   uint32_t bloom_bits_per_key = 10;
+  // How next_chunk stores each block (block_codec.h kCodecLz4 or kCodecNone).
+  uint32_t codec = kCodecLz4;
   // Added to the producer thread's nice value (Linux; 0 = unchanged, capped at 19): a checkpoint
   // is background work and should yield the CPU to the owning (processing) thread.
   int nice = 0;
@@ -101,7 +104,8 @@ struct BlockPayload {
 };
 
 // One block of a BlockChunk in its stored form (block_codec.h): `stored_length` bytes at
-// `offset` in the chunk's bytes, compressed from `raw_length` payload bytes, `xxh64` (seed 0) of
+// `offset` in the chunk's bytes, encoded with the options' codec from `raw_length` payload
+// bytes, `xxh64` (seed 0) of
 // the stored bytes. The other fields are the BlockPayload's.
 struct StoredBlock {
   int32_t key_group = 0;
@@ -142,8 +146,8 @@ class SnapshotSerializer {
   // Waits for the next payload in file order; false after the last one. Rethrows the producer's
   // error; throws SerializerCancelled after cancel().
   bool next(BlockPayload* out);
-  // Waits for the next payloads, compresses and checksums them on the calling thread
-  // (block_codec.h) and puts them into `out` (cleared first) until it holds at least
+  // Waits for the next payloads, encodes them with the options' codec and checksums them on the
+  // calling thread (block_codec.h) and puts them into `out` (cleared first) until it holds at least
   // `target_bytes` stored bytes or the last block; false when no block was left. The consumer
   // thus returns to its caller once per chunk instead of once per block: a Python consumer
   // releases and retakes the GIL once per chunk, and each retake can wait a whole switch

@@ -591,7 +591,7 @@ class TieredBackend(NativeBackend):
         #: count at its removal
         self._removed: dict[str, dict[bytes, int]] = {}
         self._removed_pending: dict[int, dict[str, dict]] = {}  # snapshot id -> removed keys
-        self._spills = SpillRuns(spill_dir)
+        self._spills = SpillRuns(spill_dir, self.store.compression)
         self._snapshot_spill_seq: dict[int, int] = {}  # snapshot id -> newest spill run merged
         #: per list or map state: the ``key | namespace`` prefixes of the collections memory
         #: holds whole (every entry of V's and every change since), least recently used first,

@@ -51,6 +51,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from statecore.checkpoint.format import (
+    COMPRESSION,
     DEFAULT_BLOCK_TARGET_BYTES,
     DataFileReader,
     plan_file,
@@ -162,10 +163,12 @@ def remove_abandoned_spill_dirs(parent_dir: str | None = None) -> int:
 class SpillRuns:
     """The spill runs of one tiered backend, oldest first, in a private directory created under
     ``parent_dir`` (None: the system's temporary directory) at the first spill, after removing
-    the directories of ended processes there (:func:`remove_abandoned_spill_dirs`)."""
+    the directories of ended processes there (:func:`remove_abandoned_spill_dirs`), their blocks
+    stored with ``compression`` (``format.CODECS``)."""
 
-    def __init__(self, parent_dir: str | None = None):
+    def __init__(self, parent_dir: str | None = None, compression: str = COMPRESSION):
         self.parent_dir = parent_dir
+        self.compression = compression
         self.dir: str | None = None
         self._lock_fd: int | None = None
         self.runs: list[SpillRun] = []
@@ -196,7 +199,7 @@ class SpillRuns:
             tmp = path + ".tmp"
             try:
                 with pa.OSFile(tmp, "wb") as out:
-                    summary = _write_changes(out, snap, seq)
+                    summary = _write_changes(out, snap, seq, self.compression)
             except BaseException:
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(tmp)
@@ -385,20 +388,23 @@ class SpillRuns:
         self.dir = None
 
 
-def _write_changes(out, snap, seq: int):
+def _write_changes(out, snap, seq: int, compression: str):
     """Write the changes since the maps' base that the incremental NativeSnapshot ``snap``
     lists as one incremental data file into ``out``, its blocks encoded by the native
-    serializer (as an asynchronous checkpoint write encodes them); returns the WriteSummary."""
+    serializer (as an asynchronous checkpoint write encodes them) with ``compression``;
+    returns the WriteSummary."""
     from statecore import _native
 
-    plan = plan_file(snap, seq, "spill", DEFAULT_BLOCK_TARGET_BYTES, True)
+    plan = plan_file(snap, seq, "spill", DEFAULT_BLOCK_TARGET_BYTES, True,
+                     compression=compression)
     ser = _native.SnapshotBlockSerializer(snap.block_sources(), plan.start, plan.end,
                                           plan.prefix, plan.block_target_bytes, True,
-                                          queue_payloads(plan.block_target_bytes))
+                                          queue_payloads(plan.block_target_bytes),
+                                          codec=plan.codec)
     ser.start()
     try:
         return write_data_file_from_blocks(out, snap, ser, version=seq, writer="spill",
-                                           incremental=True)
+                                           incremental=True, compression=compression)
     finally:
         ser.cancel()
 

@@ -20,7 +20,8 @@ import xxhash
 
 from statecore.errors import CorruptCheckpointError
 
-__all__ = ["LZ4_ACCELERATION", "compress_block", "native_decode_blocks",
+__all__ = ["LZ4_ACCELERATION", "CODEC_LZ4", "CODEC_NONE", "CODECS", "compress_block",
+           "encode_stored", "inflate_stored", "native_decode_blocks",
            "native_verify_blocks", "xxh64", "encode_block",
            "decode_block", "decode_stored_block", "cut_points", "DEFAULT_BLOOM_BITS_PER_KEY",
            "MAX_BLOOM_BITS_PER_KEY", "bloom_hashes", "bloom_filter_bytes", "key_hashes",
@@ -30,6 +31,13 @@ _U32 = struct.Struct("<I")
 
 #: LZ4 acceleration of the blocks (native block_codec.h kLz4Acceleration, which says why 2).
 LZ4_ACCELERATION = 2
+
+#: Block codecs, the block table record's ``codec`` (native block_codec.h kCodecLz4 /
+#: kCodecNone, which says when a block is better stored uncompressed).
+CODEC_LZ4 = 0
+CODEC_NONE = 1
+#: A data file's meta ``compression`` -> the codec of every one of its blocks.
+CODECS = {"lz4.block": CODEC_LZ4, "none": CODEC_NONE}
 
 
 def _block_compressor():
@@ -64,6 +72,38 @@ try:
     from statecore._native import verify_blocks as native_verify_blocks
 except ImportError:
     native_verify_blocks = None
+
+
+def encode_stored(payload, codec: int):
+    """The stored bytes of the block ``payload`` (bytes-like) under ``codec`` (:data:`CODECS`):
+    :data:`compress_block`'s for CODEC_LZ4, the payload itself for CODEC_NONE. ValueError for
+    another codec."""
+    if codec == CODEC_LZ4:
+        return compress_block(payload)
+    if codec == CODEC_NONE:
+        return payload
+    raise ValueError(f"unknown block codec {codec}")
+
+
+def inflate_stored(stored, raw_length: int, codec: int, where: str) -> bytes:
+    """The payload of one stored block (``stored``: bytes, its checksum already checked) under
+    ``codec``, exactly ``raw_length`` bytes. CorruptCheckpointError (message starting with
+    ``where``) for an unknown codec, an LZ4 error or another length."""
+    if codec == CODEC_NONE:
+        if len(stored) != raw_length:
+            raise CorruptCheckpointError(
+                f"{where}: uncompressed block of {len(stored)} bytes, the block table says "
+                f"{raw_length}")
+        return stored
+    if codec != CODEC_LZ4:
+        raise CorruptCheckpointError(f"{where}: unknown block codec {codec}")
+    try:
+        payload = lz4.block.decompress(stored, uncompressed_size=raw_length)
+    except Exception as exc:  # lz4.block.LZ4BlockError
+        raise CorruptCheckpointError(f"{where}: cannot decompress: {exc}") from exc
+    if len(payload) != raw_length:
+        raise CorruptCheckpointError(f"{where}: decompressed size mismatch")
+    return payload
 
 
 def xxh64(data) -> int:
@@ -245,17 +285,13 @@ def cut_points(key_offsets: np.ndarray, value_offsets: np.ndarray, target: int) 
 
 
 def decode_stored_block(stored, raw_length: int, entries: int, expected_xxh64: int, where: str,
-                        has_validity: bool = False) -> tuple[pa.BinaryArray, pa.BinaryArray]:
-    """Check and decode one stored block (``stored``: its bytes as written): the checksum
-    (``expected_xxh64``) before decompressing, the decompressed size (``raw_length``), then the
-    payload (:func:`decode_block`). Raises CorruptCheckpointError (message starting with
-    ``where``) on any mismatch."""
+                        has_validity: bool = False, codec: int = CODEC_LZ4
+                        ) -> tuple[pa.BinaryArray, pa.BinaryArray]:
+    """Check and decode one stored block (``stored``: its bytes as written, ``codec`` its block
+    table record's): the checksum (``expected_xxh64``) before decoding, the payload's size
+    (``raw_length``, :func:`inflate_stored`), then the payload (:func:`decode_block`). Raises
+    CorruptCheckpointError (message starting with ``where``) on any mismatch."""
     if xxh64(stored) != expected_xxh64:
         raise CorruptCheckpointError(f"{where}: block checksum mismatch")
-    try:
-        payload = lz4.block.decompress(stored, uncompressed_size=raw_length)
-    except Exception as exc:  # lz4.block.LZ4BlockError
-        raise CorruptCheckpointError(f"{where}: cannot decompress: {exc}") from exc
-    if len(payload) != raw_length:
-        raise CorruptCheckpointError(f"{where}: decompressed size mismatch")
+    payload = inflate_stored(stored, raw_length, codec, where)
     return decode_block(payload, entries, where, has_validity=has_validity)

@@ -66,6 +66,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from statecore import serializers as S
 from statecore.checkpoint.format import (
+    COMPRESSION,
     DEFAULT_BLOCK_TARGET_BYTES,
     KIND_FULL,
     KIND_INCREMENTAL,
@@ -304,15 +305,18 @@ class Compactor:
     :class:`~statecore.checkpoint.manifests.ManifestLog` (or an object with its interface);
     ``lock``: the lock that serializes manifest publishing and retention of the root in this
     process; the compactor holds it only to read and to publish manifests, not while it writes
-    runs. ``block_target_bytes``: the block size of the runs it writes (``format``).
+    runs. ``block_target_bytes`` and ``compression``: the block size and codec of the runs it
+    writes (``format``).
     ``size_ratio`` (int >= 1, or None: every compaction full): minor compactions merge a
     chain's incremental runs alone while they hold under 1/``size_ratio`` of the bytes of the
     full run under them (module docstring)."""
 
     def __init__(self, root: CheckpointRoot, manifests: ManifestLog, lock,
                  block_target_bytes: int = DEFAULT_BLOCK_TARGET_BYTES,
-                 size_ratio: int | None = DEFAULT_SIZE_RATIO):
+                 size_ratio: int | None = DEFAULT_SIZE_RATIO,
+                 compression: str = COMPRESSION):
         self.root = root
+        self.compression = compression
         self.size_ratio = check_size_ratio(size_ratio)
         self.block_target_bytes = block_target_bytes
         self.manifests = manifests
@@ -394,7 +398,8 @@ class Compactor:
                         rel, lambda out: _write_file()(
                             out, view, version=version, writer=writer,
                             incremental=view.incremental,
-                            block_target_bytes=self.block_target_bytes),
+                            block_target_bytes=self.block_target_bytes,
+                            compression=self.compression),
                         streamed=True)
                 finally:
                     if source is not None:

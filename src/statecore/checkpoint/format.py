@@ -27,13 +27,15 @@ from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from typing import Any
 
-import lz4.block
 import numpy as np
 import pyarrow as pa
 
 from statecore import buffer_pool
 from statecore import serializers as S
 from statecore.checkpoint.blocks import (  # the block codec, re-exported (__all__)
+    CODEC_LZ4,
+    CODEC_NONE,
+    CODECS,
     DEFAULT_BLOOM_BITS_PER_KEY,
     LZ4_ACCELERATION,
     MAX_BLOOM_BITS_PER_KEY,
@@ -44,6 +46,8 @@ from statecore.checkpoint.blocks import (  # the block codec, re-exported (__all
     decode_block,
     decode_stored_block,
     encode_block,
+    encode_stored,
+    inflate_stored,
     native_decode_blocks,
     native_verify_blocks,
     xxh64,
@@ -62,7 +66,8 @@ __all__ = [
     "FILTER_DTYPE", "DEFAULT_BLOOM_BITS_PER_KEY",
     "KIND_FULL", "KIND_INCREMENTAL",
     "HEADER_SIZE", "TRAILER", "TRAILER_SIZE", "DEFAULT_BLOCK_TARGET_BYTES",
-    "check_block_target_bytes", "COMPRESSION",
+    "check_block_target_bytes", "COMPRESSION", "CODECS", "CODEC_LZ4",
+    "CODEC_NONE", "check_compression", "encode_stored", "inflate_stored",
     "MAX_KEY_GROUPS", "BLOCK_DTYPE", "INDEX_DTYPE", "CHUNK_TARGET_BYTES", "LZ4_ACCELERATION",
     "compress_block", "native_decode_blocks", "xxh64", "encode_block", "decode_block",
     "decode_stored_block", "cut_points", "key_group_prefix_bytes", "make_key_group_range",
@@ -94,6 +99,7 @@ HEADER_SIZE = len(MAGIC)
 TRAILER = struct.Struct("<QQQIIQ8s")
 TRAILER_SIZE = TRAILER.size  # 48
 DEFAULT_BLOCK_TARGET_BYTES = 64 * 1024
+#: The default ``compression`` of data files (:data:`CODECS` lists every one).
 COMPRESSION = "lz4.block"
 MAX_KEY_GROUPS = 32768  # Flink's upper bound on max parallelism (KeyGroupRangeAssignment)
 
@@ -101,7 +107,7 @@ MAX_KEY_GROUPS = 32768  # Flink's upper bound on max parallelism (KeyGroupRangeA
 #: (48 bytes): docs/formats.md "Data file".
 BLOCK_DTYPE = np.dtype(
     [("offset", "<u8"), ("stored_length", "<u4"), ("raw_length", "<u4"), ("entries", "<u4"),
-     ("reserved", "<u4"), ("xxh64", "<u8")]
+     ("codec", "<u4"), ("xxh64", "<u8")]
 )
 INDEX_DTYPE = np.dtype(
     [("key_group", "<u4"), ("state", "<u4"), ("first_block", "<u4"), ("block_count", "<u4"),
@@ -243,6 +249,7 @@ def write_data_file(
     incremental: bool | None = None,
     check_stop=None,
     bloom_bits_per_key: int = DEFAULT_BLOOM_BITS_PER_KEY,
+    compression: str = COMPRESSION,
 ) -> WriteSummary:
     """Stream the snapshot ``snap`` (StateSnapshot read interface, docs/architecture.md) into the
     writable binary stream ``out`` (anything with ``write(bytes)``) as one data file
@@ -255,10 +262,13 @@ def write_data_file(
     of different lengths / with null keys (or null values in a full snapshot), keys not strictly
     ascending, or a key whose key-group prefix is not ``kg``. Does not call ``snap.release()``.
     ``bloom_bits_per_key`` (1 to 64): the size of each (state, key group)'s Bloom filter.
+    ``compression`` (:data:`CODECS`): how the blocks are stored, ``"lz4.block"`` or ``"none"``
+    (larger files whose blocks a reader copies instead of decompressing).
     ``check_stop()`` (optional) is called before each (state, key group) and raises to abort
     (the asynchronous writer's cancellation).
     """
-    plan = plan_file(snap, version, writer, block_target_bytes, incremental, bloom_bits_per_key)
+    plan = plan_file(snap, version, writer, block_target_bytes, incremental, bloom_bits_per_key,
+                     compression)
     asm = _Assembler(out, plan)
     for kg in range(plan.start, plan.end + 1):
         for si, name in enumerate(plan.names):
@@ -290,7 +300,8 @@ class FilePlan:
     the footer ``meta`` (docs/formats.md "Data file"), the state ``names`` in file order, the
     inclusive key-group range ``start``..``end`` (``0, -1`` = empty), the key-group ``prefix``
     width in bytes, whether the run is ``incremental`` and its ``kind``, the uncompressed
-    ``block_target_bytes`` and the Bloom filters' ``bloom_bits_per_key``."""
+    ``block_target_bytes``, the Bloom filters' ``bloom_bits_per_key`` and the blocks' ``codec``
+    (:data:`CODECS`, from the meta's ``compression``)."""
 
     meta: dict
     names: list
@@ -301,6 +312,16 @@ class FilePlan:
     kind: str
     block_target_bytes: int
     bloom_bits_per_key: int = DEFAULT_BLOOM_BITS_PER_KEY
+    codec: int = CODECS[COMPRESSION]
+
+
+def check_compression(compression) -> str:
+    """``compression`` when it names a block codec of :data:`CODECS` (``"lz4.block"``,
+    ``"none"``); InvalidInputError otherwise."""
+    if not isinstance(compression, str) or compression not in CODECS:
+        raise InvalidInputError(
+            f"compression must be one of {sorted(CODECS)}, got {compression!r}")
+    return compression
 
 
 def check_block_target_bytes(block_target_bytes) -> int:
@@ -315,7 +336,8 @@ def check_block_target_bytes(block_target_bytes) -> int:
 
 def plan_file(snap: Any, version: int, writer: str, block_target_bytes: int,
               incremental: bool | None,
-              bloom_bits_per_key: int = DEFAULT_BLOOM_BITS_PER_KEY) -> FilePlan:
+              bloom_bits_per_key: int = DEFAULT_BLOOM_BITS_PER_KEY,
+              compression: str = COMPRESSION) -> FilePlan:
     """Check the header facts of the snapshot ``snap`` (max parallelism, key-group range, state
     metas) and build the :class:`FilePlan` of its data file for ``version`` and ``writer``
     (``incremental=None``: ``getattr(snap, "incremental", False)``). Reads no entries.
@@ -324,6 +346,7 @@ def plan_file(snap: Any, version: int, writer: str, block_target_bytes: int,
         incremental = bool(getattr(snap, "incremental", False))
     kind = KIND_INCREMENTAL if incremental else KIND_FULL
     check_block_target_bytes(block_target_bytes)
+    check_compression(compression)
     if (isinstance(bloom_bits_per_key, bool) or not isinstance(bloom_bits_per_key, int)
             or not 1 <= bloom_bits_per_key <= MAX_BLOOM_BITS_PER_KEY):
         raise InvalidInputError(
@@ -346,7 +369,7 @@ def plan_file(snap: Any, version: int, writer: str, block_target_bytes: int,
         "format_version": FORMAT_VERSION, "version": int(version), "writer": str(writer),
         "max_parallelism": max_par, "key_type": str(snap.key_type),
         "assigner": str(snap.assigner), "key_group_range": [start, end], "states": metas,
-        "compression": COMPRESSION, "block_target_bytes": block_target_bytes, "kind": kind,
+        "compression": compression, "block_target_bytes": block_target_bytes, "kind": kind,
         "bloom_bits_per_key": bloom_bits_per_key,
     }
     try:
@@ -356,7 +379,7 @@ def plan_file(snap: Any, version: int, writer: str, block_target_bytes: int,
     return FilePlan(meta=meta, names=names, start=start, end=end,
                      prefix=key_group_prefix_bytes(max_par), incremental=bool(incremental),
                      kind=kind, block_target_bytes=block_target_bytes,
-                     bloom_bits_per_key=bloom_bits_per_key)
+                     bloom_bits_per_key=bloom_bits_per_key, codec=CODECS[compression])
 
 
 class _Assembler:
@@ -399,9 +422,9 @@ class _Assembler:
         self.out.write(data)
 
     def add_block(self, kg: int, si: int, payload, entries: int, last_key: bytes) -> None:
-        """Compress (LZ4 block, no stored size), checksum and write one payload of the current
-        (state ``si``, key group ``kg``) group, whose last encoded key is ``last_key``."""
-        stored = compress_block(payload)
+        """Encode (the plan's codec), checksum and write one payload of the current (state
+        ``si``, key group ``kg``) group, whose last encoded key is ``last_key``."""
+        stored = encode_stored(payload, self.plan.codec)
         self.add_stored(len(stored), len(payload), entries, xxh64(stored), last_key)
         self.write_stored(stored)
 
@@ -414,7 +437,8 @@ class _Assembler:
         if self._group_first is None:
             self._group_first = (len(self.blocks), self.pos)
             self._group_entries = 0
-        self.blocks.append((self.pos, stored_length, raw_length, entries, 0, digest))
+        self.blocks.append((self.pos, stored_length, raw_length, entries, self.plan.codec,
+                            digest))
         self.raw_total += raw_length
         self._group_entries += entries
         self.pos += stored_length
@@ -480,11 +504,12 @@ def write_data_file_from_blocks(out, snap: Any, serializer, *, version: int, wri
                                 block_target_bytes: int = DEFAULT_BLOCK_TARGET_BYTES,
                                 incremental: bool | None = None, check_stop=None,
                                 chunk_bytes: int = CHUNK_TARGET_BYTES,
-                                bloom_bits_per_key: int = DEFAULT_BLOOM_BITS_PER_KEY
-                                ) -> WriteSummary:
+                                bloom_bits_per_key: int = DEFAULT_BLOOM_BITS_PER_KEY,
+                                compression: str = COMPRESSION) -> WriteSummary:
     """Write the data file of ``snap`` like :func:`write_data_file`, taking the blocks from
     ``serializer`` (``statecore._native.SnapshotBlockSerializer``, already started, built over
-    the same snapshot, range, states order, block target and kind) instead of ``snap.entries``.
+    the same snapshot, range, states order, block target, kind and the codec of
+    ``compression``) instead of ``snap.entries``.
     Produces byte-identical files. The serializer compresses and checksums the blocks without
     the GIL and hands them over in chunks of about ``chunk_bytes`` stored bytes (with each
     block's last key and each (state, key group)'s Bloom filter, built with the serializer's
@@ -494,7 +519,8 @@ def write_data_file_from_blocks(out, snap: Any, serializer, *, version: int, wri
     per chunk, raises to abort. Raises what the serializer raises (InvalidInputError for a
     snapshot breaking its contract, ``concurrent.futures.CancelledError``) and the stream's
     errors."""
-    plan = plan_file(snap, version, writer, block_target_bytes, incremental, bloom_bits_per_key)
+    plan = plan_file(snap, version, writer, block_target_bytes, incremental, bloom_bits_per_key,
+                     compression)
     asm = _Assembler(out, plan)
     _drain(asm, plan, serializer, chunk_bytes, check_stop)
     return asm.finish()
@@ -530,7 +556,8 @@ def write_data_file_serialized(out, snap: Any, *, version: int, writer: str,
                                incremental: bool | None = None,
                                chunk_bytes: int = CHUNK_TARGET_BYTES,
                                bloom_bits_per_key: int = DEFAULT_BLOOM_BITS_PER_KEY,
-                               window_bytes: int = SERIALIZE_WINDOW_BYTES) -> WriteSummary:
+                               window_bytes: int = SERIALIZE_WINDOW_BYTES,
+                               compression: str = COMPRESSION) -> WriteSummary:
     """Write the data file of ``snap`` exactly as :func:`write_data_file` does (byte-identical,
     same reads of ``snap.entries``, same checks and errors), but have the extension's
     ``SnapshotBlockSerializer`` cut, encode, compress and checksum the blocks and build the
@@ -542,7 +569,8 @@ def write_data_file_serialized(out, snap: Any, *, version: int, writer: str,
     Python per block. Raises ImportError without the extension."""
     from statecore import _native
 
-    plan = plan_file(snap, version, writer, block_target_bytes, incremental, bloom_bits_per_key)
+    plan = plan_file(snap, version, writer, block_target_bytes, incremental, bloom_bits_per_key,
+                     compression)
     asm = _Assembler(out, plan)
     kg = plan.start
     while kg <= plan.end:
@@ -559,7 +587,7 @@ def write_data_file_serialized(out, snap: Any, *, version: int, writer: str,
             [(name, None, False, 0, groups[name]) for name in plan.names], first, kg - 1,
             plan.prefix, plan.block_target_bytes, plan.incremental,
             queue_blocks=queue_payloads(plan.block_target_bytes),
-            bloom_bits_per_key=plan.bloom_bits_per_key)
+            bloom_bits_per_key=plan.bloom_bits_per_key, codec=plan.codec)
         serializer.start()
         del groups
         _drain(asm, plan, serializer, chunk_bytes)
@@ -866,7 +894,7 @@ class DataFileReader:
             self.max_parallelism = int(meta["max_parallelism"])
             self.key_type = meta["key_type"]
             self.assigner = meta["assigner"]
-            if meta.get("compression") != COMPRESSION:
+            if meta.get("compression") not in CODECS:
                 raise ValueError(f"unknown compression {meta.get('compression')!r}")
             if meta.get("format_version", 1) != self.format_version:
                 raise ValueError(f"meta says format version {meta.get('format_version')}, "
@@ -888,6 +916,11 @@ class DataFileReader:
             raise self._fail("block table does not tile the data region")
         if not n_blocks and data_end != HEADER_SIZE:
             raise self._fail("no blocks but bytes between header and footer")
+        codec = CODECS[meta["compression"]]
+        if n_blocks and bool(np.any(blocks["codec"] != codec)):
+            i = int(np.nonzero(blocks["codec"] != codec)[0][0])
+            raise self._fail(f"block {i} has codec {int(blocks['codec'][i])}, the file's "
+                             f"compression {meta['compression']!r} is codec {codec}")
         # Decoding allocates what the block table claims, so bound the claims by what the
         # stored bytes can hold: LZ4 expands at most 255-fold (a sequence of k length bytes
         # of 255 encodes about 255 * k bytes), and every entry takes 8 bytes of offsets.
@@ -1257,7 +1290,7 @@ class DataFileReader:
             k, v = decode_stored_block(
                 stored, int(blk["raw_length"]), int(blk["entries"]), int(blk["xxh64"]),
                 f"checkpoint data file {self.name}: {where} block {b}",
-                has_validity=self.kind == KIND_INCREMENTAL)
+                has_validity=self.kind == KIND_INCREMENTAL, codec=int(blk["codec"]))
             keys_parts.append(k)
             value_parts.append(v)
         if len(keys_parts) == 1:
@@ -1382,12 +1415,10 @@ class DataFileReader:
             if xxh64(stored) != int(blk["xxh64"]):
                 raise self._fail(f"{where}: block checksum mismatch")
             try:
-                got = len(lz4.block.decompress(stored, uncompressed_size=int(blk["raw_length"])))
-            except lz4.block.LZ4BlockError as exc:
-                raise self._fail(f"{where}: cannot decompress: {exc}") from exc
-            if got != int(blk["raw_length"]):
-                raise self._fail(f"{where}: cannot decompress: decompressed size mismatch")
-            raw += got
+                raw += len(inflate_stored(stored, int(blk["raw_length"]), int(blk["codec"]),
+                                          where))
+            except CorruptCheckpointError as exc:
+                raise self._fail(str(exc)) from exc
         return raw
 
     def close(self) -> None:

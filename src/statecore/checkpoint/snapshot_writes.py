@@ -26,6 +26,7 @@ from typing import Any
 
 from statecore.checkpoint.format import (
     CHUNK_TARGET_BYTES,
+    COMPRESSION,
     DEFAULT_BLOCK_TARGET_BYTES,
     FORMAT_VERSION,
     KIND_INCREMENTAL,
@@ -176,9 +177,11 @@ class SnapshotWriter:
     upload)."""
 
     def __init__(self, root: CheckpointRoot,
-                 block_target_bytes: int = DEFAULT_BLOCK_TARGET_BYTES):
+                 block_target_bytes: int = DEFAULT_BLOCK_TARGET_BYTES,
+                 compression: str = COMPRESSION):
         self.root = root
         self.block_target_bytes = block_target_bytes
+        self.compression = compression
         self.chunk_bytes = CHUNK_TARGET_BYTES if root.atomic_rename else OBJECT_STORE_CHUNK_BYTES
 
     def write(self, snap: Any, version: int, writer: str = "p0", *,
@@ -190,7 +193,8 @@ class SnapshotWriter:
         target = self.block_target_bytes if block_target_bytes is None else block_target_bytes
         summary = self.root.write_atomic(
             rel, lambda out: write_data_file(out, snap, version=version, writer=writer,
-                                             block_target_bytes=target),
+                                             block_target_bytes=target,
+                                             compression=self.compression),
             streamed=True)
         return run_descriptor(snap, version, writer, rel, summary)
 
@@ -211,7 +215,8 @@ class SnapshotWriter:
         if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1:
             raise InvalidInputError(f"chunk_bytes must be an int >= 1, got {chunk_bytes!r}")
         target = self.block_target_bytes if block_target_bytes is None else block_target_bytes
-        plan = plan_file(snap, version, writer, target, None)  # argument errors raise here
+        # argument errors raise here
+        plan = plan_file(snap, version, writer, target, None, compression=self.compression)
         if queue_blocks is None:
             queue_blocks = queue_payloads(plan.block_target_bytes)
         rel = data_path(version, writer)
@@ -226,7 +231,8 @@ class SnapshotWriter:
             try:
                 serializer = _native.SnapshotBlockSerializer(
                     sources(), plan.start, plan.end, plan.prefix, plan.block_target_bytes,
-                    plan.incremental, queue_blocks, bool(release_snapshot), nice)
+                    plan.incremental, queue_blocks, bool(release_snapshot), nice,
+                    codec=plan.codec)
                 serializer.start()
             except BaseException:
                 unpin()
@@ -238,9 +244,10 @@ class SnapshotWriter:
                 return write_data_file_from_blocks(
                     out, snap, serializer, version=version, writer=writer,
                     block_target_bytes=target, check_stop=fut._check_stop,
-                    chunk_bytes=chunk_bytes)
+                    chunk_bytes=chunk_bytes, compression=self.compression)
             return write_data_file(out, snap, version=version, writer=writer,
-                                   block_target_bytes=target, check_stop=fut._check_stop)
+                                   block_target_bytes=target, check_stop=fut._check_stop,
+                                   compression=self.compression)
 
         def run() -> None:
             lower_thread_priority(nice)

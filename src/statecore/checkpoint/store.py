@@ -45,8 +45,10 @@ from statecore.checkpoint.compaction import (
     check_size_ratio,
 )
 from statecore.checkpoint.format import (
+    COMPRESSION,
     DEFAULT_BLOCK_TARGET_BYTES,
     check_block_target_bytes,
+    check_compression,
     range_bounds,
 )
 from statecore.checkpoint.layout import (
@@ -143,6 +145,11 @@ class CheckpointStore:
     faster, at the cost of more blocks to open in a full restore (docs/tiered.md "Block
     size"); RocksDB's ``block_size`` (Flink's ``state.backend.rocksdb.block.blocksize``) is
     the same trade-off. Readers need no setting: every block's size is in the file's footer.
+    ``compression`` (``"lz4.block"``, the default, or ``"none"``): how the runs this store
+    object writes store their blocks (docs/formats.md "Block"). Uncompressed runs take more
+    bytes (about twice for small keys and values) but a reader copies a block where it would
+    decompress it: the tiered mode's lookups, which open a block per miss, are faster over
+    them (docs/tiered.md "Block codec"). Readers need no setting: each file names its codec.
     ``compaction_size_ratio`` (int >= 1, default 4; None: every compaction writes a full run):
     a compaction merges a chain's incremental runs alone (a minor compaction, the full run
     under them kept) while they hold under 1/ratio of that full run's bytes, so that its cost
@@ -152,9 +159,9 @@ class CheckpointStore:
     writes less and lookups pass more bytes of changes).
     Attributes: ``fs``, ``root`` (path in ``fs``), ``uri`` (as given), ``max_runs``,
     ``background_compaction``, ``ttl_clock``, ``fencing`` (bool), ``block_target_bytes``,
-    ``compaction_size_ratio``. Raises InvalidInputError for a bad root, filesystem,
-    ``max_runs``, ``ttl_clock``, ``fencing``, ``takeover_delay_s``, ``block_target_bytes`` or
-    ``compaction_size_ratio``.
+    ``compression``, ``compaction_size_ratio``. Raises InvalidInputError for a bad root,
+    filesystem, ``max_runs``, ``ttl_clock``, ``fencing``, ``takeover_delay_s``,
+    ``block_target_bytes``, ``compression`` or ``compaction_size_ratio``.
     """
 
     def __init__(self, uri_or_path: str | os.PathLike, filesystem: pafs.FileSystem | None = None,
@@ -162,8 +169,10 @@ class CheckpointStore:
                  ttl_clock=None, fencing: bool | None = None,
                  takeover_delay_s: float = DEFAULT_TAKEOVER_DELAY_S,
                  block_target_bytes: int = DEFAULT_BLOCK_TARGET_BYTES,
-                 compaction_size_ratio: int | None = DEFAULT_SIZE_RATIO):
+                 compaction_size_ratio: int | None = DEFAULT_SIZE_RATIO,
+                 compression: str = COMPRESSION):
         self.block_target_bytes = check_block_target_bytes(block_target_bytes)
+        self.compression = check_compression(compression)
         self.compaction_size_ratio = check_size_ratio(compaction_size_ratio)
         if max_runs is not None:
             check_max_runs(max_runs)
@@ -188,11 +197,12 @@ class CheckpointStore:
         self._manifests = ManifestLog(
             self._root, Lease(self._root, takeover_delay_s) if self.fencing else None)
         manifests = _StoreManifests(self, self._manifests)
-        self._writer = SnapshotWriter(self._root, self.block_target_bytes)
+        self._writer = SnapshotWriter(self._root, self.block_target_bytes, self.compression)
         self._pending = PendingDescriptors(self._root)
         self._committer = Committer(self._root, manifests, self._lock)
         self._compactor = Compactor(self._root, manifests, self._lock,
-                                    self.block_target_bytes, self.compaction_size_ratio)
+                                    self.block_target_bytes, self.compaction_size_ratio,
+                                    self.compression)
         self._pins = ReaderPins()
         self._retention = Retention(
             self._root, manifests, self._lock,

@@ -570,6 +570,9 @@ class StatefulOperator:
             ``TIERED_BLOCK_TARGET_BYTES``), else the store's 64 KiB. Smaller blocks make the
             tiered mode's reads of a large state cheaper and a full restore dearer
             (docs/tiered.md "Block size").
+        compression: the block codec of the same runs, ``"lz4.block"`` or ``"none"``
+            (``CheckpointStore`` ``compression``; docs/tiered.md "Block codec"). None
+            (default): the store's, ``"lz4.block"``.
 
     Raises InvalidInputError for bad arguments (at construction) and for inputs the contract
     forbids (at run time: null keys, a key column of another type, output not matching the
@@ -597,7 +600,8 @@ class StatefulOperator:
                  state_store_cache_entries: Optional[int] = 2_000_000,
                  state_store_ttl_sweep_key_groups: int = 16,
                  memory_budget: Union[int, str, None] = None,
-                 block_target_bytes: Union[int, str, None] = None):
+                 block_target_bytes: Union[int, str, None] = None,
+                 compression: Optional[str] = None):
         import re
 
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", name):
@@ -698,6 +702,10 @@ class StatefulOperator:
             from statecore.backends.tiered import TIERED_BLOCK_TARGET_BYTES
 
             block_target_bytes = TIERED_BLOCK_TARGET_BYTES
+        if compression is not None:
+            from statecore.checkpoint.format import check_compression
+
+            compression = check_compression(compression)
         if sink is None:
             if output is None:
                 raise InvalidInputError(
@@ -749,6 +757,8 @@ class StatefulOperator:
         self.memory_budget = memory_budget
         #: the block size of the operator's runs (bytes), or None: the store's default
         self.block_target_bytes = block_target_bytes
+        #: the block codec of the operator's runs, or None: the store's default
+        self.compression = compression
         self.reports: List[BatchReport] = []
         self._store = None
         # Tests replace the worker-side write (a Callable like
@@ -774,6 +784,8 @@ class StatefulOperator:
                    "compaction_size_ratio": self.compaction_size_ratio}
         if self.block_target_bytes is not None:
             options["block_target_bytes"] = self.block_target_bytes
+        if self.compression is not None:
+            options["compression"] = self.compression
         if self._store is None or any(getattr(self._store, k) != v for k, v in options.items()):
             self._store = CheckpointStore(self.store_uri, **options)
         return self._store
@@ -1137,6 +1149,7 @@ class StatefulOperator:
             state_store_cache_entries=self.state_store_cache_entries,
             state_store_ttl_sweep_key_groups=self.state_store_ttl_sweep_key_groups,
             memory_budget=self.memory_budget, block_target_bytes=self.block_target_bytes,
+            compression=self.compression,
             first_watermark=(watermark is not None
                              and prev_meta.get("input_watermark_ms") is None))
 

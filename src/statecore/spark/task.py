@@ -173,8 +173,8 @@ class TaskSpec:
     each task's native backend is a tiered backend with that budget attached to the
     operator's committed versions in ``store_uri``, docs/tiered.md; the operator then sets
     ``stale_copies`` to 0, so a task's backend is its own cached one or a fresh attach),
-    ``block_target_bytes`` (bytes, or None: the store's default; the block size of the runs
-    the task writes).
+    ``block_target_bytes`` and ``compression`` (bytes and a block codec, or None: the store's
+    defaults; the block size and codec of the runs the task writes).
 
     Errors raised in the task (which fails it, and with it the micro-batch): StateError outside
     a Spark task or for a partition id outside ``[0, num_partitions)``; InvalidInputError for a
@@ -218,6 +218,7 @@ class TaskSpec:
     first_watermark: bool = False
     memory_budget: Optional[int] = None
     block_target_bytes: Optional[int] = None
+    compression: Optional[str] = None
 
     @property
     def backend_label(self) -> str:
@@ -347,9 +348,9 @@ class TaskSpec:
             task_attempt = _task_attempt_number()
         kg_range = key_group_range_for_operator(self.max_parallelism, self.num_partitions,
                                                 partition_id)
-        store = CheckpointStore(self.store_uri, **(
-            {} if self.block_target_bytes is None
-            else {"block_target_bytes": self.block_target_bytes}))
+        store = CheckpointStore(self.store_uri, **{
+            k: v for k, v in (("block_target_bytes", self.block_target_bytes),
+                              ("compression", self.compression)) if v is not None})
         cache_key = self._cache_key(partition_id, store)
         backend = None
         source = "empty"
