@@ -826,3 +826,46 @@ def test_credentials_in_a_root_uri_stay_out_of_messages():
     with pytest.raises(InvalidInputError) as exc:
         CheckpointStore("s3://AKX:SKX@bucket/p?region=us-east-1&no_such_option=1")
     assert "SKX" not in str(exc.value) and "***@bucket" in str(exc.value)
+
+
+def test_a_reader_adopts_the_open_files_another_version_shares(tmp_path):
+    """CheckpointReader.adopt_open_files: the data files an earlier version's reader has open
+    and the later version lists unchanged move over open (the same objects, still readable
+    after the earlier reader's release, closed by the later one's); files the later version
+    does not list, readers of another root object and released readers give nothing."""
+    import statecore
+    from statecore import ValueStateDescriptor
+
+    store = CheckpointStore(str(tmp_path), max_runs=None)
+    b = statecore.create_backend("python", key_type="int64")
+    st = b.get_state(ValueStateDescriptor("v", "int64"))
+    for k in range(200):
+        b.set_current_key(k)
+        st.update(k)
+    store.checkpoint(b, 1, incremental=False)
+    b.set_current_key(3)
+    st.update(-3)
+    store.checkpoint(b, 2)
+    r1, r2 = store.open(1), store.open(2)
+    [run1] = r1.manifest["files"]
+    assert {f["path"] for f in r2.manifest["files"]} > {run1["path"]}
+    opened = r1.data_file(run1)
+    assert r2.adopt_open_files(r1) == {run1["path"]}
+    assert r2.adopt_open_files(r1) == set()  # nothing open left to take
+    r1.release()
+    assert r2.data_file(run1) is opened
+    with store.open(2) as fresh:
+        assert r2.entries("v", 0)[1].to_pylist() == fresh.entries("v", 0)[1].to_pylist()
+    r2.release()
+    with pytest.raises(CheckpointError):
+        r2.data_file(run1)
+    # Another root object, or a released reader: nothing moves.
+    other = CheckpointStore(str(tmp_path), max_runs=None)
+    a, b = store.open(1), other.open(2)
+    a.data_file(run1)
+    assert b.adopt_open_files(a) == set()
+    c = store.open(2)
+    a.release()
+    assert c.adopt_open_files(a) == set()
+    for r in (b, c):
+        r.release()

@@ -284,6 +284,37 @@ def test_attach_reads_from_the_runs_and_evicts_to_the_budget(tmp_path):
     assert stats["over_budget_batches"] == 0
 
 
+def test_a_re_attach_keeps_the_files_both_versions_list_open(tmp_path):
+    """After a checkpoint the backend re-attaches to its new version; the runs both versions
+    list move over open, with the filters read of them: reading every key again reads the new
+    run's filters only, not the full run's, and gives the same values."""
+    store = CheckpointStore(tmp_path, max_runs=None)
+    n = create_backend("native", key_type="int64")
+    keys = pa.array(range(10_000), pa.int64())
+    n.get_state(ValueStateDescriptor("v", "int64")).put_batch(keys, keys)
+    store.checkpoint(n, 1)
+    b = tiered(store, compact_max_runs=None)
+    store.restore(b, 1)
+    tv = b.get_state(ValueStateDescriptor("v", "int64"))
+    assert tv.get_batch(keys).to_pylist() == list(range(10_000))
+    full_filters = b.tiered_statistics()["lookup"]["filter_bytes"]
+    assert full_filters > 0
+    tv.put_batch(pa.array([5], pa.int64()), pa.array([-5], pa.int64()))
+    store.checkpoint(b, 2)
+    assert b.attached_version == 2
+    b.evict()
+    got = tv.get_batch(keys).to_pylist()
+    assert got == [-5 if k == 5 else k for k in range(10_000)]
+    again = b.tiered_statistics()["lookup"]["filter_bytes"]
+    assert 0 < again < full_filters / 4  # the one-key incremental run's filters
+    # The files stay readable after the first version's reader is gone.
+    b2 = tiered(store, compact_max_runs=None)
+    store.restore(b2, 2)
+    assert b2.get_state(ValueStateDescriptor("v", "int64")).get_batch(keys).to_pylist() == got
+    for x in (b, b2, n):
+        x.dispose()
+
+
 def test_per_record_loads_evict_down_to_the_low_watermark(tmp_path):
     """Per-record reads of keys memory lacks load one entry each; when one pushes the state
     over the budget, eviction frees down to the budget less 1/EVICT_SLACK_FRACTION of it, so

@@ -606,12 +606,23 @@ class RunLookup:
         compaction): the blocks of the data files this lookup's version still lists stay (their
         keys name immutable files), the others are dropped. Why: the runs a compaction replaced
         are never asked for again, and in the native cache their blocks' admission counts would
-        make it refuse the new runs' blocks (block_cache.h) until ageing fades them."""
+        make it refuse the new runs' blocks (block_cache.h) until ageing fades them. Over the
+        same key groups, the files both versions list also move over open, with what was read
+        of them (footer, filters, block tables; CheckpointReader.adopt_open_files) and their
+        descriptors: a re-attach then reads only the new runs, not the footers and filters of
+        the whole state again. ``previous`` is to be closed next."""
         paths = {run["path"] for run in self.reader.manifest["files"]}
         self.cache = previous.cache
         self._file_ids = {p: i for p, i in previous._file_ids.items() if p in paths}
         if NativeBlockCache is not None and isinstance(self.cache, NativeBlockCache):
             self.cache.retain_files(self._file_ids.values())
+        if (previous.start, previous.end) != (self.start, self.end):
+            return
+        moved = self.reader.adopt_open_files(previous.reader)
+        for key in [k for k in previous._files if k[0] in moved]:
+            self._files[key] = previous._files.pop(key)
+        for path in moved & previous._fds.keys():
+            self._fds[path] = previous._fds.pop(path)
 
     def _chains(self, state: str) -> list[tuple[int, int, list[dict]]]:
         """Per segment, the runs whose entries of ``state`` make its state (newest first, down

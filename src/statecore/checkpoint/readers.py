@@ -680,6 +680,30 @@ class CheckpointReader:
         ranges, blocks), those of files closed by :meth:`release` included."""
         return self._bytes_released + sum(r.bytes_read for r in self._open_files.values())
 
+    def adopt_open_files(self, other: "CheckpointReader") -> set:
+        """Take over the data files ``other`` -- a reader of another version under the same
+        root object, not released -- has open and this version lists with the same manifest
+        entry (path, size, footer checksum, kind, key-group range): data files are immutable,
+        so what ``other`` read and checked of them holds here. They then belong to this reader
+        (closed by its :meth:`release`, not ``other``'s). Returns the paths taken over. Why: a
+        tiered backend re-attaches to every version it checkpoints, and reopening the files
+        the versions share (footers, filters) would cost each re-attach time proportional to
+        the state (RunLookup.take_cache)."""
+        if other._root is not self._root or other._released or self._released:
+            return set()
+        theirs = {r["path"]: r for r in other.manifest["files"]}
+        taken = set()
+        for run in self.manifest["files"]:
+            path = run["path"]
+            old = theirs.get(path)
+            if (path in self._open_files or path not in other._open_files or old is None
+                    or any(old.get(k) != run.get(k) for k in
+                           ("size", "footer_xxh64", "kind", "key_group_range"))):
+                continue
+            self._open_files[path] = other._open_files.pop(path)
+            taken.add(path)
+        return taken
+
     def release(self) -> None:
         """Close the data files opened so far (idempotent); later reads raise CheckpointError."""
         self._released = True
