@@ -59,7 +59,8 @@ def _same(data, rows, base, has_validity):
     py = _python(data, rows, base, has_validity)
     nat = _native_result(data, rows, base, has_validity)
     if any(isinstance(x, str) and x.startswith("cannot decompress") for x in (py, nat)):
-        # LZ4's own words differ; a short output is "decompressed size mismatch" in Python.
+        # LZ4's own words differ; a short output is "cannot decompress: decompressed size
+        # mismatch" in Python.
         assert isinstance(py, str) and isinstance(nat, str), (py, nat)
     else:
         assert nat == py

@@ -130,8 +130,8 @@ std::string check_payload(const uint8_t* p, size_t size, uint64_t expected, bool
   return "";
 }
 
-// Verifies (XXH64) and decodes (LZ4, or a copy) one stored block into `out` (at least max(raw_length, 1)
-// bytes); "" or what is wrong with it.
+// Verifies (XXH64) and decodes (LZ4, or a copy) one stored block into `out` (at least
+// max(raw_length, 1) bytes); "" or what is wrong with it.
 std::string inflate_into(const uint8_t* data, size_t size, const StoredBlockRef& blk,
                          uint8_t* out) {
   if (blk.offset > size || blk.stored_length > size - blk.offset)

@@ -105,8 +105,7 @@ struct BlockPayload {
 
 // One block of a BlockChunk in its stored form (block_codec.h): `stored_length` bytes at
 // `offset` in the chunk's bytes, encoded with the options' codec from `raw_length` payload
-// bytes, `xxh64` (seed 0) of
-// the stored bytes. The other fields are the BlockPayload's.
+// bytes, `xxh64` (seed 0) of the stored bytes. The other fields are the BlockPayload's.
 struct StoredBlock {
   int32_t key_group = 0;
   uint32_t state = 0;

@@ -102,7 +102,7 @@ def inflate_stored(stored, raw_length: int, codec: int, where: str) -> bytes:
     except Exception as exc:  # lz4.block.LZ4BlockError
         raise CorruptCheckpointError(f"{where}: cannot decompress: {exc}") from exc
     if len(payload) != raw_length:
-        raise CorruptCheckpointError(f"{where}: decompressed size mismatch")
+        raise CorruptCheckpointError(f"{where}: cannot decompress: decompressed size mismatch")
     return payload
 
 

@@ -917,8 +917,9 @@ class DataFileReader:
         if not n_blocks and data_end != HEADER_SIZE:
             raise self._fail("no blocks but bytes between header and footer")
         codec = CODECS[meta["compression"]]
-        if n_blocks and bool(np.any(blocks["codec"] != codec)):
-            i = int(np.nonzero(blocks["codec"] != codec)[0][0])
+        other = np.flatnonzero(blocks["codec"] != codec)
+        if len(other):
+            i = int(other[0])
             raise self._fail(f"block {i} has codec {int(blocks['codec'][i])}, the file's "
                              f"compression {meta['compression']!r} is codec {codec}")
         # Decoding allocates what the block table claims, so bound the claims by what the
