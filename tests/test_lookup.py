@@ -761,7 +761,8 @@ def test_a_batch_opens_its_blocks_in_rounds_within_open_bytes(tmp_path, monkeypa
             assert lk.lookup_batch("a", ask).to_pylist() == got
             unbounded = lk.statistics()["peak_open_bytes"]
     assert got == [present.get(k) for k in ask.to_pylist()]
-    assert 0 < peak <= max(bound, largest)
+    # Local files: at most open_bytes, or one block a chunk on each fetch thread and this one.
+    assert 0 < peak <= max(bound, (lookup_module.FETCH_THREADS + 1) * largest)
     assert unbounded > 4 * bound  # the batch's blocks do exceed the bound
     with store.open(2) as reader, pytest.raises(InvalidInputError, match="open_bytes"):
         RunLookup(reader, open_bytes=0)
@@ -1185,3 +1186,77 @@ def test_lookup_step_misuse_raises_and_leaves_the_step_usable(tmp_path):
     ki, rows, _ = step.search(keys)
     assert sorted(ki.tolist()) == list(range(len(keys)))
     assert step.round_searched_on_open() == 1
+
+
+@pytest.mark.parametrize("threads", [0, 3], ids=["calling-thread", "pool"])
+@pytest.mark.parametrize("open_bytes", [1, 4096, 1 << 30])
+def test_a_run_step_answers_as_rounds_do(tmp_path, threads, open_bytes):
+    """LookupStep.run (local files: chunks read, opened and searched on the native fetch
+    threads and the calling thread) answers every key as rounds do, reads each block once,
+    and a second run over the same cache reads nothing."""
+    native, blocks, count, path, keys = _one_run_file(tmp_path)
+    rounds, _, read = _step_answers(native, blocks, count, path, keys, True)
+    pool = native.NativeFetchPool(threads) if threads else None
+    fd = os.open(path, os.O_RDONLY)
+    cache = native.NativeBlockCache(1 << 22)
+    try:
+        for attempt in range(2):
+            step = native.LookupStep(cache, open_bytes, 0, 1 << 20)
+            step.add(blocks, np.repeat(np.arange(len(keys), dtype=np.int64), count),
+                     np.tile(np.arange(count, dtype=np.int64), len(keys)))
+            step.set_keys(keys)
+            assert step.run(pool, [fd], max(threads, 1)) is None
+            ki, rows, vals = step.results()
+            assert len(ki) == len(keys) * count
+            found = sorted((int(k), v) for k, r, v in zip(ki, rows, vals.to_pylist()) if r >= 0)
+            assert found == rounds
+            counts = step.counts()
+            assert counts["blocks_read"] == (read if attempt == 0 else 0)
+            assert counts["peak_open_bytes"] > 0
+    finally:
+        os.close(fd)
+        if pool is not None:
+            pool.close()
+
+
+def test_a_run_step_reports_a_short_file_and_misuse(tmp_path):
+    native, blocks, count, path, keys = _one_run_file(tmp_path)
+    pool = native.NativeFetchPool(2)
+
+    step = native.LookupStep(native.NativeBlockCache(1 << 22), 1, 0, 1 << 20)
+    step.add(blocks, np.arange(len(keys), dtype=np.int64),
+             np.arange(len(keys), dtype=np.int64) % count)
+    with pytest.raises(InvalidInputError, match="after set_keys"):
+        step.run(pool, [0], 2)
+    with pytest.raises(InvalidInputError, match="after a successful run"):
+        step.results()
+    step.set_keys(keys)
+    with pytest.raises(InvalidInputError, match="0 file descriptors for 1 files"):
+        step.run(pool, [], 2)
+    with pytest.raises(InvalidInputError, match="workers"):
+        step.run(pool, [0], 0)
+    short = tmp_path / "short"
+    with open(path, "rb") as f:
+        short.write_bytes(f.read()[:64])
+    fd = os.open(str(short), os.O_RDONLY)
+    try:
+        read, what, why = step.run(pool, [fd], 2)
+        assert what == "short" and read[0] == 0 and read[2] > 0 and "ends" in why
+        with pytest.raises(InvalidInputError, match="after a successful run"):
+            step.results()
+        with pytest.raises(InvalidInputError, match="runs once"):
+            step.run(pool, [fd], 2)
+    finally:
+        os.close(fd)
+    rounds = native.LookupStep(native.NativeBlockCache(1 << 22), 1, 0, 1 << 20)
+    rounds.add(blocks, np.array([0], np.int64), np.array([0], np.int64))
+    rounds.set_keys(keys)
+    assert rounds.next_round()
+    with pytest.raises(InvalidInputError, match="not after rounds"):
+        rounds.run(pool, [0], 2)
+    pool.close()
+    fresh = native.LookupStep(native.NativeBlockCache(1 << 22), 1, 0, 1 << 20)
+    fresh.add(blocks, np.array([0], np.int64), np.array([0], np.int64))
+    fresh.set_keys(keys)
+    with pytest.raises(InvalidInputError, match="closed"):
+        fresh.run(pool, [0], 2)

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <exception>
@@ -165,39 +166,6 @@ int64_t LookupStep::open_range(size_t r, const uint8_t* data, size_t size, std::
   return bad;
 }
 
-int64_t LookupStep::read_open_ranges(const int* fds, size_t worker, size_t workers, size_t* range,
-                                     std::string* why, size_t slot) {
-  const std::vector<ReadRange>& ranges = rounds_[slot].ranges;
-  // Kept across calls: the fetch threads read every round, and a fresh buffer per call would
-  // be zeroed (and, at this size, mapped) each time.
-  thread_local std::vector<uint8_t> buffer;
-  for (size_t r = worker; r < ranges.size(); r += std::max<size_t>(workers, 1)) {
-    const ReadRange& rr = ranges[r];
-    *range = r;
-    // Grown only: a shrink and a regrow would zero the regrown bytes on every read.
-    if (buffer.size() < std::max<uint64_t>(rr.length, 1))
-      buffer.resize(std::max<uint64_t>(rr.length, 1));
-    uint64_t got = 0;
-    while (got < rr.length) {
-      const ssize_t n = ::pread(fds[rr.file], buffer.data() + got, rr.length - got,
-                                static_cast<off_t>(rr.offset + got));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) {
-        *why = std::strerror(errno);
-        return kReadFailed;
-      }
-      if (n == 0) {
-        *why = "the file ends at byte " + std::to_string(rr.offset + got);
-        return kReadShort;
-      }
-      got += static_cast<uint64_t>(n);
-    }
-    const int64_t bad = open_range(r, buffer.data(), rr.length, why, slot);
-    if (bad >= 0) return bad;
-  }
-  return -1;
-}
-
 void LookupStep::search_block(Round& rd, size_t u, const int32_t* key_offsets,
                               const uint8_t* key_data) const {
   const Unique& q = unique_[u];
@@ -218,45 +186,241 @@ void LookupStep::search_block(Round& rd, size_t u, const int32_t* key_offsets,
   }
 }
 
-void LookupStep::start_reads(FetchPool* pool, const int* fds, size_t nfds, size_t workers,
-                             size_t slot) {
-  Round& rd = rounds_[slot];
-  rd.fds.assign(fds, fds + nfds);
-  workers = std::max<size_t>(workers, 1);
-  rd.outcomes.assign(workers, Round::Outcome{});
-  rd.reads.reset(workers);
-  pool->run(
-      workers,
-      [this, &rd, slot, workers](size_t w) {
-        Round::Outcome& o = rd.outcomes[w];
-        try {
-          o.bad = read_open_ranges(rd.fds.data(), w, workers, &o.range, &o.why, slot);
-        } catch (const std::exception& e) {  // bad_alloc: reported as a failed read
-          o.bad = kReadFailed;
-          o.why = e.what();
-        }
-      },
-      &rd.reads);
-}
+namespace {
 
-int64_t LookupStep::finish_reads(size_t* range, std::string* why, size_t slot) {
-  Round& rd = rounds_[slot];
-  rd.reads.wait();
-  const Round::Outcome* first = nullptr;
-  for (const Round::Outcome& o : rd.outcomes)
-    if (o.bad != -1 && (first == nullptr || o.range < first->range)) first = &o;
-  int64_t bad = -1;
-  if (first != nullptr) {
-    bad = first->bad;
-    *range = first->range;
-    *why = first->why;
+// Reads `length` bytes at `offset` of `fd` into buffer[0, length): -1, kReadFailed or
+// kReadShort (the reason in *why).
+int64_t pread_all(int fd, uint64_t offset, uint64_t length, std::vector<uint8_t>* buffer,
+                  std::string* why) {
+  // Grown only: a shrink and a regrow would zero the regrown bytes on every read.
+  if (buffer->size() < std::max<uint64_t>(length, 1)) buffer->resize(std::max<uint64_t>(length, 1));
+  uint64_t got = 0;
+  while (got < length) {
+    const ssize_t n =
+        ::pread(fd, buffer->data() + got, length - got, static_cast<off_t>(offset + got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      *why = std::strerror(errno);
+      return LookupStep::kReadFailed;
+    }
+    if (n == 0) {
+      *why = "the file ends at byte " + std::to_string(offset + got);
+      return LookupStep::kReadShort;
+    }
+    got += static_cast<uint64_t>(n);
   }
-  rd.outcomes.clear();
-  return bad;
+  return -1;
 }
 
-LookupStep::~LookupStep() {
-  for (Round& rd : rounds_) rd.reads.wait();
+void raise_to(std::atomic<uint64_t>* peak, uint64_t value) {
+  uint64_t seen = peak->load(std::memory_order_relaxed);
+  while (value > seen && !peak->compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
+
+}  // namespace
+
+bool LookupStep::run(FetchPool* pool, const int* fds, size_t nfds, size_t workers,
+                     StepFailure* failure) {
+  if (!planned_) plan();
+  fds_.assign(fds, fds + nfds);
+  const size_t threads = pool == nullptr ? 0 : std::max<size_t>(workers, 1);
+  const uint64_t chunk_bytes = std::max<uint64_t>(open_bytes_ / (threads + 1), 1);
+  chunks_.clear();
+  for (size_t u = 0; u < unique_.size();) {
+    Chunk ch;
+    ch.begin = u;
+    while (u < unique_.size()) {
+      const uint64_t size = files_[unique_[u].file]->blocks[unique_[u].block].raw_length;
+      if (u > ch.begin && ch.bytes + size > chunk_bytes) break;
+      ch.bytes += size;
+      ++u;
+    }
+    ch.end = u;
+    chunks_.push_back(std::move(ch));
+  }
+  rows_.assign(entries_.size(), -1);
+  sizes_.assign(entries_.size(), -1);
+  at_.assign(entries_.size(), 0);
+  next_chunk_ = 0;
+  stop_ = false;
+  open_now_ = peak_open_ = blocks_read_ = bytes_read_ = 0;
+  failed_ = false;
+  const size_t helpers = chunks_.size() > 1 ? std::min(threads, chunks_.size() - 1) : 0;
+  if (helpers > 0) {
+    run_done_.reset(helpers);
+    pool->run(helpers, [this](size_t) { take_chunks(); }, &run_done_);
+  }
+  take_chunks();
+  if (helpers > 0) run_done_.wait();
+  counts_.blocks_read = blocks_read_;
+  counts_.bytes_read = bytes_read_;
+  counts_.peak_open_bytes = peak_open_;
+  if (failed_) *failure = failure_;
+  return !failed_;
+}
+
+void LookupStep::take_chunks() {
+  // Kept across calls: the fetch threads read every step, and a fresh buffer per call would
+  // be zeroed (and, at this size, mapped) each time.
+  thread_local std::vector<uint8_t> buffer;
+  while (!stop_.load(std::memory_order_relaxed)) {
+    const size_t c = next_chunk_.fetch_add(1);
+    if (c >= chunks_.size()) return;
+    StepFailure f;
+    bool ok = false;
+    try {
+      ok = run_chunk(chunks_[c], &buffer, &f);
+    } catch (const std::exception& e) {  // bad_alloc: reported as a failed read
+      f.bad = kReadFailed;
+      f.why = e.what();
+    }
+    if (!ok) {
+      std::lock_guard<std::mutex> g(failure_mu_);
+      if (!failed_) {
+        failed_ = true;
+        failure_ = std::move(f);
+      }
+      stop_ = true;
+      return;
+    }
+  }
+}
+
+bool LookupStep::run_chunk(Chunk& ch, std::vector<uint8_t>* buffer, StepFailure* failure) {
+  const size_t n = ch.end - ch.begin;
+  raise_to(&peak_open_, open_now_.fetch_add(ch.bytes) + ch.bytes);
+  struct Close {  // the chunk's bytes count as open until it returns, however it returns
+    std::atomic<uint64_t>* now;
+    uint64_t bytes;
+    ~Close() { now->fetch_sub(bytes); }
+  } close{&open_now_, ch.bytes};
+  thread_local std::vector<BlockRef> pins, opened;
+  thread_local std::vector<int64_t> ids, numbers;
+  thread_local std::vector<size_t> missing;  // unique_ indices
+  thread_local std::vector<ReadRange> ranges;
+  pins.assign(n, nullptr);
+  ids.resize(n);
+  numbers.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    ids[i] = files_[unique_[ch.begin + i].file]->file_id;
+    numbers[i] = unique_[ch.begin + i].block;
+  }
+  cache_->get_many(ids.data(), numbers.data(), n, pins.data());
+  missing.clear();
+  ranges.clear();
+  for (size_t u = ch.begin; u < ch.end; ++u) {
+    if (pins[u - ch.begin]) continue;
+    const Unique& q = unique_[u];
+    const StoredBlockRef& ref = files_[q.file]->blocks[q.block];
+    const uint64_t start = ref.offset, end = ref.offset + ref.stored_length;
+    ReadRange* last = ranges.empty() ? nullptr : &ranges.back();
+    if (last != nullptr && last->file == q.file && start >= last->offset + last->length &&
+        start - (last->offset + last->length) <= gap_bytes_ &&
+        end - last->offset <= max_read_bytes_) {
+      last->length = end - last->offset;
+      ++last->count;
+    } else {
+      ranges.push_back(ReadRange{q.file, start, end - start, missing.size(), 1});
+    }
+    missing.push_back(u);
+  }
+  const auto fail = [&](const ReadRange& rr, int64_t bad, std::string why) {
+    failure->bad = bad;
+    failure->file = rr.file;
+    failure->offset = rr.offset;
+    failure->length = rr.length;
+    failure->first_block = unique_[missing[rr.first]].block;
+    failure->why = std::move(why);
+    return false;
+  };
+  uint64_t blocks_read = 0, bytes_read = 0;
+  struct Count {  // the reads done count, however the chunk returns
+    std::atomic<uint64_t>* blocks;
+    std::atomic<uint64_t>* bytes;
+    const uint64_t* nblocks;
+    const uint64_t* nbytes;
+    ~Count() {
+      blocks->fetch_add(*nblocks);
+      bytes->fetch_add(*nbytes);
+    }
+  } count{&blocks_read_, &bytes_read_, &blocks_read, &bytes_read};
+  for (const ReadRange& rr : ranges) {
+    std::string why;
+    const int64_t read = pread_all(fds_[rr.file], rr.offset, rr.length, buffer, &why);
+    if (read != -1) return fail(rr, read, std::move(why));
+    blocks_read += rr.count;
+    bytes_read += rr.length;
+    const RunBlockTable& table = *files_[rr.file];
+    // The read's opened blocks go into the cache together (one lock per read); those opened
+    // before a bad block are still cached.
+    opened.clear();
+    int64_t bad = -1;
+    for (size_t k = 0; k < rr.count; ++k) {
+      const size_t u = missing[rr.first + k];
+      numbers[k] = unique_[u].block;
+      BlockRef b = open_table_block(table, numbers[k], buffer->data(), rr.length, rr.offset, &why);
+      if (!b) {
+        bad = numbers[k];
+        break;
+      }
+      pins[u - ch.begin] = b;
+      opened.push_back(std::move(b));
+    }
+    ids.assign(opened.size(), table.file_id);
+    cache_->put_many(ids.data(), numbers.data(), opened.data(), opened.size());
+    opened.clear();
+    if (bad >= 0) return fail(rr, bad, std::move(why));
+  }
+  for (size_t u = ch.begin; u < ch.end; ++u) {
+    const Unique& q = unique_[u];
+    const OpenedBlock& blk = *pins[u - ch.begin];
+    const PayloadView v = PayloadView::of(blk.bytes.get(), blk.size, files_[q.file]->has_validity);
+    for (size_t j = q.begin; j < q.end; ++j) {
+      const int64_t k = entries_[j].key;
+      const int64_t row = v.find(key_data_ + key_offsets_[k],
+                                 static_cast<size_t>(key_offsets_[k + 1] - key_offsets_[k]));
+      rows_[j] = row;
+      if (row >= 0 && v.has_value(row)) {
+        const uint32_t a = v.value_offset(row);
+        const uint32_t size = v.value_offset(row + 1) - a;
+        at_[j] = static_cast<uint32_t>(ch.values.size());
+        sizes_[j] = static_cast<int32_t>(size);
+        ch.values.insert(ch.values.end(), v.value_data + a, v.value_data + a + size);
+      }
+    }
+  }
+  pins.clear();  // unpinned: a block the cache did not take is freed here
+  return true;
+}
+
+uint64_t LookupStep::value_bytes() const {
+  uint64_t n = 0;
+  for (const Chunk& ch : chunks_) n += ch.values.size();
+  return n;
+}
+
+int64_t LookupStep::gather_step(int64_t* keys, int64_t* rows, int32_t* out_offsets,
+                                uint8_t* out_data, uint8_t* out_validity) const {
+  int64_t nulls = 0;
+  int64_t at = 0;
+  out_offsets[0] = 0;
+  for (const Chunk& ch : chunks_) {
+    if (ch.begin == ch.end) continue;
+    for (size_t i = unique_[ch.begin].begin; i < unique_[ch.end - 1].end; ++i) {
+      keys[i] = entries_[i].key;
+      rows[i] = rows_[i];
+      if (sizes_[i] >= 0) {
+        if (sizes_[i]) std::memcpy(out_data + at, ch.values.data() + at_[i], sizes_[i]);
+        at += sizes_[i];
+        out_validity[i >> 3] |= static_cast<uint8_t>(1u << (i & 7));
+      } else {
+        ++nulls;
+      }
+      out_offsets[i + 1] = static_cast<int32_t>(at);
+    }
+  }
+  return nulls;
 }
 
 size_t LookupStep::round_searched_on_open(size_t slot) const {

@@ -1,7 +1,8 @@
 // LookupStep and open_table_block (run_lookup.h) against a model: a file of blocks of sorted
 // keys (some tombstones), keys routed to their blocks; rounds within open_bytes, cached blocks
 // not read again, missing blocks coalesced by gap and read size, every key found or not as the
-// model says, and a corrupt block reported and never cached.
+// model says (in rounds and in run() on a fetch pool), and a corrupt block reported and never
+// cached.
 #include <unistd.h>
 
 #include <dirent.h>
@@ -313,53 +314,112 @@ THREADED_TEST(two_round_slots_open_the_next_round_while_this_one_is_searched) {
   }
 }
 
-THREADED_TEST(a_fetch_pool_reads_and_opens_the_next_round_while_this_one_is_searched) {
-  // start_reads / finish_reads over a file on disk: the pool's threads pread and open (and
-  // search) the next round while this thread searches the current one; the same answers and
-  // misses as one slot, and a read past the file's end reported as kReadShort; under TSan.
-  const File f(60, 5, 1);
-  const Keys keys = routed_keys(f, 400, 17);
+// A temporary file holding `bytes` (unlinked: gone when closed).
+int temp_file(const std::vector<uint8_t>& bytes) {
   char path[] = "/tmp/statecore-run-lookup-XXXXXX";
   const int fd = ::mkstemp(path);
   CHECK(fd >= 0);
   ::unlink(path);
-  CHECK_EQ(::write(fd, f.bytes.data(), f.bytes.size()), ssize_t(f.bytes.size()));
-  FetchPool pool(3);
-  for (uint64_t open_bytes : {uint64_t(1), uint64_t(300), uint64_t(1) << 30}) {
-    BlockCache cache_one(1 << 20), cache_pool(1 << 20);
-    LookupStep one(&cache_one, open_bytes, 0, 1 << 20), step(&cache_pool, open_bytes, 0, 1 << 20);
-    add_every_key(f, keys, {&one, &step});
-    step.set_keys(keys.offsets.data(), keys.data.data());
-    run_step(one, f, keys, open_bytes);
-    std::vector<int> seen(keys.text.size(), 0);
-    size_t slot = 0, range = 0;
-    std::string why;
-    CHECK(step.next_round(slot));
-    step.start_reads(&pool, &fd, 1, 3, slot);
-    for (bool more = true; more;) {
-      CHECK_EQ(step.finish_reads(&range, &why, slot), int64_t(-1));
-      const size_t ahead = 1 - slot;
-      more = step.next_round(ahead);
-      if (more) step.start_reads(&pool, &fd, 1, 3, ahead);
-      search_and_check(step, f, keys, slot, &seen);
-      slot = ahead;
-    }
-    for (int s : seen) CHECK_EQ(s, 1);
-    CHECK_EQ(cache_pool.stats().misses, cache_one.stats().misses);
+  CHECK_EQ(::write(fd, bytes.data(), bytes.size()), ssize_t(bytes.size()));
+  return fd;
+}
+
+// Checks every key of a step run() answered against the model, each once.
+void check_run(const LookupStep& step, const File& f, const Keys& keys) {
+  const size_t n = step.key_count();
+  CHECK_EQ(n, keys.text.size());
+  std::vector<int64_t> idx(n), rows(n);
+  std::vector<int32_t> off(n + 1);
+  std::vector<uint8_t> data(step.value_bytes() + 1), valid((n + 7) / 8, 0);
+  step.gather_step(idx.data(), rows.data(), off.data(), data.data(), valid.data());
+  CHECK_EQ(uint64_t(off[n]), step.value_bytes());
+  std::vector<int> seen(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t k = idx[i];
+    ++seen[k];
+    auto it = f.model.find(keys.text[k]);
+    CHECK_EQ(rows[i] >= 0, it != f.model.end());
+    const bool has = (valid[i >> 3] >> (i & 7)) & 1;
+    CHECK_EQ(has, it != f.model.end() && !it->second.empty());
+    if (has) CHECK_EQ(std::string(data.begin() + off[i], data.begin() + off[i + 1]), it->second);
   }
-  // A file cut short: the worker's read ends early, and finish_reads reports it.
-  CHECK_EQ(::ftruncate(fd, 16), 0);
-  BlockCache cache(1 << 20);
-  LookupStep step(&cache, 1 << 30, 0, 1 << 20);
-  add_every_key(f, keys, {&step});
-  CHECK(step.next_round());
-  step.start_reads(&pool, &fd, 1, 2);
-  size_t range = 99;
-  std::string why;
-  CHECK_EQ(step.finish_reads(&range, &why), LookupStep::kReadShort);
-  CHECK_EQ(range, size_t(0));
-  CHECK(!why.empty());
+  for (int c : seen) CHECK_EQ(c, 1);
+}
+
+THREADED_TEST(run_answers_every_key_on_the_pool_and_the_calling_thread) {
+  // run() over a file on disk: chunks read, opened and searched by the pool's threads and
+  // this one, with no barrier; the same answers as the model, the same misses as rounds on
+  // one thread, no more than open_bytes open at once (blocks smaller than a chunk), and a
+  // second run served by the cache alone; under TSan.
+  const File f(60, 5, 1);
+  const Keys keys = routed_keys(f, 400, 17);
+  const int fd = temp_file(f.bytes);
+  FetchPool pool(3);
+  uint64_t largest = 0;
+  for (const StoredBlockRef& r : f.refs) largest = std::max<uint64_t>(largest, r.raw_length);
+  for (uint64_t open_bytes : {uint64_t(1), 4 * largest, uint64_t(1) << 30}) {
+    for (FetchPool* p : {static_cast<FetchPool*>(nullptr), &pool}) {
+      BlockCache cache_one(1 << 20), cache_run(1 << 20);
+      LookupStep one(&cache_one, open_bytes, 0, 1 << 20), step(&cache_run, open_bytes, 0, 1 << 20);
+      add_every_key(f, keys, {&one, &step});
+      step.set_keys(keys.offsets.data(), keys.data.data());
+      const size_t read = run_step(one, f, keys, open_bytes);
+      StepFailure failure;
+      CHECK(step.run(p, &fd, 1, 3, &failure));
+      CHECK_EQ(failure.bad, int64_t(-1));
+      check_run(step, f, keys);
+      CHECK_EQ(step.counts().blocks_read, uint64_t(read));
+      CHECK_EQ(cache_run.stats().misses, cache_one.stats().misses);
+      CHECK(step.counts().peak_open_bytes > 0);
+      if (open_bytes == 4 * largest) CHECK(step.counts().peak_open_bytes <= open_bytes);
+      if (open_bytes == 1) CHECK(step.counts().peak_open_bytes <= 4 * largest);
+      LookupStep again(&cache_run, open_bytes, 0, 1 << 20);
+      add_every_key(f, keys, {&again});
+      again.set_keys(keys.offsets.data(), keys.data.data());
+      CHECK(again.run(p, &fd, 1, 3, &failure));
+      check_run(again, f, keys);
+      CHECK_EQ(again.counts().blocks_read, uint64_t(0));
+    }
+  }
   ::close(fd);
+}
+
+THREADED_TEST(run_reports_a_short_file_and_a_corrupt_block_and_caches_no_bad_block) {
+  const File f(60, 5, 1);
+  const Keys keys = routed_keys(f, 400, 19);
+  FetchPool pool(3);
+  {  // a file cut short: a read ends early
+    const int fd = temp_file(std::vector<uint8_t>(f.bytes.begin(), f.bytes.begin() + 16));
+    BlockCache cache(1 << 20);
+    LookupStep step(&cache, 1, 0, 1 << 20);
+    add_every_key(f, keys, {&step});
+    step.set_keys(keys.offsets.data(), keys.data.data());
+    StepFailure failure;
+    CHECK(!step.run(&pool, &fd, 1, 3, &failure));
+    CHECK_EQ(failure.bad, LookupStep::kReadShort);
+    CHECK_EQ(failure.file, size_t(0));
+    CHECK(failure.length > 0);
+    CHECK(!failure.why.empty());
+    ::close(fd);
+  }
+  {  // a corrupt block: reported by its number, never cached
+    File bad(60, 5, 1);
+    bad.bytes[bad.refs[31].offset + 1] ^= 0xFF;
+    const int fd = temp_file(bad.bytes);
+    BlockCache cache(1 << 20);
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      LookupStep step(&cache, 1, 0, 1 << 20);
+      add_every_key(bad, keys, {&step});
+      step.set_keys(keys.offsets.data(), keys.data.data());
+      StepFailure failure;
+      CHECK(!step.run(&pool, &fd, 1, 3, &failure));
+      CHECK_EQ(failure.bad, int64_t(31));
+      CHECK_EQ(failure.why, std::string("block checksum mismatch"));
+      CHECK(failure.first_block <= 31);
+      CHECK(cache.get(1, 31) == nullptr);
+    }
+    ::close(fd);
+  }
 }
 
 #ifdef __linux__

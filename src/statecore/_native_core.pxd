@@ -694,6 +694,19 @@ cdef extern from "statecore/run_lookup.h" namespace "statecore" nogil:
         size_t first
         size_t count
 
+    cdef cppclass StepFailure:
+        int64_t bad
+        size_t file
+        uint64_t offset
+        uint64_t length
+        int64_t first_block
+        string why
+
+    cdef cppclass StepCounts:
+        uint64_t blocks_read
+        uint64_t bytes_read
+        uint64_t peak_open_bytes
+
     cdef cppclass LookupStep:
         LookupStep(BlockCache* cache, uint64_t open_bytes, uint64_t gap_bytes,
                    uint64_t max_read_bytes) except +raise_native_error
@@ -720,6 +733,13 @@ cdef extern from "statecore/run_lookup.h" namespace "statecore" nogil:
                         size_t slot)
         int64_t gather(int32_t* out_offsets, uint8_t* out_data,
                        uint8_t* out_validity, size_t slot)
+        cbool run(FetchPool* pool, const int* fds, size_t nfds, size_t workers,
+                  StepFailure* failure) except +raise_native_error
+        const StepCounts& counts()
+        size_t key_count()
+        uint64_t value_bytes()
+        int64_t gather_step(int64_t* keys, int64_t* rows, int32_t* out_offsets,
+                            uint8_t* out_data, uint8_t* out_validity)
 
 
 cdef extern from "statecore/run_route.h" namespace "statecore" nogil:

@@ -309,8 +309,8 @@ def lookup_chain_one(list chain, NativeBlockCache cache, bytes key, int64_t kg,
 
 
 cdef class NativeFetchPool:
-    """``threads`` (int >= 1) native threads that read and open the blocks of lookup rounds
-    over local files (:meth:`LookupStep.start_reads`; fetch_pool.h says why not Python
+    """``threads`` (int >= 1) native threads that read, open and search the blocks of lookup
+    steps over local files (:meth:`LookupStep.run`; fetch_pool.h says why not Python
     threads). :meth:`close` (idempotent; also when collected) finishes the reads in flight and
     joins the threads. InvalidInputError for a bad ``threads``."""
     cdef c.FetchPool* pool
@@ -340,8 +340,9 @@ cdef class NativeFetchPool:
 
 cdef class LookupStep:
     """One step of a batch of run lookups (run_lookup.h): the keys routed to candidate blocks
-    (:meth:`add`, per file) taken in rounds of at most ``open_bytes`` decoded bytes (a larger
-    block alone); per round (:meth:`next_round`) the cached blocks pinned and the missing ones
+    (:meth:`add`, per file), answered either by :meth:`run` (local files: the whole step on
+    native threads, then :meth:`results`) or in rounds of at most ``open_bytes`` decoded bytes
+    (a larger block alone), the caller doing the reads: per round (:meth:`next_round`) the cached blocks pinned and the missing ones
     planned as reads (:meth:`ranges`: blocks of one file at most ``gap_bytes`` apart in one
     read of at most ``max_read_bytes``), each read's bytes opened into ``cache`` with the GIL
     released (:meth:`open_range`, from any thread), then every key of the round searched
@@ -355,8 +356,8 @@ cdef class LookupStep:
     cdef list files
     cdef int64_t max_key
     cdef object keys  # set_keys's
-    cdef list pools  # per slot, the NativeFetchPool of its reads in flight
-    cdef bint rounds  # whether a round was planned
+    cdef bint rounds  # whether a round was planned, or run() called
+    cdef bint ran  # whether run() succeeded
     cdef uint8_t empty
 
     def __cinit__(self, NativeBlockCache cache, uint64_t open_bytes, uint64_t gap_bytes,
@@ -364,12 +365,10 @@ cdef class LookupStep:
         self.cache = cache
         self.step = new c.LookupStep(cache.cache, open_bytes, gap_bytes, max_read_bytes)
         self.files = []
-        self.pools = [None, None]
         self.max_key = -1
 
     def __dealloc__(self):
-        with nogil:
-            del self.step  # waits for reads in flight
+        del self.step
 
     cdef int _key_arrays(self, keys, const int32_t** offsets, const uint8_t** data) except -1:
         """Point ``offsets`` and ``data`` at the offsets and bytes of ``keys``, a
@@ -387,19 +386,6 @@ cdef class LookupStep:
         if data[0] == NULL:
             data[0] = &self.empty
         return 0
-
-    cdef tuple _read_outcome(self, int64_t bad, size_t r, string why, size_t slot):
-        """A native read-and-open result of ``slot`` as :meth:`read_open_ranges` returns it:
-        ``(None, None, None)`` for -1, else ``(read, "read" | "short" | block number,
-        reason)``."""
-        if bad == -1:
-            return None, None, None
-        text = why.decode("utf-8", "replace")
-        if bad == -2:  # LookupStep::kReadFailed
-            return r, "read", text
-        if bad == -3:  # LookupStep::kReadShort
-            return r, "short", text
-        return r, self.step.missing(slot)[self.step.ranges(slot)[r].first + bad].second, text
 
     def add(self, RunBlocks blocks, keys, block_numbers):
         """Keys ``keys[i]`` (int64 indices into the keys :meth:`search` gets) routed to block
@@ -424,10 +410,10 @@ cdef class LookupStep:
         self.step.add(&blocks.table, &kv[0], &bv[0], len(k))
 
     def set_keys(self, keys):
-        """Search each block :meth:`open_range` / :meth:`read_open_ranges` open for its keys
-        (indices into ``keys``, a ``pa.binary()`` array without nulls) right away, on the
-        thread that opened it; :meth:`search` must then get the same ``keys``. After the last
-        :meth:`add`, before the first round. InvalidInputError for nulls, a key index outside
+        """The keys (indices into ``keys``, a ``pa.binary()`` array without nulls) that
+        :meth:`run` searches, and that :meth:`open_range` searches each block it opens for
+        right away, on the thread that opened it; :meth:`search` must then get the same
+        ``keys``. After the last :meth:`add`, before the first round or :meth:`run`. InvalidInputError for nulls, a key index outside
         ``keys``, or a call after the first round."""
         if self.rounds:
             raise InvalidInputError("set_keys comes before the first round")
@@ -462,58 +448,6 @@ cdef class LookupStep:
         return [(deref(rs)[r].file, deref(rs)[r].offset, deref(rs)[r].length,
                  deref(ms)[deref(rs)[r].first].second, deref(rs)[r].count)
                 for r in range(rs.size())]
-
-    def read_open_ranges(self, fds, size_t worker, size_t workers, size_t slot=0):
-        """Local files: read (pread from ``fds[file index]``, open OS file descriptors, one
-        per file in :meth:`add` order) and open every read ``r`` of :meth:`ranges` with ``r %
-        workers == worker``, with the GIL released: one call per worker and round. ``(None,
-        None, None)``, or ``(r, "read", reason)`` when read ``r`` failed, ``(r, "short",
-        reason)`` when the file ended inside it, ``(r, block number, reason)`` for its first
-        bad block (the reads after it left unopened). InvalidInputError for too few
-        descriptors or ``workers`` 0."""
-        _slot(slot)
-        if workers == 0:
-            raise InvalidInputError("workers must be >= 1")
-        cdef vector[int] fv = [int(f) for f in fds]
-        if fv.size() < len(self.files):
-            raise InvalidInputError(
-                f"{fv.size()} file descriptors for {len(self.files)} files")
-        cdef size_t r = 0
-        cdef string why
-        cdef int64_t bad
-        with nogil:
-            bad = self.step.read_open_ranges(fv.data(), worker, workers, &r, &why, slot)
-        return self._read_outcome(bad, r, why, slot)
-
-    def start_reads(self, NativeFetchPool pool, fds, size_t workers, size_t slot=0):
-        """:meth:`read_open_ranges` for every worker in ``range(workers)`` on the threads of
-        ``pool``, returning at once; :meth:`finish_reads` waits for them (and must, before this
-        slot is planned again). InvalidInputError for a closed pool, too few descriptors or
-        ``workers`` 0."""
-        _slot(slot)
-        if pool.pool == NULL:
-            raise InvalidInputError("the fetch pool is closed")
-        if workers == 0:
-            raise InvalidInputError("workers must be >= 1")
-        cdef vector[int] fv = [int(f) for f in fds]
-        if fv.size() < len(self.files):
-            raise InvalidInputError(
-                f"{fv.size()} file descriptors for {len(self.files)} files")
-        self.pools[slot] = pool  # the threads must outlive the reads
-        self.step.start_reads(pool.pool, fv.data(), fv.size(), workers, slot)
-
-    def finish_reads(self, size_t slot=0):
-        """Wait (GIL released) for the reads :meth:`start_reads` began in ``slot``: the
-        result of the failing worker of the lowest read, as :meth:`read_open_ranges` returns it,
-        or ``(None, None, None)``."""
-        _slot(slot)
-        cdef size_t r = 0
-        cdef string why
-        cdef int64_t bad
-        with nogil:
-            bad = self.step.finish_reads(&r, &why, slot)
-        self.pools[slot] = None
-        return self._read_outcome(bad, r, why, slot)
 
     def open_range(self, size_t r, data, size_t slot=0):
         """Open the blocks of read ``r`` of :meth:`ranges` from ``data`` (its bytes), with the
@@ -569,6 +503,82 @@ cdef class LookupStep:
         if n:
             with nogil:
                 nulls = self.step.gather(&off[0], &data[0], &valid[0] if n else NULL, slot)
+        values = pa.Array.from_buffers(pa.binary(), n, [pa.py_buffer(valid_np),
+                                                        pa.py_buffer(off_np),
+                                                        pa.py_buffer(data_np[:total])],
+                                       null_count=nulls)
+        return idx_np, rows_np, values
+
+    def run(self, NativeFetchPool pool, fds, size_t workers):
+        """Local files: answer every key of the step in one call, with the GIL released
+        (run_lookup.h LookupStep::run): its blocks in chunks of at most ``open_bytes / (workers
+        + 1)`` decoded bytes, each read (pread from ``fds[file index]``, open OS file
+        descriptors, one per file in :meth:`add` order), opened into the cache and searched
+        by one of ``workers`` threads of ``pool`` or by this thread (``pool`` None: this thread
+        alone); then :meth:`results`. After :meth:`set_keys`, instead of rounds, once.
+        ``None``, or ``((file index, offset, length, first block), what, reason)`` of the read
+        that failed -- ``what`` ``"read"`` (the read failed), ``"short"`` (the file ended
+        inside it) or the number of its first bad block (not cached). InvalidInputError for a
+        closed pool, too few descriptors, ``workers`` 0, no :meth:`set_keys`, or a step already
+        run or in rounds."""
+        if self.rounds:
+            raise InvalidInputError("a step runs once, and not after rounds")
+        if self.keys is None:
+            raise InvalidInputError("run comes after set_keys")
+        if pool is not None and pool.pool == NULL:
+            raise InvalidInputError("the fetch pool is closed")
+        if workers == 0:
+            raise InvalidInputError("workers must be >= 1")
+        cdef vector[int] fv = [int(f) for f in fds]
+        if fv.size() < len(self.files):
+            raise InvalidInputError(
+                f"{fv.size()} file descriptors for {len(self.files)} files")
+        cdef c.FetchPool* p = pool.pool if pool is not None else NULL
+        cdef c.StepFailure failure
+        cdef bint ok
+        self.rounds = True
+        with nogil:
+            ok = self.step.run(p, fv.data(), fv.size(), workers, &failure)
+        self.ran = ok
+        if ok:
+            return None
+        text = failure.why.decode("utf-8", "replace")
+        what = ("read" if failure.bad == -2 else "short" if failure.bad == -3  # kRead*
+                else failure.bad)
+        return (failure.file, failure.offset, failure.length, failure.first_block), what, text
+
+    def counts(self):
+        """What :meth:`run` read: ``{"blocks_read", "bytes_read" (the gaps a read coalesces
+        included), "peak_open_bytes" (decoded bytes of blocks open at once)}``."""
+        cdef const c.StepCounts* n = &self.step.counts()
+        return {"blocks_read": n.blocks_read, "bytes_read": n.bytes_read,
+                "peak_open_bytes": n.peak_open_bytes}
+
+    def results(self):
+        """After :meth:`run` succeeded: ``(key indices, rows, values)`` of every key of the
+        step, in block order -- ``rows`` (int64) the key's row in its block or -1, ``values``
+        a ``pa.binary()`` array, NULL where not found or a tombstone. InvalidInputError before
+        a successful run, or for more than 2 GiB of values."""
+        if not self.ran:
+            raise InvalidInputError("results come after a successful run")
+        cdef size_t n = self.step.key_count()
+        cdef uint64_t total = self.step.value_bytes()
+        if total > 2**31 - 1:
+            raise InvalidInputError(f"{total} bytes of values exceed an Arrow binary array")
+        idx_np = np.empty(n, np.int64)
+        rows_np = np.empty(n, np.int64)
+        off_np = np.zeros(n + 1, np.int32)
+        data_np = np.empty(max(total, 1), np.uint8)
+        valid_np = np.zeros(max((n + 7) // 8, 1), np.uint8)
+        cdef int64_t[::1] idx = idx_np
+        cdef int64_t[::1] rows = rows_np
+        cdef int32_t[::1] off = off_np
+        cdef uint8_t[::1] data = data_np
+        cdef uint8_t[::1] valid = valid_np
+        cdef int64_t nulls = 0
+        if n:
+            with nogil:
+                nulls = self.step.gather_step(&idx[0], &rows[0], &off[0], &data[0], &valid[0])
         values = pa.Array.from_buffers(pa.binary(), n, [pa.py_buffer(valid_np),
                                                         pa.py_buffer(off_np),
                                                         pa.py_buffer(data_np[:total])],

@@ -1,9 +1,9 @@
 // The native threads that read and open a run lookup's blocks (run_lookup.h
-// LookupStep::start_reads). Why not the interpreter's thread pool: each of its tasks takes the
+// LookupStep::run). Why not the interpreter's thread pool: each of its tasks takes the
 // GIL to start and again to finish, and while the searching thread runs Python between two
 // native calls (or itself waits to retake the GIL), the fetch threads queue behind it; on a
-// machine with few cores every such hand-over waits for a thread switch, and a round's reads,
-// meant to run side by side, run one after another. These threads never touch Python.
+// machine with few cores every such hand-over waits for a thread switch, and reads meant
+// to run side by side run one after another. These threads never touch Python.
 #pragma once
 #include <condition_variable>
 #include <cstddef>

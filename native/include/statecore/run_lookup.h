@@ -1,15 +1,17 @@
 // One step of a batch of point lookups in the runs of a checkpoint version (the tiered mode's
 // statecore.checkpoint.lookup), with per-block work all native: the keys a step routed to
-// candidate blocks (run_route.h) are grouped by block; the blocks are taken in rounds of at
-// most `open_bytes` decoded bytes; per round the blocks in the BlockCache are pinned, the
-// missing ones planned as coalesced read ranges (one positional read each, after RocksDB's and
-// ForSt's coalesced MultiGet reads), each range's bytes opened (XXH64, LZ4, payload and last
-// key checked: payload_lookup.h) into the cache, and the round's keys searched in place (those
-// of an opened block by the thread that opened it, set_keys). The caller does per read range at
-// most: the read itself.
+// candidate blocks (run_route.h) are grouped by block; the blocks in the BlockCache are
+// pinned, the missing ones planned as coalesced read ranges (one positional read each, after
+// RocksDB's and ForSt's coalesced MultiGet reads), each range's bytes opened (XXH64, LZ4,
+// payload and last key checked: payload_lookup.h) into the cache, and the keys searched in
+// place. Two ways to drive it: run() does the whole step for local files on native threads
+// and the caller's (chunks, no barrier); rounds (next_round, open_range, search) leave the
+// reads to the caller, for files whose reads need the interpreter (pyarrow.fs).
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -49,14 +51,35 @@ struct ReadRange {
   size_t count = 0;
 };
 
-// Rounds live in one of two slots (0 and 1), so that a caller can read and open the next
-// round's blocks (in slot 1 - s) on other threads while it searches the current round's keys
-// (slot s): every call below names its slot, 0 by default. Planning a round (next_round) is
-// the caller's thread's alone; the blocks a slot pins stay valid until that slot is planned
-// again.
+// What LookupStep::run met when it failed: `bad` is LookupStep::kReadFailed (errno's text in
+// `why`), kReadShort (the file ends inside the read) or the number of the read's first bad
+// block; the read: its file (index in add() order), file bytes and first block's number.
+struct StepFailure {
+  int64_t bad = -1;
+  size_t file = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  int64_t first_block = 0;
+  std::string why;
+};
+
+// LookupStep::run's reads: blocks read, bytes of their reads (the gaps a read coalesces
+// included), and the most decoded bytes of blocks its threads held open at once.
+struct StepCounts {
+  uint64_t blocks_read = 0;
+  uint64_t bytes_read = 0;
+  uint64_t peak_open_bytes = 0;
+};
+
+// Rounds take the blocks in groups of at most `open_bytes` decoded bytes and live in one of
+// two slots (0 and 1), so that a caller can read and open the next round's blocks (in slot
+// 1 - s) on other threads while it searches the current round's keys (slot s): every round
+// call below names its slot, 0 by default. Planning a round (next_round) is the caller's
+// thread's alone; the blocks a slot pins stay valid until that slot is planned again.
 class LookupStep {
  public:
-  // `open_bytes` >= 1: the most decoded bytes one round holds (a larger block alone);
+  // `open_bytes` >= 1: the most decoded bytes one round holds, or run() holds open at once
+  // (a larger block alone: see run());
   // `gap_bytes`, `max_read_bytes`: missing blocks of one file at most `gap_bytes` apart are
   // read together, up to `max_read_bytes` a read (or one block).
   LookupStep(BlockCache* cache, uint64_t open_bytes, uint64_t gap_bytes, uint64_t max_read_bytes);
@@ -93,29 +116,36 @@ class LookupStep {
   // neither pinned nor cached. Thread-safe for distinct ranges.
   int64_t open_range(size_t r, const uint8_t* data, size_t size, std::string* why, size_t slot = 0);
 
-  // Results of read_open_ranges beyond open_range's.
-  static constexpr int64_t kReadFailed = -2;  // the read failed (errno's text in *why)
-  static constexpr int64_t kReadShort = -3;   // the file ended inside the range
-  // Local files: for every range r of `slot` with r % workers == worker, reads it from
-  // fds[its file] (pread into a buffer the calling thread keeps for its later calls) and opens
-  // it (open_range), so that one call per worker and round replaces a read and a call per
-  // range. -1 when all went well; else the failing range in *range and open_range's index of
-  // its bad block, kReadFailed or kReadShort (the reason in *why), the ranges after it left
-  // unopened. Thread-safe for distinct workers.
-  int64_t read_open_ranges(const int* fds, size_t worker, size_t workers, size_t* range,
-                           std::string* why, size_t slot = 0);
+  // What run() met beyond open_range's bad blocks (StepFailure::bad).
+  static constexpr int64_t kReadFailed = -2;  // the read failed (errno's text)
+  static constexpr int64_t kReadShort = -3;   // the file ended inside the read
 
-  // read_open_ranges(fds, w, workers) of `slot` for each w in [0, workers) on the threads of
-  // `pool` (each with a buffer of its thread), returning at once; finish_reads waits for them.
-  // `fds` (one per file, add() order) is copied. Not thread-safe; no read of `slot` may be in
-  // flight.
-  void start_reads(FetchPool* pool, const int* fds, size_t nfds, size_t workers, size_t slot = 0);
-  // Waits for the reads start_reads began in `slot` (none: returns at once): -1, or the result
-  // of the failing call of the lowest range (as read_open_ranges returns it, with *range and
-  // *why).
-  int64_t finish_reads(size_t* range, std::string* why, size_t slot = 0);
-  // Waits for reads in flight.
-  ~LookupStep();
+  // Local files, the whole step in one call:
+  // the step's distinct blocks cut into chunks of at most open_bytes / (workers + 1) decoded
+  // bytes (a larger block alone), which `workers` threads of `pool` and the calling thread
+  // take in turn, each chunk on one thread from start to end -- the cache probed (one lock),
+  // the missing blocks read from fds[file] as coalesced preads (planned as next_round plans
+  // them), opened into the cache, every key searched and its value copied out, the blocks
+  // unpinned. Why not rounds: a round ends at a barrier where the caller plans the next one
+  // and searches the last, so on a machine with few cores the fetch threads and the caller
+  // wait on each other every round; chunks have no barrier, and the caller's thread works as
+  // one more fetch thread. At most workers + 1 chunks are open at once. One chunk, or no
+  // pool, runs on the calling thread alone. Needs set_keys; not with next_round on the same
+  // step. False when a read or a block failed (the first failure met, in *failure; the other
+  // threads stop taking chunks, so some keys stay unanswered). Once per step.
+  bool run(FetchPool* pool, const int* fds, size_t nfds, size_t workers, StepFailure* failure);
+  const StepCounts& counts() const { return counts_; }
+  // After run() succeeded: the step's keys in block order (key index i of key_count()), with
+  // the bytes of the values found (tombstones hold none).
+  size_t key_count() const { return entries_.size(); }
+  int64_t key(size_t i) const { return entries_[i].key; }
+  uint64_t value_bytes() const;
+  // Per key i of key_count(): keys[i] its key index, rows[i] its row in its block or -1, its
+  // value appended at out_data + out_offsets[i] (key_count() + 1 offsets, out_data of
+  // value_bytes()) with its validity bit set (bitmap zeroed by the caller). Returns the
+  // NULLs written (misses and tombstones).
+  int64_t gather_step(int64_t* keys, int64_t* rows, int32_t* out_offsets, uint8_t* out_data,
+                      uint8_t* out_validity) const;
   LookupStep(const LookupStep&) = delete;
   LookupStep& operator=(const LookupStep&) = delete;
 
@@ -166,23 +196,21 @@ class LookupStep {
     // Per block whether its keys' found entries are set; one byte each, as open_range calls
     // on several threads set distinct ones.
     std::vector<uint8_t> searched;
-    std::vector<Found> found;  // per round key (index - key_begin)
-    // start_reads: the descriptors, each worker's outcome, the workers still running.
-    struct Outcome {
-      int64_t bad = -1;
-      size_t range = 0;
-      std::string why;
-    };
-    std::vector<int> fds;
-    std::vector<Outcome> outcomes;
-    Countdown reads;
+    std::vector<Found> found;          // per round key (index - key_begin)
     std::vector<size_t> missing_slot;  // per missing block its pins index
     std::vector<std::pair<size_t, int64_t>> missing;
     std::vector<ReadRange> ranges;
     uint64_t bytes = 0;
     size_t hits = 0;
   };
+  struct Chunk {  // run(): unique_[begin, end), its decoded bytes, its keys' values
+    size_t begin = 0, end = 0;
+    uint64_t bytes = 0;
+    std::vector<uint8_t> values;
+  };
   void plan();
+  void take_chunks();
+  bool run_chunk(Chunk& ch, std::vector<uint8_t>* buffer, StepFailure* failure);
   // Fills found[] for the keys of the round's block `u` (a unique_ index), pinned.
   void search_block(Round& rd, size_t u, const int32_t* key_offsets, const uint8_t* key_data) const;
   BlockCache* cache_;
@@ -196,6 +224,21 @@ class LookupStep {
   size_t next_unique_ = 0;
   Round rounds_[2];
   std::vector<int64_t> probe_files_, probe_blocks_;  // a round's cache keys, reused
+  // run(): the chunks, the next one to take, per key its row, value size (-1: none) and
+  // offset in its chunk's values; threads write distinct chunks' keys.
+  std::vector<Chunk> chunks_;
+  std::vector<int> fds_;
+  std::vector<int64_t> rows_;
+  std::vector<int32_t> sizes_;
+  std::vector<uint32_t> at_;
+  std::atomic<size_t> next_chunk_{0};
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> open_now_{0}, peak_open_{0}, blocks_read_{0}, bytes_read_{0};
+  std::mutex failure_mu_;
+  bool failed_ = false;
+  StepFailure failure_;
+  Countdown run_done_;
+  StepCounts counts_;
 };
 
 }  // namespace statecore

@@ -17,20 +17,24 @@ A batch proceeds in steps: each step finds, for every key still undecided, the c
 of its next run (per run one native call: filter probe and block-key search, RunRouter), then
 decides the keys found; keys not found move on to their next run. With the extension, a step's
 per-block and per-key work is native (run_lookup.h ``LookupStep``): the keys grouped by block,
-the blocks taken in rounds of at most half of ``open_bytes`` decoded bytes (default
-:data:`OPEN_BYTES`; a block larger than that alone), each round's blocks probed in the native
-block cache (block_cache.h ``NativeBlockCache``: opened payloads by (file, block), LRU within
-the cache budget, thread-safe) and the missing ones planned as coalesced reads; per read, on a
-small thread pool, one positional read and one native call that checks (XXH64, payload
-structure, last key against the footer's), decompresses and caches its blocks with the GIL
-released; then one native search of the round's keys in their payloads in place (no per-entry
-decode), on the calling thread while the fetch threads read and open the next round (two rounds
-open at once: hence half of ``open_bytes`` each). Python runs per read at most, never per block
-or per key. Without the extension, and for files of format 1 to 5, the same rounds run in
-Python over a :class:`BlockCache` of Arrow arrays. A round's blocks the cache does not keep are
-released before the round after the next is read (one round at a time without the extension):
-a batch of uniform keys over a large state would otherwise hold about every block of the runs
-decompressed at once, and the allocator would keep those pages after the batch.
+the blocks probed in the native block cache (block_cache.h ``NativeBlockCache``: opened
+payloads by (file, block), LRU within the cache budget, thread-safe) and the missing ones
+planned as coalesced reads, each read's blocks checked (XXH64, payload structure, last key
+against the footer's), decompressed and cached, and the keys searched in their payloads in
+place (no per-entry decode), all with the GIL released. Over local files one native call does
+the whole step (``LookupStep.run``): the blocks cut into chunks of at most ``open_bytes /
+(threads + 1)`` decoded bytes (default :data:`OPEN_BYTES`), each chunk probed, read (``pread``),
+opened and searched start to end by one of the native fetch threads or by the calling thread,
+with no barrier between chunks. Files read through ``pyarrow.fs`` go in rounds of at most half
+of ``open_bytes``: per read, on a small thread pool, one ranged read and one native open call;
+then one native search of the round's keys on the calling thread while the fetch threads read
+and open the next round (two rounds open at once: hence half of ``open_bytes`` each). Python
+runs per step or per read at most, never per block or per key. Without the extension, and for
+files of format 1 to 5, the same rounds run in Python over a :class:`BlockCache` of Arrow
+arrays. Blocks the cache does not keep are released as soon as their chunk or the round after
+next is done (one round at a time without the extension): a batch of uniform keys over a large
+state would otherwise hold about every block of the runs decompressed at once, and the
+allocator would keep those pages after the batch.
 
 A run's filters are read when a batch first needs them: the filters of the key groups the batch
 reaches in that run and not read before, in one ranged read (they are stored in key-group
@@ -482,7 +486,7 @@ class RunLookup:
     (``CheckpointStore.open(version)``), which opens and checks the data files against the
     manifest; the lookup does not release it. ``cache_bytes``: the block cache's budget in
     decoded bytes. ``threads``: fetch threads. ``open_bytes``: the most decoded bytes of blocks
-    one round of a batch opens at once (module docstring), >= 1.
+    a batch opens at once (module docstring), >= 1.
 
     ``stats`` (dict of ints): ``blocks_read`` and ``bytes_read`` (blocks fetched from storage
     and the bytes of their reads -- with the extension, the gaps between blocks one read
@@ -491,7 +495,8 @@ class RunLookup:
     did not hold the key), ``range_negatives`` (pairs outside every block's key range),
     ``cache_hits`` / ``cache_misses``, ``lookups`` (keys asked), ``peak_open_bytes`` (the most
     decoded bytes a batch held open at once, cached blocks included: at most ``open_bytes``, or
-    with the extension two of the largest blocks when one is larger than half of it).
+    with the extension ``threads + 1`` of the largest blocks (local files) or two (others) when
+    one is larger than a chunk or half a round).
     InvalidInputError for a bad ``cache_bytes``, ``threads`` or ``open_bytes``. Usable as a
     context manager; :meth:`close` stops the fetch threads.
     """
@@ -716,19 +721,14 @@ class RunLookup:
     def _native_step(self, routed: list, keys: pa.BinaryArray, take_part: np.ndarray,
                      take_row: np.ndarray, parts: list, pos: np.ndarray) -> None:
         """One step of a batch over format-6 files with the extension (``routed``:
-        ``[run file, [key arrays], [block arrays]]`` per file, :meth:`_candidates`): a native
-        LookupStep takes the blocks in rounds of at most half of ``open_bytes`` decoded bytes,
-        probes the cache and plans each round's missing blocks as coalesced reads; per read
-        one positional read and one native open (checks, decompression, cache insert, and the
-        search of each opened block's keys while the block is in that core's cache) on the
-        fetch threads; then one native search of the cached blocks' keys and the gathering of
-        the round's values on this thread, while the fetch threads read and open the next
-        round (two round slots, so at most ``open_bytes``
-        open at once, or two blocks when one is larger than half of it). A hit records its
-        value (``take_part``, ``take_row``, ``parts``), a miss moves the key on (``pos``)."""
+        ``[run file, [key arrays], [block arrays]]`` per file, :meth:`_candidates`), each key
+        answered by a native LookupStep in its candidate block: local files in one native call
+        (:meth:`_native_run`), others in rounds whose reads go through the files' readers
+        (:meth:`_native_rounds`). A hit records its value (``take_part``, ``take_row``,
+        ``parts``), a miss moves the key on (``pos``)."""
         fds = [rf.fd for rf, _, _ in routed]
         local = all(fd is not None for fd in fds)
-        step = _LookupStep(self.cache, max(1, self.open_bytes // 2),
+        step = _LookupStep(self.cache, self.open_bytes if local else max(1, self.open_bytes // 2),
                            LOCAL_COALESCE_GAP_BYTES if local else COALESCE_GAP_BYTES,
                            MAX_READ_BYTES)
         files = []
@@ -736,18 +736,68 @@ class RunLookup:
             step.add(rf.blocks, np.concatenate(idxs), np.concatenate(blks))
             files.append(rf)
         step.set_keys(keys)
+        if local:
+            self._native_run(step, files, fds, take_part, take_row, parts, pos)
+        else:
+            self._native_rounds(step, files, keys, take_part, take_row, parts, pos)
+
+    def _native_run(self, step, files: list, fds: list, take_part: np.ndarray,
+                    take_row: np.ndarray, parts: list, pos: np.ndarray) -> None:
+        """A step over local files in one native call (:meth:`LookupStep.run`): its blocks in
+        chunks of at most ``open_bytes / (threads + 1)`` decoded bytes, each chunk probed in
+        the cache, its missing blocks read (coalesced positional reads), opened (checks,
+        decompression, cache insert) and its keys searched by one of the native fetch threads
+        or by this thread, with no barrier between chunks (so at most ``open_bytes`` open at
+        once, or ``threads + 1`` blocks when one is larger than a chunk); then every key
+        decided at once. CheckpointIOError when a read fails, CorruptCheckpointError when a
+        file ends inside a read or for a bad block (not cached), naming the file, state and
+        key group (and block)."""
+        failed = step.run(self._native_pool, fds, self._threads)
+        counts = step.counts()
+        self.stats["blocks_read"] += counts["blocks_read"]
+        self.stats["bytes_read"] += counts["bytes_read"]
+        self.stats["peak_open_bytes"] = max(self.stats["peak_open_bytes"],
+                                            counts["peak_open_bytes"])
+        if failed is not None:
+            (f, offset, length, first), what, why = failed
+            rf = files[f]
+            if what == "read":
+                raise CheckpointIOError(
+                    f"checkpoint data file {rf.data.name}: cannot read {rf.block_what(first)} "
+                    f"({length} bytes at {offset}): {why}")
+            if what == "short":
+                raise CorruptCheckpointError(
+                    f"checkpoint data file {rf.data.name}: {rf.block_what(first)}: {length} "
+                    f"bytes at {offset} run past the file's end ({why})")
+            raise CorruptCheckpointError(
+                f"checkpoint data file {rf.data.name}: {rf.block_what(what)} block {what}: "
+                f"{why}")
+        idx, rows, vals = step.results()
+        self._decide(idx, rows, vals, True, take_part, take_row, parts, pos)
+
+    def _native_rounds(self, step, files: list, keys: pa.BinaryArray, take_part: np.ndarray,
+                       take_row: np.ndarray, parts: list, pos: np.ndarray) -> None:
+        """A step over files read through their readers (remote stores): the LookupStep takes
+        the blocks in rounds of at most half of ``open_bytes`` decoded bytes, probes the cache
+        and plans each round's missing blocks as coalesced reads; per read one ranged read and
+        one native open (checks, decompression, cache insert, and the search of each opened
+        block's keys while the block is in that core's cache) on the fetch threads; then one
+        native search of the cached blocks' keys and the gathering of the round's values on
+        this thread, while the fetch threads read and open the next round (two round slots, so
+        at most ``open_bytes`` open at once, or two blocks when one is larger than half of
+        it)."""
         slot = 0
         if not step.next_round(slot):
             return
         # Nothing to overlap the first round's reads with: a lone read runs on this thread.
-        pending = self._start_reads(step, slot, files, fds, local, inline=True)
+        pending = self._start_reads(step, slot, files, inline=True)
         try:
             while pending is not None:
-                self._finish_reads(step, slot, files, pending)
+                self._finish_reads(pending)
                 pending = None
                 ahead = 1 - slot
                 if step.next_round(ahead):
-                    pending = self._start_reads(step, ahead, files, fds, local)
+                    pending = self._start_reads(step, ahead, files)
                     self.stats["peak_open_bytes"] = max(
                         self.stats["peak_open_bytes"],
                         step.round_bytes(slot) + step.round_bytes(ahead))
@@ -759,55 +809,31 @@ class RunLookup:
                 slot = ahead
         finally:
             if pending is not None:  # an error left a round's reads in flight: let them end
-                if pending[1] is None:
-                    step.finish_reads(pending[3])
-                else:
-                    wait(pending[1])
+                wait(pending)
 
-    def _start_reads(self, step, slot: int, files: list, fds: list, local: bool,
-                     inline: bool = False) -> tuple:
-        """Submit the reads of round ``slot`` of a LookupStep to the fetch threads: local files
-        one native read-and-open call per worker on the native fetch pool
-        (:meth:`LookupStep.start_reads`), other files one task per read on the Python pool
-        (:meth:`_read_range`); with ``inline`` a round of one read is
-        read on this thread instead (a hand-off to a thread costs more than it saves when
-        nothing overlaps it). ``(local, futures, reads, slot)`` for :meth:`_finish_reads`
-        (``futures`` None: the reads run on the native fetch threads)."""
+    def _start_reads(self, step, slot: int, files: list, inline: bool = False) -> list:
+        """Submit the reads of round ``slot`` of a LookupStep, one task per read on the fetch
+        threads (:meth:`_read_range`); with ``inline`` a round of one read is read on this
+        thread instead (a hand-off to a thread costs more than it saves when nothing overlaps
+        it). The futures, for :meth:`_finish_reads`."""
         reads = step.ranges(slot)
         if inline and len(reads) == 1:
             done: Future = Future()
             try:
-                done.set_result(step.read_open_ranges(fds, 0, 1, slot) if local
-                                else self._read_range(step, 0, files, reads[0], slot))
+                done.set_result(self._read_range(step, 0, files, reads[0], slot))
             except Exception as exc:  # raised by _finish_reads, as a thread's would be
                 done.set_exception(exc)
-            return local, [done], reads, slot
-        if local and reads:  # local files imply the extension, so its fetch pool
-            step.start_reads(self._native_pool, fds, min(len(reads), self._threads), slot)
-            return local, None, reads, slot
-        futures = [self._pool.submit(self._read_range, step, r, files, read, slot)
-                   for r, read in enumerate(reads)]
-        return local, futures, reads, slot
+            return [done]
+        return [self._pool.submit(self._read_range, step, r, files, read, slot)
+                for r, read in enumerate(reads)]
 
-    def _finish_reads(self, step, slot: int, files: list, pending: tuple) -> None:
+    def _finish_reads(self, futures: list) -> None:
         """Wait for the reads :meth:`_start_reads` submitted (every one, before an error
-        leaves) and count them; raise what a read met (:meth:`_local_results`,
-        :meth:`_read_range`)."""
-        local, futures, reads, _ = pending
-        if futures is None:
-            results = [step.finish_reads(slot)]
-        else:
-            wait(futures)
-            results = [f.result() for f in futures]
-        if local:
-            self._local_results(results, files, reads)
-            for _, _, length, _, count in reads:
-                self.stats["blocks_read"] += count
-                self.stats["bytes_read"] += length
-        else:
-            for nblocks, nbytes in results:
-                self.stats["blocks_read"] += nblocks
-                self.stats["bytes_read"] += nbytes
+        leaves) and count them; raise what a read met (:meth:`_read_range`)."""
+        wait(futures)
+        for nblocks, nbytes in [f.result() for f in futures]:
+            self.stats["blocks_read"] += nblocks
+            self.stats["bytes_read"] += nbytes
 
     def _decide(self, idx: np.ndarray, rows: np.ndarray, vals: pa.Array, filtered: bool,
                 take_part: np.ndarray, take_row: np.ndarray, parts: list,
@@ -826,30 +852,6 @@ class RunLookup:
             if filtered:
                 self.stats["filter_false_positives"] += len(miss)
             pos[miss] += 1
-
-    @staticmethod
-    def _local_results(results: list, files: list, reads: list) -> None:
-        """Raise what the native read-and-open calls of a round over local files met
-        (``results``: their ``(read, what, why)``, :meth:`LookupStep.read_open_ranges`):
-        CheckpointIOError when a read failed, CorruptCheckpointError when a file ends inside a
-        read or for a bad block (not cached), naming the file, state and key group (and
-        block)."""
-        for r, what, why in results:
-            if r is None:
-                continue
-            f, offset, length, first, _ = reads[r]
-            rf = files[f]
-            if what == "read":
-                raise CheckpointIOError(
-                    f"checkpoint data file {rf.data.name}: cannot read {rf.block_what(first)} "
-                    f"({length} bytes at {offset}): {why}")
-            if what == "short":
-                raise CorruptCheckpointError(
-                    f"checkpoint data file {rf.data.name}: {rf.block_what(first)}: {length} "
-                    f"bytes at {offset} run past the file's end ({why})")
-            raise CorruptCheckpointError(
-                f"checkpoint data file {rf.data.name}: {rf.block_what(what)} block {what}: "
-                f"{why}")
 
     @staticmethod
     def _read_range(step, r: int, files: list, read: tuple, slot: int = 0) -> tuple[int, int]:
