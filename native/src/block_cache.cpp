@@ -118,6 +118,26 @@ void BlockCache::put_many(const int64_t* files, const int64_t* blocks, const Blo
   for (size_t i = 0; i < n; ++i) put_locked(Key{files[i], blocks[i]}, hashes[i], bs[i], &evicted);
 }
 
+void BlockCache::admits_many(const int64_t* files, const int64_t* blocks, const uint64_t* sizes,
+                             size_t n, uint8_t* out) const {
+  std::vector<uint64_t> hashes(n);
+  for (size_t i = 0; i < n; ++i) hashes[i] = KeyHash{}(Key{files[i], blocks[i]});
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t room = budget_ > stats_.used_bytes ? budget_ - stats_.used_bytes : 0;
+  const uint32_t victim = lru_.empty() ? 0 : frequency(KeyHash{}(lru_.back().key));
+  for (size_t i = 0; i < n; ++i) {
+    const Key key{files[i], blocks[i]};
+    out[i] = 0;
+    if (sizes[i] > budget_ || map_.count(key)) continue;
+    if (sizes[i] <= room) {
+      room -= sizes[i];
+      out[i] = 1;
+    } else {
+      out[i] = lru_.empty() || frequency(hashes[i]) > victim;
+    }
+  }
+}
+
 void BlockCache::evict_for(uint64_t size, std::list<Entry>* out) {
   while (!lru_.empty() && stats_.used_bytes + size > budget_) {
     auto last = std::prev(lru_.end());

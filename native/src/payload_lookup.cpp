@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "statecore/detail/bytes.h"
+#include "statecore/sorted_run.h"
 
 namespace statecore {
 
@@ -36,9 +37,7 @@ int64_t PayloadView::find(const uint8_t* key, size_t key_size) const {
     const int64_t mid = lo + (hi - lo) / 2;
     const uint32_t a = key_offset(mid);
     const size_t len = key_offset(mid + 1) - a;
-    const size_t m = std::min(len, key_size);
-    int c = m ? std::memcmp(key_data + a, key, m) : 0;
-    if (c == 0) c = (len > key_size) - (len < key_size);
+    const int c = key_compare(ByteView{key_data + a, len}, ByteView{key, key_size});
     if (c == 0) return mid;
     if (c < 0) {
       lo = mid + 1;

@@ -13,21 +13,26 @@
 
 namespace statecore {
 
-BlockRef open_table_block(const RunBlockTable& table, int64_t b, const uint8_t* data, size_t size,
-                          uint64_t base, std::string* why) {
+bool open_table_block_into(const RunBlockTable& table, int64_t b, const uint8_t* data, size_t size,
+                           uint64_t base, uint8_t* out, std::string* why) {
   StoredBlockRef ref = table.blocks[b];
   // An offset before `base` wraps to a huge one, which open_block's bounds check rejects.
   ref.offset -= base;
-  auto opened = std::make_shared<OpenedBlock>();
-  // At least one byte: LZ4 gets no null destination.
-  opened->bytes.reset(new uint8_t[std::max<uint64_t>(ref.raw_length, 1)]);
-  opened->size = ref.raw_length;
   const int64_t a = table.key_offsets[b];
   const uint8_t* last = table.key_data + a;
   const size_t last_size = static_cast<size_t>(table.key_offsets[b + 1] - a);
-  uint8_t* out = opened->bytes.get();
-  if (open_blocks_into(data, size, &ref, 1, table.has_validity, &last, &last_size, &out, why) >= 0)
-    return nullptr;
+  return open_blocks_into(data, size, &ref, 1, table.has_validity, &last, &last_size, &out, why) <
+         0;
+}
+
+BlockRef open_table_block(const RunBlockTable& table, int64_t b, const uint8_t* data, size_t size,
+                          uint64_t base, std::string* why) {
+  const uint64_t raw = table.blocks[b].raw_length;
+  auto opened = std::make_shared<OpenedBlock>();
+  // At least one byte: LZ4 gets no null destination.
+  opened->bytes.reset(new uint8_t[std::max<uint64_t>(raw, 1)]);
+  opened->size = raw;
+  if (!open_table_block_into(table, b, data, size, base, opened->bytes.get(), why)) return nullptr;
   return opened;
 }
 
@@ -54,9 +59,12 @@ void LookupStep::set_keys(const int32_t* key_offsets, const uint8_t* key_data) {
 
 void LookupStep::plan() {
   // Files in add() order, blocks ascending within one: a file's blocks stay adjacent so that
-  // its missing blocks coalesce into ranged reads.
-  std::stable_sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) {
-    return a.file != b.file ? a.file < b.file : a.block < b.block;
+  // its missing blocks coalesce into ranged reads. Then key indices, which are distinct within
+  // a file: a total order, so that an unstable sort (introsort, without a merge buffer) gives
+  // one answer.
+  std::sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) {
+    if (a.file != b.file) return a.file < b.file;
+    return a.block != b.block ? a.block < b.block : a.key < b.key;
   });
   unique_.clear();
   for (size_t i = 0; i < entries_.size(); ++i) {
@@ -297,6 +305,9 @@ bool LookupStep::run_chunk(Chunk& ch, std::vector<uint8_t>* buffer, StepFailure*
   } close{&open_now_, ch.bytes};
   thread_local std::vector<BlockRef> pins, opened;
   thread_local std::vector<int64_t> ids, numbers;
+  thread_local std::vector<uint64_t> sizes;
+  thread_local std::vector<uint8_t> admit, scratch;
+  thread_local std::vector<int64_t> kept;
   thread_local std::vector<size_t> missing;  // unique_ indices
   thread_local std::vector<ReadRange> ranges;
   pins.assign(n, nullptr);
@@ -309,8 +320,13 @@ bool LookupStep::run_chunk(Chunk& ch, std::vector<uint8_t>* buffer, StepFailure*
   cache_->get_many(ids.data(), numbers.data(), n, pins.data());
   missing.clear();
   ranges.clear();
+  sizes.clear();
   for (size_t u = ch.begin; u < ch.end; ++u) {
-    if (pins[u - ch.begin]) continue;
+    if (pins[u - ch.begin]) {
+      search_into(ch, u, pins[u - ch.begin]->bytes.get(), pins[u - ch.begin]->size);
+      pins[u - ch.begin] = nullptr;
+      continue;
+    }
     const Unique& q = unique_[u];
     const StoredBlockRef& ref = files_[q.file]->blocks[q.block];
     const uint64_t start = ref.offset, end = ref.offset + ref.stored_length;
@@ -323,8 +339,15 @@ bool LookupStep::run_chunk(Chunk& ch, std::vector<uint8_t>* buffer, StepFailure*
     } else {
       ranges.push_back(ReadRange{q.file, start, end - start, missing.size(), 1});
     }
+    ids[missing.size()] = files_[q.file]->file_id;
+    numbers[missing.size()] = q.block;
+    sizes.push_back(ref.raw_length);
     missing.push_back(u);
   }
+  // The blocks the cache would refuse are opened into `scratch` and searched at once; the
+  // others into blocks of their own, offered to the cache.
+  admit.resize(missing.size());
+  cache_->admits_many(ids.data(), numbers.data(), sizes.data(), missing.size(), admit.data());
   const auto fail = [&](const ReadRange& rr, int64_t bad, std::string why) {
     failure->bad = bad;
     failure->file = rr.file;
@@ -352,46 +375,60 @@ bool LookupStep::run_chunk(Chunk& ch, std::vector<uint8_t>* buffer, StepFailure*
     blocks_read += rr.count;
     bytes_read += rr.length;
     const RunBlockTable& table = *files_[rr.file];
-    // The read's opened blocks go into the cache together (one lock per read); those opened
+    // The read's kept blocks go into the cache together (one lock per read); those opened
     // before a bad block are still cached.
     opened.clear();
+    kept.clear();
     int64_t bad = -1;
     for (size_t k = 0; k < rr.count; ++k) {
-      const size_t u = missing[rr.first + k];
-      numbers[k] = unique_[u].block;
-      BlockRef b = open_table_block(table, numbers[k], buffer->data(), rr.length, rr.offset, &why);
+      const size_t m = rr.first + k;
+      const size_t u = missing[m];
+      const int64_t number = unique_[u].block;
+      if (!admit[m]) {
+        const uint64_t raw = table.blocks[number].raw_length;
+        if (scratch.size() < std::max<uint64_t>(raw, 1)) scratch.resize(std::max<uint64_t>(raw, 1));
+        if (!open_table_block_into(table, number, buffer->data(), rr.length, rr.offset,
+                                   scratch.data(), &why)) {
+          bad = number;
+          break;
+        }
+        search_into(ch, u, scratch.data(), raw);
+        continue;
+      }
+      BlockRef b = open_table_block(table, number, buffer->data(), rr.length, rr.offset, &why);
       if (!b) {
-        bad = numbers[k];
+        bad = number;
         break;
       }
-      pins[u - ch.begin] = b;
+      search_into(ch, u, b->bytes.get(), b->size);
+      kept.push_back(number);
       opened.push_back(std::move(b));
     }
     ids.assign(opened.size(), table.file_id);
-    cache_->put_many(ids.data(), numbers.data(), opened.data(), opened.size());
-    opened.clear();
+    cache_->put_many(ids.data(), kept.data(), opened.data(), opened.size());
+    opened.clear();  // the cache holds what it took; the rest is freed here
     if (bad >= 0) return fail(rr, bad, std::move(why));
   }
-  for (size_t u = ch.begin; u < ch.end; ++u) {
-    const Unique& q = unique_[u];
-    const OpenedBlock& blk = *pins[u - ch.begin];
-    const PayloadView v = PayloadView::of(blk.bytes.get(), blk.size, files_[q.file]->has_validity);
-    for (size_t j = q.begin; j < q.end; ++j) {
-      const int64_t k = entries_[j].key;
-      const int64_t row = v.find(key_data_ + key_offsets_[k],
-                                 static_cast<size_t>(key_offsets_[k + 1] - key_offsets_[k]));
-      rows_[j] = row;
-      if (row >= 0 && v.has_value(row)) {
-        const uint32_t a = v.value_offset(row);
-        const uint32_t size = v.value_offset(row + 1) - a;
-        at_[j] = static_cast<uint32_t>(ch.values.size());
-        sizes_[j] = static_cast<int32_t>(size);
-        ch.values.insert(ch.values.end(), v.value_data + a, v.value_data + a + size);
-      }
+  pins.clear();
+  return true;
+}
+
+void LookupStep::search_into(Chunk& ch, size_t u, const uint8_t* bytes, size_t size) {
+  const Unique& q = unique_[u];
+  const PayloadView v = PayloadView::of(bytes, size, files_[q.file]->has_validity);
+  for (size_t j = q.begin; j < q.end; ++j) {
+    const int64_t k = entries_[j].key;
+    const int64_t row = v.find(key_data_ + key_offsets_[k],
+                               static_cast<size_t>(key_offsets_[k + 1] - key_offsets_[k]));
+    rows_[j] = row;
+    if (row >= 0 && v.has_value(row)) {
+      const uint32_t a = v.value_offset(row);
+      const uint32_t vsize = v.value_offset(row + 1) - a;
+      at_[j] = static_cast<uint32_t>(ch.values.size());
+      sizes_[j] = static_cast<int32_t>(vsize);
+      ch.values.insert(ch.values.end(), v.value_data + a, v.value_data + a + vsize);
     }
   }
-  pins.clear();  // unpinned: a block the cache did not take is freed here
-  return true;
 }
 
 uint64_t LookupStep::value_bytes() const {

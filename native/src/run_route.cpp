@@ -4,26 +4,28 @@
 #include <cstring>
 
 #include "statecore/block_codec.h"
+#include "statecore/sorted_run.h"
 
 namespace statecore {
-
-namespace {
-
-// Byte-wise order of a[0, al) against b[0, bl): < 0, 0 or > 0.
-int compare_bytes(const uint8_t* a, size_t al, const uint8_t* b, size_t bl) noexcept {
-  const size_t m = std::min(al, bl);
-  const int c = m ? std::memcmp(a, b, m) : 0;
-  if (c != 0) return c;
-  return (al > bl) - (al < bl);
-}
-
-}  // namespace
 
 void route_to_blocks(const RouteGroup* groups, size_t group_count, int64_t kg_base,
                      const int64_t* block_key_offsets, const uint8_t* block_key_data,
                      const RouteKeys& keys, const int64_t* rows, size_t n, int64_t* out,
                      RouteCounts* counts) noexcept {
+  // The filter probes of key i + kAhead are prefetched while key i is routed: a run's filters
+  // together outgrow the caches, and a key the run holds reads every probe.
+  constexpr size_t kAhead = 8;
+  const auto prefetch = [&](size_t i) {
+    const int64_t r = rows[i];
+    const int64_t g = keys.key_groups[r] - kg_base;
+    if (g < 0 || static_cast<uint64_t>(g) >= group_count) return;
+    const RouteGroup& grp = groups[g];
+    if (grp.filter != nullptr && grp.block_count >= 0)
+      BloomShape(grp.filter_bytes, grp.hashes).prefetch(grp.filter, keys.hashes[r]);
+  };
+  for (size_t i = 0; i < std::min(n, kAhead); ++i) prefetch(i);
   for (size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) prefetch(i + kAhead);
     const int64_t r = rows[i];
     const int64_t g = keys.key_groups[r] - kg_base;
     out[i] = -1;
@@ -44,7 +46,7 @@ void route_to_blocks(const RouteGroup* groups, size_t group_count, int64_t kg_ba
       const int64_t b = grp.first_block + mid;
       const int64_t a = block_key_offsets[b];
       const size_t len = static_cast<size_t>(block_key_offsets[b + 1] - a);
-      if (compare_bytes(block_key_data + a, len, q, ql) < 0) {
+      if (key_compare(ByteView{block_key_data + a, len}, ByteView{q, ql}) < 0) {
         lo = mid + 1;
       } else {
         hi = mid;

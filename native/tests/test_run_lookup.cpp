@@ -384,6 +384,36 @@ THREADED_TEST(run_answers_every_key_on_the_pool_and_the_calling_thread) {
   ::close(fd);
 }
 
+THREADED_TEST(run_with_a_cache_that_refuses_most_blocks_answers_every_key) {
+  // A cache of a few blocks: run() opens the blocks it forecasts refused into a reused
+  // buffer and searches them there, the others into blocks offered to the cache. Runs after
+  // runs answer as the model says; every block kept holds its file's bytes.
+  const File f(60, 5, 1);
+  const int fd = temp_file(f.bytes);
+  FetchPool pool(3);
+  uint64_t largest = 0;
+  for (const StoredBlockRef& r : f.refs) largest = std::max<uint64_t>(largest, r.raw_length);
+  for (uint64_t budget : {uint64_t(0), 5 * largest}) {
+    for (FetchPool* p : {static_cast<FetchPool*>(nullptr), &pool}) {
+      BlockCache cache(budget);
+      for (uint64_t seed = 1; seed <= 6; ++seed) {
+        const Keys keys = routed_keys(f, 300, 100 + seed);
+        LookupStep step(&cache, 2 * largest, 0, 1 << 20);
+        add_every_key(f, keys, {&step});
+        step.set_keys(keys.offsets.data(), keys.data.data());
+        StepFailure failure;
+        CHECK(step.run(p, &fd, 1, 3, &failure));
+        check_run(step, f, keys);
+      }
+      const BlockCacheStats s = cache.stats();
+      CHECK(s.used_bytes <= budget);
+      if (budget > 0) CHECK(s.blocks > 0);
+      CHECK(s.misses > 0);
+    }
+  }
+  ::close(fd);
+}
+
 THREADED_TEST(run_reports_a_short_file_and_a_corrupt_block_and_caches_no_bad_block) {
   const File f(60, 5, 1);
   const Keys keys = routed_keys(f, 400, 19);
@@ -402,11 +432,13 @@ THREADED_TEST(run_reports_a_short_file_and_a_corrupt_block_and_caches_no_bad_blo
     CHECK(!failure.why.empty());
     ::close(fd);
   }
-  {  // a corrupt block: reported by its number, never cached
+  // A corrupt block: reported by its number, never cached; opened into a block offered to
+  // the cache, or into the reused buffer (a cache that keeps nothing).
+  for (uint64_t budget : {uint64_t(1) << 20, uint64_t(0)}) {
     File bad(60, 5, 1);
     bad.bytes[bad.refs[31].offset + 1] ^= 0xFF;
     const int fd = temp_file(bad.bytes);
-    BlockCache cache(1 << 20);
+    BlockCache cache(budget);
     for (int attempt = 0; attempt < 2; ++attempt) {
       LookupStep step(&cache, 1, 0, 1 << 20);
       add_every_key(bad, keys, {&step});

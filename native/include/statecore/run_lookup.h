@@ -39,6 +39,9 @@ struct RunBlockTable {
 // reason in *why for a bad block. Thread-safe.
 BlockRef open_table_block(const RunBlockTable& table, int64_t b, const uint8_t* data, size_t size,
                           uint64_t base, std::string* why);
+// open_table_block into `out` (at least max(raw_length, 1) bytes): false for a bad block.
+bool open_table_block_into(const RunBlockTable& table, int64_t b, const uint8_t* data, size_t size,
+                           uint64_t base, uint8_t* out, std::string* why);
 
 // One read of a round: `length` bytes at file offset `offset` of the round's file `file` (its
 // index in add() order), holding the round's missing blocks [first, first + count) of
@@ -211,6 +214,9 @@ class LookupStep {
   void plan();
   void take_chunks();
   bool run_chunk(Chunk& ch, std::vector<uint8_t>* buffer, StepFailure* failure);
+  // Searches the keys of block `u` (a unique_ index; its payload `bytes[0, size)`) and copies
+  // their values into the chunk's.
+  void search_into(Chunk& ch, size_t u, const uint8_t* bytes, size_t size);
   // Fills found[] for the keys of the round's block `u` (a unique_ index), pinned.
   void search_block(Round& rd, size_t u, const int32_t* key_offsets, const uint8_t* key_data) const;
   BlockCache* cache_;

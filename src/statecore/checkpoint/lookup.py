@@ -699,10 +699,12 @@ class RunLookup:
         live = np.arange(n)
         while len(live):
             routed: dict[str, list] = {}  # path -> [run file, [key arrays], [block arrays]]
-            for s in np.unique(seg_of[live]):
+            # Segments and depths are small non-negative ints: bincount finds the ones
+            # present in one pass, where np.unique sorts or hashes every key's.
+            for s in np.flatnonzero(np.bincount(seg_of[live])):
                 runs = chains[int(s)][2]
                 in_seg = live[seg_of[live] == s]
-                for depth in np.unique(pos[in_seg]):
+                for depth in np.flatnonzero(np.bincount(pos[in_seg])):
                     if depth >= len(runs):
                         continue  # no run left: absent
                     mine = in_seg[pos[in_seg] == depth]
