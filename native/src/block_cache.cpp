@@ -78,11 +78,26 @@ BlockRef BlockCache::get(int64_t file, int64_t block) {
   return get_locked(key, hash);
 }
 
-void BlockCache::get_many(const int64_t* files, const int64_t* blocks, size_t n, BlockRef* out) {
+void BlockCache::get_many(const int64_t* files, const int64_t* blocks, size_t n, BlockRef* out,
+                          const uint64_t* sizes, uint8_t* admit) {
   std::vector<uint64_t> hashes(n);
   for (size_t i = 0; i < n; ++i) hashes[i] = KeyHash{}(Key{files[i], blocks[i]});
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < n; ++i) out[i] = get_locked(Key{files[i], blocks[i]}, hashes[i]);
+  if (sizes == nullptr || admit == nullptr) return;
+  // The forecast, after the gets (a hit moves its block off the least recently used end).
+  uint64_t room = budget_ > stats_.used_bytes ? budget_ - stats_.used_bytes : 0;
+  const uint32_t victim = lru_.empty() ? 0 : frequency(KeyHash{}(lru_.back().key));
+  for (size_t i = 0; i < n; ++i) {
+    admit[i] = 0;
+    if (out[i] || sizes[i] > budget_) continue;
+    if (sizes[i] <= room) {
+      room -= sizes[i];
+      admit[i] = 1;
+    } else {
+      admit[i] = lru_.empty() || frequency(hashes[i]) > victim;
+    }
+  }
 }
 
 void BlockCache::put_locked(const Key& key, uint64_t hash, BlockRef b, std::list<Entry>* evicted) {
@@ -116,26 +131,6 @@ void BlockCache::put_many(const int64_t* files, const int64_t* blocks, const Blo
   std::list<Entry> evicted;  // released after the lock, as in put()
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < n; ++i) put_locked(Key{files[i], blocks[i]}, hashes[i], bs[i], &evicted);
-}
-
-void BlockCache::admits_many(const int64_t* files, const int64_t* blocks, const uint64_t* sizes,
-                             size_t n, uint8_t* out) const {
-  std::vector<uint64_t> hashes(n);
-  for (size_t i = 0; i < n; ++i) hashes[i] = KeyHash{}(Key{files[i], blocks[i]});
-  std::lock_guard<std::mutex> lock(mu_);
-  uint64_t room = budget_ > stats_.used_bytes ? budget_ - stats_.used_bytes : 0;
-  const uint32_t victim = lru_.empty() ? 0 : frequency(KeyHash{}(lru_.back().key));
-  for (size_t i = 0; i < n; ++i) {
-    const Key key{files[i], blocks[i]};
-    out[i] = 0;
-    if (sizes[i] > budget_ || map_.count(key)) continue;
-    if (sizes[i] <= room) {
-      room -= sizes[i];
-      out[i] = 1;
-    } else {
-      out[i] = lru_.empty() || frequency(hashes[i]) > victim;
-    }
-  }
 }
 
 void BlockCache::evict_for(uint64_t size, std::list<Entry>* out) {

@@ -103,15 +103,14 @@ std::string check_payload(const uint8_t* p, size_t size, uint64_t expected, bool
   uint64_t lens[2];
   for (int w = 0; w < 2; ++w) {
     const uint8_t* off = p + 4 + w * 4 * (n + 1);
-    int32_t prev = static_cast<int32_t>(load_le32(off));
-    bool ok = prev == 0;
-    for (uint64_t i = 1; ok && i <= n; ++i) {
-      int32_t cur = static_cast<int32_t>(load_le32(off + 4 * i));
-      ok = cur >= prev;
-      prev = cur;
-    }
-    if (!ok) return std::string(names[w]) + " offsets are not non-decreasing from 0";
-    lens[w] = static_cast<uint64_t>(prev);
+    // Without an early exit, so that the compiler compares many neighbours at once: every
+    // block a lookup opens is checked, and a bad one is rare.
+    uint32_t bad = load_le32(off) != 0;
+    for (uint64_t i = 1; i <= n; ++i)
+      bad |= static_cast<int32_t>(load_le32(off + 4 * i)) <
+             static_cast<int32_t>(load_le32(off + 4 * (i - 1)));
+    if (bad) return std::string(names[w]) + " offsets are not non-decreasing from 0";
+    lens[w] = static_cast<uint64_t>(static_cast<int32_t>(load_le32(off + 4 * n)));
   }
   const uint64_t blen = has_validity ? (n + 7) / 8 : 0;
   if (size != head + lens[0] + lens[1] + blen)
@@ -122,10 +121,11 @@ std::string check_payload(const uint8_t* p, size_t size, uint64_t expected, bool
     for (uint64_t bit = n; bit < blen * 8; ++bit)
       if ((bits[bit / 8] >> (bit % 8)) & 1) return "validity bitmap has bits set past the entries";
     const uint8_t* voff = p + 4 + 4 * (n + 1);
+    uint32_t bad = 0;
     for (uint64_t i = 0; i < n; ++i)
-      if (!((bits[i / 8] >> (i % 8)) & 1) &&
-          load_le32(voff + 4 * (i + 1)) != load_le32(voff + 4 * i))
-        return "a tombstone carries value bytes";
+      bad |= !((bits[i / 8] >> (i % 8)) & 1) &
+             (load_le32(voff + 4 * (i + 1)) != load_le32(voff + 4 * i));
+    if (bad) return "a tombstone carries value bytes";
   }
   return "";
 }

@@ -313,14 +313,19 @@ bool LookupStep::run_chunk(Chunk& ch, std::vector<uint8_t>* buffer, StepFailure*
   pins.assign(n, nullptr);
   ids.resize(n);
   numbers.resize(n);
+  sizes.resize(n);
   for (size_t i = 0; i < n; ++i) {
-    ids[i] = files_[unique_[ch.begin + i].file]->file_id;
-    numbers[i] = unique_[ch.begin + i].block;
+    const Unique& q = unique_[ch.begin + i];
+    ids[i] = files_[q.file]->file_id;
+    numbers[i] = q.block;
+    sizes[i] = files_[q.file]->blocks[q.block].raw_length;
   }
-  cache_->get_many(ids.data(), numbers.data(), n, pins.data());
+  // The blocks the cache would refuse (admit[i] = 0) are opened into `scratch` and searched
+  // at once; the others into blocks of their own, offered to the cache.
+  admit.resize(n);
+  cache_->get_many(ids.data(), numbers.data(), n, pins.data(), sizes.data(), admit.data());
   missing.clear();
   ranges.clear();
-  sizes.clear();
   for (size_t u = ch.begin; u < ch.end; ++u) {
     if (pins[u - ch.begin]) {
       search_into(ch, u, pins[u - ch.begin]->bytes.get(), pins[u - ch.begin]->size);
@@ -339,15 +344,8 @@ bool LookupStep::run_chunk(Chunk& ch, std::vector<uint8_t>* buffer, StepFailure*
     } else {
       ranges.push_back(ReadRange{q.file, start, end - start, missing.size(), 1});
     }
-    ids[missing.size()] = files_[q.file]->file_id;
-    numbers[missing.size()] = q.block;
-    sizes.push_back(ref.raw_length);
     missing.push_back(u);
   }
-  // The blocks the cache would refuse are opened into `scratch` and searched at once; the
-  // others into blocks of their own, offered to the cache.
-  admit.resize(missing.size());
-  cache_->admits_many(ids.data(), numbers.data(), sizes.data(), missing.size(), admit.data());
   const auto fail = [&](const ReadRange& rr, int64_t bad, std::string why) {
     failure->bad = bad;
     failure->file = rr.file;
@@ -381,10 +379,9 @@ bool LookupStep::run_chunk(Chunk& ch, std::vector<uint8_t>* buffer, StepFailure*
     kept.clear();
     int64_t bad = -1;
     for (size_t k = 0; k < rr.count; ++k) {
-      const size_t m = rr.first + k;
-      const size_t u = missing[m];
+      const size_t u = missing[rr.first + k];
       const int64_t number = unique_[u].block;
-      if (!admit[m]) {
+      if (!admit[u - ch.begin]) {
         const uint64_t raw = table.blocks[number].raw_length;
         if (scratch.size() < std::max<uint64_t>(raw, 1)) scratch.resize(std::max<uint64_t>(raw, 1));
         if (!open_table_block_into(table, number, buffer->data(), rr.length, rr.offset,

@@ -107,6 +107,62 @@ TEST(a_payload_that_does_not_parse_passes) {
   CHECK_EQ(r.raw_bytes, uint64_t{64});
 }
 
+// A payload (entries | key offsets | value offsets | keys | values [| validity]) of int32
+// offsets as given, whatever they say.
+std::vector<uint8_t> payload_of(const std::vector<int32_t>& koff, const std::vector<int32_t>& voff,
+                                size_t data_bytes, const std::vector<uint8_t>& validity) {
+  std::vector<uint8_t> p;
+  const auto put32 = [&](uint32_t v) {
+    for (int i = 0; i < 4; ++i) p.push_back(static_cast<uint8_t>(v >> (8 * i)));
+  };
+  put32(static_cast<uint32_t>(koff.size() - 1));
+  for (int32_t o : koff) put32(static_cast<uint32_t>(o));
+  for (int32_t o : voff) put32(static_cast<uint32_t>(o));
+  p.resize(p.size() + data_bytes, 'x');
+  p.insert(p.end(), validity.begin(), validity.end());
+  return p;
+}
+
+// The payload checks (check_payload) of open_block, each over a block whose stored bytes are
+// sound: offsets that start past 0 or decrease anywhere, in either array (among many entries,
+// where the check compares many neighbours at once), or a tombstone with value bytes.
+TEST(open_block_names_what_is_wrong_with_a_payload) {
+  const auto open = [](const std::vector<uint8_t>& p, size_t entries, bool validity) {
+    Stored s = store({p});
+    s.refs[0].entries = entries;
+    std::vector<uint8_t> scratch;
+    return statecore::open_block(s.bytes.data(), s.bytes.size(), s.refs[0], validity, &scratch);
+  };
+  const size_t n = 100;
+  std::vector<int32_t> koff(n + 1), voff(n + 1);
+  for (size_t i = 0; i <= n; ++i) {
+    koff[i] = static_cast<int32_t>(10 * i);
+    voff[i] = static_cast<int32_t>(8 * i);
+  }
+  CHECK_EQ(open(payload_of(koff, voff, 1800, {}), n, false), std::string(""));
+  for (size_t at : {size_t(1), size_t(37), n}) {
+    std::vector<int32_t> k = koff;
+    k[at] = k[at - 1] - 1;
+    CHECK_EQ(open(payload_of(k, voff, 1800, {}), n, false),
+             std::string("key offsets are not non-decreasing from 0"));
+    std::vector<int32_t> v = voff;
+    v[at] = -5;  // negative: below its neighbour as a signed offset
+    CHECK_EQ(open(payload_of(koff, v, 1800, {}), n, false),
+             std::string("value offsets are not non-decreasing from 0"));
+  }
+  std::vector<int32_t> k = koff;
+  k[0] = 1;
+  CHECK_EQ(open(payload_of(k, voff, 1800, {}), n, false),
+           std::string("key offsets are not non-decreasing from 0"));
+  std::vector<uint8_t> all(13, 0xFF);
+  all.back() = 0x0F;  // bits 96..99 of 100 entries
+  CHECK_EQ(open(payload_of(koff, voff, 1800, all), n, true), std::string(""));
+  std::vector<uint8_t> one = all;
+  one[5] &= static_cast<uint8_t>(~(1u << 3));  // entry 43: a tombstone, with 8 value bytes
+  CHECK_EQ(open(payload_of(koff, voff, 1800, one), n, true),
+           std::string("a tombstone carries value bytes"));
+}
+
 // Bloom filters (format 6): sizes in whole 64-bit words, round(bits * ln 2) probes, no false
 // negatives, a false-positive rate near the theory, and the bit layout format.py's bloom_filter
 // writes (the Python tests compare whole files of both writers).

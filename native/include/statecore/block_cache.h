@@ -71,19 +71,18 @@ class BlockCache {
 
   // get() of keys (files[i], blocks[i]) for i < n into out[i], under one lock (one acquisition
   // per round of a batch instead of one per block): the same hits, misses and sketch records
-  // as n calls of get() in that order.
-  void get_many(const int64_t* files, const int64_t* blocks, size_t n, BlockRef* out);
+  // as n calls of get() in that order. With `sizes` (each block's size) and `admit`: also,
+  // for each block not found, whether a put() of the blocks not found, in that order, would
+  // likely keep it (admit[i] = 1; 0 for a block found): it fits the room left (the budget less
+  // the bytes kept and the earlier blocks' sizes forecast kept), or the admission test would
+  // take it against the least recently used block after the gets. A forecast, which put() may
+  // overrule (the cache changes in between). Why: a lookup opens the blocks the cache would
+  // refuse (most of them, for uniform keys over a large run) into a reused buffer, instead of
+  // a fresh allocation freed at once.
+  void get_many(const int64_t* files, const int64_t* blocks, size_t n, BlockRef* out,
+                const uint64_t* sizes = nullptr, uint8_t* admit = nullptr);
   // put() of (files[i], blocks[i], bs[i]) for i < n, in that order, under one lock.
   void put_many(const int64_t* files, const int64_t* blocks, const BlockRef* bs, size_t n);
-  // Whether put() of blocks (files[i], blocks[i]) of sizes[i] bytes, in that order, would
-  // likely keep each (out[i] = 1), under one lock, changing nothing: a block not kept that
-  // fits the room left (the budget less the bytes kept and the earlier blocks' sizes
-  // predicted kept), or that the admission test would take against the least recently used
-  // block of now. A forecast, which put() may overrule (the cache changes in between). Why:
-  // a lookup opens the blocks the cache would refuse (most of them, for uniform keys over a
-  // large run) into a reused buffer, instead of a fresh allocation freed at once.
-  void admits_many(const int64_t* files, const int64_t* blocks, const uint64_t* sizes, size_t n,
-                   uint8_t* out) const;
 
  private:
   struct Key {
