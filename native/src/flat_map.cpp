@@ -520,7 +520,8 @@ void StateMap::Impl::unflatten() {
   flat = false;
 }
 
-bool StateMap::Impl::flat_collect(uint64_t* cursor, size_t min_entries, SortedRun* out) const {
+bool StateMap::Impl::flat_collect(uint64_t* cursor, size_t min_entries, SortedRun* out,
+                                  std::vector<uint64_t>* stamps) const {
   // Walks home slots (not slot positions): bucket b = the entries whose home in the newest table
   // is b, wherever probing placed them (always in the cluster that starts at or before b and
   // runs past it). An entry keeps its home until the table doubles and backward shifts never
@@ -536,6 +537,7 @@ bool StateMap::Impl::flat_collect(uint64_t* cursor, size_t min_entries, SortedRu
   if (!newest->layout.fixed) b = cap;
   uint8_t buf[detail::kFlatMaxKey];
   auto add = [&](const FlatDirectory* d, const uint8_t* s) {
+    if (stamps != nullptr) stamps->push_back(load_u32(s));
     const size_t ks = detail::flat_full_key(d->layout, s, buf);
     out->key_data.insert(out->key_data.end(), buf, buf + ks);
     out->key_offsets.push_back(out->key_data.size());

@@ -789,29 +789,22 @@ size_t StateMap::evict_clean(size_t target_bytes, uint64_t* cursor, bool spare_r
   // stamp base - 1 means touched in the last epoch, which a stream re-reading its hot keys every
   // interval will likely read again.
   const uint64_t recent = m.base - 1;
-  auto evictable = [&m, spare_recent, recent](const ByteView& k) {
-    uint64_t stamp;
-    if (m.flat) {
-      const Impl::FlatLocation at = m.flat_locate(m.hash_of(k.data, k.size), k.data, k.size);
-      if (!at.table) return false;
-      stamp = detail::load_u32((*at.table)->slot(at.slot));
-    } else {
-      const Entry* e = m.locate(k.data, k.size).entry;
-      if (!e) return false;
-      stamp = e->modified;
-    }
+  // The hand's copies carry their stamps: a removal of one victim changes no other's.
+  auto evictable = [&m, spare_recent, recent](uint64_t stamp) {
     return stamp < m.base && !(spare_recent && stamp >= recent);
   };
   SortedRun batch;
+  std::vector<uint64_t> stamps;
   size_t evicted = 0;
   // At most two passes of the hand: the first may start mid-table, the second sees the rest;
   // a pass that ends with nothing evictable left ends the call.
   int wraps = 0;
   while (m.live_bytes > target_bytes && wraps < 2) {
-    if (collect_buckets(cursor, 64, &batch)) ++wraps;
+    if (collect_buckets(cursor, 64, &batch, &stamps)) ++wraps;
     for (size_t i = 0; i < batch.size() && m.live_bytes > target_bytes; ++i) {
+      if (!evictable(stamps[i])) continue;
       const ByteView k = batch.key(i);
-      if (evictable(k) && remove(k.data, k.size)) ++evicted;
+      if (remove(k.data, k.size)) ++evicted;
     }
   }
   // The hand went round without reaching the target: no older clean entry is left, and none
@@ -843,15 +836,18 @@ void StateMap::for_each_impl(void (*cb)(void*, ByteView, ByteView), void* ctx) {
   });
 }
 
-bool StateMap::collect_buckets(uint64_t* cursor, size_t min_entries, SortedRun* out) const {
+bool StateMap::collect_buckets(uint64_t* cursor, size_t min_entries, SortedRun* out,
+                               std::vector<uint64_t>* stamps) const {
   const Impl& m = *impl_;
   out->key_data.clear();
   out->value_data.clear();
   out->key_offsets.assign(1, 0);
   out->value_offsets.assign(1, 0);
   out->valid.clear();
-  if (m.flat) return m.flat_collect(cursor, min_entries, out);
-  auto add = [out](const Entry* e) {
+  if (stamps != nullptr) stamps->clear();
+  if (m.flat) return m.flat_collect(cursor, min_entries, out, stamps);
+  auto add = [out, stamps](const Entry* e) {
+    if (stamps != nullptr) stamps->push_back(e->modified);
     out->key_data.insert(out->key_data.end(), e->key(), e->key() + e->key_size);
     out->key_offsets.push_back(out->key_data.size());
     out->value_data.insert(out->value_data.end(), e->value(), e->value() + e->value_size);

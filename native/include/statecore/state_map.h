@@ -240,8 +240,11 @@ class StateMap {
   // migrated. A cursor survives snapshots and rehashes: tables only double, so after a doubling
   // the walk goes on at the same index and at most revisits entries (of buckets split off below
   // it), never skips one; a cursor past the capacity (a value from elsewhere) restarts at 0.
-  // O(buckets looked at + entries copied); never triggers a rehash step. Owner thread.
-  bool collect_buckets(uint64_t* cursor, size_t min_entries, SortedRun* out) const;
+  // O(buckets looked at + entries copied); never triggers a rehash step. Owner thread. With
+  // `stamps`: also each copied entry's stamp (the epoch of its last write, "Change tracking"),
+  // in the same order, so that a caller choosing victims by age needs no lookup per entry.
+  bool collect_buckets(uint64_t* cursor, size_t min_entries, SortedRun* out,
+                       std::vector<uint64_t>* stamps = nullptr) const;
 
   // Introspection for tests and stats.
   bool is_rehashing() const;

@@ -336,7 +336,8 @@ struct StateMap::Impl {
   // fn(const FlatDirectory*, const uint8_t* slot) for every live slot.
   template <class Fn>
   void flat_visit_live(Fn&& fn) const;
-  bool flat_collect(uint64_t* cursor, size_t min_entries, SortedRun* out) const;
+  bool flat_collect(uint64_t* cursor, size_t min_entries, SortedRun* out,
+                    std::vector<uint64_t>* stamps) const;
   size_t& flat_size_of(detail::FlatDirectory** t) {
     return t == &fprimary ? primary_size : rehash_size;
   }
