@@ -85,25 +85,23 @@ void BlockCache::get_many(const int64_t* files, const int64_t* blocks, size_t n,
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < n; ++i) out[i] = get_locked(Key{files[i], blocks[i]}, hashes[i]);
   if (sizes == nullptr || admit == nullptr) return;
-  // The forecast, after the gets (a hit moves its block off the least recently used end).
-  uint64_t room = budget_ > stats_.used_bytes ? budget_ - stats_.used_bytes : 0;
-  const uint32_t victim = lru_.empty() ? 0 : frequency(KeyHash{}(lru_.back().key));
+  // The forecast, after the gets (a hit moves its block off the least recently used end); a
+  // block forecast kept that fits takes its room from the blocks after it.
+  uint64_t used = stats_.used_bytes;
   for (size_t i = 0; i < n; ++i) {
-    admit[i] = 0;
-    if (out[i] || sizes[i] > budget_) continue;
-    if (sizes[i] <= room) {
-      room -= sizes[i];
-      admit[i] = 1;
-    } else {
-      admit[i] = lru_.empty() || frequency(hashes[i]) > victim;
-    }
+    admit[i] = !out[i] && sizes[i] <= budget_ && admits(hashes[i], sizes[i], used);
+    if (admit[i] && used + sizes[i] <= budget_) used += sizes[i];
   }
+}
+
+bool BlockCache::admits(uint64_t hash, uint64_t size, uint64_t used) const {
+  return used + size <= budget_ || lru_.empty() ||
+         frequency(hash) > frequency(KeyHash{}(lru_.back().key));
 }
 
 void BlockCache::put_locked(const Key& key, uint64_t hash, BlockRef b, std::list<Entry>* evicted) {
   if (!b || map_.count(key) || b->size > budget_) return;
-  if (stats_.used_bytes + b->size > budget_ && !lru_.empty() &&
-      frequency(hash) <= frequency(KeyHash{}(lru_.back().key))) {
+  if (!admits(hash, b->size, stats_.used_bytes)) {
     ++stats_.rejected;
     return;
   }

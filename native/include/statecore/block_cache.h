@@ -103,6 +103,10 @@ class BlockCache {
   };
   // Evicts least recently used blocks into *out until `size` more bytes fit. Holds mu_.
   void evict_for(uint64_t size, std::list<Entry>* out);
+  // The admission test (above) of a block of `size` bytes whose key hashes to `hash` into a
+  // cache holding `used` bytes: it fits, or there is no victim, or it was asked for more often
+  // than the least recently used block. Holds mu_.
+  bool admits(uint64_t hash, uint64_t size, uint64_t used) const;
   // get() and put() with mu_ held and the key's hash given.
   BlockRef get_locked(const Key& key, uint64_t hash);
   void put_locked(const Key& key, uint64_t hash, BlockRef b, std::list<Entry>* evicted);

@@ -64,39 +64,27 @@ class BloomShape {
         k_(k) {}
   // Sets the probes of the key whose XXH64 is `hash` in a filter of this shape's bytes.
   void add(uint8_t* filter, uint64_t hash) const noexcept {
-    uint64_t p = reduce(hash & 0xFFFFFFFFu);
-    const uint64_t d = reduce(hash >> 32);
-    for (uint32_t i = 0; i < k_; ++i) {
+    each_probe(hash, [filter](uint64_t p) {
       filter[p >> 3] |= static_cast<uint8_t>(1u << (p & 7));
-      p += d;
-      if (p >= bits_) p -= bits_;
-    }
+      return true;
+    });
   }
   // Whether the filter may hold the key whose XXH64 is `hash` (false: certainly not).
   bool may_contain(const uint8_t* filter, uint64_t hash) const noexcept {
-    uint64_t p = reduce(hash & 0xFFFFFFFFu);
-    const uint64_t d = reduce(hash >> 32);
-    for (uint32_t i = 0; i < k_; ++i) {
-      if (!(filter[p >> 3] & (1u << (p & 7)))) return false;
-      p += d;
-      if (p >= bits_) p -= bits_;
-    }
-    return true;
+    return each_probe(hash,
+                      [filter](uint64_t p) { return (filter[p >> 3] & (1u << (p & 7))) != 0; });
   }
   // Starts loading the bytes may_contain(filter, hash) reads into the cache. Why: a large
   // filter's probes are cache misses, one after another in may_contain; a caller probing many
   // keys prefetches a few keys ahead so that their misses overlap.
   void prefetch(const uint8_t* filter, uint64_t hash) const noexcept {
-    uint64_t p = reduce(hash & 0xFFFFFFFFu);
-    const uint64_t d = reduce(hash >> 32);
-    for (uint32_t i = 0; i < k_; ++i) {
+    each_probe(hash, [filter](uint64_t p) {
       __builtin_prefetch(filter + (p >> 3));
       // GCC deletes a loop whose only effect is a prefetch (it counts none); this empty
       // statement, which it must keep, keeps the loop.
       asm volatile("" : : "r"(p));
-      p += d;
-      if (p >= bits_) p -= bits_;
-    }
+      return true;
+    });
   }
   // Adds the keys data[offsets[i], offsets[i + 1]) for i in [begin, end), their XXH64s (seed 0)
   // taken a group at a time before their probes are set: one key's hashing then does not wait
@@ -116,6 +104,19 @@ class BloomShape {
   }
 
  private:
+  // Calls fn(bit) for the k probe bits of `hash` (double hashing: h1 + i * h2 mod bits), in
+  // order, while fn returns true; returns whether every call did.
+  template <class Fn>
+  bool each_probe(uint64_t hash, Fn&& fn) const noexcept {
+    uint64_t p = reduce(hash & 0xFFFFFFFFu);
+    const uint64_t d = reduce(hash >> 32);
+    for (uint32_t i = 0; i < k_; ++i) {
+      if (!fn(p)) return false;
+      p += d;
+      if (p >= bits_) p -= bits_;
+    }
+    return true;
+  }
   // x mod bits for x < 2^32.
   uint64_t reduce(uint64_t x) const noexcept {
     if (!small_) return x;
