@@ -10,6 +10,7 @@
 namespace statecore {
 
 using batch_detail::fail;
+using batch_detail::Lanes;
 using batch_detail::make_keys;
 using batch_detail::RowKeys;
 using batch_detail::validate_keys;
@@ -56,12 +57,23 @@ void batch_encoded_keys(StateTable& table, const BatchKeySpec& spec, ArrowInput 
   const int64_t n = keys.length();
   if (offsets->empty()) offsets->push_back(0);
   SeenKeys seen(n);  // keys appended by earlier calls are not looked at
+  // Read lanes (nothing here writes a map): a flat map's slot is found from the lane's geometry
+  // and prefetched a group ahead through it, as the kernels do; StateMap::get_hashed would walk
+  // map, engine, directory and page for every row, a dependent load each.
+  Lanes lanes(table);
   RowKeys rk(spec, keys, table, kgs);
   for (int64_t i = 0; i < n; ++i) {
-    rk.ahead(i);
+    rk.ahead(i, &lanes);
     if (rows != nullptr && rows[i] == 0) continue;
     rk.encode(i, kgs[i]);
-    if (only_absent && table.map_unchecked(kgs[i]).get(rk.data(), rk.size(), nullptr)) continue;
+    if (only_absent) {
+      StateMap& m = table.map_unchecked(kgs[i]);
+      const uint32_t h = rk.hash(i, m);
+      const detail::FlatLane* ln = lanes.get(kgs[i], rk.data(), rk.size(), 0, false);
+      if (ln ? ln->get(h, rk.data(), rk.size()) != nullptr
+             : m.get_hashed(h, rk.data(), rk.size(), nullptr))
+        continue;
+    }
     const auto index = static_cast<uint32_t>(offsets->size() - 1);
     if (!seen.insert(rk.data(), rk.size(), index, *offsets, *data)) continue;
     if (data->size() + rk.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))

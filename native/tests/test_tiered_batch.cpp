@@ -69,6 +69,48 @@ TEST(only_absent_and_selected_rows) {
   CHECK_EQ(dump(t).size(), size_t(2));  // nothing written
 }
 
+// Maps of many pages (the read lanes' path for int64 keys) and of string keys: the absent keys
+// are exactly those put_batch never wrote, whichever slot of a long probe holds the others.
+TEST(only_absent_over_large_maps_matches_the_written_keys) {
+  for (const KeyType kt : {KeyType::Int64, KeyType::String}) {
+    StateTable t(0, 127);
+    const BatchKeySpec sp = kt == KeyType::Int64 ? int64_spec() : full_range_spec(kt, 128);
+    auto keys_array = [&](const std::vector<int64_t>& ks) {
+      if (kt == KeyType::Int64) {
+        I64 xs(ks.begin(), ks.end());
+        return fixed<int64_t>("l", xs);
+      }
+      Str xs;
+      for (int64_t k : ks) xs.emplace_back("k" + std::to_string(k));
+      return varwidth<int32_t>("u", xs);
+    };
+    std::vector<int64_t> held;
+    for (int64_t k = 0; k < 200000; k += 2) held.push_back(k * 7919 % 1000003);
+    TestArray hk = keys_array(held);
+    I64 ones(held.size(), int64_t{1});
+    TestArray hv = fixed<int64_t>("l", ones);
+    put_batch(t, sp, hk.in(), ValueType::Int64, hv.in());
+    std::set<int64_t> written(held.begin(), held.end());
+    std::vector<int64_t> asked;
+    for (int64_t k = 0; k < 50000; ++k) asked.push_back(k * 7919 % 1000003);
+    TestArray ak = keys_array(asked);
+    std::vector<int32_t> off;
+    std::vector<uint8_t> data;
+    batch_encoded_keys(t, sp, ak.in(), nullptr, true, &off, &data);
+    const std::vector<std::string> got = keys_of(off, data);
+    std::vector<int32_t> all_off;
+    std::vector<uint8_t> all_data;
+    batch_encoded_keys(t, sp, ak.in(), nullptr, false, &all_off, &all_data);
+    const std::vector<std::string> all = keys_of(all_off, all_data);
+    CHECK_EQ(all.size(), asked.size());  // distinct by construction
+    std::vector<std::string> want;
+    for (size_t i = 0; i < asked.size(); ++i)
+      if (!written.count(asked[i])) want.push_back(all[i]);
+    CHECK_EQ(got.size(), size_t(25000));
+    CHECK(got == want);
+  }
+}
+
 TEST(string_keys_repeat_and_empty) {
   StateTable t(0, 127);
   const BatchKeySpec sp = full_range_spec(KeyType::String, 128);
