@@ -256,8 +256,10 @@ def tiered_running_count(size: Size):
     ``checkpoint_s_<dist>`` (median seconds of a steady interval's checkpoint); tiered also
     ``record_attached_runs_<dist>`` (the chain's runs when the per-record rows start),
     ``loaded_per_row_<dist>`` (entries fetched from the runs per steady row), ``hit_rate_<dist>``
-    (share of the steady batches' distinct keys found in memory), ``over_budget_batches_<dist>``
-    and ``attach_s``; in-memory ``restore_s``. Also ``entries``, ``budget_bytes``, ``rows``,
+    (share of the steady batches' distinct keys found in memory), ``first_seen_per_row_<dist>``
+    (steady rows whose key no earlier row carried: a load no cache or eviction policy avoids,
+    since version 1 holds every key), ``over_budget_batches_<dist>`` and ``attach_s``;
+    in-memory ``restore_s``. Also ``entries``, ``budget_bytes``, ``rows``,
     ``warm_up_rows``. Every implementation's outputs are checked equal.
 
     The resident memory of a tiered run over the stream's first 16 / 2 batches without
@@ -328,8 +330,12 @@ def tiered_running_count(size: Size):
                     steady_rows = rows - warm * per_interval * batch
                     fetched = last["fetched_keys"] - first["fetched_keys"]
                     asked = sum(distinct[warm * per_interval:])
+                    _, first_row = np.unique(keys[:rows], return_index=True)
+                    seen = int((first_row >= rows - steady_rows).sum())
                     out += [record(c, impl, f"loaded_per_row_{dist}",
                                    (last["loaded"] - first["loaded"]) / steady_rows, "entries"),
+                            record(c, impl, f"first_seen_per_row_{dist}", seen / steady_rows,
+                                   "keys"),
                             record(c, impl, f"hit_rate_{dist}", 1 - fetched / asked, "share"),
                             record(c, impl, f"over_budget_batches_{dist}",
                                    last["over_budget_batches"], "batches")]
