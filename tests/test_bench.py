@@ -699,6 +699,10 @@ def test_tiered_running_count_reports_both_backends_and_the_loads(tmp_path):
             assert by[(impl, f"checkpoint_s_{dist}")] > 0
         assert 0 < by[("tiered", f"loaded_per_row_{dist}")] <= 1
         assert 0 <= by[("tiered", f"hit_rate_{dist}")] < 1
+        # A key the stream carries for the first time is loaded (version 1 holds every key),
+        # whatever memory held: first-seen keys bound the loads from below.
+        assert 0 < by[("tiered", f"first_seen_per_row_{dist}")] \
+            <= by[("tiered", f"loaded_per_row_{dist}")]
     # Zipf keys repeat: the warm working set answers more of them than of uniform keys.
     assert by[("tiered", "hit_rate_zipf")] > by[("tiered", "hit_rate_uniform")]
     assert 0 < by[("tiered", "warm_up_rows")] < by[("tiered", "rows")]
