@@ -1,10 +1,10 @@
 """The tiered mode of the native backend (docs/tiered.md), against the in-memory native backend
 restored from the same checkpoint, in the same run: a running count over a state much larger
-than the memory budget, served from the checkpoint's runs (``tiered_running_count``); the time
-from a restore or rescale to the first record and to a warm working set (``tiered_restore``);
-the bytes and seconds of a checkpoint against the state's size (``tiered_checkpoint``); the
-cost of lookups against the attached chain's length, before and after its compaction
-(``tiered_compaction``).
+than the memory budget, served from the checkpoint's runs (``tiered_running_count``), and over
+a hot set the budget holds (``tiered_hot_set``); the time from a restore or rescale to the first
+record and to a warm working set (``tiered_restore``); the bytes and seconds of a checkpoint
+against the state's size (``tiered_checkpoint``); the cost of lookups against the attached
+chain's length, before and after its compaction (``tiered_compaction``).
 """
 
 from __future__ import annotations
@@ -375,6 +375,75 @@ def tiered_running_count(size: Size):
                 out += _rss_records(f"{dist}_spill", tiered_rss.measure(
                     Path(d) / "base", Path(d) / f"{dist}.npy", tight, _RSS_CACHE_BYTES, batch,
                     Path(d) / f"spill-{dist}_spill"), tight)
+    return out
+
+
+def _hot_panel(r) -> object:
+    """tiered_hot_set's plot: the steady rates, without and with checkpoints, of both backends."""
+    names = {"rows_per_s": "steady", "rows_per_s_ckpt": "steady, checkpoints counted"}
+    return ("rows/s", f"{r['impl']}: {names[r['metric']]}") if r["metric"] in names else None
+
+
+@case("tiered_hot_set",
+      "running count over a 10M / 1M int64-key checkpoint whose rows draw from a hot set of a "
+      "tenth of the keys, which the tiered mode's budget (1/8 of the state) holds: the tiered "
+      "mode's cost once its working set is warm, against the in-memory native backend",
+      panel=_hot_panel)
+def tiered_hot_set(size: Size):
+    """The running count of :func:`tiered_running_count` (16 / 2 intervals of 8 / 4 batches of
+    64k rows, a checkpoint after each interval, the first half a warm-up) over a checkpoint of
+    ``entries`` keys, the rows drawn uniformly from ``hot_keys`` of them (a tenth, picked at
+    random: spread over the key groups), whose key and value bytes fit the tiered backend's
+    budget (1/8 of the state's): after the warm-up nearly every row finds its key in memory,
+    so the rate measures the tiered mode's own work per batch (finding the keys memory lacks,
+    the eviction check) beside the kernel the in-memory backend runs alone.
+
+    Records per impl ``tiered`` (attached, ``memory_budget`` 1/8 of the state) and
+    ``in-memory`` (restored): ``rows_per_s`` (steady), ``rows_per_s_ckpt`` (steady, checkpoints
+    counted); tiered also ``loaded_per_row`` (entries loaded per steady row) and
+    ``tiered_over_in_memory`` (the steady rates' ratio). Also ``entries``, ``hot_keys``,
+    ``budget_bytes``. Both backends' outputs are checked equal."""
+    if not has_native():
+        return []
+    c = "tiered_hot_set"
+    n = size.n(10_000_000, 1_000_000)
+    hot = max(1, n // 10)
+    batch = min(_BATCH, size.n(_BATCH, _BATCH))
+    per_interval = 4 if size.quick else 8
+    n_intervals = 2 if size.quick else 16
+    warm = n_intervals // 2
+    budget = max(4096, n * _ENTRY // 8)
+    rng = np.random.default_rng(17)
+    keys = rng.permutation(n)[:hot][rng.integers(0, hot, n_intervals * per_interval * batch)]
+    flat = [keys[i:i + batch] for i in range(0, len(keys), batch)]
+    intervals = [flat[i:i + per_interval] for i in range(0, len(flat), per_interval)]
+    out = [record(c, "tiered", "entries", n, "entries"),
+           record(c, "tiered", "hot_keys", hot, "keys"),
+           record(c, "tiered", "budget_bytes", budget, "bytes")]
+    rates, outputs = {}, {}
+    with tempfile.TemporaryDirectory(prefix="statecore-bench-") as d:
+        _base_checkpoint(Path(d) / "base", n, size)
+        for impl in ("in-memory", "tiered"):
+            root, store, b = _backend_on_copy(Path(d), impl, impl, budget, size)
+            store.restore(b, 1)
+            got = _stream(b, store, intervals, 2)
+            steady, with_ckpt, _ = _rates(got, per_interval * batch, warm)
+            rates[impl] = steady
+            outputs[impl] = got["outputs"]
+            out += [record(c, impl, "rows_per_s", steady, "rows/s"),
+                    record(c, impl, "rows_per_s_ckpt", with_ckpt, "rows/s")]
+            if impl == "tiered":
+                first, last = got["stats"][warm - 1], got["stats"][-1]
+                steady_rows = (n_intervals - warm) * per_interval * batch
+                out.append(record(c, impl, "loaded_per_row",
+                                  (last["loaded"] - first["loaded"]) / steady_rows, "entries"))
+            b.close()
+            store.close()
+            shutil.rmtree(root)
+    for a, m in zip(outputs["tiered"], outputs["in-memory"]):
+        assert a.equals(m)
+    out.append(record(c, "tiered", "tiered_over_in_memory",
+                      rates["tiered"] / rates["in-memory"], "ratio"))
     return out
 
 

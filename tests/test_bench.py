@@ -23,7 +23,7 @@ OWN_TESTS = ("ttl_throughput", "ttl_memory", "ttl_cleanup", "wordcount_int64", "
              "binary_values", "memory_int64", "per_record", "list_append", "map_put",
              "list_get", "map_get", "window_count", "spark_running_count", "bootstrap",
              "external_redis", "run_lookup", "tiered_running_count", "tiered_restore",
-             "tiered_checkpoint")
+             "tiered_checkpoint", "tiered_hot_set")
 #: Metrics below 0 by definition at times (s3_checkpoint's overlap: below 0 where the restore
 #: took longer than fetching and loading one after the other).
 SIGNED_METRICS = {"overlap_of_fetch_and_load"}
@@ -719,6 +719,27 @@ def test_tiered_running_count_reports_both_backends_and_the_loads(tmp_path):
             assert by[("tiered", f"state_bytes_max_{tag}")] <= \
                 by[("tiered", f"budget_bytes_{tag}")]
         assert by[("tiered", "spills_uniform_spill")] > 0
+
+
+def test_tiered_hot_set_reports_both_backends_and_loads_little_once_warm(tmp_path):
+    """tiered_hot_set runs both backends over a hot tenth of the keys (the case checks their
+    outputs equal); once warm the tiered backend loads few entries per row, since its budget
+    holds the hot set, and the ratio is the two steady rates'."""
+    if not _has_native():
+        pytest.skip("needs the native extension")
+    out = tmp_path / "h.json"
+    assert main(["--quick", "--scale", "0.02", "--case", "tiered_hot_set",
+                 "--json", str(out)]) == 0
+    by = {(r["impl"], r["metric"]): r["value"] for r in json.loads(out.read_text())}
+    assert by[("tiered", "hot_keys")] * 10 == by[("tiered", "entries")]
+    assert by[("tiered", "hot_keys")] * 18 <= by[("tiered", "budget_bytes")]
+    for impl in ("tiered", "in-memory"):
+        assert by[(impl, "rows_per_s")] > 0 and by[(impl, "rows_per_s_ckpt")] > 0
+    # 2k hot keys after about 5k warm-up rows: a key the warm-up missed (odds about e^-2.6) is
+    # loaded once; rows over all 20k keys would load most of theirs.
+    assert by[("tiered", "loaded_per_row")] < 0.1
+    assert by[("tiered", "tiered_over_in_memory")] == pytest.approx(
+        by[("tiered", "rows_per_s")] / by[("in-memory", "rows_per_s")])
 
 
 def test_tiered_restore_reports_times_for_both_backends_and_both_kinds(tmp_path):
