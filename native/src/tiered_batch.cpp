@@ -10,8 +10,11 @@
 namespace statecore {
 
 using batch_detail::fail;
+using batch_detail::for_rows;
+using batch_detail::kernel_get;
 using batch_detail::Lanes;
 using batch_detail::make_keys;
+using batch_detail::RowKey;
 using batch_detail::RowKeys;
 using batch_detail::validate_keys;
 
@@ -57,30 +60,27 @@ void batch_encoded_keys(StateTable& table, const BatchKeySpec& spec, ArrowInput 
   const int64_t n = keys.length();
   if (offsets->empty()) offsets->push_back(0);
   SeenKeys seen(n);  // keys appended by earlier calls are not looked at
-  // Read lanes (nothing here writes a map): a flat map's slot is found from the lane's geometry
-  // and prefetched a group ahead through it, as the kernels do; StateMap::get_hashed would walk
-  // map, engine, directory and page for every row, a dependent load each.
+  // The read kernels' row loop and probe (get_batch_fixed): a flat map's slot is found from its
+  // read lane's geometry and prefetched a group ahead through it; StateMap::get would hash the
+  // key again and walk map, engine, directory and page for every row, a dependent load each.
   Lanes lanes(table);
   RowKeys rk(spec, keys, table, kgs);
-  for (int64_t i = 0; i < n; ++i) {
-    rk.ahead(i, &lanes);
-    if (rows != nullptr && rows[i] == 0) continue;
-    rk.encode(i, kgs[i]);
+  for_rows(rk, table, lanes, kgs, n, [&](int64_t i, int32_t kg, const RowKey& k) SC_INLINE_ROW {
+    if (rows != nullptr && rows[i] == 0) return;
     if (only_absent) {
-      StateMap& m = table.map_unchecked(kgs[i]);
-      const uint32_t h = rk.hash(i, m);
-      const detail::FlatLane* ln = lanes.get(kgs[i], rk.data(), rk.size(), 0, false);
-      if (ln ? ln->get(h, rk.data(), rk.size()) != nullptr
-             : m.get_hashed(h, rk.data(), rk.size(), nullptr))
-        continue;
+      ByteView v;
+      const detail::FlatLane* ln = lanes.get(kg, k.data, k.size, 0, false);
+      if (ln ? ln->get(k.hash, k.data, k.size) != nullptr
+             : kernel_get(table.map_unchecked(kg), k.hash, k.data, k.size, &v))
+        return;
     }
     const auto index = static_cast<uint32_t>(offsets->size() - 1);
-    if (!seen.insert(rk.data(), rk.size(), index, *offsets, *data)) continue;
-    if (data->size() + rk.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
+    if (!seen.insert(k.data, k.size, index, *offsets, *data)) return;
+    if (data->size() + k.size > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
       fail("the encoded keys of a batch exceed an Arrow binary array (2 GiB)");
-    data->insert(data->end(), rk.data(), rk.data() + rk.size());
+    data->insert(data->end(), k.data, k.data + k.size);
     offsets->push_back(static_cast<int32_t>(data->size()));
-  }
+  });
 }
 
 size_t load_clean_batch(StateTable& table, const int32_t* kgs, const int32_t* key_offsets,
