@@ -204,6 +204,20 @@ def _rocksdb_stream(rocksdict, db, intervals) -> dict:
     return got
 
 
+def _intervals(keys: np.ndarray, rows: int, batch: int, per_interval: int) -> list:
+    """The first ``rows`` of ``keys`` cut into batches of ``batch`` and those into intervals of
+    ``per_interval`` batches: :func:`_stream`'s input (zero-copy numpy slices)."""
+    flat = [keys[i:i + batch] for i in range(0, rows, batch)]
+    return [flat[i:i + per_interval] for i in range(0, len(flat), per_interval)]
+
+
+def _steady_loaded_per_row(got: dict, warm: int, steady_rows: int) -> float:
+    """Entries a tiered :func:`_stream` loaded from the runs per row of its intervals after the
+    first ``warm`` (``steady_rows`` rows), from its ``tiered_statistics()`` snapshots."""
+    first, last = got["stats"][warm - 1], got["stats"][-1]
+    return (last["loaded"] - first["loaded"]) / steady_rows
+
+
 def _rates(got: dict, rows_per_interval: int, warm: int) -> tuple[float, float, float]:
     """(steady, steady with checkpoints, cold) rows/s of a :func:`_stream`: the intervals
     after the first ``warm`` over their rows' seconds, then over their rows' and checkpoints'
@@ -296,10 +310,9 @@ def tiered_running_count(size: Size):
                 record(c, "tiered", "block_codec", CODECS[_compression(size)], "codec")]
         for dist, gen in draw.items():
             keys = gen(rows + record_rows)
-            flat = [keys[i:i + batch] for i in range(0, rows, batch)]
-            intervals = [flat[i:i + per_interval] for i in range(0, len(flat), per_interval)]
+            intervals = _intervals(keys, rows, batch, per_interval)
             per_record = keys[rows:]
-            distinct = [len(np.unique(b)) for b in flat]
+            distinct = [len(np.unique(b)) for batches in intervals for b in batches]
             results = {}
             for impl in ("in-memory", "tiered"):
                 root, store, b = _backend_on_copy(Path(d), f"{dist}-{impl}", impl, budget, size)
@@ -333,7 +346,7 @@ def tiered_running_count(size: Size):
                     _, first_row = np.unique(keys[:rows], return_index=True)
                     seen = int((first_row >= rows - steady_rows).sum())
                     out += [record(c, impl, f"loaded_per_row_{dist}",
-                                   (last["loaded"] - first["loaded"]) / steady_rows, "entries"),
+                                   _steady_loaded_per_row(got, warm, steady_rows), "entries"),
                             record(c, impl, f"first_seen_per_row_{dist}", seen / steady_rows,
                                    "keys"),
                             record(c, impl, f"hit_rate_{dist}", 1 - fetched / asked, "share"),
@@ -414,9 +427,9 @@ def tiered_hot_set(size: Size):
     warm = n_intervals // 2
     budget = max(4096, n * _ENTRY // 8)
     rng = np.random.default_rng(17)
-    keys = rng.permutation(n)[:hot][rng.integers(0, hot, n_intervals * per_interval * batch)]
-    flat = [keys[i:i + batch] for i in range(0, len(keys), batch)]
-    intervals = [flat[i:i + per_interval] for i in range(0, len(flat), per_interval)]
+    rows = n_intervals * per_interval * batch
+    intervals = _intervals(rng.permutation(n)[:hot][rng.integers(0, hot, rows)], rows, batch,
+                           per_interval)
     out = [record(c, "tiered", "entries", n, "entries"),
            record(c, "tiered", "hot_keys", hot, "keys"),
            record(c, "tiered", "budget_bytes", budget, "bytes")]
@@ -433,10 +446,9 @@ def tiered_hot_set(size: Size):
             out += [record(c, impl, "rows_per_s", steady, "rows/s"),
                     record(c, impl, "rows_per_s_ckpt", with_ckpt, "rows/s")]
             if impl == "tiered":
-                first, last = got["stats"][warm - 1], got["stats"][-1]
                 steady_rows = (n_intervals - warm) * per_interval * batch
                 out.append(record(c, impl, "loaded_per_row",
-                                  (last["loaded"] - first["loaded"]) / steady_rows, "entries"))
+                                  _steady_loaded_per_row(got, warm, steady_rows), "entries"))
             b.close()
             store.close()
             shutil.rmtree(root)
@@ -924,8 +936,7 @@ def tiered_collections(size: Size):
         for dist, gen in draw.items():
             keys = gen(rows + record_rows)
             per_record = keys[rows:]
-            flat = [keys[i:i + batch] for i in range(0, rows, batch)]
-            intervals = [flat[i:i + per_interval] for i in range(0, len(flat), per_interval)]
+            intervals = _intervals(keys, rows, batch, per_interval)
             results = {}
             for impl in ("in-memory", "tiered"):
                 root, store, b = _backend_on_copy(Path(d), f"{dist}-{impl}", impl, budget, size)
